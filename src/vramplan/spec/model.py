@@ -1,0 +1,179 @@
+"""The internal model spec: the architecture facts every memory term reads.
+
+A ``ModelSpec`` is built from a Hugging Face ``config.json`` by
+``vramplan.spec.hf_config.model_from_config`` and never from anything else, so the
+catalog, a local file and an inline mapping all go through one adapter.
+
+Parameters are listed as ``ParamGroup`` rows, one per tensor name pattern, so that
+counts are exact (the adapter is tested against published counts), quantization
+knows which tensors are quantized (linear weights only), LoRA knows which modules
+it targets, and tensor parallelism knows how each tensor is split.
+
+Glossary: *parameters* are a count of elements; *weights* are the bytes that hold
+them.  A *degree* is how many GPUs share one kind of parallelism (tp=4); a *rank*
+is one GPU's index inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Role = Literal["embedding", "position", "linear", "expert", "router", "norm", "bias", "lm_head", "other"]
+TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
+Norm = Literal["rms", "gemma_rms", "layer"]
+Position = Literal["rope", "learned", "alibi", "none"]
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """One parameter tensor pattern, repeated ``count`` times (layers x experts).
+
+    ``in_features``/``out_features`` are set for matrices used as linear maps, so
+    that LoRA adapters (r*(in+out)) and int4 group scales (out*in/group) can be sized.
+    """
+
+    name: str
+    module: str
+    numel: int
+    count: int
+    role: Role
+    in_features: int = 0
+    out_features: int = 0
+    tp: TPSplit = "replicated"
+    layer_span: tuple[int, ...] = ()  # which decoder layers hold it; () = outside the layers
+
+    @property
+    def total(self) -> int:
+        return self.numel * self.count
+
+    @property
+    def decays(self) -> bool:
+        """Hugging Face's Trainer applies weight decay to all but biases and norm weights."""
+        return self.role not in ("norm", "bias")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    num_shared_experts: int = 0
+    shared_intermediate_size: int = 0  # total width of the shared expert MLP
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """DeepSeek multi-head latent attention (arXiv 2405.04434, section 2.1)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one decoder layer computes, for activation and KV-cache terms."""
+
+    index: int
+    moe: bool
+    intermediate_size: int  # dense MLP width (0 for MoE-only layers)
+    sliding_window: int | None  # None: full attention
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    hidden_act: str
+    mlp_gated: bool
+    norm: Norm
+    position: Position
+    tie_word_embeddings: bool
+    parallel_residual: bool
+    qk_norm: bool
+    sandwich_norms: bool  # Gemma 2/3: norms before and after each sublayer
+    attention_dropout: float
+    hidden_dropout: float
+    max_position_embeddings: int
+    layers: tuple[LayerSpec, ...]
+    params: tuple[ParamGroup, ...]
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    attention_sinks: bool = False
+    encoder_only: bool = False
+    final_logit_softcapping: float | None = None
+    checkpoint_dtype: str = "bf16"
+    checkpoint_quantization: str | None = None
+    source: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    # ---- parameter counts -------------------------------------------------
+    @property
+    def num_parameters(self) -> int:
+        """Every parameter the Hugging Face model holds (tied weights counted once)."""
+        return sum(p.total for p in self.params)
+
+    def parameters_by_role(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.params:
+            out[p.role] = out.get(p.role, 0) + p.total
+        return out
+
+    @property
+    def num_active_parameters(self) -> int:
+        """Parameters touched per token: MoE counts top_k of num_experts experts."""
+        if self.moe is None:
+            return self.num_parameters
+        expert = sum(p.total for p in self.params if p.role == "expert")
+        return self.num_parameters - expert + expert * self.moe.top_k // self.moe.num_experts
+
+    def layer_params(self, index: int) -> int:
+        return sum(p.numel * _per_layer_count(p) for p in self.params if index in p.layer_span)
+
+    @property
+    def outside_layer_params(self) -> int:
+        return sum(p.total for p in self.params if not p.layer_span)
+
+    # ---- attention facts --------------------------------------------------
+    @property
+    def q_width(self) -> int:
+        if self.mla is not None:
+            return self.num_attention_heads * (self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim)
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of K (and of V) per token for one layer, before any cache compression."""
+        if self.mla is not None:
+            return self.num_attention_heads * (self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim)
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def v_width(self) -> int:
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.v_head_dim
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_kind(self) -> str:
+        if self.mla is not None:
+            return "mla"
+        if self.num_kv_heads == 1 and self.num_attention_heads > 1:
+            return "mqa"
+        if self.num_kv_heads < self.num_attention_heads:
+            return "gqa"
+        return "mha"
+
+
+def _per_layer_count(p: ParamGroup) -> int:
+    return p.count // max(1, len(p.layer_span))
