@@ -1,0 +1,22 @@
+"""vramplan: per-GPU memory budgets for LLM training, inference and serving.
+
+>>> from vramplan import estimate
+>>> report = estimate({"model": "meta-llama/Llama-2-7b-hf", "task": "inference",
+...                    "hardware": {"gpu": "A100-80GB"}})
+>>> report.fits
+True
+"""
+
+from vramplan.analytic.engine import estimate
+from vramplan.catalog import list_gpus, list_models, load_model, resolve_gpu
+from vramplan.errors import Problem, ScenarioError, VramplanError
+from vramplan.report import Report
+from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Scenario
+
+__version__ = "0.1.0"
+__all__ = [
+    "ModelSpec", "Problem", "Report", "Resolved", "Scenario", "ScenarioError", "VramplanError", "estimate",
+    "list_gpus", "list_models", "load_model", "resolve", "resolve_gpu", "__version__",
+]

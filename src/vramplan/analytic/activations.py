@@ -1,0 +1,299 @@
+"""Activations: the tensors autograd saves for the backward pass, per decoder layer.
+
+Derived op by op from the Hugging Face modeling code and PyTorch's autograd formulas
+(``tools/autograd/derivatives.yaml``: a matmul saves its input only when its weight
+needs a gradient, and its weight only when its input needs one; softmax saves its
+output; SiLU/GELU save their input; dropout on CUDA saves a 1-byte mask).
+Counted per token, then multiplied by the tokens on the GPU.
+
+Worked example, Llama-2-7B layer, bf16-mixed (fp32 residual, bf16 compute), SDPA flash,
+full fine-tuning, per token (h = 4096, I = 11008, 32 heads, 32 KV heads):
+
+  input RMSNorm       x (fp32, 4h) + normalized x (fp32, 4h)                  =  32,768 B
+  q/k/v inputs        autocast casts the fp32 input once per consumer: 3*2h  =  24,576 B
+  q, k (after RoPE), v  2*(h + h + h)                                         =  24,576 B
+  attention output    2h (SDPA-flash output, shared with o_proj's input)      =   8,192 B
+  logsumexp           4 * 32 heads                                           =     128 B
+  post-attn RMSNorm   4h + 4h                                                 =  32,768 B
+  gate/up inputs      2*2h                                                    =  16,384 B
+  MLP                 gate out, SiLU out, up out, product: 4*2I               =  88,064 B
+                                                                              = 227,456 B/token/layer
+
+Compare Korthikanti et al. (arXiv 2205.05198, eq. 2): sbh(34 + 5as/h) for GPT-3 blocks
+in fp16 with dropout and LayerNorm; our count differs because Llama keeps an fp32
+residual stream under autocast, casts per consumer, has a gated MLP and no dropout,
+and flash attention saves no s x s term.  The docs (docs/conventions.md) compare both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.spec.model import LayerSpec, ModelSpec
+from vramplan.units import ceil_div
+
+
+@dataclass(frozen=True)
+class ActContext:
+    compute_bytes: int  # c: matmul outputs, attention tensors
+    residual_bytes: int  # r: residual stream dtype
+    linear_input_bytes: int  # how a linear's saved input is stored (1 for fp8)
+    autocast: bool
+    attention: str  # resolved kernel: "flash" | "efficient" | "eager" | "math"
+    gqa_repeat: bool  # K/V repeated to all heads before attention (eager/math)
+    seq_len: int  # keys per query row (s for the s x s term)
+    tp: int = 1
+    sequence_parallel: bool = False
+    frozen_base: bool = False  # PEFT: base linears do not need their inputs saved
+    lora_targets: frozenset[str] = frozenset()
+    lora_rank: int = 0
+    lora_dropout: bool = False
+    dora: bool = False
+    dropout: bool = True  # training mode applies the config's dropout probabilities
+
+
+def _norm_saved(kind: str, ctx: ActContext) -> int:
+    """Bytes per element a norm saves, including its input (the residual stream)."""
+    r = ctx.residual_bytes
+    if kind == "rms":
+        # LlamaRMSNorm: x.to(fp32) (saved by pow and mul; no copy when x is fp32), then
+        # weight * x_normed.to(input_dtype) saves the normalized tensor in x's dtype.
+        return 4 + r
+    if kind == "gemma_rms":
+        # GemmaRMSNorm: x.float() and the fp32 normalized tensor (multiplied by 1 + weight).
+        return 8
+    # LayerNorm: autocast runs layer_norm in fp32 (input cast if needed), saving the fp32 input.
+    return 4 if ctx.autocast else r
+
+
+def _norm_out_bytes(kind: str, ctx: ActContext) -> int:
+    if kind == "layer" and ctx.autocast:
+        return 4
+    return ctx.residual_bytes
+
+
+def _linear_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext) -> int:
+    """Saved bytes per token for the shared input of ``modules`` (e.g. q,k,v)."""
+    c = ctx.compute_bytes
+    casts = ctx.autocast and in_bytes != c
+    if not ctx.frozen_base:
+        if casts or ctx.linear_input_bytes != in_bytes:
+            return len(modules) * ctx.linear_input_bytes * width  # one cast per consumer
+        return in_bytes * width
+    # Frozen base: only LoRA's A matrix needs the input (and LoRA's dropout its mask and output).
+    hit = [m for m in modules if m in ctx.lora_targets]
+    if not hit:
+        return 0
+    per = c if casts else in_bytes
+    saved = (len(hit) if casts else 1) * per * width
+    if ctx.lora_dropout:
+        saved += len(hit) * (1 + in_bytes) * width
+    saved += len(hit) * c * ctx.lora_rank  # lora_A output, saved by lora_B
+    return saved
+
+
+def _saves_input(module: str, ctx: ActContext) -> bool:
+    return (not ctx.frozen_base) or module in ctx.lora_targets
+
+
+def _act_saved(act: str, ctx: ActContext) -> tuple[int, int]:
+    """(bytes saved per element by the activation, dtype bytes of its output)."""
+    c = ctx.compute_bytes
+    if act in ("gelu_new", "gelu_fast"):
+        # NewGELUActivation: 0.5*x*(1+tanh(k*(x+0.044715*x^3))), a chain of eager ops. Under
+        # autocast pow runs in fp32: saved fp32 x (pow), tanh out, 0.5*x (c), 1+tanh -> 12 + c.
+        return (12 + c, 4) if ctx.autocast else (4 * c, c)
+    if act == "quick_gelu":
+        return 2 * c, c
+    return c, c  # silu/gelu/gelu_pytorch_tanh/relu: one saved tensor (input or output)
+
+
+def _dropout(p: float, ctx: ActContext, elem_bytes: int) -> int:
+    """A CUDA dropout saves a 1-byte mask; its output is counted where a consumer saves it."""
+    return 1 if (ctx.dropout and p > 0) else 0
+
+
+def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """Per token: q/k/v inputs and tensors, the kernel's saved state, the output."""
+    c, tp = ctx.compute_bytes, ctx.tp
+    heads = ceil_div(m.num_attention_heads, tp)
+    in_b = _norm_out_bytes(m.norm, ctx)
+    width_in = m.hidden_size if not ctx.sequence_parallel else m.hidden_size  # all-gathered input
+    if m.mla is not None:
+        return _mla_saved(m, ctx, heads, in_b)
+    qw = heads * m.head_dim
+    kvw = max(1, ceil_div(m.num_kv_heads, tp)) * m.head_dim
+    if m.model_type in ("phi3",):
+        mods: tuple[str, ...] = ("qkv_proj",)
+    elif m.model_type in ("gpt2",):
+        mods = ("c_attn",)
+    elif m.model_type in ("gpt_neox", "falcon"):
+        mods = ("query_key_value",)
+    elif m.model_type == "bert":
+        mods = ("query", "key", "value")
+    else:
+        mods = ("q_proj", "k_proj", "v_proj")
+    saved = _linear_inputs(width_in, mods, in_b, ctx)
+    if m.qk_norm:
+        saved += (4 + c) * (qw + kvw)
+    window = layer.sliding_window
+    s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
+    if ctx.attention in ("flash", "efficient"):
+        saved += c * (qw + 2 * kvw)  # q, k, v as the kernel saves them (no GQA repeat)
+        saved += c * qw  # output (o_proj's input is a view of it: HF transposes a BSHD buffer)
+        saved += 4 * heads  # logsumexp, fp32 per head and query
+    else:
+        kv_saved = qw if ctx.gqa_repeat else kvw
+        saved += c * (qw + 2 * kv_saved)
+        # scores -> softmax(dtype=fp32) saved (4 B) -> .to(c) saved by the AV matmul (c B)
+        probs = heads * s_keys
+        saved += 4 * probs + (c * probs if c < 4 else 0)
+        if ctx.dropout and m.attention_dropout > 0:
+            saved += probs * (1 + c)  # mask + dropped probabilities (the AV matmul saves these)
+        if _saves_input("o_proj" if m.model_type not in ("gpt2",) else "c_proj", ctx):
+            saved += c * qw  # transpose(1, 2).contiguous() copy, o_proj's input
+    saved += _dropout(m.hidden_dropout, ctx, c) * m.hidden_size
+    return saved
+
+
+def _mla_saved(m: ModelSpec, ctx: ActContext, heads: int, in_b: int) -> int:
+    """DeepSeek MLA (modeling_deepseek_v3.py), efficient-attention kernel."""
+    assert m.mla is not None
+    c, a = ctx.compute_bytes, m.mla
+    h = m.hidden_size
+    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    saved = 0
+    if a.q_lora_rank:
+        saved += _linear_inputs(h, ("q_a_proj", "kv_a_proj_with_mqa"), in_b, ctx)
+        saved += (4 + c) * a.q_lora_rank + c * a.q_lora_rank  # q_a_layernorm + q_b_proj input
+    else:
+        saved += _linear_inputs(h, ("q_proj", "kv_a_proj_with_mqa"), in_b, ctx)
+    saved += (4 + c) * a.kv_lora_rank + c * a.kv_lora_rank  # kv_a_layernorm + kv_b_proj input
+    saved += c * heads * qk * 2  # query and key after RoPE and concatenation
+    saved += c * heads * a.v_head_dim * 2  # value and the output
+    saved += 4 * heads
+    return saved
+
+
+def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    c, tp = ctx.compute_bytes, ctx.tp
+    in_b = _norm_out_bytes(m.norm, ctx)
+    h = m.hidden_size
+    act_saved, act_out = _act_saved(m.hidden_act, ctx)
+    saved = 0
+    if layer.moe and m.moe is not None:
+        e = m.moe
+        ei = e.expert_intermediate_size
+        # router: logits (c) and fp32 softmax probabilities, per expert
+        saved += _linear_inputs(h, ("gate",), in_b, ctx) + (c + 4) * e.num_experts
+        # each token is gathered into top_k expert batches (index copy), transformers' expert loop
+        gathered = in_b if not ctx.autocast else 4
+        per_routed = _linear_inputs(h, ("gate_proj", "up_proj"), gathered, ctx)
+        per_routed += (act_saved + 2 * c) * ei + (c * ei if _saves_input("down_proj", ctx) else 0)
+        per_routed += c * h  # expert output, saved by the multiplication with its routing weight
+        saved += e.top_k * per_routed
+        if e.shared_intermediate_size:
+            si = ceil_div(e.shared_intermediate_size, tp)
+            saved += _linear_inputs(h, ("gate_proj", "up_proj"), in_b, ctx)
+            saved += (act_saved + 2 * c) * si + (c * si if _saves_input("down_proj", ctx) else 0)
+        return saved
+    inter = ceil_div(layer.intermediate_size, tp)
+    if m.mlp_gated:
+        mods = ("gate_up_proj",) if m.model_type == "phi3" else ("gate_proj", "up_proj")
+        saved += _linear_inputs(h, mods, in_b, ctx)
+        # gate out (saved by the activation), activation out and up out (saved by the product),
+        # the product (down_proj's input)
+        saved += (act_saved + 2 * c) * inter
+        if _saves_input("down_proj", ctx):
+            saved += c * inter
+    else:
+        fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense"}.get(m.model_type, "dense_h_to_4h")
+        fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense"}.get(m.model_type, "dense_4h_to_h")
+        saved += _linear_inputs(h, (fc1,), in_b, ctx)
+        saved += act_saved * inter
+        if _saves_input(fc2, ctx):
+            saved += (c if act_out != c or ctx.autocast else act_out) * inter
+    saved += _dropout(m.hidden_dropout, ctx, c) * h
+    return saved
+
+
+def norms_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """The layer's norms (their inputs included) per token."""
+    per = _norm_saved(m.norm, ctx) * m.hidden_size
+    if m.sandwich_norms:
+        return 4 * per
+    if m.parallel_residual:
+        # GPT-NeoX / Falcon: attention and MLP read the same layer input; its norm(s) save
+        # that one input (LayerNorm saves only its input, mean and rstd).
+        return per
+    return 2 * per
+
+
+def layer_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """Everything one layer saves for backward, per token on this GPU.
+
+    With sequence parallelism (Megatron, arXiv 2205.05198 section 4.2.2) the norm and
+    residual tensors are split over the tp ranks as well.
+    """
+    norms = norms_saved(m, ctx)
+    if ctx.sequence_parallel and ctx.tp > 1:
+        norms = ceil_div(norms, ctx.tp)
+    return norms + attention_saved(m, layer, ctx) + mlp_saved(m, layer, ctx)
+
+
+def layer_backward_transient_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """Gradient tensors alive together inside one layer's backward, per token.
+
+    The gated MLP's backward holds the incoming residual gradient (r*h), the product's
+    gradient and the two gradients it splits into (3 intermediate-size tensors), and the
+    outgoing gradient of the layer input (r*h).  Flash attention's backward holds dO, dQ,
+    dK, dV and an fp32 dQ accumulator (flash-attention 2, ``dq_accum``).
+    """
+    c, r, h = ctx.compute_bytes, ctx.residual_bytes, m.hidden_size
+    heads = ceil_div(m.num_attention_heads, ctx.tp)
+    if layer.moe and m.moe is not None:
+        inter = m.moe.expert_intermediate_size * m.moe.top_k
+    else:
+        inter = ceil_div(layer.intermediate_size, ctx.tp)
+    mlp = 2 * r * h + 3 * c * inter
+    qw = heads * m.head_dim
+    attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
+    if ctx.attention in ("eager", "math"):
+        attn += (4 + c) * heads * ctx.seq_len
+    return max(mlp, attn)
+
+
+def checkpoint_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:
+    """Full activation checkpointing keeps only each layer's input (the residual stream)."""
+    width = m.hidden_size if not (ctx.sequence_parallel and ctx.tp > 1) else ceil_div(m.hidden_size, ctx.tp)
+    return ctx.residual_bytes * width
+
+
+def selective_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """Selective recomputation (arXiv 2205.05198 section 5): drop the s x s attention tensors.
+
+    With flash/efficient attention nothing quadratic is saved, so this equals no checkpointing.
+    """
+    full = layer_saved_per_token(m, layer, ctx)
+    if ctx.attention in ("flash", "efficient"):
+        return full
+    heads = ceil_div(m.num_attention_heads, ctx.tp)
+    c = ctx.compute_bytes
+    probs = heads * ctx.seq_len
+    quadratic = 4 * probs + (c * probs if c < 4 else 0)
+    if ctx.dropout and m.attention_dropout > 0:
+        quadratic += probs * (1 + c)
+    return full - quadratic
+
+
+def shared_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:
+    """Tensors shared by all layers: RoPE cos/sin, an eager attention mask, embedding dropout."""
+    c = ctx.compute_bytes
+    out = 0
+    if m.position == "rope":
+        out += 2 * c * m.head_dim
+    if ctx.attention in ("eager", "math"):
+        out += c * ctx.seq_len  # the 4-D causal mask [b, 1, s, s] in the compute dtype
+    if m.model_type in ("gpt2", "bert", "opt") and ctx.dropout and m.hidden_dropout > 0:
+        out += m.hidden_size  # embedding dropout mask
+    return out

@@ -1,0 +1,77 @@
+"""From a resolved scenario to a Report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vramplan.analytic.allocator import reserved_for
+from vramplan.analytic.inference import inference_step
+from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
+from vramplan.analytic.serve import serve
+from vramplan.analytic.train import Moment, train_step
+from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
+from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.scenario import Scenario
+
+
+def _reserved(peak: Moment) -> int:
+    """Reserved = each part's tensors rounded into caching-allocator segments."""
+    sizes: list[tuple[int, int]] = []
+    for part in peak.parts.values():
+        for nbytes in part.values():
+            sizes.append((nbytes, 1))
+    return max(reserved_for(sizes), peak.total)
+
+
+def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str, int], host: Host,
+            serve_block: ServeBlock, assumptions: list[str], reserved: int | None = None) -> Report:
+    breakdown = {k: sum(peak.parts.get(k, {}).values()) for k in BREAKDOWN_KEYS}
+    allocated = sum(breakdown.values())
+    reserved = _reserved(peak) if reserved is None else reserved
+    used = reserved + sum(outside.values())
+    capacity = r.gpu.total_memory_bytes
+    phases: dict[str, int] = {}
+    for mo in moments:
+        phases[mo.phase] = max(phases.get(mo.phase, 0), mo.total)
+    per_gpu = PerGpu(
+        capacity_bytes=capacity, peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
+        device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
+        breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
+    )
+    m = r.model
+    report = Report(
+        engine="analytic", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=serve_block,
+        assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),
+        model={"name": m.name, "model_type": m.model_type, "parameters": m.num_parameters,
+               "active_parameters": m.num_active_parameters, "source": m.source},
+        gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
+    )
+    report.check()
+    return report
+
+
+def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Report:
+    """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved)."""
+    r = source if isinstance(source, Resolved) else resolve(source)
+    ctx = cuda_context_bytes(r.gpu)
+    task = r.scenario.task
+    if task == "train":
+        tr = train_step(r)
+        outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
+                   "managed": tr.managed_bytes}
+        return _report(r, tr.peak, tr.moments, outside, Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes),
+                       ServeBlock(), tr.assumptions)
+    if task == "inference":
+        ir = inference_step(r)
+        comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
+        outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
+        return _report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions)
+    sr = serve(r)
+    comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
+    outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
+    block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
+                       max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits)
+    # vLLM reserves what it profiled plus the KV cache up front: reserved == allocated at the peak
+    rep = _report(r, sr.peak, sr.moments, outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
+    return rep

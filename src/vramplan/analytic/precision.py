@@ -1,0 +1,58 @@
+"""Which dtype each kind of tensor has, per precision and framework.
+
+The conventions (why a bf16-mixed AdamW job costs 16 bytes per parameter in two
+different ways):
+
+* Hugging Face Trainer, Accelerate, Lightning, plain PyTorch with ``torch.autocast``
+  (``bf16-mixed``/``fp16-mixed``): parameters stay fp32 (4 B) and are the master
+  copy; gradients are fp32 (4 B, a gradient has its parameter's dtype); AdamW's
+  two moments are fp32 (8 B).  4 + 4 + 8 = 16 B/parameter.  Autocast keeps a
+  half-precision copy of each trainable linear weight from its first use in the
+  forward pass until its backward (the autocast weight cache, saved by matmul).
+* DeepSpeed (and the ZeRO paper, arXiv 1910.02054 section 3.1): parameters and
+  gradients in half precision (2 + 2 B), with fp32 master weights and moments held
+  by the optimizer (K = 4 + 4 + 4 = 12 B).  2 + 2 + 12 = 16 B/parameter.
+* ``bf16-true``/``fp16-true``: everything in half precision; torch's AdamW keeps its
+  moments in the parameter's dtype.  2 + 2 + 4 = 8 B/parameter.
+* ``fp8-mixed`` follows Transformer Engine: bf16-mixed plus an fp8 copy of each
+  linear weight, and linear inputs saved in fp8 for the backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.spec.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    param_bytes: int  # stored (trainable) parameter
+    frozen_param_bytes: int  # a frozen base weight under PEFT (loaded in the half dtype)
+    grad_bytes: int
+    master_bytes: int  # fp32 master copy held outside the model (DeepSpeed, FSDP shards are the params)
+    compute_bytes: int  # matmul inputs/outputs, saved activations
+    residual_bytes: int  # the residual stream between layers
+    autocast: bool
+    weight_cast_bytes: int  # autocast's cached copy of each trainable linear weight (0: none)
+    linear_input_bytes: int  # how a linear's saved input is stored
+    half: str  # "bf16" | "fp16" | "fp32"
+
+
+def policy(s: Scenario) -> PrecisionPolicy:
+    prec = s.train.precision
+    framework = s.effective_framework
+    half = "fp16" if prec.startswith("fp16") else ("fp32" if prec == "fp32" else "bf16")
+    if prec == "fp32":
+        return PrecisionPolicy(4, 4, 4, 0, 4, 4, False, 0, 4, "fp32")
+    if prec in ("bf16-true", "fp16-true"):
+        return PrecisionPolicy(2, 2, 2, 0, 2, 2, False, 0, 2, half)
+    fp8 = prec == "fp8-mixed"
+    if framework == "deepspeed":
+        # DeepSpeed's engine casts the module to half and owns fp32 masters (bf16/fp16 config section).
+        return PrecisionPolicy(2, 2, 2, 4, 2, 2, False, 1 if fp8 else 0, 1 if fp8 else 2, half)
+    if s.parallel.fsdp not in ("none",) or framework == "torchtitan":
+        # FSDP MixedPrecision(param_dtype=half): sharded fp32 params, half all-gathered copies
+        # (counted as all-gather buffers), fp32 sharded gradients (reduce_dtype fp32 in torchtitan).
+        return PrecisionPolicy(4, 2, 4, 0, 2, 2, False, 1 if fp8 else 0, 1 if fp8 else 2, half)
+    return PrecisionPolicy(4, 2, 4, 0, 2, 4, True, 1 if fp8 else 2, 1 if fp8 else 2, half)

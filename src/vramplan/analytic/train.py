@@ -1,0 +1,355 @@
+"""The training step: memory over time on one GPU, and its peak.
+
+A step is walked through the moments where memory can peak (not summed):
+
+1. end of the forward pass, at the loss's log_softmax;
+2. start of the backward pass, at the loss gradient;
+3. during each layer's backward (activations shrink as gradients grow);
+4. the optimizer step (all gradients + step temporaries).
+
+Gradients exist during the forward pass only from the second micro-batch of a
+gradient-accumulation window on (the Trainer zeroes them with ``set_to_none=True``
+after each optimizer step), so with ``grad_accum_steps > 1`` the steady-state peak
+micro-step carries all gradients.  Optimizer states are alive during the whole
+steady-state step (they are created on the first ``step()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.analytic import activations as act
+from vramplan.analytic.allocator import reserved_for
+from vramplan.analytic.gradients import ddp_bucket_bytes, gradient_bytes, master_weight_bytes
+from vramplan.analytic.layout import RankParams, rank_params, targets
+from vramplan.analytic.logits import loss_bytes
+from vramplan.analytic.optimizer import optimizer_cost
+from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
+from vramplan.analytic.precision import PrecisionPolicy, policy
+from vramplan.analytic.weights import weights_bytes
+from vramplan.spec.load import Resolved
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Scenario
+from vramplan.units import ceil_div
+
+
+@dataclass
+class Moment:
+    """Memory content at one instant, by part -> sub-part -> bytes."""
+
+    phase: str
+    parts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, part: str, sub: str, nbytes: int) -> Moment:
+        if nbytes:
+            self.parts.setdefault(part, {})
+            self.parts[part][sub] = self.parts[part].get(sub, 0) + int(nbytes)
+        return self
+
+    @property
+    def total(self) -> int:
+        return sum(sum(d.values()) for d in self.parts.values())
+
+
+@dataclass
+class TrainResult:
+    moments: list[Moment]
+    peak: Moment
+    host_bytes: int
+    nvme_bytes: int
+    managed_bytes: int
+    communicators: int
+    assumptions: list[str]
+    large_tensors: list[tuple[int, int]]
+
+
+def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[str, bool]:
+    """The kernel that runs, as PyTorch's SDPA dispatcher would pick it on a CUDA GPU.
+
+    SDPA picks flash for fp16/bf16 with head_dim <= 256, else memory-efficient (which also
+    takes fp32); both save no s x s tensor.  ``eager`` materializes the scores and repeats
+    K/V to every query head (transformers' ``repeat_kv``).
+    """
+    want = s.train.attention if s.task == "train" else s.inference.attention
+    if want == "eager":
+        return "eager", m.num_kv_heads < m.num_attention_heads
+    if want == "flash":
+        return "flash", False
+    if pol.compute_bytes == 4 or m.head_dim > 256:
+        return "efficient", False
+    return "flash", False
+
+
+def _stages(pp: int) -> list[int]:
+    return [0] if pp == 1 else [0, pp - 1]
+
+
+def _shards(s: Scenario, dp: int) -> tuple[int, int, int]:
+    """(optimizer/master shards, gradient shards, parameter shards) for ZeRO / FSDP."""
+    par = s.parallel
+    fsdp = par.fsdp
+    group = dp
+    if fsdp == "hybrid_shard":
+        group = max(1, min(dp, s.hardware.gpus_per_node))
+    if fsdp in ("full_shard", "hybrid_shard"):
+        return group, group, group
+    if fsdp == "shard_grad_op":
+        return group, group, 1
+    z = par.zero_stage
+    return (dp if z >= 1 else 1, dp if z >= 2 else 1, dp if z >= 3 else 1)
+
+
+def train_step(r: Resolved) -> TrainResult:
+    s, m, gpu = r.scenario, r.model, r.gpu
+    t, par = s.train, s.parallel
+    pol = policy(s)
+    framework = s.effective_framework
+    dp = s.data_parallel_degree
+    tp, pp, cp, ep = par.tp, par.pp, par.cp, par.ep
+    shard_os, shard_g, shard_p = _shards(s, dp)
+    sharded_params = shard_p > 1
+    peft = t.peft
+    quant = t.quantization if peft is not None else "none"
+    attention, repeat = resolve_attention(s, m, pol)
+    assumptions: list[str] = []
+    tokens = ceil_div(t.micro_batch_size * t.seq_len, cp)
+    results: list[tuple[Moment, list[Moment], RankParams, int, int, int, list[tuple[int, int]]]] = []
+
+    for stage in _stages(pp):
+        rp = rank_params(m, tp, pp, ep, stage, peft)
+        trainable = rp.lora if peft is not None else rp.total
+        decay = rp.lora if peft is not None else rp.decay
+        # ---------------- persistent state ----------------
+        if peft is not None:
+            dense_bytes = pol.frozen_param_bytes
+            base = weights_bytes(rp, dense_bytes, quant)
+            if quant != "none" and framework in ("hf-trainer", "accelerate", "plain"):
+                # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
+                base += (rp.total - rp.linear) * (4 - dense_bytes)
+            adapters = trainable * pol.param_bytes
+        else:
+            base = rp.total * pol.param_bytes
+            adapters = 0
+        offload_params = par.offload == "optimizer+params"
+        offload_opt = par.offload != "none"
+        weights_resident = 0 if offload_params else ceil_div(base, shard_p) + ceil_div(adapters, shard_p)
+        grads = gradient_bytes(trainable, pol.grad_bytes, shard_g)
+        ddp = ddp_bucket_bytes(trainable, pol.grad_bytes, dp) if (shard_g == 1 and dp > 1) else 0
+        master = master_weight_bytes(trainable, shard_os, pol.master_bytes) if pol.master_bytes else 0
+        opt_param_bytes = 4 if pol.master_bytes else pol.param_bytes
+        small = sum(p.total for p in m.params if p.numel < 4096) if peft is None else 0
+        factored = _adafactor_state(m) if t.optimizer == "adafactor" and peft is None else trainable
+        oc = optimizer_cost(
+            t.optimizer if not (framework == "deepspeed" and t.optimizer == "adamw") else "adamw-fused",
+            ceil_div(trainable, shard_os), ceil_div(decay, shard_os), opt_param_bytes,
+            small_tensor_params=ceil_div(small, shard_os), adafactor_factored=ceil_div(factored, shard_os),
+            largest_param=rp.largest_linear if peft is None else m.hidden_size * (peft.rank if peft else 0),
+        )
+        states, managed, step_temp = oc.state_bytes, oc.managed_bytes, oc.step_temporary_bytes
+        host = nvme = 0
+        if offload_opt:
+            # ZeRO-Offload (arXiv 2101.06840): fp32 masters, moments and fp32 gradients live on the host
+            host += states + managed + master + ceil_div(trainable, shard_os) * 4
+            states = managed = master = step_temp = 0
+        if offload_params:
+            host += ceil_div(base + adapters, shard_p)
+        if par.offload_device == "nvme" and offload_opt:
+            nvme, host = host, 0
+        if pol.master_bytes and not offload_opt:
+            # DeepSpeed builds an fp32 copy of the gradient partition for the optimizer step
+            step_temp += ceil_div(trainable, shard_os) * 4
+        workspaces = cublas_workspace_bytes(gpu, handles=2)
+
+        # ---------------- activations ----------------
+        tgt = frozenset(targets(peft, m))
+        ctx = act.ActContext(
+            compute_bytes=pol.compute_bytes, residual_bytes=pol.residual_bytes,
+            linear_input_bytes=pol.linear_input_bytes, autocast=pol.autocast, attention=attention,
+            gqa_repeat=repeat, seq_len=t.seq_len, tp=tp, sequence_parallel=par.sequence_parallel,
+            frozen_base=peft is not None, lora_targets=tgt, lora_rank=peft.rank if peft else 0,
+            lora_dropout=bool(peft and peft.dropout > 0), dora=bool(peft and peft.method == "dora"),
+        )
+        layer_specs = [m.layers[i] for i in rp.layers]
+        full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        if t.gradient_checkpointing == "full":
+            kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in layer_specs]
+        elif t.gradient_checkpointing == "selective":
+            kept = [act.selective_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        else:
+            kept = list(full)
+        transient = [act.layer_backward_transient_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        shared = act.shared_saved_per_token(m, ctx) * tokens
+        # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
+        in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
+        last = stage == pp - 1
+        vocab_rank = ceil_div(m.vocab_size, tp)
+        loss = loss_bytes(tokens, vocab_rank,
+                          pol.compute_bytes, softcap=m.final_logit_softcapping is not None and m.model_type == "gemma2")
+        # final norm + LM-head input
+        head_saved = (act._norm_saved(m.norm, ctx) * m.hidden_size + (
+            pol.compute_bytes * m.hidden_size if peft is None else 0)) * tokens if last else 0
+
+        # autocast's cached half copies of trainable linear weights (HF/Lightning mixed precision)
+        cast_per_layer = [0] * len(layer_specs)
+        cast_head = 0
+        if pol.weight_cast_bytes and peft is None and pol.autocast:
+            lin_layer = _linear_params_per_layer(m, rp, tp)
+            cast_per_layer = [lin_layer * pol.weight_cast_bytes for _ in layer_specs]
+            if last:
+                head_params = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, tp) * m.hidden_size
+                                                             if m.tie_word_embeddings else 0)
+                cast_head = head_params * pol.weight_cast_bytes
+            assumptions.append("autocast keeps a half-precision copy of each trainable linear weight from the "
+                               "forward pass until its backward (torch.autocast weight cache)")
+
+        # ZeRO-3 / FSDP: full (gathered) parameters of the running unit and the prefetched one
+        gathered = 0
+        root_gathered = 0
+        if sharded_params:
+            layer_p = max(rp.per_layer) if rp.per_layer else 0
+            half = 2 if pol.compute_bytes <= 2 else 4
+            if peft is not None and quant != "none":
+                layer_p_bytes = weights_bytes(_one_layer(rp, layer_p), pol.frozen_param_bytes, quant)
+            else:
+                layer_p_bytes = layer_p * half
+            gathered = 2 * layer_p_bytes  # current + prefetched unit (FSDP limit_all_gathers; DS prefetch)
+            if par.fsdp != "none":
+                root_gathered = rp.outside_layers * half  # FSDP root unit (embeddings, head) stays unsharded
+        comm = 0
+        if dp > 1:
+            comm += 1
+        if tp > 1:
+            comm += 1
+        if pp > 1:
+            comm += 1
+
+        # ---------------- the moments ----------------
+        grads_during_fwd = t.grad_accum_steps > 1 or in_flight > 1
+        grad_layer = [_grad_bytes_layer(rp, i, trainable, pol, shard_g, peft) for i in range(len(layer_specs))]
+        grad_outside = max(0, grads - sum(grad_layer))
+        base_static = Moment("")
+        base_static.add("weights", "parameters", weights_resident)
+        base_static.add("weights", "all-gathered (ZeRO-3/FSDP root)", root_gathered)
+        base_static.add("optimizer_states", t.optimizer, states)
+        base_static.add("master_weights", "fp32 master", master)
+        base_static.add("other", "cuBLAS workspaces", workspaces)
+        moments: list[Moment] = []
+
+        def static(phase: str, with_grads: bool) -> Moment:
+            mo = Moment(phase, {k: dict(v) for k, v in base_static.parts.items()})
+            if with_grads:
+                mo.add("gradients", "parameter gradients", grads)
+                mo.add("gradients", "DDP buckets", ddp)
+            return mo
+
+        acts_total = sum(kept) * in_flight
+        fwd = static("forward", grads_during_fwd)
+        fwd.add("activations", "saved by layers", acts_total + shared + head_saved)
+        fwd.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head)
+        fwd.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+        if last:
+            fwd.add("temporaries", "logits and loss", loss.forward_peak)
+        else:
+            fwd.add("temporaries", "layer forward", max(transient) if transient else 0)
+        moments.append(fwd)
+
+        if last:
+            b0 = static("backward", grads_during_fwd)
+            b0.add("activations", "saved by layers", acts_total + shared + head_saved)
+            b0.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head)
+            b0.add("temporaries", "logits and loss gradients", loss.backward_peak)
+            b0.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+            moments.append(b0)
+        produced = 0 if grads_during_fwd else grad_outside
+        for j in range(len(layer_specs) - 1, -1, -1):
+            mo = static("backward", grads_during_fwd)
+            alive = sum(kept[: j + 1]) + (in_flight - 1) * sum(kept)
+            recompute = full[j] - kept[j] if t.gradient_checkpointing != "none" else 0
+            mo.add("activations", "saved by layers", alive + shared + recompute)
+            mo.add("temporaries", "autocast weight copies", sum(cast_per_layer[: j + 1]))
+            mo.add("temporaries", "layer backward", transient[j])
+            mo.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+            if sharded_params:
+                mo.add("temporaries", "unsharded gradients before reduce-scatter",
+                       _grad_bytes_layer(rp, j, trainable, pol, 1, peft))
+            if not grads_during_fwd:
+                produced += grad_layer[j]
+                mo.add("gradients", "parameter gradients", produced)
+                if ddp:
+                    mo.add("gradients", "DDP buckets", ddp)
+            moments.append(mo)
+        step = static("optimizer", True)
+        step.add("temporaries", "optimizer step", step_temp)
+        moments.append(step)
+        peak = max(moments, key=lambda mo: mo.total)
+        big = [(rp.largest_linear * pol.param_bytes, 1)]
+        results.append((peak, moments, rp, host, nvme, managed, big))
+        del comm
+
+    peak, moments, rp, host, nvme, managed, big = max(results, key=lambda x: x[0].total)
+    communicators = (1 if dp > 1 else 0) + (1 if tp > 1 else 0) + (1 if pp > 1 else 0)
+    assumptions.extend(_train_assumptions(s, m, attention, pol, framework))
+    return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)), big)
+
+
+def _one_layer(rp: RankParams, params: int) -> RankParams:
+    from dataclasses import replace
+
+    frac = params / rp.total if rp.total else 0
+    return replace(rp, total=params, linear=int(rp.linear * frac), linear_out_features=int(
+        rp.linear_out_features * frac), lm_head=0)
+
+
+def _linear_params_per_layer(m: ModelSpec, rp: RankParams, tp: int) -> int:
+    if not rp.layers:
+        return 0
+    return (rp.linear) // len(rp.layers)
+
+
+def _grad_bytes_layer(rp: RankParams, j: int, trainable: int, pol: PrecisionPolicy, shards: int,
+                      peft: object) -> int:
+    n = rp.lora_per_layer[j] if peft is not None else rp.per_layer[j]
+    return ceil_div(n, shards) * pol.grad_bytes
+
+
+def _adafactor_state(m: ModelSpec) -> int:
+    """Adafactor state elements: rows + columns for each matrix, the full size for vectors."""
+    total = 0
+    for p in m.params:
+        if p.in_features and p.out_features:
+            total += (p.in_features + p.out_features) * p.count
+        elif p.role in ("embedding", "position"):
+            rows = p.numel // m.hidden_size
+            total += (rows + m.hidden_size) * p.count
+        else:
+            total += p.total
+    return total
+
+
+def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
+    t = s.train
+    out = [
+        f"framework behaviour: {fw}",
+        f"attention kernel: {attention} (as PyTorch SDPA would dispatch on the GPU)",
+        "sequences are full length (no padding), so SDPA runs without an explicit mask",
+        "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)",
+        "steady-state step: optimizer states exist; gradients are set to None after each step",
+        "CUDA context 400 MiB with lazy module loading; NCCL 128 MiB per communicator",
+        "reserved memory = allocated rounded by the caching allocator's rules; fragmentation between "
+        "phases is not modelled analytically (use --engine trace)",
+    ]
+    if t.optimizer == "adamw" and fw != "deepspeed":
+        out.append("torch.optim.AdamW uses the foreach implementation (CUDA default): one state-sized "
+                   "temporary for the weight-decay group during step()")
+    if t.optimizer.startswith("paged"):
+        out.append("paged optimizer states live in CUDA managed memory: outside max_memory_allocated, "
+                   "counted in device_used while resident")
+    if t.peft is not None:
+        out.append(f"PEFT: frozen base weights stored in {pol.half if pol.half != 'fp32' else 'fp32'}, "
+                   f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half}")
+        if t.quantization != "none":
+            out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "
+                       "LM head) to fp32")
+    if m.moe is not None:
+        out.append("MoE experts run as transformers' per-expert loop; routing is perfectly balanced")
+    return out

@@ -1,0 +1,101 @@
+"""Model lookup: catalog id or alias, a config.json path (file or folder), or an inline mapping."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from vramplan.errors import Problem, ScenarioError, UnknownNameError
+from vramplan.spec.hf_config import model_from_config
+from vramplan.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    id: str
+    aliases: tuple[str, ...]
+    source: str
+    revision: str
+    published_parameters: int | None
+    parameters_source: str | None
+    config: dict[str, Any]
+    notes: str = ""
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower()
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> tuple[dict[str, CatalogModel], dict[str, str]]:
+    by_id: dict[str, CatalogModel] = {}
+    index: dict[str, str] = {}
+    folder = resources.files("vramplan.catalog").joinpath("models")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".json"):
+            continue
+        raw = json.loads(entry.read_text(encoding="utf-8"))
+        m = CatalogModel(
+            id=raw["id"], aliases=tuple(raw.get("aliases", ())), source=raw["source"],
+            revision=str(raw.get("revision", "")), published_parameters=raw.get("published_parameters"),
+            parameters_source=raw.get("parameters_source"), config=raw["config"], notes=str(raw.get("notes", "")),
+        )
+        by_id[m.id] = m
+        for key in (m.id, m.id.split("/")[-1], *m.aliases):
+            index.setdefault(_norm(key), m.id)
+    return by_id, index
+
+
+def model_ids() -> list[str]:
+    return sorted(_catalog()[0])
+
+
+def list_models(query: str | None = None) -> list[CatalogModel]:
+    by_id, _ = _catalog()
+    rows = [by_id[k] for k in sorted(by_id)]
+    if query:
+        q = _norm(query)
+        rows = [m for m in rows if q in _norm(m.id) or any(q in _norm(a) for a in m.aliases)
+                or q in str(m.config.get("model_type", ""))]
+    return rows
+
+
+def _from_path(path: Path, where: str) -> ModelSpec:
+    file = path / "config.json" if path.is_dir() else path
+    if not file.exists():
+        raise ScenarioError([Problem(where, f"{path} has no config.json", "point at a config.json or its folder")])
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ScenarioError([Problem(where, f"cannot read {file} as JSON: {exc}", "give a valid config.json")]) from None
+    if not isinstance(cfg, dict):
+        raise ScenarioError([Problem(where, f"{file} is not a JSON object", "give a valid config.json")])
+    return model_from_config(cfg, name=str(cfg.get("_name_or_path") or file.parent.name or file.stem), where=where)
+
+
+def load_model(model: str | dict[str, Any], where: str = "model") -> ModelSpec:
+    """Resolve any accepted spelling of a model to a ``ModelSpec``."""
+    if isinstance(model, dict):
+        return model_from_config(model, name=str(model.get("_name_or_path", "inline")), where=where)
+    by_id, index = _catalog()
+    key = index.get(_norm(model))
+    if key is not None:
+        m = by_id[key]
+        spec = model_from_config(m.config, name=m.id, where=where)
+        return _with_source(spec, m.source)
+    path = Path(model).expanduser()
+    if path.exists():
+        return _from_path(path, where)
+    if model.endswith(".json") or "/" in model and model.startswith((".", "/", "~")):
+        raise ScenarioError([Problem(where, f"no such file: {model}", "check the path to config.json")])
+    raise UnknownNameError("model", model, list(index), where)
+
+
+def _with_source(spec: ModelSpec, source: str) -> ModelSpec:
+    from dataclasses import replace
+
+    return replace(spec, source=source)

@@ -1,0 +1,82 @@
+"""The report: per-GPU bytes, integers, with stable key names that scripts read.
+
+``peak_allocated_bytes`` is what ``torch.cuda.max_memory_allocated()`` would report,
+``peak_reserved_bytes`` what ``max_memory_reserved()`` would, and ``device_used_bytes``
+what nvidia-smi would show for the process (reserved + memory outside the allocator).
+``breakdown`` is the content of memory at the peak and sums to peak_allocated_bytes;
+``breakdown_detail`` splits each part further and sums to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BREAKDOWN_KEYS = (
+    "weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache", "temporaries", "other",
+)
+OUTSIDE_KEYS = ("cuda_context", "workspaces", "communication", "managed")
+
+
+class PerGpu(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    capacity_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    device_used_bytes: int
+    headroom_bytes: int
+    peak_phase: str
+    breakdown: dict[str, int]
+    breakdown_detail: dict[str, dict[str, int]] = Field(default_factory=dict)
+    outside_allocator: dict[str, int]
+    phases: dict[str, int] = Field(default_factory=dict)
+
+
+class Host(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    offloaded_bytes: int = 0
+    nvme_bytes: int = 0
+
+
+class ServeBlock(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kv_cache_bytes: int = 0
+    num_gpu_blocks: int = 0
+    max_concurrency: int = 0
+    max_model_len_that_fits: int = 0
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    engine: str
+    fits: bool
+    per_gpu: PerGpu
+    host: Host = Field(default_factory=Host)
+    serve: ServeBlock = Field(default_factory=ServeBlock)
+    assumptions: list[str] = Field(default_factory=list)
+    scenario: dict[str, Any] = Field(default_factory=dict)
+    model: dict[str, Any] = Field(default_factory=dict)
+    gpu: dict[str, Any] = Field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise if the breakdown does not add up (an internal invariant)."""
+        pg = self.per_gpu
+        if sum(pg.breakdown.values()) != pg.peak_allocated_bytes:
+            raise AssertionError("breakdown does not sum to peak_allocated_bytes")
+        for key, parts in pg.breakdown_detail.items():
+            if parts and sum(parts.values()) != pg.breakdown.get(key, 0):
+                raise AssertionError(f"breakdown_detail[{key}] does not sum to breakdown[{key}]")
+        if pg.peak_reserved_bytes < pg.peak_allocated_bytes:
+            raise AssertionError("reserved < allocated")
+        if pg.device_used_bytes != pg.peak_reserved_bytes + sum(
+            v for k, v in pg.outside_allocator.items() if k != "managed"
+        ) + pg.outside_allocator.get("managed", 0):
+            raise AssertionError("device_used != reserved + outside_allocator")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

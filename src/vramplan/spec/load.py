@@ -1,0 +1,188 @@
+"""Reading a scenario from a file, text or mapping, and resolving its names.
+
+All problems are collected and raised together as one ``ScenarioError``.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A scenario with its model and GPU looked up and cross-checked."""
+
+    scenario: Scenario
+    model: ModelSpec
+    gpu: GpuSpec
+
+
+def read_document(path: str | Path) -> dict[str, Any]:
+    """Parse a JSON, YAML or TOML file (chosen by suffix; YAML also reads JSON)."""
+    p = Path(path)
+    where = str(p)
+    if not p.exists():
+        raise ScenarioError([Problem("scenario", f"no such file: {p}", "give the path of a .yaml, .json or .toml scenario")])
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError([Problem("scenario", f"cannot read {p}: {exc}", "")]) from None
+    try:
+        if p.suffix.lower() == ".toml":
+            data: Any = tomllib.loads(text)
+        elif p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError([Problem("scenario", f"{where} is not valid {p.suffix.lstrip('.') or 'YAML'}: {first}",
+                                     "fix the syntax")]) from None
+    if not isinstance(data, dict):
+        raise ScenarioError([Problem("scenario", f"{where} must hold a mapping of keys (model, task, ...)",
+                                     "see examples/ for the format")])
+    return data
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(x) for x in loc)
+
+
+def parse_scenario(data: dict[str, Any] | Scenario) -> Scenario:
+    if isinstance(data, Scenario):
+        return data
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems: list[Problem] = []
+        for err in exc.errors():
+            where = _loc(err["loc"])
+            if err["type"] == "extra_forbidden":
+                parent = err["loc"][:-1]
+                key = str(err["loc"][-1])
+                model_cls: Any = Scenario
+                for part in parent:
+                    field = model_cls.model_fields.get(str(part))
+                    ann = getattr(field, "annotation", None)
+                    model_cls = _model_in(ann)
+                    if model_cls is None:
+                        break
+                names = list(model_cls.model_fields) if model_cls is not None else []
+                close = suggest(key, names)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
+                problems.append(Problem(where, "unknown key", hint))
+            elif err["type"] == "literal_error":
+                allowed = err.get("ctx", {}).get("expected", "")
+                close = suggest(str(err.get("input")), [a.strip(" '") for a in str(allowed).replace(" or ", ",").split(",")])
+                hint = f"did you mean {close[0]!r}?" if close else f"choose {allowed}"
+                problems.append(Problem(where, f"{err.get('input')!r} is not allowed", hint))
+            else:
+                problems.append(Problem(where, err["msg"].replace("Input should be", "must be"), ""))
+        raise ScenarioError(problems) from None
+
+
+def _model_in(annotation: Any) -> Any:
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
+    """Load (if a path), validate, look up model and GPU, and cross-check parallel degrees."""
+    from vramplan.catalog.gpus import resolve_gpu
+    from vramplan.catalog.models import load_model
+
+    if isinstance(source, (str, Path)):
+        source = read_document(source)
+    scenario = parse_scenario(source)
+    problems: list[Problem] = []
+    model: ModelSpec | None = None
+    gpu: GpuSpec | None = None
+    try:
+        model = load_model(scenario.model)
+    except ScenarioError as exc:
+        problems.extend(exc.problems)
+    hw = scenario.hardware
+    if hw.gpu is None and hw.capacity_gib is None:
+        problems.append(Problem("hardware.gpu", "no GPU given", "name a catalog GPU (see `vramplan gpus`) or give hardware.capacity_gib"))
+    elif hw.gpu is not None:
+        try:
+            gpu = resolve_gpu(hw.gpu)
+            if hw.capacity_gib is not None:
+                from dataclasses import replace
+
+                from vramplan.units import GiB
+
+                gpu = replace(gpu, total_memory_bytes=int(hw.capacity_gib * GiB))
+        except ScenarioError as exc:
+            problems.extend(exc.problems)
+    else:
+        assert hw.capacity_gib is not None
+        gpu = GpuSpec.custom(hw.capacity_gib)
+    if model is not None:
+        problems.extend(_cross_check(scenario, model))
+    if problems:
+        raise ScenarioError(problems)
+    assert model is not None and gpu is not None
+    return Resolved(scenario, model, gpu)
+
+
+def _cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Checks that need both the scenario and the model (parallel degrees, lengths)."""
+    out: list[Problem] = []
+    par, n = s.parallel, s.hardware.num_gpus
+    mp = par.tp * par.pp * par.cp
+    if n % mp:
+        out.append(Problem("parallel", f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide num_gpus = {n}",
+                           f"use num_gpus a multiple of {mp}, or lower tp/pp/cp"))
+    if m.num_attention_heads % par.tp:
+        ok = [d for d in range(1, m.num_attention_heads + 1) if m.num_attention_heads % d == 0 and d <= max(n, 1)]
+        out.append(Problem("parallel.tp", f"tp={par.tp} does not divide the {m.num_attention_heads} attention heads",
+                           f"use tp in {ok[-4:]}"))
+    elif m.mla is None and m.num_kv_heads % par.tp and par.tp % m.num_kv_heads:
+        out.append(Problem("parallel.tp", f"tp={par.tp} and the {m.num_kv_heads} KV heads cannot be split evenly",
+                           "use a tp that divides the KV heads or a multiple of them"))
+    if par.pp > m.num_layers:
+        out.append(Problem("parallel.pp", f"pp={par.pp} exceeds the {m.num_layers} layers", f"use pp <= {m.num_layers}"))
+    if par.zero_stage and par.fsdp != "none":
+        out.append(Problem("parallel", "zero_stage and fsdp both set", "choose DeepSpeed ZeRO or FSDP, not both"))
+    if par.offload != "none" and not (par.zero_stage or par.fsdp not in ("none", "no_shard")):
+        out.append(Problem("parallel.offload", "offload needs ZeRO (zero_stage >= 1) or FSDP",
+                           "set parallel.zero_stage: 3 (or 1/2 for optimizer offload) or parallel.fsdp: full_shard"))
+    if par.offload == "optimizer+params" and par.zero_stage not in (0, 3):
+        out.append(Problem("parallel.offload", "parameter offload needs ZeRO stage 3",
+                           "set parallel.zero_stage: 3 or offload: optimizer"))
+    if par.cp > 1 and s.task == "train" and s.train.seq_len % par.cp:
+        out.append(Problem("train.seq_len", f"seq_len={s.train.seq_len} is not divisible by cp={par.cp}",
+                           f"use a seq_len multiple of {par.cp}"))
+    if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep:
+        out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts", ""))
+    if s.task == "train":
+        t = s.train
+        if t.peft is not None and t.peft.method == "qlora" and t.quantization == "none":
+            out.append(Problem("train.quantization", "peft.method qlora needs 4-bit base weights",
+                               "set train.quantization: nf4 (or nf4-dq)"))
+        if t.quantization != "none" and t.peft is None:
+            out.append(Problem("train.quantization", "quantized base weights cannot be trained without an adapter",
+                               "add train.peft (lora/qlora) or set quantization: none"))
+        if m.encoder_only and t.attention == "flash":
+            out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
+                               "use sdpa"))
+    return out

@@ -1,0 +1,129 @@
+"""The scenario: what runs where.  Validated once, at the edge.
+
+A scenario is one JSON, YAML or TOML document, a dict, or these typed objects.
+Every key has a default except ``model`` and ``hardware``; unknown keys are
+errors (with a suggestion), so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Task = Literal["train", "inference", "serve"]
+Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain"]
+Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed"]
+Optimizer = Literal[
+    "adamw", "adamw-fused", "adamw-8bit", "paged-adamw", "paged-adamw-8bit",
+    "adafactor", "sgd", "sgd-momentum", "lion", "none",
+]
+Checkpointing = Literal["none", "full", "selective"]
+Attention = Literal["eager", "sdpa", "flash"]
+TrainQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4"]
+InferQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4", "gptq-4bit", "awq-4bit", "fp8"]
+HalfDtype = Literal["fp32", "fp16", "bf16"]
+KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
+FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+OffloadDevice = Literal["cpu", "nvme"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hardware(_Strict):
+    gpu: str | None = None
+    num_gpus: int = Field(1, ge=1, le=100_000)
+    capacity_gib: float | None = Field(None, gt=0, le=4096)
+    gpus_per_node: int = Field(8, ge=1, le=1024)
+
+
+class Peft(_Strict):
+    method: Literal["lora", "qlora", "dora"] = "lora"
+    rank: int = Field(8, ge=1, le=65536)
+    alpha: float = 16
+    target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+
+class Train(_Strict):
+    micro_batch_size: int = Field(1, ge=1, le=1_000_000)
+    seq_len: int = Field(2048, ge=1, le=100_000_000)
+    grad_accum_steps: int = Field(1, ge=1, le=1_000_000)
+    precision: Precision = "bf16-mixed"
+    optimizer: Optimizer = "adamw"
+    gradient_checkpointing: Checkpointing = "none"
+    attention: Attention = "sdpa"
+    peft: Peft | None = None
+    quantization: TrainQuant = "none"
+
+
+class Inference(_Strict):
+    batch_size: int = Field(1, ge=1, le=1_000_000)
+    prompt_len: int = Field(512, ge=1, le=100_000_000)
+    new_tokens: int = Field(512, ge=0, le=100_000_000)
+    dtype: HalfDtype = "bf16"
+    quantization: InferQuant = "none"
+    kv_cache_dtype: KVDtype = "auto"
+    attention: Attention = "sdpa"
+
+
+class Serve(_Strict):
+    max_model_len: int | None = Field(None, ge=1, le=100_000_000)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    block_size: int = Field(16, ge=1, le=1024)
+    max_num_seqs: int = Field(256, ge=1, le=1_000_000)
+    max_num_batched_tokens: int | None = Field(None, ge=1, le=100_000_000)
+    kv_cache_dtype: KVDtype = "auto"
+    dtype: HalfDtype = "bf16"
+    quantization: InferQuant = "none"
+    cuda_graphs: bool = True
+
+
+class Parallel(_Strict):
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    fsdp: FSDP = "none"
+    tp: int = Field(1, ge=1, le=1024)
+    pp: int = Field(1, ge=1, le=1024)
+    cp: int = Field(1, ge=1, le=1024)
+    ep: int = Field(1, ge=1, le=1024)
+    sequence_parallel: bool = False
+    offload: Offload = "none"
+    offload_device: OffloadDevice = "cpu"
+
+
+class Scenario(_Strict):
+    """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
+
+    model: str | dict[str, Any]
+    task: Task = "train"
+    hardware: Hardware = Field(default_factory=Hardware)
+    framework: Framework | None = None
+    train: Train = Field(default_factory=Train)
+    inference: Inference = Field(default_factory=Inference)
+    serve: Serve = Field(default_factory=Serve)
+    parallel: Parallel = Field(default_factory=Parallel)
+
+    @field_validator("model")
+    @classmethod
+    def _model_not_empty(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("must name a model (catalog id or alias, a config.json path, or an inline mapping)")
+        return v
+
+    @property
+    def effective_framework(self) -> Framework:
+        if self.framework is not None:
+            return self.framework
+        if self.task == "serve":
+            return "vllm"
+        if self.parallel.zero_stage > 0:
+            return "deepspeed"
+        return "hf-trainer"
+
+    @property
+    def data_parallel_degree(self) -> int:
+        mp = self.parallel.tp * self.parallel.pp * self.parallel.cp
+        return max(1, self.hardware.num_gpus // mp)
