@@ -45,6 +45,8 @@ def _split(p: ParamGroup, tp: int, ep: int) -> int:
     """Elements of one instance of ``p`` held by one tensor-parallel rank."""
     if p.tp in ("column", "row", "vocab"):
         return ceil_div(p.numel, tp)
+    if p.tp == "expert" and ep == 1:
+        return ceil_div(p.numel, tp)  # without expert parallelism each expert is split like a dense MLP
     return p.numel
 
 

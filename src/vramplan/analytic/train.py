@@ -151,6 +151,9 @@ def train_step(r: Resolved) -> TrainResult:
             # ZeRO-Offload (arXiv 2101.06840): fp32 masters, moments and fp32 gradients live on the host
             host += states + managed + master + ceil_div(trainable, shard_os) * 4
             states = managed = master = step_temp = 0
+        if offload_opt:
+            # gradients are copied to the host partition as they are reduced (ZeRO-Offload)
+            grads = 0
         if offload_params:
             host += ceil_div(base + adapters, shard_p)
         if par.offload_device == "nvme" and offload_opt:
@@ -226,6 +229,8 @@ def train_step(r: Resolved) -> TrainResult:
         # ---------------- the moments ----------------
         grads_during_fwd = t.grad_accum_steps > 1 or in_flight > 1
         grad_layer = [_grad_bytes_layer(rp, i, trainable, pol, shard_g, peft) for i in range(len(layer_specs))]
+        if offload_opt:
+            grad_layer = [0] * len(grad_layer)
         grad_outside = max(0, grads - sum(grad_layer))
         base_static = Moment("")
         base_static.add("weights", "parameters", weights_resident)

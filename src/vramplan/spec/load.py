@@ -111,7 +111,14 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
 
     if isinstance(source, (str, Path)):
         source = read_document(source)
-    scenario = parse_scenario(source)
+    try:
+        scenario = parse_scenario(source)
+    except ScenarioError as exc:
+        # report the names that cannot be resolved too, so every problem shows at once
+        extra: list[Problem] = []
+        if isinstance(source, dict):
+            extra = _name_problems(source)
+        raise ScenarioError([*exc.problems, *extra]) from None
     problems: list[Problem] = []
     model: ModelSpec | None = None
     gpu: GpuSpec | None = None
@@ -185,4 +192,24 @@ def _cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))
+    return out
+
+
+def _name_problems(raw: dict[str, Any]) -> list[Problem]:
+    from vramplan.catalog.gpus import resolve_gpu
+    from vramplan.catalog.models import load_model
+
+    out: list[Problem] = []
+    model = raw.get("model")
+    if isinstance(model, (str, dict)) and model:
+        try:
+            load_model(model)
+        except ScenarioError as exc:
+            out.extend(exc.problems)
+    hw = raw.get("hardware")
+    if isinstance(hw, dict) and isinstance(hw.get("gpu"), str):
+        try:
+            resolve_gpu(hw["gpu"])
+        except ScenarioError as exc:
+            out.extend(exc.problems)
     return out

@@ -1,0 +1,1 @@
+"""The command line: renders reports, holds no formulas."""
