@@ -134,7 +134,8 @@ def train_step(r: Resolved) -> TrainResult:
         offload_opt = par.offload != "none"
         weights_resident = 0 if offload_params else ceil_div(base, shard_p) + ceil_div(adapters, shard_p)
         grads = gradient_bytes(trainable, pol.grad_bytes, shard_g)
-        ddp = ddp_bucket_bytes(trainable, pol.grad_bytes, dp) if (shard_g == 1 and dp > 1) else 0
+        ddp_used = framework != "deepspeed" and par.zero_stage == 0 and par.fsdp == "none"
+        ddp = ddp_bucket_bytes(trainable, pol.grad_bytes, dp) if ddp_used else 0
         master = master_weight_bytes(trainable, shard_os, pol.master_bytes) if pol.master_bytes else 0
         opt_param_bytes = 4 if pol.master_bytes else pol.param_bytes
         small = sum(p.total for p in m.params if p.numel < 4096) if peft is None else 0

@@ -1,0 +1,83 @@
+"""One test per catalog row: the adapter reproduces the published parameter count."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramplan.catalog.models import list_models, load_model
+from vramplan.errors import UnknownNameError
+from vramplan.spec.hf_config import model_from_config
+
+ROWS = list_models()
+
+# Counts from the issue, also in the catalog; each is exact.
+PUBLISHED = {
+    "meta-llama/Llama-2-7b-hf": 6_738_415_616,
+    "meta-llama/Llama-2-13b-hf": 13_015_864_320,
+    "meta-llama/Llama-2-70b-hf": 68_976_648_192,
+    "meta-llama/Meta-Llama-3-8B": 8_030_261_248,
+    "meta-llama/Meta-Llama-3-70B": 70_553_706_496,
+    "mistralai/Mistral-7B-v0.1": 7_241_732_096,
+    "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
+    "openai-community/gpt2": 124_439_808,
+    "Qwen/Qwen2.5-7B": 7_615_616_512,
+}
+
+
+def test_catalog_has_at_least_30_models() -> None:
+    assert len(ROWS) >= 30
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_row_has_source_and_count(row) -> None:  # type: ignore[no-untyped-def]
+    assert row.source.startswith("https://")
+    assert row.revision
+    spec = model_from_config(row.config, name=row.id)
+    assert spec.num_parameters > 0
+    if row.published_parameters is None:
+        return
+    expected = row.published_parameters
+    if spec.model_type == "bert":
+        # Published 335,141,888 is BertModel with its pooler (h*h + h = 1,049,600); vramplan models
+        # BertForMaskedLM: no pooler, plus the MLM transform (h*h + h), its LayerNorm (2h) and the
+        # decoder bias (V).  h = 1024, V = 30522: 335,141,888 - 1,049,600 + 1,049,600 + 2,048 + 30,522.
+        expected = expected + 2 * 1024 + 30522
+    assert spec.num_parameters == expected
+
+
+@pytest.mark.parametrize(("model_id", "count"), sorted(PUBLISHED.items()))
+def test_issue_counts(model_id: str, count: int) -> None:
+    assert load_model(model_id).num_parameters == count
+
+
+def test_tinyllama() -> None:
+    # 1,100,048,384 published for TinyLlama-1.1B
+    rows = [r for r in ROWS if "tinyllama" in r.id.lower()]
+    assert rows and load_model(rows[0].id).num_parameters == 1_100_048_384
+
+
+def test_aliases_and_case() -> None:
+    assert load_model("LLAMA-2-7B").num_parameters == 6_738_415_616
+    assert load_model("Llama-2-7b-hf").name == "meta-llama/Llama-2-7b-hf"
+
+
+def test_typo_suggests() -> None:
+    with pytest.raises(UnknownNameError) as exc:
+        load_model("llama-2-7bb")
+    assert "llama-2-7b" in exc.value.suggestions
+
+
+def test_moe_and_mla_facts() -> None:
+    mix = load_model("mistralai/Mixtral-8x7B-v0.1")
+    assert mix.moe is not None and mix.moe.num_experts == 8 and mix.moe.top_k == 2
+    # active: non-expert params + 2/8 of expert params
+    assert mix.num_active_parameters < mix.num_parameters // 3
+    v3 = load_model("deepseek-ai/DeepSeek-V3")
+    assert v3.mla is not None and v3.mla.kv_lora_rank == 512 and v3.mla.qk_rope_head_dim == 64
+
+
+def test_gemma2_alternates_sliding_window() -> None:
+    g = load_model("google/gemma-2-9b")
+    windows = [ls.sliding_window for ls in g.layers]
+    assert windows[0] == 4096 and windows[1] is None
+    assert g.tie_word_embeddings and g.norm == "gemma_rms" and g.sandwich_norms

@@ -1,0 +1,126 @@
+"""CLI: output snapshots, JSON schema, and bad input -> one message per problem, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vramplan.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAP = Path(__file__).parent / "snapshots"
+runner = CliRunner()
+ENV = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    res = runner.invoke(app, list(args), env=ENV)
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_estimate_snapshot() -> None:
+    code, out, _ = run("estimate", str(ROOT / "examples" / "llama2-7b-inference-a100.yaml"))
+    assert code == 0
+    snap = SNAP / "estimate_llama2_7b_inference.txt"
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        snap.write_text(out)
+    assert out == snap.read_text()
+
+
+def test_json_report_keys() -> None:
+    code, out, _ = run("estimate", str(ROOT / "examples" / "qlora-7b-rtx4090.yaml"), "--json")
+    assert code == 0
+    r = json.loads(out)
+    assert r["engine"] == "analytic" and r["fits"] is True
+    pg = r["per_gpu"]
+    for key in ("capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes",
+                "headroom_bytes", "peak_phase", "breakdown", "outside_allocator"):
+        assert key in pg
+    assert set(pg["breakdown"]) == {"weights", "gradients", "optimizer_states", "master_weights", "activations",
+                                    "kv_cache", "temporaries", "other"}
+    assert {"cuda_context", "workspaces", "communication"} <= set(pg["outside_allocator"])
+    assert sum(pg["breakdown"].values()) == pg["peak_allocated_bytes"]
+    assert set(r["serve"]) == {"kv_cache_bytes", "num_gpu_blocks", "max_concurrency", "max_model_len_that_fits"}
+    assert "offloaded_bytes" in r["host"]
+
+
+def test_flags_without_file() -> None:
+    code, out, _ = run("estimate", "--model", "gpt2", "--gpu", "T4", "--micro-batch-size", "2", "--seq-len", "128",
+                       "--json")
+    assert code == 0 and json.loads(out)["scenario"]["train"]["micro_batch_size"] == 2
+
+
+def test_does_not_fit_exits_1() -> None:
+    code, out, _ = run("estimate", str(ROOT / "examples" / "llama2-7b-full-naive-a100.yaml"))
+    assert code == 1 and "DOES NOT FIT" in out
+
+
+def test_models_and_gpus_listing() -> None:
+    code, out, _ = run("models", "llama")
+    assert code == 0 and "Llama-2-7b-hf" in out
+    code, out, _ = run("gpus", "h100")
+    assert code == 0 and "H100-SXM" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["estimate", "--model", "llama-2-7bb", "--gpu", "A100-80GB"], "did you mean 'llama-2-7b'"),
+        (["estimate", "--model", "gpt2", "--gpu", "A100-80"], "unknown gpu 'A100-80'"),
+        (["estimate", "--model", "llama-2-7b", "--gpu", "A100-80GB", "--tp", "3", "--num-gpus", "3"],
+         "does not divide the 32 attention heads"),
+        (["estimate", "--model", "llama-2-7b", "--gpu", "A100-80GB", "--tp", "2", "--num-gpus", "3"],
+         "does not divide num_gpus"),
+        (["estimate", "--model", "gpt2", "--gpu", "T4", "--micro-batch-size", "-4"], "micro_batch_size"),
+        (["estimate", "--model", "gpt2", "--gpu", "T4", "--precision", "bf16-mix"], "did you mean 'bf16-mixed'"),
+        (["estimate", "--model", "gpt2"], "no GPU given"),
+        (["estimate", "--gpu", "T4"], "no model given"),
+        (["estimate", "--model", "gpt2", "--gpu", "T4", "--offload", "optimizer"], "offload needs ZeRO"),
+    ],
+)
+def test_bad_input(args: list[str], needle: str) -> None:
+    code, out, err = run(*args)
+    assert code == 2
+    assert needle in (err + out).replace("\n", " ")
+    assert "Traceback" not in err + out
+
+
+def test_malformed_and_missing_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    code, out, err = run("estimate", str(bad))
+    assert code == 2 and "not valid" in err and "Traceback" not in err
+    code, _, err = run("estimate", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "no such file" in err
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    code, _, err = run("estimate", "--model", str(cfg), "--gpu", "T4")
+    assert code == 2 and "lacks required key" in err.replace("\n", " ")
+    unk = tmp_path / "scn.yaml"
+    unk.write_text("model: gpt2\nhardware: {gpu: T4}\ntrain: {micro_batch: 2}\n")
+    code, _, err = run("estimate", str(unk))
+    assert code == 2 and "did you mean 'micro_batch_size'" in err.replace("\n", " ")
+
+
+def test_inline_and_local_config(tmp_path: Path) -> None:
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, out, _ = run("estimate", "--model", str(tmp_path), "--gpu", "T4", "--json")
+    assert code == 0
+    # embed + head 1000*256*2 = 512,000; per layer q,o 256*256*2 = 131,072, k,v 256*128*2 = 65,536,
+    # MLP 3*256*688 = 528,384, norms 2*256 = 512 -> 725,504; two layers 1,451,008; final norm 256
+    # -> 512,000 + 1,451,008 + 256 = 1,963,264
+    assert json.loads(out)["model"]["parameters"] == 1_963_264
+
+
+def test_console_script_no_traceback() -> None:
+    proc = subprocess.run([sys.executable, "-m", "vramplan.cli.main", "estimate", "--model", "nosuch", "--gpu", "T4"],
+                          capture_output=True, text=True, env={**os.environ, **ENV})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "unknown model" in proc.stderr
