@@ -94,7 +94,7 @@ def test_bad_input(args: list[str], needle: str) -> None:
 def test_malformed_and_missing_files(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
-    code, out, err = run("estimate", str(bad))
+    code, _out, err = run("estimate", str(bad))
     assert code == 2 and "not valid" in err and "Traceback" not in err
     code, _, err = run("estimate", str(tmp_path / "nope.yaml"))
     assert code == 2 and "no such file" in err
@@ -122,5 +122,5 @@ def test_inline_and_local_config(tmp_path: Path) -> None:
 
 def test_console_script_no_traceback() -> None:
     proc = subprocess.run([sys.executable, "-m", "vramplan.cli.main", "estimate", "--model", "nosuch", "--gpu", "T4"],
-                          capture_output=True, text=True, env={**os.environ, **ENV})
+                          capture_output=True, text=True, env={**os.environ, **ENV}, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "unknown model" in proc.stderr

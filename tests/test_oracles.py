@@ -20,7 +20,7 @@ def test_sixteen_bytes_per_parameter_for_7b() -> None:
     assert 7 * 10**9 * 16 == 112 * GB
     r = resolve({"model": "llama-2-7b", "hardware": {"gpu": "A100-80GB"},
                  "train": {"optimizer": "adamw-fused", "micro_batch_size": 1, "seq_len": 16}})
-    step = [m for m in train_step(r).moments if m.phase == "optimizer"][0]
+    step = next(m for m in train_step(r).moments if m.phase == "optimizer")
     states = sum(sum(step.parts.get(k, {}).values()) for k in ("weights", "gradients", "optimizer_states"))
     assert states == 16 * P7  # 107,814,649,856 B
 
@@ -35,7 +35,7 @@ def test_foreach_adamw_adds_a_state_sized_temporary() -> None:
 def _model_states(zero: int, n: int = 8) -> int:
     r = resolve({"model": "llama-2-7b", "hardware": {"gpu": "A100-80GB", "num_gpus": n}, "framework": "deepspeed",
                  "train": {"micro_batch_size": 1, "seq_len": 16}, "parallel": {"zero_stage": zero}})
-    step = [m for m in train_step(r).moments if m.phase == "optimizer"][0]
+    step = next(m for m in train_step(r).moments if m.phase == "optimizer")
     return sum(sum(step.parts.get(k, {}).values())
                for k in ("weights", "gradients", "optimizer_states", "master_weights"))
 

@@ -23,7 +23,7 @@ def _peak(**train: Any) -> int:
 @settings(max_examples=40, deadline=None)
 @given(b=st.integers(1, 8), s=st.sampled_from([64, 256, 1024, 2048]), p=precisions, o=optimizers, a=attn, c=ckpt)
 def test_monotone_in_batch_and_sequence(b: int, s: int, p: str, o: str, a: str, c: str) -> None:
-    kw = dict(precision=p, optimizer=o, attention=a, gradient_checkpointing=c)
+    kw = {"precision": p, "optimizer": o, "attention": a, "gradient_checkpointing": c}
     assert _peak(micro_batch_size=b + 1, seq_len=s, **kw) >= _peak(micro_batch_size=b, seq_len=s, **kw)
     assert _peak(micro_batch_size=b, seq_len=2 * s, **kw) >= _peak(micro_batch_size=b, seq_len=s, **kw)
 
@@ -31,7 +31,7 @@ def test_monotone_in_batch_and_sequence(b: int, s: int, p: str, o: str, a: str, 
 @settings(max_examples=30, deadline=None)
 @given(b=st.integers(1, 8), s=st.sampled_from([128, 512, 2048]), p=precisions, a=attn)
 def test_checkpointing_never_increases_the_peak(b: int, s: int, p: str, a: str) -> None:
-    kw = dict(micro_batch_size=b, seq_len=s, precision=p, attention=a)
+    kw = {"micro_batch_size": b, "seq_len": s, "precision": p, "attention": a}
     none = _peak(gradient_checkpointing="none", **kw)
     assert _peak(gradient_checkpointing="selective", **kw) <= none
     assert _peak(gradient_checkpointing="full", **kw) <= none

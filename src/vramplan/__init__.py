@@ -17,6 +17,18 @@ from vramplan.spec.scenario import Scenario
 
 __version__ = "0.1.0"
 __all__ = [
-    "ModelSpec", "Problem", "Report", "Resolved", "Scenario", "ScenarioError", "VramplanError", "estimate",
-    "list_gpus", "list_models", "load_model", "resolve", "resolve_gpu", "__version__",
+    "ModelSpec",
+    "Problem",
+    "Report",
+    "Resolved",
+    "Scenario",
+    "ScenarioError",
+    "VramplanError",
+    "__version__",
+    "estimate",
+    "list_gpus",
+    "list_models",
+    "load_model",
+    "resolve",
+    "resolve_gpu",
 ]

@@ -85,7 +85,7 @@ def round_up(n: int, multiple: int) -> int:
     return ceil_div(n, multiple) * multiple
 
 
-def fmt_bytes(n: int | float, unit: str = "GiB", digits: int = 2) -> str:
+def fmt_bytes(n: float, unit: str = "GiB", digits: int = 2) -> str:
     """Human text for a byte count in a stated unit (GiB by default, as nvidia-smi)."""
     scale = {"B": 1, "KB": KB, "MB": MB, "GB": GB, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TB": TB}[unit]
     return f"{n / scale:,.{digits}f} {unit}"

@@ -118,7 +118,7 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
     c, tp = ctx.compute_bytes, ctx.tp
     heads = ceil_div(m.num_attention_heads, tp)
     in_b = _norm_out_bytes(m.norm, ctx)
-    width_in = m.hidden_size if not ctx.sequence_parallel else m.hidden_size  # all-gathered input
+    width_in = m.hidden_size  # with sequence parallelism the input is all-gathered before the linear
     if m.mla is not None:
         return _mla_saved(m, ctx, heads, in_b)
     qw = heads * m.head_dim

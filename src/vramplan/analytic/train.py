@@ -19,12 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
-from vramplan.analytic.allocator import reserved_for
 from vramplan.analytic.gradients import ddp_bucket_bytes, gradient_bytes, master_weight_bytes
 from vramplan.analytic.layout import RankParams, rank_params, targets
 from vramplan.analytic.logits import loss_bytes
 from vramplan.analytic.optimizer import optimizer_cost
-from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
+from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.analytic.weights import weights_bytes
 from vramplan.spec.load import Resolved
@@ -241,7 +240,8 @@ def train_step(r: Resolved) -> TrainResult:
         base_static.add("other", "cuBLAS workspaces", workspaces)
         moments: list[Moment] = []
 
-        def static(phase: str, with_grads: bool) -> Moment:
+        def static(phase: str, with_grads: bool, base_static: Moment = base_static, grads: int = grads,
+                   ddp: int = ddp) -> Moment:
             mo = Moment(phase, {k: dict(v) for k, v in base_static.parts.items()})
             if with_grads:
                 mo.add("gradients", "parameter gradients", grads)
@@ -341,8 +341,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)",
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "CUDA context 400 MiB with lazy module loading; NCCL 128 MiB per communicator",
-        "reserved memory = allocated rounded by the caching allocator's rules; fragmentation between "
-        "phases is not modelled analytically (use --engine trace)",
+        ("reserved memory = allocated rounded by the caching allocator's rules; fragmentation between "
+        "phases is not modelled analytically (use --engine trace)"),
     ]
     if t.optimizer == "adamw" and fw != "deepspeed":
         out.append("torch.optim.AdamW uses the foreach implementation (CUDA default): one state-sized "

@@ -5,6 +5,17 @@ from vramplan.spec.model import LayerSpec, MLASpec, ModelSpec, MoESpec, ParamGro
 from vramplan.spec.scenario import Hardware, Inference, Parallel, Peft, Scenario, Serve, Train
 
 __all__ = [
-    "GpuSpec", "Hardware", "Inference", "LayerSpec", "MLASpec", "ModelSpec", "MoESpec", "Parallel",
-    "ParamGroup", "Peft", "Scenario", "Serve", "Train",
+    "GpuSpec",
+    "Hardware",
+    "Inference",
+    "LayerSpec",
+    "MLASpec",
+    "MoESpec",
+    "ModelSpec",
+    "Parallel",
+    "ParamGroup",
+    "Peft",
+    "Scenario",
+    "Serve",
+    "Train",
 ]

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramplan.errors import Problem, ScenarioError
-from vramplan.spec.model import LayerSpec, MLASpec, ModelSpec, MoESpec, ParamGroup, Role, TPSplit
+from vramplan.spec.model import LayerSpec, MLASpec, ModelSpec, MoESpec, Norm, ParamGroup, Role, TPSplit
 
 LLAMA_LIKE = {
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
@@ -334,7 +334,7 @@ def _llama_like(cfg: Mapping[str, Any], model_type: str, name: str) -> ModelSpec
         LayerSpec(i, i in moe_layers, inter if i not in moe_layers else 0, windows[i]) for i in all_layers
     )
     act = str(_get(cfg, "hidden_act", "hidden_activation", default="silu"))
-    norm_kind = "gemma_rms" if model_type in ("gemma", "gemma2", "gemma3_text") else "rms"
+    norm_kind: Norm = "gemma_rms" if model_type in ("gemma", "gemma2", "gemma3_text") else "rms"
     return ModelSpec(
         name=name,
         model_type=model_type,

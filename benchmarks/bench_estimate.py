@@ -1,0 +1,55 @@
+"""Speed of the analytic engine.
+
+Targets: one estimate in under 5 ms after import; ``vramplan estimate`` on an example,
+end to end with imports, under 0.5 s.  Run: ``python benchmarks/bench_estimate.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    from vramplan import estimate
+    from vramplan.spec.load import resolve
+
+    cases = {
+        "llama-2-7b train (bf16-mixed, no ckpt)": ROOT / "examples" / "llama2-7b-full-naive-a100.yaml",
+        "llama-3-70b zero3 offload, 8 GPUs": ROOT / "examples" / "llama3-70b-zero3-offload-8xa100.yaml",
+        "qlora 7b": ROOT / "examples" / "qlora-7b-rtx4090.yaml",
+        "llama-3-8b serve": ROOT / "examples" / "llama3-8b-serve-h100.yaml",
+    }
+    for name, path in cases.items():
+        r = resolve(path)
+        estimate(r)  # warm caches
+        times = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            estimate(r)
+            times.append(time.perf_counter() - t0)
+        print(f"{name:40s} median {statistics.median(times) * 1e3:6.2f} ms  p90 "
+              f"{sorted(times)[int(0.9 * len(times))] * 1e3:6.2f} ms  (resolved scenario)")
+        t_all = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            estimate(path)
+            t_all.append(time.perf_counter() - t0)
+        print(f"{'':40s} median {statistics.median(t_all) * 1e3:6.2f} ms  (from the file, parse + resolve)")
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "vramplan.cli.main", "estimate",
+                        str(ROOT / "examples" / "llama2-7b-inference-a100.yaml")], check=True,
+                       capture_output=True)
+        runs.append(time.perf_counter() - t0)
+    print(f"CLI end to end (python -m vramplan.cli.main estimate ...): median {statistics.median(runs):.3f} s")
+
+
+if __name__ == "__main__":
+    main()
