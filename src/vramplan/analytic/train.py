@@ -196,7 +196,7 @@ def train_step(r: Resolved) -> TrainResult:
         cast_per_layer = [0] * len(layer_specs)
         cast_head = 0
         if pol.weight_cast_bytes and peft is None and pol.autocast:
-            lin_layer = _linear_params_per_layer(m, rp, tp)
+            lin_layer = _linear_params_per_layer(rp)
             cast_per_layer = [lin_layer * pol.weight_cast_bytes for _ in layer_specs]
             if last:
                 head_params = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, tp) * m.hidden_size
@@ -218,13 +218,6 @@ def train_step(r: Resolved) -> TrainResult:
             gathered = 2 * layer_p_bytes  # current + prefetched unit (FSDP limit_all_gathers; DS prefetch)
             if par.fsdp != "none":
                 root_gathered = rp.outside_layers * half  # FSDP root unit (embeddings, head) stays unsharded
-        comm = 0
-        if dp > 1:
-            comm += 1
-        if tp > 1:
-            comm += 1
-        if pp > 1:
-            comm += 1
 
         # ---------------- the moments ----------------
         grads_during_fwd = t.grad_accum_steps > 1 or in_flight > 1
@@ -290,7 +283,6 @@ def train_step(r: Resolved) -> TrainResult:
         peak = max(moments, key=lambda mo: mo.total)
         big = [(rp.largest_linear * pol.param_bytes, 1)]
         results.append((peak, moments, rp, host, nvme, managed, big))
-        del comm
 
     peak, moments, rp, host, nvme, managed, big = max(results, key=lambda x: x[0].total)
     communicators = (1 if dp > 1 else 0) + (1 if tp > 1 else 0) + (1 if pp > 1 else 0)
@@ -306,10 +298,9 @@ def _one_layer(rp: RankParams, params: int) -> RankParams:
         rp.linear_out_features * frac), lm_head=0)
 
 
-def _linear_params_per_layer(m: ModelSpec, rp: RankParams, tp: int) -> int:
-    if not rp.layers:
-        return 0
-    return (rp.linear) // len(rp.layers)
+def _linear_params_per_layer(rp: RankParams) -> int:
+    """Decoder linear parameters per layer on this rank (layers of one stage are alike)."""
+    return rp.linear // len(rp.layers) if rp.layers else 0
 
 
 def _grad_bytes_layer(rp: RankParams, j: int, trainable: int, pol: PrecisionPolicy, shards: int,
