@@ -50,6 +50,14 @@ class ActContext:
     lora_dropout: bool = False
     dora: bool = False
     dropout: bool = True  # training mode applies the config's dropout probabilities
+    # dtype of linear outputs that feed elementwise ops (0: the compute dtype).  bitsandbytes'
+    # Linear4bit/Linear8bitLt return ``out.to(input_dtype)``, so with fp32 hidden states (after
+    # prepare_model_for_kbit_training) the MLP's SiLU and product run and are saved in fp32.
+    elementwise_bytes: int = 0
+
+    @property
+    def ew(self) -> int:
+        return self.elementwise_bytes or self.compute_bytes
 
 
 def _norm_saved(kind: str, ctx: ActContext) -> int:
@@ -203,7 +211,8 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         saved += _linear_inputs(h, mods, in_b, ctx)
         # gate out (saved by the activation), activation out and up out (saved by the product),
         # the product (down_proj's input)
-        saved += (act_saved + 2 * c) * inter
+        e = ctx.ew
+        saved += (act_saved - c + e + 2 * e) * inter
         if _saves_input("down_proj", ctx):
             saved += c * inter
     else:
@@ -255,7 +264,7 @@ def layer_backward_transient_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActC
         inter = m.moe.expert_intermediate_size * m.moe.top_k
     else:
         inter = ceil_div(layer.intermediate_size, ctx.tp)
-    mlp = 2 * r * h + 3 * c * inter
+    mlp = 2 * r * h + 3 * ctx.ew * inter
     qw = heads * m.head_dim
     attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
     if ctx.attention in ("eager", "math"):

@@ -164,6 +164,8 @@ def train_step(r: Resolved) -> TrainResult:
         workspaces = cublas_workspace_bytes(gpu, handles=2)
 
         # ---------------- activations ----------------
+        kbit = peft is not None and quant in ("nf4", "nf4-dq", "fp4", "int8") and framework in (
+            "hf-trainer", "accelerate", "plain")
         tgt = frozenset(targets(peft, m))
         ctx = act.ActContext(
             compute_bytes=pol.compute_bytes, residual_bytes=pol.residual_bytes,
@@ -171,6 +173,7 @@ def train_step(r: Resolved) -> TrainResult:
             gqa_repeat=repeat, seq_len=t.seq_len, tp=tp, sequence_parallel=par.sequence_parallel,
             frozen_base=peft is not None, lora_targets=tgt, lora_rank=peft.rank if peft else 0,
             lora_dropout=bool(peft and peft.dropout > 0), dora=bool(peft and peft.method == "dora"),
+            elementwise_bytes=4 if (kbit and pol.autocast) else 0,
         )
         layer_specs = [m.layers[i] for i in rp.layers]
         full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
@@ -191,6 +194,11 @@ def train_step(r: Resolved) -> TrainResult:
         # final norm + LM-head input
         head_saved = (act._norm_saved(m.norm, ctx) * m.hidden_size + (
             pol.compute_bytes * m.hidden_size if peft is None else 0)) * tokens if last else 0
+        head_cast = 0
+        if last and kbit and pol.autocast:
+            # the frozen LM head is fp32 after prepare_model_for_kbit_training; autocast casts it to the
+            # half dtype for the matmul, which saves that copy to compute the input's gradient
+            head_cast = ceil_div(m.vocab_size, tp) * m.hidden_size * pol.compute_bytes
 
         # autocast's cached half copies of trainable linear weights (HF/Lightning mixed precision)
         cast_per_layer = [0] * len(layer_specs)
@@ -244,7 +252,7 @@ def train_step(r: Resolved) -> TrainResult:
         acts_total = sum(kept) * in_flight
         fwd = static("forward", grads_during_fwd)
         fwd.add("activations", "saved by layers", acts_total + shared + head_saved)
-        fwd.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head)
+        fwd.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head + head_cast)
         fwd.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
         if last:
             fwd.add("temporaries", "logits and loss", loss.forward_peak)
@@ -255,7 +263,7 @@ def train_step(r: Resolved) -> TrainResult:
         if last:
             b0 = static("backward", grads_during_fwd)
             b0.add("activations", "saved by layers", acts_total + shared + head_saved)
-            b0.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head)
+            b0.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head + head_cast)
             b0.add("temporaries", "logits and loss gradients", loss.backward_peak)
             b0.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
             moments.append(b0)
