@@ -116,7 +116,7 @@ def _act_saved(act: str, ctx: ActContext) -> tuple[int, int]:
     return c, c  # silu/gelu/gelu_pytorch_tanh/relu: one saved tensor (input or output)
 
 
-def _dropout(p: float, ctx: ActContext, elem_bytes: int) -> int:
+def _dropout(p: float, ctx: ActContext) -> int:
     """A CUDA dropout saves a 1-byte mask; its output is counted where a consumer saves it."""
     return 1 if (ctx.dropout and p > 0) else 0
 
@@ -160,7 +160,7 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
             saved += probs * (1 + c)  # mask + dropped probabilities (the AV matmul saves these)
         if _saves_input("o_proj" if m.model_type not in ("gpt2",) else "c_proj", ctx):
             saved += c * qw  # transpose(1, 2).contiguous() copy, o_proj's input
-    saved += _dropout(m.hidden_dropout, ctx, c) * m.hidden_size
+    saved += _dropout(m.hidden_dropout, ctx) * m.hidden_size
     return saved
 
 
@@ -222,7 +222,7 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         saved += act_saved * inter
         if _saves_input(fc2, ctx):
             saved += (c if act_out != c or ctx.autocast else act_out) * inter
-    saved += _dropout(m.hidden_dropout, ctx, c) * h
+    saved += _dropout(m.hidden_dropout, ctx) * h
     return saved
 
 

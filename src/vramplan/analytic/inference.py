@@ -21,9 +21,7 @@ from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.train import Moment
 from vramplan.analytic.weights import weights_bytes
 from vramplan.spec.load import Resolved
-from vramplan.units import ceil_div
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+from vramplan.units import ceil_div, dtype_bits
 
 
 @dataclass
@@ -53,7 +51,7 @@ def prefill_transient_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: in
 def inference_step(r: Resolved) -> InferenceResult:
     s, m, gpu = r.scenario, r.model, r.gpu
     inf, par = s.inference, s.parallel
-    c = DTYPE_BYTES[inf.dtype]
+    c = dtype_bits(inf.dtype) // 8
     tp = par.tp
     rp = rank_params(m, tp, 1, par.ep, 0, None)
     quant = inf.quantization

@@ -24,9 +24,8 @@ from vramplan.analytic.overhead import nccl_bytes
 from vramplan.analytic.train import Moment
 from vramplan.analytic.weights import weights_bytes
 from vramplan.spec.load import Resolved
-from vramplan.units import ceil_div
+from vramplan.units import ceil_div, dtype_bits
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
@@ -47,7 +46,7 @@ class ServeResult:
 def serve(r: Resolved) -> ServeResult:
     s, m, gpu = r.scenario, r.model, r.gpu
     sv, tp = s.serve, s.parallel.tp
-    c = DTYPE_BYTES[sv.dtype]
+    c = dtype_bits(sv.dtype) // 8
     rp = rank_params(m, tp, s.parallel.pp, s.parallel.ep, 0, None)
     weights = weights_bytes(rp, c, sv.quantization)
     tokens = sv.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS

@@ -59,7 +59,6 @@ class TrainResult:
     managed_bytes: int
     communicators: int
     assumptions: list[str]
-    large_tensors: list[tuple[int, int]]
 
 
 def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[str, bool]:
@@ -112,7 +111,7 @@ def train_step(r: Resolved) -> TrainResult:
     attention, repeat = resolve_attention(s, m, pol)
     assumptions: list[str] = []
     tokens = ceil_div(t.micro_batch_size * t.seq_len, cp)
-    results: list[tuple[Moment, list[Moment], RankParams, int, int, int, list[tuple[int, int]]]] = []
+    results: list[tuple[Moment, list[Moment], int, int, int]] = []
 
     for stage in _stages(pp):
         rp = rank_params(m, tp, pp, ep, stage, peft)
@@ -289,13 +288,12 @@ def train_step(r: Resolved) -> TrainResult:
         step.add("temporaries", "optimizer step", step_temp)
         moments.append(step)
         peak = max(moments, key=lambda mo: mo.total)
-        big = [(rp.largest_linear * pol.param_bytes, 1)]
-        results.append((peak, moments, rp, host, nvme, managed, big))
+        results.append((peak, moments, host, nvme, managed))
 
-    peak, moments, rp, host, nvme, managed, big = max(results, key=lambda x: x[0].total)
+    peak, moments, host, nvme, managed = max(results, key=lambda x: x[0].total)
     communicators = (1 if dp > 1 else 0) + (1 if tp > 1 else 0) + (1 if pp > 1 else 0)
     assumptions.extend(_train_assumptions(s, m, attention, pol, framework))
-    return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)), big)
+    return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)))
 
 
 def _one_layer(rp: RankParams, params: int) -> RankParams:

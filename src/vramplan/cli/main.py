@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from vramplan.errors import ScenarioError, VramplanError
+from vramplan.errors import Problem, ScenarioError, VramplanError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True,
@@ -129,10 +129,10 @@ def estimate(
             _set(over, path, value)
         doc = _deep_merge(base, over)
         if "model" not in doc:
-            raise ScenarioError([__import__("vramplan.errors", fromlist=["Problem"]).Problem(
+            raise ScenarioError([Problem(
                 "model", "no model given", "pass a scenario file or --model")])
         if engine != "analytic":
-            raise ScenarioError([__import__("vramplan.errors", fromlist=["Problem"]).Problem(
+            raise ScenarioError([Problem(
                 "--engine", f"engine {engine!r} is not available", "use --engine analytic")])
         report = run_estimate(doc)
     except VramplanError as exc:
