@@ -211,8 +211,8 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         saved += _linear_inputs(h, mods, in_b, ctx)
         # gate out (saved by the activation), activation out and up out (saved by the product),
         # the product (down_proj's input)
-        e = ctx.ew
-        saved += (act_saved - c + e + 2 * e) * inter
+        ew = ctx.ew
+        saved += (act_saved - c + ew + 2 * ew) * inter
         if _saves_input("down_proj", ctx):
             saved += c * inter
     else:
