@@ -93,7 +93,7 @@ def estimate(
     sequence_parallel: Annotated[bool | None, Opt(help="Megatron sequence parallelism with tp")] = None,
     offload: Annotated[str | None, Opt(help="none | optimizer | optimizer+params")] = None,
     offload_device: Annotated[str | None, Opt(help="cpu | nvme")] = None,
-    engine: Annotated[str, Opt(help="analytic (trace arrives with the traced engine)")] = "analytic",
+    engine: Annotated[str, Opt(help="analytic | trace (trace needs `pip install 'vramplan[trace]'`)")] = "analytic",
     as_json: Annotated[bool, Opt("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Estimate per-GPU memory for a scenario file and/or flags."""
@@ -131,10 +131,15 @@ def estimate(
         if "model" not in doc:
             raise ScenarioError([Problem(
                 "model", "no model given", "pass a scenario file or --model")])
-        if engine != "analytic":
+        if engine == "analytic":
+            report = run_estimate(doc)
+        elif engine == "trace":
+            from vramplan.trace import estimate as trace_estimate
+
+            report = trace_estimate(doc)
+        else:
             raise ScenarioError([Problem(
-                "--engine", f"engine {engine!r} is not available", "use --engine analytic")])
-        report = run_estimate(doc)
+                "--engine", f"unknown engine {engine!r}", "use --engine analytic or --engine trace")])
     except VramplanError as exc:
         _fail(exc)
         return
@@ -183,6 +188,14 @@ def gpus(query: Annotated[str | None, typer.Argument(help="filter by name or ali
         err.print(f"no GPU matches {query!r}")
         raise typer.Exit(2)
     render_gpus(list(rows), out)
+
+
+# Each feature area registers its own sub-commands from its own module, so that the
+# CLI grows without one file holding every command.
+from vramplan.cli import measure_cmd, plan_cmd, serve_cmd, snapshot_cmd, trace_cmd, validate_cmd
+
+for _mod in (trace_cmd, serve_cmd, plan_cmd, measure_cmd, snapshot_cmd, validate_cmd):
+    _mod.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,9 @@
+"""`vramplan validate` sub-commands."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the top-level app."""
