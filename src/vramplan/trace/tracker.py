@@ -39,11 +39,11 @@ class TrackEvent:
     op: str
 
 
-class Tracker(TorchDispatchMode):
+class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts live storage bytes under the mode; peak is the maximum of the running sum."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.events: list[TrackEvent] = []
         self.live_bytes = 0
         self.peak_bytes = 0
