@@ -154,6 +154,9 @@ def test_predicted_quantity_fields() -> None:
     assert predicted_quantity(rep, "max_memory_reserved") == 20
     assert predicted_quantity(rep, "nvidia_smi") == 30
     assert predicted_quantity(rep, "kv_cache") == 40
+    assert predicted_quantity(rep, "peak_active") == 10
+    # allocated + (device used - reserved) = 10 + 30 - 20
+    assert predicted_quantity(rep, "allocated_plus_non_torch") == 20
 
 
 def test_unavailable_engine_is_reported_per_entry() -> None:

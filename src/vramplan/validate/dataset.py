@@ -15,19 +15,27 @@ A dataset is a YAML or JSON file holding a list of entries (or a mapping with an
 ``measured.quantity`` names what was read on the GPU, so that the prediction of the
 same quantity is compared with it:
 
-======================  =============================================  ===========================
-quantity                what was read                                  compared with
-======================  =============================================  ===========================
-max_memory_allocated    ``torch.cuda.max_memory_allocated()``          ``per_gpu.peak_allocated_bytes``
-max_memory_reserved     ``torch.cuda.max_memory_reserved()``           ``per_gpu.peak_reserved_bytes``
-nvidia_smi              nvidia-smi / NVML used memory                  ``per_gpu.device_used_bytes``
-kv_cache                vLLM's KV-cache pool (``# GPU blocks``)        ``serve.kv_cache_bytes``
-unknown                 not stated by the source                       nothing (fits/OOM only)
-======================  =============================================  ===========================
+========================  =============================================  ==================================
+quantity                  what was read                                  compared with
+========================  =============================================  ==================================
+max_memory_allocated      ``torch.cuda.max_memory_allocated()``          ``per_gpu.peak_allocated_bytes``
+max_memory_reserved       ``torch.cuda.max_memory_reserved()``           ``per_gpu.peak_reserved_bytes``
+nvidia_smi                nvidia-smi / NVML used memory                  ``per_gpu.device_used_bytes``
+kv_cache                  vLLM's KV-cache pool (``# GPU blocks``)        ``serve.kv_cache_bytes``
+peak_active               ``memory_stats()["active_bytes.all.peak"]``    ``per_gpu.peak_allocated_bytes``
+allocated_plus_non_torch  max allocated + (nvidia-smi peak - max         ``peak_allocated_bytes +
+                          reserved), as optimum's GPTQ benchmark         device_used_bytes - peak_reserved_bytes``
+unknown                   not stated by the source                       nothing (fits/OOM only)
+========================  =============================================  ==================================
 
-The spellings ``peak_allocated``, ``peak_reserved`` and ``device_used`` are accepted
-as synonyms.  For an ``oom`` entry ``bytes`` is the device capacity, a lower bound on
-what the run needed, so it only checks the fits/OOM verdict.
+Active bytes are the allocated blocks plus blocks freed but still awaiting a recorded
+stream's work; with one stream they equal the allocated bytes, so ``peak_active`` is
+compared with the allocated peak.  The spellings ``peak_allocated``, ``peak_reserved``
+and ``device_used`` are accepted as synonyms.  For an ``oom`` entry ``bytes`` is the
+device capacity, a lower bound on what the run needed, so it only checks the fits/OOM
+verdict.  ``published_model`` names the model the source ran when the scenario names a
+catalog model with the same architecture (a mirror, an instruction-tuned release, a
+quantized re-upload).
 """
 
 from __future__ import annotations
@@ -51,8 +59,14 @@ __all__ = [
     "parse_dataset",
 ]
 
-Quantity = Literal["max_memory_allocated", "max_memory_reserved", "nvidia_smi", "kv_cache", "unknown"]
-QUANTITIES: tuple[str, ...] = ("max_memory_allocated", "max_memory_reserved", "nvidia_smi", "kv_cache", "unknown")
+Quantity = Literal[
+    "max_memory_allocated", "max_memory_reserved", "nvidia_smi", "kv_cache", "peak_active",
+    "allocated_plus_non_torch", "unknown",
+]
+QUANTITIES: tuple[str, ...] = (
+    "max_memory_allocated", "max_memory_reserved", "nvidia_smi", "kv_cache", "peak_active",
+    "allocated_plus_non_torch", "unknown",
+)
 QUANTITY_ALIASES: dict[str, str] = {
     "peak_allocated": "max_memory_allocated",
     "peak_allocated_bytes": "max_memory_allocated",
@@ -95,6 +109,7 @@ class Entry(_Strict):
 
     id: str = Field(min_length=1)
     source: str = ""
+    published_model: str = ""
     citation: str = ""
     quote: str = ""
     scenario: dict[str, Any]

@@ -46,6 +46,8 @@ COMPARED_FIELD: dict[str, str] = {
     "max_memory_reserved": "per_gpu.peak_reserved_bytes",
     "nvidia_smi": "per_gpu.device_used_bytes",
     "kv_cache": "serve.kv_cache_bytes",
+    "peak_active": "per_gpu.peak_allocated_bytes",
+    "allocated_plus_non_torch": "per_gpu.peak_allocated_bytes + device_used_bytes - peak_reserved_bytes",
 }
 
 Status = Literal["ok", "unavailable", "error", "not_applicable"]
@@ -134,12 +136,15 @@ class ValidationResult(BaseModel):
 
 def predicted_quantity(report: Report, quantity: str) -> int:
     """The report's prediction of a measured quantity (see ``COMPARED_FIELD``)."""
-    if quantity == "max_memory_allocated":
-        return report.per_gpu.peak_allocated_bytes
+    pg = report.per_gpu
+    if quantity in ("max_memory_allocated", "peak_active"):
+        return pg.peak_allocated_bytes
+    if quantity == "allocated_plus_non_torch":
+        return pg.peak_allocated_bytes + pg.device_used_bytes - pg.peak_reserved_bytes
     if quantity == "max_memory_reserved":
-        return report.per_gpu.peak_reserved_bytes
+        return pg.peak_reserved_bytes
     if quantity == "nvidia_smi":
-        return report.per_gpu.device_used_bytes
+        return pg.device_used_bytes
     if quantity == "kv_cache":
         return report.serve.kv_cache_bytes
     raise KeyError(quantity)
