@@ -137,6 +137,7 @@ def test_synthetic_metrics_by_hand() -> None:
     other = res.summary("fake").by_source["other"]  # e2 +.2, e4 -.4, e6 the missed OOM
     assert other.n_error == 2 and other.missed_oom == 1
     assert res.summary("fake").by_task["train"].n_error == 6
+    assert res.summary("fake").by_workload["train-full"].n_error == 6  # no adapters in the synthetic set
 
 
 def test_skipped_entry_is_listed_with_reason() -> None:
@@ -231,6 +232,7 @@ def test_rules_in_the_run_apply_to_their_tasks_only() -> None:
             _entry(2, "max_memory_allocated", 10**9, task="inference")]
     res = run_validation(parse_dataset(rows), engines={}, rules=RULES)
     e1, e2 = res.entries
+    assert (e1.workload, e2.workload) == ("train-full", "inference")
     assert e1.predictions["rule:weights-x4"].status == "ok"
     assert e1.predictions["rule:weights+20%"].status == "not_applicable"
     assert e2.predictions["rule:weights+20%"].status == "ok"
@@ -251,14 +253,14 @@ def _invoke(*args: str) -> tuple[int, str, str]:
     ("- id: a\n  scenario: {model: gpt2\n", "not valid YAML"),
     ("model: gpt2\n", "must hold a list of entries"),
     ("[]\n", "holds no entries"),
-    ("- id: a\n  scenario: {model: gpt2, hardware: {gpu: T4}}\n  measured: {quantity: max_memory_alocated, bytes: 5}\n"
-     "  outcome: fits\n", "did you mean 'max_memory_allocated'?"),
+    (("- id: a\n  scenario: {model: gpt2, hardware: {gpu: T4}}\n  measured: {quantity: max_memory_alocated, bytes: 5}\n"
+     "  outcome: fits\n"), "did you mean 'max_memory_allocated'?"),
     ("- id: a\n  scenario: {model: gpt2}\n  measured: {quantity: unknown, bytes: 5}\n  outcome: ran\n",
      "entries[0] (a).outcome"),
-    ("- id: a\n  scenario: {model: gpt2}\n  measured: {quantity: unknown, bytes: 5}\n  outcome: fits\n"
-     "  citaton: x\n", "did you mean 'citation'?"),
-    ("- id: a\n  scenario: {model: gpt2}\n  measured: {quantity: unknown, bytes: 5}\n  outcome: fits\n"
-     "- id: a\n  scenario: {model: gpt2}\n  measured: {quantity: unknown, bytes: 5}\n  outcome: fits\n",
+    (("- id: a\n  scenario: {model: gpt2}\n  measured: {quantity: unknown, bytes: 5}\n  outcome: fits\n"
+     "  citaton: x\n"), "did you mean 'citation'?"),
+    (("- id: a\n  scenario: {model: gpt2}\n  measured: {quantity: unknown, bytes: 5}\n  outcome: fits\n"
+     "- id: a\n  scenario: {model: gpt2}\n  measured: {quantity: unknown, bytes: 5}\n  outcome: fits\n"),
      "duplicate id"),
 ])
 def test_bad_dataset_exits_2(tmp_path: Path, content: str, expect: str) -> None:

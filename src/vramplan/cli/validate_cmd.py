@@ -45,14 +45,14 @@ def render_result(result: object, console: Console, worst: int = 10, show_entrie
     console.print(table)
     for note in notes:
         console.print(f"[yellow]{note}[/]", highlight=False)
-    by_task = Table(title="By task", title_justify="left", box=box.SIMPLE_HEAD)
+    by_task = Table(title="By task (train-full: full fine-tuning, train-peft: LoRA/QLoRA)", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ["predictor", "task", *SHORT_HEAD]:
         by_task.add_column(col, justify="left" if col in ("predictor", "task") else "right",
                            no_wrap=col in ("predictor", "task"))
     for p in result.predictors:
         if p.unavailable_reason:
             continue
-        for task, s in p.by_task.items():
+        for task, s in p.by_workload.items():
             if s.n_error or s.n_fits_checked:
                 by_task.add_row(p.label, task, *summary_cells(s))
     console.print(by_task)

@@ -20,6 +20,7 @@ from vramplan.validate.runner import (
     predicted_quantity,
     run_validation,
     validate,
+    workload,
 )
 
 __all__ = [
@@ -46,4 +47,5 @@ __all__ = [
     "summarize",
     "to_markdown",
     "validate",
+    "workload",
 ]

@@ -54,12 +54,12 @@ def to_markdown(result: ValidationResult, worst: int = 12) -> str:
         "",
     ]
     lines += _table(["predictor", "applies to"], [_predictor_rows(p) for p in result.predictors])
-    lines += ["", "By task:", ""]
+    lines += ["", "By task (training split into full fine-tuning and adapters, LoRA/QLoRA):", ""]
     rows: list[list[str]] = []
     for p in result.predictors:
         if p.unavailable_reason:
             continue
-        for task, s in p.by_task.items():
+        for task, s in p.by_workload.items():
             if s.n_error or s.n_fits_checked:
                 rows.append([p.label, task, *summary_cells(s)])
     lines += _table(["predictor", "task"], rows)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vramplan.errors import MissingExtraError, VramplanError
 from vramplan.report import Report
 from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.scenario import Scenario
 from vramplan.validate.dataset import Dataset, Entry, load_dataset
 from vramplan.validate.metrics import FitsVerdict, Summary, fits_verdict, relative_error, summarize
 from vramplan.validate.rules import RULES, Rule
@@ -35,6 +36,7 @@ __all__ = [
     "predicted_quantity",
     "run_validation",
     "validate",
+    "workload",
 ]
 
 EngineFn = Callable[[Resolved], Report]
@@ -74,6 +76,7 @@ class EntryResult(BaseModel):
     id: str
     source: str
     task: str
+    workload: str
     model: str
     quantity: str
     measured_bytes: int
@@ -98,6 +101,7 @@ class PredictorSummary(BaseModel):
     applies_to: str
     overall: Summary
     by_task: dict[str, Summary]
+    by_workload: dict[str, Summary]
     by_source: dict[str, Summary]
     unavailable_reason: str = ""
 
@@ -223,9 +227,17 @@ def _model_name(entry: Entry) -> str:
     return m if isinstance(m, str) else "inline config"
 
 
+def workload(scenario: Scenario) -> str:
+    """The task, with training split into full fine-tuning and adapters (``train-full`` / ``train-peft``)."""
+    if scenario.task != "train":
+        return scenario.task
+    return "train-full" if scenario.train.peft is None else "train-peft"
+
+
 def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rule]) -> EntryResult:
-    base = {"id": entry.id, "source": entry.group, "task": entry.task, "model": _model_name(entry),
-            "quantity": entry.measured.quantity, "measured_bytes": entry.measured.bytes, "outcome": entry.outcome}
+    base = {"id": entry.id, "source": entry.group, "task": entry.task, "workload": entry.task,
+            "model": _model_name(entry), "quantity": entry.measured.quantity, "measured_bytes": entry.measured.bytes,
+            "outcome": entry.outcome}
     try:
         r = resolve(entry.scenario)
     except VramplanError as exc:
@@ -233,8 +245,8 @@ def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rul
     preds: dict[str, Prediction] = {name: _run_engine(fn, r, entry) for name, fn in engines.items()}
     for rule in rules:
         preds[rule.key] = _run_rule(rule, r, entry)
-    return EntryResult(**{**base, "task": r.scenario.task}, status="ok", capacity_bytes=r.gpu.total_memory_bytes,
-                       predictions=preds)
+    return EntryResult(**{**base, "task": r.scenario.task, "workload": workload(r.scenario)}, status="ok",
+                       capacity_bytes=r.gpu.total_memory_bytes, predictions=preds)
 
 
 def _summarize(results: Iterable[EntryResult], key: str) -> Summary:
@@ -277,13 +289,13 @@ def run_validation(dataset: Dataset, engines: Mapping[str, EngineFn] | None = No
     for name in engines:
         summaries.append(PredictorSummary(
             key=name, kind="engine", label=name, applies_to="all",
-            overall=_summarize(ok, name), by_task=_group(ok, name, "task"), by_source=_group(ok, name, "source"),
-            unavailable_reason=_unavailable_reason(ok, name)))
+            overall=_summarize(ok, name), by_task=_group(ok, name, "task"), by_workload=_group(ok, name, "workload"),
+            by_source=_group(ok, name, "source"), unavailable_reason=_unavailable_reason(ok, name)))
     for rule in rules:
         summaries.append(PredictorSummary(
             key=rule.key, kind="rule", label=rule.label, applies_to="/".join(rule.tasks),
             overall=_summarize(ok, rule.key), by_task=_group(ok, rule.key, "task"),
-            by_source=_group(ok, rule.key, "source")))
+            by_workload=_group(ok, rule.key, "workload"), by_source=_group(ok, rule.key, "source")))
     return ValidationResult(
         dataset=dataset.path, n_entries=len(results), n_resolved=len(ok), n_usable=sum(e.usable for e in results),
         n_skipped=len(results) - len(ok), predictors=summaries, entries=results)
