@@ -108,3 +108,11 @@ def test_seventy_b_on_8_a100_naive_does_not_fit_but_zero3_offload_does(examples)
 
     assert not estimate(examples / "llama3-70b-naive-8xa100.yaml").fits
     assert estimate(examples / "llama3-70b-zero3-offload-8xa100.yaml").fits
+
+
+def test_mqa_kv_cache_octocoder() -> None:
+    # gpt_bigcode with multi_query: one K and one V head of 6144 / 48 = 128 dims shared by 48 query heads:
+    # 2 * 40 layers * 1 * 128 * 2 B = 20,480 B per token, 1/48 of the 983,040 B multi-head attention would need.
+    m = load_model("bigcode/octocoder")
+    assert kv_bytes_per_token(m, 2) == 20_480
+    assert kv_bytes_per_token(m, 2) * 48 == 2 * 40 * 6144 * 2

@@ -21,11 +21,15 @@ LLAMA_LIKE = {
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
     "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "olmo2", "granite",
 }
-SUPPORTED_MODEL_TYPES = tuple(sorted(LLAMA_LIKE | {"gpt2", "gpt_neox", "falcon", "opt", "bert"}))
+SUPPORTED_MODEL_TYPES = tuple(sorted(
+    LLAMA_LIKE | {"gpt2", "gpt_bigcode", "gptj", "gpt_neox", "falcon", "bloom", "opt", "bert"}))
 
 # Keys each family needs, spelled as in its config.json; used for clear errors.
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "gpt2": ("n_embd", "n_layer", "n_head", "vocab_size"),
+    "gpt_bigcode": ("n_embd", "n_layer", "n_head", "vocab_size"),
+    "gptj": ("n_embd", "n_layer", "n_head", "vocab_size"),
+    "bloom": ("n_layer", "vocab_size"),
     "opt": ("hidden_size", "num_hidden_layers", "num_attention_heads", "ffn_dim", "vocab_size"),
     "bert": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
     "falcon": ("hidden_size", "num_attention_heads", "vocab_size"),
@@ -137,6 +141,12 @@ def model_from_config(config: Mapping[str, Any], name: str = "custom", where: st
                                      "fix the config.json") for k in bad])
     if model_type == "gpt2":
         return _gpt2(cfg, name)
+    if model_type == "gpt_bigcode":
+        return _bigcode(cfg, name)
+    if model_type == "gptj":
+        return _gptj(cfg, name)
+    if model_type == "bloom":
+        return _bloom(cfg, name)
     if model_type == "gpt_neox":
         return _neox(cfg, name)
     if model_type == "falcon":
@@ -405,6 +415,86 @@ def _gpt2(cfg: Mapping[str, Any], name: str) -> ModelSpec:
                    inter=inter, act=str(cfg.get("activation_function", "gelu_new")), position="learned",
                    tied=True, parallel=False, attn_drop=float(cfg.get("attn_pdrop", 0.1)),
                    hidden_drop=float(cfg.get("resid_pdrop", 0.1)), max_pos=npos)
+
+
+def _bigcode(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    # modeling_gpt_bigcode.py (StarCoder, OctoCoder): GPT-2 layout with nn.Linear; with multi_query
+    # (configuration default True) c_attn projects to h + 2 * head_dim: one shared K and V head (MQA).
+    h, n_layers, n_heads = int(cfg["n_embd"]), int(cfg["n_layer"]), int(cfg["n_head"])
+    vocab, npos = int(cfg["vocab_size"]), int(cfg.get("n_positions", 1024))
+    inter = int(cfg.get("n_inner") or 4 * h)
+    mq = bool(cfg.get("multi_query", True))
+    n_kv = 1 if mq else n_heads
+    hd = h // n_heads
+    L = tuple(range(n_layers))
+    p = _Params()
+    p.add("wte.weight", vocab * h, "embedding", tp="vocab")
+    p.add("wpe.weight", npos * h, "position")
+    p.norm("h.ln_1", h, L, True)
+    p.linear("h.attn.c_attn", h, h + 2 * n_kv * hd, L, True, "column")
+    p.linear("h.attn.c_proj", h, h, L, True, "row")
+    p.norm("h.ln_2", h, L, True)
+    p.linear("h.mlp.c_fc", h, inter, L, True, "column")
+    p.linear("h.mlp.c_proj", inter, h, L, True, "row")
+    p.norm("ln_f", h, (), True)
+    return _simple(cfg, name, "gpt_bigcode", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab,
+                   inter=inter, act=str(cfg.get("activation_function", "gelu_pytorch_tanh")), position="learned",
+                   tied=True, parallel=False, attn_drop=float(cfg.get("attn_pdrop", 0.1) or 0.0),
+                   hidden_drop=float(cfg.get("resid_pdrop", 0.1) or 0.0), max_pos=npos)
+
+
+def _gptj(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    # modeling_gptj.py: separate q/k/v/out_proj without bias, one ln_1 feeding attention and MLP in
+    # parallel, fc_in/fc_out with bias, partial rotary (rotary_dim), untied lm_head *with* bias.
+    h, n_layers, n_heads = int(cfg["n_embd"]), int(cfg["n_layer"]), int(cfg["n_head"])
+    vocab = int(cfg["vocab_size"])
+    inter = int(cfg.get("n_inner") or 4 * h)
+    L = tuple(range(n_layers))
+    p = _Params()
+    p.add("wte.weight", vocab * h, "embedding", tp="vocab")
+    p.norm("h.ln_1", h, L, True)
+    for m in ("q_proj", "k_proj", "v_proj"):
+        p.linear(f"h.attn.{m}", h, h, L, False, "column")
+    p.linear("h.attn.out_proj", h, h, L, False, "row")
+    p.linear("h.mlp.fc_in", h, inter, L, True, "column")
+    p.linear("h.mlp.fc_out", inter, h, L, True, "row")
+    p.norm("ln_f", h, (), True)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    if not tied:
+        p.add("lm_head.weight", vocab * h, "lm_head", in_features=h, out_features=vocab, tp="vocab")
+        p.add("lm_head.bias", vocab, "bias", tp="vocab")
+    return _simple(cfg, name, "gptj", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_heads, vocab=vocab,
+                   inter=inter, act=str(cfg.get("activation_function", "gelu_new")), position="rope", tied=tied,
+                   parallel=True, attn_drop=float(cfg.get("attn_pdrop", 0.0) or 0.0),
+                   hidden_drop=float(cfg.get("resid_pdrop", 0.0) or 0.0),
+                   max_pos=int(cfg.get("n_positions", 2048)))
+
+
+def _bloom(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    # modeling_bloom.py: word_embeddings + word_embeddings_layernorm, fused query_key_value with bias,
+    # ALiBi (no position table), LayerNorms with bias, tied lm_head.  configuration_bloom.py spells
+    # hidden_size as "hidden_size" or the legacy "n_embed", and heads as "n_head".
+    h = int(_get(cfg, "hidden_size", "n_embed", default=64))
+    n_layers = int(cfg["n_layer"])
+    n_heads = int(_get(cfg, "n_head", "num_attention_heads", default=8))
+    vocab = int(cfg["vocab_size"])
+    inter = 4 * h
+    L = tuple(range(n_layers))
+    p = _Params()
+    p.add("word_embeddings.weight", vocab * h, "embedding", tp="vocab")
+    p.norm("word_embeddings_layernorm", h, (), True)
+    p.norm("h.input_layernorm", h, L, True)
+    p.linear("h.self_attention.query_key_value", h, 3 * h, L, True, "column")
+    p.linear("h.self_attention.dense", h, h, L, True, "row")
+    p.norm("h.post_attention_layernorm", h, L, True)
+    p.linear("h.mlp.dense_h_to_4h", h, inter, L, True, "column")
+    p.linear("h.mlp.dense_4h_to_h", inter, h, L, True, "row")
+    p.norm("ln_f", h, (), True)
+    return _simple(cfg, name, "bloom", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_heads, vocab=vocab,
+                   inter=inter, act="gelu", position="alibi", tied=True, parallel=False,
+                   attn_drop=float(cfg.get("attention_dropout", 0.0) or 0.0),
+                   hidden_drop=float(cfg.get("hidden_dropout", 0.0) or 0.0),
+                   max_pos=int(cfg.get("seq_length", 2048) or 2048))
 
 
 def _neox(cfg: Mapping[str, Any], name: str) -> ModelSpec:

@@ -1,0 +1,35 @@
+"""Independent check of the config adapter: transformers' own module, built from the same config.json on the
+meta device (no memory, no download), has exactly the adapter's parameter count, for every catalog row."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from vramplan.catalog.models import list_models
+from vramplan.spec.hf_config import model_from_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+ROWS = list_models()
+
+# Tensors the adapter counts as parameters but transformers registers as buffers.  DeepSeek-V3's router keeps
+# its aux-loss-free balancing bias ``e_score_correction_bias`` (one per routed expert) as a buffer: 58 MoE layers
+# x 256 experts = 14,848 elements, which the published 671,026,419,200 includes.
+BUFFERS_COUNTED = {"deepseek-ai/DeepSeek-V3": 58 * 256}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_adapter_count_equals_transformers_module(row) -> None:  # type: ignore[no-untyped-def]
+    spec = model_from_config(row.config, name=row.id)
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**dict(row.config))
+        cls = transformers.AutoModelForMaskedLM if spec.model_type == "bert" else transformers.AutoModelForCausalLM
+        with torch.device("meta"):
+            module = cls.from_config(cfg)
+    counted = sum(p.numel() for p in module.parameters())
+    assert spec.num_parameters == counted + BUFFERS_COUNTED.get(row.id, 0)
