@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from vramplan.alloc.caching import (
     AllocatorOutOfMemory,
+    Block,
     BlockView,
     CachingAllocator,
     OomInfo,
     SegmentView,
-    _Block,
 )
 from vramplan.alloc.rules import allocation_size, round_size, should_split
 from vramplan.units import MiB
@@ -151,7 +151,7 @@ def replay(events: Iterable[AllocEvent], expandable_segments: bool = False, *,
     alloc = CachingAllocator(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes,
                              max_split_size_bytes=max_split_size_bytes,
                              roundup_power2_divisions=roundup_power2_divisions)
-    live: dict[int, _Block] = {}
+    live: dict[int, Block] = {}
     unmatched = 0
     oom: OomInfo | None = None
     malloc, free = alloc.malloc, alloc.free

@@ -28,6 +28,7 @@ matters for breaking ties between equal-size cached blocks).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vramplan.alloc.rules import (
@@ -41,7 +42,7 @@ from vramplan.alloc.rules import (
 )
 from vramplan.units import MiB, round_up
 
-__all__ = ["AllocatorOutOfMemory", "BlockView", "CachingAllocator", "OomInfo", "SegmentView"]
+__all__ = ["AllocatorOutOfMemory", "Block", "BlockView", "CachingAllocator", "OomInfo", "SegmentView"]
 
 _ADDRESS_BASE = 1 << 40          # first segment address (any value works; see module docstring)
 _SEGMENT_ALIGN = 2 * MiB          # cudaMalloc returns 2 MiB-aligned addresses for large requests
@@ -61,7 +62,7 @@ class _Segment:
         self.released = False
 
 
-class _Block:
+class Block:
     """A piece of a segment: allocated, cached free, or (expandable only) unmapped."""
 
     __slots__ = ("addr", "allocated", "mapped", "next", "prev", "requested", "seg", "size")
@@ -73,8 +74,8 @@ class _Block:
         self.mapped = mapped
         self.allocated = False
         self.requested = 0
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
+        self.prev: Block | None = None
+        self.next: Block | None = None
 
 
 class _Pool:
@@ -84,9 +85,9 @@ class _Pool:
         self.small = small
         self.page = EXPANDABLE_SMALL_PAGE if small else EXPANDABLE_LARGE_PAGE
         # cached free blocks as (size, address, block), kept sorted: the C++ BlockComparatorSize
-        self.free: list[tuple[int, int, _Block]] = []
+        self.free: list[tuple[int, int, Block]] = []
         # unmapped ranges of expandable segments as (address, block): BlockComparatorAddress
-        self.unmapped: list[tuple[int, _Block]] = []
+        self.unmapped: list[tuple[int, Block]] = []
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class CachingAllocator:
         self._small = _Pool(True)
         self._large = _Pool(False)
         self._next_addr = _ADDRESS_BASE
-        self._active: set[_Block] = set()
+        self._active: set[Block] = set()
         if capacity_bytes is not None:
             self._address_space = round_up(capacity_bytes + capacity_bytes // 8, K_LARGE_BUFFER)
         else:
@@ -201,10 +202,13 @@ class CachingAllocator:
         self.allocated_at_peak_reserved_bytes = 0
         self.largest_free_at_peak_reserved_bytes = 0
         self._peak_reserved_moved = False
+        # called as on_device_event(action, address, nbytes) with the snapshot trace's action
+        # names: segment_alloc, segment_free, segment_map, segment_unmap
+        self.on_device_event: Callable[[str, int, int], None] | None = None
 
     # ------------------------------------------------------------------ public API
 
-    def malloc(self, nbytes: int, event_index: int = -1, block_id: int = -1) -> _Block:
+    def malloc(self, nbytes: int, event_index: int = -1, block_id: int = -1) -> Block:
         """``DeviceCachingAllocator::malloc``: a block of at least ``nbytes`` (> 0)."""
         if nbytes <= 0:
             raise ValueError("malloc needs nbytes > 0 (PyTorch never allocates 0 bytes)")
@@ -235,7 +239,7 @@ class CachingAllocator:
             self.largest_free_at_peak_reserved_bytes = self.largest_free_block()
         return block
 
-    def free(self, block: _Block) -> None:
+    def free(self, block: Block) -> None:
         """``DeviceCachingAllocator::free`` + ``free_block``: cache the block, merge neighbours."""
         if not block.allocated:
             raise ValueError("block is not allocated")
@@ -269,7 +273,7 @@ class CachingAllocator:
 
     def segment_views(self) -> list[SegmentView]:
         """Every mapped segment with its blocks in address order (for tests and reports)."""
-        by_seg: dict[_Segment, list[_Block]] = {}
+        by_seg: dict[_Segment, list[Block]] = {}
         for pool in (self._small, self._large):
             for _, _, b in pool.free:
                 by_seg.setdefault(b.seg, []).append(b)
@@ -280,7 +284,7 @@ class CachingAllocator:
         out: list[SegmentView] = []
         for seg, blocks in by_seg.items():
             blocks.sort(key=lambda b: b.addr)
-            runs: list[list[_Block]] = [[]]
+            runs: list[list[Block]] = [[]]
             for b in blocks:
                 if b.mapped:
                     runs[-1].append(b)
@@ -313,15 +317,14 @@ class CachingAllocator:
         seg = _Segment(self._next_addr, size, small, page)
         self._next_addr += round_up(size, _SEGMENT_ALIGN)
         self.segments += 1
-        if self.segments > self.peak_segments:
-            self.peak_segments = self.segments
+        self.peak_segments = max(self.peak_segments, self.segments)
         return seg
 
     def _release_segment(self, seg: _Segment) -> None:
         seg.released = True
         self.segments -= 1
 
-    def _get_free_block(self, pool: _Pool, rounded: int) -> _Block | None:
+    def _get_free_block(self, pool: _Pool, rounded: int) -> Block | None:
         """``get_free_block``: smallest cached block >= ``rounded`` (lowest address on ties)."""
         free = pool.free
         i = bisect_left(free, (rounded,))
@@ -330,7 +333,7 @@ class CachingAllocator:
             return None
         if self.expandable:
             # best fit counts a block that ends at unmapped space as large as it could grow
-            def grow(b: _Block) -> int:
+            def grow(b: Block) -> int:
                 nx = b.next
                 return b.size + (nx.size if nx is not None and not nx.mapped else 0)
             while i + 1 < n and grow(free[i + 1][2]) < grow(free[i][2]):
@@ -346,7 +349,7 @@ class CachingAllocator:
         del free[i]
         return block
 
-    def _alloc_block(self, pool: _Pool, rounded: int) -> _Block | None:
+    def _alloc_block(self, pool: _Pool, rounded: int) -> Block | None:
         """``alloc_block``: a new segment from the device, or ``None`` if it does not fit."""
         if self.expandable:
             return self._try_allocate_expandable_block(pool, rounded)
@@ -356,13 +359,15 @@ class CachingAllocator:
         seg = self._new_segment(size, pool.small, 0)
         self.num_device_alloc += 1
         self._raise_reserved(size)
-        return _Block(seg.base, size, seg)
+        if self.on_device_event is not None:
+            self.on_device_event("segment_alloc", seg.base, size)
+        return Block(seg.base, size, seg)
 
-    def _alloc_found_block(self, pool: _Pool, block: _Block, rounded: int, nbytes: int) -> _Block:
+    def _alloc_found_block(self, pool: _Pool, block: Block, rounded: int, nbytes: int) -> Block:
         """``alloc_found_block``: split off the remainder when ``should_split`` says so."""
         if should_split(block.size, rounded, pool.small, self.expandable, self.max_split):
             remaining = block
-            block = _Block(remaining.addr, rounded, remaining.seg)
+            block = Block(remaining.addr, rounded, remaining.seg)
             block.prev = remaining.prev
             if block.prev is not None:
                 block.prev.next = block
@@ -377,13 +382,11 @@ class CachingAllocator:
         self.num_allocs += 1
         self.allocated_bytes += block.size
         self.requested_bytes += nbytes
-        if self.allocated_bytes > self.peak_allocated_bytes:
-            self.peak_allocated_bytes = self.allocated_bytes
-        if self.requested_bytes > self.peak_requested_bytes:
-            self.peak_requested_bytes = self.requested_bytes
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
         return block
 
-    def _remove_cached(self, pool: _Pool, block: _Block) -> None:
+    def _remove_cached(self, pool: _Pool, block: Block) -> None:
         if block.mapped:
             lst = pool.free
             i = bisect_left(lst, (block.size, block.addr))
@@ -395,7 +398,7 @@ class CachingAllocator:
             assert ul[j][1] is block
             del ul[j]
 
-    def _merge(self, pool: _Pool, dst: _Block, src: _Block) -> int:
+    def _merge(self, pool: _Pool, dst: Block, src: Block) -> int:
         """``try_merge_blocks``: ``dst`` absorbs its free neighbour ``src`` (same mapped state)."""
         self._remove_cached(pool, src)
         if dst.prev is src:
@@ -410,7 +413,7 @@ class CachingAllocator:
         dst.size += src.size
         return src.size
 
-    def _try_merge(self, pool: _Pool, dst: _Block, src: _Block | None) -> int:
+    def _try_merge(self, pool: _Pool, dst: Block, src: Block | None) -> int:
         if src is None or src.allocated or src.mapped != dst.mapped:
             return 0
         return self._merge(pool, dst, src)
@@ -438,12 +441,14 @@ class CachingAllocator:
             j -= 1
         return released >= key
 
-    def _release_block(self, pool: _Pool, block: _Block) -> int:
+    def _release_block(self, pool: _Pool, block: Block) -> int:
         """``release_block``: ``cudaFree`` an entirely free, unsplit segment."""
         self._remove_cached(pool, block)
         self.reserved_bytes -= block.size
         self.num_device_free += 1
         self._release_segment(block.seg)
+        if self.on_device_event is not None:
+            self.on_device_event("segment_free", block.addr, block.size)
         return block.size
 
     def _release_cached_blocks(self) -> int:
@@ -455,7 +460,7 @@ class CachingAllocator:
         released = 0
         for pool in (self._large, self._small):
             if not self.expandable:
-                keep: list[tuple[int, int, _Block]] = []
+                keep: list[tuple[int, int, Block]] = []
                 for item in pool.free:
                     b = item[2]
                     if b.prev is None and b.next is None:
@@ -463,6 +468,8 @@ class CachingAllocator:
                         self.reserved_bytes -= b.size
                         self.num_device_free += 1
                         self._release_segment(b.seg)
+                        if self.on_device_event is not None:
+                            self.on_device_event("segment_free", b.addr, b.size)
                     else:
                         keep.append(item)
                 pool.free = keep
@@ -476,25 +483,25 @@ class CachingAllocator:
 
     # ------------------------------------------------------------------ expandable segments
 
-    def _find_expandable_block(self, pool: _Pool, rounded: int) -> _Block:
+    def _find_expandable_block(self, pool: _Pool, rounded: int) -> Block:
         """``find_expandable_block``: lowest address where free + unmapped space fits."""
         for _, c in pool.unmapped:
             cand = c
             if cand.prev is not None and not cand.prev.allocated:
                 cand = cand.prev
             total = 0
-            b: _Block | None = cand
+            b: Block | None = cand
             while b is not None and total < rounded and not b.allocated:
                 total += b.size
                 b = b.next
             if total >= rounded:
                 return cand
         seg = self._new_segment(self._address_space, pool.small, pool.page)
-        block = _Block(seg.base, seg.size, seg, mapped=False)
+        block = Block(seg.base, seg.size, seg, mapped=False)
         insort(pool.unmapped, (block.addr, block))
         return block
 
-    def _map_block(self, pool: _Pool, block: _Block, nbytes: int) -> bool:
+    def _map_block(self, pool: _Pool, block: Block, nbytes: int) -> bool:
         """``map_block``: back ``nbytes`` (rounded up to whole pages) of an unmapped range."""
         page = block.seg.page
         mapped = round_up(nbytes, page)
@@ -502,8 +509,9 @@ class CachingAllocator:
             return False
         self._remove_cached(pool, block)
         block.mapped = True
+        map_addr = block.addr
         if mapped < block.size:
-            rest = _Block(block.addr + mapped, block.size - mapped, block.seg, mapped=False)
+            rest = Block(block.addr + mapped, block.size - mapped, block.seg, mapped=False)
             rest.prev, rest.next = block, block.next
             if block.next is not None:
                 block.next.prev = rest
@@ -515,9 +523,11 @@ class CachingAllocator:
         insort(pool.free, (block.size, block.addr, block))
         self.num_device_alloc += 1
         self._raise_reserved(mapped)
+        if self.on_device_event is not None:
+            self.on_device_event("segment_map", map_addr, mapped)
         return True
 
-    def _try_allocate_expandable_block(self, pool: _Pool, rounded: int) -> _Block | None:
+    def _try_allocate_expandable_block(self, pool: _Pool, rounded: int) -> Block | None:
         """``try_allocate_expandable_block``: grow the segment until a block of ``rounded`` fits."""
         cand = self._find_expandable_block(pool, rounded)
         if not cand.mapped and not self._map_block(pool, cand, min(cand.size, rounded)):
@@ -531,7 +541,7 @@ class CachingAllocator:
         self._remove_cached(pool, cand)
         return cand
 
-    def _unmap_block(self, pool: _Pool, block: _Block) -> int:
+    def _unmap_block(self, pool: _Pool, block: Block) -> int:
         """``unmap_block``: unmap the whole pages inside a free block; returns bytes unmapped."""
         seg = block.seg
         page, base = seg.page, seg.base
@@ -544,7 +554,7 @@ class CachingAllocator:
         size = (end - begin) * page
         before = start - block.addr
         if before > 0:
-            bf = _Block(block.addr, before, seg)
+            bf = Block(block.addr, before, seg)
             bf.prev, bf.next = block.prev, block
             if block.prev is not None:
                 block.prev.next = bf
@@ -552,7 +562,7 @@ class CachingAllocator:
             insort(pool.free, (bf.size, bf.addr, bf))
         after = block.size - before - size
         if after > 0:
-            af = _Block(start + size, after, seg)
+            af = Block(start + size, after, seg)
             af.prev, af.next = block, block.next
             if block.next is not None:
                 block.next.prev = af
@@ -564,4 +574,6 @@ class CachingAllocator:
         insort(pool.unmapped, (block.addr, block))
         self.reserved_bytes -= size
         self.num_device_free += 1
+        if self.on_device_event is not None:
+            self.on_device_event("segment_unmap", start, size)
         return size

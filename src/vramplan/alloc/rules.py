@@ -15,14 +15,14 @@ from typing import Final
 from vramplan.units import MiB
 
 __all__ = [
+    "EXPANDABLE_LARGE_PAGE",
+    "EXPANDABLE_SMALL_PAGE",
     "K_LARGE_BUFFER",
     "K_MIN_BLOCK_SIZE",
     "K_MIN_LARGE_ALLOC",
     "K_ROUND_LARGE",
     "K_SMALL_BUFFER",
     "K_SMALL_SIZE",
-    "EXPANDABLE_LARGE_PAGE",
-    "EXPANDABLE_SMALL_PAGE",
     "allocation_size",
     "is_small",
     "round_size",

@@ -67,12 +67,12 @@ __all__ = [
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "kv_cache", "other")
 
 CATEGORY_RULES = (
-    "optimizer_states: a frame in torch/optim, bitsandbytes/optim, deepspeed/ops/adam or apex "
-    "optimizers, or a 'step'/'_init_group' in an optimizer file (states and step temporaries)",
-    "gradients: allocated inside autograd's backward (torch/autograd, Tensor.backward, "
-    "AccumulateGrad): parameter and activation gradients",
-    "activations: recomputed in backward under torch.utils.checkpoint, or made in a module's "
-    "forward (saved activations and forward temporaries)",
+    ("optimizer_states: a frame in torch/optim, bitsandbytes/optim, deepspeed/ops/adam or apex "
+    "optimizers, or a 'step'/'_init_group' in an optimizer file (states and step temporaries)"),
+    ("gradients: allocated inside autograd's backward (torch/autograd, Tensor.backward, "
+    "AccumulateGrad): parameter and activation gradients"),
+    ("activations: recomputed in backward under torch.utils.checkpoint, or made in a module's "
+    "forward (saved activations and forward temporaries)"),
     "kv_cache: a frame in transformers' cache_utils.py or named like a KV cache",
     "weights: Module.to/_apply/cuda/load_state_dict, from_pretrained, reset_parameters",
     "other: anything else, including allocations recorded without a stack",
@@ -138,7 +138,7 @@ class OomEntry:
 
 
 class TimelinePoint(NamedTuple):
-    index: int               # trace entry index (-1: before the first entry)
+    entry: int               # trace entry index (-1: before the first entry)
     action: str
     live_bytes: int          # live requested bytes after the entry
     reserved_bytes: int      # reserved bytes after the entry
@@ -256,7 +256,7 @@ class SnapshotReport:
             },
             "timeline": {
                 "baseline_live_bytes": self.baseline_live_bytes,
-                "points": [{"index": p.index, "action": p.action, "live_bytes": p.live_bytes,
+                "points": [{"entry": p.entry, "action": p.action, "live_bytes": p.live_bytes,
                             "reserved_bytes": p.reserved_bytes} for p in downsample(self.timeline, 500)],
             },
             "allocator_settings": _jsonable(self.allocator_settings),
@@ -705,8 +705,8 @@ def _write_png(report: SnapshotReport, out: Path) -> None:
     pts = downsample(report.timeline, 4000)
     mib = 2**20
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.plot([p.index for p in pts], [p.reserved_bytes / mib for p in pts], label="reserved", color="#999999")
-    ax.plot([p.index for p in pts], [p.live_bytes / mib for p in pts], label="live tensors (requested)",
+    ax.plot([p.entry for p in pts], [p.reserved_bytes / mib for p in pts], label="reserved", color="#999999")
+    ax.plot([p.entry for p in pts], [p.live_bytes / mib for p in pts], label="live tensors (requested)",
             color="#1f77b4")
     if report.oom is not None:
         ax.axvline(report.oom.trace_index, color="#d62728", linestyle="--",
@@ -724,7 +724,7 @@ def _write_png(report: SnapshotReport, out: Path) -> None:
 def _timeline_html(report: SnapshotReport) -> str:
     pts = downsample(report.timeline, 2000)
     w, h, pad = 960, 360, 50
-    xs = [p.index for p in pts]
+    xs = [p.entry for p in pts]
     ymax = max(max(p.reserved_bytes for p in pts), max(p.live_bytes for p in pts), 1)
     x0, x1 = min(xs), max(max(xs), min(xs) + 1)
 
