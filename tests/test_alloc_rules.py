@@ -94,3 +94,13 @@ def test_parse_alloc_conf() -> None:
         parse_alloc_conf("expandable_segments")
     with pytest.raises(ValueError, match="max_split_size_mb"):
         parse_alloc_conf("max_split_size_mb:lots")
+
+
+def test_doctests() -> None:
+    import doctest
+
+    import vramplan.alloc
+    import vramplan.alloc.rules
+
+    for mod in (vramplan.alloc, vramplan.alloc.rules):
+        assert doctest.testmod(mod).failed == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
 from pathlib import Path
 from types import ModuleType
@@ -182,9 +183,14 @@ def test_device_choice_and_legacy_blocks() -> None:
         analyze_snapshot(data, device=3)
 
 
-def test_cli_text_and_json(tmp_path: Path) -> None:
-    code, out, _ = run("snapshot", str(DATA / "oom_small.pickle"))
+def test_cli_text_and_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(DATA)
+    code, out, _ = run("snapshot", "oom_small.pickle")
     assert code == 0
+    snap = DATA / "oom_small.txt"
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        snap.write_text(out)
+    assert out == snap.read_text()
     assert "tried to allocate 40.00 MiB" in out and "Verdict: fragmentation" in out
     assert "train.py:20:main" in out and "72.00 MiB" in out
     code, out, _ = run("snapshot", str(DATA / "oom_small.pickle"), "--json", "--top", "2")

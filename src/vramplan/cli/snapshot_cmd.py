@@ -42,7 +42,7 @@ def render_snapshot(report: object, console: Console, top: int) -> None:
                   f"{human_bytes(r.reserved_unallocated_bytes)} reserved but unallocated")
     console.print(f"Verdict: {r.verdict}")
 
-    cat = Table(title="By category (heuristic, from stack frames)", title_justify="left")
+    cat = Table(title="By category (heuristic)", title_justify="left")
     cat.add_column("category")
     cat.add_column("bytes", justify="right")
     cat.add_column("share", justify="right")
