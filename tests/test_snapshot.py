@@ -177,8 +177,15 @@ def test_device_choice_and_legacy_blocks() -> None:
         for b in seg["blocks"]:
             b["history"] = [{"addr": b.pop("address"), "real_size": b.pop("requested_size"),
                              "frames": b.pop("frames")}]
+    # an action this reader does not know is ignored, with a note
+    data["device_traces"][0].insert(3, {"action": "mempool_event", "size": 0, "stream": 0})
     r = analyze_snapshot(data)
     assert r.allocated_bytes == 115_867_648
+    assert any("mempool_event" in n for n in r.notes)
+    data["device_traces"][0][3]["action"] = 7
+    with pytest.raises(SnapshotError, match="'action' should be a string"):
+        analyze_snapshot(data)
+    data["device_traces"][0].pop(3)
     with pytest.raises(SnapshotError, match="device 3"):
         analyze_snapshot(data, device=3)
 

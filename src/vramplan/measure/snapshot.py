@@ -420,13 +420,14 @@ def _parse_trace(raw: list[Any], where: str) -> list[_Entry]:
         w = f"{where}[{i}]"
         ed = _dict(e, w)
         action = ed.get("action")
-        if action not in _ACTIONS:
-            raise SnapshotError(w, f"unknown trace action {action!r}")
+        if not isinstance(action, str):
+            raise SnapshotError(w, f"'action' should be a string, found {type(action).__name__}")
         size = _int(ed, "size", w, 0)
         if action == "oom":
             addr, device_free = 0, _int(ed, "device_free", w, ed.get("addr", 0))
         else:
-            needs_addr = action not in ("snapshot", "user_defined")
+            # actions newer than this reader are kept but change nothing
+            needs_addr = action in _ACTIONS and action not in ("snapshot", "user_defined")
             addr, device_free = _int(ed, "addr", w, None if needs_addr else 0), 0
         t = ed.get("time_us")
         out.append(_Entry(str(action), addr, size, _frames(ed.get("frames"), w), device_free,
@@ -607,6 +608,9 @@ def analyze_snapshot(data: Mapping[str, Any], *, device: int | None = None, top:
     seg_stats = [_segment_stat(s) for s in segs]
     seg_stats.sort(key=lambda s: (-s.inactive_bytes, s.address))
 
+    unknown = sorted({e.action for e in trace} - _ACTIONS)
+    if unknown:
+        notes.append(f"trace actions not understood and ignored: {', '.join(unknown)}")
     notes.append("categories are heuristics from stack-frame names (see category_rules)")
     if not any(b.frames for s in segs for b in s.blocks) and not any(e.frames for e in trace):
         notes.append("no stack frames were recorded (record with context='all'); every tensor is 'other'")
