@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramplan.alloc import AllocEvent, replay, round_size
-from vramplan.alloc.caching import Block, CachingAllocator
+from vramplan.alloc.caching import AllocatorOutOfMemory, Block, CachingAllocator
 from vramplan.units import MiB, round_up
 
 SIZES = st.one_of(
@@ -109,3 +109,28 @@ def test_capacity(ops: list[tuple[str, int]], expandable: bool) -> None:
         r = replay(events, expandable_segments=expandable, capacity_bytes=free_run.peak_requested_bytes - 1)
         assert r.oom is not None
         assert r.oom.reserved_bytes <= free_run.peak_requested_bytes - 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(OPS, st.booleans(), st.sampled_from([0, 20 * MiB, 40 * MiB, 64 * MiB, 100 * MiB]))
+def test_invariants_hold_through_out_of_memory(ops: list[tuple[str, int]], expandable: bool,
+                                               capacity: int) -> None:
+    # a program that catches the OOM and goes on: the empty-cache-and-retry path, the unmapping of
+    # expandable pages and the failed allocations must leave a consistent allocator
+    a = CachingAllocator(expandable_segments=expandable, capacity_bytes=capacity)
+    live: dict[int, Block] = {}
+    for ev in to_events(ops):
+        if ev.nbytes > 0:
+            try:
+                live[ev.block_id] = a.malloc(ev.nbytes)
+            except AllocatorOutOfMemory as exc:
+                assert exc.info.reserved_bytes <= capacity
+                assert exc.info.allocated_bytes + exc.info.largest_free_block_bytes <= capacity
+        elif ev.block_id in live:
+            a.free(live.pop(ev.block_id))
+        assert a.reserved_bytes <= capacity
+        check_state(a, live)
+    for b in list(live.values()):
+        a.free(b)
+    a.empty_cache()
+    assert a.reserved_bytes == 0

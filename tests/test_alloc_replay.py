@@ -233,6 +233,13 @@ def test_fragmentation_at_peak_reserved() -> None:
     assert r.largest_free_block_at_peak_reserved_bytes == 14 * MiB
 
 
+def test_zero_capacity() -> None:
+    # found by hypothesis: with no memory at all, even a 512 B block fails, in both modes
+    for expandable in (False, True):
+        r = replay([AllocEvent(1, 1)], expandable_segments=expandable, capacity_bytes=0)
+        assert r.oom is not None and r.peak_reserved_bytes == 0
+
+
 def test_allocator_out_of_memory_exception() -> None:
     a = CachingAllocator(capacity_bytes=10 * MiB)
     with pytest.raises(AllocatorOutOfMemory) as exc:

@@ -182,7 +182,9 @@ class CachingAllocator:
         self._next_addr = _ADDRESS_BASE
         self._active: set[Block] = set()
         if capacity_bytes is not None:
-            self._address_space = round_up(capacity_bytes + capacity_bytes // 8, K_LARGE_BUFFER)
+            # ExpandableSegment reserves address space for 1 1/8 of the device's memory
+            self._address_space = max(round_up(capacity_bytes + capacity_bytes // 8, K_LARGE_BUFFER),
+                                      K_LARGE_BUFFER)
         else:
             self._address_space = _DEFAULT_ADDRESS_SPACE
         # statistics (names follow torch.cuda.memory_stats())
