@@ -1,58 +1,74 @@
 """PyTorch's CUDA caching allocator: from allocated bytes to reserved bytes.
 
-Rules (c10/cuda/CUDACachingAllocator.cpp, PyTorch "CUDA semantics" notes):
-every request is rounded up to a multiple of 512 B; requests of at most 1 MiB are
-served from 2 MiB segments (the small pool); larger requests below 10 MiB get a
-20 MiB segment; requests of 10 MiB and more get a segment rounded up to 2 MiB.
-Freed blocks stay cached (reserved) for reuse.
+The rules live in one place, ``vramplan.alloc`` (a replay of c10/cuda/CUDACachingAllocator.cpp:
+512-byte rounding, 2 MiB small-pool segments for requests <= 1 MiB, 20 MiB segments for requests
+below 10 MiB, 2 MiB-rounded segments above, best fit with splitting).  This module applies them to
+what the analytic engine knows: the tensors alive at the peak, not their order.  It replays those
+tensors as allocations into an empty allocator, largest first, so it counts segment rounding and
+the whole-block hand-outs of unsplit blocks, but not fragmentation left behind by earlier phases
+(the traced engine replays the real event order for that).
 
-The analytic engine knows the tensors alive at the peak, not their order, so it
-counts the rounding of each one and assumes cached free blocks are reused perfectly
-(no fragmentation between phases).  The traced engine replays the real event order.
+Worked example: five 8 MiB tensors.  Each opens or reuses a 20 MiB segment (8 MiB < 10 MiB); a
+segment holds two (8 + 8, 4 MiB left, too small for the third), so three segments: 60 MiB
+reserved for 40 MiB allocated.  With ``expandable_segments`` the same tensors map 40 MiB.
 """
 
 from __future__ import annotations
 
-from vramplan.units import MiB, round_up
+from vramplan.alloc import AllocEvent, replay
+from vramplan.alloc.rules import (
+    K_LARGE_BUFFER as LARGE_SEGMENT,
+)
+from vramplan.alloc.rules import (
+    K_MIN_BLOCK_SIZE as ROUND_BYTES,
+)
+from vramplan.alloc.rules import (
+    K_MIN_LARGE_ALLOC as MIN_LARGE_ALLOC,
+)
+from vramplan.alloc.rules import (
+    K_ROUND_LARGE as ROUND_LARGE,
+)
+from vramplan.alloc.rules import (
+    K_SMALL_BUFFER as SMALL_SEGMENT,
+)
+from vramplan.alloc.rules import (
+    K_SMALL_SIZE as SMALL_SIZE,
+)
+from vramplan.alloc.rules import allocation_size, is_small, round_size, should_split
 
-ROUND_BYTES = 512
-SMALL_SIZE = 1 * MiB
-SMALL_SEGMENT = 2 * MiB
-LARGE_SEGMENT = 20 * MiB
-MIN_LARGE_ALLOC = 10 * MiB
-ROUND_LARGE = 2 * MiB
+__all__ = [
+    "LARGE_SEGMENT", "MIN_LARGE_ALLOC", "ROUND_BYTES", "ROUND_LARGE", "SMALL_SEGMENT", "SMALL_SIZE",
+    "allocated_bytes_for", "reserved_for", "rounded_request", "segment_bytes",
+]
 
 
 def rounded_request(nbytes: int) -> int:
-    """What ``max_memory_allocated`` counts for one tensor: its size rounded to 512 B."""
-    return round_up(max(nbytes, 1), ROUND_BYTES)
+    """The block size a request is rounded to: a multiple of 512 B (``round_size``)."""
+    return round_size(max(nbytes, 1))
 
 
 def segment_bytes(nbytes: int) -> int:
-    """The segment cudaMalloc'd for a request that finds no cached block."""
-    size = rounded_request(nbytes)
-    if size <= SMALL_SIZE:
-        return SMALL_SEGMENT
-    if size < MIN_LARGE_ALLOC:
-        return LARGE_SEGMENT
-    return round_up(size, ROUND_LARGE)
+    """The segment cudaMalloc'd for a request that finds no cached block (``get_allocation_size``)."""
+    return allocation_size(rounded_request(nbytes))
 
 
-def reserved_for(tensor_sizes: list[tuple[int, int]]) -> int:
-    """Reserved bytes for ``(size, count)`` tensors alive together, packed into fresh segments.
+def allocated_bytes_for(nbytes: int) -> int:
+    """What ``max_memory_allocated`` counts for a tensor opening a fresh segment.
 
-    Large tensors (>= 10 MiB) get their own 2 MiB-rounded segment; mid-size tensors share
-    20 MiB segments; small ones share 2 MiB segments.
+    The rounded size, or the whole block when the remainder is too small to split
+    (large pool: 1 MiB or less left), e.g. 19.5 MiB in a 20 MiB segment counts 20 MiB.
     """
-    total = 0
-    mid = small = 0
-    for size, count in tensor_sizes:
-        r = rounded_request(size)
-        if r >= MIN_LARGE_ALLOC:
-            total += round_up(r, ROUND_LARGE) * count
-        elif r > SMALL_SIZE:
-            mid += r * count
-        else:
-            small += r * count
-    total += round_up(mid, LARGE_SEGMENT) + round_up(small, SMALL_SEGMENT)
-    return total
+    r = rounded_request(nbytes)
+    seg = allocation_size(r)
+    return r if should_split(seg, r, is_small(r), False) else seg
+
+
+def reserved_for(tensor_sizes: list[tuple[int, int]], expandable_segments: bool = False) -> int:
+    """Reserved bytes for ``(size, count)`` tensors alive together, allocated largest first."""
+    events: list[AllocEvent] = []
+    bid = 0
+    for size, count in sorted(tensor_sizes, key=lambda sc: -sc[0]):
+        for _ in range(count):
+            events.append(AllocEvent(bid, max(size, 1)))
+            bid += 1
+    return replay(events, expandable_segments=expandable_segments).final_reserved_bytes
