@@ -424,6 +424,13 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
                    f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
                    "`max_model_len` when initializing the engine.")
         fix = f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization"
+    outside = ctx + comm + (0 if sub else graphs)
+    if not problem and requested + outside > total:
+        room = total - ctx - comm - graphs
+        problem = (f"vLLM starts, but memory outside gpu_memory_utilization (CUDA context {ctx / GiB:.2f} GiB, "
+                   f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB) does not fit in the "
+                   f"{(total - requested) / GiB:.2f} GiB left: CUDA graph capture runs out of memory.")
+        fix = f"serve.gpu_memory_utilization <= {max(0.0, int(room / total * 100) / 100):.2f} or --enforce-eager"
     starts = not problem
 
     assumptions = [
