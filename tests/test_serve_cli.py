@@ -94,7 +94,7 @@ def test_simulate_json_and_plot(tmp_path: Path) -> None:
     res = data["results"]
     assert set(res) == {"contiguous", "paged"}
     assert res["paged"]["waste"] < res["contiguous"]["waste"]
-    code2, out2, _ = run("simulate", "--workload", "sharegpt", "--requests", "500", "--capacity-tokens", "30000",
+    _, out2, _ = run("simulate", "--workload", "sharegpt", "--requests", "500", "--capacity-tokens", "30000",
                          "--seed", "2", "--json")
     assert json.loads(out2)["results"] == res  # deterministic for a seed
 

@@ -42,8 +42,8 @@ def reference(trace: Trace, cfg: SimConfig) -> dict[str, int]:
     free_ranges = [[0, cap]]
     waiting: deque[int] = deque()
     nxt = t = 0
-    m = dict(used=0, reservation=0, internal=0, external=0, running=0, busy=0, preemptions=0, rejected=0,
-             finished=0, output=0, max_running=0)
+    m = {k: 0 for k in ("used", "reservation", "internal", "external", "running", "busy", "preemptions", "rejected",
+                        "finished", "output", "max_running")}
 
     def blocks_used() -> int:
         return sum(_ceil(r["L"], B) for r in running) - max(0, len(running) - 1) * sb

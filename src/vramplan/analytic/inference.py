@@ -51,8 +51,14 @@ from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div, dtype_bits
 
 __all__ = [
-    "InferenceResult", "SAMPLING_BYTES_PER_ENTRY", "cache_bytes", "inference_step", "logits_bytes",
-    "max_batch_size", "max_prompt_len", "prefill_transient_bytes",
+    "SAMPLING_BYTES_PER_ENTRY",
+    "InferenceResult",
+    "cache_bytes",
+    "inference_step",
+    "logits_bytes",
+    "max_batch_size",
+    "max_prompt_len",
+    "prefill_transient_bytes",
 ]
 
 # Top-k/top-p warpers per (row, vocabulary entry): sorted fp32 values 4, int64 indices 8,

@@ -35,8 +35,16 @@ from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
 __all__ = [
-    "KVLayer", "KVSpec", "KV_DTYPES", "PageCapacity", "kv_cache_bytes", "kv_bytes_per_token", "kv_elem_bytes", "kv_spec",
-    "layer_kv_bytes_per_token", "page_capacity",
+    "KV_DTYPES",
+    "KVLayer",
+    "KVSpec",
+    "PageCapacity",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "kv_elem_bytes",
+    "kv_spec",
+    "layer_kv_bytes_per_token",
+    "page_capacity",
 ]
 
 LayerKind = Literal["full", "sliding", "mla"]

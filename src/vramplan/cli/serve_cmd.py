@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,7 +37,7 @@ def _emit(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(payload, indent=2) + "\n")
 
 
-def _gib(n: int | float) -> str:
+def _gib(n: float) -> str:
     return f"{n / GiB:,.2f}"
 
 
@@ -303,7 +304,7 @@ def _simulate(
     """Replay requests through continuous batching: contiguous reservations vs paged blocks."""
     from dataclasses import replace
 
-    from vramplan.serve.simulate import SimConfig, simulate
+    from vramplan.serve.simulate import SimConfig, SimResult, simulate
     from vramplan.serve.workloads import load_csv, synthesize
 
     try:
@@ -354,7 +355,7 @@ def _simulate(
     for r in results:
         t.add_column(r.mode + (f" ({r.config.reservation})" if r.mode == "contiguous" else
                                f" (block {r.config.block_size})"), justify="right")
-    rows = [
+    rows: list[tuple[str, Callable[[SimResult], str]]] = [
         ("token states", lambda r: f"{r.share('used'):.1%}"),
         ("waste", lambda r: f"{r.waste:.1%}"),
         ("  reservation", lambda r: f"{r.share('reservation'):.1%}"),

@@ -212,27 +212,23 @@ def simulate(trace: Trace, cfg: SimConfig) -> SimResult:
     B = cfg.block_size
     n = len(trace)
     max_len = cfg.max_model_len
-    arrival = trace.arrival.tolist()
+    arrival: list[int] = [int(x) for x in trace.arrival.tolist()]
     # clip to the context: prompt <= max_len - 1, final length p + o - 1 <= max_len
     prompt0 = np.minimum(trace.prompt, max_len - 1)
     output0 = np.maximum(1, np.minimum(trace.output, max_len - prompt0 + 1))
     if cfg.shared_prefix:
         prompt0 = np.maximum(prompt0, min(cfg.shared_prefix, max_len - 1))
         output0 = np.maximum(1, np.minimum(output0, max_len - prompt0 + 1))
-    prompt = prompt0.tolist()
-    output = output0.tolist()
-    final = [p + o - 1 for p, o in zip(prompt, output, strict=True)]
+    prompt: list[int] = [int(x) for x in prompt0.tolist()]
+    output: list[int] = [int(x) for x in output0.tolist()]
+    final: list[int] = [p + o - 1 for p, o in zip(prompt, output, strict=True)]
     cap = cfg.capacity_tokens
     total_blocks = cap // B
     shared_blocks = cfg.shared_prefix // B if paged else 0
     shared_tok = shared_blocks * B
 
-    if paged:
-        def need_slots(rid: int) -> int:
-            return final[rid]
-    else:
-        def need_slots(rid: int) -> int:
-            return reserve(rid)
+    def need_slots(rid: int) -> int:
+        return final[rid] if paged else reserve(rid)
 
     def reserve(rid: int) -> int:
         if cfg.reservation == "max":

@@ -52,8 +52,18 @@ from vramplan.spec.model import ModelSpec
 from vramplan.units import GiB, ceil_div, dtype_bits
 
 __all__ = [
-    "DEFAULT_VERSION", "KVGroup", "VLLM_BEHAVIOURS", "VllmBehaviour", "VllmDecision", "decide", "default_batch_limits",
-    "forward_peak_bytes", "kv_groups", "rotary_cache_bytes", "sampler_peak_bytes", "serve_weights_bytes",
+    "DEFAULT_VERSION",
+    "VLLM_BEHAVIOURS",
+    "KVGroup",
+    "VllmBehaviour",
+    "VllmDecision",
+    "decide",
+    "default_batch_limits",
+    "forward_peak_bytes",
+    "kv_groups",
+    "rotary_cache_bytes",
+    "sampler_peak_bytes",
+    "serve_weights_bytes",
 ]
 
 
@@ -79,8 +89,8 @@ VLLM_BEHAVIOURS: dict[str, VllmBehaviour] = {
         non_torch_tp1_bytes=int(0.13 * GiB), non_torch_tp_bytes=int(0.55 * GiB),
         cudagraph_bytes=int(0.84 * GiB),
         sources=(
-            "llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (vLLM v0.11.0 on H100: "
-            "non-torch 0.13 GiB at tp=1 for Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b; 0.54-0.55 GiB at tp=2)",
+            ("llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (vLLM v0.11.0 on H100: "
+            "non-torch 0.13 GiB at tp=1 for Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b; 0.54-0.55 GiB at tp=2)"),
             "vllm/v1/sample/ops/topk_topp_sampler.py forward_native (sort-based top-k/top-p)",
         ),
     ),
@@ -89,8 +99,8 @@ VLLM_BEHAVIOURS: dict[str, VllmBehaviour] = {
         non_torch_tp1_bytes=int(0.25 * GiB), non_torch_tp_bytes=int(0.67 * GiB),
         cudagraph_bytes=int(0.84 * GiB),
         sources=(
-            "llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
-            "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')",
+            ("llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
+            "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')"),
             "vllm/v1/sample/ops/topk_topp_sampler.py forward_cuda -> flashinfer top_k_top_p_sampling_from_logits",
         ),
     ),
@@ -302,9 +312,9 @@ class VllmDecision:
         out = [
             f"Requested memory: {self.gpu_memory_utilization:f} (util), {g(self.requested_bytes)} GiB",
             f"Model loading took {g(self.weights_bytes)} GiB memory",
-            f"Total non KV cache memory: {g(self.non_kv_bytes)}GiB; torch peak memory increase: "
+            (f"Total non KV cache memory: {g(self.non_kv_bytes)}GiB; torch peak memory increase: "
             f"{g(self.activation_peak_bytes)}GiB; non-torch forward increase memory: {g(self.non_torch_bytes)}GiB; "
-            f"weights memory: {g(self.weights_bytes)}GiB.",
+            f"weights memory: {g(self.weights_bytes)}GiB."),
             f"Available KV cache memory: {g(self.available_kv_bytes)} GiB",
         ]
         if self.starts or self.num_gpu_blocks:
@@ -435,10 +445,10 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
 
     assumptions = [
         f"vLLM V1 engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in the profile run)",
-        f"profile run: {batched} batched tokens, {requests} dummy requests "
-        f"({'defaults of vllm serve on this GPU' if 'max_num_batched_tokens' not in set_fields else 'as given'})",
-        f"non-torch increase {non_torch / GiB:.2f} GiB as printed by vLLM {beh.version} on H100 "
-        f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {ctx / GiB:.2f} GiB and NCCL buffers are outside the budget",
+        (f"profile run: {batched} batched tokens, {requests} dummy requests "
+        f"({'defaults of vllm serve on this GPU' if 'max_num_batched_tokens' not in set_fields else 'as given'})"),
+        (f"non-torch increase {non_torch / GiB:.2f} GiB as printed by vLLM {beh.version} on H100 "
+        f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {ctx / GiB:.2f} GiB and NCCL buffers are outside the budget"),
         ("CUDA graphs: not captured (eager)" if not sv.cuda_graphs else
          f"CUDA graphs: {graphs / GiB:.2f} GiB " + ("subtracted from the KV budget" if sub else
                                                    "captured after the KV cache, outside gpu_memory_utilization")),
