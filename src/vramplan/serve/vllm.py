@@ -2,10 +2,10 @@
 
 Modelled: the V1 engine of vLLM 0.10-0.11 (``"0.11"``, the default) and of vLLM 0.19
 (``"0.19"``); the two differ only in the profiling sampler and the measured non-torch
-increase (see ``VLLM_BEHAVIOURS``).  The V0 engine (0.6-0.8) profiled differently and is
-not modelled.  The decision, following ``vllm/v1/worker/gpu_worker.py``
-(``init_device`` and ``determine_available_memory``) and ``vllm/utils/mem_utils.py``
-(``memory_profiling``):
+increase (see ``VLLM_BEHAVIOURS``).  The V0 engine and early V1 releases (0.7-0.9)
+profiled differently and are not modelled.  The decision, following
+``vllm/v1/worker/gpu_worker.py`` (``init_device`` and ``determine_available_memory``) and
+``vllm/utils/mem_utils.py`` (``memory_profiling``):
 
 1. After the CUDA context and NCCL are initialised, a snapshot is taken and
    ``requested = gpu_memory_utilization * total_memory``.  If less than that is free,
