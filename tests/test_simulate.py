@@ -6,7 +6,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +17,7 @@ from vramplan.serve.workloads import Trace, load_csv, synthesize, workload, work
 
 
 def _trace(arrival: list[int], prompt: list[int], output: list[int]) -> Trace:
-    return Trace("hand", np.array(arrival), np.array(prompt), np.array(output))
+    return Trace.of(arrival, prompt, output, name="hand")
 
 
 def _as_dict(r: SimResult) -> dict[str, int]:
@@ -101,8 +100,8 @@ def test_deterministic_for_a_seed() -> None:
     a = synthesize("lmsys-chat", 2000, seed=7, rate=3.0)
     b = synthesize("lmsys-chat", 2000, seed=7, rate=3.0)
     c = synthesize("lmsys-chat", 2000, seed=8, rate=3.0)
-    assert np.array_equal(a.prompt, b.prompt) and np.array_equal(a.arrival, b.arrival)
-    assert not np.array_equal(a.prompt, c.prompt)
+    assert a.prompt == b.prompt and a.arrival == b.arrival and a.output == b.output
+    assert a.prompt != c.prompt
     cfg = SimConfig(capacity_tokens=30_000)
     assert simulate(a, cfg).to_dict() == simulate(b, cfg).to_dict()
 
@@ -111,8 +110,8 @@ def test_workload_means_match_the_published_means() -> None:
     for name in workload_names():
         w = workload(name)
         tr = synthesize(name, 50_000, seed=1)
-        assert abs(tr.prompt.mean() / w.prompt_mean - 1) < 0.05, name
-        assert abs(tr.output.mean() / w.output_mean - 1) < 0.05, name
+        assert abs(tr.mean_prompt / w.prompt_mean - 1) < 0.05, name
+        assert abs(tr.mean_output / w.output_mean - 1) < 0.05, name
         assert w.source
     assert (workload("sharegpt").prompt_mean, workload("sharegpt").output_mean) == (161.31, 337.99)
     assert (workload("alpaca").prompt_mean, workload("alpaca").output_mean) == (19.31, 58.45)
@@ -155,7 +154,7 @@ def test_csv_trace(tmp_path: Path) -> None:
     p = tmp_path / "trace.csv"
     p.write_text("prompt_tokens,output_tokens,arrival\n3,2,0\n2,3,0\n4,1,0\n")
     tr = load_csv(p)
-    assert tr.prompt.tolist() == [3, 2, 4] and tr.output.tolist() == [2, 3, 1]
+    assert tr.prompt == (3, 2, 4) and tr.output == (2, 3, 1)
     r = simulate(tr, SimConfig(capacity_tokens=16, mode="contiguous", max_model_len=8))
     assert r.used_slot_steps == 20  # the hand-computed case again
 

@@ -342,13 +342,13 @@ def _simulate(
         return
     if as_json:
         _emit({"trace": {"name": trace.name, "requests": len(trace), "source": trace.source, "seed": seed,
-                         "rate": rate, "mean_prompt": float(trace.prompt.mean()),
-                         "mean_output": float(trace.output.mean())},
+                         "rate": rate, "mean_prompt": trace.mean_prompt,
+                         "mean_output": trace.mean_output},
                "capacity_tokens": capacity_tokens, "capacity_source": capacity_source,
                "results": {r.mode: r.to_dict() for r in results}})
         return
-    _out.print(f"[bold]{trace.name}[/]: {len(trace):,} requests, mean prompt {trace.prompt.mean():,.1f}, "
-               f"mean output {trace.output.mean():,.1f} tokens · KV capacity {capacity_tokens:,} tokens "
+    _out.print(f"[bold]{trace.name}[/]: {len(trace):,} requests, mean prompt {trace.mean_prompt:,.1f}, "
+               f"mean output {trace.mean_output:,.1f} tokens · KV capacity {capacity_tokens:,} tokens "
                f"({capacity_source})")
     t = Table(title="KV memory over busy steps (shares of occupied memory)", title_justify="left")
     t.add_column("")

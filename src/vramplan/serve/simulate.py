@@ -52,8 +52,6 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
 from vramplan.errors import Problem, ScenarioError
 from vramplan.serve.workloads import Trace
 from vramplan.units import ceil_div
@@ -212,15 +210,12 @@ def simulate(trace: Trace, cfg: SimConfig) -> SimResult:
     B = cfg.block_size
     n = len(trace)
     max_len = cfg.max_model_len
-    arrival: list[int] = [int(x) for x in trace.arrival.tolist()]
+    arrival: list[int] = list(trace.arrival)
     # clip to the context: prompt <= max_len - 1, final length p + o - 1 <= max_len
-    prompt0 = np.minimum(trace.prompt, max_len - 1)
-    output0 = np.maximum(1, np.minimum(trace.output, max_len - prompt0 + 1))
+    prompt: list[int] = [min(p, max_len - 1) for p in trace.prompt]
     if cfg.shared_prefix:
-        prompt0 = np.maximum(prompt0, min(cfg.shared_prefix, max_len - 1))
-        output0 = np.maximum(1, np.minimum(output0, max_len - prompt0 + 1))
-    prompt: list[int] = [int(x) for x in prompt0.tolist()]
-    output: list[int] = [int(x) for x in output0.tolist()]
+        prompt = [max(p, min(cfg.shared_prefix, max_len - 1)) for p in prompt]
+    output: list[int] = [max(1, min(o, max_len - p + 1)) for p, o in zip(prompt, trace.output, strict=True)]
     final: list[int] = [p + o - 1 for p, o in zip(prompt, output, strict=True)]
     cap = cfg.capacity_tokens
     total_blocks = cap // B
@@ -493,7 +488,7 @@ def _thin(tl: dict[str, list[int]], points: int) -> dict[str, list[int]]:
     n = len(tl["step"])
     if n <= points or points <= 0:
         return tl
-    idx = np.linspace(0, n - 1, points).astype(np.int64).tolist()
+    idx = [round(i * (n - 1) / (points - 1)) for i in range(points)] if points > 1 else [n - 1]
     return {k: [v[i] for i in idx] for k, v in tl.items()}
 
 

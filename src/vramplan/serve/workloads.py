@@ -13,7 +13,7 @@ output-length column (``output_tokens``, ``output_len``, ``output``,
 
 Arrivals: all at step 0 (``rate=None``, the saturated case the PagedAttention paper's
 memory figures describe) or a Poisson process of ``rate`` requests per engine step.
-Everything is drawn from ``numpy.random.default_rng(seed)``, so a seed fixes the stream.
+Everything is drawn from ``random.Random(seed)``, so a seed fixes the stream.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from vramplan.errors import Problem, ScenarioError, UnknownNameError
 
@@ -51,16 +50,28 @@ class Workload:
 
 @dataclass(frozen=True)
 class Trace:
-    """Requests as three integer arrays of equal length: arrival step, prompt, output tokens."""
+    """Requests as three integer sequences of equal length: arrival step, prompt, output tokens."""
 
     name: str
-    arrival: np.ndarray
-    prompt: np.ndarray
-    output: np.ndarray
+    arrival: tuple[int, ...]
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
     source: str = ""
 
     def __len__(self) -> int:
-        return int(self.prompt.shape[0])
+        return len(self.prompt)
+
+    @property
+    def mean_prompt(self) -> float:
+        return sum(self.prompt) / len(self.prompt) if self.prompt else 0.0
+
+    @property
+    def mean_output(self) -> float:
+        return sum(self.output) / len(self.output) if self.output else 0.0
+
+    @classmethod
+    def of(cls, arrival: list[int], prompt: list[int], output: list[int], name: str = "trace") -> Trace:
+        return cls(name, tuple(int(a) for a in arrival), tuple(int(p) for p in prompt), tuple(int(o) for o in output))
 
 
 @lru_cache(maxsize=1)
@@ -83,20 +94,26 @@ def workload(name: str) -> Workload:
                     float(row["output_cv"]), str(row["unit"]), str(row["source"]), str(row["spread_source"]))
 
 
-def _lognormal(rng: np.random.Generator, mean: float, cv: float, n: int) -> np.ndarray:
+def _lognormal(rng: random.Random, mean: float, cv: float, n: int) -> tuple[int, ...]:
     sigma2 = math.log1p(cv * cv)
     mu = math.log(mean) - sigma2 / 2
-    return np.maximum(1, np.rint(rng.lognormal(mu, math.sqrt(sigma2), n))).astype(np.int64)
+    sigma = math.sqrt(sigma2)
+    draw = rng.lognormvariate
+    return tuple(max(1, round(draw(mu, sigma))) for _ in range(n))
 
 
-def _arrivals(rng: np.random.Generator, n: int, rate: float | None) -> np.ndarray:
+def _arrivals(rng: random.Random, n: int, rate: float | None) -> tuple[int, ...]:
     if rate is None or math.isinf(rate):
-        return np.zeros(n, dtype=np.int64)
+        return (0,) * n
     if rate <= 0:
         raise ScenarioError([Problem("--rate", f"rate must be > 0 requests per step, got {rate}",
                                      "give a positive rate, or omit it for all requests at step 0")])
-    gaps = rng.exponential(1.0 / rate, n)
-    return np.floor(np.cumsum(gaps)).astype(np.int64)
+    out: list[int] = []
+    clock = 0.0
+    for _ in range(n):
+        clock += rng.expovariate(rate)
+        out.append(math.floor(clock))
+    return tuple(out)
 
 
 def synthesize(name: str, n: int, seed: int = 0, rate: float | None = None) -> Trace:
@@ -104,7 +121,7 @@ def synthesize(name: str, n: int, seed: int = 0, rate: float | None = None) -> T
     if n < 1:
         raise ScenarioError([Problem("--requests", f"need at least one request, got {n}", "use --requests >= 1")])
     w = workload(name)
-    rng = np.random.default_rng(seed)
+    rng = random.Random(seed)
     prompt = _lognormal(rng, w.prompt_mean, w.prompt_cv, n)
     output = _lognormal(rng, w.output_mean, w.output_cv, n)
     return Trace(name, _arrivals(rng, n, rate), prompt, output, w.source)
@@ -145,9 +162,7 @@ def load_csv(path: str | Path, rate: float | None = None, seed: int = 0) -> Trac
             arrivals.append(arr)
     if not prompts:
         raise ScenarioError([Problem("--csv", f"{p} has no requests", "add one row per request")])
-    arrival = np.asarray(arrivals, dtype=np.int64)
-    if not has_arrival:
-        arrival = _arrivals(np.random.default_rng(seed), len(prompts), rate)
-    order = np.argsort(arrival, kind="stable")
-    return Trace(p.stem, arrival[order], np.asarray(prompts, dtype=np.int64)[order],
-                 np.asarray(outputs, dtype=np.int64)[order], str(p))
+    arrival = list(arrivals) if has_arrival else list(_arrivals(random.Random(seed), len(prompts), rate))
+    order = sorted(range(len(prompts)), key=lambda i: arrival[i])  # stable
+    return Trace(p.stem, tuple(arrival[i] for i in order), tuple(prompts[i] for i in order),
+                 tuple(outputs[i] for i in order), str(p))
