@@ -68,10 +68,9 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Repor
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
         return _report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions)
     sr = serve(r)
-    comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
-    outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
                        max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits)
     # vLLM reserves what it profiled plus the KV cache up front: reserved == allocated at the peak
-    rep = _report(r, sr.peak, sr.moments, outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
-    return rep
+    rep = _report(r, sr.peak, sr.moments, sr.outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
+    # a server that refuses to start does not fit, whatever the byte count says
+    return rep if sr.starts else rep.model_copy(update={"fits": False})

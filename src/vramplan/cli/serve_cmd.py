@@ -1,9 +1,482 @@
-"""`vramplan serve`, `vramplan kv`, `vramplan simulate` sub-commands."""
+"""`vramplan serve`, `vramplan kv`, `vramplan simulate` and `vramplan generate`.
+
+The commands only parse options, call the library and render; every number comes from
+``vramplan.serve`` and ``vramplan.analytic``.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
+from vramplan.units import GB, GiB
+
+__all__ = ["register"]
+
+Opt = typer.Option
+_out = Console(soft_wrap=False)
+_err = Console(stderr=True)
+
+
+def _fail(exc: VramplanError) -> None:
+    problems = getattr(exc, "problems", None)
+    for p in problems or [exc]:
+        _err.print(f"[red]error:[/] {p}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _emit(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.2f}"
+
+
+def _set(d: dict[str, Any], path: str, value: Any) -> None:
+    if value is None:
+        return
+    keys = path.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+    d[keys[-1]] = value
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ScenarioError([Problem(option, f"{text!r} is not a comma-separated list of integers",
+                                     f"e.g. {option} 1024,4096")]) from None
+    if not values or any(v < 1 for v in values):
+        raise ScenarioError([Problem(option, f"{text!r}: values must be integers >= 1", f"e.g. {option} 1024,4096")])
+    return values
+
+
+def _scenario(scenario: Path | None, task: str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    from vramplan.spec.load import read_document
+
+    base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
+    if base.get("task", task) != task:
+        raise ScenarioError([Problem("task", f"this command needs task: {task}, the scenario has task: {base['task']}",
+                                     f"use `vramplan {'estimate' if task == 'train' else task}` or change task")])
+    over: dict[str, Any] = {"task": task}
+    for path, value in pairs:
+        _set(over, path, value)
+    doc = _merge(base, over)
+    if "model" not in doc:
+        raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
+    if "num_gpus" not in doc.get("hardware", {}) and doc.get("parallel", {}).get("tp"):
+        doc.setdefault("hardware", {})["num_gpus"] = doc["parallel"]["tp"]
+    return doc
+
+
+# ---------------------------------------------------------------------------- serve
+
+
+def _serve(
+    scenario: Annotated[Path | None, typer.Argument(help="scenario file with task: serve (optional)")] = None,
+    model: Annotated[str | None, Opt(help="catalog id/alias or path to config.json")] = None,
+    gpu: Annotated[str | None, Opt(help="GPU name (see `vramplan gpus`)")] = None,
+    capacity_gib: Annotated[float | None, Opt(help="device capacity in GiB, for a GPU not in the catalog")] = None,
+    tp: Annotated[int | None, Opt(help="tensor-parallel size")] = None,
+    max_model_len: Annotated[int | None, Opt(help="max tokens per request (default: the model's context)")] = None,
+    gpu_memory_utilization: Annotated[float | None, Opt(help="fraction of the GPU vLLM may use (0.9)")] = None,
+    block_size: Annotated[int | None, Opt(help="tokens per KV block (16)")] = None,
+    max_num_seqs: Annotated[int | None, Opt(help="concurrent sequences (vllm serve's default by GPU)")] = None,
+    max_num_batched_tokens: Annotated[int | None, Opt(help="tokens per scheduler step (default by GPU)")] = None,
+    kv_cache_dtype: Annotated[str | None, Opt(help="auto | fp16 | bf16 | fp8 | int8")] = None,
+    dtype: Annotated[str | None, Opt(help="fp16 | bf16 | fp32")] = None,
+    quantization: Annotated[str | None, Opt(help="none | int8 | fp8 | gptq-4bit | awq-4bit | nf4 ...")] = None,
+    enforce_eager: Annotated[bool, Opt("--enforce-eager", help="no torch.compile / CUDA graphs")] = False,
+    vllm_version: Annotated[str, Opt(help="behaviour modelled: 0.11 (V1, vLLM 0.10-0.11) or 0.19")] = "0.11",
+    subtract_cudagraphs: Annotated[bool, Opt("--subtract-cudagraphs",
+                                             help="subtract CUDA-graph memory from the KV budget (newer vLLM)")] = False,
+    as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
+) -> None:
+    """What vLLM will allocate at start-up: KV blocks, concurrency, largest context, or why it won't start."""
+    from vramplan.analytic.serve import serve
+    from vramplan.spec.load import resolve
+
+    try:
+        doc = _scenario(scenario, "serve", [
+            ("model", model), ("hardware.gpu", gpu), ("hardware.capacity_gib", capacity_gib), ("parallel.tp", tp),
+            ("serve.max_model_len", max_model_len), ("serve.gpu_memory_utilization", gpu_memory_utilization),
+            ("serve.block_size", block_size), ("serve.max_num_seqs", max_num_seqs),
+            ("serve.max_num_batched_tokens", max_num_batched_tokens), ("serve.kv_cache_dtype", kv_cache_dtype),
+            ("serve.dtype", dtype), ("serve.quantization", quantization),
+            ("serve.cuda_graphs", False if enforce_eager else None),
+        ])
+        r = resolve(doc)
+        sr = serve(r, version=vllm_version, subtract_cudagraphs=subtract_cudagraphs)
+    except VramplanError as exc:
+        _fail(exc)
+        return
+    d = sr.decision
+    if as_json:
+        breakdown = {k: dict(v) for k, v in sr.peak.parts.items()}
+        _emit({"vllm": d.to_dict(), "breakdown": breakdown, "outside_allocator": sr.outside,
+               "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes})
+    else:
+        _render_serve(d)
+    if not d.starts or d.device_used_bytes > d.total_memory_bytes:
+        raise typer.Exit(1)
+
+
+def _render_serve(d: Any) -> None:
+    verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
+    _out.print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
+               f"max_model_len {d.max_model_len:,} · utilisation {d.gpu_memory_utilization}")
+    t = Table(title="vLLM start-up memory per GPU", title_justify="left")
+    t.add_column("term")
+    t.add_column("GiB", justify="right")
+    t.add_column("how", no_wrap=False)
+    t.add_row("total memory", _gib(d.total_memory_bytes), "torch.cuda.mem_get_info()")
+    t.add_row("requested", _gib(d.requested_bytes), f"{d.gpu_memory_utilization} x total")
+    t.add_row("  weights", _gib(d.weights_bytes), f"parameters {_gib(d.parameters_bytes)} + rotary cache")
+    t.add_row("  activation peak", _gib(d.activation_peak_bytes),
+              f"profile run: {d.max_num_batched_tokens} tokens, {d.dummy_requests} requests "
+              f"(forward {_gib(d.forward_peak_bytes)}, sampler {_gib(d.sampler_peak_bytes)})")
+    t.add_row("  non-torch increase", _gib(d.non_torch_bytes), "first forward, outside PyTorch")
+    if d.cudagraph_subtracted:
+        t.add_row("  CUDA graphs", _gib(d.cudagraph_bytes), "estimate subtracted from the budget")
+    t.add_row("[bold]  KV cache available[/]", f"[bold]{_gib(d.available_kv_bytes)}[/]", "requested - the above")
+    t.add_section()
+    t.add_row("outside the budget", _gib(d.cuda_context_bytes + d.nccl_bytes + (
+        0 if d.cudagraph_subtracted else d.cudagraph_bytes)), "CUDA context, NCCL, CUDA graphs")
+    t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]", "as nvidia-smi shows")
+    _out.print(t)
+    _out.print(f"KV: {d.kv_spec.describe()}; page {d.page_bytes:,} B x {d.layers_per_group} layers"
+               f"{f' x {len(d.groups)} groups' if len(d.groups) > 1 else ''}")
+    _out.print(f"num_gpu_blocks {d.num_gpu_blocks:,} · GPU KV cache size {d.kv_cache_tokens:,} tokens · "
+               f"maximum concurrency for {d.max_model_len:,} tokens per request {d.max_concurrency:.2f}x · "
+               f"largest max_model_len that fits {d.max_model_len_that_fits:,}")
+    _out.print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
+    if d.fix:
+        _out.print(f"change: {d.fix}", highlight=False)
+    _out.print("[dim]Assumptions:[/]")
+    for a in d.assumptions:
+        _out.print(f"[dim]  - {a}[/]", highlight=False)
+
+
+# ---------------------------------------------------------------------------- kv
+
+
+def _kv(
+    model: Annotated[str, typer.Argument(help="catalog id/alias or path to config.json")],
+    seq: Annotated[str, Opt(help="sequence lengths, comma-separated")] = "512,1024,2048,4096,8192",
+    batch: Annotated[str, Opt(help="batch sizes, comma-separated")] = "1,8,32",
+    kv_cache_dtype: Annotated[str, Opt(help="auto | fp16 | bf16 | fp8 | int8")] = "auto",
+    dtype: Annotated[str, Opt(help="model dtype for kv_cache_dtype auto: fp16 | bf16 | fp32")] = "bf16",
+    tp: Annotated[int, Opt(help="tensor-parallel size (KV heads are split per rank)")] = 1,
+    block_size: Annotated[int, Opt(help="tokens per page/block")] = 16,
+    budget_gb: Annotated[float | None, Opt(help="a KV budget in GB (1e9 B): pages and sequences it holds")] = None,
+    plot: Annotated[Path | None, Opt(help="write a KV-growth figure (PNG/SVG/PDF)")] = None,
+    as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
+) -> None:
+    """KV-cache bytes per token and per block, and its growth with sequence length and batch."""
+    from vramplan.analytic.kv_cache import KV_DTYPES, kv_spec, page_capacity
+    from vramplan.catalog.models import load_model
+    from vramplan.units import dtype_bits
+
+    try:
+        seqs = _int_list(seq, "--seq")
+        batches = _int_list(batch, "--batch")
+        problems = []
+        if kv_cache_dtype not in KV_DTYPES:
+            problems.append(Problem("--kv-cache-dtype", f"{kv_cache_dtype!r} is not allowed", f"choose {', '.join(KV_DTYPES)}"))
+        if dtype not in ("fp16", "bf16", "fp32"):
+            problems.append(Problem("--dtype", f"{dtype!r} is not allowed", "choose fp16, bf16 or fp32"))
+        if tp < 1 or block_size < 1:
+            problems.append(Problem("--tp", "tp and block size must be >= 1", ""))
+        if budget_gb is not None and budget_gb <= 0:
+            problems.append(Problem("--budget-gb", f"must be > 0, got {budget_gb}", ""))
+        if problems:
+            raise ScenarioError(problems)
+        m = load_model(model, where="model")
+        spec = kv_spec(m, kv_cache_dtype, dtype_bits(dtype) // 8, tp)
+        table = {s: {b: spec.sequence_bytes(s) * b for b in batches} for s in seqs}
+        cap = page_capacity(spec, int(budget_gb * GB), block_size, tuple(seqs)) if budget_gb else None
+        if plot is not None:
+            _plot_kv(plot, m.name, seqs, batches, table)
+    except VramplanError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        payload: dict[str, Any] = {
+            "model": m.name, "attention_kind": spec.attention_kind, "kv_cache_dtype": kv_cache_dtype,
+            "elem_bytes": spec.elem_bytes, "tp": tp, "bytes_per_token": spec.bytes_per_token,
+            "layer_bytes_per_token": spec.uniform_layer_bytes_per_token, "block_size": block_size,
+            "block_bytes": spec.block_bytes(block_size), "layers": len(spec.layers),
+            "sliding_layers": sum(1 for la in spec.layers if la.window),
+            "growth": [{"seq_len": s, "batch": b, "kv_bytes": table[s][b]} for s in seqs for b in batches],
+        }
+        if cap is not None:
+            payload["page_capacity"] = {"budget_bytes": cap.budget_bytes, "page_tokens": cap.page_tokens,
+                                        "page_bytes": cap.page_bytes, "total_pages": cap.total_pages,
+                                        "total_tokens": cap.total_tokens,
+                                        "max_sequences": {str(k): v for k, v in cap.max_sequences.items()}}
+        _emit(payload)
+        return
+    _out.print(f"[bold]{m.name}[/] · {spec.describe()}")
+    _out.print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
+               f"({spec.uniform_layer_bytes_per_token * block_size:,} B per layer)")
+    t = Table(title="KV cache, GB", title_justify="left")
+    t.add_column("tokens", justify="right")
+    for b in batches:
+        t.add_column(f"batch {b}", justify="right")
+    for s in seqs:
+        t.add_row(f"{s:,}", *[f"{table[s][b] / GB:,.2f}" for b in batches])
+    _out.print(t)
+    if cap is not None:
+        _out.print(f"{budget_gb:g} GB budget: {cap.total_pages:,} pages of {block_size} tokens "
+                   f"({cap.page_bytes:,} B) = {cap.total_tokens:,} tokens; sequences at once: "
+                   + ", ".join(f"{k:,} tokens -> {v:,}" for k, v in cap.max_sequences.items()))
+    if plot is not None:
+        _out.print(f"figure written to {plot}")
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in the dev environment
+        raise MissingExtraError("--plot needs matplotlib: pip install 'vramplan[plot]'") from None
+    return plt
+
+
+def _plot_kv(path: Path, name: str, seqs: list[int], batches: list[int], table: dict[int, dict[int, int]]) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for b in batches:
+        ax.plot(seqs, [table[s][b] / GB for s in seqs], marker="o", label=f"batch {b}")
+    ax.set_xlabel("tokens per sequence")
+    ax.set_ylabel("KV cache (GB)")
+    ax.set_title(f"KV cache growth: {name}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- simulate
+
+
+def _simulate(
+    workload: Annotated[str | None, Opt(help="bundled workload: sharegpt | alpaca | lmsys-chat | arxiv-summarization")] = None,
+    csv: Annotated[Path | None, Opt(help="a CSV of prompt/output lengths (and optionally arrival steps)")] = None,
+    requests: Annotated[int, Opt(help="requests to draw from a bundled workload")] = 1000,
+    seed: Annotated[int, Opt(help="random seed")] = 0,
+    rate: Annotated[float | None, Opt(help="Poisson arrivals per engine step (default: all at step 0)")] = None,
+    capacity_tokens: Annotated[int | None, Opt(help="KV capacity in token slots")] = None,
+    model: Annotated[str | None, Opt(help="derive the capacity from vLLM's decision for this model ...")] = None,
+    gpu: Annotated[str | None, Opt(help="... on this GPU")] = None,
+    tp: Annotated[int | None, Opt(help="tensor-parallel size for the derived capacity")] = None,
+    gpu_memory_utilization: Annotated[float | None, Opt(help="for the derived capacity (0.9)")] = None,
+    mode: Annotated[str, Opt(help="both | paged | contiguous")] = "both",
+    block_size: Annotated[int, Opt(help="tokens per block (paged)")] = 16,
+    max_model_len: Annotated[int, Opt(help="max tokens per request (the contiguous reservation)")] = 2048,
+    max_num_seqs: Annotated[int, Opt(help="concurrent sequences")] = 256,
+    max_num_batched_tokens: Annotated[int, Opt(help="tokens per engine step")] = 8192,
+    reservation: Annotated[str, Opt(help="contiguous reservation: max | pow2 | oracle")] = "max",
+    shared_prefix: Annotated[int, Opt(help="tokens every prompt shares (paged stores their blocks once)")] = 0,
+    plot: Annotated[Path | None, Opt(help="write the figures (PNG/SVG/PDF)")] = None,
+    as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
+) -> None:
+    """Replay requests through continuous batching: contiguous reservations vs paged blocks."""
+    from dataclasses import replace
+
+    from vramplan.serve.simulate import SimConfig, SimResult, simulate
+    from vramplan.serve.workloads import load_csv, synthesize
+
+    try:
+        problems = []
+        if mode not in ("both", "paged", "contiguous"):
+            problems.append(Problem("--mode", f"{mode!r} is not allowed", "choose both, paged or contiguous"))
+        if reservation not in ("max", "pow2", "oracle"):
+            problems.append(Problem("--reservation", f"{reservation!r} is not allowed", "choose max, pow2 or oracle"))
+        if workload is not None and csv is not None:
+            problems.append(Problem("--workload", "give either --workload or --csv, not both", ""))
+        if capacity_tokens is None and model is None:
+            problems.append(Problem("--capacity-tokens", "no KV capacity given",
+                                    "give --capacity-tokens N, or --model and --gpu to use vLLM's num_gpu_blocks"))
+        if capacity_tokens is not None and model is not None:
+            problems.append(Problem("--capacity-tokens", "give --capacity-tokens or --model/--gpu, not both", ""))
+        if problems:
+            raise ScenarioError(problems)
+        capacity_source = "given"
+        if capacity_tokens is None:
+            capacity_tokens, capacity_source = _capacity_from_vllm(model, gpu, tp, gpu_memory_utilization,
+                                                                   block_size, max_model_len, max_num_seqs,
+                                                                   max_num_batched_tokens)
+        trace = load_csv(csv, rate=rate, seed=seed) if csv is not None else synthesize(
+            workload or "sharegpt", requests, seed=seed, rate=rate)
+        base = SimConfig(capacity_tokens=capacity_tokens, block_size=block_size, max_model_len=max_model_len,
+                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         reservation=reservation,  # type: ignore[arg-type]
+                         shared_prefix=shared_prefix)
+        modes = ["contiguous", "paged"] if mode == "both" else [mode]
+        results = [simulate(trace, replace(base, mode=mo)) for mo in modes]  # type: ignore[arg-type]
+        if plot is not None:
+            _plot_sim(plot, trace.name, results)
+    except VramplanError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        _emit({"trace": {"name": trace.name, "requests": len(trace), "source": trace.source, "seed": seed,
+                         "rate": rate, "mean_prompt": trace.mean_prompt,
+                         "mean_output": trace.mean_output},
+               "capacity_tokens": capacity_tokens, "capacity_source": capacity_source,
+               "results": {r.mode: r.to_dict() for r in results}})
+        return
+    _out.print(f"[bold]{trace.name}[/]: {len(trace):,} requests, mean prompt {trace.mean_prompt:,.1f}, "
+               f"mean output {trace.mean_output:,.1f} tokens · KV capacity {capacity_tokens:,} tokens "
+               f"({capacity_source})")
+    t = Table(title="KV memory over busy steps (shares of occupied memory)", title_justify="left")
+    t.add_column("")
+    for r in results:
+        t.add_column(r.mode + (f" ({r.config.reservation})" if r.mode == "contiguous" else
+                               f" (block {r.config.block_size})"), justify="right")
+    rows: list[tuple[str, Callable[[SimResult], str]]] = [
+        ("token states", lambda r: f"{r.share('used'):.1%}"),
+        ("waste", lambda r: f"{r.waste:.1%}"),
+        ("  reservation", lambda r: f"{r.share('reservation'):.1%}"),
+        ("  internal", lambda r: f"{r.share('internal'):.1%}"),
+        ("  external", lambda r: f"{r.share('external'):.1%}"),
+        ("KV utilisation of capacity", lambda r: f"{r.utilisation:.1%}"),
+        ("mean / max running sequences", lambda r: f"{r.mean_running:,.1f} / {r.max_running:,}"),
+        ("preemptions (recompute)", lambda r: f"{r.preemptions:,}"),
+        ("engine steps", lambda r: f"{r.steps:,}"),
+        ("throughput (output tokens / step)", lambda r: f"{r.throughput:,.2f}"),
+        ("rejected (longer than the capacity)", lambda r: f"{r.rejected:,}"),
+    ]
+    for label, fn in rows:
+        t.add_row(label, *[fn(r) for r in results])
+    _out.print(t)
+    if len(results) == 2 and results[0].throughput:
+        _out.print(f"paged / contiguous throughput: {results[1].throughput / results[0].throughput:.2f}x")
+    if plot is not None:
+        _out.print(f"figure written to {plot}")
+
+
+def _capacity_from_vllm(model: str | None, gpu: str | None, tp: int | None, util: float | None, block: int,
+                        max_len: int, seqs: int, batched: int) -> tuple[int, str]:
+    from vramplan.serve.vllm import decide
+    from vramplan.spec.load import resolve
+
+    doc: dict[str, Any] = {"model": model, "task": "serve", "hardware": {"gpu": gpu, "num_gpus": tp or 1},
+                           "parallel": {"tp": tp or 1},
+                           "serve": {"block_size": block, "max_model_len": max_len, "max_num_seqs": seqs,
+                                     "max_num_batched_tokens": batched}}
+    if util is not None:
+        doc["serve"]["gpu_memory_utilization"] = util
+    d = decide(resolve(doc))
+    if not d.starts:
+        raise ScenarioError([Problem("--model", d.problem, d.fix)])
+    return d.num_gpu_blocks * block, f"vLLM {d.version}: {d.num_gpu_blocks:,} blocks for {d.model} on {d.gpu}"
+
+
+def _plot_sim(path: Path, name: str, results: list[Any]) -> None:
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        ax1.plot(r.timeline["step"], r.timeline["running"], label=r.mode, linewidth=1)
+    ax1.set_xlabel("engine step")
+    ax1.set_ylabel("concurrent sequences")
+    ax1.set_title(f"Concurrent sequences over time ({name})")
+    ax1.legend()
+    ax1.grid(alpha=0.3)
+    parts = ["used", "reservation", "internal", "external"]
+    labels = ["token states", "reservation", "internal fragmentation", "external fragmentation"]
+    colors = ["#4c72b0", "#dd8452", "#c44e52", "#8172b3"]
+    bottoms = [0.0] * len(results)
+    xs = [r.mode for r in results]
+    for part, label, color in zip(parts, labels, colors, strict=True):
+        vals = [100 * r.share(part) for r in results]
+        ax2.bar(xs, vals, bottom=bottoms, label=label, color=color)
+        bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+    ax2.set_ylabel("% of occupied KV memory")
+    ax2.set_title("KV memory: token states vs waste")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- generate
+
+
+def _generate(
+    scenario: Annotated[Path | None, typer.Argument(help="scenario file with task: inference (optional)")] = None,
+    model: Annotated[str | None, Opt(help="catalog id/alias or path to config.json")] = None,
+    gpu: Annotated[str | None, Opt(help="GPU name")] = None,
+    capacity_gib: Annotated[float | None, Opt(help="device capacity in GiB")] = None,
+    tp: Annotated[int | None, Opt(help="tensor-parallel size")] = None,
+    batch_size: Annotated[int | None, Opt(help="sequences")] = None,
+    prompt_len: Annotated[int | None, Opt(help="prompt tokens")] = None,
+    new_tokens: Annotated[int | None, Opt(help="generated tokens")] = None,
+    dtype: Annotated[str | None, Opt(help="fp16 | bf16 | fp32")] = None,
+    quantization: Annotated[str | None, Opt(help="none | int8 | nf4 | nf4-dq | fp4 | gptq-4bit | awq-4bit | fp8")] = None,
+    kv_cache_dtype: Annotated[str | None, Opt(help="auto | fp16 | bf16 | fp8 | int8")] = None,
+    attention: Annotated[str | None, Opt(help="eager | sdpa | flash")] = None,
+    as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
+) -> None:
+    """Hugging Face generate: the peak over prefill and decode, and the largest batch and prompt that fit."""
+    from vramplan.analytic.engine import estimate
+    from vramplan.analytic.inference import inference_step, max_batch_size, max_prompt_len
+    from vramplan.spec.load import resolve
+
+    try:
+        doc = _scenario(scenario, "inference", [
+            ("model", model), ("hardware.gpu", gpu), ("hardware.capacity_gib", capacity_gib), ("parallel.tp", tp),
+            ("inference.batch_size", batch_size), ("inference.prompt_len", prompt_len),
+            ("inference.new_tokens", new_tokens), ("inference.dtype", dtype), ("inference.quantization", quantization),
+            ("inference.kv_cache_dtype", kv_cache_dtype), ("inference.attention", attention),
+        ])
+        r = resolve(doc)
+        report = estimate(r)
+        ir = inference_step(r)
+        mb = max_batch_size(r)
+        mp = max_prompt_len(r)
+    except VramplanError as exc:
+        _fail(exc)
+        return
+    phases = {mo.phase: mo.total for mo in ir.moments}
+    if as_json:
+        _emit({"report": report.to_json_dict(), "phases": phases, "max_batch_size": mb, "max_prompt_len": mp})
+    else:
+        from vramplan.cli.render import render_report
+
+        render_report(report, _out)
+        inf = r.scenario.inference
+        _out.print("phases (allocated): " + ", ".join(f"{k} {_gib(v)} GiB" for k, v in phases.items()))
+        _out.print(f"largest batch that fits at {inf.prompt_len:,} + {inf.new_tokens:,} tokens: {mb:,}; "
+                   f"longest prompt at batch {inf.batch_size} and {inf.new_tokens:,} new tokens: {mp:,}")
+    if not report.fits:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the top-level app."""
+    app.command("serve")(_serve)
+    app.command("kv")(_kv)
+    app.command("simulate")(_simulate)
+    app.command("generate")(_generate)

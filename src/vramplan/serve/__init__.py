@@ -1,0 +1,13 @@
+"""Serving: vLLM's start-up memory decision, and a request-level simulator of KV-cache use.
+
+* ``vramplan.serve.vllm``: how vLLM's V1 engine sizes its KV cache at start-up
+  (``decide``), the number of blocks, the concurrency and the largest context that fits.
+* ``vramplan.serve.simulate``: replays a stream of requests through continuous batching
+  with contiguous per-request reservations or with paged blocks, and measures waste.
+* ``vramplan.serve.workloads``: bundled request-length distributions (with sources) and
+  CSV traces.
+"""
+
+from vramplan.serve.vllm import VLLM_BEHAVIOURS, VllmDecision, decide
+
+__all__ = ["VLLM_BEHAVIOURS", "VllmDecision", "decide"]

@@ -1,0 +1,481 @@
+"""How vLLM decides its KV cache at start-up, term by term.
+
+Modelled: the V1 engine of vLLM 0.10-0.11 (``"0.11"``, the default) and of vLLM 0.19
+(``"0.19"``); the two differ only in the profiling sampler and the measured non-torch
+increase (see ``VLLM_BEHAVIOURS``).  The V0 engine and early V1 releases (0.7-0.9)
+profiled differently and are not modelled.  The decision, following
+``vllm/v1/worker/gpu_worker.py`` (``init_device`` and ``determine_available_memory``) and
+``vllm/utils/mem_utils.py`` (``memory_profiling``):
+
+1. After the CUDA context and NCCL are initialised, a snapshot is taken and
+   ``requested = gpu_memory_utilization * total_memory``.  If less than that is free,
+   start-up fails ("Free memory on device ... is less than desired GPU memory utilization").
+2. The weights are loaded (``model_memory_usage``): parameters in their stored formats
+   plus the rotary cos/sin cache (``max_position_embeddings x rotary_dim`` in the model
+   dtype, one buffer shared by all layers).
+3. ``profile_run`` pushes ``max_num_batched_tokens`` dummy tokens (spread over
+   ``min(max_num_seqs, max_num_batched_tokens)`` dummy requests) through the model with
+   attention skipped (no KV cache exists yet), then samples one token per request.  The
+   torch peak increase is the larger of the forward pass peak and the sampler peak.
+4. ``non_kv = weights + torch peak increase + non-torch increase``; the KV cache gets
+   ``available = requested - non_kv``.  CUDA graphs are captured after the KV cache is
+   allocated and are *outside* ``gpu_memory_utilization`` in these versions (newer ones
+   subtract an estimate when ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` is set; the
+   ``subtract_cudagraphs`` option models that).
+5. ``vllm/v1/core/kv_cache_utils.py``: layers are grouped by attention type (one group for
+   uniform models; equal-size groups of full and sliding-window layers for hybrids), a
+   block holds ``block_size`` tokens of one layer (the page), and
+   ``num_gpu_blocks = available // page // layers_per_group``.  "GPU KV cache size" is
+   ``num_gpu_blocks // groups * block_size`` tokens; the maximum concurrency divides the
+   blocks by those one request of ``max_model_len`` needs; if one request does not fit,
+   start-up fails with the needed and available GiB and a binary-searched estimate of the
+   largest ``max_model_len`` that fits.
+
+Worked example (vLLM 0.19.0 log, Llama-3.1-8B on an H100, utilisation 0.95): requested
+0.95 * 79.19 GiB = 75.23 GiB; weights 14.99 GiB; torch peak 1.89 GiB; non-torch 0.25 GiB;
+KV 58.11 GiB; page 16 * 4,096 B = 65,536 B, 32 layers -> 2 MiB per block -> 29,751 blocks
+= 476,016 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vramplan.analytic.kv_cache import KVSpec, kv_spec
+from vramplan.analytic.layout import rank_params
+from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
+from vramplan.analytic.weights import weights_bytes
+from vramplan.errors import Problem, ScenarioError
+from vramplan.spec.load import Resolved
+from vramplan.spec.model import ModelSpec
+from vramplan.units import GiB, ceil_div, dtype_bits
+
+__all__ = [
+    "DEFAULT_VERSION",
+    "VLLM_BEHAVIOURS",
+    "KVGroup",
+    "VllmBehaviour",
+    "VllmDecision",
+    "decide",
+    "default_batch_limits",
+    "forward_peak_bytes",
+    "kv_groups",
+    "rotary_cache_bytes",
+    "sampler_peak_bytes",
+    "serve_weights_bytes",
+]
+
+
+@dataclass(frozen=True)
+class VllmBehaviour:
+    """What differs between the modelled vLLM versions, each number with its source."""
+
+    version: str
+    sampler: Literal["native", "flashinfer"]
+    non_torch_tp1_bytes: int
+    non_torch_tp_bytes: int  # tensor parallel > 1
+    cudagraph_bytes: int  # allowance for captured graphs (outside the budget)
+    sources: tuple[str, ...]
+
+
+# Non-torch increase: memory that appears outside PyTorch's allocator during the first
+# forward pass (lazily loaded kernel images of attention/GEMM/Triton kernels and, with
+# tp > 1, NCCL and custom all-reduce buffers allocated at the first collective).  vLLM
+# prints it ("non-torch forward increase memory"); the values are those printed.
+VLLM_BEHAVIOURS: dict[str, VllmBehaviour] = {
+    "0.11": VllmBehaviour(
+        version="0.11", sampler="native",
+        non_torch_tp1_bytes=int(0.13 * GiB), non_torch_tp_bytes=int(0.55 * GiB),
+        cudagraph_bytes=int(0.84 * GiB),
+        sources=(
+            ("llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (vLLM v0.11.0 on H100: "
+            "non-torch 0.13 GiB at tp=1 for Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b; 0.54-0.55 GiB at tp=2)"),
+            "vllm/v1/sample/ops/topk_topp_sampler.py forward_native (sort-based top-k/top-p)",
+        ),
+    ),
+    "0.19": VllmBehaviour(
+        version="0.19", sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * GiB), non_torch_tp_bytes=int(0.67 * GiB),
+        cudagraph_bytes=int(0.84 * GiB),
+        sources=(
+            ("llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
+            "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')"),
+            "vllm/v1/sample/ops/topk_topp_sampler.py forward_cuda -> flashinfer top_k_top_p_sampling_from_logits",
+        ),
+    ),
+}
+DEFAULT_VERSION = "0.11"
+
+# Bytes per (dummy request, vocabulary entry) at the sampler's peak, beyond the logits in
+# the model dtype.  vLLM's ``_dummy_sampler_run`` samples with temperature 0.5,
+# top_p 0.9 and top_k = vocab - 1, so the top-k/top-p path runs.
+#   native (PyTorch sort): fp32 copy of the logits 4 + sorted values 4 + int64 indices 8
+#     + the segmented radix sort's scratch (second key buffer 4, second index buffer 8,
+#     int64 source iota 8) = 36.  Check: vLLM 0.11.0 printed a torch peak of 4.76 GiB for
+#     Llama-3.1-8B (1024 requests x 128,256 entries x (2 + 36) B = 4.65 GiB + hidden
+#     states) and 5.56 GiB for Qwen3-0.6B (1024 x 151,936 x 38 B = 5.51 GiB + ...).
+#   flashinfer: fp32 copy 4 + top-k masked logits 4 + probabilities 4 = 12 (flashinfer
+#     ``top_k_top_p_sampling_from_logits``: top_k_mask_logits, then softmax).
+SAMPLER_EXTRA_BYTES = {"native": 36, "flashinfer": 12}
+
+
+def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serve") -> tuple[int, int]:
+    """vLLM's defaults for (max_num_batched_tokens, max_num_seqs) when the user gives none.
+
+    ``vllm/engine/arg_utils.py`` (V1, 0.8+): on GPUs with >= 70 GiB that are not A100s,
+    8192 tokens and 1024 sequences for ``vllm serve`` (16384 for the offline ``LLM`` class);
+    otherwise 2048 tokens (8192 offline) and 256 sequences.
+    """
+    big = gpu_total_bytes >= 70 * GiB and "a100" not in gpu_name.lower()
+    if big:
+        return (8192 if usage == "serve" else 16384), 1024
+    return (2048 if usage == "serve" else 8192), 256
+
+
+def rotary_cache_bytes(m: ModelSpec, dtype_bytes: int) -> int:
+    """vLLM's ``RotaryEmbedding.cos_sin_cache``: max_position x rotary_dim in the model dtype.
+
+    One buffer shared by all layers (``get_rope`` caches instances).  Llama-3.1-8B:
+    131,072 x 128 x 2 B = 32 MiB, the difference between 8,030,261,248 x 2 B = 14.96 GiB
+    and the 14.99 GiB vLLM prints as weights.
+    """
+    if m.position != "rope":
+        return 0
+    rot = m.mla.qk_rope_head_dim if m.mla is not None else m.head_dim
+    return m.max_position_embeddings * rot * dtype_bytes
+
+
+def serve_weights_bytes(r: Resolved) -> tuple[int, int]:
+    """(parameters on one rank in their stored format, rotary cache) as vLLM counts weights."""
+    s, m = r.scenario, r.model
+    c = dtype_bits(s.serve.dtype) // 8
+    rp = rank_params(m, s.parallel.tp, s.parallel.pp, s.parallel.ep, 0, None)
+    return weights_bytes(rp, c, s.serve.quantization), rotary_cache_bytes(m, c)
+
+
+def _mlp_width_per_token(m: ModelSpec, tp: int) -> int:
+    """Elements alive per token inside the MLP at its peak, on one rank.
+
+    Dense gated MLP (vLLM ``MergedColumnParallelLinear`` + ``SiluAndMul``): the gate_up
+    output (2I) and the activated product (I) coexist: 3I.  Fused MoE
+    (``fused_moe`` intermediate caches): per routed copy of a token, the w13 output
+    (2I_e, sharing its buffer with the w2 output h) and the activation (I_e), plus the
+    router logits (one per expert).
+    """
+    if m.moe is not None:
+        ie = ceil_div(m.moe.expert_intermediate_size, tp)
+        routed = m.moe.top_k * (max(2 * ie, m.hidden_size) + ie) + m.moe.num_experts
+        shared = 3 * ceil_div(m.moe.shared_intermediate_size, tp)
+        return max(routed, shared)
+    inter = max(ls.intermediate_size for ls in m.layers)
+    i = ceil_div(inter, tp)
+    return 3 * i if m.mlp_gated else 2 * i
+
+
+def forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, compiled: bool) -> int:
+    """Peak of the profile run's forward pass over ``tokens`` tokens (attention skipped).
+
+    Per token: the MLP's intermediates (``_mlp_width_per_token``) plus hidden-size tensors.
+    Eager (custom fused add+RMSNorm, in place): the residual and the normalised MLP input, 2h.
+    Compiled (torch.compile piecewise graphs, vLLM's default): the piece's inputs (attention
+    output and incoming residual) are held by the caller while the new residual and the
+    normalised input are alive, 4h.  Check: CodeLlama-7B, 8192 tokens, bf16:
+    (4 * 4096 + 3 * 11008) * 8192 * 2 B = 0.754 GiB; vLLM 0.19.0 printed 0.77 GiB.
+    """
+    hidden = (4 if compiled else 2) * m.hidden_size
+    return (hidden + _mlp_width_per_token(m, tp)) * tokens * dtype_bytes
+
+
+def sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: int, sampler: str) -> int:
+    """Peak of the dummy sampler run: logits of ``requests`` rows, plus the hidden states.
+
+    The logits are gathered to the full vocabulary on every tensor-parallel rank.  Alive:
+    the forward output (tokens x h), the last-token rows and their random replacement
+    (2 x requests x h), the logits in the model dtype and the sampler's own tensors
+    (``SAMPLER_EXTRA_BYTES`` per entry).
+    """
+    per_entry = dtype_bytes + SAMPLER_EXTRA_BYTES[sampler]
+    hidden = (tokens + 2 * requests) * m.hidden_size * dtype_bytes
+    return requests * m.vocab_size * per_entry + hidden
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV-cache group: layers of one attention type sharing a block table."""
+
+    kind: str  # full | sliding | mla
+    window: int | None
+    layers: int  # real layers in the group (the group is padded to the group size)
+
+
+def kv_groups(spec: KVSpec) -> tuple[list[KVGroup], int]:
+    """vLLM's grouping of layers (``get_kv_cache_groups``): (groups, layers per group).
+
+    Uniform models: one group of all layers.  Hybrid models (full + sliding-window): split
+    each type into groups of ``group_size`` layers, ``group_size`` being the smallest type's
+    count, or the largest's when that is below 1.5x the smallest (padding the remainder).
+    Gemma-3-27B (52 sliding, 10 full layers): group size 10 -> 6 sliding groups (8 layers of
+    padding) + 1 full group.
+    """
+    by_type: dict[tuple[str, int | None], int] = {}
+    for la in spec.layers:
+        key = (la.kind, la.window)
+        by_type[key] = by_type.get(key, 0) + 1
+    if len(by_type) <= 1:
+        (kind, window), n = next(iter(by_type.items())) if by_type else (("full", None), 0)
+        return [KVGroup(kind, window, n)], n
+    smallest, largest = min(by_type.values()), max(by_type.values())
+    size = largest if largest < smallest * 1.5 else smallest
+    groups: list[KVGroup] = []
+    for (kind, window), n in by_type.items():
+        full_groups, rest = divmod(n, size)
+        groups.extend(KVGroup(kind, window, size) for _ in range(full_groups))
+        if rest:
+            groups.append(KVGroup(kind, window, rest))
+    return groups, size
+
+
+def _blocks_per_request(groups: list[KVGroup], block_size: int, max_len: int, batched_tokens: int) -> int:
+    """Blocks one request of ``max_len`` tokens needs across all groups (``max_memory_usage_bytes``).
+
+    Full attention: ceil(max_len / block_size).  Sliding window W: during chunked prefill the
+    last W-1 computed tokens plus the newly scheduled ones are held, never more than max_len,
+    plus one block because the window need not start on a block boundary.
+    """
+    total = 0
+    for g in groups:
+        if g.window:
+            tokens = min(g.window - 1 + batched_tokens, max_len)
+            total += ceil_div(tokens, block_size) + 1
+        else:
+            total += ceil_div(max_len, block_size)
+    return total
+
+
+@dataclass
+class VllmDecision:
+    """Every number vLLM computes at start-up, and whether it starts."""
+
+    version: str
+    model: str
+    gpu: str
+    tp: int
+    total_memory_bytes: int
+    gpu_memory_utilization: float
+    requested_bytes: int
+    weights_bytes: int
+    parameters_bytes: int
+    rotary_cache_bytes: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    dummy_requests: int
+    forward_peak_bytes: int
+    sampler_peak_bytes: int
+    cublas_workspace_bytes: int
+    activation_peak_bytes: int  # "torch peak memory increase"
+    non_torch_bytes: int  # "non-torch forward increase memory"
+    non_kv_bytes: int
+    cudagraph_bytes: int
+    cudagraph_subtracted: bool
+    cuda_context_bytes: int
+    nccl_bytes: int
+    available_kv_bytes: int  # may be <= 0
+    kv_spec: KVSpec
+    block_size: int
+    page_bytes: int  # one block of one layer
+    groups: list[KVGroup]
+    layers_per_group: int
+    num_gpu_blocks: int
+    kv_cache_bytes: int  # what is allocated: blocks x page x layers per group
+    kv_cache_tokens: int  # "GPU KV cache size: N tokens"
+    max_model_len: int
+    blocks_per_request: int
+    needed_kv_bytes: int  # one request of max_model_len
+    max_concurrency: float
+    max_model_len_that_fits: int
+    starts: bool
+    problem: str = ""
+    fix: str = ""
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def device_used_bytes(self) -> int:
+        """What nvidia-smi shows once serving: context, NCCL, the budget's contents, graphs."""
+        return (self.cuda_context_bytes + self.nccl_bytes + self.weights_bytes + self.activation_peak_bytes
+                + self.non_torch_bytes + self.kv_cache_bytes + self.cudagraph_bytes)
+
+    def log_lines(self) -> list[str]:
+        """The start-up lines vLLM would print, for comparison with a real log."""
+        def g(n: int) -> str:
+            return f"{n / GiB:.2f}"
+        out = [
+            f"Requested memory: {self.gpu_memory_utilization:f} (util), {g(self.requested_bytes)} GiB",
+            f"Model loading took {g(self.weights_bytes)} GiB memory",
+            (f"Total non KV cache memory: {g(self.non_kv_bytes)}GiB; torch peak memory increase: "
+            f"{g(self.activation_peak_bytes)}GiB; non-torch forward increase memory: {g(self.non_torch_bytes)}GiB; "
+            f"weights memory: {g(self.weights_bytes)}GiB."),
+            f"Available KV cache memory: {g(self.available_kv_bytes)} GiB",
+        ]
+        if self.starts or self.num_gpu_blocks:
+            out.append(f"GPU KV cache size: {self.kv_cache_tokens:,} tokens")
+            out.append(f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x")
+        if self.problem:
+            out.append(f"ValueError: {self.problem}")
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "vllm_version_modelled": self.version, "model": self.model, "gpu": self.gpu, "tp": self.tp,
+            "total_memory_bytes": self.total_memory_bytes, "gpu_memory_utilization": self.gpu_memory_utilization,
+            "requested_bytes": self.requested_bytes, "weights_bytes": self.weights_bytes,
+            "parameters_bytes": self.parameters_bytes, "rotary_cache_bytes": self.rotary_cache_bytes,
+            "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs,
+            "profile_forward_peak_bytes": self.forward_peak_bytes, "profile_sampler_peak_bytes": self.sampler_peak_bytes,
+            "activation_peak_bytes": self.activation_peak_bytes, "non_torch_bytes": self.non_torch_bytes,
+            "non_kv_bytes": self.non_kv_bytes, "cudagraph_bytes": self.cudagraph_bytes,
+            "cudagraph_subtracted": self.cudagraph_subtracted, "cuda_context_bytes": self.cuda_context_bytes,
+            "nccl_bytes": self.nccl_bytes, "available_kv_bytes": self.available_kv_bytes,
+            "kv_bytes_per_token": self.kv_spec.bytes_per_token, "block_size": self.block_size,
+            "page_bytes": self.page_bytes, "kv_groups": len(self.groups), "layers_per_group": self.layers_per_group,
+            "num_gpu_blocks": self.num_gpu_blocks, "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_cache_tokens": self.kv_cache_tokens, "max_model_len": self.max_model_len,
+            "needed_kv_bytes": self.needed_kv_bytes, "max_concurrency": round(self.max_concurrency, 4),
+            "max_model_len_that_fits": self.max_model_len_that_fits, "starts": self.starts,
+            "problem": self.problem, "fix": self.fix, "device_used_bytes": self.device_used_bytes,
+            "assumptions": list(self.assumptions),
+        }
+
+
+def _fits_len(length: int, groups: list[KVGroup], size: int, page: int, block: int, batched: int, avail: int) -> bool:
+    return size * page * _blocks_per_request(groups, block, length, batched) <= avail
+
+
+def _largest_len(groups: list[KVGroup], size: int, page: int, block: int, batched: int, avail: int,
+                 upper: int) -> int:
+    """Binary search as ``_estimate_max_model_len_from_groups``: 0 if not even one token fits."""
+    if page <= 0 or not _fits_len(1, groups, size, page, block, batched, avail):
+        return 0
+    lo, hi, best = 1, upper, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if _fits_len(mid, groups, size, page, block, batched, avail):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
+           subtract_cudagraphs: bool = False) -> VllmDecision:
+    """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job."""
+    if version not in VLLM_BEHAVIOURS:
+        raise ScenarioError([Problem("--vllm-version", f"unknown vLLM version {version!r}",
+                                     f"choose one of {', '.join(VLLM_BEHAVIOURS)}")])
+    beh = VLLM_BEHAVIOURS[version]
+    s, m, gpu = r.scenario, r.model, r.gpu
+    sv, tp = s.serve, s.parallel.tp
+    c = dtype_bits(sv.dtype) // 8
+    total = gpu.total_memory_bytes
+    set_fields = sv.model_fields_set
+    d_tokens, d_seqs = default_batch_limits(total, gpu.name, usage)
+    batched = sv.max_num_batched_tokens or d_tokens
+    seqs = sv.max_num_seqs if "max_num_seqs" in set_fields else d_seqs
+    max_len = sv.max_model_len or m.max_position_embeddings
+    if max_len > m.max_position_embeddings:
+        raise ScenarioError([Problem(
+            "serve.max_model_len", f"max_model_len={max_len} is greater than the model's "
+            f"max_position_embeddings={m.max_position_embeddings}",
+            f"use serve.max_model_len <= {m.max_position_embeddings} (vLLM refuses it unless "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")])
+    requested = int(total * sv.gpu_memory_utilization)
+    params, rotary = serve_weights_bytes(r)
+    weights = params + rotary
+    requests = min(seqs, batched)
+    fwd = forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs)
+    smp = sampler_peak_bytes(m, batched, requests, c, beh.sampler)
+    ws = cublas_workspace_bytes(gpu, handles=1)
+    act = max(fwd, smp) + ws
+    non_torch = beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes
+    non_kv = weights + act + non_torch
+    graphs = beh.cudagraph_bytes if sv.cuda_graphs else 0
+    sub = subtract_cudagraphs and sv.cuda_graphs
+    available = requested - non_kv - (graphs if sub else 0)
+    ctx = cuda_context_bytes(gpu)
+    comm = nccl_bytes(1) if tp > 1 else 0
+
+    spec = kv_spec(m, sv.kv_cache_dtype, c, tp)
+    groups, size = kv_groups(spec)
+    page = sv.block_size * spec.uniform_layer_bytes_per_token
+    blocks = max(0, available // page // size) if page and size else 0
+    kv_bytes = blocks * page * size
+    tokens = blocks // max(1, len(groups)) * sv.block_size
+    per_req = _blocks_per_request(groups, sv.block_size, max_len, batched)
+    needed = size * page * per_req
+    concurrency = blocks / per_req if per_req else 0.0
+    fits_len = _largest_len(groups, size, page, sv.block_size, batched, max(available, 0), m.max_position_embeddings)
+
+    problem = fix = ""
+    free_at_start = total - ctx - comm
+    if free_at_start < requested:
+        problem = (f"Free memory on device ({free_at_start / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than "
+                   f"desired GPU memory utilization ({sv.gpu_memory_utilization}, {requested / GiB:.2f} GiB). "
+                   "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+        fix = f"serve.gpu_memory_utilization <= {int(free_at_start / total * 100) / 100:.2f}"
+    elif available <= 0:
+        problem = ("No available memory for the cache blocks: weights, activation peak and non-torch memory "
+                   f"({non_kv / GiB:.2f} GiB) exceed the requested {requested / GiB:.2f} GiB "
+                   f"({sv.gpu_memory_utilization} x {total / GiB:.2f} GiB). Try increasing `gpu_memory_utilization`.")
+        fix = _weights_fix(r, weights, non_kv, total, requested)
+    elif needed > available:
+        est = f"Based on the available memory, the estimated maximum model length is {fits_len}. " if fits_len else ""
+        problem = (f"To serve at least one request with the models's max seq len ({max_len}), "
+                   f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+                   f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
+                   "`max_model_len` when initializing the engine.")
+        fix = f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization"
+    outside = ctx + comm + (0 if sub else graphs)
+    if not problem and requested + outside > total:
+        room = total - ctx - comm - graphs
+        problem = (f"vLLM starts, but memory outside gpu_memory_utilization (CUDA context {ctx / GiB:.2f} GiB, "
+                   f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB) does not fit in the "
+                   f"{(total - requested) / GiB:.2f} GiB left: CUDA graph capture runs out of memory.")
+        fix = f"serve.gpu_memory_utilization <= {max(0.0, int(room / total * 100) / 100):.2f} or --enforce-eager"
+    starts = not problem
+
+    assumptions = [
+        f"vLLM V1 engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in the profile run)",
+        (f"profile run: {batched} batched tokens, {requests} dummy requests "
+        f"({'defaults of vllm serve on this GPU' if 'max_num_batched_tokens' not in set_fields else 'as given'})"),
+        (f"non-torch increase {non_torch / GiB:.2f} GiB as printed by vLLM {beh.version} on H100 "
+        f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {ctx / GiB:.2f} GiB and NCCL buffers are outside the budget"),
+        ("CUDA graphs: not captured (eager)" if not sv.cuda_graphs else
+         f"CUDA graphs: {graphs / GiB:.2f} GiB " + ("subtracted from the KV budget" if sub else
+                                                   "captured after the KV cache, outside gpu_memory_utilization")),
+        "attention workspace is not profiled by vLLM (attention is skipped in the profile run)",
+    ]
+    if spec.has_sliding:
+        assumptions.append(f"hybrid KV cache manager: {len(groups)} groups of {size} layers "
+                           "(sliding-window layers keep only their window)")
+    return VllmDecision(
+        version=beh.version, model=m.name, gpu=gpu.name, tp=tp, total_memory_bytes=total,
+        gpu_memory_utilization=sv.gpu_memory_utilization, requested_bytes=requested, weights_bytes=weights,
+        parameters_bytes=params, rotary_cache_bytes=rotary, max_num_batched_tokens=batched, max_num_seqs=seqs,
+        dummy_requests=requests, forward_peak_bytes=fwd, sampler_peak_bytes=smp, cublas_workspace_bytes=ws,
+        activation_peak_bytes=act, non_torch_bytes=non_torch, non_kv_bytes=non_kv, cudagraph_bytes=graphs,
+        cudagraph_subtracted=sub, cuda_context_bytes=ctx, nccl_bytes=comm, available_kv_bytes=available,
+        kv_spec=spec, block_size=sv.block_size, page_bytes=page, groups=groups, layers_per_group=size,
+        num_gpu_blocks=blocks, kv_cache_bytes=kv_bytes, kv_cache_tokens=tokens, max_model_len=max_len,
+        blocks_per_request=per_req, needed_kv_bytes=needed, max_concurrency=concurrency,
+        max_model_len_that_fits=fits_len, starts=starts, problem=problem, fix=fix, assumptions=assumptions,
+    )
+
+
+def _weights_fix(r: Resolved, weights: int, non_kv: int, total: int, requested: int) -> str:
+    """The option to change when nothing is left for the KV cache."""
+    util_needed = (non_kv + GiB) / total
+    if util_needed < 0.99:
+        return f"serve.gpu_memory_utilization >= {util_needed:.2f}"
+    if weights > requested:
+        return "raise parallel.tp (weights per GPU exceed the budget) or quantize the weights"
+    return "raise parallel.tp or lower serve.max_num_batched_tokens / serve.max_num_seqs"
