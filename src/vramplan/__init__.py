@@ -10,6 +10,8 @@ True
 from vramplan.analytic.engine import estimate
 from vramplan.catalog import list_gpus, list_models, load_model, resolve_gpu
 from vramplan.errors import Problem, ScenarioError, VramplanError
+from vramplan.measure.record import record
+from vramplan.measure.snapshot import read_snapshot
 from vramplan.report import Report
 from vramplan.spec.load import Resolved, resolve
 from vramplan.spec.model import ModelSpec
@@ -29,6 +31,8 @@ __all__ = [
     "list_gpus",
     "list_models",
     "load_model",
+    "read_snapshot",
+    "record",
     "resolve",
     "resolve_gpu",
 ]
