@@ -35,6 +35,7 @@ activations 100.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -42,7 +43,7 @@ from typing import Protocol
 __all__ = [
     "AUTOCAST", "BACKWARD", "BUFFERS", "DECODE", "FORWARD", "GENERATE", "INPUTS", "KV_CACHE", "LOGITS",
     "OPTIMIZER", "OPTIMIZER_STATES", "PREFILL", "WEIGHTS", "EventLike", "Peak", "classify", "find_peak",
-    "live_at", "phase_peaks",
+    "live_at", "phase_of", "phase_peaks",
 ]
 
 WEIGHTS = "weights"
@@ -111,7 +112,7 @@ def phase_peaks(events: Sequence[EventLike], marks: Sequence[tuple[int, str]]) -
     first = bounds[0][0] if bounds else len(events)
     for e in events[:first]:
         live += e.nbytes
-    for (begin, name), (end, _) in zip(bounds, bounds[1:], strict=False):
+    for (begin, name), (end, _) in itertools.pairwise(bounds):
         best = live
         for e in events[begin:end]:
             live += e.nbytes

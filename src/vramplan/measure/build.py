@@ -82,12 +82,12 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
             out.append(Problem("train.quantization", f"quantized base weights ({t.quantization}) need bitsandbytes "
                                "on CUDA; measure builds dense random weights",
                                "set train.quantization: none and peft.method: lora"))
-        if t.optimizer in BNB_OPTIMIZERS or t.optimizer == "lion":
-            if device_type != "cuda" or not _has("bitsandbytes"):
-                out.append(Problem("train.optimizer", f"{t.optimizer} needs bitsandbytes on CUDA"
-                                   + ("" if device_type == "cuda" else " (this run is on the CPU)"),
-                                   "run on a CUDA machine with `pip install bitsandbytes`, or set train.optimizer: "
-                                   "adamw"))
+        if (t.optimizer in BNB_OPTIMIZERS or t.optimizer == "lion") and (
+                device_type != "cuda" or not _has("bitsandbytes")):
+            out.append(Problem("train.optimizer", f"{t.optimizer} needs bitsandbytes on CUDA"
+                               + ("" if device_type == "cuda" else " (this run is on the CPU)"),
+                               "run on a CUDA machine with `pip install bitsandbytes`, or set train.optimizer: "
+                               "adamw"))
         if m.position in _LEARNED_POSITIONS and t.seq_len > m.max_position_embeddings:
             out.append(Problem("train.seq_len", f"{t.seq_len} tokens exceed the model's "
                                f"{m.max_position_embeddings} learned positions",
@@ -220,8 +220,11 @@ def make_optimizer(name: str, model: Any, device_type: str) -> tuple[Any, str | 
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False), None
-    import bitsandbytes as bnb  # checked by unsupported(): present, on CUDA
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False,  # type: ignore[no-untyped-call]
+                         warmup_init=False), None
+    import importlib
+
+    bnb: Any = importlib.import_module("bitsandbytes")  # checked by unsupported(): present, on CUDA
 
     cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW,
            "paged-adamw-8bit": bnb.optim.PagedAdamW8bit, "lion": bnb.optim.Lion}[name]
@@ -235,8 +238,9 @@ def _apply_peft(model: Any, r: Resolved, adapter_fp32: bool) -> Any:
     assert peft is not None
     targets: Any = peft.target_modules
     task_type = None if r.model.encoder_only else "CAUSAL_LM"
-    cfg = LoraConfig(r=peft.rank, lora_alpha=peft.alpha, target_modules=targets, lora_dropout=peft.dropout,
-                     use_dora=peft.method == "dora", task_type=task_type)
+    kwargs: dict[str, Any] = {"r": peft.rank, "lora_alpha": peft.alpha, "target_modules": targets,
+                              "lora_dropout": peft.dropout, "use_dora": peft.method == "dora", "task_type": task_type}
+    cfg = LoraConfig(**kwargs)
     try:
         return get_peft_model(model, cfg, autocast_adapter_dtype=adapter_fp32)
     except ValueError as exc:
@@ -265,18 +269,28 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
     impl, note = attention_impl(want_attention, device.type)
     if note:
         notes.append(note)
-    config = _hf_config(raw)
-    if train:
-        config.use_cache = False
     torch.manual_seed(seed)
     auto = AutoModelForMaskedLM if m.encoder_only else AutoModelForCausalLM
-    with torch.device(device):
-        model = auto.from_config(config, attn_implementation=impl, dtype=_torch_dtype(base))
+    try:
+        config = _hf_config(raw)
+        if train:
+            config.use_cache = False
+        with torch.device(device):
+            model = auto.from_config(  # type: ignore[no-untyped-call]
+                config, attn_implementation=impl, dtype=_torch_dtype(base))
+    except (ValueError, KeyError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError([Problem("model", f"transformers cannot build this config.json: {first}",
+                                     "check the config against the model's Hugging Face repository")]) from None
     moe_impl = getattr(model.config, "_experts_implementation", None)
     if m.moe is not None and moe_impl:
         notes.append(f"MoE experts run with transformers' {moe_impl!r} implementation")
     if train and s.train.gradient_checkpointing != "none":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renames gradient_checkpointing_enable to activation_checkpointing_enable
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if s.train.gradient_checkpointing == "selective":
             notes.append("gradient checkpointing: transformers has no selective mode; measured with full "
                          "checkpointing of each decoder layer")
@@ -292,6 +306,9 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
             notes.append(note)
         if autocast == "fp16":
             scaler = torch.amp.GradScaler(device.type)
+        if autocast and device.type == "cpu":
+            notes.append("CPU autocast's op lists differ from CUDA's: pow and layer_norm run in the half dtype on "
+                         "the CPU but in fp32 on CUDA, so GELU-tanh and LayerNorm activations are smaller here")
         dropout = max(m.hidden_dropout, m.attention_dropout)
         if device.type == "cpu" and dropout > 0:
             notes.append(f"dropout p={dropout:g}: the CPU saves each dropout mask in the input's dtype "

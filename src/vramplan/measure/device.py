@@ -24,6 +24,7 @@ NVML API reference, ``nvmlDeviceGetComputeRunningProcesses`` (``usedGpuMemory`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -84,10 +85,9 @@ def read_after(mem: DeviceMemory) -> CudaReadings:
 def _nvml_handle(nvml: Any, uuid: str | None, index: int) -> Any:
     if uuid:
         text = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        try:
+        # NVML raises its own error classes; fall back to the index
+        with contextlib.suppress(Exception):
             return nvml.nvmlDeviceGetHandleByUUID(text)
-        except Exception:  # noqa: BLE001 - NVML raises its own error classes; fall back to the index
-            pass
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     entries = [v.strip() for v in visible.split(",") if v.strip()]
     if entries and index < len(entries) and entries[index].isdigit():
@@ -103,7 +103,7 @@ def nvml_process_used_bytes(index: int = 0, uuid: str | None = None, pid: int | 
     """
     if nvml is None:
         try:
-            import pynvml as nvml_module
+            import pynvml as nvml_module  # type: ignore[import-untyped]
         except ImportError:
             return None
         nvml = nvml_module
@@ -122,10 +122,8 @@ def nvml_process_used_bytes(index: int = 0, uuid: str | None = None, pid: int | 
     except Exception:  # noqa: BLE001
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class CudaMemory:

@@ -42,11 +42,9 @@ from vramplan.measure import breakdown as bd
 from vramplan.measure.build import Built, build, require_torch, unsupported
 from vramplan.measure.config import raw_config, read_scenario_document, shrink
 from vramplan.measure.device import CudaMemory, CudaReadings, DeviceMemory, read_after
-from vramplan.measure.result import (
-    CPU_MEASURED, CUDA_MEASURED, MeasureResult, compare, comparable_prediction,
-)
+from vramplan.measure.result import CPU_MEASURED, CUDA_MEASURED, MeasureResult, comparable_prediction, compare
 from vramplan.spec.scenario import Scenario
-from vramplan.units import GiB
+from vramplan.units import GiB, MiB
 
 __all__ = ["SAFE_HOST_FRACTION", "available_host_bytes", "cpu_bound_problem", "measure", "pick_device"]
 
@@ -70,6 +68,13 @@ def available_host_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
         return None
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,} B"
+
+
 def cpu_bound_problem(predicted_bytes: int, max_cpu_bytes: int | None, available_bytes: int | None) -> Problem | None:
     """A refusal when a CPU step is predicted to need more than the safe bound, else None.
 
@@ -81,15 +86,15 @@ def cpu_bound_problem(predicted_bytes: int, max_cpu_bytes: int | None, available
         bound, why = max_cpu_bytes, "the --max-cpu-bytes bound"
     elif available_bytes is not None:
         bound = int(available_bytes * SAFE_HOST_FRACTION)
-        why = f"the safe bound ({SAFE_HOST_FRACTION:.0%} of the {available_bytes / GiB:,.1f} GiB of available host memory)"
+        why = f"the safe bound ({SAFE_HOST_FRACTION:.0%} of the {_size(available_bytes)} of available host memory)"
     else:
         return None
     if predicted_bytes <= bound:
         return None
     return Problem(
         "--max-cpu-bytes",
-        f"this step is predicted to need {predicted_bytes / GiB:,.2f} GiB ({predicted_bytes:,} bytes) on the CPU, "
-        f"above {why} of {bound / GiB:,.2f} GiB ({bound:,} bytes)",
+        f"this step is predicted to need {_size(predicted_bytes)} ({predicted_bytes:,} bytes) on the CPU, "
+        f"above {why} of {_size(bound)} ({bound:,} bytes)",
         "measure a smaller version with --layers N, --seq-len, --micro-batch-size (inference: --batch-size, "
         "--prompt-len, --new-tokens), or raise the bound with --max-cpu-bytes BYTES",
     )
@@ -126,7 +131,10 @@ def _labeler(tracker: Any) -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class _AutocastLabeler(TorchDispatchMode):  # type: ignore[misc]
+    class _AutocastLabeler(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __init__(self) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func is torch.ops.aten._to_copy.default and args and isinstance(args[0], torch.nn.Parameter):
                 with tracker.category(bd.AUTOCAST):
@@ -347,12 +355,16 @@ def _run_inference(r: Any, built: Built, memory: DeviceMemory | None, seed: int)
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
     finally:
         hf_logging.set_verbosity(level)
 
