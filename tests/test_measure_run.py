@@ -20,9 +20,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from vramplan.errors import ScenarioError  # noqa: E402
-from vramplan.measure.result import CPU_MEASURED, MeasureResult, relative_error  # noqa: E402
-from vramplan.measure.run import cpu_bound_problem, measure  # noqa: E402
+from vramplan.errors import ScenarioError
+from vramplan.measure.result import CPU_MEASURED, MeasureResult, relative_error
+from vramplan.measure.run import cpu_bound_problem, measure
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128,
              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "_name_or_path": "tiny-gpt2"}

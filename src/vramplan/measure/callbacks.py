@@ -226,6 +226,9 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     n = len(xs)
     if n < 2:
         return 0.0, ys[0] if ys else 0.0, 1.0
+    # fit y - y0 (byte counts are large; a flat series then sums exact zeros)
+    y0 = ys[0]
+    ys = [y - y0 for y in ys]
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
@@ -234,7 +237,7 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     ss_tot = sum((y - my) ** 2 for y in ys)
     ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys, strict=True))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return slope, intercept, r2
+    return slope, intercept + y0, r2
 
 
 _FIXES = {
