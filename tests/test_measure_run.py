@@ -71,6 +71,8 @@ def test_breakdown_sums_to_the_peak_and_the_peak_is_the_highest_phase(gpt2_fp32:
         assert sum(sub.values()) == r.breakdown[part]
     assert max(r.phases.values()) == r.peak_allocated_bytes
     assert r.phases[r.peak_phase] == r.peak_allocated_bytes
+    # predicted phases without the CUDA-only cuBLAS workspaces: the predicted peak phase is the peak
+    assert r.predicted_phases[r.prediction.per_gpu.peak_phase] == r.predicted_peak_bytes
 
 
 def test_peak_equals_an_independent_tracker_run() -> None:
@@ -147,6 +149,16 @@ def test_llama_optimizer_step_peak_exact() -> None:
     assert r.predicted_peak_bytes == sum(r.predicted_comparable.values())
     assert r.rows[-1].part == "peak allocated" and r.rows[-1].relative_error is not None
     assert abs(r.rows[-1].relative_error) < 0.001
+
+
+def test_without_warmup_the_states_are_created_in_the_measured_step() -> None:
+    r = measure(train_doc(TINY_LLAMA), device="cpu", warmup=False)
+    # the states appear inside optimizer.step() (alive at the end, so they are optimizer states).
+    # The peak is the decay group's foreach sqrt, before the no-decay group (5 norm weights) has
+    # states: 2 x (218,944 - 5 x 64) x 4 B = 1,748,992 B, plus on the CPU the group's 16 four-byte
+    # step counters (7 matrices x 2 layers + embeddings + head) = 64 B
+    assert r.peak_phase == "optimizer"
+    assert r.breakdown["optimizer_states"] == 2 * (LLAMA_PARAMS - 5 * 64) * 4 + 16 * 4 == 1_749_056
 
 
 def test_lora_gradients_and_states_only_for_adapters() -> None:

@@ -57,13 +57,16 @@ def render_measure(res: MeasureResult, console: Console) -> None:
     table.add_column("measured", justify="right")
     table.add_column("predicted", justify="right")
     table.add_column("error", justify="right")
+    negligible = res.peak_allocated_bytes // 1000  # below 0.1% of the peak, an error says nothing
     for row in res.rows:
         style = "bold" if row.part in ("peak allocated",) else None
-        table.add_row(row.part, _size(row.measured_bytes), _size(row.predicted_bytes), _pct(row.relative_error),
-                      style=style)
+        small = max(row.measured_bytes or 0, row.predicted_bytes or 0) < negligible
+        table.add_row(row.part, _size(row.measured_bytes), _size(row.predicted_bytes),
+                      "(negligible)" if small else _pct(row.relative_error), style=style)
     console.print(table)
     if res.phases:
-        phases = ", ".join(f"{k} {_size(v)} (predicted {_size(pred_pg.phases.get(k))})" for k, v in res.phases.items())
+        phases = ", ".join(f"{k} {_size(v)} (predicted {_size(res.predicted_phases.get(k))})"
+                           for k, v in res.phases.items())
         console.print(f"phase peaks: {phases}", highlight=False)
     if res.outside_allocator_bytes is not None:
         console.print(f"outside the allocator (NVML used - reserved): {_size(res.outside_allocator_bytes)} "

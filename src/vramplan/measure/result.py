@@ -100,6 +100,7 @@ class MeasureResult:
     excluded_predicted: dict[str, int]
     rows: tuple[PartRow, ...]
     scenario: dict[str, Any]
+    predicted_phases: dict[str, int] = field(default_factory=dict)  # comparable: excluded parts removed
     peak_reserved_bytes: int | None = None
     peak_active_bytes: int | None = None
     device_used_bytes: int | None = None

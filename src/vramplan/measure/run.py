@@ -432,13 +432,14 @@ def _result(r: Any, report: Any, built: Built, trace: _StepTrace, memory: Device
     on_cuda = readings is not None
     peak_allocated = peak.bytes
     if readings is not None:
-        gap = readings.peak_allocated_bytes - peak.bytes
+        # the headline is the allocator's own peak; the tracker's breakdown is fitted under it
+        peak_allocated = readings.peak_allocated_bytes
+        gap = peak_allocated - peak.bytes
         if gap > 0:
             detail.setdefault("other", {})["allocator rounding, cuBLAS workspaces, untracked"] = gap
-            peak_allocated = readings.peak_allocated_bytes
         elif gap < 0:
-            notes.append(f"the tracker's peak exceeds max_memory_allocated by {-gap:,} B (host tensors in the step)")
-            peak_allocated = peak.bytes
+            notes.append(f"the breakdown sums to the tracker's peak, {-gap:,} B above max_memory_allocated "
+                         "(host tensors created during the step, such as optimizer step counters)")
         notes.append("breakdown at the peak: the tracker's storages at its peak; phases are tracker peaks")
     else:
         notes.append("no caching allocator on the CPU: reserved memory, fragmentation and NVML are not measured")
@@ -469,6 +470,8 @@ def _result(r: Any, report: Any, built: Built, trace: _StepTrace, memory: Device
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         prediction=report, predicted_comparable=predicted, predicted_peak_bytes=predicted_total,
         excluded_predicted=excluded, rows=rows, scenario=r.scenario.model_dump(mode="json"),
+        # the excluded CUDA-only parts (cuBLAS workspaces) are static: present in every predicted moment
+        predicted_phases={k: v - sum(excluded.values()) for k, v in report.per_gpu.phases.items()},
         peak_reserved_bytes=readings.peak_reserved_bytes if readings else None,
         peak_active_bytes=readings.peak_active_bytes if readings else None,
         device_used_bytes=readings.device_used_bytes if readings else None,
