@@ -220,3 +220,50 @@ def test_relative_error_sign() -> None:
     assert relative_error(1_050_000, 1_000_000) == pytest.approx(0.05)
     assert relative_error(900, 1_000) == pytest.approx(-0.1)
     assert relative_error(5, 0) is None and relative_error(None, 3) is None
+
+
+TINY_BERT = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 256,
+             "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 128, "type_vocab_size": 2,
+             "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def test_bert_masked_lm_fp32() -> None:
+    # BertForMaskedLM: embeddings 1000*64 + 128*64 + 2*64 + LayerNorm 128 = 72,448; per layer
+    # q,k,v,o 4*(64*64+64) = 16,640 + LN 128 + 64*256+256 = 16,640 + 256*64+64 = 16,448 + LN 128
+    # = 49,984, x2 = 99,968; MLM head dense 4,160 + LN 128 + decoder bias 1,000 (weight tied) = 5,288
+    r = measure(train_doc(TINY_BERT), device="cpu")
+    assert r.parameters == 72_448 + 99_968 + 5_288 == 177_704
+    assert r.breakdown["weights"] == 177_704 * 4 and r.prediction.model["parameters"] == 177_704
+
+
+def test_fp16_mixed_runs_with_a_grad_scaler() -> None:
+    r = measure(train_doc(TINY_LLAMA, precision="fp16-mixed"), device="cpu")
+    assert r.breakdown["weights"] == LLAMA_PARAMS * 4  # fp32 parameters under autocast
+    assert r.breakdown["optimizer_states"] == 2 * LLAMA_PARAMS * 4
+
+
+def test_bf16_true_adafactor_upcasts_in_step() -> None:
+    r = measure(train_doc(TINY_LLAMA, precision="bf16-true", optimizer="adafactor"), device="cpu")
+    assert r.breakdown["weights"] == LLAMA_PARAMS * 2 and r.phases["optimizer"] == r.peak_allocated_bytes
+    # transformers' Adafactor on a bf16 parameter holds fp32 copies of the parameter and its gradient,
+    # the update and the factored estimate: 4 fp32 tensors of the largest parameter (the 1000 x 64
+    # embedding or LM head), 4 * 4 * 64,000 = 1,024,000 B at least
+    assert r.breakdown_detail["temporaries"]["optimizer step"] >= 1_024_000
+    assert "autocast weight copies" not in r.breakdown_detail["temporaries"]  # not mistaken for autocast
+
+
+def test_selective_checkpointing_with_sdpa_equals_none() -> None:
+    none = measure(train_doc(TINY_LLAMA, micro_batch_size=1, seq_len=16), device="cpu")
+    sel = measure(train_doc(TINY_LLAMA, micro_batch_size=1, seq_len=16, gradient_checkpointing="selective"),
+                  device="cpu")
+    assert sel.peak_allocated_bytes == none.peak_allocated_bytes
+    assert any("selective recomputation" in n for n in sel.notes)
+    with pytest.raises(ScenarioError, match="use attention: sdpa"):
+        measure(train_doc(TINY_LLAMA, gradient_checkpointing="selective", attention="eager"), device="cpu")
+
+
+def test_full_checkpointing_keeps_less_than_none() -> None:
+    kw: dict[str, Any] = {"micro_batch_size": 1, "seq_len": 64, "optimizer": "sgd"}
+    none = measure(train_doc(TINY_LLAMA, **kw), device="cpu")
+    full = measure(train_doc(TINY_LLAMA, gradient_checkpointing="full", **kw), device="cpu")
+    assert full.phases["forward"] < none.phases["forward"]

@@ -15,7 +15,9 @@ them (Hugging Face Trainer / Accelerate / plain PyTorch):
   bitsandbytes' 8-bit / paged / Lion optimizers where bitsandbytes and CUDA are present.
   Parameters are grouped as the Trainer groups them (no weight decay for biases and norms),
   with the Trainer's default weight decay of 0;
-* gradient checkpointing: ``gradient_checkpointing_enable(use_reentrant=False)``;
+* gradient checkpointing: ``full`` = transformers' per-layer checkpointing, non-reentrant;
+  ``selective`` (Megatron's: recompute only the s x s attention tensors) = none with SDPA or
+  flash attention, which never save them;
 * attention: ``attn_implementation`` = eager | sdpa | flash_attention_2 (flash falls back to
   SDPA where the flash-attn package or CUDA is missing, and says so);
 * LoRA / DoRA: ``peft.get_peft_model`` with the scenario's rank, alpha, targets and dropout.
@@ -88,6 +90,10 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
                                + ("" if device_type == "cuda" else " (this run is on the CPU)"),
                                "run on a CUDA machine with `pip install bitsandbytes`, or set train.optimizer: "
                                "adamw"))
+        if t.gradient_checkpointing == "selective" and t.attention == "eager":
+            out.append(Problem("train.gradient_checkpointing", "selective recomputation of eager attention's "
+                               "s x s tensors is not a transformers option",
+                               "use attention: sdpa (selective then equals none) or gradient_checkpointing: full"))
         if m.position in _LEARNED_POSITIONS and t.seq_len > m.max_position_embeddings:
             out.append(Problem("train.seq_len", f"{t.seq_len} tokens exceed the model's "
                                f"{m.max_position_embeddings} learned positions",
@@ -285,15 +291,19 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
     moe_impl = getattr(model.config, "_experts_implementation", None)
     if m.moe is not None and moe_impl:
         notes.append(f"MoE experts run with transformers' {moe_impl!r} implementation")
-    if train and s.train.gradient_checkpointing != "none":
+    if train and s.train.gradient_checkpointing == "selective":
+        notes.append("gradient checkpointing: selective recomputation drops only the s x s attention tensors "
+                     "(arXiv 2205.05198 sec. 5), which SDPA and flash attention never save: measured without "
+                     "checkpointing, the same memory")
+    elif train and s.train.gradient_checkpointing == "full":
         # transformers 5 renames gradient_checkpointing_enable to activation_checkpointing_enable
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if s.train.gradient_checkpointing == "selective":
-            notes.append("gradient checkpointing: transformers has no selective mode; measured with full "
-                         "checkpointing of each decoder layer")
+        notes.append("gradient checkpointing: the recomputed layer's tensors are created in the backward pass "
+                     "and shown as temporaries (backward); the estimate counts them as activations, so compare "
+                     "the sum of the two")
     if peft is not None:
         model = _apply_peft(model, r, adapter_fp32=adapter == "fp32" and base != "fp32")
     model.train(train)

@@ -218,9 +218,19 @@ def _train_step(built: Built, ids: Any, accum: int, mark: Callable[[str], None],
     """``accum`` micro-steps of forward + backward, then the optimizer step (as the Trainer runs it)."""
     model, opt, scaler = built.model, built.optimizer, built.scaler
     cat = tr.category if tr is not None else (lambda _name: contextlib.nullcontext())
+
+    def labels() -> contextlib.ExitStack:
+        # autocast copies and the LM head are labelled in the forward pass only (an optimizer's own
+        # casts of the parameters, e.g. Adafactor's p.float(), are step temporaries)
+        es = contextlib.ExitStack()
+        if tr is not None:
+            es.enter_context(_labeler(tr))
+            es.enter_context(_logits_category(tr, model))
+        return es
+
     for _ in range(accum):
         mark("forward")
-        with cat(bd.FORWARD), _autocast(built):
+        with cat(bd.FORWARD), labels(), _autocast(built):
             out = model(input_ids=ids, labels=ids)
             loss = out.loss / accum
             del out
@@ -263,8 +273,7 @@ def _run_train(r: Any, built: Built, memory: DeviceMemory | None, warmup: bool, 
         def mark(phase: str) -> None:
             marks.append((len(tr.events), phase))
 
-        with _labeler(tr), _logits_category(tr, built.model):
-            _train_step(built, ids, t.grad_accum_steps, mark, tr)
+        _train_step(built, ids, t.grad_accum_steps, mark, tr)
         gc.collect()
         end = len(tr.events)
         if memory is not None:
