@@ -1,0 +1,329 @@
+"""Building the real model and its training setup from a resolved scenario.
+
+The model is built from its ``config.json`` with random weights (``from_config``: nothing is
+downloaded), in the dtype the scenario's precision stores parameters in, on the measured
+device.  The settings are applied the way the frameworks the analytic engine models apply
+them (Hugging Face Trainer / Accelerate / plain PyTorch):
+
+* ``fp32``: fp32 parameters, no autocast.  ``bf16-mixed``/``fp16-mixed``: fp32 parameters
+  under ``torch.autocast`` (fp16 adds a ``GradScaler``).  ``bf16-true``/``fp16-true``: half
+  parameters.  With PEFT the frozen base is stored in the half dtype and the adapters in
+  fp32 (peft's ``autocast_adapter_dtype``), except under ``*-true`` precision;
+* optimizer: ``torch.optim.AdamW`` with ``foreach=True`` (CUDA's default implementation,
+  forced on the CPU too so that a CPU measurement has the GPU's optimizer-step temporaries)
+  or ``fused=True``; SGD (with momentum 0.9 for ``sgd-momentum``); transformers' Adafactor;
+  bitsandbytes' 8-bit / paged / Lion optimizers where bitsandbytes and CUDA are present.
+  Parameters are grouped as the Trainer groups them (no weight decay for biases and norms),
+  with the Trainer's default weight decay of 0;
+* gradient checkpointing: ``full`` = transformers' per-layer checkpointing, non-reentrant;
+  ``selective`` (Megatron's: recompute only the s x s attention tensors) = none with SDPA or
+  flash attention, which never save them;
+* attention: ``attn_implementation`` = eager | sdpa | flash_attention_2 (flash falls back to
+  SDPA where the flash-attn package or CUDA is missing, and says so);
+* LoRA / DoRA: ``peft.get_peft_model`` with the scenario's rank, alpha, targets and dropout.
+
+What cannot be run here is refused with one message per reason (``unsupported``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vramplan.errors import MissingExtraError, Problem, ScenarioError
+from vramplan.spec.load import Resolved
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Built", "build", "require_torch", "unsupported"]
+
+BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit")
+_LEARNED_POSITIONS = ("learned",)
+
+
+def require_torch() -> None:
+    """Raise a MissingExtraError naming the extra when torch/transformers are absent."""
+    for mod in ("torch", "transformers"):
+        if importlib.util.find_spec(mod) is None:
+            raise MissingExtraError(f"`vramplan measure` needs {mod}: pip install 'vramplan[trace]'")
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def unsupported(r: Resolved, device_type: str) -> list[Problem]:
+    """Every reason the scenario cannot be measured on ``device_type`` ("cpu" or "cuda")."""
+    s, m = r.scenario, r.model
+    out: list[Problem] = []
+    if s.task == "serve":
+        out.append(Problem("task", "measure runs a training step or a generate() pass; serving memory is vLLM's "
+                           "(profiled weights + activations, then the KV cache fills the rest)",
+                           "use task: inference to measure a generate() pass, or `vramplan estimate` for serve"))
+        return out
+    par = s.parallel
+    if s.hardware.num_gpus > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1:
+        out.append(Problem("hardware.num_gpus", "measure runs one process on one device",
+                           "set hardware.num_gpus: 1 and tp/pp/cp/ep to 1 (measure one GPU's share with the "
+                           "callbacks inside your own launcher)"))
+    if par.zero_stage or par.fsdp != "none" or par.offload != "none":
+        out.append(Problem("parallel", "ZeRO/FSDP/offload need a distributed launch; measure runs one process",
+                           "set parallel.zero_stage: 0, fsdp: none, offload: none"))
+    fw = s.framework
+    if fw in ("deepspeed", "torchtitan", "vllm"):
+        out.append(Problem("framework", f"measure runs a plain PyTorch / Hugging Face step, not {fw}",
+                           "set framework: hf-trainer (or plain, accelerate, lightning)"))
+    if s.task == "train":
+        t = s.train
+        if t.precision == "fp8-mixed":
+            out.append(Problem("train.precision", "fp8-mixed needs Transformer Engine on Hopper or newer",
+                               "measure bf16-mixed instead"))
+        if t.quantization != "none" or (t.peft is not None and t.peft.method == "qlora"):
+            out.append(Problem("train.quantization", f"quantized base weights ({t.quantization}) need bitsandbytes "
+                               "on CUDA; measure builds dense random weights",
+                               "set train.quantization: none and peft.method: lora"))
+        if (t.optimizer in BNB_OPTIMIZERS or t.optimizer == "lion") and (
+                device_type != "cuda" or not _has("bitsandbytes")):
+            out.append(Problem("train.optimizer", f"{t.optimizer} needs bitsandbytes on CUDA"
+                               + ("" if device_type == "cuda" else " (this run is on the CPU)"),
+                               "run on a CUDA machine with `pip install bitsandbytes`, or set train.optimizer: "
+                               "adamw"))
+        if t.gradient_checkpointing == "selective" and t.attention == "eager":
+            out.append(Problem("train.gradient_checkpointing", "selective recomputation of eager attention's "
+                               "s x s tensors is not a transformers option",
+                               "use attention: sdpa (selective then equals none) or gradient_checkpointing: full"))
+        if m.position in _LEARNED_POSITIONS and t.seq_len > m.max_position_embeddings:
+            out.append(Problem("train.seq_len", f"{t.seq_len} tokens exceed the model's "
+                               f"{m.max_position_embeddings} learned positions",
+                               f"use --seq-len {m.max_position_embeddings} or less"))
+    else:
+        inf = s.inference
+        if inf.quantization != "none":
+            out.append(Problem("inference.quantization", f"{inf.quantization} weights need their CUDA kernels "
+                               "(bitsandbytes/GPTQ/AWQ); measure builds dense random weights",
+                               "set inference.quantization: none"))
+        if inf.kv_cache_dtype not in ("auto", inf.dtype):
+            out.append(Problem("inference.kv_cache_dtype", f"a {inf.kv_cache_dtype} KV cache needs a quantized "
+                               "cache implementation; generate() keeps the cache in the weights' dtype",
+                               "set inference.kv_cache_dtype: auto"))
+        total = inf.prompt_len + inf.new_tokens
+        if m.position in _LEARNED_POSITIONS and total > m.max_position_embeddings:
+            out.append(Problem("inference.prompt_len", f"prompt + new tokens = {total} exceed the model's "
+                               f"{m.max_position_embeddings} learned positions",
+                               "lower --prompt-len / --new-tokens"))
+    return out
+
+
+@dataclass
+class Built:
+    model: Any  # torch.nn.Module (a transformers PreTrainedModel, possibly wrapped by peft)
+    optimizer: Any  # torch.optim.Optimizer | None
+    scaler: Any  # torch.amp.GradScaler | None
+    autocast_dtype: Any  # torch.dtype | None
+    device: Any  # torch.device
+    vocab_size: int
+    encoder_only: bool
+    optimizer_name: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def _hf_config(cfg: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    cfg = dict(cfg)
+    text = cfg.get("text_config")
+    if isinstance(text, dict) and "hidden_size" not in cfg and "n_embd" not in cfg:
+        merged = dict(text)
+        if "tie_word_embeddings" in cfg and "tie_word_embeddings" not in merged:
+            merged["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+        if merged.get("model_type") in (None, "gemma3"):
+            merged["model_type"] = "gemma3_text"
+        cfg = merged
+    model_type = cfg.pop("model_type")
+    for key in ("quantization_config", "architectures", "auto_map", "torch_dtype", "dtype", "transformers_version"):
+        cfg.pop(key, None)
+    return AutoConfig.for_model(model_type, **cfg)
+
+
+def attention_impl(want: str, device_type: str) -> tuple[str, str | None]:
+    """The ``attn_implementation`` to build with, and a note when it differs from the scenario's."""
+    if want == "eager":
+        return "eager", None
+    if want == "flash":
+        if device_type == "cuda" and _has("flash_attn"):
+            return "flash_attention_2", None
+        return "sdpa", ("attention: flash-attention 2 is not available here (needs the flash-attn package on "
+                        "CUDA); measured with SDPA, which saves the same tensors (output + logsumexp)")
+    return "sdpa", None
+
+
+def precision_dtypes(precision: str, peft: bool) -> tuple[str, str, str | None]:
+    """(base parameter dtype, adapter dtype, autocast dtype) for a training precision."""
+    if precision == "fp32":
+        return "fp32", "fp32", None
+    if precision in ("bf16-true", "fp16-true"):
+        half = precision[:4]
+        return half, half, None
+    half = precision[:4]  # bf16-mixed / fp16-mixed
+    return (half if peft else "fp32"), "fp32", half
+
+
+def decay_groups(model: Any) -> tuple[list[Any], list[Any]]:
+    """Trainable parameters with and without weight decay, as transformers' Trainer splits them.
+
+    ``Trainer.get_decay_parameter_names``: no decay for parameters inside ``nn.LayerNorm`` or
+    whose name matches bias / layernorm / rmsnorm / norm.
+    """
+    import re
+
+    import torch
+
+    patterns = [re.compile(p) for p in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")]
+    norm_params: set[int] = set()
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.LayerNorm):
+            norm_params.update(id(p) for p in mod.parameters(recurse=False))
+    decay: list[Any] = []
+    no_decay: list[Any] = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in norm_params or any(pat.search(name.lower()) for pat in patterns):
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return decay, no_decay
+
+
+def make_optimizer(name: str, model: Any, device_type: str) -> tuple[Any, str | None]:
+    """The torch optimizer for a scenario's ``train.optimizer`` (None for "none"), and a note."""
+    import torch
+
+    decay, no_decay = decay_groups(model)
+    groups = [{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    lr = 1e-5
+    if name == "none" or not groups:
+        return None, None
+    if name == "adamw":
+        note = None if device_type == "cuda" else (
+            "optimizer: AdamW with foreach=True, the CUDA default, so the CPU run has the GPU's step temporaries")
+        return torch.optim.AdamW(groups, lr=lr, foreach=True), note
+    if name == "adamw-fused":
+        return torch.optim.AdamW(groups, lr=lr, fused=True), None
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, foreach=True), None
+    if name == "sgd-momentum":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, foreach=True), None
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False,  # type: ignore[no-untyped-call]
+                         warmup_init=False), None
+    import importlib
+
+    bnb: Any = importlib.import_module("bitsandbytes")  # checked by unsupported(): present, on CUDA
+
+    cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW,
+           "paged-adamw-8bit": bnb.optim.PagedAdamW8bit, "lion": bnb.optim.Lion}[name]
+    return cls(groups, lr=lr), None
+
+
+def _apply_peft(model: Any, r: Resolved, adapter_fp32: bool) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    peft = r.scenario.train.peft
+    assert peft is not None
+    targets: Any = peft.target_modules
+    task_type = None if r.model.encoder_only else "CAUSAL_LM"
+    kwargs: dict[str, Any] = {"r": peft.rank, "lora_alpha": peft.alpha, "target_modules": targets,
+                              "lora_dropout": peft.dropout, "use_dora": peft.method == "dora", "task_type": task_type}
+    cfg = LoraConfig(**kwargs)
+    try:
+        return get_peft_model(model, cfg, autocast_adapter_dtype=adapter_fp32)
+    except ValueError as exc:
+        import torch
+
+        names = sorted({n.split(".")[-1] for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+        raise ScenarioError([Problem("train.peft.target_modules", str(exc).splitlines()[0],
+                                     f"this model's linear modules: {', '.join(names) or 'none'}; or all-linear")]) from None
+
+
+def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0) -> Built:
+    """Build the scenario's model (random weights) and optimizer on ``device``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    s, m = r.scenario, r.model
+    notes: list[str] = []
+    train = s.task == "train"
+    peft = s.train.peft if train else None
+    if train:
+        base, adapter, autocast = precision_dtypes(s.train.precision, peft is not None)
+        want_attention = s.train.attention
+    else:
+        base, adapter, autocast = s.inference.dtype, s.inference.dtype, None
+        want_attention = s.inference.attention
+    impl, note = attention_impl(want_attention, device.type)
+    if note:
+        notes.append(note)
+    torch.manual_seed(seed)
+    auto = AutoModelForMaskedLM if m.encoder_only else AutoModelForCausalLM
+    try:
+        config = _hf_config(raw)
+        if train:
+            config.use_cache = False
+        with torch.device(device):
+            model = auto.from_config(  # type: ignore[no-untyped-call]
+                config, attn_implementation=impl, dtype=_torch_dtype(base))
+    except (ValueError, KeyError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError([Problem("model", f"transformers cannot build this config.json: {first}",
+                                     "check the config against the model's Hugging Face repository")]) from None
+    moe_impl = getattr(model.config, "_experts_implementation", None)
+    if m.moe is not None and moe_impl:
+        notes.append(f"MoE experts run with transformers' {moe_impl!r} implementation")
+    if train and s.train.gradient_checkpointing == "selective":
+        notes.append("gradient checkpointing: selective recomputation drops only the s x s attention tensors "
+                     "(arXiv 2205.05198 sec. 5), which SDPA and flash attention never save: measured without "
+                     "checkpointing, the same memory")
+    elif train and s.train.gradient_checkpointing == "full":
+        # transformers 5 renames gradient_checkpointing_enable to activation_checkpointing_enable
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        notes.append("gradient checkpointing: the recomputed layer's tensors are created in the backward pass "
+                     "and shown as temporaries (backward); the estimate counts them as activations, so compare "
+                     "the sum of the two")
+    if peft is not None:
+        model = _apply_peft(model, r, adapter_fp32=adapter == "fp32" and base != "fp32")
+    model.train(train)
+    optimizer = None
+    scaler = None
+    opt_name = s.train.optimizer if train else "none"
+    if train:
+        optimizer, note = make_optimizer(opt_name, model, device.type)
+        if note:
+            notes.append(note)
+        if autocast == "fp16":
+            scaler = torch.amp.GradScaler(device.type)
+        if autocast and device.type == "cpu":
+            notes.append("CPU autocast's op lists differ from CUDA's: pow and layer_norm run in the half dtype on "
+                         "the CPU but in fp32 on CUDA, so GELU-tanh and LayerNorm activations are smaller here")
+        dropout = max(m.hidden_dropout, m.attention_dropout)
+        if device.type == "cpu" and dropout > 0:
+            notes.append(f"dropout p={dropout:g}: the CPU saves each dropout mask in the input's dtype "
+                         "(CUDA's fused kernel saves a 1-byte mask), so CPU activations are larger")
+    vocab = int(getattr(model.config, "vocab_size", 0) or m.vocab_size)
+    return Built(model=model, optimizer=optimizer, scaler=scaler,
+                 autocast_dtype=_torch_dtype(autocast) if autocast else None, device=device, vocab_size=vocab,
+                 encoder_only=m.encoder_only, optimizer_name=opt_name, notes=notes)
