@@ -355,9 +355,14 @@ def explain_result(ctx: PlanContext, job: TrainJob | ServeJob, counts: Sequence[
         pg = c.report.per_gpu
         speed = (f"{c.step_time_s:,.2f} s per step, {c.tokens_per_s:,.0f} tokens/s" if c.kind == "train"
                  else f"{c.tokens_per_s:,.0f} generated tokens/s")
-        lines.append(f"Chosen: {c.label} on {c.setup['num_gpus']} x {result.gpu}: {_gib(pg.device_used_bytes)} of "
-                     f"{_gib(c.usable_bytes)} usable per GPU ({_gib(c.headroom_bytes)} headroom inside the "
-                     f"{result.margin:.0%} margin), {speed}.")
+        if c.kind == "train":
+            mem = (f"{_gib(pg.device_used_bytes)} of {_gib(c.usable_bytes)} usable per GPU "
+                   f"({_gib(c.headroom_bytes)} headroom inside the {result.margin:.0%} margin)")
+        else:
+            mem = (f"{_gib(pg.device_used_bytes)} of {_gib(pg.capacity_bytes)} per GPU with vLLM given "
+                   f"gpu_memory_utilization {1 - result.margin:.2f}; the KV cache holds "
+                   f"{c.max_concurrency} sequences of {c.setup['max_model_len']} tokens per replica")
+        lines.append(f"Chosen: {c.label} on {c.setup['num_gpus']} x {result.gpu}: {mem}, {speed}.")
         if c.host_offloaded_bytes_per_gpu:
             node = c.host_offloaded_bytes_per_gpu * min(int(c.setup["num_gpus"]), gpus_per_node)
             lines.append(f"It keeps {_gib(c.host_offloaded_bytes_per_gpu)} per GPU in host memory "

@@ -146,9 +146,18 @@ _FIELD_NAMES = {
 }
 
 
+def _strategy(s: TrainSetup | ServeSetup) -> str:
+    return s.label().split(",")[0]
+
+
 def _trade(chosen: _Found, other: _Found, kind: str) -> str:
     a, b = chosen.setup.as_dict(), other.setup.as_dict()
-    diffs = [f"{_FIELD_NAMES[k]} {b[k]} (vs {a[k]})" for k in _FIELD_NAMES if k in a and a[k] != b[k]]
+    diffs = []
+    if _strategy(chosen.setup) != _strategy(other.setup):
+        diffs.append(f"{_strategy(other.setup)} instead of {_strategy(chosen.setup)}")
+    skip = ("framework", "zero_stage", "fsdp", "tp", "pp")
+    diffs += [f"{_FIELD_NAMES[k]} {b[k]} (vs {a[k]})" for k in _FIELD_NAMES
+              if k in a and a[k] != b[k] and k not in skip]
     if kind == "train":
         dt = other.time.total_s / chosen.time.total_s - 1 if chosen.time.total_s else 0.0
         speed = f"{dt:+.0%} step time"
@@ -162,11 +171,13 @@ def _trade(chosen: _Found, other: _Found, kind: str) -> str:
 def _ranked(ctx: PlanContext, f: _Found, rank: int, kind: str, trade: str) -> RankedSetup:
     rep = ctx.verify(f.setup)  # full validation of the document the user will get
     pg = rep.per_gpu
+    # serving: the margin is inside gpu_memory_utilization, so the device's capacity is the limit
+    usable = ctx.usable if kind == "train" else pg.capacity_bytes
     return RankedSetup(
         rank=rank, label=f.setup.label(), kind=kind, setup=f.setup.as_dict(), scenario=ctx.document(f.setup),  # type: ignore[arg-type]
         step_time_s=f.time.total_s, tokens_per_s=f.time.tokens_per_s, step_time=f.time.as_dict(),
-        device_used_bytes=pg.device_used_bytes, usable_bytes=ctx.usable, capacity_bytes=pg.capacity_bytes,
-        headroom_bytes=ctx.usable - pg.device_used_bytes, host_offloaded_bytes_per_gpu=rep.host.offloaded_bytes,
+        device_used_bytes=pg.device_used_bytes, usable_bytes=usable, capacity_bytes=pg.capacity_bytes,
+        headroom_bytes=usable - pg.device_used_bytes, host_offloaded_bytes_per_gpu=rep.host.offloaded_bytes,
         max_concurrency=rep.serve.max_concurrency, trade=trade, report=rep,
     )
 
