@@ -84,18 +84,19 @@ def render_plan(res: PlanResult, console: Console) -> None:
                    title_justify="left")
         tt.add_column("term")
         tt.add_column("s", justify="right")
-        for k, v in c.step_time.items():
-            if v and k not in ("total_s", "tokens_per_s", "communication_s"):
-                tt.add_row(k.removesuffix("_s").replace("_", " "), f"{v:,.3f}")
+        for term, secs in c.step_time.items():
+            if secs and term not in ("total_s", "tokens_per_s", "communication_s"):
+                tt.add_row(term.removesuffix("_s").replace("_", " "), f"{secs:,.3f}")
         tt.add_row("[bold]total[/]", f"[bold]{c.step_time_s:,.3f}[/]")
         console.print(tt)
     if res.ladder:
         lt = Table(title="Decision tree, cheapest rung first (micro-batch 1)", title_justify="left")
         for col in ("#", "rung", "GiB/GPU", "over by", "verdict"):
             lt.add_column(col, justify="right" if col in ("#", "GiB/GPU", "over by") else "left", overflow="fold")
-        for r in res.ladder:
-            lt.add_row(str(r.step), r.title, _gib(r.device_used_bytes), _gib(r.over_bytes) if r.over_bytes else "-",
-                       "[green]fits[/]" if r.fits else ", ".join(f"{p} {_gib(b)}" for p, b in r.largest_parts))
+        for rung in res.ladder:
+            lt.add_row(str(rung.step), rung.title, _gib(rung.device_used_bytes),
+                       _gib(rung.over_bytes) if rung.over_bytes else "-",
+                       "[green]fits[/]" if rung.fits else ", ".join(f"{p} {_gib(b)}" for p, b in rung.largest_parts))
         console.print(lt)
     for s in res.suggestions:
         console.print(f"[yellow]would fit:[/] {s.text}", highlight=False)

@@ -20,7 +20,10 @@ from vramplan.errors import Problem, ScenarioError
 from vramplan.export.accelerate import accelerate_config
 from vramplan.export.deepspeed import deepspeed_config
 from vramplan.export.hf import (
-    bnb_config_kwargs, lora_config_kwargs, model_init_kwargs, training_arguments_kwargs,
+    bnb_config_kwargs,
+    lora_config_kwargs,
+    model_init_kwargs,
+    training_arguments_kwargs,
 )
 from vramplan.export.readme import launch_readme
 from vramplan.export.torchtitan import to_toml, torchtitan_config

@@ -37,10 +37,10 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: str, f
     pg = ranked.report.per_gpu
     lines = [
         "# Launch", "",
-        f"Planned by vramplan: **{ranked.label}** on {s.num_gpus} x {ranked.report.gpu.get('name')} "
-        f"for `{model}`.", "",
-        f"- memory per GPU: {_gib(pg.device_used_bytes)} of {_gib(ranked.usable_bytes)} usable "
-        f"({_gib(pg.capacity_bytes)} capacity), peak in the {pg.peak_phase} phase",
+        (f"Planned by vramplan: **{ranked.label}** on {s.num_gpus} x {ranked.report.gpu.get('name')} "
+        f"for `{model}`."), "",
+        (f"- memory per GPU: {_gib(pg.device_used_bytes)} of {_gib(ranked.usable_bytes)} usable "
+        f"({_gib(pg.capacity_bytes)} capacity), peak in the {pg.peak_phase} phase"),
     ]
     if isinstance(s, TrainSetup):
         lines.append(f"- predicted step: {ranked.step_time_s:,.2f} s, {ranked.tokens_per_s:,.0f} tokens/s "
@@ -54,8 +54,8 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: str, f
         lines.append(f"- host memory for offload: {_gib(ranked.host_offloaded_bytes_per_gpu)} per GPU, "
                      f"{_gib(per_node)} per node (pinned)")
     lines += ["", "Reproduce the memory estimate: `vramplan estimate scenario.yaml`.", "",
-              "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (less fragmentation, which the "
-              "safety margin otherwise has to absorb).", "", "## Files", ""]
+              ("Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (less fragmentation, which the "
+              "safety margin otherwise has to absorb)."), "", "## Files", ""]
     lines += [f"- `{f}`" for f in files]
     lines += ["", "## Run", ""]
     if isinstance(s, ServeSetup):
@@ -64,8 +64,8 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: str, f
         return "\n".join(lines) + "\n"
     nodes = -(-s.num_gpus // s.gpus_per_node)
     if s.framework == "torchtitan":
-        lines += ["Merge `torchtitan.toml` into a torchtitan job config for this model (tokenizer, dataset, "
-                  "steps), then on each node:", "", "```bash",
+        lines += [("Merge `torchtitan.toml` into a torchtitan job config for this model (tokenizer, dataset, "
+                  "steps), then on each node:"), "", "```bash",
                   f"NGPU={min(s.num_gpus, s.gpus_per_node)} CONFIG_FILE=./torchtitan.toml ./run_train.sh", "```"]
         if nodes > 1:
             lines.append(f"\n{nodes} nodes: launch with torchrun `--nnodes {nodes}` and a rendezvous endpoint.")
@@ -75,6 +75,6 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: str, f
                         else "") + ":", "", "```bash",
               "accelerate launch --config_file accelerate_config.yaml train.py", "```"]
     if s.framework == "deepspeed":
-        lines += ["", "`training_args.json` points the Trainer at `ds_config.json`; its `\"auto\"` optimizer "
-                  "values are filled from the Trainer's arguments."]
+        lines += ["", ("`training_args.json` points the Trainer at `ds_config.json`; its `\"auto\"` optimizer "
+                  "values are filled from the Trainer's arguments.")]
     return "\n".join(lines) + "\n"

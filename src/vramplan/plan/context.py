@@ -58,7 +58,7 @@ class PlanContext:
         key = (s.peft, s.lora_rank, s.lora_alpha, s.lora_dropout)
         p = self._pefts.get(key)
         if p is None:
-            p = Peft(method=s.peft, rank=s.lora_rank, alpha=s.lora_alpha, target_modules=s.target_modules,  # type: ignore[arg-type]
+            p = Peft(method=s.peft, rank=s.lora_rank, alpha=s.lora_alpha, target_modules=s.target_modules,
                      dropout=s.lora_dropout)
             self._pefts[key] = p
         return p

@@ -15,6 +15,7 @@ sequence that fits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from vramplan.catalog.gpus import list_gpus
 from vramplan.plan.context import PlanContext
@@ -72,10 +73,9 @@ def _train_rungs(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: int) ->
     precs = precisions_for(ctx.gpu, False)
     half = next((p for p in precs if p.endswith("-mixed")), "fp32")
 
-    def mk(**kw: object) -> TrainSetup:
+    def mk(**kw: Any) -> TrainSetup:
         return TrainSetup(num_gpus=n, micro_batch_size=1, grad_accum_steps=batch // n, seq_len=job.seq_len,
-                          gpus_per_node=gpus_per_node, lora_rank=job.lora_rank, lora_alpha=job.lora_alpha,
-                          **kw)  # type: ignore[arg-type]
+                          gpus_per_node=gpus_per_node, lora_rank=job.lora_rank, lora_alpha=job.lora_alpha, **kw)
 
     naive = ("naive: fp32, AdamW, plain data parallelism" if n > 1 else "naive: fp32, AdamW, one GPU",
              mk(framework="hf-trainer", precision="fp32"), "reduce precision")
@@ -146,21 +146,21 @@ def _frugal(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: int, seq_len
         return []
     precs = precisions_for(ctx.gpu, False)
     half = next((p for p in precs if p.endswith("-mixed")), "fp32")
-    base = dict(num_gpus=n, micro_batch_size=1, grad_accum_steps=b // n, seq_len=seq_len or job.seq_len,
-                gpus_per_node=gpus_per_node, precision=half, checkpointing="full", lora_rank=job.lora_rank,
-                lora_alpha=job.lora_alpha)
+    base: dict[str, Any] = {"num_gpus": n, "micro_batch_size": 1, "grad_accum_steps": b // n, "seq_len": seq_len or job.seq_len,
+                "gpus_per_node": gpus_per_node, "precision": half, "checkpointing": "full", "lora_rank": job.lora_rank,
+                "lora_alpha": job.lora_alpha}
     out: list[TrainSetup] = []
     if job.full_ft_allowed():
         z = 3 if n > 1 else 2
-        out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=z, **base))  # type: ignore[arg-type]
-        out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=z, offload="optimizer",  # type: ignore[arg-type]
+        out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=z, **base))
+        out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=z, offload="optimizer",
                               **base))
-        out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=3, offload="optimizer+params",  # type: ignore[arg-type]
+        out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=3, offload="optimizer+params",
                               **base))
     if "lora" in job.peft_methods():
-        out.append(TrainSetup(framework="hf-trainer", peft="lora", optimizer="paged-adamw-8bit", **base))  # type: ignore[arg-type]
+        out.append(TrainSetup(framework="hf-trainer", peft="lora", optimizer="paged-adamw-8bit", **base))
     if "qlora" in job.peft_methods():
-        out.append(TrainSetup(framework="hf-trainer", peft="qlora", quantization="nf4-dq",  # type: ignore[arg-type]
+        out.append(TrainSetup(framework="hf-trainer", peft="qlora", quantization="nf4-dq",
                               optimizer="paged-adamw-8bit", **base))
     return out
 

@@ -27,7 +27,13 @@ from vramplan.plan.fit import DEFAULT_MARGIN
 from vramplan.plan.result import GpuCountBest, PlanResult, RankedSetup, SearchStats
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.space import ServeJob, TrainJob, batch_split_problems, serve_candidates, train_candidates
-from vramplan.plan.steptime import DEFAULT_ASSUMPTIONS, DecodeTime, PerfAssumptions, StepTime, decode_step_time
+from vramplan.plan.steptime import (
+    DEFAULT_ASSUMPTIONS,
+    DecodeTime,
+    PerfAssumptions,
+    StepTime,
+    decode_step_time,
+)
 from vramplan.report import Report
 from vramplan.units import GiB
 
@@ -174,7 +180,7 @@ def _ranked(ctx: PlanContext, f: _Found, rank: int, kind: str, trade: str) -> Ra
     # serving: the margin is inside gpu_memory_utilization, so the device's capacity is the limit
     usable = ctx.usable if kind == "train" else pg.capacity_bytes
     return RankedSetup(
-        rank=rank, label=f.setup.label(), kind=kind, setup=f.setup.as_dict(), scenario=ctx.document(f.setup),  # type: ignore[arg-type]
+        rank=rank, label=f.setup.label(), kind=kind, setup=f.setup.as_dict(), scenario=ctx.document(f.setup),
         step_time_s=f.time.total_s, tokens_per_s=f.time.tokens_per_s, step_time=f.time.as_dict(),
         device_used_bytes=pg.device_used_bytes, usable_bytes=usable, capacity_bytes=pg.capacity_bytes,
         headroom_bytes=usable - pg.device_used_bytes, host_offloaded_bytes_per_gpu=rep.host.offloaded_bytes,
@@ -250,8 +256,8 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         capacity_bytes=ctx.gpu.total_memory_bytes, usable_bytes=ctx.usable, fits=chosen is not None, chosen=chosen,
         runners_up=runners, by_gpu_count=by_count, notes=notes, stats=stats,
         assumptions=assumptions.describe() + [
-            f"safety margin {margin:.0%} of capacity: a setup fits when nvidia-smi's figure stays below "
-            f"{ctx.usable / GiB:,.2f} of {ctx.gpu.total_memory_bytes / GiB:,.2f} GiB"],
+            (f"safety margin {margin:.0%} of capacity: a setup fits when nvidia-smi's figure stays below "
+            f"{ctx.usable / GiB:,.2f} of {ctx.gpu.total_memory_bytes / GiB:,.2f} GiB")],
     )
     if explain:
         from vramplan.plan.explain import explain_result

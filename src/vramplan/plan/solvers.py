@@ -87,8 +87,8 @@ def solve_max_batch(source: str | Path | dict[str, Any] | Scenario, margin: floa
     r, _ = _load(source)
     task = r.scenario.task
     if task == "serve":
-        rep = estimate(r)
-        return _result("max-batch", "serve.max_num_seqs", rep.serve.max_concurrency or None, r, rep, margin, 1,
+        srep = estimate(r)
+        return _result("max-batch", "serve.max_num_seqs", srep.serve.max_concurrency or None, r, srep, margin, 1,
                        "sequences of max_model_len the KV cache holds at once (vLLM's maximum concurrency)")
     section, knob = ("train", "micro_batch_size") if task == "train" else ("inference", "batch_size")
 
@@ -116,9 +116,9 @@ def solve_max_seq(source: str | Path | dict[str, Any] | Scenario, margin: float 
     task = r.scenario.task
     cap = limit or r.model.max_position_embeddings
     if task == "serve":
-        rep = estimate(r)
-        v = min(rep.serve.max_model_len_that_fits, cap) or None
-        return _result("max-seq", "serve.max_model_len", v, r, rep, margin, 1,
+        srep = estimate(r)
+        v = min(srep.serve.max_model_len_that_fits, cap) or None
+        return _result("max-seq", "serve.max_model_len", v, r, srep, margin, 1,
                        "tokens the KV cache holds for one sequence, capped at the model's context length")
     section, knob = ("train", "seq_len") if task == "train" else ("inference", "prompt_len")
     step = r.scenario.parallel.cp if task == "train" else 1

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.setup import ServeSetup, TrainSetup
@@ -166,11 +166,12 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
         per_rank = batch // dp
         mbs_list = _micro_batches(per_rank, job.max_micro_batch)
 
-        def make(**kw: object) -> Iterator[TrainSetup]:
+        def make(mbs_list: list[int] = mbs_list, per_rank: int = per_rank, tp: int = tp, pp: int = pp,
+                 **kw: Any) -> Iterator[TrainSetup]:
             for mbs in mbs_list:
                 yield TrainSetup(micro_batch_size=mbs, grad_accum_steps=per_rank // mbs, seq_len=seq, num_gpus=n,
                                  tp=tp, pp=pp, gpus_per_node=gpus_per_node, lora_rank=job.lora_rank,
-                                 lora_alpha=job.lora_alpha, **kw)  # type: ignore[arg-type]
+                                 lora_alpha=job.lora_alpha, **kw)
 
         ckpts = ("none", "full")
         if tp == 1 and pp == 1:

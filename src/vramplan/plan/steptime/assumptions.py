@@ -45,12 +45,12 @@ class PerfAssumptions:
     def describe(self) -> list[str]:
         return [
             f"matmuls run at {self.mfu:.0%} of the GPU's dense peak for the compute dtype (MFU assumption)",
-            f"inter-node bandwidth {self.inter_node_bytes_per_s / 1e9:g} GB/s per GPU; NVLink/PCIe from the "
-            "GPU catalog, half of the bidirectional figure per direction",
+            (f"inter-node bandwidth {self.inter_node_bytes_per_s / 1e9:g} GB/s per GPU; NVLink/PCIe from the "
+            "GPU catalog, half of the bidirectional figure per direction"),
             f"host DRAM {self.host_memory_bytes_per_s / 1e9:g} GB/s per node for CPU optimizer steps",
             f"{self.collective_latency_s * 1e6:g} us fixed cost per collective",
-            "data-parallel collectives overlap the micro-step's compute (only the excess is exposed); "
-            "tensor-parallel all-reduces, the pipeline bubble, optimizer steps and the CPU optimizer are serial",
+            ("data-parallel collectives overlap the micro-step's compute (only the excess is exposed); "
+            "tensor-parallel all-reduces, the pipeline bubble, optimizer steps and the CPU optimizer are serial"),
         ]
 
 

@@ -57,7 +57,7 @@ def model_facts(m: ModelSpec) -> ModelFacts:
     for p in m.params:
         if p.role not in _MATMUL_ROLES or not p.layer_span:
             continue
-        share = p.numel * (p.count // max(1, len(p.layer_span)))
+        share = float(p.numel * (p.count // max(1, len(p.layer_span))))
         if p.role == "expert" and m.moe is not None:
             share = share * m.moe.top_k / m.moe.num_experts
         if p.role in ("linear", "expert"):
