@@ -142,14 +142,23 @@ def _frugal(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: int, seq_len
             batch: int | None = None) -> list[TrainSetup]:
     """The last rungs' setups: the least memory the search space offers on ``n`` GPUs."""
     b = batch if batch is not None else job.sequences()
-    if b % n:
-        return []
     precs = precisions_for(ctx.gpu, False)
     half = next((p for p in precs if p.endswith("-mixed")), "fp32")
-    base: dict[str, Any] = {"num_gpus": n, "micro_batch_size": 1, "grad_accum_steps": b // n, "seq_len": seq_len or job.seq_len,
-                "gpus_per_node": gpus_per_node, "precision": half, "checkpointing": "full", "lora_rank": job.lora_rank,
-                "lora_alpha": job.lora_alpha}
     out: list[TrainSetup] = []
+    if job.full_ft_allowed():
+        # tensor parallelism inside a node splits the activations too (torchtitan, FSDP over the rest)
+        for tp in divisors(n, gpus_per_node)[1:]:
+            if tp_ok(ctx.model, tp) and b % (n // tp) == 0:
+                out.append(TrainSetup(framework="torchtitan", num_gpus=n, tp=tp, micro_batch_size=1,
+                                      grad_accum_steps=b // (n // tp), seq_len=seq_len or job.seq_len,
+                                      gpus_per_node=gpus_per_node, precision=half, checkpointing="full",
+                                      fsdp="full_shard" if n // tp > 1 else "none"))
+    if b % n:
+        return out
+    base: dict[str, Any] = {
+        "num_gpus": n, "micro_batch_size": 1, "grad_accum_steps": b // n, "seq_len": seq_len or job.seq_len,
+        "gpus_per_node": gpus_per_node, "precision": half, "checkpointing": "full", "lora_rank": job.lora_rank,
+        "lora_alpha": job.lora_alpha}
     if job.full_ft_allowed():
         z = 3 if n > 1 else 2
         out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=z, **base))
@@ -175,20 +184,6 @@ def _first_fit(ctx: PlanContext, setups: Sequence[TrainSetup]) -> tuple[TrainSet
     return None
 
 
-def _smallest(values: Sequence[int], ok: Callable[[int], bool]) -> int | None:
-    """Smallest value in ascending ``values`` with ok(v), by bisection (assumes ok is monotone)."""
-    if not values or not ok(values[-1]):
-        return None
-    lo, hi = 0, len(values) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(values[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return values[lo]
-
-
 def _largest_ok(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     """Largest v in [lo, hi] with ok(v), assuming ok is monotone decreasing; None if not ok(lo)."""
     if hi < lo or not ok(lo):
@@ -205,24 +200,25 @@ def _largest_ok(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
 def _train_suggestions(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: int) -> list[Suggestion]:
     out: list[Suggestion] = []
     batch = job.sequences()
-    # more GPUs of this type, keeping the global batch (each data-parallel rank gets whole sequences)
-    counts = [d for d in divisors(batch) if d > n]
+    # more GPUs of this type, keeping the global batch (each data-parallel rank gets whole sequences;
+    # tensor parallelism inside a node multiplies the count)
+    tps = [t for t in divisors(gpus_per_node) if tp_ok(ctx.model, t)]
+    counts = sorted({t * d for t in tps for d in divisors(batch) if t * d > n})
 
     def fits_at(k: int) -> bool:
         return _first_fit(ctx, _frugal(ctx, job, k, gpus_per_node)) is not None
 
-    k = _smallest(counts, fits_at)
+    k = next((c for c in counts if fits_at(c)), None)  # counts are few: scan, so the fewest is exact
     if k is not None:
         hit = _first_fit(ctx, _frugal(ctx, job, k, gpus_per_node))
         assert hit is not None
-        out.append(Suggestion(kind="more_gpus", value=k, label=hit[0].label(),
+        out.append(Suggestion(kind="more_gpus", value=k, label=hit[0].label(), scenario=ctx.document(hit[0]),
                               text=f"{k} x {ctx.gpu.name} fit: {hit[0].label()} uses "
                                    f"{_gib(hit[1].per_gpu.device_used_bytes)} of {_gib(ctx.usable)} per GPU"))
     else:
         out.append(Suggestion(kind="more_gpus", value=None,
-                              text=f"no count up to {batch} GPUs (one sequence per data-parallel rank with a "
-                                   f"global batch of {batch}) fits these setups; raise the global batch or "
-                                   "use tensor/pipeline parallelism"))
+                              text=f"no count up to {max(counts, default=n)} GPUs fits the last rungs (ZeRO-3, "
+                                   f"offload, tensor parallelism up to {max(tps)}) with a global batch of {batch}"))
     # a larger GPU from the catalog, same count
     bigger = sorted((g for g in list_gpus() if g.total_memory_bytes > ctx.gpu.total_memory_bytes
                      and g.hbm_bytes_per_s and g.vendor == ctx.gpu.vendor), key=lambda g: g.total_memory_bytes)
@@ -230,7 +226,7 @@ def _train_suggestions(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: i
         c2 = ctx.with_gpu(g)
         hit = _first_fit(c2, _frugal(c2, job, n, gpus_per_node))
         if hit is not None:
-            out.append(Suggestion(kind="larger_gpu", value=g.name, label=hit[0].label(),
+            out.append(Suggestion(kind="larger_gpu", value=g.name, label=hit[0].label(), scenario=c2.document(hit[0]),
                                   text=f"{n} x {g.name} ({_gib(g.total_memory_bytes)}) fit: {hit[0].label()} uses "
                                        f"{_gib(hit[1].per_gpu.device_used_bytes)} of {_gib(c2.usable)} per GPU"))
             break
@@ -244,6 +240,7 @@ def _train_suggestions(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: i
             hit = _first_fit(ctx, _frugal(ctx, job, n, gpus_per_node, seq_len=best))
             assert hit is not None
             out.append(Suggestion(kind="shorter_sequence", value=best, label=hit[0].label(),
+                                  scenario=ctx.document(hit[0]),
                                   text=f"sequences of up to {best:,} tokens fit on {n} x {ctx.gpu.name} "
                                        f"({hit[0].label()})"))
     if not job.peft_methods():
@@ -251,7 +248,7 @@ def _train_suggestions(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: i
                        lora_alpha=job.lora_alpha)
         hit = _first_fit(ctx, _frugal(ctx, alt, n, gpus_per_node))
         if hit is not None:
-            out.append(Suggestion(kind="peft", value=hit[0].peft, label=hit[0].label(),
+            out.append(Suggestion(kind="peft", value=hit[0].peft, label=hit[0].label(), scenario=ctx.document(hit[0]),
                                   text=f"with PEFT allowed (--peft allow), {hit[0].label()} fits: "
                                        f"{_gib(hit[1].per_gpu.device_used_bytes)} per GPU"))
     return out
@@ -301,7 +298,8 @@ def _serve_suggestions(ctx: PlanContext, job: ServeJob, n: int, gpus_per_node: i
         if ok and (best is None or tp * replicas < best[0]):
             best = (tp * replicas, tp, replicas)
     if best is not None:
-        out.append(Suggestion(kind="more_gpus", value=best[0], label=_serve_base(ctx, job, best[1], best[2]).label(),
+        bs = _serve_base(ctx, job, best[1], best[2])
+        out.append(Suggestion(kind="more_gpus", value=best[0], label=bs.label(), scenario=ctx.document(bs),
                               text=f"{best[0]} x {ctx.gpu.name} serve {job.concurrency} sequences of "
                                    f"{job.max_model_len} tokens: TP {best[1]} x {best[2]} replicas"))
     tp1 = max([t for t in divisors(n, gpus_per_node) if tp_ok(ctx.model, t)], default=1)
@@ -311,15 +309,18 @@ def _serve_suggestions(ctx: PlanContext, job: ServeJob, n: int, gpus_per_node: i
         tokens = rep.serve.num_gpu_blocks * s.block_size // max(1, s.max_num_seqs)
         length = tokens // s.block_size * s.block_size
         if 0 < length < job.max_model_len:
-            out.append(Suggestion(kind="shorter_sequence", value=length, label=s.label(),
+            short = _serve_base(ctx, job, tp1, n // tp1, max_len=length)
+            out.append(Suggestion(kind="shorter_sequence", value=length, label=short.label(),
+                                  scenario=ctx.document(short),
                                   text=f"with TP {tp1} on {n} GPUs, max_model_len up to {length:,} holds "
                                        f"{s.max_num_seqs} sequences per replica"))
     for g in sorted((g for g in list_gpus() if g.total_memory_bytes > ctx.gpu.total_memory_bytes
                      and g.hbm_bytes_per_s and g.vendor == ctx.gpu.vendor), key=lambda g: g.total_memory_bytes):
         c2 = ctx.with_gpu(g)
-        ok2, rep2 = _serve_ok(c2, _serve_base(c2, job, tp1, n // tp1))
+        big = _serve_base(c2, job, tp1, n // tp1)
+        ok2, rep2 = _serve_ok(c2, big)
         if ok2:
-            out.append(Suggestion(kind="larger_gpu", value=g.name,
+            out.append(Suggestion(kind="larger_gpu", value=g.name, label=big.label(), scenario=c2.document(big),
                                   text=f"{n} x {g.name}: KV cache holds {rep2.serve.max_concurrency} sequences "
                                        f"per replica"))
             break
@@ -332,7 +333,7 @@ def _serve_suggestions(ctx: PlanContext, job: ServeJob, n: int, gpus_per_node: i
             qs = _serve_base(ctx, job, tp1, n // tp1, quant=q, kv=kv)
             ok3, rep3 = _serve_ok(ctx, qs)
             if ok3:
-                out.append(Suggestion(kind="quantization", value=f"{q}/{kv}", label=qs.label(),
+                out.append(Suggestion(kind="quantization", value=f"{q}/{kv}", label=qs.label(), scenario=ctx.document(qs),
                                       text=f"with --allow-quantization: {qs.label()} holds "
                                            f"{rep3.serve.max_concurrency} sequences per replica"))
                 break

@@ -61,6 +61,7 @@ class Suggestion(_Frozen):
     text: str
     value: Any = None
     label: str = ""
+    scenario: dict[str, Any] = Field(default_factory=dict)  # the setup that would fit, for `vramplan estimate`
 
 
 class GpuCountBest(_Frozen):
