@@ -14,7 +14,7 @@ import pytest
 from vramplan.analytic.engine import estimate
 from vramplan.plan import TrainJob, plan
 from vramplan.plan.result import PlanResult
-from vramplan.units import GiB, TB
+from vramplan.units import TB, GiB
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,13 @@ import pytest
 from vramplan.analytic.precision import PrecisionPolicy
 from vramplan.catalog import load_model, resolve_gpu
 from vramplan.plan.setup import ServeSetup, TrainSetup
-from vramplan.plan.steptime import DEFAULT_ASSUMPTIONS, PerfAssumptions, decode_step_time, model_facts, train_step_time
+from vramplan.plan.steptime import (
+    DEFAULT_ASSUMPTIONS,
+    PerfAssumptions,
+    decode_step_time,
+    model_facts,
+    train_step_time,
+)
 from vramplan.plan.steptime import collectives as col
 from vramplan.plan.steptime import flops as fl
 from vramplan.plan.steptime import memory_bound as mb
@@ -84,8 +90,8 @@ def test_offload_and_pipeline_terms() -> None:
 
 
 def _setup(**kw: object) -> TrainSetup:
-    base: dict[str, object] = dict(framework="hf-trainer", num_gpus=1, micro_batch_size=1, grad_accum_steps=1,
-                                   seq_len=4096)
+    base: dict[str, object] = {"framework": "hf-trainer", "num_gpus": 1, "micro_batch_size": 1, "grad_accum_steps": 1,
+                                   "seq_len": 4096}
     base.update(kw)
     return TrainSetup(**base)  # type: ignore[arg-type]
 
