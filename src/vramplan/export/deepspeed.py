@@ -35,8 +35,6 @@ def deepspeed_config(s: TrainSetup) -> dict[str, Any]:
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                   "weight_decay": "auto"}},
-        "steps_per_print": 100,
-        "wall_clock_breakdown": False,
     }
     if s.precision.startswith("bf16"):
         cfg["bf16"] = {"enabled": True}

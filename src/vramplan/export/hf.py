@@ -58,8 +58,9 @@ def training_arguments_kwargs(s: TrainSetup, output_dir: str = "outputs",
             # the estimate reduce-scatters every micro-step (no unsharded gradient accumulation)
             kw["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
     elif s.checkpointing == "full":
-        kw["gradient_checkpointing"] = True
-        kw["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        # transformers >= 5 names it activation_checkpointing (gradient_checkpointing is its deprecated alias)
+        kw["activation_checkpointing"] = True
+        kw["activation_checkpointing_kwargs"] = {"use_reentrant": False}
     if s.framework == "hf-trainer" and s.num_gpus > 1:
         kw["ddp_find_unused_parameters"] = False
     return kw
