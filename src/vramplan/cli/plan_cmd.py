@@ -126,8 +126,10 @@ def render_solve(res: SolveResult, console: Console) -> None:
     console.print(f"[bold]{res.kind}[/]: {res.knob} = [bold]{res.value:,}[/]  ({res.note})", highlight=False)
     if res.report is not None:
         pg = res.report.per_gpu
-        console.print(f"at that value: {_gib(pg.device_used_bytes)} GiB of {_gib(res.usable_bytes)} GiB usable per GPU "
-                      f"(margin {res.margin:.0%}); {res.probes} estimates", highlight=False)
+        limit = ("capacity, margin in gpu_memory_utilization" if res.report.scenario.get("task") == "serve"
+                 else f"usable, margin {res.margin:.0%}")
+        console.print(f"at that value: {_gib(pg.device_used_bytes)} of {_gib(res.usable_bytes)} GiB per GPU ({limit}); "
+                      f"{res.probes} estimates", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -60,9 +60,10 @@ class TrainSetup:
         return self.micro_batch_size * self.grad_accum_steps * self.dp
 
     def family(self) -> tuple[object, ...]:
-        """Everything but the micro-batch split: setups that differ only in it form one family."""
-        return (self.framework, self.num_gpus, self.precision, self.optimizer, self.checkpointing, self.attention,
-                self.zero_stage, self.fsdp, self.offload, self.tp, self.pp, self.peft, self.quantization)
+        """The strategy: setups that differ only in the micro-batch split, the optimizer variant or the
+        attention kernel form one family, and a plan lists each family once (its fastest member)."""
+        return (self.framework, self.num_gpus, self.precision, self.checkpointing, self.zero_stage, self.fsdp,
+                self.offload, self.tp, self.pp, self.peft, self.quantization)
 
     def label(self) -> str:
         """A short human name: 'DeepSpeed ZeRO-3 + offload(optimizer), bf16-mixed, ...'."""

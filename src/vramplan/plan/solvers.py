@@ -77,8 +77,9 @@ def _bisect_max(ok: Callable[[int], bool], lo: int, limit: int) -> tuple[int | N
 
 def _result(kind: SolveKind, knob: str, value: int | None, r: Resolved, rep: Report | None, margin: float,
             probes: int, note: str) -> SolveResult:
-    return SolveResult(kind=kind, knob=knob, value=value, margin=margin,
-                       usable_bytes=usable_bytes(r.gpu.total_memory_bytes, margin), probes=probes, note=note,
+    # serving: the margin is the scenario's gpu_memory_utilization; the device's capacity is the limit
+    usable = r.gpu.total_memory_bytes if r.scenario.task == "serve" else usable_bytes(r.gpu.total_memory_bytes, margin)
+    return SolveResult(kind=kind, knob=knob, value=value, margin=margin, usable_bytes=usable, probes=probes, note=note,
                        scenario=rep.scenario if rep is not None else {}, report=rep)
 
 
