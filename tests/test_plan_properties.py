@@ -110,3 +110,15 @@ def test_global_batch_in_tokens() -> None:
     assert a.chosen is not None and b.chosen is not None and a.chosen.label == b.chosen.label
     with pytest.raises(ScenarioError, match="whole number"):
         plan("Qwen/Qwen2.5-0.5B", "A10G", 2, TrainJob(seq_len=1024, global_batch_tokens=1000))
+
+
+@FAST
+@given(model=st.sampled_from(MODELS), gpu=st.sampled_from(GPUS), n=st.sampled_from([1, 2, 8]), data=st.data())
+def test_cheap_scenario_copies_equal_validated_documents(model: str, gpu: str, n: int, data: st.DataObject) -> None:
+    """The search builds scenarios with model_copy (no validation); each equals its validated document."""
+    from vramplan.spec.load import resolve
+
+    ctx = make_context(model, gpu, 0.1, DEFAULT_ASSUMPTIONS, "train")
+    cands = list(train_candidates(ctx.model, ctx.gpu, n, TrainJob(seq_len=1024, global_batch=4 * n, peft="allow")))
+    for s in data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=10)):
+        assert resolve(ctx.document(s)).scenario == ctx.scenario(s)

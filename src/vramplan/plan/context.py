@@ -130,9 +130,17 @@ class PlanContext:
         scn = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
         return estimate(Resolved(scn, self.model, self.gpu))
 
-    def verify(self, s: TrainSetup | ServeSetup) -> Report:
-        """Estimate from the setup's document through full validation (what ``vramplan estimate`` does)."""
-        return estimate(resolve(self.document(s)))
+    def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
+        """The setup's document through full validation (what ``vramplan estimate`` does).
+
+        When the validated scenario equals the one the search estimated (``report``), that estimate
+        stands (the engine is a pure function of the scenario, model and GPU); otherwise it is redone.
+        """
+        r = resolve(self.document(s))
+        mine = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
+        if report is not None and r.scenario == mine and r.model == self.model and r.gpu == self.gpu:
+            return report
+        return estimate(r)
 
     def with_gpu(self, gpu: GpuSpec) -> PlanContext:
         hw = self.base.hardware.model_copy(update={"gpu": gpu.name})

@@ -175,7 +175,7 @@ def _trade(chosen: _Found, other: _Found, kind: str) -> str:
 
 
 def _ranked(ctx: PlanContext, f: _Found, rank: int, kind: str, trade: str) -> RankedSetup:
-    rep = ctx.verify(f.setup)  # full validation of the document the user will get
+    rep = ctx.verify(f.setup, f.report)  # full validation of the document the user will get
     pg = rep.per_gpu
     # serving: the margin is inside gpu_memory_utilization, so the device's capacity is the limit
     usable = ctx.usable if kind == "train" else pg.capacity_bytes

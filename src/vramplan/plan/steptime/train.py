@@ -30,6 +30,7 @@ reduce-scatter of the same total volume (arXiv 2205.05198, sec. 4.2.2).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from vramplan.analytic.layout import stage_layers
 from vramplan.analytic.precision import PrecisionPolicy
@@ -80,6 +81,15 @@ def peak_flops_per_s(gpu: GpuSpec, dtype: str) -> float:
     return float(value) if value else 0.0
 
 
+@lru_cache(maxsize=4096)
+def _stage_sums(f: ModelFacts, pp: int, stage: int, seq_len: int, skips: bool) -> tuple[int, float, float]:
+    """(layers, active matmul parameters, keys per query summed over layers) of one pipeline stage."""
+    layers = stage_layers(f.num_layers, pp, stage)
+    mm = sum(f.layer_matmul_params[i] for i in layers)
+    keys = sum(fl.keys_per_query(seq_len, f.windows[i], skips) for i in layers)
+    return len(layers), mm, keys
+
+
 def _gathered_bytes_per_param(s: TrainSetup, pol: PrecisionPolicy) -> int:
     return 2 if pol.compute_bytes <= 2 else 4
 
@@ -101,12 +111,10 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     slowest = -1.0
     stage_layer_count = 0
     for stage in range(pp):
-        layers = stage_layers(f.num_layers, pp, stage)
-        mm = sum(f.layer_matmul_params[i] for i in layers)
+        layers, mm, keys = _stage_sums(f, pp, stage, s.seq_len, skips)
         head = f.head_matmul_params if stage == pp - 1 else 0
-        attn = sum(fl.attention_forward_flops(f.attn_width, fl.keys_per_query(s.seq_len, f.windows[i], skips), tokens)
-                   for i in layers)
-        lora = lora_params * len(layers) / f.num_layers
+        attn = fl.attention_forward_flops(f.attn_width, keys, tokens)  # summed over the stage's layers
+        lora = lora_params * layers / f.num_layers
         first = (fl.matmul_forward_flops(mm + head, tokens) + fl.matmul_backward_flops(mm + head, tokens, not frozen)
                  + attn * (1 + fl.attention_backward_factor(kernel)) + 6.0 * lora * tokens)
         again = (fl.matmul_forward_flops(mm + lora, tokens) + attn) if full_ckpt else 0.0
@@ -114,14 +122,14 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
         if kernel == "eager":
             per_layer = mb.eager_attention_bytes(ceil_div(f.num_attention_heads, tp), s.seq_len, s.micro_batch_size,
                                                  pol.compute_bytes)
-            first_s += mb.hbm_seconds(per_layer * len(layers), hbm)
-            again_s += mb.hbm_seconds(per_layer / 3 * len(layers), hbm) if full_ckpt else 0.0
+            first_s += mb.hbm_seconds(per_layer * layers, hbm)
+            again_s += mb.hbm_seconds(per_layer / 3 * layers, hbm) if full_ckpt else 0.0
         if s.quantization in _QUANT_4BIT:
-            q = f.linear_params * len(layers) / f.num_layers / tp
+            q = f.linear_params * layers / f.num_layers / tp
             first_s += mb.hbm_seconds(q * 2 * mb.DEQUANT_BYTES_PER_WEIGHT_USE, hbm)  # forward + input gradient
             again_s += mb.hbm_seconds(q * mb.DEQUANT_BYTES_PER_WEIGHT_USE, hbm) if full_ckpt else 0.0
         if first_s + again_s > slowest:
-            slowest, t_first, t_re, stage_layer_count = first_s + again_s, first_s, again_s, len(layers)
+            slowest, t_first, t_re, stage_layer_count = first_s + again_s, first_s, again_s, layers
     t_c = t_first + t_re
 
     # ---- tensor and pipeline parallel, per micro-step ----
