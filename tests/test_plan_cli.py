@@ -103,6 +103,10 @@ def test_nothing_fits_exits_1_with_suggestions() -> None:
      "--task"),
     (["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu", "H100-SXM", "--seq-len", "1024", "--global-batch",
       "8", "--margin", "1.5"], "--margin"),
+    (["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu", "H100-SXM", "--seq-len", "1024", "--global-batch",
+      "8", "--mfu", "0"], "--mfu"),
+    (["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu", "H100-SXM", "--seq-len", "1024", "--global-batch",
+      "8", "--host-memory-gib", "-1"], "--host-memory-gib"),
     (["solve", "max-bach", str(ROOT / "examples" / "qlora-7b-rtx4090.yaml")], "did you mean 'max-batch'"),
     (["solve", "max-batch", "nope.yaml"], "no such file"),
 ])

@@ -176,8 +176,8 @@ def register(app: typer.Typer) -> None:
                      "global_batch": global_batch, "peft": peft, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
                      "max_model_len": max_model_len, "concurrency": concurrency, "gpus_per_node": gpus_per_node}
             opts = {**base, **{k: v for k, v in given.items() if v is not None}}
-            if global_batch_tokens is not None:
-                opts.pop("global_batch", None) if global_batch is None else None
+            if global_batch_tokens is not None and global_batch is None:
+                opts.pop("global_batch", None)  # the tokens flag replaces a batch read from the scenario file
             problems = []
             if not opts.get("model"):
                 problems.append(Problem("--model", "no model given", "pass --model or a scenario file"))

@@ -156,6 +156,8 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
                                      "give the fraction of capacity to keep free, e.g. 0.1")])
     if not 0.0 < assumptions.mfu <= 1.0:
         raise ScenarioError([Problem("--mfu", f"{assumptions.mfu} is outside (0, 1]", "e.g. 0.4")])
+    if min(assumptions.inter_node_bytes_per_s, assumptions.host_memory_bytes_per_s) <= 0:
+        raise ScenarioError([Problem("--inter-node-gbps", "bandwidths must be positive", "e.g. 25 (GB/s per GPU)")])
     r = resolve({"model": model, "task": task, "hardware": {"gpu": gpu, "num_gpus": 1}})
     g = r.gpu
     if not g.hbm_bytes_per_s or not any(g.dense_flops_per_s.values()):

@@ -210,8 +210,13 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
     per_count: dict[int, list[_Found]] = {}
     notes: list[str] = []
     host_limit = int(host_memory_gib * GiB) if host_memory_gib is not None else None
+    if host_memory_gib is not None and host_memory_gib <= 0:
+        raise ScenarioError([Problem("--host-memory-gib", f"{host_memory_gib} is not a memory size",
+                                     "give the host RAM per node in GiB, e.g. 1024")])
     if isinstance(job, TrainJob):
         job.sequences()
+        if job.max_micro_batch < 1 or job.lora_rank < 1:
+            raise ScenarioError([Problem("--max-micro-batch/--lora-rank", "must be at least 1", "")])
         if job.seq_len > ctx.model.max_position_embeddings:
             notes.append(f"seq_len {job.seq_len} exceeds the model's max_position_embeddings "
                          f"({ctx.model.max_position_embeddings}); memory is estimated as asked")
