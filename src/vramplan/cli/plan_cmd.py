@@ -49,8 +49,9 @@ def render_plan(res: PlanResult, console: Console) -> None:
 
     c = res.chosen
     counts = ",".join(map(str, res.num_gpus))
-    console.print(f"[bold]{res.model}[/] · {res.task} · {counts} x {res.gpu} · margin {res.margin:.0%} "
-                  f"(usable {_gib(res.usable_bytes)} of {_gib(res.capacity_bytes)} GiB per GPU)")
+    limit = (f"usable {_gib(res.usable_bytes)} of {_gib(res.capacity_bytes)} GiB per GPU" if res.task == "train"
+             else f"vLLM gpu_memory_utilization {1 - res.margin:.2f} of {_gib(res.capacity_bytes)} GiB")
+    console.print(f"[bold]{res.model}[/] · {res.task} · {counts} x {res.gpu} · margin {res.margin:.0%} ({limit})")
     verdict = "[bold green]FITS[/]" if c is not None else "[bold red]NOTHING FITS[/]"
     console.print(verdict)
     for line in res.explanation:
@@ -90,13 +91,18 @@ def render_plan(res: PlanResult, console: Console) -> None:
         tt.add_row("[bold]total[/]", f"[bold]{c.step_time_s:,.3f}[/]")
         console.print(tt)
     if res.ladder:
-        lt = Table(title="Decision tree, cheapest rung first (micro-batch 1)", title_justify="left")
+        title = ("Decision tree, cheapest rung first (micro-batch 1)" if res.task == "train"
+                 else "Tensor-parallel degrees (bf16 weights, no quantization)")
+        lt = Table(title=title, title_justify="left")
         for col in ("#", "rung", "GiB/GPU", "over by", "verdict"):
             lt.add_column(col, justify="right" if col in ("#", "GiB/GPU", "over by") else "left", overflow="fold")
         for rung in res.ladder:
+            if res.task == "train":
+                verdict = "[green]fits[/]" if rung.fits else ", ".join(f"{p} {_gib(b)}" for p, b in rung.largest_parts)
+            else:
+                verdict = ("[green]fits[/]: " if rung.fits else "") + rung.why
             lt.add_row(str(rung.step), rung.title, _gib(rung.device_used_bytes),
-                       _gib(rung.over_bytes) if rung.over_bytes else "-",
-                       "[green]fits[/]" if rung.fits else ", ".join(f"{p} {_gib(b)}" for p, b in rung.largest_parts))
+                       _gib(rung.over_bytes) if rung.over_bytes else "-", verdict)
         console.print(lt)
     for s in res.suggestions:
         console.print(f"[yellow]would fit:[/] {s.text}", highlight=False)

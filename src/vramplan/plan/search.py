@@ -188,6 +188,14 @@ def _ranked(ctx: PlanContext, f: _Found, rank: int, kind: str, trade: str) -> Ra
     )
 
 
+def _margin_text(task: str, margin: float, ctx: PlanContext) -> str:
+    if task == "train":
+        return (f"safety margin {margin:.0%} of capacity: a setup fits when nvidia-smi's figure stays below "
+                f"{ctx.usable / GiB:,.2f} of {ctx.gpu.total_memory_bytes / GiB:,.2f} GiB")
+    return (f"safety margin {margin:.0%} of capacity: vLLM is given gpu_memory_utilization {1 - margin:.2f} and its "
+            "KV cache must hold the concurrency at max_model_len")
+
+
 def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[int], job: TrainJob | ServeJob,
          margin: float = DEFAULT_MARGIN, top: int = DEFAULT_TOP, assumptions: PerfAssumptions = DEFAULT_ASSUMPTIONS,
          gpus_per_node: int = 8, host_memory_gib: float | None = None, explain: bool = True,
@@ -260,9 +268,7 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         task=task, model=ctx.model.name, gpu=ctx.gpu.name, num_gpus=counts, job=job_doc, margin=margin,
         capacity_bytes=ctx.gpu.total_memory_bytes, usable_bytes=ctx.usable, fits=chosen is not None, chosen=chosen,
         runners_up=runners, by_gpu_count=by_count, notes=notes, stats=stats,
-        assumptions=assumptions.describe() + [
-            (f"safety margin {margin:.0%} of capacity: a setup fits when nvidia-smi's figure stays below "
-            f"{ctx.usable / GiB:,.2f} of {ctx.gpu.total_memory_bytes / GiB:,.2f} GiB")],
+        assumptions=[*assumptions.describe(task), _margin_text(task, margin, ctx)],
     )
     if explain:
         from vramplan.plan.explain import explain_result

@@ -42,7 +42,14 @@ class PerfAssumptions:
     collective_latency_s: float = 10e-6
     decode_context_fraction: float = 0.5
 
-    def describe(self) -> list[str]:
+    def describe(self, task: str = "train") -> list[str]:
+        if task == "serve":
+            return [
+                f"decode reads every weight and each running sequence's KV cache once per step; sequences are on "
+                f"average {self.decode_context_fraction:.0%} through max_model_len",
+                f"matmuls run at {self.mfu:.0%} of the GPU's dense peak (only binding for large batches)",
+                f"{self.collective_latency_s * 1e6:g} us fixed cost per tensor-parallel all-reduce",
+            ]
         return [
             f"matmuls run at {self.mfu:.0%} of the GPU's dense peak for the compute dtype (MFU assumption)",
             (f"inter-node bandwidth {self.inter_node_bytes_per_s / 1e9:g} GB/s per GPU; NVLink/PCIe from the "
