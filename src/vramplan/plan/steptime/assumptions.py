@@ -45,8 +45,8 @@ class PerfAssumptions:
     def describe(self, task: str = "train") -> list[str]:
         if task == "serve":
             return [
-                f"decode reads every weight and each running sequence's KV cache once per step; sequences are on "
-                f"average {self.decode_context_fraction:.0%} through max_model_len",
+                (f"decode reads every weight and each running sequence's KV cache once per step; sequences are on "
+                f"average {self.decode_context_fraction:.0%} through max_model_len"),
                 f"matmuls run at {self.mfu:.0%} of the GPU's dense peak (only binding for large batches)",
                 f"{self.collective_latency_s * 1e6:g} us fixed cost per tensor-parallel all-reduce",
             ]
