@@ -241,7 +241,8 @@ def serve_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: ServeJob, margin: 
         per_replica = -(-job.concurrency // replicas)
         for q in quants:
             for kv in kvs:
+                # vLLM's AWQ kernels run in float16 ("half" is the recommended dtype for AWQ in EngineArgs)
                 yield ServeSetup(num_gpus=n, tp=tp, max_model_len=job.max_model_len, max_num_seqs=per_replica,
-                                 dtype=dtype, quantization=q, kv_cache_dtype=kv,
+                                 dtype="fp16" if q == "awq-4bit" else dtype, quantization=q, kv_cache_dtype=kv,
                                  gpu_memory_utilization=round(1.0 - margin, 4),
                                  max_num_batched_tokens=job.max_num_batched_tokens, gpus_per_node=gpus_per_node)
