@@ -1,9 +1,271 @@
-"""`vramplan plan` and the solvers sub-commands."""
+"""`vramplan plan` (the fastest setup that fits, explained, exported) and `vramplan solve`."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from vramplan.plan.result import PlanResult, SolveResult
+
+Opt = typer.Option
+PEFT_CHOICES = ("none", "allow", "only", "lora", "qlora")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f}"
+
+
+def _from_scenario(path: Path) -> dict[str, Any]:
+    """Planning inputs taken from a scenario file: model, GPU, count, task and the job's size."""
+    from vramplan.spec.load import parse_scenario, read_document
+
+    sc = parse_scenario(read_document(path))
+    out: dict[str, Any] = {"model": sc.model, "gpu": sc.hardware.gpu, "num_gpus": str(sc.hardware.num_gpus),
+                           "task": "serve" if sc.task == "serve" else "train",
+                           "gpus_per_node": sc.hardware.gpus_per_node}
+    if sc.task == "serve":
+        out["max_model_len"] = sc.serve.max_model_len
+        out["concurrency"] = sc.serve.max_num_seqs
+    else:
+        t = sc.train
+        out["seq_len"] = t.seq_len
+        out["global_batch"] = t.micro_batch_size * t.grad_accum_steps * sc.data_parallel_degree
+        if t.peft is not None:
+            out["peft"] = "qlora" if t.peft.method == "qlora" else "lora"
+            out["lora_rank"] = t.peft.rank
+            out["lora_alpha"] = t.peft.alpha
+    return out
+
+
+def render_plan(res: PlanResult, console: Console) -> None:
+    from rich.table import Table
+
+    c = res.chosen
+    counts = ",".join(map(str, res.num_gpus))
+    limit = (f"usable {_gib(res.usable_bytes)} of {_gib(res.capacity_bytes)} GiB per GPU" if res.task == "train"
+             else f"vLLM gpu_memory_utilization {1 - res.margin:.2f} of {_gib(res.capacity_bytes)} GiB")
+    console.print(f"[bold]{res.model}[/] · {res.task} · {counts} x {res.gpu} · margin {res.margin:.0%} ({limit})")
+    verdict = "[bold green]FITS[/]" if c is not None else "[bold red]NOTHING FITS[/]"
+    console.print(verdict)
+    for line in res.explanation:
+        console.print(line, highlight=False)
+    ranked = ([c] if c else []) + res.runners_up
+    if ranked:
+        t = Table(title="Ranked setups (fastest first)", title_justify="left")
+        for col in ("#", "setup", "GPUs", "step s" if res.task == "train" else "step ms",
+                    "tokens/s", "GiB/GPU", "headroom", "trades"):
+            t.add_column(col, justify="right" if col in ("#", "GPUs", "step s", "step ms", "tokens/s", "GiB/GPU",
+                                                          "headroom") else "left", overflow="fold")
+        for r in ranked:
+            step = f"{r.step_time_s:,.2f}" if res.task == "train" else f"{r.step_time_s * 1e3:,.1f}"
+            t.add_row(str(r.rank), r.label, str(r.setup["num_gpus"]), step, f"{r.tokens_per_s:,.0f}",
+                      _gib(r.device_used_bytes), _gib(r.headroom_bytes), r.trade or "chosen")
+        console.print(t)
+    if c is not None:
+        mem = Table(title="Chosen: memory per GPU at the peak", title_justify="left")
+        mem.add_column("part")
+        mem.add_column("GiB", justify="right")
+        pg = c.report.per_gpu
+        for k, v in pg.breakdown.items():
+            if v:
+                mem.add_row(k, _gib(v))
+        for k, v in pg.outside_allocator.items():
+            if v:
+                mem.add_row(f"+ {k.replace('_', ' ')}", _gib(v))
+        mem.add_row("[bold]device used[/]", f"[bold]{_gib(pg.device_used_bytes)}[/]")
+        console.print(mem)
+        tt = Table(title="Chosen: predicted time per " + ("step" if res.task == "train" else "decode step"),
+                   title_justify="left")
+        tt.add_column("term")
+        tt.add_column("s", justify="right")
+        for term, secs in c.step_time.items():
+            if secs and term not in ("total_s", "tokens_per_s", "communication_s"):
+                tt.add_row(term.removesuffix("_s").replace("_", " "), f"{secs:,.3f}")
+        tt.add_row("[bold]total[/]", f"[bold]{c.step_time_s:,.3f}[/]")
+        console.print(tt)
+    if res.ladder:
+        title = ("Decision tree, cheapest rung first (micro-batch 1)" if res.task == "train"
+                 else "Tensor-parallel degrees (bf16 weights, no quantization)")
+        lt = Table(title=title, title_justify="left")
+        for col in ("#", "rung", "GiB/GPU", "over by", "verdict"):
+            lt.add_column(col, justify="right" if col in ("#", "GiB/GPU", "over by") else "left", overflow="fold")
+        for rung in res.ladder:
+            if res.task == "train":
+                verdict = "[green]fits[/]" if rung.fits else ", ".join(f"{p} {_gib(b)}" for p, b in rung.largest_parts)
+            else:
+                verdict = ("[green]fits[/]: " if rung.fits else "") + rung.why
+            lt.add_row(str(rung.step), rung.title, _gib(rung.device_used_bytes),
+                       _gib(rung.over_bytes) if rung.over_bytes else "-", verdict)
+        console.print(lt)
+    for s in res.suggestions:
+        console.print(f"[yellow]would fit:[/] {s.text}", highlight=False)
+    if len(res.by_gpu_count) > 1:
+        bt = Table(title="Best per GPU count", title_justify="left")
+        for col in ("GPUs", "best setup", "tokens/s"):
+            bt.add_column(col)
+        for b in res.by_gpu_count:
+            bt.add_row(str(b.num_gpus), b.label if b.fits else "[red]nothing fits[/]",
+                       f"{b.tokens_per_s:,.0f}" if b.fits else "-")
+        console.print(bt)
+    for n in res.notes:
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
+    st = res.stats
+    console.print(f"[dim]searched {st.candidates:,} candidates in {st.seconds * 1e3:,.0f} ms: "
+                  f"{st.estimated:,} estimated, {st.bound_rejected:,} rejected by the memory bound, "
+                  f"{st.pruned:,} pruned (slower than the answer)[/]")
+    console.print("[dim]Assumptions:[/]")
+    for a in res.assumptions:
+        console.print(f"[dim]  - {a}[/]", highlight=False)
+
+
+def render_solve(res: SolveResult, console: Console) -> None:
+    if res.value is None:
+        console.print(f"[bold red]{res.kind}: nothing fits[/] ({res.note})", highlight=False)
+        return
+    console.print(f"[bold]{res.kind}[/]: {res.knob} = [bold]{res.value:,}[/]  ({res.note})", highlight=False)
+    if res.report is not None:
+        pg = res.report.per_gpu
+        limit = ("capacity, margin in gpu_memory_utilization" if res.report.scenario.get("task") == "serve"
+                 else f"usable, margin {res.margin:.0%}")
+        console.print(f"at that value: {_gib(pg.device_used_bytes)} of {_gib(res.usable_bytes)} GiB per GPU ({limit}); "
+                      f"{res.probes} estimates", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the top-level app."""
+    """Add ``plan`` and ``solve`` to the top-level app."""
+
+    @app.command()
+    def plan(
+        scenario: Annotated[Path | None, typer.Argument(
+            help="optional scenario file: model, GPU, count and job size are taken from it")] = None,
+        model: Annotated[str | None, Opt(help="catalog id/alias or path to config.json")] = None,
+        gpu: Annotated[str | None, Opt(help="GPU name (see `vramplan gpus`)")] = None,
+        num_gpus: Annotated[str | None, Opt(help="GPU count, range (1-8) or list (2,4,8)")] = None,
+        task: Annotated[str | None, Opt(help="train | serve")] = None,
+        seq_len: Annotated[int | None, Opt(help="train: tokens per sequence")] = None,
+        global_batch: Annotated[int | None, Opt(help="train: sequences per optimizer step")] = None,
+        global_batch_tokens: Annotated[int | None, Opt(help="train: tokens per optimizer step")] = None,
+        peft: Annotated[str | None, Opt(help="none (full fine-tuning) | allow | only | lora | qlora")] = None,
+        lora_rank: Annotated[int | None, Opt(help="adapter rank r (default 16)")] = None,
+        lora_alpha: Annotated[float | None, Opt(help="adapter alpha (default 32)")] = None,
+        allow_pure_bf16: Annotated[bool, Opt(help="also search bf16-true (no fp32 master weights)")] = False,
+        max_micro_batch: Annotated[int, Opt(help="largest micro-batch to try")] = 64,
+        max_model_len: Annotated[int | None, Opt(help="serve: tokens per sequence")] = None,
+        concurrency: Annotated[int | None, Opt(help="serve: sequences of max_model_len running at once")] = None,
+        allow_quantization: Annotated[bool, Opt(help="serve: also try fp8/AWQ weights and an fp8 KV cache")] = False,
+        margin: Annotated[float, Opt(help="fraction of GPU capacity kept free")] = 0.10,
+        top: Annotated[int, Opt(help="setups to rank")] = 5,
+        mfu: Annotated[float, Opt(help="fraction of dense peak FLOP/s the matmuls reach")] = 0.40,
+        inter_node_gbps: Annotated[float, Opt(help="inter-node bandwidth per GPU, GB/s")] = 25.0,
+        host_memory_gib: Annotated[float | None, Opt(help="host RAM per node for offload (checked if given)")] = None,
+        gpus_per_node: Annotated[int | None, Opt(help="GPUs per node (default 8)")] = None,
+        export: Annotated[Path | None, Opt(help="write the chosen setup's config files to this directory")] = None,
+        as_json: Annotated[bool, Opt("--json", help="print the plan as JSON")] = False,
+    ) -> None:
+        """The fastest setup that fits, why cheaper ones do not, and its config files."""
+        from vramplan.cli.main import _fail, out
+        from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
+        from vramplan.plan import ServeJob, TrainJob
+        from vramplan.plan import plan as run_plan
+        from vramplan.plan.steptime import PerfAssumptions
+
+        try:
+            base = _from_scenario(scenario) if scenario is not None else {}
+            given = {"model": model, "gpu": gpu, "num_gpus": num_gpus, "task": task, "seq_len": seq_len,
+                     "global_batch": global_batch, "peft": peft, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
+                     "max_model_len": max_model_len, "concurrency": concurrency, "gpus_per_node": gpus_per_node}
+            opts = {**base, **{k: v for k, v in given.items() if v is not None}}
+            if global_batch_tokens is not None and global_batch is None:
+                opts.pop("global_batch", None)  # the tokens flag replaces a batch read from the scenario file
+            problems = []
+            if not opts.get("model"):
+                problems.append(Problem("--model", "no model given", "pass --model or a scenario file"))
+            if not opts.get("gpu"):
+                problems.append(Problem("--gpu", "no GPU given", "pass --gpu (see `vramplan gpus`)"))
+            t = opts.get("task", "train")
+            if t not in ("train", "serve"):
+                close = suggest(str(t), ["train", "serve"])
+                problems.append(Problem("--task", f"{t!r} cannot be planned",
+                                        f"did you mean {close[0]!r}?" if close else "use train or serve"))
+            p = opts.get("peft", "none")
+            if p not in PEFT_CHOICES:
+                close = suggest(str(p), PEFT_CHOICES)
+                problems.append(Problem("--peft", f"{p!r} is not a PEFT policy",
+                                        f"did you mean {close[0]!r}?" if close else f"use one of {PEFT_CHOICES}"))
+            if t == "train" and not opts.get("seq_len"):
+                problems.append(Problem("--seq-len", "no sequence length given", "pass --seq-len TOKENS"))
+            if t == "serve" and not opts.get("max_model_len"):
+                problems.append(Problem("--max-model-len", "no max_model_len given", "pass --max-model-len TOKENS"))
+            if problems:
+                raise ScenarioError(problems)
+            job: TrainJob | ServeJob
+            if t == "train":
+                job = TrainJob(seq_len=int(opts["seq_len"]), global_batch=opts.get("global_batch"),
+                               global_batch_tokens=global_batch_tokens, peft=p,
+                               lora_rank=int(opts.get("lora_rank") or 16), lora_alpha=float(opts.get("lora_alpha") or 32),
+                               allow_pure_bf16=allow_pure_bf16, max_micro_batch=max_micro_batch)
+            else:
+                job = ServeJob(max_model_len=int(opts["max_model_len"]), concurrency=int(opts.get("concurrency") or 1),
+                               allow_quantization=allow_quantization)
+            assumptions = PerfAssumptions(mfu=mfu, inter_node_bytes_per_s=inter_node_gbps * 1e9)
+            res = run_plan(opts["model"], str(opts["gpu"]), opts.get("num_gpus") or "1", job, margin=margin, top=top,
+                           assumptions=assumptions, gpus_per_node=int(opts.get("gpus_per_node") or 8),
+                           host_memory_gib=host_memory_gib)
+            written: list[Path] = []
+            if export is not None:
+                from vramplan.export import write_export
+
+                written = write_export(res, export)
+        except VramplanError as exc:
+            _fail(exc)
+            return
+        if as_json:
+            doc = res.to_json_dict()
+            if export is not None:
+                doc["exported"] = [str(w) for w in written]
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            render_plan(res, out)
+            if written:
+                out.print(f"wrote {len(written)} files to {export}: " + ", ".join(w.name for w in written))
+        if res.chosen is None:
+            raise typer.Exit(1)
+
+    @app.command()
+    def solve(
+        kind: Annotated[str, typer.Argument(help="max-batch | max-seq | min-gpus")],
+        scenario: Annotated[Path, typer.Argument(help="scenario file (.yaml, .json, .toml)")],
+        margin: Annotated[float, Opt(help="fraction of GPU capacity kept free")] = 0.10,
+        as_json: Annotated[bool, Opt("--json", help="print the answer as JSON")] = False,
+    ) -> None:
+        """Push one knob of a scenario as far as the estimator allows (largest batch, longest
+        sequence, fewest GPUs), with the safety margin."""
+        from vramplan.cli.main import _fail, out
+        from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
+        from vramplan.plan.solvers import solve as run_solve
+
+        kinds = ("max-batch", "max-seq", "min-gpus")
+        try:
+            if kind not in kinds:
+                close = suggest(kind, kinds)
+                raise ScenarioError([Problem("KIND", f"unknown solver {kind!r}",
+                                             f"did you mean {close[0]!r}?" if close else f"use one of {kinds}")])
+            if not 0 <= margin < 0.9:
+                raise ScenarioError([Problem("--margin", f"{margin} is outside [0, 0.9)", "e.g. 0.1")])
+            res = run_solve(kind, scenario, margin)
+        except VramplanError as exc:
+            _fail(exc)
+            return
+        if as_json:
+            sys.stdout.write(json.dumps(res.to_json_dict(), indent=2) + "\n")
+        else:
+            render_solve(res, out)
+        if res.value is None:
+            raise typer.Exit(1)

@@ -1,0 +1,120 @@
+"""Configuration files for the engines people already use, from a planned setup.
+
+``export_files(result)`` returns ``{file name: text}`` for the chosen setup of a plan (or any
+ranked setup): a DeepSpeed JSON, Accelerate YAML (FSDP or DeepSpeed or DDP), Hugging Face
+``TrainingArguments`` / ``from_pretrained`` / ``LoraConfig`` / ``BitsAndBytesConfig`` keyword
+arguments as JSON, a torchtitan TOML, or vLLM engine arguments and a ``vllm serve`` script -- each
+where the setup can run on that engine -- plus the scenario (``vramplan estimate`` reproduces the
+memory figures from it) and a short launch README.  ``write_export(result, directory)`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vramplan.errors import Problem, ScenarioError
+from vramplan.export.accelerate import accelerate_config
+from vramplan.export.deepspeed import deepspeed_config
+from vramplan.export.hf import (
+    bnb_config_kwargs,
+    lora_config_kwargs,
+    model_init_kwargs,
+    training_arguments_kwargs,
+)
+from vramplan.export.readme import launch_readme
+from vramplan.export.torchtitan import to_toml, torchtitan_config
+from vramplan.export.vllm import vllm_command, vllm_engine_args
+from vramplan.plan.result import PlanResult, RankedSetup
+from vramplan.plan.setup import ServeSetup, TrainSetup
+
+__all__ = [
+    "accelerate_config", "bnb_config_kwargs", "deepspeed_config", "export_files", "lora_config_kwargs",
+    "model_init_kwargs", "setup_of", "to_toml", "torchtitan_config", "training_arguments_kwargs", "vllm_command",
+    "vllm_engine_args", "write_export",
+]
+
+
+def setup_of(ranked: RankedSetup) -> TrainSetup | ServeSetup:
+    """The setup record back from a ranked setup (its ``setup`` mapping)."""
+    return TrainSetup(**ranked.setup) if ranked.kind == "train" else ServeSetup(**ranked.setup)
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def _model_id(ranked: RankedSetup) -> str:
+    m = ranked.scenario.get("model")
+    return m if isinstance(m, str) else str(ranked.report.model.get("name", "MODEL"))
+
+
+def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
+    """Every file for one setup (the chosen one of a plan), as ``{name: text}``."""
+    ranked = source.chosen if isinstance(source, PlanResult) else source
+    if ranked is None:
+        raise ScenarioError([Problem("--export", "nothing fits, so there is no setup to export",
+                                     "follow one of the suggestions, then plan again")])
+    s = setup_of(ranked)
+    model = _model_id(ranked)
+    files: dict[str, str] = {"scenario.yaml": yaml.safe_dump(ranked.scenario, sort_keys=False)}
+    if isinstance(s, ServeSetup):
+        args = vllm_engine_args(s, model)
+        files["vllm_engine_args.json"] = _json(args)
+        files["serve.sh"] = _serve_script(s, args)
+    else:
+        if s.framework == "deepspeed":
+            files["ds_config.json"] = _json(deepspeed_config(s))
+        if s.framework != "torchtitan":
+            files["accelerate_config.yaml"] = yaml.safe_dump(accelerate_config(s), sort_keys=False)
+            files["training_args.json"] = _json(training_arguments_kwargs(s))
+            files["model_kwargs.json"] = _json(model_init_kwargs(s))
+        if s.peft is not None:
+            files["lora_config.json"] = _json(lora_config_kwargs(s))
+        bnb = bnb_config_kwargs(s)
+        if bnb is not None:
+            files["bnb_config.json"] = _json(bnb)
+        if s.framework == "torchtitan" or (s.framework == "accelerate" and s.peft is None
+                                           and s.fsdp == "full_shard"):
+            cfg = torchtitan_config(s, str(ranked.report.model.get("model_type", "llama")), *_layers_hidden(ranked))
+            files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config")
+    files["README.md"] = launch_readme(ranked, s, model, sorted(files))
+    return files
+
+
+def _layers_hidden(ranked: RankedSetup) -> tuple[int, int]:
+    from vramplan.catalog.models import load_model
+
+    spec = load_model(ranked.scenario["model"])
+    return spec.num_layers, spec.hidden_size
+
+
+def _serve_script(s: ServeSetup, args: dict[str, Any]) -> str:
+    lines = ["#!/usr/bin/env bash", "# vLLM replicas planned by vramplan; each runs on its own GPUs and port.",
+             "set -euo pipefail", "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
+    per = s.tp * s.pp
+    for r in range(s.replicas):
+        gpus = ",".join(str(g) for g in range(r * per, (r + 1) * per))
+        lines.append(f"CUDA_VISIBLE_DEVICES={gpus} {vllm_command(args)} --port {8000 + r} &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+def write_export(source: PlanResult | RankedSetup, directory: str | Path) -> list[Path]:
+    """Write ``export_files`` into ``directory`` (created if needed); returns the paths written."""
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError([Problem("--export", f"cannot create {out}: {exc}", "give a writable directory")]) from None
+    paths = []
+    for name, text in export_files(source).items():
+        p = out / name
+        p.write_text(text, encoding="utf-8")
+        if name.endswith(".sh"):
+            p.chmod(0o755)
+        paths.append(p)
+    return paths

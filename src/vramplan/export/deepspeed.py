@@ -1,0 +1,43 @@
+"""DeepSpeed configuration JSON for a DeepSpeed setup (ZeRO stage, offload, precision, batch sizes).
+
+Keys follow DeepSpeed's configuration reference (deepspeed.ai/docs/config-json) as parsed by
+``deepspeed.runtime.config.DeepSpeedConfig``.  Batch sizes are explicit and consistent
+(``train_batch_size = micro x accumulation x data-parallel ranks``, which DeepSpeed asserts);
+optimizer hyper-parameters are ``"auto"`` so that the Hugging Face Trainer (or Accelerate) fills
+them from its own arguments.  The optimizer section is present because ZeRO-Offload runs
+DeepSpeed's own CPU Adam.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramplan.plan.setup import TrainSetup
+
+__all__ = ["deepspeed_config"]
+
+
+def deepspeed_config(s: TrainSetup) -> dict[str, Any]:
+    if s.framework != "deepspeed":
+        raise ValueError(f"not a DeepSpeed setup: {s.framework}")
+    zero: dict[str, Any] = {"stage": s.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
+    if s.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if s.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if s.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    cfg: dict[str, Any] = {
+        "train_batch_size": s.global_batch,
+        "train_micro_batch_size_per_gpu": s.micro_batch_size,
+        "gradient_accumulation_steps": s.grad_accum_steps,
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                  "weight_decay": "auto"}},
+    }
+    if s.precision.startswith("bf16"):
+        cfg["bf16"] = {"enabled": True}
+    elif s.precision.startswith("fp16"):
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    return cfg

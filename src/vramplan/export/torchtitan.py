@@ -1,0 +1,101 @@
+"""A torchtitan job-config TOML fragment for a torchtitan (FSDP2 + TP + PP) or FSDP setup.
+
+Sections and keys are those of torchtitan's ``JobConfig`` dataclasses (pytorch/torchtitan
+``torchtitan/config/job_config.py``, commit 000204a4a8bf3d0f31adc44fc29855fbb6ea13d8): ``[model]``
+name/flavor, ``[optimizer]`` name/implementation, ``[training]`` local_batch_size,
+global_batch_size, seq_len, enable_cpu_offload, mixed_precision_param/reduce, ``[parallelism]``
+data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
+tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule,
+pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkpoint]`` mode.
+``JOB_CONFIG_KEYS`` lists them for the tests (torchtitan itself is not a dependency).
+
+Batch semantics: ``local_batch_size`` is per data-parallel rank per optimizer step; without
+pipelining torchtitan accumulates ``global / (local x dp)`` micro-batches, so local = micro-batch;
+with pipelining the local batch is split into ``local / pipeline_parallel_microbatch_size``
+pipeline micro-batches, so local = micro-batch x accumulation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramplan.plan.setup import TrainSetup
+
+__all__ = ["JOB_CONFIG_KEYS", "to_toml", "torchtitan_config"]
+
+JOB_CONFIG_KEYS: dict[str, frozenset[str]] = {
+    "job": frozenset({"config_file", "dump_folder", "description", "use_for_integration_test", "print_args"}),
+    "model": frozenset({"name", "flavor", "tokenizer_path", "converters", "print_after_conversion"}),
+    "optimizer": frozenset({"name", "lr", "beta1", "beta2", "eps", "weight_decay", "implementation",
+                            "early_step_in_backward"}),
+    "training": frozenset({"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len",
+                           "max_norm", "steps", "enable_cpu_offload", "mixed_precision_param",
+                           "mixed_precision_reduce", "compile", "gc_freq", "gc_debug", "seed", "deterministic"}),
+    "parallelism": frozenset({
+        "data_parallel_replicate_degree", "enable_compiled_autograd", "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward", "tensor_parallel_degree", "disable_loss_parallel",
+        "enable_async_tensor_parallel", "pipeline_parallel_degree", "pipeline_parallel_split_points",
+        "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+        "pipeline_parallel_microbatch_size", "context_parallel_degree", "context_parallel_rotate_method",
+        "expert_parallel_degree"}),
+    "activation_checkpoint": frozenset({"mode", "selective_ac_option",
+                                        "per_op_sac_force_recompute_mm_shapes_by_fqns"}),
+}
+
+# torchtitan's own model names and flavors for the catalog models it ships (llama3 "8B"/"70B"/"405B")
+_LLAMA3_FLAVORS = {(32, 4096): "8B", (80, 8192): "70B", (126, 16384): "405B"}
+
+
+def _model_section(model_type: str, layers: int, hidden: int) -> dict[str, Any]:
+    if model_type == "llama" and (layers, hidden) in _LLAMA3_FLAVORS:
+        return {"name": "llama3", "flavor": _LLAMA3_FLAVORS[(layers, hidden)]}
+    return {"name": model_type, "flavor": f"{layers}L-{hidden}h"}
+
+
+def torchtitan_config(s: TrainSetup, model_type: str, layers: int, hidden: int) -> dict[str, dict[str, Any]]:
+    if s.framework not in ("torchtitan", "accelerate") or s.peft is not None or s.fsdp == "shard_grad_op":
+        raise ValueError("torchtitan runs full fine-tuning with FSDP (full_shard), TP and PP")
+    local = s.micro_batch_size * s.grad_accum_steps if s.pp > 1 else s.micro_batch_size
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": s.dp,
+        "fsdp_reshard_after_forward": "default", "tensor_parallel_degree": s.tp,
+        "pipeline_parallel_degree": s.pp, "context_parallel_degree": 1,
+    }
+    if s.pp > 1:
+        par["pipeline_parallel_schedule"] = "1F1B"
+        par["pipeline_parallel_microbatch_size"] = s.micro_batch_size
+    return {
+        "job": {"description": f"vramplan plan: {s.label()}"},
+        "model": _model_section(model_type, layers, hidden),
+        "optimizer": {"name": "AdamW", "implementation": "fused"},
+        "training": {"local_batch_size": local, "global_batch_size": s.global_batch, "seq_len": s.seq_len,
+                     "max_norm": 1.0, "enable_cpu_offload": s.offload != "none",
+                     "mixed_precision_param": "float32" if s.precision == "fp32" else "bfloat16",
+                     "mixed_precision_reduce": "float32"},
+        "parallelism": par,
+        "activation_checkpoint": {"mode": "full" if s.checkpointing == "full" else "none"},
+    }
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def to_toml(doc: dict[str, dict[str, Any]], header: str = "") -> str:
+    """Tables of scalars and lists as TOML (what ``tomllib`` reads back unchanged)."""
+    lines = [f"# {line}" for line in header.splitlines()] if header else []
+    for section, table in doc.items():
+        if lines:
+            lines.append("")
+        lines.append(f"[{section}]")
+        for key, value in table.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,166 @@
+"""Shared state of one planning run: the model and GPU resolved once, and cheap scenario copies.
+
+``vramplan.spec.load.resolve`` validates a scenario document and looks its names up; doing that
+for every candidate would cost more than the estimate itself.  The planner resolves one base
+scenario, then derives each candidate's ``Scenario`` with ``model_copy(update=...)``, which skips
+pydantic validation.  That is safe because the candidates are built only from the literal values
+the scenario schema allows, and the cross-checks ``resolve`` runs (tp divides the heads and splits
+the KV heads evenly, pp <= layers, num_gpus divisible by tp*pp, offload only with ZeRO/FSDP,
+parameter offload only at ZeRO-3, QLoRA with 4-bit weights) hold by construction in
+``space.py``.  The setups a plan returns are re-validated through ``resolve`` from their
+documents before they are reported (``PlanContext.verify``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramplan.analytic.engine import estimate
+from vramplan.analytic.layout import RankParams, rank_params
+from vramplan.analytic.precision import PrecisionPolicy, policy
+from vramplan.errors import Problem, ScenarioError
+from vramplan.plan.bound import static_lower_bound_bytes
+from vramplan.plan.fit import usable_bytes
+from vramplan.plan.setup import ServeSetup, TrainSetup
+from vramplan.plan.steptime import ModelFacts, PerfAssumptions, StepTime, model_facts, train_step_time
+from vramplan.report import Report
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Peft, Scenario
+
+__all__ = ["PlanContext", "make_context"]
+
+
+@dataclass
+class PlanContext:
+    model_ref: str | dict[str, Any]
+    model: ModelSpec
+    gpu: GpuSpec
+    facts: ModelFacts
+    assumptions: PerfAssumptions
+    margin: float
+    base: Scenario
+    _pols: dict[tuple[str, str, str], PrecisionPolicy] = field(default_factory=dict)
+    _rps: dict[tuple[int, int, int, str | None], RankParams] = field(default_factory=dict)
+    _pefts: dict[tuple[str, int, float, float], Peft] = field(default_factory=dict)
+    _trainable: dict[str | None, int] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> int:
+        return usable_bytes(self.gpu.total_memory_bytes, self.margin)
+
+    # ---- scenarios -------------------------------------------------------
+    def _peft(self, s: TrainSetup) -> Peft | None:
+        if s.peft is None:
+            return None
+        key = (s.peft, s.lora_rank, s.lora_alpha, s.lora_dropout)
+        p = self._pefts.get(key)
+        if p is None:
+            p = Peft(method=s.peft, rank=s.lora_rank, alpha=s.lora_alpha, target_modules=s.target_modules,
+                     dropout=s.lora_dropout)
+            self._pefts[key] = p
+        return p
+
+    def scenario(self, s: TrainSetup) -> Scenario:
+        b = self.base
+        train = b.train.model_copy(update={
+            "micro_batch_size": s.micro_batch_size, "seq_len": s.seq_len, "grad_accum_steps": s.grad_accum_steps,
+            "precision": s.precision, "optimizer": s.optimizer, "gradient_checkpointing": s.checkpointing,
+            "attention": s.attention, "peft": self._peft(s), "quantization": s.quantization})
+        par = b.parallel.model_copy(update={
+            "zero_stage": s.zero_stage, "fsdp": s.fsdp, "tp": s.tp, "pp": s.pp, "sequence_parallel": s.tp > 1,
+            "offload": s.offload})
+        hw = b.hardware.model_copy(update={"num_gpus": s.num_gpus, "gpus_per_node": s.gpus_per_node})
+        return b.model_copy(update={"task": "train", "framework": s.framework, "train": train, "parallel": par,
+                                    "hardware": hw})
+
+    def serve_scenario(self, s: ServeSetup) -> Scenario:
+        b = self.base
+        serve = b.serve.model_copy(update={
+            "max_model_len": s.max_model_len, "gpu_memory_utilization": s.gpu_memory_utilization,
+            "block_size": s.block_size, "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens, "kv_cache_dtype": s.kv_cache_dtype,
+            "dtype": s.dtype, "quantization": s.quantization})
+        par = b.parallel.model_copy(update={"tp": s.tp, "pp": s.pp})
+        hw = b.hardware.model_copy(update={"num_gpus": s.tp * s.pp, "gpus_per_node": s.gpus_per_node})
+        return b.model_copy(update={"task": "serve", "framework": "vllm", "serve": serve, "parallel": par,
+                                    "hardware": hw})
+
+    def document(self, s: TrainSetup | ServeSetup) -> dict[str, Any]:
+        return s.to_document(self.model_ref, self.gpu.name)
+
+    # ---- cached facts ------------------------------------------------------
+    def policy(self, s: TrainSetup) -> PrecisionPolicy:
+        key = (s.precision, s.framework, s.fsdp)
+        pol = self._pols.get(key)
+        if pol is None:
+            pol = policy(self.scenario(s))
+            self._pols[key] = pol
+        return pol
+
+    def rank_params(self, s: TrainSetup, stage: int) -> RankParams:
+        key = (s.tp, s.pp, stage, s.peft)
+        rp = self._rps.get(key)
+        if rp is None:
+            rp = rank_params(self.model, s.tp, s.pp, 1, stage, self._peft(s))
+            self._rps[key] = rp
+        return rp
+
+    def trainable(self, s: TrainSetup) -> int:
+        """Parameters the optimizer updates: all of them, or the adapters under PEFT."""
+        got = self._trainable.get(s.peft)
+        if got is None:
+            got = rank_params(self.model, 1, 1, 1, 0, self._peft(s)).lora if s.peft else self.model.num_parameters
+            self._trainable[s.peft] = got
+        return got
+
+    # ---- evaluation ---------------------------------------------------------
+    def step_time(self, s: TrainSetup) -> StepTime:
+        lora = self.trainable(s) if s.peft else 0
+        return train_step_time(s, self.facts, self.gpu, self.assumptions, self.policy(s), self.trainable(s), lora)
+
+    def lower_bound(self, s: TrainSetup) -> int:
+        pol = self.policy(s)
+        stages = {0, s.pp - 1}
+        return max(static_lower_bound_bytes(s, self.rank_params(s, st), self.gpu, pol) for st in stages)
+
+    def estimate(self, s: TrainSetup | ServeSetup) -> Report:
+        scn = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
+        return estimate(Resolved(scn, self.model, self.gpu))
+
+    def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
+        """The setup's document through full validation (what ``vramplan estimate`` does).
+
+        When the validated scenario equals the one the search estimated (``report``), that estimate
+        stands (the engine is a pure function of the scenario, model and GPU); otherwise it is redone.
+        """
+        r = resolve(self.document(s))
+        mine = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
+        if report is not None and r.scenario == mine and r.model == self.model and r.gpu == self.gpu:
+            return report
+        return estimate(r)
+
+    def with_gpu(self, gpu: GpuSpec) -> PlanContext:
+        hw = self.base.hardware.model_copy(update={"gpu": gpu.name})
+        return PlanContext(self.model_ref, self.model, gpu, self.facts, self.assumptions, self.margin,
+                           self.base.model_copy(update={"hardware": hw}))
+
+
+def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptions: PerfAssumptions,
+                 task: str) -> PlanContext:
+    """Resolve the model and GPU once (with the estimator's own checks and suggestions)."""
+    if not 0.0 <= margin < 0.9:
+        raise ScenarioError([Problem("--margin", f"{margin} is outside [0, 0.9)",
+                                     "give the fraction of capacity to keep free, e.g. 0.1")])
+    if not 0.0 < assumptions.mfu <= 1.0:
+        raise ScenarioError([Problem("--mfu", f"{assumptions.mfu} is outside (0, 1]", "e.g. 0.4")])
+    if min(assumptions.inter_node_bytes_per_s, assumptions.host_memory_bytes_per_s) <= 0:
+        raise ScenarioError([Problem("--inter-node-gbps", "bandwidths must be positive", "e.g. 25 (GB/s per GPU)")])
+    r = resolve({"model": model, "task": task, "hardware": {"gpu": gpu, "num_gpus": 1}})
+    g = r.gpu
+    if not g.hbm_bytes_per_s or not any(g.dense_flops_per_s.values()):
+        raise ScenarioError([Problem("--gpu", f"{g.name} has no speed figures in the GPU catalog",
+                                     "planning ranks setups by speed; pick a catalog GPU (see `vramplan gpus`)")])
+    return PlanContext(model, r.model, g, model_facts(r.model), assumptions, margin, r.scenario)

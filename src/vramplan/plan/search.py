@@ -1,0 +1,277 @@
+"""The planner: the fastest setups that fit, by branch and bound over the estimator.
+
+For each GPU count, every candidate of the search space (``space.py``) is timed by the step-time
+model (cheap), then visited in order of predicted step time:
+
+1. if a faster setup of the same *family* (same everything but the micro-batch split) already
+   fits, it is skipped -- it cannot be its family's best;
+2. if the lower bound of its memory (``bound.py``: weights + optimizer states + masters + fixed
+   overheads, provably <= the estimate) exceeds the usable memory, it is rejected;
+3. otherwise the analytic engine estimates it; it fits when ``device_used <= (1 - margin) x capacity``.
+
+The walk stops once ``top`` families fit: every remaining candidate has a predicted step time at
+least as long as the ``top``-th answer, so the ranking of the answer is exact with respect to the
+step-time model (``exhaustive=True`` estimates everything instead; tests check both agree).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vramplan.errors import Problem, ScenarioError
+from vramplan.plan.context import PlanContext, make_context
+from vramplan.plan.fit import DEFAULT_MARGIN
+from vramplan.plan.result import GpuCountBest, PlanResult, RankedSetup, SearchStats
+from vramplan.plan.setup import ServeSetup, TrainSetup
+from vramplan.plan.space import ServeJob, TrainJob, batch_split_problems, serve_candidates, train_candidates
+from vramplan.plan.steptime import (
+    DEFAULT_ASSUMPTIONS,
+    DecodeTime,
+    PerfAssumptions,
+    StepTime,
+    decode_step_time,
+)
+from vramplan.report import Report
+from vramplan.units import GiB
+
+__all__ = ["DEFAULT_TOP", "parse_gpu_counts", "plan"]
+
+DEFAULT_TOP = 5
+MAX_GPUS = 100_000
+
+
+@dataclass
+class _Stats:
+    candidates: int = 0
+    bound_rejected: int = 0
+    estimated: int = 0
+    estimated_fit: int = 0
+    pruned: int = 0
+    host_rejected: int = 0
+
+
+@dataclass
+class _Found:
+    setup: TrainSetup | ServeSetup
+    time: StepTime | DecodeTime
+    report: Report
+
+
+def parse_gpu_counts(value: int | str | Sequence[int]) -> list[int]:
+    """``8``, ``"8"``, ``"1-8"`` (every count in the range), ``"2,4,8"`` or a list -> sorted counts."""
+    counts: list[int] = []
+    try:
+        if isinstance(value, int):
+            counts = [value]
+        elif isinstance(value, str):
+            for part in value.split(","):
+                part = part.strip()
+                if "-" in part:
+                    lo, hi = (int(x) for x in part.split("-", 1))
+                    counts.extend(range(lo, hi + 1))
+                elif part:
+                    counts.append(int(part))
+        else:
+            counts = [int(x) for x in value]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or max(counts) > MAX_GPUS:
+        raise ScenarioError([Problem("--num-gpus", f"{value!r} is not a GPU count, range or list",
+                                     "give e.g. 8, 1-8 or 2,4,8 (each between 1 and 100,000)")])
+    return sorted(set(counts))
+
+
+def _host_ok(report: Report, s: TrainSetup, host_limit_bytes: int | None) -> bool:
+    if host_limit_bytes is None or not report.host.offloaded_bytes:
+        return True
+    return report.host.offloaded_bytes * min(s.num_gpus, s.gpus_per_node) <= host_limit_bytes
+
+
+def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats, exhaustive: bool,
+                host_limit_bytes: int | None) -> list[_Found]:
+    timed = [(ctx.step_time(s), s) for s in setups]
+    st.candidates += len(timed)
+    timed.sort(key=lambda x: (x[0].total_s, -x[1].micro_batch_size))
+    usable = ctx.usable
+    found: list[_Found] = []
+    families: set[tuple[object, ...]] = set()
+    for i, (t, s) in enumerate(timed):
+        if not exhaustive and len(found) >= top:
+            st.pruned += len(timed) - i
+            break
+        fam = s.family()
+        if fam in families and not exhaustive:
+            st.pruned += 1
+            continue
+        if ctx.lower_bound(s) > usable:
+            st.bound_rejected += 1
+            continue
+        rep = ctx.estimate(s)
+        st.estimated += 1
+        if rep.per_gpu.device_used_bytes > usable:
+            continue
+        if not _host_ok(rep, s, host_limit_bytes):
+            st.host_rejected += 1
+            continue
+        st.estimated_fit += 1
+        if fam in families:
+            continue
+        families.add(fam)
+        found.append(_Found(s, t, rep))
+    return found
+
+
+def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats) -> list[_Found]:
+    from vramplan.analytic.kv_cache import kv_elem_bytes, layer_kv_bytes_per_token
+
+    st.candidates += len(setups)
+    out: list[_Found] = []
+    for s in setups:
+        rep = ctx.estimate(s)
+        st.estimated += 1
+        if not rep.fits or rep.serve.max_concurrency < s.max_num_seqs:
+            continue
+        st.estimated_fit += 1
+        elem = kv_elem_bytes(s.kv_cache_dtype, 2 if s.dtype != "fp32" else 4)
+        kv_tok = ctx.model.num_layers * layer_kv_bytes_per_token(ctx.model, elem, s.tp, s.kv_cache_dtype)
+        t = decode_step_time(s, ctx.facts, ctx.gpu, ctx.assumptions, rep.per_gpu.breakdown.get("weights", 0),
+                             kv_tok, s.max_num_seqs)
+        out.append(_Found(s, t, rep))
+    out.sort(key=lambda f: (-f.time.tokens_per_s, f.setup.tp))
+    return out[:top]
+
+
+_FIELD_NAMES = {
+    "framework": "framework", "num_gpus": "GPUs", "precision": "precision", "optimizer": "optimizer",
+    "checkpointing": "checkpointing", "attention": "attention", "zero_stage": "ZeRO stage", "fsdp": "FSDP",
+    "offload": "offload", "tp": "TP", "pp": "PP", "peft": "PEFT", "quantization": "base weights",
+    "micro_batch_size": "micro-batch", "dtype": "dtype", "kv_cache_dtype": "KV cache",
+}
+
+
+def _strategy(s: TrainSetup | ServeSetup) -> str:
+    return s.label().split(",")[0]
+
+
+def _trade(chosen: _Found, other: _Found, kind: str) -> str:
+    a, b = chosen.setup.as_dict(), other.setup.as_dict()
+    diffs = []
+    if _strategy(chosen.setup) != _strategy(other.setup):
+        diffs.append(f"{_strategy(other.setup)} instead of {_strategy(chosen.setup)}")
+    skip = ("framework", "zero_stage", "fsdp", "tp", "pp")
+    diffs += [f"{_FIELD_NAMES[k]} {b[k]} (vs {a[k]})" for k in _FIELD_NAMES
+              if k in a and a[k] != b[k] and k not in skip]
+    if kind == "train":
+        dt = other.time.total_s / chosen.time.total_s - 1 if chosen.time.total_s else 0.0
+        speed = f"{dt:+.0%} step time"
+    else:
+        dt = other.time.tokens_per_s / chosen.time.tokens_per_s - 1 if chosen.time.tokens_per_s else 0.0
+        speed = f"{dt:+.0%} tokens/s"
+    dh = (other.report.per_gpu.device_used_bytes - chosen.report.per_gpu.device_used_bytes) / GiB
+    return f"{speed}, {dh:+.1f} GiB per GPU; " + ("; ".join(diffs) if diffs else "same setup")
+
+
+def _ranked(ctx: PlanContext, f: _Found, rank: int, kind: str, trade: str) -> RankedSetup:
+    rep = ctx.verify(f.setup, f.report)  # full validation of the document the user will get
+    pg = rep.per_gpu
+    # serving: the margin is inside gpu_memory_utilization, so the device's capacity is the limit
+    usable = ctx.usable if kind == "train" else pg.capacity_bytes
+    return RankedSetup(
+        rank=rank, label=f.setup.label(), kind=kind, setup=f.setup.as_dict(), scenario=ctx.document(f.setup),
+        step_time_s=f.time.total_s, tokens_per_s=f.time.tokens_per_s, step_time=f.time.as_dict(),
+        device_used_bytes=pg.device_used_bytes, usable_bytes=usable, capacity_bytes=pg.capacity_bytes,
+        headroom_bytes=usable - pg.device_used_bytes, host_offloaded_bytes_per_gpu=rep.host.offloaded_bytes,
+        max_concurrency=rep.serve.max_concurrency, trade=trade, report=rep,
+    )
+
+
+def _margin_text(task: str, margin: float, ctx: PlanContext) -> str:
+    if task == "train":
+        return (f"safety margin {margin:.0%} of capacity: a setup fits when nvidia-smi's figure stays below "
+                f"{ctx.usable / GiB:,.2f} of {ctx.gpu.total_memory_bytes / GiB:,.2f} GiB")
+    return (f"safety margin {margin:.0%} of capacity: vLLM is given gpu_memory_utilization {1 - margin:.2f} and its "
+            "KV cache must hold the concurrency at max_model_len")
+
+
+def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[int], job: TrainJob | ServeJob,
+         margin: float = DEFAULT_MARGIN, top: int = DEFAULT_TOP, assumptions: PerfAssumptions = DEFAULT_ASSUMPTIONS,
+         gpus_per_node: int = 8, host_memory_gib: float | None = None, explain: bool = True,
+         exhaustive: bool = False) -> PlanResult:
+    """The fastest setups of ``job`` that fit ``num_gpus`` x ``gpu`` with ``margin`` of capacity to spare.
+
+    ``num_gpus`` may be one count, a range ``"1-8"`` or a list; the answer ranks setups over all
+    of them by predicted step time (training) or generated tokens per second (serving).
+    ``host_memory_gib``: host RAM per node available for offload (None: not checked, but reported).
+    """
+    t0 = time.perf_counter()
+    counts = parse_gpu_counts(num_gpus)
+    if top < 1:
+        raise ScenarioError([Problem("--top", f"{top} is below 1", "show at least one setup")])
+    if gpus_per_node < 1:
+        raise ScenarioError([Problem("--gpus-per-node", f"{gpus_per_node} is below 1", "")])
+    task = "train" if isinstance(job, TrainJob) else "serve"
+    ctx = make_context(model, gpu, margin, assumptions, task)
+    st = _Stats()
+    per_count: dict[int, list[_Found]] = {}
+    notes: list[str] = []
+    host_limit = int(host_memory_gib * GiB) if host_memory_gib is not None else None
+    if host_memory_gib is not None and host_memory_gib <= 0:
+        raise ScenarioError([Problem("--host-memory-gib", f"{host_memory_gib} is not a memory size",
+                                     "give the host RAM per node in GiB, e.g. 1024")])
+    if isinstance(job, TrainJob):
+        job.sequences()
+        if job.max_micro_batch < 1 or job.lora_rank < 1:
+            raise ScenarioError([Problem("--max-micro-batch/--lora-rank", "must be at least 1", "")])
+        if job.seq_len > ctx.model.max_position_embeddings:
+            notes.append(f"seq_len {job.seq_len} exceeds the model's max_position_embeddings "
+                         f"({ctx.model.max_position_embeddings}); memory is estimated as asked")
+        notes.extend(batch_split_problems(ctx.model, counts, job, gpus_per_node))
+        for n in counts:
+            setups = list(train_candidates(ctx.model, ctx.gpu, n, job, gpus_per_node))
+            per_count[n] = _walk_train(ctx, setups, top, st, exhaustive, host_limit)
+    else:
+        if job.max_model_len < 1 or job.concurrency < 1:
+            raise ScenarioError([Problem("serve job", "max_model_len and concurrency must be at least 1",
+                                         "give --max-model-len and --concurrency")])
+        for n in counts:
+            per_count[n] = _walk_serve(ctx, list(serve_candidates(ctx.model, ctx.gpu, n, job, margin, gpus_per_node)),
+                                       top, st)
+    merged = [f for fs in per_count.values() for f in fs]
+    if task == "train":
+        merged.sort(key=lambda f: (f.time.total_s, -getattr(f.setup, "micro_batch_size", 0)))
+    else:
+        merged.sort(key=lambda f: (-f.time.tokens_per_s, f.setup.num_gpus))
+    merged = merged[:top]
+    chosen = _ranked(ctx, merged[0], 1, task, "") if merged else None
+    runners = [_ranked(ctx, f, i + 2, task, _trade(merged[0], f, task)) for i, f in enumerate(merged[1:])]
+    by_count = []
+    for n in counts:
+        fs = per_count[n]
+        if fs:
+            best = min(fs, key=lambda f: f.time.total_s) if task == "train" else fs[0]
+            by_count.append(GpuCountBest(num_gpus=n, fits=True, label=best.setup.label(),
+                                         step_time_s=best.time.total_s, tokens_per_s=best.time.tokens_per_s))
+        else:
+            by_count.append(GpuCountBest(num_gpus=n, fits=False))
+    elapsed = time.perf_counter() - t0
+    stats = SearchStats(candidates=st.candidates, bound_rejected=st.bound_rejected, estimated=st.estimated,
+                        estimated_fit=st.estimated_fit, pruned=st.pruned, host_memory_rejected=st.host_rejected,
+                        seconds=elapsed, candidates_per_s=st.candidates / elapsed if elapsed > 0 else 0.0,
+                        exhaustive=exhaustive)
+    job_doc: dict[str, Any] = dict(vars(job))
+    if isinstance(job, TrainJob):
+        job_doc["global_batch_sequences"] = job.sequences()
+    result = PlanResult(
+        task=task, model=ctx.model.name, gpu=ctx.gpu.name, num_gpus=counts, job=job_doc, margin=margin,
+        capacity_bytes=ctx.gpu.total_memory_bytes, usable_bytes=ctx.usable, fits=chosen is not None, chosen=chosen,
+        runners_up=runners, by_gpu_count=by_count, notes=notes, stats=stats,
+        assumptions=[*assumptions.describe(task), _margin_text(task, margin, ctx)],
+    )
+    if explain:
+        from vramplan.plan.explain import explain_result
+
+        result = explain_result(ctx, job, counts, result, gpus_per_node)
+    return result

@@ -1,0 +1,248 @@
+"""The jobs a user asks to plan, and the search space of setups for them.
+
+What is searched for training (each knob only where the framework that would run it supports it):
+
+==================  =====================================================================
+precision           bf16-mixed (fp16-mixed on GPUs without bf16), fp32; bf16-true only with
+                    ``allow_pure_bf16`` (pure half-precision updates change training numerics)
+optimizer           AdamW (fused), 8-bit AdamW, paged AdamW, paged 8-bit AdamW (bitsandbytes,
+                    Hugging Face Trainer); DeepSpeed, FSDP and torchtitan use their own AdamW
+checkpointing       none, full.  Selective recomputation (arXiv 2205.05198) drops only the s x s
+                    attention tensors, which flash/SDPA never save: with them it *is* "none"
+attention           sdpa (PyTorch dispatches the flash kernel; flash-attention-2 is the same in
+                    memory and time here), eager
+sharding            plain data parallel (DDP); DeepSpeed ZeRO-1/2/3; FSDP full_shard and
+                    shard_grad_op; torchtitan FSDP with tensor and pipeline parallelism
+offload             DeepSpeed: optimizer (ZeRO-Offload), optimizer+params at stage 3
+                    (ZeRO-Infinity to CPU); FSDP full_shard: CPU offload (parameters, gradients,
+                    optimizer step); shard_grad_op keeps unsharded parameters, so it is not offloaded
+tp, pp              torchtitan only; tp divides the attention heads and stays inside a node
+micro-batch         every divisor of the per-rank batch up to ``max_micro_batch``, with
+                    gradient accumulation making up the global batch exactly
+PEFT                LoRA (bf16 base) with DDP or FSDP; QLoRA (NF4 + double quantization) with DDP
+==================  =====================================================================
+
+For serving (vLLM): tensor-parallel degree (the rest of the GPUs are replicas), the weights'
+dtype, and with ``allow_quantization`` fp8 or AWQ 4-bit weights and an fp8 KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vramplan.errors import Problem, ScenarioError
+from vramplan.plan.setup import ServeSetup, TrainSetup
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.model import ModelSpec
+
+__all__ = [
+    "PeftPolicy", "ServeJob", "TrainJob", "divisors", "parallel_shapes", "precisions_for", "serve_candidates",
+    "train_candidates",
+]
+
+PeftPolicy = Literal["none", "allow", "only", "lora", "qlora"]
+HF_OPTIMIZERS = ("adamw-fused", "adamw-8bit", "paged-adamw", "paged-adamw-8bit")
+PEFT_OPTIMIZERS = ("adamw-fused", "adamw-8bit", "paged-adamw-8bit")
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """A training job: sequences of ``seq_len`` tokens, ``global_batch`` sequences per optimizer step.
+
+    Give the global batch in sequences or in tokens (``global_batch_tokens`` must then be a
+    multiple of ``seq_len``).  ``peft``: "none" = full fine-tuning only; "allow" = full
+    fine-tuning, LoRA or QLoRA; "only" = LoRA or QLoRA; "lora"/"qlora" = that method only.
+    """
+
+    seq_len: int
+    global_batch: int | None = None
+    global_batch_tokens: int | None = None
+    peft: PeftPolicy = "none"
+    lora_rank: int = 16
+    lora_alpha: float = 32
+    allow_pure_bf16: bool = False
+    max_micro_batch: int = 64
+
+    def sequences(self) -> int:
+        """Global batch in sequences (validated)."""
+        if self.seq_len < 1:
+            raise ScenarioError([Problem("seq_len", f"must be at least 1, got {self.seq_len}", "")])
+        if self.global_batch is not None and self.global_batch_tokens is not None:
+            raise ScenarioError([Problem("global batch", "give the global batch in sequences or in tokens, not both",
+                                         "drop --global-batch-tokens or --global-batch")])
+        if self.global_batch_tokens is not None:
+            if self.global_batch_tokens % self.seq_len:
+                lo = self.global_batch_tokens // self.seq_len * self.seq_len
+                raise ScenarioError([Problem(
+                    "global_batch_tokens", f"{self.global_batch_tokens:,} tokens is not a whole number of "
+                    f"{self.seq_len}-token sequences", f"use {lo:,} or {lo + self.seq_len:,} tokens")])
+            n = self.global_batch_tokens // self.seq_len
+        else:
+            n = self.global_batch if self.global_batch is not None else 0
+        if n < 1:
+            raise ScenarioError([Problem("global batch", "no global batch given (or it is below one sequence)",
+                                         "give --global-batch SEQUENCES or --global-batch-tokens TOKENS")])
+        return n
+
+    def full_ft_allowed(self) -> bool:
+        return self.peft in ("none", "allow")
+
+    def peft_methods(self) -> tuple[str, ...]:
+        return {"none": (), "allow": ("lora", "qlora"), "only": ("lora", "qlora"), "lora": ("lora",),
+                "qlora": ("qlora",)}[self.peft]
+
+
+@dataclass(frozen=True)
+class ServeJob:
+    """Serving with vLLM: ``concurrency`` sequences of up to ``max_model_len`` tokens running at once."""
+
+    max_model_len: int
+    concurrency: int = 1
+    allow_quantization: bool = False
+    max_num_batched_tokens: int = 8192
+
+
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """Divisors of ``n`` in increasing order, optionally only those <= ``limit``.
+
+    >>> divisors(12), divisors(12, 4)
+    ([1, 2, 3, 4, 6, 12], [1, 2, 3, 4])
+    """
+    out = [d for d in range(1, n + 1) if n % d == 0]
+    return [d for d in out if limit is None or d <= limit]
+
+
+def tp_ok(m: ModelSpec, tp: int) -> bool:
+    """The split rules the estimator enforces: tp divides the heads; KV heads split or replicate evenly."""
+    if m.num_attention_heads % tp:
+        return False
+    return m.mla is not None or m.num_kv_heads % tp == 0 or tp % m.num_kv_heads == 0
+
+
+def parallel_shapes(m: ModelSpec, n: int, gpus_per_node: int) -> list[tuple[int, int]]:
+    """(tp, pp) pairs for ``n`` GPUs: tp inside a node and valid for the heads, pp <= layers."""
+    out: list[tuple[int, int]] = []
+    for tp in divisors(n, gpus_per_node):
+        if not tp_ok(m, tp):
+            continue
+        for pp in divisors(n // tp):
+            if pp <= m.num_layers:
+                out.append((tp, pp))
+    return out
+
+
+def precisions_for(gpu: GpuSpec, allow_pure_bf16: bool) -> list[str]:
+    """Mixed precision in the GPU's best half dtype, fp32, and pure bf16 when allowed."""
+    flops = gpu.dense_flops_per_s
+    out: list[str] = []
+    if flops.get("bf16"):
+        out.append("bf16-mixed")
+    elif flops.get("fp16"):
+        out.append("fp16-mixed")
+    if flops.get("fp32"):
+        out.append("fp32")
+    if allow_pure_bf16 and flops.get("bf16"):
+        out.append("bf16-true")
+    return out
+
+
+def _micro_batches(per_rank: int, limit: int) -> list[int]:
+    return divisors(per_rank, limit)
+
+
+def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per_node: int = 8) -> Iterator[TrainSetup]:
+    """Every setup searched for ``n`` GPUs.  Setups the global batch cannot be split for are not produced."""
+    batch = job.sequences()
+    precs = precisions_for(gpu, job.allow_pure_bf16)
+    half_mixed = [p for p in precs if p.endswith("-mixed")]
+    seq = job.seq_len
+    attn = ("sdpa", "eager") if not m.encoder_only else ("sdpa",)
+    for tp, pp in parallel_shapes(m, n, gpus_per_node):
+        dp = n // (tp * pp)
+        if batch % dp:
+            continue
+        per_rank = batch // dp
+        mbs_list = _micro_batches(per_rank, job.max_micro_batch)
+
+        def make(mbs_list: list[int] = mbs_list, per_rank: int = per_rank, tp: int = tp, pp: int = pp,
+                 **kw: Any) -> Iterator[TrainSetup]:
+            for mbs in mbs_list:
+                yield TrainSetup(micro_batch_size=mbs, grad_accum_steps=per_rank // mbs, seq_len=seq, num_gpus=n,
+                                 tp=tp, pp=pp, gpus_per_node=gpus_per_node, lora_rank=job.lora_rank,
+                                 lora_alpha=job.lora_alpha, **kw)
+
+        ckpts = ("none", "full")
+        if tp == 1 and pp == 1:
+            if job.full_ft_allowed():
+                for prec in precs:
+                    for a in attn:
+                        for ck in ckpts:
+                            for opt in HF_OPTIMIZERS:
+                                yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
+                                                checkpointing=ck, attention=a)
+                            for z in (1, 2, 3):
+                                offloads = ("none", "optimizer") + (("optimizer+params",) if z == 3 else ())
+                                for off in offloads:
+                                    yield from make(framework="deepspeed", precision=prec, optimizer="adamw",
+                                                    checkpointing=ck, attention=a, zero_stage=z, offload=off)
+                            for fs, off in (("full_shard", "none"), ("shard_grad_op", "none"),
+                                            ("full_shard", "optimizer+params")):
+                                yield from make(framework="accelerate", precision=prec, optimizer="adamw-fused",
+                                                checkpointing=ck, attention=a, fsdp=fs, offload=off)
+            for method in job.peft_methods():
+                for prec in half_mixed:
+                    for a in attn:
+                        for ck in ckpts:
+                            for opt in PEFT_OPTIMIZERS:
+                                quant = "nf4-dq" if method == "qlora" else "none"
+                                yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
+                                                checkpointing=ck, attention=a, peft=method, quantization=quant)
+                                if method == "lora" and n > 1 and opt == "adamw-fused":
+                                    yield from make(framework="accelerate", precision=prec, optimizer=opt,
+                                                    checkpointing=ck, attention=a, fsdp="full_shard", peft=method)
+        elif job.full_ft_allowed():
+            for prec in precs:
+                if prec == "bf16-true":
+                    continue  # torchtitan trains with fp32 sharded parameters (mixed_precision_param bfloat16)
+                for ck in ckpts:
+                    yield from make(framework="torchtitan", precision=prec, optimizer="adamw-fused", checkpointing=ck,
+                                    attention="sdpa", fsdp="full_shard" if dp > 1 else "none")
+
+
+def batch_split_problems(m: ModelSpec, counts: Sequence[int], job: TrainJob, gpus_per_node: int) -> list[str]:
+    """GPU counts for which no (tp, pp) shape divides the global batch (said in the plan)."""
+    batch = job.sequences()
+    out = []
+    for n in counts:
+        if not any(batch % (n // (tp * pp)) == 0 for tp, pp in parallel_shapes(m, n, gpus_per_node)):
+            out.append(f"{n} GPUs: the global batch of {batch} sequences cannot be split evenly over any "
+                       "data-parallel degree these GPUs allow")
+    return out
+
+
+def serve_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: ServeJob, margin: float,
+                     gpus_per_node: int = 8) -> Iterator[ServeSetup]:
+    """vLLM deployments on ``n`` GPUs: each tensor-parallel degree, replicas on the rest."""
+    flops = gpu.dense_flops_per_s
+    dtype = "bf16" if flops.get("bf16") else "fp16"
+    quants = ["none"]
+    kvs = ["auto"]
+    if job.allow_quantization:
+        if flops.get("fp8"):
+            quants.append("fp8")
+            kvs.append("fp8")
+        quants.append("awq-4bit")
+    for tp in divisors(n, gpus_per_node):
+        if not tp_ok(m, tp):
+            continue
+        replicas = n // tp
+        per_replica = -(-job.concurrency // replicas)
+        for q in quants:
+            for kv in kvs:
+                # vLLM's AWQ kernels run in float16 ("half" is the recommended dtype for AWQ in EngineArgs)
+                yield ServeSetup(num_gpus=n, tp=tp, max_model_len=job.max_model_len, max_num_seqs=per_replica,
+                                 dtype="fp16" if q == "awq-4bit" else dtype, quantization=q, kv_cache_dtype=kv,
+                                 gpu_memory_utilization=round(1.0 - margin, 4),
+                                 max_num_batched_tokens=job.max_num_batched_tokens, gpus_per_node=gpus_per_node)

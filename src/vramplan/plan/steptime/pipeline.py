@@ -1,0 +1,34 @@
+"""Pipeline parallelism: the bubble.
+
+With p stages and m micro-batches per step, 1F1B (and GPipe) run m + p - 1 micro-batch slots on
+each stage; p - 1 of them are idle ramp-up and drain, a bubble fraction of (p-1)/m of the ideal
+time (Narayanan et al., arXiv 2104.04473, sec. 2.2.1).  Each boundary also sends the micro-batch's
+activations forward and their gradients back: tokens x hidden x compute bytes each way.
+
+Worked example: p = 4, m = 8, 1.0 s per micro-batch slot -> (8 + 3) * 1.0 = 11 s, of which
+the bubble is 3 s.
+"""
+
+from __future__ import annotations
+
+__all__ = ["pipeline_bubble_seconds", "pipeline_slots", "stage_boundary_bytes"]
+
+
+def pipeline_slots(micro_batches: int, stages: int) -> int:
+    """Micro-batch slots in a step, bubble included.
+
+    >>> pipeline_slots(8, 4), pipeline_slots(8, 1)
+    (11, 8)
+    """
+    return micro_batches + stages - 1
+
+
+def pipeline_bubble_seconds(slot_seconds: float, stages: int) -> float:
+    """Idle time of a 1F1B step: (p - 1) slots."""
+    return (stages - 1) * slot_seconds
+
+
+def stage_boundary_bytes(tokens: int, hidden: int, compute_bytes: int, tp: int, sequence_parallel: bool) -> float:
+    """Bytes one stage boundary sends per micro-batch in one direction (Megatron scatters it over TP ranks)."""
+    per = tokens * hidden * compute_bytes
+    return per / tp if sequence_parallel and tp > 1 else float(per)
