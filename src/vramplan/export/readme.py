@@ -62,8 +62,8 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: str, f
         lines += ["```bash", "./serve.sh", "```", "",
                   "`vllm_engine_args.json` holds the same settings as `vllm.EngineArgs` keyword arguments."]
         if s.quantization in ("awq-4bit", "gptq-4bit"):
-            lines += ["", f"`{s.quantization}` needs a checkpoint quantized that way: replace `{model}` with an "
-                      "AWQ/GPTQ version of the model."]
+            lines += ["", (f"`{s.quantization}` needs a checkpoint quantized that way: replace `{model}` with an "
+                           "AWQ/GPTQ version of the model.")]
         return "\n".join(lines) + "\n"
     nodes = -(-s.num_gpus // s.gpus_per_node)
     if s.framework == "torchtitan":
