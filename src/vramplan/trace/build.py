@@ -91,7 +91,8 @@ class Built:
     notes: list[str] = field(default_factory=list)
 
 
-_FLASH_NAME = "vramplan_flash"
+_FLASH_NAME = "vramplan_fa2"
+_SELECTIVE_NAME = "vramplan_selective_eager"
 
 
 def _hf_config(r: Resolved, attention: str) -> Any:
@@ -142,10 +143,35 @@ def _register_flash() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(_FLASH_NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
 
 
-def attn_implementation(attention: str) -> str:
+def _register_selective() -> None:
+    """Eager attention whose core (scores, softmax, dropout, weighted sum) is checkpointed."""
+    import sys
+
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if _SELECTIVE_NAME in AttentionInterface._global_mapping:
+        return
+    ckpt = _checkpoint_func()
+
+    def selective(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
+        eager = sys.modules[type(module).__module__].eager_attention_forward  # type: ignore[attr-defined]
+        if not (module.training and torch.is_grad_enabled()):
+            return eager(module, query, key, value, attention_mask, **kwargs)
+        return ckpt(functools.partial(eager, module, **kwargs), query, key, value, attention_mask)
+
+    AttentionInterface.register(_SELECTIVE_NAME, selective)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_SELECTIVE_NAME, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+
+
+def attn_implementation(attention: str, checkpointing: str = "none") -> str:
     if attention == "flash":
         _register_flash()
         return _FLASH_NAME
+    if attention == "eager" and checkpointing == "selective":
+        _register_selective()
+        return _SELECTIVE_NAME
     return attention
 
 
@@ -164,7 +190,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built
     hf_logging.set_verbosity_error()
     s = r.scenario
     attention = s.train.attention if task == "train" else s.inference.attention
-    impl = attn_implementation(attention)
+    impl = attn_implementation(attention, s.train.gradient_checkpointing if task == "train" else "none")
     config = _hf_config(r, attention)
     quant = "none"
     notes: list[str] = []
@@ -200,7 +226,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built
         quant_tensors = quantize_linears(model, quant, compute_dtype=compute, device=device)
         notes.append(f"base linear weights stored as bitsandbytes {quant} (packed payload + absmax blocks)")
     if task == "train":
-        _prepare_train(r, model, quant, notes)
+        model = _prepare_train(r, model, quant, notes)
     else:
         model.eval()
         for p in model.parameters():
@@ -208,7 +234,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built
     return Built(model, config, quant_tensors, attention, notes)
 
 
-def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[str]) -> None:
+def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[str]) -> torch.nn.Module:
     s = r.scenario
     t = s.train
     model.train()
@@ -225,9 +251,11 @@ def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[
     if t.gradient_checkpointing == "full":
         _enable_checkpointing(model)
     if t.peft is not None:
+        if t.peft.method == "dora" and quant != "none":
+            raise ScenarioError([Problem("train.peft.method", "DoRA over quantized base weights is not traced",
+                                         "use lora/qlora, or --engine analytic")])
         model = _apply_peft(r, model, quant)
-    if t.gradient_checkpointing == "selective":
-        _selective_checkpointing(model)
+    return model
 
 
 def _checkpoint_func() -> Callable[..., Any]:
@@ -258,14 +286,6 @@ def _enable_checkpointing(model: Any) -> None:
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False):
             m._gradient_checkpointing_func = func
-
-
-def _selective_checkpointing(model: torch.nn.Module) -> None:
-    """Selective recomputation (Megatron): checkpoint only the core attention of eager/math kernels."""
-    ckpt = _checkpoint_func()
-    for m in model.modules():
-        if hasattr(m, "config") and hasattr(m, "layer_idx") and "Attention" in type(m).__name__:
-            m._vramplan_selective = ckpt  # read by the attention wrapper in step.py
 
 
 def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Module:

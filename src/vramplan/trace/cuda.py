@@ -482,6 +482,46 @@ class _BiasedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+class _GroupedMM(torch.autograd.Function):
+    """``_grouped_mm`` for inputs the meta kernel refuses (it accepts bf16 only, as the fast
+    CUDA path; CUDA falls back to a per-group loop for other dtypes, with the same outputs).
+
+    Gradients follow derivatives.yaml: ``grad @ mat2^T`` grouped for ``self`` and
+    ``self^T @ grad`` grouped for ``mat2``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
+        shape = (a.shape[0], b.shape[-1]) if b.dim() == 3 else (a.shape[0], b.shape[-1])
+        out = a.new_empty(shape)
+        _zero_like_values(out)
+        ctx.save_for_backward(a if b.requires_grad else None, b if a.requires_grad else None, offs)
+        ctx.b_shape, ctx.b_stride = tuple(b.shape), tuple(b.stride())
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        a, b, _offs = ctx.saved_tensors
+        ga = gb = None
+        if ctx.needs_input_grad[1] and a is not None:
+            # the gradient is produced in mat2's own layout (a transposed view of the parameter)
+            gb = torch.empty_strided(ctx.b_shape, ctx.b_stride, dtype=grad.dtype, device=grad.device)
+            _zero_like_values(gb)
+        if ctx.needs_input_grad[0] and b is not None:
+            ga = grad.new_empty((grad.shape[0], b.shape[-2]))
+            _zero_like_values(ga)
+        return ga, gb, None
+
+
+def _grouped_mm_kernel(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
+                       bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    if a.device.type == "meta" and (a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16) and bias is None \
+            and out_dtype is None and a.dim() == 2 and b.dim() == 3:
+        return _GroupedMM.apply(a, b, offs)  # type: ignore[no-any-return]
+    with _exclude():
+        return torch.ops.aten._grouped_mm.default(a, b, offs, bias, out_dtype)
+
+
 # --------------------------------------------------------------------------------------
 # registration and the context managers
 # --------------------------------------------------------------------------------------
@@ -502,6 +542,7 @@ def _register() -> None:
     lib.impl("log_softmax.int", _softmax_kernel(True), KEY_NAME)
     lib.impl("dropout", _dropout_kernel, KEY_NAME)
     lib.impl("scaled_dot_product_attention", _sdpa_kernel, KEY_NAME)
+    lib.impl("_grouped_mm", _grouped_mm_kernel, KEY_NAME)
     _LIBS.extend([fallback, lib])
 
 
