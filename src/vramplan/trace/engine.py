@@ -28,11 +28,20 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
 
 
 def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Report:
+    return report_and_trace(source)[0]
+
+
+def report_and_trace(source: str | Path | dict[str, Any] | Scenario | Resolved,
+                     top: int = 10) -> tuple[Report, dict[str, Any]]:
+    """The report and the timeline data (live bytes by category, the peak, its largest blocks)."""
+    from vramplan.trace.timeline import timeline
+
     r, st = trace(source)
     events, marks, communicators, host, notes = apply_parallel(r, st)
     assumptions = _assumptions(r, st, notes)
-    return to_report(r, events, marks, assumptions, managed_bytes=st.managed_bytes,
-                     communicators=communicators, host=host)
+    report = to_report(r, events, marks, assumptions, managed_bytes=st.managed_bytes,
+                       communicators=communicators, host=host)
+    return report, timeline(events, marks, top=top)
 
 
 def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:

@@ -32,17 +32,48 @@ def rounded(nbytes: int) -> int:
     return round_up(nbytes, ROUND_BYTES) if nbytes > 0 else 0
 
 
+_PERSISTENT = {"gradients": "parameter gradients", "optimizer_states": "optimizer states",
+               "master_weights": "fp32 master weights", "weights": "parameters"}
+_PREFIXES = ("base_model.model.", "model.", "transformer.", "gpt_neox.")
+MAX_DETAIL = 8
+
+
+def fold(module: str) -> str:
+    """``base_model.model.model.layers.3.mlp.down_proj`` -> ``layers.*.mlp``."""
+    m = module
+    for _ in range(3):
+        for pre in _PREFIXES:
+            m = m.removeprefix(pre)
+    m = _DIGITS.sub(".*", "." + m)[1:] if m else m
+    parts = m.split(".")
+    return ".".join(parts[:3]) if parts and parts[0] in ("layers", "h", "layer", "blocks") else ".".join(parts[:2])
+
+
 def label(ev: TrackEvent) -> str:
-    """A short name for where a block came from: its module (layers folded) or its op."""
-    if ev.category in ("gradients", "optimizer_states", "master_weights", "weights"):
-        return {"gradients": "parameter gradients", "optimizer_states": "optimizer states",
-                "master_weights": "fp32 master weights", "weights": "parameters"}[ev.category] if (
-            not ev.op.startswith(("cuBLAS", "quantization", "DDP"))) else ev.op
-    if ev.module and not ev.module.startswith("backward:"):
-        return _DIGITS.sub(".*", ev.module)
+    """A short name for where a block came from: its module (layers folded) or its kind."""
+    if ev.category in _PERSISTENT and not ev.op.startswith(("cuBLAS", "quantization", "DDP", "all-gathered")):
+        return _PERSISTENT[ev.category]
+    if ev.op in ("logits", "loss"):
+        return "logits and loss"
+    if ev.module.startswith("backward:"):
+        return "backward (outside modules)"
     if ev.module:
-        return ev.module
+        return fold(ev.module)
+    if ev.category in ("temporaries", "activations"):
+        return "loss and outside modules"
     return ev.op.removeprefix("aten.")
+
+
+def _top_detail(detail: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for cat, parts in detail.items():
+        ranked = sorted(parts.items(), key=lambda kv: -kv[1])
+        keep = dict(ranked[:MAX_DETAIL])
+        rest = sum(v for _, v in ranked[MAX_DETAIL:])
+        if rest:
+            keep["other parts"] = keep.get("other parts", 0) + rest
+        out[cat] = keep
+    return out
 
 
 @dataclass
@@ -58,7 +89,8 @@ class Peak:
 
 
 def _phase_at(marks: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    return sorted(marks)
+    # building the decode step's cache belongs to the decode phase
+    return sorted((seq, "decode" if ph == "decode-setup" else ph) for seq, ph in marks)
 
 
 def peak_of(events: list[TrackEvent], marks: list[tuple[int, str]]) -> Peak:
@@ -112,7 +144,8 @@ def peak_of(events: list[TrackEvent], marks: list[tuple[int, str]]) -> Peak:
             lab = label(ev)
             d[lab] = d.get(lab, 0) + size
     phases.pop("setup", None)
-    return Peak(max(best, 0), raw_peak, best_seq, best_phase, breakdown, detail, phases, list(at.values()))
+    return Peak(max(best, 0), raw_peak, best_seq, best_phase, breakdown, _top_detail(detail), phases,
+                list(at.values()))
 
 
 def reserved_bytes(events: Iterable[TrackEvent], expandable: bool = False) -> tuple[int, int]:

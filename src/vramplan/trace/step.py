@@ -339,5 +339,113 @@ def _classify_forward(tracker: Tracker) -> None:
             tracker.relabel_id(ev.storage_id, "temporaries")
 
 
-def trace_inference(r: Resolved, device: str = "meta") -> StepTrace:  # pragma: no cover - filled below
-    raise NotImplementedError
+def trace_inference(r: Resolved, device: str = "meta", built: Built | None = None) -> StepTrace:
+    """Trace ``generate``'s two peaks: the prefill and the last decode step (greedy, DynamicCache).
+
+    The prefill runs the prompt through the model (``logits_to_keep=1``) with an empty cache.  The
+    decode step runs one token against a cache already holding ``prompt + new_tokens - 1`` tokens
+    (built through the cache's own ``update``), which is the cache size at the last step; the
+    cache's ``torch.cat`` growth, the last-token logits and their fp32 copy are traced as they run.
+    """
+    from transformers import DynamicCache
+
+    s = r.scenario
+    inf = s.inference
+    if inf.kv_cache_dtype not in ("auto", inf.dtype):
+        from vramplan.errors import Problem, ScenarioError
+
+        raise ScenarioError([Problem("inference.kv_cache_dtype", "quantized KV caches are not traced",
+                                     "use kv_cache_dtype: auto, or --engine analytic")])
+    built = built or build_model(r, device, "inference")
+    model = built.model
+    spec = cuda_spec(r)
+    b, p, n = inf.batch_size, inf.prompt_len, inf.new_tokens
+    devices = (device,)
+    tracker = Tracker(devices=devices)
+    phase = ["setup"]
+    scope = Scope(model, tracker, phase)
+    ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
+    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), torch.no_grad(), tracker:
+        scope.install()
+        try:
+            for name, prm in model.named_parameters():
+                tracker.track(prm, "weights", name)
+            tracker.track(built.quant_tensors, "weights", "quantization state")
+            for name, buf in model.named_buffers():
+                tracker.track(buf, "other", name)
+            tracker.synthetic(ws_bytes, "other", "cuBLAS workspace")
+            ids = _inputs(r, built, device, b, p)
+            tracker.track(ids, "other", "input ids")
+            phase[0] = "prefill"
+            tracker.mark("prefill")
+            cache = DynamicCache(config=model.config)
+            with tracker.category("activations"):
+                out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                del out
+                nxt = torch.argmax(logits, dim=-1)
+                del logits
+            for layer in getattr(cache, "layers", []):
+                tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache", "KV cache")
+            del cache
+            if n > 0:
+                tracker.mark("decode-setup")
+                total = p + n - 1
+                ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
+                cache = _filled_cache(model, tracker, b, total, device)
+                phase[0] = "decode"
+                tracker.mark("decode")
+                with tracker.category("activations"):
+                    pos = torch.full((b, 1), total, dtype=torch.long, device=device)
+                    out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                                position_ids=pos)
+                    for layer in getattr(cache, "layers", []):
+                        tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache",
+                                        "KV cache")
+                    logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                    del out
+                    nxt = torch.argmax(logits, dim=-1)
+                    ids = torch.cat([ids, nxt[:, None]], dim=-1)
+                    del logits
+                del cache
+            tracker.mark("end")
+        finally:
+            scope.remove()
+    return StepTrace(list(tracker.events), list(tracker.marks), 0, list(built.notes), cuda.sdpa_choices(),
+                     tracker.peak_bytes)
+
+
+def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str) -> Any:
+    """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    shapes = _kv_shapes(model)
+    with tracker.category("kv_cache"):
+        for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
+            k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
+            v = torch.empty((batch, heads, tokens, vdim), dtype=dtype, device=device)
+            if device != "meta":
+                k.zero_()
+                v.zero_()
+            cache.update(k, v, i)
+            del k, v
+    return cache
+
+
+def _kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
+    """(kv heads, key dim, value dim, dtype) of each attention layer, from the projections' shapes."""
+    cfg = model.config
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n_layers = int(text.num_hidden_layers)
+    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    kdim = vdim = head_dim
+    if getattr(text, "kv_lora_rank", None):  # MLA caches full per-head keys and values
+        heads = int(text.num_attention_heads)
+        kdim = int(text.qk_nope_head_dim) + int(text.qk_rope_head_dim)
+        vdim = int(text.v_head_dim)
+    if getattr(text, "multi_query", False) and not getattr(text, "new_decoder_architecture", False):
+        heads = 1
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    return [(heads, kdim, vdim, dtype)] * n_layers
