@@ -54,6 +54,11 @@ class ActContext:
     # Linear4bit/Linear8bitLt return ``out.to(input_dtype)``, so with fp32 hidden states (after
     # prepare_model_for_kbit_training) the MLP's SiLU and product run and are saved in fp32.
     elementwise_bytes: int = 0
+    # dtype bytes of the routed experts' tensors: transformers >= 5 runs them through
+    # ``torch.nn.functional.grouped_mm`` on ``input.to(weight.dtype)``, and grouped_mm is not on
+    # autocast's lists, so fp32 expert weights (mixed precision) compute and save in fp32.
+    expert_bytes: int = 0
+    sdpa: bool = True  # attention through torch SDPA (False: the flash-attention package)
 
     @property
     def ew(self) -> int:
@@ -143,24 +148,60 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         mods = ("q_proj", "k_proj", "v_proj")
     saved = _linear_inputs(width_in, mods, in_b, ctx)
     if m.qk_norm:
-        saved += (4 + c) * (qw + kvw)
+        # per-head q/k RMSNorm: fp32 copy + normalized tensor; GemmaRMSNorm keeps both in fp32
+        saved += (8 if m.norm == "gemma_rms" else 4 + c) * (qw + kvw)
+    if mods in (("qkv_proj",), ("query_key_value",)) and m.position == "rope" and m.model_type != "falcon" \
+            and ctx.attention != "math":
+        # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the
+        # kernel is a view of the fused output, which keeps the whole [q|k|v] buffer alive
+        saved += c * (qw + kvw)
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
         saved += c * (qw + 2 * kvw)  # q, k, v as the kernel saves them (no GQA repeat)
         saved += c * qw  # output (o_proj's input is a view of it: HF transposes a BSHD buffer)
         saved += 4 * heads  # logsumexp, fp32 per head and query
+        if ctx.sdpa and window and ctx.seq_len >= window:
+            # transformers builds an explicit sliding-window mask once the sequence reaches the window;
+            # SDPA then runs the memory-efficient kernel, which keeps the mask (converted to the query
+            # dtype, [b, 1, s, s]), and transformers repeats K/V to every head (no enable_gqa with a mask)
+            saved += c * ctx.seq_len + 2 * c * (qw - kvw)
+    elif ctx.attention == "math":
+        saved += _sdpa_math_saved(m, ctx, heads, qw, kvw, s_keys)
+        if _saves_input("o_proj" if m.model_type not in ("gpt2",) else "c_proj", ctx):
+            saved += c * qw  # the output's transpose/reshape copy, o_proj's input
     else:
         kv_saved = qw if ctx.gqa_repeat else kvw
         saved += c * (qw + 2 * kv_saved)
         # scores -> softmax(dtype=fp32) saved (4 B) -> .to(c) saved by the AV matmul (c B)
         probs = heads * s_keys
         saved += 4 * probs + (c * probs if c < 4 else 0)
+        if m.model_type == "gemma2":
+            # Gemma 2 soft-caps the scores (attn_logit_softcapping, 50 by default): tanh saves its output
+            saved += c * probs
         if ctx.dropout and m.attention_dropout > 0:
             saved += probs * (1 + c)  # mask + dropped probabilities (the AV matmul saves these)
         if _saves_input("o_proj" if m.model_type not in ("gpt2",) else "c_proj", ctx):
             saved += c * qw  # transpose(1, 2).contiguous() copy, o_proj's input
     saved += _dropout(m.hidden_dropout, ctx) * m.hidden_size
+    return saved
+
+
+def _sdpa_math_saved(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int, s_keys: int) -> int:
+    """SDPA's math backend (attention.cpp ``_scaled_dot_product_attention_math``), per token.
+
+    Half inputs are upcast to fp32 (``allowFP16BF16ReductionMathSDP`` is off by default); the
+    scaled query, the scaled transposed keys, the fp32 softmax output and the fp32 values are
+    saved by the two matmuls.  Keys and values with fewer heads than the query are broadcast by
+    ``matmul``, which copies them to every head for its batched GEMM.
+    """
+    c = ctx.compute_bytes
+    kv = qw if kvw != qw else kvw
+    saved = c * (qw + 2 * kvw)  # q, k, v as the model hands them over (its own tensors)
+    saved += 4 * qw + 4 * kv + 4 * kv  # scaled q, scaled k^T (per head), v (per head), fp32
+    saved += 4 * heads * s_keys  # _safe_softmax output, fp32
+    if ctx.dropout and m.attention_dropout > 0:
+        saved += heads * s_keys * (1 + 4)
     return saved
 
 
@@ -194,11 +235,15 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         ei = e.expert_intermediate_size
         # router: logits (c) and fp32 softmax probabilities, per expert
         saved += _linear_inputs(h, ("gate",), in_b, ctx) + (c + 4) * e.num_experts
-        # each token is gathered into top_k expert batches (index copy), transformers' expert loop
-        gathered = in_b if not ctx.autocast else 4
-        per_routed = _linear_inputs(h, ("gate_proj", "up_proj"), gathered, ctx)
-        per_routed += (act_saved + 2 * c) * ei + (c * ei if _saves_input("down_proj", ctx) else 0)
-        per_routed += c * h  # expert output, saved by the multiplication with its routing weight
+        # transformers >= 5 ``grouped_mm_experts_forward``: tokens are sorted by expert and gathered
+        # (top_k rows per token), then two grouped GEMMs in the experts' dtype w.
+        w = ctx.expert_bytes or c
+        trainable = not ctx.frozen_base
+        per_routed = w * h if trainable else 0  # gathered input, saved for the weight gradient
+        per_routed += w * 2 * ei  # gate_up output: SiLU saves the gate half, the product the up half
+        per_routed += w * ei  # activation output, saved by the product
+        per_routed += w * ei if trainable else 0  # product, down's input (saved for its weight gradient)
+        per_routed += w * h  # down output, saved by the multiplication with the routing weight
         saved += e.top_k * per_routed
         if e.shared_intermediate_size:
             si = ceil_div(e.shared_intermediate_size, tp)
@@ -220,7 +265,8 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense"}.get(m.model_type, "dense_4h_to_h")
         saved += _linear_inputs(h, (fc1,), in_b, ctx)
         saved += act_saved * inter
-        if _saves_input(fc2, ctx):
+        # ReLU saves its output, which is also fc2's input: one tensor, counted once
+        if _saves_input(fc2, ctx) and m.hidden_act != "relu":
             saved += (c if act_out != c or ctx.autocast else act_out) * inter
     saved += _dropout(m.hidden_dropout, ctx) * h
     return saved
@@ -260,11 +306,13 @@ def layer_backward_transient_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActC
     """
     c, r, h = ctx.compute_bytes, ctx.residual_bytes, m.hidden_size
     heads = ceil_div(m.num_attention_heads, ctx.tp)
+    ew = ctx.ew
     if layer.moe and m.moe is not None:
         inter = m.moe.expert_intermediate_size * m.moe.top_k
+        ew = ctx.expert_bytes or ew
     else:
         inter = ceil_div(layer.intermediate_size, ctx.tp)
-    mlp = 2 * r * h + 3 * ctx.ew * inter
+    mlp = 2 * r * h + 3 * ew * inter
     qw = heads * m.head_dim
     attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
     if ctx.attention in ("eager", "math"):

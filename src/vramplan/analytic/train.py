@@ -73,6 +73,10 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[
         return "eager", m.num_kv_heads < m.num_attention_heads
     if want == "flash":
         return "flash", False
+    if m.model_type == "falcon" and m.num_kv_heads == 1 < m.num_attention_heads:
+        # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
+        # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
+        return "math", False
     if pol.compute_bytes == 4 or m.head_dim > 256:
         return "efficient", False
     return "flash", False
@@ -173,6 +177,8 @@ def train_step(r: Resolved) -> TrainResult:
             frozen_base=peft is not None, lora_targets=tgt, lora_rank=peft.rank if peft else 0,
             lora_dropout=bool(peft and peft.dropout > 0), dora=bool(peft and peft.method == "dora"),
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
+            expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
+            sdpa=t.attention == "sdpa",
         )
         layer_specs = [m.layers[i] for i in rp.layers]
         full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
@@ -203,7 +209,7 @@ def train_step(r: Resolved) -> TrainResult:
         cast_per_layer = [0] * len(layer_specs)
         cast_head = 0
         if pol.weight_cast_bytes and peft is None and pol.autocast:
-            lin_layer = _linear_params_per_layer(rp)
+            lin_layer = _linear_params_per_layer(rp, m)
             cast_per_layer = [lin_layer * pol.weight_cast_bytes for _ in layer_specs]
             if last:
                 head_params = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, tp) * m.hidden_size
@@ -304,9 +310,18 @@ def _one_layer(rp: RankParams, params: int) -> RankParams:
         rp.linear_out_features * frac), lm_head=0)
 
 
-def _linear_params_per_layer(rp: RankParams) -> int:
-    """Decoder linear parameters per layer on this rank (layers of one stage are alike)."""
-    return rp.linear // len(rp.layers) if rp.layers else 0
+def _linear_params_per_layer(rp: RankParams, m: ModelSpec) -> int:
+    """Decoder linear parameters per layer on this rank that autocast casts (layers of one stage are alike).
+
+    Routed experts are left out: transformers >= 5 multiplies them with ``grouped_mm``, which is not
+    on autocast's lists, so their fp32 weights are used as they are (no cached half copy).
+    """
+    if not rp.layers:
+        return 0
+    linear_all = sum(p.total for p in m.params if p.role in ("linear", "expert") and p.in_features)
+    experts = sum(p.total for p in m.params if p.role == "expert" and p.in_features)
+    cast = rp.linear - (rp.linear * experts // linear_all if linear_all else 0)
+    return cast // len(rp.layers)
 
 
 def _grad_bytes_layer(rp: RankParams, j: int, trainable: int, pol: PrecisionPolicy, shards: int,

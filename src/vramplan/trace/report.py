@@ -46,7 +46,9 @@ def fold(module: str) -> str:
             m = m.removeprefix(pre)
     m = _DIGITS.sub(".*", "." + m)[1:] if m else m
     parts = m.split(".")
-    return ".".join(parts[:3]) if parts and parts[0] in ("layers", "h", "layer", "blocks") else ".".join(parts[:2])
+    if "*" in parts:
+        return ".".join(parts[: parts.index("*") + 2])
+    return ".".join(parts[:2])
 
 
 def label(ev: TrackEvent) -> str:
