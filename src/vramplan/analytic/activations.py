@@ -297,12 +297,35 @@ def layer_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> in
 
 
 def layer_backward_transient_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
-    """Gradient tensors alive together inside one layer's backward, per token.
+    """Gradient tensors alive together inside one layer's backward, per token (the larger of the
+    MLP's and the attention's; see ``backward_transients_per_token``)."""
+    return max(backward_transients_per_token(m, layer, ctx))
+
+
+def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """What a layer's backward has released when it reaches the attention: the MLP's saved tensors
+    and the post-attention norm's (the MLP runs last in the forward, so first in the backward).
+
+    Models with a parallel residual (GPT-NeoX, Falcon) run both branches from one input, so
+    nothing is counted as released for them.
+    """
+    if m.parallel_residual:
+        return 0
+    norm = _norm_saved(m.norm, ctx) * m.hidden_size
+    norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
+    if ctx.sequence_parallel and ctx.tp > 1:
+        norms = ceil_div(norms, ctx.tp)
+    return mlp_saved(m, layer, ctx) + norms
+
+
+def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, int]:
+    """(MLP, attention) gradient tensors alive together inside one layer's backward, per token.
 
     The gated MLP's backward holds the incoming residual gradient (r*h), the product's
     gradient and the two gradients it splits into (3 intermediate-size tensors), and the
     outgoing gradient of the layer input (r*h).  Flash attention's backward holds dO, dQ,
-    dK, dV and an fp32 dQ accumulator (flash-attention 2, ``dq_accum``).
+    dK, dV and an fp32 dQ accumulator (flash-attention 2, ``dq_accum``); eager attention
+    adds the gradient of the scores in the compute dtype and in fp32.
     """
     c, r, h = ctx.compute_bytes, ctx.residual_bytes, m.hidden_size
     heads = ceil_div(m.num_attention_heads, ctx.tp)
@@ -317,7 +340,7 @@ def layer_backward_transient_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActC
     attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
     if ctx.attention in ("eager", "math"):
         attn += (4 + c) * heads * ctx.seq_len
-    return max(mlp, attn)
+    return mlp, attn
 
 
 def checkpoint_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:

@@ -188,7 +188,12 @@ def train_step(r: Resolved) -> TrainResult:
             kept = [act.selective_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
         else:
             kept = list(full)
-        transient = [act.layer_backward_transient_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        transients = [act.backward_transients_per_token(m, ls, ctx) for ls in layer_specs]
+        transient = [max(tr) * tokens for tr in transients]
+        mlp_transient = [tr[0] * tokens for tr in transients]
+        attn_transient = [tr[1] * tokens for tr in transients]
+        # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
+        released = [act.freed_before_attention_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
         shared = act.shared_saved_per_token(m, ctx) * tokens
         # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
         in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
@@ -265,10 +270,15 @@ def train_step(r: Resolved) -> TrainResult:
             fwd.add("temporaries", "layer forward", max(transient) if transient else 0)
         moments.append(fwd)
 
+        # With full checkpointing the layers' forward saves nothing, so their cast weights live only in
+        # autocast's cache, which is cleared when the forward's autocast region ends; the recomputation
+        # casts the layer's weights again and keeps them until that layer's backward.
+        full_ckpt = t.gradient_checkpointing == "full"
+        kept_casts = 0 if full_ckpt else sum(cast_per_layer)
         if last:
             b0 = static("backward", grads_during_fwd)
             b0.add("activations", "saved by layers", acts_total + shared + head_saved)
-            b0.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head + head_cast)
+            b0.add("temporaries", "autocast weight copies", kept_casts + cast_head + head_cast)
             b0.add("temporaries", "logits and loss gradients", loss.backward_peak)
             b0.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
             moments.append(b0)
@@ -278,8 +288,10 @@ def train_step(r: Resolved) -> TrainResult:
             alive = sum(kept[: j + 1]) + (in_flight - 1) * sum(kept)
             recompute = full[j] - kept[j] if t.gradient_checkpointing != "none" else 0
             mo.add("activations", "saved by layers", alive + shared + recompute)
-            mo.add("temporaries", "autocast weight copies", sum(cast_per_layer[: j + 1]))
-            mo.add("temporaries", "layer backward", transient[j])
+            mo.add("temporaries", "autocast weight copies",
+                   cast_per_layer[j] if full_ckpt else sum(cast_per_layer[: j + 1]))
+            split = bool(released[j]) and t.gradient_checkpointing != "selective"
+            mo.add("temporaries", "layer backward", mlp_transient[j] if split else transient[j])
             mo.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
             if sharded_params:
                 mo.add("temporaries", "unsharded gradients before reduce-scatter",
@@ -290,6 +302,13 @@ def train_step(r: Resolved) -> TrainResult:
                 if ddp:
                     mo.add("gradients", "DDP buckets", ddp)
             moments.append(mo)
+            if split:
+                # the MLP's backward runs on the whole layer; the attention's backward comes after the
+                # MLP's (and the post-attention norm's) saved tensors are released
+                late = Moment("backward", {k: dict(v) for k, v in mo.parts.items()})
+                late.parts["temporaries"]["layer backward"] = attn_transient[j]
+                late.parts["activations"]["saved by layers"] -= min(released[j], alive + recompute)
+                moments.append(late)
         step = static("optimizer", True)
         step.add("temporaries", "optimizer step", step_temp)
         moments.append(step)

@@ -265,8 +265,13 @@ def _checkpoint_func() -> Callable[..., Any]:
         state = cuda.autocast_state()
 
         def run(*a: Any, **kw: Any) -> Any:
-            with cuda.restore_autocast(state):
-                return function(*a, **kw)
+            marks = [(enter(), leave) for enter, leave in cuda.CHECKPOINT_SCOPES]
+            try:
+                with cuda.restore_autocast(state):
+                    return function(*a, **kw)
+            finally:
+                for depth, leave in marks:
+                    leave(depth)
 
         return checkpoint(run, *args, use_reentrant=False, **kwargs)
 

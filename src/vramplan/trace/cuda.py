@@ -82,6 +82,9 @@ class _State:
 
 _S = _State()
 _LIBS: list[torch.library.Library] = []
+# (enter, exit) callbacks around a checkpointed function (the module scope keeps its stack right
+# when a recomputation stops early by raising out of the layer's forward)
+CHECKPOINT_SCOPES: list[tuple[Callable[[], int], Callable[[int], None]]] = []
 
 
 def sdpa_choices() -> list[SdpaChoice]:

@@ -80,11 +80,26 @@ class Scope:
         self.handles.append(module_mod.register_module_forward_pre_hook(self._pre))
         self.handles.append(module_mod.register_module_forward_hook(self._post))
         self.tracker.where = self.where
+        cuda.CHECKPOINT_SCOPES.append((self._enter, self._leave))
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.tracker.where = None
+        if (self._enter, self._leave) in cuda.CHECKPOINT_SCOPES:
+            cuda.CHECKPOINT_SCOPES.remove((self._enter, self._leave))
+
+    def _enter(self) -> int:
+        return len(self.stack)
+
+    def _leave(self, depth: int) -> None:
+        """A checkpointed function ended (or its recomputation stopped early): unwind to ``depth``."""
+        if len(self.stack) > depth:
+            recomputing = self.phase[0] == "backward" and depth == 0
+            del self.stack[depth:]
+            del self.start_seq[depth:]
+            if recomputing:
+                self.tracker._category = self.saved_category
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         name = self.names.get(id(module))
@@ -105,7 +120,8 @@ class Scope:
         start = self.start_seq.pop()
         if not self.stack and self.phase[0] == "backward":
             self.tracker._category = self.saved_category
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and self.phase[0] == "forward":
+            # (a recomputation's nodes never run backward: claiming them would keep their tensors alive)
             self._claim(output, name, start)
         if id(module) in self.head_ids and self.phase[0] == "forward":
             # after the LM head comes the loss: its tensors are temporaries
@@ -274,6 +290,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
                 with tracker.category("temporaries"):
                     loss.backward()
                 del loss
+                scope.node_module.clear()
                 for n, p in trainable:
                     if p.grad is not None:
                         tracker.relabel(p.grad, "gradients", n)
