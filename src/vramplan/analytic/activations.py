@@ -59,6 +59,7 @@ class ActContext:
     # autocast's lists, so fp32 expert weights (mixed precision) compute and save in fp32.
     expert_bytes: int = 0
     sdpa: bool = True  # attention through torch SDPA (False: the flash-attention package)
+    adapter_bytes: int = 4  # LoRA adapters' dtype (peft keeps them in fp32)
 
     @property
     def ew(self) -> int:
@@ -70,11 +71,13 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
     r = ctx.residual_bytes
     if kind == "rms":
         # LlamaRMSNorm: x.to(fp32) (saved by pow and mul; no copy when x is fp32), then
-        # weight * x_normed.to(input_dtype) saves the normalized tensor in x's dtype.
-        return 4 + r
+        # weight * x_normed.to(input_dtype) saves the normalized tensor in x's dtype, which is
+        # needed only for the weight's gradient (not saved when the base is frozen).
+        return 4 if ctx.frozen_base else 4 + r
     if kind == "gemma_rms":
-        # GemmaRMSNorm: x.float() and the fp32 normalized tensor (multiplied by 1 + weight).
-        return 8
+        # GemmaRMSNorm: x.float() and the fp32 normalized tensor (multiplied by 1 + weight; the
+        # latter is saved for the weight's gradient only).
+        return 4 if ctx.frozen_base else 8
     # LayerNorm: autocast runs layer_norm in fp32 (input cast if needed), saving the fp32 input.
     return 4 if ctx.autocast else r
 
@@ -93,16 +96,39 @@ def _linear_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Act
         if casts or ctx.linear_input_bytes != in_bytes:
             return len(modules) * ctx.linear_input_bytes * width  # one cast per consumer
         return in_bytes * width
-    # Frozen base: only LoRA's A matrix needs the input (and LoRA's dropout its mask and output).
+    return _adapter_inputs(width, modules, in_bytes, ctx)
+
+
+def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext) -> int:
+    """Frozen base: what the LoRA adapters on ``modules`` save, per token.
+
+    peft keeps adapters in fp32 (``get_peft_model(autocast_adapter_dtype=True)``) and casts each
+    adapter's input to that dtype (``_cast_input_dtype``); under autocast the matmul casts it back
+    to the compute dtype, one copy per adapter, saved by lora_A.  Without autocast the fp32 copy is
+    saved (and, when the input already is fp32, the input itself, shared).  LoRA dropout adds its
+    1-byte mask; lora_A's output is saved by lora_B.
+    """
+    c, a = ctx.compute_bytes, ctx.adapter_bytes
     hit = [m for m in modules if m in ctx.lora_targets]
     if not hit:
         return 0
-    per = c if casts else in_bytes
-    saved = (len(hit) if casts else 1) * per * width
+    per = c if ctx.autocast else a
     if ctx.lora_dropout:
-        saved += len(hit) * (1 + in_bytes) * width
-    saved += len(hit) * c * ctx.lora_rank  # lora_A output, saved by lora_B
+        saved = len(hit) * (1 + per) * width
+    elif not ctx.autocast and in_bytes == a:
+        saved = in_bytes * width  # no cast: every adapter saves the same input
+    else:
+        saved = len(hit) * per * width
+    saved += len(hit) * per * ctx.lora_rank  # lora_A output, saved by lora_B
     return saved
+
+
+def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:
+    """The attention output's transpose(1, 2).contiguous() copy, as the output projection saves it
+    (full fine-tuning) or as its adapter saves it (frozen base)."""
+    if not ctx.frozen_base:
+        return ctx.compute_bytes * width
+    return _adapter_inputs(width, (module,), ctx.compute_bytes, ctx)
 
 
 def _saves_input(module: str, ctx: ActContext) -> bool:
@@ -155,12 +181,15 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the
         # kernel is a view of the fused output, which keeps the whole [q|k|v] buffer alive
         saved += c * (qw + kvw)
+    o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj"}.get(m.model_type, "o_proj")
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
         saved += c * (qw + 2 * kvw)  # q, k, v as the kernel saves them (no GQA repeat)
         saved += c * qw  # output (o_proj's input is a view of it: HF transposes a BSHD buffer)
         saved += 4 * heads  # logsumexp, fp32 per head and query
+        if ctx.frozen_base:
+            saved += _adapter_inputs(qw, (o_name,), c, ctx)
         if ctx.sdpa and window and ctx.seq_len >= window:
             # transformers builds an explicit sliding-window mask once the sequence reaches the window;
             # SDPA then runs the memory-efficient kernel, which keeps the mask (converted to the query
@@ -168,8 +197,7 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
             saved += c * ctx.seq_len + 2 * c * (qw - kvw)
     elif ctx.attention == "math":
         saved += _sdpa_math_saved(m, ctx, heads, qw, kvw, s_keys)
-        if _saves_input("o_proj" if m.model_type not in ("gpt2",) else "c_proj", ctx):
-            saved += c * qw  # the output's transpose/reshape copy, o_proj's input
+        saved += _out_proj_input(qw, o_name, ctx)
     else:
         kv_saved = qw if ctx.gqa_repeat else kvw
         saved += c * (qw + 2 * kv_saved)
@@ -180,9 +208,9 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
             # Gemma 2 soft-caps the scores (attn_logit_softcapping, 50 by default): tanh saves its output
             saved += c * probs
         if ctx.dropout and m.attention_dropout > 0:
-            saved += probs * (1 + c)  # mask + dropped probabilities (the AV matmul saves these)
-        if _saves_input("o_proj" if m.model_type not in ("gpt2",) else "c_proj", ctx):
-            saved += c * qw  # transpose(1, 2).contiguous() copy, o_proj's input
+            # the AV matmul saves the dropped probabilities instead of the cast ones: mask + output
+            saved += probs * (1 + c) - (c * probs if c < 4 else 0)
+        saved += _out_proj_input(qw, o_name, ctx)
     saved += _dropout(m.hidden_dropout, ctx) * m.hidden_size
     return saved
 
@@ -258,15 +286,19 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         # the product (down_proj's input)
         ew = ctx.ew
         saved += (act_saved - c + ew + 2 * ew) * inter
-        if _saves_input("down_proj", ctx):
+        if not ctx.frozen_base:
             saved += c * inter
+        else:
+            saved += _adapter_inputs(inter, ("down_proj",), ew, ctx)
     else:
         fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense"}.get(m.model_type, "dense_h_to_4h")
         fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense"}.get(m.model_type, "dense_4h_to_h")
         saved += _linear_inputs(h, (fc1,), in_b, ctx)
         saved += act_saved * inter
         # ReLU saves its output, which is also fc2's input: one tensor, counted once
-        if _saves_input(fc2, ctx) and m.hidden_act != "relu":
+        if ctx.frozen_base:
+            saved += _adapter_inputs(inter, (fc2,), act_out, ctx)
+        elif m.hidden_act != "relu":
             saved += (c if act_out != c or ctx.autocast else act_out) * inter
     saved += _dropout(m.hidden_dropout, ctx) * h
     return saved

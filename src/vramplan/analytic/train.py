@@ -104,8 +104,14 @@ def _shards(s: Scenario, dp: int) -> tuple[int, int, int]:
 def train_step(r: Resolved) -> TrainResult:
     s, m, gpu = r.scenario, r.model, r.gpu
     t, par = s.train, s.parallel
-    pol = policy(s)
     framework = s.effective_framework
+    pol = policy(s)
+    if t.peft is not None and framework != "deepspeed":
+        # peft keeps adapters (the trainable parameters) in fp32: get_peft_model(autocast_adapter_dtype=True)
+        # casts fp16/bf16 adapters up, so their gradients and optimizer states are fp32 too
+        from dataclasses import replace
+
+        pol = replace(pol, param_bytes=_adapter_bytes(pol, framework), grad_bytes=_adapter_bytes(pol, framework))
     dp = s.data_parallel_degree
     tp, pp, cp, ep = par.tp, par.pp, par.cp, par.ep
     shard_os, shard_g, shard_p = _shards(s, dp)
@@ -128,7 +134,7 @@ def train_step(r: Resolved) -> TrainResult:
             if quant != "none" and framework in ("hf-trainer", "accelerate", "plain"):
                 # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
                 base += (rp.total - rp.linear) * (4 - dense_bytes)
-            adapters = trainable * pol.param_bytes
+            adapters = trainable * _adapter_bytes(pol, framework)
         else:
             base = rp.total * pol.param_bytes
             adapters = 0
@@ -171,14 +177,14 @@ def train_step(r: Resolved) -> TrainResult:
             "hf-trainer", "accelerate", "plain")
         tgt = frozenset(targets(peft, m))
         ctx = act.ActContext(
-            compute_bytes=pol.compute_bytes, residual_bytes=pol.residual_bytes,
+            compute_bytes=pol.compute_bytes, residual_bytes=_residual_bytes(pol, peft is not None, kbit),
             linear_input_bytes=pol.linear_input_bytes, autocast=pol.autocast, attention=attention,
             gqa_repeat=repeat, seq_len=t.seq_len, tp=tp, sequence_parallel=par.sequence_parallel,
             frozen_base=peft is not None, lora_targets=tgt, lora_rank=peft.rank if peft else 0,
             lora_dropout=bool(peft and peft.dropout > 0), dora=bool(peft and peft.method == "dora"),
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
             expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
-            sdpa=t.attention == "sdpa",
+            sdpa=t.attention == "sdpa", adapter_bytes=_adapter_bytes(pol, framework),
         )
         layer_specs = [m.layers[i] for i in rp.layers]
         full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
@@ -319,6 +325,20 @@ def train_step(r: Resolved) -> TrainResult:
     communicators = (1 if dp > 1 else 0) + (1 if tp > 1 else 0) + (1 if pp > 1 else 0)
     assumptions.extend(_train_assumptions(s, m, attention, pol, framework))
     return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)))
+
+
+def _adapter_bytes(pol: PrecisionPolicy, framework: str) -> int:
+    """LoRA adapters' dtype: fp32 (peft's autocast_adapter_dtype), except under DeepSpeed's half module."""
+    return pol.param_bytes if framework == "deepspeed" else 4
+
+
+def _residual_bytes(pol: PrecisionPolicy, frozen_base: bool, kbit_prepared: bool) -> int:
+    """The residual stream's dtype: the embeddings' output, kept by the residual adds (autocast leaves
+    additions alone).  Under PEFT the frozen base, embeddings included, is loaded in the half dtype,
+    unless ``prepare_model_for_kbit_training`` cast the non-quantized parameters to fp32."""
+    if not frozen_base:
+        return pol.residual_bytes
+    return 4 if kbit_prepared else pol.frozen_param_bytes
 
 
 def _one_layer(rp: RankParams, params: int) -> RankParams:
