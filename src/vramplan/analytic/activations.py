@@ -175,7 +175,7 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
     saved = _linear_inputs(width_in, mods, in_b, ctx)
     if m.qk_norm:
         # per-head q/k RMSNorm: fp32 copy + normalized tensor; GemmaRMSNorm keeps both in fp32
-        saved += (8 if m.norm == "gemma_rms" else 4 + c) * (qw + kvw)
+        saved += (4 if ctx.frozen_base else 8 if m.norm == "gemma_rms" else 4 + c) * (qw + kvw)
     if mods in (("qkv_proj",), ("query_key_value",)) and m.position == "rope" and m.model_type != "falcon" \
             and ctx.attention != "math":
         # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the

@@ -188,6 +188,13 @@ def train_step(r: Resolved) -> TrainResult:
         )
         layer_specs = [m.layers[i] for i in rp.layers]
         full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        if peft is not None and peft.method == "dora":
+            per_tok, const = _dora_saved(m, tgt, peft.rank, pol.compute_bytes if pol.autocast else 4, tp)
+            full = [f + per_tok * tokens + const for f in full]
+        if peft is not None and t.gradient_checkpointing == "none" and rp.has_embedding and full:
+            # the frozen embeddings' output does not require grad (peft enables input gradients only with
+            # checkpointing), so the first layer's input norm records nothing for the backward
+            full[0] -= min(full[0], act._norm_saved(m.norm, ctx) * m.hidden_size * tokens)
         if t.gradient_checkpointing == "full":
             kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in layer_specs]
         elif t.gradient_checkpointing == "selective":
@@ -288,23 +295,34 @@ def train_step(r: Resolved) -> TrainResult:
             b0.add("temporaries", "logits and loss gradients", loss.backward_peak)
             b0.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
             moments.append(b0)
-        produced = 0 if grads_during_fwd else grad_outside
+        # the input embedding's gradient is produced last (its backward runs after the first layer's);
+        # a tied embedding gets its gradient at the LM head, first
+        embed_grad = 0
+        if peft is None and not m.tie_word_embeddings and rp.has_embedding:
+            emb = sum(p.total for p in m.params if p.role in ("embedding", "position"))
+            embed_grad = min(grad_outside, ceil_div(ceil_div(emb, tp), shard_g) * pol.grad_bytes)
+        produced = 0 if grads_during_fwd else grad_outside - embed_grad
         for j in range(len(layer_specs) - 1, -1, -1):
             mo = static("backward", grads_during_fwd)
             alive = sum(kept[: j + 1]) + (in_flight - 1) * sum(kept)
             recompute = full[j] - kept[j] if t.gradient_checkpointing != "none" else 0
-            mo.add("activations", "saved by layers", alive + shared + recompute)
+            selective = t.gradient_checkpointing == "selective"
+            # selective recomputation re-runs only the attention core, when its backward comes
+            mo.add("activations", "saved by layers", alive + shared + (0 if selective else recompute))
             mo.add("temporaries", "autocast weight copies",
                    cast_per_layer[j] if full_ckpt else sum(cast_per_layer[: j + 1]))
-            split = bool(released[j]) and t.gradient_checkpointing != "selective"
+            split = bool(released[j])
             mo.add("temporaries", "layer backward", mlp_transient[j] if split else transient[j])
             mo.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
             if sharded_params:
                 mo.add("temporaries", "unsharded gradients before reduce-scatter",
                        _grad_bytes_layer(rp, j, trainable, pol, 1, peft))
+            before = produced
             if not grads_during_fwd:
                 produced += grad_layer[j]
-                mo.add("gradients", "parameter gradients", produced)
+                # during the MLP's backward this layer has produced its down projection's gradient
+                mo.add("gradients", "parameter gradients",
+                       before + _down_grad_bytes(m, layer_specs[j], grad_layer[j], peft) if split else produced)
                 if ddp:
                     mo.add("gradients", "DDP buckets", ddp)
             moments.append(mo)
@@ -313,7 +331,10 @@ def train_step(r: Resolved) -> TrainResult:
                 # MLP's (and the post-attention norm's) saved tensors are released
                 late = Moment("backward", {k: dict(v) for k, v in mo.parts.items()})
                 late.parts["temporaries"]["layer backward"] = attn_transient[j]
-                late.parts["activations"]["saved by layers"] -= min(released[j], alive + recompute)
+                late.parts["activations"]["saved by layers"] += (recompute if selective else 0) - min(
+                    released[j], alive + recompute)
+                if not grads_during_fwd:
+                    late.parts["gradients"]["parameter gradients"] = produced
                 moments.append(late)
         step = static("optimizer", True)
         step.add("temporaries", "optimizer step", step_temp)
@@ -325,6 +346,49 @@ def train_step(r: Resolved) -> TrainResult:
     communicators = (1 if dp > 1 else 0) + (1 if tp > 1 else 0) + (1 if pp > 1 else 0)
     assumptions.extend(_train_assumptions(s, m, attention, pol, framework))
     return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)))
+
+
+def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:
+    """DoRA's saved tensors per layer: (per token, constant), from peft's ``DoraLinearLayer.forward``.
+
+    Per target and token: the base output and the LoRA output, each saved by its multiplication
+    with the magnitude scale (2 c out).  Constant per target: the identity ``x_eye [in, in]`` pushed
+    through lora_A to form the low-rank weight, saved by lora_A (and its output [in, r] by lora_B),
+    in the adapter input's dtype (the compute dtype under autocast).
+    """
+    per_tok = const = 0
+    for p in m.params:
+        if not (p.layer_span and p.module in tgt and p.in_features and p.role == "linear"):
+            continue
+        n = p.count // len(p.layer_span)
+        out = ceil_div(p.out_features, tp) if p.tp == "column" else p.out_features
+        fan_in = ceil_div(p.in_features, tp) if p.tp == "row" else p.in_features
+        per_tok += n * 2 * x_bytes * out
+        const += n * x_bytes * fan_in * (fan_in + rank)
+    return per_tok, const
+
+
+def _down_grad_bytes(m: ModelSpec, layer: object, layer_grad: int, peft: object) -> int:
+    """The share of a layer's gradient that belongs to its MLP's output projection (the experts'
+    down projections for MoE): the gradient the MLP's backward produces first.  Adapters: the whole
+    layer's (small)."""
+    from vramplan.spec.model import LayerSpec
+
+    assert isinstance(layer, LayerSpec)
+    h = m.hidden_size
+    n_attn = h * (2 * m.q_width + 2 * m.kv_width)
+    if peft is not None:
+        return layer_grad
+    if layer.moe and m.moe is not None:
+        down = h * (m.moe.num_experts * m.moe.expert_intermediate_size + m.moe.shared_intermediate_size)
+        n_mlp = 3 * down + h * m.moe.num_experts
+    elif layer.intermediate_size:
+        down = h * layer.intermediate_size
+        n_mlp = (3 if m.mlp_gated else 2) * down
+    else:
+        return layer_grad
+    total = n_mlp + n_attn
+    return layer_grad * down // total if total else layer_grad
 
 
 def _adapter_bytes(pol: PrecisionPolicy, framework: str) -> int:
