@@ -13,9 +13,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vramplan.spec.load import resolve  # noqa: E402
-from vramplan.trace.engine import estimate, trace  # noqa: E402
-from vramplan.trace.shrink import catalog_config, shrink  # noqa: E402
+from vramplan.spec.load import resolve
+from vramplan.trace.engine import estimate, trace
+from vramplan.trace.shrink import catalog_config, shrink
 
 FAMILIES = {
     "llama": "meta-llama/Llama-3.1-8B", "mistral": "mistralai/Mistral-7B-v0.1", "qwen2": "Qwen/Qwen2.5-7B",

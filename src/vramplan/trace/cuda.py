@@ -37,14 +37,14 @@ import math
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
-__all__ = ["CudaSpec", "SdpaChoice", "autocast", "cuda_behaviour", "select_sdpa_backend", "sdpa_choices"]
+__all__ = ["CudaSpec", "SdpaChoice", "autocast", "cuda_behaviour", "sdpa_choices", "select_sdpa_backend"]
 
-KEY = DispatchKey.AutocastPrivateUse1
+KEY = DispatchKey.__members__["AutocastPrivateUse1"]
 KEY_NAME = "AutocastPrivateUse1"
 
 
@@ -81,6 +81,12 @@ class _State:
 
 
 _S = _State()
+_Library: Any = torch.library.Library
+
+
+def _apply(fn: Any, *args: Any) -> torch.Tensor:
+    """``torch.autograd.Function.apply`` (untyped in torch) with a typed result."""
+    return cast(torch.Tensor, fn.apply(*args))
 _LIBS: list[torch.library.Library] = []
 # (enter, exit) callbacks around a checkpointed function (the module scope keeps its stack right
 # when a recomputation stops early by raising out of the layer's forward)
@@ -220,18 +226,18 @@ def _softmax_kernel(log: bool) -> Callable[..., Any]:
             dtype = torch.float32
         if x.device.type == "meta" and x.dtype == torch.float16 and dtype == torch.float32:
             # SoftMax.cpp: CUDA half input with dtype=float -> _softmax(half_to_float=True), no copy
-            return inner(x, dim, True)
+            return cast(torch.Tensor, inner(x, dim, True))
         with _exclude():
-            return outer(x, dim, dtype)
+            return cast(torch.Tensor, outer(x, dim, dtype))
 
     return kernel
 
 
 def _dropout_kernel(x: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     if train and 0 < p < 1 and x.numel() > 0:
-        return torch.ops.aten.native_dropout.default(x, p, True)[0]
+        return cast(torch.Tensor, torch.ops.aten.native_dropout.default(x, p, True)[0])
     with _exclude():
-        return torch.ops.aten.dropout.default(x, p, train)
+        return cast(torch.Tensor, torch.ops.aten.dropout.default(x, p, train))
 
 
 # --------------------------------------------------------------------------------------
@@ -269,9 +275,9 @@ def select_sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
             return False
         if not _sm(cap, (8, 0), (12, 1)):
             return False
-        if requires_grad and (_sm(cap, (8, 6), (8, 9)) or _sm(cap, (12, 0), (12, 1))):
-            if not (dq <= 192 or (dropout_p == 0 and dq > 224)):
-                return False
+        if requires_grad and (_sm(cap, (8, 6), (8, 9)) or _sm(cap, (12, 0), (12, 1))) and not (
+                dq <= 192 or (dropout_p == 0 and dq > 224)):
+            return False
         if is_causal and q.shape[-2] != k.shape[-2]:
             return False
         if not low_precision_ok:
@@ -300,7 +306,7 @@ def select_sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
         limit = 256 if (spec.cudnn_d256 and cap[0] in (9, 10)) else 128
         if not (dq <= limit and dv <= limit and dq % 8 == 0 and dv % 8 == 0) or k.shape[-2] == 1:
             return False
-        b, h, s_q, d = q.shape
+        _, h, s_q, d = q.shape
         s_k = k.shape[-2]
 
         def bshd(t: torch.Tensor, s: int, heads: int) -> bool:
@@ -443,13 +449,13 @@ def _sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: t
             pad = 8 - q.shape[-1] % 8
             og = v.shape[-1]
             qp, kp, vp = (torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
-            out = _FusedAttention.apply(qp, kp, vp, backend)
+            out = _apply(_FusedAttention, qp, kp, vp, backend)
             return out[..., :og]
         if attn_mask is not None:
             # efficient attention reads the bias [b, h, s, s] (expanded, 16-aligned): keep it alive
-            out = _BiasedAttention.apply(q, k, v, attn_mask, backend)
+            out = _apply(_BiasedAttention, q, k, v, attn_mask, backend)
             return out
-        return _FusedAttention.apply(q, k, v, backend)
+        return _apply(_FusedAttention, q, k, v, backend)
 
 
 class _BiasedAttention(torch.autograd.Function):
@@ -495,8 +501,7 @@ class _GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
-        shape = (a.shape[0], b.shape[-1]) if b.dim() == 3 else (a.shape[0], b.shape[-1])
-        out = a.new_empty(shape)
+        out = a.new_empty((a.shape[0], b.shape[-1]))
         _zero_like_values(out)
         ctx.save_for_backward(a if b.requires_grad else None, b if a.requires_grad else None, offs)
         ctx.b_shape, ctx.b_stride = tuple(b.shape), tuple(b.stride())
@@ -520,9 +525,9 @@ def _grouped_mm_kernel(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | No
                        bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     if a.device.type == "meta" and (a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16) and bias is None \
             and out_dtype is None and a.dim() == 2 and b.dim() == 3:
-        return _GroupedMM.apply(a, b, offs)  # type: ignore[no-any-return]
+        return _apply(_GroupedMM, a, b, offs)
     with _exclude():
-        return torch.ops.aten._grouped_mm.default(a, b, offs, bias, out_dtype)
+        return cast(torch.Tensor, torch.ops.aten._grouped_mm.default(a, b, offs, bias, out_dtype))
 
 
 # --------------------------------------------------------------------------------------
@@ -531,9 +536,9 @@ def _grouped_mm_kernel(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | No
 def _register() -> None:
     if _LIBS:
         return
-    fallback = torch.library.Library("_", "IMPL")  # noqa: TOR901
+    fallback = _Library("_", "IMPL")  # noqa: TOR901
     fallback.fallback(torch.library.fallthrough_kernel, KEY_NAME)
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    lib = _Library("aten", "IMPL")  # noqa: TOR901
     for names, policy in ((_LOWER, "lower"), (_FP32, "fp32"), (_SET_OPT_DTYPE, "set_opt_dtype"),
                           (_PROMOTE, "promote")):
         for name in names:
@@ -604,7 +609,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         pad = 8 - og % 8
         q, k, v = (torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
     _S.choices.append(SdpaChoice("flash_attn", tuple(q.shape), str(q.dtype).replace("torch.", "")))
-    out = _FusedAttention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "flash_attn")
+    out = _apply(_FusedAttention, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "flash_attn")
     out = out.transpose(1, 2)
     return out[..., :og] if og % 8 else out
 

@@ -46,8 +46,8 @@ def report_and_trace(source: str | Path | dict[str, Any] | Scenario | Resolved,
 
 def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
     s = r.scenario
-    out = ["traced on the meta device: the real transformers/peft/torch code of one step, every tensor storage "
-           "followed from allocation to release"]
+    out = [("traced on the meta device: the real transformers/peft/torch code of one step, every tensor storage "
+            "followed from allocation to release")]
     kernels = sorted({c.backend for c in st.sdpa})
     if kernels:
         cap = r.gpu.compute_capability or "9.0"

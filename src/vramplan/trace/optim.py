@@ -144,7 +144,8 @@ def make_optimizer(kind: str, model: torch.nn.Module, params_override: list[tupl
     elif kind == "adafactor":
         from transformers.optimization import Adafactor
 
-        opt = Adafactor(pg, lr=lr, scale_parameter=False, relative_step=False)
+        factory: Any = Adafactor
+        opt = factory(pg, lr=lr, scale_parameter=False, relative_step=False)
     elif kind == "lion":
         opt = Lion(pg, lr=lr)
     elif kind in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
@@ -155,7 +156,7 @@ def make_optimizer(kind: str, model: torch.nn.Module, params_override: list[tupl
     return OptimizerSetup(opt, names=names)
 
 
-def init_states(setup: OptimizerSetup, params: list[torch.nn.Parameter]) -> None:
+def init_states(setup: OptimizerSetup, params: list[torch.Tensor]) -> None:
     """Run one step on zero gradients so that the states exist (the steady-state step has them)."""
     if setup.optimizer is None:
         return

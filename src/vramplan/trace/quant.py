@@ -26,7 +26,7 @@ the outlier columns are not sized.)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -99,7 +99,7 @@ class QuantLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "int8":
-            return _MatMul8bit.apply(x, self)  # type: ignore[no-any-return]
+            return _apply(_MatMul8bit, x, self)
         inp_dtype = x.dtype
         x = x.to(self.compute_dtype)
         bias = None if self.bias is None else self.bias.to(self.compute_dtype)
@@ -111,8 +111,12 @@ class QuantLinear(torch.nn.Linear):
             if bias is not None:
                 out = out + bias
         else:
-            out = _MatMul4Bit.apply(x, self, bias)
-        return out.to(inp_dtype)  # type: ignore[no-any-return]
+            out = _apply(_MatMul4Bit, x, self, bias)
+        return out.to(inp_dtype)
+
+
+def _apply(fn: Any, *args: Any) -> torch.Tensor:
+    return cast(torch.Tensor, fn.apply(*args))
 
 
 class _MatMul4Bit(torch.autograd.Function):
@@ -173,7 +177,8 @@ def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtyp
     """
     from transformers.pytorch_utils import Conv1D
 
-    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    getter: Any = getattr(model, "get_output_embeddings", None)
+    out_emb = getter() if getter is not None else None
     shared: dict[str, torch.Tensor] = {}
     state: list[torch.Tensor] = []
     for name, parent in list(model.named_modules()):

@@ -27,7 +27,7 @@ def catalog_config(model_id: str) -> dict[str, Any]:
 
 
 def _mult(n: float, m: int = 16) -> int:
-    return max(m, int(round(n / m)) * m)
+    return max(m, round(n / m) * m)
 
 
 def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: int = 4096,
@@ -53,9 +53,9 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
     c["max_position_embeddings"] = max(int(c.get("max_position_embeddings") or 2048), 4096)
     if "num_key_value_heads" in c or mt in ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
         c["num_key_value_heads"] = max(1, heads // ratio)
-    if "head_dim" in c and c["head_dim"]:
+    if c.get("head_dim"):
         c["head_dim"] = head_dim
-    if "intermediate_size" in c and c["intermediate_size"]:
+    if c.get("intermediate_size"):
         c["intermediate_size"] = _mult(c["intermediate_size"] * hidden / old_h)
     if mt == "opt":
         c["ffn_dim"] = _mult(c["ffn_dim"] * hidden / old_h)

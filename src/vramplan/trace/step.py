@@ -28,7 +28,7 @@ from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.build import Built, build_model, trace_policy
 from vramplan.trace.optim import OptimizerSetup, init_states, make_optimizer
-from vramplan.trace.tracker import TrackEvent, Tracker
+from vramplan.trace.tracker import Tracker, TrackEvent
 
 __all__ = ["StepTrace", "cuda_spec", "trace_inference", "trace_train"]
 
@@ -198,7 +198,7 @@ def _maybe_autocast_patch() -> Iterator[None]:
             patched.append((mod, "maybe_autocast", original))
             mod.maybe_autocast = maybe_autocast  # type: ignore[attr-defined]
     patched.append((masking_utils, "find_packed_sequence_indices", find_packed))
-    masking_utils.find_packed_sequence_indices = find_packed_sequence_indices  # type: ignore[assignment]
+    masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
     try:
         yield
     finally:
@@ -254,7 +254,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
 
     with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch():
         with tracker.paused():
-            init_states(setup, masters or params)
+            init_states(setup, list(masters) or list(params))
         for name, st in setup.state_tensors():
             if st.device.type == device and setup.managed:
                 managed += st.untyped_storage().nbytes()
@@ -288,7 +288,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
                 tracker.mark("backward")
                 tracker.synthetic(ws_bytes, "other", "cuBLAS workspace (autograd thread)")
                 with tracker.category("temporaries"):
-                    loss.backward()
+                    backward: Any = loss.backward
+                    backward()
                 del loss
                 scope.node_module.clear()
                 for n, p in trainable:
@@ -335,10 +336,10 @@ def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tenso
         out = model(input_ids=ids, labels=labels, use_cache=False)
     with tracker.category("temporaries"):
         logits = getattr(out, "logits", None)
-        if autocast is not None and framework in ("hf-trainer", "accelerate") and isinstance(logits, torch.Tensor):
-            # accelerate's convert_outputs_to_fp32 wraps the autocast forward: half outputs become fp32
-            if logits.dtype in (torch.float16, torch.bfloat16):
-                out["logits"] = logits.float()
+        # accelerate's convert_outputs_to_fp32 wraps the autocast forward: half outputs become fp32
+        if autocast is not None and framework in ("hf-trainer", "accelerate") and isinstance(logits, torch.Tensor) \
+                and logits.dtype in (torch.float16, torch.bfloat16):
+            out["logits"] = logits.float()
         loss = out.loss
         del out, logits
     tracker.relabel(loss, "temporaries", "loss")
@@ -395,7 +396,8 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.track(ids, "other", "input ids")
             phase[0] = "prefill"
             tracker.mark("prefill")
-            cache = DynamicCache(config=model.config)
+            config: Any = model.config
+            cache = DynamicCache(config=config)
             with tracker.category("activations"):
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
@@ -436,7 +438,8 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
     """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    config: Any = model.config
+    cache = DynamicCache(config=config)
     shapes = _kv_shapes(model)
     with tracker.category("kv_cache"):
         for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
@@ -452,7 +455,7 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
 
 def _kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
     """(kv heads, key dim, value dim, dtype) of each attention layer, from the projections' shapes."""
-    cfg = model.config
+    cfg: Any = model.config
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     n_layers = int(text.num_hidden_layers)
     heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)

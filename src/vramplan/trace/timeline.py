@@ -94,10 +94,10 @@ def _svg(data: dict[str, Any], width: int = 960, height: int = 360) -> str:
         return pad_l + (x - x0) / (x1 - x0) * w
 
     def py(y: float) -> float:
-        return 10 + h - y / ymax * h
+        return float(10 + h - y / ymax * h)
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="11">']
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+              f'font-family="sans-serif" font-size="11">')]
     base = [0] * len(xs)
     for cat in data["categories"]:
         vals = series[cat]
