@@ -104,8 +104,10 @@ def register(app: typer.Typer) -> None:
                 write_timeline(timeline, data)
         except VramplanError as exc:
             problems = getattr(exc, "problems", None)
+            from rich.markup import escape
+
             for p in problems or [exc]:
-                err.print(f"[red]error:[/] {p}", highlight=False)
+                err.print(f"[red]error:[/] {escape(str(p))}", highlight=False)
             raise typer.Exit(2) from None
         if as_json:
             payload = report.to_json_dict()
