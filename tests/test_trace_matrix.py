@@ -25,6 +25,8 @@ from vramplan.analytic.engine import estimate as analytic_estimate
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.spec.load import resolve
 from vramplan.trace.engine import trace
+from vramplan.trace.parallel import apply_parallel
+from vramplan.trace.report import peak_of
 from vramplan.trace.shrink import catalog_config, shrink
 
 TOLERANCE = 0.03
@@ -38,7 +40,7 @@ FAMILIES = {
 }
 
 LORA = {"method": "lora", "rank": 16}
-ROWS: list[tuple[str, dict[str, Any], tuple[int, int]]] = [
+ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, Any], tuple[int, int], dict[str, Any]]] = [
     # every family, bf16-mixed (gemma2 needs eager or flash attention: sdpa rejects its soft-capping)
     *[(fam, {"attention": "eager"} if fam == "gemma2" else {}, (2, 512)) for fam in FAMILIES],
     # precision
@@ -74,21 +76,26 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]]] = [
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),
+    # data parallel: DDP buckets, ZeRO-2 and FSDP sharding (applied to the traced tensors)
+    ("llama", {}, (2, 512), {"hardware": {"gpu": "a100", "num_gpus": 4}}),
+    ("llama", {}, (2, 512), {"framework": "deepspeed", "hardware": {"gpu": "a100", "num_gpus": 8},
+                             "parallel": {"zero_stage": 2}}),
+    ("llama", {}, (2, 512), {"hardware": {"gpu": "a100", "num_gpus": 8}, "parallel": {"fsdp": "full_shard"}}),
 ]
 
 
-def _compare(fam: str, train: dict[str, Any], bs: tuple[int, int]) -> tuple[int, int, str, str]:
+def _compare(fam: str, train: dict[str, Any], bs: tuple[int, int],
+             extra: dict[str, Any]) -> tuple[int, int, str, str]:
     cfg = shrink(catalog_config(FAMILIES[fam]), vocab=2048)
     doc = {"model": cfg, "hardware": {"gpu": "a100"},
-           "train": {"micro_batch_size": bs[0], "seq_len": bs[1], **train}}
+           "train": {"micro_batch_size": bs[0], "seq_len": bs[1], **train}, **extra}
     r = resolve(doc)
     _, st = trace(r)
+    events, marks, *_ = apply_parallel(r, st)
     ws = cublas_workspace_bytes(r.gpu, handles=2)
     a = analytic_estimate(r)
-    from vramplan.trace.report import peak_of
-
-    return st.raw_peak_bytes - ws, a.per_gpu.peak_allocated_bytes - ws, peak_of(st.events, st.marks).phase, \
-        a.per_gpu.peak_phase
+    pk = peak_of(events, marks)
+    return pk.raw_bytes - ws, a.per_gpu.peak_allocated_bytes - ws, pk.phase, a.per_gpu.peak_phase
 
 
 def test_matrix_analytic_matches_trace() -> None:
@@ -96,11 +103,14 @@ def test_matrix_analytic_matches_trace() -> None:
     lines = [f"{'family':<12} {'configuration':<88} {'b x s':>8} {'trace MiB':>10} {'analytic MiB':>12} {'diff':>7}"]
     diffs: list[float] = []
     bad: list[str] = []
-    for fam, train, bs in ROWS:
-        t, a, _tp, _ap = _compare(fam, train, bs)
+    for row in ROWS:
+        fam, train, bs = row[0], row[1], row[2]
+        extra: dict[str, Any] = row[3] if len(row) > 3 else {}  # type: ignore[misc]
+        t, a, _tp, _ap = _compare(fam, train, bs, extra)
         d = a / t - 1
         diffs.append(abs(d))
-        line = (f"{fam:<12} {json.dumps(train):<88} {bs[0]:>3} x {bs[1]:<4} {t / 2**20:>10.2f} {a / 2**20:>12.2f} "
+        what = json.dumps({**train, **extra})
+        line = (f"{fam:<12} {what:<88} {bs[0]:>3} x {bs[1]:<4} {t / 2**20:>10.2f} {a / 2**20:>12.2f} "
                 f"{100 * d:>+6.1f}%")
         lines.append(line)
         if abs(d) > TOLERANCE:

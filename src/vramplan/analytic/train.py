@@ -264,12 +264,13 @@ def train_step(r: Resolved) -> TrainResult:
         base_static.add("other", "cuBLAS workspaces", workspaces)
         moments: list[Moment] = []
 
-        def static(phase: str, with_grads: bool, base_static: Moment = base_static, grads: int = grads,
-                   ddp: int = ddp) -> Moment:
+        # DDP's reducer allocates its flat buckets when the model is wrapped and keeps them: resident always
+        base_static.add("gradients", "DDP buckets", ddp)
+
+        def static(phase: str, with_grads: bool, base_static: Moment = base_static, grads: int = grads) -> Moment:
             mo = Moment(phase, {k: dict(v) for k, v in base_static.parts.items()})
             if with_grads:
                 mo.add("gradients", "parameter gradients", grads)
-                mo.add("gradients", "DDP buckets", ddp)
             return mo
 
         acts_total = sum(kept) * in_flight
@@ -323,8 +324,6 @@ def train_step(r: Resolved) -> TrainResult:
                 # during the MLP's backward this layer has produced its down projection's gradient
                 mo.add("gradients", "parameter gradients",
                        before + _down_grad_bytes(m, layer_specs[j], grad_layer[j], peft) if split else produced)
-                if ddp:
-                    mo.add("gradients", "DDP buckets", ddp)
             moments.append(mo)
             if split:
                 # the MLP's backward runs on the whole layer; the attention's backward comes after the

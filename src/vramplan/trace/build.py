@@ -77,8 +77,10 @@ def trace_policy(r: Resolved) -> Policy:
     if s.effective_framework == "deepspeed":
         return Policy(half, half, None, True, half)
     if s.parallel.fsdp != "none" or s.effective_framework == "torchtitan":
-        # FSDP MixedPrecision(param_dtype=half): fp32 sharded parameters, half compute copies
-        return Policy(torch.float32, half, None, False, half)
+        # FSDP MixedPrecision(param_dtype=half): the module computes with half (all-gathered) parameters,
+        # the optimizer updates the fp32 sharded ones: traced as half parameters plus fp32 copies
+        # that parallel.py turns into FSDP's sharded fp32 parameters
+        return Policy(half, half, None, True, half)
     return Policy(torch.float32, half, half, False, half)
 
 

@@ -78,19 +78,38 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
         k = len(buckets)
         return (_prepend(events, [(b, "gradients", "DDP buckets") for b in buckets]),
                 [(seq + k, ph) for seq, ph in marks], 1, Host(), notes)
-    factor = {"weights": shard_p, "gradients": shard_g, "optimizer_states": shard_os, "master_weights": shard_os}
+    fsdp = s.parallel.fsdp != "none" or s.effective_framework == "torchtitan"
+    opt_start = next((seq for seq, ph in marks if ph == "optimizer"), len(events))
     out: list[TrackEvent] = []
     for ev in events:
-        f = factor.get(ev.category, 1)
-        if f > 1 and (ev.op not in ("input ids and labels",)):
+        cat, num, den = ev.category, 1, 1
+        if cat == "weights" and fsdp and shard_p > 1 and ev.op not in ("quantization state",):
+            continue  # FSDP keeps no sharded half copy: the half parameters exist only when gathered
+        if cat == "weights" and ev.op != "input ids and labels":
+            den = shard_p
+        elif cat == "gradients":
+            # FSDP reduce-scatters in fp32 (reduce_dtype): the kept shard of a half gradient is twice its bytes
+            num, den = (2 if fsdp else 1), shard_g
+        elif cat in ("optimizer_states", "master_weights"):
+            den = shard_os
+        elif cat == "temporaries" and ev.seq >= opt_start:
+            den = shard_os  # the optimizer step works on this rank's shard
+        if fsdp and cat == "master_weights":
+            cat = "weights"  # FSDP's fp32 parameters are the sharded originals
+        if num != 1 or den != 1 or cat != ev.category:
             sign = 1 if ev.nbytes > 0 else -1
-            out.append(replace(ev, nbytes=sign * ceil_div(abs(ev.nbytes), f)))
+            out.append(replace(ev, nbytes=sign * ceil_div(abs(ev.nbytes) * num, den), category=cat))
         else:
             out.append(ev)
-    notes.append(f"ZeRO/FSDP sharding applied to the traced tensors: states/masters / {shard_os}, gradients / "
-                 f"{shard_g}, parameters / {shard_p} (not traced through fully_shard)")
+    notes.append(f"{'FSDP' if fsdp else 'ZeRO'} sharding applied to the traced tensors: optimizer states and fp32 "
+                 f"parameters / {shard_os}, gradients / {shard_g}, half parameters / {shard_p} "
+                 "(not traced through fully_shard, which refuses meta-device parameters)")
     if shard_p > 1:
-        gathered = 2 * _largest_layer_bytes(events, half=2 if s.train.precision != "fp32" else 4)
+        # the traced parameters are in the compute dtype already (half under mixed precision)
+        gathered = 2 * _largest_layer_bytes(events)
+        if fsdp:
+            # FSDP's root unit (embeddings, final norm, LM head) stays gathered from forward to backward
+            gathered += _outside_layers_bytes(events)
         out, marks = _with_gathered(out, marks, gathered)
         notes.append("ZeRO-3/FSDP: the running layer's parameters and the prefetched next layer's are gathered "
                      "in the compute dtype")
@@ -101,8 +120,8 @@ def _grad_sizes(events: list[TrackEvent]) -> list[int]:
     return [ev.nbytes for ev in events if ev.nbytes > 0 and ev.category == "gradients"]
 
 
-def _largest_layer_bytes(events: list[TrackEvent], half: int) -> int:
-    """Parameters of the largest decoder layer, in the compute dtype (elements from the weights' bytes)."""
+def _largest_layer_bytes(events: list[TrackEvent]) -> int:
+    """Bytes of the largest decoder layer's parameters (as traced: in the compute dtype)."""
     per_layer: dict[str, int] = {}
     for ev in events:
         if ev.nbytes > 0 and ev.category == "weights":
@@ -111,8 +130,13 @@ def _largest_layer_bytes(events: list[TrackEvent], half: int) -> int:
                 per_layer[m.group(1)] = per_layer.get(m.group(1), 0) + ev.nbytes
     if not per_layer:
         return 0
-    largest = max(per_layer.values())
-    return largest * half // 4 if half < 4 else largest
+    return max(per_layer.values())
+
+
+def _outside_layers_bytes(events: list[TrackEvent]) -> int:
+    """Bytes of the parameters outside the decoder layers (embeddings, final norm, LM head)."""
+    return sum(ev.nbytes for ev in events if ev.nbytes > 0 and ev.category == "weights"
+               and ev.op not in ("input ids and labels", "quantization state") and not _LAYER.search(ev.op))
 
 
 def _prepend(events: list[TrackEvent], blocks: list[tuple[int, str, str]]) -> list[TrackEvent]:

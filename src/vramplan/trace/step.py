@@ -237,10 +237,12 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
         masters = [p.detach().float().requires_grad_(True) for p in params]
         override = [(n, torch.nn.Parameter(m)) for (n, _), m in zip(trainable, masters, strict=True)]
         masters = [p for _, p in override]
-        notes.append("DeepSpeed: fp32 master weights and the optimizer step on them (fused Adam, in place)")
+        if s.parallel.fsdp == "none" and framework != "torchtitan":
+            notes.append("DeepSpeed: fp32 master weights and the optimizer step on them (fused Adam, in place)")
     kind = t.optimizer
-    if pol.master_fp32 and kind == "adamw":
-        kind = "adamw-fused"
+    fsdp = s.parallel.fsdp != "none" or framework == "torchtitan"
+    if pol.master_fp32 and kind == "adamw" and not fsdp:
+        kind = "adamw-fused"  # DeepSpeed's FusedAdam updates in place
     setup: OptimizerSetup = make_optimizer(kind, opt_model, override)
     devices = (device,)
     tracker = Tracker(devices=devices)
