@@ -71,3 +71,22 @@ def test_family_inference(family: str) -> None:
     assert set(pg.phases) == {"prefill", "decode"}
     # weights in bf16, counted once
     assert pg.breakdown["weights"] >= 2 * rep.model["parameters"]
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full", "selective"])
+def test_nothing_saved_for_backward_survives_into_the_optimizer_step(checkpointing: str) -> None:
+    # a recomputed layer's autocast casts, attribution bookkeeping or early-stopped recomputations
+    # must not keep activations alive once the backward is over
+    cfg = shrink(catalog_config(FAMILIES["llama"]), hidden=128, vocab=512)
+    doc = {"model": cfg, "hardware": {"gpu": "a100"},
+           "train": {"micro_batch_size": 2, "seq_len": 64, "gradient_checkpointing": checkpointing,
+                     "attention": "eager"}}
+    _, st = trace(resolve(doc))
+    opt = dict((ph, seq) for seq, ph in st.marks)["optimizer"]
+    live: dict[int, str] = {}
+    for ev in st.events[:opt]:
+        if ev.nbytes > 0:
+            live[ev.storage_id] = ev.category
+        else:
+            live.pop(ev.storage_id, None)
+    assert "activations" not in live.values()

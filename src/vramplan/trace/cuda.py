@@ -591,15 +591,17 @@ def autocast_state() -> torch.dtype | None:
 
 @contextlib.contextmanager
 def restore_autocast(dtype: torch.dtype | None) -> Iterator[None]:
-    """Re-enter the autocast state captured in the forward (checkpoint recomputation)."""
-    old = _S.autocast_dtype
-    _S.autocast_dtype = dtype
-    old_flags = _set_torch_flags(dtype)
-    try:
+    """Re-enter the autocast state captured in the forward (checkpoint recomputation).
+
+    torch.utils.checkpoint re-enters ``torch.autocast`` for the recomputation; leaving it (outside
+    any other autocast region, as in the backward) clears the cast cache, so the recomputed
+    layer's cast weights live only as long as its saved tensors need them.
+    """
+    if dtype is None:
         yield
-    finally:
-        _S.autocast_dtype = old
-        _restore_torch_flags(old_flags)
+        return
+    with autocast(dtype):
+        yield
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
