@@ -82,7 +82,7 @@ def test_nothing_saved_for_backward_survives_into_the_optimizer_step(checkpointi
            "train": {"micro_batch_size": 2, "seq_len": 64, "gradient_checkpointing": checkpointing,
                      "attention": "eager"}}
     _, st = trace(resolve(doc))
-    opt = dict((ph, seq) for seq, ph in st.marks)["optimizer"]
+    opt = {ph: seq for seq, ph in st.marks}["optimizer"]
     live: dict[int, str] = {}
     for ev in st.events[:opt]:
         if ev.nbytes > 0:

@@ -347,7 +347,40 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
     norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
     if ctx.sequence_parallel and ctx.tp > 1:
         norms = ceil_div(norms, ctx.tp)
-    return mlp_saved(m, layer, ctx) + norms
+    freed = mlp_saved(m, layer, ctx) + norms
+    if ctx.attention == "eager" and m.mla is None:
+        # eager attention's backward reaches the softmax after the output projection's and the
+        # probabilities-times-values backward: their saved input, the cast (or dropped) probabilities
+        # and the values are released by then
+        c = ctx.compute_bytes
+        heads = ceil_div(m.num_attention_heads, ctx.tp)
+        qw = heads * m.head_dim
+        kvw = max(1, ceil_div(m.num_kv_heads, ctx.tp)) * m.head_dim
+        probs = heads * (min(ctx.seq_len, layer.sliding_window) if (
+            layer.sliding_window and ctx.attention == "flash") else ctx.seq_len)
+        o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj"}.get(
+            m.model_type, "o_proj")
+        freed += _out_proj_input(qw, o_name, ctx) + c * (qw if ctx.gqa_repeat else kvw)
+        dropped = ctx.dropout and m.attention_dropout > 0
+        freed += c * probs if (dropped or c < 4) else 0
+    return freed
+
+
+def freed_before_mlp_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """What the MLP's backward has released by the time its elementwise gradients peak: the output
+    projection's saved input (its backward runs first); for MoE also the experts' down output."""
+    c = ctx.compute_bytes
+    if layer.moe and m.moe is not None:
+        e = m.moe
+        w = ctx.expert_bytes or c
+        per_routed = w * m.hidden_size + (w * e.expert_intermediate_size if not ctx.frozen_base else 0)
+        return e.top_k * per_routed
+    inter = ceil_div(layer.intermediate_size, ctx.tp)
+    if m.mlp_gated:
+        if not ctx.frozen_base:
+            return c * inter
+        return _adapter_inputs(inter, ("down_proj",), ctx.ew, ctx)
+    return 0
 
 
 def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, int]:

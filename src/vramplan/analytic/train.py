@@ -207,6 +207,7 @@ def train_step(r: Resolved) -> TrainResult:
         attn_transient = [tr[1] * tokens for tr in transients]
         # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
         released = [act.freed_before_attention_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        mlp_released = [act.freed_before_mlp_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
         shared = act.shared_saved_per_token(m, ctx) * tokens
         # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
         in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
@@ -309,9 +310,15 @@ def train_step(r: Resolved) -> TrainResult:
             recompute = full[j] - kept[j] if t.gradient_checkpointing != "none" else 0
             selective = t.gradient_checkpointing == "selective"
             # selective recomputation re-runs only the attention core, when its backward comes
-            mo.add("activations", "saved by layers", alive + shared + (0 if selective else recompute))
+            # by the MLP's elementwise backward, the output projection's backward has freed its input
+            mo.add("activations", "saved by layers", alive + shared + (0 if selective else recompute)
+                   - min(mlp_released[j], alive + recompute))
+            # (the output projection's cast weight is released with its saved input, before the MLP's
+            # elementwise backward)
+            down_cast = (m.hidden_size * ceil_div(layer_specs[j].intermediate_size, tp) * pol.weight_cast_bytes
+                         if cast_per_layer[j] and not layer_specs[j].moe else 0)
             mo.add("temporaries", "autocast weight copies",
-                   cast_per_layer[j] if full_ckpt else sum(cast_per_layer[: j + 1]))
+                   (cast_per_layer[j] if full_ckpt else sum(cast_per_layer[: j + 1])) - down_cast)
             split = bool(released[j])
             mo.add("temporaries", "layer backward", mlp_transient[j] if split else transient[j])
             mo.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
@@ -331,7 +338,7 @@ def train_step(r: Resolved) -> TrainResult:
                 late = Moment("backward", {k: dict(v) for k, v in mo.parts.items()})
                 late.parts["temporaries"]["layer backward"] = attn_transient[j]
                 late.parts["activations"]["saved by layers"] += (recompute if selective else 0) - min(
-                    released[j], alive + recompute)
+                    released[j], alive + recompute) + min(mlp_released[j], alive + recompute)
                 if not grads_during_fwd:
                     late.parts["gradients"]["parameter gradients"] = produced
                 moments.append(late)
