@@ -54,6 +54,12 @@ class ActContext:
     # Linear4bit/Linear8bitLt return ``out.to(input_dtype)``, so with fp32 hidden states (after
     # prepare_model_for_kbit_training) the MLP's SiLU and product run and are saved in fp32.
     elementwise_bytes: int = 0
+    # dtype bytes of the routed experts' tensors: transformers >= 5 runs them through
+    # ``torch.nn.functional.grouped_mm`` on ``input.to(weight.dtype)``, and grouped_mm is not on
+    # autocast's lists, so fp32 expert weights (mixed precision) compute and save in fp32.
+    expert_bytes: int = 0
+    sdpa: bool = True  # attention through torch SDPA (False: the flash-attention package)
+    adapter_bytes: int = 4  # LoRA adapters' dtype (peft keeps them in fp32)
 
     @property
     def ew(self) -> int:
@@ -65,11 +71,13 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
     r = ctx.residual_bytes
     if kind == "rms":
         # LlamaRMSNorm: x.to(fp32) (saved by pow and mul; no copy when x is fp32), then
-        # weight * x_normed.to(input_dtype) saves the normalized tensor in x's dtype.
-        return 4 + r
+        # weight * x_normed.to(input_dtype) saves the normalized tensor in x's dtype, which is
+        # needed only for the weight's gradient (not saved when the base is frozen).
+        return 4 if ctx.frozen_base else 4 + r
     if kind == "gemma_rms":
-        # GemmaRMSNorm: x.float() and the fp32 normalized tensor (multiplied by 1 + weight).
-        return 8
+        # GemmaRMSNorm: x.float() and the fp32 normalized tensor (multiplied by 1 + weight; the
+        # latter is saved for the weight's gradient only).
+        return 4 if ctx.frozen_base else 8
     # LayerNorm: autocast runs layer_norm in fp32 (input cast if needed), saving the fp32 input.
     return 4 if ctx.autocast else r
 
@@ -88,16 +96,39 @@ def _linear_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Act
         if casts or ctx.linear_input_bytes != in_bytes:
             return len(modules) * ctx.linear_input_bytes * width  # one cast per consumer
         return in_bytes * width
-    # Frozen base: only LoRA's A matrix needs the input (and LoRA's dropout its mask and output).
+    return _adapter_inputs(width, modules, in_bytes, ctx)
+
+
+def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext) -> int:
+    """Frozen base: what the LoRA adapters on ``modules`` save, per token.
+
+    peft keeps adapters in fp32 (``get_peft_model(autocast_adapter_dtype=True)``) and casts each
+    adapter's input to that dtype (``_cast_input_dtype``); under autocast the matmul casts it back
+    to the compute dtype, one copy per adapter, saved by lora_A.  Without autocast the fp32 copy is
+    saved (and, when the input already is fp32, the input itself, shared).  LoRA dropout adds its
+    1-byte mask; lora_A's output is saved by lora_B.
+    """
+    c, a = ctx.compute_bytes, ctx.adapter_bytes
     hit = [m for m in modules if m in ctx.lora_targets]
     if not hit:
         return 0
-    per = c if casts else in_bytes
-    saved = (len(hit) if casts else 1) * per * width
+    per = c if ctx.autocast else a
     if ctx.lora_dropout:
-        saved += len(hit) * (1 + in_bytes) * width
-    saved += len(hit) * c * ctx.lora_rank  # lora_A output, saved by lora_B
+        saved = len(hit) * (1 + per) * width
+    elif not ctx.autocast and in_bytes == a:
+        saved = in_bytes * width  # no cast: every adapter saves the same input
+    else:
+        saved = len(hit) * per * width
+    saved += len(hit) * per * ctx.lora_rank  # lora_A output, saved by lora_B
     return saved
+
+
+def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:
+    """The attention output's transpose(1, 2).contiguous() copy, as the output projection saves it
+    (full fine-tuning) or as its adapter saves it (frozen base)."""
+    if not ctx.frozen_base:
+        return ctx.compute_bytes * width
+    return _adapter_inputs(width, (module,), ctx.compute_bytes, ctx)
 
 
 def _saves_input(module: str, ctx: ActContext) -> bool:
@@ -143,24 +174,62 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         mods = ("q_proj", "k_proj", "v_proj")
     saved = _linear_inputs(width_in, mods, in_b, ctx)
     if m.qk_norm:
-        saved += (4 + c) * (qw + kvw)
+        # per-head q/k RMSNorm: fp32 copy + normalized tensor; GemmaRMSNorm keeps both in fp32
+        saved += (4 if ctx.frozen_base else 8 if m.norm == "gemma_rms" else 4 + c) * (qw + kvw)
+    if mods in (("qkv_proj",), ("query_key_value",)) and m.position == "rope" and m.model_type != "falcon" \
+            and ctx.attention != "math":
+        # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the
+        # kernel is a view of the fused output, which keeps the whole [q|k|v] buffer alive
+        saved += c * (qw + kvw)
+    o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj"}.get(m.model_type, "o_proj")
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
         saved += c * (qw + 2 * kvw)  # q, k, v as the kernel saves them (no GQA repeat)
         saved += c * qw  # output (o_proj's input is a view of it: HF transposes a BSHD buffer)
         saved += 4 * heads  # logsumexp, fp32 per head and query
+        if ctx.frozen_base:
+            saved += _adapter_inputs(qw, (o_name,), c, ctx)
+        if ctx.sdpa and window and ctx.seq_len >= window:
+            # transformers builds an explicit sliding-window mask once the sequence reaches the window;
+            # SDPA then runs the memory-efficient kernel, which keeps the mask (converted to the query
+            # dtype, [b, 1, s, s]), and transformers repeats K/V to every head (no enable_gqa with a mask)
+            saved += c * ctx.seq_len + 2 * c * (qw - kvw)
+    elif ctx.attention == "math":
+        saved += _sdpa_math_saved(m, ctx, heads, qw, kvw, s_keys)
+        saved += _out_proj_input(qw, o_name, ctx)
     else:
         kv_saved = qw if ctx.gqa_repeat else kvw
         saved += c * (qw + 2 * kv_saved)
         # scores -> softmax(dtype=fp32) saved (4 B) -> .to(c) saved by the AV matmul (c B)
         probs = heads * s_keys
         saved += 4 * probs + (c * probs if c < 4 else 0)
+        if m.model_type == "gemma2":
+            # Gemma 2 soft-caps the scores (attn_logit_softcapping, 50 by default): tanh saves its output
+            saved += c * probs
         if ctx.dropout and m.attention_dropout > 0:
-            saved += probs * (1 + c)  # mask + dropped probabilities (the AV matmul saves these)
-        if _saves_input("o_proj" if m.model_type not in ("gpt2",) else "c_proj", ctx):
-            saved += c * qw  # transpose(1, 2).contiguous() copy, o_proj's input
+            # the AV matmul saves the dropped probabilities instead of the cast ones: mask + output
+            saved += probs * (1 + c) - (c * probs if c < 4 else 0)
+        saved += _out_proj_input(qw, o_name, ctx)
     saved += _dropout(m.hidden_dropout, ctx) * m.hidden_size
+    return saved
+
+
+def _sdpa_math_saved(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int, s_keys: int) -> int:
+    """SDPA's math backend (attention.cpp ``_scaled_dot_product_attention_math``), per token.
+
+    Half inputs are upcast to fp32 (``allowFP16BF16ReductionMathSDP`` is off by default); the
+    scaled query, the scaled transposed keys, the fp32 softmax output and the fp32 values are
+    saved by the two matmuls.  Keys and values with fewer heads than the query are broadcast by
+    ``matmul``, which copies them to every head for its batched GEMM.
+    """
+    c = ctx.compute_bytes
+    kv = qw if kvw != qw else kvw
+    saved = c * (qw + 2 * kvw)  # q, k, v as the model hands them over (its own tensors)
+    saved += 4 * qw + 4 * kv + 4 * kv  # scaled q, scaled k^T (per head), v (per head), fp32
+    saved += 4 * heads * s_keys  # _safe_softmax output, fp32
+    if ctx.dropout and m.attention_dropout > 0:
+        saved += heads * s_keys * (1 + 4)
     return saved
 
 
@@ -194,11 +263,15 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         ei = e.expert_intermediate_size
         # router: logits (c) and fp32 softmax probabilities, per expert
         saved += _linear_inputs(h, ("gate",), in_b, ctx) + (c + 4) * e.num_experts
-        # each token is gathered into top_k expert batches (index copy), transformers' expert loop
-        gathered = in_b if not ctx.autocast else 4
-        per_routed = _linear_inputs(h, ("gate_proj", "up_proj"), gathered, ctx)
-        per_routed += (act_saved + 2 * c) * ei + (c * ei if _saves_input("down_proj", ctx) else 0)
-        per_routed += c * h  # expert output, saved by the multiplication with its routing weight
+        # transformers >= 5 ``grouped_mm_experts_forward``: tokens are sorted by expert and gathered
+        # (top_k rows per token), then two grouped GEMMs in the experts' dtype w.
+        w = ctx.expert_bytes or c
+        trainable = not ctx.frozen_base
+        per_routed = w * h if trainable else 0  # gathered input, saved for the weight gradient
+        per_routed += w * 2 * ei  # gate_up output: SiLU saves the gate half, the product the up half
+        per_routed += w * ei  # activation output, saved by the product
+        per_routed += w * ei if trainable else 0  # product, down's input (saved for its weight gradient)
+        per_routed += w * h  # down output, saved by the multiplication with the routing weight
         saved += e.top_k * per_routed
         if e.shared_intermediate_size:
             si = ceil_div(e.shared_intermediate_size, tp)
@@ -213,14 +286,19 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         # the product (down_proj's input)
         ew = ctx.ew
         saved += (act_saved - c + ew + 2 * ew) * inter
-        if _saves_input("down_proj", ctx):
+        if not ctx.frozen_base:
             saved += c * inter
+        else:
+            saved += _adapter_inputs(inter, ("down_proj",), ew, ctx)
     else:
         fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense"}.get(m.model_type, "dense_h_to_4h")
         fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense"}.get(m.model_type, "dense_4h_to_h")
         saved += _linear_inputs(h, (fc1,), in_b, ctx)
         saved += act_saved * inter
-        if _saves_input(fc2, ctx):
+        # ReLU saves its output, which is also fc2's input: one tensor, counted once
+        if ctx.frozen_base:
+            saved += _adapter_inputs(inter, (fc2,), act_out, ctx)
+        elif m.hidden_act != "relu":
             saved += (c if act_out != c or ctx.autocast else act_out) * inter
     saved += _dropout(m.hidden_dropout, ctx) * h
     return saved
@@ -251,25 +329,83 @@ def layer_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> in
 
 
 def layer_backward_transient_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
-    """Gradient tensors alive together inside one layer's backward, per token.
+    """Gradient tensors alive together inside one layer's backward, per token (the larger of the
+    MLP's and the attention's; see ``backward_transients_per_token``)."""
+    return max(backward_transients_per_token(m, layer, ctx))
+
+
+def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """What a layer's backward has released when it reaches the attention: the MLP's saved tensors
+    and the post-attention norm's (the MLP runs last in the forward, so first in the backward).
+
+    Models with a parallel residual (GPT-NeoX, Falcon) run both branches from one input, so
+    nothing is counted as released for them.
+    """
+    if m.parallel_residual:
+        return 0
+    norm = _norm_saved(m.norm, ctx) * m.hidden_size
+    norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
+    if ctx.sequence_parallel and ctx.tp > 1:
+        norms = ceil_div(norms, ctx.tp)
+    freed = mlp_saved(m, layer, ctx) + norms
+    if ctx.attention == "eager" and m.mla is None:
+        # eager attention's backward reaches the softmax after the output projection's and the
+        # probabilities-times-values backward: their saved input, the cast (or dropped) probabilities
+        # and the values are released by then
+        c = ctx.compute_bytes
+        heads = ceil_div(m.num_attention_heads, ctx.tp)
+        qw = heads * m.head_dim
+        kvw = max(1, ceil_div(m.num_kv_heads, ctx.tp)) * m.head_dim
+        probs = heads * (min(ctx.seq_len, layer.sliding_window) if (
+            layer.sliding_window and ctx.attention == "flash") else ctx.seq_len)
+        o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj"}.get(
+            m.model_type, "o_proj")
+        freed += _out_proj_input(qw, o_name, ctx) + c * (qw if ctx.gqa_repeat else kvw)
+        dropped = ctx.dropout and m.attention_dropout > 0
+        freed += c * probs if (dropped or c < 4) else 0
+    return freed
+
+
+def freed_before_mlp_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """What the MLP's backward has released by the time its elementwise gradients peak: the output
+    projection's saved input (its backward runs first); for MoE also the experts' down output."""
+    c = ctx.compute_bytes
+    if layer.moe and m.moe is not None:
+        e = m.moe
+        w = ctx.expert_bytes or c
+        per_routed = w * m.hidden_size + (w * e.expert_intermediate_size if not ctx.frozen_base else 0)
+        return e.top_k * per_routed
+    inter = ceil_div(layer.intermediate_size, ctx.tp)
+    if m.mlp_gated:
+        if not ctx.frozen_base:
+            return c * inter
+        return _adapter_inputs(inter, ("down_proj",), ctx.ew, ctx)
+    return 0
+
+
+def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, int]:
+    """(MLP, attention) gradient tensors alive together inside one layer's backward, per token.
 
     The gated MLP's backward holds the incoming residual gradient (r*h), the product's
     gradient and the two gradients it splits into (3 intermediate-size tensors), and the
     outgoing gradient of the layer input (r*h).  Flash attention's backward holds dO, dQ,
-    dK, dV and an fp32 dQ accumulator (flash-attention 2, ``dq_accum``).
+    dK, dV and an fp32 dQ accumulator (flash-attention 2, ``dq_accum``); eager attention
+    adds the gradient of the scores in the compute dtype and in fp32.
     """
     c, r, h = ctx.compute_bytes, ctx.residual_bytes, m.hidden_size
     heads = ceil_div(m.num_attention_heads, ctx.tp)
+    ew = ctx.ew
     if layer.moe and m.moe is not None:
         inter = m.moe.expert_intermediate_size * m.moe.top_k
+        ew = ctx.expert_bytes or ew
     else:
         inter = ceil_div(layer.intermediate_size, ctx.tp)
-    mlp = 2 * r * h + 3 * ctx.ew * inter
+    mlp = 2 * r * h + 3 * ew * inter
     qw = heads * m.head_dim
     attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
     if ctx.attention in ("eager", "math"):
         attn += (4 + c) * heads * ctx.seq_len
-    return max(mlp, attn)
+    return mlp, attn
 
 
 def checkpoint_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:

@@ -73,6 +73,10 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[
         return "eager", m.num_kv_heads < m.num_attention_heads
     if want == "flash":
         return "flash", False
+    if m.model_type == "falcon" and m.num_kv_heads == 1 < m.num_attention_heads:
+        # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
+        # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
+        return "math", False
     if pol.compute_bytes == 4 or m.head_dim > 256:
         return "efficient", False
     return "flash", False
@@ -100,8 +104,14 @@ def _shards(s: Scenario, dp: int) -> tuple[int, int, int]:
 def train_step(r: Resolved) -> TrainResult:
     s, m, gpu = r.scenario, r.model, r.gpu
     t, par = s.train, s.parallel
-    pol = policy(s)
     framework = s.effective_framework
+    pol = policy(s)
+    if t.peft is not None and framework != "deepspeed":
+        # peft keeps adapters (the trainable parameters) in fp32: get_peft_model(autocast_adapter_dtype=True)
+        # casts fp16/bf16 adapters up, so their gradients and optimizer states are fp32 too
+        from dataclasses import replace
+
+        pol = replace(pol, param_bytes=_adapter_bytes(pol, framework), grad_bytes=_adapter_bytes(pol, framework))
     dp = s.data_parallel_degree
     tp, pp, cp, ep = par.tp, par.pp, par.cp, par.ep
     shard_os, shard_g, shard_p = _shards(s, dp)
@@ -124,7 +134,7 @@ def train_step(r: Resolved) -> TrainResult:
             if quant != "none" and framework in ("hf-trainer", "accelerate", "plain"):
                 # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
                 base += (rp.total - rp.linear) * (4 - dense_bytes)
-            adapters = trainable * pol.param_bytes
+            adapters = trainable * _adapter_bytes(pol, framework)
         else:
             base = rp.total * pol.param_bytes
             adapters = 0
@@ -167,22 +177,37 @@ def train_step(r: Resolved) -> TrainResult:
             "hf-trainer", "accelerate", "plain")
         tgt = frozenset(targets(peft, m))
         ctx = act.ActContext(
-            compute_bytes=pol.compute_bytes, residual_bytes=pol.residual_bytes,
+            compute_bytes=pol.compute_bytes, residual_bytes=_residual_bytes(pol, peft is not None, kbit),
             linear_input_bytes=pol.linear_input_bytes, autocast=pol.autocast, attention=attention,
             gqa_repeat=repeat, seq_len=t.seq_len, tp=tp, sequence_parallel=par.sequence_parallel,
             frozen_base=peft is not None, lora_targets=tgt, lora_rank=peft.rank if peft else 0,
             lora_dropout=bool(peft and peft.dropout > 0), dora=bool(peft and peft.method == "dora"),
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
+            expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
+            sdpa=t.attention == "sdpa", adapter_bytes=_adapter_bytes(pol, framework),
         )
         layer_specs = [m.layers[i] for i in rp.layers]
         full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        if peft is not None and peft.method == "dora":
+            per_tok, const = _dora_saved(m, tgt, peft.rank, pol.compute_bytes if pol.autocast else 4, tp)
+            full = [f + per_tok * tokens + const for f in full]
+        if peft is not None and t.gradient_checkpointing == "none" and rp.has_embedding and full:
+            # the frozen embeddings' output does not require grad (peft enables input gradients only with
+            # checkpointing), so the first layer's input norm records nothing for the backward
+            full[0] -= min(full[0], act._norm_saved(m.norm, ctx) * m.hidden_size * tokens)
         if t.gradient_checkpointing == "full":
             kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in layer_specs]
         elif t.gradient_checkpointing == "selective":
             kept = [act.selective_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
         else:
             kept = list(full)
-        transient = [act.layer_backward_transient_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        transients = [act.backward_transients_per_token(m, ls, ctx) for ls in layer_specs]
+        transient = [max(tr) * tokens for tr in transients]
+        mlp_transient = [tr[0] * tokens for tr in transients]
+        attn_transient = [tr[1] * tokens for tr in transients]
+        # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
+        released = [act.freed_before_attention_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        mlp_released = [act.freed_before_mlp_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
         shared = act.shared_saved_per_token(m, ctx) * tokens
         # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
         in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
@@ -203,7 +228,7 @@ def train_step(r: Resolved) -> TrainResult:
         cast_per_layer = [0] * len(layer_specs)
         cast_head = 0
         if pol.weight_cast_bytes and peft is None and pol.autocast:
-            lin_layer = _linear_params_per_layer(rp)
+            lin_layer = _linear_params_per_layer(rp, m)
             cast_per_layer = [lin_layer * pol.weight_cast_bytes for _ in layer_specs]
             if last:
                 head_params = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, tp) * m.hidden_size
@@ -240,12 +265,13 @@ def train_step(r: Resolved) -> TrainResult:
         base_static.add("other", "cuBLAS workspaces", workspaces)
         moments: list[Moment] = []
 
-        def static(phase: str, with_grads: bool, base_static: Moment = base_static, grads: int = grads,
-                   ddp: int = ddp) -> Moment:
+        # DDP's reducer allocates its flat buckets when the model is wrapped and keeps them: resident always
+        base_static.add("gradients", "DDP buckets", ddp)
+
+        def static(phase: str, with_grads: bool, base_static: Moment = base_static, grads: int = grads) -> Moment:
             mo = Moment(phase, {k: dict(v) for k, v in base_static.parts.items()})
             if with_grads:
                 mo.add("gradients", "parameter gradients", grads)
-                mo.add("gradients", "DDP buckets", ddp)
             return mo
 
         acts_total = sum(kept) * in_flight
@@ -259,31 +285,63 @@ def train_step(r: Resolved) -> TrainResult:
             fwd.add("temporaries", "layer forward", max(transient) if transient else 0)
         moments.append(fwd)
 
+        # With full checkpointing the layers' forward saves nothing, so their cast weights live only in
+        # autocast's cache, which is cleared when the forward's autocast region ends; the recomputation
+        # casts the layer's weights again and keeps them until that layer's backward.
+        full_ckpt = t.gradient_checkpointing == "full"
+        kept_casts = 0 if full_ckpt else sum(cast_per_layer)
         if last:
             b0 = static("backward", grads_during_fwd)
             b0.add("activations", "saved by layers", acts_total + shared + head_saved)
-            b0.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head + head_cast)
+            b0.add("temporaries", "autocast weight copies", kept_casts + cast_head + head_cast)
             b0.add("temporaries", "logits and loss gradients", loss.backward_peak)
             b0.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
             moments.append(b0)
-        produced = 0 if grads_during_fwd else grad_outside
+        # the input embedding's gradient is produced last (its backward runs after the first layer's);
+        # a tied embedding gets its gradient at the LM head, first
+        embed_grad = 0
+        if peft is None and not m.tie_word_embeddings and rp.has_embedding:
+            emb = sum(p.total for p in m.params if p.role in ("embedding", "position"))
+            embed_grad = min(grad_outside, ceil_div(ceil_div(emb, tp), shard_g) * pol.grad_bytes)
+        produced = 0 if grads_during_fwd else grad_outside - embed_grad
         for j in range(len(layer_specs) - 1, -1, -1):
             mo = static("backward", grads_during_fwd)
             alive = sum(kept[: j + 1]) + (in_flight - 1) * sum(kept)
             recompute = full[j] - kept[j] if t.gradient_checkpointing != "none" else 0
-            mo.add("activations", "saved by layers", alive + shared + recompute)
-            mo.add("temporaries", "autocast weight copies", sum(cast_per_layer[: j + 1]))
-            mo.add("temporaries", "layer backward", transient[j])
+            selective = t.gradient_checkpointing == "selective"
+            # selective recomputation re-runs only the attention core, when its backward comes
+            # by the MLP's elementwise backward, the output projection's backward has freed its input
+            mo.add("activations", "saved by layers", alive + shared + (0 if selective else recompute)
+                   - min(mlp_released[j], alive + recompute))
+            # (the output projection's cast weight is released with its saved input, before the MLP's
+            # elementwise backward)
+            down_cast = (m.hidden_size * ceil_div(layer_specs[j].intermediate_size, tp) * pol.weight_cast_bytes
+                         if cast_per_layer[j] and not layer_specs[j].moe else 0)
+            mo.add("temporaries", "autocast weight copies",
+                   (cast_per_layer[j] if full_ckpt else sum(cast_per_layer[: j + 1])) - down_cast)
+            split = bool(released[j])
+            mo.add("temporaries", "layer backward", mlp_transient[j] if split else transient[j])
             mo.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
             if sharded_params:
                 mo.add("temporaries", "unsharded gradients before reduce-scatter",
                        _grad_bytes_layer(rp, j, trainable, pol, 1, peft))
+            before = produced
             if not grads_during_fwd:
                 produced += grad_layer[j]
-                mo.add("gradients", "parameter gradients", produced)
-                if ddp:
-                    mo.add("gradients", "DDP buckets", ddp)
+                # during the MLP's backward this layer has produced its down projection's gradient
+                mo.add("gradients", "parameter gradients",
+                       before + _down_grad_bytes(m, layer_specs[j], grad_layer[j], peft) if split else produced)
             moments.append(mo)
+            if split:
+                # the MLP's backward runs on the whole layer; the attention's backward comes after the
+                # MLP's (and the post-attention norm's) saved tensors are released
+                late = Moment("backward", {k: dict(v) for k, v in mo.parts.items()})
+                late.parts["temporaries"]["layer backward"] = attn_transient[j]
+                late.parts["activations"]["saved by layers"] += (recompute if selective else 0) - min(
+                    released[j], alive + recompute) + min(mlp_released[j], alive + recompute)
+                if not grads_during_fwd:
+                    late.parts["gradients"]["parameter gradients"] = produced
+                moments.append(late)
         step = static("optimizer", True)
         step.add("temporaries", "optimizer step", step_temp)
         moments.append(step)
@@ -296,6 +354,63 @@ def train_step(r: Resolved) -> TrainResult:
     return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)))
 
 
+def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:
+    """DoRA's saved tensors per layer: (per token, constant), from peft's ``DoraLinearLayer.forward``.
+
+    Per target and token: the base output and the LoRA output, each saved by its multiplication
+    with the magnitude scale (2 c out).  Constant per target: the identity ``x_eye [in, in]`` pushed
+    through lora_A to form the low-rank weight, saved by lora_A (and its output [in, r] by lora_B),
+    in the adapter input's dtype (the compute dtype under autocast).
+    """
+    per_tok = const = 0
+    for p in m.params:
+        if not (p.layer_span and p.module in tgt and p.in_features and p.role == "linear"):
+            continue
+        n = p.count // len(p.layer_span)
+        out = ceil_div(p.out_features, tp) if p.tp == "column" else p.out_features
+        fan_in = ceil_div(p.in_features, tp) if p.tp == "row" else p.in_features
+        per_tok += n * 2 * x_bytes * out
+        const += n * x_bytes * fan_in * (fan_in + rank)
+    return per_tok, const
+
+
+def _down_grad_bytes(m: ModelSpec, layer: object, layer_grad: int, peft: object) -> int:
+    """The share of a layer's gradient that belongs to its MLP's output projection (the experts'
+    down projections for MoE): the gradient the MLP's backward produces first.  Adapters: the whole
+    layer's (small)."""
+    from vramplan.spec.model import LayerSpec
+
+    assert isinstance(layer, LayerSpec)
+    h = m.hidden_size
+    n_attn = h * (2 * m.q_width + 2 * m.kv_width)
+    if peft is not None:
+        return layer_grad
+    if layer.moe and m.moe is not None:
+        down = h * (m.moe.num_experts * m.moe.expert_intermediate_size + m.moe.shared_intermediate_size)
+        n_mlp = 3 * down + h * m.moe.num_experts
+    elif layer.intermediate_size:
+        down = h * layer.intermediate_size
+        n_mlp = (3 if m.mlp_gated else 2) * down
+    else:
+        return layer_grad
+    total = n_mlp + n_attn
+    return layer_grad * down // total if total else layer_grad
+
+
+def _adapter_bytes(pol: PrecisionPolicy, framework: str) -> int:
+    """LoRA adapters' dtype: fp32 (peft's autocast_adapter_dtype), except under DeepSpeed's half module."""
+    return pol.param_bytes if framework == "deepspeed" else 4
+
+
+def _residual_bytes(pol: PrecisionPolicy, frozen_base: bool, kbit_prepared: bool) -> int:
+    """The residual stream's dtype: the embeddings' output, kept by the residual adds (autocast leaves
+    additions alone).  Under PEFT the frozen base, embeddings included, is loaded in the half dtype,
+    unless ``prepare_model_for_kbit_training`` cast the non-quantized parameters to fp32."""
+    if not frozen_base:
+        return pol.residual_bytes
+    return 4 if kbit_prepared else pol.frozen_param_bytes
+
+
 def _one_layer(rp: RankParams, params: int) -> RankParams:
     from dataclasses import replace
 
@@ -304,9 +419,18 @@ def _one_layer(rp: RankParams, params: int) -> RankParams:
         rp.linear_out_features * frac), lm_head=0)
 
 
-def _linear_params_per_layer(rp: RankParams) -> int:
-    """Decoder linear parameters per layer on this rank (layers of one stage are alike)."""
-    return rp.linear // len(rp.layers) if rp.layers else 0
+def _linear_params_per_layer(rp: RankParams, m: ModelSpec) -> int:
+    """Decoder linear parameters per layer on this rank that autocast casts (layers of one stage are alike).
+
+    Routed experts are left out: transformers >= 5 multiplies them with ``grouped_mm``, which is not
+    on autocast's lists, so their fp32 weights are used as they are (no cached half copy).
+    """
+    if not rp.layers:
+        return 0
+    linear_all = sum(p.total for p in m.params if p.role in ("linear", "expert") and p.in_features)
+    experts = sum(p.total for p in m.params if p.role == "expert" and p.in_features)
+    cast = rp.linear - (rp.linear * experts // linear_all if linear_all else 0)
+    return cast // len(rp.layers)
 
 
 def _grad_bytes_layer(rp: RankParams, j: int, trainable: int, pol: PrecisionPolicy, shards: int,

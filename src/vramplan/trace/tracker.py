@@ -7,18 +7,30 @@ tensors) and over a meta-device step, which is what lets the two be compared byt
 
 Interface (stable; other modules rely on it):
 
-    with Tracker() as tr:            # optionally Tracker(track_existing=[module params...])
+    with Tracker() as tr:            # optionally Tracker(devices=("meta",))
         with tr.category("activations"):
             ...
     tr.peak_bytes, tr.live_bytes, tr.events   # events: list[TrackEvent]
+
+Extensions used by the traced engine:
+
+* ``devices``: only storages on these device types are counted (the meta device stands for
+  the GPU; CPU-side tensors such as AdamW's ``step`` counters are then left out).
+* ``relabel(tensors, category)``: give a storage its final role (a tensor made by a backward
+  op that becomes ``param.grad`` is a gradient for its whole life).
+* ``synthetic(nbytes, ...)``/``release(sid)``: memory the allocator hands out that no tensor
+  shows (cuBLAS workspaces).
+* ``mark(phase)``: phase boundaries (forward, backward, optimizer), as event sequence numbers.
+* ``where``: a callable naming the module that is running, stored with each allocation.
+* ``paused()``: allocations made inside are not counted (real-valued helper computations).
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,20 +49,27 @@ class TrackEvent:
     nbytes: int
     category: str
     op: str
+    module: str = ""
 
 
 class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts live storage bytes under the mode; peak is the maximum of the running sum."""
 
-    def __init__(self) -> None:
+    def __init__(self, devices: Iterable[str] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.events: list[TrackEvent] = []
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.marks: list[tuple[int, str]] = []
+        self.where: Callable[[], str] | None = None
+        self._devices = frozenset(devices) if devices is not None else None
         self._seen: dict[int, int] = {}
+        self._event_index: dict[int, list[int]] = {}
         self._next_id = 0
         self._category = "other"
+        self._paused = 0
 
+    # ---- context -----------------------------------------------------------------
     @contextlib.contextmanager
     def category(self, name: str) -> Iterator[None]:
         old, self._category = self._category, name
@@ -59,14 +78,71 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         finally:
             self._category = old
 
+    @property
+    def current_category(self) -> str:
+        return self._category
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def mark(self, phase: str) -> None:
+        """Start a phase at the next event."""
+        self.marks.append((len(self.events), phase))
+
+    # ---- recording ---------------------------------------------------------------
     def track(self, tensors: Any, category: str | None = None, op: str = "existing") -> None:
         """Record tensors created outside the mode (parameters, inputs) as allocated now."""
         flat, _ = tree_flatten(tensors)
         for t in flat:
             if isinstance(t, torch.Tensor):
-                self._see(t, category or self._category, op)
+                self._see(t, category or self._category, op, force=True)
 
-    def _see(self, t: torch.Tensor, category: str, op: str) -> None:
+    def storage_id(self, t: torch.Tensor) -> int | None:
+        return self._seen.get(id(t.untyped_storage()))
+
+    def relabel(self, tensors: Any, category: str, op: str | None = None) -> None:
+        """Give the storages of ``tensors`` the category ``category`` for their whole life."""
+        flat, _ = tree_flatten(tensors)
+        for t in flat:
+            if not isinstance(t, torch.Tensor):
+                continue
+            sid = self._seen.get(id(t.untyped_storage()))
+            if sid is not None:
+                self.relabel_id(sid, category, op)
+
+    def relabel_id(self, sid: int, category: str, op: str | None = None) -> None:
+        for i in self._event_index.get(sid, ()):
+            ev = self.events[i]
+            self.events[i] = replace(ev, category=category, op=op if op is not None and ev.nbytes > 0 else ev.op)
+
+    def synthetic(self, nbytes: int, category: str, op: str, module: str = "") -> int:
+        """An allocation no tensor shows (a library workspace); returns its id for ``release``."""
+        sid = self._next_id
+        self._next_id += 1
+        self._emit(sid, nbytes, category, op, module)
+        return sid
+
+    def release(self, sid: int) -> None:
+        idx = self._event_index.get(sid)
+        if not idx:
+            return
+        first = self.events[idx[0]]
+        self._emit(sid, -first.nbytes, first.category, "free", first.module)
+
+    def category_of(self, sid: int) -> str | None:
+        idx = self._event_index.get(sid)
+        return self.events[idx[0]].category if idx else None
+
+    def _see(self, t: torch.Tensor, category: str, op: str, force: bool = False) -> None:
+        if self._paused and not force:
+            return
+        if self._devices is not None and t.device.type not in self._devices:
+            return
         st = t.untyped_storage()
         key = id(st)
         if key in self._seen:
@@ -75,20 +151,29 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         sid = self._next_id
         self._next_id += 1
         self._seen[key] = sid
-        self._emit(sid, nbytes, category, op)
-        weakref.finalize(st, self._release, key, sid, nbytes, category)
+        module = self.where() if self.where is not None else ""
+        self._emit(sid, nbytes, category, op, module)
+        weakref.finalize(st, self._release, key, sid)
 
-    def _release(self, key: int, sid: int, nbytes: int, category: str) -> None:
-        self._seen.pop(key, None)
-        self._emit(sid, -nbytes, category, "free")
+    def _release(self, key: int, sid: int) -> None:
+        if self._seen.get(key) == sid:
+            del self._seen[key]
+        idx = self._event_index.get(sid)
+        if not idx:
+            return
+        first = self.events[idx[0]]
+        self._emit(sid, -first.nbytes, first.category, "free", first.module)
 
-    def _emit(self, sid: int, nbytes: int, category: str, op: str) -> None:
+    def _emit(self, sid: int, nbytes: int, category: str, op: str, module: str = "") -> None:
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        self.events.append(TrackEvent(len(self.events), sid, nbytes, category, op))
+        self._event_index.setdefault(sid, []).append(len(self.events))
+        self.events.append(TrackEvent(len(self.events), sid, nbytes, category, op, module))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if self._paused:
+            return out
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor):

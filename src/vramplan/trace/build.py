@@ -1,0 +1,352 @@
+"""Build the scenario's model from its config alone: meta device, scenario dtype, PEFT, QLoRA, checkpointing.
+
+The model is ``AutoModelForCausalLM.from_config`` of the catalog entry, local ``config.json`` or
+inline mapping (no weights are read; ``quantization_config`` of a pre-quantized checkpoint is
+dropped: the scenario's dtype and quantization decide how weights are stored).  Tied weights
+are re-tied by transformers' ``post_init``.  Adapters come from peft's ``get_peft_model``.
+4-bit base weights are stored as bitsandbytes stores them, by ``QuantLinear`` (trace/quant.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from vramplan.errors import Problem, ScenarioError
+from vramplan.spec.load import Resolved
+from vramplan.trace import cuda
+from vramplan.trace.quant import QuantLinear, quantize_linears
+
+__all__ = ["Built", "Policy", "build_model", "raw_config", "trace_policy"]
+
+_DROP_KEYS = ("quantization_config", "auto_map", "_name_or_path", "transformers_version", "architectures",
+              "torch_dtype", "dtype", "use_cache")
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def raw_config(model: str | dict[str, Any]) -> dict[str, Any]:
+    """The config.json mapping of a catalog id/alias, a local path or an inline mapping."""
+    if isinstance(model, dict):
+        return copy.deepcopy(model)
+    from vramplan.catalog.models import list_models
+
+    key = model.strip().lower()
+    for m in list_models():
+        names = {m.id.lower(), m.id.split("/")[-1].lower(), *(a.lower() for a in m.aliases)}
+        if key in names:
+            return copy.deepcopy(m.config)
+    path = Path(model).expanduser()
+    file = path / "config.json" if path.is_dir() else path
+    data = json.loads(file.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):  # pragma: no cover - load_model validated it already
+        raise ScenarioError([Problem("model", f"{file} is not a JSON object", "give a valid config.json")])
+    return data
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Dtypes of one traced training step (mirrors analytic/precision.py)."""
+
+    param_dtype: torch.dtype  # trainable parameters as stored
+    frozen_dtype: torch.dtype  # frozen base weights under PEFT (as loaded)
+    autocast_dtype: torch.dtype | None  # torch.autocast('cuda', dtype) around the forward
+    master_fp32: bool  # fp32 master copies held by the optimizer (DeepSpeed)
+    half: torch.dtype
+
+
+def trace_policy(r: Resolved) -> Policy:
+    s = r.scenario
+    prec = s.train.precision
+    half = torch.float16 if prec.startswith("fp16") else (torch.float32 if prec == "fp32" else torch.bfloat16)
+    if prec == "fp32":
+        return Policy(torch.float32, torch.float32, None, False, torch.float32)
+    if prec in ("bf16-true", "fp16-true"):
+        return Policy(half, half, None, False, half)
+    if prec == "fp8-mixed":
+        raise ScenarioError([Problem("train.precision", "fp8-mixed (Transformer Engine) is not traced",
+                                     "use --engine analytic for fp8-mixed, or trace bf16-mixed")])
+    if s.effective_framework == "deepspeed":
+        return Policy(half, half, None, True, half)
+    if s.parallel.fsdp != "none" or s.effective_framework == "torchtitan":
+        # FSDP MixedPrecision(param_dtype=half): the module computes with half (all-gathered) parameters,
+        # the optimizer updates the fp32 sharded ones: traced as half parameters plus fp32 copies
+        # that parallel.py turns into FSDP's sharded fp32 parameters
+        return Policy(half, half, None, True, half)
+    return Policy(torch.float32, half, half, False, half)
+
+
+@dataclass
+class Built:
+    model: torch.nn.Module
+    config: Any
+    quant_tensors: list[torch.Tensor] = field(default_factory=list)
+    attention: str = "sdpa"
+    notes: list[str] = field(default_factory=list)
+
+
+_FLASH_NAME = "vramplan_fa2"
+_SELECTIVE_NAME = "vramplan_selective_eager"
+
+
+def _hf_config(r: Resolved, attention: str) -> Any:
+    from transformers import AutoConfig
+
+    cfg = raw_config(r.scenario.model)
+    model_type = cfg.get("model_type")
+    if not model_type:
+        raise ScenarioError([Problem("model", "the config has no model_type", "give a Hugging Face config.json")])
+    for k in _DROP_KEYS:
+        cfg.pop(k, None)
+    if model_type == "gemma3_text" and "rope_scaling" in cfg and cfg["rope_scaling"] is None:
+        cfg.pop("rope_scaling")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.for_model(**cfg)
+    config.use_cache = False
+    return config
+
+
+def _register_flash() -> None:
+    """An attention function with flash-attention 2's memory (``flash_attn_func`` via transformers)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if _FLASH_NAME in AttentionInterface._global_mapping:
+        return
+
+    def flash_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        head_dim, v_head = q.shape[-1], v.shape[-1]
+        if v_head != head_dim:
+            v = torch.nn.functional.pad(v, [0, head_dim - v_head])
+        target = None
+        if q.dtype == torch.float32:
+            target = cuda.autocast_state() or next(
+                m for m in module.modules() if isinstance(m, torch.nn.Linear)).weight.dtype
+        if target is not None and target != torch.float32:
+            q, k, v = q.to(target), k.to(target), v.to(target)
+        out = cuda.flash_attn_func(q, k, v, dropout)
+        if v_head != head_dim:
+            out = out[..., :v_head]
+        return out, None
+
+    AttentionInterface.register(_FLASH_NAME, flash_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_FLASH_NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+
+
+def _register_selective() -> None:
+    """Eager attention whose core (scores, softmax, dropout, weighted sum) is checkpointed."""
+    import sys
+
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if _SELECTIVE_NAME in AttentionInterface._global_mapping:
+        return
+    ckpt = _checkpoint_func()
+
+    def selective(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
+        eager: Any = getattr(sys.modules[type(module).__module__], "eager_attention_forward")  # noqa: B009
+        if not (module.training and torch.is_grad_enabled()):
+            return eager(module, query, key, value, attention_mask, **kwargs)
+        return ckpt(functools.partial(eager, module, **kwargs), query, key, value, attention_mask)
+
+    AttentionInterface.register(_SELECTIVE_NAME, selective)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_SELECTIVE_NAME, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+
+
+def attn_implementation(attention: str, checkpointing: str = "none") -> str:
+    if attention == "flash":
+        _register_flash()
+        return _FLASH_NAME
+    if attention == "eager" and checkpointing == "selective":
+        _register_selective()
+        return _SELECTIVE_NAME
+    return attention
+
+
+def _silence() -> None:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    for name in ("transformers.modeling_utils", "transformers.configuration_utils", "peft"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built:
+    """The scenario's model on ``device`` (``meta`` for tracing; ``cpu`` for a real reference run)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    _silence()
+    verbosity: Any = hf_logging.set_verbosity_error
+    verbosity()
+    s = r.scenario
+    attention = s.train.attention if task == "train" else s.inference.attention
+    impl = attn_implementation(attention, s.train.gradient_checkpointing if task == "train" else "none")
+    config = _hf_config(r, attention)
+    quant = "none"
+    notes: list[str] = []
+    if task == "train":
+        pol = trace_policy(r)
+        peft_cfg = s.train.peft
+        quant = s.train.quantization if peft_cfg is not None else "none"
+        dtype = pol.frozen_dtype if peft_cfg is not None else pol.param_dtype
+    else:
+        dtype = _HALF[s.inference.dtype]
+        quant = s.inference.quantization
+        peft_cfg = None
+    if getattr(config, "model_type", "") == "gemma2" and attention == "sdpa":
+        raise ScenarioError([Problem(
+            "train.attention" if task == "train" else "inference.attention",
+            "transformers' sdpa attention rejects Gemma 2's attention logit soft-capping",
+            "use attention: eager or flash for gemma2")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device(device):
+            try:
+                factory: Any = AutoModelForCausalLM.from_config
+                model = factory(config, dtype=dtype, attn_implementation=impl)
+            except ValueError as exc:
+                raise ScenarioError([Problem("model", f"transformers cannot build this model: {exc}",
+                                             "check model_type and attention")]) from None
+    model.config.use_cache = task != "train"
+    quant_tensors: list[torch.Tensor] = []
+    if quant != "none":
+        if quant not in ("nf4", "nf4-dq", "fp4", "int8"):
+            raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
+                                         "use --engine analytic for GPTQ/AWQ/fp8 checkpoints")])
+        compute = pol.half if task == "train" else dtype
+        quant_tensors = quantize_linears(model, quant, compute_dtype=compute, device=device)
+        notes.append(f"base linear weights stored as bitsandbytes {quant} (packed payload + absmax blocks)")
+    if task == "train":
+        model = _prepare_train(r, model, quant, notes)
+    else:
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+    return Built(model, config, quant_tensors, attention, notes)
+
+
+def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[str]) -> torch.nn.Module:
+    s = r.scenario
+    t = s.train
+    model.train()
+    framework = s.effective_framework
+    if t.peft is not None:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if quant != "none" and framework in ("hf-trainer", "accelerate", "plain"):
+            # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter becomes fp32
+            for p in model.parameters():
+                if p.dtype in (torch.float16, torch.bfloat16):
+                    p.data = p.data.to(torch.float32)
+            notes.append("prepare_model_for_kbit_training casts non-quantized parameters to fp32")
+    if t.gradient_checkpointing == "full":
+        _enable_checkpointing(model)
+    if t.peft is not None:
+        if t.peft.method == "dora" and quant != "none":
+            raise ScenarioError([Problem("train.peft.method", "DoRA over quantized base weights is not traced",
+                                         "use lora/qlora, or --engine analytic")])
+        model = _apply_peft(r, model, quant)
+    return model
+
+
+def _checkpoint_func() -> Callable[..., Any]:
+    from torch.utils.checkpoint import checkpoint
+
+    def ckpt(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        state = cuda.autocast_state()
+
+        def run(*a: Any, **kw: Any) -> Any:
+            marks = [(enter(), leave) for enter, leave in cuda.CHECKPOINT_SCOPES]
+            try:
+                with cuda.restore_autocast(state):
+                    return function(*a, **kw)
+            finally:
+                for depth, leave in marks:
+                    leave(depth)
+
+        return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+    return ckpt
+
+
+def _enable_checkpointing(model: Any) -> None:
+    """transformers' activation checkpointing (non-reentrant), restoring the autocast state on recompute."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        except TypeError:
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    func = _checkpoint_func()
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False):
+            m._gradient_checkpointing_func = func
+
+
+def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    t = r.scenario.train
+    assert t.peft is not None
+    p = t.peft
+    target: list[str] | str = p.target_modules if p.target_modules != "all-linear" else "all-linear"
+    lora: Any = LoraConfig
+    cfg = lora(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=target,
+               use_dora=p.method == "dora", bias="none", task_type="CAUSAL_LM")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            peft_model = get_peft_model(model, cfg)
+        except ValueError as exc:
+            raise ScenarioError([Problem("train.peft.target_modules", str(exc).splitlines()[0],
+                                         "name modules the model has (e.g. q_proj, v_proj) or all-linear")]) from None
+    if quant != "none":
+        _use_bnb_lora_forward(peft_model)
+    return cast(torch.nn.Module, peft_model)
+
+
+def _use_bnb_lora_forward(model: torch.nn.Module) -> None:
+    """peft's LoRA over a bitsandbytes 4-bit layer clones the base output (``lora/bnb.py``)."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    for m in model.modules():
+        if isinstance(m, LoraLinear) and isinstance(m.get_base_layer(), QuantLinear):
+            m.forward = functools.partial(_bnb_lora_forward, m)  # type: ignore[method-assign]
+
+
+def _bnb_lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    result = self.base_layer(x, *args, **kwargs)
+    result = result.clone()
+    for active in self.active_adapters:
+        if active not in self.lora_A:
+            continue
+        lora_a, lora_b = self.lora_A[active], self.lora_B[active]
+        dropout, scaling = self.lora_dropout[active], self.scaling[active]
+        requires_conversion = cuda.autocast_state() is None
+        if requires_conversion:
+            expected = result.dtype
+            x = self._cast_input_dtype(x, lora_a.weight.dtype)
+        if active not in self.lora_variant:
+            output = lora_b(lora_a(dropout(x))) * scaling
+            if requires_conversion:
+                output = output.to(expected)
+            result = result + output
+        else:
+            result = self.lora_variant[active].forward(self, active_adapter=active, x=x, result=result)
+            if requires_conversion:
+                result = result.to(expected)
+    return cast(torch.Tensor, result)

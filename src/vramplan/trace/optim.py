@@ -1,0 +1,166 @@
+"""The optimizer of a traced step: the real torch optimizers with CUDA's defaults, and the state
+layouts of the ones torch does not ship.
+
+* ``adamw``: ``torch.optim.AdamW(foreach=True)``, the CUDA default (``_default_to_fused_or_foreach``):
+  ``_foreach_sqrt`` of ``exp_avg_sq`` is one state-sized temporary per parameter group.
+* ``adamw-fused``: ``torch.optim.AdamW(fused=True)``, in place (state ``step`` tensors on device).
+* ``sgd`` / ``sgd-momentum``: ``torch.optim.SGD(foreach=True)``.
+* ``adafactor``: transformers' ``Adafactor`` (``scale_parameter=False, relative_step=False``, as the
+  Trainer's ``optim="adafactor"``).
+* ``lion``: the reference update of lion-pytorch (arXiv 2302.06675): ``exp_avg.clone().mul_(b1)
+  .add(grad, alpha=1 - b1).sign_()`` per parameter.
+* ``adamw-8bit`` / ``paged-*``: bitsandbytes ``Optimizer2State`` layouts: ``uint8`` ``state1``/``state2``
+  with an fp32 ``absmax`` per 256-element block for tensors of at least 4096 elements (fp32
+  states otherwise); the update kernel works in place.  Paged states live in CUDA managed
+  memory, outside torch's allocator.
+
+Parameter groups follow the Hugging Face Trainer (``get_decay_parameter_names``): biases and
+norm weights in a no-decay group, everything else in the decay group.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["OptimizerSetup", "make_optimizer"]
+
+BNB_BLOCK = 256
+BNB_MIN_8BIT_SIZE = 4096
+_NO_DECAY = [re.compile(p) for p in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")]
+
+
+def _decays(name: str, module_is_layernorm: bool) -> bool:
+    return not module_is_layernorm and not any(p.search(name.lower()) for p in _NO_DECAY)
+
+
+def param_groups(model: torch.nn.Module) -> list[list[tuple[str, torch.nn.Parameter]]]:
+    """[decay, no_decay] trainable (name, parameter) lists, as the Hugging Face Trainer builds them."""
+    layernorm_params: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            layernorm_params.update(id(p) for p in m.parameters(recurse=False))
+    decay: list[tuple[str, torch.nn.Parameter]] = []
+    no_decay: list[tuple[str, torch.nn.Parameter]] = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if _decays(name, id(p) in layernorm_params) else no_decay).append((name, p))
+    return [decay, no_decay]
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (arXiv 2302.06675) as lion-pytorch implements its update."""
+
+    def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "exp_avg" not in state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                exp_avg = state["exp_avg"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                update = exp_avg.clone().mul_(b1).add(p.grad, alpha=1 - b1).sign_()
+                p.add_(update, alpha=-group["lr"])
+                exp_avg.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+class Bnb8bitLayout(torch.optim.Optimizer):
+    """bitsandbytes AdamW8bit/PagedAdamW(8bit) state layout; the update is in place (no temporaries)."""
+
+    def __init__(self, params: Any, eight_bit: bool, paged: bool) -> None:
+        super().__init__(params, {"lr": 1e-4})
+        self.eight_bit, self.paged = eight_bit, paged
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    if self.eight_bit and p.numel() >= BNB_MIN_8BIT_SIZE:
+                        blocks = -(-p.numel() // BNB_BLOCK)
+                        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                        state["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                        state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                    else:
+                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+
+
+@dataclass
+class OptimizerSetup:
+    optimizer: torch.optim.Optimizer | None
+    managed: bool = False  # states in CUDA managed memory (paged optimizers)
+    names: dict[int, str] = field(default_factory=dict)  # id(param) -> name
+
+    def state_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.optimizer is None:
+            return
+        for p, st in self.optimizer.state.items():
+            name = self.names.get(id(p), "param")
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    yield f"{name}.{k}", v
+
+
+def make_optimizer(kind: str, model: torch.nn.Module, params_override: list[tuple[str, torch.nn.Parameter]] | None = None
+                   ) -> OptimizerSetup:
+    """The scenario's optimizer over the trainable parameters (or over ``params_override``)."""
+    if params_override is not None:
+        groups = [params_override, []]
+    else:
+        groups = param_groups(model)
+    names = {id(p): n for g in groups for n, p in g}
+    pg = [{"params": [p for _, p in g], "weight_decay": 0.0} for g in groups if g]
+    if kind == "none" or not pg:
+        return OptimizerSetup(None, names=names)
+    lr = 1e-5
+    opt: torch.optim.Optimizer
+    if kind == "adamw":
+        opt = torch.optim.AdamW(pg, lr=lr, foreach=True)
+    elif kind == "adamw-fused":
+        opt = torch.optim.AdamW(pg, lr=lr, fused=True)
+    elif kind == "sgd":
+        opt = torch.optim.SGD(pg, lr=lr, foreach=True)
+    elif kind == "sgd-momentum":
+        opt = torch.optim.SGD(pg, lr=lr, momentum=0.9, foreach=True)
+    elif kind == "adafactor":
+        from transformers.optimization import Adafactor
+
+        factory: Any = Adafactor
+        opt = factory(pg, lr=lr, scale_parameter=False, relative_step=False)
+    elif kind == "lion":
+        opt = Lion(pg, lr=lr)
+    elif kind in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
+        opt = Bnb8bitLayout(pg, eight_bit=kind.endswith("8bit"), paged=kind.startswith("paged"))
+        return OptimizerSetup(opt, managed=kind.startswith("paged"), names=names)
+    else:  # pragma: no cover - the scenario schema lists the optimizers
+        raise ValueError(kind)
+    return OptimizerSetup(opt, names=names)
+
+
+def init_states(setup: OptimizerSetup, params: list[torch.Tensor]) -> None:
+    """Run one step on zero gradients so that the states exist (the steady-state step has them)."""
+    if setup.optimizer is None:
+        return
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    setup.optimizer.step()
+    setup.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,162 @@
+"""Multi-GPU figures from a single-GPU trace: data-parallel buckets and ZeRO/FSDP sharding.
+
+The step is traced once for the whole model; one rank's memory is then derived from the events:
+
+* DDP (``gradient_as_bucket_view=False``): flat all-reduce buckets holding a second copy of
+  every gradient, allocated when the model is wrapped and kept for the whole run.
+* ZeRO / FSDP: each persistent storage is divided by its shard count (optimizer states and
+  fp32 masters from ZeRO-1 / FSDP, gradients from ZeRO-2 / FSDP, parameters from ZeRO-3 /
+  FSDP full_shard), as the ZeRO paper (arXiv 1910.02054, section 5) partitions them; with
+  parameter sharding the running layer's parameters are all-gathered in the compute dtype
+  (and the next layer's prefetched), modelled as two layers' gathered parameters alive from
+  the first layer's forward to the end of the backward.  This sharding is applied to the
+  traced events, not traced through ``fully_shard`` (FSDP2 refuses meta-device parameters),
+  and the report says so.
+
+Tensor, pipeline, context and expert parallelism are not traced (the analytic engine covers them).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from vramplan.analytic.train import _shards
+from vramplan.errors import Problem, ScenarioError
+from vramplan.report import Host
+from vramplan.spec.load import Resolved
+from vramplan.trace.step import StepTrace
+from vramplan.trace.tracker import TrackEvent
+from vramplan.units import MiB, ceil_div
+
+__all__ = ["apply_parallel", "ddp_bucket_sizes"]
+
+DDP_BUCKET_BYTES = 25 * MiB  # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)
+DDP_FIRST_BUCKET_BYTES = 1 * MiB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def ddp_bucket_sizes(grad_sizes: list[int]) -> list[int]:
+    """DDP's buckets: parameters in reverse order, a bucket closes once it reaches its cap."""
+    buckets: list[int] = []
+    cur = 0
+    cap = DDP_FIRST_BUCKET_BYTES
+    for n in reversed(grad_sizes):
+        cur += n
+        if cur >= cap:
+            buckets.append(cur)
+            cur = 0
+            cap = DDP_BUCKET_BYTES
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+Marks = list[tuple[int, str]]
+
+
+def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks, int, Host, list[str]]:
+    """(events of one rank, phase marks, NCCL communicators, host bytes, notes)."""
+    s = r.scenario
+    par = s.parallel
+    if max(par.tp, par.pp, par.cp, par.ep) > 1:
+        raise ScenarioError([Problem("parallel", "tensor, pipeline, context and expert parallelism are not traced",
+                                     "use --engine analytic for tp/pp/cp/ep > 1")])
+    if par.offload != "none":
+        raise ScenarioError([Problem("parallel.offload", "offloading is not traced",
+                                     "use --engine analytic for ZeRO-Offload")])
+    dp = s.data_parallel_degree
+    events = st.events
+    notes: list[str] = []
+    marks = list(st.marks)
+    if s.task != "train" or dp == 1:
+        return events, marks, 0, Host(), notes
+    shard_os, shard_g, shard_p = _shards(s, dp)
+    if shard_os == shard_g == shard_p == 1:
+        buckets = ddp_bucket_sizes(_grad_sizes(events))
+        notes.append(f"DDP all-reduce buckets ({len(buckets)} of up to 25 MiB) hold a copy of every gradient")
+        k = len(buckets)
+        return (_prepend(events, [(b, "gradients", "DDP buckets") for b in buckets]),
+                [(seq + k, ph) for seq, ph in marks], 1, Host(), notes)
+    fsdp = s.parallel.fsdp != "none" or s.effective_framework == "torchtitan"
+    opt_start = next((seq for seq, ph in marks if ph == "optimizer"), len(events))
+    out: list[TrackEvent] = []
+    for ev in events:
+        cat, num, den = ev.category, 1, 1
+        if cat == "weights" and fsdp and shard_p > 1 and ev.op not in ("quantization state",):
+            continue  # FSDP keeps no sharded half copy: the half parameters exist only when gathered
+        if cat == "weights" and ev.op != "input ids and labels":
+            den = shard_p
+        elif cat == "gradients":
+            # FSDP reduce-scatters in fp32 (reduce_dtype): the kept shard of a half gradient is twice its bytes
+            num, den = (2 if fsdp else 1), shard_g
+        elif cat in ("optimizer_states", "master_weights"):
+            den = shard_os
+        elif cat == "temporaries" and ev.seq >= opt_start:
+            den = shard_os  # the optimizer step works on this rank's shard
+        if fsdp and cat == "master_weights":
+            cat = "weights"  # FSDP's fp32 parameters are the sharded originals
+        if num != 1 or den != 1 or cat != ev.category:
+            sign = 1 if ev.nbytes > 0 else -1
+            out.append(replace(ev, nbytes=sign * ceil_div(abs(ev.nbytes) * num, den), category=cat))
+        else:
+            out.append(ev)
+    notes.append(f"{'FSDP' if fsdp else 'ZeRO'} sharding applied to the traced tensors: optimizer states and fp32 "
+                 f"parameters / {shard_os}, gradients / {shard_g}, half parameters / {shard_p} "
+                 "(not traced through fully_shard, which refuses meta-device parameters)")
+    if shard_p > 1:
+        # the traced parameters are in the compute dtype already (half under mixed precision)
+        gathered = 2 * _largest_layer_bytes(events)
+        if fsdp:
+            # FSDP's root unit (embeddings, final norm, LM head) stays gathered from forward to backward
+            gathered += _outside_layers_bytes(events)
+        out, marks = _with_gathered(out, marks, gathered)
+        notes.append("ZeRO-3/FSDP: the running layer's parameters and the prefetched next layer's are gathered "
+                     "in the compute dtype")
+    return out, marks, 1, Host(), notes
+
+
+def _grad_sizes(events: list[TrackEvent]) -> list[int]:
+    return [ev.nbytes for ev in events if ev.nbytes > 0 and ev.category == "gradients"]
+
+
+def _largest_layer_bytes(events: list[TrackEvent]) -> int:
+    """Bytes of the largest decoder layer's parameters (as traced: in the compute dtype)."""
+    per_layer: dict[str, int] = {}
+    for ev in events:
+        if ev.nbytes > 0 and ev.category == "weights":
+            m = _LAYER.search(ev.op)
+            if m:
+                per_layer[m.group(1)] = per_layer.get(m.group(1), 0) + ev.nbytes
+    if not per_layer:
+        return 0
+    return max(per_layer.values())
+
+
+def _outside_layers_bytes(events: list[TrackEvent]) -> int:
+    """Bytes of the parameters outside the decoder layers (embeddings, final norm, LM head)."""
+    return sum(ev.nbytes for ev in events if ev.nbytes > 0 and ev.category == "weights"
+               and ev.op not in ("input ids and labels", "quantization state") and not _LAYER.search(ev.op))
+
+
+def _prepend(events: list[TrackEvent], blocks: list[tuple[int, str, str]]) -> list[TrackEvent]:
+    next_id = max((ev.storage_id for ev in events), default=-1) + 1
+    head = [TrackEvent(0, next_id + i, n, cat, op) for i, (n, cat, op) in enumerate(blocks)]
+    return _resequence(head + events)
+
+
+def _with_gathered(events: list[TrackEvent], marks: Marks, nbytes: int) -> tuple[list[TrackEvent], Marks]:
+    start = next((seq for seq, ph in marks if ph == "forward"), 0)
+    end = next((seq for seq, ph in marks if ph == "optimizer"), len(events))
+    sid = max((ev.storage_id for ev in events), default=-1) + 1
+    out = list(events[:start])
+    out.append(TrackEvent(0, sid, nbytes, "weights", "all-gathered (ZeRO-3/FSDP)"))
+    out.extend(events[start:end])
+    out.append(TrackEvent(0, sid, -nbytes, "weights", "free"))
+    out.extend(events[end:])
+    shifted = [(seq + (1 if seq > start else 0) + (1 if seq >= end else 0), ph) for seq, ph in marks]
+    return _resequence(out), shifted
+
+
+def _resequence(events: list[TrackEvent]) -> list[TrackEvent]:
+    return [replace(ev, seq=i) for i, ev in enumerate(events)]

@@ -1,0 +1,197 @@
+"""bitsandbytes-quantized linear layers, storage-exact, without bitsandbytes' CUDA kernels.
+
+``QuantLinear`` holds the tensors bitsandbytes keeps for a quantized weight and allocates
+what its forward and backward allocate; values are not computed (zeros on real tensors).
+
+4-bit (``Linear4bit``/``Params4bit``, bitsandbytes ``functional.quantize_4bit``):
+
+* payload: ``uint8`` of shape ``[ceil(n / 2), 1]`` (two 4-bit codes per byte);
+* ``absmax``: one fp32 per block of 64 weights;
+* ``code``: the 16-entry fp32 NF4/FP4 map, one per layer;
+* double quantization (``compress_statistics``): ``absmax`` becomes ``uint8`` per block, quantized
+  in blocks of 256 with one fp32 ``absmax`` per 256 blocks, an fp32 ``offset`` scalar and the
+  shared 256-entry fp32 dynamic map.
+
+Forward (``MatMul4Bit``, multi-token input): the input is cast to the compute dtype, the weight is
+dequantized into a temporary ``[out, in]`` in its original dtype (with double quantization the
+fp32 absmax is dequantized first), the matmul runs, the temporary is freed; only the packed
+weight is kept for the backward, which dequantizes again.  The output is cast back to the
+input's dtype (``Linear4bit.forward`` returns ``out.to(inp_dtype)``).
+
+8-bit (``Linear8bitLt``, LLM.int8 with threshold 6): ``int8`` weight ``[out, in]`` and an fp32
+row scale ``SCB``; the forward quantizes the fp16 input row-wise (``int8`` copy and fp32 row
+scales) and saves the input for the backward, which dequantizes the weight.  (Approximate:
+the outlier columns are not sized.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+
+__all__ = ["QuantLinear", "quantize_linears"]
+
+NF4_BLOCK = 64
+DQ_BLOCK = 256
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class QuantLinear(torch.nn.Linear):
+    """A linear layer whose weight is stored as bitsandbytes stores it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, fmt: str, compute_dtype: torch.dtype,
+                 weight_dtype: torch.dtype, device: str, shared: dict[str, torch.Tensor]) -> None:
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features = in_features, out_features
+        self.fmt = fmt
+        self.compute_dtype = compute_dtype
+        self.weight_dtype = weight_dtype
+        n = in_features * out_features
+        blocks = _ceil(n, NF4_BLOCK)
+        if fmt == "int8":
+            w = torch.zeros((out_features, in_features), dtype=torch.int8, device=device)
+            self.weight = torch.nn.Parameter(w, requires_grad=False)
+            self.scb = torch.zeros(out_features, dtype=torch.float32, device=device)
+            self.state: list[torch.Tensor] = [self.scb]
+        else:
+            w = torch.zeros((_ceil(n, 2), 1), dtype=torch.uint8, device=device)
+            self.weight = torch.nn.Parameter(w, requires_grad=False)
+            code = torch.zeros(16, dtype=torch.float32, device=device)
+            if fmt == "nf4-dq":
+                absmax = torch.zeros(blocks, dtype=torch.uint8, device=device)
+                absmax2 = torch.zeros(_ceil(blocks, DQ_BLOCK), dtype=torch.float32, device=device)
+                offset = torch.zeros((), dtype=torch.float32, device=device)
+                if "dynamic" not in shared:
+                    shared["dynamic"] = torch.zeros(256, dtype=torch.float32, device=device)
+                self.state = [absmax, code, absmax2, offset, shared["dynamic"]]
+            else:
+                absmax = torch.zeros(blocks, dtype=torch.float32, device=device)
+                self.state = [absmax, code]
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=weight_dtype, device=device),
+                                           requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dequantized weight ``[out, in]`` (a temporary), as ``dequantize_4bit`` allocates it."""
+        if self.fmt == "nf4-dq":
+            absmax = self.state[0]
+            fp32_absmax = torch.empty(absmax.shape, dtype=torch.float32, device=absmax.device)
+            fp32_absmax += self.state[3]
+            w = torch.empty((self.out_features, self.in_features), dtype=self.weight_dtype, device=absmax.device)
+            del fp32_absmax
+        elif self.fmt == "int8":
+            w = self.weight.to(self.compute_dtype)
+            scale = self.scb.unsqueeze(1).mul(1.0 / 127.0)
+            w.mul_(scale)
+            return w
+        else:
+            w = torch.empty((self.out_features, self.in_features), dtype=self.weight_dtype,
+                            device=self.weight.device)
+        if w.device.type != "meta":
+            w.zero_()
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "int8":
+            return _apply(_MatMul8bit, x, self)
+        inp_dtype = x.dtype
+        x = x.to(self.compute_dtype)
+        bias = None if self.bias is None else self.bias.to(self.compute_dtype)
+        if x.numel() == x.shape[-1] and not torch.is_grad_enabled():
+            # single-token inference: gemv_4bit reads the packed weight directly
+            out = x.new_empty((*x.shape[:-1], self.out_features))
+            if out.device.type != "meta":
+                out.zero_()
+            if bias is not None:
+                out = out + bias
+        else:
+            out = _apply(_MatMul4Bit, x, self, bias)
+        return out.to(inp_dtype)
+
+
+def _apply(fn: Any, *args: Any) -> torch.Tensor:
+    return cast(torch.Tensor, fn.apply(*args))
+
+
+class _MatMul4Bit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, layer: QuantLinear, bias: torch.Tensor | None) -> torch.Tensor:
+        w = layer.dequantize().to(a.dtype)
+        out = torch.nn.functional.linear(a, w, bias)
+        del w
+        ctx.layer = layer
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, torch.Tensor | None]:
+        grad_a = None
+        if ctx.needs_input_grad[0]:
+            w = ctx.layer.dequantize().to(grad.dtype)
+            grad_a = torch.matmul(grad, w)
+            del w
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_a, None, grad_bias
+
+
+class _MatMul8bit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
+        a16 = a.to(torch.float16)
+        ca = torch.empty(a16.shape, dtype=torch.int8, device=a.device)
+        sca = torch.empty(a16.shape[:-1], dtype=torch.float32, device=a.device)
+        acc = torch.empty((*a16.shape[:-1], layer.out_features), dtype=torch.int32, device=a.device)
+        out = torch.empty((*a.shape[:-1], layer.out_features), dtype=a.dtype, device=a.device)
+        del ca, sca, acc, a16
+        if out.device.type != "meta":
+            out.zero_()
+        if layer.bias is not None:
+            out = out + layer.bias.to(out.dtype)
+        ctx.layer = layer
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(a)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        layer = ctx.layer
+        w = layer.weight.to(grad.dtype)
+        w.mul_(layer.scb.unsqueeze(1).mul(1.0 / 127.0))
+        grad_a = torch.matmul(grad, w)
+        return grad_a, None
+
+
+def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtype, device: str) -> list[torch.Tensor]:
+    """Replace every linear layer but the LM head by a ``QuantLinear``; return their state tensors.
+
+    transformers' bitsandbytes integration skips the output embedding (``lm_head``) and converts
+    ``nn.Linear`` (and GPT-2's ``Conv1D``) modules.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    getter: Any = getattr(model, "get_output_embeddings", None)
+    out_emb = getter() if getter is not None else None
+    shared: dict[str, torch.Tensor] = {}
+    state: list[torch.Tensor] = []
+    for name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if child is out_emb or child_name == "lm_head":
+                continue
+            if isinstance(child, torch.nn.Linear) and not isinstance(child, QuantLinear):
+                fin, fout, dtype = child.in_features, child.out_features, child.weight.dtype
+            elif isinstance(child, Conv1D):
+                fin, fout, dtype = child.weight.shape[0], child.weight.shape[1], child.weight.dtype
+            else:
+                continue
+            q = QuantLinear(fin, fout, child.bias is not None, fmt, compute_dtype, dtype, device, shared)
+            setattr(parent, child_name, q)
+            state.extend(t for t in q.state if all(t is not s for s in state))
+    return state

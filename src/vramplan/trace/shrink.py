@@ -1,0 +1,87 @@
+"""Shrunken copies of catalog configs: the same architecture at a size that traces in milliseconds.
+
+Used by the engine-agreement matrix and the family tests.  The shrunken config keeps the
+family's structure (norms, gating, GQA ratio, MQA, MoE routing, MLA, parallel residual, tied
+embeddings, soft-capping) and scales widths: hidden ``hidden``, head dimension 64, the GQA ratio
+kept, MLP widths scaled by the original ratio, ``layers`` decoder layers, ``vocab`` tokens, and at
+most 8 experts (top-2).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from vramplan.catalog.models import list_models
+
+__all__ = ["catalog_config", "shrink"]
+
+
+def catalog_config(model_id: str) -> dict[str, Any]:
+    """The config.json mapping of a catalog entry (by id or alias)."""
+    key = model_id.lower()
+    for m in list_models():
+        if key in {m.id.lower(), m.id.split("/")[-1].lower(), *(a.lower() for a in m.aliases)}:
+            return copy.deepcopy(m.config)
+    raise KeyError(model_id)
+
+
+def _mult(n: float, m: int = 16) -> int:
+    return max(m, round(n / m) * m)
+
+
+def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: int = 4096,
+           head_dim: int = 64, experts: int = 8) -> dict[str, Any]:
+    """A small config of the same family (see the module docstring)."""
+    c = copy.deepcopy(config)
+    for k in ("quantization_config", "auto_map", "_name_or_path", "rope_scaling"):
+        c.pop(k, None)
+    mt = c["model_type"]
+    if mt == "gpt2":
+        old_h = c["n_embd"]
+        c.update(n_embd=hidden, n_layer=layers, n_head=hidden // head_dim, vocab_size=vocab,
+                 n_positions=max(c.get("n_positions", 1024), 4096))
+        if c.get("n_inner"):
+            c["n_inner"] = _mult(c["n_inner"] * hidden / old_h)
+        return c
+    old_h = c["hidden_size"]
+    old_heads = c["num_attention_heads"]
+    heads = max(2, hidden // head_dim)
+    kv = c.get("num_key_value_heads") or old_heads
+    ratio = max(1, old_heads // max(1, kv))
+    c.update(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, vocab_size=vocab)
+    c["max_position_embeddings"] = max(int(c.get("max_position_embeddings") or 2048), 4096)
+    if "num_key_value_heads" in c or mt in ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+        c["num_key_value_heads"] = max(1, heads // ratio)
+    if c.get("head_dim"):
+        c["head_dim"] = head_dim
+    if c.get("intermediate_size"):
+        c["intermediate_size"] = _mult(c["intermediate_size"] * hidden / old_h)
+    if mt == "opt":
+        c["ffn_dim"] = _mult(c["ffn_dim"] * hidden / old_h)
+        c["word_embed_proj_dim"] = hidden
+    if "query_pre_attn_scalar" in c:
+        c["query_pre_attn_scalar"] = head_dim
+    if "moe_intermediate_size" in c:
+        c["moe_intermediate_size"] = _mult(c["moe_intermediate_size"] * hidden / old_h)
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if c.get(key):
+            c[key] = min(int(c[key]), experts)
+    if c.get("num_experts_per_tok"):
+        c["num_experts_per_tok"] = min(2, int(c["num_experts_per_tok"]))
+    if mt in ("deepseek_v3", "deepseek_v2"):
+        c.update(num_key_value_heads=heads, n_group=1, topk_group=1, first_k_dense_replace=min(
+            1, int(c.get("first_k_dense_replace", 0))), kv_lora_rank=_mult(c["kv_lora_rank"] * hidden / old_h),
+            qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim)
+        if c.get("q_lora_rank"):
+            c["q_lora_rank"] = _mult(c["q_lora_rank"] * hidden / old_h)
+        c.pop("num_nextn_predict_layers", None)
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(c.get(key), int) and c[key] >= vocab:
+            c[key] = vocab - 1
+    if mt == "falcon":
+        c.pop("num_kv_heads", None)
+    if mt == "gemma3_text":
+        c["sliding_window_pattern"] = min(int(c.get("sliding_window_pattern", 6)), layers)
+        c.pop("layer_types", None)
+    return c

@@ -1,0 +1,473 @@
+"""Run one training step (or one inference pass) of the scenario under the tracker.
+
+The step is the steady-state one: optimizer states exist before it starts (they are created
+by the first ``step()``), gradients exist from the start when gradient accumulation carries
+them from earlier micro-batches, and they are set to None after the optimizer step (the
+Trainer's ``zero_grad(set_to_none=True)``).  Categories are given as memory is used:
+
+* ``weights``, ``optimizer_states``, ``master_weights``: tracked before the step starts;
+* forward: what the forward leaves alive for the backward is ``activations``; what it frees
+  before the backward, and the logits and the loss, are ``temporaries``;
+* backward: ``temporaries``, except a checkpointed layer's recomputation (``activations``) and
+  the tensors that become ``param.grad`` (``gradients``, relabelled for their whole life);
+* the cuBLAS workspaces (one per handle: the forward thread and the autograd thread) are
+  ``other``, sized by analytic/overhead.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.spec.load import Resolved
+from vramplan.trace import cuda
+from vramplan.trace.build import Built, build_model, trace_policy
+from vramplan.trace.optim import OptimizerSetup, init_states, make_optimizer
+from vramplan.trace.tracker import Tracker, TrackEvent
+
+__all__ = ["StepTrace", "cuda_spec", "trace_inference", "trace_train"]
+
+
+@dataclass
+class StepTrace:
+    events: list[TrackEvent]
+    marks: list[tuple[int, str]]
+    managed_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+    sdpa: list[cuda.SdpaChoice] = field(default_factory=list)
+    raw_peak_bytes: int = 0
+
+
+def cuda_spec(r: Resolved) -> cuda.CudaSpec:
+    cc = r.gpu.compute_capability or "9.0"
+    try:
+        major, minor = (int(x) for x in cc.split(".")[:2])
+    except ValueError:
+        major, minor = 9, 0
+    return cuda.CudaSpec(capability=(major, minor))
+
+
+class Scope:
+    """Names the module that allocates: forward hooks, and autograd nodes claimed per module."""
+
+    def __init__(self, model: torch.nn.Module, tracker: Tracker, phase: list[str]) -> None:
+        self.names = {id(m): n or "model" for n, m in model.named_modules()}
+        self.stack: list[str] = []
+        self.tracker = tracker
+        self.phase = phase
+        self.node_module: dict[Any, str] = {}
+        self.start_seq: list[int] = []
+        self.head_ids: set[int] = set()
+        self.saved_category = "temporaries"
+        self.handles: list[Any] = []
+
+    def where(self) -> str:
+        if self.stack:
+            return self.stack[-1]
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return self.node_module.get(node, "") or f"backward:{node.name()}"
+        return ""
+
+    def install(self) -> None:
+        from torch.nn.modules import module as module_mod
+
+        self.handles.append(module_mod.register_module_forward_pre_hook(self._pre))
+        self.handles.append(module_mod.register_module_forward_hook(self._post))
+        self.tracker.where = self.where
+        cuda.CHECKPOINT_SCOPES.append((self._enter, self._leave))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.tracker.where = None
+        if (self._enter, self._leave) in cuda.CHECKPOINT_SCOPES:
+            cuda.CHECKPOINT_SCOPES.remove((self._enter, self._leave))
+
+    def _enter(self) -> int:
+        return len(self.stack)
+
+    def _leave(self, depth: int) -> None:
+        """A checkpointed function ended (or its recomputation stopped early): unwind to ``depth``."""
+        if len(self.stack) > depth:
+            recomputing = self.phase[0] == "backward" and depth == 0
+            del self.stack[depth:]
+            del self.start_seq[depth:]
+            if recomputing:
+                self.tracker._category = self.saved_category
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        name = self.names.get(id(module))
+        if name is None:
+            return
+        if not self.stack and self.phase[0] == "backward":
+            # a module running forward inside the backward: a checkpointed layer's recomputation
+            self.saved_category = self.tracker._category
+            self.tracker._category = "activations"
+        self.stack.append(name)
+        self.start_seq.append(torch._C._autograd._get_sequence_nr())
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        name = self.names.get(id(module))
+        if name is None or not self.stack:
+            return
+        self.stack.pop()
+        start = self.start_seq.pop()
+        if not self.stack and self.phase[0] == "backward":
+            self.tracker._category = self.saved_category
+        if torch.is_grad_enabled() and self.phase[0] == "forward":
+            # (a recomputation's nodes never run backward: claiming them would keep their tensors alive)
+            self._claim(output, name, start)
+        if id(module) in self.head_ids and self.phase[0] == "forward":
+            # after the LM head comes the loss: its tensors are temporaries
+            self.tracker._category = "temporaries"
+            for t in _tensors(output):
+                self.tracker.relabel(t, "temporaries", "logits")
+
+    def _claim(self, output: Any, name: str, start: int) -> None:
+        todo = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or node in self.node_module:
+                continue
+            try:
+                seq = node._sequence_nr()
+            except (AttributeError, RuntimeError):
+                continue
+            if seq < start:
+                continue
+            self.node_module[node] = name
+            todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+
+
+def _tensors(x: Any) -> Iterator[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors(y)
+    elif hasattr(x, "to_tuple"):
+        for y in x.to_tuple():
+            yield from _tensors(y)
+
+
+@contextlib.contextmanager
+def _maybe_autocast_patch() -> Iterator[None]:
+    """transformers' ``maybe_autocast(device_type, enabled=False)`` (RoPE) as it behaves on CUDA."""
+    import sys
+
+    from transformers.utils import generic
+
+    original = generic.maybe_autocast
+
+    def maybe_autocast(device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                       cache_enabled: bool | None = None) -> Any:
+        current = cuda.autocast_state()
+        if not enabled:
+            return cuda.autocast(None) if current is not None else contextlib.nullcontext()
+        if current is not None or dtype is not None:
+            return cuda.autocast(dtype or current)
+        return contextlib.nullcontext()
+
+    from transformers import masking_utils
+
+    find_packed = masking_utils.find_packed_sequence_indices
+
+    def find_packed_sequence_indices(position_ids: torch.Tensor) -> Any:
+        # sequences are unpacked and full length: run the check's ops, answer "not packed" (the
+        # final ``.all()`` reads values a meta tensor does not have)
+        if position_ids.device.type != "meta":
+            return find_packed(position_ids)
+        first = position_ids[:, :1] - 1
+        diff = torch.diff(position_ids, prepend=first, dim=-1)
+        packed = (diff != 1).cumsum(-1)
+        (packed[:, -1] == 0).all()
+        return None
+
+    patched: list[tuple[Any, str, Any]] = []
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("transformers") and getattr(mod, "maybe_autocast", None) is original:
+            patched.append((mod, "maybe_autocast", original))
+            mod.maybe_autocast = maybe_autocast  # type: ignore[attr-defined]
+    patched.append((masking_utils, "find_packed_sequence_indices", find_packed))
+    masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
+    try:
+        yield
+    finally:
+        for mod, attr, value in patched:
+            setattr(mod, attr, value)
+
+
+def _inputs(r: Resolved, built: Built, device: str, batch: int, seq: int) -> torch.Tensor:
+    vocab = int(getattr(built.config, "vocab_size", 2) or 2)
+    if device == "meta":
+        return torch.zeros((batch, seq), dtype=torch.long, device=device)
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.long).to(device)
+
+
+def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -> StepTrace:
+    """Trace one steady-state training step on ``device`` (meta: no memory; cpu: a real step)."""
+    s = r.scenario
+    t = s.train
+    pol = trace_policy(r)
+    built = built or build_model(r, device, "train")
+    model = built.model
+    framework = s.effective_framework
+    spec = cuda_spec(r)
+    ids = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
+    labels = ids.clone()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in trainable]
+    notes = list(built.notes)
+
+    masters: list[torch.Tensor] = []
+    opt_model: torch.nn.Module = model
+    override = None
+    if pol.master_fp32:
+        # DeepSpeed: the optimizer updates fp32 masters of the (half) parameters
+        masters = [p.detach().float().requires_grad_(True) for p in params]
+        override = [(n, torch.nn.Parameter(m)) for (n, _), m in zip(trainable, masters, strict=True)]
+        masters = [p for _, p in override]
+        if s.parallel.fsdp == "none" and framework != "torchtitan":
+            notes.append("DeepSpeed: fp32 master weights and the optimizer step on them (fused Adam, in place)")
+    kind = t.optimizer
+    fsdp = s.parallel.fsdp != "none" or framework == "torchtitan"
+    if pol.master_fp32 and kind == "adamw" and not fsdp:
+        kind = "adamw-fused"  # DeepSpeed's FusedAdam updates in place
+    setup: OptimizerSetup = make_optimizer(kind, opt_model, override)
+    devices = (device,)
+    tracker = Tracker(devices=devices)
+    phase = ["setup"]
+    scope = Scope(model, tracker, phase)
+    out_emb = _output_embeddings(model)
+    if out_emb is not None:
+        scope.head_ids.add(id(out_emb))
+    ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
+    managed = 0
+
+    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch():
+        with tracker.paused():
+            init_states(setup, list(masters) or list(params))
+        for name, st in setup.state_tensors():
+            if st.device.type == device and setup.managed:
+                managed += st.untyped_storage().nbytes()
+        with tracker:
+            scope.install()
+            try:
+                for n, p in model.named_parameters():
+                    tracker.track(p, "weights", n)
+                tracker.track(built.quant_tensors, "weights", "quantization state")
+                for n, b in model.named_buffers():
+                    tracker.track(b, "other", n)
+                for m in masters:
+                    tracker.track(m, "master_weights", "fp32 master")
+                if not setup.managed:
+                    for name, st in setup.state_tensors():
+                        if name.endswith(".step") and st.dim() == 0 and kind != "adamw-fused":
+                            continue  # AdamW's step counters stay on the host unless fused/capturable
+                        tracker.track(st, "optimizer_states", name)
+                tracker.track([ids, labels], "other", "input ids and labels")
+                if t.grad_accum_steps > 1:
+                    for n, p in trainable:
+                        p.grad = torch.zeros_like(p)
+                        tracker.track(p.grad, "gradients", n)
+                tracker.synthetic(ws_bytes, "other", "cuBLAS workspace (forward)")
+                phase[0] = "forward"
+                tracker.mark("forward")
+                with tracker.category("activations"):
+                    loss = _forward_loss(model, ids, labels, pol.autocast_dtype, framework, tracker, scope)
+                _classify_forward(tracker)
+                phase[0] = "backward"
+                tracker.mark("backward")
+                tracker.synthetic(ws_bytes, "other", "cuBLAS workspace (autograd thread)")
+                with tracker.category("temporaries"):
+                    backward: Any = loss.backward
+                    backward()
+                del loss
+                scope.node_module.clear()
+                for n, p in trainable:
+                    if p.grad is not None:
+                        tracker.relabel(p.grad, "gradients", n)
+                phase[0] = "optimizer"
+                tracker.mark("optimizer")
+                with tracker.category("temporaries"):
+                    if framework in ("hf-trainer", "accelerate") and params:
+                        torch.nn.utils.clip_grad_norm_(params, 1.0)
+                    if setup.optimizer is not None:
+                        if masters:
+                            # DeepSpeed converts the half gradients into an fp32 buffer for the step
+                            for m, p in zip(masters, params, strict=True):
+                                m.grad = p.grad.float() if p.grad is not None else None
+                        setup.optimizer.step()
+                        if masters:
+                            for m, p in zip(masters, params, strict=True):
+                                p.data.copy_(m.data)
+                                m.grad = None
+                    model.zero_grad(set_to_none=True)
+                tracker.mark("end")
+            finally:
+                scope.remove()
+    return StepTrace(list(tracker.events), list(tracker.marks), managed, notes, cuda.sdpa_choices(),
+                     tracker.peak_bytes)
+
+
+def _output_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+    getter = getattr(model, "get_output_embeddings", None)
+    if getter is None:
+        return None
+    try:
+        out = getter()
+    except (NotImplementedError, AttributeError):
+        return None
+    return out if isinstance(out, torch.nn.Module) else None
+
+
+def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,
+                  framework: str, tracker: Tracker, scope: Scope) -> torch.Tensor:
+    ctx = cuda.autocast(autocast) if autocast is not None else contextlib.nullcontext()
+    with ctx:
+        out = model(input_ids=ids, labels=labels, use_cache=False)
+    with tracker.category("temporaries"):
+        logits = getattr(out, "logits", None)
+        # accelerate's convert_outputs_to_fp32 wraps the autocast forward: half outputs become fp32
+        if autocast is not None and framework in ("hf-trainer", "accelerate") and isinstance(logits, torch.Tensor) \
+                and logits.dtype in (torch.float16, torch.bfloat16):
+            out["logits"] = logits.float()
+        loss = out.loss
+        del out, logits
+    tracker.relabel(loss, "temporaries", "loss")
+    return loss  # type: ignore[no-any-return]
+
+
+def _classify_forward(tracker: Tracker) -> None:
+    """Forward allocations freed before the backward are temporaries; the rest stay activations."""
+    start = tracker.marks[-1][0]
+    alloc: dict[int, int] = {}
+    for ev in tracker.events[start:]:
+        if ev.nbytes > 0 and ev.category == "activations":
+            alloc[ev.storage_id] = ev.seq
+        elif ev.nbytes < 0 and ev.storage_id in alloc:
+            tracker.relabel_id(ev.storage_id, "temporaries")
+
+
+def trace_inference(r: Resolved, device: str = "meta", built: Built | None = None) -> StepTrace:
+    """Trace ``generate``'s two peaks: the prefill and the last decode step (greedy, DynamicCache).
+
+    The prefill runs the prompt through the model (``logits_to_keep=1``) with an empty cache.  The
+    decode step runs one token against a cache already holding ``prompt + new_tokens - 1`` tokens
+    (built through the cache's own ``update``), which is the cache size at the last step; the
+    cache's ``torch.cat`` growth, the last-token logits and their fp32 copy are traced as they run.
+    """
+    from transformers import DynamicCache
+
+    s = r.scenario
+    inf = s.inference
+    if inf.kv_cache_dtype not in ("auto", inf.dtype):
+        from vramplan.errors import Problem, ScenarioError
+
+        raise ScenarioError([Problem("inference.kv_cache_dtype", "quantized KV caches are not traced",
+                                     "use kv_cache_dtype: auto, or --engine analytic")])
+    built = built or build_model(r, device, "inference")
+    model = built.model
+    spec = cuda_spec(r)
+    b, p, n = inf.batch_size, inf.prompt_len, inf.new_tokens
+    devices = (device,)
+    tracker = Tracker(devices=devices)
+    phase = ["setup"]
+    scope = Scope(model, tracker, phase)
+    ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
+    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), torch.no_grad(), tracker:
+        scope.install()
+        try:
+            for name, prm in model.named_parameters():
+                tracker.track(prm, "weights", name)
+            tracker.track(built.quant_tensors, "weights", "quantization state")
+            for name, buf in model.named_buffers():
+                tracker.track(buf, "other", name)
+            tracker.synthetic(ws_bytes, "other", "cuBLAS workspace")
+            ids = _inputs(r, built, device, b, p)
+            tracker.track(ids, "other", "input ids")
+            phase[0] = "prefill"
+            tracker.mark("prefill")
+            config: Any = model.config
+            cache = DynamicCache(config=config)
+            with tracker.category("activations"):
+                out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                del out
+                nxt = torch.argmax(logits, dim=-1)
+                del logits
+            for layer in getattr(cache, "layers", []):
+                tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache", "KV cache")
+            del cache
+            if n > 0:
+                tracker.mark("decode-setup")
+                total = p + n - 1
+                ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
+                cache = _filled_cache(model, tracker, b, total, device)
+                phase[0] = "decode"
+                tracker.mark("decode")
+                with tracker.category("activations"):
+                    pos = torch.full((b, 1), total, dtype=torch.long, device=device)
+                    out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                                position_ids=pos)
+                    for layer in getattr(cache, "layers", []):
+                        tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache",
+                                        "KV cache")
+                    logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                    del out
+                    nxt = torch.argmax(logits, dim=-1)
+                    ids = torch.cat([ids, nxt[:, None]], dim=-1)
+                    del logits
+                del cache
+            tracker.mark("end")
+        finally:
+            scope.remove()
+    return StepTrace(list(tracker.events), list(tracker.marks), 0, list(built.notes), cuda.sdpa_choices(),
+                     tracker.peak_bytes)
+
+
+def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str) -> Any:
+    """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``."""
+    from transformers import DynamicCache
+
+    config: Any = model.config
+    cache = DynamicCache(config=config)
+    shapes = _kv_shapes(model)
+    with tracker.category("kv_cache"):
+        for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
+            k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
+            v = torch.empty((batch, heads, tokens, vdim), dtype=dtype, device=device)
+            if device != "meta":
+                k.zero_()
+                v.zero_()
+            cache.update(k, v, i)
+            del k, v
+    return cache
+
+
+def _kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
+    """(kv heads, key dim, value dim, dtype) of each attention layer, from the projections' shapes."""
+    cfg: Any = model.config
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n_layers = int(text.num_hidden_layers)
+    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    kdim = vdim = head_dim
+    if getattr(text, "kv_lora_rank", None):  # MLA caches full per-head keys and values
+        heads = int(text.num_attention_heads)
+        kdim = int(text.qk_nope_head_dim) + int(text.qk_rope_head_dim)
+        vdim = int(text.v_head_dim)
+    if getattr(text, "multi_query", False) and not getattr(text, "new_decoder_architecture", False):
+        heads = 1
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    return [(heads, kdim, vdim, dtype)] * n_layers

@@ -1,0 +1,121 @@
+"""Analytic vs traced engine: peak allocated within 3% across a matrix of shrunken configurations.
+
+Each row is a catalog family shrunk to hidden 256, 2 layers, vocab 2048 (trace/shrink.py) and
+run for one training step by both engines.  The comparison covers everything in the peak
+except the two cuBLAS workspaces, which both engines take from the same constant
+(analytic/overhead.py) and which would otherwise dominate such small models.  The trace side
+is the storage bytes (unrounded), as the analytic engine counts them.
+
+Run with ``-s`` to see the matrix; it is also written to the terminal on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from vramplan.analytic.engine import estimate as analytic_estimate
+from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.spec.load import resolve
+from vramplan.trace.engine import trace
+from vramplan.trace.parallel import apply_parallel
+from vramplan.trace.report import peak_of
+from vramplan.trace.shrink import catalog_config, shrink
+
+TOLERANCE = 0.03
+
+FAMILIES = {
+    "llama": "meta-llama/Llama-3.1-8B", "mistral": "mistralai/Mistral-7B-v0.1", "qwen2": "Qwen/Qwen2.5-7B",
+    "qwen3": "Qwen/Qwen3-8B", "qwen3_moe": "Qwen/Qwen3-30B-A3B", "mixtral": "mistralai/Mixtral-8x7B-v0.1",
+    "gemma2": "google/gemma-2-2b", "gemma3": "google/gemma-3-1b-pt", "phi3": "microsoft/Phi-3-mini-4k-instruct",
+    "gpt2": "openai-community/gpt2", "gpt_neox": "EleutherAI/pythia-1b", "falcon": "tiiuae/falcon-7b",
+    "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3",
+}
+
+LORA = {"method": "lora", "rank": 16}
+ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, Any], tuple[int, int], dict[str, Any]]] = [
+    # every family, bf16-mixed (gemma2 needs eager or flash attention: sdpa rejects its soft-capping)
+    *[(fam, {"attention": "eager"} if fam == "gemma2" else {}, (2, 512)) for fam in FAMILIES],
+    # precision
+    ("llama", {"precision": "fp32"}, (2, 512)), ("llama", {"precision": "bf16-true"}, (2, 512)),
+    ("llama", {"precision": "fp16-mixed"}, (2, 512)), ("qwen2", {"precision": "fp32"}, (2, 512)),
+    ("mixtral", {"precision": "bf16-true"}, (2, 512)), ("deepseek_v3", {"precision": "bf16-true"}, (2, 512)),
+    ("gpt_neox", {"precision": "bf16-true"}, (2, 512)), ("gpt2", {"precision": "fp32"}, (2, 512)),
+    # optimizers
+    *[("llama", {"optimizer": o}, (2, 512)) for o in (
+        "adamw-fused", "sgd", "sgd-momentum", "adamw-8bit", "paged-adamw", "adafactor", "lion", "none")],
+    # checkpointing x attention
+    *[("llama", {"gradient_checkpointing": ck, "attention": at}, (2, 512))
+      for ck in ("full", "selective") for at in ("sdpa", "eager", "flash")],
+    ("qwen3_moe", {"gradient_checkpointing": "full"}, (2, 512)),
+    ("qwen2", {"optimizer": "adamw-8bit", "gradient_checkpointing": "full"}, (2, 512)),
+    # attention kernels
+    ("llama", {"attention": "eager"}, (2, 512)), ("llama", {"attention": "flash"}, (2, 512)),
+    ("gpt2", {"attention": "eager"}, (2, 512)), ("opt", {"attention": "eager"}, (2, 512)),
+    ("falcon", {"attention": "eager"}, (2, 512)), ("gemma2", {"attention": "flash"}, (2, 512)),
+    ("mistral", {"attention": "flash", "gradient_checkpointing": "full"}, (2, 512)),
+    # LoRA / QLoRA / DoRA
+    ("llama", {"peft": LORA}, (2, 512)),
+    ("llama", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("llama", {"peft": {"method": "dora", "rank": 16}}, (2, 512)),
+    ("llama", {"peft": {"method": "qlora", "rank": 16, "target_modules": "all-linear"}, "quantization": "nf4"},
+     (2, 512)),
+    ("llama", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4-dq",
+               "gradient_checkpointing": "full"}, (2, 512)),
+    ("llama", {"peft": LORA, "precision": "bf16-true"}, (2, 512)),
+    ("phi3", {"peft": {"method": "lora", "rank": 8, "target_modules": "all-linear"}}, (2, 512)),
+    ("qwen3", {"peft": {**LORA, "dropout": 0.05}}, (2, 512)),
+    ("mistral", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4"}, (2, 512)),
+    # batch and sequence
+    ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
+    ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),
+    # data parallel: DDP buckets, ZeRO-2 and FSDP sharding (applied to the traced tensors)
+    ("llama", {}, (2, 512), {"hardware": {"gpu": "a100", "num_gpus": 4}}),
+    ("llama", {}, (2, 512), {"framework": "deepspeed", "hardware": {"gpu": "a100", "num_gpus": 8},
+                             "parallel": {"zero_stage": 2}}),
+    ("llama", {}, (2, 512), {"hardware": {"gpu": "a100", "num_gpus": 8}, "parallel": {"fsdp": "full_shard"}}),
+]
+
+
+def _compare(fam: str, train: dict[str, Any], bs: tuple[int, int],
+             extra: dict[str, Any]) -> tuple[int, int, str, str]:
+    cfg = shrink(catalog_config(FAMILIES[fam]), vocab=2048)
+    doc = {"model": cfg, "hardware": {"gpu": "a100"},
+           "train": {"micro_batch_size": bs[0], "seq_len": bs[1], **train}, **extra}
+    r = resolve(doc)
+    _, st = trace(r)
+    events, marks, *_ = apply_parallel(r, st)
+    ws = cublas_workspace_bytes(r.gpu, handles=2)
+    a = analytic_estimate(r)
+    pk = peak_of(events, marks)
+    return pk.raw_bytes - ws, a.per_gpu.peak_allocated_bytes - ws, pk.phase, a.per_gpu.peak_phase
+
+
+def test_matrix_analytic_matches_trace() -> None:
+    assert len(ROWS) >= 50
+    lines = [f"{'family':<12} {'configuration':<88} {'b x s':>8} {'trace MiB':>10} {'analytic MiB':>12} {'diff':>7}"]
+    diffs: list[float] = []
+    bad: list[str] = []
+    for row in ROWS:
+        fam, train, bs = row[0], row[1], row[2]
+        extra: dict[str, Any] = row[3] if len(row) > 3 else {}  # type: ignore[misc]
+        t, a, _tp, _ap = _compare(fam, train, bs, extra)
+        d = a / t - 1
+        diffs.append(abs(d))
+        what = json.dumps({**train, **extra})
+        line = (f"{fam:<12} {what:<88} {bs[0]:>3} x {bs[1]:<4} {t / 2**20:>10.2f} {a / 2**20:>12.2f} "
+                f"{100 * d:>+6.1f}%")
+        lines.append(line)
+        if abs(d) > TOLERANCE:
+            bad.append(line)
+    lines.append(f"{len(ROWS)} configurations; |diff| max {100 * max(diffs):.2f}%, median "
+                 f"{100 * statistics.median(diffs):.2f}%")
+    print("\n" + "\n".join(lines))
+    assert not bad, "analytic and traced engines differ by more than 3%:\n" + "\n".join(bad)
