@@ -336,11 +336,12 @@ def train_step(r: Resolved) -> TrainResult:
                 # the MLP's backward runs on the whole layer; the attention's backward comes after the
                 # MLP's (and the post-attention norm's) saved tensors are released
                 late = Moment("backward", {k: dict(v) for k, v in mo.parts.items()})
-                late.parts["temporaries"]["layer backward"] = attn_transient[j]
-                late.parts["activations"]["saved by layers"] += (recompute if selective else 0) - min(
+                late.parts.setdefault("temporaries", {})["layer backward"] = attn_transient[j]
+                acts = late.parts.setdefault("activations", {})
+                acts["saved by layers"] = acts.get("saved by layers", 0) + (recompute if selective else 0) - min(
                     released[j], alive + recompute) + min(mlp_released[j], alive + recompute)
-                if not grads_during_fwd:
-                    late.parts["gradients"]["parameter gradients"] = produced
+                if not grads_during_fwd and produced:
+                    late.parts.setdefault("gradients", {})["parameter gradients"] = produced
                 moments.append(late)
         step = static("optimizer", True)
         step.add("temporaries", "optimizer step", step_temp)
