@@ -124,3 +124,17 @@ def test_console_script_no_traceback() -> None:
     proc = subprocess.run([sys.executable, "-m", "vramplan.cli.main", "estimate", "--model", "nosuch", "--gpu", "T4"],
                           capture_output=True, text=True, env={**os.environ, **ENV}, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "unknown model" in proc.stderr
+
+
+def test_error_text_with_brackets_is_printed_verbatim(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # rich would read "[trace]" as markup and drop it; the message must reach the user whole.
+    import vramplan.trace
+    from vramplan.errors import MissingExtraError
+
+    def no_torch(_doc: object) -> None:
+        raise MissingExtraError("the traced engine needs torch: pip install 'vramplan[trace]'")
+
+    monkeypatch.setattr(vramplan.trace, "estimate", no_torch)
+    res = CliRunner().invoke(app, ["estimate", "--model", "gpt2", "--gpu", "A100-80GB", "--engine", "trace"])
+    assert res.exit_code == 2
+    assert "pip install 'vramplan[trace]'" in res.output

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
@@ -26,9 +27,9 @@ def _fail(exc: VramplanError) -> None:
     problems = getattr(exc, "problems", None)
     if problems:
         for p in problems:
-            err.print(f"[red]error:[/] {p}", highlight=False)
+            err.print(f"[red]error:[/] {escape(str(p))}", highlight=False)
     else:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
     raise typer.Exit(2)
 
 
