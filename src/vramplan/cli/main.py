@@ -9,8 +9,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
+from vramplan.cli.common import deep_merge as _deep_merge
+from vramplan.cli.common import fail as _fail
+from vramplan.cli.common import set_path as _set
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
 app = typer.Typer(
@@ -21,37 +23,6 @@ out = Console(soft_wrap=False)
 err = Console(stderr=True)
 
 Opt = typer.Option
-
-
-def _fail(exc: VramplanError) -> None:
-    problems = getattr(exc, "problems", None)
-    if problems:
-        for p in problems:
-            err.print(f"[red]error:[/] {escape(str(p))}", highlight=False)
-    else:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-    raise typer.Exit(2)
-
-
-def _set(d: dict[str, Any], path: str, value: Any) -> None:
-    if value is None:
-        return
-    keys = path.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-        if not isinstance(d, dict):
-            raise ScenarioError([])
-    d[keys[-1]] = value
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    outd = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(outd.get(k), dict):
-            outd[k] = _deep_merge(outd[k], v)
-        else:
-            outd[k] = v
-    return outd
 
 
 @app.command()

@@ -170,7 +170,8 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, Opt("--json", help="print the plan as JSON")] = False,
     ) -> None:
         """The fastest setup that fits, why cheaper ones do not, and its config files."""
-        from vramplan.cli.main import _fail, out
+        from vramplan.cli.common import fail as _fail
+        from vramplan.cli.main import out
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan import ServeJob, TrainJob
         from vramplan.plan import plan as run_plan
@@ -247,7 +248,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Push one knob of a scenario as far as the estimator allows (largest batch, longest
         sequence, fewest GPUs), with the safety margin."""
-        from vramplan.cli.main import _fail, out
+        from vramplan.cli.common import fail as _fail
+        from vramplan.cli.main import out
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan.solvers import solve as run_solve
 

@@ -16,6 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vramplan.cli.common import deep_merge as _merge
+from vramplan.cli.common import fail as _fail
+from vramplan.cli.common import set_path as _set
 from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
 from vramplan.units import GB, GiB
 
@@ -26,11 +29,7 @@ _out = Console(soft_wrap=False)
 _err = Console(stderr=True)
 
 
-def _fail(exc: VramplanError) -> None:
-    problems = getattr(exc, "problems", None)
-    for p in problems or [exc]:
-        _err.print(f"[red]error:[/] {p}", highlight=False)
-    raise typer.Exit(2)
+
 
 
 def _emit(payload: dict[str, Any]) -> None:
@@ -41,20 +40,10 @@ def _gib(n: float) -> str:
     return f"{n / GiB:,.2f}"
 
 
-def _set(d: dict[str, Any], path: str, value: Any) -> None:
-    if value is None:
-        return
-    keys = path.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-    d[keys[-1]] = value
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+
+
 
 
 def _int_list(text: str, option: str) -> list[int]:

@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, Opt("--json", help="print the analysis as JSON")] = False,
     ) -> None:
         """Explain an OOM snapshot: memory by category and stack frame, largest tensors, fragmentation."""
-        from vramplan.cli.main import _fail
+        from vramplan.cli.common import fail as _fail
         from vramplan.measure.snapshot import read_snapshot, write_timeline_plot
 
         console = Console(soft_wrap=False)

@@ -11,25 +11,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vramplan.cli.common import deep_merge as _merge
+from vramplan.cli.common import set_path as _set
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
 Opt = typer.Option
 
 
-def _set(d: dict[str, Any], path: str, value: Any) -> None:
-    if value is None:
-        return
-    keys = path.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-    d[keys[-1]] = value
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+
+
 
 
 def register(app: typer.Typer) -> None:
