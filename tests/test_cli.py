@@ -138,3 +138,18 @@ def test_error_text_with_brackets_is_printed_verbatim(monkeypatch) -> None:  # t
     res = CliRunner().invoke(app, ["estimate", "--model", "gpt2", "--gpu", "A100-80GB", "--engine", "trace"])
     assert res.exit_code == 2
     assert "pip install 'vramplan[trace]'" in res.output
+
+
+def test_measure_without_torch_names_the_extra(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # As on a machine without torch: `measure` stops with exit 2 and names the extra, brackets intact.
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def no_torch(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None if name in ("torch", "transformers") else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_torch)
+    res = CliRunner().invoke(app, ["measure", "examples/gpt2-eager-fp32-t4.yaml"])
+    assert res.exit_code == 2
+    assert "pip install 'vramplan[trace]'" in res.output

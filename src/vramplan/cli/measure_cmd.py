@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vramplan.cli.common import fail
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
 if TYPE_CHECKING:
@@ -100,7 +101,6 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     ) -> None:
         """Run one real step of SCENARIO (random weights) and compare its memory with the prediction."""
-        err = Console(stderr=True)
         try:
             limit = parse_bytes(max_cpu_bytes) if max_cpu_bytes is not None else None
             from vramplan.measure.run import measure
@@ -109,9 +109,7 @@ def register(app: typer.Typer) -> None:
                           batch_size=batch_size, prompt_len=prompt_len, new_tokens=new_tokens, max_cpu_bytes=limit,
                           warmup=warmup)
         except VramplanError as exc:
-            for p in getattr(exc, "problems", None) or [exc]:
-                err.print(f"[red]error:[/] {p}", highlight=False)
-            raise typer.Exit(2) from None
+            fail(exc)
         if as_json:
             sys.stdout.write(json.dumps(res.to_json_dict(), indent=2) + "\n")
             return

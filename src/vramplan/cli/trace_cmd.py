@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
+from vramplan.cli.common import fail
 from vramplan.cli.common import set_path as _set
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, Opt("--json", help="print the report as JSON")] = False,
     ) -> None:
         """Trace one training step or inference pass of the real model code (needs the trace extra)."""
-        out, err = Console(soft_wrap=False), Console(stderr=True)
+        out = Console(soft_wrap=False)
         try:
             from vramplan.spec.load import read_document
 
@@ -95,12 +96,7 @@ def register(app: typer.Typer) -> None:
 
                 write_timeline(timeline, data)
         except VramplanError as exc:
-            problems = getattr(exc, "problems", None)
-            from rich.markup import escape
-
-            for p in problems or [exc]:
-                err.print(f"[red]error:[/] {escape(str(p))}", highlight=False)
-            raise typer.Exit(2) from None
+            fail(exc)
         if as_json:
             payload = report.to_json_dict()
             payload["trace"] = {"top_at_peak": data["top_at_peak"], "peak_seq": data["peak"]["seq"]}

@@ -12,6 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from vramplan.cli.common import fail
 from vramplan.errors import VramplanError
 
 __all__ = ["SHORT_HEAD", "register", "render_result"]
@@ -112,14 +113,10 @@ def register(app: typer.Typer) -> None:
         from vramplan.validate.markdown import to_markdown
         from vramplan.validate.runner import validate
 
-        err = Console(stderr=True)
         try:
             result = validate(dataset, engine=engine)
         except VramplanError as exc:
-            problems = getattr(exc, "problems", None) or [exc]
-            for p in problems:
-                err.print(f"[red]error:[/] {p}", highlight=False)
-            raise typer.Exit(2) from None
+            fail(exc)
         if as_json:
             sys.stdout.write(json.dumps(result.to_json_dict(), indent=2) + "\n")
         elif markdown:
