@@ -46,6 +46,7 @@ from vramplan.analytic.layout import rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.train import Moment
 from vramplan.analytic.weights import weights_bytes
+from vramplan.monotone import largest_true
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div, dtype_bits
@@ -190,14 +191,8 @@ def _fits(r: Resolved, batch: int, prompt: int) -> bool:
 
 def _largest(known_ok: int, upper: int, ok: Callable[[int], bool]) -> int:
     """Largest x in [known_ok, upper] with ok(x) true, given ok(known_ok) (ok is monotone)."""
-    lo, hi = known_ok, upper
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    found = largest_true(known_ok, upper, ok)
+    return known_ok if found is None else found
 
 
 def max_batch_size(r: Resolved, limit: int = 1 << 20) -> int:

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from vramplan.monotone import largest_true
+
 __all__ = [
     "Adjustment", "BatchPlan", "MicroBatchChoice", "SafeStep", "free_memory", "is_oom_error",
     "largest_fitting_micro_batch", "micro_batches", "next_smaller",
@@ -194,16 +196,9 @@ def largest_fitting_micro_batch(
         return tried[mb]
 
     divs = _divisors(g)
-    lo, hi = 0, len(divs) - 1
-    best = -1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if used(divs[mid]) <= limit:
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    mb = divs[best] if best >= 0 else 1
-    return MicroBatchChoice(BatchPlan(mb, g // mb), used(mb), limit, best >= 0, dict(tried))
+    best = largest_true(0, len(divs) - 1, lambda i: used(divs[i]) <= limit)
+    mb = divs[best] if best is not None else 1
+    return MicroBatchChoice(BatchPlan(mb, g // mb), used(mb), limit, best is not None, dict(tried))
 
 
 class SafeStep(Generic[T]):

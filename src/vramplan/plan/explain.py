@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vramplan.catalog.gpus import list_gpus
+from vramplan.monotone import largest_true
 from vramplan.plan.context import PlanContext
 from vramplan.plan.result import PlanResult, Rung, Suggestion
 from vramplan.plan.setup import ServeSetup, TrainSetup
@@ -184,18 +185,6 @@ def _first_fit(ctx: PlanContext, setups: Sequence[TrainSetup]) -> tuple[TrainSet
     return None
 
 
-def _largest_ok(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
-    """Largest v in [lo, hi] with ok(v), assuming ok is monotone decreasing; None if not ok(lo)."""
-    if hi < lo or not ok(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
 
 def _train_suggestions(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: int) -> list[Suggestion]:
     out: list[Suggestion] = []
@@ -235,7 +224,7 @@ def _train_suggestions(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: i
         def seq_fits(sl: int) -> bool:
             return _first_fit(ctx, _frugal(ctx, job, n, gpus_per_node, seq_len=sl)) is not None
 
-        best = _largest_ok(1, job.seq_len - 1, seq_fits)
+        best = largest_true(1, job.seq_len - 1, seq_fits)
         if best is not None:
             hit = _first_fit(ctx, _frugal(ctx, job, n, gpus_per_node, seq_len=best))
             assert hit is not None
