@@ -145,31 +145,38 @@ def _labeler(tracker: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _logits_category(tracker: Any, model: Any) -> Iterator[None]:
-    """From the LM head's input to the end of the model's forward: category ``logits``."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None:
-        yield
-        return
+def _category_while(tracker: Any, start: Any, end: Any, name: Callable[[], str]) -> Iterator[None]:
+    """Label allocations ``name()`` from each forward of module ``start`` to the end of ``end``'s forward."""
     stack: list[contextlib.ExitStack] = []
 
     def enter(*_: Any) -> None:
         es = contextlib.ExitStack()
-        es.enter_context(tracker.category(bd.LOGITS))
+        es.enter_context(tracker.category(name()))
         stack.append(es)
 
     def leave(*_: Any) -> None:
         while stack:
             stack.pop().close()
 
-    h1 = head.register_forward_pre_hook(enter)
-    h2 = model.register_forward_hook(leave)
+    h1 = start.register_forward_pre_hook(enter)
+    h2 = end.register_forward_hook(leave)
     try:
         yield
     finally:
         h1.remove()
         h2.remove()
         leave()
+
+
+@contextlib.contextmanager
+def _logits_category(tracker: Any, model: Any) -> Iterator[None]:
+    """From the LM head's input to the end of the model's forward: category ``logits``."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        yield
+        return
+    with _category_while(tracker, head, model, lambda: bd.LOGITS):
+        yield
 
 
 def _unique(tensors: Any) -> list[Any]:
@@ -305,50 +312,36 @@ def _run_inference(r: Any, built: Built, memory: DeviceMemory | None, seed: int)
     with Tracker() as tr:
         _track_setup(tr, built, [ids, mask])
         calls = [0]
-        stack: list[contextlib.ExitStack] = []
 
-        def pre(*_: Any) -> None:
-            phase = bd.PREFILL if calls[0] == 0 else bd.DECODE
+        def phase() -> str:
+            name = bd.PREFILL if calls[0] == 0 else bd.DECODE
             calls[0] += 1
-            marks.append((len(tr.events), phase))
-            es = contextlib.ExitStack()
-            es.enter_context(tr.category(phase))
-            stack.append(es)
+            marks.append((len(tr.events), name))
+            return name
 
-        def post(*_: Any) -> None:
-            while stack:
-                stack.pop().close()
+        with _category_while(tr, model, model, phase), tr.category(bd.GENERATE), torch.no_grad():
+            if built.encoder_only:
+                keep.append(model(input_ids=ids, attention_mask=mask).logits)
+            else:
+                from transformers import DynamicCache
 
-        h1 = model.register_forward_pre_hook(pre)
-        h2 = model.register_forward_hook(post)
-        try:
-            with tr.category(bd.GENERATE), torch.no_grad():
-                if built.encoder_only:
-                    keep.append(model(input_ids=ids, attention_mask=mask).logits)
+                cache = DynamicCache(config=model.config)
+                original = cache.update
+
+                def update(*args: Any, **kwargs: Any) -> Any:
+                    with tr.category(bd.KV_CACHE):
+                        return original(*args, **kwargs)
+
+                cache.update = update  # type: ignore[method-assign]
+                keep.append(cache)
+                if inf.new_tokens == 0:
+                    model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True,
+                          logits_to_keep=1)
                 else:
-                    from transformers import DynamicCache
-
-                    cache = DynamicCache(config=model.config)
-                    original = cache.update
-
-                    def update(*args: Any, **kwargs: Any) -> Any:
-                        with tr.category(bd.KV_CACHE):
-                            return original(*args, **kwargs)
-
-                    cache.update = update  # type: ignore[method-assign]
-                    keep.append(cache)
-                    if inf.new_tokens == 0:
-                        model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True,
-                              logits_to_keep=1)
-                    else:
-                        keep.append(model.generate(
-                            ids, attention_mask=mask, past_key_values=cache, max_new_tokens=inf.new_tokens,
-                            min_new_tokens=inf.new_tokens, do_sample=False, use_cache=True,
-                            pad_token_id=0))
-        finally:
-            h1.remove()
-            h2.remove()
-            post()
+                    keep.append(model.generate(
+                        ids, attention_mask=mask, past_key_values=cache, max_new_tokens=inf.new_tokens,
+                        min_new_tokens=inf.new_tokens, do_sample=False, use_cache=True,
+                        pad_token_id=0))
         gc.collect()
         end = len(tr.events)
         if memory is not None:
