@@ -397,34 +397,21 @@ def _simple(
 
 def _gpt2(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     # modeling_gpt2.py: Conv1D layers with biases, learned positions, LayerNorm with bias, tied lm_head.
-    h, n_layers, n_heads = int(cfg["n_embd"]), int(cfg["n_layer"]), int(cfg["n_head"])
-    vocab, npos = int(cfg["vocab_size"]), int(cfg.get("n_positions", 1024))
-    inter = int(cfg.get("n_inner") or 4 * h)
-    L = tuple(range(n_layers))
-    p = _Params()
-    p.add("wte.weight", vocab * h, "embedding", tp="vocab")
-    p.add("wpe.weight", npos * h, "position")
-    p.norm("h.ln_1", h, L, True)
-    p.linear("h.attn.c_attn", h, 3 * h, L, True, "column")
-    p.linear("h.attn.c_proj", h, h, L, True, "row")
-    p.norm("h.ln_2", h, L, True)
-    p.linear("h.mlp.c_fc", h, inter, L, True, "column")
-    p.linear("h.mlp.c_proj", inter, h, L, True, "row")
-    p.norm("ln_f", h, (), True)
-    return _simple(cfg, name, "gpt2", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_heads, vocab=vocab,
-                   inter=inter, act=str(cfg.get("activation_function", "gelu_new")), position="learned",
-                   tied=True, parallel=False, attn_drop=float(cfg.get("attn_pdrop", 0.1)),
-                   hidden_drop=float(cfg.get("resid_pdrop", 0.1)), max_pos=npos)
+    return _gpt2_layout(cfg, name, "gpt2", n_kv=int(cfg["n_head"]), act_default="gelu_new")
 
 
 def _bigcode(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     # modeling_gpt_bigcode.py (StarCoder, OctoCoder): GPT-2 layout with nn.Linear; with multi_query
     # (configuration default True) c_attn projects to h + 2 * head_dim: one shared K and V head (MQA).
+    n_kv = 1 if bool(cfg.get("multi_query", True)) else int(cfg["n_head"])
+    return _gpt2_layout(cfg, name, "gpt_bigcode", n_kv=n_kv, act_default="gelu_pytorch_tanh")
+
+
+def _gpt2_layout(cfg: Mapping[str, Any], name: str, model_type: str, n_kv: int, act_default: str) -> ModelSpec:
+    """GPT-2's tensors: c_attn projects to h + 2 * n_kv * head_dim (3h for multi-head attention)."""
     h, n_layers, n_heads = int(cfg["n_embd"]), int(cfg["n_layer"]), int(cfg["n_head"])
     vocab, npos = int(cfg["vocab_size"]), int(cfg.get("n_positions", 1024))
     inter = int(cfg.get("n_inner") or 4 * h)
-    mq = bool(cfg.get("multi_query", True))
-    n_kv = 1 if mq else n_heads
     hd = h // n_heads
     L = tuple(range(n_layers))
     p = _Params()
@@ -437,8 +424,8 @@ def _bigcode(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     p.linear("h.mlp.c_fc", h, inter, L, True, "column")
     p.linear("h.mlp.c_proj", inter, h, L, True, "row")
     p.norm("ln_f", h, (), True)
-    return _simple(cfg, name, "gpt_bigcode", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab,
-                   inter=inter, act=str(cfg.get("activation_function", "gelu_pytorch_tanh")), position="learned",
+    return _simple(cfg, name, model_type, p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab,
+                   inter=inter, act=str(cfg.get("activation_function", act_default)), position="learned",
                    tied=True, parallel=False, attn_drop=float(cfg.get("attn_pdrop", 0.1) or 0.0),
                    hidden_drop=float(cfg.get("resid_pdrop", 0.1) or 0.0), max_pos=npos)
 
