@@ -140,6 +140,19 @@ def test_synthetic_metrics_by_hand() -> None:
     assert res.summary("fake").by_workload["train-full"].n_error == 6  # no adapters in the synthetic set
 
 
+def test_not_compared_entry_checks_the_verdict_only() -> None:
+    data = synthetic()[:1]
+    data[0]["not_compared"] = "sequence lengths came from the data"
+    res = run_validation(parse_dataset(data), engines={"fake": fake_engine}, rules=())
+    e = res.entries[0]
+    # e1 would be -10% if compared; here no error, but the fits verdict (fits, fitted) still counts
+    assert e.predictions["fake"].signed_error is None and e.predictions["fake"].verdict == "correct"
+    assert not e.usable and res.n_usable == 0
+    s = res.summary("fake").overall
+    assert s.n_error == 0 and (s.n_fits_checked, s.fits_correct) == (1, 1)
+    assert "sequence lengths came from the data" in to_markdown(res)
+
+
 def test_skipped_entry_is_listed_with_reason() -> None:
     res = run_validation(parse_dataset(synthetic()), engines={"fake": fake_engine}, rules=())
     skipped = res.skipped

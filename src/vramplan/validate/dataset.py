@@ -33,7 +33,10 @@ stream's work; with one stream they equal the allocated bytes, so ``peak_active`
 compared with the allocated peak.  The spellings ``peak_allocated``, ``peak_reserved``
 and ``device_used`` are accepted as synonyms.  For an ``oom`` entry ``bytes`` is the
 device capacity, a lower bound on what the run needed, so it only checks the fits/OOM
-verdict.  ``published_model`` names the model the source ran when the scenario names a
+verdict.  ``not_compared`` gives the reason when the figure cannot be compared with any
+prediction although its quantity is known -- e.g. a run whose sequence lengths came from the
+data (dynamic padding) so the scenario's ``seq_len`` is only a maximum; such an entry checks
+the fits/OOM verdict only.  ``published_model`` names the model the source ran when the scenario names a
 catalog model with the same architecture (a mirror, an instruction-tuned release, a
 quantized re-upload).
 """
@@ -116,6 +119,12 @@ class Entry(_Strict):
     measured: Measured
     outcome: Literal["fits", "oom"]
     notes: str = ""
+    not_compared: str = ""
+
+    @property
+    def compares_bytes(self) -> bool:
+        """The measured bytes can be compared with a prediction (known quantity, fixed workload)."""
+        return self.measured.quantity != "unknown" and not self.not_compared
 
     @property
     def group(self) -> str:

@@ -87,6 +87,10 @@ def to_markdown(result: ValidationResult, worst: int = 12) -> str:
         missed = [e for e in result.entries if e.predictions.get(p.key) and e.predictions[p.key].verdict == "missed_oom"]
         if missed:
             lines += ["", f"Said fits but the run OOMed ({p.label}): " + ", ".join(e.id for e in missed)]
+    uncompared = [e for e in result.entries if e.not_compared]
+    if uncompared:
+        lines += ["", "Fits/OOM only, bytes not compared:", ""]
+        lines += [f"- `{e.id}`: {e.not_compared}" for e in uncompared]
     if result.skipped:
         lines += ["", "Skipped (not resolved):", ""]
         lines += [f"- `{e.id}`: {e.skip_reason}" for e in result.skipped]

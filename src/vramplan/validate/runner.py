@@ -83,13 +83,15 @@ class EntryResult(BaseModel):
     outcome: str
     status: Literal["ok", "skipped"]
     skip_reason: str = ""
+    not_compared: str = ""
     capacity_bytes: int | None = None
     predictions: dict[str, Prediction] = Field(default_factory=dict)
 
     @property
     def usable(self) -> bool:
         """Resolves, and its measured quantity is known on a run that fitted: it gives an error."""
-        return self.status == "ok" and self.quantity != "unknown" and self.outcome == "fits"
+        return (self.status == "ok" and self.quantity != "unknown" and self.outcome == "fits"
+                and not self.not_compared)
 
 
 class PredictorSummary(BaseModel):
@@ -207,7 +209,7 @@ def _run_engine(fn: EngineFn, r: Resolved, entry: Entry) -> Prediction:
     except Exception as exc:  # noqa: BLE001 -- one failing entry must not stop the other entries
         return Prediction(status="error", reason=f"{type(exc).__name__}: {_first_line(exc)}")
     q = entry.measured.quantity
-    if q == "unknown":
+    if not entry.compares_bytes:
         return _score(entry, report.per_gpu.device_used_bytes, report.fits, None)
     return _score(entry, predicted_quantity(report, q), report.fits, COMPARED_FIELD[q])
 
@@ -218,7 +220,7 @@ def _run_rule(rule: Rule, r: Resolved, entry: Entry) -> Prediction:
     if entry.measured.quantity == "kv_cache":
         return Prediction(status="not_applicable", reason="a rule of thumb does not predict vLLM's KV pool")
     predicted = rule.predict(r)
-    compared = None if entry.measured.quantity == "unknown" else "rule"
+    compared = "rule" if entry.compares_bytes else None
     return _score(entry, predicted, predicted <= r.gpu.total_memory_bytes, compared)
 
 
@@ -237,7 +239,7 @@ def workload(scenario: Scenario) -> str:
 def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rule]) -> EntryResult:
     base = {"id": entry.id, "source": entry.group, "task": entry.task, "workload": entry.task,
             "model": _model_name(entry), "quantity": entry.measured.quantity, "measured_bytes": entry.measured.bytes,
-            "outcome": entry.outcome}
+            "outcome": entry.outcome, "not_compared": entry.not_compared}
     try:
         r = resolve(entry.scenario)
     except VramplanError as exc:
