@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.analytic.train import Moment
-from vramplan.serve.vllm import DEFAULT_VERSION, VllmDecision, decide
+from vramplan.serve.vllm import VllmDecision, decide
 from vramplan.spec.load import Resolved
 
 __all__ = ["ServeResult", "serve"]
@@ -38,9 +38,11 @@ class ServeResult:
     assumptions: list[str]
 
 
-def serve(r: Resolved, version: str = DEFAULT_VERSION, subtract_cudagraphs: bool = False) -> ServeResult:
-    """The serving memory of one GPU of a ``task: serve`` scenario, as vLLM allocates it."""
-    d = decide(r, version=version, subtract_cudagraphs=subtract_cudagraphs)
+def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = False) -> ServeResult:
+    """The serving memory of one GPU of a ``task: serve`` scenario, as vLLM allocates it.
+
+    ``version`` overrides the scenario's ``serve.vllm_version``."""
+    d = decide(r, version=version or r.scenario.serve.vllm_version, subtract_cudagraphs=subtract_cudagraphs)
     peak = Moment("serve")
     peak.add("weights", "parameters", d.parameters_bytes)
     peak.add("weights", "rotary cos/sin cache", d.rotary_cache_bytes)

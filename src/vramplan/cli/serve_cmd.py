@@ -93,7 +93,7 @@ def _serve(
     dtype: Annotated[str | None, Opt(help="fp16 | bf16 | fp32")] = None,
     quantization: Annotated[str | None, Opt(help="none | int8 | fp8 | gptq-4bit | awq-4bit | nf4 ...")] = None,
     enforce_eager: Annotated[bool, Opt("--enforce-eager", help="no torch.compile / CUDA graphs")] = False,
-    vllm_version: Annotated[str, Opt(help="behaviour modelled: 0.11 (V1, vLLM 0.10-0.11) or 0.19")] = "0.11",
+    vllm_version: Annotated[str | None, Opt(help="behaviour modelled: 0.11 (V1, vLLM 0.10-0.11) or 0.19 (default: the scenario's serve.vllm_version, else 0.11)")] = None,
     subtract_cudagraphs: Annotated[bool, Opt("--subtract-cudagraphs",
                                              help="subtract CUDA-graph memory from the KV budget (newer vLLM)")] = False,
     as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
@@ -109,10 +109,10 @@ def _serve(
             ("serve.block_size", block_size), ("serve.max_num_seqs", max_num_seqs),
             ("serve.max_num_batched_tokens", max_num_batched_tokens), ("serve.kv_cache_dtype", kv_cache_dtype),
             ("serve.dtype", dtype), ("serve.quantization", quantization),
-            ("serve.cuda_graphs", False if enforce_eager else None),
+            ("serve.cuda_graphs", False if enforce_eager else None), ("serve.vllm_version", vllm_version),
         ])
         r = resolve(doc)
-        sr = serve(r, version=vllm_version, subtract_cudagraphs=subtract_cudagraphs)
+        sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
         _fail(exc)
         return

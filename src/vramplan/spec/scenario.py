@@ -27,6 +27,7 @@ KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 OffloadDevice = Literal["cpu", "nvme"]
+VllmVersion = Literal["0.11", "0.19"]
 
 
 class _Strict(BaseModel):
@@ -80,6 +81,7 @@ class Serve(_Strict):
     dtype: HalfDtype = "bf16"
     quantization: InferQuant = "none"
     cuda_graphs: bool = True
+    vllm_version: VllmVersion = "0.11"  # behaviour modelled: V1 of vLLM 0.10-0.11, or 0.19
 
 
 class Parallel(_Strict):
