@@ -6,7 +6,7 @@ verbatim quote.  Rows measured from a PyTorch out-of-memory message keep the pri
 
 * ``oom_message`` (PyTorch >= 2.1, CUDA): outside = "this process has X in use" - "Y is allocated
   by PyTorch" - "Z is reserved by PyTorch but unallocated".  Example (CatVTON #133, T4):
-  4.11 GiB - 3.72 GiB - 264.21 MiB = 0.39 x 2^30 - 264.21 x 2^20 = 418,759,065.6 - 277,044,019.2
+  4.11 GiB - 3.72 GiB - 264.21 MiB = 0.39 x 2^30 - 264.21 x 2^20 = 418,759,311.36 - 277,044,264.96
   = 141,715,046.4 -> 141,715,046 B (135.15 MiB).  Each printed figure is rounded to two decimals,
   so the difference is good to about +-10 MiB.
 * ``oom_message_device`` (HIP messages have no per-process figure): total - free - allocated -
