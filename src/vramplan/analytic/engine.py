@@ -7,7 +7,7 @@ from typing import Any
 
 from vramplan.analytic.allocator import reserved_for
 from vramplan.analytic.inference import inference_step
-from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
+from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.serve import serve
 from vramplan.analytic.train import Moment, train_step
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
@@ -40,6 +40,7 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
     )
     m = r.model
+    assumptions = [*assumptions, cuda_context_for(r.gpu).assumption()]
     report = Report(
         engine="analytic", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=serve_block,
         assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),
@@ -54,7 +55,8 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
 def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Report:
     """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved)."""
     r = source if isinstance(source, Resolved) else resolve(source)
-    ctx = cuda_context_bytes(r.gpu)
+    choice = cuda_context_for(r.gpu)
+    ctx = choice.bytes
     task = r.scenario.task
     if task == "train":
         tr = train_step(r)

@@ -462,7 +462,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
         "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)",
         "steady-state step: optimizer states exist; gradients are set to None after each step",
-        "CUDA context 400 MiB with lazy module loading; NCCL 128 MiB per communicator",
+        "NCCL 128 MiB per communicator",
         ("reserved memory = the tensors alive at the peak packed by the caching allocator's rules; "
          "fragmentation left by earlier phases is not modelled analytically (--engine trace replays the "
          "step); published max_memory_reserved/nvidia-smi figures ran 10-35% above such estimates on "

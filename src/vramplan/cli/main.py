@@ -33,6 +33,7 @@ def estimate(
     gpu: Annotated[str | None, Opt(help="GPU name (see `vramplan gpus`)")] = None,
     num_gpus: Annotated[int | None, Opt(help="GPUs in the job")] = None,
     capacity_gib: Annotated[float | None, Opt(help="device capacity in GiB, for a GPU not in the catalog")] = None,
+    cuda_module_loading: Annotated[str | None, Opt(help="lazy | eager: CUDA_MODULE_LOADING of the run (eager: CUDA < 11.7 or CUDA_MODULE_LOADING=EAGER); sets the CUDA context size")] = None,
     framework: Annotated[str | None, Opt(help="hf-trainer | accelerate | lightning | torchtitan | deepspeed | vllm | plain")] = None,
     micro_batch_size: Annotated[int | None, Opt(help="train: sequences per GPU per micro-step")] = None,
     seq_len: Annotated[int | None, Opt(help="train: tokens per sequence")] = None,
@@ -80,7 +81,8 @@ def estimate(
         section = {"train": "train", "inference": "inference", "serve": "serve"}.get(str(eff_task), "train")
         for path, value in [
             ("model", model), ("task", task), ("hardware.gpu", gpu), ("hardware.num_gpus", num_gpus),
-            ("hardware.capacity_gib", capacity_gib), ("framework", framework),
+            ("hardware.capacity_gib", capacity_gib), ("hardware.cuda_module_loading", cuda_module_loading),
+            ("framework", framework),
             ("train.micro_batch_size", micro_batch_size), ("train.seq_len", seq_len),
             ("train.grad_accum_steps", grad_accum_steps), ("train.precision", precision),
             ("train.optimizer", optimizer), ("train.gradient_checkpointing", gradient_checkpointing),

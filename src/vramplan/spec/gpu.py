@@ -27,6 +27,8 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     notes: str = ""
+    # software stack, not a catalog fact: set from the scenario's hardware.cuda_module_loading
+    cuda_module_loading: str = "lazy"
 
     @classmethod
     def custom(cls, capacity_gib: float) -> GpuSpec:

@@ -143,6 +143,10 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
     else:
         assert hw.capacity_gib is not None
         gpu = GpuSpec.custom(hw.capacity_gib)
+    if gpu is not None and hw.cuda_module_loading != gpu.cuda_module_loading:
+        from dataclasses import replace as _replace
+
+        gpu = _replace(gpu, cuda_module_loading=hw.cuda_module_loading)
     if model is not None:
         problems.extend(_cross_check(scenario, model))
     if problems:

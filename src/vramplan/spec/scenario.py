@@ -28,6 +28,7 @@ FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"
 Offload = Literal["none", "optimizer", "optimizer+params"]
 OffloadDevice = Literal["cpu", "nvme"]
 VllmVersion = Literal["0.11", "0.19"]
+CudaModuleLoading = Literal["lazy", "eager"]
 
 
 class _Strict(BaseModel):
@@ -39,6 +40,10 @@ class Hardware(_Strict):
     num_gpus: int = Field(1, ge=1, le=100_000)
     capacity_gib: float | None = Field(None, gt=0, le=4096)
     gpus_per_node: int = Field(8, ge=1, le=1024)
+    # CUDA_MODULE_LOADING of the run: lazy is PyTorch's default since 1.13 (CUDA >= 11.7) and the
+    # driver's from CUDA 12.2; eager for older stacks or CUDA_MODULE_LOADING=EAGER.  Picks the CUDA
+    # context size (vramplan.analytic.overhead.cuda_context); no effect on AMD GPUs.
+    cuda_module_loading: CudaModuleLoading = "lazy"
 
 
 class Peft(_Strict):
