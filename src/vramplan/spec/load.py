@@ -88,6 +88,9 @@ def parse_scenario(data: dict[str, Any] | Scenario) -> Scenario:
                 close = suggest(str(err.get("input")), [a.strip(" '") for a in str(allowed).replace(" or ", ",").split(",")])
                 hint = f"did you mean {close[0]!r}?" if close else f"choose {allowed}"
                 problems.append(Problem(where, f"{err.get('input')!r} is not allowed", hint))
+            elif err["type"] == "string_pattern_mismatch" and where.startswith("software."):
+                problems.append(Problem(where, f"{err.get('input')!r} is not a version number",
+                                        "write the installed version, e.g. 0.41.1 (pip show <package>)"))
             else:
                 problems.append(Problem(where, err["msg"].replace("Input should be", "must be"), ""))
         raise ScenarioError(problems) from None

@@ -101,6 +101,24 @@ class Parallel(_Strict):
     offload_device: OffloadDevice = "cpu"
 
 
+class Software(_Strict):
+    """Library versions whose memory behaviour differs; None means the current release's behaviour."""
+
+    # bitsandbytes before 0.43.2 kept every 4-bit linear's input for the backward
+    # (MatMul4Bit: ctx.tensors = (A, B)); PR bitsandbytes-foundation/bitsandbytes#1270 (July 2024) dropped it.
+    bitsandbytes: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+
+    @property
+    def bitsandbytes_version(self) -> tuple[int, ...] | None:
+        return None if self.bitsandbytes is None else tuple(int(x) for x in self.bitsandbytes.split("."))
+
+    @property
+    def bnb_4bit_saves_input(self) -> bool:
+        """True for bitsandbytes < 0.43.2, whose ``MatMul4Bit`` saved its input ``A`` for the backward."""
+        v = self.bitsandbytes_version
+        return v is not None and v < (0, 43, 2)
+
+
 class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
 
@@ -112,6 +130,7 @@ class Scenario(_Strict):
     inference: Inference = Field(default_factory=Inference)
     serve: Serve = Field(default_factory=Serve)
     parallel: Parallel = Field(default_factory=Parallel)
+    software: Software = Field(default_factory=Software)
 
     @field_validator("model")
     @classmethod
