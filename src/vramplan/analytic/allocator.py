@@ -6,7 +6,10 @@ below 10 MiB, 2 MiB-rounded segments above, best fit with splitting).  This modu
 what the analytic engine knows: the tensors alive at the peak, not their order.  It replays those
 tensors as allocations into an empty allocator, largest first, so it counts segment rounding and
 the whole-block hand-outs of unsplit blocks, but not fragmentation left behind by earlier phases
-(the traced engine replays the real event order for that).
+(the traced engine replays the real event order for that).  ``train_reserved_bytes`` replays the
+analytic step's own event stream (analytic/events.py: the closed-form terms as individual tensors in
+the order one training step makes and frees them, two steps), which does count that fragmentation;
+``estimate`` does not use it yet (a 7B stream costs 20-50 ms to replay; docs/allocator.md).
 
 Worked example: five 8 MiB tensors.  Each opens or reuses a 20 MiB segment (8 MiB < 10 MiB); a
 segment holds two (8 + 8, 4 MiB left, too small for the third), so three segments: 60 MiB
