@@ -6,7 +6,10 @@ below 10 MiB, 2 MiB-rounded segments above, best fit with splitting).  This modu
 what the analytic engine knows: the tensors alive at the peak, not their order.  It replays those
 tensors as allocations into an empty allocator, largest first, so it counts segment rounding and
 the whole-block hand-outs of unsplit blocks, but not fragmentation left behind by earlier phases
-(the traced engine replays the real event order for that).
+(the traced engine replays the real event order for that).  ``train_reserved_bytes`` replays the
+analytic step's own event stream (analytic/events.py: the closed-form terms as individual tensors in
+the order one training step makes and frees them, two steps), which does count that fragmentation;
+``estimate`` does not use it yet (a 7B stream costs 20-50 ms to replay; docs/allocator.md).
 
 Worked example: five 8 MiB tensors.  Each opens or reuses a 20 MiB segment (8 MiB < 10 MiB); a
 segment holds two (8 + 8, 4 MiB left, too small for the third), so three segments: 60 MiB
@@ -14,6 +17,8 @@ reserved for 40 MiB allocated.  With ``expandable_segments`` the same tensors ma
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from vramplan.alloc import AllocEvent, replay
 from vramplan.alloc.rules import (
@@ -35,10 +40,11 @@ from vramplan.alloc.rules import (
     K_SMALL_SIZE as SMALL_SIZE,
 )
 from vramplan.alloc.rules import allocation_size, is_small, round_size, should_split
+from vramplan.analytic.events import StepLayout, train_run_events
 
 __all__ = [
     "LARGE_SEGMENT", "MIN_LARGE_ALLOC", "ROUND_BYTES", "ROUND_LARGE", "SMALL_SEGMENT", "SMALL_SIZE",
-    "allocated_bytes_for", "reserved_for", "rounded_request", "segment_bytes",
+    "allocated_bytes_for", "reserved_for", "rounded_request", "segment_bytes", "train_reserved_bytes",
 ]
 
 
@@ -72,3 +78,24 @@ def reserved_for(tensor_sizes: list[tuple[int, int]], expandable_segments: bool 
             events.append(AllocEvent(bid, max(size, 1)))
             bid += 1
     return replay(events, expandable_segments=expandable_segments).final_reserved_bytes
+
+
+# ------------------------------------------------------------------------------------------------
+# a training run's event stream (analytic/events.py) through the allocator model
+# ------------------------------------------------------------------------------------------------
+
+def _run_reserved(layout: StepLayout, n_layers: int, expandable_segments: bool) -> tuple[int, int]:
+    res = replay(train_run_events(layout, n_layers), expandable_segments=expandable_segments)
+    return res.peak_allocated_bytes, res.peak_reserved_bytes
+
+
+@lru_cache(maxsize=4096)
+def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False) -> tuple[int, int]:
+    """(peak allocated, peak reserved) of the first two training steps, replayed event by event.
+
+    Every layer is replayed: extrapolating from the first few layers is not exact (on QLoRA 7B
+    the reserved increment per layer alternates 272 / 140 MiB after settling at 272 MiB for three
+    layers, so a linear extrapolation over-counts 1.8 GiB).  Results are cached per layout (a
+    frozen dataclass), so repeated estimates of one scenario replay once.
+    """
+    return _run_reserved(layout, len(layout.layers), expandable_segments)

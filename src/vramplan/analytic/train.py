@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.gradients import ddp_bucket_bytes, gradient_bytes, master_weight_bytes
 from vramplan.analytic.layout import RankParams, rank_params, targets
 from vramplan.analytic.logits import loss_bytes
@@ -59,6 +60,7 @@ class TrainResult:
     managed_bytes: int
     communicators: int
     assumptions: list[str]
+    layout: StepLayout | None = None  # the peak stage's terms for the event stream (analytic/events.py)
 
 
 def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[str, bool]:
@@ -121,7 +123,7 @@ def train_step(r: Resolved) -> TrainResult:
     attention, repeat = resolve_attention(s, m, pol)
     assumptions: list[str] = []
     tokens = ceil_div(t.micro_batch_size * t.seq_len, cp)
-    results: list[tuple[Moment, list[Moment], int, int, int]] = []
+    results: list[tuple[Moment, list[Moment], int, int, int, StepLayout]] = []
 
     for stage in _stages(pp):
         rp = rank_params(m, tp, pp, ep, stage, peft)
@@ -347,12 +349,20 @@ def train_step(r: Resolved) -> TrainResult:
         step.add("temporaries", "optimizer step", step_temp)
         moments.append(step)
         peak = max(moments, key=lambda mo: mo.total)
-        results.append((peak, moments, host, nvme, managed))
+        lay = build_layout(
+            m, rp, ctx, layer_specs, tokens=tokens, kept=kept, full=full, transients=transients,
+            cast_per_layer=cast_per_layer, grad_layer=grad_layer, grad_outside=grad_outside, embed_grad=embed_grad,
+            weights_resident=weights_resident, trainable=ceil_div(trainable, shard_os), peft=peft is not None,
+            optimizer=t.optimizer, states=states, step_temp=step_temp, master=master, ddp=ddp, workspaces=workspaces,
+            gathered=gathered, root_gathered=root_gathered, shared=shared, head_saved=head_saved,
+            head_cast=cast_head + head_cast, loss=loss, logits_bytes=pol.compute_bytes, vocab_rank=vocab_rank,
+            grads_during_fwd=grads_during_fwd, last=last, checkpointing=t.gradient_checkpointing)
+        results.append((peak, moments, host, nvme, managed, lay))
 
-    peak, moments, host, nvme, managed = max(results, key=lambda x: x[0].total)
+    peak, moments, host, nvme, managed, layout = max(results, key=lambda x: x[0].total)
     communicators = (1 if dp > 1 else 0) + (1 if tp > 1 else 0) + (1 if pp > 1 else 0)
     assumptions.extend(_train_assumptions(s, m, attention, pol, framework))
-    return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)))
+    return TrainResult(moments, peak, host, nvme, managed, communicators, list(dict.fromkeys(assumptions)), layout)
 
 
 def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:

@@ -1,0 +1,582 @@
+"""The analytic engine's training step as a sequence of allocations and frees (``vramplan.alloc`` events).
+
+The closed-form engine (analytic/train.py) knows, per term, how many bytes exist at each moment;
+PyTorch's caching allocator also cares about *which* tensors they are and in what order they come
+and go: a block freed by the forward pass is cached and later split by smaller requests, so a
+larger request further on needs a new segment (fragmentation).  This module turns the engine's
+terms into the tensors the allocator sees, in the order one step of transformers' modeling code
+makes them, so that ``vramplan.alloc.replay`` can give ``max_memory_reserved``.
+
+Order and tensor list, learnt from the traced engine (``vramplan trace SCENARIO --timeline``) on
+Llama and GPT-2 layers (trace/step.py; the op list of a Llama layer is in docs/allocator.md):
+
+* setup: every parameter tensor, in module order (embedding, layers, final norm, head); the fp32
+  masters (DeepSpeed); the optimizer states when they already exist; the DDP buckets; the input ids;
+* forward, per layer: the input norm (an fp32 ``pow`` temporary, the saved ``rsqrt`` and normalized
+  tensor, the norm output), each projection's autocast input cast and weight cast (saved) and its
+  output, RoPE's fp32 temporaries and the rotated q/k (saved), the kernel's output and logsumexp,
+  the output projection's input copy, the residual add (saved by the next norm); then the same for
+  the MLP.  Temporaries are freed where the trace frees them;
+* loss: logits (c V), their fp32 copy (4 V, freed after the loss), the saved log-softmax (4 V);
+* backward: the loss gradients (4 V + 4 V), then per layer in reverse: each linear's input gradient
+  and weight gradient (``param.grad``, kept until the optimizer step), the frees of the saved tensors
+  as their consumer's backward runs, the elementwise gradients; the embedding's gradient last;
+* optimizer: the states on the first step (``zeros_like`` per parameter, in parameter order), the
+  foreach temporaries (one per parameter, all allocated, then all freed), then the gradients freed
+  (``zero_grad(set_to_none=True)``).
+
+Sizes: each tensor's width comes from the model (hidden, q/kv widths, intermediate, heads x keys)
+and the precision policy; the per-layer sums are then reconciled with the closed-form terms
+(``kept``, ``full``, transients, weight casts, gradients, states), so the stream holds exactly the
+bytes the closed-form engine counts, split at the allocator's granularity.  What the stream does
+not know (an op the template lacks) goes into one reconciling tensor per layer.
+
+Steady state: ``train_run_events`` replays the first step (states created inside ``step()``, after
+the first forward/backward has left its cached blocks) and the second (states exist), and the
+allocator never returns memory, so its peak is ``max_memory_reserved`` over the run.
+``train_step_events(states_first=True)`` instead allocates the states up front and runs one step,
+as the traced engine does (trace/step.py); the tests compare that one with the trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vramplan.alloc import AllocEvent
+from vramplan.analytic.activations import ActContext
+from vramplan.analytic.layout import RankParams, _count_on_rank, _split
+from vramplan.analytic.logits import LossTensors
+from vramplan.spec.model import LayerSpec, ModelSpec
+
+__all__ = ["LayerTerms", "StepLayout", "train_run_events", "train_step_events"]
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """One decoder layer's closed-form terms (bytes) and the widths its tensors have (bytes per token)."""
+
+    kept: int  # saved for backward during the forward (checkpointing: the layer's input only)
+    full: int  # saved when the layer runs with autograd recording (= kept without checkpointing)
+    mlp_transient: int  # the MLP's backward gradients alive together
+    attn_transient: int
+    weight_cast: int  # autocast's half copies of the layer's linear weights
+    grad: int  # parameter gradient bytes of the layer (this rank's shard)
+    linears: tuple[int, ...]  # element counts of the layer's linear weights, in forward order
+    norms: tuple[int, ...]  # element counts of the layer's other parameters
+    params: tuple[int, ...] = ()  # resident bytes of each parameter tensor of the layer
+    trainable: tuple[int, ...] = ()  # element counts of the layer's trainable tensors
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """What the event stream needs from the closed-form engine, for one pipeline stage's rank.
+
+    Widths are bytes per token (multiplied by ``tokens``); every other field is bytes.
+    """
+
+    tokens: int
+    hidden: int
+    q_width: int  # query width on this rank (heads x head_dim)
+    kv_width: int
+    inter: int  # MLP intermediate width on this rank (routed experts x top-k for MoE)
+    heads: int
+    keys: int  # keys per query row for the s x s tensors of eager attention
+    gated: bool
+    compute_bytes: int
+    residual_bytes: int
+    quadratic: bool  # eager/math attention: scores and probabilities are materialized
+    checkpointing: str  # "none" | "full" | "selective"
+    layers: tuple[LayerTerms, ...]
+    param_tensors: tuple[int, ...]  # resident bytes of the parameter tensors outside the layers
+    trainable_tensors: tuple[int, ...]  # element counts of the trainable tensors outside the layers
+    trainable_total: int  # elements of all trainable tensors (states, masters, temporaries are shared by it)
+    grad_outside: int  # gradient bytes outside the layers (embedding, head, final norm)
+    embed_grad: int  # the (untied) input embedding's gradient, produced last
+    states: int
+    state_tensors_per_param: int
+    step_temporary: int
+    master: int
+    ddp: int
+    workspace: int  # one cuBLAS workspace (two handles: forward and autograd thread)
+    gathered: int  # ZeRO-3/FSDP: all-gathered layer parameters (current + prefetched unit)
+    shared: int  # RoPE cos/sin, eager mask, embedding dropout mask
+    head_saved: int  # final norm + LM-head input
+    head_cast: int  # the head's autocast copy (and the fp32 head cast of k-bit PEFT)
+    logits: int  # c V tokens
+    logits_fp32: int  # 4 V tokens when c < 4 else 0
+    log_probs: int  # saved log-softmax (+ soft-cap output)
+    grads_during_forward: bool  # gradient accumulation carries gradients into the forward
+    has_head: bool
+    input_ids: int = 0
+    extra_static: tuple[int, ...] = field(default_factory=tuple)  # other resident bytes (root all-gather)
+
+
+class _Stream:
+    """Builds an event list with fresh block ids."""
+
+    __slots__ = ("events", "next_id")
+
+    def __init__(self) -> None:
+        self.events: list[AllocEvent] = []
+        self.next_id = 0
+
+    def alloc(self, nbytes: int) -> int:
+        bid = self.next_id
+        self.next_id += 1
+        if nbytes > 0:
+            self.events.append(AllocEvent(bid, nbytes))
+        return bid
+
+    def free(self, bid: int) -> None:
+        self.events.append(AllocEvent(bid, -1))
+
+    def free_all(self, bids: Sequence[int]) -> None:
+        for b in bids:
+            self.free(b)
+
+
+def split_exact(total: int, weights: Sequence[int]) -> list[int]:
+    """``total`` split in proportion to ``weights``, the last part taking the rounding (sums exactly).
+
+    >>> split_exact(10, [1, 1, 1])
+    [3, 3, 4]
+    """
+    if total <= 0 or not weights:
+        return [0] * len(weights)
+    w = sum(weights)
+    if w <= 0:
+        return [0] * (len(weights) - 1) + [total]
+    parts = [total * x // w for x in weights[:-1]]
+    return [*parts, total - sum(parts)]
+
+
+def reconcile(sizes: list[int], total: int) -> list[int]:
+    """Make the saved tensors of a layer sum to the closed form's ``total``.
+
+    Below it: one more tensor holds the difference (an op the template does not know), made just
+    before the layer's output, which stays last.  Above it (the template saves a tensor the
+    configuration does not): every size shrinks in proportion.
+    """
+    have = sum(sizes)
+    if have == total or not sizes:
+        return sizes
+    if have < total:
+        return [*sizes[:-1], total - have, sizes[-1]]
+    return split_exact(total, sizes)
+
+
+# ----------------------------------------------------------------------------------------------
+# one decoder layer
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _LayerPlan:
+    """Sizes of one layer's tensors (bytes), in the order the forward makes them."""
+
+    saved: tuple[int, ...]  # reconciled saved tensors (attention part then MLP part), residual adds last
+    n_attn: int  # how many of ``saved`` belong to the norm + attention part
+    casts: tuple[int, ...]  # per linear weight
+    grads: tuple[int, ...]  # per parameter, in the order the backward produces them
+    fwd_temps: tuple[int, ...]  # per-op temporaries of the forward (freed within the op)
+    mlp_bwd: tuple[int, ...]  # the MLP backward's gradient tensors
+    attn_bwd: tuple[int, ...]
+    n_mlp_linears: int
+
+
+def _layer_plan(lay: StepLayout, lt: LayerTerms, kept_total: int) -> _LayerPlan:
+    t = lay.tokens
+    h, c, r = lay.hidden * t, lay.compute_bytes, lay.residual_bytes
+    qw, kvw, inter = lay.q_width * t, lay.kv_width * t, lay.inter * t
+    cast_in = c != r  # autocast copies an fp32 input once per consumer
+    norm = [4 * t, 4 * h]  # rsqrt, normalized x (fp32)
+    attn = list(norm)
+    attn += [c * h] * 3 if cast_in else [c * h]  # q/k/v inputs as the matmuls save them
+    attn += [c * kvw]  # v
+    attn += [c * qw, c * kvw]  # rotated q, k (the kernel's saved inputs)
+    if lay.quadratic:
+        s = lay.heads * lay.keys * t
+        attn += [4 * s] + ([c * s] if c < 4 else [])
+    attn += [c * qw, 4 * lay.heads * t]  # output, logsumexp
+    attn += [c * qw]  # the output projection's input copy
+    attn += [r * h]  # residual add (saved by the next norm)
+    mlp = list(norm)
+    mlp += [c * h] * (2 if lay.gated else 1) if cast_in else [c * h]
+    mlp += [c * inter, c * inter] + ([c * inter, c * inter] if lay.gated else [])
+    mlp += [r * h]
+    sizes = reconcile(attn + mlp, kept_total)
+    n_attn = min(len(attn), len(sizes))
+    lin = lt.linears or (1,)
+    casts = split_exact(lt.weight_cast, list(lin)) if lt.weight_cast else []
+    params = list(reversed(lin)) + list(lt.norms)
+    grads = split_exact(lt.grad, params) if lt.grad else []
+    fwd_temps = (4 * h, r * h, 4 * qw, 4 * qw, 4 * kvw, c * h, c * h)
+    mlp_bwd = split_exact(lt.mlp_transient, [r * h, c * inter, c * inter, c * inter, r * h])
+    attn_parts = [r * h, c * qw, c * kvw, c * kvw, 4 * qw, c * qw, r * h]
+    if lay.quadratic:
+        attn_parts += [4 * lay.heads * lay.keys * t]
+    attn_bwd = split_exact(lt.attn_transient, attn_parts)
+    n_mlp = min(len(lin), 3 if lay.gated else 2)
+    return _LayerPlan(tuple(sizes), n_attn, tuple(casts), tuple(grads), fwd_temps, tuple(mlp_bwd), tuple(attn_bwd),
+                      n_mlp)
+
+
+def _forward_layer(st: _Stream, plan: _LayerPlan, record: bool) -> tuple[list[int], list[int], int]:
+    """One layer's forward.  Returns (saved ids, cast ids, id of the layer output).
+
+    ``record``: autograd keeps the saved tensors (False: a checkpointed layer's first forward, which
+    frees everything but its output).
+    """
+    saved: list[int] = []
+    casts = [st.alloc(x) for x in plan.casts[: max(0, len(plan.casts) - plan.n_mlp_linears)]] if record else []
+    tmp = plan.fwd_temps
+    # input norm: an fp32 pow temporary, then the saved tensors; the norm output lives through the attention
+    p = st.alloc(tmp[0])
+    st.free(p)
+    norm_out = st.alloc(tmp[1])
+    k = 0
+    for i, nbytes in enumerate(plan.saved[: plan.n_attn]):
+        if i == 6:
+            # RoPE: fp32 temporaries of q and k, freed when the rotated tensors exist
+            a, b, kk = st.alloc(tmp[2]), st.alloc(tmp[3]), st.alloc(tmp[4])
+            st.free_all((a, b, kk))
+        if i == plan.n_attn - 1:
+            # the output projection's output, then the residual add; the norm output goes
+            o = st.alloc(tmp[5])
+            st.free(norm_out)
+            saved.append(st.alloc(nbytes))
+            st.free(o)
+            k += 1
+            continue
+        saved.append(st.alloc(nbytes))
+        k += 1
+    if record:
+        casts += [st.alloc(x) for x in plan.casts[max(0, len(plan.casts) - plan.n_mlp_linears):]]
+    p = st.alloc(tmp[0])
+    st.free(p)
+    norm_out = st.alloc(tmp[1])
+    rest = plan.saved[plan.n_attn:]
+    for i, nbytes in enumerate(rest):
+        if i == len(rest) - 1:
+            d = st.alloc(tmp[6])
+            st.free(norm_out)
+            out = st.alloc(nbytes)
+            st.free(d)
+            saved.append(out)
+            break
+        saved.append(st.alloc(nbytes))
+    else:
+        st.free(norm_out)
+        out = saved[-1] if saved else st.alloc(0)
+    if not record:
+        keep = out
+        st.free_all([b for b in saved if b != keep])
+        st.free_all(casts)
+        return [], [], keep
+    return saved, casts, out
+
+
+def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list[int], grad_in: int,
+                    grads_exist: bool, grad_ids: list[int]) -> int:
+    """One layer's backward: the MLP's (gradients, frees of its saved tensors), then the attention's.
+
+    Returns the id of the gradient flowing to the layer below.  New parameter gradients are
+    appended to ``grad_ids`` (with gradient accumulation they exist already: none is made).
+    """
+    n_attn = plan.n_attn
+    mlp_saved = saved[n_attn:-1]
+    attn_saved = saved[:n_attn]
+    n_mlp_cast = min(len(casts), plan.n_mlp_linears)
+    mlp_casts = casts[len(casts) - n_mlp_cast:]
+    attn_casts = casts[: len(casts) - n_mlp_cast]
+    grads = list(plan.grads)
+
+    def param_grads(n: int) -> None:
+        for _ in range(min(n, len(grads))):
+            size = grads.pop(0)
+            if not grads_exist:
+                grad_ids.append(st.alloc(size))
+
+    # MLP: the down projection's input gradient and weight gradient, the elementwise gradients, then
+    # the up/gate projections'; saved tensors go from the last made to the first
+    mb = plan.mlp_bwd
+    live = [st.alloc(mb[1])]
+    param_grads(1)
+    half = len(mlp_saved) // 2
+    st.free_all(list(reversed(mlp_saved[half:])))
+    live += [st.alloc(mb[2]), st.alloc(mb[3])]
+    st.free(live.pop(0))
+    param_grads(plan.n_mlp_linears - 1)
+    st.free_all(list(reversed(mlp_saved[:half])))
+    st.free_all(mlp_casts)
+    g = st.alloc(mb[4])
+    st.free_all(live)
+    st.free(grad_in)
+    # the layer's output (saved by the next layer's norm) is released by now
+    st.free(saved[-1])
+    # attention: dO, the kernel's dq/dk/dv and accumulator, RoPE's fp32 gradients, the projections'
+    ab = plan.attn_bwd
+    live = [st.alloc(x) for x in ab[1:-1]]
+    param_grads(1)
+    half = len(attn_saved) // 2
+    st.free_all(list(reversed(attn_saved[half:])))
+    param_grads(len(grads))
+    st.free_all(list(reversed(attn_saved[:half])))
+    st.free_all(attn_casts)
+    g2 = st.alloc(ab[-1])
+    st.free_all(live)
+    st.free(g)
+    return g2
+
+
+# ----------------------------------------------------------------------------------------------
+# the step
+# ----------------------------------------------------------------------------------------------
+
+
+def _trainable(lay: StepLayout, n_layers: int) -> list[int]:
+    """Element counts of the trainable tensors of the outside parameters and the first ``n_layers`` layers
+    (the layer terms cycle when fewer are given)."""
+    out = list(lay.trainable_tensors)
+    for i in range(n_layers):
+        out += lay.layers[i % len(lay.layers)].trainable
+    return out
+
+
+def _share(total: int, numels: list[int], all_numel: int) -> list[int]:
+    """Each tensor's share of a per-element term (states, masters, step temporaries)."""
+    if not total or not all_numel:
+        return []
+    return [total * n // all_numel for n in numels]
+
+
+def _setup(st: _Stream, lay: StepLayout, states_now: bool, n_layers: int) -> list[int]:
+    for nbytes in lay.param_tensors:
+        st.alloc(nbytes)
+    for i in range(n_layers):
+        for nbytes in lay.layers[i % len(lay.layers)].params:
+            st.alloc(nbytes)
+    for nbytes in lay.extra_static:
+        st.alloc(nbytes)
+    tr = _trainable(lay, n_layers)
+    for nbytes in _share(lay.master, tr, lay.trainable_total):
+        st.alloc(nbytes)
+    states = _make_states(st, lay, tr) if states_now else []
+    st.alloc(lay.ddp)
+    st.alloc(lay.input_ids)
+    st.alloc(lay.workspace)
+    return states
+
+
+def _make_states(st: _Stream, lay: StepLayout, tr: list[int]) -> list[int]:
+    n = lay.state_tensors_per_param
+    if not n:
+        return []
+    return [st.alloc(x // n) for x in _share(lay.states, tr, lay.trainable_total) for _ in range(n)]
+
+
+def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int], grads_exist: bool,
+          n_layers: int, autograd_ws: list[int]) -> None:
+    """One forward + backward over ``n_layers`` layers (layer ``i`` uses ``plans[i % len(plans)]``)."""
+    ckpt = lay.checkpointing == "full"
+    gathered = st.alloc(lay.gathered)
+    resid = lay.residual_bytes * lay.hidden * lay.tokens
+    # the embedding's output is the first layer's input; each layer's saved list ends with its own
+    # output, so the last layer's output stands for the final norm's input (counted in head_saved)
+    emb_bytes = min(lay.head_saved, resid) if lay.has_head else resid
+    emb = st.alloc(emb_bytes)
+    shared = st.alloc(lay.shared)
+    outs: list[tuple[list[int], list[int]]] = []
+    for i in range(n_layers):
+        saved, casts, out = _forward_layer(st, plans[i % len(plans)], record=not ckpt)
+        outs.append(([out], []) if ckpt else (saved, casts))
+    head_saved = st.alloc(lay.head_saved - emb_bytes if lay.has_head else 0)
+    head_cast = st.alloc(lay.head_cast)
+    logp = dl = -1
+    if lay.has_head:
+        logits = st.alloc(lay.logits)
+        up = st.alloc(lay.logits_fp32)
+        logp = st.alloc(lay.log_probs)
+        st.free(up)
+        st.free(logits)
+    if not autograd_ws:
+        autograd_ws.append(st.alloc(lay.workspace))  # the autograd thread's cuBLAS handle, kept
+    if lay.has_head:
+        d1 = st.alloc(lay.log_probs)
+        d2 = st.alloc(lay.log_probs)
+        st.free(d1)
+        st.free(logp)
+        dl = st.alloc(lay.logits)
+        st.free(d2)
+    grad_head = lay.grad_outside - lay.embed_grad
+    if not grads_exist and grad_head > 0:
+        grads.append(st.alloc(grad_head))
+    g = st.alloc(resid)
+    if lay.has_head:
+        st.free(dl)
+    st.free(head_cast)
+    st.free(head_saved)
+    for i in range(n_layers - 1, -1, -1):
+        plan = plans[i % len(plans)]
+        saved, casts = outs[i]
+        if ckpt:
+            # the checkpoint recomputes the layer from its input, recording; the recomputed output
+            # replaces the kept one as the tensor the backward releases
+            kept_out = saved[0]
+            saved, casts, _ = _forward_layer(st, plan, record=True)
+            g = _backward_layer(st, plan, saved, casts, g, grads_exist, grads)
+            st.free(kept_out)
+        else:
+            g = _backward_layer(st, plan, saved, casts, g, grads_exist, grads)
+    st.free(g)
+    st.free(emb)
+    st.free(shared)
+    if not grads_exist and lay.embed_grad > 0:
+        grads.append(st.alloc(lay.embed_grad))
+    st.free(gathered)
+
+
+def _optimizer(st: _Stream, lay: StepLayout, grads: list[int], states: list[int] | None,
+               n_layers: int) -> list[int]:
+    """The optimizer step; returns the states (created here, per parameter, when ``states`` is None)."""
+    tr = _trainable(lay, n_layers)
+    if states is None:
+        states = _make_states(st, lay, tr)
+    temps = [st.alloc(x) for x in _share(lay.step_temporary, tr, lay.trainable_total)]
+    st.free_all(list(reversed(temps)))
+    st.free_all(grads)
+    grads.clear()
+    return states
+
+
+def _plans(lay: StepLayout) -> list[_LayerPlan]:
+    out: list[_LayerPlan] = []
+    seen: dict[LayerTerms, _LayerPlan] = {}
+    for lt in lay.layers:
+        if lt not in seen:
+            seen[lt] = _layer_plan(lay, lt, lt.full)
+        out.append(seen[lt])
+    return out
+
+
+def _grad_sizes(lay: StepLayout, n_layers: int) -> list[int]:
+    out: list[int] = []
+    for i in range(n_layers):
+        lt = lay.layers[i % len(lay.layers)]
+        out += split_exact(lt.grad, list(lt.linears) + list(lt.norms)) if lt.grad else []
+    if lay.grad_outside:
+        out.append(lay.grad_outside)
+    return out
+
+
+def train_step_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
+    """One steady-state step as the traced engine runs it: the states (and, with gradient
+    accumulation, the gradients) exist before the step starts."""
+    st = _Stream()
+    plans = _plans(lay)
+    n = len(lay.layers) if n_layers is None else n_layers
+    states = _setup(st, lay, True, n)
+    grads: list[int] = []
+    if lay.grads_during_forward:
+        grads = [st.alloc(x) for x in _grad_sizes(lay, n)]
+    _pass(st, lay, plans, grads, lay.grads_during_forward, n, [])
+    _optimizer(st, lay, grads, states, n)
+    return st.events
+
+
+def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
+    """The first two steps of a run: the first creates the optimizer states inside ``step()``, after
+    its forward and backward have left their cached blocks; the second runs with them (the steady
+    state).  With gradient accumulation the second step's micro-batch finds the gradients of an
+    earlier one."""
+    st = _Stream()
+    plans = _plans(lay)
+    n = len(lay.layers) if n_layers is None else n_layers
+    _setup(st, lay, False, n)
+    ws: list[int] = []
+    grads: list[int] = []
+    _pass(st, lay, plans, grads, False, n, ws)
+    states = _optimizer(st, lay, grads, None, n)
+    if lay.grads_during_forward:
+        grads = [st.alloc(x) for x in _grad_sizes(lay, n)]
+    _pass(st, lay, plans, grads, lay.grads_during_forward, n, ws)
+    _optimizer(st, lay, grads, states, n)
+    return st.events
+
+
+# ----------------------------------------------------------------------------------------------
+# from the closed-form engine's terms
+# ----------------------------------------------------------------------------------------------
+
+_STATES_PER_PARAM = {"adamw": 2, "adamw-fused": 2, "adamw-8bit": 2, "sgd-momentum": 1, "lion": 1, "adafactor": 2}
+
+
+def build_layout(m: ModelSpec, rp: RankParams, ctx: ActContext, layer_specs: Sequence[LayerSpec], *,
+                 tokens: int, kept: Sequence[int], full: Sequence[int], transients: Sequence[tuple[int, int]],
+                 cast_per_layer: Sequence[int], grad_layer: Sequence[int], grad_outside: int, embed_grad: int,
+                 weights_resident: int, trainable: int, peft: bool, optimizer: str, states: int, step_temp: int,
+                 master: int, ddp: int, workspaces: int, gathered: int, root_gathered: int, shared: int,
+                 head_saved: int, head_cast: int, loss: LossTensors, logits_bytes: int, vocab_rank: int,
+                 grads_during_fwd: bool, last: bool, checkpointing: str) -> StepLayout:
+    """The event stream's inputs, from the locals of ``analytic.train.train_step`` for one stage."""
+    tp = ctx.tp
+    heads = -(-m.num_attention_heads // tp)
+    lset = set(rp.layers)
+    # parameter tensors: one instance of each group per layer (experts: each expert a tensor)
+    inner: list[tuple[int, bool, bool]] = []  # (elements, is a linear, in a layer)
+    outside: list[int] = []
+    for p in m.params:
+        n = _count_on_rank(p, lset, 1)
+        if n == 0:
+            continue
+        each = _split(p, tp, 1)
+        if p.layer_span:
+            per = n // max(1, len([i for i in p.layer_span if i in lset]))
+            inner += [(each, p.role in ("linear", "expert") and bool(p.in_features), True)] * per
+        else:
+            outside.append(each)
+    all_numel = sum(x for x, _, _ in inner) * max(1, len(rp.layers)) + sum(outside)
+    per_elem_bytes = (weights_resident, all_numel)
+
+    def wbytes(n: int) -> int:
+        return n * per_elem_bytes[0] // per_elem_bytes[1] if per_elem_bytes[1] else 0
+
+    lin = tuple(x for x, is_lin, _ in inner if is_lin)
+    other = tuple(x for x, is_lin, _ in inner if not is_lin)
+    layer_params = tuple(wbytes(x) for x, _, _ in inner)
+    n_layers = max(1, len(layer_specs))
+    if peft:
+        per_layer_tr = -(-trainable // n_layers)
+        lora_t = max(1, 2 * len(lin)) if lin else 2
+        layer_trainable = tuple([per_layer_tr // lora_t] * lora_t)
+        outside_trainable: tuple[int, ...] = ()
+    else:
+        layer_trainable = tuple(x for x, _, _ in inner)
+        outside_trainable = tuple(outside)
+    trainable_total = sum(outside_trainable) + sum(layer_trainable) * n_layers
+    layers = tuple(
+        LayerTerms(kept=kept[j], full=full[j], mlp_transient=transients[j][0] * tokens,
+                   attn_transient=transients[j][1] * tokens, weight_cast=cast_per_layer[j], grad=grad_layer[j],
+                   linears=lin, norms=other, params=layer_params, trainable=layer_trainable)
+        for j in range(len(layer_specs)))
+    ls0 = layer_specs[0] if layer_specs else None
+    if ls0 is not None and ls0.moe and m.moe is not None:
+        inter = m.moe.expert_intermediate_size * m.moe.top_k
+    else:
+        inter = -(-(ls0.intermediate_size if ls0 else 0) // tp)
+    v = tokens * vocab_rank
+    return StepLayout(
+        tokens=tokens, hidden=m.hidden_size, q_width=heads * m.head_dim,
+        kv_width=max(1, -(-m.num_kv_heads // tp)) * m.head_dim, inter=inter, heads=heads, keys=ctx.seq_len,
+        gated=m.mlp_gated, compute_bytes=ctx.compute_bytes, residual_bytes=ctx.residual_bytes,
+        quadratic=ctx.attention in ("eager", "math"), checkpointing=checkpointing, layers=layers,
+        param_tensors=tuple(wbytes(x) for x in outside), trainable_tensors=outside_trainable,
+        trainable_total=trainable_total, grad_outside=grad_outside, embed_grad=embed_grad, states=states,
+        state_tensors_per_param=_STATES_PER_PARAM.get(optimizer, 0) if states else 0, step_temporary=step_temp,
+        master=master, ddp=ddp, workspace=workspaces // 2, gathered=gathered, shared=shared, head_saved=head_saved,
+        head_cast=head_cast, logits=logits_bytes * v if last else 0,
+        logits_fp32=(4 * v if logits_bytes < 4 else 0) if last else 0,
+        log_probs=loss.saved_after_forward if last else 0, grads_during_forward=grads_during_fwd, has_head=last,
+        input_ids=2 * 8 * tokens, extra_static=(root_gathered,) if root_gathered else (),
+    )
