@@ -84,18 +84,33 @@ def reserved_for(tensor_sizes: list[tuple[int, int]], expandable_segments: bool 
 # a training run's event stream (analytic/events.py) through the allocator model
 # ------------------------------------------------------------------------------------------------
 
-def _run_reserved(layout: StepLayout, n_layers: int, expandable_segments: bool) -> tuple[int, int]:
-    res = replay(train_run_events(layout, n_layers), expandable_segments=expandable_segments)
+def _run_reserved(layout: StepLayout, n_layers: int, expandable_segments: bool,
+                  capacity_bytes: int | None) -> tuple[int, int]:
+    res = replay(train_run_events(layout, n_layers), expandable_segments=expandable_segments,
+                 capacity_bytes=capacity_bytes)
+    if res.oom is not None:
+        # the request that failed after the allocator emptied its cache and retried: the step needs
+        # at least what stayed reserved plus that request's segment, which exceeds the capacity
+        return (max(res.peak_allocated_bytes, res.oom.allocated_bytes + res.oom.rounded_bytes),
+                max(res.peak_reserved_bytes, res.oom.reserved_bytes + res.oom.device_request_bytes))
     return res.peak_allocated_bytes, res.peak_reserved_bytes
 
 
 @lru_cache(maxsize=4096)
-def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False) -> tuple[int, int]:
+def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
+                         capacity_bytes: int | None = None) -> tuple[int, int]:
     """(peak allocated, peak reserved) of the first two training steps, replayed event by event.
+
+    With ``capacity_bytes`` (the device memory PyTorch may reserve: total memory less what lives
+    outside the allocator) the replay behaves as PyTorch does when ``cudaMalloc`` fails: it
+    releases every cached segment that is entirely free and retries (``release_cached_blocks``),
+    so cached blocks left by earlier phases do not count beyond the device; without it, nothing
+    is ever released and reserved bytes can exceed any real device.  When even the retry fails,
+    the returned reserved bytes are what the failing request needed, above the capacity.
 
     Every layer is replayed: extrapolating from the first few layers is not exact (on QLoRA 7B
     the reserved increment per layer alternates 272 / 140 MiB after settling at 272 MiB for three
     layers, so a linear extrapolation over-counts 1.8 GiB).  Results are cached per layout (a
     frozen dataclass), so repeated estimates of one scenario replay once.
     """
-    return _run_reserved(layout, len(layout.layers), expandable_segments)
+    return _run_reserved(layout, len(layout.layers), expandable_segments, capacity_bytes)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from vramplan.analytic.allocator import reserved_for
+from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.inference import inference_step
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.serve import serve
@@ -52,8 +52,19 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
     return report
 
 
-def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Report:
-    """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved)."""
+ReservedModel = Literal["replay", "packed"]
+
+
+def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel = "replay") -> Report:
+    """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved).
+
+    ``reserved`` picks how a training step's reserved bytes are found: ``"replay"`` (default) runs
+    the step's tensors, one by one in their order over two steps, through the caching-allocator
+    model (``analytic/events.py``), so fragmentation left by earlier phases counts (8-50 ms for a
+    7B model); ``"packed"`` packs only the tensors alive at the peak into empty segments (about
+    1 ms, never above the replay's figure), which the planner uses to screen candidates before it
+    confirms them with the replay.  Inference and serving always use the packing.
+    """
     r = source if isinstance(source, Resolved) else resolve(source)
     choice = cuda_context_for(r.gpu)
     ctx = choice.bytes
@@ -62,8 +73,20 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Repor
         tr = train_step(r)
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
                    "managed": tr.managed_bytes}
+        packed = _reserved(tr.peak)
+        assumptions = list(tr.assumptions)
+        if reserved == "replay" and tr.layout is not None:
+            # the packing is a floor: the tensors alive at the peak must fit in some segments
+            reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
+            res_bytes = max(train_reserved_bytes(tr.layout, capacity_bytes=reservable)[1], packed)
+            assumptions.append("reserved bytes: the step's tensors replayed in order over two steps through "
+                               "PyTorch's caching-allocator rules (fragmentation between phases counted)")
+        else:
+            res_bytes = packed
+            assumptions.append("reserved bytes: the tensors alive at the peak packed into empty allocator "
+                               "segments (fragmentation left by earlier phases not counted)")
         return _report(r, tr.peak, tr.moments, outside, Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes),
-                       ServeBlock(), tr.assumptions)
+                       ServeBlock(), assumptions, reserved=res_bytes)
     if task == "inference":
         ir = inference_step(r)
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0

@@ -473,10 +473,6 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)",
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
-        ("reserved memory = the tensors alive at the peak packed by the caching allocator's rules; "
-         "fragmentation left by earlier phases is not modelled analytically (--engine trace replays the "
-         "step); published max_memory_reserved/nvidia-smi figures ran 10-35% above such estimates on "
-         "several FSDP runs"),
     ]
     if t.optimizer == "adamw" and fw != "deepspeed":
         out.append("torch.optim.AdamW uses the foreach implementation (CUDA default): one state-sized "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramplan.analytic.engine import estimate
+from vramplan.analytic.engine import ReservedModel, estimate
 from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.errors import Problem, ScenarioError
@@ -126,9 +126,10 @@ class PlanContext:
         stages = {0, s.pp - 1}
         return max(static_lower_bound_bytes(s, self.rank_params(s, st), self.gpu, pol) for st in stages)
 
-    def estimate(self, s: TrainSetup | ServeSetup) -> Report:
+    def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
+        """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""
         scn = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
-        return estimate(Resolved(scn, self.model, self.gpu))
+        return estimate(Resolved(scn, self.model, self.gpu), reserved=reserved)
 
     def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
         """The setup's document through full validation (what ``vramplan estimate`` does).

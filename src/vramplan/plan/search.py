@@ -7,7 +7,8 @@ model (cheap), then visited in order of predicted step time:
    fits, it is skipped -- it cannot be its family's best;
 2. if the lower bound of its memory (``bound.py``: weights + optimizer states + masters + fixed
    overheads, provably <= the estimate) exceeds the usable memory, it is rejected;
-3. otherwise the analytic engine estimates it; it fits when ``device_used <= (1 - margin) x capacity``.
+3. otherwise the analytic engine estimates it, first with the fast packed reserved bytes, then,
+   if that fits, with the allocator replay; it fits when ``device_used <= (1 - margin) x capacity``.
 
 The walk stops once ``top`` families fit: every remaining candidate has a predicted step time at
 least as long as the ``top``-th answer, so the ranking of the answer is exact with respect to the
@@ -109,8 +110,12 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
         if ctx.lower_bound(s) > usable:
             st.bound_rejected += 1
             continue
-        rep = ctx.estimate(s)
+        rep = ctx.estimate(s, reserved="packed")
         st.estimated += 1
+        if rep.per_gpu.device_used_bytes > usable:
+            continue
+        # confirm with the allocator replay (slower; its reserved bytes are never below the packing's)
+        rep = ctx.estimate(s)
         if rep.per_gpu.device_used_bytes > usable:
             continue
         if not _host_ok(rep, s, host_limit_bytes):
