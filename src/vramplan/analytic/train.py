@@ -19,7 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
-from vramplan.analytic.gradients import ddp_bucket_bytes, gradient_bytes, master_weight_bytes
+from vramplan.analytic.gradients import (
+    ddp_bucket_bytes,
+    gradient_bytes,
+    master_weight_bytes,
+    tied_embedding_accumulation_bytes,
+)
 from vramplan.analytic.layout import RankParams, rank_params, targets
 from vramplan.analytic.logits import loss_bytes
 from vramplan.analytic.optimizer import optimizer_cost
@@ -343,6 +348,14 @@ def train_step(r: Resolved) -> TrainResult:
                 if not grads_during_fwd and produced:
                     late.parts.setdefault("gradients", {})["parameter gradients"] = produced
                 moments.append(late)
+        if peft is None and m.tie_word_embeddings and rp.has_embedding and last and not offload_opt:
+            # the embedding's backward, last: all gradients exist and the tied parameter's two
+            # contributions are summed (gradients.tied_embedding_accumulation_bytes)
+            end = static("backward", True)
+            end.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+            end.add("temporaries", "tied embedding gradient contributions", tied_embedding_accumulation_bytes(
+                ceil_div(m.vocab_size, tp), m.hidden_size, pol.grad_bytes, head_grad_is_view=not pol.autocast))
+            moments.append(end)
         step = static("optimizer", True)
         step.add("temporaries", "optimizer step", step_temp)
         moments.append(step)
