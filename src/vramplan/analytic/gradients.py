@@ -29,3 +29,34 @@ def ddp_bucket_bytes(trainable: int, grad_bytes: int, dp: int) -> int:
 
 def master_weight_bytes(trainable: int, shards: int, master_bytes: int = 4) -> int:
     return ceil_div(trainable, shards) * master_bytes
+
+
+def tied_embedding_accumulation_bytes(vocab_on_rank: int, hidden: int, grad_bytes: int,
+                                      head_grad_is_view: bool) -> int:
+    """Extra gradient buffers when a tied embedding's two contributions are summed (end of backward).
+
+    A tied parameter is used twice (LM head, input embedding), so its ``AccumulateGrad`` node
+    has two incoming edges.  The head's contribution (V x h) arrives first and waits in the
+    node's input buffer; the embedding's ``embedding_dense_backward`` produces the second
+    (a fresh V x h tensor) after the first layer's backward, when every other gradient exists.
+    ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) adds them
+    *in place* (``old_var.add_(var)``) only when ``can_accumulate_inplace(old_var)``: the first
+    contribution must own a dense storage alone.  Otherwise it adds *out of place*
+    (``old_var + var``): a third buffer, alive together with both.  Then ``AccumulateGrad``
+    (functions/accumulate_grad.h, ``accumulateGrad``) steals the sum as ``param.grad``
+    (no copy), so one V x h buffer is the gradient and the others are extra:
+
+    * the head multiplies the parameter itself (fp32, ``*-true``, DeepSpeed's half module):
+      ``MmBackward`` hands its weight gradient through ``TBackward`` as a transposed view,
+      whose storage is shared, so the sum is out of place: 2 extra buffers;
+    * autocast casts the weight for the head: ``ToCopyBackward`` returns a fresh fp32
+      tensor, summed in place: 1 extra buffer (the embedding's contribution).
+
+    Under a ``TorchDispatchMode`` (the traced engine and ``vramplan measure`` run under one)
+    ``at::isTensorSubclassLike`` is true for every tensor (ATen/TensorSubclassLikeUtils.h),
+    so the sum is always out of place there: the trace shows 2 extra buffers in both cases.
+
+    Worked example, GPT-2 (V = 50,257, h = 768) in fp32: 2 x 50,257 x 768 x 4 B
+    = 308,779,008 B (294.5 MiB) above all gradients; under bf16-mixed 154,389,504 B.
+    """
+    return (2 if head_grad_is_view else 1) * vocab_on_rank * hidden * grad_bytes

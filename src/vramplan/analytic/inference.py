@@ -56,10 +56,14 @@ __all__ = [
     "InferenceResult",
     "cache_bytes",
     "inference_step",
+    "kept_embeddings_bytes",
     "logits_bytes",
     "max_batch_size",
     "max_prompt_len",
+    "prefill_layer_bytes",
     "prefill_transient_bytes",
+    "rope_bytes",
+    "softmax_bytes_per_score",
 ]
 
 # Top-k/top-p warpers per (row, vocabulary entry): sorted fp32 values 4, int64 indices 8,
@@ -99,18 +103,89 @@ def logits_bytes(m: ModelSpec, batch: int, c: int, tp: int) -> int:
     return batch * m.vocab_size * (c + 4 + SAMPLING_BYTES_PER_ENTRY)
 
 
+# eager attention implementations whose softmax runs in the compute dtype (no dtype=torch.float32):
+# transformers' gpt2 ``eager_attention_forward`` and ``FalconAttention``
+COMPUTE_DTYPE_SOFTMAX = frozenset({"gpt2", "falcon"})
+# decoder blocks that keep the attention output bound to a local through the MLP (``GPT2Block``:
+# ``attn_output, _ = self.attn(...)``, then ``hidden_states = attn_output + residual``)
+KEEPS_ATTN_OUTPUT = frozenset({"gpt2"})
+# MLP activations written as a chain of elementwise ops: ``NewGELUActivation`` (gelu_new) computes
+# 0.5 x, x ** 3, 0.044715 x ** 3 ... with the fc output: four I-sized tensors alive at once
+CHAINED_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
+
+
 def _mlp_width(m: ModelSpec, tp: int) -> int:
+    """I-sized tensors alive at once inside the MLP, times I (per token)."""
     if m.moe is not None:
         # routed experts run one after another on their tokens; the widest live set is one
         # expert's gated MLP over (at most) all tokens plus the router logits
         per = 3 * ceil_div(m.moe.expert_intermediate_size, tp) + m.moe.num_experts
         return max(per, 3 * ceil_div(m.moe.shared_intermediate_size, tp))
     inter = ceil_div(max(ls.intermediate_size for ls in m.layers), tp)
-    return 3 * inter if m.mlp_gated else 2 * inter
+    if m.mlp_gated:
+        return 3 * inter  # act(gate), up and their product (LlamaMLP)
+    return (4 if m.hidden_act in CHAINED_ACTIVATIONS else 2) * inter  # fc output and the activation's
 
 
-def prefill_transient_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
-    """The running layer's live tensors during prefill (beyond weights, cache and logits)."""
+def kept_embeddings_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """The embedding output, bound to ``inputs_embeds`` in the decoder's ``forward`` for the whole layer loop.
+
+    ``LlamaModel.forward`` (and every decoder in transformers 5) does ``inputs_embeds =
+    self.embed_tokens(input_ids)`` and then ``hidden_states = inputs_embeds``; the loop rebinds
+    ``hidden_states`` but ``inputs_embeds`` keeps the first tensor alive until the forward returns:
+    b p h c.  Learned positions add their embedding of the positions (one row per position,
+    batch 1: ``wpe(position_ids)``): p h c.  Llama-3-8B, 8 x 1024 tokens, bf16: 8 x 1024 x 4096 x 2
+    = 67,108,864 B.
+    """
+    out = batch * prompt * m.hidden_size * c
+    if m.position == "learned":
+        out += prompt * m.hidden_size * c
+    return out
+
+
+def rope_bytes(m: ModelSpec, prompt: int, c: int) -> int:
+    """RoPE's cos and sin for the prompt, shared by all layers: 2 p d c.
+
+    ``LlamaRotaryEmbedding.forward`` computes them in fp32 for ``position_ids`` (batch 1 in
+    ``generate``: ``cache_position.unsqueeze(0)``) and returns ``cos.to(x.dtype)``,
+    ``sin.to(x.dtype)``; the fp32 intermediates are freed.  1024 tokens, head_dim 128, bf16:
+    2 x 1024 x 128 x 2 = 524,288 B.
+    """
+    return 2 * prompt * m.head_dim * c if m.position == "rope" else 0
+
+
+def softmax_bytes_per_score(m: ModelSpec, dtype: str) -> int:
+    """Bytes per attention score alive at eager attention's peak, for a ``dtype`` forward.
+
+    Upcasting models (``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``): the
+    masked scores (c) and the fp32 softmax output (4), plus the fp32 copy of the input that ATen's
+    ``softmax`` makes (aten/src/ATen/native/SoftMax.cpp) unless the input is fp16 on CUDA, which
+    runs the fused half-to-float kernel, or already fp32: bf16 2 + 4 + 4 = 10, fp16 6, fp32 8.
+    Compute-dtype softmax (GPT-2, Falcon): the matmul output and its scaled or masked copy, 2c.
+    """
+    c = dtype_bits(dtype) // 8
+    if m.model_type in COMPUTE_DTYPE_SOFTMAX:
+        return 2 * c
+    return c + 4 + (4 if dtype == "bf16" else 0)
+
+
+def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
+    """The running layer's own live tensors during prefill (beyond the shared ones, weights, cache, logits).
+
+    Per token (h hidden, q the query width, kv the key/value width on this rank):
+
+    * MLP: the layer's input (still bound to ``hidden_states`` in the decoder loop), the residual
+      after attention, the normalised input and the MLP's I-sized tensors (``_mlp_width``);
+      GPT-2 also keeps the attention output (``KEEPS_ATTN_OUTPUT``): 3h (4h) + width;
+    * attention, sdpa/flash: the layer input and the normalised input (2h), the rotated queries
+      (q), the attention output and its contiguous copy (2q), o_proj's output (h);
+    * eager attention adds to the MLP's moment the attention probabilities (b heads p^2 c), which
+      the decoder layer keeps bound to ``_``, and the 4-D mask (b p^2 c), kept by the model;
+    * attention, eager: the layer input and normalised input (2h), the rotated queries (q, or the
+      fused c_attn output q + 2kv for GPT-2), ``repeat_kv``'s copies of K and V to every query head
+      (2q) when kv heads < heads, the 4-D additive mask (b p^2 c) and the scores
+      (b heads p^2 ``softmax_bytes_per_score``).
+    """
     m = r.model
     t = batch * prompt
     h = m.hidden_size
@@ -118,14 +193,27 @@ def prefill_transient_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: in
     kv_heads = max(1, ceil_div(m.num_kv_heads, tp))
     q = heads * (m.q_width // max(1, m.num_attention_heads))
     kv = kv_heads * m.head_dim if m.mla is None else ceil_div(m.kv_width, tp)
-    mlp = (2 * h + _mlp_width(m, tp)) * t * c
-    # q, k, v projections, rotary copies of q and k, attention output, o_proj output
-    attn = (2 * h + 2 * q + 3 * kv + kv + q + h) * t * c
+    hidden_kept = 4 if m.model_type in KEEPS_ATTN_OUTPUT else 3
+    mlp = (hidden_kept * h + _mlp_width(m, tp)) * t * c
     if attention == "eager":
-        attn += batch * heads * prompt * prompt * (2 * c + 4)  # scores, + mask, fp32 softmax, cast
+        qkv = (q + 2 * kv) if m.model_type in KEEPS_ATTN_OUTPUT else q
+        repeat = 2 * q if kv_heads < heads else 0
+        attn = (2 * h + qkv + repeat) * t * c
+        attn += batch * heads * prompt * prompt * softmax_bytes_per_score(m, r.scenario.inference.dtype)
         attn += batch * prompt * prompt * c  # the 4-D additive causal mask
-        attn += 2 * batch * heads * prompt * m.head_dim * c if kv_heads < heads else 0  # repeat_kv
+        # the decoder layer binds the returned probabilities (``hidden_states, _ = self.self_attn(...)``)
+        # until it returns, and the model's forward keeps the mask: both are alive through the MLP
+        mlp += batch * heads * prompt * prompt * c + batch * prompt * prompt * c
+    else:
+        attn = (3 * h + 3 * q) * t * c
     return max(mlp, attn)
+
+
+def prefill_transient_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
+    """Everything alive during prefill beyond weights, cache and logits: the shared tensors and the layer's."""
+    m = r.model
+    return (kept_embeddings_bytes(m, batch, prompt, c) + rope_bytes(m, prompt, c)
+            + prefill_layer_bytes(r, batch, prompt, c, tp, attention))
 
 
 def inference_step(r: Resolved) -> InferenceResult:
@@ -146,14 +234,22 @@ def inference_step(r: Resolved) -> InferenceResult:
     if quant in ("nf4", "nf4-dq", "fp4", "int8") and b * p > 1:
         dequant = rp.largest_linear * c  # bitsandbytes dequantizes a layer's weight for multi-token inputs
     logits = logits_bytes(m, b, c, tp)
-    transient = prefill_transient_bytes(r, b, p, c, tp, attention)
+    layer = prefill_layer_bytes(r, b, p, c, tp, attention)
+    embeds = kept_embeddings_bytes(m, b, p, c)
+    rope = rope_bytes(m, p, c)
+    # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
+    # head runs on the last position
+    final_hidden = b * p * m.hidden_size * c
 
     pre = Moment("prefill")
     pre.add("weights", "parameters", weights)
     pre.add("kv_cache", "prompt", kv_prompt)
-    if transient >= logits:
-        pre.add("activations", "running layer", transient)
+    if embeds + rope + layer >= final_hidden + logits:
+        pre.add("activations", "inputs_embeds (kept by the decoder's forward)", embeds)
+        pre.add("activations", "RoPE cos/sin", rope)
+        pre.add("activations", "running layer", layer)
     else:
+        pre.add("activations", "final hidden states", final_hidden)
         pre.add("temporaries", "last-token logits and sampling", logits)
     pre.add("temporaries", "dequantized weight", dequant)
     pre.add("other", "cuBLAS workspace", ws)

@@ -27,6 +27,7 @@ weight-decay group.  ``fused=True`` updates in place (no temporary).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 BNB_BLOCK = 256  # bitsandbytes blockwise 8-bit optimizer block size
@@ -59,19 +60,21 @@ def optimizer_cost(
     small_tensor_params: int = 0,
     adafactor_factored: int = 0,
     largest_param: int = 0,
+    adafactor_tensors: Sequence[tuple[int, int, int]] = (),
 ) -> OptimizerCost:
     """States and step temporaries for ``trainable`` parameters held on this GPU.
 
     ``small_tensor_params``: parameters in tensors below bitsandbytes' 8-bit threshold.
     ``adafactor_factored``: Adafactor's row+column state elements for the matrices, plus
     the full-size state of vectors (computed by the caller from the tensor shapes).
+    ``adafactor_tensors``: (elements, rows, columns) of each parameter in step order
+    (``adafactor_step_bytes``).
     """
     if optimizer == "none" or trainable == 0:
         return OptimizerCost(0, 0, 0)
     if optimizer == "adafactor":
-        # transformers.optimization.Adafactor computes in fp32: ``update = grad**2 + eps`` and the
-        # factored estimate are two fp32 tensors of the largest parameter's size per step.
-        return OptimizerCost(adafactor_factored * 4, 0, 2 * 4 * largest_param)
+        tensors = adafactor_tensors or ((largest_param, 0, 0),)
+        return OptimizerCost(adafactor_factored * 4, 0, adafactor_step_bytes(tensors, param_bytes))
     if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         big = trainable - small_tensor_params
         states = 2 * big + 2 * 4 * -(-big // BNB_BLOCK) + 8 * small_tensor_params
@@ -88,3 +91,34 @@ def optimizer_cost(
     elif optimizer == "lion":
         temp = 2 * param_bytes * largest_param  # per-tensor update = exp_avg.clone()...sign_()
     return OptimizerCost(states, 0, temp)
+
+
+def adafactor_step_bytes(tensors: Sequence[tuple[int, int, int]], param_bytes: int) -> int:
+    """Peak temporaries of ``transformers.optimization.Adafactor.step``, one parameter at a time.
+
+    ``tensors``: (n elements, rows, columns) per parameter in step order (the Trainer's decay
+    group, then the no-decay group); rows = columns = 0 for a vector (unfactored).  Per
+    parameter, in ``step()`` (transformers 4.x/5.x, unchanged since the fairseq port):
+
+    * ``grad = grad.float()`` and ``p_data_fp32 = p.float()`` for bf16/fp16 parameters: two fp32
+      copies (4n each) alive for the whole iteration (none for fp32 parameters);
+    * ``update = (grad**2) + eps``: the square and the sum (4n + 4n) while the previous
+      parameter's ``update`` (4 n_prev) is still bound to the local name until this assignment;
+    * factored: ``_approx_sq_grad`` builds ``r_factor`` (rows) and ``c_factor`` (columns) and
+      their outer product (4n) while ``update`` (4n) is alive; unfactored: ``exp_avg_sq.rsqrt()``
+      (4n) beside ``update``;
+    * ``p_data_fp32.add_(-update)``: the negation (4n) beside ``update``.
+
+    So parameter i peaks at 4 (copies n_i + 2 n_i + max(n_prev, rows_i + cols_i)) bytes, with
+    copies = 2 for half parameters, 0 for fp32; the step's peak is the largest over parameters.
+
+    Worked example, Llama-3.1-8B in bf16-true: the LM head (128,256 x 4,096 = 525,336,576
+    elements) follows the last down projection (58,720,256): 4 x (2 + 2) x 525,336,576
+    + 4 x 58,720,256 = 8,640,266,240 B (8.6 GB) above the states.
+    """
+    copies = 2 if param_bytes < 4 else 0
+    best = prev = 0
+    for n, rows, cols in tensors:
+        best = max(best, 4 * ((copies + 2) * n + max(prev, rows + cols)))
+        prev = n
+    return best

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.events import StepLayout, build_layout
-from vramplan.analytic.gradients import ddp_bucket_bytes, gradient_bytes, master_weight_bytes
+from vramplan.analytic.gradients import (
+    ddp_bucket_bytes,
+    gradient_bytes,
+    master_weight_bytes,
+    tied_embedding_accumulation_bytes,
+)
 from vramplan.analytic.layout import RankParams, rank_params, targets
 from vramplan.analytic.logits import loss_bytes
 from vramplan.analytic.optimizer import optimizer_cost
@@ -28,7 +33,7 @@ from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.analytic.weights import weights_bytes
 from vramplan.spec.load import Resolved
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div
 
@@ -155,6 +160,8 @@ def train_step(r: Resolved) -> TrainResult:
             ceil_div(trainable, shard_os), ceil_div(decay, shard_os), opt_param_bytes,
             small_tensor_params=ceil_div(small, shard_os), adafactor_factored=ceil_div(factored, shard_os),
             largest_param=rp.largest_linear if peft is None else m.hidden_size * (peft.rank if peft else 0),
+            adafactor_tensors=_adafactor_tensors(m, rp, tp, shard_os) if t.optimizer == "adafactor" and peft is None
+            else (),
         )
         states, managed, step_temp = oc.state_bytes, oc.managed_bytes, oc.step_temporary_bytes
         host = nvme = 0
@@ -345,6 +352,14 @@ def train_step(r: Resolved) -> TrainResult:
                 if not grads_during_fwd and produced:
                     late.parts.setdefault("gradients", {})["parameter gradients"] = produced
                 moments.append(late)
+        if peft is None and m.tie_word_embeddings and rp.has_embedding and last and not offload_opt:
+            # the embedding's backward, last: all gradients exist and the tied parameter's two
+            # contributions are summed (gradients.tied_embedding_accumulation_bytes)
+            end = static("backward", True)
+            end.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+            end.add("temporaries", "tied embedding gradient contributions", tied_embedding_accumulation_bytes(
+                ceil_div(m.vocab_size, tp), m.hidden_size, pol.grad_bytes, head_grad_is_view=not pol.autocast))
+            moments.append(end)
         step = static("optimizer", True)
         step.add("temporaries", "optimizer step", step_temp)
         moments.append(step)
@@ -448,6 +463,61 @@ def _grad_bytes_layer(rp: RankParams, j: int, trainable: int, pol: PrecisionPoli
                       peft: object) -> int:
     n = rp.lora_per_layer[j] if peft is not None else rp.per_layer[j]
     return ceil_div(n, shards) * pol.grad_bytes
+
+
+def _adafactor_tensors(m: ModelSpec, rp: RankParams, tp: int, shards: int) -> list[tuple[int, int, int]]:
+    """(elements, rows, columns) of this rank's parameters in the order Adafactor steps through them.
+
+    The Trainer's groups (``get_decay_parameter_names``): the decay group (embeddings, linear
+    weights, the LM head, in module order, layer by layer) then the no-decay group (norm weights
+    and biases).  A weight [out, in] is factored into out rows and in columns; transformers 5
+    stores a layer's routed experts as one [E, 2I, h] gate-up and one [E, h, I] down tensor.
+    Vector parameters are not factored (0, 0).  Two layers are listed: the step's peak depends
+    only on each tensor and the one before it.
+    """
+    layers = list(rp.layers)[:2]
+
+    def shape(p: ParamGroup, n: int) -> tuple[int, int, int]:
+        n = ceil_div(n, shards)
+        if p.in_features and p.out_features and shards == 1:
+            return n, n // p.in_features, n // p.out_features
+        if p.role == "embedding" and shards == 1:
+            return n, n // m.hidden_size, m.hidden_size
+        return n, 0, 0
+
+    def tp_numel(p: ParamGroup) -> int:
+        return ceil_div(p.numel, tp) if p.tp in ("column", "row", "vocab") else p.numel
+
+    decay: list[tuple[int, int, int]] = []
+    no_decay: list[tuple[int, int, int]] = []
+    pre = [p for p in m.params if not p.layer_span and p.role in ("embedding", "position")]
+    post = [p for p in m.params if not p.layer_span and p not in pre]
+    layered = [p for p in m.params if p.layer_span]
+    if rp.has_embedding:
+        decay += [shape(p, tp_numel(p)) for p in pre]
+    for i in layers:
+        gate_up = 0
+        for p in layered:
+            if i not in p.layer_span:
+                continue
+            if p.role in ("norm", "bias"):
+                no_decay.append(shape(p, tp_numel(p)))
+            elif p.role == "expert":
+                n = tp_numel(p) * (p.count // len(p.layer_span))  # the layer's experts in one tensor
+                if p.module in ("gate_proj", "up_proj") and m.mlp_gated:
+                    gate_up += n
+                    if gate_up == 2 * n:
+                        decay.append((ceil_div(gate_up, shards), 0, 0) if shards > 1 else
+                                     (gate_up, gate_up // p.in_features, gate_up // (2 * p.out_features)))
+                else:
+                    decay.append(shape(p, n))
+            else:
+                decay.append(shape(p, tp_numel(p)))
+    for p in post:
+        if p.role == "lm_head" and not rp.has_lm_head:
+            continue
+        (no_decay if p.role in ("norm", "bias") else decay).append(shape(p, tp_numel(p)))
+    return decay + no_decay
 
 
 def _adafactor_state(m: ModelSpec) -> int:
