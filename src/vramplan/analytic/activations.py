@@ -135,10 +135,6 @@ def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:
     return _adapter_inputs(width, (module,), ctx.compute_bytes, ctx)
 
 
-def _saves_input(module: str, ctx: ActContext) -> bool:
-    return (not ctx.frozen_base) or module in ctx.lora_targets
-
-
 def _act_saved(act: str, ctx: ActContext) -> tuple[int, int]:
     """(bytes saved per element by the activation, dtype bytes of its output)."""
     c = ctx.compute_bytes
@@ -273,7 +269,10 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         if e.shared_intermediate_size:
             si = ceil_div(e.shared_intermediate_size, tp)
             saved += _linear_inputs(h, ("gate_proj", "up_proj"), in_b, ctx)
-            saved += (act_saved + 2 * c) * si + (c * si if _saves_input("down_proj", ctx) else 0)
+            # as the dense gated MLP below: gate, activation and up outputs in ew (fp32 when bitsandbytes
+            # linears return the fp32 hidden states' dtype), then down's input
+            saved += (act_saved - c + 3 * ctx.ew) * si
+            saved += c * si if not ctx.frozen_base else _adapter_inputs(si, ("down_proj",), ctx.ew, ctx)
         return saved
     inter = ceil_div(layer.intermediate_size, tp)
     if m.mlp_gated:
