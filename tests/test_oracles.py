@@ -116,3 +116,23 @@ def test_mqa_kv_cache_octocoder() -> None:
     m = load_model("bigcode/octocoder")
     assert kv_bytes_per_token(m, 2) == 20_480
     assert kv_bytes_per_token(m, 2) * 48 == 2 * 40 * 6144 * 2
+
+
+def test_qlora_mixtral_expert_loop_saved_per_token() -> None:
+    # QLoRA on Mixtral-8x7B (fp16-mixed, attention-only adapters): the experts are per-expert bitsandbytes
+    # linears whose outputs keep the fp32 hidden states' dtype (ew = 4), run one expert at a time.
+    # Per routed token: gate out, SiLU out, up out: 3 * 4 * 14,336 = 172,032; down out and the product
+    # saved by index_add_: 2 * 4 * 4,096 = 32,768; int64 position and index plus the fp32 routing weight: 20
+    # -> 204,820; top-2 -> 409,640.  Router: fp16 logits and fp32 probabilities, (2 + 4) * 8 = 48.
+    from vramplan.analytic.activations import mlp_saved
+
+    m = load_model("mistralai/Mixtral-8x7B-v0.1")
+    ctx = ActContext(compute_bytes=2, residual_bytes=4, linear_input_bytes=2, autocast=True, attention="flash",
+                     gqa_repeat=False, seq_len=4096, frozen_base=True,
+                     lora_targets=frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}), lora_rank=16,
+                     elementwise_bytes=4, expert_loop=True)
+    assert mlp_saved(m, m.layers[0], ctx) == 409_640 + 48
+    # the grouped GEMMs of transformers 5 over fp16 experts: (2 * 2 * 14,336 + 2 * 14,336 + 2 * 4,096) * 2 + 48
+    from dataclasses import replace
+
+    assert mlp_saved(m, m.layers[0], replace(ctx, expert_loop=False)) == 188_416 + 48

@@ -73,6 +73,17 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     ("phi3", {"peft": {"method": "lora", "rank": 8, "target_modules": "all-linear"}}, (2, 512)),
     ("qwen3", {"peft": {**LORA, "dropout": 0.05}}, (2, 512)),
     ("mistral", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4"}, (2, 512)),
+    # QLoRA on MoE: per-expert 4-bit linears run by the experts loop (trace/quant.py QuantExperts); the
+    # second row is the published fms-acceleration configuration (validation/published.yaml)
+    ("mixtral", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4"}, (2, 512)),
+    ("mixtral", {"peft": {"method": "qlora", "rank": 16, "alpha": 16,
+                          "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+                 "quantization": "nf4-dq", "precision": "fp16-mixed", "gradient_checkpointing": "full",
+                 "attention": "flash"}, (2, 512)),
+    ("mixtral", {"peft": {"method": "qlora", "rank": 16, "target_modules": "all-linear"}, "quantization": "nf4"},
+     (2, 512)),
+    ("qwen3_moe", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4-dq",
+                   "gradient_checkpointing": "full"}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),

@@ -39,6 +39,11 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("llama bf16-true sgd accumulation", LLAMA, {"precision": "bf16-true", "optimizer": "sgd-momentum",
                                                  "grad_accum_steps": 2}),
     ("mixtral bf16-mixed", MIXTRAL, {}),
+    # per-expert 4-bit linears (trace/quant.py QuantExperts): the experts loop, dequantization temporaries
+    ("mixtral qlora nf4-dq checkpointing", MIXTRAL, {"peft": {"method": "qlora", "rank": 8}, "quantization": "nf4-dq",
+                                                     "gradient_checkpointing": "full"}),
+    ("mixtral qlora all-linear", MIXTRAL, {"peft": {"method": "qlora", "rank": 8, "target_modules": "all-linear"},
+                                           "quantization": "nf4"}),
 ]
 
 

@@ -58,6 +58,10 @@ class ActContext:
     # ``torch.nn.functional.grouped_mm`` on ``input.to(weight.dtype)``, and grouped_mm is not on
     # autocast's lists, so fp32 expert weights (mixed precision) compute and save in fp32.
     expert_bytes: int = 0
+    # QLoRA on MoE: the routed experts are per-expert bitsandbytes linears (as transformers 4.x held
+    # them and replace_with_bnb_linear converted them; trace/quant.py ``QuantExperts``), run one
+    # expert at a time by the eager experts loop instead of the grouped GEMMs.
+    expert_loop: bool = False
     sdpa: bool = True  # attention through torch SDPA (False: the flash-attention package)
     adapter_bytes: int = 4  # LoRA adapters' dtype (peft keeps them in fp32)
 
@@ -129,10 +133,6 @@ def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:
     if not ctx.frozen_base:
         return ctx.compute_bytes * width
     return _adapter_inputs(width, (module,), ctx.compute_bytes, ctx)
-
-
-def _saves_input(module: str, ctx: ActContext) -> bool:
-    return (not ctx.frozen_base) or module in ctx.lora_targets
 
 
 def _act_saved(act: str, ctx: ActContext) -> tuple[int, int]:
@@ -260,23 +260,19 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
     saved = 0
     if layer.moe and m.moe is not None:
         e = m.moe
-        ei = e.expert_intermediate_size
         # router: logits (c) and fp32 softmax probabilities, per expert
         saved += _linear_inputs(h, ("gate",), in_b, ctx) + (c + 4) * e.num_experts
-        # transformers >= 5 ``grouped_mm_experts_forward``: tokens are sorted by expert and gathered
-        # (top_k rows per token), then two grouped GEMMs in the experts' dtype w.
-        w = ctx.expert_bytes or c
-        trainable = not ctx.frozen_base
-        per_routed = w * h if trainable else 0  # gathered input, saved for the weight gradient
-        per_routed += w * 2 * ei  # gate_up output: SiLU saves the gate half, the product the up half
-        per_routed += w * ei  # activation output, saved by the product
-        per_routed += w * ei if trainable else 0  # product, down's input (saved for its weight gradient)
-        per_routed += w * h  # down output, saved by the multiplication with the routing weight
-        saved += e.top_k * per_routed
+        if ctx.expert_loop:
+            saved += e.top_k * _expert_loop_saved(m, ctx, in_b, act_saved)
+        else:
+            saved += e.top_k * _grouped_experts_saved(m, ctx)
         if e.shared_intermediate_size:
             si = ceil_div(e.shared_intermediate_size, tp)
             saved += _linear_inputs(h, ("gate_proj", "up_proj"), in_b, ctx)
-            saved += (act_saved + 2 * c) * si + (c * si if _saves_input("down_proj", ctx) else 0)
+            # as the dense gated MLP below: gate, activation and up outputs in ew (fp32 when bitsandbytes
+            # linears return the fp32 hidden states' dtype), then down's input
+            saved += (act_saved - c + 3 * ctx.ew) * si
+            saved += c * si if not ctx.frozen_base else _adapter_inputs(si, ("down_proj",), ctx.ew, ctx)
         return saved
     inter = ceil_div(layer.intermediate_size, tp)
     if m.mlp_gated:
@@ -302,6 +298,52 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
             saved += (c if act_out != c or ctx.autocast else act_out) * inter
     saved += _dropout(m.hidden_dropout, ctx) * h
     return saved
+
+
+def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """Per routed token (token x top_k): transformers >= 5 ``grouped_mm_experts_forward``.
+
+    Tokens are sorted by expert and gathered (top_k rows per token), then two grouped GEMMs run in
+    the experts' dtype w.
+    """
+    assert m.moe is not None
+    h, ei = m.hidden_size, m.moe.expert_intermediate_size
+    w = ctx.expert_bytes or ctx.compute_bytes
+    trainable = not ctx.frozen_base
+    per_routed = w * h if trainable else 0  # gathered input, saved for the weight gradient
+    per_routed += w * 2 * ei  # gate_up output: SiLU saves the gate half, the product the up half
+    per_routed += w * ei  # activation output, saved by the product
+    per_routed += w * ei if trainable else 0  # product, down's input (saved for its weight gradient)
+    per_routed += w * h  # down output, saved by the multiplication with the routing weight
+    return per_routed
+
+
+def _expert_loop_saved(m: ModelSpec, ctx: ActContext, in_b: int, act_saved: int) -> int:
+    """Per routed token (token x top_k): the eager experts loop over per-expert bitsandbytes linears
+    (QLoRA; ``MixtralExperts.forward``, modeling_mixtral.py:68-92, with 4.x's per-expert MLP).
+
+    Each ``Linear4bit`` returns ``out.to(input dtype)``, so with the fp32 hidden states of
+    ``prepare_model_for_kbit_training`` every tensor below is in ``ew`` (fp32 under autocast), as in
+    the dense QLoRA MLP.  The frozen projections save no input; their adapters (if targeted) do.
+
+    * gate output (saved by the activation), activation output and up output (saved by the product);
+    * down output, saved by the multiplication with the routing weight (both operands need grads);
+    * that product, saved by ``index_add_`` (derivatives.yaml expresses the source's gradient
+      through ``source``);
+    * the int64 top-k position and token index from ``torch.where`` (saved by the gathers) and the
+      gathered fp32 routing weight: 8 + 8 + 4 bytes.
+
+    Worked example (Mixtral-8x7B, fp16-mixed QLoRA, attention-only adapters, ew = 4): 3 * 4 * 14336
+    + 2 * 4 * 4096 + 20 = 204,820 bytes per routed token; top-2 -> 409,640 bytes per token and layer.
+    """
+    assert m.moe is not None
+    h, ei, c, ew = m.hidden_size, m.moe.expert_intermediate_size, ctx.compute_bytes, ctx.ew
+    per = _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, ctx)
+    per += (act_saved - c + 3 * ew) * ei
+    per += _adapter_inputs(ei, ("down_proj",), ew, ctx)
+    per += 2 * ew * h
+    per += 8 + 8 + 4
+    return per
 
 
 def norms_saved(m: ModelSpec, ctx: ActContext) -> int:
@@ -372,6 +414,10 @@ def freed_before_mlp_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: Act
     c = ctx.compute_bytes
     if layer.moe and m.moe is not None:
         e = m.moe
+        if ctx.expert_loop:
+            # the loop's backward starts with the last expert alone: its down output and the product
+            # saved by index_add_ (top_k * T / E of the routed tokens)
+            return ceil_div(e.top_k * 2 * ctx.ew * m.hidden_size, e.num_experts)
         w = ctx.expert_bytes or c
         per_routed = w * m.hidden_size + (w * e.expert_intermediate_size if not ctx.frozen_base else 0)
         return e.top_k * per_routed
@@ -395,7 +441,11 @@ def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContex
     c, r, h = ctx.compute_bytes, ctx.residual_bytes, m.hidden_size
     heads = ceil_div(m.num_attention_heads, ctx.tp)
     ew = ctx.ew
-    if layer.moe and m.moe is not None:
+    if layer.moe and m.moe is not None and ctx.expert_loop:
+        # the experts loop runs its backward one expert at a time: one expert's share of the routed
+        # tokens (top_k * T / E) holds its elementwise gradients at once
+        inter = ceil_div(m.moe.expert_intermediate_size * m.moe.top_k, m.moe.num_experts)
+    elif layer.moe and m.moe is not None:
         inter = m.moe.expert_intermediate_size * m.moe.top_k
         ew = ctx.expert_bytes or ew
     else:

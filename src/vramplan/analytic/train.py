@@ -31,7 +31,7 @@ from vramplan.analytic.logits import loss_bytes
 from vramplan.analytic.optimizer import optimizer_cost
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.precision import PrecisionPolicy, policy
-from vramplan.analytic.weights import weights_bytes
+from vramplan.analytic.weights import quantized_expert_loop, weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Scenario
@@ -193,6 +193,7 @@ def train_step(r: Resolved) -> TrainResult:
             lora_dropout=bool(peft and peft.dropout > 0), dora=bool(peft and peft.method == "dora"),
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
             expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
+            expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
             sdpa=t.attention == "sdpa", adapter_bytes=_adapter_bytes(pol, framework),
         )
         layer_specs = [m.layers[i] for i in rp.layers]
@@ -557,5 +558,11 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
             out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "
                        "LM head) to fp32")
     if m.moe is not None:
-        out.append("MoE experts run as transformers' per-expert loop; routing is perfectly balanced")
+        if t.peft is not None and quantized_expert_loop(m, t.quantization):
+            out.append("MoE experts quantized per expert by bitsandbytes and run one expert at a time, as "
+                       "transformers 4.x loaded them (transformers 5 with stock bitsandbytes leaves its fused "
+                       "experts unquantized, bitsandbytes issue #1849); routing is perfectly balanced")
+        else:
+            out.append("MoE experts run through transformers >= 5's grouped GEMMs (grouped_mm_experts_forward); "
+                       "routing is perfectly balanced")
     return out

@@ -24,7 +24,7 @@ import torch
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
-from vramplan.trace.quant import QuantLinear, quantize_linears
+from vramplan.trace.quant import EXPERTS_NOTE, QuantExperts, QuantLinear, quantize_linears
 
 __all__ = ["Built", "Policy", "build_model", "raw_config", "trace_policy"]
 
@@ -229,6 +229,8 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built
         compute = pol.half if task == "train" else dtype
         quant_tensors = quantize_linears(model, quant, compute_dtype=compute, device=device)
         notes.append(f"base linear weights stored as bitsandbytes {quant} (packed payload + absmax blocks)")
+        if any(isinstance(m, QuantExperts) for m in model.modules()):
+            notes.append(EXPERTS_NOTE)
     if task == "train":
         model = _prepare_train(r, model, quant, notes)
     else:

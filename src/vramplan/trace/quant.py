@@ -22,6 +22,22 @@ input's dtype (``Linear4bit.forward`` returns ``out.to(inp_dtype)``).
 row scale ``SCB``; the forward quantizes the fp16 input row-wise (``int8`` copy and fp32 row
 scales) and saves the input for the backward, which dequantizes the weight.  (Approximate:
 the outlier columns are not sized.)
+
+MoE experts (``QuantExperts``): transformers 5 holds a MoE layer's routed experts as two fused 3-D
+parameters (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``; e.g. ``MixtralExperts``,
+modeling_mixtral.py:56-92).  Its bitsandbytes integration converts only ``nn.Linear``/``Conv1D``
+modules (integrations/bitsandbytes.py:189, quantizers/quantizer_bnb_4bit.py:87), so those
+parameters would stay in the load dtype (bitsandbytes issue #1849); its one MoE exception turns
+Llama 4's fused experts back into a list of per-expert MLPs before quantizing
+(quantizers/base.py:381-412).  transformers 4.x, which QLoRA MoE runs were made with, held every
+expert as an MLP of ``nn.Linear`` (``MixtralBlockSparseTop2MLP`` w1/w3/w2,
+``Qwen3MoeMLP``/``DeepseekV3MLP`` gate/up/down_proj) and ``replace_with_bnb_linear`` turned each
+into a ``Linear4bit``.  The trace does the same: the fused experts become E per-expert MLPs of
+``QuantLinear`` (one payload, absmax and state per projection and expert), run by the per-expert
+loop of the eager experts forward, so each projection dequantizes its own ``[out, in]``
+temporary in the forward and again in the backward.  Experts stored transposed, interleaved or
+with biases (gpt-oss) were fused parameters in transformers 4.x too, were never converted by
+bitsandbytes, and are left as they are.
 """
 
 from __future__ import annotations
@@ -30,7 +46,11 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["QuantLinear", "quantize_linears"]
+__all__ = ["EXPERTS_NOTE", "QuantExperts", "QuantLinear", "quantize_linears"]
+
+EXPERTS_NOTE = ("MoE experts stored as per-expert bitsandbytes linears and run one expert at a time, as "
+                "transformers 4.x loaded them; transformers 5 with stock bitsandbytes leaves its fused experts "
+                "unquantized (bitsandbytes issue #1849) and peft then casts them to fp32")
 
 NF4_BLOCK = 64
 DQ_BLOCK = 256
@@ -169,11 +189,101 @@ class _MatMul8bit(torch.autograd.Function):
         return grad_a, None
 
 
+class _ExpertMLP(torch.nn.Module):
+    """One routed expert as transformers 4.x held it: gate, up and down projections (bias-free)."""
+
+    def __init__(self, hidden: int, inter: int, act_fn: torch.nn.Module, make: Any) -> None:
+        super().__init__()
+        self.gate_proj: QuantLinear = make(hidden, inter)
+        self.up_proj: QuantLinear = make(hidden, inter)
+        self.down_proj: QuantLinear = make(inter, hidden)
+        self.act_fn = act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # MixtralBlockSparseTop2MLP.forward (transformers 4.x): w2(act(w1(x)) * w3(x))
+        return cast(torch.Tensor, self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class QuantExperts(torch.nn.ModuleList):
+    """Fused experts turned back into E per-expert MLPs of ``QuantLinear`` (see the module docstring).
+
+    The forward is the eager experts loop of transformers (``MixtralExperts.forward``,
+    modeling_mixtral.py:68-92; the same code in Qwen3MoE and DeepSeek-V3): the routing mask as an
+    int64 one-hot ``[E + 1, top_k, T]``, then per expert the gathered tokens, the MLP, the
+    multiplication by the routing weights and an ``index_add_`` into the output.  Which tokens an
+    expert receives depends on the router's values, which the meta device does not have: the
+    ``T * top_k`` assignments are spread evenly over the experts (the first ``T * top_k mod E``
+    experts take one more), the balanced routing the analytic engine assumes too.
+    """
+
+    def __init__(self, experts: torch.nn.Module, fmt: str, compute_dtype: torch.dtype, device: str,
+                 shared: dict[str, torch.Tensor]) -> None:
+        gate_up = cast(torch.Tensor, experts.gate_up_proj)
+        num_experts, two_inter, hidden = (int(d) for d in gate_up.shape)
+        dtype = gate_up.dtype
+        act_fn = cast(torch.nn.Module, experts.act_fn)
+
+        def make(fin: int, fout: int) -> QuantLinear:
+            return QuantLinear(fin, fout, False, fmt, compute_dtype, dtype, device, shared)
+
+        super().__init__([_ExpertMLP(hidden, two_inter // 2, act_fn, make) for _ in range(num_experts)])
+        self.num_experts = num_experts
+
+    def projections(self) -> list[QuantLinear]:
+        """Every expert's gate, up and down projection, in that order."""
+        out: list[QuantLinear] = []
+        for mlp in self:
+            assert isinstance(mlp, _ExpertMLP)
+            out.extend((mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        return out
+
+    def state(self) -> list[torch.Tensor]:
+        return [t for proj in self.projections() for t in proj.state]
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        final = torch.zeros_like(hidden_states)
+        tokens, top_k = (int(d) for d in top_k_index.shape)
+        with torch.no_grad():
+            mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+        per, extra = divmod(tokens * top_k, self.num_experts)
+        start = 0
+        for e, mlp in enumerate(self):
+            n = per + (1 if e < extra else 0)
+            if n == 0:
+                continue
+            with torch.no_grad():
+                # torch.where(mask[e]) returns (top_k position, token index), one int64 each per assignment
+                slot = torch.arange(start, start + n, device=hidden_states.device)
+                top_k_pos, token_idx = slot // tokens, slot % tokens
+                del slot
+            start += n
+            current = hidden_states[token_idx]
+            out = mlp(current)
+            out = out * top_k_weights[token_idx, top_k_pos, None]
+            final.index_add_(0, token_idx, out.to(final.dtype))
+        del mask
+        return final
+
+
+def _fused_experts(module: torch.nn.Module) -> bool:
+    """transformers' fused experts with the concatenated, untransposed, bias-free layout
+    (``@use_experts_implementation`` defaults: integrations/moe.py:582-590)."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (isinstance(gate_up, torch.nn.Parameter) and isinstance(down, torch.nn.Parameter)
+            and gate_up.dim() == 3 and down.dim() == 3 and hasattr(module, "act_fn")
+            and not getattr(module, "is_transposed", False) and getattr(module, "is_concatenated", True)
+            and not getattr(module, "has_bias", False) and getattr(module, "has_gate", True)
+            and int(gate_up.shape[1]) == 2 * int(down.shape[2]) and int(gate_up.shape[2]) == int(down.shape[1]))
+
+
 def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtype, device: str) -> list[torch.Tensor]:
-    """Replace every linear layer but the LM head by a ``QuantLinear``; return their state tensors.
+    """Replace every linear layer but the LM head by a ``QuantLinear``, and fused MoE experts by
+    ``QuantExperts``; return their state tensors.
 
     transformers' bitsandbytes integration skips the output embedding (``lm_head``) and converts
-    ``nn.Linear`` (and GPT-2's ``Conv1D``) modules.
+    ``nn.Linear`` (and GPT-2's ``Conv1D``) modules; MoE experts are converted as transformers 4.x
+    held them.
     """
     from transformers.pytorch_utils import Conv1D
 
@@ -181,9 +291,22 @@ def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtyp
     out_emb = getter() if getter is not None else None
     shared: dict[str, torch.Tensor] = {}
     state: list[torch.Tensor] = []
-    for name, parent in list(model.named_modules()):
+    seen: set[int] = set()
+
+    def keep(tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            if id(t) not in seen:
+                seen.add(id(t))
+                state.append(t)
+
+    for _name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
             if child is out_emb or child_name == "lm_head":
+                continue
+            if _fused_experts(child):
+                qe = QuantExperts(child, fmt, compute_dtype, device, shared)
+                setattr(parent, child_name, qe)
+                keep(qe.state())
                 continue
             if isinstance(child, torch.nn.Linear) and not isinstance(child, QuantLinear):
                 fin, fout, dtype = child.in_features, child.out_features, child.weight.dtype
@@ -193,5 +316,5 @@ def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtyp
                 continue
             q = QuantLinear(fin, fout, child.bias is not None, fmt, compute_dtype, dtype, device, shared)
             setattr(parent, child_name, q)
-            state.extend(t for t in q.state if all(t is not s for s in state))
+            keep(q.state)
     return state
