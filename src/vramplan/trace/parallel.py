@@ -25,6 +25,7 @@ from vramplan.analytic.train import _shards
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Host
 from vramplan.spec.load import Resolved
+from vramplan.trace.fsdp import world_shape
 from vramplan.trace.step import StepTrace
 from vramplan.trace.tracker import TrackEvent
 from vramplan.units import MiB, ceil_div
@@ -69,6 +70,11 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
     events = st.events
     notes: list[str] = []
     marks = list(st.marks)
+    if st.per_rank:
+        # traced through fully_shard (trace/fsdp.py): the events are rank 0's already; HSDP also
+        # all-reduces across replica groups (a second communicator)
+        hybrid = s.parallel.fsdp == "hybrid_shard" and len(world_shape(r)) == 2
+        return events, marks, 2 if hybrid else 1, Host(), notes
     if s.task != "train" or dp == 1:
         return events, marks, 0, Host(), notes
     shard_os, shard_g, shard_p = _shards(s, dp)
@@ -83,8 +89,11 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
     out: list[TrackEvent] = []
     for ev in events:
         cat, num, den = ev.category, 1, 1
-        if cat == "weights" and fsdp and shard_p > 1 and ev.op not in ("quantization state",):
-            continue  # FSDP keeps no sharded half copy: the half parameters exist only when gathered
+        if cat == "weights" and fsdp and shard_p > 1 and ev.op != "quantization state" and ev.op not in st.frozen:
+            # FSDP keeps no sharded half copy of a trainable parameter: its sharded original is the fp32
+            # copy, the half one exists only when gathered.  A frozen parameter (PEFT's base) has no fp32
+            # copy: its shard is kept in the stored dtype (divided below)
+            continue
         if cat == "weights" and ev.op != "input ids and labels":
             den = shard_p
         elif cat == "gradients":

@@ -27,6 +27,8 @@ from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.build import Built, build_model, trace_policy
+from vramplan.trace.fsdp import FsdpWorld
+from vramplan.trace.fsdp import labelled as fsdp_labelled
 from vramplan.trace.optim import OptimizerSetup, init_states, make_optimizer
 from vramplan.trace.tracker import Tracker, TrackEvent
 
@@ -41,6 +43,8 @@ class StepTrace:
     notes: list[str] = field(default_factory=list)
     sdpa: list[cuda.SdpaChoice] = field(default_factory=list)
     raw_peak_bytes: int = 0
+    per_rank: bool = False  # traced as one rank of a sharded run (FSDP2): parallel.py adds nothing
+    frozen: frozenset[str] = frozenset()  # names of the parameters that take no gradient (PEFT's base)
 
 
 def cuda_spec(r: Resolved) -> cuda.CudaSpec:
@@ -214,13 +218,21 @@ def _inputs(r: Resolved, built: Built, device: str, batch: int, seq: int) -> tor
     return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.long).to(device)
 
 
-def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -> StepTrace:
-    """Trace one steady-state training step on ``device`` (meta: no memory; cpu: a real step)."""
+def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
+                world: FsdpWorld | None = None) -> StepTrace:
+    """Trace one steady-state training step on ``device`` (meta: no memory; cpu: a real step).
+
+    With ``world`` (trace/fsdp.py) the model is wrapped by FSDP2's ``fully_shard`` on that fake
+    process group and the step is rank 0's.
+    """
     s = r.scenario
     t = s.train
-    pol = trace_policy(r)
-    built = built or build_model(r, device, "train")
+    fsdp2 = world is not None
+    pol = trace_policy(r, fsdp2)
+    built = built or build_model(r, device, "train", fsdp2)
     model = built.model
+    if world is not None:
+        model = world.shard(r, model)
     framework = s.effective_framework
     spec = cuda_spec(r)
     ids = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
@@ -254,7 +266,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
     ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
     managed = 0
 
-    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch():
+    fsdp_ctx = fsdp_labelled(tracker) if fsdp2 else contextlib.nullcontext()
+    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), fsdp_ctx:
         with tracker.paused():
             init_states(setup, list(masters) or list(params))
         for name, st in setup.state_tensors():
@@ -316,8 +329,11 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
                 tracker.mark("end")
             finally:
                 scope.remove()
+    if world is not None:
+        notes.extend(world.notes)
+    frozen = frozenset(n for n, p in model.named_parameters() if not p.requires_grad)
     return StepTrace(list(tracker.events), list(tracker.marks), managed, notes, cuda.sdpa_choices(),
-                     tracker.peak_bytes)
+                     tracker.peak_bytes, per_rank=fsdp2, frozen=frozen)
 
 
 def _output_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
