@@ -27,8 +27,16 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if task != "train":
         return r, trace_inference(r)
     if fsdp_traced(r):
-        with fake_world(world_shape(r)) as world:
-            return r, trace_train(r, world=world)
+        try:
+            with fake_world(world_shape(r)) as world:
+                return r, trace_train(r, world=world)
+        except (RuntimeError, AssertionError, TypeError, NotImplementedError) as exc:
+            # a model (or a torch version) fully_shard does not run on meta tensors: derive the rank
+            st = trace_train(r)
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            st.notes.append(f"FSDP2 could not be traced for this model ({type(exc).__name__}: {first}); "
+                            "sharding derived from the single-GPU trace instead")
+            return r, st
     return r, trace_train(r)
 
 

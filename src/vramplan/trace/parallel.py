@@ -1,17 +1,21 @@
-"""Multi-GPU figures from a single-GPU trace: data-parallel buckets and ZeRO/FSDP sharding.
+"""Multi-GPU figures of one rank: DDP buckets and ZeRO-1/2 derived from a single-GPU trace.
 
-The step is traced once for the whole model; one rank's memory is then derived from the events:
+Parameter sharding (ZeRO-3, FSDP full_shard / shard_grad_op / hybrid_shard) is traced through
+FSDP2's ``fully_shard`` on a fake process group (trace/fsdp.py): those events are rank 0's
+already (``StepTrace.per_rank``) and pass through unchanged.  Everything else is derived here from
+the events of the step traced once for the whole model:
 
 * DDP (``gradient_as_bucket_view=False``): flat all-reduce buckets holding a second copy of
   every gradient, allocated when the model is wrapped and kept for the whole run.
-* ZeRO / FSDP: each persistent storage is divided by its shard count (optimizer states and
-  fp32 masters from ZeRO-1 / FSDP, gradients from ZeRO-2 / FSDP, parameters from ZeRO-3 /
-  FSDP full_shard), as the ZeRO paper (arXiv 1910.02054, section 5) partitions them; with
-  parameter sharding the running layer's parameters are all-gathered in the compute dtype
-  (and the next layer's prefetched), modelled as two layers' gathered parameters alive from
-  the first layer's forward to the end of the backward.  This sharding is applied to the
-  traced events, not traced through ``fully_shard`` (FSDP2 refuses meta-device parameters),
-  and the report says so.
+* ZeRO-1/2: each persistent storage is divided by its shard count (optimizer states and fp32
+  masters from ZeRO-1, gradients from ZeRO-2), as the ZeRO paper (arXiv 1910.02054, section 5)
+  partitions them.
+* Fallback for sharded scenarios trace/fsdp.py does not take (QLoRA's packed 4-bit base
+  weights) or cannot run: parameters divided by the shard count as well, FSDP's trainable half
+  parameters replaced by their fp32 shards (a frozen PEFT base keeps its shard in the stored
+  dtype), and the running layer's parameters plus the prefetched next layer's (and FSDP's root
+  unit) gathered in the compute dtype from the first layer's forward to the end of the backward.
+  The report says which path was taken.
 
 Tensor, pipeline, context and expert parallelism are not traced (the analytic engine covers them).
 """
@@ -110,9 +114,9 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
             out.append(replace(ev, nbytes=sign * ceil_div(abs(ev.nbytes) * num, den), category=cat))
         else:
             out.append(ev)
-    notes.append(f"{'FSDP' if fsdp else 'ZeRO'} sharding applied to the traced tensors: optimizer states and fp32 "
-                 f"parameters / {shard_os}, gradients / {shard_g}, half parameters / {shard_p} "
-                 "(not traced through fully_shard, which refuses meta-device parameters)")
+    notes.append(f"{'FSDP' if fsdp else 'ZeRO'} sharding derived from the single-GPU trace (not traced through "
+                 f"fully_shard): optimizer states and fp32 parameters / {shard_os}, gradients / {shard_g}, "
+                 f"half parameters / {shard_p}")
     if shard_p > 1:
         # the traced parameters are in the compute dtype already (half under mixed precision)
         gathered = 2 * _largest_layer_bytes(events)

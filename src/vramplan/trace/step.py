@@ -30,7 +30,7 @@ from vramplan.trace.build import Built, build_model, trace_policy
 from vramplan.trace.fsdp import FsdpWorld
 from vramplan.trace.fsdp import labelled as fsdp_labelled
 from vramplan.trace.optim import OptimizerSetup, init_states, make_optimizer
-from vramplan.trace.tracker import Tracker, TrackEvent
+from vramplan.trace.tracker import Tracker, TrackEvent, local_tensor
 
 __all__ = ["StepTrace", "cuda_spec", "trace_inference", "trace_train"]
 
@@ -244,9 +244,14 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     masters: list[torch.Tensor] = []
     opt_model: torch.nn.Module = model
     override = None
+    # FSDP2: the optimizer holds each parameter's local shard (the same storage).  DTensor runs an
+    # elementwise optimizer on Shard(0) operands as the same ops on the local shards, with no
+    # communication; calling them directly skips DTensor's sharding propagation (seconds per step)
+    local_params = [torch.nn.Parameter(local_tensor(p)) for p in params] if fsdp2 else []
+    wrap = dict(zip(map(id, params), local_params, strict=True)) if fsdp2 else {}
     if pol.master_fp32:
         # DeepSpeed: the optimizer updates fp32 masters of the (half) parameters
-        masters = [p.detach().float().requires_grad_(True) for p in params]
+        masters = [local_tensor(p).detach().float().requires_grad_(True) for p in params]
         override = [(n, torch.nn.Parameter(m)) for (n, _), m in zip(trainable, masters, strict=True)]
         masters = [p for _, p in override]
         if s.parallel.fsdp == "none" and framework != "torchtitan":
@@ -255,7 +260,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     fsdp = s.parallel.fsdp != "none" or framework == "torchtitan"
     if pol.master_fp32 and kind == "adamw" and not fsdp:
         kind = "adamw-fused"  # DeepSpeed's FusedAdam updates in place
-    setup: OptimizerSetup = make_optimizer(kind, opt_model, override)
+    setup: OptimizerSetup = make_optimizer(kind, opt_model, override,
+                                           (lambda p: wrap[id(p)]) if fsdp2 and override is None else None)
     devices = (device,)
     tracker = Tracker(devices=devices)
     phase = ["setup"]
@@ -269,7 +275,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     fsdp_ctx = fsdp_labelled(tracker) if fsdp2 else contextlib.nullcontext()
     with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), fsdp_ctx:
         with tracker.paused():
-            init_states(setup, list(masters) or list(params))
+            init_states(setup, list(masters) or local_params or list(params))
         for name, st in setup.state_tensors():
             if st.device.type == device and setup.managed:
                 managed += st.untyped_storage().nbytes()
@@ -319,12 +325,17 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                         if masters:
                             # DeepSpeed converts the half gradients into an fp32 buffer for the step
                             for m, p in zip(masters, params, strict=True):
-                                m.grad = p.grad.float() if p.grad is not None else None
+                                m.grad = local_tensor(p.grad).float() if p.grad is not None else None
+                        elif local_params:
+                            for lp, p in zip(local_params, params, strict=True):
+                                lp.grad = local_tensor(p.grad) if p.grad is not None else None
                         setup.optimizer.step()
                         if masters:
                             for m, p in zip(masters, params, strict=True):
-                                p.data.copy_(m.data)
+                                local_tensor(p).data.copy_(m.data)
                                 m.grad = None
+                        for lp in local_params:
+                            lp.grad = None
                     model.zero_grad(set_to_none=True)
                 tracker.mark("end")
             finally:

@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["TrackEvent", "Tracker"]
+__all__ = ["TrackEvent", "Tracker", "local_tensor"]
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self._see(t, category or self._category, op, force=True)
 
     def storage_id(self, t: torch.Tensor) -> int | None:
-        return self._seen.get(id(_local(t).untyped_storage()))
+        return self._seen.get(id(local_tensor(t).untyped_storage()))
 
     def relabel(self, tensors: Any, category: str, op: str | None = None) -> None:
         """Give the storages of ``tensors`` the category ``category`` for their whole life."""
@@ -124,7 +124,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for t in flat:
             if not isinstance(t, torch.Tensor):
                 continue
-            sid = self._seen.get(id(_local(t).untyped_storage()))
+            sid = self._seen.get(id(local_tensor(t).untyped_storage()))
             if sid is not None:
                 self.relabel_id(sid, category, op)
 
@@ -150,7 +150,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def resized(self, t: torch.Tensor, nbytes: int) -> None:
         """``t``'s storage was resized in place to ``nbytes`` (FSDP2 frees and re-allocates its
         unsharded parameters with ``storage.resize_``): a release at 0, a new allocation after."""
-        t = _local(t)
+        t = local_tensor(t)
         if self._devices is not None and t.device.type not in self._devices:
             return
         key = id(t.untyped_storage())
@@ -170,7 +170,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _see(self, t: torch.Tensor, category: str, op: str, force: bool = False) -> None:
         if self._paused and not force:
             return
-        t = _local(t)
+        t = local_tensor(t)
         if self._devices is not None and t.device.type not in self._devices:
             return
         st = t.untyped_storage()
@@ -211,7 +211,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (the tensor whose storage this rank holds); any other tensor itself."""
     local = getattr(t, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else t
