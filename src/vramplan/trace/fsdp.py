@@ -150,8 +150,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if layers:
         return layers
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    lists: list[list[torch.nn.Module]] = [list(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return max(lists, key=len) if lists else []
 
 
 def _final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -194,7 +194,7 @@ def _meta_groups(model: torch.nn.Module) -> None:
     meta = torch.device("meta")
     for mod in model.modules():
         if isinstance(mod, FSDPModule):
-            state: Any = mod._get_fsdp_state()  # type: ignore[no-untyped-call]
+            state: Any = mod._get_fsdp_state()
             state._device = meta  # the communication context's streams come from the root state's device
             state._device_handle = META_HANDLE
             group = state._fsdp_param_group
@@ -340,7 +340,7 @@ def labelled(tracker: Tracker) -> Iterator[None]:
         free(tensor)
 
     storage_patches = [(fparam, "alloc_storage", alloc, alloc_storage), (fparam, "free_storage", free, free_storage),
-                       (pgroup, "alloc_storage", pgroup.alloc_storage, alloc_storage)]
+                       (pgroup, "alloc_storage", getattr(pgroup, "alloc_storage"), alloc_storage)]  # noqa: B009
 
     def wrap(name: str, category: str, op: str) -> tuple[str, Any, Any]:
         original = FSDPParamGroup.__dict__[name]

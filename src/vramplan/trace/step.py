@@ -247,7 +247,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     # FSDP2: the optimizer holds each parameter's local shard (the same storage).  DTensor runs an
     # elementwise optimizer on Shard(0) operands as the same ops on the local shards, with no
     # communication; calling them directly skips DTensor's sharding propagation (seconds per step)
-    local_params = [torch.nn.Parameter(local_tensor(p)) for p in params] if fsdp2 else []
+    local_params: list[torch.nn.Parameter] = [torch.nn.Parameter(local_tensor(p)) for p in params] if fsdp2 else []
     wrap = dict(zip(map(id, params), local_params, strict=True)) if fsdp2 else {}
     if pol.master_fp32:
         # DeepSpeed: the optimizer updates fp32 masters of the (half) parameters
@@ -275,7 +275,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     fsdp_ctx = fsdp_labelled(tracker) if fsdp2 else contextlib.nullcontext()
     with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), fsdp_ctx:
         with tracker.paused():
-            init_states(setup, list(masters) or local_params or list(params))
+            init_states(setup, list(masters) or list(local_params) or list(params))
         for name, st in setup.state_tensors():
             if st.device.type == device and setup.managed:
                 managed += st.untyped_storage().nbytes()
