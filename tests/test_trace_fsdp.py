@@ -156,7 +156,9 @@ def test_patches_do_not_leak() -> None:
 
     validate = FSDPParamGroup.__dict__["_validate_no_meta_params"]
     alloc = fparam.alloc_storage
+    current_stream = torch.accelerator.current_stream
     trace(_scenario(2))
+    assert torch.accelerator.current_stream is current_stream
     assert not dist.is_initialized()
     assert FSDPParamGroup.__dict__["_validate_no_meta_params"] is validate
     assert fparam.alloc_storage is alloc
