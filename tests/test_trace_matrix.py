@@ -24,10 +24,10 @@ pytest.importorskip("peft")
 from vramplan.analytic.engine import estimate as analytic_estimate
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.spec.load import resolve
-from vramplan.trace.engine import trace
 from vramplan.trace.parallel import apply_parallel
 from vramplan.trace.report import peak_of
 from vramplan.trace.shrink import catalog_config, shrink
+from vramplan.trace.step import trace_train
 
 TOLERANCE = 0.03
 
@@ -87,7 +87,9 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),
-    # data parallel: DDP buckets, ZeRO-2 and FSDP sharding (applied to the traced tensors)
+    # data parallel: DDP buckets, ZeRO-2 and FSDP sharding applied to the single-GPU traced tensors (the
+    # derived path, trace/parallel.py, which holds gathered parameters as the analytic engine does; the
+    # FSDP2-traced path is compared with both in test_trace_fsdp.py)
     ("llama", {}, (2, 512), {"hardware": {"gpu": "a100", "num_gpus": 4}}),
     ("llama", {}, (2, 512), {"framework": "deepspeed", "hardware": {"gpu": "a100", "num_gpus": 8},
                              "parallel": {"zero_stage": 2}}),
@@ -101,7 +103,7 @@ def _compare(fam: str, train: dict[str, Any], bs: tuple[int, int],
     doc = {"model": cfg, "hardware": {"gpu": "a100"},
            "train": {"micro_batch_size": bs[0], "seq_len": bs[1], **train}, **extra}
     r = resolve(doc)
-    _, st = trace(r)
+    st = trace_train(r)  # the single-GPU trace (for FSDP rows: the derived per-rank events)
     events, marks, *_ = apply_parallel(r, st)
     ws = cublas_workspace_bytes(r.gpu, handles=2)
     a = analytic_estimate(r)

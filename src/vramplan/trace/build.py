@@ -63,7 +63,8 @@ class Policy:
     half: torch.dtype
 
 
-def trace_policy(r: Resolved) -> Policy:
+def trace_policy(r: Resolved, fsdp2: bool = False) -> Policy:
+    """The dtypes of the step; ``fsdp2``: the model is wrapped by ``fully_shard`` (trace/fsdp.py)."""
     s = r.scenario
     prec = s.train.precision
     half = torch.float16 if prec.startswith("fp16") else (torch.float32 if prec == "fp32" else torch.bfloat16)
@@ -74,6 +75,11 @@ def trace_policy(r: Resolved) -> Policy:
     if prec == "fp8-mixed":
         raise ScenarioError([Problem("train.precision", "fp8-mixed (Transformer Engine) is not traced",
                                      "use --engine analytic for fp8-mixed, or trace bf16-mixed")])
+    if fsdp2 and s.effective_framework != "deepspeed":
+        # fp32 sharded parameters, half all-gathered copies (MixedPrecisionPolicy.param_dtype); accelerate
+        # also wraps the forward in autocast (Accelerator.native_amp is set for FSDP too)
+        autocast = half if s.effective_framework in ("hf-trainer", "accelerate") else None
+        return Policy(torch.float32, half, autocast, False, half)
     if s.effective_framework == "deepspeed":
         return Policy(half, half, None, True, half)
     if s.parallel.fsdp != "none" or s.effective_framework == "torchtitan":
@@ -183,7 +189,7 @@ def _silence() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built:
+def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: bool = False) -> Built:
     """The scenario's model on ``device`` (``meta`` for tracing; ``cpu`` for a real reference run)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -198,7 +204,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train") -> Built
     quant = "none"
     notes: list[str] = []
     if task == "train":
-        pol = trace_policy(r)
+        pol = trace_policy(r, fsdp2)
         peft_cfg = s.train.peft
         quant = s.train.quantization if peft_cfg is not None else "none"
         dtype = pol.frozen_dtype if peft_cfg is not None else pol.param_dtype

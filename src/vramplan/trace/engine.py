@@ -9,6 +9,7 @@ from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
 from vramplan.spec.load import Resolved, resolve
 from vramplan.spec.scenario import Scenario
+from vramplan.trace.fsdp import fake_world, fsdp_traced, world_shape
 from vramplan.trace.parallel import apply_parallel
 from vramplan.trace.report import to_report
 from vramplan.trace.step import StepTrace, trace_inference, trace_train
@@ -23,8 +24,20 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if task == "serve":
         raise ScenarioError([Problem("task", "the traced engine covers train and inference",
                                      "use --engine analytic for serve (vLLM)")])
-    st = trace_train(r) if task == "train" else trace_inference(r)
-    return r, st
+    if task != "train":
+        return r, trace_inference(r)
+    if fsdp_traced(r):
+        try:
+            with fake_world(world_shape(r)) as world:
+                return r, trace_train(r, world=world)
+        except (RuntimeError, AssertionError, TypeError, NotImplementedError) as exc:
+            # a model (or a torch version) fully_shard does not run on meta tensors: derive the rank
+            st = trace_train(r)
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            st.notes.append(f"FSDP2 could not be traced for this model ({type(exc).__name__}: {first}); "
+                            "sharding derived from the single-GPU trace instead")
+            return r, st
+    return r, trace_train(r)
 
 
 def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Report:

@@ -21,7 +21,7 @@ norm weights in a no-decay group, everything else in the decay group.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,13 +120,16 @@ class OptimizerSetup:
                     yield f"{name}.{k}", v
 
 
-def make_optimizer(kind: str, model: torch.nn.Module, params_override: list[tuple[str, torch.nn.Parameter]] | None = None
-                   ) -> OptimizerSetup:
-    """The scenario's optimizer over the trainable parameters (or over ``params_override``)."""
+def make_optimizer(kind: str, model: torch.nn.Module, params_override: list[tuple[str, torch.nn.Parameter]] | None = None,
+                   wrap: Callable[[torch.nn.Parameter], torch.nn.Parameter] | None = None) -> OptimizerSetup:
+    """The scenario's optimizer over the trainable parameters (or over ``params_override``);
+    ``wrap`` maps each parameter to the one the optimizer holds (FSDP2: its local shard)."""
     if params_override is not None:
         groups = [params_override, []]
     else:
         groups = param_groups(model)
+    if wrap is not None:
+        groups = [[(n, wrap(p)) for n, p in g] for g in groups]
     names = {id(p): n for g in groups for n, p in g}
     pg = [{"params": [p for _, p in g], "weight_decay": 0.0} for g in groups if g]
     if kind == "none" or not pg:

@@ -1,17 +1,21 @@
-"""Multi-GPU figures from a single-GPU trace: data-parallel buckets and ZeRO/FSDP sharding.
+"""Multi-GPU figures of one rank: DDP buckets and ZeRO-1/2 derived from a single-GPU trace.
 
-The step is traced once for the whole model; one rank's memory is then derived from the events:
+Parameter sharding (ZeRO-3, FSDP full_shard / shard_grad_op / hybrid_shard) is traced through
+FSDP2's ``fully_shard`` on a fake process group (trace/fsdp.py): those events are rank 0's
+already (``StepTrace.per_rank``) and pass through unchanged.  Everything else is derived here from
+the events of the step traced once for the whole model:
 
 * DDP (``gradient_as_bucket_view=False``): flat all-reduce buckets holding a second copy of
   every gradient, allocated when the model is wrapped and kept for the whole run.
-* ZeRO / FSDP: each persistent storage is divided by its shard count (optimizer states and
-  fp32 masters from ZeRO-1 / FSDP, gradients from ZeRO-2 / FSDP, parameters from ZeRO-3 /
-  FSDP full_shard), as the ZeRO paper (arXiv 1910.02054, section 5) partitions them; with
-  parameter sharding the running layer's parameters are all-gathered in the compute dtype
-  (and the next layer's prefetched), modelled as two layers' gathered parameters alive from
-  the first layer's forward to the end of the backward.  This sharding is applied to the
-  traced events, not traced through ``fully_shard`` (FSDP2 refuses meta-device parameters),
-  and the report says so.
+* ZeRO-1/2: each persistent storage is divided by its shard count (optimizer states and fp32
+  masters from ZeRO-1, gradients from ZeRO-2), as the ZeRO paper (arXiv 1910.02054, section 5)
+  partitions them.
+* Fallback for sharded scenarios trace/fsdp.py does not take (QLoRA's packed 4-bit base
+  weights) or cannot run: parameters divided by the shard count as well, FSDP's trainable half
+  parameters replaced by their fp32 shards (a frozen PEFT base keeps its shard in the stored
+  dtype), and the running layer's parameters plus the prefetched next layer's (and FSDP's root
+  unit) gathered in the compute dtype from the first layer's forward to the end of the backward.
+  The report says which path was taken.
 
 Tensor, pipeline, context and expert parallelism are not traced (the analytic engine covers them).
 """
@@ -25,6 +29,7 @@ from vramplan.analytic.train import _shards
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Host
 from vramplan.spec.load import Resolved
+from vramplan.trace.fsdp import world_shape
 from vramplan.trace.step import StepTrace
 from vramplan.trace.tracker import TrackEvent
 from vramplan.units import MiB, ceil_div
@@ -69,6 +74,11 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
     events = st.events
     notes: list[str] = []
     marks = list(st.marks)
+    if st.per_rank:
+        # traced through fully_shard (trace/fsdp.py): the events are rank 0's already; HSDP also
+        # all-reduces across replica groups (a second communicator)
+        hybrid = s.parallel.fsdp == "hybrid_shard" and len(world_shape(r)) == 2
+        return events, marks, 2 if hybrid else 1, Host(), notes
     if s.task != "train" or dp == 1:
         return events, marks, 0, Host(), notes
     shard_os, shard_g, shard_p = _shards(s, dp)
@@ -83,8 +93,11 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
     out: list[TrackEvent] = []
     for ev in events:
         cat, num, den = ev.category, 1, 1
-        if cat == "weights" and fsdp and shard_p > 1 and ev.op not in ("quantization state",):
-            continue  # FSDP keeps no sharded half copy: the half parameters exist only when gathered
+        if cat == "weights" and fsdp and shard_p > 1 and ev.op != "quantization state" and ev.op not in st.frozen:
+            # FSDP keeps no sharded half copy of a trainable parameter: its sharded original is the fp32
+            # copy, the half one exists only when gathered.  A frozen parameter (PEFT's base) has no fp32
+            # copy: its shard is kept in the stored dtype (divided below)
+            continue
         if cat == "weights" and ev.op != "input ids and labels":
             den = shard_p
         elif cat == "gradients":
@@ -101,9 +114,9 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
             out.append(replace(ev, nbytes=sign * ceil_div(abs(ev.nbytes) * num, den), category=cat))
         else:
             out.append(ev)
-    notes.append(f"{'FSDP' if fsdp else 'ZeRO'} sharding applied to the traced tensors: optimizer states and fp32 "
-                 f"parameters / {shard_os}, gradients / {shard_g}, half parameters / {shard_p} "
-                 "(not traced through fully_shard, which refuses meta-device parameters)")
+    notes.append(f"{'FSDP' if fsdp else 'ZeRO'} sharding derived from the single-GPU trace (not traced through "
+                 f"fully_shard): optimizer states and fp32 parameters / {shard_os}, gradients / {shard_g}, "
+                 f"half parameters / {shard_p}")
     if shard_p > 1:
         # the traced parameters are in the compute dtype already (half under mixed precision)
         gathered = 2 * _largest_layer_bytes(events)

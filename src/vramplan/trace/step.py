@@ -27,8 +27,10 @@ from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.build import Built, build_model, trace_policy
+from vramplan.trace.fsdp import FsdpWorld
+from vramplan.trace.fsdp import labelled as fsdp_labelled
 from vramplan.trace.optim import OptimizerSetup, init_states, make_optimizer
-from vramplan.trace.tracker import Tracker, TrackEvent
+from vramplan.trace.tracker import Tracker, TrackEvent, local_tensor
 
 __all__ = ["StepTrace", "cuda_spec", "trace_inference", "trace_train"]
 
@@ -41,6 +43,8 @@ class StepTrace:
     notes: list[str] = field(default_factory=list)
     sdpa: list[cuda.SdpaChoice] = field(default_factory=list)
     raw_peak_bytes: int = 0
+    per_rank: bool = False  # traced as one rank of a sharded run (FSDP2): parallel.py adds nothing
+    frozen: frozenset[str] = frozenset()  # names of the parameters that take no gradient (PEFT's base)
 
 
 def cuda_spec(r: Resolved) -> cuda.CudaSpec:
@@ -214,13 +218,21 @@ def _inputs(r: Resolved, built: Built, device: str, batch: int, seq: int) -> tor
     return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.long).to(device)
 
 
-def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -> StepTrace:
-    """Trace one steady-state training step on ``device`` (meta: no memory; cpu: a real step)."""
+def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
+                world: FsdpWorld | None = None) -> StepTrace:
+    """Trace one steady-state training step on ``device`` (meta: no memory; cpu: a real step).
+
+    With ``world`` (trace/fsdp.py) the model is wrapped by FSDP2's ``fully_shard`` on that fake
+    process group and the step is rank 0's.
+    """
     s = r.scenario
     t = s.train
-    pol = trace_policy(r)
-    built = built or build_model(r, device, "train")
+    fsdp2 = world is not None
+    pol = trace_policy(r, fsdp2)
+    built = built or build_model(r, device, "train", fsdp2)
     model = built.model
+    if world is not None:
+        model = world.shard(r, model)
     framework = s.effective_framework
     spec = cuda_spec(r)
     ids = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
@@ -232,9 +244,14 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
     masters: list[torch.Tensor] = []
     opt_model: torch.nn.Module = model
     override = None
+    # FSDP2: the optimizer holds each parameter's local shard (the same storage).  DTensor runs an
+    # elementwise optimizer on Shard(0) operands as the same ops on the local shards, with no
+    # communication; calling them directly skips DTensor's sharding propagation (seconds per step)
+    local_params: list[torch.nn.Parameter] = [torch.nn.Parameter(local_tensor(p)) for p in params] if fsdp2 else []
+    wrap = dict(zip(map(id, params), local_params, strict=True)) if fsdp2 else {}
     if pol.master_fp32:
         # DeepSpeed: the optimizer updates fp32 masters of the (half) parameters
-        masters = [p.detach().float().requires_grad_(True) for p in params]
+        masters = [local_tensor(p).detach().float().requires_grad_(True) for p in params]
         override = [(n, torch.nn.Parameter(m)) for (n, _), m in zip(trainable, masters, strict=True)]
         masters = [p for _, p in override]
         if s.parallel.fsdp == "none" and framework != "torchtitan":
@@ -243,7 +260,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
     fsdp = s.parallel.fsdp != "none" or framework == "torchtitan"
     if pol.master_fp32 and kind == "adamw" and not fsdp:
         kind = "adamw-fused"  # DeepSpeed's FusedAdam updates in place
-    setup: OptimizerSetup = make_optimizer(kind, opt_model, override)
+    setup: OptimizerSetup = make_optimizer(kind, opt_model, override,
+                                           (lambda p: wrap[id(p)]) if fsdp2 and override is None else None)
     devices = (device,)
     tracker = Tracker(devices=devices)
     phase = ["setup"]
@@ -254,9 +272,10 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
     ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
     managed = 0
 
-    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch():
+    fsdp_ctx = fsdp_labelled(tracker) if fsdp2 else contextlib.nullcontext()
+    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), fsdp_ctx:
         with tracker.paused():
-            init_states(setup, list(masters) or list(params))
+            init_states(setup, list(masters) or list(local_params) or list(params))
         for name, st in setup.state_tensors():
             if st.device.type == device and setup.managed:
                 managed += st.untyped_storage().nbytes()
@@ -306,18 +325,26 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None) -
                         if masters:
                             # DeepSpeed converts the half gradients into an fp32 buffer for the step
                             for m, p in zip(masters, params, strict=True):
-                                m.grad = p.grad.float() if p.grad is not None else None
+                                m.grad = local_tensor(p.grad).float() if p.grad is not None else None
+                        elif local_params:
+                            for lp, p in zip(local_params, params, strict=True):
+                                lp.grad = local_tensor(p.grad) if p.grad is not None else None
                         setup.optimizer.step()
                         if masters:
                             for m, p in zip(masters, params, strict=True):
-                                p.data.copy_(m.data)
+                                local_tensor(p).data.copy_(m.data)
                                 m.grad = None
+                        for lp in local_params:
+                            lp.grad = None
                     model.zero_grad(set_to_none=True)
                 tracker.mark("end")
             finally:
                 scope.remove()
+    if world is not None:
+        notes.extend(world.notes)
+    frozen = frozenset(n for n, p in model.named_parameters() if not p.requires_grad)
     return StepTrace(list(tracker.events), list(tracker.marks), managed, notes, cuda.sdpa_choices(),
-                     tracker.peak_bytes)
+                     tracker.peak_bytes, per_rank=fsdp2, frozen=frozen)
 
 
 def _output_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -23,6 +23,10 @@ Extensions used by the traced engine:
 * ``mark(phase)``: phase boundaries (forward, backward, optimizer), as event sequence numbers.
 * ``where``: a callable naming the module that is running, stored with each allocation.
 * ``paused()``: allocations made inside are not counted (real-valued helper computations).
+* ``op(name)``: allocations made inside are recorded under ``name`` instead of the aten op
+  (FSDP2's all-gather and reduce-scatter buffers).
+* A ``DTensor`` (FSDP2's sharded parameters, gradients and optimizer states) counts as its
+  local shard: the wrapper's own storage reports the global size.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["TrackEvent", "Tracker"]
+__all__ = ["TrackEvent", "Tracker", "local_tensor"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._event_index: dict[int, list[int]] = {}
         self._next_id = 0
         self._category = "other"
+        self._op: str | None = None
         self._paused = 0
 
     # ---- context -----------------------------------------------------------------
@@ -81,6 +86,14 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     @property
     def current_category(self) -> str:
         return self._category
+
+    @contextlib.contextmanager
+    def op(self, name: str) -> Iterator[None]:
+        old, self._op = self._op, name
+        try:
+            yield
+        finally:
+            self._op = old
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -103,7 +116,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self._see(t, category or self._category, op, force=True)
 
     def storage_id(self, t: torch.Tensor) -> int | None:
-        return self._seen.get(id(t.untyped_storage()))
+        return self._seen.get(id(local_tensor(t).untyped_storage()))
 
     def relabel(self, tensors: Any, category: str, op: str | None = None) -> None:
         """Give the storages of ``tensors`` the category ``category`` for their whole life."""
@@ -111,7 +124,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for t in flat:
             if not isinstance(t, torch.Tensor):
                 continue
-            sid = self._seen.get(id(t.untyped_storage()))
+            sid = self._seen.get(id(local_tensor(t).untyped_storage()))
             if sid is not None:
                 self.relabel_id(sid, category, op)
 
@@ -134,6 +147,22 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         first = self.events[idx[0]]
         self._emit(sid, -first.nbytes, first.category, "free", first.module)
 
+    def resized(self, t: torch.Tensor, nbytes: int) -> None:
+        """``t``'s storage was resized in place to ``nbytes`` (FSDP2 frees and re-allocates its
+        unsharded parameters with ``storage.resize_``): a release at 0, a new allocation after."""
+        t = local_tensor(t)
+        if self._devices is not None and t.device.type not in self._devices:
+            return
+        key = id(t.untyped_storage())
+        sid = self._seen.get(key)
+        if nbytes == 0:
+            if sid is not None:
+                del self._seen[key]
+                self._release(key, sid)
+            return
+        if sid is None:
+            self._see(t, self._category, self._op or "resize", force=True)
+
     def category_of(self, sid: int) -> str | None:
         idx = self._event_index.get(sid)
         return self.events[idx[0]].category if idx else None
@@ -141,6 +170,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _see(self, t: torch.Tensor, category: str, op: str, force: bool = False) -> None:
         if self._paused and not force:
             return
+        t = local_tensor(t)
         if self._devices is not None and t.device.type not in self._devices:
             return
         st = t.untyped_storage()
@@ -159,8 +189,8 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self._seen.get(key) == sid:
             del self._seen[key]
         idx = self._event_index.get(sid)
-        if not idx:
-            return
+        if not idx or self.events[idx[-1]].nbytes < 0:
+            return  # unknown, or released already (a storage resized to 0 and later collected)
         first = self.events[idx[0]]
         self._emit(sid, -first.nbytes, first.category, "free", first.module)
 
@@ -177,5 +207,11 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor):
-                self._see(t, self._category, str(func))
+                self._see(t, self._category, self._op or str(func))
         return out
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the tensor whose storage this rank holds); any other tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
