@@ -64,6 +64,10 @@ class ActContext:
     expert_loop: bool = False
     sdpa: bool = True  # attention through torch SDPA (False: the flash-attention package)
     adapter_bytes: int = 4  # LoRA adapters' dtype (peft keeps them in fp32)
+    # bitsandbytes < 0.43.2: MatMul4Bit.forward kept its input for the backward whenever the input
+    # required grad (``ctx.tensors = (A, B)``), although only B is needed;
+    # bitsandbytes-foundation/bitsandbytes#1270 (released in 0.43.2, July 2024) made it (None, B).
+    kbit_saves_input: bool = False
 
     @property
     def ew(self) -> int:
@@ -114,9 +118,10 @@ def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Ac
     """
     c, a = ctx.compute_bytes, ctx.adapter_bytes
     hit = [m for m in modules if m in ctx.lora_targets]
-    if not hit:
-        return 0
     per = c if ctx.autocast else a
+    kbit = _kbit_inputs(width, modules, in_bytes, ctx, shared=bool(hit) and not ctx.lora_dropout and per == in_bytes)
+    if not hit:
+        return kbit
     if ctx.lora_dropout:
         saved = len(hit) * (1 + per) * width
     elif not ctx.autocast and in_bytes == a:
@@ -124,7 +129,26 @@ def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Ac
     else:
         saved = len(hit) * per * width
     saved += len(hit) * per * ctx.lora_rank  # lora_A output, saved by lora_B
-    return saved
+    return saved + kbit
+
+
+def _kbit_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext, shared: bool) -> int:
+    """What old bitsandbytes' 4-bit linears on ``modules`` keep of their input, per token.
+
+    ``Linear4bit.forward`` casts its input to the compute dtype (``x.to(compute_dtype)``, the same
+    tensor when the dtype already matches) and ``MatMul4Bit`` (< 0.43.2) keeps it: one tensor shared
+    by all ``modules`` when no cast happens -- nothing new if an adapter already keeps that very
+    tensor (``shared``) -- else one cast copy per module.  Example, Lit-GPT Llama-2-7B in bf16:
+    the q/k/v input, the attention output, the MLP input and the 11,008-wide product, i.e.
+    (3 x 4096 + 11008) x 2 B = 46,592 B per token per layer; at 1,304 tokens over 32 layers
+    that is 1.94 GB.
+    """
+    if not ctx.kbit_saves_input:
+        return 0
+    q = ctx.compute_bytes
+    if in_bytes == q:
+        return 0 if shared else in_bytes * width
+    return len(modules) * q * width
 
 
 def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:

@@ -195,6 +195,8 @@ def train_step(r: Resolved) -> TrainResult:
             expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
             expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
             sdpa=t.attention == "sdpa", adapter_bytes=_adapter_bytes(pol, framework),
+            kbit_saves_input=(peft is not None and quant in ("nf4", "nf4-dq", "fp4")
+                              and s.software.bnb_4bit_saves_input),
         )
         layer_specs = [m.layers[i] for i in rp.layers]
         full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
@@ -545,6 +547,13 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]
+    if t.peft is not None and t.quantization in ("nf4", "nf4-dq", "fp4"):
+        if s.software.bnb_4bit_saves_input:
+            out.append(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
+                       "for the backward (MatMul4Bit ctx.tensors = (A, B))")
+        else:
+            out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
+                       "(set software.bitsandbytes for older versions, which kept it)")
     if t.optimizer == "adamw" and fw != "deepspeed":
         out.append("torch.optim.AdamW uses the foreach implementation (CUDA default): one state-sized "
                    "temporary for the weight-decay group during step()")

@@ -233,8 +233,12 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
             raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
                                          "use --engine analytic for GPTQ/AWQ/fp8 checkpoints")])
         compute = pol.half if task == "train" else dtype
-        quant_tensors = quantize_linears(model, quant, compute_dtype=compute, device=device)
+        old_bnb = task == "train" and r.scenario.software.bnb_4bit_saves_input
+        quant_tensors = quantize_linears(model, quant, compute_dtype=compute, device=device, saves_input=old_bnb)
         notes.append(f"base linear weights stored as bitsandbytes {quant} (packed payload + absmax blocks)")
+        if old_bnb:
+            notes.append(f"bitsandbytes {r.scenario.software.bitsandbytes}: 4-bit linears keep their input "
+                         "for the backward (< 0.43.2)")
         if any(isinstance(m, QuantExperts) for m in model.modules()):
             notes.append(EXPERTS_NOTE)
     if task == "train":

@@ -68,6 +68,7 @@ class QuantLinear(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = in_features, out_features
         self.fmt = fmt
+        self.saves_input = False  # bitsandbytes < 0.43.2 kept the input (see quantize_linears)
         self.compute_dtype = compute_dtype
         self.weight_dtype = weight_dtype
         n = in_features * out_features
@@ -145,6 +146,8 @@ class _MatMul4Bit(torch.autograd.Function):
         w = layer.dequantize().to(a.dtype)
         out = torch.nn.functional.linear(a, w, bias)
         del w
+        if layer.saves_input and ctx.needs_input_grad[0]:
+            ctx.save_for_backward(a)  # bitsandbytes < 0.43.2 kept A, unused by its backward
         ctx.layer = layer
         ctx.has_bias = bias is not None
         return out
@@ -277,13 +280,15 @@ def _fused_experts(module: torch.nn.Module) -> bool:
             and int(gate_up.shape[1]) == 2 * int(down.shape[2]) and int(gate_up.shape[2]) == int(down.shape[1]))
 
 
-def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtype, device: str) -> list[torch.Tensor]:
+def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtype, device: str,
+                     saves_input: bool = False) -> list[torch.Tensor]:
     """Replace every linear layer but the LM head by a ``QuantLinear``, and fused MoE experts by
     ``QuantExperts``; return their state tensors.
 
     transformers' bitsandbytes integration skips the output embedding (``lm_head``) and converts
     ``nn.Linear`` (and GPT-2's ``Conv1D``) modules; MoE experts are converted as transformers 4.x
-    held them.
+    held them.  ``saves_input``: bitsandbytes < 0.43.2, whose ``MatMul4Bit`` kept each 4-bit
+    linear's input for the backward (``ctx.tensors = (A, B)``; bitsandbytes#1270 removed it).
     """
     from transformers.pytorch_utils import Conv1D
 
@@ -315,6 +320,7 @@ def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtyp
             else:
                 continue
             q = QuantLinear(fin, fout, child.bias is not None, fmt, compute_dtype, dtype, device, shared)
+            q.saves_input = saves_input and fmt != "int8"
             setattr(parent, child_name, q)
             keep(q.state)
     return state

@@ -1,0 +1,67 @@
+"""bitsandbytes < 0.43.2 kept each 4-bit linear's input for the backward (software.bitsandbytes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from vramplan.analytic.engine import estimate
+from vramplan.cli.main import app
+from vramplan.spec.scenario import Scenario
+
+TINY: dict[str, Any] = {
+    "model": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000,
+              "max_position_embeddings": 512},
+    "hardware": {"gpu": "A100-80GB"}, "framework": "lightning",
+    "train": {"micro_batch_size": 2, "seq_len": 128, "precision": "bf16-true", "optimizer": "adamw",
+              "peft": {"method": "qlora", "rank": 8, "target_modules": ["q_proj", "v_proj"], "dropout": 0.05},
+              "quantization": "nf4"},
+}
+
+
+@pytest.mark.parametrize(("version", "saves"), [
+    (None, False), ("0.41.1", True), ("0.43.1", True), ("0.43.2", False), ("0.45", False), ("1", False)])
+def test_version_threshold(version: str | None, saves: bool) -> None:
+    assert Scenario(model="gpt2", software={"bitsandbytes": version}).software.bnb_4bit_saves_input is saves
+
+
+def test_old_bitsandbytes_adds_the_linear_inputs_by_hand() -> None:
+    new = estimate(TINY)
+    old = estimate({**TINY, "software": {"bitsandbytes": "0.41.1"}})
+    # per layer and token, the bf16 inputs of the 4-bit linears not kept otherwise (LoRA dropout keeps
+    # its own copy): q/k/v input 256 + o_proj input 256 + gate/up input 256 + down_proj input 688
+    # = 1,456 elements x 2 B = 2,912 B; x 2 x 128 tokens x 2 layers = 1,490,944 B
+    assert old.per_gpu.peak_allocated_bytes - new.per_gpu.peak_allocated_bytes == 1_490_944
+    assert any("keeps its input" in a for a in old.assumptions)
+    assert any(">= 0.43.2" in a for a in new.assumptions)
+
+
+def test_old_bitsandbytes_no_effect_without_4bit_or_adapters() -> None:
+    lora = {**TINY, "train": {**TINY["train"], "peft": {"method": "lora"}, "quantization": "none"}}
+    assert (estimate({**lora, "software": {"bitsandbytes": "0.41.1"}}).per_gpu.peak_allocated_bytes
+            == estimate(lora).per_gpu.peak_allocated_bytes)
+
+
+def test_trace_agrees_with_old_bitsandbytes() -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace import estimate as trace_estimate
+
+    sc = {**TINY, "software": {"bitsandbytes": "0.41.1"}}
+    t_old = trace_estimate(sc).per_gpu.peak_allocated_bytes
+    t_new = trace_estimate(TINY).per_gpu.peak_allocated_bytes
+    a_old = estimate(sc).per_gpu.peak_allocated_bytes
+    assert t_old > t_new  # the traced MatMul4Bit keeps its input too
+    assert abs(a_old - t_old) / t_old < 0.03
+
+
+def test_bad_version_exits_2(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("model: gpt2\nsoftware: {bitsandbytes: latest}\n")
+    res = CliRunner().invoke(app, ["estimate", str(f)])
+    assert res.exit_code == 2
+    text = " ".join(res.output.split())
+    assert "software.bitsandbytes" in text and "not a version number" in text and "Traceback" not in text
