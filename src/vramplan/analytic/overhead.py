@@ -24,6 +24,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from dataclasses import dataclass
 
 from vramplan.catalog.contexts import ContextRow, context_rows
@@ -112,9 +114,14 @@ def cuda_context(architecture: str, vendor: str = "nvidia", loading: str = "lazy
                          rows=tuple(r.id for r in chosen), fallback=fallback)
 
 
+@lru_cache(maxsize=256)
+def _shipped_choice(architecture: str, vendor: str, loading: str) -> ContextChoice:
+    return cuda_context(architecture, vendor, loading)
+
+
 def cuda_context_for(gpu: GpuSpec) -> ContextChoice:
     """The choice for a resolved GPU (its architecture, vendor and the scenario's loading mode)."""
-    return cuda_context(gpu.architecture, gpu.vendor, gpu.cuda_module_loading)
+    return _shipped_choice(gpu.architecture, gpu.vendor, gpu.cuda_module_loading)
 
 
 def cuda_context_bytes(gpu: GpuSpec) -> int:
