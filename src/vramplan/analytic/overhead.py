@@ -24,9 +24,8 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vramplan.catalog.contexts import ContextRow, context_rows
 from vramplan.spec.gpu import GpuSpec
