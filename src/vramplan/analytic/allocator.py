@@ -84,18 +84,6 @@ def reserved_for(tensor_sizes: list[tuple[int, int]], expandable_segments: bool 
 # a training run's event stream (analytic/events.py) through the allocator model
 # ------------------------------------------------------------------------------------------------
 
-def _run_reserved(layout: StepLayout, n_layers: int, expandable_segments: bool,
-                  capacity_bytes: int | None) -> tuple[int, int]:
-    res = replay(train_run_events(layout, n_layers), expandable_segments=expandable_segments,
-                 capacity_bytes=capacity_bytes)
-    if res.oom is not None:
-        # the request that failed after the allocator emptied its cache and retried: the step needs
-        # at least what stayed reserved plus that request's segment, which exceeds the capacity
-        return (max(res.peak_allocated_bytes, res.oom.allocated_bytes + res.oom.rounded_bytes),
-                max(res.peak_reserved_bytes, res.oom.reserved_bytes + res.oom.device_request_bytes))
-    return res.peak_allocated_bytes, res.peak_reserved_bytes
-
-
 @lru_cache(maxsize=4096)
 def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
                          capacity_bytes: int | None = None) -> tuple[int, int]:
@@ -113,4 +101,10 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
     layers, so a linear extrapolation over-counts 1.8 GiB).  Results are cached per layout (a
     frozen dataclass), so repeated estimates of one scenario replay once.
     """
-    return _run_reserved(layout, len(layout.layers), expandable_segments, capacity_bytes)
+    res = replay(train_run_events(layout), expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
+    if res.oom is not None:
+        # the request that failed after the allocator emptied its cache and retried: the step needs
+        # at least what stayed reserved plus that request's segment, which exceeds the capacity
+        return (max(res.peak_allocated_bytes, res.oom.allocated_bytes + res.oom.rounded_bytes),
+                max(res.peak_reserved_bytes, res.oom.reserved_bytes + res.oom.device_request_bytes))
+    return res.peak_allocated_bytes, res.peak_reserved_bytes

@@ -34,8 +34,6 @@ not know (an op the template lacks) goes into one reconciling tensor per layer.
 Steady state: ``train_run_events`` replays the first step (states created inside ``step()``, after
 the first forward/backward has left its cached blocks) and the second (states exist), and the
 allocator never returns memory, so its peak is ``max_memory_reserved`` over the run.
-``train_step_events(states_first=True)`` instead allocates the states up front and runs one step,
-as the traced engine does (trace/step.py); the tests compare that one with the trace.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ from vramplan.analytic.layout import RankParams, _count_on_rank, _split
 from vramplan.analytic.logits import LossTensors
 from vramplan.spec.model import LayerSpec, ModelSpec
 
-__all__ = ["LayerTerms", "StepLayout", "train_run_events", "train_step_events"]
+__all__ = ["LayerTerms", "StepLayout", "train_run_events"]
 
 
 @dataclass(frozen=True)
@@ -468,21 +466,6 @@ def _grad_sizes(lay: StepLayout, n_layers: int) -> list[int]:
     if lay.grad_outside:
         out.append(lay.grad_outside)
     return out
-
-
-def train_step_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
-    """One steady-state step as the traced engine runs it: the states (and, with gradient
-    accumulation, the gradients) exist before the step starts."""
-    st = _Stream()
-    plans = _plans(lay)
-    n = len(lay.layers) if n_layers is None else n_layers
-    states = _setup(st, lay, True, n)
-    grads: list[int] = []
-    if lay.grads_during_forward:
-        grads = [st.alloc(x) for x in _grad_sizes(lay, n)]
-    _pass(st, lay, plans, grads, lay.grads_during_forward, n, [])
-    _optimizer(st, lay, grads, states, n)
-    return st.events
 
 
 def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:

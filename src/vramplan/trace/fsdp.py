@@ -48,7 +48,7 @@ import torch
 from vramplan.spec.load import Resolved
 from vramplan.trace.tracker import Tracker
 
-__all__ = ["FsdpWorld", "fake_world", "fsdp_traced", "world_shape"]
+__all__ = ["FsdpWorld", "fake_world", "fsdp_traced", "module_getter", "world_shape"]
 
 SHARDED = ("full_shard", "shard_grad_op", "hybrid_shard")
 
@@ -101,8 +101,8 @@ class FsdpWorld:
             fully_shard(layer, **kwargs)
         units = [f"{len(layers)} decoder layers"]
         if framework in ("hf-trainer", "accelerate", "torchtitan"):
-            emb = _get(model, "get_input_embeddings")
-            out = _get(model, "get_output_embeddings")
+            emb = module_getter(model, "get_input_embeddings")
+            out = module_getter(model, "get_output_embeddings")
             tied = emb is not None and out is not None and getattr(emb, "weight", None) is getattr(out, "weight", 1)
             if emb is not None and not tied:
                 fully_shard(emb, **kwargs)
@@ -131,7 +131,8 @@ class FsdpWorld:
         return model
 
 
-def _get(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
+def module_getter(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
+    """``model.<name>()`` (e.g. ``get_output_embeddings``) when it returns a module, else None."""
     fn = getattr(model, name, None)
     if fn is None:
         return None

@@ -27,7 +27,7 @@ from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.build import Built, build_model, trace_policy
-from vramplan.trace.fsdp import FsdpWorld
+from vramplan.trace.fsdp import FsdpWorld, module_getter
 from vramplan.trace.fsdp import labelled as fsdp_labelled
 from vramplan.trace.optim import OptimizerSetup, init_states, make_optimizer
 from vramplan.trace.tracker import Tracker, TrackEvent, local_tensor
@@ -266,7 +266,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     tracker = Tracker(devices=devices)
     phase = ["setup"]
     scope = Scope(model, tracker, phase)
-    out_emb = _output_embeddings(model)
+    out_emb = module_getter(model, "get_output_embeddings")
     if out_emb is not None:
         scope.head_ids.add(id(out_emb))
     ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
@@ -345,17 +345,6 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     frozen = frozenset(n for n, p in model.named_parameters() if not p.requires_grad)
     return StepTrace(list(tracker.events), list(tracker.marks), managed, notes, cuda.sdpa_choices(),
                      tracker.peak_bytes, per_rank=fsdp2, frozen=frozen)
-
-
-def _output_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
-    getter = getattr(model, "get_output_embeddings", None)
-    if getter is None:
-        return None
-    try:
-        out = getter()
-    except (NotImplementedError, AttributeError):
-        return None
-    return out if isinstance(out, torch.nn.Module) else None
 
 
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,
