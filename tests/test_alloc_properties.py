@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vramplan.alloc import AllocEvent, replay, round_size
+from vramplan.alloc import AllocEvent, replay, replay_compact, round_size
 from vramplan.alloc.caching import AllocatorOutOfMemory, Block, CachingAllocator
 from vramplan.units import MiB, round_up
 
@@ -134,3 +136,31 @@ def test_invariants_hold_through_out_of_memory(ops: list[tuple[str, int]], expan
         a.free(b)
     a.empty_cache()
     assert a.reserved_bytes == 0
+
+
+def to_compact(events: list[AllocEvent]) -> tuple[list[int], dict[int, int]]:
+    """The same program as a compact stream (block ids renumbered in allocation order), and the renumbering."""
+    ids: dict[int, int] = {}
+    out: list[int] = []
+    for ev in events:
+        if ev.nbytes > 0:
+            ids[ev.block_id] = len(ids)
+            out.append(ev.nbytes)
+        else:
+            out.append(-ids[ev.block_id] - 1)
+    return out, ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, st.booleans(), st.one_of(st.none(), st.integers(0, 200 * MiB)))
+def test_compact_replay_equals_event_replay(ops: list[tuple[str, int]], expandable: bool,
+                                            capacity: int | None) -> None:
+    # replay_compact runs the default configuration's common paths inline; every statistic and the
+    # OOM point must be those of the event-by-event replay, with and without a capacity
+    events = to_events(ops)
+    stream, ids = to_compact(events)
+    a = replay(events, expandable_segments=expandable, capacity_bytes=capacity)
+    if a.oom is not None:  # the failing block under its compact id (the allocation's ordinal)
+        a = replace(a, oom=replace(a.oom, block_id=len(ids) if a.oom.block_id not in ids else ids[a.oom.block_id]))
+    b = replay_compact(stream, expandable_segments=expandable, capacity_bytes=capacity)
+    assert a == b

@@ -4,6 +4,7 @@ Used by the traced engine (reserved bytes and fragmentation from a step's events
 OOM-snapshot reader.  Interface (stable; other modules rely on it):
 
     replay(events, expandable_segments=False) -> ReplayResult
+    replay_compact(stream, expandable_segments=False) -> ReplayResult   (ints: +n alloc, -id-1 free)
 
 where each event is ``AllocEvent(block_id, nbytes)`` with ``nbytes > 0`` for an allocation and
 ``nbytes < 0`` for the release of that block.  Optional keyword arguments model a device
@@ -17,7 +18,7 @@ One stream and one device are modelled.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from vramplan.alloc.caching import (
@@ -42,6 +43,7 @@ __all__ = [
     "allocation_size",
     "parse_alloc_conf",
     "replay",
+    "replay_compact",
     "round_size",
     "should_split",
 ]
@@ -172,6 +174,26 @@ def replay(events: Iterable[AllocEvent], expandable_segments: bool = False, *,
                 unmatched += 1
             else:
                 free(block)
+    return _result(alloc, unmatched, oom)
+
+
+def replay_compact(stream: Sequence[int], expandable_segments: bool = False, *,
+                   capacity_bytes: int | None = None) -> ReplayResult:
+    """``replay`` for a compact stream of ints, the form the analytic engine builds.
+
+    ``n > 0`` allocates ``n`` bytes as the next block id (ids count allocations from 0);
+    ``n < 0`` frees block ``-n - 1``.  Same results as :func:`replay` on the equivalent
+    ``AllocEvent`` list, several times faster (``CachingAllocator.run_compact``).
+
+    >>> replay_compact([3 * MiB, 1000, -1, -2]).peak_reserved_bytes == 20 * MiB + 2 * MiB
+    True
+    """
+    alloc = CachingAllocator(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
+    unmatched, oom = alloc.run_compact(stream)
+    return _result(alloc, unmatched, oom)
+
+
+def _result(alloc: CachingAllocator, unmatched: int, oom: OomInfo | None) -> ReplayResult:
     return ReplayResult(
         peak_allocated_bytes=alloc.peak_allocated_bytes,
         peak_reserved_bytes=alloc.peak_reserved_bytes,
@@ -189,6 +211,6 @@ def replay(events: Iterable[AllocEvent], expandable_segments: bool = False, *,
         num_device_frees=alloc.num_device_free,
         num_alloc_retries=alloc.num_alloc_retries,
         unmatched_frees=unmatched,
-        expandable_segments=expandable_segments,
+        expandable_segments=alloc.expandable,
         oom=oom,
     )

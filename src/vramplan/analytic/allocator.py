@@ -9,7 +9,7 @@ the whole-block hand-outs of unsplit blocks, but not fragmentation left behind b
 (the traced engine replays the real event order for that).  ``train_reserved_bytes`` replays the
 analytic step's own event stream (analytic/events.py: the closed-form terms as individual tensors in
 the order one training step makes and frees them, two steps), which does count that fragmentation;
-``estimate`` does not use it yet (a 7B stream costs 20-50 ms to replay; docs/allocator.md).
+``estimate`` uses it for training scenarios by default (``reserved="replay"``; docs/allocator.md).
 
 Worked example: five 8 MiB tensors.  Each opens or reuses a 20 MiB segment (8 MiB < 10 MiB); a
 segment holds two (8 + 8, 4 MiB left, too small for the third), so three segments: 60 MiB
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vramplan.alloc import AllocEvent, replay
+from vramplan.alloc import AllocEvent, replay, replay_compact
 from vramplan.alloc.rules import (
     K_LARGE_BUFFER as LARGE_SEGMENT,
 )
@@ -40,7 +40,7 @@ from vramplan.alloc.rules import (
     K_SMALL_SIZE as SMALL_SIZE,
 )
 from vramplan.alloc.rules import allocation_size, is_small, round_size, should_split
-from vramplan.analytic.events import StepLayout, train_run_events
+from vramplan.analytic.events import StepLayout, train_run_stream
 
 __all__ = [
     "LARGE_SEGMENT", "MIN_LARGE_ALLOC", "ROUND_BYTES", "ROUND_LARGE", "SMALL_SEGMENT", "SMALL_SIZE",
@@ -101,7 +101,8 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
     layers, so a linear extrapolation over-counts 1.8 GiB).  Results are cached per layout (a
     frozen dataclass), so repeated estimates of one scenario replay once.
     """
-    res = replay(train_run_events(layout), expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
+    res = replay_compact(train_run_stream(layout), expandable_segments=expandable_segments,
+                         capacity_bytes=capacity_bytes)
     if res.oom is not None:
         # the request that failed after the allocator emptied its cache and retried: the step needs
         # at least what stayed reserved plus that request's segment, which exceeds the capacity

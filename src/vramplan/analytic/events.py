@@ -47,7 +47,7 @@ from vramplan.analytic.layout import RankParams, _count_on_rank, _split
 from vramplan.analytic.logits import LossTensors
 from vramplan.spec.model import LayerSpec, ModelSpec
 
-__all__ = ["LayerTerms", "StepLayout", "train_run_events"]
+__all__ = ["LayerTerms", "StepLayout", "train_run_events", "train_run_stream"]
 
 
 @dataclass(frozen=True)
@@ -111,27 +111,31 @@ class StepLayout:
 
 
 class _Stream:
-    """Builds an event list with fresh block ids."""
+    """Builds a compact event stream (``vramplan.alloc.replay_compact``): ``n > 0`` allocates ``n``
+    bytes as the next block id, ``-id - 1`` frees block ``id``.  A 0-byte tensor gets no block
+    (PyTorch does not call the allocator for it): its id is -1 and freeing it does nothing."""
 
     __slots__ = ("events", "next_id")
 
     def __init__(self) -> None:
-        self.events: list[AllocEvent] = []
+        self.events: list[int] = []
         self.next_id = 0
 
     def alloc(self, nbytes: int) -> int:
+        if nbytes <= 0:
+            return -1
         bid = self.next_id
         self.next_id += 1
-        if nbytes > 0:
-            self.events.append(AllocEvent(bid, nbytes))
+        self.events.append(nbytes)
         return bid
 
     def free(self, bid: int) -> None:
-        self.events.append(AllocEvent(bid, -1))
+        if bid >= 0:
+            self.events.append(-bid - 1)
 
     def free_all(self, bids: Sequence[int]) -> None:
-        for b in bids:
-            self.free(b)
+        ev = self.events
+        ev.extend(-b - 1 for b in bids if b >= 0)
 
 
 def split_exact(total: int, weights: Sequence[int]) -> list[int]:
@@ -468,11 +472,11 @@ def _grad_sizes(lay: StepLayout, n_layers: int) -> list[int]:
     return out
 
 
-def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
-    """The first two steps of a run: the first creates the optimizer states inside ``step()``, after
-    its forward and backward have left their cached blocks; the second runs with them (the steady
-    state).  With gradient accumulation the second step's micro-batch finds the gradients of an
-    earlier one."""
+def train_run_stream(lay: StepLayout, n_layers: int | None = None) -> list[int]:
+    """The first two steps of a run as a compact stream (``vramplan.alloc.replay_compact``): the first
+    creates the optimizer states inside ``step()``, after its forward and backward have left their
+    cached blocks; the second runs with them (the steady state).  With gradient accumulation the
+    second step's micro-batch finds the gradients of an earlier one."""
     st = _Stream()
     plans = _plans(lay)
     n = len(lay.layers) if n_layers is None else n_layers
@@ -486,6 +490,19 @@ def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[Alloc
     _pass(st, lay, plans, grads, lay.grads_during_forward, n, ws)
     _optimizer(st, lay, grads, states, n)
     return st.events
+
+
+def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
+    """``train_run_stream`` as ``AllocEvent`` objects (block ids count allocations from 0)."""
+    out: list[AllocEvent] = []
+    next_id = 0
+    for x in train_run_stream(lay, n_layers):
+        if x > 0:
+            out.append(AllocEvent(next_id, x))
+            next_id += 1
+        else:
+            out.append(AllocEvent(-x - 1, -1))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
