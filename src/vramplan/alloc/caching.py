@@ -316,10 +316,8 @@ class CachingAllocator:
                 self.num_allocs += 1
                 self.allocated_bytes += block.size
                 self.requested_bytes += n
-                if self.allocated_bytes > self.peak_allocated_bytes:
-                    self.peak_allocated_bytes = self.allocated_bytes
-                if self.requested_bytes > self.peak_requested_bytes:
-                    self.peak_requested_bytes = self.requested_bytes
+                self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+                self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
                 live.append(block)
             elif n < 0:
                 j = -n - 1
