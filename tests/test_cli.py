@@ -56,6 +56,48 @@ def test_flags_without_file() -> None:
     assert code == 0 and json.loads(out)["scenario"]["train"]["micro_batch_size"] == 2
 
 
+def test_every_scenario_key_has_a_flag() -> None:
+    # each scenario key reachable from the command line: walk the Scenario model and look for the flag
+    from pydantic import BaseModel
+
+    from vramplan.spec.scenario import Scenario
+
+    code, out, _ = run("estimate", "--help")
+    assert code == 0
+    helptext = out.replace("\n", " ")
+    aliases = {"hardware.gpu": "--gpu", "train.peft.method": "--peft", "train.peft.rank": "--lora-rank",
+               "train.peft.alpha": "--lora-alpha", "train.peft.dropout": "--lora-dropout",
+               "software.bitsandbytes": "--bitsandbytes"}
+    missing = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = [a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                   if isinstance(a, type) and issubclass(a, BaseModel)]
+            if sub:
+                walk(sub[0], f"{prefix}{name}.")
+                continue
+            key = f"{prefix}{name}"
+            flag = aliases.get(key, "--" + name.replace("_", "-"))
+            if flag not in helptext:
+                missing.append((key, flag))
+
+    walk(Scenario, "")
+    assert not missing
+
+
+def test_new_flags_reach_the_scenario() -> None:
+    code, out, _ = run("estimate", "--model", "llama-2-7b", "--gpu", "A100-80GB", "--peft", "qlora", "--quantization",
+                       "nf4", "--bitsandbytes", "0.41.1", "--lora-dropout", "0.1", "--gpus-per-node", "4", "--json")
+    assert code == 0
+    sc = json.loads(out)["scenario"]
+    assert sc["software"]["bitsandbytes"] == "0.41.1" and sc["train"]["peft"]["dropout"] == 0.1
+    assert sc["hardware"]["gpus_per_node"] == 4
+    code, out, _ = run("estimate", "--model", "llama-3-8b", "--task", "serve", "--gpu", "H100", "--no-cuda-graphs",
+                       "--json")
+    assert code == 0 and json.loads(out)["scenario"]["serve"]["cuda_graphs"] is False
+
+
 def test_does_not_fit_exits_1() -> None:
     code, out, _ = run("estimate", str(ROOT / "examples" / "llama2-7b-full-naive-a100.yaml"))
     assert code == 1 and "DOES NOT FIT" in out
