@@ -56,3 +56,34 @@ def policy(s: Scenario) -> PrecisionPolicy:
         # (counted as all-gather buffers), fp32 sharded gradients (reduce_dtype fp32 in torchtitan).
         return PrecisionPolicy(4, 2, 4, 0, 2, 2, False, 1 if fp8 else 0, 1 if fp8 else 2, half)
     return PrecisionPolicy(4, 2, 4, 0, 2, 4, True, 1 if fp8 else 2, 1 if fp8 else 2, half)
+
+
+def adapter_bytes(s: Scenario, pol: PrecisionPolicy) -> int:
+    """Bytes per element of the LoRA/DoRA adapters (and so of their gradients and optimizer moments).
+
+    * DeepSpeed casts the whole module, adapters included, to its half dtype;
+    * Lightning under ``*-true`` precision creates every parameter, LitGPT's own LoRA matrices
+      included, in the half dtype (``fabric.init_module`` sets the default dtype);
+    * Hugging Face peft >= 0.12 (and when ``software.peft`` is not given): fp32,
+      ``get_peft_model(autocast_adapter_dtype=True)`` upcasts fp16/bf16 adapters;
+    * peft < 0.12: the base weight's dtype when it is a float (``LoraLayer.update_layer`` moved the
+      adapter to it), else the default fp32.  A k-bit base is packed in uint8/int8 (fp32 adapters),
+      except a 4-bit base sharded by FSDP/ZeRO-3, which is stored in the model's float dtype
+      (``bnb_4bit_quant_storage``, so that the shards are uniform): adapters in that dtype.
+
+    Example: Llama-2-7B, LoRA r64 on q,k,v,gate,up,down (80M adapter parameters), bf16-true, peft 0.10:
+    2 B each (160 MB) instead of 4 (320 MB), and the same saving on their gradients and AdamW moments.
+    """
+    framework = s.effective_framework
+    if framework == "deepspeed":
+        return pol.param_bytes
+    prec = s.train.precision
+    if framework == "lightning" and prec in ("bf16-true", "fp16-true"):
+        return 2
+    if not s.software.peft_adapters_in_base_dtype:
+        return 4
+    quant = s.train.quantization
+    if quant == "none":
+        return pol.frozen_param_bytes
+    sharded = s.parallel.fsdp in ("full_shard", "shard_grad_op", "hybrid_shard") or s.parallel.zero_stage == 3
+    return pol.frozen_param_bytes if sharded and quant in ("nf4", "nf4-dq", "fp4") else 4

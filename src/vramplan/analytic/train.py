@@ -30,7 +30,7 @@ from vramplan.analytic.layout import RankParams, rank_params, targets
 from vramplan.analytic.logits import loss_bytes
 from vramplan.analytic.optimizer import optimizer_cost
 from vramplan.analytic.overhead import cublas_workspace_bytes
-from vramplan.analytic.precision import PrecisionPolicy, policy
+from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
 from vramplan.analytic.weights import quantized_expert_loop, weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, ParamGroup
@@ -114,11 +114,12 @@ def train_step(r: Resolved) -> TrainResult:
     framework = s.effective_framework
     pol = policy(s)
     if t.peft is not None and framework != "deepspeed":
-        # peft keeps adapters (the trainable parameters) in fp32: get_peft_model(autocast_adapter_dtype=True)
-        # casts fp16/bf16 adapters up, so their gradients and optimizer states are fp32 too
+        # the adapters (the trainable parameters) are fp32 with peft >= 0.12 (get_peft_model's
+        # autocast_adapter_dtype=True), or the base weight's dtype with older peft (precision.adapter_bytes);
+        # their gradients and optimizer states follow
         from dataclasses import replace
 
-        pol = replace(pol, param_bytes=_adapter_bytes(pol, framework), grad_bytes=_adapter_bytes(pol, framework))
+        pol = replace(pol, param_bytes=adapter_bytes(s, pol), grad_bytes=adapter_bytes(s, pol))
     dp = s.data_parallel_degree
     tp, pp, cp, ep = par.tp, par.pp, par.cp, par.ep
     shard_os, shard_g, shard_p = _shards(s, dp)
@@ -141,7 +142,7 @@ def train_step(r: Resolved) -> TrainResult:
             if quant != "none" and framework in ("hf-trainer", "accelerate", "plain"):
                 # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
                 base += (rp.total - rp.linear) * (4 - dense_bytes)
-            adapters = trainable * _adapter_bytes(pol, framework)
+            adapters = trainable * adapter_bytes(s, pol)
         else:
             base = rp.total * pol.param_bytes
             adapters = 0
@@ -194,7 +195,7 @@ def train_step(r: Resolved) -> TrainResult:
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
             expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
             expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
-            sdpa=t.attention == "sdpa", adapter_bytes=_adapter_bytes(pol, framework),
+            sdpa=t.attention == "sdpa", adapter_bytes=adapter_bytes(s, pol),
             kbit_saves_input=(peft is not None and quant in ("nf4", "nf4-dq", "fp4")
                               and s.software.bnb_4bit_saves_input),
         )
@@ -426,11 +427,6 @@ def _down_grad_bytes(m: ModelSpec, layer: object, layer_grad: int, peft: object)
     return layer_grad * down // total if total else layer_grad
 
 
-def _adapter_bytes(pol: PrecisionPolicy, framework: str) -> int:
-    """LoRA adapters' dtype: fp32 (peft's autocast_adapter_dtype), except under DeepSpeed's half module."""
-    return pol.param_bytes if framework == "deepspeed" else 4
-
-
 def _residual_bytes(pol: PrecisionPolicy, frozen_base: bool, kbit_prepared: bool) -> int:
     """The residual stream's dtype: the embeddings' output, kept by the residual adds (autocast leaves
     additions alone).  Under PEFT the frozen base, embeddings included, is loaded in the half dtype,
@@ -561,8 +557,11 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         out.append("paged optimizer states live in CUDA managed memory: outside max_memory_allocated, "
                    "counted in device_used while resident")
     if t.peft is not None:
+        why = ("DeepSpeed's half module" if fw == "deepspeed" else
+               f"peft {s.software.peft} gives adapters their base weight's dtype" if s.software.peft_adapters_in_base_dtype
+               else "peft >= 0.12 upcasts adapters; set software.peft for older versions, which kept the base dtype")
         out.append(f"PEFT: frozen base weights stored in {pol.half if pol.half != 'fp32' else 'fp32'}, "
-                   f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half}")
+                   f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half} ({why})")
         if t.quantization != "none":
             out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "
                        "LM head) to fp32")

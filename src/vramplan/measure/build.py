@@ -7,8 +7,9 @@ them (Hugging Face Trainer / Accelerate / plain PyTorch):
 
 * ``fp32``: fp32 parameters, no autocast.  ``bf16-mixed``/``fp16-mixed``: fp32 parameters
   under ``torch.autocast`` (fp16 adds a ``GradScaler``).  ``bf16-true``/``fp16-true``: half
-  parameters.  With PEFT the frozen base is stored in the half dtype and the adapters in
-  fp32 (peft's ``autocast_adapter_dtype``), except under ``*-true`` precision;
+  parameters.  With PEFT the frozen base is stored in the half dtype and the adapters in the
+  analytic engine's dtype (``analytic.precision.adapter_bytes``: fp32 with peft's
+  ``autocast_adapter_dtype``, the base dtype for ``software.peft`` < 0.12);
 * optimizer: ``torch.optim.AdamW`` with ``foreach=True`` (CUDA's default implementation,
   forced on the CPU too so that a CPU measurement has the GPU's optimizer-step temporaries)
   or ``fused=True``; SGD (with momentum 0.9 for ``sgd-momentum``); transformers' Adafactor;
@@ -305,7 +306,11 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
                      "and shown as temporaries (backward); the estimate counts them as activations, so compare "
                      "the sum of the two")
     if peft is not None:
-        model = _apply_peft(model, r, adapter_fp32=adapter == "fp32" and base != "fp32")
+        # the analytic engine's adapter dtype (analytic/precision.py: adapter_bytes), so that a measurement
+        # compares like with like: fp32 with peft >= 0.12, the base dtype with older peft or LitGPT's -true
+        from vramplan.analytic.precision import adapter_bytes, policy
+
+        model = _apply_peft(model, r, adapter_fp32=adapter_bytes(s, policy(s)) == 4 and base != "fp32")
     model.train(train)
     optimizer = None
     scaler = None

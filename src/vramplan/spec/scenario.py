@@ -108,6 +108,22 @@ class Software(_Strict):
     # (MatMul4Bit: ctx.tensors = (A, B)); PR bitsandbytes-foundation/bitsandbytes#1270 (July 2024) dropped it.
     bitsandbytes: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
 
+    # peft before 0.12 gave each new LoRA adapter its base weight's floating dtype (LoraLayer.update_layer:
+    # ``self.to(weight.device, dtype=weight.dtype)`` when the weight is a float); PR huggingface/peft#1706
+    # (merged May 2024, after the 0.11 releases: PR #1874 says so) made get_peft_model upcast fp16/bf16
+    # adapters to fp32 (``autocast_adapter_dtype=True``), released in 0.12.0.
+    peft: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+
+    @property
+    def peft_version(self) -> tuple[int, ...] | None:
+        return None if self.peft is None else tuple(int(x) for x in self.peft.split("."))
+
+    @property
+    def peft_adapters_in_base_dtype(self) -> bool:
+        """True for peft < 0.12: adapters take their base weight's float dtype instead of fp32."""
+        v = self.peft_version
+        return v is not None and v < (0, 12)
+
     @property
     def bitsandbytes_version(self) -> tuple[int, ...] | None:
         return None if self.bitsandbytes is None else tuple(int(x) for x in self.bitsandbytes.split("."))

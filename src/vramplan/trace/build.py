@@ -322,7 +322,12 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            peft_model = get_peft_model(model, cfg)
+            # adapters in the analytic engine's dtype (analytic/precision.py: adapter_bytes): peft's
+            # autocast_adapter_dtype upcasts them to fp32; without it they keep the base weight's dtype
+            from vramplan.analytic.precision import adapter_bytes, policy
+
+            fp32 = adapter_bytes(r.scenario, policy(r.scenario)) == 4
+            peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=fp32)
         except ValueError as exc:
             raise ScenarioError([Problem("train.peft.target_modules", str(exc).splitlines()[0],
                                          "name modules the model has (e.g. q_proj, v_proj) or all-linear")]) from None
