@@ -17,7 +17,11 @@ the events of the step traced once for the whole model:
   unit) gathered in the compute dtype from the first layer's forward to the end of the backward.
   The report says which path was taken.
 
-Tensor, pipeline, context and expert parallelism are not traced (the analytic engine covers them).
+Tensor parallelism is traced (trace/tensor.py: transformers' tp_plan on DTensor under a fake
+process group): the events are those of one tensor-parallel rank, and the data-parallel terms
+above are derived from them as from a single-GPU trace; the tensor-parallel group adds an NCCL
+communicator.  Pipeline, context and expert parallelism are not traced (the analytic engine
+covers them); ``apply_parallel`` refuses them.
 """
 
 from __future__ import annotations

@@ -141,10 +141,10 @@ def tp_world(r: Resolved) -> Iterator[TpWorld]:
         raise RuntimeError("a process group is already initialised; the tensor-parallel trace needs its own fake one")
     wrap = funcol._maybe_wrap_tensor
 
-    def maybe_wrap_tensor(t: Any) -> torch.Tensor:
+    def maybe_wrap_tensor(self: Any) -> torch.Tensor:
         # an AsyncCollectiveTensor shares the output's storage; on meta tensors the wrapping op's fake
         # kernel would allocate a copy
-        return t if t.device.type == "meta" else wrap(t)
+        return self if self.device.type == "meta" else wrap(self)
 
     try:
         funcol._maybe_wrap_tensor = maybe_wrap_tensor
