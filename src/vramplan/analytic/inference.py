@@ -177,6 +177,7 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     * MLP: the layer's input (still bound to ``hidden_states`` in the decoder loop), the residual
       after attention, the normalised input and the MLP's I-sized tensors (``_mlp_width``);
       GPT-2 also keeps the attention output (``KEEPS_ATTN_OUTPUT``): 3h (4h) + width;
+    * RMSNorm (half dtypes): the layer input, the residual and the fp32 upcast and product (2hc + 8h);
     * attention, sdpa/flash: the layer input and the normalised input (2h), the rotated queries
       (q), the attention output and its contiguous copy (2q), o_proj's output (h);
     * eager attention adds to the MLP's moment the attention probabilities (b heads p^2 c), which
@@ -206,7 +207,14 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         mlp += batch * heads * prompt * prompt * c + batch * prompt * prompt * c
     else:
         attn = (3 * h + 3 * q) * t * c
-    return max(mlp, attn)
+    norm = 0
+    if m.norm == "rms" and c < 4:
+        # the post-attention RMSNorm (``LlamaRMSNorm``: ``hidden_states.to(torch.float32)``, then
+        # ``hidden_states * torch.rsqrt(variance + eps)``): the layer input and the residual (2 h c) with
+        # the fp32 copy and its normalised fp32 product (8 h).  Tensor parallelism divides the MLP's and
+        # the attention's widths but not this, so at tp >= 4 it can be the layer's largest moment
+        norm = (2 * c + 8) * h * t
+    return max(mlp, attn, norm)
 
 
 def prefill_transient_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:

@@ -18,6 +18,30 @@ from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
 
 LINEAR_ROLES = ("linear", "expert", "lm_head")
+# Frameworks whose tensor parallelism is transformers' own ``tp_plan`` on DTensor
+# (``from_pretrained(tp_plan="auto")``, transformers/distributed/tensor_parallel.py).  Two of its terms
+# differ from Megatron's (DeepSpeed, torchtitan keep the Megatron-style vocabulary-parallel loss):
+# * the LM head is ``colwise_gather_output``: the logits are all-gathered, so every rank holds the
+#   full-vocabulary logits and loss (``_tp_plan = {"lm_head": "colwise_gather_output"}``);
+# * the input embedding is ``embedding_rowwise`` (vocabulary-parallel), but DTensor's embedding backward
+#   has no strategy that yields a row-sharded weight gradient (torch/distributed/tensor/_ops/
+#   _embedding_ops.py ``embedding_dense_backward_strategy``): the gradient comes out replicated, the full
+#   ``vocab x hidden`` on every rank, and the optimizer's ops redistribute it to the row shard (a copy,
+#   ``Shard._replicate_to_shard``).
+HF_TP_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "lightning")
+
+
+def gathers_logits(framework: str, tp: int) -> bool:
+    """Whether every tensor-parallel rank holds the full-vocabulary logits (transformers' tp_plan)."""
+    return tp > 1 and framework in HF_TP_FRAMEWORKS
+
+
+def replicated_embedding_grad(model: ModelSpec, tp: int, framework: str) -> int:
+    """Elements of the vocabulary-parallel input embedding whose gradient every rank holds whole (see
+    HF_TP_FRAMEWORKS); 0 where the gradient is sharded.  (Tied embeddings are left as sharded.)"""
+    if tp == 1 or framework not in HF_TP_FRAMEWORKS or model.tie_word_embeddings:
+        return 0
+    return sum(p.total for p in model.params if p.role == "embedding" and p.tp == "vocab")
 
 
 @dataclass(frozen=True)

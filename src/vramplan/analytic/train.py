@@ -26,7 +26,13 @@ from vramplan.analytic.gradients import (
     master_weight_bytes,
     tied_embedding_accumulation_bytes,
 )
-from vramplan.analytic.layout import RankParams, rank_params, targets
+from vramplan.analytic.layout import (
+    RankParams,
+    gathers_logits,
+    rank_params,
+    replicated_embedding_grad,
+    targets,
+)
 from vramplan.analytic.logits import loss_bytes
 from vramplan.analytic.optimizer import optimizer_cost
 from vramplan.analytic.overhead import cublas_workspace_bytes
@@ -150,6 +156,11 @@ def train_step(r: Resolved) -> TrainResult:
         offload_opt = par.offload != "none"
         weights_resident = 0 if offload_params else ceil_div(base, shard_p) + ceil_div(adapters, shard_p)
         grads = gradient_bytes(trainable, pol.grad_bytes, shard_g)
+        # transformers' tensor parallelism: the vocabulary-parallel embedding's gradient is replicated
+        # (layout.HF_TP_FRAMEWORKS); the optimizer copies this rank's row shard out of it
+        emb_full = replicated_embedding_grad(m, tp, framework) if peft is None and rp.has_embedding else 0
+        emb_rep_bytes = ceil_div(emb_full - ceil_div(emb_full, tp), shard_g) * pol.grad_bytes
+        grads += emb_rep_bytes
         ddp_used = framework != "deepspeed" and par.zero_stage == 0 and par.fsdp == "none"
         ddp = ddp_bucket_bytes(trainable, pol.grad_bytes, dp) if ddp_used else 0
         master = master_weight_bytes(trainable, shard_os, pol.master_bytes) if pol.master_bytes else 0
@@ -180,6 +191,8 @@ def train_step(r: Resolved) -> TrainResult:
         if pol.master_bytes and not offload_opt:
             # DeepSpeed builds an fp32 copy of the gradient partition for the optimizer step
             step_temp += ceil_div(trainable, shard_os) * 4
+        if emb_full and not offload_opt:
+            step_temp += ceil_div(ceil_div(emb_full, tp), shard_os) * pol.grad_bytes
         workspaces = cublas_workspace_bytes(gpu, handles=2)
 
         # ---------------- activations ----------------
@@ -225,7 +238,9 @@ def train_step(r: Resolved) -> TrainResult:
         # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
         in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
         last = stage == pp - 1
-        vocab_rank = ceil_div(m.vocab_size, tp)
+        # Megatron's vocabulary-parallel cross-entropy keeps the logits sharded; transformers' tp_plan
+        # all-gathers them (layout.HF_TP_FRAMEWORKS)
+        vocab_rank = m.vocab_size if gathers_logits(framework, tp) else ceil_div(m.vocab_size, tp)
         loss = loss_bytes(tokens, vocab_rank,
                           pol.compute_bytes, softcap=m.final_logit_softcapping is not None and m.model_type == "gemma2")
         # final norm + LM-head input
@@ -315,7 +330,7 @@ def train_step(r: Resolved) -> TrainResult:
         embed_grad = 0
         if peft is None and not m.tie_word_embeddings and rp.has_embedding:
             emb = sum(p.total for p in m.params if p.role in ("embedding", "position"))
-            embed_grad = min(grad_outside, ceil_div(ceil_div(emb, tp), shard_g) * pol.grad_bytes)
+            embed_grad = min(grad_outside, ceil_div(ceil_div(emb, tp), shard_g) * pol.grad_bytes + emb_rep_bytes)
         produced = 0 if grads_during_fwd else grad_outside - embed_grad
         for j in range(len(layer_specs) - 1, -1, -1):
             mo = static("backward", grads_during_fwd)

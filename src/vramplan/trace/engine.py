@@ -13,6 +13,7 @@ from vramplan.trace.fsdp import fake_world, fsdp_traced, world_shape
 from vramplan.trace.parallel import apply_parallel
 from vramplan.trace.report import to_report
 from vramplan.trace.step import StepTrace, trace_inference, trace_train
+from vramplan.trace.tensor import tp_traced, tp_world
 
 __all__ = ["estimate", "trace"]
 
@@ -24,6 +25,15 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if task == "serve":
         raise ScenarioError([Problem("task", "the traced engine covers train and inference",
                                      "use --engine analytic for serve (vLLM)")])
+    par = r.scenario.parallel
+    if max(par.pp, par.cp, par.ep) > 1:
+        raise ScenarioError([Problem("parallel", "pipeline, context and expert parallelism are not traced",
+                                     "use --engine analytic for pp/cp/ep > 1")])
+    if tp_traced(r):
+        with tp_world(r) as tensor:
+            if task != "train":
+                return r, trace_inference(r, tensor=tensor)
+            return r, trace_train(r, tensor=tensor)
     if task != "train":
         return r, trace_inference(r)
     if fsdp_traced(r):

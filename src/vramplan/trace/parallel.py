@@ -17,7 +17,11 @@ the events of the step traced once for the whole model:
   unit) gathered in the compute dtype from the first layer's forward to the end of the backward.
   The report says which path was taken.
 
-Tensor, pipeline, context and expert parallelism are not traced (the analytic engine covers them).
+Tensor parallelism is traced (trace/tensor.py: transformers' tp_plan on DTensor under a fake
+process group): the events are those of one tensor-parallel rank, and the data-parallel terms
+above are derived from them as from a single-GPU trace; the tensor-parallel group adds an NCCL
+communicator.  Pipeline, context and expert parallelism are not traced (the analytic engine
+covers them); ``apply_parallel`` refuses them.
 """
 
 from __future__ import annotations
@@ -64,13 +68,15 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
     """(events of one rank, phase marks, NCCL communicators, host bytes, notes)."""
     s = r.scenario
     par = s.parallel
-    if max(par.tp, par.pp, par.cp, par.ep) > 1:
-        raise ScenarioError([Problem("parallel", "tensor, pipeline, context and expert parallelism are not traced",
-                                     "use --engine analytic for tp/pp/cp/ep > 1")])
+    if max(par.pp, par.cp, par.ep) > 1 or (par.tp > 1 and st.tensor_parallel != par.tp):
+        raise ScenarioError([Problem("parallel", "pipeline, context and expert parallelism are not traced "
+                                     "(tensor parallelism is, through trace/tensor.py)",
+                                     "use --engine analytic for pp/cp/ep > 1")])
     if par.offload != "none":
         raise ScenarioError([Problem("parallel.offload", "offloading is not traced",
                                      "use --engine analytic for ZeRO-Offload")])
     dp = s.data_parallel_degree
+    tp_comm = 1 if st.tensor_parallel > 1 else 0  # the tensor-parallel group's NCCL communicator
     events = st.events
     notes: list[str] = []
     marks = list(st.marks)
@@ -80,14 +86,14 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
         hybrid = s.parallel.fsdp == "hybrid_shard" and len(world_shape(r)) == 2
         return events, marks, 2 if hybrid else 1, Host(), notes
     if s.task != "train" or dp == 1:
-        return events, marks, 0, Host(), notes
+        return events, marks, tp_comm, Host(), notes
     shard_os, shard_g, shard_p = _shards(s, dp)
     if shard_os == shard_g == shard_p == 1:
         buckets = ddp_bucket_sizes(_grad_sizes(events))
         notes.append(f"DDP all-reduce buckets ({len(buckets)} of up to 25 MiB) hold a copy of every gradient")
         k = len(buckets)
         return (_prepend(events, [(b, "gradients", "DDP buckets") for b in buckets]),
-                [(seq + k, ph) for seq, ph in marks], 1, Host(), notes)
+                [(seq + k, ph) for seq, ph in marks], 1 + tp_comm, Host(), notes)
     fsdp = s.parallel.fsdp != "none" or s.effective_framework == "torchtitan"
     opt_start = next((seq for seq, ph in marks if ph == "optimizer"), len(events))
     out: list[TrackEvent] = []
@@ -126,7 +132,7 @@ def apply_parallel(r: Resolved, st: StepTrace) -> tuple[list[TrackEvent], Marks,
         out, marks = _with_gathered(out, marks, gathered)
         notes.append("ZeRO-3/FSDP: the running layer's parameters and the prefetched next layer's are gathered "
                      "in the compute dtype")
-    return out, marks, 1, Host(), notes
+    return out, marks, 1 + tp_comm, Host(), notes
 
 
 def _grad_sizes(events: list[TrackEvent]) -> list[int]:

@@ -30,6 +30,8 @@ from vramplan.trace.build import Built, build_model, trace_policy
 from vramplan.trace.fsdp import FsdpWorld, module_getter
 from vramplan.trace.fsdp import labelled as fsdp_labelled
 from vramplan.trace.optim import OptimizerSetup, init_states, make_optimizer
+from vramplan.trace.tensor import TpWorld
+from vramplan.trace.tensor import labelled as tp_labelled
 from vramplan.trace.tracker import Tracker, TrackEvent, local_tensor
 
 __all__ = ["StepTrace", "cuda_spec", "trace_inference", "trace_train"]
@@ -44,6 +46,7 @@ class StepTrace:
     sdpa: list[cuda.SdpaChoice] = field(default_factory=list)
     raw_peak_bytes: int = 0
     per_rank: bool = False  # traced as one rank of a sharded run (FSDP2): parallel.py adds nothing
+    tensor_parallel: int = 1  # traced as one rank of a tensor-parallel group of this size (trace/tensor.py)
     frozen: frozenset[str] = frozenset()  # names of the parameters that take no gradient (PEFT's base)
 
 
@@ -219,11 +222,12 @@ def _inputs(r: Resolved, built: Built, device: str, batch: int, seq: int) -> tor
 
 
 def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
-                world: FsdpWorld | None = None) -> StepTrace:
+                world: FsdpWorld | None = None, tensor: TpWorld | None = None) -> StepTrace:
     """Trace one steady-state training step on ``device`` (meta: no memory; cpu: a real step).
 
     With ``world`` (trace/fsdp.py) the model is wrapped by FSDP2's ``fully_shard`` on that fake
-    process group and the step is rank 0's.
+    process group and the step is rank 0's; with ``tensor`` (trace/tensor.py) the model is sharded
+    by its tensor-parallel plan and the step is rank 0's of the tensor-parallel group.
     """
     s = r.scenario
     t = s.train
@@ -231,6 +235,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     pol = trace_policy(r, fsdp2)
     built = built or build_model(r, device, "train", fsdp2)
     model = built.model
+    if tensor is not None:
+        model = tensor.parallelize(r, model)
     if world is not None:
         model = world.shard(r, model)
     framework = s.effective_framework
@@ -247,8 +253,12 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     # FSDP2: the optimizer holds each parameter's local shard (the same storage).  DTensor runs an
     # elementwise optimizer on Shard(0) operands as the same ops on the local shards, with no
     # communication; calling them directly skips DTensor's sharding propagation (seconds per step)
-    local_params: list[torch.nn.Parameter] = [torch.nn.Parameter(local_tensor(p)) for p in params] if fsdp2 else []
-    wrap = dict(zip(map(id, params), local_params, strict=True)) if fsdp2 else {}
+    # Tensor parallel (trace/tensor.py): sharded linears are DTensors, norms plain replicated tensors; the
+    # optimizer and the gradient clipping run on the local tensors in the same way
+    tensor_parallel = tensor is not None and not fsdp2
+    local = fsdp2 or tensor_parallel
+    local_params: list[torch.nn.Parameter] = [torch.nn.Parameter(local_tensor(p)) for p in params] if local else []
+    wrap = dict(zip(map(id, params), local_params, strict=True)) if local else {}
     if pol.master_fp32:
         # DeepSpeed: the optimizer updates fp32 masters of the (half) parameters
         masters = [local_tensor(p).detach().float().requires_grad_(True) for p in params]
@@ -261,7 +271,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     if pol.master_fp32 and kind == "adamw" and not fsdp:
         kind = "adamw-fused"  # DeepSpeed's FusedAdam updates in place
     setup: OptimizerSetup = make_optimizer(kind, opt_model, override,
-                                           (lambda p: wrap[id(p)]) if fsdp2 and override is None else None)
+                                           (lambda p: wrap[id(p)]) if local and override is None else None)
     devices = (device,)
     tracker = Tracker(devices=devices)
     phase = ["setup"]
@@ -273,7 +283,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     managed = 0
 
     fsdp_ctx = fsdp_labelled(tracker) if fsdp2 else contextlib.nullcontext()
-    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), fsdp_ctx:
+    tp_ctx = tp_labelled(tracker) if tensor is not None else contextlib.nullcontext()
+    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), fsdp_ctx, tp_ctx:
         with tracker.paused():
             init_states(setup, list(masters) or list(local_params) or list(params))
         for name, st in setup.state_tensors():
@@ -320,15 +331,20 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 tracker.mark("optimizer")
                 with tracker.category("temporaries"):
                     if framework in ("hf-trainer", "accelerate") and params:
-                        torch.nn.utils.clip_grad_norm_(params, 1.0)
+                        if tensor_parallel:
+                            # (torch's clip_grad_norm_ refuses a mix of DTensors and tensors; the local norms
+                            # are what it computes, plus a scalar all-reduce)
+                            _local_grads(local_params, params)
+                            torch.nn.utils.clip_grad_norm_(local_params, 1.0)
+                        else:
+                            torch.nn.utils.clip_grad_norm_(params, 1.0)
                     if setup.optimizer is not None:
                         if masters:
                             # DeepSpeed converts the half gradients into an fp32 buffer for the step
                             for m, p in zip(masters, params, strict=True):
-                                m.grad = local_tensor(p.grad).float() if p.grad is not None else None
+                                m.grad = _local_grad(p).float() if p.grad is not None else None
                         elif local_params:
-                            for lp, p in zip(local_params, params, strict=True):
-                                lp.grad = local_tensor(p.grad) if p.grad is not None else None
+                            _local_grads(local_params, params)
                         setup.optimizer.step()
                         if masters:
                             for m, p in zip(masters, params, strict=True):
@@ -342,9 +358,34 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 scope.remove()
     if world is not None:
         notes.extend(world.notes)
+    if tensor is not None:
+        notes.extend(tensor.notes)
     frozen = frozenset(n for n, p in model.named_parameters() if not p.requires_grad)
     return StepTrace(list(tracker.events), list(tracker.marks), managed, notes, cuda.sdpa_choices(),
-                     tracker.peak_bytes, per_rank=fsdp2, frozen=frozen)
+                     tracker.peak_bytes, per_rank=fsdp2, frozen=frozen,
+                     tensor_parallel=tensor.tp if tensor is not None else 1)
+
+
+def _local_grads(local_params: list[torch.nn.Parameter], params: list[torch.nn.Parameter]) -> None:
+    """Each local parameter's gradient: the local tensor of its DTensor gradient, in the parameter's placement.
+
+    A gradient DTensor can come out of the backward in another placement than its parameter's (the
+    vocabulary-parallel embedding's gradient is replicated: DTensor's embedding backward has no strategy
+    that gives the row shard, ``_ops/_embedding_ops.py``); the optimizer's ops on the DTensor redistribute
+    it to the parameter's placement, which for a replicated gradient is a copy of this rank's slice
+    (``Shard._replicate_to_shard`` clones it).
+    """
+    for lp, p in zip(local_params, params, strict=True):
+        lp.grad = _local_grad(p) if p.grad is not None else None
+
+
+def _local_grad(p: torch.nn.Parameter) -> torch.Tensor:
+    """The local tensor of ``p``'s gradient in ``p``'s placement (see ``_local_grads``)."""
+    g: Any = p.grad
+    placements = getattr(p, "placements", None)
+    if placements is not None and getattr(g, "placements", placements) != placements:
+        g = g.redistribute(placements=placements)
+    return local_tensor(g)
 
 
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,
@@ -375,7 +416,8 @@ def _classify_forward(tracker: Tracker) -> None:
             tracker.relabel_id(ev.storage_id, "temporaries")
 
 
-def trace_inference(r: Resolved, device: str = "meta", built: Built | None = None) -> StepTrace:
+def trace_inference(r: Resolved, device: str = "meta", built: Built | None = None,
+                    tensor: TpWorld | None = None) -> StepTrace:
     """Trace ``generate``'s two peaks: the prefill and the last decode step (greedy, DynamicCache).
 
     The prefill runs the prompt through the model (``logits_to_keep=1``) with an empty cache.  The
@@ -394,6 +436,10 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                                      "use kv_cache_dtype: auto, or --engine analytic")])
     built = built or build_model(r, device, "inference")
     model = built.model
+    tp = 1
+    if tensor is not None:
+        model = tensor.parallelize(r, model)
+        tp = tensor.tp
     spec = cuda_spec(r)
     b, p, n = inf.batch_size, inf.prompt_len, inf.new_tokens
     devices = (device,)
@@ -401,7 +447,8 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
     phase = ["setup"]
     scope = Scope(model, tracker, phase)
     ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
-    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), torch.no_grad(), tracker:
+    tp_ctx = tp_labelled(tracker) if tensor is not None else contextlib.nullcontext()
+    with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), torch.no_grad(), tp_ctx, tracker:
         scope.install()
         try:
             for name, prm in model.named_parameters():
@@ -429,7 +476,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 tracker.mark("decode-setup")
                 total = p + n - 1
                 ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
-                cache = _filled_cache(model, tracker, b, total, device)
+                cache = _filled_cache(model, tracker, b, total, device, tp)
                 phase[0] = "decode"
                 tracker.mark("decode")
                 with tracker.category("activations"):
@@ -448,17 +495,20 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.mark("end")
         finally:
             scope.remove()
-    return StepTrace(list(tracker.events), list(tracker.marks), 0, list(built.notes), cuda.sdpa_choices(),
-                     tracker.peak_bytes)
+    notes = list(built.notes) + (tensor.notes if tensor is not None else [])
+    return StepTrace(list(tracker.events), list(tracker.marks), 0, notes, cuda.sdpa_choices(),
+                     tracker.peak_bytes, tensor_parallel=tp)
 
 
-def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str) -> Any:
-    """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``."""
+def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str,
+                  tp: int = 1) -> Any:
+    """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``; under
+    tensor parallelism each rank caches its own KV heads (the k/v projections are colwise)."""
     from transformers import DynamicCache
 
     config: Any = model.config
     cache = DynamicCache(config=config)
-    shapes = _kv_shapes(model)
+    shapes = _kv_shapes(model, tp)
     with tracker.category("kv_cache"):
         for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
             k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
@@ -471,8 +521,8 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
     return cache
 
 
-def _kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
-    """(kv heads, key dim, value dim, dtype) of each attention layer, from the projections' shapes."""
+def _kv_shapes(model: torch.nn.Module, tp: int = 1) -> list[tuple[int, int, int, torch.dtype]]:
+    """(kv heads on this rank, key dim, value dim, dtype) of each attention layer."""
     cfg: Any = model.config
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     n_layers = int(text.num_hidden_layers)
@@ -486,4 +536,4 @@ def _kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int, torch.dtype]
     if getattr(text, "multi_query", False) and not getattr(text, "new_decoder_architecture", False):
         heads = 1
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
-    return [(heads, kdim, vdim, dtype)] * n_layers
+    return [(heads // tp, kdim, vdim, dtype)] * n_layers
