@@ -61,6 +61,48 @@ def test_aliases_and_case() -> None:
     assert load_model("Llama-2-7b-hf").name == "meta-llama/Llama-2-7b-hf"
 
 
+# Hugging Face ids that scenarios name for instruct/chat checkpoints, with the catalog row each resolves to.  An
+# alias means the variant's config.json builds the identical ModelSpec (the row's notes name the compared copy);
+# a variant whose memory-relevant keys differ (Mistral-7B-Instruct-v0.2: no sliding window, 32k positions;
+# Qwen2.5-7B-Instruct: 32k positions against 131k in the base file) is a row of its own.
+VARIANTS = {
+    "meta-llama/Llama-2-7b-chat-hf": "meta-llama/Llama-2-7b-hf",
+    "meta-llama/Meta-Llama-3-8B-Instruct": "meta-llama/Meta-Llama-3-8B",
+    "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B",
+    "meta-llama/Llama-3.2-1B-Instruct": "meta-llama/Llama-3.2-1B",
+    "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-3B",
+    "mistralai/Mistral-7B-Instruct-v0.2": "mistralai/Mistral-7B-Instruct-v0.2",
+    "mistralai/Mistral-7B-Instruct-v0.3": "mistralai/Mistral-7B-v0.3",
+    "Qwen/Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-3B",
+    "Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2-7B-Instruct",
+    "google/gemma-7b": "google/gemma-7b",
+    "google/gemma-2-2b-it": "google/gemma-2-2b",
+    "google/gemma-3-1b-it": "google/gemma-3-1b-pt",
+}
+
+
+@pytest.mark.parametrize(("name", "row_id"), sorted(VARIANTS.items()))
+def test_variant_names_resolve(name: str, row_id: str) -> None:
+    assert load_model(name).name == row_id
+
+
+def test_variant_rows_differ_from_base() -> None:
+    # Mistral-7B-Instruct-v0.2 has the v0.1 shapes (same 7,241,732,096 parameters) but full attention over 32k
+    # positions: v0.1 keeps a 4096-token window in every layer.
+    v01, v02 = load_model("mistralai/Mistral-7B-v0.1"), load_model("mistralai/Mistral-7B-Instruct-v0.2")
+    assert v01.num_parameters == v02.num_parameters == 7_241_732_096
+    assert {ls.sliding_window for ls in v01.layers} == {4096}
+    assert {ls.sliding_window for ls in v02.layers} == {None}
+    assert v02.max_position_embeddings == 32768
+    # Qwen2.5-7B-Instruct: base shapes, 32768 positions (vLLM's default max_model_len) against 131072.
+    base, inst = load_model("Qwen/Qwen2.5-7B"), load_model("Qwen/Qwen2.5-7B-Instruct")
+    assert base.num_parameters == inst.num_parameters == 7_615_616_512
+    assert (base.max_position_embeddings, inst.max_position_embeddings) == (131072, 32768)
+
+
 def test_typo_suggests() -> None:
     with pytest.raises(UnknownNameError) as exc:
         load_model("llama-2-7bb")
