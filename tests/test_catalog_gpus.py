@@ -33,6 +33,67 @@ def test_row(gpu) -> None:  # type: ignore[no-untyped-def]
         assert gpu.total_memory_bytes > 0.85 * gpu.nominal_memory_bytes // GB * GB
 
 
+# GPUs of published measurements that did not resolve before, by the names those measurements and
+# nvidia-smi / torch.cuda.get_device_name use, with the catalog row each must land on
+PUBLISHED_NAMES = {
+    "RTX 3060 (12 GB)": "RTX-3060", "NVIDIA GeForce RTX 3060": "RTX-3060",
+    "RTX 4080": "RTX-4080", "NVIDIA GeForce RTX 4080": "RTX-4080",
+    "P100": "P100-PCIe", "Tesla P100-PCIE-16GB": "P100-PCIe", "Tesla P100-SXM2-16GB": "P100-SXM2",
+    "H800": "H800-SXM", "NVIDIA H800": "H800-SXM", "NVIDIA H800 PCIe": "H800-PCIe",
+    "A800": "A800-80GB", "NVIDIA A800-SXM4-80GB": "A800-80GB", "NVIDIA A800 80GB PCIe": "A800-80GB-PCIe",
+    "MI210": "MI210", "AMD Instinct MI210": "MI210",
+    "RTX 4060 Ti (16 GB)": "RTX-4060-Ti-16GB", "NVIDIA GeForce RTX 4060 Ti": "RTX-4060-Ti-16GB",
+    "RTX A5000": "RTX-A5000", "NVIDIA RTX A5000": "RTX-A5000",
+    "RTX 3080 12GB": "RTX-3080-12GB", "NVIDIA GeForce RTX 3080": "RTX-3080", "NVIDIA GeForce RTX 3080 Ti": "RTX-3080-Ti",
+    "NVIDIA GeForce RTX 3090 Ti": "RTX-3090-Ti", "NVIDIA GeForce RTX 4070 Ti": "RTX-4070-Ti",
+    "NVIDIA GeForce RTX 4070 Ti SUPER": "RTX-4070-Ti-SUPER", "NVIDIA GeForce RTX 4080 SUPER": "RTX-4080-SUPER",
+    "NVIDIA GeForce RTX 2080 Ti": "RTX-2080-Ti", "NVIDIA TITAN RTX": "TITAN-RTX", "TITAN RTX": "TITAN-RTX",
+    "NVIDIA GeForce GTX 1080 Ti": "GTX-1080-Ti", "Tesla P40": "P40", "Tesla V100S-PCIE-32GB": "V100S-32GB",
+    "NVIDIA A30": "A30", "NVIDIA A2": "A2", "NVIDIA RTX A4000": "RTX-A4000", "NVIDIA A800 40GB Active": "A800-40GB",
+    "NVIDIA L20": "L20", "AMD Instinct MI100": "MI100",
+}
+
+
+@pytest.mark.parametrize(("name", "row"), PUBLISHED_NAMES.items())
+def test_published_gpu_names_resolve(name: str, row: str) -> None:
+    assert resolve_gpu(name).name == row
+
+
+def test_name_normalisation_keeps_old_names() -> None:
+    # brackets and "12 GB" vs "12GB" are spelling, not identity; existing aliases still resolve
+    assert resolve_gpu("A100 (80 GB)").name == resolve_gpu("a100-80gb").name == "A100-80GB"
+    assert resolve_gpu("NVIDIA A100 80GB PCIe").name == "A100-80GB-PCIe"
+
+
+def test_architectures_match_compute_capability() -> None:
+    nvidia = {"pascal": ("6.0", "6.1"), "volta": ("7.0",), "turing": ("7.5",), "ampere": ("8.0", "8.6"),
+              "ada": ("8.9",), "hopper": ("9.0",), "blackwell": ("10.0", "12.0")}
+    amd = {"cdna1": ("gfx908",), "cdna2": ("gfx90a",), "cdna3": ("gfx942",)}
+    for g in ROWS:
+        table = nvidia if g.vendor == "nvidia" else amd
+        assert g.compute_capability in table[g.architecture], g.name
+
+
+def test_pascal_totals_are_the_cited_printouts() -> None:
+    # P100 PCIe on Kaggle, torch total_memory=16276MB: 16,276 x 1,048,576 = 17,066,622,976
+    assert resolve_gpu("Tesla P100-PCIE-16GB").total_memory_bytes == 17_066_622_976
+    # P40 deviceQuery '22919 MBytes (24032378880 bytes)': below 24 GiB = 25,769,803,776 (GDDR5 ECC)
+    assert resolve_gpu("Tesla P40").total_memory_bytes == 24_032_378_880
+
+
+def test_oom_message_totals_are_the_lower_rounding_end() -> None:
+    # A800 80GB: "total capacity of 79.33 GiB" -> 79.325 GiB = 85,174,570,188.8 B -> floor to MiB:
+    # 85,174,570,188 // 1,048,576 = 81,228 MiB = 85,173,731,328 B
+    assert resolve_gpu("NVIDIA A800-SXM4-80GB").total_memory_bytes == 81_228 * 1_048_576 == 85_173_731_328
+    # A30: 23.525 GiB = 25,259,776,409.6 B -> 24,089 MiB = 25,259,147,264 B
+    assert resolve_gpu("NVIDIA A30").total_memory_bytes == 24_089 * 1_048_576 == 25_259_147_264
+
+
+def test_no_printout_falls_back_to_nominal() -> None:
+    # H800: no published totalGlobalMem, so the loader uses the marketed 80 x 10^9 B (74.5 GiB)
+    assert resolve_gpu("NVIDIA H800").total_memory_bytes == 80_000_000_000
+
+
 def test_a100_80gb_total_memory() -> None:
     # torch reports 79.25 GiB for the A100 80GB SXM (85,100,068,864 B from deviceQuery)
     assert resolve_gpu("nvidia a100-sxm4-80gb").total_memory_bytes == 85_100_068_864

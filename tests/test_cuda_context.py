@@ -66,6 +66,25 @@ def test_volta_eager_is_median_of_two_v100_rows() -> None:
     assert set(c.rows) == {"hf-model-memory-anatomy-v100-cuda11.2", "pytorch-20532-v100-p3.8xlarge"}
 
 
+def test_pascal_falls_back_to_nearest_architecture() -> None:
+    # pascal has no row. Lazy: volta (1 step) has no lazy row either; turing (2 steps) has the four
+    # T4 rows -> (128,849,019 + 132,277,862) // 2 = 130,563,440 B. Eager: volta's two rows -> 913,833,984 B.
+    lazy = cuda_context("pascal", "nvidia", "lazy")
+    assert lazy.architecture == "turing" and lazy.bytes == 130_563_440 and "nearest architecture" in lazy.fallback
+    eager = cuda_context("pascal", "nvidia", "eager")
+    assert eager.architecture == "volta" and eager.bytes == 913_833_984
+    # and a catalog Pascal GPU gets it through its architecture
+    assert cuda_context_bytes(resolve_gpu("Tesla P100-PCIE-16GB")) == 130_563_440
+    assert cuda_context_bytes(replace(resolve_gpu("Tesla P40"), cuda_module_loading="eager")) == 913_833_984
+
+
+def test_cdna1_falls_back_to_cdna3() -> None:
+    # MI100 (cdna1): cdna2 (1 step) has no row, cdna3 (2 steps) has the MI300X row 482,651,341 B
+    c = cuda_context("cdna1", "amd", "lazy")
+    assert c.architecture == "cdna3" and c.bytes == 482_651_341
+    assert cuda_context_bytes(resolve_gpu("MI100")) == 482_651_341
+
+
 def test_ada_lazy_is_middle_of_three() -> None:
     # 446,693,376 (RTX 6000 Ada) < 517,199,626 (L40S) < 531,229,573 (L40)
     assert cuda_context("ada", "nvidia", "lazy").bytes == 517_199_626
@@ -97,6 +116,7 @@ def test_every_catalog_architecture_has_a_value() -> None:
         for mode in ("lazy", "eager"):
             assert cuda_context_bytes(replace(g, cuda_module_loading=mode)) > 0
     assert set(ARCHITECTURE_ORDER["nvidia"]) >= {a for v, a in CATALOG_ARCHS if v == "nvidia"}
+    assert set(ARCHITECTURE_ORDER["amd"]) >= {a for v, a in CATALOG_ARCHS if v == "amd"}
 
 
 def test_scenario_key_reaches_the_report() -> None:

@@ -39,8 +39,8 @@ CUBLAS_WORKSPACE_HOPPER_BYTES = 8 * 4096 * KiB
 
 # Architectures in release order, per vendor: "nearest" below means nearest in this order.
 ARCHITECTURE_ORDER = {
-    "nvidia": ("volta", "turing", "ampere", "ada", "hopper", "blackwell"),
-    "amd": ("cdna2", "cdna3"),
+    "nvidia": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"),
+    "amd": ("cdna1", "cdna2", "cdna3"),
 }
 
 
@@ -82,7 +82,8 @@ def cuda_context(architecture: str, vendor: str = "nvidia", loading: str = "lazy
     109,062,390 / 128,849,019 / 132,277,862 / 141,715,046 B; median = (128,849,019 +
     132,277,862) // 2 = 130,563,440 B (124.5 MiB).  Volta, lazy -> no volta lazy row; turing is
     one step away -> the same 130,563,440 B.  Volta, eager -> 419,430,400 (PyTorch 1.1) and
-    1,408,237,568 B (CUDA 11.2) -> 913,833,984 B (871.5 MiB).
+    1,408,237,568 B (CUDA 11.2) -> 913,833,984 B (871.5 MiB).  Pascal has no row: lazy -> volta
+    (one step) has no lazy row, turing (two steps) -> 130,563,440 B; eager -> volta's 913,833,984 B.
     """
     rows = context_rows() if rows is None else rows
     mode = "n/a" if vendor == "amd" else loading

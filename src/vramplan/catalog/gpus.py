@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib import resources
 
@@ -11,7 +12,9 @@ from vramplan.spec.gpu import GpuSpec
 
 
 def _norm(name: str) -> str:
-    return " ".join(name.strip().lower().replace("_", "-").split())
+    """Lower case, '_' as '-', brackets dropped, "12 GB" as "12gb": "RTX 3060 (12 GB)" == "rtx 3060 12gb"."""
+    s = name.strip().lower().replace("_", "-").replace("(", " ").replace(")", " ")
+    return " ".join(re.sub(r"(\d)\s+gb\b", r"\1gb", s).split())
 
 
 @lru_cache(maxsize=1)

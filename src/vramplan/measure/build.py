@@ -268,10 +268,10 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
     train = s.task == "train"
     peft = s.train.peft if train else None
     if train:
-        base, adapter, autocast = precision_dtypes(s.train.precision, peft is not None)
+        base, _adapter, autocast = precision_dtypes(s.train.precision, peft is not None)
         want_attention = s.train.attention
     else:
-        base, adapter, autocast = s.inference.dtype, s.inference.dtype, None
+        base, autocast = s.inference.dtype, None
         want_attention = s.inference.attention
     impl, note = attention_impl(want_attention, device.type)
     if note:
