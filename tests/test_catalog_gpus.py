@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vramplan.catalog.gpus import list_gpus, resolve_gpu
-from vramplan.errors import UnknownNameError
+from vramplan.errors import ScenarioError, UnknownNameError
 from vramplan.units import GB, GiB
 
 ROWS = list_gpus()
@@ -42,7 +42,7 @@ PUBLISHED_NAMES = {
     "H800": "H800-SXM", "NVIDIA H800": "H800-SXM", "NVIDIA H800 PCIe": "H800-PCIe",
     "A800": "A800-80GB", "NVIDIA A800-SXM4-80GB": "A800-80GB", "NVIDIA A800 80GB PCIe": "A800-80GB-PCIe",
     "MI210": "MI210", "AMD Instinct MI210": "MI210",
-    "RTX 4060 Ti (16 GB)": "RTX-4060-Ti-16GB", "NVIDIA GeForce RTX 4060 Ti": "RTX-4060-Ti-16GB",
+    "RTX 4060 Ti (16 GB)": "RTX-4060-Ti-16GB", "NVIDIA GeForce RTX 4060 Ti 16GB": "RTX-4060-Ti-16GB",
     "RTX A5000": "RTX-A5000", "NVIDIA RTX A5000": "RTX-A5000",
     "RTX 3080 12GB": "RTX-3080-12GB", "NVIDIA GeForce RTX 3080": "RTX-3080", "NVIDIA GeForce RTX 3080 Ti": "RTX-3080-Ti",
     "NVIDIA GeForce RTX 3090 Ti": "RTX-3090-Ti", "NVIDIA GeForce RTX 4070 Ti": "RTX-4070-Ti",
@@ -103,3 +103,11 @@ def test_typo() -> None:
     with pytest.raises(UnknownNameError) as exc:
         resolve_gpu("H10O")
     assert exc.value.suggestions
+
+
+def test_ambiguous_4060_ti_is_not_guessed() -> None:
+    # torch prints "NVIDIA GeForce RTX 4060 Ti" for the 8 GB and the 16 GB card: resolving it to the
+    # 16 GB row would be optimistic, so the name is refused and the 16 GB row suggested
+    with pytest.raises(ScenarioError) as exc:
+        resolve_gpu("NVIDIA GeForce RTX 4060 Ti")
+    assert "'RTX-4060-Ti-16GB'" in str(exc.value) and "capacity_gib" in str(exc.value)

@@ -7,7 +7,7 @@ import re
 from functools import lru_cache
 from importlib import resources
 
-from vramplan.errors import UnknownNameError
+from vramplan.errors import Problem, ScenarioError, UnknownNameError
 from vramplan.spec.gpu import GpuSpec
 
 
@@ -57,9 +57,21 @@ def list_gpus(query: str | None = None) -> list[GpuSpec]:
     return rows
 
 
+# Names that torch / nvidia-smi print for two cards of different memory: taking the larger would be
+# optimistic, so the user must say which.  name -> (the catalog row of the larger card, the smaller card)
+_AMBIGUOUS: dict[str, tuple[str, str]] = {
+    _norm(n): ("RTX-4060-Ti-16GB", "8 GB")
+    for n in ("RTX 4060 Ti", "RTX-4060-Ti", "4060 Ti", "4060ti", "GeForce RTX 4060 Ti", "NVIDIA GeForce RTX 4060 Ti")
+}
+
+
 def resolve_gpu(name: str, where: str = "hardware.gpu") -> GpuSpec:
     by_name, index = _catalog()
     key = index.get(_norm(name))
+    if key is None and _norm(name) in _AMBIGUOUS:
+        big, small = _AMBIGUOUS[_norm(name)]
+        raise ScenarioError([Problem(where, f"{name!r} names two cards ({small} and {big})",
+                                     f"use gpu {big!r}, or capacity_gib for the {small} card")])
     if key is None:
         raise UnknownNameError("gpu", name, list(by_name) + [a for g in by_name.values() for a in g.aliases], where)
     return by_name[key]
