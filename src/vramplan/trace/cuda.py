@@ -42,6 +42,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, cast
 
 import torch
@@ -643,11 +644,12 @@ class _EmulatedAutocast(_TorchAutocast):  # type: ignore[misc]
         ctx.__enter__()
         self._open.append(ctx)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if not self._emulated:
-            super().__exit__(*exc)
+            super().__exit__(exc_type, exc, tb)
             return
-        self._open.pop().__exit__(*exc)
+        self._open.pop().__exit__(exc_type, exc, tb)
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
