@@ -34,7 +34,7 @@ SCENARIOS: list[tuple[str, dict[str, object]]] = [
     ("Llama-3.1-8B inference 8x1024+256", {
         "model": "meta-llama/Llama-3.1-8B", "task": "inference", "hardware": {"gpu": "h100"},
         "inference": {"batch_size": 8, "prompt_len": 1024, "new_tokens": 256}}),
-    ("Llama-3-8B train FSDP2 full_shard 8 GPUs checkpointing 1x2048", {
+    ("Llama-3-8B FSDP2 full_shard x8 ckpt 1x2048", {
         "model": "meta-llama/Meta-Llama-3-8B", "hardware": {"gpu": "h100", "num_gpus": 8},
         "train": {"micro_batch_size": 1, "seq_len": 2048, "gradient_checkpointing": "full"},
         "parallel": {"fsdp": "full_shard"}}),

@@ -1,4 +1,6 @@
-"""QLoRA on MoE models: the routed experts are stored and run as bitsandbytes 4-bit linears.
+"""LoRA and QLoRA on MoE models.
+
+QLoRA: the routed experts are stored and run as bitsandbytes 4-bit linears.
 
 transformers 5 holds a MoE layer's experts as fused 3-D parameters, which its bitsandbytes
 integration does not convert; transformers 4.x held them as per-expert ``nn.Linear`` and
@@ -9,6 +11,10 @@ The model: a 2-layer Mixtral, hidden 128, expert intermediate 256, 4 experts (to
 and 2 key/value heads of 32, vocab 512.  Per layer the quantized linears are
 q (128 x 128 = 16,384 weights), k and v (128 x 64 = 8,192 each), o (16,384), and
 4 experts x gate/up/down (128 x 256 = 32,768 each); the router stays a plain parameter.
+
+LoRA over the fused 3-D expert parameters (peft's ``ParamWrapper``): peft opens
+``torch.autocast(device_type=W.device.type, enabled=False)`` around its fold of the adapter
+into the expert stack; the trace maps it to the emulated CUDA autocast (trace/cuda.py).
 """
 
 from __future__ import annotations
@@ -109,3 +115,51 @@ def test_gpt_oss_style_experts_are_left_alone() -> None:
 
     assert not _fused_experts(Transposed())
     assert _fused_experts(Fused())
+
+
+def _lora_doc() -> dict[str, object]:
+    return {"model": MIXTRAL, "hardware": {"gpu": "a100"},
+            "train": {"micro_batch_size": 2, "seq_len": 64, "precision": "bf16-mixed",
+                      "peft": {"method": "lora", "rank": 8, "alpha": 16, "target_modules": "all-linear"}}}
+
+
+def test_lora_on_fused_expert_parameters_is_traced() -> None:
+    import torch
+
+    autocast_before = torch.autocast
+    st = trace_train(resolve(_lora_doc()), "meta")
+    assert torch.autocast is autocast_before  # the emulation is undone on exit
+    # trainable adapter parameters, fp32.  peft (transformers_weight_conversion.py) maps
+    # "all-linear" on Mixtral to the v4 names: w1 + w3 fused into gate_up_proj at rank 2r = 16,
+    # w2 = down_proj at rank r, and the router ``gate``.  ParamWrapper: A is (rank x E) x in,
+    # B is out x (rank x E), with in/out of one expert.
+    #   gate_up (E=4, in 128, out 512, rank 16): A 64 x 128 = 8,192, B 512 x 64 = 32,768
+    #   down    (E=4, in 256, out 128, rank 8):  A 32 x 256 = 8,192, B 128 x 32 = 4,096
+    #   router  (128 -> 4, rank 8):             A 8 x 128 = 1,024,   B 4 x 8 = 32
+    #   q, o (128 -> 128): 2 x 2,048;  k, v (128 -> 64): 2 x (1,024 + 512) -> 7,168
+    #   per layer 61,472; x 2 layers = 122,944 parameters x 4 B = 491,776 B
+    lora = [e for e in st.events if e.nbytes > 0 and e.category == "weights" and ".lora_" in e.op]
+    assert sum(e.nbytes for e in lora) == 491_776
+    # the fold W + s * (B A) (baddbmm, bf16 like the base stack) is what the expert GEMMs read,
+    # so each layer's merged stacks are kept for the backward:
+    #   gate_up 4 x 512 x 128 x 2 B = 524,288; down 4 x 128 x 256 x 2 B = 262,144
+    kept = [e.nbytes for e in st.events if e.nbytes > 0 and e.op == "aten.baddbmm.default"
+            and e.category == "activations"]
+    assert sorted(kept) == [262_144, 262_144, 524_288, 524_288]
+
+
+def test_emulated_autocast_region_on_the_traced_device() -> None:
+    import torch
+
+    from vramplan.trace import cuda
+
+    a = torch.empty((4, 4), device="meta")
+    with cuda.cuda_behaviour(cuda.CudaSpec()), cuda.autocast(torch.bfloat16):
+        assert torch.mm(a, a).dtype == torch.bfloat16
+        with torch.autocast(device_type="meta", enabled=False):  # as on CUDA: autocast off inside
+            assert torch.mm(a, a).dtype == torch.float32
+            with torch.autocast(device_type="cuda"):  # re-enabled with the current dtype
+                assert torch.mm(a, a).dtype == torch.bfloat16
+        assert torch.mm(a, a).dtype == torch.bfloat16
+    with torch.autocast(device_type="cpu", enabled=False):  # outside the trace: torch's own
+        assert torch.mm(a, a).dtype == torch.float32

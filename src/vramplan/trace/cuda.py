@@ -24,6 +24,11 @@ This layer puts back the CUDA behaviour that changes memory, without fake CUDA t
   (MoE code picks grouped GEMMs from it), and transformers' grouped-GEMM check follows the
   CUDA rule.
 * **fused optimizers**: the meta device is accepted where CUDA is (``fused=True``).
+* **torch.autocast** regions that library code opens on the traced tensors' device
+  (``torch.autocast(device_type=W.device.type, enabled=False)`` in peft's LoRA over a fused
+  MoE expert parameter, ``lora/layer.py`` ``_LoraFactorsProxy``) open the emulated CUDA
+  autocast region instead: on a GPU the device type is ``cuda``, so the region enables or
+  disables CUDA autocast; for ``meta`` torch has no autocast state at all and refuses it.
 
 Sources: pytorch/pytorch ``aten/src/ATen/autocast_mode.{h,cpp}``,
 ``aten/src/ATen/native/transformers/{attention.cpp,cuda/sdp_utils.cpp}``,
@@ -37,6 +42,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, cast
 
 import torch
@@ -604,6 +610,48 @@ def restore_autocast(dtype: torch.dtype | None) -> Iterator[None]:
         yield
 
 
+_TorchAutocast: Any = torch.amp.autocast_mode.autocast
+
+
+class _EmulatedAutocast(_TorchAutocast):  # type: ignore[misc]
+    """``torch.autocast`` while tracing: a region on the traced device (or on ``cuda``) is a region
+    of the emulated CUDA autocast, as ``torch.autocast('cuda', ...)`` would be on the GPU; any other
+    device type gets torch's own.
+
+    On CUDA, ``enabled=False`` turns CUDA autocast off inside; ``enabled=True`` turns it on with
+    ``dtype``, or the current CUDA autocast dtype when none is given (``autocast_mode.py``
+    ``torch.get_autocast_dtype``).  Leaving the outermost region clears the weight cache, as
+    ``cuda.autocast`` does.
+    """
+
+    def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None) -> None:
+        self._emulated = _S.active > 0 and (device_type == "cuda" or device_type in _S.devices)
+        if not self._emulated:
+            super().__init__(device_type, dtype, enabled, cache_enabled)
+            return
+        self.device = device_type
+        self._enabled = enabled
+        self._requested = dtype
+        self._open: list[contextlib.AbstractContextManager[None]] = []
+
+    def __enter__(self) -> None:
+        if not self._emulated:
+            super().__enter__()
+            return
+        dtype = (self._requested or torch.get_autocast_dtype("cuda")) if self._enabled else None
+        ctx = autocast(dtype)
+        ctx.__enter__()
+        self._open.append(ctx)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self._emulated:
+            super().__exit__(exc_type, exc, tb)
+            return
+        self._open.pop().__exit__(exc_type, exc, tb)
+
+
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
     """flash-attention 2's ``flash_attn_func`` on [b, s, h, d] tensors (pads head dims to a multiple of 8)."""
     og = q.shape[-1]
@@ -648,6 +696,8 @@ def _patch_capability(spec: CudaSpec) -> list[Callable[[], None]]:
         undo.append(lambda: setattr(obj, name, old))
 
     setattr_undo(torch.cuda, "get_device_capability", lambda device=None: spec.capability)
+    for owner in (torch, torch.amp, torch.amp.autocast_mode):
+        setattr_undo(owner, "autocast", _EmulatedAutocast)
     import torch.optim.optimizer as optimizer_mod
     import torch.utils._foreach_utils as foreach_utils
 

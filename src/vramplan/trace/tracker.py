@@ -27,15 +27,35 @@ Extensions used by the traced engine:
   (FSDP2's all-gather and reduce-scatter buffers).
 * A ``DTensor`` (FSDP2's sharded parameters, gradients and optimizer states) counts as its
   local shard: the wrapper's own storage reports the global size.
+
+Gradient accumulation in the autograd engine.  When two gradients flow into the same input of
+a node (a tensor used twice: a tied embedding's head and lookup, a residual stream, a norm's
+input), ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) adds the second to
+the first *in place* (``old_var.add_(var)``) when ``can_accumulate_inplace(old_var)``: a plain
+tensor, non-overlapping and dense, whose last reference and storage the buffer holds alone;
+otherwise out of place (``old_var + var``, a new buffer).  "Plain" is
+``!at::isTensorSubclassLike(v)``, and that is true for *every* tensor while a
+``TorchDispatchMode`` is active (``c10::impl::dispatch_mode_enabled()``,
+ATen/TensorSubclassLikeUtils.h), so under this tracker every accumulation would be out of place,
+one gradient-sized buffer more than the step has without it (a V x h fp32 buffer for a tied
+embedding under autocast).  The tracker therefore makes the engine's decision itself: an
+``aten.add.Tensor`` with grad mode off, inside the backward, whose first operand was made by
+another autograd node than the one running, is the engine's sum; if that operand passes
+``can_accumulate_inplace`` with the mode's own references discounted, it is added in place and
+returned, as the engine without the mode would.  The references the dispatch itself adds (the
+boxed argument, the Python wrapper) are measured once on a sum known to be in place
+(``_exclusive_counts``), so they are not a constant guessed for one torch version.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -73,6 +93,14 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._category = "other"
         self._op: str | None = None
         self._paused = 0
+        self._made_by: dict[int, tuple[int, str]] = {}  # storage id -> the autograd node that made it
+        self._calibrating: list[tuple[int, int, int]] | None = None
+
+    def __enter__(self) -> Self:
+        if self._calibrating is None:
+            _exclusive_counts()  # measured outside any mode, before this one is pushed
+        super().__enter__()  # type: ignore[no-untyped-call]
+        return self
 
     # ---- context -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -183,11 +211,15 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._seen[key] = sid
         module = self.where() if self.where is not None else ""
         self._emit(sid, nbytes, category, op, module)
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            self._made_by[sid] = _node_key(node)
         weakref.finalize(st, self._release, key, sid)
 
     def _release(self, key: int, sid: int) -> None:
         if self._seen.get(key) == sid:
             del self._seen[key]
+        self._made_by.pop(sid, None)
         idx = self._event_index.get(sid)
         if not idx or self.events[idx[-1]].nbytes < 0:
             return  # unknown, or released already (a storage resized to 0 and later collected)
@@ -201,6 +233,8 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.events.append(TrackEvent(len(self.events), sid, nbytes, category, op, module))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _ADD and not kwargs and len(args) == 2 and self._engine_sum_in_place(args):
+            return args[0].add_(args[1])  # the buffer is reused: nothing allocated
         out = func(*args, **(kwargs or {}))
         if self._paused:
             return out
@@ -209,6 +243,87 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if isinstance(t, torch.Tensor):
                 self._see(t, self._category, self._op or str(func))
         return out
+
+
+    def _engine_sum_in_place(self, args: tuple[Any, ...]) -> bool:
+        """Whether this add is the autograd engine summing two gradients where, without the mode,
+        ``InputBuffer::accumulate`` would add in place (see the module docstring)."""
+        if torch.is_grad_enabled():
+            return False
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return False
+        old, new = args
+        if type(old) is not torch.Tensor or type(new) is not torch.Tensor:
+            return False  # a real subclass (DTensor): isTensorSubclassLike without the mode too
+        if old.layout != torch.strided or new.layout != torch.strided or old.is_nested or old._is_zerotensor():
+            return False
+        if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
+            return False
+        sid = self._seen.get(id(old.untyped_storage()))
+        if sid is None or self._made_by.get(sid) == _node_key(node):
+            return False  # made inside this node's own backward: an add of the formula, not the engine's sum
+        if not _non_overlapping_and_dense(old):
+            return False
+        counts = _reference_counts(old)
+        if self._calibrating is not None:
+            self._calibrating.append(counts)
+            return False
+        return counts == _exclusive_counts()
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _node_key(node: Any) -> tuple[int, str]:
+    # sequence numbers are unique among the nodes the forward thread made (AccumulateGrad's is
+    # UINT64_MAX, and it makes no tensor); the name guards a reused number
+    return int(node._sequence_nr()), str(node.name())
+
+
+def _reference_counts(t: torch.Tensor) -> tuple[int, int, int]:
+    """(TensorImpl references, storage references, Python references) of ``t`` as seen from
+    ``Tracker._engine_sum_in_place``: the C++ ``use_count``s ``can_accumulate_inplace`` tests, and
+    the Python wrapper's (a tensor something in Python holds is not the buffer's alone)."""
+    uses = int(t._use_count())  # type: ignore[attr-defined]
+    return uses, torch._C._storage_Use_Count(t.untyped_storage()._cdata), sys.getrefcount(t)
+
+
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """``TensorImpl::is_non_overlapping_and_dense`` (c10/core/Contiguity.h): some order of the
+    dimensions makes the strides those of a contiguous tensor (size-1 dimensions ignored)."""
+    expected = 1
+    for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d])):
+        if t.shape[d] == 1:
+            continue
+        if t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
+@functools.cache
+def _exclusive_counts() -> tuple[int, int, int]:
+    """The references ``_reference_counts`` sees on a gradient the engine's buffer holds alone.
+
+    ``w`` is used twice; each ``MulBackward0`` returns a fresh tensor, and the first to arrive is
+    held by the buffer only, so ``can_accumulate_inplace`` is true for it without the mode.  The
+    references above 1 are the dispatch's own (the boxed argument, the Python wrapper, this
+    call's locals), the same for every sum the tracker sees.
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    probe = Tracker()
+    probe._calibrating = []
+    with _disable_current_modes(), torch.enable_grad():
+        w = torch.zeros((4, 4), device="meta", requires_grad=True)
+        with probe:
+            loss = (w * 2.0).sum() + (w * 3.0).sum()
+            backward: Any = loss.backward
+            backward()
+    if len(probe._calibrating) != 1:  # pragma: no cover - a torch whose engine no longer sums here
+        return (-1, -1, -1)
+    return probe._calibrating[0]
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
