@@ -39,13 +39,11 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
     )
-    m = r.model
     assumptions = [*assumptions, cuda_context_for(r.gpu).assumption()]
     report = Report(
         engine="analytic", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=serve_block,
         assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),
-        model={"name": m.name, "model_type": m.model_type, "parameters": m.num_parameters,
-               "active_parameters": m.num_active_parameters, "source": m.source},
+        model=r.model.summary(),
         gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
     )
     report.check()

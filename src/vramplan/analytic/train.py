@@ -119,13 +119,14 @@ def train_step(r: Resolved) -> TrainResult:
     t, par = s.train, s.parallel
     framework = s.effective_framework
     pol = policy(s)
+    adapter = adapter_bytes(s, pol)  # bytes per adapter element (unused without PEFT)
     if t.peft is not None and framework != "deepspeed":
         # the adapters (the trainable parameters) are fp32 with peft >= 0.12 (get_peft_model's
         # autocast_adapter_dtype=True), or the base weight's dtype with older peft (precision.adapter_bytes);
         # their gradients and optimizer states follow
         from dataclasses import replace
 
-        pol = replace(pol, param_bytes=adapter_bytes(s, pol), grad_bytes=adapter_bytes(s, pol))
+        pol = replace(pol, param_bytes=adapter, grad_bytes=adapter)
     dp = s.data_parallel_degree
     tp, pp, cp, ep = par.tp, par.pp, par.cp, par.ep
     shard_os, shard_g, shard_p = _shards(s, dp)
@@ -148,7 +149,7 @@ def train_step(r: Resolved) -> TrainResult:
             if quant != "none" and framework in ("hf-trainer", "accelerate", "plain"):
                 # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
                 base += (rp.total - rp.linear) * (4 - dense_bytes)
-            adapters = trainable * adapter_bytes(s, pol)
+            adapters = trainable * adapter
         else:
             base = rp.total * pol.param_bytes
             adapters = 0
@@ -208,7 +209,7 @@ def train_step(r: Resolved) -> TrainResult:
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
             expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
             expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
-            sdpa=t.attention == "sdpa", adapter_bytes=adapter_bytes(s, pol),
+            sdpa=t.attention == "sdpa", adapter_bytes=adapter,
             kbit_saves_input=(peft is not None and quant in ("nf4", "nf4-dq", "fp4")
                               and s.software.bnb_4bit_saves_input),
         )

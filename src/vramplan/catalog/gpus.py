@@ -6,6 +6,7 @@ import json
 import re
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 from vramplan.errors import Problem, ScenarioError, UnknownNameError
 from vramplan.spec.gpu import GpuSpec
@@ -18,11 +19,17 @@ def _norm(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def _rows() -> list[dict[str, Any]]:
+    """The rows of data/gpus.json, read once."""
+    rows: list[dict[str, Any]] = json.loads(resources.files("vramplan.catalog").joinpath("data/gpus.json").read_text(encoding="utf-8"))
+    return rows
+
+
+@lru_cache(maxsize=1)
 def _catalog() -> tuple[dict[str, GpuSpec], dict[str, str]]:
-    raw = json.loads(resources.files("vramplan.catalog").joinpath("data/gpus.json").read_text(encoding="utf-8"))
     by_name: dict[str, GpuSpec] = {}
     index: dict[str, str] = {}
-    for row in raw:
+    for row in _rows():
         spec = GpuSpec(
             name=row["name"], vendor=row.get("vendor", "nvidia"), architecture=row.get("architecture", "unknown"),
             compute_capability=str(row.get("compute_capability", "")),
@@ -57,19 +64,19 @@ def list_gpus(query: str | None = None) -> list[GpuSpec]:
     return rows
 
 
-# Names that torch / nvidia-smi print for two cards of different memory: taking the larger would be
-# optimistic, so the user must say which.  name -> (the catalog row of the larger card, the smaller card)
-_AMBIGUOUS: dict[str, tuple[str, str]] = {
-    _norm(n): ("RTX-4060-Ti-16GB", "8 GB")
-    for n in ("RTX 4060 Ti", "RTX-4060-Ti", "4060 Ti", "4060ti", "GeForce RTX 4060 Ti", "NVIDIA GeForce RTX 4060 Ti")
-}
+@lru_cache(maxsize=1)
+def _ambiguous() -> dict[str, tuple[str, str]]:
+    """Names torch / nvidia-smi print for two cards of different memory (a row's ``ambiguous_names``):
+    taking the larger would be optimistic, so the user must say which.  name -> (row, the other card)."""
+    return {_norm(n): (row["name"], row["ambiguous_names"]["other_card"])
+            for row in _rows() if "ambiguous_names" in row for n in row["ambiguous_names"]["names"]}
 
 
 def resolve_gpu(name: str, where: str = "hardware.gpu") -> GpuSpec:
     by_name, index = _catalog()
     key = index.get(_norm(name))
-    if key is None and _norm(name) in _AMBIGUOUS:
-        big, small = _AMBIGUOUS[_norm(name)]
+    if key is None and _norm(name) in _ambiguous():
+        big, small = _ambiguous()[_norm(name)]
         raise ScenarioError([Problem(where, f"{name!r} names two cards ({small} and {big})",
                                      f"use gpu {big!r}, or capacity_gib for the {small} card")])
     if key is None:

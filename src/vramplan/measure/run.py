@@ -255,6 +255,14 @@ def _train_step(built: Built, ids: Any, accum: int, mark: Callable[[str], None],
                 opt.step()
 
 
+def _start_peak(memory: DeviceMemory | None) -> None:
+    """Drop unreachable tensors and start the device's peak counters from here."""
+    gc.collect()
+    if memory is not None:
+        memory.synchronize()
+        memory.reset_peak()
+
+
 def _run_train(r: Any, built: Built, memory: DeviceMemory | None, warmup: bool, seed: int) -> _StepTrace:
     import torch
 
@@ -268,10 +276,7 @@ def _run_train(r: Any, built: Built, memory: DeviceMemory | None, warmup: bool, 
         if built.optimizer is not None:
             built.optimizer.zero_grad(set_to_none=True)
     built.model.zero_grad(set_to_none=True)
-    gc.collect()
-    if memory is not None:
-        memory.synchronize()
-        memory.reset_peak()
+    _start_peak(memory)
     marks: list[tuple[int, str]] = []
     readings = None
     with Tracker() as tr:
@@ -302,10 +307,7 @@ def _run_inference(r: Any, built: Built, memory: DeviceMemory | None, seed: int)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, built.vocab_size, (inf.batch_size, inf.prompt_len), generator=gen).to(built.device)
     mask = torch.ones_like(ids)
-    gc.collect()
-    if memory is not None:
-        memory.synchronize()
-        memory.reset_peak()
+    _start_peak(memory)
     marks: list[tuple[int, str]] = []
     readings = None
     keep: list[Any] = []

@@ -137,6 +137,11 @@ class ModelSpec:
         expert = sum(p.total for p in self.params if p.role == "expert")
         return self.num_parameters - expert + expert * self.moe.top_k // self.moe.num_experts
 
+    def summary(self) -> dict[str, str | int]:
+        """The report's ``model`` block: what was modelled, with its source."""
+        return {"name": self.name, "model_type": self.model_type, "parameters": self.num_parameters,
+                "active_parameters": self.num_active_parameters, "source": self.source}
+
     def layer_params(self, index: int) -> int:
         return sum(p.numel * _per_layer_count(p) for p in self.params if index in p.layer_span)
 

@@ -345,6 +345,36 @@ def _zero_like_values(*ts: torch.Tensor) -> None:
             t.zero_()
 
 
+def _kernel_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fused attention kernel's backward: dq, dk, dv (in the kernel's [b, s, h, d] layout), with
+    its workspace made and freed while they are alive."""
+    b, h, s, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    dq = q.new_empty((b, s, h, d)).transpose(1, 2)
+    dk = k.new_empty((b, sk, hk, k.shape[-1])).transpose(1, 2)
+    dv = v.new_empty((b, sk, v.shape[1], v.shape[-1])).transpose(1, 2)
+    work: list[torch.Tensor] = []
+    if backend in ("flash", "flash_attn"):
+        # flash_api.cpp mha_bwd: softmax_d [b, h, s_rounded] and dq_accum [b, s_rounded, h, d_rounded], fp32
+        s_r = _round(s, 128)
+        d_r = _round(d, 32) if d <= 192 else 256
+        work.append(q.new_empty((b, h, s_r), dtype=torch.float32))
+        work.append(q.new_empty((b, s_r, h, d_r), dtype=torch.float32))
+    elif backend == "efficient":
+        # mem-efficient backward: delta [b, h, s] fp32 and an fp32 grad-q accumulator
+        work.append(q.new_empty((b, h, _round(s, 32)), dtype=torch.float32))
+        if q.dtype != torch.float32:
+            work.append(q.new_empty((b, s, h, d), dtype=torch.float32))
+    if hk != h:
+        # grouped-query attention: gradients of the expanded K/V heads, then summed per group
+        work.append(k.new_empty((b, sk, h, k.shape[-1])))
+        work.append(v.new_empty((b, sk, h, v.shape[-1])))
+    del work
+    _zero_like_values(dq, dk, dv)
+    return dq, dk, dv
+
+
 class _FusedAttention(torch.autograd.Function):
     """Memory of a fused SDPA kernel (flash, memory-efficient or cuDNN) on CUDA.
 
@@ -375,29 +405,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v = ctx.saved_tensors[:3]
-        b, h, s, d = q.shape
-        hk, sk = k.shape[1], k.shape[2]
-        dq = q.new_empty((b, s, h, d)).transpose(1, 2)
-        dk = k.new_empty((b, sk, hk, k.shape[-1])).transpose(1, 2)
-        dv = v.new_empty((b, sk, v.shape[1], v.shape[-1])).transpose(1, 2)
-        work: list[torch.Tensor] = []
-        if ctx.backend in ("flash", "flash_attn"):
-            # flash_api.cpp mha_bwd: softmax_d [b, h, s_rounded] and dq_accum [b, s_rounded, h, d_rounded], fp32
-            s_r = _round(s, 128)
-            d_r = _round(d, 32) if d <= 192 else 256
-            work.append(q.new_empty((b, h, s_r), dtype=torch.float32))
-            work.append(q.new_empty((b, s_r, h, d_r), dtype=torch.float32))
-        elif ctx.backend == "efficient":
-            # mem-efficient backward: delta [b, h, s] fp32 and an fp32 grad-q accumulator
-            work.append(q.new_empty((b, h, _round(s, 32)), dtype=torch.float32))
-            if q.dtype != torch.float32:
-                work.append(q.new_empty((b, s, h, d), dtype=torch.float32))
-        if hk != h:
-            # grouped-query attention: gradients of the expanded K/V heads, then summed per group
-            work.append(k.new_empty((b, sk, h, k.shape[-1])))
-            work.append(v.new_empty((b, sk, h, v.shape[-1])))
-        del work
-        _zero_like_values(dq, dk, dv)
+        dq, dk, dv = _kernel_backward(q, k, v, ctx.backend)
         return dq, dk, dv, None
 
 
@@ -481,19 +489,7 @@ class _BiasedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, _out, _lse, _bias = ctx.saved_tensors
-        b, h, s, d = q.shape
-        hk, sk = k.shape[1], k.shape[2]
-        dq = q.new_empty((b, s, h, d)).transpose(1, 2)
-        dk = k.new_empty((b, sk, hk, k.shape[-1])).transpose(1, 2)
-        dv = v.new_empty((b, sk, v.shape[1], v.shape[-1])).transpose(1, 2)
-        work = [q.new_empty((b, h, _round(s, 32)), dtype=torch.float32)]
-        if q.dtype != torch.float32:
-            work.append(q.new_empty((b, s, h, d), dtype=torch.float32))
-        if hk != h:
-            work.append(k.new_empty((b, sk, h, k.shape[-1])))
-            work.append(v.new_empty((b, sk, h, v.shape[-1])))
-        del work
-        _zero_like_values(dq, dk, dv)
+        dq, dk, dv = _kernel_backward(q, k, v, "efficient")
         return dq, dk, dv, None, None
 
 

@@ -172,12 +172,10 @@ def to_report(r: Resolved, events: list[TrackEvent], marks: list[tuple[int, str]
         device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=pk.phase, breakdown=breakdown,
         breakdown_detail=pk.detail, outside_allocator=outside, phases=pk.phases,
     )
-    m = r.model
     report = Report(
         engine="trace", fits=used <= capacity, per_gpu=per_gpu, host=host or Host(), serve=ServeBlock(),
         assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),
-        model={"name": m.name, "model_type": m.model_type, "parameters": m.num_parameters,
-               "active_parameters": m.num_active_parameters, "source": m.source},
+        model=r.model.summary(),
         gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
     )
     report.check()
