@@ -67,7 +67,8 @@ def test_every_scenario_key_has_a_flag() -> None:
     helptext = out.replace("\n", " ")
     aliases = {"hardware.gpu": "--gpu", "train.peft.method": "--peft", "train.peft.rank": "--lora-rank",
                "train.peft.alpha": "--lora-alpha", "train.peft.dropout": "--lora-dropout",
-               "software.bitsandbytes": "--bitsandbytes"}
+               "software.bitsandbytes": "--bitsandbytes", "software.peft": "--peft-version",
+               "software.transformers": "--transformers-version"}
     missing = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:
@@ -88,9 +89,11 @@ def test_every_scenario_key_has_a_flag() -> None:
 
 def test_new_flags_reach_the_scenario() -> None:
     code, out, _ = run("estimate", "--model", "llama-2-7b", "--gpu", "A100-80GB", "--peft", "qlora", "--quantization",
-                       "nf4", "--bitsandbytes", "0.41.1", "--lora-dropout", "0.1", "--gpus-per-node", "4", "--json")
+                       "nf4", "--bitsandbytes", "0.41.1", "--lora-dropout", "0.1", "--gpus-per-node", "4",
+                       "--peft-version", "0.10.0", "--transformers-version", "4.46", "--json")
     assert code == 0
     sc = json.loads(out)["scenario"]
+    assert sc["software"]["peft"] == "0.10.0" and sc["software"]["transformers"] == "4.46"
     assert sc["software"]["bitsandbytes"] == "0.41.1" and sc["train"]["peft"]["dropout"] == 0.1
     assert sc["hardware"]["gpus_per_node"] == 4
     code, out, _ = run("estimate", "--model", "llama-3-8b", "--task", "serve", "--gpu", "H100", "--no-cuda-graphs",

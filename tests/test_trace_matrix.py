@@ -84,6 +84,19 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
      (2, 512)),
     ("qwen3_moe", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4-dq",
                    "gradient_checkpointing": "full"}, (2, 512)),
+    # DeepSeek QLoRA all-linear: the experts, the shared experts and the dense MLP keep 4.x's per-linear adapters
+    ("deepseek_v3", {"peft": {"method": "qlora", "rank": 16, "target_modules": "all-linear"}, "quantization": "nf4"},
+     (2, 512)),
+    # LoRA on transformers 5's fused experts: peft's ParamWrapper keeps each adapted expert stack (W + s B A) from
+    # the forward to the backward (activations.wrapped_experts); on DeepSeek the dense and shared-expert MLPs lose
+    # their adapters to peft's v4-to-v5 target conversion (layout.lora_targets)
+    ("mixtral", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("mixtral", {"peft": {**LORA, "target_modules": "all-linear"}, "gradient_checkpointing": "full"}, (2, 512)),
+    ("qwen3_moe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("qwen3_moe", {"peft": {**LORA, "target_modules": ["q_proj", "v_proj", "down_proj"]}, "precision": "bf16-true"},
+     (2, 512)),
+    ("deepseek_v3", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("deepseek_v3", {"peft": {**LORA, "target_modules": ["q_b_proj", "kv_b_proj", "o_proj"]}}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),

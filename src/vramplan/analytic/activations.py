@@ -62,6 +62,11 @@ class ActContext:
     # them and replace_with_bnb_linear converted them; trace/quant.py ``QuantExperts``), run one
     # expert at a time by the eager experts loop instead of the grouped GEMMs.
     expert_loop: bool = False
+    # transformers 5 + peft: LoRA on the fused experts / the router through ``ParamWrapper`` (layout.py
+    # ``LoraTargets``): the adapted weight ``W + s B A`` requires grad, so the ops that use it save their input
+    gate_up_wrapped: bool = False
+    down_wrapped: bool = False
+    router_wrapped: bool = False
     sdpa: bool = True  # attention through torch SDPA (False: the flash-attention package)
     adapter_bytes: int = 4  # LoRA adapters' dtype (peft keeps them in fp32)
     # bitsandbytes < 0.43.2: MatMul4Bit.forward kept its input for the backward whenever the input
@@ -258,20 +263,28 @@ def _sdpa_math_saved(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: in
 
 
 def _mla_saved(m: ModelSpec, ctx: ActContext, heads: int, in_b: int) -> int:
-    """DeepSeek MLA (modeling_deepseek_v3.py), efficient-attention kernel."""
+    """DeepSeek MLA (modeling_deepseek_v3.py), efficient-attention kernel, per token.
+
+    The low-rank norms save their fp32 input (and, for their weight's gradient, the normalized tensor);
+    ``kv_b_proj``'s output is split into the key's no-RoPE part and the value, and the value handed to
+    the kernel is a view of it, which keeps the whole [k_nope | v] buffer; the output projection saves
+    its input (or its adapter does).
+    """
     assert m.mla is not None
     c, a = ctx.compute_bytes, m.mla
     h = m.hidden_size
     qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    norm = 4 if ctx.frozen_base else 4 + c
     saved = 0
     if a.q_lora_rank:
         saved += _linear_inputs(h, ("q_a_proj", "kv_a_proj_with_mqa"), in_b, ctx)
-        saved += (4 + c) * a.q_lora_rank + c * a.q_lora_rank  # q_a_layernorm + q_b_proj input
+        saved += norm * a.q_lora_rank + _linear_inputs(a.q_lora_rank, ("q_b_proj",), c, ctx)
     else:
         saved += _linear_inputs(h, ("q_proj", "kv_a_proj_with_mqa"), in_b, ctx)
-    saved += (4 + c) * a.kv_lora_rank + c * a.kv_lora_rank  # kv_a_layernorm + kv_b_proj input
+    saved += norm * a.kv_lora_rank + _linear_inputs(a.kv_lora_rank, ("kv_b_proj",), c, ctx)
     saved += c * heads * qk * 2  # query and key after RoPE and concatenation
-    saved += c * heads * a.v_head_dim * 2  # value and the output
+    saved += c * heads * (a.qk_nope_head_dim + a.v_head_dim)  # kv_b_proj's output, kept by the value view
+    saved += _out_proj_input(heads * a.v_head_dim, "o_proj", ctx)  # the kernel's output
     saved += 4 * heads
     return saved
 
@@ -286,6 +299,9 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         e = m.moe
         # router: logits (c) and fp32 softmax probabilities, per expert
         saved += _linear_inputs(h, ("gate",), in_b, ctx) + (c + 4) * e.num_experts
+        if ctx.router_wrapped and ctx.frozen_base:
+            # F.linear(x, W + s B A) keeps x for the adapted weight's gradient: the autocast copy, or x itself
+            saved += (c if ctx.autocast else in_b) * h
         if ctx.expert_loop:
             saved += e.top_k * _expert_loop_saved(m, ctx, in_b, act_saved)
         else:
@@ -333,13 +349,90 @@ def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
     assert m.moe is not None
     h, ei = m.hidden_size, m.moe.expert_intermediate_size
     w = ctx.expert_bytes or ctx.compute_bytes
-    trainable = not ctx.frozen_base
-    per_routed = w * h if trainable else 0  # gathered input, saved for the weight gradient
+    gate_up = not ctx.frozen_base or ctx.gate_up_wrapped  # the weight (or its LoRA-adapted copy) needs a gradient
+    down = not ctx.frozen_base or ctx.down_wrapped
+    per_routed = w * h if gate_up else 0  # gathered input, saved for the weight gradient
     per_routed += w * 2 * ei  # gate_up output: SiLU saves the gate half, the product the up half
     per_routed += w * ei  # activation output, saved by the product
-    per_routed += w * ei if trainable else 0  # product, down's input (saved for its weight gradient)
+    per_routed += w * ei if down else 0  # product, down's input (saved for its weight gradient)
     per_routed += w * h  # down output, saved by the multiplication with the routing weight
     return per_routed
+
+
+@dataclass(frozen=True)
+class WrappedExperts:
+    """Bytes per MoE layer of LoRA on transformers 5's fused experts (``wrapped_experts``)."""
+
+    gate_up: int  # the adapted gate_up_proj stack, E x 2I x h (0: not adapted)
+    gate_up_casts: int  # its two factors cast to the experts' dtype
+    down: int  # the adapted down_proj stack, E x h x I
+    down_casts: int
+    router: int  # the adapted router weight and, under autocast, its factors' half casts
+
+    @property
+    def saved(self) -> int:
+        return self.gate_up + self.gate_up_casts + self.down + self.down_casts + self.router
+
+
+def wrapped_experts(m: ModelSpec, gate_up_rank: int, down_rank: int, router_rank: int, w: int,
+                    adapter_bytes: int, ctx: ActContext, ep: int = 1) -> WrappedExperts:
+    """What LoRA on transformers 5's fused experts keeps per MoE layer, from the forward to its backward.
+
+    peft's ``ParamWrapper`` (tuners/lora/layer.py) registers a parametrization on each targeted 3-D
+    parameter for the forward: ``_LoraFactorsProxy`` returns ``torch.baddbmm(W, lhs, rhs, alpha=s)``, a
+    new tensor the size of the whole expert stack in the experts' dtype ``w`` (``lhs``/``rhs`` are lora_B
+    and lora_A reshaped per expert and cast to ``w`` by ``get_delta_factors``: copies when the adapters
+    are fp32).  The grouped GEMM keeps that adapted weight for its input gradient, and baddbmm keeps the
+    two factors, until the layer's backward.  The router's 2-D weight goes through
+    ``_LoraParameterProxy``: ``W + (B @ A) s`` (E x h) is kept by the router's linear, and under autocast
+    the matmul keeps its half casts of A and B.  (``register_parametrization`` also evaluates each
+    parametrization once to check it: a stack-sized temporary freed at once, below the backward's peak.)
+
+    Worked example (Mixtral-8x7B, bf16 weights, fp32 adapters, r = 16, all-linear: gate_up rank 32):
+    gate_up 2 x 8 x 28672 x 4096 = 1.88 GB + casts 2 x 8 x 32 x (28672 + 4096) = 16.8 MB; down
+    2 x 8 x 4096 x 14336 = 0.94 GB + 2 x 8 x 16 x 18432 = 4.7 MB: 2.82 GB per layer, 90 GB over 32 layers.
+    """
+    assert m.moe is not None
+    e = m.moe
+    n_exp = ceil_div(e.num_experts, ep)
+    inter = e.expert_intermediate_size if ep > 1 else ceil_div(e.expert_intermediate_size, ctx.tp)
+    h = m.hidden_size
+    cast = w != adapter_bytes
+    router = 0
+    if router_rank:
+        router = w * e.num_experts * h + (ctx.compute_bytes * router_rank * (h + e.num_experts) if ctx.autocast else 0)
+    return WrappedExperts(
+        gate_up=w * n_exp * 2 * inter * h if gate_up_rank else 0,
+        gate_up_casts=w * n_exp * gate_up_rank * (2 * inter + h) if cast else 0,
+        down=w * n_exp * h * inter if down_rank else 0,
+        down_casts=w * n_exp * down_rank * (h + inter) if cast else 0,
+        router=router)
+
+
+def wrapped_experts_backward(m: ModelSpec, wx: WrappedExperts, ctx: ActContext, tokens: int,
+                             transient: int, released: int) -> tuple[int, int]:
+    """The MLP backward of a MoE layer whose fused experts carry LoRA: (transient, released) bytes such
+    that ``alive - released + transient`` is the largest of its three moments.
+
+    ``transient``/``released`` are the closed-form elementwise moment's (``backward_transients_per_token``,
+    ``freed_before_mlp_backward_per_token``, times the tokens).  Each adapted projection's backward makes
+    the gradient of its adapted weight (the size of the stack) next to its input gradient:
+
+    * down first, with nothing of the layer released yet: the incoming residual gradient (r h), the
+      gradient of the down output (w h) and of its input (w I) per routed token, and dW_down;
+    * the elementwise moment, by which down's adapted weight and factors are released too;
+    * gate_up last: the gradient of its output (2 w I) and input (w h) per routed token, and dW_gate_up.
+    """
+    assert m.moe is not None
+    k, h, ei = m.moe.top_k, m.hidden_size, ceil_div(m.moe.expert_intermediate_size, ctx.tp)
+    w, r = ctx.expert_bytes or ctx.compute_bytes, ctx.residual_bytes
+    rel = released + wx.down + wx.down_casts
+    moments = [transient]
+    if wx.down:
+        moments.append(rel + wx.down + tokens * (r * h + w * k * (h + ei)))
+    if wx.gate_up:
+        moments.append(wx.gate_up + tokens * (r * h + w * k * (2 * ei + h)))
+    return max(moments), rel
 
 
 def _expert_loop_saved(m: ModelSpec, ctx: ActContext, in_b: int, act_saved: int) -> int:
@@ -443,7 +536,8 @@ def freed_before_mlp_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: Act
             # saved by index_add_ (top_k * T / E of the routed tokens)
             return ceil_div(e.top_k * 2 * ctx.ew * m.hidden_size, e.num_experts)
         w = ctx.expert_bytes or c
-        per_routed = w * m.hidden_size + (w * e.expert_intermediate_size if not ctx.frozen_base else 0)
+        down = not ctx.frozen_base or ctx.down_wrapped
+        per_routed = w * m.hidden_size + (w * e.expert_intermediate_size if down else 0)
         return e.top_k * per_routed
     inter = ceil_div(layer.intermediate_size, ctx.tp)
     if m.mlp_gated:

@@ -556,8 +556,8 @@ def build_layout(m: ModelSpec, rp: RankParams, ctx: ActContext, layer_specs: Seq
         outside_trainable = tuple(outside)
     trainable_total = sum(outside_trainable) + sum(layer_trainable) * n_layers
     layers = tuple(
-        LayerTerms(kept=kept[j], full=full[j], mlp_transient=transients[j][0] * tokens,
-                   attn_transient=transients[j][1] * tokens, weight_cast=cast_per_layer[j], grad=grad_layer[j],
+        LayerTerms(kept=kept[j], full=full[j], mlp_transient=transients[j][0],
+                   attn_transient=transients[j][1], weight_cast=cast_per_layer[j], grad=grad_layer[j],
                    linears=lin, norms=other, params=layer_params, trainable=layer_trainable)
         for j in range(len(layer_specs)))
     ls0 = layer_specs[0] if layer_specs else None

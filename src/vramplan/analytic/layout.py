@@ -92,20 +92,95 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, ...]:
     return tuple(range(start, start + base + (1 if stage < extra else 0)))
 
 
-def targets(peft: Peft | None, model: ModelSpec) -> set[str]:
-    """Module names an adapter attaches to (PEFT's ``target_modules``; 'all-linear' = every linear but the head)."""
+# Model types whose routed experts transformers 5 fuses into ``gate_up_proj`` [E, 2I, h] and ``down_proj``
+# [E, h, I] parameters and whose LoRA targets peft converts from the 4.x names: transformers
+# ``conversion_mapping._MODEL_TO_CONVERSION_PATTERN`` maps them to the "mixtral" or "qwen2_moe" pattern, and
+# peft ``utils/transformers_weight_conversion.py`` (``_MOE_TARGET_MODULE_MAPPING``, ``_convert_peft_config_moe``)
+# turns the expert and router names into ``target_parameters``.
+FUSED_EXPERT_LORA_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+_MLP_NAMES = frozenset({"gate_proj", "up_proj", "down_proj"})
+
+
+@dataclass(frozen=True)
+class LoraTargets:
+    """Where the adapters go.  ``linear``: modules whose ``nn.Linear`` gets a ``lora.Linear``.  The ranks are
+    those of peft's ``ParamWrapper`` on transformers 5's fused MoE parameters (0: not adapted).
+
+    peft's conversion (``_convert_peft_config_moe``) moves every name of its mapping (``gate_proj``,
+    ``up_proj``, ``down_proj``, ``gate``; Mixtral's ``w1``/``w3``/``w2``, which scenarios spell as the
+    former) from ``target_modules`` to ``target_parameters``.  So on a model with dense or shared-expert
+    MLPs (DeepSeek, Qwen2-MoE) those MLPs' linears lose their adapters, and the fused ``gate_up_proj``
+    gets one adapter of rank ``r`` x (number of the gate/up names targeted), with alpha scaled alike
+    (``rank_pattern``/``alpha_pattern``), where 4.x had two of rank ``r``.
+    """
+
+    linear: frozenset[str] = frozenset()
+    gate_up_rank: int = 0
+    down_rank: int = 0
+    router_rank: int = 0
+
+    @property
+    def experts_wrapped(self) -> bool:
+        return bool(self.gate_up_rank or self.down_rank)
+
+
+BNB_FORMATS = ("nf4", "nf4-dq", "fp4", "int8")
+
+
+def quantized_expert_loop(m: ModelSpec, quant: str) -> bool:
+    """Whether bitsandbytes holds the routed experts as per-expert quantized linears.
+
+    transformers 4.x held each expert as an MLP of ``nn.Linear`` and ``replace_with_bnb_linear``
+    converted every one of them (integrations/bitsandbytes.py ``_replace_with_bnb_linear``); the
+    traced engine converts transformers 5's fused experts back to that layout (trace/quant.py).
+    gpt-oss keeps its experts as fused, transposed, biased parameters in both versions, which
+    bitsandbytes never converts.
+    """
+    return m.moe is not None and quant in BNB_FORMATS and m.model_type != "gpt_oss"
+
+
+def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True,
+                 quant: str = "none") -> LoraTargets:
+    """Resolve PEFT's ``target_modules`` on ``model``.
+
+    ``all-linear`` is every ``nn.Linear`` but the LM head (peft ``_maybe_include_all_linear_layers``): the
+    experts and the router of 4.x MoE models were linears, gpt-oss's fused experts and router are not.
+    ``fused_experts``: transformers >= 5 (``software.transformers``).  With a bitsandbytes ``quant`` the
+    experts are per-expert 4-bit linears (``quantized_expert_loop``), adapted per expert as in 4.x; the
+    router is transformers 5's module either way.
+    """
     if peft is None:
-        return set()
+        return LoraTargets()
     if peft.target_modules == "all-linear":
-        return {p.module for p in model.params if p.role in ("linear", "expert")}
-    return set(peft.target_modules)
+        names = {p.module for p in model.params if p.role == "linear"}
+        if model.model_type != "gpt_oss":
+            names |= {p.module for p in model.params if p.role in ("expert", "router")}
+    else:
+        names = set(peft.target_modules)
+    if not (fused_experts and model.moe is not None and model.model_type in FUSED_EXPERT_LORA_TYPES):
+        return LoraTargets(linear=frozenset(names))
+    router = "gate" in names and any(p.role == "router" for p in model.params)
+    if quantized_expert_loop(model, quant):
+        return LoraTargets(linear=frozenset(names - {"gate"}), router_rank=peft.rank if router else 0)
+    gate_up = len({"gate_proj", "up_proj"} & names)
+    return LoraTargets(linear=frozenset(names - _MLP_NAMES - {"gate"}), gate_up_rank=peft.rank * gate_up,
+                       down_rank=peft.rank if "down_proj" in names else 0, router_rank=peft.rank if router else 0)
 
 
-def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None) -> RankParams:
+def targets(peft: Peft | None, model: ModelSpec) -> set[str]:
+    """Module names an adapter attaches to as a ``lora.Linear`` (current transformers; see ``lora_targets``)."""
+    return set(lora_targets(peft, model).linear)
+
+
+def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
+                lt: LoraTargets | None = None) -> RankParams:
+    """``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``)."""
     layers = stage_layers(model.num_layers, pp, stage)
     lset = set(layers)
     first, last = stage == 0, stage == pp - 1
-    tgt = targets(peft, model)
+    if lt is None:
+        lt = lora_targets(peft, model)
+    tgt = lt.linear
     total = linear = outs = largest = decay = outside = lora = dora = head = 0
     per_layer = {i: 0 for i in layers}
     lora_layer = {i: 0 for i in layers}
@@ -139,11 +214,25 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
                 per_layer[i] += share
         else:
             outside += size
-        if p.module in tgt and p.in_features and p.role in ("linear", "expert") and peft is not None:
-            fan_in = ceil_div(p.in_features, tp) if p.tp == "row" else p.in_features
-            fan_out = ceil_div(p.out_features, tp) if p.tp == "column" else p.out_features
+        if peft is None or not p.in_features:
+            continue
+        fan_in = ceil_div(p.in_features, tp) if p.tp == "row" else p.in_features
+        fan_out = ceil_div(p.out_features, tp) if p.tp == "column" else p.out_features
+        rank = 0
+        if p.role == "expert" and lt.experts_wrapped:
+            # peft ParamWrapper (tuners/lora/layer.py update_layer): lora_A [rank x E, in], lora_B [out, rank x E],
+            # i.e. rank x (in + out) per expert; the fused gate_up_proj's out is 2I, counted at the gate group
+            if p.module == "gate_proj":
+                rank, fan_out = lt.gate_up_rank, 2 * fan_out
+            elif p.module == "down_proj":
+                rank = lt.down_rank
+        elif p.role == "router" and lt.router_rank:
+            rank = lt.router_rank  # ParamWrapper on the router weight [E, h]: one 2-D adapter
+        elif p.module in tgt and p.role in ("linear", "expert", "router"):
+            rank = peft.rank
+        if rank:
             # LoRA: A is r x in, B is out x r (arXiv 2106.09685 section 4.1); DoRA adds a magnitude per output row.
-            adapter = peft.rank * (fan_in + fan_out) * n_inst
+            adapter = rank * (fan_in + fan_out) * n_inst
             lora += adapter
             if peft.method == "dora":
                 dora += fan_out * n_inst

@@ -27,17 +27,19 @@ from vramplan.analytic.gradients import (
     tied_embedding_accumulation_bytes,
 )
 from vramplan.analytic.layout import (
+    LoraTargets,
     RankParams,
     gathers_logits,
+    lora_targets,
+    quantized_expert_loop,
     rank_params,
     replicated_embedding_grad,
-    targets,
 )
 from vramplan.analytic.logits import loss_bytes
 from vramplan.analytic.optimizer import optimizer_cost
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
-from vramplan.analytic.weights import quantized_expert_loop, weights_bytes
+from vramplan.analytic.weights import weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Scenario
@@ -138,8 +140,9 @@ def train_step(r: Resolved) -> TrainResult:
     tokens = ceil_div(t.micro_batch_size * t.seq_len, cp)
     results: list[tuple[Moment, list[Moment], int, int, int, StepLayout]] = []
 
+    lt = lora_targets(peft, m, s.software.fused_moe_experts, quant)
     for stage in _stages(pp):
-        rp = rank_params(m, tp, pp, ep, stage, peft)
+        rp = rank_params(m, tp, pp, ep, stage, peft, lt)
         trainable = rp.lora if peft is not None else rp.total
         decay = rp.lora if peft is not None else rp.decay
         # ---------------- persistent state ----------------
@@ -199,7 +202,7 @@ def train_step(r: Resolved) -> TrainResult:
         # ---------------- activations ----------------
         kbit = peft is not None and quant in ("nf4", "nf4-dq", "fp4", "int8") and framework in (
             "hf-trainer", "accelerate", "plain")
-        tgt = frozenset(targets(peft, m))
+        tgt = lt.linear
         ctx = act.ActContext(
             compute_bytes=pol.compute_bytes, residual_bytes=_residual_bytes(pol, peft is not None, kbit),
             linear_input_bytes=pol.linear_input_bytes, autocast=pol.autocast, attention=attention,
@@ -209,6 +212,7 @@ def train_step(r: Resolved) -> TrainResult:
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
             expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
             expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
+            gate_up_wrapped=bool(lt.gate_up_rank), down_wrapped=bool(lt.down_rank), router_wrapped=bool(lt.router_rank),
             sdpa=t.attention == "sdpa", adapter_bytes=adapter,
             kbit_saves_input=(peft is not None and quant in ("nf4", "nf4-dq", "fp4")
                               and s.software.bnb_4bit_saves_input),
@@ -218,6 +222,11 @@ def train_step(r: Resolved) -> TrainResult:
         if peft is not None and peft.method == "dora":
             per_tok, const = _dora_saved(m, tgt, peft.rank, pol.compute_bytes if pol.autocast else 4, tp)
             full = [f + per_tok * tokens + const for f in full]
+        wx = None
+        if m.moe is not None and (lt.experts_wrapped or lt.router_rank):
+            wx = act.wrapped_experts(m, lt.gate_up_rank, lt.down_rank, lt.router_rank, pol.frozen_param_bytes,
+                                     adapter, ctx, ep)
+            full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, layer_specs, strict=True)]
         if peft is not None and t.gradient_checkpointing == "none" and rp.has_embedding and full:
             # the frozen embeddings' output does not require grad (peft enables input gradients only with
             # checkpointing), so the first layer's input norm records nothing for the backward
@@ -229,12 +238,17 @@ def train_step(r: Resolved) -> TrainResult:
         else:
             kept = list(full)
         transients = [act.backward_transients_per_token(m, ls, ctx) for ls in layer_specs]
-        transient = [max(tr) * tokens for tr in transients]
         mlp_transient = [tr[0] * tokens for tr in transients]
         attn_transient = [tr[1] * tokens for tr in transients]
         # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
         released = [act.freed_before_attention_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
         mlp_released = [act.freed_before_mlp_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        if wx is not None and lt.experts_wrapped:
+            for j, ls in enumerate(layer_specs):
+                if ls.moe:
+                    mlp_transient[j], mlp_released[j] = act.wrapped_experts_backward(
+                        m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
+        transient = [max(mt, at) for mt, at in zip(mlp_transient, attn_transient, strict=True)]
         shared = act.shared_saved_per_token(m, ctx) * tokens
         # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
         in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
@@ -359,7 +373,8 @@ def train_step(r: Resolved) -> TrainResult:
                 produced += grad_layer[j]
                 # during the MLP's backward this layer has produced its down projection's gradient
                 mo.add("gradients", "parameter gradients",
-                       before + _down_grad_bytes(m, layer_specs[j], grad_layer[j], peft) if split else produced)
+                       before + _down_grad_bytes(m, layer_specs[j], grad_layer[j], peft, lt, rp, j, tp, ep) if split
+                       else produced)
             moments.append(mo)
             if split:
                 # the MLP's backward runs on the whole layer; the attention's backward comes after the
@@ -385,7 +400,8 @@ def train_step(r: Resolved) -> TrainResult:
         moments.append(step)
         peak = max(moments, key=lambda mo: mo.total)
         lay = build_layout(
-            m, rp, ctx, layer_specs, tokens=tokens, kept=kept, full=full, transients=transients,
+            m, rp, ctx, layer_specs, tokens=tokens, kept=kept, full=full,
+            transients=[(mt, at) for mt, at in zip(mlp_transient, attn_transient, strict=True)],
             cast_per_layer=cast_per_layer, grad_layer=grad_layer, grad_outside=grad_outside, embed_grad=embed_grad,
             weights_resident=weights_resident, trainable=ceil_div(trainable, shard_os), peft=peft is not None,
             optimizer=t.optimizer, states=states, step_temp=step_temp, master=master, ddp=ddp, workspaces=workspaces,
@@ -420,16 +436,24 @@ def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: 
     return per_tok, const
 
 
-def _down_grad_bytes(m: ModelSpec, layer: object, layer_grad: int, peft: object) -> int:
+def _down_grad_bytes(m: ModelSpec, layer: object, layer_grad: int, peft: object, lt: LoraTargets,
+                     rp: RankParams, j: int, tp: int = 1, ep: int = 1) -> int:
     """The share of a layer's gradient that belongs to its MLP's output projection (the experts'
     down projections for MoE): the gradient the MLP's backward produces first.  Adapters: the whole
-    layer's (small)."""
+    layer's (small), but for the fused experts' adapters (``ParamWrapper``), which are not small: only
+    the down projection's are made by then."""
     from vramplan.spec.model import LayerSpec
 
     assert isinstance(layer, LayerSpec)
     h = m.hidden_size
     n_attn = h * (2 * m.q_width + 2 * m.kv_width)
     if peft is not None:
+        lora_layer = rp.lora_per_layer[j] if j < len(rp.lora_per_layer) else 0
+        if layer.moe and m.moe is not None and lt.experts_wrapped and lora_layer:
+            e = m.moe
+            inter = e.expert_intermediate_size if ep > 1 else ceil_div(e.expert_intermediate_size, tp)
+            down_adapters = lt.down_rank * ceil_div(e.num_experts, ep) * (m.hidden_size + inter)
+            return layer_grad * min(down_adapters, lora_layer) // lora_layer
         return layer_grad
     if layer.moe and m.moe is not None:
         down = h * (m.moe.num_experts * m.moe.expert_intermediate_size + m.moe.shared_intermediate_size)

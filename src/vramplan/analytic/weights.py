@@ -24,7 +24,6 @@ half dtype (bitsandbytes and GPTQ/AWQ skip ``lm_head`` by default).
 from __future__ import annotations
 
 from vramplan.analytic.layout import RankParams
-from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
 NF4_BLOCK = 64  # bitsandbytes default blocksize for 4-bit weights
@@ -63,18 +62,3 @@ def weights_bytes(rp: RankParams, dense_bytes: int, quant: str = "none") -> int:
         return rp.total * dense_bytes
     q = quantized_linear_bytes(rp.linear, rp.linear_out_features, quant)
     return q + (rp.total - rp.linear) * dense_bytes
-
-
-BNB_FORMATS = ("nf4", "nf4-dq", "fp4", "int8")
-
-
-def quantized_expert_loop(m: ModelSpec, quant: str) -> bool:
-    """Whether bitsandbytes holds the routed experts as per-expert quantized linears.
-
-    transformers 4.x held each expert as an MLP of ``nn.Linear`` and ``replace_with_bnb_linear``
-    converted every one of them (integrations/bitsandbytes.py ``_replace_with_bnb_linear``); the
-    traced engine converts transformers 5's fused experts back to that layout (trace/quant.py).
-    gpt-oss keeps its experts as fused, transposed, biased parameters in both versions, which
-    bitsandbytes never converts.
-    """
-    return m.moe is not None and quant in BNB_FORMATS and m.model_type != "gpt_oss"

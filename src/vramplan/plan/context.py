@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramplan.analytic.engine import ReservedModel, estimate
-from vramplan.analytic.layout import RankParams, rank_params
+from vramplan.analytic.layout import LoraTargets, RankParams, lora_targets, rank_params
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.bound import static_lower_bound_bytes
@@ -43,9 +43,9 @@ class PlanContext:
     margin: float
     base: Scenario
     _pols: dict[tuple[str, str, str], PrecisionPolicy] = field(default_factory=dict)
-    _rps: dict[tuple[int, int, int, str | None], RankParams] = field(default_factory=dict)
+    _rps: dict[tuple[int, int, int, str | None, str], RankParams] = field(default_factory=dict)
     _pefts: dict[tuple[str, int, float, float], Peft] = field(default_factory=dict)
-    _trainable: dict[str | None, int] = field(default_factory=dict)
+    _trainable: dict[tuple[str | None, str], int] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -100,20 +100,27 @@ class PlanContext:
             self._pols[key] = pol
         return pol
 
+    def _targets(self, s: TrainSetup) -> LoraTargets:
+        """Where the adapters go, as the analytic engine resolves them (QLoRA keeps per-expert adapters)."""
+        return lora_targets(self._peft(s), self.model, self.base.software.fused_moe_experts,
+                            s.quantization if s.peft else "none")
+
     def rank_params(self, s: TrainSetup, stage: int) -> RankParams:
-        key = (s.tp, s.pp, stage, s.peft)
+        key = (s.tp, s.pp, stage, s.peft, s.quantization)
         rp = self._rps.get(key)
         if rp is None:
-            rp = rank_params(self.model, s.tp, s.pp, 1, stage, self._peft(s))
+            rp = rank_params(self.model, s.tp, s.pp, 1, stage, self._peft(s), self._targets(s))
             self._rps[key] = rp
         return rp
 
     def trainable(self, s: TrainSetup) -> int:
         """Parameters the optimizer updates: all of them, or the adapters under PEFT."""
-        got = self._trainable.get(s.peft)
+        key = (s.peft, s.quantization)
+        got = self._trainable.get(key)
         if got is None:
-            got = rank_params(self.model, 1, 1, 1, 0, self._peft(s)).lora if s.peft else self.model.num_parameters
-            self._trainable[s.peft] = got
+            got = (rank_params(self.model, 1, 1, 1, 0, self._peft(s), self._targets(s)).lora if s.peft
+                   else self.model.num_parameters)
+            self._trainable[key] = got
         return got
 
     # ---- evaluation ---------------------------------------------------------

@@ -9,12 +9,13 @@ are re-tied by transformers' ``post_init``.  Adapters come from peft's ``get_pef
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -242,6 +243,14 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         if any(isinstance(m, QuantExperts) for m in model.modules()):
             notes.append(EXPERTS_NOTE)
     if task == "train":
+        sw = r.scenario.software
+        per_expert = any(isinstance(m, QuantExperts) for m in model.modules())
+        if not sw.fused_moe_experts and r.scenario.train.peft is not None and r.model.moe is not None \
+                and not per_expert:
+            raise ScenarioError([Problem(
+                "software.transformers", f"transformers {sw.transformers}'s per-expert MoE layout cannot be traced: "
+                f"the installed transformers {_transformers_version()} fuses the experts",
+                "use --engine analytic, which models both layouts, or drop software.transformers")])
         model = _prepare_train(r, model, quant, notes)
     else:
         model.eval()
@@ -327,13 +336,47 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
             from vramplan.analytic.precision import adapter_bytes, policy
 
             fp32 = adapter_bytes(r.scenario, policy(r.scenario)) == 4
-            peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=fp32)
+            per_expert = any(isinstance(m, QuantExperts) for m in model.modules())
+            with _v4_expert_targets(per_expert):
+                peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=fp32)
         except ValueError as exc:
             raise ScenarioError([Problem("train.peft.target_modules", str(exc).splitlines()[0],
                                          "name modules the model has (e.g. q_proj, v_proj) or all-linear")]) from None
     if quant != "none":
         _use_bnb_lora_forward(peft_model)
     return cast(torch.nn.Module, peft_model)
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+@contextlib.contextmanager
+def _v4_expert_targets(active: bool) -> Iterator[None]:
+    """Keep 4.x's per-expert LoRA targets while the experts are per-expert 4-bit linears.
+
+    On transformers 5, peft rewrites the expert names of a MoE config (``gate_proj``/``up_proj``/
+    ``down_proj`` on Qwen2-MoE-style models) into ``target_parameters`` of the fused experts
+    (utils/transformers_weight_conversion.py ``_MOE_TARGET_MODULE_MAPPING``).  The QLoRA layout here is
+    4.x's (``QuantExperts``: one linear per expert), which has no fused parameter, so the rewrite would
+    leave the experts, and the dense and shared-expert MLPs that share those names, without adapters.
+    Only the router's entry is kept: the router is transformers 5's module, whose weight is a parameter.
+    """
+    if not active:
+        yield
+        return
+    from peft.utils import transformers_weight_conversion as conv
+
+    saved = dict(conv._MOE_TARGET_MODULE_MAPPING)
+    try:
+        for key, mapping in saved.items():
+            conv._MOE_TARGET_MODULE_MAPPING[key] = {k: v for k, v in mapping.items() if k == "gate"}
+        yield
+    finally:
+        conv._MOE_TARGET_MODULE_MAPPING.clear()
+        conv._MOE_TARGET_MODULE_MAPPING.update(saved)
 
 
 def _use_bnb_lora_forward(model: torch.nn.Module) -> None:
