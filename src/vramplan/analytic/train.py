@@ -610,7 +610,15 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
             out.append("MoE experts quantized per expert by bitsandbytes and run one expert at a time, as "
                        "transformers 4.x loaded them (transformers 5 with stock bitsandbytes leaves its fused "
                        "experts unquantized, bitsandbytes issue #1849); routing is perfectly balanced")
+        elif not s.software.fused_moe_experts:
+            out.append(f"MoE experts as transformers {s.software.transformers} holds them: one nn.Linear MLP per "
+                       "expert (LoRA: a lora.Linear per expert projection)")
         else:
             out.append("MoE experts run through transformers >= 5's grouped GEMMs (grouped_mm_experts_forward); "
                        "routing is perfectly balanced")
+            lt = lora_targets(t.peft, m, True, t.quantization)
+            if lt.experts_wrapped:
+                out.append("LoRA on the fused experts through peft's ParamWrapper: each adapted expert stack "
+                           "(W + s B A) is kept from the forward to the backward (as peft 0.21 does with transformers 5; "
+                           "set software.transformers for 4.x's per-expert adapters)")
     return out
