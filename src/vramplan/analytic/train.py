@@ -229,8 +229,13 @@ def train_step(r: Resolved) -> TrainResult:
             full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, layer_specs, strict=True)]
         if peft is not None and t.gradient_checkpointing == "none" and rp.has_embedding and full:
             # the frozen embeddings' output does not require grad (peft enables input gradients only with
-            # checkpointing), so the first layer's input norm records nothing for the backward
-            full[0] -= min(full[0], act._norm_saved(m.norm, ctx) * m.hidden_size * tokens)
+            # checkpointing), so the first layer's input norm records nothing for the backward; nor does
+            # its attention block (and the norm after it) when no attention module carries an adapter
+            attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name)}
+            frozen_prefix = act._norm_saved(m.norm, ctx) * m.hidden_size * tokens
+            if not (lt.linear & attn_mods):
+                frozen_prefix = (act.norms_saved(m, ctx) + act.attention_saved(m, layer_specs[0], ctx)) * tokens
+            full[0] -= min(full[0], frozen_prefix)
         if t.gradient_checkpointing == "full":
             kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in layer_specs]
         elif t.gradient_checkpointing == "selective":
