@@ -222,6 +222,8 @@ def train_step(r: Resolved) -> TrainResult:
             # the frozen embeddings' output does not require grad (peft enables input gradients only with
             # checkpointing), so the first layer's input norm records nothing for the backward
             full[0] -= min(full[0], act._norm_saved(m.norm, ctx) * m.hidden_size * tokens)
+            if act.first_mlp_sees_frozen_input(m, ctx):
+                full[0] -= min(full[0], act.mlp_saved(m, layer_specs[0], ctx) * tokens)
         if t.gradient_checkpointing == "full":
             kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in layer_specs]
         elif t.gradient_checkpointing == "selective":
