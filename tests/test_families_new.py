@@ -90,13 +90,15 @@ def test_parallel_block_saves_its_norm_output_once_without_casts() -> None:
 
 def test_first_parallel_mlp_saves_nothing_under_attention_lora() -> None:
     m = load_model("CohereForAI/aya-23-8B")
-    base = dict(compute_bytes=2, residual_bytes=4, linear_input_bytes=2, autocast=True, attention="flash",
-                gqa_repeat=False, seq_len=512, frozen_base=True, lora_rank=8)
-    assert first_mlp_sees_frozen_input(m, ActContext(**base, lora_targets=frozenset({"q_proj", "v_proj"})))
-    assert not first_mlp_sees_frozen_input(m, ActContext(**base, lora_targets=frozenset({"q_proj", "up_proj"})))
+    def lora(*targets: str) -> ActContext:
+        return ActContext(compute_bytes=2, residual_bytes=4, linear_input_bytes=2, autocast=True, attention="flash",
+                          gqa_repeat=False, seq_len=512, frozen_base=True, lora_rank=8,
+                          lora_targets=frozenset(targets))
+
+    assert first_mlp_sees_frozen_input(m, lora("q_proj", "v_proj"))
+    assert not first_mlp_sees_frozen_input(m, lora("q_proj", "up_proj"))
     # a sequential block's MLP reads the attention's output, which the adapters make require grad
-    llama = load_model("meta-llama/Llama-3.2-1B")
-    assert not first_mlp_sees_frozen_input(llama, ActContext(**base, lora_targets=frozenset({"q_proj"})))
+    assert not first_mlp_sees_frozen_input(load_model("meta-llama/Llama-3.2-1B"), lora("q_proj"))
 
 
 @pytest.mark.parametrize("model_type", ["phi", "starcoder2", "stablelm", "cohere", "olmo"])
