@@ -22,7 +22,9 @@ FAMILIES = {
     "qwen3": "Qwen/Qwen3-8B", "qwen3_moe": "Qwen/Qwen3-30B-A3B", "mixtral": "mistralai/Mixtral-8x7B-v0.1",
     "gemma2": "google/gemma-2-2b", "gemma3": "google/gemma-3-1b-pt", "phi3": "microsoft/Phi-3-mini-4k-instruct",
     "gpt2": "openai-community/gpt2", "gpt_neox": "EleutherAI/pythia-1b", "falcon": "tiiuae/falcon-7b",
-    "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3",
+    "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3", "phi": "microsoft/phi-2",
+    "starcoder2": "bigcode/starcoder2-7b", "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
+    "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf",
 }
 
 

@@ -36,7 +36,9 @@ FAMILIES = {
     "qwen3": "Qwen/Qwen3-8B", "qwen3_moe": "Qwen/Qwen3-30B-A3B", "mixtral": "mistralai/Mixtral-8x7B-v0.1",
     "gemma2": "google/gemma-2-2b", "gemma3": "google/gemma-3-1b-pt", "phi3": "microsoft/Phi-3-mini-4k-instruct",
     "gpt2": "openai-community/gpt2", "gpt_neox": "EleutherAI/pythia-1b", "falcon": "tiiuae/falcon-7b",
-    "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3",
+    "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3", "phi": "microsoft/phi-2",
+    "starcoder2": "bigcode/starcoder2-7b", "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
+    "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf",
 }
 
 LORA = {"method": "lora", "rank": 16}
@@ -97,6 +99,14 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
      (2, 512)),
     ("deepseek_v3", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
     ("deepseek_v3", {"peft": {**LORA, "target_modules": ["q_b_proj", "kv_b_proj", "o_proj"]}}, (2, 512)),
+    # the families of phi, StarCoder2, StableLM, Command-R and OLMo-1: their own norms (Cohere's fp32 LayerNorm,
+    # OLMo's parameter-free one), the parallel block's shared norm output without casts, QLoRA's fp32 elementwise
+    # tensors after a non-gated fc1, the first parallel MLP that sees only frozen inputs
+    *[(fam, {"precision": pr}, (2, 512)) for fam in ("phi", "cohere", "olmo") for pr in ("fp32", "bf16-true")],
+    *[(fam, {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4"}, (2, 512))
+      for fam in ("phi", "starcoder2", "stablelm", "cohere", "olmo")],
+    ("phi", {"peft": {"method": "lora", "rank": 16, "target_modules": "all-linear"}}, (2, 512)),
+    ("starcoder2", {"attention": "eager"}, (2, 512)), ("cohere", {"gradient_checkpointing": "full"}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),

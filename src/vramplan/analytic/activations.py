@@ -91,6 +91,18 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
         # GemmaRMSNorm: x.float() and the fp32 normalized tensor (multiplied by 1 + weight; the
         # latter is saved for the weight's gradient only).
         return 4 if ctx.frozen_base else 8
+    if kind == "layer_fp32":
+        # CohereLayerNorm (modeling_cohere.py): x.to(fp32); (x - mean).pow(2) saves the fp32 difference (4);
+        # (x - mean) is computed a second time and saved by the multiplication with rsqrt (4); weight *
+        # normalized saves the fp32 normalized tensor (4) for the weight's gradient only.  Per element 12 B
+        # (8 with a frozen weight), whatever the residual dtype.  Example, Command-R h = 8192, full
+        # fine-tuning: 12 * 8192 = 98,304 B per token for its one norm per layer.
+        return 8 if ctx.frozen_base else 12
+    if kind == "layer_nonparam":
+        # OlmoLayerNorm (modeling_olmo.py): F.layer_norm(x.to(fp32)) without weight saves its fp32 input
+        # (the residual itself when it is fp32), and nothing for a weight.  Example, OLMo-7B h = 4096:
+        # 4 * 4096 = 16,384 B per token per norm, also in bf16-true (where nn.LayerNorm would save 2 B).
+        return 4
     # LayerNorm: autocast runs layer_norm in fp32 (input cast if needed), saving the fp32 input.
     return 4 if ctx.autocast else r
 
@@ -98,6 +110,7 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
 def _norm_out_bytes(kind: str, ctx: ActContext) -> int:
     if kind == "layer" and ctx.autocast:
         return 4
+    # RMSNorm and the fp32 LayerNorms of Cohere and OLMo return ``.to(input_dtype)``: the residual's dtype
     return ctx.residual_bytes
 
 
@@ -210,7 +223,8 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the
         # kernel is a view of the fused output, which keeps the whole [q|k|v] buffer alive
         saved += c * (qw + kvw)
-    o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj"}.get(m.model_type, "o_proj")
+    o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj", "phi": "dense"}.get(
+        m.model_type, "o_proj")
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
@@ -295,6 +309,10 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
     h = m.hidden_size
     act_saved, act_out = _act_saved(m.hidden_act, ctx)
     saved = 0
+    if _shares_attention_input(m, in_b, ctx):
+        # one norm feeds attention and MLP (parallel block) and no cast copies it per consumer: the MLP's
+        # first linear saves the very tensor the attention's projections saved
+        saved -= in_b * h
     if layer.moe and m.moe is not None:
         e = m.moe
         # router: logits (c) and fp32 softmax probabilities, per expert
@@ -327,8 +345,15 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         else:
             saved += _adapter_inputs(inter, ("down_proj",), ew, ctx)
     else:
-        fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense"}.get(m.model_type, "dense_h_to_4h")
-        fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense"}.get(m.model_type, "dense_4h_to_h")
+        fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense", "phi": "fc1", "starcoder2": "c_fc"}.get(
+            m.model_type, "dense_h_to_4h")
+        fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense", "phi": "fc2", "starcoder2": "c_proj"}.get(
+            m.model_type, "dense_4h_to_h")
+        if ctx.elementwise_bytes and m.model_type in ("phi", "starcoder2"):
+            # bitsandbytes' fc1 returns the fp32 hidden states' dtype: the activation runs and saves in ew
+            # bytes (NewGELU's chain then keeps four fp32 tensors: x, tanh, 0.5 x and 1 + tanh)
+            ew = ctx.elementwise_bytes
+            act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
         saved += _linear_inputs(h, (fc1,), in_b, ctx)
         saved += act_saved * inter
         # ReLU saves its output, which is also fc2's input: one tensor, counted once
@@ -338,6 +363,24 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
             saved += (c if act_out != c or ctx.autocast else act_out) * inter
     saved += _dropout(m.hidden_dropout, ctx) * h
     return saved
+
+
+def _shares_attention_input(m: ModelSpec, in_b: int, ctx: ActContext) -> bool:
+    """A parallel block with one norm (phi, Command-R, StableLM's parallel variant) whose output reaches the
+    linears uncast (no autocast cast, no fp8 copy) and is saved once for attention and MLP together."""
+    one_norm = m.model_type in ("phi", "cohere") or (m.model_type == "stablelm" and m.parallel_residual)
+    casts = ctx.autocast and in_b != ctx.compute_bytes
+    return one_norm and not ctx.frozen_base and not casts and ctx.linear_input_bytes == in_b
+
+
+def first_mlp_sees_frozen_input(m: ModelSpec, ctx: ActContext) -> bool:
+    """PEFT without checkpointing: the frozen embeddings' output does not require grad, and in a parallel
+    block the MLP reads only the normalised layer input, so the first layer's MLP records nothing for the
+    backward unless one of its own linears carries an adapter."""
+    if not (ctx.frozen_base and m.parallel_residual):
+        return False
+    mlp = {p.module for p in m.params if ".mlp." in p.name and p.role in ("linear", "expert", "router")}
+    return not (mlp & ctx.lora_targets)
 
 
 def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
@@ -517,7 +560,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
         kvw = max(1, ceil_div(m.num_kv_heads, ctx.tp)) * m.head_dim
         probs = heads * (min(ctx.seq_len, layer.sliding_window) if (
             layer.sliding_window and ctx.attention == "flash") else ctx.seq_len)
-        o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj"}.get(
+        o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj", "phi": "dense"}.get(
             m.model_type, "o_proj")
         freed += _out_proj_input(qw, o_name, ctx) + c * (qw if ctx.gqa_repeat else kvw)
         dropped = ctx.dropout and m.attention_dropout > 0
@@ -609,4 +652,8 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:
         out += c * ctx.seq_len  # the 4-D causal mask [b, 1, s, s] in the compute dtype
     if m.model_type in ("gpt2", "bert", "opt") and ctx.dropout and m.hidden_dropout > 0:
         out += m.hidden_size  # embedding dropout mask
+    if m.model_type == "starcoder2" and ctx.dropout and m.hidden_dropout > 0:
+        # StarCoder2 drops the embeddings with embedding_dropout (0.1 in the published configs, as is its
+        # residual_dropout, which hidden_dropout holds): a 1-byte mask per element
+        out += m.hidden_size
     return out

@@ -109,6 +109,12 @@ COMPUTE_DTYPE_SOFTMAX = frozenset({"gpt2", "falcon"})
 # decoder blocks that keep the attention output bound to a local through the MLP (``GPT2Block``:
 # ``attn_output, _ = self.attn(...)``, then ``hidden_states = attn_output + residual``)
 KEEPS_ATTN_OUTPUT = frozenset({"gpt2"})
+# hidden-sized tensors alive through the MLP where a block keeps more than Llama's three (layer input,
+# residual, normalised MLP input): GPT-2 also keeps the attention output (4); ``StableLmDecoderLayer`` binds
+# the attention output to ``self_attn_output`` and leaves the normalised input bound to ``hidden_states``
+# while the MLP reads ``post_attention_layernorm(residual)``: layer input, normalised input, attention
+# output, new residual and the MLP's input (5)
+HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5}
 # MLP activations written as a chain of elementwise ops: ``NewGELUActivation`` (gelu_new) computes
 # 0.5 x, x ** 3, 0.044715 x ** 3 ... with the fc output: four I-sized tensors alive at once
 CHAINED_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
@@ -176,7 +182,8 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
 
     * MLP: the layer's input (still bound to ``hidden_states`` in the decoder loop), the residual
       after attention, the normalised input and the MLP's I-sized tensors (``_mlp_width``);
-      GPT-2 also keeps the attention output (``KEEPS_ATTN_OUTPUT``): 3h (4h) + width;
+      GPT-2 also keeps the attention output, StableLM its normalised input as well
+      (``HIDDEN_KEPT_THROUGH_MLP``): 3h (4h, 5h) + width;
     * RMSNorm (half dtypes): the layer input, the residual and the fp32 upcast and product (2hc + 8h);
     * attention, sdpa/flash: the layer input and the normalised input (2h), the rotated queries
       (q), the attention output and its contiguous copy (2q), o_proj's output (h);
@@ -194,7 +201,7 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     kv_heads = max(1, ceil_div(m.num_kv_heads, tp))
     q = heads * (m.q_width // max(1, m.num_attention_heads))
     kv = kv_heads * m.head_dim if m.mla is None else ceil_div(m.kv_width, tp)
-    hidden_kept = 4 if m.model_type in KEEPS_ATTN_OUTPUT else 3
+    hidden_kept = HIDDEN_KEPT_THROUGH_MLP.get(m.model_type, 3)
     mlp = (hidden_kept * h + _mlp_width(m, tp)) * t * c
     if attention == "eager":
         qkv = (q + 2 * kv) if m.model_type in KEEPS_ATTN_OUTPUT else q

@@ -190,7 +190,7 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
                 continue
             if p.role == "lm_head" and not last:
                 continue
-            final_norm = p.name == "norm.weight" or p.module in ("ln_f", "final_layer_norm", "norm")
+            final_norm = p.name == "norm.weight" or p.module in ("ln_f", "final_layer_norm", "norm", "final_layernorm")
             if final_norm and not last:
                 continue
         n_inst = _count_on_rank(p, lset, ep)

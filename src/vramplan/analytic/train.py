@@ -236,6 +236,8 @@ def train_step(r: Resolved) -> TrainResult:
             if not (lt.linear & attn_mods):
                 frozen_prefix = (act.norms_saved(m, ctx) + act.attention_saved(m, layer_specs[0], ctx)) * tokens
             full[0] -= min(full[0], frozen_prefix)
+            if act.first_mlp_sees_frozen_input(m, ctx):
+                full[0] -= min(full[0], act.mlp_saved(m, layer_specs[0], ctx) * tokens)
         if t.gradient_checkpointing == "full":
             kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in layer_specs]
         elif t.gradient_checkpointing == "selective":

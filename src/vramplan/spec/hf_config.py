@@ -22,7 +22,8 @@ LLAMA_LIKE = {
     "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "olmo2", "granite",
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(
-    LLAMA_LIKE | {"gpt2", "gpt_bigcode", "gptj", "gpt_neox", "falcon", "bloom", "opt", "bert"}))
+    LLAMA_LIKE | {"gpt2", "gpt_bigcode", "gptj", "gpt_neox", "falcon", "bloom", "opt", "bert",
+                  "phi", "starcoder2", "stablelm", "cohere", "olmo"}))
 
 # Keys each family needs, spelled as in its config.json; used for clear errors.
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -155,6 +156,12 @@ def model_from_config(config: Mapping[str, Any], name: str = "custom", where: st
         return _opt(cfg, name)
     if model_type == "bert":
         return _bert(cfg, name)
+    if model_type == "phi":
+        return _phi(cfg, name)
+    if model_type == "starcoder2":
+        return _starcoder2(cfg, name)
+    if model_type in ("stablelm", "cohere", "olmo"):
+        return _gated_layernorm(cfg, model_type, name)
     return _llama_like(cfg, model_type, name)
 
 
@@ -381,17 +388,20 @@ def _llama_like(cfg: Mapping[str, Any], model_type: str, name: str) -> ModelSpec
 def _simple(
     cfg: Mapping[str, Any], name: str, model_type: str, p: _Params, *, h: int, n_layers: int, n_heads: int,
     n_kv: int, vocab: int, inter: int, act: str, position: str, tied: bool, parallel: bool,
-    attn_drop: float, hidden_drop: float, max_pos: int, encoder_only: bool = False,
+    attn_drop: float, hidden_drop: float, max_pos: int, encoder_only: bool = False, head_dim: int = 0,
+    windows: list[int | None] | None = None, mlp_gated: bool = False, norm: Norm = "layer",
+    qk_norm: bool = False, notes: tuple[str, ...] = (),
 ) -> ModelSpec:
-    layers = tuple(LayerSpec(i, False, inter, None) for i in range(n_layers))
+    win = windows or [None] * n_layers
+    layers = tuple(LayerSpec(i, False, inter, win[i]) for i in range(n_layers))
     return ModelSpec(
         name=name, model_type=model_type, hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads,
-        num_kv_heads=n_kv, head_dim=h // n_heads, vocab_size=vocab, intermediate_size=inter, hidden_act=act,
-        mlp_gated=False, norm="layer", position=position,  # type: ignore[arg-type]
-        tie_word_embeddings=tied, parallel_residual=parallel, qk_norm=False, sandwich_norms=False,
+        num_kv_heads=n_kv, head_dim=head_dim or h // n_heads, vocab_size=vocab, intermediate_size=inter,
+        hidden_act=act, mlp_gated=mlp_gated, norm=norm, position=position,  # type: ignore[arg-type]
+        tie_word_embeddings=tied, parallel_residual=parallel, qk_norm=qk_norm, sandwich_norms=False,
         attention_dropout=attn_drop, hidden_dropout=hidden_drop, max_position_embeddings=max_pos,
         layers=layers, params=tuple(p.rows), encoder_only=encoder_only, checkpoint_dtype=_dtype(cfg),
-        checkpoint_quantization=_quant(cfg),
+        checkpoint_quantization=_quant(cfg), notes=notes,
     )
 
 
@@ -608,3 +618,135 @@ def _bert(cfg: Mapping[str, Any], name: str) -> ModelSpec:
                    inter=inter, act=str(cfg.get("hidden_act", "gelu")), position="learned", tied=True,
                    parallel=False, attn_drop=float(cfg.get("attention_probs_dropout_prob", 0.1)),
                    hidden_drop=float(cfg.get("hidden_dropout_prob", 0.1)), max_pos=max_pos, encoder_only=True)
+
+
+def _phi(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    # modeling_phi.py (phi-1, phi-1.5, phi-2): one input_layernorm (LayerNorm with bias) feeding attention
+    # and MLP in parallel, q/k/v_proj and dense with bias, fc1/fc2 with bias, partial rotary
+    # (partial_rotary_factor of each head), final_layernorm, untied lm_head *with* bias.
+    # configuration_phi.py defaults: intermediate_size 8192, tie_word_embeddings False, qk_layernorm False.
+    h, n_layers, n_heads = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+    n_kv = int(_get(cfg, "num_key_value_heads", default=n_heads))
+    hd = h // n_heads
+    vocab, inter = int(cfg["vocab_size"]), int(cfg.get("intermediate_size") or 8192)
+    L = tuple(range(n_layers))
+    p = _Params()
+    p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
+    p.norm("layers.input_layernorm", h, L, True)
+    p.linear("layers.self_attn.q_proj", h, n_heads * hd, L, True, "column")
+    p.linear("layers.self_attn.k_proj", h, n_kv * hd, L, True, "column")
+    p.linear("layers.self_attn.v_proj", h, n_kv * hd, L, True, "column")
+    p.linear("layers.self_attn.dense", n_heads * hd, h, L, True, "row")
+    if cfg.get("qk_layernorm"):
+        # one LayerNorm (weight and bias) over head_dim, shared by all heads
+        p.norm("layers.self_attn.q_layernorm", hd, L, True)
+        p.norm("layers.self_attn.k_layernorm", hd, L, True)
+    p.linear("layers.mlp.fc1", h, inter, L, True, "column")
+    p.linear("layers.mlp.fc2", inter, h, L, True, "row")
+    p.norm("final_layernorm", h, (), True)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    if not tied:
+        p.add("lm_head.weight", vocab * h, "lm_head", in_features=h, out_features=vocab, tp="vocab")
+        p.add("lm_head.bias", vocab, "bias", tp="vocab")
+    return _simple(cfg, name, "phi", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab,
+                   inter=inter, act=str(cfg.get("hidden_act", "gelu_new")), position="rope", tied=tied,
+                   parallel=True, attn_drop=float(cfg.get("attention_dropout", 0.0) or 0.0),
+                   hidden_drop=float(cfg.get("resid_pdrop", 0.0) or 0.0),
+                   max_pos=int(cfg.get("max_position_embeddings", 2048)), qk_norm=bool(cfg.get("qk_layernorm")))
+
+
+def _starcoder2(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    # modeling_starcoder2.py: Llama-style q/k/v/o_proj and a non-gated c_fc -> act -> c_proj MLP, all with
+    # bias when use_bias (configuration default True); input/post_attention LayerNorms with bias, a final
+    # LayerNorm; GQA; sliding window (every layer) from sliding_window; residual_dropout after attention
+    # and MLP.  configuration_starcoder2.py: tie_word_embeddings True, hidden_act gelu_pytorch_tanh.
+    h, n_layers, n_heads = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+    n_kv = int(_get(cfg, "num_key_value_heads", default=n_heads))
+    hd = int(_get(cfg, "head_dim", default=h // n_heads))
+    vocab, inter = int(cfg["vocab_size"]), int(cfg.get("intermediate_size") or 4 * h)
+    bias = bool(cfg.get("use_bias", True))
+    L = tuple(range(n_layers))
+    p = _Params()
+    p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
+    p.norm("layers.input_layernorm", h, L, True)
+    p.linear("layers.self_attn.q_proj", h, n_heads * hd, L, bias, "column")
+    p.linear("layers.self_attn.k_proj", h, n_kv * hd, L, bias, "column")
+    p.linear("layers.self_attn.v_proj", h, n_kv * hd, L, bias, "column")
+    p.linear("layers.self_attn.o_proj", n_heads * hd, h, L, bias, "row")
+    p.norm("layers.post_attention_layernorm", h, L, True)
+    p.linear("layers.mlp.c_fc", h, inter, L, bias, "column")
+    p.linear("layers.mlp.c_proj", inter, h, L, bias, "row")
+    p.norm("norm", h, (), True)
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    if not tied:
+        p.add("lm_head.weight", vocab * h, "lm_head", in_features=h, out_features=vocab, tp="vocab")
+    window = cfg.get("sliding_window")
+    windows: list[int | None] = [int(window) if window else None] * n_layers
+    return _simple(cfg, name, "starcoder2", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab,
+                   inter=inter, act=str(cfg.get("hidden_act", "gelu_pytorch_tanh")), position="rope", tied=tied,
+                   parallel=False, attn_drop=float(cfg.get("attention_dropout", 0.0) or 0.0),
+                   hidden_drop=float(cfg.get("residual_dropout", 0.0) or 0.0),
+                   max_pos=int(cfg.get("max_position_embeddings", 4096)), head_dim=hd, windows=windows)
+
+
+def _gated_layernorm(cfg: Mapping[str, Any], model_type: str, name: str) -> ModelSpec:
+    """Llama's gated MLP and q/k/v/o projections with LayerNorm-family norms.
+
+    * stablelm (modeling_stablelm.py): nn.LayerNorm with bias; q/k/v bias when use_qkv_bias, o_proj
+      without; a post_attention_layernorm unless use_parallel_residual; per-head q/k LayerNorms (weight
+      only, one per head) when qk_layernorm; partial rotary; untied lm_head (configuration default).
+    * cohere (modeling_cohere.py, Command-R): CohereLayerNorm, weight only, computed in fp32 by eager
+      ops; one input_layernorm feeding attention and MLP in parallel; q/k/v/o bias when attention_bias;
+      per-head q/k norms over (heads, head_dim) when use_qk_norm; tied lm_head; logits * logit_scale.
+    * olmo (modeling_olmo.py, OLMo-1): OlmoLayerNorm without weight or bias (F.layer_norm on fp32); q/k/v/o
+      bias when attention_bias; untied lm_head unless tie_word_embeddings.
+    """
+    h, n_layers, n_heads = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+    n_kv = int(_get(cfg, "num_key_value_heads", default=n_heads))
+    hd = h // n_heads
+    vocab = int(cfg["vocab_size"])
+    inter = int(cfg.get("intermediate_size") or {"stablelm": 6912, "cohere": 22528, "olmo": 11008}[model_type])
+    L = tuple(range(n_layers))
+    p = _Params()
+    notes: list[str] = []
+    p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
+    parallel = model_type == "cohere" or (model_type == "stablelm" and bool(cfg.get("use_parallel_residual")))
+    if model_type == "stablelm":
+        qkv_bias, o_bias = bool(cfg.get("use_qkv_bias", False)), False
+    else:
+        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
+    norm_bias = model_type == "stablelm"
+    if model_type != "olmo":  # OLMo-1's norms hold no parameters
+        p.norm("layers.input_layernorm", h, L, norm_bias)
+        if not parallel:
+            p.norm("layers.post_attention_layernorm", h, L, norm_bias)
+    p.linear("layers.self_attn.q_proj", h, n_heads * hd, L, qkv_bias, "column")
+    p.linear("layers.self_attn.k_proj", h, n_kv * hd, L, qkv_bias, "column")
+    p.linear("layers.self_attn.v_proj", h, n_kv * hd, L, qkv_bias, "column")
+    p.linear("layers.self_attn.o_proj", n_heads * hd, h, L, o_bias, "row")
+    qk_norm = bool(cfg.get("qk_layernorm" if model_type == "stablelm" else "use_qk_norm", False))
+    if qk_norm and model_type != "olmo":
+        # one weight per head: StableLmLayerNormPerHead (a LayerNorm without bias per head) or CohereLayerNorm
+        # over (heads, head_dim)
+        names = ("q_layernorm", "k_layernorm") if model_type == "stablelm" else ("q_norm", "k_norm")
+        p.norm(f"layers.self_attn.{names[0]}", n_heads * hd, L, False)
+        p.norm(f"layers.self_attn.{names[1]}", n_kv * hd, L, False)
+        notes.append("per-head q/k LayerNorm activations are counted as RMSNorm's (approximation)")
+    p.linear("layers.mlp.gate_proj", h, inter, L, False, "column")
+    p.linear("layers.mlp.up_proj", h, inter, L, False, "column")
+    p.linear("layers.mlp.down_proj", inter, h, L, False, "row")
+    if model_type != "olmo":
+        p.norm("norm", h, (), norm_bias)
+    tied = bool(cfg.get("tie_word_embeddings", model_type == "cohere"))
+    if not tied:
+        p.add("lm_head.weight", vocab * h, "lm_head", in_features=h, out_features=vocab, tp="vocab")
+    if model_type == "olmo" and cfg.get("clip_qkv"):
+        notes.append("clip_qkv clamps q/k/v in place; its saved tensors are not modelled")
+    norm: Norm = {"stablelm": "layer", "cohere": "layer_fp32", "olmo": "layer_nonparam"}[model_type]  # type: ignore[assignment]
+    default_pos = {"stablelm": 4096, "cohere": 8192, "olmo": 2048}[model_type]
+    return _simple(cfg, name, model_type, p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab,
+                   inter=inter, act=str(cfg.get("hidden_act", "silu")), position="rope", tied=tied,
+                   parallel=parallel, attn_drop=float(cfg.get("attention_dropout", 0.0) or 0.0),
+                   hidden_drop=float(cfg.get("hidden_dropout", 0.0) or 0.0) if model_type == "stablelm" else 0.0,
+                   max_pos=int(cfg.get("max_position_embeddings", default_pos)), mlp_gated=True, norm=norm,
+                   qk_norm=qk_norm, notes=tuple(notes))

@@ -60,6 +60,10 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
     if mt == "opt":
         c["ffn_dim"] = _mult(c["ffn_dim"] * hidden / old_h)
         c["word_embed_proj_dim"] = hidden
+    if c.get("partial_rotary_factor"):
+        # keep an even number of rotated dimensions (phi-2's 0.4 of 64 would rotate 25.6)
+        rot = max(2, 2 * round(head_dim * float(c["partial_rotary_factor"]) / 2))
+        c["partial_rotary_factor"] = rot / head_dim
     if "query_pre_attn_scalar" in c:
         c["query_pre_attn_scalar"] = head_dim
     if "moe_intermediate_size" in c:
