@@ -23,7 +23,9 @@ from vramplan.trace.report import peak_of
 from vramplan.trace.shrink import catalog_config, shrink
 from vramplan.trace.step import StepTrace
 
-FAMILIES = {"llama": "meta-llama/Llama-3.1-8B", "mistral": "mistralai/Mistral-7B-v0.1", "qwen2": "Qwen/Qwen2.5-7B"}
+FAMILIES = {"llama": "meta-llama/Llama-3.1-8B", "mistral": "mistralai/Mistral-7B-v0.1", "qwen2": "Qwen/Qwen2.5-7B",
+            "mixtral": "mistralai/Mixtral-8x7B-v0.1", "qwen3_moe": "Qwen/Qwen3-30B-A3B"}
+DENSE = ("llama", "mistral", "qwen2")
 
 
 def _scenario(fam: str = "llama", tp: int = 2, hidden: int = 512, kv: int | None = None,
@@ -77,7 +79,10 @@ def test_collectives_allocate_their_outputs() -> None:
 
 
 ROWS: list[tuple[str, int, dict[str, Any], dict[str, Any]]] = [
-    *[(fam, tp, {}, {}) for fam in FAMILIES for tp in (2, 4)],
+    *[(fam, tp, {}, {}) for fam in DENSE for tp in (2, 4)],
+    # MoE: transformers' moe_tp_experts plan splits every expert's intermediate width over the ranks
+    # (packed_colwise gate_up, rowwise down), so each rank runs all routed tokens through I/tp
+    ("mixtral", 2, {}, {}), ("qwen3_moe", 2, {}, {}),
     ("llama", 2, {"gradient_checkpointing": "full"}, {}),
     ("llama", 2, {"precision": "bf16-true"}, {}),
     ("mistral", 4, {"optimizer": "sgd-momentum"}, {}),

@@ -43,6 +43,7 @@ class ActContext:
     gqa_repeat: bool  # K/V repeated to all heads before attention (eager/math)
     seq_len: int  # keys per query row (s for the s x s term)
     tp: int = 1
+    ep: int = 1  # expert parallelism: whole experts per rank (else each expert is split over tp)
     sequence_parallel: bool = False
     frozen_base: bool = False  # PEFT: base linears do not need their inputs saved
     lora_targets: frozenset[str] = frozenset()
@@ -383,6 +384,15 @@ def first_mlp_sees_frozen_input(m: ModelSpec, ctx: ActContext) -> bool:
     return not (mlp & ctx.lora_targets)
 
 
+def _expert_inter(m: ModelSpec, ctx: ActContext) -> int:
+    """One expert's intermediate width on this rank: split over tp like a dense MLP (transformers'
+    ``moe_tp_experts`` plan: ``packed_colwise`` gate_up, ``rowwise`` down) unless experts are
+    distributed whole by expert parallelism."""
+    assert m.moe is not None
+    ei = m.moe.expert_intermediate_size
+    return ei if ctx.ep > 1 else ceil_div(ei, ctx.tp)
+
+
 def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
     """Per routed token (token x top_k): transformers >= 5 ``grouped_mm_experts_forward``.
 
@@ -390,7 +400,7 @@ def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
     the experts' dtype w.
     """
     assert m.moe is not None
-    h, ei = m.hidden_size, m.moe.expert_intermediate_size
+    h, ei = m.hidden_size, _expert_inter(m, ctx)
     w = ctx.expert_bytes or ctx.compute_bytes
     gate_up = not ctx.frozen_base or ctx.gate_up_wrapped  # the weight (or its LoRA-adapted copy) needs a gradient
     down = not ctx.frozen_base or ctx.down_wrapped
@@ -418,7 +428,7 @@ class WrappedExperts:
 
 
 def wrapped_experts(m: ModelSpec, gate_up_rank: int, down_rank: int, router_rank: int, w: int,
-                    adapter_bytes: int, ctx: ActContext, ep: int = 1) -> WrappedExperts:
+                    adapter_bytes: int, ctx: ActContext) -> WrappedExperts:
     """What LoRA on transformers 5's fused experts keeps per MoE layer, from the forward to its backward.
 
     peft's ``ParamWrapper`` (tuners/lora/layer.py) registers a parametrization on each targeted 3-D
@@ -437,8 +447,8 @@ def wrapped_experts(m: ModelSpec, gate_up_rank: int, down_rank: int, router_rank
     """
     assert m.moe is not None
     e = m.moe
-    n_exp = ceil_div(e.num_experts, ep)
-    inter = e.expert_intermediate_size if ep > 1 else ceil_div(e.expert_intermediate_size, ctx.tp)
+    n_exp = ceil_div(e.num_experts, ctx.ep)
+    inter = _expert_inter(m, ctx)
     h = m.hidden_size
     cast = w != adapter_bytes
     router = 0
@@ -467,7 +477,7 @@ def wrapped_experts_backward(m: ModelSpec, wx: WrappedExperts, ctx: ActContext, 
     * gate_up last: the gradient of its output (2 w I) and input (w h) per routed token, and dW_gate_up.
     """
     assert m.moe is not None
-    k, h, ei = m.moe.top_k, m.hidden_size, ceil_div(m.moe.expert_intermediate_size, ctx.tp)
+    k, h, ei = m.moe.top_k, m.hidden_size, _expert_inter(m, ctx)
     w, r = ctx.expert_bytes or ctx.compute_bytes, ctx.residual_bytes
     rel = released + wx.down + wx.down_casts
     moments = [transient]
@@ -497,7 +507,7 @@ def _expert_loop_saved(m: ModelSpec, ctx: ActContext, in_b: int, act_saved: int)
     + 2 * 4 * 4096 + 20 = 204,820 bytes per routed token; top-2 -> 409,640 bytes per token and layer.
     """
     assert m.moe is not None
-    h, ei, c, ew = m.hidden_size, m.moe.expert_intermediate_size, ctx.compute_bytes, ctx.ew
+    h, ei, c, ew = m.hidden_size, _expert_inter(m, ctx), ctx.compute_bytes, ctx.ew
     per = _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, ctx)
     per += (act_saved - c + 3 * ew) * ei
     per += _adapter_inputs(ei, ("down_proj",), ew, ctx)
@@ -580,7 +590,7 @@ def freed_before_mlp_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: Act
             return ceil_div(e.top_k * 2 * ctx.ew * m.hidden_size, e.num_experts)
         w = ctx.expert_bytes or c
         down = not ctx.frozen_base or ctx.down_wrapped
-        per_routed = w * m.hidden_size + (w * e.expert_intermediate_size if down else 0)
+        per_routed = w * m.hidden_size + (w * _expert_inter(m, ctx) if down else 0)
         return e.top_k * per_routed
     inter = ceil_div(layer.intermediate_size, ctx.tp)
     if m.mlp_gated:
@@ -605,9 +615,9 @@ def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContex
     if layer.moe and m.moe is not None and ctx.expert_loop:
         # the experts loop runs its backward one expert at a time: one expert's share of the routed
         # tokens (top_k * T / E) holds its elementwise gradients at once
-        inter = ceil_div(m.moe.expert_intermediate_size * m.moe.top_k, m.moe.num_experts)
+        inter = ceil_div(_expert_inter(m, ctx) * m.moe.top_k, m.moe.num_experts)
     elif layer.moe and m.moe is not None:
-        inter = m.moe.expert_intermediate_size * m.moe.top_k
+        inter = _expert_inter(m, ctx) * m.moe.top_k
         ew = ctx.expert_bytes or ew
     else:
         inter = ceil_div(layer.intermediate_size, ctx.tp)

@@ -206,7 +206,7 @@ def train_step(r: Resolved) -> TrainResult:
         ctx = act.ActContext(
             compute_bytes=pol.compute_bytes, residual_bytes=_residual_bytes(pol, peft is not None, kbit),
             linear_input_bytes=pol.linear_input_bytes, autocast=pol.autocast, attention=attention,
-            gqa_repeat=repeat, seq_len=t.seq_len, tp=tp, sequence_parallel=par.sequence_parallel,
+            gqa_repeat=repeat, seq_len=t.seq_len, tp=tp, ep=ep, sequence_parallel=par.sequence_parallel,
             frozen_base=peft is not None, lora_targets=tgt, lora_rank=peft.rank if peft else 0,
             lora_dropout=bool(peft and peft.dropout > 0), dora=bool(peft and peft.method == "dora"),
             elementwise_bytes=4 if (kbit and pol.autocast) else 0,
@@ -225,7 +225,7 @@ def train_step(r: Resolved) -> TrainResult:
         wx = None
         if m.moe is not None and (lt.experts_wrapped or lt.router_rank):
             wx = act.wrapped_experts(m, lt.gate_up_rank, lt.down_rank, lt.router_rank, pol.frozen_param_bytes,
-                                     adapter, ctx, ep)
+                                     adapter, ctx)
             full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, layer_specs, strict=True)]
         if peft is not None and t.gradient_checkpointing == "none" and rp.has_embedding and full:
             # the frozen embeddings' output does not require grad (peft enables input gradients only with
