@@ -111,3 +111,32 @@ def test_ambiguous_4060_ti_is_not_guessed() -> None:
     with pytest.raises(ScenarioError) as exc:
         resolve_gpu("NVIDIA GeForce RTX 4060 Ti")
     assert "'RTX-4060-Ti-16GB'" in str(exc.value) and "capacity_gib" in str(exc.value)
+
+
+def test_names_without_separators_resolve() -> None:
+    # "rtx4090" and "H100 SXM5 80GB" are the catalog's "rtx-4090" and "h100-sxm5-80gb" without separators
+    from vramplan.catalog.gpus import resolve_gpu
+
+    assert resolve_gpu("rtx4090").name == "RTX-4090"
+    assert resolve_gpu("H100 SXM5 80GB").name == "H100-SXM"
+
+
+def test_ambiguous_name_refused_in_any_spelling() -> None:
+    import pytest
+
+    from vramplan.catalog.gpus import resolve_gpu
+    from vramplan.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="names two cards"):
+        resolve_gpu("RTX4060Ti")
+
+
+def test_bare_family_name_is_reported_as_an_assumption() -> None:
+    # "a100" resolves to the 80 GB card; the report says so and names the smaller variant
+    from vramplan import estimate
+
+    doc = {"model": "meta-llama/Llama-2-7b-hf", "task": "inference", "hardware": {"gpu": "a100"}}
+    notes = estimate(doc).assumptions
+    assert any("'a100' taken as A100-80GB" in a and "A100-40GB" in a for a in notes)
+    named = estimate({**doc, "hardware": {"gpu": "A100-80GB"}}).assumptions
+    assert not any("taken as" in a for a in named)

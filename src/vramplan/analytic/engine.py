@@ -10,6 +10,7 @@ from vramplan.analytic.inference import inference_step
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.serve import serve
 from vramplan.analytic.train import Moment, train_step
+from vramplan.catalog.gpus import bare_name_note
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
 from vramplan.spec.load import Resolved, resolve
 from vramplan.spec.scenario import Scenario
@@ -40,6 +41,8 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
     )
     assumptions = [*assumptions, cuda_context_for(r.gpu).assumption()]
+    if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
+        assumptions.append(note)
     report = Report(
         engine="analytic", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=serve_block,
         assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),

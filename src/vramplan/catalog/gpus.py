@@ -49,7 +49,19 @@ def _catalog() -> tuple[dict[str, GpuSpec], dict[str, str]]:
         by_name[spec.name] = spec
         for key in (spec.name, *spec.aliases):
             index.setdefault(_norm(key), spec.name)
+    # the same names without spaces or hyphens ("rtx4090", "H100 SXM5 80GB"), where that stays unique
+    compact: dict[str, set[str]] = {}
+    for key, row_name in list(index.items()):
+        compact.setdefault(_compact(key), set()).add(row_name)
+    for key, row_names in compact.items():
+        if len(row_names) == 1:
+            index.setdefault(key, next(iter(row_names)))
     return by_name, index
+
+
+def _compact(name: str) -> str:
+    """``_norm`` without spaces, hyphens or dots: "RTX 4090" == "rtx4090" == "RTX-4090"."""
+    return re.sub(r"[^a-z0-9]", "", _norm(name))
 
 
 def gpu_names() -> list[str]:
@@ -68,15 +80,33 @@ def list_gpus(query: str | None = None) -> list[GpuSpec]:
 def _ambiguous() -> dict[str, tuple[str, str]]:
     """Names torch / nvidia-smi print for two cards of different memory (a row's ``ambiguous_names``):
     taking the larger would be optimistic, so the user must say which.  name -> (row, the other card)."""
-    return {_norm(n): (row["name"], row["ambiguous_names"]["other_card"])
-            for row in _rows() if "ambiguous_names" in row for n in row["ambiguous_names"]["names"]}
+    out = {}
+    for row in _rows():
+        for n in row.get("ambiguous_names", {}).get("names", ()):
+            out[_norm(n)] = out[_compact(n)] = (row["name"], row["ambiguous_names"]["other_card"])
+    return out
+
+
+def bare_name_note(name: str) -> str | None:
+    """An assumption to report when ``name`` is a family name (a row's ``bare_names``, e.g. "a100") that
+    the catalog takes for its larger-memory variant."""
+    n = _norm(name)
+    for row in _rows():
+        bare = row.get("bare_names")
+        if bare and n in {_norm(x) for x in bare["names"]}:
+            return (f"GPU {name!r} taken as {row['name']}; name the variant if it is "
+                    f"{' or '.join(bare['other_variants'])} (less memory)")
+    return None
 
 
 def resolve_gpu(name: str, where: str = "hardware.gpu") -> GpuSpec:
     by_name, index = _catalog()
     key = index.get(_norm(name))
-    if key is None and _norm(name) in _ambiguous():
-        big, small = _ambiguous()[_norm(name)]
+    amb = _ambiguous().get(_norm(name)) or _ambiguous().get(_compact(name))
+    if key is None and amb is None:
+        key = index.get(_compact(name))
+    if key is None and amb is not None:
+        big, small = amb
         raise ScenarioError([Problem(where, f"{name!r} names two cards ({small} and {big})",
                                      f"use gpu {big!r}, or capacity_gib for the {small} card")])
     if key is None:

@@ -84,4 +84,8 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
     out.append("CUDA context 400 MiB; cuBLAS workspaces as analytic/overhead.py")
     out.extend(st.notes)
     out.extend(notes)
+    from vramplan.catalog.gpus import bare_name_note
+
+    if s.hardware.gpu and (note := bare_name_note(s.hardware.gpu)):
+        out.append(note)
     return list(dict.fromkeys(out))
