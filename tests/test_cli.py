@@ -198,3 +198,17 @@ def test_measure_without_torch_names_the_extra(monkeypatch) -> None:  # type: ig
     res = CliRunner().invoke(app, ["measure", "examples/gpt2-eager-fp32-t4.yaml"])
     assert res.exit_code == 2
     assert "pip install 'vramplan[trace]'" in res.output
+
+
+def test_tight_fit_is_flagged() -> None:
+    # headroom under 10% of the capacity (report.TIGHT_HEADROOM_FRACTION) prints FITS, TIGHT
+    from vramplan import estimate
+
+    doc = {"model": "meta-llama/Llama-2-7b-hf", "task": "inference", "hardware": {"capacity_gib": 80}}
+    used = estimate(doc).per_gpu.device_used_bytes
+    tight = estimate({**doc, "hardware": {"capacity_gib": used * 1.05 / 2**30}})
+    roomy = estimate({**doc, "hardware": {"capacity_gib": used * 1.25 / 2**30}})
+    assert tight.fits and tight.tight and roomy.fits and not roomy.tight
+    code, out, _ = run("estimate", "--model", "meta-llama/Llama-2-7b-hf", "--task", "inference",
+                       "--capacity-gib", f"{used * 1.05 / 2**30:.3f}")
+    assert code == 0 and "FITS, TIGHT" in out

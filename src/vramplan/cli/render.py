@@ -29,6 +29,8 @@ def render_report(report: Report, console: Console) -> None:
     task = report.scenario.get("task", "?")
     n = report.scenario.get("hardware", {}).get("num_gpus", 1)
     verdict = "[bold green]FITS[/]" if report.fits else "[bold red]DOES NOT FIT[/]"
+    if report.tight:
+        verdict = "[bold yellow]FITS, TIGHT[/] (headroom within the estimate's error)"
     console.print(f"[bold]{model}[/] · {task} · {n} x {gpu} · engine: {report.engine}")
     console.print(f"{verdict}: {_gib(pg.device_used_bytes)} GiB of {_gib(pg.capacity_bytes)} GiB per GPU "
                   f"(headroom {_gib(pg.headroom_bytes)} GiB); peak in {pg.peak_phase}")

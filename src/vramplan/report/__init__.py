@@ -17,6 +17,10 @@ BREAKDOWN_KEYS = (
     "weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache", "temporaries", "other",
 )
 OUTSIDE_KEYS = ("cuda_context", "workspaces", "communication", "managed")
+# A "fits" with less headroom than this share of the capacity is shown as tight: what nvidia-smi shows
+# was predicted with a median error of 8.7% over 26 published runs (benchmarks/validation_results.md),
+# so a smaller headroom is within the estimate's own error.
+TIGHT_HEADROOM_FRACTION = 0.10
 
 
 class PerGpu(BaseModel):
@@ -62,6 +66,12 @@ class Report(BaseModel):
     scenario: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     gpu: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def tight(self) -> bool:
+        """Fits, but with less headroom than ``TIGHT_HEADROOM_FRACTION`` of the capacity."""
+        pg = self.per_gpu
+        return self.fits and pg.headroom_bytes < TIGHT_HEADROOM_FRACTION * pg.capacity_bytes
 
     def check(self) -> None:
         """Raise if the breakdown does not add up (an internal invariant)."""
