@@ -21,6 +21,17 @@ PUBLISHED = {
     "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
     "openai-community/gpt2": 124_439_808,
     "Qwen/Qwen2.5-7B": 7_615_616_512,
+    # Pythia model card, "Naming convention and parameter count" (total incl. embeddings).
+    "EleutherAI/pythia-70m": 70_426_624,
+    "EleutherAI/pythia-160m": 162_322_944,
+    "EleutherAI/pythia-410m": 405_334_016,
+    "EleutherAI/pythia-1.4b": 1_414_647_808,
+    "EleutherAI/pythia-2.8b": 2_775_208_960,
+    "EleutherAI/pythia-6.9b": 6_857_302_016,
+    "EleutherAI/pythia-12b": 11_846_072_320,
+    # Keras-Hub qwen_presets.py params.
+    "Qwen/Qwen2.5-32B-Instruct": 32_763_876_352,
+    "Qwen/Qwen2.5-72B-Instruct": 72_706_203_648,
 }
 
 
@@ -75,7 +86,14 @@ VARIANTS = {
     "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-3B",
     "mistralai/Mistral-7B-Instruct-v0.2": "mistralai/Mistral-7B-Instruct-v0.2",
     "mistralai/Mistral-7B-Instruct-v0.3": "mistralai/Mistral-7B-v0.3",
+    "Qwen/Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B",
     "Qwen/Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-3B",
+    "Qwen/Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen/Qwen2.5-32B-Instruct": "Qwen/Qwen2.5-32B-Instruct",
+    "Qwen/Qwen2.5-72B-Instruct": "Qwen/Qwen2.5-72B-Instruct",
+    "EleutherAI/pythia-70m-deduped": "EleutherAI/pythia-70m",
+    "EleutherAI/pythia-12b-deduped": "EleutherAI/pythia-12b",
+    "EleutherAI/pythia-410m-deduped": "EleutherAI/pythia-410m-deduped",
     "Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
     "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2-7B-Instruct",
     "google/gemma-7b": "google/gemma-7b",
@@ -123,3 +141,23 @@ def test_gemma2_alternates_sliding_window() -> None:
     windows = [ls.sliding_window for ls in g.layers]
     assert windows[0] == 4096 and windows[1] is None
     assert g.tie_word_embeddings and g.norm == "gemma_rms" and g.sandwich_norms
+
+
+def test_pythia_vocab_padding() -> None:
+    # Pythia pads the 50,254-token vocabulary to a multiple of 128 up to 2.8B (50,304), 256 for 6.9B (50,432) and
+    # 512 for 12B (50,688): total - non-embedding = 2 x V x h on the card, e.g. 12B: 11,846,072,320 - 11,327,027,200
+    # = 519,045,120 = 2 x 50,688 x 5,120.
+    assert load_model("pythia-2.8b").vocab_size == 50304
+    assert load_model("pythia-6.9b").vocab_size == 50432
+    assert load_model("pythia-12b").vocab_size == 50688
+    assert load_model("pythia-12b").parallel_residual
+
+
+def test_qwen25_instruct_rows_have_32k_positions() -> None:
+    # Qwen2.5 1.5B/32B/72B-Instruct share the base shapes but their config.json has 32768 positions against 131072
+    # in the base file, so each is a row of its own; 0.5B keeps 32768 in both files and is an alias.
+    for size, count in (("1.5B", 1_543_714_304), ("32B", 32_763_876_352), ("72B", 72_706_203_648)):
+        base, inst = load_model(f"Qwen/Qwen2.5-{size}"), load_model(f"Qwen/Qwen2.5-{size}-Instruct")
+        assert base.num_parameters == inst.num_parameters == count
+        assert (base.max_position_embeddings, inst.max_position_embeddings) == (131072, 32768)
+    assert load_model("Qwen/Qwen2.5-0.5B-Instruct").max_position_embeddings == 32768
