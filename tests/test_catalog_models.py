@@ -98,6 +98,16 @@ VARIANTS = {
     "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2-7B-Instruct",
     "google/gemma-7b": "google/gemma-7b",
     "google/gemma-2-2b-it": "google/gemma-2-2b",
+    "google/gemma-2-9b-it": "google/gemma-2-9b",
+    "google/gemma-2-27b-it": "google/gemma-2-27b",
+    "google/gemma-2b-it": "google/gemma-2b",
+    "google/gemma-7b-it": "google/gemma-7b",
+    "meta-llama/Llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
+    "meta-llama/Llama-2-70b-chat-hf": "meta-llama/Llama-2-70b-hf",
+    "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B",
+    "codellama/CodeLlama-7b-Instruct-hf": "codellama/CodeLlama-7b-hf",
+    "codellama/CodeLlama-34b-Instruct-hf": "codellama/CodeLlama-34b-hf",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
     "google/gemma-3-1b-it": "google/gemma-3-1b-pt",
 }
 
@@ -161,3 +171,16 @@ def test_qwen25_instruct_rows_have_32k_positions() -> None:
         assert base.num_parameters == inst.num_parameters == count
         assert (base.max_position_embeddings, inst.max_position_embeddings) == (131072, 32768)
     assert load_model("Qwen/Qwen2.5-0.5B-Instruct").max_position_embeddings == 32768
+
+
+def test_codellama_34b_vocab_and_nemo_head_dim() -> None:
+    # CodeLlama-34B has no infilling tokens: 32,000 entries (7B/13B: 32,016).  Count, h = 8192, V = 32000, 48 layers:
+    # embed + head 2 x 32000 x 8192 = 524,288,000; per layer q,o 2 x 8192^2 = 134,217,728, k,v 2 x 8192 x 1024 =
+    # 16,777,216, MLP 3 x 8192 x 22016 = 541,065,216, norms 2 x 8192 = 16,384 -> 692,076,544 x 48 = 33,219,674,112;
+    # + final norm 8192 = 33,743,970,304.
+    cl34 = load_model("codellama/CodeLlama-34b-hf")
+    assert cl34.vocab_size == 32000 and cl34.num_kv_heads == 8
+    assert cl34.num_parameters == 33_743_970_304
+    # Mistral NeMo: 32 heads of 128 over hidden 5120 (head_dim is not hidden / heads = 160).
+    nemo = load_model("mistralai/Mistral-Nemo-Base-2407")
+    assert nemo.head_dim == 128 and nemo.hidden_size == 5120 and nemo.num_kv_heads == 8
