@@ -31,6 +31,8 @@ PUBLISHED = {
     "EleutherAI/pythia-12b": 11_846_072_320,
     # Keras-Hub qwen_presets.py params.
     "Qwen/Qwen2.5-32B-Instruct": 32_763_876_352,
+    # Keras-Hub bloom_presets.py params.
+    "bigscience/bloom-560m": 559_214_592,
     "Qwen/Qwen2.5-72B-Instruct": 72_706_203_648,
 }
 
@@ -108,6 +110,9 @@ VARIANTS = {
     "codellama/CodeLlama-7b-Instruct-hf": "codellama/CodeLlama-7b-hf",
     "codellama/CodeLlama-34b-Instruct-hf": "codellama/CodeLlama-34b-hf",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
+    "bigscience/bloomz-560m": "bigscience/bloom-560m",
+    "allenai/OLMo-2-1124-7B-Instruct": "allenai/OLMo-2-1124-7B",
+    "allenai/OLMo-2-1124-13B-Instruct": "allenai/OLMo-2-1124-13B",
     "google/gemma-3-1b-it": "google/gemma-3-1b-pt",
 }
 
@@ -184,3 +189,13 @@ def test_codellama_34b_vocab_and_nemo_head_dim() -> None:
     # Mistral NeMo: 32 heads of 128 over hidden 5120 (head_dim is not hidden / heads = 160).
     nemo = load_model("mistralai/Mistral-Nemo-Base-2407")
     assert nemo.head_dim == 128 and nemo.hidden_size == 5120 and nemo.num_kv_heads == 8
+
+
+def test_r1_distill_and_olmo2_facts() -> None:
+    # R1-Distill-Qwen-1.5B unties the Qwen2.5-1.5B embeddings: the extra lm_head is 151,936 x 1,536 = 233,373,696,
+    # 1,543,714,304 (tied) + 233,373,696 = 1,777,088,000.
+    r1 = load_model("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+    assert not r1.tie_word_embeddings and r1.num_parameters == 1_777_088_000
+    # OLMo 2 normalises q and k (qk_norm) and places its norms after each sublayer.
+    o7 = load_model("allenai/OLMo-2-1124-7B")
+    assert o7.qk_norm and o7.vocab_size == 100352 and o7.num_kv_heads == 32
