@@ -107,6 +107,7 @@ VARIANTS = {
     "meta-llama/Llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
     "meta-llama/Llama-2-70b-chat-hf": "meta-llama/Llama-2-70b-hf",
     "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B",
+    "deepseek-ai/DeepSeek-R1-Distill-Llama-8B": "meta-llama/Llama-3.1-8B",
     "codellama/CodeLlama-7b-Instruct-hf": "codellama/CodeLlama-7b-hf",
     "codellama/CodeLlama-34b-Instruct-hf": "codellama/CodeLlama-34b-hf",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
@@ -199,3 +200,13 @@ def test_r1_distill_and_olmo2_facts() -> None:
     # OLMo 2 normalises q and k (qk_norm) and places its norms after each sublayer.
     o7 = load_model("allenai/OLMo-2-1124-7B")
     assert o7.qk_norm and o7.vocab_size == 100352 and o7.num_kv_heads == 32
+
+
+def test_names_are_unique_across_rows() -> None:
+    # The lookup index keeps the first row that claims a name, so a second row claiming the same id, short id or
+    # alias (case-insensitively) would be unreachable under it.
+    owner: dict[str, str] = {}
+    for row in ROWS:
+        for name in {row.id, row.id.split("/")[-1], *row.aliases}:
+            key = name.strip().lower()
+            assert owner.setdefault(key, row.id) == row.id, (name, owner[key], row.id)
