@@ -21,6 +21,19 @@ PUBLISHED = {
     "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
     "openai-community/gpt2": 124_439_808,
     "Qwen/Qwen2.5-7B": 7_615_616_512,
+    # Pythia model card, "Naming convention and parameter count" (total incl. embeddings).
+    "EleutherAI/pythia-70m": 70_426_624,
+    "EleutherAI/pythia-160m": 162_322_944,
+    "EleutherAI/pythia-410m": 405_334_016,
+    "EleutherAI/pythia-1.4b": 1_414_647_808,
+    "EleutherAI/pythia-2.8b": 2_775_208_960,
+    "EleutherAI/pythia-6.9b": 6_857_302_016,
+    "EleutherAI/pythia-12b": 11_846_072_320,
+    # Keras-Hub qwen_presets.py params.
+    "Qwen/Qwen2.5-32B-Instruct": 32_763_876_352,
+    # Keras-Hub bloom_presets.py params.
+    "bigscience/bloom-560m": 559_214_592,
+    "Qwen/Qwen2.5-72B-Instruct": 72_706_203_648,
 }
 
 
@@ -75,11 +88,32 @@ VARIANTS = {
     "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-3B",
     "mistralai/Mistral-7B-Instruct-v0.2": "mistralai/Mistral-7B-Instruct-v0.2",
     "mistralai/Mistral-7B-Instruct-v0.3": "mistralai/Mistral-7B-v0.3",
+    "Qwen/Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B",
     "Qwen/Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-3B",
+    "Qwen/Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen/Qwen2.5-32B-Instruct": "Qwen/Qwen2.5-32B-Instruct",
+    "Qwen/Qwen2.5-72B-Instruct": "Qwen/Qwen2.5-72B-Instruct",
+    "EleutherAI/pythia-70m-deduped": "EleutherAI/pythia-70m",
+    "EleutherAI/pythia-12b-deduped": "EleutherAI/pythia-12b",
+    "EleutherAI/pythia-410m-deduped": "EleutherAI/pythia-410m-deduped",
     "Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
     "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2-7B-Instruct",
     "google/gemma-7b": "google/gemma-7b",
     "google/gemma-2-2b-it": "google/gemma-2-2b",
+    "google/gemma-2-9b-it": "google/gemma-2-9b",
+    "google/gemma-2-27b-it": "google/gemma-2-27b",
+    "google/gemma-2b-it": "google/gemma-2b",
+    "google/gemma-7b-it": "google/gemma-7b",
+    "meta-llama/Llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
+    "meta-llama/Llama-2-70b-chat-hf": "meta-llama/Llama-2-70b-hf",
+    "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B",
+    "deepseek-ai/DeepSeek-R1-Distill-Llama-8B": "meta-llama/Llama-3.1-8B",
+    "codellama/CodeLlama-7b-Instruct-hf": "codellama/CodeLlama-7b-hf",
+    "codellama/CodeLlama-34b-Instruct-hf": "codellama/CodeLlama-34b-hf",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
+    "bigscience/bloomz-560m": "bigscience/bloom-560m",
+    "allenai/OLMo-2-1124-7B-Instruct": "allenai/OLMo-2-1124-7B",
+    "allenai/OLMo-2-1124-13B-Instruct": "allenai/OLMo-2-1124-13B",
     "google/gemma-3-1b-it": "google/gemma-3-1b-pt",
 }
 
@@ -123,3 +157,56 @@ def test_gemma2_alternates_sliding_window() -> None:
     windows = [ls.sliding_window for ls in g.layers]
     assert windows[0] == 4096 and windows[1] is None
     assert g.tie_word_embeddings and g.norm == "gemma_rms" and g.sandwich_norms
+
+
+def test_pythia_vocab_padding() -> None:
+    # Pythia pads the 50,254-token vocabulary to a multiple of 128 up to 2.8B (50,304), 256 for 6.9B (50,432) and
+    # 512 for 12B (50,688): total - non-embedding = 2 x V x h on the card, e.g. 12B: 11,846,072,320 - 11,327,027,200
+    # = 519,045,120 = 2 x 50,688 x 5,120.
+    assert load_model("pythia-2.8b").vocab_size == 50304
+    assert load_model("pythia-6.9b").vocab_size == 50432
+    assert load_model("pythia-12b").vocab_size == 50688
+    assert load_model("pythia-12b").parallel_residual
+
+
+def test_qwen25_instruct_rows_have_32k_positions() -> None:
+    # Qwen2.5 1.5B/32B/72B-Instruct share the base shapes but their config.json has 32768 positions against 131072
+    # in the base file, so each is a row of its own; 0.5B keeps 32768 in both files and is an alias.
+    for size, count in (("1.5B", 1_543_714_304), ("32B", 32_763_876_352), ("72B", 72_706_203_648)):
+        base, inst = load_model(f"Qwen/Qwen2.5-{size}"), load_model(f"Qwen/Qwen2.5-{size}-Instruct")
+        assert base.num_parameters == inst.num_parameters == count
+        assert (base.max_position_embeddings, inst.max_position_embeddings) == (131072, 32768)
+    assert load_model("Qwen/Qwen2.5-0.5B-Instruct").max_position_embeddings == 32768
+
+
+def test_codellama_34b_vocab_and_nemo_head_dim() -> None:
+    # CodeLlama-34B has no infilling tokens: 32,000 entries (7B/13B: 32,016).  Count, h = 8192, V = 32000, 48 layers:
+    # embed + head 2 x 32000 x 8192 = 524,288,000; per layer q,o 2 x 8192^2 = 134,217,728, k,v 2 x 8192 x 1024 =
+    # 16,777,216, MLP 3 x 8192 x 22016 = 541,065,216, norms 2 x 8192 = 16,384 -> 692,076,544 x 48 = 33,219,674,112;
+    # + final norm 8192 = 33,743,970,304.
+    cl34 = load_model("codellama/CodeLlama-34b-hf")
+    assert cl34.vocab_size == 32000 and cl34.num_kv_heads == 8
+    assert cl34.num_parameters == 33_743_970_304
+    # Mistral NeMo: 32 heads of 128 over hidden 5120 (head_dim is not hidden / heads = 160).
+    nemo = load_model("mistralai/Mistral-Nemo-Base-2407")
+    assert nemo.head_dim == 128 and nemo.hidden_size == 5120 and nemo.num_kv_heads == 8
+
+
+def test_r1_distill_and_olmo2_facts() -> None:
+    # R1-Distill-Qwen-1.5B unties the Qwen2.5-1.5B embeddings: the extra lm_head is 151,936 x 1,536 = 233,373,696,
+    # 1,543,714,304 (tied) + 233,373,696 = 1,777,088,000.
+    r1 = load_model("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+    assert not r1.tie_word_embeddings and r1.num_parameters == 1_777_088_000
+    # OLMo 2 normalises q and k (qk_norm) and places its norms after each sublayer.
+    o7 = load_model("allenai/OLMo-2-1124-7B")
+    assert o7.qk_norm and o7.vocab_size == 100352 and o7.num_kv_heads == 32
+
+
+def test_names_are_unique_across_rows() -> None:
+    # The lookup index keeps the first row that claims a name, so a second row claiming the same id, short id or
+    # alias (case-insensitively) would be unreachable under it.
+    owner: dict[str, str] = {}
+    for row in ROWS:
+        for name in {row.id, row.id.split("/")[-1], *row.aliases}:
+            key = name.strip().lower()
+            assert owner.setdefault(key, row.id) == row.id, (name, owner[key], row.id)
