@@ -440,6 +440,15 @@ def _gpt2_layout(cfg: Mapping[str, Any], name: str, model_type: str, n_kv: int, 
                    hidden_drop=float(cfg.get("resid_pdrop", 0.1) or 0.0), max_pos=npos)
 
 
+def _head_with_bias(p: _Params, cfg: Mapping[str, Any], vocab: int, h: int) -> bool:
+    """An untied LM head with a bias (GPT-J, phi), unless the config ties it; returns whether it is tied."""
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    if not tied:
+        p.add("lm_head.weight", vocab * h, "lm_head", in_features=h, out_features=vocab, tp="vocab")
+        p.add("lm_head.bias", vocab, "bias", tp="vocab")
+    return tied
+
+
 def _gptj(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     # modeling_gptj.py: separate q/k/v/out_proj without bias, one ln_1 feeding attention and MLP in
     # parallel, fc_in/fc_out with bias, partial rotary (rotary_dim), untied lm_head *with* bias.
@@ -456,10 +465,7 @@ def _gptj(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     p.linear("h.mlp.fc_in", h, inter, L, True, "column")
     p.linear("h.mlp.fc_out", inter, h, L, True, "row")
     p.norm("ln_f", h, (), True)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    if not tied:
-        p.add("lm_head.weight", vocab * h, "lm_head", in_features=h, out_features=vocab, tp="vocab")
-        p.add("lm_head.bias", vocab, "bias", tp="vocab")
+    tied = _head_with_bias(p, cfg, vocab, h)
     return _simple(cfg, name, "gptj", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_heads, vocab=vocab,
                    inter=inter, act=str(cfg.get("activation_function", "gelu_new")), position="rope", tied=tied,
                    parallel=True, attn_drop=float(cfg.get("attn_pdrop", 0.0) or 0.0),
@@ -644,10 +650,7 @@ def _phi(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     p.linear("layers.mlp.fc1", h, inter, L, True, "column")
     p.linear("layers.mlp.fc2", inter, h, L, True, "row")
     p.norm("final_layernorm", h, (), True)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    if not tied:
-        p.add("lm_head.weight", vocab * h, "lm_head", in_features=h, out_features=vocab, tp="vocab")
-        p.add("lm_head.bias", vocab, "bias", tp="vocab")
+    tied = _head_with_bias(p, cfg, vocab, h)
     return _simple(cfg, name, "phi", p, h=h, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab,
                    inter=inter, act=str(cfg.get("hidden_act", "gelu_new")), position="rope", tied=tied,
                    parallel=True, attn_drop=float(cfg.get("attention_dropout", 0.0) or 0.0),
