@@ -440,6 +440,15 @@ def _gpt2_layout(cfg: Mapping[str, Any], name: str, model_type: str, n_kv: int, 
                    hidden_drop=float(cfg.get("resid_pdrop", 0.1) or 0.0), max_pos=npos)
 
 
+def _attention_linears(p: _Params, h: int, n_heads: int, n_kv: int, hd: int, layers: tuple[int, ...], bias: bool,
+                       out: str) -> None:
+    """``layers.self_attn``'s q/k/v projections (column-parallel) and its output projection ``out`` (row)."""
+    p.linear("layers.self_attn.q_proj", h, n_heads * hd, layers, bias, "column")
+    p.linear("layers.self_attn.k_proj", h, n_kv * hd, layers, bias, "column")
+    p.linear("layers.self_attn.v_proj", h, n_kv * hd, layers, bias, "column")
+    p.linear(f"layers.self_attn.{out}", n_heads * hd, h, layers, bias, "row")
+
+
 def _head_with_bias(p: _Params, cfg: Mapping[str, Any], vocab: int, h: int) -> bool:
     """An untied LM head with a bias (GPT-J, phi), unless the config ties it; returns whether it is tied."""
     tied = bool(cfg.get("tie_word_embeddings", False))
@@ -639,10 +648,7 @@ def _phi(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     p = _Params()
     p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
     p.norm("layers.input_layernorm", h, L, True)
-    p.linear("layers.self_attn.q_proj", h, n_heads * hd, L, True, "column")
-    p.linear("layers.self_attn.k_proj", h, n_kv * hd, L, True, "column")
-    p.linear("layers.self_attn.v_proj", h, n_kv * hd, L, True, "column")
-    p.linear("layers.self_attn.dense", n_heads * hd, h, L, True, "row")
+    _attention_linears(p, h, n_heads, n_kv, hd, L, True, "dense")
     if cfg.get("qk_layernorm"):
         # one LayerNorm (weight and bias) over head_dim, shared by all heads
         p.norm("layers.self_attn.q_layernorm", hd, L, True)
@@ -672,10 +678,7 @@ def _starcoder2(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     p = _Params()
     p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
     p.norm("layers.input_layernorm", h, L, True)
-    p.linear("layers.self_attn.q_proj", h, n_heads * hd, L, bias, "column")
-    p.linear("layers.self_attn.k_proj", h, n_kv * hd, L, bias, "column")
-    p.linear("layers.self_attn.v_proj", h, n_kv * hd, L, bias, "column")
-    p.linear("layers.self_attn.o_proj", n_heads * hd, h, L, bias, "row")
+    _attention_linears(p, h, n_heads, n_kv, hd, L, bias, "o_proj")
     p.norm("layers.post_attention_layernorm", h, L, True)
     p.linear("layers.mlp.c_fc", h, inter, L, bias, "column")
     p.linear("layers.mlp.c_proj", inter, h, L, bias, "row")
