@@ -1,0 +1,1153 @@
+"""A fast replay of compact event streams through the default caching allocator.
+
+``CachingAllocator`` (caching.py) is the model, method by method; this module is the same model
+for PyTorch's default configuration (no ``expandable_segments``, no ``max_split_size_mb``, no
+``roundup_power2_divisions``) written for speed, because the analytic engine replays 10,000 to
+20,000 events per training estimate.  Two things make it fast.
+
+**Representation** (same rules, cheaper objects).  A block is a list ``[address, size, requested,
+prev, next, segment, id]`` (``requested`` is 0 for a cached block, > 0 for an allocated one); each
+pool's cached blocks are a sorted list of int keys ``size << 64 | address`` with a dict from key to
+block, i.e. the order of ``(size, address)`` pairs, which is the C++ ``BlockComparatorSize``; the
+statistics live in local variables of the replay loop.  The rules are those of caching.py: best fit
+(``bisect`` gives the smallest cached block at least as large as the request, the lowest address
+among equal sizes), ``should_split`` (small pool: 512 B or more left; large pool: more than 1 MiB
+left), a new segment of ``allocation_size`` bytes at the next address when nothing fits, merging of
+free neighbours on a free and, under a capacity, ``release_cached_blocks`` (every cached block that is
+a whole segment is given back, large pool first) and one retry before out of memory.  A property test
+checks ``replay_compact`` (this class) against ``CachingAllocator`` event by event on random programs.
+
+**Repeated windows** (:class:`Repeat`).  A transformer's layers make the same events layer after
+layer, with block ids moved on by a constant per event (``Repeat.strides``).  When the allocator's
+state is periodic too, the windows in the middle of such a run need not be replayed event by event:
+:meth:`CompactReplay.run_parts` replays two consecutive groups of ``P`` windows (``A`` and ``B``,
+``P`` = 1 to 4) recording what each touched, proves that every later group mirrors ``B`` and builds
+the state those groups leave directly.  The proof and the run-time checks follow; whenever a check
+fails, the windows are replayed event by event, so the result is always that of the plain replay
+(``tests/test_alloc_compact.py`` compares every statistic on analytic streams and random periodic
+programs, and ``benchmarks/check_replay_identity.py`` the engine's reports).
+
+*Mirror lemma.*  Let window ``B`` run from state ``S_B`` and window ``C`` (the same events, ids
+moved) from ``S_C``.  Call a segment *touched* by ``B`` when ``B`` takes a cached block from it, frees
+a block in it, or creates it.  Suppose there is a one-to-one map ``psi`` from the segments that
+existed at ``S_B`` and that ``B`` touched to segments of ``S_C`` such that
+
+  (S1) ``psi(s)`` at ``S_C`` has the same pool, size and block layout (each block's size and
+       requested bytes, 0 for a cached block) as ``s`` had when ``B`` first touched it;
+  (S2) each free in ``C`` of a block that existed at ``S_C`` frees the block at the same position of
+       ``psi(s)`` as the corresponding free in ``B`` did in ``s``;
+  (S3) ``psi`` keeps the address order of those segments;
+  (S4) no cached block outside ``psi``'s image would win best fit over the block ``B`` took: for
+       each of ``B``'s requests of ``r`` bytes served by a block of ``(size s, address a)``, no such
+       block has ``r <= size < s``, nor ``size == s`` at an address below the mirrored ``a``; for a
+       request that opened a new segment, none has ``size >= r``;
+  (S5) the capacity is not reached: no segment that ``C`` creates needs a release.
+Then ``C`` makes the same decisions as ``B``: by induction over the events, every touched segment
+of ``C`` has the layout of its counterpart in ``B``, the segments either window creates get the same
+sizes (at the next address, above every existing segment, in both), each request finds the mirrored
+block (the mirrored candidates are ordered as in ``B`` by (S1), (S3) and by new segments lying
+above everything; no other cached block qualifies by (S4)) and splits it alike (``should_split``
+reads sizes only), and each free merges with the mirrored neighbours (same layouts).  The statistics
+change by the same amounts.
+
+*Roles.*  :meth:`_plan_skip` pairs ``B``'s touched segments with ``A``'s, in the order each window
+first touched them, and gives each segment of ``B`` a role with the counterpart ``psi`` it will have
+in every later window:
+  * *fixed*: the same segment in every window (a pool of cached blocks the window borrows from and
+    returns to); ``psi(s) = s``;
+  * a *track*: a sequence of segments ``G_X``, one per window ``X``, translates of each other by a
+    constant ``delta``: the segments window ``X`` creates (``delta`` = the address advance per
+    window), or pre-existing *cells* window ``X`` consumes (e.g. the block each layer's backward
+    frees, kept by that layer's forward), where ``delta`` is the distance between consecutive cells;
+    window ``X`` may touch ``G_{X-1}`` again (a *lag-one* touch, e.g. freeing the previous layer's
+    gradient); ``psi(G_{X-1}) = G_X`` and ``psi(G_X) = G_{X+1}``.
+*Induction.*  If ``C`` mirrors ``B`` under such roles, so does every later window ``X + 1`` mirror
+``X``: a fixed segment's layout at the start of ``X + 1`` is what ``X`` made of the layout ``B`` made
+of it, i.e. its layout at the start of ``X`` (S1); a track's ``G_X`` is what ``X`` made of its fresh
+counterpart, mirrored from ``G_{X-1}``, and cells not yet consumed are checked to be exact translates
+of ``B``'s fresh cell, ids included, for every window in the range (S1, S2); fixed and lag-one frees
+free the block the previous window allocated at the same position, which holds when the template's
+stride equals the window's allocation count (checked); new segments lie above every earlier segment
+and cells keep their order with the fixed segments at both ends of the range, hence everywhere (S3);
+the cached blocks outside the touched segments in any window of the range are those at ``S_C``
+(checked once) and the translates of the layouts tracks leave behind and of fresh cells, whose sizes
+are checked once and whose addresses, linear in the window index, are checked against each mirrored
+address at the ends of their ranges (S4); reserved bytes grow by the same amount per window, so the
+capacity check of the last window covers all (S5).
+
+*Building the state.*  After ``K`` mirrored windows the layouts are known without replaying: fixed
+segments as at ``S_C`` with the last window's ids, each track's segments translated from ``A``'s and
+``B``'s (ids moved on by ``K`` windows' allocations, blocks kept by cells taken from the cells
+themselves).  Statistics move by ``K`` times ``B``'s change; peaks are the larger of the first and
+last window's (each moves linearly with the window index).  The window after the last skipped one is
+replayed event by event (it mirrors ``B`` too), so the moment reserved bytes last peaked, and what was
+allocated and cached then, come from a real replay.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vramplan.alloc.caching import OomInfo
+from vramplan.alloc.rules import (
+    K_LARGE_BUFFER,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+)
+
+__all__ = ["CompactReplay", "Repeat", "expand"]
+
+_ADDRESS_BASE = 1 << 40  # as caching.py
+_SEGMENT_ALIGN = 2 << 20
+_SHIFT = 64              # key = size << 64 | address; addresses stay far below 2**64
+_MAX_PERIOD = 4          # windows per group tried for periodicity
+_PATIENCE = 20   # windows recorded without finding a period before replaying plainly
+
+# block fields
+ADDR, SIZE, REQ, PREV, NEXT, SEG, ID = range(7)
+# segment fields: [base, size, small, head block, window it was created in, window that last snapshotted it]
+S_BASE, S_SIZE, S_SMALL, S_HEAD, S_CREATED, S_STAMP = range(6)
+
+Block = list[Any]
+Seg = list[Any]
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """``count`` windows of events; window ``w`` is ``events`` with each free ``w * strides[k]`` ids on
+    (``strides[k]`` is 0 for an allocation): ``[x - w * s for x, s in zip(events, strides)]``."""
+
+    events: Sequence[int]
+    strides: Sequence[int]
+    count: int
+
+    def window(self, w: int) -> list[int]:
+        if w == 0:
+            return list(self.events)
+        return [x - w * s for x, s in zip(self.events, self.strides, strict=True)]
+
+
+def expand(parts: Iterable[Sequence[int] | Repeat]) -> list[int]:
+    """The plain compact stream of a sequence of literal event lists and :class:`Repeat` runs."""
+    out: list[int] = []
+    for part in parts:
+        if isinstance(part, Repeat):
+            for w in range(part.count):
+                out += part.window(w)
+        else:
+            out += part
+    return out
+
+
+def _segment_size(rounded: int, small: bool) -> int:
+    """``get_allocation_size``."""
+    if small:
+        return K_SMALL_BUFFER
+    if rounded < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return -(-rounded // K_ROUND_LARGE) * K_ROUND_LARGE
+
+
+def _blocks(seg: Seg) -> list[Block]:
+    out = []
+    b = seg[S_HEAD]
+    while b is not None:
+        out.append(b)
+        b = b[NEXT]
+    return out
+
+
+class _Rec:
+    """What a replayed window (or group of windows) did, for the periodicity checks."""
+
+    __slots__ = ("d_alloc", "d_dev", "d_next", "d_req", "d_res", "d_seg", "first", "fits", "id0", "id1",
+                 "irregular", "max_alloc", "max_req", "n_events", "n_frees", "new_segs", "news", "nwin",
+                 "pre_frees", "sig", "snaps", "touched")
+
+    def __init__(self) -> None:
+        self.first = 0                 # number of the first window
+        self.nwin = 1
+        self.id0 = self.id1 = 0        # block ids allocated: [id0, id1)
+        self.n_events = 0
+        self.touched: list[Seg] = []   # segments that existed at the start, in the order first touched
+        self.snaps: dict[int, list[tuple[int, int, int]]] = {}  # id(seg) -> [(size, requested, id)] then
+        self.new_segs: list[Seg] = []
+        self.fits: list[tuple[bool, int, int, int, Seg]] = []   # (small, rounded, size, address, segment)
+        self.news: list[tuple[bool, int]] = []                   # requests that opened a segment
+        self.pre_frees: list[tuple[int, int, Seg]] = []          # (event offset, id, segment) of older blocks
+        self.n_frees = 0
+        self.d_alloc = self.d_req = self.d_res = self.d_seg = self.d_dev = self.d_next = 0
+        self.max_alloc = self.max_req = 0                        # highest allocated / requested offsets
+        self.irregular = False         # a release, a retry, an unmatched free or an out of memory
+        self.sig: tuple[Any, ...] = ()    # the statistics' moves, compared before anything else
+
+
+def _merge(recs: Sequence[_Rec]) -> _Rec:
+    """The record of consecutive windows taken as one."""
+    if len(recs) == 1:
+        return recs[0]
+    m = _Rec()
+    m.first, m.nwin, m.id0, m.id1 = recs[0].first, len(recs), recs[0].id0, recs[-1].id1
+    seen: set[int] = set()
+    off = 0
+    for r in recs:
+        for s in r.touched:
+            if s[S_CREATED] < m.first and id(s) not in seen:
+                seen.add(id(s))
+                m.touched.append(s)
+                m.snaps[id(s)] = r.snaps[id(s)]
+        m.new_segs += r.new_segs
+        m.fits += r.fits
+        m.news += r.news
+        m.pre_frees += [(off + o, i, s) for o, i, s in r.pre_frees if i < m.id0]
+        m.max_alloc = max(m.max_alloc, m.d_alloc + r.max_alloc)
+        m.max_req = max(m.max_req, m.d_req + r.max_req)
+        m.d_alloc += r.d_alloc
+        m.d_req += r.d_req
+        m.d_res += r.d_res
+        m.d_seg += r.d_seg
+        m.d_dev += r.d_dev
+        m.d_next += r.d_next
+        m.n_frees += r.n_frees
+        m.irregular = m.irregular or r.irregular
+        off += r.n_events
+    m.n_events = off
+    return m
+
+
+class _Track:
+    """Segments ``G_X`` translated by ``delta`` per window: created by window ``X`` (``new``) or consumed by
+    it (a cell).  ``a_seg``/``b_seg``: ``G_A``, ``G_B``; ``lag``: window ``X + 1`` touches ``G_X`` again."""
+
+    __slots__ = ("a_seg", "b_seg", "delta", "lag", "new")
+
+    def __init__(self, a_seg: Seg | None, b_seg: Seg, delta: int, new: bool, lag: bool) -> None:
+        self.a_seg, self.b_seg, self.delta, self.new, self.lag = a_seg, b_seg, delta, new, lag
+
+
+class CompactReplay:
+    """The default caching allocator fed a compact stream (``n > 0`` allocates ``n`` bytes as the next
+    block id, ``n < 0`` frees block ``-n - 1``); statistics named as in ``CachingAllocator``."""
+
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError("capacity_bytes must be >= 0")
+        self.capacity = capacity_bytes
+        self.small_keys: list[int] = []
+        self.large_keys: list[int] = []
+        self.cached: dict[int, Block] = {}     # key -> cached block, both pools
+        self.live: list[Block | None] = []      # block id -> allocated block (None once freed)
+        self.segs_by_base: dict[int, Seg] = {}
+        self.next_addr = _ADDRESS_BASE
+        self.window = 0                         # windows started (numbers segments' creation)
+        self.index = 0                          # events replayed (skipped windows included)
+        self.unmatched = 0
+        self.oom: OomInfo | None = None
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.requested_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.peak_reserved_bytes = 0
+        self.peak_requested_bytes = 0
+        self.segments = 0
+        self.peak_segments = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+        self.num_alloc_retries = 0
+        self.num_allocs = 0
+        self.num_frees = 0
+        self.allocated_at_peak_reserved_bytes = 0
+        self.largest_free_at_peak_reserved_bytes = 0
+        self.skipped_windows = 0                # windows built without replaying their events
+        self._periods: dict[tuple[int, ...], list[int]] = {}   # per run's events: the period that worked
+        self._moved = False
+        self._released = False
+
+    # ------------------------------------------------------------------ queries
+
+    def largest_free_block(self) -> int:
+        best = 0
+        for keys in (self.small_keys, self.large_keys):
+            if keys:
+                best = max(best, keys[-1] >> _SHIFT)
+        return best
+
+    # ------------------------------------------------------------------ the replay loop
+
+    def run(self, stream: Iterable[int]) -> bool:
+        """Replay ``stream`` after what was replayed before; False once an allocation ran out of memory
+        (``self.oom`` says which; the rest of the stream is not replayed)."""
+        if self.oom is not None:
+            return False
+        live = self.live
+        append = live.append
+        skeys, lkeys, cached = self.small_keys, self.large_keys, self.cached
+        alloc_b, req_b = self.allocated_bytes, self.requested_bytes
+        peak_a, peak_q = self.peak_allocated_bytes, self.peak_requested_bytes
+        ids0, index0, unmatched, zeros = len(live), self.index, self.unmatched, 0
+        index = index0 - 1
+        cap = self.capacity
+        moved: list[int] = []          # non-empty while the current malloc moved the reserved peak
+        for index, n in enumerate(stream, index0):
+            if n > 0:
+                r = ((n + 511) >> 9) << 9          # round_size: a multiple of kMinBlockSize
+                if r <= K_SMALL_SIZE:
+                    keys, small = skeys, True
+                else:
+                    keys, small = lkeys, False
+                i = bisect_left(keys, r << _SHIFT)
+                if i == len(keys):
+                    # no cached block fits: a new segment (alloc_block)
+                    size = K_SMALL_BUFFER if small else (
+                        K_LARGE_BUFFER if r < K_MIN_LARGE_ALLOC else -(-r // K_ROUND_LARGE) * K_ROUND_LARGE)
+                    if cap is not None and self.reserved_bytes + size > cap:
+                        # releases, a retry and perhaps out of memory: the general path
+                        self.allocated_bytes, self.requested_bytes = alloc_b, req_b
+                        self.num_frees += index - index0 - (len(live) - ids0) - (unmatched - self.unmatched) - zeros
+                        self.num_allocs += len(live) - ids0
+                        self.peak_allocated_bytes, self.peak_requested_bytes = peak_a, peak_q
+                        self.unmatched, self.index = unmatched, index
+                        ok = self._alloc_new(r, small, n)
+                        alloc_b, req_b = self.allocated_bytes, self.requested_bytes
+                        peak_a, peak_q = self.peak_allocated_bytes, self.peak_requested_bytes
+                        ids0, index0, zeros = len(live), index + 1, 0
+                        if not ok:
+                            return False
+                        continue
+                    base = self.next_addr
+                    self.next_addr = base + -(-size // _SEGMENT_ALIGN) * _SEGMENT_ALIGN
+                    self.segments += 1
+                    if self.segments > self.peak_segments:  # noqa: PLR1730
+                        self.peak_segments = self.segments
+                    self.num_device_alloc += 1
+                    self.reserved_bytes += size
+                    nseg: Seg = [base, size, small, None, self.window, -1]
+                    b: Block = [base, size, 0, None, None, nseg, -1]
+                    nseg[S_HEAD] = b
+                    self.segs_by_base[base] = nseg
+                    if self.reserved_bytes > self.peak_reserved_bytes:
+                        # the peak of reserved bytes moves in this malloc: what is allocated and cached
+                        # once the block is handed out
+                        self.peak_reserved_bytes = self.reserved_bytes
+                        moved.append(index)
+                else:
+                    k = keys[i]
+                    del keys[i]
+                    b = cached.pop(k)
+                rem = b[SIZE] - r
+                # should_split: small pool at >= 512 B left, large pool at > 1 MiB left
+                if rem >= 512 if small else rem > K_SMALL_SIZE:
+                    p = b[PREV]
+                    nb = [b[ADDR], r, n, p, b, b[SEG], len(live)]
+                    if p is not None:
+                        p[NEXT] = nb
+                    else:
+                        b[SEG][S_HEAD] = nb
+                    b[PREV] = nb
+                    a2 = b[ADDR] + r
+                    b[ADDR] = a2
+                    b[SIZE] = rem
+                    k = rem << _SHIFT | a2
+                    insort(keys, k)
+                    cached[k] = b
+                    b = nb
+                    alloc_b += r
+                else:
+                    b[REQ] = n
+                    b[ID] = len(live)
+                    alloc_b += b[SIZE]
+                req_b += n
+                if alloc_b > peak_a:  # noqa: PLR1730 (a comparison is cheaper than max() here)
+                    peak_a = alloc_b
+                if req_b > peak_q:  # noqa: PLR1730
+                    peak_q = req_b
+                append(b)
+                if moved:
+                    moved.clear()
+                    self.allocated_at_peak_reserved_bytes = alloc_b
+                    self.largest_free_at_peak_reserved_bytes = max(
+                        skeys[-1] if skeys else 0, lkeys[-1] if lkeys else 0) >> _SHIFT
+            elif n < 0:
+                j = -n - 1
+                fb = live[j] if j < len(live) else None
+                if fb is None:
+                    unmatched += 1
+                    continue
+                b = fb
+                live[j] = None
+                alloc_b -= b[SIZE]
+                req_b -= b[REQ]
+                b[REQ] = 0
+                seg = b[SEG]
+                keys = skeys if seg[S_SMALL] else lkeys
+                p = b[PREV]
+                if p is not None and not p[REQ]:
+                    k = p[SIZE] << _SHIFT | p[ADDR]
+                    del keys[bisect_left(keys, k)]
+                    del cached[k]
+                    b[ADDR] = p[ADDR]
+                    b[SIZE] += p[SIZE]
+                    pp = b[PREV] = p[PREV]
+                    if pp is not None:
+                        pp[NEXT] = b
+                    else:
+                        seg[S_HEAD] = b
+                nx = b[NEXT]
+                if nx is not None and not nx[REQ]:
+                    k = nx[SIZE] << _SHIFT | nx[ADDR]
+                    del keys[bisect_left(keys, k)]
+                    del cached[k]
+                    b[SIZE] += nx[SIZE]
+                    nn = b[NEXT] = nx[NEXT]
+                    if nn is not None:
+                        nn[PREV] = b
+                k = b[SIZE] << _SHIFT | b[ADDR]
+                insort(keys, k)
+                cached[k] = b
+            else:
+                zeros += 1
+        index += 1
+        self.allocated_bytes, self.requested_bytes = alloc_b, req_b
+        self.peak_allocated_bytes, self.peak_requested_bytes = peak_a, peak_q
+        self.num_allocs += len(live) - ids0
+        self.num_frees += index - index0 - (len(live) - ids0) - (unmatched - self.unmatched) - zeros
+        self.unmatched, self.index = unmatched, index
+        return True
+
+    def _alloc_new(self, r: int, small: bool, n: int) -> bool:
+        """``malloc`` when no cached block fits: a new segment (with releases and a retry under a
+        capacity), then ``alloc_found_block`` on it; False (``self.oom`` set) when even the retry fails."""
+        b = self._new_segment_block(r, small, n, self.index)
+        if b is None:
+            return False
+        live = self.live
+        rem = b[SIZE] - r
+        if rem >= 512 if small else rem > K_SMALL_SIZE:
+            nb = [b[ADDR], r, n, None, b, b[SEG], len(live)]
+            b[SEG][S_HEAD] = nb
+            b[PREV] = nb
+            b[ADDR] += r
+            b[SIZE] = rem
+            self._cache(b)
+            b = nb
+            self.allocated_bytes += r
+        else:
+            b[REQ] = n
+            b[ID] = len(live)
+            self.allocated_bytes += b[SIZE]
+        self.requested_bytes += n
+        self.num_allocs += 1
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
+        live.append(b)
+        self.index += 1
+        if self._moved:
+            # the peak of reserved bytes moved inside this malloc: what was allocated and cached then
+            self.allocated_at_peak_reserved_bytes = self.allocated_bytes
+            self.largest_free_at_peak_reserved_bytes = self.largest_free_block()
+        return True
+
+    # ------------------------------------------------------------------ slow paths
+
+    def _new_segment_block(self, rounded: int, small: bool, nbytes: int, index: int) -> Block | None:
+        """``alloc_block`` for a request no cached block fits, with ``release_cached_blocks`` and one
+        retry under a capacity; None (and ``self.oom`` set) when even the retry fails."""
+        size = _segment_size(rounded, small)
+        cap = self.capacity
+        if cap is not None and self.reserved_bytes + size > cap:
+            before = self.reserved_bytes
+            released = self._release_cached_blocks()
+            self.num_alloc_retries += 1
+            self._released = True
+            if self.reserved_bytes + size > cap:
+                self.oom = OomInfo(
+                    event_index=index, block_id=len(self.live), requested_bytes=nbytes, rounded_bytes=rounded,
+                    device_request_bytes=size, capacity_bytes=cap, allocated_bytes=self.allocated_bytes,
+                    reserved_bytes=self.reserved_bytes, reserved_before_retry_bytes=before,
+                    cached_released_bytes=released, largest_free_block_bytes=self.largest_free_block())
+                return None
+        base = self.next_addr
+        self.next_addr = base + -(-size // _SEGMENT_ALIGN) * _SEGMENT_ALIGN
+        self.segments += 1
+        self.peak_segments = max(self.peak_segments, self.segments)
+        self.num_device_alloc += 1
+        self.reserved_bytes += size
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+            self._moved = True
+        else:
+            self._moved = False
+        seg: Seg = [base, size, small, None, self.window, -1]
+        b = [base, size, 0, None, None, seg, -1]
+        seg[S_HEAD] = b
+        self.segs_by_base[base] = seg
+        return b
+
+    def _release_cached_blocks(self) -> int:
+        """``release_cached_blocks``: give back every cached block that is a whole segment (large pool first)."""
+        released = 0
+        cached = self.cached
+        for keys in (self.large_keys, self.small_keys):
+            keep: list[int] = []
+            for k in keys:
+                b = cached[k]
+                if b[PREV] is None and b[NEXT] is None:
+                    released += b[SIZE]
+                    self.num_device_free += 1
+                    self.segments -= 1
+                    del cached[k]
+                    del self.segs_by_base[b[SEG][S_BASE]]
+                else:
+                    keep.append(k)
+            keys[:] = keep
+        self.reserved_bytes -= released
+        return released
+
+    # ------------------------------------------------------------------ structured streams
+
+    def run_parts(self, parts: Iterable[Sequence[int] | Repeat]) -> bool:
+        """Replay literal event lists and :class:`Repeat` runs in order (the same result as replaying
+        ``expand(parts)``), building the state of mirrored windows instead of replaying them."""
+        for part in parts:
+            if isinstance(part, Repeat):
+                if not self._run_repeat(part):
+                    return False
+            elif not self.run(part):
+                return False
+        return True
+
+    def _run_repeat(self, rep: Repeat) -> bool:
+        """Replay a run of windows, recording them and, after each, looking for two consecutive groups of
+        1 to ``_MAX_PERIOD`` windows that prove the following groups mirror them.  Recording costs time, so a
+        run is replayed plainly once ``_PATIENCE`` windows went by without a skip, and a run with the same
+        events as an earlier one (the second training step's) tries only the period that worked then, or
+        nothing if none did."""
+        shape = tuple(max(0, x) for x in rep.events)
+        known = self._periods.get(shape)
+        periods = list(range(1, _MAX_PERIOD + 1))
+        if known:
+            periods.remove(known[0])
+            periods.insert(0, known[0])
+        elif known is not None:
+            periods = []
+        recs: list[_Rec] = []
+        w = 0
+        since = 0 if periods else _PATIENCE     # windows recorded since the last skip (or the start)
+        n_alloc = sum(1 for x in rep.events if x > 0)
+        found: list[int] = []
+        while w < rep.count:
+            if since >= _PATIENCE:
+                if not self.run(rep.window(w)):
+                    return False
+                w += 1
+                continue
+            rec = self._run_window(rep.window(w))
+            if rec is None:
+                return False
+            w += 1
+            since += 1
+            recs.append(rec)
+            del recs[:-2 * _MAX_PERIOD]
+            for period in periods:
+                left = (rep.count - w) // period   # whole groups still to come
+                if left < 3 or len(recs) < 2 * period:
+                    continue
+                if any(recs[i - period].sig != recs[i].sig for i in range(-period, 0)):
+                    continue   # the two groups moved the statistics differently: no mirror
+                a = _merge(recs[-2 * period:-period])
+                b = _merge(recs[-period:])
+                k = self._skip(a, b, rep, period, n_alloc * period, left - 1)
+                if k:
+                    w += k * period
+                    recs.clear()
+                    found.append(period)
+                    # stopped before the end (cells or the capacity ran out): what follows is not the same
+                    since = 0 if k == left - 1 else _PATIENCE
+                    break
+        self._periods[shape] = found[:1]
+        return True
+
+    def _run_window(self, events: list[int]) -> _Rec | None:
+        """Replay one window's events as :meth:`run` does, recording what they touched: the segments that
+        existed before (with their layout when first touched), the segments made, which cached block each
+        request took, the frees of older blocks, and how the statistics moved."""
+        self.window += 1
+        w = self.window
+        rec = _Rec()
+        live = self.live
+        id0 = len(live)
+        rec.first, rec.id0, rec.n_events = w, id0, len(events)
+        res0, seg0, dev0, next0 = self.reserved_bytes, self.segments, self.num_device_alloc, self.next_addr
+        frees0, unmatched0 = self.num_frees, self.unmatched
+        self._released = False
+        touched, snaps, fits, pre_frees = rec.touched, rec.snaps, rec.fits, rec.pre_frees
+        skeys, lkeys, cached = self.small_keys, self.large_keys, self.cached
+        alloc_b, req_b = self.allocated_bytes, self.requested_bytes
+        alloc0, req0 = alloc_b, req_b
+        top_a, top_q = alloc_b, req_b
+        peak_a, peak_q = self.peak_allocated_bytes, self.peak_requested_bytes
+        n_alloc, n_free = self.num_allocs, self.num_frees
+        index = self.index
+        for off, n in enumerate(events):
+            if n > 0:
+                r = ((n + 511) >> 9) << 9
+                if r <= K_SMALL_SIZE:
+                    keys, small = skeys, True
+                else:
+                    keys, small = lkeys, False
+                i = bisect_left(keys, r << _SHIFT)
+                if i == len(keys):
+                    self.allocated_bytes, self.requested_bytes = alloc_b, req_b
+                    self.num_allocs, self.num_frees, self.index = n_alloc, n_free, index
+                    b = self._new_segment_block(r, small, n, index)
+                    if b is None:
+                        self.peak_allocated_bytes, self.peak_requested_bytes = peak_a, peak_q
+                        return None
+                    seg = b[SEG]
+                    seg[S_STAMP] = w
+                    rec.new_segs.append(seg)
+                    rec.news.append((small, r))
+                    moved = self._moved
+                else:
+                    k = keys[i]
+                    b = cached[k]
+                    seg = b[SEG]
+                    if seg[S_STAMP] != w:
+                        seg[S_STAMP] = w
+                        touched.append(seg)
+                        snap = []
+                        x = seg[S_HEAD]
+                        while x is not None:
+                            snap.append((x[SIZE], x[REQ], x[ID]))
+                            x = x[NEXT]
+                        snaps[id(seg)] = snap
+                    fits.append((small, r, b[SIZE], b[ADDR], seg))
+                    del keys[i]
+                    del cached[k]
+                    moved = False
+                rem = b[SIZE] - r
+                if rem >= 512 if small else rem > K_SMALL_SIZE:
+                    p = b[PREV]
+                    nb = [b[ADDR], r, n, p, b, b[SEG], len(live)]
+                    if p is not None:
+                        p[NEXT] = nb
+                    else:
+                        b[SEG][S_HEAD] = nb
+                    b[PREV] = nb
+                    a2 = b[ADDR] + r
+                    b[ADDR] = a2
+                    b[SIZE] = rem
+                    k = rem << _SHIFT | a2
+                    insort(keys, k)
+                    cached[k] = b
+                    b = nb
+                    alloc_b += r
+                else:
+                    b[REQ] = n
+                    b[ID] = len(live)
+                    alloc_b += b[SIZE]
+                req_b += n
+                n_alloc += 1
+                if alloc_b > top_a:
+                    top_a = alloc_b
+                    if alloc_b > peak_a:  # noqa: PLR1730
+                        peak_a = alloc_b
+                if req_b > top_q:
+                    top_q = req_b
+                    if req_b > peak_q:  # noqa: PLR1730
+                        peak_q = req_b
+                live.append(b)
+                if moved:
+                    self.allocated_at_peak_reserved_bytes = alloc_b
+                    self.largest_free_at_peak_reserved_bytes = self.largest_free_block()
+            elif n < 0:
+                j = -n - 1
+                b = live[j] if j < len(live) else None
+                if b is None:
+                    self.unmatched += 1
+                    index += 1
+                    continue
+                seg = b[SEG]
+                if seg[S_STAMP] != w:
+                    seg[S_STAMP] = w
+                    touched.append(seg)
+                    snap = []
+                    x = seg[S_HEAD]
+                    while x is not None:
+                        snap.append((x[SIZE], x[REQ], x[ID]))
+                        x = x[NEXT]
+                    snaps[id(seg)] = snap
+                if j < id0:
+                    pre_frees.append((off, j, seg))
+                live[j] = None
+                alloc_b -= b[SIZE]
+                req_b -= b[REQ]
+                b[REQ] = 0
+                n_free += 1
+                keys = skeys if seg[S_SMALL] else lkeys
+                p = b[PREV]
+                if p is not None and not p[REQ]:
+                    k = p[SIZE] << _SHIFT | p[ADDR]
+                    del keys[bisect_left(keys, k)]
+                    del cached[k]
+                    b[ADDR] = p[ADDR]
+                    b[SIZE] += p[SIZE]
+                    pp = b[PREV] = p[PREV]
+                    if pp is not None:
+                        pp[NEXT] = b
+                    else:
+                        seg[S_HEAD] = b
+                nx = b[NEXT]
+                if nx is not None and not nx[REQ]:
+                    k = nx[SIZE] << _SHIFT | nx[ADDR]
+                    del keys[bisect_left(keys, k)]
+                    del cached[k]
+                    b[SIZE] += nx[SIZE]
+                    nn = b[NEXT] = nx[NEXT]
+                    if nn is not None:
+                        nn[PREV] = b
+                k = b[SIZE] << _SHIFT | b[ADDR]
+                insort(keys, k)
+                cached[k] = b
+            index += 1
+        self.allocated_bytes, self.requested_bytes = alloc_b, req_b
+        self.peak_allocated_bytes, self.peak_requested_bytes = peak_a, peak_q
+        self.num_allocs, self.num_frees, self.index = n_alloc, n_free, index
+        rec.id1 = len(live)
+        rec.max_alloc, rec.max_req = top_a - alloc0, top_q - req0
+        rec.d_alloc, rec.d_req = alloc_b - alloc0, req_b - req0
+        rec.d_res, rec.d_seg = self.reserved_bytes - res0, self.segments - seg0
+        rec.d_dev, rec.d_next = self.num_device_alloc - dev0, self.next_addr - next0
+        rec.n_frees = n_free - frees0
+        rec.irregular = self._released or self.unmatched != unmatched0
+        rec.sig = (rec.d_alloc, rec.d_req, rec.d_res, rec.d_seg, rec.d_next, rec.n_frees, rec.max_alloc, rec.max_req,
+                   len(touched), len(pre_frees), rec.irregular, tuple(rec.news), tuple(f[2] for f in fits))
+        return rec
+
+    def _cache(self, b: Block) -> None:
+        k = b[SIZE] << _SHIFT | b[ADDR]
+        insort(self.small_keys if b[SEG][S_SMALL] else self.large_keys, k)
+        self.cached[k] = b
+
+    def _uncache(self, b: Block) -> None:
+        k = b[SIZE] << _SHIFT | b[ADDR]
+        keys = self.small_keys if b[SEG][S_SMALL] else self.large_keys
+        del keys[bisect_left(keys, k)]
+        del self.cached[k]
+
+    # ------------------------------------------------------------------ skipping mirrored windows
+
+    def _skip(self, a: _Rec, b: _Rec, rep: Repeat, period: int, n_alloc: int, most: int) -> int:
+        """Build the state after ``K`` (<= ``most``) groups that mirror ``b``, when the checks in the module
+        docstring prove they do; the group after them is left to be replayed.  Returns ``K`` (0: none)."""
+        plan = self._plan_skip(a, b, rep, period, n_alloc, most)
+        if plan is None:
+            return 0
+        k, fixed, tracks = plan
+        self._build(a, b, k, fixed, tracks, n_alloc)
+        return k
+
+    def _plan_skip(self, a: _Rec, b: _Rec, rep: Repeat, period: int, n_alloc: int,
+                   most: int) -> tuple[int, list[Seg], list[_Track]] | None:
+        # ---- the two groups did the same things (cheap tests first)
+        if a.irregular or b.irregular or b.id1 - b.id0 != n_alloc or a.id1 - a.id0 != n_alloc:
+            return None
+        if (len(a.touched) != len(b.touched) or len(a.fits) != len(b.fits) or a.news != b.news
+                or len(a.new_segs) != len(b.new_segs) or len(a.pre_frees) != len(b.pre_frees)):
+            return None
+        if (a.d_alloc, a.d_req, a.d_res, a.d_seg, a.d_dev, a.d_next, a.max_alloc, a.max_req, a.n_frees) != (
+                b.d_alloc, b.d_req, b.d_res, b.d_seg, b.d_dev, b.d_next, b.max_alloc, b.max_req, b.n_frees):
+            return None
+        for fa, fb in zip(a.fits, b.fits, strict=True):
+            if fa[0] != fb[0] or fa[1] != fb[1] or fa[2] != fb[2]:
+                return None
+        for sa, sb in zip(a.new_segs, b.new_segs, strict=True):
+            if sa[S_SIZE] != sb[S_SIZE] or sa[S_SMALL] != sb[S_SMALL]:
+                return None
+        d_new = b.d_next
+        if a.new_segs and any(sb[S_BASE] - sa[S_BASE] != d_new for sa, sb in zip(a.new_segs, b.new_segs, strict=True)):
+            return None
+        # ---- roles of the segments b touched (paired with a's in first-touch order)
+        a_ids = {id(s) for s in a.touched}
+        a_new = {id(s): i for i, s in enumerate(a.new_segs)}
+        b_new = {id(s) for s in b.new_segs}
+        fixed: list[Seg] = []
+        cell0: list[tuple[Seg, Seg]] = []   # (a's counterpart, b's segment): consumed fresh by b
+        cell1: list[Seg] = []               # touched by a and again by b
+        lagged_new: set[int] = set()        # indexes into new_segs touched again by the next group
+        d_cell = 0
+        for sa, sb in zip(a.touched, b.touched, strict=True):
+            if sa[S_SIZE] != sb[S_SIZE] or sa[S_SMALL] != sb[S_SMALL]:
+                return None
+            if id(sb) in a_new:
+                lagged_new.add(a_new[id(sb)])
+            elif sb is sa:
+                fixed.append(sb)
+            else:
+                d = sb[S_BASE] - sa[S_BASE]
+                if d == 0 or (d_cell and d != d_cell) or id(sb) in b_new:
+                    return None
+                d_cell = d
+                if id(sb) in a_ids:
+                    cell1.append(sb)
+                else:
+                    cell0.append((sa, sb))
+        tracks: list[_Track] = []
+        for i, (sa, sb) in enumerate(zip(a.new_segs, b.new_segs, strict=True)):
+            tracks.append(_Track(sa, sb, d_new, True, i in lagged_new))
+        c0_bases = {sb[S_BASE] for _, sb in cell0}
+        for s in cell1:
+            if s[S_BASE] + d_cell not in c0_bases:
+                return None
+        c1_bases = {s[S_BASE] for s in cell1}
+        for sa, sb in cell0:
+            lag = sb[S_BASE] - d_cell in c1_bases
+            ga = self.segs_by_base.get(sb[S_BASE] - d_cell) if lag else None
+            if lag and (ga is None or id(ga) not in b.snaps or id(ga) not in a.snaps):
+                return None
+            tracks.append(_Track(ga, sb, d_cell, False, lag))
+        # ---- (S1) layouts at the start of the next group
+        def layout(seg: Seg) -> list[tuple[int, int]]:
+            return [(x[SIZE], x[REQ]) for x in _blocks(seg)]
+
+        def snap_layout(rec: _Rec, seg: Seg) -> list[tuple[int, int]]:
+            return [(s, q) for s, q, _ in rec.snaps[id(seg)]]
+
+        for s in fixed:
+            if layout(s) != snap_layout(b, s):
+                return None
+        for t in tracks:
+            if t.lag:
+                # G_B (made by b) must look as G_A did when b first touched it
+                assert t.a_seg is not None
+                if layout(t.b_seg) != snap_layout(b, t.a_seg):
+                    return None
+                if not t.new and snap_layout(a, t.a_seg) != snap_layout(b, t.b_seg):
+                    return None   # the fresh cells of a and b are translates
+        # ---- (S2) frees of older blocks: same position in the counterpart
+        win_len = len(rep.events)
+        role: dict[int, tuple[str, Any]] = {id(s): ("fixed", s) for s in fixed}
+        for t in tracks:
+            if t.lag:
+                assert t.a_seg is not None
+                role[id(t.a_seg)] = ("lag", t)
+            if not t.new:
+                role[id(t.b_seg)] = ("cell", t)
+        cell_frees: list[tuple[int, int, int, _Track]] = []   # (id, stride, position, track)
+        for off, x, seg in b.pre_frees:
+            stride = period * rep.strides[off % win_len]
+            kind, obj = role.get(id(seg), ("", None))
+            pos = self._snap_pos(b, seg, x)
+            if kind == "cell":
+                cell_frees.append((x, stride, pos, obj))
+                continue
+            if stride != n_alloc or not kind:
+                return None
+            target = self.live[x + stride] if x + stride < len(self.live) else None
+            want = obj if kind == "fixed" else obj.b_seg
+            if target is None or target[SEG] is not want or self._pos(want, target) != pos:
+                return None
+        # ---- how many groups: capacity (S5), cells that exist and are translates (S1, S2), order (S3)
+        k_max = most
+        if self.capacity is not None and b.d_res > 0:
+            k_max = min(k_max, (self.capacity - self.reserved_bytes) // b.d_res - 1)
+        cells = [t for t in tracks if not t.new]
+        if cells:
+            for j in range(1, k_max + 2):
+                if not self._cells_ok(cells, j, b, cell_frees):
+                    k_max = j - 2
+                    break
+        if k_max < 1:
+            return None
+        k = k_max
+        if cells:
+            # every cell of the range is a distinct segment, none of them fixed, and each keeps its side
+            # of every fixed segment (addresses move linearly: both ends suffice)
+            every = [t.b_seg[S_BASE] + j * d_cell for t in cells for j in range(-1 if t.lag else 0, k + 2)]
+            if len(set(every)) != len(every) or any(s[S_BASE] in set(every) for s in fixed):
+                return None
+            for f in fixed:
+                for t in cells:
+                    lo = t.b_seg[S_BASE] + (-1 if t.lag else 0) * d_cell - f[S_BASE]
+                    hi = t.b_seg[S_BASE] + (k + 1) * d_cell - f[S_BASE]
+                    if (lo > 0) != (hi > 0):
+                        return None
+        # ---- (S4) no other cached block wins best fit, in any of the k + 1 groups
+        if not self._cached_ok(a, b, k, fixed, tracks, d_cell):
+            return None
+        return k, fixed, tracks
+
+    @staticmethod
+    def _snap_pos(rec: _Rec, seg: Seg, block_id: int) -> int:
+        for i, (_, q, bid) in enumerate(rec.snaps[id(seg)]):
+            if q and bid == block_id:
+                return i
+        raise AssertionError("a freed block is in its segment's snapshot")
+
+    @staticmethod
+    def _pos(seg: Seg, blk: Block) -> int:
+        for i, x in enumerate(_blocks(seg)):
+            if x is blk:
+                return i
+        return -1
+
+    def _cells_ok(self, cells: list[_Track], j: int, b: _Rec, cell_frees: list[tuple[int, int, int, _Track]]) -> bool:
+        """Cell ``j`` groups after ``b`` of every cell track exists, untouched, as a translate of ``b``'s."""
+        for t in cells:
+            seg = self.segs_by_base.get(t.b_seg[S_BASE] + j * t.delta)
+            if (seg is None or seg[S_SMALL] != t.b_seg[S_SMALL] or seg[S_SIZE] != t.b_seg[S_SIZE]
+                    or seg[S_CREATED] >= b.first):
+                return False
+            blocks = _blocks(seg)
+            snap = b.snaps[id(t.b_seg)]
+            if len(blocks) != len(snap):
+                return False
+            for x, (s, q, _) in zip(blocks, snap, strict=True):
+                if x[SIZE] != s or x[REQ] != q:
+                    return False
+        for bid, stride, pos, t in cell_frees:
+            y = bid + j * stride
+            target = self.live[y] if 0 <= y < len(self.live) else None
+            if target is None or target[SEG][S_BASE] != t.b_seg[S_BASE] + j * t.delta:
+                return False
+            if self._pos(target[SEG], target) != pos:
+                return False
+        return True
+
+    def _cached_ok(self, a: _Rec, b: _Rec, k: int, fixed: list[Seg], tracks: list[_Track], d_cell: int) -> bool:
+        """(S4) for the groups ``g = 1..k+1`` after ``b``: no cached block outside the touched segments wins
+        best fit over the mirrored block, nor fits a request that opens a segment."""
+        # forbidden sizes per pool: [r, s) for a request served by a block of size s, [r, inf) for one that
+        # opened a segment; a tie at s loses only above the mirrored address c0 + dc * (g - 1)
+        spans: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
+        ties: list[tuple[bool, int, int, int, int | None]] = []  # (small, r, s, c0, dc); None: any tie wins
+        b_new = {id(s) for s in b.new_segs}
+        lag_a = {id(t.a_seg): t.delta for t in tracks if t.lag and t.a_seg is not None}
+        cell_b = {id(t.b_seg) for t in tracks if not t.new}
+        for small, r, size, addr, seg in b.fits:
+            spans[small].append((r, size))
+            if id(seg) in b_new:
+                ties.append((small, r, size, 0, None))
+            elif id(seg) in lag_a:
+                d = lag_a[id(seg)]
+                ties.append((small, r, size, addr + d, d))
+            elif id(seg) in cell_b:
+                ties.append((small, r, size, addr + d_cell, d_cell))
+            else:
+                ties.append((small, r, size, addr, 0))
+        for small, r in b.news:
+            spans[small].append((r, 1 << 62))
+
+        merged: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
+        for small in (True, False):
+            out = merged[small]
+            for lo, hi in sorted(spans[small]):
+                if out and lo <= out[-1][1]:
+                    out[-1] = (out[-1][0], max(hi, out[-1][1]))
+                elif lo < hi:
+                    out.append((lo, hi))
+        starts = {small: [lo for lo, _ in merged[small]] for small in (True, False)}
+
+        def size_bad(small: bool, size: int) -> bool:
+            i = bisect_left(starts[small], size + 1) - 1
+            return i >= 0 and size < merged[small][i][1]
+
+        # per (pool, size): the highest c0 for each slope (a fit's r <= s, so every tie applies)
+        tie_at: dict[tuple[bool, int], dict[int | None, int]] = {}
+        for small, _, size, c0, dc in ties:
+            slot = tie_at.setdefault((small, size), {})
+            slot[dc] = max(slot.get(dc, c0), c0)
+
+        def tie_bad(small: bool, size: int, a0: int, da: int, lo: tuple[int, int], hi: tuple[int, int]) -> bool:
+            """A cached block of ``size`` at ``a0 + da * j`` for ``j`` in ``[lo0 + lo1 * g, hi0 + hi1 * g]`` in
+            group ``g = 0..k`` (0: the first group after b) loses every tie it is in.  Everything is linear
+            in ``g`` (and ``j``), so the ends of the range of ``g`` where ``j`` exists are enough."""
+            found = tie_at.get((small, size))
+            if not found:
+                return False
+            d, rhs = lo[1] - hi[1], hi[0] - lo[0]      # j exists iff d * g <= rhs
+            g_min, g_max = 0, k
+            if d > 0:
+                g_max = min(g_max, rhs // d)
+            elif d < 0:
+                g_min = max(g_min, -(rhs // -d))
+            elif rhs < 0:
+                return False
+            if g_min > g_max:
+                return False
+            for dc, c0 in found.items():
+                if dc is None:
+                    return True
+                for g in (g_min, g_max):
+                    c = c0 + dc * g
+                    if a0 + da * (lo[0] + lo[1] * g) < c or a0 + da * (hi[0] + hi[1] * g) < c:
+                        return True
+            return False
+
+        # blocks cached now, outside the segments the groups touch
+        excluded = {id(s) for s in fixed}
+        for t in tracks:
+            if t.lag:
+                excluded.add(id(t.b_seg))
+            if not t.new:
+                for j in range(1, k + 2):
+                    excluded.add(id(self.segs_by_base[t.b_seg[S_BASE] + j * t.delta]))
+        for small in (True, False):
+            keys = self.small_keys if small else self.large_keys
+            for lo, hi in merged[small]:
+                i = bisect_left(keys, lo << _SHIFT)
+                end = bisect_left(keys, hi << _SHIFT) if hi < (1 << 62) else len(keys)
+                for key in keys[i:end]:
+                    if id(self.cached[key][SEG]) not in excluded:
+                        return False
+            for sm, s in tie_at:
+                if sm != small:
+                    continue
+                i = bisect_left(keys, s << _SHIFT)
+                end = bisect_left(keys, (s + 1) << _SHIFT)
+                for key in keys[i:end]:
+                    blk = self.cached[key]
+                    if id(blk[SEG]) not in excluded and tie_bad(small, s, blk[ADDR], 0, (0, 0), (0, 0)):
+                        return False
+        # what the tracks leave behind in the range, and the cells not consumed yet
+        for t in tracks:
+            small = t.b_seg[S_SMALL]
+            # done copies in group g: lagged, G_0 .. G_g-1 = G_-1 + j * delta, j in [1, g];
+            # otherwise G_1 .. G_g = G_0 + j * delta, j in [1, g]
+            src = t.a_seg if t.lag else t.b_seg
+            assert src is not None
+            for x in _blocks(src):
+                if x[REQ]:
+                    continue
+                if k >= 1 and size_bad(small, x[SIZE]):
+                    return False
+                if tie_bad(small, x[SIZE], x[ADDR], t.delta, (1, 0), (0, 1)):
+                    return False
+            if not t.new:
+                # fresh cells in group g: G_g+2 .. G_k+1 (G_g+1 is the one group g consumes)
+                addr = t.b_seg[S_BASE]
+                for size, req, _ in b.snaps[id(t.b_seg)]:
+                    if not req:
+                        if k >= 1 and size_bad(small, size):
+                            return False
+                        if tie_bad(small, size, addr, t.delta, (2, 1), (k + 1, 0)):
+                            return False
+                    addr += size
+        return True
+
+    def _build(self, a: _Rec, b: _Rec, k: int, fixed: list[Seg], tracks: list[_Track], n_alloc: int) -> None:
+        """The state after ``k`` groups that mirror ``b`` (see the module docstring).
+
+        Groups are numbered from ``b`` (0); a track's segment of group ``m`` lies at ``G_0 + m * delta``.  A
+        segment is *half done* once its own group touched it and *done* once the next group did too (a
+        track without lag-one touches is done at once).  Before: ``G_-1`` done, ``G_0`` half (lagged
+        tracks) or done; after ``k`` groups: ``G_0 .. G_k-1`` done, ``G_k`` half (lagged) or all done.
+        """
+        live = self.live
+        live.extend([None] * (k * n_alloc))
+        for s in fixed:
+            # the same layout; the blocks b allocated there are now those of the last group
+            for x in _blocks(s):
+                if x[REQ] and x[ID] >= b.id0:
+                    live[x[ID]] = None
+                    x[ID] += k * n_alloc
+                    live[x[ID]] = x
+        jobs: list[tuple[_Track, int, list[tuple[int, int, int]], list[tuple[int, int, int]] | None, int]] = []
+        for t in tracks:
+            if t.lag:
+                assert t.a_seg is not None
+                done, done_fresh, done_from = _layout_of(t.a_seg), a.snaps.get(id(t.a_seg)), -1
+                half, half_fresh = _layout_of(t.b_seg), b.snaps.get(id(t.b_seg))
+                jobs += [(t, m, done, done_fresh, m - done_from) for m in range(k)]
+                jobs.append((t, k, half, half_fresh, k))
+            else:
+                done, done_fresh = _layout_of(t.b_seg), b.snaps.get(id(t.b_seg))
+                jobs += [(t, m, done, done_fresh, m) for m in range(1, k + 1)]
+        for t, m, lay, fresh, steps in jobs:
+            base = t.b_seg[S_BASE] + m * t.delta
+            walls: list[Block | None] | None = None
+            if not t.new:
+                if m == 0:   # G_0 is half done: its own blocks from before, by position in its fresh layout
+                    walls = [live[bid] if q else None for _, q, bid in b.snaps[id(t.b_seg)]]
+                else:        # a fresh cell
+                    walls = list[Block | None](_blocks(self.segs_by_base[base]))
+            self._lay_out(t, m, base, lay, None if t.new else fresh, walls, steps * n_alloc, a.id0, b.nwin)
+        self._stats(b, k)
+
+    def _lay_out(self, t: _Track, m: int, base: int, lay: list[tuple[int, int, int]],
+                 fresh: list[tuple[int, int, int]] | None, walls: list[Block | None] | None, id_shift: int,
+                 lo_id: int, nwin: int) -> None:
+        """Give the segment of group ``m`` at ``base`` the layout ``lay`` (made here for a new-segment track):
+        ids from ``lo_id`` on move by ``id_shift``; older blocks (a cell's own) are ``walls`` at the position
+        the block has in ``fresh``, the source's layout before its group touched it."""
+        live = self.live
+        seg = self.segs_by_base.get(base)
+        if seg is None:
+            assert t.new
+            seg = [base, t.b_seg[S_SIZE], t.b_seg[S_SMALL], None, t.b_seg[S_CREATED] + m * nwin, -1]
+            self.segs_by_base[base] = seg
+        else:
+            for x in _blocks(seg):
+                if x[REQ]:
+                    if live[x[ID]] is x:
+                        live[x[ID]] = None
+                else:
+                    self._uncache(x)
+        blocks: list[Block] = []
+        addr = base
+        for size, req, bid in lay:
+            if req and bid < lo_id:
+                assert fresh is not None and walls is not None
+                pos = next(i for i, (_, q, f) in enumerate(fresh) if q and f == bid)
+                wall = walls[pos]
+                assert wall is not None and wall[SIZE] == size and wall[REQ] == req
+                wall[ADDR] = addr
+                x = wall
+            elif req:
+                x = [addr, size, req, None, None, seg, bid + id_shift]
+            else:
+                x = [addr, size, 0, None, None, seg, -1]
+            blocks.append(x)
+            addr += size
+        prev: Block | None = None
+        for x in blocks:
+            x[PREV] = prev
+            x[NEXT] = None
+            if prev is not None:
+                prev[NEXT] = x
+            prev = x
+        seg[S_HEAD] = blocks[0]
+        for x in blocks:
+            if x[REQ]:
+                live[x[ID]] = x
+            else:
+                self._cache(x)
+
+    def _stats(self, b: _Rec, k: int) -> None:
+        a0, q0 = self.allocated_bytes, self.requested_bytes
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, a0 + b.max_alloc,
+                                        a0 + (k - 1) * b.d_alloc + b.max_alloc)
+        self.peak_requested_bytes = max(self.peak_requested_bytes, q0 + b.max_req,
+                                        q0 + (k - 1) * b.d_req + b.max_req)
+        self.allocated_bytes += k * b.d_alloc
+        self.requested_bytes += k * b.d_req
+        self.reserved_bytes += k * b.d_res
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+        self.segments += k * b.d_seg
+        self.peak_segments = max(self.peak_segments, self.segments)
+        self.num_device_alloc += k * b.d_dev
+        self.next_addr += k * b.d_next
+        self.num_allocs += k * (b.id1 - b.id0)
+        self.num_frees += k * b.n_frees
+        self.index += k * b.n_events
+        self.window += k * b.nwin
+        self.skipped_windows += k * b.nwin
+
+
+def _layout_of(seg: Seg) -> list[tuple[int, int, int]]:
+    return [(x[SIZE], x[REQ], x[ID] if x[REQ] else -1) for x in _blocks(seg)]
