@@ -167,7 +167,7 @@ class _Rec:
 
     __slots__ = ("d_alloc", "d_dev", "d_next", "d_req", "d_res", "d_seg", "first", "fits", "id0", "id1",
                  "irregular", "max_alloc", "max_req", "n_events", "n_frees", "new_segs", "news", "nwin",
-                 "pre_frees", "sig", "snaps", "touched")
+                 "placed", "pre_frees", "sig", "snaps", "touched")
 
     def __init__(self) -> None:
         self.first = 0                 # number of the first window
@@ -180,6 +180,7 @@ class _Rec:
         self.fits: list[tuple[bool, int, int, int, Seg]] = []   # (small, rounded, size, address, segment)
         self.news: list[tuple[bool, int]] = []                   # requests that opened a segment
         self.pre_frees: list[tuple[int, int, Seg]] = []          # (event offset, id, segment) of older blocks
+        self.placed: list[tuple[Seg, int]] = []                  # (segment, address) of each allocation
         self.n_frees = 0
         self.d_alloc = self.d_req = self.d_res = self.d_seg = self.d_dev = self.d_next = 0
         self.max_alloc = self.max_req = 0                        # highest allocated / requested offsets
@@ -202,6 +203,7 @@ def _merge(recs: Sequence[_Rec]) -> _Rec:
                 m.touched.append(s)
                 m.snaps[id(s)] = r.snaps[id(s)]
         m.new_segs += r.new_segs
+        m.placed += r.placed
         m.fits += r.fits
         m.news += r.news
         m.pre_frees += [(off + o, i, s) for o, i, s in r.pre_frees if i < m.id0]
@@ -221,13 +223,16 @@ def _merge(recs: Sequence[_Rec]) -> _Rec:
 
 
 class _Track:
-    """Segments ``G_X`` translated by ``delta`` per window: created by window ``X`` (``new``) or consumed by
-    it (a cell).  ``a_seg``/``b_seg``: ``G_A``, ``G_B``; ``lag``: window ``X + 1`` touches ``G_X`` again."""
+    """Segments ``G_j`` translated by ``delta`` per group: made by group ``j`` (``new``) or pre-existing cells
+    group ``j`` consumes first; ``g0`` is ``b``'s; group ``j + l`` touches ``G_j`` again for each ``l`` in
+    ``lags`` (``top``: the largest, 0 if none)."""
 
-    __slots__ = ("a_seg", "b_seg", "delta", "lag", "new")
+    __slots__ = ("delta", "g0", "lags", "new", "top")
 
-    def __init__(self, a_seg: Seg | None, b_seg: Seg, delta: int, new: bool, lag: bool) -> None:
-        self.a_seg, self.b_seg, self.delta, self.new, self.lag = a_seg, b_seg, delta, new, lag
+    def __init__(self, g0: Seg, delta: int, new: bool) -> None:
+        self.g0, self.delta, self.new = g0, delta, new
+        self.lags: set[int] = set()
+        self.top = 0
 
 
 class CompactReplay:
@@ -538,10 +543,11 @@ class CompactReplay:
         recs: list[_Rec] = []
         w = 0
         since = 0 if periods else _PATIENCE     # windows recorded since the last skip (or the start)
+        unlike = 0                              # windows recorded since two groups last looked alike
         n_alloc = sum(1 for x in rep.events if x > 0)
         found: list[int] = []
         while w < rep.count:
-            if since >= _PATIENCE:
+            if since >= _PATIENCE or unlike > 2 * _MAX_PERIOD + 1 or rep.count - w < 3:
                 if not self.run(rep.window(w)):
                     return False
                 w += 1
@@ -551,6 +557,7 @@ class CompactReplay:
                 return False
             w += 1
             since += 1
+            unlike += 1
             recs.append(rec)
             del recs[:-2 * _MAX_PERIOD]
             for period in periods:
@@ -559,6 +566,7 @@ class CompactReplay:
                     continue
                 if any(recs[i - period].sig != recs[i].sig for i in range(-period, 0)):
                     continue   # the two groups moved the statistics differently: no mirror
+                unlike = 0
                 a = _merge(recs[-2 * period:-period])
                 b = _merge(recs[-period:])
                 k = self._skip(a, b, rep, period, n_alloc * period, left - 1)
@@ -568,6 +576,7 @@ class CompactReplay:
                     found.append(period)
                     # stopped before the end (cells or the capacity ran out): what follows is not the same
                     since = 0 if k == left - 1 else _PATIENCE
+                    unlike = 0
                     break
         self._periods[shape] = found[:1]
         return True
@@ -585,7 +594,7 @@ class CompactReplay:
         res0, seg0, dev0, next0 = self.reserved_bytes, self.segments, self.num_device_alloc, self.next_addr
         frees0, unmatched0 = self.num_frees, self.unmatched
         self._released = False
-        touched, snaps, fits, pre_frees = rec.touched, rec.snaps, rec.fits, rec.pre_frees
+        touched, snaps, fits, pre_frees, placed = rec.touched, rec.snaps, rec.fits, rec.pre_frees, rec.placed
         skeys, lkeys, cached = self.small_keys, self.large_keys, self.cached
         alloc_b, req_b = self.allocated_bytes, self.requested_bytes
         alloc0, req0 = alloc_b, req_b
@@ -662,6 +671,7 @@ class CompactReplay:
                     if req_b > peak_q:  # noqa: PLR1730
                         peak_q = req_b
                 live.append(b)
+                placed.append((b[SEG], b[ADDR]))
                 if moved:
                     self.allocated_at_peak_reserved_bytes = alloc_b
                     self.largest_free_at_peak_reserved_bytes = self.largest_free_block()
@@ -726,7 +736,8 @@ class CompactReplay:
         rec.n_frees = n_free - frees0
         rec.irregular = self._released or self.unmatched != unmatched0
         rec.sig = (rec.d_alloc, rec.d_req, rec.d_res, rec.d_seg, rec.d_next, rec.n_frees, rec.max_alloc, rec.max_req,
-                   len(touched), len(pre_frees), rec.irregular, tuple(rec.news), tuple(f[2] for f in fits))
+                   len(pre_frees), rec.irregular, tuple(rec.news), tuple(f[2] for f in fits),
+                   tuple(s[S_SIZE] for s in touched))
         return rec
 
     def _cache(self, b: Block) -> None:
@@ -748,201 +759,244 @@ class CompactReplay:
         plan = self._plan_skip(a, b, rep, period, n_alloc, most)
         if plan is None:
             return 0
-        k, fixed, tracks = plan
-        self._build(a, b, k, fixed, tracks, n_alloc)
+        k, fixed, tracks, recurring = plan
+        self._build(b, k, fixed, tracks, recurring, n_alloc)
         return k
 
+    def _member(self, t: _Track, j: int) -> Seg | None:
+        """Segment ``G_j`` of track ``t`` (``G_0``: the one ``b`` made or consumed)."""
+        return self.segs_by_base.get(t.g0[S_BASE] + j * t.delta)
+
     def _plan_skip(self, a: _Rec, b: _Rec, rep: Repeat, period: int, n_alloc: int,
-                   most: int) -> tuple[int, list[Seg], list[_Track]] | None:
+                   most: int) -> tuple[int, list[Seg], list[_Track], list[int]] | None:
         # ---- the two groups did the same things (cheap tests first)
         if a.irregular or b.irregular or b.id1 - b.id0 != n_alloc or a.id1 - a.id0 != n_alloc:
             return None
         if (len(a.touched) != len(b.touched) or len(a.fits) != len(b.fits) or a.news != b.news
                 or len(a.new_segs) != len(b.new_segs) or len(a.pre_frees) != len(b.pre_frees)):
             return None
-        if (a.d_alloc, a.d_req, a.d_res, a.d_seg, a.d_dev, a.d_next, a.max_alloc, a.max_req, a.n_frees) != (
-                b.d_alloc, b.d_req, b.d_res, b.d_seg, b.d_dev, b.d_next, b.max_alloc, b.max_req, b.n_frees):
-            return None
         for fa, fb in zip(a.fits, b.fits, strict=True):
             if fa[0] != fb[0] or fa[1] != fb[1] or fa[2] != fb[2]:
                 return None
-        for sa, sb in zip(a.new_segs, b.new_segs, strict=True):
-            if sa[S_SIZE] != sb[S_SIZE] or sa[S_SMALL] != sb[S_SMALL]:
-                return None
         d_new = b.d_next
-        if a.new_segs and any(sb[S_BASE] - sa[S_BASE] != d_new for sa, sb in zip(a.new_segs, b.new_segs, strict=True)):
-            return None
-        # ---- roles of the segments b touched (paired with a's in first-touch order)
+        for sa, sb in zip(a.new_segs, b.new_segs, strict=True):
+            if sa[S_SIZE] != sb[S_SIZE] or sa[S_SMALL] != sb[S_SMALL] or sb[S_BASE] - sa[S_BASE] != d_new:
+                return None
+        # ---- roles of the segments b touched (paired with a's in first-touch order): fixed, or a member
+        # G_-l of a track of new segments (l groups old) or of cells (G_0: the cell b consumed fresh)
         a_ids = {id(s) for s in a.touched}
-        a_new = {id(s): i for i, s in enumerate(a.new_segs)}
-        b_new = {id(s) for s in b.new_segs}
+        tracks = [_Track(s, d_new, True) for s in b.new_segs]
+        new_at = {s[S_BASE]: t for s, t in zip(b.new_segs, tracks, strict=True)}
         fixed: list[Seg] = []
-        cell0: list[tuple[Seg, Seg]] = []   # (a's counterpart, b's segment): consumed fresh by b
-        cell1: list[Seg] = []               # touched by a and again by b
-        lagged_new: set[int] = set()        # indexes into new_segs touched again by the next group
+        role: dict[int, tuple[_Track | None, int]] = {}   # id(seg) -> (track, lag); (None, 0): fixed
+        lagged_cells: list[Seg] = []
         d_cell = 0
         for sa, sb in zip(a.touched, b.touched, strict=True):
             if sa[S_SIZE] != sb[S_SIZE] or sa[S_SMALL] != sb[S_SMALL]:
                 return None
-            if id(sb) in a_new:
-                lagged_new.add(a_new[id(sb)])
-            elif sb is sa:
+            if sb is sa:
                 fixed.append(sb)
-            else:
-                d = sb[S_BASE] - sa[S_BASE]
-                if d == 0 or (d_cell and d != d_cell) or id(sb) in b_new:
-                    return None
-                d_cell = d
-                if id(sb) in a_ids:
-                    cell1.append(sb)
+                role[id(sb)] = (None, 0)
+                continue
+            d = sb[S_BASE] - sa[S_BASE]
+            if d == d_new and d_new > 0:
+                for g0_base, t in new_at.items():
+                    lag, rest = divmod(g0_base - sb[S_BASE], d_new)
+                    if rest == 0 and lag >= 1 and b.first - lag * period <= sb[S_CREATED] < b.first - (lag - 1) * period:
+                        t.lags.add(lag)
+                        role[id(sb)] = (t, lag)
+                        break
                 else:
-                    cell0.append((sa, sb))
-        tracks: list[_Track] = []
-        for i, (sa, sb) in enumerate(zip(a.new_segs, b.new_segs, strict=True)):
-            tracks.append(_Track(sa, sb, d_new, True, i in lagged_new))
-        c0_bases = {sb[S_BASE] for _, sb in cell0}
-        for s in cell1:
-            if s[S_BASE] + d_cell not in c0_bases:
+                    return None
+                continue
+            if d == 0 or (d_cell and d != d_cell):
                 return None
-        c1_bases = {s[S_BASE] for s in cell1}
-        for sa, sb in cell0:
-            lag = sb[S_BASE] - d_cell in c1_bases
-            ga = self.segs_by_base.get(sb[S_BASE] - d_cell) if lag else None
-            if lag and (ga is None or id(ga) not in b.snaps or id(ga) not in a.snaps):
+            d_cell = d
+            if id(sb) in a_ids:
+                lagged_cells.append(sb)
+            else:
+                t = _Track(sb, d_cell, False)
+                tracks.append(t)
+                role[id(sb)] = (t, 0)
+        cell_at = {t.g0[S_BASE]: t for t in tracks if not t.new}
+        for sb in lagged_cells:
+            for g0_base, t in cell_at.items():
+                lag, rest = divmod(g0_base - sb[S_BASE], d_cell)
+                if rest == 0 and lag >= 1:
+                    t.lags.add(lag)
+                    role[id(sb)] = (t, lag)
+                    break
+            else:
                 return None
-            tracks.append(_Track(ga, sb, d_cell, False, lag))
-        # ---- (S1) layouts at the start of the next group
+        # ---- (S1) the layouts the next group finds: fixed segments as b found them; each track's members
+        # one group younger than b's (G_1-a at the start of the next group has age a, as G_-a had for b)
         def layout(seg: Seg) -> list[tuple[int, int]]:
             return [(x[SIZE], x[REQ]) for x in _blocks(seg)]
 
-        def snap_layout(rec: _Rec, seg: Seg) -> list[tuple[int, int]]:
-            return [(s, q) for s, q, _ in rec.snaps[id(seg)]]
+        def snap_layout(seg: Seg) -> list[tuple[int, int]]:
+            return [(sz, q) for sz, q, _ in b.snaps[id(seg)]]
 
         for s in fixed:
-            if layout(s) != snap_layout(b, s):
+            if layout(s) != snap_layout(s):
                 return None
         for t in tracks:
-            if t.lag:
-                # G_B (made by b) must look as G_A did when b first touched it
-                assert t.a_seg is not None
-                if layout(t.b_seg) != snap_layout(b, t.a_seg):
+            t.top = max(t.lags, default=0)
+            for age in range(1, t.top + 1):
+                older, younger = self._member(t, -age), self._member(t, 1 - age)
+                if older is None or younger is None or older[S_SIZE] != younger[S_SIZE]:
                     return None
-                if not t.new and snap_layout(a, t.a_seg) != snap_layout(b, t.b_seg):
-                    return None   # the fresh cells of a and b are translates
-        # ---- (S2) frees of older blocks: same position in the counterpart
-        win_len = len(rep.events)
-        role: dict[int, tuple[str, Any]] = {id(s): ("fixed", s) for s in fixed}
-        for t in tracks:
-            if t.lag:
-                assert t.a_seg is not None
-                role[id(t.a_seg)] = ("lag", t)
-            if not t.new:
-                role[id(t.b_seg)] = ("cell", t)
-        cell_frees: list[tuple[int, int, int, _Track]] = []   # (id, stride, position, track)
-        for off, x, seg in b.pre_frees:
-            stride = period * rep.strides[off % win_len]
-            kind, obj = role.get(id(seg), ("", None))
-            pos = self._snap_pos(b, seg, x)
-            if kind == "cell":
-                cell_frees.append((x, stride, pos, obj))
-                continue
-            if stride != n_alloc or not kind:
-                return None
-            target = self.live[x + stride] if x + stride < len(self.live) else None
-            want = obj if kind == "fixed" else obj.b_seg
-            if target is None or target[SEG] is not want or self._pos(want, target) != pos:
-                return None
-        # ---- how many groups: capacity (S5), cells that exist and are translates (S1, S2), order (S3)
-        k_max = most
+                if id(older) in role and role[id(older)][0] is not t:
+                    return None
+                want = snap_layout(older) if age in t.lags else layout(older)
+                if layout(younger) != want:
+                    return None
+        # ---- how many groups: capacity (S5), cells that exist untouched as translates of b's (S1)
+        k = most
         if self.capacity is not None and b.d_res > 0:
-            k_max = min(k_max, (self.capacity - self.reserved_bytes) // b.d_res - 1)
+            k = min(k, (self.capacity - self.reserved_bytes) // b.d_res - 1)
         cells = [t for t in tracks if not t.new]
-        if cells:
-            for j in range(1, k_max + 2):
-                if not self._cells_ok(cells, j, b, cell_frees):
-                    k_max = j - 2
-                    break
-        if k_max < 1:
+        for j in range(1, k + 2):
+            if not cells:
+                break
+            if not all(self._fresh_cell_ok(t, j, b) for t in cells):
+                k = j - 2
+                break
+        if k < 1:
             return None
-        k = k_max
+        # ---- (S2) each free of an older block frees, in every group of the range, the block at the same
+        # offset of the counterpart: blocks that exist now are checked where they are; blocks to be made in
+        # the range must be made there, which holds when b made its own at that offset
+        win_len = len(rep.events)
+        recurring: list[int] = []        # blocks of fixed segments freed and made again in every group
+        for off_ev, x, seg in b.pre_frees:
+            stride = period * rep.strides[off_ev % win_len]
+            if id(seg) not in role:
+                return None
+            owner, lag = role[id(seg)]
+            offset, size, req = self._snap_block(b, seg, x)
+            for g in range(1, 1 << 30):
+                y = x + g * stride
+                if owner is not None and g > k + 1:
+                    break
+                if y < 0:
+                    if owner is None or g < 2:
+                        return None
+                    k = g - 2                       # no such block: the range ends before this group
+                    break
+                if y >= b.id1:
+                    # made in the range, by group h at ordinal o, into G_(h - (g - lag)) at lag m: b made that
+                    # ordinal there, and what b did at the lags between m and this free kept it
+                    if stride != n_alloc:
+                        return None
+                    o = (y - b.id0) % n_alloc
+                    m = (y - b.id0) // n_alloc - g + lag
+                    seg_p, addr_p = b.placed[o]
+                    want_seg = seg if owner is None else self._member(owner, -m)
+                    if want_seg is None or seg_p is not want_seg or addr_p - seg_p[S_BASE] != offset:
+                        return None
+                    if owner is not None and not self._kept(b, owner, offset, m + 1, lag):
+                        return None
+                    break
+                if owner is None and g >= 2:
+                    return None                 # a fixed segment's block made two groups before its free
+                blk = self.live[y]
+                want_seg = seg if owner is None else self._member(owner, g - lag)
+                if (blk is None or blk[SEG] is not want_seg or blk[ADDR] - blk[SEG][S_BASE] != offset
+                        or blk[SIZE] != size or blk[REQ] != req
+                        or (owner is not None and not self._kept(b, owner, offset, lag - g + 1, lag))):
+                    if owner is None or g < 2:
+                        return None
+                    k = g - 2                   # the range ends before this group
+                    break
+                if owner is None:
+                    if stride != n_alloc:
+                        return None
+                    recurring.append(y)
+        if k < 1:
+            return None
+        # ---- (S3) cells keep their side of every fixed segment (addresses move linearly: ends suffice)
         if cells:
-            # every cell of the range is a distinct segment, none of them fixed, and each keeps its side
-            # of every fixed segment (addresses move linearly: both ends suffice)
-            every = [t.b_seg[S_BASE] + j * d_cell for t in cells for j in range(-1 if t.lag else 0, k + 2)]
-            if len(set(every)) != len(every) or any(s[S_BASE] in set(every) for s in fixed):
+            every = [t.g0[S_BASE] + j * d_cell for t in cells for j in range(-t.top, k + 2)]
+            fixed_bases = {s[S_BASE] for s in fixed}
+            if len(set(every)) != len(every) or fixed_bases.intersection(every):
                 return None
             for f in fixed:
                 for t in cells:
-                    lo = t.b_seg[S_BASE] + (-1 if t.lag else 0) * d_cell - f[S_BASE]
-                    hi = t.b_seg[S_BASE] + (k + 1) * d_cell - f[S_BASE]
+                    lo = t.g0[S_BASE] - t.top * d_cell - f[S_BASE]
+                    hi = t.g0[S_BASE] + (k + 1) * d_cell - f[S_BASE]
                     if (lo > 0) != (hi > 0):
                         return None
         # ---- (S4) no other cached block wins best fit, in any of the k + 1 groups
-        if not self._cached_ok(a, b, k, fixed, tracks, d_cell):
+        if not self._cached_ok(b, k, fixed, tracks, role):
             return None
-        return k, fixed, tracks
+        return k, fixed, tracks, recurring
 
-    @staticmethod
-    def _snap_pos(rec: _Rec, seg: Seg, block_id: int) -> int:
-        for i, (_, q, bid) in enumerate(rec.snaps[id(seg)]):
-            if q and bid == block_id:
-                return i
-        raise AssertionError("a freed block is in its segment's snapshot")
-
-    @staticmethod
-    def _pos(seg: Seg, blk: Block) -> int:
-        for i, x in enumerate(_blocks(seg)):
-            if x is blk:
-                return i
-        return -1
-
-    def _cells_ok(self, cells: list[_Track], j: int, b: _Rec, cell_frees: list[tuple[int, int, int, _Track]]) -> bool:
-        """Cell ``j`` groups after ``b`` of every cell track exists, untouched, as a translate of ``b``'s."""
-        for t in cells:
-            seg = self.segs_by_base.get(t.b_seg[S_BASE] + j * t.delta)
-            if (seg is None or seg[S_SMALL] != t.b_seg[S_SMALL] or seg[S_SIZE] != t.b_seg[S_SIZE]
-                    or seg[S_CREATED] >= b.first):
-                return False
-            blocks = _blocks(seg)
-            snap = b.snaps[id(t.b_seg)]
-            if len(blocks) != len(snap):
-                return False
-            for x, (s, q, _) in zip(blocks, snap, strict=True):
-                if x[SIZE] != s or x[REQ] != q:
-                    return False
-        for bid, stride, pos, t in cell_frees:
-            y = bid + j * stride
-            target = self.live[y] if 0 <= y < len(self.live) else None
-            if target is None or target[SEG][S_BASE] != t.b_seg[S_BASE] + j * t.delta:
-                return False
-            if self._pos(target[SEG], target) != pos:
+    def _kept(self, b: _Rec, t: _Track, offset: int, lo: int, hi: int) -> bool:
+        """What ``b`` did at each lag ``m`` of ``t`` in ``[lo, hi)`` left the allocated block at ``offset`` of
+        ``G_-m`` in place (the same block before and after)."""
+        for m in t.lags:
+            if not lo <= m < hi:
+                continue
+            seg = self._member(t, -m)
+            assert seg is not None
+            before = -1
+            off = 0
+            for size, q, bid in b.snaps[id(seg)]:
+                if off == offset:
+                    before = bid if q else -1
+                    break
+                off += size
+            after = next((x[ID] for x in _blocks(seg) if x[ADDR] - seg[S_BASE] == offset and x[REQ]), -2)
+            if before < 0 or before != after:
                 return False
         return True
 
-    def _cached_ok(self, a: _Rec, b: _Rec, k: int, fixed: list[Seg], tracks: list[_Track], d_cell: int) -> bool:
-        """(S4) for the groups ``g = 1..k+1`` after ``b``: no cached block outside the touched segments wins
-        best fit over the mirrored block, nor fits a request that opens a segment."""
+    @staticmethod
+    def _snap_block(rec: _Rec, seg: Seg, block_id: int) -> tuple[int, int, int]:
+        """(offset, size, requested) of allocated block ``block_id`` in ``rec``'s snapshot of ``seg``."""
+        off = 0
+        for size, q, bid in rec.snaps[id(seg)]:
+            if q and bid == block_id:
+                return off, size, q
+            off += size
+        raise AssertionError("a freed block is in its segment's snapshot")
+
+    def _fresh_cell_ok(self, t: _Track, j: int, b: _Rec) -> bool:
+        """Cell ``G_j`` exists, made before ``b``, with the layout ``b`` found ``G_0`` in."""
+        seg = self._member(t, j)
+        if (seg is None or seg[S_SMALL] != t.g0[S_SMALL] or seg[S_SIZE] != t.g0[S_SIZE]
+                or seg[S_CREATED] >= b.first):
+            return False
+        snap = b.snaps[id(t.g0)]
+        x = seg[S_HEAD]
+        for size, q, _ in snap:
+            if x is None or x[SIZE] != size or x[REQ] != q:
+                return False
+            x = x[NEXT]
+        return x is None
+
+    def _cached_ok(self, b: _Rec, k: int, fixed: list[Seg], tracks: list[_Track],
+                   role: dict[int, tuple[_Track | None, int]]) -> bool:
+        """(S4) for the groups ``g = 0..k`` after ``b`` (0: the next one): no cached block outside the segments
+        the group touches wins best fit over the mirrored block, nor fits a request that opens a segment."""
         # forbidden sizes per pool: [r, s) for a request served by a block of size s, [r, inf) for one that
-        # opened a segment; a tie at s loses only above the mirrored address c0 + dc * (g - 1)
+        # opened a segment; a tie at s loses only above the mirrored address c0 + dc * g
         spans: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
-        ties: list[tuple[bool, int, int, int, int | None]] = []  # (small, r, s, c0, dc); None: any tie wins
+        tie_at: dict[tuple[bool, int], dict[int | None, int]] = {}   # (pool, s) -> {slope: highest c0}
         b_new = {id(s) for s in b.new_segs}
-        lag_a = {id(t.a_seg): t.delta for t in tracks if t.lag and t.a_seg is not None}
-        cell_b = {id(t.b_seg) for t in tracks if not t.new}
         for small, r, size, addr, seg in b.fits:
             spans[small].append((r, size))
             if id(seg) in b_new:
-                ties.append((small, r, size, 0, None))
-            elif id(seg) in lag_a:
-                d = lag_a[id(seg)]
-                ties.append((small, r, size, addr + d, d))
-            elif id(seg) in cell_b:
-                ties.append((small, r, size, addr + d_cell, d_cell))
+                dc: int | None = None            # made in this group: above every older segment
+                c0 = 0
             else:
-                ties.append((small, r, size, addr, 0))
+                t, _ = role[id(seg)]
+                dc = 0 if t is None else t.delta
+                c0 = addr + dc
+            slot = tie_at.setdefault((small, size), {})
+            slot[dc] = max(slot.get(dc, c0), c0)
         for small, r in b.news:
             spans[small].append((r, 1 << 62))
-
         merged: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
         for small in (True, False):
             out = merged[small]
@@ -957,16 +1011,10 @@ class CompactReplay:
             i = bisect_left(starts[small], size + 1) - 1
             return i >= 0 and size < merged[small][i][1]
 
-        # per (pool, size): the highest c0 for each slope (a fit's r <= s, so every tie applies)
-        tie_at: dict[tuple[bool, int], dict[int | None, int]] = {}
-        for small, _, size, c0, dc in ties:
-            slot = tie_at.setdefault((small, size), {})
-            slot[dc] = max(slot.get(dc, c0), c0)
-
         def tie_bad(small: bool, size: int, a0: int, da: int, lo: tuple[int, int], hi: tuple[int, int]) -> bool:
             """A cached block of ``size`` at ``a0 + da * j`` for ``j`` in ``[lo0 + lo1 * g, hi0 + hi1 * g]`` in
-            group ``g = 0..k`` (0: the first group after b) loses every tie it is in.  Everything is linear
-            in ``g`` (and ``j``), so the ends of the range of ``g`` where ``j`` exists are enough."""
+            group ``g = 0..k`` loses every tie it is in.  Everything is linear in ``g`` (and ``j``), so the ends
+            of the range of ``g`` where such a ``j`` exists are enough."""
             found = tie_at.get((small, size))
             if not found:
                 return False
@@ -992,11 +1040,11 @@ class CompactReplay:
         # blocks cached now, outside the segments the groups touch
         excluded = {id(s) for s in fixed}
         for t in tracks:
-            if t.lag:
-                excluded.add(id(t.b_seg))
-            if not t.new:
-                for j in range(1, k + 2):
-                    excluded.add(id(self.segs_by_base[t.b_seg[S_BASE] + j * t.delta]))
+            # members touched again in the range (G_1-top .. G_0) and the cells it consumes (G_1 .. G_k+1)
+            for j in range(1 - t.top, k + 2 if not t.new else 1):
+                member = self._member(t, j)
+                if member is not None:
+                    excluded.add(id(member))
         for small in (True, False):
             keys = self.small_keys if small else self.large_keys
             for lo, hi in merged[small]:
@@ -1014,24 +1062,31 @@ class CompactReplay:
                     blk = self.cached[key]
                     if id(blk[SEG]) not in excluded and tie_bad(small, s, blk[ADDR], 0, (0, 0), (0, 0)):
                         return False
-        # what the tracks leave behind in the range, and the cells not consumed yet
+        # the track segments' cached blocks in the groups that do not touch them: age a (1 <= a <= top,
+        # not a lag) has the layout of G_1-a now and is G_g+1-a in group g; older ones (done) have G_-top's
+        # and are G_-top+j, j in [1, g]; cells not consumed yet (fresh) are G_j, j in [g + 2, k + 1]
         for t in tracks:
-            small = t.b_seg[S_SMALL]
-            # done copies in group g: lagged, G_0 .. G_g-1 = G_-1 + j * delta, j in [1, g];
-            # otherwise G_1 .. G_g = G_0 + j * delta, j in [1, g]
-            src = t.a_seg if t.lag else t.b_seg
-            assert src is not None
-            for x in _blocks(src):
-                if x[REQ]:
-                    continue
-                if k >= 1 and size_bad(small, x[SIZE]):
-                    return False
-                if tie_bad(small, x[SIZE], x[ADDR], t.delta, (1, 0), (0, 1)):
-                    return False
+            small = t.g0[S_SMALL]
+            kinds: list[tuple[Seg, tuple[int, int], tuple[int, int]]] = []
+            for age in range(1, t.top + 1):
+                if age not in t.lags:
+                    src = self._member(t, 1 - age)
+                    assert src is not None
+                    kinds.append((src, (0, 1), (0, 1)))
+            done = self._member(t, -t.top)
+            assert done is not None
+            kinds.append((done, (1, 0), (0, 1)))
+            for src, j_lo, j_hi in kinds:
+                for x in _blocks(src):
+                    if x[REQ]:
+                        continue
+                    if k >= 1 and size_bad(small, x[SIZE]):
+                        return False
+                    if tie_bad(small, x[SIZE], x[ADDR], t.delta, j_lo, j_hi):
+                        return False
             if not t.new:
-                # fresh cells in group g: G_g+2 .. G_k+1 (G_g+1 is the one group g consumes)
-                addr = t.b_seg[S_BASE]
-                for size, req, _ in b.snaps[id(t.b_seg)]:
+                addr = t.g0[S_BASE]
+                for size, req, _ in b.snaps[id(t.g0)]:
                     if not req:
                         if k >= 1 and size_bad(small, size):
                             return False
@@ -1040,56 +1095,82 @@ class CompactReplay:
                     addr += size
         return True
 
-    def _build(self, a: _Rec, b: _Rec, k: int, fixed: list[Seg], tracks: list[_Track], n_alloc: int) -> None:
+    def _build(self, b: _Rec, k: int, fixed: list[Seg], tracks: list[_Track], recurring: list[int],
+               n_alloc: int) -> None:
         """The state after ``k`` groups that mirror ``b`` (see the module docstring).
 
-        Groups are numbered from ``b`` (0); a track's segment of group ``m`` lies at ``G_0 + m * delta``.  A
-        segment is *half done* once its own group touched it and *done* once the next group did too (a
-        track without lag-one touches is done at once).  Before: ``G_-1`` done, ``G_0`` half (lagged
-        tracks) or done; after ``k`` groups: ``G_0 .. G_k-1`` done, ``G_k`` half (lagged) or all done.
+        Groups are numbered from ``b`` (0).  Fixed segments keep their layout; their blocks that are freed
+        and made again every group now carry the ids of ``k`` groups later.  A track's segments
+        ``G_1-top .. G_k`` are rebuilt by applying, group by group, what ``b`` did to the segment of the
+        same age (``T_m``: from ``b``'s snapshot of ``G_-m`` to ``G_-m`` now; ``T_0``: making ``G_0``,
+        or consuming the fresh cell): blocks that were there before stay (same offset, same id), blocks
+        ``b`` allocated get the id of the same allocation in the applying group, cached blocks are new.
         """
         live = self.live
         live.extend([None] * (k * n_alloc))
-        for s in fixed:
-            # the same layout; the blocks b allocated there are now those of the last group
-            for x in _blocks(s):
-                if x[REQ] and x[ID] >= b.id0:
-                    live[x[ID]] = None
-                    x[ID] += k * n_alloc
-                    live[x[ID]] = x
-        jobs: list[tuple[_Track, int, list[tuple[int, int, int]], list[tuple[int, int, int]] | None, int]] = []
+        shift = k * n_alloc
+        for y in recurring:
+            x = live[y]
+            assert x is not None
+            live[y] = None
+            x[ID] = y + shift
+            live[y + shift] = x
         for t in tracks:
-            if t.lag:
-                assert t.a_seg is not None
-                done, done_fresh, done_from = _layout_of(t.a_seg), a.snaps.get(id(t.a_seg)), -1
-                half, half_fresh = _layout_of(t.b_seg), b.snaps.get(id(t.b_seg))
-                jobs += [(t, m, done, done_fresh, m - done_from) for m in range(k)]
-                jobs.append((t, k, half, half_fresh, k))
-            else:
-                done, done_fresh = _layout_of(t.b_seg), b.snaps.get(id(t.b_seg))
-                jobs += [(t, m, done, done_fresh, m) for m in range(1, k + 1)]
-        for t, m, lay, fresh, steps in jobs:
-            base = t.b_seg[S_BASE] + m * t.delta
-            walls: list[Block | None] | None = None
-            if not t.new:
-                if m == 0:   # G_0 is half done: its own blocks from before, by position in its fresh layout
-                    walls = [live[bid] if q else None for _, q, bid in b.snaps[id(t.b_seg)]]
-                else:        # a fresh cell
-                    walls = list[Block | None](_blocks(self.segs_by_base[base]))
-            self._lay_out(t, m, base, lay, None if t.new else fresh, walls, steps * n_alloc, a.id0, b.nwin)
+            # b's transforms, as (input ids by offset, output [(offset, size, requested, id)])
+            trans: dict[int, tuple[dict[int, int], list[tuple[int, int, int, int]]]] = {}
+            for m in [0, *sorted(t.lags)]:
+                seg = self._member(t, -m)
+                assert seg is not None
+                if m == 0 and t.new:
+                    before: dict[int, int] = {}
+                else:
+                    before = {}
+                    off = 0
+                    for size, q, bid in b.snaps[id(seg)]:
+                        if q:
+                            before[off] = bid
+                        off += size
+                base = seg[S_BASE]
+                trans[m] = (before, [(x[ADDR] - base, x[SIZE], x[REQ], x[ID] if x[REQ] else -1) for x in _blocks(seg)])
+            # current layouts (before any rebuild) of the members that exist
+            start: dict[int, list[tuple[int, int, int, int, Block | None]]] = {}
+            for j in range(1 - t.top, k + 1):
+                if j >= 1 and t.new:
+                    continue
+                seg = self._member(t, j)
+                assert seg is not None
+                base = seg[S_BASE]
+                start[j] = [(x[ADDR] - base, x[SIZE], x[REQ], x[ID] if x[REQ] else -1, x) for x in _blocks(seg)]
+            for j in range(1 - t.top, k + 1):
+                cur = start.get(j, [])
+                for g in range(max(1, j), k + 1):
+                    m = g - j
+                    if m not in trans:
+                        continue
+                    before, after = trans[m]
+                    have = {e[0]: e for e in cur if e[2]}
+                    nxt: list[tuple[int, int, int, int, Block | None]] = []
+                    for off, size, q, bid in after:
+                        if q and before.get(off) == bid:
+                            kept = have[off]
+                            assert kept[1] == size and kept[2] == q
+                            nxt.append(kept)
+                        elif q:
+                            nxt.append((off, size, q, bid + g * n_alloc, None))
+                        else:
+                            nxt.append((off, size, 0, -1, None))
+                    cur = nxt
+                self._lay_out(t, j, cur, b.nwin)
         self._stats(b, k)
 
-    def _lay_out(self, t: _Track, m: int, base: int, lay: list[tuple[int, int, int]],
-                 fresh: list[tuple[int, int, int]] | None, walls: list[Block | None] | None, id_shift: int,
-                 lo_id: int, nwin: int) -> None:
-        """Give the segment of group ``m`` at ``base`` the layout ``lay`` (made here for a new-segment track):
-        ids from ``lo_id`` on move by ``id_shift``; older blocks (a cell's own) are ``walls`` at the position
-        the block has in ``fresh``, the source's layout before its group touched it."""
+    def _lay_out(self, t: _Track, j: int, lay: list[tuple[int, int, int, int, Block | None]], nwin: int) -> None:
+        """Give track ``t``'s segment ``G_j`` the layout ``lay`` (offset, size, requested, id, block to keep)."""
         live = self.live
+        base = t.g0[S_BASE] + j * t.delta
         seg = self.segs_by_base.get(base)
         if seg is None:
             assert t.new
-            seg = [base, t.b_seg[S_SIZE], t.b_seg[S_SMALL], None, t.b_seg[S_CREATED] + m * nwin, -1]
+            seg = [base, t.g0[S_SIZE], t.g0[S_SMALL], None, t.g0[S_CREATED] + j * nwin, -1]
             self.segs_by_base[base] = seg
         else:
             for x in _blocks(seg):
@@ -1099,21 +1180,13 @@ class CompactReplay:
                 else:
                     self._uncache(x)
         blocks: list[Block] = []
-        addr = base
-        for size, req, bid in lay:
-            if req and bid < lo_id:
-                assert fresh is not None and walls is not None
-                pos = next(i for i, (_, q, f) in enumerate(fresh) if q and f == bid)
-                wall = walls[pos]
-                assert wall is not None and wall[SIZE] == size and wall[REQ] == req
-                wall[ADDR] = addr
-                x = wall
-            elif req:
-                x = [addr, size, req, None, None, seg, bid + id_shift]
+        for off, size, q, bid, keep in lay:
+            if keep is not None:
+                x = keep
+                x[ADDR] = base + off
             else:
-                x = [addr, size, 0, None, None, seg, -1]
+                x = [base + off, size, q, None, None, seg, bid]
             blocks.append(x)
-            addr += size
         prev: Block | None = None
         for x in blocks:
             x[PREV] = prev
@@ -1147,7 +1220,3 @@ class CompactReplay:
         self.index += k * b.n_events
         self.window += k * b.nwin
         self.skipped_windows += k * b.nwin
-
-
-def _layout_of(seg: Seg) -> list[tuple[int, int, int]]:
-    return [(x[SIZE], x[REQ], x[ID] if x[REQ] else -1) for x in _blocks(seg)]
