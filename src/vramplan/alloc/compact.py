@@ -20,68 +20,84 @@ checks ``replay_compact`` (this class) against ``CachingAllocator`` event by eve
 **Repeated windows** (:class:`Repeat`).  A transformer's layers make the same events layer after
 layer, with block ids moved on by a constant per event (``Repeat.strides``).  When the allocator's
 state is periodic too, the windows in the middle of such a run need not be replayed event by event:
-:meth:`CompactReplay.run_parts` replays two consecutive groups of ``P`` windows (``A`` and ``B``,
-``P`` = 1 to 4) recording what each touched, proves that every later group mirrors ``B`` and builds
-the state those groups leave directly.  The proof and the run-time checks follow; whenever a check
-fails, the windows are replayed event by event, so the result is always that of the plain replay
-(``tests/test_alloc_compact.py`` compares every statistic on analytic streams and random periodic
-programs, and ``benchmarks/check_replay_identity.py`` the engine's reports).
+:meth:`CompactReplay.run_parts` replays windows recording what they touch, takes two consecutive
+groups of ``P`` windows (``A`` then ``B``, ``P`` = 1 to 4), proves that the next ``K + 1`` groups all
+mirror ``B``, builds the state the first ``K`` of them leave, and replays the last one.  When a check
+fails nothing is skipped there, so the result is always that of the plain replay:
+``tests/test_alloc_compact.py`` compares every statistic on analytic streams and random periodic
+programs, ``benchmarks/check_replay_identity.py`` the engine's reports.  The argument:
 
-*Mirror lemma.*  Let window ``B`` run from state ``S_B`` and window ``C`` (the same events, ids
-moved) from ``S_C``.  Call a segment *touched* by ``B`` when ``B`` takes a cached block from it, frees
-a block in it, or creates it.  Suppose there is a one-to-one map ``psi`` from the segments that
-existed at ``S_B`` and that ``B`` touched to segments of ``S_C`` such that
+*Mirror lemma.*  Let group ``B`` run from state ``S_B`` and group ``C`` (the same events, ids moved)
+from ``S_C``.  A segment is *touched* by ``B`` when ``B`` takes a cached block from it, frees a block in
+it, or creates it.  Suppose a one-to-one map ``psi`` from the segments that existed at ``S_B`` and that
+``B`` touched, to segments of ``S_C``, satisfies
 
-  (S1) ``psi(s)`` at ``S_C`` has the same pool, size and block layout (each block's size and
-       requested bytes, 0 for a cached block) as ``s`` had when ``B`` first touched it;
-  (S2) each free in ``C`` of a block that existed at ``S_C`` frees the block at the same position of
-       ``psi(s)`` as the corresponding free in ``B`` did in ``s``;
+  (S1) ``psi(s)`` at ``S_C`` has the pool, size and block layout (each block's size and requested bytes,
+       0 for a cached block) that ``s`` had when ``B`` first touched it;
+  (S2) each free in ``C`` of a block made before ``C`` frees the block at the offset of ``psi(s)`` where
+       the corresponding free in ``B`` found its block in ``s``;
   (S3) ``psi`` keeps the address order of those segments;
-  (S4) no cached block outside ``psi``'s image would win best fit over the block ``B`` took: for
-       each of ``B``'s requests of ``r`` bytes served by a block of ``(size s, address a)``, no such
-       block has ``r <= size < s``, nor ``size == s`` at an address below the mirrored ``a``; for a
-       request that opened a new segment, none has ``size >= r``;
-  (S5) the capacity is not reached: no segment that ``C`` creates needs a release.
-Then ``C`` makes the same decisions as ``B``: by induction over the events, every touched segment
-of ``C`` has the layout of its counterpart in ``B``, the segments either window creates get the same
-sizes (at the next address, above every existing segment, in both), each request finds the mirrored
-block (the mirrored candidates are ordered as in ``B`` by (S1), (S3) and by new segments lying
-above everything; no other cached block qualifies by (S4)) and splits it alike (``should_split``
-reads sizes only), and each free merges with the mirrored neighbours (same layouts).  The statistics
-change by the same amounts.
+  (S4) no cached block outside ``psi``'s image qualifies where ``B``'s did not: for each request of
+       ``r`` bytes ``B`` served with a block of size ``s`` at address ``a``, none has ``r <= size < s``, nor
+       ``size == s`` at an address below the mirrored ``a``; for a request that made a segment, none has
+       ``size >= r``;
+  (S5) no segment ``C`` makes exceeds the capacity (so nothing is released).
+Then ``C`` makes ``B``'s decisions.  By induction over the events: every touched segment of ``C`` has
+the layout of its counterpart in ``B``; segments made get the same sizes, at the next address, which
+lies above every segment in both; a request's mirrored candidates are ordered as ``B``'s by (S1), (S3)
+and the new segments lying above, and no other cached block competes by (S4), so it takes the mirrored
+block and splits it alike (``should_split`` reads sizes only); a free merges with the mirrored
+neighbours (same layouts).  The statistics change by the same amounts.
 
-*Roles.*  :meth:`_plan_skip` pairs ``B``'s touched segments with ``A``'s, in the order each window
-first touched them, and gives each segment of ``B`` a role with the counterpart ``psi`` it will have
-in every later window:
-  * *fixed*: the same segment in every window (a pool of cached blocks the window borrows from and
-    returns to); ``psi(s) = s``;
-  * a *track*: a sequence of segments ``G_X``, one per window ``X``, translates of each other by a
-    constant ``delta``: the segments window ``X`` creates (``delta`` = the address advance per
-    window), or pre-existing *cells* window ``X`` consumes (e.g. the block each layer's backward
-    frees, kept by that layer's forward), where ``delta`` is the distance between consecutive cells;
-    window ``X`` may touch ``G_{X-1}`` again (a *lag-one* touch, e.g. freeing the previous layer's
-    gradient); ``psi(G_{X-1}) = G_X`` and ``psi(G_X) = G_{X+1}``.
-*Induction.*  If ``C`` mirrors ``B`` under such roles, so does every later window ``X + 1`` mirror
-``X``: a fixed segment's layout at the start of ``X + 1`` is what ``X`` made of the layout ``B`` made
-of it, i.e. its layout at the start of ``X`` (S1); a track's ``G_X`` is what ``X`` made of its fresh
-counterpart, mirrored from ``G_{X-1}``, and cells not yet consumed are checked to be exact translates
-of ``B``'s fresh cell, ids included, for every window in the range (S1, S2); fixed and lag-one frees
-free the block the previous window allocated at the same position, which holds when the template's
-stride equals the window's allocation count (checked); new segments lie above every earlier segment
-and cells keep their order with the fixed segments at both ends of the range, hence everywhere (S3);
-the cached blocks outside the touched segments in any window of the range are those at ``S_C``
-(checked once) and the translates of the layouts tracks leave behind and of fresh cells, whose sizes
-are checked once and whose addresses, linear in the window index, are checked against each mirrored
-address at the ends of their ranges (S4); reserved bytes grow by the same amount per window, so the
-capacity check of the last window covers all (S5).
+*Roles.*  Groups are numbered from ``B`` (0); ``C`` is 1.  :meth:`CompactReplay._plan_skip` pairs
+``B``'s touched segments with ``A``'s in the order each group first touched them and proposes a role
+for each (the pairing only proposes; the checks below decide):
+  * *fixed*: the same segment in every group (a pool the group borrows blocks from and returns them
+    to); ``psi(s) = s``;
+  * a member ``G_-l`` of a *track*: segments ``G_j = G_0 + j * delta`` one per group, made by group ``j``
+    (``delta`` = the address advance per group) or pre-existing *cells* group ``j`` consumes first
+    (``delta`` = the distance between cells; e.g. the tensor each layer's backward frees, kept by that
+    layer's forward); group ``j + l`` touches ``G_j`` again for each ``l`` in the track's *lags* (the
+    largest is ``top``), e.g. to free the previous layer's gradient; ``psi(G_-l) = G_1-l``.
+*Checks*, once, at ``S_C``, for the range of groups ``1 .. K + 1``:
+  (C1) fixed segments have the layout ``B`` found them in; for each track and age ``a`` in ``1 .. top``,
+       ``G_1-a`` has the layout ``G_-a`` had when ``B`` came to it (``B``'s snapshot, or its present layout
+       if ``B`` did not touch it); cells ``G_1 .. G_K+1`` exist, were made before ``B``, and have the
+       layout ``B`` found ``G_0`` in;
+  (C2) for each free in ``B`` of an older block (offset ``o`` of ``s``, template stride ``t``) and each
+       group ``g`` of the range: the block ``id + g * t`` that exists now is at offset ``o`` of ``g``'s
+       counterpart of ``s`` (a fixed segment's only for ``g = 1``, i.e. made by the group before), and
+       the lags ``B`` touched that segment at before the free kept it; one that group ``h`` will make needs
+       ``t`` = the allocations per group and ``B``'s allocation of the same ordinal placed at offset ``o``
+       of the member of the same lag, kept by ``B`` at the later lags;
+  (C3) cells' segments over ``G_-top .. G_K+1`` are distinct, none is fixed, and each lies on the same
+       side of every fixed segment at both ends of that range; the oldest member a group touches of a
+       track of made segments lies above every fixed segment and cell (as all later ones will);
+  (C4) the cached blocks that groups of the range do not touch: those cached now outside the fixed
+       segments, ``G_1-top .. G_0`` and ``G_1 .. G_K+1``; in group ``g``, a track's member of age ``a`` not a
+       lag (with ``G_1-a``'s present layout, at ``G_g+1-a``), its older members (``G_-top``'s present
+       layout, at ``G_-top+j``, ``1 <= j <= g``) and the cells not consumed yet (``B``'s fresh layout, at
+       ``G_j``, ``g + 2 <= j <= K + 1``): sizes against the ranges of (S4), and for ties addresses, which
+       are linear in ``g`` and ``j`` as are the mirrored addresses, at the ends of their ranges;
+  (C5) reserved bytes now plus ``K + 1`` times ``B``'s growth fit the capacity.
+*Induction.*  If groups ``1 .. X - 1`` mirror ``B``, so does ``X`` (``X <= K + 1``), with ``psi``: fixed to
+itself, ``G_-l`` to ``G_X-l``.  (S1): a mirrored group turns a fixed segment's layout into the one ``B``
+left, which is the one it found (C1); a member ``G_X-l`` made or consumed in the range went through
+``B``'s transforms of lags below ``l`` from ``B``'s starting layout (a new segment, or a fresh cell by
+(C1)), so it has ``G_-l``'s layout as ``B`` found it; an older one had at ``S_C`` the layout of the same
+age as ``B`` found it (C1) and went through the same transforms.  (S2) by (C2); (S3): new segments lie
+above all older ones and so do the older members touched (C3), cells keep their side of fixed segments
+(C3) and move together; (S4): the cached
+blocks outside the segments ``X`` touches are among those of (C4), untouched segments keeping their
+blocks; (S5) by (C5).
 
-*Building the state.*  After ``K`` mirrored windows the layouts are known without replaying: fixed
-segments as at ``S_C`` with the last window's ids, each track's segments translated from ``A``'s and
-``B``'s (ids moved on by ``K`` windows' allocations, blocks kept by cells taken from the cells
-themselves).  Statistics move by ``K`` times ``B``'s change; peaks are the larger of the first and
-last window's (each moves linearly with the window index).  The window after the last skipped one is
-replayed event by event (it mirrors ``B`` too), so the moment reserved bytes last peaked, and what was
-allocated and cached then, come from a real replay.
+*Building the state* (:meth:`CompactReplay._build`).  After ``K`` groups: fixed segments have their
+layout, the blocks freed and made again every group carrying the ids of ``K`` groups later; a track's
+members ``G_1-top .. G_K`` are rebuilt by applying, group by group, what ``B`` did to the member of the
+same age (blocks that were there stay, with their ids; blocks ``B`` allocated get the id of the same
+allocation in the applying group).  Statistics move by ``K`` times ``B``'s change; each peak is the
+larger of the first and last group's (they move linearly).  Group ``K + 1`` is replayed event by event,
+so the moment reserved bytes last peaked, and what was allocated and cached then, come from a replay.
 """
 
 from __future__ import annotations
@@ -926,6 +942,14 @@ class CompactReplay:
                     hi = t.g0[S_BASE] + (k + 1) * d_cell - f[S_BASE]
                     if (lo > 0) != (hi > 0):
                         return None
+        # made segments lie above all others; those made before b (lag >= 1) must already lie above
+        # every fixed segment and cell of the range, as the ones made later will
+        older = [s[S_BASE] for s in fixed] + [t.g0[S_BASE] + j * d_cell for t in cells for j in (-t.top, k + 1)]
+        if older:
+            top_older = max(older)
+            for t in tracks:
+                if t.new and t.top and t.g0[S_BASE] - t.top * t.delta < top_older:
+                    return None
         # ---- (S4) no other cached block wins best fit, in any of the k + 1 groups
         if not self._cached_ok(b, k, fixed, tracks, role):
             return None
