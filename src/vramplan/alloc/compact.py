@@ -1165,27 +1165,46 @@ class CompactReplay:
                 assert seg is not None
                 base = seg[S_BASE]
                 start[j] = [(x[ADDR] - base, x[SIZE], x[REQ], x[ID] if x[REQ] else -1, x) for x in _blocks(seg)]
+            done: list[tuple[int, int, int, int, Block | None]] | None = None
             for j in range(1 - t.top, k + 1):
-                cur = start.get(j, [])
-                for g in range(max(1, j), k + 1):
-                    m = g - j
-                    if m not in trans:
-                        continue
-                    before, after = trans[m]
-                    have = {e[0]: e for e in cur if e[2]}
-                    nxt: list[tuple[int, int, int, int, Block | None]] = []
-                    for off, size, q, bid in after:
-                        if q and before.get(off) == bid:
-                            kept = have[off]
-                            assert kept[1] == size and kept[2] == q
-                            nxt.append(kept)
-                        elif q:
-                            nxt.append((off, size, q, bid + g * n_alloc, None))
-                        else:
-                            nxt.append((off, size, 0, -1, None))
-                    cur = nxt
+                own = start.get(j, [])
+                if j >= 1 and j + t.top <= k and done is not None:
+                    # every lag applied, as to G_1: G_1's layout, its allocations j - 1 groups later and the
+                    # member's own blocks from before (a cell's) where G_1 kept its own
+                    have = {e[0]: e for e in own if e[2]}
+                    shift = (j - 1) * n_alloc
+                    cur = [have[e[0]] if e[4] is not None else (e if not e[2] else (e[0], e[1], e[2], e[3] + shift, None))
+                           for e in done]
+                else:
+                    cur = self._apply(trans, own, j, k, n_alloc)
+                    if j == 1:
+                        done = cur
                 self._lay_out(t, j, cur, b.nwin)
         self._stats(b, k)
+
+    @staticmethod
+    def _apply(trans: dict[int, tuple[dict[int, int], list[tuple[int, int, int, int]]]],
+               cur: list[tuple[int, int, int, int, Block | None]], j: int, k: int,
+               n_alloc: int) -> list[tuple[int, int, int, int, Block | None]]:
+        """Member ``G_j``'s layout after groups ``max(1, j) .. k`` each did what ``b`` did at their lag."""
+        for g in range(max(1, j), k + 1):
+            m = g - j
+            if m not in trans:
+                continue
+            before, after = trans[m]
+            have = {e[0]: e for e in cur if e[2]}
+            nxt: list[tuple[int, int, int, int, Block | None]] = []
+            for off, size, q, bid in after:
+                if q and before.get(off) == bid:
+                    kept = have[off]
+                    assert kept[1] == size and kept[2] == q
+                    nxt.append(kept)
+                elif q:
+                    nxt.append((off, size, q, bid + g * n_alloc, None))
+                else:
+                    nxt.append((off, size, 0, -1, None))
+            cur = nxt
+        return cur
 
     def _lay_out(self, t: _Track, j: int, lay: list[tuple[int, int, int, int, Block | None]], nwin: int) -> None:
         """Give track ``t``'s segment ``G_j`` the layout ``lay`` (offset, size, requested, id, block to keep)."""

@@ -34,11 +34,16 @@ not know (an op the template lacks) goes into one reconciling tensor per layer.
 Steady state: ``train_run_events`` replays the first step (states created inside ``step()``, after
 the first forward/backward has left its cached blocks) and the second (states exist), and the
 allocator never returns memory, so its peak is ``max_memory_reserved`` over the run.
+
+``train_run_stream`` gives the compact stream; ``train_run_parts`` the same events with each run of
+layers that share a plan written once, as a ``vramplan.alloc.compact.Repeat`` (the layer's events and
+how its block ids move from layer to layer), which ``vramplan.alloc.replay_parts`` replays without
+replaying every layer where that is exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +54,7 @@ from vramplan.analytic.layout import RankParams, _count_on_rank, _split
 from vramplan.analytic.logits import LossTensors
 from vramplan.spec.model import LayerSpec, ModelSpec
 
-__all__ = ["LayerTerms", "StepLayout", "train_run_events", "train_run_parts", "train_run_stream"]
+__all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
 
 
 @dataclass(frozen=True)
@@ -606,28 +611,45 @@ def train_run_stream(lay: StepLayout, n_layers: int | None = None) -> list[int]:
     creates the optimizer states inside ``step()``, after its forward and backward have left their
     cached blocks; the second runs with them (the steady state).  With gradient accumulation the
     second step's micro-batch finds the gradients of an earlier one."""
-    return _run(_Stream(), lay, n_layers).events
+    st = _Stream()
+    for _ in _phases(st, lay, n_layers):
+        pass
+    return st.events
 
 
 def train_run_parts(lay: StepLayout, n_layers: int | None = None) -> list[list[int] | Repeat]:
     """``train_run_stream`` with each run of identical layers as a ``vramplan.alloc.compact.Repeat``
     (``vramplan.alloc.compact.expand`` gives the plain stream back), for ``CompactReplay.run_parts``."""
-    return _run(_Stream(runs=True), lay, n_layers).close()
+    return list(iter_run_parts(lay, n_layers))
 
 
-def _run(st: _Stream, lay: StepLayout, n_layers: int | None) -> _Stream:
+def iter_run_parts(lay: StepLayout, n_layers: int | None = None) -> Iterator[list[int] | Repeat]:
+    """``train_run_parts`` made phase by phase (setup, each pass, each optimizer step) as they are
+    asked for, so that a replay that runs out of memory early does not wait for the rest."""
+    st = _Stream(runs=True)
+    for _ in _phases(st, lay, n_layers):
+        yield from st.close()
+        st.parts = []
+
+
+def _phases(st: _Stream, lay: StepLayout, n_layers: int | None) -> Iterator[None]:
+    """Write the two steps into ``st``, pausing after each phase."""
     plans = _plans(lay)
     n = len(lay.layers) if n_layers is None else n_layers
     _setup(st, lay, False, n)
+    yield None
     ws: list[int] = []
     grads: list[int] = []
     _pass(st, lay, plans, grads, False, n, ws)
+    yield None
     states = _optimizer(st, lay, grads, None, n)
     if lay.grads_during_forward:
-        grads = [st.alloc(x) for x in _grad_sizes(lay, n)]
+        grads = st.alloc_all(_grad_sizes(lay, n))
+    yield None
     _pass(st, lay, plans, grads, lay.grads_during_forward, n, ws)
+    yield None
     _optimizer(st, lay, grads, states, n)
-    return st
+    yield None
 
 
 def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
