@@ -8,6 +8,7 @@ against ``CachingAllocator`` itself), field by field, out of memory included.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -130,11 +131,11 @@ def test_skipping_equals_plain_replay(parts: list[list[int] | Repeat], cap_share
     assert replay_parts(parts, capacity_bytes=cap) == replay_compact(expand(parts), capacity_bytes=cap)
 
 
-def _layouts() -> list[object]:
+def _layouts() -> list[tuple[Any, int]]:
     from vramplan.analytic.train import train_step
     from vramplan.spec.load import resolve
 
-    docs: list[object] = [EXAMPLES / name for name in (
+    docs: list[Any] = [EXAMPLES / name for name in (
         "llama2-7b-full-naive-a100.yaml", "llama3-70b-zero3-offload-8xa100.yaml", "qlora-7b-rtx4090.yaml",
         "llama2-7b-zero3-ckpt-8xa100.yaml", "lora-llama3-8b-a10g.yaml", "gpt2-eager-fp32-t4.yaml")]
     docs += [
@@ -150,7 +151,7 @@ def _layouts() -> list[object]:
     ]
     out = []
     for doc in docs:
-        r = resolve(doc)  # type: ignore[arg-type]
+        r = resolve(doc)
         lay = train_step(r).layout
         assert lay is not None
         out.append((lay, r.gpu.total_memory_bytes))
@@ -162,8 +163,8 @@ def test_analytic_streams_skip_exactly() -> None:
 
     skipped = 0
     for lay, device in _layouts():
-        parts = train_run_parts(lay)  # type: ignore[arg-type]
-        stream = train_run_stream(lay)  # type: ignore[arg-type]
+        parts = train_run_parts(lay)
+        stream = train_run_stream(lay)
         assert expand(parts) == stream
         peak = replay_compact(stream).peak_reserved_bytes
         for cap in (None, device, peak, peak * 4 // 5, peak // 2):

@@ -122,7 +122,7 @@ _ADDRESS_BASE = 1 << 40  # as caching.py
 _SEGMENT_ALIGN = 2 << 20
 _SHIFT = 64              # key = size << 64 | address; addresses stay far below 2**64
 _MAX_PERIOD = 4          # windows per group tried for periodicity
-_PATIENCE = 20   # windows recorded without finding a period before replaying plainly
+_PATIENCE = 20           # windows recorded without a skip before the rest of a run is replayed plainly
 
 # block fields
 ADDR, SIZE, REQ, PREV, NEXT, SEG, ID = range(7)
@@ -544,10 +544,12 @@ class CompactReplay:
 
     def _run_repeat(self, rep: Repeat) -> bool:
         """Replay a run of windows, recording them and, after each, looking for two consecutive groups of
-        1 to ``_MAX_PERIOD`` windows that prove the following groups mirror them.  Recording costs time, so a
-        run is replayed plainly once ``_PATIENCE`` windows went by without a skip, and a run with the same
-        events as an earlier one (the second training step's) tries only the period that worked then, or
-        nothing if none did."""
+        1 to ``_MAX_PERIOD`` windows that prove the following groups mirror them.  Recording costs time, so
+        the rest of a run is replayed plainly once ``_PATIENCE`` windows went by without a skip, or ten
+        without two groups that moved the statistics alike, or after a skip that stopped before the
+        end of the run (cells or capacity ran out); a run with the events of an earlier one (the second
+        training step's) tries the period that worked then first, and records nothing if none did.
+        These choices only decide what is tried: every skip is proven by :meth:`_plan_skip`."""
         shape = tuple(max(0, x) for x in rep.events)
         known = self._periods.get(shape)
         periods = list(range(1, _MAX_PERIOD + 1))
@@ -859,7 +861,8 @@ class CompactReplay:
             t.top = max(t.lags, default=0)
             for age in range(1, t.top + 1):
                 older, younger = self._member(t, -age), self._member(t, 1 - age)
-                if older is None or younger is None or older[S_SIZE] != younger[S_SIZE]:
+                if (older is None or younger is None or older[S_SIZE] != younger[S_SIZE]
+                        or older[S_SMALL] != younger[S_SMALL]):
                     return None
                 if id(older) in role and role[id(older)][0] is not t:
                     return None
