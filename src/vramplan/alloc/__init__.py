@@ -5,6 +5,7 @@ OOM-snapshot reader.  Interface (stable; other modules rely on it):
 
     replay(events, expandable_segments=False) -> ReplayResult
     replay_compact(stream, expandable_segments=False) -> ReplayResult   (ints: +n alloc, -id-1 free)
+    replay_parts(parts, expandable_segments=False) -> ReplayResult      (lists of ints and Repeat runs)
 
 where each event is ``AllocEvent(block_id, nbytes)`` with ``nbytes > 0`` for an allocation and
 ``nbytes < 0`` for the release of that block.  Optional keyword arguments model a device
@@ -29,6 +30,7 @@ from vramplan.alloc.caching import (
     OomInfo,
     SegmentView,
 )
+from vramplan.alloc.compact import CompactReplay, Repeat, expand
 from vramplan.alloc.rules import allocation_size, round_size, should_split
 from vramplan.units import MiB
 
@@ -38,12 +40,16 @@ __all__ = [
     "BlockView",
     "CachingAllocator",
     "OomInfo",
+    "Repeat",
     "ReplayResult",
     "SegmentView",
     "allocation_size",
+    "compact_result",
+    "expand",
     "parse_alloc_conf",
     "replay",
     "replay_compact",
+    "replay_parts",
     "round_size",
     "should_split",
 ]
@@ -183,14 +189,60 @@ def replay_compact(stream: Sequence[int], expandable_segments: bool = False, *,
 
     ``n > 0`` allocates ``n`` bytes as the next block id (ids count allocations from 0);
     ``n < 0`` frees block ``-n - 1``.  Same results as :func:`replay` on the equivalent
-    ``AllocEvent`` list, several times faster (``CachingAllocator.run_compact``).
+    ``AllocEvent`` list, several times faster: the default configuration runs through
+    ``compact.CompactReplay``, ``expandable_segments`` through ``CachingAllocator.run_compact``.
 
     >>> replay_compact([3 * MiB, 1000, -1, -2]).peak_reserved_bytes == 20 * MiB + 2 * MiB
     True
     """
+    if not expandable_segments:
+        fast = CompactReplay(capacity_bytes)
+        fast.run(stream)
+        return compact_result(fast)
     alloc = CachingAllocator(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
     unmatched, oom = alloc.run_compact(stream)
     return _result(alloc, unmatched, oom)
+
+
+def replay_parts(parts: Iterable[Sequence[int] | Repeat], expandable_segments: bool = False, *,
+                 capacity_bytes: int | None = None) -> ReplayResult:
+    """``replay_compact(expand(parts))``: literal event lists and ``Repeat`` runs of windows (block ids
+    moved by constant strides from window to window).  The default configuration builds the state of
+    windows it proves mirror earlier ones instead of replaying them (``compact.CompactReplay.run_parts``,
+    exact); ``expandable_segments`` replays the expanded stream.
+
+    >>> replay_parts([[3 * MiB], Repeat([1000, -2], [0, 1], 3)]) == replay_compact([3 * MiB, 1000, -2, 1000, -3, 1000, -4])
+    True
+    """
+    if expandable_segments:
+        return replay_compact(expand(parts), True, capacity_bytes=capacity_bytes)
+    fast = CompactReplay(capacity_bytes)
+    fast.run_parts(parts)
+    return compact_result(fast)
+
+
+def compact_result(c: CompactReplay) -> ReplayResult:
+    """The statistics of a :class:`~vramplan.alloc.compact.CompactReplay` as a ``ReplayResult``."""
+    return ReplayResult(
+        peak_allocated_bytes=c.peak_allocated_bytes,
+        peak_reserved_bytes=c.peak_reserved_bytes,
+        final_allocated_bytes=c.allocated_bytes,
+        final_reserved_bytes=c.reserved_bytes,
+        peak_requested_bytes=c.peak_requested_bytes,
+        allocated_at_peak_reserved_bytes=c.allocated_at_peak_reserved_bytes,
+        largest_free_block_at_peak_reserved_bytes=c.largest_free_at_peak_reserved_bytes,
+        peak_segments=c.peak_segments,
+        final_segments=c.segments,
+        final_largest_free_block_bytes=c.largest_free_block(),
+        num_allocs=c.num_allocs,
+        num_frees=c.num_frees,
+        num_device_allocs=c.num_device_alloc,
+        num_device_frees=c.num_device_free,
+        num_alloc_retries=c.num_alloc_retries,
+        unmatched_frees=c.unmatched,
+        expandable_segments=False,
+        oom=c.oom,
+    )
 
 
 def _result(alloc: CachingAllocator, unmatched: int, oom: OomInfo | None) -> ReplayResult:

@@ -35,7 +35,6 @@ from vramplan.alloc.rules import (
     EXPANDABLE_LARGE_PAGE,
     EXPANDABLE_SMALL_PAGE,
     K_LARGE_BUFFER,
-    K_MIN_BLOCK_SIZE,
     K_SMALL_SIZE,
     allocation_size,
     round_size,
@@ -263,62 +262,20 @@ class CachingAllocator:
         """Replay a compact event stream; returns (frees of blocks that were not live, first OOM).
 
         ``stream`` holds ints: ``n > 0`` allocates ``n`` bytes as the next block id (0, 1, 2, ...
-        in allocation order), ``n < 0`` frees block ``-n - 1``.  The result is the same as
-        :meth:`malloc` / :meth:`free` called event by event (a property test checks it on random
-        streams); the common cases of PyTorch's default configuration (a cached block found, its
-        split, a free with its merges) run inline here for speed, everything else (a new segment,
-        releases and retries under ``capacity_bytes``, expandable segments, ``max_split_size``,
-        rounding divisions) through the methods above.
+        in allocation order), ``n < 0`` frees block ``-n - 1``.  Event by event through :meth:`malloc`
+        and :meth:`free`; ``replay_compact`` uses this for ``expandable_segments`` and the faster
+        ``compact.CompactReplay`` (the same rules, checked against this by a property test) for the
+        default configuration.
         """
-        fast = not self.expandable and self.max_split is None and not self.divisions
         live: list[Block | None] = []
         unmatched = 0
-        small_pool, large_pool, active = self._small, self._large, self._active
         malloc, free = self.malloc, self.free
         for index, n in enumerate(stream):
             if n > 0:
-                if not fast:
-                    try:
-                        live.append(malloc(n, index, len(live)))
-                    except AllocatorOutOfMemory as exc:
-                        return unmatched, exc.info
-                    continue
-                rounded = ((n + 511) >> 9) << 9  # round_size: a multiple of kMinBlockSize (512)
-                small = rounded <= K_SMALL_SIZE
-                pool = small_pool if small else large_pool
-                flist = pool.free
-                i = bisect_left(flist, (rounded,))
-                if i == len(flist):
-                    try:
-                        live.append(malloc(n, index, len(live)))
-                    except AllocatorOutOfMemory as exc:
-                        return unmatched, exc.info
-                    continue
-                block = flist[i][2]
-                del flist[i]
-                remaining = block.size - rounded
-                # should_split: small pool at >= 512 B left, large pool at > 1 MiB left
-                if (remaining >= K_MIN_BLOCK_SIZE) if small else (remaining > K_SMALL_SIZE):
-                    rest = block
-                    block = Block(rest.addr, rounded, rest.seg)
-                    prev = rest.prev
-                    block.prev = prev
-                    if prev is not None:
-                        prev.next = block
-                    block.next = rest
-                    rest.prev = block
-                    rest.addr += rounded
-                    rest.size = remaining
-                    insort(flist, (remaining, rest.addr, rest))
-                block.allocated = True
-                block.requested = n
-                active.add(block)
-                self.num_allocs += 1
-                self.allocated_bytes += block.size
-                self.requested_bytes += n
-                self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
-                self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
-                live.append(block)
+                try:
+                    live.append(malloc(n, index, len(live)))
+                except AllocatorOutOfMemory as exc:
+                    return unmatched, exc.info
             elif n < 0:
                 j = -n - 1
                 blk = live[j] if j < len(live) else None
@@ -326,32 +283,7 @@ class CachingAllocator:
                     unmatched += 1
                     continue
                 live[j] = None
-                if not fast:
-                    free(blk)
-                    continue
-                # free + free_block: cache the block, merge free neighbours (no unmapped blocks here)
-                blk.allocated = False
-                active.discard(blk)
-                self.allocated_bytes -= blk.size
-                self.requested_bytes -= blk.requested
-                self.num_frees += 1
-                pool = small_pool if blk.seg.small else large_pool
-                flist = pool.free
-                prev, nxt = blk.prev, blk.next
-                if prev is not None and not prev.allocated:
-                    del flist[bisect_left(flist, (prev.size, prev.addr))]
-                    blk.addr = prev.addr
-                    blk.size += prev.size
-                    pp = blk.prev = prev.prev
-                    if pp is not None:
-                        pp.next = blk
-                if nxt is not None and not nxt.allocated:
-                    del flist[bisect_left(flist, (nxt.size, nxt.addr))]
-                    blk.size += nxt.size
-                    nn = blk.next = nxt.next
-                    if nn is not None:
-                        nn.prev = blk
-                insort(flist, (blk.size, blk.addr, blk))
+                free(blk)
         return unmatched, None
 
     def empty_cache(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vramplan.alloc import AllocEvent, replay, replay_compact
+from vramplan.alloc import AllocEvent, replay, replay_parts
 from vramplan.alloc.rules import (
     K_LARGE_BUFFER as LARGE_SEGMENT,
 )
@@ -40,7 +40,7 @@ from vramplan.alloc.rules import (
     K_SMALL_SIZE as SMALL_SIZE,
 )
 from vramplan.alloc.rules import allocation_size, is_small, round_size, should_split
-from vramplan.analytic.events import StepLayout, train_run_stream
+from vramplan.analytic.events import StepLayout, iter_run_parts
 
 __all__ = [
     "LARGE_SEGMENT", "MIN_LARGE_ALLOC", "ROUND_BYTES", "ROUND_LARGE", "SMALL_SEGMENT", "SMALL_SIZE",
@@ -96,13 +96,16 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
     is ever released and reserved bytes can exceed any real device.  When even the retry fails,
     the returned reserved bytes are what the failing request needed, above the capacity.
 
-    Every layer is replayed: extrapolating from the first few layers is not exact (on QLoRA 7B
-    the reserved increment per layer alternates 272 / 140 MiB after settling at 272 MiB for three
-    layers, so a linear extrapolation over-counts 1.8 GiB).  Results are cached per layout (a
-    frozen dataclass), so repeated estimates of one scenario replay once.
+    The result is that of replaying every event: extrapolating from the first few layers is not
+    exact (on QLoRA 7B the reserved increment per layer alternates 272 / 140 MiB after settling at
+    272 MiB for three layers, so a linear extrapolation over-counts 1.8 GiB).  The stream comes as
+    runs of identical layers (``iter_run_parts``) and ``replay_parts`` builds, instead of replaying,
+    only the layers it proves repeat the allocator's decisions exactly (``vramplan.alloc.compact``).
+    Results are cached per layout (a frozen dataclass), so repeated estimates of one scenario replay
+    once.
     """
-    res = replay_compact(train_run_stream(layout), expandable_segments=expandable_segments,
-                         capacity_bytes=capacity_bytes)
+    res = replay_parts(iter_run_parts(layout), expandable_segments=expandable_segments,
+                       capacity_bytes=capacity_bytes)
     if res.oom is not None:
         # the request that failed after the allocator emptied its cache and retried: the step needs
         # at least what stayed reserved plus that request's segment, which exceeds the capacity

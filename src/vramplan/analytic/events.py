@@ -34,20 +34,27 @@ not know (an op the template lacks) goes into one reconciling tensor per layer.
 Steady state: ``train_run_events`` replays the first step (states created inside ``step()``, after
 the first forward/backward has left its cached blocks) and the second (states exist), and the
 allocator never returns memory, so its peak is ``max_memory_reserved`` over the run.
+
+``train_run_stream`` gives the compact stream; ``train_run_parts`` the same events with each run of
+layers that share a plan written once, as a ``vramplan.alloc.compact.Repeat`` (the layer's events and
+how its block ids move from layer to layer), which ``vramplan.alloc.replay_parts`` replays without
+replaying every layer where that is exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vramplan.alloc import AllocEvent
+from vramplan.alloc.compact import Repeat
 from vramplan.analytic.activations import ActContext
 from vramplan.analytic.layout import RankParams, _count_on_rank, _split
 from vramplan.analytic.logits import LossTensors
 from vramplan.spec.model import LayerSpec, ModelSpec
 
-__all__ = ["LayerTerms", "StepLayout", "train_run_events", "train_run_stream"]
+__all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
 
 
 @dataclass(frozen=True)
@@ -113,13 +120,24 @@ class StepLayout:
 class _Stream:
     """Builds a compact event stream (``vramplan.alloc.replay_compact``): ``n > 0`` allocates ``n``
     bytes as the next block id, ``-id - 1`` frees block ``id``.  A 0-byte tensor gets no block
-    (PyTorch does not call the allocator for it): its id is -1 and freeing it does nothing."""
+    (PyTorch does not call the allocator for it): its id is -1 and freeing it does nothing.
 
-    __slots__ = ("events", "next_id")
+    With ``runs``, :func:`_layers` writes a run of identical layers as one ``Repeat`` (its first window
+    literally, then the template and the id strides) into ``parts`` instead of every layer's events."""
 
-    def __init__(self) -> None:
+    __slots__ = ("events", "next_id", "parts", "runs")
+
+    def __init__(self, runs: bool = False) -> None:
         self.events: list[int] = []
         self.next_id = 0
+        self.runs = runs
+        self.parts: list[list[int] | Repeat] = []
+
+    def close(self) -> list[list[int] | Repeat]:
+        if self.events:
+            self.parts.append(self.events)
+            self.events = []
+        return self.parts
 
     def alloc(self, nbytes: int) -> int:
         if nbytes <= 0:
@@ -128,6 +146,19 @@ class _Stream:
         self.next_id += 1
         self.events.append(nbytes)
         return bid
+
+    def alloc_all(self, sizes: Iterable[int]) -> list[int]:
+        """``alloc`` of each size in turn."""
+        ev, bid, out = self.events, self.next_id, []
+        for nbytes in sizes:
+            if nbytes > 0:
+                ev.append(nbytes)
+                out.append(bid)
+                bid += 1
+            else:
+                out.append(-1)
+        self.next_id = bid
+        return out
 
     def free(self, bid: int) -> None:
         if bid >= 0:
@@ -333,6 +364,88 @@ def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list
 
 
 # ----------------------------------------------------------------------------------------------
+# runs of identical layers
+# ----------------------------------------------------------------------------------------------
+
+_Ids = Any  # an id, or a list / tuple of them (nested)
+
+
+def _moved(x: _Ids, y: _Ids, k: int) -> _Ids:
+    """``x`` moved ``k`` times by ``y - x`` elementwise (the ids of window ``k`` from windows 0 and 1)."""
+    if isinstance(x, int):
+        return x + k * (y - x)
+    return type(x)(_moved(a, b, k) for a, b in zip(x, y, strict=True))
+
+
+def _same_shape(x: _Ids, y: _Ids) -> bool:
+    if isinstance(x, int) or isinstance(y, int):
+        return isinstance(x, int) and isinstance(y, int) and (x >= 0) == (y >= 0) and (x >= 0 or x == y)
+    return len(x) == len(y) and all(_same_shape(a, b) for a, b in zip(x, y, strict=True))
+
+
+class _Windows:
+    """The ids each window of a run returned: the first ``len(head)`` as made, the rest moved on from
+    windows 1 and 2 (computed when asked for)."""
+
+    __slots__ = ("count", "head", "o1", "o2")
+
+    def __init__(self, head: list[_Ids], o1: _Ids, o2: _Ids, count: int) -> None:
+        self.head, self.o1, self.o2, self.count = head, o1, o2, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, k: int) -> _Ids:
+        if k < 0:
+            k += self.count
+        return self.head[k] if k < len(self.head) else _moved(self.o1, self.o2, k - 1)
+
+
+def _layers(st: _Stream, count: int, window: Callable[[int], _Ids]) -> list[_Ids] | _Windows:
+    """Run ``window(k)`` for the ``count`` layers of a run with one plan; returns each window's ids.
+
+    Each window's events are a fixed function of the plan and of the ids it is handed (its inputs: the
+    previous window's outputs and the forward's saved tensors, or nothing): the control flow reads
+    sizes and flags only, and ids only to compare them with each other.  A window allocates ids from
+    the stream's counter, ``a`` per window, so when its inputs move by constant steps from window to
+    window (they do from the second window on: the first one's gradient comes from outside the run),
+    window ``k``'s events and outputs are window 1's with every id moved ``k - 1`` times by the step
+    between windows 1 and 2.  With ``st.runs``, windows 1 and later are therefore written as a
+    ``Repeat`` of window 1 with those steps as strides (window 2 is made only to find them);
+    ``tests/test_analytic_events.py`` checks the expanded stream against the plain one.
+    """
+    if not st.runs or count < 4:
+        return [window(k) for k in range(count)]
+    outs = [window(0)]
+    ev = st.events
+    e0, id0 = len(ev), st.next_id
+    o1 = window(1)
+    e1, id1 = len(ev), st.next_id
+    o2 = window(2)
+    w1, w2 = ev[e0:e1], ev[e1:]
+    if (st.next_id - id1 != id1 - id0 or len(w1) != len(w2) or not _same_shape(o1, o2)
+            or any((x > 0) != (y > 0) or (x > 0 and x != y) for x, y in zip(w1, w2, strict=True))):
+        return [*outs, o1, o2] + [window(k) for k in range(3, count)]   # not expected: write it all out
+    del ev[e0:]
+    st.parts.append(st.events)
+    st.events = []
+    st.parts.append(Repeat(w1, [0 if x > 0 else x - y for x, y in zip(w1, w2, strict=True)], count - 1))
+    st.next_id = id0 + (count - 1) * (id1 - id0)
+    return _Windows([*outs, o1, o2], o1, o2, count)
+
+
+def _plan_runs(plans: list[_LayerPlan], layers: Sequence[int]) -> list[tuple[int, int]]:
+    """``layers`` (in the order run) cut where the plan changes: (start position, length) pairs."""
+    runs: list[tuple[int, int]] = []
+    for pos, i in enumerate(layers):
+        if runs and plans[i % len(plans)] is plans[layers[pos - 1] % len(plans)]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((pos, 1))
+    return runs
+
+
+# ----------------------------------------------------------------------------------------------
 # the step
 # ----------------------------------------------------------------------------------------------
 
@@ -354,16 +467,14 @@ def _share(total: int, numels: list[int], all_numel: int) -> list[int]:
 
 
 def _setup(st: _Stream, lay: StepLayout, states_now: bool, n_layers: int) -> list[int]:
-    for nbytes in lay.param_tensors:
-        st.alloc(nbytes)
+    # parameters (and masters, states) stay literal: small ones fill a small-pool segment one after the
+    # other, so these allocations are not periodic in the allocator and a Repeat would not be skipped
+    st.alloc_all(lay.param_tensors)
     for i in range(n_layers):
-        for nbytes in lay.layers[i % len(lay.layers)].params:
-            st.alloc(nbytes)
-    for nbytes in lay.extra_static:
-        st.alloc(nbytes)
+        st.alloc_all(lay.layers[i % len(lay.layers)].params)
+    st.alloc_all(lay.extra_static)
     tr = _trainable(lay, n_layers)
-    for nbytes in _share(lay.master, tr, lay.trainable_total):
-        st.alloc(nbytes)
+    st.alloc_all(_share(lay.master, tr, lay.trainable_total))
     states = _make_states(st, lay, tr) if states_now else []
     st.alloc(lay.ddp)
     st.alloc(lay.input_ids)
@@ -375,7 +486,7 @@ def _make_states(st: _Stream, lay: StepLayout, tr: list[int]) -> list[int]:
     n = lay.state_tensors_per_param
     if not n:
         return []
-    return [st.alloc(x // n) for x in _share(lay.states, tr, lay.trainable_total) for _ in range(n)]
+    return st.alloc_all([x // n for x in _share(lay.states, tr, lay.trainable_total) for _ in range(n)])
 
 
 def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int], grads_exist: bool,
@@ -389,10 +500,16 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
     emb_bytes = min(lay.head_saved, resid) if lay.has_head else resid
     emb = st.alloc(emb_bytes)
     shared = st.alloc(lay.shared)
-    outs: list[tuple[list[int], list[int]]] = []
-    for i in range(n_layers):
-        saved, casts, out = _forward_layer(st, plans[i % len(plans)], record=not ckpt)
-        outs.append(([out], []) if ckpt else (saved, casts))
+    outs: list[Any] = []   # per layer: (saved ids, cast ids)
+    order = list(range(n_layers))
+    for start, count in _plan_runs(plans, order):
+        plan = plans[order[start] % len(plans)]
+
+        def forward(k: int, plan: _LayerPlan = plan) -> tuple[list[int], list[int]]:
+            saved, casts, out = _forward_layer(st, plan, record=not ckpt)
+            return ([out], []) if ckpt else (saved, casts)
+        done_f = _layers(st, count, forward)
+        outs += [(done_f, k) for k in range(count)]
     head_saved = st.alloc(lay.head_saved - emb_bytes if lay.has_head else 0)
     head_cast = st.alloc(lay.head_cast)
     logp = dl = -1
@@ -419,18 +536,35 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         st.free(dl)
     st.free(head_cast)
     st.free(head_saved)
-    for i in range(n_layers - 1, -1, -1):
-        plan = plans[i % len(plans)]
-        saved, casts = outs[i]
-        if ckpt:
-            # the checkpoint recomputes the layer from its input, recording; the recomputed output
-            # replaces the kept one as the tensor the backward releases
-            kept_out = saved[0]
-            saved, casts, _ = _forward_layer(st, plan, record=True)
-            g = _backward_layer(st, plan, saved, casts, g, grads_exist, grads)
-            st.free(kept_out)
+    order = list(range(n_layers - 1, -1, -1))
+    for start, count in _plan_runs(plans, order):
+        plan = plans[order[start] % len(plans)]
+        g_in = [g]
+
+        def backward(k: int, plan: _LayerPlan = plan, start: int = start, g_in: list[int] = g_in) -> tuple[int, list[int]]:
+            run_out, at = outs[order[start + k]]
+            saved, casts = run_out[at]
+            new_grads: list[int] = []
+            if ckpt:
+                # the checkpoint recomputes the layer from its input, recording; the recomputed output
+                # replaces the kept one as the tensor the backward releases
+                kept_out = saved[0]
+                saved, casts, _ = _forward_layer(st, plan, record=True)
+                g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads)
+                st.free(kept_out)
+            else:
+                g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads)
+            g_in[0] = g_out
+            return g_out, new_grads
+        done = _layers(st, count, backward)
+        if isinstance(done, _Windows):
+            grads += done.head[0][1]
+            g1, g2 = done.o1[1], done.o2[1]
+            grads += [a + k * (b - a) for k in range(count - 1) for a, b in zip(g1, g2, strict=True)]
         else:
-            g = _backward_layer(st, plan, saved, casts, g, grads_exist, grads)
+            for _, new_grads in done:
+                grads += new_grads
+        g = done[count - 1][0]
     st.free(g)
     st.free(emb)
     st.free(shared)
@@ -445,7 +579,7 @@ def _optimizer(st: _Stream, lay: StepLayout, grads: list[int], states: list[int]
     tr = _trainable(lay, n_layers)
     if states is None:
         states = _make_states(st, lay, tr)
-    temps = [st.alloc(x) for x in _share(lay.step_temporary, tr, lay.trainable_total)]
+    temps = st.alloc_all(_share(lay.step_temporary, tr, lay.trainable_total))
     st.free_all(list(reversed(temps)))
     st.free_all(grads)
     grads.clear()
@@ -478,18 +612,44 @@ def train_run_stream(lay: StepLayout, n_layers: int | None = None) -> list[int]:
     cached blocks; the second runs with them (the steady state).  With gradient accumulation the
     second step's micro-batch finds the gradients of an earlier one."""
     st = _Stream()
+    for _ in _phases(st, lay, n_layers):
+        pass
+    return st.events
+
+
+def train_run_parts(lay: StepLayout, n_layers: int | None = None) -> list[list[int] | Repeat]:
+    """``train_run_stream`` with each run of identical layers as a ``vramplan.alloc.compact.Repeat``
+    (``vramplan.alloc.compact.expand`` gives the plain stream back), for ``CompactReplay.run_parts``."""
+    return list(iter_run_parts(lay, n_layers))
+
+
+def iter_run_parts(lay: StepLayout, n_layers: int | None = None) -> Iterator[list[int] | Repeat]:
+    """``train_run_parts`` made phase by phase (setup, each pass, each optimizer step) as they are
+    asked for, so that a replay that runs out of memory early does not wait for the rest."""
+    st = _Stream(runs=True)
+    for _ in _phases(st, lay, n_layers):
+        yield from st.close()
+        st.parts = []
+
+
+def _phases(st: _Stream, lay: StepLayout, n_layers: int | None) -> Iterator[None]:
+    """Write the two steps into ``st``, pausing after each phase."""
     plans = _plans(lay)
     n = len(lay.layers) if n_layers is None else n_layers
     _setup(st, lay, False, n)
+    yield None
     ws: list[int] = []
     grads: list[int] = []
     _pass(st, lay, plans, grads, False, n, ws)
+    yield None
     states = _optimizer(st, lay, grads, None, n)
     if lay.grads_during_forward:
-        grads = [st.alloc(x) for x in _grad_sizes(lay, n)]
+        grads = st.alloc_all(_grad_sizes(lay, n))
+    yield None
     _pass(st, lay, plans, grads, lay.grads_during_forward, n, ws)
+    yield None
     _optimizer(st, lay, grads, states, n)
-    return st.events
+    yield None
 
 
 def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
