@@ -223,29 +223,12 @@ def replay_parts(parts: Iterable[Sequence[int] | Repeat], expandable_segments: b
 
 def compact_result(c: CompactReplay) -> ReplayResult:
     """The statistics of a :class:`~vramplan.alloc.compact.CompactReplay` as a ``ReplayResult``."""
-    return ReplayResult(
-        peak_allocated_bytes=c.peak_allocated_bytes,
-        peak_reserved_bytes=c.peak_reserved_bytes,
-        final_allocated_bytes=c.allocated_bytes,
-        final_reserved_bytes=c.reserved_bytes,
-        peak_requested_bytes=c.peak_requested_bytes,
-        allocated_at_peak_reserved_bytes=c.allocated_at_peak_reserved_bytes,
-        largest_free_block_at_peak_reserved_bytes=c.largest_free_at_peak_reserved_bytes,
-        peak_segments=c.peak_segments,
-        final_segments=c.segments,
-        final_largest_free_block_bytes=c.largest_free_block(),
-        num_allocs=c.num_allocs,
-        num_frees=c.num_frees,
-        num_device_allocs=c.num_device_alloc,
-        num_device_frees=c.num_device_free,
-        num_alloc_retries=c.num_alloc_retries,
-        unmatched_frees=c.unmatched,
-        expandable_segments=False,
-        oom=c.oom,
-    )
+    return _result(c, c.unmatched, c.oom)
 
 
-def _result(alloc: CachingAllocator, unmatched: int, oom: OomInfo | None) -> ReplayResult:
+def _result(alloc: CachingAllocator | CompactReplay, unmatched: int, oom: OomInfo | None) -> ReplayResult:
+    """Either allocator model's statistics (the two expose the same counters; the compact replay has
+    no expandable segments)."""
     return ReplayResult(
         peak_allocated_bytes=alloc.peak_allocated_bytes,
         peak_reserved_bytes=alloc.peak_reserved_bytes,
@@ -263,6 +246,6 @@ def _result(alloc: CachingAllocator, unmatched: int, oom: OomInfo | None) -> Rep
         num_device_frees=alloc.num_device_free,
         num_alloc_retries=alloc.num_alloc_retries,
         unmatched_frees=unmatched,
-        expandable_segments=alloc.expandable,
+        expandable_segments=isinstance(alloc, CachingAllocator) and alloc.expandable,
         oom=oom,
     )

@@ -167,11 +167,6 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
                        down_rank=peft.rank if "down_proj" in names else 0, router_rank=peft.rank if router else 0)
 
 
-def targets(peft: Peft | None, model: ModelSpec) -> set[str]:
-    """Module names an adapter attaches to as a ``lora.Linear`` (current transformers; see ``lora_targets``)."""
-    return set(lora_targets(peft, model).linear)
-
-
 def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
                 lt: LoraTargets | None = None) -> RankParams:
     """``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``)."""
