@@ -6,7 +6,9 @@ end to end with imports, under 0.5 s.  Run: ``python benchmarks/bench_estimate.p
 Training estimates are timed three ways: ``reserved="packed"`` (the closed-form terms with the
 peak's tensors packed into segments), the default allocator replay of the step's event stream
 with its cache cleared before every call (what a new scenario costs), and the replay cached (a
-repeated scenario, as in the planner's solvers).
+repeated scenario, as in the planner's solvers).  The default replay runs in C where
+``vramplan/alloc/_replay.c`` was built (``pip install``); ``VRAMPLAN_NATIVE=0`` times the Python
+replay.  The first 7B case runs out of memory on its GPU, where the replay stops.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ def main() -> None:
     from vramplan.spec.load import resolve
 
     cases = {
-        "llama-2-7b train (bf16-mixed, no ckpt)": ROOT / "examples" / "llama2-7b-full-naive-a100.yaml",
+        "llama-2-7b train (no ckpt, 1 GPU: OOM)": ROOT / "examples" / "llama2-7b-full-naive-a100.yaml",
+        "llama-2-7b zero3 + ckpt, 8 GPUs": ROOT / "examples" / "llama2-7b-zero3-ckpt-8xa100.yaml",
+        "llama-3-8b fsdp, 8 GPUs": ROOT / "examples" / "llama3-8b-fsdp-8xh100.yaml",
+        "lora llama-3-8b": ROOT / "examples" / "lora-llama3-8b-a10g.yaml",
         "llama-3-70b zero3 offload, 8 GPUs": ROOT / "examples" / "llama3-70b-zero3-offload-8xa100.yaml",
         "qlora 7b": ROOT / "examples" / "qlora-7b-rtx4090.yaml",
         "llama-3-8b serve": ROOT / "examples" / "llama3-8b-serve-h100.yaml",

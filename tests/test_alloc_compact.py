@@ -2,11 +2,14 @@
 
 Every test compares with the event-by-event replay: ``replay_parts`` must give the ``ReplayResult`` of
 ``replay_compact`` on the expanded stream (which a property test in test_alloc_properties.py checks
-against ``CachingAllocator`` itself), field by field, out of memory included.
+against ``CachingAllocator`` itself), field by field, out of memory included.  The C replay
+(``alloc/native.py``) is switched off here, so that both sides are the Python replay;
+test_alloc_native.py compares the C replay with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,13 @@ from vramplan.alloc.compact import CompactReplay
 from vramplan.units import MiB
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _python_replay() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VRAMPLAN_NATIVE", "0")
+        yield
 
 
 def test_repeat_windows_and_expand() -> None:

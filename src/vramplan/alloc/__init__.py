@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vramplan.alloc import native
 from vramplan.alloc.caching import (
     AllocatorOutOfMemory,
     Block,
@@ -189,13 +190,16 @@ def replay_compact(stream: Sequence[int], expandable_segments: bool = False, *,
 
     ``n > 0`` allocates ``n`` bytes as the next block id (ids count allocations from 0);
     ``n < 0`` frees block ``-n - 1``.  Same results as :func:`replay` on the equivalent
-    ``AllocEvent`` list, several times faster: the default configuration runs through
-    ``compact.CompactReplay``, ``expandable_segments`` through ``CachingAllocator.run_compact``.
+    ``AllocEvent`` list, several times faster: the default configuration runs through the C replay
+    (``native``) where it was built, else ``compact.CompactReplay``; ``expandable_segments`` through
+    ``CachingAllocator.run_compact``.
 
     >>> replay_compact([3 * MiB, 1000, -1, -2]).peak_reserved_bytes == 20 * MiB + 2 * MiB
     True
     """
     if not expandable_segments:
+        if native.available():
+            return _native_result(native.replay_stream(stream, capacity_bytes))
         fast = CompactReplay(capacity_bytes)
         fast.run(stream)
         return compact_result(fast)
@@ -207,18 +211,30 @@ def replay_compact(stream: Sequence[int], expandable_segments: bool = False, *,
 def replay_parts(parts: Iterable[Sequence[int] | Repeat], expandable_segments: bool = False, *,
                  capacity_bytes: int | None = None) -> ReplayResult:
     """``replay_compact(expand(parts))``: literal event lists and ``Repeat`` runs of windows (block ids
-    moved by constant strides from window to window).  The default configuration builds the state of
-    windows it proves mirror earlier ones instead of replaying them (``compact.CompactReplay.run_parts``,
-    exact); ``expandable_segments`` replays the expanded stream.
+    moved by constant strides from window to window).  The default configuration replays the expanded
+    stream in C where the C replay was built (``native``); the Python replay builds the state of windows
+    it proves mirror earlier ones instead of replaying them (``compact.CompactReplay.run_parts``, exact);
+    ``expandable_segments`` replays the expanded stream.
 
     >>> replay_parts([[3 * MiB], Repeat([1000, -2], [0, 1], 3)]) == replay_compact([3 * MiB, 1000, -2, 1000, -3, 1000, -4])
     True
     """
     if expandable_segments:
         return replay_compact(expand(parts), True, capacity_bytes=capacity_bytes)
+    if native.available():
+        return _native_result(native.replay_parts(parts, capacity_bytes))
     fast = CompactReplay(capacity_bytes)
     fast.run_parts(parts)
     return compact_result(fast)
+
+
+def _native_result(values: tuple[object, ...]) -> ReplayResult:
+    """The C replay's statistics as a ``ReplayResult`` (the same as ``compact_result`` of the Python
+    replay; ``tests/test_alloc_native.py``)."""
+    fields = dict(zip(native.FIELDS, values, strict=True))
+    oom = fields.pop("oom")
+    info = OomInfo(**dict(zip(native.OOM_FIELDS, oom, strict=True))) if isinstance(oom, tuple) else None
+    return ReplayResult(**fields, oom=info)  # type: ignore[arg-type]
 
 
 def compact_result(c: CompactReplay) -> ReplayResult:
