@@ -7,15 +7,19 @@
 True
 """
 
+from typing import TYPE_CHECKING, Any
+
 from vramplan.analytic.engine import estimate
 from vramplan.catalog import list_gpus, list_models, load_model, resolve_gpu
 from vramplan.errors import Problem, ScenarioError, VramplanError
-from vramplan.measure.record import record
-from vramplan.measure.snapshot import read_snapshot
 from vramplan.report import Report
 from vramplan.spec.load import Resolved, resolve
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
+
+if TYPE_CHECKING:
+    from vramplan.measure.record import record
+    from vramplan.measure.snapshot import read_snapshot
 
 __version__ = "0.1.0"
 __all__ = [
@@ -36,3 +40,14 @@ __all__ = [
     "resolve",
     "resolve_gpu",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the measure tools load on first use: an estimate does not need them (about 50 ms of imports)
+    if name == "record":
+        from vramplan.measure.record import record
+        return record
+    if name == "read_snapshot":
+        from vramplan.measure.snapshot import read_snapshot
+        return read_snapshot
+    raise AttributeError(f"module 'vramplan' has no attribute {name!r}")
