@@ -7,7 +7,9 @@ from typing import Any
 from vramplan.analytic.engine import estimate
 from vramplan.analytic.inference import (
     SAMPLING_BYTES_PER_ENTRY,
+    GenerateBehaviour,
     cache_bytes,
+    generate_behaviour,
     inference_step,
     logits_bytes,
     max_batch_size,
@@ -30,11 +32,12 @@ def test_decode_peak_terms_llama3_8b() -> None:
     r = resolve(_doc())
     ir = inference_step(r)
     dec = next(m for m in ir.moments if m.phase == "decode")
-    # cache: 8 sequences * (1024 + 512) tokens * 131,072 B = 1,610,612,736 B
-    assert _part(dec, "kv_cache", "all tokens") == 8 * 1536 * 131_072 == 1_610_612_736
-    # torch.cat growth: one layer's keys at full length coexist with the old ones: 8 * 1536 * 4096 / 2 * ... =
-    # 8 sequences * 1536 tokens * (8 heads * 128 * 2 B) = 25,165,824 B
-    assert _part(dec, "temporaries", "cache growth (torch.cat of one layer)") == 8 * 1536 * 8 * 128 * 2
+    # cache: 512 new tokens take 511 decode steps after the prefill, so the last one ends with
+    # 8 sequences * (1024 + 512 - 1) tokens * 131,072 B = 1,609,564,160 B
+    assert _part(dec, "kv_cache", "all tokens") == 8 * 1535 * 131_072 == 1_609_564_160
+    # torch.cat growth: one layer's keys at full length coexist with the old ones:
+    # 8 sequences * 1535 tokens * (8 heads * 128 * 2 B) = 25,149,440 B
+    assert _part(dec, "temporaries", "cache growth (torch.cat of one layer)") == 8 * 1535 * 8 * 128 * 2
     # last-token logits only (logits_to_keep=1): 8 * 128,256 * (2 B + 4 B fp32 copy + 26 B sampling)
     assert _part(dec, "temporaries", "last-token logits and sampling") == 8 * 128_256 * (2 + 4 + 26)
     assert logits_bytes(r.model, 8, 2, 1) == 8 * 128_256 * (6 + SAMPLING_BYTES_PER_ENTRY)
@@ -96,3 +99,46 @@ def test_decode_peak_grows_with_new_tokens() -> None:
     large = inference_step(resolve(_doc(new_tokens=4096))).peak
     assert small.phase == large.phase == "decode"
     assert large.total - small.total == 8 * 3072 * 131_072 + 8 * 3072 * 8 * 128 * 2
+
+
+def test_one_new_token_is_the_prefill_alone() -> None:
+    # generate makes the first new token with the prefill's forward: no decode step runs
+    ir = inference_step(resolve(_doc(new_tokens=1)))
+    assert [m.phase for m in ir.moments] == ["prefill"]
+
+
+def test_generate_behaviour_by_release() -> None:
+    # Llama: DynamicCache from 4.42, logits of the last position only from 4.45
+    assert generate_behaviour("llama", (4, 41, 2)) == GenerateBehaviour(True, True, True, True)
+    assert generate_behaviour("llama", (4, 42)) == GenerateBehaviour(False, False, True, True)
+    assert generate_behaviour("llama", (4, 45)) == GenerateBehaviour(False, False, False, False)
+    # GPT-2 kept the legacy tuple until 4.52 and never upcast its logits
+    assert generate_behaviour("gpt2", (4, 51)) == GenerateBehaviour(True, False, False, False)
+    assert not generate_behaviour("gpt2", (4, 52)).legacy_cache
+    assert generate_behaviour("gpt2", None) == GenerateBehaviour(False, False, False, False)
+
+
+def test_legacy_cache_tuple_doubles_the_cache_llama2_13b() -> None:
+    # optimum's GPTQ benchmark setting (transformers 4.32): Llama-2-13B fp16, batch 16, 512 + 512 tokens.
+    # Cache per token: 40 layers * 2 * 5120 * 2 B = 819,200 B.  The last decode step ends with 1,023 tokens
+    # and still holds the previous step's tuple of 1,022: 16 * (1023 + 1022) * 819,200 B = 26,804,224,000 B
+    doc = {"model": "meta-llama/Llama-2-13b-hf", "task": "inference", "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 16, "prompt_len": 512, "new_tokens": 512, "dtype": "fp16",
+                         "attention": "eager"},
+           "software": {"transformers": "4.32"}}
+    ir = inference_step(resolve(doc))
+    dec = next(m for m in ir.moments if m.phase == "decode")
+    assert _part(dec, "kv_cache", "all tokens") == 16 * 1023 * 819_200
+    assert _part(dec, "kv_cache", "previous step's cache (legacy tuple)") == 16 * 1022 * 819_200
+    assert sum(dec.parts["kv_cache"].values()) == 26_804_224_000
+    # the prefill computed the logits of all 16 * 512 positions, fp16 then fp32 (Llama's logits.float()):
+    # 16 * 512 * 32,000 * (2 + 4) B = 1,572,864,000 B at the upcast; the fp32 copy (1,048,576,000 B) lives
+    # through the first decode step in the previous step's outputs
+    pre = next(m for m in ir.moments if m.phase == "prefill")
+    first = next(m for m in ir.moments if m.phase == "decode (first step)")
+    assert _part(pre, "temporaries", "logits of every prompt position and their fp32 copy") == 1_572_864_000
+    assert _part(first, "temporaries", "prompt logits (previous step's outputs)") == 1_048_576_000
+    # the current release: one cache, growth of one layer only
+    doc["software"] = {}
+    now = next(m for m in inference_step(resolve(doc)).moments if m.phase == "decode")
+    assert now.parts["kv_cache"] == {"all tokens": 16 * 1023 * 819_200}

@@ -23,13 +23,31 @@ Prefill (the whole prompt in one forward pass):
   dtype=torch.float32)``, 4bV), and the sampling warpers (top-k/top-p: sort values and
   int64 indices, softmax, cumulative sum, mask) add about 25 B per entry.
 
-Decode (one token per step; the peak is at the last step, cache length L = prompt + new):
+Decode (one token per step; the peak is at the last step, cache length L = prompt + new - 1:
+the prefill makes the first new token and each decode step feeds the previous one back):
 
 * the cache of all tokens (sliding layers: their window);
 * cache growth: ``DynamicLayer.update`` does ``self.keys = torch.cat([self.keys, k])``,
   so the old and the new key tensor of one layer coexist (then the same for values):
   one layer's K at full length is transient;
 * the last-token logits, their fp32 copy and the sampling temporaries as above.
+
+Older transformers releases (``software.transformers``; :class:`GenerateBehaviour`):
+
+* before 4.42 (later for some families) ``generate`` kept the cache as the legacy tuple of
+  per-layer (key, value) tensors: the model builds the next step's tuple with ``torch.cat``
+  while ``model_kwargs`` still holds the previous one, so at the end of each decode step the
+  whole cache exists twice, L - 1 and L tokens (transformers issue #25930, PR #30536; 4.42's
+  ``generate`` passes a ``DynamicCache`` instead, "to avoid back and forth from legacy format");
+  it also kept the previous step's ``outputs`` (no ``del outputs``), so the prompt's logits
+  live through the first decode step;
+* before 4.45 the prefill computed the logits of every prompt position (``num_logits_to_keep``
+  arrived with PR #31292) and the Llama-style families upcast them all to fp32
+  (``logits = logits.float()``): b * p * V * (c + 4) at the upcast.
+
+Llama-2-13B fp16, batch 16, 512 + 512 tokens (optimum's GPTQ benchmark ran transformers 4.32):
+the cache of 1,024 tokens is 16 * 1024 * 40 * 2 * 5120 * 2 B = 13.42 GB, and the legacy tuple adds
+the 1,023-token copy, 13.41 GB: 53.4 GB with the weights instead of 40.0 GB (measured 54.0 GB).
 
 Solvers ``max_batch_size`` and ``max_prompt_len`` find the largest batch and the longest
 prompt for which the whole estimate (allocator rounding and memory outside PyTorch
@@ -54,7 +72,9 @@ from vramplan.units import ceil_div, dtype_bits
 __all__ = [
     "SAMPLING_BYTES_PER_ENTRY",
     "InferenceResult",
+    "GenerateBehaviour",
     "cache_bytes",
+    "generate_behaviour",
     "inference_step",
     "kept_embeddings_bytes",
     "logits_bytes",
@@ -69,6 +89,53 @@ __all__ = [
 # Top-k/top-p warpers per (row, vocabulary entry): sorted fp32 values 4, int64 indices 8,
 # softmax 4, cumulative sum 4, masks 2, masked scores 4 (transformers ``TopPLogitsWarper``).
 SAMPLING_BYTES_PER_ENTRY = 26
+
+
+# the transformers release from which ``generate`` passes a ``DynamicCache`` updated in place instead of
+# the legacy tuple: 4.42.0 for the families whose modeling file then set ``_supports_cache_class``
+# (generation/utils.py 4.42.0: "Use DynamicCache() instance by default"); the others were converted later,
+# read off each release's modeling file (the first with ``_supports_cache_class`` or ``DynamicCache``)
+DYNAMIC_CACHE_SINCE: dict[str, tuple[int, int]] = {
+    "falcon": (4, 45), "gpt_neox": (4, 45), "bloom": (4, 44), "gemma2": (4, 44), "opt": (4, 49),
+    "gpt2": (4, 52), "gpt_bigcode": (4, 56),
+}
+DYNAMIC_CACHE_DEFAULT_SINCE = (4, 42)
+# ``del outputs`` after each step (so the prompt's logits do not live into the next forward): 4.42.0
+DEL_OUTPUTS_SINCE = (4, 42)
+# ``num_logits_to_keep=1`` at prefill (PR #31292, generation/utils.py 4.45.0)
+LOGITS_TO_KEEP_SINCE = (4, 45)
+# families whose 4.44 causal-LM head did ``logits = logits.float()`` on the whole output (modeling_*.py 4.44.2)
+FLOAT_LOGITS_FAMILIES = frozenset({"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "olmo", "phi",
+                                   "phi3", "qwen2", "qwen2_moe", "starcoder2"})
+
+
+@dataclass(frozen=True)
+class GenerateBehaviour:
+    """What a transformers release's ``generate`` keeps alive (module docstring)."""
+
+    legacy_cache: bool      # the previous step's cache tuple alive while the next one is built
+    keeps_outputs: bool     # the previous step's outputs (the prompt's logits) alive through the next forward
+    all_logits: bool        # the prefill computes the logits of every prompt position
+    float_logits: bool      # ... and upcasts them all to fp32
+
+
+def generate_behaviour(model_type: str, version: tuple[int, ...] | None) -> GenerateBehaviour:
+    """The behaviour of ``version`` (None: the current release) for a model family.
+
+    >>> generate_behaviour("llama", (4, 32))
+    GenerateBehaviour(legacy_cache=True, keeps_outputs=True, all_logits=True, float_logits=True)
+    >>> generate_behaviour("llama", None).legacy_cache
+    False
+    """
+    if version is None:
+        return GenerateBehaviour(False, False, False, False)
+    all_logits = version < LOGITS_TO_KEEP_SINCE
+    return GenerateBehaviour(
+        legacy_cache=version < DYNAMIC_CACHE_SINCE.get(model_type, DYNAMIC_CACHE_DEFAULT_SINCE),
+        keeps_outputs=version < DEL_OUTPUTS_SINCE,
+        all_logits=all_logits,
+        float_logits=all_logits and model_type in FLOAT_LOGITS_FAMILIES,
+    )
 
 
 @dataclass
@@ -242,13 +309,21 @@ def inference_step(r: Resolved) -> InferenceResult:
     b, p, n = inf.batch_size, inf.prompt_len, inf.new_tokens
     total_tokens = p + n
     kv_prompt = cache_bytes(m, b, p, c, tp, inf.kv_cache_dtype, prefill=True)
-    kv_final = cache_bytes(m, b, total_tokens, c, tp, inf.kv_cache_dtype, prefill=False)
+    kv_final = cache_bytes(m, b, max(p, total_tokens - 1), c, tp, inf.kv_cache_dtype, prefill=False)
     attention = "eager" if inf.attention == "eager" else inf.attention
     ws = cublas_workspace_bytes(gpu, handles=1)
     dequant = 0
     if quant in ("nf4", "nf4-dq", "fp4", "int8") and b * p > 1:
         dequant = rp.largest_linear * c  # bitsandbytes dequantizes a layer's weight for multi-token inputs
     logits = logits_bytes(m, b, c, tp)
+    gen = generate_behaviour(m.model_type, s.software.transformers_version)
+    # the prompt's logits when the prefill computes them all: the head's output (c) and its fp32 copy at the
+    # upcast, then the copy alone (kept by ``outputs``); the last row's processing is as in ``logits``
+    prompt_logits_peak = prompt_logits_kept = 0
+    if gen.all_logits:
+        every = b * p * m.vocab_size
+        prompt_logits_peak = every * (c + 4 if gen.float_logits and c < 4 else c)
+        prompt_logits_kept = every * (4 if gen.float_logits else c)
     layer = prefill_layer_bytes(r, b, p, c, tp, attention)
     embeds = kept_embeddings_bytes(m, b, p, c)
     rope = rope_bytes(m, p, c)
@@ -259,33 +334,62 @@ def inference_step(r: Resolved) -> InferenceResult:
     pre = Moment("prefill")
     pre.add("weights", "parameters", weights)
     pre.add("kv_cache", "prompt", kv_prompt)
-    if embeds + rope + layer >= final_hidden + logits:
+    if embeds + rope + layer >= final_hidden + logits + prompt_logits_peak:
         pre.add("activations", "inputs_embeds (kept by the decoder's forward)", embeds)
         pre.add("activations", "RoPE cos/sin", rope)
         pre.add("activations", "running layer", layer)
     else:
         pre.add("activations", "final hidden states", final_hidden)
+        if gen.all_logits:
+            pre.add("temporaries", "logits of every prompt position" + (" and their fp32 copy" if
+                                                                          prompt_logits_peak > prompt_logits_kept
+                                                                          else ""), prompt_logits_peak)
         pre.add("temporaries", "last-token logits and sampling", logits)
     pre.add("temporaries", "dequantized weight", dequant)
     pre.add("other", "cuBLAS workspace", ws)
 
-    dec = Moment("decode")
-    dec.add("weights", "parameters", weights)
-    dec.add("kv_cache", "all tokens", kv_final)
     spec = kv_spec(m, inf.kv_cache_dtype, c, tp)
     full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None), default=0)
-    growth = b * total_tokens * full_layer // 2  # one layer's keys (then values), old and new together
-    dec.add("temporaries", "cache growth (torch.cat of one layer)", growth)
-    dec.add("temporaries", "last-token logits and sampling", logits)
-    dec.add("other", "cuBLAS workspace", ws)
-    moments = [pre, dec]
+
+    def decode(name: str, tokens: int, prompt_logits: int) -> Moment:
+        """The end of the decode step that brings the cache to ``tokens`` tokens."""
+        mo = Moment(name)
+        mo.add("weights", "parameters", weights)
+        mo.add("kv_cache", "all tokens", cache_bytes(m, b, tokens, c, tp, inf.kv_cache_dtype, prefill=False))
+        if gen.legacy_cache:
+            # the previous step's tuple, still held by generate's model_kwargs
+            mo.add("kv_cache", "previous step's cache (legacy tuple)",
+                   cache_bytes(m, b, tokens - 1, c, tp, inf.kv_cache_dtype, prefill=False))
+        else:
+            # one layer's keys (then values), old and new together
+            mo.add("temporaries", "cache growth (torch.cat of one layer)", b * tokens * full_layer // 2)
+        mo.add("temporaries", "prompt logits (previous step's outputs)", prompt_logits)
+        mo.add("temporaries", "last-token logits and sampling", logits)
+        mo.add("other", "cuBLAS workspace", ws)
+        return mo
+
+    # generate runs one forward per new token: the prefill makes the first, each decode step feeds the last
+    # one back, so n tokens take n - 1 decode steps and the cache ends at p + n - 1 tokens
+    moments = [pre]
+    if n >= 2:
+        moments.append(decode("decode", p + n - 1, 0))
+        if gen.keeps_outputs and prompt_logits_kept:
+            moments.append(decode("decode (first step)", p + 1, prompt_logits_kept))
     peak = max(moments, key=lambda mo: mo.total)
     elem = kv_elem_bytes(inf.kv_cache_dtype, c)
+    version = s.software.transformers
     assumptions = [
-        "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat",
+        "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"
+        if version is None else
+        f"Hugging Face generate of transformers {version}: "
+        + ("the legacy cache tuple (the previous step's cache alive while the next is built)"
+           if gen.legacy_cache else "DynamicCache (per-layer tensors grown by torch.cat)")
+        + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
+           if gen.all_logits else ""),
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
         f"KV cache {spec.describe()} ({elem} B per element)",
-        f"attention: {attention}; logits for the last position only (logits_to_keep=1), copied to fp32",
+        f"attention: {attention}" + ("" if gen.all_logits else
+                                     "; logits for the last position only (logits_to_keep=1), copied to fp32"),
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
     ]

@@ -63,7 +63,7 @@ def estimate(
     cuda_graphs: Annotated[bool | None, Opt(help="serve: vLLM captures CUDA graphs (--no-cuda-graphs = --enforce-eager)")] = None,
     bitsandbytes: Annotated[str | None, Opt(help="bitsandbytes version of the run, e.g. 0.41.1 (before 0.43.2 4-bit layers keep their input)")] = None,
     peft_version: Annotated[str | None, Opt(help="peft version of the run, e.g. 0.10.0 (before 0.12 adapters take the base weight's dtype)")] = None,
-    transformers_version: Annotated[str | None, Opt(help="transformers version of the run, e.g. 4.46 (before 5 MoE experts are per-expert linears)")] = None,
+    transformers_version: Annotated[str | None, Opt(help="transformers version of the run, e.g. 4.46 (before 5 MoE experts are per-expert linears; generate before 4.42 keeps two caches, before 4.45 all prompt logits)")] = None,
     zero_stage: Annotated[int | None, Opt(help="DeepSpeed ZeRO stage 0-3")] = None,
     fsdp: Annotated[str | None, Opt(help="none | full_shard | shard_grad_op | hybrid_shard | no_shard")] = None,
     tp: Annotated[int | None, Opt(help="tensor-parallel degree")] = None,

@@ -117,13 +117,19 @@ class Software(_Strict):
     # transformers 5 fuses a MoE layer's routed experts into two 3-D parameters (``gate_up_proj``
     # [E, 2I, h] and ``down_proj`` [E, h, I], conversion_mapping.py) where 4.x held one ``nn.Linear`` MLP
     # per expert; LoRA on the experts then goes through peft's ``ParamWrapper`` instead of per-expert
-    # ``lora.Linear`` layers (analytic/layout.py ``lora_targets``).
+    # ``lora.Linear`` layers (analytic/layout.py ``lora_targets``).  Hugging Face ``generate`` before 4.42
+    # kept the previous step's cache alive while building the next one, and before 4.45 computed the logits
+    # of every prompt position (analytic/inference.py ``GenerateBehaviour``).
     transformers: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
 
     @property
     def fused_moe_experts(self) -> bool:
         """True unless the scenario names transformers < 5 (per-expert ``nn.Linear`` MLPs)."""
         return self.transformers is None or int(self.transformers.split(".")[0]) >= 5
+
+    @property
+    def transformers_version(self) -> tuple[int, ...] | None:
+        return None if self.transformers is None else tuple(int(x) for x in self.transformers.split("."))
 
     @property
     def peft_version(self) -> tuple[int, ...] | None:
