@@ -92,3 +92,13 @@ def test_nothing_saved_for_backward_survives_into_the_optimizer_step(checkpointi
         else:
             live.pop(ev.storage_id, None)
     assert "activations" not in live.values()
+
+
+def test_inference_names_the_release_it_traced() -> None:
+    # the scenario names transformers 4.32, whose generate kept two caches; the trace runs the installed
+    # release and says so (the analytic engine models 4.32)
+    cfg = shrink(catalog_config(FAMILIES["llama"]), hidden=128, vocab=512)
+    doc = {"model": cfg, "task": "inference", "hardware": {"gpu": "a100"},
+           "inference": {"batch_size": 1, "prompt_len": 16, "new_tokens": 4}, "software": {"transformers": "4.32"}}
+    rep = estimate(doc)
+    assert any("not the 4.32 the scenario names" in a for a in rep.assumptions)

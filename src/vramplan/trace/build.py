@@ -256,6 +256,12 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
+        sw = r.scenario.software
+        if sw.transformers is not None:
+            # generate's cache and logits handling changed across releases (analytic/inference.py
+            # generate_behaviour); the trace runs the installed release's code
+            notes.append(f"generate traced with the installed transformers {_transformers_version()}, not the "
+                         f"{sw.transformers} the scenario names (--engine analytic models that release)")
     return Built(model, config, quant_tensors, attention, notes)
 
 
