@@ -71,8 +71,8 @@ from vramplan.units import ceil_div, dtype_bits
 
 __all__ = [
     "SAMPLING_BYTES_PER_ENTRY",
-    "InferenceResult",
     "GenerateBehaviour",
+    "InferenceResult",
     "cache_bytes",
     "generate_behaviour",
     "inference_step",
