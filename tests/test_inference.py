@@ -96,3 +96,52 @@ def test_decode_peak_grows_with_new_tokens() -> None:
     large = inference_step(resolve(_doc(new_tokens=4096))).peak
     assert small.phase == large.phase == "decode"
     assert large.total - small.total == 8 * 3072 * 131_072 + 8 * 3072 * 8 * 128 * 2
+
+
+def _legacy_doc(transformers: str | None, **inf: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"batch_size": 16, "prompt_len": 256, "new_tokens": 512, "dtype": "fp16",
+                            "attention": "eager"}
+    base.update(inf)
+    doc = _doc(model="meta-llama/Llama-2-7b-hf", **base)
+    if transformers is not None:
+        doc["software"] = {"transformers": transformers}
+    return doc
+
+
+def test_legacy_tuple_cache_keeps_the_previous_step_alive() -> None:
+    # transformers 4.34: generate holds the previous step's tuple past_key_values until the forward returns.
+    # Llama-2-7B fp16 KV per token: 32 layers x 2 x 4096 x 2 B = 524,288 B.  Cache at the last decode step:
+    # 16 x (256 + 512) x 524,288 = 6,442,450,944 B (the engine's p + n convention); the previous one, read by the
+    # last of the 511 decode forwards: 16 x (256 + 512 - 2) x 524,288 = 6,425,673,728 B
+    dec = next(m for m in inference_step(resolve(_legacy_doc("4.34.1"))).moments if m.phase == "decode")
+    assert _part(dec, "kv_cache", "all tokens") == 16 * 768 * 524_288 == 6_442_450_944
+    assert _part(dec, "kv_cache", "previous step's cache (tuple past_key_values kept by generate)") \
+        == 16 * 766 * 524_288 == 6_425_673_728
+    assert _part(dec, "temporaries", "cache growth (torch.cat of one layer)") == 0
+    # weights 13,476,831,232 + both caches 12,868,124,672 + logits 16 x 32,000 x (2 + 4 + 26) = 16,384,000
+    # -> 26,361,339,904 B; optimum-benchmark read 26,441 MB (validation entry optimum-bench-llama2-7b-fp16-gen-bs16-...)
+    assert dec.total == 13_476_831_232 + 6_442_450_944 + 6_425_673_728 + 16_384_000 + _part(dec, "other", "cuBLAS workspace")
+
+
+def test_legacy_prefill_upcasts_the_logits_of_every_position() -> None:
+    # 4.34's LlamaForCausalLM: lm_head on all 16 x 256 positions (fp16), then .float(): 16 x 256 x 32,000 x (2 + 4)
+    # = 786,432,000 B, against the running eager layer's few hundred MB
+    pre = next(m for m in inference_step(resolve(_legacy_doc("4.34.1"))).moments if m.phase == "prefill")
+    assert _part(pre, "temporaries", "logits of every prompt position and their fp32 copy") == 786_432_000
+    assert _part(pre, "activations", "final hidden states") == 16 * 256 * 4096 * 2
+
+
+def test_legacy_cache_only_before_4_36_and_only_with_decode_steps() -> None:
+    # 4.36 (the Cache classes) and an unset version keep the DynamicCache model: one layer's growth, no previous cache
+    for version in (None, "4.36.0", "4.46.0"):
+        dec = next(m for m in inference_step(resolve(_legacy_doc(version))).moments if m.phase == "decode")
+        assert _part(dec, "kv_cache", "previous step's cache (tuple past_key_values kept by generate)") == 0
+        # one layer's keys at full length: 16 x 768 x 4096 x 2 B = 100,663,296 B
+        assert _part(dec, "temporaries", "cache growth (torch.cat of one layer)") == 16 * 768 * 4096 * 2
+    # one new token comes from the prefill alone: no decode forward, so no previous cache even on 4.34
+    one = next(m for m in inference_step(resolve(_legacy_doc("4.34.1", new_tokens=1))).moments if m.phase == "decode")
+    assert _part(one, "kv_cache", "previous step's cache (tuple past_key_values kept by generate)") == 0
+    # the whole estimate: 4.34 needs more than the DynamicCache model by about the previous cache
+    old = estimate(resolve(_legacy_doc("4.34.1"))).per_gpu.peak_allocated_bytes
+    new = estimate(resolve(_legacy_doc(None))).per_gpu.peak_allocated_bytes
+    assert old - new == 6_425_673_728 - 16 * 768 * 4096 * 2

@@ -31,6 +31,17 @@ Decode (one token per step; the peak is at the last step, cache length L = promp
   one layer's K at full length is transient;
 * the last-token logits, their fp32 copy and the sampling temporaries as above.
 
+transformers < 4.36 (``software.transformers``; ``Software.legacy_generate_cache``) differs twice:
+the prefill's LM head runs on every prompt position and is upcast (``logits = logits.float()``),
+b p V (c + 4) instead of the last-token logits; and the cache is a tuple per layer rebuilt by
+``torch.cat`` at every step while ``generate`` holds the previous step's tuples until the forward
+returns, so the decode peak has the previous cache beside the new one instead of one layer's
+growth (n new tokens take n - 1 decode forwards, the last reading p + n - 2 cached tokens; none
+when n <= 1).  Llama-2-7B fp16, batch 16, 256 + 512 tokens: 13.48 GB of weights + 6.44 GB of
+cache + 6.43 GB of previous cache = 26.35 GB, against 26.44 GB read by optimum-benchmark
+(validation entry ``optimum-bench-llama2-7b-fp16-gen-bs16-p256-n512-a100``); the DynamicCache
+figure is 20.04 GB.
+
 Solvers ``max_batch_size`` and ``max_prompt_len`` find the largest batch and the longest
 prompt for which the whole estimate (allocator rounding and memory outside PyTorch
 included) still fits the device.
@@ -255,17 +266,28 @@ def inference_step(r: Resolved) -> InferenceResult:
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
     # head runs on the last position
     final_hidden = b * p * m.hidden_size * c
+    legacy = s.software.legacy_generate_cache
+    head = logits
+    if legacy:
+        # transformers < 4.36 (``LlamaForCausalLM.forward`` of v4.34): ``logits = self.lm_head(hidden_states)``
+        # on every prompt position, then ``logits = logits.float()``: the compute-dtype and the fp32 logits of
+        # the whole prompt are alive together, b p V (c + 4).  Llama-2-7B, 16 x 256 tokens, fp16:
+        # 16 x 256 x 32,000 x 6 = 786,432,000 B
+        head = b * p * m.vocab_size * (c + 4)
 
     pre = Moment("prefill")
     pre.add("weights", "parameters", weights)
     pre.add("kv_cache", "prompt", kv_prompt)
-    if embeds + rope + layer >= final_hidden + logits:
+    if embeds + rope + layer >= final_hidden + head:
         pre.add("activations", "inputs_embeds (kept by the decoder's forward)", embeds)
         pre.add("activations", "RoPE cos/sin", rope)
         pre.add("activations", "running layer", layer)
     else:
         pre.add("activations", "final hidden states", final_hidden)
-        pre.add("temporaries", "last-token logits and sampling", logits)
+        if legacy:
+            pre.add("temporaries", "logits of every prompt position and their fp32 copy", head)
+        else:
+            pre.add("temporaries", "last-token logits and sampling", logits)
     pre.add("temporaries", "dequantized weight", dequant)
     pre.add("other", "cuBLAS workspace", ws)
 
@@ -274,18 +296,33 @@ def inference_step(r: Resolved) -> InferenceResult:
     dec.add("kv_cache", "all tokens", kv_final)
     spec = kv_spec(m, inf.kv_cache_dtype, c, tp)
     full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None), default=0)
-    growth = b * total_tokens * full_layer // 2  # one layer's keys (then values), old and new together
-    dec.add("temporaries", "cache growth (torch.cat of one layer)", growth)
+    if legacy:
+        # tuple past_key_values (transformers < 4.36): every layer's torch.cat makes a new (key, value) pair
+        # while ``generate`` still holds the previous step's tuples in ``model_kwargs["past_key_values"]``
+        # until the forward returns (``_update_model_kwargs_for_generation``): at the end of the last step
+        # the previous cache is alive beside the new one.  n new tokens take n - 1 decode forwards (the
+        # prefill gives the first token); the last one reads a cache of p + n - 2 tokens.  With n <= 1 there
+        # is no decode forward and no previous cache.  Llama-2-7B fp16, 16 x (256 + 512 - 2) tokens:
+        # 16 x 766 x 524,288 = 6,425,608,192 B
+        previous = cache_bytes(m, b, p + n - 2, c, tp, inf.kv_cache_dtype, prefill=False) if n >= 2 else 0
+        dec.add("kv_cache", "previous step's cache (tuple past_key_values kept by generate)", previous)
+    else:
+        growth = b * total_tokens * full_layer // 2  # one layer's keys (then values), old and new together
+        dec.add("temporaries", "cache growth (torch.cat of one layer)", growth)
     dec.add("temporaries", "last-token logits and sampling", logits)
     dec.add("other", "cuBLAS workspace", ws)
     moments = [pre, dec]
     peak = max(moments, key=lambda mo: mo.total)
     elem = kv_elem_bytes(inf.kv_cache_dtype, c)
     assumptions = [
-        "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat",
+        (f"Hugging Face generate of transformers {s.software.transformers}: tuple past_key_values (the previous "
+         "step's cache alive until each forward returns) and logits of every prompt position, upcast to fp32"
+         if legacy else
+         "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"),
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
         f"KV cache {spec.describe()} ({elem} B per element)",
-        f"attention: {attention}; logits for the last position only (logits_to_keep=1), copied to fp32",
+        f"attention: {attention}; " + ("logits for every prompt position (no logits_to_keep)" if legacy
+                                       else "logits for the last position only (logits_to_keep=1), copied to fp32"),
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
     ]

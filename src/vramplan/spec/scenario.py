@@ -121,6 +121,24 @@ class Software(_Strict):
     transformers: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
 
     @property
+    def transformers_version(self) -> tuple[int, ...] | None:
+        return None if self.transformers is None else tuple(int(x) for x in self.transformers.split("."))
+
+    @property
+    def legacy_generate_cache(self) -> bool:
+        """True for transformers < 4.36: tuple ``past_key_values`` and all-position logits in ``generate``.
+
+        Before the ``Cache`` classes (v4.36.0, December 2023) each attention layer returned a new
+        tuple (``key_states = torch.cat([past_key_value[0], key_states], dim=2)`` ...
+        ``past_key_value = (key_states, value_states)``, e.g. ``LlamaAttention.forward`` of v4.34)
+        while ``generate`` kept the previous step's tuples in ``model_kwargs`` until the forward
+        returned; ``LlamaForCausalLM.forward`` ran the LM head on every position and upcast it
+        (``logits = logits.float()``, removed by PR huggingface/transformers#31292).
+        """
+        v = self.transformers_version
+        return v is not None and v < (4, 36)
+
+    @property
     def fused_moe_experts(self) -> bool:
         """True unless the scenario names transformers < 5 (per-expert ``nn.Linear`` MLPs)."""
         return self.transformers is None or int(self.transformers.split(".")[0]) >= 5
