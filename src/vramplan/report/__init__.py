@@ -18,7 +18,7 @@ BREAKDOWN_KEYS = (
 )
 OUTSIDE_KEYS = ("cuda_context", "workspaces", "communication", "managed")
 # A "fits" with less headroom than this share of the capacity is shown as tight: what nvidia-smi shows
-# was predicted with a median error of 8.7% over 26 published runs (benchmarks/validation_results.md),
+# was predicted with a median error of 9.2% over 30 published runs (benchmarks/validation_results.md),
 # so a smaller headroom is within the estimate's own error.
 TIGHT_HEADROOM_FRACTION = 0.10
 
