@@ -294,7 +294,7 @@ def eager_softmax_saved(m: ModelSpec, ctx: ActContext, heads: int, s_keys: int) 
     saves max's int64 indices (8 B per head and query); the sink column is dropped by a view
     (``probs[..., :-1]``), so the AV matmul saves a view of the softmax output unless the cast to the value
     dtype copies it.  Example, gpt-oss-20b (64 heads) at s = 4096 under bf16 mixed precision, full
-    fine-tuning: 64 x (4 x 4097 + 2 x 4096 + 8) = 1,573,376 B per token per layer.
+    fine-tuning: 64 x (4 x 4097 + 2 x 4096 + 8) = 1,573,632 B per token per layer.
     """
     c = ctx.compute_bytes
     probs = heads * s_keys
@@ -499,7 +499,7 @@ def frozen_input_mlp(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[i
 
     Worked example, the shrunken Qwen3-MoE of the engine matrix (h = 256, I = 96, top-2, bf16 experts)
     with LoRA on down_proj only: the product 2 x 2 x 96 = 384 B per token, where a layer whose input
-    requires grad saves 2 x (2 x 256 + 2 x 2 x 96 + 2 x 96 + 2 x 96 + 2 x 256) + (2 + 4) x 8 = 2,864 B.
+    requires grad saves 2 x (2 x 2 x 96 + 2 x 96 + 2 x 96 + 2 x 256) + (2 + 4) x 8 = 2,608 B.
     """
     from dataclasses import replace
 
@@ -893,7 +893,8 @@ def selective_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -
     return full - quadratic
 
 
-def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "none") -> int:
+def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "none",
+                           attention_recorded: bool = True) -> int:
     """Tensors shared by all layers: RoPE cos/sin, an eager attention mask, embedding dropout.
 
     The 4-D additive mask [b, 1, s, s] (compute dtype) that transformers builds for eager attention
@@ -902,10 +903,15 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     forward.  A checkpointed layer (full, or the selective attention core) saves its inputs, the mask
     among them, until its backward: then the masks are kept, one per kind the layers use (gpt-oss and
     Gemma 2/3 build a sliding-window mask and a full one, ``causal_mask_mapping``).
+
+    RoPE's cos and sin are saved by the multiplications with q and k, for q's and k's gradients: not at
+    all when no layer's attention records anything (``attention_recorded`` False: a frozen prefix that
+    reaches past the last layer's attention, e.g. LoRA on the experts of a two-layer DeepSeek whose dense
+    first layer carries no adapter).
     """
     c = ctx.compute_bytes
     out = 0
-    if m.position == "rope":
+    if m.position == "rope" and attention_recorded:
         out += 2 * c * m.head_dim
     if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective"):
         kinds = len({ls.sliding_window for ls in m.layers}) or 1

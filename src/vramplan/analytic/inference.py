@@ -133,7 +133,8 @@ def _grouped_experts_width(m: ModelSpec, tp: int) -> int:
     * at the end: the gathered input, the down output, ``proj_out * sample_weights_g`` and its
       ``[inv_perm]`` copy (4h), plus gpt-oss's gathered down biases (h).
 
-    Example, Mixtral-8x7B (h 4096, I 14336, top-2): 2 x (4096 + 4 x 14336) = 122,880 elements per token.
+    Plus the router logits (E).  Example, Mixtral-8x7B (h 4096, I 14336, top-2, 8 experts):
+    2 x (4096 + 4 x 14336) + 8 = 122,888 elements per token.
     """
     assert m.moe is not None
     e = m.moe

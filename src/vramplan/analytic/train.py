@@ -278,7 +278,8 @@ def train_step(r: Resolved) -> TrainResult:
                     mlp_transient[j], mlp_released[j] = act.wrapped_experts_backward(
                         m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
         transient = [max(mt, at) for mt, at in zip(mlp_transient, attn_transient, strict=True)]
-        shared = act.shared_saved_per_token(m, ctx, t.gradient_checkpointing) * tokens
+        shared = act.shared_saved_per_token(m, ctx, t.gradient_checkpointing,
+                                            attention_recorded=len(attention_idle) < len(layer_specs)) * tokens
         # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
         in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
         last = stage == pp - 1

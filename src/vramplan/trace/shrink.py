@@ -4,7 +4,8 @@ Used by the engine-agreement matrix and the family tests.  The shrunken config k
 family's structure (norms, gating, GQA ratio, MQA, MoE routing, MLA, parallel residual, tied
 embeddings, soft-capping) and scales widths: hidden ``hidden``, head dimension 64, the GQA ratio
 kept, MLP widths scaled by the original ratio, ``layers`` decoder layers, ``vocab`` tokens, and at
-most 8 experts (top-2).
+most 8 experts (top-2).  Per-layer lists (gpt-oss's ``layer_types``) keep their first ``layers``
+entries.
 """
 
 from __future__ import annotations
