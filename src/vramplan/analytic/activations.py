@@ -573,16 +573,6 @@ def _shares_attention_input(m: ModelSpec, in_b: int, ctx: ActContext) -> bool:
     return one_norm and not ctx.frozen_base and not casts and ctx.linear_input_bytes == in_b
 
 
-def first_mlp_sees_frozen_input(m: ModelSpec, ctx: ActContext) -> bool:
-    """PEFT without checkpointing: the frozen embeddings' output does not require grad, and in a parallel
-    block the MLP reads only the normalised layer input, so the first layer's MLP records nothing for the
-    backward unless one of its own linears carries an adapter."""
-    if not (ctx.frozen_base and m.parallel_residual):
-        return False
-    mlp = {p.module for p in m.params if ".mlp." in p.name and p.role in ("linear", "expert", "router")}
-    return not (mlp & ctx.lora_targets)
-
-
 def _router_saved(m: ModelSpec, ctx: ActContext) -> int:
     """Per token: what the router keeps beyond its input.
 
