@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramplan.analytic.activations import ActContext, _norm_saved, first_mlp_sees_frozen_input, mlp_saved
+from vramplan.analytic.activations import ActContext, _norm_saved, frozen_input_mlp, mlp_saved
 from vramplan.catalog.models import load_model
 from vramplan.spec.hf_config import SUPPORTED_MODEL_TYPES, model_from_config
 
@@ -95,10 +95,11 @@ def test_first_parallel_mlp_saves_nothing_under_attention_lora() -> None:
                           gqa_repeat=False, seq_len=512, frozen_base=True, lora_rank=8,
                           lora_targets=frozenset(targets))
 
-    assert first_mlp_sees_frozen_input(m, lora("q_proj", "v_proj"))
-    assert not first_mlp_sees_frozen_input(m, lora("q_proj", "up_proj"))
-    # a sequential block's MLP reads the attention's output, which the adapters make require grad
-    assert not first_mlp_sees_frozen_input(load_model("meta-llama/Llama-3.2-1B"), lora("q_proj"))
+    # the parallel block's MLP reads the normalised frozen input: no MLP adapter, nothing recorded
+    assert frozen_input_mlp(m, m.layers[0], lora("q_proj", "v_proj")) == (0, False)
+    # an up adapter: its input's half copy (2 x 4096) and lora_A's output (2 x 8), and the activation
+    # output the product saves for the up output's gradient (2 x 14336) = 36,880 B per token
+    assert frozen_input_mlp(m, m.layers[0], lora("q_proj", "up_proj")) == (2 * 4096 + 2 * 8 + 2 * 14336, True)
 
 
 @pytest.mark.parametrize("model_type", ["phi", "starcoder2", "stablelm", "cohere", "olmo"])

@@ -38,12 +38,13 @@ FAMILIES = {
     "gpt2": "openai-community/gpt2", "gpt_neox": "EleutherAI/pythia-1b", "falcon": "tiiuae/falcon-7b",
     "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3", "phi": "microsoft/phi-2",
     "starcoder2": "bigcode/starcoder2-7b", "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
-    "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf",
+    "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf", "gpt_oss": "openai/gpt-oss-20b",
 }
 
 LORA = {"method": "lora", "rank": 16}
 ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, Any], tuple[int, int], dict[str, Any]]] = [
-    # every family, bf16-mixed (gemma2 needs eager or flash attention: sdpa rejects its soft-capping)
+    # every family, bf16-mixed (gemma2 needs eager or flash attention: sdpa rejects its soft-capping; gpt-oss has
+    # no sdpa path, so transformers' default, and both engines, fall back to eager)
     *[(fam, {"attention": "eager"} if fam == "gemma2" else {}, (2, 512)) for fam in FAMILIES],
     # precision
     ("llama", {"precision": "fp32"}, (2, 512)), ("llama", {"precision": "bf16-true"}, (2, 512)),
@@ -107,6 +108,31 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
       for fam in ("phi", "starcoder2", "stablelm", "cohere", "olmo")],
     ("phi", {"peft": {"method": "lora", "rank": 16, "target_modules": "all-linear"}}, (2, 512)),
     ("starcoder2", {"attention": "eager"}, (2, 512)), ("cohere", {"gradient_checkpointing": "full"}, (2, 512)),
+    # gpt-oss (shrunk with its layer_types cut to the first two: one sliding-window layer, one full): the
+    # attention sinks' softmax, the clamped SwiGLU of its biased experts, the fp32 product of its RMSNorm,
+    # its top-k-then-softmax router; LoRA reaches only the attention (experts and router are not nn.Linear)
+    ("gpt_oss", {"attention": "flash"}, (2, 512)), ("gpt_oss", {"precision": "bf16-true"}, (2, 512)),
+    ("gpt_oss", {"gradient_checkpointing": "full"}, (2, 512)), ("gpt_oss", {"peft": LORA}, (2, 512)),
+    ("gpt_oss", {"peft": {**LORA, "target_modules": "all-linear"}, "attention": "flash"}, (2, 512)),
+    # the frozen prefix: without checkpointing nothing requires grad before the first adapter, so a layer
+    # whose attention has no adapter saves in its MLP only what the MLP's own adapters need
+    # (activations.frozen_input_mlp); a layer with no adapter at all leaves the next one frozen too
+    # (DeepSeek's dense first layer when peft moves down_proj to the fused experts)
+    ("llama", {"peft": {**LORA, "target_modules": ["down_proj"]}}, (2, 512)),
+    ("llama", {"peft": {**LORA, "target_modules": ["gate_proj"]}}, (2, 512)),
+    ("llama", {"peft": LORA, "attention": "eager"}, (2, 512)),
+    ("qwen3_moe", {"peft": {**LORA, "target_modules": ["down_proj"]}}, (2, 512)),
+    ("qwen3_moe", {"peft": {**LORA, "target_modules": ["gate", "down_proj"]}}, (2, 512)),
+    ("mixtral", {"peft": {**LORA, "target_modules": ["w2"]}}, (2, 512)),
+    ("deepseek_v3", {"peft": {**LORA, "target_modules": ["down_proj"]}}, (2, 512)),
+    ("qwen3_moe", {"peft": {"method": "qlora", "rank": 16, "target_modules": ["down_proj"]}, "quantization": "nf4"},
+     (2, 512)),
+    ("mixtral", {"peft": {"method": "qlora", "rank": 16, "target_modules": ["down_proj"]}, "quantization": "nf4"},
+     (2, 512)),
+    ("deepseek_v3", {"peft": {"method": "qlora", "rank": 16, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
+                     "quantization": "nf4"}, (2, 512)),
+    ("gpt_neox", {"peft": {**LORA, "target_modules": ["dense_4h_to_h"]}}, (2, 512)),
+    ("phi", {"peft": {**LORA, "target_modules": ["fc2"]}, "attention": "eager"}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),
@@ -152,6 +178,45 @@ def test_matrix_analytic_matches_trace() -> None:
         if abs(d) > TOLERANCE:
             bad.append(line)
     lines.append(f"{len(ROWS)} configurations; |diff| max {100 * max(diffs):.2f}%, median "
+                 f"{100 * statistics.median(diffs):.2f}%")
+    print("\n" + "\n".join(lines))
+    assert not bad, "analytic and traced engines differ by more than 3%:\n" + "\n".join(bad)
+
+
+# inference (generate: prefill of 2 x 512 tokens, 64 new tokens): the prefill of transformers 5's grouped
+# experts (all routed rows in one grouped GEMM per projection) and gpt-oss's eager attention with sinks
+INFERENCE_ROWS: list[tuple[str, dict[str, Any]]] = [
+    ("llama", {}), ("mixtral", {}), ("qwen3_moe", {}), ("gpt_oss", {}), ("gpt_oss", {"attention": "flash"}),
+    ("mixtral", {"batch_size": 1, "prompt_len": 2048}), ("gpt_oss", {"batch_size": 1, "prompt_len": 2048}),
+]
+
+
+def _compare_inference(fam: str, inference: dict[str, Any]) -> tuple[int, int]:
+    from vramplan.trace.engine import trace
+
+    cfg = shrink(catalog_config(FAMILIES[fam]), vocab=2048)
+    doc = {"model": cfg, "task": "inference", "hardware": {"gpu": "a100"},
+           "inference": {"batch_size": 2, "prompt_len": 512, "new_tokens": 64, **inference}}
+    r, st = trace(resolve(doc))
+    ws = cublas_workspace_bytes(r.gpu, handles=1)
+    return peak_of(st.events, st.marks).raw_bytes - ws, analytic_estimate(r).per_gpu.peak_allocated_bytes - ws
+
+
+def test_inference_analytic_matches_trace() -> None:
+    lines = [f"{'family':<12} {'inference':<88} {'b x p':>8} {'trace MiB':>10} {'analytic MiB':>12} {'diff':>7}"]
+    diffs: list[float] = []
+    bad: list[str] = []
+    for fam, inf in INFERENCE_ROWS:
+        t, a = _compare_inference(fam, inf)
+        d = a / t - 1
+        diffs.append(abs(d))
+        b, p = inf.get("batch_size", 2), inf.get("prompt_len", 512)
+        line = (f"{fam:<12} {json.dumps(inf):<88} {b:>3} x {p:<4} {t / 2**20:>10.2f} {a / 2**20:>12.2f} "
+                f"{100 * d:>+6.1f}%")
+        lines.append(line)
+        if abs(d) > TOLERANCE:
+            bad.append(line)
+    lines.append(f"{len(INFERENCE_ROWS)} inference configurations; |diff| max {100 * max(diffs):.2f}%, median "
                  f"{100 * statistics.median(diffs):.2f}%")
     print("\n" + "\n".join(lines))
     assert not bad, "analytic and traced engines differ by more than 3%:\n" + "\n".join(bad)

@@ -88,6 +88,12 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
         # weight * x_normed.to(input_dtype) saves the normalized tensor in x's dtype, which is
         # needed only for the weight's gradient (not saved when the base is frozen).
         return 4 if ctx.frozen_base else 4 + r
+    if kind == "rms_fp32":
+        # GptOssRMSNorm (modeling_gpt_oss.py): x.to(fp32) as above, then ``(self.weight * x_normed).to(input_dtype)``
+        # multiplies in fp32, so the normalized tensor its weight's gradient needs is fp32 whatever the residual
+        # dtype.  Example, gpt-oss-20b h = 2880 in bf16-true: (4 + 4) * 2880 = 23,040 B per token per norm
+        # (Llama's form saves 4 + 2).
+        return 4 if ctx.frozen_base else 8
     if kind == "gemma_rms":
         # GemmaRMSNorm: x.float() and the fp32 normalized tensor (multiplied by 1 + weight; the
         # latter is saved for the weight's gradient only).
@@ -245,18 +251,93 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
     else:
         kv_saved = qw if ctx.gqa_repeat else kvw
         saved += c * (qw + 2 * kv_saved)
-        # scores -> softmax(dtype=fp32) saved (4 B) -> .to(c) saved by the AV matmul (c B)
         probs = heads * s_keys
-        saved += 4 * probs + (c * probs if c < 4 else 0)
+        saved += eager_softmax_saved(m, ctx, heads, s_keys)
         if m.model_type == "gemma2":
             # Gemma 2 soft-caps the scores (attn_logit_softcapping, 50 by default): tanh saves its output
             saved += c * probs
         if ctx.dropout and m.attention_dropout > 0:
             # the AV matmul saves the dropped probabilities instead of the cast ones: mask + output
-            saved += probs * (1 + c) - (c * probs if c < 4 else 0)
+            saved += probs * (1 + c) - (c * probs if probs_cast_saved(m, ctx) else 0)
         saved += _out_proj_input(qw, o_name, ctx)
     saved += _dropout(m.hidden_dropout, ctx) * m.hidden_size
     return saved
+
+
+def _softmax_bytes(m: ModelSpec, ctx: ActContext) -> int:
+    """dtype bytes of eager attention's probabilities as the softmax saves them.
+
+    Llama-style ``eager_attention_forward`` calls ``softmax(dtype=torch.float32)``.  gpt-oss
+    (modeling_gpt_oss.py) concatenates the per-head sink logits (a parameter) to the scores and calls
+    ``softmax(combined_logits, dtype=combined_logits.dtype)``: ``torch.cat`` is on autocast's
+    promote-to-widest list, so the probabilities are fp32 when the sinks are (trainable fp32 parameters
+    under mixed precision, which ``residual_bytes`` shares with the embeddings) and in the compute dtype
+    otherwise (bf16-true, or a frozen bf16 base).
+    """
+    if not m.attention_sinks:
+        return 4
+    return max(ctx.compute_bytes, ctx.residual_bytes) if ctx.autocast else ctx.compute_bytes
+
+
+def probs_cast_saved(m: ModelSpec, ctx: ActContext) -> bool:
+    """Whether the AV matmul saves a copy of the probabilities of its own (cast to the compute dtype)
+    rather than a view of the softmax output."""
+    return _softmax_bytes(m, ctx) != ctx.compute_bytes
+
+
+def eager_softmax_saved(m: ModelSpec, ctx: ActContext, heads: int, s_keys: int) -> int:
+    """Per token: eager attention's softmax output and its compute-dtype copy for the AV matmul.
+
+    Llama-style: scores -> softmax(dtype=fp32), saved (4 B per score) -> ``.to(c)``, saved by the AV
+    matmul (c B) when c < 4.  gpt-oss: the softmax runs over the keys and one sink column (s + 1 scores per
+    query, in ``_softmax_bytes``); ``combined_logits - combined_logits.max(dim=-1, keepdim=True).values``
+    saves max's int64 indices (8 B per head and query); the sink column is dropped by a view
+    (``probs[..., :-1]``), so the AV matmul saves a view of the softmax output unless the cast to the value
+    dtype copies it.  Example, gpt-oss-20b (64 heads) at s = 4096 under bf16 mixed precision, full
+    fine-tuning: 64 x (4 x 4097 + 2 x 4096 + 8) = 1,573,632 B per token per layer.
+    """
+    c = ctx.compute_bytes
+    probs = heads * s_keys
+    p = _softmax_bytes(m, ctx)
+    if not m.attention_sinks:
+        return p * probs + (c * probs if c < p else 0)
+    return p * heads * (s_keys + 1) + (c * probs if p != c else 0) + 8 * heads
+
+
+def frozen_input_eager_unsaved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """Per token: what eager attention with separate q/k/v projections does not save in the layer where the
+    frozen prefix ends (its input does not require grad, some of q/k/v carry adapters).
+
+    Only the adapted projections' outputs require grad, and each op saves only what the gradients of its
+    inputs that do need (derivatives.yaml): ``q @ k^T`` saves the query for the key's gradient and the
+    (repeated) key for the query's; the softmax keeps its output only if the scores require grad (q or k
+    adapted), and the AV matmul the values for the probabilities' gradient and the probabilities (their
+    compute-dtype copy) for the values'.  SDPA's kernels save q, k, v and the output whenever any of them
+    requires grad, so nothing changes there.  Example, LoRA on q_proj and v_proj (the default): the
+    rotated query is not kept, c x heads x head_dim per token.
+    """
+    if ctx.attention != "eager" or m.mla is not None or not any(p.module == "q_proj" for p in m.params):
+        return 0
+    t = ctx.lora_targets
+    q, k, v = "q_proj" in t, "k_proj" in t, "v_proj" in t
+    c = ctx.compute_bytes
+    heads = ceil_div(m.num_attention_heads, ctx.tp)
+    qw = heads * m.head_dim
+    kv_saved = qw if ctx.gqa_repeat else max(1, ceil_div(m.num_kv_heads, ctx.tp)) * m.head_dim
+    s_keys = ctx.seq_len
+    out = (0 if k else c * qw) + (0 if q else c * kv_saved)
+    if ctx.dropout and m.attention_dropout > 0:
+        return out
+    cast = c * heads * s_keys if probs_cast_saved(m, ctx) else 0
+    if not (q or k):
+        # the scores do not require grad: no softmax output kept for its own backward, no values for the
+        # probabilities' gradient; the AV matmul still keeps the probabilities (the cast copy, or a view of
+        # the softmax output) when the values require grad
+        softmax = eager_softmax_saved(m, ctx, heads, s_keys) - cast
+        out += c * kv_saved + (softmax if (cast or not v) else 0)
+    if not v:
+        out += cast
+    return out
 
 
 def _sdpa_math_saved(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int, s_keys: int) -> int:
@@ -316,8 +397,7 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         saved -= in_b * h
     if layer.moe and m.moe is not None:
         e = m.moe
-        # router: logits (c) and fp32 softmax probabilities, per expert
-        saved += _linear_inputs(h, ("gate",), in_b, ctx) + (c + 4) * e.num_experts
+        saved += _linear_inputs(h, ("gate",), in_b, ctx) + _router_saved(m, ctx)
         if ctx.router_wrapped and ctx.frozen_base:
             # F.linear(x, W + s B A) keeps x for the adapted weight's gradient: the autocast copy, or x itself
             saved += (c if ctx.autocast else in_b) * h
@@ -346,10 +426,7 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         else:
             saved += _adapter_inputs(inter, ("down_proj",), ew, ctx)
     else:
-        fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense", "phi": "fc1", "starcoder2": "c_fc"}.get(
-            m.model_type, "dense_h_to_4h")
-        fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense", "phi": "fc2", "starcoder2": "c_proj"}.get(
-            m.model_type, "dense_4h_to_h")
+        fc1, fc2 = _fc_names(m)
         if ctx.elementwise_bytes and m.model_type in ("phi", "starcoder2"):
             # bitsandbytes' fc1 returns the fp32 hidden states' dtype: the activation runs and saves in ew
             # bytes (NewGELU's chain then keeps four fp32 tensors: x, tanh, 0.5 x and 1 + tanh)
@@ -366,6 +443,128 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
     return saved
 
 
+def _fc_names(m: ModelSpec) -> tuple[str, str]:
+    """The module names of a non-gated MLP's two linears."""
+    fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense", "phi": "fc1", "starcoder2": "c_fc"}.get(
+        m.model_type, "dense_h_to_4h")
+    fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense", "phi": "fc2", "starcoder2": "c_proj"}.get(
+        m.model_type, "dense_4h_to_h")
+    return fc1, fc2
+
+
+def _mlp_adapted(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[bool, bool, bool, bool]:
+    """(gate, up, down, router) of this layer's MLP carry an adapter whose weight needs a gradient.
+
+    Dense and shared-expert MLPs, and the per-expert linears of the experts loop: ``lora.Linear`` on the
+    named modules (``layout.lora_targets`` has already dropped the names peft moves to the fused experts).
+    transformers 5's fused experts: peft's ``ParamWrapper`` on ``gate_up_proj`` / ``down_proj``.  For a
+    non-gated MLP, (fc1, fc1, fc2, False).
+    """
+    t = ctx.lora_targets
+    if layer.moe and m.moe is not None:
+        if ctx.expert_loop:
+            return "gate_proj" in t, "up_proj" in t, "down_proj" in t, ctx.router_wrapped
+        return ctx.gate_up_wrapped, ctx.gate_up_wrapped, ctx.down_wrapped, ctx.router_wrapped
+    if not m.mlp_gated:
+        fc1, fc2 = _fc_names(m)
+        return fc1 in t, fc1 in t, fc2 in t, False
+    if m.model_type == "phi3":
+        return "gate_up_proj" in t, "gate_up_proj" in t, "down_proj" in t, False
+    return "gate_proj" in t, "up_proj" in t, "down_proj" in t, False
+
+
+def frozen_input_mlp(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, bool]:
+    """The MLP of a layer in the frozen prefix: (bytes saved per token, whether its output requires grad).
+
+    Under PEFT without checkpointing the frozen embeddings' output does not require grad (peft enables
+    input gradients only with checkpointing), and neither does anything computed from it by frozen
+    weights.  Autograd records an op only when one of its inputs requires grad, and then saves only what
+    the gradients of those inputs need (derivatives.yaml; e.g. ``mul``: ``self`` for ``other``'s gradient,
+    ``other`` for ``self``'s; ``mm``: the input for the weight's gradient).  So an MLP whose input is frozen
+    saves, per token (g, u, d: gate, up, down carry adapters; I the intermediate width):
+
+    * each adapter's input (lora_A's weight needs it) and lora_A's output, as ``_adapter_inputs``;
+      old bitsandbytes' 4-bit matmul keeps nothing, its input not requiring grad;
+    * gated MLP: the gate output (saved by the activation) and the up output (saved by the product for
+      the activation output's gradient) if g; the activation output (saved for the up output's
+      gradient) if u; the product only as the down adapter's input;
+    * routed experts (transformers 5 ``grouped_mm_experts_forward``): with gate_up adapted, its gathered
+      input, its output and the gating's tensors as in any layer; with down adapted, the product (the
+      adapted weight's gradient needs it); the down output only if the routing weights require grad
+      (a router adapter), as ``proj_out * sample_weights_g`` saves ``proj_out`` for their gradient;
+      without a router adapter the router records nothing (its logits, softmax and top-k do not require
+      grad).  The adapted stacks themselves are not kept (``WrappedExperts.prefix_saved``);
+    * the experts loop (4-bit per-expert linears): the same per expert;
+    * shared experts: as the gated MLP (their names carry no adapter on transformers 5).
+
+    Worked example, the shrunken Qwen3-MoE of the engine matrix (h = 256, I = 96, top-2, bf16 experts)
+    with LoRA on down_proj only: the product 2 x 2 x 96 = 384 B per token, where a layer whose input
+    requires grad saves 2 x (2 x 2 x 96 + 2 x 96 + 2 x 96 + 2 x 256) + (2 + 4) x 8 = 2,608 B.
+    """
+    from dataclasses import replace
+
+    c, tp, h = ctx.compute_bytes, ctx.tp, m.hidden_size
+    in_b = _norm_out_bytes(m.norm, ctx)
+    frozen_in = replace(ctx, kbit_saves_input=False)
+    g, u, d, rw = _mlp_adapted(m, layer, ctx)
+    act_saved, act_out = _act_saved(m.hidden_act, ctx)
+    ew = ctx.ew
+    saved = 0
+    live = False
+    if layer.moe and m.moe is not None:
+        e = m.moe
+        if rw:
+            # F.linear(x, W + s B A) keeps x for the adapted weight's gradient; the logits require grad
+            saved += (c if ctx.autocast else in_b) * h + _router_saved(m, ctx)
+        if ctx.expert_loop:
+            per = _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, frozen_in)
+            per += ((act_saved - c + ew) * g + ew * g + ew * u) * _expert_inter(m, ctx)
+            exp_live = g or u or d
+            if exp_live:
+                per += _adapter_inputs(_expert_inter(m, ctx), ("down_proj",), ew, replace(
+                    ctx, kbit_saves_input=ctx.kbit_saves_input and (g or u)))
+                per += ew * h + 8 + 8 + 4  # the product saved by index_add_, the gathers' indices and weight
+            per += ew * h if rw else 0  # the down output, for the routing weight's gradient
+        else:
+            w = ctx.expert_bytes or c
+            ei = _expert_inter(m, ctx)
+            exp_live = g or d
+            per = (w * h + w * 2 * ei + w * ei + w * ei * _gate_extra(m)) if g else 0
+            per += w * ei if d else 0
+            per += w * h if rw else 0
+        saved += e.top_k * per
+        live = exp_live or rw
+        if e.shared_intermediate_size:
+            si = ceil_div(e.shared_intermediate_size, tp)
+            sg, su, sd = ("gate_proj" in ctx.lora_targets, "up_proj" in ctx.lora_targets,
+                          "down_proj" in ctx.lora_targets)
+            saved += _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, frozen_in)
+            saved += ((act_saved - c + ew) * sg + ew * sg + ew * su) * si
+            saved += _adapter_inputs(si, ("down_proj",), ew, replace(
+                ctx, kbit_saves_input=ctx.kbit_saves_input and (sg or su)))
+            live = live or sg or su or sd
+        return saved, live
+    inter = ceil_div(layer.intermediate_size, tp)
+    if m.mlp_gated:
+        mods = ("gate_up_proj",) if m.model_type == "phi3" else ("gate_proj", "up_proj")
+        saved += _adapter_inputs(h, mods, in_b, frozen_in)
+        saved += ((act_saved - c + ew) * g + ew * g + ew * u) * inter
+        saved += _adapter_inputs(inter, ("down_proj",), ew, replace(
+            ctx, kbit_saves_input=ctx.kbit_saves_input and (g or u)))
+    else:
+        fc1, fc2 = _fc_names(m)
+        if ctx.elementwise_bytes and m.model_type in ("phi", "starcoder2"):
+            ew = ctx.elementwise_bytes  # as mlp_saved: bitsandbytes' fc1 returns fp32
+            act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
+        saved += _adapter_inputs(h, (fc1,), in_b, frozen_in)
+        saved += act_saved * inter if g else 0
+        saved += _adapter_inputs(inter, (fc2,), act_out, replace(ctx, kbit_saves_input=ctx.kbit_saves_input and g))
+    live = g or u or d
+    if live:
+        saved += _dropout(m.hidden_dropout, ctx) * h
+    return saved, live
+
+
 def _shares_attention_input(m: ModelSpec, in_b: int, ctx: ActContext) -> bool:
     """A parallel block with one norm (phi, Command-R, StableLM's parallel variant) whose output reaches the
     linears uncast (no autocast cast, no fp8 copy) and is saved once for attention and MLP together."""
@@ -374,14 +573,29 @@ def _shares_attention_input(m: ModelSpec, in_b: int, ctx: ActContext) -> bool:
     return one_norm and not ctx.frozen_base and not casts and ctx.linear_input_bytes == in_b
 
 
-def first_mlp_sees_frozen_input(m: ModelSpec, ctx: ActContext) -> bool:
-    """PEFT without checkpointing: the frozen embeddings' output does not require grad, and in a parallel
-    block the MLP reads only the normalised layer input, so the first layer's MLP records nothing for the
-    backward unless one of its own linears carries an adapter."""
-    if not (ctx.frozen_base and m.parallel_residual):
-        return False
-    mlp = {p.module for p in m.params if ".mlp." in p.name and p.role in ("linear", "expert", "router")}
-    return not (mlp & ctx.lora_targets)
+def _router_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """Per token: what the router keeps beyond its input.
+
+    Mixtral/Qwen-MoE/DeepSeek: the logits (c) and the fp32 softmax probabilities over all experts.
+    gpt-oss (``GptOssTopKRouter``): ``topk`` on the logits first, which saves only its int64 indices (8 B
+    per selected expert), then the softmax over the top-k values, which saves its k-wide output (c).
+    """
+    assert m.moe is not None
+    if m.model_type == "gpt_oss":
+        return (8 + ctx.compute_bytes) * m.moe.top_k
+    return (ctx.compute_bytes + 4) * m.moe.num_experts
+
+
+def _gate_extra(m: ModelSpec) -> int:
+    """Intermediate-width tensors per routed token that an expert's gating saves beyond SiLU's
+    (the gate/up output, the activation output and the product).
+
+    gpt-oss's ``GptOssExperts._apply_gate`` (modeling_gpt_oss.py): ``gate.clamp(max=limit)`` and
+    ``up.clamp(-limit, limit)`` save the gate/up output (counted), ``gate * torch.sigmoid(gate * alpha)``
+    saves the clamped gate and the sigmoid's output, ``(up + 1) * glu`` saves ``up + 1`` and ``glu``
+    (the activation output's place): three more I-wide tensors.
+    """
+    return 3 if m.model_type == "gpt_oss" else 0
 
 
 def _expert_inter(m: ModelSpec, ctx: ActContext) -> int:
@@ -407,6 +621,7 @@ def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
     per_routed = w * h if gate_up else 0  # gathered input, saved for the weight gradient
     per_routed += w * 2 * ei  # gate_up output: SiLU saves the gate half, the product the up half
     per_routed += w * ei  # activation output, saved by the product
+    per_routed += w * ei * _gate_extra(m)  # gpt-oss's clamped SwiGLU
     per_routed += w * ei if down else 0  # product, down's input (saved for its weight gradient)
     per_routed += w * h  # down output, saved by the multiplication with the routing weight
     return per_routed
@@ -421,10 +636,19 @@ class WrappedExperts:
     down: int  # the adapted down_proj stack, E x h x I
     down_casts: int
     router: int  # the adapted router weight and, under autocast, its factors' half casts
+    router_casts: int = 0  # the part of ``router`` that is the factors' half casts
 
     @property
     def saved(self) -> int:
         return self.gate_up + self.gate_up_casts + self.down + self.down_casts + self.router
+
+    @property
+    def prefix_saved(self) -> int:
+        """What a layer of the frozen prefix (``frozen_input_mlp``) keeps: the adapted stacks and router
+        weight are saved by their matmul only for the gradient of its input, which does not require grad
+        there; the factor casts are saved by ``baddbmm`` (and the router's ``B @ A``) for the adapters'
+        own gradients."""
+        return self.gate_up_casts + self.down_casts + self.router_casts
 
 
 def wrapped_experts(m: ModelSpec, gate_up_rank: int, down_rank: int, router_rank: int, w: int,
@@ -451,15 +675,16 @@ def wrapped_experts(m: ModelSpec, gate_up_rank: int, down_rank: int, router_rank
     inter = _expert_inter(m, ctx)
     h = m.hidden_size
     cast = w != adapter_bytes
-    router = 0
+    router = router_casts = 0
     if router_rank:
-        router = w * e.num_experts * h + (ctx.compute_bytes * router_rank * (h + e.num_experts) if ctx.autocast else 0)
+        router_casts = ctx.compute_bytes * router_rank * (h + e.num_experts) if ctx.autocast else 0
+        router = w * e.num_experts * h + router_casts
     return WrappedExperts(
         gate_up=w * n_exp * 2 * inter * h if gate_up_rank else 0,
         gate_up_casts=w * n_exp * gate_up_rank * (2 * inter + h) if cast else 0,
         down=w * n_exp * h * inter if down_rank else 0,
         down_casts=w * n_exp * down_rank * (h + inter) if cast else 0,
-        router=router)
+        router=router, router_casts=router_casts)
 
 
 def wrapped_experts_backward(m: ModelSpec, wx: WrappedExperts, ctx: ActContext, tokens: int,
@@ -523,7 +748,13 @@ def norms_saved(m: ModelSpec, ctx: ActContext) -> int:
         return 4 * per
     if m.parallel_residual:
         # GPT-NeoX / Falcon: attention and MLP read the same layer input; its norm(s) save
-        # that one input (LayerNorm saves only its input, mean and rstd).
+        # that one input (LayerNorm saves only its input, mean and rstd).  Under autocast a half
+        # residual (a frozen base) is cast to fp32 by each LayerNorm (layer_norm is on autocast's fp32
+        # list), so two norms (GPT-NeoX's input_layernorm and post_attention_layernorm, Falcon's
+        # ln_attn and ln_mlp) save two copies.
+        if m.norm == "layer" and ctx.autocast and ctx.residual_bytes != 4:
+            return per * max(1, len({p.module for p in m.params if p.role == "norm" and p.layer_span
+                                     and "attn." not in p.name and "attention." not in p.name}))
         return per
     return 2 * per
 
@@ -574,7 +805,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
             m.model_type, "o_proj")
         freed += _out_proj_input(qw, o_name, ctx) + c * (qw if ctx.gqa_repeat else kvw)
         dropped = ctx.dropout and m.attention_dropout > 0
-        freed += c * probs if (dropped or c < 4) else 0
+        freed += c * probs if (dropped or probs_cast_saved(m, ctx)) else 0
     return freed
 
 
@@ -646,20 +877,35 @@ def selective_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -
     heads = ceil_div(m.num_attention_heads, ctx.tp)
     c = ctx.compute_bytes
     probs = heads * ctx.seq_len
-    quadratic = 4 * probs + (c * probs if c < 4 else 0)
+    quadratic = eager_softmax_saved(m, ctx, heads, ctx.seq_len)
     if ctx.dropout and m.attention_dropout > 0:
         quadratic += probs * (1 + c)
     return full - quadratic
 
 
-def shared_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:
-    """Tensors shared by all layers: RoPE cos/sin, an eager attention mask, embedding dropout."""
+def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "none",
+                           attention_recorded: bool = True) -> int:
+    """Tensors shared by all layers: RoPE cos/sin, an eager attention mask, embedding dropout.
+
+    The 4-D additive mask [b, 1, s, s] (compute dtype) that transformers builds for eager attention
+    (masking_utils ``create_causal_mask``) is only added to the scores, and an addition saves neither
+    operand (derivatives.yaml ``add.Tensor``), so without checkpointing nothing keeps it past the model's
+    forward.  A checkpointed layer (full, or the selective attention core) saves its inputs, the mask
+    among them, until its backward: then the masks are kept, one per kind the layers use (gpt-oss and
+    Gemma 2/3 build a sliding-window mask and a full one, ``causal_mask_mapping``).
+
+    RoPE's cos and sin are saved by the multiplications with q and k, for q's and k's gradients: not at
+    all when no layer's attention records anything (``attention_recorded`` False: a frozen prefix that
+    reaches past the last layer's attention, e.g. LoRA on the experts of a two-layer DeepSeek whose dense
+    first layer carries no adapter).
+    """
     c = ctx.compute_bytes
     out = 0
-    if m.position == "rope":
+    if m.position == "rope" and attention_recorded:
         out += 2 * c * m.head_dim
-    if ctx.attention in ("eager", "math"):
-        out += c * ctx.seq_len  # the 4-D causal mask [b, 1, s, s] in the compute dtype
+    if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective"):
+        kinds = len({ls.sliding_window for ls in m.layers}) or 1
+        out += kinds * c * ctx.seq_len
     if m.model_type in ("gpt2", "bert", "opt") and ctx.dropout and m.hidden_dropout > 0:
         out += m.hidden_size  # embedding dropout mask
     if m.model_type == "starcoder2" and ctx.dropout and m.hidden_dropout > 0:

@@ -60,9 +60,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
-from vramplan.analytic.layout import rank_params
+from vramplan.analytic.layout import quantized_expert_loop, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes
-from vramplan.analytic.train import Moment
+from vramplan.analytic.train import NO_SDPA, Moment
 from vramplan.analytic.weights import weights_bytes
 from vramplan.monotone import largest_true
 from vramplan.spec.load import Resolved
@@ -187,9 +187,39 @@ HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5}
 CHAINED_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
 
 
-def _mlp_width(m: ModelSpec, tp: int) -> int:
-    """I-sized tensors alive at once inside the MLP, times I (per token)."""
+def _grouped_experts_width(m: ModelSpec, tp: int) -> int:
+    """Elements per token alive at once in transformers 5's ``grouped_mm_experts_forward`` (integrations/moe.py).
+
+    All T x k routed rows go through one grouped GEMM per projection.  Per routed row (h hidden, I one
+    expert's intermediate width):
+
+    * at the gating: the gathered input (``selected_hidden_states_g``, bound to the end: h), the gate/up
+      output (2I), and the gating's live tensors: SiLU's output and the product (2I), or gpt-oss's
+      ``_apply_gate`` (the two clamped halves, ``glu``, ``up + 1`` and the product: 5I) together with the
+      gathered gate/up biases (``selected_biases``, 2I, bound until the down projection rebinds it);
+    * at the end: the gathered input, the down output, ``proj_out * sample_weights_g`` and its
+      ``[inv_perm]`` copy (4h), plus gpt-oss's gathered down biases (h).
+
+    Plus the router logits (E).  Example, Mixtral-8x7B (h 4096, I 14336, top-2, 8 experts):
+    2 x (4096 + 4 x 14336) + 8 = 122,888 elements per token.
+    """
+    assert m.moe is not None
+    e = m.moe
+    h, ei = m.hidden_size, ceil_div(e.expert_intermediate_size, tp)
+    if m.model_type == "gpt_oss":
+        gate, tail = h + 2 * ei + 2 * ei + 5 * ei, 5 * h
+    else:
+        gate, tail = h + 2 * ei + 2 * ei, 4 * h
+    return e.top_k * max(gate, tail) + e.num_experts
+
+
+def _mlp_width(m: ModelSpec, tp: int, grouped: bool = True) -> int:
+    """I-sized tensors alive at once inside the MLP, times I (per token).  ``grouped``: transformers 5's fused
+    experts (grouped GEMMs over all routed rows); else the experts loop of 4.x (and of bitsandbytes'
+    per-expert linears)."""
     if m.moe is not None:
+        if grouped:
+            return max(_grouped_experts_width(m, tp), 3 * ceil_div(m.moe.shared_intermediate_size, tp))
         # routed experts run one after another on their tokens; the widest live set is one
         # expert's gated MLP over (at most) all tokens plus the router logits
         per = 3 * ceil_div(m.moe.expert_intermediate_size, tp) + m.moe.num_experts
@@ -239,6 +269,11 @@ def softmax_bytes_per_score(m: ModelSpec, dtype: str) -> int:
     c = dtype_bits(dtype) // 8
     if m.model_type in COMPUTE_DTYPE_SOFTMAX:
         return 2 * c
+    if m.attention_sinks:
+        # gpt-oss (modeling_gpt_oss.py ``eager_attention_forward``): the masked scores stay bound to
+        # ``attn_weights`` while ``torch.cat`` appends the sink column, the max is subtracted (a new tensor)
+        # and the softmax runs in the scores' dtype: three compute-dtype tensors per score
+        return 3 * c
     return c + 4 + (4 if dtype == "bf16" else 0)
 
 
@@ -269,20 +304,25 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     q = heads * (m.q_width // max(1, m.num_attention_heads))
     kv = kv_heads * m.head_dim if m.mla is None else ceil_div(m.kv_width, tp)
     hidden_kept = HIDDEN_KEPT_THROUGH_MLP.get(m.model_type, 3)
-    mlp = (hidden_kept * h + _mlp_width(m, tp)) * t * c
+    s = r.scenario
+    grouped = s.software.fused_moe_experts and not quantized_expert_loop(m, s.inference.quantization)
+    mlp = (hidden_kept * h + _mlp_width(m, tp, grouped)) * t * c
     if attention == "eager":
         qkv = (q + 2 * kv) if m.model_type in KEEPS_ATTN_OUTPUT else q
         repeat = 2 * q if kv_heads < heads else 0
         attn = (2 * h + qkv + repeat) * t * c
         attn += batch * heads * prompt * prompt * softmax_bytes_per_score(m, r.scenario.inference.dtype)
-        attn += batch * prompt * prompt * c  # the 4-D additive causal mask
+        # the 4-D additive causal masks, one per kind the layers use (gpt-oss, Gemma 2/3: sliding and full,
+        # masking_utils via ``causal_mask_mapping``), all built before the first layer
+        masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * prompt * c
+        attn += masks
         # the decoder layer binds the returned probabilities (``hidden_states, _ = self.self_attn(...)``)
-        # until it returns, and the model's forward keeps the mask: both are alive through the MLP
-        mlp += batch * heads * prompt * prompt * c + batch * prompt * prompt * c
+        # until it returns, and the model's forward keeps the masks: both are alive through the MLP
+        mlp += batch * heads * prompt * prompt * c + masks
     else:
         attn = (3 * h + 3 * q) * t * c
     norm = 0
-    if m.norm == "rms" and c < 4:
+    if m.norm in ("rms", "rms_fp32") and c < 4:
         # the post-attention RMSNorm (``LlamaRMSNorm``: ``hidden_states.to(torch.float32)``, then
         # ``hidden_states * torch.rsqrt(variance + eps)``): the layer input and the residual (2 h c) with
         # the fp32 copy and its normalised fp32 product (8 h).  Tensor parallelism divides the MLP's and
@@ -310,7 +350,8 @@ def inference_step(r: Resolved) -> InferenceResult:
     total_tokens = p + n
     kv_prompt = cache_bytes(m, b, p, c, tp, inf.kv_cache_dtype, prefill=True)
     kv_final = cache_bytes(m, b, max(p, total_tokens - 1), c, tp, inf.kv_cache_dtype, prefill=False)
-    attention = "eager" if inf.attention == "eager" else inf.attention
+    attention = "eager" if inf.attention == "eager" or (inf.attention == "sdpa" and m.model_type in NO_SDPA) \
+        else inf.attention
     ws = cublas_workspace_bytes(gpu, handles=1)
     dequant = 0
     if quant in ("nf4", "nf4-dq", "fp4", "int8") and b * p > 1:

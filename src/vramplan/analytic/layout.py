@@ -99,6 +99,10 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, ...]:
 # turns the expert and router names into ``target_parameters``.
 FUSED_EXPERT_LORA_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
 _MLP_NAMES = frozenset({"gate_proj", "up_proj", "down_proj"})
+# Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the
+# names peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell
+# them either way
+MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
             names |= {p.module for p in model.params if p.role in ("expert", "router")}
     else:
         names = set(peft.target_modules)
+        if model.model_type == "mixtral":
+            names = {MIXTRAL_EXPERT_NAMES.get(n, n) for n in names}
     if not (fused_experts and model.moe is not None and model.model_type in FUSED_EXPERT_LORA_TYPES):
         return LoraTargets(linear=frozenset(names))
     router = "gate" in names and any(p.role == "router" for p in model.params)

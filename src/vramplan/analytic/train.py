@@ -76,6 +76,12 @@ class TrainResult:
     layout: StepLayout | None = None  # the peak stage's terms for the event stream (analytic/events.py)
 
 
+# Model types whose transformers class has no SDPA path (``_supports_sdpa = False``): gpt-oss, whose per-head
+# attention sinks join the softmax (modeling_gpt_oss.py).  transformers' default falls back to eager for them
+# (modeling_utils ``get_correct_attn_implementation``), which is what the default ``sdpa`` is taken to mean.
+NO_SDPA = frozenset({"gpt_oss"})
+
+
 def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[str, bool]:
     """The kernel that runs, as PyTorch's SDPA dispatcher would pick it on a CUDA GPU.
 
@@ -84,7 +90,7 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[
     K/V to every query head (transformers' ``repeat_kv``).
     """
     want = s.train.attention if s.task == "train" else s.inference.attention
-    if want == "eager":
+    if want == "eager" or (want == "sdpa" and m.model_type in NO_SDPA):
         return "eager", m.num_kv_heads < m.num_attention_heads
     if want == "flash":
         return "flash", False
@@ -219,25 +225,41 @@ def train_step(r: Resolved) -> TrainResult:
         )
         layer_specs = [m.layers[i] for i in rp.layers]
         full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in layer_specs]
+        dora = 0
         if peft is not None and peft.method == "dora":
             per_tok, const = _dora_saved(m, tgt, peft.rank, pol.compute_bytes if pol.autocast else 4, tp)
-            full = [f + per_tok * tokens + const for f in full]
+            dora = per_tok * tokens + const
+            full = [f + dora for f in full]
         wx = None
         if m.moe is not None and (lt.experts_wrapped or lt.router_rank):
             wx = act.wrapped_experts(m, lt.gate_up_rank, lt.down_rank, lt.router_rank, pol.frozen_param_bytes,
                                      adapter, ctx)
             full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, layer_specs, strict=True)]
+        attention_idle: set[int] = set()  # layers of the frozen prefix whose attention records nothing
         if peft is not None and t.gradient_checkpointing == "none" and rp.has_embedding and full:
             # the frozen embeddings' output does not require grad (peft enables input gradients only with
-            # checkpointing), so the first layer's input norm records nothing for the backward; nor does
-            # its attention block (and the norm after it) when no attention module carries an adapter
+            # checkpointing), and autograd records nothing until the first op with an input that does
+            # (an adapter's weight): the first layer's input norm never, its attention block (and the norm
+            # after it) only when an attention module carries an adapter, its MLP only what its own
+            # adapters need (activations.frozen_input_mlp); a layer without any adapter leaves the residual
+            # stream frozen for the next one (DeepSeek's dense first layer under LoRA on the experts alone)
             attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name)}
-            frozen_prefix = act._norm_saved(m.norm, ctx) * m.hidden_size * tokens
-            if not (lt.linear & attn_mods):
-                frozen_prefix = (act.norms_saved(m, ctx) + act.attention_saved(m, layer_specs[0], ctx)) * tokens
-            full[0] -= min(full[0], frozen_prefix)
-            if act.first_mlp_sees_frozen_input(m, ctx):
-                full[0] -= min(full[0], act.mlp_saved(m, layer_specs[0], ctx) * tokens)
+            attn_adapted = bool(lt.linear & attn_mods)
+            for j, ls in enumerate(layer_specs):
+                unsaved = act.frozen_input_eager_unsaved(m, ls, ctx) if attn_adapted else 0
+                if attn_adapted and not m.parallel_residual:
+                    full[j] -= min(full[j], (act._norm_saved(m.norm, ctx) * m.hidden_size + unsaved) * tokens)
+                    break
+                mlp, mlp_live = act.frozen_input_mlp(m, ls, ctx)
+                # a parallel block's attention reads the same frozen normalised input, adapters or not
+                attn = act.attention_saved(m, ls, ctx) - unsaved if attn_adapted else 0
+                live = mlp_live or attn_adapted
+                full[j] = (attn + mlp) * tokens + (dora if live else 0) + (
+                    wx.prefix_saved if wx is not None and ls.moe else 0)
+                if not attn_adapted:
+                    attention_idle.add(j)
+                if live:
+                    break
         if t.gradient_checkpointing == "full":
             kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in layer_specs]
         elif t.gradient_checkpointing == "selective":
@@ -246,7 +268,7 @@ def train_step(r: Resolved) -> TrainResult:
             kept = list(full)
         transients = [act.backward_transients_per_token(m, ls, ctx) for ls in layer_specs]
         mlp_transient = [tr[0] * tokens for tr in transients]
-        attn_transient = [tr[1] * tokens for tr in transients]
+        attn_transient = [0 if j in attention_idle else tr[1] * tokens for j, tr in enumerate(transients)]
         # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
         released = [act.freed_before_attention_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
         mlp_released = [act.freed_before_mlp_backward_per_token(m, ls, ctx) * tokens for ls in layer_specs]
@@ -256,7 +278,8 @@ def train_step(r: Resolved) -> TrainResult:
                     mlp_transient[j], mlp_released[j] = act.wrapped_experts_backward(
                         m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
         transient = [max(mt, at) for mt, at in zip(mlp_transient, attn_transient, strict=True)]
-        shared = act.shared_saved_per_token(m, ctx) * tokens
+        shared = act.shared_saved_per_token(m, ctx, t.gradient_checkpointing,
+                                            attention_recorded=len(attention_idle) < len(layer_specs)) * tokens
         # 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2)
         in_flight = min(pp - stage, t.grad_accum_steps) if pp > 1 else 1
         last = stage == pp - 1
@@ -590,6 +613,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]
+    if t.attention == "sdpa" and m.model_type in NO_SDPA:
+        out.append(f"{m.model_type} has no SDPA attention: transformers' default falls back to eager")
     if t.peft is not None and t.quantization in ("nf4", "nf4-dq", "fp4"):
         if s.software.bnb_4bit_saves_input:
             out.append(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "

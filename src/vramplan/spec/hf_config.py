@@ -352,6 +352,8 @@ def _llama_like(cfg: Mapping[str, Any], model_type: str, name: str) -> ModelSpec
     )
     act = str(_get(cfg, "hidden_act", "hidden_activation", default="silu"))
     norm_kind: Norm = "gemma_rms" if model_type in ("gemma", "gemma2", "gemma3_text") else "rms"
+    if model_type == "gpt_oss":
+        norm_kind = "rms_fp32"  # GptOssRMSNorm (modeling_gpt_oss.py): weight * fp32 normalized, then cast
     return ModelSpec(
         name=name,
         model_type=model_type,

@@ -22,8 +22,9 @@ from typing import Literal
 Role = Literal["embedding", "position", "linear", "expert", "router", "norm", "bias", "lm_head", "other"]
 TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
 # layer_fp32: Cohere's LayerNorm, weight only, computed in fp32 by eager ops; layer_nonparam: OLMo-1's
-# LayerNorm without weight or bias, run on an fp32 copy of its input
-Norm = Literal["rms", "gemma_rms", "layer", "layer_fp32", "layer_nonparam"]
+# LayerNorm without weight or bias, run on an fp32 copy of its input; rms_fp32: gpt-oss's RMSNorm, which
+# multiplies by its weight in fp32 and casts afterwards (``(self.weight * hidden_states).to(input_dtype)``)
+Norm = Literal["rms", "rms_fp32", "gemma_rms", "layer", "layer_fp32", "layer_nonparam"]
 Position = Literal["rope", "learned", "alibi", "none"]
 
 

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import torch
 
+from vramplan.analytic.layout import MIXTRAL_EXPERT_NAMES
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
@@ -184,6 +185,18 @@ def attn_implementation(attention: str, checkpointing: str = "none") -> str:
     return attention
 
 
+def _supports_sdpa(config: Any) -> bool:
+    """Whether the causal-LM class of ``config`` runs SDPA attention (``PreTrainedModel._supports_sdpa``)."""
+    from transformers import AutoModelForCausalLM
+
+    mapping: Any = getattr(AutoModelForCausalLM, "_model_mapping", None)
+    try:
+        cls = mapping[type(config)] if mapping is not None else None
+    except KeyError:
+        return True
+    return bool(getattr(cls, "_supports_sdpa", True))
+
+
 def _silence() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     for name in ("transformers.modeling_utils", "transformers.configuration_utils", "peft"):
@@ -200,10 +213,15 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
     verbosity()
     s = r.scenario
     attention = s.train.attention if task == "train" else s.inference.attention
-    impl = attn_implementation(attention, s.train.gradient_checkpointing if task == "train" else "none")
     config = _hf_config(r, attention)
-    quant = "none"
     notes: list[str] = []
+    if attention == "sdpa" and not _supports_sdpa(config):
+        # transformers' default (``get_correct_attn_implementation``: "Sdpa is the default, so we try it and
+        # fallback to eager otherwise when not possible"); gpt-oss's attention sinks have no SDPA path
+        attention = "eager"
+        notes.append(f"{config.model_type} has no SDPA attention: transformers' default falls back to eager")
+    impl = attn_implementation(attention, s.train.gradient_checkpointing if task == "train" else "none")
+    quant = "none"
     if task == "train":
         pol = trace_policy(r, fsdp2)
         peft_cfg = s.train.peft
@@ -331,6 +349,12 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
     assert t.peft is not None
     p = t.peft
     target: list[str] | str = p.target_modules if p.target_modules != "all-linear" else "all-linear"
+    per_expert = any(isinstance(m, QuantExperts) for m in model.modules())
+    if isinstance(target, list) and r.model.model_type == "mixtral":
+        # Mixtral's expert names: peft converts w1/w3/w2 (4.x's ``MixtralBlockSparseTop2MLP``) to the fused
+        # parameters; the per-expert 4-bit linears (QuantExperts) are named gate_proj/up_proj/down_proj
+        v4 = MIXTRAL_EXPERT_NAMES if per_expert else {b: a for a, b in MIXTRAL_EXPERT_NAMES.items()}
+        target = [v4.get(n, n) for n in target]
     lora: Any = LoraConfig
     cfg = lora(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=target,
                use_dora=p.method == "dora", bias="none", task_type="CAUSAL_LM")
@@ -342,7 +366,6 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
             from vramplan.analytic.precision import adapter_bytes, policy
 
             fp32 = adapter_bytes(r.scenario, policy(r.scenario)) == 4
-            per_expert = any(isinstance(m, QuantExperts) for m in model.modules())
             with _v4_expert_targets(per_expert):
                 peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=fp32)
         except ValueError as exc:

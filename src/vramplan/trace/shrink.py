@@ -4,7 +4,8 @@ Used by the engine-agreement matrix and the family tests.  The shrunken config k
 family's structure (norms, gating, GQA ratio, MQA, MoE routing, MLA, parallel residual, tied
 embeddings, soft-capping) and scales widths: hidden ``hidden``, head dimension 64, the GQA ratio
 kept, MLP widths scaled by the original ratio, ``layers`` decoder layers, ``vocab`` tokens, and at
-most 8 experts (top-2).
+most 8 experts (top-2).  Per-layer lists (gpt-oss's ``layer_types``) keep their first ``layers``
+entries.
 """
 
 from __future__ import annotations
@@ -30,6 +31,24 @@ def _mult(n: float, m: int = 16) -> int:
     return max(m, round(n / m) * m)
 
 
+def _cut_per_layer_lists(c: dict[str, Any], layers: int) -> None:
+    """Per-layer lists (``layer_types``: gpt-oss's alternating sliding/full attention) cut to the first
+    ``layers`` entries, so the pattern of the shrunken model is the original's first layers.
+
+    transformers 5 validates the list against the layer count (``PreTrainedConfig.validate_layer_type``:
+    "`num_hidden_layers` (2) must be equal to the number of `layer_types` (24)"), and the decoder
+    picks each layer's attention from it (modeling_gpt_oss.py ``GptOssAttention``:
+    ``self.sliding_window = config.sliding_window if self.layer_type == "sliding_attention"``).
+    measure/config.py cuts the lists the same way.
+    """
+    old = c.get("num_hidden_layers", c.get("n_layer"))
+    if not isinstance(old, int) or isinstance(old, bool):
+        return
+    for key, value in list(c.items()):
+        if isinstance(value, list) and len(value) == old and key not in ("num_hidden_layers", "n_layer"):
+            c[key] = value[:layers]
+
+
 def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: int = 4096,
            head_dim: int = 64, experts: int = 8) -> dict[str, Any]:
     """A small config of the same family (see the module docstring)."""
@@ -37,6 +56,7 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
     for k in ("quantization_config", "auto_map", "_name_or_path", "rope_scaling"):
         c.pop(k, None)
     mt = c["model_type"]
+    _cut_per_layer_lists(c, layers)
     if mt == "gpt2":
         old_h = c["n_embd"]
         c.update(n_embd=hidden, n_layer=layers, n_head=hidden // head_dim, vocab_size=vocab,
