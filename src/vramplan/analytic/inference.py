@@ -42,10 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
-from vramplan.analytic.layout import rank_params
+from vramplan.analytic.layout import BNB_FORMATS, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.train import Moment
-from vramplan.analytic.weights import weights_bytes
+from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.monotone import largest_true
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
@@ -54,9 +54,12 @@ from vramplan.units import ceil_div, dtype_bits
 __all__ = [
     "SAMPLING_BYTES_PER_ENTRY",
     "InferenceResult",
+    "bnb_dequant_bytes",
     "cache_bytes",
     "inference_step",
     "kept_embeddings_bytes",
+    "litgpt_head_params",
+    "litgpt_kv_bytes",
     "logits_bytes",
     "max_batch_size",
     "max_prompt_len",
@@ -175,6 +178,66 @@ def softmax_bytes_per_score(m: ModelSpec, dtype: str) -> int:
     return c + 4 + (4 if dtype == "bf16" else 0)
 
 
+# ---- Lit-GPT (``framework: lightning``) -------------------------------------------------------------
+#
+# Lit-GPT's generate/base.py (Lightning-AI/lit-gpt, October 2023, commit 8641822 of the resource tables)
+# runs its own GPT, not transformers, and quantizes through Lightning Fabric's ``BitsandbytesPrecision``:
+#
+# * lit_gpt/model.py ``GPT.__init__`` builds ``lm_head = nn.Linear(n_embd, padded_vocab_size)`` next to
+#   ``transformer.wte = nn.Embedding(...)``: the head is its own parameter even for checkpoints that tie it
+#   (Falcon), and it is an ``nn.Linear``;
+# * lightning/fabric/plugins/precision/bitsandbytes.py swaps every ``torch.nn.Linear`` created under
+#   ``fabric.init_module`` for a bitsandbytes linear (``_ClassReplacementContextManager``; ``ignore_modules``
+#   is empty unless given, and Lit-GPT gives none), so the LM head is quantized too, unlike transformers'
+#   integration, which skips it;
+# * its ``_Linear4bit`` quantizes ``weight.contiguous().to(device="cuda", dtype=torch.half)`` (the comment
+#   there points at bitsandbytes 0.41.0 ``Params4bit.cuda``), so the quantization state records fp16 and
+#   bitsandbytes' ``MatMul4Bit.forward`` (multi-token inputs) runs ``F.dequantize_4bit(B, state).to(A.dtype)``:
+#   an fp16 [out, in] weight, then its copy in the bf16 compute dtype, both alive during the cast;
+# * ``model.max_seq_length = prompt + max_new_tokens`` and ``model.set_kv_cache(batch_size=1)`` preallocate
+#   every layer's ``KVCache`` buffers (``torch.zeros(B, heads, max_seq_length, head_size)``) before the
+#   prompt runs, written in place by ``index_copy_``; ``build_kv_cache`` takes ``heads = 1 if
+#   n_query_groups == 1 else n_head``: grouped-query models cache K and V expanded to every query head
+#   (``CausalSelfAttention.forward`` expands them before the cache).
+
+
+def litgpt_head_params(m: ModelSpec, rank_lm_head: int, tp: int) -> int:
+    """Elements of Lit-GPT's LM head on one rank: its own ``nn.Linear`` even when the checkpoint ties it.
+
+    Falcon-40B (tied in transformers): 65,024 x 8,192 = 532,676,608 elements that transformers shares
+    with the input embedding and Lit-GPT holds a second time.
+    """
+    return rank_lm_head if rank_lm_head else ceil_div(m.vocab_size, tp) * m.hidden_size
+
+
+def litgpt_kv_bytes(m: ModelSpec, batch: int, tokens: int, elem: int, tp: int) -> int:
+    """Lit-GPT's preallocated KV cache: every layer's K and V for ``tokens`` positions, K/V heads expanded.
+
+    ``heads`` is 1 for multi-query models and the number of query heads otherwise.  Llama-2-70B (64
+    heads, 8 KV groups, head_size 128, 80 layers), 58 positions, bf16: 80 x 2 x 64 x 58 x 128 x 2 B
+    = 152,043,520 B, where transformers' cache of the 8 KV heads would take 19,005,440 B.
+    """
+    heads = 1 if m.num_kv_heads == 1 else m.num_attention_heads
+    return m.num_layers * 2 * batch * ceil_div(heads, tp) * tokens * m.head_dim * elem
+
+
+def bnb_dequant_bytes(largest: int, quant: str, dtype: str, lightning: bool) -> int:
+    """The dequantized weight of the largest bitsandbytes linear during a multi-token forward.
+
+    bitsandbytes' ``MatMul4Bit.forward``: ``linear(A, F.dequantize_4bit(B, state).to(A.dtype).t())``;
+    ``dequantize_4bit`` returns the dtype the weight was quantized from.  Quantized from the compute dtype
+    (transformers' loading): one [out, in] tensor in that dtype.  Quantized from fp16 by Lightning (see
+    above): the fp16 tensor and, unless the compute dtype is fp16 (``.to`` then returns it as is), its
+    copy in the compute dtype, both alive during the cast.  8-bit (``Linear8bitLt``): one copy in the
+    compute dtype.  Llama-2-7B's Lit-GPT head (131,072,000 elements) in bf16: 131,072,000 x (2 + 2)
+    = 524,288,000 B; with transformers it would be the largest MLP weight, 45,088,768 x 2 = 90,177,536 B.
+    """
+    c = dtype_bits(dtype) // 8
+    if quant in ("nf4", "nf4-dq", "fp4") and lightning:
+        return largest * (2 + (0 if dtype == "fp16" else c))
+    return largest * c
+
+
 def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
     """The running layer's own live tensors during prefill (beyond the shared ones, weights, cache, logits).
 
@@ -238,16 +301,31 @@ def inference_step(r: Resolved) -> InferenceResult:
     tp = par.tp
     rp = rank_params(m, tp, 1, par.ep, 0, None)
     quant = inf.quantization
+    lit = s.effective_framework == "lightning"
     weights = weights_bytes(rp, c, quant)
+    largest = rp.largest_linear
+    if lit:
+        # Lit-GPT's own LM head, quantized with the other linears by BitsandbytesPrecision (see above)
+        head = litgpt_head_params(m, rp.lm_head, tp)
+        head_q = quant in BNB_FORMATS
+        head_bytes = quantized_linear_bytes(head, ceil_div(m.vocab_size, tp), quant) if head_q else head * c
+        weights += head_bytes - rp.lm_head * c
+        if head_q:
+            largest = max(largest, head)
     b, p, n = inf.batch_size, inf.prompt_len, inf.new_tokens
     total_tokens = p + n
-    kv_prompt = cache_bytes(m, b, p, c, tp, inf.kv_cache_dtype, prefill=True)
-    kv_final = cache_bytes(m, b, total_tokens, c, tp, inf.kv_cache_dtype, prefill=False)
+    if lit:
+        # preallocated for prompt + new tokens before the prompt runs, written in place (no growth)
+        kv_prompt = kv_final = litgpt_kv_bytes(m, b, total_tokens, kv_elem_bytes(inf.kv_cache_dtype, c), tp)
+    else:
+        kv_prompt = cache_bytes(m, b, p, c, tp, inf.kv_cache_dtype, prefill=True)
+        kv_final = cache_bytes(m, b, total_tokens, c, tp, inf.kv_cache_dtype, prefill=False)
     attention = "eager" if inf.attention == "eager" else inf.attention
     ws = cublas_workspace_bytes(gpu, handles=1)
     dequant = 0
-    if quant in ("nf4", "nf4-dq", "fp4", "int8") and b * p > 1:
-        dequant = rp.largest_linear * c  # bitsandbytes dequantizes a layer's weight for multi-token inputs
+    if quant in BNB_FORMATS and b * p > 1:
+        # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
+        dequant = bnb_dequant_bytes(largest, quant, inf.dtype, lit)
     logits = logits_bytes(m, b, c, tp)
     layer = prefill_layer_bytes(r, b, p, c, tp, attention)
     embeds = kept_embeddings_bytes(m, b, p, c)
@@ -255,17 +333,22 @@ def inference_step(r: Resolved) -> InferenceResult:
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
     # head runs on the last position
     final_hidden = b * p * m.hidden_size * c
+    prefill_logits = logits
+    if lit:
+        # Lit-GPT's ``GPT.forward`` returns ``lm_head(x)`` for every prompt position (b p V c); ``sample``
+        # then takes ``logits[0, -1]``
+        prefill_logits += b * p * ceil_div(m.vocab_size, tp) * c
 
     pre = Moment("prefill")
     pre.add("weights", "parameters", weights)
     pre.add("kv_cache", "prompt", kv_prompt)
-    if embeds + rope + layer >= final_hidden + logits:
+    if embeds + rope + layer >= final_hidden + prefill_logits:
         pre.add("activations", "inputs_embeds (kept by the decoder's forward)", embeds)
         pre.add("activations", "RoPE cos/sin", rope)
         pre.add("activations", "running layer", layer)
     else:
         pre.add("activations", "final hidden states", final_hidden)
-        pre.add("temporaries", "last-token logits and sampling", logits)
+        pre.add("temporaries", "logits and sampling" if lit else "last-token logits and sampling", prefill_logits)
     pre.add("temporaries", "dequantized weight", dequant)
     pre.add("other", "cuBLAS workspace", ws)
 
@@ -274,18 +357,31 @@ def inference_step(r: Resolved) -> InferenceResult:
     dec.add("kv_cache", "all tokens", kv_final)
     spec = kv_spec(m, inf.kv_cache_dtype, c, tp)
     full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None), default=0)
-    growth = b * total_tokens * full_layer // 2  # one layer's keys (then values), old and new together
+    # one layer's keys (then values), old and new together; Lit-GPT writes its buffers in place
+    growth = 0 if lit else b * total_tokens * full_layer // 2
     dec.add("temporaries", "cache growth (torch.cat of one layer)", growth)
     dec.add("temporaries", "last-token logits and sampling", logits)
     dec.add("other", "cuBLAS workspace", ws)
     moments = [pre, dec]
     peak = max(moments, key=lambda mo: mo.total)
     elem = kv_elem_bytes(inf.kv_cache_dtype, c)
+    if lit:
+        runner = ("Lit-GPT generate (its own GPT): its own LM head, KV cache preallocated for prompt + new "
+                  "tokens with K/V expanded to every query head (multi-query: one)")
+        if quant in BNB_FORMATS:
+            runner += ("; Lightning BitsandbytesPrecision quantizes every nn.Linear, the LM head included, "
+                       "from fp16")
+        cache_note = f"KV cache {kv_final:,} B ({elem} B per element)"
+    else:
+        runner = "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"
+        cache_note = f"KV cache {spec.describe()} ({elem} B per element)"
     assumptions = [
-        "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat",
+        runner,
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
-        f"KV cache {spec.describe()} ({elem} B per element)",
-        f"attention: {attention}; logits for the last position only (logits_to_keep=1), copied to fp32",
+        cache_note,
+        f"attention: {attention}; " + ("logits for every prompt position (Lit-GPT's forward), then the last row"
+                                       if lit else "logits for the last position only (logits_to_keep=1), "
+                                       "copied to fp32"),
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
     ]
