@@ -154,20 +154,23 @@ def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Ac
 def _kbit_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext, shared: bool) -> int:
     """What old bitsandbytes' 4-bit linears on ``modules`` keep of their input, per token.
 
-    ``Linear4bit.forward`` casts its input to the compute dtype (``x.to(compute_dtype)``, the same
-    tensor when the dtype already matches) and ``MatMul4Bit`` (< 0.43.2) keeps it: one tensor shared
-    by all ``modules`` when no cast happens -- nothing new if an adapter already keeps that very
-    tensor (``shared``) -- else one cast copy per module.  Example, Lit-GPT Llama-2-7B in bf16:
-    the q/k/v input, the attention output, the MLP input and the 11,008-wide product, i.e.
-    (3 x 4096 + 11008) x 2 B = 46,592 B per token per layer; at 1,304 tokens over 32 layers
-    that is 1.94 GB.
+    ``MatMul4Bit`` (< 0.43.2) keeps the input ``Linear4bit.forward`` hands it, ``x.to(compute_dtype)``.
+    On its first call the layer makes an fp32 or bf16 input's dtype its compute dtype
+    (``Linear4bit.set_compute_type``, bitsandbytes/nn/modules.py since 0.41.0; Lightning's plugin, which
+    requires >= 0.41.0, resets ``compute_type_is_set`` for it): only an fp16 input under an fp32 compute
+    dtype is cast, which a scenario's dtypes never give.  So every linear keeps the very tensor it
+    received: one tensor shared by all ``modules``, nothing new if an adapter already keeps that tensor
+    (``shared``), in the input's own dtype.  Example, Lit-GPT Llama-2-7B in bf16: the q/k/v input, the
+    attention output, the MLP input and the 11,008-wide product, i.e. (3 x 4096 + 11008) x 2 B = 46,592 B
+    per token per layer; at 1,304 tokens over 32 layers that is 1.94 GB.  With fp32 hidden states
+    (``prepare_model_for_kbit_training`` under fp16/bf16 autocast) the fp32 inputs are kept: Mistral-7B,
+    4 x 4096 (q/k/v) + 4 x 4096 (gate/up) + 4 x 14,336 (the fp32 product into down_proj) = 90,112 B per
+    token and layer, where casting per module would have kept 3 x 2 x 4096 + 2 x 2 x 4096 + 2 x 14,336
+    = 69,632 B.
     """
     if not ctx.kbit_saves_input:
         return 0
-    q = ctx.compute_bytes
-    if in_bytes == q:
-        return 0 if shared else in_bytes * width
-    return len(modules) * q * width
+    return 0 if shared else in_bytes * width
 
 
 def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:
