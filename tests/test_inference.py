@@ -152,13 +152,31 @@ def test_litgpt_holds_a_head_of_its_own_for_tied_checkpoints() -> None:
 
 
 def test_bnb_dequant_bytes_by_quantization_dtype() -> None:
-    from vramplan.analytic.inference import bnb_dequant_bytes
+    from vramplan.analytic.inference import bnb_compute_dtype, bnb_dequant_bytes
 
     n = 1_000_000
-    # Lightning quantizes from fp16: bf16 compute adds a copy (2 + 2), fp32 compute (2 + 4), fp16 none (2)
-    assert bnb_dequant_bytes(n, "nf4", "bf16", True) == 4 * n
-    assert bnb_dequant_bytes(n, "nf4-dq", "fp32", True) == 6 * n
-    assert bnb_dequant_bytes(n, "fp4", "fp16", True) == 2 * n
-    # transformers quantizes from the load dtype, which is the compute dtype: one tensor
-    assert bnb_dequant_bytes(n, "nf4", "bf16", False) == 2 * n
-    assert bnb_dequant_bytes(n, "int8", "fp16", True) == 2 * n
+    # Lightning quantizes from fp16: a bf16 compute dtype adds a copy (2 + 2), fp32 (2 + 4), fp16 none (2)
+    assert bnb_dequant_bytes(n, "nf4", "fp16", "bf16") == 4 * n
+    assert bnb_dequant_bytes(n, "nf4-dq", "fp16", "fp32") == 6 * n
+    assert bnb_dequant_bytes(n, "fp4", "fp16", "fp16") == 2 * n
+    # transformers quantizes from the load dtype, usually the compute dtype: one tensor
+    assert bnb_dequant_bytes(n, "nf4", "bf16", "bf16") == 2 * n
+    assert bnb_dequant_bytes(n, "int8", "fp16", "fp32") == 2 * n  # 8-bit: one copy whatever the compute dtype
+    # set_compute_type: a bf16/fp32 model computes in its own dtype, an fp16 one in the configured dtype
+    assert bnb_compute_dtype("fp16", "fp32") == "fp32"
+    assert bnb_compute_dtype("bf16", "fp32") == "bf16"
+    assert bnb_compute_dtype("fp32", "fp16") == "fp32"
+    assert bnb_compute_dtype("fp16", None) == "fp16"
+
+
+def test_fp16_model_under_fp32_compute_dtype_dequantizes_twice() -> None:
+    # bigcode/octocoder, fp4, fp16 weights, transformers' default bnb_4bit_compute_dtype fp32: the largest
+    # 4-bit linear (c_fc, 6,144 x 24,576 = 150,994,944 weights) is dequantized to fp16 and copied to fp32:
+    # 150,994,944 x (2 + 4) = 905,969,664 B; with an fp16 compute dtype 150,994,944 x 2 = 301,989,888 B
+    doc = _doc(model="bigcode/octocoder", gpu="A100-40GB", batch_size=1, prompt_len=20, new_tokens=60,
+               dtype="fp16", quantization="fp4", attention="eager")
+    pre16 = next(m for m in inference_step(resolve(doc)).moments if m.phase == "prefill")
+    doc["inference"]["bnb_compute_dtype"] = "fp32"
+    pre32 = next(m for m in inference_step(resolve(doc)).moments if m.phase == "prefill")
+    assert _part(pre16, "temporaries", "dequantized weight") == 301_989_888
+    assert _part(pre32, "temporaries", "dequantized weight") == 905_969_664

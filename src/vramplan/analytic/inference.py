@@ -54,6 +54,7 @@ from vramplan.units import ceil_div, dtype_bits
 __all__ = [
     "SAMPLING_BYTES_PER_ENTRY",
     "InferenceResult",
+    "bnb_compute_dtype",
     "bnb_dequant_bytes",
     "cache_bytes",
     "inference_step",
@@ -221,21 +222,37 @@ def litgpt_kv_bytes(m: ModelSpec, batch: int, tokens: int, elem: int, tp: int) -
     return m.num_layers * 2 * batch * ceil_div(heads, tp) * tokens * m.head_dim * elem
 
 
-def bnb_dequant_bytes(largest: int, quant: str, dtype: str, lightning: bool) -> int:
+def bnb_compute_dtype(model_dtype: str, configured: str | None) -> str:
+    """The dtype bitsandbytes' 4-bit linears compute in.
+
+    ``Linear4bit.set_compute_type`` (bitsandbytes/nn/modules.py, since 0.41.0) runs on a layer's first
+    call: an fp32 or bf16 input's dtype becomes the compute dtype; an fp16 input keeps the configured one
+    (transformers' ``bnb_4bit_compute_dtype``, fp32 by default: bitsandbytes then warns of slow
+    inference).  The hidden states reach the linears in the model's dtype.
+
+    >>> bnb_compute_dtype("fp16", "fp32"), bnb_compute_dtype("bf16", "fp32"), bnb_compute_dtype("fp16", None)
+    ('fp32', 'bf16', 'fp16')
+    """
+    if model_dtype in ("fp32", "bf16") or configured is None:
+        return model_dtype
+    return configured
+
+
+def bnb_dequant_bytes(largest: int, quant: str, state_dtype: str, compute_dtype: str) -> int:
     """The dequantized weight of the largest bitsandbytes linear during a multi-token forward.
 
-    bitsandbytes' ``MatMul4Bit.forward``: ``linear(A, F.dequantize_4bit(B, state).to(A.dtype).t())``;
-    ``dequantize_4bit`` returns the dtype the weight was quantized from.  Quantized from the compute dtype
-    (transformers' loading): one [out, in] tensor in that dtype.  Quantized from fp16 by Lightning (see
-    above): the fp16 tensor and, unless the compute dtype is fp16 (``.to`` then returns it as is), its
-    copy in the compute dtype, both alive during the cast.  8-bit (``Linear8bitLt``): one copy in the
-    compute dtype.  Llama-2-7B's Lit-GPT head (131,072,000 elements) in bf16: 131,072,000 x (2 + 2)
-    = 524,288,000 B; with transformers it would be the largest MLP weight, 45,088,768 x 2 = 90,177,536 B.
+    4-bit: ``MatMul4Bit.forward`` runs ``linear(A, F.dequantize_4bit(B, state).to(A.dtype).t())``;
+    ``dequantize_4bit`` returns the dtype the weight was quantized from (``state_dtype``: the load dtype
+    with transformers, fp16 with Lightning's plugin), and ``.to`` copies it into the compute dtype unless
+    they are the same, both alive during the cast.  8-bit (``Linear8bitLt``): one copy in ``state_dtype``.
+    Llama-2-7B's Lit-GPT head (131,072,000 weights) from fp16 into bf16: 131,072,000 x (2 + 2) =
+    524,288,000 B.  OctoCoder's 6,144 x 24,576 ``c_fc`` loaded in fp16 under the default fp32 compute dtype:
+    150,994,944 x (2 + 4) = 905,969,664 B, where an fp16 compute dtype needs 301,989,888 B.
     """
-    c = dtype_bits(dtype) // 8
-    if quant in ("nf4", "nf4-dq", "fp4") and lightning:
-        return largest * (2 + (0 if dtype == "fp16" else c))
-    return largest * c
+    q = dtype_bits(state_dtype) // 8
+    if quant in ("nf4", "nf4-dq", "fp4") and compute_dtype != state_dtype:
+        return largest * (q + dtype_bits(compute_dtype) // 8)
+    return largest * q
 
 
 def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
@@ -325,7 +342,9 @@ def inference_step(r: Resolved) -> InferenceResult:
     dequant = 0
     if quant in BNB_FORMATS and b * p > 1:
         # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
-        dequant = bnb_dequant_bytes(largest, quant, inf.dtype, lit)
+        # the weights are quantized from the load dtype, from fp16 by Lightning's plugin (see above)
+        compute = bnb_compute_dtype(inf.dtype, inf.bnb_compute_dtype)
+        dequant = bnb_dequant_bytes(largest, quant, "fp16" if lit else inf.dtype, compute)
     logits = logits_bytes(m, b, c, tp)
     layer = prefill_layer_bytes(r, b, p, c, tp, attention)
     embeds = kept_embeddings_bytes(m, b, p, c)
