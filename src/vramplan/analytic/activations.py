@@ -154,7 +154,12 @@ def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Ac
 def _kbit_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext, shared: bool) -> int:
     """What old bitsandbytes' 4-bit linears on ``modules`` keep of their input, per token.
 
-    ``MatMul4Bit`` (< 0.43.2) keeps the input ``Linear4bit.forward`` hands it, ``x.to(compute_dtype)``.
+    ``MatMul4Bit`` (< 0.43.2) keeps the input ``Linear4bit.forward`` hands it, ``x.to(compute_dtype)``,
+    as a plain attribute (``ctx.tensors = (A, B)``, bitsandbytes/autograd/_functions.py), not through
+    ``save_for_backward``: the autograd engine frees a node's saved variables once the node has run
+    (``PyNode::release_variables`` clears ``saved_variables`` only), while ``ctx.tensors`` lives as long as
+    the graph does, so these inputs are not released as the layer's backward passes
+    (``freed_before_mlp_backward_per_token``, ``freed_before_attention_backward_per_token``).
     On its first call the layer makes an fp32 or bf16 input's dtype its compute dtype
     (``Linear4bit.set_compute_type``, bitsandbytes/nn/modules.py since 0.41.0; Lightning's plugin, which
     requires >= 0.41.0, resets ``compute_type_is_set`` for it): only an fp16 input under an fp32 compute
@@ -562,7 +567,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
     norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
     if ctx.sequence_parallel and ctx.tp > 1:
         norms = ceil_div(norms, ctx.tp)
-    freed = mlp_saved(m, layer, ctx) + norms
+    freed = mlp_saved(m, layer, ctx) + norms - _mlp_kbit_inputs(m, layer, ctx)
     if ctx.attention == "eager" and m.mla is None:
         # eager attention's backward reaches the softmax after the output projection's and the
         # probabilities-times-values backward: their saved input, the cast (or dropped) probabilities
@@ -599,8 +604,28 @@ def freed_before_mlp_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: Act
     if m.mlp_gated:
         if not ctx.frozen_base:
             return c * inter
-        return _adapter_inputs(inter, ("down_proj",), ctx.ew, ctx)
+        # old bitsandbytes' kept input is not released by the down projection's backward (see _kbit_inputs)
+        return _adapter_inputs(inter, ("down_proj",), ctx.ew, ctx) - _kbit_inputs(
+            inter, ("down_proj",), ctx.ew, ctx, shared=_kbit_shared(("down_proj",), ctx.ew, ctx))
     return 0
+
+
+def _kbit_shared(modules: tuple[str, ...], in_bytes: int, ctx: ActContext) -> bool:
+    """Whether an adapter on ``modules`` already keeps the very input tensor (as ``_adapter_inputs`` decides)."""
+    per = ctx.compute_bytes if ctx.autocast else ctx.adapter_bytes
+    return any(mod in ctx.lora_targets for mod in modules) and not ctx.lora_dropout and per == in_bytes
+
+
+def _mlp_kbit_inputs(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """The dense gated MLP's inputs kept by old bitsandbytes (gate/up's shared input, down's input), per token:
+    held by the autograd graph until it is freed, so not released as the MLP's backward passes."""
+    if not (ctx.kbit_saves_input and ctx.frozen_base and m.mlp_gated) or layer.moe:
+        return 0
+    inter = ceil_div(layer.intermediate_size, ctx.tp)
+    in_b = _norm_out_bytes(m.norm, ctx)
+    mods = ("gate_up_proj",) if m.model_type == "phi3" else ("gate_proj", "up_proj")
+    return (_kbit_inputs(m.hidden_size, mods, in_b, ctx, shared=_kbit_shared(mods, in_b, ctx))
+            + _kbit_inputs(inter, ("down_proj",), ctx.ew, ctx, shared=_kbit_shared(("down_proj",), ctx.ew, ctx)))
 
 
 def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, int]:

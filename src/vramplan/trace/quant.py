@@ -156,7 +156,12 @@ class _MatMul4Bit(torch.autograd.Function):
         out = torch.nn.functional.linear(a, w, bias)
         del w
         if layer.saves_input and ctx.needs_input_grad[0]:
-            ctx.save_for_backward(a)  # bitsandbytes < 0.43.2 kept A, unused by its backward
+            # bitsandbytes < 0.43.2 kept A, unused by its backward (``ctx.tensors = (A, B)``).  bitsandbytes held it
+            # as a ctx attribute, which the engine does not release after the node runs; saved here through
+            # save_for_backward, because the trace's non-reentrant checkpointing only drops saved tensors (an
+            # attribute would keep every layer's input through the forward), so the trace releases it one node
+            # earlier than bitsandbytes did (analytic/activations.py ``_kbit_inputs``)
+            ctx.save_for_backward(a)
         ctx.layer = layer
         ctx.has_bias = bias is not None
         return out
