@@ -31,6 +31,10 @@ Decode (one token per step; the peak is at the last step, cache length L = promp
   one layer's K at full length is transient;
 * the last-token logits, their fp32 copy and the sampling temporaries as above.
 
+Lit-GPT (``framework: lightning``) differs in its head, its quantization and its cache: see the Lit-GPT
+section below.  bitsandbytes' multi-token forward dequantizes the largest quantized linear
+(``bnb_dequant_bytes``, ``bnb_compute_dtype``).
+
 Solvers ``max_batch_size`` and ``max_prompt_len`` find the largest batch and the longest
 prompt for which the whole estimate (allocator rounding and memory outside PyTorch
 included) still fits the device.
