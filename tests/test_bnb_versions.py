@@ -65,3 +65,52 @@ def test_bad_version_exits_2(tmp_path: Path) -> None:
     assert res.exit_code == 2
     text = " ".join(res.output.split())
     assert "software.bitsandbytes" in text and "not a version number" in text and "Traceback" not in text
+
+
+def test_old_bitsandbytes_keeps_fp32_inputs_uncast_under_autocast() -> None:
+    # hf-trainer QLoRA in fp16-mixed: prepare_model_for_kbit_training leaves fp32 hidden states, and
+    # Linear4bit.set_compute_type makes fp32 the compute dtype, so MatMul4Bit (< 0.43.2) keeps the fp32
+    # inputs themselves, shared by the linears that read them
+    from dataclasses import replace
+
+    from vramplan.analytic import activations as act
+    from vramplan.spec.load import resolve
+
+    sc = {**TINY, "framework": "hf-trainer",
+          "train": {**TINY["train"], "precision": "fp16-mixed", "peft": {"method": "qlora", "rank": 8,
+                                                                        "target_modules": ["q_proj", "v_proj"]}}}
+    m = resolve(sc).model
+    ctx = act.ActContext(compute_bytes=2, residual_bytes=4, linear_input_bytes=2, autocast=True, attention="flash",
+                         gqa_repeat=False, seq_len=128, frozen_base=True, lora_targets=frozenset({"q_proj", "v_proj"}),
+                         lora_rank=8, elementwise_bytes=4)
+    new = act.layer_saved_per_token(m, m.layers[0], ctx)
+    old = act.layer_saved_per_token(m, m.layers[0], replace(ctx, kbit_saves_input=True))
+    # per token: q/k/v read the fp32 normed input (4 x 256 = 1,024 B, one tensor; the adapters keep their
+    # fp16 autocast copies, not it), o_proj the attention output's contiguous copy (2 x 256 = 512 B), gate/up
+    # the fp32 normed input (1,024 B), down_proj the fp32 product (4 x 688 = 2,752 B): 5,312 B
+    assert old - new == 1_024 + 512 + 1_024 + 2_752
+
+
+def test_old_bitsandbytes_inputs_are_not_released_during_the_layer_backward() -> None:
+    # MatMul4Bit (< 0.43.2) keeps A in ctx.tensors, which the autograd engine does not release after the
+    # node runs: the MLP's backward has not freed down_proj's input when its elementwise gradients peak
+    from dataclasses import replace
+
+    from vramplan.analytic import activations as act
+    from vramplan.spec.load import resolve
+
+    m = resolve({**TINY, "framework": "hf-trainer"}).model
+    ctx = act.ActContext(compute_bytes=2, residual_bytes=4, linear_input_bytes=2, autocast=True, attention="flash",
+                         gqa_repeat=False, seq_len=128, frozen_base=True, lora_targets=frozenset({"q_proj", "v_proj"}),
+                         lora_rank=8, elementwise_bytes=4, kbit_saves_input=True)
+    # down_proj carries no adapter: nothing of its input is released (2,752 B/token are kept)
+    assert act.freed_before_mlp_backward_per_token(m, m.layers[0], ctx) == 0
+    # by the attention's backward the MLP's saved tensors are released except the kept inputs of gate/up
+    # (the fp32 normed input, 4 x 256 = 1,024 B) and down (4 x 688 = 2,752 B)
+    newer = replace(ctx, kbit_saves_input=False)
+    freed_old = act.freed_before_attention_backward_per_token(m, m.layers[0], ctx)
+    freed_new = act.freed_before_attention_backward_per_token(m, m.layers[0], newer)
+    assert freed_old == freed_new
+    saved_old = act.mlp_saved(m, m.layers[0], ctx)
+    saved_new = act.mlp_saved(m, m.layers[0], newer)
+    assert saved_old - saved_new == 1_024 + 2_752

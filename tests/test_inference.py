@@ -142,3 +142,87 @@ def test_legacy_cache_tuple_doubles_the_cache_llama2_13b() -> None:
     doc["software"] = {}
     now = next(m for m in inference_step(resolve(doc)).moments if m.phase == "decode")
     assert now.parts["kv_cache"] == {"all tokens": 16 * 1023 * 819_200}
+
+
+# ---- Lit-GPT (framework: lightning) --------------------------------------------------------------------
+
+
+def _lit(model: str = "meta-llama/Llama-2-7b-hf", quantization: str = "nf4", **inf: Any) -> dict[str, Any]:
+    doc = _doc(model=model, gpu="A100-40GB", batch_size=1, prompt_len=8, new_tokens=50,
+               quantization=quantization, **inf)
+    doc["framework"] = "lightning"
+    return doc
+
+
+def test_litgpt_quantizes_its_lm_head_and_dequantizes_it_from_fp16() -> None:
+    lit = inference_step(resolve(_lit()))
+    hf = inference_step(resolve(_doc(model="meta-llama/Llama-2-7b-hf", gpu="A100-40GB", batch_size=1,
+                                     prompt_len=8, new_tokens=50, quantization="nf4")))
+    pre_l = next(m for m in lit.moments if m.phase == "prefill")
+    pre_h = next(m for m in hf.moments if m.phase == "prefill")
+    # the head (32,000 x 4,096 = 131,072,000 weights) is nf4 under Lightning: 131,072,000 / 2 = 65,536,000 B
+    # payload + 131,072,000 / 64 x 4 = 8,192,000 B absmax = 73,728,000 B instead of 262,144,000 B in bf16
+    assert _part(pre_l, "weights", "parameters") - _part(pre_h, "weights", "parameters") == 73_728_000 - 262_144_000
+    # the prompt's forward dequantizes the head, the largest 4-bit linear: fp16 (quantized from
+    # .to(torch.half)) and its bf16 copy for the compute dtype, 131,072,000 x (2 + 2) = 524,288,000 B;
+    # transformers dequantizes its largest MLP weight once, 11,008 x 4,096 x 2 = 90,177,536 B
+    assert _part(pre_l, "temporaries", "dequantized weight") == 524_288_000
+    assert _part(pre_h, "temporaries", "dequantized weight") == 90_177_536
+    # KV cache preallocated for 8 + 50 positions: 32 layers x 2 x 32 heads x 58 x 128 x 2 B = 30,408,704 B,
+    # the same in prefill and decode, and no torch.cat growth
+    dec_l = next(m for m in lit.moments if m.phase == "decode")
+    assert _part(pre_l, "kv_cache", "prompt") == _part(dec_l, "kv_cache", "all tokens") == 30_408_704
+    assert _part(dec_l, "temporaries", "cache growth (torch.cat of one layer)") == 0
+
+
+def test_litgpt_caches_grouped_kv_heads_expanded() -> None:
+    # Llama-2-70B: 8 KV groups, but Lit-GPT's KVCache holds all 64 heads: 80 x 2 x 64 x 58 x 128 x 2 B
+    ir = inference_step(resolve(_lit(model="meta-llama/Llama-2-70b-hf", quantization="nf4-dq")))
+    assert ir.prompt_cache_bytes == ir.final_cache_bytes == 152_043_520
+
+
+def test_litgpt_holds_a_head_of_its_own_for_tied_checkpoints() -> None:
+    # Falcon-40B ties its head to the 65,024 x 8,192 embedding in transformers; Lit-GPT adds an nn.Linear
+    # of 532,676,608 weights, nf4 under Lightning: 266,338,304 + 8,323,072 x 4 = 299,630,592 B
+    lit = inference_step(resolve(_lit(model="tiiuae/falcon-40b")))
+    hf = inference_step(resolve(_doc(model="tiiuae/falcon-40b", gpu="A100-40GB", batch_size=1, prompt_len=8,
+                                     new_tokens=50, quantization="nf4")))
+    w_l = _part(lit.peak, "weights", "parameters")
+    w_h = _part(hf.peak, "weights", "parameters")
+    assert w_l - w_h == 299_630_592
+    # unquantized, the extra head is bf16: 532,676,608 x 2 = 1,065,353,216 B
+    lit16 = inference_step(resolve(_lit(model="tiiuae/falcon-40b", quantization="none")))
+    hf16 = inference_step(resolve(_doc(model="tiiuae/falcon-40b", gpu="A100-40GB", batch_size=1, prompt_len=8,
+                                       new_tokens=50)))
+    assert _part(lit16.peak, "weights", "parameters") - _part(hf16.peak, "weights", "parameters") == 1_065_353_216
+
+
+def test_bnb_dequant_bytes_by_quantization_dtype() -> None:
+    from vramplan.analytic.inference import bnb_compute_dtype, bnb_dequant_bytes
+
+    n = 1_000_000
+    # Lightning quantizes from fp16: a bf16 compute dtype adds a copy (2 + 2), fp32 (2 + 4), fp16 none (2)
+    assert bnb_dequant_bytes(n, "nf4", "fp16", "bf16") == 4 * n
+    assert bnb_dequant_bytes(n, "nf4-dq", "fp16", "fp32") == 6 * n
+    assert bnb_dequant_bytes(n, "fp4", "fp16", "fp16") == 2 * n
+    # transformers quantizes from the load dtype, usually the compute dtype: one tensor
+    assert bnb_dequant_bytes(n, "nf4", "bf16", "bf16") == 2 * n
+    assert bnb_dequant_bytes(n, "int8", "fp16", "fp32") == 2 * n  # 8-bit: one copy whatever the compute dtype
+    # set_compute_type: a bf16/fp32 model computes in its own dtype, an fp16 one in the configured dtype
+    assert bnb_compute_dtype("fp16", "fp32") == "fp32"
+    assert bnb_compute_dtype("bf16", "fp32") == "bf16"
+    assert bnb_compute_dtype("fp32", "fp16") == "fp32"
+    assert bnb_compute_dtype("fp16", None) == "fp16"
+
+
+def test_fp16_model_under_fp32_compute_dtype_dequantizes_twice() -> None:
+    # bigcode/octocoder, fp4, fp16 weights, transformers' default bnb_4bit_compute_dtype fp32: the largest
+    # 4-bit linear (c_fc, 6,144 x 24,576 = 150,994,944 weights) is dequantized to fp16 and copied to fp32:
+    # 150,994,944 x (2 + 4) = 905,969,664 B; with an fp16 compute dtype 150,994,944 x 2 = 301,989,888 B
+    doc = _doc(model="bigcode/octocoder", gpu="A100-40GB", batch_size=1, prompt_len=20, new_tokens=60,
+               dtype="fp16", quantization="fp4", attention="eager")
+    pre16 = next(m for m in inference_step(resolve(doc)).moments if m.phase == "prefill")
+    doc["inference"]["bnb_compute_dtype"] = "fp32"
+    pre32 = next(m for m in inference_step(resolve(doc)).moments if m.phase == "prefill")
+    assert _part(pre16, "temporaries", "dequantized weight") == 301_989_888
+    assert _part(pre32, "temporaries", "dequantized weight") == 905_969_664

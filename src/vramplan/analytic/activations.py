@@ -160,20 +160,28 @@ def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Ac
 def _kbit_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext, shared: bool) -> int:
     """What old bitsandbytes' 4-bit linears on ``modules`` keep of their input, per token.
 
-    ``Linear4bit.forward`` casts its input to the compute dtype (``x.to(compute_dtype)``, the same
-    tensor when the dtype already matches) and ``MatMul4Bit`` (< 0.43.2) keeps it: one tensor shared
-    by all ``modules`` when no cast happens -- nothing new if an adapter already keeps that very
-    tensor (``shared``) -- else one cast copy per module.  Example, Lit-GPT Llama-2-7B in bf16:
-    the q/k/v input, the attention output, the MLP input and the 11,008-wide product, i.e.
-    (3 x 4096 + 11008) x 2 B = 46,592 B per token per layer; at 1,304 tokens over 32 layers
-    that is 1.94 GB.
+    ``MatMul4Bit`` (< 0.43.2) keeps the input ``Linear4bit.forward`` hands it, ``x.to(compute_dtype)``,
+    as a plain attribute (``ctx.tensors = (A, B)``, bitsandbytes/autograd/_functions.py), not through
+    ``save_for_backward``: the autograd engine frees a node's saved variables once the node has run
+    (``PyNode::release_variables`` clears ``saved_variables`` only), while ``ctx.tensors`` lives as long as
+    the graph does, so these inputs are not released as the layer's backward passes
+    (``freed_before_mlp_backward_per_token``, ``freed_before_attention_backward_per_token``).
+    On its first call the layer makes an fp32 or bf16 input's dtype its compute dtype
+    (``Linear4bit.set_compute_type``, bitsandbytes/nn/modules.py since 0.41.0; Lightning's plugin, which
+    requires >= 0.41.0, resets ``compute_type_is_set`` for it): only an fp16 input under an fp32 compute
+    dtype is cast, which a scenario's dtypes never give.  So every linear keeps the very tensor it
+    received: one tensor shared by all ``modules``, nothing new if an adapter already keeps that tensor
+    (``shared``), in the input's own dtype.  Example, Lit-GPT Llama-2-7B in bf16: the q/k/v input, the
+    attention output, the MLP input and the 11,008-wide product, i.e. (3 x 4096 + 11008) x 2 B = 46,592 B
+    per token per layer; at 1,304 tokens over 32 layers that is 1.94 GB.  With fp32 hidden states
+    (``prepare_model_for_kbit_training`` under fp16/bf16 autocast) the fp32 inputs are kept: Mistral-7B,
+    4 x 4096 (q/k/v) + 4 x 4096 (gate/up) + 4 x 14,336 (the fp32 product into down_proj) = 90,112 B per
+    token and layer, where casting per module would have kept 3 x 2 x 4096 + 2 x 2 x 4096 + 2 x 14,336
+    = 69,632 B.
     """
     if not ctx.kbit_saves_input:
         return 0
-    q = ctx.compute_bytes
-    if in_bytes == q:
-        return 0 if shared else in_bytes * width
-    return len(modules) * q * width
+    return 0 if shared else in_bytes * width
 
 
 def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:
@@ -790,7 +798,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
     norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
     if ctx.sequence_parallel and ctx.tp > 1:
         norms = ceil_div(norms, ctx.tp)
-    freed = mlp_saved(m, layer, ctx) + norms
+    freed = mlp_saved(m, layer, ctx) + norms - _mlp_kbit_inputs(m, layer, ctx)
     if ctx.attention == "eager" and m.mla is None:
         # eager attention's backward reaches the softmax after the output projection's and the
         # probabilities-times-values backward: their saved input, the cast (or dropped) probabilities
@@ -827,8 +835,28 @@ def freed_before_mlp_backward_per_token(m: ModelSpec, layer: LayerSpec, ctx: Act
     if m.mlp_gated:
         if not ctx.frozen_base:
             return c * inter
-        return _adapter_inputs(inter, ("down_proj",), ctx.ew, ctx)
+        # old bitsandbytes' kept input is not released by the down projection's backward (see _kbit_inputs)
+        return _adapter_inputs(inter, ("down_proj",), ctx.ew, ctx) - _kbit_inputs(
+            inter, ("down_proj",), ctx.ew, ctx, shared=_kbit_shared(("down_proj",), ctx.ew, ctx))
     return 0
+
+
+def _kbit_shared(modules: tuple[str, ...], in_bytes: int, ctx: ActContext) -> bool:
+    """Whether an adapter on ``modules`` already keeps the very input tensor (as ``_adapter_inputs`` decides)."""
+    per = ctx.compute_bytes if ctx.autocast else ctx.adapter_bytes
+    return any(mod in ctx.lora_targets for mod in modules) and not ctx.lora_dropout and per == in_bytes
+
+
+def _mlp_kbit_inputs(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """The dense gated MLP's inputs kept by old bitsandbytes (gate/up's shared input, down's input), per token:
+    held by the autograd graph until it is freed, so not released as the MLP's backward passes."""
+    if not (ctx.kbit_saves_input and ctx.frozen_base and m.mlp_gated) or layer.moe:
+        return 0
+    inter = ceil_div(layer.intermediate_size, ctx.tp)
+    in_b = _norm_out_bytes(m.norm, ctx)
+    mods = ("gate_up_proj",) if m.model_type == "phi3" else ("gate_proj", "up_proj")
+    return (_kbit_inputs(m.hidden_size, mods, in_b, ctx, shared=_kbit_shared(mods, in_b, ctx))
+            + _kbit_inputs(inter, ("down_proj",), ctx.ew, ctx, shared=_kbit_shared(("down_proj",), ctx.ew, ctx)))
 
 
 def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, int]:

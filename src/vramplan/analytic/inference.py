@@ -49,6 +49,10 @@ Llama-2-13B fp16, batch 16, 512 + 512 tokens (optimum's GPTQ benchmark ran trans
 the cache of 1,024 tokens is 16 * 1024 * 40 * 2 * 5120 * 2 B = 13.42 GB, and the legacy tuple adds
 the 1,023-token copy, 13.41 GB: 53.4 GB with the weights instead of 40.0 GB (measured 54.0 GB).
 
+Lit-GPT (``framework: lightning``) differs in its head, its quantization and its cache: see the Lit-GPT
+section below.  bitsandbytes' multi-token forward dequantizes the largest quantized linear
+(``bnb_dequant_bytes``, ``bnb_compute_dtype``).
+
 Solvers ``max_batch_size`` and ``max_prompt_len`` find the largest batch and the longest
 prompt for which the whole estimate (allocator rounding and memory outside PyTorch
 included) still fits the device.
@@ -60,10 +64,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
-from vramplan.analytic.layout import quantized_expert_loop, rank_params
+from vramplan.analytic.layout import BNB_FORMATS, quantized_expert_loop, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.train import NO_SDPA, Moment
-from vramplan.analytic.weights import weights_bytes
+from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.monotone import largest_true
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
@@ -73,10 +77,14 @@ __all__ = [
     "SAMPLING_BYTES_PER_ENTRY",
     "GenerateBehaviour",
     "InferenceResult",
+    "bnb_compute_dtype",
+    "bnb_dequant_bytes",
     "cache_bytes",
     "generate_behaviour",
     "inference_step",
     "kept_embeddings_bytes",
+    "litgpt_head_params",
+    "litgpt_kv_bytes",
     "logits_bytes",
     "max_batch_size",
     "max_prompt_len",
@@ -277,6 +285,82 @@ def softmax_bytes_per_score(m: ModelSpec, dtype: str) -> int:
     return c + 4 + (4 if dtype == "bf16" else 0)
 
 
+# ---- Lit-GPT (``framework: lightning``) -------------------------------------------------------------
+#
+# Lit-GPT's generate/base.py (Lightning-AI/lit-gpt, October 2023, commit 8641822 of the resource tables)
+# runs its own GPT, not transformers, and quantizes through Lightning Fabric's ``BitsandbytesPrecision``:
+#
+# * lit_gpt/model.py ``GPT.__init__`` builds ``lm_head = nn.Linear(n_embd, padded_vocab_size)`` next to
+#   ``transformer.wte = nn.Embedding(...)``: the head is its own parameter even for checkpoints that tie it
+#   (Falcon), and it is an ``nn.Linear``;
+# * lightning/fabric/plugins/precision/bitsandbytes.py swaps every ``torch.nn.Linear`` created under
+#   ``fabric.init_module`` for a bitsandbytes linear (``_ClassReplacementContextManager``; ``ignore_modules``
+#   is empty unless given, and Lit-GPT gives none), so the LM head is quantized too, unlike transformers'
+#   integration, which skips it;
+# * its ``_Linear4bit`` quantizes ``weight.contiguous().to(device="cuda", dtype=torch.half)`` (the comment
+#   there points at bitsandbytes 0.41.0 ``Params4bit.cuda``), so the quantization state records fp16 and
+#   bitsandbytes' ``MatMul4Bit.forward`` (multi-token inputs) runs ``F.dequantize_4bit(B, state).to(A.dtype)``:
+#   an fp16 [out, in] weight, then its copy in the bf16 compute dtype, both alive during the cast;
+# * ``model.max_seq_length = prompt + max_new_tokens`` and ``model.set_kv_cache(batch_size=1)`` preallocate
+#   every layer's ``KVCache`` buffers (``torch.zeros(B, heads, max_seq_length, head_size)``) before the
+#   prompt runs, written in place by ``index_copy_``; ``build_kv_cache`` takes ``heads = 1 if
+#   n_query_groups == 1 else n_head``: grouped-query models cache K and V expanded to every query head
+#   (``CausalSelfAttention.forward`` expands them before the cache).
+
+
+def litgpt_head_params(m: ModelSpec, rank_lm_head: int, tp: int) -> int:
+    """Elements of Lit-GPT's LM head on one rank: its own ``nn.Linear`` even when the checkpoint ties it.
+
+    Falcon-40B (tied in transformers): 65,024 x 8,192 = 532,676,608 elements that transformers shares
+    with the input embedding and Lit-GPT holds a second time.
+    """
+    return rank_lm_head if rank_lm_head else ceil_div(m.vocab_size, tp) * m.hidden_size
+
+
+def litgpt_kv_bytes(m: ModelSpec, batch: int, tokens: int, elem: int, tp: int) -> int:
+    """Lit-GPT's preallocated KV cache: every layer's K and V for ``tokens`` positions, K/V heads expanded.
+
+    ``heads`` is 1 for multi-query models and the number of query heads otherwise.  Llama-2-70B (64
+    heads, 8 KV groups, head_size 128, 80 layers), 58 positions, bf16: 80 x 2 x 64 x 58 x 128 x 2 B
+    = 152,043,520 B, where transformers' cache of the 8 KV heads would take 19,005,440 B.
+    """
+    heads = 1 if m.num_kv_heads == 1 else m.num_attention_heads
+    return m.num_layers * 2 * batch * ceil_div(heads, tp) * tokens * m.head_dim * elem
+
+
+def bnb_compute_dtype(model_dtype: str, configured: str | None) -> str:
+    """The dtype bitsandbytes' 4-bit linears compute in.
+
+    ``Linear4bit.set_compute_type`` (bitsandbytes/nn/modules.py, since 0.41.0) runs on a layer's first
+    call: an fp32 or bf16 input's dtype becomes the compute dtype; an fp16 input keeps the configured one
+    (transformers' ``bnb_4bit_compute_dtype``, fp32 by default: bitsandbytes then warns of slow
+    inference).  The hidden states reach the linears in the model's dtype.
+
+    >>> bnb_compute_dtype("fp16", "fp32"), bnb_compute_dtype("bf16", "fp32"), bnb_compute_dtype("fp16", None)
+    ('fp32', 'bf16', 'fp16')
+    """
+    if model_dtype in ("fp32", "bf16") or configured is None:
+        return model_dtype
+    return configured
+
+
+def bnb_dequant_bytes(largest: int, quant: str, state_dtype: str, compute_dtype: str) -> int:
+    """The dequantized weight of the largest bitsandbytes linear during a multi-token forward.
+
+    4-bit: ``MatMul4Bit.forward`` runs ``linear(A, F.dequantize_4bit(B, state).to(A.dtype).t())``;
+    ``dequantize_4bit`` returns the dtype the weight was quantized from (``state_dtype``: the load dtype
+    with transformers, fp16 with Lightning's plugin), and ``.to`` copies it into the compute dtype unless
+    they are the same, both alive during the cast.  8-bit (``Linear8bitLt``): one copy in ``state_dtype``.
+    Llama-2-7B's Lit-GPT head (131,072,000 weights) from fp16 into bf16: 131,072,000 x (2 + 2) =
+    524,288,000 B.  OctoCoder's 6,144 x 24,576 ``c_fc`` loaded in fp16 under the default fp32 compute dtype:
+    150,994,944 x (2 + 4) = 905,969,664 B, where an fp16 compute dtype needs 301,989,888 B.
+    """
+    q = dtype_bits(state_dtype) // 8
+    if quant in ("nf4", "nf4-dq", "fp4") and compute_dtype != state_dtype:
+        return largest * (q + dtype_bits(compute_dtype) // 8)
+    return largest * q
+
+
 def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
     """The running layer's own live tensors during prefill (beyond the shared ones, weights, cache, logits).
 
@@ -345,19 +429,37 @@ def inference_step(r: Resolved) -> InferenceResult:
     tp = par.tp
     rp = rank_params(m, tp, 1, par.ep, 0, None)
     quant = inf.quantization
+    lit = s.effective_framework == "lightning"
     weights = weights_bytes(rp, c, quant)
+    largest = rp.largest_linear
+    if lit:
+        # Lit-GPT's own LM head, quantized with the other linears by BitsandbytesPrecision (see above)
+        head = litgpt_head_params(m, rp.lm_head, tp)
+        head_q = quant in BNB_FORMATS
+        head_bytes = quantized_linear_bytes(head, ceil_div(m.vocab_size, tp), quant) if head_q else head * c
+        weights += head_bytes - rp.lm_head * c
+        if head_q:
+            largest = max(largest, head)
     b, p, n = inf.batch_size, inf.prompt_len, inf.new_tokens
     total_tokens = p + n
-    kv_prompt = cache_bytes(m, b, p, c, tp, inf.kv_cache_dtype, prefill=True)
-    kv_final = cache_bytes(m, b, max(p, total_tokens - 1), c, tp, inf.kv_cache_dtype, prefill=False)
+    if lit:
+        # preallocated for prompt + new tokens before the prompt runs, written in place (no growth)
+        kv_prompt = kv_final = litgpt_kv_bytes(m, b, total_tokens, kv_elem_bytes(inf.kv_cache_dtype, c), tp)
+    else:
+        kv_prompt = cache_bytes(m, b, p, c, tp, inf.kv_cache_dtype, prefill=True)
+        kv_final = cache_bytes(m, b, max(p, total_tokens - 1), c, tp, inf.kv_cache_dtype, prefill=False)
     attention = "eager" if inf.attention == "eager" or (inf.attention == "sdpa" and m.model_type in NO_SDPA) \
         else inf.attention
     ws = cublas_workspace_bytes(gpu, handles=1)
     dequant = 0
-    if quant in ("nf4", "nf4-dq", "fp4", "int8") and b * p > 1:
-        dequant = rp.largest_linear * c  # bitsandbytes dequantizes a layer's weight for multi-token inputs
+    if quant in BNB_FORMATS and b * p > 1:
+        # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
+        # the weights are quantized from the load dtype, from fp16 by Lightning's plugin (see above)
+        compute = bnb_compute_dtype(inf.dtype, inf.bnb_compute_dtype)
+        dequant = bnb_dequant_bytes(largest, quant, "fp16" if lit else inf.dtype, compute)
     logits = logits_bytes(m, b, c, tp)
-    gen = generate_behaviour(m.model_type, s.software.transformers_version)
+    # Lit-GPT runs its own generate loop: transformers' release does not apply
+    gen = generate_behaviour(m.model_type, None if lit else s.software.transformers_version)
     # the prompt's logits when the prefill computes them all: the head's output (c) and its fp32 copy at the
     # upcast, then the copy alone (kept by ``outputs``); the last row's processing is as in ``logits``
     prompt_logits_peak = prompt_logits_kept = 0
@@ -371,11 +473,16 @@ def inference_step(r: Resolved) -> InferenceResult:
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
     # head runs on the last position
     final_hidden = b * p * m.hidden_size * c
+    prefill_logits = logits
+    if lit:
+        # Lit-GPT's ``GPT.forward`` returns ``lm_head(x)`` for every prompt position (b p V c); ``sample``
+        # then takes ``logits[0, -1]``
+        prefill_logits += b * p * ceil_div(m.vocab_size, tp) * c
 
     pre = Moment("prefill")
     pre.add("weights", "parameters", weights)
     pre.add("kv_cache", "prompt", kv_prompt)
-    if embeds + rope + layer >= final_hidden + logits + prompt_logits_peak:
+    if embeds + rope + layer >= final_hidden + prefill_logits + prompt_logits_peak:
         pre.add("activations", "inputs_embeds (kept by the decoder's forward)", embeds)
         pre.add("activations", "RoPE cos/sin", rope)
         pre.add("activations", "running layer", layer)
@@ -385,7 +492,7 @@ def inference_step(r: Resolved) -> InferenceResult:
             pre.add("temporaries", "logits of every prompt position" + (" and their fp32 copy" if
                                                                           prompt_logits_peak > prompt_logits_kept
                                                                           else ""), prompt_logits_peak)
-        pre.add("temporaries", "last-token logits and sampling", logits)
+        pre.add("temporaries", "logits and sampling" if lit else "last-token logits and sampling", prefill_logits)
     pre.add("temporaries", "dequantized weight", dequant)
     pre.add("other", "cuBLAS workspace", ws)
 
@@ -396,12 +503,14 @@ def inference_step(r: Resolved) -> InferenceResult:
         """The end of the decode step that brings the cache to ``tokens`` tokens."""
         mo = Moment(name)
         mo.add("weights", "parameters", weights)
-        mo.add("kv_cache", "all tokens", cache_bytes(m, b, tokens, c, tp, inf.kv_cache_dtype, prefill=False))
+        # Lit-GPT's buffers are preallocated for every token and written in place (no growth)
+        mo.add("kv_cache", "all tokens", kv_final if lit else
+               cache_bytes(m, b, tokens, c, tp, inf.kv_cache_dtype, prefill=False))
         if gen.legacy_cache:
             # the previous step's tuple, still held by generate's model_kwargs
             mo.add("kv_cache", "previous step's cache (legacy tuple)",
                    cache_bytes(m, b, tokens - 1, c, tp, inf.kv_cache_dtype, prefill=False))
-        else:
+        elif not lit:
             # one layer's keys (then values), old and new together
             mo.add("temporaries", "cache growth (torch.cat of one layer)", b * tokens * full_layer // 2)
         mo.add("temporaries", "prompt logits (previous step's outputs)", prompt_logits)
@@ -419,18 +528,31 @@ def inference_step(r: Resolved) -> InferenceResult:
     peak = max(moments, key=lambda mo: mo.total)
     elem = kv_elem_bytes(inf.kv_cache_dtype, c)
     version = s.software.transformers
+    if lit:
+        runner = ("Lit-GPT generate (its own GPT): its own LM head, KV cache preallocated for prompt + new "
+                  "tokens with K/V expanded to every query head (multi-query: one)")
+        if quant in BNB_FORMATS:
+            runner += ("; Lightning BitsandbytesPrecision quantizes every nn.Linear, the LM head included, "
+                       "from fp16")
+        cache_note = f"KV cache {kv_final:,} B ({elem} B per element)"
+        logits_note = "logits for every prompt position (Lit-GPT's forward), then the last row"
+    else:
+        runner = (
+            "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"
+            if version is None else
+            f"Hugging Face generate of transformers {version}: "
+            + ("the legacy cache tuple (the previous step's cache alive while the next is built)"
+               if gen.legacy_cache else "DynamicCache (per-layer tensors grown by torch.cat)")
+            + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
+               if gen.all_logits else ""))
+        cache_note = f"KV cache {spec.describe()} ({elem} B per element)"
+        logits_note = ("logits of every prompt position" if gen.all_logits
+                       else "logits for the last position only (logits_to_keep=1), copied to fp32")
     assumptions = [
-        "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"
-        if version is None else
-        f"Hugging Face generate of transformers {version}: "
-        + ("the legacy cache tuple (the previous step's cache alive while the next is built)"
-           if gen.legacy_cache else "DynamicCache (per-layer tensors grown by torch.cat)")
-        + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
-           if gen.all_logits else ""),
+        runner,
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
-        f"KV cache {spec.describe()} ({elem} B per element)",
-        f"attention: {attention}" + ("" if gen.all_logits else
-                                     "; logits for the last position only (logits_to_keep=1), copied to fp32"),
+        cache_note,
+        f"attention: {attention}; {logits_note}",
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
     ]

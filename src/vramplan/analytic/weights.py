@@ -18,7 +18,8 @@ metadata each format stores, per its reference implementation):
   loaders store it): 1 byte per weight plus one fp32 scale per output row (channelwise).
 
 Only linear weights are quantized; embeddings, norms and the LM head stay in the
-half dtype (bitsandbytes and GPTQ/AWQ skip ``lm_head`` by default).
+half dtype (bitsandbytes and GPTQ/AWQ skip ``lm_head`` by default; Lit-GPT under Lightning's
+bitsandbytes plugin quantizes its head too: analytic/inference.py).
 """
 
 from __future__ import annotations

@@ -74,6 +74,10 @@ class Inference(_Strict):
     quantization: InferQuant = "none"
     kv_cache_dtype: KVDtype = "auto"
     attention: Attention = "sdpa"
+    # bitsandbytes 4-bit: the configured compute dtype (transformers' ``bnb_4bit_compute_dtype``, whose
+    # default is fp32); None means ``dtype``.  An fp32 or bf16 ``dtype`` overrides it at run time
+    # (``Linear4bit.set_compute_type``), so it matters for fp16 models only.
+    bnb_compute_dtype: HalfDtype | None = None
 
 
 class Serve(_Strict):

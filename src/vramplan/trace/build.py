@@ -251,7 +251,9 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         if quant not in ("nf4", "nf4-dq", "fp4", "int8"):
             raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
                                          "use --engine analytic for GPTQ/AWQ/fp8 checkpoints")])
-        compute = pol.half if task == "train" else dtype
+        # inference: the configured bnb_4bit_compute_dtype (default: the model dtype); QuantLinear replaces it
+        # with an fp32/bf16 input's dtype as bitsandbytes' set_compute_type does
+        compute = pol.half if task == "train" else _HALF[s.inference.bnb_compute_dtype or s.inference.dtype]
         old_bnb = task == "train" and r.scenario.software.bnb_4bit_saves_input
         quant_tensors = quantize_linears(model, quant, compute_dtype=compute, device=device, saves_input=old_bnb)
         notes.append(f"base linear weights stored as bitsandbytes {quant} (packed payload + absmax blocks)")

@@ -12,7 +12,8 @@ what its forward and backward allocate; values are not computed (zeros on real t
   in blocks of 256 with one fp32 ``absmax`` per 256 blocks, an fp32 ``offset`` scalar and the
   shared 256-entry fp32 dynamic map.
 
-Forward (``MatMul4Bit``, multi-token input): the input is cast to the compute dtype, the weight is
+Forward (``MatMul4Bit``, multi-token input): the input is cast to the compute dtype (which the
+layer's first fp32 or bf16 input replaces, ``Linear4bit.set_compute_type``), the weight is
 dequantized into a temporary ``[out, in]`` in its original dtype (with double quantization the
 fp32 absmax is dequantized first), the matmul runs, the temporary is freed; only the packed
 weight is kept for the backward, which dequantizes again.  The output is cast back to the
@@ -70,6 +71,7 @@ class QuantLinear(torch.nn.Linear):
         self.fmt = fmt
         self.saves_input = False  # bitsandbytes < 0.43.2 kept the input (see quantize_linears)
         self.compute_dtype = compute_dtype
+        self.compute_type_is_set = False
         self.weight_dtype = weight_dtype
         n = in_features * out_features
         blocks = _ceil(n, NF4_BLOCK)
@@ -122,6 +124,13 @@ class QuantLinear(torch.nn.Linear):
         if self.fmt == "int8":
             return _apply(_MatMul8bit, x, self)
         inp_dtype = x.dtype
+        if not self.compute_type_is_set:
+            # Linear4bit.set_compute_type (bitsandbytes >= 0.41.0): an fp32 or bf16 input's dtype becomes the
+            # compute dtype on the first call, so such inputs are not cast (fp32 hidden states after
+            # prepare_model_for_kbit_training stay fp32 into MatMul4Bit, which dequantizes to fp32)
+            if x.dtype in (torch.float32, torch.bfloat16):
+                self.compute_dtype = x.dtype
+            self.compute_type_is_set = True
         x = x.to(self.compute_dtype)
         bias = None if self.bias is None else self.bias.to(self.compute_dtype)
         if x.numel() == x.shape[-1] and not torch.is_grad_enabled():
@@ -147,7 +156,12 @@ class _MatMul4Bit(torch.autograd.Function):
         out = torch.nn.functional.linear(a, w, bias)
         del w
         if layer.saves_input and ctx.needs_input_grad[0]:
-            ctx.save_for_backward(a)  # bitsandbytes < 0.43.2 kept A, unused by its backward
+            # bitsandbytes < 0.43.2 kept A, unused by its backward (``ctx.tensors = (A, B)``).  bitsandbytes held it
+            # as a ctx attribute, which the engine does not release after the node runs; saved here through
+            # save_for_backward, because the trace's non-reentrant checkpointing only drops saved tensors (an
+            # attribute would keep every layer's input through the forward), so the trace releases it one node
+            # earlier than bitsandbytes did (analytic/activations.py ``_kbit_inputs``)
+            ctx.save_for_backward(a)
         ctx.layer = layer
         ctx.has_bias = bias is not None
         return out
