@@ -105,6 +105,11 @@ class Parallel(_Strict):
     offload_device: OffloadDevice = "cpu"
 
 
+def _version(text: str | None) -> tuple[int, ...] | None:
+    """A release string as a comparable tuple: "4.43.2" -> (4, 43, 2); None stays None."""
+    return None if text is None else tuple(int(x) for x in text.split("."))
+
+
 class Software(_Strict):
     """Library versions whose memory behaviour differs; None means the current release's behaviour."""
 
@@ -129,15 +134,16 @@ class Software(_Strict):
     @property
     def fused_moe_experts(self) -> bool:
         """True unless the scenario names transformers < 5 (per-expert ``nn.Linear`` MLPs)."""
-        return self.transformers is None or int(self.transformers.split(".")[0]) >= 5
+        v = self.transformers_version
+        return v is None or v >= (5,)
 
     @property
     def transformers_version(self) -> tuple[int, ...] | None:
-        return None if self.transformers is None else tuple(int(x) for x in self.transformers.split("."))
+        return _version(self.transformers)
 
     @property
     def peft_version(self) -> tuple[int, ...] | None:
-        return None if self.peft is None else tuple(int(x) for x in self.peft.split("."))
+        return _version(self.peft)
 
     @property
     def peft_adapters_in_base_dtype(self) -> bool:
@@ -147,7 +153,7 @@ class Software(_Strict):
 
     @property
     def bitsandbytes_version(self) -> tuple[int, ...] | None:
-        return None if self.bitsandbytes is None else tuple(int(x) for x in self.bitsandbytes.split("."))
+        return _version(self.bitsandbytes)
 
     @property
     def bnb_4bit_saves_input(self) -> bool:
