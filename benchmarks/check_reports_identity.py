@@ -75,14 +75,24 @@ def _command(args: list[str]) -> dict[str, Any]:
         extra = ["--export", tmp] if args[0] == "plan" else []
         res = CliRunner().invoke(app, args + extra)
         rec["exit_code"] = res.exit_code
+        out = res.stdout.replace(tmp, "<export dir>")
         try:
-            rec["json"] = json.loads(res.stdout)
+            rec["json"] = _untimed(json.loads(out))
         except ValueError:
-            rec["stdout"] = res.stdout
+            rec["stdout"] = out
         for f in sorted(Path(tmp).rglob("*")):
             if f.is_file():
                 rec[f"export:{f.relative_to(tmp)}"] = f.read_text()
     return rec
+
+
+def _untimed(doc: Any) -> Any:
+    """The document without its wall-clock fields (the planner's ``seconds`` and ``candidates_per_s``)."""
+    if isinstance(doc, dict):
+        return {k: _untimed(v) for k, v in doc.items() if k not in ("seconds", "candidates_per_s")}
+    if isinstance(doc, list):
+        return [_untimed(v) for v in doc]
+    return doc
 
 
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:

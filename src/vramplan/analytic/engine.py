@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.inference import inference_step
+from vramplan.analytic.moment import Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.serve import serve
-from vramplan.analytic.train import Moment, train_step
+from vramplan.analytic.train import train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
 from vramplan.spec.load import Resolved, resolve

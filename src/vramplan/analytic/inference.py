@@ -65,8 +65,9 @@ from dataclasses import dataclass
 
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import BNB_FORMATS, quantized_expert_loop, rank_params
+from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
-from vramplan.analytic.train import NO_SDPA, Moment
+from vramplan.analytic.train import NO_SDPA
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.monotone import largest_true
 from vramplan.spec.load import Resolved
@@ -480,21 +481,20 @@ def inference_step(r: Resolved) -> InferenceResult:
         prefill_logits += b * p * ceil_div(m.vocab_size, tp) * c
 
     pre = Moment("prefill")
-    pre.add("weights", "parameters", weights)
-    pre.add("kv_cache", "prompt", kv_prompt)
+    pre.add(K.PARAMETERS, weights)
+    pre.add(K.KV_PROMPT, kv_prompt)
     if embeds + rope + layer >= final_hidden + prefill_logits + prompt_logits_peak:
-        pre.add("activations", "inputs_embeds (kept by the decoder's forward)", embeds)
-        pre.add("activations", "RoPE cos/sin", rope)
-        pre.add("activations", "running layer", layer)
+        pre.add(K.INPUTS_EMBEDS, embeds)
+        pre.add(K.ROPE, rope)
+        pre.add(K.RUNNING_LAYER, layer)
     else:
-        pre.add("activations", "final hidden states", final_hidden)
+        pre.add(K.FINAL_HIDDEN, final_hidden)
         if gen.all_logits:
-            pre.add("temporaries", "logits of every prompt position" + (" and their fp32 copy" if
-                                                                          prompt_logits_peak > prompt_logits_kept
-                                                                          else ""), prompt_logits_peak)
-        pre.add("temporaries", "logits and sampling" if lit else "last-token logits and sampling", prefill_logits)
-    pre.add("temporaries", "dequantized weight", dequant)
-    pre.add("other", "cuBLAS workspace", ws)
+            pre.add(K.PROMPT_LOGITS_FP32 if prompt_logits_peak > prompt_logits_kept else K.PROMPT_LOGITS,
+                    prompt_logits_peak)
+        pre.add(K.LOGITS_SAMPLING if lit else K.LAST_LOGITS, prefill_logits)
+    pre.add(K.DEQUANT, dequant)
+    pre.add(K.CUBLAS, ws)
 
     spec = kv_spec(m, inf.kv_cache_dtype, c, tp)
     full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None), default=0)
@@ -502,20 +502,20 @@ def inference_step(r: Resolved) -> InferenceResult:
     def decode(name: str, tokens: int, prompt_logits: int) -> Moment:
         """The end of the decode step that brings the cache to ``tokens`` tokens."""
         mo = Moment(name)
-        mo.add("weights", "parameters", weights)
+        mo.add(K.PARAMETERS, weights)
         # Lit-GPT's buffers are preallocated for every token and written in place (no growth)
-        mo.add("kv_cache", "all tokens", kv_final if lit else
+        mo.add(K.KV_ALL, kv_final if lit else
                cache_bytes(m, b, tokens, c, tp, inf.kv_cache_dtype, prefill=False))
         if gen.legacy_cache:
             # the previous step's tuple, still held by generate's model_kwargs
-            mo.add("kv_cache", "previous step's cache (legacy tuple)",
+            mo.add(K.KV_LEGACY,
                    cache_bytes(m, b, tokens - 1, c, tp, inf.kv_cache_dtype, prefill=False))
         elif not lit:
             # one layer's keys (then values), old and new together
-            mo.add("temporaries", "cache growth (torch.cat of one layer)", b * tokens * full_layer // 2)
-        mo.add("temporaries", "prompt logits (previous step's outputs)", prompt_logits)
-        mo.add("temporaries", "last-token logits and sampling", logits)
-        mo.add("other", "cuBLAS workspace", ws)
+            mo.add(K.CACHE_GROWTH, b * tokens * full_layer // 2)
+        mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
+        mo.add(K.LAST_LOGITS, logits)
+        mo.add(K.CUBLAS, ws)
         return mo
 
     # generate runs one forward per new token: the prefill makes the first, each decode step feeds the last

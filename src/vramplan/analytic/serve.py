@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramplan.analytic.train import Moment
+from vramplan.analytic.moment import K, Moment
 from vramplan.serve.vllm import VllmDecision, decide
 from vramplan.spec.load import Resolved
 
@@ -44,15 +44,15 @@ def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = F
     ``version`` overrides the scenario's ``serve.vllm_version``."""
     d = decide(r, version=version or r.scenario.serve.vllm_version, subtract_cudagraphs=subtract_cudagraphs)
     peak = Moment("serve")
-    peak.add("weights", "parameters", d.parameters_bytes)
-    peak.add("weights", "rotary cos/sin cache", d.rotary_cache_bytes)
-    peak.add("kv_cache", f"{d.num_gpu_blocks:,} blocks of {d.block_size} tokens", d.kv_cache_bytes)
+    peak.add(K.PARAMETERS, d.parameters_bytes)
+    peak.add(K.ROTARY_CACHE, d.rotary_cache_bytes)
+    peak.add(K.KV_BLOCKS, d.kv_cache_bytes, blocks=d.num_gpu_blocks, block_size=d.block_size)
     if d.sampler_peak_bytes >= d.forward_peak_bytes:
-        peak.add("activations", "profile peak (sampler)", d.sampler_peak_bytes)
+        peak.add(K.PROFILE_SAMPLER, d.sampler_peak_bytes)
     else:
-        peak.add("activations", "profile peak (forward)", d.forward_peak_bytes)
-    peak.add("activations", "cuBLAS workspace", d.cublas_workspace_bytes)
-    peak.add("other", "CUDA graphs", d.cudagraph_bytes)
+        peak.add(K.PROFILE_FORWARD, d.forward_peak_bytes)
+    peak.add(K.CUBLAS, d.cublas_workspace_bytes)
+    peak.add(K.CUDA_GRAPHS, d.cudagraph_bytes)
     outside = {"cuda_context": d.cuda_context_bytes, "workspaces": d.non_torch_bytes,
                "communication": d.nccl_bytes, "managed": 0}
     assumptions = list(d.assumptions)

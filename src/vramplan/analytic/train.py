@@ -16,7 +16,7 @@ steady-state step (they are created on the first ``step()``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.events import StepLayout, build_layout
@@ -36,6 +36,7 @@ from vramplan.analytic.layout import (
     replicated_embedding_grad,
 )
 from vramplan.analytic.logits import loss_bytes
+from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.optimizer import optimizer_cost
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
@@ -44,24 +45,6 @@ from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div
-
-
-@dataclass
-class Moment:
-    """Memory content at one instant, by part -> sub-part -> bytes."""
-
-    phase: str
-    parts: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def add(self, part: str, sub: str, nbytes: int) -> Moment:
-        if nbytes:
-            self.parts.setdefault(part, {})
-            self.parts[part][sub] = self.parts[part].get(sub, 0) + int(nbytes)
-        return self
-
-    @property
-    def total(self) -> int:
-        return sum(sum(d.values()) for d in self.parts.values())
 
 
 @dataclass
@@ -331,31 +314,31 @@ def train_step(r: Resolved) -> TrainResult:
             grad_layer = [0] * len(grad_layer)
         grad_outside = max(0, grads - sum(grad_layer))
         base_static = Moment("")
-        base_static.add("weights", "parameters", weights_resident)
-        base_static.add("weights", "all-gathered (ZeRO-3/FSDP root)", root_gathered)
-        base_static.add("optimizer_states", t.optimizer, states)
-        base_static.add("master_weights", "fp32 master", master)
-        base_static.add("other", "cuBLAS workspaces", workspaces)
+        base_static.add(K.PARAMETERS, weights_resident)
+        base_static.add(K.GATHERED_ROOT, root_gathered)
+        base_static.add(K.OPTIMIZER_STATES, states, optimizer=t.optimizer)
+        base_static.add(K.MASTER, master)
+        base_static.add(K.CUBLAS, workspaces)
         moments: list[Moment] = []
 
         # DDP's reducer allocates its flat buckets when the model is wrapped and keeps them: resident always
-        base_static.add("gradients", "DDP buckets", ddp)
+        base_static.add(K.DDP_BUCKETS, ddp)
 
         def static(phase: str, with_grads: bool, base_static: Moment = base_static, grads: int = grads) -> Moment:
-            mo = Moment(phase, {k: dict(v) for k, v in base_static.parts.items()})
+            mo = base_static.copy(phase)
             if with_grads:
-                mo.add("gradients", "parameter gradients", grads)
+                mo.add(K.GRADIENTS, grads)
             return mo
 
         acts_total = sum(kept) * in_flight
         fwd = static("forward", grads_during_fwd)
-        fwd.add("activations", "saved by layers", acts_total + shared + head_saved)
-        fwd.add("temporaries", "autocast weight copies", sum(cast_per_layer) + cast_head + head_cast)
-        fwd.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+        fwd.add(K.SAVED, acts_total + shared + head_saved)
+        fwd.add(K.CASTS, sum(cast_per_layer) + cast_head + head_cast)
+        fwd.add(K.GATHERED, gathered)
         if last:
-            fwd.add("temporaries", "logits and loss", loss.forward_peak)
+            fwd.add(K.LOSS_FORWARD, loss.forward_peak)
         else:
-            fwd.add("temporaries", "layer forward", max(transient) if transient else 0)
+            fwd.add(K.LAYER_FORWARD, max(transient) if transient else 0)
         moments.append(fwd)
 
         # With full checkpointing the layers' forward saves nothing, so their cast weights live only in
@@ -365,10 +348,10 @@ def train_step(r: Resolved) -> TrainResult:
         kept_casts = 0 if full_ckpt else sum(cast_per_layer)
         if last:
             b0 = static("backward", grads_during_fwd)
-            b0.add("activations", "saved by layers", acts_total + shared + head_saved)
-            b0.add("temporaries", "autocast weight copies", kept_casts + cast_head + head_cast)
-            b0.add("temporaries", "logits and loss gradients", loss.backward_peak)
-            b0.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+            b0.add(K.SAVED, acts_total + shared + head_saved)
+            b0.add(K.CASTS, kept_casts + cast_head + head_cast)
+            b0.add(K.LOSS_BACKWARD, loss.backward_peak)
+            b0.add(K.GATHERED, gathered)
             moments.append(b0)
         # the input embedding's gradient is produced last (its backward runs after the first layer's);
         # a tied embedding gets its gradient at the LM head, first
@@ -384,49 +367,48 @@ def train_step(r: Resolved) -> TrainResult:
             selective = t.gradient_checkpointing == "selective"
             # selective recomputation re-runs only the attention core, when its backward comes
             # by the MLP's elementwise backward, the output projection's backward has freed its input
-            mo.add("activations", "saved by layers", alive + shared + (0 if selective else recompute)
+            mo.add(K.SAVED, alive + shared + (0 if selective else recompute)
                    - min(mlp_released[j], alive + recompute))
             # (the output projection's cast weight is released with its saved input, before the MLP's
             # elementwise backward)
             down_cast = (m.hidden_size * ceil_div(layer_specs[j].intermediate_size, tp) * pol.weight_cast_bytes
                          if cast_per_layer[j] and not layer_specs[j].moe else 0)
-            mo.add("temporaries", "autocast weight copies",
+            mo.add(K.CASTS,
                    (cast_per_layer[j] if full_ckpt else sum(cast_per_layer[: j + 1])) - down_cast)
             split = bool(released[j])
-            mo.add("temporaries", "layer backward", mlp_transient[j] if split else transient[j])
-            mo.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
+            mo.add(K.LAYER_BACKWARD, mlp_transient[j] if split else transient[j])
+            mo.add(K.GATHERED, gathered)
             if sharded_params:
-                mo.add("temporaries", "unsharded gradients before reduce-scatter",
+                mo.add(K.UNSHARDED_GRADS,
                        _grad_bytes_layer(rp, j, trainable, pol, 1, peft))
             before = produced
             if not grads_during_fwd:
                 produced += grad_layer[j]
                 # during the MLP's backward this layer has produced its down projection's gradient
-                mo.add("gradients", "parameter gradients",
+                mo.add(K.GRADIENTS,
                        before + _down_grad_bytes(m, layer_specs[j], grad_layer[j], peft, lt, rp, j, tp, ep) if split
                        else produced)
             moments.append(mo)
             if split:
                 # the MLP's backward runs on the whole layer; the attention's backward comes after the
                 # MLP's (and the post-attention norm's) saved tensors are released
-                late = Moment("backward", {k: dict(v) for k, v in mo.parts.items()})
-                late.parts.setdefault("temporaries", {})["layer backward"] = attn_transient[j]
-                acts = late.parts.setdefault("activations", {})
-                acts["saved by layers"] = acts.get("saved by layers", 0) + (recompute if selective else 0) - min(
-                    released[j], alive + recompute) + min(mlp_released[j], alive + recompute)
+                late = mo.copy("backward")
+                late.set(K.LAYER_BACKWARD, attn_transient[j])
+                late.set(K.SAVED, late.get(K.SAVED) + (recompute if selective else 0) - min(
+                    released[j], alive + recompute) + min(mlp_released[j], alive + recompute))
                 if not grads_during_fwd and produced:
-                    late.parts.setdefault("gradients", {})["parameter gradients"] = produced
+                    late.set(K.GRADIENTS, produced)
                 moments.append(late)
         if peft is None and m.tie_word_embeddings and rp.has_embedding and last and not offload_opt:
             # the embedding's backward, last: all gradients exist and the tied parameter's two
             # contributions are summed (gradients.tied_embedding_accumulation_bytes)
             end = static("backward", True)
-            end.add("weights", "all-gathered (ZeRO-3/FSDP)", gathered)
-            end.add("temporaries", "tied embedding gradient contributions", tied_embedding_accumulation_bytes(
+            end.add(K.GATHERED, gathered)
+            end.add(K.TIED_EMBEDDING, tied_embedding_accumulation_bytes(
                 ceil_div(m.vocab_size, tp), m.hidden_size, pol.grad_bytes, head_grad_is_view=not pol.autocast))
             moments.append(end)
         step = static("optimizer", True)
-        step.add("temporaries", "optimizer step", step_temp)
+        step.add(K.OPTIMIZER_STEP, step_temp)
         moments.append(step)
         peak = max(moments, key=lambda mo: mo.total)
         lay = build_layout(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vramplan.analytic.moment import cuda_only_labels
 from vramplan.report import BREAKDOWN_KEYS, Report
 
 __all__ = ["CPU_MEASURED", "CUDA_MEASURED", "CUDA_ONLY_PARTS", "MeasureResult", "PartRow", "comparable_prediction",
@@ -23,8 +24,9 @@ __all__ = ["CPU_MEASURED", "CUDA_MEASURED", "CUDA_ONLY_PARTS", "MeasureResult", 
 CPU_MEASURED = "cpu live tensor bytes (tracker)"
 CUDA_MEASURED = "cuda max_memory_allocated"
 
-# (part, sub-part) of the analytic breakdown that exist only on a CUDA device
-CUDA_ONLY_PARTS: tuple[tuple[str, str], ...] = (("other", "cuBLAS workspaces"),)
+# (part, sub-part) of the analytic breakdown that exist only on a CUDA device: the declared keys
+# flagged cuda_only (analytic/moment.py), so every task's workspace is found under its one label
+CUDA_ONLY_PARTS: tuple[tuple[str, str], ...] = cuda_only_labels()
 
 
 def relative_error(predicted: int | None, measured: int | None) -> float | None:

@@ -1,0 +1,178 @@
+"""Memory at one instant, by declared part and sub-part; the declared keys and phases.
+
+Every byte the analytic engine reports sits under a ``Key``: a part of the report's breakdown
+(``report.BREAKDOWN_KEYS``) and a sub-part, declared once here with what it means and its flags.
+``Moment.add`` accepts only a declared key, so a sub-part cannot be spelled two ways (the cuBLAS
+workspace once had four spellings, and ``measure`` matched only one of them), and a reader of
+``breakdown_detail`` can look every row up in ``KEYS``.  A key's ``label`` is what the report shows;
+a few labels are patterns filled per scenario (the optimizer's name, vLLM's block count), declared
+with ``templated=True``.
+
+Phases are declared the same way (``PHASES``): a moment's phase is the report's ``peak_phase``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramplan.report import BREAKDOWN_KEYS
+
+__all__ = ["KEYS", "PHASES", "Key", "Moment", "Phase", "cuda_only_labels", "key_for"]
+
+
+@dataclass(frozen=True)
+class Key:
+    """One row of ``breakdown_detail``: its part, its label and what it is.
+
+    ``cuda_only``: the memory exists only on a CUDA device (``measure`` on a CPU removes it from the
+    prediction it compares with).  ``templated``: ``label`` is a ``str.format`` pattern whose fields
+    ``Moment.add`` fills.
+    """
+
+    part: str
+    label: str
+    text: str
+    cuda_only: bool = False
+    templated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.part not in BREAKDOWN_KEYS:
+            raise ValueError(f"part {self.part!r} is not one of {BREAKDOWN_KEYS}")
+        if self.cuda_only and self.templated:
+            raise ValueError("a CUDA-only key has a fixed label, so that measure can find it")
+
+    def name(self, **fields: Any) -> str:
+        """The label shown in the report (a templated key's pattern filled with ``fields``)."""
+        return self.label.format(**fields) if self.templated else self.label
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    text: str
+
+
+def _k(part: str, label: str, text: str, **flags: bool) -> Key:
+    return Key(part, label, text, **flags)
+
+
+class K:
+    """The declared keys, by attribute (``K.PARAMETERS``)."""
+
+    # weights
+    PARAMETERS = _k("weights", "parameters", "the model's parameters resident on this GPU (its shard)")
+    GATHERED_ROOT = _k("weights", "all-gathered (ZeRO-3/FSDP root)",
+                       "the FSDP root unit (embeddings, head) kept unsharded for the whole step")
+    GATHERED = _k("weights", "all-gathered (ZeRO-3/FSDP)", "full parameters of the units gathered at this moment")
+    ROTARY_CACHE = _k("weights", "rotary cos/sin cache", "vLLM's rotary embedding cos/sin cache")
+    # gradients, optimizer, master
+    GRADIENTS = _k("gradients", "parameter gradients", "gradients of the trainable parameters alive at this moment")
+    DDP_BUCKETS = _k("gradients", "DDP buckets", "DDP's flat gradient buckets, allocated when the model is wrapped")
+    OPTIMIZER_STATES = _k("optimizer_states", "{optimizer}", "the optimizer's state tensors", templated=True)
+    MASTER = _k("master_weights", "fp32 master", "fp32 copies of half-precision trainable parameters")
+    # activations
+    SAVED = _k("activations", "saved by layers", "tensors the forward saved for the backward, alive at this moment")
+    INPUTS_EMBEDS = _k("activations", "inputs_embeds (kept by the decoder's forward)",
+                       "the embedding output, kept by the decoder's forward during prefill")
+    ROPE = _k("activations", "RoPE cos/sin", "the rotary embedding's cos/sin for the prompt")
+    RUNNING_LAYER = _k("activations", "running layer", "the largest layer's live tensors during prefill")
+    FINAL_HIDDEN = _k("activations", "final hidden states", "the last layer's output before the LM head")
+    PROFILE_SAMPLER = _k("activations", "profile peak (sampler)", "vLLM's profile run peak, reached by the sampler")
+    PROFILE_FORWARD = _k("activations", "profile peak (forward)", "vLLM's profile run peak, reached by the forward")
+    # KV cache
+    KV_PROMPT = _k("kv_cache", "prompt", "the prompt's keys and values")
+    KV_ALL = _k("kv_cache", "all tokens", "keys and values of every token so far")
+    KV_LEGACY = _k("kv_cache", "previous step's cache (legacy tuple)",
+                   "the previous decode step's tuple cache, still held by generate (transformers < 4.42)")
+    KV_BLOCKS = _k("kv_cache", "{blocks:,} blocks of {block_size} tokens", "vLLM's KV-cache blocks",
+                   templated=True)
+    # temporaries
+    CASTS = _k("temporaries", "autocast weight copies", "half-precision copies autocast makes of fp32 weights")
+    LOSS_FORWARD = _k("temporaries", "logits and loss", "logits and the loss's tensors at the forward's end")
+    LOSS_BACKWARD = _k("temporaries", "logits and loss gradients", "the loss's gradients at the backward's start")
+    LAYER_FORWARD = _k("temporaries", "layer forward", "one layer's forward temporaries (a stage without the head)")
+    LAYER_BACKWARD = _k("temporaries", "layer backward", "one layer's backward temporaries")
+    UNSHARDED_GRADS = _k("temporaries", "unsharded gradients before reduce-scatter",
+                         "a layer's full gradients before ZeRO/FSDP reduce-scatters them")
+    TIED_EMBEDDING = _k("temporaries", "tied embedding gradient contributions",
+                        "the two gradient contributions of a tied embedding, summed at the embedding's backward")
+    OPTIMIZER_STEP = _k("temporaries", "optimizer step", "temporaries of optimizer.step()")
+    PROMPT_LOGITS = _k("temporaries", "logits of every prompt position",
+                       "prefill logits for every prompt position (older transformers, Lit-GPT)")
+    PROMPT_LOGITS_FP32 = _k("temporaries", "logits of every prompt position and their fp32 copy",
+                            "prefill logits for every prompt position and their fp32 upcast")
+    LOGITS_SAMPLING = _k("temporaries", "logits and sampling", "all-position logits and sampling (Lit-GPT)")
+    LAST_LOGITS = _k("temporaries", "last-token logits and sampling", "the last position's logits and sampling")
+    DEQUANT = _k("temporaries", "dequantized weight", "one quantized weight dequantized for its matmul")
+    CACHE_GROWTH = _k("temporaries", "cache growth (torch.cat of one layer)",
+                      "one layer's keys (then values), old and new together, while the cache grows")
+    PREV_PROMPT_LOGITS = _k("temporaries", "prompt logits (previous step's outputs)",
+                            "the prefill's logits, kept through the first decode step (transformers < 4.42)")
+    # other
+    CUBLAS = _k("other", "cuBLAS workspaces",
+                "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "
+                "allocator on CUDA, absent on a CPU", cuda_only=True)
+    CUDA_GRAPHS = _k("other", "CUDA graphs", "memory of vLLM's captured CUDA graphs")
+
+
+KEYS: tuple[Key, ...] = tuple(v for v in vars(K).values() if isinstance(v, Key))
+
+PHASES: tuple[Phase, ...] = (
+    Phase("forward", "the training step's forward pass, up to the loss"),
+    Phase("backward", "the training step's backward pass"),
+    Phase("optimizer", "optimizer.step()"),
+    Phase("prefill", "generate's first forward, over the prompt"),
+    Phase("decode", "generate's decode steps"),
+    Phase("decode (first step)", "generate's first decode step, while the prefill's outputs are still held"),
+    Phase("serve", "vLLM at steady state after start-up"),
+)
+_PHASE_NAMES = frozenset(p.name for p in PHASES)
+_BY_LABEL = {(k.part, k.label): k for k in KEYS}
+
+
+def key_for(part: str, label: str) -> Key | None:
+    """The declared key of a (part, label) row, or None; templated keys match only their pattern."""
+    return _BY_LABEL.get((part, label))
+
+
+def cuda_only_labels() -> tuple[tuple[str, str], ...]:
+    """(part, label) of every CUDA-only key: the rows a CPU measurement cannot see."""
+    return tuple((k.part, k.label) for k in KEYS if k.cuda_only)
+
+
+@dataclass
+class Moment:
+    """Memory content at one instant, by part -> sub-part label -> bytes; filled through declared keys."""
+
+    phase: str
+    parts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.phase and self.phase not in _PHASE_NAMES:
+            raise ValueError(f"undeclared phase {self.phase!r}: declare it in analytic/moment.py PHASES")
+
+    def add(self, key: Key, nbytes: int, **fields: Any) -> Moment:
+        """Add ``nbytes`` under ``key`` (zero adds nothing)."""
+        if not isinstance(key, Key):
+            raise TypeError(f"Moment.add takes a declared Key (analytic/moment.py K), not {key!r}")
+        if nbytes:
+            d = self.parts.setdefault(key.part, {})
+            label = key.name(**fields)
+            d[label] = d.get(label, 0) + int(nbytes)
+        return self
+
+    def set(self, key: Key, nbytes: int, **fields: Any) -> Moment:
+        """Replace the bytes under ``key``."""
+        self.parts.setdefault(key.part, {})[key.name(**fields)] = int(nbytes)
+        return self
+
+    def get(self, key: Key, **fields: Any) -> int:
+        return self.parts.get(key.part, {}).get(key.name(**fields), 0)
+
+    def copy(self, phase: str) -> Moment:
+        return Moment(phase, {k: dict(v) for k, v in self.parts.items()})
+
+    @property
+    def total(self) -> int:
+        return sum(sum(d.values()) for d in self.parts.values())
