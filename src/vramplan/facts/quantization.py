@@ -5,7 +5,8 @@ block of the flattened weight, per output row, or per group of input features wi
 and for double quantization the scales' own quantization), what a forward pass allocates to
 dequantize, and the compute-dtype rule.  ``analytic/weights.py`` sizes a quantized linear from the
 row, ``trace/quant.py`` allocates the same tensors, ``validate/rules.py`` reads the payload bits,
-``plan/steptime`` the dequantization traffic and ``export/hf.py`` the ``BitsAndBytesConfig``.
+``plan/steptime`` the dequantization traffic, ``export/hf.py`` the ``BitsAndBytesConfig`` and
+``export/vllm.py`` vLLM's ``--quantization``.
 
 Worked bytes (``weights.quantized_linear_bytes``):
 
@@ -78,6 +79,8 @@ class QuantFormat:
     dequant: Dequant
     compute_dtype_rule: str
     hf_bnb_config: tuple[tuple[str, bool | str], ...] = ()  # BitsAndBytesConfig kwargs (compute dtype added)
+    vllm_quantization: str  # vLLM's ``--quantization`` value
+    prequantized_checkpoint: bool = False  # needs a checkpoint quantized that way (no in-flight quantization)
     sources: tuple[str, ...] = ()
 
     @property
@@ -103,13 +106,14 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         name="int8", bits=8, scales=Scales(per="row", dtype="fp32"), library="bitsandbytes", trainable_base=True,
         dequant="int8_matmul", compute_dtype_rule="the input is quantized row-wise from fp16 (LLM.int8, threshold 6)",
         hf_bnb_config=(("load_in_8bit", True),),
+        vllm_quantization="bitsandbytes",
         sources=("bitsandbytes nn.Linear8bitLt (SCB)", "LLM.int8 arXiv 2208.07339"),
     ),
     QuantFormat(
         name="nf4", bits=4, scales=Scales(per="block", size=NF4_BLOCK, dtype="fp32"), library="bitsandbytes",
         trainable_base=True, dequant="whole_weight", compute_dtype_rule=_BNB_4BIT_RULE,
         hf_bnb_config=(("load_in_4bit", True), ("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", False)),
-        sources=_BNB4_SRC,
+        vllm_quantization="bitsandbytes", sources=_BNB4_SRC,
     ),
     QuantFormat(
         name="nf4-dq", bits=4,
@@ -117,29 +121,31 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                       second_level=Scales(per="block", size=DQ_BLOCK, dtype="fp32")),
         library="bitsandbytes", trainable_base=True, dequant="whole_weight", compute_dtype_rule=_BNB_4BIT_RULE,
         hf_bnb_config=(("load_in_4bit", True), ("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", True)),
-        sources=(*_BNB4_SRC, "QLoRA sec. 3 (double quantization)"),
+        vllm_quantization="bitsandbytes", sources=(*_BNB4_SRC, "QLoRA sec. 3 (double quantization)"),
     ),
     QuantFormat(
         name="fp4", bits=4, scales=Scales(per="block", size=NF4_BLOCK, dtype="fp32"), library="bitsandbytes",
         trainable_base=True, dequant="whole_weight", compute_dtype_rule=_BNB_4BIT_RULE,
         hf_bnb_config=(("load_in_4bit", True), ("bnb_4bit_quant_type", "fp4"), ("bnb_4bit_use_double_quant", False)),
-        sources=_BNB4_SRC,
+        vllm_quantization="bitsandbytes", sources=_BNB4_SRC,
     ),
     QuantFormat(
         name="gptq-4bit", bits=4, scales=Scales(per="group", size=GPTQ_GROUP, dtype="fp16", zero_point_bits=4),
         library="gptq", trainable_base=False, dequant="fused_kernel", compute_dtype_rule="fp16 kernels",
+        vllm_quantization="gptq", prequantized_checkpoint=True,
         sources=("GPTQ arXiv 2210.17323; AutoGPTQ QuantLinear (qweight, qzeros, scales)",),
     ),
     QuantFormat(
         name="awq-4bit", bits=4, scales=Scales(per="group", size=GPTQ_GROUP, dtype="fp16", zero_point_bits=4),
         library="awq", trainable_base=False, dequant="fused_kernel",
         compute_dtype_rule="fp16 kernels (vLLM recommends dtype half for AWQ)",
+        vllm_quantization="awq", prequantized_checkpoint=True,
         sources=("AWQ arXiv 2306.00978; AutoAWQ WQLinear_GEMM",),
     ),
     QuantFormat(
         name="fp8", bits=8, scales=Scales(per="row", dtype="fp32"), library="fp8", trainable_base=False,
         dequant="fused_kernel", compute_dtype_rule="fp8 matmul with per-channel scales",
-        sources=("vLLM Fp8LinearMethod; transformers FbgemmFp8 / FineGrainedFP8",),
+        vllm_quantization="fp8", sources=("vLLM Fp8LinearMethod; transformers FbgemmFp8 / FineGrainedFP8",),
     ),
 )
 
