@@ -24,8 +24,10 @@ from vramplan.plan.steptime.pipeline import pipeline_bubble_seconds, pipeline_sl
 
 NO_LAT = PerfAssumptions(collective_latency_s=0.0)
 # HF autocast bf16-mixed: fp32 params (4), fp32 grads (4), no master, bf16 compute (2)
-HF_MIXED = PrecisionPolicy(4, 2, 4, 0, 2, 4, True, 2, 2, "bf16")
-DS_MIXED = PrecisionPolicy(2, 2, 2, 4, 2, 2, False, 0, 2, "bf16")
+HF_MIXED = PrecisionPolicy(param_bytes=4, frozen_param_bytes=2, grad_bytes=4, master_bytes=0, compute_bytes=2,
+                           residual_bytes=4, autocast=True, weight_cast_bytes=2, linear_input_bytes=2, half="bf16")
+DS_MIXED = PrecisionPolicy(param_bytes=2, frozen_param_bytes=2, grad_bytes=2, master_bytes=4, compute_bytes=2,
+                           residual_bytes=2, autocast=False, weight_cast_bytes=0, linear_input_bytes=2, half="bf16")
 LLAMA2_7B = model_facts(load_model("meta-llama/Llama-2-7b-hf"))
 A100 = resolve_gpu("A100-80GB")
 

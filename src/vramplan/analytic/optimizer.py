@@ -1,22 +1,11 @@
 """Optimizer states and the optimizer step's temporaries, per trainable parameter.
 
-States (bytes per trainable parameter, ``p`` = the parameter's own bytes, since
-torch optimizers allocate state ``zeros_like(param)``):
-
-=====================  ==================================================  =========================
-optimizer              state                                               source
-=====================  ==================================================  =========================
-adamw, adamw-fused     exp_avg + exp_avg_sq: 2p                            torch.optim.AdamW
-paged-adamw            2p, in CUDA managed memory (not torch's allocator)  bitsandbytes PagedAdamW
-adamw-8bit             2 x uint8 + one fp32 absmax per 256: 2 + 8/256;     bitsandbytes AdamW8bit,
-                       tensors under 4096 elements keep fp32 states (8 B)  arXiv 2110.02861 sec. 2
-paged-adamw-8bit       as adamw-8bit, in managed memory                    bitsandbytes
-adafactor              row + column second moments for matrices            transformers Adafactor,
-                       (n + m elements), full for vectors; no momentum      arXiv 1804.04235
-sgd                    none                                                torch.optim.SGD
-sgd-momentum           momentum_buffer: p                                  torch.optim.SGD
-lion                   exp_avg: p                                          arXiv 2302.06675
-=====================  ==================================================  =========================
+What each optimizer keeps (state tensors, dtypes, block scales, the small-tensor rule, managed
+memory) is its row in ``facts/optimizers.py`` (the table of states and sources is there).  This
+module turns a row into bytes: ``optimizer_cost`` sizes the states from the row's ``states`` and
+the step temporaries with the strategy the row names (``STEP_TEMPORARIES``, the only per-optimizer
+code), and ``optimizer_cost_for`` takes what the training step has (model, rank, PEFT, framework,
+shards) and makes every per-optimizer decision from the row.
 
 Step temporaries: torch's AdamW on CUDA defaults to the ``foreach`` implementation
 (``_default_to_fused_or_foreach``), whose ``_multi_tensor_adamw`` allocates
@@ -27,11 +16,27 @@ weight-decay group.  ``fused=True`` updates in place (no temporary).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-BNB_BLOCK = 256  # bitsandbytes blockwise 8-bit optimizer block size
-BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes keeps 32-bit states for smaller tensors
+from vramplan.analytic.layout import RankParams
+from vramplan.facts.optimizers import (
+    BNB_BLOCK,
+    BNB_MIN_8BIT_SIZE,
+    OptimizerFacts,
+    StepTemporary,
+    optimizer_facts,
+    runs_as,
+)
+from vramplan.spec.model import ModelSpec, ParamGroup
+from vramplan.spec.scenario import Peft
+from vramplan.units import DTYPE_BITS, ceil_div
+
+__all__ = [
+    "BNB_BLOCK", "BNB_MIN_8BIT_SIZE", "STEP_TEMPORARIES", "OptimizerCost", "StepContext", "adafactor_state_elements",
+    "adafactor_step_bytes", "adafactor_step_tensors", "optimizer_assumptions", "optimizer_cost", "optimizer_cost_for",
+    "state_bytes_per_param", "state_tensors_per_param",
+]
 
 
 @dataclass(frozen=True)
@@ -41,15 +46,48 @@ class OptimizerCost:
     step_temporary_bytes: int
 
 
+@dataclass(frozen=True)
+class StepContext:
+    """What a step-temporary strategy may read (counts are parameters held on this GPU)."""
+
+    decay_group: int
+    param_bytes: int  # bytes per element of the parameter the optimizer updates
+    largest_param: int
+    adafactor_tensors: Sequence[tuple[int, int, int]]
+
+
+def _foreach_sqrt(f: OptimizerFacts, c: StepContext) -> int:
+    # _foreach_sqrt(exp_avg_sqs) over the weight-decay group: one second-moment-sized tensor per parameter
+    return f.states[-1].bytes_per_element(c.param_bytes) * c.decay_group
+
+
+def _sign_update(f: OptimizerFacts, c: StepContext) -> int:
+    # update = exp_avg.clone().mul_(b1).add(grad, alpha=1 - b1).sign_(): the clone and the add's result
+    return 2 * f.states[0].bytes_per_element(c.param_bytes) * c.largest_param
+
+
+def _adafactor(_f: OptimizerFacts, c: StepContext) -> int:
+    return adafactor_step_bytes(c.adafactor_tensors or ((c.largest_param, 0, 0),), c.param_bytes)
+
+
+STEP_TEMPORARIES: dict[StepTemporary, Callable[[OptimizerFacts, StepContext], int]] = {
+    "none": lambda _f, _c: 0,
+    "foreach_sqrt_decay_group": _foreach_sqrt,
+    "per_tensor_sign_update": _sign_update,
+    "adafactor_stepwise": _adafactor,
+}
+"""Step-temporary strategies by the name a row of ``facts/optimizers.py`` gives (``StepTemporary``)."""
+
+
 def state_bytes_per_param(optimizer: str, param_bytes: int) -> float:
-    """Average state bytes per trainable parameter (large tensors)."""
-    if optimizer in ("adamw", "adamw-fused", "paged-adamw"):
-        return 2 * param_bytes
-    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-        return 2 + 2 * 4 / BNB_BLOCK
-    if optimizer in ("sgd-momentum", "lion"):
-        return param_bytes
-    return 0
+    """Average state bytes per trainable parameter (large tensors; 0 for factored states)."""
+    return optimizer_facts(optimizer).state_bytes_per_param(param_bytes)
+
+
+def state_tensors_per_param(optimizer: str) -> int:
+    """State tensors the optimizer allocates per parameter (block scales aside), for the allocator
+    event stream (``analytic/events.py``): AdamW 2, Lion 1, SGD 0."""
+    return len(optimizer_facts(optimizer).states)
 
 
 def optimizer_cost(
@@ -64,33 +102,146 @@ def optimizer_cost(
 ) -> OptimizerCost:
     """States and step temporaries for ``trainable`` parameters held on this GPU.
 
-    ``small_tensor_params``: parameters in tensors below bitsandbytes' 8-bit threshold.
-    ``adafactor_factored``: Adafactor's row+column state elements for the matrices, plus
-    the full-size state of vectors (computed by the caller from the tensor shapes).
+    ``small_tensor_params``: parameters in tensors below the row's small-tensor threshold
+    (bitsandbytes: 4096 values), which keep every state in the rule's dtype.
+    ``adafactor_factored``: the factored rows' state elements (rows + columns for the matrices,
+    the full size of vectors; computed by the caller from the tensor shapes).
     ``adafactor_tensors``: (elements, rows, columns) of each parameter in step order
     (``adafactor_step_bytes``).
+
+    >>> optimizer_cost("adamw-8bit", 2**20, 2**20, 4).state_bytes   # 2 x (2**20 + 4 x 4096 absmax)
+    2129920
     """
-    if optimizer == "none" or trainable == 0:
+    f = optimizer_facts(optimizer)
+    if trainable == 0:
         return OptimizerCost(0, 0, 0)
-    if optimizer == "adafactor":
-        tensors = adafactor_tensors or ((largest_param, 0, 0),)
-        return OptimizerCost(adafactor_factored * 4, 0, adafactor_step_bytes(tensors, param_bytes))
-    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+    if f.factored:
+        # the row and column vectors (and vectors' full states) together: adafactor_factored values
+        states = adafactor_factored * f.states[0].bytes_per_element(param_bytes)
+    elif f.small_tensors is not None:
+        # tensors below the threshold keep every state unquantized in the rule's dtype, without scales
         big = trainable - small_tensor_params
-        states = 2 * big + 2 * 4 * -(-big // BNB_BLOCK) + 8 * small_tensor_params
-        if optimizer.startswith("paged"):
-            return OptimizerCost(0, states, 0)
-        return OptimizerCost(states, 0, 0)
-    per = int(state_bytes_per_param(optimizer, param_bytes))
-    states = per * trainable
-    if optimizer == "paged-adamw":
-        return OptimizerCost(0, states, 0)
-    temp = 0
-    if optimizer == "adamw":
-        temp = param_bytes * decay_group  # foreach sqrt of exp_avg_sq, state dtype == param dtype
-    elif optimizer == "lion":
-        temp = 2 * param_bytes * largest_param  # per-tensor update = exp_avg.clone()...sign_()
+        states = sum(st.bytes(big, param_bytes) for st in f.states)
+        states += small_tensor_params * len(f.states) * DTYPE_BITS[f.small_tensors.dtype] // 8
+    else:
+        states = sum(st.bytes(trainable, param_bytes) for st in f.states)
+    ctx = StepContext(decay_group, param_bytes, largest_param, adafactor_tensors)
+    temp = STEP_TEMPORARIES[f.step_temporary](f, ctx)
+    if f.managed_memory:
+        return OptimizerCost(0, states, temp)
     return OptimizerCost(states, 0, temp)
+
+
+def optimizer_cost_for(m: ModelSpec, rp: RankParams, *, peft: Peft | None, optimizer: str, framework: str,
+                       shards: int, tp: int, trainable: int, decay: int, param_bytes: int) -> OptimizerCost:
+    """The optimizer's cost on one GPU of one pipeline stage, every per-optimizer decision read from its row.
+
+    ``trainable``/``decay``: this rank's trainable and weight-decay parameters before ZeRO/FSDP
+    sharding over ``shards`` optimizer shards; ``param_bytes``: bytes per element of the parameter
+    the optimizer updates (4 with fp32 masters).  The framework may run another row
+    (``facts.optimizers.runs_as``: DeepSpeed's FusedAdam for ``adamw``).  Small tensors (the row's
+    small-tensor rule), factored states and the per-tensor shapes of a step-wise strategy are taken
+    from the model for full fine-tuning; adapters (PEFT) are counted as their parameter total, the
+    largest being one ``hidden x rank`` matrix.
+    """
+    f = optimizer_facts(runs_as(optimizer, framework))
+    small = 0
+    if f.small_tensors is not None and peft is None:
+        small = sum(p.total for p in m.params if p.numel < f.small_tensors.below_elements)
+    factored = adafactor_state_elements(m) if f.factored and peft is None else trainable
+    tensors: Sequence[tuple[int, int, int]] = ()
+    if f.step_temporary == "adafactor_stepwise" and peft is None:
+        tensors = adafactor_step_tensors(m, rp, tp, shards)
+    largest = rp.largest_linear if peft is None else m.hidden_size * peft.rank
+    return optimizer_cost(f.name, ceil_div(trainable, shards), ceil_div(decay, shards), param_bytes,
+                          small_tensor_params=ceil_div(small, shards), adafactor_factored=ceil_div(factored, shards),
+                          largest_param=largest, adafactor_tensors=tensors)
+
+
+_STEP_ASSUMPTIONS: dict[StepTemporary, str] = {
+    "foreach_sqrt_decay_group": "torch.optim.AdamW uses the foreach implementation (CUDA default): one state-sized "
+                                "temporary for the weight-decay group during step()",
+}
+_MANAGED_ASSUMPTION = ("paged optimizer states live in CUDA managed memory: outside max_memory_allocated, "
+                       "counted in device_used while resident")
+
+
+def optimizer_assumptions(optimizer: str, framework: str) -> list[str]:
+    """The report's assumption lines for the optimizer that ``framework`` runs."""
+    f = optimizer_facts(runs_as(optimizer, framework))
+    out = [_STEP_ASSUMPTIONS[f.step_temporary]] if f.step_temporary in _STEP_ASSUMPTIONS else []
+    if f.managed_memory:
+        out.append(_MANAGED_ASSUMPTION)
+    return out
+
+
+def adafactor_step_tensors(m: ModelSpec, rp: RankParams, tp: int, shards: int) -> list[tuple[int, int, int]]:
+    """(elements, rows, columns) of this rank's parameters in the order Adafactor steps through them.
+
+    The Trainer's groups (``get_decay_parameter_names``): the decay group (embeddings, linear
+    weights, the LM head, in module order, layer by layer) then the no-decay group (norm weights
+    and biases).  A weight [out, in] is factored into out rows and in columns; transformers 5
+    stores a layer's routed experts as one [E, 2I, h] gate-up and one [E, h, I] down tensor.
+    Vector parameters are not factored (0, 0).  Two layers are listed: the step's peak depends
+    only on each tensor and the one before it.
+    """
+    layers = list(rp.layers)[:2]
+
+    def shape(p: ParamGroup, n: int) -> tuple[int, int, int]:
+        n = ceil_div(n, shards)
+        if p.in_features and p.out_features and shards == 1:
+            return n, n // p.in_features, n // p.out_features
+        if p.role == "embedding" and shards == 1:
+            return n, n // m.hidden_size, m.hidden_size
+        return n, 0, 0
+
+    def tp_numel(p: ParamGroup) -> int:
+        return ceil_div(p.numel, tp) if p.tp in ("column", "row", "vocab") else p.numel
+
+    decay: list[tuple[int, int, int]] = []
+    no_decay: list[tuple[int, int, int]] = []
+    pre = [p for p in m.params if not p.layer_span and p.role in ("embedding", "position")]
+    post = [p for p in m.params if not p.layer_span and p not in pre]
+    layered = [p for p in m.params if p.layer_span]
+    if rp.has_embedding:
+        decay += [shape(p, tp_numel(p)) for p in pre]
+    for i in layers:
+        gate_up = 0
+        for p in layered:
+            if i not in p.layer_span:
+                continue
+            if p.role in ("norm", "bias"):
+                no_decay.append(shape(p, tp_numel(p)))
+            elif p.role == "expert":
+                n = tp_numel(p) * (p.count // len(p.layer_span))  # the layer's experts in one tensor
+                if p.module in ("gate_proj", "up_proj") and m.mlp_gated:
+                    gate_up += n
+                    if gate_up == 2 * n:
+                        decay.append((ceil_div(gate_up, shards), 0, 0) if shards > 1 else
+                                     (gate_up, gate_up // p.in_features, gate_up // (2 * p.out_features)))
+                else:
+                    decay.append(shape(p, n))
+            else:
+                decay.append(shape(p, tp_numel(p)))
+    for p in post:
+        if p.role == "lm_head" and not rp.has_lm_head:
+            continue
+        (no_decay if p.role in ("norm", "bias") else decay).append(shape(p, tp_numel(p)))
+    return decay + no_decay
+
+
+def adafactor_state_elements(m: ModelSpec) -> int:
+    """Adafactor state elements: rows + columns for each matrix, the full size for vectors."""
+    total = 0
+    for p in m.params:
+        if p.in_features and p.out_features:
+            total += (p.in_features + p.out_features) * p.count
+        elif p.role in ("embedding", "position"):
+            rows = p.numel // m.hidden_size
+            total += (rows + m.hidden_size) * p.count
+        else:
+            total += p.total
+    return total
 
 
 def adafactor_step_bytes(tensors: Sequence[tuple[int, int, int]], param_bytes: int) -> int:

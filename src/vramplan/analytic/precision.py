@@ -20,42 +20,27 @@ different ways):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from vramplan.facts.precisions import FrameworkFamily, PrecisionPolicy, precision_policy
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.scenario import Scenario
 
+__all__ = ["PrecisionPolicy", "adapter_bytes", "framework_family", "policy"]
 
-@dataclass(frozen=True)
-class PrecisionPolicy:
-    param_bytes: int  # stored (trainable) parameter
-    frozen_param_bytes: int  # a frozen base weight under PEFT (loaded in the half dtype)
-    grad_bytes: int
-    master_bytes: int  # fp32 master copy held outside the model (DeepSpeed, FSDP shards are the params)
-    compute_bytes: int  # matmul inputs/outputs, saved activations
-    residual_bytes: int  # the residual stream between layers
-    autocast: bool
-    weight_cast_bytes: int  # autocast's cached copy of each trainable linear weight (0: none)
-    linear_input_bytes: int  # how a linear's saved input is stored
-    half: str  # "bf16" | "fp16" | "fp32"
+
+def framework_family(s: Scenario) -> FrameworkFamily:
+    """The precision family of the framework that runs ``s`` (``facts/precisions.py``): DeepSpeed's
+    half module with fp32 masters; FSDP's MixedPrecision (any FSDP sharding, torchtitan); else autocast."""
+    framework = s.effective_framework
+    if framework == "deepspeed":
+        return "deepspeed"
+    if s.parallel.fsdp != "none" or framework == "torchtitan":
+        return "fsdp"
+    return "autocast"
 
 
 def policy(s: Scenario) -> PrecisionPolicy:
-    prec = s.train.precision
-    framework = s.effective_framework
-    half = "fp16" if prec.startswith("fp16") else ("fp32" if prec == "fp32" else "bf16")
-    if prec == "fp32":
-        return PrecisionPolicy(4, 4, 4, 0, 4, 4, False, 0, 4, "fp32")
-    if prec in ("bf16-true", "fp16-true"):
-        return PrecisionPolicy(2, 2, 2, 0, 2, 2, False, 0, 2, half)
-    fp8 = prec == "fp8-mixed"
-    if framework == "deepspeed":
-        # DeepSpeed's engine casts the module to half and owns fp32 masters (bf16/fp16 config section).
-        return PrecisionPolicy(2, 2, 2, 4, 2, 2, False, 1 if fp8 else 0, 1 if fp8 else 2, half)
-    if s.parallel.fsdp not in ("none",) or framework == "torchtitan":
-        # FSDP MixedPrecision(param_dtype=half): sharded fp32 params, half all-gathered copies
-        # (counted as all-gather buffers), fp32 sharded gradients (reduce_dtype fp32 in torchtitan).
-        return PrecisionPolicy(4, 2, 4, 0, 2, 2, False, 1 if fp8 else 0, 1 if fp8 else 2, half)
-    return PrecisionPolicy(4, 2, 4, 0, 2, 4, True, 1 if fp8 else 2, 1 if fp8 else 2, half)
+    """The scenario's row of ``facts.precisions.PRECISIONS`` (docs/conventions.md, "Model states")."""
+    return precision_policy(s.train.precision, framework_family(s))
 
 
 def adapter_bytes(s: Scenario, pol: PrecisionPolicy) -> int:
@@ -85,4 +70,6 @@ def adapter_bytes(s: Scenario, pol: PrecisionPolicy) -> int:
     if quant == "none":
         return pol.frozen_param_bytes
     sharded = s.parallel.fsdp in ("full_shard", "shard_grad_op", "hybrid_shard") or s.parallel.zero_stage == 3
-    return pol.frozen_param_bytes if sharded and quant in ("nf4", "nf4-dq", "fp4") else 4
+    # a 4-bit bitsandbytes base is packed in the float storage dtype when sharded (bnb_4bit_quant_storage)
+    packed_in_float = quant_format(quant).library == "bitsandbytes" and quant_format(quant).bits == 4
+    return pol.frozen_param_bytes if sharded and packed_in_float else 4

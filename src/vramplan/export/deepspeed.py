@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.facts.optimizers import optimizer_facts
 from vramplan.plan.setup import TrainSetup
 
 __all__ = ["deepspeed_config"]
@@ -20,6 +21,9 @@ __all__ = ["deepspeed_config"]
 def deepspeed_config(s: TrainSetup) -> dict[str, Any]:
     if s.framework != "deepspeed":
         raise ValueError(f"not a DeepSpeed setup: {s.framework}")
+    ds_type = optimizer_facts(s.optimizer).deepspeed_type
+    if ds_type is None:
+        raise ValueError(f"optimizer {s.optimizer!r} has no DeepSpeed optimizer type (facts/optimizers.py)")
     zero: dict[str, Any] = {"stage": s.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
     if s.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -33,7 +37,7 @@ def deepspeed_config(s: TrainSetup) -> dict[str, Any]:
         "gradient_accumulation_steps": s.grad_accum_steps,
         "gradient_clipping": 1.0,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+        "optimizer": {"type": ds_type, "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                   "weight_decay": "auto"}},
     }
     if s.precision.startswith("bf16"):

@@ -13,14 +13,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.facts.optimizers import optimizer_facts
+from vramplan.facts.quantization import quant_format
 from vramplan.plan.setup import TrainSetup
 
-__all__ = ["OPTIM_NAMES", "bnb_config_kwargs", "lora_config_kwargs", "model_init_kwargs", "training_arguments_kwargs"]
+__all__ = ["bnb_config_kwargs", "lora_config_kwargs", "model_init_kwargs", "optim_name", "training_arguments_kwargs"]
 
-OPTIM_NAMES = {
-    "adamw-fused": "adamw_torch_fused", "adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit",
-    "paged-adamw": "paged_adamw_32bit", "paged-adamw-8bit": "paged_adamw_8bit",
-}
+
+def optim_name(optimizer: str) -> str:
+    """The Trainer's ``optim`` string for ``optimizer`` (its row's ``hf_trainer_optim``).
+
+    >>> optim_name("adamw-8bit")
+    'adamw_bnb_8bit'
+    """
+    name = optimizer_facts(optimizer).hf_trainer_optim
+    if name is None:
+        raise ValueError(f"optimizer {optimizer!r} has no Hugging Face Trainer optim name (facts/optimizers.py)")
+    return name
 
 
 def _half(s: TrainSetup) -> str | None:
@@ -46,7 +55,7 @@ def training_arguments_kwargs(s: TrainSetup, output_dir: str = "outputs",
     if s.framework == "deepspeed":
         kw["deepspeed"] = deepspeed_file
     else:
-        kw["optim"] = OPTIM_NAMES[s.optimizer]
+        kw["optim"] = optim_name(s.optimizer)
     if s.framework == "accelerate":
         kw["fsdp"] = True
         kw["fsdp_config"] = {
@@ -90,8 +99,11 @@ def bnb_config_kwargs(s: TrainSetup) -> dict[str, Any] | None:
     q = s.quantization
     if q == "none":
         return None
-    if q == "int8":
-        return {"load_in_8bit": True}
-    compute = "bfloat16" if s.precision.startswith("bf16") else "float16"
-    return {"load_in_4bit": True, "bnb_4bit_quant_type": "fp4" if q == "fp4" else "nf4",
-            "bnb_4bit_use_double_quant": q == "nf4-dq", "bnb_4bit_compute_dtype": compute}
+    fmt = quant_format(q)
+    if not fmt.hf_bnb_config:
+        raise ValueError(f"{q} is not a bitsandbytes format (facts/quantization.py)")
+    kw: dict[str, Any] = dict(fmt.hf_bnb_config)
+    if fmt.dequant == "whole_weight":
+        # 4-bit layers dequantize to the compute dtype (set_compute_type may still replace it at run time)
+        kw["bnb_4bit_compute_dtype"] = "bfloat16" if s.precision.startswith("bf16") else "float16"
+    return kw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vramplan.facts.quantization import quant_format
 from vramplan.plan.result import RankedSetup
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.units import GiB
@@ -61,7 +62,7 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: str, f
     if isinstance(s, ServeSetup):
         lines += ["```bash", "./serve.sh", "```", "",
                   "`vllm_engine_args.json` holds the same settings as `vllm.EngineArgs` keyword arguments."]
-        if s.quantization in ("awq-4bit", "gptq-4bit"):
+        if s.quantization != "none" and quant_format(s.quantization).prequantized_checkpoint:
             lines += ["", (f"`{s.quantization}` needs a checkpoint quantized that way: replace `{model}` with an "
                            "AWQ/GPTQ version of the model.")]
         return "\n".join(lines) + "\n"

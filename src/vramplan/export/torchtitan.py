@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.facts.optimizers import optimizer_facts
 from vramplan.plan.setup import TrainSetup
 
 __all__ = ["JOB_CONFIG_KEYS", "to_toml", "torchtitan_config"]
@@ -55,6 +56,9 @@ def _model_section(model_type: str, layers: int, hidden: int) -> dict[str, Any]:
 def torchtitan_config(s: TrainSetup, model_type: str, layers: int, hidden: int) -> dict[str, dict[str, Any]]:
     if s.framework not in ("torchtitan", "accelerate") or s.peft is not None or s.fsdp == "shard_grad_op":
         raise ValueError("torchtitan runs full fine-tuning with FSDP (full_shard), TP and PP")
+    titan_optim = optimizer_facts(s.optimizer).torchtitan
+    if titan_optim is None:
+        raise ValueError(f"optimizer {s.optimizer!r} has no torchtitan [optimizer] name (facts/optimizers.py)")
     local = s.micro_batch_size * s.grad_accum_steps if s.pp > 1 else s.micro_batch_size
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": s.dp,
@@ -67,7 +71,7 @@ def torchtitan_config(s: TrainSetup, model_type: str, layers: int, hidden: int) 
     return {
         "job": {"description": f"vramplan plan: {s.label()}"},
         "model": _model_section(model_type, layers, hidden),
-        "optimizer": {"name": "AdamW", "implementation": "fused"},
+        "optimizer": {"name": titan_optim[0], "implementation": titan_optim[1]},
         "training": {"local_batch_size": local, "global_batch_size": s.global_batch, "seq_len": s.seq_len,
                      "max_norm": 1.0, "enable_cpu_offload": s.offload != "none",
                      "mixed_precision_param": "float32" if s.precision == "fp32" else "bfloat16",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from vramplan.facts.quantization import quant_format
 from vramplan.plan.setup import ServeSetup
 
 __all__ = ["ENGINE_ARGS_FIELDS", "vllm_command", "vllm_engine_args"]
@@ -27,8 +28,6 @@ DTYPE_CHOICES = frozenset({"auto", "half", "float16", "bfloat16", "float", "floa
 KV_CACHE_DTYPE_CHOICES = frozenset({"auto", "fp8", "fp8_e5m2", "fp8_e4m3"})
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-_QUANT = {"none": None, "fp8": "fp8", "awq-4bit": "awq", "gptq-4bit": "gptq", "nf4": "bitsandbytes",
-          "nf4-dq": "bitsandbytes", "int8": "bitsandbytes", "fp4": "bitsandbytes"}
 
 
 def vllm_engine_args(s: ServeSetup, model: str) -> dict[str, Any]:
@@ -39,9 +38,8 @@ def vllm_engine_args(s: ServeSetup, model: str) -> dict[str, Any]:
         "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
         "block_size": s.block_size, "kv_cache_dtype": "fp8" if s.kv_cache_dtype == "fp8" else "auto",
     }
-    q = _QUANT.get(s.quantization)
-    if q is not None:
-        args["quantization"] = q
+    if s.quantization != "none":
+        args["quantization"] = quant_format(s.quantization).vllm_quantization
     return args
 
 

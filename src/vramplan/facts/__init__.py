@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Choices"]
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
+from vramplan.errors import suggest
+
+__all__ = ["Choices", "OneOf"]
 
 
 @dataclass(frozen=True)
@@ -26,3 +33,36 @@ class Choices:
 
     what: str
     names: Callable[[], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """Pydantic metadata that checks a ``str`` field against a table's names at validation time and lists
+    them as the JSON schema's ``enum``: ``Annotated[str, Choices(...), OneOf(names)]``.
+
+    An unknown value raises pydantic's ``literal_error`` (as a ``Literal`` field does) with the valid
+    choices in ``expected`` and the close names (``errors.suggest``) in the message, so the scenario
+    loader reports it like any other closed choice.  The table is read on each call: a row added at
+    run time is accepted at once.
+    """
+
+    names: Callable[[], tuple[str, ...]]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        out = handler(schema)
+        out["enum"] = list(self.names())
+        return out
+
+    def _check(self, value: str) -> str:
+        names = self.names()
+        if value in names:
+            return value
+        quoted = [repr(n) for n in names]
+        expected = ", ".join(quoted[:-1]) + f" or {quoted[-1]}" if len(quoted) > 1 else "".join(quoted)
+        close = suggest(value, names)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PydanticCustomError("literal_error", "Input should be {expected}{hint}",
+                                  {"expected": expected, "hint": hint})

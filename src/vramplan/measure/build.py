@@ -10,7 +10,8 @@ them (Hugging Face Trainer / Accelerate / plain PyTorch):
   parameters.  With PEFT the frozen base is stored in the half dtype and the adapters in the
   analytic engine's dtype (``analytic.precision.adapter_bytes``: fp32 with peft's
   ``autocast_adapter_dtype``, the base dtype for ``software.peft`` < 0.12);
-* optimizer: ``torch.optim.AdamW`` with ``foreach=True`` (CUDA's default implementation,
+* optimizer: the class and arguments of the optimizer's row in ``facts/optimizers.py``:
+  ``torch.optim.AdamW`` with ``foreach=True`` (CUDA's default implementation,
   forced on the CPU too so that a CPU measurement has the GPU's optimizer-step temporaries)
   or ``fused=True``; SGD (with momentum 0.9 for ``sgd-momentum``); transformers' Adafactor;
   bitsandbytes' 8-bit / paged / Lion optimizers where bitsandbytes and CUDA are present.
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vramplan.errors import MissingExtraError, Problem, ScenarioError
+from vramplan.facts.optimizers import optimizer_facts
 from vramplan.spec.load import Resolved
 
 if TYPE_CHECKING:
@@ -40,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Built", "build", "require_torch", "unsupported"]
 
-BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit")
 _LEARNED_POSITIONS = ("learned",)
 
 
@@ -85,12 +86,12 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
             out.append(Problem("train.quantization", f"quantized base weights ({t.quantization}) need bitsandbytes "
                                "on CUDA; measure builds dense random weights",
                                "set train.quantization: none and peft.method: lora"))
-        if (t.optimizer in BNB_OPTIMIZERS or t.optimizer == "lion") and (
-                device_type != "cuda" or not _has("bitsandbytes")):
-            out.append(Problem("train.optimizer", f"{t.optimizer} needs bitsandbytes on CUDA"
+        construct = optimizer_facts(t.optimizer).construct
+        if construct is not None and construct.needs_cuda and (device_type != "cuda" or not _has(construct.package)):
+            out.append(Problem("train.optimizer", f"{t.optimizer} needs {construct.package} on CUDA"
                                + ("" if device_type == "cuda" else " (this run is on the CPU)"),
-                               "run on a CUDA machine with `pip install bitsandbytes`, or set train.optimizer: "
-                               "adamw"))
+                               f"run on a CUDA machine with `pip install {construct.package}`, or set "
+                               "train.optimizer: adamw"))
         if t.gradient_checkpointing == "selective" and t.attention == "eager":
             out.append(Problem("train.gradient_checkpointing", "selective recomputation of eager attention's "
                                "s x s tensors is not a transformers option",
@@ -205,37 +206,24 @@ def decay_groups(model: Any) -> tuple[list[Any], list[Any]]:
 
 
 def make_optimizer(name: str, model: Any, device_type: str) -> tuple[Any, str | None]:
-    """The torch optimizer for a scenario's ``train.optimizer`` (None for "none"), and a note."""
-    import torch
+    """The torch optimizer for a scenario's ``train.optimizer`` (None for "none"), and a note.
 
+    The class and its keyword arguments are the optimizer's row in ``facts/optimizers.py``
+    (``construct``); bitsandbytes rows were checked by ``unsupported`` (present, on CUDA).
+    """
+    import importlib
+
+    construct = optimizer_facts(name).construct
     decay, no_decay = decay_groups(model)
     groups = [{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     lr = 1e-5
-    if name == "none" or not groups:
+    if construct is None or not groups:
         return None, None
-    if name == "adamw":
-        note = None if device_type == "cuda" else (
-            "optimizer: AdamW with foreach=True, the CUDA default, so the CPU run has the GPU's step temporaries")
-        return torch.optim.AdamW(groups, lr=lr, foreach=True), note
-    if name == "adamw-fused":
-        return torch.optim.AdamW(groups, lr=lr, fused=True), None
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, foreach=True), None
-    if name == "sgd-momentum":
-        return torch.optim.SGD(groups, lr=lr, momentum=0.9, foreach=True), None
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False,  # type: ignore[no-untyped-call]
-                         warmup_init=False), None
-    import importlib
-
-    bnb: Any = importlib.import_module("bitsandbytes")  # checked by unsupported(): present, on CUDA
-
-    cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW,
-           "paged-adamw-8bit": bnb.optim.PagedAdamW8bit, "lion": bnb.optim.Lion}[name]
-    return cls(groups, lr=lr), None
+    module, _, cls_name = construct.path.rpartition(".")
+    cls: Any = getattr(importlib.import_module(module), cls_name)
+    note = construct.note_off_cuda if device_type != "cuda" else None
+    return cls(groups, lr=lr, **dict(construct.kwargs)), note
 
 
 def _apply_peft(model: Any, r: Resolved, adapter_fp32: bool) -> Any:

@@ -11,9 +11,10 @@ and the managed (paged) optimizer states.  So
             + CUDA context + NCCL buffers + managed states  <=  device_used
 
 for any micro-batch size.  Each term below is a *lower* value of the engine's term: weights of
-a quantized PEFT base without the fp32 casts of ``prepare_model_for_kbit_training``, 8-bit
-states at 2 bytes per parameter for every tensor (the engine charges small tensors 8 and adds
-the block scales).  ``tests/test_plan_properties.py`` checks bound <= estimate on random setups.
+a quantized PEFT base without the fp32 casts of ``prepare_model_for_kbit_training``; optimizer
+states from the same row of ``facts/optimizers.py`` the engine reads, at their stored values only
+(8-bit states at 2 bytes per parameter for every tensor: the engine charges small tensors 8 and
+adds the block scales; factored Adafactor states at 0).  ``tests/test_plan_properties.py`` checks bound <= estimate on random setups.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vramplan.analytic.layout import RankParams
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.precision import PrecisionPolicy
 from vramplan.analytic.weights import weights_bytes
+from vramplan.facts.optimizers import optimizer_facts
 from vramplan.plan.setup import TrainSetup
 from vramplan.spec.gpu import GpuSpec
 from vramplan.units import ceil_div
@@ -42,13 +44,8 @@ def shards(s: TrainSetup) -> tuple[int, int, int]:
 
 
 def _states_lower(s: TrainSetup, trainable_shard: int, opt_param_bytes: int) -> int:
-    if s.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-        return 2 * trainable_shard
-    if s.optimizer in ("adamw", "adamw-fused", "paged-adamw"):
-        return 2 * opt_param_bytes * trainable_shard
-    if s.optimizer in ("sgd-momentum", "lion"):
-        return opt_param_bytes * trainable_shard
-    return 0
+    """The optimizer row's stored state values for every parameter (``OptimizerFacts.state_lower_bytes_per_param``)."""
+    return optimizer_facts(s.optimizer).state_lower_bytes_per_param(opt_param_bytes) * trainable_shard
 
 
 def static_lower_bound_bytes(s: TrainSetup, rp: RankParams, gpu: GpuSpec, pol: PrecisionPolicy) -> int:

@@ -5,8 +5,10 @@ What is searched for training (each knob only where the framework that would run
 ==================  =====================================================================
 precision           bf16-mixed (fp16-mixed on GPUs without bf16), fp32; bf16-true only with
                     ``allow_pure_bf16`` (pure half-precision updates change training numerics)
-optimizer           AdamW (fused), 8-bit AdamW, paged AdamW, paged 8-bit AdamW (bitsandbytes,
-                    Hugging Face Trainer); DeepSpeed, FSDP and torchtitan use their own AdamW
+optimizer           the rows of ``facts/optimizers.py`` whose ``planner`` names the job: today AdamW
+                    (fused), 8-bit AdamW, paged AdamW, paged 8-bit AdamW (bitsandbytes, Hugging Face
+                    Trainer; no paged 32-bit AdamW under PEFT); DeepSpeed, FSDP and torchtitan use
+                    their own AdamW
 checkpointing       none, full.  Selective recomputation (arXiv 2205.05198) drops only the s x s
                     attention tensors, which flash/SDPA never save: with them it *is* "none"
 attention           sdpa (PyTorch dispatches the flash kernel; flash-attention-2 is the same in
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vramplan.errors import Problem, ScenarioError
+from vramplan.facts.optimizers import planner_optimizers
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
@@ -43,8 +46,6 @@ __all__ = [
 ]
 
 PeftPolicy = Literal["none", "allow", "only", "lora", "qlora"]
-HF_OPTIMIZERS = ("adamw-fused", "adamw-8bit", "paged-adamw", "paged-adamw-8bit")
-PEFT_OPTIMIZERS = ("adamw-fused", "adamw-8bit", "paged-adamw-8bit")
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
     half_mixed = [p for p in precs if p.endswith("-mixed")]
     seq = job.seq_len
     attn = ("sdpa", "eager") if not m.encoder_only else ("sdpa",)
+    full_opts, peft_opts = planner_optimizers("full"), planner_optimizers("peft")
     for tp, pp in parallel_shapes(m, n, gpus_per_node):
         dp = n // (tp * pp)
         if batch % dp:
@@ -179,7 +181,7 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                 for prec in precs:
                     for a in attn:
                         for ck in ckpts:
-                            for opt in HF_OPTIMIZERS:
+                            for opt in full_opts:
                                 yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
                                                 checkpointing=ck, attention=a)
                             for z in (1, 2, 3):
@@ -195,7 +197,7 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                 for prec in half_mixed:
                     for a in attn:
                         for ck in ckpts:
-                            for opt in PEFT_OPTIMIZERS:
+                            for opt in peft_opts:
                                 quant = "nf4-dq" if method == "qlora" else "none"
                                 yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
                                                 checkpointing=ck, attention=a, peft=method, quantization=quant)

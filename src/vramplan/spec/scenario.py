@@ -7,17 +7,18 @@ errors (with a suggestion), so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from vramplan.facts import Choices, OneOf
+from vramplan.facts.optimizers import optimizer_names
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain"]
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed"]
-Optimizer = Literal[
-    "adamw", "adamw-fused", "adamw-8bit", "paged-adamw", "paged-adamw-8bit",
-    "adafactor", "sgd", "sgd-momentum", "lion", "none",
-]
+# the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
+Optimizer = Annotated[str, Choices("optimizer", optimizer_names), OneOf(optimizer_names)]
 Checkpointing = Literal["none", "full", "selective"]
 Attention = Literal["eager", "sdpa", "flash"]
 TrainQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4"]

@@ -1,5 +1,7 @@
 """The optimizer of a traced step: the real torch optimizers with CUDA's defaults, and the state
-layouts of the ones torch does not ship.
+layouts of the ones torch does not ship.  Which one is the optimizer's row in ``facts/optimizers.py``
+(``trace``: build the row's class, run Lion's reference update, or lay out bitsandbytes' states from
+the row's ``states`` and small-tensor rule).
 
 * ``adamw``: ``torch.optim.AdamW(foreach=True)``, the CUDA default (``_default_to_fused_or_foreach``):
   ``_foreach_sqrt`` of ``exp_avg_sq`` is one state-sized temporary per parameter group.
@@ -11,8 +13,8 @@ layouts of the ones torch does not ship.
   .add(grad, alpha=1 - b1).sign_()`` per parameter.
 * ``adamw-8bit`` / ``paged-*``: bitsandbytes ``Optimizer2State`` layouts: ``uint8`` ``state1``/``state2``
   with an fp32 ``absmax`` per 256-element block for tensors of at least 4096 elements (fp32
-  states otherwise); the update kernel works in place.  Paged states live in CUDA managed
-  memory, outside torch's allocator.
+  states otherwise; fp32 states for the 32-bit paged AdamW); the update kernel works in place.
+  Paged states live in CUDA managed memory, outside torch's allocator.
 
 Parameter groups follow the Hugging Face Trainer (``get_decay_parameter_names``): biases and
 norm weights in a no-decay group, everything else in the decay group.
@@ -20,6 +22,7 @@ norm weights in a no-decay group, everything else in the decay group.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,10 +30,12 @@ from typing import Any
 
 import torch
 
+from vramplan.facts.optimizers import OptimizerFacts, optimizer_facts
+
 __all__ = ["OptimizerSetup", "make_optimizer"]
 
-BNB_BLOCK = 256
-BNB_MIN_8BIT_SIZE = 4096
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "uint8": torch.uint8,
+           "int8": torch.int8}
 _NO_DECAY = [re.compile(p) for p in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")]
 
 
@@ -77,31 +82,41 @@ class Lion(torch.optim.Optimizer):
                 exp_avg.mul_(b2).add_(p.grad, alpha=1 - b2)
 
 
-class Bnb8bitLayout(torch.optim.Optimizer):
-    """bitsandbytes AdamW8bit/PagedAdamW(8bit) state layout; the update is in place (no temporaries)."""
+class BnbStateLayout(torch.optim.Optimizer):
+    """bitsandbytes AdamW8bit/PagedAdamW(8bit) state layout, from the optimizer's row; the update is in
+    place (no temporaries).
 
-    def __init__(self, params: Any, eight_bit: bool, paged: bool) -> None:
+    Each of the row's states is allocated per parameter: a quantized state (with a block scale) as its
+    dtype plus one scale per block, unless the tensor is below the small-tensor rule, which keeps the
+    rule's dtype; an unquantized state in its dtype (the parameter's when the row gives none).
+    """
+
+    def __init__(self, params: Any, facts: OptimizerFacts) -> None:
         super().__init__(params, {"lr": 1e-4})
-        self.eight_bit, self.paged = eight_bit, paged
+        self.facts = facts
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        small = self.facts.small_tensors
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                if not state:
-                    if self.eight_bit and p.numel() >= BNB_MIN_8BIT_SIZE:
-                        blocks = -(-p.numel() // BNB_BLOCK)
-                        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-                        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
-                        state["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                        state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                    else:
-                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["step"] = torch.zeros((), dtype=torch.float32)
+                if state:
+                    continue
+                quantized = small is None or p.numel() >= small.below_elements
+                # bitsandbytes allocates state1, state2, then absmax1, absmax2 (Optimizer2State.init_state)
+                for st in self.facts.states:
+                    dtype = st.dtype
+                    if st.scale is not None and not quantized and small is not None:
+                        dtype = small.dtype
+                    state[st.name] = torch.zeros_like(p, dtype=_DTYPES[dtype] if dtype else p.dtype)
+                for st in self.facts.states:
+                    if st.scale is not None and quantized:
+                        blocks = -(-p.numel() // st.scale.block)
+                        state[st.scale.key] = torch.zeros(blocks, dtype=_DTYPES[st.scale.dtype], device=p.device)
+                state["step"] = torch.zeros((), dtype=torch.float32)
 
 
 @dataclass
@@ -132,31 +147,20 @@ def make_optimizer(kind: str, model: torch.nn.Module, params_override: list[tupl
         groups = [[(n, wrap(p)) for n, p in g] for g in groups]
     names = {id(p): n for g in groups for n, p in g}
     pg = [{"params": [p for _, p in g], "weight_decay": 0.0} for g in groups if g]
-    if kind == "none" or not pg:
+    facts = optimizer_facts(kind)
+    if facts.construct is None or not pg:
         return OptimizerSetup(None, names=names)
     lr = 1e-5
     opt: torch.optim.Optimizer
-    if kind == "adamw":
-        opt = torch.optim.AdamW(pg, lr=lr, foreach=True)
-    elif kind == "adamw-fused":
-        opt = torch.optim.AdamW(pg, lr=lr, fused=True)
-    elif kind == "sgd":
-        opt = torch.optim.SGD(pg, lr=lr, foreach=True)
-    elif kind == "sgd-momentum":
-        opt = torch.optim.SGD(pg, lr=lr, momentum=0.9, foreach=True)
-    elif kind == "adafactor":
-        from transformers.optimization import Adafactor
-
-        factory: Any = Adafactor
-        opt = factory(pg, lr=lr, scale_parameter=False, relative_step=False)
-    elif kind == "lion":
+    if facts.trace == "bnb_state_layout":
+        opt = BnbStateLayout(pg, facts)
+    elif facts.trace == "lion_reference":
         opt = Lion(pg, lr=lr)
-    elif kind in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
-        opt = Bnb8bitLayout(pg, eight_bit=kind.endswith("8bit"), paged=kind.startswith("paged"))
-        return OptimizerSetup(opt, managed=kind.startswith("paged"), names=names)
-    else:  # pragma: no cover - the scenario schema lists the optimizers
-        raise ValueError(kind)
-    return OptimizerSetup(opt, names=names)
+    else:
+        module, _, name = facts.construct.path.rpartition(".")
+        factory: Any = getattr(importlib.import_module(module), name)
+        opt = factory(pg, lr=lr, **dict(facts.construct.kwargs))
+    return OptimizerSetup(opt, managed=facts.managed_memory, names=names)
 
 
 def init_states(setup: OptimizerSetup, params: list[torch.Tensor]) -> None:

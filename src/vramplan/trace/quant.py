@@ -47,14 +47,14 @@ from typing import Any, cast
 
 import torch
 
+from vramplan.facts.quantization import quant_format
+
 __all__ = ["EXPERTS_NOTE", "QuantExperts", "QuantLinear", "quantize_linears"]
 
 EXPERTS_NOTE = ("MoE experts stored as per-expert bitsandbytes linears and run one expert at a time, as "
                 "transformers 4.x loaded them; transformers 5 with stock bitsandbytes leaves its fused experts "
                 "unquantized (bitsandbytes issue #1849) and peft then casts them to fp32")
 
-NF4_BLOCK = 64
-DQ_BLOCK = 256
 
 
 def _ceil(a: int, b: int) -> int:
@@ -69,13 +69,16 @@ class QuantLinear(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = in_features, out_features
         self.fmt = fmt
+        facts = quant_format(fmt)  # payload, block sizes, double quantization: facts/quantization.py
+        self.int8 = facts.dequant == "int8_matmul"
+        self.double_quant = facts.double_quant
         self.saves_input = False  # bitsandbytes < 0.43.2 kept the input (see quantize_linears)
         self.compute_dtype = compute_dtype
         self.compute_type_is_set = False
         self.weight_dtype = weight_dtype
         n = in_features * out_features
-        blocks = _ceil(n, NF4_BLOCK)
-        if fmt == "int8":
+        blocks = facts.scales.count(n, out_features)
+        if self.int8:
             w = torch.zeros((out_features, in_features), dtype=torch.int8, device=device)
             self.weight = torch.nn.Parameter(w, requires_grad=False)
             self.scb = torch.zeros(out_features, dtype=torch.float32, device=device)
@@ -84,9 +87,10 @@ class QuantLinear(torch.nn.Linear):
             w = torch.zeros((_ceil(n, 2), 1), dtype=torch.uint8, device=device)
             self.weight = torch.nn.Parameter(w, requires_grad=False)
             code = torch.zeros(16, dtype=torch.float32, device=device)
-            if fmt == "nf4-dq":
+            second = facts.scales.second_level
+            if second is not None:
                 absmax = torch.zeros(blocks, dtype=torch.uint8, device=device)
-                absmax2 = torch.zeros(_ceil(blocks, DQ_BLOCK), dtype=torch.float32, device=device)
+                absmax2 = torch.zeros(second.count(blocks, 0), dtype=torch.float32, device=device)
                 offset = torch.zeros((), dtype=torch.float32, device=device)
                 if "dynamic" not in shared:
                     shared["dynamic"] = torch.zeros(256, dtype=torch.float32, device=device)
@@ -102,13 +106,13 @@ class QuantLinear(torch.nn.Linear):
 
     def dequantize(self) -> torch.Tensor:
         """The dequantized weight ``[out, in]`` (a temporary), as ``dequantize_4bit`` allocates it."""
-        if self.fmt == "nf4-dq":
+        if self.double_quant:
             absmax = self.state[0]
             fp32_absmax = torch.empty(absmax.shape, dtype=torch.float32, device=absmax.device)
             fp32_absmax += self.state[3]
             w = torch.empty((self.out_features, self.in_features), dtype=self.weight_dtype, device=absmax.device)
             del fp32_absmax
-        elif self.fmt == "int8":
+        elif self.int8:
             w = self.weight.to(self.compute_dtype)
             scale = self.scb.unsqueeze(1).mul(1.0 / 127.0)
             w.mul_(scale)
@@ -121,7 +125,7 @@ class QuantLinear(torch.nn.Linear):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fmt == "int8":
+        if self.int8:
             return _apply(_MatMul8bit, x, self)
         inp_dtype = x.dtype
         if not self.compute_type_is_set:
@@ -334,7 +338,7 @@ def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtyp
             else:
                 continue
             q = QuantLinear(fin, fout, child.bias is not None, fmt, compute_dtype, dtype, device, shared)
-            q.saves_input = saves_input and fmt != "int8"
+            q.saves_input = saves_input and not q.int8
             setattr(parent, child_name, q)
             keep(q.state)
     return state

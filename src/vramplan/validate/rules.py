@@ -30,26 +30,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.load import Resolved
-from vramplan.units import ceil_div
+from vramplan.units import DTYPE_BITS, ceil_div
 
 __all__ = ["RULES", "Rule", "model_state_shards", "rule_16_bytes_per_param", "rule_weights_plus_20",
            "rule_weights_x4", "weights_bytes"]
 
-_QUANT_BITS = {"nf4": 4, "nf4-dq": 4, "fp4": 4, "gptq-4bit": 4, "awq-4bit": 4, "int8": 8, "fp8": 8}
-_DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16}
 
 
 def _stored_bits(r: Resolved) -> int:
     s = r.scenario
     if s.task == "train":
         if s.train.quantization != "none":
-            return _QUANT_BITS[s.train.quantization]
+            return quant_format(s.train.quantization).bits  # the payload only (facts/quantization.py)
         return 32 if s.train.precision == "fp32" else 16
     section = s.inference if s.task == "inference" else s.serve
     if section.quantization != "none":
-        return _QUANT_BITS[section.quantization]
-    return _DTYPE_BITS[section.dtype]
+        return quant_format(section.quantization).bits
+    return DTYPE_BITS[section.dtype]
 
 
 def weights_bytes(r: Resolved) -> int:

@@ -5,7 +5,7 @@ These kernels do a few FLOPs per byte, far below the GPU's FLOP:byte ratio (A100
 bandwidth lists "optimizer updates" and attention among the memory-bound operations).
 
 * The optimizer step reads and writes every state once per step (a fused kernel):
-  ``optimizer_bytes_per_param``.
+  ``optimizer_bytes_per_param``, from the optimizer's row in ``facts/optimizers.py``.
 * Gradient clipping (the Trainer's default ``max_grad_norm=1.0``) reads the gradients to take
   their norm and reads and writes them to scale them: 3 gradient passes.
 * Eager attention writes the s x s scores to HBM and reads them back (FlashAttention,
@@ -18,39 +18,40 @@ bandwidth lists "optimizer updates" and attention among the memory-bound operati
 
 from __future__ import annotations
 
+from vramplan.facts.optimizers import hbm_bytes_per_param
+from vramplan.facts.quantization import quant_format
+
 __all__ = [
-    "DEQUANT_BYTES_PER_WEIGHT_USE", "clip_bytes_per_param", "eager_attention_bytes", "hbm_seconds",
-    "optimizer_bytes_per_param",
+    "DEQUANT_BYTES_PER_WEIGHT_USE", "clip_bytes_per_param", "dequant_bytes_per_weight_use", "eager_attention_bytes",
+    "hbm_seconds", "optimizer_bytes_per_param",
 ]
 
-DEQUANT_BYTES_PER_WEIGHT_USE = 0.5 + 2.0  # read the 4-bit payload, write the bf16 copy
+DEQUANT_BYTES_PER_WEIGHT_USE = 0.5 + 2.0  # read the 4-bit payload, write the bf16 copy (dequant_bytes_per_weight_use)
 
 
 def optimizer_bytes_per_param(optimizer: str, param_bytes: int, grad_bytes: int, master_bytes: int) -> float:
-    """HBM bytes one optimizer step moves per trainable parameter held on the GPU.
-
-    AdamW (fused: one read and one write of each tensor): read parameter, gradient, exp_avg,
-    exp_avg_sq; write parameter, exp_avg, exp_avg_sq.  States have the optimizer's parameter
-    dtype (fp32 masters when ``master_bytes``).  With fp32 parameters and gradients (HF autocast):
-    4 * 4 + 3 * 4 = 28 B.  DeepSpeed (half params, fp32 masters): the half gradient is upcast to
-    an fp32 copy (read 2, write 4), then the fp32 update (28 B) and the half copy of the new
-    parameter is written (2): 36 B.  Pure bf16: 7 x 2 = 14 B.
-    8-bit AdamW (bitsandbytes blockwise, arXiv 2110.02861): 1-byte states plus one fp32 absmax per
-    256 per state, read and written: param and grad read 4 + 4, param written 4, states 2 + 2,
-    two fp32 absmax per 256 parameters read and written (4 * 2 * 2 / 256) -> 16.0625 B with fp32 params.
+    """HBM bytes one optimizer step moves per trainable parameter held on the GPU: read from the
+    optimizer's row (``facts.optimizers.hbm_bytes_per_param``: parameter, gradient and every state
+    read, parameter and states written, the fp32-master path for DeepSpeed).
 
     >>> optimizer_bytes_per_param("adamw-fused", 4, 4, 0), optimizer_bytes_per_param("adamw", 2, 2, 4)
     (28.0, 36.0)
     >>> optimizer_bytes_per_param("adamw-8bit", 4, 4, 0)
     16.0625
     """
-    if optimizer in ("none", "sgd"):
-        return 0.0
-    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-        return 2.0 * param_bytes + grad_bytes + 2 * 2 + 4 * 2 * 2 / 256
-    if master_bytes:
-        return float(grad_bytes + 4) + 28.0 + param_bytes
-    return 6.0 * param_bytes + grad_bytes  # read p, g, m, v; write p, m, v
+    return hbm_bytes_per_param(optimizer, param_bytes, grad_bytes, master_bytes)
+
+
+def dequant_bytes_per_weight_use(quant: str, compute_bytes: int = 2) -> float:
+    """Dequantization traffic per weight and use of a format whose forward dequantizes the whole weight
+    (``facts.quantization``: ``dequant == "whole_weight"``): read the packed payload, write the copy
+    in the compute dtype; 0 for formats whose kernels read the packed weight.
+
+    >>> dequant_bytes_per_weight_use("nf4"), dequant_bytes_per_weight_use("gptq-4bit")
+    (2.5, 0.0)
+    """
+    q = quant_format(quant)
+    return q.bits / 8 + compute_bytes if q.dequant == "whole_weight" else 0.0
 
 
 def clip_bytes_per_param(grad_bytes: int) -> float:

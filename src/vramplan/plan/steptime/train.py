@@ -47,8 +47,6 @@ from vramplan.units import ceil_div
 
 __all__ = ["StepTime", "peak_flops_per_s", "train_step_time"]
 
-_QUANT_4BIT = ("nf4", "nf4-dq", "fp4")
-
 
 @dataclass(frozen=True, slots=True)
 class StepTime:
@@ -124,10 +122,11 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
                                                  pol.compute_bytes)
             first_s += mb.hbm_seconds(per_layer * layers, hbm)
             again_s += mb.hbm_seconds(per_layer / 3 * layers, hbm) if full_ckpt else 0.0
-        if s.quantization in _QUANT_4BIT:
+        dequant = mb.dequant_bytes_per_weight_use(s.quantization) if s.quantization != "none" else 0.0
+        if dequant:
             q = f.linear_params * layers / f.num_layers / tp
-            first_s += mb.hbm_seconds(q * 2 * mb.DEQUANT_BYTES_PER_WEIGHT_USE, hbm)  # forward + input gradient
-            again_s += mb.hbm_seconds(q * mb.DEQUANT_BYTES_PER_WEIGHT_USE, hbm) if full_ckpt else 0.0
+            first_s += mb.hbm_seconds(q * 2 * dequant, hbm)  # forward + input gradient
+            again_s += mb.hbm_seconds(q * dequant, hbm) if full_ckpt else 0.0
         if first_s + again_s > slowest:
             slowest, t_first, t_re, stage_layer_count = first_s + again_s, first_s, again_s, layers
     t_c = t_first + t_re

@@ -1,0 +1,310 @@
+"""Optimizers as data: one frozen record per ``train.optimizer`` value.
+
+Each row says what the optimizer keeps (its state tensors, their dtypes and block scales, the
+small-tensor rule), which step temporaries it makes (a strategy *name*; the strategies are code in
+``analytic/optimizer.py``), where its states live (torch's caching allocator or CUDA managed
+memory), and how every other part of vramplan names or builds it: the Hugging Face Trainer's
+``optim`` string, the class ``vramplan measure`` constructs, how the traced engine emulates it, and
+whether the planner searches it.  The engine (``analytic/optimizer.py``), the planner's lower bound
+(``plan/bound.py``), the step-time traffic (``plan/steptime/memory_bound.py``), the exporters, the
+traced engine (``trace/optim.py``), ``measure/build.py`` and the scenario schema read these rows;
+adding an optimizer whose step temporaries follow a known strategy is one row
+(``docs/checklists/optimizer.md``).
+
+States (bytes per trainable parameter; ``p`` = the bytes of the parameter the optimizer updates,
+fp32 when the framework keeps fp32 masters, since torch optimizers allocate ``zeros_like(param)``):
+
+=====================  ==================================================  =========================
+optimizer              state                                               source
+=====================  ==================================================  =========================
+adamw, adamw-fused     exp_avg + exp_avg_sq: 2p                            torch.optim.AdamW
+paged-adamw            2p, in CUDA managed memory (not torch's allocator)  bitsandbytes PagedAdamW
+adamw-8bit             2 x uint8 + one fp32 absmax per 256: 2 + 8/256;     bitsandbytes AdamW8bit,
+                       tensors under 4096 elements keep fp32 states (8 B)  arXiv 2110.02861 sec. 2
+paged-adamw-8bit       as adamw-8bit, in managed memory                    bitsandbytes
+adafactor              row + column second moments for matrices            transformers Adafactor,
+                       (n + m fp32 elements), full for vectors             arXiv 1804.04235
+sgd                    none                                                torch.optim.SGD
+sgd-momentum           momentum_buffer: p                                  torch.optim.SGD
+lion                   exp_avg: p                                          arXiv 2302.06675
+=====================  ==================================================  =========================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from vramplan.units import DTYPE_BITS
+
+__all__ = [
+    "BNB_BLOCK", "BNB_MIN_8BIT_SIZE", "OPTIMIZERS", "BlockScale", "Construct", "OptimizerFacts", "PlannerUse",
+    "SmallTensorRule", "StateTensor", "StepTemporary", "TraceEmulation", "hbm_bytes_per_param", "optimizer_facts",
+    "optimizer_names", "planner_optimizers", "runs_as",
+]
+
+# bitsandbytes' blockwise 8-bit optimizer states: one fp32 absmax per block of 256 values
+# (``Optimizer2State`` with ``block_wise=True``; the engines have always used 256).
+BNB_BLOCK = 256
+# bitsandbytes keeps 32-bit states for tensors with fewer values (``Optimizer8bit``'s
+# ``min_8bit_size=4096``; torchao's low-bit AdamW follows it, ``torchao/optim/adam.py``).
+BNB_MIN_8BIT_SIZE = 4096
+
+StepTemporary = Literal["none", "foreach_sqrt_decay_group", "per_tensor_sign_update", "adafactor_stepwise"]
+"""How the step's temporaries are sized (``analytic/optimizer.py`` ``STEP_TEMPORARIES``):
+
+* ``none``: in place (fused AdamW, bitsandbytes kernels, SGD);
+* ``foreach_sqrt_decay_group``: torch's ``_multi_tensor_adamw`` allocates ``_foreach_sqrt(exp_avg_sqs)``,
+  one second-moment-sized tensor per parameter of a group, alive together; the largest group is the
+  Trainer's weight-decay group;
+* ``per_tensor_sign_update``: ``exp_avg.clone().mul_(b1).add(grad).sign_()`` per parameter (Lion):
+  two first-moment-sized tensors of the largest parameter;
+* ``adafactor_stepwise``: transformers' ``Adafactor.step``, one parameter at a time in fp32
+  (``analytic/optimizer.py`` ``adafactor_step_bytes``).
+"""
+
+TraceEmulation = Literal["construct", "lion_reference", "bnb_state_layout"]
+"""How the traced engine (``trace/optim.py``) gets the optimizer on the meta device: ``construct``
+builds the record's class; ``lion_reference`` runs lion-pytorch's update; ``bnb_state_layout``
+allocates the row's states as bitsandbytes does (its CUDA kernels cannot run on meta tensors)."""
+
+PlannerUse = Literal["full", "peft"]
+"""Searched by the planner for full fine-tuning with the Hugging Face Trainer (``full``) and for
+LoRA/QLoRA (``peft``), in table order (``plan/space.py``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockScale:
+    """One scale per ``block`` consecutive values of a quantized state (blockwise quantization)."""
+
+    key: str  # the scale's name in ``optimizer.state[p]``
+    dtype: str  # a ``units.DTYPE_BITS`` name
+    block: int  # values per scale
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateTensor:
+    """One state tensor per parameter (``optimizer.state[p][name]``)."""
+
+    name: str
+    dtype: str | None = None  # a DTYPE_BITS name; None: the updated parameter's dtype (``zeros_like(p)``)
+    scale: BlockScale | None = None
+    factored: bool = False  # Adafactor: a matrix keeps a row or column vector instead (n + m values)
+
+    def bytes_per_element(self, param_bytes: int) -> int:
+        """Bytes of one stored value (the scales aside)."""
+        return param_bytes if self.dtype is None else DTYPE_BITS[self.dtype] // 8
+
+    def bytes(self, numel: int, param_bytes: int) -> int:
+        """Bytes of this state for a tensor of ``numel`` values, block scales included."""
+        out = numel * self.bytes_per_element(param_bytes)
+        if self.scale is not None:
+            out += DTYPE_BITS[self.scale.dtype] // 8 * -(-numel // self.scale.block)
+        return out
+
+    def average_bytes(self, param_bytes: int) -> float:
+        """Bytes per value of a large tensor, the block scales spread over their blocks."""
+        out = float(self.bytes_per_element(param_bytes))
+        if self.scale is not None:
+            out += DTYPE_BITS[self.scale.dtype] / 8 / self.scale.block
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmallTensorRule:
+    """Tensors below ``below_elements`` values keep every state in ``dtype`` (no quantization, no scales)."""
+
+    below_elements: int
+    dtype: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Construct:
+    """The real optimizer ``vramplan measure`` builds (and the traced engine, for ``construct`` rows):
+    ``path`` imported, called as ``cls(param_groups, lr=lr, **kwargs)``."""
+
+    path: str  # "torch.optim.AdamW"
+    kwargs: tuple[tuple[str, bool | float], ...] = ()
+    needs_cuda: bool = False  # bitsandbytes' optimizers run their update on CUDA only
+    note_off_cuda: str | None = None  # said when measured on the CPU
+
+    @property
+    def package(self) -> str:
+        """The top-level package to import (for the "needs X" check)."""
+        return self.path.split(".")[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerFacts:
+    """Everything vramplan knows about one optimizer; every consumer reads this record."""
+
+    name: str  # the scenario's ``train.optimizer`` value
+    summary: str  # one line, for help texts and docs
+    states: tuple[StateTensor, ...] = ()
+    small_tensors: SmallTensorRule | None = None
+    step_temporary: StepTemporary = "none"
+    managed_memory: bool = False  # states in CUDA managed memory (bitsandbytes paged optimizers)
+    hf_trainer_optim: str | None = None  # ``TrainingArguments(optim=...)``; None: not exportable
+    construct: Construct | None = None  # None: nothing to build ("none")
+    trace: TraceEmulation = "construct"
+    deepspeed_runs_as: str | None = None  # the row DeepSpeed's engine actually runs for this name
+    deepspeed_type: str | None = None  # DeepSpeed config ``optimizer.type``; None: not exportable to DeepSpeed
+    torchtitan: tuple[str, str] | None = None  # torchtitan ``[optimizer]`` (name, implementation)
+    planner: tuple[PlannerUse, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    @property
+    def factored(self) -> bool:
+        """Adafactor-style factored states (sized from the tensor shapes, not the parameter count)."""
+        return any(st.factored for st in self.states)
+
+    def state_bytes_per_param(self, param_bytes: int) -> float:
+        """Average state bytes per trainable parameter of a large tensor (0 for factored states)."""
+        if self.factored:
+            return 0.0
+        return sum(st.average_bytes(param_bytes) for st in self.states)
+
+    def state_lower_bytes_per_param(self, param_bytes: int) -> int:
+        """A lower bound of the state bytes per parameter for any tensor size: the stored values
+        only (no scales, no small-tensor upcast); 0 for factored states (``plan/bound.py``)."""
+        if self.factored:
+            return 0
+        return sum(st.bytes_per_element(param_bytes) for st in self.states)
+
+
+_ADAMW_SRC = "torch.optim.AdamW (torch/optim/adamw.py); arXiv 1711.05101"
+_BNB_SRC = "bitsandbytes.optim (optimizer.py: Optimizer2State.init_state); arXiv 2110.02861 sec. 2"
+_FOREACH_NOTE = ("optimizer: AdamW with foreach=True, the CUDA default, so the CPU run has the GPU's step "
+                 "temporaries")
+
+
+def _adam_states() -> tuple[StateTensor, ...]:
+    return (StateTensor(name="exp_avg"), StateTensor(name="exp_avg_sq"))
+
+
+def _bnb8_states() -> tuple[StateTensor, ...]:
+    return tuple(StateTensor(name=f"state{i}", dtype="uint8",
+                             scale=BlockScale(key=f"absmax{i}", dtype="fp32", block=BNB_BLOCK)) for i in (1, 2))
+
+
+_BNB_SMALL = SmallTensorRule(below_elements=BNB_MIN_8BIT_SIZE, dtype="fp32")
+
+OPTIMIZERS: tuple[OptimizerFacts, ...] = (
+    OptimizerFacts(
+        name="adamw", summary="torch AdamW, foreach implementation (CUDA default)",
+        states=_adam_states(), step_temporary="foreach_sqrt_decay_group", hf_trainer_optim="adamw_torch",
+        construct=Construct(path="torch.optim.AdamW", kwargs=(("foreach", True),), note_off_cuda=_FOREACH_NOTE),
+        # DeepSpeed's engine runs its FusedAdam (in place) for the Trainer's AdamW
+        deepspeed_runs_as="adamw-fused", deepspeed_type="AdamW",
+        sources=(_ADAMW_SRC, "torch/optim/optimizer.py: _default_to_fused_or_foreach"),
+    ),
+    OptimizerFacts(
+        name="adamw-fused", summary="torch AdamW, fused=True (in place)",
+        states=_adam_states(), hf_trainer_optim="adamw_torch_fused",
+        construct=Construct(path="torch.optim.AdamW", kwargs=(("fused", True),)),
+        torchtitan=("AdamW", "fused"), planner=("full", "peft"), sources=(_ADAMW_SRC,),
+    ),
+    OptimizerFacts(
+        name="adamw-8bit", summary="bitsandbytes AdamW8bit (blockwise 8-bit states)",
+        states=_bnb8_states(), small_tensors=_BNB_SMALL, hf_trainer_optim="adamw_bnb_8bit",
+        construct=Construct(path="bitsandbytes.optim.AdamW8bit", needs_cuda=True), trace="bnb_state_layout",
+        planner=("full", "peft"), sources=(_BNB_SRC,),
+    ),
+    OptimizerFacts(
+        name="paged-adamw", summary="bitsandbytes PagedAdamW (fp32 states in CUDA managed memory)",
+        # in the updated parameter's dtype, as the engine has always charged them (2p).  bitsandbytes'
+        # Optimizer2State.init_state allocates fp32 buffers for optim_bits=32 whatever the parameter dtype:
+        # for half parameters without fp32 masters (bf16-true) that is 8 B, not 4 (an open question:
+        # the torchtune paged-AdamW validation rows would move by +34.5 GB managed memory)
+        states=(StateTensor(name="state1"), StateTensor(name="state2")),
+        managed_memory=True, hf_trainer_optim="paged_adamw_32bit",
+        construct=Construct(path="bitsandbytes.optim.PagedAdamW", needs_cuda=True), trace="bnb_state_layout",
+        planner=("full",), sources=(_BNB_SRC,),
+    ),
+    OptimizerFacts(
+        name="paged-adamw-8bit", summary="bitsandbytes PagedAdamW8bit (8-bit states in managed memory)",
+        states=_bnb8_states(), small_tensors=_BNB_SMALL, managed_memory=True, hf_trainer_optim="paged_adamw_8bit",
+        construct=Construct(path="bitsandbytes.optim.PagedAdamW8bit", needs_cuda=True), trace="bnb_state_layout",
+        planner=("full", "peft"), sources=(_BNB_SRC,),
+    ),
+    OptimizerFacts(
+        name="adafactor", summary="transformers Adafactor (factored second moments, no momentum)",
+        # grad.float(): the states are fp32 whatever the parameter dtype
+        states=(StateTensor(name="exp_avg_sq_row", dtype="fp32", factored=True),
+                StateTensor(name="exp_avg_sq_col", dtype="fp32", factored=True)),
+        step_temporary="adafactor_stepwise", hf_trainer_optim="adafactor",
+        construct=Construct(path="transformers.optimization.Adafactor",
+                            kwargs=(("scale_parameter", False), ("relative_step", False), ("warmup_init", False))),
+        sources=("transformers/optimization.py: Adafactor", "arXiv 1804.04235"),
+    ),
+    OptimizerFacts(
+        name="sgd", summary="torch SGD (no state)", hf_trainer_optim="sgd",
+        construct=Construct(path="torch.optim.SGD", kwargs=(("foreach", True),)),
+        sources=("torch.optim.SGD",),
+    ),
+    OptimizerFacts(
+        name="sgd-momentum", summary="torch SGD, momentum 0.9",
+        states=(StateTensor(name="momentum_buffer"),),
+        # the Trainer's "sgd" has no momentum argument: not exportable as a Trainer optim
+        construct=Construct(path="torch.optim.SGD", kwargs=(("momentum", 0.9), ("foreach", True))),
+        sources=("torch.optim.SGD",),
+    ),
+    OptimizerFacts(
+        name="lion", summary="Lion (one momentum; bitsandbytes Lion when measured)",
+        states=(StateTensor(name="exp_avg"),), step_temporary="per_tensor_sign_update",
+        hf_trainer_optim="lion_32bit",
+        construct=Construct(path="bitsandbytes.optim.Lion", needs_cuda=True), trace="lion_reference",
+        sources=("arXiv 2302.06675", "lion-pytorch (lion_pytorch.py: update_fn)"),
+    ),
+    OptimizerFacts(name="none", summary="no optimizer (forward and backward only)"),
+)
+
+
+def optimizer_names() -> tuple[str, ...]:
+    """The allowed ``train.optimizer`` values, in table order (read at call time)."""
+    return tuple(f.name for f in OPTIMIZERS)
+
+
+def optimizer_facts(name: str) -> OptimizerFacts:
+    """The row for ``name``; KeyError names the known optimizers."""
+    for f in OPTIMIZERS:
+        if f.name == name:
+            return f
+    raise KeyError(f"unknown optimizer {name!r}; known: {', '.join(optimizer_names())}")
+
+
+def runs_as(name: str, framework: str) -> str:
+    """The row that really runs: DeepSpeed replaces the Trainer's AdamW by its own FusedAdam."""
+    f = optimizer_facts(name)
+    return f.deepspeed_runs_as if framework == "deepspeed" and f.deepspeed_runs_as else name
+
+
+def planner_optimizers(use: PlannerUse) -> tuple[str, ...]:
+    """The optimizers the planner searches for ``use``, in table order."""
+    return tuple(f.name for f in OPTIMIZERS if use in f.planner)
+
+
+def hbm_bytes_per_param(name: str, param_bytes: int, grad_bytes: int, master_bytes: int) -> float:
+    """HBM bytes one optimizer step moves per trainable parameter held on the GPU (a fused update).
+
+    Read the parameter, the gradient and every state (block scales included); write the parameter
+    and every state.  States have the optimizer's parameter dtype (fp32 masters when
+    ``master_bytes``).  AdamW with fp32 parameters and gradients (HF autocast): 4 + 4 + 8 read, 4 + 8
+    written = 28 B; pure bf16: 7 x 2 = 14 B.  With fp32 masters (DeepSpeed, half parameters) the
+    half gradient is upcast to an fp32 copy first (read g, write 4), the fp32 update runs on the
+    master (AdamW: 28 B) and the half copy of the new parameter is written (p): 2 + 4 + 28 + 2 = 36 B.
+    8-bit AdamW (bitsandbytes blockwise, arXiv 2110.02861): 4 + 4 read, 4 written, 1-byte states
+    read and written (2 x 2) with one fp32 absmax per 256 each (2 x 2 x 4 / 256): 16.0625 B.
+
+    >>> hbm_bytes_per_param("adamw-fused", 4, 4, 0), hbm_bytes_per_param("adamw", 2, 2, 4)
+    (28.0, 36.0)
+    >>> hbm_bytes_per_param("adamw-8bit", 4, 4, 0)
+    16.0625
+    """
+    f = optimizer_facts(name)
+    if f.construct is None:
+        return 0.0
+    if master_bytes:
+        states = 2 * f.state_bytes_per_param(4)
+        return float(grad_bytes + 4) + (2 * 4 + 4 + states) + param_bytes
+    return 2.0 * param_bytes + grad_bytes + 2 * f.state_bytes_per_param(param_bytes)

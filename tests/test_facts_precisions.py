@@ -1,0 +1,78 @@
+"""Precision conventions: one keyword row per (precision, framework family), read by every consumer."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramplan import estimate
+from vramplan.analytic.precision import framework_family, policy
+from vramplan.facts.precisions import PRECISIONS, PrecisionConvention, PrecisionPolicy, precision_policy
+from vramplan.spec.load import parse_scenario
+from vramplan.spec.scenario import Train
+
+# a scenario of each framework family (facts/precisions.py): the Trainer, FSDP, DeepSpeed ZeRO
+_FAMILY_DOC = {
+    "autocast": {"framework": "hf-trainer"},
+    "fsdp": {"framework": "accelerate", "parallel": {"fsdp": "full_shard"}, "hardware": {"num_gpus": 2}},
+    "deepspeed": {"framework": "deepspeed", "parallel": {"zero_stage": 1}, "hardware": {"num_gpus": 2}},
+    "any": {"framework": "hf-trainer"},
+}
+
+
+def _doc(row: PrecisionConvention) -> dict[str, object]:
+    extra = _FAMILY_DOC[row.family]
+    hw = {"gpu": "H100-SXM", **extra.get("hardware", {})}  # type: ignore[dict-item]
+    return {"model": "gpt2", "hardware": hw, "framework": extra["framework"], "parallel": extra.get("parallel", {}),
+            "train": {"micro_batch_size": 1, "seq_len": 128, "precision": row.precision}}
+
+
+def test_every_precision_of_the_schema_has_a_row_for_every_family() -> None:
+    precisions = Train.model_fields["precision"].annotation.__args__  # type: ignore[union-attr]
+    for prec in precisions:
+        for family in ("autocast", "fsdp", "deepspeed"):
+            assert isinstance(precision_policy(prec, family), PrecisionPolicy)
+    assert len({(r.precision, r.family) for r in PRECISIONS}) == len(PRECISIONS) == 12
+
+
+@pytest.mark.parametrize("row", PRECISIONS, ids=lambda r: f"{r.precision}/{r.family}")
+def test_every_row_is_picked_and_estimated(row: PrecisionConvention) -> None:
+    s = parse_scenario(_doc(row))
+    if row.family != "any":
+        assert framework_family(s) == row.family
+    assert policy(s) == row.policy
+    assert row.convention.startswith("docs/conventions.md#")
+    rep = estimate(_doc(row))
+    assert rep.per_gpu.breakdown["weights"] > 0
+    # measure: the dtypes it builds with, or its refusal (fp8 needs Transformer Engine)
+    from vramplan.measure.build import precision_dtypes
+
+    if row.precision == "fp8-mixed":
+        from vramplan.measure.build import unsupported
+        from vramplan.spec.load import resolve
+
+        assert any(p.where == "train.precision" for p in unsupported(resolve(_doc(row)), "cpu"))
+    else:
+        base, _adapter, _autocast = precision_dtypes(row.precision, False)
+        assert {"fp32": 4, "bf16": 2, "fp16": 2}[base] == row.policy.param_bytes or row.family != "autocast"
+
+
+def test_model_states_per_parameter_follow_docs_conventions() -> None:
+    # docs/conventions.md "Model states": weights + gradients + master per parameter (AdamW adds 8 or 4)
+    hf = precision_policy("bf16-mixed", "autocast")
+    ds = precision_policy("bf16-mixed", "deepspeed")
+    true = precision_policy("bf16-true", "autocast")
+    assert hf.param_bytes + hf.grad_bytes + hf.master_bytes + 2 * 4 == 16  # 4 + 4 + 0 + 8
+    assert ds.param_bytes + ds.grad_bytes + ds.master_bytes + 2 * 4 == 16  # 2 + 2 + 4 + 8 (K = 12)
+    assert true.param_bytes + true.grad_bytes + 2 * true.param_bytes == 8  # 2 + 2 + 4
+    # the values the positional constructor calls had (analytic/precision.py before the table)
+    assert hf == PrecisionPolicy(param_bytes=4, frozen_param_bytes=2, grad_bytes=4, master_bytes=0, compute_bytes=2,
+                                 residual_bytes=4, autocast=True, weight_cast_bytes=2, linear_input_bytes=2,
+                                 half="bf16")
+    fp8 = precision_policy("fp8-mixed", "fsdp")
+    assert (fp8.weight_cast_bytes, fp8.linear_input_bytes, fp8.residual_bytes, fp8.autocast) == (1, 1, 2, False)
+    assert precision_policy("fp16-true", "deepspeed").half == "fp16"  # an "any" row holds for every family
+
+
+def test_unknown_precision_is_a_key_error() -> None:
+    with pytest.raises(KeyError, match="no precision convention"):
+        precision_policy("fp4-mixed", "autocast")

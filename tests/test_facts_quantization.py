@@ -1,0 +1,98 @@
+"""Quantization formats: one row per format, read by the engine, the trace, the exporters and the rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramplan import estimate
+from vramplan.analytic.weights import quantized_linear_bytes
+from vramplan.export.hf import bnb_config_kwargs
+from vramplan.facts.quantization import (
+    DQ_BLOCK,
+    NF4_BLOCK,
+    QUANT_FORMATS,
+    QuantFormat,
+    quant_format,
+    quant_names,
+)
+from vramplan.plan.setup import TrainSetup
+from vramplan.plan.steptime.memory_bound import dequant_bytes_per_weight_use
+from vramplan.spec.scenario import Inference, Train
+from vramplan.validate.rules import weights_bytes
+
+N = 4096 * 4096  # one 4096 x 4096 linear: 16,777,216 weights, 4,096 output rows
+# hand-computed bytes of that linear per format
+EXPECTED = {
+    "nf4": 8_388_608 + 4 * 262_144,  # 4-bit payload + one fp32 absmax per 64 (16,777,216 / 64 = 262,144)
+    "fp4": 8_388_608 + 4 * 262_144,
+    "nf4-dq": 8_388_608 + 262_144 + 4 * 1_024,  # uint8 absmax per 64 + one fp32 per 256 absmaxes = 8,654,848
+    "int8": 16_777_216 + 4 * 4_096,  # 1 B per weight + fp32 row scale (SCB)
+    "fp8": 16_777_216 + 4 * 4_096,  # 1 B per weight + fp32 per-channel scale
+    # groups of 128 inputs: 131,072 fp16 scales (262,144 B) + 4-bit zero points (65,536 B)
+    "gptq-4bit": 8_388_608 + 262_144 + 65_536,
+    "awq-4bit": 8_388_608 + 262_144 + 65_536,
+}
+
+
+def test_constants_defined_once() -> None:
+    from vramplan.trace import quant as trace_quant  # noqa: F401  (imports them from facts)
+
+    assert (NF4_BLOCK, DQ_BLOCK) == (64, 256)
+    assert quant_format("nf4-dq").scales.second_level is not None and quant_format("nf4-dq").double_quant
+
+
+def test_schema_formats_have_rows() -> None:
+    train = Train.model_fields["quantization"].annotation.__args__  # type: ignore[union-attr]
+    infer = Inference.model_fields["quantization"].annotation.__args__  # type: ignore[union-attr]
+    assert set(infer) - {"none"} == set(quant_names())
+    assert {q.name for q in QUANT_FORMATS if q.trainable_base} == set(train) - {"none"}
+
+
+@pytest.mark.parametrize("fmt", QUANT_FORMATS, ids=lambda q: q.name)
+def test_every_consumer_knows_every_format(fmt: QuantFormat) -> None:
+    # engine: the linear's bytes by hand, and an inference estimate with the format
+    assert quantized_linear_bytes(N, 4096, fmt.name) == EXPECTED[fmt.name]
+    doc = {"model": "meta-llama/Llama-3.2-1B", "task": "inference", "hardware": {"gpu": "H100-SXM"},
+           "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 8, "quantization": fmt.name,
+                         "dtype": "fp16"}}
+    dense = estimate({**doc, "inference": {**doc["inference"], "quantization": "none"}})  # type: ignore[dict-item]
+    assert estimate(doc).per_gpu.breakdown["weights"] < dense.per_gpu.breakdown["weights"]
+    # validate/rules.py: the payload bits
+    from vramplan.spec.load import resolve
+
+    assert weights_bytes(resolve(doc)) > 0
+    # step time: dequantization traffic only where the forward dequantizes the whole weight
+    assert (dequant_bytes_per_weight_use(fmt.name) > 0) == (fmt.dequant == "whole_weight")
+    # Hugging Face exporter: a BitsAndBytesConfig for bitsandbytes formats, an explicit refusal otherwise
+    setup = TrainSetup(framework="hf-trainer", num_gpus=1, micro_batch_size=1, grad_accum_steps=1, seq_len=128,
+                       peft="qlora", quantization=fmt.name)
+    if fmt.library == "bitsandbytes":
+        kw = bnb_config_kwargs(setup)
+        assert kw is not None and (kw.get("load_in_4bit") or kw.get("load_in_8bit"))
+    else:
+        with pytest.raises(ValueError, match="not a bitsandbytes format"):
+            bnb_config_kwargs(setup)
+
+
+@pytest.mark.parametrize("name", ["nf4", "nf4-dq", "fp4", "int8"])
+def test_trace_quant_linear_stores_the_row(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.quant import QuantLinear
+
+    q = QuantLinear(4096, 4096, False, name, torch.bfloat16, torch.bfloat16, "meta", {})
+    stored = q.weight.numel() * q.weight.element_size() + sum(t.numel() * t.element_size() for t in q.state)
+    # the row's bytes plus what bitsandbytes keeps beside them: the 16-entry fp32 code (64 B) for 4-bit,
+    # and for double quantization the fp32 offset scalar (4 B) and the shared 256-entry fp32 map (1,024 B)
+    extra = {"nf4": 64, "fp4": 64, "nf4-dq": 64 + 4 + 1024, "int8": 0}[name]
+    assert stored == EXPECTED[name] + extra
+
+
+def test_bnb_config_matches_the_rows() -> None:
+    setup = TrainSetup(framework="hf-trainer", num_gpus=1, micro_batch_size=1, grad_accum_steps=1, seq_len=128,
+                       peft="qlora", quantization="nf4-dq")
+    assert bnb_config_kwargs(setup) == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                        "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "bfloat16"}
+    int8 = TrainSetup(framework="hf-trainer", num_gpus=1, micro_batch_size=1, grad_accum_steps=1, seq_len=128,
+                      peft="qlora", quantization="int8")
+    assert bnb_config_kwargs(int8) == {"load_in_8bit": True}
+    assert dequant_bytes_per_weight_use("nf4") == 0.5 + 2.0  # read 4-bit payload, write bf16 copy
