@@ -12,9 +12,11 @@ where each event is ``AllocEvent(block_id, nbytes)`` with ``nbytes > 0`` for an 
 capacity (to find the allocation that would run out of memory) and the
 ``PYTORCH_CUDA_ALLOC_CONF`` options ``max_split_size_mb`` and ``roundup_power2_divisions``.
 
-The rules (``rules.py``) and the allocator (``caching.py``) follow
-``c10/cuda/CUDACachingAllocator.cpp``; ``docs/allocator.md`` has them with worked examples.
-One stream and one device are modelled.
+The rules (``rules.py``, the only place their numbers are written) and the reference allocator
+(``caching.py``) follow ``c10/cuda/CUDACachingAllocator.cpp``; ``docs/allocator.md`` has them with
+worked examples.  Compact streams in the default configuration replay through the C replay
+(``native.py``, ``_replay.c``, configured from ``rules.py`` at import) where it was built, and through
+the reference otherwise.  One stream and one device are modelled.
 """
 
 from __future__ import annotations

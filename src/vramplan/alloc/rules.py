@@ -1,11 +1,11 @@
 """The numeric rules of PyTorch's CUDA caching allocator: the only place they are written.
 
-Source: ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, ``DeviceCachingAllocator``; the model
-follows the 2.x releases, no single commit is pinned, and these values have not changed across
-them): the constants ``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``, ``kLargeBuffer``,
-``kMinLargeAlloc`` and ``kRoundLarge``, and the functions ``round_size``,
-``roundup_power2_next_division``, ``get_allocation_size`` and ``should_split`` are transcribed here
-with the same names and the same arithmetic; ``CUDAAllocatorConfig`` gives the default of
+Source: ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, ``DeviceCachingAllocator``; no single
+commit is pinned: the six ``k`` constants have the same values in every 2.x release).  The constants
+``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``, ``kLargeBuffer``, ``kMinLargeAlloc`` and
+``kRoundLarge``, and the functions ``round_size``, ``roundup_power2_next_division``,
+``get_allocation_size`` and ``should_split`` are transcribed here with the same names and the same
+arithmetic; ``CUDAAllocatorConfig`` gives the default of
 ``max_non_split_rounding_size``, ``ExpandableSegment`` the page sizes and the reserved address range.
 ``docs/allocator.md`` walks through them with worked examples.
 
