@@ -1,9 +1,10 @@
 """Speed of the allocator replays on 1,000,000-event workloads.
 
-Three implementations of one model (PyTorch's default caching allocator): ``CachingAllocator``
-event by event (``alloc.replay`` on ``AllocEvent`` objects), the Python compact replay
-(``compact.CompactReplay.run``) and the C replay (``alloc/_replay.c``, what ``replay_compact`` uses
-when it was built).  Workloads (seeded, sizes log-uniform):
+Two implementations of one model (PyTorch's default caching allocator), three ways in: the reference
+``CachingAllocator`` on ``AllocEvent`` objects (``alloc.replay``), the same on a compact stream
+(``CachingAllocator.run_compact``, what ``replay_compact`` runs without the C replay or with
+``VRAMPLAN_NATIVE=0``) and the C replay (``alloc/_replay.c``, what ``replay_compact`` uses when it was
+built).  Workloads (seeded, sizes log-uniform):
 
 * walk: a random walk around ~1,000 live blocks, sizes 512 B to 256 MiB;
 * wide: allocations until up to 50,000 blocks are live, then random frees and allocations,
@@ -57,8 +58,7 @@ def best(f: Callable[[], object]) -> float:
 
 
 def main() -> None:
-    from vramplan.alloc import AllocEvent, native, replay, replay_compact
-    from vramplan.alloc.compact import CompactReplay
+    from vramplan.alloc import AllocEvent, CachingAllocator, native, replay, replay_compact
 
     for kind in ("walk", "wide"):
         stream = workload(kind)
@@ -71,8 +71,9 @@ def main() -> None:
             else:
                 events.append(AllocEvent(-n - 1, -ids[-n - 1]))
         t_event = best(lambda events=events: replay(events))  # type: ignore[misc]
-        t_python = best(lambda stream=stream: CompactReplay().run(stream))  # type: ignore[misc]
-        line = f"{kind}: {len(stream):,} events  CachingAllocator {t_event:.2f} s  Python compact {t_python:.2f} s"
+        t_python = best(lambda stream=stream: CachingAllocator().run_compact(stream))  # type: ignore[misc]
+        line = (f"{kind}: {len(stream):,} events  CachingAllocator {t_event:.2f} s  "
+                f"CachingAllocator.run_compact {t_python:.2f} s")
         if native.available():
             t_c = best(lambda stream=stream: replay_compact(stream))  # type: ignore[misc]
             line += f"  C {t_c * 1e3:.0f} ms"

@@ -5,14 +5,22 @@ from __future__ import annotations
 import pytest
 
 from vramplan.alloc import parse_alloc_conf
+from vramplan.alloc.caching import CachingAllocator
 from vramplan.alloc.rules import (
+    ADDRESS_BASE,
+    DEFAULT_ADDRESS_SPACE,
+    EXPANDABLE_LARGE_PAGE,
+    EXPANDABLE_SMALL_PAGE,
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
     K_MIN_LARGE_ALLOC,
     K_ROUND_LARGE,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
+    MAX_NON_SPLIT_ROUNDING,
+    SEGMENT_ALIGN,
     allocation_size,
+    expandable_address_space,
     is_small,
     round_size,
     roundup_power2_next_division,
@@ -27,6 +35,28 @@ def test_constants_match_pytorch() -> None:
     # kMinLargeAlloc 10485760, kRoundLarge 2097152
     assert (K_MIN_BLOCK_SIZE, K_SMALL_SIZE, K_SMALL_BUFFER) == (512, 1_048_576, 2_097_152)
     assert (K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_ROUND_LARGE) == (20_971_520, 10_485_760, 2_097_152)
+    # ExpandableSegment pages: kSmallBuffer and kLargeBuffer; max_non_split_rounding_size: kLargeBuffer
+    assert (EXPANDABLE_SMALL_PAGE, EXPANDABLE_LARGE_PAGE, MAX_NON_SPLIT_ROUNDING) == (2 * MiB, 20 * MiB, 20 * MiB)
+
+
+def test_expandable_address_space() -> None:
+    # 24 GiB device: 24 + 24 / 8 = 27 GiB = 27,648 MiB; 27,648 / 20 = 1382.4, rounded up to 1383 pages
+    assert expandable_address_space(24 * 2**30) == 1383 * 20 * MiB
+    # a tiny or zero capacity still reserves one 20 MiB page; no capacity: the model's 2^47 B range
+    assert expandable_address_space(0) == expandable_address_space(MiB) == 20 * MiB
+    assert expandable_address_space(None) == DEFAULT_ADDRESS_SPACE == 2**47
+
+
+def test_modelled_addresses() -> None:
+    # segments start at ADDRESS_BASE = 2^40; the next one at the previous end rounded up to SEGMENT_ALIGN
+    # = 2 MiB: a 12 MiB + 1 B request makes a 14 MiB segment (12 MiB + 512 B rounded up to 2 MiB), so a
+    # second segment starts 14 MiB further; a 2 MiB small segment after it 14 + 14 = 28 MiB from the base
+    assert (ADDRESS_BASE, SEGMENT_ALIGN) == (2**40, 2 * MiB)
+    a = CachingAllocator()
+    a.malloc(12 * MiB + 1)
+    a.malloc(12 * MiB + 1)
+    a.malloc(1000)
+    assert [s.address - 2**40 for s in a.segment_views()] == [0, 14 * MiB, 28 * MiB]
 
 
 @pytest.mark.parametrize(("request_bytes", "rounded"), [

@@ -12,9 +12,11 @@ where each event is ``AllocEvent(block_id, nbytes)`` with ``nbytes > 0`` for an 
 capacity (to find the allocation that would run out of memory) and the
 ``PYTORCH_CUDA_ALLOC_CONF`` options ``max_split_size_mb`` and ``roundup_power2_divisions``.
 
-The rules (``rules.py``) and the allocator (``caching.py``) follow
-``c10/cuda/CUDACachingAllocator.cpp``; ``docs/allocator.md`` has them with worked examples.
-One stream and one device are modelled.
+The rules (``rules.py``, the only place their numbers are written) and the reference allocator
+(``caching.py``) follow ``c10/cuda/CUDACachingAllocator.cpp``; ``docs/allocator.md`` has them with
+worked examples.  Compact streams in the default configuration replay through the C replay
+(``native.py``, ``_replay.c``, configured from ``rules.py`` at import) where it was built, and through
+the reference otherwise.  One stream and one device are modelled.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from vramplan.alloc.caching import (
     OomInfo,
     SegmentView,
 )
-from vramplan.alloc.compact import CompactReplay, Repeat, expand
+from vramplan.alloc.compact import Repeat, expand
 from vramplan.alloc.rules import allocation_size, round_size, should_split
 from vramplan.units import MiB
 
@@ -45,7 +47,6 @@ __all__ = [
     "ReplayResult",
     "SegmentView",
     "allocation_size",
-    "compact_result",
     "expand",
     "parse_alloc_conf",
     "replay",
@@ -190,19 +191,15 @@ def replay_compact(stream: Sequence[int], expandable_segments: bool = False, *,
 
     ``n > 0`` allocates ``n`` bytes as the next block id (ids count allocations from 0);
     ``n < 0`` frees block ``-n - 1``.  Same results as :func:`replay` on the equivalent
-    ``AllocEvent`` list, several times faster: the default configuration runs through the C replay
-    (``native``) where it was built, else ``compact.CompactReplay``; ``expandable_segments`` through
-    ``CachingAllocator.run_compact``.
+    ``AllocEvent`` list, without the event objects: the default configuration runs through the C
+    replay (``native``) where it was built and ``VRAMPLAN_NATIVE`` is not ``0``; otherwise, and for
+    ``expandable_segments``, through the reference ``CachingAllocator.run_compact``.
 
     >>> replay_compact([3 * MiB, 1000, -1, -2]).peak_reserved_bytes == 20 * MiB + 2 * MiB
     True
     """
-    if not expandable_segments:
-        if native.available():
-            return _native_result(native.replay_stream(stream, capacity_bytes))
-        fast = CompactReplay(capacity_bytes)
-        fast.run(stream)
-        return compact_result(fast)
+    if not expandable_segments and native.available():
+        return _native_result(native.replay_stream(stream, capacity_bytes))
     alloc = CachingAllocator(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
     unmatched, oom = alloc.run_compact(stream)
     return _result(alloc, unmatched, oom)
@@ -211,40 +208,29 @@ def replay_compact(stream: Sequence[int], expandable_segments: bool = False, *,
 def replay_parts(parts: Iterable[Sequence[int] | Repeat], expandable_segments: bool = False, *,
                  capacity_bytes: int | None = None) -> ReplayResult:
     """``replay_compact(expand(parts))``: literal event lists and ``Repeat`` runs of windows (block ids
-    moved by constant strides from window to window).  The default configuration replays the expanded
-    stream in C where the C replay was built (``native``); the Python replay builds the state of windows
-    it proves mirror earlier ones instead of replaying them (``compact.CompactReplay.run_parts``, exact);
-    ``expandable_segments`` replays the expanded stream.
+    moved by constant strides from window to window).  The C replay (``native``) expands each run window
+    by window in C; otherwise (not built, ``VRAMPLAN_NATIVE=0``, or ``expandable_segments``) the
+    reference ``CachingAllocator`` replays the expanded stream.  Either way every event is replayed.
 
     >>> replay_parts([[3 * MiB], Repeat([1000, -2], [0, 1], 3)]) == replay_compact([3 * MiB, 1000, -2, 1000, -3, 1000, -4])
     True
     """
-    if expandable_segments:
-        return replay_compact(expand(parts), True, capacity_bytes=capacity_bytes)
-    if native.available():
+    if not expandable_segments and native.available():
         return _native_result(native.replay_parts(parts, capacity_bytes))
-    fast = CompactReplay(capacity_bytes)
-    fast.run_parts(parts)
-    return compact_result(fast)
+    return replay_compact(expand(parts), expandable_segments, capacity_bytes=capacity_bytes)
 
 
 def _native_result(values: tuple[object, ...]) -> ReplayResult:
-    """The C replay's statistics as a ``ReplayResult`` (the same as ``compact_result`` of the Python
-    replay; ``tests/test_alloc_native.py``)."""
+    """The C replay's statistics as a ``ReplayResult`` (the same as the reference's, field by field:
+    ``tests/test_alloc_native.py``)."""
     fields = dict(zip(native.FIELDS, values, strict=True))
     oom = fields.pop("oom")
     info = OomInfo(**dict(zip(native.OOM_FIELDS, oom, strict=True))) if isinstance(oom, tuple) else None
     return ReplayResult(**fields, oom=info)  # type: ignore[arg-type]
 
 
-def compact_result(c: CompactReplay) -> ReplayResult:
-    """The statistics of a :class:`~vramplan.alloc.compact.CompactReplay` as a ``ReplayResult``."""
-    return _result(c, c.unmatched, c.oom)
-
-
-def _result(alloc: CachingAllocator | CompactReplay, unmatched: int, oom: OomInfo | None) -> ReplayResult:
-    """Either allocator model's statistics (the two expose the same counters; the compact replay has
-    no expandable segments)."""
+def _result(alloc: CachingAllocator, unmatched: int, oom: OomInfo | None) -> ReplayResult:
+    """The reference model's statistics as a ``ReplayResult``."""
     return ReplayResult(
         peak_allocated_bytes=alloc.peak_allocated_bytes,
         peak_reserved_bytes=alloc.peak_reserved_bytes,
@@ -262,6 +248,6 @@ def _result(alloc: CachingAllocator | CompactReplay, unmatched: int, oom: OomInf
         num_device_frees=alloc.num_device_free,
         num_alloc_retries=alloc.num_alloc_retries,
         unmatched_frees=unmatched,
-        expandable_segments=isinstance(alloc, CachingAllocator) and alloc.expandable,
+        expandable_segments=alloc.expandable,
         oom=oom,
     )

@@ -1,23 +1,32 @@
 /*
  * vramplan.alloc._replay: the default caching-allocator replay of a compact event stream, in C.
  *
- * The same model as vramplan/alloc/compact.py CompactReplay.run (and caching.py CachingAllocator
- * for PyTorch's default PYTORCH_CUDA_ALLOC_CONF), which follow c10/cuda/CUDACachingAllocator.cpp:
- *   - round_size: requests round up to a multiple of 512 B (kMinBlockSize);
- *   - pools: rounded requests of at most 1 MiB (kSmallSize) use the small pool, others the large;
- *   - best fit: the cached block of the smallest size >= the request, the lowest address among
- *     equal sizes (BlockComparatorSize orders blocks by (size, address));
- *   - should_split: small pool when >= 512 B would be left, large pool when > 1 MiB would be left;
- *   - get_allocation_size: 2 MiB segments for small requests, 20 MiB for large requests under
- *     10 MiB, otherwise the request rounded up to 2 MiB;
- *   - free: the block merges with cached neighbours in its segment and is cached;
+ * The fast path of the model whose reference is vramplan/alloc/caching.py CachingAllocator, for
+ * PyTorch's default PYTORCH_CUDA_ALLOC_CONF; both follow c10/cuda/CUDACachingAllocator.cpp:
+ *   - round_size: requests round up to a multiple of kMinBlockSize;
+ *   - pools (get_pool): rounded requests of at most kSmallSize use the small pool, others the large;
+ *   - best fit (get_free_block): the cached block of the smallest size >= the request, the lowest
+ *     address among equal sizes (BlockComparatorSize orders blocks by (size, address));
+ *   - should_split: small pool when >= kMinBlockSize would be left, large pool when > kSmallSize;
+ *   - get_allocation_size: kSmallBuffer segments for small requests, kLargeBuffer for large requests
+ *     under kMinLargeAlloc, otherwise the request rounded up to kRoundLarge;
+ *   - free (free_block, try_merge_blocks): the block merges with cached neighbours in its segment
+ *     and is cached;
  *   - under a capacity, a segment that does not fit releases every cached block that is a whole
  *     segment (release_cached_blocks) and retries once; if it still does not fit, out of memory.
- * Addresses are modelled (segments at increasing addresses, 2 MiB aligned) because best fit breaks
- * ties by address.  tests/test_alloc_native.py checks this module against CompactReplay and
- * CachingAllocator on random programs and on the analytic engine's streams, statistic by statistic.
+ * Addresses are modelled (segments from ADDRESS_BASE on, each at the previous end rounded up to
+ * SEGMENT_ALIGN) because best fit breaks ties by address.
  *
- * Only this function is exported:
+ * This file holds no number of the allocator: vramplan/alloc/rules.py is their only home, and
+ * vramplan/alloc/native.py passes them to configure() when it imports this module; replay() refuses
+ * to run before that.  tests/test_alloc_native.py checks this module against CachingAllocator on
+ * random programs, on runs of repeated windows and on the analytic engine's streams, statistic by
+ * statistic.
+ *
+ * Exported:
+ *   configure(*, min_block_size, small_size, small_buffer, large_buffer, min_large_alloc,
+ *             round_large, segment_align, address_base) -> None   (rules.py's values)
+ *   rules() -> dict of those values, or None before configure()
  *   replay(parts, capacity_bytes) -> tuple
  * parts: a sequence of parts replayed in order, each a list of ints (n > 0 allocates n bytes as the
  * next block id, n < 0 frees block -n - 1, 0 is ignored) or a tuple (events, strides, count) for
@@ -30,14 +39,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define K_MIN_BLOCK 512LL
-#define K_SMALL_SIZE (1LL << 20)
-#define K_SMALL_BUFFER (2LL << 20)
-#define K_LARGE_BUFFER (20LL << 20)
-#define K_MIN_LARGE_ALLOC (10LL << 20)
-#define K_ROUND_LARGE (2LL << 20)
-#define SEGMENT_ALIGN (2LL << 20)
-#define ADDRESS_BASE (1LL << 40)
+/* the allocator's rules, as rules.py names them (K_MIN_BLOCK_SIZE ...), set once by configure() */
+typedef struct {
+    int64_t min_block_size, small_size, small_buffer, large_buffer, min_large_alloc, round_large;
+    int64_t segment_align, address_base;
+} Rules;
+
+static Rules R;
+static int configured = 0;
 
 typedef struct {
     int64_t addr, size, req;  /* req: requested bytes, 0 for a cached block */
@@ -174,15 +183,18 @@ static int64_t release_cached(State *s) {
 /* one event; returns 0, 1 when out of memory, -1 on a memory error (exception set) */
 static int step(State *s, int64_t n, int64_t index) {
     if (n > 0) {
-        int64_t r = ((n + K_MIN_BLOCK - 1) / K_MIN_BLOCK) * K_MIN_BLOCK;
-        int small = r <= K_SMALL_SIZE;
+        /* round_size (n > 0, so never below min_block_size) */
+        int64_t r = ((n + R.min_block_size - 1) / R.min_block_size) * R.min_block_size;
+        int small = r <= R.small_size;
         Pool *pool = small ? &s->small : &s->large;
         Py_ssize_t i = lower_bound(pool, r, INT64_MIN);
         int32_t bi;
         int moved = 0;
         if (i == pool->n) {
-            int64_t size = small ? K_SMALL_BUFFER
-                : (r < K_MIN_LARGE_ALLOC ? K_LARGE_BUFFER : ((r + K_ROUND_LARGE - 1) / K_ROUND_LARGE) * K_ROUND_LARGE);
+            /* get_allocation_size */
+            int64_t size = small ? R.small_buffer
+                : (r < R.min_large_alloc ? R.large_buffer
+                   : ((r + R.round_large - 1) / R.round_large) * R.round_large);
             if (s->capacity >= 0 && s->reserved + size > s->capacity) {
                 int64_t before = s->reserved;
                 int64_t released = release_cached(s);
@@ -211,7 +223,7 @@ static int step(State *s, int64_t n, int64_t index) {
             b->req = 0;
             b->prev = b->next = -1;
             b->small = small;
-            s->next_addr += ((size + SEGMENT_ALIGN - 1) / SEGMENT_ALIGN) * SEGMENT_ALIGN;
+            s->next_addr += ((size + R.segment_align - 1) / R.segment_align) * R.segment_align;
             s->segments++;
             if (s->segments > s->peak_segments)
                 s->peak_segments = s->segments;
@@ -227,7 +239,8 @@ static int step(State *s, int64_t n, int64_t index) {
         }
         int64_t rem = s->blocks[bi].size - r;
         int32_t out;
-        if (small ? rem >= K_MIN_BLOCK : rem > K_SMALL_SIZE) {
+        /* should_split without expandable segments or max_split_size */
+        if (small ? rem >= R.min_block_size : rem > R.small_size) {
             int32_t nb = new_block(s);   /* may move s->blocks */
             if (nb < 0)
                 return -1;
@@ -408,13 +421,18 @@ static PyObject *replay(PyObject *self, PyObject *args) {
     long long capacity;
     if (!PyArg_ParseTuple(args, "OL:replay", &parts, &capacity))
         return NULL;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "_replay.configure() was not called (vramplan.alloc.native passes rules.py's values)");
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(parts, "parts must be a sequence");
     if (seq == NULL)
         return NULL;
     State s;
     memset(&s, 0, sizeof s);
     s.capacity = capacity < 0 ? -1 : (int64_t)capacity;
-    s.next_addr = ADDRESS_BASE;
+    s.next_addr = R.address_base;
     Py_ssize_t nparts = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     int64_t index = 0;
@@ -456,7 +474,47 @@ static PyObject *replay(PyObject *self, PyObject *args) {
     return res;
 }
 
+static char *rule_names[] = {"min_block_size", "small_size", "small_buffer", "large_buffer",
+                             "min_large_alloc", "round_large", "segment_align", "address_base", NULL};
+
+static PyObject *configure(PyObject *self, PyObject *args, PyObject *kwargs) {
+    long long v[8];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$LLLLLLLL:configure", rule_names, &v[0], &v[1], &v[2],
+                                     &v[3], &v[4], &v[5], &v[6], &v[7]))
+        return NULL;
+    for (int i = 0; rule_names[i] != NULL; i++) {
+        if (v[i] <= 0) {
+            PyErr_Format(PyExc_ValueError, "configure: %s must be > 0", rule_names[i]);
+            return NULL;
+        }
+    }
+    R.min_block_size = v[0];
+    R.small_size = v[1];
+    R.small_buffer = v[2];
+    R.large_buffer = v[3];
+    R.min_large_alloc = v[4];
+    R.round_large = v[5];
+    R.segment_align = v[6];
+    R.address_base = v[7];
+    configured = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *rules(PyObject *self, PyObject *unused) {
+    if (!configured)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{sLsLsLsLsLsLsLsL}", rule_names[0], (long long)R.min_block_size, rule_names[1],
+                         (long long)R.small_size, rule_names[2], (long long)R.small_buffer, rule_names[3],
+                         (long long)R.large_buffer, rule_names[4], (long long)R.min_large_alloc,
+                         rule_names[5], (long long)R.round_large, rule_names[6], (long long)R.segment_align,
+                         rule_names[7], (long long)R.address_base);
+}
+
 static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "configure(*, min_block_size, small_size, small_buffer, large_buffer, min_large_alloc, round_large, "
+     "segment_align, address_base): the allocator's rules (vramplan.alloc.rules), before any replay."},
+    {"rules", rules, METH_NOARGS, "rules() -> dict: the rules configure() set, or None before it."},
     {"replay", replay, METH_VARARGS,
      "replay(parts, capacity_bytes) -> tuple: the default caching allocator fed compact streams "
      "(lists of ints: n > 0 allocates n bytes as the next block id, n < 0 frees block -n - 1) and runs "

@@ -32,21 +32,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from vramplan.alloc.rules import (
+    ADDRESS_BASE,
     EXPANDABLE_LARGE_PAGE,
     EXPANDABLE_SMALL_PAGE,
     K_LARGE_BUFFER,
-    K_SMALL_SIZE,
+    MAX_NON_SPLIT_ROUNDING,
+    SEGMENT_ALIGN,
     allocation_size,
+    expandable_address_space,
+    is_small,
     round_size,
     should_split,
 )
 from vramplan.units import MiB, round_up
 
 __all__ = ["AllocatorOutOfMemory", "Block", "BlockView", "CachingAllocator", "OomInfo", "SegmentView"]
-
-_ADDRESS_BASE = 1 << 40          # first segment address (any value works; see module docstring)
-_SEGMENT_ALIGN = 2 * MiB          # cudaMalloc returns 2 MiB-aligned addresses for large requests
-_DEFAULT_ADDRESS_SPACE = 1 << 47  # expandable segment's reserved virtual range when no capacity
 
 
 class _Segment:
@@ -166,12 +166,12 @@ class CachingAllocator:
 
     def __init__(self, expandable_segments: bool = False, capacity_bytes: int | None = None,
                  max_split_size_bytes: int | None = None, roundup_power2_divisions: int = 0,
-                 max_non_split_rounding_bytes: int = K_LARGE_BUFFER) -> None:
+                 max_non_split_rounding_bytes: int = MAX_NON_SPLIT_ROUNDING) -> None:
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         if max_split_size_bytes is not None and max_split_size_bytes <= K_LARGE_BUFFER:
-            # CUDAAllocatorConfig: "max_split_size_mb too small, must be > 20"
-            raise ValueError("max_split_size must be larger than 20 MiB")
+            # CUDAAllocatorConfig: "max_split_size_mb too small, must be > " kLargeBuffer in MiB
+            raise ValueError(f"max_split_size must be larger than {K_LARGE_BUFFER // MiB} MiB")
         self.expandable = expandable_segments
         self.capacity = capacity_bytes
         self.max_split = max_split_size_bytes
@@ -179,14 +179,9 @@ class CachingAllocator:
         self.divisions = roundup_power2_divisions
         self._small = _Pool(True)
         self._large = _Pool(False)
-        self._next_addr = _ADDRESS_BASE
+        self._next_addr = ADDRESS_BASE
         self._active: set[Block] = set()
-        if capacity_bytes is not None:
-            # ExpandableSegment reserves address space for 1 1/8 of the device's memory
-            self._address_space = max(round_up(capacity_bytes + capacity_bytes // 8, K_LARGE_BUFFER),
-                                      K_LARGE_BUFFER)
-        else:
-            self._address_space = _DEFAULT_ADDRESS_SPACE
+        self._address_space = expandable_address_space(capacity_bytes)
         # statistics (names follow torch.cuda.memory_stats())
         self.allocated_bytes = 0
         self.reserved_bytes = 0
@@ -215,7 +210,7 @@ class CachingAllocator:
         if nbytes <= 0:
             raise ValueError("malloc needs nbytes > 0 (PyTorch never allocates 0 bytes)")
         rounded = round_size(nbytes, self.divisions)
-        pool = self._small if rounded <= K_SMALL_SIZE else self._large
+        pool = self._small if is_small(rounded) else self._large
         block = self._get_free_block(pool, rounded)
         if block is None:
             block = self._alloc_block(pool, rounded)
@@ -262,10 +257,10 @@ class CachingAllocator:
         """Replay a compact event stream; returns (frees of blocks that were not live, first OOM).
 
         ``stream`` holds ints: ``n > 0`` allocates ``n`` bytes as the next block id (0, 1, 2, ...
-        in allocation order), ``n < 0`` frees block ``-n - 1``.  Event by event through :meth:`malloc`
-        and :meth:`free`; ``replay_compact`` uses this for ``expandable_segments`` and the faster
-        ``compact.CompactReplay`` (the same rules, checked against this by a property test) for the
-        default configuration.
+        in allocation order), ``n < 0`` frees block ``-n - 1``, ``0`` is ignored.  Event by event through
+        :meth:`malloc` and :meth:`free`.  ``replay_compact`` uses this for ``expandable_segments`` and,
+        where the C replay (``native``) was not built or ``VRAMPLAN_NATIVE=0``, for the default
+        configuration too; ``tests/test_alloc_native.py`` checks the C replay against it.
         """
         live: list[Block | None] = []
         unmatched = 0
@@ -345,7 +340,7 @@ class CachingAllocator:
 
     def _new_segment(self, size: int, small: bool, page: int) -> _Segment:
         seg = _Segment(self._next_addr, size, small, page)
-        self._next_addr += round_up(size, _SEGMENT_ALIGN)
+        self._next_addr += round_up(size, SEGMENT_ALIGN)
         self.segments += 1
         self.peak_segments = max(self.peak_segments, self.segments)
         return seg

@@ -1,11 +1,16 @@
 """The C replay of the default caching allocator (``_replay.c``), when it was built.
 
 ``pip install`` compiles ``vramplan/alloc/_replay.c`` where a C compiler is available (setup.py marks
-the extension optional).  It is the model of ``compact.CompactReplay.run``, event by event, at about
-30 ns an event instead of about 1 µs: a 70B ZeRO-3 training estimate replays about 21,000 events.
-Where it is missing, or with ``VRAMPLAN_NATIVE=0`` in the environment, ``vramplan.alloc`` uses the
-Python replay, whose results are the same (``tests/test_alloc_native.py`` compares the two statistic by
-statistic on random programs and on the analytic engine's streams).
+the extension optional).  It is the fast path of the default configuration: the reference model
+``caching.CachingAllocator``, event by event, at about 0.1-0.6 µs an event instead of 1.3-2.7 µs
+(``benchmarks/bench_replay.txt``); a 70B ZeRO-3 training estimate replays about 21,000 events.  Where
+it is missing, or with ``VRAMPLAN_NATIVE=0`` in the environment, ``vramplan.alloc`` replays through the
+reference itself, whose results are the same (``tests/test_alloc_native.py`` compares the two statistic
+by statistic on random programs, runs of repeated windows and the analytic engine's streams).
+
+The C module holds no allocator number of its own: :func:`_load` hands it ``rules.py``'s values
+(``_replay.configure``) before anything can replay, so a rule changed in ``rules.py`` changes both
+models.
 """
 
 from __future__ import annotations
@@ -14,9 +19,22 @@ import os
 from collections.abc import Iterable, Sequence
 from types import ModuleType
 
+from vramplan.alloc import rules
 from vramplan.alloc.compact import Repeat
 
-__all__ = ["FIELDS", "OOM_FIELDS", "available", "replay_parts", "replay_stream"]
+__all__ = ["FIELDS", "OOM_FIELDS", "RULES", "available", "replay_parts", "replay_stream"]
+
+# what _replay.configure receives: rules.py's values under the C replay's names
+RULES: dict[str, int] = {
+    "min_block_size": rules.K_MIN_BLOCK_SIZE,
+    "small_size": rules.K_SMALL_SIZE,
+    "small_buffer": rules.K_SMALL_BUFFER,
+    "large_buffer": rules.K_LARGE_BUFFER,
+    "min_large_alloc": rules.K_MIN_LARGE_ALLOC,
+    "round_large": rules.K_ROUND_LARGE,
+    "segment_align": rules.SEGMENT_ALIGN,
+    "address_base": rules.ADDRESS_BASE,
+}
 
 # the fields of the tuple ``_replay.replay`` returns, in order (ReplayResult's names); the last is the
 # out-of-memory record (OOM_FIELDS, OomInfo's names) or None
@@ -34,11 +52,13 @@ OOM_FIELDS = (
 
 
 def _load() -> ModuleType | None:
+    """The built C module, configured with ``RULES``; None where it was not built."""
     try:
         from vramplan.alloc import _replay  # type: ignore[attr-defined]
     except ImportError:
         return None
     mod: ModuleType = _replay
+    mod.configure(**RULES)
     return mod
 
 

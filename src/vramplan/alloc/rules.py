@@ -1,20 +1,29 @@
-"""The sizing rules of PyTorch's CUDA caching allocator, one pure function each.
+"""The numeric rules of PyTorch's CUDA caching allocator: the only place they are written.
 
-Source: ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, ``DeviceCachingAllocator``):
-the constants ``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``, ``kLargeBuffer``,
-``kMinLargeAlloc`` and ``kRoundLarge``, and the functions ``round_size``,
-``roundup_power2_next_division``, ``get_allocation_size`` and ``should_split`` are
-transcribed here with the same names and the same arithmetic.  ``docs/allocator.md`` walks
-through them with worked examples.
+Source: ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, ``DeviceCachingAllocator``; no single
+commit is pinned: the six ``k`` constants have the same values in every 2.x release).  The constants
+``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``, ``kLargeBuffer``, ``kMinLargeAlloc`` and
+``kRoundLarge``, and the functions ``round_size``, ``roundup_power2_next_division``,
+``get_allocation_size`` and ``should_split`` are transcribed here with the same names and the same
+arithmetic; ``CUDAAllocatorConfig`` gives the default of
+``max_non_split_rounding_size``, ``ExpandableSegment`` the page sizes and the reserved address range.
+``docs/allocator.md`` walks through them with worked examples.
+
+Every model of the allocator reads its numbers from here: the reference ``caching.CachingAllocator``
+imports them, and the C replay (``_replay.c``) receives them from ``native.py`` at import
+(``_replay.configure``) instead of defining its own.  ``docs/checklists/allocator-rule.md`` lists
+what to touch when a rule changes.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from vramplan.units import MiB
+from vramplan.units import MiB, round_up
 
 __all__ = [
+    "ADDRESS_BASE",
+    "DEFAULT_ADDRESS_SPACE",
     "EXPANDABLE_LARGE_PAGE",
     "EXPANDABLE_SMALL_PAGE",
     "K_LARGE_BUFFER",
@@ -23,7 +32,10 @@ __all__ = [
     "K_ROUND_LARGE",
     "K_SMALL_BUFFER",
     "K_SMALL_SIZE",
+    "MAX_NON_SPLIT_ROUNDING",
+    "SEGMENT_ALIGN",
     "allocation_size",
+    "expandable_address_space",
     "is_small",
     "round_size",
     "roundup_power2_next_division",
@@ -48,6 +60,19 @@ K_ROUND_LARGE: Final = 2 * MiB
 # large pool"; ExpandableSegment is built with kSmallBuffer or kLargeBuffer as segment_size_).
 EXPANDABLE_SMALL_PAGE: Final = K_SMALL_BUFFER
 EXPANDABLE_LARGE_PAGE: Final = K_LARGE_BUFFER
+
+# CUDAAllocatorConfig: max_non_split_rounding_size defaults to kLargeBuffer ("Allow oversized block
+# size to be rounded up but within a limit" in get_free_block, only read when max_split_size is set)
+MAX_NON_SPLIT_ROUNDING: Final = K_LARGE_BUFFER
+
+# The modelled addresses.  Not PyTorch rules but the model's own choices, written once here because
+# best fit breaks ties between equal-size cached blocks by address, so every model must lay segments
+# out alike: the first segment starts at ADDRESS_BASE (any value works) and each next one at the
+# previous end rounded up to SEGMENT_ALIGN (cudaMalloc returns 2 MiB-aligned addresses for large
+# requests).  DEFAULT_ADDRESS_SPACE is an expandable segment's virtual range when no capacity is given.
+ADDRESS_BASE: Final = 1 << 40
+SEGMENT_ALIGN: Final = 2 * MiB
+DEFAULT_ADDRESS_SPACE: Final = 1 << 47
 
 
 def roundup_power2_next_division(size: int, divisions: int) -> int:
@@ -110,6 +135,18 @@ def allocation_size(rounded: int) -> int:
     if rounded < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
     return K_ROUND_LARGE * ((rounded + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+
+def expandable_address_space(capacity_bytes: int | None) -> int:
+    """The virtual range one expandable segment reserves (``ExpandableSegment``'s constructor sizes it
+    for ``totalGlobalMem + totalGlobalMem / 8``, in whole ``kLargeBuffer`` pages, at least one page).
+
+    >>> expandable_address_space(80 * 2**30) // 2**20, expandable_address_space(None) == 2**47
+    (92160, True)
+    """
+    if capacity_bytes is None:
+        return DEFAULT_ADDRESS_SPACE
+    return max(round_up(capacity_bytes + capacity_bytes // 8, K_LARGE_BUFFER), K_LARGE_BUFFER)
 
 
 def should_split(block_size: int, rounded: int, small_pool: bool, expandable: bool,
