@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from vramplan.plan.result import PlanResult, SolveResult
 
 Opt = typer.Option
@@ -171,7 +170,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The fastest setup that fits, why cheaper ones do not, and its config files."""
         from vramplan.cli.common import fail as _fail
-        from vramplan.cli.main import out
+        out = Console(soft_wrap=False)
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan import ServeJob, TrainJob
         from vramplan.plan import plan as run_plan
@@ -249,7 +248,7 @@ def register(app: typer.Typer) -> None:
         """Push one knob of a scenario as far as the estimator allows (largest batch, longest
         sequence, fewest GPUs), with the safety margin."""
         from vramplan.cli.common import fail as _fail
-        from vramplan.cli.main import out
+        out = Console(soft_wrap=False)
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan.solvers import solve as run_solve
 
