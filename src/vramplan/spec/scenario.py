@@ -144,7 +144,7 @@ class Inference(_Strict):
     """Generated tokens per sequence: the last decode step's cache holds prompt_len + new_tokens - 1 tokens."""
 
     dtype: HalfDtype = "bf16"
-    """Dtype of the weights and activations (torch_dtype)."""
+    """Dtype of the weights and activations."""
 
     quantization: InferQuant = "none"
     """Weight quantization: bitsandbytes int8, nf4, nf4-dq (double quantization), fp4; GPTQ or AWQ 4-bit;
@@ -190,7 +190,8 @@ class Serve(_Strict):
     """Dtype of the weights and activations."""
 
     quantization: InferQuant = "none"
-    """Weight quantization (fp8, GPTQ or AWQ 4-bit, bitsandbytes int8/nf4/fp4)."""
+    """Weight quantization: bitsandbytes int8, nf4, nf4-dq (double quantization), fp4; GPTQ or AWQ 4-bit;
+    fp8."""
 
     cuda_graphs: bool = True
     """vLLM captures CUDA graphs; false is --enforce-eager (no graph memory)."""
