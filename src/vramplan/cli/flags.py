@@ -42,7 +42,7 @@ from vramplan.facts import Choices
 from vramplan.spec.scenario import Scenario
 
 __all__ = [
-    "RENAMED", "TASK_SECTIONS", "Flag", "Given", "scenario_flags", "scenario_options",
+    "RENAMED", "TASK_SECTIONS", "Flag", "Given", "describe", "scenario_flags", "scenario_options",
 ]
 
 # Flag names that are not the leaf's: collisions (the adapter settings and the peft release share the
@@ -216,6 +216,11 @@ def scenario_flags(sections: Sequence[str], notes: dict[str, str] | None = None)
         flags.append(Flag(name, paths, kind, tuple(choices), _help(paths, [f for _, f in entries], choices, is_list, note),
                           is_list))
     return tuple(flags)
+
+
+def describe(flags: Sequence[Flag]) -> dict[str, dict[str, list[str]]]:
+    """``{option: {"paths": [...], "choices": [...]}}``: what ``tests/data/cli_flags.json`` freezes."""
+    return {f.option: {"paths": list(f.paths), "choices": list(f.choices)} for f in flags}
 
 
 class Given:
