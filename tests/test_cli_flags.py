@@ -22,12 +22,14 @@ from vramplan.cli import flags as flags_mod
 from vramplan.cli.flags import Flag, Given, describe, scenario_flags
 from vramplan.cli.main import ESTIMATE_FLAGS, app
 from vramplan.cli.plan_cmd import PLAN_FLAGS
+from vramplan.cli.serve_cmd import GENERATE_FLAGS, SERVE_FLAGS
 from vramplan.cli.trace_cmd import TRACE_FLAGS
 from vramplan.facts import Choices
 from vramplan.spec.scenario import Scenario
 
 FROZEN = Path(__file__).parent / "data" / "cli_flags.json"
-COMMANDS: dict[str, tuple[Flag, ...]] = {"estimate": ESTIMATE_FLAGS, "trace": TRACE_FLAGS, "plan": PLAN_FLAGS}
+COMMANDS: dict[str, tuple[Flag, ...]] = {"estimate": ESTIMATE_FLAGS, "trace": TRACE_FLAGS, "plan": PLAN_FLAGS,
+                                         "serve": SERVE_FLAGS, "generate": GENERATE_FLAGS}
 runner = CliRunner()
 ENV = {"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
 
@@ -52,6 +54,13 @@ BEFORE: dict[str, set[str]] = {
         "lora-alpha", "allow-pure-bf16", "no-allow-pure-bf16", "max-micro-batch", "max-model-len", "concurrency",
         "allow-quantization", "no-allow-quantization", "margin", "top", "mfu", "inter-node-gbps",
         "host-memory-gib", "gpus-per-node", "export", "json"},
+    "serve": {
+        "model", "gpu", "capacity-gib", "tp", "max-model-len", "gpu-memory-utilization", "block-size", "max-num-seqs",
+        "max-num-batched-tokens", "kv-cache-dtype", "dtype", "quantization", "enforce-eager", "vllm-version",
+        "subtract-cudagraphs", "json"},
+    "generate": {
+        "model", "gpu", "capacity-gib", "tp", "batch-size", "prompt-len", "new-tokens", "dtype", "quantization",
+        "kv-cache-dtype", "attention", "json"},
 }
 
 
@@ -155,6 +164,17 @@ def test_shared_leaf_sets_the_task_section() -> None:
     assert g.document("train") == {"train": {"quantization": "nf4", "attention": "eager"},
                                    "inference": {"dtype": "fp16"}}
     assert g.document("serve") == {"serve": {"quantization": "nf4", "dtype": "fp16"}, "train": {"attention": "eager"}}
+
+
+def test_serve_flags_reach_the_serve_section() -> None:
+    # --enforce-eager (vllm serve's name) and the generated --no-cuda-graphs set the same field
+    graphs = {}
+    for flag in ("--cuda-graphs", "--enforce-eager", "--no-cuda-graphs"):
+        res = runner.invoke(app, ["serve", "--model", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096",
+                                  "--dtype", "fp16", flag, "--json"], env=ENV)
+        assert res.exit_code == 0, res.stderr
+        graphs[flag] = json.loads(res.stdout)["vllm"]["cudagraph_bytes"]
+    assert graphs["--cuda-graphs"] > 0 and graphs["--enforce-eager"] == graphs["--no-cuda-graphs"] == 0
 
 
 def test_list_option_and_not_given_values() -> None:
