@@ -164,14 +164,28 @@ def _leaves(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInf
             yield f"{prefix}{name}", field
 
 
-def _help(paths: Sequence[str], fields: Sequence[FieldInfo], choices: Sequence[str], is_list: bool,
-          note: str) -> str:
+@dataclass(frozen=True)
+class _Leaf:
+    path: str
+    kind: type
+    choices: tuple[str, ...]
+    is_list: bool
+    text: str  # the docstring's first paragraph
+
+
+@functools.lru_cache(maxsize=1)
+def _leaf_table() -> tuple[_Leaf, ...]:
+    """Every leaf field of the scenario, read once per process (each command filters it)."""
+    return tuple(_Leaf(path, *_kind_and_choices(field), _first_paragraph(field.description))
+                 for path, field in _leaves(Scenario, ""))
+
+
+def _help(leaves: Sequence[_Leaf], choices: Sequence[str], is_list: bool, note: str) -> str:
     """The option's help: each field's first docstring paragraph, after the task sections it applies to
     (sections with the same text share it), then the choices and the command's note."""
     texts: dict[str, list[str]] = {}
-    for path, field in zip(paths, fields, strict=True):
-        section = path.split(".", 1)[0]
-        texts.setdefault(_first_paragraph(field.description), []).append(section)
+    for leaf in leaves:
+        texts.setdefault(leaf.text, []).append(leaf.path.split(".", 1)[0])
     parts = []
     for text, sections in texts.items():
         where = "/".join(s for s in sections if s in TASK_SECTIONS)
@@ -182,7 +196,7 @@ def _help(paths: Sequence[str], fields: Sequence[FieldInfo], choices: Sequence[s
     if note:
         help_text += f" {note}"
     # typer renders help as rich markup: text in square brackets must stay text
-    return escape(help_text)
+    return escape(help_text) if "[" in help_text else help_text
 
 
 def scenario_flags(sections: Sequence[str], notes: dict[str, str] | None = None) -> tuple[Flag, ...]:
@@ -192,29 +206,24 @@ def scenario_flags(sections: Sequence[str], notes: dict[str, str] | None = None)
     ``notes``: text appended to one option's help, by dotted path (a command's own default, say).
     """
     notes = notes or {}
-    picked = [(p, f) for p, f in _leaves(Scenario, "")
-              if any(s == "" or p == s or p.startswith(s + ".") for s in sections)]
-    by_name: dict[str, list[tuple[str, FieldInfo]]] = {}
-    for path, field in picked:
-        name = RENAMED.get(path, path.rsplit(".", 1)[-1])
-        by_name.setdefault(name, []).append((path, field))
+    by_name: dict[str, list[_Leaf]] = {}
+    for leaf in _leaf_table():
+        p = leaf.path
+        if any(s == "" or p == s or p.startswith(s + ".") for s in sections):
+            by_name.setdefault(RENAMED.get(p, p.rsplit(".", 1)[-1]), []).append(leaf)
     flags = []
-    for name, entries in by_name.items():
-        paths = tuple(p for p, _ in entries)
+    for name, leaves in by_name.items():
+        paths = tuple(leaf.path for leaf in leaves)
         if len(paths) > 1 and not all(p.split(".", 1)[0] in TASK_SECTIONS for p in paths):
             raise ValueError(f"option --{name} would set {paths}: add one of them to RENAMED")
-        kinds = set()
+        kinds = {leaf.kind for leaf in leaves}
         choices: list[str] = []
-        is_list = False
-        for _, field in entries:
-            k, cs, lst = _kind_and_choices(field)
-            kinds.add(k)
-            choices += [c for c in cs if c not in choices]
-            is_list = is_list or lst
+        for leaf in leaves:
+            choices += [c for c in leaf.choices if c not in choices]
+        is_list = any(leaf.is_list for leaf in leaves)
         kind = kinds.pop() if len(kinds) == 1 else str
         note = " ".join(notes[p] for p in paths if p in notes)
-        flags.append(Flag(name, paths, kind, tuple(choices), _help(paths, [f for _, f in entries], choices, is_list, note),
-                          is_list))
+        flags.append(Flag(name, paths, kind, tuple(choices), _help(leaves, choices, is_list, note), is_list))
     return tuple(flags)
 
 
