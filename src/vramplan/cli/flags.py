@@ -117,38 +117,40 @@ def _sub_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _alternative(a: Any) -> tuple[list[type], list[str], bool]:
+    """(value types, choices, is a list) of one alternative of a field's type (``None`` adds nothing)."""
+    if a is type(None):
+        return [], [], False
+    if get_origin(a) is Literal:
+        values = get_args(a)
+        return [type(v) for v in values], [str(v) for v in values], False
+    if get_origin(a) is list:
+        return [str], [], True
+    # a plain type; anything else (``dict[str, Any]``: an inline model config) is given as text
+    return [a if isinstance(a, type) else str], [], False
+
+
 def _kind_and_choices(field: FieldInfo) -> tuple[type, tuple[str, ...], bool]:
-    """(option type, choices, is a list) of a leaf field."""
-    choices: list[str] = []
+    """(option type, choices, is a list) of a leaf field: choices from its ``Literal`` alternatives and
+    from a ``vramplan.facts.Choices`` marker (in the field's metadata, or inside an ``Optional``)."""
     kinds: list[type] = []
+    choices: list[str] = []
     is_list = False
     marks = [m for m in field.metadata if isinstance(m, Choices)]
     for a in _unwrap(field.annotation):
         if get_origin(a) is Annotated:
-            base, *meta = get_args(a)
+            a, *meta = get_args(a)
             marks += [m for m in meta if isinstance(m, Choices)]
-            a = base
-        if a is type(None):
-            continue
-        if get_origin(a) is Literal:
-            for v in get_args(a):
-                if str(v) not in choices:
-                    choices.append(str(v))
-                kinds.append(type(v))
-        elif get_origin(a) is list:
-            is_list = True
-            kinds.append(str)
-        elif isinstance(a, type):
-            kinds.append(a)
-        else:  # e.g. ``dict[str, Any]`` of an inline model config: given as text on the command line
-            kinds.append(str)
+        ks, cs, lst = _alternative(a)
+        kinds += ks
+        choices += cs
+        is_list = is_list or lst
     for m in marks:
-        choices += [n for n in m.names() if n not in choices]
-    # bool before int (bool is an int); a mixed union (list or Literal) is typed on the command line
-    for k in (bool, float, int):
-        if kinds and all(x is k for x in kinds):
-            return k, tuple(choices), is_list
-    return str, tuple(choices), is_list
+        choices += m.names()
+    unique = tuple(dict.fromkeys(choices))
+    # a field of one type is typed on the command line (bool is an int: tested first); a mix is text
+    kind = next((k for k in (bool, float, int) if kinds and all(x is k for x in kinds)), str)
+    return kind, unique, is_list
 
 
 def _first_paragraph(text: str | None) -> str:
@@ -199,32 +201,31 @@ def _help(leaves: Sequence[_Leaf], choices: Sequence[str], is_list: bool, note: 
     return escape(help_text) if "[" in help_text else help_text
 
 
+def _one_flag(name: str, leaves: Sequence[_Leaf], notes: dict[str, str]) -> Flag:
+    """The option ``--name`` for ``leaves`` (one field, or the same key of several task sections)."""
+    paths = tuple(leaf.path for leaf in leaves)
+    if len(paths) > 1 and not all(p.split(".", 1)[0] in TASK_SECTIONS for p in paths):
+        raise ValueError(f"option --{name} would set {paths}: add one of them to RENAMED")
+    kinds = {leaf.kind for leaf in leaves}
+    choices = tuple(dict.fromkeys(c for leaf in leaves for c in leaf.choices))
+    is_list = any(leaf.is_list for leaf in leaves)
+    note = " ".join(notes[p] for p in paths if p in notes)
+    return Flag(name, paths, kinds.pop() if len(kinds) == 1 else str, choices, _help(leaves, choices, is_list, note),
+                is_list)
+
+
 def scenario_flags(sections: Sequence[str], notes: dict[str, str] | None = None) -> tuple[Flag, ...]:
     """The options for the scenario fields under ``sections`` (dotted prefixes such as ``"train"``,
     ``"hardware.gpu"`` or ``""`` for everything), in the schema's order.
 
     ``notes``: text appended to one option's help, by dotted path (a command's own default, say).
     """
-    notes = notes or {}
     by_name: dict[str, list[_Leaf]] = {}
     for leaf in _leaf_table():
         p = leaf.path
         if any(s == "" or p == s or p.startswith(s + ".") for s in sections):
             by_name.setdefault(RENAMED.get(p, p.rsplit(".", 1)[-1]), []).append(leaf)
-    flags = []
-    for name, leaves in by_name.items():
-        paths = tuple(leaf.path for leaf in leaves)
-        if len(paths) > 1 and not all(p.split(".", 1)[0] in TASK_SECTIONS for p in paths):
-            raise ValueError(f"option --{name} would set {paths}: add one of them to RENAMED")
-        kinds = {leaf.kind for leaf in leaves}
-        choices: list[str] = []
-        for leaf in leaves:
-            choices += [c for c in leaf.choices if c not in choices]
-        is_list = any(leaf.is_list for leaf in leaves)
-        kind = kinds.pop() if len(kinds) == 1 else str
-        note = " ".join(notes[p] for p in paths if p in notes)
-        flags.append(Flag(name, paths, kind, tuple(choices), _help(leaves, choices, is_list, note), is_list))
-    return tuple(flags)
+    return tuple(_one_flag(name, leaves, notes or {}) for name, leaves in by_name.items())
 
 
 def describe(flags: Sequence[Flag]) -> dict[str, dict[str, list[str]]]:

@@ -78,17 +78,22 @@ class _Flat(Generic[_T]):
         return result
 
 
-@lru_cache(maxsize=64)
-def _adapter(rank: int, alpha: float, dropout: float, target_modules: str | tuple[str, ...]) -> Peft:
-    """One validated ``Peft`` per adapter setting (a plan's setups share the job's)."""
+@lru_cache(maxsize=128)
+def _adapter(rank: int, alpha: float, dropout: float, target_modules: str | tuple[str, ...],
+             method: str | None = None) -> Peft:
+    """One validated ``Peft`` per adapter setting and method (a plan's setups share the job's); without a
+    method, the job's settings alone (``TrainSetup.adapter``)."""
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-    return Peft(rank=rank, alpha=alpha, dropout=dropout, target_modules=targets)
+    kw: dict[str, Any] = {} if method is None else {"method": method}
+    return Peft(rank=rank, alpha=alpha, dropout=dropout, target_modules=targets, **kw)
 
 
-@lru_cache(maxsize=64)
-def _with_method(adapter: Peft, method: str) -> Peft:
-    """The job's adapters with their method: ``Train.peft`` of a setup that trains adapters."""
-    return adapter.model_copy(update={"method": method})
+@lru_cache(maxsize=4096)
+def _train(items: tuple[tuple[str, Any], ...],
+           peft: tuple[int, float, float, str | tuple[str, ...], str] | None) -> Train:
+    """One validated ``Train`` per distinct setting: a search makes each two or three times (for
+    several GPU counts), and validation is most of a candidate's making."""
+    return Train(**dict(items), peft=None if peft is None else _adapter(*peft))
 
 
 @lru_cache(maxsize=256)
@@ -143,10 +148,12 @@ class TrainSetup:
                 raise TypeError(f"TrainSetup() got an unexpected keyword argument {key!r}")
             parts[part][name] = value
         tm = a["target_modules"]
-        ad = _adapter(a["rank"], a["alpha"], a["dropout"], tm if isinstance(tm, str) else tuple(tm))
-        t["peft"] = None if method is None else _with_method(ad, method)
+        adapter_key = (a["rank"], a["alpha"], a["dropout"], tm if isinstance(tm, str) else tuple(tm))
+        ad = _adapter(*adapter_key)
+        t.pop("peft", None)
         par["sequence_parallel"] = par["tp"] > 1  # Megatron-style sequence parallelism whenever tensor parallel
-        records = {"train": Train(**t), "parallel": _parallel(tuple(par.items())), "adapter": ad}
+        records = {"train": _train(tuple(t.items()), None if method is None else (*adapter_key, method)),
+                   "parallel": _parallel(tuple(par.items())), "adapter": ad}
         # Frozen: written once, through the instance dict.  The flat names, read about fifty times per
         # candidate by the step-time model and the bound, are cached there beside the records (they cannot
         # disagree with them; without the cache the ``_Flat`` descriptors below read the records).
