@@ -8,10 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from vramplan.cli.main import app
 from vramplan.plan import TrainJob, plan
+from vramplan.plan.setup import FLAT, TrainSetup
+from vramplan.spec.scenario import Parallel, Peft, Train
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAP = Path(__file__).parent / "snapshots"
@@ -125,3 +128,77 @@ def test_solve_cli() -> None:
     assert doc["report"]["per_gpu"]["device_used_bytes"] <= doc["usable_bytes"]
     code, out, _ = run("solve", "min-gpus", str(ROOT / "examples" / "llama2-7b-full-naive-a100.yaml"))
     assert code == 1 and "nothing fits" in out
+
+
+# ---- the planner's setup is a partial update of the scenario models ---------------------------------
+
+def _qlora_setup() -> TrainSetup:
+    return TrainSetup(framework="hf-trainer", num_gpus=2, micro_batch_size=2, grad_accum_steps=4, seq_len=1024,
+                      checkpointing="full", peft="qlora", quantization="nf4-dq", optimizer="paged-adamw-8bit")
+
+
+def test_setup_holds_the_scenario_records() -> None:
+    s = _qlora_setup()
+    assert isinstance(s.train, Train) and isinstance(s.parallel, Parallel)
+    # the delta: the fields the planner chooses, and no others (cp, ep, offload_device stay the base's)
+    assert s.train.model_fields_set == {"micro_batch_size", "seq_len", "grad_accum_steps", "precision", "optimizer",
+                                        "gradient_checkpointing", "attention", "quantization", "peft"}
+    assert s.parallel.model_fields_set == {"zero_stage", "fsdp", "tp", "pp", "sequence_parallel", "offload"}
+    assert s.train.peft == Peft(method="qlora", rank=16, alpha=32, dropout=0.05, target_modules="all-linear")
+    # the flat names read the same fields, cached or not
+    assert (s.checkpointing, s.lora_rank, s.peft) == (s.train.gradient_checkpointing, s.train.peft.rank, "qlora")
+    for key in FLAT:
+        if key in vars(TrainSetup):  # not the dataclass fields (framework, num_gpus, gpus_per_node)
+            assert vars(TrainSetup)[key].__get__(s, TrainSetup) == getattr(s, key), key
+    full = TrainSetup(framework="deepspeed", num_gpus=8, micro_batch_size=1, grad_accum_steps=1, seq_len=8, tp=2,
+                      zero_stage=3)
+    assert full.train.peft is None and full.peft is None and full.parallel.sequence_parallel is True
+
+
+def test_setup_document_is_the_model_dump_in_the_published_layout() -> None:
+    doc = _qlora_setup().to_document("llama-2-7b", "A100-80GB")
+    assert doc == {
+        "model": "llama-2-7b", "task": "train", "hardware": {"gpu": "A100-80GB", "num_gpus": 2, "gpus_per_node": 8},
+        "framework": "hf-trainer",
+        "train": {"micro_batch_size": 2, "seq_len": 1024, "grad_accum_steps": 4, "precision": "bf16-mixed",
+                  "optimizer": "paged-adamw-8bit", "gradient_checkpointing": "full", "attention": "sdpa",
+                  "quantization": "nf4-dq", "peft": {"method": "qlora", "rank": 16, "alpha": 32.0,
+                                                      "target_modules": "all-linear", "dropout": 0.05}},
+        "parallel": {"zero_stage": 0, "fsdp": "none", "tp": 1, "pp": 1, "sequence_parallel": False,
+                     "offload": "none"}}
+    # key order is part of the exported scenario.yaml: peft after quantization, as before
+    assert list(doc["train"])[-2:] == ["quantization", "peft"]
+
+
+def test_setup_applied_equals_its_validated_document() -> None:
+    from vramplan.plan.context import make_context
+    from vramplan.plan.steptime import DEFAULT_ASSUMPTIONS
+    from vramplan.spec.load import resolve
+
+    ctx = make_context("llama-2-7b", "A100-80GB", 0.1, DEFAULT_ASSUMPTIONS, "train")
+    for s in (_qlora_setup(),
+              TrainSetup(framework="torchtitan", num_gpus=8, micro_batch_size=1, grad_accum_steps=2, seq_len=2048,
+                         tp=2, fsdp="full_shard", checkpointing="full"),
+              TrainSetup(framework="deepspeed", num_gpus=4, micro_batch_size=4, grad_accum_steps=1, seq_len=512,
+                         zero_stage=3, offload="optimizer+params", optimizer="adamw")):
+        assert ctx.scenario(s) == resolve(ctx.document(s)).scenario
+
+
+def test_setup_reads_back_and_replaces_by_flat_name() -> None:
+    import dataclasses
+
+    s = _qlora_setup()
+    assert list(s.as_dict()) == [
+        "framework", "num_gpus", "micro_batch_size", "grad_accum_steps", "seq_len", "precision", "optimizer",
+        "checkpointing", "attention", "zero_stage", "fsdp", "offload", "tp", "pp", "peft", "lora_rank", "lora_alpha",
+        "lora_dropout", "target_modules", "quantization", "gpus_per_node"]
+    assert TrainSetup(**s.as_dict()) == s and hash(TrainSetup(**s.as_dict())) == hash(s)
+    r = dataclasses.replace(s, num_gpus=4, grad_accum_steps=2)
+    assert r.as_dict() == {**s.as_dict(), "num_gpus": 4, "grad_accum_steps": 2} and r.train.peft == s.train.peft
+    # 2 x 2 x (4 // 1) = 16 sequences per step before, 2 x 2 x 4 = 16 after (accumulation halved, GPUs doubled)
+    assert s.global_batch == r.global_batch == 16
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lora_r'"):
+        TrainSetup(framework="hf-trainer", num_gpus=1, micro_batch_size=1, grad_accum_steps=1, seq_len=8, lora_r=4)
+    with pytest.raises(ValidationError, match="precision"):
+        TrainSetup(framework="hf-trainer", num_gpus=1, micro_batch_size=1, grad_accum_steps=1, seq_len=8,
+                   precision="bf16")

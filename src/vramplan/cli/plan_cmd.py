@@ -8,13 +8,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
+
+from vramplan.cli.flags import Given, scenario_flags, scenario_options
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from vramplan.plan.result import PlanResult, SolveResult
 
 Opt = typer.Option
+
+# The planner's inputs that are scenario fields; its own (a GPU-count range, the PEFT policy, the
+# global batch, the search limits) are written by hand below.
+PLAN_FLAGS = scenario_flags(
+    ["model", "hardware.gpu", "hardware.gpus_per_node", "train.seq_len", "train.peft.rank", "train.peft.alpha",
+     "serve.max_model_len"],
+    notes={"train.peft.rank": "The planner's default: 16.", "train.peft.alpha": "The planner's default: 32.",
+           "serve.max_model_len": "Required with --task serve."})
 PEFT_CHOICES = ("none", "allow", "only", "lora", "qlora")
 
 
@@ -142,22 +151,17 @@ def register(app: typer.Typer) -> None:
     """Add ``plan`` and ``solve`` to the top-level app."""
 
     @app.command()
+    @scenario_options(PLAN_FLAGS)
     def plan(
         scenario: Annotated[Path | None, typer.Argument(
             help="optional scenario file: model, GPU, count and job size are taken from it")] = None,
-        model: Annotated[str | None, Opt(help="catalog id/alias or path to config.json")] = None,
-        gpu: Annotated[str | None, Opt(help="GPU name (see `vramplan gpus`)")] = None,
         num_gpus: Annotated[str | None, Opt(help="GPU count, range (1-8) or list (2,4,8)")] = None,
         task: Annotated[str | None, Opt(help="train | serve")] = None,
-        seq_len: Annotated[int | None, Opt(help="train: tokens per sequence")] = None,
         global_batch: Annotated[int | None, Opt(help="train: sequences per optimizer step")] = None,
         global_batch_tokens: Annotated[int | None, Opt(help="train: tokens per optimizer step")] = None,
         peft: Annotated[str | None, Opt(help="none (full fine-tuning) | allow | only | lora | qlora")] = None,
-        lora_rank: Annotated[int | None, Opt(help="adapter rank r (default 16)")] = None,
-        lora_alpha: Annotated[float | None, Opt(help="adapter alpha (default 32)")] = None,
         allow_pure_bf16: Annotated[bool, Opt(help="also search bf16-true (no fp32 master weights)")] = False,
         max_micro_batch: Annotated[int, Opt(help="largest micro-batch to try")] = 64,
-        max_model_len: Annotated[int | None, Opt(help="serve: tokens per sequence")] = None,
         concurrency: Annotated[int | None, Opt(help="serve: sequences of max_model_len running at once")] = None,
         allow_quantization: Annotated[bool, Opt(help="serve: also try fp8/AWQ weights and an fp8 KV cache")] = False,
         margin: Annotated[float, Opt(help="fraction of GPU capacity kept free")] = 0.10,
@@ -165,13 +169,14 @@ def register(app: typer.Typer) -> None:
         mfu: Annotated[float, Opt(help="fraction of dense peak FLOP/s the matmuls reach")] = 0.40,
         inter_node_gbps: Annotated[float, Opt(help="inter-node bandwidth per GPU, GB/s")] = 25.0,
         host_memory_gib: Annotated[float | None, Opt(help="host RAM per node for offload (checked if given)")] = None,
-        gpus_per_node: Annotated[int | None, Opt(help="GPUs per node (default 8)")] = None,
         export: Annotated[Path | None, Opt(help="write the chosen setup's config files to this directory")] = None,
         as_json: Annotated[bool, Opt("--json", help="print the plan as JSON")] = False,
+        *,
+        given: Given,
     ) -> None:
         """The fastest setup that fits, why cheaper ones do not, and its config files."""
         from vramplan.cli.common import fail as _fail
-        from vramplan.cli.main import out
+        out = Console(soft_wrap=False)
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan import ServeJob, TrainJob
         from vramplan.plan import plan as run_plan
@@ -179,10 +184,9 @@ def register(app: typer.Typer) -> None:
 
         try:
             base = _from_scenario(scenario) if scenario is not None else {}
-            given = {"model": model, "gpu": gpu, "num_gpus": num_gpus, "task": task, "seq_len": seq_len,
-                     "global_batch": global_batch, "peft": peft, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
-                     "max_model_len": max_model_len, "concurrency": concurrency, "gpus_per_node": gpus_per_node}
-            opts = {**base, **{k: v for k, v in given.items() if v is not None}}
+            flags = {**given.values, "num_gpus": num_gpus, "task": task, "global_batch": global_batch, "peft": peft,
+                     "concurrency": concurrency}
+            opts = {**base, **{k: v for k, v in flags.items() if v is not None}}
             if global_batch_tokens is not None and global_batch is None:
                 opts.pop("global_batch", None)  # the tokens flag replaces a batch read from the scenario file
             problems = []
@@ -249,7 +253,7 @@ def register(app: typer.Typer) -> None:
         """Push one knob of a scenario as far as the estimator allows (largest batch, longest
         sequence, fewest GPUs), with the safety margin."""
         from vramplan.cli.common import fail as _fail
-        from vramplan.cli.main import out
+        out = Console(soft_wrap=False)
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan.solvers import solve as run_solve
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from vramplan.cli.common import deep_merge as _merge
 from vramplan.cli.common import fail as _fail
 from vramplan.cli.common import set_path as _set
+from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
 from vramplan.units import GB, GiB
 
@@ -57,16 +58,14 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
-def _scenario(scenario: Path | None, task: str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[str, Any]:
     from vramplan.spec.load import read_document
 
     base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
     if base.get("task", task) != task:
         raise ScenarioError([Problem("task", f"this command needs task: {task}, the scenario has task: {base['task']}",
                                      f"use `vramplan {'estimate' if task == 'train' else task}` or change task")])
-    over: dict[str, Any] = {"task": task}
-    for path, value in pairs:
-        _set(over, path, value)
+    over: dict[str, Any] = {"task": task, **flags}
     doc = _merge(base, over)
     if "model" not in doc:
         raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
@@ -78,39 +77,29 @@ def _scenario(scenario: Path | None, task: str, pairs: list[tuple[str, Any]]) ->
 # ---------------------------------------------------------------------------- serve
 
 
+SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "serve"],
+                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."})
+
+
+@scenario_options(SERVE_FLAGS)
 def _serve(
     scenario: Annotated[Path | None, typer.Argument(help="scenario file with task: serve (optional)")] = None,
-    model: Annotated[str | None, Opt(help="catalog id/alias or path to config.json")] = None,
-    gpu: Annotated[str | None, Opt(help="GPU name (see `vramplan gpus`)")] = None,
-    capacity_gib: Annotated[float | None, Opt(help="device capacity in GiB, for a GPU not in the catalog")] = None,
-    tp: Annotated[int | None, Opt(help="tensor-parallel size")] = None,
-    max_model_len: Annotated[int | None, Opt(help="max tokens per request (default: the model's context)")] = None,
-    gpu_memory_utilization: Annotated[float | None, Opt(help="fraction of the GPU vLLM may use (0.9)")] = None,
-    block_size: Annotated[int | None, Opt(help="tokens per KV block (16)")] = None,
-    max_num_seqs: Annotated[int | None, Opt(help="concurrent sequences (vllm serve's default by GPU)")] = None,
-    max_num_batched_tokens: Annotated[int | None, Opt(help="tokens per scheduler step (default by GPU)")] = None,
-    kv_cache_dtype: Annotated[str | None, Opt(help="auto | fp16 | bf16 | fp8 | int8")] = None,
-    dtype: Annotated[str | None, Opt(help="fp16 | bf16 | fp32")] = None,
-    quantization: Annotated[str | None, Opt(help="none | int8 | fp8 | gptq-4bit | awq-4bit | nf4 ...")] = None,
-    enforce_eager: Annotated[bool, Opt("--enforce-eager", help="no torch.compile / CUDA graphs")] = False,
-    vllm_version: Annotated[str | None, Opt(help="behaviour modelled: 0.11 (V1, vLLM 0.10-0.11) or 0.19 (default: the scenario's serve.vllm_version, else 0.11)")] = None,
+    enforce_eager: Annotated[bool, Opt("--enforce-eager", help="no torch.compile / CUDA graphs (= --no-cuda-graphs)")] = False,
     subtract_cudagraphs: Annotated[bool, Opt("--subtract-cudagraphs",
                                              help="subtract CUDA-graph memory from the KV budget (newer vLLM)")] = False,
     as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
+    *,
+    given: Given,
 ) -> None:
     """What vLLM will allocate at start-up: KV blocks, concurrency, largest context, or why it won't start."""
     from vramplan.analytic.serve import serve
     from vramplan.spec.load import resolve
 
     try:
-        doc = _scenario(scenario, "serve", [
-            ("model", model), ("hardware.gpu", gpu), ("hardware.capacity_gib", capacity_gib), ("parallel.tp", tp),
-            ("serve.max_model_len", max_model_len), ("serve.gpu_memory_utilization", gpu_memory_utilization),
-            ("serve.block_size", block_size), ("serve.max_num_seqs", max_num_seqs),
-            ("serve.max_num_batched_tokens", max_num_batched_tokens), ("serve.kv_cache_dtype", kv_cache_dtype),
-            ("serve.dtype", dtype), ("serve.quantization", quantization),
-            ("serve.cuda_graphs", False if enforce_eager else None), ("serve.vllm_version", vllm_version),
-        ])
+        over = given.document("serve")
+        if enforce_eager:
+            _set(over, "serve.cuda_graphs", False)
+        doc = _scenario(scenario, "serve", over)
         r = resolve(doc)
         sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
@@ -413,20 +402,15 @@ def _plot_sim(path: Path, name: str, results: list[Any]) -> None:
 # ---------------------------------------------------------------------------- generate
 
 
+GENERATE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "inference"])
+
+
+@scenario_options(GENERATE_FLAGS)
 def _generate(
     scenario: Annotated[Path | None, typer.Argument(help="scenario file with task: inference (optional)")] = None,
-    model: Annotated[str | None, Opt(help="catalog id/alias or path to config.json")] = None,
-    gpu: Annotated[str | None, Opt(help="GPU name")] = None,
-    capacity_gib: Annotated[float | None, Opt(help="device capacity in GiB")] = None,
-    tp: Annotated[int | None, Opt(help="tensor-parallel size")] = None,
-    batch_size: Annotated[int | None, Opt(help="sequences")] = None,
-    prompt_len: Annotated[int | None, Opt(help="prompt tokens")] = None,
-    new_tokens: Annotated[int | None, Opt(help="generated tokens")] = None,
-    dtype: Annotated[str | None, Opt(help="fp16 | bf16 | fp32")] = None,
-    quantization: Annotated[str | None, Opt(help="none | int8 | nf4 | nf4-dq | fp4 | gptq-4bit | awq-4bit | fp8")] = None,
-    kv_cache_dtype: Annotated[str | None, Opt(help="auto | fp16 | bf16 | fp8 | int8")] = None,
-    attention: Annotated[str | None, Opt(help="eager | sdpa | flash")] = None,
     as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
+    *,
+    given: Given,
 ) -> None:
     """Hugging Face generate: the peak over prefill and decode, and the largest batch and prompt that fit."""
     from vramplan.analytic.engine import estimate
@@ -434,12 +418,7 @@ def _generate(
     from vramplan.spec.load import resolve
 
     try:
-        doc = _scenario(scenario, "inference", [
-            ("model", model), ("hardware.gpu", gpu), ("hardware.capacity_gib", capacity_gib), ("parallel.tp", tp),
-            ("inference.batch_size", batch_size), ("inference.prompt_len", prompt_len),
-            ("inference.new_tokens", new_tokens), ("inference.dtype", dtype), ("inference.quantization", quantization),
-            ("inference.kv_cache_dtype", kv_cache_dtype), ("inference.attention", attention),
-        ])
+        doc = _scenario(scenario, "inference", given.document("inference"))
         r = resolve(doc)
         report = estimate(r)
         ir = inference_step(r)

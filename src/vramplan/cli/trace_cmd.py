@@ -13,49 +13,27 @@ from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
 from vramplan.cli.common import fail
-from vramplan.cli.common import set_path as _set
+from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
 Opt = typer.Option
 
-
-
-
-
-
+# The traced engine runs the installed libraries, so the software versions are not offered.
+TRACE_FLAGS = scenario_flags(["model", "task", "framework", "hardware", "train", "inference", "parallel"])
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the top-level app."""
 
     @app.command("trace")
+    @scenario_options(TRACE_FLAGS)
     def trace_command(
         scenario: Annotated[Path | None, typer.Argument(help="scenario file (.yaml, .json, .toml); optional")] = None,
-        model: Annotated[str | None, Opt(help="catalog id/alias or path to config.json")] = None,
-        task: Annotated[str | None, Opt(help="train | inference")] = None,
-        gpu: Annotated[str | None, Opt(help="GPU name (see `vramplan gpus`)")] = None,
-        num_gpus: Annotated[int | None, Opt(help="GPUs in the job")] = None,
-        framework: Annotated[str | None, Opt(help="hf-trainer | accelerate | lightning | torchtitan | deepspeed | plain")] = None,
-        micro_batch_size: Annotated[int | None, Opt(help="train: sequences per GPU per micro-step")] = None,
-        seq_len: Annotated[int | None, Opt(help="train: tokens per sequence")] = None,
-        grad_accum_steps: Annotated[int | None, Opt(help="train: gradient accumulation steps")] = None,
-        precision: Annotated[str | None, Opt(help="fp32 | fp16-mixed | bf16-mixed | bf16-true | fp16-true")] = None,
-        optimizer: Annotated[str | None, Opt(help="adamw | adamw-fused | adamw-8bit | paged-adamw | paged-adamw-8bit | adafactor | sgd | sgd-momentum | lion | none")] = None,
-        gradient_checkpointing: Annotated[str | None, Opt(help="none | full | selective")] = None,
-        attention: Annotated[str | None, Opt(help="eager | sdpa | flash")] = None,
-        peft: Annotated[str | None, Opt(help="lora | qlora | dora")] = None,
-        lora_rank: Annotated[int | None, Opt(help="adapter rank r")] = None,
-        target_modules: Annotated[str | None, Opt(help="comma-separated module names, or all-linear")] = None,
-        quantization: Annotated[str | None, Opt(help="none | int8 | nf4 | nf4-dq | fp4")] = None,
-        batch_size: Annotated[int | None, Opt(help="inference: sequences")] = None,
-        prompt_len: Annotated[int | None, Opt(help="inference: prompt tokens")] = None,
-        new_tokens: Annotated[int | None, Opt(help="inference: generated tokens")] = None,
-        dtype: Annotated[str | None, Opt(help="inference weights dtype: fp32 | fp16 | bf16")] = None,
-        zero_stage: Annotated[int | None, Opt(help="DeepSpeed ZeRO stage 0-3")] = None,
-        fsdp: Annotated[str | None, Opt(help="none | full_shard | shard_grad_op | hybrid_shard | no_shard")] = None,
         timeline: Annotated[Path | None, Opt(help="write the step's timeline to FILE.png, .html or .json")] = None,
         top: Annotated[int, Opt(help="largest blocks alive at the peak to list")] = 10,
         as_json: Annotated[bool, Opt("--json", help="print the report as JSON")] = False,
+        *,
+        given: Given,
     ) -> None:
         """Trace one training step or inference pass of the real model code (needs the trace extra)."""
         out = Console(soft_wrap=False)
@@ -63,22 +41,7 @@ def register(app: typer.Typer) -> None:
             from vramplan.spec.load import read_document
 
             base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-            over: dict[str, Any] = {}
-            eff_task = task or base.get("task", "train")
-            section = "inference" if eff_task == "inference" else "train"
-            for path, value in [
-                ("model", model), ("task", task), ("hardware.gpu", gpu), ("hardware.num_gpus", num_gpus),
-                ("framework", framework), ("train.micro_batch_size", micro_batch_size), ("train.seq_len", seq_len),
-                ("train.grad_accum_steps", grad_accum_steps), ("train.precision", precision),
-                ("train.optimizer", optimizer), ("train.gradient_checkpointing", gradient_checkpointing),
-                (f"{section}.attention", attention), ("train.peft.method", peft), ("train.peft.rank", lora_rank),
-                ("train.peft.target_modules", None if target_modules is None else (
-                    "all-linear" if target_modules == "all-linear" else [x.strip() for x in target_modules.split(",")])),
-                (f"{section}.quantization", quantization), ("inference.batch_size", batch_size),
-                ("inference.prompt_len", prompt_len), ("inference.new_tokens", new_tokens),
-                ("inference.dtype", dtype), ("parallel.zero_stage", zero_stage), ("parallel.fsdp", fsdp),
-            ]:
-                _set(over, path, value)
+            over = given.document(given["task"] or base.get("task", "train"))
             doc = _merge(base, over)
             if "model" not in doc:
                 raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])

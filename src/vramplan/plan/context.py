@@ -2,7 +2,8 @@
 
 ``vramplan.spec.load.resolve`` validates a scenario document and looks its names up; doing that
 for every candidate would cost more than the estimate itself.  The planner resolves one base
-scenario, then derives each candidate's ``Scenario`` with ``model_copy(update=...)``, which skips
+scenario, then derives each candidate's ``Scenario`` by laying the setup's ``Train`` and ``Parallel``
+deltas on it (``TrainSetup.apply``: ``model_copy(update=...)``), which skips
 pydantic validation.  That is safe because the candidates are built only from the literal values
 the scenario schema allows, and the cross-checks ``resolve`` runs (tp divides the heads and splits
 the KV heads evenly, pp <= layers, num_gpus divisible by tp*pp, offload only with ZeRO/FSDP,
@@ -28,7 +29,7 @@ from vramplan.report import Report
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, resolve
 from vramplan.spec.model import ModelSpec
-from vramplan.spec.scenario import Peft, Scenario
+from vramplan.spec.scenario import Scenario
 
 __all__ = ["PlanContext", "make_context"]
 
@@ -44,7 +45,6 @@ class PlanContext:
     base: Scenario
     _pols: dict[tuple[str, str, str], PrecisionPolicy] = field(default_factory=dict)
     _rps: dict[tuple[int, int, int, str | None, str], RankParams] = field(default_factory=dict)
-    _pefts: dict[tuple[str, int, float, float], Peft] = field(default_factory=dict)
     _trainable: dict[tuple[str | None, str], int] = field(default_factory=dict)
 
     @property
@@ -52,29 +52,9 @@ class PlanContext:
         return usable_bytes(self.gpu.total_memory_bytes, self.margin)
 
     # ---- scenarios -------------------------------------------------------
-    def _peft(self, s: TrainSetup) -> Peft | None:
-        if s.peft is None:
-            return None
-        key = (s.peft, s.lora_rank, s.lora_alpha, s.lora_dropout)
-        p = self._pefts.get(key)
-        if p is None:
-            p = Peft(method=s.peft, rank=s.lora_rank, alpha=s.lora_alpha, target_modules=s.target_modules,
-                     dropout=s.lora_dropout)
-            self._pefts[key] = p
-        return p
-
     def scenario(self, s: TrainSetup) -> Scenario:
-        b = self.base
-        train = b.train.model_copy(update={
-            "micro_batch_size": s.micro_batch_size, "seq_len": s.seq_len, "grad_accum_steps": s.grad_accum_steps,
-            "precision": s.precision, "optimizer": s.optimizer, "gradient_checkpointing": s.checkpointing,
-            "attention": s.attention, "peft": self._peft(s), "quantization": s.quantization})
-        par = b.parallel.model_copy(update={
-            "zero_stage": s.zero_stage, "fsdp": s.fsdp, "tp": s.tp, "pp": s.pp, "sequence_parallel": s.tp > 1,
-            "offload": s.offload})
-        hw = b.hardware.model_copy(update={"num_gpus": s.num_gpus, "gpus_per_node": s.gpus_per_node})
-        return b.model_copy(update={"task": "train", "framework": s.framework, "train": train, "parallel": par,
-                                    "hardware": hw})
+        """The base scenario with the setup laid on it (``TrainSetup.apply``: one ``model_copy(update=...)``)."""
+        return s.apply(self.base)
 
     def serve_scenario(self, s: ServeSetup) -> Scenario:
         b = self.base
@@ -102,14 +82,14 @@ class PlanContext:
 
     def _targets(self, s: TrainSetup) -> LoraTargets:
         """Where the adapters go, as the analytic engine resolves them (QLoRA keeps per-expert adapters)."""
-        return lora_targets(self._peft(s), self.model, self.base.software.fused_moe_experts,
+        return lora_targets(s.train.peft, self.model, self.base.software.fused_moe_experts,
                             s.quantization if s.peft else "none")
 
     def rank_params(self, s: TrainSetup, stage: int) -> RankParams:
         key = (s.tp, s.pp, stage, s.peft, s.quantization)
         rp = self._rps.get(key)
         if rp is None:
-            rp = rank_params(self.model, s.tp, s.pp, 1, stage, self._peft(s), self._targets(s))
+            rp = rank_params(self.model, s.tp, s.pp, 1, stage, s.train.peft, self._targets(s))
             self._rps[key] = rp
         return rp
 
@@ -118,7 +98,7 @@ class PlanContext:
         key = (s.peft, s.quantization)
         got = self._trainable.get(key)
         if got is None:
-            got = (rank_params(self.model, 1, 1, 1, 0, self._peft(s), self._targets(s)).lora if s.peft
+            got = (rank_params(self.model, 1, 1, 1, 0, s.train.peft, self._targets(s)).lora if s.peft
                    else self.model.num_parameters)
             self._trainable[key] = got
         return got

@@ -33,77 +33,207 @@ CudaModuleLoading = Literal["lazy", "eager"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Each field's attribute docstring becomes its ``description`` (vLLM's ``vllm/config/cache.py`` does the
+    # same), so the JSON schema, ``vramplan estimate --help`` (``cli/flags.py``) and the docs read one text.
+    # A docstring's first paragraph is the short help; later paragraphs give the source.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Hardware(_Strict):
+    """The GPUs the job runs on."""
+
     gpu: str | None = None
+    """GPU name or alias from the catalog (see `vramplan gpus`); its total_memory is the capacity.
+
+    Names match without spaces, hyphens and dots when that stays unambiguous; a bare family name
+    ("a100") resolves to the larger variant (docs/conventions.md, Capacity)."""
+
     num_gpus: int = Field(1, ge=1, le=100_000)
+    """GPUs in the job (the world size: dp x tp x pp x cp, docs/glossary.md)."""
+
     capacity_gib: float | None = Field(None, gt=0, le=4096)
+    """Device capacity in GiB (2^30 B), for a GPU not in the catalog; with a catalog GPU it replaces its
+    total_memory."""
+
     gpus_per_node: int = Field(8, ge=1, le=1024)
-    # CUDA_MODULE_LOADING of the run: lazy is PyTorch's default since 1.13 (CUDA >= 11.7) and the
-    # driver's from CUDA 12.2; eager for older stacks or CUDA_MODULE_LOADING=EAGER.  Picks the CUDA
-    # context size (vramplan.analytic.overhead.cuda_context); no effect on AMD GPUs.
+    """GPUs per node: groups inside a node are intra-node, larger ones inter-node (FSDP hybrid_shard shards
+    within a node)."""
+
     cuda_module_loading: CudaModuleLoading = "lazy"
+    """CUDA_MODULE_LOADING of the run; picks the CUDA context size (no effect on AMD GPUs).
+
+    lazy is PyTorch's default since 1.13 (CUDA >= 11.7) and the driver's from CUDA 12.2; eager for older
+    stacks or CUDA_MODULE_LOADING=EAGER.  The context is the median of the published rows for the GPU's
+    architecture and this mode (vramplan.analytic.overhead.cuda_context; docs/conventions.md, Memory
+    outside tensors)."""
 
 
 class Peft(_Strict):
+    """Parameter-efficient fine-tuning: adapters on a frozen base (docs/glossary.md, PEFT)."""
+
     method: Literal["lora", "qlora", "dora"] = "lora"
+    """Adapter method: LoRA (low-rank adapters), QLoRA (LoRA over a 4-bit base), DoRA (LoRA plus a
+    magnitude vector per output feature)."""
+
     rank: int = Field(8, ge=1, le=65536)
+    """Adapter rank r: each adapted d_out x d_in linear gains r x (d_in + d_out) trainable parameters."""
+
     alpha: float = 16
+    """Adapter alpha (the update is scaled by alpha / r); no effect on memory."""
+
     target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    """Module names that get adapters (peft's ``target_modules``), or all-linear; on the command line a
+    comma-separated list.
+
+    On transformers 5 MoE models, expert names become adapters on the fused expert parameters
+    (docs/conventions.md, LoRA on MoE experts)."""
+
     dropout: float = Field(0.0, ge=0, lt=1)
+    """Adapter dropout probability; above 0 each adapted input keeps a dropped copy for the backward."""
 
 
 class Train(_Strict):
+    """One training step: forward, loss, backward, optimizer step."""
+
     micro_batch_size: int = Field(1, ge=1, le=1_000_000)
+    """Sequences per GPU per forward/backward (the micro-batch, docs/glossary.md)."""
+
     seq_len: int = Field(2048, ge=1, le=100_000_000)
+    """Tokens per sequence."""
+
     grad_accum_steps: int = Field(1, ge=1, le=1_000_000)
+    """Gradient accumulation steps: micro-batches per optimizer step (global batch = micro_batch_size x
+    grad_accum_steps x dp sequences)."""
+
     precision: Precision = "bf16-mixed"
+    """Training precision: fp32; autocast mixed precision with fp32 weights (bf16-mixed, fp16-mixed); true half
+    precision with no fp32 copy (bf16-true, fp16-true); fp8-mixed as Transformer Engine.
+
+    Bytes per parameter follow the framework's convention (docs/conventions.md, Model states;
+    vramplan.analytic.precision)."""
+
     optimizer: Optimizer = "adamw"
+    """Optimizer whose states, and step temporaries, are counted (adamw is torch's foreach AdamW: one
+    state-sized temporary in step(); adamw-fused avoids it; docs/conventions.md)."""
+
     gradient_checkpointing: Checkpointing = "none"
+    """Activation recomputation: full keeps only each layer's input; selective drops only the attention's
+    s x s tensors (Korthikanti et al., arXiv 2205.05198 sec. 5)."""
+
     attention: Attention = "sdpa"
+    """Attention implementation (transformers' attn_implementation): eager saves the s x s scores and the
+    softmax; sdpa and flash save none."""
+
     peft: Peft | None = None
+    """Adapters on a frozen base; null trains every parameter (full fine-tuning)."""
+
     quantization: TrainQuant = "none"
+    """Base-weight quantization under training (bitsandbytes int8, 4-bit nf4, nf4 with double quantization,
+    fp4); used with QLoRA."""
 
 
 class Inference(_Strict):
+    """Hugging Face generate: the prefill of the prompt, then one decode step per new token."""
+
     batch_size: int = Field(1, ge=1, le=1_000_000)
+    """Sequences generated at once."""
+
     prompt_len: int = Field(512, ge=1, le=100_000_000)
+    """Prompt tokens per sequence."""
+
     new_tokens: int = Field(512, ge=0, le=100_000_000)
+    """Generated tokens per sequence: the last decode step's cache holds prompt_len + new_tokens - 1 tokens."""
+
     dtype: HalfDtype = "bf16"
+    """Dtype of the weights and activations."""
+
     quantization: InferQuant = "none"
+    """Weight quantization: bitsandbytes int8, nf4, nf4-dq (double quantization), fp4; GPTQ or AWQ 4-bit;
+    fp8."""
+
     kv_cache_dtype: KVDtype = "auto"
+    """Dtype of the KV cache; auto means the model's dtype."""
+
     attention: Attention = "sdpa"
-    # bitsandbytes 4-bit: the configured compute dtype (transformers' ``bnb_4bit_compute_dtype``, whose
-    # default is fp32); None means ``dtype``.  An fp32 or bf16 ``dtype`` overrides it at run time
-    # (``Linear4bit.set_compute_type``), so it matters for fp16 models only.
+    """Attention implementation (transformers' attn_implementation); eager keeps the scores."""
+
     bnb_compute_dtype: HalfDtype | None = None
+    """bitsandbytes 4-bit compute dtype (transformers' ``bnb_4bit_compute_dtype``, whose default is fp32);
+    null means dtype.
+
+    An fp32 or bf16 dtype overrides it at run time (``Linear4bit.set_compute_type``), so it matters for
+    fp16 models only (docs/conventions.md, bitsandbytes' dequantized weights at inference)."""
 
 
 class Serve(_Strict):
+    """A vLLM engine after start-up: weights, profiling peak, CUDA graphs and the KV block pool."""
+
     max_model_len: int | None = Field(None, ge=1, le=100_000_000)
+    """Max tokens per request (vLLM's max_model_len); null means the model's context length."""
+
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of the GPU's memory vLLM may use; the KV cache gets what the rest leaves."""
+
     block_size: int = Field(16, ge=1, le=1024)
+    """Tokens per KV cache block (page)."""
+
     max_num_seqs: int = Field(256, ge=1, le=1_000_000)
+    """Sequences the scheduler runs at once; when the scenario does not set it, vllm serve's default for the
+    GPU (serve/vllm.py ``default_batch_limits``)."""
+
     max_num_batched_tokens: int | None = Field(None, ge=1, le=100_000_000)
+    """Tokens per scheduler step; null means vllm serve's default for the GPU."""
+
     kv_cache_dtype: KVDtype = "auto"
+    """Dtype of the KV cache; auto means the model's dtype."""
+
     dtype: HalfDtype = "bf16"
+    """Dtype of the weights and activations."""
+
     quantization: InferQuant = "none"
+    """Weight quantization: bitsandbytes int8, nf4, nf4-dq (double quantization), fp4; GPTQ or AWQ 4-bit;
+    fp8."""
+
     cuda_graphs: bool = True
-    vllm_version: VllmVersion = "0.11"  # behaviour modelled: V1 of vLLM 0.10-0.11, or 0.19
+    """vLLM captures CUDA graphs; false is --enforce-eager (no graph memory)."""
+
+    vllm_version: VllmVersion = "0.11"
+    """vLLM behaviour modelled: 0.11 is V1 of vLLM 0.10-0.11; 0.19 is vLLM 0.19 (docs/serving.md)."""
 
 
 class Parallel(_Strict):
+    """How the job is split over its GPUs (degrees, docs/glossary.md)."""
+
     zero_stage: Literal[0, 1, 2, 3] = 0
+    """DeepSpeed ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights over the
+    data-parallel degree (arXiv 1910.02054)."""
+
     fsdp: FSDP = "none"
+    """PyTorch FSDP sharding: full_shard is like ZeRO-3, shard_grad_op like ZeRO-2, hybrid_shard shards within
+    a node (gpus_per_node), no_shard is data parallel."""
+
     tp: int = Field(1, ge=1, le=1024)
+    """Tensor-parallel degree."""
+
     pp: int = Field(1, ge=1, le=1024)
+    """Pipeline-parallel degree."""
+
     cp: int = Field(1, ge=1, le=1024)
+    """Context-parallel degree: each rank holds seq_len / cp tokens of every sequence."""
+
     ep: int = Field(1, ge=1, le=1024)
+    """Expert-parallel degree (mixture-of-experts models)."""
+
     sequence_parallel: bool = False
+    """Megatron sequence parallelism with tp: the norm and residual tensors are split over the tp ranks too
+    (arXiv 2205.05198 sec. 4.2.2)."""
+
     offload: Offload = "none"
+    """Keep optimizer states (and for optimizer+params, weights) in host or NVMe memory; needs ZeRO or FSDP,
+    parameters at ZeRO-3."""
+
     offload_device: OffloadDevice = "cpu"
+    """Where offloaded optimizer states are kept: cpu (host RAM) or nvme."""
 
 
 def _version(text: str | None) -> tuple[int, ...] | None:
@@ -114,23 +244,30 @@ def _version(text: str | None) -> tuple[int, ...] | None:
 class Software(_Strict):
     """Library versions whose memory behaviour differs; None means the current release's behaviour."""
 
-    # bitsandbytes before 0.43.2 kept every 4-bit linear's input for the backward
-    # (MatMul4Bit: ctx.tensors = (A, B)); PR bitsandbytes-foundation/bitsandbytes#1270 (July 2024) dropped it.
     bitsandbytes: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """bitsandbytes release of the run, e.g. 0.41.1; before 0.43.2 each 4-bit linear keeps its input.
 
-    # peft before 0.12 gave each new LoRA adapter its base weight's floating dtype (LoraLayer.update_layer:
-    # ``self.to(weight.device, dtype=weight.dtype)`` when the weight is a float); PR huggingface/peft#1706
-    # (merged May 2024, after the 0.11 releases: PR #1874 says so) made get_peft_model upcast fp16/bf16
-    # adapters to fp32 (``autocast_adapter_dtype=True``), released in 0.12.0.
+    bitsandbytes before 0.43.2 kept every 4-bit linear's input for the backward (MatMul4Bit:
+    ctx.tensors = (A, B)); PR bitsandbytes-foundation/bitsandbytes#1270 (July 2024) dropped it."""
+
     peft: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """peft release of the run, e.g. 0.10.0; before 0.12 adapters take their base weight's dtype.
 
-    # transformers 5 fuses a MoE layer's routed experts into two 3-D parameters (``gate_up_proj``
-    # [E, 2I, h] and ``down_proj`` [E, h, I], conversion_mapping.py) where 4.x held one ``nn.Linear`` MLP
-    # per expert; LoRA on the experts then goes through peft's ``ParamWrapper`` instead of per-expert
-    # ``lora.Linear`` layers (analytic/layout.py ``lora_targets``).  Hugging Face ``generate`` before 4.42
-    # kept the previous step's cache alive while building the next one, and before 4.45 computed the logits
-    # of every prompt position (analytic/inference.py ``GenerateBehaviour``).
+    peft before 0.12 gave each new LoRA adapter its base weight's floating dtype (LoraLayer.update_layer:
+    ``self.to(weight.device, dtype=weight.dtype)`` when the weight is a float); PR huggingface/peft#1706
+    (merged May 2024, after the 0.11 releases: PR #1874 says so) made get_peft_model upcast fp16/bf16
+    adapters to fp32 (``autocast_adapter_dtype=True``), released in 0.12.0."""
+
     transformers: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """transformers release of the run, e.g. 4.46; before 5 MoE experts are per-expert linears, generate
+    before 4.42 keeps two caches and before 4.45 the logits of every prompt position.
+
+    transformers 5 fuses a MoE layer's routed experts into two 3-D parameters (``gate_up_proj``
+    [E, 2I, h] and ``down_proj`` [E, h, I], conversion_mapping.py) where 4.x held one ``nn.Linear`` MLP
+    per expert; LoRA on the experts then goes through peft's ``ParamWrapper`` instead of per-expert
+    ``lora.Linear`` layers (analytic/layout.py ``lora_targets``).  Hugging Face ``generate`` before 4.42
+    kept the previous step's cache alive while building the next one, and before 4.45 computed the logits
+    of every prompt position (analytic/inference.py ``GenerateBehaviour``)."""
 
     @property
     def fused_moe_experts(self) -> bool:
@@ -167,14 +304,32 @@ class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
 
     model: str | dict[str, Any]
+    """Catalog id or alias, a path to a config.json or its folder, or an inline config mapping."""
+
     task: Task = "train"
+    """What runs: a training step, Hugging Face generate, or a vLLM engine."""
+
     hardware: Hardware = Field(default_factory=Hardware)
+    """The GPUs."""
+
     framework: Framework | None = None
+    """Whose memory conventions apply (docs/conventions.md); null: vllm for serve, deepspeed with a ZeRO stage,
+    else hf-trainer."""
+
     train: Train = Field(default_factory=Train)
+    """The training step (task train)."""
+
     inference: Inference = Field(default_factory=Inference)
+    """The generate call (task inference)."""
+
     serve: Serve = Field(default_factory=Serve)
+    """The vLLM engine (task serve)."""
+
     parallel: Parallel = Field(default_factory=Parallel)
+    """Parallelism degrees, sharding and offload."""
+
     software: Software = Field(default_factory=Software)
+    """Library versions whose memory behaviour differs."""
 
     @field_validator("model")
     @classmethod
