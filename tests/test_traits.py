@@ -133,3 +133,25 @@ def test_fictitious_family_is_traced(monkeypatch: pytest.MonkeyPatch) -> None:
     weights = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "weights")
     assert weights == 4 * 459_392
     assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]
+
+
+def test_traits_reproduce_the_model_type_tables_still_in_train_and_inference() -> None:
+    # Until analytic/train.py and analytic/inference.py read the traits, their model_type tables and the traits
+    # must agree on every catalog model (the rewrite then deletes the tables and this test with them).
+    from vramplan.analytic import inference, train
+    from vramplan.catalog.models import list_models
+
+    if not hasattr(inference, "FLOAT_LOGITS_FAMILIES"):
+        pytest.skip("analytic/inference.py reads the traits now")
+    for entry in list_models():
+        m = model_from_config(entry.config, entry.id)
+        t, mt = m.traits, m.family
+        assert (mt in train.NO_SDPA) == ("sdpa" not in t.attention_kernels), entry.id
+        assert (mt == "falcon") == t.mqa_sdpa_math, entry.id
+        assert (m.final_logit_softcapping is not None and mt == "gemma2") == (m.final_logit_softcapping is not None)
+        assert inference.DYNAMIC_CACHE_SINCE.get(mt, inference.DYNAMIC_CACHE_DEFAULT_SINCE) == t.dynamic_cache_since
+        assert (mt in inference.FLOAT_LOGITS_FAMILIES) == t.upcasts_all_logits, entry.id
+        assert (mt == "gpt_oss") == t.clamped_glu_experts, entry.id
+        assert (mt in inference.COMPUTE_DTYPE_SOFTMAX) == t.eager_softmax_compute_dtype, entry.id
+        assert inference.HIDDEN_KEPT_THROUGH_MLP.get(mt, 3) == t.hidden_kept_through_mlp, entry.id
+        assert (mt in inference.KEEPS_ATTN_OUTPUT) == t.keeps_attn_output, entry.id
