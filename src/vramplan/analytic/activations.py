@@ -27,7 +27,7 @@ and flash attention saves no s x s term.  The docs (docs/conventions.md) compare
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.units import ceil_div
@@ -219,27 +219,15 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         return _mla_saved(m, ctx, heads, in_b)
     qw = heads * m.head_dim
     kvw = max(1, ceil_div(m.num_kv_heads, tp)) * m.head_dim
-    if m.model_type in ("phi3",):
-        mods: tuple[str, ...] = ("qkv_proj",)
-    elif m.model_type in ("gpt2",):
-        mods = ("c_attn",)
-    elif m.model_type in ("gpt_neox", "falcon"):
-        mods = ("query_key_value",)
-    elif m.model_type == "bert":
-        mods = ("query", "key", "value")
-    else:
-        mods = ("q_proj", "k_proj", "v_proj")
-    saved = _linear_inputs(width_in, mods, in_b, ctx)
+    saved = _linear_inputs(width_in, m.traits.qkv_modules, in_b, ctx)
     if m.qk_norm:
         # per-head q/k RMSNorm: fp32 copy + normalized tensor; GemmaRMSNorm keeps both in fp32
         saved += (4 if ctx.frozen_base else 8 if m.norm == "gemma_rms" else 4 + c) * (qw + kvw)
-    if mods in (("qkv_proj",), ("query_key_value",)) and m.position == "rope" and m.model_type != "falcon" \
-            and ctx.attention != "math":
+    if m.traits.fused_qkv_view and ctx.attention != "math":
         # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the
         # kernel is a view of the fused output, which keeps the whole [q|k|v] buffer alive
         saved += c * (qw + kvw)
-    o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj", "phi": "dense"}.get(
-        m.model_type, "o_proj")
+    o_name = m.traits.out_proj_module
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
@@ -261,7 +249,7 @@ def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         saved += c * (qw + 2 * kv_saved)
         probs = heads * s_keys
         saved += eager_softmax_saved(m, ctx, heads, s_keys)
-        if m.model_type == "gemma2":
+        if m.traits.attn_logit_softcap:
             # Gemma 2 soft-caps the scores (attn_logit_softcapping, 50 by default): tanh saves its output
             saved += c * probs
         if ctx.dropout and m.attention_dropout > 0:
@@ -423,7 +411,7 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         return saved
     inter = ceil_div(layer.intermediate_size, tp)
     if m.mlp_gated:
-        mods = ("gate_up_proj",) if m.model_type == "phi3" else ("gate_proj", "up_proj")
+        mods = _gate_up_modules(m)
         saved += _linear_inputs(h, mods, in_b, ctx)
         # gate out (saved by the activation), activation out and up out (saved by the product),
         # the product (down_proj's input)
@@ -435,7 +423,7 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
             saved += _adapter_inputs(inter, ("down_proj",), ew, ctx)
     else:
         fc1, fc2 = _fc_names(m)
-        if ctx.elementwise_bytes and m.model_type in ("phi", "starcoder2"):
+        if ctx.elementwise_bytes and m.traits.fc_act_in_output_dtype:
             # bitsandbytes' fc1 returns the fp32 hidden states' dtype: the activation runs and saves in ew
             # bytes (NewGELU's chain then keeps four fp32 tensors: x, tanh, 0.5 x and 1 + tanh)
             ew = ctx.elementwise_bytes
@@ -453,11 +441,12 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
 
 def _fc_names(m: ModelSpec) -> tuple[str, str]:
     """The module names of a non-gated MLP's two linears."""
-    fc1 = {"gpt2": "c_fc", "opt": "fc1", "bert": "dense", "phi": "fc1", "starcoder2": "c_fc"}.get(
-        m.model_type, "dense_h_to_4h")
-    fc2 = {"gpt2": "c_proj", "opt": "fc2", "bert": "dense", "phi": "fc2", "starcoder2": "c_proj"}.get(
-        m.model_type, "dense_4h_to_h")
-    return fc1, fc2
+    return m.traits.fc_modules
+
+
+def _gate_up_modules(m: ModelSpec) -> tuple[str, ...]:
+    """A gated MLP's input linears: one fused ``gate_up_proj`` (phi3) or ``gate_proj`` and ``up_proj``."""
+    return ("gate_up_proj",) if m.traits.fused_gate_up else ("gate_proj", "up_proj")
 
 
 def _mlp_adapted(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[bool, bool, bool, bool]:
@@ -476,7 +465,7 @@ def _mlp_adapted(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[bool,
     if not m.mlp_gated:
         fc1, fc2 = _fc_names(m)
         return fc1 in t, fc1 in t, fc2 in t, False
-    if m.model_type == "phi3":
+    if m.traits.fused_gate_up:
         return "gate_up_proj" in t, "gate_up_proj" in t, "down_proj" in t, False
     return "gate_proj" in t, "up_proj" in t, "down_proj" in t, False
 
@@ -509,59 +498,25 @@ def frozen_input_mlp(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[i
     with LoRA on down_proj only: the product 2 x 2 x 96 = 384 B per token, where a layer whose input
     requires grad saves 2 x (2 x 2 x 96 + 2 x 96 + 2 x 96 + 2 x 256) + (2 + 4) x 8 = 2,608 B.
     """
-    from dataclasses import replace
-
-    c, tp, h = ctx.compute_bytes, ctx.tp, m.hidden_size
+    if layer.moe and m.moe is not None:
+        return _frozen_input_moe(m, layer, ctx)
+    c, h = ctx.compute_bytes, m.hidden_size
     in_b = _norm_out_bytes(m.norm, ctx)
     frozen_in = replace(ctx, kbit_saves_input=False)
-    g, u, d, rw = _mlp_adapted(m, layer, ctx)
+    g, u, d, _ = _mlp_adapted(m, layer, ctx)
     act_saved, act_out = _act_saved(m.hidden_act, ctx)
     ew = ctx.ew
     saved = 0
-    live = False
-    if layer.moe and m.moe is not None:
-        e = m.moe
-        if rw:
-            # F.linear(x, W + s B A) keeps x for the adapted weight's gradient; the logits require grad
-            saved += (c if ctx.autocast else in_b) * h + _router_saved(m, ctx)
-        if ctx.expert_loop:
-            per = _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, frozen_in)
-            per += ((act_saved - c + ew) * g + ew * g + ew * u) * _expert_inter(m, ctx)
-            exp_live = g or u or d
-            if exp_live:
-                per += _adapter_inputs(_expert_inter(m, ctx), ("down_proj",), ew, replace(
-                    ctx, kbit_saves_input=ctx.kbit_saves_input and (g or u)))
-                per += ew * h + 8 + 8 + 4  # the product saved by index_add_, the gathers' indices and weight
-            per += ew * h if rw else 0  # the down output, for the routing weight's gradient
-        else:
-            w = ctx.expert_bytes or c
-            ei = _expert_inter(m, ctx)
-            exp_live = g or d
-            per = (w * h + w * 2 * ei + w * ei + w * ei * _gate_extra(m)) if g else 0
-            per += w * ei if d else 0
-            per += w * h if rw else 0
-        saved += e.top_k * per
-        live = exp_live or rw
-        if e.shared_intermediate_size:
-            si = ceil_div(e.shared_intermediate_size, tp)
-            sg, su, sd = ("gate_proj" in ctx.lora_targets, "up_proj" in ctx.lora_targets,
-                          "down_proj" in ctx.lora_targets)
-            saved += _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, frozen_in)
-            saved += ((act_saved - c + ew) * sg + ew * sg + ew * su) * si
-            saved += _adapter_inputs(si, ("down_proj",), ew, replace(
-                ctx, kbit_saves_input=ctx.kbit_saves_input and (sg or su)))
-            live = live or sg or su or sd
-        return saved, live
-    inter = ceil_div(layer.intermediate_size, tp)
+    inter = ceil_div(layer.intermediate_size, ctx.tp)
     if m.mlp_gated:
-        mods = ("gate_up_proj",) if m.model_type == "phi3" else ("gate_proj", "up_proj")
+        mods = _gate_up_modules(m)
         saved += _adapter_inputs(h, mods, in_b, frozen_in)
         saved += ((act_saved - c + ew) * g + ew * g + ew * u) * inter
         saved += _adapter_inputs(inter, ("down_proj",), ew, replace(
             ctx, kbit_saves_input=ctx.kbit_saves_input and (g or u)))
     else:
         fc1, fc2 = _fc_names(m)
-        if ctx.elementwise_bytes and m.model_type in ("phi", "starcoder2"):
+        if ctx.elementwise_bytes and m.traits.fc_act_in_output_dtype:
             ew = ctx.elementwise_bytes  # as mlp_saved: bitsandbytes' fc1 returns fp32
             act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
         saved += _adapter_inputs(h, (fc1,), in_b, frozen_in)
@@ -573,10 +528,63 @@ def frozen_input_mlp(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[i
     return saved, live
 
 
+def _frozen_input_moe(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, bool]:
+    """``frozen_input_mlp`` for a MoE layer: the router (when adapted), the routed experts per routed token
+    and the shared experts."""
+    assert m.moe is not None
+    c, h, e = ctx.compute_bytes, m.hidden_size, m.moe
+    in_b = _norm_out_bytes(m.norm, ctx)
+    g, u, d, rw = _mlp_adapted(m, layer, ctx)
+    saved = 0
+    if rw:
+        # F.linear(x, W + s B A) keeps x for the adapted weight's gradient; the logits require grad
+        saved += (c if ctx.autocast else in_b) * h + _router_saved(m, ctx)
+    per, exp_live = _frozen_input_routed(m, ctx, (g, u, d, rw), in_b)
+    saved += e.top_k * per
+    live = exp_live or rw
+    if e.shared_intermediate_size:
+        si = ceil_div(e.shared_intermediate_size, ctx.tp)
+        act_saved, _ = _act_saved(m.hidden_act, ctx)
+        ew = ctx.ew
+        sg, su, sd = ("gate_proj" in ctx.lora_targets, "up_proj" in ctx.lora_targets,
+                      "down_proj" in ctx.lora_targets)
+        saved += _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, replace(ctx, kbit_saves_input=False))
+        saved += ((act_saved - c + ew) * sg + ew * sg + ew * su) * si
+        saved += _adapter_inputs(si, ("down_proj",), ew, replace(
+            ctx, kbit_saves_input=ctx.kbit_saves_input and (sg or su)))
+        live = live or sg or su or sd
+    return saved, live
+
+
+def _frozen_input_routed(m: ModelSpec, ctx: ActContext, adapted: tuple[bool, bool, bool, bool],
+                         in_b: int) -> tuple[int, bool]:
+    """Per routed token of a MoE layer in the frozen prefix: (bytes saved, whether the experts' output requires
+    grad), for the experts loop (per-expert 4-bit linears) or transformers 5's grouped experts."""
+    g, u, d, rw = adapted
+    c, h = ctx.compute_bytes, m.hidden_size
+    ei = _expert_inter(m, ctx)
+    if not ctx.expert_loop:
+        w = ctx.expert_bytes or c
+        per = (w * h + w * 2 * ei + w * ei + w * ei * _gate_extra(m)) if g else 0
+        per += w * ei if d else 0
+        per += w * h if rw else 0
+        return per, g or d
+    act_saved, _ = _act_saved(m.hidden_act, ctx)
+    ew = ctx.ew
+    per = _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, replace(ctx, kbit_saves_input=False))
+    per += ((act_saved - c + ew) * g + ew * g + ew * u) * ei
+    exp_live = g or u or d
+    if exp_live:
+        per += _adapter_inputs(ei, ("down_proj",), ew, replace(ctx, kbit_saves_input=ctx.kbit_saves_input and (g or u)))
+        per += ew * h + 8 + 8 + 4  # the product saved by index_add_, the gathers' indices and weight
+    per += ew * h if rw else 0  # the down output, for the routing weight's gradient
+    return per, exp_live
+
+
 def _shares_attention_input(m: ModelSpec, in_b: int, ctx: ActContext) -> bool:
     """A parallel block with one norm (phi, Command-R, StableLM's parallel variant) whose output reaches the
     linears uncast (no autocast cast, no fp8 copy) and is saved once for attention and MLP together."""
-    one_norm = m.model_type in ("phi", "cohere") or (m.model_type == "stablelm" and m.parallel_residual)
+    one_norm = m.traits.shared_norm_output
     casts = ctx.autocast and in_b != ctx.compute_bytes
     return one_norm and not ctx.frozen_base and not casts and ctx.linear_input_bytes == in_b
 
@@ -589,7 +597,7 @@ def _router_saved(m: ModelSpec, ctx: ActContext) -> int:
     per selected expert), then the softmax over the top-k values, which saves its k-wide output (c).
     """
     assert m.moe is not None
-    if m.model_type == "gpt_oss":
+    if m.traits.router_topk_first:
         return (8 + ctx.compute_bytes) * m.moe.top_k
     return (ctx.compute_bytes + 4) * m.moe.num_experts
 
@@ -603,7 +611,7 @@ def _gate_extra(m: ModelSpec) -> int:
     saves the clamped gate and the sigmoid's output, ``(up + 1) * glu`` saves ``up + 1`` and ``glu``
     (the activation output's place): three more I-wide tensors.
     """
-    return 3 if m.model_type == "gpt_oss" else 0
+    return 3 if m.traits.clamped_glu_experts else 0
 
 
 def _expert_inter(m: ModelSpec, ctx: ActContext) -> int:
@@ -809,8 +817,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
         kvw = max(1, ceil_div(m.num_kv_heads, ctx.tp)) * m.head_dim
         probs = heads * (min(ctx.seq_len, layer.sliding_window) if (
             layer.sliding_window and ctx.attention == "flash") else ctx.seq_len)
-        o_name = {"gpt2": "c_proj", "gpt_neox": "dense", "falcon": "dense", "opt": "out_proj", "phi": "dense"}.get(
-            m.model_type, "o_proj")
+        o_name = m.traits.out_proj_module
         freed += _out_proj_input(qw, o_name, ctx) + c * (qw if ctx.gqa_repeat else kvw)
         dropped = ctx.dropout and m.attention_dropout > 0
         freed += c * probs if (dropped or probs_cast_saved(m, ctx)) else 0
@@ -854,7 +861,7 @@ def _mlp_kbit_inputs(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         return 0
     inter = ceil_div(layer.intermediate_size, ctx.tp)
     in_b = _norm_out_bytes(m.norm, ctx)
-    mods = ("gate_up_proj",) if m.model_type == "phi3" else ("gate_proj", "up_proj")
+    mods = _gate_up_modules(m)
     return (_kbit_inputs(m.hidden_size, mods, in_b, ctx, shared=_kbit_shared(mods, in_b, ctx))
             + _kbit_inputs(inter, ("down_proj",), ctx.ew, ctx, shared=_kbit_shared(("down_proj",), ctx.ew, ctx)))
 
@@ -934,10 +941,9 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective"):
         kinds = len({ls.sliding_window for ls in m.layers}) or 1
         out += kinds * c * ctx.seq_len
-    if m.model_type in ("gpt2", "bert", "opt") and ctx.dropout and m.hidden_dropout > 0:
-        out += m.hidden_size  # embedding dropout mask
-    if m.model_type == "starcoder2" and ctx.dropout and m.hidden_dropout > 0:
-        # StarCoder2 drops the embeddings with embedding_dropout (0.1 in the published configs, as is its
-        # residual_dropout, which hidden_dropout holds): a 1-byte mask per element
+    if m.traits.embedding_dropout and ctx.dropout and m.hidden_dropout > 0:
+        # GPT-2, BERT and OPT drop the embeddings with the hidden dropout probability, StarCoder2 with
+        # embedding_dropout (0.1 in the published configs, as is its residual_dropout, which hidden_dropout
+        # holds): a 1-byte mask per element
         out += m.hidden_size
     return out

@@ -11,7 +11,7 @@ Everything here is a parameter *count*; bytes are applied by the term modules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Peft
@@ -92,17 +92,14 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, ...]:
     return tuple(range(start, start + base + (1 if stage < extra else 0)))
 
 
-# Model types whose routed experts transformers 5 fuses into ``gate_up_proj`` [E, 2I, h] and ``down_proj``
-# [E, h, I] parameters and whose LoRA targets peft converts from the 4.x names: transformers
-# ``conversion_mapping._MODEL_TO_CONVERSION_PATTERN`` maps them to the "mixtral" or "qwen2_moe" pattern, and
-# peft ``utils/transformers_weight_conversion.py`` (``_MOE_TARGET_MODULE_MAPPING``, ``_convert_peft_config_moe``)
-# turns the expert and router names into ``target_parameters``.
-FUSED_EXPERT_LORA_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+# Families whose routed experts transformers 5 fuses into ``gate_up_proj`` [E, 2I, h] and ``down_proj``
+# [E, h, I] parameters and whose LoRA targets peft converts from the 4.x names carry the trait
+# ``peft_converts_experts``: transformers ``conversion_mapping._MODEL_TO_CONVERSION_PATTERN`` maps them to the
+# "mixtral" or "qwen2_moe" pattern, and peft ``utils/transformers_weight_conversion.py``
+# (``_MOE_TARGET_MODULE_MAPPING``, ``_convert_peft_config_moe``) turns the expert and router names into
+# ``target_parameters``.  Other spellings of the expert linears (Mixtral's 4.x w1/w3/w2) are the trait
+# ``expert_module_aliases``.
 _MLP_NAMES = frozenset({"gate_proj", "up_proj", "down_proj"})
-# Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the
-# names peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell
-# them either way
-MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 @dataclass(frozen=True)
@@ -140,7 +137,7 @@ def quantized_expert_loop(m: ModelSpec, quant: str) -> bool:
     gpt-oss keeps its experts as fused, transposed, biased parameters in both versions, which
     bitsandbytes never converts.
     """
-    return m.moe is not None and quant in BNB_FORMATS and m.model_type != "gpt_oss"
+    return m.moe is not None and quant in BNB_FORMATS and m.traits.experts_are_linears
 
 
 def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True,
@@ -157,13 +154,12 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
         return LoraTargets()
     if peft.target_modules == "all-linear":
         names = {p.module for p in model.params if p.role == "linear"}
-        if model.model_type != "gpt_oss":
+        if model.traits.experts_are_linears:
             names |= {p.module for p in model.params if p.role in ("expert", "router")}
     else:
-        names = set(peft.target_modules)
-        if model.model_type == "mixtral":
-            names = {MIXTRAL_EXPERT_NAMES.get(n, n) for n in names}
-    if not (fused_experts and model.moe is not None and model.model_type in FUSED_EXPERT_LORA_TYPES):
+        aliases = dict(model.traits.expert_module_aliases)
+        names = {aliases.get(n, n) for n in peft.target_modules}
+    if not (fused_experts and model.moe is not None and model.traits.peft_converts_experts):
         return LoraTargets(linear=frozenset(names))
     router = "gate" in names and any(p.role == "router" for p in model.params)
     if quantized_expert_loop(model, quant):
@@ -171,6 +167,76 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
     gate_up = len({"gate_proj", "up_proj"} & names)
     return LoraTargets(linear=frozenset(names - _MLP_NAMES - {"gate"}), gate_up_rank=peft.rank * gate_up,
                        down_rank=peft.rank if "down_proj" in names else 0, router_rank=peft.rank if router else 0)
+
+
+def _on_stage(p: ParamGroup, first: bool, last: bool) -> bool:
+    """Whether a tensor outside the decoder layers lives on this pipeline stage: the embeddings on the first,
+    the LM head and the final norm on the last, anything else everywhere."""
+    if p.layer_span:
+        return True
+    if p.role in ("embedding", "position"):
+        return first
+    if p.role == "lm_head":
+        return last
+    final_norm = p.name == "norm.weight" or p.module in ("ln_f", "final_layer_norm", "norm", "final_layernorm")
+    return last or not final_norm
+
+
+def _adapter_rank(p: ParamGroup, peft: Peft, lt: LoraTargets, tp: int) -> tuple[int, int, int]:
+    """(rank, fan_in, fan_out) of the adapter on one instance of ``p`` on this rank (rank 0: none)."""
+    fan_in = ceil_div(p.in_features, tp) if p.tp == "row" else p.in_features
+    fan_out = ceil_div(p.out_features, tp) if p.tp == "column" else p.out_features
+    if p.role == "expert" and lt.experts_wrapped:
+        # peft ParamWrapper (tuners/lora/layer.py update_layer): lora_A [rank x E, in], lora_B [out, rank x E],
+        # i.e. rank x (in + out) per expert; the fused gate_up_proj's out is 2I, counted at the gate group
+        if p.module == "gate_proj":
+            return lt.gate_up_rank, fan_in, 2 * fan_out
+        return (lt.down_rank if p.module == "down_proj" else 0), fan_in, fan_out
+    if p.role == "router" and lt.router_rank:
+        return lt.router_rank, fan_in, fan_out  # ParamWrapper on the router weight [E, h]: one 2-D adapter
+    if p.module in lt.linear and p.role in ("linear", "expert", "router"):
+        return peft.rank, fan_in, fan_out
+    return 0, fan_in, fan_out
+
+
+@dataclass
+class _Tally:
+    """Running sums of ``rank_params``."""
+
+    layers: tuple[int, ...]
+    total: int = 0
+    linear: int = 0
+    outs: int = 0
+    largest: int = 0
+    decay: int = 0
+    outside: int = 0
+    lora: int = 0
+    dora: int = 0
+    head: int = 0
+    per_layer: dict[int, int] = field(default_factory=dict)
+    lora_layer: dict[int, int] = field(default_factory=dict)
+
+    def spread(self, into: dict[int, int], p: ParamGroup, size: int) -> None:
+        """``size`` shared evenly by the layers of ``p`` on this stage."""
+        on = [i for i in p.layer_span if i in self.layers]
+        for i in on:
+            into[i] = into.get(i, 0) + size // max(1, len(on))
+
+    def base(self, p: ParamGroup, each: int, n_inst: int, tp: int) -> None:
+        size = each * n_inst
+        self.total += size
+        if p.decays:
+            self.decay += size
+        if p.role == "lm_head":
+            self.head += size
+        elif p.role in LINEAR_ROLES and p.in_features:
+            self.linear += size
+            self.outs += (ceil_div(p.out_features, tp) if p.tp in ("column", "vocab") else p.out_features) * n_inst
+            self.largest = max(self.largest, each)
+        if p.layer_span:
+            self.spread(self.per_layer, p, size)
+        else:
+            self.outside += size
 
 
 def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
@@ -181,67 +247,27 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
     first, last = stage == 0, stage == pp - 1
     if lt is None:
         lt = lora_targets(peft, model)
-    tgt = lt.linear
-    total = linear = outs = largest = decay = outside = lora = dora = head = 0
-    per_layer = {i: 0 for i in layers}
-    lora_layer = {i: 0 for i in layers}
+    t = _Tally(layers)
     for p in model.params:
-        if not p.layer_span:
-            if p.role in ("embedding", "position") and not first:
-                continue
-            if p.role == "lm_head" and not last:
-                continue
-            final_norm = p.name == "norm.weight" or p.module in ("ln_f", "final_layer_norm", "norm", "final_layernorm")
-            if final_norm and not last:
-                continue
+        if not _on_stage(p, first, last):
+            continue
         n_inst = _count_on_rank(p, lset, ep)
         if n_inst == 0:
             continue
-        each = _split(p, tp, ep)
-        size = each * n_inst
-        total += size
-        if p.decays:
-            decay += size
-        if p.role == "lm_head":
-            head += size
-        elif p.role in LINEAR_ROLES and p.in_features:
-            linear += size
-            outs += (ceil_div(p.out_features, tp) if p.tp in ("column", "vocab") else p.out_features) * n_inst
-            largest = max(largest, each)
-        if p.layer_span:
-            per_inst_layers = [i for i in p.layer_span if i in lset]
-            share = size // max(1, len(per_inst_layers))
-            for i in per_inst_layers:
-                per_layer[i] += share
-        else:
-            outside += size
+        t.base(p, _split(p, tp, ep), n_inst, tp)
         if peft is None or not p.in_features:
             continue
-        fan_in = ceil_div(p.in_features, tp) if p.tp == "row" else p.in_features
-        fan_out = ceil_div(p.out_features, tp) if p.tp == "column" else p.out_features
-        rank = 0
-        if p.role == "expert" and lt.experts_wrapped:
-            # peft ParamWrapper (tuners/lora/layer.py update_layer): lora_A [rank x E, in], lora_B [out, rank x E],
-            # i.e. rank x (in + out) per expert; the fused gate_up_proj's out is 2I, counted at the gate group
-            if p.module == "gate_proj":
-                rank, fan_out = lt.gate_up_rank, 2 * fan_out
-            elif p.module == "down_proj":
-                rank = lt.down_rank
-        elif p.role == "router" and lt.router_rank:
-            rank = lt.router_rank  # ParamWrapper on the router weight [E, h]: one 2-D adapter
-        elif p.module in tgt and p.role in ("linear", "expert", "router"):
-            rank = peft.rank
+        rank, fan_in, fan_out = _adapter_rank(p, peft, lt, tp)
         if rank:
             # LoRA: A is r x in, B is out x r (arXiv 2106.09685 section 4.1); DoRA adds a magnitude per output row.
             adapter = rank * (fan_in + fan_out) * n_inst
-            lora += adapter
+            t.lora += adapter
             if peft.method == "dora":
-                dora += fan_out * n_inst
-            for i in [j for j in p.layer_span if j in lset]:
-                lora_layer[i] += adapter // max(1, len([j for j in p.layer_span if j in lset]))
+                t.dora += fan_out * n_inst
+            t.spread(t.lora_layer, p, adapter)
     return RankParams(
-        stage=stage, layers=layers, total=total, linear=linear, linear_out_features=outs, lm_head=head, largest_linear=largest,
-        decay=decay, per_layer=tuple(per_layer[i] for i in layers), outside_layers=outside,
-        has_embedding=first, has_lm_head=last, lora=lora + dora, lora_per_layer=tuple(lora_layer[i] for i in layers),
-        dora_magnitudes=dora,
+        stage=stage, layers=layers, total=t.total, linear=t.linear, linear_out_features=t.outs, lm_head=t.head,
+        largest_linear=t.largest, decay=t.decay, per_layer=tuple(t.per_layer.get(i, 0) for i in layers),
+        outside_layers=t.outside, has_embedding=first, has_lm_head=last, lora=t.lora + t.dora,
+        lora_per_layer=tuple(t.lora_layer.get(i, 0) for i in layers), dora_magnitudes=t.dora,
     )

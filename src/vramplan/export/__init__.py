@@ -79,17 +79,17 @@ def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
             files["bnb_config.json"] = _json(bnb)
         if s.framework == "torchtitan" or (s.framework == "accelerate" and s.peft is None
                                            and s.fsdp == "full_shard"):
-            cfg = torchtitan_config(s, str(ranked.report.model.get("model_type", "llama")), *_layers_hidden(ranked))
+            cfg = torchtitan_config(s, *_family_layers_hidden(ranked))
             files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config")
     files["README.md"] = launch_readme(ranked, s, model, sorted(files))
     return files
 
 
-def _layers_hidden(ranked: RankedSetup) -> tuple[int, int]:
+def _family_layers_hidden(ranked: RankedSetup) -> tuple[str, int, int]:
     from vramplan.catalog.models import load_model
 
     spec = load_model(ranked.scenario["model"])
-    return spec.num_layers, spec.hidden_size
+    return spec.family, spec.num_layers, spec.hidden_size
 
 
 def _serve_script(s: ServeSetup, args: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.plan.setup import TrainSetup
+from vramplan.spec.families import torchtitan_model
 
 __all__ = ["JOB_CONFIG_KEYS", "to_toml", "torchtitan_config"]
 
@@ -47,13 +48,15 @@ JOB_CONFIG_KEYS: dict[str, frozenset[str]] = {
 _LLAMA3_FLAVORS = {(32, 4096): "8B", (80, 8192): "70B", (126, 16384): "405B"}
 
 
-def _model_section(model_type: str, layers: int, hidden: int) -> dict[str, Any]:
-    if model_type == "llama" and (layers, hidden) in _LLAMA3_FLAVORS:
+def _model_section(family: str, layers: int, hidden: int) -> dict[str, Any]:
+    # the family's torchtitan model, where torchtitan ships it (its adapter names it: Llama -> llama3)
+    if torchtitan_model(family) == "llama3" and (layers, hidden) in _LLAMA3_FLAVORS:
         return {"name": "llama3", "flavor": _LLAMA3_FLAVORS[(layers, hidden)]}
-    return {"name": model_type, "flavor": f"{layers}L-{hidden}h"}
+    return {"name": family, "flavor": f"{layers}L-{hidden}h"}
 
 
-def torchtitan_config(s: TrainSetup, model_type: str, layers: int, hidden: int) -> dict[str, dict[str, Any]]:
+def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int) -> dict[str, dict[str, Any]]:
+    """torchtitan's job config for ``s``; ``family``: the model's config.json family (``ModelSpec.family``)."""
     if s.framework not in ("torchtitan", "accelerate") or s.peft is not None or s.fsdp == "shard_grad_op":
         raise ValueError("torchtitan runs full fine-tuning with FSDP (full_shard), TP and PP")
     titan_optim = optimizer_facts(s.optimizer).torchtitan
@@ -70,7 +73,7 @@ def torchtitan_config(s: TrainSetup, model_type: str, layers: int, hidden: int) 
         par["pipeline_parallel_microbatch_size"] = s.micro_batch_size
     return {
         "job": {"description": f"vramplan plan: {s.label()}"},
-        "model": _model_section(model_type, layers, hidden),
+        "model": _model_section(family, layers, hidden),
         "optimizer": {"name": titan_optim[0], "implementation": titan_optim[1]},
         "training": {"local_batch_size": local, "global_batch_size": s.global_batch, "seq_len": s.seq_len,
                      "max_norm": 1.0, "enable_cpu_offload": s.offload != "none",

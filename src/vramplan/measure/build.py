@@ -140,19 +140,13 @@ def _torch_dtype(name: str) -> torch.dtype:
 def _hf_config(cfg: dict[str, Any]) -> Any:
     from transformers import AutoConfig
 
-    cfg = dict(cfg)
-    text = cfg.get("text_config")
-    if isinstance(text, dict) and "hidden_size" not in cfg and "n_embd" not in cfg:
-        merged = dict(text)
-        if "tie_word_embeddings" in cfg and "tie_word_embeddings" not in merged:
-            merged["tie_word_embeddings"] = cfg["tie_word_embeddings"]
-        if merged.get("model_type") in (None, "gemma3"):
-            merged["model_type"] = "gemma3_text"
-        cfg = merged
-    model_type = cfg.pop("model_type")
+    from vramplan.spec.families import transformers_config
+
+    # the language model of a multimodal config, named as the transformers classes that build its family
+    cfg = transformers_config(cfg)
     for key in ("quantization_config", "architectures", "auto_map", "torch_dtype", "dtype", "transformers_version"):
         cfg.pop(key, None)
-    return AutoConfig.for_model(model_type, **cfg)
+    return AutoConfig.for_model(**cfg)
 
 
 def attention_impl(want: str, device_type: str) -> tuple[str, str | None]:

@@ -1,7 +1,7 @@
 """Typed, validated inputs: the scenario, the model spec and the GPU spec."""
 
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.model import LayerSpec, MLASpec, ModelSpec, MoESpec, ParamGroup
+from vramplan.spec.model import LayerSpec, MLASpec, ModelSpec, MoESpec, ParamGroup, Traits
 from vramplan.spec.scenario import Hardware, Inference, Parallel, Peft, Scenario, Serve, Train
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "Scenario",
     "Serve",
     "Train",
+    "Traits",
 ]

@@ -2,7 +2,9 @@
 
 A ``ModelSpec`` is built from a Hugging Face ``config.json`` by
 ``vramplan.spec.hf_config.model_from_config`` and never from anything else, so the
-catalog, a local file and an inline mapping all go through one adapter.
+catalog, a local file and an inline mapping all go through one adapter per family
+(``vramplan.spec.families``).  What a family does differently at run time is a *trait*
+(``Traits``), set by its adapter: the engines read traits, never the family's name.
 
 Parameters are listed as ``ParamGroup`` rows, one per tensor name pattern, so that
 counts are exact (the adapter is tested against published counts), quantization
@@ -87,6 +89,63 @@ class LayerSpec:
 
 
 @dataclass(frozen=True)
+class Traits:
+    """Run-time behaviour of a family that the engines need, set only by the family's adapter.
+
+    The defaults are Llama's (transformers ``modeling_llama.py``); each adapter under
+    ``vramplan.spec.families`` overrides what its ``modeling_*.py`` does differently.  The engines
+    (analytic, trace, measure, export, plan) read these fields and never test ``ModelSpec.family``.
+    """
+
+    # ---- attention ----
+    # the attention's input projections as the activation model counts them (one cast and one saved input per
+    # module under autocast; the names LoRA targets match)
+    qkv_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")
+    out_proj_module: str = "o_proj"  # the attention's output projection (its input is saved for its gradient)
+    # a fused QKV projection whose q and k are rotated into new tensors while the value handed to the kernel is
+    # a view of the fused output, which keeps the whole [q|k|v] buffer alive (phi3, GPT-NeoX)
+    fused_qkv_view: bool = False
+    # attention implementations the transformers class offers (``_supports_sdpa`` False: no "sdpa"; transformers'
+    # default then falls back to eager, modeling_utils ``get_correct_attn_implementation``)
+    attention_kernels: frozenset[str] = frozenset({"eager", "sdpa", "flash"})
+    # one shared K/V head handed to SDPA without ``enable_gqa`` (FalconAttention with multi_query): the fused
+    # kernels need equal head counts (sdp_utils_cpp.h ``check_batch_size_and_num_heads_dense``), so SDPA runs math
+    mqa_sdpa_math: bool = False
+    # eager attention soft-caps the scores with tanh (Gemma 2 ``attn_logit_softcapping``): tanh saves its output
+    attn_logit_softcap: bool = False
+    # eager softmax in the compute dtype, no ``dtype=torch.float32`` (GPT-2 ``eager_attention_forward``, Falcon)
+    eager_softmax_compute_dtype: bool = False
+    # inference: the block keeps the attention output bound to a local through the MLP (``GPT2Block``)
+    keeps_attn_output: bool = False
+    # inference: hidden-sized tensors alive through the MLP (Llama: layer input, residual, normalised MLP input)
+    hidden_kept_through_mlp: int = 3
+    # ---- MLP ----
+    fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
+    fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
+    # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)
+    fc_act_in_output_dtype: bool = False
+    # one norm feeds attention and MLP in parallel and its output is saved once for both (phi, Command-R,
+    # StableLM's parallel variant)
+    shared_norm_output: bool = False
+    # ---- mixture of experts ----
+    router_topk_first: bool = False  # ``GptOssTopKRouter``: top-k on the logits, then a k-wide softmax
+    clamped_glu_experts: bool = False  # ``GptOssExperts._apply_gate``: clamped gate/up, sigmoid gating
+    # the routed experts were ``nn.Linear`` modules in transformers 4.x (bitsandbytes converts them, peft's
+    # ``all-linear`` adapts them); gpt-oss keeps fused, biased parameters in every release
+    experts_are_linears: bool = True
+    # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
+    # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
+    peft_converts_experts: bool = False
+    # other spellings of the expert linears a scenario may use (Mixtral 4.x: w1/w3/w2), as (alias, name) pairs
+    expert_module_aliases: tuple[tuple[str, str], ...] = ()
+    # ---- dropout sites ----
+    embedding_dropout: bool = False  # the embeddings' output is dropped with the hidden dropout probability
+    # ---- generate (transformers releases) ----
+    dynamic_cache_since: tuple[int, int] = (4, 42)  # first release whose ``generate`` updates a DynamicCache
+    upcasts_all_logits: bool = False  # the 4.44 causal-LM head did ``logits.float()`` on the whole output
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     model_type: str
@@ -119,6 +178,12 @@ class ModelSpec:
     checkpoint_quantization: str | None = None
     source: str = ""
     notes: tuple[str, ...] = field(default=())
+    traits: Traits = Traits()
+
+    @property
+    def family(self) -> str:
+        """The config's ``model_type``, for display only: behaviour reads ``traits``."""
+        return self.model_type
 
     # ---- parameter counts -------------------------------------------------
     @property

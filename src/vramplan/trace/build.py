@@ -22,7 +22,6 @@ from typing import Any, cast
 
 import torch
 
-from vramplan.analytic.layout import MIXTRAL_EXPERT_NAMES
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
@@ -108,14 +107,13 @@ _SELECTIVE_NAME = "vramplan_selective_eager"
 def _hf_config(r: Resolved, attention: str) -> Any:
     from transformers import AutoConfig
 
-    cfg = raw_config(r.scenario.model)
-    model_type = cfg.get("model_type")
-    if not model_type:
-        raise ScenarioError([Problem("model", "the config has no model_type", "give a Hugging Face config.json")])
+    from vramplan.spec.families import transformers_config
+
+    # the transformers classes that build the family (its adapter names them), without the null keys
+    # their configuration class rejects; r.model was built from this config, so its family is known
+    cfg = transformers_config(raw_config(r.scenario.model))
     for k in _DROP_KEYS:
         cfg.pop(k, None)
-    if model_type == "gemma3_text" and "rope_scaling" in cfg and cfg["rope_scaling"] is None:
-        cfg.pop("rope_scaling")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = AutoConfig.for_model(**cfg)
@@ -219,7 +217,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         # transformers' default (``get_correct_attn_implementation``: "Sdpa is the default, so we try it and
         # fallback to eager otherwise when not possible"); gpt-oss's attention sinks have no SDPA path
         attention = "eager"
-        notes.append(f"{config.model_type} has no SDPA attention: transformers' default falls back to eager")
+        notes.append(f"{r.model.family} has no SDPA attention: transformers' default falls back to eager")
     impl = attn_implementation(attention, s.train.gradient_checkpointing if task == "train" else "none")
     quant = "none"
     if task == "train":
@@ -231,7 +229,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         dtype = _HALF[s.inference.dtype]
         quant = s.inference.quantization
         peft_cfg = None
-    if getattr(config, "model_type", "") == "gemma2" and attention == "sdpa":
+    if r.model.traits.attn_logit_softcap and attention == "sdpa":
         raise ScenarioError([Problem(
             "train.attention" if task == "train" else "inference.attention",
             "transformers' sdpa attention rejects Gemma 2's attention logit soft-capping",
@@ -244,7 +242,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
                 model = factory(config, dtype=dtype, attn_implementation=impl)
             except ValueError as exc:
                 raise ScenarioError([Problem("model", f"transformers cannot build this model: {exc}",
-                                             "check model_type and attention")]) from None
+                                             "check the config.json and the attention")]) from None
     model.config.use_cache = task != "train"
     quant_tensors: list[torch.Tensor] = []
     if quant != "none":
@@ -352,10 +350,12 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
     p = t.peft
     target: list[str] | str = p.target_modules if p.target_modules != "all-linear" else "all-linear"
     per_expert = any(isinstance(m, QuantExperts) for m in model.modules())
-    if isinstance(target, list) and r.model.model_type == "mixtral":
-        # Mixtral's expert names: peft converts w1/w3/w2 (4.x's ``MixtralBlockSparseTop2MLP``) to the fused
-        # parameters; the per-expert 4-bit linears (QuantExperts) are named gate_proj/up_proj/down_proj
-        v4 = MIXTRAL_EXPERT_NAMES if per_expert else {b: a for a, b in MIXTRAL_EXPERT_NAMES.items()}
+    aliases = dict(r.model.traits.expert_module_aliases)
+    if isinstance(target, list) and aliases:
+        # other spellings of the expert linears (Mixtral: peft converts 4.x's w1/w3/w2 of
+        # ``MixtralBlockSparseTop2MLP`` to the fused parameters); the per-expert 4-bit linears (QuantExperts)
+        # are named gate_proj/up_proj/down_proj
+        v4 = aliases if per_expert else {b: a for a, b in aliases.items()}
         target = [v4.get(n, n) for n in target]
     lora: Any = LoraConfig
     cfg = lora(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=target,

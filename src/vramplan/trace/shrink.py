@@ -6,6 +6,10 @@ embeddings, soft-capping) and scales widths: hidden ``hidden``, head dimension 6
 kept, MLP widths scaled by the original ratio, ``layers`` decoder layers, ``vocab`` tokens, and at
 most 8 experts (top-2).  Per-layer lists (gpt-oss's ``layer_types``) keep their first ``layers``
 entries.
+
+The rules follow the config's own keys (each family's ``configuration_*.py`` spelling, see
+``vramplan.spec.families.KEY_ALIASES``), not its family's name: GPT-2's ``n_embd``/``n_layer``/``n_head``,
+OPT's ``ffn_dim``, DeepSeek's ``kv_lora_rank``, Falcon's ``num_kv_heads``, Gemma 3's ``sliding_window_pattern``.
 """
 
 from __future__ import annotations
@@ -55,9 +59,8 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
     c = copy.deepcopy(config)
     for k in ("quantization_config", "auto_map", "_name_or_path", "rope_scaling"):
         c.pop(k, None)
-    mt = c["model_type"]
     _cut_per_layer_lists(c, layers)
-    if mt == "gpt2":
+    if "n_embd" in c:  # GPT-2's spelling (GPT2Config.attribute_map)
         old_h = c["n_embd"]
         c.update(n_embd=hidden, n_layer=layers, n_head=hidden // head_dim, vocab_size=vocab,
                  n_positions=max(c.get("n_positions", 1024), 4096))
@@ -71,13 +74,15 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
     ratio = max(1, old_heads // max(1, kv))
     c.update(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, vocab_size=vocab)
     c["max_position_embeddings"] = max(int(c.get("max_position_embeddings") or 2048), 4096)
-    if "num_key_value_heads" in c or mt in ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+    # every catalog config of a family whose configuration class defaults num_key_value_heads to other than the
+    # head count (Mistral, Mixtral, Qwen2/3) writes the key
+    if "num_key_value_heads" in c:
         c["num_key_value_heads"] = max(1, heads // ratio)
     if c.get("head_dim"):
         c["head_dim"] = head_dim
     if c.get("intermediate_size"):
         c["intermediate_size"] = _mult(c["intermediate_size"] * hidden / old_h)
-    if mt == "opt":
+    if "ffn_dim" in c:  # OPT
         c["ffn_dim"] = _mult(c["ffn_dim"] * hidden / old_h)
         c["word_embed_proj_dim"] = hidden
     if c.get("partial_rotary_factor"):
@@ -93,7 +98,7 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
             c[key] = min(int(c[key]), experts)
     if c.get("num_experts_per_tok"):
         c["num_experts_per_tok"] = min(2, int(c["num_experts_per_tok"]))
-    if mt in ("deepseek_v3", "deepseek_v2"):
+    if "kv_lora_rank" in c:  # DeepSeek's multi-head latent attention
         c.update(num_key_value_heads=heads, n_group=1, topk_group=1, first_k_dense_replace=min(
             1, int(c.get("first_k_dense_replace", 0))), kv_lora_rank=_mult(c["kv_lora_rank"] * hidden / old_h),
             qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim)
@@ -103,9 +108,10 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(c.get(key), int) and c[key] >= vocab:
             c[key] = vocab - 1
-    if mt == "falcon":
-        c.pop("num_kv_heads", None)
-    if mt == "gemma3_text":
+    # Falcon's new decoder architecture: its KV head count (8 for Falcon-40B) would exceed the shrunken head
+    # count; without it FalconConfig uses multi-head attention
+    c.pop("num_kv_heads", None)
+    if "sliding_window_pattern" in c:  # Gemma 3: five local layers, then one global
         c["sliding_window_pattern"] = min(int(c.get("sliding_window_pattern", 6)), layers)
         c.pop("layer_types", None)
     return c

@@ -1,0 +1,76 @@
+"""Model families: one adapter per family, turning a Hugging Face ``config.json`` into a ``ModelSpec``.
+
+The layout follows torchtitan's ``torchtitan/models/``: one module per family (each names the transformers
+``modeling_*.py`` it follows), and one registry, ``FAMILIES`` (``model_type`` -> ``Family``), that replaces an
+if-chain.  What a family does differently at run time is written once, as ``Traits`` set by its adapter; the
+engines read the traits and never the family's name.  ``docs/checklists/model-family.md`` lists every file a
+new family needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vramplan.spec.families.base import KEY_ALIASES, Family
+from vramplan.spec.families.bert import BERT
+from vramplan.spec.families.bloom import BLOOM
+from vramplan.spec.families.falcon import FALCON
+from vramplan.spec.families.gated_layernorm import COHERE, OLMO, STABLELM
+from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
+from vramplan.spec.families.gptj import GPTJ
+from vramplan.spec.families.llama_like import LLAMA_FAMILIES
+from vramplan.spec.families.neox import GPT_NEOX
+from vramplan.spec.families.opt import OPT
+from vramplan.spec.families.phi import PHI
+from vramplan.spec.families.starcoder2 import STARCODER2
+
+__all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
+
+FAMILIES: dict[str, Family] = {
+    **LLAMA_FAMILIES,
+    "gpt2": GPT2, "gpt_bigcode": GPT_BIGCODE, "gptj": GPTJ, "gpt_neox": GPT_NEOX, "falcon": FALCON,
+    "bloom": BLOOM, "opt": OPT, "bert": BERT, "phi": PHI, "starcoder2": STARCODER2,
+    "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO,
+}
+
+
+def flatten_text_config(cfg: Mapping[str, Any], default_type: str | None = None) -> dict[str, Any]:
+    """Multimodal configs (Gemma 3, Llama 4, Mistral 3) nest the language model in ``text_config``.
+
+    The text config inherits the outer ``tie_word_embeddings``, ``torch_dtype`` and ``quantization_config``;
+    Gemma 3's outer ``model_type`` "gemma3" names the multimodal class, its language model is "gemma3_text"
+    (``default_type`` also names a text config without a model_type).
+    """
+    out = dict(cfg)
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping) and "hidden_size" not in cfg and "n_embd" not in cfg:
+        merged = dict(text)
+        for k in ("tie_word_embeddings", "torch_dtype", "quantization_config"):
+            if k in cfg and k not in merged:
+                merged[k] = cfg[k]
+        out = merged
+        kind = out.get("model_type") or default_type
+        out["model_type"] = "gemma3_text" if kind == "gemma3" else kind
+    return out
+
+
+def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``cfg`` as transformers' ``AutoConfig.for_model(**cfg)`` takes it: the language model of a
+    multimodal config, the ``model_type`` of the transformers classes that build the family
+    (``Family.transformers_model_type``), without the null keys its configuration class rejects."""
+    out = flatten_text_config(cfg, default_type="gemma3_text")
+    fam = FAMILIES.get(str(out.get("model_type")))
+    if fam is not None:
+        if fam.transformers_model_type:
+            out["model_type"] = fam.transformers_model_type
+        for k in fam.drop_null_keys:
+            if k in out and out[k] is None:
+                out.pop(k)
+    return out
+
+
+def torchtitan_model(family: str) -> str | None:
+    """torchtitan's model name for ``family`` (a config's ``model_type``), where torchtitan ships it."""
+    fam = FAMILIES.get(family)
+    return fam.torchtitan_model if fam is not None else None

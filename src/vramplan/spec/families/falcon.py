@@ -1,0 +1,58 @@
+"""Falcon (transformers ``modeling_falcon.py``).
+
+``configuration_falcon.py`` defaults: ffn_hidden_size = 4h, bias False, parallel_attn True,
+new_decoder_architecture False, multi_query True; hidden size as ``hidden_size`` or the legacy ``n_embed``.
+"""
+
+from __future__ import annotations
+
+from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob
+from vramplan.spec.model import ModelSpec, Traits
+
+# FalconAttention hands SDPA one K/V head without enable_gqa (multi_query), and its eager softmax runs in the
+# compute dtype; the fused query_key_value's value is not kept as a view of the fused output; DynamicCache
+# from 4.45
+TRAITS = Traits(qkv_modules=("query_key_value",), out_proj_module="dense", mqa_sdpa_math=True,
+                eager_softmax_compute_dtype=True, dynamic_cache_since=(4, 45))
+
+
+def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
+    h = int(get(cfg, "hidden_size", "n_embed"))
+    n_layers = int(get(cfg, "num_hidden_layers", "n_layer", default=32))
+    n_heads = int(get(cfg, "num_attention_heads", "n_head"))
+    vocab = int(cfg["vocab_size"])
+    hd = h // n_heads
+    new_arch = bool(cfg.get("new_decoder_architecture", False))
+    if new_arch:
+        n_kv = int(get(cfg, "num_kv_heads", "n_head_kv", default=n_heads))
+    else:
+        n_kv = 1 if cfg.get("multi_query", True) else n_heads
+    inter = int(cfg.get("ffn_hidden_size") or 4 * h)
+    bias = bool(cfg.get("bias", False))
+    L = tuple(range(n_layers))
+    p = Params()
+    p.add("word_embeddings.weight", vocab * h, "embedding", tp="vocab")
+    if new_arch and int(cfg.get("num_ln_in_parallel_attn") or 2) == 2:
+        p.norm("h.ln_attn", h, L, True)
+        p.norm("h.ln_mlp", h, L, True)
+    else:
+        p.norm("h.input_layernorm", h, L, True)
+        if not bool(cfg.get("parallel_attn", True)):
+            p.norm("h.post_attention_layernorm", h, L, True)
+    p.linear("h.self_attention.query_key_value", h, (n_heads + 2 * n_kv) * hd, L, bias, "column")
+    p.linear("h.self_attention.dense", h, h, L, bias, "row")
+    p.linear("h.mlp.dense_h_to_4h", h, inter, L, bias, "column")
+    p.linear("h.mlp.dense_4h_to_h", inter, h, L, bias, "row")
+    p.norm("ln_f", h, (), True)
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    if not tied:
+        p.lm_head("lm_head", vocab, h)
+    return build_spec(cfg, name, model_type, p, hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads,
+                      num_kv_heads=n_kv, vocab_size=vocab, intermediate_size=inter, hidden_act="gelu",
+                      position="alibi" if cfg.get("alibi") else "rope", tie_word_embeddings=tied,
+                      parallel_residual=bool(cfg.get("parallel_attn", True)),
+                      attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=prob(cfg, "hidden_dropout"),
+                      max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)), traits=TRAITS)
+
+
+FALCON = Family(build, "modeling_falcon.py", (("hidden_size", "n_embed"), ("num_attention_heads",), ("vocab_size",)))

@@ -1,0 +1,281 @@
+"""Llama-like decoders: RMSNorm, RoPE, gated MLP, q/k/v/o projections (transformers ``modeling_llama.py``), and
+the families that differ from it by a few named facts (``Variant``): their own ``modeling_*.py`` is named in
+``VARIANTS``.  Key names follow each family's ``configuration_*.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from vramplan.spec.families.base import Config, Family, Params, build_spec, get, key, prob
+from vramplan.spec.model import MLASpec, ModelSpec, MoESpec, Norm, Traits
+
+Sliding = Literal["uniform", "alternate", "every_nth", "from_layer"]
+MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss"]
+# Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the names
+# peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell them either way
+MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a Llama-like family's modeling file does differently from ``modeling_llama.py``."""
+
+    modeling: str
+    tied_default: bool = False  # configuration default of tie_word_embeddings
+    qkv_bias_only: bool = False  # hard-coded q/k/v biases and no o_proj bias (Qwen2Attention)
+    qk_norm: Literal["", "head", "full"] = ""  # q/k RMSNorm over head_dim (Qwen3, Gemma 3) or the full width (OLMo-2)
+    sandwich_norms: bool = False  # pre/post-feedforward norms as well (Gemma 2/3)
+    norm: Norm = "rms"
+    mla: bool = False  # DeepSeek multi-head latent attention
+    sinks: bool = False  # per-head attention sinks (gpt-oss)
+    moe: MoEKind = ""
+    shared_expert_gate: bool = False  # Qwen2-MoE: a gated shared expert of shared_expert_intermediate_size
+    score_correction_bias: bool = False  # DeepSeek-V3's router e_score_correction_bias
+    expert_bias: bool = False  # gpt-oss: router and expert biases
+    sliding: Sliding = "uniform"  # how sliding_window applies to the layers (``windows``)
+    sliding_default: bool = False  # configuration default of use_sliding_window
+    final_logit_softcap: bool = False  # the loss reads soft-capped logits (Gemma 2 ``final_logit_softcapping``)
+    traits: Traits = field(default_factory=Traits)
+
+
+VARIANTS: dict[str, Variant] = {
+    "llama": Variant("modeling_llama.py", traits=Traits(upcasts_all_logits=True)),
+    "granite": Variant("modeling_granite.py"),
+    "mistral": Variant("modeling_mistral.py", sliding_default=True, traits=Traits(upcasts_all_logits=True)),
+    "qwen2": Variant("modeling_qwen2.py", qkv_bias_only=True, sliding="from_layer", traits=Traits(upcasts_all_logits=True)),
+    "qwen3": Variant("modeling_qwen3.py", qk_norm="head", sliding="from_layer"),
+    "olmo2": Variant("modeling_olmo2.py", qk_norm="full"),
+    "gemma": Variant("modeling_gemma.py", tied_default=True, norm="gemma_rms", traits=Traits(upcasts_all_logits=True)),
+    # Gemma 2 soft-caps attention scores (eager tanh) and the final logits; DynamicCache from 4.44
+    "gemma2": Variant("modeling_gemma2.py", tied_default=True, norm="gemma_rms", sandwich_norms=True,
+                      sliding="alternate", final_logit_softcap=True,
+                      traits=Traits(upcasts_all_logits=True, attn_logit_softcap=True, dynamic_cache_since=(4, 44))),
+    "gemma3_text": Variant("modeling_gemma3.py", tied_default=True, norm="gemma_rms", qk_norm="head",
+                           sandwich_norms=True, sliding="every_nth"),
+    # fused qkv_proj and gate_up_proj; q and k are rotated into new tensors while v stays a view of qkv_proj's output
+    "phi3": Variant("modeling_phi3.py", sliding_default=True, traits=Traits(
+        qkv_modules=("qkv_proj",), fused_qkv_view=True, fused_gate_up=True, upcasts_all_logits=True)),
+    "mixtral": Variant("modeling_mixtral.py", moe="mixtral", sliding_default=True, traits=Traits(
+        upcasts_all_logits=True, peft_converts_experts=True,
+        expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()))),
+    "qwen2_moe": Variant("modeling_qwen2_moe.py", qkv_bias_only=True, moe="qwen", shared_expert_gate=True, sliding="from_layer",
+                         traits=Traits(upcasts_all_logits=True, peft_converts_experts=True)),
+    "qwen3_moe": Variant("modeling_qwen3_moe.py", qk_norm="head", moe="qwen", sliding="from_layer",
+                         traits=Traits(peft_converts_experts=True)),
+    "deepseek_v2": Variant("modeling_deepseek_v2.py", mla=True, moe="deepseek",
+                           traits=Traits(peft_converts_experts=True)),
+    "deepseek_v3": Variant("modeling_deepseek_v3.py", mla=True, moe="deepseek", score_correction_bias=True,
+                           traits=Traits(peft_converts_experts=True)),
+    # GptOssRMSNorm multiplies in fp32; no SDPA path (attention sinks join the softmax); top-k router, clamped
+    # SwiGLU experts kept as fused, biased parameters
+    "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
+                       sliding="alternate", traits=Traits(
+                           attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
+                           clamped_glu_experts=True, experts_are_linears=False)),
+}
+
+
+@dataclass(frozen=True)
+class _Dims:
+    h: int
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    inter: int
+    layers: tuple[int, ...]
+
+
+def _mla(p: Params, cfg: Config, d: _Dims, bias: tuple[bool, bool]) -> MLASpec:
+    """DeepSeek MLA (modeling_deepseek_v3.py): low-rank q (q_lora_rank) and compressed kv (kv_lora_rank)."""
+    qkv_bias, o_bias = bias
+    q_lora = cfg.get("q_lora_rank")
+    kv_lora = int(cfg["kv_lora_rank"])
+    nope, rope, vdim = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
+    qk = d.n_heads * (nope + rope)
+    L = d.layers
+    if q_lora:
+        p.linear("layers.self_attn.q_a_proj", d.h, int(q_lora), L, qkv_bias, "replicated")
+        p.norm("layers.self_attn.q_a_layernorm", int(q_lora), L, False)
+        p.linear("layers.self_attn.q_b_proj", int(q_lora), qk, L, False, "column")
+    else:
+        p.linear("layers.self_attn.q_proj", d.h, qk, L, False, "column")
+    p.linear("layers.self_attn.kv_a_proj_with_mqa", d.h, kv_lora + rope, L, qkv_bias, "replicated")
+    p.norm("layers.self_attn.kv_a_layernorm", kv_lora, L, False)
+    p.linear("layers.self_attn.kv_b_proj", kv_lora, d.n_heads * (nope + vdim), L, False, "column")
+    p.linear("layers.self_attn.o_proj", d.n_heads * vdim, d.h, L, o_bias, "row")
+    return MLASpec(int(q_lora) if q_lora else None, kv_lora, nope, rope, vdim)
+
+
+def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
+    """The attention's tensors: q/k/v/o (fused qkv_proj for phi3), MLA, q/k norms, sinks."""
+    # llama-style configs say attention_bias (all four projections); Qwen2 hard-codes q/k/v biases, no o bias
+    attention_bias = bool(cfg.get("attention_bias", False))
+    qkv_bias = attention_bias or v.qkv_bias_only
+    o_bias = attention_bias and not v.qkv_bias_only
+    L, hd = d.layers, d.head_dim
+    if v.mla:
+        return _mla(p, cfg, d, (qkv_bias, o_bias))
+    if v.traits.qkv_modules == ("qkv_proj",):
+        p.linear("layers.self_attn.qkv_proj", d.h, (d.n_heads + 2 * d.n_kv) * hd, L, qkv_bias, "column")
+        p.linear("layers.self_attn.o_proj", d.n_heads * hd, d.h, L, o_bias, "row")
+    else:
+        p.attention("layers.self_attn", d.h, d.n_heads, d.n_kv, hd, L, qkv_bias, "o_proj", o_bias)
+    if v.qk_norm == "full":
+        p.norm("layers.self_attn.q_norm", d.n_heads * hd, L, False)
+        p.norm("layers.self_attn.k_norm", d.n_kv * hd, L, False)
+    elif v.qk_norm == "head":
+        p.norm("layers.self_attn.q_norm", hd, L, False)
+        p.norm("layers.self_attn.k_norm", hd, L, False)
+    if v.sinks:
+        p.add("layers.self_attn.sinks", d.n_heads, "other", L)
+    return None
+
+
+MoEReader = Callable[[Config, Variant, _Dims], tuple[MoESpec, set[int]]]
+
+
+def _mixtral_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    e, k = int(cfg.get("num_local_experts", 8)), int(cfg.get("num_experts_per_tok", 2))
+    return MoESpec(e, k, d.inter), set(d.layers)
+
+
+def _qwen_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    e = int(cfg["num_experts"])
+    k = int(cfg.get("num_experts_per_tok", 8))
+    ei = int(cfg["moe_intermediate_size"])
+    shared = int(cfg.get("shared_expert_intermediate_size", 0)) if v.shared_expert_gate else 0
+    step = int(cfg.get("decoder_sparse_step", 1))
+    only = set(cfg.get("mlp_only_layers", []) or [])
+    # modeling_qwen2_moe.py: sparse iff layer not in mlp_only_layers and (i+1) % step == 0
+    sparse = {i for i in d.layers if i not in only and e > 0 and (i + 1) % step == 0}
+    return MoESpec(e, k, ei, 1 if shared else 0, shared), sparse
+
+
+def _deepseek_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    e, k, ei = int(cfg["n_routed_experts"]), int(cfg["num_experts_per_tok"]), int(cfg["moe_intermediate_size"])
+    ns = int(cfg.get("n_shared_experts", 0) or 0)
+    first_dense = int(cfg.get("first_k_dense_replace", 0))
+    freq = int(cfg.get("moe_layer_freq", 1))
+    return MoESpec(e, k, ei, ns, ns * ei), {i for i in d.layers if i >= first_dense and i % freq == 0}
+
+
+def _gpt_oss_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    e = int(cfg["num_local_experts"])
+    k = int(cfg.get("num_experts_per_tok", cfg.get("experts_per_token", 4)))
+    return MoESpec(e, k, d.inter), set(d.layers)
+
+
+_MOE_READERS: dict[str, MoEReader] = {"mixtral": _mixtral_moe, "qwen": _qwen_moe, "deepseek": _deepseek_moe,
+                                      "gpt_oss": _gpt_oss_moe}
+
+
+def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, set[int]]:
+    """Dense MLPs, routed experts and shared experts; returns the MoE spec and the sparse layers."""
+    moe, sparse = _MOE_READERS[v.moe](cfg, v, d) if v.moe else (None, set())
+    mlp_bias = bool(cfg.get("mlp_bias", False))
+    h = d.h
+    dense = tuple(i for i in d.layers if i not in sparse)
+    if dense:
+        if v.traits.fused_gate_up:
+            p.linear("layers.mlp.gate_up_proj", h, 2 * d.inter, dense, mlp_bias, "column")
+        else:
+            p.linear("layers.mlp.gate_proj", h, d.inter, dense, mlp_bias, "column")
+            p.linear("layers.mlp.up_proj", h, d.inter, dense, mlp_bias, "column")
+        p.linear("layers.mlp.down_proj", d.inter, h, dense, mlp_bias, "row")
+    on = tuple(sorted(sparse))
+    if moe is None or not on:
+        return moe, sparse
+    e, ei = moe.num_experts, moe.expert_intermediate_size
+    p.linear("layers.mlp.gate", h, e, on, v.expert_bias, "replicated", role="router")
+    if v.score_correction_bias:
+        p.add("layers.mlp.gate.e_score_correction_bias", e, "other", on)
+    p.linear("layers.mlp.experts.gate_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
+    p.linear("layers.mlp.experts.up_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
+    p.linear("layers.mlp.experts.down_proj", ei, h, on, v.expert_bias, "expert", "expert", e)
+    if moe.shared_intermediate_size:
+        si = moe.shared_intermediate_size
+        p.linear("layers.mlp.shared_experts.gate_proj", h, si, on, False, "column")
+        p.linear("layers.mlp.shared_experts.up_proj", h, si, on, False, "column")
+        p.linear("layers.mlp.shared_experts.down_proj", si, h, on, False, "row")
+        if v.shared_expert_gate:
+            p.linear("layers.mlp.shared_expert_gate", h, 1, on, False, "replicated", role="router")
+    return moe, sparse
+
+
+def layer_windows(cfg: Config, n_layers: int, v: Variant) -> list[int | None]:
+    """Sliding window per layer, from ``layer_types`` or the family's documented pattern."""
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n_layers:
+        return [int(window) if (t == "sliding_attention" and window) else None for t in types]
+    if v.sliding == "alternate" and window:
+        # Gemma 2 and gpt-oss alternate local (even layers) and global attention (modeling_gemma2.py)
+        return [int(window) if i % 2 == 0 else None for i in range(n_layers)]
+    if v.sliding == "every_nth" and window:
+        pattern = int(cfg.get("sliding_window_pattern", 6))  # Gemma 3: five local layers, then one global
+        return [None if (i + 1) % pattern == 0 else int(window) for i in range(n_layers)]
+    if not (window and cfg.get("use_sliding_window", v.sliding_default)):
+        return [None] * n_layers
+    if v.sliding == "from_layer":
+        # Qwen2 family: layers from max_window_layers on use the window
+        max_window_layers = int(cfg.get("max_window_layers", n_layers))
+        return [int(window) if i >= max_window_layers else None for i in range(n_layers)]
+    return [int(window)] * n_layers
+
+
+@dataclass(frozen=True)
+class LlamaLike:
+    """The builder of one Llama-like family (a ``Family.build``)."""
+
+    variant: Variant
+
+    def __call__(self, cfg: Config, model_type: str, name: str) -> ModelSpec:
+        v = self.variant
+        h, n_layers, n_heads = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+        d = _Dims(h, n_heads, int(get(cfg, "num_key_value_heads", default=n_heads)),
+                  int(get(cfg, "head_dim", default=h // n_heads)), int(get(cfg, "intermediate_size", default=4 * h)),
+                  tuple(range(n_layers)))
+        vocab = int(cfg["vocab_size"])
+        tied = bool(cfg.get("tie_word_embeddings", v.tied_default))
+        p = Params()
+        p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
+        mla = _attention(p, cfg, v, d)
+        p.norm("layers.input_layernorm", h, d.layers, False)
+        p.norm("layers.post_attention_layernorm", h, d.layers, False)
+        if v.sandwich_norms:
+            p.norm("layers.pre_feedforward_layernorm", h, d.layers, False)
+            p.norm("layers.post_feedforward_layernorm", h, d.layers, False)
+        moe, sparse = _mlp(p, cfg, v, d)
+        p.norm("norm", h, (), False)
+        if not tied:
+            p.lm_head("lm_head", vocab, h)
+        head_dim, n_kv = (mla.qk_nope_head_dim + mla.qk_rope_head_dim, n_heads) if mla else (d.head_dim, d.n_kv)
+        traits = v.traits
+        if traits.attn_logit_softcap:
+            # Gemma2Attention soft-caps only when attn_logit_softcapping is set (configuration default 50.0)
+            traits = replace(traits, attn_logit_softcap=cfg.get("attn_logit_softcapping", 50.0) is not None)
+        return build_spec(
+            cfg, name, model_type, p, windows=layer_windows(cfg, n_layers, v), moe_layers=frozenset(sparse),
+            hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
+            vocab_size=vocab, intermediate_size=d.inter, hidden_act=str(key(cfg, "hidden_act", default="silu")),
+            mlp_gated=True, norm=v.norm, position="rope", tie_word_embeddings=tied, qk_norm=bool(v.qk_norm),
+            sandwich_norms=v.sandwich_norms, attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)), moe=moe, mla=mla,
+            attention_sinks=v.sinks, traits=traits,
+            final_logit_softcapping=cfg.get("final_logit_softcapping") if v.final_logit_softcap else None)
+
+
+def family(variant: Variant, **fields: Any) -> Family:
+    """A ``Family`` for a Llama-like variant; ``fields``: the other ``Family`` fields (e.g.
+    ``transformers_model_type``, the transformers classes that build it)."""
+    return Family(LlamaLike(variant), variant.modeling, **fields)
+
+
+LLAMA_FAMILIES: dict[str, Family] = {mt: family(v) for mt, v in VARIANTS.items()}
+# torchtitan ships Llama 3 (torchtitan/models/llama3)
+LLAMA_FAMILIES["llama"] = family(VARIANTS["llama"], torchtitan_model="llama3")
+# Gemma3TextConfig rejects a null rope_scaling that multimodal checkpoints write into text_config
+LLAMA_FAMILIES["gemma3_text"] = family(VARIANTS["gemma3_text"], drop_null_keys=("rope_scaling",))
