@@ -538,6 +538,20 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         st.free(dl)
     st.free(head_cast)
     st.free(head_saved)
+    g = _backward_layers(st, lay, plans, outs, g, grads, grads_exist, n_layers)
+    st.free(g)
+    st.free(emb)
+    st.free(shared)
+    if not grads_exist and lay.embed_grad > 0:
+        grads.append(st.alloc(lay.embed_grad))
+    st.free(gathered)
+
+
+def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs: list[Any], g: int,
+                     grads: list[int], grads_exist: bool, n_layers: int) -> int:
+    """The layers' backward, last layer first (``outs``: each layer's forward ids); new parameter
+    gradients are appended to ``grads``.  Returns the id of the gradient flowing into the embedding."""
+    ckpt = lay.checkpointing == "full"
     order = list(range(n_layers - 1, -1, -1))
     for start, count in _plan_runs(plans, order):
         plan = plans[order[start] % len(plans)]
@@ -567,12 +581,7 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
             for _, new_grads in done:
                 grads += new_grads
         g = done[count - 1][0]
-    st.free(g)
-    st.free(emb)
-    st.free(shared)
-    if not grads_exist and lay.embed_grad > 0:
-        grads.append(st.alloc(lay.embed_grad))
-    st.free(gathered)
+    return g
 
 
 def _optimizer(st: _Stream, lay: StepLayout, grads: list[int], states: list[int] | None,

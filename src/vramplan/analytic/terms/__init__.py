@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from vramplan.analytic.moment import K
 from vramplan.analytic.terms import (
     casts,
     gradients,
@@ -23,8 +22,10 @@ from vramplan.analytic.terms import (
 )
 from vramplan.analytic.terms.base import Term, by_layer, bytes_of
 from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.load import Resolved
 
-__all__ = ["TERMS", "StepContext", "Term", "by_layer", "bytes_of", "static_bytes", "step_terms"]
+__all__ = ["STATIC_TERMS", "TERMS", "StepContext", "Term", "by_layer", "bytes_of", "static_bytes", "static_terms",
+           "step_terms"]
 
 TermFn = Callable[[StepContext], list[Term]]
 
@@ -57,18 +58,39 @@ def step_terms(c: StepContext, registry: Sequence[TermFn] = TERMS) -> list[Term]
     return [t for f in registry for t in f(c)]
 
 
-# the terms alive on the device for the whole step, whatever the micro-batch: what every moment starts from
-STATIC_KEYS = (K.PARAMETERS, K.GATHERED_ROOT, K.OPTIMIZER_STATES, K.MASTER, K.CUBLAS, K.DDP_BUCKETS)
+# the terms resident for the whole step whatever the micro-batch and sequence length: every moment
+# starts from them (plus the managed states, outside the allocator)
+STATIC_TERMS: tuple[TermFn, ...] = (
+    resident.parameters,
+    sharding.root_gathered,
+    optimizer_state.optimizer_states,
+    optimizer_state.master,
+    resident.workspaces,
+    resident.ddp_buckets,
+)
 
 
-def static_bytes(terms: Sequence[Term]) -> dict[str, int]:
-    """Bytes of the step's static device terms (resident the whole step), by term name, and the managed
-    (paged) optimizer states: what the planner's lower bound (plan/bound.py) restates."""
-    from vramplan.analytic.timeline import END, FORWARD
+def static_bytes(r: Resolved) -> int:
+    """The static terms' bytes on the GPU of the heaviest stage: device terms alive the whole step
+    (weights, the FSDP root unit, optimizer states, fp32 masters, cuBLAS workspaces, DDP buckets) and
+    the managed (paged) optimizer states.
 
-    out: dict[str, int] = {}
-    for t in terms:
-        if (t.where == "device" and t.born == FORWARD and t.dies == END and t.key in STATIC_KEYS) \
-                or t.where == "managed":
-            out[t.name] = out.get(t.name, 0) + t.nbytes
-    return out
+    Every moment of the step holds the device part, so it is at most the peak allocated bytes, and with
+    the managed states at most ``device_used`` less the CUDA context and the NCCL buffers: the exact
+    static floor the planner's lower bound (plan/bound.py) restates term by term.  It needs no
+    activation: ``static_terms`` runs only the resident term functions.
+    """
+    from vramplan.analytic.terms.context import stages, step_policy
+    from vramplan.analytic.train import resolve_attention
+
+    attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
+    best = 0
+    for stage in stages(r.scenario.parallel.pp):
+        terms = static_terms(StepContext(r, stage, attention, repeat))
+        best = max(best, sum(t.nbytes for t in terms if t.where in ("device", "managed")))
+    return best
+
+
+def static_terms(c: StepContext) -> list[Term]:
+    """The stage's static terms (``STATIC_TERMS``)."""
+    return step_terms(c, STATIC_TERMS)
