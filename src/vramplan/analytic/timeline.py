@@ -25,6 +25,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from vramplan.analytic.moment import Key, Moment
@@ -165,17 +166,24 @@ def sweep(terms: Sequence[Term], timeline: Timeline) -> list[Moment]:
         for key in pt.shown:
             keys[id(key)] = key
             change.setdefault((id(key), ()), [0] * (n + 1))
-    running = dict.fromkeys(change, 0)
-    rows = {kf: (keys[kf[0]].part, keys[kf[0]].name(**dict(kf[1]))) for kf in change}  # (part, label)
+    shown_at: dict[int, set[int]] = {}  # key -> the points that show it
+    for i, pt in enumerate(timeline.points):
+        for key in pt.shown:
+            shown_at.setdefault(id(key), set()).add(i)
+    # per row: (part, label formatted once, bytes at each point, the points that show it)
+    rows = [(keys[kf[0]].part, keys[kf[0]].name(**dict(kf[1])), list(accumulate(d)), shown_at.get(kf[0], set()))
+            for kf, d in change.items()]
     out: list[Moment] = []
     for i, pt in enumerate(timeline.points):
         mo = Moment(pt.phase)
-        shown = {id(k) for k in pt.shown}
-        for kf, d in change.items():
-            v = running[kf] = running[kf] + d[i]
-            if v or kf[0] in shown:
-                # what Moment.set does, with the row's label formatted once for all points
-                part, label = rows[kf]
-                mo.parts.setdefault(part, {})[label] = v
+        parts = mo.parts
+        for part, label, vals, shown in rows:
+            v = vals[i]
+            if v or i in shown:
+                # what Moment.set does (the keys are declared: they come from Term records)
+                row = parts.get(part)
+                if row is None:
+                    row = parts[part] = {}
+                row[label] = v
         out.append(mo)
     return out

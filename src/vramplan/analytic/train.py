@@ -23,6 +23,7 @@ from vramplan.analytic.layout import lora_targets, quantized_expert_loop
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.precision import PrecisionPolicy
 from vramplan.analytic.terms import StepContext, Term, step_terms
+from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
 from vramplan.analytic.terms.gradients import has_tied_embedding_backward
@@ -85,8 +86,12 @@ def stage_timeline(c: StepContext) -> Timeline:
                          has_tied_embedding_backward(c), _SHOWN_AT_ATTENTION)
 
 
-def _where(terms: list[Term], where: str) -> int:
-    return sum(t.nbytes for t in terms if t.where == where)
+def _elsewhere(terms: list[Term]) -> dict[str, int]:
+    """Bytes of the terms by where they live (host, nvme, managed; the device too)."""
+    out = dict.fromkeys(WHERE, 0)
+    for t in terms:
+        out[t.where] += t.nbytes
+    return out
 
 
 def train_step(r: Resolved) -> TrainResult:
@@ -100,8 +105,9 @@ def train_step(r: Resolved) -> TrainResult:
         terms = step_terms(c)
         moments = sweep(terms, stage_timeline(c))
         peak = max(moments, key=lambda mo: mo.total)
-        results.append(TrainResult(moments, peak, _where(terms, "host"), _where(terms, "nvme"),
-                                   _where(terms, "managed"), 0, [], build_layout(c, terms), terms))
+        off = _elsewhere(terms)
+        results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
+                                   build_layout(c, terms), terms))
     best = max(results, key=lambda x: x.peak.total)
     par = s.parallel
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)

@@ -13,7 +13,7 @@ analytic/activations.py: computed once per stage and read by the saved-tensor an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.terms.context import StepContext
@@ -33,11 +33,11 @@ class LayerActivations:
     released: tuple[int, ...]
     mlp_released: tuple[int, ...]
     shared: int
+    # layers whose attention backward runs after some saved tensors are released: a moment of its own
+    attention_split: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def attention_split(self) -> list[bool]:
-        """Layers whose attention backward runs after some saved tensors are released: a moment of its own."""
-        return [bool(x) for x in self.released]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention_split", tuple(bool(x) for x in self.released))
 
 
 def layer_activations(c: StepContext) -> LayerActivations:
