@@ -1,11 +1,18 @@
 """The training step: memory over time on one GPU, and its peak.
 
-A step is walked through the moments where memory can peak (not summed):
+A step is walked through the moments where memory can peak (not summed); the points of the
+step's timeline (analytic/timeline.py):
 
 1. end of the forward pass, at the loss's log_softmax;
 2. start of the backward pass, at the loss gradient;
-3. during each layer's backward (activations shrink as gradients grow);
-4. the optimizer step (all gradients + step temporaries).
+3. during each layer's backward, its MLP part then its attention part (activations shrink as
+   gradients grow);
+4. the tied embedding's backward, last (its two gradient contributions summed);
+5. the optimizer step (all gradients + step temporaries).
+
+Every byte comes from a term record (analytic/terms, registry ``TERMS``): ``train_step`` makes a
+stage's terms, sweeps them over its timeline into moments, and turns the same records into the
+allocator's event stream (analytic/events.py ``build_layout``).
 
 Gradients exist during the forward pass only from the second micro-batch of a
 gradient-accumulation window on (the Trainer zeroes them with ``set_to_none=True``

@@ -24,7 +24,7 @@ __all__ = ["WHERE", "Term", "by_layer", "bytes_of", "layer_table", "resident", "
 WHERE = ("device", "host", "nvme", "managed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Term:
     """``nbytes`` under ``key`` from ``born`` up to (not including) ``dies``.
 
