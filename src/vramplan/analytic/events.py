@@ -49,10 +49,12 @@ from typing import Any
 
 from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat
-from vramplan.analytic.activations import ActContext
 from vramplan.analytic.layout import RankParams, _count_on_rank, _split
-from vramplan.analytic.logits import LossTensors
-from vramplan.spec.model import LayerSpec, ModelSpec
+from vramplan.analytic.moment import K
+from vramplan.analytic.terms.base import Term, layer_table, totals
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.layers import layer_activations
+from vramplan.spec.model import ModelSpec
 
 __all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
 
@@ -536,6 +538,20 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         st.free(dl)
     st.free(head_cast)
     st.free(head_saved)
+    g = _backward_layers(st, lay, plans, outs, g, grads, grads_exist, n_layers)
+    st.free(g)
+    st.free(emb)
+    st.free(shared)
+    if not grads_exist and lay.embed_grad > 0:
+        grads.append(st.alloc(lay.embed_grad))
+    st.free(gathered)
+
+
+def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs: list[Any], g: int,
+                     grads: list[int], grads_exist: bool, n_layers: int) -> int:
+    """The layers' backward, last layer first (``outs``: each layer's forward ids); new parameter
+    gradients are appended to ``grads``.  Returns the id of the gradient flowing into the embedding."""
+    ckpt = lay.checkpointing == "full"
     order = list(range(n_layers - 1, -1, -1))
     for start, count in _plan_runs(plans, order):
         plan = plans[order[start] % len(plans)]
@@ -565,12 +581,7 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
             for _, new_grads in done:
                 grads += new_grads
         g = done[count - 1][0]
-    st.free(g)
-    st.free(emb)
-    st.free(shared)
-    if not grads_exist and lay.embed_grad > 0:
-        grads.append(st.alloc(lay.embed_grad))
-    st.free(gathered)
+    return g
 
 
 def _optimizer(st: _Stream, lay: StepLayout, grads: list[int], states: list[int] | None,
@@ -672,19 +683,11 @@ def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[Alloc
 _STATES_PER_PARAM = {"adamw": 2, "adamw-fused": 2, "adamw-8bit": 2, "sgd-momentum": 1, "lion": 1, "adafactor": 2}
 
 
-def build_layout(m: ModelSpec, rp: RankParams, ctx: ActContext, layer_specs: Sequence[LayerSpec], *,
-                 tokens: int, kept: Sequence[int], full: Sequence[int], transients: Sequence[tuple[int, int]],
-                 cast_per_layer: Sequence[int], grad_layer: Sequence[int], grad_outside: int, embed_grad: int,
-                 weights_resident: int, trainable: int, peft: bool, optimizer: str, states: int, step_temp: int,
-                 master: int, ddp: int, workspaces: int, gathered: int, root_gathered: int, shared: int,
-                 head_saved: int, head_cast: int, loss: LossTensors, logits_bytes: int, vocab_rank: int,
-                 grads_during_fwd: bool, last: bool, checkpointing: str) -> StepLayout:
-    """The event stream's inputs, from the locals of ``analytic.train.train_step`` for one stage."""
-    tp = ctx.tp
-    heads = -(-m.num_attention_heads // tp)
+def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, bool]], list[int]]:
+    """This rank's parameter tensors: (elements, is a linear) of one layer's (experts: each expert a
+    tensor), and the elements of each tensor outside the layers."""
     lset = set(rp.layers)
-    # parameter tensors: one instance of each group per layer (experts: each expert a tensor)
-    inner: list[tuple[int, bool, bool]] = []  # (elements, is a linear, in a layer)
+    inner: list[tuple[int, bool]] = []
     outside: list[int] = []
     for p in m.params:
         n = _count_on_rank(p, lset, 1)
@@ -693,50 +696,85 @@ def build_layout(m: ModelSpec, rp: RankParams, ctx: ActContext, layer_specs: Seq
         each = _split(p, tp, 1)
         if p.layer_span:
             per = n // max(1, len([i for i in p.layer_span if i in lset]))
-            inner += [(each, p.role in ("linear", "expert") and bool(p.in_features), True)] * per
+            inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
         else:
             outside.append(each)
-    all_numel = sum(x for x, _, _ in inner) * max(1, len(rp.layers)) + sum(outside)
-    per_elem_bytes = (weights_resident, all_numel)
+    return inner, outside
+
+
+def _layer_terms(c: StepContext, terms: Sequence[Term], lin: tuple[int, ...], other: tuple[int, ...],
+                 params: tuple[int, ...], trainable: tuple[int, ...]) -> tuple[LayerTerms, ...]:
+    """Each layer's terms, read from the step's term records (the transients from the layer plan, which
+    the records hold only as each moment's figure)."""
+    n = len(c.layer_specs)
+    la = layer_activations(c)
+    table = layer_table(terms, n)
+    zero = [0] * n
+    kept, recompute = table.get("saved.kept", zero), table.get("saved.recompute", zero)
+    casts, grads = table.get("casts.layer", zero), table.get("gradients.layer", zero)
+    return tuple(
+        LayerTerms(kept=kept[j], full=kept[j] + recompute[j], mlp_transient=la.mlp_transient[j],
+                   attn_transient=la.attn_transient[j], weight_cast=casts[j], grad=grads[j],
+                   linears=lin, norms=other, params=params, trainable=trainable)
+        for j in range(n))
+
+
+def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
+    """The event stream's inputs for one stage: the step's term records and the model's widths."""
+    m, rp, ctx, tp = c.m, c.rp, c.act, c.tp
+    heads = -(-m.num_attention_heads // tp)
+    inner, outside = _tensors(m, rp, tp)
+    b = totals(terms)
+    all_numel = sum(x for x, _ in inner) * max(1, len(rp.layers)) + sum(outside)
+    weights_resident = b.get("parameters", 0)
 
     def wbytes(n: int) -> int:
-        return n * per_elem_bytes[0] // per_elem_bytes[1] if per_elem_bytes[1] else 0
+        return n * weights_resident // all_numel if all_numel else 0
 
-    lin = tuple(x for x, is_lin, _ in inner if is_lin)
-    other = tuple(x for x, is_lin, _ in inner if not is_lin)
-    layer_params = tuple(wbytes(x) for x, _, _ in inner)
-    n_layers = max(1, len(layer_specs))
-    if peft:
-        per_layer_tr = -(-trainable // n_layers)
+    lin = tuple(x for x, is_lin in inner if is_lin)
+    other = tuple(x for x, is_lin in inner if not is_lin)
+    n_layers = max(1, len(c.layer_specs))
+    if c.peft is not None:
+        per_layer_tr = -(-c.trainable_shard // n_layers)
         lora_t = max(1, 2 * len(lin)) if lin else 2
         layer_trainable = tuple([per_layer_tr // lora_t] * lora_t)
         outside_trainable: tuple[int, ...] = ()
     else:
-        layer_trainable = tuple(x for x, _, _ in inner)
+        layer_trainable = tuple(x for x, _ in inner)
         outside_trainable = tuple(outside)
-    trainable_total = sum(outside_trainable) + sum(layer_trainable) * n_layers
-    layers = tuple(
-        LayerTerms(kept=kept[j], full=full[j], mlp_transient=transients[j][0],
-                   attn_transient=transients[j][1], weight_cast=cast_per_layer[j], grad=grad_layer[j],
-                   linears=lin, norms=other, params=layer_params, trainable=layer_trainable)
-        for j in range(len(layer_specs)))
-    ls0 = layer_specs[0] if layer_specs else None
+    layers = _layer_terms(c, terms, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
+    ls0 = c.layer_specs[0] if c.layer_specs else None
     if ls0 is not None and ls0.moe and m.moe is not None:
         inter = m.moe.expert_intermediate_size * m.moe.top_k
     else:
         inter = -(-(ls0.intermediate_size if ls0 else 0) // tp)
-    v = tokens * vocab_rank
+    logits, logits_fp32, log_probs = _loss_tensors(terms)
+    states = b.get("optimizer.states", 0)
+    root = b.get("gathered.root", 0)
     return StepLayout(
-        tokens=tokens, hidden=m.hidden_size, q_width=heads * m.head_dim,
+        tokens=c.tokens, hidden=m.hidden_size, q_width=heads * m.head_dim,
         kv_width=max(1, -(-m.num_kv_heads // tp)) * m.head_dim, inter=inter, heads=heads, keys=ctx.seq_len,
         gated=m.mlp_gated, compute_bytes=ctx.compute_bytes, residual_bytes=ctx.residual_bytes,
-        quadratic=ctx.attention in ("eager", "math"), checkpointing=checkpointing, layers=layers,
-        param_tensors=tuple(wbytes(x) for x in outside), trainable_tensors=outside_trainable,
-        trainable_total=trainable_total, grad_outside=grad_outside, embed_grad=embed_grad, states=states,
-        state_tensors_per_param=_STATES_PER_PARAM.get(optimizer, 0) if states else 0, step_temporary=step_temp,
-        master=master, ddp=ddp, workspace=workspaces // 2, gathered=gathered, shared=shared, head_saved=head_saved,
-        head_cast=head_cast, logits=logits_bytes * v if last else 0,
-        logits_fp32=(4 * v if logits_bytes < 4 else 0) if last else 0,
-        log_probs=loss.saved_after_forward if last else 0, grads_during_forward=grads_during_fwd, has_head=last,
-        input_ids=2 * 8 * tokens, extra_static=(root_gathered,) if root_gathered else (),
+        quadratic=ctx.attention in ("eager", "math"), checkpointing=c.s.train.gradient_checkpointing,
+        layers=layers, param_tensors=tuple(wbytes(x) for x in outside), trainable_tensors=outside_trainable,
+        trainable_total=sum(outside_trainable) + sum(layer_trainable) * n_layers,
+        grad_outside=b.get("gradients.head", 0) + b.get("gradients.embedding", 0),
+        embed_grad=b.get("gradients.embedding", 0), states=states,
+        state_tensors_per_param=_STATES_PER_PARAM.get(c.s.train.optimizer, 0) if states else 0,
+        step_temporary=sum(t.nbytes for t in terms if t.key is K.OPTIMIZER_STEP and t.where == "device"),
+        master=b.get("master", 0), ddp=b.get("ddp", 0),
+        workspace=b.get("cublas", 0) // 2, gathered=b.get("gathered", 0),
+        shared=b.get("saved.shared", 0), head_saved=b.get("saved.head", 0),
+        head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
+        logits_fp32=logits_fp32, log_probs=log_probs, grads_during_forward=c.grads_during_fwd, has_head=c.last,
+        input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (),
     )
+
+
+def _loss_tensors(terms: Sequence[Term]) -> tuple[int, int, int]:
+    """(logits, their fp32 copy, the saved log-probabilities): the loss term's tensors (0s without the head)."""
+    for t in terms:
+        if t.name == "logits.loss":
+            a, b, c = t.tensors
+            return a, b, c
+    return 0, 0, 0

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from vramplan.analytic.train import _shards
+from vramplan.analytic.terms.context import shards as _shards
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Host
 from vramplan.spec.load import Resolved

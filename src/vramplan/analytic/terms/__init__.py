@@ -1,0 +1,96 @@
+"""The memory terms of a training step: one function per term (or small group of related terms),
+each returning ``Term`` records (terms/base.py) for one pipeline stage (terms/context.py).
+
+``TERMS`` is the registry: the step's terms are ``[t for f in TERMS for t in f(ctx)]``, in this
+order (a moment lists its keys in the order their first term comes here).  Adding a term adds its
+function to a module here and one line to ``TERMS`` (docs/checklists/memory-term.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from vramplan.analytic.terms import (
+    casts,
+    gradients,
+    loss,
+    optimizer_state,
+    resident,
+    saved,
+    sharding,
+    transients,
+)
+from vramplan.analytic.terms.base import Term, by_layer, bytes_of
+from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.load import Resolved
+
+__all__ = ["STATIC_TERMS", "TERMS", "StepContext", "Term", "by_layer", "bytes_of", "static_bytes", "static_terms",
+           "step_terms"]
+
+TermFn = Callable[[StepContext], list[Term]]
+
+TERMS: tuple[TermFn, ...] = (
+    resident.parameters,              # weights: this rank's parameters (or their offloaded copy)
+    sharding.root_gathered,           # weights: the FSDP root unit, unsharded
+    optimizer_state.optimizer_states,  # optimizer states (managed, offloaded)
+    optimizer_state.master,           # fp32 master weights
+    resident.workspaces,              # cuBLAS workspaces
+    resident.ddp_buckets,             # DDP's gradient buckets
+    gradients.gradients,              # parameter gradients, layer by layer
+    saved.layer_saved,                # saved activations per layer (checkpointing, in-flight micro-batches)
+    saved.shared_saved,               # RoPE cos/sin, masks
+    saved.head_saved,                 # final norm + LM-head input
+    casts.layer_casts,                # autocast weight copies per layer
+    casts.head_casts,                 # the head's weight copy
+    transients.layer_backward,        # each layer's backward temporaries
+    sharding.gathered,                # ZeRO-3/FSDP all-gathered units
+    gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter
+    loss.loss,                        # logits and loss
+    loss.layer_forward,               # a head-less stage's last layer forward
+    gradients.tied_embedding,         # tied embedding gradient contributions
+    optimizer_state.step_temporary,   # optimizer.step() temporaries
+    gradients.embedding_shard_copy,   # the step's copy of a replicated TP embedding gradient's shard
+)
+
+
+def step_terms(c: StepContext, registry: Sequence[TermFn] = TERMS) -> list[Term]:
+    """Every term of one stage's step, in registry order."""
+    return [t for f in registry for t in f(c)]
+
+
+# the terms resident for the whole step whatever the micro-batch and sequence length: every moment
+# starts from them (plus the managed states, outside the allocator)
+STATIC_TERMS: tuple[TermFn, ...] = (
+    resident.parameters,
+    sharding.root_gathered,
+    optimizer_state.optimizer_states,
+    optimizer_state.master,
+    resident.workspaces,
+    resident.ddp_buckets,
+)
+
+
+def static_bytes(r: Resolved) -> int:
+    """The static terms' bytes on the GPU of the heaviest stage: device terms alive the whole step
+    (weights, the FSDP root unit, optimizer states, fp32 masters, cuBLAS workspaces, DDP buckets) and
+    the managed (paged) optimizer states.
+
+    Every moment of the step holds the device part, so it is at most the peak allocated bytes, and with
+    the managed states at most ``device_used`` less the CUDA context and the NCCL buffers: the exact
+    static floor the planner's lower bound (plan/bound.py) restates term by term.  It needs no
+    activation: ``static_terms`` runs only the resident term functions.
+    """
+    from vramplan.analytic.terms.context import stages, step_policy
+    from vramplan.analytic.train import resolve_attention
+
+    attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
+    best = 0
+    for stage in stages(r.scenario.parallel.pp):
+        terms = static_terms(StepContext(r, stage, attention, repeat))
+        best = max(best, sum(t.nbytes for t in terms if t.where in ("device", "managed")))
+    return best
+
+
+def static_terms(c: StepContext) -> list[Term]:
+    """The stage's static terms (``STATIC_TERMS``)."""
+    return step_terms(c, STATIC_TERMS)

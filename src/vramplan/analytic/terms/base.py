@@ -1,0 +1,92 @@
+"""``Term``: one memory term of a training step, as a small frozen record that knows its bytes.
+
+Like vLLM's ``KVCacheSpec`` family (vllm/v1/kv_cache_interface.py), each kind of memory is a record
+rather than a line inside one long function: its declared key (analytic/moment.py ``K``), its bytes,
+where on the step's timeline it is born and where it dies (analytic/timeline.py ``Loc``), where it
+lives (the device, the host, NVMe, CUDA managed memory), and, for the allocator's event stream, what
+it is (``name``, with the layer it belongs to) and how its bytes split into allocations (``tensors``).
+
+A term with negative bytes is a release: the part of an earlier term of the same key that is freed
+between two points of the timeline (the saved tensors an MLP's backward frees before the attention's
+backward); it has no allocation of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from vramplan.analytic.moment import Key
+from vramplan.analytic.timeline import END, FORWARD, Loc
+
+__all__ = ["WHERE", "Term", "by_layer", "bytes_of", "layer_table", "resident", "totals"]
+
+WHERE = ("device", "host", "nvme", "managed")
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """``nbytes`` under ``key`` from ``born`` up to (not including) ``dies``.
+
+    ``name``: what the term is, unique with ``layer`` in a step (``"saved.kept"`` of layer 3), which
+    the event stream reads.  ``fields``: a templated key's label fields (the optimizer's name).
+    ``tensors``: the allocations the bytes are made of, when the term knows them (empty: one).
+    """
+
+    key: Key
+    nbytes: int
+    born: Loc
+    dies: Loc
+    name: str
+    layer: int = -1
+    where: str = "device"
+    fields: tuple[tuple[str, str], ...] = ()
+    tensors: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.where not in WHERE:
+            raise ValueError(f"where must be one of {WHERE}, not {self.where!r}")
+        if self.tensors and sum(self.tensors) != self.nbytes:
+            raise ValueError(f"{self.name}: tensors sum to {sum(self.tensors)}, not {self.nbytes}")
+        if not self.born.order < self.dies.order:
+            raise ValueError(f"{self.name}: dies ({self.dies}) before it is born ({self.born})")
+
+
+def resident(key: Key, nbytes: int, name: str, where: str = "device", **fields: str) -> Term:
+    """A term alive for the whole step (created before it, kept after it)."""
+    return Term(key, nbytes, FORWARD, END, name, where=where, fields=tuple(sorted(fields.items())))
+
+
+def bytes_of(terms: Iterable[Term], name: str, where: str | None = None) -> int:
+    """Total bytes of the terms called ``name`` (optionally only those living in ``where``)."""
+    return sum(t.nbytes for t in terms if t.name == name and (where is None or t.where == where))
+
+
+def by_layer(terms: Sequence[Term], name: str, n_layers: int) -> list[int]:
+    """Bytes of the per-layer terms called ``name``, indexed by layer (0 where a layer has none)."""
+    out = [0] * n_layers
+    for t in terms:
+        if t.name == name and 0 <= t.layer < n_layers:
+            out[t.layer] += t.nbytes
+    return out
+
+
+def totals(terms: Iterable[Term]) -> dict[str, int]:
+    """Bytes of the step-wide terms (not a layer's) by name: ``bytes_of`` for every name in one pass."""
+    out: dict[str, int] = {}
+    for t in terms:
+        if t.layer < 0:
+            out[t.name] = out.get(t.name, 0) + t.nbytes
+    return out
+
+
+def layer_table(terms: Iterable[Term], n_layers: int) -> dict[str, list[int]]:
+    """``by_layer`` for every per-layer name in one pass (a name a layer lacks reads 0 there)."""
+    out: dict[str, list[int]] = {}
+    for t in terms:
+        if 0 <= t.layer < n_layers:
+            row = out.get(t.name)
+            if row is None:
+                row = out[t.name] = [0] * n_layers
+            row[t.layer] += t.nbytes
+    return out

@@ -1,0 +1,79 @@
+"""Autocast's cached half-precision copies of the trainable linear weights (HF/Lightning mixed precision),
+and the fp32 LM head's cast under k-bit PEFT."""
+
+from __future__ import annotations
+
+from vramplan.analytic.layout import RankParams
+from vramplan.analytic.moment import K
+from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.timeline import FORWARD, LOSS, layer_done, mlp
+from vramplan.spec.model import ModelSpec
+from vramplan.units import ceil_div
+
+__all__ = ["casts_apply", "head_casts", "layer_casts"]
+
+CAST_ASSUMPTION = ("autocast keeps a half-precision copy of each trainable linear weight from the forward pass "
+                   "until its backward (torch.autocast weight cache)")
+
+
+def casts_apply(c: StepContext) -> bool:
+    """Autocast caches half copies of fp32 trainable weights (not of a frozen PEFT base)."""
+    pol = c.pol
+    return bool(pol.weight_cast_bytes and c.peft is None and pol.autocast)
+
+
+def _linear_params_per_layer(rp: RankParams, m: ModelSpec) -> int:
+    """Decoder linear parameters per layer on this rank that autocast casts (layers of one stage are alike).
+
+    Routed experts are left out: transformers >= 5 multiplies them with ``grouped_mm``, which is not
+    on autocast's lists, so their fp32 weights are used as they are (no cached half copy).
+    """
+    if not rp.layers:
+        return 0
+    linear_all = sum(p.total for p in m.params if p.role in ("linear", "expert") and p.in_features)
+    experts = sum(p.total for p in m.params if p.role == "expert" and p.in_features)
+    cast = rp.linear - (rp.linear * experts // linear_all if linear_all else 0)
+    return cast // len(rp.layers)
+
+
+def layer_casts(c: StepContext) -> list[Term]:
+    """Each layer's cast weights, from its forward until its backward.
+
+    With full checkpointing the layers' forward saves nothing, so their cast weights live only in
+    autocast's cache, which is cleared when the forward's autocast region ends; the recomputation
+    casts the layer's weights again and keeps them until that layer's backward.  The output
+    projection's cast weight is released with its saved input, before the MLP's elementwise backward.
+    """
+    if not casts_apply(c):
+        return []
+    m, tp, wcb = c.m, c.tp, c.pol.weight_cast_bytes
+    per_layer = _linear_params_per_layer(c.rp, m) * wcb
+    full_ckpt = c.s.train.gradient_checkpointing == "full"
+    out: list[Term] = []
+    for j, ls in enumerate(c.layer_specs):
+        down = m.hidden_size * ceil_div(ls.intermediate_size, tp) * wcb if per_layer and not ls.moe else 0
+        out.append(Term(K.CASTS, per_layer, FORWARD, LOSS if full_ckpt else layer_done(j), "casts.layer", j))
+        if full_ckpt:
+            out.append(Term(K.CASTS, per_layer, mlp(j), layer_done(j), "casts.recomputed", j))
+        out.append(Term(K.CASTS, -down, mlp(j), layer_done(j), "casts.freed_down_projection", j))
+    return out
+
+
+def head_casts(c: StepContext) -> list[Term]:
+    """The LM head's cast weight (tied: the embedding's), until the head's backward; and under k-bit
+    PEFT the frozen LM head, fp32 after prepare_model_for_kbit_training, which autocast casts to the
+    half dtype for the matmul, saving that copy to compute the input's gradient."""
+    if not c.last:
+        return []
+    m, tp, pol, rp = c.m, c.tp, c.pol, c.rp
+    dies = mlp(len(c.layer_specs) - 1)
+    out = []
+    if casts_apply(c):
+        head_params = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, tp) * m.hidden_size
+                                                     if m.tie_word_embeddings else 0)
+        out.append(Term(K.CASTS, head_params * pol.weight_cast_bytes, FORWARD, dies, "casts.head"))
+    if c.kbit and pol.autocast:
+        out.append(Term(K.CASTS, ceil_div(m.vocab_size, tp) * m.hidden_size * pol.compute_bytes, FORWARD, dies,
+                        "casts.head_kbit"))
+    return out

@@ -1,0 +1,212 @@
+"""What every term of one pipeline stage's step reads: the scenario, the precision policy, the
+sharding, this rank's parameters and the activation context, computed once per stage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, TypeVar
+
+from vramplan.analytic import activations as act
+from vramplan.analytic.layout import LoraTargets, RankParams, lora_targets, quantized_expert_loop, rank_params
+from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.load import Resolved
+from vramplan.spec.model import LayerSpec, ModelSpec
+from vramplan.spec.scenario import Peft, Scenario
+from vramplan.units import ceil_div
+
+__all__ = ["StepContext", "shards", "stages", "step_policy"]
+
+# the frameworks that load a k-bit base through peft.prepare_model_for_kbit_training
+KBIT_PREPARED = ("hf-trainer", "accelerate", "plain")
+
+
+def shards(s: Scenario, dp: int) -> tuple[int, int, int]:
+    """(optimizer/master shards, gradient shards, parameter shards) for ZeRO / FSDP."""
+    par = s.parallel
+    fsdp = par.fsdp
+    group = dp
+    if fsdp == "hybrid_shard":
+        group = max(1, min(dp, s.hardware.gpus_per_node))
+    if fsdp in ("full_shard", "hybrid_shard"):
+        return group, group, group
+    if fsdp == "shard_grad_op":
+        return group, group, 1
+    z = par.zero_stage
+    return (dp if z >= 1 else 1, dp if z >= 2 else 1, dp if z >= 3 else 1)
+
+
+def stages(pp: int) -> list[int]:
+    """The pipeline stages worth estimating: the first (most micro-batches in flight) and the last (the head)."""
+    return [0] if pp == 1 else [0, pp - 1]
+
+
+def step_policy(s: Scenario) -> PrecisionPolicy:
+    """The precision policy of the trainable parameters."""
+    pol = policy(s)
+    if s.train.peft is not None and s.effective_framework != "deepspeed":
+        # the adapters (the trainable parameters) are fp32 with peft >= 0.12 (get_peft_model's
+        # autocast_adapter_dtype=True), or the base weight's dtype with older peft (precision.adapter_bytes);
+        # their gradients and optimizer states follow
+        adapter = adapter_bytes(s, pol)
+        pol = replace(pol, param_bytes=adapter, grad_bytes=adapter)
+    return pol
+
+
+def _residual_bytes(pol: PrecisionPolicy, frozen_base: bool, kbit_prepared: bool) -> int:
+    """The residual stream's dtype: the embeddings' output, kept by the residual adds (autocast leaves
+    additions alone).  Under PEFT the frozen base, embeddings included, is loaded in the half dtype,
+    unless ``prepare_model_for_kbit_training`` cast the non-quantized parameters to fp32."""
+    if not frozen_base:
+        return pol.residual_bytes
+    return 4 if kbit_prepared else pol.frozen_param_bytes
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, eq=False)
+class StepContext:
+    """One pipeline stage's rank: the inputs of its terms (derived values are computed on first use)."""
+
+    r: Resolved
+    stage: int
+    attention: str  # the kernel that runs (analytic/train.py resolve_attention)
+    gqa_repeat: bool
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def memo(self, name: str, make: Callable[[], _T]) -> _T:
+        """``make()`` computed once per stage: a value several terms read (the layers' saved tensors)."""
+        if name not in self._memo:
+            self._memo[name] = make()
+        out: _T = self._memo[name]
+        return out
+
+    @property
+    def s(self) -> Scenario:
+        return self.r.scenario
+
+    @property
+    def m(self) -> ModelSpec:
+        return self.r.model
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return self.r.gpu
+
+    @property
+    def peft(self) -> Peft | None:
+        return self.s.train.peft
+
+    @property
+    def framework(self) -> str:
+        return self.s.effective_framework
+
+    @cached_property
+    def pol(self) -> PrecisionPolicy:
+        return step_policy(self.s)
+
+    @cached_property
+    def adapter(self) -> int:
+        """Bytes per adapter element (unused without PEFT)."""
+        return adapter_bytes(self.s, policy(self.s))
+
+    @property
+    def tp(self) -> int:
+        return self.s.parallel.tp
+
+    @property
+    def pp(self) -> int:
+        return self.s.parallel.pp
+
+    @property
+    def ep(self) -> int:
+        return self.s.parallel.ep
+
+    @cached_property
+    def shards(self) -> tuple[int, int, int]:
+        """(optimizer/master, gradient, parameter) shards."""
+        return shards(self.s, self.s.data_parallel_degree)
+
+    @property
+    def quant(self) -> str:
+        return self.s.train.quantization if self.peft is not None else "none"
+
+    @cached_property
+    def kbit(self) -> bool:
+        """A k-bit base prepared by peft.prepare_model_for_kbit_training."""
+        return self.peft is not None and self.quant in ("nf4", "nf4-dq", "fp4", "int8") and \
+            self.framework in KBIT_PREPARED
+
+    @property
+    def offload_params(self) -> bool:
+        return self.s.parallel.offload == "optimizer+params"
+
+    @property
+    def offload_opt(self) -> bool:
+        return self.s.parallel.offload != "none"
+
+    @property
+    def last(self) -> bool:
+        """This stage holds the LM head (and the loss)."""
+        return self.stage == self.pp - 1
+
+    @cached_property
+    def tokens(self) -> int:
+        t = self.s.train
+        return ceil_div(t.micro_batch_size * t.seq_len, self.s.parallel.cp)
+
+    @cached_property
+    def lt(self) -> LoraTargets:
+        return lora_targets(self.peft, self.m, self.s.software.fused_moe_experts, self.quant)
+
+    @cached_property
+    def rp(self) -> RankParams:
+        return rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt)
+
+    @property
+    def trainable(self) -> int:
+        return self.rp.lora if self.peft is not None else self.rp.total
+
+    @property
+    def trainable_shard(self) -> int:
+        """Trainable parameters in this rank's optimizer partition."""
+        return ceil_div(self.trainable, self.shards[0])
+
+    @cached_property
+    def layer_specs(self) -> list[LayerSpec]:
+        return [self.m.layers[i] for i in self.rp.layers]
+
+    @cached_property
+    def in_flight(self) -> int:
+        """Micro-batches whose activations the stage holds: 1F1B keeps up to pp in flight on the first
+        stage (arXiv 2104.04473 sec. 2.2)."""
+        return min(self.pp - self.stage, self.s.train.grad_accum_steps) if self.pp > 1 else 1
+
+    @cached_property
+    def grads_during_fwd(self) -> bool:
+        """Gradients exist during the forward: from the second micro-batch of an accumulation window on
+        (the Trainer sets them to None only after the optimizer step)."""
+        return self.s.train.grad_accum_steps > 1 or self.in_flight > 1
+
+    @cached_property
+    def act(self) -> act.ActContext:
+        s, m, pol, peft, lt, quant = self.s, self.m, self.pol, self.peft, self.lt, self.quant
+        par = s.parallel
+        return act.ActContext(
+            compute_bytes=pol.compute_bytes, residual_bytes=_residual_bytes(pol, peft is not None, self.kbit),
+            linear_input_bytes=pol.linear_input_bytes, autocast=pol.autocast, attention=self.attention,
+            gqa_repeat=self.gqa_repeat, seq_len=s.train.seq_len, tp=par.tp, ep=par.ep,
+            sequence_parallel=par.sequence_parallel, frozen_base=peft is not None, lora_targets=lt.linear,
+            lora_rank=peft.rank if peft else 0, lora_dropout=bool(peft and peft.dropout > 0),
+            dora=bool(peft and peft.method == "dora"),
+            elementwise_bytes=4 if (self.kbit and pol.autocast) else 0,
+            expert_bytes=pol.param_bytes if peft is None else pol.frozen_param_bytes,
+            expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
+            gate_up_wrapped=bool(lt.gate_up_rank), down_wrapped=bool(lt.down_rank), router_wrapped=bool(lt.router_rank),
+            sdpa=s.train.attention == "sdpa", adapter_bytes=self.adapter,
+            kbit_saves_input=(peft is not None and quant in ("nf4", "nf4-dq", "fp4")
+                              and s.software.bnb_4bit_saves_input),
+        )

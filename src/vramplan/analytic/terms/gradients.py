@@ -1,0 +1,149 @@
+"""Parameter gradients: produced layer by layer in the backward, kept until the optimizer step.
+
+Gradients exist during the forward pass only from the second micro-batch of a gradient-accumulation
+window on (the Trainer zeroes them with ``set_to_none=True`` after each optimizer step), or on a
+pipeline stage with several micro-batches in flight: then all of them are there from the start.
+Otherwise the head's (and final norm's) come at the loss, each layer's during its backward (its MLP's
+output projection first), and the input embedding's last (its backward runs after the first layer's);
+a tied embedding gets its gradient at the LM head, first.  Offloaded (ZeRO-Offload): none on the GPU.
+"""
+
+from __future__ import annotations
+
+from vramplan.analytic.gradients import gradient_bytes, tied_embedding_accumulation_bytes
+from vramplan.analytic.layout import LoraTargets, RankParams, replicated_embedding_grad
+from vramplan.analytic.moment import K
+from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.layers import layer_activations
+from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, attention, layer_done, mlp
+from vramplan.spec.model import LayerSpec, ModelSpec
+from vramplan.spec.scenario import Peft
+from vramplan.units import ceil_div
+
+__all__ = ["gradients", "has_tied_embedding_backward", "layer_gradient_bytes", "replicated_embedding",
+           "tied_embedding", "total_gradient_bytes", "unsharded_gradients"]
+
+
+def replicated_embedding(c: StepContext) -> tuple[int, int]:
+    """transformers' tensor parallelism: the vocabulary-parallel embedding's gradient is replicated
+    (layout.HF_TP_FRAMEWORKS); the optimizer copies this rank's row shard out of it.
+    Returns (the full embedding's elements, the gradient bytes beyond this rank's shard)."""
+    emb_full = replicated_embedding_grad(c.m, c.tp, c.framework) if c.peft is None and c.rp.has_embedding else 0
+    return emb_full, ceil_div(emb_full - ceil_div(emb_full, c.tp), c.shards[1]) * c.pol.grad_bytes
+
+
+def total_gradient_bytes(c: StepContext) -> int:
+    """All of this rank's gradients (its ZeRO-2/3 / FSDP shard), 0 when offloaded."""
+    if c.offload_opt:
+        return 0
+    return gradient_bytes(c.trainable, c.pol.grad_bytes, c.shards[1]) + replicated_embedding(c)[1]
+
+
+def _grad_bytes_layer(rp: RankParams, j: int, grad_bytes: int, shards: int, peft: object) -> int:
+    n = rp.lora_per_layer[j] if peft is not None else rp.per_layer[j]
+    return ceil_div(n, shards) * grad_bytes
+
+
+def layer_gradient_bytes(c: StepContext) -> list[int]:
+    """Each layer's gradient bytes on this rank (its shard), 0 when offloaded."""
+    n = len(c.layer_specs)
+    if c.offload_opt:
+        return [0] * n
+    return [_grad_bytes_layer(c.rp, j, c.pol.grad_bytes, c.shards[1], c.peft) for j in range(n)]
+
+
+def _embed_grad(c: StepContext, outside: int) -> int:
+    """The untied input embedding's gradient, produced last (within the gradients outside the layers)."""
+    m = c.m
+    if c.peft is not None or m.tie_word_embeddings or not c.rp.has_embedding:
+        return 0
+    emb = sum(p.total for p in m.params if p.role in ("embedding", "position"))
+    return min(outside, ceil_div(ceil_div(emb, c.tp), c.shards[1]) * c.pol.grad_bytes + replicated_embedding(c)[1])
+
+
+def gradients(c: StepContext) -> list[Term]:
+    """The parameter gradients: outside the layers (head, final norm; the embedding last), each layer's.
+
+    With gradients during the forward all exist from the start.  Otherwise each layer's appear in its
+    backward: the MLP's output projection's during the MLP part (``_down_grad_bytes``), the rest by
+    the attention part.  After the backward the total is the rank's shard of all trainable parameters,
+    which per-layer rounding can make a few bytes smaller than the sum of the layers' shards
+    (``gradients.rounding``, zero or negative).
+    """
+    total, per_layer = total_gradient_bytes(c), layer_gradient_bytes(c)
+    attention_split = layer_activations(c).attention_split
+    outside = max(0, total - sum(per_layer))
+    embed = _embed_grad(c, outside)
+    gdf, n = c.grads_during_fwd, len(per_layer)
+    out = [Term(K.GRADIENTS, outside - embed, FORWARD if gdf else mlp(n - 1), END, "gradients.head"),
+           Term(K.GRADIENTS, embed, FORWARD if gdf else TIED_EMBEDDING, END, "gradients.embedding"),
+           Term(K.GRADIENTS, total - outside - sum(per_layer), FORWARD if gdf else TIED_EMBEDDING, END,
+                "gradients.rounding")]
+    for j in range(n - 1, -1, -1):
+        down = _down_grad_bytes(c.m, c.layer_specs[j], per_layer[j], c.peft, c.lt, c.rp, j, c.tp, c.ep) \
+            if attention_split[j] else per_layer[j]
+        out += [Term(K.GRADIENTS, down, FORWARD if gdf else mlp(j), END, "gradients.layer", j),
+                Term(K.GRADIENTS, per_layer[j] - down, FORWARD if gdf else attention(j), END, "gradients.layer", j)]
+    return out
+
+
+def unsharded_gradients(c: StepContext) -> list[Term]:
+    """ZeRO-3 / FSDP: a layer's full gradients exist before they are reduce-scattered."""
+    if c.shards[2] <= 1:
+        return []
+    return [Term(K.UNSHARDED_GRADS, _grad_bytes_layer(c.rp, j, c.pol.grad_bytes, 1, c.peft), mlp(j),
+                 layer_done(j), "gradients.unsharded", j) for j in range(len(c.layer_specs) - 1, -1, -1)]
+
+
+def embedding_shard_copy(c: StepContext) -> list[Term]:
+    """The optimizer's copy of this rank's row shard of a replicated TP embedding gradient."""
+    emb_full = replicated_embedding(c)[0]
+    if not emb_full or c.offload_opt:
+        return []
+    nbytes = ceil_div(ceil_div(emb_full, c.tp), c.shards[0]) * c.pol.grad_bytes
+    return [Term(K.OPTIMIZER_STEP, nbytes, STEP, END, "optimizer.step.embedding_shard")]
+
+
+def has_tied_embedding_backward(c: StepContext) -> bool:
+    """The step has a moment at the tied embedding's backward (its two gradient contributions summed)."""
+    return c.peft is None and c.m.tie_word_embeddings and c.rp.has_embedding and c.last and not c.offload_opt
+
+
+def tied_embedding(c: StepContext) -> list[Term]:
+    """The embedding's backward, last: all gradients exist and the tied parameter's two contributions
+    are summed (gradients.tied_embedding_accumulation_bytes)."""
+    if not has_tied_embedding_backward(c):
+        return []
+    pol = c.pol
+    nbytes = tied_embedding_accumulation_bytes(ceil_div(c.m.vocab_size, c.tp), c.m.hidden_size, pol.grad_bytes,
+                                               head_grad_is_view=not pol.autocast)
+    return [Term(K.TIED_EMBEDDING, nbytes, TIED_EMBEDDING, STEP, "gradients.tied_embedding")]
+
+
+def _down_grad_bytes(m: ModelSpec, layer: LayerSpec, layer_grad: int, peft: Peft | None, lt: LoraTargets,
+                     rp: RankParams, j: int, tp: int = 1, ep: int = 1) -> int:
+    """The share of a layer's gradient that belongs to its MLP's output projection (the experts'
+    down projections for MoE): the gradient the MLP's backward produces first.  Adapters: the whole
+    layer's (small), but for the fused experts' adapters (``ParamWrapper``), which are not small: only
+    the down projection's are made by then."""
+    h = m.hidden_size
+    n_attn = h * (2 * m.q_width + 2 * m.kv_width)
+    if peft is not None:
+        lora_layer = rp.lora_per_layer[j] if j < len(rp.lora_per_layer) else 0
+        if layer.moe and m.moe is not None and lt.experts_wrapped and lora_layer:
+            e = m.moe
+            inter = e.expert_intermediate_size if ep > 1 else ceil_div(e.expert_intermediate_size, tp)
+            down_adapters = lt.down_rank * ceil_div(e.num_experts, ep) * (m.hidden_size + inter)
+            return layer_grad * min(down_adapters, lora_layer) // lora_layer
+        return layer_grad
+    if layer.moe and m.moe is not None:
+        down = h * (m.moe.num_experts * m.moe.expert_intermediate_size + m.moe.shared_intermediate_size)
+        n_mlp = 3 * down + h * m.moe.num_experts
+    elif layer.intermediate_size:
+        down = h * layer.intermediate_size
+        n_mlp = (3 if m.mlp_gated else 2) * down
+    else:
+        return layer_grad
+    total = n_mlp + n_attn
+    return layer_grad * down // total if total else layer_grad

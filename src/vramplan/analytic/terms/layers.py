@@ -1,0 +1,108 @@
+"""What each decoder layer of the stage saves for its backward and frees during it (bytes), from
+analytic/activations.py: computed once per stage and read by the saved-tensor and transient terms.
+
+* ``full``: saved when the layer runs with autograd recording; ``kept``: saved during the forward
+  (= ``full`` without checkpointing; the layer's input with full checkpointing; the non-recomputed
+  part with selective checkpointing);
+* ``mlp_transient`` / ``attn_transient``: the gradients alive together in the MLP's / attention's
+  backward;
+* ``mlp_released``: freed before the MLP's elementwise backward (the output projection's input);
+  ``released``: freed before the attention's backward (the MLP's saved tensors and the norm's);
+* ``shared``: RoPE cos/sin, the eager mask, the embedding dropout mask (once for all layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.analytic import activations as act
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.frozen_prefix import frozen_prefix
+from vramplan.spec.model import ModelSpec
+from vramplan.units import ceil_div
+
+__all__ = ["LayerActivations", "layer_activations"]
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    full: tuple[int, ...]
+    kept: tuple[int, ...]
+    mlp_transient: tuple[int, ...]
+    attn_transient: tuple[int, ...]
+    released: tuple[int, ...]
+    mlp_released: tuple[int, ...]
+    shared: int
+    # layers whose attention backward runs after some saved tensors are released: a moment of its own
+    attention_split: tuple[bool, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention_split", tuple(bool(x) for x in self.released))
+
+
+def layer_activations(c: StepContext) -> LayerActivations:
+    return c.memo("layer_activations", lambda: _compute(c))
+
+
+def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | None]:
+    """Each layer's saved bytes with autograd recording; the DoRA share of each; the wrapped experts."""
+    m, ctx, tokens, peft, lt, pol = c.m, c.act, c.tokens, c.peft, c.lt, c.pol
+    full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in c.layer_specs]
+    dora = 0
+    if peft is not None and peft.method == "dora":
+        per_tok, const = _dora_saved(m, lt.linear, peft.rank, pol.compute_bytes if pol.autocast else 4, c.tp)
+        dora = per_tok * tokens + const
+        full = [f + dora for f in full]
+    wx = None
+    if m.moe is not None and (lt.experts_wrapped or lt.router_rank):
+        wx = act.wrapped_experts(m, lt.gate_up_rank, lt.down_rank, lt.router_rank, pol.frozen_param_bytes,
+                                 c.adapter, ctx)
+        full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, c.layer_specs, strict=True)]
+    return full, dora, wx
+
+
+def _compute(c: StepContext) -> LayerActivations:
+    m, ctx, tokens, specs = c.m, c.act, c.tokens, c.layer_specs
+    ckpt = c.s.train.gradient_checkpointing
+    full, dora, wx = _full_saved(c)
+    attention_idle = frozen_prefix(c, full, dora, wx)  # layers whose attention records nothing
+    if ckpt == "full":
+        kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in specs]
+    elif ckpt == "selective":
+        kept = [act.selective_saved_per_token(m, ls, ctx) * tokens for ls in specs]
+    else:
+        kept = list(full)
+    transients = [act.backward_transients_per_token(m, ls, ctx) for ls in specs]
+    mlp_transient = [tr[0] * tokens for tr in transients]
+    attn_transient = [0 if j in attention_idle else tr[1] * tokens for j, tr in enumerate(transients)]
+    # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
+    released = [act.freed_before_attention_backward_per_token(m, ls, ctx) * tokens for ls in specs]
+    mlp_released = [act.freed_before_mlp_backward_per_token(m, ls, ctx) * tokens for ls in specs]
+    if wx is not None and c.lt.experts_wrapped:
+        for j, ls in enumerate(specs):
+            if ls.moe:
+                mlp_transient[j], mlp_released[j] = act.wrapped_experts_backward(
+                    m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
+    shared = act.shared_saved_per_token(m, ctx, ckpt, attention_recorded=len(attention_idle) < len(specs)) * tokens
+    return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
+                            tuple(released), tuple(mlp_released), shared)
+
+
+def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:
+    """DoRA's saved tensors per layer: (per token, constant), from peft's ``DoraLinearLayer.forward``.
+
+    Per target and token: the base output and the LoRA output, each saved by its multiplication
+    with the magnitude scale (2 c out).  Constant per target: the identity ``x_eye [in, in]`` pushed
+    through lora_A to form the low-rank weight, saved by lora_A (and its output [in, r] by lora_B),
+    in the adapter input's dtype (the compute dtype under autocast).
+    """
+    per_tok = const = 0
+    for p in m.params:
+        if not (p.layer_span and p.module in tgt and p.in_features and p.role == "linear"):
+            continue
+        n = p.count // len(p.layer_span)
+        out = ceil_div(p.out_features, tp) if p.tp == "column" else p.out_features
+        fan_in = ceil_div(p.in_features, tp) if p.tp == "row" else p.in_features
+        per_tok += n * 2 * x_bytes * out
+        const += n * x_bytes * fan_in * (fan_in + rank)
+    return per_tok, const

@@ -1,0 +1,189 @@
+"""The training step as a timeline, and the sweep that turns memory terms into moments.
+
+Memory is not summed over a step: it is looked at the instants where it can peak (``Point``), in
+the order the step reaches them:
+
+1. ``forward``: the end of the forward pass, at the loss's log_softmax (a stage without the head:
+   its last layer's forward);
+2. ``loss``: the start of the backward pass, at the loss gradient (the stage with the head);
+3. per layer, from the last to the first: ``mlp`` (the MLP's backward, while the whole layer's
+   saved tensors are still there) then ``attention`` (after the MLP's saved tensors are released;
+   only for layers that release some before it);
+4. ``embedding``: the tied embedding's backward, last (when its two gradient contributions are
+   summed);
+5. ``step``: ``optimizer.step()``.
+
+A term (``analytic/terms``) lives from the location where it is born up to, not including, the
+location where it dies (``Loc``); locations that are not points of a scenario's timeline (a layer
+without an attention point) still order the others.  ``sweep`` sums, at each point, the terms alive
+there by declared key, so the moments come from the terms alone.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+from vramplan.analytic.moment import Key, Moment
+
+if TYPE_CHECKING:
+    from vramplan.analytic.terms.base import Term
+
+__all__ = [
+    "END",
+    "FORWARD",
+    "LOSS",
+    "STEP",
+    "TIED_EMBEDDING",
+    "Loc",
+    "Point",
+    "Timeline",
+    "attention",
+    "layer_done",
+    "mlp",
+    "step_timeline",
+    "sweep",
+]
+
+# order of each kind of location; the layers' locations sort among themselves by layer, last first
+_RANK = {"forward": 0, "loss": 1, "mlp": 2, "attention": 2, "layer_done": 2, "embedding": 3, "step": 4, "end": 5}
+_WITHIN = {"mlp": 0, "attention": 1, "layer_done": 2}
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A location on the step's timeline: a phase edge, or a part of one layer's backward.
+
+    ``layer_done`` is the end of a layer's backward (after its attention part): what dies there is
+    seen by neither of that layer's points but by nothing after them either.
+    """
+
+    at: str
+    layer: int = -1
+    # where it sorts on the timeline; backward runs from the last layer to the first, so a larger
+    # layer index comes first
+    order: tuple[int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.at not in _RANK:
+            raise ValueError(f"unknown location {self.at!r}: one of {sorted(_RANK)}")
+        object.__setattr__(self, "order", (_RANK[self.at], -self.layer if self.at in _WITHIN else 0,
+                                           _WITHIN.get(self.at, 0)))
+
+
+FORWARD = Loc("forward")
+LOSS = Loc("loss")
+TIED_EMBEDDING = Loc("embedding")
+STEP = Loc("step")
+END = Loc("end")  # after the step: what lives until here is resident for the whole step
+
+
+@lru_cache(maxsize=4096)
+def mlp(j: int) -> Loc:
+    """Layer ``j``'s backward, MLP part (its whole saved set still alive)."""
+    return Loc("mlp", j)
+
+
+@lru_cache(maxsize=4096)
+def attention(j: int) -> Loc:
+    """Layer ``j``'s backward, attention part (after the MLP's saved tensors are released)."""
+    return Loc("attention", j)
+
+
+@lru_cache(maxsize=4096)
+def layer_done(j: int) -> Loc:
+    """The end of layer ``j``'s backward."""
+    return Loc("layer_done", j)
+
+
+@dataclass(frozen=True)
+class Point:
+    """An instant where memory can peak: a location and the phase the report names it by.
+
+    ``shown``: keys the moment lists even at 0 bytes (the attention part's saved tensors and layer
+    temporaries are always listed, as measured rows of that moment).
+    """
+
+    loc: Loc
+    phase: str
+    shown: frozenset[Key] = frozenset()
+
+
+@dataclass(frozen=True)
+class Timeline:
+    points: tuple[Point, ...]
+
+
+def step_timeline(n_layers: int, has_head: bool, attention_split: Sequence[bool], tied_end: bool,
+                  shown_at_attention: frozenset[Key] = frozenset()) -> Timeline:
+    """The points of one pipeline stage's step, in the order they occur.
+
+    ``attention_split[j]``: layer ``j`` releases saved tensors between its MLP's and its attention's
+    backward, so its attention part is a moment of its own.
+    """
+    pts = [Point(FORWARD, "forward")]
+    if has_head:
+        pts.append(Point(LOSS, "backward"))
+    for j in range(n_layers - 1, -1, -1):
+        pts.append(Point(mlp(j), "backward"))
+        if attention_split[j]:
+            pts.append(Point(attention(j), "backward", shown_at_attention))
+    if tied_end:
+        pts.append(Point(TIED_EMBEDDING, "backward"))
+    pts.append(Point(STEP, "optimizer"))
+    return Timeline(tuple(pts))
+
+
+def sweep(terms: Sequence[Term], timeline: Timeline) -> list[Moment]:
+    """One moment per point: the device terms alive there, summed by key (keys in the terms' order).
+
+    A key whose alive terms sum to 0 is left out (as ``Moment.add`` does), unless the point shows it.
+    Each term adds its bytes at the first point at or after its birth and takes them back at the first
+    point at or after its death (a running sum per key), so the sweep is linear in terms and points.
+    """
+    orders = [pt.loc.order for pt in timeline.points]
+    n = len(orders)
+    # keyed by the key's identity (declared keys are singletons) and its label fields
+    change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
+    keys: dict[int, Key] = {}
+    for t in terms:
+        if t.where != "device" or not t.nbytes:
+            continue
+        kf = (id(t.key), t.fields)
+        d = change.get(kf)
+        if d is None:
+            keys[kf[0]] = t.key
+            d = change[kf] = [0] * (n + 1)
+        i0, i1 = bisect_left(orders, t.born.order), bisect_left(orders, t.dies.order)
+        if i0 < i1:
+            d[i0] += t.nbytes
+            d[i1] -= t.nbytes
+    for pt in timeline.points:
+        for key in pt.shown:
+            keys[id(key)] = key
+            change.setdefault((id(key), ()), [0] * (n + 1))
+    shown_at: dict[int, set[int]] = {}  # key -> the points that show it
+    for i, pt in enumerate(timeline.points):
+        for key in pt.shown:
+            shown_at.setdefault(id(key), set()).add(i)
+    # per row: (part, label formatted once, bytes at each point, the points that show it)
+    rows = [(keys[kf[0]].part, keys[kf[0]].name(**dict(kf[1])), list(accumulate(d)), shown_at.get(kf[0], set()))
+            for kf, d in change.items()]
+    out: list[Moment] = []
+    for i, pt in enumerate(timeline.points):
+        mo = Moment(pt.phase)
+        parts = mo.parts
+        for part, label, vals, shown in rows:
+            v = vals[i]
+            if v or i in shown:
+                # what Moment.set does (the keys are declared: they come from Term records)
+                row = parts.get(part)
+                if row is None:
+                    row = parts[part] = {}
+                row[label] = v
+        out.append(mo)
+    return out
