@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.analytic.engine import estimate
 from vramplan.analytic.inference import (
     SAMPLING_BYTES_PER_ENTRY,
     GenerateBehaviour,
@@ -12,10 +11,10 @@ from vramplan.analytic.inference import (
     generate_behaviour,
     inference_step,
     logits_bytes,
-    max_batch_size,
-    max_prompt_len,
 )
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
+from vramplan.plan.solvers import max_batch_size, max_prompt_len
 
 
 def _doc(model: str = "meta-llama/Meta-Llama-3-8B", gpu: str = "A100-80GB", **inf: Any) -> dict[str, Any]:
