@@ -59,7 +59,7 @@ def test_readme_draws_the_enforced_order() -> None:
     """README's Architecture block lists the packages top to bottom in the contract's order."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = text.split("The architecture, dependencies flowing down", 1)[1].split("```", 2)[1]
-    drawn = re.findall(r"^([a-z]+)(?:/|\.py)", block, flags=re.M)
+    drawn = re.findall(r"^([a-z]+)(?:/|\.py)", block, flags=re.MULTILINE)
     assert drawn == _layers()
 
 
