@@ -495,10 +495,9 @@ class CallTerms:
 
 
 def weights_term(g: GenerateCall) -> tuple[int, int]:
-    """The weights on this rank and the largest linear weight's elements (``weights_bytes``).
+    """The weights on this rank (``weights_bytes``) and the largest linear weight's elements.
 
-    Lit-GPT holds its own LM head, quantized with the other linears by ``BitsandbytesPrecision``
-    (see the Lit-GPT section above), so the head replaces the transformers head in both figures.
+    Lit-GPT's own LM head replaces transformers' in both figures (``litgpt_head_params``).
     """
     weights = weights_bytes(g.rp, g.c, g.quant)
     largest = g.rp.largest_linear
@@ -548,6 +547,7 @@ def prompt_logits_terms(g: GenerateCall) -> tuple[int, int]:
 
 
 def call_terms(g: GenerateCall) -> CallTerms:
+    """The terms of ``g`` that the prefill and decode moments share."""
     weights, largest = weights_term(g)
     kv_prompt, kv_final = kv_terms(g)
     prompt_peak, prompt_kept = prompt_logits_terms(g)

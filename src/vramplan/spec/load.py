@@ -113,7 +113,12 @@ def _model_in(annotation: Any) -> Any:
 
 
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """Checks that need both the scenario and the model (parallel degrees, lengths)."""
+    """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
+    return [*_parallel_problems(s, m), *_train_problems(s, m)]
+
+
+def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Parallel degrees against the GPU count, the heads, layers and experts; sharding and offload."""
     out: list[Problem] = []
     par, n = s.parallel, s.hardware.num_gpus
     mp = par.tp * par.pp * par.cp
@@ -142,6 +147,12 @@ def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
                            f"use a seq_len multiple of {par.cp}"))
     if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep:
         out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts", ""))
+    return out
+
+
+def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """A training scenario's quantization and attention against its adapter and model."""
+    out: list[Problem] = []
     if s.task == "train":
         t = s.train
         if t.peft is not None and t.peft.method == "qlora" and t.quantization == "none":
