@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     from vramplan import estimate
     from vramplan.analytic.allocator import train_reserved_bytes
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     cases = {
         "llama-2-7b train (no ckpt, 1 GPU: OOM)": ROOT / "examples" / "llama2-7b-full-naive-a100.yaml",

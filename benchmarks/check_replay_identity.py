@@ -139,7 +139,7 @@ def record(name: str, doc: Any) -> dict[str, Any]:
     from vramplan import estimate
     from vramplan.analytic.allocator import train_reserved_bytes
     from vramplan.analytic.train import train_step
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     try:
         r = resolve(doc)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from vramplan.analytic.engine import estimate as analytic_estimate
 from vramplan.analytic.gradients import tied_embedding_accumulation_bytes
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate as analytic_estimate
 
 # ---------------------------------------------------------------- tied embeddings
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from vramplan.analytic.engine import estimate
 from vramplan.analytic.overhead import ARCHITECTURE_ORDER, cuda_context, cuda_context_bytes
 from vramplan.catalog.contexts import context_rows, parse_size
 from vramplan.catalog.gpus import list_gpus, resolve_gpu
 from vramplan.cli.main import app
+from vramplan.engine import estimate
 from vramplan.units import GiB, MiB
 
 ROWS = context_rows()

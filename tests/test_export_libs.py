@@ -320,7 +320,7 @@ def test_write_export_files_parse(case: str, tmp_path: Path) -> None:
         assert os.access(tmp_path / "out" / "serve.sh", os.X_OK)
         assert "vllm serve" in (tmp_path / "out" / "serve.sh").read_text()
     # the scenario reproduces the plan's memory figure
-    from vramplan.analytic.engine import estimate
+    from vramplan.engine import estimate
 
     assert res.chosen is not None
     assert estimate(tmp_path / "out" / "scenario.yaml").per_gpu.device_used_bytes == res.chosen.device_used_bytes

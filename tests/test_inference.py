@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.analytic.engine import estimate
 from vramplan.analytic.inference import (
     SAMPLING_BYTES_PER_ENTRY,
     GenerateBehaviour,
+    GenerateCall,
     cache_bytes,
+    call_terms,
+    decode_moment,
     generate_behaviour,
     inference_step,
     logits_bytes,
-    max_batch_size,
-    max_prompt_len,
 )
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
+from vramplan.plan.solvers import max_batch_size, max_prompt_len
 
 
 def _doc(model: str = "meta-llama/Meta-Llama-3-8B", gpu: str = "A100-80GB", **inf: Any) -> dict[str, Any]:
@@ -142,6 +144,30 @@ def test_legacy_cache_tuple_doubles_the_cache_llama2_13b() -> None:
     doc["software"] = {}
     now = next(m for m in inference_step(resolve(doc)).moments if m.phase == "decode")
     assert now.parts["kv_cache"] == {"all tokens": 16 * 1023 * 819_200}
+
+
+def test_the_shared_terms_are_computed_once_and_placed_by_the_moments() -> None:
+    # the setting above (transformers 4.32, Llama-2-13B fp16, batch 16, 512 + 512 tokens), term by term
+    doc = {"model": "meta-llama/Llama-2-13b-hf", "task": "inference", "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 16, "prompt_len": 512, "new_tokens": 512, "dtype": "fp16"},
+           "software": {"transformers": "4.32"}}
+    g = GenerateCall.of(resolve(doc))
+    t = call_terms(g)
+    # every prompt position's logits: 16 * 512 * 32,000 = 262,144,000 entries, (2 + 4) B at the fp32 upcast,
+    # then the fp32 copy alone (4 B) in the outputs generate keeps
+    assert (t.prompt_logits_peak, t.prompt_logits_kept) == (262_144_000 * 6, 262_144_000 * 4)
+    # the cache after the prompt (512 tokens) and at the last decode step (1,023), 819,200 B per token
+    assert (t.kv_prompt, t.kv_final) == (16 * 512 * 819_200, 16 * 1023 * 819_200)
+    # the last decode step: weights, the cache, the previous step's tuple (1,022 tokens), logits, cuBLAS
+    mo = decode_moment(g, t, "decode", 1023, 0)
+    assert mo.total == t.weights + 16 * 1023 * 819_200 + 16 * 1022 * 819_200 + t.logits + t.cublas
+    assert mo.parts == next(m for m in inference_step(resolve(doc)).moments if m.phase == "decode").parts
+
+
+def test_a_family_without_sdpa_runs_eager_attention() -> None:
+    # gpt-oss's transformers class sets _supports_sdpa = False: the default sdpa falls back to eager
+    assert GenerateCall.of(resolve(_doc(model="openai/gpt-oss-20b", attention="sdpa"))).attention == "eager"
+    assert GenerateCall.of(resolve(_doc(attention="sdpa"))).attention == "sdpa"
 
 
 # ---- Lit-GPT (framework: lightning) --------------------------------------------------------------------

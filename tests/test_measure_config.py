@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError, UnknownNameError
 from vramplan.measure.config import layer_count, raw_config, read_scenario_document, shrink
-from vramplan.spec.load import resolve
 
 TINY_LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 172,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,

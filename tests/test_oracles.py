@@ -8,7 +8,7 @@ from vramplan.analytic.optimizer import optimizer_cost
 from vramplan.analytic.train import train_step
 from vramplan.analytic.weights import quantized_linear_bytes
 from vramplan.catalog.models import load_model
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 from vramplan.units import GB, GiB
 
 P7 = 6_738_415_616  # Llama-2-7b parameters

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from vramplan.analytic.engine import estimate
+from vramplan.engine import estimate
 from vramplan.errors import ScenarioError
 from vramplan.plan import solve, solve_max_batch, solve_max_seq, solve_min_gpus
 from vramplan.spec.load import read_document

@@ -203,7 +203,7 @@ def test_nothing_fits_gives_micro_batch_one() -> None:
 
 def test_first_micro_batch_from_the_analytic_prediction() -> None:
     """GPT-2 small, fp32, seq 1024 on a T4, global batch 32: the choice fits and twice it does not."""
-    from vramplan.analytic.engine import estimate
+    from vramplan.engine import estimate
 
     doc = {"model": "gpt2", "hardware": {"gpu": "T4"},
            "train": {"micro_batch_size": 32, "seq_len": 1024, "precision": "fp32", "optimizer": "adamw"}}

@@ -12,7 +12,7 @@ from vramplan.analytic.layout import rank_params
 from vramplan.analytic.optimizer import optimizer_cost, state_bytes_per_param
 from vramplan.analytic.train import train_step
 from vramplan.catalog.models import load_model
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 from vramplan.spec.scenario import Peft
 from vramplan.units import GB
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from vramplan.analytic.engine import estimate
 from vramplan.catalog.models import _catalog
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
 from vramplan.errors import ScenarioError
 from vramplan.serve.vllm import decide, default_batch_limits, kv_groups, sampler_peak_bytes
-from vramplan.spec.load import resolve
 from vramplan.units import GiB
 
 LOGS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "vllm_startup_logs.yaml"

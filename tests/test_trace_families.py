@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 from vramplan.trace.engine import estimate, trace
 from vramplan.trace.shrink import catalog_config, shrink
 

@@ -22,9 +22,10 @@ pytest.importorskip("peft")
 
 import torch
 
-from vramplan.analytic.engine import estimate as analytic_estimate
 from vramplan.analytic.overhead import cublas_workspace_bytes
-from vramplan.spec.load import Resolved, resolve
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate as analytic_estimate
+from vramplan.spec.load import Resolved
 from vramplan.trace.engine import trace
 from vramplan.trace.fsdp import fsdp_traced
 from vramplan.trace.parallel import apply_parallel

@@ -21,9 +21,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vramplan.analytic.engine import estimate as analytic_estimate
 from vramplan.analytic.overhead import cublas_workspace_bytes
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate as analytic_estimate
 from vramplan.trace.parallel import apply_parallel
 from vramplan.trace.report import peak_of
 from vramplan.trace.shrink import catalog_config, shrink

@@ -26,7 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from vramplan.analytic.weights import quantized_linear_bytes
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 from vramplan.trace.build import build_model
 from vramplan.trace.quant import EXPERTS_NOTE, QuantExperts
 from vramplan.trace.step import trace_train

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 from vramplan.trace.report import peak_of
 from vramplan.trace.step import trace_train
 

@@ -13,10 +13,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vramplan.analytic.engine import estimate as analytic_estimate
 from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate as analytic_estimate
 from vramplan.errors import ScenarioError
-from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.load import Resolved
 from vramplan.trace.engine import estimate, trace
 from vramplan.trace.parallel import apply_parallel
 from vramplan.trace.report import peak_of

@@ -10,10 +10,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from vramplan.catalog.resolve import resolve
 from vramplan.cli.main import app
 from vramplan.errors import MissingExtraError, ScenarioError
 from vramplan.report import PerGpu, Report, ServeBlock
-from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.load import Resolved
 from vramplan.validate import (
     RULES,
     load_dataset,

@@ -9,11 +9,12 @@ True
 
 from typing import TYPE_CHECKING, Any
 
-from vramplan.analytic.engine import estimate
 from vramplan.catalog import list_gpus, list_models, load_model, resolve_gpu
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.report import Report
-from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 

@@ -1,103 +1,11 @@
-"""From a resolved scenario to a Report."""
+"""Compatibility: the task dispatch ``estimate`` moved to ``vramplan.engine``.
 
-from __future__ import annotations
+It composes the analytic engine with the serving model in ``vramplan.serve``, a layer above
+``analytic``, so it sits above both.  ``cli/main.py``, ``cli/serve_cmd.py`` and ``plan/context.py``
+still import it from here; delete this module once they import ``vramplan.engine``.  Nothing in
+``vramplan.analytic`` imports this module, so the package itself still imports nothing above it.
+"""
 
-from pathlib import Path
-from typing import Any, Literal
+from vramplan.engine import ReservedModel, estimate
 
-from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
-from vramplan.analytic.inference import inference_step
-from vramplan.analytic.moment import Moment
-from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
-from vramplan.analytic.serve import serve
-from vramplan.analytic.train import train_step
-from vramplan.catalog.gpus import bare_name_note
-from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
-from vramplan.spec.load import Resolved, resolve
-from vramplan.spec.scenario import Scenario
-
-
-def _reserved(peak: Moment) -> int:
-    """Reserved = each part's tensors rounded into caching-allocator segments."""
-    sizes: list[tuple[int, int]] = []
-    for part in peak.parts.values():
-        for nbytes in part.values():
-            sizes.append((nbytes, 1))
-    return max(reserved_for(sizes), peak.total)
-
-
-def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str, int], host: Host,
-            serve_block: ServeBlock, assumptions: list[str], reserved: int | None = None) -> Report:
-    breakdown = {k: sum(peak.parts.get(k, {}).values()) for k in BREAKDOWN_KEYS}
-    allocated = sum(breakdown.values())
-    reserved = _reserved(peak) if reserved is None else reserved
-    used = reserved + sum(outside.values())
-    capacity = r.gpu.total_memory_bytes
-    phases: dict[str, int] = {}
-    for mo in moments:
-        phases[mo.phase] = max(phases.get(mo.phase, 0), mo.total)
-    per_gpu = PerGpu(
-        capacity_bytes=capacity, peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
-        device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
-        breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
-    )
-    assumptions = [*assumptions, cuda_context_for(r.gpu).assumption()]
-    if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
-        assumptions.append(note)
-    report = Report(
-        engine="analytic", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=serve_block,
-        assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),
-        model=r.model.summary(),
-        gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
-    )
-    report.check()
-    return report
-
-
-ReservedModel = Literal["replay", "packed"]
-
-
-def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel = "replay") -> Report:
-    """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved).
-
-    ``reserved`` picks how a training step's reserved bytes are found: ``"replay"`` (default) runs
-    the step's tensors, one by one in their order over two steps, through the caching-allocator
-    model (``analytic/events.py``), so fragmentation left by earlier phases counts (4-13 ms for
-    a new 7B-70B scenario: layer windows proven to repeat earlier ones are built, not replayed); ``"packed"`` packs only the tensors alive at the peak into empty segments (about
-    1 ms, never above the replay's figure), which the planner uses to screen candidates before it
-    confirms them with the replay.  Inference and serving always use the packing.
-    """
-    r = source if isinstance(source, Resolved) else resolve(source)
-    choice = cuda_context_for(r.gpu)
-    ctx = choice.bytes
-    task = r.scenario.task
-    if task == "train":
-        tr = train_step(r)
-        outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
-                   "managed": tr.managed_bytes}
-        packed = _reserved(tr.peak)
-        assumptions = list(tr.assumptions)
-        if reserved == "replay" and tr.layout is not None:
-            # the packing is a floor: the tensors alive at the peak must fit in some segments
-            reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
-            res_bytes = max(train_reserved_bytes(tr.layout, capacity_bytes=reservable)[1], packed)
-            assumptions.append("reserved bytes: the step's tensors replayed in order over two steps through "
-                               "PyTorch's caching-allocator rules (fragmentation between phases counted)")
-        else:
-            res_bytes = packed
-            assumptions.append("reserved bytes: the tensors alive at the peak packed into empty allocator "
-                               "segments (fragmentation left by earlier phases not counted)")
-        return _report(r, tr.peak, tr.moments, outside, Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes),
-                       ServeBlock(), assumptions, reserved=res_bytes)
-    if task == "inference":
-        ir = inference_step(r)
-        comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
-        outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
-        return _report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions)
-    sr = serve(r)
-    block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
-                       max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits)
-    # vLLM reserves what it profiled plus the KV cache up front: reserved == allocated at the peak
-    rep = _report(r, sr.peak, sr.moments, sr.outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
-    # a server that refuses to start does not fit, whatever the byte count says
-    return rep if sr.starts else rep.model_copy(update={"fits": False})
+__all__ = ["ReservedModel", "estimate"]

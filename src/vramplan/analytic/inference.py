@@ -53,9 +53,10 @@ Lit-GPT (``framework: lightning``) differs in its head, its quantization and its
 section below.  bitsandbytes' multi-token forward dequantizes the largest quantized linear
 (``bnb_dequant_bytes``, ``bnb_compute_dtype``).
 
-Solvers ``max_batch_size`` and ``max_prompt_len`` find the largest batch and the longest
-prompt for which the whole estimate (allocator rounding and memory outside PyTorch
-included) still fits the device.
+``inference_step`` composes the terms below: ``GenerateCall.of`` reads the scenario once,
+``call_terms`` computes the terms every moment shares, ``prefill_moment`` and ``decode_moment``
+place them.  The solvers for the largest batch and the longest prompt that fit
+(``max_batch_size``, ``max_prompt_len``) live with the other solvers in ``vramplan.plan.solvers``.
 """
 
 from __future__ import annotations
@@ -64,35 +65,43 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
-from vramplan.analytic.layout import BNB_FORMATS, quantized_expert_loop, rank_params
+from vramplan.analytic.layout import BNB_FORMATS, RankParams, quantized_expert_loop, rank_params
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.train import NO_SDPA
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
-from vramplan.monotone import largest_true
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div, dtype_bits
 
 __all__ = [
     "SAMPLING_BYTES_PER_ENTRY",
+    "CallTerms",
     "GenerateBehaviour",
+    "GenerateCall",
     "InferenceResult",
     "bnb_compute_dtype",
     "bnb_dequant_bytes",
     "cache_bytes",
+    "cache_growth_bytes",
+    "call_terms",
+    "decode_moment",
+    "dequant_term",
     "generate_behaviour",
+    "inference_assumptions",
     "inference_step",
     "kept_embeddings_bytes",
+    "kv_terms",
     "litgpt_head_params",
     "litgpt_kv_bytes",
     "logits_bytes",
-    "max_batch_size",
-    "max_prompt_len",
     "prefill_layer_bytes",
+    "prefill_moment",
     "prefill_transient_bytes",
+    "prompt_logits_terms",
     "rope_bytes",
     "softmax_bytes_per_score",
+    "weights_term",
 ]
 
 # Top-k/top-p warpers per (row, vocabulary entry): sorted fp32 values 4, int64 indices 8,
@@ -423,176 +432,254 @@ def prefill_transient_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: in
             + prefill_layer_bytes(r, batch, prompt, c, tp, attention))
 
 
-def inference_step(r: Resolved) -> InferenceResult:
-    s, m, gpu = r.scenario, r.model, r.gpu
-    inf, par = s.inference, s.parallel
-    c = dtype_bits(inf.dtype) // 8
-    tp = par.tp
-    rp = rank_params(m, tp, 1, par.ep, 0, None)
-    quant = inf.quantization
-    lit = s.effective_framework == "lightning"
-    weights = weights_bytes(rp, c, quant)
-    largest = rp.largest_linear
-    if lit:
+@dataclass(frozen=True)
+class GenerateCall:
+    """One ``generate`` call as the terms below read it: the scenario and what follows from it once."""
+
+    r: Resolved
+    rp: RankParams          # this rank's parameters (tensor and expert parallelism applied)
+    c: int                  # bytes per element of the compute dtype
+    tp: int
+    batch: int
+    prompt: int
+    new: int                # new tokens
+    lit: bool               # Lit-GPT's own generate loop (``framework: lightning``)
+    attention: str          # the attention kernel that runs
+    gen: GenerateBehaviour  # what the transformers release keeps alive
+
+    @classmethod
+    def of(cls, r: Resolved) -> GenerateCall:
+        s, m = r.scenario, r.model
+        inf = s.inference
+        lit = s.effective_framework == "lightning"
+        # a family without an SDPA path falls back to eager attention (transformers' ``_supports_sdpa``)
+        sdpa_missing = inf.attention == "sdpa" and m.model_type in NO_SDPA
+        attention = "eager" if inf.attention == "eager" or sdpa_missing else inf.attention
+        return cls(
+            r=r, rp=rank_params(m, s.parallel.tp, 1, s.parallel.ep, 0, None), c=dtype_bits(inf.dtype) // 8,
+            tp=s.parallel.tp, batch=inf.batch_size, prompt=inf.prompt_len, new=inf.new_tokens, lit=lit,
+            attention=attention,
+            # Lit-GPT runs its own generate loop: transformers' release does not apply
+            gen=generate_behaviour(m.model_type, None if lit else s.software.transformers_version),
+        )
+
+    @property
+    def m(self) -> ModelSpec:
+        return self.r.model
+
+    @property
+    def quant(self) -> str:
+        return self.r.scenario.inference.quantization
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.r.scenario.inference.kv_cache_dtype
+
+    def cache(self, tokens: int, prefill: bool) -> int:
+        """transformers' ``DynamicCache`` of the batch at ``tokens`` tokens (``cache_bytes``)."""
+        return cache_bytes(self.m, self.batch, tokens, self.c, self.tp, self.kv_dtype, prefill)
+
+
+@dataclass(frozen=True)
+class CallTerms:
+    """The terms the moments of one call share, each computed once."""
+
+    weights: int
+    largest_linear: int      # elements of the largest linear weight (bitsandbytes dequantizes it)
+    kv_prompt: int           # the cache after the prompt
+    kv_final: int            # the cache at the last decode step
+    logits: int              # last-token logits, their fp32 copy and sampling (``logits_bytes``)
+    cublas: int
+    prompt_logits_peak: int  # every prompt position's logits at the upcast (``prompt_logits_terms``)
+    prompt_logits_kept: int  # ... and what ``outputs`` keeps of them afterwards
+
+
+def weights_term(g: GenerateCall) -> tuple[int, int]:
+    """The weights on this rank (``weights_bytes``) and the largest linear weight's elements.
+
+    Lit-GPT's own LM head replaces transformers' in both figures (``litgpt_head_params``).
+    """
+    weights = weights_bytes(g.rp, g.c, g.quant)
+    largest = g.rp.largest_linear
+    if g.lit:
         # Lit-GPT's own LM head, quantized with the other linears by BitsandbytesPrecision (see above)
-        head = litgpt_head_params(m, rp.lm_head, tp)
-        head_q = quant in BNB_FORMATS
-        head_bytes = quantized_linear_bytes(head, ceil_div(m.vocab_size, tp), quant) if head_q else head * c
-        weights += head_bytes - rp.lm_head * c
+        head = litgpt_head_params(g.m, g.rp.lm_head, g.tp)
+        head_q = g.quant in BNB_FORMATS
+        head_bytes = quantized_linear_bytes(head, ceil_div(g.m.vocab_size, g.tp), g.quant) if head_q else head * g.c
+        weights += head_bytes - g.rp.lm_head * g.c
         if head_q:
             largest = max(largest, head)
-    b, p, n = inf.batch_size, inf.prompt_len, inf.new_tokens
-    total_tokens = p + n
-    if lit:
+    return weights, largest
+
+
+def kv_terms(g: GenerateCall) -> tuple[int, int]:
+    """The KV cache after the prompt and at the last decode step (cache length p + n - 1)."""
+    if g.lit:
         # preallocated for prompt + new tokens before the prompt runs, written in place (no growth)
-        kv_prompt = kv_final = litgpt_kv_bytes(m, b, total_tokens, kv_elem_bytes(inf.kv_cache_dtype, c), tp)
-    else:
-        kv_prompt = cache_bytes(m, b, p, c, tp, inf.kv_cache_dtype, prefill=True)
-        kv_final = cache_bytes(m, b, max(p, total_tokens - 1), c, tp, inf.kv_cache_dtype, prefill=False)
-    attention = "eager" if inf.attention == "eager" or (inf.attention == "sdpa" and m.model_type in NO_SDPA) \
-        else inf.attention
-    ws = cublas_workspace_bytes(gpu, handles=1)
-    dequant = 0
-    if quant in BNB_FORMATS and b * p > 1:
-        # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
-        # the weights are quantized from the load dtype, from fp16 by Lightning's plugin (see above)
-        compute = bnb_compute_dtype(inf.dtype, inf.bnb_compute_dtype)
-        dequant = bnb_dequant_bytes(largest, quant, "fp16" if lit else inf.dtype, compute)
-    logits = logits_bytes(m, b, c, tp)
-    # Lit-GPT runs its own generate loop: transformers' release does not apply
-    gen = generate_behaviour(m.model_type, None if lit else s.software.transformers_version)
-    # the prompt's logits when the prefill computes them all: the head's output (c) and its fp32 copy at the
-    # upcast, then the copy alone (kept by ``outputs``); the last row's processing is as in ``logits``
-    prompt_logits_peak = prompt_logits_kept = 0
-    if gen.all_logits:
-        every = b * p * m.vocab_size
-        prompt_logits_peak = every * (c + 4 if gen.float_logits and c < 4 else c)
-        prompt_logits_kept = every * (4 if gen.float_logits else c)
-    layer = prefill_layer_bytes(r, b, p, c, tp, attention)
+        elem = kv_elem_bytes(g.kv_dtype, g.c)
+        kv = litgpt_kv_bytes(g.m, g.batch, g.prompt + g.new, elem, g.tp)
+        return kv, kv
+    return g.cache(g.prompt, prefill=True), g.cache(max(g.prompt, g.prompt + g.new - 1), prefill=False)
+
+
+def dequant_term(g: GenerateCall, largest_linear: int) -> int:
+    """bitsandbytes' dequantized weight during the multi-token prefill (``bnb_dequant_bytes``); else 0."""
+    if g.quant not in BNB_FORMATS or g.batch * g.prompt <= 1:
+        return 0
+    # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
+    # the weights are quantized from the load dtype, from fp16 by Lightning's plugin (see above)
+    inf = g.r.scenario.inference
+    compute = bnb_compute_dtype(inf.dtype, inf.bnb_compute_dtype)
+    return bnb_dequant_bytes(largest_linear, g.quant, "fp16" if g.lit else inf.dtype, compute)
+
+
+def prompt_logits_terms(g: GenerateCall) -> tuple[int, int]:
+    """The prompt's logits when the prefill computes them all (releases before 4.45): (at the upcast, kept).
+
+    The head's output (c) and its fp32 copy at the upcast, then the copy alone (kept by ``outputs``);
+    the last row's processing is as in ``logits_bytes``.  (0, 0) when only the last position is computed.
+    """
+    if not g.gen.all_logits:
+        return 0, 0
+    every = g.batch * g.prompt * g.m.vocab_size
+    peak = every * (g.c + 4 if g.gen.float_logits and g.c < 4 else g.c)
+    return peak, every * (4 if g.gen.float_logits else g.c)
+
+
+def call_terms(g: GenerateCall) -> CallTerms:
+    """The terms of ``g`` that the prefill and decode moments share."""
+    weights, largest = weights_term(g)
+    kv_prompt, kv_final = kv_terms(g)
+    prompt_peak, prompt_kept = prompt_logits_terms(g)
+    return CallTerms(weights=weights, largest_linear=largest, kv_prompt=kv_prompt, kv_final=kv_final,
+                     logits=logits_bytes(g.m, g.batch, g.c, g.tp), cublas=cublas_workspace_bytes(g.r.gpu, handles=1),
+                     prompt_logits_peak=prompt_peak, prompt_logits_kept=prompt_kept)
+
+
+def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
+    """The prefill's peak: the running layer's tensors, or the head's output once the layers are done.
+
+    Both sides hold the weights, the prompt's cache and cuBLAS' workspace; the larger of (kept
+    embeddings + RoPE + the running layer) and (final hidden states + logits) is the moment.
+    """
+    m, b, p, c = g.m, g.batch, g.prompt, g.c
+    layer = prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention)
     embeds = kept_embeddings_bytes(m, b, p, c)
     rope = rope_bytes(m, p, c)
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
     # head runs on the last position
     final_hidden = b * p * m.hidden_size * c
-    prefill_logits = logits
-    if lit:
+    prefill_logits = t.logits
+    if g.lit:
         # Lit-GPT's ``GPT.forward`` returns ``lm_head(x)`` for every prompt position (b p V c); ``sample``
         # then takes ``logits[0, -1]``
-        prefill_logits += b * p * ceil_div(m.vocab_size, tp) * c
-
+        prefill_logits += b * p * ceil_div(m.vocab_size, g.tp) * c
     pre = Moment("prefill")
-    pre.add(K.PARAMETERS, weights)
-    pre.add(K.KV_PROMPT, kv_prompt)
-    if embeds + rope + layer >= final_hidden + prefill_logits + prompt_logits_peak:
+    pre.add(K.PARAMETERS, t.weights)
+    pre.add(K.KV_PROMPT, t.kv_prompt)
+    if embeds + rope + layer >= final_hidden + prefill_logits + t.prompt_logits_peak:
         pre.add(K.INPUTS_EMBEDS, embeds)
         pre.add(K.ROPE, rope)
         pre.add(K.RUNNING_LAYER, layer)
     else:
         pre.add(K.FINAL_HIDDEN, final_hidden)
-        if gen.all_logits:
-            pre.add(K.PROMPT_LOGITS_FP32 if prompt_logits_peak > prompt_logits_kept else K.PROMPT_LOGITS,
-                    prompt_logits_peak)
-        pre.add(K.LOGITS_SAMPLING if lit else K.LAST_LOGITS, prefill_logits)
-    pre.add(K.DEQUANT, dequant)
-    pre.add(K.CUBLAS, ws)
+        if g.gen.all_logits:
+            fp32 = t.prompt_logits_peak > t.prompt_logits_kept
+            pre.add(K.PROMPT_LOGITS_FP32 if fp32 else K.PROMPT_LOGITS, t.prompt_logits_peak)
+        pre.add(K.LOGITS_SAMPLING if g.lit else K.LAST_LOGITS, prefill_logits)
+    pre.add(K.DEQUANT, dequant_term(g, t.largest_linear))
+    pre.add(K.CUBLAS, t.cublas)
+    return pre
 
-    spec = kv_spec(m, inf.kv_cache_dtype, c, tp)
+
+def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
+    """One full-attention layer's keys (then values), old and new together during ``torch.cat``."""
+    spec = kv_spec(g.m, g.kv_dtype, g.c, g.tp)
     full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None), default=0)
+    return g.batch * tokens * full_layer // 2
 
-    def decode(name: str, tokens: int, prompt_logits: int) -> Moment:
-        """The end of the decode step that brings the cache to ``tokens`` tokens."""
-        mo = Moment(name)
-        mo.add(K.PARAMETERS, weights)
-        # Lit-GPT's buffers are preallocated for every token and written in place (no growth)
-        mo.add(K.KV_ALL, kv_final if lit else
-               cache_bytes(m, b, tokens, c, tp, inf.kv_cache_dtype, prefill=False))
-        if gen.legacy_cache:
-            # the previous step's tuple, still held by generate's model_kwargs
-            mo.add(K.KV_LEGACY,
-                   cache_bytes(m, b, tokens - 1, c, tp, inf.kv_cache_dtype, prefill=False))
-        elif not lit:
-            # one layer's keys (then values), old and new together
-            mo.add(K.CACHE_GROWTH, b * tokens * full_layer // 2)
-        mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
-        mo.add(K.LAST_LOGITS, logits)
-        mo.add(K.CUBLAS, ws)
-        return mo
 
+def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt_logits: int) -> Moment:
+    """The end of the decode step that brings the cache to ``tokens`` tokens."""
+    mo = Moment(phase)
+    mo.add(K.PARAMETERS, t.weights)
+    # Lit-GPT's buffers are preallocated for every token and written in place (no growth)
+    mo.add(K.KV_ALL, t.kv_final if g.lit else g.cache(tokens, prefill=False))
+    if g.gen.legacy_cache:
+        # the previous step's tuple, still held by generate's model_kwargs
+        mo.add(K.KV_LEGACY, g.cache(tokens - 1, prefill=False))
+    elif not g.lit:
+        # one layer's keys (then values), old and new together
+        mo.add(K.CACHE_GROWTH, cache_growth_bytes(g, tokens))
+    mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
+    mo.add(K.LAST_LOGITS, t.logits)
+    mo.add(K.CUBLAS, t.cublas)
+    return mo
+
+
+def inference_step(r: Resolved) -> InferenceResult:
+    """The peak of one ``generate`` call over its prefill moment and its decode moments (module docstring)."""
+    g = GenerateCall.of(r)
+    t = call_terms(g)
+    moments = [prefill_moment(g, t)]
     # generate runs one forward per new token: the prefill makes the first, each decode step feeds the last
     # one back, so n tokens take n - 1 decode steps and the cache ends at p + n - 1 tokens
-    moments = [pre]
-    if n >= 2:
-        moments.append(decode("decode", p + n - 1, 0))
-        if gen.keeps_outputs and prompt_logits_kept:
-            moments.append(decode("decode (first step)", p + 1, prompt_logits_kept))
+    if g.new >= 2:
+        moments.append(decode_moment(g, t, "decode", g.prompt + g.new - 1, 0))
+        if g.gen.keeps_outputs and t.prompt_logits_kept:
+            moments.append(decode_moment(g, t, "decode (first step)", g.prompt + 1, t.prompt_logits_kept))
     peak = max(moments, key=lambda mo: mo.total)
-    elem = kv_elem_bytes(inf.kv_cache_dtype, c)
-    version = s.software.transformers
-    if lit:
+    return InferenceResult(moments, peak, inference_assumptions(g, t.kv_final), t.kv_prompt, t.kv_final)
+
+
+def _runner_note(g: GenerateCall) -> str:
+    """Which generate loop runs, and what its release keeps alive."""
+    if g.lit:
         runner = ("Lit-GPT generate (its own GPT): its own LM head, KV cache preallocated for prompt + new "
                   "tokens with K/V expanded to every query head (multi-query: one)")
-        if quant in BNB_FORMATS:
+        if g.quant in BNB_FORMATS:
             runner += ("; Lightning BitsandbytesPrecision quantizes every nn.Linear, the LM head included, "
                        "from fp16")
-        cache_note = f"KV cache {kv_final:,} B ({elem} B per element)"
-        logits_note = "logits for every prompt position (Lit-GPT's forward), then the last row"
-    else:
-        runner = (
-            "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"
-            if version is None else
-            f"Hugging Face generate of transformers {version}: "
+        return runner
+    version = g.r.scenario.software.transformers
+    if version is None:
+        return "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"
+    gen = g.gen
+    return (f"Hugging Face generate of transformers {version}: "
             + ("the legacy cache tuple (the previous step's cache alive while the next is built)"
                if gen.legacy_cache else "DynamicCache (per-layer tensors grown by torch.cat)")
             + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
                if gen.all_logits else ""))
-        cache_note = f"KV cache {spec.describe()} ({elem} B per element)"
-        logits_note = ("logits of every prompt position" if gen.all_logits
+
+
+def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
+    """What the report assumes: the generate loop, dtypes, the cache, attention and the logits."""
+    inf = g.r.scenario.inference
+    elem = kv_elem_bytes(inf.kv_cache_dtype, g.c)
+    if g.lit:
+        cache_note = f"KV cache {kv_final:,} B ({elem} B per element)"
+        logits_note = "logits for every prompt position (Lit-GPT's forward), then the last row"
+    else:
+        cache_note = f"KV cache {kv_spec(g.m, inf.kv_cache_dtype, g.c, g.tp).describe()} ({elem} B per element)"
+        logits_note = ("logits of every prompt position" if g.gen.all_logits
                        else "logits for the last position only (logits_to_keep=1), copied to fp32")
-    assumptions = [
-        runner,
+    quant = inf.quantization
+    return [
+        _runner_note(g),
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
         cache_note,
-        f"attention: {attention}; {logits_note}",
+        f"attention: {g.attention}; {logits_note}",
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
     ]
-    return InferenceResult(moments, peak, assumptions, kv_prompt, kv_final)
 
 
-def _fits(r: Resolved, batch: int, prompt: int) -> bool:
-    from vramplan.analytic.engine import estimate
+def __getattr__(name: str) -> Callable[..., int]:
+    # Compatibility: the solvers moved to vramplan.plan.solvers (they call the estimate, which sits above
+    # this module).  cli/serve_cmd.py still imports them from here; remove once it imports them from there.
+    if name in ("max_batch_size", "max_prompt_len"):
+        from vramplan.plan import solvers
 
-    inf = r.scenario.inference.model_copy(update={"batch_size": batch, "prompt_len": prompt})
-    sc = r.scenario.model_copy(update={"inference": inf})
-    return estimate(Resolved(sc, r.model, r.gpu)).fits
-
-
-def _largest(known_ok: int, upper: int, ok: Callable[[int], bool]) -> int:
-    """Largest x in [known_ok, upper] with ok(x) true, given ok(known_ok) (ok is monotone)."""
-    found = largest_true(known_ok, upper, ok)
-    return known_ok if found is None else found
-
-
-def max_batch_size(r: Resolved, limit: int = 1 << 20) -> int:
-    """The largest batch (at the scenario's prompt and new tokens) that fits; 0 if none does."""
-    p = r.scenario.inference.prompt_len
-    if not _fits(r, 1, p):
-        return 0
-    hi = 1
-    while hi < limit and _fits(r, min(limit, hi * 2), p):
-        hi = min(limit, hi * 2)
-    return _largest(hi, min(limit, hi * 2), lambda b: _fits(r, b, p))
-
-
-def max_prompt_len(r: Resolved, limit: int | None = None) -> int:
-    """The longest prompt (at the scenario's batch and new tokens) that fits; 0 if none does.
-
-    Bounded by the model's context: prompt + new tokens <= max_position_embeddings.
-    """
-    b = r.scenario.inference.batch_size
-    cap = max(0, (limit or r.model.max_position_embeddings) - r.scenario.inference.new_tokens)
-    if cap < 1 or not _fits(r, b, 1):
-        return 0
-    if _fits(r, b, cap):
-        return cap
-    return _largest(1, cap, lambda p: _fits(r, b, p))
+        fn: Callable[..., int] = getattr(solvers, name)
+        return fn
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # HFMemoryCallback subclasses transformers.TrainerCallback, so it is built on first use.
     if name == "HFMemoryCallback":
-        from vramplan.measure.callbacks import _hf_class
+        from vramplan.measure import callbacks
 
-        return _hf_class()
+        return callbacks.HFMemoryCallback
     raise AttributeError(name)

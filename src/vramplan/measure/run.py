@@ -396,8 +396,8 @@ def measure(
     Raises ``ScenarioError`` for a scenario that cannot be measured here (one problem per reason).
     """
     require_torch()
-    from vramplan.analytic.engine import estimate
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
+    from vramplan.engine import estimate
 
     doc = shrink(read_scenario_document(scenario), layers=layers, seq_len=seq_len,
                  micro_batch_size=micro_batch_size, batch_size=batch_size, prompt_len=prompt_len,

@@ -174,7 +174,7 @@ def largest_fitting_micro_batch(
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     if estimator is None:
-        from vramplan.analytic.engine import estimate
+        from vramplan.engine import estimate
 
         estimator = estimate
     doc = read_scenario_document(scenario)

@@ -7,6 +7,10 @@
 * ``min-gpus``: the fewest GPUs (a multiple of tp x pp x cp) that fit, everything per GPU kept
   (micro-batch, accumulation: the global batch grows with the data-parallel degree).
 
+``max_batch_size`` and ``max_prompt_len`` are the inference solvers ``vramplan generate`` prints: the
+largest batch and the longest prompt for which the whole estimate (allocator rounding and memory
+outside PyTorch included) still fits the device, with no margin.
+
 The search doubles the knob until it stops fitting, then bisects.  That assumes memory grows with
 the batch and the sequence and shrinks with more GPUs, which holds for every term of the
 estimator; the answer is always re-checked by a full estimate (it fits) and its neighbour (it
@@ -19,15 +23,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic.engine import estimate
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
 from vramplan.errors import Problem, ScenarioError
+from vramplan.monotone import largest_true
 from vramplan.plan.fit import DEFAULT_MARGIN, fits_with_margin, usable_bytes
 from vramplan.plan.result import SolveResult
 from vramplan.report import Report
-from vramplan.spec.load import Resolved, read_document, resolve
+from vramplan.spec.load import Resolved, read_document
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["SolveKind", "solve", "solve_max_batch", "solve_max_seq", "solve_min_gpus"]
+__all__ = ["SolveKind", "max_batch_size", "max_prompt_len", "solve", "solve_max_batch", "solve_max_seq",
+           "solve_min_gpus"]
 
 SolveKind = Literal["max-batch", "max-seq", "min-gpus"]
 MAX_GPUS = 4096
@@ -177,3 +184,43 @@ def solve(kind: str, source: str | Path | dict[str, Any] | Scenario, margin: flo
     if kind == "min-gpus":
         return solve_min_gpus(source, margin)
     raise ScenarioError([Problem("solve", f"unknown solver {kind!r}", "use max-batch, max-seq or min-gpus")])
+
+
+# ---- inference: the largest batch and the longest prompt that fit, without a margin ----------------------
+
+
+def _fits(r: Resolved, batch: int, prompt: int) -> bool:
+    inf = r.scenario.inference.model_copy(update={"batch_size": batch, "prompt_len": prompt})
+    sc = r.scenario.model_copy(update={"inference": inf})
+    return estimate(Resolved(sc, r.model, r.gpu)).fits
+
+
+def _largest(known_ok: int, upper: int, ok: Callable[[int], bool]) -> int:
+    """Largest x in [known_ok, upper] with ok(x) true, given ok(known_ok) (ok is monotone)."""
+    found = largest_true(known_ok, upper, ok)
+    return known_ok if found is None else found
+
+
+def max_batch_size(r: Resolved, limit: int = 1 << 20) -> int:
+    """The largest batch (at the scenario's prompt and new tokens) that fits; 0 if none does."""
+    p = r.scenario.inference.prompt_len
+    if not _fits(r, 1, p):
+        return 0
+    hi = 1
+    while hi < limit and _fits(r, min(limit, hi * 2), p):
+        hi = min(limit, hi * 2)
+    return _largest(hi, min(limit, hi * 2), lambda b: _fits(r, b, p))
+
+
+def max_prompt_len(r: Resolved, limit: int | None = None) -> int:
+    """The longest prompt (at the scenario's batch and new tokens) that fits; 0 if none does.
+
+    Bounded by the model's context: prompt + new tokens <= max_position_embeddings.
+    """
+    b = r.scenario.inference.batch_size
+    cap = max(0, (limit or r.model.max_position_embeddings) - r.scenario.inference.new_tokens)
+    if cap < 1 or not _fits(r, b, 1):
+        return 0
+    if _fits(r, b, cap):
+        return cap
+    return _largest(1, cap, lambda p: _fits(r, b, p))

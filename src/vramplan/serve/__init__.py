@@ -2,12 +2,15 @@
 
 * ``vramplan.serve.vllm``: how vLLM's V1 engine sizes its KV cache at start-up
   (``decide``), the number of blocks, the concurrency and the largest context that fits.
+* ``vramplan.serve.report``: that decision as the report's moment and serve block (``serve``),
+  which ``vramplan.estimate`` reports for a ``task: serve`` scenario.
 * ``vramplan.serve.simulate``: replays a stream of requests through continuous batching
   with contiguous per-request reservations or with paged blocks, and measures waste.
 * ``vramplan.serve.workloads``: bundled request-length distributions (with sources) and
   CSV traces.
 """
 
+from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.vllm import VLLM_BEHAVIOURS, VllmDecision, decide
 
-__all__ = ["VLLM_BEHAVIOURS", "VllmDecision", "decide"]
+__all__ = ["VLLM_BEHAVIOURS", "ServeResult", "VllmDecision", "decide", "serve"]

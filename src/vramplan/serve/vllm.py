@@ -366,21 +366,19 @@ def _largest_len(groups: list[KVGroup], size: int, page: int, block: int, batche
     return best
 
 
-def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
-           subtract_cudagraphs: bool = False) -> VllmDecision:
-    """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job."""
+def _behaviour(version: str) -> VllmBehaviour:
     if version not in VLLM_BEHAVIOURS:
         raise ScenarioError([Problem("--vllm-version", f"unknown vLLM version {version!r}",
                                      f"choose one of {', '.join(VLLM_BEHAVIOURS)}")])
-    beh = VLLM_BEHAVIOURS[version]
-    s, m, gpu = r.scenario, r.model, r.gpu
-    sv, tp = s.serve, s.parallel.tp
-    c = dtype_bits(sv.dtype) // 8
-    total = gpu.total_memory_bytes
-    set_fields = sv.model_fields_set
-    d_tokens, d_seqs = default_batch_limits(total, gpu.name, usage)
+    return VLLM_BEHAVIOURS[version]
+
+
+def _limits(r: Resolved, usage: str) -> tuple[int, int, int]:
+    """(max_num_batched_tokens, max_num_seqs, max_model_len): the scenario's, else vLLM's defaults."""
+    sv, m = r.scenario.serve, r.model
+    d_tokens, d_seqs = default_batch_limits(r.gpu.total_memory_bytes, r.gpu.name, usage)
     batched = sv.max_num_batched_tokens or d_tokens
-    seqs = sv.max_num_seqs if "max_num_seqs" in set_fields else d_seqs
+    seqs = sv.max_num_seqs if "max_num_seqs" in sv.model_fields_set else d_seqs
     max_len = sv.max_model_len or m.max_position_embeddings
     if max_len > m.max_position_embeddings:
         raise ScenarioError([Problem(
@@ -388,86 +386,177 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
             f"max_position_embeddings={m.max_position_embeddings}",
             f"use serve.max_model_len <= {m.max_position_embeddings} (vLLM refuses it unless "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")])
-    requested = int(total * sv.gpu_memory_utilization)
-    params, rotary = serve_weights_bytes(r)
-    weights = params + rotary
-    requests = min(seqs, batched)
-    fwd = forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs)
-    smp = sampler_peak_bytes(m, batched, requests, c, beh.sampler)
-    ws = cublas_workspace_bytes(gpu, handles=1)
-    act = max(fwd, smp) + ws
-    non_torch = beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes
-    non_kv = weights + act + non_torch
-    graphs = beh.cudagraph_bytes if sv.cuda_graphs else 0
-    sub = subtract_cudagraphs and sv.cuda_graphs
-    available = requested - non_kv - (graphs if sub else 0)
-    ctx = cuda_context_bytes(gpu)
-    comm = nccl_bytes(1) if tp > 1 else 0
+    return batched, seqs, max_len
 
-    spec = kv_spec(m, sv.kv_cache_dtype, c, tp)
+
+@dataclass(frozen=True)
+class _Budget:
+    """Step 1-4 of the module docstring: what is requested, what the profile run takes, what is left."""
+
+    total: int
+    requested: int
+    params: int
+    rotary: int
+    forward: int
+    sampler: int
+    cublas: int
+    non_torch: int
+    graphs: int
+    subtracted: bool
+    context: int
+    nccl: int
+
+    @property
+    def weights(self) -> int:
+        return self.params + self.rotary
+
+    @property
+    def activations(self) -> int:
+        """vLLM's "torch peak memory increase": the larger of the forward and the sampler, plus cuBLAS'."""
+        return max(self.forward, self.sampler) + self.cublas
+
+    @property
+    def non_kv(self) -> int:
+        return self.weights + self.activations + self.non_torch
+
+    @property
+    def available(self) -> int:
+        """What the KV cache gets (may be <= 0)."""
+        return self.requested - self.non_kv - (self.graphs if self.subtracted else 0)
+
+
+def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool) -> _Budget:
+    sv, m, gpu, tp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp
+    c = dtype_bits(sv.dtype) // 8
+    params, rotary = serve_weights_bytes(r)
+    return _Budget(
+        total=gpu.total_memory_bytes, requested=int(gpu.total_memory_bytes * sv.gpu_memory_utilization),
+        params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs),
+        sampler=sampler_peak_bytes(m, batched, requests, c, beh.sampler),
+        cublas=cublas_workspace_bytes(gpu, handles=1),
+        non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
+        graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract_cudagraphs and sv.cuda_graphs,
+        context=cuda_context_bytes(gpu), nccl=nccl_bytes(1) if tp > 1 else 0,
+    )
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    """Step 5: the KV cache's blocks, and what one request of ``max_model_len`` needs."""
+
+    spec: KVSpec
+    groups: list[KVGroup]
+    size: int  # layers per group
+    page: int
+    blocks: int
+    tokens: int
+    per_request: int
+    needed: int
+    fits_len: int
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.blocks * self.page * self.size
+
+    @property
+    def concurrency(self) -> float:
+        return self.blocks / self.per_request if self.per_request else 0.0
+
+
+def _blocks(r: Resolved, available: int, batched: int, max_len: int) -> _Blocks:
+    sv, m = r.scenario.serve, r.model
+    spec = kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp)
     groups, size = kv_groups(spec)
     page = sv.block_size * spec.uniform_layer_bytes_per_token
     blocks = max(0, available // page // size) if page and size else 0
-    kv_bytes = blocks * page * size
-    tokens = blocks // max(1, len(groups)) * sv.block_size
     per_req = _blocks_per_request(groups, sv.block_size, max_len, batched)
-    needed = size * page * per_req
-    concurrency = blocks / per_req if per_req else 0.0
-    fits_len = _largest_len(groups, size, page, sv.block_size, batched, max(available, 0), m.max_position_embeddings)
+    return _Blocks(
+        spec=spec, groups=groups, size=size, page=page, blocks=blocks,
+        tokens=blocks // max(1, len(groups)) * sv.block_size, per_request=per_req, needed=size * page * per_req,
+        fits_len=_largest_len(groups, size, page, sv.block_size, batched, max(available, 0),
+                              m.max_position_embeddings),
+    )
 
-    problem = fix = ""
-    free_at_start = total - ctx - comm
+
+def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[str, str]:
+    """vLLM's start-up error and the option to change, or ("", "") when it starts."""
+    util, total, requested, available = r.scenario.serve.gpu_memory_utilization, b.total, b.requested, b.available
+    free_at_start = total - b.context - b.nccl
     if free_at_start < requested:
-        problem = (f"Free memory on device ({free_at_start / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than "
-                   f"desired GPU memory utilization ({sv.gpu_memory_utilization}, {requested / GiB:.2f} GiB). "
-                   "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
-        fix = f"serve.gpu_memory_utilization <= {int(free_at_start / total * 100) / 100:.2f}"
-    elif available <= 0:
-        problem = ("No available memory for the cache blocks: weights, activation peak and non-torch memory "
-                   f"({non_kv / GiB:.2f} GiB) exceed the requested {requested / GiB:.2f} GiB "
-                   f"({sv.gpu_memory_utilization} x {total / GiB:.2f} GiB). Try increasing `gpu_memory_utilization`.")
-        fix = _weights_fix(r, weights, non_kv, total, requested)
-    elif needed > available:
+        return ((f"Free memory on device ({free_at_start / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than "
+                 f"desired GPU memory utilization ({util}, {requested / GiB:.2f} GiB). "
+                 "Decrease GPU memory utilization or reduce GPU memory used by other processes."),
+                f"serve.gpu_memory_utilization <= {int(free_at_start / total * 100) / 100:.2f}")
+    if available <= 0:
+        return (("No available memory for the cache blocks: weights, activation peak and non-torch memory "
+                 f"({b.non_kv / GiB:.2f} GiB) exceed the requested {requested / GiB:.2f} GiB "
+                 f"({util} x {total / GiB:.2f} GiB). Try increasing `gpu_memory_utilization`."),
+                _weights_fix(r, b.weights, b.non_kv, total, requested))
+    if kv.needed > available:
+        fits_len = kv.fits_len
         est = f"Based on the available memory, the estimated maximum model length is {fits_len}. " if fits_len else ""
-        problem = (f"To serve at least one request with the models's max seq len ({max_len}), "
-                   f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-                   f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
-                   "`max_model_len` when initializing the engine.")
-        fix = f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization"
-    outside = ctx + comm + (0 if sub else graphs)
-    if not problem and requested + outside > total:
+        return ((f"To serve at least one request with the models's max seq len ({max_len}), "
+                 f"({kv.needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+                 f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
+                 "`max_model_len` when initializing the engine."),
+                f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization")
+    outside = b.context + b.nccl + (0 if b.subtracted else b.graphs)
+    if requested + outside > total:
+        ctx, comm, graphs = b.context, b.nccl, b.graphs
         room = total - ctx - comm - graphs
-        problem = (f"vLLM starts, but memory outside gpu_memory_utilization (CUDA context {ctx / GiB:.2f} GiB, "
-                   f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB) does not fit in the "
-                   f"{(total - requested) / GiB:.2f} GiB left: CUDA graph capture runs out of memory.")
-        fix = f"serve.gpu_memory_utilization <= {max(0.0, int(room / total * 100) / 100):.2f} or --enforce-eager"
-    starts = not problem
+        return ((f"vLLM starts, but memory outside gpu_memory_utilization (CUDA context {ctx / GiB:.2f} GiB, "
+                 f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB) does not fit in the "
+                 f"{(total - requested) / GiB:.2f} GiB left: CUDA graph capture runs out of memory."),
+                f"serve.gpu_memory_utilization <= {max(0.0, int(room / total * 100) / 100):.2f} or --enforce-eager")
+    return "", ""
 
+
+def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Blocks, batched: int,
+                          requests: int) -> list[str]:
+    sv, tp = r.scenario.serve, r.scenario.parallel.tp
+    given = "max_num_batched_tokens" in sv.model_fields_set
     assumptions = [
         f"vLLM V1 engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in the profile run)",
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
-        f"({'defaults of vllm serve on this GPU' if 'max_num_batched_tokens' not in set_fields else 'as given'})"),
-        (f"non-torch increase {non_torch / GiB:.2f} GiB as printed by vLLM {beh.version} on H100 "
-        f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {ctx / GiB:.2f} GiB and NCCL buffers are outside the budget"),
+        f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
+        (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {beh.version} on H100 "
+        f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {b.context / GiB:.2f} GiB and NCCL buffers are outside "
+        "the budget"),
         ("CUDA graphs: not captured (eager)" if not sv.cuda_graphs else
-         f"CUDA graphs: {graphs / GiB:.2f} GiB " + ("subtracted from the KV budget" if sub else
-                                                   "captured after the KV cache, outside gpu_memory_utilization")),
+         f"CUDA graphs: {b.graphs / GiB:.2f} GiB " + ("subtracted from the KV budget" if b.subtracted else
+                                                     "captured after the KV cache, outside gpu_memory_utilization")),
         "attention workspace is not profiled by vLLM (attention is skipped in the profile run)",
     ]
-    if spec.has_sliding:
-        assumptions.append(f"hybrid KV cache manager: {len(groups)} groups of {size} layers "
+    if kv.spec.has_sliding:
+        assumptions.append(f"hybrid KV cache manager: {len(kv.groups)} groups of {kv.size} layers "
                            "(sliding-window layers keep only their window)")
+    return assumptions
+
+
+def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
+           subtract_cudagraphs: bool = False) -> VllmDecision:
+    """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring)."""
+    beh = _behaviour(version)
+    sv = r.scenario.serve
+    batched, seqs, max_len = _limits(r, usage)
+    requests = min(seqs, batched)
+    b = _budget(r, beh, batched, requests, subtract_cudagraphs)
+    kv = _blocks(r, b.available, batched, max_len)
+    problem, fix = _start_problem(r, b, kv, max_len)
     return VllmDecision(
-        version=beh.version, model=m.name, gpu=gpu.name, tp=tp, total_memory_bytes=total,
-        gpu_memory_utilization=sv.gpu_memory_utilization, requested_bytes=requested, weights_bytes=weights,
-        parameters_bytes=params, rotary_cache_bytes=rotary, max_num_batched_tokens=batched, max_num_seqs=seqs,
-        dummy_requests=requests, forward_peak_bytes=fwd, sampler_peak_bytes=smp, cublas_workspace_bytes=ws,
-        activation_peak_bytes=act, non_torch_bytes=non_torch, non_kv_bytes=non_kv, cudagraph_bytes=graphs,
-        cudagraph_subtracted=sub, cuda_context_bytes=ctx, nccl_bytes=comm, available_kv_bytes=available,
-        kv_spec=spec, block_size=sv.block_size, page_bytes=page, groups=groups, layers_per_group=size,
-        num_gpu_blocks=blocks, kv_cache_bytes=kv_bytes, kv_cache_tokens=tokens, max_model_len=max_len,
-        blocks_per_request=per_req, needed_kv_bytes=needed, max_concurrency=concurrency,
-        max_model_len_that_fits=fits_len, starts=starts, problem=problem, fix=fix, assumptions=assumptions,
+        version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
+        total_memory_bytes=b.total, gpu_memory_utilization=sv.gpu_memory_utilization, requested_bytes=b.requested,
+        weights_bytes=b.weights, parameters_bytes=b.params, rotary_cache_bytes=b.rotary,
+        max_num_batched_tokens=batched, max_num_seqs=seqs, dummy_requests=requests, forward_peak_bytes=b.forward,
+        sampler_peak_bytes=b.sampler, cublas_workspace_bytes=b.cublas, activation_peak_bytes=b.activations,
+        non_torch_bytes=b.non_torch, non_kv_bytes=b.non_kv, cudagraph_bytes=b.graphs,
+        cudagraph_subtracted=b.subtracted, cuda_context_bytes=b.context, nccl_bytes=b.nccl,
+        available_kv_bytes=b.available, kv_spec=kv.spec, block_size=sv.block_size, page_bytes=kv.page,
+        groups=kv.groups, layers_per_group=kv.size, num_gpu_blocks=kv.blocks, kv_cache_bytes=kv.kv_bytes,
+        kv_cache_tokens=kv.tokens, max_model_len=max_len, blocks_per_request=kv.per_request,
+        needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency, max_model_len_that_fits=kv.fits_len,
+        starts=not problem, problem=problem, fix=fix,
+        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests),
     )
 
 

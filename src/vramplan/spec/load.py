@@ -1,12 +1,15 @@
-"""Reading a scenario from a file, text or mapping, and resolving its names.
+"""Reading a scenario from a file, text or mapping, and checking it against its model.
 
-All problems are collected and raised together as one ``ScenarioError``.
+All problems are collected and raised together as one ``ScenarioError``.  Looking the model and
+GPU names up needs the catalog, a layer above ``spec``: ``vramplan.catalog.resolve.resolve`` does
+that and returns the ``Resolved`` record defined here.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
+
+__all__ = ["Resolved", "cross_check", "parse_scenario", "read_document"]
 
 
 @dataclass(frozen=True)
@@ -107,59 +112,13 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
-    """Load (if a path), validate, look up model and GPU, and cross-check parallel degrees."""
-    from vramplan.catalog.gpus import resolve_gpu
-    from vramplan.catalog.models import load_model
-
-    if isinstance(source, (str, Path)):
-        source = read_document(source)
-    try:
-        scenario = parse_scenario(source)
-    except ScenarioError as exc:
-        # report the names that cannot be resolved too, so every problem shows at once
-        extra: list[Problem] = []
-        if isinstance(source, dict):
-            extra = _name_problems(source)
-        raise ScenarioError([*exc.problems, *extra]) from None
-    problems: list[Problem] = []
-    model: ModelSpec | None = None
-    gpu: GpuSpec | None = None
-    try:
-        model = load_model(scenario.model)
-    except ScenarioError as exc:
-        problems.extend(exc.problems)
-    hw = scenario.hardware
-    if hw.gpu is None and hw.capacity_gib is None:
-        problems.append(Problem("hardware.gpu", "no GPU given", "name a catalog GPU (see `vramplan gpus`) or give hardware.capacity_gib"))
-    elif hw.gpu is not None:
-        try:
-            gpu = resolve_gpu(hw.gpu)
-            if hw.capacity_gib is not None:
-                from dataclasses import replace
-
-                from vramplan.units import GiB
-
-                gpu = replace(gpu, total_memory_bytes=int(hw.capacity_gib * GiB))
-        except ScenarioError as exc:
-            problems.extend(exc.problems)
-    else:
-        assert hw.capacity_gib is not None
-        gpu = GpuSpec.custom(hw.capacity_gib)
-    if gpu is not None and hw.cuda_module_loading != gpu.cuda_module_loading:
-        from dataclasses import replace as _replace
-
-        gpu = _replace(gpu, cuda_module_loading=hw.cuda_module_loading)
-    if model is not None:
-        problems.extend(_cross_check(scenario, model))
-    if problems:
-        raise ScenarioError(problems)
-    assert model is not None and gpu is not None
-    return Resolved(scenario, model, gpu)
+def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
+    return [*_parallel_problems(s, m), *_train_problems(s, m)]
 
 
-def _cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """Checks that need both the scenario and the model (parallel degrees, lengths)."""
+def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Parallel degrees against the GPU count, the heads, layers and experts; sharding and offload."""
     out: list[Problem] = []
     par, n = s.parallel, s.hardware.num_gpus
     mp = par.tp * par.pp * par.cp
@@ -188,6 +147,12 @@ def _cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
                            f"use a seq_len multiple of {par.cp}"))
     if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep:
         out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts", ""))
+    return out
+
+
+def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """A training scenario's quantization and attention against its adapter and model."""
+    out: list[Problem] = []
     if s.task == "train":
         t = s.train
         if t.peft is not None and t.peft.method == "qlora" and t.quantization == "none":
@@ -202,21 +167,11 @@ def _cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out
 
 
-def _name_problems(raw: dict[str, Any]) -> list[Problem]:
-    from vramplan.catalog.gpus import resolve_gpu
-    from vramplan.catalog.models import load_model
+def __getattr__(name: str) -> Callable[[str | Path | dict[str, Any] | Scenario], Resolved]:
+    # Compatibility: ``resolve`` moved to vramplan.catalog.resolve (it looks names up in the catalog, a layer
+    # above spec).  cli/ and plan/context.py still import it from here; remove once they import it from there.
+    if name == "resolve":
+        from vramplan.catalog.resolve import resolve
 
-    out: list[Problem] = []
-    model = raw.get("model")
-    if isinstance(model, (str, dict)) and model:
-        try:
-            load_model(model)
-        except ScenarioError as exc:
-            out.extend(exc.problems)
-    hw = raw.get("hardware")
-    if isinstance(hw, dict) and isinstance(hw.get("gpu"), str):
-        try:
-            resolve_gpu(hw["gpu"])
-        except ScenarioError as exc:
-            out.extend(exc.problems)
-    return out
+        return resolve
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
-from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.trace.fsdp import fake_world, fsdp_traced, world_shape
 from vramplan.trace.parallel import apply_parallel

@@ -16,9 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vramplan.catalog.resolve import resolve
 from vramplan.errors import MissingExtraError, VramplanError
 from vramplan.report import Report
-from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.validate.dataset import Dataset, Entry, load_dataset
 from vramplan.validate.metrics import FitsVerdict, Summary, fits_verdict, relative_error, summarize
@@ -157,7 +158,7 @@ def predicted_quantity(report: Report, quantity: str) -> int:
 
 
 def _analytic(r: Resolved) -> Report:
-    from vramplan.analytic.engine import estimate
+    from vramplan.engine import estimate
 
     return estimate(r)
 

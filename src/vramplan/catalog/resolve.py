@@ -1,0 +1,83 @@
+"""Resolving a scenario: validate it, look its model and GPU up in the catalog, cross-check the two.
+
+It sits in ``catalog`` because it needs the catalog's look-ups, while ``spec`` (below the catalog)
+holds what needs no catalog: reading a document (``spec.load.read_document``), validating it
+(``parse_scenario``), the cross-checks between a scenario and its model (``cross_check``) and the
+``Resolved`` record.  Every problem is collected and raised together as one ``ScenarioError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from vramplan.catalog.gpus import resolve_gpu
+from vramplan.catalog.models import load_model
+from vramplan.errors import Problem, ScenarioError
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.load import Resolved, cross_check, parse_scenario, read_document
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Scenario
+from vramplan.units import GiB
+
+__all__ = ["resolve"]
+
+
+def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
+    """Load (if a path), validate, look up model and GPU, and cross-check parallel degrees."""
+    if isinstance(source, (str, Path)):
+        source = read_document(source)
+    try:
+        scenario = parse_scenario(source)
+    except ScenarioError as exc:
+        # report the names that cannot be resolved too, so every problem shows at once
+        extra: list[Problem] = []
+        if isinstance(source, dict):
+            extra = _name_problems(source)
+        raise ScenarioError([*exc.problems, *extra]) from None
+    problems: list[Problem] = []
+    model: ModelSpec | None = None
+    gpu: GpuSpec | None = None
+    try:
+        model = load_model(scenario.model)
+    except ScenarioError as exc:
+        problems.extend(exc.problems)
+    hw = scenario.hardware
+    if hw.gpu is None and hw.capacity_gib is None:
+        problems.append(Problem("hardware.gpu", "no GPU given", "name a catalog GPU (see `vramplan gpus`) or give hardware.capacity_gib"))
+    elif hw.gpu is not None:
+        try:
+            gpu = resolve_gpu(hw.gpu)
+            if hw.capacity_gib is not None:
+                gpu = replace(gpu, total_memory_bytes=int(hw.capacity_gib * GiB))
+        except ScenarioError as exc:
+            problems.extend(exc.problems)
+    else:
+        assert hw.capacity_gib is not None
+        gpu = GpuSpec.custom(hw.capacity_gib)
+    if gpu is not None and hw.cuda_module_loading != gpu.cuda_module_loading:
+        gpu = replace(gpu, cuda_module_loading=hw.cuda_module_loading)
+    if model is not None:
+        problems.extend(cross_check(scenario, model))
+    if problems:
+        raise ScenarioError(problems)
+    assert model is not None and gpu is not None
+    return Resolved(scenario, model, gpu)
+
+
+def _name_problems(raw: dict[str, Any]) -> list[Problem]:
+    out: list[Problem] = []
+    model = raw.get("model")
+    if isinstance(model, (str, dict)) and model:
+        try:
+            load_model(model)
+        except ScenarioError as exc:
+            out.extend(exc.problems)
+    hw = raw.get("hardware")
+    if isinstance(hw, dict) and isinstance(hw.get("gpu"), str):
+        try:
+            resolve_gpu(hw["gpu"])
+        except ScenarioError as exc:
+            out.extend(exc.problems)
+    return out
