@@ -15,6 +15,7 @@ from vramplan.analytic.inference import (
     inference_step,
     logits_bytes,
 )
+from vramplan.catalog import load_model
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
 from vramplan.plan.solvers import max_batch_size, max_prompt_len
@@ -111,13 +112,14 @@ def test_one_new_token_is_the_prefill_alone() -> None:
 
 def test_generate_behaviour_by_release() -> None:
     # Llama: DynamicCache from 4.42, logits of the last position only from 4.45
-    assert generate_behaviour("llama", (4, 41, 2)) == GenerateBehaviour(True, True, True, True)
-    assert generate_behaviour("llama", (4, 42)) == GenerateBehaviour(False, False, True, True)
-    assert generate_behaviour("llama", (4, 45)) == GenerateBehaviour(False, False, False, False)
+    llama, gpt2 = load_model("meta-llama/Llama-2-7b-hf").traits, load_model("gpt2").traits
+    assert generate_behaviour(llama, (4, 41, 2)) == GenerateBehaviour(True, True, True, True)
+    assert generate_behaviour(llama, (4, 42)) == GenerateBehaviour(False, False, True, True)
+    assert generate_behaviour(llama, (4, 45)) == GenerateBehaviour(False, False, False, False)
     # GPT-2 kept the legacy tuple until 4.52 and never upcast its logits
-    assert generate_behaviour("gpt2", (4, 51)) == GenerateBehaviour(True, False, False, False)
-    assert not generate_behaviour("gpt2", (4, 52)).legacy_cache
-    assert generate_behaviour("gpt2", None) == GenerateBehaviour(False, False, False, False)
+    assert generate_behaviour(gpt2, (4, 51)) == GenerateBehaviour(True, False, False, False)
+    assert not generate_behaviour(gpt2, (4, 52)).legacy_cache
+    assert generate_behaviour(gpt2, None) == GenerateBehaviour(False, False, False, False)
 
 
 def test_legacy_cache_tuple_doubles_the_cache_llama2_13b() -> None:

@@ -19,11 +19,6 @@ from vramplan.spec.model import Traits
 SRC = Path(__file__).resolve().parents[1] / "src" / "vramplan"
 # Layers below the adapter: none of them may name a family.
 ENGINE_DIRS = ("analytic", "trace", "measure", "export", "plan")
-# Temporary exceptions, removed when their rewrite lands (issue 14, the timeline and facts-as-data work):
-# analytic/train.py (NO_SDPA, falcon's math fallback, gemma2's loss soft-cap) and analytic/inference.py
-# (generate_behaviour's tables, COMPUTE_DTYPE_SOFTMAX, KEEPS_ATTN_OUTPUT, HIDDEN_KEPT_THROUGH_MLP, gpt-oss's
-# grouped experts) still test model_type; the traits that replace each site exist already on ModelSpec.
-TEMPORARY_EXCEPTIONS = {"analytic/train.py", "analytic/inference.py"}
 
 
 def _engine_files() -> list[Path]:
@@ -32,7 +27,7 @@ def _engine_files() -> list[Path]:
 
 def test_no_engine_file_names_model_type() -> None:
     named = [str(f.relative_to(SRC)) for f in _engine_files() if "model_type" in f.read_text(encoding="utf-8")]
-    assert set(named) <= TEMPORARY_EXCEPTIONS, sorted(set(named) - TEMPORARY_EXCEPTIONS)
+    assert not named, named
     assert len(_engine_files()) > 50  # the walk found the packages (a wrong root would pass vacuously)
 
 
@@ -135,23 +130,30 @@ def test_fictitious_family_is_traced(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]
 
 
-def test_traits_reproduce_the_model_type_tables_still_in_train_and_inference() -> None:
-    # Until analytic/train.py and analytic/inference.py read the traits, their model_type tables and the traits
-    # must agree on every catalog model (the rewrite then deletes the tables and this test with them).
-    from vramplan.analytic import inference, train
+# The tables the engines tested model_type against before the traits existed (analytic/train.py and
+# analytic/inference.py, with the sources cited there): the adapters must set the same behaviour.
+_NO_SDPA = {"gpt_oss"}
+_DYNAMIC_CACHE_SINCE = {"falcon": (4, 45), "gpt_neox": (4, 45), "bloom": (4, 44), "gemma2": (4, 44), "opt": (4, 49),
+                        "gpt2": (4, 52), "gpt_bigcode": (4, 56)}
+_FLOAT_LOGITS = {"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "olmo", "phi", "phi3", "qwen2",
+                 "qwen2_moe", "starcoder2"}
+_COMPUTE_DTYPE_SOFTMAX = {"gpt2", "falcon"}
+_HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5}
+
+
+def test_traits_reproduce_the_former_model_type_tables() -> None:
     from vramplan.catalog.models import list_models
 
-    if not hasattr(inference, "FLOAT_LOGITS_FAMILIES"):
-        pytest.skip("analytic/inference.py reads the traits now")
     for entry in list_models():
         m = model_from_config(entry.config, entry.id)
         t, mt = m.traits, m.family
-        assert (mt in train.NO_SDPA) == ("sdpa" not in t.attention_kernels), entry.id
+        assert (mt in _NO_SDPA) == ("sdpa" not in t.attention_kernels), entry.id
         assert (mt == "falcon") == t.mqa_sdpa_math, entry.id
-        assert (m.final_logit_softcapping is not None and mt == "gemma2") == (m.final_logit_softcapping is not None)
-        assert inference.DYNAMIC_CACHE_SINCE.get(mt, inference.DYNAMIC_CACHE_DEFAULT_SINCE) == t.dynamic_cache_since
-        assert (mt in inference.FLOAT_LOGITS_FAMILIES) == t.upcasts_all_logits, entry.id
+        assert (m.final_logit_softcapping is not None) == (mt == "gemma2" and
+                                                           entry.config.get("final_logit_softcapping") is not None)
+        assert _DYNAMIC_CACHE_SINCE.get(mt, (4, 42)) == t.dynamic_cache_since, entry.id
+        assert (mt in _FLOAT_LOGITS) == t.upcasts_all_logits, entry.id
         assert (mt == "gpt_oss") == t.clamped_glu_experts, entry.id
-        assert (mt in inference.COMPUTE_DTYPE_SOFTMAX) == t.eager_softmax_compute_dtype, entry.id
-        assert inference.HIDDEN_KEPT_THROUGH_MLP.get(mt, 3) == t.hidden_kept_through_mlp, entry.id
-        assert (mt in inference.KEEPS_ATTN_OUTPUT) == t.keeps_attn_output, entry.id
+        assert (mt in _COMPUTE_DTYPE_SOFTMAX) == t.eager_softmax_compute_dtype, entry.id
+        assert _HIDDEN_KEPT_THROUGH_MLP.get(mt, 3) == t.hidden_kept_through_mlp, entry.id
+        assert (mt == "gpt2") == t.keeps_attn_output, entry.id

@@ -51,6 +51,7 @@ from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat
 from vramplan.analytic.layout import RankParams, _count_on_rank, _split
 from vramplan.analytic.moment import K
+from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.terms.base import Term, layer_table, totals
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
@@ -680,7 +681,6 @@ def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[Alloc
 # from the closed-form engine's terms
 # ----------------------------------------------------------------------------------------------
 
-_STATES_PER_PARAM = {"adamw": 2, "adamw-fused": 2, "adamw-8bit": 2, "sgd-momentum": 1, "lion": 1, "adafactor": 2}
 
 
 def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, bool]], list[int]]:
@@ -760,7 +760,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         trainable_total=sum(outside_trainable) + sum(layer_trainable) * n_layers,
         grad_outside=b.get("gradients.head", 0) + b.get("gradients.embedding", 0),
         embed_grad=b.get("gradients.embedding", 0), states=states,
-        state_tensors_per_param=_STATES_PER_PARAM.get(c.s.train.optimizer, 0) if states else 0,
+        state_tensors_per_param=state_tensors_per_param(c.s.train.optimizer) if states else 0,
         step_temporary=sum(t.nbytes for t in terms if t.key is K.OPTIMIZER_STEP and t.where == "device"),
         master=b.get("master", 0), ddp=b.get("ddp", 0),
         workspace=b.get("cublas", 0) // 2, gathered=b.get("gathered", 0),

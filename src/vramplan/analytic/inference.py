@@ -64,14 +64,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vramplan.analytic.attention import falls_back_to_eager
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import BNB_FORMATS, RankParams, quantized_expert_loop, rank_params
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
-from vramplan.analytic.train import NO_SDPA
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.spec.load import Resolved
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
 
 __all__ = [
@@ -110,22 +110,12 @@ SAMPLING_BYTES_PER_ENTRY = 26
 
 
 # the transformers release from which ``generate`` passes a ``DynamicCache`` updated in place instead of
-# the legacy tuple: 4.42.0 for the families whose modeling file then set ``_supports_cache_class``
-# (generation/utils.py 4.42.0: "Use DynamicCache() instance by default"); the others were converted later,
-# read off each release's modeling file (the first with ``_supports_cache_class`` or ``DynamicCache``)
-DYNAMIC_CACHE_SINCE: dict[str, tuple[int, int]] = {
-    "falcon": (4, 45), "gpt_neox": (4, 45), "bloom": (4, 44), "gemma2": (4, 44), "opt": (4, 49),
-    "gpt2": (4, 52), "gpt_bigcode": (4, 56),
-}
-DYNAMIC_CACHE_DEFAULT_SINCE = (4, 42)
+# the legacy tuple, and whether the 4.44 causal-LM head upcast all logits (``logits.float()``), are traits
+# of each family (``Traits.dynamic_cache_since``, ``Traits.upcasts_all_logits``, set by its adapter).
 # ``del outputs`` after each step (so the prompt's logits do not live into the next forward): 4.42.0
 DEL_OUTPUTS_SINCE = (4, 42)
 # ``num_logits_to_keep=1`` at prefill (PR #31292, generation/utils.py 4.45.0)
 LOGITS_TO_KEEP_SINCE = (4, 45)
-# families whose 4.44 causal-LM head did ``logits = logits.float()`` on the whole output (modeling_*.py 4.44.2)
-FLOAT_LOGITS_FAMILIES = frozenset({"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "olmo", "phi",
-                                   "phi3", "qwen2", "qwen2_moe", "starcoder2"})
-
 
 @dataclass(frozen=True)
 class GenerateBehaviour:
@@ -137,22 +127,23 @@ class GenerateBehaviour:
     float_logits: bool      # ... and upcasts them all to fp32
 
 
-def generate_behaviour(model_type: str, version: tuple[int, ...] | None) -> GenerateBehaviour:
-    """The behaviour of ``version`` (None: the current release) for a model family.
+def generate_behaviour(traits: Traits, version: tuple[int, ...] | None) -> GenerateBehaviour:
+    """The behaviour of ``version`` (None: the current release) for a model family (its adapter's traits).
 
-    >>> generate_behaviour("llama", (4, 32))
+    >>> from vramplan.spec.model import Traits
+    >>> generate_behaviour(Traits(upcasts_all_logits=True), (4, 32))
     GenerateBehaviour(legacy_cache=True, keeps_outputs=True, all_logits=True, float_logits=True)
-    >>> generate_behaviour("llama", None).legacy_cache
+    >>> generate_behaviour(Traits(), None).legacy_cache
     False
     """
     if version is None:
         return GenerateBehaviour(False, False, False, False)
     all_logits = version < LOGITS_TO_KEEP_SINCE
     return GenerateBehaviour(
-        legacy_cache=version < DYNAMIC_CACHE_SINCE.get(model_type, DYNAMIC_CACHE_DEFAULT_SINCE),
+        legacy_cache=version < traits.dynamic_cache_since,
         keeps_outputs=version < DEL_OUTPUTS_SINCE,
         all_logits=all_logits,
-        float_logits=all_logits and model_type in FLOAT_LOGITS_FAMILIES,
+        float_logits=all_logits and traits.upcasts_all_logits,
     )
 
 
@@ -188,18 +179,10 @@ def logits_bytes(m: ModelSpec, batch: int, c: int, tp: int) -> int:
     return batch * m.vocab_size * (c + 4 + SAMPLING_BYTES_PER_ENTRY)
 
 
-# eager attention implementations whose softmax runs in the compute dtype (no dtype=torch.float32):
-# transformers' gpt2 ``eager_attention_forward`` and ``FalconAttention``
-COMPUTE_DTYPE_SOFTMAX = frozenset({"gpt2", "falcon"})
-# decoder blocks that keep the attention output bound to a local through the MLP (``GPT2Block``:
-# ``attn_output, _ = self.attn(...)``, then ``hidden_states = attn_output + residual``)
-KEEPS_ATTN_OUTPUT = frozenset({"gpt2"})
-# hidden-sized tensors alive through the MLP where a block keeps more than Llama's three (layer input,
-# residual, normalised MLP input): GPT-2 also keeps the attention output (4); ``StableLmDecoderLayer`` binds
-# the attention output to ``self_attn_output`` and leaves the normalised input bound to ``hidden_states``
-# while the MLP reads ``post_attention_layernorm(residual)``: layer input, normalised input, attention
-# output, new residual and the MLP's input (5)
-HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5}
+# Family differences in the prefill's live tensors are traits (``ModelSpec.traits``): a softmax in the compute
+# dtype (GPT-2's ``eager_attention_forward``, Falcon), the attention output kept through the MLP (``GPT2Block``),
+# and the hidden-sized tensors alive through the MLP (Llama 3; GPT-2 4; StableLM 5, see
+# ``Traits.hidden_kept_through_mlp``).
 # MLP activations written as a chain of elementwise ops: ``NewGELUActivation`` (gelu_new) computes
 # 0.5 x, x ** 3, 0.044715 x ** 3 ... with the fc output: four I-sized tensors alive at once
 CHAINED_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
@@ -224,7 +207,7 @@ def _grouped_experts_width(m: ModelSpec, tp: int) -> int:
     assert m.moe is not None
     e = m.moe
     h, ei = m.hidden_size, ceil_div(e.expert_intermediate_size, tp)
-    if m.model_type == "gpt_oss":
+    if m.traits.clamped_glu_experts:
         gate, tail = h + 2 * ei + 2 * ei + 5 * ei, 5 * h
     else:
         gate, tail = h + 2 * ei + 2 * ei, 4 * h
@@ -285,7 +268,7 @@ def softmax_bytes_per_score(m: ModelSpec, dtype: str) -> int:
     Compute-dtype softmax (GPT-2, Falcon): the matmul output and its scaled or masked copy, 2c.
     """
     c = dtype_bits(dtype) // 8
-    if m.model_type in COMPUTE_DTYPE_SOFTMAX:
+    if m.traits.eager_softmax_compute_dtype:
         return 2 * c
     if m.attention_sinks:
         # gpt-oss (modeling_gpt_oss.py ``eager_attention_forward``): the masked scores stay bound to
@@ -379,7 +362,7 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     * MLP: the layer's input (still bound to ``hidden_states`` in the decoder loop), the residual
       after attention, the normalised input and the MLP's I-sized tensors (``_mlp_width``);
       GPT-2 also keeps the attention output, StableLM its normalised input as well
-      (``HIDDEN_KEPT_THROUGH_MLP``): 3h (4h, 5h) + width;
+      (``Traits.hidden_kept_through_mlp``): 3h (4h, 5h) + width;
     * RMSNorm (half dtypes): the layer input, the residual and the fp32 upcast and product (2hc + 8h);
     * attention, sdpa/flash: the layer input and the normalised input (2h), the rotated queries
       (q), the attention output and its contiguous copy (2q), o_proj's output (h);
@@ -397,12 +380,12 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     kv_heads = max(1, ceil_div(m.num_kv_heads, tp))
     q = heads * (m.q_width // max(1, m.num_attention_heads))
     kv = kv_heads * m.head_dim if m.mla is None else ceil_div(m.kv_width, tp)
-    hidden_kept = HIDDEN_KEPT_THROUGH_MLP.get(m.model_type, 3)
+    hidden_kept = m.traits.hidden_kept_through_mlp
     s = r.scenario
     grouped = s.software.fused_moe_experts and not quantized_expert_loop(m, s.inference.quantization)
     mlp = (hidden_kept * h + _mlp_width(m, tp, grouped)) * t * c
     if attention == "eager":
-        qkv = (q + 2 * kv) if m.model_type in KEEPS_ATTN_OUTPUT else q
+        qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
         repeat = 2 * q if kv_heads < heads else 0
         attn = (2 * h + qkv + repeat) * t * c
         attn += batch * heads * prompt * prompt * softmax_bytes_per_score(m, r.scenario.inference.dtype)
@@ -453,14 +436,13 @@ class GenerateCall:
         inf = s.inference
         lit = s.effective_framework == "lightning"
         # a family without an SDPA path falls back to eager attention (transformers' ``_supports_sdpa``)
-        sdpa_missing = inf.attention == "sdpa" and m.model_type in NO_SDPA
-        attention = "eager" if inf.attention == "eager" or sdpa_missing else inf.attention
+        attention = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m) else inf.attention
         return cls(
             r=r, rp=rank_params(m, s.parallel.tp, 1, s.parallel.ep, 0, None), c=dtype_bits(inf.dtype) // 8,
             tp=s.parallel.tp, batch=inf.batch_size, prompt=inf.prompt_len, new=inf.new_tokens, lit=lit,
             attention=attention,
             # Lit-GPT runs its own generate loop: transformers' release does not apply
-            gen=generate_behaviour(m.model_type, None if lit else s.software.transformers_version),
+            gen=generate_behaviour(m.traits, None if lit else s.software.transformers_version),
         )
 
     @property

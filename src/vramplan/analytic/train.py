@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramplan.analytic.attention import falls_back_to_eager, resolve_attention
 from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.layout import lora_targets, quantized_expert_loop
 from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy
 from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
@@ -40,7 +42,7 @@ from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["NO_SDPA", "TrainResult", "resolve_attention", "shards", "stage_timeline", "train_step"]
+__all__ = ["TrainResult", "shards", "stage_timeline", "train_step"]
 
 
 @dataclass
@@ -54,33 +56,6 @@ class TrainResult:
     assumptions: list[str]
     layout: StepLayout | None = None  # the peak stage's terms for the event stream (analytic/events.py)
     terms: list[Term] = field(default_factory=list)  # the peak stage's term records (analytic/terms)
-
-
-# Model types whose transformers class has no SDPA path (``_supports_sdpa = False``): gpt-oss, whose per-head
-# attention sinks join the softmax (modeling_gpt_oss.py).  transformers' default falls back to eager for them
-# (modeling_utils ``get_correct_attn_implementation``), which is what the default ``sdpa`` is taken to mean.
-NO_SDPA = frozenset({"gpt_oss"})
-
-
-def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[str, bool]:
-    """The kernel that runs, as PyTorch's SDPA dispatcher would pick it on a CUDA GPU.
-
-    SDPA picks flash for fp16/bf16 with head_dim <= 256, else memory-efficient (which also
-    takes fp32); both save no s x s tensor.  ``eager`` materializes the scores and repeats
-    K/V to every query head (transformers' ``repeat_kv``).
-    """
-    want = s.train.attention if s.task == "train" else s.inference.attention
-    if want == "eager" or (want == "sdpa" and m.model_type in NO_SDPA):
-        return "eager", m.num_kv_heads < m.num_attention_heads
-    if want == "flash":
-        return "flash", False
-    if m.model_type == "falcon" and m.num_kv_heads == 1 < m.num_attention_heads:
-        # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
-        # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
-        return "math", False
-    if pol.compute_bytes == 4 or m.head_dim > 256:
-        return "efficient", False
-    return "flash", False
 
 
 # the rows a layer's attention-backward moment lists even at 0 bytes (it sets them, as measured rows)
@@ -135,8 +110,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]
-    if t.attention == "sdpa" and m.model_type in NO_SDPA:
-        out.append(f"{m.model_type} has no SDPA attention: transformers' default falls back to eager")
+    if falls_back_to_eager(t.attention, m):
+        out.append(f"{m.family} has no SDPA attention: transformers' default falls back to eager")
     if t.peft is not None and t.quantization in ("nf4", "nf4-dq", "fp4"):
         if s.software.bnb_4bit_saves_input:
             out.append(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
@@ -144,12 +119,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         else:
             out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
                        "(set software.bitsandbytes for older versions, which kept it)")
-    if t.optimizer == "adamw" and fw != "deepspeed":
-        out.append("torch.optim.AdamW uses the foreach implementation (CUDA default): one state-sized "
-                   "temporary for the weight-decay group during step()")
-    if t.optimizer.startswith("paged"):
-        out.append("paged optimizer states live in CUDA managed memory: outside max_memory_allocated, "
-                   "counted in device_used while resident")
+    out += optimizer_assumptions(t.optimizer, fw)
     if t.peft is not None:
         why = ("DeepSpeed's half module" if fw == "deepspeed" else
                f"peft {s.software.peft} gives adapters their base weight's dtype" if s.software.peft_adapters_in_base_dtype

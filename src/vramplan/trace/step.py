@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.facts.optimizers import runs_as
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.build import Built, build_model, trace_policy
@@ -266,10 +267,9 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
         masters = [p for _, p in override]
         if s.parallel.fsdp == "none" and framework != "torchtitan":
             notes.append("DeepSpeed: fp32 master weights and the optimizer step on them (fused Adam, in place)")
-    kind = t.optimizer
     fsdp = s.parallel.fsdp != "none" or framework == "torchtitan"
-    if pol.master_fp32 and kind == "adamw" and not fsdp:
-        kind = "adamw-fused"  # DeepSpeed's FusedAdam updates in place
+    # DeepSpeed (fp32 masters, no FSDP) runs its own optimizer where the row names one (FusedAdam, in place)
+    kind = runs_as(t.optimizer, "deepspeed") if pol.master_fp32 and not fsdp else t.optimizer
     setup: OptimizerSetup = make_optimizer(kind, opt_model, override,
                                            (lambda p: wrap[id(p)]) if local and override is None else None)
     devices = (device,)

@@ -80,8 +80,8 @@ def static_bytes(r: Resolved) -> int:
     static floor the planner's lower bound (plan/bound.py) restates term by term.  It needs no
     activation: ``static_terms`` runs only the resident term functions.
     """
+    from vramplan.analytic.attention import resolve_attention
     from vramplan.analytic.terms.context import stages, step_policy
-    from vramplan.analytic.train import resolve_attention
 
     attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
     best = 0

@@ -73,7 +73,7 @@ class StepContext:
 
     r: Resolved
     stage: int
-    attention: str  # the kernel that runs (analytic/train.py resolve_attention)
+    attention: str  # the kernel that runs (analytic/attention.py resolve_attention)
     gqa_repeat: bool
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -30,7 +30,7 @@ def loss(c: StepContext) -> list[Term]:
     m, cb = c.m, c.pol.compute_bytes
     v = c.tokens * vocab_on_rank(c)
     lt = loss_bytes(c.tokens, vocab_on_rank(c), cb,
-                    softcap=m.final_logit_softcapping is not None and m.model_type == "gemma2")
+                    softcap=m.final_logit_softcapping is not None)
     # forward_peak = c V + (4 V when c < 4) + saved log-probs (4 V, with Gemma 2's soft-cap output)
     tensors = (cb * v, 4 * v if cb < 4 else 0, lt.saved_after_forward)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=tensors),
