@@ -29,7 +29,7 @@ def test_repeat_windows_and_expand() -> None:
 
 def _layouts() -> list[Any]:
     from vramplan.analytic.train import train_step
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     docs: list[Any] = [EXAMPLES / name for name in (
         "llama2-7b-full-naive-a100.yaml", "llama3-70b-zero3-offload-8xa100.yaml", "qlora-7b-rtx4090.yaml",

@@ -321,7 +321,7 @@ def test_layer_like_runs_equal_the_reference(lag: int) -> None:
 def _train_layouts() -> list[tuple[str, Any, int]]:
     from vramplan.analytic.events import StepLayout
     from vramplan.analytic.train import train_step
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     docs: list[tuple[str, Any]] = [(p.name, p) for p in sorted(EXAMPLES.glob("*.yaml"))]
     docs += [

@@ -7,7 +7,7 @@ from pathlib import Path
 from vramplan.alloc import replay
 from vramplan.analytic.events import reconcile, split_exact, train_run_events
 from vramplan.analytic.train import train_step
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

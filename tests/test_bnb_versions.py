@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from vramplan.analytic.engine import estimate
 from vramplan.cli.main import app
+from vramplan.engine import estimate
 from vramplan.spec.scenario import Scenario
 
 TINY: dict[str, Any] = {
@@ -74,7 +74,7 @@ def test_old_bitsandbytes_keeps_fp32_inputs_uncast_under_autocast() -> None:
     from dataclasses import replace
 
     from vramplan.analytic import activations as act
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     sc = {**TINY, "framework": "hf-trainer",
           "train": {**TINY["train"], "precision": "fp16-mixed", "peft": {"method": "qlora", "rank": 8,
@@ -97,7 +97,7 @@ def test_old_bitsandbytes_inputs_are_not_released_during_the_layer_backward() ->
     from dataclasses import replace
 
     from vramplan.analytic import activations as act
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     m = resolve({**TINY, "framework": "hf-trainer"}).model
     ctx = act.ActContext(compute_bytes=2, residual_bytes=4, linear_input_bytes=2, autocast=True, attention="flash",

@@ -30,14 +30,14 @@ FACES: dict[str, list[str]] = {
     "vramplan.analytic": ["K", "KEYS", "Key", "Moment", "PHASES", "Phase"],
     "vramplan.spec": [
         "GpuSpec", "Hardware", "Inference", "LayerSpec", "MLASpec", "MoESpec", "ModelSpec", "Parallel",
-        "ParamGroup", "Peft", "Scenario", "Serve", "Train",
+        "ParamGroup", "Peft", "Scenario", "Serve", "Train", "Traits",
     ],
     "vramplan.catalog": [
         "CatalogModel", "gpu_names", "list_gpus", "list_models", "load_model", "model_ids", "resolve_gpu",
     ],
     "vramplan.alloc": [
         "AllocEvent", "AllocatorSettings", "BlockView", "CachingAllocator", "OomInfo", "Repeat", "ReplayResult",
-        "SegmentView", "allocation_size", "compact_result", "expand", "parse_alloc_conf", "replay",
+        "SegmentView", "allocation_size", "expand", "parse_alloc_conf", "replay",
         "replay_compact", "replay_parts", "round_size", "should_split",
     ],
     "vramplan.plan": [
@@ -64,7 +64,7 @@ FACES: dict[str, list[str]] = {
         "load_dataset", "parse_dataset", "percentile", "predicted_quantity", "relative_error",
         "run_validation", "summarize", "to_markdown", "validate", "workload",
     ],
-    "vramplan.facts": ["Choices"],
+    "vramplan.facts": ["Choices", "OneOf"],
 }
 
 

@@ -129,8 +129,8 @@ def test_bnb_8bit_trace_layout_follows_the_row() -> None:
 
 
 def test_measure_refuses_cuda_only_optimizers_on_the_cpu() -> None:
+    from vramplan.catalog.resolve import resolve
     from vramplan.measure.build import unsupported
-    from vramplan.spec.load import resolve
 
     for name in optimizer_names():
         construct = optimizer_facts(name).construct

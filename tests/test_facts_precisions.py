@@ -47,8 +47,8 @@ def test_every_row_is_picked_and_estimated(row: PrecisionConvention) -> None:
     from vramplan.measure.build import precision_dtypes
 
     if row.precision == "fp8-mixed":
+        from vramplan.catalog.resolve import resolve
         from vramplan.measure.build import unsupported
-        from vramplan.spec.load import resolve
 
         assert any(p.where == "train.precision" for p in unsupported(resolve(_doc(row)), "cpu"))
     else:

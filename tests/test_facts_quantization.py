@@ -58,7 +58,7 @@ def test_every_consumer_knows_every_format(fmt: QuantFormat) -> None:
     dense = estimate({**doc, "inference": {**doc["inference"], "quantization": "none"}})  # type: ignore[dict-item]
     assert estimate(doc).per_gpu.breakdown["weights"] < dense.per_gpu.breakdown["weights"]
     # validate/rules.py: the payload bits
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     assert weights_bytes(resolve(doc)) > 0
     # step time: dequantization traffic only where the forward dequantizes the whole weight

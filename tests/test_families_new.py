@@ -116,7 +116,7 @@ def test_inference_prefill_matches_trace(model_id: str) -> None:
     # (StableLM keeps five hidden-sized tensors through its MLP: without that term it read -6.1%)
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from vramplan.analytic.engine import estimate as analytic
+    from vramplan.engine import estimate as analytic
     from vramplan.trace.engine import estimate as traced
     from vramplan.trace.shrink import catalog_config, shrink
 

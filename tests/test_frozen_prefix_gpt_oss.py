@@ -14,7 +14,7 @@ from dataclasses import replace
 from vramplan.analytic import activations as act
 from vramplan.analytic.attention import resolve_attention
 from vramplan.analytic.inference import _grouped_experts_width, softmax_bytes_per_score
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.trace.shrink import catalog_config, shrink
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 from vramplan.validate.dataset import Dataset, Entry, load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -72,10 +72,6 @@ def test_readme_draws_the_enforced_order() -> None:
 PRIVATE_IMPORTS_ALLOWED = {
     # the compiled allocator replay: a private module of its own package
     ("vramplan.alloc.native", "vramplan.alloc", "_replay"),
-    # being rewritten by the declared training-step terms (issue 14, H1)
-    ("vramplan.analytic.events", "vramplan.analytic.layout", "_count_on_rank"),
-    ("vramplan.analytic.events", "vramplan.analytic.layout", "_split"),
-    ("vramplan.trace.parallel", "vramplan.analytic.train", "_shards"),
 }
 
 
@@ -97,21 +93,3 @@ def test_no_module_takes_a_private_name_from_another() -> None:
 def test_the_private_import_scan_sees_one() -> None:
     """The scan itself: the compiled replay's import is found (so an empty difference means something)."""
     assert ("vramplan.alloc.native", "vramplan.alloc", "_replay") in _private_imports()
-
-
-def test_the_old_import_paths_still_reach_the_moved_names() -> None:
-    """Compatibility re-exports (ignored in the contracts above) until cli/ and plan/context.py switch."""
-    import vramplan
-    import vramplan.analytic
-    from vramplan.analytic import engine as old_engine
-    from vramplan.analytic import inference, serve
-    from vramplan.catalog.resolve import resolve
-    from vramplan.engine import estimate
-    from vramplan.plan import solvers
-    from vramplan.serve import report
-    from vramplan.spec import load
-
-    assert old_engine.estimate is estimate is vramplan.estimate is vramplan.analytic.estimate
-    assert serve.serve is report.serve
-    assert (inference.max_batch_size, inference.max_prompt_len) == (solvers.max_batch_size, solvers.max_prompt_len)
-    assert load.resolve is resolve is vramplan.resolve

@@ -12,7 +12,7 @@ import pytest
 
 from vramplan.analytic.activations import ActContext, wrapped_experts
 from vramplan.analytic.layout import LoraTargets, lora_targets, rank_params
-from vramplan.spec.load import resolve
+from vramplan.catalog.resolve import resolve
 
 MIXTRAL = "mistralai/Mixtral-8x7B-v0.1"
 

@@ -171,9 +171,9 @@ def test_setup_document_is_the_model_dump_in_the_published_layout() -> None:
 
 
 def test_setup_applied_equals_its_validated_document() -> None:
+    from vramplan.catalog.resolve import resolve
     from vramplan.plan.context import make_context
     from vramplan.plan.steptime import DEFAULT_ASSUMPTIONS
-    from vramplan.spec.load import resolve
 
     ctx = make_context("llama-2-7b", "A100-80GB", 0.1, DEFAULT_ASSUMPTIONS, "train")
     for s in (_qlora_setup(),

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from vramplan.analytic.engine import estimate
+from vramplan.engine import estimate
 from vramplan.errors import ScenarioError
 from vramplan.plan import TrainJob, TrainSetup, plan
 from vramplan.plan.context import make_context
@@ -116,7 +116,7 @@ def test_global_batch_in_tokens() -> None:
 @given(model=st.sampled_from(MODELS), gpu=st.sampled_from(GPUS), n=st.sampled_from([1, 2, 8]), data=st.data())
 def test_cheap_scenario_copies_equal_validated_documents(model: str, gpu: str, n: int, data: st.DataObject) -> None:
     """The search builds scenarios with model_copy (no validation); each equals its validated document."""
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
 
     ctx = make_context(model, gpu, 0.1, DEFAULT_ASSUMPTIONS, "train")
     cands = list(train_candidates(ctx.model, ctx.gpu, n, TrainJob(seq_len=1024, global_batch=4 * n, peft="allow")))

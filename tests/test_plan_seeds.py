@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vramplan.analytic.engine import estimate
+from vramplan.engine import estimate
 from vramplan.plan import TrainJob, plan
 from vramplan.plan.result import PlanResult
 from vramplan.units import TB, GiB

@@ -18,7 +18,8 @@ from vramplan.analytic.terms import resident as resident_terms
 from vramplan.analytic.terms.base import Term, totals
 from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, attention, mlp
 from vramplan.analytic.train import train_step
-from vramplan.spec.load import Resolved, resolve
+from vramplan.catalog.resolve import resolve
+from vramplan.spec.load import Resolved
 
 GPT2 = 124_439_808
 

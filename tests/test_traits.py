@@ -91,7 +91,7 @@ _TINY = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "
 
 
 def test_fictitious_family_is_estimated(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vramplan.analytic.engine import estimate
+    from vramplan.engine import estimate
 
     monkeypatch.setitem(FAMILIES, "llama_softcap", _softcap_family())
     fict = model_from_config({**_TINY, "model_type": "llama_softcap"})
@@ -115,7 +115,7 @@ def test_fictitious_family_is_estimated(monkeypatch: pytest.MonkeyPatch) -> None
 def test_fictitious_family_is_traced(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
     from vramplan.trace.engine import trace
 
     monkeypatch.setitem(FAMILIES, "llama_softcap", _softcap_family())

@@ -49,7 +49,7 @@ from typing import Any
 
 from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat
-from vramplan.analytic.layout import RankParams, _count_on_rank, _split
+from vramplan.analytic.layout import RankParams, count_on_rank, split_on_rank
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.terms.base import Term, layer_table, totals
@@ -690,10 +690,10 @@ def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, boo
     inner: list[tuple[int, bool]] = []
     outside: list[int] = []
     for p in m.params:
-        n = _count_on_rank(p, lset, 1)
+        n = count_on_rank(p, lset, 1)
         if n == 0:
             continue
-        each = _split(p, tp, 1)
+        each = split_on_rank(p, tp, 1)
         if p.layer_span:
             per = n // max(1, len([i for i in p.layer_span if i in lset]))
             inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per

@@ -61,7 +61,6 @@ place them.  The solvers for the largest batch and the longest prompt that fit
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramplan.analytic.attention import falls_back_to_eager
@@ -654,14 +653,3 @@ def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
     ]
-
-
-def __getattr__(name: str) -> Callable[..., int]:
-    # Compatibility: the solvers moved to vramplan.plan.solvers (they call the estimate, which sits above
-    # this module).  cli/serve_cmd.py still imports them from here; remove once it imports them from there.
-    if name in ("max_batch_size", "max_prompt_len"):
-        from vramplan.plan import solvers
-
-        fn: Callable[..., int] = getattr(solvers, name)
-        return fn
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

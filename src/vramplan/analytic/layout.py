@@ -65,7 +65,7 @@ class RankParams:
     dora_magnitudes: int
 
 
-def _split(p: ParamGroup, tp: int, ep: int) -> int:
+def split_on_rank(p: ParamGroup, tp: int, ep: int) -> int:
     """Elements of one instance of ``p`` held by one tensor-parallel rank."""
     if p.tp in ("column", "row", "vocab"):
         return ceil_div(p.numel, tp)
@@ -74,7 +74,7 @@ def _split(p: ParamGroup, tp: int, ep: int) -> int:
     return p.numel
 
 
-def _count_on_rank(p: ParamGroup, layers: set[int], ep: int) -> int:
+def count_on_rank(p: ParamGroup, layers: set[int], ep: int) -> int:
     """Instances of ``p`` on this stage (and this expert-parallel rank)."""
     if not p.layer_span:
         return p.count
@@ -251,10 +251,10 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
     for p in model.params:
         if not _on_stage(p, first, last):
             continue
-        n_inst = _count_on_rank(p, lset, ep)
+        n_inst = count_on_rank(p, lset, ep)
         if n_inst == 0:
             continue
-        t.base(p, _split(p, tp, ep), n_inst, tp)
+        t.base(p, split_on_rank(p, tp, ep), n_inst, tp)
         if peft is None or not p.in_features:
             continue
         rank, fan_in, fan_out = _adapter_rank(p, peft, lt, tp)

@@ -38,7 +38,7 @@ def estimate(
     given: Given,
 ) -> None:
     """Estimate per-GPU memory for a scenario file and/or flags."""
-    from vramplan.analytic.engine import estimate as run_estimate
+    from vramplan.engine import estimate as run_estimate
     from vramplan.spec.load import read_document
 
     try:

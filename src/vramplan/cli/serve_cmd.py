@@ -92,8 +92,8 @@ def _serve(
     given: Given,
 ) -> None:
     """What vLLM will allocate at start-up: KV blocks, concurrency, largest context, or why it won't start."""
-    from vramplan.analytic.serve import serve
-    from vramplan.spec.load import resolve
+    from vramplan.catalog.resolve import resolve
+    from vramplan.serve.report import serve
 
     try:
         over = given.document("serve")
@@ -357,8 +357,8 @@ def _simulate(
 
 def _capacity_from_vllm(model: str | None, gpu: str | None, tp: int | None, util: float | None, block: int,
                         max_len: int, seqs: int, batched: int) -> tuple[int, str]:
+    from vramplan.catalog.resolve import resolve
     from vramplan.serve.vllm import decide
-    from vramplan.spec.load import resolve
 
     doc: dict[str, Any] = {"model": model, "task": "serve", "hardware": {"gpu": gpu, "num_gpus": tp or 1},
                            "parallel": {"tp": tp or 1},
@@ -413,9 +413,10 @@ def _generate(
     given: Given,
 ) -> None:
     """Hugging Face generate: the peak over prefill and decode, and the largest batch and prompt that fit."""
-    from vramplan.analytic.engine import estimate
-    from vramplan.analytic.inference import inference_step, max_batch_size, max_prompt_len
-    from vramplan.spec.load import resolve
+    from vramplan.analytic.inference import inference_step
+    from vramplan.catalog.resolve import resolve
+    from vramplan.engine import estimate
+    from vramplan.plan.solvers import max_batch_size, max_prompt_len
 
     try:
         doc = _scenario(scenario, "inference", given.document("inference"))

@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramplan.analytic.engine import ReservedModel, estimate
 from vramplan.analytic.layout import LoraTargets, RankParams, lora_targets, rank_params
 from vramplan.analytic.precision import PrecisionPolicy, policy
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import ReservedModel, estimate
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.bound import static_lower_bound_bytes
 from vramplan.plan.fit import usable_bytes
@@ -27,7 +28,7 @@ from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.steptime import ModelFacts, PerfAssumptions, StepTime, model_facts, train_step_time
 from vramplan.report import Report
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.load import Resolved, resolve
+from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,13 +164,3 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))
     return out
-
-
-def __getattr__(name: str) -> Callable[[str | Path | dict[str, Any] | Scenario], Resolved]:
-    # Compatibility: ``resolve`` moved to vramplan.catalog.resolve (it looks names up in the catalog, a layer
-    # above spec).  cli/ and plan/context.py still import it from here; remove once they import it from there.
-    if name == "resolve":
-        from vramplan.catalog.resolve import resolve
-
-        return resolve
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
