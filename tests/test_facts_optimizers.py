@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -219,3 +221,19 @@ def test_a_fictitious_optimizer_is_one_row() -> None:
 def test_rows_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         optimizer_facts("adamw").name = "x"  # type: ignore[misc]
+
+
+def test_a_fictitious_optimizer_row_reaches_the_cli_help() -> None:
+    # The CLI's options are generated from the scenario schema when vramplan.cli.main is imported, and an
+    # optimizer's choices from the table (facts.Choices): a row added before that import is listed by
+    # ``estimate --help`` with no other change.  A fresh interpreter, so the generated options are built anew.
+    code = (
+        "import dataclasses, vramplan.facts.optimizers as f\n"
+        "f.OPTIMIZERS = (*f.OPTIMIZERS, dataclasses.replace(f.optimizer_facts('adamw-fused'), name='adamw-bf16-x'))\n"
+        "from typer.testing import CliRunner\n"
+        "from vramplan.cli.main import app\n"
+        "print(CliRunner().invoke(app, ['estimate', '--help'], env={'COLUMNS': '400'}).stdout)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if "--optimizer" in x)
+    assert "adamw-bf16-x" in line and "adamw-8bit" in line
