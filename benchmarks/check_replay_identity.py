@@ -172,6 +172,22 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
 
 
+def compare(before: dict[str, Any], records: dict[str, Any], noun: str) -> int:
+    """Print every record that differs from ``before`` (its first differences); 1 if any does."""
+    bad = 0
+    for name in sorted(set(before) | set(records)):
+        if name not in before or name not in records:
+            print(f"{name}: only in {'before' if name in before else 'after'}")
+            bad += 1
+            continue
+        d = _diff(before[name], json.loads(json.dumps(records[name])))
+        if d:
+            bad += 1
+            print(f"{name}: {len(d)} differences, e.g. " + "; ".join(d[:3]))
+    print(f"{bad} of {len(records)} {noun} differ" if bad else f"all {len(records)} {noun} identical")
+    return 1 if bad else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="where to write the records (JSON)")
@@ -187,19 +203,7 @@ def main() -> int:
           f"-> {args.out}")
     if args.against is None:
         return 0
-    before = json.loads(args.against.read_text())
-    bad = 0
-    for name in sorted(set(before) | set(records)):
-        if name not in before or name not in records:
-            print(f"{name}: only in {'before' if name in before else 'after'}")
-            bad += 1
-            continue
-        d = _diff(before[name], json.loads(json.dumps(records[name])))
-        if d:
-            bad += 1
-            print(f"{name}: {len(d)} differences, e.g. " + "; ".join(d[:3]))
-    print(f"{bad} of {len(records)} scenarios differ" if bad else f"all {len(records)} scenarios identical")
-    return 1 if bad else 0
+    return compare(json.loads(args.against.read_text()), records, "scenarios")
 
 
 if __name__ == "__main__":

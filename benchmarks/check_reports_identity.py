@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from check_replay_identity import compare  # the sibling script, found through the path above
 
 # command lines whose --json answer is recorded (run in-process through typer's CliRunner)
 COMMANDS: list[list[str]] = [
@@ -95,20 +97,6 @@ def _untimed(doc: Any) -> Any:
     return doc
 
 
-def _diff(a: Any, b: Any, path: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for k in sorted(set(a) | set(b)):
-            if k not in a or k not in b:
-                out.append(f"{path}/{k}: only in {'after' if k not in a else 'before'}")
-            else:
-                out += _diff(a[k], b[k], f"{path}/{k}")
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _diff(x, y, f"{path}[{i}]")]
-    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="where to write the records (JSON)")
@@ -122,19 +110,7 @@ def main() -> int:
     print(f"{len(records)} records in {time.perf_counter() - t0:.1f} s -> {args.out}")
     if args.against is None:
         return 0
-    before = json.loads(args.against.read_text())
-    bad = 0
-    for name in sorted(set(before) | set(records)):
-        if name not in before or name not in records:
-            print(f"{name}: only in {'before' if name in before else 'after'}")
-            bad += 1
-            continue
-        d = _diff(before[name], json.loads(json.dumps(records[name])))
-        if d:
-            bad += 1
-            print(f"{name}: {len(d)} differences, e.g. " + "; ".join(d[:3]))
-    print(f"{bad} of {len(records)} records differ" if bad else f"all {len(records)} records identical")
-    return 1 if bad else 0
+    return compare(json.loads(args.against.read_text()), records, "records")
 
 
 if __name__ == "__main__":

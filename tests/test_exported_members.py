@@ -64,7 +64,7 @@ FACES: dict[str, list[str]] = {
         "load_dataset", "parse_dataset", "percentile", "predicted_quantity", "relative_error",
         "run_validation", "summarize", "to_markdown", "validate", "workload",
     ],
-    "vramplan.facts": ["Choices", "OneOf"],
+    "vramplan.facts": ["Choices", "OneOf", "row_named"],
 }
 
 

@@ -9,9 +9,9 @@ schema validates against it and the CLI lists its choices from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
@@ -19,7 +19,24 @@ from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from vramplan.errors import suggest
 
-__all__ = ["Choices", "OneOf"]
+__all__ = ["Choices", "OneOf", "row_named"]
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_RowT = TypeVar("_RowT", bound=_Named)
+
+
+def row_named(rows: Iterable[_RowT], name: str, what: str) -> _RowT:
+    """The row of a table called ``name``; a KeyError names the known rows (``what``: the table's noun)."""
+    rows = tuple(rows)
+    for row in rows:
+        if row.name == name:
+            return row
+    raise KeyError(f"unknown {what} {name!r}; known: {', '.join(r.name for r in rows)}")
 
 
 @dataclass(frozen=True)

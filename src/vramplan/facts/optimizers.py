@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vramplan.facts import row_named
 from vramplan.units import DTYPE_BITS
 
 __all__ = [
@@ -267,10 +268,7 @@ def optimizer_names() -> tuple[str, ...]:
 
 def optimizer_facts(name: str) -> OptimizerFacts:
     """The row for ``name``; KeyError names the known optimizers."""
-    for f in OPTIMIZERS:
-        if f.name == name:
-            return f
-    raise KeyError(f"unknown optimizer {name!r}; known: {', '.join(optimizer_names())}")
+    return row_named(OPTIMIZERS, name, "optimizer")
 
 
 def runs_as(name: str, framework: str) -> str:

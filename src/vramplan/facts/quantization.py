@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vramplan.facts import row_named
 from vramplan.units import DTYPE_BITS, ceil_div
 
 __all__ = [
@@ -157,10 +158,7 @@ def quant_names() -> tuple[str, ...]:
 
 def quant_format(name: str) -> QuantFormat:
     """The row for ``name``; KeyError names the known formats."""
-    for q in QUANT_FORMATS:
-        if q.name == name:
-            return q
-    raise KeyError(f"unknown quantization format {name!r}; known: {', '.join(quant_names())}")
+    return row_named(QUANT_FORMATS, name, "quantization format")
 
 
 def bnb_formats() -> tuple[str, ...]:
