@@ -38,7 +38,7 @@ from vramplan.analytic.terms.context import shards, stages, step_policy
 from vramplan.analytic.terms.gradients import has_tied_embedding_backward
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep
-from vramplan.spec.load import Resolved
+from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
@@ -110,6 +110,10 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]
+    for target in unmatched_lora_targets(t.peft, m):
+        # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)
+        out.append(f"LoRA target {target!r} names no module of {m.name}: PEFT skips it silently, so it gets "
+                   "no adapter here either (check the name)")
     if falls_back_to_eager(t.attention, m):
         out.append(f"{m.family} has no SDPA attention: transformers' default falls back to eager")
     if t.peft is not None and t.quantization in ("nf4", "nf4-dq", "fp4"):

@@ -8,6 +8,7 @@ that and returns the ``Resolved`` record defined here.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,9 @@ from pydantic import ValidationError
 from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
-from vramplan.spec.scenario import Scenario
+from vramplan.spec.scenario import Peft, Scenario
 
-__all__ = ["Resolved", "cross_check", "parse_scenario", "read_document"]
+__all__ = ["Resolved", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets"]
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,49 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out
 
 
+def _module_paths(m: ModelSpec) -> frozenset[str]:
+    """The model's module paths with the layer index folded (``layers.self_attn.q_proj``)."""
+    return frozenset(p.name.rsplit(".", 1)[0] for p in m.params if "." in p.name)
+
+
+def _target_matches(target: str, paths: frozenset[str]) -> bool:
+    """PEFT's rule for a list of names (peft ``check_target_module_exists``): a module is adapted when its
+    path equals the target or ends with ``"." + target``.  A target naming one layer
+    (``model.layers.0.self_attn.q_proj``) is compared with its index and ``model.`` prefix folded."""
+    key = re.sub(r"\.\d+(?=\.|$)", "", target.removeprefix("model.").removeprefix("base_model.model."))
+    return any(p == key or p.endswith("." + key) or key.endswith("." + p) for p in paths)
+
+
+def unmatched_lora_targets(peft: Peft | None, m: ModelSpec) -> list[str]:
+    """The ``target_modules`` entries that name no module of ``m`` (Mixtral's w1/w2/w3 aliases included)."""
+    if peft is None or peft.target_modules == "all-linear":
+        return []
+    aliases, paths = dict(m.traits.expert_module_aliases), _module_paths(m)
+    return [t for t in peft.target_modules if not _target_matches(aliases.get(t, t), paths)]
+
+
+def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
+    """PEFT raises when no target matches (``NoMatchingPeftModuleError``, peft 0.21 tuners_utils.py
+    ``inject_adapter``: "Target modules ... not found in the base model"), so no adapter would exist and
+    the job would not start: refused here, with the model's module names and the close ones."""
+    missing = unmatched_lora_targets(peft, m)
+    if peft is None or peft.target_modules == "all-linear" or len(missing) < len(peft.target_modules):
+        return []
+    leaves = sorted({p.module for p in m.params if p.role in ("linear", "expert", "router")})
+    close = sorted({c for t in missing for c in suggest(t.rsplit(".", 1)[-1], leaves)})
+    first = f"did you mean {', '.join(repr(c) for c in close)}? Or" if close else "name some of them, or"
+    return [Problem("train.peft.target_modules",
+                    f"none of {missing} is a module of {m.name} (PEFT raises 'Target modules ... not found in the "
+                    f"base model'); its linear modules: {', '.join(leaves)}",
+                    f"{first} use target_modules: all-linear")]
+
+
 def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """A training scenario's quantization and attention against its adapter and model."""
+    """A training scenario's quantization, attention and adapter targets against its adapter and model."""
     out: list[Problem] = []
     if s.task == "train":
         t = s.train
+        out += _lora_target_problems(t.peft, m)
         if t.peft is not None and t.peft.method == "qlora" and t.quantization == "none":
             out.append(Problem("train.quantization", "peft.method qlora needs 4-bit base weights",
                                "set train.quantization: nf4 (or nf4-dq)"))
