@@ -33,8 +33,10 @@ ENV = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
 
 
 def run(*args: str) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr; stderr's whitespace folded (rich wraps a message that quotes a long
+    path at the terminal's width, wherever the checkout lies)."""
     res = runner.invoke(app, list(args), env=ENV)
-    return res.exit_code, res.stdout, res.stderr
+    return res.exit_code, res.stdout, " ".join(res.stderr.split())
 
 
 def generator() -> ModuleType:
