@@ -99,8 +99,8 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
     The result is that of replaying every event: extrapolating from the first few layers is not
     exact (on QLoRA 7B the reserved increment per layer alternates 272 / 140 MiB after settling at
     272 MiB for three layers, so a linear extrapolation over-counts 1.8 GiB).  The stream comes as
-    runs of identical layers (``iter_run_parts``) and ``replay_parts`` builds, instead of replaying,
-    only the layers it proves repeat the allocator's decisions exactly (``vramplan.alloc.compact``).
+    runs of identical layers (``iter_run_parts``); ``replay_parts`` replays every event, in C with the runs
+    expanded there, otherwise through the reference model on the expanded stream (``vramplan.alloc``).
     Results are cached per layout (a frozen dataclass), so repeated estimates of one scenario replay
     once.
     """

@@ -631,7 +631,7 @@ def train_run_stream(lay: StepLayout, n_layers: int | None = None) -> list[int]:
 
 def train_run_parts(lay: StepLayout, n_layers: int | None = None) -> list[list[int] | Repeat]:
     """``train_run_stream`` with each run of identical layers as a ``vramplan.alloc.compact.Repeat``
-    (``vramplan.alloc.compact.expand`` gives the plain stream back), for ``CompactReplay.run_parts``."""
+    (``vramplan.alloc.compact.expand`` gives the plain stream back), for ``vramplan.alloc.replay_parts``."""
     return list(iter_run_parts(lay, n_layers))
 
 

@@ -1,6 +1,6 @@
 """Shared state of one planning run: the model and GPU resolved once, and cheap scenario copies.
 
-``vramplan.spec.load.resolve`` validates a scenario document and looks its names up; doing that
+``vramplan.catalog.resolve.resolve`` validates a scenario document and looks its names up; doing that
 for every candidate would cost more than the estimate itself.  The planner resolves one base
 scenario, then derives each candidate's ``Scenario`` by laying the setup's ``Train`` and ``Parallel``
 deltas on it (``TrainSetup.apply``: ``model_copy(update=...)``), which skips

@@ -2,7 +2,7 @@
 
 A ``TrainSetup`` (or ``ServeSetup``) is what the search enumerates, the step-time model
 times, and the exporters turn into configuration files.  ``to_document`` writes it as a
-scenario mapping that ``vramplan estimate`` (and ``vramplan.spec.load.resolve``) accepts,
+scenario mapping that ``vramplan estimate`` (and ``vramplan.catalog.resolve.resolve``) accepts,
 so every number the planner shows can be reproduced with the estimator alone.
 
 A ``TrainSetup`` is a partial update of the real scenario models, not a copy of their fields:
