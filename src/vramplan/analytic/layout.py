@@ -215,12 +215,19 @@ class _Tally:
     head: int = 0
     per_layer: dict[int, int] = field(default_factory=dict)
     lora_layer: dict[int, int] = field(default_factory=dict)
+    # ``layers`` as a set: ``spread`` asks, for every layer of every group, whether this stage holds it
+    held: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.held = frozenset(self.layers)
 
     def spread(self, into: dict[int, int], p: ParamGroup, size: int) -> None:
         """``size`` shared evenly by the layers of ``p`` on this stage."""
-        on = [i for i in p.layer_span if i in self.layers]
+        held = self.held
+        on = [i for i in p.layer_span if i in held]
+        share = size // max(1, len(on))
         for i in on:
-            into[i] = into.get(i, 0) + size // max(1, len(on))
+            into[i] = into.get(i, 0) + share
 
     def base(self, p: ParamGroup, each: int, n_inst: int, tp: int) -> None:
         size = each * n_inst

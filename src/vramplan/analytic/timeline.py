@@ -25,7 +25,6 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from vramplan.analytic.moment import Key, Moment
@@ -47,6 +46,7 @@ __all__ = [
     "mlp",
     "step_timeline",
     "sweep",
+    "sweep_totals",
 ]
 
 # order of each kind of location; the layers' locations sort among themselves by layer, last first
@@ -145,45 +145,60 @@ def sweep(terms: Sequence[Term], timeline: Timeline) -> list[Moment]:
     Each term adds its bytes at the first point at or after its birth and takes them back at the first
     point at or after its death (a running sum per key), so the sweep is linear in terms and points.
     """
-    orders = [pt.loc.order for pt in timeline.points]
+    return sweep_totals(terms, timeline)[0]
+
+
+def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment], list[int]]:
+    """``sweep`` and each moment's ``total``, summed from the same running sums (no second pass)."""
+    points = timeline.points
+    orders = [pt.loc.order for pt in points]
     n = len(orders)
+    # the point index of each location, looked up once per location (most terms share a few)
+    at: dict[tuple[int, int, int], int] = {}
+    for i, o in enumerate(orders):
+        at.setdefault(o, i)
     # keyed by the key's identity (declared keys are singletons) and its label fields
     change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
     keys: dict[int, Key] = {}
     for t in terms:
-        if t.where != "device" or not t.nbytes:
+        nbytes = t.nbytes
+        if not nbytes or t.where != "device":
             continue
         kf = (id(t.key), t.fields)
         d = change.get(kf)
         if d is None:
             keys[kf[0]] = t.key
             d = change[kf] = [0] * (n + 1)
-        i0, i1 = bisect_left(orders, t.born.order), bisect_left(orders, t.dies.order)
+        ob, od = t.born.order, t.dies.order
+        i0 = at.get(ob)
+        if i0 is None:
+            i0 = at[ob] = bisect_left(orders, ob)
+        i1 = at.get(od)
+        if i1 is None:
+            i1 = at[od] = bisect_left(orders, od)
         if i0 < i1:
-            d[i0] += t.nbytes
-            d[i1] -= t.nbytes
-    for pt in timeline.points:
+            d[i0] += nbytes
+            d[i1] -= nbytes
+    shown_at: dict[int, set[int]] = {}  # key -> the points that show it
+    for i, pt in enumerate(points):
         for key in pt.shown:
             keys[id(key)] = key
             change.setdefault((id(key), ()), [0] * (n + 1))
-    shown_at: dict[int, set[int]] = {}  # key -> the points that show it
-    for i, pt in enumerate(timeline.points):
-        for key in pt.shown:
             shown_at.setdefault(id(key), set()).add(i)
-    # per row: (part, label formatted once, bytes at each point, the points that show it)
-    rows = [(keys[kf[0]].part, keys[kf[0]].name(**dict(kf[1])), list(accumulate(d)), shown_at.get(kf[0], set()))
-            for kf, d in change.items()]
-    out: list[Moment] = []
-    for i, pt in enumerate(timeline.points):
-        mo = Moment(pt.phase)
-        parts = mo.parts
-        for part, label, vals, shown in rows:
-            v = vals[i]
+    parts_at: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
+    totals = [0] * n
+    # row by row: each moment still gets its rows in the terms' order (what Moment.set does; the keys
+    # are declared, they come from Term records)
+    for (kid, fields), d in change.items():
+        key = keys[kid]
+        part, label, shown = key.part, key.name(**dict(fields)), shown_at.get(kid, ())
+        v = 0
+        for i in range(n):
+            v += d[i]
             if v or i in shown:
-                # what Moment.set does (the keys are declared: they come from Term records)
-                row = parts.get(part)
+                row = parts_at[i].get(part)
                 if row is None:
-                    row = parts[part] = {}
+                    row = parts_at[i][part] = {}
                 row[label] = v
-        out.append(mo)
-    return out
+                totals[i] += v
+    return [Moment(pt.phase, parts) for pt, parts in zip(points, parts_at, strict=True)], totals

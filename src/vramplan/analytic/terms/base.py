@@ -14,7 +14,7 @@ backward); it has no allocation of its own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from vramplan.analytic.moment import Key
 from vramplan.analytic.timeline import END, FORWARD, Loc
@@ -24,15 +24,7 @@ __all__ = ["WHERE", "Term", "by_layer", "bytes_of", "layer_table", "resident", "
 WHERE = ("device", "host", "nvme", "managed")
 
 
-@dataclass(frozen=True, slots=True)
-class Term:
-    """``nbytes`` under ``key`` from ``born`` up to (not including) ``dies``.
-
-    ``name``: what the term is, unique with ``layer`` in a step (``"saved.kept"`` of layer 3), which
-    the event stream reads.  ``fields``: a templated key's label fields (the optimizer's name).
-    ``tensors``: the allocations the bytes are made of, when the term knows them (empty: one).
-    """
-
+class _TermFields(NamedTuple):
     key: Key
     nbytes: int
     born: Loc
@@ -43,13 +35,36 @@ class Term:
     fields: tuple[tuple[str, str], ...] = ()
     tensors: tuple[int, ...] = ()
 
-    def __post_init__(self) -> None:
-        if self.where not in WHERE:
-            raise ValueError(f"where must be one of {WHERE}, not {self.where!r}")
-        if self.tensors and sum(self.tensors) != self.nbytes:
-            raise ValueError(f"{self.name}: tensors sum to {sum(self.tensors)}, not {self.nbytes}")
-        if not self.born.order < self.dies.order:
-            raise ValueError(f"{self.name}: dies ({self.dies}) before it is born ({self.born})")
+
+_make = _TermFields.__new__
+
+
+class Term(_TermFields):
+    """``nbytes`` under ``key`` from ``born`` up to (not including) ``dies``.
+
+    ``name``: what the term is, unique with ``layer`` in a step (``"saved.kept"`` of layer 3), which
+    the event stream reads.  ``fields``: a templated key's label fields (the optimizer's name).
+    ``tensors``: the allocations the bytes are made of, when the term knows them (empty: one).
+
+    An immutable named tuple rather than a frozen dataclass: a step makes one term per layer per
+    per-layer term (some 740 for Llama 3 70B), and a frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field) cost 2.5 us each against 1 us here, validation included
+    (benchmarks/bench_estimate.txt).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, key: Key, nbytes: int, born: Loc, dies: Loc, name: str, layer: int = -1,
+                where: str = "device", fields: tuple[tuple[str, str], ...] = (),
+                tensors: tuple[int, ...] = ()) -> Term:
+        if where not in WHERE:
+            raise ValueError(f"where must be one of {WHERE}, not {where!r}")
+        if tensors and sum(tensors) != nbytes:
+            raise ValueError(f"{name}: tensors sum to {sum(tensors)}, not {nbytes}")
+        if not born.order < dies.order:
+            raise ValueError(f"{name}: dies ({dies}) before it is born ({born})")
+        out: Term = _make(cls, key, nbytes, born, dies, name, layer, where, fields, tensors)
+        return out
 
 
 def resident(key: Key, nbytes: int, name: str, where: str = "device", **fields: str) -> Term:
