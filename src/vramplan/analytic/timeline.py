@@ -22,9 +22,10 @@ there by declared key, so the moments come from the terms alone.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from itertools import accumulate, compress
 from typing import TYPE_CHECKING
 
 from vramplan.analytic.moment import Key, Moment
@@ -117,6 +118,19 @@ class Point:
 class Timeline:
     points: tuple[Point, ...]
 
+    @cached_property
+    def orders(self) -> list[tuple[int, int, int]]:
+        """Where each point sorts (``Loc.order``), in the points' order: what ``sweep`` bisects."""
+        return [pt.loc.order for pt in self.points]
+
+    @cached_property
+    def index(self) -> dict[tuple[int, int, int], int]:
+        """The first point at each order."""
+        out: dict[tuple[int, int, int], int] = {}
+        for i, o in enumerate(self.orders):
+            out.setdefault(o, i)
+        return out
+
 
 def step_timeline(n_layers: int, has_head: bool, attention_split: Sequence[bool], tied_end: bool,
                   shown_at_attention: frozenset[Key] = frozenset()) -> Timeline:
@@ -125,6 +139,14 @@ def step_timeline(n_layers: int, has_head: bool, attention_split: Sequence[bool]
     ``attention_split[j]``: layer ``j`` releases saved tensors between its MLP's and its attention's
     backward, so its attention part is a moment of its own.
     """
+    return _step_timeline(n_layers, has_head, tuple(attention_split), tied_end, shown_at_attention)
+
+
+# a timeline is immutable and the same for every estimate of a model with the same layer plan: the
+# planner's solvers estimate one model many times
+@lru_cache(maxsize=256)
+def _step_timeline(n_layers: int, has_head: bool, attention_split: tuple[bool, ...], tied_end: bool,
+                   shown_at_attention: frozenset[Key]) -> Timeline:
     pts = [Point(FORWARD, "forward")]
     if has_head:
         pts.append(Point(LOSS, "backward"))
@@ -149,36 +171,35 @@ def sweep(terms: Sequence[Term], timeline: Timeline) -> list[Moment]:
 
 
 def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment], list[int]]:
-    """``sweep`` and each moment's ``total``, summed from the same running sums (no second pass)."""
+    """``sweep`` and each moment's ``total``, from the same running sums (no second pass)."""
     points = timeline.points
-    orders = [pt.loc.order for pt in points]
+    orders = timeline.orders
     n = len(orders)
     # the point index of each location, looked up once per location (most terms share a few)
-    at: dict[tuple[int, int, int], int] = {}
-    for i, o in enumerate(orders):
-        at.setdefault(o, i)
+    at = dict(timeline.index)
     # keyed by the key's identity (declared keys are singletons) and its label fields
     change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
     keys: dict[int, Key] = {}
-    for t in terms:
-        nbytes = t.nbytes
-        if not nbytes or t.where != "device":
+    every = [0] * (n + 1)  # all keys together: the moments' totals
+    for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
+        if not nbytes or where != "device":
             continue
-        kf = (id(t.key), t.fields)
+        kf = (id(key), fields)
         d = change.get(kf)
         if d is None:
-            keys[kf[0]] = t.key
+            keys[kf[0]] = key
             d = change[kf] = [0] * (n + 1)
-        ob, od = t.born.order, t.dies.order
-        i0 = at.get(ob)
+        i0 = at.get(born.order)
         if i0 is None:
-            i0 = at[ob] = bisect_left(orders, ob)
-        i1 = at.get(od)
+            i0 = at[born.order] = bisect_left(orders, born.order)
+        i1 = at.get(dies.order)
         if i1 is None:
-            i1 = at[od] = bisect_left(orders, od)
+            i1 = at[dies.order] = bisect_left(orders, dies.order)
         if i0 < i1:
             d[i0] += nbytes
             d[i1] -= nbytes
+            every[i0] += nbytes
+            every[i1] -= nbytes
     shown_at: dict[int, set[int]] = {}  # key -> the points that show it
     for i, pt in enumerate(points):
         for key in pt.shown:
@@ -186,19 +207,18 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
             change.setdefault((id(key), ()), [0] * (n + 1))
             shown_at.setdefault(id(key), set()).add(i)
     parts_at: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
-    totals = [0] * n
-    # row by row: each moment still gets its rows in the terms' order (what Moment.set does; the keys
-    # are declared, they come from Term records)
+    # row by row, each moment still gets its rows in the terms' order (what Moment.set does; the keys
+    # are declared: they come from Term records)
     for (kid, fields), d in change.items():
-        key = keys[kid]
-        part, label, shown = key.part, key.name(**dict(fields)), shown_at.get(kid, ())
-        v = 0
-        for i in range(n):
-            v += d[i]
-            if v or i in shown:
-                row = parts_at[i].get(part)
-                if row is None:
-                    row = parts_at[i][part] = {}
-                row[label] = v
-                totals[i] += v
-    return [Moment(pt.phase, parts) for pt, parts in zip(points, parts_at, strict=True)], totals
+        key, shown = keys[kid], shown_at.get(kid)
+        part, label, vals = key.part, key.name(**dict(fields)), list(accumulate(d))
+        present: Iterable[int] = compress(range(n), vals) if shown is None else \
+            [i for i in range(n) if vals[i] or i in shown]
+        for i in present:
+            parts = parts_at[i]
+            row = parts.get(part)
+            if row is None:
+                row = parts[part] = {}
+            row[label] = vals[i]
+    moments = [Moment(pt.phase, parts) for pt, parts in zip(points, parts_at, strict=True)]
+    return moments, list(accumulate(every))[:n]
