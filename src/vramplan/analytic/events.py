@@ -695,7 +695,7 @@ def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, boo
             continue
         each = split_on_rank(p, tp, 1)
         if p.layer_span:
-            per = n // max(1, len([i for i in p.layer_span if i in lset]))
+            per = n // max(1, sum(map(lset.__contains__, p.layer_span)))
             inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
         else:
             outside.append(each)

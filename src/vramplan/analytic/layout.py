@@ -79,7 +79,7 @@ def count_on_rank(p: ParamGroup, layers: set[int], ep: int) -> int:
     if not p.layer_span:
         return p.count
     per_layer = p.count // len(p.layer_span)
-    held = sum(1 for i in p.layer_span if i in layers)
+    held = sum(map(layers.__contains__, p.layer_span))
     if p.role == "expert" or p.tp == "expert":
         per_layer = ceil_div(per_layer, ep)
     return per_layer * held
@@ -223,8 +223,7 @@ class _Tally:
 
     def spread(self, into: dict[int, int], p: ParamGroup, size: int) -> None:
         """``size`` shared evenly by the layers of ``p`` on this stage."""
-        held = self.held
-        on = [i for i in p.layer_span if i in held]
+        on = list(filter(self.held.__contains__, p.layer_span))
         share = size // max(1, len(on))
         for i in on:
             into[i] = into.get(i, 0) + share

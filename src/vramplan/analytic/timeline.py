@@ -124,11 +124,11 @@ class Timeline:
         return [pt.loc.order for pt in self.points]
 
     @cached_property
-    def index(self) -> dict[tuple[int, int, int], int]:
-        """The first point at each order."""
-        out: dict[tuple[int, int, int], int] = {}
-        for i, o in enumerate(self.orders):
-            out.setdefault(o, i)
+    def index(self) -> dict[int, int]:
+        """Each point's index by its location's identity (the timeline holds its locations)."""
+        out: dict[int, int] = {}
+        for i, pt in enumerate(self.points):
+            out.setdefault(id(pt.loc), i)
         return out
 
 
@@ -175,26 +175,32 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
     points = timeline.points
     orders = timeline.orders
     n = len(orders)
-    # the point index of each location, looked up once per location (most terms share a few)
+    # the point index of each location, by its identity (the terms hold their locations while this
+    # runs), bisected once per location: the per-layer locations are singletons (``mlp(j)``)
     at = dict(timeline.index)
     # keyed by the key's identity (declared keys are singletons) and its label fields
     change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
     keys: dict[int, Key] = {}
     every = [0] * (n + 1)  # all keys together: the moments' totals
+    last: tuple[Key | None, tuple[tuple[str, str], ...]] = (None, ())
+    d = every
     for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
         if not nbytes or where != "device":
             continue
-        kf = (id(key), fields)
-        d = change.get(kf)
-        if d is None:
-            keys[kf[0]] = key
-            d = change[kf] = [0] * (n + 1)
-        i0 = at.get(born.order)
+        if key is not last[0] or fields != last[1]:  # a family's terms come together: one look-up
+            last = (key, fields)
+            kf = (id(key), fields)
+            got = change.get(kf)
+            if got is None:
+                keys[kf[0]] = key
+                got = change[kf] = [0] * (n + 1)
+            d = got
+        i0 = at.get(id(born))
         if i0 is None:
-            i0 = at[born.order] = bisect_left(orders, born.order)
-        i1 = at.get(dies.order)
+            i0 = at[id(born)] = bisect_left(orders, born.order)
+        i1 = at.get(id(dies))
         if i1 is None:
-            i1 = at[dies.order] = bisect_left(orders, dies.order)
+            i1 = at[id(dies)] = bisect_left(orders, dies.order)
         if i0 < i1:
             d[i0] += nbytes
             d[i1] -= nbytes

@@ -89,19 +89,19 @@ def by_layer(terms: Sequence[Term], name: str, n_layers: int) -> list[int]:
 def totals(terms: Iterable[Term]) -> dict[str, int]:
     """Bytes of the step-wide terms (not a layer's) by name: ``bytes_of`` for every name in one pass."""
     out: dict[str, int] = {}
-    for t in terms:
-        if t.layer < 0:
-            out[t.name] = out.get(t.name, 0) + t.nbytes
+    for _key, nbytes, _born, _dies, name, layer, _where, _fields, _tensors in terms:
+        if layer < 0:
+            out[name] = out.get(name, 0) + nbytes
     return out
 
 
 def layer_table(terms: Iterable[Term], n_layers: int) -> dict[str, list[int]]:
     """``by_layer`` for every per-layer name in one pass (a name a layer lacks reads 0 there)."""
     out: dict[str, list[int]] = {}
-    for t in terms:
-        if 0 <= t.layer < n_layers:
-            row = out.get(t.name)
+    for _key, nbytes, _born, _dies, name, layer, _where, _fields, _tensors in terms:
+        if 0 <= layer < n_layers:
+            row = out.get(name)
             if row is None:
-                row = out[t.name] = [0] * n_layers
-            row[t.layer] += t.nbytes
+                row = out[name] = [0] * n_layers
+            row[layer] += nbytes
     return out
