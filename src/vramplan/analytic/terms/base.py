@@ -14,12 +14,12 @@ backward); it has no allocation of its own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 from vramplan.analytic.moment import Key
 from vramplan.analytic.timeline import END, FORWARD, Loc
 
-__all__ = ["WHERE", "Term", "by_layer", "bytes_of", "layer_table", "resident", "totals"]
+__all__ = ["WHERE", "Term", "by_layer", "bytes_of", "device_terms", "layer_table", "resident", "totals"]
 
 WHERE = ("device", "host", "nvme", "managed")
 
@@ -36,7 +36,7 @@ class _TermFields(NamedTuple):
     tensors: tuple[int, ...] = ()
 
 
-_make = _TermFields.__new__
+_tuple_new = tuple.__new__
 
 
 class Term(_TermFields):
@@ -56,15 +56,28 @@ class Term(_TermFields):
 
     def __new__(cls, key: Key, nbytes: int, born: Loc, dies: Loc, name: str, layer: int = -1,
                 where: str = "device", fields: tuple[tuple[str, str], ...] = (),
-                tensors: tuple[int, ...] = ()) -> Term:
+                tensors: tuple[int, ...] = ()) -> Self:
         if where not in WHERE:
             raise ValueError(f"where must be one of {WHERE}, not {where!r}")
         if tensors and sum(tensors) != nbytes:
             raise ValueError(f"{name}: tensors sum to {sum(tensors)}, not {nbytes}")
         if not born.order < dies.order:
             raise ValueError(f"{name}: dies ({dies}) before it is born ({born})")
-        out: Term = _make(cls, key, nbytes, born, dies, name, layer, where, fields, tensors)
+        # what the named tuple's own __new__ does, without its extra frame
+        out: Self = _tuple_new(cls, (key, nbytes, born, dies, name, layer, where, fields, tensors))
         return out
+
+
+def device_terms(key: Key, rows: Iterable[tuple[int, Loc, Loc, str, int]]) -> list[Term]:
+    """Device terms under ``key`` from (bytes, born, dies, name, layer) rows: a per-layer family's records
+    (one per layer per term) made without a ``Term.__new__`` frame each, with the same check (a device
+    term with no tensors can only die before it is born)."""
+    out: list[Term] = []
+    for nbytes, born, dies, name, layer in rows:
+        if not born.order < dies.order:
+            raise ValueError(f"{name}: dies ({dies}) before it is born ({born})")
+        out.append(_tuple_new(Term, (key, nbytes, born, dies, name, layer, "device", (), ())))
+    return out
 
 
 def resident(key: Key, nbytes: int, name: str, where: str = "device", **fields: str) -> Term:
