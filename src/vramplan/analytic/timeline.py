@@ -22,10 +22,10 @@ there by declared key, so the moments come from the terms alone.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import accumulate, compress
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from vramplan.analytic.moment import Key, Moment
@@ -212,19 +212,52 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
             keys[id(key)] = key
             change.setdefault((id(key), ()), [0] * (n + 1))
             shown_at.setdefault(id(key), set()).add(i)
-    parts_at: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
-    # row by row, each moment still gets its rows in the terms' order (what Moment.set does; the keys
-    # are declared: they come from Term records)
-    for (kid, fields), d in change.items():
-        key, shown = keys[kid], shown_at.get(kid)
-        part, label, vals = key.part, key.name(**dict(fields)), list(accumulate(d))
-        present: Iterable[int] = compress(range(n), vals) if shown is None else \
-            [i for i in range(n) if vals[i] or i in shown]
-        for i in present:
-            parts = parts_at[i]
-            row = parts.get(part)
-            if row is None:
-                row = parts[part] = {}
-            row[label] = vals[i]
-    moments = [Moment(pt.phase, parts) for pt, parts in zip(points, parts_at, strict=True)]
-    return moments, list(accumulate(every))[:n]
+    # per row: (part, label formatted once, bytes at each point, the points that show it), in the
+    # terms' order
+    rows = [(keys[kid].part, keys[kid].name(**dict(fields)), list(accumulate(d)), shown_at.get(kid, _NONE))
+            for (kid, fields), d in change.items()]
+    totals = list(accumulate(every))[:n]
+    return [_SweptMoment(pt.phase, rows, i, totals[i]) for i, pt in enumerate(points)], totals
+
+
+_NONE: frozenset[int] = frozenset()
+_Row = tuple[str, str, list[int], "set[int] | frozenset[int]"]
+
+
+class _SweptMoment(Moment):
+    """A moment of the sweep, its parts filled from the sweep's rows when first read.
+
+    A step has a moment per layer part (some 160 for Llama 3 70B) and an estimate reads the parts of
+    one, the peak, and the totals of all (the report's ``phases``): the total comes from the sweep's
+    running sum.  Read, the parts are what ``Moment.set`` would make (rows in the terms' order; a key
+    whose alive terms sum to 0 left out unless the point shows it), and the moment is a plain one.
+    """
+
+    def __init__(self, phase: str, rows: list[_Row], i: int, total: int) -> None:
+        self.phase = phase
+        self.__post_init__()  # the phase is declared
+        self._rows, self._i, self._total = rows, i, total
+        self._parts: dict[str, dict[str, int]] | None = None
+
+    @property
+    def parts(self) -> dict[str, dict[str, int]]:
+        if self._parts is None:
+            i = self._i
+            parts: dict[str, dict[str, int]] = {}
+            for part, label, vals, shown in self._rows:
+                v = vals[i]
+                if v or i in shown:
+                    row = parts.get(part)
+                    if row is None:
+                        row = parts[part] = {}
+                    row[label] = v
+            self._parts = parts
+        return self._parts
+
+    @parts.setter
+    def parts(self, value: dict[str, dict[str, int]]) -> None:
+        self._parts = value
+
+    @property
+    def total(self) -> int:
+        return self._total if self._parts is None else super().total
