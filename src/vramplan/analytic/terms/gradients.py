@@ -50,7 +50,8 @@ def layer_gradient_bytes(c: StepContext) -> list[int]:
     n = len(c.layer_specs)
     if c.offload_opt:
         return [0] * n
-    return [_grad_bytes_layer(c.rp, j, c.pol.grad_bytes, c.shards[1], c.peft) for j in range(n)]
+    rp, grad_bytes, shards, peft = c.rp, c.pol.grad_bytes, c.shards[1], c.peft
+    return [_grad_bytes_layer(rp, j, grad_bytes, shards, peft) for j in range(n)]
 
 
 def _embed_grad(c: StepContext, outside: int) -> int:
@@ -81,8 +82,9 @@ def gradients(c: StepContext) -> list[Term]:
            Term(K.GRADIENTS, total - outside - sum(per_layer), FORWARD if gdf else TIED_EMBEDDING, END,
                 "gradients.rounding")]
     rows: list[tuple[int, Loc, Loc, str, int]] = []
+    m, specs, peft, lt, rp, tp, ep = c.m, c.layer_specs, c.peft, c.lt, c.rp, c.tp, c.ep  # read once, not per layer
     for j in range(n - 1, -1, -1):
-        down = _down_grad_bytes(c.m, c.layer_specs[j], per_layer[j], c.peft, c.lt, c.rp, j, c.tp, c.ep) \
+        down = _down_grad_bytes(m, specs[j], per_layer[j], peft, lt, rp, j, tp, ep) \
             if attention_split[j] else per_layer[j]
         rows += [(down, FORWARD if gdf else mlp(j), END, "gradients.layer", j),
                  (per_layer[j] - down, FORWARD if gdf else attention(j), END, "gradients.layer", j)]
@@ -93,8 +95,9 @@ def unsharded_gradients(c: StepContext) -> list[Term]:
     """ZeRO-3 / FSDP: a layer's full gradients exist before they are reduce-scattered."""
     if c.shards[2] <= 1:
         return []
-    return device_terms(K.UNSHARDED_GRADS, [(_grad_bytes_layer(c.rp, j, c.pol.grad_bytes, 1, c.peft), mlp(j),
-                                              layer_done(j), "gradients.unsharded", j)
+    rp, grad_bytes, peft = c.rp, c.pol.grad_bytes, c.peft
+    return device_terms(K.UNSHARDED_GRADS, [(_grad_bytes_layer(rp, j, grad_bytes, 1, peft), mlp(j), layer_done(j),
+                                              "gradients.unsharded", j)
                                              for j in range(len(c.layer_specs) - 1, -1, -1)])
 
 
