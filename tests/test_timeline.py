@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramplan.analytic.moment import K
+from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.timeline import (
     END,
@@ -18,6 +18,7 @@ from vramplan.analytic.timeline import (
     mlp,
     step_timeline,
     sweep,
+    sweep_totals,
 )
 
 
@@ -72,3 +73,22 @@ def test_terms_check_their_lifetime_and_tensors() -> None:
         Term(K.LOSS_FORWARD, 10, FORWARD, LOSS, "x", tensors=(3, 4))
     with pytest.raises(ValueError, match="where"):
         resident(K.PARAMETERS, 1, "x", where="disk")
+
+
+def test_swept_moments_read_like_set_ones_and_total_what_they_hold() -> None:
+    tl = step_timeline(1, True, [False], False)
+    terms = [
+        resident(K.PARAMETERS, 100, "parameters"),
+        Term(K.SAVED, 10, FORWARD, layer_done(0), "saved.kept", 0),
+        Term(K.LOSS_BACKWARD, 40, LOSS, mlp(0), "logits.loss_gradients"),
+        Term(K.OPTIMIZER_STEP, 7, STEP, END, "optimizer.step"),
+    ]
+    moments, totals = sweep_totals(terms, tl)
+    # forward 100 + 10 = 110; loss 110 + 40 = 150; layer 0 MLP 110; step 100 + 7 = 107
+    assert totals == [110, 150, 110, 107]
+    loss = Moment("backward").set(K.PARAMETERS, 100).set(K.SAVED, 10).set(K.LOSS_BACKWARD, 40)
+    assert moments[1].parts == loss.parts and moments[1].phase == loss.phase
+    assert list(moments[1].parts) == ["weights", "activations", "temporaries"]  # the terms' order
+    # a moment added to after the sweep totals what it then holds: 107 + 3 = 110
+    assert moments[3].add(K.OPTIMIZER_STEP, 3).total == 110
+    assert moments[3].copy("optimizer").parts == {"weights": {"parameters": 100}, "temporaries": {"optimizer step": 10}}

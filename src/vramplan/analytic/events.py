@@ -695,7 +695,7 @@ def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, boo
             continue
         each = split_on_rank(p, tp, 1)
         if p.layer_span:
-            per = n // max(1, len([i for i in p.layer_span if i in lset]))
+            per = n // max(1, sum(map(lset.__contains__, p.layer_span)))
             inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
         else:
             outside.append(each)
@@ -712,11 +712,18 @@ def _layer_terms(c: StepContext, terms: Sequence[Term], lin: tuple[int, ...], ot
     zero = [0] * n
     kept, recompute = table.get("saved.kept", zero), table.get("saved.recompute", zero)
     casts, grads = table.get("casts.layer", zero), table.get("gradients.layer", zero)
-    return tuple(
-        LayerTerms(kept=kept[j], full=kept[j] + recompute[j], mlp_transient=la.mlp_transient[j],
-                   attn_transient=la.attn_transient[j], weight_cast=casts[j], grad=grads[j],
-                   linears=lin, norms=other, params=params, trainable=trainable)
-        for j in range(n))
+    # alike layers (most of them) share one record: a frozen dataclass costs microseconds to make
+    made: dict[tuple[int, ...], LayerTerms] = {}
+    out = []
+    for j in range(n):
+        v = (kept[j], recompute[j], la.mlp_transient[j], la.attn_transient[j], casts[j], grads[j])
+        lt = made.get(v)
+        if lt is None:
+            lt = made[v] = LayerTerms(kept=v[0], full=v[0] + v[1], mlp_transient=v[2], attn_transient=v[3],
+                                      weight_cast=v[4], grad=v[5], linears=lin, norms=other, params=params,
+                                      trainable=trainable)
+        out.append(lt)
+    return tuple(out)
 
 
 def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:

@@ -79,7 +79,7 @@ def count_on_rank(p: ParamGroup, layers: set[int], ep: int) -> int:
     if not p.layer_span:
         return p.count
     per_layer = p.count // len(p.layer_span)
-    held = sum(1 for i in p.layer_span if i in layers)
+    held = sum(map(layers.__contains__, p.layer_span))
     if p.role == "expert" or p.tp == "expert":
         per_layer = ceil_div(per_layer, ep)
     return per_layer * held
@@ -215,12 +215,18 @@ class _Tally:
     head: int = 0
     per_layer: dict[int, int] = field(default_factory=dict)
     lora_layer: dict[int, int] = field(default_factory=dict)
+    # ``layers`` as a set: ``spread`` asks, for every layer of every group, whether this stage holds it
+    held: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.held = frozenset(self.layers)
 
     def spread(self, into: dict[int, int], p: ParamGroup, size: int) -> None:
         """``size`` shared evenly by the layers of ``p`` on this stage."""
-        on = [i for i in p.layer_span if i in self.layers]
+        on = list(filter(self.held.__contains__, p.layer_span))
+        share = size // max(1, len(on))
         for i in on:
-            into[i] = into.get(i, 0) + size // max(1, len(on))
+            into[i] = into.get(i, 0) + share
 
     def base(self, p: ParamGroup, each: int, n_inst: int, tp: int) -> None:
         size = each * n_inst

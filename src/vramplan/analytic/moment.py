@@ -175,4 +175,4 @@ class Moment:
 
     @property
     def total(self) -> int:
-        return sum(sum(d.values()) for d in self.parts.values())
+        return sum(map(sum, map(dict.values, self.parts.values())))

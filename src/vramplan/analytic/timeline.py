@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ __all__ = [
     "mlp",
     "step_timeline",
     "sweep",
+    "sweep_totals",
 ]
 
 # order of each kind of location; the layers' locations sort among themselves by layer, last first
@@ -117,6 +118,19 @@ class Point:
 class Timeline:
     points: tuple[Point, ...]
 
+    @cached_property
+    def orders(self) -> list[tuple[int, int, int]]:
+        """Where each point sorts (``Loc.order``), in the points' order: what ``sweep`` bisects."""
+        return [pt.loc.order for pt in self.points]
+
+    @cached_property
+    def index(self) -> dict[int, int]:
+        """Each point's index by its location's identity (the timeline holds its locations)."""
+        out: dict[int, int] = {}
+        for i, pt in enumerate(self.points):
+            out.setdefault(id(pt.loc), i)
+        return out
+
 
 def step_timeline(n_layers: int, has_head: bool, attention_split: Sequence[bool], tied_end: bool,
                   shown_at_attention: frozenset[Key] = frozenset()) -> Timeline:
@@ -125,6 +139,14 @@ def step_timeline(n_layers: int, has_head: bool, attention_split: Sequence[bool]
     ``attention_split[j]``: layer ``j`` releases saved tensors between its MLP's and its attention's
     backward, so its attention part is a moment of its own.
     """
+    return _step_timeline(n_layers, has_head, tuple(attention_split), tied_end, shown_at_attention)
+
+
+# a timeline is immutable and the same for every estimate of a model with the same layer plan: the
+# planner's solvers estimate one model many times
+@lru_cache(maxsize=256)
+def _step_timeline(n_layers: int, has_head: bool, attention_split: tuple[bool, ...], tied_end: bool,
+                   shown_at_attention: frozenset[Key]) -> Timeline:
     pts = [Point(FORWARD, "forward")]
     if has_head:
         pts.append(Point(LOSS, "backward"))
@@ -145,45 +167,97 @@ def sweep(terms: Sequence[Term], timeline: Timeline) -> list[Moment]:
     Each term adds its bytes at the first point at or after its birth and takes them back at the first
     point at or after its death (a running sum per key), so the sweep is linear in terms and points.
     """
-    orders = [pt.loc.order for pt in timeline.points]
+    return sweep_totals(terms, timeline)[0]
+
+
+def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment], list[int]]:
+    """``sweep`` and each moment's ``total``, from the same running sums (no second pass)."""
+    points = timeline.points
+    orders = timeline.orders
     n = len(orders)
+    # the point index of each location, by its identity (the terms hold their locations while this
+    # runs), bisected once per location: the per-layer locations are singletons (``mlp(j)``)
+    at = dict(timeline.index)
     # keyed by the key's identity (declared keys are singletons) and its label fields
     change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
     keys: dict[int, Key] = {}
-    for t in terms:
-        if t.where != "device" or not t.nbytes:
+    every = [0] * (n + 1)  # all keys together: the moments' totals
+    last: tuple[Key | None, tuple[tuple[str, str], ...]] = (None, ())
+    d = every
+    for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
+        if not nbytes or where != "device":
             continue
-        kf = (id(t.key), t.fields)
-        d = change.get(kf)
-        if d is None:
-            keys[kf[0]] = t.key
-            d = change[kf] = [0] * (n + 1)
-        i0, i1 = bisect_left(orders, t.born.order), bisect_left(orders, t.dies.order)
+        if key is not last[0] or fields != last[1]:  # a family's terms come together: one look-up
+            last = (key, fields)
+            kf = (id(key), fields)
+            got = change.get(kf)
+            if got is None:
+                keys[kf[0]] = key
+                got = change[kf] = [0] * (n + 1)
+            d = got
+        i0 = at.get(id(born))
+        if i0 is None:
+            i0 = at[id(born)] = bisect_left(orders, born.order)
+        i1 = at.get(id(dies))
+        if i1 is None:
+            i1 = at[id(dies)] = bisect_left(orders, dies.order)
         if i0 < i1:
-            d[i0] += t.nbytes
-            d[i1] -= t.nbytes
-    for pt in timeline.points:
+            d[i0] += nbytes
+            d[i1] -= nbytes
+            every[i0] += nbytes
+            every[i1] -= nbytes
+    shown_at: dict[int, set[int]] = {}  # key -> the points that show it
+    for i, pt in enumerate(points):
         for key in pt.shown:
             keys[id(key)] = key
             change.setdefault((id(key), ()), [0] * (n + 1))
-    shown_at: dict[int, set[int]] = {}  # key -> the points that show it
-    for i, pt in enumerate(timeline.points):
-        for key in pt.shown:
             shown_at.setdefault(id(key), set()).add(i)
-    # per row: (part, label formatted once, bytes at each point, the points that show it)
-    rows = [(keys[kf[0]].part, keys[kf[0]].name(**dict(kf[1])), list(accumulate(d)), shown_at.get(kf[0], set()))
-            for kf, d in change.items()]
-    out: list[Moment] = []
-    for i, pt in enumerate(timeline.points):
-        mo = Moment(pt.phase)
-        parts = mo.parts
-        for part, label, vals, shown in rows:
-            v = vals[i]
-            if v or i in shown:
-                # what Moment.set does (the keys are declared: they come from Term records)
-                row = parts.get(part)
-                if row is None:
-                    row = parts[part] = {}
-                row[label] = v
-        out.append(mo)
-    return out
+    # per row: (part, label formatted once, bytes at each point, the points that show it), in the
+    # terms' order
+    rows = [(keys[kid].part, keys[kid].name(**dict(fields)), list(accumulate(d)), shown_at.get(kid, _NONE))
+            for (kid, fields), d in change.items()]
+    totals = list(accumulate(every))[:n]
+    return [_SweptMoment(pt.phase, rows, i, totals[i]) for i, pt in enumerate(points)], totals
+
+
+_NONE: frozenset[int] = frozenset()
+_Row = tuple[str, str, list[int], "set[int] | frozenset[int]"]
+
+
+class _SweptMoment(Moment):
+    """A moment of the sweep, its parts filled from the sweep's rows when first read.
+
+    A step has a moment per layer part (some 160 for Llama 3 70B) and an estimate reads the parts of
+    one, the peak, and the totals of all (the report's ``phases``): the total comes from the sweep's
+    running sum.  Read, the parts are what ``Moment.set`` would make (rows in the terms' order; a key
+    whose alive terms sum to 0 left out unless the point shows it), and the moment is a plain one.
+    """
+
+    def __init__(self, phase: str, rows: list[_Row], i: int, total: int) -> None:
+        self.phase = phase
+        self.__post_init__()  # the phase is declared
+        self._rows, self._i, self._total = rows, i, total
+        self._parts: dict[str, dict[str, int]] | None = None
+
+    @property
+    def parts(self) -> dict[str, dict[str, int]]:
+        if self._parts is None:
+            i = self._i
+            parts: dict[str, dict[str, int]] = {}
+            for part, label, vals, shown in self._rows:
+                v = vals[i]
+                if v or i in shown:
+                    row = parts.get(part)
+                    if row is None:
+                        row = parts[part] = {}
+                    row[label] = v
+            self._parts = parts
+        return self._parts
+
+    @parts.setter
+    def parts(self, value: dict[str, dict[str, int]]) -> None:
+        self._parts = value
+
+    @property
+    def total(self) -> int:
+        return self._total if self._parts is None else super().total

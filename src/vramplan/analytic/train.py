@@ -37,7 +37,7 @@ from vramplan.analytic.terms.casts import CAST_ASSUMPTION, casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
 from vramplan.analytic.terms.gradients import has_tied_embedding_backward
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import Timeline, step_timeline, sweep
+from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -71,8 +71,8 @@ def stage_timeline(c: StepContext) -> Timeline:
 def _elsewhere(terms: list[Term]) -> dict[str, int]:
     """Bytes of the terms by where they live (host, nvme, managed; the device too)."""
     out = dict.fromkeys(WHERE, 0)
-    for t in terms:
-        out[t.where] += t.nbytes
+    for _key, nbytes, _born, _dies, _name, _layer, where, _fields, _tensors in terms:
+        out[where] += nbytes
     return out
 
 
@@ -85,8 +85,8 @@ def train_step(r: Resolved) -> TrainResult:
     for stage in stages(s.parallel.pp):
         c = StepContext(r, stage, attention, repeat)
         terms = step_terms(c)
-        moments = sweep(terms, stage_timeline(c))
-        peak = max(moments, key=lambda mo: mo.total)
+        moments, totals = sweep_totals(terms, stage_timeline(c))
+        peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
         off = _elsewhere(terms)
         results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
                                    build_layout(c, terms), terms))

@@ -14,25 +14,17 @@ backward); it has no allocation of its own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple, Self
 
 from vramplan.analytic.moment import Key
 from vramplan.analytic.timeline import END, FORWARD, Loc
 
-__all__ = ["WHERE", "Term", "by_layer", "bytes_of", "layer_table", "resident", "totals"]
+__all__ = ["WHERE", "Term", "by_layer", "bytes_of", "device_terms", "layer_table", "resident", "totals"]
 
 WHERE = ("device", "host", "nvme", "managed")
 
 
-@dataclass(frozen=True, slots=True)
-class Term:
-    """``nbytes`` under ``key`` from ``born`` up to (not including) ``dies``.
-
-    ``name``: what the term is, unique with ``layer`` in a step (``"saved.kept"`` of layer 3), which
-    the event stream reads.  ``fields``: a templated key's label fields (the optimizer's name).
-    ``tensors``: the allocations the bytes are made of, when the term knows them (empty: one).
-    """
-
+class _TermFields(NamedTuple):
     key: Key
     nbytes: int
     born: Loc
@@ -43,13 +35,49 @@ class Term:
     fields: tuple[tuple[str, str], ...] = ()
     tensors: tuple[int, ...] = ()
 
-    def __post_init__(self) -> None:
-        if self.where not in WHERE:
-            raise ValueError(f"where must be one of {WHERE}, not {self.where!r}")
-        if self.tensors and sum(self.tensors) != self.nbytes:
-            raise ValueError(f"{self.name}: tensors sum to {sum(self.tensors)}, not {self.nbytes}")
-        if not self.born.order < self.dies.order:
-            raise ValueError(f"{self.name}: dies ({self.dies}) before it is born ({self.born})")
+
+_tuple_new = tuple.__new__
+
+
+class Term(_TermFields):
+    """``nbytes`` under ``key`` from ``born`` up to (not including) ``dies``.
+
+    ``name``: what the term is, unique with ``layer`` in a step (``"saved.kept"`` of layer 3), which
+    the event stream reads.  ``fields``: a templated key's label fields (the optimizer's name).
+    ``tensors``: the allocations the bytes are made of, when the term knows them (empty: one).
+
+    An immutable named tuple rather than a frozen dataclass: a step makes one term per layer per
+    per-layer term (some 740 for Llama 3 70B), and a frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field) cost 2.5 us each against 1 us here, validation included
+    (benchmarks/bench_estimate.txt).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, key: Key, nbytes: int, born: Loc, dies: Loc, name: str, layer: int = -1,
+                where: str = "device", fields: tuple[tuple[str, str], ...] = (),
+                tensors: tuple[int, ...] = ()) -> Self:
+        if where not in WHERE:
+            raise ValueError(f"where must be one of {WHERE}, not {where!r}")
+        if tensors and sum(tensors) != nbytes:
+            raise ValueError(f"{name}: tensors sum to {sum(tensors)}, not {nbytes}")
+        if not born.order < dies.order:
+            raise ValueError(f"{name}: dies ({dies}) before it is born ({born})")
+        # what the named tuple's own __new__ does, without its extra frame
+        out: Self = _tuple_new(cls, (key, nbytes, born, dies, name, layer, where, fields, tensors))
+        return out
+
+
+def device_terms(key: Key, rows: Iterable[tuple[int, Loc, Loc, str, int]]) -> list[Term]:
+    """Device terms under ``key`` from (bytes, born, dies, name, layer) rows: a per-layer family's records
+    (one per layer per term) made without a ``Term.__new__`` frame each, with the same check (a device
+    term with no tensors can only die before it is born)."""
+    out: list[Term] = []
+    for nbytes, born, dies, name, layer in rows:
+        if not born.order < dies.order:
+            raise ValueError(f"{name}: dies ({dies}) before it is born ({born})")
+        out.append(_tuple_new(Term, (key, nbytes, born, dies, name, layer, "device", (), ())))
+    return out
 
 
 def resident(key: Key, nbytes: int, name: str, where: str = "device", **fields: str) -> Term:
@@ -74,19 +102,19 @@ def by_layer(terms: Sequence[Term], name: str, n_layers: int) -> list[int]:
 def totals(terms: Iterable[Term]) -> dict[str, int]:
     """Bytes of the step-wide terms (not a layer's) by name: ``bytes_of`` for every name in one pass."""
     out: dict[str, int] = {}
-    for t in terms:
-        if t.layer < 0:
-            out[t.name] = out.get(t.name, 0) + t.nbytes
+    for _key, nbytes, _born, _dies, name, layer, _where, _fields, _tensors in terms:
+        if layer < 0:
+            out[name] = out.get(name, 0) + nbytes
     return out
 
 
 def layer_table(terms: Iterable[Term], n_layers: int) -> dict[str, list[int]]:
     """``by_layer`` for every per-layer name in one pass (a name a layer lacks reads 0 there)."""
     out: dict[str, list[int]] = {}
-    for t in terms:
-        if 0 <= t.layer < n_layers:
-            row = out.get(t.name)
+    for _key, nbytes, _born, _dies, name, layer, _where, _fields, _tensors in terms:
+        if 0 <= layer < n_layers:
+            row = out.get(name)
             if row is None:
-                row = out[t.name] = [0] * n_layers
-            row[t.layer] += t.nbytes
+                row = out[name] = [0] * n_layers
+            row[layer] += nbytes
     return out

@@ -13,10 +13,10 @@ from __future__ import annotations
 from vramplan.analytic.gradients import gradient_bytes, tied_embedding_accumulation_bytes
 from vramplan.analytic.layout import LoraTargets, RankParams, replicated_embedding_grad
 from vramplan.analytic.moment import K
-from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, attention, layer_done, mlp
+from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
@@ -50,7 +50,8 @@ def layer_gradient_bytes(c: StepContext) -> list[int]:
     n = len(c.layer_specs)
     if c.offload_opt:
         return [0] * n
-    return [_grad_bytes_layer(c.rp, j, c.pol.grad_bytes, c.shards[1], c.peft) for j in range(n)]
+    rp, grad_bytes, shards, peft = c.rp, c.pol.grad_bytes, c.shards[1], c.peft
+    return [_grad_bytes_layer(rp, j, grad_bytes, shards, peft) for j in range(n)]
 
 
 def _embed_grad(c: StepContext, outside: int) -> int:
@@ -80,20 +81,24 @@ def gradients(c: StepContext) -> list[Term]:
            Term(K.GRADIENTS, embed, FORWARD if gdf else TIED_EMBEDDING, END, "gradients.embedding"),
            Term(K.GRADIENTS, total - outside - sum(per_layer), FORWARD if gdf else TIED_EMBEDDING, END,
                 "gradients.rounding")]
+    rows: list[tuple[int, Loc, Loc, str, int]] = []
+    m, specs, peft, lt, rp, tp, ep = c.m, c.layer_specs, c.peft, c.lt, c.rp, c.tp, c.ep  # read once, not per layer
     for j in range(n - 1, -1, -1):
-        down = _down_grad_bytes(c.m, c.layer_specs[j], per_layer[j], c.peft, c.lt, c.rp, j, c.tp, c.ep) \
+        down = _down_grad_bytes(m, specs[j], per_layer[j], peft, lt, rp, j, tp, ep) \
             if attention_split[j] else per_layer[j]
-        out += [Term(K.GRADIENTS, down, FORWARD if gdf else mlp(j), END, "gradients.layer", j),
-                Term(K.GRADIENTS, per_layer[j] - down, FORWARD if gdf else attention(j), END, "gradients.layer", j)]
-    return out
+        rows += [(down, FORWARD if gdf else mlp(j), END, "gradients.layer", j),
+                 (per_layer[j] - down, FORWARD if gdf else attention(j), END, "gradients.layer", j)]
+    return out + device_terms(K.GRADIENTS, rows)
 
 
 def unsharded_gradients(c: StepContext) -> list[Term]:
     """ZeRO-3 / FSDP: a layer's full gradients exist before they are reduce-scattered."""
     if c.shards[2] <= 1:
         return []
-    return [Term(K.UNSHARDED_GRADS, _grad_bytes_layer(c.rp, j, c.pol.grad_bytes, 1, c.peft), mlp(j),
-                 layer_done(j), "gradients.unsharded", j) for j in range(len(c.layer_specs) - 1, -1, -1)]
+    rp, grad_bytes, peft = c.rp, c.pol.grad_bytes, c.peft
+    return device_terms(K.UNSHARDED_GRADS, [(_grad_bytes_layer(rp, j, grad_bytes, 1, peft), mlp(j), layer_done(j),
+                                              "gradients.unsharded", j)
+                                             for j in range(len(c.layer_specs) - 1, -1, -1)])
 
 
 def embedding_shard_copy(c: StepContext) -> list[Term]:

@@ -44,10 +44,46 @@ def layer_activations(c: StepContext) -> LayerActivations:
     return c.memo("layer_activations", lambda: _compute(c))
 
 
+@dataclass(frozen=True)
+class _PerToken:
+    """One layer kind's per-token values (analytic/activations.py)."""
+
+    saved: int
+    selective: int
+    transients: tuple[int, int]
+    released: int
+    mlp_released: int
+
+
+def _per_token(c: StepContext) -> list[_PerToken]:
+    return c.memo("layer_per_token", lambda: _compute_per_token(c))
+
+
+def _compute_per_token(c: StepContext) -> list[_PerToken]:
+    """Each layer's per-token values, computed once per kind of layer: they depend on what the layer
+    computes (MoE or dense, its MLP width, its attention window), not on its index, and the layers of a
+    model are mostly alike (80 identical ones in Llama 3 70B)."""
+    m, ctx, selective = c.m, c.act, c.s.train.gradient_checkpointing == "selective"
+    kinds: dict[tuple[bool, int, int | None], _PerToken] = {}
+    out = []
+    for ls in c.layer_specs:
+        kind = (ls.moe, ls.intermediate_size, ls.sliding_window)
+        v = kinds.get(kind)
+        if v is None:
+            v = kinds[kind] = _PerToken(
+                act.layer_saved_per_token(m, ls, ctx),
+                act.selective_saved_per_token(m, ls, ctx) if selective else 0,
+                act.backward_transients_per_token(m, ls, ctx),
+                act.freed_before_attention_backward_per_token(m, ls, ctx),
+                act.freed_before_mlp_backward_per_token(m, ls, ctx))
+        out.append(v)
+    return out
+
+
 def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | None]:
     """Each layer's saved bytes with autograd recording; the DoRA share of each; the wrapped experts."""
     m, ctx, tokens, peft, lt, pol = c.m, c.act, c.tokens, c.peft, c.lt, c.pol
-    full = [act.layer_saved_per_token(m, ls, ctx) * tokens for ls in c.layer_specs]
+    full = [v.saved * tokens for v in _per_token(c)]
     dora = 0
     if peft is not None and peft.method == "dora":
         per_tok, const = _dora_saved(m, lt.linear, peft.rank, pol.compute_bytes if pol.autocast else 4, c.tp)
@@ -65,19 +101,20 @@ def _compute(c: StepContext) -> LayerActivations:
     m, ctx, tokens, specs = c.m, c.act, c.tokens, c.layer_specs
     ckpt = c.s.train.gradient_checkpointing
     full, dora, wx = _full_saved(c)
+    per_token = _per_token(c)
     attention_idle = frozen_prefix(c, full, dora, wx)  # layers whose attention records nothing
     if ckpt == "full":
         kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in specs]
     elif ckpt == "selective":
-        kept = [act.selective_saved_per_token(m, ls, ctx) * tokens for ls in specs]
+        kept = [v.selective * tokens for v in per_token]
     else:
         kept = list(full)
-    transients = [act.backward_transients_per_token(m, ls, ctx) for ls in specs]
+    transients = [v.transients for v in per_token]
     mlp_transient = [tr[0] * tokens for tr in transients]
     attn_transient = [0 if j in attention_idle else tr[1] * tokens for j, tr in enumerate(transients)]
     # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
-    released = [act.freed_before_attention_backward_per_token(m, ls, ctx) * tokens for ls in specs]
-    mlp_released = [act.freed_before_mlp_backward_per_token(m, ls, ctx) * tokens for ls in specs]
+    released = [v.released * tokens for v in per_token]
+    mlp_released = [v.mlp_released * tokens for v in per_token]
     if wx is not None and c.lt.experts_wrapped:
         for j, ls in enumerate(specs):
             if ls.moe:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.moment import K
-from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import FORWARD, TIED_EMBEDDING, attention, layer_done, mlp
+from vramplan.analytic.timeline import FORWARD, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 
 __all__ = ["head_saved", "layer_saved", "shared_saved"]
 
@@ -29,22 +29,22 @@ def layer_saved(c: StepContext) -> list[Term]:
     kept, ckpt = la.kept, c.s.train.gradient_checkpointing
     selective = ckpt == "selective"
     in_flight = (c.in_flight - 1) * sum(kept)
-    out = [Term(K.SAVED, kept[j], FORWARD, layer_done(j), "saved.kept", j) for j in range(len(kept))]
+    out = device_terms(K.SAVED, [(kept[j], FORWARD, layer_done(j), "saved.kept", j) for j in range(len(kept))])
     out.append(Term(K.SAVED, in_flight, FORWARD, TIED_EMBEDDING, "saved.in_flight"))
     below = [0]  # below[j + 1]: kept bytes of layers 0..j
     for k in kept:
         below.append(below[-1] + k)
+    rows: list[tuple[int, Loc, Loc, str, int]] = []
     for j in range(len(kept) - 1, -1, -1):
         alive = below[j + 1] + in_flight
         recompute = la.full[j] - kept[j] if ckpt != "none" else 0
-        out += [
-            Term(K.SAVED, recompute, attention(j) if selective else mlp(j), layer_done(j), "saved.recompute", j),
-            Term(K.SAVED, -min(la.mlp_released[j], alive + recompute), mlp(j), attention(j),
-                 "saved.freed_before_mlp", j),
-            Term(K.SAVED, -min(la.released[j], alive + recompute), attention(j), layer_done(j),
-                 "saved.freed_before_attention", j),
+        at_mlp, at_attention, done = mlp(j), attention(j), layer_done(j)
+        rows += [
+            (recompute, at_attention if selective else at_mlp, done, "saved.recompute", j),
+            (-min(la.mlp_released[j], alive + recompute), at_mlp, at_attention, "saved.freed_before_mlp", j),
+            (-min(la.released[j], alive + recompute), at_attention, done, "saved.freed_before_attention", j),
         ]
-    return out
+    return out + device_terms(K.SAVED, rows)
 
 
 def shared_saved(c: StepContext) -> list[Term]:

@@ -5,20 +5,20 @@ the larger of the two at its one moment."""
 from __future__ import annotations
 
 from vramplan.analytic.moment import K
-from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import attention, layer_done, mlp
+from vramplan.analytic.timeline import Loc, attention, layer_done, mlp
 
 __all__ = ["layer_backward"]
 
 
 def layer_backward(c: StepContext) -> list[Term]:
     la = layer_activations(c)
-    out: list[Term] = []
+    rows: list[tuple[int, Loc, Loc, str, int]] = []
     for j in range(len(la.kept) - 1, -1, -1):
         mt, at = la.mlp_transient[j], la.attn_transient[j]
         split = la.attention_split[j]
-        out += [Term(K.LAYER_BACKWARD, mt if split else max(mt, at), mlp(j), attention(j), "transient.mlp", j),
-                Term(K.LAYER_BACKWARD, at, attention(j), layer_done(j), "transient.attention", j)]
-    return out
+        rows += [(mt if split else max(mt, at), mlp(j), attention(j), "transient.mlp", j),
+                 (at, attention(j), layer_done(j), "transient.attention", j)]
+    return device_terms(K.LAYER_BACKWARD, rows)
