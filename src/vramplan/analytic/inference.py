@@ -65,7 +65,13 @@ from dataclasses import dataclass
 
 from vramplan.analytic.attention import falls_back_to_eager
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
-from vramplan.analytic.layout import BNB_FORMATS, RankParams, quantized_expert_loop, rank_params
+from vramplan.analytic.layout import (
+    BNB_4BIT_FORMATS,
+    BNB_FORMATS,
+    RankParams,
+    quantized_expert_loop,
+    rank_params,
+)
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
@@ -348,7 +354,7 @@ def bnb_dequant_bytes(largest: int, quant: str, state_dtype: str, compute_dtype:
     150,994,944 x (2 + 4) = 905,969,664 B, where an fp16 compute dtype needs 301,989,888 B.
     """
     q = dtype_bits(state_dtype) // 8
-    if quant in ("nf4", "nf4-dq", "fp4") and compute_dtype != state_dtype:
+    if quant in BNB_4BIT_FORMATS and compute_dtype != state_dtype:
         return largest * (q + dtype_bits(compute_dtype) // 8)
     return largest * q
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramplan.facts.quantization import bnb_formats
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
@@ -125,7 +126,8 @@ class LoraTargets:
         return bool(self.gate_up_rank or self.down_rank)
 
 
-BNB_FORMATS = ("nf4", "nf4-dq", "fp4", "int8")
+BNB_FORMATS = bnb_formats()  # the bitsandbytes rows of facts/quantization.py
+BNB_4BIT_FORMATS = bnb_formats(bits=4)  # bitsandbytes Linear4bit: nf4, nf4-dq, fp4
 
 
 def quantized_expert_loop(m: ModelSpec, quant: str) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from vramplan.analytic.attention import falls_back_to_eager, resolve_attention
 from vramplan.analytic.events import StepLayout, build_layout
-from vramplan.analytic.layout import lora_targets, quantized_expert_loop
+from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy
@@ -116,7 +116,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    "no adapter here either (check the name)")
     if falls_back_to_eager(t.attention, m):
         out.append(f"{m.family} has no SDPA attention: transformers' default falls back to eager")
-    if t.peft is not None and t.quantization in ("nf4", "nf4-dq", "fp4"):
+    if t.peft is not None and t.quantization in BNB_4BIT_FORMATS:
         if s.software.bnb_4bit_saves_input:
             out.append(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
                        "for the backward (MatMul4Bit ctx.tensors = (A, B))")

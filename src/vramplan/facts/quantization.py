@@ -161,6 +161,6 @@ def quant_format(name: str) -> QuantFormat:
     return row_named(QUANT_FORMATS, name, "quantization format")
 
 
-def bnb_formats() -> tuple[str, ...]:
-    """The bitsandbytes formats (``analytic/layout.py`` ``BNB_FORMATS`` lists the same)."""
-    return tuple(q.name for q in QUANT_FORMATS if q.library == "bitsandbytes")
+def bnb_formats(bits: int | None = None) -> tuple[str, ...]:
+    """The bitsandbytes formats (``bits``: only those of that width, e.g. 4 for ``Linear4bit``)."""
+    return tuple(q.name for q in QUANT_FORMATS if q.library == "bitsandbytes" and bits in (None, q.bits))

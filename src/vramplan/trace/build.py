@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 
 from vramplan.errors import Problem, ScenarioError
+from vramplan.facts.quantization import bnb_formats
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.quant import EXPERTS_NOTE, QuantExperts, QuantLinear, quantize_linears
@@ -246,7 +247,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
     model.config.use_cache = task != "train"
     quant_tensors: list[torch.Tensor] = []
     if quant != "none":
-        if quant not in ("nf4", "nf4-dq", "fp4", "int8"):
+        if quant not in bnb_formats():
             raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
                                          "use --engine analytic for GPTQ/AWQ/fp8 checkpoints")])
         # inference: the configured bnb_4bit_compute_dtype (default: the model dtype); QuantLinear replaces it

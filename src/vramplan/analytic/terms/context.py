@@ -9,7 +9,15 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from vramplan.analytic import activations as act
-from vramplan.analytic.layout import LoraTargets, RankParams, lora_targets, quantized_expert_loop, rank_params
+from vramplan.analytic.layout import (
+    BNB_4BIT_FORMATS,
+    BNB_FORMATS,
+    LoraTargets,
+    RankParams,
+    lora_targets,
+    quantized_expert_loop,
+    rank_params,
+)
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
@@ -137,7 +145,7 @@ class StepContext:
     @cached_property
     def kbit(self) -> bool:
         """A k-bit base prepared by peft.prepare_model_for_kbit_training."""
-        return self.peft is not None and self.quant in ("nf4", "nf4-dq", "fp4", "int8") and \
+        return self.peft is not None and self.quant in BNB_FORMATS and \
             self.framework in KBIT_PREPARED
 
     @property
@@ -207,6 +215,6 @@ class StepContext:
             expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
             gate_up_wrapped=bool(lt.gate_up_rank), down_wrapped=bool(lt.down_rank), router_wrapped=bool(lt.router_rank),
             sdpa=s.train.attention == "sdpa", adapter_bytes=self.adapter,
-            kbit_saves_input=(peft is not None and quant in ("nf4", "nf4-dq", "fp4")
+            kbit_saves_input=(peft is not None and quant in BNB_4BIT_FORMATS
                               and s.software.bnb_4bit_saves_input),
         )
