@@ -52,9 +52,8 @@ from vramplan.alloc.compact import Repeat
 from vramplan.analytic.layout import RankParams, count_on_rank, split_on_rank
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
-from vramplan.analytic.terms.base import Term, layer_table, totals
+from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.terms.layers import layer_activations
 from vramplan.spec.model import ModelSpec
 
 __all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
@@ -702,21 +701,19 @@ def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, boo
     return inner, outside
 
 
-def _layer_terms(c: StepContext, terms: Sequence[Term], lin: tuple[int, ...], other: tuple[int, ...],
+def _layer_terms(n: int, table: dict[str, list[int]], lin: tuple[int, ...], other: tuple[int, ...],
                  params: tuple[int, ...], trainable: tuple[int, ...]) -> tuple[LayerTerms, ...]:
-    """Each layer's terms, read from the step's term records (the transients from the layer plan, which
-    the records hold only as each moment's figure)."""
-    n = len(c.layer_specs)
-    la = layer_activations(c)
-    table = layer_table(terms, n)
+    """Each of the ``n`` layers' terms, read from the step's per-layer term records by name (``table``:
+    analytic/terms/base.py ``layer_table``)."""
     zero = [0] * n
     kept, recompute = table.get("saved.kept", zero), table.get("saved.recompute", zero)
     casts, grads = table.get("casts.layer", zero), table.get("gradients.layer", zero)
+    mlp_transient, attn_transient = table.get("transient.mlp", zero), table.get("transient.attention", zero)
     # alike layers (most of them) share one record: a frozen dataclass costs microseconds to make
     made: dict[tuple[int, ...], LayerTerms] = {}
     out = []
     for j in range(n):
-        v = (kept[j], recompute[j], la.mlp_transient[j], la.attn_transient[j], casts[j], grads[j])
+        v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j])
         lt = made.get(v)
         if lt is None:
             lt = made[v] = LayerTerms(kept=v[0], full=v[0] + v[1], mlp_transient=v[2], attn_transient=v[3],
@@ -731,7 +728,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     m, rp, ctx, tp = c.m, c.rp, c.act, c.tp
     heads = -(-m.num_attention_heads // tp)
     inner, outside = _tensors(m, rp, tp)
-    b = totals(terms)
+    b, table, by_key = tables(terms, len(c.layer_specs))
     all_numel = sum(x for x, _ in inner) * max(1, len(rp.layers)) + sum(outside)
     weights_resident = b.get("parameters", 0)
 
@@ -749,7 +746,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     else:
         layer_trainable = tuple(x for x, _ in inner)
         outside_trainable = tuple(outside)
-    layers = _layer_terms(c, terms, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
+    layers = _layer_terms(len(c.layer_specs), table, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
     ls0 = c.layer_specs[0] if c.layer_specs else None
     if ls0 is not None and ls0.moe and m.moe is not None:
         inter = m.moe.expert_intermediate_size * m.moe.top_k
@@ -768,7 +765,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         grad_outside=b.get("gradients.head", 0) + b.get("gradients.embedding", 0),
         embed_grad=b.get("gradients.embedding", 0), states=states,
         state_tensors_per_param=state_tensors_per_param(c.s.train.optimizer) if states else 0,
-        step_temporary=sum(t.nbytes for t in terms if t.key is K.OPTIMIZER_STEP and t.where == "device"),
+        step_temporary=by_key.get(id(K.OPTIMIZER_STEP), 0),
         master=b.get("master", 0), ddp=b.get("ddp", 0),
         workspace=b.get("cublas", 0) // 2, gathered=b.get("gathered", 0),
         shared=b.get("saved.shared", 0), head_saved=b.get("saved.head", 0),
@@ -779,8 +776,9 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
 
 
 def _loss_tensors(terms: Sequence[Term]) -> tuple[int, int, int]:
-    """(logits, their fp32 copy, the saved log-probabilities): the loss term's tensors (0s without the head)."""
-    for t in terms:
+    """(logits, their fp32 copy, the saved log-probabilities): the loss term's tensors (0s without the head).
+    Looked for from the end: the loss comes after the per-layer terms in the registry."""
+    for t in reversed(terms):
         if t.name == "logits.loss":
             a, b, c = t.tensors
             return a, b, c

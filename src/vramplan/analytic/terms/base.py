@@ -19,7 +19,7 @@ from typing import NamedTuple, Self
 from vramplan.analytic.moment import Key
 from vramplan.analytic.timeline import END, FORWARD, Loc
 
-__all__ = ["WHERE", "Term", "by_layer", "bytes_of", "device_terms", "layer_table", "resident", "totals"]
+__all__ = ["WHERE", "Term", "by_layer", "bytes_of", "device_terms", "layer_table", "resident", "tables", "totals"]
 
 WHERE = ("device", "host", "nvme", "managed")
 
@@ -118,3 +118,23 @@ def layer_table(terms: Iterable[Term], n_layers: int) -> dict[str, list[int]]:
                 row = out[name] = [0] * n_layers
             row[layer] += nbytes
     return out
+
+
+def tables(terms: Iterable[Term], n_layers: int) -> tuple[dict[str, int], dict[str, list[int]], dict[int, int]]:
+    """``totals``, ``layer_table`` and the step-wide device bytes by key (its identity: declared keys are
+    singletons) in one pass over the terms: what the event stream reads (analytic/events.py)."""
+    step: dict[str, int] = {}
+    layers: dict[str, list[int]] = {}
+    by_key: dict[int, int] = {}
+    for key, nbytes, _born, _dies, name, layer, where, _fields, _tensors in terms:
+        if layer < 0:
+            step[name] = step.get(name, 0) + nbytes
+            if where == "device":
+                k = id(key)
+                by_key[k] = by_key.get(k, 0) + nbytes
+        elif layer < n_layers:
+            row = layers.get(name)
+            if row is None:
+                row = layers[name] = [0] * n_layers
+            row[layer] += nbytes
+    return step, layers, by_key
