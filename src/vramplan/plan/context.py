@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramplan.analytic.layout import LoraTargets, RankParams, lora_targets, rank_params
+from vramplan.analytic.layout import LoraTargets, lora_targets, rank_params
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import ReservedModel, estimate
@@ -45,7 +45,6 @@ class PlanContext:
     margin: float
     base: Scenario
     _pols: dict[tuple[str, str, str], PrecisionPolicy] = field(default_factory=dict)
-    _rps: dict[tuple[int, int, int, str | None, str], RankParams] = field(default_factory=dict)
     _trainable: dict[tuple[str | None, str], int] = field(default_factory=dict)
 
     @property
@@ -86,14 +85,6 @@ class PlanContext:
         return lora_targets(s.train.peft, self.model, self.base.software.fused_moe_experts,
                             s.quantization if s.peft else "none")
 
-    def rank_params(self, s: TrainSetup, stage: int) -> RankParams:
-        key = (s.tp, s.pp, stage, s.peft, s.quantization)
-        rp = self._rps.get(key)
-        if rp is None:
-            rp = rank_params(self.model, s.tp, s.pp, 1, stage, s.train.peft, self._targets(s))
-            self._rps[key] = rp
-        return rp
-
     def trainable(self, s: TrainSetup) -> int:
         """Parameters the optimizer updates: all of them, or the adapters under PEFT."""
         key = (s.peft, s.quantization)
@@ -110,9 +101,9 @@ class PlanContext:
         return train_step_time(s, self.facts, self.gpu, self.assumptions, self.policy(s), self.trainable(s), lora)
 
     def lower_bound(self, s: TrainSetup) -> int:
-        pol = self.policy(s)
-        stages = {0, s.pp - 1}
-        return max(static_lower_bound_bytes(s, self.rank_params(s, st), self.gpu, pol) for st in stages)
+        """The engine's static terms on the setup's scenario, with the CUDA context and NCCL buffers
+        (plan/bound.py): never above the estimate's ``device_used_bytes``."""
+        return static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
 
     def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
         """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""

@@ -24,8 +24,8 @@ from vramplan.analytic.terms.base import Term, by_layer, bytes_of
 from vramplan.analytic.terms.context import StepContext
 from vramplan.spec.load import Resolved
 
-__all__ = ["STATIC_TERMS", "TERMS", "StepContext", "Term", "by_layer", "bytes_of", "static_bytes", "static_terms",
-           "step_terms"]
+__all__ = ["STATIC_TERMS", "TERMS", "StepContext", "Term", "by_layer", "bytes_of", "static_by_stage", "static_bytes",
+           "static_terms", "step_terms"]
 
 TermFn = Callable[[StepContext], list[Term]]
 
@@ -70,25 +70,38 @@ STATIC_TERMS: tuple[TermFn, ...] = (
 )
 
 
-def static_bytes(r: Resolved) -> int:
-    """The static terms' bytes on the GPU of the heaviest stage: device terms alive the whole step
-    (weights, the FSDP root unit, optimizer states, fp32 masters, cuBLAS workspaces, DDP buckets) and
-    the managed (paged) optimizer states.
-
-    Every moment of the step holds the device part, so it is at most the peak allocated bytes, and with
-    the managed states at most ``device_used`` less the CUDA context and the NCCL buffers: the exact
-    static floor the planner's lower bound (plan/bound.py) restates term by term.  It needs no
-    activation: ``static_terms`` runs only the resident term functions.
-    """
+def static_by_stage(r: Resolved) -> list[tuple[int, int]]:
+    """(device bytes, managed bytes) of the static terms on each stage worth estimating (``stages``):
+    the device terms alive the whole step (weights, the FSDP root unit, optimizer states, fp32 masters,
+    cuBLAS workspaces, DDP buckets) and the managed (paged) optimizer states.  It needs no activation:
+    ``static_terms`` runs only the resident term functions."""
     from vramplan.analytic.attention import resolve_attention
     from vramplan.analytic.terms.context import stages, step_policy
 
     attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
-    best = 0
+    out = []
     for stage in stages(r.scenario.parallel.pp):
-        terms = static_terms(StepContext(r, stage, attention, repeat))
-        best = max(best, sum(t.nbytes for t in terms if t.where in ("device", "managed")))
-    return best
+        device = managed = 0
+        for t in static_terms(StepContext(r, stage, attention, repeat)):
+            if t.where == "device":
+                device += t.nbytes
+            elif t.where == "managed":
+                managed += t.nbytes
+        out.append((device, managed))
+    return out
+
+
+def static_bytes(r: Resolved) -> int:
+    """The static floor of ``peak_allocated + managed``: the heaviest stage's static device terms plus
+    the smallest managed states of any stage.
+
+    Every moment of a stage holds its static device terms, and the estimate reports the stage with the
+    highest peak, so its peak allocated bytes are at least every stage's static device bytes; the managed
+    states it adds are its own stage's, at least the smallest.  With one stage this is the static terms'
+    sum.  The planner's lower bound (plan/bound.py) is this plus the CUDA context and NCCL buffers.
+    """
+    per = static_by_stage(r)
+    return max(d for d, _ in per) + min(m for _, m in per)
 
 
 def static_terms(c: StepContext) -> list[Term]:

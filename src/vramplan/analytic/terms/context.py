@@ -25,7 +25,7 @@ from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario
 from vramplan.units import ceil_div
 
-__all__ = ["StepContext", "shards", "stages", "step_policy"]
+__all__ = ["StepContext", "communicators", "shards", "stages", "step_policy"]
 
 # the frameworks that load a k-bit base through peft.prepare_model_for_kbit_training
 KBIT_PREPARED = ("hf-trainer", "accelerate", "plain")
@@ -44,6 +44,13 @@ def shards(s: Scenario, dp: int) -> tuple[int, int, int]:
         return group, group, 1
     z = par.zero_stage
     return (dp if z >= 1 else 1, dp if z >= 2 else 1, dp if z >= 3 else 1)
+
+
+def communicators(s: Scenario) -> int:
+    """NCCL communicators a rank holds: one per parallel dimension of more than one rank (data, tensor,
+    pipeline); each one keeps its buffers (analytic/overhead.py ``nccl_bytes``)."""
+    par = s.parallel
+    return (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
 
 
 def stages(pp: int) -> list[int]:
