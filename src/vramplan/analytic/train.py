@@ -71,8 +71,8 @@ def stage_timeline(c: StepContext) -> Timeline:
 def _elsewhere(terms: list[Term]) -> dict[str, int]:
     """Bytes of the terms by where they live (host, nvme, managed; the device too)."""
     out = dict.fromkeys(WHERE, 0)
-    for _key, nbytes, _born, _dies, _name, _layer, where, _fields, _tensors in terms:
-        out[where] += nbytes
+    for t in terms:
+        out[t[6]] += t[1]  # where, nbytes: indexed, not unpacked (a step has hundreds of records)
     return out
 
 

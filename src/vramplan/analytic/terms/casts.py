@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
-from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.timeline import FORWARD, LOSS, layer_done, mlp
+from vramplan.analytic.timeline import FORWARD, LOSS, Loc, layer_done, mlp
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
@@ -50,14 +50,15 @@ def layer_casts(c: StepContext) -> list[Term]:
     m, tp, wcb = c.m, c.tp, c.pol.weight_cast_bytes
     per_layer = _linear_params_per_layer(c.rp, m) * wcb
     full_ckpt = c.s.train.gradient_checkpointing == "full"
-    out: list[Term] = []
+    rows: list[tuple[int, Loc, Loc, str, int]] = []
     for j, ls in enumerate(c.layer_specs):
         down = m.hidden_size * ceil_div(ls.intermediate_size, tp) * wcb if per_layer and not ls.moe else 0
-        out.append(Term(K.CASTS, per_layer, FORWARD, LOSS if full_ckpt else layer_done(j), "casts.layer", j))
+        at_mlp, done = mlp(j), layer_done(j)
+        rows.append((per_layer, FORWARD, LOSS if full_ckpt else done, "casts.layer", j))
         if full_ckpt:
-            out.append(Term(K.CASTS, per_layer, mlp(j), layer_done(j), "casts.recomputed", j))
-        out.append(Term(K.CASTS, -down, mlp(j), layer_done(j), "casts.freed_down_projection", j))
-    return out
+            rows.append((per_layer, at_mlp, done, "casts.recomputed", j))
+        rows.append((-down, at_mlp, done, "casts.freed_down_projection", j))
+    return device_terms(K.CASTS, rows)
 
 
 def head_casts(c: StepContext) -> list[Term]:

@@ -83,11 +83,21 @@ def gradients(c: StepContext) -> list[Term]:
                 "gradients.rounding")]
     rows: list[tuple[int, Loc, Loc, str, int]] = []
     m, specs, peft, lt, rp, tp, ep = c.m, c.layer_specs, c.peft, c.lt, c.rp, c.tp, c.ep  # read once, not per layer
+    lora = rp.lora_per_layer if peft is not None else ()
+    # the share depends on what the layer computes (MoE or dense, its MLP width), its gradient bytes and its
+    # adapters, not on its index: computed once per kind of layer (the layers of a model are mostly alike)
+    shares: dict[tuple[bool, int, int, int], int] = {}
     for j in range(n - 1, -1, -1):
-        down = _down_grad_bytes(m, specs[j], per_layer[j], peft, lt, rp, j, tp, ep) \
-            if attention_split[j] else per_layer[j]
+        g, ls = per_layer[j], specs[j]
+        if attention_split[j]:
+            kind = (ls.moe, ls.intermediate_size, g, lora[j] if j < len(lora) else 0)
+            down = shares.get(kind, -1)
+            if down < 0:
+                down = shares[kind] = _down_grad_bytes(m, ls, g, peft, lt, rp, j, tp, ep)
+        else:
+            down = g
         rows += [(down, FORWARD if gdf else mlp(j), END, "gradients.layer", j),
-                 (per_layer[j] - down, FORWARD if gdf else attention(j), END, "gradients.layer", j)]
+                 (g - down, FORWARD if gdf else attention(j), END, "gradients.layer", j)]
     return out + device_terms(K.GRADIENTS, rows)
 
 
