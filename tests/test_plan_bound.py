@@ -4,6 +4,8 @@ estimate's own records hold and never exceeds what the estimate reports."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +13,7 @@ from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
 from vramplan.analytic.terms import STATIC_TERMS, StepContext, static_bytes, step_terms
 from vramplan.analytic.train import train_step
 from vramplan.plan import TrainJob, TrainSetup
+from vramplan.plan.bound import PER_BATCH
 from vramplan.plan.context import PlanContext, make_context
 from vramplan.plan.space import train_candidates
 from vramplan.plan.steptime import DEFAULT_ASSUMPTIONS
@@ -63,3 +66,20 @@ def test_a_bound_by_hand() -> None:
     assert ctx.model.num_parameters == 494_032_768
     assert static_bytes(Resolved(ctx.scenario(s), ctx.model, ctx.gpu)) == 5_945_432_576
     assert ctx.lower_bound(s) == 5_945_432_576 + cuda_context_bytes(ctx.gpu)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(MODELS), n=st.sampled_from([1, 8]), data=st.data())
+def test_the_batch_fields_leave_the_static_terms_unchanged(model: str, n: int, data: st.DataObject) -> None:
+    """The planner computes one bound per setup without its ``PER_BATCH`` fields: they must not move it."""
+    assert PER_BATCH == {"micro_batch_size", "grad_accum_steps", "seq_len", "gradient_checkpointing", "attention"}
+    ctx = _ctx(model, "A100-80GB")
+    cands = list(train_candidates(ctx.model, ctx.gpu, n, TrainJob(seq_len=1024, global_batch=4 * n, peft="allow")))
+    s = data.draw(st.sampled_from(cands))
+    other = dataclasses.replace(s, micro_batch_size=data.draw(st.sampled_from([1, 3, 16])),
+                                grad_accum_steps=data.draw(st.sampled_from([1, 4])),
+                                seq_len=data.draw(st.sampled_from([128, 8192])),
+                                checkpointing=data.draw(st.sampled_from(["none", "full", "selective"])),
+                                attention=data.draw(st.sampled_from(["sdpa", "eager"])))
+    assert static_bytes(Resolved(ctx.scenario(s), ctx.model, ctx.gpu)) == \
+        static_bytes(Resolved(ctx.scenario(other), ctx.model, ctx.gpu)), (s.label(), other.label())

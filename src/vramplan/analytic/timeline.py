@@ -182,23 +182,25 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
     change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
     keys: dict[int, Key] = {}
     every = [0] * (n + 1)  # all keys together: the moments' totals
-    last: tuple[Key | None, tuple[tuple[str, str], ...]] = (None, ())
+    last_key: Key | None = None
+    last_fields: tuple[tuple[str, str], ...] = ()
     d = every
+    at_get = at.get
     for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
         if not nbytes or where != "device":
             continue
-        if key is not last[0] or fields != last[1]:  # a family's terms come together: one look-up
-            last = (key, fields)
+        if key is not last_key or fields != last_fields:  # a family's terms come together: one look-up
+            last_key, last_fields = key, fields
             kf = (id(key), fields)
             got = change.get(kf)
             if got is None:
                 keys[kf[0]] = key
                 got = change[kf] = [0] * (n + 1)
             d = got
-        i0 = at.get(id(born))
+        i0 = at_get(id(born))
         if i0 is None:
             i0 = at[id(born)] = bisect_left(orders, born.order)
-        i1 = at.get(id(dies))
+        i1 = at_get(id(dies))
         if i1 is None:
             i1 = at[id(dies)] = bisect_left(orders, dies.order)
         if i0 < i1:

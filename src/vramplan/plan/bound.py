@@ -23,7 +23,11 @@ from vramplan.analytic.terms import static_bytes
 from vramplan.analytic.terms.context import communicators
 from vramplan.spec.load import Resolved
 
-__all__ = ["static_lower_bound_bytes"]
+__all__ = ["PER_BATCH", "static_lower_bound_bytes"]
+
+# the training fields the static terms cannot depend on (they are resident whatever the batch): the
+# planner computes one bound for setups that differ only in these
+PER_BATCH = frozenset({"micro_batch_size", "grad_accum_steps", "seq_len", "gradient_checkpointing", "attention"})
 
 
 def static_lower_bound_bytes(r: Resolved) -> int:

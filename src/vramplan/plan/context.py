@@ -22,7 +22,7 @@ from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import ReservedModel, estimate
 from vramplan.errors import Problem, ScenarioError
-from vramplan.plan.bound import static_lower_bound_bytes
+from vramplan.plan.bound import PER_BATCH, static_lower_bound_bytes
 from vramplan.plan.fit import usable_bytes
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.steptime import ModelFacts, PerfAssumptions, StepTime, model_facts, train_step_time
@@ -46,6 +46,7 @@ class PlanContext:
     base: Scenario
     _pols: dict[tuple[str, str, str], PrecisionPolicy] = field(default_factory=dict)
     _trainable: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    _bounds: dict[tuple[object, ...], int] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -102,8 +103,18 @@ class PlanContext:
 
     def lower_bound(self, s: TrainSetup) -> int:
         """The engine's static terms on the setup's scenario, with the CUDA context and NCCL buffers
-        (plan/bound.py): never above the estimate's ``device_used_bytes``."""
-        return static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
+        (plan/bound.py): never above the estimate's ``device_used_bytes``.
+
+        Static terms are resident whatever the batch (``analytic.terms.STATIC_TERMS``), so setups that
+        differ only in the fields of ``PER_BATCH`` share one bound, computed once
+        (``tests/test_plan_bound.py`` checks that those fields leave the static terms unchanged)."""
+        t = s.train
+        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, t.peft,
+               tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - PER_BATCH)))
+        got = self._bounds.get(key)
+        if got is None:
+            got = self._bounds[key] = static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
+        return got
 
     def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
         """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""

@@ -81,6 +81,26 @@ def _residual_bytes(pol: PrecisionPolicy, frozen_base: bool, kbit_prepared: bool
 
 _T = TypeVar("_T")
 
+# rank_params by (model identity, layout): the planner's lower bound and its estimates ask for the same few
+# layouts of one model many times, and the tally walks every parameter group (a 70B model's 80 layers).
+# The entry holds the model itself, so its identity cannot be reused while the entry lives.
+_RANK_PARAMS: dict[tuple[object, ...], tuple[ModelSpec, RankParams]] = {}
+_RANK_PARAMS_MAX = 256
+
+
+def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
+                 lt: LoraTargets) -> RankParams:
+    """``layout.rank_params``, computed once per model and layout (an immutable record)."""
+    key = (id(m), tp, pp, ep, stage, peft, lt)
+    hit = _RANK_PARAMS.get(key)
+    if hit is not None and hit[0] is m:
+        return hit[1]
+    if len(_RANK_PARAMS) >= _RANK_PARAMS_MAX:
+        _RANK_PARAMS.clear()
+    rp = rank_params(m, tp, pp, ep, stage, peft, lt)
+    _RANK_PARAMS[key] = (m, rp)
+    return rp
+
 
 @dataclass(frozen=True, eq=False)
 class StepContext:
@@ -179,7 +199,7 @@ class StepContext:
 
     @cached_property
     def rp(self) -> RankParams:
-        return rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt)
+        return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt)
 
     @property
     def trainable(self) -> int:
