@@ -83,3 +83,14 @@ def test_the_batch_fields_leave_the_static_terms_unchanged(model: str, n: int, d
                                 attention=data.draw(st.sampled_from(["sdpa", "eager"])))
     assert static_bytes(Resolved(ctx.scenario(s), ctx.model, ctx.gpu)) == \
         static_bytes(Resolved(ctx.scenario(other), ctx.model, ctx.gpu)), (s.label(), other.label())
+
+
+def test_setups_with_module_lists_are_bounded_apart() -> None:
+    """Adapter targets given as a list (no hash) key the bound by value: two lists, two bounds."""
+    ctx = _ctx("meta-llama/Llama-3.2-1B", "A100-80GB")
+    qv = TrainSetup(framework="hf-trainer", num_gpus=1, peft="lora", target_modules=["q_proj", "v_proj"])
+    qvo = TrainSetup(framework="hf-trainer", num_gpus=1, peft="lora", target_modules=["q_proj", "v_proj", "o_proj"])
+    for s in (qv, qvo):
+        assert ctx.lower_bound(s) == static_bytes(Resolved(ctx.scenario(s), ctx.model, ctx.gpu)) + \
+            cuda_context_bytes(ctx.gpu)
+    assert ctx.lower_bound(qvo) > ctx.lower_bound(qv)

@@ -109,7 +109,8 @@ class PlanContext:
         differ only in the fields of ``PER_BATCH`` share one bound, computed once
         (``tests/test_plan_bound.py`` checks that those fields leave the static terms unchanged)."""
         t = s.train
-        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, t.peft,
+        # the other training fields by value (repr: the adapter settings hold a list, which has no hash)
+        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel,
                tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - PER_BATCH)))
         got = self._bounds.get(key)
         if got is None:

@@ -83,22 +83,23 @@ _T = TypeVar("_T")
 
 # rank_params by (model identity, layout): the planner's lower bound and its estimates ask for the same few
 # layouts of one model many times, and the tally walks every parameter group (a 70B model's 80 layers).
-# The entry holds the model itself, so its identity cannot be reused while the entry lives.
-_RANK_PARAMS: dict[tuple[object, ...], tuple[ModelSpec, RankParams]] = {}
+# The model and the adapter settings are keyed by identity (a ``Peft`` holds a list: it has no hash) and
+# the entry holds both, so neither identity can be reused while the entry lives.
+_RANK_PARAMS: dict[tuple[object, ...], tuple[ModelSpec, Peft | None, RankParams]] = {}
 _RANK_PARAMS_MAX = 256
 
 
 def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
                  lt: LoraTargets) -> RankParams:
     """``layout.rank_params``, computed once per model and layout (an immutable record)."""
-    key = (id(m), tp, pp, ep, stage, peft, lt)
+    key = (id(m), tp, pp, ep, stage, id(peft), lt)
     hit = _RANK_PARAMS.get(key)
-    if hit is not None and hit[0] is m:
-        return hit[1]
+    if hit is not None and hit[0] is m and hit[1] is peft:
+        return hit[2]
     if len(_RANK_PARAMS) >= _RANK_PARAMS_MAX:
         _RANK_PARAMS.clear()
     rp = rank_params(m, tp, pp, ep, stage, peft, lt)
-    _RANK_PARAMS[key] = (m, rp)
+    _RANK_PARAMS[key] = (m, peft, rp)
     return rp
 
 
