@@ -181,10 +181,9 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
     # keyed by the key's identity (declared keys are singletons) and its label fields
     change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
     keys: dict[int, Key] = {}
-    every = [0] * (n + 1)  # all keys together: the moments' totals
     last_key: Key | None = None
     last_fields: tuple[tuple[str, str], ...] = ()
-    d = every
+    d: list[int] = []
     at_get = at.get
     for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
         if not nbytes or where != "device":
@@ -206,8 +205,6 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
         if i0 < i1:
             d[i0] += nbytes
             d[i1] -= nbytes
-            every[i0] += nbytes
-            every[i1] -= nbytes
     shown_at: dict[int, set[int]] = {}  # key -> the points that show it
     for i, pt in enumerate(points):
         for key in pt.shown:
@@ -218,7 +215,8 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
     # terms' order
     rows = [(keys[kid].part, keys[kid].name(**dict(fields)), list(accumulate(d)), shown_at.get(kid, _NONE))
             for (kid, fields), d in change.items()]
-    totals = list(accumulate(every))[:n]
+    # each moment's total: the rows' bytes at its point, summed column by column
+    totals = list(map(sum, zip(*[row[2] for row in rows])))[:n] if rows else [0] * n
     return [_SweptMoment(pt.phase, rows, i, totals[i]) for i, pt in enumerate(points)], totals
 
 

@@ -71,12 +71,17 @@ class Term(_TermFields):
 def device_terms(key: Key, rows: Iterable[tuple[int, Loc, Loc, str, int]]) -> list[Term]:
     """Device terms under ``key`` from (bytes, born, dies, name, layer) rows: a per-layer family's records
     (one per layer per term) made without a ``Term.__new__`` frame each, with the same check (a device
-    term with no tensors can only die before it is born)."""
+    term with no tensors can only die before it is born).
+
+    A row of 0 bytes makes no record: it would add nothing to a moment and allocate nothing (no saved
+    tensor to recompute without checkpointing, no gradient on the GPU when the optimizer is offloaded),
+    and readers by name read 0 for a layer without one (``by_layer``, ``layer_table``)."""
     out: list[Term] = []
     for nbytes, born, dies, name, layer in rows:
         if not born.order < dies.order:
             raise ValueError(f"{name}: dies ({dies}) before it is born ({born})")
-        out.append(_tuple_new(Term, (key, nbytes, born, dies, name, layer, "device", (), ())))
+        if nbytes:
+            out.append(_tuple_new(Term, (key, nbytes, born, dies, name, layer, "device", (), ())))
     return out
 
 
