@@ -81,25 +81,34 @@ def _residual_bytes(pol: PrecisionPolicy, frozen_base: bool, kbit_prepared: bool
 
 _T = TypeVar("_T")
 
-# rank_params by (model identity, layout): the planner's lower bound and its estimates ask for the same few
+# rank_params by model and layout: the planner's lower bound and its estimates ask for the same few
 # layouts of one model many times, and the tally walks every parameter group (a 70B model's 80 layers).
-# The model and the adapter settings are keyed by identity (a ``Peft`` holds a list: it has no hash) and
-# the entry holds both, so neither identity can be reused while the entry lives.
-_RANK_PARAMS: dict[tuple[object, ...], tuple[ModelSpec, Peft | None, RankParams]] = {}
-_RANK_PARAMS_MAX = 256
+# Models and adapter settings are keyed by identity (a ``Peft`` holds a list: it has no hash; a
+# ModelSpec's hash walks all its parameter groups); each entry holds them, so an identity cannot be
+# reused while its entry lives.  A few models at a time: every ``resolve`` makes a new ModelSpec, and a
+# long run over many scenarios must not keep them all alive.
+_RANK_PARAMS: dict[int, tuple[ModelSpec, dict[tuple[object, ...], tuple[Peft | None, RankParams]]]] = {}
+_MODELS_KEPT = 4
+_LAYOUTS_KEPT = 256
 
 
 def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
                  lt: LoraTargets) -> RankParams:
     """``layout.rank_params``, computed once per model and layout (an immutable record)."""
-    key = (id(m), tp, pp, ep, stage, id(peft), lt)
-    hit = _RANK_PARAMS.get(key)
-    if hit is not None and hit[0] is m and hit[1] is peft:
-        return hit[2]
-    if len(_RANK_PARAMS) >= _RANK_PARAMS_MAX:
-        _RANK_PARAMS.clear()
+    mine = _RANK_PARAMS.get(id(m))
+    if mine is None or mine[0] is not m:
+        if len(_RANK_PARAMS) >= _MODELS_KEPT:
+            _RANK_PARAMS.clear()
+        mine = _RANK_PARAMS[id(m)] = (m, {})
+    layouts = mine[1]
+    key = (tp, pp, ep, stage, id(peft), lt)
+    hit = layouts.get(key)
+    if hit is not None and hit[0] is peft:
+        return hit[1]
+    if len(layouts) >= _LAYOUTS_KEPT:
+        layouts.clear()
     rp = rank_params(m, tp, pp, ep, stage, peft, lt)
-    _RANK_PARAMS[key] = (m, peft, rp)
+    layouts[key] = (peft, rp)
     return rp
 
 
