@@ -12,17 +12,18 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.model import ModelSpec
-from vramplan.spec.scenario import Peft, Scenario
+from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
+from vramplan.spec.model import CheckpointQuant, ModelSpec
+from vramplan.spec.scenario import Peft, Scenario, TrainQuant
 
-__all__ = ["Resolved", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets"]
+__all__ = ["Resolved", "checkpoint_quantization_for", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Resolved:
     scenario: Scenario
     model: ModelSpec
     gpu: GpuSpec
+    # what resolving decided for the user and the report states (a pre-quantized checkpoint's format)
+    assumptions: tuple[str, ...] = ()
 
 
 def read_document(path: str | Path) -> dict[str, Any]:
@@ -203,3 +206,55 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))
     return out
+
+
+def _skipped_linears(cq: CheckpointQuant, m: ModelSpec) -> list[str]:
+    """Skipped modules (``llm_int8_skip_modules``/``modules_to_not_convert``) that name a linear layer
+    vramplan quantizes: the LM head, embeddings and routers are never quantized here anyway."""
+    leaves = {p.module for p in m.params if p.role in ("linear", "expert")}
+    return [x for x in cq.skip_modules if x.rsplit(".", 1)[-1].replace("*", "") in leaves]
+
+
+def checkpoint_quantization_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], list[Problem]]:
+    """A pre-quantized checkpoint (the model's ``quantization_config``) against the scenario's quantization.
+
+    transformers loads a checkpoint in the format it was saved in: a ``quantization_config`` passed to
+    ``from_pretrained`` for an already-quantized model is replaced by the checkpoint's own
+    (``AutoHfQuantizer.merge_quantization_configs``: "The quantization_config from the model will be
+    used").  So the checkpoint decides: the task's quantization left at none takes the checkpoint's format
+    (the scenario returned says so, and an assumption); a different one is refused naming both; a format
+    with no row in ``facts/quantization.py`` is refused naming what is supported, except in training,
+    where formats transformers cannot train as stored (MXFP4, block-wise fp8) are loaded dequantized.
+    Returns the scenario to estimate, the assumptions, the problems.
+    """
+    cq = m.checkpoint_quant
+    if cq is None:
+        return s, [], []
+    section = {"train": "train", "inference": "inference", "serve": "serve"}[s.task]
+    current: str = getattr(s, section).quantization
+    where = f"{section}.quantization"
+    said = f"{m.name}'s config.json declares {cq.description} (quantization_config)"
+    if skipped := _skipped_linears(cq, m):
+        return s, [], [Problem("model", f"{said} with skipped linear modules {skipped}: not modelled (vramplan "
+                               "quantizes every linear layer but the LM head)",
+                               "remove them from llm_int8_skip_modules / modules_to_not_convert, or the "
+                               "quantization_config")]
+    if s.task == "train" and cq.trained_dequantized:
+        then = "" if current == "none" else f", then quantized to {current} as {where} says"
+        loader = {"mxfp4": "Mxfp4Config", "fp8": "FineGrainedFP8Config"}.get(cq.method, "the quantizer's config")
+        return s, [f"{said}: transformers cannot train it as stored, so the weights are assumed loaded dequantized "
+                   f"to {m.checkpoint_dtype} ({loader}(dequantize=True)){then}"], []
+    trainable: tuple[str, ...] = get_args(TrainQuant)
+    supported = "; ".join(PREQUANTIZED_SUPPORTED)
+    if cq.format is None or (s.task == "train" and cq.format not in trainable):
+        why = cq.why_not or f"training over {cq.format} weights is not modelled (trainable: {', '.join(trainable[1:])})"
+        return s, [], [Problem("model", f"{said}: not modelled ({why})",
+                               f"estimable pre-quantized checkpoints: {supported}; or remove quantization_config "
+                               "to estimate the unquantized model")]
+    if current not in ("none", cq.format):
+        return s, [], [Problem(where, f"{where} is {current} but {said}, stored as {cq.format}; transformers keeps "
+                               "the checkpoint's format (merge_quantization_configs)",
+                               f"set {where}: {cq.format} (or none), or use an unquantized checkpoint")]
+    if current == "none":
+        s = s.model_copy(update={section: getattr(s, section).model_copy(update={"quantization": cq.format})})
+    return s, [f"{said}: its linear weights are estimated as stored ({where} {cq.format}, from the checkpoint)"], []

@@ -2,7 +2,8 @@
 
 The model is ``AutoModelForCausalLM.from_config`` of the catalog entry, local ``config.json`` or
 inline mapping (no weights are read; ``quantization_config`` of a pre-quantized checkpoint is
-dropped: the scenario's dtype and quantization decide how weights are stored).  Tied weights
+dropped: the scenario's dtype and quantization decide how weights are stored, and ``resolve`` has set
+that quantization from the checkpoint's, spec/load.py ``checkpoint_quantization_for``).  Tied weights
 are re-tied by transformers' ``post_init``.  Adapters come from peft's ``get_peft_model``.
 4-bit base weights are stored as bitsandbytes stores them, by ``QuantLinear`` (trace/quant.py).
 """
