@@ -16,7 +16,13 @@ from vramplan.catalog.gpus import resolve_gpu
 from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.load import Resolved, checkpoint_quantization_for, cross_check, parse_scenario, read_document
+from vramplan.spec.load import (
+    Resolved,
+    checkpoint_quantization_for,
+    cross_check,
+    parse_scenario,
+    read_document,
+)
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB

@@ -18,8 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
-from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
+from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant
 
@@ -230,31 +230,43 @@ def checkpoint_quantization_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, li
     cq = m.checkpoint_quant
     if cq is None:
         return s, [], []
-    section = {"train": "train", "inference": "inference", "serve": "serve"}[s.task]
+    section = s.task
     current: str = getattr(s, section).quantization
-    where = f"{section}.quantization"
     said = f"{m.name}'s config.json declares {cq.description} (quantization_config)"
-    if skipped := _skipped_linears(cq, m):
-        return s, [], [Problem("model", f"{said} with skipped linear modules {skipped}: not modelled (vramplan "
-                               "quantizes every linear layer but the LM head)",
-                               "remove them from llm_int8_skip_modules / modules_to_not_convert, or the "
-                               "quantization_config")]
+    problem = _checkpoint_problem(s, m, cq, said)
+    if problem is not None:
+        return s, [], [problem]
     if s.task == "train" and cq.trained_dequantized:
-        then = "" if current == "none" else f", then quantized to {current} as {where} says"
+        then = "" if current == "none" else f", then quantized to {current} as train.quantization says"
         loader = {"mxfp4": "Mxfp4Config", "fp8": "FineGrainedFP8Config"}.get(cq.method, "the quantizer's config")
-        return s, [f"{said}: transformers cannot train it as stored, so the weights are assumed loaded dequantized "
-                   f"to {m.checkpoint_dtype} ({loader}(dequantize=True)){then}"], []
-    trainable: tuple[str, ...] = get_args(TrainQuant)
-    supported = "; ".join(PREQUANTIZED_SUPPORTED)
-    if cq.format is None or (s.task == "train" and cq.format not in trainable):
-        why = cq.why_not or f"training over {cq.format} weights is not modelled (trainable: {', '.join(trainable[1:])})"
-        return s, [], [Problem("model", f"{said}: not modelled ({why})",
-                               f"estimable pre-quantized checkpoints: {supported}; or remove quantization_config "
-                               "to estimate the unquantized model")]
-    if current not in ("none", cq.format):
-        return s, [], [Problem(where, f"{where} is {current} but {said}, stored as {cq.format}; transformers keeps "
-                               "the checkpoint's format (merge_quantization_configs)",
-                               f"set {where}: {cq.format} (or none), or use an unquantized checkpoint")]
+        note = (f"{said}: transformers cannot train it as stored, so the weights are assumed loaded dequantized "
+                f"to {m.checkpoint_dtype} ({loader}(dequantize=True)){then}")
+        return s, [note], []
+    assert cq.format is not None
     if current == "none":
         s = s.model_copy(update={section: getattr(s, section).model_copy(update={"quantization": cq.format})})
-    return s, [f"{said}: its linear weights are estimated as stored ({where} {cq.format}, from the checkpoint)"], []
+    note = f"{said}: its linear weights are estimated as stored ({section}.quantization {cq.format}, from the checkpoint)"
+    return s, [note], []
+
+
+def _checkpoint_problem(s: Scenario, m: ModelSpec, cq: CheckpointQuant, said: str) -> Problem | None:
+    """Why the checkpoint's format cannot be estimated for this scenario (None: it can)."""
+    where = f"{s.task}.quantization"
+    current: str = getattr(s, s.task).quantization
+    if skipped := _skipped_linears(cq, m):
+        return Problem("model", f"{said} with skipped linear modules {skipped}: not modelled (vramplan quantizes "
+                       "every linear layer but the LM head)",
+                       "remove them from llm_int8_skip_modules / modules_to_not_convert, or the quantization_config")
+    if s.task == "train" and cq.trained_dequantized:
+        return None
+    trainable: tuple[str, ...] = get_args(TrainQuant)
+    if cq.format is None or (s.task == "train" and cq.format not in trainable):
+        why = cq.why_not or f"training over {cq.format} weights is not modelled (trainable: {', '.join(trainable[1:])})"
+        return Problem("model", f"{said}: not modelled ({why})",
+                       f"estimable pre-quantized checkpoints: {'; '.join(PREQUANTIZED_SUPPORTED)}; or remove "
+                       "quantization_config to estimate the unquantized model")
+    if current not in ("none", cq.format):
+        return Problem(where, f"{where} is {current} but {said}, stored as {cq.format}; transformers keeps the "
+                       "checkpoint's format (merge_quantization_configs)",
+                       f"set {where}: {cq.format} (or none), or use an unquantized checkpoint")
+    return None
