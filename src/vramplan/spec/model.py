@@ -165,6 +165,10 @@ class Traits:
     # ---- generate (transformers releases) ----
     dynamic_cache_since: tuple[int, int] = (4, 42)  # first release whose ``generate`` updates a DynamicCache
     upcasts_all_logits: bool = False  # the 4.44 causal-LM head did ``logits.float()`` on the whole output
+    # first release whose causal-LM forward calls ``self.loss_function`` (loss_utils ``ForCausalLMLoss``) instead
+    # of its own ``CrossEntropyLoss`` (4.46 for Llama and its kin; 4.49 for GPT-2, GPT-J, GPT-NeoX, Falcon,
+    # BLOOM, OPT: their 4.48 modeling files still shift and call CrossEntropyLoss), analytic/logits.py
+    loss_function_since: tuple[int, int] = (4, 46)
 
 
 @dataclass(frozen=True)
