@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic.attention import falls_back_to_eager, resolve_attention
+from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import family_loss_release, loss_release_note
@@ -135,6 +136,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
             out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
                        "(set software.bitsandbytes for older versions, which kept it)")
     out += optimizer_assumptions(t.optimizer, fw)
+    if ckpt_note := policy_assumption(s):
+        out.append(ckpt_note)
     if t.peft is not None:
         why = ("DeepSpeed's half module" if fw == "deepspeed" else
                f"peft {s.software.peft} gives adapters their base weight's dtype" if s.software.peft_adapters_in_base_dtype

@@ -190,6 +190,32 @@ def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
                     f"{first} use target_modules: all-linear")]
 
 
+# frameworks whose training loop is the user's or torchtitan's, where torch's checkpoint APIs are applied per
+# layer as torchtitan does; transformers' gradient_checkpointing_enable checkpoints every layer, whole
+_OWN_CHECKPOINTING = ("torchtitan", "plain")
+
+
+def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Policies a framework cannot run, and op-level SAC where its saved outputs are not modelled."""
+    t, fw = s.train, s.effective_framework
+    out: list[Problem] = []
+    if t.checkpoint_every_n_layers > 1 and (t.gradient_checkpointing != "full" or fw not in _OWN_CHECKPOINTING):
+        out.append(Problem("train.checkpoint_every_n_layers",
+                           f"checkpointing every {t.checkpoint_every_n_layers}-th layer needs gradient_checkpointing: "
+                           f"full under {' or '.join(_OWN_CHECKPOINTING)} (torchtitan selective_ac_option); {fw} "
+                           "with transformers' gradient_checkpointing_enable checkpoints every layer",
+                           "set checkpoint_every_n_layers: 1, or framework: torchtitan"))
+    op_sac = t.gradient_checkpointing == "op-sac" or (t.gradient_checkpointing == "selective" and fw == "torchtitan")
+    if t.gradient_checkpointing == "op-sac" and fw not in _OWN_CHECKPOINTING:
+        out.append(Problem("train.gradient_checkpointing", f"op-sac is torchtitan's op-level selective checkpointing; "
+                           f"{fw} has no such policy", "use framework: torchtitan, or full / attention-core"))
+    elif op_sac and any(ls.moe for ls in m.layers):
+        out.append(Problem("train.gradient_checkpointing", "op-level selective checkpointing of MoE layers is not "
+                           "modelled (grouped expert matmuls, the router's forced recompute)",
+                           "use gradient_checkpointing: full"))
+    return out
+
+
 def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """A training scenario's quantization, attention and adapter targets against its adapter and model."""
     out: list[Problem] = []
@@ -202,6 +228,7 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         if t.quantization != "none" and t.peft is None:
             out.append(Problem("train.quantization", "quantized base weights cannot be trained without an adapter",
                                "add train.peft (lora/qlora) or set quantization: none"))
+        out += _checkpointing_problems(s, m)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))

@@ -3,7 +3,7 @@ analytic/activations.py: computed once per stage and read by the saved-tensor an
 
 * ``full``: saved when the layer runs with autograd recording; ``kept``: saved during the forward
   (= ``full`` without checkpointing; the layer's input with full checkpointing; the non-recomputed
-  part with selective checkpointing);
+  part with attention-core or op-sac checkpointing, analytic/checkpointing.py);
 * ``mlp_transient`` / ``attn_transient``: the gradients alive together in the MLP's / attention's
   backward;
 * ``mlp_released``: freed before the MLP's elementwise backward (the output projection's input);
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_layer
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.spec.model import ModelSpec
@@ -63,7 +64,9 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
     """Each layer's per-token values, computed once per kind of layer: they depend on what the layer
     computes (MoE or dense, its MLP width, its attention window), not on its index, and the layers of a
     model are mostly alike (80 identical ones in Llama 3 70B)."""
-    m, ctx, selective = c.m, c.act, c.s.train.gradient_checkpointing == "selective"
+    policy = checkpoint_policy(c.s)
+    m, ctx, selective = c.m, c.act, policy in ("attention-core", "op-sac")
+    kept_per_token = act.op_sac_saved_per_token if policy == "op-sac" else act.selective_saved_per_token
     kinds: dict[tuple[bool, int, int | None], _PerToken] = {}
     out = []
     for ls in c.layer_specs:
@@ -72,7 +75,7 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
         if v is None:
             v = kinds[kind] = _PerToken(
                 act.layer_saved_per_token(m, ls, ctx),
-                act.selective_saved_per_token(m, ls, ctx) if selective else 0,
+                kept_per_token(m, ls, ctx) if selective else 0,
                 act.backward_transients_per_token(m, ls, ctx),
                 act.freed_before_attention_backward_per_token(m, ls, ctx),
                 act.freed_before_mlp_backward_per_token(m, ls, ctx))
@@ -99,13 +102,15 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
 
 def _compute(c: StepContext) -> LayerActivations:
     m, ctx, tokens, specs = c.m, c.act, c.tokens, c.layer_specs
-    ckpt = c.s.train.gradient_checkpointing
+    ckpt = checkpoint_policy(c.s)
     full, dora, wx = _full_saved(c)
     per_token = _per_token(c)
     attention_idle = frozen_prefix(c, full, dora, wx)  # layers whose attention records nothing
     if ckpt == "full":
-        kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in specs]
-    elif ckpt == "selective":
+        # every n-th layer with train.checkpoint_every_n_layers (analytic/checkpointing.py); the others save all
+        kept = [act.checkpoint_saved_per_token(m, ctx) * tokens if checkpointed_layer(c.s, j) else full[j]
+                for j in range(len(specs))]
+    elif ckpt in ("attention-core", "op-sac"):
         kept = [v.selective * tokens for v in per_token]
     else:
         kept = list(full)
