@@ -61,6 +61,7 @@ def test_every_nth_layer_is_checkpointed() -> None:
     (_doc(gradient_checkpointing="attention-core", checkpoint_every_n_layers=2), "checkpoint_every_n_layers"),
     (_doc("hf-trainer", gradient_checkpointing="op-sac"), "op-sac is torchtitan's"),
     (_doc(model="mistralai/Mixtral-8x7B-v0.1", gradient_checkpointing="selective"), "MoE layers"),
+    (_doc("hf-trainer", gradient_checkpointing="full", deepspeed_checkpointing="partition"), "needs framework deepspeed"),
 ])
 def test_policies_a_framework_cannot_run_are_refused(doc: dict[str, Any], field: str) -> None:
     with pytest.raises(ScenarioError, match=field):
@@ -78,3 +79,18 @@ def test_the_trace_checkpoints_every_nth_layer() -> None:
     assert abs(a / t - 1) < 0.005  # measured 2026-11: 17,569,192,448 vs 17,569,153,536
     with pytest.raises(ScenarioError, match="not traced"):
         trace_estimate(_doc(gradient_checkpointing="op-sac"))
+
+
+def test_deepspeed_partitioned_and_cpu_checkpointing() -> None:
+    def doc(mode: str) -> dict[str, Any]:
+        return {"model": "meta-llama/Llama-2-7b-hf", "framework": "deepspeed",
+                "hardware": {"gpu": "A100-80GB", "num_gpus": 8}, "parallel": {"tp": 2, "zero_stage": 1},
+                "train": {"seq_len": 4096, "micro_batch_size": 4, "gradient_checkpointing": "full",
+                          "deepspeed_checkpointing": mode}}
+    none, part, cpu = (estimate(doc(x)) for x in ("none", "partition", "partition+cpu"))
+    # each of the 32 layer inputs is 4 x 4096 tokens x 4096 x 2 B = 134,217,728 B; partition keeps half (tp 2)
+    # on the device, partition+cpu keeps that half on the host: 32 x 67,108,864 = 2,147,483,648 B
+    assert none.per_gpu.phases["forward"] - part.per_gpu.phases["forward"] == 2_147_483_648
+    assert part.per_gpu.phases["forward"] - cpu.per_gpu.phases["forward"] == 2_147_483_648
+    assert (none.host.offloaded_bytes, cpu.host.offloaded_bytes) == (0, 2_147_483_648)
+    assert any("DeepSpeed partition+cpu" in a for a in cpu.assumptions)

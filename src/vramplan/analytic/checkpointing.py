@@ -12,6 +12,8 @@
 * ``op-sac``: torchtitan's op-level selective checkpointing (``selective_ac_option: "op"``,
   ``_apply_op_sac``): the outputs of the ops on the model's ``_op_sac_save_list`` (``aten.mm`` except every
   second one, the SDPA kernels, reduce-scatter, max) are saved and the rest is recomputed;
+* DeepSpeed's partitioned / CPU checkpointing (``train.deepspeed_checkpointing``) stores a full-checkpointed
+  layer's input as its 1/tp slice, on the device or in host memory (``checkpointed_input_bytes``);
 * ``selective``: the framework's own meaning, op-sac under torchtitan (whose ``mode: selective`` with
   ``selective_ac_option: "op"`` is its documented default) and attention-core elsewhere.
 """
@@ -22,7 +24,8 @@ from typing import Literal
 
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["CheckpointPolicy", "checkpoint_policy", "checkpointed_layer", "policy_assumption"]
+__all__ = ["CheckpointPolicy", "checkpoint_policy", "checkpointed_input_bytes", "checkpointed_layer",
+           "policy_assumption"]
 
 CheckpointPolicy = Literal["none", "full", "attention-core", "op-sac"]
 
@@ -44,11 +47,23 @@ def checkpointed_layer(s: Scenario, j: int) -> bool:
     return p == "full" and (j + 1) % s.train.checkpoint_every_n_layers == 0
 
 
+def checkpointed_input_bytes(s: Scenario, input_bytes: int) -> tuple[int, int]:
+    """(device, host) bytes a checkpointed layer keeps of its ``input_bytes`` input under
+    ``train.deepspeed_checkpointing``: partition keeps the 1/tp slice (``partition_activations``:
+    ``get_partition_size`` = numel / mp_size), partition+cpu keeps that slice in host memory."""
+    mode, tp = s.train.deepspeed_checkpointing, s.parallel.tp
+    if mode == "none":
+        return input_bytes, 0
+    share = -(-input_bytes // tp)
+    return (0, share) if mode == "partition+cpu" else (share, 0)
+
+
 def policy_assumption(s: Scenario) -> str | None:
     """The assumption naming the policy modelled (None without checkpointing, and for plain full checkpointing
     of every layer, whose meaning no framework changes)."""
     g, p, n = s.train.gradient_checkpointing, checkpoint_policy(s), s.train.checkpoint_every_n_layers
-    if p == "none" or (p == "full" and n == 1):
+    ds = s.train.deepspeed_checkpointing
+    if p == "none" or (p == "full" and n == 1 and ds == "none"):
         return None
     said = f"gradient_checkpointing {g}" + (f" under {s.effective_framework}" if g == "selective" else "")
     what = {
@@ -61,4 +76,9 @@ def policy_assumption(s: Scenario) -> str | None:
                   "1st, 3rd, ... matmul and of the attention kernel (out, logsumexp), and recomputes the rest "
                   "(activation_checkpoint.py _apply_op_sac, _op_sac_save_list)",
     }[p]
+    if ds != "none":
+        what += (f"; DeepSpeed {ds}: each checkpointed input keeps its 1/tp slice"
+                 + (" in host memory" if ds == "partition+cpu" else "") + " and is gathered back for the recompute "
+                 "(checkpointing.py partition_activations; the model is assumed to call "
+                 "deepspeed.checkpointing.checkpoint, as Megatron-DeepSpeed does)")
     return f"{said} = {p}: {what}"

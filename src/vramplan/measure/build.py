@@ -94,9 +94,10 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
                                f"run on a CUDA machine with `pip install {construct.package}`, or set "
                                "train.optimizer: adamw"))
         policy = checkpoint_policy(s)
-        if policy == "op-sac" or t.checkpoint_every_n_layers > 1:
+        if policy == "op-sac" or t.checkpoint_every_n_layers > 1 or t.deepspeed_checkpointing != "none":
             out.append(Problem("train.gradient_checkpointing", "torchtitan's op-level and every-n-th-layer "
-                               "checkpointing are not measured here (measure runs transformers' model)",
+                               "checkpointing and DeepSpeed's partitioned / CPU checkpointing are not measured here "
+                               "(measure runs transformers' model with torch's checkpoint)",
                                "use gradient_checkpointing: full with checkpoint_every_n_layers: 1, or none"))
         if policy == "attention-core" and t.attention == "eager":
             out.append(Problem("train.gradient_checkpointing", "selective recomputation of eager attention's "

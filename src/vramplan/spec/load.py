@@ -205,6 +205,11 @@ def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                            f"full under {' or '.join(_OWN_CHECKPOINTING)} (torchtitan selective_ac_option); {fw} "
                            "with transformers' gradient_checkpointing_enable checkpoints every layer",
                            "set checkpoint_every_n_layers: 1, or framework: torchtitan"))
+    if t.deepspeed_checkpointing != "none" and (fw != "deepspeed" or t.gradient_checkpointing != "full"):
+        out.append(Problem("train.deepspeed_checkpointing", f"DeepSpeed's {t.deepspeed_checkpointing} checkpointing "
+                           f"needs framework deepspeed and gradient_checkpointing: full (here {fw}, "
+                           f"{t.gradient_checkpointing})", "set framework: deepspeed and gradient_checkpointing: full, "
+                           "or deepspeed_checkpointing: none"))
     op_sac = t.gradient_checkpointing == "op-sac" or (t.gradient_checkpointing == "selective" and fw == "torchtitan")
     if t.gradient_checkpointing == "op-sac" and fw not in _OWN_CHECKPOINTING:
         out.append(Problem("train.gradient_checkpointing", f"op-sac is torchtitan's op-level selective checkpointing; "

@@ -30,6 +30,7 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 OffloadDevice = Literal["cpu", "nvme"]
 VllmVersion = Literal["0.11", "0.19"]
 CudaModuleLoading = Literal["lazy", "eager"]
+DeepSpeedCheckpointing = Literal["none", "partition", "partition+cpu"]
 
 
 class _Strict(BaseModel):
@@ -134,6 +135,16 @@ class Train(_Strict):
     torchtitan's ``selective_ac_option: "n"`` (``_apply_layer_sac``: a layer is wrapped when its running
     count is a multiple of n); the other layers save everything.  Frameworks running transformers'
     ``gradient_checkpointing_enable`` checkpoint every layer, so n > 1 is refused for them."""
+
+    deepspeed_checkpointing: DeepSpeedCheckpointing = "none"
+    """DeepSpeed's activation checkpointing of the checkpointed layer inputs: partition splits each over the tp
+    ranks, partition+cpu keeps the partitions in host memory; needs framework deepspeed and full checkpointing.
+
+    ``deepspeed.checkpointing.configure(partition_activations=..., checkpoint_in_cpu=...)``
+    (deepspeed/runtime/activation_checkpointing/checkpointing.py ``partition_activations``: each floating
+    input keeps its 1/mp_size slice, on the CPU with ``cpu_checkpoint``; the backward gathers it back).  It acts
+    only in models that call ``deepspeed.checkpointing.checkpoint`` (Megatron-DeepSpeed); transformers' models
+    checkpoint with torch's ``checkpoint`` and ignore it."""
 
     attention: Attention = "sdpa"
     """Attention implementation (transformers' attn_implementation): eager saves the s x s scores and the

@@ -301,9 +301,10 @@ def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[
                     p.data = p.data.to(torch.float32)
             notes.append("prepare_model_for_kbit_training casts non-quantized parameters to fp32")
     policy = checkpoint_policy(s)
-    if policy == "op-sac":
+    if policy == "op-sac" or t.deepspeed_checkpointing != "none":
         raise ScenarioError([Problem("train.gradient_checkpointing", "torchtitan's op-level selective checkpointing "
-                                     "is not traced (the trace runs transformers' model)",
+                                     "and DeepSpeed's partitioned / CPU checkpointing are not traced (the trace runs "
+                                     "transformers' model with torch's checkpoint)",
                                      "use --engine analytic, or gradient_checkpointing: full")])
     if policy == "full":
         _enable_checkpointing(model)

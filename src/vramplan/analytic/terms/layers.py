@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
-from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_layer
+from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_input_bytes, checkpointed_layer
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.spec.model import ModelSpec
@@ -34,6 +34,7 @@ class LayerActivations:
     released: tuple[int, ...]
     mlp_released: tuple[int, ...]
     shared: int
+    host: int = 0  # checkpointed inputs kept in host memory (DeepSpeed partition+cpu), all layers
     # layers whose attention backward runs after some saved tensors are released: a moment of its own
     attention_split: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
@@ -106,10 +107,13 @@ def _compute(c: StepContext) -> LayerActivations:
     full, dora, wx = _full_saved(c)
     per_token = _per_token(c)
     attention_idle = frozen_prefix(c, full, dora, wx)  # layers whose attention records nothing
+    host = 0
     if ckpt == "full":
-        # every n-th layer with train.checkpoint_every_n_layers (analytic/checkpointing.py); the others save all
-        kept = [act.checkpoint_saved_per_token(m, ctx) * tokens if checkpointed_layer(c.s, j) else full[j]
-                for j in range(len(specs))]
+        # every n-th layer with train.checkpoint_every_n_layers (analytic/checkpointing.py); the others save all;
+        # DeepSpeed's partitioned / CPU checkpointing keeps a slice of the input, on the device or the host
+        on_device, on_host = checkpointed_input_bytes(c.s, act.checkpoint_saved_per_token(m, ctx) * tokens)
+        kept = [on_device if checkpointed_layer(c.s, j) else full[j] for j in range(len(specs))]
+        host = on_host * sum(checkpointed_layer(c.s, j) for j in range(len(specs)))
     elif ckpt in ("attention-core", "op-sac"):
         kept = [v.selective * tokens for v in per_token]
     else:
@@ -127,7 +131,7 @@ def _compute(c: StepContext) -> LayerActivations:
                     m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
     shared = act.shared_saved_per_token(m, ctx, ckpt, attention_recorded=len(attention_idle) < len(specs)) * tokens
     return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
-                            tuple(released), tuple(mlp_released), shared)
+                            tuple(released), tuple(mlp_released), shared, host)
 
 
 def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:

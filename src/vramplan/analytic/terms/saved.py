@@ -33,6 +33,9 @@ def layer_saved(c: StepContext) -> list[Term]:
     in_flight = (c.in_flight - 1) * sum(kept)
     out = device_terms(K.SAVED, [(kept[j], FORWARD, layer_done(j), "saved.kept", j) for j in range(len(kept))])
     out.append(Term(K.SAVED, in_flight, FORWARD, TIED_EMBEDDING, "saved.in_flight"))
+    if la.host:
+        # DeepSpeed partition+cpu: the checkpointed inputs' slices wait in host memory
+        out.append(Term(K.SAVED, la.host, FORWARD, TIED_EMBEDDING, "saved.host_checkpointed", where="host"))
     below = [0]  # below[j + 1]: kept bytes of layers 0..j
     for k in kept:
         below.append(below[-1] + k)
