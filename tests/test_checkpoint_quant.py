@@ -105,3 +105,9 @@ def test_catalog_checkpoints_with_quantization_config() -> None:
         with pytest.raises(ScenarioError, match="not modelled"):
             resolve({"model": "deepseek-ai/DeepSeek-V3", "task": task, "hardware": {"gpu": "H100", "num_gpus": 8},
                      "parallel": {"tp": 8}})
+
+
+def test_the_checkpoints_bnb_compute_dtype_is_used() -> None:
+    # from_pretrained takes the checkpoint's BitsAndBytesConfig, bnb_4bit_compute_dtype included
+    assert resolve(_doc(NF4)).scenario.inference.bnb_compute_dtype == "bf16"
+    assert resolve(_doc(NF4, bnb_compute_dtype="fp16")).scenario.inference.bnb_compute_dtype == "fp16"

@@ -22,6 +22,7 @@ from vramplan.spec.load import (
     cross_check,
     parse_scenario,
     read_document,
+    unmodelled_inputs,
 )
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -67,6 +68,7 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
     notes: list[str] = []
     if model is not None:
         scenario, notes, quant_problems = checkpoint_quantization_for(scenario, model)
+        notes += unmodelled_inputs(scenario, model)
         problems.extend(quant_problems)
         problems.extend(cross_check(scenario, model))
     if problems:

@@ -23,7 +23,7 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant
 
-__all__ = ["Resolved", "checkpoint_quantization_for", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets"]
+__all__ = ["Resolved", "checkpoint_quantization_for", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets", "unmodelled_inputs"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,9 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                            "use a tp that divides the KV heads or a multiple of them"))
     if par.pp > m.num_layers:
         out.append(Problem("parallel.pp", f"pp={par.pp} exceeds the {m.num_layers} layers", f"use pp <= {m.num_layers}"))
+    if s.framework == "vllm" and s.task != "serve":
+        out.append(Problem("framework", f"framework vllm serves models; it has no {s.task} path here",
+                           "use task: serve, or a training / generate framework (hf-trainer, plain, lightning)"))
     if par.zero_stage and par.fsdp != "none":
         out.append(Problem("parallel", "zero_stage and fsdp both set", "choose DeepSpeed ZeRO or FSDP, not both"))
     if par.offload != "none" and not (par.zero_stage or par.fsdp not in ("none", "no_shard")):
@@ -277,8 +280,24 @@ def checkpoint_quantization_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, li
     assert cq.format is not None
     if current == "none":
         s = s.model_copy(update={section: getattr(s, section).model_copy(update={"quantization": cq.format})})
+    if s.task == "inference" and cq.compute_dtype and s.inference.bnb_compute_dtype is None:
+        # the checkpoint's BitsAndBytesConfig carries its compute dtype, which from_pretrained uses
+        s = s.model_copy(update={"inference": s.inference.model_copy(update={"bnb_compute_dtype": cq.compute_dtype})})
     note = f"{said}: its linear weights are estimated as stored ({section}.quantization {cq.format}, from the checkpoint)"
     return s, [note], []
+
+
+def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
+    """Inputs accepted but not modelled, each as an assumption starting ``not modelled: `` (the calibrated
+    band widens for a report carrying one)."""
+    fw, out = s.effective_framework, []
+    if s.task == "serve" and fw != "vllm":
+        out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
+    if s.task == "inference" and fw in ("torchtitan", "deepspeed"):
+        out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
+    if s.parallel.ep > 1 and m.moe is None:
+        out.append(f"not modelled: parallel.ep {s.parallel.ep} on a dense model (no experts to place; ignored)")
+    return out
 
 
 def _checkpoint_problem(s: Scenario, m: ModelSpec, cq: CheckpointQuant, said: str) -> Problem | None:

@@ -50,6 +50,7 @@ class CheckpointQuant:
     why_not: str = ""
     trained_dequantized: bool = False
     skip_modules: tuple[str, ...] = ()
+    compute_dtype: str | None = None  # bitsandbytes 4-bit ``bnb_4bit_compute_dtype`` (fp32, fp16, bf16)
 
 
 @dataclass(frozen=True)

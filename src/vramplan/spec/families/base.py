@@ -127,7 +127,7 @@ def _bnb(q: Mapping[str, Any]) -> CheckpointQuant:
     words = f"bitsandbytes 4-bit {qt}{' with double quantization' if dq else ''}, compute dtype {cd}"
     fmt = {("nf4", False): "nf4", ("nf4", True): "nf4-dq", ("fp4", False): "fp4"}.get((qt, dq))
     why = "" if fmt else f"no row stores 4-bit {qt}{' with double quantization' if dq else ''}"
-    return CheckpointQuant("bitsandbytes", words, fmt, why, skip_modules=skip)
+    return CheckpointQuant("bitsandbytes", words, fmt, why, skip_modules=skip, compute_dtype=cd)
 
 
 def _grouped(method: str, q: Mapping[str, Any]) -> CheckpointQuant:
