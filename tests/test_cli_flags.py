@@ -140,9 +140,9 @@ def _help(*args: str) -> str:
 
 def test_help_shows_the_description_and_choices() -> None:
     text = _help("estimate")
-    assert ("train: Activation recomputation: full keeps only each layer's input; selective drops only the "
-            "attention's s x s tensors") in text
-    assert "Choices: none | full | selective." in text
+    assert ("train: Activation recomputation policy: none; full (each checkpointed layer keeps only its input); "
+            "attention-core") in text
+    assert "Choices: none | full | selective | attention-core | op-sac." in text
     # a field shared by the task sections lists each section's text and the union of the choices
     assert "Choices: none | int8 | nf4 | nf4-dq | fp4 | gptq-4bit | awq-4bit | fp8." in text
     assert "train: Base-weight quantization under training" in text and "inference/serve: Weight quantization" in text

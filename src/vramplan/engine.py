@@ -51,7 +51,7 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
     )
-    assumptions = [*assumptions, cuda_context_for(r.gpu).assumption()]
+    assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu).assumption()]
     if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
         assumptions.append(note)
     report = Report(

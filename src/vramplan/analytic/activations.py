@@ -918,6 +918,40 @@ def selective_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -
     return full - quadratic
 
 
+def op_sac_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
+    """torchtitan's op-level selective checkpointing: what one dense layer keeps, per token on this GPU.
+
+    ``_apply_op_sac`` (torchtitan/distributed/activation_checkpoint.py) saves the outputs of the ops on the
+    model's ``_op_sac_save_list`` and recomputes the rest: ``aten.mm`` except every second one (the policy
+    counts the layer's mm calls and skips the even ones), the SDPA kernels (flash/efficient: the output and
+    the fp32 logsumexp; math: the output and the attention weights), plus the checkpoint's input.  A linear
+    with a bias runs ``aten.addmm``, which is not on the list and not counted.  The layer's linears run in
+    the order the adapter lists them (q, k, v, o, then gate, up, down).
+
+    Worked example, Llama-2-7B layer in bf16 with flash (h = 4096, I = 11008, 32 heads of 128): input 2 h
+    + q (1st mm) 2 h + v (3rd) 2 h + gate (5th) 2 I + down (7th) 2 h + SDPA output 2 h + logsumexp 4 x 32
+    = 5 x 8,192 + 22,016 + 128 = 63,104 bytes per token.
+    """
+    saved = checkpoint_saved_per_token(m, ctx)
+    c = ctx.compute_bytes
+    names = {p.name for p in m.params}
+    count = 0
+    for p in m.params:
+        if p.role != "linear" or layer.index not in p.layer_span or not p.out_features:
+            continue
+        if p.name.removesuffix(".weight") + ".bias" in names:
+            continue  # addmm: not on the save list
+        count += 1
+        if count % 2:
+            saved += c * (ceil_div(p.out_features, ctx.tp) if p.tp == "column" else p.out_features)
+    heads = ceil_div(m.num_attention_heads, ctx.tp)
+    if ctx.attention in ("flash", "efficient"):
+        saved += c * heads * m.head_dim + 4 * heads
+    elif ctx.attention == "math":
+        saved += c * heads * m.head_dim + c * heads * ctx.seq_len
+    return saved
+
+
 def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "none",
                            attention_recorded: bool = True) -> int:
     """Tensors shared by all layers: RoPE cos/sin, an eager attention mask, embedding dropout.
@@ -938,7 +972,7 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     out = 0
     if m.position == "rope" and attention_recorded:
         out += 2 * c * m.head_dim
-    if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective"):
+    if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective", "attention-core", "op-sac"):
         kinds = len({ls.sliding_window for ls in m.layers}) or 1
         out += kinds * c * ctx.seq_len
     if m.traits.embedding_dropout and ctx.dropout and m.hidden_dropout > 0:

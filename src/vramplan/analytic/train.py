@@ -26,8 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic.attention import falls_back_to_eager, resolve_attention
+from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
+from vramplan.analytic.logits import family_loss_release, loss_release_note
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy
@@ -100,13 +102,23 @@ def train_step(r: Resolved) -> TrainResult:
     return best
 
 
+def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
+    """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
+    sw = s.software
+    note = loss_release_note(family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only),
+                             sw.transformers, m.family, fw, m.encoder_only)
+    # the text of the reports before software.transformers reached the loss (kept byte-identical; the labels
+    # are padded from 4.49, analytic/logits.py)
+    return note or "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)"
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
         f"framework behaviour: {fw}",
         f"attention kernel: {attention} (as PyTorch SDPA would dispatch on the GPU)",
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
-        "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)",
+        _loss_assumption(s, m, fw),
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]
@@ -124,6 +136,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
             out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
                        "(set software.bitsandbytes for older versions, which kept it)")
     out += optimizer_assumptions(t.optimizer, fw)
+    if ckpt_note := policy_assumption(s):
+        out.append(ckpt_note)
     if t.peft is not None:
         why = ("DeepSpeed's half module" if fw == "deepspeed" else
                f"peft {s.software.peft} gives adapters their base weight's dtype" if s.software.peft_adapters_in_base_dtype

@@ -16,7 +16,14 @@ from vramplan.catalog.gpus import resolve_gpu
 from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.load import Resolved, cross_check, parse_scenario, read_document
+from vramplan.spec.load import (
+    Resolved,
+    checkpoint_quantization_for,
+    cross_check,
+    parse_scenario,
+    read_document,
+    unmodelled_inputs,
+)
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB
@@ -58,12 +65,16 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         gpu = GpuSpec.custom(hw.capacity_gib)
     if gpu is not None and hw.cuda_module_loading != gpu.cuda_module_loading:
         gpu = replace(gpu, cuda_module_loading=hw.cuda_module_loading)
+    notes: list[str] = []
     if model is not None:
+        scenario, notes, quant_problems = checkpoint_quantization_for(scenario, model)
+        notes += unmodelled_inputs(scenario, model)
+        problems.extend(quant_problems)
         problems.extend(cross_check(scenario, model))
     if problems:
         raise ScenarioError(problems)
     assert model is not None and gpu is not None
-    return Resolved(scenario, model, gpu)
+    return Resolved(scenario, model, gpu, tuple(notes))
 
 
 def _name_problems(raw: dict[str, Any]) -> list[Problem]:

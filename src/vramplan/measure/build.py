@@ -33,6 +33,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.errors import MissingExtraError, Problem, ScenarioError
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.spec.load import Resolved
@@ -92,7 +93,13 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
                                + ("" if device_type == "cuda" else " (this run is on the CPU)"),
                                f"run on a CUDA machine with `pip install {construct.package}`, or set "
                                "train.optimizer: adamw"))
-        if t.gradient_checkpointing == "selective" and t.attention == "eager":
+        policy = checkpoint_policy(s)
+        if policy == "op-sac" or t.checkpoint_every_n_layers > 1 or t.deepspeed_checkpointing != "none":
+            out.append(Problem("train.gradient_checkpointing", "torchtitan's op-level and every-n-th-layer "
+                               "checkpointing and DeepSpeed's partitioned / CPU checkpointing are not measured here "
+                               "(measure runs transformers' model with torch's checkpoint)",
+                               "use gradient_checkpointing: full with checkpoint_every_n_layers: 1, or none"))
+        if policy == "attention-core" and t.attention == "eager":
             out.append(Problem("train.gradient_checkpointing", "selective recomputation of eager attention's "
                                "s x s tensors is not a transformers option",
                                "use attention: sdpa (selective then equals none) or gradient_checkpointing: full"))
@@ -274,7 +281,7 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
     moe_impl = getattr(model.config, "_experts_implementation", None)
     if m.moe is not None and moe_impl:
         notes.append(f"MoE experts run with transformers' {moe_impl!r} implementation")
-    if train and s.train.gradient_checkpointing == "selective":
+    if train and checkpoint_policy(s) == "attention-core":
         notes.append("gradient checkpointing: selective recomputation drops only the s x s attention tensors "
                      "(arXiv 2205.05198 sec. 5), which SDPA and flash attention never save: measured without "
                      "checkpointing, the same memory")

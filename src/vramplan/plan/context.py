@@ -28,7 +28,7 @@ from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.steptime import ModelFacts, PerfAssumptions, StepTime, model_facts, train_step_time
 from vramplan.report import Report
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.load import Resolved
+from vramplan.spec.load import Resolved, checkpoint_quantization_for
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
@@ -120,7 +120,11 @@ class PlanContext:
     def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
         """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""
         scn = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
-        return estimate(Resolved(scn, self.model, self.gpu), reserved=reserved)
+        # a pre-quantized checkpoint decides the weights' format, as in ``resolve``
+        scn, notes, problems = checkpoint_quantization_for(scn, self.model)
+        if problems:
+            raise ScenarioError(problems)
+        return estimate(Resolved(scn, self.model, self.gpu, tuple(notes)), reserved=reserved)
 
     def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
         """The setup's document through full validation (what ``vramplan estimate`` does).

@@ -53,7 +53,7 @@ def _load(source: str | Path | dict[str, Any] | Scenario) -> tuple[Resolved, dic
 def _with(r: Resolved, section: str, **changes: Any) -> Resolved:
     s = r.scenario
     part = getattr(s, section).model_copy(update=changes)
-    return Resolved(s.model_copy(update={section: part}), r.model, r.gpu)
+    return Resolved(s.model_copy(update={section: part}), r.model, r.gpu, r.assumptions)
 
 
 def _bisect_max(ok: Callable[[int], bool], lo: int, limit: int) -> tuple[int | None, int]:
@@ -192,7 +192,7 @@ def solve(kind: str, source: str | Path | dict[str, Any] | Scenario, margin: flo
 def _fits(r: Resolved, batch: int, prompt: int) -> bool:
     inf = r.scenario.inference.model_copy(update={"batch_size": batch, "prompt_len": prompt})
     sc = r.scenario.model_copy(update={"inference": inf})
-    return estimate(Resolved(sc, r.model, r.gpu)).fits
+    return estimate(Resolved(sc, r.model, r.gpu, r.assumptions)).fits
 
 
 def _largest(known_ok: int, upper: int, ok: Callable[[int], bool]) -> int:

@@ -12,17 +12,18 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.model import ModelSpec
-from vramplan.spec.scenario import Peft, Scenario
+from vramplan.spec.model import CheckpointQuant, ModelSpec
+from vramplan.spec.scenario import Peft, Scenario, TrainQuant
 
-__all__ = ["Resolved", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets"]
+__all__ = ["Resolved", "checkpoint_quantization_for", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets", "unmodelled_inputs"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Resolved:
     scenario: Scenario
     model: ModelSpec
     gpu: GpuSpec
+    # what resolving decided for the user and the report states (a pre-quantized checkpoint's format)
+    assumptions: tuple[str, ...] = ()
 
 
 def read_document(path: str | Path) -> dict[str, Any]:
@@ -134,6 +137,9 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                            "use a tp that divides the KV heads or a multiple of them"))
     if par.pp > m.num_layers:
         out.append(Problem("parallel.pp", f"pp={par.pp} exceeds the {m.num_layers} layers", f"use pp <= {m.num_layers}"))
+    if s.framework == "vllm" and s.task != "serve":
+        out.append(Problem("framework", f"framework vllm serves models; it has no {s.task} path here",
+                           "use task: serve, or a training / generate framework (hf-trainer, plain, lightning)"))
     if par.zero_stage and par.fsdp != "none":
         out.append(Problem("parallel", "zero_stage and fsdp both set", "choose DeepSpeed ZeRO or FSDP, not both"))
     if par.offload != "none" and not (par.zero_stage or par.fsdp not in ("none", "no_shard")):
@@ -187,6 +193,37 @@ def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
                     f"{first} use target_modules: all-linear")]
 
 
+# frameworks whose training loop is the user's or torchtitan's, where torch's checkpoint APIs are applied per
+# layer as torchtitan does; transformers' gradient_checkpointing_enable checkpoints every layer, whole
+_OWN_CHECKPOINTING = ("torchtitan", "plain")
+
+
+def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Policies a framework cannot run, and op-level SAC where its saved outputs are not modelled."""
+    t, fw = s.train, s.effective_framework
+    out: list[Problem] = []
+    if t.checkpoint_every_n_layers > 1 and (t.gradient_checkpointing != "full" or fw not in _OWN_CHECKPOINTING):
+        out.append(Problem("train.checkpoint_every_n_layers",
+                           f"checkpointing every {t.checkpoint_every_n_layers}-th layer needs gradient_checkpointing: "
+                           f"full under {' or '.join(_OWN_CHECKPOINTING)} (torchtitan selective_ac_option); {fw} "
+                           "with transformers' gradient_checkpointing_enable checkpoints every layer",
+                           "set checkpoint_every_n_layers: 1, or framework: torchtitan"))
+    if t.deepspeed_checkpointing != "none" and (fw != "deepspeed" or t.gradient_checkpointing != "full"):
+        out.append(Problem("train.deepspeed_checkpointing", f"DeepSpeed's {t.deepspeed_checkpointing} checkpointing "
+                           f"needs framework deepspeed and gradient_checkpointing: full (here {fw}, "
+                           f"{t.gradient_checkpointing})", "set framework: deepspeed and gradient_checkpointing: full, "
+                           "or deepspeed_checkpointing: none"))
+    op_sac = t.gradient_checkpointing == "op-sac" or (t.gradient_checkpointing == "selective" and fw == "torchtitan")
+    if t.gradient_checkpointing == "op-sac" and fw not in _OWN_CHECKPOINTING:
+        out.append(Problem("train.gradient_checkpointing", f"op-sac is torchtitan's op-level selective checkpointing; "
+                           f"{fw} has no such policy", "use framework: torchtitan, or full / attention-core"))
+    elif op_sac and any(ls.moe for ls in m.layers):
+        out.append(Problem("train.gradient_checkpointing", "op-level selective checkpointing of MoE layers is not "
+                           "modelled (grouped expert matmuls, the router's forced recompute)",
+                           "use gradient_checkpointing: full"))
+    return out
+
+
 def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """A training scenario's quantization, attention and adapter targets against its adapter and model."""
     out: list[Problem] = []
@@ -199,7 +236,88 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         if t.quantization != "none" and t.peft is None:
             out.append(Problem("train.quantization", "quantized base weights cannot be trained without an adapter",
                                "add train.peft (lora/qlora) or set quantization: none"))
+        out += _checkpointing_problems(s, m)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))
     return out
+
+
+def _skipped_linears(cq: CheckpointQuant, m: ModelSpec) -> list[str]:
+    """Skipped modules (``llm_int8_skip_modules``/``modules_to_not_convert``) that name a linear layer
+    vramplan quantizes: the LM head, embeddings and routers are never quantized here anyway."""
+    leaves = {p.module for p in m.params if p.role in ("linear", "expert")}
+    return [x for x in cq.skip_modules if x.rsplit(".", 1)[-1].replace("*", "") in leaves]
+
+
+def checkpoint_quantization_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], list[Problem]]:
+    """A pre-quantized checkpoint (the model's ``quantization_config``) against the scenario's quantization.
+
+    transformers loads a checkpoint in the format it was saved in: a ``quantization_config`` passed to
+    ``from_pretrained`` for an already-quantized model is replaced by the checkpoint's own
+    (``AutoHfQuantizer.merge_quantization_configs``: "The quantization_config from the model will be
+    used").  So the checkpoint decides: the task's quantization left at none takes the checkpoint's format
+    (the scenario returned says so, and an assumption); a different one is refused naming both; a format
+    with no row in ``facts/quantization.py`` is refused naming what is supported, except in training,
+    where formats transformers cannot train as stored (MXFP4, block-wise fp8) are loaded dequantized.
+    Returns the scenario to estimate, the assumptions, the problems.
+    """
+    cq = m.checkpoint_quant
+    if cq is None:
+        return s, [], []
+    section = s.task
+    current: str = getattr(s, section).quantization
+    said = f"{m.name}'s config.json declares {cq.description} (quantization_config)"
+    problem = _checkpoint_problem(s, m, cq, said)
+    if problem is not None:
+        return s, [], [problem]
+    if s.task == "train" and cq.trained_dequantized:
+        then = "" if current == "none" else f", then quantized to {current} as train.quantization says"
+        loader = {"mxfp4": "Mxfp4Config", "fp8": "FineGrainedFP8Config"}.get(cq.method, "the quantizer's config")
+        note = (f"{said}: transformers cannot train it as stored, so the weights are assumed loaded dequantized "
+                f"to {m.checkpoint_dtype} ({loader}(dequantize=True)){then}")
+        return s, [note], []
+    assert cq.format is not None
+    if current == "none":
+        s = s.model_copy(update={section: getattr(s, section).model_copy(update={"quantization": cq.format})})
+    if s.task == "inference" and cq.compute_dtype and s.inference.bnb_compute_dtype is None:
+        # the checkpoint's BitsAndBytesConfig carries its compute dtype, which from_pretrained uses
+        s = s.model_copy(update={"inference": s.inference.model_copy(update={"bnb_compute_dtype": cq.compute_dtype})})
+    note = f"{said}: its linear weights are estimated as stored ({section}.quantization {cq.format}, from the checkpoint)"
+    return s, [note], []
+
+
+def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
+    """Inputs accepted but not modelled, each as an assumption starting ``not modelled: `` (the calibrated
+    band widens for a report carrying one)."""
+    fw, out = s.effective_framework, []
+    if s.task == "serve" and fw != "vllm":
+        out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
+    if s.task == "inference" and fw in ("torchtitan", "deepspeed"):
+        out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
+    if s.parallel.ep > 1 and m.moe is None:
+        out.append(f"not modelled: parallel.ep {s.parallel.ep} on a dense model (no experts to place; ignored)")
+    return out
+
+
+def _checkpoint_problem(s: Scenario, m: ModelSpec, cq: CheckpointQuant, said: str) -> Problem | None:
+    """Why the checkpoint's format cannot be estimated for this scenario (None: it can)."""
+    where = f"{s.task}.quantization"
+    current: str = getattr(s, s.task).quantization
+    if skipped := _skipped_linears(cq, m):
+        return Problem("model", f"{said} with skipped linear modules {skipped}: not modelled (vramplan quantizes "
+                       "every linear layer but the LM head)",
+                       "remove them from llm_int8_skip_modules / modules_to_not_convert, or the quantization_config")
+    if s.task == "train" and cq.trained_dequantized:
+        return None
+    trainable: tuple[str, ...] = get_args(TrainQuant)
+    if cq.format is None or (s.task == "train" and cq.format not in trainable):
+        why = cq.why_not or f"training over {cq.format} weights is not modelled (trainable: {', '.join(trainable[1:])})"
+        return Problem("model", f"{said}: not modelled ({why})",
+                       f"estimable pre-quantized checkpoints: {'; '.join(PREQUANTIZED_SUPPORTED)}; or remove "
+                       "quantization_config to estimate the unquantized model")
+    if current not in ("none", cq.format):
+        return Problem(where, f"{where} is {current} but {said}, stored as {cq.format}; transformers keeps the "
+                       "checkpoint's format (merge_quantization_configs)",
+                       f"set {where}: {cq.format} (or none), or use an unquantized checkpoint")
+    return None

@@ -31,6 +31,29 @@ Position = Literal["rope", "learned", "alibi", "none"]
 
 
 @dataclass(frozen=True)
+class CheckpointQuant:
+    """A pre-quantized checkpoint, as its config.json's ``quantization_config`` declares it.
+
+    A declared fact of the checkpoint, read by the family adapter (``spec/families/base.py``
+    ``read_quantization_config``).  ``format`` is the row of ``facts/quantization.py`` that stores these
+    weights byte for byte, or None when no row does (``why_not`` says why); ``trained_dequantized``:
+    transformers cannot train the format as stored, so a training run loads it dequantized to the
+    checkpoint's ``torch_dtype`` (MXFP4: ``Mxfp4HfQuantizer.is_trainable`` is False and asks for
+    ``Mxfp4Config(dequantize=True)``; block-wise fp8: ``FineGrainedFP8Config(dequantize=True)``, or
+    DeepSeek-V3's ``fp8_cast_bf16.py``).  ``skip_modules``: bitsandbytes' ``llm_int8_skip_modules`` or
+    ``modules_to_not_convert``, left in the half dtype.
+    """
+
+    method: str  # quant_method as written (bitsandbytes, gptq, awq, fp8, fbgemm_fp8, mxfp4, ...)
+    description: str  # what the config declares, in words (bits, group size, quant type, compute dtype)
+    format: str | None = None
+    why_not: str = ""
+    trained_dequantized: bool = False
+    skip_modules: tuple[str, ...] = ()
+    compute_dtype: str | None = None  # bitsandbytes 4-bit ``bnb_4bit_compute_dtype`` (fp32, fp16, bf16)
+
+
+@dataclass(frozen=True)
 class ParamGroup:
     """One parameter tensor pattern, repeated ``count`` times (layers x experts).
 
@@ -143,6 +166,10 @@ class Traits:
     # ---- generate (transformers releases) ----
     dynamic_cache_since: tuple[int, int] = (4, 42)  # first release whose ``generate`` updates a DynamicCache
     upcasts_all_logits: bool = False  # the 4.44 causal-LM head did ``logits.float()`` on the whole output
+    # first release whose causal-LM forward calls ``self.loss_function`` (loss_utils ``ForCausalLMLoss``) instead
+    # of its own ``CrossEntropyLoss`` (4.46 for Llama and its kin; 4.49 for GPT-2, GPT-J, GPT-NeoX, Falcon,
+    # BLOOM, OPT: their 4.48 modeling files still shift and call CrossEntropyLoss), analytic/logits.py
+    loss_function_since: tuple[int, int] = (4, 46)
 
 
 @dataclass(frozen=True)
@@ -176,6 +203,7 @@ class ModelSpec:
     final_logit_softcapping: float | None = None
     checkpoint_dtype: str = "bf16"
     checkpoint_quantization: str | None = None
+    checkpoint_quant: CheckpointQuant | None = None  # the config's quantization_config, read (None: none)
     source: str = ""
     notes: tuple[str, ...] = field(default=())
     traits: Traits = Traits()

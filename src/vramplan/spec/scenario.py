@@ -19,7 +19,7 @@ Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deep
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
 Optimizer = Annotated[str, Choices("optimizer", optimizer_names), OneOf(optimizer_names)]
-Checkpointing = Literal["none", "full", "selective"]
+Checkpointing = Literal["none", "full", "selective", "attention-core", "op-sac"]
 Attention = Literal["eager", "sdpa", "flash"]
 TrainQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4"]
 InferQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4", "gptq-4bit", "awq-4bit", "fp8"]
@@ -30,6 +30,7 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 OffloadDevice = Literal["cpu", "nvme"]
 VllmVersion = Literal["0.11", "0.19"]
 CudaModuleLoading = Literal["lazy", "eager"]
+DeepSpeedCheckpointing = Literal["none", "partition", "partition+cpu"]
 
 
 class _Strict(BaseModel):
@@ -117,8 +118,33 @@ class Train(_Strict):
     state-sized temporary in step(); adamw-fused avoids it; docs/conventions.md)."""
 
     gradient_checkpointing: Checkpointing = "none"
-    """Activation recomputation: full keeps only each layer's input; selective drops only the attention's
-    s x s tensors (Korthikanti et al., arXiv 2205.05198 sec. 5)."""
+    """Activation recomputation policy: none; full (each checkpointed layer keeps only its input);
+    attention-core (only the attention's s x s tensors are dropped); op-sac (torchtitan's op-level selective
+    checkpointing); selective means the framework's own: op-sac under torchtitan, attention-core elsewhere.
+
+    attention-core is Megatron's selective recompute (Korthikanti et al., arXiv 2205.05198 sec. 5): with
+    sdpa or flash attention it saves what no checkpointing saves.  op-sac saves the outputs of the ops on
+    torchtitan's save list, every other matmul of a layer (its 1st, 3rd, ...) and the attention kernel's
+    outputs, plus the layer's input, and recomputes the rest (torchtitan/distributed/activation_checkpoint.py
+    ``_apply_op_sac``; docs/conventions.md, Activation checkpointing policies)."""
+
+    checkpoint_every_n_layers: int = Field(1, ge=1, le=1_000_000)
+    """With full checkpointing, checkpoint every n-th layer only (the n-th, 2n-th, ... counting from 1);
+    1 checkpoints every layer.
+
+    torchtitan's ``selective_ac_option: "n"`` (``_apply_layer_sac``: a layer is wrapped when its running
+    count is a multiple of n); the other layers save everything.  Frameworks running transformers'
+    ``gradient_checkpointing_enable`` checkpoint every layer, so n > 1 is refused for them."""
+
+    deepspeed_checkpointing: DeepSpeedCheckpointing = "none"
+    """DeepSpeed's activation checkpointing of the checkpointed layer inputs: partition splits each over the tp
+    ranks, partition+cpu keeps the partitions in host memory; needs framework deepspeed and full checkpointing.
+
+    ``deepspeed.checkpointing.configure(partition_activations=..., checkpoint_in_cpu=...)``
+    (deepspeed/runtime/activation_checkpointing/checkpointing.py ``partition_activations``: each floating
+    input keeps its 1/mp_size slice, on the CPU with ``cpu_checkpoint``; the backward gathers it back).  It acts
+    only in models that call ``deepspeed.checkpointing.checkpoint`` (Megatron-DeepSpeed); transformers' models
+    checkpoint with torch's ``checkpoint`` and ignore it."""
 
     attention: Attention = "sdpa"
     """Attention implementation (transformers' attn_implementation): eager saves the s x s scores and the

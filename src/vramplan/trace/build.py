@@ -2,7 +2,8 @@
 
 The model is ``AutoModelForCausalLM.from_config`` of the catalog entry, local ``config.json`` or
 inline mapping (no weights are read; ``quantization_config`` of a pre-quantized checkpoint is
-dropped: the scenario's dtype and quantization decide how weights are stored).  Tied weights
+dropped: the scenario's dtype and quantization decide how weights are stored, and ``resolve`` has set
+that quantization from the checkpoint's, spec/load.py ``checkpoint_quantization_for``).  Tied weights
 are re-tied by transformers' ``post_init``.  Adapters come from peft's ``get_peft_model``.
 4-bit base weights are stored as bitsandbytes stores them, by ``QuantLinear`` (trace/quant.py).
 """
@@ -22,6 +23,7 @@ from typing import Any, cast
 
 import torch
 
+from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import bnb_formats
 from vramplan.spec.load import Resolved
@@ -178,7 +180,7 @@ def attn_implementation(attention: str, checkpointing: str = "none") -> str:
     if attention == "flash":
         _register_flash()
         return _FLASH_NAME
-    if attention == "eager" and checkpointing == "selective":
+    if attention == "eager" and checkpointing in ("selective", "attention-core"):
         _register_selective()
         return _SELECTIVE_NAME
     return attention
@@ -219,7 +221,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         # fallback to eager otherwise when not possible"); gpt-oss's attention sinks have no SDPA path
         attention = "eager"
         notes.append(f"{r.model.family} has no SDPA attention: transformers' default falls back to eager")
-    impl = attn_implementation(attention, s.train.gradient_checkpointing if task == "train" else "none")
+    impl = attn_implementation(attention, checkpoint_policy(s) if task == "train" else "none")
     quant = "none"
     if task == "train":
         pol = trace_policy(r, fsdp2)
@@ -298,8 +300,15 @@ def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[
                 if p.dtype in (torch.float16, torch.bfloat16):
                     p.data = p.data.to(torch.float32)
             notes.append("prepare_model_for_kbit_training casts non-quantized parameters to fp32")
-    if t.gradient_checkpointing == "full":
+    policy = checkpoint_policy(s)
+    if policy == "op-sac" or t.deepspeed_checkpointing != "none":
+        raise ScenarioError([Problem("train.gradient_checkpointing", "torchtitan's op-level selective checkpointing "
+                                     "and DeepSpeed's partitioned / CPU checkpointing are not traced (the trace runs "
+                                     "transformers' model with torch's checkpoint)",
+                                     "use --engine analytic, or gradient_checkpointing: full")])
+    if policy == "full":
         _enable_checkpointing(model)
+        _keep_every_nth(model, t.checkpoint_every_n_layers)
     if t.peft is not None:
         if t.peft.method == "dora" and quant != "none":
             raise ScenarioError([Problem("train.peft.method", "DoRA over quantized base weights is not traced",
@@ -341,6 +350,18 @@ def _enable_checkpointing(model: Any) -> None:
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False):
             m._gradient_checkpointing_func = func
+
+
+def _keep_every_nth(model: Any, n: int) -> None:
+    """Checkpoint only the n-th, 2n-th, ... decoder layer (torchtitan ``_apply_layer_sac``, counting from 1):
+    transformers' ``GradientCheckpointingLayer`` runs checkpointed while its ``gradient_checkpointing`` is set."""
+    if n <= 1:
+        return
+    layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing") and hasattr(m, "_gradient_checkpointing_func")
+              and not hasattr(m, "layers")]
+    for j, layer in enumerate(layers):
+        if (j + 1) % n:
+            layer.gradient_checkpointing = False
 
 
 def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Module:

@@ -174,7 +174,7 @@ def to_report(r: Resolved, events: list[TrackEvent], marks: list[tuple[int, str]
     )
     report = Report(
         engine="trace", fits=used <= capacity, per_gpu=per_gpu, host=host or Host(), serve=ServeBlock(),
-        assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),
+        assumptions=[*r.assumptions, *assumptions], scenario=r.scenario.model_dump(mode="json"),
         model=r.model.summary(),
         gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.facts.optimizers import runs_as
 from vramplan.spec.load import Resolved
@@ -247,6 +248,10 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     notes = list(built.notes)
+    release = family_loss_release(s.software.transformers_version, r.model.traits, framework, r.model.encoder_only)
+    if release != "padded":
+        notes.append(f"loss as transformers {s.software.transformers} computes it ({release}): its code run on the "
+                     "installed transformers' logits (trace/step.py _release_loss, analytic/logits.py)")
 
     masters: list[torch.Tensor] = []
     opt_model: torch.nn.Module = model
@@ -314,7 +319,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 phase[0] = "forward"
                 tracker.mark("forward")
                 with tracker.category("activations"):
-                    loss = _forward_loss(model, ids, labels, pol.autocast_dtype, framework, tracker, scope)
+                    loss = _forward_loss(model, ids, labels, pol.autocast_dtype, framework, tracker, scope, release)
                 _classify_forward(tracker)
                 phase[0] = "backward"
                 tracker.mark("backward")
@@ -388,11 +393,30 @@ def _local_grad(p: torch.nn.Parameter) -> torch.Tensor:
     return local_tensor(g)
 
 
+def _release_loss(out: Any, labels: torch.Tensor, release: LossRelease) -> torch.Tensor:
+    """The loss code of an older transformers release (analytic/logits.py), run on the installed release's
+    logits: ``logits.float()`` (in the model's forward for 4.31-4.45 Llama-like families, whose output then
+    holds the fp32 logits; inside ``ForCausalLMLoss`` for 4.46-4.48), the shifted contiguous copy and
+    ``CrossEntropyLoss`` (``F.cross_entropy`` with mean reduction)."""
+    logits = out.logits if release == "shifted_no_upcast" else out.logits.float()
+    if release == "shifted_upcast_in_model":
+        out["logits"] = logits
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous()
+    # ``logits`` stays bound until the loss returns, as in the release's code
+    return torch.nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+
+
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,
-                  framework: str, tracker: Tracker, scope: Scope) -> torch.Tensor:
+                  framework: str, tracker: Tracker, scope: Scope, release: LossRelease = "padded") -> torch.Tensor:
     ctx = cuda.autocast(autocast) if autocast is not None else contextlib.nullcontext()
     with ctx:
-        out = model(input_ids=ids, labels=labels, use_cache=False)
+        if release == "padded":
+            out = model(input_ids=ids, labels=labels, use_cache=False)
+        else:
+            # the older release computed its loss inside the forward, so under the same autocast
+            out = model(input_ids=ids, use_cache=False)
+            out["loss"] = _release_loss(out, labels, release)
     with tracker.category("temporaries"):
         logits = getattr(out, "logits", None)
         # accelerate's convert_outputs_to_fp32 wraps the autocast forward: half outputs become fp32

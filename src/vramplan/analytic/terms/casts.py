@@ -3,6 +3,7 @@ and the fp32 LM head's cast under k-bit PEFT."""
 
 from __future__ import annotations
 
+from vramplan.analytic.checkpointing import checkpointed_layer
 from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
@@ -49,9 +50,10 @@ def layer_casts(c: StepContext) -> list[Term]:
         return []
     m, tp, wcb = c.m, c.tp, c.pol.weight_cast_bytes
     per_layer = _linear_params_per_layer(c.rp, m) * wcb
-    full_ckpt = c.s.train.gradient_checkpointing == "full"
     rows: list[tuple[int, Loc, Loc, str, int]] = []
     for j, ls in enumerate(c.layer_specs):
+        # a checkpointed layer (full, every n-th, op-sac: the casts are not on torchtitan's save list)
+        full_ckpt = checkpointed_layer(c.s, j)
         down = m.hidden_size * ceil_div(ls.intermediate_size, tp) * wcb if per_layer and not ls.moe else 0
         at_mlp, done = mlp(j), layer_done(j)
         rows.append((per_layer, FORWARD, LOSS if full_ckpt else done, "casts.layer", j))

@@ -3,7 +3,7 @@ analytic/activations.py: computed once per stage and read by the saved-tensor an
 
 * ``full``: saved when the layer runs with autograd recording; ``kept``: saved during the forward
   (= ``full`` without checkpointing; the layer's input with full checkpointing; the non-recomputed
-  part with selective checkpointing);
+  part with attention-core or op-sac checkpointing, analytic/checkpointing.py);
 * ``mlp_transient`` / ``attn_transient``: the gradients alive together in the MLP's / attention's
   backward;
 * ``mlp_released``: freed before the MLP's elementwise backward (the output projection's input);
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_input_bytes, checkpointed_layer
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.spec.model import ModelSpec
@@ -33,6 +34,7 @@ class LayerActivations:
     released: tuple[int, ...]
     mlp_released: tuple[int, ...]
     shared: int
+    host: int = 0  # checkpointed inputs kept in host memory (DeepSpeed partition+cpu), all layers
     # layers whose attention backward runs after some saved tensors are released: a moment of its own
     attention_split: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
@@ -63,7 +65,9 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
     """Each layer's per-token values, computed once per kind of layer: they depend on what the layer
     computes (MoE or dense, its MLP width, its attention window), not on its index, and the layers of a
     model are mostly alike (80 identical ones in Llama 3 70B)."""
-    m, ctx, selective = c.m, c.act, c.s.train.gradient_checkpointing == "selective"
+    policy = checkpoint_policy(c.s)
+    m, ctx, selective = c.m, c.act, policy in ("attention-core", "op-sac")
+    kept_per_token = act.op_sac_saved_per_token if policy == "op-sac" else act.selective_saved_per_token
     kinds: dict[tuple[bool, int, int | None], _PerToken] = {}
     out = []
     for ls in c.layer_specs:
@@ -72,7 +76,7 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
         if v is None:
             v = kinds[kind] = _PerToken(
                 act.layer_saved_per_token(m, ls, ctx),
-                act.selective_saved_per_token(m, ls, ctx) if selective else 0,
+                kept_per_token(m, ls, ctx) if selective else 0,
                 act.backward_transients_per_token(m, ls, ctx),
                 act.freed_before_attention_backward_per_token(m, ls, ctx),
                 act.freed_before_mlp_backward_per_token(m, ls, ctx))
@@ -99,13 +103,18 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
 
 def _compute(c: StepContext) -> LayerActivations:
     m, ctx, tokens, specs = c.m, c.act, c.tokens, c.layer_specs
-    ckpt = c.s.train.gradient_checkpointing
+    ckpt = checkpoint_policy(c.s)
     full, dora, wx = _full_saved(c)
     per_token = _per_token(c)
     attention_idle = frozen_prefix(c, full, dora, wx)  # layers whose attention records nothing
+    host = 0
     if ckpt == "full":
-        kept = [act.checkpoint_saved_per_token(m, ctx) * tokens for _ in specs]
-    elif ckpt == "selective":
+        # every n-th layer with train.checkpoint_every_n_layers (analytic/checkpointing.py); the others save all;
+        # DeepSpeed's partitioned / CPU checkpointing keeps a slice of the input, on the device or the host
+        on_device, on_host = checkpointed_input_bytes(c.s, act.checkpoint_saved_per_token(m, ctx) * tokens)
+        kept = [on_device if checkpointed_layer(c.s, j) else full[j] for j in range(len(specs))]
+        host = on_host * sum(checkpointed_layer(c.s, j) for j in range(len(specs)))
+    elif ckpt in ("attention-core", "op-sac"):
         kept = [v.selective * tokens for v in per_token]
     else:
         kept = list(full)
@@ -122,7 +131,7 @@ def _compute(c: StepContext) -> LayerActivations:
                     m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
     shared = act.shared_saved_per_token(m, ctx, ckpt, attention_recorded=len(attention_idle) < len(specs)) * tokens
     return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
-                            tuple(released), tuple(mlp_released), shared)
+                            tuple(released), tuple(mlp_released), shared, host)
 
 
 def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 Each layer's ``kept`` tensors (analytic/terms/layers.py) live from the forward to the end of that
 layer's backward.  Checkpointing recomputes the rest (``full - kept``) when the layer's backward
 comes: the whole layer with full checkpointing (alive through both parts), only the attention core
-with selective (alive in the attention part).  By the MLP's elementwise backward the output
+with attention-core (alive in the attention part); op-sac reruns the whole layer.  By the MLP's elementwise backward the output
 projection's backward has freed its input; the attention's backward comes after the MLP's (and the
 post-attention norm's) saved tensors are released: those frees are release terms (negative bytes).
 1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2): the other
@@ -13,6 +13,7 @@ micro-batches' saved tensors stay through this one's backward.
 from __future__ import annotations
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
@@ -26,11 +27,15 @@ def layer_saved(c: StepContext) -> list[Term]:
     """Per layer: the kept tensors, the recomputed ones, the frees before each backward part; the
     other micro-batches in flight."""
     la = layer_activations(c)
-    kept, ckpt = la.kept, c.s.train.gradient_checkpointing
-    selective = ckpt == "selective"
+    kept, ckpt = la.kept, checkpoint_policy(c.s)
+    # attention-core recomputes only the attention core; full and op-sac rerun the whole layer's forward
+    selective = ckpt == "attention-core"
     in_flight = (c.in_flight - 1) * sum(kept)
     out = device_terms(K.SAVED, [(kept[j], FORWARD, layer_done(j), "saved.kept", j) for j in range(len(kept))])
     out.append(Term(K.SAVED, in_flight, FORWARD, TIED_EMBEDDING, "saved.in_flight"))
+    if la.host:
+        # DeepSpeed partition+cpu: the checkpointed inputs' slices wait in host memory
+        out.append(Term(K.SAVED, la.host, FORWARD, TIED_EMBEDDING, "saved.host_checkpointed", where="host"))
     below = [0]  # below[j + 1]: kept bytes of layers 0..j
     for k in kept:
         below.append(below[-1] + k)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramplan.spec.model import LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
+from vramplan.spec.model import CheckpointQuant, LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
 
 Config = Mapping[str, Any]
 
@@ -98,17 +98,80 @@ def checkpoint_dtype(cfg: Config) -> str:
 
 
 def checkpoint_quantization(cfg: Config) -> str | None:
+    """The checkpoint's quantization in one word: the matching ``facts/quantization.py`` row, else the
+    config's ``quant_method`` (None when the config declares none)."""
+    cq = read_quantization_config(cfg)
+    return None if cq is None else cq.format or cq.method
+
+
+_DTYPE_WORDS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# the pre-quantized formats vramplan estimates as stored, for the error that names what is supported
+PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with double quantization, fp4)",
+                          "GPTQ and AWQ 4-bit with group size 128", "fbgemm_fp8 (per-channel fp8)")
+
+
+def _bnb(q: Mapping[str, Any]) -> CheckpointQuant:
+    """transformers' ``BitsAndBytesConfig`` as serialized (``to_dict`` writes ``_load_in_4bit`` beside
+    ``load_in_4bit``); its defaults: quant type fp4, no double quantization, compute dtype fp32."""
+    four = bool(q.get("load_in_4bit", q.get("_load_in_4bit", False)))
+    eight = bool(q.get("load_in_8bit", q.get("_load_in_8bit", False)))
+    skip = tuple(str(x) for x in (q.get("llm_int8_skip_modules") or q.get("modules_to_not_convert") or ()))
+    if eight and not four:
+        return CheckpointQuant("bitsandbytes", "bitsandbytes 8-bit (LLM.int8)", "int8", skip_modules=skip)
+    if not four:
+        return CheckpointQuant("bitsandbytes", "bitsandbytes without load_in_4bit or load_in_8bit",
+                               why_not="neither load_in_4bit nor load_in_8bit is set")
+    qt = str(q.get("bnb_4bit_quant_type", "fp4"))
+    dq = bool(q.get("bnb_4bit_use_double_quant", False))
+    cd = _DTYPE_WORDS.get(str(q.get("bnb_4bit_compute_dtype", "float32")).removeprefix("torch."), "fp32")
+    words = f"bitsandbytes 4-bit {qt}{' with double quantization' if dq else ''}, compute dtype {cd}"
+    fmt = {("nf4", False): "nf4", ("nf4", True): "nf4-dq", ("fp4", False): "fp4"}.get((qt, dq))
+    why = "" if fmt else f"no row stores 4-bit {qt}{' with double quantization' if dq else ''}"
+    return CheckpointQuant("bitsandbytes", words, fmt, why, skip_modules=skip, compute_dtype=cd)
+
+
+def _grouped(method: str, q: Mapping[str, Any]) -> CheckpointQuant:
+    """GPTQ (``GPTQConfig``: bits, group_size, desc_act, sym) and AWQ (``AwqConfig``: bits, group_size,
+    zero_point, version; AutoAWQ writes w_bit and q_group_size): the rows hold 4 bits with group size 128."""
+    bits = int(q.get("bits", q.get("w_bit", 4)))
+    group = int(q.get("group_size", q.get("q_group_size", 128)))
+    words = f"{method.upper()} {bits}-bit, group size {group}"
+    if bits == 4 and group == 128:
+        return CheckpointQuant(method, words, f"{method}-4bit")
+    return CheckpointQuant(method, words, why_not=f"only {method.upper()} 4-bit with group size 128 is modelled")
+
+
+def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
+    """The checkpoint's ``quantization_config`` as a declared fact (None when the config has none).
+
+    Each method maps to the ``facts/quantization.py`` row that stores it exactly, or to None with the
+    reason; the engines then estimate the weights as stored or refuse (``spec/load.py``
+    ``checkpoint_quantization_for``).  fp8 as transformers' ``FineGrainedFP8Config`` writes it
+    (``quant_method: fp8``, ``weight_block_size`` [128, 128] by default: one fp32 ``weight_scale_inv`` per
+    128 x 128 block) and MXFP4 (gpt-oss: 4-bit e2m1 blocks of 32 with a UE8 scale) have no row.
+    """
     q = cfg.get("quantization_config")
     if not isinstance(q, Mapping):
         return None
     method = str(q.get("quant_method", "")).lower()
-    if method in ("fp8", "mxfp4"):
-        return method
-    if method in ("gptq", "awq"):
-        return f"{method}-{q.get('bits', 4)}bit"
+    skip = tuple(str(x) for x in (q.get("modules_to_not_convert") or ()))
     if method == "bitsandbytes":
-        return "nf4" if q.get("load_in_4bit") else "int8"
-    return method or None
+        return _bnb(q)
+    if method in ("gptq", "awq"):
+        return _grouped(method, q)
+    if method == "fbgemm_fp8":
+        return CheckpointQuant(method, "fp8 e4m3 with one scale per output channel (fbgemm_fp8)", "fp8",
+                               skip_modules=skip)
+    if method == "fp8":
+        block = q.get("weight_block_size") or [128, 128]
+        return CheckpointQuant(method, f"fp8 e4m3 with block-wise scales ({block[0]} x {block[1]})",
+                               why_not="block-wise fp8 scales have no row", trained_dequantized=True,
+                               skip_modules=skip)
+    if method == "mxfp4":
+        return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with a UE8 scale) on the MoE experts",
+                               why_not="MXFP4 has no row", trained_dequantized=True, skip_modules=skip)
+    return CheckpointQuant(method or "unnamed", f"quant_method {method or '(missing)'}",
+                           why_not=f"{method or 'a quantization_config without quant_method'} is not a known format")
 
 
 def build_spec(cfg: Config, name: str, model_type: str, p: Params, *, windows: list[int | None] | None = None,
@@ -127,6 +190,7 @@ def build_spec(cfg: Config, name: str, model_type: str, p: Params, *, windows: l
     spec.update(fields)
     return ModelSpec(name=name, model_type=model_type, layers=layers, params=tuple(p.rows),
                      checkpoint_dtype=checkpoint_dtype(cfg), checkpoint_quantization=checkpoint_quantization(cfg),
+                     checkpoint_quant=read_quantization_config(cfg),
                      **spec)
 
 

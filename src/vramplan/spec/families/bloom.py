@@ -12,7 +12,7 @@ from vramplan.spec.model import ModelSpec, Traits
 
 # generate uses a DynamicCache from 4.44.  The activation model counts BLOOM's attention with Llama's module
 # names (three q/k/v casts), as it always has; modeling_bloom.py has one fused query_key_value
-TRAITS = Traits(dynamic_cache_since=(4, 44))
+TRAITS = Traits(loss_function_since=(4, 49), dynamic_cache_since=(4, 44))
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:

@@ -12,7 +12,7 @@ from vramplan.spec.model import ModelSpec, Traits
 # FalconAttention hands SDPA one K/V head without enable_gqa (multi_query), and its eager softmax runs in the
 # compute dtype; the fused query_key_value's value is not kept as a view of the fused output; DynamicCache
 # from 4.45
-TRAITS = Traits(qkv_modules=("query_key_value",), out_proj_module="dense", mqa_sdpa_math=True,
+TRAITS = Traits(loss_function_since=(4, 49), qkv_modules=("query_key_value",), out_proj_module="dense", mqa_sdpa_math=True,
                 eager_softmax_compute_dtype=True, dynamic_cache_since=(4, 45))
 
 

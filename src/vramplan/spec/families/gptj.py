@@ -11,7 +11,7 @@ from vramplan.spec.model import ModelSpec, Traits
 
 # The activation model counts GPT-J's attention output and MLP with Llama's/NeoX's module names (o_proj,
 # dense_h_to_4h/dense_4h_to_h), as it always has; modeling_gptj.py names them out_proj and fc_in/fc_out
-TRAITS = Traits()
+TRAITS = Traits(loss_function_since=(4, 49))
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
