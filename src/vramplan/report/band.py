@@ -285,6 +285,7 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
     ``blocks_per_request`` (serving) is the KV blocks one ``max_model_len`` request needs, to
     count the requests the band's low KV pool still holds."""
     cal = load_calibration() if cal is None else cal
+    blocks_per_request = blocks_per_request or int(report.band.get("kv_blocks_per_request", 0))
     qs, notes = _quantiles(report, cal)
     pg = report.per_gpu
     a_lo, a_hi = band_bounds(pg.peak_allocated_bytes, qs["allocated"][0])
@@ -313,7 +314,10 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
         verdict = verdict_for(report.fits, 1, c_lo)  # FITS when the low pool holds one request
     else:
         verdict = verdict_for(report.fits, u_hi, pg.capacity_bytes)
-    update: dict[str, Any] = {"per_gpu": per_gpu, "serve": serve, "verdict": verdict, "band": _describe(qs, cal)}
-    if notes:  # only reports with inputs not modelled gain an assumption
+    described = _describe(qs, cal)
+    if blocks_per_request:
+        described["kv_blocks_per_request"] = blocks_per_request
+    update: dict[str, Any] = {"per_gpu": per_gpu, "serve": serve, "verdict": verdict, "band": described}
+    if notes and notes[0] not in report.assumptions:  # only reports with inputs not modelled gain one
         update["assumptions"] = [*report.assumptions, *notes]
     return report.model_copy(update=update)
