@@ -3,12 +3,13 @@
 Each usable entry scored by an engine gives one residual ``ln(predicted / measured)``, classed by
 engine, workload and quantity (``report/band.py``); the document holds those residuals, the
 table fitted from them, its leave-one-source-out coverage, and where it came from (dataset and
-its SHA-256, commit, date, command), so that a test can recompute it and tell when it is stale.
+a digest of its entries, commit, date, command), so that a test can recompute it and tell when it is stale.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +26,7 @@ from vramplan.report.band import (
 )
 from vramplan.validate.runner import ENGINES, ValidationResult
 
-__all__ = ["COMMAND", "METHOD", "calibration_document", "calibration_table", "residuals"]
+__all__ = ["COMMAND", "METHOD", "calibration_document", "calibration_table", "dataset_digest", "residuals"]
 
 COMMAND = "PYTHONPATH=src python benchmarks/calibrate_band.py"
 METHOD = (
@@ -56,6 +57,16 @@ def residuals(result: ValidationResult, engines: tuple[str, ...] = ENGINES) -> l
     return out
 
 
+def dataset_digest(dataset: Path) -> str:
+    """SHA-256 of what the residuals depend on: each entry's id, source, scenario, measured figure,
+    outcome and ``not_compared`` (notes, quotes and ``motivated`` tags may change freely)."""
+    from vramplan.validate.dataset import load_dataset
+
+    rows = [[e.id, e.group, e.scenario, e.measured.quantity, e.measured.bytes, e.outcome, e.not_compared]
+            for e in load_dataset(dataset).entries]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
 def calibration_table(cal: Calibration) -> dict[str, dict[str, Any]]:
     return {k: {"n": f.n, "sources": f.sources, "log_quantile": None if f.quantile is None else round(f.quantile, 6),
                 "factor_high": None if f.quantile is None else round(math.exp(f.quantile), 4)}
@@ -70,7 +81,7 @@ def calibration_document(rows: list[Residual], dataset: Path, commit: str, date:
         "coverage": COVERAGE,
         "min_sources": MIN_SOURCES,
         "dataset": "validation/published.yaml",
-        "dataset_sha256": hashlib.sha256(dataset.read_bytes()).hexdigest(),
+        "dataset_digest": dataset_digest(dataset),
         "engines": sorted({x.engine for x in rows}),
         "commit": commit,
         "date": date,
