@@ -42,8 +42,8 @@ def render_report(report: Report, console: Console) -> None:
                   f"(headroom {_gib(pg.headroom_bytes)} GiB); peak in {pg.peak_phase}")
     if report.band:
         cov = report.band.get("coverage", 0.9)
-        console.print(f"[dim]band: {cov:.0%} calibrated interval on published measurements of other sources "
-                      f"(docs/validation.md); FITS only when its high bound fits[/]")
+        console.print(f"[dim]band: {cov:.0%} interval calibrated on published runs of other sources; "
+                      "FITS only when its high bound fits[/]")
     table = Table(title="Memory per GPU at the peak", title_justify="left")
     table.add_column("part")
     table.add_column("GiB", justify="right")
