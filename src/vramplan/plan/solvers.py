@@ -102,8 +102,9 @@ def solve_max_batch(source: str | Path | dict[str, Any] | Scenario, margin: floa
     task = r.scenario.task
     if task == "serve":
         srep = estimate(r)
-        value = srep.serve.max_concurrency_low if srep.serve.max_concurrency_low is not None else srep.serve.max_concurrency
-        return _result("max-batch", "serve.max_num_seqs", value or None, r, srep, margin, 1,
+        low = srep.serve.max_concurrency_low
+        held = low if low is not None else srep.serve.max_concurrency
+        return _result("max-batch", "serve.max_num_seqs", held or None, r, srep, margin, 1,
                        "sequences of max_model_len the band's low KV cache holds at once (vLLM's maximum "
                        "concurrency at the low bound)")
     section, knob = ("train", "micro_batch_size") if task == "train" else ("inference", "batch_size")
