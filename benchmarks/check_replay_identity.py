@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -173,18 +174,30 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
 
 
 def compare(before: dict[str, Any], records: dict[str, Any], noun: str) -> int:
-    """Print every record that differs from ``before`` (its first differences); 1 if any does."""
+    """Print every record that differs from ``before`` (its first differences); 1 if any does.
+
+    Keys present only in the new records (keys added beside the existing ones) are not a
+    difference: they are listed once, at the end, with the number of records that gained them."""
     bad = 0
+    added: dict[str, int] = {}
     for name in sorted(set(before) | set(records)):
         if name not in before or name not in records:
             print(f"{name}: only in {'before' if name in before else 'after'}")
             bad += 1
             continue
         d = _diff(before[name], json.loads(json.dumps(records[name])))
+        for x in d:
+            if x.endswith(": only in after"):
+                key = re.sub(r"\[\d+\]", "[]", x.removesuffix(": only in after"))
+                added[key] = added.get(key, 0) + 1
+        d = [x for x in d if not x.endswith(": only in after")]
         if d:
             bad += 1
             print(f"{name}: {len(d)} differences, e.g. " + "; ".join(d[:3]))
-    print(f"{bad} of {len(records)} {noun} differ" if bad else f"all {len(records)} {noun} identical")
+    for key, n in sorted(added.items()):
+        print(f"added key {key} (in {n} records)")
+    print(f"{bad} of {len(records)} {noun} differ" if bad else f"all {len(records)} {noun} identical"
+          + (f" apart from {len(added)} added keys" if added else ""))
     return 1 if bad else 0
 
 

@@ -20,6 +20,7 @@ from vramplan.analytic.train import train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
+from vramplan.report.band import with_band
 from vramplan.serve.report import serve
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
@@ -97,17 +98,19 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
             res_bytes = packed
             assumptions.append("reserved bytes: the tensors alive at the peak packed into empty allocator "
                                "segments (fragmentation left by earlier phases not counted)")
-        return _report(r, tr.peak, tr.moments, outside, Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes),
-                       ServeBlock(), assumptions, reserved=res_bytes)
+        return with_band(_report(r, tr.peak, tr.moments, outside,
+                                 Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes), ServeBlock(),
+                                 assumptions, reserved=res_bytes))
     if task == "inference":
         ir = inference_step(r)
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
-        return _report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions)
+        return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions))
     sr = serve(r)
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
                        max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits)
     # vLLM reserves what it profiled plus the KV cache up front: reserved == allocated at the peak
     rep = _report(r, sr.peak, sr.moments, sr.outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
     # a server that refuses to start does not fit, whatever the byte count says
-    return rep if sr.starts else rep.model_copy(update={"fits": False})
+    rep = rep if sr.starts else rep.model_copy(update={"fits": False})
+    return with_band(rep, blocks_per_request=sr.decision.blocks_per_request)

@@ -31,9 +31,19 @@ def render_report(report: Report, console: Console) -> None:
     verdict = "[bold green]FITS[/]" if report.fits else "[bold red]DOES NOT FIT[/]"
     if report.tight:
         verdict = "[bold yellow]FITS, TIGHT[/] (headroom within the estimate's error)"
+    band = ""
+    if report.verdict is not None:  # the calibrated band's verdict (report/band.py)
+        colour = {"FITS": "green", "MAY NOT FIT": "yellow", "DOES NOT FIT": "red"}[report.verdict]
+        verdict = f"[bold {colour}]{report.verdict}[/]"
+        if pg.device_used_bytes_low is not None and pg.device_used_bytes_high is not None:
+            band = f" (band {_gib(pg.device_used_bytes_low)}-{_gib(pg.device_used_bytes_high)} GiB)"
     console.print(f"[bold]{model}[/] · {task} · {n} x {gpu} · engine: {report.engine}")
-    console.print(f"{verdict}: {_gib(pg.device_used_bytes)} GiB of {_gib(pg.capacity_bytes)} GiB per GPU "
+    console.print(f"{verdict}: {_gib(pg.device_used_bytes)} GiB{band} of {_gib(pg.capacity_bytes)} GiB per GPU "
                   f"(headroom {_gib(pg.headroom_bytes)} GiB); peak in {pg.peak_phase}")
+    if report.band:
+        cov = report.band.get("coverage", 0.9)
+        console.print(f"[dim]band: {cov:.0%} interval calibrated on published runs of other sources; "
+                      "FITS only when its high bound fits[/]")
     table = Table(title="Memory per GPU at the peak", title_justify="left")
     table.add_column("part")
     table.add_column("GiB", justify="right")

@@ -15,10 +15,18 @@ from rich.table import Table
 from vramplan.cli.common import fail
 from vramplan.errors import VramplanError
 
-__all__ = ["SHORT_HEAD", "register", "render_result"]
+__all__ = ["SHORT_HEAD", "band_lines", "register", "render_result"]
 
 # same columns as the markdown table, with short names for a terminal
 SHORT_HEAD = ["n", "med |e|", "p90 |e|", "med e", "under/over", "fits ok", "missed OOM", "false OOM"]
+
+
+def band_lines(result: object) -> list[str]:
+    """Per engine: the band's verdicts, said FITS but OOMed, coverage per workload, and the error of
+    motivated and other entries (``vramplan.validate.markdown.band_lines`` is the markdown twin)."""
+    from vramplan.validate.markdown import band_lines as md_lines
+
+    return md_lines(result)
 
 
 def render_result(result: object, console: Console, worst: int = 10, show_entries: bool = False) -> None:
@@ -46,6 +54,8 @@ def render_result(result: object, console: Console, worst: int = 10, show_entrie
     console.print(table)
     for note in notes:
         console.print(f"[yellow]{note}[/]", highlight=False)
+    for line in band_lines(result):
+        console.print(line, highlight=False)
     by_task = Table(title="By task (train-full: full fine-tuning, train-peft: LoRA/QLoRA)", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ["predictor", "task", *SHORT_HEAD]:
         by_task.add_column(col, justify="left" if col in ("predictor", "task") else "right",

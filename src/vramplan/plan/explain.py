@@ -20,6 +20,7 @@ from typing import Any
 from vramplan.catalog.gpus import list_gpus
 from vramplan.monotone import largest_true
 from vramplan.plan.context import PlanContext
+from vramplan.plan.fit import band_fits
 from vramplan.plan.result import PlanResult, Rung, Suggestion
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.space import ServeJob, TrainJob, divisors, precisions_for, tp_ok
@@ -50,15 +51,22 @@ def _rung(ctx: PlanContext, step: int, title: str, s: TrainSetup | ServeSetup, n
     parts = ", ".join(f"{p} {_gib(b)}" for p, b in largest)
     if isinstance(s, ServeSetup):
         conc = rep.serve.max_concurrency
-        fits = rep.fits and conc >= need_concurrency
+        fits = band_fits(rep, need_concurrency)
         over = 0 if fits else max(0, used - rep.per_gpu.capacity_bytes)
         why = (f"KV cache holds {conc} sequences of {s.max_model_len} tokens per replica, "
                f"{need_concurrency} needed" + ("" if fits else f"; {next_hint}"))
     else:
-        fits = used <= usable
+        fits = used <= usable and band_fits(rep)
         over = max(0, used - usable)
+        high = rep.per_gpu.device_used_bytes_high or used
         if fits:
             why = f"fits: {_gib(used)} of {_gib(usable)} usable ({_gib(usable - used)} to spare)"
+        elif used <= usable:  # the point fits, its band does not (report/band.py)
+            over = high - rep.per_gpu.capacity_bytes
+            why = (f"may not fit: {_gib(used)} of {_gib(usable)} usable, but the band's high bound {_gib(high)} "
+                   f"exceeds the {_gib(rep.per_gpu.capacity_bytes)} capacity")
+            if next_hint:
+                why += f" -> {next_hint}"
         else:
             why = f"needs {_gib(used)}, {_gib(usable)} usable: over by {_gib(over)}; largest: {parts}"
             if next_hint:
@@ -254,7 +262,7 @@ def _serve_base(ctx: PlanContext, job: ServeJob, tp: int, replicas: int, quant: 
 
 def _serve_ok(ctx: PlanContext, s: ServeSetup) -> tuple[bool, Report]:
     rep = ctx.estimate(s)
-    return rep.fits and rep.serve.max_concurrency >= s.max_num_seqs, rep
+    return band_fits(rep, s.max_num_seqs), rep
 
 
 def _serve_ladder(ctx: PlanContext, job: ServeJob, n: int, gpus_per_node: int) -> list[Rung]:

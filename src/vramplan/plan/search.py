@@ -8,7 +8,8 @@ model (cheap), then visited in order of predicted step time:
 2. if the lower bound of its memory (``bound.py``: weights + optimizer states + masters + fixed
    overheads, provably <= the estimate) exceeds the usable memory, it is rejected;
 3. otherwise the analytic engine estimates it, first with the fast packed reserved bytes, then,
-   if that fits, with the allocator replay; it fits when ``device_used <= (1 - margin) x capacity``.
+   if that fits, with the allocator replay; it fits when ``device_used <= (1 - margin) x capacity``
+   and its verdict is ``FITS`` (the band's high bound within the capacity: ``fit.py``).
 
 The walk stops once ``top`` families fit: every remaining candidate has a predicted step time at
 least as long as the ``top``-th answer, so the ranking of the answer is exact with respect to the
@@ -24,7 +25,7 @@ from typing import Any
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.context import PlanContext, make_context
-from vramplan.plan.fit import DEFAULT_MARGIN
+from vramplan.plan.fit import DEFAULT_MARGIN, band_fits
 from vramplan.plan.result import GpuCountBest, PlanResult, RankedSetup, SearchStats
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.space import ServeJob, TrainJob, batch_split_problems, serve_candidates, train_candidates
@@ -112,11 +113,12 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             continue
         rep = ctx.estimate(s, reserved="packed")
         st.estimated += 1
-        if rep.per_gpu.device_used_bytes > usable:
+        # the band's high bound grows with the reserved bytes, so the packing's never exceeds the replay's
+        if rep.per_gpu.device_used_bytes > usable or not band_fits(rep):
             continue
         # confirm with the allocator replay (slower; its reserved bytes are never below the packing's)
         rep = ctx.estimate(s)
-        if rep.per_gpu.device_used_bytes > usable:
+        if rep.per_gpu.device_used_bytes > usable or not band_fits(rep):
             continue
         if not _host_ok(rep, s, host_limit_bytes):
             st.host_rejected += 1
@@ -137,7 +139,7 @@ def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats
     for s in setups:
         rep = ctx.estimate(s)
         st.estimated += 1
-        if not rep.fits or rep.serve.max_concurrency < s.max_num_seqs:
+        if not band_fits(rep, s.max_num_seqs):
             continue
         st.estimated_fit += 1
         elem = kv_elem_bytes(s.kv_cache_dtype, 2 if s.dtype != "fp32" else 4)

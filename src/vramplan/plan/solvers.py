@@ -1,7 +1,7 @@
 """Solvers: one knob of a scenario pushed as far as the estimator allows, with the margin.
 
 * ``max-batch``: the largest micro-batch (training) or batch (inference) that fits; for serving,
-  the concurrency the KV cache holds at ``max_model_len`` (read from the estimate).
+  the concurrency the band's low KV cache holds at ``max_model_len`` (``max_concurrency_low``).
 * ``max-seq``: the longest sequence (training ``seq_len``, inference ``prompt_len``; serving: the
   longest ``max_model_len`` one sequence can reach), up to the model's ``max_position_embeddings``.
 * ``min-gpus``: the fewest GPUs (a multiple of tp x pp x cp) that fit, everything per GPU kept
@@ -15,6 +15,12 @@ The search doubles the knob until it stops fitting, then bisects.  That assumes 
 the batch and the sequence and shrinks with more GPUs, which holds for every term of the
 estimator; the answer is always re-checked by a full estimate (it fits) and its neighbour (it
 does not), and ``probes`` counts the estimates.
+
+"Fits" is ``fit.fits_with_margin``: within ``(1 - margin)`` of the capacity *and* the verdict
+``FITS`` (the band's high bound within the capacity, ``report/band.py``).  The band is monotone in
+the point estimate, so the doubling and bisection stay valid.  ``max-seq`` for serving reports
+vLLM's own longest ``max_model_len`` at the point estimate (the band is not applied to it), and
+``max_batch_size``/``max_prompt_len`` judge the point estimate, as ``generate`` prints it.
 """
 
 from __future__ import annotations
@@ -96,8 +102,11 @@ def solve_max_batch(source: str | Path | dict[str, Any] | Scenario, margin: floa
     task = r.scenario.task
     if task == "serve":
         srep = estimate(r)
-        return _result("max-batch", "serve.max_num_seqs", srep.serve.max_concurrency or None, r, srep, margin, 1,
-                       "sequences of max_model_len the KV cache holds at once (vLLM's maximum concurrency)")
+        low = srep.serve.max_concurrency_low
+        held = low if low is not None else srep.serve.max_concurrency
+        return _result("max-batch", "serve.max_num_seqs", held or None, r, srep, margin, 1,
+                       "sequences of max_model_len the band's low KV cache holds at once (vLLM's maximum "
+                       "concurrency at the low bound)")
     section, knob = ("train", "micro_batch_size") if task == "train" else ("inference", "batch_size")
 
     def ok(v: int) -> bool:

@@ -9,7 +9,7 @@ what nvidia-smi would show for the process (reserved + memory outside the alloca
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,13 @@ class PerGpu(BaseModel):
     breakdown_detail: dict[str, dict[str, int]] = Field(default_factory=dict)
     outside_allocator: dict[str, int]
     phases: dict[str, int] = Field(default_factory=dict)
+    # the calibrated band (report/band.py): None until ``with_band`` has set it
+    peak_allocated_bytes_low: int | None = None
+    peak_allocated_bytes_high: int | None = None
+    peak_reserved_bytes_low: int | None = None
+    peak_reserved_bytes_high: int | None = None
+    device_used_bytes_low: int | None = None
+    device_used_bytes_high: int | None = None
 
 
 class Host(BaseModel):
@@ -52,6 +59,11 @@ class ServeBlock(BaseModel):
     num_gpu_blocks: int = 0
     max_concurrency: int = 0
     max_model_len_that_fits: int = 0
+    # the calibrated band of the KV pool, and the max_model_len requests its bounds hold (report/band.py)
+    kv_cache_bytes_low: int | None = None
+    kv_cache_bytes_high: int | None = None
+    max_concurrency_low: int | None = None
+    max_concurrency_high: int | None = None
 
 
 class Report(BaseModel):
@@ -66,6 +78,9 @@ class Report(BaseModel):
     scenario: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     gpu: dict[str, Any] = Field(default_factory=dict)
+    # FITS / MAY NOT FIT / DOES NOT FIT: ``fits`` judged on the band's high bound (report/band.py)
+    verdict: Literal["FITS", "MAY NOT FIT", "DOES NOT FIT"] | None = None
+    band: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def tight(self) -> bool:

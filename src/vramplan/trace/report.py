@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from vramplan.alloc import AllocEvent, replay
 from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
+from vramplan.report.band import with_band
 from vramplan.spec.load import Resolved
 from vramplan.trace.tracker import TrackEvent
 from vramplan.units import round_up
@@ -179,4 +180,4 @@ def to_report(r: Resolved, events: list[TrackEvent], marks: list[tuple[int, str]
         gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
     )
     report.check()
-    return report
+    return with_band(report)

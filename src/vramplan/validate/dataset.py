@@ -120,6 +120,8 @@ class Entry(_Strict):
     outcome: Literal["fits", "oom"]
     notes: str = ""
     not_compared: str = ""
+    # the engine behaviours this entry motivated (docs/validation.md, "Motivated entries"); empty: none
+    motivated: tuple[str, ...] = ()
 
     @property
     def compares_bytes(self) -> bool:

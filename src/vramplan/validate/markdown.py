@@ -5,7 +5,7 @@ from __future__ import annotations
 from vramplan.validate.metrics import Summary
 from vramplan.validate.runner import PredictorSummary, ValidationResult
 
-__all__ = ["fmt_fraction", "fmt_pct", "summary_cells", "to_markdown"]
+__all__ = ["band_lines", "fmt_fraction", "fmt_pct", "summary_cells", "to_markdown"]
 
 
 def fmt_pct(x: float | None, signed: bool = False) -> str:
@@ -44,6 +44,30 @@ def _predictor_rows(p: PredictorSummary) -> list[str]:
     return [p.label, p.applies_to, *summary_cells(p.overall)]
 
 
+def _coverage(s: Summary) -> str:
+    return f"{s.band_covered}/{s.band_n_checked} ({fmt_pct(s.band_coverage)})" if s.band_n_checked else "-"
+
+
+def band_lines(result: object) -> list[str]:
+    """Per engine, one line each: the band's verdicts, FITS for runs that OOMed, coverage (overall and
+    per workload, leave-one-source-out for the calibration's sources), and the error of entries that
+    motivated a behaviour of the engine and of the others."""
+    assert isinstance(result, ValidationResult)
+    out: list[str] = []
+    for p in result.predictors:
+        if p.kind != "engine" or p.unavailable_reason:
+            continue
+        o = p.overall
+        out.append(f"{p.label} band: FITS {o.band_fits}, MAY NOT FIT {o.band_may_not_fit}, DOES NOT FIT "
+                   f"{o.band_does_not_fit}; said FITS, OOMed {o.band_missed_oom}; coverage {_coverage(o)} ("
+                   + ", ".join(f"{w} {_coverage(s)}" for w, s in p.by_workload.items() if s.band_n_checked) + ")")
+        parts = [f"{k}: n {s.n_error}, median |e| {fmt_pct(s.median_abs_error)}, p90 |e| {fmt_pct(s.p90_abs_error)}"
+                 for k, s in p.by_motivation.items() if s.n_error]
+        if parts:
+            out.append(f"{p.label} error by entries that motivated a behaviour: " + "; ".join(parts))
+    return out
+
+
 def to_markdown(result: ValidationResult, worst: int = 12) -> str:
     """Summary, by task, by source, the worst entries and the skipped ones, as markdown."""
     lines = [
@@ -54,6 +78,10 @@ def to_markdown(result: ValidationResult, worst: int = 12) -> str:
         "",
     ]
     lines += _table(["predictor", "applies to"], [_predictor_rows(p) for p in result.predictors])
+    band = band_lines(result)
+    if band:
+        lines += ["", "Band (docs/validation.md; coverage leave-one-source-out for the calibration's sources):", ""]
+        lines += [f"- {x}" for x in band]
     lines += ["", "By task (training split into full fine-tuning and adapters, LoRA/QLoRA):", ""]
     rows: list[list[str]] = []
     for p in result.predictors:

@@ -14,6 +14,10 @@ Definitions (each one used by every table vramplan prints):
   ``fits`` agrees with what happened, ``false_oom`` when it said OOM but the run fitted (an
   over-cautious answer), ``missed_oom`` when it said fits but the run ran out of memory (the
   worst failure: it is counted on its own).
+- band (engines only, ``report/band.py``): the verdict ``FITS`` / ``MAY NOT FIT`` / ``DOES NOT
+  FIT`` of each entry; **said FITS, OOMed** (``band_missed_oom``) counts ``FITS`` verdicts for
+  runs that ran out of memory; the band's **coverage** is the share of entries with a comparable
+  figure whose measured bytes lie within ``[low, high]`` of the compared quantity.
 """
 
 from __future__ import annotations
@@ -83,14 +87,29 @@ class Summary(BaseModel):
     false_oom: int = 0
     missed_oom: int = 0
     not_run: int = 0
+    band_fits: int = 0
+    band_may_not_fit: int = 0
+    band_does_not_fit: int = 0
+    band_missed_oom: int = 0
+    band_n_checked: int = 0
+    band_covered: int = 0
+
+    @property
+    def band_coverage(self) -> float | None:
+        """Share of the entries with a comparable figure whose measured bytes lie in the band."""
+        return self.band_covered / self.band_n_checked if self.band_n_checked else None
 
     @property
     def fits_correct_fraction(self) -> float | None:
         return self.fits_correct / self.n_fits_checked if self.n_fits_checked else None
 
 
-def summarize(errors: Sequence[float], verdicts: Sequence[FitsVerdict], not_run: int = 0) -> Summary:
-    """Summary of signed relative errors and fits/OOM verdicts (see the module docstring)."""
+def summarize(errors: Sequence[float], verdicts: Sequence[FitsVerdict], not_run: int = 0,
+              band_verdicts: Sequence[tuple[str, str]] = (), covered: Sequence[bool] = ()) -> Summary:
+    """Summary of signed relative errors and fits/OOM verdicts (see the module docstring).
+
+    ``band_verdicts`` holds (verdict, outcome) pairs; ``covered`` whether each comparable measured
+    figure lies within the band."""
     abs_errors = [abs(e) for e in errors]
     return Summary(
         n_error=len(errors),
@@ -105,4 +124,10 @@ def summarize(errors: Sequence[float], verdicts: Sequence[FitsVerdict], not_run:
         false_oom=sum(v == "false_oom" for v in verdicts),
         missed_oom=sum(v == "missed_oom" for v in verdicts),
         not_run=not_run,
+        band_fits=sum(v == "FITS" for v, _ in band_verdicts),
+        band_may_not_fit=sum(v == "MAY NOT FIT" for v, _ in band_verdicts),
+        band_does_not_fit=sum(v == "DOES NOT FIT" for v, _ in band_verdicts),
+        band_missed_oom=sum(v == "FITS" and o == "oom" for v, o in band_verdicts),
+        band_n_checked=len(covered),
+        band_covered=sum(covered),
     )

@@ -19,6 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import MissingExtraError, VramplanError
 from vramplan.report import Report
+from vramplan.report.band import (
+    QUANTITY_CLASS,
+    Calibration,
+    band_bounds,
+    load_calibration,
+    loso_calibrations,
+    with_band,
+)
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.validate.dataset import Dataset, Entry, load_dataset
@@ -28,6 +36,7 @@ from vramplan.validate.rules import RULES, Rule
 __all__ = [
     "COMPARED_FIELD",
     "ENGINES",
+    "BandSource",
     "EngineFn",
     "EntryResult",
     "Prediction",
@@ -69,6 +78,13 @@ class Prediction(BaseModel):
     abs_error: float | None = None
     fits: bool | None = None
     verdict: FitsVerdict | None = None
+    # engines only: the band's verdict and bounds of the compared quantity (report/band.py), fitted
+    # without the entry's source when that source is in the calibration (``band_loso``)
+    band_verdict: str | None = None
+    low_bytes: int | None = None
+    high_bytes: int | None = None
+    covered: bool | None = None
+    band_loso: bool = False
 
 
 class EntryResult(BaseModel):
@@ -87,6 +103,8 @@ class EntryResult(BaseModel):
     not_compared: str = ""
     capacity_bytes: int | None = None
     predictions: dict[str, Prediction] = Field(default_factory=dict)
+    motivated: list[str] = Field(default_factory=list)
+    motivation: Literal["motivated", "not motivated"] = "not motivated"
 
     @property
     def usable(self) -> bool:
@@ -106,6 +124,7 @@ class PredictorSummary(BaseModel):
     by_task: dict[str, Summary]
     by_workload: dict[str, Summary]
     by_source: dict[str, Summary]
+    by_motivation: dict[str, Summary] = Field(default_factory=dict)
     unavailable_reason: str = ""
 
 
@@ -200,7 +219,49 @@ def _score(entry: Entry, predicted: int, fits: bool, compared: str | None) -> Pr
                       verdict=fits_verdict(fits, entry.outcome))
 
 
-def _run_engine(fn: EngineFn, r: Resolved, entry: Entry) -> Prediction:
+class BandSource:
+    """The calibration each entry's band is judged with: refitted without the entry's source when
+    that source is in the calibration (leave-one-source-out), the shipped one otherwise."""
+
+    def __init__(self, calibration: Calibration | None = None) -> None:
+        self.calibration = load_calibration() if calibration is None else calibration
+        self._loso: dict[str, Calibration] | None = None
+
+    def __call__(self, source: str) -> tuple[Calibration, bool]:
+        if self._loso is None:
+            self._loso = loso_calibrations(self.calibration)
+        held = self._loso.get(source)
+        return (self.calibration, False) if held is None else (held, True)
+
+
+_BAND_FIELDS: dict[str, tuple[str, str]] = {
+    "allocated": ("per_gpu", "peak_allocated_bytes"), "reserved": ("per_gpu", "peak_reserved_bytes"),
+    "device_used": ("per_gpu", "device_used_bytes"), "kv_cache": ("serve", "kv_cache_bytes"),
+}
+
+
+def _band(report: Report, entry: Entry, predicted: int, bands: BandSource) -> dict[str, object]:
+    cal, loso = bands(entry.group)
+    banded = with_band(report, cal)
+    qc = QUANTITY_CLASS.get(entry.measured.quantity, "")
+    low = high = None
+    if entry.compares_bytes and qc in _BAND_FIELDS:
+        block, key = _BAND_FIELDS[qc]
+        part = getattr(banded, block)
+        low, high = getattr(part, key + "_low"), getattr(part, key + "_high")
+    elif entry.compares_bytes and qc:
+        from vramplan.report.band import workload_of
+
+        q, _ = cal.lookup(banded.engine, workload_of(banded.scenario), qc)
+        low, high = band_bounds(predicted, q or 0.0)
+    covered = None
+    if low is not None and high is not None and entry.outcome == "fits":
+        covered = low <= entry.measured.bytes <= high
+    return {"band_verdict": banded.verdict, "low_bytes": low, "high_bytes": high, "covered": covered,
+            "band_loso": loso}
+
+
+def _run_engine(fn: EngineFn, r: Resolved, entry: Entry, bands: BandSource | None = None) -> Prediction:
     try:
         report = fn(r)
     except MissingExtraError as exc:
@@ -211,8 +272,12 @@ def _run_engine(fn: EngineFn, r: Resolved, entry: Entry) -> Prediction:
         return Prediction(status="error", reason=f"{type(exc).__name__}: {_first_line(exc)}")
     q = entry.measured.quantity
     if not entry.compares_bytes:
-        return _score(entry, report.per_gpu.device_used_bytes, report.fits, None)
-    return _score(entry, predicted_quantity(report, q), report.fits, COMPARED_FIELD[q])
+        pred = _score(entry, report.per_gpu.device_used_bytes, report.fits, None)
+    else:
+        pred = _score(entry, predicted_quantity(report, q), report.fits, COMPARED_FIELD[q])
+    if bands is None:
+        return pred
+    return pred.model_copy(update=_band(report, entry, pred.predicted_bytes or 0, bands))
 
 
 def _run_rule(rule: Rule, r: Resolved, entry: Entry) -> Prediction:
@@ -237,15 +302,17 @@ def workload(scenario: Scenario) -> str:
     return "train-full" if scenario.train.peft is None else "train-peft"
 
 
-def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rule]) -> EntryResult:
+def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rule],
+              bands: BandSource | None = None) -> EntryResult:
     base = {"id": entry.id, "source": entry.group, "task": entry.task, "workload": entry.task,
             "model": _model_name(entry), "quantity": entry.measured.quantity, "measured_bytes": entry.measured.bytes,
-            "outcome": entry.outcome, "not_compared": entry.not_compared}
+            "outcome": entry.outcome, "not_compared": entry.not_compared, "motivated": list(entry.motivated),
+            "motivation": "motivated" if entry.motivated else "not motivated"}
     try:
         r = resolve(entry.scenario)
     except VramplanError as exc:
         return EntryResult(**base, status="skipped", skip_reason=_first_line(exc))
-    preds: dict[str, Prediction] = {name: _run_engine(fn, r, entry) for name, fn in engines.items()}
+    preds: dict[str, Prediction] = {name: _run_engine(fn, r, entry, bands) for name, fn in engines.items()}
     for rule in rules:
         preds[rule.key] = _run_rule(rule, r, entry)
     return EntryResult(**{**base, "task": r.scenario.task, "workload": workload(r.scenario)}, status="ok",
@@ -255,6 +322,8 @@ def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rul
 def _summarize(results: Iterable[EntryResult], key: str) -> Summary:
     errors: list[float] = []
     verdicts: list[FitsVerdict] = []
+    band: list[tuple[str, str]] = []
+    covered: list[bool] = []
     not_run = 0
     for e in results:
         p = e.predictions.get(key)
@@ -267,7 +336,11 @@ def _summarize(results: Iterable[EntryResult], key: str) -> Summary:
             errors.append(p.signed_error)
         if p.verdict is not None:
             verdicts.append(p.verdict)
-    return summarize(errors, verdicts, not_run)
+        if p.band_verdict is not None:
+            band.append((p.band_verdict, e.outcome))
+        if p.covered is not None:
+            covered.append(p.covered)
+    return summarize(errors, verdicts, not_run, band, covered)
 
 
 def _group(results: Sequence[EntryResult], key: str, attr: str) -> dict[str, Summary]:
@@ -283,17 +356,23 @@ def _unavailable_reason(results: Sequence[EntryResult], key: str) -> str:
 
 
 def run_validation(dataset: Dataset, engines: Mapping[str, EngineFn] | None = None,
-                   rules: Sequence[Rule] = RULES) -> ValidationResult:
-    """Score each engine and rule of thumb on every entry of ``dataset``."""
+                   rules: Sequence[Rule] = RULES, calibration: Calibration | None = None) -> ValidationResult:
+    """Score each engine and rule of thumb on every entry of ``dataset``.
+
+    Each engine's prediction also gets the band's verdict and bounds (``BandSource``: the
+    ``calibration``, default the shipped one, refitted without the entry's source when the
+    calibration holds that source)."""
     engines = default_engines("all") if engines is None else engines
-    results = [_evaluate(e, engines, rules) for e in dataset.entries]
+    bands = BandSource(calibration)
+    results = [_evaluate(e, engines, rules, bands) for e in dataset.entries]
     ok = [e for e in results if e.status == "ok"]
     summaries: list[PredictorSummary] = []
     for name in engines:
         summaries.append(PredictorSummary(
             key=name, kind="engine", label=name, applies_to="all",
             overall=_summarize(ok, name), by_task=_group(ok, name, "task"), by_workload=_group(ok, name, "workload"),
-            by_source=_group(ok, name, "source"), unavailable_reason=_unavailable_reason(ok, name)))
+            by_source=_group(ok, name, "source"), by_motivation=_group(ok, name, "motivation"),
+            unavailable_reason=_unavailable_reason(ok, name)))
     for rule in rules:
         summaries.append(PredictorSummary(
             key=rule.key, kind="rule", label=rule.label, applies_to="/".join(rule.tasks),
