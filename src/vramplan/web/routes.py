@@ -1,0 +1,243 @@
+"""The routes, built by ``create_app``; each one calls the library function its CLI command calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import ValidationError
+
+from vramplan.errors import Problem, ScenarioError, VramplanError
+from vramplan.web.app import WebSettings, pydantic_problems, dumps, problems_json, zip_files
+from vramplan.web.requests import PlanRequest, check_model, check_scenario
+
+__all__ = ["build_app"]
+
+STATIC = Path(str(resources.files("vramplan.web").joinpath("static")))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _BadBody(Exception):
+    pass
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(dumps(doc), status_code=status, media_type="application/json")
+
+
+async def _body(request: Request, limit: int) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (a longer body is refused unread)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks) or b"null")
+    except ValueError as exc:
+        raise _BadBody(f"the body is not JSON: {exc}") from None
+
+
+def build_app(settings: WebSettings) -> FastAPI:  # noqa: C901 - one nested function per route
+    app = FastAPI(title="vramplan", docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
+
+    async def run(fn: Callable[[], Any]) -> Any:
+        # the library is synchronous: a worker thread, abandoned (answering 503) past the time limit
+        with anyio.fail_after(settings.time_limit_s):
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+    @app.exception_handler(VramplanError)
+    async def _vramplan_error(_: Request, exc: VramplanError) -> Response:
+        return _json({"detail": problems_json(exc)}, 422)
+
+    @app.exception_handler(_TooLarge)
+    async def _too_large(_: Request, exc: _TooLarge) -> Response:
+        return _json({"detail": [{"where": "", "message": f"the body is over {settings.max_body_bytes:,} bytes",
+                                  "hint": "send a scenario and at most one config.json", "text": ""}]}, 413)
+
+    @app.exception_handler(_BadBody)
+    async def _bad_body(_: Request, exc: _BadBody) -> Response:
+        return _json({"detail": [{"where": "", "message": str(exc), "hint": "", "text": str(exc)}]}, 400)
+
+    @app.exception_handler(TimeoutError)
+    async def _timeout(_: Request, exc: TimeoutError) -> Response:
+        msg = f"the computation took longer than {settings.time_limit_s:g} s"
+        return _json({"detail": [{"where": "", "message": msg, "hint": "ask for a smaller search", "text": msg}]}, 503)
+
+    async def scenario_of(request: Request) -> dict[str, Any]:
+        return check_scenario(await _body(request, settings.max_body_bytes))
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        from vramplan import __version__
+
+        return _json({"status": "ok", "version": __version__})
+
+    @app.get("/api/schema")
+    async def schema() -> Response:
+        from vramplan.spec.scenario import Scenario
+
+        return _json(Scenario.model_json_schema())
+
+    @app.get("/api/models")
+    async def models(q: str | None = None) -> Response:
+        from vramplan.catalog.models import list_models
+
+        # `vramplan models --json`
+        return _json([{"id": r.id, "aliases": list(r.aliases), "source": r.source, "revision": r.revision}
+                      for r in list_models(q)])
+
+    @app.get("/api/gpus")
+    async def gpus(q: str | None = None) -> Response:
+        from vramplan.catalog.gpus import list_gpus
+
+        return _json([asdict(g) for g in list_gpus(q)])  # `vramplan gpus --json`
+
+    @app.post("/api/estimate")
+    async def estimate(request: Request) -> Response:
+        from vramplan.engine import estimate as run_estimate
+
+        doc = await scenario_of(request)
+        report = await run(lambda: run_estimate(doc))
+        return _json(report.to_json_dict())
+
+    @app.post("/api/fit")
+    async def fit(request: Request) -> Response:
+        from vramplan.plan.every_gpu import fit_on_every_gpu
+
+        doc = await scenario_of(request)
+        rows = await run(lambda: fit_on_every_gpu(doc))
+        return _json([r.to_json_dict() for r in rows])
+
+    @app.post("/api/compare")
+    async def compare(request: Request) -> Response:
+        from vramplan.compare import compare as run_compare
+
+        docs = await _body(request, settings.max_body_bytes)
+        if not isinstance(docs, list) or not 1 <= len(docs) <= settings.max_compare:
+            raise ScenarioError([Problem("scenarios", f"give a list of 1 to {settings.max_compare} scenarios", "")])
+        checked = []
+        for i, d in enumerate(docs):
+            try:
+                checked.append(check_scenario(d))
+            except ScenarioError as exc:
+                raise ScenarioError([Problem(f"{i}.{p.where}", p.message, p.hint) for p in exc.problems]) from None
+        return _json(await run(lambda: run_compare(checked, engine="analytic")))
+
+    @app.post("/api/serve")
+    async def serve(request: Request, subtract_cudagraphs: bool = False) -> Response:
+        from vramplan.catalog.resolve import resolve
+        from vramplan.serve.report import serve as run_serve
+
+        doc = _serve_doc(await scenario_of(request))
+
+        def go() -> dict[str, Any]:
+            sr = run_serve(resolve(doc), subtract_cudagraphs=subtract_cudagraphs)
+            d = sr.decision
+            # the document of `vramplan serve --json` (cli/serve_cmd.py)
+            return {"vllm": d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
+                    "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes}
+
+        return _json(await run(go))
+
+    @app.post("/api/serve/curve")
+    async def serve_curve(request: Request) -> Response:
+        from vramplan.catalog.resolve import resolve
+        from vramplan.serve.curve import concurrency_curve
+
+        doc = _serve_doc(await scenario_of(request))
+        points = await run(lambda: concurrency_curve(resolve(doc)))
+        return _json([asdict(p) for p in points])
+
+    @app.post("/api/solve/{kind}")
+    async def solve(kind: str, request: Request, margin: float = 0.10) -> Response:
+        from vramplan.plan.solvers import solve as run_solve
+
+        kinds = ("max-batch", "max-seq", "min-gpus")
+        if kind not in kinds:
+            raise ScenarioError([Problem("KIND", f"unknown solver {kind!r}", f"use one of {kinds}")])
+        if not 0 <= margin < 0.9:
+            raise ScenarioError([Problem("--margin", f"{margin} is outside [0, 0.9)", "e.g. 0.1")])
+        doc = await scenario_of(request)
+        return _json((await run(lambda: run_solve(kind, doc, margin))).to_json_dict())
+
+    async def plan_of(request: Request) -> Any:
+        from vramplan.plan import ServeJob, TrainJob
+        from vramplan.plan import plan as run_plan
+        from vramplan.plan.steptime import PerfAssumptions
+
+        raw = await _body(request, settings.max_body_bytes)
+        try:
+            p = PlanRequest.model_validate(raw)
+        except ValidationError as exc:
+            raise pydantic_problems(exc) from None
+        check_model(p.model)
+        job: TrainJob | ServeJob
+        if p.task == "train":
+            if p.seq_len is None:
+                raise ScenarioError([Problem("seq_len", "no sequence length given", "pass --seq-len TOKENS")])
+            job = TrainJob(seq_len=p.seq_len, global_batch=p.global_batch, global_batch_tokens=p.global_batch_tokens,
+                           peft=p.peft, lora_rank=p.lora_rank, lora_alpha=p.lora_alpha,
+                           allow_pure_bf16=p.allow_pure_bf16, max_micro_batch=p.max_micro_batch)
+        else:
+            if p.max_model_len is None:
+                raise ScenarioError([Problem("max_model_len", "no max_model_len given", "pass --max-model-len TOKENS")])
+            job = ServeJob(max_model_len=p.max_model_len, concurrency=p.concurrency,
+                           allow_quantization=p.allow_quantization)
+        perf = PerfAssumptions(mfu=p.mfu, inter_node_bytes_per_s=p.inter_node_gbps * 1e9)
+        return await run(lambda: run_plan(p.model, p.gpu, p.num_gpus, job, margin=p.margin, top=p.top,
+                                          assumptions=perf, gpus_per_node=p.gpus_per_node,
+                                          host_memory_gib=p.host_memory_gib))
+
+    @app.post("/api/plan")
+    async def plan(request: Request) -> Response:
+        return _json((await plan_of(request)).to_json_dict())
+
+    @app.post("/api/plan/export.zip")
+    async def plan_export(request: Request) -> Response:
+        from vramplan.export import export_files
+
+        res = await plan_of(request)
+        if res.chosen is None:
+            raise ScenarioError([Problem("plan", "nothing fits, so there is nothing to export",
+                                         "see the plan's explanation")])
+        files = export_files(res)
+        return Response(zip_files(files), media_type="application/zip",
+                        headers={"Content-Disposition": 'attachment; filename="vramplan-export.zip"'})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/")
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.exception_handler(404)
+    async def _not_found(_: Request, exc: Any) -> JSONResponse:
+        return JSONResponse({"detail": [{"where": "", "message": "no such page", "hint": "", "text": ""}]}, 404)
+
+    return app
+
+
+def _serve_doc(doc: dict[str, Any]) -> dict[str, Any]:
+    """``task: serve``, and the GPU count from ``parallel.tp`` when none is given, as ``vramplan serve`` does."""
+    doc = {**doc, "task": "serve"}
+    hw = dict(doc.get("hardware") or {})
+    tp = (doc.get("parallel") or {}).get("tp") if isinstance(doc.get("parallel"), dict) else None
+    if "num_gpus" not in hw and tp:
+        doc["hardware"] = {**hw, "num_gpus": tp}
+    return doc
