@@ -10,63 +10,11 @@ workers can run behind any proxy.
 
 from __future__ import annotations
 
-import io
-import json
-import os
-import zipfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from importlib import resources
-from typing import Any, TypeVar
+from typing import Any
 
-from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
+from vramplan.web.common import WebSettings, require_web
 
-__all__ = ["WebSettings", "app_from_env", "as_dicts", "create_app", "dumps", "problems_json", "pydantic_problems", "require_web", "zip_files"]
-
-T = TypeVar("T")
-
-INSTALL_HINT = "the web page needs FastAPI and uvicorn: pip install 'vramplan[web]'"
-
-
-def require_web() -> None:
-    """Raise ``MissingExtraError`` with the install line when the ``web`` extra is missing."""
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise MissingExtraError(INSTALL_HINT) from None
-
-
-@dataclass(frozen=True)
-class WebSettings:
-    """Limits of one server; read from ``VRAMPLAN_WEB_*`` environment variables by ``from_env``.
-
-    ``max_body_bytes``: the largest request body (an uploaded config.json is a few kB; 1 MiB is
-    ample).  ``time_limit_s``: a request that computes longer answers 503 (the planner on a
-    large range of GPU counts is the slowest call, under 2 s in benchmarks/bench_plan.txt).
-    ``max_compare``: setups one compare request may hold."""
-
-    max_body_bytes: int = 1 << 20
-    time_limit_s: float = 20.0
-    max_compare: int = 4
-
-    @classmethod
-    def from_env(cls) -> WebSettings:
-        env = os.environ
-        return cls(max_body_bytes=int(env.get("VRAMPLAN_WEB_MAX_BODY_BYTES", cls.max_body_bytes)),
-                   time_limit_s=float(env.get("VRAMPLAN_WEB_TIME_LIMIT_S", cls.time_limit_s)),
-                   max_compare=int(env.get("VRAMPLAN_WEB_MAX_COMPARE", cls.max_compare)))
-
-
-def problems_json(exc: VramplanError) -> list[dict[str, str]]:
-    """Each problem as ``{where, message, hint, text}``; ``text`` is the CLI's line after ``error:``."""
-    problems = getattr(exc, "problems", None) or [Problem("", str(exc))]
-    return [{"where": p.where, "message": p.message, "hint": p.hint, "text": str(p)} for p in problems]
-
-
-def pydantic_problems(exc: Any) -> ScenarioError:
-    return ScenarioError([Problem(".".join(str(x) for x in e["loc"]), e["msg"].replace("Input should be", "must be"))
-                          for e in exc.errors()])
+__all__ = ["WebSettings", "app_from_env", "create_app"]
 
 
 def create_app(settings: WebSettings | None = None) -> Any:
@@ -82,19 +30,3 @@ def app_from_env() -> Any:
     return create_app(WebSettings.from_env())
 
 
-def zip_files(files: dict[str, str]) -> bytes:
-    """The exported config files as one zip archive, in memory (nothing is written on the server)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name in sorted(files):
-            zf.writestr(name, files[name])
-    return buf.getvalue()
-
-
-def dumps(doc: Any) -> bytes:
-    """The CLI's JSON text (``json.dumps(..., indent=2)``) so a page and a script read the same bytes."""
-    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
-
-
-def as_dicts(rows: list[Any], fn: Callable[[Any], dict[str, Any]] = asdict) -> list[dict[str, Any]]:
-    return [fn(r) for r in rows]

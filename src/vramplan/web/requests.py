@@ -35,7 +35,7 @@ def check_model(model: Any, where: str = "model") -> None:
     names = _catalog_names()
     if model.strip().lower() not in names:
         # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
-        raise UnknownNameError("model", model, [m.id for m in list_models()], where)
+        raise UnknownNameError("model", model, list(names), where)
 
 
 def check_scenario(doc: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, VramplanError
-from vramplan.web.app import WebSettings, pydantic_problems, dumps, problems_json, zip_files
+from vramplan.web.common import WebSettings, dumps, problems_json, pydantic_problems, zip_files
 from vramplan.web.requests import PlanRequest, check_model, check_scenario
 
 __all__ = ["build_app"]
@@ -53,7 +53,7 @@ async def _body(request: Request, limit: int) -> Any:
         raise _BadBody(f"the body is not JSON: {exc}") from None
 
 
-def build_app(settings: WebSettings) -> FastAPI:  # noqa: C901 - one nested function per route
+def build_app(settings: WebSettings) -> FastAPI:
     app = FastAPI(title="vramplan", docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
 
     async def run(fn: Callable[[], Any]) -> Any:
@@ -131,13 +131,19 @@ def build_app(settings: WebSettings) -> FastAPI:  # noqa: C901 - one nested func
         docs = await _body(request, settings.max_body_bytes)
         if not isinstance(docs, list) or not 1 <= len(docs) <= settings.max_compare:
             raise ScenarioError([Problem("scenarios", f"give a list of 1 to {settings.max_compare} scenarios", "")])
-        checked = []
-        for i, d in enumerate(docs):
-            try:
-                checked.append(check_scenario(d))
-            except ScenarioError as exc:
-                raise ScenarioError([Problem(f"{i}.{p.where}", p.message, p.hint) for p in exc.problems]) from None
-        return _json(await run(lambda: run_compare(checked, engine="analytic")))
+
+        def go() -> dict[str, Any]:
+            from vramplan.catalog.resolve import resolve
+
+            # each setup checked on its own first, so that a problem names its setup: "1.train.seq_len"
+            for i, d in enumerate(docs):
+                try:
+                    resolve(check_scenario(d))
+                except ScenarioError as exc:
+                    raise ScenarioError([Problem(f"{i}.{p.where}", p.message, p.hint) for p in exc.problems]) from None
+            return run_compare(docs, engine="analytic")
+
+        return _json(await run(go))
 
     @app.post("/api/serve")
     async def serve(request: Request, subtract_cudagraphs: bool = False) -> Response:
