@@ -121,6 +121,13 @@ def test_readme_question_and_live_answer(page: Any, server: str) -> None:
     fit_rows = page.locator("#fit-table tbody tr").count()
     assert fit_rows >= 50  # every catalog GPU has a row
     page.screenshot(path=str(ARTIFACTS / "web-llama-3.1-8b-lora-rtx4090.png"), full_page=True)
+    # README's picture (docs/web.png is a copy): the verdict and the GPUs that fit, in one screen
+    page.locator("#fit-only").check()
+    page.wait_for_function("() => document.querySelectorAll('#fit-table tbody tr.no').length === 0")
+    assert "Fits on" in page.locator("#fit-summary").inner_text()
+    page.set_viewport_size({"width": 1280, "height": 1250})
+    page.screenshot(path=str(ARTIFACTS / "web-readme.png"))
+    page.locator("#fit-only").uncheck()
     w8 = _weights(page)
     _fill(page, "#f-model", "meta-llama/Llama-3.1-70B")
     _wait_verdict(page, "DOES NOT FIT")

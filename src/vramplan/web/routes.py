@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from importlib import resources
@@ -60,6 +61,14 @@ def build_app(settings: WebSettings) -> FastAPI:
         # the library is synchronous: a worker thread, abandoned (answering 503) past the time limit
         with anyio.fail_after(settings.time_limit_s):
             return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+    @app.middleware("http")
+    async def _server_timing(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        # the server's own time per request (W3C Server-Timing), read by benchmarks/bench_web.py
+        t0 = time.perf_counter()
+        response: Response = await call_next(request)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.3f}"
+        return response
 
     @app.exception_handler(VramplanError)
     async def _vramplan_error(_: Request, exc: VramplanError) -> Response:
