@@ -71,6 +71,22 @@ def test_serve_is_the_cli_document(client: TestClient) -> None:
     assert r.json() == cli_json("serve", str(path))
 
 
+def test_generate_and_kv_are_the_cli_documents(client: TestClient) -> None:
+    path = ROOT / "examples" / "llama2-7b-inference-a100.yaml"
+    r = client.post("/api/generate", json=read_document(path))
+    assert r.status_code == 200
+    assert r.json() == cli_json("generate", str(path))
+    body = {"model": "llama-3.1-8b", "seq": [1024, 8192], "batch": [1, 4], "kv_cache_dtype": "fp8", "budget_gb": 20}
+    r = client.post("/api/kv", json=body)
+    assert r.status_code == 200
+    assert r.json() == cli_json("kv", "llama-3.1-8b", "--seq", "1024,8192", "--batch", "1,4", "--kv-cache-dtype", "fp8",
+                                "--budget-gb", "20")
+    bad = client.post("/api/kv", json={**body, "seq": [0], "kv_cache_dtype": "fp4"})
+    assert bad.status_code == 422
+    assert [p["where"] for p in bad.json()["detail"]] == ["seq.0", "kv_cache_dtype"]
+    assert client.post("/api/kv", json={**body, "model": "/etc/hostname"}).status_code == 422
+
+
 def test_models_and_gpus_are_the_cli_documents(client: TestClient) -> None:
     assert client.get("/api/models", params={"q": "llama-3.1"}).json() == cli_json("models", "llama-3.1")
     assert client.get("/api/gpus", params={"q": "h100"}).json() == cli_json("gpus", "h100")

@@ -222,3 +222,22 @@ def test_phone_width_and_keyboard(browser: Any, server: str) -> None:
     assert pg.evaluate("document.activeElement.tagName") in ("INPUT", "SELECT", "BUTTON")
     pg.screenshot(path=str(ARTIFACTS / "web-phone.png"), full_page=True)
     ctx.close()
+
+
+def test_upload_config_and_inference(page: Any, server: str, tmp_path: Path) -> None:
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(m.config))
+    page.goto(server + "/")
+    _wait_verdict(page, "FITS")
+    w_catalog = _weights(page)
+    page.locator("#f-config").set_input_files(str(cfg))
+    page.wait_for_function("() => document.querySelector('#f-model').placeholder.startsWith('uploaded config.json')")
+    _wait_verdict(page, "FITS")
+    assert _weights(page) == w_catalog  # the same config.json, inline: the same weights
+    assert '"model":{' in urllib.request.unquote(page.url).replace(" ", "")  # the upload is in the link too
+    page.locator("#f-task").select_option(label="inference")
+    page.wait_for_selector("#generate-facts:not([hidden]):has-text('Largest batch')")
+    page.screenshot(path=str(ARTIFACTS / "web-inference-upload.png"), full_page=True)

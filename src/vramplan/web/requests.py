@@ -7,14 +7,14 @@ options are the ``vramplan plan`` flags, by the same names.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.catalog.models import list_models
 from vramplan.errors import Problem, ScenarioError, UnknownNameError
 
-__all__ = ["PlanRequest", "check_model", "check_scenario"]
+__all__ = ["KvRequest", "PlanRequest", "check_model", "check_scenario", "kv_document"]
 
 
 def _catalog_names() -> dict[str, str]:
@@ -75,3 +75,44 @@ class PlanRequest(BaseModel):
     inter_node_gbps: float = Field(25.0, gt=0)
     gpus_per_node: int = Field(8, ge=1, le=1024)
     host_memory_gib: float | None = Field(None, gt=0)
+
+
+class KvRequest(BaseModel):
+    """The options of ``vramplan kv``, by their flag names; ``seq`` and ``batch`` are lists."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | dict[str, Any]
+    seq: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [512, 1024, 2048, 4096, 8192],
+                                                   min_length=1, max_length=64)
+    batch: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 8, 32], min_length=1, max_length=64)
+    kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8", "int8"] = "auto"
+    dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+    tp: int = Field(1, ge=1)
+    block_size: int = Field(16, ge=1)
+    budget_gb: float | None = Field(None, gt=0)
+
+
+def kv_document(q: KvRequest) -> dict[str, Any]:
+    """The document of ``vramplan kv --json`` (cli/serve_cmd.py), from the same library calls."""
+    from vramplan.analytic.kv_cache import kv_spec, page_capacity
+    from vramplan.catalog.models import load_model
+    from vramplan.units import GB, dtype_bits
+
+    m = load_model(q.model, where="model")
+    spec = kv_spec(m, q.kv_cache_dtype, dtype_bits(q.dtype) // 8, q.tp)
+    payload: dict[str, Any] = {
+        "model": m.name, "attention_kind": spec.attention_kind, "kv_cache_dtype": q.kv_cache_dtype,
+        "elem_bytes": spec.elem_bytes, "tp": q.tp, "bytes_per_token": spec.bytes_per_token,
+        "layer_bytes_per_token": spec.uniform_layer_bytes_per_token, "block_size": q.block_size,
+        "block_bytes": spec.block_bytes(q.block_size), "layers": len(spec.layers),
+        "sliding_layers": sum(1 for la in spec.layers if la.window),
+        "growth": [{"seq_len": s, "batch": b, "kv_bytes": spec.sequence_bytes(s) * b} for s in q.seq for b in q.batch],
+    }
+    if q.budget_gb:
+        cap = page_capacity(spec, int(q.budget_gb * GB), q.block_size, tuple(q.seq))
+        payload["page_capacity"] = {"budget_bytes": cap.budget_bytes, "page_tokens": cap.page_tokens,
+                                    "page_bytes": cap.page_bytes, "total_pages": cap.total_pages,
+                                    "total_tokens": cap.total_tokens,
+                                    "max_sequences": {str(k): v for k, v in cap.max_sequences.items()}}
+    return payload

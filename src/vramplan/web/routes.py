@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.web.common import WebSettings, dumps, problems_json, pydantic_problems, zip_files
-from vramplan.web.requests import PlanRequest, check_model, check_scenario
+from vramplan.web.requests import KvRequest, PlanRequest, check_model, check_scenario, kv_document
 
 __all__ = ["build_app"]
 
@@ -178,6 +178,34 @@ def build_app(settings: WebSettings) -> FastAPI:
         doc = _serve_doc(await scenario_of(request))
         points = await run(lambda: concurrency_curve(resolve(doc)))
         return _json([asdict(p) for p in points])
+
+    @app.post("/api/generate")
+    async def generate(request: Request) -> Response:
+        from vramplan.analytic.inference import inference_step
+        from vramplan.catalog.resolve import resolve
+        from vramplan.engine import estimate as run_estimate
+        from vramplan.plan.solvers import max_batch_size, max_prompt_len
+
+        doc = {**await scenario_of(request), "task": "inference"}
+
+        def go() -> dict[str, Any]:
+            r = resolve(doc)
+            report = run_estimate(r)
+            # the document of `vramplan generate --json` (cli/serve_cmd.py)
+            return {"report": report.to_json_dict(), "phases": {mo.phase: mo.total for mo in inference_step(r).moments},
+                    "max_batch_size": max_batch_size(r), "max_prompt_len": max_prompt_len(r)}
+
+        return _json(await run(go))
+
+    @app.post("/api/kv")
+    async def kv(request: Request) -> Response:
+        raw = await _body(request, settings.max_body_bytes)
+        try:
+            q = KvRequest.model_validate(raw)
+        except ValidationError as exc:
+            raise pydantic_problems(exc) from None
+        check_model(q.model)
+        return _json(await run(lambda: kv_document(q)))
 
     @app.post("/api/solve/{kind}")
     async def solve(kind: str, request: Request, margin: float = 0.10) -> Response:

@@ -394,7 +394,7 @@ function drawLifecycle() {
 // ---------------------------------------------------------------- the answer
 
 function verdictOf(doc) {
-  if (doc.verdict) return String(doc.verdict);
+  if (typeof doc.verdict === "string") return doc.verdict;
   if (!doc.fits) return "DOES NOT FIT";
   const pg = doc.per_gpu;
   return pg.headroom_bytes < 0.10 * pg.capacity_bytes ? "FITS, TIGHT" : "FITS";
@@ -484,11 +484,23 @@ async function refreshServe() {
   }
 }
 
+async function refreshGenerate() {
+  const box = $("#generate-facts");
+  box.hidden = state.scenario.task !== "inference";
+  if (box.hidden) return;
+  const r = await api("generate", "/api/generate", state.scenario).catch(() => null);
+  if (!r || !r.ok) { box.textContent = ""; return; }
+  const inf = r.doc.report.scenario.inference;
+  box.textContent = `Largest batch that fits at ${inf.prompt_len.toLocaleString("en")} + ${inf.new_tokens.toLocaleString("en")} tokens: `
+    + `${r.doc.max_batch_size.toLocaleString("en")}; longest prompt at batch ${inf.batch_size} and ${inf.new_tokens.toLocaleString("en")} new tokens: `
+    + `${r.doc.max_prompt_len.toLocaleString("en")}.`;
+}
+
 let timer = 0;
 function changed() {
   writeUrl();
   clearTimeout(timer);
-  timer = setTimeout(() => { refreshEstimate(); refreshFit(); refreshServe(); }, DEBOUNCE_MS);
+  timer = setTimeout(() => { refreshEstimate(); refreshFit(); refreshServe(); refreshGenerate(); }, DEBOUNCE_MS);
 }
 
 // ---------------------------------------------------------------- compare
