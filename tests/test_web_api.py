@@ -123,6 +123,10 @@ def test_plan_errors_name_the_option(client: TestClient) -> None:
     assert r.status_code == 422
     where = [p["where"] for p in r.json()["detail"]]
     assert where == ["seq_len", "peft"]
+    r = client.post("/api/plan", json={**PLAN, "num_gpus": "1-100000"})
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "num_gpus"
+    r = client.post("/api/plan", json={**PLAN, "num_gpus": "abc"})
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "--num-gpus"
     r = client.post("/api/plan", json={**PLAN, "model": "/etc/hostname"})
     assert r.status_code == 422 and r.json()["detail"][0]["where"] == "model"
 
@@ -226,6 +230,8 @@ def test_an_uploaded_config_is_accepted(client: TestClient) -> None:
 def test_limits_and_malformed_bodies(client: TestClient) -> None:
     assert client.post("/api/estimate", content=b"{" + b" " * 70_000 + b"}").status_code == 413
     assert client.post("/api/estimate", content=b"not json").status_code == 400
+    nan = b'{"model": "llama-3.1-8b", "hardware": {"gpu": "H100"}, "serve": {"gpu_memory_utilization": NaN}}'
+    assert client.post("/api/estimate", content=nan).status_code == 400
     assert client.post("/api/estimate", json=[1, 2]).status_code == 422
     assert client.post("/api/estimate", json={"task": "train"}).json()["detail"][0]["where"] == "model"
     assert client.get("/nowhere").status_code == 404
@@ -251,7 +257,7 @@ def test_health_schema_and_page(client: TestClient) -> None:
     assert "http://" not in page.text.replace("http://www.w3.org", "") and "https://" not in page.text
 
 
-_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**9), st.floats(allow_nan=False),
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**9), st.floats(allow_nan=False, allow_infinity=False),
                        st.text(max_size=8), st.lists(st.integers(), max_size=2))
 _PATHS = ["task", "framework", "hardware.gpu", "hardware.num_gpus", "hardware.capacity_gib", "train.seq_len",
           "train.micro_batch_size", "train.precision", "train.peft", "train.peft.rank", "train.optimizer",

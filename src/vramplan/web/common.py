@@ -35,18 +35,22 @@ class WebSettings:
     ``max_body_bytes``: the largest request body (an uploaded config.json is a few kB; 1 MiB is
     ample).  ``time_limit_s``: a request that computes longer answers 503 (the planner on a
     large range of GPU counts is the slowest call, under 2 s in benchmarks/bench_plan.txt).
-    ``max_compare``: setups one compare request may hold."""
+    ``max_compare``: setups one compare request may hold.  ``max_plan_counts``: GPU counts one plan
+    request may search (a request abandoned at the time limit still runs to its end in its thread, so
+    the search's size is bounded up front)."""
 
     max_body_bytes: int = 1 << 20
     time_limit_s: float = 20.0
     max_compare: int = 4
+    max_plan_counts: int = 32
 
     @classmethod
     def from_env(cls) -> WebSettings:
         env = os.environ
         return cls(max_body_bytes=int(env.get("VRAMPLAN_WEB_MAX_BODY_BYTES", cls.max_body_bytes)),
                    time_limit_s=float(env.get("VRAMPLAN_WEB_TIME_LIMIT_S", cls.time_limit_s)),
-                   max_compare=int(env.get("VRAMPLAN_WEB_MAX_COMPARE", cls.max_compare)))
+                   max_compare=int(env.get("VRAMPLAN_WEB_MAX_COMPARE", cls.max_compare)),
+                   max_plan_counts=int(env.get("VRAMPLAN_WEB_MAX_PLAN_COUNTS", cls.max_plan_counts)))
 
 
 def problems_json(exc: VramplanError) -> list[dict[str, str]]:

@@ -37,6 +37,10 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(dumps(doc), status_code=status, media_type="application/json")
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 async def _body(request: Request, limit: int) -> Any:
     """The request's JSON body, read up to ``limit`` bytes (a longer body is refused unread)."""
     declared = request.headers.get("content-length")
@@ -49,7 +53,8 @@ async def _body(request: Request, limit: int) -> Any:
             raise _TooLarge
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks) or b"null")
+        # NaN and Infinity are not JSON (RFC 8259), though Python's parser takes them
+        return json.loads(b"".join(chunks) or b"null", parse_constant=_not_json)
     except ValueError as exc:
         raise _BadBody(f"the body is not JSON: {exc}") from None
 
@@ -222,6 +227,7 @@ def build_app(settings: WebSettings) -> FastAPI:
     async def plan_of(request: Request) -> Any:
         from vramplan.plan import ServeJob, TrainJob
         from vramplan.plan import plan as run_plan
+        from vramplan.plan.search import parse_gpu_counts
         from vramplan.plan.steptime import PerfAssumptions
 
         raw = await _body(request, settings.max_body_bytes)
@@ -230,6 +236,11 @@ def build_app(settings: WebSettings) -> FastAPI:
         except ValidationError as exc:
             raise pydantic_problems(exc) from None
         check_model(p.model)
+        counts = parse_gpu_counts(p.num_gpus)
+        if len(counts) > settings.max_plan_counts:
+            # an abandoned search keeps its thread busy: the search's size is bounded before it starts
+            raise ScenarioError([Problem("num_gpus", f"{len(counts)} GPU counts is more than this server plans at once",
+                                         f"give at most {settings.max_plan_counts}, e.g. 1-8 or 8,16,32,64")])
         job: TrainJob | ServeJob
         if p.task == "train":
             if p.seq_len is None:
