@@ -39,7 +39,7 @@ def _post(url: str, doc: Any) -> tuple[int, float]:
 def _row(name: str, times: list[float]) -> str:
     times = sorted(times)
     p90 = times[int(0.9 * (len(times) - 1))]
-    return f"{name:<52} median {statistics.median(times):7.2f} ms  p90 {p90:7.2f} ms  min {times[0]:7.2f} ms"
+    return f"{name:<62} median {statistics.median(times):7.2f} ms  p90 {p90:7.2f} ms  min {times[0]:7.2f} ms"
 
 
 def main() -> None:

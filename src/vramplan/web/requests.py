@@ -7,6 +7,7 @@ options are the ``vramplan plan`` flags, by the same names.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,7 @@ from vramplan.errors import Problem, ScenarioError, UnknownNameError
 __all__ = ["KvRequest", "PlanRequest", "check_model", "check_scenario", "kv_document"]
 
 
+@lru_cache(maxsize=1)
 def _catalog_names() -> dict[str, str]:
     names: dict[str, str] = {}
     for m in list_models():

@@ -60,7 +60,8 @@ async def _body(request: Request, limit: int) -> Any:
 
 
 def build_app(settings: WebSettings) -> FastAPI:
-    app = FastAPI(title="vramplan", docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
+    # no Swagger or ReDoc pages: they load their scripts from a CDN, and the server must work offline
+    app = FastAPI(title="vramplan", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
 
     async def run(fn: Callable[[], Any]) -> Any:
         # the library is synchronous: a worker thread, abandoned (answering 503) past the time limit

@@ -222,9 +222,14 @@ function syncForm() {
   $("#f-hardware-gpu").value = getPath(state.scenario, "hardware.gpu") || "";
   const task = state.scenario.task || "train";
   for (const sec of ["train", "inference", "serve"]) $("#sec-" + sec).hidden = sec !== task;
+  syncPeft();
+}
+
+function syncPeft() {
+  // the adapter's settings show only when there is an adapter
   const peftOn = getPath(state.scenario, "train.peft") != null;
-  for (const el of document.querySelectorAll('[data-path^="train.peft."]')) {
-    if (el.classList.contains("field") && el.dataset.path !== "train.peft.method") el.hidden = !peftOn;
+  for (const el of document.querySelectorAll('.field[data-path^="train.peft."]')) {
+    if (el.dataset.path !== "train.peft.method") el.hidden = !peftOn;
   }
 }
 
@@ -235,6 +240,7 @@ function onField(input) {
     if (v === undefined) setPath(state.scenario, "train.peft", null);
     else setPath(state.scenario, "train.peft.method", v);
     if (v === undefined && Object.keys(state.scenario.train || {}).length === 1) setPath(state.scenario, "train.peft", undefined);
+    syncPeft();
   } else {
     setPath(state.scenario, path, v);
   }
