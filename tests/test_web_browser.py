@@ -166,6 +166,8 @@ def test_compare_two_setups_and_reload_shared_url(page: Any, server: str, browse
     _wait_verdict(page, "DOES NOT FIT")
     page.locator("#add-compare").click()
     page.wait_for_selector("#compare-table th:has-text('setup 2')")
+    assert page.locator("#compare-table thead tr").count() == 1
+    assert page.locator("#compare-table thead th").count() == 3  # the row labels' column and two setups
     assert page.locator("#compare-table td.diff").count() >= 3  # GPU, device used, headroom at least
     assert "hardware.gpu" in page.locator("#compare-table").inner_text()
     page.screenshot(path=str(ARTIFACTS / "web-compare.png"), full_page=True)

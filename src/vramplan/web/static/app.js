@@ -329,6 +329,28 @@ const baseOptions = (title, extra = {}) => ({
   ...extra,
 });
 
+// A vertical line at the GPU's capacity on the breakdown chart (a Chart.js plugin of this chart only).
+const capacityLine = {
+  id: "capacityLine",
+  afterDatasetsDraw(c, _args, opts) {
+    const x = c.scales.x.getPixelForValue(opts.value);
+    const { top, bottom } = c.chartArea;
+    const ctx = c.ctx;
+    ctx.save();
+    ctx.strokeStyle = "#cf222e";
+    ctx.lineWidth = 2;
+    ctx.setLineDash([6, 3]);
+    ctx.beginPath();
+    ctx.moveTo(x, top - 4);
+    ctx.lineTo(x, bottom + 4);
+    ctx.stroke();
+    ctx.fillStyle = "#cf222e";
+    ctx.textAlign = x > c.chartArea.right - 60 ? "right" : "left";
+    ctx.fillText("capacity", x + (ctx.textAlign === "right" ? -4 : 4), top + 8);
+    ctx.restore();
+  },
+};
+
 function detailLines(part) {
   const d = (report.per_gpu.breakdown_detail || {})[part] || {};
   return Object.entries(d).sort((a, b) => b[1] - a[1]).slice(0, 8).map(([k, v]) => `${k}: ${gib(v)} GiB`);
@@ -344,11 +366,12 @@ function drawBreakdown() {
   for (const k of outside) ds.push({ label: k.replace(/_/g, " "), data: [pg.outside_allocator[k] / GiB], backgroundColor: COLORS[k] });
   const xmax = Math.max(pg.capacity_bytes, pg.device_used_bytes) / GiB;
   chart("chart-breakdown", {
-    type: "bar", data: { labels: ["per GPU"], datasets: ds },
+    type: "bar", data: { labels: ["per GPU"], datasets: ds }, plugins: [capacityLine],
     options: baseOptions(`Memory per GPU at the peak (${pg.peak_phase}), GiB; capacity ${gib(pg.capacity_bytes)}`, {
       indexAxis: "y",
       scales: { x: { stacked: true, max: Math.ceil(xmax), title: { display: true, text: "GiB" } }, y: { stacked: true } },
       plugins: { ...baseOptions("").plugins, title: { display: true, text: `Memory per GPU at the peak (${pg.peak_phase}), GiB; capacity ${gib(pg.capacity_bytes)}` },
+        capacityLine: { value: pg.capacity_bytes / GiB },
         tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${c.parsed.x.toFixed(2)} GiB`, afterLabel: (c) => detailLines(c.dataset.label) } } },
     }),
   });
@@ -530,8 +553,8 @@ async function refreshCompare() {
   if (!r) return;
   if (!r.ok) { table.replaceChildren(); $("#compare-empty").hidden = false; $("#compare-empty").textContent = r.doc.detail.map((p) => p.text).join("\n"); return; }
   const diff = new Set(r.doc.differences);
+  table.replaceChildren();
   const head = table.createTHead();
-  table.replaceChildren(head);
   const hr = head.insertRow();
   hr.append(Object.assign(document.createElement("th"), { textContent: "" }));
   r.doc.reports.forEach((_, i) => {
