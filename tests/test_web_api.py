@@ -170,6 +170,20 @@ def test_fit_lists_every_catalog_gpu(client: TestClient) -> None:
     assert a10g["verdict"] == ("tight" if rep.tight else "fits")
 
 
+def test_fit_with_gpu_counts(client: TestClient) -> None:
+    from vramplan.engine import estimate
+
+    doc = read_document(ROOT / "examples" / "qwen25-7b-bf16-true-tp2.json")
+    rows = client.post("/api/fit", params={"counts": "1,2,4"}, json=doc).json()
+    h100 = {r["num_gpus"]: r for r in rows if r["gpu"] == "H100-SXM"}
+    assert sorted(h100) == [1, 2, 4]
+    # tp=2 does not divide one GPU: the scenario's own check, as a row
+    assert h100[1]["verdict"] == "error" and "does not divide num_gpus = 1" in h100[1]["message"]
+    four = estimate({**doc, "hardware": {**doc["hardware"], "gpu": "H100-SXM", "num_gpus": 4}})
+    assert h100[4]["device_used_bytes"] == four.per_gpu.device_used_bytes
+    assert client.post("/api/fit", params={"counts": "1-64"}, json=doc).status_code == 422
+
+
 def test_serve_curve_is_blocks_over_blocks_per_request(client: TestClient) -> None:
     doc = read_document(ROOT / "examples" / "llama3-8b-serve-h100.yaml")
     blocks = client.post("/api/serve", json=doc).json()["vllm"]["num_gpu_blocks"]

@@ -132,11 +132,16 @@ def build_app(settings: WebSettings) -> FastAPI:
         return _json(report.to_json_dict())
 
     @app.post("/api/fit")
-    async def fit(request: Request) -> Response:
+    async def fit(request: Request, counts: str | None = None) -> Response:
         from vramplan.plan.every_gpu import fit_on_every_gpu
+        from vramplan.plan.search import parse_gpu_counts
 
         doc = await scenario_of(request)
-        rows = await run(lambda: fit_on_every_gpu(doc))
+        wanted = parse_gpu_counts(counts) if counts else None
+        if wanted is not None and len(wanted) > 8:
+            raise ScenarioError([Problem("counts", f"{len(wanted)} GPU counts is more than this server tries at once",
+                                         "give at most 8, e.g. 1,2,4,8")])
+        rows = await run(lambda: fit_on_every_gpu(doc, wanted))
         return _json([r.to_json_dict() for r in rows])
 
     @app.post("/api/compare")

@@ -468,9 +468,13 @@ async function refreshEstimate() {
 }
 
 async function refreshFit() {
-  const r = await api("fit", "/api/fit", state.scenario).catch(() => null);
+  const counts = $("#fit-counts").value.trim();
+  const url = "/api/fit" + (counts ? `?counts=${encodeURIComponent(counts)}` : "");
+  const r = await api("fit", url, state.scenario).catch(() => null);
   const body = $("#fit-table tbody");
-  if (!r || !r.ok) { body.replaceChildren(); $("#fit-summary").textContent = ""; return; }
+  clearErrors($("#fit"));
+  if (r && !r.ok) showErrors(r.doc.detail, "", "#fit-summary", $("#fit"));
+  if (!r || !r.ok) { body.replaceChildren(); return; }
   const only = $("#fit-only").checked;
   const fitting = r.doc.filter((row) => row.verdict === "fits" || row.verdict === "tight");
   $("#fit-summary").textContent = `Fits on ${fitting.length} of ${r.doc.length} catalog GPUs`
@@ -661,6 +665,8 @@ async function main() {
   searchBox($("#f-hardware-gpu"), "gpus-list", "/api/gpus", "name", "hardware.gpu");
   setupUpload();
   $("#fit-only").addEventListener("change", refreshFit);
+  let fitTimer = 0;
+  $("#fit-counts").addEventListener("input", () => { clearTimeout(fitTimer); fitTimer = setTimeout(refreshFit, DEBOUNCE_MS); });
   $("#share").addEventListener("click", async () => {
     writeUrl();
     try { await navigator.clipboard.writeText(location.href); $("#share").textContent = "Link copied"; } catch { $("#share").textContent = "Link is in the address bar"; }
