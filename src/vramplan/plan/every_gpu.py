@@ -10,8 +10,8 @@ run on that GPU at all (the error's message is kept).  The GPU count is the scen
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
