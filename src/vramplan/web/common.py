@@ -37,12 +37,15 @@ class WebSettings:
     large range of GPU counts is the slowest call, under 2 s in benchmarks/bench_plan.txt).
     ``max_compare``: setups one compare request may hold.  ``max_plan_counts``: GPU counts one plan
     request may search (a request abandoned at the time limit still runs to its end in its thread, so
-    the search's size is bounded up front)."""
+    the search's size is bounded up front).  ``allow_hub``: a model may be a Hub id not in the catalog,
+    whose config.json is read from ``hub_url`` (``web/hub.py``; off unless ``vramplan web --allow-hub``)."""
 
     max_body_bytes: int = 1 << 20
     time_limit_s: float = 20.0
     max_compare: int = 4
     max_plan_counts: int = 32
+    allow_hub: bool = False
+    hub_url: str = "https://huggingface.co"
 
     @classmethod
     def from_env(cls) -> WebSettings:
@@ -50,7 +53,9 @@ class WebSettings:
         return cls(max_body_bytes=int(env.get("VRAMPLAN_WEB_MAX_BODY_BYTES", cls.max_body_bytes)),
                    time_limit_s=float(env.get("VRAMPLAN_WEB_TIME_LIMIT_S", cls.time_limit_s)),
                    max_compare=int(env.get("VRAMPLAN_WEB_MAX_COMPARE", cls.max_compare)),
-                   max_plan_counts=int(env.get("VRAMPLAN_WEB_MAX_PLAN_COUNTS", cls.max_plan_counts)))
+                   max_plan_counts=int(env.get("VRAMPLAN_WEB_MAX_PLAN_COUNTS", cls.max_plan_counts)),
+                   allow_hub=env.get("VRAMPLAN_WEB_ALLOW_HUB", "") == "1",
+                   hub_url=env.get("VRAMPLAN_WEB_HUB_URL", cls.hub_url))
 
 
 def problems_json(exc: VramplanError) -> list[dict[str, str]]:

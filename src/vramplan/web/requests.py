@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.catalog.models import list_models
 from vramplan.errors import Problem, ScenarioError, UnknownNameError
+from vramplan.web.hub import HUB_ID, HubSource, fetch_config
 
 __all__ = ["KvRequest", "PlanRequest", "check_model", "check_scenario", "kv_document"]
 
@@ -27,28 +28,31 @@ def _catalog_names() -> dict[str, str]:
     return names
 
 
-def check_model(model: Any, where: str = "model") -> None:
-    """A catalog name or an inline mapping; anything else is refused with the CLI's unknown-model message."""
+def check_model(model: Any, where: str = "model", hub: HubSource | None = None) -> str | dict[str, Any]:
+    """The model to estimate: a catalog name or an inline mapping as given; with ``hub``, a Hub id not in
+    the catalog becomes its config.json.  Anything else is refused with the CLI's unknown-model message."""
     if isinstance(model, dict):
-        return
+        return model
     if not isinstance(model, str):
         raise ScenarioError([Problem(where, "must be a catalog id or alias, or an uploaded config.json",
                                      "see `vramplan models`")])
     names = _catalog_names()
-    if model.strip().lower() not in names:
-        # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
-        raise UnknownNameError("model", model, list(names), where)
+    if model.strip().lower() in names:
+        return model
+    if hub is not None and HUB_ID.match(model.strip()):
+        return fetch_config(model.strip(), hub)
+    # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
+    raise UnknownNameError("model", model, list(names), where)
 
 
-def check_scenario(doc: Any) -> dict[str, Any]:
-    """The scenario document of a request body, its model checked."""
+def check_scenario(doc: Any, hub: HubSource | None = None) -> dict[str, Any]:
+    """The scenario document of a request body, its model checked (and read from the Hub with ``hub``)."""
     if not isinstance(doc, dict):
         raise ScenarioError([Problem("scenario", "the body must be a JSON object (a scenario document)",
                                      "see examples/ for the format")])
     if "model" not in doc:
         raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
-    check_model(doc["model"])
-    return doc
+    return {**doc, "model": check_model(doc["model"], hub=hub)}
 
 
 class PlanRequest(BaseModel):

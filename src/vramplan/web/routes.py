@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.web.common import WebSettings, dumps, problems_json, pydantic_problems, zip_files
+from vramplan.web.hub import HubSource
 from vramplan.web.requests import KvRequest, PlanRequest, check_model, check_scenario, kv_document
 
 __all__ = ["build_app"]
@@ -94,14 +95,18 @@ def build_app(settings: WebSettings) -> FastAPI:
         msg = f"the computation took longer than {settings.time_limit_s:g} s"
         return _json({"detail": [{"where": "", "message": msg, "hint": "ask for a smaller search", "text": msg}]}, 503)
 
+    hub = HubSource(url=settings.hub_url) if settings.allow_hub else None
+
     async def scenario_of(request: Request) -> dict[str, Any]:
-        return check_scenario(await _body(request, settings.max_body_bytes))
+        doc = await _body(request, settings.max_body_bytes)
+        checked: dict[str, Any] = await run(lambda: check_scenario(doc, hub))  # a thread: reading the Hub blocks
+        return checked
 
     @app.get("/healthz")
     async def healthz() -> Response:
         from vramplan import __version__
 
-        return _json({"status": "ok", "version": __version__})
+        return _json({"status": "ok", "version": __version__, "hub": settings.allow_hub})
 
     @app.get("/api/schema")
     async def schema() -> Response:
@@ -158,7 +163,8 @@ def build_app(settings: WebSettings) -> FastAPI:
             # each setup checked on its own first, so that a problem names its setup: "1.train.seq_len"
             for i, d in enumerate(docs):
                 try:
-                    resolve(check_scenario(d))
+                    docs[i] = check_scenario(d, hub)
+                    resolve(docs[i])
                 except ScenarioError as exc:
                     raise ScenarioError([Problem(f"{i}.{p.where}", p.message, p.hint) for p in exc.problems]) from None
             return run_compare(docs, engine="analytic")
@@ -215,7 +221,7 @@ def build_app(settings: WebSettings) -> FastAPI:
             q = KvRequest.model_validate(raw)
         except ValidationError as exc:
             raise pydantic_problems(exc) from None
-        check_model(q.model)
+        q = q.model_copy(update={"model": await run(lambda: check_model(q.model, hub=hub))})
         return _json(await run(lambda: kv_document(q)))
 
     @app.post("/api/solve/{kind}")
@@ -241,7 +247,7 @@ def build_app(settings: WebSettings) -> FastAPI:
             p = PlanRequest.model_validate(raw)
         except ValidationError as exc:
             raise pydantic_problems(exc) from None
-        check_model(p.model)
+        p = p.model_copy(update={"model": await run(lambda: check_model(p.model, hub=hub))})
         counts = parse_gpu_counts(p.num_gpus)
         if len(counts) > settings.max_plan_counts:
             # an abandoned search keeps its thread busy: the search's size is bounded before it starts

@@ -657,6 +657,10 @@ async function downloadZip() {
 async function main() {
   readUrl();
   if (!location.hash) writeUrl();
+  const health = await api("health", "/healthz").catch(() => null);
+  if (health && health.ok && health.doc.hub) {
+    $("#h-model").textContent = "Catalog id or alias, a Hugging Face Hub id (owner/name: this server reads its config.json), or upload a config.json below.";
+  }
   const r = await api("schema", "/api/schema");
   schema = r.doc;
   buildForm();
