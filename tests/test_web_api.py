@@ -241,6 +241,21 @@ def test_an_uploaded_config_is_accepted(client: TestClient) -> None:
     assert inline.json()["per_gpu"] == by_id.json()["per_gpu"]
 
 
+def test_an_uploaded_config_is_bounded_in_size(client: TestClient) -> None:
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    big = {**m.config, "num_hidden_layers": 100_000}
+    r = client.post("/api/estimate", json={"model": big, "hardware": {"gpu": "H100"}})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["where"] == "model.num_hidden_layers"
+    # the largest catalog model is well inside the limit
+    from vramplan.web.requests import SIZE_LIMITS
+
+    layers = max(int(c.config.get("num_hidden_layers") or c.config.get("n_layer") or 0) for c in list_models())
+    assert 10 * layers <= SIZE_LIMITS["num_hidden_layers"]
+
+
 def test_limits_and_malformed_bodies(client: TestClient) -> None:
     assert client.post("/api/estimate", content=b"{" + b" " * 70_000 + b"}").status_code == 413
     assert client.post("/api/estimate", content=b"not json").status_code == 400

@@ -16,7 +16,7 @@ from vramplan.catalog.models import list_models
 from vramplan.errors import Problem, ScenarioError, UnknownNameError
 from vramplan.web.hub import HUB_ID, HubSource, fetch_config
 
-__all__ = ["KvRequest", "PlanRequest", "check_model", "check_scenario", "kv_document"]
+__all__ = ["SIZE_LIMITS", "KvRequest", "PlanRequest", "check_model", "check_scenario", "kv_document"]
 
 
 @lru_cache(maxsize=1)
@@ -28,10 +28,31 @@ def _catalog_names() -> dict[str, str]:
     return names
 
 
+# A request limit, not a model fact: the engine's work grows with the layer and expert counts of a
+# config (one set of records and allocator events per layer), so an uploaded config.json may not ask for
+# more than ten times the largest in the catalog (Llama-3.1-405B: 126 layers; DeepSeek-V3: 256 routed
+# experts), which keeps a request inside the time limit and an abandoned one short.
+SIZE_LIMITS = {"num_hidden_layers": 1280, "n_layer": 1280, "num_layers": 1280, "n_layers": 1280,
+               "num_local_experts": 2560, "n_routed_experts": 2560, "num_experts": 2560}
+
+
+def _check_sizes(cfg: dict[str, Any], where: str) -> None:
+    problems = []
+    for section in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        for key, limit in SIZE_LIMITS.items():
+            v = section.get(key)
+            if isinstance(v, int) and v > limit:
+                problems.append(Problem(f"{where}.{key}", f"{v:,} is more than this server estimates ({limit:,})",
+                                        "run `vramplan estimate` locally for such a model"))
+    if problems:
+        raise ScenarioError(problems)
+
+
 def check_model(model: Any, where: str = "model", hub: HubSource | None = None) -> str | dict[str, Any]:
     """The model to estimate: a catalog name or an inline mapping as given; with ``hub``, a Hub id not in
     the catalog becomes its config.json.  Anything else is refused with the CLI's unknown-model message."""
     if isinstance(model, dict):
+        _check_sizes(model, where)
         return model
     if not isinstance(model, str):
         raise ScenarioError([Problem(where, "must be a catalog id or alias, or an uploaded config.json",
@@ -40,7 +61,9 @@ def check_model(model: Any, where: str = "model", hub: HubSource | None = None) 
     if model.strip().lower() in names:
         return model
     if hub is not None and HUB_ID.match(model.strip()):
-        return fetch_config(model.strip(), hub)
+        cfg = fetch_config(model.strip(), hub)
+        _check_sizes(cfg, where)
+        return cfg
     # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
     raise UnknownNameError("model", model, list(names), where)
 
