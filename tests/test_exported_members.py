@@ -65,6 +65,7 @@ FACES: dict[str, list[str]] = {
         "run_validation", "summarize", "to_markdown", "validate", "workload",
     ],
     "vramplan.facts": ["Choices", "OneOf", "row_named"],
+    "vramplan.web": ["WebSettings", "create_app"],
 }
 
 

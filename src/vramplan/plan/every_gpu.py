@@ -1,0 +1,92 @@
+"""Which GPUs fit this job: the same scenario estimated on every GPU of the catalog.
+
+The scenario is resolved once (its model loaded, its fields checked); then only ``hardware.gpu``
+changes, to each catalog entry in turn (and ``hardware.num_gpus``, to each asked count) (``hardware.capacity_gib`` is dropped, since it would override
+every capacity alike), and the estimator's own verdict is kept: ``fits`` when what nvidia-smi would
+show is at most the capacity, ``tight`` when it fits with less than ``TIGHT_HEADROOM_FRACTION`` of the
+capacity to spare (``Report.tight``), ``no`` when it does not fit, ``error`` when the scenario cannot
+run on that GPU at all (the error's message is kept).  The GPU count is the scenario's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from vramplan.catalog.gpus import list_gpus
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
+from vramplan.errors import VramplanError
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.load import Resolved
+from vramplan.spec.scenario import Scenario
+
+__all__ = ["GpuFit", "fit_on_every_gpu"]
+
+Verdict = Literal["fits", "tight", "no", "error"]
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """One catalog GPU's answer for the job."""
+
+    gpu: str
+    vendor: str
+    capacity_bytes: int
+    num_gpus: int
+    verdict: Verdict
+    device_used_bytes: int | None
+    headroom_bytes: int | None
+    peak_phase: str | None
+    message: str = ""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _on(r: Resolved, name: str, count: int) -> Resolved:
+    gpu = replace(_by_name()[name], cuda_module_loading=r.scenario.hardware.cuda_module_loading)
+    hw = r.scenario.hardware.model_copy(update={"gpu": name, "capacity_gib": None, "num_gpus": count})
+    sc = r.scenario.model_copy(update={"hardware": hw})
+    if count != r.scenario.hardware.num_gpus:
+        # another world size: the scenario's checks against the model (degrees dividing it) run again
+        return resolve(sc)
+    return Resolved(sc, r.model, gpu)
+
+
+def _by_name() -> dict[str, GpuSpec]:
+    """The catalog's GPUs by their catalog name."""
+    return {g.name: g for g in list_gpus()}
+
+
+def fit_on_every_gpu(source: str | Path | dict[str, Any] | Scenario,
+                     counts: Sequence[int] | None = None) -> list[GpuFit]:
+    """The job's verdict and headroom on every catalog GPU, smallest capacity first.
+
+    ``counts``: GPU counts (``hardware.num_gpus``) to try on each GPU, each a row; default the
+    scenario's own.  A count the scenario's degrees do not divide is an ``error`` row.  A scenario
+    that is wrong whatever the GPU (an unknown model, a bad field) raises its ``ScenarioError`` once;
+    its own GPU need not be given (``hardware.gpu`` is replaced)."""
+    if isinstance(source, dict) and not (source.get("hardware") or {}).get("gpu"):
+        # any GPU lets the scenario resolve: each row replaces it
+        hw = {**(source.get("hardware") or {}), "capacity_gib": None, "gpu": list_gpus()[0].name}
+        source = {**source, "hardware": hw}
+    base = resolve(source)
+    rows: list[GpuFit] = []
+    for g in sorted(list_gpus(), key=lambda g: (g.total_memory_bytes, g.name)):
+        for n in counts or [base.scenario.hardware.num_gpus]:
+            rows.append(_row(base, g, n))
+    return rows
+
+
+def _row(base: Resolved, g: GpuSpec, n: int) -> GpuFit:
+    try:
+        rep = estimate(_on(base, g.name, n))
+    except VramplanError as exc:
+        return GpuFit(g.name, g.vendor, g.total_memory_bytes, n, "error", None, None, None, str(exc).splitlines()[0])
+    pg = rep.per_gpu
+    verdict: Verdict = ("tight" if rep.tight else "fits") if rep.fits else "no"
+    return GpuFit(g.name, g.vendor, g.total_memory_bytes, n, verdict, pg.device_used_bytes, pg.headroom_bytes,
+                  pg.peak_phase)

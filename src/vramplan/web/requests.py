@@ -1,0 +1,147 @@
+"""What a request may ask for, checked before the library sees it (the server is safe to expose).
+
+A scenario's ``model`` is a catalog id or alias, or an inline config mapping (an uploaded
+config.json): never a path on the server, which ``load_model`` would otherwise read.  The planner's
+options are the ``vramplan plan`` flags, by the same names.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vramplan.catalog.models import list_models
+from vramplan.errors import Problem, ScenarioError, UnknownNameError
+from vramplan.web.hub import HUB_ID, HubSource, fetch_config
+
+__all__ = ["SIZE_LIMITS", "KvRequest", "PlanRequest", "check_model", "check_scenario", "kv_document"]
+
+
+@lru_cache(maxsize=1)
+def _catalog_names() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for m in list_models():
+        for key in (m.id, m.id.split("/")[-1], *m.aliases):
+            names.setdefault(key.strip().lower(), m.id)
+    return names
+
+
+# A request limit, not a model fact: the engine's work grows with the layer and expert counts of a
+# config (one set of records and allocator events per layer), so an uploaded config.json may not ask for
+# more than ten times the largest in the catalog (Llama-3.1-405B: 126 layers; DeepSeek-V3: 256 routed
+# experts), which keeps a request inside the time limit and an abandoned one short.
+SIZE_LIMITS = {"num_hidden_layers": 1280, "n_layer": 1280, "num_layers": 1280, "n_layers": 1280,
+               "num_local_experts": 2560, "n_routed_experts": 2560, "num_experts": 2560}
+
+
+def _check_sizes(cfg: dict[str, Any], where: str) -> None:
+    problems = []
+    for section in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        for key, limit in SIZE_LIMITS.items():
+            v = section.get(key)
+            if isinstance(v, int) and v > limit:
+                problems.append(Problem(f"{where}.{key}", f"{v:,} is more than this server estimates ({limit:,})",
+                                        "run `vramplan estimate` locally for such a model"))
+    if problems:
+        raise ScenarioError(problems)
+
+
+def check_model(model: Any, where: str = "model", hub: HubSource | None = None) -> str | dict[str, Any]:
+    """The model to estimate: a catalog name or an inline mapping as given; with ``hub``, a Hub id not in
+    the catalog becomes its config.json.  Anything else is refused with the CLI's unknown-model message."""
+    if isinstance(model, dict):
+        _check_sizes(model, where)
+        return model
+    if not isinstance(model, str):
+        raise ScenarioError([Problem(where, "must be a catalog id or alias, or an uploaded config.json",
+                                     "see `vramplan models`")])
+    names = _catalog_names()
+    if model.strip().lower() in names:
+        return model
+    if hub is not None and HUB_ID.match(model.strip()):
+        cfg = fetch_config(model.strip(), hub)
+        _check_sizes(cfg, where)
+        return cfg
+    # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
+    raise UnknownNameError("model", model, list(names), where)
+
+
+def check_scenario(doc: Any, hub: HubSource | None = None) -> dict[str, Any]:
+    """The scenario document of a request body, its model checked (and read from the Hub with ``hub``)."""
+    if not isinstance(doc, dict):
+        raise ScenarioError([Problem("scenario", "the body must be a JSON object (a scenario document)",
+                                     "see examples/ for the format")])
+    if "model" not in doc:
+        raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
+    return {**doc, "model": check_model(doc["model"], hub=hub)}
+
+
+class PlanRequest(BaseModel):
+    """The options of ``vramplan plan``, by their flag names (``--seq-len`` is ``seq_len``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | dict[str, Any]
+    gpu: str
+    num_gpus: str | int = "1"
+    task: Literal["train", "serve"] = "train"
+    seq_len: int | None = Field(None, ge=1)
+    global_batch: int | None = Field(None, ge=1)
+    global_batch_tokens: int | None = Field(None, ge=1)
+    peft: Literal["none", "allow", "only", "lora", "qlora"] = "none"
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: float = 32
+    allow_pure_bf16: bool = False
+    max_micro_batch: int = Field(64, ge=1, le=4096)
+    max_model_len: int | None = Field(None, ge=1)
+    concurrency: int = Field(1, ge=1)
+    allow_quantization: bool = False
+    margin: float = Field(0.10, ge=0, lt=0.9)
+    top: int = Field(5, ge=1, le=50)
+    mfu: float = Field(0.40, gt=0, le=1)
+    inter_node_gbps: float = Field(25.0, gt=0)
+    gpus_per_node: int = Field(8, ge=1, le=1024)
+    host_memory_gib: float | None = Field(None, gt=0)
+
+
+class KvRequest(BaseModel):
+    """The options of ``vramplan kv``, by their flag names; ``seq`` and ``batch`` are lists."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | dict[str, Any]
+    seq: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [512, 1024, 2048, 4096, 8192],
+                                                   min_length=1, max_length=64)
+    batch: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 8, 32], min_length=1, max_length=64)
+    kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8", "int8"] = "auto"
+    dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+    tp: int = Field(1, ge=1)
+    block_size: int = Field(16, ge=1)
+    budget_gb: float | None = Field(None, gt=0)
+
+
+def kv_document(q: KvRequest) -> dict[str, Any]:
+    """The document of ``vramplan kv --json`` (cli/serve_cmd.py), from the same library calls."""
+    from vramplan.analytic.kv_cache import kv_spec, page_capacity
+    from vramplan.catalog.models import load_model
+    from vramplan.units import GB, dtype_bits
+
+    m = load_model(q.model, where="model")
+    spec = kv_spec(m, q.kv_cache_dtype, dtype_bits(q.dtype) // 8, q.tp)
+    payload: dict[str, Any] = {
+        "model": m.name, "attention_kind": spec.attention_kind, "kv_cache_dtype": q.kv_cache_dtype,
+        "elem_bytes": spec.elem_bytes, "tp": q.tp, "bytes_per_token": spec.bytes_per_token,
+        "layer_bytes_per_token": spec.uniform_layer_bytes_per_token, "block_size": q.block_size,
+        "block_bytes": spec.block_bytes(q.block_size), "layers": len(spec.layers),
+        "sliding_layers": sum(1 for la in spec.layers if la.window),
+        "growth": [{"seq_len": s, "batch": b, "kv_bytes": spec.sequence_bytes(s) * b} for s in q.seq for b in q.batch],
+    }
+    if q.budget_gb:
+        cap = page_capacity(spec, int(q.budget_gb * GB), q.block_size, tuple(q.seq))
+        payload["page_capacity"] = {"budget_bytes": cap.budget_bytes, "page_tokens": cap.page_tokens,
+                                    "page_bytes": cap.page_bytes, "total_pages": cap.total_pages,
+                                    "total_tokens": cap.total_tokens,
+                                    "max_sequences": {str(k): v for k, v in cap.max_sequences.items()}}
+    return payload

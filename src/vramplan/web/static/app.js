@@ -1,0 +1,691 @@
+// vramplan's page: a form generated from the scenario's JSON schema, a live answer from the JSON API,
+// the whole state in the URL.  Nothing is computed here beyond unit conversion for display: every number
+// comes from the API's documents (the same as `vramplan ... --json`).
+"use strict";
+
+const GiB = 2 ** 30;
+const DEBOUNCE_MS = 250;
+const MAX_COMPARE = 4;
+const DEFAULT_SCENARIO = {
+  model: "meta-llama/Llama-3.1-8B", task: "train", hardware: { gpu: "RTX-4090" },
+  train: { gradient_checkpointing: "full", peft: { method: "lora" } },
+};
+// The static floor (present whatever the batch) is drawn apart from the parts that grow with the batch.
+const STATIC_PARTS = ["weights", "gradients", "optimizer_states", "master_weights"];
+const DYNAMIC_PARTS = ["activations", "kv_cache", "temporaries", "other"];
+const COLORS = {
+  weights: "#4e79a7", gradients: "#f28e2b", optimizer_states: "#e15759", master_weights: "#76b7b2",
+  activations: "#59a14f", kv_cache: "#edc948", temporaries: "#b07aa1", other: "#ff9da7",
+  cuda_context: "#9c755f", workspaces: "#bab0ac", communication: "#8cd17d", managed: "#d4a6c8",
+};
+const SECTIONS = ["hardware", "train", "inference", "serve", "parallel", "software"];
+
+const state = { scenario: structuredClone(DEFAULT_SCENARIO), compare: [] };
+let schema = null;
+let report = null;
+let planDoc = null;
+const charts = {};
+const inflight = {};
+
+const $ = (sel) => document.querySelector(sel);
+const gib = (n) => (n / GiB).toLocaleString("en", { minimumFractionDigits: 1, maximumFractionDigits: 2 });
+
+// ---------------------------------------------------------------- state <-> URL
+
+function encodeState() {
+  const p = new URLSearchParams();
+  p.set("s", JSON.stringify(state.scenario));
+  if (state.compare.length) p.set("c", JSON.stringify(state.compare));
+  return "#" + p.toString();
+}
+
+function readUrl() {
+  const p = new URLSearchParams(location.hash.slice(1));
+  try {
+    if (p.get("s")) state.scenario = JSON.parse(p.get("s"));
+    if (p.get("c")) state.compare = JSON.parse(p.get("c")).slice(0, MAX_COMPARE);
+  } catch (e) {
+    $("#general-error").textContent = "the link's state could not be read: " + e.message;
+  }
+}
+
+function writeUrl() {
+  history.replaceState(null, "", encodeState());
+}
+
+function getPath(obj, path) {
+  return path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), obj);
+}
+
+function setPath(obj, path, value) {
+  const keys = path.split(".");
+  let o = obj;
+  for (const k of keys.slice(0, -1)) {
+    if (typeof o[k] !== "object" || o[k] === null) o[k] = {};
+    o = o[k];
+  }
+  const last = keys[keys.length - 1];
+  if (value === undefined) delete o[last]; else o[last] = value;
+  // drop emptied sections so the document stays as sparse as a hand-written scenario file
+  if (value === undefined && keys.length > 1 && Object.keys(o).length === 0) setPath(obj, keys.slice(0, -1).join("."), undefined);
+}
+
+// ---------------------------------------------------------------- API
+
+async function api(name, path, body, opts = {}) {
+  if (inflight[name]) inflight[name].abort();
+  const ctl = new AbortController();
+  inflight[name] = ctl;
+  const init = body === undefined ? { signal: ctl.signal }
+    : { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" }, signal: ctl.signal };
+  const resp = await fetch(path, init);
+  if (opts.blob && resp.ok) return { ok: true, blob: await resp.blob() };
+  const doc = await resp.json();
+  return { ok: resp.ok, status: resp.status, doc };
+}
+
+// ---------------------------------------------------------------- the form, from the schema
+
+function deref(prop) {
+  if (prop.$ref) return schema.$defs[prop.$ref.split("/").pop()];
+  return prop;
+}
+
+function kindOf(prop) {
+  // -> {kind: "enum"|"int"|"number"|"bool"|"text"|"section"|"list", values, nullable}
+  const variants = prop.anyOf || [prop];
+  const nullable = variants.some((v) => v.type === "null");
+  const main = variants.find((v) => v.type !== "null") || {};
+  if (main.$ref) return { kind: "section", def: deref(main), nullable };
+  if (main.enum) return { kind: "enum", values: main.enum, nullable };
+  if (main.type === "array" || prop.anyOf && variants.some((v) => v.type === "array")) return { kind: "list", nullable };
+  if (main.type === "integer") return { kind: "int", nullable, min: main.minimum, max: main.maximum };
+  if (main.type === "number") return { kind: "number", nullable, min: main.minimum ?? main.exclusiveMinimum, max: main.maximum };
+  if (main.type === "boolean") return { kind: "bool", nullable };
+  return { kind: "text", nullable };
+}
+
+function helpText(prop) {
+  return (prop.description || "").split("\n\n")[0].replace(/\s+/g, " ");
+}
+
+function idFor(path) { return "f-" + path.replace(/\./g, "-"); }
+
+function fieldEl(path, prop) {
+  const k = kindOf(prop);
+  const id = idFor(path);
+  const wrap = document.createElement("div");
+  wrap.className = "field";
+  wrap.dataset.path = path;
+  const label = document.createElement("label");
+  label.htmlFor = id;
+  label.textContent = path.split(".").pop();
+  wrap.append(label);
+  const dflt = prop.default === undefined ? "" : prop.default;
+  let input;
+  if (k.kind === "enum" || k.kind === "bool") {
+    input = document.createElement("select");
+    const values = k.kind === "bool" ? [true, false] : k.values;
+    input.append(new Option(`default (${dflt === null ? "null" : dflt})`, ""));
+    for (const v of values) input.append(new Option(String(v), JSON.stringify(v)));
+  } else {
+    input = document.createElement("input");
+    if (k.kind === "int" || k.kind === "number") {
+      input.type = "number";
+      input.step = k.kind === "int" ? "1" : "any";
+      input.inputMode = k.kind === "int" ? "numeric" : "decimal";
+    }
+    input.placeholder = dflt === null || dflt === "" ? "null" : Array.isArray(dflt) ? dflt.join(",") : String(dflt);
+  }
+  input.id = id;
+  input.dataset.path = path;
+  input.dataset.kind = k.kind;
+  const help = document.createElement("small");
+  help.className = "help";
+  help.id = "h-" + id.slice(2);
+  help.textContent = helpText(prop);
+  const err = document.createElement("span");
+  err.className = "error";
+  err.id = "e-" + id.slice(2);
+  err.setAttribute("role", "alert");
+  input.setAttribute("aria-describedby", `${help.id} ${err.id}`);
+  wrap.append(input, help, err);
+  input.addEventListener("input", () => onField(input));
+  input.addEventListener("change", () => onField(input));
+  return wrap;
+}
+
+function parseField(input) {
+  const raw = input.value.trim();
+  if (raw === "") return undefined;
+  switch (input.dataset.kind) {
+    case "enum": case "bool": return JSON.parse(raw);
+    case "int": case "number": { const n = Number(raw); return Number.isFinite(n) ? n : raw; }
+    case "list": return raw === "all-linear" ? raw : raw.split(",").map((s) => s.trim()).filter(Boolean);
+    default: return raw;
+  }
+}
+
+function showField(input) {
+  const v = getPath(state.scenario, input.dataset.path);
+  if (v === undefined || v === null) input.value = "";
+  else if (input.tagName === "SELECT") input.value = JSON.stringify(v);
+  else input.value = Array.isArray(v) ? v.join(",") : String(v);
+}
+
+function peftEl(prop) {
+  // train.peft is "adapters or null": a method select whose first choice is null (full fine-tuning)
+  const def = deref(prop.anyOf.find((v) => v.$ref));
+  const box = document.createElement("fieldset");
+  box.innerHTML = "<legend>peft</legend>";
+  const method = fieldEl("train.peft.method", { ...def.properties.method, default: null,
+    description: prop.description + " " + (def.properties.method.description || "") });
+  method.querySelector("select").options[0].text = "none (full fine-tuning)";
+  box.append(method);
+  for (const [name, p] of Object.entries(def.properties)) {
+    if (name !== "method") box.append(fieldEl(`train.peft.${name}`, p));
+  }
+  return box;
+}
+
+function buildForm() {
+  const top = $("#fields-top");
+  for (const name of ["task", "framework"]) top.append(fieldEl(name, schema.properties[name]));
+  const hw = deref(schema.properties.hardware);
+  for (const [name, p] of Object.entries(hw.properties)) {
+    if (name !== "gpu") top.append(fieldEl(`hardware.${name}`, p));
+  }
+  $("#h-hardware-gpu").textContent = helpText(hw.properties.gpu);
+  const sections = $("#fields-sections");
+  for (const sec of SECTIONS.slice(1)) {
+    const def = deref(schema.properties[sec]);
+    const box = document.createElement("details");
+    box.className = "section";
+    box.id = "sec-" + sec;
+    box.open = sec === state.scenario.task || (sec === "train" && !state.scenario.task);
+    const sum = document.createElement("summary");
+    sum.textContent = `${sec}: ${helpText(schema.properties[sec])}`;
+    box.append(sum);
+    for (const [name, p] of Object.entries(def.properties)) {
+      box.append(sec === "train" && name === "peft" ? peftEl(p) : fieldEl(`${sec}.${name}`, p));
+    }
+    sections.append(box);
+  }
+}
+
+function syncForm() {
+  for (const input of document.querySelectorAll("#scenario [data-kind]")) showField(input);
+  const m = state.scenario.model;
+  $("#f-model").value = typeof m === "string" ? m : "";
+  $("#f-model").placeholder = typeof m === "object" && m ? `uploaded config.json (${m._name_or_path || m.model_type || "inline"})` : "type to search the catalog, e.g. llama-3.1-8b";
+  $("#clear-config").hidden = typeof m !== "object";
+  $("#f-hardware-gpu").value = getPath(state.scenario, "hardware.gpu") || "";
+  const task = state.scenario.task || "train";
+  for (const sec of ["train", "inference", "serve"]) $("#sec-" + sec).hidden = sec !== task;
+  syncPeft();
+}
+
+function syncPeft() {
+  // the adapter's settings show only when there is an adapter
+  const peftOn = getPath(state.scenario, "train.peft") != null;
+  for (const el of document.querySelectorAll('.field[data-path^="train.peft."]')) {
+    if (el.dataset.path !== "train.peft.method") el.hidden = !peftOn;
+  }
+}
+
+function onField(input) {
+  const path = input.dataset.path;
+  const v = parseField(input);
+  if (path === "train.peft.method") {
+    if (v === undefined) setPath(state.scenario, "train.peft", null);
+    else setPath(state.scenario, "train.peft.method", v);
+    if (v === undefined && Object.keys(state.scenario.train || {}).length === 1) setPath(state.scenario, "train.peft", undefined);
+    syncPeft();
+  } else {
+    setPath(state.scenario, path, v);
+  }
+  if (path === "task") {
+    const task = v || "train";
+    for (const sec of ["train", "inference", "serve"]) { const b = $("#sec-" + sec); b.hidden = sec !== task; b.open = sec === task; }
+  }
+  changed();
+}
+
+// ---------------------------------------------------------------- search as you type
+
+function searchBox(input, listId, url, key, path) {
+  let timer = 0;
+  input.addEventListener("input", () => {
+    clearTimeout(timer);
+    const q = input.value.trim();
+    timer = setTimeout(async () => {
+      const r = await api("search-" + listId, `${url}?q=${encodeURIComponent(q)}`).catch(() => null);
+      if (!r || !r.ok) return;
+      const list = document.getElementById(listId);
+      list.replaceChildren(...r.doc.slice(0, 40).map((row) => new Option(row[key], row[key])));
+    }, 120);
+    setPath(state.scenario, path, q === "" ? undefined : q);
+    changed();
+  });
+}
+
+function setupUpload() {
+  $("#f-config").addEventListener("change", async (ev) => {
+    const file = ev.target.files[0];
+    if (!file) return;
+    try {
+      const cfg = JSON.parse(await file.text());
+      if (typeof cfg !== "object" || Array.isArray(cfg)) throw new Error("not a JSON object");
+      if (!cfg._name_or_path) cfg._name_or_path = file.name.replace(/\.json$/, "");
+      state.scenario.model = cfg;
+      syncForm();
+      changed();
+    } catch (e) {
+      $("#e-model").textContent = `${file.name} is not a config.json: ${e.message}`;
+    }
+  });
+  $("#clear-config").addEventListener("click", () => {
+    state.scenario.model = DEFAULT_SCENARIO.model;
+    $("#f-config").value = "";
+    syncForm();
+    changed();
+  });
+}
+
+// ---------------------------------------------------------------- errors beside the fields
+
+function clearErrors(scope = document) {
+  for (const e of scope.querySelectorAll(".error")) e.textContent = "";
+  for (const i of scope.querySelectorAll('[aria-invalid="true"]')) i.removeAttribute("aria-invalid");
+}
+
+function showErrors(detail, prefix = "", fallback = "#general-error", scope = document) {
+  const loose = [];
+  for (const p of detail || []) {
+    const where = prefix + (p.where || "");
+    const field = scope.querySelector(`.field[data-path="${CSS.escape(where)}"]`);
+    const text = p.text || p.message;
+    if (field) {
+      field.querySelector(".error").textContent = text;
+      const input = field.querySelector("input, select");
+      if (input) input.setAttribute("aria-invalid", "true");
+    } else {
+      loose.push(text);
+    }
+  }
+  $(fallback).textContent = loose.join("\n");
+}
+
+// ---------------------------------------------------------------- charts
+
+function chart(id, config) {
+  if (charts[id]) charts[id].destroy();
+  charts[id] = new Chart(document.getElementById(id), config);
+}
+
+const baseOptions = (title, extra = {}) => ({
+  responsive: true, maintainAspectRatio: false, animation: false,
+  plugins: { title: { display: true, text: title }, legend: { position: "bottom", labels: { boxWidth: 12 } } },
+  ...extra,
+});
+
+// A vertical line at the GPU's capacity on the breakdown chart (a Chart.js plugin of this chart only).
+const capacityLine = {
+  id: "capacityLine",
+  afterDatasetsDraw(c, _args, opts) {
+    const x = c.scales.x.getPixelForValue(opts.value);
+    const { top, bottom } = c.chartArea;
+    const ctx = c.ctx;
+    ctx.save();
+    ctx.strokeStyle = "#cf222e";
+    ctx.lineWidth = 2;
+    ctx.setLineDash([6, 3]);
+    ctx.beginPath();
+    ctx.moveTo(x, top - 4);
+    ctx.lineTo(x, bottom + 4);
+    ctx.stroke();
+    ctx.fillStyle = "#cf222e";
+    ctx.textAlign = x > c.chartArea.right - 60 ? "right" : "left";
+    ctx.fillText("capacity", x + (ctx.textAlign === "right" ? -4 : 4), top + 8);
+    ctx.restore();
+  },
+};
+
+function detailLines(part) {
+  const d = (report.per_gpu.breakdown_detail || {})[part] || {};
+  return Object.entries(d).sort((a, b) => b[1] - a[1]).slice(0, 8).map(([k, v]) => `${k}: ${gib(v)} GiB`);
+}
+
+function drawBreakdown() {
+  const pg = report.per_gpu;
+  const parts = [...STATIC_PARTS, ...DYNAMIC_PARTS].filter((k) => pg.breakdown[k]);
+  const outside = Object.keys(pg.outside_allocator).filter((k) => pg.outside_allocator[k]);
+  const reservedExtra = pg.peak_reserved_bytes - pg.peak_allocated_bytes;
+  const ds = parts.map((k) => ({ label: k, data: [pg.breakdown[k] / GiB], backgroundColor: COLORS[k] }));
+  if (reservedExtra > 0) ds.push({ label: "reserved, not allocated", data: [reservedExtra / GiB], backgroundColor: "#d0d7de" });
+  for (const k of outside) ds.push({ label: k.replace(/_/g, " "), data: [pg.outside_allocator[k] / GiB], backgroundColor: COLORS[k] });
+  const xmax = Math.max(pg.capacity_bytes, pg.device_used_bytes) / GiB;
+  chart("chart-breakdown", {
+    type: "bar", data: { labels: ["per GPU"], datasets: ds }, plugins: [capacityLine],
+    options: baseOptions(`Memory per GPU at the peak (${pg.peak_phase}), GiB; capacity ${gib(pg.capacity_bytes)}`, {
+      indexAxis: "y",
+      scales: { x: { stacked: true, max: Math.ceil(xmax), title: { display: true, text: "GiB" } }, y: { stacked: true } },
+      plugins: { ...baseOptions("").plugins, title: { display: true, text: `Memory per GPU at the peak (${pg.peak_phase}), GiB; capacity ${gib(pg.capacity_bytes)}` },
+        capacityLine: { value: pg.capacity_bytes / GiB },
+        tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${c.parsed.x.toFixed(2)} GiB`, afterLabel: (c) => detailLines(c.dataset.label) } } },
+    }),
+  });
+  const dyn = DYNAMIC_PARTS.filter((k) => pg.breakdown[k]);
+  chart("chart-dynamic", {
+    type: "bar",
+    data: { labels: ["dynamic"], datasets: dyn.map((k) => ({ label: k, data: [pg.breakdown[k] / GiB], backgroundColor: COLORS[k] })) },
+    options: baseOptions("The parts above the static floor (weights and states), on their own scale, GiB", {
+      indexAxis: "y", scales: { x: { stacked: true }, y: { stacked: true } },
+      plugins: { title: { display: true, text: "Above the static floor (weights and states), own scale, GiB" },
+        legend: { position: "bottom", labels: { boxWidth: 12 } },
+        tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${c.parsed.x.toFixed(3)} GiB`, afterLabel: (c) => detailLines(c.dataset.label) } } },
+    }),
+  });
+  chart("chart-levels", {
+    type: "bar",
+    data: { labels: ["allocated", "reserved", "device used", "capacity"],
+      datasets: [{ label: "GiB", data: [pg.peak_allocated_bytes, pg.peak_reserved_bytes, pg.device_used_bytes, pg.capacity_bytes].map((b) => b / GiB),
+        backgroundColor: ["#4e79a7", "#76b7b2", pg.device_used_bytes > pg.capacity_bytes ? "#cf222e" : "#59a14f", "#bab0ac"] }] },
+    options: baseOptions("Allocated vs reserved vs device used, GiB", { plugins: { title: { display: true, text: "Allocated vs reserved vs device used, GiB" }, legend: { display: false } } }),
+  });
+  const phases = Object.entries(pg.phases || {});
+  chart("chart-phases", {
+    type: "bar",
+    data: { labels: phases.map(([p]) => p), datasets: [{ label: "peak allocated, GiB", data: phases.map(([, b]) => b / GiB), backgroundColor: "#f28e2b" }] },
+    options: baseOptions("Peak of each phase, in the order they run", { plugins: { title: { display: true, text: "Peak of each phase, in the order they run, GiB" }, legend: { display: false } } }),
+  });
+}
+
+function drawLifecycle() {
+  // per_gpu.lifecycle (a phase map) is drawn when the report has it; nothing here derives it
+  const box = $("#lifecycle");
+  const lc = report.per_gpu.lifecycle;
+  box.replaceChildren();
+  if (!lc || typeof lc !== "object") return;
+  const h = document.createElement("h2");
+  h.textContent = "Lifecycle of the job";
+  const t = document.createElement("table");
+  for (const [phase, v] of Object.entries(lc)) {
+    const tr = t.insertRow();
+    tr.insertCell().textContent = phase;
+    const c = tr.insertCell();
+    c.className = "num";
+    c.textContent = typeof v === "number" ? `${gib(v)} GiB` : JSON.stringify(v);
+  }
+  box.append(h, t);
+}
+
+// ---------------------------------------------------------------- the answer
+
+function verdictOf(doc) {
+  if (typeof doc.verdict === "string") return doc.verdict;
+  if (!doc.fits) return "DOES NOT FIT";
+  const pg = doc.per_gpu;
+  return pg.headroom_bytes < 0.10 * pg.capacity_bytes ? "FITS, TIGHT" : "FITS";
+}
+
+function bands(pg) {
+  // "<key>_low"/"<key>_high" pairs of the report, as given
+  return Object.keys(pg).filter((k) => k.endsWith("_low") && pg[k.replace(/_low$/, "_high")] !== undefined)
+    .map((k) => { const base = k.replace(/_low$/, ""); return `${base.replace(/_bytes$/, "").replace(/_/g, " ")} ${gib(pg[k])} – ${gib(pg[base + "_high"])} GiB`; });
+}
+
+function drawReport() {
+  const pg = report.per_gpu;
+  const v = verdictOf(report);
+  const cls = /NOT|no/i.test(v) ? "v-no" : /TIGHT/i.test(v) ? "v-tight" : "v-fits";
+  $("#verdict").innerHTML = "";
+  const b = document.createElement("span");
+  b.className = "badge " + cls;
+  b.textContent = v;
+  $("#verdict").append(b);
+  const band = bands(pg);
+  $("#summary").textContent = `${report.model.name} on ${report.scenario.hardware.num_gpus} × ${report.gpu.name} (${report.scenario.task}): `
+    + `device used ${gib(pg.device_used_bytes)} of ${gib(pg.capacity_bytes)} GiB per GPU, headroom ${gib(pg.headroom_bytes)} GiB; `
+    + `peak in ${pg.peak_phase}` + (band.length ? `; band: ${band.join("; ")}` : "") + ".";
+  drawBreakdown();
+  drawLifecycle();
+  $("#assumptions").replaceChildren(...report.assumptions.map((a) => { const li = document.createElement("li"); li.textContent = a; return li; }));
+}
+
+async function refreshEstimate() {
+  const r = await api("estimate", "/api/estimate", state.scenario).catch((e) => (e.name === "AbortError" ? null : { ok: false, doc: { detail: [{ where: "", text: String(e) }] } }));
+  if (!r) return;
+  clearErrors($("#scenario"));
+  $("#general-error").textContent = "";
+  if (!r.ok) {
+    showErrors(r.doc.detail);
+    $("#verdict").innerHTML = '<span class="badge v-error">fix the inputs</span>';
+    return;
+  }
+  report = r.doc;
+  drawReport();
+}
+
+async function refreshFit() {
+  const counts = $("#fit-counts").value.trim();
+  const url = "/api/fit" + (counts ? `?counts=${encodeURIComponent(counts)}` : "");
+  const r = await api("fit", url, state.scenario).catch(() => null);
+  const body = $("#fit-table tbody");
+  clearErrors($("#fit"));
+  if (r && !r.ok) showErrors(r.doc.detail, "", "#fit-summary", $("#fit"));
+  if (!r || !r.ok) { body.replaceChildren(); return; }
+  const only = $("#fit-only").checked;
+  const fitting = r.doc.filter((row) => row.verdict === "fits" || row.verdict === "tight");
+  $("#fit-summary").textContent = `Fits on ${fitting.length} of ${r.doc.length} catalog GPUs`
+    + (fitting.length ? ` (the smallest: ${fitting.slice(0, 3).map((row) => row.gpu + (row.verdict === "tight" ? ", tight" : "")).join("; ")}).` : ".");
+  body.replaceChildren(...r.doc.filter((row) => !only || row.verdict === "fits" || row.verdict === "tight").map((row) => {
+    const tr = document.createElement("tr");
+    tr.className = row.verdict;
+    const cells = [row.gpu, gib(row.capacity_bytes), row.num_gpus, row.verdict === "no" ? "does not fit" : row.verdict === "error" ? row.message : row.verdict,
+      row.device_used_bytes == null ? "" : gib(row.device_used_bytes), row.headroom_bytes == null ? "" : gib(row.headroom_bytes)];
+    cells.forEach((c, i) => { const td = tr.insertCell(); td.textContent = c; if ([1, 2, 4, 5].includes(i)) td.className = "num"; });
+    return tr;
+  }));
+}
+
+async function refreshServe() {
+  const box = $("#serving");
+  box.hidden = (state.scenario.task || "train") !== "serve";
+  if (box.hidden) return;
+  const [r, c] = await Promise.all([api("serve", "/api/serve", state.scenario).catch(() => null),
+    api("curve", "/api/serve/curve", state.scenario).catch(() => null)]);
+  if (!r || !r.ok) return;
+  const d = r.doc.vllm;
+  $("#serve-message").textContent = d.starts ? `vLLM ${d.vllm_version_modelled} starts.`
+    : `vLLM ${d.vllm_version_modelled} will not start: ${d.problem}` + (d.fix ? ` (change ${d.fix})` : "");
+  $("#serve-message").className = d.starts ? "" : "error";
+  const facts = [["KV cache", `${gib(d.kv_cache_bytes)} GiB`], ["GPU blocks", d.num_gpu_blocks.toLocaleString("en")],
+    ["KV cache size", `${d.kv_cache_tokens.toLocaleString("en")} tokens`],
+    [`max concurrency at ${d.max_model_len.toLocaleString("en")} tokens`, `${d.max_concurrency}×`],
+    ["largest max_model_len that fits", d.max_model_len_that_fits.toLocaleString("en")],
+    ["KV bytes per token", d.kv_bytes_per_token.toLocaleString("en")]];
+  $("#serve-facts").replaceChildren(...facts.flatMap(([k, v]) => { const dt = document.createElement("dt"); dt.textContent = k; const dd = document.createElement("dd"); dd.textContent = v; return [dt, dd]; }));
+  if (c && c.ok) {
+    chart("chart-curve", {
+      type: "line",
+      data: { labels: c.doc.map((p) => p.context_len.toLocaleString("en")), datasets: [{ label: "requests at once", data: c.doc.map((p) => p.max_concurrency), borderColor: "#4e79a7" }] },
+      options: baseOptions("Concurrency against context length (vLLM's maximum concurrency)", {
+        scales: { x: { title: { display: true, text: "tokens per request" } }, y: { type: "logarithmic", title: { display: true, text: "requests" } } },
+        plugins: { title: { display: true, text: "Concurrency against context length (vLLM's maximum concurrency)" }, legend: { display: false } } }),
+    });
+  }
+}
+
+async function refreshGenerate() {
+  const box = $("#generate-facts");
+  box.hidden = state.scenario.task !== "inference";
+  if (box.hidden) return;
+  const r = await api("generate", "/api/generate", state.scenario).catch(() => null);
+  if (!r || !r.ok) { box.textContent = ""; return; }
+  const inf = r.doc.report.scenario.inference;
+  box.textContent = `Largest batch that fits at ${inf.prompt_len.toLocaleString("en")} + ${inf.new_tokens.toLocaleString("en")} tokens: `
+    + `${r.doc.max_batch_size.toLocaleString("en")}; longest prompt at batch ${inf.batch_size} and ${inf.new_tokens.toLocaleString("en")} new tokens: `
+    + `${r.doc.max_prompt_len.toLocaleString("en")}.`;
+}
+
+let timer = 0;
+function changed() {
+  writeUrl();
+  clearTimeout(timer);
+  timer = setTimeout(() => { refreshEstimate(); refreshFit(); refreshServe(); refreshGenerate(); }, DEBOUNCE_MS);
+}
+
+// ---------------------------------------------------------------- compare
+
+const COMPARE_ROWS = [
+  ["model", (r) => r.model.name, "model.name"], ["GPU", (r) => `${r.scenario.hardware.num_gpus} × ${r.gpu.name}`, "gpu.name"],
+  ["task", (r) => r.scenario.task, "scenario.task"], ["verdict", verdictOf, "fits"],
+  ["device used GiB", (r) => gib(r.per_gpu.device_used_bytes), "per_gpu.device_used_bytes"],
+  ["headroom GiB", (r) => gib(r.per_gpu.headroom_bytes), "per_gpu.headroom_bytes"],
+  ["reserved GiB", (r) => gib(r.per_gpu.peak_reserved_bytes), "per_gpu.peak_reserved_bytes"],
+  ["allocated GiB", (r) => gib(r.per_gpu.peak_allocated_bytes), "per_gpu.peak_allocated_bytes"],
+  ...[...STATIC_PARTS, ...DYNAMIC_PARTS].map((k) => [`${k} GiB`, (r) => gib(r.per_gpu.breakdown[k]), `per_gpu.breakdown.${k}`]),
+];
+
+async function refreshCompare() {
+  const table = $("#compare-table");
+  $("#compare-empty").hidden = state.compare.length > 0;
+  $("#add-compare").disabled = state.compare.length >= MAX_COMPARE;
+  if (!state.compare.length) { table.replaceChildren(); return; }
+  const r = await api("compare", "/api/compare", state.compare).catch(() => null);
+  if (!r) return;
+  if (!r.ok) { table.replaceChildren(); $("#compare-empty").hidden = false; $("#compare-empty").textContent = r.doc.detail.map((p) => p.text).join("\n"); return; }
+  const diff = new Set(r.doc.differences);
+  table.replaceChildren();
+  const head = table.createTHead();
+  const hr = head.insertRow();
+  hr.append(Object.assign(document.createElement("th"), { textContent: "" }));
+  r.doc.reports.forEach((_, i) => {
+    const th = document.createElement("th");
+    th.scope = "col";
+    th.textContent = `setup ${i + 1} `;
+    const rm = Object.assign(document.createElement("button"), { type: "button", textContent: "remove" });
+    rm.setAttribute("aria-label", `remove setup ${i + 1}`);
+    rm.addEventListener("click", () => { state.compare.splice(i, 1); writeUrl(); refreshCompare(); });
+    th.append(rm);
+    hr.append(th);
+  });
+  const body = table.createTBody();
+  for (const [label, fn, key] of COMPARE_ROWS) {
+    const tr = body.insertRow();
+    tr.append(Object.assign(document.createElement("th"), { textContent: label, scope: "row" }));
+    for (const rep of r.doc.reports) {
+      const td = tr.insertCell();
+      td.textContent = fn(rep);
+      if (diff.has(key)) td.className = "diff";
+    }
+  }
+  const tr = body.insertRow();
+  tr.append(Object.assign(document.createElement("th"), { textContent: "keys that differ", scope: "row" }));
+  const td = tr.insertCell();
+  td.colSpan = r.doc.reports.length;
+  td.textContent = r.doc.differences.filter((k) => k.startsWith("scenario.")).join(", ") || "(no scenario key differs)";
+}
+
+// ---------------------------------------------------------------- plan
+
+function planBody() {
+  const sc = state.scenario;
+  const task = sc.task === "serve" ? "serve" : "train";
+  const body = { model: sc.model, gpu: getPath(sc, "hardware.gpu") || "", num_gpus: $("#p-num_gpus").value.trim() || "1", task,
+    peft: $("#p-peft").value, margin: Number($("#p-margin").value || 0.1) };
+  if (task === "train") {
+    body.seq_len = getPath(sc, "train.seq_len") || schema.$defs.Train.properties.seq_len.default;
+    const gb = $("#p-global_batch").value.trim();
+    if (gb) body.global_batch = Number(gb);
+  } else {
+    body.max_model_len = getPath(sc, "serve.max_model_len") || 8192;
+    body.concurrency = Number($("#p-concurrency").value || 1);
+  }
+  return body;
+}
+
+function planTable(doc) {
+  const t = document.createElement("table");
+  const h = t.createTHead().insertRow();
+  for (const c of ["#", "setup", "GPUs", "step s", "tokens/s", "GiB/GPU", "headroom GiB", "trades"]) h.append(Object.assign(document.createElement("th"), { textContent: c, scope: "col" }));
+  const b = t.createTBody();
+  for (const r of [doc.chosen, ...doc.runners_up].filter(Boolean)) {
+    const tr = b.insertRow();
+    [r.rank, r.label, r.setup.num_gpus, r.step_time_s.toFixed(3), Math.round(r.tokens_per_s).toLocaleString("en"), gib(r.device_used_bytes), gib(r.headroom_bytes), r.trade || "chosen"]
+      .forEach((v, i) => { const td = tr.insertCell(); td.textContent = v; if (i !== 1 && i !== 7) td.className = "num"; });
+  }
+  return t;
+}
+
+async function runPlan(ev) {
+  ev.preventDefault();
+  const out = $("#plan-out");
+  clearErrors($("#plan"));
+  out.textContent = "planning…";
+  planDoc = null;
+  $("#download-zip").disabled = true;
+  const r = await api("plan", "/api/plan", planBody()).catch((e) => ({ ok: false, doc: { detail: [{ text: String(e) }] } }));
+  out.replaceChildren();
+  if (!r.ok) { showErrors(r.doc.detail, "", "#plan-error", $("#plan")); return; }
+  planDoc = r.doc;
+  const v = document.createElement("p");
+  v.innerHTML = `<span class="badge ${r.doc.chosen ? "v-fits" : "v-no"}"></span>`;
+  v.firstChild.textContent = r.doc.chosen ? "FITS" : "NOTHING FITS";
+  const ul = document.createElement("ul");
+  for (const line of [...r.doc.explanation, ...r.doc.suggestions.map((s) => "would fit: " + s.text), ...r.doc.notes.map((n) => "note: " + n)]) {
+    ul.append(Object.assign(document.createElement("li"), { textContent: line }));
+  }
+  out.append(v, ul, planTable(r.doc));
+  $("#download-zip").disabled = !r.doc.chosen;
+}
+
+async function downloadZip() {
+  const r = await api("zip", "/api/plan/export.zip", planBody(), { blob: true }).catch(() => null);
+  if (!r || !r.ok) { $("#plan-error").textContent = r && r.doc ? r.doc.detail.map((p) => p.text).join("\n") : "download failed"; return; }
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(r.blob);
+  a.download = "vramplan-export.zip";
+  document.body.append(a);
+  a.click();
+  a.remove();
+}
+
+// ---------------------------------------------------------------- start
+
+async function main() {
+  readUrl();
+  if (!location.hash) writeUrl();
+  const health = await api("health", "/healthz").catch(() => null);
+  if (health && health.ok && health.doc.hub) {
+    $("#h-model").textContent = "Catalog id or alias, a Hugging Face Hub id (owner/name: this server reads its config.json), or upload a config.json below.";
+  }
+  const r = await api("schema", "/api/schema");
+  schema = r.doc;
+  buildForm();
+  syncForm();
+  searchBox($("#f-model"), "models-list", "/api/models", "id", "model");
+  searchBox($("#f-hardware-gpu"), "gpus-list", "/api/gpus", "name", "hardware.gpu");
+  setupUpload();
+  $("#fit-only").addEventListener("change", refreshFit);
+  let fitTimer = 0;
+  $("#fit-counts").addEventListener("input", () => { clearTimeout(fitTimer); fitTimer = setTimeout(refreshFit, DEBOUNCE_MS); });
+  $("#share").addEventListener("click", async () => {
+    writeUrl();
+    try { await navigator.clipboard.writeText(location.href); $("#share").textContent = "Link copied"; } catch { $("#share").textContent = "Link is in the address bar"; }
+  });
+  $("#add-compare").addEventListener("click", () => {
+    if (state.compare.length >= MAX_COMPARE) return;
+    state.compare.push(structuredClone(state.scenario));
+    writeUrl();
+    refreshCompare();
+  });
+  $("#plan-form").addEventListener("submit", runPlan);
+  $("#download-zip").addEventListener("click", downloadZip);
+  window.addEventListener("hashchange", () => { readUrl(); syncForm(); changed(); refreshCompare(); });
+  refreshCompare();
+  changed();
+}
+
+document.addEventListener("DOMContentLoaded", main);

@@ -1,0 +1,367 @@
+"""The web API with FastAPI's TestClient: the same documents as the CLI's ``--json``, 4xx with the
+field's message for bad input (never a 500), no server file read from a request, the limits."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from vramplan.cli.main import app as cli_app
+from vramplan.errors import ScenarioError
+from vramplan.spec.load import read_document
+
+pytest.importorskip("fastapi", reason="needs the web extra (fastapi, uvicorn)")
+pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx (the dev extra)")
+
+from fastapi.testclient import TestClient
+
+from vramplan.web import WebSettings, create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.*"))
+ENV = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    return TestClient(create_app(WebSettings(max_body_bytes=64 * 1024, time_limit_s=30)))
+
+
+def cli_json(*args: str) -> Any:
+    res = runner.invoke(cli_app, [*args, "--json"], env=ENV)
+    assert res.exit_code in (0, 1), res.stderr
+    return json.loads(res.stdout)
+
+
+def problems_of(doc: dict[str, Any]) -> list[str]:
+    """What `vramplan estimate` prints after "error:" for this scenario: the library's problems."""
+    from vramplan.engine import estimate
+
+    with pytest.raises(ScenarioError) as exc:
+        estimate(doc)
+    return [str(p) for p in exc.value.problems]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_estimate_is_the_cli_document(client: TestClient, path: Path) -> None:
+    r = client.post("/api/estimate", json=read_document(path))
+    assert r.status_code == 200
+    assert r.json() == cli_json("estimate", str(path))
+    # byte for byte the CLI's text, so a script may diff the two
+    res = runner.invoke(cli_app, ["estimate", str(path), "--json"], env=ENV)
+    assert r.text == res.stdout
+
+
+def test_serve_is_the_cli_document(client: TestClient) -> None:
+    path = ROOT / "examples" / "llama3-8b-serve-h100.yaml"
+    r = client.post("/api/serve", json=read_document(path))
+    assert r.status_code == 200
+    assert r.json() == cli_json("serve", str(path))
+
+
+def test_generate_and_kv_are_the_cli_documents(client: TestClient) -> None:
+    path = ROOT / "examples" / "llama2-7b-inference-a100.yaml"
+    r = client.post("/api/generate", json=read_document(path))
+    assert r.status_code == 200
+    assert r.json() == cli_json("generate", str(path))
+    body = {"model": "llama-3.1-8b", "seq": [1024, 8192], "batch": [1, 4], "kv_cache_dtype": "fp8", "budget_gb": 20}
+    r = client.post("/api/kv", json=body)
+    assert r.status_code == 200
+    assert r.json() == cli_json("kv", "llama-3.1-8b", "--seq", "1024,8192", "--batch", "1,4", "--kv-cache-dtype", "fp8",
+                                "--budget-gb", "20")
+    bad = client.post("/api/kv", json={**body, "seq": [0], "kv_cache_dtype": "fp4"})
+    assert bad.status_code == 422
+    assert [p["where"] for p in bad.json()["detail"]] == ["seq.0", "kv_cache_dtype"]
+    assert client.post("/api/kv", json={**body, "model": "/etc/hostname"}).status_code == 422
+
+
+def test_models_and_gpus_are_the_cli_documents(client: TestClient) -> None:
+    assert client.get("/api/models", params={"q": "llama-3.1"}).json() == cli_json("models", "llama-3.1")
+    assert client.get("/api/gpus", params={"q": "h100"}).json() == cli_json("gpus", "h100")
+    assert len(client.get("/api/gpus").json()) == len(cli_json("gpus"))
+
+
+PLAN = {"model": "llama-3.1-8b", "gpu": "RTX-4090", "seq_len": 2048, "global_batch": 16, "peft": "allow"}
+
+
+def _without_timing(doc: dict[str, Any]) -> dict[str, Any]:
+    stats = {k: v for k, v in doc["stats"].items() if k not in ("seconds", "candidates_per_s")}
+    return {**doc, "stats": stats}
+
+
+def test_plan_is_the_cli_document_and_exports_zip(client: TestClient) -> None:
+    r = client.post("/api/plan", json=PLAN)
+    assert r.status_code == 200
+    cli = cli_json("plan", "--model", "llama-3.1-8b", "--gpu", "RTX-4090", "--seq-len", "2048",
+                   "--global-batch", "16", "--peft", "allow")
+    assert _without_timing(r.json()) == _without_timing(cli)
+    z = client.post("/api/plan/export.zip", json=PLAN)
+    assert z.status_code == 200 and z.headers["content-type"] == "application/zip"
+    from vramplan.export import export_files
+    from vramplan.plan import PlanResult
+
+    files = export_files(PlanResult.model_validate(r.json()))
+    zf = zipfile.ZipFile(io.BytesIO(z.content))
+    assert sorted(zf.namelist()) == sorted(files)
+    assert all(zf.read(n).decode() == files[n] for n in files)
+
+
+def test_plan_errors_name_the_option(client: TestClient) -> None:
+    r = client.post("/api/plan", json={**PLAN, "seq_len": 0, "peft": "lorra"})
+    assert r.status_code == 422
+    where = [p["where"] for p in r.json()["detail"]]
+    assert where == ["seq_len", "peft"]
+    r = client.post("/api/plan", json={**PLAN, "num_gpus": "1-100000"})
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "num_gpus"
+    r = client.post("/api/plan", json={**PLAN, "num_gpus": "abc"})
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "--num-gpus"
+    r = client.post("/api/plan", json={**PLAN, "model": "/etc/hostname"})
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "model"
+
+
+def test_solve_is_the_cli_document(client: TestClient) -> None:
+    path = ROOT / "examples" / "lora-llama3-8b-a10g.yaml"
+    r = client.post("/api/solve/max-batch", json=read_document(path))
+    assert r.status_code == 200
+    assert r.json() == cli_json("solve", "max-batch", str(path))
+    assert client.post("/api/solve/max-bacth", json=read_document(path)).status_code == 422
+
+
+def test_compare_lists_the_differences(client: TestClient) -> None:
+    a = read_document(ROOT / "examples" / "lora-llama3-8b-a10g.yaml")
+    b = {**a, "hardware": {"gpu": "H100"}}
+    r = client.post("/api/compare", json=[a, b])
+    assert r.status_code == 200
+    doc = r.json()
+    assert [x["gpu"]["name"] for x in doc["reports"]] == ["A10G", "H100-SXM"]
+    assert "scenario.hardware.gpu" in doc["differences"]
+    assert "per_gpu.headroom_bytes" in doc["differences"]
+    # the weights do not depend on the GPU
+    assert "per_gpu.breakdown.weights" not in doc["differences"]
+    assert client.post("/api/compare", json=[a] * 5).status_code == 422
+    bad = client.post("/api/compare", json=[a, {**a, "train": {"seq_len": -1}}])
+    assert bad.status_code == 422 and bad.json()["detail"][0]["where"] == "1.train.seq_len"
+
+
+def test_fit_lists_every_catalog_gpu(client: TestClient) -> None:
+    from vramplan.engine import estimate
+
+    doc = read_document(ROOT / "examples" / "lora-llama3-8b-a10g.yaml")
+    rows = client.post("/api/fit", json=doc).json()
+    assert len(rows) == len(cli_json("gpus"))
+    caps = [r["capacity_bytes"] for r in rows]
+    assert caps == sorted(caps)
+    (a10g,) = [r for r in rows if r["gpu"] == "A10G"]
+    rep = estimate(doc)  # the example's own GPU: the row is its report's verdict and headroom
+    assert a10g["device_used_bytes"] == rep.per_gpu.device_used_bytes
+    assert a10g["headroom_bytes"] == rep.per_gpu.headroom_bytes
+    assert a10g["verdict"] == ("tight" if rep.tight else "fits")
+
+
+def test_fit_with_gpu_counts(client: TestClient) -> None:
+    from vramplan.engine import estimate
+
+    doc = read_document(ROOT / "examples" / "qwen25-7b-bf16-true-tp2.json")
+    rows = client.post("/api/fit", params={"counts": "1,2,4"}, json=doc).json()
+    h100 = {r["num_gpus"]: r for r in rows if r["gpu"] == "H100-SXM"}
+    assert sorted(h100) == [1, 2, 4]
+    # tp=2 does not divide one GPU: the scenario's own check, as a row
+    assert h100[1]["verdict"] == "error" and "does not divide num_gpus = 1" in h100[1]["message"]
+    four = estimate({**doc, "hardware": {**doc["hardware"], "gpu": "H100-SXM", "num_gpus": 4}})
+    assert h100[4]["device_used_bytes"] == four.per_gpu.device_used_bytes
+    assert client.post("/api/fit", params={"counts": "1-64"}, json=doc).status_code == 422
+
+
+def test_serve_curve_is_blocks_over_blocks_per_request(client: TestClient) -> None:
+    doc = read_document(ROOT / "examples" / "llama3-8b-serve-h100.yaml")
+    blocks = client.post("/api/serve", json=doc).json()["vllm"]["num_gpu_blocks"]
+    points = client.post("/api/serve/curve", json=doc).json()
+    assert [p["context_len"] for p in points] == [512, 1024, 2048, 4096, 8192]  # max_position_embeddings 8192
+    for p in points:
+        # Llama 3 8B: full attention in every layer, 16-token blocks: ceil(L / 16) blocks per request
+        assert p["max_concurrency"] == round(blocks / math.ceil(p["context_len"] / 16), 4)
+        # 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 B = 131,072 B per token
+        assert p["kv_bytes_per_request"] == 131_072 * p["context_len"]
+
+
+BAD = [
+    ({"model": "llama-3.1-8b", "hardware": {"gpu": "H1000"}}, "hardware.gpu"),
+    ({"model": "llama-3.1-8b", "hardware": {"gpu": "H100"}, "train": {"seq_len": 0}}, "train.seq_len"),
+    ({"model": "llama-3.1-8b", "hardware": {"gpu": "H100"}, "train": {"precision": "bf16"}}, "train.precision"),
+    ({"model": "llama-3.1-8b", "hardware": {"gpu": "H100"}, "trian": {}}, "trian"),
+    ({"model": "llama-3.1-8b", "hardware": {"gpu": "H100", "num_gpus": 8}, "parallel": {"tp": 3}}, "parallel.tp"),
+    ({"model": "lama-3.1-8b", "hardware": {"gpu": "H100"}}, "model"),
+]
+
+
+@pytest.mark.parametrize(("doc", "where"), BAD, ids=[w for _, w in BAD])
+def test_bad_input_is_422_with_the_cli_message(client: TestClient, doc: dict[str, Any], where: str) -> None:
+    r = client.post("/api/estimate", json=doc)
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert where in [p["where"] for p in detail]
+    assert [p["text"] for p in detail] == problems_of(doc)
+
+
+def test_cli_prints_the_same_message() -> None:
+    res = runner.invoke(cli_app, ["estimate", "--model", "llama-3.1-8b", "--gpu", "H1000"], env=ENV)
+    assert res.exit_code == 2
+    text = TestClient(create_app()).post(
+        "/api/estimate", json={"model": "llama-3.1-8b", "hardware": {"gpu": "H1000"}}).json()["detail"][0]["text"]
+    assert f"error: {text}" in " ".join(res.stderr.split())
+
+
+@pytest.mark.parametrize("model", ["/etc/passwd", "examples/lora-llama3-8b-a10g.yaml",
+                                   str(ROOT / "src" / "vramplan" / "catalog" / "models"), "~/config.json", 7])
+def test_no_server_file_is_read(client: TestClient, model: Any) -> None:
+    r = client.post("/api/estimate", json={"model": model, "hardware": {"gpu": "H100"}})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["where"] == "model"
+
+
+def test_an_uploaded_config_is_accepted(client: TestClient) -> None:
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    inline = client.post("/api/estimate", json={"model": m.config, "hardware": {"gpu": "H100"}})
+    by_id = client.post("/api/estimate", json={"model": m.id, "hardware": {"gpu": "H100"}})
+    assert inline.status_code == 200
+    assert inline.json()["per_gpu"] == by_id.json()["per_gpu"]
+
+
+def test_an_uploaded_config_is_bounded_in_size(client: TestClient) -> None:
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    big = {**m.config, "num_hidden_layers": 100_000}
+    r = client.post("/api/estimate", json={"model": big, "hardware": {"gpu": "H100"}})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["where"] == "model.num_hidden_layers"
+    # the largest catalog model is well inside the limit
+    from vramplan.web.requests import SIZE_LIMITS
+
+    layers = max(int(c.config.get("num_hidden_layers") or c.config.get("n_layer") or 0) for c in list_models())
+    assert 10 * layers <= SIZE_LIMITS["num_hidden_layers"]
+
+
+def test_limits_and_malformed_bodies(client: TestClient) -> None:
+    assert client.post("/api/estimate", content=b"{" + b" " * 70_000 + b"}").status_code == 413
+    assert client.post("/api/estimate", content=b"not json").status_code == 400
+    nan = b'{"model": "llama-3.1-8b", "hardware": {"gpu": "H100"}, "serve": {"gpu_memory_utilization": NaN}}'
+    assert client.post("/api/estimate", content=nan).status_code == 400
+    assert client.post("/api/estimate", json=[1, 2]).status_code == 422
+    assert client.post("/api/estimate", json={"task": "train"}).json()["detail"][0]["where"] == "model"
+    assert client.get("/nowhere").status_code == 404
+
+
+def test_time_limit_answers_503() -> None:
+    slow = TestClient(create_app(WebSettings(time_limit_s=0.001)))
+    r = slow.post("/api/plan", json={**PLAN, "num_gpus": "1-8"})
+    assert r.status_code == 503
+
+
+def test_health_schema_and_page(client: TestClient) -> None:
+    assert client.get("/healthz").json()["status"] == "ok"
+    schema = client.get("/api/schema").json()
+    from vramplan.spec.scenario import Scenario
+
+    assert schema == Scenario.model_json_schema()
+    page = client.get("/")
+    assert page.status_code == 200 and "vramplan" in page.text
+    for asset in ("/static/app.js", "/static/style.css", "/static/vendor/chart.umd.min.js"):
+        assert client.get(asset).status_code == 200
+    # no CDN: every script and stylesheet the page loads is served by the package
+    assert "http://" not in page.text.replace("http://www.w3.org", "") and "https://" not in page.text
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**9), st.floats(allow_nan=False, allow_infinity=False),
+                       st.text(max_size=8), st.lists(st.integers(), max_size=2))
+_PATHS = ["task", "framework", "hardware.gpu", "hardware.num_gpus", "hardware.capacity_gib", "train.seq_len",
+          "train.micro_batch_size", "train.precision", "train.peft", "train.peft.rank", "train.optimizer",
+          "inference.batch_size", "serve.max_model_len", "serve.gpu_memory_utilization", "parallel.tp",
+          "parallel.zero_stage", "software.peft", "model"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.dictionaries(st.sampled_from(_PATHS), _json_leaf, max_size=3))
+def test_any_body_is_answered_without_a_500(client: TestClient, changes: dict[str, Any]) -> None:
+    doc: dict[str, Any] = {"model": "llama-3.1-8b", "hardware": {"gpu": "A100-80GB"}}
+    for path, value in changes.items():
+        d = doc
+        *parents, last = path.split(".")
+        for k in parents:
+            d = d.setdefault(k, {}) if isinstance(d.get(k, {}), dict) else {}
+        d[last] = value
+    r = client.post("/api/estimate", json=doc)
+    assert r.status_code in (200, 422), r.text
+
+
+def test_import_vramplan_does_not_import_fastapi() -> None:
+    code = ("import sys, vramplan, vramplan.web; "
+            "assert not [m for m in ('fastapi', 'starlette', 'uvicorn') if m in sys.modules], sys.modules.keys()")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_missing_extra_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    res = runner.invoke(cli_app, ["web", "--port", "0"], env=ENV)
+    assert res.exit_code == 2
+    assert "pip install 'vramplan[web]'" in res.stderr
+
+
+def test_hub_ids_only_when_the_server_allows_them(tmp_path: Path) -> None:
+    """A local HTTP server stands in for the Hub (no network in tests): ``/{id}/resolve/main/config.json``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    seen: list[str] = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            code, body = {"/someone/llama-copy/resolve/main/config.json": (200, json.dumps(m.config).encode()),
+                          "/someone/gated/resolve/main/config.json": (403, b"")}.get(self.path, (404, b""))
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        doc = {"model": "someone/llama-copy", "hardware": {"gpu": "H100"}}
+        off = TestClient(create_app(WebSettings(hub_url=url)))
+        assert off.post("/api/estimate", json=doc).status_code == 422 and seen == []
+        on = TestClient(create_app(WebSettings(allow_hub=True, hub_url=url)))
+        assert on.get("/healthz").json()["hub"] is True
+        r = on.post("/api/estimate", json=doc)
+        assert r.status_code == 200
+        assert r.json()["model"]["name"] == "someone/llama-copy"
+        same = on.post("/api/estimate", json={**doc, "model": m.id}).json()
+        assert r.json()["per_gpu"] == same["per_gpu"]
+        gated = on.post("/api/estimate", json={**doc, "model": "someone/gated"})
+        assert gated.status_code == 422 and "gated or private" in gated.json()["detail"][0]["message"]
+        assert on.post("/api/estimate", json={**doc, "model": "someone/missing"}).json()["detail"][0]["where"] == "model"
+        # a path is still no Hub id
+        assert on.post("/api/estimate", json={**doc, "model": "../etc/passwd"}).status_code == 422
+        assert all(p.endswith("/resolve/main/config.json") for p in seen)
+    finally:
+        srv.shutdown()
