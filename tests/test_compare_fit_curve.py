@@ -48,7 +48,7 @@ def test_fit_on_every_gpu_is_the_estimate_on_each() -> None:
         (row,) = [r for r in rows if r.gpu == name]
         rep = estimate({**doc, "hardware": {**doc["hardware"], "gpu": name}})
         assert (row.device_used_bytes, row.headroom_bytes) == (rep.per_gpu.device_used_bytes, rep.per_gpu.headroom_bytes)
-        assert row.verdict == (("tight" if rep.tight else "fits") if rep.fits else "no")
+        assert row.verdict == rep.verdict and rep.verdict in ("FITS", "MAY NOT FIT", "DOES NOT FIT")
     # no GPU named: each row names its own
     assert len(fit_on_every_gpu({k: v for k, v in doc.items() if k != "hardware"})) == len(rows)
 

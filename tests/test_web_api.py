@@ -167,7 +167,7 @@ def test_fit_lists_every_catalog_gpu(client: TestClient) -> None:
     rep = estimate(doc)  # the example's own GPU: the row is its report's verdict and headroom
     assert a10g["device_used_bytes"] == rep.per_gpu.device_used_bytes
     assert a10g["headroom_bytes"] == rep.per_gpu.headroom_bytes
-    assert a10g["verdict"] == ("tight" if rep.tight else "fits")
+    assert a10g["verdict"] == rep.verdict  # the band's verdict (report/band.py), not a second rule
 
 
 def test_fit_with_gpu_counts(client: TestClient) -> None:

@@ -1,11 +1,12 @@
 """Which GPUs fit this job: the same scenario estimated on every GPU of the catalog.
 
 The scenario is resolved once (its model loaded, its fields checked); then only ``hardware.gpu``
-changes, to each catalog entry in turn (and ``hardware.num_gpus``, to each asked count) (``hardware.capacity_gib`` is dropped, since it would override
-every capacity alike), and the estimator's own verdict is kept: ``fits`` when what nvidia-smi would
-show is at most the capacity, ``tight`` when it fits with less than ``TIGHT_HEADROOM_FRACTION`` of the
-capacity to spare (``Report.tight``), ``no`` when it does not fit, ``error`` when the scenario cannot
-run on that GPU at all (the error's message is kept).  The GPU count is the scenario's.
+changes, to each catalog entry in turn (and ``hardware.num_gpus``, to each asked count;
+``hardware.capacity_gib`` is dropped, since it would override every capacity alike), and the
+estimator's own verdict is kept: the report's ``verdict`` (``FITS`` when the calibrated band's high
+bound of what nvidia-smi would show fits, ``MAY NOT FIT`` when only the point estimate does,
+``DOES NOT FIT``; report/band.py), or ``error`` when the scenario cannot run on that GPU at all (the
+error's message is kept).  The GPU count is the scenario's unless counts are asked for.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = ["GpuFit", "fit_on_every_gpu"]
 
-Verdict = Literal["fits", "tight", "no", "error"]
+Verdict = Literal["FITS", "MAY NOT FIT", "DOES NOT FIT", "error"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,6 @@ def _row(base: Resolved, g: GpuSpec, n: int) -> GpuFit:
     except VramplanError as exc:
         return GpuFit(g.name, g.vendor, g.total_memory_bytes, n, "error", None, None, None, str(exc).splitlines()[0])
     pg = rep.per_gpu
-    verdict: Verdict = ("tight" if rep.tight else "fits") if rep.fits else "no"
+    verdict: Verdict = rep.verdict or ("FITS" if rep.fits else "DOES NOT FIT")
     return GpuFit(g.name, g.vendor, g.total_memory_bytes, n, verdict, pg.device_used_bytes, pg.headroom_bytes,
                   pg.peak_phase)

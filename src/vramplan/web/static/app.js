@@ -438,7 +438,7 @@ function bands(pg) {
 function drawReport() {
   const pg = report.per_gpu;
   const v = verdictOf(report);
-  const cls = /NOT|no/i.test(v) ? "v-no" : /TIGHT/i.test(v) ? "v-tight" : "v-fits";
+  const cls = /DOES NOT/i.test(v) ? "v-no" : /MAY NOT|TIGHT/i.test(v) ? "v-tight" : "v-fits";
   $("#verdict").innerHTML = "";
   const b = document.createElement("span");
   b.className = "badge " + cls;
@@ -476,13 +476,17 @@ async function refreshFit() {
   if (r && !r.ok) showErrors(r.doc.detail, "", "#fit-summary", $("#fit"));
   if (!r || !r.ok) { body.replaceChildren(); return; }
   const only = $("#fit-only").checked;
-  const fitting = r.doc.filter((row) => row.verdict === "fits" || row.verdict === "tight");
+  // the report's own verdict per GPU (FITS only when the calibrated band's high bound fits)
+  const rowClass = { "FITS": "fits", "MAY NOT FIT": "tight", "DOES NOT FIT": "no", "error": "error" };
+  const fitting = r.doc.filter((row) => row.verdict === "FITS");
+  const maybe = r.doc.filter((row) => row.verdict === "MAY NOT FIT");
   $("#fit-summary").textContent = `Fits on ${fitting.length} of ${r.doc.length} catalog GPUs`
-    + (fitting.length ? ` (the smallest: ${fitting.slice(0, 3).map((row) => row.gpu + (row.verdict === "tight" ? ", tight" : "")).join("; ")}).` : ".");
-  body.replaceChildren(...r.doc.filter((row) => !only || row.verdict === "fits" || row.verdict === "tight").map((row) => {
+    + (fitting.length ? ` (the smallest: ${fitting.slice(0, 3).map((row) => row.gpu).join("; ")})` : "")
+    + (maybe.length ? `; may not fit on ${maybe.length} more (the point estimate fits, the band's high bound does not)` : "") + ".";
+  body.replaceChildren(...r.doc.filter((row) => !only || row.verdict === "FITS" || row.verdict === "MAY NOT FIT").map((row) => {
     const tr = document.createElement("tr");
-    tr.className = row.verdict;
-    const cells = [row.gpu, gib(row.capacity_bytes), row.num_gpus, row.verdict === "no" ? "does not fit" : row.verdict === "error" ? row.message : row.verdict,
+    tr.className = rowClass[row.verdict] || "error";
+    const cells = [row.gpu, gib(row.capacity_bytes), row.num_gpus, row.verdict === "error" ? row.message : row.verdict.toLowerCase(),
       row.device_used_bytes == null ? "" : gib(row.device_used_bytes), row.headroom_bytes == null ? "" : gib(row.headroom_bytes)];
     cells.forEach((c, i) => { const td = tr.insertCell(); td.textContent = c; if ([1, 2, 4, 5].includes(i)) td.className = "num"; });
     return tr;
