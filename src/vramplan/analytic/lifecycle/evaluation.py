@@ -7,7 +7,8 @@
   and the new batch) until ``eval_accumulation_steps`` batches, when it moves them to the CPU
   (``to_cpu_and_numpy``).  ``Trainer.evaluate`` keeps no logits without a ``compute_metrics``
   (``prediction_loss_only=True if self.compute_metrics is None else None``).  No evaluation by default
-  (``TrainingArguments.eval_strategy="no"``); ``per_device_eval_batch_size=8``.
+  (``TrainingArguments.eval_strategy="no"``); ``per_device_eval_batch_size=8``.  Before 4.41 the loop did the
+  same with ``preds_host = nested_concat(preds_host, logits)`` and ``_nested_gather`` (trainer.py 4.28).
 * **Lit-GPT** (litgpt ``finetune/lora.py`` ``fit``: ``validate`` before training and every
   ``eval.interval`` steps, then ``generate_example``): validation forwards at the training micro-batch,
   then one sample generated with a KV cache for the model's whole ``max_seq_length``

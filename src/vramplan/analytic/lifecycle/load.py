@@ -24,7 +24,7 @@ rest), as the library makes them:
   (transformers ``modeling_utils.load_state_dict_into_zero3_model``).  With parameters offloaded the
   shards live on the host.
 
-k-bit preparation (peft ``prepare_model_for_kbit_training``, peft 0.4-0.17 ``utils/other.py``) then casts
+k-bit preparation (peft ``prepare_model_for_kbit_training``, ``utils/other.py``) then casts
 every half-precision parameter that is not quantized to fp32, in ``model.parameters()`` order
 (``param.data = param.data.to(torch.float32)``): the fp32 copy is made beside the half original, which is
 then freed.
