@@ -95,11 +95,11 @@ def test_first_step_has_no_states_before_its_optimizer_step() -> None:
     opt = Moment("optimizer").add(K.PARAMETERS, 100).add(K.OPTIMIZER_STATES, 50, optimizer="adamw") \
         .add(K.GRADIENTS, 40)
     # forward without its states: 100 + 120 = 220; the optimizer moment as it is: 190 -> 220
-    assert first_step([fwd, opt]).total == 220
+    assert first_step([fwd, opt], 50).total == 220
     # with larger gradients the optimizer moment (100 + 50 + 100 = 250) is the first step's peak
     opt2 = Moment("optimizer").add(K.PARAMETERS, 100).add(K.OPTIMIZER_STATES, 50, optimizer="adamw") \
         .add(K.GRADIENTS, 100)
-    assert first_step([fwd, opt2]).total == 250
+    assert first_step([fwd, opt2], 50).total == 250
 
 
 def test_first_step_never_above_the_steady_step() -> None:

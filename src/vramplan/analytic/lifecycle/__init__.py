@@ -31,17 +31,9 @@ from vramplan.analytic.lifecycle.evaluation import (
     eval_runs,
     evaluation_phase,
 )
-from vramplan.analytic.lifecycle.load import (
-    host_load_bytes,
-    load_mode,
-    load_phase,
-    prepare_phase,
-    prepares_kbit,
-    rank_tensors,
-)
+from vramplan.analytic.lifecycle.load import host_load_bytes, load_mode, load_peaks, load_plan, prepares_kbit
 from vramplan.analytic.lifecycle.save import save_phase, state_dict_type
-from vramplan.analytic.lifecycle.steps import between_steps, first_step
-from vramplan.analytic.lifecycle.stream import PhaseStream
+from vramplan.analytic.lifecycle.steps import between_steps, device_states_bytes, first_step
 from vramplan.analytic.moment import Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
@@ -77,14 +69,9 @@ def packed_reserved(mo: Moment) -> int:
 
 
 def _load_phases(c: StepContext) -> list[PhasePeak]:
-    st = PhaseStream()
-    tensors = rank_tensors(c)
-    ids = load_phase(c, st, tensors)
-    load = st.peak()
+    load, prep = load_peaks(load_plan(c))
     out = [PhasePeak("load", load.moment("load"), load.reserved_bytes, True)]
-    if prepares_kbit(c):
-        prepare_phase(c, st, tensors, ids)
-        prep = st.peak()
+    if prep is not None:
         out.append(PhasePeak("peft preparation", prep.moment("peft preparation"), prep.reserved_bytes, True))
     return out
 
@@ -92,7 +79,7 @@ def _load_phases(c: StepContext) -> list[PhasePeak]:
 def job_lifecycle(c: StepContext, lay: StepLayout, terms: list[Term], moments: list[Moment]) -> JobLifecycle:
     """Every phase of the job but the steady step, for the rank ``c`` (the step's peak stage)."""
     phases = _load_phases(c)
-    fs = first_step(moments)
+    fs = first_step(moments, device_states_bytes(terms))
     phases.append(PhasePeak("first step", fs, packed_reserved(fs)))
     resident = between_steps(terms, "evaluation")
     if eval_runs(c):

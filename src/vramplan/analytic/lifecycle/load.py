@@ -33,15 +33,17 @@ then freed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vramplan.analytic.layout import count_on_rank, split_on_rank
-from vramplan.analytic.lifecycle.stream import PhaseStream
+from vramplan.analytic.lifecycle.stream import PhaseStream, StreamPeak
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.weights import quantized_linear_bytes
+from vramplan.spec.model import ParamGroup
 from vramplan.units import ceil_div
 
-__all__ = ["LoadTensor", "host_load_bytes", "load_mode", "load_phase", "prepare_phase", "prepares_kbit",
+__all__ = ["LoadPlan", "LoadTensor", "host_load_bytes", "load_mode", "load_peaks", "load_plan", "prepares_kbit",
            "rank_tensors"]
 
 # transformers' save_pretrained(max_shard_size="5GB") default: a checkpoint is read one shard at a time
@@ -60,26 +62,33 @@ class LoadTensor:
     quantized: bool
 
 
-def rank_tensors(c: StepContext) -> list[LoadTensor]:
+def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
     """This rank's base parameter tensors in module order: the embedding(s), each layer, the rest."""
-    m, lset = c.m, set(c.rp.layers)
+    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none")
+
+
+# the planner estimates one model many times with other batch sizes: the tensors are the same
+@lru_cache(maxsize=64)
+def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: int, ep: int,
+                  quantized: bool) -> tuple[LoadTensor, ...]:
+    lset = set(layers)
     first: list[LoadTensor] = []
     last: list[LoadTensor] = []
-    per_layer: dict[int, list[LoadTensor]] = {j: [] for j in c.rp.layers}
-    for p in m.params:
-        n = count_on_rank(p, lset, c.ep)
-        each = split_on_rank(p, c.tp, c.ep)
+    per_layer: dict[int, list[LoadTensor]] = {j: [] for j in layers}
+    for p in params:
+        n = count_on_rank(p, lset, ep)
+        each = split_on_rank(p, tp, ep)
         if n == 0 or each == 0:
             continue
         rows = max(1, p.out_features * each // p.numel) if p.out_features else 1
-        quant = c.quant != "none" and bool(p.layer_span) and p.role in ("linear", "expert") and p.in_features > 0
+        quant = quantized and bool(p.layer_span) and p.role in ("linear", "expert") and p.in_features > 0
         if not p.layer_span:
             (first if p.role in ("embedding", "position") else last).append(LoadTensor(each, rows, -1, False))
             continue
         held = [j for j in p.layer_span if j in lset]
         for j in held:
             per_layer[j] += [LoadTensor(each, rows, j, quant)] * (n // len(held))
-    return first + [t for j in c.rp.layers for t in per_layer[j]] + last
+    return (*first, *(t for j in layers for t in per_layer[j]), *last)
 
 
 def load_mode(c: StepContext) -> str:
@@ -100,90 +109,114 @@ def _held_bytes(c: StepContext) -> int:
     return c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes
 
 
-def _tensor_bytes(c: StepContext, t: LoadTensor) -> int:
+def _tensor_bytes(c: StepContext, t: LoadTensor, held: int) -> int:
+    """A tensor's bytes as the step holds it (``held``: bytes per element of a non-quantized one)."""
     if t.quantized:
         return quantized_linear_bytes(t.numel, t.out_features, c.quant)
-    return t.numel * _held_bytes(c)
+    return t.numel * held
 
 
-def _direct(c: StepContext, st: PhaseStream, tensors: list[LoadTensor]) -> list[int]:
-    return [st.alloc(K.PARAMETERS, _tensor_bytes(c, t)) for t in tensors]
+@dataclass(frozen=True)
+class LoadPlan:
+    """What the load and the k-bit preparation make, tensor by tensor, as plain numbers (hashable: the
+    streams are replayed once per plan)."""
+
+    mode: str
+    sizes: tuple[int, ...]  # each tensor's bytes as the step holds it
+    staging: tuple[int, ...]  # each tensor's half copy (quantized) or fp32 original (fp32-cast); 0: none
+    units: tuple[int, ...]  # each tensor's unit (sharded: a layer, -1 outside)
+    fp32: tuple[int, ...]  # k-bit preparation: each non-quantized tensor's fp32 bytes (0: quantized)
+    shard_p: int
+    per_tensor: bool  # DeepSpeed: gathered per parameter, not per unit
+    prepares: bool
 
 
-def _quantize(c: StepContext, st: PhaseStream, tensors: list[LoadTensor]) -> list[int]:
+def load_plan(c: StepContext) -> LoadPlan:
+    tensors = rank_tensors(c)
+    mode, held = load_mode(c), _held_bytes(c)
+    sizes = tuple(_tensor_bytes(c, t, held) for t in tensors)
+    if mode == "quantize":
+        staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
+    elif mode == "fp32-cast":
+        staging = tuple(t.numel * 4 for t in tensors)
+    else:
+        staging = (0,) * len(tensors)
+    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
+                    tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c))
+
+
+def _per_tensor(st: PhaseStream, plan: LoadPlan) -> list[int]:
+    """Direct, quantize on load, or fp32 then cast: the ids of the kept parameters."""
+    if plan.mode == "fp32-cast":
+        fp32 = [st.alloc(K.PARAMETERS, n) for n in plan.staging]
+        ids = []
+        for n, old in zip(plan.sizes, fp32, strict=True):
+            st.retag(old, K.LOAD_STAGING)
+            ids.append(st.alloc(K.PARAMETERS, n))
+            st.free(old)
+        return ids
     ids = []
-    for t in tensors:
-        if not t.quantized:
-            ids.append(st.alloc(K.PARAMETERS, _tensor_bytes(c, t)))
-            continue
-        staging = st.alloc(K.LOAD_STAGING, t.numel * HALF)
-        ids.append(st.alloc(K.PARAMETERS, _tensor_bytes(c, t)))
+    for n, half in zip(plan.sizes, plan.staging, strict=True):
+        staging = st.alloc(K.LOAD_STAGING, half)
+        ids.append(st.alloc(K.PARAMETERS, n))
         st.free(staging)
     return ids
 
 
-def _fp32_cast(c: StepContext, st: PhaseStream, tensors: list[LoadTensor]) -> list[int]:
-    fp32 = [st.alloc(K.PARAMETERS, t.numel * 4) for t in tensors]
-    ids = []
-    for t, old in zip(tensors, fp32, strict=True):
-        st.retag(old, K.LOAD_STAGING)
-        ids.append(st.alloc(K.PARAMETERS, _tensor_bytes(c, t)))
-        st.free(old)
-    return ids
-
-
-def _sharded(c: StepContext, st: PhaseStream, tensors: list[LoadTensor], keep: bool) -> list[int]:
+def _sharded(st: PhaseStream, plan: LoadPlan, keep: bool) -> None:
     """Unit by unit: the unit's full tensors, (FSDP) their flat concatenation, the kept shard."""
-    shard_p, per_tensor = c.shards[2], c.framework == "deepspeed" or c.s.parallel.zero_stage == 3
-    units: list[list[LoadTensor]] = []
-    for t in tensors:
-        if per_tensor or not units or units[-1][-1].unit != t.unit:
+    units: list[list[int]] = []
+    last_unit = None
+    for n, unit in zip(plan.sizes, plan.units, strict=True):
+        if plan.per_tensor or not units or last_unit != unit:
             units.append([])
-        units[-1].append(t)
-    ids = []
-    for unit in units:
-        full = [st.alloc(K.LOAD_STAGING, _tensor_bytes(c, t)) for t in unit]
+        units[-1].append(n)
+        last_unit = unit
+    for sizes in units:
+        full = [st.alloc(K.LOAD_STAGING, n) for n in sizes]
         flat = -1
-        if not per_tensor:
-            flat = st.alloc(K.LOAD_STAGING, sum(_tensor_bytes(c, t) for t in unit))
+        if not plan.per_tensor:
+            flat = st.alloc(K.LOAD_STAGING, sum(sizes))
             for bid in full:
                 st.free(bid)
             full = []
-        size = ceil_div(sum(_tensor_bytes(c, t) for t in unit), shard_p)
-        ids.append(st.alloc(K.PARAMETERS, size) if keep else -1)
+        if keep:
+            st.alloc(K.PARAMETERS, ceil_div(sum(sizes), plan.shard_p))
         for bid in [*full, flat]:
             st.free(bid)
-    return ids
 
 
-def load_phase(c: StepContext, st: PhaseStream, tensors: list[LoadTensor]) -> list[int]:
-    """Write the load's events into ``st``; returns the block ids of the loaded parameters (one per tensor,
-    or per unit when sharded)."""
-    mode = load_mode(c)
-    if mode in ("sharded", "offloaded"):
-        return _sharded(c, st, tensors, keep=mode == "sharded")
-    if mode == "quantize":
-        return _quantize(c, st, tensors)
-    if mode == "fp32-cast":
-        return _fp32_cast(c, st, tensors)
-    return _direct(c, st, tensors)
+def _prepare(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
+    """k-bit preparation's fp32 casts, after the load wrote ``ids``."""
+    st.mark()
+    for fp32, bid in zip(plan.fp32, ids, strict=True):
+        if not fp32:
+            continue
+        new = st.alloc(K.PREPARE_CAST, fp32)
+        st.free(bid)
+        st.retag(new, K.PARAMETERS)
+
+
+@lru_cache(maxsize=256)
+def load_peaks(plan: LoadPlan) -> tuple[StreamPeak, StreamPeak | None]:
+    """The load's peak and, when it runs, the k-bit preparation's (continuing the load's allocator)."""
+    st = PhaseStream()
+    if plan.mode in ("sharded", "offloaded"):
+        _sharded(st, plan, keep=plan.mode == "sharded")
+        return st.peak(), None
+    ids = _per_tensor(st, plan)
+    load = st.peak()
+    if not plan.prepares:
+        return load, None
+    _prepare(st, plan, ids)
+    return load, st.peak()
 
 
 def prepares_kbit(c: StepContext) -> bool:
     """peft's k-bit preparation runs (a bitsandbytes base under the HF Trainer, accelerate or plain PyTorch) on
     an unsharded model with half-precision parameters to cast."""
     return c.kbit and load_mode(c) == "quantize" and c.pol.frozen_param_bytes < 4
-
-
-def prepare_phase(c: StepContext, st: PhaseStream, tensors: list[LoadTensor], ids: list[int]) -> None:
-    """Write k-bit preparation's fp32 casts into ``st``, after ``load_phase`` wrote ``ids``."""
-    st.mark()
-    for t, bid in zip(tensors, ids, strict=True):
-        if t.quantized:
-            continue
-        new = st.alloc(K.PREPARE_CAST, t.numel * 4)
-        st.free(bid)
-        st.retag(new, K.PARAMETERS)
 
 
 def host_load_bytes(c: StepContext) -> int:

@@ -36,7 +36,7 @@ def state_dict_type(c: StepContext) -> str:
     return "sharded" if c.framework in ("torchtitan", "deepspeed") else "full_offload"
 
 
-def _full_bytes(c: StepContext, tensors: list[LoadTensor]) -> tuple[int, int]:
+def _full_bytes(c: StepContext, tensors: tuple[LoadTensor, ...]) -> tuple[int, int]:
     """(whole model, largest unit) unsharded, in the dtype the step holds the parameters."""
     per = c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes
     units: dict[int, int] = {}

@@ -22,7 +22,7 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.timeline import END, FORWARD
 
-__all__ = ["between_steps", "first_step"]
+__all__ = ["between_steps", "device_states_bytes", "first_step"]
 
 
 def between_steps(terms: Sequence[Term], phase: str) -> Moment:
@@ -34,14 +34,20 @@ def between_steps(terms: Sequence[Term], phase: str) -> Moment:
     return out
 
 
-def first_step(moments: Sequence[Moment]) -> Moment:
+def first_step(moments: Sequence[Moment], states_bytes: int) -> Moment:
     """The first step's highest moment: each steady moment before ``optimizer.step()`` without the
-    optimizer's states, the optimizer moment as it is (the first ``first highest`` wins ties)."""
-    best: Moment | None = None
-    for mo in moments:
-        cand = mo.copy("first step")
-        if mo.phase != "optimizer":
-            cand.parts.pop(K.OPTIMIZER_STATES.part, None)
-        if best is None or cand.total > best.total:
-            best = cand
-    return best if best is not None else Moment("first step")
+    optimizer's ``states_bytes`` (resident through the steady step), the optimizer moment as it is (the
+    first highest wins ties).  Only the winner's parts are read (a step has a moment per layer part)."""
+    totals = [mo.total - (0 if mo.phase == "optimizer" else states_bytes) for mo in moments]
+    if not totals:
+        return Moment("first step")
+    best = moments[totals.index(max(totals))]
+    out = best.copy("first step")
+    if best.phase != "optimizer":
+        out.parts.pop(K.OPTIMIZER_STATES.part, None)
+    return out
+
+
+def device_states_bytes(terms: Sequence[Term]) -> int:
+    """The optimizer's states on the device (their terms live through the whole steady step)."""
+    return sum(t.nbytes for t in terms if t.key is K.OPTIMIZER_STATES and t.where == "device")
