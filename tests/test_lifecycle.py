@@ -175,3 +175,18 @@ def test_default_report_keeps_the_step_figures() -> None:
     assert step["allocated_bytes"] == pg.peak_allocated_bytes and step["reserved_bytes"] == pg.peak_reserved_bytes
     assert step["device_used_bytes"] == pg.device_used_bytes and pg.lifecycle_peak_phase == "training step"
     assert rep.host.load_peak_bytes == 11_779_584
+
+
+def test_cli_prints_one_line_per_phase_and_marks_the_peak() -> None:
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    res = CliRunner().invoke(app, ["estimate", "--model", "llama-3-8b", "--gpu", "A100-80GB", "--peft", "qlora",
+                                   "--quantization", "nf4", "--state-dict-type", "full"])
+    assert res.exit_code == 0, res.stdout
+    text = " ".join(res.stdout.split())  # independent of the terminal's width
+    assert "Job phases (GiB allocated / reserved / device used):" in text
+    for phase in ("load:", "peft preparation:", "first step:", "training step:", "checkpoint save:"):
+        assert phase in text
+    assert text.count("<- peak") == 1 and "host RAM while loading" in text

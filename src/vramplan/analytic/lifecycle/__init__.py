@@ -121,8 +121,8 @@ def _assumptions(c: StepContext) -> list[str]:
         out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences, {kept}{gen} "
                    "(HF Trainer.evaluation_loop / Lit-GPT validate)")
     else:
-        out.append("lifecycle, evaluation: none (the HF Trainer's eval_strategy='no' default; set "
-                   "lifecycle.evaluation)")
+        out.append("lifecycle, evaluation: none (the HF Trainer's default eval_strategy='no'; accelerate, DeepSpeed, "
+                   "torchtitan and plain loops evaluate only where the script does; set lifecycle.evaluation)")
     if lc.checkpoint_save:
         out.append(f"lifecycle, checkpoint save: state dict {state_dict_type(c)} for a sharded model; an unsharded "
                    "one is written from its parameters' storage (docs/lifecycle.md)")
