@@ -124,7 +124,9 @@ def _assumptions(c: StepContext) -> list[str]:
         out.append("lifecycle, evaluation: none (the HF Trainer's default eval_strategy='no'; accelerate, DeepSpeed, "
                    "torchtitan and plain loops evaluate only where the script does; set lifecycle.evaluation)")
     if lc.checkpoint_save:
-        out.append(f"lifecycle, checkpoint save: state dict {state_dict_type(c)} for a sharded model; an unsharded "
+        out.append(f"lifecycle, checkpoint save: state dict {state_dict_type(c)} for a sharded model (FSDP "
+                   "_full_post_state_dict_hook clones without offload_to_cpu; accelerate's and Lightning's "
+                   "FullStateDictConfig(offload_to_cpu=True, rank0_only=True); DeepSpeed save_checkpoint); an unsharded "
                    "one is written from its parameters' storage (docs/lifecycle.md)")
     out.append("lifecycle: the job's reserved bytes are the largest phase's (the load replayed through the "
                "allocator, other phases packed); blocks cached by earlier phases are assumed reused")
