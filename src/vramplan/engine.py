@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.inference import inference_step
+from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle
 from vramplan.analytic.moment import Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
-from vramplan.analytic.train import train_step
+from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
@@ -38,7 +39,8 @@ def _reserved(peak: Moment) -> int:
 
 
 def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str, int], host: Host,
-            serve_block: ServeBlock, assumptions: list[str], reserved: int | None = None) -> Report:
+            serve_block: ServeBlock, assumptions: list[str], reserved: int | None = None,
+            lifecycle: tuple[dict[str, dict[str, int]], str] = ({}, "")) -> Report:
     breakdown = {k: sum(peak.parts.get(k, {}).values()) for k in BREAKDOWN_KEYS}
     allocated = sum(breakdown.values())
     reserved = _reserved(peak) if reserved is None else reserved
@@ -51,6 +53,7 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         capacity_bytes=capacity, peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
         device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
+        lifecycle=lifecycle[0], lifecycle_peak_phase=lifecycle[1],
     )
     assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu).assumption()]
     if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
@@ -68,6 +71,50 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
 ReservedModel = Literal["replay", "packed"]
 
 
+def _step_reserved(r: Resolved, tr: TrainResult, outside: dict[str, int], reserved: ReservedModel) -> tuple[int, str]:
+    """The steady step's reserved bytes and the assumption that says how they were found."""
+    packed = _reserved(tr.peak)
+    if reserved == "replay" and tr.layout is not None:
+        # the packing is a floor: the tensors alive at the peak must fit in some segments
+        reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
+        return (max(train_reserved_bytes(tr.layout, capacity_bytes=reservable)[1], packed),
+                ("reserved bytes: the step's tensors replayed in order over two steps through "
+                "PyTorch's caching-allocator rules (fragmentation between phases counted)"))
+    return packed, ("reserved bytes: the tensors alive at the peak packed into empty allocator "
+                    "segments (fragmentation left by earlier phases not counted)")
+
+
+def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """The training report: the steady step and the job's other phases (analytic/lifecycle), the peaks
+    being the maxima over all of them."""
+    tr = train_step(r)
+    outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
+               "managed": tr.managed_bytes}
+    res_bytes, how = _step_reserved(r, tr, outside, reserved)
+    host = Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes)
+    steady = PhasePeak("training step", tr.peak, res_bytes)
+    if tr.context is None or tr.layout is None:
+        return _report(r, tr.peak, tr.moments, outside, host, ServeBlock(), [*tr.assumptions, how], reserved=res_bytes)
+    job = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments)
+    phases = sorted([steady, *job.phases], key=lambda p: LIFECYCLE_ORDER.index(p.name))
+    table = {p.name: _phase_row(p, outside) for p in phases}
+    # the first highest in the job's order wins a tie, the steady step over the phases after it
+    top = max(phases, key=lambda p: (p.moment.total, p is steady))
+    used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
+    job_reserved = max(p.reserved_bytes for p in phases)
+    host = host.model_copy(update={"load_peak_bytes": job.host_load_bytes})
+    return _report(r, top.moment, tr.moments, outside, host, ServeBlock(), [*tr.assumptions, how, *job.assumptions],
+                   reserved=max(job_reserved, top.moment.total), lifecycle=(table, used.name))
+
+
+def _phase_row(p: PhasePeak, outside: dict[str, int]) -> dict[str, int]:
+    """A phase's allocated, reserved and device-used bytes (before the step: no communicators, workspaces
+    outside the allocator yet; only the CUDA context)."""
+    out = outside["cuda_context"] if p.before_step else sum(outside.values())
+    return {"allocated_bytes": p.moment.total, "reserved_bytes": p.reserved_bytes,
+            "device_used_bytes": p.reserved_bytes + out}
+
+
 def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel = "replay") -> Report:
     """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved).
 
@@ -83,24 +130,7 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
     ctx = choice.bytes
     task = r.scenario.task
     if task == "train":
-        tr = train_step(r)
-        outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
-                   "managed": tr.managed_bytes}
-        packed = _reserved(tr.peak)
-        assumptions = list(tr.assumptions)
-        if reserved == "replay" and tr.layout is not None:
-            # the packing is a floor: the tensors alive at the peak must fit in some segments
-            reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
-            res_bytes = max(train_reserved_bytes(tr.layout, capacity_bytes=reservable)[1], packed)
-            assumptions.append("reserved bytes: the step's tensors replayed in order over two steps through "
-                               "PyTorch's caching-allocator rules (fragmentation between phases counted)")
-        else:
-            res_bytes = packed
-            assumptions.append("reserved bytes: the tensors alive at the peak packed into empty allocator "
-                               "segments (fragmentation left by earlier phases not counted)")
-        return with_band(_report(r, tr.peak, tr.moments, outside,
-                                 Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes), ServeBlock(),
-                                 assumptions, reserved=res_bytes))
+        return with_band(_train(r, reserved, ctx))
     if task == "inference":
         ir = inference_step(r)
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0

@@ -109,6 +109,20 @@ class K:
                       "one layer's keys (then values), old and new together, while the cache grows")
     PREV_PROMPT_LOGITS = _k("temporaries", "prompt logits (previous step's outputs)",
                             "the prefill's logits, kept through the first decode step (transformers < 4.42)")
+    # the job's phases around the step (analytic/lifecycle)
+    LOAD_STAGING = _k("temporaries", "load staging copy",
+                      "from_pretrained: the tensor being loaded in its checkpoint or load dtype, before it is "
+                      "quantized or cast")
+    PREPARE_CAST = _k("temporaries", "k-bit preparation fp32 cast",
+                      "prepare_model_for_kbit_training: the fp32 copy of the parameter being cast, beside its half original")
+    EVAL_FORWARD = _k("temporaries", "evaluation forward (no grad)",
+                      "the largest tensors of one evaluation forward under torch.no_grad (logits, loss, MLP)")
+    EVAL_LOGITS = _k("temporaries", "evaluation logits kept",
+                     "logits of every evaluation batch kept on the GPU by the evaluation loop")
+    EVAL_GENERATION = _k("kv_cache", "validation generation cache",
+                         "the KV cache of the sample generated after validation (Lit-GPT generate_example)")
+    SAVE_GATHERED = _k("weights", "gathered for checkpoint save",
+                       "full parameters gathered on this GPU while the checkpoint's state dict is built")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "
@@ -126,6 +140,11 @@ PHASES: tuple[Phase, ...] = (
     Phase("decode", "generate's decode steps"),
     Phase("decode (first step)", "generate's first decode step, while the prefill's outputs are still held"),
     Phase("serve", "vLLM at steady state after start-up"),
+    Phase("load", "loading the model onto the GPU (from_pretrained, quantize-on-load, casts after load)"),
+    Phase("peft preparation", "prepare_model_for_kbit_training's fp32 casts"),
+    Phase("first step", "the first training step: optimizer states created at its optimizer.step()"),
+    Phase("evaluation", "evaluation inside training (no-grad forwards, kept logits, generation)"),
+    Phase("checkpoint save", "building the checkpoint's state dict"),
 )
 _PHASE_NAMES = frozenset(p.name for p in PHASES)
 _BY_LABEL = {(k.part, k.label): k for k in KEYS}

@@ -58,6 +58,7 @@ class TrainResult:
     assumptions: list[str]
     layout: StepLayout | None = None  # the peak stage's terms for the event stream (analytic/events.py)
     terms: list[Term] = field(default_factory=list)  # the peak stage's term records (analytic/terms)
+    context: StepContext | None = None  # the peak stage's inputs (the job's other phases read them)
 
 
 # the rows a layer's attention-backward moment lists even at 0 bytes (it sets them, as measured rows)
@@ -91,7 +92,7 @@ def train_step(r: Resolved) -> TrainResult:
         peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
         off = _elsewhere(terms)
         results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
-                                   build_layout(c, terms), terms))
+                                   build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
     par = s.parallel
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)

@@ -64,6 +64,7 @@ def render_report(report: Report, console: Console) -> None:
             table.add_row(f"+ {key.replace('_', ' ')}", _gib(value), "outside PyTorch's allocator")
     table.add_row("[bold]device used[/]", f"[bold]{_gib(pg.device_used_bytes)}[/]", "as nvidia-smi shows")
     console.print(table)
+    _render_lifecycle(report, console)
     if report.host.offloaded_bytes or report.host.nvme_bytes:
         console.print(f"host memory for offload: {_gib(report.host.offloaded_bytes)} GiB"
                       + (f"; NVMe: {_gib(report.host.nvme_bytes)} GiB" if report.host.nvme_bytes else ""))
@@ -75,6 +76,20 @@ def render_report(report: Report, console: Console) -> None:
         console.print("[dim]Assumptions:[/]")
         for a in report.assumptions:
             console.print(f"[dim]  - {a}[/]")
+
+
+def _render_lifecycle(report: Report, console: Console) -> None:
+    """One line per phase of the job (training): allocated, reserved, device used; the peak's phase marked."""
+    pg = report.per_gpu
+    if not pg.lifecycle:
+        return
+    console.print("Job phases (GiB allocated / reserved / device used):")
+    for name, row in pg.lifecycle.items():
+        mark = "  [bold]<- peak[/]" if name == pg.lifecycle_peak_phase else ""
+        console.print(f"  {name}: {_gib(row['allocated_bytes'])} / {_gib(row['reserved_bytes'])} / "
+                      f"{_gib(row['device_used_bytes'])}{mark}", highlight=False)
+    if report.host.load_peak_bytes:
+        console.print(f"  host RAM while loading: {_gib(report.host.load_peak_bytes)} GiB per process", highlight=False)
 
 
 def render_models(rows: list[object], console: Console) -> None:

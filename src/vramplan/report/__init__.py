@@ -43,6 +43,11 @@ class PerGpu(BaseModel):
     peak_reserved_bytes_high: int | None = None
     device_used_bytes_low: int | None = None
     device_used_bytes_high: int | None = None
+    # training: each phase of the job (load, peft preparation, first step, training step, evaluation,
+    # checkpoint save; docs/lifecycle.md) -> allocated_bytes, reserved_bytes, device_used_bytes at its peak;
+    # the peak_* figures above are the maxima over them
+    lifecycle: dict[str, dict[str, int]] = Field(default_factory=dict)
+    lifecycle_peak_phase: str = ""  # the lifecycle phase where device_used_bytes peaks
 
 
 class Host(BaseModel):
@@ -50,6 +55,7 @@ class Host(BaseModel):
 
     offloaded_bytes: int = 0
     nvme_bytes: int = 0
+    load_peak_bytes: int = 0  # host RAM one process holds at the model load's peak (training)
 
 
 class ServeBlock(BaseModel):

@@ -31,6 +31,9 @@ OffloadDevice = Literal["cpu", "nvme"]
 VllmVersion = Literal["0.11", "0.19"]
 CudaModuleLoading = Literal["lazy", "eager"]
 DeepSpeedCheckpointing = Literal["none", "partition", "partition+cpu"]
+LoadDtype = Literal["auto", "fp32"]
+DeviceMap = Literal["auto", "none"]
+StateDictType = Literal["full", "full_offload", "sharded"]
 
 
 class _Strict(BaseModel):
@@ -262,6 +265,67 @@ class Parallel(_Strict):
     """Where offloaded optimizer states are kept: cpu (host RAM) or nvme."""
 
 
+class Lifecycle(_Strict):
+    """The job around its steady training step: loading, PEFT preparation, evaluation, checkpoint saving.
+
+    Each phase's peak is reported beside the step's (docs/lifecycle.md); null fields take the framework's
+    default, stated in the report's assumptions."""
+
+    load_dtype: LoadDtype = "auto"
+    """Dtype from_pretrained loads the weights in: auto is the dtype the step holds them in; fp32 loads fp32
+    onto the GPU and casts afterwards.
+
+    fp32 is transformers' default before 5.0 when the script passes no torch_dtype
+    (``PreTrainedModel.from_pretrained``: ``torch.get_default_dtype()``); PR huggingface/transformers#42805
+    made dtype="auto" the default, released in 5.0.  The cast (``Module.to``, one parameter at a time)
+    leaves the fp32 blocks cached (analytic/lifecycle/load.py)."""
+
+    device_map: DeviceMap | None = None
+    """Where from_pretrained materializes the weights: auto loads them onto the GPU tensor by tensor (host RAM:
+    one checkpoint shard); none builds the model in host RAM, then it is moved; null: auto with bitsandbytes,
+    else none.
+
+    A bitsandbytes model given no device map gets ``{"": torch.cuda.current_device()}``
+    (transformers ``Bnb4BitHfQuantizer.update_device_map``, quantizers/quantizer_bnb_4bit.py, 4.38-4.57), so a
+    quantized base always loads onto the GPU."""
+
+    evaluation: bool | None = None
+    """The job evaluates on a validation set while it trains; null: the framework's default (Lit-GPT's finetune
+    scripts validate, the HF Trainer does not: ``eval_strategy="no"``)."""
+
+    eval_batch_size: int | None = Field(None, ge=1, le=1_000_000)
+    """Sequences per evaluation batch per GPU; null: the framework's default (HF Trainer
+    ``per_device_eval_batch_size=8``; Lit-GPT the training micro-batch)."""
+
+    eval_keeps_logits: bool = False
+    """The evaluation loop keeps every batch's logits on the GPU (HF Trainer with a ``compute_metrics``;
+    without one ``Trainer.evaluate`` passes ``prediction_loss_only=True`` and keeps none)."""
+
+    eval_batches: int = Field(1, ge=1, le=100_000_000)
+    """Evaluation batches per evaluation; with eval_keeps_logits, how many batches of logits pile up."""
+
+    eval_accumulation_steps: int | None = Field(None, ge=1, le=100_000_000)
+    """HF Trainer ``eval_accumulation_steps``: kept logits move to the CPU every this many batches; null keeps
+    them all on the GPU until the loop ends."""
+
+    eval_generate_tokens: int | None = Field(None, ge=0, le=100_000_000)
+    """Tokens generated from one sample after each validation (Lit-GPT's ``generate_example``); null: Lit-GPT's
+    ``EvalArgs.max_new_tokens=100`` under lightning, none elsewhere."""
+
+    checkpoint_save: bool = True
+    """The job saves a checkpoint while it runs (the HF Trainer's ``save_strategy="steps"`` and Lit-GPT save by
+    default)."""
+
+    state_dict_type: StateDictType | None = None
+    """How a sharded (FSDP or ZeRO-3) model is saved: full gathers the whole model on every GPU (FSDP
+    FULL_STATE_DICT without offload_to_cpu); full_offload gathers one unit at a time to the CPU (rank0_only);
+    sharded saves each rank's shard; null: full_offload (accelerate's and Lightning's FULL_STATE_DICT
+    config), sharded under torchtitan (DCP) and DeepSpeed (``save_checkpoint``).
+
+    DeepSpeed with ``stage3_gather_16bit_weights_on_model_save`` is full_offload: each module's parameters
+    are gathered in turn (``DeepSpeedEngine._zero3_consolidated_16bit_state_dict``)."""
+
+
 def _version(text: str | None) -> tuple[int, ...] | None:
     """A release string as a comparable tuple: "4.43.2" -> (4, 43, 2); None stays None."""
     return None if text is None else tuple(int(x) for x in text.split("."))
@@ -356,6 +420,9 @@ class Scenario(_Strict):
 
     software: Software = Field(default_factory=Software)
     """Library versions whose memory behaviour differs."""
+
+    lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+    """The job's phases around the steady training step (task train): load, evaluation, checkpoint save."""
 
     @field_validator("model")
     @classmethod

@@ -1,0 +1,133 @@
+"""The job's lifecycle on one GPU: the phases around the steady training step, each with its peak.
+
+``max_memory_allocated``, ``max_memory_reserved`` and nvidia-smi report maxima over the whole process, so
+a published peak can come from a phase other than the steady step (docs/lifecycle.md):
+
+1. ``load`` (``load.py``): from_pretrained, per loading path (direct, fp32 then cast, quantize on load,
+   sharded); its events are replayed through the caching-allocator model, so the blocks it frees stay
+   cached in its reserved bytes; the host RAM it needs too;
+2. ``peft preparation`` (``load.py``): ``prepare_model_for_kbit_training``'s fp32 casts, continuing the
+   load's allocator;
+3. ``first step`` (``steps.py``): optimizer states created at its ``optimizer.step()``;
+4. the steady ``training step`` (analytic/train.py), which the caller adds;
+5. ``evaluation`` (``evaluation.py``): no-grad forwards, kept logits, generation (Lit-GPT);
+6. ``checkpoint save`` (``save.py``): gathers by state-dict type.
+
+Each phase is its live terms plus its transients, as a ``Moment`` with the same declared keys as the
+step's.  A phase's reserved bytes are the load's replay, or its tensors packed into empty segments (the
+caching allocator reuses cached blocks of earlier phases first, so the job's reserved bytes are at least
+the largest phase's; never released: nothing calls ``torch.cuda.empty_cache``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.analytic.allocator import reserved_for
+from vramplan.analytic.events import StepLayout
+from vramplan.analytic.lifecycle.evaluation import (
+    eval_batch_size,
+    eval_generates,
+    eval_runs,
+    evaluation_phase,
+)
+from vramplan.analytic.lifecycle.load import host_load_bytes, load_mode, load_peaks, load_plan, prepares_kbit
+from vramplan.analytic.lifecycle.save import save_phase, state_dict_type
+from vramplan.analytic.lifecycle.steps import between_steps, device_states_bytes, first_step
+from vramplan.analytic.moment import Moment
+from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.context import StepContext
+
+__all__ = ["LIFECYCLE_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
+
+# the report's lifecycle phases, in the order a job runs them (the steady step's name is "training step")
+LIFECYCLE_ORDER = ("load", "peft preparation", "first step", "training step", "evaluation", "checkpoint save")
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """One phase: its content at its highest point, its reserved bytes, and whether it runs before the
+    process has its communicators and cuBLAS handles (load, preparation)."""
+
+    name: str
+    moment: Moment
+    reserved_bytes: int
+    before_step: bool = False
+
+
+@dataclass
+class JobLifecycle:
+    phases: list[PhasePeak]
+    host_load_bytes: int
+    assumptions: list[str] = field(default_factory=list)
+
+
+def packed_reserved(mo: Moment) -> int:
+    """A moment's tensors packed into empty allocator segments (``reserved_for``), at least their total."""
+    sizes = [(nbytes, 1) for part in mo.parts.values() for nbytes in part.values()]
+    return max(reserved_for(sizes), mo.total)
+
+
+def _load_phases(c: StepContext) -> list[PhasePeak]:
+    load, prep = load_peaks(load_plan(c))
+    out = [PhasePeak("load", load.moment("load"), load.reserved_bytes, True)]
+    if prep is not None:
+        out.append(PhasePeak("peft preparation", prep.moment("peft preparation"), prep.reserved_bytes, True))
+    return out
+
+
+def job_lifecycle(c: StepContext, lay: StepLayout, terms: list[Term], moments: list[Moment]) -> JobLifecycle:
+    """Every phase of the job but the steady step, for the rank ``c`` (the step's peak stage)."""
+    phases = _load_phases(c)
+    fs = first_step(moments, device_states_bytes(terms))
+    phases.append(PhasePeak("first step", fs, packed_reserved(fs)))
+    resident = between_steps(terms, "evaluation")
+    if eval_runs(c):
+        ev = evaluation_phase(c, lay, resident)
+        phases.append(PhasePeak("evaluation", ev, packed_reserved(ev)))
+    if c.s.lifecycle.checkpoint_save:
+        sv = save_phase(c, resident)
+        phases.append(PhasePeak("checkpoint save", sv, packed_reserved(sv)))
+    return JobLifecycle(phases, host_load_bytes(c), _assumptions(c))
+
+
+def _assumptions(c: StepContext) -> list[str]:
+    lc = c.s.lifecycle
+    mode = load_mode(c)
+    load = {
+        "direct": "each tensor in the dtype the step holds it (from_pretrained with torch_dtype, or transformers "
+                  ">= 5's dtype='auto' default; Lit-GPT's load_checkpoint)",
+        "fp32-cast": "fp32 onto the GPU (transformers < 5 without torch_dtype), then cast one parameter at a time "
+                     "(Module._apply): the fp32 blocks stay cached",
+        "quantize": "each linear as a half-precision copy on the GPU, quantized there by bitsandbytes "
+                    "(Params4bit._quantize / Int8Params.cuda); the copies' blocks stay cached",
+        "sharded": "unit by unit, full on the GPU only while it is sharded (FSDP flatten + shard; DeepSpeed "
+                   "zero.Init with GatheredParameters per module)",
+        "offloaded": "parameters offloaded: each unit passes through the GPU while it is partitioned to the host",
+    }[mode]
+    out = [(f"lifecycle, load: {load}; host RAM per process at the load's peak counted "
+           f"(device_map {lc.device_map or 'framework default'})")]
+    if prepares_kbit(c):
+        out.append("lifecycle, peft preparation: prepare_model_for_kbit_training casts each non-quantized "
+                   "parameter to fp32 beside its half original (peft utils/other.py)")
+    out.append("lifecycle, first step: optimizer states are created at its optimizer.step() (torch "
+               "AdamW._init_group), so it peaks no higher than the steady step")
+    if eval_runs(c):
+        gen = f", then {eval_generates(c)} tokens generated with a full-length KV cache (Lit-GPT generate_example)" \
+            if eval_generates(c) else ""
+        kept = ("every batch's logits kept on the GPU" + (f", moved to the CPU every {lc.eval_accumulation_steps}"
+                                                          if lc.eval_accumulation_steps else "")
+                if lc.eval_keeps_logits else "no logits kept (no compute_metrics)")
+        out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences, {kept}{gen} "
+                   "(HF Trainer.evaluation_loop / Lit-GPT validate)")
+    else:
+        out.append("lifecycle, evaluation: none (the HF Trainer's default eval_strategy='no'; accelerate, DeepSpeed, "
+                   "torchtitan and plain loops evaluate only where the script does; set lifecycle.evaluation)")
+    if lc.checkpoint_save:
+        out.append(f"lifecycle, checkpoint save: state dict {state_dict_type(c)} for a sharded model (FSDP "
+                   "_full_post_state_dict_hook clones without offload_to_cpu; accelerate's and Lightning's "
+                   "FullStateDictConfig(offload_to_cpu=True, rank0_only=True); DeepSpeed save_checkpoint); an unsharded "
+                   "one is written from its parameters' storage (docs/lifecycle.md)")
+    out.append("lifecycle: the job's reserved bytes are the largest phase's (the load replayed through the "
+               "allocator, other phases packed); blocks cached by earlier phases are assumed reused")
+    return out

@@ -1,0 +1,92 @@
+"""Evaluation inside training: no-grad forwards over validation batches, kept logits, generation.
+
+* **HF Trainer** (``Trainer.evaluation_loop``, transformers 4.41-4.57 ``trainer.py``): each batch runs
+  ``prediction_step`` under ``torch.no_grad()``; its logits are gathered over the data-parallel ranks
+  (``gather_function``: ``accelerator.gather_for_metrics``) and appended to ``all_preds``, an
+  ``EvalLoopContainer`` that concatenates on the GPU (``nested_concat``: ``torch.cat`` of the kept logits
+  and the new batch) until ``eval_accumulation_steps`` batches, when it moves them to the CPU
+  (``to_cpu_and_numpy``).  ``Trainer.evaluate`` keeps no logits without a ``compute_metrics``
+  (``prediction_loss_only=True if self.compute_metrics is None else None``).  No evaluation by default
+  (``TrainingArguments.eval_strategy="no"``); ``per_device_eval_batch_size=8``.  Before 4.41 the loop did the
+  same with ``preds_host = nested_concat(preds_host, logits)`` and ``_nested_gather`` (trainer.py 4.28).
+* **Lit-GPT** (litgpt ``finetune/lora.py`` ``fit``: ``validate`` before training and every
+  ``eval.interval`` steps, then ``generate_example``): validation forwards at the training micro-batch,
+  then one sample generated with a KV cache for the model's whole ``max_seq_length``
+  (``model.set_kv_cache(batch_size=1)``, "memory is not a concern here"), ``EvalArgs.max_new_tokens=100``.
+
+The no-grad forward's largest tensors are the head's (the logits, their fp32 copy and the loss's
+log-softmax, as the step's loss makes them, scaled to the evaluation batch) or one MLP's (gate, up and
+their product), whichever is larger, plus the residual stream in and out of a layer.
+"""
+
+from __future__ import annotations
+
+from vramplan.analytic.events import StepLayout
+from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.terms.context import StepContext
+from vramplan.units import ceil_div
+
+__all__ = ["eval_batch_size", "eval_generates", "eval_runs", "evaluation_phase"]
+
+HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size
+LITGPT_NEW_TOKENS = 100  # litgpt EvalArgs.max_new_tokens
+
+
+def eval_runs(c: StepContext) -> bool:
+    lc = c.s.lifecycle
+    return lc.evaluation if lc.evaluation is not None else c.framework == "lightning"
+
+
+def eval_batch_size(c: StepContext) -> int:
+    lc = c.s.lifecycle
+    if lc.eval_batch_size is not None:
+        return lc.eval_batch_size
+    return HF_EVAL_BATCH if c.framework == "hf-trainer" else c.s.train.micro_batch_size
+
+
+def eval_generates(c: StepContext) -> int:
+    """Tokens generated after each validation (0: none)."""
+    n = c.s.lifecycle.eval_generate_tokens
+    if n is not None:
+        return n
+    return LITGPT_NEW_TOKENS if c.framework == "lightning" else 0
+
+
+def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
+    """One no-grad forward's largest live tensors at ``batch`` sequences."""
+    mb = c.s.train.micro_batch_size
+    tokens = ceil_div(batch * c.s.train.seq_len, c.s.parallel.cp)
+    head = (lay.logits + lay.logits_fp32 + lay.log_probs) * batch // mb if lay.has_head else 0
+    mlp = tokens * lay.inter * lay.compute_bytes * (3 if lay.gated else 2)
+    return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
+
+
+def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]:
+    """(logits kept while the last batch's forward runs, kept logits at the last concatenation)."""
+    lc = c.s.lifecycle
+    if not (lc.eval_keeps_logits and lay.has_head and c.framework == "hf-trainer"):
+        return 0, 0
+    per = lay.logits * batch // c.s.train.micro_batch_size * c.s.data_parallel_degree
+    n = min(lc.eval_batches, lc.eval_accumulation_steps or lc.eval_batches)
+    # the n-th add: n - 1 kept, the new batch, and their torch.cat (n batches) alive together
+    return (n - 1) * per, (2 * n if n > 1 else 1) * per
+
+
+def _generation_bytes(c: StepContext, lay: StepLayout) -> int:
+    """Lit-GPT's sample generation: a batch-1 KV cache over ``max_seq_length`` (the training sequence
+    length) in every layer of this rank, and one position's logits."""
+    if not eval_generates(c):
+        return 0
+    cache = 2 * len(lay.layers) * lay.kv_width * c.s.train.seq_len * lay.compute_bytes
+    return cache + c.m.vocab_size * lay.compute_bytes
+
+
+def evaluation_phase(c: StepContext, lay: StepLayout, resident: Moment) -> Moment:
+    """The evaluation's highest moment: the forward of its last batch, the last concatenation of kept
+    logits, or the generation, over what stays resident between steps."""
+    batch = eval_batch_size(c)
+    kept_fwd, kept_cat = _kept_logits(c, lay, batch)
+    fwd = resident.copy("evaluation").add(K.EVAL_FORWARD, _forward_bytes(c, lay, batch)).add(K.EVAL_LOGITS, kept_fwd)
+    cat = resident.copy("evaluation").add(K.EVAL_LOGITS, kept_cat)
+    gen = resident.copy("evaluation").add(K.EVAL_GENERATION, _generation_bytes(c, lay))
+    return max((fwd, cat, gen), key=lambda mo: mo.total)

@@ -1,0 +1,238 @@
+"""Loading the model onto one GPU, and PEFT's k-bit preparation after it.
+
+The load is the parameters of this rank made one tensor at a time in module order (embedding, layers, the
+rest), as the library makes them:
+
+* **direct** (``lifecycle.load_dtype: auto``, the default): each tensor is written in the dtype the step
+  holds it in; transformers casts on the host before the copy
+  (``modeling_utils._load_state_dict_into_meta_model``: ``param.to(dtype)``, then
+  ``set_module_tensor_to_device``), Lit-GPT copies into parameters made under ``fabric.init_module`` in
+  the precision's dtype (litgpt ``utils.load_checkpoint``: ``model.load_state_dict``).
+* **fp32, then cast** (``load_dtype: fp32``): transformers < 5 without ``torch_dtype`` loads fp32
+  (``torch.get_default_dtype()``; PR huggingface/transformers#42805 made ``"auto"`` the default in 5.0);
+  the model is cast afterwards, one parameter at a time (torch ``Module._apply``: the half copy is made,
+  then ``param.data`` is swapped and the fp32 block freed), so the fp32 blocks stay cached.
+* **quantize on load** (bitsandbytes): each quantized linear arrives as a half-precision copy on the GPU
+  and is quantized there (bitsandbytes ``Params4bit._quantize``: ``w = self.data.contiguous().to(device)``,
+  ``quantize_4bit(w)``; ``Int8Params.cuda``: ``B = self.data.contiguous().half().cuda(device)``,
+  ``int8_vectorwise_quant(B)``); the half copy is freed into the cache.  The half dtype is the one the
+  script passes, float16 when it passes none (transformers ``Bnb4BitHfQuantizer.update_torch_dtype``).
+* **sharded** (FSDP, ZeRO-3): each unit's full parameters are on the GPU only while it is sharded.  FSDP
+  moves a unit to the GPU, flattens it (``FlatParamHandle.flatten_tensors``: ``torch.cat``) and keeps its
+  shard (``FlatParamHandle.shard``); DeepSpeed's ``zero.Init`` partitions each parameter as it is made
+  and ``from_pretrained`` loads into it under ``GatheredParameters`` one module at a time
+  (transformers ``modeling_utils.load_state_dict_into_zero3_model``).  With parameters offloaded the
+  shards live on the host.
+
+k-bit preparation (peft ``prepare_model_for_kbit_training``, ``utils/other.py``) then casts
+every half-precision parameter that is not quantized to fp32, in ``model.parameters()`` order
+(``param.data = param.data.to(torch.float32)``): the fp32 copy is made beside the half original, which is
+then freed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from vramplan.analytic.layout import count_on_rank, split_on_rank
+from vramplan.analytic.lifecycle.stream import PhaseStream, StreamPeak
+from vramplan.analytic.moment import K
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.weights import quantized_linear_bytes
+from vramplan.spec.model import ParamGroup
+from vramplan.units import ceil_div
+
+__all__ = ["LoadPlan", "LoadTensor", "host_load_bytes", "load_mode", "load_peaks", "load_plan", "prepares_kbit",
+           "rank_tensors"]
+
+# transformers' save_pretrained(max_shard_size="5GB") default: a checkpoint is read one shard at a time
+CHECKPOINT_SHARD_BYTES = 5 * 10**9
+HALF = 2  # checkpoint tensors are half precision (bf16/fp16 releases)
+
+
+@dataclass(frozen=True)
+class LoadTensor:
+    """One parameter tensor of this rank: its elements, rows, unit (layer, -1 outside) and whether
+    bitsandbytes quantizes it (a decoder linear; the LM head is skipped, as ``weights_bytes`` counts)."""
+
+    numel: int
+    out_features: int
+    unit: int
+    quantized: bool
+
+
+def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
+    """This rank's base parameter tensors in module order: the embedding(s), each layer, the rest."""
+    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none")
+
+
+# the planner estimates one model many times with other batch sizes: the tensors are the same
+@lru_cache(maxsize=64)
+def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: int, ep: int,
+                  quantized: bool) -> tuple[LoadTensor, ...]:
+    lset = set(layers)
+    first: list[LoadTensor] = []
+    last: list[LoadTensor] = []
+    per_layer: dict[int, list[LoadTensor]] = {j: [] for j in layers}
+    for p in params:
+        n = count_on_rank(p, lset, ep)
+        each = split_on_rank(p, tp, ep)
+        if n == 0 or each == 0:
+            continue
+        rows = max(1, p.out_features * each // p.numel) if p.out_features else 1
+        quant = quantized and bool(p.layer_span) and p.role in ("linear", "expert") and p.in_features > 0
+        if not p.layer_span:
+            (first if p.role in ("embedding", "position") else last).append(LoadTensor(each, rows, -1, False))
+            continue
+        held = [j for j in p.layer_span if j in lset]
+        for j in held:
+            per_layer[j] += [LoadTensor(each, rows, j, quant)] * (n // len(held))
+    return (*first, *(t for j in layers for t in per_layer[j]), *last)
+
+
+def load_mode(c: StepContext) -> str:
+    """direct | fp32-cast | quantize | sharded | offloaded: how this rank's parameters reach the GPU."""
+    if c.offload_params:
+        return "offloaded"
+    if c.shards[2] > 1:
+        return "sharded"
+    if c.quant != "none":
+        return "quantize"
+    if c.s.lifecycle.load_dtype == "fp32" and _held_bytes(c) < 4:
+        return "fp32-cast"
+    return "direct"
+
+
+def _held_bytes(c: StepContext) -> int:
+    """Bytes per element of a (non-quantized) base parameter as the step holds it, before k-bit preparation."""
+    return c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes
+
+
+def _tensor_bytes(c: StepContext, t: LoadTensor, held: int) -> int:
+    """A tensor's bytes as the step holds it (``held``: bytes per element of a non-quantized one)."""
+    if t.quantized:
+        return quantized_linear_bytes(t.numel, t.out_features, c.quant)
+    return t.numel * held
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What the load and the k-bit preparation make, tensor by tensor, as plain numbers (hashable: the
+    streams are replayed once per plan)."""
+
+    mode: str
+    sizes: tuple[int, ...]  # each tensor's bytes as the step holds it
+    staging: tuple[int, ...]  # each tensor's half copy (quantized) or fp32 original (fp32-cast); 0: none
+    units: tuple[int, ...]  # each tensor's unit (sharded: a layer, -1 outside)
+    fp32: tuple[int, ...]  # k-bit preparation: each non-quantized tensor's fp32 bytes (0: quantized)
+    shard_p: int
+    per_tensor: bool  # DeepSpeed: gathered per parameter, not per unit
+    prepares: bool
+
+
+def load_plan(c: StepContext) -> LoadPlan:
+    tensors = rank_tensors(c)
+    mode, held = load_mode(c), _held_bytes(c)
+    sizes = tuple(_tensor_bytes(c, t, held) for t in tensors)
+    if mode == "quantize":
+        staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
+    elif mode == "fp32-cast":
+        staging = tuple(t.numel * 4 for t in tensors)
+    else:
+        staging = (0,) * len(tensors)
+    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
+                    tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c))
+
+
+def _per_tensor(st: PhaseStream, plan: LoadPlan) -> list[int]:
+    """Direct, quantize on load, or fp32 then cast: the ids of the kept parameters."""
+    if plan.mode == "fp32-cast":
+        fp32 = [st.alloc(K.PARAMETERS, n) for n in plan.staging]
+        ids = []
+        for n, old in zip(plan.sizes, fp32, strict=True):
+            st.retag(old, K.LOAD_STAGING)
+            ids.append(st.alloc(K.PARAMETERS, n))
+            st.free(old)
+        return ids
+    ids = []
+    for n, half in zip(plan.sizes, plan.staging, strict=True):
+        staging = st.alloc(K.LOAD_STAGING, half)
+        ids.append(st.alloc(K.PARAMETERS, n))
+        st.free(staging)
+    return ids
+
+
+def _sharded(st: PhaseStream, plan: LoadPlan, keep: bool) -> None:
+    """Unit by unit: the unit's full tensors, (FSDP) their flat concatenation, the kept shard."""
+    units: list[list[int]] = []
+    last_unit = None
+    for n, unit in zip(plan.sizes, plan.units, strict=True):
+        if plan.per_tensor or not units or last_unit != unit:
+            units.append([])
+        units[-1].append(n)
+        last_unit = unit
+    for sizes in units:
+        full = [st.alloc(K.LOAD_STAGING, n) for n in sizes]
+        flat = -1
+        if not plan.per_tensor:
+            flat = st.alloc(K.LOAD_STAGING, sum(sizes))
+            for bid in full:
+                st.free(bid)
+            full = []
+        if keep:
+            st.alloc(K.PARAMETERS, ceil_div(sum(sizes), plan.shard_p))
+        for bid in [*full, flat]:
+            st.free(bid)
+
+
+def _prepare(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
+    """k-bit preparation's fp32 casts, after the load wrote ``ids``."""
+    st.mark()
+    for fp32, bid in zip(plan.fp32, ids, strict=True):
+        if not fp32:
+            continue
+        new = st.alloc(K.PREPARE_CAST, fp32)
+        st.free(bid)
+        st.retag(new, K.PARAMETERS)
+
+
+@lru_cache(maxsize=256)
+def load_peaks(plan: LoadPlan) -> tuple[StreamPeak, StreamPeak | None]:
+    """The load's peak and, when it runs, the k-bit preparation's (continuing the load's allocator)."""
+    st = PhaseStream()
+    if plan.mode in ("sharded", "offloaded"):
+        _sharded(st, plan, keep=plan.mode == "sharded")
+        return st.peak(), None
+    ids = _per_tensor(st, plan)
+    load = st.peak()
+    if not plan.prepares:
+        return load, None
+    _prepare(st, plan, ids)
+    return load, st.peak()
+
+
+def prepares_kbit(c: StepContext) -> bool:
+    """peft's k-bit preparation runs (a bitsandbytes base under the HF Trainer, accelerate or plain PyTorch) on
+    an unsharded model with half-precision parameters to cast."""
+    return c.kbit and load_mode(c) == "quantize" and c.pol.frozen_param_bytes < 4
+
+
+def host_load_bytes(c: StepContext) -> int:
+    """Host RAM of one process at the load's peak.
+
+    From a device map (and under Lit-GPT's lazy ``torch.load(mmap=True)`` or DeepSpeed's ``zero.Init``) the
+    host holds one checkpoint shard at a time; without one transformers builds the whole model in host RAM
+    (in the load dtype) and reads a shard into it; FSDP under transformers/accelerate loads the full model
+    on every rank's host (``fsdp_cpu_ram_efficient_loading`` off, its default)."""
+    rp = c.rp
+    checkpoint = rp.total * HALF
+    shard = min(checkpoint, CHECKPOINT_SHARD_BYTES)
+    lc = c.s.lifecycle
+    on_device = (lc.device_map == "auto" or (lc.device_map is None and c.quant != "none")
+                 or c.framework == "lightning" or (c.framework == "deepspeed" and c.s.parallel.zero_stage == 3))
+    if on_device:
+        return shard
+    per_elem = 4 if lc.load_dtype == "fp32" else _held_bytes(c)
+    return rp.total * per_elem + shard

@@ -1,0 +1,192 @@
+"""The job's lifecycle phases (analytic/lifecycle): hand-computed oracles on a tiny Llama.
+
+The tiny model (as tests/test_cli.py): hidden 256, MLP 688, 2 layers, 4 heads, 2 KV heads, vocabulary
+1000, untied head.  Its tensors in module order: embedding 256,000; per layer q 65,536, k 32,768,
+v 32,768, o 65,536, two norms 256, gate/up/down 176,128 each (725,504 per layer); final norm 256;
+head 256,000: 1,963,264 elements.  Every size below is a multiple of 512 unless said (the allocator's
+rounding, which the phase streams apply).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vramplan import estimate
+from vramplan.analytic.lifecycle import job_lifecycle
+from vramplan.analytic.lifecycle.evaluation import _kept_logits
+from vramplan.analytic.lifecycle.load import host_load_bytes
+from vramplan.analytic.lifecycle.steps import first_step
+from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.train import TrainResult, train_step
+from vramplan.catalog.resolve import resolve
+
+TINY: dict[str, Any] = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+
+
+def _doc(train: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"model": TINY, "hardware": {"gpu": "A100-80GB"},
+                           "train": {"seq_len": 128, "micro_batch_size": 1, **(train or {})}}
+    doc.update(extra)
+    return doc
+
+
+def _step(doc: dict[str, Any]) -> TrainResult:
+    return train_step(resolve(doc))
+
+
+def _phases(doc: dict[str, Any]) -> dict[str, Moment]:
+    tr = _step(doc)
+    assert tr.context is not None and tr.layout is not None
+    job = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments)
+    return {p.name: p.moment for p in job.phases}
+
+
+def test_load_fp32_then_cast_peaks_at_the_first_cast() -> None:
+    # bf16-true holds 2 B/parameter; loaded fp32: 1,963,264 x 4 = 7,853,056 B, then cast one tensor at a
+    # time, the embedding first: its bf16 copy 256,000 x 2 = 512,000 beside all the fp32 tensors.
+    # Peak 7,853,056 + 512,000 = 8,365,056: the fp32 embedding (1,024,000) is the staging copy, the rest
+    # parameters (7,853,056 - 1,024,000 + 512,000 = 7,341,056).  Each cast after it frees more than it makes.
+    load = _phases(_doc({"precision": "bf16-true"}, lifecycle={"load_dtype": "fp32"}))["load"]
+    assert load.total == 8_365_056
+    assert load.get(K.LOAD_STAGING) == 1_024_000 and load.get(K.PARAMETERS) == 7_341_056
+
+
+def test_load_direct_is_the_parameters() -> None:
+    # the default: each tensor in the dtype the step holds it; bf16-true: 1,963,264 x 2 = 3,926,528
+    load = _phases(_doc({"precision": "bf16-true"}))["load"]
+    assert load.total == 3_926_528 and load.get(K.LOAD_STAGING) == 0
+
+
+QLORA = {"peft": {"method": "qlora"}, "quantization": "nf4"}
+
+
+def test_quantize_on_load_and_kbit_preparation() -> None:
+    # nf4 linear: numel / 2 payload + numel / 64 x 4 absmax, rounded up to 512:
+    #   q, o 65,536 -> 32,768 + 4,096 = 36,864; k, v 32,768 -> 16,384 + 2,048 = 18,432;
+    #   gate, up, down 176,128 -> 88,064 + 11,008 = 99,072 -> 99,328 (rounded)
+    #   a layer: 2 x 36,864 + 2 x 18,432 + 3 x 99,328 = 408,576, + two bf16 norms 2 x 512 -> 409,600
+    # load: embedding 512,000 + 2 x 409,600 + final norm 512 + head 512,000 = 1,843,712, the peak (the
+    # largest staging copy, layer 1's down in bf16 352,256, comes with less loaded: 1,683,456).
+    ph = _phases(_doc(QLORA))
+    assert ph["load"].total == 1_843_712 and ph["load"].get(K.LOAD_STAGING) == 0
+    # preparation casts the embedding, the 5 norms and the head to fp32, in parameter order:
+    #   after it: 2 x 408,576 + 1,024,000 + 5 x 1,024 + 1,024,000 = 2,870,272
+    #   peak at the head's cast, its bf16 original (512,000) beside its fp32 copy: 3,382,272
+    prep = ph["peft preparation"]
+    assert prep.total == 3_382_272
+    assert prep.get(K.PREPARE_CAST) == 1_024_000 and prep.get(K.PARAMETERS) == 2_358_272
+
+
+def test_load_reserved_keeps_the_freed_blocks() -> None:
+    tr = _step(_doc({"precision": "bf16-true"}, lifecycle={"load_dtype": "fp32"}))
+    assert tr.context is not None and tr.layout is not None
+    load = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments).phases[0]
+    # the fp32 blocks (7,853,056 B) stay cached after the cast, beside the first bf16 copy: reserved is at
+    # least the peak's 8,365,056; the tensors are under 1 MiB (small pool, 2 MiB segments) or open 20 MiB
+    # segments (1-10 MiB requests), so the replay rounds up to whole segments: a multiple of 2 MiB
+    assert load.name == "load" and load.reserved_bytes >= 8_365_056 and load.reserved_bytes % (2 << 20) == 0
+
+
+def test_first_step_has_no_states_before_its_optimizer_step() -> None:
+    fwd = Moment("forward").add(K.PARAMETERS, 100).add(K.OPTIMIZER_STATES, 50, optimizer="adamw").add(K.SAVED, 120)
+    opt = Moment("optimizer").add(K.PARAMETERS, 100).add(K.OPTIMIZER_STATES, 50, optimizer="adamw") \
+        .add(K.GRADIENTS, 40)
+    # forward without its states: 100 + 120 = 220; the optimizer moment as it is: 190 -> 220
+    assert first_step([fwd, opt], 50).total == 220
+    # with larger gradients the optimizer moment (100 + 50 + 100 = 250) is the first step's peak
+    opt2 = Moment("optimizer").add(K.PARAMETERS, 100).add(K.OPTIMIZER_STATES, 50, optimizer="adamw") \
+        .add(K.GRADIENTS, 100)
+    assert first_step([fwd, opt2], 50).total == 250
+
+
+def test_first_step_never_above_the_steady_step() -> None:
+    rep = estimate(_doc({"grad_accum_steps": 4}))
+    lc = rep.per_gpu.lifecycle
+    assert lc["first step"]["allocated_bytes"] <= lc["training step"]["allocated_bytes"]
+
+
+def test_evaluation_keeps_logits_until_accumulation() -> None:
+    tr = _step(_doc(lifecycle={"evaluation": True, "eval_keeps_logits": True, "eval_batches": 3,
+                                "eval_batch_size": 2}))
+    assert tr.context is not None and tr.layout is not None
+    # a batch's logits: bf16 2 B x vocabulary 1000 x 2 sequences x 128 tokens = 512,000 (one GPU);
+    # the third add: 2 kept while its forward runs (1,024,000), then kept + new + their concatenation
+    # 2 x 3 x 512,000 = 3,072,000
+    assert _kept_logits(tr.context, tr.layout, 2) == (1_024_000, 3_072_000)
+    tr1 = _step(_doc(lifecycle={"evaluation": True, "eval_keeps_logits": True, "eval_batches": 3,
+                                 "eval_accumulation_steps": 1}))
+    assert tr1.context is not None and tr1.layout is not None
+    # moved to the CPU after every batch: only the one batch, 256,000 x 2 = 512,000 at batch size 2
+    assert _kept_logits(tr1.context, tr1.layout, 2) == (0, 512_000)
+
+
+def test_evaluation_off_by_default_under_the_hf_trainer_on_under_litgpt() -> None:
+    assert "evaluation" not in estimate(_doc()).per_gpu.lifecycle
+    assert "evaluation" in estimate(_doc({"precision": "bf16-true"}, framework="lightning")).per_gpu.lifecycle
+
+
+FSDP2 = {"hardware": {"gpu": "A100-80GB", "num_gpus": 2}, "parallel": {"fsdp": "full_shard"}}
+
+
+@pytest.mark.parametrize(("kind", "gathered"), [
+    # FSDP keeps fp32 parameters (4 B): whole model 1,963,264 x 4 = 7,853,056; the largest unit is a layer,
+    # 725,504 x 4 = 2,902,016 (the root unit: 512,256 x 4 = 2,049,024)
+    ("full", 7_853_056 + 2_902_016),
+    ("full_offload", 2_902_016),
+    ("sharded", 0),
+])
+def test_checkpoint_save_by_state_dict_type(kind: str, gathered: int) -> None:
+    save = _phases({**_doc(), **FSDP2, "lifecycle": {"state_dict_type": kind}})["checkpoint save"]
+    assert save.get(K.SAVE_GATHERED) == gathered
+
+
+def test_host_ram_of_loading() -> None:
+    # no device map: the model in host RAM in fp32 (bf16-mixed holds fp32): 1,963,264 x 4 = 7,853,056, plus
+    # one bf16 checkpoint shard being read, the whole 1,963,264 x 2 = 3,926,528 (under 5 GB): 11,779,584
+    tr = _step(_doc())
+    assert tr.context is not None and host_load_bytes(tr.context) == 11_779_584
+    tr2 = _step(_doc(lifecycle={"device_map": "auto"}))
+    assert tr2.context is not None and host_load_bytes(tr2.context) == 3_926_528
+
+
+def test_report_peak_is_the_maximum_over_the_phases() -> None:
+    rep = estimate({**_doc(), **FSDP2, "lifecycle": {"state_dict_type": "full"}})
+    pg = rep.per_gpu
+    rows = pg.lifecycle
+    assert list(rows) == ["load", "first step", "training step", "checkpoint save"]
+    assert pg.peak_allocated_bytes == max(r["allocated_bytes"] for r in rows.values())
+    assert pg.peak_reserved_bytes >= max(r["reserved_bytes"] for r in rows.values())
+    # on this tiny model the full state dict is the allocated peak (the step's replayed segments still
+    # reserve more: the device-used peak is the phase with the most)
+    assert pg.peak_phase == "checkpoint save"
+    assert pg.lifecycle_peak_phase == max(rows, key=lambda k: rows[k]["device_used_bytes"])
+    assert pg.breakdown_detail["weights"]["gathered for checkpoint save"] == 7_853_056 + 2_902_016
+    assert any(a.startswith("lifecycle, checkpoint save: state dict full") for a in rep.assumptions)
+
+
+def test_default_report_keeps_the_step_figures() -> None:
+    rep = estimate(_doc())
+    pg = rep.per_gpu
+    step = pg.lifecycle["training step"]
+    assert pg.peak_phase in ("forward", "backward", "optimizer")
+    assert step["allocated_bytes"] == pg.peak_allocated_bytes and step["reserved_bytes"] == pg.peak_reserved_bytes
+    assert step["device_used_bytes"] == pg.device_used_bytes and pg.lifecycle_peak_phase == "training step"
+    assert rep.host.load_peak_bytes == 11_779_584
+
+
+def test_cli_prints_one_line_per_phase_and_marks_the_peak() -> None:
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    res = CliRunner().invoke(app, ["estimate", "--model", "llama-3-8b", "--gpu", "A100-80GB", "--peft", "qlora",
+                                   "--quantization", "nf4", "--state-dict-type", "full"])
+    assert res.exit_code == 0, res.stdout
+    text = " ".join(res.stdout.split())  # independent of the terminal's width
+    assert "Job phases (GiB allocated / reserved / device used):" in text
+    for phase in ("load:", "peft preparation:", "first step:", "training step:", "checkpoint save:"):
+        assert phase in text
+    assert text.count("<- peak") == 1 and "host RAM while loading" in text
