@@ -19,8 +19,10 @@ from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.train import train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
+from vramplan.errors import Problem, ScenarioError
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
 from vramplan.serve.report import serve
+from vramplan.spec.checks import capability_notes
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 
@@ -51,7 +53,7 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
     )
-    assumptions = [*assumptions, cuda_context_for(r.gpu).assumption()]
+    assumptions = [*assumptions, cuda_context_for(r.gpu).assumption(), *capability_notes(r.scenario, r.gpu)]
     if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
         assumptions.append(note)
     report = Report(
@@ -77,6 +79,16 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
     1 ms, never above the replay's figure), which the planner uses to screen candidates before it
     confirms them with the replay.  Inference and serving always use the packing.
     """
+    try:
+        return _estimate(source, reserved)
+    except (OverflowError, RecursionError) as exc:
+        # the input bounds (spec/load.py, spec/hf_config.py MAX_SIZE) keep every byte count in 64 bits; should a
+        # combination of sizes still overflow, the caller gets the package's error, not Python's
+        raise ScenarioError([Problem("scenario", f"sizes beyond what can be computed ({type(exc).__name__}: {exc})",
+                                     "check the model's config.json and the scenario's counts")]) from None
+
+
+def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel) -> Report:
     r = source if isinstance(source, Resolved) else resolve(source)
     choice = cuda_context_for(r.gpu)
     ctx = choice.bytes

@@ -15,6 +15,7 @@ from typing import Any
 from vramplan.catalog.gpus import resolve_gpu
 from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
+from vramplan.spec.checks import capability_problems, contradictions
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, cross_check, parse_scenario, read_document
 from vramplan.spec.model import ModelSpec
@@ -60,6 +61,9 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         gpu = replace(gpu, cuda_module_loading=hw.cuda_module_loading)
     if model is not None:
         problems.extend(cross_check(scenario, model))
+        problems.extend(contradictions(scenario, model))
+    if gpu is not None:
+        problems.extend(capability_problems(scenario, gpu))
     if problems:
         raise ScenarioError(problems)
     assert model is not None and gpu is not None
