@@ -12,11 +12,13 @@ from rich.console import Console
 
 from vramplan.cli.common import deep_merge as _deep_merge
 from vramplan.cli.common import fail as _fail
+from vramplan.cli.common import progress as _progress
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True,
+    # typer's --install-completion / --show-completion (bash, zsh, fish, PowerShell)
+    add_completion=True, no_args_is_help=True,
     help="Per-GPU memory for LLM training, inference and serving: estimate before you launch.",
 )
 out = Console(soft_wrap=False)
@@ -26,6 +28,31 @@ Opt = typer.Option
 
 
 ESTIMATE_FLAGS = scenario_flags([""])  # every scenario field
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from vramplan import __version__
+
+        sys.stdout.write(f"vramplan {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, Opt("--version", callback=_print_version, is_eager=True,
+                                       help="print the version and exit")] = False) -> None:
+    """Per-GPU memory for LLM training, inference and serving: estimate before you launch."""
+
+
+def scenario_document(scenario: Path | None, given: Given) -> dict[str, Any]:
+    """The scenario file (if any) with the given options laid over it; a model is required."""
+    from vramplan.spec.load import read_document
+
+    base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
+    doc = _deep_merge(base, given.document(given["task"] or base.get("task", "train")))
+    if "model" not in doc:
+        raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
+    return doc
 
 
 @app.command()
@@ -39,26 +66,21 @@ def estimate(
 ) -> None:
     """Estimate per-GPU memory for a scenario file and/or flags."""
     from vramplan.engine import estimate as run_estimate
-    from vramplan.spec.load import read_document
 
     try:
-        base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-        over = given.document(given["task"] or base.get("task", "train"))
-        doc = _deep_merge(base, over)
-        if "model" not in doc:
-            raise ScenarioError([Problem(
-                "model", "no model given", "pass a scenario file or --model")])
+        doc = scenario_document(scenario, given)
         if engine == "analytic":
             report = run_estimate(doc)
         elif engine == "trace":
             from vramplan.trace import estimate as trace_estimate
 
-            report = trace_estimate(doc)
+            with _progress("tracing the model on the meta device", quiet=as_json):
+                report = trace_estimate(doc)
         else:
             raise ScenarioError([Problem(
                 "--engine", f"unknown engine {engine!r}", "use --engine analytic or --engine trace")])
     except VramplanError as exc:
-        _fail(exc)
+        _fail(exc, given)
         return
     if as_json:
         sys.stdout.write(json.dumps(report.to_json_dict(), indent=2) + "\n")

@@ -18,9 +18,11 @@ from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
 from vramplan.cli.common import fail as _fail
+from vramplan.cli.common import guard_output, progress, save_figure
 from vramplan.cli.common import set_path as _set
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
+from vramplan.spec.checks import number_problems
 from vramplan.units import GB, GiB
 
 __all__ = ["register"]
@@ -28,9 +30,11 @@ __all__ = ["register"]
 Opt = typer.Option
 _out = Console(soft_wrap=False)
 _err = Console(stderr=True)
-
-
-
+# the formats matplotlib writes that the --plot help names
+_FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+# the most requests a simulation replays; the step loop and its timeline grow with the requests (issue 19:
+# --requests 100000000 ran without end), so the count is capped and said so
+MAX_SIM_REQUESTS = 100_000
 
 
 def _emit(payload: dict[str, Any]) -> None:
@@ -103,7 +107,7 @@ def _serve(
         r = resolve(doc)
         sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
-        _fail(exc)
+        _fail(exc, given)
         return
     d = sr.decision
     if as_json:
@@ -180,13 +184,14 @@ def _kv(
             problems.append(Problem("--kv-cache-dtype", f"{kv_cache_dtype!r} is not allowed", f"choose {', '.join(KV_DTYPES)}"))
         if dtype not in ("fp16", "bf16", "fp32"):
             problems.append(Problem("--dtype", f"{dtype!r} is not allowed", "choose fp16, bf16 or fp32"))
-        if tp < 1 or block_size < 1:
-            problems.append(Problem("--tp", "tp and block size must be >= 1", ""))
-        if budget_gb is not None and budget_gb <= 0:
-            problems.append(Problem("--budget-gb", f"must be > 0, got {budget_gb}", ""))
+        problems += number_problems("--tp", tp, 1, 1024)
+        problems += number_problems("--block-size", block_size, 1, 1024)
+        problems += number_problems("--budget-gb", budget_gb, 0, 1e6, low_open=True)
+        guard_output("--plot", plot, _FIGURE_SUFFIXES)
         if problems:
             raise ScenarioError(problems)
         m = load_model(model, where="model")
+        _kv_tp_check(model, m, tp)
         spec = kv_spec(m, kv_cache_dtype, dtype_bits(dtype) // 8, tp)
         table = {s: {b: spec.sequence_bytes(s) * b for b in batches} for s in seqs}
         cap = page_capacity(spec, int(budget_gb * GB), block_size, tuple(seqs)) if budget_gb else None
@@ -214,19 +219,32 @@ def _kv(
     _out.print(f"[bold]{m.name}[/] · {spec.describe()}")
     _out.print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
                f"({spec.uniform_layer_bytes_per_token * block_size:,} B per layer)")
-    t = Table(title="KV cache, GB", title_justify="left")
+    t = Table(title="KV cache, GiB", title_justify="left")
     t.add_column("tokens", justify="right")
     for b in batches:
         t.add_column(f"batch {b}", justify="right")
     for s in seqs:
-        t.add_row(f"{s:,}", *[f"{table[s][b] / GB:,.2f}" for b in batches])
+        t.add_row(f"{s:,}", *[_gib(table[s][b]) for b in batches])
     _out.print(t)
     if cap is not None:
-        _out.print(f"{budget_gb:g} GB budget: {cap.total_pages:,} pages of {block_size} tokens "
+        _out.print(f"{budget_gb:g} GB ({_gib(cap.budget_bytes)} GiB) budget: {cap.total_pages:,} pages of {block_size} tokens "
                    f"({cap.page_bytes:,} B) = {cap.total_tokens:,} tokens; sequences at once: "
                    + ", ".join(f"{k:,} tokens -> {v:,}" for k, v in cap.max_sequences.items()))
     if plot is not None:
         _out.print(f"figure written to {plot}")
+
+
+def _kv_tp_check(name: str, m: Any, tp: int) -> None:
+    """The same tensor-parallel checks as ``serve`` (spec.load.cross_check on a one-replica serve scenario)."""
+    from vramplan.spec.load import cross_check
+    from vramplan.spec.scenario import Scenario
+
+    if tp == 1:
+        return
+    sc = Scenario(model=name, task="serve", hardware={"num_gpus": tp}, parallel={"tp": tp})  # type: ignore[arg-type]
+    problems = [Problem("--tp", p.message, p.hint) for p in cross_check(sc, m) if p.where.startswith("parallel")]
+    if problems:
+        raise ScenarioError(problems)
 
 
 def _pyplot() -> Any:
@@ -244,15 +262,17 @@ def _plot_kv(path: Path, name: str, seqs: list[int], batches: list[int], table: 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for b in batches:
-        ax.plot(seqs, [table[s][b] / GB for s in seqs], marker="o", label=f"batch {b}")
+        ax.plot(seqs, [table[s][b] / GiB for s in seqs], marker="o", label=f"batch {b}")
     ax.set_xlabel("tokens per sequence")
-    ax.set_ylabel("KV cache (GB)")
+    ax.set_ylabel("KV cache (GiB)")
     ax.set_title(f"KV cache growth: {name}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, "--plot")
+    finally:
+        plt.close(fig)
 
 
 # ---------------------------------------------------------------------------- simulate
@@ -298,6 +318,9 @@ def _simulate(
                                     "give --capacity-tokens N, or --model and --gpu to use vLLM's num_gpu_blocks"))
         if capacity_tokens is not None and model is not None:
             problems.append(Problem("--capacity-tokens", "give --capacity-tokens or --model/--gpu, not both", ""))
+        problems += _simulate_bounds(requests, rate, capacity_tokens, gpu_memory_utilization, block_size,
+                                     max_model_len, max_num_seqs, max_num_batched_tokens, shared_prefix)
+        guard_output("--plot", plot, _FIGURE_SUFFIXES)
         if problems:
             raise ScenarioError(problems)
         capacity_source = "given"
@@ -312,7 +335,8 @@ def _simulate(
                          reservation=reservation,  # type: ignore[arg-type]
                          shared_prefix=shared_prefix)
         modes = ["contiguous", "paged"] if mode == "both" else [mode]
-        results = [simulate(trace, replace(base, mode=mo)) for mo in modes]  # type: ignore[arg-type]
+        with progress(f"simulating {len(trace):,} requests", quiet=as_json):
+            results = [simulate(trace, replace(base, mode=mo)) for mo in modes]  # type: ignore[arg-type]
         if plot is not None:
             _plot_sim(plot, trace.name, results)
     except VramplanError as exc:
@@ -355,6 +379,20 @@ def _simulate(
         _out.print(f"figure written to {plot}")
 
 
+def _simulate_bounds(requests: int, rate: float | None, capacity: int | None, util: float | None, block: int,
+                     max_len: int, seqs: int, batched: int, prefix: int) -> list[Problem]:
+    """The simulation's own numbers, bounded (spec.checks.number_problems, as every command's)."""
+    return [*number_problems("--requests", requests, 1, MAX_SIM_REQUESTS),
+            *number_problems("--rate", rate, 0, 1e6, low_open=True),
+            *number_problems("--capacity-tokens", capacity, 1, 2**40),
+            *number_problems("--gpu-memory-utilization", util, 0, 1, low_open=True),
+            *number_problems("--block-size", block, 1, 1024),
+            *number_problems("--max-model-len", max_len, 1, 100_000_000),
+            *number_problems("--max-num-seqs", seqs, 1, 1_000_000),
+            *number_problems("--max-num-batched-tokens", batched, 1, 100_000_000),
+            *number_problems("--shared-prefix", prefix, 0, 100_000_000)]
+
+
 def _capacity_from_vllm(model: str | None, gpu: str | None, tp: int | None, util: float | None, block: int,
                         max_len: int, seqs: int, batched: int) -> tuple[int, str]:
     from vramplan.catalog.resolve import resolve
@@ -395,8 +433,10 @@ def _plot_sim(path: Path, name: str, results: list[Any]) -> None:
     ax2.set_title("KV memory: token states vs waste")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, "--plot")
+    finally:
+        plt.close(fig)
 
 
 # ---------------------------------------------------------------------------- generate
@@ -426,7 +466,7 @@ def _generate(
         mb = max_batch_size(r)
         mp = max_prompt_len(r)
     except VramplanError as exc:
-        _fail(exc)
+        _fail(exc, given)
         return
     phases = {mo.phase: mo.total for mo in ir.moments}
     if as_json:

@@ -99,10 +99,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Explain an OOM snapshot: memory by category and stack frame, largest tensors, fragmentation."""
         from vramplan.cli.common import fail as _fail
+        from vramplan.cli.common import guard_output
         from vramplan.measure.snapshot import read_snapshot, write_timeline_plot
 
         console = Console(soft_wrap=False)
         try:
+            guard_output("--plot", plot, (".png", ".html", ".htm"))
             report = read_snapshot(file, device=device, top=top)
             if plot is not None:
                 write_timeline_plot(report, plot)

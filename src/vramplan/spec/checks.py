@@ -112,6 +112,10 @@ def number_problems(option: str, value: float | int | None, low: float, high: fl
         return [Problem(option, f"{value} is not a finite number", hint or f"give a number in [{low:g}, {high:g}]")]
     below = value <= low if low_open else value < low
     if below or value > high:
-        span = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
-        return [Problem(option, f"{value:g} is outside {span}", hint or f"give a number in {span}")]
+        span = f"({_num(low)}, {_num(high)}]" if low_open else f"[{_num(low)}, {_num(high)}]"
+        return [Problem(option, f"{_num(value)} is outside {span}", hint or f"give a number in {span}")]
     return []
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
