@@ -263,8 +263,9 @@ def test_relative_model_path_resolves_against_the_scenario_folder(tmp_path: Path
     (tmp_path / "scenario.yaml").write_text("model: sub/config.json\nhardware: {gpu: A100}\n")
     code, out, err = run("estimate", str(tmp_path / "scenario.yaml"), "--json")
     assert code in (0, 1), err  # (full fine-tuning of 6B does not fit an A100: exit 1 is an answer)
-    model = json.loads(out)["model"]
-    assert model["model_type"] == "llama" and model["source"].endswith("config.json")  # the file beside it
+    report = json.loads(out)
+    assert report["scenario"]["model"] == str(tmp_path / "sub" / "config.json")  # the file beside the scenario
+    assert report["model"]["parameters"] == 6_061_035_520  # Yi-6B's, as the catalog counts it
 
 
 def test_kv_prints_gib() -> None:
