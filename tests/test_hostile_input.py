@@ -50,7 +50,7 @@ def _config(**changes: Any) -> dict[str, Any]:
     (["simulate", "--capacity-tokens", "10000", "--requests", "10", "--plot", "/nonexistent-dir/x.png"],
      "--plot: folder /nonexistent-dir does not exist"),
     (["simulate", "--capacity-tokens", "10000", "--requests", "10", "--plot", "out.xyz"],
-     "--plot: unknown file format '.xyz'"),
+     "--plot: unknown plot format '.xyz'"),
     (["snapshot", "x.pickle", "--plot", "/nonexistent-dir/x.png"], "--plot: folder /nonexistent-dir does not exist"),
     (["trace", "--model", "gpt2", "--gpu", "A100", "--timeline", "/nonexistent-dir/t.json"],
      "--timeline: folder /nonexistent-dir does not exist"),
@@ -193,7 +193,7 @@ def test_plan_refuses_an_inference_scenario(tmp_path: Path) -> None:
 
 def test_fp8_on_an_ampere_gpu_is_refused() -> None:
     code, _, err = run("estimate", "--model", "llama-3-8b", "--gpu", "A100", "--precision", "fp8-mixed")
-    assert code == 2 and "--precision (train.precision): fp8-mixed needs fp8 support, which A100-80GB" in err, err
+    assert code == 2 and "--precision (train.precision): fp8-mixed (Transformer Engine) needs fp8 support, which A100-80GB" in err, err
     code, _, err = run("estimate", "--model", "llama-3-8b", "--gpu", "H100", "--precision", "fp8-mixed")
     assert code in (0, 1), err
 

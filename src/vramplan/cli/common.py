@@ -64,15 +64,16 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def guard_output(option: str, path: Path | None, suffixes: tuple[str, ...]) -> None:
+def guard_output(option: str, path: Path | None, suffixes: tuple[str, ...], shown: str = "") -> None:
     """Refuse, before any work, an output file whose format is unknown or whose folder is missing or not
-    writable (issue 19: these raised FileNotFoundError or matplotlib's ValueError after the computation)."""
+    writable (issue 19: these raised FileNotFoundError or matplotlib's ValueError after the computation).
+    ``shown``: the formats as the hint names them (default: every suffix)."""
     if path is None:
         return
     problems: list[Problem] = []
     if path.suffix.lower() not in suffixes:
-        problems.append(Problem(option, f"unknown file format {path.suffix or '(none)'!r}",
-                                f"name a {', '.join(suffixes)} file"))
+        problems.append(Problem(option, f"unknown {option.lstrip('-')} format {path.suffix or '(none)'!r}",
+                                f"use a {shown or ', '.join(suffixes)} file name"))
     folder = path.parent if str(path.parent) else Path(".")
     if len(str(path)) > 4096 or len(path.name) > 255:
         problems.append(Problem(option, "file name too long", "give a shorter path"))

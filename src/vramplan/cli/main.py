@@ -82,14 +82,35 @@ def estimate(
     except VramplanError as exc:
         _fail(exc, given)
         return
+    extra = _remedies_and_defaults(report, doc) if not report.fits and engine == "analytic" else {}
     if as_json:
-        sys.stdout.write(json.dumps(report.to_json_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps({**report.to_json_dict(), **extra}, indent=2) + "\n")
     else:
-        from vramplan.cli.render import render_report
+        from vramplan.cli.render import render_remedies, render_report
 
         render_report(report, out)
+        if extra:
+            render_remedies(extra["remedies"], extra["assumed_settings"], out)
     if not report.fits:
         raise typer.Exit(1)
+
+
+def _remedies_and_defaults(report: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """For a job that does not fit: the planner's verified remedies and the settings left at their defaults
+    (``remedies`` and ``assumed_settings`` beside the report's keys in ``--json``)."""
+    from vramplan.compare import flatten
+    from vramplan.plan.remedies import remedies
+
+    try:
+        found = [r.to_json_dict() for r in remedies(doc, report)]
+    except VramplanError:
+        found = []
+    task = report.scenario.get("task", "train")
+    given = flatten(doc)
+    sections = (task, "parallel", "framework", "hardware.num_gpus")
+    assumed = {k: v for k, v in flatten(report.scenario).items()
+               if k not in given and k.startswith(sections) and v is not None}
+    return {"remedies": found, "assumed_settings": assumed}
 
 
 @app.command()

@@ -187,7 +187,7 @@ def _kv(
         problems += number_problems("--tp", tp, 1, 1024)
         problems += number_problems("--block-size", block_size, 1, 1024)
         problems += number_problems("--budget-gb", budget_gb, 0, 1e6, low_open=True)
-        guard_output("--plot", plot, _FIGURE_SUFFIXES)
+        guard_output("--plot", plot, _FIGURE_SUFFIXES, ".png, .svg or .pdf")
         if problems:
             raise ScenarioError(problems)
         m = load_model(model, where="model")
@@ -320,7 +320,7 @@ def _simulate(
             problems.append(Problem("--capacity-tokens", "give --capacity-tokens or --model/--gpu, not both", ""))
         problems += _simulate_bounds(requests, rate, capacity_tokens, gpu_memory_utilization, block_size,
                                      max_model_len, max_num_seqs, max_num_batched_tokens, shared_prefix)
-        guard_output("--plot", plot, _FIGURE_SUFFIXES)
+        guard_output("--plot", plot, _FIGURE_SUFFIXES, ".png, .svg or .pdf")
         if problems:
             raise ScenarioError(problems)
         capacity_source = "given"

@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
 
         console = Console(soft_wrap=False)
         try:
-            guard_output("--plot", plot, (".png", ".html", ".htm"))
+            guard_output("--plot", plot, (".png", ".html", ".htm"), ".png or .html")
             report = read_snapshot(file, device=device, top=top)
             if plot is not None:
                 write_timeline_plot(report, plot)

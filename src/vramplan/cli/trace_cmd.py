@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
             doc = _merge(base, over)
             if "model" not in doc:
                 raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
-            guard_output("--timeline", timeline, (".png", ".html", ".htm", ".json"))
+            guard_output("--timeline", timeline, (".png", ".html", ".htm", ".json"), ".png, .html or .json")
             problems = number_problems("--top", top, 1, 1000)
             if problems:
                 raise ScenarioError(problems)

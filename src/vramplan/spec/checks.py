@@ -62,7 +62,7 @@ def _fp8_uses(s: Scenario) -> list[tuple[str, frozenset[str]]]:
     """(setting, architectures that run it) for each fp8 setting of the scenario's task."""
     uses: list[tuple[str, frozenset[str]]] = []
     if s.task == "train" and s.train.precision == "fp8-mixed":
-        uses.append(("train.precision: fp8-mixed", FP8_COMPUTE_ARCHITECTURES))
+        uses.append(("train.precision: fp8-mixed (Transformer Engine)", FP8_COMPUTE_ARCHITECTURES))
     if s.task == "inference" and s.inference.quantization == "fp8":
         uses.append(("inference.quantization: fp8", FP8_COMPUTE_ARCHITECTURES))
     if s.task == "serve" and s.serve.quantization == "fp8":
