@@ -19,9 +19,10 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from vramplan.cli import flags as flags_mod
-from vramplan.cli.flags import Flag, Given, describe, scenario_flags
 from vramplan.cli.compare_cmd import COMPARE_FLAGS
+from vramplan.cli.flags import Flag, Given, describe, scenario_flags
 from vramplan.cli.main import ESTIMATE_FLAGS, app
+from vramplan.cli.measure_cmd import MEASURE_FLAGS
 from vramplan.cli.plan_cmd import PLAN_FLAGS, SOLVE_FLAGS
 from vramplan.cli.serve_cmd import GENERATE_FLAGS, SERVE_FLAGS
 from vramplan.cli.trace_cmd import TRACE_FLAGS
@@ -32,7 +33,7 @@ FROZEN = Path(__file__).parent / "data" / "cli_flags.json"
 COMMANDS: dict[str, tuple[Flag, ...]] = {"estimate": ESTIMATE_FLAGS, "trace": TRACE_FLAGS, "plan": PLAN_FLAGS,
                                          "serve": SERVE_FLAGS, "generate": GENERATE_FLAGS,
                                          # solve and compare take a whole scenario as options (issue 19)
-                                         "solve": SOLVE_FLAGS, "compare": COMPARE_FLAGS}
+                                         "solve": SOLVE_FLAGS, "compare": COMPARE_FLAGS, "measure": MEASURE_FLAGS}
 runner = CliRunner()
 ENV = {"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
 
@@ -66,6 +67,8 @@ BEFORE: dict[str, set[str]] = {
         "kv-cache-dtype", "attention", "json"},
     "solve": {"margin", "json"},
     "compare": set(),
+    "measure": {"device", "layers", "seq-len", "micro-batch-size", "batch-size", "prompt-len", "new-tokens",
+                "max-cpu-bytes", "warmup", "no-warmup", "json"},
 }
 
 

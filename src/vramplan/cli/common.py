@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -18,10 +18,9 @@ from vramplan.errors import Problem, ScenarioError, VramplanError
 if TYPE_CHECKING:
     from vramplan.cli.flags import Given
 
-__all__ = ["deep_merge", "fail", "guard_output", "progress", "save_figure", "set_path"]
+__all__ = ["deep_merge", "fail", "guard_output", "progress", "save_figure", "scenario_document", "set_path"]
 
 _err = Console(stderr=True)
-_T = TypeVar("_T")
 
 
 def _flag_names(given: Given | None) -> dict[str, str]:
@@ -62,6 +61,17 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def scenario_document(scenario: Path | None, given: Given) -> dict[str, Any]:
+    """The scenario file (if any) with the given options laid over it; a model is required."""
+    from vramplan.spec.load import read_document
+
+    base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
+    doc = deep_merge(base, given.document(given["task"] or base.get("task", "train")))
+    if "model" not in doc:
+        raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
+    return doc
 
 
 def guard_output(option: str, path: Path | None, suffixes: tuple[str, ...], shown: str = "") -> None:

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from vramplan.cli.common import deep_merge as _deep_merge
 from vramplan.cli.common import fail as _fail
 from vramplan.cli.common import progress as _progress
+from vramplan.cli.common import scenario_document
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
@@ -44,15 +44,6 @@ def _root(version: Annotated[bool, Opt("--version", callback=_print_version, is_
     """Per-GPU memory for LLM training, inference and serving: estimate before you launch."""
 
 
-def scenario_document(scenario: Path | None, given: Given) -> dict[str, Any]:
-    """The scenario file (if any) with the given options laid over it; a model is required."""
-    from vramplan.spec.load import read_document
-
-    base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-    doc = _deep_merge(base, given.document(given["task"] or base.get("task", "train")))
-    if "model" not in doc:
-        raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
-    return doc
 
 
 @app.command()

@@ -36,9 +36,8 @@ def _gib(n: float) -> str:
 
 def _from_scenario(path: Path) -> dict[str, Any]:
     """Planning inputs taken from a scenario file: model, GPU, count, task and the job's size."""
-    from vramplan.spec.load import parse_scenario, read_document
-
     from vramplan.errors import Problem, ScenarioError
+    from vramplan.spec.load import parse_scenario, read_document
 
     sc = parse_scenario(read_document(path))
     if sc.task == "inference":

@@ -241,7 +241,7 @@ def _kv_tp_check(name: str, m: Any, tp: int) -> None:
 
     if tp == 1:
         return
-    sc = Scenario(model=name, task="serve", hardware={"num_gpus": tp}, parallel={"tp": tp})  # type: ignore[arg-type]
+    sc = Scenario.model_validate({"model": name, "task": "serve", "hardware": {"num_gpus": tp}, "parallel": {"tp": tp}})
     problems = [Problem("--tp", p.message, p.hint) for p in cross_check(sc, m) if p.where.startswith("parallel")]
     if problems:
         raise ScenarioError(problems)

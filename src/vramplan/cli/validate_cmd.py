@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from vramplan.cli.common import fail
+from vramplan.cli.common import fail, progress
 from vramplan.errors import VramplanError
 
 __all__ = ["SHORT_HEAD", "register", "render_result"]
@@ -114,7 +114,8 @@ def register(app: typer.Typer) -> None:
         from vramplan.validate.runner import validate
 
         try:
-            result = validate(dataset, engine=engine)
+            with progress(f"scoring {engine} against {dataset.name}", quiet=as_json or markdown):
+                result = validate(dataset, engine=engine)
         except VramplanError as exc:
             fail(exc)
         if as_json:

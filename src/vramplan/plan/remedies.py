@@ -75,12 +75,12 @@ def _train_candidates(r: Resolved) -> Iterator[Candidate]:
         while mb >= 1:
             ga = math.ceil(t.micro_batch_size * t.grad_accum_steps / mb)
             yield ("micro_batch", {"train.micro_batch_size": mb, "train.grad_accum_steps": ga},
-                   f"micro_batch_size {t.micro_batch_size} -> {mb} with grad_accum_steps {t.grad_accum_steps} -> {ga} "
-                   "(the same global batch)")
+                   (f"micro_batch_size {t.micro_batch_size} -> {mb} with grad_accum_steps {t.grad_accum_steps} -> "
+                    f"{ga} (the same global batch)"))
             mb //= 2
     if s.hardware.num_gpus > 1 and s.parallel.zero_stage < 3 and s.parallel.fsdp == "none":
-        yield ("zero3", {"parallel.zero_stage": 3}, f"parallel.zero_stage {s.parallel.zero_stage} -> 3 (shard weights, "
-               f"gradients and optimizer states over the {s.hardware.num_gpus} GPUs)")
+        yield ("zero3", {"parallel.zero_stage": 3}, (f"parallel.zero_stage {s.parallel.zero_stage} -> 3 (shard "
+               f"weights, gradients and optimizer states over the {s.hardware.num_gpus} GPUs)"))
     if t.gradient_checkpointing != "full":
         yield ("checkpointing", {"train.gradient_checkpointing": "full"},
                f"train.gradient_checkpointing {t.gradient_checkpointing} -> full (recompute activations, ~1/3 more compute)")

@@ -97,13 +97,13 @@ def capability_notes(s: Scenario, gpu: GpuSpec) -> list[str]:
     if not where[s.task]:
         return []
     if s.task == "serve":
-        return [f"{gpu.name} ({gpu.architecture}) has no bf16 support (compute capability {gpu.compute_capability} "
-                "< 8.0): vLLM needs --dtype float16 there; the bytes are the same as bf16's"]
-    return [f"{gpu.name} ({gpu.architecture}) has no bf16 tensor cores (compute capability "
-            f"{gpu.compute_capability} < 8.0): PyTorch runs bf16 emulated, with the same bytes but far slower"]
+        return [(f"{gpu.name} ({gpu.architecture}) has no bf16 support (compute capability {gpu.compute_capability} "
+                 "< 8.0): vLLM needs --dtype float16 there; the bytes are the same as bf16's")]
+    return [(f"{gpu.name} ({gpu.architecture}) has no bf16 tensor cores (compute capability "
+             f"{gpu.compute_capability} < 8.0): PyTorch runs bf16 emulated, with the same bytes but far slower")]
 
 
-def number_problems(option: str, value: float | int | None, low: float, high: float, *,
+def number_problems(option: str, value: float | None, low: float, high: float, *,
                     low_open: bool = False, hint: str = "") -> list[Problem]:
     """``value`` (None: not given) must be a finite number in [low, high] (``low_open``: above ``low``)."""
     if value is None:
