@@ -63,7 +63,14 @@ def _check(cfg: Mapping[str, Any], model_type: str, fam: Family, where: str) -> 
 
 def model_from_config(config: Mapping[str, Any], name: str = "custom", where: str = "model") -> ModelSpec:
     """Build a ``ModelSpec`` from a config.json mapping; raises ScenarioError with every problem."""
-    cfg = flatten_text_config(config)
-    model_type, fam = _family(cfg, where)
-    _check(cfg, model_type, fam, where)
-    return fam.build(cfg, model_type, name)
+    try:
+        cfg = flatten_text_config(config)
+        model_type, fam = _family(cfg, where)
+        _check(cfg, model_type, fam, where)
+        return fam.build(cfg, model_type, name)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        # a config.json is untrusted input: a field of the wrong type or value that an adapter cannot read
+        # (``attention_dropout: ":"``, a list where a size goes) is the user's problem to fix, not a crash
+        raise ScenarioError([Problem(where, f"config.json has a value the {config.get('model_type')!s} adapter "
+                                     f"cannot read ({type(exc).__name__}: {str(exc)[:200]})",
+                                     "give the config.json as the model's Hugging Face repository has it")]) from None
