@@ -296,3 +296,118 @@ def test_solve_accepts_flags() -> None:
 def test_solve_without_a_model() -> None:
     code, _, err = run("solve", "max-batch")
     assert code == 2 and "model: no model given" in err, err
+
+
+def test_an_error_is_one_line_at_any_width_and_path(tmp_path: Path) -> None:
+    # the README's test run failed on a long clone path: rich wrapped the message at the terminal's width
+    deep = tmp_path / ("d" * 200) / "missing.yaml"
+    for columns in ("40", "80", "300"):
+        res = runner.invoke(app, ["estimate", str(deep)], env={**ENV, "COLUMNS": columns})
+        assert res.exit_code == 2
+        assert f"error: scenario: no such file: {str(deep)[:60]}" in res.stderr.splitlines()[0]
+
+
+# ---------------------------------------------------------------- remedies, compare, progress
+
+
+def test_remedies_are_verified_and_in_the_json() -> None:
+    from vramplan.plan.fit import fits_with_margin
+
+    code, out, _ = run("estimate", str(ROOT / "examples" / "llama2-7b-full-naive-a100.yaml"), "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["remedies"], "a 7B full fine-tune on one A100 has a change that fits"
+    for r in doc["remedies"]:
+        # each change, applied to the scenario and estimated again, fits with the planner's 10% margin
+        scenario = json.loads(json.dumps(doc["scenario"]))
+        for path, value in r["change"].items():
+            head, _, leaf = path.rpartition(".")
+            node = scenario
+            for key in head.split("."):
+                node = node.setdefault(key, {})
+            node[leaf] = value
+        rep = vramplan.estimate(scenario)
+        assert fits_with_margin(rep, 0.10)
+        assert rep.per_gpu.device_used_bytes == r["device_used_bytes"]
+    assert doc["assumed_settings"]["parallel.zero_stage"] == 0  # left at its default by the example
+
+
+def test_remedies_in_the_table() -> None:
+    code, out, _ = run("estimate", str(ROOT / "examples" / "llama2-7b-full-naive-a100.yaml"))
+    flat = _flat(out)
+    assert code == 1 and "Would fit (each change estimated again, with a 10% margin):" in flat
+    assert "Settings assumed (not given, defaults):" in flat
+
+
+def test_a_fitting_estimate_has_no_remedies_key() -> None:
+    code, out, _ = run("estimate", EXAMPLE, "--json")
+    assert code == 0 and "remedies" not in json.loads(out)
+
+
+def test_compare_library_reports_differences() -> None:
+    from vramplan.compare import compare
+
+    base = {"model": "llama-3-8b", "hardware": {"gpu": "A100"}, "train": {"peft": {"method": "lora"}}}
+    other = {**base, "train": {"peft": {"method": "lora"}, "micro_batch_size": 4}}
+    doc = compare([base, other])
+    assert [d["key"] for d in doc["differences"]] == ["train.micro_batch_size"]
+    assert doc["differences"][0]["values"] == [1, 4]
+    assert len(doc["reports"]) == 2 and doc["reports"][0]["scenario"]["train"]["micro_batch_size"] == 1
+    used = next(r for r in doc["results"] if r["key"] == "per_gpu.device_used_bytes")
+    assert used["differs"] and used["values"][0] < used["values"][1]  # a larger micro-batch needs more
+    assert doc["best"] == 0
+
+
+@pytest.mark.parametrize("bad", [[], [{"model": "llama-3-8b"}], [{}] * 5, "ab", None])
+def test_compare_refuses_bad_input(bad: Any) -> None:
+    from vramplan.compare import compare
+
+    with pytest.raises(ScenarioError):
+        compare(bad)
+
+
+def test_compare_names_the_setup_of_a_problem() -> None:
+    from vramplan.compare import compare
+
+    with pytest.raises(ScenarioError, match="setup 2: hardware.gpu"):
+        compare([{"model": "gpt2", "hardware": {"gpu": "A100"}}, {"model": "gpt2", "hardware": {"gpu": "A1OO"}}])
+
+
+def test_compare_command() -> None:
+    code, out, err = run("compare", "--model", "llama-3-8b", "--gpu", "A100", "--peft", "lora",
+                         "--setup", "micro-batch-size=1", "--setup", "micro_batch_size=2 gradient-checkpointing=full")
+    assert code == 0, err
+    flat = _flat(out)
+    assert "train.micro_batch_size" in flat and "train.gradient_checkpointing" in flat
+    code, out, _ = run("compare", EXAMPLE, str(ROOT / "examples" / "qlora-7b-rtx4090.yaml"), "--json")
+    assert code == 0 and len(json.loads(out)["reports"]) == 2
+    code, _, err = run("compare", EXAMPLE)
+    assert code == 2 and "1 setups given; compare takes 2 to 4" in err
+
+
+def test_progress_is_silent_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from vramplan.cli.common import progress
+
+    with progress("working") as update:
+        update("still working")
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_capability_checks_in_the_api() -> None:
+    with pytest.raises(ScenarioError, match="fp8 needs fp8 support, which A100-80GB"):
+        vramplan.estimate({"model": "llama-3-8b", "task": "inference", "hardware": {"gpu": "A100"},
+                           "inference": {"quantization": "fp8"}})
+    # vLLM runs fp8 weights on Ampere (Marlin, weight-only), so a serve scenario is accepted there
+    vramplan.estimate({"model": "llama-3-8b", "task": "serve", "hardware": {"gpu": "A100"},
+                       "serve": {"quantization": "fp8", "max_model_len": 4096}})
+    with pytest.raises(ScenarioError, match="fp8 needs fp8 support, which T4"):
+        vramplan.estimate({"model": "llama-3-8b", "task": "serve", "hardware": {"gpu": "T4"},
+                           "serve": {"quantization": "fp8", "max_model_len": 4096}})
+
+
+def test_a_report_scenario_round_trips() -> None:
+    # a report's scenario holds every section's defaults: it must not be refused as a contradiction
+    report = vramplan.estimate(EXAMPLE)
+    again = vramplan.estimate(report.scenario)
+    assert again.per_gpu == report.per_gpu

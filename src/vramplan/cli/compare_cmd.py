@@ -64,7 +64,7 @@ def render_comparison(doc: dict[str, Any], console: Console) -> None:
     """The differing settings, then the results, one column per setup; differing values in bold."""
     reports = doc["reports"]
     table = Table(title="Setups side by side (GiB per GPU; differing values in bold)", title_justify="left")
-    table.add_column("")
+    table.add_column("", no_wrap=True)  # a dotted key stays whole; the setups' columns fold instead
     for i, r in enumerate(reports):
         star = " (best)" if doc["best"] == i else ""
         table.add_column(f"{i + 1}: {r['model'].get('name', '?')} on {r['gpu'].get('name', '?')}{star}",
