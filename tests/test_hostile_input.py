@@ -411,3 +411,19 @@ def test_a_report_scenario_round_trips() -> None:
     report = vramplan.estimate(EXAMPLE)
     again = vramplan.estimate(report.scenario)
     assert again.per_gpu == report.per_gpu
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["validate", "/dev/zero"], "DATASET: /dev/zero is a device or special file"),
+    (["snapshot", "/dev/zero"], "FILE: /dev/zero is a device or special file"),
+    (["simulate", "--csv", "/dev/zero", "--capacity-tokens", "1000"], "--csv: /dev/zero is a device or special file"),
+])
+def test_other_inputs_refuse_devices(args: list[str], needle: str) -> None:
+    code, _, err = run(*args)
+    assert code == 2 and needle in err, err
+
+
+def test_deeply_nested_dataset(tmp_path: Path) -> None:
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000)
+    code, _, err = run("validate", str(tmp_path / "deep.yaml"))
+    assert code == 2 and "is not valid YAML/JSON" in err, err

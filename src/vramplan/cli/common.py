@@ -18,7 +18,7 @@ from vramplan.errors import Problem, ScenarioError, VramplanError
 if TYPE_CHECKING:
     from vramplan.cli.flags import Given
 
-__all__ = ["deep_merge", "fail", "guard_output", "progress", "save_figure", "scenario_document", "set_path"]
+__all__ = ["deep_merge", "fail", "guard_input", "guard_output", "progress", "save_figure", "scenario_document", "set_path"]
 
 _err = Console(stderr=True)
 
@@ -95,6 +95,29 @@ def guard_output(option: str, path: Path | None, suffixes: tuple[str, ...], show
         problems.append(Problem(option, f"{path} is a folder", "name a file"))
     if problems:
         raise ScenarioError(problems)
+
+
+def guard_input(option: str, path: Path | None, max_bytes: int) -> None:
+    """Refuse, before a library reads it, an input that is not a regular file (``/dev/zero``, a folder) or is
+    larger than ``max_bytes``; a missing file is left to the reader's own message."""
+    import stat
+
+    if path is None:
+        return
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ScenarioError([Problem(option, f"cannot read {str(path)[:200]}: {exc.strerror or exc}", "")]) from None
+    if stat.S_ISDIR(st.st_mode):
+        return  # each reader words "is a folder" itself
+    if not stat.S_ISREG(st.st_mode):
+        raise ScenarioError([Problem(option, f"{path} is a device or special file, not a regular file",
+                                     "give the path of a file")])
+    if st.st_size > max_bytes:
+        raise ScenarioError([Problem(option, f"{path} is {st.st_size:,} bytes, more than {max_bytes:,}",
+                                     "check the path")])
 
 
 def save_figure(fig: Any, path: Path, option: str) -> None:

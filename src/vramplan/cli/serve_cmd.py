@@ -18,7 +18,7 @@ from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
 from vramplan.cli.common import fail as _fail
-from vramplan.cli.common import guard_output, progress, save_figure
+from vramplan.cli.common import guard_input, guard_output, progress, save_figure
 from vramplan.cli.common import set_path as _set
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
@@ -35,6 +35,7 @@ _FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 # the most requests a simulation replays; the step loop and its timeline grow with the requests (issue 19:
 # --requests 100000000 ran without end), so the count is capped and said so
 MAX_SIM_REQUESTS = 100_000
+MAX_CSV_BYTES = 16 << 20  # 100,000 rows of a few numbers are about 2 MB
 
 
 def _emit(payload: dict[str, Any]) -> None:
@@ -320,6 +321,7 @@ def _simulate(
             problems.append(Problem("--capacity-tokens", "give --capacity-tokens or --model/--gpu, not both", ""))
         problems += _simulate_bounds(requests, rate, capacity_tokens, gpu_memory_utilization, block_size,
                                      max_model_len, max_num_seqs, max_num_batched_tokens, shared_prefix)
+        guard_input("--csv", csv, MAX_CSV_BYTES)
         guard_output("--plot", plot, _FIGURE_SUFFIXES, ".png, .svg or .pdf")
         if problems:
             raise ScenarioError(problems)
@@ -330,6 +332,9 @@ def _simulate(
                                                                    max_num_batched_tokens)
         trace = load_csv(csv, rate=rate, seed=seed) if csv is not None else synthesize(
             workload or "sharegpt", requests, seed=seed, rate=rate)
+        if len(trace) > MAX_SIM_REQUESTS:
+            raise ScenarioError([Problem("--csv", f"{len(trace):,} requests; a simulation replays at most "
+                                         f"{MAX_SIM_REQUESTS:,}", "use the first rows, or a sample")])
         base = SimConfig(capacity_tokens=capacity_tokens, block_size=block_size, max_model_len=max_model_len,
                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                          reservation=reservation,  # type: ignore[arg-type]
