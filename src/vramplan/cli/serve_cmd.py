@@ -110,7 +110,12 @@ def _serve(
     except VramplanError as exc:
         _fail(exc, given)
         return
-    d = sr.decision
+    from dataclasses import replace as _replace
+
+    from vramplan.spec.checks import capability_notes
+
+    # what the GPU's generation changes (bf16 before Ampere), beside the decision's own assumptions
+    d = _replace(sr.decision, assumptions=[*sr.decision.assumptions, *capability_notes(r.scenario, r.gpu)])
     if as_json:
         breakdown = {k: dict(v) for k, v in sr.peak.parts.items()}
         _emit({"vllm": d.to_dict(), "breakdown": breakdown, "outside_allocator": sr.outside,
