@@ -135,7 +135,7 @@ def test_yaml_alias_bomb_is_refused(tmp_path: Path) -> None:
 
 def test_model_dev_zero_is_refused() -> None:
     code, _, err = run("estimate", "--model", "/dev/zero", "--gpu", "A100")
-    assert code == 2 and "--model (model): /dev/zero is a device or special file, not a regular file" in err, err
+    assert code == 2 and "--model / model: /dev/zero is a device or special file, not a regular file" in err, err
 
 
 def test_scenario_dev_zero_is_refused() -> None:
@@ -193,7 +193,7 @@ def test_plan_refuses_an_inference_scenario(tmp_path: Path) -> None:
 
 def test_fp8_on_an_ampere_gpu_is_refused() -> None:
     code, _, err = run("estimate", "--model", "llama-3-8b", "--gpu", "A100", "--precision", "fp8-mixed")
-    assert code == 2 and "--precision (train.precision): fp8-mixed (Transformer Engine) needs fp8 support, which A100-80GB" in err, err
+    assert code == 2 and "--precision / train.precision: fp8-mixed (Transformer Engine) needs fp8 support, which A100-80GB" in err, err
     code, _, err = run("estimate", "--model", "llama-3-8b", "--gpu", "H100", "--precision", "fp8-mixed")
     assert code in (0, 1), err
 
@@ -217,12 +217,12 @@ def test_kv_tp_is_checked_as_serve_checks_it() -> None:
     code, _, err = run("kv", "llama-3-8b", "--tp", "3")
     assert code == 2 and "--tp: tp=3 does not divide the 32 attention heads" in err, err
     code, _, err = run("serve", "--model", "llama-3-8b", "--gpu", "A100", "--tp", "3")
-    assert code == 2 and "--tp (parallel.tp): tp=3 does not divide the 32 attention heads" in err, err
+    assert code == 2 and "--tp / parallel.tp: tp=3 does not divide the 32 attention heads" in err, err
 
 
 def test_lora_alpha_nan() -> None:
     code, _, err = run("estimate", "--model", "llama-3-8b", "--gpu", "A100", "--peft", "lora", "--lora-alpha", "nan")
-    assert code == 2 and "--lora-alpha (train.peft.alpha): nan is not a finite number" in err, err
+    assert code == 2 and "--lora-alpha / train.peft.alpha: nan is not a finite number" in err, err
 
 
 @pytest.mark.parametrize("command", [["trace", "--model", "gpt2", "--gpu", "A100"],
@@ -254,7 +254,7 @@ def test_bad_block_size_is_reported_under_block_size() -> None:
 
 def test_serve_names_the_flag() -> None:
     code, _, err = run("serve", "--model", "llama-3-8b", "--gpu", "A100", "--block-size", "0")
-    assert code == 2 and "--block-size (serve.block_size)" in err, err
+    assert code == 2 and "--block-size / serve.block_size" in err, err
 
 
 def test_relative_model_path_resolves_against_the_scenario_folder(tmp_path: Path) -> None:

@@ -34,12 +34,12 @@ def fail(exc: VramplanError, given: Given | None = None) -> NoReturn:
     """One line per problem on stderr (text printed verbatim, not as rich markup), then exit status 2.
 
     With ``given``, a problem found at a scenario key the user set by an option is named by that option
-    (``--tp (parallel.tp)``), so the message points at what was typed."""
+    (``--tp / parallel.tp: ...``), so the message points at what was typed and still names the key."""
     names = _flag_names(given)
     problems = getattr(exc, "problems", None)
     for p in problems or [exc]:
         if isinstance(p, Problem) and p.where in names:
-            p = Problem(f"{names[p.where]} ({p.where})", p.message, p.hint)
+            p = Problem(f"{names[p.where]} / {p.where}", p.message, p.hint)
         # soft_wrap: one problem is one line, whatever the terminal's width
         _err.print(f"[red]error:[/] {escape(str(p))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
