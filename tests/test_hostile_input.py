@@ -182,7 +182,16 @@ def test_simulate_requests_capped() -> None:
 def test_training_flags_on_an_inference_scenario(tmp_path: Path) -> None:
     (tmp_path / "inf.yaml").write_text("model: llama-3-8b\ntask: inference\nhardware: {gpu: A100}\n")
     code, _, err = run("estimate", str(tmp_path / "inf.yaml"), "--micro-batch-size", "4")
-    assert code == 2 and "train.micro_batch_size set, but task is inference" in err, err
+    assert code == 2 and ("--micro-batch-size: sets train.micro_batch_size, but the scenario's task is inference: "
+                          "it would be ignored (drop --micro-batch-size, or set --task train)") in err, err
+
+
+def test_a_document_with_another_task_section_says_so() -> None:
+    # a document (file or dict) may carry inert sections (a report's scenario holds them all): the keys that
+    # differ from their defaults are stated in the assumptions, not silently dropped
+    report = vramplan.estimate({"model": "gpt2", "task": "inference", "hardware": {"gpu": "A100"},
+                                "train": {"micro_batch_size": 4}})
+    assert "train.micro_batch_size set but not used: the task is inference" in report.assumptions
 
 
 def test_plan_refuses_an_inference_scenario(tmp_path: Path) -> None:

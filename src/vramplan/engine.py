@@ -22,7 +22,7 @@ from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
 from vramplan.serve.report import serve
-from vramplan.spec.checks import capability_notes
+from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 
@@ -53,7 +53,8 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
     )
-    assumptions = [*assumptions, cuda_context_for(r.gpu).assumption(), *capability_notes(r.scenario, r.gpu)]
+    assumptions = [*assumptions, cuda_context_for(r.gpu).assumption(), *capability_notes(r.scenario, r.gpu),
+                   *ignored_sections(r.scenario)]
     if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
         assumptions.append(note)
     report = Report(

@@ -18,7 +18,8 @@ from vramplan.errors import Problem, ScenarioError, VramplanError
 if TYPE_CHECKING:
     from vramplan.cli.flags import Given
 
-__all__ = ["deep_merge", "fail", "guard_input", "guard_output", "progress", "save_figure", "scenario_document", "set_path"]
+__all__ = ["deep_merge", "fail", "guard_input", "guard_output", "progress", "refuse_other_task_options", "save_figure",
+           "scenario_document", "set_path"]
 
 _err = Console(stderr=True)
 
@@ -68,10 +69,22 @@ def scenario_document(scenario: Path | None, given: Given) -> dict[str, Any]:
     from vramplan.spec.load import read_document
 
     base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-    doc = deep_merge(base, given.document(given["task"] or base.get("task", "train")))
+    task = given["task"] or base.get("task", "train")
+    doc = deep_merge(base, given.document(task))
+    refuse_other_task_options(given, task)
     if "model" not in doc:
         raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
     return doc
+
+
+def refuse_other_task_options(given: Given, task: object) -> None:
+    """Options that set a section of another task than the scenario's are refused (spec.checks)."""
+    from vramplan.spec.checks import section_conflicts
+
+    paths = {f.path_for(task): f.option for f in given.flags if given[f.name] is not None}
+    problems = section_conflicts(paths, str(task))
+    if problems:
+        raise ScenarioError(problems)
 
 
 def guard_output(option: str, path: Path | None, suffixes: tuple[str, ...], shown: str = "") -> None:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from vramplan.cli.common import deep_merge, fail, set_path
+from vramplan.cli.common import deep_merge, fail, refuse_other_task_options, set_path
 from vramplan.cli.flags import Flag, Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
 from vramplan.units import GiB
@@ -106,9 +106,12 @@ def register(app: typer.Typer) -> None:
             docs: list[dict[str, Any]] = []
             for path in scenarios or []:
                 base = read_document(path)
-                docs.append(deep_merge(base, given.document(given["task"] or base.get("task", "train"))))
+                task = given["task"] or base.get("task", "train")
+                refuse_other_task_options(given, task)
+                docs.append(deep_merge(base, given.document(task)))
             for text in setup or []:
                 task = given["task"] or "train"
+                refuse_other_task_options(given, task)
                 docs.append(deep_merge(given.document(task), parse_setup(text, given.flags, task)))
             result = compare(docs, engine=engine)
         except VramplanError as exc:

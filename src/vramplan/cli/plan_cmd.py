@@ -305,13 +305,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Push one knob of a scenario (a file and/or flags) as far as the estimator allows (largest batch,
         longest sequence, fewest GPUs), with the safety margin."""
-        from vramplan.cli.common import deep_merge
         from vramplan.cli.common import fail as _fail
+        from vramplan.cli.common import scenario_document
         out = Console(soft_wrap=False)
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan.solvers import solve as run_solve
         from vramplan.spec.checks import number_problems
-        from vramplan.spec.load import read_document
 
         kinds = ("max-batch", "max-seq", "min-gpus")
         try:
@@ -324,10 +323,7 @@ def register(app: typer.Typer) -> None:
                 problems = [Problem("--margin", f"{margin} is outside [0, 0.9)", "e.g. 0.1")]
             if problems:
                 raise ScenarioError(problems)
-            base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-            doc = deep_merge(base, given.document(given["task"] or base.get("task", "train")))
-            if "model" not in doc:
-                raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
+            doc = scenario_document(scenario, given)
             with progress(f"solving {kind}", quiet=as_json):
                 res = run_solve(kind, doc, margin)
         except VramplanError as exc:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
-from vramplan.cli.common import fail, guard_output, progress
+from vramplan.cli.common import fail, guard_output, progress, refuse_other_task_options
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.spec.checks import number_problems
@@ -42,8 +42,9 @@ def register(app: typer.Typer) -> None:
             from vramplan.spec.load import read_document
 
             base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-            over = given.document(given["task"] or base.get("task", "train"))
-            doc = _merge(base, over)
+            task = given["task"] or base.get("task", "train")
+            doc = _merge(base, given.document(task))
+            refuse_other_task_options(given, task)
             if "model" not in doc:
                 raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
             guard_output("--timeline", timeline, (".png", ".html", ".htm", ".json"), ".png, .html or .json")

@@ -3,8 +3,9 @@ settings, what the GPU's generation can run, and the bounds of the command line'
 
 ``contradictions`` and ``capability_problems`` are called from ``catalog.resolve.resolve`` (so
 ``estimate``, ``serve``, ``generate``, ``trace``, ``measure``, ``compare`` and the API all refuse the
-same inputs); ``capability_notes`` adds to a report's assumptions what runs but differs from the
-request; ``number_problems`` bounds an option of a command that is not a scenario field (``--top``,
+same inputs); ``section_conflicts`` refuses options that set another task's section (every command
+that takes scenario options, through ``cli.common``); ``capability_notes`` and ``ignored_sections`` add
+to a report's assumptions what runs but differs from the request; ``number_problems`` bounds an option of a command that is not a scenario field (``--top``,
 ``--margin``, ``--requests``), so every command words a bad number the same way.
 """
 
@@ -18,8 +19,8 @@ from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = [
-    "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "number_problems",
+    "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
+    "capability_problems", "contradictions", "ignored_sections", "number_problems", "section_conflicts",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
@@ -30,6 +31,7 @@ FP8_COMPUTE_ARCHITECTURES = frozenset({"ada", "hopper", "blackwell", "cdna3"})
 # vLLM's fp8 weights also run on Ampere, weight-only (W8A16) through the Marlin kernels (vLLM docs,
 # "FP8 W8A8": "Ampere GPUs are supported for W8A16 (weight-only FP8) utilizing Marlin kernels").
 VLLM_FP8_WEIGHT_ARCHITECTURES = FP8_COMPUTE_ARCHITECTURES | {"ampere"}
+TASK_SECTIONS = ("train", "inference", "serve")
 # NVIDIA generations before Ampere (compute capability < 8.0) have no bf16 tensor cores.
 PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
 
@@ -43,18 +45,36 @@ def _section_settings(s: Scenario, section: str) -> list[str]:
 
 
 def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """Settings that cannot hold together: a task's section given for another task, and expert parallelism
-    on a model with no experts.  Each problem names both settings."""
+    """Settings that cannot hold together in any input: expert parallelism on a model with no experts.
+    (A task's section given for another task is refused where options are typed, ``section_conflicts``, and
+    stated as an assumption for a document, ``ignored_sections``.)"""
     out: list[Problem] = []
-    for section in ("train", "inference", "serve"):
-        keys = _section_settings(s, section)
-        if keys and s.task != section:
-            shown = ", ".join(f"{section}.{k}" for k in keys)
-            out.append(Problem(section, f"{shown} set, but task is {s.task}: they would be ignored",
-                               f"drop them, or set task: {section}"))
     if s.parallel.ep > 1 and m.moe is None:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
+    return out
+
+
+def section_conflicts(paths: dict[str, str], task: str) -> list[Problem]:
+    """Options (``{dotted path: option}``) that set a section of another task than ``task``: refused, naming
+    the option and the task (issue 19: ``--micro-batch-size`` on an inference scenario was ignored)."""
+    out = []
+    for path, option in paths.items():
+        section = path.split(".", 1)[0]
+        if section in TASK_SECTIONS and section != task:
+            out.append(Problem(option, f"sets {path}, but the scenario's task is {task}: it would be ignored",
+                               f"drop {option}, or set --task {section}"))
+    return out
+
+
+def ignored_sections(s: Scenario) -> list[str]:
+    """Assumptions for a document that sets keys of another task's section (they are not used)."""
+    out = []
+    for section in TASK_SECTIONS:
+        keys = _section_settings(s, section)
+        if keys and section != s.task:
+            shown = ", ".join(f"{section}.{k}" for k in keys)
+            out.append(f"{shown} set but not used: the task is {s.task}")
     return out
 
 
