@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["deep_merge", "fail", "guard_input", "guard_output", "progress", "refuse_other_task_options", "save_figure",
            "scenario_document", "set_path"]
 
-_err = Console(stderr=True)
+
+
+def _stderr() -> Console:
+    """Made when used, so it takes the width of that moment, not the width at import."""
+    return Console(stderr=True)
 
 
 def _flag_names(given: Given | None) -> dict[str, str]:
@@ -37,12 +41,13 @@ def fail(exc: VramplanError, given: Given | None = None) -> NoReturn:
     With ``given``, a problem found at a scenario key the user set by an option is named by that option
     (``--tp / parallel.tp: ...``), so the message points at what was typed and still names the key."""
     names = _flag_names(given)
+    err = _stderr()
     problems = getattr(exc, "problems", None)
     for p in problems or [exc]:
         if isinstance(p, Problem) and p.where in names:
             p = Problem(f"{names[p.where]} / {p.where}", p.message, p.hint)
         # soft_wrap: one problem is one line, whatever the terminal's width
-        _err.print(f"[red]error:[/] {escape(str(p))}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(p))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -157,6 +162,6 @@ def progress(description: str, *, quiet: bool = False) -> Iterator[Callable[[str
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=_err, transient=True) as bar:
+                  console=_stderr(), transient=True) as bar:
         task = bar.add_task(description, total=None)
         yield lambda text: bar.update(task, description=text)

@@ -21,8 +21,16 @@ app = typer.Typer(
     add_completion=True, no_args_is_help=True,
     help="Per-GPU memory for LLM training, inference and serving: estimate before you launch.",
 )
-out = Console(soft_wrap=False)
-err = Console(stderr=True)
+
+
+def _out() -> Console:
+    """A console made when a command runs, so it takes the terminal's width then (COLUMNS included), not the
+    width at import: tests that set COLUMNS get it, whatever the shell exported."""
+    return Console(soft_wrap=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, soft_wrap=True)
 
 Opt = typer.Option
 
@@ -79,6 +87,7 @@ def estimate(
     else:
         from vramplan.cli.render import render_remedies, render_report
 
+        out = _out()
         render_report(report, out)
         if extra:
             render_remedies(extra["remedies"], extra["assumed_settings"], out)
@@ -117,9 +126,9 @@ def models(query: Annotated[str | None, typer.Argument(help="filter by id, alias
                                       "revision": r.revision} for r in rows], indent=2) + "\n")
         return
     if not rows:
-        err.print(f"no model matches {query!r}")
+        _err().print(f"no model matches {query!r}")
         raise typer.Exit(2)
-    render_models(list(rows), out)
+    render_models(list(rows), _out())
 
 
 @app.command()
@@ -136,9 +145,9 @@ def gpus(query: Annotated[str | None, typer.Argument(help="filter by name or ali
         sys.stdout.write(json.dumps([asdict(g) for g in rows], indent=2) + "\n")
         return
     if not rows:
-        err.print(f"no GPU matches {query!r}")
+        _err().print(f"no GPU matches {query!r}")
         raise typer.Exit(2)
-    render_gpus(list(rows), out)
+    render_gpus(list(rows), _out())
 
 
 # Each feature area registers its own sub-commands from its own module, so that the

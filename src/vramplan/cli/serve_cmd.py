@@ -28,8 +28,13 @@ from vramplan.units import GB, GiB
 __all__ = ["register"]
 
 Opt = typer.Option
-_out = Console(soft_wrap=False)
-_err = Console(stderr=True)
+
+
+def _console() -> Console:
+    """A console made when a command prints, so it takes the width of that moment (see cli/main.py)."""
+    return Console(soft_wrap=False)
+
+
 # the formats matplotlib writes that the --plot help names
 _FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 # the most requests a simulation replays; the step loop and its timeline grow with the requests (issue 19:
@@ -128,7 +133,7 @@ def _serve(
 
 def _render_serve(d: Any) -> None:
     verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
-    _out.print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
+    _console().print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
                f"max_model_len {d.max_model_len:,} · utilisation {d.gpu_memory_utilization}")
     t = Table(title="vLLM start-up memory per GPU", title_justify="left")
     t.add_column("term")
@@ -148,18 +153,18 @@ def _render_serve(d: Any) -> None:
     t.add_row("outside the budget", _gib(d.cuda_context_bytes + d.nccl_bytes + (
         0 if d.cudagraph_subtracted else d.cudagraph_bytes)), "CUDA context, NCCL, CUDA graphs")
     t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]", "as nvidia-smi shows")
-    _out.print(t)
-    _out.print(f"KV: {d.kv_spec.describe()}; page {d.page_bytes:,} B x {d.layers_per_group} layers"
+    _console().print(t)
+    _console().print(f"KV: {d.kv_spec.describe()}; page {d.page_bytes:,} B x {d.layers_per_group} layers"
                f"{f' x {len(d.groups)} groups' if len(d.groups) > 1 else ''}")
-    _out.print(f"num_gpu_blocks {d.num_gpu_blocks:,} · GPU KV cache size {d.kv_cache_tokens:,} tokens · "
+    _console().print(f"num_gpu_blocks {d.num_gpu_blocks:,} · GPU KV cache size {d.kv_cache_tokens:,} tokens · "
                f"maximum concurrency for {d.max_model_len:,} tokens per request {d.max_concurrency:.2f}x · "
                f"largest max_model_len that fits {d.max_model_len_that_fits:,}")
-    _out.print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
+    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
     if d.fix:
-        _out.print(f"change: {d.fix}", highlight=False)
-    _out.print("[dim]Assumptions:[/]")
+        _console().print(f"change: {d.fix}", highlight=False)
+    _console().print("[dim]Assumptions:[/]")
     for a in d.assumptions:
-        _out.print(f"[dim]  - {a}[/]", highlight=False)
+        _console().print(f"[dim]  - {a}[/]", highlight=False)
 
 
 # ---------------------------------------------------------------------------- kv
@@ -222,8 +227,8 @@ def _kv(
                                         "max_sequences": {str(k): v for k, v in cap.max_sequences.items()}}
         _emit(payload)
         return
-    _out.print(f"[bold]{m.name}[/] · {spec.describe()}")
-    _out.print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
+    _console().print(f"[bold]{m.name}[/] · {spec.describe()}")
+    _console().print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
                f"({spec.uniform_layer_bytes_per_token * block_size:,} B per layer)")
     t = Table(title="KV cache, GiB", title_justify="left")
     t.add_column("tokens", justify="right")
@@ -231,13 +236,13 @@ def _kv(
         t.add_column(f"batch {b}", justify="right")
     for s in seqs:
         t.add_row(f"{s:,}", *[_gib(table[s][b]) for b in batches])
-    _out.print(t)
+    _console().print(t)
     if cap is not None:
-        _out.print(f"{budget_gb:g} GB ({_gib(cap.budget_bytes)} GiB) budget: {cap.total_pages:,} pages of {block_size} tokens "
+        _console().print(f"{budget_gb:g} GB ({_gib(cap.budget_bytes)} GiB) budget: {cap.total_pages:,} pages of {block_size} tokens "
                    f"({cap.page_bytes:,} B) = {cap.total_tokens:,} tokens; sequences at once: "
                    + ", ".join(f"{k:,} tokens -> {v:,}" for k, v in cap.max_sequences.items()))
     if plot is not None:
-        _out.print(f"figure written to {plot}")
+        _console().print(f"figure written to {plot}")
 
 
 def _kv_tp_check(name: str, m: Any, tp: int) -> None:
@@ -359,7 +364,7 @@ def _simulate(
                "capacity_tokens": capacity_tokens, "capacity_source": capacity_source,
                "results": {r.mode: r.to_dict() for r in results}})
         return
-    _out.print(f"[bold]{trace.name}[/]: {len(trace):,} requests, mean prompt {trace.mean_prompt:,.1f}, "
+    _console().print(f"[bold]{trace.name}[/]: {len(trace):,} requests, mean prompt {trace.mean_prompt:,.1f}, "
                f"mean output {trace.mean_output:,.1f} tokens · KV capacity {capacity_tokens:,} tokens "
                f"({capacity_source})")
     t = Table(title="KV memory over busy steps (shares of occupied memory)", title_justify="left")
@@ -382,11 +387,11 @@ def _simulate(
     ]
     for label, fn in rows:
         t.add_row(label, *[fn(r) for r in results])
-    _out.print(t)
+    _console().print(t)
     if len(results) == 2 and results[0].throughput:
-        _out.print(f"paged / contiguous throughput: {results[1].throughput / results[0].throughput:.2f}x")
+        _console().print(f"paged / contiguous throughput: {results[1].throughput / results[0].throughput:.2f}x")
     if plot is not None:
-        _out.print(f"figure written to {plot}")
+        _console().print(f"figure written to {plot}")
 
 
 def _simulate_bounds(requests: int, rate: float | None, capacity: int | None, util: float | None, block: int,
@@ -484,10 +489,10 @@ def _generate(
     else:
         from vramplan.cli.render import render_report
 
-        render_report(report, _out)
+        render_report(report, _console())
         inf = r.scenario.inference
-        _out.print("phases (allocated): " + ", ".join(f"{k} {_gib(v)} GiB" for k, v in phases.items()))
-        _out.print(f"largest batch that fits at {inf.prompt_len:,} + {inf.new_tokens:,} tokens: {mb:,}; "
+        _console().print("phases (allocated): " + ", ".join(f"{k} {_gib(v)} GiB" for k, v in phases.items()))
+        _console().print(f"largest batch that fits at {inf.prompt_len:,} + {inf.new_tokens:,} tokens: {mb:,}; "
                    f"longest prompt at batch {inf.batch_size} and {inf.new_tokens:,} new tokens: {mp:,}")
     if not report.fits:
         raise typer.Exit(1)
