@@ -436,3 +436,19 @@ def test_deeply_nested_dataset(tmp_path: Path) -> None:
     (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000)
     code, _, err = run("validate", str(tmp_path / "deep.yaml"))
     assert code == 2 and "is not valid YAML/JSON" in err, err
+
+
+def test_output_width_is_the_runs_not_the_shells() -> None:
+    # the README's test run failed when the shell exported a narrow COLUMNS: consoles made at import took it,
+    # and a test's own COLUMNS=120 came too late.  A fresh interpreter imports the CLI under COLUMNS=40.
+    import os
+    import subprocess
+    import sys
+
+    code = ("from typer.testing import CliRunner\nfrom vramplan.cli.main import app\n"
+            "r = CliRunner().invoke(app, ['models', 'llama'], env={'COLUMNS': '160', 'NO_COLOR': '1'})\n"
+            "print(r.exit_code, 'meta-llama/Llama-2-7b-hf' in r.stdout)\n")
+    env = {**os.environ, "COLUMNS": "40", "PYTHONPATH": str(ROOT / "src")}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False,
+                         timeout=120)
+    assert res.stdout.split() == ["0", "True"], res.stdout + res.stderr
