@@ -19,9 +19,11 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from vramplan.cli import flags as flags_mod
+from vramplan.cli.compare_cmd import COMPARE_FLAGS
 from vramplan.cli.flags import Flag, Given, describe, scenario_flags
 from vramplan.cli.main import ESTIMATE_FLAGS, app
-from vramplan.cli.plan_cmd import PLAN_FLAGS
+from vramplan.cli.measure_cmd import MEASURE_FLAGS
+from vramplan.cli.plan_cmd import PLAN_FLAGS, SOLVE_FLAGS
 from vramplan.cli.serve_cmd import GENERATE_FLAGS, SERVE_FLAGS
 from vramplan.cli.trace_cmd import TRACE_FLAGS
 from vramplan.facts import Choices
@@ -29,7 +31,9 @@ from vramplan.spec.scenario import Scenario
 
 FROZEN = Path(__file__).parent / "data" / "cli_flags.json"
 COMMANDS: dict[str, tuple[Flag, ...]] = {"estimate": ESTIMATE_FLAGS, "trace": TRACE_FLAGS, "plan": PLAN_FLAGS,
-                                         "serve": SERVE_FLAGS, "generate": GENERATE_FLAGS}
+                                         "serve": SERVE_FLAGS, "generate": GENERATE_FLAGS,
+                                         # solve and compare take a whole scenario as options (issue 19)
+                                         "solve": SOLVE_FLAGS, "compare": COMPARE_FLAGS, "measure": MEASURE_FLAGS}
 runner = CliRunner()
 ENV = {"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
 
@@ -61,6 +65,10 @@ BEFORE: dict[str, set[str]] = {
     "generate": {
         "model", "gpu", "capacity-gib", "tp", "batch-size", "prompt-len", "new-tokens", "dtype", "quantization",
         "kv-cache-dtype", "attention", "json"},
+    "solve": {"margin", "json"},
+    "compare": set(),
+    "measure": {"device", "layers", "seq-len", "micro-batch-size", "batch-size", "prompt-len", "new-tokens",
+                "max-cpu-bytes", "warmup", "no-warmup", "json"},
 }
 
 

@@ -33,9 +33,9 @@ def test_compare_estimates_each_and_names_what_differs() -> None:
     out = compare([lora, {**lora, "train": {**lora["train"], "seq_len": 2048}}])
     assert [r["scenario"]["train"]["seq_len"] for r in out["reports"]] == [1024, 2048]
     assert out["reports"][0] == estimate(lora).to_json_dict()
-    assert "scenario.train.seq_len" in out["differences"]
-    assert "per_gpu.breakdown.activations" in out["differences"]
-    assert "per_gpu.breakdown.weights" not in out["differences"]  # the weights do not depend on seq_len
+    assert "scenario.train.seq_len" in out["differing_keys"]
+    assert "per_gpu.breakdown.activations" in out["differing_keys"]
+    assert "per_gpu.breakdown.weights" not in out["differing_keys"]  # the weights do not depend on seq_len
     with pytest.raises(ScenarioError):
         compare([lora], engine="guess")
 

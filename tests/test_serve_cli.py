@@ -92,7 +92,7 @@ def test_kv_plot(tmp_path: Path) -> None:
     fig = tmp_path / "kv.png"
     code, out, _ = run("kv", "meta-llama/Llama-2-7b-hf", "--seq", "1024,4096", "--batch", "1,32", "--plot", str(fig))
     assert code == 0 and fig.stat().st_size > 1000
-    assert "68.72" in out  # 4096 tokens x 32 sequences
+    assert "64.00" in out  # 4096 tokens x 32 sequences x 524,288 B = 2^36 B = 64 GiB (the table prints GiB)
 
 
 def test_kv_bad_input_exits_2() -> None:

@@ -146,10 +146,10 @@ def test_compare_lists_the_differences(client: TestClient) -> None:
     assert r.status_code == 200
     doc = r.json()
     assert [x["gpu"]["name"] for x in doc["reports"]] == ["A10G", "H100-SXM"]
-    assert "scenario.hardware.gpu" in doc["differences"]
-    assert "per_gpu.headroom_bytes" in doc["differences"]
+    assert "scenario.hardware.gpu" in doc["differing_keys"]
+    assert "per_gpu.headroom_bytes" in doc["differing_keys"]
     # the weights do not depend on the GPU
-    assert "per_gpu.breakdown.weights" not in doc["differences"]
+    assert "per_gpu.breakdown.weights" not in doc["differing_keys"]
     assert client.post("/api/compare", json=[a] * 5).status_code == 422
     bad = client.post("/api/compare", json=[a, {**a, "train": {"seq_len": -1}}])
     assert bad.status_code == 422 and bad.json()["detail"][0]["where"] == "1.train.seq_len"

@@ -1,38 +1,54 @@
-"""Several setups side by side: each scenario's report, and the report keys on which they differ.
+"""Two to four setups side by side: each one's report, and which settings and results differ.
 
-``compare(scenarios)`` estimates every scenario with the same engine and lists, as dotted keys
-(``per_gpu.breakdown.activations``, ``scenario.train.seq_len``), every leaf of the report documents
-whose value is not the same in all of them (a key missing from one counts as a difference), so a
-reader (the web page, a script) highlights what changed and what it changed.
+``compare`` estimates each scenario with one engine and returns plain JSON data, so the command line
+(``vramplan compare``) and a web page render the same document.  The scenario keys compared are those of
+each report's ``scenario`` (the validated scenario with every default filled in), so a key left out of one
+input and set to its default in another does not count as a difference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vramplan.engine import estimate
 from vramplan.errors import Problem, ScenarioError
-from vramplan.report import Report
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["compare", "differing_keys"]
+__all__ = ["MAX_SETUPS", "MIN_SETUPS", "RESULT_KEYS", "compare", "differing_keys", "flatten"]
+
+MIN_SETUPS = 2
+MAX_SETUPS = 4
+# the per-GPU results set side by side (integers in bytes), in the order a reader compares them
+RESULT_KEYS: tuple[str, ...] = ("verdict", "fits", "per_gpu.device_used_bytes", "per_gpu.peak_reserved_bytes",
+                                "per_gpu.peak_allocated_bytes", "per_gpu.headroom_bytes",
+                                "per_gpu.capacity_bytes", "per_gpu.peak_phase")
+
+
+def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
 
 _MISSING = object()
 
 
-def _leaves(doc: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) for every leaf of a JSON document; a list is one leaf (compared whole)."""
-    if isinstance(doc, dict) and doc:
-        for k, v in doc.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, doc
+def _leaves(doc: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) for every leaf of a JSON document; a list or an empty mapping is one leaf."""
+    if isinstance(doc, Mapping) and doc:
+        return [leaf for k, v in doc.items() for leaf in _leaves(v, f"{prefix}.{k}" if prefix else str(k))]
+    return [(prefix, doc)]
 
 
-def differing_keys(docs: Sequence[dict[str, Any]]) -> list[str]:
-    """The dotted leaf keys whose values are not equal in every document, in first-seen order.
+def differing_keys(docs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The dotted leaf keys whose values are not equal in every document, in first-seen order (a key
+    missing from one document counts as a difference).
 
     >>> differing_keys([{"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3, "d": 0}}])
     ['b.c', 'b.d']
@@ -42,18 +58,67 @@ def differing_keys(docs: Sequence[dict[str, Any]]) -> list[str]:
     return [k for k in keys if len({repr(f.get(k, _MISSING)) for f in flat}) > 1]
 
 
-def compare(scenarios: Sequence[str | Path | dict[str, Any] | Scenario], engine: str = "analytic") -> dict[str, Any]:
-    """``{"reports": [report JSON, ...], "differences": [dotted key, ...]}`` for the given scenarios.
+def _estimate(scenario: Scenario | Mapping[str, Any], engine: str, index: int) -> dict[str, Any]:
+    source: Scenario | dict[str, Any] = scenario if isinstance(scenario, Scenario) else dict(scenario)
+    try:
+        if engine == "analytic":
+            from vramplan.engine import estimate
 
-    ``engine`` is ``analytic`` or ``trace`` (the traced engine needs the ``trace`` extra)."""
-    run: Callable[[Any], Report]
-    if engine == "analytic":
-        run = estimate
-    elif engine == "trace":
+            return estimate(source).to_json_dict()
         from vramplan.trace import estimate as trace_estimate
 
-        run = trace_estimate
-    else:
-        raise ScenarioError([Problem("engine", f"unknown engine {engine!r}", "use analytic or trace")])
-    reports = [run(s).to_json_dict() for s in scenarios]
-    return {"reports": reports, "differences": differing_keys(reports)}
+        return trace_estimate(source).to_json_dict()
+    except ScenarioError as exc:
+        # every problem, each under the setup it belongs to
+        raise ScenarioError([Problem(f"setup {index + 1}: {p.where}" if p.where else f"setup {index + 1}",
+                                     p.message, p.hint) for p in exc.problems]) from None
+
+
+def _differing(flat: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
+    out = []
+    for key in keys:
+        values = [f.get(key) for f in flat]
+        if any(v != values[0] for v in values[1:]):
+            out.append({"key": key, "values": values})
+    return out
+
+
+def compare(scenarios: Sequence[Scenario | Mapping[str, Any]], engine: str = "analytic") -> dict[str, Any]:
+    """Estimate 2 to 4 scenarios with ``engine`` ("analytic" or "trace") and set them side by side.
+
+    Returns ``{"engine", "reports": [each report's JSON document], "differences": [{"key": dotted scenario
+    key, "values": [one per setup]}], "results": [{"key": result key, "values": [...], "differs": bool}],
+    "differing_keys": [every dotted leaf of the whole report documents, results and scenario, whose value
+    differs], "best": index of the setup that fits with the least memory per GPU, or None}``.  Raises
+    ``ScenarioError`` (every setup's problems at once, each prefixed with its setup number) for a bad input.
+    """
+    problems: list[Problem] = []
+    if isinstance(scenarios, (str, bytes, Mapping)) or not isinstance(scenarios, Sequence):
+        raise ScenarioError([Problem("scenarios", "give a list of 2 to 4 scenarios", "")])
+    if not MIN_SETUPS <= len(scenarios) <= MAX_SETUPS:
+        problems.append(Problem("scenarios", f"{len(scenarios)} setups given; compare takes "
+                                f"{MIN_SETUPS} to {MAX_SETUPS}", "give 2, 3 or 4 scenarios"))
+    if engine not in ("analytic", "trace"):
+        problems.append(Problem("engine", f"unknown engine {engine!r}", "use analytic or trace"))
+    bad = [i + 1 for i, s in enumerate(scenarios) if not isinstance(s, (Scenario, Mapping))]
+    if bad:
+        problems.append(Problem("scenarios", f"setup(s) {bad} are not scenarios", "give mappings or Scenario objects"))
+    if problems:
+        raise ScenarioError(problems)
+    reports: list[dict[str, Any]] = []
+    for i, s in enumerate(scenarios):
+        try:
+            reports.append(_estimate(s, engine, i))
+        except ScenarioError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ScenarioError(problems)
+    flat_scenarios = [flatten(r["scenario"]) for r in reports]
+    keys = list(dict.fromkeys(k for f in flat_scenarios for k in f))
+    flat_results = [flatten(r) for r in reports]
+    results = [{"key": k, "values": [f.get(k) for f in flat_results],
+                "differs": any(f.get(k) != flat_results[0].get(k) for f in flat_results[1:])} for k in RESULT_KEYS]
+    fitting = [i for i, r in enumerate(reports) if r["fits"]]
+    best = min(fitting, key=lambda i: reports[i]["per_gpu"]["device_used_bytes"]) if fitting else None
+    return {"engine": engine, "reports": reports, "differences": _differing(flat_scenarios, keys),
+            "results": results, "differing_keys": differing_keys(reports), "best": best}

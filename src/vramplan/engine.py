@@ -20,9 +20,11 @@ from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
+from vramplan.errors import Problem, ScenarioError
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
 from vramplan.report.band import with_band
 from vramplan.serve.report import serve
+from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 
@@ -55,7 +57,8 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
         lifecycle=lifecycle[0], lifecycle_peak_phase=lifecycle[1],
     )
-    assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu).assumption()]
+    assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu).assumption(),
+                   *capability_notes(r.scenario, r.gpu), *ignored_sections(r.scenario)]
     if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
         assumptions.append(note)
     report = Report(
@@ -125,6 +128,16 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
     1 ms, never above the replay's figure), which the planner uses to screen candidates before it
     confirms them with the replay.  Inference and serving always use the packing.
     """
+    try:
+        return _estimate(source, reserved)
+    except (OverflowError, RecursionError) as exc:
+        # the input bounds (spec/load.py, spec/hf_config.py MAX_SIZE) keep every byte count in 64 bits; should a
+        # combination of sizes still overflow, the caller gets the package's error, not Python's
+        raise ScenarioError([Problem("scenario", f"sizes beyond what can be computed ({type(exc).__name__}: {exc})",
+                                     "check the model's config.json and the scenario's counts")]) from None
+
+
+def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel) -> Report:
     r = source if isinstance(source, Resolved) else resolve(source)
     choice = cuda_context_for(r.gpu)
     ctx = choice.bytes

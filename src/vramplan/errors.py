@@ -37,12 +37,20 @@ class ScenarioError(VramplanError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+LISTED_KINDS = frozenset({"model", "gpu"})
+"""Kinds of name with a command that lists them (``vramplan models``, ``vramplan gpus``)."""
+
+
 class UnknownNameError(ScenarioError):
     """A model or GPU name that is not in the catalog."""
 
     def __init__(self, kind: str, name: str, candidates: Iterable[str], option: str) -> None:
-        close = suggest(name, candidates)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else f"see `vramplan {kind}s`"
+        pool = list(dict.fromkeys(candidates))
+        close = suggest(name, pool)
+        # only models and GPUs have a listing command (`vramplan models`, `vramplan gpus`); other kinds list
+        # their few names
+        listing = f"see `vramplan {kind}s`" if kind in LISTED_KINDS else f"choose one of: {', '.join(pool)}"
+        hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else listing
         super().__init__([Problem(option, f"unknown {kind} {name!r}", hint)])
         self.name = name
         self.suggestions = close

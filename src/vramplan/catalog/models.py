@@ -11,6 +11,7 @@ from typing import Any
 
 from vramplan.errors import Problem, ScenarioError, UnknownNameError
 from vramplan.spec.hf_config import model_from_config
+from vramplan.spec.load import MAX_PATH_CHARS, parse_text, read_bounded_text
 from vramplan.spec.model import ModelSpec
 
 
@@ -68,10 +69,8 @@ def _from_path(path: Path, where: str) -> ModelSpec:
     file = path / "config.json" if path.is_dir() else path
     if not file.exists():
         raise ScenarioError([Problem(where, f"{path} has no config.json", "point at a config.json or its folder")])
-    try:
-        cfg = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ScenarioError([Problem(where, f"cannot read {file} as JSON: {exc}", "give a valid config.json")]) from None
+    # bounded: a device (/dev/zero), a huge or deeply nested file is refused before parsing
+    cfg = parse_text(read_bounded_text(file, where), ".json", where, str(file))
     if not isinstance(cfg, dict):
         raise ScenarioError([Problem(where, f"{file} is not a JSON object", "give a valid config.json")])
     return model_from_config(cfg, name=str(cfg.get("_name_or_path") or file.parent.name or file.stem), where=where)
@@ -88,7 +87,11 @@ def load_model(model: str | dict[str, Any], where: str = "model") -> ModelSpec:
         spec = model_from_config(m.config, name=m.id, where=where)
         return _with_source(spec, m.source)
     path = Path(model).expanduser()
-    if path.exists():
+    try:
+        exists = len(model) <= MAX_PATH_CHARS and path.exists()
+    except OSError:  # a name the file system refuses (too long a component, say) names no file
+        exists = False
+    if exists:
         return _from_path(path, where)
     if model.endswith(".json") or "/" in model and model.startswith((".", "/", "~")):
         raise ScenarioError([Problem(where, f"no such file: {model}", "check the path to config.json")])

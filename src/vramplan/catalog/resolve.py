@@ -15,6 +15,7 @@ from typing import Any
 from vramplan.catalog.gpus import resolve_gpu
 from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
+from vramplan.spec.checks import capability_problems, contradictions
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import (
     Resolved,
@@ -71,6 +72,9 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         notes += unmodelled_inputs(scenario, model)
         problems.extend(quant_problems)
         problems.extend(cross_check(scenario, model))
+        problems.extend(contradictions(scenario, model))
+    if gpu is not None:
+        problems.extend(capability_problems(scenario, gpu))
     if problems:
         raise ScenarioError(problems)
     assert model is not None and gpu is not None

@@ -10,22 +10,48 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from vramplan.cli.common import deep_merge as _deep_merge
 from vramplan.cli.common import fail as _fail
+from vramplan.cli.common import progress as _progress
+from vramplan.cli.common import scenario_document
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True,
+    # typer's --install-completion / --show-completion (bash, zsh, fish, PowerShell)
+    add_completion=True, no_args_is_help=True,
     help="Per-GPU memory for LLM training, inference and serving: estimate before you launch.",
 )
-out = Console(soft_wrap=False)
-err = Console(stderr=True)
+
+
+def _out() -> Console:
+    """A console made when a command runs, so it takes the terminal's width then (COLUMNS included), not the
+    width at import: tests that set COLUMNS get it, whatever the shell exported."""
+    return Console(soft_wrap=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, soft_wrap=True)
 
 Opt = typer.Option
 
 
 ESTIMATE_FLAGS = scenario_flags([""])  # every scenario field
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from vramplan import __version__
+
+        sys.stdout.write(f"vramplan {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, Opt("--version", callback=_print_version, is_eager=True,
+                                       help="print the version and exit")] = False) -> None:
+    """Per-GPU memory for LLM training, inference and serving: estimate before you launch."""
+
+
 
 
 @app.command()
@@ -39,35 +65,52 @@ def estimate(
 ) -> None:
     """Estimate per-GPU memory for a scenario file and/or flags."""
     from vramplan.engine import estimate as run_estimate
-    from vramplan.spec.load import read_document
 
     try:
-        base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-        over = given.document(given["task"] or base.get("task", "train"))
-        doc = _deep_merge(base, over)
-        if "model" not in doc:
-            raise ScenarioError([Problem(
-                "model", "no model given", "pass a scenario file or --model")])
+        doc = scenario_document(scenario, given)
         if engine == "analytic":
             report = run_estimate(doc)
         elif engine == "trace":
             from vramplan.trace import estimate as trace_estimate
 
-            report = trace_estimate(doc)
+            with _progress("tracing the model on the meta device", quiet=as_json):
+                report = trace_estimate(doc)
         else:
             raise ScenarioError([Problem(
                 "--engine", f"unknown engine {engine!r}", "use --engine analytic or --engine trace")])
     except VramplanError as exc:
-        _fail(exc)
+        _fail(exc, given)
         return
+    extra = _remedies_and_defaults(report, doc) if not report.fits and engine == "analytic" else {}
     if as_json:
-        sys.stdout.write(json.dumps(report.to_json_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps({**report.to_json_dict(), **extra}, indent=2) + "\n")
     else:
-        from vramplan.cli.render import render_report
+        from vramplan.cli.render import render_remedies, render_report
 
+        out = _out()
         render_report(report, out)
+        if extra:
+            render_remedies(extra["remedies"], extra["assumed_settings"], out)
     if not report.fits:
         raise typer.Exit(1)
+
+
+def _remedies_and_defaults(report: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """For a job that does not fit: the planner's verified remedies and the settings left at their defaults
+    (``remedies`` and ``assumed_settings`` beside the report's keys in ``--json``)."""
+    from vramplan.compare import flatten
+    from vramplan.plan.remedies import remedies
+
+    try:
+        found = [r.to_json_dict() for r in remedies(doc, report)]
+    except VramplanError:
+        found = []
+    task = report.scenario.get("task", "train")
+    given = flatten(doc)
+    sections = (task, "parallel", "framework", "hardware.num_gpus")
+    assumed = {k: v for k, v in flatten(report.scenario).items()
+               if k not in given and k.startswith(sections) and v is not None}
+    return {"remedies": found, "assumed_settings": assumed}
 
 
 @app.command()
@@ -83,9 +126,9 @@ def models(query: Annotated[str | None, typer.Argument(help="filter by id, alias
                                       "revision": r.revision} for r in rows], indent=2) + "\n")
         return
     if not rows:
-        err.print(f"no model matches {query!r}")
+        _err().print(f"no model matches {query!r}")
         raise typer.Exit(2)
-    render_models(list(rows), out)
+    render_models(list(rows), _out())
 
 
 @app.command()
@@ -102,16 +145,16 @@ def gpus(query: Annotated[str | None, typer.Argument(help="filter by name or ali
         sys.stdout.write(json.dumps([asdict(g) for g in rows], indent=2) + "\n")
         return
     if not rows:
-        err.print(f"no GPU matches {query!r}")
+        _err().print(f"no GPU matches {query!r}")
         raise typer.Exit(2)
-    render_gpus(list(rows), out)
+    render_gpus(list(rows), _out())
 
 
 # Each feature area registers its own sub-commands from its own module, so that the
 # CLI grows without one file holding every command.
-from vramplan.cli import measure_cmd, plan_cmd, serve_cmd, snapshot_cmd, trace_cmd, validate_cmd, web_cmd
+from vramplan.cli import compare_cmd, measure_cmd, plan_cmd, serve_cmd, snapshot_cmd, trace_cmd, validate_cmd, web_cmd
 
-for _mod in (trace_cmd, serve_cmd, plan_cmd, measure_cmd, snapshot_cmd, validate_cmd, web_cmd):
+for _mod in (trace_cmd, serve_cmd, plan_cmd, compare_cmd, measure_cmd, snapshot_cmd, validate_cmd, web_cmd):
     _mod.register(app)
 
 

@@ -12,13 +12,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from vramplan.cli.common import fail
+from vramplan.cli.common import fail, progress, scenario_document
+from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError
 
 if TYPE_CHECKING:
     from vramplan.measure.result import MeasureResult
 
-__all__ = ["parse_bytes", "register", "render_measure"]
+__all__ = ["MEASURE_FLAGS", "parse_bytes", "register", "render_measure"]
+
+# measure takes a scenario as flags too; its own shrink options keep their names, so the scenario fields of
+# the same name (seq_len, micro_batch_size, batch_size, prompt_len, new_tokens) are set from a file only
+_SHRINK = frozenset({"seq_len", "micro_batch_size", "batch_size", "prompt_len", "new_tokens"})
+MEASURE_FLAGS = tuple(f for f in scenario_flags([""]) if f.name not in _SHRINK)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -84,8 +90,10 @@ def register(app: typer.Typer) -> None:
     """Add this module's commands to the top-level app."""
 
     @app.command("measure")
+    @scenario_options(MEASURE_FLAGS)
     def measure_command(
-        scenario: Annotated[Path, typer.Argument(help="scenario file (.yaml, .json, .toml)")],
+        scenario: Annotated[Path | None, typer.Argument(help="scenario file (.yaml, .json, .toml); optional with "
+                                                              "--model")] = None,
         device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")] = "auto",
         layers: Annotated[int | None, typer.Option(help="shrink: decoder layers (num_hidden_layers)")] = None,
         seq_len: Annotated[int | None, typer.Option(help="shrink: train tokens per sequence")] = None,
@@ -99,17 +107,22 @@ def register(app: typer.Typer) -> None:
         warmup: Annotated[bool, typer.Option(help="run one warm-up step first (steady state: optimizer states "
                                                    "exist)")] = True,
         as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+        *,
+        given: Given,
     ) -> None:
-        """Run one real step of SCENARIO (random weights) and compare its memory with the prediction."""
+        """Run one real step of a scenario (file and/or flags; random weights) and compare its memory with the
+        prediction."""
         try:
             limit = parse_bytes(max_cpu_bytes) if max_cpu_bytes is not None else None
             from vramplan.measure.run import measure
 
-            res = measure(scenario, device=device, layers=layers, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                          batch_size=batch_size, prompt_len=prompt_len, new_tokens=new_tokens, max_cpu_bytes=limit,
-                          warmup=warmup)
+            doc = scenario_document(scenario, given)
+            with progress("running one step", quiet=as_json):
+                res = measure(doc, device=device, layers=layers, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                              batch_size=batch_size, prompt_len=prompt_len, new_tokens=new_tokens,
+                              max_cpu_bytes=limit, warmup=warmup)
         except VramplanError as exc:
-            fail(exc)
+            fail(exc, given)
         if as_json:
             sys.stdout.write(json.dumps(res.to_json_dict(), indent=2) + "\n")
             return

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from vramplan.cli.common import progress
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ PLAN_FLAGS = scenario_flags(
     notes={"train.peft.rank": "The planner's default: 16.", "train.peft.alpha": "The planner's default: 32.",
            "serve.max_model_len": "Required with --task serve."})
 PEFT_CHOICES = ("none", "allow", "only", "lora", "qlora")
+# solve takes a whole scenario, so every scenario field is an option, as for estimate
+SOLVE_FLAGS = scenario_flags([""])
 
 
 def _gib(n: float) -> str:
@@ -33,9 +36,14 @@ def _gib(n: float) -> str:
 
 def _from_scenario(path: Path) -> dict[str, Any]:
     """Planning inputs taken from a scenario file: model, GPU, count, task and the job's size."""
+    from vramplan.errors import Problem, ScenarioError
     from vramplan.spec.load import parse_scenario, read_document
 
     sc = parse_scenario(read_document(path))
+    if sc.task == "inference":
+        raise ScenarioError([Problem("task", "the scenario has task: inference, but plan searches training (train) "
+                                     "and vLLM serving (serve) setups",
+                                     "use `vramplan generate` for Hugging Face generate, or set task: train or serve")])
     out: dict[str, Any] = {"model": sc.model, "gpu": sc.hardware.gpu, "num_gpus": str(sc.hardware.num_gpus),
                            "task": "serve" if sc.task == "serve" else "train",
                            "gpus_per_node": sc.hardware.gpus_per_node}
@@ -51,6 +59,43 @@ def _from_scenario(path: Path) -> dict[str, Any]:
             out["lora_rank"] = t.peft.rank
             out["lora_alpha"] = t.peft.alpha
     return out
+
+
+# The most GPU counts one plan searches: each count is a full search (issue 19: 1-100000 ran for minutes with
+# no output); a list such as 8,16,32,64 or a range of up to this many counts covers a real choice.
+MAX_PLAN_COUNTS = 64
+
+
+def _count_problems(value: Any) -> list[Any]:
+    """A GPU count, range or list naming more than ``MAX_PLAN_COUNTS`` counts, refused before the search."""
+    from vramplan.errors import Problem
+
+    total = 0
+    for part in str(value or "1").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.strip().isdigit() and hi.strip().isdigit():
+            total += max(0, int(hi) - int(lo) + 1)
+        else:
+            total += 1
+    if total > MAX_PLAN_COUNTS:
+        return [Problem("--num-gpus", f"{value!r} names {total:,} GPU counts; a plan searches at most "
+                        f"{MAX_PLAN_COUNTS}", "give a shorter range or a list, e.g. 8,16,32,64")]
+    return []
+
+
+def _plan_bounds(margin: float, top: int, mfu: float, gbps: float, host: float | None, mmb: int,
+                 gb: int | None, gbt: int | None, conc: int | None) -> list[Any]:
+    """The planner's own numbers, bounded the way every command bounds them (spec.checks.number_problems)."""
+    from vramplan.spec.checks import number_problems
+
+    return [*number_problems("--margin", margin, 0, 0.9), *number_problems("--top", top, 1, 100),
+            *number_problems("--mfu", mfu, 0, 1, low_open=True),
+            *number_problems("--inter-node-gbps", gbps, 0, 1e6, low_open=True),
+            *number_problems("--host-memory-gib", host, 0, 1e6, low_open=True),
+            *number_problems("--max-micro-batch", mmb, 1, 4096),
+            *number_problems("--global-batch", gb, 1, 100_000_000),
+            *number_problems("--global-batch-tokens", gbt, 1, 10**15),
+            *number_problems("--concurrency", conc, 1, 1_000_000)]
 
 
 def render_plan(res: PlanResult, console: Console) -> None:
@@ -208,6 +253,9 @@ def register(app: typer.Typer) -> None:
                 problems.append(Problem("--seq-len", "no sequence length given", "pass --seq-len TOKENS"))
             if t == "serve" and not opts.get("max_model_len"):
                 problems.append(Problem("--max-model-len", "no max_model_len given", "pass --max-model-len TOKENS"))
+            problems += _plan_bounds(margin, top, mfu, inter_node_gbps, host_memory_gib, max_micro_batch,
+                                     global_batch, global_batch_tokens, concurrency)
+            problems += _count_problems(opts.get("num_gpus"))
             if problems:
                 raise ScenarioError(problems)
             job: TrainJob | ServeJob
@@ -220,16 +268,17 @@ def register(app: typer.Typer) -> None:
                 job = ServeJob(max_model_len=int(opts["max_model_len"]), concurrency=int(opts.get("concurrency") or 1),
                                allow_quantization=allow_quantization)
             assumptions = PerfAssumptions(mfu=mfu, inter_node_bytes_per_s=inter_node_gbps * 1e9)
-            res = run_plan(opts["model"], str(opts["gpu"]), opts.get("num_gpus") or "1", job, margin=margin, top=top,
-                           assumptions=assumptions, gpus_per_node=int(opts.get("gpus_per_node") or 8),
-                           host_memory_gib=host_memory_gib)
+            with progress("searching setups", quiet=as_json):
+                res = run_plan(opts["model"], str(opts["gpu"]), opts.get("num_gpus") or "1", job, margin=margin,
+                               top=top, assumptions=assumptions, gpus_per_node=int(opts.get("gpus_per_node") or 8),
+                               host_memory_gib=host_memory_gib)
             written: list[Path] = []
             if export is not None:
                 from vramplan.export import write_export
 
                 written = write_export(res, export)
         except VramplanError as exc:
-            _fail(exc)
+            _fail(exc, given)
             return
         if as_json:
             doc = res.to_json_dict()
@@ -244,18 +293,24 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
     @app.command()
+    @scenario_options(SOLVE_FLAGS)
     def solve(
         kind: Annotated[str, typer.Argument(help="max-batch | max-seq | min-gpus")],
-        scenario: Annotated[Path, typer.Argument(help="scenario file (.yaml, .json, .toml)")],
+        scenario: Annotated[Path | None, typer.Argument(help="scenario file (.yaml, .json, .toml); optional with "
+                                                              "--model and --gpu")] = None,
         margin: Annotated[float, Opt(help="fraction of GPU capacity kept free")] = 0.10,
         as_json: Annotated[bool, Opt("--json", help="print the answer as JSON")] = False,
+        *,
+        given: Given,
     ) -> None:
-        """Push one knob of a scenario as far as the estimator allows (largest batch, longest
-        sequence, fewest GPUs), with the safety margin."""
+        """Push one knob of a scenario (a file and/or flags) as far as the estimator allows (largest batch,
+        longest sequence, fewest GPUs), with the safety margin."""
         from vramplan.cli.common import fail as _fail
+        from vramplan.cli.common import scenario_document
         out = Console(soft_wrap=False)
         from vramplan.errors import Problem, ScenarioError, VramplanError, suggest
         from vramplan.plan.solvers import solve as run_solve
+        from vramplan.spec.checks import number_problems
 
         kinds = ("max-batch", "max-seq", "min-gpus")
         try:
@@ -263,11 +318,16 @@ def register(app: typer.Typer) -> None:
                 close = suggest(kind, kinds)
                 raise ScenarioError([Problem("KIND", f"unknown solver {kind!r}",
                                              f"did you mean {close[0]!r}?" if close else f"use one of {kinds}")])
-            if not 0 <= margin < 0.9:
-                raise ScenarioError([Problem("--margin", f"{margin} is outside [0, 0.9)", "e.g. 0.1")])
-            res = run_solve(kind, scenario, margin)
+            problems = number_problems("--margin", margin, 0, 0.9, hint="e.g. 0.1")
+            if not problems and margin == 0.9:
+                problems = [Problem("--margin", f"{margin} is outside [0, 0.9)", "e.g. 0.1")]
+            if problems:
+                raise ScenarioError(problems)
+            doc = scenario_document(scenario, given)
+            with progress(f"solving {kind}", quiet=as_json):
+                res = run_solve(kind, doc, margin)
         except VramplanError as exc:
-            _fail(exc)
+            _fail(exc, given)
             return
         if as_json:
             sys.stdout.write(json.dumps(res.to_json_dict(), indent=2) + "\n")

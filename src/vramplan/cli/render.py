@@ -92,6 +92,21 @@ def _render_lifecycle(report: Report, console: Console) -> None:
         console.print(f"  host RAM while loading: {_gib(report.host.load_peak_bytes)} GiB per process", highlight=False)
 
 
+def render_remedies(remedies: list[dict[str, object]], assumed: dict[str, object], console: Console) -> None:
+    """A job that does not fit: the verified changes that make it fit, then the settings taken as defaults."""
+    if remedies:
+        console.print("[bold]Would fit (each change estimated again, with a 10% margin):[/]")
+        for r in remedies:
+            used, cap = r["device_used_bytes"], r["capacity_bytes"]
+            assert isinstance(used, int) and isinstance(cap, int)
+            console.print(f"  - {r['text']}: {_gib(used)} of {_gib(cap)} GiB", highlight=False)
+    else:
+        console.print("No single change tried makes it fit: see `vramplan plan`.")
+    if assumed:
+        console.print("[dim]Settings assumed (not given, defaults):[/] "
+                      + ", ".join(f"{k}={v}" for k, v in assumed.items()), highlight=False)
+
+
 def render_models(rows: list[object], console: Console) -> None:
     from vramplan.catalog.models import CatalogModel
     from vramplan.spec.hf_config import model_from_config

@@ -18,19 +18,29 @@ from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
 from vramplan.cli.common import fail as _fail
+from vramplan.cli.common import guard_input, guard_output, progress, save_figure
 from vramplan.cli.common import set_path as _set
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
+from vramplan.spec.checks import number_problems
 from vramplan.units import GB, GiB
 
 __all__ = ["register"]
 
 Opt = typer.Option
-_out = Console(soft_wrap=False)
-_err = Console(stderr=True)
 
 
+def _console() -> Console:
+    """A console made when a command prints, so it takes the width of that moment (see cli/main.py)."""
+    return Console(soft_wrap=False)
 
+
+# the formats matplotlib writes that the --plot help names
+_FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+# the most requests a simulation replays; the step loop and its timeline grow with the requests (issue 19:
+# --requests 100000000 ran without end), so the count is capped and said so
+MAX_SIM_REQUESTS = 100_000
+MAX_CSV_BYTES = 16 << 20  # 100,000 rows of a few numbers are about 2 MB
 
 
 def _emit(payload: dict[str, Any]) -> None:
@@ -103,9 +113,14 @@ def _serve(
         r = resolve(doc)
         sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
-        _fail(exc)
+        _fail(exc, given)
         return
-    d = sr.decision
+    from dataclasses import replace as _replace
+
+    from vramplan.spec.checks import capability_notes
+
+    # what the GPU's generation changes (bf16 before Ampere), beside the decision's own assumptions
+    d = _replace(sr.decision, assumptions=[*sr.decision.assumptions, *capability_notes(r.scenario, r.gpu)])
     if as_json:
         breakdown = {k: dict(v) for k, v in sr.peak.parts.items()}
         _emit({"vllm": d.to_dict(), "breakdown": breakdown, "outside_allocator": sr.outside,
@@ -118,7 +133,7 @@ def _serve(
 
 def _render_serve(d: Any) -> None:
     verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
-    _out.print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
+    _console().print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
                f"max_model_len {d.max_model_len:,} · utilisation {d.gpu_memory_utilization}")
     t = Table(title="vLLM start-up memory per GPU", title_justify="left")
     t.add_column("term")
@@ -138,18 +153,18 @@ def _render_serve(d: Any) -> None:
     t.add_row("outside the budget", _gib(d.cuda_context_bytes + d.nccl_bytes + (
         0 if d.cudagraph_subtracted else d.cudagraph_bytes)), "CUDA context, NCCL, CUDA graphs")
     t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]", "as nvidia-smi shows")
-    _out.print(t)
-    _out.print(f"KV: {d.kv_spec.describe()}; page {d.page_bytes:,} B x {d.layers_per_group} layers"
+    _console().print(t)
+    _console().print(f"KV: {d.kv_spec.describe()}; page {d.page_bytes:,} B x {d.layers_per_group} layers"
                f"{f' x {len(d.groups)} groups' if len(d.groups) > 1 else ''}")
-    _out.print(f"num_gpu_blocks {d.num_gpu_blocks:,} · GPU KV cache size {d.kv_cache_tokens:,} tokens · "
+    _console().print(f"num_gpu_blocks {d.num_gpu_blocks:,} · GPU KV cache size {d.kv_cache_tokens:,} tokens · "
                f"maximum concurrency for {d.max_model_len:,} tokens per request {d.max_concurrency:.2f}x · "
                f"largest max_model_len that fits {d.max_model_len_that_fits:,}")
-    _out.print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
+    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
     if d.fix:
-        _out.print(f"change: {d.fix}", highlight=False)
-    _out.print("[dim]Assumptions:[/]")
+        _console().print(f"change: {d.fix}", highlight=False)
+    _console().print("[dim]Assumptions:[/]")
     for a in d.assumptions:
-        _out.print(f"[dim]  - {a}[/]", highlight=False)
+        _console().print(f"[dim]  - {a}[/]", highlight=False)
 
 
 # ---------------------------------------------------------------------------- kv
@@ -180,13 +195,14 @@ def _kv(
             problems.append(Problem("--kv-cache-dtype", f"{kv_cache_dtype!r} is not allowed", f"choose {', '.join(KV_DTYPES)}"))
         if dtype not in ("fp16", "bf16", "fp32"):
             problems.append(Problem("--dtype", f"{dtype!r} is not allowed", "choose fp16, bf16 or fp32"))
-        if tp < 1 or block_size < 1:
-            problems.append(Problem("--tp", "tp and block size must be >= 1", ""))
-        if budget_gb is not None and budget_gb <= 0:
-            problems.append(Problem("--budget-gb", f"must be > 0, got {budget_gb}", ""))
+        problems += number_problems("--tp", tp, 1, 1024)
+        problems += number_problems("--block-size", block_size, 1, 1024)
+        problems += number_problems("--budget-gb", budget_gb, 0, 1e6, low_open=True)
+        guard_output("--plot", plot, _FIGURE_SUFFIXES, ".png, .svg or .pdf")
         if problems:
             raise ScenarioError(problems)
         m = load_model(model, where="model")
+        _kv_tp_check(model, m, tp)
         spec = kv_spec(m, kv_cache_dtype, dtype_bits(dtype) // 8, tp)
         table = {s: {b: spec.sequence_bytes(s) * b for b in batches} for s in seqs}
         cap = page_capacity(spec, int(budget_gb * GB), block_size, tuple(seqs)) if budget_gb else None
@@ -211,22 +227,35 @@ def _kv(
                                         "max_sequences": {str(k): v for k, v in cap.max_sequences.items()}}
         _emit(payload)
         return
-    _out.print(f"[bold]{m.name}[/] · {spec.describe()}")
-    _out.print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
+    _console().print(f"[bold]{m.name}[/] · {spec.describe()}")
+    _console().print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
                f"({spec.uniform_layer_bytes_per_token * block_size:,} B per layer)")
-    t = Table(title="KV cache, GB", title_justify="left")
+    t = Table(title="KV cache, GiB", title_justify="left")
     t.add_column("tokens", justify="right")
     for b in batches:
         t.add_column(f"batch {b}", justify="right")
     for s in seqs:
-        t.add_row(f"{s:,}", *[f"{table[s][b] / GB:,.2f}" for b in batches])
-    _out.print(t)
+        t.add_row(f"{s:,}", *[_gib(table[s][b]) for b in batches])
+    _console().print(t)
     if cap is not None:
-        _out.print(f"{budget_gb:g} GB budget: {cap.total_pages:,} pages of {block_size} tokens "
+        _console().print(f"{budget_gb:g} GB ({_gib(cap.budget_bytes)} GiB) budget: {cap.total_pages:,} pages of {block_size} tokens "
                    f"({cap.page_bytes:,} B) = {cap.total_tokens:,} tokens; sequences at once: "
                    + ", ".join(f"{k:,} tokens -> {v:,}" for k, v in cap.max_sequences.items()))
     if plot is not None:
-        _out.print(f"figure written to {plot}")
+        _console().print(f"figure written to {plot}")
+
+
+def _kv_tp_check(name: str, m: Any, tp: int) -> None:
+    """The same tensor-parallel checks as ``serve`` (spec.load.cross_check on a one-replica serve scenario)."""
+    from vramplan.spec.load import cross_check
+    from vramplan.spec.scenario import Scenario
+
+    if tp == 1:
+        return
+    sc = Scenario.model_validate({"model": name, "task": "serve", "hardware": {"num_gpus": tp}, "parallel": {"tp": tp}})
+    problems = [Problem("--tp", p.message, p.hint) for p in cross_check(sc, m) if p.where.startswith("parallel")]
+    if problems:
+        raise ScenarioError(problems)
 
 
 def _pyplot() -> Any:
@@ -244,15 +273,17 @@ def _plot_kv(path: Path, name: str, seqs: list[int], batches: list[int], table: 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for b in batches:
-        ax.plot(seqs, [table[s][b] / GB for s in seqs], marker="o", label=f"batch {b}")
+        ax.plot(seqs, [table[s][b] / GiB for s in seqs], marker="o", label=f"batch {b}")
     ax.set_xlabel("tokens per sequence")
-    ax.set_ylabel("KV cache (GB)")
+    ax.set_ylabel("KV cache (GiB)")
     ax.set_title(f"KV cache growth: {name}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, "--plot")
+    finally:
+        plt.close(fig)
 
 
 # ---------------------------------------------------------------------------- simulate
@@ -298,6 +329,10 @@ def _simulate(
                                     "give --capacity-tokens N, or --model and --gpu to use vLLM's num_gpu_blocks"))
         if capacity_tokens is not None and model is not None:
             problems.append(Problem("--capacity-tokens", "give --capacity-tokens or --model/--gpu, not both", ""))
+        problems += _simulate_bounds(requests, rate, capacity_tokens, gpu_memory_utilization, block_size,
+                                     max_model_len, max_num_seqs, max_num_batched_tokens, shared_prefix)
+        guard_input("--csv", csv, MAX_CSV_BYTES)
+        guard_output("--plot", plot, _FIGURE_SUFFIXES, ".png, .svg or .pdf")
         if problems:
             raise ScenarioError(problems)
         capacity_source = "given"
@@ -307,12 +342,16 @@ def _simulate(
                                                                    max_num_batched_tokens)
         trace = load_csv(csv, rate=rate, seed=seed) if csv is not None else synthesize(
             workload or "sharegpt", requests, seed=seed, rate=rate)
+        if len(trace) > MAX_SIM_REQUESTS:
+            raise ScenarioError([Problem("--csv", f"{len(trace):,} requests; a simulation replays at most "
+                                         f"{MAX_SIM_REQUESTS:,}", "use the first rows, or a sample")])
         base = SimConfig(capacity_tokens=capacity_tokens, block_size=block_size, max_model_len=max_model_len,
                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                          reservation=reservation,  # type: ignore[arg-type]
                          shared_prefix=shared_prefix)
         modes = ["contiguous", "paged"] if mode == "both" else [mode]
-        results = [simulate(trace, replace(base, mode=mo)) for mo in modes]  # type: ignore[arg-type]
+        with progress(f"simulating {len(trace):,} requests", quiet=as_json):
+            results = [simulate(trace, replace(base, mode=mo)) for mo in modes]  # type: ignore[arg-type]
         if plot is not None:
             _plot_sim(plot, trace.name, results)
     except VramplanError as exc:
@@ -325,7 +364,7 @@ def _simulate(
                "capacity_tokens": capacity_tokens, "capacity_source": capacity_source,
                "results": {r.mode: r.to_dict() for r in results}})
         return
-    _out.print(f"[bold]{trace.name}[/]: {len(trace):,} requests, mean prompt {trace.mean_prompt:,.1f}, "
+    _console().print(f"[bold]{trace.name}[/]: {len(trace):,} requests, mean prompt {trace.mean_prompt:,.1f}, "
                f"mean output {trace.mean_output:,.1f} tokens · KV capacity {capacity_tokens:,} tokens "
                f"({capacity_source})")
     t = Table(title="KV memory over busy steps (shares of occupied memory)", title_justify="left")
@@ -348,11 +387,25 @@ def _simulate(
     ]
     for label, fn in rows:
         t.add_row(label, *[fn(r) for r in results])
-    _out.print(t)
+    _console().print(t)
     if len(results) == 2 and results[0].throughput:
-        _out.print(f"paged / contiguous throughput: {results[1].throughput / results[0].throughput:.2f}x")
+        _console().print(f"paged / contiguous throughput: {results[1].throughput / results[0].throughput:.2f}x")
     if plot is not None:
-        _out.print(f"figure written to {plot}")
+        _console().print(f"figure written to {plot}")
+
+
+def _simulate_bounds(requests: int, rate: float | None, capacity: int | None, util: float | None, block: int,
+                     max_len: int, seqs: int, batched: int, prefix: int) -> list[Problem]:
+    """The simulation's own numbers, bounded (spec.checks.number_problems, as every command's)."""
+    return [*number_problems("--requests", requests, 1, MAX_SIM_REQUESTS),
+            *number_problems("--rate", rate, 0, 1e6, low_open=True),
+            *number_problems("--capacity-tokens", capacity, 1, 2**40),
+            *number_problems("--gpu-memory-utilization", util, 0, 1, low_open=True),
+            *number_problems("--block-size", block, 1, 1024),
+            *number_problems("--max-model-len", max_len, 1, 100_000_000),
+            *number_problems("--max-num-seqs", seqs, 1, 1_000_000),
+            *number_problems("--max-num-batched-tokens", batched, 1, 100_000_000),
+            *number_problems("--shared-prefix", prefix, 0, 100_000_000)]
 
 
 def _capacity_from_vllm(model: str | None, gpu: str | None, tp: int | None, util: float | None, block: int,
@@ -395,8 +448,10 @@ def _plot_sim(path: Path, name: str, results: list[Any]) -> None:
     ax2.set_title("KV memory: token states vs waste")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, "--plot")
+    finally:
+        plt.close(fig)
 
 
 # ---------------------------------------------------------------------------- generate
@@ -426,7 +481,7 @@ def _generate(
         mb = max_batch_size(r)
         mp = max_prompt_len(r)
     except VramplanError as exc:
-        _fail(exc)
+        _fail(exc, given)
         return
     phases = {mo.phase: mo.total for mo in ir.moments}
     if as_json:
@@ -434,10 +489,10 @@ def _generate(
     else:
         from vramplan.cli.render import render_report
 
-        render_report(report, _out)
+        render_report(report, _console())
         inf = r.scenario.inference
-        _out.print("phases (allocated): " + ", ".join(f"{k} {_gib(v)} GiB" for k, v in phases.items()))
-        _out.print(f"largest batch that fits at {inf.prompt_len:,} + {inf.new_tokens:,} tokens: {mb:,}; "
+        _console().print("phases (allocated): " + ", ".join(f"{k} {_gib(v)} GiB" for k, v in phases.items()))
+        _console().print(f"largest batch that fits at {inf.prompt_len:,} + {inf.new_tokens:,} tokens: {mb:,}; "
                    f"longest prompt at batch {inf.batch_size} and {inf.new_tokens:,} new tokens: {mp:,}")
     if not report.fits:
         raise typer.Exit(1)

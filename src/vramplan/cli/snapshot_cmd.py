@@ -16,6 +16,10 @@ from vramplan.errors import VramplanError
 Opt = typer.Option
 
 
+# a snapshot with a long allocation history is tens to hundreds of MB; 8 GiB refuses only a wrong path
+MAX_SNAPSHOT_BYTES = 8 << 30
+
+
 def human_bytes(n: float) -> str:
     """Bytes in the unit torch's OOM message would use (B, KiB, MiB, GiB)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -99,10 +103,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Explain an OOM snapshot: memory by category and stack frame, largest tensors, fragmentation."""
         from vramplan.cli.common import fail as _fail
+        from vramplan.cli.common import guard_input, guard_output
         from vramplan.measure.snapshot import read_snapshot, write_timeline_plot
 
         console = Console(soft_wrap=False)
         try:
+            guard_output("--plot", plot, (".png", ".html", ".htm"), ".png or .html")
+            guard_input("FILE", file, MAX_SNAPSHOT_BYTES)
             report = read_snapshot(file, device=device, top=top)
             if plot is not None:
                 write_timeline_plot(report, plot)

@@ -12,9 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
-from vramplan.cli.common import fail
+from vramplan.cli.common import fail, guard_output, progress, refuse_other_task_options
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import Problem, ScenarioError, VramplanError
+from vramplan.spec.checks import number_problems
 
 Opt = typer.Option
 
@@ -41,25 +42,28 @@ def register(app: typer.Typer) -> None:
             from vramplan.spec.load import read_document
 
             base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-            over = given.document(given["task"] or base.get("task", "train"))
-            doc = _merge(base, over)
+            task = given["task"] or base.get("task", "train")
+            doc = _merge(base, given.document(task))
+            refuse_other_task_options(given, task)
             if "model" not in doc:
                 raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
-            if timeline is not None and timeline.suffix.lower() not in (".png", ".html", ".htm", ".json"):
-                raise ScenarioError([Problem("--timeline", f"unknown timeline format {timeline.suffix!r}",
-                                             "name a .png, .html or .json file")])
+            guard_output("--timeline", timeline, (".png", ".html", ".htm", ".json"), ".png, .html or .json")
+            problems = number_problems("--top", top, 1, 1000)
+            if problems:
+                raise ScenarioError(problems)
             from vramplan.trace import require_torch
 
             require_torch()
             from vramplan.trace.engine import report_and_trace
 
-            report, data = report_and_trace(doc, top=top)
+            with progress("tracing the model on the meta device", quiet=as_json):
+                report, data = report_and_trace(doc, top=top)
             if timeline is not None:
                 from vramplan.trace.timeline import write_timeline
 
                 write_timeline(timeline, data)
         except VramplanError as exc:
-            fail(exc)
+            fail(exc, given)
         if as_json:
             payload = report.to_json_dict()
             payload["trace"] = {"top_at_peak": data["top_at_peak"], "peak_seq": data["peak"]["seq"]}

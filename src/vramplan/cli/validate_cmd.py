@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from vramplan.cli.common import fail
+from vramplan.cli.common import fail, guard_input, progress
 from vramplan.errors import VramplanError
 
 __all__ = ["SHORT_HEAD", "band_lines", "register", "render_result"]
@@ -106,6 +106,10 @@ def render_result(result: object, console: Console, worst: int = 10, show_entrie
             console.print(f"  {e.id}: {e.skip_reason}", highlight=False)
 
 
+# a dataset is read whole: published.yaml is about 0.4 MB, so 64 MiB is room for 100 times as many runs
+MAX_DATASET_BYTES = 64 << 20
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the top-level app."""
 
@@ -124,7 +128,9 @@ def register(app: typer.Typer) -> None:
         from vramplan.validate.runner import validate
 
         try:
-            result = validate(dataset, engine=engine)
+            guard_input("DATASET", dataset, MAX_DATASET_BYTES)
+            with progress(f"scoring {engine} against {dataset.name}", quiet=as_json or markdown):
+                result = validate(dataset, engine=engine)
         except VramplanError as exc:
             fail(exc)
         if as_json:

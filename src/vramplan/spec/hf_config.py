@@ -18,9 +18,12 @@ from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.families import FAMILIES, Family, flatten_text_config
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "model_from_config"]
+__all__ = ["MAX_SIZE", "SUPPORTED_MODEL_TYPES", "model_from_config"]
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
+# The largest published sizes are far below it (hidden 16,384 and 126 layers for Llama 3.1 405B, a vocabulary of
+# 262,144 for Gemma 3): products of sizes beyond it overflow the 64-bit byte counts of the allocator replay.
+MAX_SIZE = 1 << 20
 # sizes that must be positive integers, under every family's spelling
 _POSITIVE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
              "n_embd", "n_layer", "n_head")
@@ -52,11 +55,22 @@ def _check(cfg: Mapping[str, Any], model_type: str, fam: Family, where: str) -> 
     if bad:
         raise ScenarioError([Problem(f"{where}.{k}", f"must be a positive integer, got {cfg[k]!r}",
                                      "fix the config.json") for k in bad])
+    huge = [k for k in _POSITIVE if k in cfg and cfg[k] > MAX_SIZE]
+    if huge:
+        raise ScenarioError([Problem(f"{where}.{k}", f"{cfg[k]:,} is beyond any model's size (at most {MAX_SIZE:,})",
+                                     "fix the config.json") for k in huge])
 
 
 def model_from_config(config: Mapping[str, Any], name: str = "custom", where: str = "model") -> ModelSpec:
     """Build a ``ModelSpec`` from a config.json mapping; raises ScenarioError with every problem."""
-    cfg = flatten_text_config(config)
-    model_type, fam = _family(cfg, where)
-    _check(cfg, model_type, fam, where)
-    return fam.build(cfg, model_type, name)
+    try:
+        cfg = flatten_text_config(config)
+        model_type, fam = _family(cfg, where)
+        _check(cfg, model_type, fam, where)
+        return fam.build(cfg, model_type, name)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        # a config.json is untrusted input: a field of the wrong type or value that an adapter cannot read
+        # (``attention_dropout: ":"``, a list where a size goes) is the user's problem to fix, not a crash
+        raise ScenarioError([Problem(where, f"config.json has a value the {config.get('model_type')!s} adapter "
+                                     f"cannot read ({type(exc).__name__}: {str(exc)[:200]})",
+                                     "give the config.json as the model's Hugging Face repository has it")]) from None

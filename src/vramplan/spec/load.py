@@ -23,7 +23,11 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant
 
-__all__ = ["Resolved", "checkpoint_quantization_for", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets", "unmodelled_inputs"]
+__all__ = [
+    "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES", "Resolved",
+    "checkpoint_quantization_for", "cross_check", "parse_scenario", "parse_text", "read_bounded_text", "read_document",
+    "unmatched_lora_targets", "unmodelled_inputs",
+]
 
 
 @dataclass(frozen=True)
@@ -37,30 +41,176 @@ class Resolved:
     assumptions: tuple[str, ...] = ()
 
 
-def read_document(path: str | Path) -> dict[str, Any]:
-    """Parse a JSON, YAML or TOML file (chosen by suffix; YAML also reads JSON)."""
+# Input limits, checked before a parser sees the text (issue 19: a deeply nested document overflowed
+# the JSON and YAML parsers' recursion, /dev/zero was read without end).  A scenario or config.json is a
+# few kilobytes (the largest bundled config.json, with its quantization tables, is under 40 KB), so
+# these bounds refuse only what no real input is.
+MAX_DOCUMENT_BYTES = 1 << 20
+"""Largest scenario or config.json read (1 MiB)."""
+MAX_NESTING = 32
+"""Deepest nesting of mappings and lists in a document (a scenario needs 4, a config.json about 5)."""
+MAX_PATH_CHARS = 4096
+"""Longest file name accepted (Linux's PATH_MAX)."""
+MAX_INT_DIGITS = 19
+"""Most digits of an integer in a document: every count the schema takes fits in 64 bits."""
+MAX_VALUES = 100_000
+"""Most values (mappings, lists and scalars, YAML aliases counted each time they are used) in a document."""
+
+
+def _problem(where: str, message: str, hint: str = "") -> ScenarioError:
+    return ScenarioError([Problem(where, message, hint)])
+
+
+def _shown(p: Path) -> str:
+    text = str(p)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text):,} characters)"
+
+
+def read_bounded_text(path: str | Path, where: str = "scenario", max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of a regular file (or a pipe) of at most ``max_bytes``, else a ``ScenarioError``.
+
+    Devices (``/dev/zero``), directories and other special files are refused before reading; a pipe
+    (``/dev/stdin``) is read up to ``max_bytes`` + 1 bytes, so an endless stream cannot exhaust memory.
+    """
+    import stat
+
     p = Path(path)
-    where = str(p)
-    if not p.exists():
-        raise ScenarioError([Problem("scenario", f"no such file: {p}", "give the path of a .yaml, .json or .toml scenario")])
+    if len(str(p)) > MAX_PATH_CHARS:
+        raise _problem(where, f"file name of {len(str(p)):,} characters is too long",
+                       f"at most {MAX_PATH_CHARS:,} characters")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError([Problem("scenario", f"cannot read {p}: {exc}", "")]) from None
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise _problem(where, f"no such file: {_shown(p)}",
+                       "give the path of a .yaml, .json or .toml file") from None
+    except OSError as exc:
+        raise _problem(where, f"cannot read {_shown(p)}: {exc.strerror or exc}", "") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a device or special file"
+        raise _problem(where, f"{_shown(p)} is {kind}, not a regular file", "give the path of a file")
     try:
-        if p.suffix.lower() == ".toml":
+        with p.open("rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise _problem(where, f"cannot read {_shown(p)}: {exc.strerror or exc}", "") from None
+    if len(raw) > max_bytes:
+        raise _problem(where, f"{_shown(p)} is larger than {max_bytes:,} bytes",
+                       "a scenario or config.json is a few kilobytes; check the path")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _problem(where, f"{_shown(p)} is not UTF-8 text ({exc.reason} at byte {exc.start})", "") from None
+
+
+def _bracket_depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` outside quoted strings: a linear scan, no recursion."""
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-')):,} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _value_problems(data: Any, where: str) -> list[Problem]:
+    """Nesting deeper than ``MAX_NESTING``, more than ``MAX_VALUES`` values (a YAML alias bomb), integers
+    beyond 64 bits, NaN or infinite floats: an iterative walk, so it cannot overflow the stack."""
+    import math
+
+    out: list[Problem] = []
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    seen = 0
+    while stack and len(out) < 10:
+        value, key, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            out.append(Problem(where, f"more than {MAX_VALUES:,} values", "a scenario holds a few dozen"))
+            break
+        at = key or where
+        if depth > MAX_NESTING:
+            out.append(Problem(where, f"nested deeper than {MAX_NESTING} levels", "a scenario nests 4 levels"))
+            break
+        if isinstance(value, dict):
+            stack.extend((v, f"{key}.{k}" if key else str(k), depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{key}[{i}]", depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int) and not -(2**63) <= value < 2**63:
+            out.append(Problem(at, "integer beyond 64 bits", "give a realistic value"))
+        elif isinstance(value, float) and not math.isfinite(value):
+            out.append(Problem(at, f"{value} is not a finite number", "give a number"))
+    return out
+
+
+def parse_text(text: str, suffix: str, where: str = "scenario", name: str = "") -> Any:
+    """Parse JSON, YAML or TOML text (by ``suffix``; YAML also reads JSON) within the limits above.
+
+    ``where`` is the option the problems are reported under; ``name`` the file named in them.
+    """
+    kind = {".toml": "TOML", ".json": "JSON"}.get(suffix.lower(), "YAML")
+    name = name or "the document"
+    if _bracket_depth(text) > MAX_NESTING:
+        raise _problem(where, f"{name} is nested deeper than {MAX_NESTING} levels", "a scenario nests 4 levels")
+    try:
+        if kind == "TOML":
             data: Any = tomllib.loads(text)
-        elif p.suffix.lower() == ".json":
-            data = json.loads(text)
+        elif kind == "JSON":
+            data = json.loads(text, parse_int=_bounded_int)
         else:
             data = yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (yaml.YAMLError, json.JSONDecodeError, tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ScenarioError([Problem("scenario", f"{where} is not valid {p.suffix.lstrip('.') or 'YAML'}: {first}",
-                                     "fix the syntax")]) from None
+        if isinstance(exc, RecursionError):
+            first = f"nested deeper than {MAX_NESTING} levels"
+        raise _problem(where, f"{name} is not valid {kind}: {first}", "fix the syntax") from None
+    problems = _value_problems(data, where)
+    if problems:
+        raise ScenarioError(problems)
+    return data
+
+
+def read_document(path: str | Path) -> dict[str, Any]:
+    """Parse a JSON, YAML or TOML file (chosen by suffix; YAML also reads JSON), within the input limits.
+
+    A relative model path in the document that names a file next to the document (``model:
+    sub/config.json``) is read against the document's folder, as a path in a config file is; a name
+    found only against the working directory still works (the catalog and the working directory are
+    tried as before).
+    """
+    p = Path(path)
+    text = read_bounded_text(p, "scenario")
+    data = parse_text(text, p.suffix, "scenario", _shown(p))
     if not isinstance(data, dict):
-        raise ScenarioError([Problem("scenario", f"{where} must hold a mapping of keys (model, task, ...)",
+        raise ScenarioError([Problem("scenario", f"{_shown(p)} must hold a mapping of keys (model, task, ...)",
                                      "see examples/ for the format")])
+    model = data.get("model")
+    if isinstance(model, str) and model.strip() and not Path(model).expanduser().is_absolute():
+        beside = p.parent / model
+        try:
+            if p.parent != Path(".") and beside.exists():
+                data["model"] = str(beside)
+        except OSError:
+            pass
     return data
 
 
@@ -71,6 +221,12 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 def parse_scenario(data: dict[str, Any] | Scenario) -> Scenario:
     if isinstance(data, Scenario):
         return data
+    if not isinstance(data, dict):
+        raise ScenarioError([Problem("scenario", f"a scenario is a mapping of keys, not {type(data).__name__}",
+                                     "see examples/ for the format")])
+    limits = _value_problems(data, "scenario")  # the Python API's dicts meet the same bounds as files
+    if limits:
+        raise ScenarioError(limits)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:

@@ -82,7 +82,7 @@ class Peft(_Strict):
     rank: int = Field(8, ge=1, le=65536)
     """Adapter rank r: each adapted d_out x d_in linear gains r x (d_in + d_out) trainable parameters."""
 
-    alpha: float = 16
+    alpha: float = Field(16, gt=0, le=1_000_000, allow_inf_nan=False)
     """Adapter alpha (the update is scaled by alpha / r); no effect on memory."""
 
     target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])

@@ -220,7 +220,7 @@ def load_dataset(path: str | Path) -> Dataset:
         raise ScenarioError([Problem("DATASET", f"cannot read {p}: {exc}", "")]) from None
     try:
         data = yaml.safe_load(text)  # YAML is a superset of JSON
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # deep nesting, a 5,000-digit integer
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ScenarioError([Problem("DATASET", f"{p} is not valid YAML/JSON: {first}", "fix the syntax")]) from None
     return parse_dataset(data, str(p))

@@ -151,11 +151,13 @@ def build_app(settings: WebSettings) -> FastAPI:
 
     @app.post("/api/compare")
     async def compare(request: Request) -> Response:
+        from vramplan.compare import MIN_SETUPS
         from vramplan.compare import compare as run_compare
 
         docs = await _body(request, settings.max_body_bytes)
-        if not isinstance(docs, list) or not 1 <= len(docs) <= settings.max_compare:
-            raise ScenarioError([Problem("scenarios", f"give a list of 1 to {settings.max_compare} scenarios", "")])
+        if not isinstance(docs, list) or not MIN_SETUPS <= len(docs) <= settings.max_compare:
+            raise ScenarioError([Problem("scenarios", f"give a list of {MIN_SETUPS} to {settings.max_compare} scenarios",
+                                         "")])
 
         def go() -> dict[str, Any]:
             from vramplan.catalog.resolve import resolve

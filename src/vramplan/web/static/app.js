@@ -556,11 +556,17 @@ async function refreshCompare() {
   const table = $("#compare-table");
   $("#compare-empty").hidden = state.compare.length > 0;
   $("#add-compare").disabled = state.compare.length >= MAX_COMPARE;
-  if (!state.compare.length) { table.replaceChildren(); return; }
+  if (state.compare.length < 2) {
+    // compare takes two to four setups (vramplan.compare.MIN_SETUPS)
+    table.replaceChildren();
+    $("#compare-empty").hidden = false;
+    if (state.compare.length === 1) $("#compare-empty").textContent = "Setup 1 added: change the form and add a second setup to compare.";
+    return;
+  }
   const r = await api("compare", "/api/compare", state.compare).catch(() => null);
   if (!r) return;
   if (!r.ok) { table.replaceChildren(); $("#compare-empty").hidden = false; $("#compare-empty").textContent = r.doc.detail.map((p) => p.text).join("\n"); return; }
-  const diff = new Set(r.doc.differences);
+  const diff = new Set(r.doc.differing_keys);
   table.replaceChildren();
   const head = table.createTHead();
   const hr = head.insertRow();
@@ -589,7 +595,7 @@ async function refreshCompare() {
   tr.append(Object.assign(document.createElement("th"), { textContent: "keys that differ", scope: "row" }));
   const td = tr.insertCell();
   td.colSpan = r.doc.reports.length;
-  td.textContent = r.doc.differences.filter((k) => k.startsWith("scenario.")).join(", ") || "(no scenario key differs)";
+  td.textContent = r.doc.differing_keys.filter((k) => k.startsWith("scenario.")).join(", ") || "(no scenario key differs)";
 }
 
 // ---------------------------------------------------------------- plan

@@ -1,0 +1,141 @@
+"""The one validator every command and the Python API run after the schema: contradictions between
+settings, what the GPU's generation can run, and the bounds of the command line's own numbers.
+
+``contradictions`` and ``capability_problems`` are called from ``catalog.resolve.resolve`` (so
+``estimate``, ``serve``, ``generate``, ``trace``, ``measure``, ``compare`` and the API all refuse the
+same inputs); ``section_conflicts`` refuses options that set another task's section (every command
+that takes scenario options, through ``cli.common``); ``capability_notes`` and ``ignored_sections`` add
+to a report's assumptions what runs but differs from the request; ``number_problems`` bounds an option of a command that is not a scenario field (``--top``,
+``--margin``, ``--requests``), so every command words a bad number the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vramplan.errors import Problem
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Scenario
+
+__all__ = [
+    "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
+    "capability_problems", "contradictions", "ignored_sections", "number_problems", "section_conflicts",
+]
+
+# FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
+# Engine's ``_check_fp8_support`` (transformer_engine/pytorch/fp8.py) refuses below 8.9, and transformers'
+# ``FineGrainedFP8HfQuantizer.validate_environment`` (quantizer_finegrained_fp8.py) likewise.  AMD: CDNA3
+# (MI300, gfx942) is the first with fp8.
+FP8_COMPUTE_ARCHITECTURES = frozenset({"ada", "hopper", "blackwell", "cdna3"})
+# vLLM's fp8 weights also run on Ampere, weight-only (W8A16) through the Marlin kernels (vLLM docs,
+# "FP8 W8A8": "Ampere GPUs are supported for W8A16 (weight-only FP8) utilizing Marlin kernels").
+VLLM_FP8_WEIGHT_ARCHITECTURES = FP8_COMPUTE_ARCHITECTURES | {"ampere"}
+TASK_SECTIONS = ("train", "inference", "serve")
+# NVIDIA generations before Ampere (compute capability < 8.0) have no bf16 tensor cores.
+PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
+
+
+def _section_settings(s: Scenario, section: str) -> list[str]:
+    """The keys of a task's own section that differ from their defaults (a scenario dumped with every
+    section, as a report's ``scenario`` is, holds the other tasks' defaults and is not refused)."""
+    part = getattr(s, section)
+    default = type(part)()
+    return sorted(k for k in type(part).model_fields if getattr(part, k) != getattr(default, k))
+
+
+def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Settings that cannot hold together in any input: expert parallelism on a model with no experts.
+    (A task's section given for another task is refused where options are typed, ``section_conflicts``, and
+    stated as an assumption for a document, ``ignored_sections``.)"""
+    out: list[Problem] = []
+    if s.parallel.ep > 1 and m.moe is None:
+        out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
+                           "drop ep (expert parallelism needs a mixture-of-experts model)"))
+    return out
+
+
+def section_conflicts(paths: dict[str, str], task: str) -> list[Problem]:
+    """Options (``{dotted path: option}``) that set a section of another task than ``task``: refused, naming
+    the option and the task (issue 19: ``--micro-batch-size`` on an inference scenario was ignored)."""
+    out = []
+    for path, option in paths.items():
+        section = path.split(".", 1)[0]
+        if section in TASK_SECTIONS and section != task:
+            out.append(Problem(option, f"sets {path}, but the scenario's task is {task}: it would be ignored",
+                               f"drop {option}, or set --task {section}"))
+    return out
+
+
+def ignored_sections(s: Scenario) -> list[str]:
+    """Assumptions for a document that sets keys of another task's section (they are not used)."""
+    out = []
+    for section in TASK_SECTIONS:
+        keys = _section_settings(s, section)
+        if keys and section != s.task:
+            shown = ", ".join(f"{section}.{k}" for k in keys)
+            out.append(f"{shown} set but not used: the task is {s.task}")
+    return out
+
+
+def _fp8_uses(s: Scenario) -> list[tuple[str, frozenset[str]]]:
+    """(setting, architectures that run it) for each fp8 setting of the scenario's task."""
+    uses: list[tuple[str, frozenset[str]]] = []
+    if s.task == "train" and s.train.precision == "fp8-mixed":
+        uses.append(("train.precision: fp8-mixed (Transformer Engine)", FP8_COMPUTE_ARCHITECTURES))
+    if s.task == "inference" and s.inference.quantization == "fp8":
+        uses.append(("inference.quantization: fp8", FP8_COMPUTE_ARCHITECTURES))
+    if s.task == "serve" and s.serve.quantization == "fp8":
+        uses.append(("serve.quantization: fp8", VLLM_FP8_WEIGHT_ARCHITECTURES))
+    return uses
+
+
+def capability_problems(s: Scenario, gpu: GpuSpec) -> list[Problem]:
+    """What the GPU's generation cannot run: fp8 below Ada/Hopper (vLLM's weight-only fp8: below Ampere), and
+    an explicit bf16 vLLM engine before Ampere (vLLM's ``_check_if_gpu_supports_dtype`` raises "Bfloat16 is
+    only supported on GPUs with compute capability of at least 8.0").  A GPU of unknown generation (a
+    custom capacity) is not checked."""
+    arch = gpu.architecture
+    if arch == "unknown":
+        return []
+    out = [Problem(setting.split(":")[0], f"{setting.split(': ')[1]} needs fp8 support, which {gpu.name} ({arch}, "
+                   f"compute capability {gpu.compute_capability}) lacks",
+                   "use a Hopper/Ada or newer GPU (hardware.gpu), or a 16-bit setting")
+           for setting, archs in _fp8_uses(s) if arch not in archs]
+    if s.task == "serve" and arch in PRE_AMPERE and s.serve.dtype == "bf16" and "dtype" in s.serve.model_fields_set:
+        out.append(Problem("serve.dtype", f"vLLM refuses bf16 on {gpu.name} (compute capability "
+                           f"{gpu.compute_capability} < 8.0)", "set serve.dtype: fp16 (the same bytes)"))
+    return out
+
+
+def capability_notes(s: Scenario, gpu: GpuSpec) -> list[str]:
+    """Assumptions to state when a setting runs on this GPU but not as asked: bf16 before Ampere."""
+    if gpu.architecture not in PRE_AMPERE:
+        return []
+    where = {"train": s.train.precision.startswith("bf16"), "inference": s.inference.dtype == "bf16",
+             "serve": s.serve.dtype == "bf16"}
+    if not where[s.task]:
+        return []
+    if s.task == "serve":
+        return [(f"{gpu.name} ({gpu.architecture}) has no bf16 support (compute capability {gpu.compute_capability} "
+                 "< 8.0): vLLM needs --dtype float16 there; the bytes are the same as bf16's")]
+    return [(f"{gpu.name} ({gpu.architecture}) has no bf16 tensor cores (compute capability "
+             f"{gpu.compute_capability} < 8.0): PyTorch runs bf16 emulated, with the same bytes but far slower")]
+
+
+def number_problems(option: str, value: float | None, low: float, high: float, *,
+                    low_open: bool = False, hint: str = "") -> list[Problem]:
+    """``value`` (None: not given) must be a finite number in [low, high] (``low_open``: above ``low``)."""
+    if value is None:
+        return []
+    if isinstance(value, float) and not math.isfinite(value):
+        return [Problem(option, f"{value} is not a finite number", hint or f"give a number in [{low:g}, {high:g}]")]
+    below = value <= low if low_open else value < low
+    if below or value > high:
+        span = f"({_num(low)}, {_num(high)}]" if low_open else f"[{_num(low)}, {_num(high)}]"
+        return [Problem(option, f"{_num(value)} is outside {span}", hint or f"give a number in {span}")]
+    return []
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
