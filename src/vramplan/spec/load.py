@@ -23,7 +23,7 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant
 
-__all__ = ["Resolved", "checkpoint_quantization_for", "cross_check", "parse_scenario", "read_document", "unmatched_lora_targets", "unmodelled_inputs"]
+__all__ = ["Resolved", "checkpoint_quantization_for", "cross_check", "parse_scenario", "quant_format_assumptions", "read_document", "unmatched_lora_targets", "unmodelled_inputs"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,52 @@ def _model_in(annotation: Any) -> Any:
 
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
-    return [*_parallel_problems(s, m), *_train_problems(s, m)]
+    return [*_parallel_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m)]
+
+
+def _expert_format_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """A format that quantizes only routed experts (MXFP4) on a model without any: neither engine would
+    quantize anything (vLLM ``Mxfp4Config.get_quant_method`` gives linears ``UnquantizedLinearMethod``;
+    transformers ``replace_with_mxfp4_linear`` replaces only the experts module)."""
+    if s.task not in ("inference", "serve"):
+        return []
+    q: str = getattr(s, s.task).quantization
+    if q != "mxfp4" or m.moe is not None:
+        return []
+    return [Problem(f"{s.task}.quantization", f"mxfp4 stores only routed MoE experts; {m.name} has none",
+                    "use a format for dense linears (fp8, gptq-4bit, awq-4bit, nf4, int8) or none")]
+
+
+_VLLM_MXFP4_PAD = 64  # vLLM Mxfp4MoEMethod.create_weights: Triton backend, intermediate per partition rounded up
+
+
+def quant_format_assumptions(s: Scenario, m: ModelSpec) -> list[str]:
+    """How each engine holds MXFP4 and block-wise fp8 weights, as assumptions the report states."""
+    if s.task not in ("inference", "serve"):
+        return []
+    q: str = getattr(s, s.task).quantization
+    if q == "mxfp4" and s.task == "inference":
+        return [("mxfp4: transformers keeps the experts as stored (Mxfp4GptOssExperts: uint8 blocks and E8M0 "
+                "scales, expert biases in fp32), which needs triton >= 3.4, the kernels package and compute "
+                "capability >= 7.5; without them Mxfp4HfQuantizer.validate_environment dequantizes to bf16 "
+                "(transformers 5.24 quantizers/quantizer_mxfp4.py), which this estimate does not cover")]
+    if q == "mxfp4":
+        out = [("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on SM90/SM100 with "
+               "triton_kernels and no FlashInfer MXFP4 variable) keeps the experts as stored, the intermediate "
+               f"size per partition rounded up to a multiple of {_VLLM_MXFP4_PAD} and the expert biases "
+               "converted to fp32; the triton_kernels swizzle is assumed to keep the byte count")]
+        inter = m.moe.expert_intermediate_size if m.moe is not None else 0
+        if s.parallel.ep == 1 and inter and (inter // s.parallel.tp) % _VLLM_MXFP4_PAD:
+            out.append(f"not modelled: vLLM pads each expert's intermediate slice {inter // s.parallel.tp} to a "
+                       f"multiple of {_VLLM_MXFP4_PAD} at tp {s.parallel.tp} (quantization/mxfp4.py create_weights)")
+        return out
+    if q == "fp8-block":
+        engine = ("vLLM Fp8LinearMethod / Fp8MoEMethod with block_quant (quantization/fp8.py)" if s.task == "serve"
+                  else "transformers FineGrainedFP8 FP8Linear (integrations/finegrained_fp8.py), on a GPU of compute "
+                  "capability >= 8.9; below it FineGrainedFP8HfQuantizer dequantizes, which this estimate does "
+                  "not cover")
+        return [f"fp8-block: e4m3 weights with one fp32 weight_scale_inv per 128 x 128 tile kept as stored by {engine}"]
+    return []
 
 
 def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
