@@ -20,7 +20,7 @@ from vramplan.errors import ScenarioError
 from vramplan.export.vllm import vllm_engine_args
 from vramplan.facts.quantization import quant_format
 from vramplan.plan.setup import ServeSetup
-from vramplan.serve.vllm import serve_weights_bytes
+from vramplan.serve.vllm import mxfp4_padding_bytes, serve_weights_bytes
 
 # gpt-oss-20b: 24 layers x 32 experts x (gate 2880 -> 2880, up 2880 -> 2880, down 2880 -> 2880)
 OSS20_EXPERT = 24 * 32 * 3 * 2880 * 2880  # 19,110,297,600 weights stored as MXFP4
@@ -75,9 +75,24 @@ def test_gpt_oss_20b_serves_on_one_h100() -> None:
     assert not any(a.startswith("not modelled: vLLM pads") for a in rep.assumptions)  # 2880 = 45 x 64
     setup = ServeSetup(num_gpus=1, tp=1, max_model_len=131_072, max_num_seqs=16, quantization="mxfp4")
     assert vllm_engine_args(setup, "openai/gpt-oss-20b")["quantization"] == "mxfp4"
-    # tp 2: each expert's slice of 1440 is padded to 1472 by vLLM, said as not modelled
-    tp2 = estimate({**doc, "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"tp": 2}})
-    assert any("not modelled: vLLM pads each expert's intermediate slice 1440" in a for a in tp2.assumptions)
+    assert not any(a.startswith("not modelled") and "MXFP4" in a for a in rep.assumptions)
+
+
+def test_vllm_pads_the_expert_slices_at_tp_2() -> None:
+    # tp 2: each expert's slice of 2880 is 1440, which vLLM's Triton backend rounds up to 1472 (23 x 64).
+    # Per expert, vLLM allocates w13 [2 x 1472, 1440] + scales [2 x 1472, 90] = 4,504,320 B, w2 [2880, 736] +
+    # scales [2880, 46] = 2,252,160 B and fp32 biases 4 x (2 x 1472 + 2880) = 23,296 B: 6,779,776 B, where the
+    # row counts 2 x 1440 x 1530 + 2880 x (720 + 45) + 4 x 5760 = 6,632,640 B; 147,136 B more x 32 x 24 layers
+    doc = {"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
+           "parallel": {"tp": 2}}
+    r = resolve(doc)
+    params, _ = serve_weights_bytes(r)
+    assert mxfp4_padding_bytes(r.model, 2, 1, 1) == 147_136 * 32 * 24 == 113_000_448
+    assert params == _rank_weights(r, tp=2) + 113_000_448
+    assert mxfp4_padding_bytes(r.model, 1, 1, 1) == 0  # 2880 = 45 x 64
+    # an A100 (compute capability 8.0) takes vLLM's Marlin MXFP4 backend, which is said as not modelled
+    a100 = resolve({"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "A100-80GB"}})
+    assert any(a.startswith("not modelled: vLLM's Marlin MXFP4 backend") for a in a100.assumptions)
 
 
 def test_gpt_oss_120b_weights() -> None:
@@ -121,6 +136,13 @@ def test_a_block_fp8_layout_without_a_row_is_still_refused(task: str) -> None:
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 64]}
     with pytest.raises(ScenarioError, match=r"not modelled \(only e4m3 with 128 x 128 blocks has a row\)"):
         resolve({"model": cfg, "task": task, "hardware": {"gpu": "H200", "num_gpus": 8}, "parallel": {"tp": 8}})
+
+
+def test_block_fp8_slices_that_are_not_whole_tiles_are_refused() -> None:
+    # tp 32: each routed expert's 2048-wide intermediate becomes 64, half a 128 tile; vLLM raises
+    with pytest.raises(ScenarioError, match="multiple of 128"):
+        resolve({"model": "deepseek-ai/DeepSeek-V3", "task": "serve", "hardware": {"gpu": "H200", "num_gpus": 32},
+                 "parallel": {"tp": 32}})
 
 
 def test_mxfp4_on_a_dense_model_is_refused() -> None:

@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vramplan.analytic.kv_cache import KVSpec, kv_spec
-from vramplan.analytic.layout import rank_params
+from vramplan.analytic.layout import rank_params, stage_layers
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.weights import weights_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
-from vramplan.units import GiB, ceil_div, dtype_bits
+from vramplan.units import GiB, ceil_div, dtype_bits, round_up
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -151,7 +151,41 @@ def serve_weights_bytes(r: Resolved) -> tuple[int, int]:
     s, m = r.scenario, r.model
     c = dtype_bits(s.serve.dtype) // 8
     rp = rank_params(m, s.parallel.tp, s.parallel.pp, s.parallel.ep, 0, None)
-    return weights_bytes(rp, c, s.serve.quantization), rotary_cache_bytes(m, c)
+    params = weights_bytes(rp, c, s.serve.quantization)
+    if s.serve.quantization == "mxfp4":
+        params += mxfp4_padding_bytes(m, s.parallel.tp, s.parallel.pp, s.parallel.ep)
+    return params, rotary_cache_bytes(m, c)
+
+
+VLLM_MXFP4_PAD = 64  # Mxfp4MoEMethod.create_weights, Triton backend: round_up(intermediate_size_per_partition, 64)
+
+
+def _mxfp4_expert_bytes(h: int, inter: int, exact: bool) -> int:
+    """One expert's MXFP4 tensors with intermediate slice ``inter``: w13 [2I, h/2] + scales [2I, h/32],
+    w2 [h, I/2] + scales [h, I/32], biases (2I + h) in fp32.  ``exact``: vLLM's floor divisions
+    (``create_weights``), else the row's (``facts.quantization`` mxfp4: ceil per 32)."""
+    div = (lambda a, b: a // b) if exact else ceil_div
+    return 2 * inter * (div(h, 2) + div(h, 32)) + h * (div(inter, 2) + div(inter, 32)) + 4 * (2 * inter + h)
+
+
+def mxfp4_padding_bytes(m: ModelSpec, tp: int, pp: int, ep: int) -> int:
+    """Bytes vLLM's MXFP4 MoE adds on one rank of the first stage by padding each expert's intermediate slice
+    to a multiple of 64 (``Mxfp4MoEMethod.create_weights``, Triton backend, commit 007d500).
+
+    gpt-oss-20b at tp 2: slice 1440 -> 1472; per expert 2 x 32 x (1440 + 90) + 2880 x 32 / 2 + 2880 x 1
+    + 4 x 64 = 97,920 + 46,080 + 2,880 + 256 = 147,136 B, x 32 experts x 24 layers = 113,000,448 B.
+    """
+    if m.moe is None:
+        return 0
+    inter = m.moe.expert_intermediate_size
+    local = ceil_div(inter, tp) if ep == 1 else inter
+    padded = round_up(local, VLLM_MXFP4_PAD)
+    if padded == local:
+        return 0
+    h = m.hidden_size
+    moe_layers = sum(1 for i in stage_layers(m.num_layers, pp, 0) if m.layers[i].moe)
+    experts = ceil_div(m.moe.num_experts, ep) * moe_layers
+    return experts * (_mxfp4_expert_bytes(h, padded, True) - _mxfp4_expert_bytes(h, local, False))
 
 
 def _mlp_width_per_token(m: ModelSpec, tp: int) -> int:
