@@ -20,7 +20,7 @@ from vramplan.errors import ScenarioError
 from vramplan.export.vllm import vllm_engine_args
 from vramplan.facts.quantization import quant_format
 from vramplan.plan.setup import ServeSetup
-from vramplan.serve.vllm import mxfp4_padding_bytes, serve_weights_bytes
+from vramplan.serve.vllm import mxfp4_layout_bytes, serve_weights_bytes
 
 # gpt-oss-20b: 24 layers x 32 experts x (gate 2880 -> 2880, up 2880 -> 2880, down 2880 -> 2880)
 OSS20_EXPERT = 24 * 32 * 3 * 2880 * 2880  # 19,110,297,600 weights stored as MXFP4
@@ -81,18 +81,34 @@ def test_gpt_oss_20b_serves_on_one_h100() -> None:
 def test_vllm_pads_the_expert_slices_at_tp_2() -> None:
     # tp 2: each expert's slice of 2880 is 1440, which vLLM's Triton backend rounds up to 1472 (23 x 64).
     # Per expert, vLLM allocates w13 [2 x 1472, 1440] + scales [2 x 1472, 90] = 4,504,320 B, w2 [2880, 736] +
-    # scales [2880, 46] = 2,252,160 B and fp32 biases 4 x (2 x 1472 + 2880) = 23,296 B: 6,779,776 B, where the
-    # row counts 2 x 1440 x 1530 + 2880 x (720 + 45) + 4 x 5760 = 6,632,640 B; 147,136 B more x 32 x 24 layers
+    # scales [2880, 46] = 2,252,160 B and fp32 biases w13 [2 x 1472] + w2 [2880] = 23,296 B: 6,779,776 B; the
+    # row counts 2 x 1440 x 1530 + 2880 x (720 + 45) = 6,609,600 B and half of the 8,640 biases (split by tp)
+    # in fp32, 17,280 B: 6,626,880 B.  152,896 B more per expert x 32 x 24 layers = 117,424,128 B
     doc = {"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
            "parallel": {"tp": 2}}
     r = resolve(doc)
     params, _ = serve_weights_bytes(r)
-    assert mxfp4_padding_bytes(r.model, 2, 1, 1) == 147_136 * 32 * 24 == 113_000_448
-    assert params == _rank_weights(r, tp=2) + 113_000_448
-    assert mxfp4_padding_bytes(r.model, 1, 1, 1) == 0  # 2880 = 45 x 64
-    # an A100 (compute capability 8.0) takes vLLM's Marlin MXFP4 backend, which is said as not modelled
-    a100 = resolve({"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "A100-80GB"}})
-    assert any(a.startswith("not modelled: vLLM's Marlin MXFP4 backend") for a in a100.assumptions)
+    rp = rank_params(r.model, 2, 1, 1, 0, None)
+    assert mxfp4_layout_bytes(r, rp) == 152_896 * 32 * 24 == 117_424_128
+    assert params == _rank_weights(r, tp=2) + 117_424_128
+    one = resolve({"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "H100-SXM"}})
+    assert mxfp4_layout_bytes(one, rank_params(one.model, 1, 1, 1, 0, None)) == 0  # 2880 = 45 x 64
+
+
+def test_gpt_oss_20b_on_an_a100_takes_marlin_and_matches_the_log() -> None:
+    # A100 (8.0): Marlin pads hidden 2880 -> 3072 and the intermediate 2880 -> 2944; biases in bf16.
+    # Per expert 2 x 2944 x (1536 + 96) + 3072 x (1472 + 92) + 2 x (5888 + 3072) = 14,431,744 B against the
+    # row's 13,253,760 B: 1,177,984 B x 768 experts = 904,691,712 B more than on an H100
+    doc = {"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "A100-80GB"},
+           "serve": {"max_model_len": 131072, "gpu_memory_utilization": 0.65}}
+    r = resolve(doc)
+    params, rotary = serve_weights_bytes(r)
+    assert params == 13_774_535_808 + 904_691_712
+    assert any("Marlin MoE backend" in a for a in r.assumptions)
+    # benchmarks/data/vllm_startup_logs.yaml myoceane-v0190-gpt-oss-20b-a100 (vLLM 0.19.0): "Model loading took
+    # 13.72 GiB"; ours with the 16 MiB rotary cache is 14,696,004,736 B = 13.687 GiB, 0.24% under
+    assert params + rotary == 14_696_004_736
+    assert abs((params + rotary) / 2**30 - 13.72) / 13.72 < 0.005
 
 
 def test_gpt_oss_120b_weights() -> None:

@@ -164,6 +164,7 @@ def _capability(cc: str) -> tuple[int, int] | None:
 
 
 def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
+    """What transformers (inference) or vLLM (serve) does with MXFP4 experts on a GPU of capability ``cap``."""
     if task == "inference":
         out = [("mxfp4: transformers keeps the experts as stored (Mxfp4GptOssExperts: uint8 blocks and E8M0 "
                "scales, expert biases in fp32), which needs triton >= 3.4, the kernels package and compute "
@@ -172,14 +173,16 @@ def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
         if cap is not None and cap < (7, 5):
             out.append("not modelled: below compute capability 7.5 transformers dequantizes MXFP4 to bf16")
         return out
-    out = [("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on compute capability 9.x "
-           "and 10.x with triton_kernels and no FlashInfer MXFP4 variable) keeps the experts as stored, each "
-           "expert's intermediate slice padded to a multiple of 64 and the expert biases converted to fp32; the "
-           "triton_kernels swizzle is assumed to keep the byte count")]
-    if cap is not None and not (9, 0) <= cap < (11, 0):
-        out.append("not modelled: vLLM's Marlin MXFP4 backend on this GPU (hidden size padded to 256, intermediate "
-                   "to 128, weights repacked by prepare_moe_fp4_layer_for_marlin)")
-    return out
+    if cap is not None and cap < (8, 0):
+        return ["not modelled: vLLM refuses MXFP4 below compute capability 8.0 (Mxfp4Config.get_min_capability)"]
+    if cap is None or (9, 0) <= cap < (11, 0):
+        return [("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on compute capability "
+                 "9.x and 10.x with triton_kernels and no FlashInfer MXFP4 variable) keeps the experts as stored, "
+                 "each expert's intermediate slice padded to a multiple of 64 and the expert biases converted to "
+                 "fp32; the triton_kernels swizzle is assumed to keep the byte count")]
+    return [("mxfp4: vLLM's Marlin MoE backend (quantization/mxfp4.py get_mxfp4_backend on this GPU) pads the "
+             "hidden size to a multiple of 256 and each expert's intermediate slice to 128, repacks the payload "
+             "(prepare_moe_fp4_layer_for_marlin), keeps one byte per scale and casts the biases to the model dtype")]
 
 
 def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str = "") -> list[str]:
