@@ -56,8 +56,10 @@ def test_the_bnb_compute_dtype_and_double_quant_are_read() -> None:
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ 3-bit, group size 128"),
     ({"quant_method": "awq", "bits": 4, "group_size": 64}, "AWQ 4-bit, group size 64"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_use_double_quant": True}, "4-bit fp4 with double"),
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise scales (128 x 128)"),
-    ({"quant_method": "mxfp4"}, "MXFP4"),
+    # block-wise fp8 has a row for e4m3 with 128 x 128 tiles only; MXFP4 has a row (tests/test_mx_fp8_block.py)
+    ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "block-wise scales (64 x 64)"),
+    ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fp8 e5m2 with block-wise"),
+    ({"quant_method": "fp8", "weight_block_size": None}, "one scale per tensor"),
     ({"quant_method": "hqq"}, "quant_method hqq"),
 ])
 def test_a_format_without_a_row_is_refused_naming_it(qc: dict[str, Any], says: str) -> None:
@@ -95,16 +97,16 @@ def test_training_takes_the_bnb_checkpoint_and_refuses_gptq() -> None:
 def test_catalog_checkpoints_with_quantization_config() -> None:
     # gpt-oss (MXFP4) and DeepSeek-V3 (block-wise fp8) carry a quantization_config in the catalog
     oss, ds = load_model("openai/gpt-oss-20b").checkpoint_quant, load_model("deepseek-ai/DeepSeek-V3").checkpoint_quant
-    assert oss is not None and oss.method == "mxfp4" and oss.format is None and oss.trained_dequantized
-    assert ds is not None and ds.method == "fp8" and ds.format is None and ds.trained_dequantized
+    assert oss is not None and oss.method == "mxfp4" and oss.format == "mxfp4" and oss.trained_dequantized
+    assert ds is not None and ds.method == "fp8" and ds.format == "fp8-block" and ds.trained_dequantized
     # training loads them dequantized (transformers cannot train either as stored): said in the report
     rep = estimate({"model": "openai/gpt-oss-20b", "hardware": {"gpu": "H100"}, "train": {"precision": "bf16-true"}})
     assert any("Mxfp4Config(dequantize=True)" in a for a in rep.assumptions)
-    # inference and serving would run the stored format, which has no row: refused
+    # inference and serving run the stored format, which now has a row
     for task in ("inference", "serve"):
-        with pytest.raises(ScenarioError, match="not modelled"):
-            resolve({"model": "deepseek-ai/DeepSeek-V3", "task": task, "hardware": {"gpu": "H100", "num_gpus": 8},
+        r = resolve({"model": "deepseek-ai/DeepSeek-V3", "task": task, "hardware": {"gpu": "H100", "num_gpus": 8},
                      "parallel": {"tp": 8}})
+        assert getattr(r.scenario, task).quantization == "fp8-block"
 
 
 def test_the_checkpoints_bnb_compute_dtype_is_used() -> None:

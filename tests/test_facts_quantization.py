@@ -31,6 +31,10 @@ EXPECTED = {
     # groups of 128 inputs: 131,072 fp16 scales (262,144 B) + 4-bit zero points (65,536 B)
     "gptq-4bit": 8_388_608 + 262_144 + 65_536,
     "awq-4bit": 8_388_608 + 262_144 + 65_536,
+    # MXFP4: 4-bit payload + one uint8 E8M0 scale per 32 inputs of each row: 4,096 x 128 = 524,288 B
+    "mxfp4": 8_388_608 + 524_288,
+    # block-wise fp8: 1 B per weight + one fp32 scale per 128 x 128 tile: 32 x 32 = 1,024 tiles x 4 B
+    "fp8-block": 16_777_216 + 4 * 1_024,
 }
 
 
@@ -52,7 +56,9 @@ def test_schema_formats_have_rows() -> None:
 def test_every_consumer_knows_every_format(fmt: QuantFormat) -> None:
     # engine: the linear's bytes by hand, and an inference estimate with the format
     assert quantized_linear_bytes(N, 4096, fmt.name) == EXPECTED[fmt.name]
-    doc = {"model": "meta-llama/Llama-3.2-1B", "task": "inference", "hardware": {"gpu": "H100-SXM"},
+    # a format that stores only routed experts is estimated on an MoE model (a dense one is refused for it)
+    model = "meta-llama/Llama-3.2-1B" if "linear" in fmt.quantized_roles else "Qwen/Qwen1.5-MoE-A2.7B-Chat"
+    doc = {"model": model, "task": "inference", "hardware": {"gpu": "H100-SXM"},
            "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 8, "quantization": fmt.name,
                          "dtype": "fp16"}}
     dense = estimate({**doc, "inference": {**doc["inference"], "quantization": "none"}})  # type: ignore[dict-item]

@@ -64,6 +64,10 @@ class RankParams:
     lora: int  # adapter parameters (0 without PEFT)
     lora_per_layer: tuple[int, ...]
     dora_magnitudes: int
+    # each quantizable linear group on this rank: (role, in_features, out_features, elements, instances),
+    # the features as this rank holds them; formats sized matrix by matrix read it (weights.weights_bytes)
+    linear_shapes: tuple[tuple[str, int, int, int, int], ...] = ()
+    expert_bias: int = 0  # routed experts' bias elements on this rank (gpt-oss)
 
 
 def split_on_rank(p: ParamGroup, tp: int, ep: int) -> int:
@@ -73,6 +77,17 @@ def split_on_rank(p: ParamGroup, tp: int, ep: int) -> int:
     if p.tp == "expert" and ep == 1:
         return ceil_div(p.numel, tp)  # without expert parallelism each expert is split like a dense MLP
     return p.numel
+
+
+def local_features(p: ParamGroup, tp: int, ep: int) -> tuple[int, int]:
+    """(in, out) features of one instance of the linear ``p`` on one tensor-parallel rank: a column-parallel
+    (and vocabulary-parallel) matrix splits its outputs, a row-parallel one its inputs; routed experts without
+    expert parallelism split like the dense MLP (vLLM ``FusedMoE``: ``w13`` column-, ``w2`` row-parallel)."""
+    if p.tp in ("column", "vocab") or (p.tp == "expert" and ep == 1 and p.module != "down_proj"):
+        return p.in_features, ceil_div(p.out_features, tp)
+    if p.tp == "row" or (p.tp == "expert" and ep == 1):
+        return ceil_div(p.in_features, tp), p.out_features
+    return p.in_features, p.out_features
 
 
 def count_on_rank(p: ParamGroup, layers: set[int], ep: int) -> int:
@@ -215,6 +230,8 @@ class _Tally:
     lora: int = 0
     dora: int = 0
     head: int = 0
+    expert_bias: int = 0
+    shapes: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     per_layer: dict[int, int] = field(default_factory=dict)
     lora_layer: dict[int, int] = field(default_factory=dict)
     # ``layers`` as a set: ``spread`` asks, for every layer of every group, whether this stage holds it
@@ -230,7 +247,7 @@ class _Tally:
         for i in on:
             into[i] = into.get(i, 0) + share
 
-    def base(self, p: ParamGroup, each: int, n_inst: int, tp: int) -> None:
+    def base(self, p: ParamGroup, each: int, n_inst: int, tp: int, ep: int = 1) -> None:
         size = each * n_inst
         self.total += size
         if p.decays:
@@ -241,6 +258,9 @@ class _Tally:
             self.linear += size
             self.outs += (ceil_div(p.out_features, tp) if p.tp in ("column", "vocab") else p.out_features) * n_inst
             self.largest = max(self.largest, each)
+            self.shapes.append((p.role, *local_features(p, tp, ep), each, n_inst))
+        elif p.role == "bias" and p.tp == "expert":
+            self.expert_bias += size
         if p.layer_span:
             self.spread(self.per_layer, p, size)
         else:
@@ -262,7 +282,7 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
         n_inst = count_on_rank(p, lset, ep)
         if n_inst == 0:
             continue
-        t.base(p, split_on_rank(p, tp, ep), n_inst, tp)
+        t.base(p, split_on_rank(p, tp, ep), n_inst, tp, ep)
         if peft is None or not p.in_features:
             continue
         rank, fan_in, fan_out = _adapter_rank(p, peft, lt, tp)
@@ -278,4 +298,5 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
         largest_linear=t.largest, decay=t.decay, per_layer=tuple(t.per_layer.get(i, 0) for i in layers),
         outside_layers=t.outside, has_embedding=first, has_lm_head=last, lora=t.lora + t.dora,
         lora_per_layer=tuple(t.lora_layer.get(i, 0) for i in layers), dora_magnitudes=t.dora,
+        linear_shapes=tuple(t.shapes), expert_bias=t.expert_bias,
     )

@@ -7,13 +7,23 @@ its row's ``linear_bytes``.  Worked example (nf4-dq): a 7e9-weight model -> 7e9 
 
 Only linear weights are quantized; embeddings, norms and the LM head stay in the
 half dtype (bitsandbytes and GPTQ/AWQ skip ``lm_head`` by default; Lit-GPT under Lightning's
-bitsandbytes plugin quantizes its head too: analytic/inference.py).
+bitsandbytes plugin quantizes its head too: analytic/inference.py).  A format sized matrix by matrix
+(``QuantFormat.per_matrix``: MXFP4's per-row blocks of 32 on the routed experts only, block-wise fp8's
+128 x 128 tiles) is summed over ``RankParams.linear_shapes``; MXFP4's expert biases are held in fp32 by
+both engines (``QuantFormat.expert_bias_dtype``).
+
+Worked example (gpt-oss-20b, one GPU): 24 layers x 32 experts x 3 matrices of 2880 x 2880 =
+19,110,297,600 expert weights -> 9,555,148,800 B payload + 597,196,800 B E8M0 scales; the other
+1,804,459,584 parameters in bf16 = 3,608,919,168 B: 13,761,264,768 B, the checkpoint's
+``model.safetensors.index.json`` ``metadata.total_size``; held, the 6,635,520 expert biases in fp32 add
+13,271,040 B.
 """
 
 from __future__ import annotations
 
 from vramplan.analytic.layout import RankParams
-from vramplan.facts.quantization import quant_format
+from vramplan.facts.quantization import QuantFormat, quant_format
+from vramplan.units import DTYPE_BITS
 
 __all__ = ["quantized_linear_bytes", "weights_bytes"]
 
@@ -38,5 +48,20 @@ def weights_bytes(rp: RankParams, dense_bytes: int, quant: str = "none") -> int:
     """
     if quant == "none":
         return rp.total * dense_bytes
+    fmt = quant_format(quant)
+    if fmt.per_matrix:
+        return _per_matrix_bytes(rp, dense_bytes, fmt)
     q = quantized_linear_bytes(rp.linear, rp.linear_out_features, quant)
     return q + (rp.total - rp.linear) * dense_bytes
+
+
+def _per_matrix_bytes(rp: RankParams, dense_bytes: int, fmt: QuantFormat) -> int:
+    """``weights_bytes`` of a format sized matrix by matrix, on the roles it quantizes."""
+    quantized = [s for s in rp.linear_shapes if s[0] in fmt.quantized_roles]
+    # one instance's local matrix, its elements from split_on_rank (equal to in x out where tp divides)
+    q = sum(fmt.matrix_bytes(fan_in, fan_out) * n for _, fan_in, fan_out, _, n in quantized)
+    numel = sum(each * n for _, _, _, each, n in quantized)
+    out = q + (rp.total - numel) * dense_bytes
+    if fmt.expert_bias_dtype is not None and "expert" in fmt.quantized_roles:
+        out += rp.expert_bias * (DTYPE_BITS[fmt.expert_bias_dtype] // 8 - dense_bytes)
+    return out

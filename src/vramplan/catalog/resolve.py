@@ -22,6 +22,7 @@ from vramplan.spec.load import (
     checkpoint_quantization_for,
     cross_check,
     parse_scenario,
+    quant_format_assumptions,
     read_document,
     unmodelled_inputs,
 )
@@ -69,6 +70,7 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
     notes: list[str] = []
     if model is not None:
         scenario, notes, quant_problems = checkpoint_quantization_for(scenario, model)
+        notes += quant_format_assumptions(scenario, model, gpu.compute_capability if gpu is not None else "")
         notes += unmodelled_inputs(scenario, model)
         problems.extend(quant_problems)
         problems.extend(cross_check(scenario, model))

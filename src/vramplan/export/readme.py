@@ -63,8 +63,13 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: str, f
         lines += ["```bash", "./serve.sh", "```", "",
                   "`vllm_engine_args.json` holds the same settings as `vllm.EngineArgs` keyword arguments."]
         if s.quantization != "none" and quant_format(s.quantization).prequantized_checkpoint:
-            lines += ["", (f"`{s.quantization}` needs a checkpoint quantized that way: replace `{model}` with an "
-                           "AWQ/GPTQ version of the model.")]
+            # GPTQ/AWQ are quantized after release; gpt-oss (MXFP4) and DeepSeek-V3 (fp8-block) ship so
+            if quant_format(s.quantization).library in ("gptq", "awq"):
+                lines += ["", (f"`{s.quantization}` needs a checkpoint quantized that way: replace `{model}` with "
+                               "an AWQ/GPTQ version of the model.")]
+            else:
+                lines += ["", (f"`{s.quantization}` needs a checkpoint stored that way (its config.json's "
+                               "quantization_config declares it, as gpt-oss's and DeepSeek-V3's do).")]
         return "\n".join(lines) + "\n"
     nodes = -(-s.num_gpus // s.gpus_per_node)
     if s.framework == "torchtitan":

@@ -19,6 +19,25 @@ Worked bytes (``weights.quantized_linear_bytes``):
   output column one fp16 scale and one 4-bit zero point: 4 + 16/128 + 4/128 = 4.156 bits.
 * ``fp8`` (per-channel scaled e4m3, as vLLM and transformers' FbgemmFp8/FineGrained loaders store
   it): 1 byte per weight plus one fp32 scale per output row.
+* ``mxfp4`` (OCP Microscaling Formats (MX) Specification v1.0, sec. 5: MXFP4 = FP4 e2m1 elements with one
+  E8M0 scale per block of 32): 4 + 8/32 = 4.25 bits per weight.  gpt-oss stores only its MoE experts so
+  (``*_blocks``: uint8 [E, out, in/32, 16], two values per byte; ``*_scales``: uint8 [E, out, in/32]), one scale
+  per 32 input features of each output row; ``modules_to_not_convert`` (attention, router, embeddings,
+  lm_head) and the expert biases stay bf16 in the checkpoint.  Both engines hold the expert biases in fp32:
+  transformers ``integrations/mxfp4.py`` ``Mxfp4GptOssExperts`` declares ``gate_up_proj_bias``/``down_proj_bias``
+  fp32 (5.24), vLLM ``quantization/mxfp4.py`` ``Mxfp4MoEMethod.process_weights_after_loading`` converts
+  ``w13_bias``/``w2_bias`` to fp32 on its Triton backend (commit 007d500).  4096 x 4096: 8,388,608 payload +
+  4,096 x 128 scales = 8,912,896 B.
+* ``fp8-block`` (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.2; transformers ``FineGrainedFP8Config`` with
+  ``weight_block_size`` [128, 128]): 1 byte per e4m3 weight plus one fp32 ``weight_scale_inv`` per 128 x 128
+  tile of each matrix, ``ceil(out/128) x ceil(in/128)`` of them (transformers ``integrations/finegrained_fp8.py``
+  ``FP8Linear``; vLLM ``quantization/fp8.py`` ``Fp8LinearMethod.create_weights`` with ``block_quant``):
+  8 + 32/16384 bits per weight where the dimensions are multiples of 128.  4096 x 4096: 16,777,216 + 32 x 32
+  x 4 = 16,781,312 B.  The MoE gate, embeddings, lm_head and norms stay bf16.
+
+``quantized_roles`` says which linear weights a format quantizes (``mxfp4``: the routed experts only); the
+formats whose scales follow each matrix's shape (``row_block``, ``tile``) are sized matrix by matrix
+(``matrix_bytes``, from ``RankParams.linear_shapes``).
 """
 
 from __future__ import annotations
@@ -30,7 +49,7 @@ from vramplan.facts import row_named
 from vramplan.units import DTYPE_BITS, ceil_div
 
 __all__ = [
-    "DQ_BLOCK", "GPTQ_GROUP", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format",
+    "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_GROUP", "MX_BLOCK", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format",
     "quant_names",
 ]
 
@@ -39,25 +58,49 @@ DQ_BLOCK = 256  # second-level block of double quantization (QLoRA sec. 3)
 GPTQ_GROUP = 128  # the group size GPTQ/AWQ checkpoints use by default
 
 Dequant = Literal["whole_weight", "int8_matmul", "fused_kernel"]
+MX_BLOCK = 32  # OCP MX v1.0: elements sharing one E8M0 scale
+FP8_TILE = 128  # DeepSeek-V3's weight_block_size [128, 128]
+DEFAULT_ROLES = ("linear", "expert")
 """What a multi-token forward allocates: ``whole_weight`` = bitsandbytes 4-bit ``MatMul4Bit``
 dequantizes the weight to a temporary ``[out, in]`` (again in the backward); ``int8_matmul`` = LLM.int8
 quantizes the input row-wise and keeps it for the backward; ``fused_kernel`` = GPTQ/AWQ/fp8 kernels
-read the packed weight (no weight-sized temporary)."""
+read the packed weight (no weight-sized temporary; MXFP4: triton_kernels ``matmul_ogs``; block-wise fp8:
+``w8a8_block_fp8_matmul``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scales:
     """Scales stored beside a quantized payload."""
 
-    per: Literal["block", "row", "group"]  # of the flattened weight / per output row / per input group
-    size: int = 0  # values per block or group (0 for ``row``)
+    # of the flattened weight / per output row / per input group / per ``size`` inputs of each output row
+    # (MXFP4) / per ``size`` x ``size`` tile of each matrix (block-wise fp8)
+    per: Literal["block", "row", "group", "row_block", "tile"]
+    size: int = 0  # values per block or group (0 for ``row``); the tile's side for ``tile``
     dtype: str = "fp32"  # a DTYPE_BITS name
     zero_point_bits: int = 0  # packed zero point per scale (GPTQ/AWQ)
     second_level: Scales | None = None  # double quantization: the scales quantized per block of ``size``
 
+    @property
+    def per_matrix(self) -> bool:
+        """Whether the count depends on each matrix's shape (not only on its number of values)."""
+        return self.per in ("row_block", "tile")
+
     def count(self, numel: int, out_features: int) -> int:
-        """How many scales a weight of ``numel`` values with ``out_features`` rows has."""
-        return out_features if self.per == "row" else ceil_div(numel, self.size)
+        """How many scales a weight of ``numel`` values with ``out_features`` rows has (one matrix where
+        ``per_matrix``: its input features are ``numel / out_features``)."""
+        if self.per == "row":
+            return out_features
+        if self.per_matrix:
+            return self.matrix_count(numel // max(1, out_features), out_features)
+        return ceil_div(numel, self.size)
+
+    def matrix_count(self, in_features: int, out_features: int) -> int:
+        """Scales of one ``out_features`` x ``in_features`` matrix."""
+        if self.per == "row_block":
+            return out_features * ceil_div(in_features, self.size)
+        if self.per == "tile":
+            return ceil_div(out_features, self.size) * ceil_div(in_features, self.size)
+        return self.count(in_features * out_features, out_features)
 
     def bytes(self, numel: int, out_features: int) -> int:
         """Bytes of the scales (and zero points, and second-level constants)."""
@@ -75,7 +118,7 @@ class QuantFormat:
     name: str
     bits: int  # payload bits per weight
     scales: Scales
-    library: Literal["bitsandbytes", "gptq", "awq", "fp8"]
+    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4"]
     trainable_base: bool  # usable as a frozen base under PEFT training (TrainQuant)
     dequant: Dequant
     compute_dtype_rule: str
@@ -83,6 +126,24 @@ class QuantFormat:
     vllm_quantization: str  # vLLM's ``--quantization`` value
     prequantized_checkpoint: bool = False  # needs a checkpoint quantized that way (no in-flight quantization)
     sources: tuple[str, ...] = ()
+    quantized_roles: tuple[str, ...] = DEFAULT_ROLES  # the ParamGroup roles stored in this format
+    expert_bias_dtype: str | None = None  # the dtype the engines hold the quantized experts' biases in
+
+    @property
+    def per_matrix(self) -> bool:
+        """Sized matrix by matrix (its scales follow each shape, or it quantizes only some roles)."""
+        return self.scales.per_matrix or self.quantized_roles != DEFAULT_ROLES
+
+    def matrix_bytes(self, in_features: int, out_features: int) -> int:
+        """Bytes of one ``out_features`` x ``in_features`` matrix in this format.
+
+        >>> quant_format("fp8-block").matrix_bytes(7168, 576)   # 4,128,768 B + 5 x 56 fp32 tiles
+        4129888
+        """
+        n = in_features * out_features
+        s = self.scales
+        scales = ceil_div(s.matrix_count(in_features, out_features) * DTYPE_BITS[s.dtype], 8)
+        return ceil_div(n * self.bits, 8) + scales
 
     @property
     def double_quant(self) -> bool:
@@ -147,6 +208,25 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         name="fp8", bits=8, scales=Scales(per="row", dtype="fp32"), library="fp8", trainable_base=False,
         dequant="fused_kernel", compute_dtype_rule="fp8 matmul with per-channel scales",
         vllm_quantization="fp8", sources=("vLLM Fp8LinearMethod; transformers FbgemmFp8 / FineGrainedFP8",),
+    ),
+    QuantFormat(
+        name="mxfp4", bits=4, scales=Scales(per="row_block", size=MX_BLOCK, dtype="uint8"), library="mxfp4",
+        trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="bf16 activations (vLLM Mxfp4Config.get_supported_act_dtypes; triton_kernels matmul_ogs)",
+        vllm_quantization="mxfp4", prequantized_checkpoint=True, quantized_roles=("expert",),
+        expert_bias_dtype="fp32",
+        sources=("OCP Microscaling Formats (MX) Specification v1.0 (MXFP4: e2m1 elements, E8M0 scale per 32)",
+                 "transformers 5.24 integrations/mxfp4.py Mxfp4GptOssExperts (uint8 blocks, fp32 expert biases)",
+                 "vLLM quantization/mxfp4.py Mxfp4MoEMethod.create_weights (commit 007d500)"),
+    ),
+    QuantFormat(
+        name="fp8-block", bits=8, scales=Scales(per="tile", size=FP8_TILE, dtype="fp32"), library="fp8",
+        trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="fp8 matmul with 128 x 128 weight tiles and per-token groups of 128 activations",
+        vllm_quantization="fp8", prequantized_checkpoint=True,
+        sources=("DeepSeek-V3 arXiv 2412.19437 sec. 3.3.2 (fine-grained quantization)",
+                 "transformers integrations/finegrained_fp8.py FP8Linear (weight, weight_scale_inv)",
+                 "vLLM quantization/fp8.py Fp8LinearMethod.create_weights (block_quant)"),
     ),
 )
 

@@ -43,13 +43,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vramplan.analytic.kv_cache import KVSpec, kv_spec
-from vramplan.analytic.layout import rank_params
+from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.weights import weights_bytes
 from vramplan.errors import Problem, ScenarioError
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
-from vramplan.units import GiB, ceil_div, dtype_bits
+from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -151,7 +152,50 @@ def serve_weights_bytes(r: Resolved) -> tuple[int, int]:
     s, m = r.scenario, r.model
     c = dtype_bits(s.serve.dtype) // 8
     rp = rank_params(m, s.parallel.tp, s.parallel.pp, s.parallel.ep, 0, None)
-    return weights_bytes(rp, c, s.serve.quantization), rotary_cache_bytes(m, c)
+    params = weights_bytes(rp, c, s.serve.quantization)
+    if s.serve.quantization == "mxfp4":
+        params += mxfp4_layout_bytes(r, rp)
+    return params, rotary_cache_bytes(m, c)
+
+
+# Mxfp4MoEMethod.create_weights (vLLM quantization/mxfp4.py, commit 007d500): the Triton backend (compute
+# capability 9.x and 10.x) rounds each expert's intermediate slice up to 64; the Marlin backend (other CUDA
+# GPUs from 8.0) rounds it up to 128 and the hidden size up to 256, and prepare_moe_fp4_layer_for_marlin
+# repacks the payload (same bytes), keeps one E8M0 byte per scale and casts the biases to the model dtype,
+# where the Triton path casts them to fp32 (process_weights_after_loading).
+_TRITON_PAD, _MARLIN_PAD, _MARLIN_HIDDEN_PAD = 64, 128, 256
+
+
+def _mxfp4_expert_bytes(h: int, inter: int, bias_bytes: int) -> int:
+    """One expert as vLLM allocates it: w13 [2I, h/2] + scales [2I, h/32], w2 [h, I/2] + scales [h, I/32],
+    biases w13 [2I] and w2 [h] (``create_weights``'s floor divisions)."""
+    return 2 * inter * (h // 2 + h // 32) + h * (inter // 2 + inter // 32) + bias_bytes * (2 * inter + h)
+
+
+def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
+    """vLLM's MXFP4 experts on this rank minus what ``weights_bytes`` counts for them (the row's bytes and
+    fp32 biases): the backend's padding and bias dtype, chosen by the GPU's compute capability.
+
+    gpt-oss-20b, tp 1: 2880 is a multiple of 64, so 0 on an H100 (Triton); on an A100 (Marlin) each expert
+    is 2 x 2944 x (1536 + 96) + 3072 x (1472 + 92) + 2 x (5888 + 3072) = 14,431,744 B against the row's
+    2 x 2880 x 1530 + 2880 x 1530 + 4 x 8640 = 13,253,760 B: 1,177,984 B more x 768 experts = 904,691,712 B.
+    """
+    m, par = r.model, r.scenario.parallel
+    if m.moe is None:
+        return 0
+    mx = quant_format("mxfp4")
+    counted = sum(mx.matrix_bytes(i, o) * n for role, i, o, _, n in rp.linear_shapes if role == "expert")
+    counted += rp.expert_bias * DTYPE_BITS[mx.expert_bias_dtype or "fp32"] // 8
+    local = ceil_div(m.moe.expert_intermediate_size, par.tp) if par.ep == 1 else m.moe.expert_intermediate_size
+    major, _, minor = (r.gpu.compute_capability or "9.0").partition(".")
+    triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0)
+    if triton:
+        each = _mxfp4_expert_bytes(m.hidden_size, round_up(local, _TRITON_PAD), 4)
+    else:
+        each = _mxfp4_expert_bytes(round_up(m.hidden_size, _MARLIN_HIDDEN_PAD), round_up(local, _MARLIN_PAD),
+                                   dtype_bits(r.scenario.serve.dtype) // 8)
+    moe_layers = sum(1 for i in rp.layers if m.layers[i].moe)
+    return ceil_div(m.moe.num_experts, par.ep) * moe_layers * each - counted
 
 
 def _mlp_width_per_token(m: ModelSpec, tp: int) -> int:

@@ -25,8 +25,8 @@ from vramplan.spec.scenario import Peft, Scenario, TrainQuant
 
 __all__ = [
     "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES", "Resolved",
-    "checkpoint_quantization_for", "cross_check", "parse_scenario", "parse_text", "read_bounded_text", "read_document",
-    "unmatched_lora_targets", "unmodelled_inputs",
+    "checkpoint_quantization_for", "cross_check", "parse_scenario", "parse_text", "quant_format_assumptions",
+    "read_bounded_text", "read_document", "unmatched_lora_targets", "unmodelled_inputs",
 ]
 
 
@@ -273,7 +273,94 @@ def _model_in(annotation: Any) -> Any:
 
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
-    return [*_parallel_problems(s, m), *_train_problems(s, m)]
+    return [*_parallel_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
+            *_block_fp8_problems(s, m)]
+
+
+def _block_fp8_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """vLLM refuses block-wise fp8 whose tensor-parallel slices are not whole 128-wide tiles
+    (``Fp8LinearMethod.create_weights`` / ``Fp8MoEMethod.create_weights``: "... is not divisible by weight
+    quantization block_n / block_k")."""
+    tp = s.parallel.tp
+    if s.task != "serve" or s.serve.quantization != "fp8-block" or tp == 1:
+        return []
+    bad = []
+    for p in m.params:
+        if p.role not in ("linear", "expert") or not p.in_features:
+            continue
+        expert_row = p.tp == "expert" and s.parallel.ep == 1
+        split = p.out_features if p.tp == "column" or (expert_row and p.module != "down_proj") else (
+            p.in_features if p.tp == "row" or expert_row else 0)
+        if split and (split % tp or (split // tp) % 128):
+            bad.append(f"{p.name} ({split} / tp {tp})")
+    if not bad:
+        return []
+    return [Problem("parallel.tp", f"vLLM needs each tensor-parallel slice of a block-wise fp8 weight to be a "
+                    f"multiple of 128 (Fp8LinearMethod.create_weights); not so for {', '.join(bad[:3])}",
+                    "use a smaller tp, or expert parallelism")]
+
+
+def _expert_format_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """A format that quantizes only routed experts (MXFP4) on a model without any: neither engine would
+    quantize anything (vLLM ``Mxfp4Config.get_quant_method`` gives linears ``UnquantizedLinearMethod``;
+    transformers ``replace_with_mxfp4_linear`` replaces only the experts module)."""
+    if s.task not in ("inference", "serve"):
+        return []
+    q: str = getattr(s, s.task).quantization
+    if q != "mxfp4" or m.moe is not None:
+        return []
+    return [Problem(f"{s.task}.quantization", f"mxfp4 stores only routed MoE experts; {m.name} has none",
+                    "use a format for dense linears (fp8, gptq-4bit, awq-4bit, nf4, int8) or none")]
+
+
+def _capability(cc: str) -> tuple[int, int] | None:
+    """A GPU's compute capability ("9.0") as a pair; None when the catalog does not give it."""
+    major, _, minor = cc.partition(".")
+    return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else None
+
+
+def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
+    """What transformers (inference) or vLLM (serve) does with MXFP4 experts on a GPU of capability ``cap``."""
+    if task == "inference":
+        out = [("mxfp4: transformers keeps the experts as stored (Mxfp4GptOssExperts: uint8 blocks and E8M0 "
+               "scales, expert biases in fp32), which needs triton >= 3.4, the kernels package and compute "
+               "capability >= 7.5; without them Mxfp4HfQuantizer.validate_environment dequantizes to bf16 "
+               "(transformers 5.24 quantizers/quantizer_mxfp4.py), which this estimate does not cover")]
+        if cap is not None and cap < (7, 5):
+            out.append("not modelled: below compute capability 7.5 transformers dequantizes MXFP4 to bf16")
+        return out
+    if cap is not None and cap < (8, 0):
+        return ["not modelled: vLLM refuses MXFP4 below compute capability 8.0 (Mxfp4Config.get_min_capability)"]
+    if cap is None or (9, 0) <= cap < (11, 0):
+        return [("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on compute capability "
+                 "9.x and 10.x with triton_kernels and no FlashInfer MXFP4 variable) keeps the experts as stored, "
+                 "each expert's intermediate slice padded to a multiple of 64 and the expert biases converted to "
+                 "fp32; the triton_kernels swizzle is assumed to keep the byte count")]
+    return [("mxfp4: vLLM's Marlin MoE backend (quantization/mxfp4.py get_mxfp4_backend on this GPU) pads the "
+             "hidden size to a multiple of 256 and each expert's intermediate slice to 128, repacks the payload "
+             "(prepare_moe_fp4_layer_for_marlin), keeps one byte per scale and casts the biases to the model dtype")]
+
+
+def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str = "") -> list[str]:
+    """How each engine holds MXFP4 and block-wise fp8 weights, as assumptions the report states;
+    ``compute_capability``: the GPU's, where the engines change path with it."""
+    if s.task not in ("inference", "serve"):
+        return []
+    q: str = getattr(s, s.task).quantization
+    cap = _capability(compute_capability)
+    if q == "mxfp4":
+        return _mxfp4_assumptions(s.task, cap)
+    if q != "fp8-block":
+        return []
+    engine = ("vLLM Fp8LinearMethod / Fp8MoEMethod with block_quant (quantization/fp8.py)" if s.task == "serve"
+              else "transformers FineGrainedFP8 FP8Linear (integrations/finegrained_fp8.py)")
+    out = [(f"fp8-block: e4m3 weights with one fp32 weight_scale_inv per 128 x 128 tile kept as stored by {engine}, "
+           "which needs compute capability >= 8.9")]
+    if cap is not None and cap < (8, 9):
+        out.append("not modelled: below compute capability 8.9 " + (
+            "vLLM runs fp8 weights through Marlin (prepare_fp8_layer_for_marlin)" if s.task == "serve"
+            else "FineGrainedFP8HfQuantizer.validate_environment dequantizes the weights"))
+    return out
 
 
 def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

@@ -232,6 +232,11 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         dtype = _HALF[s.inference.dtype]
         quant = s.inference.quantization
         peft_cfg = None
+    if quant != "none" and quant not in bnb_formats():
+        # the traced engine emulates bitsandbytes' Linear4bit / Linear8bitLt only (trace/quant.py); GPTQ, AWQ,
+        # fp8, block-wise fp8 and MXFP4 kernels are not emulated, so they are refused before building the model
+        raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
+                                     "use --engine analytic for GPTQ/AWQ/fp8/fp8-block/MXFP4 checkpoints")])
     if r.model.traits.attn_logit_softcap and attention == "sdpa":
         raise ScenarioError([Problem(
             "train.attention" if task == "train" else "inference.attention",
@@ -249,9 +254,6 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
     model.config.use_cache = task != "train"
     quant_tensors: list[torch.Tensor] = []
     if quant != "none":
-        if quant not in bnb_formats():
-            raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
-                                         "use --engine analytic for GPTQ/AWQ/fp8 checkpoints")])
         # inference: the configured bnb_4bit_compute_dtype (default: the model dtype); QuantLinear replaces it
         # with an fp32/bf16 input's dtype as bitsandbytes' set_compute_type does
         compute = pol.half if task == "train" else _HALF[s.inference.bnb_compute_dtype or s.inference.dtype]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vramplan.facts.quantization import FP8_TILE
 from vramplan.spec.model import CheckpointQuant, LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
 
 Config = Mapping[str, Any]
@@ -107,7 +108,8 @@ def checkpoint_quantization(cfg: Config) -> str | None:
 _DTYPE_WORDS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # the pre-quantized formats vramplan estimates as stored, for the error that names what is supported
 PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with double quantization, fp4)",
-                          "GPTQ and AWQ 4-bit with group size 128", "fbgemm_fp8 (per-channel fp8)")
+                          "GPTQ and AWQ 4-bit with group size 128", "fbgemm_fp8 (per-channel fp8)",
+                          "fp8 e4m3 with 128 x 128 block scales (fp8-block)", "MXFP4 MoE experts (mxfp4)")
 
 
 def _bnb(q: Mapping[str, Any]) -> CheckpointQuant:
@@ -141,14 +143,30 @@ def _grouped(method: str, q: Mapping[str, Any]) -> CheckpointQuant:
     return CheckpointQuant(method, words, why_not=f"only {method.upper()} 4-bit with group size 128 is modelled")
 
 
+def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
+    """transformers' ``FineGrainedFP8Config`` (``fmt`` e4m3, ``weight_block_size`` [128, 128] by default; a null
+    block size means one scale per tensor, vLLM's per-tensor path): the row holds e4m3 with 128 x 128 tiles."""
+    block = q.get("weight_block_size", [128, 128])
+    fmt = str(q.get("fmt", "e4m3"))
+    if block is None:
+        return CheckpointQuant("fp8", f"fp8 {fmt} with one scale per tensor", why_not="per-tensor fp8 has no row",
+                               trained_dequantized=True, skip_modules=skip)
+    words = f"fp8 {fmt} with block-wise scales ({block[0]} x {block[1]})"
+    if fmt == "e4m3" and [int(b) for b in block] == [FP8_TILE, FP8_TILE]:
+        return CheckpointQuant("fp8", words, "fp8-block", trained_dequantized=True, skip_modules=skip)
+    return CheckpointQuant("fp8", words, why_not=f"only e4m3 with {FP8_TILE} x {FP8_TILE} blocks has a row",
+                           trained_dequantized=True, skip_modules=skip)
+
+
 def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
     """The checkpoint's ``quantization_config`` as a declared fact (None when the config has none).
 
     Each method maps to the ``facts/quantization.py`` row that stores it exactly, or to None with the
     reason; the engines then estimate the weights as stored or refuse (``spec/load.py``
     ``checkpoint_quantization_for``).  fp8 as transformers' ``FineGrainedFP8Config`` writes it
-    (``quant_method: fp8``, ``weight_block_size`` [128, 128] by default: one fp32 ``weight_scale_inv`` per
-    128 x 128 block) and MXFP4 (gpt-oss: 4-bit e2m1 blocks of 32 with a UE8 scale) have no row.
+    (``quant_method: fp8``, ``fmt: e4m3``, ``weight_block_size`` [128, 128] by default: one fp32
+    ``weight_scale_inv`` per 128 x 128 tile) is the row ``fp8-block``; MXFP4 (gpt-oss: 4-bit e2m1 in blocks
+    of 32 with an E8M0 scale, ``Mxfp4Config``) the row ``mxfp4``.  Both load dequantized for training.
     """
     q = cfg.get("quantization_config")
     if not isinstance(q, Mapping):
@@ -163,13 +181,10 @@ def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
         return CheckpointQuant(method, "fp8 e4m3 with one scale per output channel (fbgemm_fp8)", "fp8",
                                skip_modules=skip)
     if method == "fp8":
-        block = q.get("weight_block_size") or [128, 128]
-        return CheckpointQuant(method, f"fp8 e4m3 with block-wise scales ({block[0]} x {block[1]})",
-                               why_not="block-wise fp8 scales have no row", trained_dequantized=True,
-                               skip_modules=skip)
+        return _block_fp8(q, skip)
     if method == "mxfp4":
-        return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with a UE8 scale) on the MoE experts",
-                               why_not="MXFP4 has no row", trained_dequantized=True, skip_modules=skip)
+        return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with an E8M0 scale) on the MoE experts",
+                               "mxfp4", trained_dequantized=True, skip_modules=skip)
     return CheckpointQuant(method or "unnamed", f"quant_method {method or '(missing)'}",
                            why_not=f"{method or 'a quantization_config without quant_method'} is not a known format")
 
