@@ -152,7 +152,16 @@ def gpus(query: Annotated[str | None, typer.Argument(help="filter by name or ali
 
 # Each feature area registers its own sub-commands from its own module, so that the
 # CLI grows without one file holding every command.
-from vramplan.cli import compare_cmd, measure_cmd, plan_cmd, serve_cmd, snapshot_cmd, trace_cmd, validate_cmd, web_cmd
+from vramplan.cli import (
+    compare_cmd,
+    measure_cmd,
+    plan_cmd,
+    serve_cmd,
+    snapshot_cmd,
+    trace_cmd,
+    validate_cmd,
+    web_cmd,
+)
 
 for _mod in (trace_cmd, serve_cmd, plan_cmd, compare_cmd, measure_cmd, snapshot_cmd, validate_cmd, web_cmd):
     _mod.register(app)

@@ -103,7 +103,7 @@ def nvml_process_used_bytes(index: int = 0, uuid: str | None = None, pid: int | 
     """
     if nvml is None:
         try:
-            import pynvml as nvml_module  # type: ignore[import-untyped]
+            import pynvml as nvml_module  # type: ignore[import-untyped,import-not-found,unused-ignore]
         except ImportError:
             return None
         nvml = nvml_module

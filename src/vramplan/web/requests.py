@@ -38,7 +38,8 @@ SIZE_LIMITS = {"num_hidden_layers": 1280, "n_layer": 1280, "num_layers": 1280, "
 
 def _check_sizes(cfg: dict[str, Any], where: str) -> None:
     problems = []
-    for section in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+    text = cfg.get("text_config")
+    for section in (cfg, text if isinstance(text, dict) else {}):
         for key, limit in SIZE_LIMITS.items():
             v = section.get(key)
             if isinstance(v, int) and v > limit:
