@@ -344,13 +344,23 @@ def test_remedies_are_verified_and_in_the_json() -> None:
 def test_remedies_in_the_table() -> None:
     code, out, _ = run("estimate", str(ROOT / "examples" / "llama2-7b-full-naive-a100.yaml"))
     flat = _flat(out)
-    assert code == 1 and "Would fit (each change estimated again, with a 10% margin):" in flat
+    assert code == 1 and "Would fit (each change estimated again: verdict FITS, with a 10% margin):" in flat
     assert "Settings assumed (not given, defaults):" in flat
 
 
 def test_a_fitting_estimate_has_no_remedies_key() -> None:
+    # verdict FITS: 7B bf16 inference on an A100-80GB is far below the band's high bound of the capacity
+    code, out, _ = run("estimate", str(ROOT / "examples" / "llama2-7b-inference-a100.yaml"), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["verdict"] == "FITS" and "remedies" not in doc
+
+
+def test_may_not_fit_gets_remedies_and_exit_0() -> None:
+    # the point estimate fits (exit 0) but the band's high bound does not: the changes that make it FITS
     code, out, _ = run("estimate", EXAMPLE, "--json")
-    assert code == 0 and "remedies" not in json.loads(out)
+    doc = json.loads(out)
+    assert code == 0 and doc["fits"] and doc["verdict"] == "MAY NOT FIT"
+    assert doc["remedies"] and all(r["device_used_bytes"] <= r["capacity_bytes"] for r in doc["remedies"])
 
 
 def test_compare_library_reports_differences() -> None:

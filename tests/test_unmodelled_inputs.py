@@ -12,7 +12,6 @@ BASE = {"model": "meta-llama/Llama-2-7b-hf", "hardware": {"gpu": "H100", "num_gp
 
 
 @pytest.mark.parametrize(("doc", "says"), [
-    ({**BASE, "parallel": {"ep": 2}}, "not modelled: parallel.ep 2 on a dense model"),
     ({**BASE, "framework": "torchtitan", "task": "inference"}, "not modelled: framework torchtitan for task inference"),
     ({**BASE, "framework": "hf-trainer", "task": "serve"}, "not modelled: framework hf-trainer for task serve"),
     ({**BASE, "framework": "torchtitan", "train": {"gradient_checkpointing": "full"},
@@ -24,6 +23,11 @@ def test_an_input_that_is_not_modelled_is_said_so(doc: dict[str, object], says: 
 
 def test_a_modelled_scenario_carries_no_such_assumption() -> None:
     assert not any(a.startswith("not modelled: ") for a in estimate(BASE).assumptions)
+
+
+def test_expert_parallelism_on_a_dense_model_is_refused_not_ignored() -> None:
+    with pytest.raises(ScenarioError, match="dense model"):
+        resolve({**BASE, "parallel": {"ep": 2}})
 
 
 def test_vllm_has_no_training_path() -> None:

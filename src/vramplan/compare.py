@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vramplan.errors import Problem, ScenarioError
+from vramplan.report import flatten
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["MAX_SETUPS", "MIN_SETUPS", "RESULT_KEYS", "compare", "differing_keys", "flatten"]
@@ -22,18 +23,6 @@ MAX_SETUPS = 4
 RESULT_KEYS: tuple[str, ...] = ("verdict", "fits", "per_gpu.device_used_bytes", "per_gpu.peak_reserved_bytes",
                                 "per_gpu.peak_allocated_bytes", "per_gpu.headroom_bytes",
                                 "per_gpu.capacity_bytes", "per_gpu.peak_phase")
-
-
-def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, path + "."))
-        else:
-            out[path] = value
-    return out
 
 
 _MISSING = object()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -81,7 +81,10 @@ def estimate(
     except VramplanError as exc:
         _fail(exc, given)
         return
-    extra = _remedies_and_defaults(report, doc) if not report.fits and engine == "analytic" else {}
+    from vramplan.plan.remedies import remedies_and_defaults
+
+    # a job whose verdict is not FITS (the point estimate or the band's high bound over): what would fit
+    extra = remedies_and_defaults(report, doc) if engine == "analytic" else {}
     if as_json:
         sys.stdout.write(json.dumps({**report.to_json_dict(), **extra}, indent=2) + "\n")
     else:
@@ -93,24 +96,6 @@ def estimate(
             render_remedies(extra["remedies"], extra["assumed_settings"], out)
     if not report.fits:
         raise typer.Exit(1)
-
-
-def _remedies_and_defaults(report: Any, doc: dict[str, Any]) -> dict[str, Any]:
-    """For a job that does not fit: the planner's verified remedies and the settings left at their defaults
-    (``remedies`` and ``assumed_settings`` beside the report's keys in ``--json``)."""
-    from vramplan.compare import flatten
-    from vramplan.plan.remedies import remedies
-
-    try:
-        found = [r.to_json_dict() for r in remedies(doc, report)]
-    except VramplanError:
-        found = []
-    task = report.scenario.get("task", "train")
-    given = flatten(doc)
-    sections = (task, "parallel", "framework", "hardware.num_gpus")
-    assumed = {k: v for k, v in flatten(report.scenario).items()
-               if k not in given and k.startswith(sections) and v is not None}
-    return {"remedies": found, "assumed_settings": assumed}
 
 
 @app.command()

@@ -95,7 +95,7 @@ def _render_lifecycle(report: Report, console: Console) -> None:
 def render_remedies(remedies: list[dict[str, object]], assumed: dict[str, object], console: Console) -> None:
     """A job that does not fit: the verified changes that make it fit, then the settings taken as defaults."""
     if remedies:
-        console.print("[bold]Would fit (each change estimated again, with a 10% margin):[/]")
+        console.print("[bold]Would fit (each change estimated again: verdict FITS, with a 10% margin):[/]")
         for r in remedies:
             used, cap = r["device_used_bytes"], r["capacity_bytes"]
             assert isinstance(used, int) and isinstance(cap, int)

@@ -12,19 +12,19 @@ quantized weights), then more GPUs, then a larger GPU.  Nothing is suggested tha
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vramplan.catalog.gpus import list_gpus
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
-from vramplan.errors import ScenarioError
+from vramplan.errors import ScenarioError, VramplanError
 from vramplan.plan.fit import DEFAULT_MARGIN, fits_with_margin
-from vramplan.report import Report
+from vramplan.report import Report, flatten
 from vramplan.spec.load import Resolved
 
-__all__ = ["MAX_REMEDIES", "Remedy", "remedies"]
+__all__ = ["MAX_REMEDIES", "Remedy", "remedies", "remedies_and_defaults"]
 
 MAX_REMEDIES = 4
 _MAX_GPUS = 64  # the most GPUs a "more GPUs" remedy proposes
@@ -206,3 +206,22 @@ def _strongest(candidates: Iterator[Candidate]) -> list[Candidate]:
     for c in candidates:
         last[c[0]] = c
     return list(last.values())
+
+
+def remedies_and_defaults(report: Report, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """For a job whose verdict is not ``FITS``: the verified remedies and the settings the input left at
+    their defaults, as ``{"remedies": [...], "assumed_settings": {dotted key: value}}`` (the keys
+    ``vramplan estimate --json`` and ``POST /api/estimate`` add beside the report's); ``{}`` when it fits.
+    The assumed settings are the task's section, ``parallel``, ``framework`` and ``hardware.num_gpus``."""
+    if report.verdict == "FITS" or (report.verdict is None and report.fits):
+        return {}
+    try:
+        found = [r.to_json_dict() for r in remedies(dict(doc), report)]
+    except VramplanError:
+        found = []
+    task = report.scenario.get("task", "train")
+    given = flatten(doc)
+    sections = (task, "parallel", "framework", "hardware.num_gpus")
+    assumed = {k: v for k, v in flatten(report.scenario).items()
+               if k not in given and k.startswith(sections) and v is not None}
+    return {"remedies": found, "assumed_settings": assumed}

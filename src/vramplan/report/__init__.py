@@ -9,6 +9,7 @@ what nvidia-smi would show for the process (reserved + memory outside the alloca
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -111,3 +112,15 @@ class Report(BaseModel):
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out

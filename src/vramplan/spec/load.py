@@ -538,8 +538,7 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
     if s.task == "inference" and fw in ("torchtitan", "deepspeed"):
         out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
-    if s.parallel.ep > 1 and m.moe is None:
-        out.append(f"not modelled: parallel.ep {s.parallel.ep} on a dense model (no experts to place; ignored)")
+    # parallel.ep on a dense model is a contradiction, refused before this (spec/checks.py contradictions)
     return out
 
 

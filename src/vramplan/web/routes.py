@@ -131,10 +131,16 @@ def build_app(settings: WebSettings) -> FastAPI:
     @app.post("/api/estimate")
     async def estimate(request: Request) -> Response:
         from vramplan.engine import estimate as run_estimate
+        from vramplan.plan.remedies import remedies_and_defaults
 
         doc = await scenario_of(request)
-        report = await run(lambda: run_estimate(doc))
-        return _json(report.to_json_dict())
+
+        def go() -> dict[str, Any]:
+            # the CLI's --json document: the report, and for a job that is not FITS its remedies
+            report = run_estimate(doc)
+            return {**report.to_json_dict(), **remedies_and_defaults(report, doc)}
+
+        return _json(await run(go))
 
     @app.post("/api/fit")
     async def fit(request: Request, counts: str | None = None) -> Response:
