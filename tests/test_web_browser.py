@@ -99,6 +99,11 @@ def _verdict(page: Any) -> str:
     return str(page.locator("#verdict .badge").inner_text())
 
 
+# the opening setup's verdict: Llama-3.1-8B LoRA on an RTX 4090 uses 20.2 of 23.64 GiB, so the point
+# estimate fits while the calibrated band's high bound (about x1.26, report/band.py) does not
+OPENING = "MAY NOT FIT"
+
+
 def _wait_verdict(page: Any, text: str) -> None:
     page.wait_for_function("t => document.querySelector('#verdict .badge')?.textContent === t", arg=text)
 
@@ -115,8 +120,11 @@ def _fill(page: Any, selector: str, value: str) -> None:
 def test_readme_question_and_live_answer(page: Any, server: str) -> None:
     """Llama-3.1-8B LoRA on an RTX 4090 (the page's opening setup), then a bigger model, then another GPU."""
     page.goto(server + "/")
-    _wait_verdict(page, "FITS")
+    _wait_verdict(page, OPENING)
     assert "Llama-3.1-8B" in page.locator("#summary").inner_text()
+    # the job's phases (per_gpu.lifecycle) as a table of GiB, the peak's phase marked, no raw JSON
+    phases = page.locator("#lifecycle").inner_text()
+    assert "training step" in phases and "load" in phases and "(peak)" in phases and "{" not in phases
     page.wait_for_selector("#fit-table tbody tr.fits")
     fit_rows = page.locator("#fit-table tbody tr").count()
     assert fit_rows >= 50  # every catalog GPU has a row
@@ -149,7 +157,7 @@ def test_broken_field_shows_the_cli_message(page: Any, server: str) -> None:
     from vramplan.spec.load import parse_scenario
 
     page.goto(server + "/")
-    _wait_verdict(page, "FITS")
+    _wait_verdict(page, OPENING)
     page.locator("#f-train-seq_len").fill("0")
     err = page.locator("#e-train-seq_len")
     err.wait_for(state="visible")
@@ -159,13 +167,13 @@ def test_broken_field_shows_the_cli_message(page: Any, server: str) -> None:
     assert page.locator("#f-train-seq_len").get_attribute("aria-invalid") == "true"
     page.screenshot(path=str(ARTIFACTS / "web-error-seq-len.png"))
     page.locator("#f-train-seq_len").fill("1024")
-    _wait_verdict(page, "FITS")
+    _wait_verdict(page, "FITS")  # seq_len 2048 -> 1024: 18.05 GiB, band high 22.7 of 23.64
     assert err.inner_text() == ""
 
 
 def test_compare_two_setups_and_reload_shared_url(page: Any, server: str, browser: Any) -> None:
     page.goto(server + "/")
-    _wait_verdict(page, "FITS")
+    _wait_verdict(page, OPENING)
     page.locator("#add-compare").click()
     page.locator("#f-hardware-gpu").fill("RTX-3080")
     _wait_verdict(page, "DOES NOT FIT")
@@ -188,7 +196,7 @@ def test_compare_two_setups_and_reload_shared_url(page: Any, server: str, browse
 
 def test_plan_and_download_the_exports(page: Any, server: str) -> None:
     page.goto(server + "/")
-    _wait_verdict(page, "FITS")
+    _wait_verdict(page, OPENING)
     page.locator("#run-plan").click()
     page.wait_for_selector("#plan-out .badge")
     assert page.locator("#plan-out .badge").inner_text() == "FITS"
@@ -217,7 +225,7 @@ def test_phone_width_and_keyboard(browser: Any, server: str) -> None:
     pg = ctx.new_page()
     pg.set_default_timeout(TIMEOUT_MS)
     pg.goto(server + "/")
-    _wait_verdict(pg, "FITS")
+    _wait_verdict(pg, OPENING)
     # one column: nothing wider than the screen
     assert pg.evaluate("document.documentElement.scrollWidth") <= 390
     # every form control has a label
@@ -238,11 +246,11 @@ def test_upload_config_and_inference(page: Any, server: str, tmp_path: Path) -> 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(m.config))
     page.goto(server + "/")
-    _wait_verdict(page, "FITS")
+    _wait_verdict(page, OPENING)
     w_catalog = _weights(page)
     page.locator("#f-config").set_input_files(str(cfg))
     page.wait_for_function("() => document.querySelector('#f-model').placeholder.startsWith('uploaded config.json')")
-    _wait_verdict(page, "FITS")
+    _wait_verdict(page, OPENING)
     assert _weights(page) == w_catalog  # the same config.json, inline: the same weights
     assert '"model":{' in urllib.request.unquote(page.url).replace(" ", "")  # the upload is in the link too
     page.locator("#f-task").select_option(label="inference")

@@ -402,20 +402,30 @@ function drawBreakdown() {
 }
 
 function drawLifecycle() {
-  // per_gpu.lifecycle (a phase map) is drawn when the report has it; nothing here derives it
+  // per_gpu.lifecycle: phase -> {allocated_bytes, reserved_bytes, device_used_bytes} at that phase's peak
+  // (docs/lifecycle.md), drawn as the report gives it; lifecycle_peak_phase is marked
   const box = $("#lifecycle");
   const lc = report.per_gpu.lifecycle;
   box.replaceChildren();
-  if (!lc || typeof lc !== "object") return;
+  if (!lc || typeof lc !== "object" || !Object.keys(lc).length) return;
   const h = document.createElement("h2");
-  h.textContent = "Lifecycle of the job";
+  h.textContent = "Phases of the job (GiB per GPU)";
   const t = document.createElement("table");
+  const hr = t.createTHead().insertRow();
+  for (const label of ["phase", "allocated", "reserved", "device used"]) {
+    hr.append(Object.assign(document.createElement("th"), { textContent: label, scope: "col" }));
+  }
+  const body = t.createTBody();
   for (const [phase, v] of Object.entries(lc)) {
-    const tr = t.insertRow();
-    tr.insertCell().textContent = phase;
-    const c = tr.insertCell();
-    c.className = "num";
-    c.textContent = typeof v === "number" ? `${gib(v)} GiB` : JSON.stringify(v);
+    const tr = body.insertRow();
+    const peak = phase === report.per_gpu.lifecycle_peak_phase;
+    tr.insertCell().textContent = peak ? `${phase} (peak)` : phase;
+    for (const key of ["allocated_bytes", "reserved_bytes", "device_used_bytes"]) {
+      const c = tr.insertCell();
+      c.className = "num";
+      c.textContent = v && typeof v[key] === "number" ? gib(v[key]) : "";
+    }
+    if (peak) tr.className = "peak";
   }
   box.append(h, t);
 }
