@@ -140,6 +140,32 @@ def test_readme_question_and_live_answer(page: Any, server: str) -> None:
     page.screenshot(path=str(ARTIFACTS / "web-llama-3.1-70b-lora-b200.png"), full_page=True)
 
 
+def test_phases_on_their_axis_and_smallest_count(page: Any, server: str) -> None:
+    """The step's phases and the job's phases, each on an axis of phases in order; each GPU's smallest count."""
+    page.goto(server + "/")
+    _wait_verdict(page, OPENING)
+    page.wait_for_function("() => Chart.getChart('chart-lifecycle')")
+    axes = page.evaluate("""() => Object.fromEntries(['chart-phases', 'chart-lifecycle'].map((id) => {
+        const c = Chart.getChart(id); return [id, { ticks: c.scales.x.ticks.map((t) => t.label), peak: c.options.plugins.markLine.value,
+        series: c.data.datasets.map((d) => d.label) }]; }))""")
+    # the report's order (per_gpu.phases, per_gpu.lifecycle), every label shown
+    assert axes["chart-phases"]["ticks"] == ["forward", "backward", "optimizer"]
+    assert axes["chart-lifecycle"]["ticks"] == ["load", "first step", "training step", "checkpoint save"]
+    assert axes["chart-lifecycle"]["peak"] == 2  # lifecycle_peak_phase: training step, the third
+    assert axes["chart-lifecycle"]["series"] == ["allocated", "reserved", "device used"]
+    page.locator("#chart-lifecycle").screenshot(path=str(ARTIFACTS / "web-lifecycle-phases.png"))
+    # one row a GPU, at the smallest of 1, 2, 4, 8 that fits (LoRA does not shard: 1 where anything fits)
+    page.wait_for_selector("#fit-table tbody tr.fits")
+    n = page.locator("#fit-table tbody tr").count()
+    page.locator("#fit-counts").fill("1,2")
+    page.wait_for_function(f"() => document.querySelectorAll('#fit-table tbody tr').length === {2 * n}")
+    page.locator("#fit-counts").fill("")
+    page.locator("#fit-smallest").check()
+    page.wait_for_function(f"() => document.querySelectorAll('#fit-table tbody tr').length === {n}")
+    page.wait_for_function("() => /Fits on .* [0-9]+ × /.test(document.querySelector('#fit-summary').textContent)")
+    assert "1 × " in page.locator("#fit-summary").inner_text()
+
+
 def test_broken_field_shows_the_cli_message(page: Any, server: str) -> None:
     from vramplan.errors import ScenarioError
     from vramplan.spec.load import parse_scenario

@@ -456,7 +456,11 @@ async function refreshEstimate() {
 
 async function refreshFit() {
   const counts = $("#fit-counts").value.trim();
-  const url = "/api/fit" + (counts ? `?counts=${encodeURIComponent(counts)}` : "");
+  const q = new URLSearchParams();
+  if (counts) q.set("counts", counts);
+  // one row a GPU: the smallest count that FITS (vramplan.plan.every_gpu.smallest_fitting_counts)
+  if ($("#fit-smallest").checked) q.set("smallest", "true");
+  const url = "/api/fit" + (q.toString() ? "?" + q.toString() : "");
   const r = await api("fit", url, state.scenario).catch(() => null);
   const body = $("#fit-table tbody");
   clearErrors($("#fit"));
@@ -468,7 +472,7 @@ async function refreshFit() {
   const fitting = r.doc.filter((row) => row.verdict === "FITS");
   const maybe = r.doc.filter((row) => row.verdict === "MAY NOT FIT");
   $("#fit-summary").textContent = `Fits on ${fitting.length} of ${r.doc.length} catalog GPUs`
-    + (fitting.length ? ` (the smallest: ${fitting.slice(0, 3).map((row) => row.gpu).join("; ")})` : "")
+    + (fitting.length ? ` (the smallest: ${fitting.slice(0, 3).map((row) => ($("#fit-smallest").checked ? `${row.num_gpus} × ${row.gpu}` : row.gpu)).join("; ")})` : "")
     + (maybe.length ? `; may not fit on ${maybe.length} more (the point estimate fits, the band's high bound does not)` : "") + ".";
   body.replaceChildren(...r.doc.filter((row) => !only || row.verdict === "FITS" || row.verdict === "MAY NOT FIT").map((row) => {
     const tr = document.createElement("tr");
@@ -666,6 +670,7 @@ async function main() {
   searchBox($("#f-hardware-gpu"), "gpus-list", "/api/gpus", "name", "hardware.gpu");
   setupUpload();
   $("#fit-only").addEventListener("change", refreshFit);
+  $("#fit-smallest").addEventListener("change", refreshFit);
   let fitTimer = 0;
   $("#fit-counts").addEventListener("input", () => { clearTimeout(fitTimer); fitTimer = setTimeout(refreshFit, DEBOUNCE_MS); });
   $("#share").addEventListener("click", async () => {
