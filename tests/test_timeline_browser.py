@@ -1,4 +1,4 @@
-"""The step's timeline as a self-contained HTML file: the page's chart code and the vendored Chart.js
+"""The step's timeline (and a snapshot's plot) as a self-contained HTML file: the page's chart code and the vendored Chart.js
 inlined, the data embedded, nothing fetched; opened from disk (a file:// URL) in Debian's Chromium.
 
 The data is a hand-written document of the shape ``vramplan.trace.timeline.timeline`` returns, so the
@@ -48,7 +48,7 @@ def test_timeline_html_is_self_contained(tmp_path: Path) -> None:
     # the page's shared chart code and Chart.js are inlined
     assert "VramplanCharts" in text and "drawTimeline" in text and "Chart.js v4" in text
     # the data is embedded, whole, and a "</script>" inside a name cannot end its element early
-    m = re.search(r"<script type='application/json' id='timeline-data'>(.*?)</script>", text, re.DOTALL)
+    m = re.search(r"<script type='application/json' id='chart-data'>(.*?)</script>", text, re.DOTALL)
     assert m is not None and json.loads(m.group(1)) == data
     assert text.count("</script>") == 4  # Chart.js, charts.js, the data, the call that draws
 
@@ -70,8 +70,8 @@ def test_timeline_html_draws_offline_from_disk(tmp_path: Path, browser: Any) -> 
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(path.resolve().as_uri())
-    page.wait_for_function("() => window.Chart && Chart.getChart('timeline')")
-    chart = page.evaluate("""() => { const c = Chart.getChart('timeline');
+    page.wait_for_function("() => window.Chart && Chart.getChart('chart')")
+    chart = page.evaluate("""() => { const c = Chart.getChart('chart');
         return { ticks: c.scales.x.ticks.map((t) => t.label), labels: c.data.datasets.map((d) => d.label),
                  title: c.options.plugins.title.text, peak: c.options.plugins.markLine.value,
                  tip: c.options.plugins.tooltip.callbacks.afterLabel({ dataset: { label: 'activations' } }) }; }""")
@@ -82,7 +82,7 @@ def test_timeline_html_draws_offline_from_disk(tmp_path: Path, browser: Any) -> 
     # hovering the activations band names the largest activation block alive at the peak
     assert any("model.layers.0.mlp" in line for line in chart["tip"])
     # something is drawn on the canvas (not a blank one)
-    painted = page.evaluate("""() => { const c = document.getElementById('timeline');
+    painted = page.evaluate("""() => { const c = document.getElementById('chart');
         const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0; for (let i = 3; i < px.length; i += 4) if (px[i]) n++; return n; }""")
     assert painted > 1000
@@ -90,3 +90,22 @@ def test_timeline_html_draws_offline_from_disk(tmp_path: Path, browser: Any) -> 
     ctx.close()
     assert errors == []
     assert all(u.startswith("file://") for u in requests), requests
+
+
+def test_snapshot_plot_draws_offline_from_disk(tmp_path: Path, browser: Any) -> None:
+    from vramplan.measure.snapshot import read_snapshot, write_timeline_plot
+
+    report = read_snapshot(Path(__file__).resolve().parent / "data" / "snapshots" / "oom_small.pickle")
+    path = write_timeline_plot(report, tmp_path / "snap.html")
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(path.resolve().as_uri())
+    page.wait_for_function("() => window.Chart && Chart.getChart('chart')")
+    got = page.evaluate("""() => { const c = Chart.getChart('chart');
+        return { mark: c.options.plugins.markLine, n: c.data.datasets.map((d) => d.data.length) }; }""")
+    assert report.oom is not None and got["mark"]["value"] == report.oom.trace_index
+    assert got["mark"]["label"] == "OOM: 40.0 MiB requested"  # the snapshot's 40 MiB request (test_snapshot.py)
+    assert got["n"] == [len(report.timeline)] * 2  # a small trace: every point, live and reserved
+    page.close()
+    assert errors == []

@@ -24,7 +24,7 @@ from vramplan.trace.report import label, peak_of, rounded
 from vramplan.trace.tracker import TrackEvent
 from vramplan.units import GiB
 
-__all__ = ["timeline", "write_timeline"]
+__all__ = ["chart_page", "timeline", "write_timeline"]
 
 MAX_POINTS = 1500
 _NAMED = ("weights", "gradients", "optimizer_states", "master_weights")
@@ -108,6 +108,26 @@ def _inline_json(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
 
 
+def chart_page(title: str, data: dict[str, Any], draw: str, before: str = "", after: str = "") -> str:
+    """A self-contained HTML page that draws ``data`` with ``VramplanCharts.<draw>`` (charts.js).
+
+    Chart.js (vendored) and charts.js are inlined, the data embedded as JSON: the file opens from disk,
+    offline.  ``before``/``after``: HTML (already escaped) above and below the chart."""
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:1rem}.chart{position:relative;height:420px}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}.num{text-align:right}</style>"
+        f"<script>{_inline_script(_static('vendor', 'chart.umd.min.js'))}</script>"
+        f"<script>{_inline_script(_static('charts.js'))}</script></head><body>{before}"
+        f"<div class='chart'><canvas id='chart' aria-label='{html.escape(title)}'></canvas></div>{after}"
+        f"<script type='application/json' id='chart-data'>{_inline_json(data)}</script>"
+        f"<script>VramplanCharts.{draw}(document.getElementById('chart'), "
+        "JSON.parse(document.getElementById('chart-data').textContent));</script>"
+        "</body></html>\n"
+    )
+
+
 def _html(data: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><td class='num'>{r['bytes'] / GiB:.3f}</td><td>{html.escape(r['category'])}</td>"
@@ -115,24 +135,11 @@ def _html(data: dict[str, Any]) -> str:
         f"<td>{html.escape(r['op'])}</td></tr>"
         for r in data["top_at_peak"])
     peak = data["peak"]
-    payload = _inline_json(data)
-    return (
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        "<meta name='viewport' content='width=device-width, initial-scale=1'><title>vramplan timeline</title>"
-        "<style>body{font-family:system-ui,sans-serif;margin:1rem}.chart{position:relative;height:420px}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}.num{text-align:right}</style>"
-        f"<script>{_inline_script(_static('vendor', 'chart.umd.min.js'))}</script>"
-        f"<script>{_inline_script(_static('charts.js'))}</script></head><body>"
-        f"<h2>Live memory over the step (peak {peak['allocated_bytes'] / GiB:.3f} GiB in {html.escape(peak['phase'])})</h2>"
-        "<div class='chart'><canvas id='timeline' aria-label='Live memory over the step by category'></canvas></div>"
-        "<h3>Largest blocks alive at the peak</h3><table>"
-        "<tr><th>GiB</th><th>category</th><th>module</th><th>op</th></tr>"
-        f"{rows}</table>"
-        f"<script type='application/json' id='timeline-data'>{payload}</script>"
-        "<script>VramplanCharts.drawTimeline(document.getElementById('timeline'), "
-        "JSON.parse(document.getElementById('timeline-data').textContent));</script>"
-        "</body></html>\n"
-    )
+    heading = (f"<h2>Live memory over the step (peak {peak['allocated_bytes'] / GiB:.3f} GiB in "
+               f"{html.escape(peak['phase'])})</h2>")
+    table = ("<h3>Largest blocks alive at the peak</h3><table>"
+             f"<tr><th>GiB</th><th>category</th><th>module</th><th>op</th></tr>{rows}</table>")
+    return chart_page("vramplan timeline", data, "drawTimeline", heading, table)
 
 
 def _png(path: Path, data: dict[str, Any]) -> None:

@@ -116,5 +116,27 @@
     });
   }
 
-  root.VramplanCharts = { GiB, gib, COLORS, baseOptions, markLine, phaseAt, drawTimeline, drawPhases };
+  // A memory snapshot's allocator trace (vramplan.measure.snapshot.write_timeline_plot's document): live
+  // (requested) and reserved bytes after each trace entry, the out-of-memory entry marked.  A snapshot
+  // carries no phases, so the axis is the trace's own entry numbers.
+  function drawSnapshot(canvas, data) {
+    const MiB = 2 ** 20;
+    const line = (label, key, color) => ({ label, data: data.points.map((p) => ({ x: p.entry, y: p[key] / MiB })),
+      borderColor: color, backgroundColor: color, pointRadius: 0, borderWidth: 1.5, stepped: true });
+    const oom = data.oom;
+    return new Chart(canvas, {
+      type: "line", plugins: [markLine],
+      data: { datasets: [line("reserved", "reserved_bytes", "#999999"), line("live tensors (requested)", "live_bytes", "#1f77b4")] },
+      options: baseOptions(data.title, {
+        interaction: { mode: "nearest", axis: "x", intersect: false },
+        scales: { x: { type: "linear", title: { display: true, text: "trace entry" } },
+          y: { beginAtZero: true, title: { display: true, text: "MiB" } } },
+        plugins: { title: { display: true, text: data.title }, legend: { position: "bottom", labels: { boxWidth: 12 } },
+          markLine: oom ? { axis: "x", value: oom.trace_index, label: `OOM: ${(oom.request_bytes / MiB).toFixed(1)} MiB requested` } : {},
+          tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${c.parsed.y.toFixed(1)} MiB` } } },
+      }),
+    });
+  }
+
+  root.VramplanCharts = { GiB, gib, COLORS, baseOptions, markLine, phaseAt, drawTimeline, drawPhases, drawSnapshot };
 })(typeof window !== "undefined" ? window : globalThis);
