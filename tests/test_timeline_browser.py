@@ -81,6 +81,7 @@ def test_timeline_html_draws_offline_from_disk(tmp_path: Path, browser: Any) -> 
     assert chart["peak"] == 30 and "in backward" in chart["title"]  # the peak marked where it is
     # hovering the activations band names the largest activation block alive at the peak
     assert any("model.layers.0.mlp" in line for line in chart["tip"])
+    assert chart["tip"][1].startswith("  4 MiB")  # a block under a GiB in MiB, not "0.0 GiB"
     # something is drawn on the canvas (not a blank one)
     painted = page.evaluate("""() => { const c = document.getElementById('chart');
         const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;

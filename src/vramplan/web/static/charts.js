@@ -7,6 +7,8 @@
 (function (root) {
   const GiB = 2 ** 30;
   const gib = (n) => (n / GiB).toLocaleString("en", { minimumFractionDigits: 1, maximumFractionDigits: 2 });
+  // a size with its unit: MiB below a GiB, so that the small blocks of a small model do not read as 0.0
+  const size = (n) => (Math.abs(n) >= GiB ? `${gib(n)} GiB` : `${(n / 2 ** 20).toLocaleString("en", { maximumFractionDigits: 1 })} MiB`);
   const COLORS = {
     weights: "#4e79a7", gradients: "#f28e2b", optimizer_states: "#e15759", master_weights: "#76b7b2",
     activations: "#59a14f", kv_cache: "#edc948", temporaries: "#b07aa1", other: "#ff9da7",
@@ -68,10 +70,10 @@
     }));
     const peak = data.peak;
     const topOf = (cat) => data.top_at_peak.filter((r) => r.category === cat).slice(0, 6)
-      .map((r) => `  ${gib(r.bytes)} GiB  ${r.module || r.what}${r.op && r.op !== (r.module || r.what) ? " (" + r.op + ")" : ""}`);
+      .map((r) => `  ${size(r.bytes)}  ${r.module || r.what}${r.op && r.op !== (r.module || r.what) ? " (" + r.op + ")" : ""}`);
     return new Chart(canvas, {
       type: "line", data: { datasets }, plugins: [markLine],
-      options: baseOptions(`Live memory over the step, GiB (peak ${gib(peak.allocated_bytes)} GiB in ${peak.phase})`, {
+      options: baseOptions(`Live memory over the step, GiB (peak ${size(peak.allocated_bytes)} in ${peak.phase})`, {
         interaction: { mode: "nearest", axis: "x", intersect: false },
         scales: {
           x: {
@@ -83,9 +85,9 @@
           y: { stacked: true, beginAtZero: true, title: { display: true, text: "GiB" } },
         },
         plugins: {
-          title: { display: true, text: `Live memory over the step, GiB (peak ${gib(peak.allocated_bytes)} GiB in ${peak.phase})` },
+          title: { display: true, text: `Live memory over the step, GiB (peak ${size(peak.allocated_bytes)} in ${peak.phase})` },
           legend: { position: "bottom", labels: { boxWidth: 12 } },
-          markLine: { axis: "x", value: peak.seq, label: `peak ${gib(peak.allocated_bytes)} GiB` },
+          markLine: { axis: "x", value: peak.seq, label: `peak ${size(peak.allocated_bytes)}` },
           tooltip: { callbacks: {
             title: (items) => (items.length ? phaseAt(marks, items[0].parsed.x) : ""),
             label: (c) => `${c.dataset.label}: ${c.parsed.y.toFixed(3)} GiB`,
@@ -138,5 +140,5 @@
     });
   }
 
-  root.VramplanCharts = { GiB, gib, COLORS, baseOptions, markLine, phaseAt, drawTimeline, drawPhases, drawSnapshot };
+  root.VramplanCharts = { GiB, gib, size, COLORS, baseOptions, markLine, phaseAt, drawTimeline, drawPhases, drawSnapshot };
 })(typeof window !== "undefined" ? window : globalThis);
