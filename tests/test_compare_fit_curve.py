@@ -12,7 +12,7 @@ from vramplan.catalog.resolve import resolve
 from vramplan.compare import compare, differing_keys
 from vramplan.engine import estimate
 from vramplan.errors import ScenarioError
-from vramplan.plan.every_gpu import fit_on_every_gpu
+from vramplan.plan.every_gpu import fit_on_every_gpu, smallest_fitting_counts
 from vramplan.serve.curve import concurrency_curve, default_lengths
 from vramplan.spec.load import read_document
 
@@ -51,6 +51,31 @@ def test_fit_on_every_gpu_is_the_estimate_on_each() -> None:
         assert row.verdict == rep.verdict and rep.verdict in ("FITS", "MAY NOT FIT", "DOES NOT FIT")
     # no GPU named: each row names its own
     assert len(fit_on_every_gpu({k: v for k, v in doc.items() if k != "hardware"})) == len(rows)
+
+
+def test_smallest_fitting_count_of_llama3_8b_fsdp() -> None:
+    """Llama 3 8B (8,030,261,248 parameters), bf16-mixed AdamW, FSDP full shard: the smallest of 1, 2, 4, 8
+    H100-SXM (85,017,755,648 bytes) that FITS is 4.
+
+    One GPU: fp32 weights + fp32 gradients + two fp32 Adam moments = 16 B a parameter, unsharded:
+    16 x 8,030,261,248 = 128,484,179,968 bytes > 85,017,755,648 before any activation: DOES NOT FIT.
+    Two: the states halve (Adam moments 8 x 8,030,261,248 / 2 = 32,121,044,992 bytes) and the point estimate
+    fits, but the calibrated band's high bound does not (MAY NOT FIT, report/band.py).  Four: FITS."""
+    doc = read_document(EXAMPLES / "llama3-8b-fsdp-8xh100.yaml")
+    rows = smallest_fitting_counts(doc)
+    assert len(rows) == len(list_gpus())  # one row a GPU
+    (h100,) = [r for r in rows if r.gpu == "H100-SXM"]
+    assert (h100.num_gpus, h100.verdict) == (4, "FITS")
+    every = fit_on_every_gpu(doc, [1, 2, 4])
+    by = {r.num_gpus: r for r in every if r.gpu == "H100-SXM"}
+    one = estimate(resolve({**doc, "hardware": {"gpu": "H100-SXM", "num_gpus": 1}})).per_gpu.breakdown
+    assert one["weights"] + one["gradients"] + one["optimizer_states"] == 16 * 8_030_261_248
+    assert by[1].verdict == "DOES NOT FIT" and by[2].verdict == "MAY NOT FIT"
+    assert by[2].device_used_bytes is not None and by[2].device_used_bytes <= by[2].capacity_bytes
+    assert h100.device_used_bytes == by[4].device_used_bytes
+    # a GPU on which no count fits keeps its largest count's row: an RTX 4090 (23.6 GiB) even with 8
+    (rtx,) = [r for r in rows if r.gpu == "RTX-4090"]
+    assert (rtx.num_gpus, rtx.verdict) == (8, "DOES NOT FIT")
 
 
 def test_default_lengths() -> None:

@@ -184,6 +184,19 @@ def test_fit_with_gpu_counts(client: TestClient) -> None:
     assert client.post("/api/fit", params={"counts": "1-64"}, json=doc).status_code == 422
 
 
+def test_fit_smallest_count_is_the_library_answer(client: TestClient) -> None:
+    from vramplan.plan.every_gpu import smallest_fitting_counts
+
+    doc = read_document(ROOT / "examples" / "llama3-8b-fsdp-8xh100.yaml")
+    rows = client.post("/api/fit", params={"smallest": "true"}, json=doc).json()
+    assert rows == [r.to_json_dict() for r in smallest_fitting_counts(doc)]
+    (h100,) = [r for r in rows if r["gpu"] == "H100-SXM"]
+    assert (h100["num_gpus"], h100["verdict"]) == (4, "FITS")  # tests/test_compare_fit_curve.py works it out
+    # the counts asked bound the search: with 1 and 2 only, the H100 row is the largest that ran (2)
+    two = client.post("/api/fit", params={"smallest": "true", "counts": "1,2"}, json=doc).json()
+    assert [(r["num_gpus"], r["verdict"]) for r in two if r["gpu"] == "H100-SXM"] == [(2, "MAY NOT FIT")]
+
+
 def test_serve_curve_is_blocks_over_blocks_per_request(client: TestClient) -> None:
     doc = read_document(ROOT / "examples" / "llama3-8b-serve-h100.yaml")
     blocks = client.post("/api/serve", json=doc).json()["vllm"]["num_gpu_blocks"]

@@ -28,8 +28,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("VRAMPLAN_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)", allow_module_level=True)
@@ -69,16 +67,6 @@ def server() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    ARTIFACTS.mkdir(exist_ok=True)
-    exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=ARGS, headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture
@@ -150,6 +138,32 @@ def test_readme_question_and_live_answer(page: Any, server: str) -> None:
     _fill(page, "#f-hardware-gpu", "B200")
     page.wait_for_function("() => document.querySelector('#summary').textContent.includes('B200')")
     page.screenshot(path=str(ARTIFACTS / "web-llama-3.1-70b-lora-b200.png"), full_page=True)
+
+
+def test_phases_on_their_axis_and_smallest_count(page: Any, server: str) -> None:
+    """The step's phases and the job's phases, each on an axis of phases in order; each GPU's smallest count."""
+    page.goto(server + "/")
+    _wait_verdict(page, OPENING)
+    page.wait_for_function("() => Chart.getChart('chart-lifecycle')")
+    axes = page.evaluate("""() => Object.fromEntries(['chart-phases', 'chart-lifecycle'].map((id) => {
+        const c = Chart.getChart(id); return [id, { ticks: c.scales.x.ticks.map((t) => t.label), peak: c.options.plugins.markLine.value,
+        series: c.data.datasets.map((d) => d.label) }]; }))""")
+    # the report's order (per_gpu.phases, per_gpu.lifecycle), every label shown
+    assert axes["chart-phases"]["ticks"] == ["forward", "backward", "optimizer"]
+    assert axes["chart-lifecycle"]["ticks"] == ["load", "first step", "training step", "checkpoint save"]
+    assert axes["chart-lifecycle"]["peak"] == 2  # lifecycle_peak_phase: training step, the third
+    assert axes["chart-lifecycle"]["series"] == ["allocated", "reserved", "device used"]
+    page.locator("#chart-lifecycle").screenshot(path=str(ARTIFACTS / "web-lifecycle-phases.png"))
+    # one row a GPU, at the smallest of 1, 2, 4, 8 that fits (LoRA does not shard: 1 where anything fits)
+    page.wait_for_selector("#fit-table tbody tr.fits")
+    n = page.locator("#fit-table tbody tr").count()
+    page.locator("#fit-counts").fill("1,2")
+    page.wait_for_function(f"() => document.querySelectorAll('#fit-table tbody tr').length === {2 * n}")
+    page.locator("#fit-counts").fill("")
+    page.locator("#fit-smallest").check()
+    page.wait_for_function(f"() => document.querySelectorAll('#fit-table tbody tr').length === {n}")
+    page.wait_for_function("() => /Fits on .* [0-9]+ × /.test(document.querySelector('#fit-summary').textContent)")
+    assert "1 × " in page.locator("#fit-summary").inner_text()
 
 
 def test_broken_field_shows_the_cli_message(page: Any, server: str) -> None:

@@ -35,7 +35,6 @@ Categories come from frame names and file names (heuristics, stated in every rep
 from __future__ import annotations
 
 import html
-import io
 import pickle
 import re
 from collections.abc import Mapping, Sequence
@@ -678,8 +677,9 @@ def _jsonable(v: Any) -> Any:
 def write_timeline_plot(report: SnapshotReport, path: str | Path) -> Path:
     """Live (requested) and reserved bytes over the trace entries; ``.png`` or ``.html``.
 
-    PNG needs matplotlib (``pip install 'vramplan[plot]'``); HTML is a self-contained page
-    with an inline SVG and needs nothing.
+    PNG needs matplotlib (``pip install 'vramplan[plot]'``); HTML is a self-contained page that
+    draws with the web page's chart code (Chart.js and charts.js inlined, the data embedded) and
+    needs nothing, not even a network.
     """
     out = Path(path)
     suffix = out.suffix.lower()
@@ -726,43 +726,17 @@ def _write_png(report: SnapshotReport, out: Path) -> None:
 
 
 def _timeline_html(report: SnapshotReport) -> str:
-    pts = downsample(report.timeline, 2000)
-    w, h, pad = 960, 360, 50
-    xs = [p.entry for p in pts]
-    ymax = max(max(p.reserved_bytes for p in pts), max(p.live_bytes for p in pts), 1)
-    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
+    # the page's chart code (web/static/charts.js, drawSnapshot) with Chart.js and the data inlined
+    from vramplan.trace.timeline import chart_page
 
-    def sx(x: int) -> float:
-        return pad + (w - 2 * pad) * (x - x0) / (x1 - x0)
-
-    def sy(y: int) -> float:
-        return h - pad - (h - 2 * pad) * y / ymax
-
-    def line(vals: list[int], color: str) -> str:
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, vals, strict=True))
-        return f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>'
-
+    title = f"{Path(report.source).name} - device {report.device}"
+    oom = None if report.oom is None else {"trace_index": report.oom.trace_index,
+                                           "request_bytes": report.oom.request_bytes}
+    data = {"title": title, "oom": oom,
+            "points": [p._asdict() for p in downsample(report.timeline, 2000)]}
     mib = 2**20
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}">',
-             f'<rect x="0" y="0" width="{w}" height="{h}" fill="white"/>',
-             line([p.reserved_bytes for p in pts], "#999999"),
-             line([p.live_bytes for p in pts], "#1f77b4"),
-             f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>',
-             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>',
-             f'<text x="{pad}" y="{pad - 10}" font-size="12">{ymax / mib:,.1f} MiB</text>',
-             f'<text x="{w - pad}" y="{h - pad + 20}" font-size="12" text-anchor="end">trace entry</text>']
-    if report.oom is not None:
-        xo = sx(report.oom.trace_index)
-        parts.append(f'<line x1="{xo:.1f}" y1="{pad}" x2="{xo:.1f}" y2="{h - pad}" stroke="#d62728" '
-                     'stroke-dasharray="4"/>')
-        parts.append(f'<text x="{xo:.1f}" y="{pad - 10}" font-size="12" fill="#d62728">OOM: '
-                     f'{report.oom.request_bytes / mib:,.1f} MiB requested</text>')
-    parts.append("</svg>")
-    buf = io.StringIO()
-    title = html.escape(f"{Path(report.source).name} - device {report.device}")
-    buf.write(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head><body>")
-    buf.write(f"<h3>{title}</h3><p>grey: reserved; blue: live tensors (requested bytes); "
-              f"{html.escape(report.verdict)}</p>")
-    buf.write("".join(parts))
-    buf.write("</body></html>\n")
-    return buf.getvalue()
+    note = ("" if report.oom is None else
+            f"; OOM: {report.oom.request_bytes / mib:,.1f} MiB requested at trace entry {report.oom.trace_index}")
+    before = (f"<h3>{html.escape(title)}</h3><p>grey: reserved; blue: live tensors (requested bytes)"
+              f"{html.escape(note)}; {html.escape(report.verdict)}</p>")
+    return chart_page(title, data, "drawSnapshot", before)

@@ -1,8 +1,10 @@
 """The step's timeline: live bytes over the step by category, the peak, and what is alive then.
 
 ``timeline(events, marks)`` returns plain data (JSON-ready); ``write_timeline(path, data)``
-writes it as ``.json``, ``.html`` (a self-contained SVG chart, no scripts) or ``.png``
-(matplotlib, from the ``plot`` extra).  Sizes are rounded to 512 bytes per block, as
+writes it as ``.json``, ``.html`` or ``.png`` (matplotlib, from the ``plot`` extra).  The ``.html``
+file is the page's own chart (``vramplan/web/static/charts.js``, ``drawTimeline``) with the vendored
+Chart.js and the data inlined: it opens from disk, offline, with no server and without the ``web``
+extra (the files are package data, read with importlib.resources).  Sizes are rounded to 512 bytes per block, as
 ``torch.cuda.memory_allocated`` counts them, so the peak matches the report's
 ``peak_allocated_bytes``.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import html
 import json
+import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ from vramplan.trace.report import label, peak_of, rounded
 from vramplan.trace.tracker import TrackEvent
 from vramplan.units import GiB
 
-__all__ = ["timeline", "write_timeline"]
+__all__ = ["chart_page", "timeline", "write_timeline"]
 
 MAX_POINTS = 1500
 _NAMED = ("weights", "gradients", "optimizer_states", "master_weights")
@@ -81,68 +85,61 @@ def _stacks(data: dict[str, Any]) -> tuple[list[int], dict[str, list[int]]]:
     return xs, {c: [pt[c] for pt in data["points"]] for c in data["categories"]}
 
 
-def _svg(data: dict[str, Any], width: int = 960, height: int = 360) -> str:
-    xs, series = _stacks(data)
-    if not xs:
-        return "<svg/>"
-    x0, x1 = xs[0], max(xs[-1], xs[0] + 1)
-    ymax = max(data["peak"]["allocated_bytes"], 1)
-    pad_l, pad_b = 60, 30
-    w, h = width - pad_l - 10, height - pad_b - 10
+# The page's static files, read as package data without importing vramplan.web (which needs FastAPI).
+_STATIC = ("web", "static")
 
-    def px(x: int) -> float:
-        return pad_l + (x - x0) / (x1 - x0) * w
 
-    def py(y: float) -> float:
-        return float(10 + h - y / ymax * h)
+def _static(*parts: str) -> str:
+    node = resources.files("vramplan")
+    for part in (*_STATIC, *parts):
+        node = node / part
+    return node.read_text(encoding="utf-8")
 
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-              f'font-family="sans-serif" font-size="11">')]
-    base = [0] * len(xs)
-    for cat in data["categories"]:
-        vals = series[cat]
-        if not any(vals):
-            continue
-        top = [b + v for b, v in zip(base, vals, strict=True)]
-        pts = [f"{px(x):.1f},{py(t):.1f}" for x, t in zip(xs, top, strict=True)]
-        pts += [f"{px(x):.1f},{py(b):.1f}" for x, b in reversed(list(zip(xs, base, strict=True)))]
-        parts.append(f'<polygon points="{" ".join(pts)}" fill="{COLORS.get(cat, "#999")}" opacity="0.85">'
-                     f"<title>{html.escape(cat)}</title></polygon>")
-        base = top
-    for ph in data["phases"]:
-        x = px(ph["seq"])
-        parts.append(f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="{10 + h}" stroke="#333" stroke-dasharray="3,3"/>')
-        parts.append(f'<text x="{x + 3:.1f}" y="22">{html.escape(ph["phase"])}</text>')
-    peak = data["peak"]
-    x = px(peak["seq"])
-    parts.append(f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="{10 + h}" stroke="red" stroke-width="2"/>')
-    parts.append(f'<text x="{x + 3:.1f}" y="{py(ymax) + 24:.1f}" fill="red">peak {ymax / GiB:.2f} GiB</text>')
-    for i in range(5):
-        y = ymax * i / 4
-        parts.append(f'<text x="4" y="{py(y) + 4:.1f}">{y / GiB:.2f} GiB</text>')
-    parts.append(f'<text x="{pad_l}" y="{height - 8}">events (allocations and frees) in step order</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+
+def _inline_script(text: str) -> str:
+    # inside <script>, "</script" ends the element whatever the JavaScript around it (HTML spec, script
+    # data state); "<\/script" is the same text inside a JavaScript string or regular expression
+    return re.sub(r"</(script)", r"<\\/\1", text, flags=re.IGNORECASE)
+
+
+def _inline_json(data: dict[str, Any]) -> str:
+    # "<" occurs in JSON only inside strings, where "\u003c" is the same character: the data cannot end
+    # the <script> element it is embedded in
+    return json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def chart_page(title: str, data: dict[str, Any], draw: str, before: str = "", after: str = "") -> str:
+    """A self-contained HTML page that draws ``data`` with ``VramplanCharts.<draw>`` (charts.js).
+
+    Chart.js (vendored) and charts.js are inlined, the data embedded as JSON: the file opens from disk,
+    offline.  ``before``/``after``: HTML (already escaped) above and below the chart."""
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:1rem}.chart{position:relative;height:420px}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}.num{text-align:right}</style>"
+        f"<script>{_inline_script(_static('vendor', 'chart.umd.min.js'))}</script>"
+        f"<script>{_inline_script(_static('charts.js'))}</script></head><body>{before}"
+        f"<div class='chart'><canvas id='chart' aria-label='{html.escape(title)}'></canvas></div>{after}"
+        f"<script type='application/json' id='chart-data'>{_inline_json(data)}</script>"
+        f"<script>VramplanCharts.{draw}(document.getElementById('chart'), "
+        "JSON.parse(document.getElementById('chart-data').textContent));</script>"
+        "</body></html>\n"
+    )
 
 
 def _html(data: dict[str, Any]) -> str:
-    legend = "".join(f'<span style="background:{COLORS[c]};padding:2px 6px;margin:2px;color:white">{c}</span>'
-                     for c in data["categories"] if any(pt[c] for pt in data["points"]))
     rows = "".join(
-        f"<tr><td style='text-align:right'>{r['bytes'] / GiB:.3f}</td><td>{html.escape(r['category'])}</td>"
+        f"<tr><td class='num'>{r['bytes'] / GiB:.3f}</td><td>{html.escape(r['category'])}</td>"
         f"<td>{html.escape(r['what'] if r['category'] in _NAMED else (r['module'] or r['what']))}</td>"
         f"<td>{html.escape(r['op'])}</td></tr>"
         for r in data["top_at_peak"])
     peak = data["peak"]
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>vramplan timeline</title></head>"
-        "<body style='font-family:sans-serif'>"
-        f"<h2>Live memory over the step (peak {peak['allocated_bytes'] / GiB:.3f} GiB in {html.escape(peak['phase'])})</h2>"
-        f"<div>{legend}</div>{_svg(data)}"
-        "<h3>Largest blocks alive at the peak</h3><table border='1' cellspacing='0' cellpadding='3'>"
-        "<tr><th>GiB</th><th>category</th><th>module</th><th>op</th></tr>"
-        f"{rows}</table></body></html>\n"
-    )
+    heading = (f"<h2>Live memory over the step (peak {peak['allocated_bytes'] / GiB:.3f} GiB in "
+               f"{html.escape(peak['phase'])})</h2>")
+    table = ("<h3>Largest blocks alive at the peak</h3><table>"
+             f"<tr><th>GiB</th><th>category</th><th>module</th><th>op</th></tr>{rows}</table>")
+    return chart_page("vramplan timeline", data, "drawTimeline", heading, table)
 
 
 def _png(path: Path, data: dict[str, Any]) -> None:

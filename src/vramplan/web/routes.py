@@ -143,8 +143,8 @@ def build_app(settings: WebSettings) -> FastAPI:
         return _json(await run(go))
 
     @app.post("/api/fit")
-    async def fit(request: Request, counts: str | None = None) -> Response:
-        from vramplan.plan.every_gpu import fit_on_every_gpu
+    async def fit(request: Request, counts: str | None = None, smallest: bool = False) -> Response:
+        from vramplan.plan.every_gpu import SMALLEST_COUNTS, fit_on_every_gpu, smallest_fitting_counts
         from vramplan.plan.search import parse_gpu_counts
 
         doc = await scenario_of(request)
@@ -152,7 +152,11 @@ def build_app(settings: WebSettings) -> FastAPI:
         if wanted is not None and len(wanted) > 8:
             raise ScenarioError([Problem("counts", f"{len(wanted)} GPU counts is more than this server tries at once",
                                          "give at most 8, e.g. 1,2,4,8")])
-        rows = await run(lambda: fit_on_every_gpu(doc, wanted))
+        if smallest:
+            # each GPU's smallest count (of those asked, default 1, 2, 4, 8) that FITS
+            rows = await run(lambda: smallest_fitting_counts(doc, wanted or SMALLEST_COUNTS))
+        else:
+            rows = await run(lambda: fit_on_every_gpu(doc, wanted))
         return _json([r.to_json_dict() for r in rows])
 
     @app.post("/api/compare")

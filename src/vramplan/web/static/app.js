@@ -3,7 +3,6 @@
 // comes from the API's documents (the same as `vramplan ... --json`).
 "use strict";
 
-const GiB = 2 ** 30;
 const DEBOUNCE_MS = 250;
 const MAX_COMPARE = 4;
 const DEFAULT_SCENARIO = {
@@ -13,11 +12,7 @@ const DEFAULT_SCENARIO = {
 // The static floor (present whatever the batch) is drawn apart from the parts that grow with the batch.
 const STATIC_PARTS = ["weights", "gradients", "optimizer_states", "master_weights"];
 const DYNAMIC_PARTS = ["activations", "kv_cache", "temporaries", "other"];
-const COLORS = {
-  weights: "#4e79a7", gradients: "#f28e2b", optimizer_states: "#e15759", master_weights: "#76b7b2",
-  activations: "#59a14f", kv_cache: "#edc948", temporaries: "#b07aa1", other: "#ff9da7",
-  cuda_context: "#9c755f", workspaces: "#bab0ac", communication: "#8cd17d", managed: "#d4a6c8",
-};
+const { GiB, gib, COLORS, baseOptions, markLine, drawPhases } = window.VramplanCharts;
 const SECTIONS = ["hardware", "train", "inference", "serve", "parallel", "software"];
 
 const state = { scenario: structuredClone(DEFAULT_SCENARIO), compare: [] };
@@ -28,7 +23,6 @@ const charts = {};
 const inflight = {};
 
 const $ = (sel) => document.querySelector(sel);
-const gib = (n) => (n / GiB).toLocaleString("en", { minimumFractionDigits: 1, maximumFractionDigits: 2 });
 
 // ---------------------------------------------------------------- state <-> URL
 
@@ -319,37 +313,14 @@ function showErrors(detail, prefix = "", fallback = "#general-error", scope = do
 // ---------------------------------------------------------------- charts
 
 function chart(id, config) {
-  if (charts[id]) charts[id].destroy();
-  charts[id] = new Chart(document.getElementById(id), config);
+  drawChart(id, (el) => new Chart(el, config));
 }
 
-const baseOptions = (title, extra = {}) => ({
-  responsive: true, maintainAspectRatio: false, animation: false,
-  plugins: { title: { display: true, text: title }, legend: { position: "bottom", labels: { boxWidth: 12 } } },
-  ...extra,
-});
-
-// A vertical line at the GPU's capacity on the breakdown chart (a Chart.js plugin of this chart only).
-const capacityLine = {
-  id: "capacityLine",
-  afterDatasetsDraw(c, _args, opts) {
-    const x = c.scales.x.getPixelForValue(opts.value);
-    const { top, bottom } = c.chartArea;
-    const ctx = c.ctx;
-    ctx.save();
-    ctx.strokeStyle = "#cf222e";
-    ctx.lineWidth = 2;
-    ctx.setLineDash([6, 3]);
-    ctx.beginPath();
-    ctx.moveTo(x, top - 4);
-    ctx.lineTo(x, bottom + 4);
-    ctx.stroke();
-    ctx.fillStyle = "#cf222e";
-    ctx.textAlign = x > c.chartArea.right - 60 ? "right" : "left";
-    ctx.fillText("capacity", x + (ctx.textAlign === "right" ? -4 : 4), top + 8);
-    ctx.restore();
-  },
-};
+// a chart drawn by one of the shared functions (charts.js) into the canvas of that id, replacing the last
+function drawChart(id, draw) {
+  if (charts[id]) charts[id].destroy();
+  charts[id] = draw(document.getElementById(id));
+}
 
 function detailLines(part) {
   const d = (report.per_gpu.breakdown_detail || {})[part] || {};
@@ -366,12 +337,12 @@ function drawBreakdown() {
   for (const k of outside) ds.push({ label: k.replace(/_/g, " "), data: [pg.outside_allocator[k] / GiB], backgroundColor: COLORS[k] });
   const xmax = Math.max(pg.capacity_bytes, pg.device_used_bytes) / GiB;
   chart("chart-breakdown", {
-    type: "bar", data: { labels: ["per GPU"], datasets: ds }, plugins: [capacityLine],
+    type: "bar", data: { labels: ["per GPU"], datasets: ds }, plugins: [markLine],
     options: baseOptions(`Memory per GPU at the peak (${pg.peak_phase}), GiB; capacity ${gib(pg.capacity_bytes)}`, {
       indexAxis: "y",
       scales: { x: { stacked: true, max: Math.ceil(xmax), title: { display: true, text: "GiB" } }, y: { stacked: true } },
       plugins: { ...baseOptions("").plugins, title: { display: true, text: `Memory per GPU at the peak (${pg.peak_phase}), GiB; capacity ${gib(pg.capacity_bytes)}` },
-        capacityLine: { value: pg.capacity_bytes / GiB },
+        markLine: { axis: "x", value: pg.capacity_bytes / GiB, label: "capacity" },
         tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${c.parsed.x.toFixed(2)} GiB`, afterLabel: (c) => detailLines(c.dataset.label) } } },
     }),
   });
@@ -393,12 +364,9 @@ function drawBreakdown() {
         backgroundColor: ["#4e79a7", "#76b7b2", pg.device_used_bytes > pg.capacity_bytes ? "#cf222e" : "#59a14f", "#bab0ac"] }] },
     options: baseOptions("Allocated vs reserved vs device used, GiB", { plugins: { title: { display: true, text: "Allocated vs reserved vs device used, GiB" }, legend: { display: false } } }),
   });
-  const phases = Object.entries(pg.phases || {});
-  chart("chart-phases", {
-    type: "bar",
-    data: { labels: phases.map(([p]) => p), datasets: [{ label: "peak allocated, GiB", data: phases.map(([, b]) => b / GiB), backgroundColor: "#f28e2b" }] },
-    options: baseOptions("Peak of each phase, in the order they run", { plugins: { title: { display: true, text: "Peak of each phase, in the order they run, GiB" }, legend: { display: false } } }),
-  });
+  // the step's phases (per_gpu.phases: phase -> peak allocated bytes, in the order they run)
+  drawChart("chart-phases", (el) => drawPhases(el, Object.entries(pg.phases || {}).map(([phase, b]) => ({ phase, values: { allocated: b } })),
+    [{ key: "allocated", label: "peak allocated" }], "The step's phases, in the order they run: peak allocated, GiB", pg.peak_phase));
 }
 
 function drawLifecycle() {
@@ -407,6 +375,7 @@ function drawLifecycle() {
   const box = $("#lifecycle");
   const lc = report.per_gpu.lifecycle;
   box.replaceChildren();
+  if (charts["chart-lifecycle"]) { charts["chart-lifecycle"].destroy(); delete charts["chart-lifecycle"]; }
   if (!lc || typeof lc !== "object" || !Object.keys(lc).length) return;
   const h = document.createElement("h2");
   h.textContent = "Phases of the job (GiB per GPU)";
@@ -427,7 +396,15 @@ function drawLifecycle() {
     }
     if (peak) tr.className = "peak";
   }
-  box.append(h, t);
+  const wrap = document.createElement("div");
+  wrap.className = "chart-box";
+  const canvas = Object.assign(document.createElement("canvas"), { id: "chart-lifecycle" });
+  canvas.setAttribute("aria-label", "The job's phases, in order: allocated, reserved, device used");
+  wrap.append(canvas);
+  box.append(h, wrap, t);
+  drawChart("chart-lifecycle", (el) => drawPhases(el, Object.entries(lc).map(([phase, values]) => ({ phase, values: values || {} })),
+    [{ key: "allocated_bytes", label: "allocated" }, { key: "reserved_bytes", label: "reserved" }, { key: "device_used_bytes", label: "device used" }],
+    "The job's phases, in the order they run, GiB per GPU", report.per_gpu.lifecycle_peak_phase));
 }
 
 // ---------------------------------------------------------------- the answer
@@ -479,7 +456,11 @@ async function refreshEstimate() {
 
 async function refreshFit() {
   const counts = $("#fit-counts").value.trim();
-  const url = "/api/fit" + (counts ? `?counts=${encodeURIComponent(counts)}` : "");
+  const q = new URLSearchParams();
+  if (counts) q.set("counts", counts);
+  // one row a GPU: the smallest count that FITS (vramplan.plan.every_gpu.smallest_fitting_counts)
+  if ($("#fit-smallest").checked) q.set("smallest", "true");
+  const url = "/api/fit" + (q.toString() ? "?" + q.toString() : "");
   const r = await api("fit", url, state.scenario).catch(() => null);
   const body = $("#fit-table tbody");
   clearErrors($("#fit"));
@@ -491,7 +472,7 @@ async function refreshFit() {
   const fitting = r.doc.filter((row) => row.verdict === "FITS");
   const maybe = r.doc.filter((row) => row.verdict === "MAY NOT FIT");
   $("#fit-summary").textContent = `Fits on ${fitting.length} of ${r.doc.length} catalog GPUs`
-    + (fitting.length ? ` (the smallest: ${fitting.slice(0, 3).map((row) => row.gpu).join("; ")})` : "")
+    + (fitting.length ? ` (the smallest: ${fitting.slice(0, 3).map((row) => ($("#fit-smallest").checked ? `${row.num_gpus} × ${row.gpu}` : row.gpu)).join("; ")})` : "")
     + (maybe.length ? `; may not fit on ${maybe.length} more (the point estimate fits, the band's high bound does not)` : "") + ".";
   body.replaceChildren(...r.doc.filter((row) => !only || row.verdict === "FITS" || row.verdict === "MAY NOT FIT").map((row) => {
     const tr = document.createElement("tr");
@@ -689,6 +670,7 @@ async function main() {
   searchBox($("#f-hardware-gpu"), "gpus-list", "/api/gpus", "name", "hardware.gpu");
   setupUpload();
   $("#fit-only").addEventListener("change", refreshFit);
+  $("#fit-smallest").addEventListener("change", refreshFit);
   let fitTimer = 0;
   $("#fit-counts").addEventListener("input", () => { clearTimeout(fitTimer); fitTimer = setTimeout(refreshFit, DEBOUNCE_MS); });
   $("#share").addEventListener("click", async () => {
