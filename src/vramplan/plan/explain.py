@@ -180,6 +180,11 @@ def _frugal(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: int, seq_len
     if "qlora" in job.peft_methods():
         out.append(TrainSetup(framework="hf-trainer", peft="qlora", quantization="nf4-dq",
                               optimizer="paged-adamw-8bit", **base))
+    if n > 1:
+        # the adapter's last rung on several GPUs: ZeRO-3 with the optimizer and the parameters on the CPU
+        for method in job.peft_methods():
+            out.append(TrainSetup(framework="deepspeed", optimizer="adamw", zero_stage=3, offload="optimizer+params",
+                                  peft=method, quantization="nf4-dq" if method == "qlora" else "none", **base))
     return out
 
 
@@ -188,7 +193,9 @@ def _first_fit(ctx: PlanContext, setups: Sequence[TrainSetup]) -> tuple[TrainSet
         if ctx.lower_bound(s) > ctx.usable:
             continue
         rep = ctx.estimate(s)
-        if rep.per_gpu.device_used_bytes <= ctx.usable:
+        # the search's own rule (plan/fit.py): within the margin and the band's verdict FITS; the point
+        # estimate alone suggested setups the planner then refused
+        if rep.per_gpu.device_used_bytes <= ctx.usable and band_fits(rep):
             return s, rep
     return None
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.context import PlanContext, make_context
 from vramplan.plan.fit import DEFAULT_MARGIN, band_fits
-from vramplan.plan.result import GpuCountBest, PlanResult, RankedSetup, SearchStats
+from vramplan.plan.result import GpuCountBest, PlanResult, RankedSetup, SearchStats, Suggestion
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.space import ServeJob, TrainJob, batch_split_problems, serve_candidates, train_candidates
 from vramplan.plan.steptime import (
@@ -281,4 +281,44 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         from vramplan.plan.explain import explain_result
 
         result = explain_result(ctx, job, counts, result, gpus_per_node)
+        if result.suggestions:
+            kw = {"margin": margin, "assumptions": assumptions, "gpus_per_node": gpus_per_node,
+                  "host_memory_gib": host_memory_gib}
+            result = _verified(result, model, ctx.gpu.name, counts, job, kw)
     return result
+
+
+def _changed(sug: Suggestion, gpu: str, counts: list[int], job: TrainJob | ServeJob
+             ) -> tuple[str, list[int], TrainJob | ServeJob] | None:
+    """The plan's inputs with ``sug``'s change applied (None: the suggestion names no change to re-plan)."""
+    if sug.value is None:
+        return None
+    if sug.kind == "more_gpus":
+        return gpu, [int(sug.value)], job
+    if sug.kind == "larger_gpu":
+        return str(sug.value), counts, job
+    if sug.kind == "shorter_sequence" and isinstance(job, TrainJob):
+        # the batch stays in sequences: the suggestion keeps the number of sequences, not of tokens
+        return gpu, counts, replace(job, seq_len=int(sug.value), global_batch=job.sequences(), global_batch_tokens=None)
+    if sug.kind == "shorter_sequence" and isinstance(job, ServeJob):
+        return gpu, counts, replace(job, max_model_len=int(sug.value))
+    if sug.kind == "peft" and isinstance(job, TrainJob):
+        return gpu, counts, replace(job, peft="allow")
+    if sug.kind == "quantization" and isinstance(job, ServeJob):
+        return gpu, counts, replace(job, allow_quantization=True)
+    return None
+
+
+def _verified(result: PlanResult, model: str | dict[str, Any], gpu: str, counts: list[int],
+              job: TrainJob | ServeJob, kw: dict[str, Any]) -> PlanResult:
+    """Each "would fit" suggestion re-planned with its change: kept only when that plan finds a setup that
+    fits (by the same rule, margin and host RAM), otherwise dropped and said in the notes."""
+    kept: list[Suggestion] = []
+    notes = list(result.notes)
+    for sug in result.suggestions:
+        change = _changed(sug, gpu, counts, job)
+        if change is None or plan(model, change[0], change[1], change[2], top=1, explain=False, **kw).fits:
+            kept.append(sug)
+        else:
+            notes.append(f"not suggested: {sug.text} (re-planned with that change, nothing fits)")
+    return result.model_copy(update={"suggestions": kept, "notes": notes})

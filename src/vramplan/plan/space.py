@@ -21,7 +21,10 @@ offload             DeepSpeed: optimizer (ZeRO-Offload), optimizer+params at sta
 tp, pp              torchtitan only; tp divides the attention heads and stays inside a node
 micro-batch         every divisor of the per-rank batch up to ``max_micro_batch``, with
                     gradient accumulation making up the global batch exactly
-PEFT                LoRA (bf16 base) with DDP or FSDP; QLoRA (NF4 + double quantization) with DDP
+PEFT                LoRA (bf16 base) and QLoRA (NF4 + double quantization) with DDP, and on more than one
+                    GPU with the sharding and offload rungs above (DeepSpeed ZeRO-1/2/3 with optimizer
+                    offload, parameters too at stage 3; FSDP full_shard, shard_grad_op, full_shard with
+                    CPU offload), as PEFT documents them for DeepSpeed and FSDP
 ==================  =====================================================================
 
 For serving (vLLM): tensor-parallel degree (the rest of the GPUs are replicas), the weights'
@@ -201,9 +204,8 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                                 quant = "nf4-dq" if method == "qlora" else "none"
                                 yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
                                                 checkpointing=ck, attention=a, peft=method, quantization=quant)
-                                if method == "lora" and n > 1 and opt == "adamw-fused":
-                                    yield from make(framework="accelerate", precision=prec, optimizer=opt,
-                                                    checkpointing=ck, attention=a, fsdp="full_shard", peft=method)
+                            if n > 1:
+                                yield from _peft_sharded(make, method, prec, a, ck)
         elif job.full_ft_allowed():
             for prec in precs:
                 if prec == "bf16-true":
@@ -211,6 +213,28 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                 for ck in ckpts:
                     yield from make(framework="torchtitan", precision=prec, optimizer="adamw-fused", checkpointing=ck,
                                     attention="sdpa", fsdp="full_shard" if dp > 1 else "none")
+
+
+# The sharding and offload rungs for adapter training, as for full fine-tuning: PEFT documents LoRA and QLoRA
+# under DeepSpeed ZeRO-3 (with ZeRO-Infinity CPU offload) and under FSDP (with CPU offload, the FSDP-QLoRA
+# recipe), peft docs/source/accelerate/deepspeed.md and fsdp.md (v0.13); a 4-bit base is then stored in the
+# float dtype (bnb_4bit_quant_storage) so that it shards, which the estimator models (analytic/precision.py).
+_PEFT_ZERO: tuple[tuple[int, str], ...] = ((1, "none"), (2, "none"), (3, "none"), (1, "optimizer"), (2, "optimizer"),
+                                           (3, "optimizer"), (3, "optimizer+params"))
+_PEFT_FSDP: tuple[tuple[str, str], ...] = (("full_shard", "none"), ("shard_grad_op", "none"),
+                                           ("full_shard", "optimizer+params"))
+
+
+def _peft_sharded(make: Any, method: str, prec: str, attention: str, ck: str) -> Iterator[TrainSetup]:
+    """LoRA/QLoRA setups sharded over more than one GPU: DeepSpeed ZeRO-1/2/3 (optimizer offload, and
+    parameters too at stage 3) and FSDP full_shard / shard_grad_op (CPU offload with full_shard only)."""
+    quant = "nf4-dq" if method == "qlora" else "none"
+    for fs, off in _PEFT_FSDP:
+        yield from make(framework="accelerate", precision=prec, optimizer="adamw-fused", checkpointing=ck,
+                        attention=attention, fsdp=fs, offload=off, peft=method, quantization=quant)
+    for z, off in _PEFT_ZERO:
+        yield from make(framework="deepspeed", precision=prec, optimizer="adamw", checkpointing=ck,
+                        attention=attention, zero_stage=z, offload=off, peft=method, quantization=quant)
 
 
 def batch_split_problems(m: ModelSpec, counts: Sequence[int], job: TrainJob, gpus_per_node: int) -> list[str]:
