@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
@@ -20,6 +20,8 @@ from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.web.common import WebSettings, dumps, problems_json, pydantic_problems, zip_files
 from vramplan.web.hub import HubSource
 from vramplan.web.requests import KvRequest, PlanRequest, check_model, check_scenario, kv_document
+
+_Req = TypeVar("_Req", KvRequest, PlanRequest)
 
 __all__ = ["build_app"]
 
@@ -101,6 +103,16 @@ def build_app(settings: WebSettings) -> FastAPI:
         doc = await _body(request, settings.max_body_bytes)
         checked: dict[str, Any] = await run(lambda: check_scenario(doc, hub))  # a thread: reading the Hub blocks
         return checked
+
+    async def request_of(request: Request, model: type[_Req]) -> _Req:
+        """A kv or plan request body: read bounded, validated, its model checked (a thread: the Hub blocks)."""
+        raw = await _body(request, settings.max_body_bytes)
+        try:
+            q = model.model_validate(raw)
+        except ValidationError as exc:
+            raise pydantic_problems(exc) from None
+        checked = await run(lambda: check_model(q.model, hub=hub))
+        return q.model_copy(update={"model": checked})
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -228,12 +240,7 @@ def build_app(settings: WebSettings) -> FastAPI:
 
     @app.post("/api/kv")
     async def kv(request: Request) -> Response:
-        raw = await _body(request, settings.max_body_bytes)
-        try:
-            q = KvRequest.model_validate(raw)
-        except ValidationError as exc:
-            raise pydantic_problems(exc) from None
-        q = q.model_copy(update={"model": await run(lambda: check_model(q.model, hub=hub))})
+        q = await request_of(request, KvRequest)
         return _json(await run(lambda: kv_document(q)))
 
     @app.post("/api/solve/{kind}")
@@ -254,12 +261,7 @@ def build_app(settings: WebSettings) -> FastAPI:
         from vramplan.plan.search import parse_gpu_counts
         from vramplan.plan.steptime import PerfAssumptions
 
-        raw = await _body(request, settings.max_body_bytes)
-        try:
-            p = PlanRequest.model_validate(raw)
-        except ValidationError as exc:
-            raise pydantic_problems(exc) from None
-        p = p.model_copy(update={"model": await run(lambda: check_model(p.model, hub=hub))})
+        p = await request_of(request, PlanRequest)
         counts = parse_gpu_counts(p.num_gpus)
         if len(counts) > settings.max_plan_counts:
             # an abandoned search keeps its thread busy: the search's size is bounded before it starts
