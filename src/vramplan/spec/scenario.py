@@ -359,7 +359,8 @@ class Software(_Strict):
     per expert; LoRA on the experts then goes through peft's ``ParamWrapper`` instead of per-expert
     ``lora.Linear`` layers (analytic/layout.py ``lora_targets``).  Hugging Face ``generate`` before 4.42
     kept the previous step's cache alive while building the next one, and before 4.45 computed the logits
-    of every prompt position (analytic/inference.py ``GenerateBehaviour``)."""
+    of every prompt position (analytic/inference.py ``GenerateBehaviour``).  A release older than the
+    model's family (its first release, facts/data/transformers_model_types.json) is refused."""
 
     @property
     def fused_moe_experts(self) -> bool:
