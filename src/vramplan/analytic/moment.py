@@ -123,6 +123,8 @@ class K:
                          "the KV cache of the sample generated after validation (Lit-GPT generate_example)")
     SAVE_GATHERED = _k("weights", "gathered for checkpoint save",
                        "full parameters gathered on this GPU while the checkpoint's state dict is built")
+    SAVE_OPTIM_GATHERED = _k("optimizer_states", "gathered for checkpoint save",
+                             "the full optimizer state dict gathered on this GPU while the checkpoint is built")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "

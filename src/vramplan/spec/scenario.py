@@ -327,6 +327,13 @@ class Lifecycle(_Strict):
     DeepSpeed with ``stage3_gather_16bit_weights_on_model_save`` is full_offload: each module's parameters
     are gathered in turn (``DeepSpeedEngine._zero3_consolidated_16bit_state_dict``)."""
 
+    save_optimizer: bool = True
+    """The saved checkpoint holds the optimizer's state too (the HF Trainer's checkpoints unless
+    save_only_model=True, Lightning's); false for a model-only save (the Trainer's final save_model).
+
+    Under state_dict_type full the optimizer's full state dict is gathered on the GPU after the model's
+    (FSDP ``FullOptimStateDictConfig`` defaults to ``offload_to_cpu=False``; analytic/lifecycle/save.py)."""
+
 
 def _version(text: str | None) -> tuple[int, ...] | None:
     """A release string as a comparable tuple: "4.43.2" -> (4, 43, 2); None stays None."""
