@@ -21,12 +21,13 @@ from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
-from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
+from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock, managed_in_capacity
 from vramplan.report.band import with_band
 from vramplan.serve.report import serve
 from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
+from vramplan.units import GiB
 
 __all__ = ["ReservedModel", "estimate"]
 
@@ -46,8 +47,13 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
     breakdown = {k: sum(peak.parts.get(k, {}).values()) for k in BREAKDOWN_KEYS}
     allocated = sum(breakdown.values())
     reserved = _reserved(peak) if reserved is None else reserved
-    used = reserved + sum(outside.values())
     capacity = r.gpu.total_memory_bytes
+    outside, paged_out = managed_in_capacity(outside, reserved, capacity)
+    if paged_out:
+        host = host.model_copy(update={"managed_paged_out_bytes": paged_out})
+        assumptions = [*assumptions, (f"{paged_out / GiB:,.2f} GiB of the paged optimizer states do not fit beside the "
+                       "rest and are paged out to host RAM by the unified-memory driver (slower steps, no OOM)")]
+    used = reserved + sum(outside.values())
     phases: dict[str, int] = {}
     for mo in moments:
         phases[mo.phase] = max(phases.get(mo.phase, 0), mo.total)
@@ -100,7 +106,7 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
         return _report(r, tr.peak, tr.moments, outside, host, ServeBlock(), [*tr.assumptions, how], reserved=res_bytes)
     job = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments)
     phases = sorted([steady, *job.phases], key=lambda p: LIFECYCLE_ORDER.index(p.name))
-    table = {p.name: _phase_row(p, outside) for p in phases}
+    table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
     # the first highest in the job's order wins a tie, the steady step over the phases after it
     top = max(phases, key=lambda p: (p.moment.total, p is steady))
     used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
@@ -110,10 +116,11 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                    reserved=max(job_reserved, top.moment.total), lifecycle=(table, used.name))
 
 
-def _phase_row(p: PhasePeak, outside: dict[str, int]) -> dict[str, int]:
+def _phase_row(p: PhasePeak, outside: dict[str, int], capacity_bytes: int) -> dict[str, int]:
     """A phase's allocated, reserved and device-used bytes (before the step: no communicators, workspaces
     outside the allocator yet; only the CUDA context)."""
-    out = outside["cuda_context"] if p.before_step else sum(outside.values())
+    out = outside["cuda_context"] if p.before_step else sum(managed_in_capacity(outside, p.reserved_bytes,
+                                                                                  capacity_bytes)[0].values())
     return {"allocated_bytes": p.moment.total, "reserved_bytes": p.reserved_bytes,
             "device_used_bytes": p.reserved_bytes + out}
 
