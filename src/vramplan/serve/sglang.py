@@ -83,37 +83,38 @@ SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
     SglangBehaviour(
         release="0.4.0", fraction_rule="tp_table",
         sources=(
-            "python/sglang/srt/server_args.py ServerArgs.__post_init__ (0.4.x): 'Set mem fraction static, which "
-            "depends on the tensor parallelism size': 0.79 at tp >= 16, 0.81 at tp >= 8, 0.85 at tp >= 4, 0.87 at "
-            "tp >= 2, else 0.88; chunked_prefill_size 2048 below 25,000 MiB, else 8192; cuda_graph_max_bs 8 "
-            "(tp < 4) or 80 below 25,000 MiB, else 160",
-            "checked against docs.sglang.ai logs of January-May 2025 (mem_fraction_static=0.88 at tp 1; 0.85 "
-            "at tp 4 with chunked_prefill_size=2048 and cuda_graph_max_bs=80 on 24 GB L4s)",
+            ("python/sglang/srt/server_args.py ServerArgs.__post_init__ (0.4.x): 'Set mem fraction static, which "
+             "depends on the tensor parallelism size': 0.79 at tp >= 16, 0.81 at tp >= 8, 0.85 at tp >= 4, 0.87 at "
+             "tp >= 2, else 0.88; chunked_prefill_size 2048 below 25,000 MiB, else 8192; cuda_graph_max_bs 8 "
+             "(tp < 4) or 80 below 25,000 MiB, else 160"),
+            ("checked against docs.sglang.ai logs of January-May 2025 (mem_fraction_static=0.88 at tp 1; 0.85 "
+             "at tp 4 with chunked_prefill_size=2048 and cuda_graph_max_bs=80 on 24 GB L4s)"),
         ),
     ),
     SglangBehaviour(
         release="0.4.7", fraction_rule="reserved_by_gpu",
         sources=(
-            "sgl-project/sglang PR #7054 'Simplify the heuristics for setting --mem-fraction-static' (merged "
-            "2025-06-10), server_args.py __post_init__: reserved = (2.8 + tp*pp/10) GiB below 35 GiB, "
-            "(9.5 + tp*pp/2) GiB below 90 GiB, (12 + tp*pp/2) GiB below 160 GiB, else 32 GiB; +2 GiB with "
-            "speculative decoding, +4 GiB with DP attention; fraction = round((gpu_mem - reserved) / gpu_mem, 3); "
-            "chunked_prefill_size 2048 below 35 GiB, 8192 below 160 GiB, else 16384",
-            "first release taken as 0.4.7 (tagged the day of the merge); checked against the docs.sglang.ai log "
-            "of 2025-06-16 (mem_fraction_static=0.874 on an 80 GB H100 at tp 1 = (81559 - 10240) / 81559)",
+            ("sgl-project/sglang PR #7054 'Simplify the heuristics for setting --mem-fraction-static' (merged "
+             "2025-06-10), server_args.py __post_init__: reserved = (2.8 + tp*pp/10) GiB below 35 GiB, "
+             "(9.5 + tp*pp/2) GiB below 90 GiB, (12 + tp*pp/2) GiB below 160 GiB, else 32 GiB; +2 GiB with "
+             "speculative decoding, +4 GiB with DP attention; fraction = round((gpu_mem - reserved) / gpu_mem, 3); "
+             "chunked_prefill_size 2048 below 35 GiB, 8192 below 160 GiB, else 16384"),
+            ("first release taken as 0.4.7, inferred from the merge date (the tags were not read); checked against "
+             "the docs.sglang.ai log "
+             "of 2025-06-16 (mem_fraction_static=0.874 on an 80 GB H100 at tp 1 = (81559 - 10240) / 81559)"),
         ),
     ),
     SglangBehaviour(
         release="0.5.3", fraction_rule="reserved_by_settings",
         sources=(
-            "sgl-project/sglang PR #10975 'Use more general heuristics to set the default value of "
-            "--mem-fraction-static' (merged 2025-09-27) and #11076 (2025-09-30), server_args.py "
-            "_handle_gpu_memory_settings: chunked_prefill_size and cuda_graph_max_bs by GPU memory (2048/8 below "
-            "20 GiB; 2048/24 or 80 below 35 GiB; 4096/32 or 160 below 60 GiB; 8192/256 or 512 below 160 GiB; "
-            "16384/512 above; the second figure at tp >= 4), then reserved = 512 MiB + max(chunked_prefill_size, "
-            "2048) x 1.5 MiB + cuda_graph_max_bs x 2 MiB + tp*pp/8 GiB, at least 10 GiB above 60 GiB, +2 GiB with "
-            "EAGLE-style speculative decoding; fraction = round((gpu_mem - reserved) / gpu_mem, 3)",
-            "first release taken as 0.5.3 (the first tagged after both merges)",
+            ("sgl-project/sglang PR #10975 'Use more general heuristics to set the default value of "
+             "--mem-fraction-static' (merged 2025-09-27) and #11076 (2025-09-30), server_args.py "
+             "_handle_gpu_memory_settings: chunked_prefill_size and cuda_graph_max_bs by GPU memory (2048/8 below "
+             "20 GiB; 2048/24 or 80 below 35 GiB; 4096/32 or 160 below 60 GiB; 8192/256 or 512 below 160 GiB; "
+             "16384/512 above; the second figure at tp >= 4), then reserved = 512 MiB + max(chunked_prefill_size, "
+             "2048) x 1.5 MiB + cuda_graph_max_bs x 2 MiB + tp*pp/8 GiB, at least 10 GiB above 60 GiB, +2 GiB with "
+             "EAGLE-style speculative decoding; fraction = round((gpu_mem - reserved) / gpu_mem, 3)"),
+            "first release taken as 0.5.3, inferred from the merge dates (the tags were not read)",
         ),
     ),
 )

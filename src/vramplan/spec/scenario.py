@@ -224,8 +224,8 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
     out = []
     for key in sorted(given):
         instead = f"{name} uses serve.{wrong[key]} instead" if wrong[key] else f"{name} has no such option here"
-        out.append((f"serve.{key}", f"is an option of {'vLLM' if name == 'SGLang' else 'SGLang'}, not of engine "
-                    f"{sv.engine}", f"remove it; {instead}"))
+        other = "vLLM" if name == "SGLang" else "SGLang"
+        out.append((f"serve.{key}", f"is an option of {other}, not of engine {sv.engine}", f"remove it; {instead}"))
     return out
 
 
