@@ -230,7 +230,8 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
 
 
 class Serve(_Strict):
-    """A vLLM engine after start-up: weights, profiling peak, CUDA graphs and the KV block pool."""
+    """A serving engine after start-up (vLLM, or SGLang with ``engine: sglang``): weights, profiling peak, CUDA
+    graphs and the KV block pool."""
 
     max_model_len: int | None = Field(None, ge=1, le=100_000_000)
     """Max tokens per request (vLLM's max_model_len); null means the model's context length."""
@@ -473,7 +474,7 @@ class Scenario(_Strict):
     """The generate call (task inference)."""
 
     serve: Serve = Field(default_factory=Serve)
-    """The vLLM engine (task serve)."""
+    """The serving engine (task serve): vLLM, or SGLang with serve.engine."""
 
     parallel: Parallel = Field(default_factory=Parallel)
     """Parallelism degrees, sharding and offload."""
