@@ -200,7 +200,8 @@ def test_a_dumped_scenario_checks_again() -> None:
 def test_refused_setups() -> None:
     for serve, extra, where in (({}, {"parallel": {"tp": 1, "pp": 2}, "hardware": {"gpu": "H100-SXM", "num_gpus": 2}},
                                  "parallel.pp"),
-                                ({"kv_cache_dtype": "int8"}, {}, "serve.kv_cache_dtype")):
+                                ({"kv_cache_dtype": "int8"}, {}, "serve.kv_cache_dtype"),
+                                ({"max_model_len": 200_000}, {}, "serve.max_model_len")):
         with pytest.raises(ScenarioError) as exc:
             estimate({**doc(**serve), **extra})
         assert exc.value.problems[0].where == where

@@ -62,6 +62,7 @@ __all__ = [
     "cell_size_bytes",
     "decide_sglang",
     "default_settings",
+    "rotary_cache_bytes_sglang",
 ]
 
 # model_runner.py init_memory_pool, verbatim (0.4.0 to 0.5.x)
@@ -342,6 +343,13 @@ def _refusals(r: Resolved) -> list[Problem]:
     if s.parallel.pp > 1:
         problems.append(Problem("parallel.pp", "pipeline parallelism is not modelled for SGLang",
                                 "use parallel.tp, or engine vllm"))
+    if s.serve.max_model_len and s.serve.max_model_len > r.model.max_position_embeddings:
+        # model_config.py: "User-specified context_length (...) is greater than the derived context_length (...)"
+        # is a ValueError unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1
+        problems.append(Problem("serve.max_model_len", f"context length {s.serve.max_model_len} is greater than the "
+                                f"model's {r.model.max_position_embeddings}",
+                                f"use serve.max_model_len <= {r.model.max_position_embeddings} (SGLang refuses it "
+                                "unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)"))
     if s.serve.kv_cache_dtype == "int8":
         problems.append(Problem("serve.kv_cache_dtype", "SGLang has no int8 KV cache",
                                 "use auto, fp16, bf16 or fp8 (SGLang's fp8_e4m3 / fp8_e5m2)"))
@@ -409,7 +417,7 @@ def decide_sglang(r: Resolved) -> SglangDecision:
         reserved_heuristic_bytes=None if st.reserved_mib is None else int(st.reserved_mib * MiB),
         parameters_bytes=params, rotary_cache_bytes=rotary, weights_bytes=w,
         static_budget_bytes=int(free * st.mem_fraction_static), cell_size_bytes=cell, page_size=page,
-        max_total_num_tokens=tokens if not problem or tokens > 0 else 0, kv_cache_bytes=tokens * cell,
+        max_total_num_tokens=tokens, kv_cache_bytes=tokens * cell,
         context_len=context_len, max_num_reqs=max_num_reqs, max_running_requests=running,
         req_to_token_bytes=req_bytes, reserve_bytes=reserve, chunked_prefill_size=st.chunked_prefill_size,
         cuda_graph_max_bs=st.cuda_graph_max_bs, max_req_input_len=max(0, min(context_len, tokens) - 1),
