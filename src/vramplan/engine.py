@@ -1,8 +1,8 @@
 """From a scenario to a Report: the task's analytic model, chosen and turned into the report.
 
 ``estimate`` resolves the scenario (``vramplan.catalog.resolve``) and runs the model of its task:
-the training step (``analytic.train``), the ``generate`` call (``analytic.inference``) or vLLM's
-start-up (``serve.report``, built on ``serve.vllm``).  It sits above ``analytic`` and ``serve`` in
+the training step (``analytic.train``), the ``generate`` call (``analytic.inference``) or the serving engine's
+start-up (``serve.report``, built on ``serve.vllm`` and ``serve.sglang``).  It sits above ``analytic`` and ``serve`` in
 the layers (README, Architecture; ``[tool.importlinter]`` in pyproject.toml), so neither imports
 the other's composition.
 """
@@ -158,9 +158,11 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
         return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions))
     sr = serve(r)
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
-                       max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits)
-    # vLLM reserves what it profiled plus the KV cache up front: reserved == allocated at the peak
+                       max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits,
+                       engine=sr.engine, weights_bytes=sr.weights_bytes, kv_cache_tokens=sr.kv_cache_tokens,
+                       starts=sr.starts, start_problem=sr.problem, start_fix=sr.fix)
+    # the engine reserves what it profiled (vLLM) and the KV pool up front: reserved == allocated at the peak
     rep = _report(r, sr.peak, sr.moments, sr.outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
     # a server that refuses to start does not fit, whatever the byte count says
     rep = rep if sr.starts else rep.model_copy(update={"fits": False})
-    return with_band(rep, blocks_per_request=sr.decision.blocks_per_request)
+    return with_band(rep, blocks_per_request=sr.blocks_per_request)

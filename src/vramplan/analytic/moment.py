@@ -87,6 +87,8 @@ class K:
                    "the previous decode step's tuple cache, still held by generate (transformers < 4.42)")
     KV_BLOCKS = _k("kv_cache", "{blocks:,} blocks of {block_size} tokens", "vLLM's KV-cache blocks",
                    templated=True)
+    REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
+                      "SGLang's ReqToTokenPool: (max_num_reqs + 1) x (context_len + 4) int32 slot indices")
     # temporaries
     CASTS = _k("temporaries", "autocast weight copies", "half-precision copies autocast makes of fp32 weights")
     LOSS_FORWARD = _k("temporaries", "logits and loss", "logits and the loss's tensors at the forward's end")

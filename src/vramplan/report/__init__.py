@@ -93,6 +93,15 @@ class ServeBlock(BaseModel):
     kv_cache_bytes_high: int | None = None
     max_concurrency_low: int | None = None
     max_concurrency_high: int | None = None
+    # one serving report for every engine (serve/report.py): which engine, what it holds, and why it would
+    # not start, in the engine's own words, with the change that makes it start
+    engine: str = ""
+    weights_bytes: int = 0
+    kv_cache_tokens: int = 0
+    host_bytes: int = 0
+    starts: bool = True
+    start_problem: str = ""
+    start_fix: str = ""
 
 
 class Report(BaseModel):
