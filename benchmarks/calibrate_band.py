@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from vramplan.report.band import CALIBRATION_FILE, Residual
+from vramplan.report.band import CALIBRATION_FILE, Residual, fit_calibration
 from vramplan.validate import validate
 from vramplan.validate.calibrate import calibration_document, residuals
 from vramplan.validate.runner import ValidationResult
@@ -49,6 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep-trace", action="store_true", help="keep the traced engine's residuals of the current file")
     ap.add_argument("--trace-from", type=Path, help="traced engine's results: `vramplan validate ... --engine trace --json`")
+    ap.add_argument("--markdown", action="store_true", help="also print the table of docs/validation.md")
     args = ap.parse_args()
     result = validate(DATASET, engine="analytic" if args.keep_trace or args.trace_from else "all")
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -67,6 +70,25 @@ def main() -> None:
     n = {e: sum(r["engine"] == e for r in doc["residuals"]) for e in ("analytic", "trace")}
     sys.stdout.write(f"wrote {OUT.relative_to(ROOT)}: {n['analytic']} analytic and {n['trace']} traced residuals, "
                      f"LOSO coverage {doc['loso_coverage'].get('*', {}).get('coverage')}\n")
+    if args.markdown:
+        sys.stdout.write(_markdown(doc))
+
+
+def _markdown(doc: dict[str, Any]) -> str:
+    """The calibration table of docs/validation.md: each class, its own quantile, the band used and the
+    leave-one-source-out coverage."""
+    cal = fit_calibration([Residual(**r) for r in doc["residuals"]], float(doc["coverage"]))
+    lines = ["| class | n | sources | own ln-quantile | band used (class) | LOSO coverage |", "|---|---|---|---|---|---|"]
+    for key, fit in sorted(cal.classes.items()):
+        parts = key.split("/")
+        q, used = cal.lookup(*(parts + ["", "", ""])[:3]) if parts != ["*"] else (fit.quantile, "*")
+        own = "-" if fit.quantile is None else f"{fit.quantile:.3f}"
+        own += " (< 9 sources)" if fit.quantile is None else ""
+        band = "-" if q is None else f"x{math.exp(-q):.3f} .. x{math.exp(q):.3f} (`{used}`)"
+        cov = doc["loso_coverage"].get(key)
+        covered = "-" if cov is None else f"{cov['covered']}/{cov['n']} ({100 * cov['coverage']:.1f}%)"
+        lines.append(f"| `{key}` | {fit.n} | {fit.sources} | {own} | {band} | {covered} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -213,3 +213,20 @@ def test_cli_headline_shows_verdict_and_band() -> None:
         lo, hi = rep.per_gpu.device_used_bytes_low or 0, rep.per_gpu.device_used_bytes_high or 0
         assert f"{rep.verdict}: " in text
         assert f"(band {lo / 2**30:,.2f}-{hi / 2**30:,.2f} GiB)" in text
+
+
+def test_a_small_class_floors_the_pooled_quantile() -> None:
+    """Workload "b" has 20 sources scored 0.01, workload "a" two sources scored 0.3 and 0.1 (too few for a
+    quantile of their own).  Pooled: 22 sources, the smallest score whose mass reaches 0.9 x 23 = 20.7 is
+    the 21st, 0.1.  Class "a" is floored at its own largest score, 0.3; "b" has its own quantile, 0.01."""
+    from vramplan.report.band import Residual, fit_calibration
+
+    rows = [Residual(f"b{i}", f"sb{i}", "e", "b", "allocated", 0.01) for i in range(20)]
+    rows += [Residual("a0", "sa0", "e", "a", "allocated", -0.3), Residual("a1", "sa1", "e", "a", "allocated", 0.1)]
+    cal = fit_calibration(rows)
+    assert cal.classes["e"].quantile == 0.1
+    assert cal.lookup("e", "a", "allocated") == (0.3, "e/a/allocated")
+    assert cal.lookup("e", "b", "allocated") == (0.01, "e/b/allocated")
+    # a class that never measured a quantity falls back to its workload's floor, then the pooled quantile
+    assert cal.lookup("e", "a", "reserved") == (0.3, "e/a")
+    assert cal.lookup("e", "c", "allocated") == (0.1, "e")

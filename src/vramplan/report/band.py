@@ -22,7 +22,11 @@ by how much, from the validation residuals of the same engine, workload class an
 * **small classes**: ``q`` is finite only when ``0.9 x (G + 1) <= G``, i.e. with ``MIN_SOURCES``
   = 9 sources or more.  A class with fewer falls back to the engine's workload pooled over
   quantities, then to the engine pooled over everything, then to every engine pooled; the
-  report's ``band`` key names the class whose rows gave the quantile;
+  report's ``band`` key names the class whose rows gave the quantile.  The fallback is floored by
+  the largest score of the small classes it passed (their own rows' worst error): a pooled
+  quantile mixes workloads whose errors have other causes (a KV pool at start-up, a training
+  step's peak), and many accurate rows of one would otherwise narrow the band of another below an
+  error that other has shown;
 * **new sources**: the coverage on a publication the table has not seen is estimated
   leave-one-source-out: every publication in turn is removed, the table refitted on the others
   (fallbacks included) and the removed rows checked against it (``loso_coverage``).
@@ -109,6 +113,7 @@ class ClassFit:
     n: int
     sources: int
     quantile: float | None
+    largest: float = 0.0  # the largest score among its rows
 
 
 def conformal_quantile(scores: Sequence[float], groups: Sequence[str] | None = None,
@@ -151,7 +156,8 @@ def _fit_class(key: str, rows: Sequence[Residual], coverage: float) -> ClassFit:
     mine = [x for x in rows if _in(key, x)]
     sources = len({x.source for x in mine})
     q = conformal_quantile([abs(x.log_ratio) for x in mine], [x.source for x in mine], coverage)
-    return ClassFit(key=key, n=len(mine), sources=sources, quantile=q)
+    largest = max((abs(x.log_ratio) for x in mine), default=0.0)
+    return ClassFit(key=key, n=len(mine), sources=sources, quantile=q, largest=largest)
 
 
 @dataclass(frozen=True)
@@ -164,12 +170,21 @@ class Calibration:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def lookup(self, engine: str, workload: str, quantity: str) -> tuple[float | None, str]:
-        """(quantile, class that gave it) for a report quantity, falling back over the levels."""
+        """(quantile, class that gave it) for a report quantity, falling back over the levels.
+
+        A class too small for a quantile still bounds it from below: the pooled quantile it falls back to
+        is never used below the largest score of its own rows (the floor), so accurate rows of other
+        workloads cannot narrow a band below an error its own workload has shown."""
+        floor, floor_key = 0.0, ""
         for key in _levels(engine, workload, quantity):
             fit = self.classes.get(key)
-            if fit is not None and fit.quantile is not None:
-                return fit.quantile, key
-        return None, ""
+            if fit is None:
+                continue
+            if fit.quantile is not None:
+                return (floor, floor_key) if floor > fit.quantile else (fit.quantile, key)
+            if fit.largest > floor:
+                floor, floor_key = fit.largest, key
+        return (floor, floor_key) if floor_key else (None, "")
 
     def worst(self, engine: str) -> tuple[float | None, str]:
         """The largest quantile of the engine's classes (every engine's, if it has none)."""
