@@ -71,6 +71,12 @@ class ServeBlock(BaseModel):
     kv_cache_bytes_high: int | None = None
     max_concurrency_low: int | None = None
     max_concurrency_high: int | None = None
+    # engines other than vLLM (serve/llamacpp.py): weights on the GPU and left on the host, the compute
+    # buffer, the KV cells; null for vLLM
+    weights_gpu_bytes: int | None = None
+    weights_host_bytes: int | None = None
+    compute_buffer_bytes: int | None = None
+    kv_cache_tokens: int | None = None
 
 
 class Report(BaseModel):

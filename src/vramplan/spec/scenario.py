@@ -195,6 +195,39 @@ class Inference(_Strict):
     fp16 models only (docs/conventions.md, bitsandbytes' dequantized weights at inference)."""
 
 
+class Gguf(_Strict):
+    """llama.cpp's GGUF model and its context options (``serve.engine: llamacpp`` only)."""
+
+    file: str | None = None
+    """A local GGUF file whose header gives the tensors and their types; null: the catalog model as
+    ``llama-quantize`` would write it in ``quant``."""
+
+    quant: str = Field("Q4_K_M", min_length=1, max_length=32)
+    """The file type (llama-quantize's name: Q4_K_M, Q5_K_M, Q8_0, Q4_0, Q6_K, IQ4_XS, F16 ...) when no file
+    is given (facts/gguf.py FILE_TYPES)."""
+
+    n_gpu_layers: int = Field(-1, ge=-1, le=100_000)
+    """Layers offloaded to the GPU (-ngl), counted from the last, the output counting as one; -1: all."""
+
+    n_batch: int = Field(2048, ge=1, le=1_000_000)
+    """Logical batch (-b): tokens submitted to one decode call."""
+
+    n_ubatch: int = Field(512, ge=1, le=1_000_000)
+    """Physical micro-batch (-ub): tokens per graph evaluation; it sizes the compute buffer."""
+
+    n_parallel: int = Field(1, ge=1, le=4096)
+    """Sequences served at once (-np, n_seq_max); they share the n_ctx cells of the KV cache."""
+
+    cache_type_k: str = "f16"
+    """K cache type (-ctk): f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1."""
+
+    cache_type_v: str = "f16"
+    """V cache type (-ctv); a quantized V cache needs flash_attn."""
+
+    flash_attn: bool = False
+    """Flash attention (-fa): no n_ctx x n_ubatch x n_head score matrix in the compute buffer."""
+
+
 class Serve(_Strict):
     """A vLLM engine after start-up: weights, profiling peak, CUDA graphs and the KV block pool."""
 
@@ -230,6 +263,12 @@ class Serve(_Strict):
 
     vllm_version: VllmVersion = "0.11"
     """vLLM behaviour modelled: 0.11 is V1 of vLLM 0.10-0.11; 0.19 is vLLM 0.19 (docs/serving.md)."""
+
+    engine: Literal["vllm", "sglang", "llamacpp"] = "vllm"
+    """The serving engine whose start-up is modelled: vllm (default), sglang or llamacpp (docs/serving.md)."""
+
+    gguf: Gguf = Field(default_factory=Gguf)
+    """llama.cpp's model file and context options (engine llamacpp)."""
 
 
 class Parallel(_Strict):
