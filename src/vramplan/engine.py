@@ -26,6 +26,7 @@ from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
 from vramplan.report.band import with_band
 from vramplan.serve.llamacpp import decide as llamacpp_decide
 from vramplan.serve.llamacpp import moment as llamacpp_moment
+from vramplan.serve.llamacpp import uses_other_engine
 from vramplan.serve.report import serve
 from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
@@ -122,12 +123,7 @@ def _phase_row(p: PhasePeak, outside: dict[str, int]) -> dict[str, int]:
 
 
 def _other_engine(r: Resolved, ctx: int) -> Report:
-    """A serving engine other than vLLM: llama.cpp (serve/llamacpp.py); SGLang is not modelled here."""
-    sv = r.scenario.serve
-    if sv.engine != "llamacpp":
-        what = ("serve.gguf is set, which only serve.engine: llamacpp reads" if sv.engine == "vllm"
-                else f"serve.engine {sv.engine!r} is not modelled")
-        raise ScenarioError([Problem("serve.engine", what, "use serve.engine vllm or llamacpp")])
+    """A serving engine other than vLLM: llama.cpp (serve/llamacpp.py, which refuses the others)."""
     d = llamacpp_decide(r)
     block = ServeBlock(kv_cache_bytes=d.kv_bytes, max_concurrency=d.n_parallel if d.starts else 0,
                        max_model_len_that_fits=d.n_ctx_that_fits, weights_gpu_bytes=d.model_buffer_bytes,
@@ -172,7 +168,7 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
         return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions))
-    if r.scenario.serve.engine != "vllm" or "gguf" in r.scenario.serve.model_fields_set:
+    if uses_other_engine(r):
         return with_band(_other_engine(r, ctx))
     sr = serve(r)
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,

@@ -54,6 +54,10 @@ RENAMED: dict[str, str] = {
     "train.peft.dropout": "lora_dropout",
     "software.peft": "peft_version",
     "software.transformers": "transformers_version",
+    # estimate's --engine picks analytic or trace; `vramplan serve` names this one --engine (cli/serve_cmd.py)
+    "serve.engine": "serve_engine",
+    "serve.gguf.file": "gguf_file",
+    "serve.gguf.quant": "gguf_quant",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

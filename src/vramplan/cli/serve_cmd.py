@@ -6,6 +6,7 @@ The commands only parse options, call the library and render; every number comes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
@@ -87,8 +89,11 @@ def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[s
 # ---------------------------------------------------------------------------- serve
 
 
-SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "serve"],
-                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."})
+SERVE_FLAGS = tuple(
+    # the serving engine is this command's --engine (estimate's --engine is analytic | trace)
+    dataclasses.replace(f, name="engine") if f.name == "serve_engine" else f
+    for f in scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "serve"],
+                            notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."}))
 
 
 @scenario_options(SERVE_FLAGS)
@@ -103,6 +108,8 @@ def _serve(
 ) -> None:
     """What vLLM will allocate at start-up: KV blocks, concurrency, largest context, or why it won't start."""
     from vramplan.catalog.resolve import resolve
+    from vramplan.serve.llamacpp import decide as decide_llamacpp
+    from vramplan.serve.llamacpp import uses_other_engine
     from vramplan.serve.report import serve
 
     try:
@@ -111,6 +118,9 @@ def _serve(
             _set(over, "serve.cuda_graphs", False)
         doc = _scenario(scenario, "serve", over)
         r = resolve(doc)
+        if uses_other_engine(r):
+            _serve_llamacpp(decide_llamacpp(r), as_json)
+            return
         sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
         _fail(exc, given)
@@ -128,6 +138,41 @@ def _serve(
     else:
         _render_serve(d)
     if not d.starts or d.device_used_bytes > d.total_memory_bytes:
+        raise typer.Exit(1)
+
+
+def _serve_llamacpp(d: Any, as_json: bool) -> None:
+    """llama.cpp's buffers (serve/llamacpp.py), as JSON or as its own log lines and a table."""
+    fits = d.starts and d.device_used_bytes <= d.total_memory_bytes
+    if as_json:
+        _emit({"llamacpp": d.to_dict(), "log_lines": d.log_lines(), "fits": fits})
+    else:
+        c = _console()
+        c.print(f"[bold]{d.model}[/] · llama.cpp · {d.gpu} · {d.source} · n_ctx {d.kv_size:,} · "
+                f"{d.gpu_slots}/{d.n_layer + 1} layers on the GPU", highlight=False)
+        t = Table(title="llama.cpp start-up memory on the GPU", title_justify="left")
+        t.add_column("buffer")
+        t.add_column("GiB", justify="right")
+        t.add_row("model buffer (weights)", _gib(d.model_buffer_bytes))
+        t.add_row(f"KV buffer (K {d.cache_type_k}, V {d.cache_type_v})", _gib(d.kv_bytes))
+        t.add_row("compute buffer", _gib(d.compute_buffer_bytes))
+        t.add_row("CUDA context", _gib(d.cuda_context_bytes))
+        t.add_section()
+        t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]")
+        t.add_row("on the host (weights + KV)", _gib(d.host_weights_bytes + d.kv_host_bytes))
+        c.print(t)
+        c.print("llama.cpp would print:", highlight=False)
+        for line in d.log_lines():
+            c.print(f"  {line}", highlight=False, markup=False)
+        c.print(f"largest n_ctx that fits: {d.n_ctx_that_fits:,} · sequences: {d.n_parallel}", highlight=False)
+        c.print(("[bold green]STARTS[/]" if fits else "[bold red]WILL NOT START[/]")
+                + (f": {escape(d.problem)}" if d.problem else ""), highlight=False)
+        if d.fix:
+            c.print(f"change: {d.fix}", highlight=False)
+        c.print("[dim]Assumptions:[/]")
+        for a in d.assumptions:
+            c.print(f"[dim]  - {escape(a)}[/]", highlight=False)
+    if not fits:
         raise typer.Exit(1)
 
 

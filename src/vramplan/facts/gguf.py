@@ -26,12 +26,15 @@ from dataclasses import dataclass
 
 __all__ = [
     "FILE_TYPES",
+    "FILE_TYPE_ALIASES",
     "FILE_TYPE_IDS",
     "GGML_TYPES",
     "GGML_TYPE_IDS",
     "MIX_ASSUMPTIONS",
     "FileType",
     "GgmlType",
+    "MixContext",
+    "file_type",
     "ggml_type",
     "mix_type",
     "row_bytes",
@@ -149,10 +152,18 @@ FILE_TYPES: dict[str, FileType] = {f.name: f for f in (
     FileType("TQ2_0", 37, "TQ2_0"), FileType("MXFP4_MOE", 38, "MXFP4"),
 )}
 FILE_TYPE_IDS: dict[int, FileType] = {f.id: f for f in FILE_TYPES.values()}
+# llama-quantize's short names (tools/quantize/quantize.cpp QUANT_OPTIONS: "Q4_K" is an alias for Q4_K_M)
+FILE_TYPE_ALIASES: dict[str, str] = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+
+
+def file_type(name: str) -> FileType | None:
+    """The file type called ``name`` (any case, or llama-quantize's alias), None if unknown."""
+    key = name.strip().upper()
+    return FILE_TYPES.get(FILE_TYPE_ALIASES.get(key, key))
 
 MIX_ASSUMPTIONS: tuple[str, ...] = (
-    "GGUF quant mix: llama-quantize's per-tensor rule (llama.cpp src/llama-quant.cpp llama_tensor_get_type_impl, "
-    "commit 007dbbf) without an importance matrix, --pure or --tensor-type overrides; Falcon-only branches not modelled",
+    ("GGUF quant mix: llama-quantize's per-tensor rule (llama.cpp src/llama-quant.cpp llama_tensor_get_type_impl, "
+    "commit 007dbbf) without an importance matrix, --pure or --tensor-type overrides; Falcon-only branches not modelled"),
     "a model with 80 layers is treated as llama.cpp's LLM_TYPE_70B (attn_v Q3_K/Q4_K -> Q5_K)",
 )
 
@@ -213,15 +224,11 @@ def _attn_v_type(ftype: str, default: str, i: int, ctx: MixContext) -> str:
         t = "Q4_K"
     elif ftype == "IQ3_XXS":
         t = "Q4_K" if gqa4 else "IQ3_S"  # no importance matrix
-    elif ftype in ("IQ3_XS", "IQ3_S") and gqa4:
-        t = "Q4_K"
-    elif ftype == "IQ3_M":
+    elif ftype in ("IQ3_XS", "IQ3_S") and gqa4 or ftype == "IQ3_M":
         t = "Q4_K"
     elif ftype == "Q3_K_M":
         t = "Q5_K" if i < 2 else "Q4_K"
-    elif ftype == "Q3_K_L":
-        t = "Q5_K"
-    elif ftype in ("IQ4_NL", "IQ4_XS") and gqa4:
+    elif ftype == "Q3_K_L" or ftype in ("IQ4_NL", "IQ4_XS") and gqa4:
         t = "Q5_K"
     elif ftype in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, ctx.n_layer):
         t = "Q6_K"

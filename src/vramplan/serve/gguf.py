@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from vramplan.errors import Problem, ScenarioError
-from vramplan.facts.gguf import GGML_TYPE_IDS, FILE_TYPE_IDS, GgmlType, MixContext, ggml_type, mix_type, tensor_bytes
+from vramplan.facts.gguf import (
+    FILE_TYPE_IDS,
+    GGML_TYPE_IDS,
+    GgmlType,
+    MixContext,
+    ggml_type,
+    mix_type,
+    tensor_bytes,
+)
 from vramplan.spec.model import ModelSpec, ParamGroup
 
 __all__ = ["GgufFile", "GgufTensor", "model_tensors", "read_gguf"]

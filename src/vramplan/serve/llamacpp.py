@@ -41,13 +41,13 @@ from typing import Any
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_bytes
 from vramplan.errors import Problem, ScenarioError
-from vramplan.facts.gguf import FILE_TYPES, MIX_ASSUMPTIONS, GgmlType, ggml_type, row_bytes
+from vramplan.facts.gguf import FILE_TYPES, MIX_ASSUMPTIONS, GgmlType, file_type, ggml_type, row_bytes
 from vramplan.serve.gguf import GgufFile, GgufTensor, model_tensors, read_gguf
 from vramplan.spec.load import Resolved
 from vramplan.units import MiB, round_up
 
 __all__ = ["LLAMACPP_SOURCES", "Hparams", "LlamaCppDecision", "compute_buffer_bytes", "decide", "kv_cache_bytes",
-           "moment", "split_weights"]
+           "moment", "split_weights", "uses_other_engine"]
 
 LLAMACPP_SOURCES: tuple[str, ...] = (
     "llama.cpp src/llama-model.cpp load_tensors (i_gpu_start, dev_input on the CPU, dev_output)",
@@ -80,7 +80,7 @@ class Hparams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
-
+    gated: bool = True  # a gated MLP (ffn_gate): gate and up products, then their product
 
 def _meta_int(g: GgufFile, key: str, default: int | None = None) -> int:
     v = g.arch_value(key, default)
@@ -108,6 +108,7 @@ def hparams_of_file(g: GgufFile) -> Hparams:
         n_ctx_train=_meta_int(g, "context_length", 0), n_ff=_meta_int(g, "feed_forward_length", 0),
         n_expert=_meta_int(g, "expert_count", 0), n_expert_used=_meta_int(g, "expert_used_count", 0),
         n_ff_exp=_meta_int(g, "expert_feed_forward_length", 0),
+        gated=any(".ffn_gate." in t.name or ".ffn_gate_exps." in t.name for t in g.tensors),
     )
 
 
@@ -118,7 +119,7 @@ def hparams_of_model(r: Resolved) -> Hparams:
         n_head_kv=m.num_kv_heads, head_k=m.head_dim, head_v=m.head_dim, n_vocab=m.vocab_size,
         n_ctx_train=m.max_position_embeddings, n_ff=max((ls.intermediate_size for ls in m.layers), default=0),
         n_expert=m.moe.num_experts if m.moe else 0, n_expert_used=m.moe.top_k if m.moe else 0,
-        n_ff_exp=m.moe.expert_intermediate_size if m.moe else 0,
+        n_ff_exp=m.moe.expert_intermediate_size if m.moe else 0, gated=m.mlp_gated,
     )
 
 
@@ -266,9 +267,12 @@ def _ffn(il: int, h: Hparams, ub: int, x: str) -> list[_Node]:
             _Node(p + "weighted", h.n_embd * k * ub * f, (p + "down", p + "weights"), True),
             _Node(p + "ffn_out", h.n_embd * ub * f, (p + "weighted",)),
         ]
-    else:
+    elif h.gated:
         nodes += [_Node(p + "gate", h.n_ff * ub * f, (src,)), _Node(p + "up", h.n_ff * ub * f, (src,)),
                   _Node(p + "act", h.n_ff * ub * f, (p + "gate", p + "up")),
+                  _Node(p + "ffn_out", h.n_embd * ub * f, (p + "act",))]
+    else:  # up, its activation in place, down
+        nodes += [_Node(p + "up", h.n_ff * ub * f, (src,)), _Node(p + "act", h.n_ff * ub * f, (p + "up",), True),
                   _Node(p + "ffn_out", h.n_embd * ub * f, (p + "act",))]
     nodes.append(_Node(p + "out", h.n_embd * ub * f, (p + "ffn_out", p + "ffn_inp"), True))
     return nodes
@@ -365,11 +369,11 @@ class LlamaCppDecision:
             f"load_tensors: offloaded {self.gpu_slots}/{self.n_layer + 1} layers to GPU",
             f"load_tensors:        CUDA0 model buffer size = {mib(self.model_buffer_bytes)}",
             f"load_tensors:   CPU_Mapped model buffer size = {mib(self.host_weights_bytes)}",
-            f"llama_context: n_ctx = {self.kv_size}, n_batch = {self.n_batch}, n_ubatch = {self.n_ubatch}, "
-            f"flash_attn = {int(self.flash_attn)}",
+            (f"llama_context: n_ctx = {self.kv_size}, n_batch = {self.n_batch}, n_ubatch = {self.n_ubatch}, "
+            f"flash_attn = {int(self.flash_attn)}"),
             f"llama_kv_cache:      CUDA0 KV buffer size = {mib(self.kv_bytes)}",
-            f"llama_kv_cache: size = {mib(self.kv_bytes + self.kv_host_bytes)} ({self.kv_size} cells), "
-            f"K ({self.cache_type_k}): {mib(self.kv_k_bytes)}, V ({self.cache_type_v}): {mib(self.kv_v_bytes)}",
+            (f"llama_kv_cache: size = {mib(self.kv_bytes + self.kv_host_bytes)} ({self.kv_size} cells), "
+            f"K ({self.cache_type_k}): {mib(self.kv_k_bytes)}, V ({self.cache_type_v}): {mib(self.kv_v_bytes)}"),
             f"llama_context:      CUDA0 compute buffer size = {mib(self.compute_buffer_bytes)}",
         ]
         if self.problem:
@@ -405,14 +409,14 @@ def _tensors(r: Resolved) -> tuple[list[GgufTensor], Hparams, str, str, list[str
     if g.file:
         f = read_gguf(g.file)
         h = hparams_of_file(f)
-        ft = f.file_type or "unknown"
-        return f.tensors, h, f"file {g.file}", ft, [f"weights: the tensors of {g.file} (GGUF v{f.version}, "
-                                                    f"{len(f.tensors)} tensors, architecture {h.arch})"]
-    if g.quant not in FILE_TYPES:
+        return f.tensors, h, f"file {g.file}", f.file_type or "unknown", [(f"weights: the tensors of {g.file} (GGUF v{f.version}, "
+                                                    f"{len(f.tensors)} tensors, architecture {h.arch})")]
+    ftype = file_type(g.quant)
+    if ftype is None:
         raise _refuse("serve.gguf.quant", f"unknown GGUF file type {g.quant!r}", f"choose one of {', '.join(FILE_TYPES)}")
-    notes = [f"weights: {r.model.name} as llama-quantize {g.quant} would write it (no file given: the tensor list "
-             "from the catalog model, each tensor's type from the file type's rules)", *MIX_ASSUMPTIONS]
-    return model_tensors(r.model, g.quant), hparams_of_model(r), f"catalog model in {g.quant}", g.quant, notes
+    notes = [(f"weights: {r.model.name} as llama-quantize {ftype.name} would write it (no file given: the tensor list "
+             "from the catalog model, each tensor's type from the file type's rules)"), *MIX_ASSUMPTIONS]
+    return model_tensors(r.model, ftype.name), hparams_of_model(r), f"catalog model in {ftype.name}", ftype.name, notes
 
 
 def _cache_type(name: str, where: str, h: Hparams) -> GgmlType:
@@ -440,8 +444,19 @@ def _fits_ctx(h: Hparams, r: Resolved, fixed: int, layers: int, tk: GgmlType, tv
     return lo * KV_PAD
 
 
+def uses_other_engine(r: Resolved) -> bool:
+    """The scenario asks for a serving engine other than vLLM (or sets llama.cpp's options)."""
+    sv = r.scenario.serve
+    return sv.engine != "vllm" or "gguf" in sv.model_fields_set
+
+
 def decide(r: Resolved) -> LlamaCppDecision:
     """llama.cpp's start-up buffers for a ``task: serve`` scenario with ``serve.engine: llamacpp``."""
+    sv = r.scenario.serve
+    if sv.engine != "llamacpp":
+        what = ("serve.gguf is set, which only serve.engine: llamacpp reads" if sv.engine == "vllm"
+                else f"serve.engine {sv.engine!r} is not modelled")
+        raise _refuse("serve.engine", what, "use serve.engine vllm or llamacpp")
     _check(r)
     sv, g = r.scenario.serve, r.scenario.serve.gguf
     tensors, h, source, ftype, notes = _tensors(r)
@@ -470,11 +485,11 @@ def decide(r: Resolved) -> LlamaCppDecision:
         fix = (f"serve.max_model_len <= {fits_ctx}" if fits_ctx >= 256 else
                "lower serve.gguf.n_gpu_layers (keep layers on the host) or choose a smaller serve.gguf.quant")
     assumptions = [
-        f"llama.cpp: {source}, file type {ftype}; n_gpu_layers {g.n_gpu_layers} -> {slots}/{h.n_layer + 1} slots on "
-        "the GPU (the last layers first, then the output; token embeddings stay on the host)",
+        (f"llama.cpp: {source}, file type {ftype}; n_gpu_layers {g.n_gpu_layers} -> {slots}/{h.n_layer + 1} slots on "
+        "the GPU (the last layers first, then the output; token embeddings stay on the host)"),
         *notes,
-        f"KV cache: {kv_size} cells (n_ctx {n_ctx} rounded up to {KV_PAD}), K {g.cache_type_k}, V {g.cache_type_v}, "
-        f"{g.n_parallel} sequence(s) sharing them (unified cache)",
+        (f"KV cache: {kv_size} cells (n_ctx {n_ctx} rounded up to {KV_PAD}), K {g.cache_type_k}, V {g.cache_type_v}, "
+        f"{g.n_parallel} sequence(s) sharing them (unified cache)"),
         (f"compute buffer: ggml-alloc over the reserve graph of {ub} tokens ("
          f"{'flash attention' if g.flash_attn else 'no flash attention: n_ctx x n_ubatch x n_head f32 scores'}); "
          "the CUDA memory pool (cuBLAS/MMQ scratch) and the host compute buffer are not counted"),
