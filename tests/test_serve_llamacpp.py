@@ -18,7 +18,15 @@ from vramplan.analytic.moment import KEYS, key_for
 from vramplan.catalog.resolve import resolve
 from vramplan.cli.main import app
 from vramplan.errors import ScenarioError
-from vramplan.facts.gguf import GGML_TYPES, MixContext, file_type, mix_type, row_bytes, tensor_bytes, use_more_bits
+from vramplan.facts.gguf import (
+    GGML_TYPES,
+    MixContext,
+    file_type,
+    mix_type,
+    row_bytes,
+    tensor_bytes,
+    use_more_bits,
+)
 from vramplan.serve.gguf import model_tensors, read_gguf
 from vramplan.serve.llamacpp import Hparams, compute_buffer_bytes, decide, kv_cache_bytes, split_weights
 from vramplan.units import MiB
