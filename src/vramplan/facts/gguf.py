@@ -165,6 +165,9 @@ MIX_ASSUMPTIONS: tuple[str, ...] = (
     ("GGUF quant mix: llama-quantize's per-tensor rule (llama.cpp src/llama-quant.cpp llama_tensor_get_type_impl, "
     "commit 007dbbf) without an importance matrix, --pure or --tensor-type overrides; Falcon-only branches not modelled"),
     "a model with 80 layers is treated as llama.cpp's LLM_TYPE_70B (attn_v Q3_K/Q4_K -> Q5_K)",
+    ("a fused attn_qkv follows its own ATTENTION_QKV rule (Q3_K_M/L, IQ3_M -> Q4_K; Q4_K_M -> Q5_K; Q5_K_M -> Q6_K; "
+     "else the default), as in the files of llama.cpp b3410 (ggml-org/ci pythia logs: q5_K x 32 for Q4_K_M, q2_K "
+     "for Q2_K); commit 007dbbf sends it through the attn_v rule first"),
 )
 
 _IQ12 = frozenset({"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"})
@@ -280,9 +283,10 @@ def _impl(ftype: str, cat: str, default: str, i: int, ctx: MixContext, ncols: in
     base = cat.removesuffix("_exps").removesuffix("_shexp")
     if ftype in _IQ12:
         return _iq12_type(ftype, base, default, i, ctx)
-    if base in ("attn_v", "attn_qkv", "attn_kv_b"):
-        if base == "attn_qkv" and ftype in ("Q3_K_M", "Q3_K_L", "IQ3_M", "Q4_K_M", "Q5_K_M"):
-            return {"Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, "Q4_K")
+    if base == "attn_qkv":  # ATTENTION_QKV's own rule (see MIX_ASSUMPTIONS)
+        return {"Q3_K_M": "Q4_K", "Q3_K_L": "Q4_K", "IQ3_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(
+            ftype, default)
+    if base in ("attn_v", "attn_kv_b"):
         return _attn_v_type(ftype, default, i, ctx)
     if base in ("attn_k", "attn_q"):
         if base == "attn_k" and ctx.n_expert == 8:
