@@ -106,7 +106,9 @@ def _serve(
     *,
     given: Given,
 ) -> None:
-    """What vLLM will allocate at start-up: KV blocks, concurrency, largest context, or why it won't start."""
+    """What vLLM will allocate at start-up: KV blocks, concurrency, largest context, or why it won't start.
+
+    With --engine llamacpp: llama.cpp's model, KV and compute buffers (a GGUF file or a quant mix)."""
     from vramplan.catalog.resolve import resolve
     from vramplan.serve.llamacpp import decide as decide_llamacpp
     from vramplan.serve.llamacpp import uses_other_engine

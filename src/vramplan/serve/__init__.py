@@ -8,9 +8,14 @@
   with contiguous per-request reservations or with paged blocks, and measures waste.
 * ``vramplan.serve.workloads``: bundled request-length distributions (with sources) and
   CSV traces.
+* ``vramplan.serve.llamacpp``: llama.cpp's buffers at start-up (weights split by ``n_gpu_layers``, KV
+  cache, compute buffer), from a GGUF file (``vramplan.serve.gguf``, ``read_gguf``) or a catalog model
+  in a quant mix.
 """
 
+from vramplan.serve.gguf import read_gguf
+from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.vllm import VLLM_BEHAVIOURS, VllmDecision, decide
 
-__all__ = ["VLLM_BEHAVIOURS", "ServeResult", "VllmDecision", "decide", "serve"]
+__all__ = ["VLLM_BEHAVIOURS", "LlamaCppDecision", "ServeResult", "VllmDecision", "decide", "read_gguf", "serve"]
