@@ -49,7 +49,8 @@ def test_json_report_keys() -> None:
     assert set(r["serve"]) == {"kv_cache_bytes", "num_gpu_blocks", "max_concurrency", "max_model_len_that_fits",
                                "kv_cache_bytes_low", "kv_cache_bytes_high", "max_concurrency_low", "max_concurrency_high",
                                "engine", "weights_bytes", "kv_cache_tokens", "host_bytes", "starts", "start_problem",
-                               "start_fix"}
+                               "start_fix",
+                               "weights_gpu_bytes", "weights_host_bytes", "compute_buffer_bytes"}
     # the band beside the point (report/band.py)
     assert pg["peak_allocated_bytes_low"] <= pg["peak_allocated_bytes"] <= pg["peak_allocated_bytes_high"]
     assert r["verdict"] in ("FITS", "MAY NOT FIT", "DOES NOT FIT")
@@ -74,7 +75,8 @@ def test_every_scenario_key_has_a_flag() -> None:
     aliases = {"hardware.gpu": "--gpu", "train.peft.method": "--peft", "train.peft.rank": "--lora-rank",
                "train.peft.alpha": "--lora-alpha", "train.peft.dropout": "--lora-dropout",
                "software.bitsandbytes": "--bitsandbytes", "software.peft": "--peft-version",
-               "software.transformers": "--transformers-version"}
+               "software.transformers": "--transformers-version", "serve.engine": "--serve-engine",
+               "serve.gguf.file": "--gguf-file", "serve.gguf.quant": "--gguf-quant"}
     missing = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:

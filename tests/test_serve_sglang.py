@@ -205,11 +205,13 @@ def test_refused_setups() -> None:
         with pytest.raises(ScenarioError) as exc:
             estimate({**doc(**serve), **extra})
         assert exc.value.problems[0].where == where
-    d = doc()
+    # an SGLang option given to llama.cpp is refused, not ignored
+    d = doc(mem_fraction_static=0.8)
     d["serve"]["engine"] = "llamacpp"
     with pytest.raises(ScenarioError) as exc:
         estimate(d)
-    assert exc.value.problems[0].where == "serve.engine" and "not modelled yet" in exc.value.problems[0].message
+    assert exc.value.problems[0].where == "serve.mem_fraction_static"
+    assert "not of engine llamacpp" in exc.value.problems[0].message
 
 
 @settings(max_examples=25, deadline=None)

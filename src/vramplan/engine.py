@@ -2,7 +2,8 @@
 
 ``estimate`` resolves the scenario (``vramplan.catalog.resolve``) and runs the model of its task:
 the training step (``analytic.train``), the ``generate`` call (``analytic.inference``) or the serving engine's
-start-up (``serve.report``, built on ``serve.vllm`` and ``serve.sglang``).  It sits above ``analytic`` and ``serve`` in
+start-up (``serve.report``, built on ``serve.vllm`` and ``serve.sglang``; ``serve.llamacpp`` for
+``serve.engine: llamacpp``).  It sits above ``analytic`` and ``serve`` in
 the layers (README, Architecture; ``[tool.importlinter]`` in pyproject.toml), so neither imports
 the other's composition.
 """
@@ -23,6 +24,9 @@ from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock, managed_in_capacity
 from vramplan.report.band import with_band
+from vramplan.serve.llamacpp import decide as llamacpp_decide
+from vramplan.serve.llamacpp import moment as llamacpp_moment
+from vramplan.serve.llamacpp import uses_other_engine
 from vramplan.serve.report import serve
 from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
@@ -125,6 +129,24 @@ def _phase_row(p: PhasePeak, outside: dict[str, int], capacity_bytes: int) -> di
             "device_used_bytes": p.reserved_bytes + out}
 
 
+def _other_engine(r: Resolved, ctx: int) -> Report:
+    """A serving engine other than vLLM: llama.cpp (serve/llamacpp.py, which refuses the others)."""
+    d = llamacpp_decide(r)
+    block = ServeBlock(kv_cache_bytes=d.kv_bytes, max_concurrency=d.n_parallel if d.starts else 0,
+                       max_model_len_that_fits=d.n_ctx_that_fits, weights_gpu_bytes=d.model_buffer_bytes,
+                       weights_host_bytes=d.host_weights_bytes, compute_buffer_bytes=d.compute_buffer_bytes,
+                       kv_cache_tokens=d.kv_size, engine="llamacpp",
+                       weights_bytes=d.model_buffer_bytes,
+                       host_bytes=d.host_weights_bytes + d.kv_host_bytes, starts=d.starts, start_problem=d.problem,
+                       start_fix=d.fix)
+    outside = {"cuda_context": ctx, "workspaces": 0, "communication": 0, "managed": 0}
+    problem = [f"llama.cpp would not start: {d.problem} (change {d.fix})"] if d.problem else []
+    peak = llamacpp_moment(d)
+    rep = _report(r, peak, [peak], outside, Host(offloaded_bytes=d.host_weights_bytes + d.kv_host_bytes), block,
+                  [*problem, *d.assumptions], reserved=peak.total)
+    return rep if d.starts else rep.model_copy(update={"fits": False})
+
+
 def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel = "replay") -> Report:
     """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved).
 
@@ -156,6 +178,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
         return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions))
+    if uses_other_engine(r):
+        return with_band(_other_engine(r, ctx))
     sr = serve(r)
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
                        max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits,

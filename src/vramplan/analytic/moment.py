@@ -132,6 +132,16 @@ class K:
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "
                 "allocator on CUDA, absent on a CPU", cuda_only=True)
     CUDA_GRAPHS = _k("other", "CUDA graphs", "memory of vLLM's captured CUDA graphs")
+    # llama.cpp (serve/llamacpp.py)
+    GGUF_WEIGHTS = _k("weights", "GGUF tensors on the GPU ({layers} layers offloaded)",
+                      "llama.cpp's GPU model buffer: the GGUF tensors of the offloaded layers (and the output)",
+                      templated=True)
+    LLAMACPP_KV = _k("kv_cache", "llama.cpp KV cache ({cells:,} cells, K {type_k}, V {type_v})",
+                     "llama.cpp's KV buffer on the GPU: every offloaded layer's K and V for n_ctx cells",
+                     templated=True)
+    COMPUTE_BUFFER = _k("temporaries", "ggml compute buffer",
+                        "llama.cpp's compute buffer: the peak of the ggml graph for one n_ubatch micro-batch "
+                        "as ggml-alloc places it")
 
 
 KEYS: tuple[Key, ...] = tuple(v for v in vars(K).values() if isinstance(v, Key))

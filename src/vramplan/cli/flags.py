@@ -57,6 +57,8 @@ RENAMED: dict[str, str] = {
     # `estimate --engine` picks analytic or trace; the serving engine is --serve-engine there and --engine
     # in `vramplan serve` (SERVE_FLAGS renames it back)
     "serve.engine": "serve_engine",
+    "serve.gguf.file": "gguf_file",
+    "serve.gguf.quant": "gguf_quant",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

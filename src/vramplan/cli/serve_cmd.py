@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vramplan.cli.common import deep_merge as _merge
@@ -102,9 +103,11 @@ def _serve(
     *,
     given: Given,
 ) -> None:
-    """What the serving engine (vLLM, or SGLang with --engine sglang) allocates at start-up: KV pool,
-    concurrency, largest context, or why it won't start."""
+    """What the serving engine (vLLM; SGLang with --engine sglang; llama.cpp with --engine llamacpp) allocates
+    at start-up: KV pool, concurrency, largest context, or why it won't start."""
     from vramplan.catalog.resolve import resolve
+    from vramplan.serve.llamacpp import decide as decide_llamacpp
+    from vramplan.serve.llamacpp import uses_other_engine
     from vramplan.serve.report import serve
 
     try:
@@ -116,6 +119,9 @@ def _serve(
         if subtract_cudagraphs and r.scenario.serve.engine != "vllm":
             raise ScenarioError([Problem("--subtract-cudagraphs", "is an option of engine vllm only",
                                          "SGLang keeps CUDA graphs in the reserve outside mem_fraction_static")])
+        if uses_other_engine(r):
+            _serve_llamacpp(decide_llamacpp(r), as_json)
+            return
         sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
         _fail(exc, given)
@@ -174,6 +180,39 @@ def _render_sglang(d: Any) -> None:
     _console().print("[dim]Assumptions:[/]")
     for a in d.assumptions:
         _console().print(f"[dim]  - {a}[/]", highlight=False)
+def _serve_llamacpp(d: Any, as_json: bool) -> None:
+    """llama.cpp's buffers (serve/llamacpp.py), as JSON or as its own log lines and a table."""
+    fits = d.starts and d.device_used_bytes <= d.total_memory_bytes
+    if as_json:
+        _emit({"llamacpp": d.to_dict(), "log_lines": d.log_lines(), "fits": fits})
+    else:
+        c = _console()
+        c.print(f"[bold]{d.model}[/] · llama.cpp · {d.gpu} · {d.source} · n_ctx {d.kv_size:,} · "
+                f"{d.gpu_slots}/{d.n_layer + 1} layers on the GPU", highlight=False)
+        t = Table(title="llama.cpp start-up memory on the GPU", title_justify="left")
+        t.add_column("buffer")
+        t.add_column("GiB", justify="right")
+        t.add_row("model buffer (weights)", _gib(d.model_buffer_bytes))
+        t.add_row(f"KV buffer (K {d.cache_type_k}, V {d.cache_type_v})", _gib(d.kv_bytes))
+        t.add_row("compute buffer", _gib(d.compute_buffer_bytes))
+        t.add_row("CUDA context", _gib(d.cuda_context_bytes))
+        t.add_section()
+        t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]")
+        t.add_row("on the host (weights + KV)", _gib(d.host_weights_bytes + d.kv_host_bytes))
+        c.print(t)
+        c.print("llama.cpp would print:", highlight=False)
+        for line in d.log_lines():
+            c.print(f"  {line}", highlight=False, markup=False)
+        c.print(f"largest n_ctx that fits: {d.n_ctx_that_fits:,} · sequences: {d.n_parallel}", highlight=False)
+        c.print(("[bold green]STARTS[/]" if fits else "[bold red]WILL NOT START[/]")
+                + (f": {escape(d.problem)}" if d.problem else ""), highlight=False)
+        if d.fix:
+            c.print(f"change: {d.fix}", highlight=False)
+        c.print("[dim]Assumptions:[/]")
+        for a in d.assumptions:
+            c.print(f"[dim]  - {escape(a)}[/]", highlight=False)
+    if not fits:
+        raise typer.Exit(1)
 
 
 def _render_serve(d: Any) -> None:

@@ -102,6 +102,11 @@ class ServeBlock(BaseModel):
     starts: bool = True
     start_problem: str = ""
     start_fix: str = ""
+    # engines other than vLLM (serve/llamacpp.py): weights on the GPU and left on the host, the compute
+    # buffer; null for the other engines
+    weights_gpu_bytes: int | None = None
+    weights_host_bytes: int | None = None
+    compute_buffer_bytes: int | None = None
 
 
 class Report(BaseModel):

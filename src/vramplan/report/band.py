@@ -90,6 +90,9 @@ QUANTITY_CLASS: dict[str, str] = {
     "nvidia_smi": "device_used",
     "kv_cache": "kv_cache",
     "allocated_plus_non_torch": "allocated_plus_non_torch",
+    # a serving engine's own buffers (llama.cpp's model and compute buffers, serve/llamacpp.py)
+    "weights_gpu": "weights_gpu",
+    "compute_buffer": "compute_buffer",
 }
 
 

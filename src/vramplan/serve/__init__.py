@@ -10,11 +10,16 @@
   with contiguous per-request reservations or with paged blocks, and measures waste.
 * ``vramplan.serve.workloads``: bundled request-length distributions (with sources) and
   CSV traces.
+* ``vramplan.serve.llamacpp``: llama.cpp's buffers at start-up (weights split by ``n_gpu_layers``, KV
+  cache, compute buffer), from a GGUF file (``vramplan.serve.gguf``, ``read_gguf``) or a catalog model
+  in a quant mix.
 """
 
+from vramplan.serve.gguf import read_gguf
+from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.sglang import SGLANG_BEHAVIOURS, SglangDecision, decide_sglang
 from vramplan.serve.vllm import VLLM_BEHAVIOURS, VllmDecision, decide
 
-__all__ = ["SGLANG_BEHAVIOURS", "VLLM_BEHAVIOURS", "ServeResult", "SglangDecision", "VllmDecision", "decide",
-           "decide_sglang", "serve"]
+__all__ = ["SGLANG_BEHAVIOURS", "VLLM_BEHAVIOURS", "LlamaCppDecision", "ServeResult", "SglangDecision", "VllmDecision",
+           "decide", "decide_sglang", "read_gguf", "serve"]

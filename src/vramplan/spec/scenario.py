@@ -216,17 +216,54 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
 
     An option counts as set when the scenario gives it a value other than its default, so that a scenario
     dumped with every field (``model_dump``) checks again."""
-    if sv.engine == "llamacpp":
-        return []
-    wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
     fields = type(sv).model_fields
-    given = {k for k in sv.model_fields_set & wrong.keys() if getattr(sv, k) != fields[k].default}
     out = []
+    if sv.engine == "llamacpp":
+        # neither engine's budget options exist in llama.cpp (it allocates what the model and n_ctx need)
+        for table, other in ((VLLM_ONLY_OPTIONS, "vLLM"), (SGLANG_ONLY_OPTIONS, "SGLang")):
+            for key in sorted(k for k in sv.model_fields_set & table.keys() if getattr(sv, k) != fields[k].default):
+                out.append((f"serve.{key}", f"is an option of {other}, not of engine llamacpp",
+                            "remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
+                            "serve.gguf need, with no budget of its own"))
+        return out
+    wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
+    given = {k for k in sv.model_fields_set & wrong.keys() if getattr(sv, k) != fields[k].default}
     for key in sorted(given):
         instead = f"{name} uses serve.{wrong[key]} instead" if wrong[key] else f"{name} has no such option here"
         other = "vLLM" if name == "SGLang" else "SGLang"
         out.append((f"serve.{key}", f"is an option of {other}, not of engine {sv.engine}", f"remove it; {instead}"))
     return out
+class Gguf(_Strict):
+    """llama.cpp's GGUF model and its context options (``serve.engine: llamacpp`` only)."""
+
+    file: str | None = None
+    """A local GGUF file whose header gives the tensors and their types; null: the catalog model as
+    ``llama-quantize`` would write it in ``quant``."""
+
+    quant: str = Field("Q4_K_M", min_length=1, max_length=32)
+    """The file type (llama-quantize's name: Q4_K_M, Q5_K_M, Q8_0, Q4_0, Q6_K, IQ4_XS, F16 ...) when no file
+    is given (facts/gguf.py FILE_TYPES)."""
+
+    n_gpu_layers: int = Field(-1, ge=-1, le=100_000)
+    """Layers offloaded to the GPU (-ngl), counted from the last, the output counting as one; -1: all."""
+
+    n_batch: int = Field(2048, ge=1, le=1_000_000)
+    """Logical batch (-b): tokens submitted to one decode call."""
+
+    n_ubatch: int = Field(512, ge=1, le=1_000_000)
+    """Physical micro-batch (-ub): tokens per graph evaluation; it sizes the compute buffer."""
+
+    n_parallel: int = Field(1, ge=1, le=4096)
+    """Sequences served at once (-np, n_seq_max); they share the n_ctx cells of the KV cache."""
+
+    cache_type_k: str = "f16"
+    """K cache type (-ctk): f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1."""
+
+    cache_type_v: str = "f16"
+    """V cache type (-ctv); a quantized V cache needs flash_attn."""
+
+    flash_attn: bool = False
+    """Flash attention (-fa): no n_ctx x n_ubatch x n_head score matrix in the compute buffer."""
 
 
 class Serve(_Strict):
@@ -267,8 +304,7 @@ class Serve(_Strict):
     """vLLM behaviour modelled: 0.11 is V1 of vLLM 0.10-0.11; 0.19 is vLLM 0.19 (docs/serving.md)."""
 
     engine: ServeEngine = "vllm"
-    """The serving engine whose start-up is modelled: vllm (default) or sglang; llamacpp is not modelled yet
-    (docs/serving.md)."""
+    """The serving engine whose start-up is modelled: vllm (default), sglang or llamacpp (docs/serving.md)."""
 
     sglang_version: str = "0.5.3"
     """SGLang release (engine sglang): any release from 0.4.0 to 0.5.x; one between two modelled behaviours
@@ -289,6 +325,8 @@ class Serve(_Strict):
 
     max_running_requests: int | None = Field(None, ge=1, le=1_000_000)
     """Requests SGLang runs at once (engine sglang); null means its default from the pool size."""
+    gguf: Gguf = Field(default_factory=Gguf)
+    """llama.cpp's model file and context options (engine llamacpp)."""
 
 
 class Parallel(_Strict):

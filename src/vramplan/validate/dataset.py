@@ -21,7 +21,11 @@ quantity                  what was read                                  compare
 max_memory_allocated      ``torch.cuda.max_memory_allocated()``          ``per_gpu.peak_allocated_bytes``
 max_memory_reserved       ``torch.cuda.max_memory_reserved()``           ``per_gpu.peak_reserved_bytes``
 nvidia_smi                nvidia-smi / NVML used memory                  ``per_gpu.device_used_bytes``
-kv_cache                  vLLM's KV-cache pool (``# GPU blocks``)        ``serve.kv_cache_bytes``
+kv_cache                  vLLM's KV-cache pool (``# GPU blocks``), or     ``serve.kv_cache_bytes``
+                          llama.cpp's "CUDA0 KV buffer size"
+weights_gpu               a serving engine's weights on the GPU          ``serve.weights_gpu_bytes``
+                          (llama.cpp "CUDA0 model buffer size")
+compute_buffer            llama.cpp's "CUDA0 compute buffer size"        ``serve.compute_buffer_bytes``
 peak_active               ``memory_stats()["active_bytes.all.peak"]``    ``per_gpu.peak_allocated_bytes``
 allocated_plus_non_torch  max allocated + (nvidia-smi peak - max         ``peak_allocated_bytes +
                           reserved), as optimum's GPTQ benchmark         device_used_bytes - peak_reserved_bytes``
@@ -64,11 +68,11 @@ __all__ = [
 
 Quantity = Literal[
     "max_memory_allocated", "max_memory_reserved", "nvidia_smi", "kv_cache", "peak_active",
-    "allocated_plus_non_torch", "unknown",
+    "allocated_plus_non_torch", "unknown", "weights_gpu", "compute_buffer",
 ]
 QUANTITIES: tuple[str, ...] = (
     "max_memory_allocated", "max_memory_reserved", "nvidia_smi", "kv_cache", "peak_active",
-    "allocated_plus_non_torch", "unknown",
+    "allocated_plus_non_torch", "unknown", "weights_gpu", "compute_buffer",
 )
 QUANTITY_ALIASES: dict[str, str] = {
     "peak_allocated": "max_memory_allocated",

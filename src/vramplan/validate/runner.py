@@ -58,6 +58,8 @@ COMPARED_FIELD: dict[str, str] = {
     "max_memory_reserved": "per_gpu.peak_reserved_bytes",
     "nvidia_smi": "per_gpu.device_used_bytes",
     "kv_cache": "serve.kv_cache_bytes",
+    "weights_gpu": "serve.weights_gpu_bytes",
+    "compute_buffer": "serve.compute_buffer_bytes",
     "peak_active": "per_gpu.peak_allocated_bytes",
     "allocated_plus_non_torch": "per_gpu.peak_allocated_bytes + device_used_bytes - peak_reserved_bytes",
 }
@@ -173,6 +175,10 @@ def predicted_quantity(report: Report, quantity: str) -> int:
         return pg.device_used_bytes
     if quantity == "kv_cache":
         return report.serve.kv_cache_bytes
+    if quantity == "weights_gpu":
+        return report.serve.weights_gpu_bytes or 0
+    if quantity == "compute_buffer":
+        return report.serve.compute_buffer_bytes or 0
     raise KeyError(quantity)
 
 
@@ -285,6 +291,8 @@ def _run_rule(rule: Rule, r: Resolved, entry: Entry) -> Prediction:
         return Prediction(status="not_applicable", reason=f"for {'/'.join(rule.tasks)} only")
     if entry.measured.quantity == "kv_cache":
         return Prediction(status="not_applicable", reason="a rule of thumb does not predict vLLM's KV pool")
+    if entry.measured.quantity in ("weights_gpu", "compute_buffer"):
+        return Prediction(status="not_applicable", reason="a rule of thumb does not predict one engine buffer")
     predicted = rule.predict(r)
     compared = "rule" if entry.compares_bytes else None
     return _score(entry, predicted, predicted <= r.gpu.total_memory_bytes, compared)
