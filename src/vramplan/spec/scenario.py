@@ -223,8 +223,8 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
         for table, other in ((VLLM_ONLY_OPTIONS, "vLLM"), (SGLANG_ONLY_OPTIONS, "SGLang")):
             for key in sorted(k for k in sv.model_fields_set & table.keys() if getattr(sv, k) != fields[k].default):
                 out.append((f"serve.{key}", f"is an option of {other}, not of engine llamacpp",
-                            "remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
-                            "serve.gguf need, with no budget of its own"))
+                            ("remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
+                            "serve.gguf need, with no budget of its own")))
         return out
     wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
     given = {k for k in sv.model_fields_set & wrong.keys() if getattr(sv, k) != fields[k].default}
