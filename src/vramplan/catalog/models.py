@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vramplan.errors import Problem, ScenarioError, UnknownNameError
+from vramplan.errors import Problem, ScenarioError, UnknownNameError, suggest
 from vramplan.spec.hf_config import model_from_config
 from vramplan.spec.load import MAX_PATH_CHARS, parse_text, read_bounded_text
 from vramplan.spec.model import ModelSpec
@@ -76,8 +76,10 @@ def _from_path(path: Path, where: str) -> ModelSpec:
     return model_from_config(cfg, name=str(cfg.get("_name_or_path") or file.parent.name or file.stem), where=where)
 
 
-def load_model(model: str | dict[str, Any], where: str = "model") -> ModelSpec:
-    """Resolve any accepted spelling of a model to a ``ModelSpec``."""
+def load_model(model: str | dict[str, Any], where: str = "model", offline: bool = False) -> ModelSpec:
+    """Resolve any accepted spelling of a model to a ``ModelSpec``: a catalog id or alias, a local config.json
+    (file or folder), an inline mapping, then a Hugging Face Hub id ``owner/name[@revision]`` read through the
+    Hugging Face cache (``catalog/hub.py``; ``offline``: from the cache only, as ``HF_HUB_OFFLINE=1``)."""
     if isinstance(model, dict):
         return model_from_config(model, name=str(model.get("_name_or_path", "inline")), where=where)
     by_id, index = _catalog()
@@ -95,6 +97,11 @@ def load_model(model: str | dict[str, Any], where: str = "model") -> ModelSpec:
         return _from_path(path, where)
     if model.endswith(".json") or "/" in model and model.startswith((".", "/", "~")):
         raise ScenarioError([Problem(where, f"no such file: {model}", "check the path to config.json")])
+    from vramplan.catalog.hub import HubOptions, hub_model_spec, parse_hub_id
+
+    if parse_hub_id(model) is not None:
+        # not a catalog name nor a file: owner/name is read from the Hub (the cache first)
+        return hub_model_spec(model, HubOptions(offline=offline), where, suggest(model, list(index)))
     raise UnknownNameError("model", model, list(index), where)
 
 

@@ -426,6 +426,13 @@ class Scenario(_Strict):
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
     """The job's phases around the steady training step (task train): load, evaluation, checkpoint save."""
 
+    offline: bool = Field(default=False, exclude=True)
+    """Resolve a Hugging Face Hub id (owner/name[@revision]) from the local Hugging Face cache only, with no
+    network (as HF_HUB_OFFLINE=1 does); a catalog name or a local path never needs the network.
+
+    How the model is found, not what is estimated: left out of the report's ``scenario`` record
+    (docs/models.md)."""
+
     @field_validator("model")
     @classmethod
     def _model_not_empty(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
