@@ -227,3 +227,16 @@ def test_a_checkpoint_larger_than_the_adapter_says_so(fake_hub: fakehub.FakeHub)
     # a repository with no safetensors weights: no checkpoint record, the estimate from config.json alone
     fake_hub.add("bin/only", {"config.json": _config(), "pytorch_model.bin": b"x"})
     assert "checkpoint" not in estimate(_doc("bin/only")).model
+
+
+def test_the_traced_engine_builds_a_hub_id_from_the_cache(fake_hub: fakehub.FakeHub) -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace import estimate as trace_estimate
+
+    fake_hub.add(COPY, {"config.json": _config(), "model.safetensors": fakehub.safetensors(_tensors())})
+    doc = {**_doc(COPY), "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 8}}
+    hub = trace_estimate(doc)
+    seen = len(fake_hub.requests)
+    catalog = trace_estimate({**doc, "model": BASE})
+    assert hub.per_gpu == catalog.per_gpu and hub.model["checkpoint"]["parameters"] == PARAMS
+    assert len(fake_hub.requests) == seen

@@ -105,6 +105,33 @@ def load_model(model: str | dict[str, Any], where: str = "model", offline: bool 
     raise UnknownNameError("model", model, list(index), where)
 
 
+def model_config(model: str | dict[str, Any], offline: bool = False, where: str = "model") -> dict[str, Any]:
+    """The config.json mapping behind any spelling ``load_model`` accepts (a copy): the catalog row's, a local
+    file's, an inline mapping, or a Hub id's as the Hugging Face cache holds it (``catalog/hub.py``)."""
+    import copy
+
+    if isinstance(model, dict):
+        return copy.deepcopy(model)
+    by_id, index = _catalog()
+    key = index.get(_norm(model))
+    if key is not None:
+        return copy.deepcopy(by_id[key].config)
+    from vramplan.catalog.hub import HubOptions, fetch_hub_model, parse_hub_id
+
+    path = Path(model).expanduser()
+    try:
+        exists = len(model) <= MAX_PATH_CHARS and path.exists()
+    except OSError:
+        exists = False
+    if not exists and parse_hub_id(model) is not None:
+        return copy.deepcopy(fetch_hub_model(model, HubOptions(offline=offline)).config)
+    file = path / "config.json" if path.is_dir() else path
+    cfg = parse_text(read_bounded_text(file, where), ".json", where, str(file))
+    if not isinstance(cfg, dict):
+        raise ScenarioError([Problem(where, f"{file} is not a JSON object", "give a valid config.json")])
+    return cfg
+
+
 def _with_source(spec: ModelSpec, source: str) -> ModelSpec:
     from dataclasses import replace
 

@@ -396,7 +396,8 @@ class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
 
     model: str | dict[str, Any]
-    """Catalog id or alias, a path to a config.json or its folder, or an inline config mapping."""
+    """Catalog id or alias, a path to a config.json or its folder, an inline config mapping, or a Hugging Face
+    Hub id owner/name[@revision] (read into the Hugging Face cache; docs/models.md)."""
 
     task: Task = "train"
     """What runs: a training step, Hugging Face generate, or a vLLM engine."""
