@@ -240,3 +240,19 @@ def test_the_traced_engine_builds_a_hub_id_from_the_cache(fake_hub: fakehub.Fake
     catalog = trace_estimate({**doc, "model": BASE})
     assert hub.per_gpu == catalog.per_gpu and hub.model["checkpoint"]["parameters"] == PARAMS
     assert len(fake_hub.requests) == seen
+
+
+def test_offline_with_the_config_cached_but_not_the_headers_says_so(fake_hub: fakehub.FakeHub,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_hub.add(COPY, {"config.json": _config(), "model.safetensors": fakehub.safetensors(_tensors())})
+    online = estimate(_doc(COPY))
+    commit = fake_hub.repos[COPY].commit
+    summary = Path(os.environ["HF_HOME"]) / "vramplan" / "safetensors" / "models--someone--qwen-copy" / f"{commit}.json"
+    summary.unlink()
+    seen = len(fake_hub.requests)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = estimate(_doc(COPY))
+    assert len(fake_hub.requests) == seen and "checkpoint" not in r.model
+    assert r.per_gpu == online.per_gpu
+    assert any(a.startswith("checkpoint: the safetensors headers of someone/qwen-copy") and "not cached" in a
+               for a in r.assumptions)

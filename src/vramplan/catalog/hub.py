@@ -131,8 +131,9 @@ def _token_hint() -> str:
 def _offline_problem(repo: str, revision: str, filename: str, opts: HubOptions, close: Iterable[str]) -> ScenarioError:
     near = list(close)
     did = f"did you mean {', '.join(repr(c) for c in near)} (catalog)? Else " if near else ""
-    return _problem(f"{repo}{'' if revision == 'main' else '@' + revision}: {filename} is not in the Hugging Face "
-                    f"cache {opts.cache_dir} and the network is off (HF_HUB_OFFLINE=1 or --offline)",
+    name = repo if revision == "main" else f"{repo}@{revision}"
+    return _problem(f"unknown model {name!r}: not in the catalog, and its {filename} is not in the Hugging Face "
+                    f"cache {opts.cache_dir} while the network is off (HF_HUB_OFFLINE=1 or --offline)",
                     f"{did}run once online (without --offline and HF_HUB_OFFLINE), or `hf download {repo} {filename}`, "
                     "or give the path of a local config.json")
 
@@ -155,7 +156,8 @@ def _map_error(exc: BaseException, repo: str, revision: str, filename: str, opts
                         _token_hint())
     if isinstance(exc, RepositoryNotFoundError):
         return _problem(f"no repository {repo} on {opts.endpoint} (or it is private or gated, and a token is needed)",
-                        f"check the id; for a private or gated one, {_token_hint()}")
+                        f"check the id (or the path, if a local folder was meant); for a private or gated one, "
+                        f"{_token_hint()}")
     if isinstance(exc, RevisionNotFoundError):
         return _problem(f"{repo} has no revision {revision!r}", "give a branch, tag or commit of the repository")
     if isinstance(exc, RemoteEntryNotFoundError):
@@ -469,25 +471,25 @@ def hub_model_spec(name: str, options: HubOptions | None = None, where: str = "m
 
     hub = fetch_hub_model(name, options, close)
     spec = model_from_config(hub.config, name=hub.repo_id, where=where)
-    return replace(spec, source=hub.source, checkpoint_files=hub.checkpoint, notes=(*spec.notes, *hub.notes))
+    return replace(spec, source=hub.source, checkpoint_files=hub.checkpoint, source_notes=hub.notes)
 
 
 def checkpoint_notes(m: ModelSpec) -> list[str]:
-    """The checkpoint's parameter count against the adapter's, as the report's assumptions: more than 1% apart,
-    the difference is named instead of dropped silently.  A pre-quantized checkpoint packs several values in
-    one stored element (GPTQ's int32, bitsandbytes' uint8), so its element count is not compared."""
-    c = m.checkpoint_files
+    """What reading a Hub id's files could not establish, and the checkpoint's parameter count against the
+    adapter's, as the report's assumptions: more than 1% apart, the difference is named instead of dropped
+    silently.  A pre-quantized checkpoint packs several values in one stored element (GPTQ's int32,
+    bitsandbytes' uint8), so its element count is not compared."""
+    notes, c = list(m.source_notes), m.checkpoint_files
     if c is None or m.checkpoint_quant is not None or m.checkpoint_quantization is not None:
-        return []
+        return notes
     modelled = m.num_parameters
     diff = c.parameters - modelled
-    if abs(diff) * 100 <= modelled:
-        return []
     share = diff / modelled
-    if diff > 0:
-        return [(f"not modelled: the checkpoint holds {c.parameters:,} parameters (its safetensors headers) and the "
-                f"{m.model_type} adapter models {modelled:,} ({share:+.1%}): the tensors it does not model (a vision "
-                "tower, a projector, multi-token-prediction layers, ...) are not in the estimate")]
-    return [(f"checkpoint: the safetensors headers hold {c.parameters:,} parameters, {-share:.1%} fewer than the "
-            f"{m.model_type} adapter's {modelled:,}; the estimate uses the adapter's count")]
-
+    if diff * 100 > modelled:
+        notes.append(f"not modelled: the checkpoint holds {c.parameters:,} parameters (its safetensors headers) and "
+                     f"the {m.model_type} adapter models {modelled:,} ({share:+.1%}): the tensors it does not model (a "
+                     "vision tower, a projector, multi-token-prediction layers, ...) are not in the estimate")
+    elif -diff * 100 > modelled:
+        notes.append(f"checkpoint: the safetensors headers hold {c.parameters:,} parameters, {-share:.1%} fewer than "
+                     f"the {m.model_type} adapter's {modelled:,}; the estimate uses the adapter's count")
+    return notes

@@ -234,6 +234,9 @@ class ModelSpec:
     traits: Traits = Traits()
     # the checkpoint's safetensors headers, read for a Hub id (catalog/hub.py); None: not read
     checkpoint_files: CheckpointFiles | None = None
+    # what reading a Hub id's files could not establish (its headers not cached while offline), for the
+    # report's assumptions (catalog/hub.py checkpoint_notes)
+    source_notes: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
