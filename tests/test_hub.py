@@ -5,6 +5,7 @@ lifts it for a server on 127.0.0.1)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import fakehub
@@ -256,3 +259,38 @@ def test_offline_with_the_config_cached_but_not_the_headers_says_so(fake_hub: fa
     assert r.per_gpu == online.per_gpu
     assert any(a.startswith("checkpoint: the safetensors headers of someone/qwen-copy") and "not cached" in a
                for a in r.assumptions)
+
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=8),
+                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                         max_size=4), max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), _json_values | st.fixed_dictionaries(
+    {"dtype": st.sampled_from(["BF16", "F32", "U8", "F4", "X9"]), "shape": st.lists(st.integers(0, 64), max_size=3),
+     "data_offsets": st.lists(st.integers(0, 10**6), min_size=2, max_size=2)}), max_size=6))
+def test_any_safetensors_header_is_summed_or_refused(header: dict[str, Any]) -> None:
+    """Whatever JSON a header holds: a ScenarioError, or sums that agree with its entries."""
+    from vramplan.catalog.hub import _tensor_sums
+
+    try:
+        tensors, elements, by_dtype = _tensor_sums(header, "o/n", "model.safetensors")
+    except ScenarioError:
+        return
+    entries = [v for k, v in header.items() if k != "__metadata__"]
+    assert tensors == len(entries)
+    assert sum(by_dtype.values()) == sum(v["data_offsets"][1] - v["data_offsets"][0] for v in entries)
+    assert elements == sum(math.prod(v["shape"]) for v in entries)
+
+
+@given(st.text(max_size=60))
+def test_hub_ids_are_owner_slash_name(name: str) -> None:
+    from vramplan.catalog.hub import parse_hub_id
+
+    parsed = parse_hub_id(name)
+    if parsed is not None:
+        repo, revision = parsed
+        owner, _, rest = repo.partition("/")
+        assert owner and rest and "/" not in rest and ".." not in repo and revision
+        assert name.strip() in (repo, f"{repo}@{revision}")

@@ -203,7 +203,7 @@ def _download(repo: str, revision: str, filename: str, opts: HubOptions, max_byt
                                     timeout=opts.timeout_s, endpoint=opts.endpoint)
         if meta.size is not None and meta.size > max_bytes:
             raise _problem(f"{repo}: {filename} is {meta.size:,} bytes, more than the {max_bytes:,} read",
-                           "a config.json is a few kilobytes; check the repository")
+                           "check the repository (a config.json is a few kilobytes)")
         return hf_hub_download(repo, filename, revision=revision, cache_dir=opts.cache_dir, endpoint=opts.endpoint,
                                etag_timeout=opts.timeout_s)
     except RemoteEntryNotFoundError as exc:
@@ -331,7 +331,7 @@ def _header(repo: str, commit: str, filename: str, opts: HubOptions) -> dict[str
     body = first[8:8 + n]
     if len(body) < n:
         status, rest = _range(url, headers, 8 + len(body), 8 + n - 1, opts)
-        if status >= 400:
+        if status >= 400 and status != 416:  # 416: the file ends before the header does (cut short, below)
             raise _header_status_problem(status, repo, filename, url)
         body += rest
     if len(body) < n:
