@@ -294,3 +294,15 @@ def test_hub_ids_are_owner_slash_name(name: str) -> None:
         owner, _, rest = repo.partition("/")
         assert owner and rest and "/" not in rest and ".." not in repo and revision
         assert name.strip() in (repo, f"{repo}@{revision}")
+
+
+def test_a_catalog_estimate_never_imports_huggingface_hub() -> None:
+    """The catalog answers without the Hub client: huggingface_hub is imported only for a Hub id."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from vramplan import estimate; "
+            "estimate({'model': 'llama-2-7b', 'hardware': {'gpu': 'A100-80GB'}}); "
+            "assert 'huggingface_hub' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1],
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
