@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -23,6 +24,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# the records never depend on the network or on this machine's Hugging Face cache: a Hub id outside the
+# catalog (two published.yaml entries) resolves offline against an empty cache at a fixed path, so its error
+# reads the same on every run (catalog/hub.py reads these at each call)
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = os.path.join(tempfile.gettempdir(), "vramplan-identity-empty-hf-home")
+os.environ.pop("HF_HUB_CACHE", None)
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from check_replay_identity import compare  # the sibling script, found through the path above
 

@@ -335,50 +335,38 @@ def test_missing_extra_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch) -
     assert "pip install 'vramplan[web]'" in res.stderr
 
 
-def test_hub_ids_only_when_the_server_allows_them(tmp_path: Path) -> None:
-    """A local HTTP server stands in for the Hub (no network in tests): ``/{id}/resolve/main/config.json``."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+def test_hub_ids_only_when_the_server_allows_them(fake_hub: Any) -> None:
+    """The fake Hub (tests/fakehub.py, no network) at HF_ENDPOINT: a Hub id is estimated only by a server started
+    with --allow-hub, through the library's resolver (catalog/hub.py) and the Hugging Face cache."""
     from vramplan.catalog.models import list_models
 
     (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
-    seen: list[str] = []
-
-    class Hub(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.path)
-            code, body = {"/someone/llama-copy/resolve/main/config.json": (200, json.dumps(m.config).encode()),
-                          "/someone/gated/resolve/main/config.json": (403, b"")}.get(self.path, (404, b""))
-            self.send_response(code)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        doc = {"model": "someone/llama-copy", "hardware": {"gpu": "H100"}}
-        off = TestClient(create_app(WebSettings(hub_url=url)))
-        assert off.post("/api/estimate", json=doc).status_code == 422 and seen == []
-        on = TestClient(create_app(WebSettings(allow_hub=True, hub_url=url)))
-        assert on.get("/healthz").json()["hub"] is True
-        r = on.post("/api/estimate", json=doc)
-        assert r.status_code == 200
-        assert r.json()["model"]["name"] == "someone/llama-copy"
-        same = on.post("/api/estimate", json={**doc, "model": m.id}).json()
-        assert r.json()["per_gpu"] == same["per_gpu"]
-        gated = on.post("/api/estimate", json={**doc, "model": "someone/gated"})
-        assert gated.status_code == 422 and "gated or private" in gated.json()["detail"][0]["message"]
-        assert on.post("/api/estimate", json={**doc, "model": "someone/missing"}).json()["detail"][0]["where"] == "model"
-        # a path is still no Hub id
-        assert on.post("/api/estimate", json={**doc, "model": "../etc/passwd"}).status_code == 422
-        assert all(p.endswith("/resolve/main/config.json") for p in seen)
-    finally:
-        srv.shutdown()
+    fake_hub.add("someone/llama-copy", {"config.json": m.config})
+    fake_hub.add("someone/gated", {"config.json": m.config}, gated_token="hf_serverless0123")
+    fake_hub.add("someone/huge", {"config.json": {**m.config, "num_hidden_layers": 5000}})
+    doc = {"model": "someone/llama-copy", "hardware": {"gpu": "H100"}}
+    off = TestClient(create_app(WebSettings()))
+    refused = off.post("/api/estimate", json=doc)
+    assert refused.status_code == 422 and fake_hub.requests == []
+    assert "--allow-hub" in refused.json()["detail"][0]["hint"]
+    on = TestClient(create_app(WebSettings(allow_hub=True)))
+    assert on.get("/healthz").json()["hub"] is True
+    r = on.post("/api/estimate", json=doc)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"]["name"] == "someone/llama-copy"
+    same = on.post("/api/estimate", json={**doc, "model": m.id}).json()
+    assert r.json()["per_gpu"] == same["per_gpu"]
+    gated = on.post("/api/estimate", json={**doc, "model": "someone/gated"})
+    assert gated.status_code == 422 and "token" in gated.json()["detail"][0]["message"]
+    assert on.post("/api/estimate", json={**doc, "model": "someone/missing"}).json()["detail"][0]["where"] == "model"
+    # the server's size limits apply to a Hub config as to an uploaded one
+    huge = on.post("/api/estimate", json={**doc, "model": "someone/huge"})
+    assert huge.status_code == 422 and "num_hidden_layers" in huge.json()["detail"][0]["where"]
+    # a path is still no Hub id, and the kv route reads the Hub id the same way
+    assert on.post("/api/estimate", json={**doc, "model": "../etc/passwd"}).status_code == 422
+    kv = on.post("/api/kv", json={"model": "someone/llama-copy", "seq": [1024], "batch": [1]})
+    assert kv.status_code == 200 and kv.json()["model"] == "someone/llama-copy"
+    assert all("/resolve/" in path for _, path, _ in fake_hub.requests)
 
 
 def test_serve_accepts_the_sglang_engine(client: TestClient) -> None:

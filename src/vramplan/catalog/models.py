@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vramplan.errors import Problem, ScenarioError, UnknownNameError
+from vramplan.errors import Problem, ScenarioError, UnknownNameError, suggest
 from vramplan.spec.hf_config import model_from_config
 from vramplan.spec.load import MAX_PATH_CHARS, parse_text, read_bounded_text
 from vramplan.spec.model import ModelSpec
@@ -76,8 +76,10 @@ def _from_path(path: Path, where: str) -> ModelSpec:
     return model_from_config(cfg, name=str(cfg.get("_name_or_path") or file.parent.name or file.stem), where=where)
 
 
-def load_model(model: str | dict[str, Any], where: str = "model") -> ModelSpec:
-    """Resolve any accepted spelling of a model to a ``ModelSpec``."""
+def load_model(model: str | dict[str, Any], where: str = "model", offline: bool = False) -> ModelSpec:
+    """Resolve any accepted spelling of a model to a ``ModelSpec``: a catalog id or alias, a local config.json
+    (file or folder), an inline mapping, then a Hugging Face Hub id ``owner/name[@revision]`` read through the
+    Hugging Face cache (``catalog/hub.py``; ``offline``: from the cache only, as ``HF_HUB_OFFLINE=1``)."""
     if isinstance(model, dict):
         return model_from_config(model, name=str(model.get("_name_or_path", "inline")), where=where)
     by_id, index = _catalog()
@@ -95,7 +97,39 @@ def load_model(model: str | dict[str, Any], where: str = "model") -> ModelSpec:
         return _from_path(path, where)
     if model.endswith(".json") or "/" in model and model.startswith((".", "/", "~")):
         raise ScenarioError([Problem(where, f"no such file: {model}", "check the path to config.json")])
+    from vramplan.catalog.hub import HubOptions, hub_model_spec, parse_hub_id
+
+    if parse_hub_id(model) is not None:
+        # not a catalog name nor a file: owner/name is read from the Hub (the cache first)
+        return hub_model_spec(model, HubOptions(offline=offline), where, suggest(model, list(index)))
     raise UnknownNameError("model", model, list(index), where)
+
+
+def model_config(model: str | dict[str, Any], offline: bool = False, where: str = "model") -> dict[str, Any]:
+    """The config.json mapping behind any spelling ``load_model`` accepts (a copy): the catalog row's, a local
+    file's, an inline mapping, or a Hub id's as the Hugging Face cache holds it (``catalog/hub.py``)."""
+    import copy
+
+    if isinstance(model, dict):
+        return copy.deepcopy(model)
+    by_id, index = _catalog()
+    key = index.get(_norm(model))
+    if key is not None:
+        return copy.deepcopy(by_id[key].config)
+    from vramplan.catalog.hub import HubOptions, fetch_hub_model, parse_hub_id
+
+    path = Path(model).expanduser()
+    try:
+        exists = len(model) <= MAX_PATH_CHARS and path.exists()
+    except OSError:
+        exists = False
+    if not exists and parse_hub_id(model) is not None:
+        return copy.deepcopy(fetch_hub_model(model, HubOptions(offline=offline)).config)
+    file = path / "config.json" if path.is_dir() else path
+    cfg = parse_text(read_bounded_text(file, where), ".json", where, str(file))
+    if not isinstance(cfg, dict):
+        raise ScenarioError([Problem(where, f"{file} is not a JSON object", "give a valid config.json")])
+    return cfg
 
 
 def _with_source(spec: ModelSpec, source: str) -> ModelSpec:

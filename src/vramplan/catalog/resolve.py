@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vramplan.catalog.gpus import resolve_gpu
+from vramplan.catalog.hub import checkpoint_notes
 from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.checks import capability_problems, contradictions
@@ -49,7 +50,7 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
     model: ModelSpec | None = None
     gpu: GpuSpec | None = None
     try:
-        model = load_model(scenario.model)
+        model = load_model(scenario.model, offline=scenario.offline)
     except ScenarioError as exc:
         problems.extend(exc.problems)
     hw = scenario.hardware
@@ -70,6 +71,7 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
     notes: list[str] = []
     if model is not None:
         scenario, notes, quant_problems = checkpoint_quantization_for(scenario, model)
+        notes += checkpoint_notes(model)
         notes += quant_format_assumptions(scenario, model, gpu.compute_capability if gpu is not None else "")
         notes += unmodelled_inputs(scenario, model)
         problems.extend(quant_problems)
@@ -88,7 +90,7 @@ def _name_problems(raw: dict[str, Any]) -> list[Problem]:
     model = raw.get("model")
     if isinstance(model, (str, dict)) and model:
         try:
-            load_model(model)
+            load_model(model, offline=raw.get("offline") is True)
         except ScenarioError as exc:
             out.extend(exc.problems)
     hw = raw.get("hardware")

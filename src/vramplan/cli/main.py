@@ -48,8 +48,17 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(version: Annotated[bool, Opt("--version", callback=_print_version, is_eager=True,
-                                       help="print the version and exit")] = False) -> None:
+                                       help="print the version and exit")] = False,
+          token: Annotated[str | None, Opt("--token", help="Hugging Face token for a gated or private Hub id "
+                                           "(sets HF_TOKEN for this run; never printed; docs/models.md)")] = None,
+          ) -> None:
     """Per-GPU memory for LLM training, inference and serving: estimate before you launch."""
+    if token:
+        import os
+
+        # huggingface_hub reads HF_TOKEN at each request (utils/_auth.py get_token); the scenario never holds it,
+        # so no report or error shows it
+        os.environ["HF_TOKEN"] = token
 
 
 

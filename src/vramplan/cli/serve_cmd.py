@@ -88,7 +88,7 @@ def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[s
 # ---------------------------------------------------------------------------- serve
 
 
-SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "serve"],
+SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "serve", "offline"],
                              notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."},
                              renamed={"serve.engine": "engine"})
 
@@ -541,7 +541,8 @@ def _plot_sim(path: Path, name: str, results: list[Any]) -> None:
 # ---------------------------------------------------------------------------- generate
 
 
-GENERATE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "inference"])
+GENERATE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "inference",
+                                 "offline"])
 
 
 @scenario_options(GENERATE_FLAGS)

@@ -20,7 +20,7 @@ from vramplan.spec.checks import number_problems
 Opt = typer.Option
 
 # The traced engine runs the installed libraries, so the software versions are not offered.
-TRACE_FLAGS = scenario_flags(["model", "task", "framework", "hardware", "train", "inference", "parallel"])
+TRACE_FLAGS = scenario_flags(["model", "task", "framework", "hardware", "train", "inference", "parallel", "offline"])
 
 
 def register(app: typer.Typer) -> None:

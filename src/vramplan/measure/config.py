@@ -12,7 +12,6 @@ No torch here: shrinking and config lookup are plain dict work.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,23 +40,15 @@ def raw_config(model: str | Mapping[str, Any], where: str = "model") -> dict[str
     """The Hugging Face ``config.json`` mapping behind a model name, path or inline mapping.
 
     Resolution follows ``vramplan.catalog.load_model``: a catalog id or alias first, then a
-    path to a ``config.json`` (or its folder), then an inline mapping.
+    path to a ``config.json`` (or its folder), then an inline mapping, then a Hugging Face Hub id.
     """
-    from vramplan.catalog import list_models, load_model
+    from vramplan.catalog.models import load_model, model_config
 
     if isinstance(model, Mapping):
         return copy.deepcopy(dict(model))
-    spec = load_model(model, where=where)  # raises the usual UnknownNameError with suggestions
-    if spec.source:
-        for entry in list_models():
-            if entry.id == spec.name:
-                return copy.deepcopy(entry.config)
-    path = Path(model).expanduser()
-    file = path / "config.json" if path.is_dir() else path
-    data = json.loads(file.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):  # load_model already checked this; kept for the type checker
-        raise ScenarioError([Problem(where, f"{file} is not a JSON object", "give a valid config.json")])
-    return data
+    load_model(model, where=where)  # raises the usual UnknownNameError with suggestions
+    # a catalog row's config, a local file's, or a Hub id's from the Hugging Face cache load_model filled
+    return model_config(model, where=where)
 
 
 def _text_part(cfg: dict[str, Any]) -> dict[str, Any]:

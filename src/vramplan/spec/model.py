@@ -19,7 +19,7 @@ is one GPU's index inside it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Role = Literal["embedding", "position", "linear", "expert", "router", "norm", "bias", "lm_head", "other"]
 TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
@@ -79,6 +79,31 @@ class ParamGroup:
     def decays(self) -> bool:
         """Hugging Face's Trainer applies weight decay to all but biases and norm weights."""
         return self.role not in ("norm", "bias")
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """A checkpoint's tensors as its safetensors headers list them (``catalog/hub.py`` reads them).
+
+    A safetensors file starts with an 8-byte little-endian header length and a JSON header naming each
+    tensor's ``dtype``, ``shape`` and ``data_offsets`` (the safetensors format,
+    https://huggingface.co/docs/safetensors/index#format): ``parameters`` is the sum of the shapes'
+    products, ``weight_bytes`` the sum of ``end - begin`` of the data offsets (exact for every dtype,
+    packed 4-bit ones included).  ``source``: which files, at which commit.
+    """
+
+    files: int
+    tensors: int
+    parameters: int
+    weight_bytes: int
+    bytes_by_dtype: tuple[tuple[str, int], ...]
+    source: str
+
+    def summary(self) -> dict[str, Any]:
+        """The report's ``model.checkpoint`` record."""
+        return {"files": self.files, "tensors": self.tensors, "parameters": self.parameters,
+                "weight_bytes": self.weight_bytes, "bytes_by_dtype": dict(self.bytes_by_dtype),
+                "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -207,6 +232,11 @@ class ModelSpec:
     source: str = ""
     notes: tuple[str, ...] = field(default=())
     traits: Traits = Traits()
+    # the checkpoint's safetensors headers, read for a Hub id (catalog/hub.py); None: not read
+    checkpoint_files: CheckpointFiles | None = None
+    # what reading a Hub id's files could not establish (its headers not cached while offline), for the
+    # report's assumptions (catalog/hub.py checkpoint_notes)
+    source_notes: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -233,10 +263,14 @@ class ModelSpec:
         expert = sum(p.total for p in self.params if p.role == "expert")
         return self.num_parameters - expert + expert * self.moe.top_k // self.moe.num_experts
 
-    def summary(self) -> dict[str, str | int]:
-        """The report's ``model`` block: what was modelled, with its source."""
-        return {"name": self.name, "model_type": self.model_type, "parameters": self.num_parameters,
-                "active_parameters": self.num_active_parameters, "source": self.source}
+    def summary(self) -> dict[str, Any]:
+        """The report's ``model`` block: what was modelled, with its source (and the checkpoint's tensors
+        when its safetensors headers were read)."""
+        out: dict[str, Any] = {"name": self.name, "model_type": self.model_type, "parameters": self.num_parameters,
+                               "active_parameters": self.num_active_parameters, "source": self.source}
+        if self.checkpoint_files is not None:
+            out["checkpoint"] = self.checkpoint_files.summary()
+        return out
 
     def layer_params(self, index: int) -> int:
         return sum(p.numel * _per_layer_count(p) for p in self.params if index in p.layer_span)

@@ -501,7 +501,8 @@ class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
 
     model: str | dict[str, Any]
-    """Catalog id or alias, a path to a config.json or its folder, or an inline config mapping."""
+    """Catalog id or alias, a path to a config.json or its folder, an inline config mapping, or a Hugging Face
+    Hub id owner/name[@revision] (read into the Hugging Face cache; docs/models.md)."""
 
     task: Task = "train"
     """What runs: a training step, Hugging Face generate, or a vLLM engine."""
@@ -530,6 +531,13 @@ class Scenario(_Strict):
 
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
     """The job's phases around the steady training step (task train): load, evaluation, checkpoint save."""
+
+    offline: bool = Field(default=False, exclude=True)
+    """Resolve a Hugging Face Hub id (owner/name[@revision]) from the local Hugging Face cache only, with no
+    network (as HF_HUB_OFFLINE=1 does); a catalog name or a local path never needs the network.
+
+    How the model is found, not what is estimated: left out of the report's ``scenario`` record
+    (docs/models.md)."""
 
     @field_validator("model")
     @classmethod

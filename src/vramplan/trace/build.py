@@ -11,14 +11,11 @@ are re-tied by transformers' ``post_init``.  Adapters come from peft's ``get_pef
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
-import json
 import logging
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -37,23 +34,12 @@ _DROP_KEYS = ("quantization_config", "auto_map", "_name_or_path", "transformers_
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def raw_config(model: str | dict[str, Any]) -> dict[str, Any]:
-    """The config.json mapping of a catalog id/alias, a local path or an inline mapping."""
-    if isinstance(model, dict):
-        return copy.deepcopy(model)
-    from vramplan.catalog.models import list_models
+def raw_config(model: str | dict[str, Any], offline: bool = False) -> dict[str, Any]:
+    """The config.json mapping of a catalog id/alias, a local path, an inline mapping or a Hub id (read from
+    the Hugging Face cache, where resolving the scenario put it: ``catalog.models.model_config``)."""
+    from vramplan.catalog.models import model_config
 
-    key = model.strip().lower()
-    for m in list_models():
-        names = {m.id.lower(), m.id.split("/")[-1].lower(), *(a.lower() for a in m.aliases)}
-        if key in names:
-            return copy.deepcopy(m.config)
-    path = Path(model).expanduser()
-    file = path / "config.json" if path.is_dir() else path
-    data = json.loads(file.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):  # pragma: no cover - load_model validated it already
-        raise ScenarioError([Problem("model", f"{file} is not a JSON object", "give a valid config.json")])
-    return data
+    return model_config(model, offline=offline)
 
 
 @dataclass(frozen=True)
@@ -114,7 +100,7 @@ def _hf_config(r: Resolved, attention: str) -> Any:
 
     # the transformers classes that build the family (its adapter names them), without the null keys
     # their configuration class rejects; r.model was built from this config, so its family is known
-    cfg = transformers_config(raw_config(r.scenario.model))
+    cfg = transformers_config(raw_config(r.scenario.model, r.scenario.offline))
     for k in _DROP_KEYS:
         cfg.pop(k, None)
     with warnings.catch_warnings():

@@ -317,7 +317,9 @@ def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rul
             "outcome": entry.outcome, "not_compared": entry.not_compared, "motivated": list(entry.motivated),
             "motivation": "motivated" if entry.motivated else "not motivated"}
     try:
-        r = resolve(entry.scenario)
+        # a dataset is scored the same on every machine: a Hub id outside the catalog is read from the Hugging
+        # Face cache only, never from the network (catalog/hub.py)
+        r = resolve({**entry.scenario, "offline": True})
     except VramplanError as exc:
         return EntryResult(**base, status="skipped", skip_reason=_first_line(exc))
     preds: dict[str, Prediction] = {name: _run_engine(fn, r, entry, bands) for name, fn in engines.items()}

@@ -38,14 +38,15 @@ class WebSettings:
     ``max_compare``: setups one compare request may hold.  ``max_plan_counts``: GPU counts one plan
     request may search (a request abandoned at the time limit still runs to its end in its thread, so
     the search's size is bounded up front).  ``allow_hub``: a model may be a Hub id not in the catalog,
-    whose config.json is read from ``hub_url`` (``web/hub.py``; off unless ``vramplan web --allow-hub``)."""
+    whose config.json and safetensors headers are read from ``hub_url`` (empty: ``HF_ENDPOINT``, else
+    huggingface.co) into the Hugging Face cache (``catalog/hub.py``; off unless ``vramplan web --allow-hub``)."""
 
     max_body_bytes: int = 1 << 20
     time_limit_s: float = 20.0
     max_compare: int = 4
     max_plan_counts: int = 32
     allow_hub: bool = False
-    hub_url: str = "https://huggingface.co"
+    hub_url: str = ""
 
     @classmethod
     def from_env(cls) -> WebSettings:

@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vramplan.catalog.hub import HubOptions, fetch_hub_model, parse_hub_id
 from vramplan.catalog.models import list_models
-from vramplan.errors import Problem, ScenarioError, UnknownNameError
-from vramplan.web.hub import HUB_ID, HubSource, fetch_config
+from vramplan.errors import Problem, ScenarioError, UnknownNameError, suggest
 
 __all__ = ["SIZE_LIMITS", "KvRequest", "PlanRequest", "check_model", "check_scenario", "kv_document"]
 
@@ -49,9 +49,10 @@ def _check_sizes(cfg: dict[str, Any], where: str) -> None:
         raise ScenarioError(problems)
 
 
-def check_model(model: Any, where: str = "model", hub: HubSource | None = None) -> str | dict[str, Any]:
-    """The model to estimate: a catalog name or an inline mapping as given; with ``hub``, a Hub id not in
-    the catalog becomes its config.json.  Anything else is refused with the CLI's unknown-model message."""
+def check_model(model: Any, where: str = "model", hub: HubOptions | None = None) -> str | dict[str, Any]:
+    """The model to estimate: a catalog name or an inline mapping as given; with ``hub`` (a server started with
+    ``--allow-hub``), a Hub id not in the catalog, read into the Hugging Face cache here (``catalog/hub.py``) so
+    that the library finds it there.  Anything else is refused with the CLI's unknown-model message."""
     if isinstance(model, dict):
         _check_sizes(model, where)
         return model
@@ -61,15 +62,21 @@ def check_model(model: Any, where: str = "model", hub: HubSource | None = None) 
     names = _catalog_names()
     if model.strip().lower() in names:
         return model
-    if hub is not None and HUB_ID.match(model.strip()):
-        cfg = fetch_config(model.strip(), hub)
-        _check_sizes(cfg, where)
-        return cfg
+    if parse_hub_id(model) is not None:
+        if hub is None:
+            close = suggest(model, list(names))
+            did = f"did you mean {', '.join(repr(c) for c in close)}? Or " if close else ""
+            raise ScenarioError([Problem(where, f"{model!r} is not in the catalog, and this server reads no "
+                                         "Hugging Face Hub ids",
+                                         f"{did}upload its config.json, or start the server with "
+                                         "`vramplan web --allow-hub`")])
+        _check_sizes(fetch_hub_model(model, hub, suggest(model, list(names))).config, where)
+        return model.strip()
     # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
     raise UnknownNameError("model", model, list(names), where)
 
 
-def check_scenario(doc: Any, hub: HubSource | None = None) -> dict[str, Any]:
+def check_scenario(doc: Any, hub: HubOptions | None = None) -> dict[str, Any]:
     """The scenario document of a request body, its model checked (and read from the Hub with ``hub``)."""
     if not isinstance(doc, dict):
         raise ScenarioError([Problem("scenario", "the body must be a JSON object (a scenario document)",

@@ -16,9 +16,9 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 
+from vramplan.catalog.hub import HubOptions
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.web.common import WebSettings, dumps, problems_json, pydantic_problems, zip_files
-from vramplan.web.hub import HubSource
 from vramplan.web.requests import KvRequest, PlanRequest, check_model, check_scenario, kv_document
 
 _Req = TypeVar("_Req", KvRequest, PlanRequest)
@@ -97,7 +97,8 @@ def build_app(settings: WebSettings) -> FastAPI:
         msg = f"the computation took longer than {settings.time_limit_s:g} s"
         return _json({"detail": [{"where": "", "message": msg, "hint": "ask for a smaller search", "text": msg}]}, 503)
 
-    hub = HubSource(url=settings.hub_url) if settings.allow_hub else None
+    # the Hub's address: the server's setting, else HF_ENDPOINT, else huggingface.co (catalog/hub.py)
+    hub = HubOptions(endpoint=settings.hub_url) if settings.allow_hub else None
 
     async def scenario_of(request: Request) -> dict[str, Any]:
         doc = await _body(request, settings.max_body_bytes)
