@@ -29,7 +29,7 @@ from vramplan.facts.optimizers import (
     runs_as,
 )
 from vramplan.spec.model import ModelSpec, ParamGroup
-from vramplan.errors import ScenarioError
+from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.scenario import Peft
 from vramplan.units import DTYPE_BITS, ceil_div
 
@@ -267,9 +267,9 @@ def optimizer_cost_for(m: ModelSpec, rp: RankParams, *, peft: Peft | None, optim
     """
     f = optimizer_facts(runs_as(optimizer, framework))
     if f.subset is not None and f.subset.params == "hidden_matrices" and peft is not None:
-        raise ScenarioError(f"train.optimizer: {optimizer} updates the model's hidden matrices; with "
-                            f"train.peft the trainable parameters are adapters (not modelled). "
-                            f"Use full fine-tuning or another optimizer")
+        raise ScenarioError([Problem("train.optimizer", f"{optimizer} updates the model's hidden matrices; with "
+                                     "train.peft the trainable parameters are adapters (not modelled)",
+                                     "use full fine-tuning, or another optimizer with train.peft")])
     small = 0
     if f.small_tensors is not None and peft is None:
         small = sum(p.total for p in m.params if p.numel < f.small_tensors.below_elements)
