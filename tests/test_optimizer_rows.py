@@ -189,7 +189,7 @@ def test_trace_layouts_follow_the_rows() -> None:
     apollo = states("apollo")
     assert apollo["proj.weight.exp_avg"].shape == (256, 1) and apollo["proj.weight.ortho_matrix"].shape == (1, 64)
     mini = states("adam-mini")
-    assert set(k for k in mini if k.startswith("proj.")) == {"proj.weight.m"}
+    assert {k for k in mini if k.startswith("proj.")} == {"proj.weight.m"}
     assert {"embed.weight.m", "embed.weight.v"} <= set(mini)
     four = states("adamw-4bit")
     # 16,384 values: 8,192 packed bytes and 16,384 / 128 = 128 fp32 scales per moment; the norm (64 < 4,096)

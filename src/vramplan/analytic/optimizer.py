@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from vramplan.analytic.layout import RankParams, split_on_rank
+from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.optimizers import (
     BNB_BLOCK,
     BNB_MIN_8BIT_SIZE,
@@ -29,7 +30,6 @@ from vramplan.facts.optimizers import (
     runs_as,
 )
 from vramplan.spec.model import ModelSpec, ParamGroup
-from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.scenario import Peft
 from vramplan.units import DTYPE_BITS, ceil_div
 

@@ -256,7 +256,7 @@ _BNB_SMALL = SmallTensorRule(below_elements=BNB_MIN_8BIT_SIZE, dtype="fp32")
 # torchao's low-bit AdamW (torchao/optim/adam.py, _AdamBase._new_buffer): tensors of at least 4096 values
 # (and a multiple of the block size) get the quantized subclass, smaller ones ``torch.zeros_like(p)``
 _TORCHAO_SMALL = SmallTensorRule(below_elements=BNB_MIN_8BIT_SIZE, dtype=None)
-_TORCHAO_SRC = ("torchao/optim/adam.py: _AdamBase._new_buffer, single_param_adam (torchao 0.13-0.15); "
+_TORCHAO_SRC = ("pytorch/ao torchao/optim/adam.py: _AdamBase._new_buffer, single_param_adam (commit 0372e5ff); "
                 "torchao/optim/subclass_{}.py: OptimState{}.zeros")
 # The Trainer's GaLore and APOLLO target the attention and MLP linears (transformers' docs examples,
 # optim_target_modules=["attn", "mlp"]; GaLore's torchrun_main.py uses the same two names)
@@ -345,8 +345,8 @@ OPTIMIZERS: tuple[OptimizerFacts, ...] = (
         step_temporary="newton_schulz_matrix",
         # the Trainer (transformers 5.24 OptimizerNames) and torchtitan's [optimizer] name no Muon
         construct=Construct(path="torch.optim.Muon"), trace="muon_split",
-        sources=("torch/optim/_muon.py (torch 2.13): Muon._init_group, _single_tensor_muon, "
-                 "_zeropower_via_newtonschulz",
+        sources=(("torch/optim/_muon.py (torch 2.13): Muon._init_group, _single_tensor_muon, "
+                  "_zeropower_via_newtonschulz"),
                  "KellerJordan/Muon muon.py: MuonWithAuxAdam (Muon for hidden matrices, Adam for the rest)"),
     ),
     OptimizerFacts(
@@ -360,10 +360,11 @@ OPTIMIZERS: tuple[OptimizerFacts, ...] = (
         hf_optim_args="rank=128,update_proj_gap=200,scale=0.25,proj_type=std",
         hf_optim_target_modules=_LOW_RANK_TARGETS,
         construct=Construct(path="galore_torch.GaLoreAdamW"), trace="state_layout",
-        sources=("jiaweizzhao/GaLore galore_torch/adamw.py: AdamW.step; galore_projector.py: GaLoreProjector."
-                 "project, project_back, get_orthogonal_matrix (v1.0)",
-                 "transformers trainer_optimizer.py (5.24): galore defaults rank 128, update_proj_gap 200, "
-                 "scale 0.25, proj_type std", "arXiv 2403.03507"),
+        sources=(("jiaweizzhao/GaLore galore_torch/adamw.py: AdamW.step; galore_projector.py: GaLoreProjector."
+                  "project, project_back, get_orthogonal_matrix (commit 1317b5f7)"),
+                 ("transformers 5.24 trainer_optimizer.py: _get_galore_optimizer (rank 128, update_proj_gap 200, "
+                  "scale 0.25, proj_type std), _setup_low_rank_optimizer (non-target parameters first)"),
+                 "arXiv 2403.03507"),
     ),
     OptimizerFacts(
         name="apollo", summary="APOLLO-Mini AdamW: rank 1, tensor-wise scaling, random projection",
@@ -374,7 +375,7 @@ OPTIMIZERS: tuple[OptimizerFacts, ...] = (
         hf_optim_args="proj=random,rank=1,scale=128,scale_type=tensor,update_proj_gap=200",
         hf_optim_target_modules=_LOW_RANK_TARGETS,
         construct=Construct(path="apollo_torch.APOLLOAdamW"), trace="state_layout",
-        sources=("zhuhanqing/APOLLO apollo_torch/apollo.py: AdamW.step (v1.0.0; scaled_grad = p.grad * factor)",
+        sources=("zhuhanqing/APOLLO apollo_torch/apollo.py: AdamW.step (fork yao-matrix/APOLLO, commit c0043eae)",
                  "scripts/pretrain_c4/llama_1b_apollo_mini.sh: rank 1, scale_type tensor, scale 128",
                  "arXiv 2412.05270"),
     ),
@@ -387,7 +388,7 @@ OPTIMIZERS: tuple[OptimizerFacts, ...] = (
                             states=(StateTensor(name="m", dtype="fp32"), StateTensor(name="v", dtype="fp32"))),
         step_temporary="adam_mini_stepwise",
         construct=Construct(path="adam_mini.Adam_mini"), trace="state_layout",
-        sources=("zyushun/Adam-mini adam_mini/adam_mini.py: Adam_mini.step (v1.1)", "arXiv 2406.16793"),
+        sources=("zyushun/Adam-mini adam_mini/adam_mini.py: Adam_mini.step (commit 11ee3058)", "arXiv 2406.16793"),
     ),
     OptimizerFacts(
         name="adamw-8bit-torchao", summary="torchao AdamW8bit (blockwise 8-bit states, block 256)",
@@ -415,8 +416,8 @@ OPTIMIZERS: tuple[OptimizerFacts, ...] = (
         states=(StateTensor(name="z"), StateTensor(name="exp_avg_sq")),
         step_temporary="foreach_sqrt_decay_group", hf_trainer_optim="schedule_free_adamw",
         construct=Construct(path="schedulefree.AdamWScheduleFree"), trace="state_layout",
-        sources=("facebookresearch/schedule_free schedulefree/adamw_schedulefree.py: AdamWScheduleFree.step "
-                 "(v1.4)", "arXiv 2405.15682"),
+        sources=(("facebookresearch/schedule_free schedulefree/adamw_schedulefree.py: AdamWScheduleFree.step "
+                  "(commit 00835729)"), "arXiv 2405.15682"),
     ),
     OptimizerFacts(
         name="came", summary="CAME (factored second moments and confidence, fp32 first moment)",
@@ -429,7 +430,7 @@ OPTIMIZERS: tuple[OptimizerFacts, ...] = (
                 StateTensor(name="exp_avg_res_col", dtype="fp32", factored=True, matrices_only=True)),
         step_temporary="came_stepwise",
         construct=Construct(path="came_pytorch.CAME"), trace="state_layout",
-        sources=("yangluo7/CAME came_pytorch/CAME.py: CAME.step (v0.1.3)", "arXiv 2307.02047"),
+        sources=("yangluo7/CAME came_pytorch/CAME.py: CAME.step (commit b368dc01)", "arXiv 2307.02047"),
     ),
     OptimizerFacts(name="none", summary="no optimizer (forward and backward only)"),
 )

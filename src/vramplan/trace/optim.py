@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from vramplan.errors import ScenarioError
+from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.optimizers import OptimizerFacts, StateTensor, optimizer_facts
 
 __all__ = ["OptimizerSetup", "make_optimizer"]
@@ -228,8 +228,9 @@ class MuonSplit(torch.optim.Optimizer):
         flat = [p for g in self.param_groups for p in g["params"]]
         hidden = [p for p in flat if subsets.get(id(p)) == "hidden_matrices"]
         if any(p.dim() != 2 for p in hidden):
-            raise ScenarioError("train.optimizer: muon: torch.optim.Muon takes 2-D matrices only; this model has "
-                                "hidden tensors of more dimensions (stacked experts), which the trace does not split")
+            raise ScenarioError([Problem("train.optimizer", "muon: torch.optim.Muon takes 2-D matrices only; this "
+                                         "model has hidden tensors of more dimensions (stacked experts)",
+                                         "trace a dense model, or estimate with the analytic engine")])
         rest = [p for p in flat if subsets.get(id(p)) != "hidden_matrices"]
         parts: list[torch.optim.Optimizer] = []
         if hidden:
