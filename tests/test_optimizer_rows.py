@@ -222,3 +222,18 @@ def test_the_planner_searches_only_a_named_optimizer() -> None:
     # torchao 4-bit: the Trainer (full and PEFT) and FSDP through Accelerate (the Trainer's optim name)
     assert {s.framework for s in four} == {"hf-trainer", "accelerate"} and any(s.peft for s in four)
     assert {s.optimizer for s in four} == {"adamw-4bit"}
+
+
+def test_plan_cli_takes_an_optimizer() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    res = CliRunner().invoke(app, ["plan", "--model", "gpt2", "--gpu", "A100-80GB", "--seq-len", "128",
+                                   "--global-batch", "4", "--optimizer", "adamw-4bit", "--json"])
+    assert res.exit_code == 0, res.stdout
+    doc = json.loads(res.stdout)
+    assert doc["job"]["optimizer"] == "adamw-4bit"
+    assert "adamw-4bit" in json.dumps(doc["chosen"])
