@@ -52,7 +52,7 @@ def _setup(optimizer: str) -> TrainSetup:
 
 def test_table_names_are_unique_and_the_schema_lists_them() -> None:
     names = optimizer_names()
-    assert len(names) == len(set(names)) == 10
+    assert len(names) == len(set(names)) == 19
     assert Train.model_json_schema()["properties"]["optimizer"]["enum"] == list(names)
 
 
@@ -64,7 +64,8 @@ def test_unknown_optimizer_names_the_choices_and_a_close_name() -> None:
         parse_scenario(_doc("rmsprop"))
     # no close name: every valid choice is listed
     assert "(choose 'adamw', 'adamw-fused', 'adamw-8bit', 'paged-adamw', 'paged-adamw-8bit', 'adafactor', " \
-           "'sgd', 'sgd-momentum', 'lion' or 'none')" in str(exc.value)
+           "'sgd', 'sgd-momentum', 'lion', 'muon', 'galore-adamw', 'apollo', 'adam-mini', 'adamw-8bit-torchao', " \
+           "'adamw-4bit', 'adamw-fp8', 'schedule-free-adamw', 'came' or 'none')" in str(exc.value)
 
 
 @pytest.mark.parametrize("name", optimizer_names())
@@ -109,9 +110,14 @@ def test_trace_and_measure_build_every_optimizer(name: str) -> None:
     tensors = dict(setup.state_tensors())
     # the 64 x 128 weight (8,192 values) holds one tensor per state of the row
     weight_states = [k for k in tensors if k.startswith("0.weight.") and tensors[k].dim() > 0]
-    assert len([k for k in weight_states if "absmax" not in k]) == len(f.states)
-    if f.construct is not None and f.construct.needs_cuda:
-        return  # measure refuses it off CUDA (test_measure_refuses_cuda_only_optimizers_on_the_cpu)
+    expected = len(f.states)
+    if f.subset is not None and f.subset.params == "hidden_matrices":
+        # the subset's states, and a low-rank subset's projection matrix
+        expected = len(f.subset.states) + (1 if f.subset.rank else 0)
+    assert len([k for k in weight_states if "absmax" not in k and not k.endswith(".scale")]) == expected
+    if f.construct is not None and (f.construct.needs_cuda or not _importable(f.construct.package)
+                                    or f.subset is not None):
+        return  # measure refuses it (test_measure_refuses_what_it_cannot_build)
     cpu_model = torch.nn.Linear(8, 8)
     opt, _note = measure_optimizer(name, cpu_model, "cpu")
     assert (opt is None) == (f.construct is None)
@@ -130,14 +136,25 @@ def test_bnb_8bit_trace_layout_follows_the_row() -> None:
     assert t["bias.state1"].dtype == torch.float32 and "bias.absmax1" not in t  # small tensor: fp32, no scale
 
 
-def test_measure_refuses_cuda_only_optimizers_on_the_cpu() -> None:
+def _importable(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
+def test_measure_refuses_what_it_cannot_build() -> None:
     from vramplan.catalog.resolve import resolve
     from vramplan.measure.build import unsupported
 
     for name in optimizer_names():
-        construct = optimizer_facts(name).construct
+        f = optimizer_facts(name)
+        construct = f.construct
         problems = [p for p in unsupported(resolve(_doc(name)), "cpu") if p.where == "train.optimizer"]
-        assert bool(problems) == bool(construct and construct.needs_cuda), name
+        # CUDA-only kernels off CUDA, a library that is not installed, or a split over parameter subsets
+        # (one class over every parameter is what measure builds)
+        refused = bool(construct and (construct.needs_cuda or not _importable(construct.package)
+                                      or f.subset is not None))
+        assert bool(problems) == refused, name
 
 
 def test_engine_sizes_from_the_row() -> None:
@@ -152,6 +169,8 @@ def test_engine_sizes_from_the_row() -> None:
     assert optimizer_cost("lion", 1000, 900, 2, largest_param=100).step_temporary_bytes == 400
     # paged: AdamW's 2 x 4 B x 1,000 states in managed memory, no temporary
     assert optimizer_cost("paged-adamw", 1000, 900, 4) == OptimizerCost(0, 8000, 0)
+    # bf16 parameters: still two fp32 states (bitsandbytes Optimizer2State.init_state, optim_bits=32): 8 x 1000
+    assert optimizer_cost("paged-adamw", 1000, 900, 2) == OptimizerCost(0, 8000, 0)
 
 
 def test_optimizer_cost_for_reads_the_row() -> None:
@@ -235,5 +254,7 @@ def test_a_fictitious_optimizer_row_reaches_the_cli_help() -> None:
         "print(CliRunner().invoke(app, ['estimate', '--help'], env={'COLUMNS': '400'}).stdout)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    line = next(x for x in out.splitlines() if "--optimizer" in x)
-    assert "adamw-bf16-x" in line and "adamw-8bit" in line
+    # the option's help, wrapped over several lines: from "--optimizer" to the next option
+    start = out.index("--optimizer")
+    block = out[start:out.find(" --", start + len("--optimizer"))]
+    assert "adamw-bf16-x" in block and "adamw-8bit" in block

@@ -12,29 +12,29 @@ from vramplan import estimate
 from vramplan.report import managed_in_capacity
 
 PARAMS = 1_235_814_400  # Llama-3.2-1B
-# bitsandbytes PagedAdamW as the engine charges it: 2 states x 2 B (bf16-true parameters) per parameter
-MANAGED = PARAMS * 2 * 2  # 4,943,257,600
+# bitsandbytes PagedAdamW: 2 fp32 states per parameter whatever the parameter dtype (Optimizer2State.init_state)
+MANAGED = PARAMS * 2 * 4  # 9,886,515,200
 
 
-def _doc(optimizer: str, seq_len: int, mbs: int = 1) -> dict[str, Any]:
-    return {"model": "meta-llama/Llama-3.2-1B", "hardware": {"gpu": "RTX-3060-12GB"}, "framework": "plain",
+def _doc(optimizer: str, seq_len: int, mbs: int = 1, gpu: str = "RTX-3060-12GB") -> dict[str, Any]:
+    return {"model": "meta-llama/Llama-3.2-1B", "hardware": {"gpu": gpu}, "framework": "plain",
             "train": {"micro_batch_size": mbs, "seq_len": seq_len, "precision": "bf16-true", "optimizer": optimizer,
                       "gradient_checkpointing": "full"}}
 
 
 def test_paged_states_that_fit_stay_on_the_device() -> None:
-    rep = estimate(_doc("paged-adamw", 512))
+    rep = estimate(_doc("paged-adamw", 512, gpu="RTX-4090"))
     pg = rep.per_gpu
     assert pg.outside_allocator["managed"] == MANAGED and rep.host.managed_paged_out_bytes == 0
     assert pg.device_used_bytes == pg.peak_reserved_bytes + pg.outside_allocator["cuda_context"] + MANAGED
     # the band's high bound is the rest's, filled with managed memory up to the capacity at most
-    assert pg.device_used_bytes_high == pg.capacity_bytes and rep.verdict == "FITS"
-    # the same job with device-allocated AdamW states (4 B per parameter more in the allocator) does not fit
-    assert estimate(_doc("adamw", 512)).verdict == "DOES NOT FIT"
+    assert pg.device_used_bytes_high <= pg.capacity_bytes and rep.verdict == "FITS"
 
 
 def test_paged_states_beyond_the_capacity_are_paged_out() -> None:
-    rep = estimate(_doc("paged-adamw", 2048, 2))
+    # the same job with torch's AdamW (bf16 states in the allocator) does not fit the 12 GB card
+    assert estimate(_doc("adamw", 512)).verdict == "DOES NOT FIT"
+    rep = estimate(_doc("paged-adamw", 512))
     pg = rep.per_gpu
     rest = pg.peak_reserved_bytes + pg.outside_allocator["cuda_context"]
     resident = pg.outside_allocator["managed"]

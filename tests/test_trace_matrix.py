@@ -54,6 +54,11 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     # optimizers
     *[("llama", {"optimizer": o}, (2, 512)) for o in (
         "adamw-fused", "sgd", "sgd-momentum", "adamw-8bit", "paged-adamw", "adafactor", "lion", "none")],
+    # the issue-17 rows: torch.optim.Muon with fused AdamW, and the state layouts of GaLore, APOLLO, Adam-mini,
+    # torchao's low-bit AdamW, schedule-free AdamW and CAME (trace/optim.py RowStateLayout)
+    *[("llama", {"optimizer": o}, (2, 512)) for o in (
+        "muon", "galore-adamw", "apollo", "adam-mini", "adamw-8bit-torchao", "adamw-4bit", "adamw-fp8",
+        "schedule-free-adamw", "came")],
     # checkpointing x attention
     *[("llama", {"gradient_checkpointing": ck, "attention": at}, (2, 512))
       for ck in ("full", "selective") for at in ("sdpa", "eager", "flash")],

@@ -22,9 +22,11 @@ Opt = typer.Option
 # global batch, the search limits) are written by hand below.
 PLAN_FLAGS = scenario_flags(
     ["model", "hardware.gpu", "hardware.gpus_per_node", "train.seq_len", "train.peft.rank", "train.peft.alpha",
-     "serve.max_model_len"],
+     "serve.max_model_len", "train.optimizer"],
     notes={"train.peft.rank": "The planner's default: 16.", "train.peft.alpha": "The planner's default: 32.",
-           "serve.max_model_len": "Required with --task serve."})
+           "serve.max_model_len": "Required with --task serve.",
+           "train.optimizer": "The planner's default: its own rows (AdamW fused, bitsandbytes 8-bit and paged "
+                              "AdamW); a name searches only that optimizer."})
 PEFT_CHOICES = ("none", "allow", "only", "lora", "qlora")
 # solve takes a whole scenario, so every scenario field is an option, as for estimate
 SOLVE_FLAGS = scenario_flags([""])
@@ -263,7 +265,8 @@ def register(app: typer.Typer) -> None:
                 job = TrainJob(seq_len=int(opts["seq_len"]), global_batch=opts.get("global_batch"),
                                global_batch_tokens=global_batch_tokens, peft=p,
                                lora_rank=int(opts.get("lora_rank") or 16), lora_alpha=float(opts.get("lora_alpha") or 32),
-                               allow_pure_bf16=allow_pure_bf16, max_micro_batch=max_micro_batch)
+                               allow_pure_bf16=allow_pure_bf16, max_micro_batch=max_micro_batch,
+                               optimizer=opts.get("optimizer"))
             else:
                 job = ServeJob(max_model_len=int(opts["max_model_len"]), concurrency=int(opts.get("concurrency") or 1),
                                allow_quantization=allow_quantization)

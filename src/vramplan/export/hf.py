@@ -56,6 +56,12 @@ def training_arguments_kwargs(s: TrainSetup, output_dir: str = "outputs",
         kw["deepspeed"] = deepspeed_file
     else:
         kw["optim"] = optim_name(s.optimizer)
+        f = optimizer_facts(s.optimizer)
+        if f.hf_optim_args is not None:
+            # the layout the estimate assumed (GaLore's rank 128, APOLLO-Mini's rank 1), not the Trainer's defaults
+            kw["optim_args"] = f.hf_optim_args
+        if f.hf_optim_target_modules:
+            kw["optim_target_modules"] = list(f.hf_optim_target_modules)
     if s.framework == "accelerate":
         kw["fsdp"] = True
         kw["fsdp_config"] = {

@@ -87,12 +87,20 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
             out.append(Problem("train.quantization", f"quantized base weights ({t.quantization}) need bitsandbytes "
                                "on CUDA; measure builds dense random weights",
                                "set train.quantization: none and peft.method: lora"))
-        construct = optimizer_facts(t.optimizer).construct
+        facts = optimizer_facts(t.optimizer)
+        construct = facts.construct
         if construct is not None and construct.needs_cuda and (device_type != "cuda" or not _has(construct.package)):
             out.append(Problem("train.optimizer", f"{t.optimizer} needs {construct.package} on CUDA"
                                + ("" if device_type == "cuda" else " (this run is on the CPU)"),
                                f"run on a CUDA machine with `pip install {construct.package}`, or set "
                                "train.optimizer: adamw"))
+        elif construct is not None and facts.subset is not None:
+            out.append(Problem("train.optimizer", f"{t.optimizer} gives a subset of the parameters another "
+                               "layout (its own parameter groups); measure builds one optimizer class over "
+                               "the Trainer's two groups", "use `vramplan trace` for it, or set train.optimizer: adamw"))
+        elif construct is not None and not _has(construct.package):
+            out.append(Problem("train.optimizer", f"{t.optimizer} needs {construct.package}",
+                               f"`pip install {construct.package}`, or set train.optimizer: adamw"))
         policy = checkpoint_policy(s)
         if policy == "op-sac" or t.checkpoint_every_n_layers > 1 or t.deepspeed_checkpointing != "none":
             out.append(Problem("train.gradient_checkpointing", "torchtitan's op-level and every-n-th-layer "

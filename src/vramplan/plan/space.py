@@ -5,7 +5,8 @@ What is searched for training (each knob only where the framework that would run
 ==================  =====================================================================
 precision           bf16-mixed (fp16-mixed on GPUs without bf16), fp32; bf16-true only with
                     ``allow_pure_bf16`` (pure half-precision updates change training numerics)
-optimizer           the rows of ``facts/optimizers.py`` whose ``planner`` names the job: today AdamW
+optimizer           the rows of ``facts/optimizers.py`` whose ``planner`` names the job (or only
+                    ``TrainJob.optimizer``, ``plan --optimizer``, where the user names one): today AdamW
                     (fused), 8-bit AdamW, paged AdamW, paged 8-bit AdamW (bitsandbytes, Hugging Face
                     Trainer; no paged 32-bit AdamW under PEFT); DeepSpeed, FSDP and torchtitan use
                     their own AdamW
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vramplan.errors import Problem, ScenarioError
-from vramplan.facts.optimizers import planner_optimizers
+from vramplan.facts.optimizers import optimizer_facts, planner_optimizers
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
@@ -68,6 +69,7 @@ class TrainJob:
     lora_alpha: float = 32
     allow_pure_bf16: bool = False
     max_micro_batch: int = 64
+    optimizer: str | None = None  # a ``train.optimizer`` row: only it is searched (None: the rows' ``planner``)
 
     def sequences(self) -> int:
         """Global batch in sequences (validated)."""
@@ -164,6 +166,9 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
     seq = job.seq_len
     attn = ("sdpa", "eager") if not m.encoder_only else ("sdpa",)
     full_opts, peft_opts = planner_optimizers("full"), planner_optimizers("peft")
+    ds_opt, fsdp_opt, titan_opt = "adamw", "adamw-fused", "adamw-fused"
+    if job.optimizer is not None:
+        full_opts, peft_opts, ds_opt, fsdp_opt, titan_opt = _forced(job.optimizer)
     for tp, pp in parallel_shapes(m, n, gpus_per_node):
         dp = n // (tp * pp)
         if batch % dp:
@@ -187,14 +192,14 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                             for opt in full_opts:
                                 yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
                                                 checkpointing=ck, attention=a)
-                            for z in (1, 2, 3):
+                            for z in (1, 2, 3) if ds_opt else ():
                                 offloads = ("none", "optimizer") + (("optimizer+params",) if z == 3 else ())
                                 for off in offloads:
-                                    yield from make(framework="deepspeed", precision=prec, optimizer="adamw",
+                                    yield from make(framework="deepspeed", precision=prec, optimizer=ds_opt,
                                                     checkpointing=ck, attention=a, zero_stage=z, offload=off)
                             for fs, off in (("full_shard", "none"), ("shard_grad_op", "none"),
-                                            ("full_shard", "optimizer+params")):
-                                yield from make(framework="accelerate", precision=prec, optimizer="adamw-fused",
+                                            ("full_shard", "optimizer+params")) if fsdp_opt else ():
+                                yield from make(framework="accelerate", precision=prec, optimizer=fsdp_opt,
                                                 checkpointing=ck, attention=a, fsdp=fs, offload=off)
             for method in job.peft_methods():
                 for prec in half_mixed:
@@ -204,14 +209,14 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                                 quant = "nf4-dq" if method == "qlora" else "none"
                                 yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
                                                 checkpointing=ck, attention=a, peft=method, quantization=quant)
-                            if n > 1:
-                                yield from _peft_sharded(make, method, prec, a, ck)
-        elif job.full_ft_allowed():
+                            if n > 1 and peft_opts:
+                                yield from _peft_sharded(make, method, prec, a, ck, ds_opt, fsdp_opt)
+        elif job.full_ft_allowed() and titan_opt:
             for prec in precs:
                 if prec == "bf16-true":
                     continue  # torchtitan trains with fp32 sharded parameters (mixed_precision_param bfloat16)
                 for ck in ckpts:
-                    yield from make(framework="torchtitan", precision=prec, optimizer="adamw-fused", checkpointing=ck,
+                    yield from make(framework="torchtitan", precision=prec, optimizer=titan_opt, checkpointing=ck,
                                     attention="sdpa", fsdp="full_shard" if dp > 1 else "none")
 
 
@@ -225,16 +230,30 @@ _PEFT_FSDP: tuple[tuple[str, str], ...] = (("full_shard", "none"), ("shard_grad_
                                            ("full_shard", "optimizer+params"))
 
 
-def _peft_sharded(make: Any, method: str, prec: str, attention: str, ck: str) -> Iterator[TrainSetup]:
+def _peft_sharded(make: Any, method: str, prec: str, attention: str, ck: str, ds_opt: str = "adamw",
+                  fsdp_opt: str = "adamw-fused") -> Iterator[TrainSetup]:
     """LoRA/QLoRA setups sharded over more than one GPU: DeepSpeed ZeRO-1/2/3 (optimizer offload, and
-    parameters too at stage 3) and FSDP full_shard / shard_grad_op (CPU offload with full_shard only)."""
+    parameters too at stage 3) and FSDP full_shard / shard_grad_op (CPU offload with full_shard only);
+    an empty optimizer name leaves that framework out (``_forced``)."""
     quant = "nf4-dq" if method == "qlora" else "none"
-    for fs, off in _PEFT_FSDP:
-        yield from make(framework="accelerate", precision=prec, optimizer="adamw-fused", checkpointing=ck,
+    for fs, off in _PEFT_FSDP if fsdp_opt else ():
+        yield from make(framework="accelerate", precision=prec, optimizer=fsdp_opt, checkpointing=ck,
                         attention=attention, fsdp=fs, offload=off, peft=method, quantization=quant)
-    for z, off in _PEFT_ZERO:
-        yield from make(framework="deepspeed", precision=prec, optimizer="adamw", checkpointing=ck,
+    for z, off in _PEFT_ZERO if ds_opt else ():
+        yield from make(framework="deepspeed", precision=prec, optimizer=ds_opt, checkpointing=ck,
                         attention=attention, zero_stage=z, offload=off, peft=method, quantization=quant)
+
+
+def _forced(name: str) -> tuple[tuple[str, ...], tuple[str, ...], str, str, str]:
+    """The search's optimizers when the user names one (``TrainJob.optimizer``): the Trainer's rows
+    (full, PEFT: not for a row whose layout covers the hidden matrices, which adapters do not have),
+    DeepSpeed (only AdamW, which its engine runs as FusedAdam; its config names no other row here),
+    FSDP through Accelerate (a row the Trainer names) and torchtitan (a row with a torchtitan name);
+    "" leaves that framework out."""
+    f = optimizer_facts(name)
+    hidden = f.subset is not None and f.subset.params == "hidden_matrices"
+    return ((name,), () if hidden else (name,), name if name == "adamw" else "",
+            name if f.hf_trainer_optim else "", name if f.torchtitan else "")
 
 
 def batch_split_problems(m: ModelSpec, counts: Sequence[int], job: TrainJob, gpus_per_node: int) -> list[str]:

@@ -11,6 +11,12 @@ the row's ``states`` and small-tensor rule).
   Trainer's ``optim="adafactor"``).
 * ``lion``: the reference update of lion-pytorch (arXiv 2302.06675): ``exp_avg.clone().mul_(b1)
   .add(grad, alpha=1 - b1).sign_()`` per parameter.
+* ``muon``: ``torch.optim.Muon`` over the hidden 2-D matrices, fused ``torch.optim.AdamW`` over the
+  embeddings, LM head, norms and biases (``MuonSplit``).
+* ``galore-adamw``, ``apollo``, ``adam-mini``, torchao's ``adamw-8bit-torchao`` / ``adamw-4bit`` /
+  ``adamw-fp8``, ``schedule-free-adamw``, ``came``: their libraries are not installed beside vramplan
+  (or, torchao, compile the update): the row's state layout is allocated (``RowStateLayout``) and the
+  step's temporaries are not run.
 * ``adamw-8bit`` / ``paged-*``: bitsandbytes ``Optimizer2State`` layouts: ``uint8`` ``state1``/``state2``
   with an fp32 ``absmax`` per 256-element block for tensors of at least 4096 elements (fp32
   states otherwise; fp32 states for the 32-bit paged AdamW); the update kernel works in place.
@@ -30,12 +36,13 @@ from typing import Any
 
 import torch
 
-from vramplan.facts.optimizers import OptimizerFacts, optimizer_facts
+from vramplan.errors import Problem, ScenarioError
+from vramplan.facts.optimizers import OptimizerFacts, StateTensor, optimizer_facts
 
 __all__ = ["OptimizerSetup", "make_optimizer"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "uint8": torch.uint8,
-           "int8": torch.int8}
+           "int8": torch.int8, "fp8": torch.float8_e4m3fn}
 _NO_DECAY = [re.compile(p) for p in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")]
 
 
@@ -119,6 +126,126 @@ class BnbStateLayout(torch.optim.Optimizer):
                 state["step"] = torch.zeros((), dtype=torch.float32)
 
 
+def param_subsets(model: torch.nn.Module) -> dict[str, str]:
+    """parameter name -> "hidden_matrices", "embedding_head" or "rest" (``facts.optimizers.ParamSubset``):
+    embeddings are ``nn.Embedding`` weights, the head a parameter named ``lm_head``, the hidden matrices
+    every other parameter of two or more dimensions (Muon's and GaLore's targets)."""
+    out: dict[str, str] = {}
+    for mod_name, mod in model.named_modules():
+        for name, p in mod.named_parameters(recurse=False):
+            full = f"{mod_name}.{name}" if mod_name else name
+            if isinstance(mod, torch.nn.Embedding) or "lm_head" in full:
+                out[full] = "embedding_head"
+            elif p.dim() >= 2:
+                out[full] = "hidden_matrices"
+            else:
+                out[full] = "rest"
+    return out
+
+
+def _zeros_state(p: torch.Tensor, st: StateTensor, quantized: bool, small_dtype: str | None) -> dict[str, torch.Tensor]:
+    """One state of the row for ``p``: its stored values (4-bit values packed two per uint8, as torchao's
+    ``OptimState4bit.codes``) and, when quantized, one scale per block."""
+    if st.scale is None or not quantized:
+        dtype = small_dtype if st.scale is not None else st.dtype
+        return {st.name: torch.zeros_like(p, dtype=_DTYPES[dtype] if dtype else p.dtype)}
+    n = p.numel()
+    if st.dtype == "int4":
+        codes = torch.zeros(n // 2, dtype=torch.uint8, device=p.device)
+    else:
+        codes = torch.zeros(n, dtype=_DTYPES[st.dtype or "fp32"], device=p.device)
+    scale = torch.zeros(-(-n // st.scale.block), dtype=_DTYPES[st.scale.dtype], device=p.device)
+    return {st.name: codes, st.scale.key: scale}
+
+
+def _factored_states(p: torch.Tensor, states: tuple[StateTensor, ...]) -> dict[str, torch.Tensor]:
+    """Adafactor-style pairs: a row and a column vector for a matrix; the full size for a vector (the
+    pair's first state under its name without ``_row``), nothing for a matrices-only pair."""
+    out: dict[str, torch.Tensor] = {}
+    fac = [st for st in states if st.factored]
+    for row, col in zip(fac[::2], fac[1::2], strict=True):
+        dtype = _DTYPES[row.dtype] if row.dtype else p.dtype
+        if p.dim() >= 2:
+            out[row.name] = torch.zeros(p.shape[:-1], dtype=dtype, device=p.device)
+            out[col.name] = torch.zeros(p.shape[:-2] + p.shape[-1:], dtype=dtype, device=p.device)
+        elif not row.matrices_only:
+            out[row.name.removesuffix("_row")] = torch.zeros_like(p, dtype=dtype)
+    return out
+
+
+class RowStateLayout(torch.optim.Optimizer):
+    """A row's state layout for a library that is not installed or cannot run on meta tensors (torchao's
+    compiled update, GaLore, APOLLO, Adam-mini, schedule-free, CAME): the row's ``states`` (block scales,
+    the small-tensor rule, factored pairs) for every parameter outside its ``subset``, the subset's states
+    for the parameters inside it (sized on the r x max(out, in) projected gradient, with an r x min(out, in)
+    projection, for a low-rank subset).  The update itself and its temporaries are not run."""
+
+    def __init__(self, params: Any, facts: OptimizerFacts, subsets: dict[int, str]) -> None:
+        super().__init__(params, {"lr": 1e-4})
+        self.facts = facts
+        self.subsets = subsets
+
+    def _low_rank(self, p: torch.Tensor, rank: int, states: tuple[StateTensor, ...]) -> dict[str, torch.Tensor]:
+        # galore_projector.py project(): rows >= columns projects on the right (grad @ P.T: rows x r, P: r x
+        # columns), else on the left (P.T @ grad: r x columns, P: rows x r)
+        rows, cols = p.shape[0], p.shape[-1]
+        r = min(rank, rows, cols)
+        low, proj = ((rows, r), (r, cols)) if rows >= cols else ((r, cols), (rows, r))
+        out = {st.name: torch.zeros(low, dtype=_DTYPES[st.dtype] if st.dtype else p.dtype, device=p.device)
+               for st in states}
+        out["ortho_matrix"] = torch.zeros(proj, dtype=p.dtype, device=p.device)
+        return out
+
+    def _layout(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        f, sub = self.facts, self.facts.subset
+        if sub is not None and self.subsets.get(id(p)) == sub.params:
+            if sub.rank:
+                return self._low_rank(p, sub.rank, sub.states)
+            return {st.name: torch.zeros_like(p, dtype=_DTYPES[st.dtype] if st.dtype else p.dtype)
+                    for st in sub.states}
+        out = _factored_states(p, f.states) if f.factored else {}
+        small = f.small_tensors
+        quantized = small is None or p.numel() >= small.below_elements
+        for st in f.states:
+            if not st.factored:
+                out.update(_zeros_state(p, st, quantized, small.dtype if small else None))
+        return out
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and not self.state[p]:
+                    self.state[p].update(self._layout(p))
+
+
+class MuonSplit(torch.optim.Optimizer):
+    """``torch.optim.Muon`` over the hidden matrices and fused ``torch.optim.AdamW`` over every other
+    parameter (KellerJordan/Muon's ``MuonWithAuxAdam`` split); stepped one after the other."""
+
+    def __init__(self, params: Any, subsets: dict[int, str], lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+        flat = [p for g in self.param_groups for p in g["params"]]
+        hidden = [p for p in flat if subsets.get(id(p)) == "hidden_matrices"]
+        if any(p.dim() != 2 for p in hidden):
+            raise ScenarioError([Problem("train.optimizer", "muon: torch.optim.Muon takes 2-D matrices only; this "
+                                         "model has hidden tensors of more dimensions (stacked experts)",
+                                         "trace a dense model, or estimate with the analytic engine")])
+        rest = [p for p in flat if subsets.get(id(p)) != "hidden_matrices"]
+        parts: list[torch.optim.Optimizer] = []
+        if hidden:
+            parts.append(torch.optim.Muon(hidden, lr=lr))
+        if rest:
+            parts.append(torch.optim.AdamW(rest, lr=lr, fused=True))
+        self.parts = parts
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for o in self.parts:
+            o.step()
+            self.state.update(o.state)
+
+
 @dataclass
 class OptimizerSetup:
     optimizer: torch.optim.Optimizer | None
@@ -154,6 +281,13 @@ def make_optimizer(kind: str, model: torch.nn.Module, params_override: list[tupl
     opt: torch.optim.Optimizer
     if facts.trace == "bnb_state_layout":
         opt = BnbStateLayout(pg, facts)
+    elif facts.trace in ("state_layout", "muon_split"):
+        by_name = param_subsets(model)
+        subsets = {id(p): by_name.get(n, "rest") for g in groups for n, p in g}
+        if facts.trace == "state_layout":
+            opt = RowStateLayout(pg, facts, subsets)
+        else:
+            opt = MuonSplit(pg, subsets, lr)
     elif facts.trace == "lion_reference":
         opt = Lion(pg, lr=lr)
     else:
