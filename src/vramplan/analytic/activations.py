@@ -9,15 +9,23 @@ Counted per token, then multiplied by the tokens on the GPU.
 Worked example, Llama-2-7B layer, bf16-mixed (fp32 residual, bf16 compute), SDPA flash,
 full fine-tuning, per token (h = 4096, I = 11008, 32 heads, 32 KV heads):
 
-  input RMSNorm       x (fp32, 4h) + normalized x (fp32, 4h)                  =  32,768 B
+  input RMSNorm       x (fp32, 4h) + normalized x (fp32, 4h) + rsqrt (fp32, 4) =  32,772 B
   q/k/v inputs        autocast casts the fp32 input once per consumer: 3*2h  =  24,576 B
   q, k (after RoPE), v  2*(h + h + h)                                         =  24,576 B
   attention output    2h (SDPA-flash output, shared with o_proj's input)      =   8,192 B
   logsumexp           4 * 32 heads                                           =     128 B
-  post-attn RMSNorm   4h + 4h                                                 =  32,768 B
+  post-attn RMSNorm   4h + 4h + 4                                             =  32,772 B
   gate/up inputs      2*2h                                                    =  16,384 B
   MLP                 gate out, SiLU out, up out, product: 4*2I               =  88,064 B
-                                                                              = 227,456 B/token/layer
+                                                                              = 227,464 B/token/layer
+
+The attention output is not copied for o_proj: PyTorch's CUDA flash and efficient kernels run on
+[b, s, heads, d] buffers and return their output transposed to [b, heads, s, d] (aten/src/ATen/native/
+transformers/cuda/attention.cu ``_scaled_dot_product_flash_attention_cuda``: ``q_t = query.transpose(1, 2)``
+... ``output.transpose(1, 2)``), so transformers' ``attn_output.transpose(1, 2).contiguous()``
+(integrations/sdpa_attention.py:195 at 5.24) and ``reshape(*input_shape, -1).contiguous()``
+(modeling_llama.py:269) are views.  Eager attention's ``probs @ v`` is [b, heads, s, d] in memory, and
+its transpose is copied (``_out_proj_input``).
 
 Compare Korthikanti et al. (arXiv 2205.05198, eq. 2): sbh(34 + 5as/h) for GPT-3 blocks
 in fp16 with dropout and LayerNorm; our count differs because Llama keeps an fp32
@@ -154,6 +162,27 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
         return 4
     # LayerNorm: autocast runs layer_norm in fp32 (input cast if needed), saving the fp32 input.
     return 4 if ctx.autocast else r
+
+
+def _norm_stats(kind: str) -> int:
+    """Bytes per token a norm saves besides its per-element tensors: its per-row statistics, in fp32.
+
+    RMSNorm (Llama, Gemma, gpt-oss, DeepSeek's low-rank norms) and CohereLayerNorm compute
+    ``x * torch.rsqrt(variance + eps)``: ``mul`` saves both operands and ``rsqrt`` its result
+    (derivatives.yaml ``rsqrt: -0.5 * grad * result.pow(3)``), one fp32 value per row, 4 B per token,
+    whether or not the weight is trainable (the input's gradient needs it).  LayerNorm
+    (``native_layer_norm``, and OLMo's weightless ``F.layer_norm``) saves the row's ``mean`` and ``rstd``,
+    in the accumulation type (fp32 for half inputs: aten/src/ATen/native/cuda/layer_norm_kernel.cu
+    ``RowwiseMomentsCUDAKernel`` writes ``T_ACC* mean, T_ACC* rstd``): 8 B per token.  Checked with
+    ``torch.autograd.graph.saved_tensors_hooks`` on transformers 5.24's ``LlamaRMSNorm`` (a [b, s, 1] fp32
+    tensor beside the fp32 input and the normalized one) and on ``F.layer_norm`` (two [b, s, 1] fp32).
+    """
+    return 8 if kind in ("layer", "layer_nonparam") else 4
+
+
+def norm_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:
+    """Bytes per token one of the model's norms saves: its per-element tensors and its row statistics."""
+    return _norm_saved(m.norm, ctx) * m.hidden_size + _norm_stats(m.norm)
 
 
 def _norm_out_bytes(kind: str, ctx: ActContext) -> int:
@@ -459,13 +488,14 @@ def _mla_tensors(m: ModelSpec, ctx: ActContext, heads: int, in_b: int) -> list[S
     h = m.hidden_size
     qk = a.qk_nope_head_dim + a.qk_rope_head_dim
     norm = 4 if ctx.frozen_base else 4 + c
+    stats = _norm_stats("rms")  # the low-rank norms are RMSNorms (DeepseekV2RMSNorm, DeepseekV3RMSNorm)
     if a.q_lora_rank:
         out = _linear_input_tensors("attention.q_a_kv_a", h, ("q_a_proj", "kv_a_proj_with_mqa"), in_b, ctx)
-        out.append(_T("attention.q_a_norm", norm * a.q_lora_rank))
+        out.append(_T("attention.q_a_norm", norm * a.q_lora_rank + stats))
         out += _linear_input_tensors("attention.q_b", a.q_lora_rank, ("q_b_proj",), c, ctx)
     else:
         out = _linear_input_tensors("attention.q_kv_a", h, ("q_proj", "kv_a_proj_with_mqa"), in_b, ctx)
-    out.append(_T("attention.kv_a_norm", norm * a.kv_lora_rank))
+    out.append(_T("attention.kv_a_norm", norm * a.kv_lora_rank + stats))
     out += _linear_input_tensors("attention.kv_b", a.kv_lora_rank, ("kv_b_proj",), c, ctx)
     # query and key after RoPE and concatenation; kv_b_proj's output, kept by the value view
     out += [_T("attention.q", c * heads * qk), _T("attention.k", c * heads * qk),
@@ -744,6 +774,11 @@ def _expert_inter(m: ModelSpec, ctx: ActContext) -> int:
     return ei if ctx.ep > 1 else ceil_div(ei, ctx.tp)
 
 
+def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """Per routed token: what transformers >= 5's grouped experts save (``_grouped_experts_tensors``)."""
+    return total_bytes(_grouped_experts_tensors(m, ctx))
+
+
 def _grouped_experts_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
     """Per routed token (token x top_k): transformers >= 5 ``grouped_mm_experts_forward``.
 
@@ -889,7 +924,7 @@ def norm_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
     """The layer's norms (their inputs included) per token, one record per norm: the input norm (part
     "attention"), the post-attention norm (part "mlp": freed before the attention's backward); Gemma's
     sandwich norms two in each part; a parallel block's norm(s) in the attention part."""
-    per = _norm_saved(m.norm, ctx) * m.hidden_size
+    per = norm_saved_per_token(m, ctx)
     if m.sandwich_norms:
         return [_T("norm.input", per), _T("norm.post_attention", per),
                 SavedTensor("norm.pre_feedforward", per, 1, "mlp"), SavedTensor("norm.post_feedforward", per, 1, "mlp")]
@@ -951,7 +986,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
     """
     if m.parallel_residual:
         return 0
-    norm = _norm_saved(m.norm, ctx) * m.hidden_size
+    norm = norm_saved_per_token(m, ctx)
     norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
     if ctx.sequence_parallel and ctx.tp > 1:
         norms = ceil_div(norms, ctx.tp)

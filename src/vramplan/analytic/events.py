@@ -12,11 +12,10 @@ Llama and GPT-2 layers (trace/step.py; the op list of a Llama layer is in docs/a
 
 * setup: every parameter tensor, in module order (embedding, layers, final norm, head); the fp32
   masters (DeepSpeed); the optimizer states when they already exist; the DDP buckets; the input ids;
-* forward, per layer: the input norm (an fp32 ``pow`` temporary, the saved ``rsqrt`` and normalized
-  tensor, the norm output), each projection's autocast input cast and weight cast (saved) and its
-  output, RoPE's fp32 temporaries and the rotated q/k (saved), the kernel's output and logsumexp,
-  the output projection's input copy, the residual add (saved by the next norm); then the same for
-  the MLP.  Temporaries are freed where the trace frees them;
+* forward, per layer: the input norm (an fp32 ``pow`` temporary, the norm output), then the saved
+  tensors of the norm and the attention (the closed form's records, below), RoPE's fp32 temporaries
+  before the kernel's query, each projection's weight cast, the output projection's output; then the
+  same for the MLP.  Temporaries are freed where the trace frees them;
 * loss: logits (c V), their fp32 copy (4 V, freed after the loss), the saved log-softmax (4 V);
 * backward: the loss gradients (4 V + 4 V), then per layer in reverse: each linear's input gradient
   and weight gradient (``param.grad``, kept until the optimizer step), the frees of the saved tensors

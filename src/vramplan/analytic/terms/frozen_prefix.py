@@ -32,7 +32,7 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
         dropped = act.frozen_input_eager_dropped(m, ls, ctx) if attn_adapted else frozenset()
         unsaved = act.frozen_input_eager_unsaved(m, ls, ctx) if attn_adapted else 0
         if attn_adapted and not m.parallel_residual:
-            norm = act._norm_saved(m.norm, ctx) * m.hidden_size * tokens
+            norm = act.norm_saved_per_token(m, ctx) * tokens
             full[j] -= min(full[j], norm + unsaved * tokens)
             tensors[j] = _first_adapted_tensors(tensors[j], norm, dropped)
             break
