@@ -74,13 +74,21 @@ def _T(name: str, nbytes: int, copies: int = 1) -> SavedTensor:
     return SavedTensor(name, nbytes, copies)
 
 
+_tuple_new = tuple.__new__  # a record made without NamedTuple's ``_replace`` / ``__new__`` frames (a step makes hundreds)
+
+
+def scaled(tensors: Iterable[SavedTensor], k: int) -> tuple[SavedTensor, ...]:
+    """``tensors`` with every record's bytes times ``k`` (per token -> per layer: ``k`` = tokens)."""
+    return tuple(_tuple_new(SavedTensor, (t[0], t[1] * k, t[2], t[3])) for t in tensors)
+
+
 def _in_part(tensors: Iterable[SavedTensor], part: str) -> list[SavedTensor]:
-    return [t._replace(part=part) for t in tensors]
+    return [_tuple_new(SavedTensor, (t[0], t[1], t[2], part)) for t in tensors]
 
 
 def _times(tensors: Iterable[SavedTensor], k: int) -> list[SavedTensor]:
     """Per routed token -> per token: each record holds the ``k`` routed rows of every token (one tensor)."""
-    return [t._replace(nbytes=t.nbytes * k) for t in tensors]
+    return list(scaled(tensors, k))
 
 
 @dataclass(frozen=True)

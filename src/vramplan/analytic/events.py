@@ -52,7 +52,6 @@ from typing import Any
 from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat
 from vramplan.analytic.activations import SavedTensor
-from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_layer
 from vramplan.analytic.layout import RankParams, count_on_rank, split_on_rank
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
@@ -682,7 +681,6 @@ def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ..
     ``layer_table``), and its saved tensors from the closed form's records (``LayerActivations.tensors``)."""
     n = len(c.layer_specs)
     la = layer_activations(c)
-    full_ckpt = checkpoint_policy(c.s) == "full"
     zero = [0] * n
     kept, recompute = table.get("saved.kept", zero), table.get("saved.recompute", zero)
     casts, grads = table.get("casts.layer", zero), table.get("gradients.layer", zero)
@@ -696,7 +694,7 @@ def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ..
         plan = plans.get(id(tensors))
         if plan is None:
             plan = plans[id(tensors)] = _saved_sizes(tensors)
-        ckpt = full_ckpt and checkpointed_layer(c.s, j)
+        ckpt = la.checkpointed[j]
         v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j], id(tensors), ckpt)
         lt = made.get(v)
         if lt is None:

@@ -73,8 +73,8 @@ def _prefix_tensors(c: StepContext, j: int, attention_dropped: frozenset[str] | 
     m, ctx, tokens = c.m, c.act, c.tokens
     out: list[act.SavedTensor] = []
     if attention_dropped is not None:
-        out += [t._replace(nbytes=t.nbytes * tokens) for t in act.attention_tensors(m, c.layer_specs[j], ctx)
-                if t.name not in attention_dropped]
+        out += act.scaled((t for t in act.attention_tensors(m, c.layer_specs[j], ctx) if t.name not in attention_dropped),
+                          tokens)
     out.append(act.SavedTensor("mlp.frozen_input", mlp_per_token * tokens, 1, "mlp"))
     out += [t for t in layer if t.name.startswith("dora.")]
     out.append(act.SavedTensor("experts.prefix_saved", wrapped_prefix, 1, "mlp"))

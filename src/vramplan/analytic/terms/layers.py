@@ -39,6 +39,8 @@ class LayerActivations:
     host: int = 0  # checkpointed inputs kept in host memory (DeepSpeed partition+cpu), all layers
     # per layer: the records ``full`` sums (each layer's tuple sums to its ``full`` exactly)
     tensors: tuple[tuple[act.SavedTensor, ...], ...] = ()
+    # per layer: full checkpointing keeps only its input and recomputes it (analytic/checkpointing.py)
+    checkpointed: tuple[bool, ...] = ()
     # layers whose attention backward runs after some saved tensors are released: a moment of its own
     attention_split: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
@@ -99,7 +101,7 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
     made: dict[int, tuple[act.SavedTensor, ...]] = {}  # alike layers share one tuple
     for v in per_token:
         if id(v) not in made:
-            made[id(v)] = tuple(t._replace(nbytes=t.nbytes * tokens) for t in v.tensors)
+            made[id(v)] = act.scaled(v.tensors, tokens)
     tensors = [made[id(v)] for v in per_token]
     dora = 0
     if peft is not None and peft.method == "dora":
@@ -143,12 +145,14 @@ def _compute(c: StepContext) -> LayerActivations:
     per_token = _per_token(c)
     attention_idle = frozen_prefix(c, full, dora, wx, tensors)  # layers whose attention records nothing
     host = 0
+    checkpointed = (False,) * len(specs)
     if ckpt == "full":
         # every n-th layer with train.checkpoint_every_n_layers (analytic/checkpointing.py); the others save all;
         # DeepSpeed's partitioned / CPU checkpointing keeps a slice of the input, on the device or the host
         on_device, on_host = checkpointed_input_bytes(c.s, act.checkpoint_saved_per_token(m, ctx) * tokens)
-        kept = [on_device if checkpointed_layer(c.s, j) else full[j] for j in range(len(specs))]
-        host = on_host * sum(checkpointed_layer(c.s, j) for j in range(len(specs)))
+        checkpointed = tuple(checkpointed_layer(c.s, j) for j in range(len(specs)))
+        kept = [on_device if checkpointed[j] else full[j] for j in range(len(specs))]
+        host = on_host * sum(checkpointed)
     elif ckpt in ("attention-core", "op-sac"):
         kept = [v.selective * tokens for v in per_token]
     else:
@@ -166,7 +170,7 @@ def _compute(c: StepContext) -> LayerActivations:
                     m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
     shared = act.shared_saved_per_token(m, ctx, ckpt, attention_recorded=len(attention_idle) < len(specs)) * tokens
     return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
-                            tuple(released), tuple(mlp_released), shared, host, tuple(tensors))
+                            tuple(released), tuple(mlp_released), shared, host, tuple(tensors), checkpointed)
 
 
 def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:
