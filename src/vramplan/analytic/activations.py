@@ -9,15 +9,23 @@ Counted per token, then multiplied by the tokens on the GPU.
 Worked example, Llama-2-7B layer, bf16-mixed (fp32 residual, bf16 compute), SDPA flash,
 full fine-tuning, per token (h = 4096, I = 11008, 32 heads, 32 KV heads):
 
-  input RMSNorm       x (fp32, 4h) + normalized x (fp32, 4h)                  =  32,768 B
+  input RMSNorm       x (fp32, 4h) + normalized x (fp32, 4h) + rsqrt (fp32, 4) =  32,772 B
   q/k/v inputs        autocast casts the fp32 input once per consumer: 3*2h  =  24,576 B
   q, k (after RoPE), v  2*(h + h + h)                                         =  24,576 B
   attention output    2h (SDPA-flash output, shared with o_proj's input)      =   8,192 B
   logsumexp           4 * 32 heads                                           =     128 B
-  post-attn RMSNorm   4h + 4h                                                 =  32,768 B
+  post-attn RMSNorm   4h + 4h + 4                                             =  32,772 B
   gate/up inputs      2*2h                                                    =  16,384 B
   MLP                 gate out, SiLU out, up out, product: 4*2I               =  88,064 B
-                                                                              = 227,456 B/token/layer
+                                                                              = 227,464 B/token/layer
+
+The attention output is not copied for o_proj: PyTorch's CUDA flash and efficient kernels run on
+[b, s, heads, d] buffers and return their output transposed to [b, heads, s, d] (aten/src/ATen/native/
+transformers/cuda/attention.cu ``_scaled_dot_product_flash_attention_cuda``: ``q_t = query.transpose(1, 2)``
+... ``output.transpose(1, 2)``), so transformers' ``attn_output.transpose(1, 2).contiguous()``
+(integrations/sdpa_attention.py:195 at 5.24) and ``reshape(*input_shape, -1).contiguous()``
+(modeling_llama.py:269) are views.  Eager attention's ``probs @ v`` is [b, heads, s, d] in memory, and
+its transpose is copied (``_out_proj_input``).
 
 Compare Korthikanti et al. (arXiv 2205.05198, eq. 2): sbh(34 + 5as/h) for GPT-3 blocks
 in fp16 with dropout and LayerNorm; our count differs because Llama keeps an fp32
@@ -27,10 +35,60 @@ and flash attention saves no s x s term.  The docs (docs/conventions.md) compare
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.units import ceil_div
+
+
+class SavedTensor(NamedTuple):
+    """One kind of tensor autograd saves for the backward: ``copies`` tensors of ``nbytes`` each.
+
+    ``nbytes`` is per token in the per-token functions below (``attention_tensors``, ``mlp_tensors``,
+    ``norm_tensors``, ``layer_tensors``) and in bytes in a layer's list (analytic/terms/layers.py
+    ``LayerActivations.tensors``).  ``part`` is its lifetime: made in the layer's forward, freed by the
+    backward of that part of the layer ("mlp": the MLP's backward, which runs first; "attention": the
+    attention's, which ends the layer's backward).  The closed form (``attention_saved``, ``mlp_saved``,
+    ``norms_saved``, ``layer_saved_per_token``) is the sum of these records, and the allocator's event
+    stream (analytic/events.py) allocates each of them: one model of the saved tensors.
+    """
+
+    name: str
+    nbytes: int
+    copies: int = 1  # equal tensors (one autocast copy per consuming projection)
+    part: str = "attention"
+
+    @property
+    def total(self) -> int:
+        return self.nbytes * self.copies
+
+
+def total_bytes(tensors: Iterable[SavedTensor]) -> int:
+    """The bytes of ``tensors`` (each record's ``nbytes x copies``)."""
+    return sum(t.nbytes * t.copies for t in tensors)
+
+
+def _T(name: str, nbytes: int, copies: int = 1) -> SavedTensor:
+    return SavedTensor(name, nbytes, copies)
+
+
+_tuple_new = tuple.__new__  # a record made without NamedTuple's ``_replace`` / ``__new__`` frames (a step makes hundreds)
+
+
+def scaled(tensors: Iterable[SavedTensor], k: int) -> tuple[SavedTensor, ...]:
+    """``tensors`` with every record's bytes times ``k`` (per token -> per layer: ``k`` = tokens)."""
+    return tuple(_tuple_new(SavedTensor, (t[0], t[1] * k, t[2], t[3])) for t in tensors)
+
+
+def _in_part(tensors: Iterable[SavedTensor], part: str) -> list[SavedTensor]:
+    return [_tuple_new(SavedTensor, (t[0], t[1], t[2], part)) for t in tensors]
+
+
+def _times(tensors: Iterable[SavedTensor], k: int) -> list[SavedTensor]:
+    """Per routed token -> per token: each record holds the ``k`` routed rows of every token (one tensor)."""
+    return list(scaled(tensors, k))
 
 
 @dataclass(frozen=True)
@@ -114,6 +172,27 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
     return 4 if ctx.autocast else r
 
 
+def _norm_stats(kind: str) -> int:
+    """Bytes per token a norm saves besides its per-element tensors: its per-row statistics, in fp32.
+
+    RMSNorm (Llama, Gemma, gpt-oss, DeepSeek's low-rank norms) and CohereLayerNorm compute
+    ``x * torch.rsqrt(variance + eps)``: ``mul`` saves both operands and ``rsqrt`` its result
+    (derivatives.yaml ``rsqrt: -0.5 * grad * result.pow(3)``), one fp32 value per row, 4 B per token,
+    whether or not the weight is trainable (the input's gradient needs it).  LayerNorm
+    (``native_layer_norm``, and OLMo's weightless ``F.layer_norm``) saves the row's ``mean`` and ``rstd``,
+    in the accumulation type (fp32 for half inputs: aten/src/ATen/native/cuda/layer_norm_kernel.cu
+    ``RowwiseMomentsCUDAKernel`` writes ``T_ACC* mean, T_ACC* rstd``): 8 B per token.  Checked with
+    ``torch.autograd.graph.saved_tensors_hooks`` on transformers 5.24's ``LlamaRMSNorm`` (a [b, s, 1] fp32
+    tensor beside the fp32 input and the normalized one) and on ``F.layer_norm`` (two [b, s, 1] fp32).
+    """
+    return 8 if kind in ("layer", "layer_nonparam") else 4
+
+
+def norm_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:
+    """Bytes per token one of the model's norms saves: its per-element tensors and its row statistics."""
+    return _norm_saved(m.norm, ctx) * m.hidden_size + _norm_stats(m.norm)
+
+
 def _norm_out_bytes(kind: str, ctx: ActContext) -> int:
     if kind == "layer" and ctx.autocast:
         return 4
@@ -123,17 +202,30 @@ def _norm_out_bytes(kind: str, ctx: ActContext) -> int:
 
 def _linear_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext) -> int:
     """Saved bytes per token for the shared input of ``modules`` (e.g. q,k,v)."""
+    return total_bytes(_linear_input_tensors("input", width, modules, in_bytes, ctx))
+
+
+def _linear_input_tensors(name: str, width: int, modules: tuple[str, ...], in_bytes: int,
+                          ctx: ActContext) -> list[SavedTensor]:
+    """``_linear_inputs`` as records named ``name``: one autocast (or fp8) copy per consumer, or the shared
+    input itself; with a frozen base, what the adapters keep (``_adapter_input_tensors``)."""
     c = ctx.compute_bytes
     casts = ctx.autocast and in_bytes != c
     if not ctx.frozen_base:
         if casts or ctx.linear_input_bytes != in_bytes:
-            return len(modules) * ctx.linear_input_bytes * width  # one cast per consumer
-        return in_bytes * width
-    return _adapter_inputs(width, modules, in_bytes, ctx)
+            return [_T(f"{name}.input_cast", ctx.linear_input_bytes * width, len(modules))]  # one cast per consumer
+        return [_T(f"{name}.input", in_bytes * width)]
+    return _adapter_input_tensors(name, width, modules, in_bytes, ctx)
 
 
 def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext) -> int:
-    """Frozen base: what the LoRA adapters on ``modules`` save, per token.
+    """Frozen base: what the LoRA adapters on ``modules`` save, per token (``_adapter_input_tensors``)."""
+    return total_bytes(_adapter_input_tensors("lora", width, modules, in_bytes, ctx))
+
+
+def _adapter_input_tensors(name: str, width: int, modules: tuple[str, ...], in_bytes: int,
+                           ctx: ActContext) -> list[SavedTensor]:
+    """Frozen base: what the LoRA adapters on ``modules`` save, per token, as records named ``name``.
 
     peft keeps adapters in fp32 (``get_peft_model(autocast_adapter_dtype=True)``) and casts each
     adapter's input to that dtype (``_cast_input_dtype``); under autocast the matmul casts it back
@@ -145,16 +237,18 @@ def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Ac
     hit = [m for m in modules if m in ctx.lora_targets]
     per = c if ctx.autocast else a
     kbit = _kbit_inputs(width, modules, in_bytes, ctx, shared=bool(hit) and not ctx.lora_dropout and per == in_bytes)
+    out = [_T(f"{name}.kbit_input", kbit)] if kbit else []
     if not hit:
-        return kbit
+        return out
+    n = len(hit)
     if ctx.lora_dropout:
-        saved = len(hit) * (1 + per) * width
+        out += [_T(f"{name}.lora_dropout_mask", width, n), _T(f"{name}.lora_input", per * width, n)]
     elif not ctx.autocast and in_bytes == a:
-        saved = in_bytes * width  # no cast: every adapter saves the same input
+        out.append(_T(f"{name}.lora_input", in_bytes * width))  # no cast: every adapter saves the same input
     else:
-        saved = len(hit) * per * width
-    saved += len(hit) * per * ctx.lora_rank  # lora_A output, saved by lora_B
-    return saved + kbit
+        out.append(_T(f"{name}.lora_input", per * width, n))
+    out.append(_T(f"{name}.lora_a_output", per * ctx.lora_rank, n))  # lora_A output, saved by lora_B
+    return out
 
 
 def _kbit_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext, shared: bool) -> int:
@@ -187,9 +281,13 @@ def _kbit_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActCo
 def _out_proj_input(width: int, module: str, ctx: ActContext) -> int:
     """The attention output's transpose(1, 2).contiguous() copy, as the output projection saves it
     (full fine-tuning) or as its adapter saves it (frozen base)."""
+    return total_bytes(_out_proj_input_tensors(width, module, ctx))
+
+
+def _out_proj_input_tensors(width: int, module: str, ctx: ActContext) -> list[SavedTensor]:
     if not ctx.frozen_base:
-        return ctx.compute_bytes * width
-    return _adapter_inputs(width, (module,), ctx.compute_bytes, ctx)
+        return [_T("attention.o_proj.input", ctx.compute_bytes * width)]
+    return _adapter_input_tensors("attention.o_proj", width, (module,), ctx.compute_bytes, ctx)
 
 
 def _act_saved(act: str, ctx: ActContext) -> tuple[int, int]:
@@ -210,54 +308,72 @@ def _dropout(p: float, ctx: ActContext) -> int:
 
 
 def attention_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
-    """Per token: q/k/v inputs and tensors, the kernel's saved state, the output."""
+    """Per token: q/k/v inputs and tensors, the kernel's saved state, the output (``attention_tensors``)."""
+    return total_bytes(attention_tensors(m, layer, ctx))
+
+
+def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[SavedTensor]:
+    """What the attention block saves, per token, tensor by tensor in the order the forward makes them
+    (the norm before it is ``norm_tensors``'s)."""
     c, tp = ctx.compute_bytes, ctx.tp
     heads = ceil_div(m.num_attention_heads, tp)
     in_b = _norm_out_bytes(m.norm, ctx)
     width_in = m.hidden_size  # with sequence parallelism the input is all-gathered before the linear
     if m.mla is not None:
-        return _mla_saved(m, ctx, heads, in_b)
+        return _mla_tensors(m, ctx, heads, in_b)
     qw = heads * m.head_dim
     kvw = max(1, ceil_div(m.num_kv_heads, tp)) * m.head_dim
-    saved = _linear_inputs(width_in, m.traits.qkv_modules, in_b, ctx)
+    out = _linear_input_tensors("attention.qkv", width_in, m.traits.qkv_modules, in_b, ctx)
     if m.qk_norm:
         # per-head q/k RMSNorm: fp32 copy + normalized tensor; GemmaRMSNorm keeps both in fp32
-        saved += (4 if ctx.frozen_base else 8 if m.norm == "gemma_rms" else 4 + c) * (qw + kvw)
+        per = 4 if ctx.frozen_base else 8 if m.norm == "gemma_rms" else 4 + c
+        out += [_T("attention.q_norm", per * qw), _T("attention.k_norm", per * kvw)]
     if m.traits.fused_qkv_view and ctx.attention != "math":
         # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the
         # kernel is a view of the fused output, which keeps the whole [q|k|v] buffer alive
-        saved += c * (qw + kvw)
+        out.append(_T("attention.fused_qkv_buffer", c * (qw + kvw)))
     o_name = m.traits.out_proj_module
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
-        saved += c * (qw + 2 * kvw)  # q, k, v as the kernel saves them (no GQA repeat)
-        saved += c * qw  # output (o_proj's input is a view of it: HF transposes a BSHD buffer)
-        saved += 4 * heads  # logsumexp, fp32 per head and query
+        # q, k, v as the kernel saves them (no GQA repeat); the output (o_proj's input is a view of it: HF
+        # transposes a BSHD buffer); the logsumexp, fp32 per head and query
+        out += [_T("attention.q", c * qw), _T("attention.k", c * kvw), _T("attention.v", c * kvw),
+                _T("attention.output", c * qw), _T("attention.logsumexp", 4 * heads)]
         if ctx.frozen_base:
-            saved += _adapter_inputs(qw, (o_name,), c, ctx)
+            out += _adapter_input_tensors("attention.o_proj", qw, (o_name,), c, ctx)
         if ctx.sdpa and window and ctx.seq_len >= window:
             # transformers builds an explicit sliding-window mask once the sequence reaches the window;
             # SDPA then runs the memory-efficient kernel, which keeps the mask (converted to the query
             # dtype, [b, 1, s, s]), and transformers repeats K/V to every head (no enable_gqa with a mask)
-            saved += c * ctx.seq_len + 2 * c * (qw - kvw)
+            out += [_T("attention.window_mask", c * ctx.seq_len), _T("attention.kv_repeated", c * (qw - kvw), 2)]
     elif ctx.attention == "math":
-        saved += _sdpa_math_saved(m, ctx, heads, qw, kvw, s_keys)
-        saved += _out_proj_input(qw, o_name, ctx)
+        out += _sdpa_math_tensors(m, ctx, heads, qw, kvw, s_keys)
+        out += _out_proj_input_tensors(qw, o_name, ctx)
     else:
-        kv_saved = qw if ctx.gqa_repeat else kvw
-        saved += c * (qw + 2 * kv_saved)
-        probs = heads * s_keys
-        saved += eager_softmax_saved(m, ctx, heads, s_keys)
-        if m.traits.attn_logit_softcap:
-            # Gemma 2 soft-caps the scores (attn_logit_softcapping, 50 by default): tanh saves its output
-            saved += c * probs
-        if ctx.dropout and m.attention_dropout > 0:
-            # the AV matmul saves the dropped probabilities instead of the cast ones: mask + output
-            saved += probs * (1 + c) - (c * probs if probs_cast_saved(m, ctx) else 0)
-        saved += _out_proj_input(qw, o_name, ctx)
-    saved += _dropout(m.hidden_dropout, ctx) * m.hidden_size
-    return saved
+        out += _eager_tensors(m, ctx, heads, qw, kvw, s_keys)
+        out += _out_proj_input_tensors(qw, o_name, ctx)
+    if _dropout(m.hidden_dropout, ctx):
+        out.append(_T("attention.residual_dropout_mask", m.hidden_size))
+    return [t for t in out if t.nbytes]
+
+
+def _eager_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int, s_keys: int) -> list[SavedTensor]:
+    """Eager attention's q, k, v (repeated to every head when ``gqa_repeat``), its probabilities (and their
+    soft-capped scores, their dropout), per token."""
+    c = ctx.compute_bytes
+    kv_saved = qw if ctx.gqa_repeat else kvw
+    out = [_T("attention.q", c * qw), _T("attention.k", c * kv_saved), _T("attention.v", c * kv_saved)]
+    probs = heads * s_keys
+    out += eager_softmax_tensors(m, ctx, heads, s_keys)
+    if m.traits.attn_logit_softcap:
+        # Gemma 2 soft-caps the scores (attn_logit_softcapping, 50 by default): tanh saves its output
+        out.append(_T("attention.softcap_output", c * probs))
+    if ctx.dropout and m.attention_dropout > 0:
+        # the AV matmul saves the dropped probabilities (mask + output) instead of the cast ones
+        out = [t for t in out if t.name != "attention.probs_cast"]
+        out += [_T("attention.probs_dropout_mask", probs), _T("attention.dropped_probs", c * probs)]
+    return out
 
 
 def _softmax_bytes(m: ModelSpec, ctx: ActContext) -> int:
@@ -292,12 +408,18 @@ def eager_softmax_saved(m: ModelSpec, ctx: ActContext, heads: int, s_keys: int) 
     dtype copies it.  Example, gpt-oss-20b (64 heads) at s = 4096 under bf16 mixed precision, full
     fine-tuning: 64 x (4 x 4097 + 2 x 4096 + 8) = 1,573,632 B per token per layer.
     """
+    return total_bytes(eager_softmax_tensors(m, ctx, heads, s_keys))
+
+
+def eager_softmax_tensors(m: ModelSpec, ctx: ActContext, heads: int, s_keys: int) -> list[SavedTensor]:
+    """``eager_softmax_saved`` as records: the softmax output, its compute-dtype copy, gpt-oss's max indices."""
     c = ctx.compute_bytes
     probs = heads * s_keys
     p = _softmax_bytes(m, ctx)
     if not m.attention_sinks:
-        return p * probs + (c * probs if c < p else 0)
-    return p * heads * (s_keys + 1) + (c * probs if p != c else 0) + 8 * heads
+        return [_T("attention.softmax", p * probs), _T("attention.probs_cast", c * probs if c < p else 0)]
+    return [_T("attention.softmax", p * heads * (s_keys + 1)), _T("attention.probs_cast", c * probs if p != c else 0),
+            _T("attention.max_indices", 8 * heads)]
 
 
 def frozen_input_eager_unsaved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
@@ -312,31 +434,36 @@ def frozen_input_eager_unsaved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) 
     requires grad, so nothing changes there.  Example, LoRA on q_proj and v_proj (the default): the
     rotated query is not kept, c x heads x head_dim per token.
     """
-    if ctx.attention != "eager" or m.mla is not None or not any(p.module == "q_proj" for p in m.params):
+    dropped = frozen_input_eager_dropped(m, layer, ctx)
+    if not dropped:
         return 0
+    return total_bytes(t for t in attention_tensors(m, layer, ctx) if t.name in dropped)
+
+
+def frozen_input_eager_dropped(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> frozenset[str]:
+    """The names of the ``attention_tensors`` records that ``frozen_input_eager_unsaved`` counts as not saved."""
+    if ctx.attention != "eager" or m.mla is not None or not any(p.module == "q_proj" for p in m.params):
+        return frozenset()
     t = ctx.lora_targets
     q, k, v = "q_proj" in t, "k_proj" in t, "v_proj" in t
-    c = ctx.compute_bytes
-    heads = ceil_div(m.num_attention_heads, ctx.tp)
-    qw = heads * m.head_dim
-    kv_saved = qw if ctx.gqa_repeat else max(1, ceil_div(m.num_kv_heads, ctx.tp)) * m.head_dim
-    s_keys = ctx.seq_len
-    out = (0 if k else c * qw) + (0 if q else c * kv_saved)
+    # q @ k^T saves the query for the key's gradient and the key for the query's
+    out = ({"attention.q"} if not k else set()) | ({"attention.k"} if not q else set())
     if ctx.dropout and m.attention_dropout > 0:
-        return out
-    cast = c * heads * s_keys if probs_cast_saved(m, ctx) else 0
+        return frozenset(out)
     if not (q or k):
         # the scores do not require grad: no softmax output kept for its own backward, no values for the
         # probabilities' gradient; the AV matmul still keeps the probabilities (the cast copy, or a view of
         # the softmax output) when the values require grad
-        softmax = eager_softmax_saved(m, ctx, heads, s_keys) - cast
-        out += c * kv_saved + (softmax if (cast or not v) else 0)
+        out.add("attention.v")
+        if probs_cast_saved(m, ctx) or not v:
+            out |= {"attention.softmax", "attention.max_indices"}
     if not v:
-        out += cast
-    return out
+        out.add("attention.probs_cast")
+    return frozenset(out)
 
 
-def _sdpa_math_saved(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int, s_keys: int) -> int:
+def _sdpa_math_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int,
+                       s_keys: int) -> list[SavedTensor]:
     """SDPA's math backend (attention.cpp ``_scaled_dot_product_attention_math``), per token.
 
     Half inputs are upcast to fp32 (``allowFP16BF16ReductionMathSDP`` is off by default); the
@@ -346,15 +473,17 @@ def _sdpa_math_saved(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: in
     """
     c = ctx.compute_bytes
     kv = qw if kvw != qw else kvw
-    saved = c * (qw + 2 * kvw)  # q, k, v as the model hands them over (its own tensors)
-    saved += 4 * qw + 4 * kv + 4 * kv  # scaled q, scaled k^T (per head), v (per head), fp32
-    saved += 4 * heads * s_keys  # _safe_softmax output, fp32
+    # q, k, v as the model hands them over (its own tensors)
+    out = [_T("attention.q", c * qw), _T("attention.k", c * kvw), _T("attention.v", c * kvw)]
+    # scaled q, scaled k^T (per head), v (per head), fp32; the _safe_softmax output, fp32
+    out += [_T("attention.math_q_scaled", 4 * qw), _T("attention.math_k_scaled", 4 * kv),
+            _T("attention.math_v_fp32", 4 * kv), _T("attention.softmax", 4 * heads * s_keys)]
     if ctx.dropout and m.attention_dropout > 0:
-        saved += heads * s_keys * (1 + 4)
-    return saved
+        out += [_T("attention.probs_dropout_mask", heads * s_keys), _T("attention.dropped_probs", 4 * heads * s_keys)]
+    return out
 
 
-def _mla_saved(m: ModelSpec, ctx: ActContext, heads: int, in_b: int) -> int:
+def _mla_tensors(m: ModelSpec, ctx: ActContext, heads: int, in_b: int) -> list[SavedTensor]:
     """DeepSeek MLA (modeling_deepseek_v3.py), efficient-attention kernel, per token.
 
     The low-rank norms save their fp32 input (and, for their weight's gradient, the normalized tensor);
@@ -367,76 +496,100 @@ def _mla_saved(m: ModelSpec, ctx: ActContext, heads: int, in_b: int) -> int:
     h = m.hidden_size
     qk = a.qk_nope_head_dim + a.qk_rope_head_dim
     norm = 4 if ctx.frozen_base else 4 + c
-    saved = 0
+    stats = _norm_stats("rms")  # the low-rank norms are RMSNorms (DeepseekV2RMSNorm, DeepseekV3RMSNorm)
     if a.q_lora_rank:
-        saved += _linear_inputs(h, ("q_a_proj", "kv_a_proj_with_mqa"), in_b, ctx)
-        saved += norm * a.q_lora_rank + _linear_inputs(a.q_lora_rank, ("q_b_proj",), c, ctx)
+        out = _linear_input_tensors("attention.q_a_kv_a", h, ("q_a_proj", "kv_a_proj_with_mqa"), in_b, ctx)
+        out.append(_T("attention.q_a_norm", norm * a.q_lora_rank + stats))
+        out += _linear_input_tensors("attention.q_b", a.q_lora_rank, ("q_b_proj",), c, ctx)
     else:
-        saved += _linear_inputs(h, ("q_proj", "kv_a_proj_with_mqa"), in_b, ctx)
-    saved += norm * a.kv_lora_rank + _linear_inputs(a.kv_lora_rank, ("kv_b_proj",), c, ctx)
-    saved += c * heads * qk * 2  # query and key after RoPE and concatenation
-    saved += c * heads * (a.qk_nope_head_dim + a.v_head_dim)  # kv_b_proj's output, kept by the value view
-    saved += _out_proj_input(heads * a.v_head_dim, "o_proj", ctx)  # the kernel's output
-    saved += 4 * heads
-    return saved
+        out = _linear_input_tensors("attention.q_kv_a", h, ("q_proj", "kv_a_proj_with_mqa"), in_b, ctx)
+    out.append(_T("attention.kv_a_norm", norm * a.kv_lora_rank + stats))
+    out += _linear_input_tensors("attention.kv_b", a.kv_lora_rank, ("kv_b_proj",), c, ctx)
+    # query and key after RoPE and concatenation; kv_b_proj's output, kept by the value view
+    out += [_T("attention.q", c * heads * qk), _T("attention.k", c * heads * qk),
+            _T("attention.kv_b_output", c * heads * (a.qk_nope_head_dim + a.v_head_dim))]
+    out += _out_proj_input_tensors(heads * a.v_head_dim, "o_proj", ctx)  # the kernel's output
+    out.append(_T("attention.logsumexp", 4 * heads))
+    return [t for t in out if t.nbytes]
 
 
 def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
-    c, tp = ctx.compute_bytes, ctx.tp
+    """Per token: what the MLP (dense, or the router and experts of a MoE layer) saves (``mlp_tensors``)."""
+    return total_bytes(mlp_tensors(m, layer, ctx))
+
+
+def mlp_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[SavedTensor]:
+    """What the MLP saves, per token, tensor by tensor in the order the forward makes them (part "mlp")."""
     in_b = _norm_out_bytes(m.norm, ctx)
-    h = m.hidden_size
-    act_saved, act_out = _act_saved(m.hidden_act, ctx)
-    saved = 0
+    if layer.moe and m.moe is not None:
+        out = _moe_tensors(m, ctx, in_b)
+    elif m.mlp_gated:
+        out = _gated_tensors(m, ceil_div(layer.intermediate_size, ctx.tp), in_b, ctx)
+    else:
+        out = _fc_tensors(m, ceil_div(layer.intermediate_size, ctx.tp), in_b, ctx)
     if _shares_attention_input(m, in_b, ctx):
         # one norm feeds attention and MLP (parallel block) and no cast copies it per consumer: the MLP's
-        # first linear saves the very tensor the attention's projections saved
-        saved -= in_b * h
-    if layer.moe and m.moe is not None:
-        e = m.moe
-        saved += _linear_inputs(h, ("gate",), in_b, ctx) + _router_saved(m, ctx)
-        if ctx.router_wrapped and ctx.frozen_base:
-            # F.linear(x, W + s B A) keeps x for the adapted weight's gradient: the autocast copy, or x itself
-            saved += (c if ctx.autocast else in_b) * h
-        if ctx.expert_loop:
-            saved += e.top_k * _expert_loop_saved(m, ctx, in_b, act_saved)
-        else:
-            saved += e.top_k * _grouped_experts_saved(m, ctx)
-        if e.shared_intermediate_size:
-            si = ceil_div(e.shared_intermediate_size, tp)
-            saved += _linear_inputs(h, ("gate_proj", "up_proj"), in_b, ctx)
-            # as the dense gated MLP below: gate, activation and up outputs in ew (fp32 when bitsandbytes
-            # linears return the fp32 hidden states' dtype), then down's input
-            saved += (act_saved - c + 3 * ctx.ew) * si
-            saved += c * si if not ctx.frozen_base else _adapter_inputs(si, ("down_proj",), ctx.ew, ctx)
-        return saved
-    inter = ceil_div(layer.intermediate_size, tp)
-    if m.mlp_gated:
-        mods = _gate_up_modules(m)
-        saved += _linear_inputs(h, mods, in_b, ctx)
-        # gate out (saved by the activation), activation out and up out (saved by the product),
-        # the product (down_proj's input)
-        ew = ctx.ew
-        saved += (act_saved - c + ew + 2 * ew) * inter
-        if not ctx.frozen_base:
-            saved += c * inter
-        else:
-            saved += _adapter_inputs(inter, ("down_proj",), ew, ctx)
+        # first linear saves the very tensor the attention's projections saved (its one input record)
+        out = out[1:]
+    if _dropout(m.hidden_dropout, ctx):
+        out.append(_T("mlp.residual_dropout_mask", m.hidden_size))
+    return _in_part((t for t in out if t.nbytes), "mlp")
+
+
+def _gated_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext, name: str = "mlp",
+                   mods: tuple[str, ...] | None = None) -> list[SavedTensor]:
+    """A gated MLP (dense, or the shared experts) of ``inter`` intermediate width, per token."""
+    c, ew = ctx.compute_bytes, ctx.ew
+    act_saved, _ = _act_saved(m.hidden_act, ctx)
+    out = _linear_input_tensors(f"{name}.gate_up", m.hidden_size, mods or _gate_up_modules(m), in_b, ctx)
+    # gate out (saved by the activation), activation out and up out (saved by the product), in ew (fp32 when
+    # bitsandbytes linears return the fp32 hidden states' dtype), then the product (down_proj's input)
+    out += [_T(f"{name}.gate_output", (act_saved - c + ew) * inter), _T(f"{name}.act_output", ew * inter),
+            _T(f"{name}.up_output", ew * inter)]
+    if not ctx.frozen_base:
+        out.append(_T(f"{name}.down.input", c * inter))
     else:
-        fc1, fc2 = _fc_names(m)
-        if ctx.elementwise_bytes and m.traits.fc_act_in_output_dtype:
-            # bitsandbytes' fc1 returns the fp32 hidden states' dtype: the activation runs and saves in ew
-            # bytes (NewGELU's chain then keeps four fp32 tensors: x, tanh, 0.5 x and 1 + tanh)
-            ew = ctx.elementwise_bytes
-            act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
-        saved += _linear_inputs(h, (fc1,), in_b, ctx)
-        saved += act_saved * inter
-        # ReLU saves its output, which is also fc2's input: one tensor, counted once
-        if ctx.frozen_base:
-            saved += _adapter_inputs(inter, (fc2,), act_out, ctx)
-        elif m.hidden_act != "relu":
-            saved += (c if act_out != c or ctx.autocast else act_out) * inter
-    saved += _dropout(m.hidden_dropout, ctx) * h
-    return saved
+        out += _adapter_input_tensors(f"{name}.down", inter, ("down_proj",), ew, ctx)
+    return out
+
+
+def _fc_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext) -> list[SavedTensor]:
+    """A non-gated MLP (fc1, activation, fc2), per token."""
+    c = ctx.compute_bytes
+    act_saved, act_out = _act_saved(m.hidden_act, ctx)
+    fc1, fc2 = _fc_names(m)
+    if ctx.elementwise_bytes and m.traits.fc_act_in_output_dtype:
+        # bitsandbytes' fc1 returns the fp32 hidden states' dtype: the activation runs and saves in ew
+        # bytes (NewGELU's chain then keeps four fp32 tensors: x, tanh, 0.5 x and 1 + tanh)
+        ew = ctx.elementwise_bytes
+        act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
+    out = _linear_input_tensors("mlp.fc1", m.hidden_size, (fc1,), in_b, ctx)
+    out.append(_T("mlp.activation", act_saved * inter))
+    # ReLU saves its output, which is also fc2's input: one tensor, counted once
+    if ctx.frozen_base:
+        out += _adapter_input_tensors("mlp.fc2", inter, (fc2,), act_out, ctx)
+    elif m.hidden_act != "relu":
+        out.append(_T("mlp.fc2.input", (c if act_out != c or ctx.autocast else act_out) * inter))
+    return out
+
+
+def _moe_tensors(m: ModelSpec, ctx: ActContext, in_b: int) -> list[SavedTensor]:
+    """A MoE layer's router, routed experts (all routed rows of a kind in one record) and shared experts."""
+    assert m.moe is not None
+    e, c, h = m.moe, ctx.compute_bytes, m.hidden_size
+    out = _linear_input_tensors("mlp.router", h, ("gate",), in_b, ctx) + _router_tensors(m, ctx)
+    if ctx.router_wrapped and ctx.frozen_base:
+        # F.linear(x, W + s B A) keeps x for the adapted weight's gradient: the autocast copy, or x itself
+        out.append(_T("mlp.router.adapted_input", (c if ctx.autocast else in_b) * h))
+    if ctx.expert_loop:
+        act_saved, _ = _act_saved(m.hidden_act, ctx)
+        out += _times(_expert_loop_tensors(m, ctx, in_b, act_saved), e.top_k)
+    else:
+        out += _times(_grouped_experts_tensors(m, ctx), e.top_k)
+    if e.shared_intermediate_size:
+        out += _gated_tensors(m, ceil_div(e.shared_intermediate_size, ctx.tp), in_b, ctx, "mlp.shared",
+                              ("gate_proj", "up_proj"))
+    return out
 
 
 def _fc_names(m: ModelSpec) -> tuple[str, str]:
@@ -590,6 +743,11 @@ def _shares_attention_input(m: ModelSpec, in_b: int, ctx: ActContext) -> bool:
 
 
 def _router_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """Per token: what the router keeps beyond its input (``_router_tensors``)."""
+    return total_bytes(_router_tensors(m, ctx))
+
+
+def _router_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
     """Per token: what the router keeps beyond its input.
 
     Mixtral/Qwen-MoE/DeepSeek: the logits (c) and the fp32 softmax probabilities over all experts.
@@ -597,9 +755,10 @@ def _router_saved(m: ModelSpec, ctx: ActContext) -> int:
     per selected expert), then the softmax over the top-k values, which saves its k-wide output (c).
     """
     assert m.moe is not None
+    c = ctx.compute_bytes
     if m.traits.router_topk_first:
-        return (8 + ctx.compute_bytes) * m.moe.top_k
-    return (ctx.compute_bytes + 4) * m.moe.num_experts
+        return [_T("mlp.router.topk_indices", 8 * m.moe.top_k), _T("mlp.router.softmax", c * m.moe.top_k)]
+    return [_T("mlp.router.logits", c * m.moe.num_experts), _T("mlp.router.softmax", 4 * m.moe.num_experts)]
 
 
 def _gate_extra(m: ModelSpec) -> int:
@@ -624,6 +783,11 @@ def _expert_inter(m: ModelSpec, ctx: ActContext) -> int:
 
 
 def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """Per routed token: what transformers >= 5's grouped experts save (``_grouped_experts_tensors``)."""
+    return total_bytes(_grouped_experts_tensors(m, ctx))
+
+
+def _grouped_experts_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
     """Per routed token (token x top_k): transformers >= 5 ``grouped_mm_experts_forward``.
 
     Tokens are sorted by expert and gathered (top_k rows per token), then two grouped GEMMs run in
@@ -634,13 +798,14 @@ def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
     w = ctx.expert_bytes or ctx.compute_bytes
     gate_up = not ctx.frozen_base or ctx.gate_up_wrapped  # the weight (or its LoRA-adapted copy) needs a gradient
     down = not ctx.frozen_base or ctx.down_wrapped
-    per_routed = w * h if gate_up else 0  # gathered input, saved for the weight gradient
-    per_routed += w * 2 * ei  # gate_up output: SiLU saves the gate half, the product the up half
-    per_routed += w * ei  # activation output, saved by the product
-    per_routed += w * ei * _gate_extra(m)  # gpt-oss's clamped SwiGLU
-    per_routed += w * ei if down else 0  # product, down's input (saved for its weight gradient)
-    per_routed += w * h  # down output, saved by the multiplication with the routing weight
-    return per_routed
+    return [
+        _T("mlp.experts.gathered_input", w * h if gate_up else 0),  # saved for the weight gradient
+        _T("mlp.experts.gate_up_output", w * 2 * ei),  # SiLU saves the gate half, the product the up half
+        _T("mlp.experts.act_output", w * ei),  # saved by the product
+        _T("mlp.experts.clamped_glu", w * ei * _gate_extra(m)),  # gpt-oss's clamped SwiGLU
+        _T("mlp.experts.down_input", w * ei if down else 0),  # the product, saved for down's weight gradient
+        _T("mlp.experts.down_output", w * h),  # saved by the multiplication with the routing weight
+    ]
 
 
 @dataclass(frozen=True)
@@ -729,7 +894,7 @@ def wrapped_experts_backward(m: ModelSpec, wx: WrappedExperts, ctx: ActContext, 
     return max(moments), rel
 
 
-def _expert_loop_saved(m: ModelSpec, ctx: ActContext, in_b: int, act_saved: int) -> int:
+def _expert_loop_tensors(m: ModelSpec, ctx: ActContext, in_b: int, act_saved: int) -> list[SavedTensor]:
     """Per routed token (token x top_k): the eager experts loop over per-expert bitsandbytes linears
     (QLoRA; ``MixtralExperts.forward``, modeling_mixtral.py:68-92, with 4.x's per-expert MLP).
 
@@ -749,19 +914,28 @@ def _expert_loop_saved(m: ModelSpec, ctx: ActContext, in_b: int, act_saved: int)
     """
     assert m.moe is not None
     h, ei, c, ew = m.hidden_size, _expert_inter(m, ctx), ctx.compute_bytes, ctx.ew
-    per = _adapter_inputs(h, ("gate_proj", "up_proj"), in_b, ctx)
-    per += (act_saved - c + 3 * ew) * ei
-    per += _adapter_inputs(ei, ("down_proj",), ew, ctx)
-    per += 2 * ew * h
-    per += 8 + 8 + 4
-    return per
+    out = _adapter_input_tensors("mlp.experts.gate_up", h, ("gate_proj", "up_proj"), in_b, ctx)
+    out += [_T("mlp.experts.gate_output", (act_saved - c + ew) * ei), _T("mlp.experts.act_output", ew * ei),
+            _T("mlp.experts.up_output", ew * ei)]
+    out += _adapter_input_tensors("mlp.experts.down", ei, ("down_proj",), ew, ctx)
+    out += [_T("mlp.experts.down_output", ew * h), _T("mlp.experts.weighted_output", ew * h),
+            _T("mlp.experts.routing_indices", 8 + 8), _T("mlp.experts.routing_weight", 4)]
+    return out
 
 
 def norms_saved(m: ModelSpec, ctx: ActContext) -> int:
-    """The layer's norms (their inputs included) per token."""
-    per = _norm_saved(m.norm, ctx) * m.hidden_size
+    """The layer's norms (their inputs included) per token (``norm_tensors``, without sequence parallelism)."""
+    return total_bytes(norm_tensors(m, ctx))
+
+
+def norm_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
+    """The layer's norms (their inputs included) per token, one record per norm: the input norm (part
+    "attention"), the post-attention norm (part "mlp": freed before the attention's backward); Gemma's
+    sandwich norms two in each part; a parallel block's norm(s) in the attention part."""
+    per = norm_saved_per_token(m, ctx)
     if m.sandwich_norms:
-        return 4 * per
+        return [_T("norm.input", per), _T("norm.post_attention", per),
+                SavedTensor("norm.pre_feedforward", per, 1, "mlp"), SavedTensor("norm.post_feedforward", per, 1, "mlp")]
     if m.parallel_residual:
         # GPT-NeoX / Falcon: attention and MLP read the same layer input; its norm(s) save
         # that one input (LayerNorm saves only its input, mean and rstd).  Under autocast a half
@@ -769,22 +943,40 @@ def norms_saved(m: ModelSpec, ctx: ActContext) -> int:
         # list), so two norms (GPT-NeoX's input_layernorm and post_attention_layernorm, Falcon's
         # ln_attn and ln_mlp) save two copies.
         if m.norm == "layer" and ctx.autocast and ctx.residual_bytes != 4:
-            return per * max(1, len({p.module for p in m.params if p.role == "norm" and p.layer_span
-                                     and "attn." not in p.name and "attention." not in p.name}))
-        return per
-    return 2 * per
+            return [_T("norm.input", per, max(1, len({p.module for p in m.params if p.role == "norm" and p.layer_span
+                                                      and "attn." not in p.name and "attention." not in p.name})))]
+        return [_T("norm.input", per)]
+    return [_T("norm.input", per), SavedTensor("norm.post_attention", per, 1, "mlp")]
+
+
+def _sliced(tensors: list[SavedTensor], tp: int) -> list[SavedTensor]:
+    """Sequence parallelism: each rank keeps 1/tp of the tokens of ``tensors``; ``ceil_div(total, tp)`` in all,
+    each record its share (the last one the rounding)."""
+    total = ceil_div(total_bytes(tensors), tp)
+    out = [t._replace(nbytes=t.total // tp, copies=1) for t in tensors]
+    last = out[-1]
+    out[-1] = last._replace(nbytes=last.nbytes + total - total_bytes(out))
+    return out
+
+
+def layer_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[SavedTensor]:
+    """Everything one layer saves for backward, per token on this GPU, record by record: the attention part
+    (its norm, the attention) then the MLP part (its norm, the MLP), each in the order the forward makes
+    them.  ``layer_saved_per_token`` is their sum."""
+    norms = norm_tensors(m, ctx)
+    if ctx.sequence_parallel and ctx.tp > 1:
+        norms = _sliced(norms, ctx.tp)
+    attn = [t for t in norms if t.part == "attention"] + attention_tensors(m, layer, ctx)
+    return attn + [t for t in norms if t.part == "mlp"] + mlp_tensors(m, layer, ctx)
 
 
 def layer_saved_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
-    """Everything one layer saves for backward, per token on this GPU.
+    """Everything one layer saves for backward, per token on this GPU (the sum of ``layer_tensors``).
 
     With sequence parallelism (Megatron, arXiv 2205.05198 section 4.2.2) the norm and
     residual tensors are split over the tp ranks as well.
     """
-    norms = norms_saved(m, ctx)
-    if ctx.sequence_parallel and ctx.tp > 1:
-        norms = ceil_div(norms, ctx.tp)
-    return norms + attention_saved(m, layer, ctx) + mlp_saved(m, layer, ctx)
+    return total_bytes(layer_tensors(m, layer, ctx))
 
 
 def layer_backward_transient_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
@@ -802,7 +994,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
     """
     if m.parallel_residual:
         return 0
-    norm = _norm_saved(m.norm, ctx) * m.hidden_size
+    norm = norm_saved_per_token(m, ctx)
     norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
     if ctx.sequence_parallel and ctx.tp > 1:
         norms = ceil_div(norms, ctx.tp)

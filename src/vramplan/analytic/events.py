@@ -12,11 +12,10 @@ Llama and GPT-2 layers (trace/step.py; the op list of a Llama layer is in docs/a
 
 * setup: every parameter tensor, in module order (embedding, layers, final norm, head); the fp32
   masters (DeepSpeed); the optimizer states when they already exist; the DDP buckets; the input ids;
-* forward, per layer: the input norm (an fp32 ``pow`` temporary, the saved ``rsqrt`` and normalized
-  tensor, the norm output), each projection's autocast input cast and weight cast (saved) and its
-  output, RoPE's fp32 temporaries and the rotated q/k (saved), the kernel's output and logsumexp,
-  the output projection's input copy, the residual add (saved by the next norm); then the same for
-  the MLP.  Temporaries are freed where the trace frees them;
+* forward, per layer: the input norm (an fp32 ``pow`` temporary, the norm output), then the saved
+  tensors of the norm and the attention (the closed form's records, below), RoPE's fp32 temporaries
+  before the kernel's query, each projection's weight cast, the output projection's output; then the
+  same for the MLP.  Temporaries are freed where the trace frees them;
 * loss: logits (c V), their fp32 copy (4 V, freed after the loss), the saved log-softmax (4 V);
 * backward: the loss gradients (4 V + 4 V), then per layer in reverse: each linear's input gradient
   and weight gradient (``param.grad``, kept until the optimizer step), the frees of the saved tensors
@@ -25,11 +24,14 @@ Llama and GPT-2 layers (trace/step.py; the op list of a Llama layer is in docs/a
   foreach temporaries (one per parameter, all allocated, then all freed), then the gradients freed
   (``zero_grad(set_to_none=True)``).
 
-Sizes: each tensor's width comes from the model (hidden, q/kv widths, intermediate, heads x keys)
-and the precision policy; the per-layer sums are then reconciled with the closed-form terms
-(``kept``, ``full``, transients, weight casts, gradients, states), so the stream holds exactly the
-bytes the closed-form engine counts, split at the allocator's granularity.  What the stream does
-not know (an op the template lacks) goes into one reconciling tensor per layer.
+Sizes: each layer's saved tensors are the closed form's own records (analytic/activations.py
+``SavedTensor``: name, bytes, the part of the layer whose backward frees it), read from
+``LayerActivations.tensors`` (analytic/terms/layers.py), so a layer allocates exactly the bytes the
+closed form counts for it, tensor by tensor; a checkpointed layer keeps its ``kept`` bytes (the
+checkpointed input) as one tensor.  The other per-layer terms (weight casts, gradients, the backward's
+gradient tensors) are split over the layer's linears and widths; the forward's short-lived temporaries
+(a norm's fp32 ``pow``, its output, RoPE's fp32 products, the projections' outputs) come from the
+model's widths and are freed within the op, so they move no moment of the closed form.
 
 Steady state: ``train_run_events`` replays the first step (states created inside ``step()``, after
 the first forward/backward has left its cached blocks) and the second (states exist), and the
@@ -49,11 +51,13 @@ from typing import Any
 
 from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat
+from vramplan.analytic.activations import SavedTensor
 from vramplan.analytic.layout import RankParams, count_on_rank, split_on_rank
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.layers import layer_activations
 from vramplan.spec.model import ModelSpec
 
 __all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
@@ -73,6 +77,12 @@ class LayerTerms:
     norms: tuple[int, ...]  # element counts of the layer's other parameters
     params: tuple[int, ...] = ()  # resident bytes of each parameter tensor of the layer
     trainable: tuple[int, ...] = ()  # element counts of the layer's trainable tensors
+    # the saved tensors' bytes in the order the forward makes them (the closed form's records, one entry per
+    # tensor; they sum to ``full``): the first ``n_attn`` belong to the norm + attention part
+    saved: tuple[int, ...] = ()
+    n_attn: int = 0
+    rope_at: int = 0  # index in ``saved`` of the first tensor made after RoPE (the kernel's query)
+    checkpointed: bool = False  # full checkpointing: the forward keeps ``kept`` only, the backward recomputes
 
 
 @dataclass(frozen=True)
@@ -186,21 +196,6 @@ def split_exact(total: int, weights: Sequence[int]) -> list[int]:
     return [*parts, total - sum(parts)]
 
 
-def reconcile(sizes: list[int], total: int) -> list[int]:
-    """Make the saved tensors of a layer sum to the closed form's ``total``.
-
-    Below it: one more tensor holds the difference (an op the template does not know), made just
-    before the layer's output, which stays last.  Above it (the template saves a tensor the
-    configuration does not): every size shrinks in proportion.
-    """
-    have = sum(sizes)
-    if have == total or not sizes:
-        return sizes
-    if have < total:
-        return [*sizes[:-1], total - have, sizes[-1]]
-    return split_exact(total, sizes)
-
-
 # ----------------------------------------------------------------------------------------------
 # one decoder layer
 # ----------------------------------------------------------------------------------------------
@@ -210,8 +205,11 @@ def reconcile(sizes: list[int], total: int) -> list[int]:
 class _LayerPlan:
     """Sizes of one layer's tensors (bytes), in the order the forward makes them."""
 
-    saved: tuple[int, ...]  # reconciled saved tensors (attention part then MLP part), residual adds last
+    saved: tuple[int, ...]  # the saved tensors (attention part then MLP part): the closed form's records
     n_attn: int  # how many of ``saved`` belong to the norm + attention part
+    rope_at: int  # RoPE's fp32 temporaries are made just before ``saved[rope_at]``
+    kept: int  # a checkpointed forward's one kept tensor
+    checkpointed: bool
     casts: tuple[int, ...]  # per linear weight
     grads: tuple[int, ...]  # per parameter, in the order the backward produces them
     fwd_temps: tuple[int, ...]  # per-op temporaries of the forward (freed within the op)
@@ -220,28 +218,10 @@ class _LayerPlan:
     n_mlp_linears: int
 
 
-def _layer_plan(lay: StepLayout, lt: LayerTerms, kept_total: int) -> _LayerPlan:
+def _layer_plan(lay: StepLayout, lt: LayerTerms) -> _LayerPlan:
     t = lay.tokens
     h, c, r = lay.hidden * t, lay.compute_bytes, lay.residual_bytes
     qw, kvw, inter = lay.q_width * t, lay.kv_width * t, lay.inter * t
-    cast_in = c != r  # autocast copies an fp32 input once per consumer
-    norm = [4 * t, 4 * h]  # rsqrt, normalized x (fp32)
-    attn = list(norm)
-    attn += [c * h] * 3 if cast_in else [c * h]  # q/k/v inputs as the matmuls save them
-    attn += [c * kvw]  # v
-    attn += [c * qw, c * kvw]  # rotated q, k (the kernel's saved inputs)
-    if lay.quadratic:
-        s = lay.heads * lay.keys * t
-        attn += [4 * s] + ([c * s] if c < 4 else [])
-    attn += [c * qw, 4 * lay.heads * t]  # output, logsumexp
-    attn += [c * qw]  # the output projection's input copy
-    attn += [r * h]  # residual add (saved by the next norm)
-    mlp = list(norm)
-    mlp += [c * h] * (2 if lay.gated else 1) if cast_in else [c * h]
-    mlp += [c * inter, c * inter] + ([c * inter, c * inter] if lay.gated else [])
-    mlp += [r * h]
-    sizes = reconcile(attn + mlp, kept_total)
-    n_attn = min(len(attn), len(sizes))
     lin = lt.linears or (1,)
     casts = split_exact(lt.weight_cast, list(lin)) if lt.weight_cast else []
     params = list(reversed(lin)) + list(lt.norms)
@@ -253,62 +233,56 @@ def _layer_plan(lay: StepLayout, lt: LayerTerms, kept_total: int) -> _LayerPlan:
         attn_parts += [4 * lay.heads * lay.keys * t]
     attn_bwd = split_exact(lt.attn_transient, attn_parts)
     n_mlp = min(len(lin), 3 if lay.gated else 2)
-    return _LayerPlan(tuple(sizes), n_attn, tuple(casts), tuple(grads), fwd_temps, tuple(mlp_bwd), tuple(attn_bwd),
-                      n_mlp)
+    return _LayerPlan(lt.saved, lt.n_attn, lt.rope_at, lt.kept, lt.checkpointed, tuple(casts), tuple(grads),
+                      fwd_temps, tuple(mlp_bwd), tuple(attn_bwd), n_mlp)
+
+
+def _forward_part(st: _Stream, sizes: Sequence[int], tmp: tuple[int, ...], rope_at: int, out_tmp: int) -> list[int]:
+    """One part of a layer's forward (the norm and the attention, or the norm and the MLP): the norm's fp32
+    ``pow`` temporary, its output (alive through the part), the saved tensors (RoPE's fp32 temporaries just
+    before ``sizes[rope_at]``), the last one made while the part's output projection output is alive."""
+    p = st.alloc(tmp[0])
+    st.free(p)
+    norm_out = st.alloc(tmp[1])
+    ids: list[int] = []
+    last = len(sizes) - 1
+    for i, nbytes in enumerate(sizes):
+        if i == rope_at:
+            a, b, kk = st.alloc(tmp[2]), st.alloc(tmp[3]), st.alloc(tmp[4])
+            st.free_all((a, b, kk))
+        if i == last:
+            o = st.alloc(out_tmp)
+            st.free(norm_out)
+            norm_out = -1
+            ids.append(st.alloc(nbytes))
+            st.free(o)
+        else:
+            ids.append(st.alloc(nbytes))
+    st.free(norm_out)
+    return ids
 
 
 def _forward_layer(st: _Stream, plan: _LayerPlan, record: bool) -> tuple[list[int], list[int], int]:
     """One layer's forward.  Returns (saved ids, cast ids, id of the layer output).
 
     ``record``: autograd keeps the saved tensors (False: a checkpointed layer's first forward, which
-    frees everything but its output).
+    frees everything but its output, the ``kept`` tensor the next layer's checkpoint holds).
     """
-    saved: list[int] = []
-    casts = [st.alloc(x) for x in plan.casts[: max(0, len(plan.casts) - plan.n_mlp_linears)]] if record else []
+    n_attn, n_cast = plan.n_attn, max(0, len(plan.casts) - plan.n_mlp_linears)
     tmp = plan.fwd_temps
-    # input norm: an fp32 pow temporary, then the saved tensors; the norm output lives through the attention
-    p = st.alloc(tmp[0])
-    st.free(p)
-    norm_out = st.alloc(tmp[1])
-    k = 0
-    for i, nbytes in enumerate(plan.saved[: plan.n_attn]):
-        if i == 6:
-            # RoPE: fp32 temporaries of q and k, freed when the rotated tensors exist
-            a, b, kk = st.alloc(tmp[2]), st.alloc(tmp[3]), st.alloc(tmp[4])
-            st.free_all((a, b, kk))
-        if i == plan.n_attn - 1:
-            # the output projection's output, then the residual add; the norm output goes
-            o = st.alloc(tmp[5])
-            st.free(norm_out)
-            saved.append(st.alloc(nbytes))
-            st.free(o)
-            k += 1
-            continue
-        saved.append(st.alloc(nbytes))
-        k += 1
+    casts = [st.alloc(x) for x in plan.casts[:n_cast]] if record else []
+    saved = _forward_part(st, plan.saved[:n_attn], tmp, plan.rope_at, tmp[5])
     if record:
-        casts += [st.alloc(x) for x in plan.casts[max(0, len(plan.casts) - plan.n_mlp_linears):]]
-    p = st.alloc(tmp[0])
-    st.free(p)
-    norm_out = st.alloc(tmp[1])
-    rest = plan.saved[plan.n_attn:]
-    for i, nbytes in enumerate(rest):
-        if i == len(rest) - 1:
-            d = st.alloc(tmp[6])
-            st.free(norm_out)
-            out = st.alloc(nbytes)
-            st.free(d)
-            saved.append(out)
-            break
-        saved.append(st.alloc(nbytes))
-    else:
-        st.free(norm_out)
-        out = saved[-1] if saved else st.alloc(0)
+        casts += [st.alloc(x) for x in plan.casts[n_cast:]]
+    mlp = plan.saved[n_attn:]
     if not record:
-        keep = out
-        st.free_all([b for b in saved if b != keep])
-        st.free_all(casts)
-        return [], [], keep
+        # the last tensor made is the layer's output: the checkpoint keeps it (``kept`` bytes)
+        mlp = (*mlp[:-1], plan.kept) if mlp else (plan.kept,)
+    saved += _forward_part(st, mlp, tmp, -1, tmp[6])
+    out = saved[-1] if saved else -1
+    if not record:
+        st.free_all([b for b in saved if b != out])
+        return [], [], out
     return saved, casts, out
 
 
@@ -320,6 +294,7 @@ def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list
     appended to ``grad_ids`` (with gradient accumulation they exist already: none is made).
     """
     n_attn = plan.n_attn
+    has_mlp = len(saved) > n_attn  # the last tensor made is the layer's output, released after the MLP's backward
     mlp_saved = saved[n_attn:-1]
     attn_saved = saved[:n_attn]
     n_mlp_cast = min(len(casts), plan.n_mlp_linears)
@@ -349,7 +324,8 @@ def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list
     st.free_all(live)
     st.free(grad_in)
     # the layer's output (saved by the next layer's norm) is released by now
-    st.free(saved[-1])
+    if has_mlp:
+        st.free(saved[-1])
     # attention: dO, the kernel's dq/dk/dv and accumulator, RoPE's fp32 gradients, the projections'
     ab = plan.attn_bwd
     live = [st.alloc(x) for x in ab[1:-1]]
@@ -494,7 +470,6 @@ def _make_states(st: _Stream, lay: StepLayout, tr: list[int]) -> list[int]:
 def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int], grads_exist: bool,
           n_layers: int, autograd_ws: list[int]) -> None:
     """One forward + backward over ``n_layers`` layers (layer ``i`` uses ``plans[i % len(plans)]``)."""
-    ckpt = lay.checkpointing == "full"
     gathered = st.alloc(lay.gathered)
     resid = lay.residual_bytes * lay.hidden * lay.tokens
     # the embedding's output is the first layer's input; each layer's saved list ends with its own
@@ -508,8 +483,8 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         plan = plans[order[start] % len(plans)]
 
         def forward(k: int, plan: _LayerPlan = plan) -> tuple[list[int], list[int]]:
-            saved, casts, out = _forward_layer(st, plan, record=not ckpt)
-            return ([out], []) if ckpt else (saved, casts)
+            saved, casts, out = _forward_layer(st, plan, record=not plan.checkpointed)
+            return ([out], []) if plan.checkpointed else (saved, casts)
         done_f = _layers(st, count, forward)
         outs += [(done_f, k) for k in range(count)]
     head_saved = st.alloc(lay.head_saved - emb_bytes if lay.has_head else 0)
@@ -551,7 +526,6 @@ def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs
                      grads: list[int], grads_exist: bool, n_layers: int) -> int:
     """The layers' backward, last layer first (``outs``: each layer's forward ids); new parameter
     gradients are appended to ``grads``.  Returns the id of the gradient flowing into the embedding."""
-    ckpt = lay.checkpointing == "full"
     order = list(range(n_layers - 1, -1, -1))
     for start, count in _plan_runs(plans, order):
         plan = plans[order[start] % len(plans)]
@@ -561,7 +535,7 @@ def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs
             run_out, at = outs[order[start + k]]
             saved, casts = run_out[at]
             new_grads: list[int] = []
-            if ckpt:
+            if plan.checkpointed:
                 # the checkpoint recomputes the layer from its input, recording; the recomputed output
                 # replaces the kept one as the tensor the backward releases
                 kept_out = saved[0]
@@ -602,7 +576,7 @@ def _plans(lay: StepLayout) -> list[_LayerPlan]:
     seen: dict[LayerTerms, _LayerPlan] = {}
     for lt in lay.layers:
         if lt not in seen:
-            seen[lt] = _layer_plan(lay, lt, lt.full)
+            seen[lt] = _layer_plan(lay, lt)
         out.append(seen[lt])
     return out
 
@@ -701,26 +675,49 @@ def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, boo
     return inner, outside
 
 
-def _layer_terms(n: int, table: dict[str, list[int]], lin: tuple[int, ...], other: tuple[int, ...],
+def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ...], other: tuple[int, ...],
                  params: tuple[int, ...], trainable: tuple[int, ...]) -> tuple[LayerTerms, ...]:
-    """Each of the ``n`` layers' terms, read from the step's per-layer term records by name (``table``:
-    analytic/terms/base.py ``layer_table``)."""
+    """Each layer's terms, read from the step's per-layer term records by name (``table``: analytic/terms/base.py
+    ``layer_table``), and its saved tensors from the closed form's records (``LayerActivations.tensors``)."""
+    n = len(c.layer_specs)
+    la = layer_activations(c)
     zero = [0] * n
     kept, recompute = table.get("saved.kept", zero), table.get("saved.recompute", zero)
     casts, grads = table.get("casts.layer", zero), table.get("gradients.layer", zero)
     mlp_transient, attn_transient = table.get("transient.mlp", zero), table.get("transient.attention", zero)
     # alike layers (most of them) share one record: a frozen dataclass costs microseconds to make
-    made: dict[tuple[int, ...], LayerTerms] = {}
+    made: dict[tuple[object, ...], LayerTerms] = {}
+    plans: dict[int, tuple[tuple[int, ...], int, int]] = {}
     out = []
     for j in range(n):
-        v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j])
+        tensors = la.tensors[j]
+        plan = plans.get(id(tensors))
+        if plan is None:
+            plan = plans[id(tensors)] = _saved_sizes(tensors)
+        ckpt = la.checkpointed[j]
+        v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j], id(tensors), ckpt)
         lt = made.get(v)
         if lt is None:
             lt = made[v] = LayerTerms(kept=v[0], full=v[0] + v[1], mlp_transient=v[2], attn_transient=v[3],
                                       weight_cast=v[4], grad=v[5], linears=lin, norms=other, params=params,
-                                      trainable=trainable)
+                                      trainable=trainable, saved=plan[0], n_attn=plan[1], rope_at=plan[2],
+                                      checkpointed=ckpt)
         out.append(lt)
     return tuple(out)
+
+
+def _saved_sizes(tensors: Sequence[SavedTensor]) -> tuple[tuple[int, ...], int, int]:
+    """(each saved tensor's bytes, attention part first; how many belong to the attention part; the index of
+    the kernel's query, where RoPE's temporaries go) from a layer's records."""
+    attn = [t for t in tensors if t.part == "attention"]
+    sizes = [t.nbytes for t in attn for _ in range(t.copies)]
+    rope_at = next((i for i, t in enumerate(_expanded(attn)) if t.name == "attention.q"), len(sizes))
+    sizes += [t.nbytes for t in tensors if t.part != "attention" for _ in range(t.copies)]
+    return tuple(sizes), sum(t.copies for t in attn), rope_at
+
+
+def _expanded(tensors: Sequence[SavedTensor]) -> list[SavedTensor]:
+    return [t for t in tensors for _ in range(t.copies)]
 
 
 def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
@@ -746,7 +743,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     else:
         layer_trainable = tuple(x for x, _ in inner)
         outside_trainable = tuple(outside)
-    layers = _layer_terms(len(c.layer_specs), table, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
+    layers = _layer_terms(c, table, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
     ls0 = c.layer_specs[0] if c.layer_specs else None
     if ls0 is not None and ls0.moe and m.moe is not None:
         inter = m.moe.expert_intermediate_size * m.moe.top_k

@@ -10,8 +10,10 @@ from vramplan.analytic.terms.context import StepContext
 __all__ = ["frozen_prefix"]
 
 
-def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExperts | None) -> set[int]:
-    """Lower ``full`` (in place) for the frozen prefix; returns the layers whose attention records nothing.
+def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExperts | None,
+                  tensors: list[tuple[act.SavedTensor, ...]]) -> set[int]:
+    """Lower ``full`` (in place) for the frozen prefix, and each such layer's records in ``tensors`` with it;
+    returns the layers whose attention records nothing.
 
     The frozen embeddings' output does not require grad (peft enables input gradients only with
     checkpointing), and autograd records nothing until the first op with an input that does (an
@@ -27,18 +29,53 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
     attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name)}
     attn_adapted = bool(c.lt.linear & attn_mods)
     for j, ls in enumerate(c.layer_specs):
+        dropped = act.frozen_input_eager_dropped(m, ls, ctx) if attn_adapted else frozenset()
         unsaved = act.frozen_input_eager_unsaved(m, ls, ctx) if attn_adapted else 0
         if attn_adapted and not m.parallel_residual:
-            full[j] -= min(full[j], (act._norm_saved(m.norm, ctx) * m.hidden_size + unsaved) * tokens)
+            norm = act.norm_saved_per_token(m, ctx) * tokens
+            full[j] -= min(full[j], norm + unsaved * tokens)
+            tensors[j] = _first_adapted_tensors(tensors[j], norm, dropped)
             break
         mlp, mlp_live = act.frozen_input_mlp(m, ls, ctx)
         # a parallel block's attention reads the same frozen normalised input, adapters or not
         attn = act.attention_saved(m, ls, ctx) - unsaved if attn_adapted else 0
         live = mlp_live or attn_adapted
-        full[j] = (attn + mlp) * tokens + (dora if live else 0) + (
-            wx.prefix_saved if wx is not None and ls.moe else 0)
+        wrapped = wx.prefix_saved if wx is not None and ls.moe else 0
+        full[j] = (attn + mlp) * tokens + (dora if live else 0) + wrapped
+        tensors[j] = _prefix_tensors(c, j, dropped if attn_adapted else None, mlp, tensors[j] if live else (), wrapped)
         if not attn_adapted:
             attention_idle.add(j)
         if live:
             break
     return attention_idle
+
+
+def _first_adapted_tensors(layer: tuple[act.SavedTensor, ...], norm: int,
+                           dropped: frozenset[str]) -> tuple[act.SavedTensor, ...]:
+    """The records of the first layer whose attention carries an adapter: its input norm records nothing
+    (``norm`` bytes less), and eager attention drops what only frozen inputs needed (``dropped``)."""
+    out = []
+    for t in layer:
+        if t.name in dropped:
+            continue
+        if t.name == "norm.input":
+            t = t._replace(nbytes=t.nbytes - norm)
+        if t.nbytes:
+            out.append(t)
+    return tuple(out)
+
+
+def _prefix_tensors(c: StepContext, j: int, attention_dropped: frozenset[str] | None, mlp_per_token: int,
+                    layer: tuple[act.SavedTensor, ...], wrapped_prefix: int) -> tuple[act.SavedTensor, ...]:
+    """A frozen-prefix layer's records: its attention's (when an attention module is adapted) less the dropped
+    ones, the MLP's (``frozen_input_mlp``, one record), DoRA's (from ``layer``, the layer's records when the
+    layer records anything) and what the wrapped experts keep there."""
+    m, ctx, tokens = c.m, c.act, c.tokens
+    out: list[act.SavedTensor] = []
+    if attention_dropped is not None:
+        out += act.scaled((t for t in act.attention_tensors(m, c.layer_specs[j], ctx) if t.name not in attention_dropped),
+                          tokens)
+    out.append(act.SavedTensor("mlp.frozen_input", mlp_per_token * tokens, 1, "mlp"))
+    out += [t for t in layer if t.name.startswith("dora.")]
+    out.append(act.SavedTensor("experts.prefix_saved", wrapped_prefix, 1, "mlp"))
+    return tuple(t for t in out if t.nbytes)

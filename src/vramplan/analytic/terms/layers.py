@@ -8,7 +8,9 @@ analytic/activations.py: computed once per stage and read by the saved-tensor an
   backward;
 * ``mlp_released``: freed before the MLP's elementwise backward (the output projection's input);
   ``released``: freed before the attention's backward (the MLP's saved tensors and the norm's);
-* ``shared``: RoPE cos/sin, the eager mask, the embedding dropout mask (once for all layers).
+* ``shared``: RoPE cos/sin, the eager mask, the embedding dropout mask (once for all layers);
+* ``tensors``: each layer's ``full`` bytes as the saved tensors they are (analytic/activations.py
+  ``SavedTensor`` records, in bytes), which the allocator's event stream allocates (analytic/events.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class LayerActivations:
     mlp_released: tuple[int, ...]
     shared: int
     host: int = 0  # checkpointed inputs kept in host memory (DeepSpeed partition+cpu), all layers
+    # per layer: the records ``full`` sums (each layer's tuple sums to its ``full`` exactly)
+    tensors: tuple[tuple[act.SavedTensor, ...], ...] = ()
+    # per layer: full checkpointing keeps only its input and recomputes it (analytic/checkpointing.py)
+    checkpointed: tuple[bool, ...] = ()
     # layers whose attention backward runs after some saved tensors are released: a moment of its own
     attention_split: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
@@ -51,6 +57,7 @@ class _PerToken:
     """One layer kind's per-token values (analytic/activations.py)."""
 
     saved: int
+    tensors: tuple[act.SavedTensor, ...]  # the records ``saved`` sums
     selective: int
     transients: tuple[int, int]
     released: int
@@ -74,8 +81,9 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
         kind = (ls.moe, ls.intermediate_size, ls.sliding_window)
         v = kinds.get(kind)
         if v is None:
+            tensors = tuple(act.layer_tensors(m, ls, ctx))
             v = kinds[kind] = _PerToken(
-                act.layer_saved_per_token(m, ls, ctx),
+                act.total_bytes(tensors), tensors,
                 kept_per_token(m, ls, ctx) if selective else 0,
                 act.backward_transients_per_token(m, ls, ctx),
                 act.freed_before_attention_backward_per_token(m, ls, ctx),
@@ -84,36 +92,67 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
     return out
 
 
-def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | None]:
-    """Each layer's saved bytes with autograd recording; the DoRA share of each; the wrapped experts."""
+def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | None, list[tuple[act.SavedTensor, ...]]]:
+    """Each layer's saved bytes with autograd recording; the DoRA share of each; the wrapped experts; each
+    layer's records (the per-token records times the tokens, DoRA's and the wrapped experts')."""
     m, ctx, tokens, peft, lt, pol = c.m, c.act, c.tokens, c.peft, c.lt, c.pol
-    full = [v.saved * tokens for v in _per_token(c)]
+    per_token = _per_token(c)
+    full = [v.saved * tokens for v in per_token]
+    made: dict[int, tuple[act.SavedTensor, ...]] = {}  # alike layers share one tuple
+    for v in per_token:
+        if id(v) not in made:
+            made[id(v)] = act.scaled(v.tensors, tokens)
+    tensors = [made[id(v)] for v in per_token]
     dora = 0
     if peft is not None and peft.method == "dora":
         per_tok, const = _dora_saved(m, lt.linear, peft.rank, pol.compute_bytes if pol.autocast else 4, c.tp)
         dora = per_tok * tokens + const
         full = [f + dora for f in full]
+        extra = _dora_tensors(per_tok * tokens, const)
+        tensors = [ts + extra for ts in tensors]
     wx = None
     if m.moe is not None and (lt.experts_wrapped or lt.router_rank):
         wx = act.wrapped_experts(m, lt.gate_up_rank, lt.down_rank, lt.router_rank, pol.frozen_param_bytes,
                                  c.adapter, ctx)
         full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, c.layer_specs, strict=True)]
-    return full, dora, wx
+        extra = _wrapped_tensors(wx)
+        tensors = [ts + extra if ls.moe else ts for ts, ls in zip(tensors, c.layer_specs, strict=True)]
+    return full, dora, wx, tensors
+
+
+def _dora_tensors(scaled: int, identity: int) -> tuple[act.SavedTensor, ...]:
+    """DoRA's records (``_dora_saved``): the scaled outputs (per token) and the identity pushed through lora_A;
+    kept to the end of the layer's backward."""
+    out = (act.SavedTensor("dora.scaled_outputs", scaled), act.SavedTensor("dora.identity", identity))
+    return tuple(t for t in out if t.nbytes)
+
+
+def _wrapped_tensors(wx: act.WrappedExperts) -> tuple[act.SavedTensor, ...]:
+    """LoRA on the fused experts (``act.wrapped_experts``): the adapted stacks and their factor casts, the
+    adapted router weight; released by the MLP's backward."""
+    out = (act.SavedTensor("experts.adapted_gate_up", wx.gate_up, 1, "mlp"),
+           act.SavedTensor("experts.gate_up_factor_casts", wx.gate_up_casts, 1, "mlp"),
+           act.SavedTensor("experts.adapted_down", wx.down, 1, "mlp"),
+           act.SavedTensor("experts.down_factor_casts", wx.down_casts, 1, "mlp"),
+           act.SavedTensor("experts.adapted_router", wx.router, 1, "mlp"))
+    return tuple(t for t in out if t.nbytes)
 
 
 def _compute(c: StepContext) -> LayerActivations:
     m, ctx, tokens, specs = c.m, c.act, c.tokens, c.layer_specs
     ckpt = checkpoint_policy(c.s)
-    full, dora, wx = _full_saved(c)
+    full, dora, wx, tensors = _full_saved(c)
     per_token = _per_token(c)
-    attention_idle = frozen_prefix(c, full, dora, wx)  # layers whose attention records nothing
+    attention_idle = frozen_prefix(c, full, dora, wx, tensors)  # layers whose attention records nothing
     host = 0
+    checkpointed = (False,) * len(specs)
     if ckpt == "full":
         # every n-th layer with train.checkpoint_every_n_layers (analytic/checkpointing.py); the others save all;
         # DeepSpeed's partitioned / CPU checkpointing keeps a slice of the input, on the device or the host
         on_device, on_host = checkpointed_input_bytes(c.s, act.checkpoint_saved_per_token(m, ctx) * tokens)
-        kept = [on_device if checkpointed_layer(c.s, j) else full[j] for j in range(len(specs))]
-        host = on_host * sum(checkpointed_layer(c.s, j) for j in range(len(specs)))
+        checkpointed = tuple(checkpointed_layer(c.s, j) for j in range(len(specs)))
+        kept = [on_device if checkpointed[j] else full[j] for j in range(len(specs))]
+        host = on_host * sum(checkpointed)
     elif ckpt in ("attention-core", "op-sac"):
         kept = [v.selective * tokens for v in per_token]
     else:
@@ -131,7 +170,7 @@ def _compute(c: StepContext) -> LayerActivations:
                     m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
     shared = act.shared_saved_per_token(m, ctx, ckpt, attention_recorded=len(attention_idle) < len(specs)) * tokens
     return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
-                            tuple(released), tuple(mlp_released), shared, host)
+                            tuple(released), tuple(mlp_released), shared, host, tuple(tensors), checkpointed)
 
 
 def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:
