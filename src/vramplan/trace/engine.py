@@ -19,6 +19,19 @@ from vramplan.trace.tensor import tp_traced, tp_world
 __all__ = ["estimate", "trace"]
 
 
+def _untraced_loss(loss: str) -> Problem | None:
+    """The loss kernels the traced engine cannot run: Liger's and CCE's are triton kernels (a GPU, no meta
+    tensors); torchtune's chunked loss needs torchtune's model (``chunked_output``), not transformers'."""
+    if loss in ("liger-fused-linear-ce", "cut-cross-entropy"):
+        return Problem("train.loss", f"loss {loss} is not traced: its kernels are triton kernels, which need a "
+                       "GPU and do not run on the meta device", "use --engine analytic, or trace loss: standard")
+    if loss == "chunked":
+        return Problem("train.loss", "loss chunked is not traced: torchtune's CEWithChunkedOutputLoss reads the "
+                       "chunked logits of torchtune's own model, and the traced engine builds transformers' model",
+                       "use --engine analytic, or trace loss: standard")
+    return None
+
+
 def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Resolved, StepTrace]:
     """Resolve and trace; the raw events (for timelines and tests)."""
     r = source if isinstance(source, Resolved) else resolve(source)
@@ -30,6 +43,8 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if max(par.pp, par.cp, par.ep) > 1:
         raise ScenarioError([Problem("parallel", "pipeline, context and expert parallelism are not traced",
                                      "use --engine analytic for pp/cp/ep > 1")])
+    if task == "train" and (problem := _untraced_loss(r.scenario.train.loss)) is not None:
+        raise ScenarioError([problem])
     if tp_traced(r):
         with tp_world(r) as tensor:
             if task != "train":

@@ -62,6 +62,9 @@ def head_saved(c: StepContext) -> list[Term]:
     if not c.last:
         return []
     m, ctx = c.m, c.act
+    # Liger's and CCE's kernels take the head's weight and the hidden states themselves: no nn.Linear saves
+    # the head's input (what they keep is their loss term's, terms/loss.py)
+    head_input = c.peft is None and c.s.train.loss not in ("liger-fused-linear-ce", "cut-cross-entropy")
     nbytes = (act._norm_saved(m.norm, ctx) * m.hidden_size + (
-        c.pol.compute_bytes * m.hidden_size if c.peft is None else 0)) * c.tokens
+        c.pol.compute_bytes * m.hidden_size if head_input else 0)) * c.tokens
     return [Term(K.SAVED, nbytes, FORWARD, mlp(len(c.layer_specs) - 1), "saved.head")]
