@@ -472,12 +472,10 @@ def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 _FUSED_LOSS_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "deepspeed")
 # torchtune's chunked loss needs the model to return its logits in chunks: a training loop of one's own
 _CHUNKED_LOSS_FRAMEWORKS = ("accelerate", "plain")
-# OffloadActivations wraps a training loop's forward (torchtune's recipes, TRL's SFTTrainer, a loop of one's own)
-_OFFLOAD_FRAMEWORKS = ("hf-trainer", "accelerate", "plain")
 
 
-def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """train.loss, train.packing and train.activation_offload where the library cannot run them as modelled."""
+def _loss_and_packing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """train.loss and train.packing where the library cannot run them as modelled."""
     t, fw, tp = s.train, s.effective_framework, s.parallel.tp
     out: list[Problem] = []
     if t.loss != "standard":
@@ -496,15 +494,6 @@ def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("train.packing", f"packing without padding is modelled with flash-attention's varlen "
                            f"kernel only; with {t.attention} transformers builds a 4-D block-diagonal mask from the "
                            "position_ids (masking_utils find_packed_sequence_indices)", "set attention: flash"))
-    if t.activation_offload != "none":
-        if t.gradient_checkpointing != "full":
-            out.append(Problem("train.activation_offload", "activation offloading is modelled with full "
-                               "checkpointing, as torchtune's recipes require it (enable_activation_offloading "
-                               "needs enable_activation_checkpointing)", "set gradient_checkpointing: full"))
-        if fw not in _OFFLOAD_FRAMEWORKS:
-            out.append(Problem("train.activation_offload", f"{fw} has no activation offloading of this kind "
-                               "(torchtune's OffloadActivations, TRL's activation_offloading)",
-                               f"use framework: {' or '.join(_OFFLOAD_FRAMEWORKS)}"))
     return out
 
 
@@ -521,7 +510,7 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             out.append(Problem("train.quantization", "quantized base weights cannot be trained without an adapter",
                                "add train.peft (lora/qlora) or set quantization: none"))
         out += _checkpointing_problems(s, m)
-        out += _loss_and_offload_problems(s, m)
+        out += _loss_and_packing_problems(s, m)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))

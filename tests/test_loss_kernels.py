@@ -1,0 +1,172 @@
+"""train.loss: Liger's fused linear cross-entropy, Cut Cross-Entropy and torchtune's chunked loss
+(analytic/logits.py, terms/loss.py), train.packing; their refusals in the traced engine and the export.
+
+Llama-3-8B throughout: V = 128,256, H = 4096, 32 layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vramplan.alloc import replay
+from vramplan.analytic.events import train_run_events
+from vramplan.analytic.logits import (
+    cce_bytes,
+    chunked_ce_bytes,
+    liger_chunk_rows,
+    liger_flce_bytes,
+    next_power_of_2,
+)
+from vramplan.analytic.moment import K
+from vramplan.analytic.terms.base import bytes_of
+from vramplan.analytic.train import train_step
+from vramplan.catalog.resolve import resolve
+from vramplan.errors import ScenarioError
+
+V, H = 128_256, 4096
+
+
+def scenario(**train: Any) -> dict[str, Any]:
+    t = {"micro_batch_size": 1, "seq_len": 2048, **train}
+    return {"model": "meta-llama/Meta-Llama-3-8B", "hardware": {"gpu": "h100-80gb"}, "framework": "plain",
+            "train": t}
+
+
+def test_liger_chunk_size_follows_its_source() -> None:
+    # inc_factor = cdiv(V, H); chunk = next_power_of_2(cdiv(BT, inc_factor)) (Liger 0.8.2)
+    assert [next_power_of_2(n) for n in (0, 1, 3, 64, 65)] == [1, 1, 4, 64, 128]
+    assert liger_chunk_rows(16_384, 32_000, 4096) == 2048  # the source's comment: inc 8, 16384 / 8
+    assert liger_chunk_rows(2048, V, H) == 64  # inc cdiv(128256, 4096) = 32; 2048 / 32 = 64
+    assert liger_chunk_rows(3, 4096, 4096) == 3  # next_power_of_2(3) = 4 rows asked, 3 exist
+
+
+def test_liger_bytes_by_hand() -> None:
+    # bf16-mixed full fine-tuning: hidden states fp32 (x 4), logits bf16 (c 2), head gradient fp32 (w 4)
+    lt = liger_flce_bytes(2048, V, H, 4, 2, 4)
+    # saved: grad_input 2048 x 4096 x 4 = 33,554,432 + grad_weight 128,256 x 4096 x 4 = 2,101,346,304
+    assert lt.saved == 33_554_432 + 2_101_346_304 == 2_134_900_736
+    # forward: loss_1d 4 x 2048 = 8,192 + 64 rows x (128,256 + 4096) x 2 = 16,941,056
+    assert lt.forward_extra == 8_192 + 16_941_056
+    assert lt.backward_extra == 0  # the backward scales the kept gradients in place
+    # without addmm's out_dtype (bf16 head gradient, or sm < 8): torch.mm's V H c and its .float() V H 4
+    mm = liger_flce_bytes(2048, V, H, 2, 2, 2, addmm_out_dtype=False)
+    assert mm.forward_extra == 8_192 + 64 * V * 2 + V * H * (2 + 4) == 3_168_444_416
+    # a frozen head (LoRA): no grad_weight, so no weight-update temporaries either
+    lora = liger_flce_bytes(2048, V, H, 2, 2, 0, addmm_out_dtype=False)
+    assert (lora.saved, lora.forward_extra) == (2048 * H * 2, 8_192 + 64 * (V + H) * 2) == (16_777_216, 16_949_248)
+
+
+def test_cce_bytes_by_hand() -> None:
+    c = cce_bytes(2048, V, H, 4, 2, 4, head_trainable=True)
+    # saved: e cast 2048 x 4096 x 2 = 16,777,216; c cast 128,256 x 4096 x 2 = 1,050,673,152; lse 8,192;
+    # logit_avg 4 x 128,256 = 513,024
+    assert c.saved == 16_777_216 + 1_050_673_152 + 8_192 + 513_024 == 1_067_971_584
+    # backward: argsort 8 V = 1,026,048 + de 16,777,216 + max(dc 1,050,673,152 + dc.to(fp32) 2,101,346,304,
+    # dc fp32 2,101,346,304 + de.to(fp32) 33,554,432)
+    assert c.forward_extra == 0
+    assert c.backward_extra == 1_026_048 + 16_777_216 + 3_152_019_456 == 3_169_822_720
+    # bf16-true, frozen head: nothing is cast, no dc
+    t = cce_bytes(2048, V, H, 2, 2, 2, head_trainable=False)
+    assert (t.saved, t.backward_extra) == (16_777_216 + 8_192 + 513_024, 1_026_048 + 16_777_216)
+
+
+def test_chunked_bytes_by_hand() -> None:
+    k = chunked_ce_bytes(2048, 256, V, 2)
+    assert k.saved == 4 * V * 2048 == 1_050_673_152  # every chunk's fp32 log-probs
+    # the bf16 logits 525,336,576 + the last chunk's fp32 copy 4 x 128,256 x 256 = 131,334,144
+    assert k.forward_extra == 525_336_576 + 131_334_144
+    # first chunk's backward: nll_loss's and log_softmax's gradients, 8 x 128,256 x 256
+    assert k.backward_extra == 262_668_288
+    # the standard loss holds 10 V T forward and 12 V T backward: the chunked one 6.5 and 5 V T
+    assert k.forward_peak * 2 == 13 * V * 2048 and k.backward_peak == 5 * V * 2048
+
+
+@pytest.mark.parametrize("loss", ["liger-fused-linear-ce", "cut-cross-entropy", "chunked"])
+def test_the_step_carries_the_kernel_term(loss: str) -> None:
+    # LoRA (frozen bf16 base: hidden states x = 2, head frozen), bf16-mixed: c = 2
+    tr = train_step(resolve(scenario(peft={"method": "lora"}, loss=loss)))
+    forward = bytes_of(tr.terms, "logits.kernel_loss")
+    backward = bytes_of(tr.terms, "logits.kernel_loss_gradients")
+    assert bytes_of(tr.terms, "logits.loss") == 0
+    expected = {
+        # liger: grad_input 16,777,216 + loss_1d 8,192 + 64 x 132,352 x 2 = 16,941,056
+        "liger-fused-linear-ce": (33_726_464, 16_777_216),
+        # cce: e 16,777,216 + lse 8,192 + logit_avg 513,024 (the bf16 base head is not cast); backward + 8 V + de
+        "cut-cross-entropy": (17_298_432, 17_298_432 + 1_026_048 + 16_777_216),
+        # chunked: 2 V T + 4 V T + 4 V T / 8; backward 4 V T + 8 V T / 8
+        "chunked": (1_707_343_872, 1_313_341_440),
+    }[loss]
+    assert (forward, backward) == expected
+
+
+def test_fused_kernels_keep_no_head_input() -> None:
+    # full fine-tuning: the head's nn.Linear saves its bf16 input (2 x 4096 x 2048 = 16,777,216); Liger's and
+    # CCE's functions take the hidden states themselves
+    std = bytes_of(train_step(resolve(scenario())).terms, "saved.head")
+    liger = bytes_of(train_step(resolve(scenario(loss="liger-fused-linear-ce"))).terms, "saved.head")
+    chunked = bytes_of(train_step(resolve(scenario(loss="chunked"))).terms, "saved.head")
+    assert std - liger == 2 * H * 2048 == 16_777_216
+    assert chunked == std  # torchtune's head chunks save views of the one hidden-state tensor
+
+
+def test_the_report_shows_the_kernel_under_the_loss_keys() -> None:
+    tr = train_step(resolve(scenario(peft={"method": "lora"}, loss="liger-fused-linear-ce",
+                                     micro_batch_size=4, seq_len=4096, gradient_checkpointing="full")))
+    at_loss = [mo for mo in tr.moments if mo.get(K.LOSS_BACKWARD)]
+    assert at_loss and all(mo.get(K.LOSS_BACKWARD) == 16_384 * H * 2 for mo in at_loss)
+    assert any("Liger-Kernel 0.8.2" in a for a in tr.assumptions)
+
+
+def test_the_event_stream_allocates_the_kernel_tensors() -> None:
+    tr = train_step(resolve(scenario(peft={"method": "lora"}, loss="cut-cross-entropy")))
+    assert tr.layout is not None
+    kept = 17_298_432
+    assert tr.layout.kernel_loss == (kept, 0, 1_026_048 + 16_777_216)
+    assert (tr.layout.logits, tr.layout.logits_fp32, tr.layout.log_probs) == (0, 0, 0)
+    res = replay(train_run_events(tr.layout))
+    assert abs(res.peak_allocated_bytes / tr.peak.total - 1) < 0.01
+
+
+@pytest.mark.parametrize(("train", "extra", "field", "needle"), [
+    ({"loss": "liger-fused-linear-ce"}, {"framework": "torchtitan"}, "train.loss", "not available under"),
+    ({"loss": "chunked"}, {"framework": "hf-trainer"}, "train.loss", "not available under"),
+    ({"loss": "cut-cross-entropy"}, {"hardware": {"gpu": "h100-80gb", "num_gpus": 2}, "parallel": {"tp": 2}},
+     "train.loss", "vocabulary-parallel"),
+    ({"packing": True}, {}, "train.packing", "find_packed_sequence_indices"),
+])
+def test_refused_combinations(train: dict[str, Any], extra: dict[str, Any], field: str, needle: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        resolve({**scenario(**train), **extra})
+    assert any(p.where == field and needle in p.message for p in err.value.problems)
+
+
+def test_packing_with_flash_changes_no_byte() -> None:
+    # under flash no mask is saved with or without packing (activations.py shared_saved_per_token)
+    a = train_step(resolve(scenario(attention="flash")))
+    b = train_step(resolve(scenario(attention="flash", packing=True)))
+    assert a.peak.total == b.peak.total
+    assert any(x.startswith("packed sequences") for x in b.assumptions)
+
+
+@pytest.mark.parametrize("loss", ["liger-fused-linear-ce", "cut-cross-entropy", "chunked"])
+def test_the_trace_refuses_the_kernels(loss: str) -> None:
+    from vramplan.trace.engine import trace
+
+    with pytest.raises(ScenarioError) as err:
+        trace(scenario(loss=loss))
+    assert err.value.problems[0].where == "train.loss"
+    assert "not traced" in err.value.problems[0].message
+
+
+def test_export_flags() -> None:
+    from vramplan.export import _loss_arguments
+
+    args = _loss_arguments("liger-fused-linear-ce", False)
+    assert args["use_liger_kernel"] is True and args["liger_kernel_config"]["fused_linear_cross_entropy"] is True
+    assert not any(v for k, v in args["liger_kernel_config"].items() if k != "fused_linear_cross_entropy")
+    assert _loss_arguments("standard", False) == {}
+    for loss, packing in (("cut-cross-entropy", False), ("chunked", False), ("standard", True)):
+        with pytest.raises(ScenarioError):
+            _loss_arguments(loss, packing)
