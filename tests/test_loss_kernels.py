@@ -170,3 +170,42 @@ def test_export_flags() -> None:
     for loss, packing in (("cut-cross-entropy", False), ("chunked", False), ("standard", True)):
         with pytest.raises(ScenarioError):
             _loss_arguments(loss, packing)
+
+
+def test_activation_offload_by_hand() -> None:
+    # LoRA on Llama-3-8B, full checkpointing, 1 x 2048 tokens: each layer keeps its input, the bf16 residual of a
+    # frozen bf16 base: 2048 x 4096 x 2 = 16,777,216 B (2^24, so the pinned allocator's power-of-two rounding adds
+    # nothing); 32 layers = 536,870,912 B in host memory
+    base = scenario(peft={"method": "lora"}, gradient_checkpointing="full")
+    off = train_step(resolve({**base, "train": {**base["train"], "activation_offload": "cpu"}}))
+    ref = train_step(resolve(base))
+    assert off.host_bytes - ref.host_bytes == 32 * 16_777_216 == 536_870_912
+    assert bytes_of(off.terms, "saved.offloaded", where="host") == 536_870_912
+    # at the loss, no layer input is on the GPU any more: the device's saved tensors drop by all 32
+    loss_ref = next(mo for mo in ref.moments if mo.get(K.LOSS_BACKWARD))
+    loss_off = next(mo for mo in off.moments if mo.get(K.LOSS_BACKWARD))
+    assert loss_ref.get(K.SAVED) - loss_off.get(K.SAVED) == 536_870_912
+    # in the backward of the last layer only its own input is back (and being recomputed from)
+    assert off.peak.total < ref.peak.total
+    # the event stream frees the inputs after the forward and brings each back for its backward
+    assert off.layout is not None and off.layout.offload_inputs
+    res = replay(train_run_events(off.layout))
+    assert abs(res.peak_allocated_bytes / off.peak.total - 1) < 0.01
+    assert any("OffloadActivations" in a for a in off.assumptions)
+
+
+def test_pinned_rounding() -> None:
+    from vramplan.analytic.terms.saved import offloaded_inputs
+
+    # 3 x 2^20 + 1 rounds to 2^22; 2^24 stays (CachingHostAllocator PowerOf2Ceil)
+    assert offloaded_inputs([3 * 2**20 + 1, 2**24, 0]).nbytes == 2**22 + 2**24
+
+
+@pytest.mark.parametrize(("train", "extra"), [
+    ({"activation_offload": "cpu"}, {}),  # no checkpointing
+    ({"activation_offload": "cpu", "gradient_checkpointing": "full"}, {"framework": "torchtitan"}),
+])
+def test_offload_refusals(train: dict[str, Any], extra: dict[str, Any]) -> None:
+    with pytest.raises(ScenarioError) as err:
+        resolve({**scenario(**train), **extra})
+    assert any(p.where == "train.activation_offload" for p in err.value.problems)

@@ -120,6 +120,9 @@ class StepLayout:
     # train.loss's kernel (analytic/logits.py): (kept from the forward to the backward, forward temporary,
     # backward temporary); the standard loss's logits, fp32 copy and log-probs are then 0
     kernel_loss: tuple[int, int, int] = (0, 0, 0)
+    # train.activation_offload: the checkpointed layer inputs leave the GPU after their layer's forward and come
+    # back for its backward (terms/saved.py ``offloaded_inputs``)
+    offload_inputs: bool = False
 
 
 class _Stream:
@@ -512,6 +515,9 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
 
         def forward(k: int, plan: _LayerPlan = plan) -> tuple[list[int], list[int]]:
             saved, casts, out = _forward_layer(st, plan, record=not ckpt)
+            if ckpt and lay.offload_inputs:
+                st.free(out)
+                return [-1], []
             return ([out], []) if ckpt else (saved, casts)
         done_f = _layers(st, count, forward)
         outs += [(done_f, k) for k in range(count)]
@@ -571,7 +577,7 @@ def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs
             if ckpt:
                 # the checkpoint recomputes the layer from its input, recording; the recomputed output
                 # replaces the kept one as the tensor the backward releases
-                kept_out = saved[0]
+                kept_out = st.alloc(plan.saved[-1] if plan.saved else 0) if lay.offload_inputs else saved[0]
                 saved, casts, _ = _forward_layer(st, plan, record=True)
                 g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads)
                 st.free(kept_out)
@@ -779,6 +785,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs, grads_during_forward=c.grads_during_fwd, has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (), kernel_loss=_kernel_loss_tensors(terms),
+        offload_inputs=c.s.train.activation_offload == "cpu",
     )
 
 

@@ -113,6 +113,9 @@ KERNEL_LOSS_NOTES = {
     "chunked": "loss as torchtune's CEWithChunkedOutputLoss computes it (8 output chunks, each upcast to fp32 on its "
                "own, not compiled); its log-softmax outputs are kept for the backward",
 }
+OFFLOAD_NOTE = ("activation offloading as torchtune's OffloadActivations does it (pinned memory, side stream, "
+                "forward stash of 5): each checkpointed layer input in host memory from its layer's forward to its "
+                "backward, on the GPU again only during that backward; the final norm's and the loss's tensors stay")
 PACKING_NOTE = ("packed sequences: flash-attention's varlen kernel from position_ids, no attention mask; "
                 "seq_len is the packed length")
 
@@ -137,6 +140,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
         _loss_assumption(s, m, fw),
         *([PACKING_NOTE] if t.packing else []),
+        *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]

@@ -474,8 +474,8 @@ _FUSED_LOSS_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "deepspeed")
 _CHUNKED_LOSS_FRAMEWORKS = ("accelerate", "plain")
 
 
-def _loss_and_packing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """train.loss and train.packing where the library cannot run them as modelled."""
+def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """train.loss, train.packing and train.activation_offload where the library cannot run them as modelled."""
     t, fw, tp = s.train, s.effective_framework, s.parallel.tp
     out: list[Problem] = []
     if t.loss != "standard":
@@ -494,6 +494,31 @@ def _loss_and_packing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("train.packing", f"packing without padding is modelled with flash-attention's varlen "
                            f"kernel only; with {t.attention} transformers builds a 4-D block-diagonal mask from the "
                            "position_ids (masking_utils find_packed_sequence_indices)", "set attention: flash"))
+    if t.activation_offload != "none":
+        out += _offload_problems(s)
+    return out
+
+
+# OffloadActivations wraps a training loop's forward: TRL's SFTTrainer (SFTConfig activation_offloading), a loop of
+# one's own (torchtune's recipes)
+_OFFLOAD_FRAMEWORKS = ("hf-trainer", "accelerate", "plain")
+
+
+def _offload_problems(s: Scenario) -> list[Problem]:
+    """Activation offloading as modelled: full checkpointing of every layer, one pipeline stage."""
+    t, fw = s.train, s.effective_framework
+    out: list[Problem] = []
+    if t.gradient_checkpointing != "full" or t.checkpoint_every_n_layers > 1:
+        out.append(Problem("train.activation_offload", "activation offloading is modelled with full checkpointing "
+                           "of every layer, as torchtune's recipes require (enable_activation_offloading needs "
+                           "enable_activation_checkpointing)", "set gradient_checkpointing: full"))
+    if fw not in _OFFLOAD_FRAMEWORKS:
+        out.append(Problem("train.activation_offload", f"{fw} has no activation offloading of this kind "
+                           "(torchtune's OffloadActivations, TRL's activation_offloading)",
+                           f"use framework: {' or '.join(_OFFLOAD_FRAMEWORKS)}"))
+    if s.parallel.pp > 1:
+        out.append(Problem("train.activation_offload", "activation offloading with pipeline parallelism is not "
+                           "modelled", "use pp: 1"))
     return out
 
 
@@ -510,7 +535,7 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             out.append(Problem("train.quantization", "quantized base weights cannot be trained without an adapter",
                                "add train.peft (lora/qlora) or set quantization: none"))
         out += _checkpointing_problems(s, m)
-        out += _loss_and_packing_problems(s, m)
+        out += _loss_and_offload_problems(s, m)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))

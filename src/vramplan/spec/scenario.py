@@ -35,6 +35,7 @@ LoadDtype = Literal["auto", "fp32"]
 DeviceMap = Literal["auto", "none"]
 StateDictType = Literal["full", "full_offload", "sharded"]
 LossKernel = Literal["standard", "liger-fused-linear-ce", "cut-cross-entropy", "chunked"]
+ActivationOffload = Literal["none", "cpu"]
 
 
 class _Strict(BaseModel):
@@ -181,6 +182,17 @@ class Train(_Strict):
     transformers' flash path (``modeling_flash_attention_utils._flash_attention_forward``) reads the sequence
     boundaries from position_ids and calls ``flash_attn_varlen_func``; sdpa and eager would build a 4-D
     block-diagonal mask from them (``masking_utils.find_packed_sequence_indices``), which is not modelled."""
+
+    activation_offload: ActivationOffload = "none"
+    """Saved activations copied to pinned host memory in the forward and brought back in the backward
+    (torchtune's OffloadActivations, TRL's ``activation_offloading``): none, or cpu, with
+    gradient_checkpointing: full (the checkpointed layer inputs are what is offloaded, as torchtune's
+    recipes require).
+
+    torchtune v0.6.1 ``training/_activation_offloading.py`` (TRL v1.9.0 ``models/activation_offloading.py``
+    has the same defaults): the copy runs on a side stream and the GPU tensor stays in a stash until 5 later
+    tensors are packed (``max_fwd_stash_size=5``); in the backward a tensor brought back stays until the next
+    autograd node's comes (docs/conventions.md, Activation offloading)."""
 
 
 class Inference(_Strict):
