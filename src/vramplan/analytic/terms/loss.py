@@ -15,8 +15,8 @@ from vramplan.analytic.logits import (
     liger_flce_bytes,
     loss_bytes,
 )
-from vramplan.analytic.precision import framework_family
 from vramplan.analytic.moment import K
+from vramplan.analytic.precision import framework_family
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations

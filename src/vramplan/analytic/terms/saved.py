@@ -12,6 +12,8 @@ micro-batches' saved tensors stay through this one's backward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from vramplan.analytic import activations as act
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.logits import next_power_of_2
@@ -57,7 +59,7 @@ def layer_saved(c: StepContext) -> list[Term]:
     return out + device_terms(K.SAVED, rows)
 
 
-def offloaded_inputs(kept: list[int]) -> Term:
+def offloaded_inputs(kept: Sequence[int]) -> Term:
     """Activation offloading (``train.activation_offload: cpu``) of the checkpointed layer inputs, in host memory.
 
     torchtune v0.6.1 ``OffloadActivations.pack_tensor`` (TRL v1.9.0 the same) copies every saved tensor of
