@@ -167,9 +167,15 @@ def test_export_flags() -> None:
     assert args["use_liger_kernel"] is True and args["liger_kernel_config"]["fused_linear_cross_entropy"] is True
     assert not any(v for k, v in args["liger_kernel_config"].items() if k != "fused_linear_cross_entropy")
     assert _loss_arguments("standard", False) == {}
-    for loss, packing in (("cut-cross-entropy", False), ("chunked", False), ("standard", True)):
+    kernels = _loss_arguments("standard", False, liger_kernels=True)["liger_kernel_config"]
+    assert kernels == {"fused_linear_cross_entropy": False, "cross_entropy": False, "rms_norm": True,
+                       "swiglu": True, "rope": True}
+    for loss, packing in (("cut-cross-entropy", False), ("chunked", False), ("standard", True),
+                          ("liger-fused-linear-ce", True)):
         with pytest.raises(ScenarioError):
             _loss_arguments(loss, packing)
+    with pytest.raises(ScenarioError, match="activation_offloading"):
+        _loss_arguments("standard", False, offload=True)
 
 
 def test_activation_offload_by_hand() -> None:
@@ -209,3 +215,32 @@ def test_offload_refusals(train: dict[str, Any], extra: dict[str, Any]) -> None:
     with pytest.raises(ScenarioError) as err:
         resolve({**scenario(**train), **extra})
     assert any(p.where == "train.activation_offload" for p in err.value.problems)
+
+
+def test_liger_kernels_by_hand() -> None:
+    # Llama-3-8B full fine-tuning, bf16-mixed (fp32 residual r = 4, c = 2), sdpa, no checkpointing, per token
+    # and layer: transformers' two RMSNorms save 4 + 4 B per element each (fp32 x, the normalized x for the
+    # weight), Liger's the input only (4): 2 x 4 x 4096 = 32,768 B less; the SwiGLU keeps gate and up (2 x 2)
+    # instead of gate, silu and up (3 x 2): 2 x 14,336 = 28,672 B less.  61,440 B per token per layer.
+    std = train_step(resolve(scenario()))
+    lig = train_step(resolve(scenario(liger_kernels=True)))
+    kept_std = bytes_of(std.terms, "saved.kept")
+    kept_lig = bytes_of(lig.terms, "saved.kept")
+    assert kept_std - kept_lig == 32 * 2048 * (32_768 + 28_672) == 4_026_531_840
+    # the final norm too: 4 x 4096 x 2048 = 33,554,432 B less in saved.head
+    assert bytes_of(std.terms, "saved.head") - bytes_of(lig.terms, "saved.head") == 33_554_432
+    # the MLP's backward: the product's gradient only (Liger writes the other two into its saved inputs):
+    # 2 x 2 x 14,336 x 2048 = 117,440,512 B less at the MLP's backward
+    from vramplan.analytic.terms.context import StepContext
+    from vramplan.analytic.terms.layers import layer_activations
+
+    def mlp_transient(r: Any) -> int:
+        return max(layer_activations(StepContext(r, 0, "flash", False)).mlp_transient)
+
+    assert mlp_transient(resolve(scenario())) - mlp_transient(resolve(scenario(liger_kernels=True))) == 117_440_512
+
+
+def test_liger_kernels_refused_where_not_modelled() -> None:
+    with pytest.raises(ScenarioError) as err:
+        resolve({**scenario(liger_kernels=True), "model": "gpt2"})
+    assert any(p.where == "train.liger_kernels" for p in err.value.problems)

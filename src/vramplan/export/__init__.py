@@ -61,7 +61,9 @@ def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
     s = setup_of(ranked)
     model = _model_id(ranked)
     train = ranked.scenario.get("train") or {}
-    loss_args = _loss_arguments(str(train.get("loss", "standard")), bool(train.get("packing", False)))
+    loss_args = _loss_arguments(str(train.get("loss", "standard")), bool(train.get("packing", False)),
+                                bool(train.get("liger_kernels", False)),
+                                train.get("activation_offload", "none") != "none")
     files: dict[str, str] = {"scenario.yaml": yaml.safe_dump(ranked.scenario, sort_keys=False)}
     if isinstance(s, ServeSetup):
         args = vllm_engine_args(s, model)
@@ -87,27 +89,35 @@ def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
     return files
 
 
-def _loss_arguments(loss: str, packing: bool) -> dict[str, Any]:
-    """The TrainingArguments keys for ``train.loss``; the losses and packing no Trainer argument sets are refused.
+def _loss_arguments(loss: str, packing: bool, liger_kernels: bool = False, offload: bool = False) -> dict[str, Any]:
+    """The TrainingArguments keys for ``train.loss`` and ``train.liger_kernels``; the losses, packing and
+    activation offloading no Trainer argument sets are refused.
 
     transformers' ``use_liger_kernel`` with ``liger_kernel_config`` (4.52 and later) passes the config to
-    Liger's ``_apply_liger_kernel_to_instance``: only the fused linear cross-entropy is switched on, the kernel
-    modelled (its RMSNorm, SwiGLU and RoPE kernels change the saved activations, which is not modelled)."""
-    if loss == "liger-fused-linear-ce":
-        return {"use_liger_kernel": True, "liger_kernel_config": {
-            "fused_linear_cross_entropy": True, "cross_entropy": False, "rms_norm": False, "swiglu": False,
-            "rope": False}}
-    if loss != "standard":
-        how = ("ml-cross-entropy's cce_patch(model)" if loss == "cut-cross-entropy" else
-               "torchtune's CEWithChunkedOutputLoss with its model's chunked output")
-        raise ScenarioError([Problem("--export", f"loss {loss} has no Trainer argument: it is set up in code "
-                                     f"({how}), which the export does not write", "export with loss: standard, or "
-                                     "add it to your training script")])
-    if packing:
-        raise ScenarioError([Problem("--export", "packing has no TrainingArguments key (TRL's SFTConfig "
-                                     "padding_free=True sets it), and the export writes TrainingArguments",
-                                     "export without packing, then set SFTConfig(padding_free=True)")])
-    return {}
+    Liger's ``_apply_liger_kernel_to_instance``: exactly the kernels the scenario models are switched on (the
+    fused linear cross-entropy for ``loss``, RMSNorm, SwiGLU and RoPE for ``liger_kernels``)."""
+    for on, what, sft in ((packing, "packing", "padding_free=True"), (offload, "activation offloading",
+                                                                       "activation_offloading=True")):
+        if on:
+            raise ScenarioError([Problem("--export", f"{what} has no TrainingArguments key (TRL's SFTConfig "
+                                         f"{sft} sets it), and the export writes TrainingArguments",
+                                         f"export without it, then set SFTConfig({sft})")])
+    if loss not in ("standard", "liger-fused-linear-ce"):
+        _refuse_loss(loss)
+    if loss == "standard" and not liger_kernels:
+        return {}
+    return {"use_liger_kernel": True, "liger_kernel_config": {
+        "fused_linear_cross_entropy": loss == "liger-fused-linear-ce", "cross_entropy": False,
+        "rms_norm": liger_kernels, "swiglu": liger_kernels, "rope": liger_kernels}}
+
+
+def _refuse_loss(loss: str) -> None:
+    """A loss set up in code, which the export does not write."""
+    how = ("ml-cross-entropy's cce_patch(model)" if loss == "cut-cross-entropy" else
+           "torchtune's CEWithChunkedOutputLoss with its model's chunked output")
+    raise ScenarioError([Problem("--export", f"loss {loss} has no Trainer argument: it is set up in code ({how}), "
+                                 "which the export does not write", "export with loss: standard, or add it to your "
+                                 "training script")])
 
 
 def _family_layers_hidden(ranked: RankedSetup) -> tuple[str, int, int]:

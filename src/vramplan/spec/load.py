@@ -475,7 +475,7 @@ _CHUNKED_LOSS_FRAMEWORKS = ("accelerate", "plain")
 
 
 def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """train.loss, train.packing and train.activation_offload where the library cannot run them as modelled."""
+    """train.loss, train.packing, train.activation_offload and train.liger_kernels where the library cannot run them as modelled."""
     t, fw, tp = s.train, s.effective_framework, s.parallel.tp
     out: list[Problem] = []
     if t.loss != "standard":
@@ -496,7 +496,20 @@ def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                            "position_ids (masking_utils find_packed_sequence_indices)", "set attention: flash"))
     if t.activation_offload != "none":
         out += _offload_problems(s)
+    if t.liger_kernels and (m.family not in _LIGER_FAMILIES or m.norm != "rms" or not m.mlp_gated
+                            or m.hidden_act not in ("silu", "swish") or any(ls.moe for ls in m.layers)):
+        out.append(Problem("train.liger_kernels", f"Liger's kernels on {m.name} ({m.family}) are not modelled: "
+                           f"modelled for the dense RMSNorm + SwiGLU families {', '.join(_LIGER_FAMILIES)}",
+                           "set liger_kernels: false"))
+    if t.liger_kernels and fw not in _FUSED_LOSS_FRAMEWORKS:
+        out.append(Problem("train.liger_kernels", f"Liger's kernels patch transformers' models; {fw} runs its own",
+                           "set liger_kernels: false"))
     return out
+
+
+# Liger-Kernel v0.8.2 monkey_patch.py: apply_liger_kernel_to_llama / _mistral / _qwen2 / _qwen3 swap
+# LlamaRMSNorm-style norms for LigerRMSNorm and the MLP for LigerSwiGLUMLP
+_LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 # OffloadActivations wraps a training loop's forward: TRL's SFTTrainer (SFTConfig activation_offloading), a loop of

@@ -183,6 +183,14 @@ class Train(_Strict):
     boundaries from position_ids and calls ``flash_attn_varlen_func``; sdpa and eager would build a 4-D
     block-diagonal mask from them (``masking_utils.find_packed_sequence_indices``), which is not modelled."""
 
+    liger_kernels: bool = False
+    """Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels in place of transformers' (``apply_liger_kernel_to_*``):
+    the norms save their input and a per-row rstd only, the SwiGLU saves the gate and up outputs only; RoPE
+    saves cos and sin, as transformers' does.  Llama, Mistral, Qwen2 and Qwen3 dense models.
+
+    Liger-Kernel v0.8.2 ``ops/rms_norm.py``, ``ops/swiglu.py``, ``ops/rope.py`` (each function's
+    ``ctx.save_for_backward``); docs/conventions.md, Liger kernels."""
+
     activation_offload: ActivationOffload = "none"
     """Saved activations copied to pinned host memory in the forward and brought back in the backward
     (torchtune's OffloadActivations, TRL's ``activation_offloading``): none, or cpu, with
