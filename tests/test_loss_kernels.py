@@ -244,3 +244,15 @@ def test_liger_kernels_refused_where_not_modelled() -> None:
     with pytest.raises(ScenarioError) as err:
         resolve({**scenario(liger_kernels=True), "model": "gpt2"})
     assert any(p.where == "train.liger_kernels" for p in err.value.problems)
+
+
+def test_evaluation_runs_the_standard_loss() -> None:
+    # outside training Liger's forward materializes the logits: the evaluation forward's head tensors are the
+    # standard loss's, 2 V T + 4 V T + 4 V T at 2048 tokens, whatever train.loss says
+    from vramplan.analytic.lifecycle.evaluation import _head_tensors
+
+    std, lig = train_step(resolve(scenario())), train_step(resolve(scenario(loss="liger-fused-linear-ce")))
+    assert std.layout is not None and lig.layout is not None and lig.context is not None
+    vt = V * 2048
+    assert _head_tensors(lig.context, lig.layout) == (std.layout.logits, std.layout.logits_fp32,
+                                                      std.layout.log_probs) == (2 * vt, 4 * vt, 4 * vt)

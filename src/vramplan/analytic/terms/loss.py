@@ -9,6 +9,7 @@ from vramplan.analytic.logits import (
     TORCHTUNE_OUTPUT_CHUNKS,
     KernelLossTensors,
     LossRelease,
+    LossTensors,
     cce_bytes,
     chunked_ce_bytes,
     family_loss_release,
@@ -23,7 +24,7 @@ from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, mlp
 from vramplan.units import ceil_div
 
-__all__ = ["kernel_loss", "layer_forward", "loss"]
+__all__ = ["kernel_loss", "layer_forward", "loss", "standard_loss_tensors"]
 
 
 def vocab_on_rank(c: StepContext) -> int:
@@ -45,14 +46,20 @@ def loss(c: StepContext) -> list[Term]:
         return []
     if c.s.train.loss != "standard":
         return kernel_loss(c)
+    lt = standard_loss_tensors(c)
+    return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
+            Term(K.LOSS_BACKWARD, lt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.loss_gradients")]
+
+
+def standard_loss_tensors(c: StepContext) -> LossTensors:
+    """The standard loss's tensors (analytic/logits.py ``loss_bytes``), whatever ``train.loss`` says: what an
+    evaluation forward makes, since Liger's and CCE's patches materialize the logits outside training."""
     m, cb = c.m, c.pol.compute_bytes
     # padded (current releases): forward_peak = c V + (4 V when c < 4) + saved log-probs (4 V, with Gemma 2's
     # soft-cap output); older releases copy the shifted logits over b (s - 1) tokens (analytic/logits.py)
-    lt = loss_bytes(c.tokens, vocab_on_rank(c), cb, softcap=m.final_logit_softcapping is not None,
-                    release=loss_release_of(c), shifted_tokens=ceil_div(c.s.train.micro_batch_size * (c.s.train.seq_len - 1), c.s.parallel.cp),
-                    autocast=c.pol.autocast)
-    return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
-            Term(K.LOSS_BACKWARD, lt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.loss_gradients")]
+    return loss_bytes(c.tokens, vocab_on_rank(c), cb, softcap=m.final_logit_softcapping is not None,
+                      release=loss_release_of(c), shifted_tokens=ceil_div(c.s.train.micro_batch_size * (c.s.train.seq_len - 1), c.s.parallel.cp),
+                      autocast=c.pol.autocast)
 
 
 def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
