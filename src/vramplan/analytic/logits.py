@@ -227,13 +227,16 @@ def cce_bytes(tokens: int, vocab: int, hidden: int, input_bytes: int, compute_by
       ``c`` are ``.to(autocast dtype)`` copies: the embeddings BT H c (the hidden states themselves when
       already c) and the classifier V H c when the weight is not c; ``lse`` fp32 4 BT; ``logit_avg`` fp32 4 V
       (``cce_lse_forward.py``, made when gradients are needed and ``filter_eps`` is set);
+    * forward extra: ``neg_dot`` fp32 4 BT (``indexed_neg_dot_forward_kernel``; ``nll = neg_dot.add_(lse)`` in
+      place), freed once the loss is reduced;
     * backward extra (``cce_backward.py`` ``cce_backward_kernel``): ``vocab_ordering = argsort(logit_avg)``
       int64 8 V; ``de = zeros_like(e)`` BT H c; ``dc = zeros_like(c)`` V H c for a trainable head; then
       ``dc.to(c_info.dtype)`` (V H w beside V H c) and ``de.to(e_info.dtype)`` (BT H x beside BT H c) when the
       dtypes differ: the larger of the two casts' moments.
 
     Worked example, Llama-3-8B bf16-mixed, 1 x 2048 tokens: saved 2048 x 4096 x 2 + 128,256 x 4096 x 2 +
-    4 x 2048 + 4 x 128,256 = 16,777,216 + 1,050,673,152 + 8,192 + 513,024 = 1,067,971,584; backward extra
+    4 x 2048 + 4 x 128,256 = 16,777,216 + 1,050,673,152 + 8,192 + 513,024 = 1,067,971,584; forward extra
+    4 x 2048 = 8,192; backward extra
     8 x 128,256 + 16,777,216 + max(1,050,673,152 + 2,101,346,304, 2,101,346,304 + 33,554,432)
     = 1,026,048 + 16,777,216 + 3,152,019,456 = 3,169,822,720.
     """
@@ -245,7 +248,7 @@ def cce_bytes(tokens: int, vocab: int, hidden: int, input_bytes: int, compute_by
     dc_up = vocab * hidden * weight_bytes if head_trainable and weight_bytes != compute_bytes else 0
     de_up = bt_x if input_bytes != compute_bytes else 0
     extra = 8 * vocab + e + max(dc + dc_up, (dc_up or dc) + de_up)
-    return KernelLossTensors(saved, 0, extra)
+    return KernelLossTensors(saved, 4 * tokens, extra)
 
 
 def chunked_ce_bytes(tokens: int, chunk_tokens: int, vocab: int, logits_bytes: int,
