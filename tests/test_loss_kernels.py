@@ -150,13 +150,17 @@ def test_packing_with_flash_changes_no_byte() -> None:
     assert any(x.startswith("packed sequences") for x in b.assumptions)
 
 
-@pytest.mark.parametrize("loss", ["liger-fused-linear-ce", "cut-cross-entropy", "chunked"])
-def test_the_trace_refuses_the_kernels(loss: str) -> None:
+@pytest.mark.parametrize(("train", "field"), [
+    ({"loss": "liger-fused-linear-ce"}, "train.loss"), ({"loss": "cut-cross-entropy"}, "train.loss"),
+    ({"loss": "chunked"}, "train.loss"), ({"liger_kernels": True}, "train.liger_kernels"),
+    ({"activation_offload": "cpu", "gradient_checkpointing": "full"}, "train.activation_offload"),
+])
+def test_the_trace_refuses_what_it_cannot_run(train: dict[str, Any], field: str) -> None:
     from vramplan.trace.engine import trace
 
     with pytest.raises(ScenarioError) as err:
-        trace(scenario(loss=loss))
-    assert err.value.problems[0].where == "train.loss"
+        trace(scenario(**train))
+    assert err.value.problems[0].where == field
     assert "not traced" in err.value.problems[0].message
 
 
