@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramplan.alloc import replay
 from vramplan.analytic.events import train_run_events
@@ -17,6 +19,7 @@ from vramplan.analytic.logits import (
     chunked_ce_bytes,
     liger_chunk_rows,
     liger_flce_bytes,
+    loss_bytes,
     next_power_of_2,
 )
 from vramplan.analytic.moment import K
@@ -276,3 +279,24 @@ def test_cce_against_its_published_benchmark() -> None:
     # against 1.1 printed (one decimal; the valid-token index built from the targets is not counted)
     fwd = c.saved - 8192 * 2304 * 2 + c.forward_extra
     assert fwd == 1_089_536 and round(fwd / 2**20, 1) == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.integers(1, 1 << 20), vocab=st.integers(2, 300_000), hidden=st.integers(64, 16_384))
+def test_liger_chunk_logits_stay_near_the_hidden_states(tokens: int, vocab: int, hidden: int) -> None:
+    # rows = next_power_of_2(cdiv(BT, cdiv(V, H))) <= 2 cdiv(BT, V / H): a chunk's logits are at most about twice
+    # the hidden states (the point of Liger's chunk size), and never more rows than tokens
+    rows = liger_chunk_rows(tokens, vocab, hidden)
+    assert 1 <= rows <= tokens
+    assert rows * vocab <= 2 * (tokens * hidden + vocab)
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 16), s=st.integers(8, 65_536), vocab=st.integers(2, 300_000), c=st.sampled_from([2, 4]))
+def test_chunked_never_exceeds_the_standard_loss(b: int, s: int, vocab: int, c: int) -> None:
+    # the same tensors, the fp32 copy and the backward's gradients made one chunk at a time: never more
+    tokens, chunk = b * s, b * -(-s // 8)
+    k = chunked_ce_bytes(tokens, min(chunk, tokens), vocab, c)
+    std = loss_bytes(tokens, vocab, c)
+    assert k.forward_peak <= std.forward_peak
+    assert k.backward_peak <= std.backward_peak

@@ -262,7 +262,8 @@ def chunked_ce_bytes(tokens: int, chunk_tokens: int, vocab: int, logits_bytes: i
     ``del logits``); ``.float()``'s backward keeps nothing.  With T tokens and t per chunk:
 
     * saved: 4 V T (+ c V T for a soft-capped model's tanh output, as the standard path);
-    * forward extra, at the last chunk: the logits c V T and its fp32 copy 4 V t (its log-probs are in saved);
+    * forward extra, at the last chunk: the logits c V T and its fp32 copy 4 V t when c < 4 (its log-probs are
+      in saved);
     * backward extra: the autograd engine runs every chunk's loss backward before the head's chunks (created
       earlier in the forward): at the first, nll_loss's gradient and log_softmax's (4 V t each) beside all the
       saved log-probs; at the last, the earlier chunks' half-precision gradients c V (T - t) wait for the head.
@@ -275,7 +276,7 @@ def chunked_ce_bytes(tokens: int, chunk_tokens: int, vocab: int, logits_bytes: i
     c = logits_bytes
     cap = c * v if softcap else 0
     saved = 4 * v + cap
-    forward_extra = c * v + 4 * vt
+    forward_extra = c * v + (4 * vt if c < 4 else 0)  # ``.float()`` of fp32 logits returns them: no copy
     # first chunk's backward: all saved + 8 V t; last: its own 4 V t saved + 8 V t + the others' c V (T - t)
     last = 12 * vt + c * (v - vt)
     return KernelLossTensors(saved, forward_extra, max(8 * vt, last - saved))
