@@ -132,6 +132,8 @@ class ActContext:
     # required grad (``ctx.tensors = (A, B)``), although only B is needed;
     # bitsandbytes-foundation/bitsandbytes#1270 (released in 0.43.2, July 2024) made it (None, B).
     kbit_saves_input: bool = False
+    # train.liger_kernels: Liger-Kernel's RMSNorm and SwiGLU replace transformers' (``liger_saved`` below)
+    liger: bool = False
 
     @property
     def ew(self) -> int:
@@ -141,6 +143,11 @@ class ActContext:
 def _norm_saved(kind: str, ctx: ActContext) -> int:
     """Bytes per element a norm saves, including its input (the residual stream)."""
     r = ctx.residual_bytes
+    if ctx.liger and kind == "rms":
+        # LigerRMSNorm (Liger-Kernel v0.8.2 ops/rms_norm.py ``LigerRMSNormFunction.forward``):
+        # ``ctx.save_for_backward(X, W, RSTD)``: the input in its own dtype and one fp32 rstd per row (4 B per
+        # token, counted by ``_norm_stats`` as transformers' rsqrt is), whether or not the weight is trainable
+        return r
     if kind == "rms":
         # LlamaRMSNorm: x.to(fp32) (saved by pow and mul; no copy when x is fp32), then
         # weight * x_normed.to(input_dtype) saves the normalized tensor in x's dtype, which is
@@ -542,10 +549,16 @@ def _gated_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext, name: s
     c, ew = ctx.compute_bytes, ctx.ew
     act_saved, _ = _act_saved(m.hidden_act, ctx)
     out = _linear_input_tensors(f"{name}.gate_up", m.hidden_size, mods or _gate_up_modules(m), in_b, ctx)
-    # gate out (saved by the activation), activation out and up out (saved by the product), in ew (fp32 when
-    # bitsandbytes linears return the fp32 hidden states' dtype), then the product (down_proj's input)
-    out += [_T(f"{name}.gate_output", (act_saved - c + ew) * inter), _T(f"{name}.act_output", ew * inter),
-            _T(f"{name}.up_output", ew * inter)]
+    if ctx.liger:
+        # LigerSiLUMulFunction (Liger-Kernel v0.8.2 ops/swiglu.py) saves only its inputs, the gate and up outputs
+        # (``ctx.save_for_backward(a, b)``), and recomputes silu(gate) in its backward: 2 ew against
+        # transformers' gate, silu output and up (3 ew); liger_kernels is refused for MoE families
+        out += [_T(f"{name}.gate_output", ew * inter), _T(f"{name}.up_output", ew * inter)]
+    else:
+        # gate out (saved by the activation), activation out and up out (saved by the product), in ew (fp32 when
+        # bitsandbytes linears return the fp32 hidden states' dtype), then the product (down_proj's input)
+        out += [_T(f"{name}.gate_output", (act_saved - c + ew) * inter), _T(f"{name}.act_output", ew * inter),
+                _T(f"{name}.up_output", ew * inter)]
     if not ctx.frozen_base:
         out.append(_T(f"{name}.down.input", c * inter))
     else:
@@ -664,7 +677,11 @@ def frozen_input_mlp(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[i
     if m.mlp_gated:
         mods = _gate_up_modules(m)
         saved += _adapter_inputs(h, mods, in_b, frozen_in)
-        saved += ((act_saved - c + ew) * g + ew * g + ew * u) * inter
+        if ctx.liger:
+            # LigerSiLUMulFunction is recorded when gate or up requires grad, and then saves both (mlp_saved)
+            saved += 2 * ew * inter if (g or u) else 0
+        else:
+            saved += ((act_saved - c + ew) * g + ew * g + ew * u) * inter
         saved += _adapter_inputs(inter, ("down_proj",), ew, replace(
             ctx, kbit_saves_input=ctx.kbit_saves_input and (g or u)))
     else:
@@ -1079,7 +1096,9 @@ def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContex
         ew = ctx.expert_bytes or ew
     else:
         inter = ceil_div(layer.intermediate_size, ctx.tp)
-    mlp = 2 * r * h + 3 * ew * inter
+    # Liger's SwiGLU backward writes the gate's and up's gradients into its saved inputs (``swiglu_backward``
+    # returns a and b): only the product's gradient is a new intermediate-size tensor
+    mlp = 2 * r * h + (1 if ctx.liger and not layer.moe else 3) * ew * inter
     qw = heads * m.head_dim
     attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
     if ctx.attention in ("eager", "math"):

@@ -127,6 +127,12 @@ class StepLayout:
     has_head: bool
     input_ids: int = 0
     extra_static: tuple[int, ...] = field(default_factory=tuple)  # other resident bytes (root all-gather)
+    # train.loss's kernel (analytic/logits.py): (kept from the forward to the backward, forward temporary,
+    # backward temporary); the standard loss's logits, fp32 copy and log-probs are then 0
+    kernel_loss: tuple[int, int, int] = (0, 0, 0)
+    # train.activation_offload: the checkpointed layer inputs leave the GPU after their layer's forward and come
+    # back for its backward (terms/saved.py ``offloaded_inputs``)
+    offload_inputs: bool = False
 
 
 class _Stream:
@@ -484,12 +490,17 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
 
         def forward(k: int, plan: _LayerPlan = plan) -> tuple[list[int], list[int]]:
             saved, casts, out = _forward_layer(st, plan, record=not plan.checkpointed)
+            if plan.checkpointed and lay.offload_inputs:
+                st.free(out)
+                return [-1], []
             return ([out], []) if plan.checkpointed else (saved, casts)
         done_f = _layers(st, count, forward)
         outs += [(done_f, k) for k in range(count)]
     head_saved = st.alloc(lay.head_saved - emb_bytes if lay.has_head else 0)
     head_cast = st.alloc(lay.head_cast)
     logp = dl = -1
+    kernel_kept = st.alloc(lay.kernel_loss[0])
+    st.free(st.alloc(lay.kernel_loss[1]))
     if lay.has_head:
         logits = st.alloc(lay.logits)
         up = st.alloc(lay.logits_fp32)
@@ -505,12 +516,14 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         st.free(logp)
         dl = st.alloc(lay.logits)
         st.free(d2)
+    st.free(st.alloc(lay.kernel_loss[2]))
     grad_head = lay.grad_outside - lay.embed_grad
     if not grads_exist and grad_head > 0:
         grads.append(st.alloc(grad_head))
     g = st.alloc(resid)
     if lay.has_head:
         st.free(dl)
+    st.free(kernel_kept)
     st.free(head_cast)
     st.free(head_saved)
     g = _backward_layers(st, lay, plans, outs, g, grads, grads_exist, n_layers)
@@ -538,7 +551,7 @@ def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs
             if plan.checkpointed:
                 # the checkpoint recomputes the layer from its input, recording; the recomputed output
                 # replaces the kept one as the tensor the backward releases
-                kept_out = saved[0]
+                kept_out = st.alloc(plan.saved[-1] if plan.saved else 0) if lay.offload_inputs else saved[0]
                 saved, casts, _ = _forward_layer(st, plan, record=True)
                 g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads)
                 st.free(kept_out)
@@ -768,8 +781,22 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         shared=b.get("saved.shared", 0), head_saved=b.get("saved.head", 0),
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs, grads_during_forward=c.grads_during_fwd, has_head=c.last,
-        input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (),
+        input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (), kernel_loss=_kernel_loss_tensors(terms),
+        offload_inputs=c.s.train.activation_offload == "cpu",
     )
+
+
+def _kernel_loss_tensors(terms: Sequence[Term]) -> tuple[int, int, int]:
+    """(kept, forward temporary, backward temporary) of a loss kernel's terms (terms/loss.py ``kernel_loss``)."""
+    kept = forward = backward = 0
+    for t in reversed(terms):
+        if t.name in ("logits.kernel_loss", "logits.loss"):  # the loss's forward term comes after its layers'
+            if t.name == "logits.kernel_loss":
+                kept, forward = t.tensors
+            break
+        if t.name == "logits.kernel_loss_gradients":
+            backward = t.tensors[1]
+    return kept, forward, backward
 
 
 def _loss_tensors(terms: Sequence[Term]) -> tuple[int, int, int]:

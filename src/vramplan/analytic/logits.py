@@ -130,3 +130,153 @@ def loss_bytes(tokens: int, vocab_on_rank: int, logits_bytes: int, softcap: bool
     saved = lp * vs + cap
     return LossTensors(c * v + c * vs + copy + saved, saved, max(3 * lp * vs, c * vs + c * v) + cap,
                        (c * v, c * vs + copy, saved))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loss kernels that replace the logits and the cross-entropy (``train.loss``; docs/conventions.md, Fused and
+# chunked losses).  Each gives the bytes alive from the forward to the loss's backward (``saved``), what the
+# forward adds on top of them at its peak, and what the loss's backward adds.
+
+LossKernel = Literal["standard", "liger-fused-linear-ce", "cut-cross-entropy", "chunked"]
+
+# torchtune v0.6.1 ``modules/loss/ce_chunked_output_loss.py``: ``CEWithChunkedOutputLoss(num_output_chunks=8)``,
+# and the models' ``output`` applied per chunk of the sequence (``TransformerDecoder.chunked_output``)
+TORCHTUNE_OUTPUT_CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class KernelLossTensors:
+    """A loss kernel's bytes: ``saved`` from the forward to the loss's backward; ``forward_extra`` and
+    ``backward_extra`` on top of them at the forward's end and at the loss's backward."""
+
+    saved: int
+    forward_extra: int
+    backward_extra: int
+
+    @property
+    def forward_peak(self) -> int:
+        return self.saved + self.forward_extra
+
+    @property
+    def backward_peak(self) -> int:
+        return self.saved + self.backward_extra
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2``: the smallest power of two >= n (1 for n <= 1).
+
+    >>> next_power_of_2(1), next_power_of_2(2048), next_power_of_2(2049)
+    (1, 2048, 4096)
+    """
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def liger_chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
+    """Rows of Liger's fused linear cross-entropy per chunk: ``inc_factor = cdiv(V, H)``, ``chunk_size =
+    next_power_of_2(cdiv(BT, inc_factor))`` (Liger-Kernel v0.8.2 ``fused_linear_cross_entropy_forward``), so
+    that a chunk's logits are about as large as the hidden states; the last chunk takes what is left.
+
+    >>> liger_chunk_rows(4096 * 4, 32000, 4096)  # the source's own example: inc_factor 8, chunk 2048
+    2048
+    >>> liger_chunk_rows(2048, 128256, 4096)  # Llama 3 8B: inc_factor 32, cdiv(2048, 32) = 64
+    64
+    """
+    inc = -(-vocab // hidden)
+    return min(tokens, next_power_of_2(-(-tokens // inc)))
+
+
+def liger_flce_bytes(tokens: int, vocab: int, hidden: int, input_bytes: int, compute_bytes: int,
+                     head_grad_bytes: int, addmm_out_dtype: bool = True) -> KernelLossTensors:
+    """Liger-Kernel v0.8.2 ``LigerFusedLinearCrossEntropyFunction`` (``ops/fused_linear_cross_entropy.py``).
+
+    The forward computes the gradients, chunk by chunk, and keeps them for the backward
+    (``ctx.save_for_backward(grad_input, grad_weight, ...)``); the backward only scales them in place
+    (``element_mul_kernel``), so it adds nothing.  With BT tokens, H, V, x the hidden states' dtype bytes
+    (the final norm's output), c the matmuls' dtype, w the head's gradient dtype (0: a frozen head, no
+    ``grad_weight``) and rows = ``liger_chunk_rows``:
+
+    * saved: ``grad_input = zeros_like(_input)`` BT H x, ``grad_weight = zeros_like(weight)`` V H w
+      (``accum_dtype`` None: the weight's dtype);
+    * forward extra: ``loss_1d`` fp32 4 BT, one chunk's logits rows V c (the kernel writes their gradient in
+      place), with either ``grad_logits_chunk @ weight`` (rows H c, copied into ``grad_input``) or, at the
+      weight's update, the addmm's input cast (rows H c: ``torch.addmm(..., out_dtype=fp32)`` when the weight
+      gradient is fp32 and the logits half, torch >= 2.8 on sm80+) or else ``torch.mm(...).float()``: V H c
+      and, when c < 4, its fp32 copy V H 4.
+
+    Worked example, Llama-3-8B (V 128,256, H 4096) bf16-mixed (x = 4, c = 2, w = 4), 1 x 2048 tokens: rows 64;
+    saved 2048 x 4096 x 4 + 128,256 x 4096 x 4 = 33,554,432 + 2,101,346,304 = 2,134,900,736; forward extra
+    4 x 2048 + 64 x (128,256 + 4096) x 2 = 8,192 + 16,941,056 = 16,949,248.  The V H w buffer is the head's
+    gradient made early (the standard path makes it at the head's backward).
+    """
+    rows = liger_chunk_rows(tokens, vocab, hidden)
+    grad_weight = vocab * hidden * head_grad_bytes
+    saved = tokens * hidden * input_bytes + grad_weight
+    chunk = rows * (vocab + hidden) * compute_bytes
+    if grad_weight and not addmm_out_dtype:
+        mm = vocab * hidden * compute_bytes + (vocab * hidden * 4 if compute_bytes < 4 else 0)
+        chunk = max(chunk, rows * vocab * compute_bytes + mm)
+    return KernelLossTensors(saved, 4 * tokens + chunk, 0)
+
+
+def cce_bytes(tokens: int, vocab: int, hidden: int, input_bytes: int, compute_bytes: int, weight_bytes: int,
+              head_trainable: bool) -> KernelLossTensors:
+    """Apple's Cut Cross-Entropy, ml-cross-entropy 25.6.4 ``cut_cross_entropy/cce.py`` ``LinearCrossEntropyFunction``
+    with its defaults (``filter_eps="auto"``, ``accum_e_fp32=False``, ``accum_c_fp32=False``).
+
+    * saved (``ctx.save_for_backward(e, c, bias, lse, targets, valids, logit_avg)``): under autocast ``e`` and
+      ``c`` are ``.to(autocast dtype)`` copies: the embeddings BT H c (the hidden states themselves when
+      already c) and the classifier V H c when the weight is not c; ``lse`` fp32 4 BT; ``logit_avg`` fp32 4 V
+      (``cce_lse_forward.py``, made when gradients are needed and ``filter_eps`` is set);
+    * forward extra: ``neg_dot`` fp32 4 BT (``indexed_neg_dot_forward_kernel``; ``nll = neg_dot.add_(lse)`` in
+      place), freed once the loss is reduced;
+    * backward extra (``cce_backward.py`` ``cce_backward_kernel``): ``vocab_ordering = argsort(logit_avg)``
+      int64 8 V; ``de = zeros_like(e)`` BT H c; ``dc = zeros_like(c)`` V H c for a trainable head; then
+      ``dc.to(c_info.dtype)`` (V H w beside V H c) and ``de.to(e_info.dtype)`` (BT H x beside BT H c) when the
+      dtypes differ: the larger of the two casts' moments.
+
+    Worked example, Llama-3-8B bf16-mixed, 1 x 2048 tokens: saved 2048 x 4096 x 2 + 128,256 x 4096 x 2 +
+    4 x 2048 + 4 x 128,256 = 16,777,216 + 1,050,673,152 + 8,192 + 513,024 = 1,067,971,584; forward extra
+    4 x 2048 = 8,192; backward extra
+    8 x 128,256 + 16,777,216 + max(1,050,673,152 + 2,101,346,304, 2,101,346,304 + 33,554,432)
+    = 1,026,048 + 16,777,216 + 3,152,019,456 = 3,169,822,720.
+    """
+    e, bt_x = tokens * hidden * compute_bytes, tokens * hidden * input_bytes
+    vh_c = vocab * hidden * compute_bytes
+    c_copy = vh_c if weight_bytes != compute_bytes else 0
+    saved = e + c_copy + 4 * tokens + 4 * vocab
+    dc = vh_c if head_trainable else 0
+    dc_up = vocab * hidden * weight_bytes if head_trainable and weight_bytes != compute_bytes else 0
+    de_up = bt_x if input_bytes != compute_bytes else 0
+    extra = 8 * vocab + e + max(dc + dc_up, (dc_up or dc) + de_up)
+    return KernelLossTensors(saved, 4 * tokens, extra)
+
+
+def chunked_ce_bytes(tokens: int, chunk_tokens: int, vocab: int, logits_bytes: int,
+                     softcap: bool = False) -> KernelLossTensors:
+    """torchtune v0.6.1 ``CEWithChunkedOutputLoss`` (eager: ``compute_cross_entropy`` not compiled), the
+    head applied per chunk of ``chunk_tokens`` (b x ceil(s / 8)).
+
+    Each chunk's ``logits.float()`` (4 V per token) lives only through its ``F.cross_entropy``, whose
+    ``log_softmax`` saves its fp32 output (4 V per token, kept for the backward for every chunk).  The head's
+    chunks (c V per token, the model's output list) are dropped before the backward (the recipes'
+    ``del logits``); ``.float()``'s backward keeps nothing.  With T tokens and t per chunk:
+
+    * saved: 4 V T (+ c V T for a soft-capped model's tanh output, as the standard path);
+    * forward extra, at the last chunk: the logits c V T and its fp32 copy 4 V t when c < 4 (its log-probs are
+      in saved);
+    * backward extra: the autograd engine runs every chunk's loss backward before the head's chunks (created
+      earlier in the forward): at the first, nll_loss's gradient and log_softmax's (4 V t each) beside all the
+      saved log-probs; at the last, the earlier chunks' half-precision gradients c V (T - t) wait for the head.
+
+    Worked example, Llama-3-8B (V 128,256) bf16, 1 x 2048 tokens, 8 chunks of 256: saved 4 x 128,256 x 2048
+    = 1,050,673,152; forward extra 2 x 128,256 x 2048 + 4 x 128,256 x 256 = 525,336,576 + 131,334,144
+    = 656,670,720; backward extra 8 x 128,256 x 256 = 262,668,288 (the standard path: 12 V T = 3,152,019,456).
+    """
+    v, vt = vocab * tokens, vocab * chunk_tokens
+    c = logits_bytes
+    cap = c * v if softcap else 0
+    saved = 4 * v + cap
+    forward_extra = c * v + (4 * vt if c < 4 else 0)  # ``.float()`` of fp32 logits returns them: no copy
+    # first chunk's backward: all saved + 8 V t; last: its own 4 V t saved + 8 V t + the others' c V (T - t)
+    last = 12 * vt + c * (v - vt)
+    return KernelLossTensors(saved, forward_extra, max(8 * vt, last - saved))

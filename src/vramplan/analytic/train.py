@@ -103,8 +103,27 @@ def train_step(r: Resolved) -> TrainResult:
     return best
 
 
+# train.loss's kernels, as analytic/logits.py models them
+KERNEL_LOSS_NOTES = {
+    "liger-fused-linear-ce": "loss as Liger-Kernel 0.8.2's fused linear cross-entropy computes it: no full logits; "
+                             "the input and head gradients are made chunk by chunk in the forward and kept for the "
+                             "backward (torch >= 2.8's addmm accumulation on sm80+ assumed)",
+    "cut-cross-entropy": "loss as Cut Cross-Entropy (ml-cross-entropy 25.6.4, impl cce, its defaults) computes it: "
+                         "no logits; the log-sum-exp per token kept, the gradients made in the backward",
+    "chunked": "loss as torchtune's CEWithChunkedOutputLoss computes it (8 output chunks, each upcast to fp32 on its "
+               "own, not compiled); its log-softmax outputs are kept for the backward",
+}
+OFFLOAD_NOTE = ("activation offloading as torchtune's OffloadActivations does it (pinned memory, side stream, "
+                "forward stash of 5): each checkpointed layer input in host memory from its layer's forward to its "
+                "backward, on the GPU again only during that backward; the final norm's and the loss's tensors stay")
+PACKING_NOTE = ("packed sequences: flash-attention's varlen kernel from position_ids, no attention mask; "
+                "seq_len is the packed length")
+
+
 def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
+    if s.train.loss != "standard":
+        return KERNEL_LOSS_NOTES[s.train.loss]
     sw = s.software
     note = loss_release_note(family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only),
                              sw.transformers, m.family, fw, m.encoder_only)
@@ -120,6 +139,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         f"attention kernel: {attention} (as PyTorch SDPA would dispatch on the GPU)",
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
         _loss_assumption(s, m, fw),
+        *([PACKING_NOTE] if t.packing else []),
+        *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]

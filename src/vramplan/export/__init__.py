@@ -60,6 +60,10 @@ def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
                                      "follow one of the suggestions, then plan again")])
     s = setup_of(ranked)
     model = _model_id(ranked)
+    train = ranked.scenario.get("train") or {}
+    loss_args = _loss_arguments(str(train.get("loss", "standard")), bool(train.get("packing", False)),
+                                bool(train.get("liger_kernels", False)),
+                                train.get("activation_offload", "none") != "none")
     files: dict[str, str] = {"scenario.yaml": yaml.safe_dump(ranked.scenario, sort_keys=False)}
     if isinstance(s, ServeSetup):
         args = vllm_engine_args(s, model)
@@ -70,7 +74,7 @@ def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
             files["ds_config.json"] = _json(deepspeed_config(s))
         if s.framework != "torchtitan":
             files["accelerate_config.yaml"] = yaml.safe_dump(accelerate_config(s), sort_keys=False)
-            files["training_args.json"] = _json(training_arguments_kwargs(s))
+            files["training_args.json"] = _json({**training_arguments_kwargs(s), **loss_args})
             files["model_kwargs.json"] = _json(model_init_kwargs(s))
         if s.peft is not None:
             files["lora_config.json"] = _json(lora_config_kwargs(s))
@@ -83,6 +87,37 @@ def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
             files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config")
     files["README.md"] = launch_readme(ranked, s, model, sorted(files))
     return files
+
+
+def _loss_arguments(loss: str, packing: bool, liger_kernels: bool = False, offload: bool = False) -> dict[str, Any]:
+    """The TrainingArguments keys for ``train.loss`` and ``train.liger_kernels``; the losses, packing and
+    activation offloading no Trainer argument sets are refused.
+
+    transformers' ``use_liger_kernel`` with ``liger_kernel_config`` (4.52 and later) passes the config to
+    Liger's ``_apply_liger_kernel_to_instance``: exactly the kernels the scenario models are switched on (the
+    fused linear cross-entropy for ``loss``, RMSNorm, SwiGLU and RoPE for ``liger_kernels``)."""
+    for on, what, sft in ((packing, "packing", "padding_free=True"), (offload, "activation offloading",
+                                                                       "activation_offloading=True")):
+        if on:
+            raise ScenarioError([Problem("--export", f"{what} has no TrainingArguments key (TRL's SFTConfig "
+                                         f"{sft} sets it), and the export writes TrainingArguments",
+                                         f"export without it, then set SFTConfig({sft})")])
+    if loss not in ("standard", "liger-fused-linear-ce"):
+        _refuse_loss(loss)
+    if loss == "standard" and not liger_kernels:
+        return {}
+    return {"use_liger_kernel": True, "liger_kernel_config": {
+        "fused_linear_cross_entropy": loss == "liger-fused-linear-ce", "cross_entropy": False,
+        "rms_norm": liger_kernels, "swiglu": liger_kernels, "rope": liger_kernels}}
+
+
+def _refuse_loss(loss: str) -> None:
+    """A loss set up in code, which the export does not write."""
+    how = ("ml-cross-entropy's cce_patch(model)" if loss == "cut-cross-entropy" else
+           "torchtune's CEWithChunkedOutputLoss with its model's chunked output")
+    raise ScenarioError([Problem("--export", f"loss {loss} has no Trainer argument: it is set up in code ({how}), "
+                                 "which the export does not write", "export with loss: standard, or add it to your "
+                                 "training script")])
 
 
 def _family_layers_hidden(ranked: RankedSetup) -> tuple[str, int, int]:

@@ -474,6 +474,74 @@ def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out
 
 
+# the frameworks that run a transformers model whose loss Liger's or CCE's patch replaces (torchtitan and
+# Lit-GPT run their own model and loss)
+_FUSED_LOSS_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "deepspeed")
+# torchtune's chunked loss needs the model to return its logits in chunks: a training loop of one's own
+_CHUNKED_LOSS_FRAMEWORKS = ("accelerate", "plain")
+
+
+def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """train.loss, train.packing, train.activation_offload and train.liger_kernels where the library cannot run them as modelled."""
+    t, fw, tp = s.train, s.effective_framework, s.parallel.tp
+    out: list[Problem] = []
+    if t.loss != "standard":
+        allowed = _CHUNKED_LOSS_FRAMEWORKS if t.loss == "chunked" else _FUSED_LOSS_FRAMEWORKS
+        if fw not in allowed:
+            out.append(Problem("train.loss", f"loss {t.loss} is not available under framework {fw} (it runs "
+                               f"where {', '.join(allowed)} run the model)", "use loss: standard, or framework: "
+                               f"{allowed[0]}"))
+        if tp > 1:
+            out.append(Problem("train.loss", f"loss {t.loss} with a vocabulary-parallel LM head (tp {tp}) is not "
+                               "modelled: the kernels read the whole head on the rank", "use loss: standard with tp > 1"))
+        if m.encoder_only:
+            out.append(Problem("train.loss", f"loss {t.loss} is a causal-LM loss; {m.name} is an encoder",
+                               "use loss: standard"))
+    if t.packing and t.attention != "flash":
+        out.append(Problem("train.packing", f"packing without padding is modelled with flash-attention's varlen "
+                           f"kernel only; with {t.attention} transformers builds a 4-D block-diagonal mask from the "
+                           "position_ids (masking_utils find_packed_sequence_indices)", "set attention: flash"))
+    if t.activation_offload != "none":
+        out += _offload_problems(s)
+    if t.liger_kernels and (m.family not in _LIGER_FAMILIES or m.norm != "rms" or not m.mlp_gated
+                            or m.hidden_act not in ("silu", "swish") or any(ls.moe for ls in m.layers)):
+        out.append(Problem("train.liger_kernels", f"Liger's kernels on {m.name} ({m.family}) are not modelled: "
+                           f"modelled for the dense RMSNorm + SwiGLU families {', '.join(_LIGER_FAMILIES)}",
+                           "set liger_kernels: false"))
+    if t.liger_kernels and fw not in _FUSED_LOSS_FRAMEWORKS:
+        out.append(Problem("train.liger_kernels", f"Liger's kernels patch transformers' models; {fw} runs its own",
+                           "set liger_kernels: false"))
+    return out
+
+
+# Liger-Kernel v0.8.2 monkey_patch.py: apply_liger_kernel_to_llama / _mistral / _qwen2 / _qwen3 swap
+# LlamaRMSNorm-style norms for LigerRMSNorm and the MLP for LigerSwiGLUMLP
+_LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+# OffloadActivations wraps a training loop's forward: TRL's SFTTrainer (SFTConfig activation_offloading), a loop of
+# one's own (torchtune's recipes)
+_OFFLOAD_FRAMEWORKS = ("hf-trainer", "accelerate", "plain")
+
+
+def _offload_problems(s: Scenario) -> list[Problem]:
+    """Activation offloading as modelled: full checkpointing of every layer, one pipeline stage."""
+    t, fw = s.train, s.effective_framework
+    out: list[Problem] = []
+    if t.gradient_checkpointing != "full" or t.checkpoint_every_n_layers > 1:
+        out.append(Problem("train.activation_offload", "activation offloading is modelled with full checkpointing "
+                           "of every layer, as torchtune's recipes require (enable_activation_offloading needs "
+                           "enable_activation_checkpointing)", "set gradient_checkpointing: full"))
+    if fw not in _OFFLOAD_FRAMEWORKS:
+        out.append(Problem("train.activation_offload", f"{fw} has no activation offloading of this kind "
+                           "(torchtune's OffloadActivations, TRL's activation_offloading)",
+                           f"use framework: {' or '.join(_OFFLOAD_FRAMEWORKS)}"))
+    if s.parallel.pp > 1:
+        out.append(Problem("train.activation_offload", "activation offloading with pipeline parallelism is not "
+                           "modelled", "use pp: 1"))
+    return out
+
+
 def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """A training scenario's quantization, attention and adapter targets against its adapter and model."""
     out: list[Problem] = []
@@ -487,6 +555,7 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             out.append(Problem("train.quantization", "quantized base weights cannot be trained without an adapter",
                                "add train.peft (lora/qlora) or set quantization: none"))
         out += _checkpointing_problems(s, m)
+        out += _loss_and_offload_problems(s, m)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))

@@ -35,6 +35,8 @@ DeepSpeedCheckpointing = Literal["none", "partition", "partition+cpu"]
 LoadDtype = Literal["auto", "fp32"]
 DeviceMap = Literal["auto", "none"]
 StateDictType = Literal["full", "full_offload", "sharded"]
+LossKernel = Literal["standard", "liger-fused-linear-ce", "cut-cross-entropy", "chunked"]
+ActivationOffload = Literal["none", "cpu"]
 
 
 class _Strict(BaseModel):
@@ -160,6 +162,46 @@ class Train(_Strict):
     quantization: TrainQuant = "none"
     """Base-weight quantization under training (bitsandbytes int8, 4-bit nf4, nf4 with double quantization,
     fp4); used with QLoRA."""
+
+    loss: LossKernel = "standard"
+    """How the LM head and the cross-entropy run: standard (the logits, their fp32 upcast and log_softmax, as
+    transformers computes them); liger-fused-linear-ce (Liger-Kernel's fused linear cross-entropy: the logits
+    of one chunk of tokens at a time, gradients computed in the forward); cut-cross-entropy (Apple's CCE: only
+    the log-sum-exp per token); chunked (torchtune's CEWithChunkedOutputLoss: the head in 8 chunks, each
+    upcast to fp32 on its own).
+
+    Sources: Liger-Kernel v0.8.2 ``ops/fused_linear_cross_entropy.py``; ml-cross-entropy 25.6.4
+    ``cut_cross_entropy/cce.py``; torchtune v0.6.1 ``modules/loss/ce_chunked_output_loss.py``
+    (docs/conventions.md, Fused and chunked losses).  The liger and CCE kernels need triton on a GPU: the
+    traced engine refuses them."""
+
+    packing: bool = False
+    """Sequences packed into each row without padding, run by flash-attention's variable-length kernel from
+    position_ids (TRL ``padding_free`` / ``packing``): no attention mask is built; seq_len is the packed
+    length.  Needs attention: flash.
+
+    transformers' flash path (``modeling_flash_attention_utils._flash_attention_forward``) reads the sequence
+    boundaries from position_ids and calls ``flash_attn_varlen_func``; sdpa and eager would build a 4-D
+    block-diagonal mask from them (``masking_utils.find_packed_sequence_indices``), which is not modelled."""
+
+    liger_kernels: bool = False
+    """Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels in place of transformers' (``apply_liger_kernel_to_*``):
+    the norms save their input and a per-row rstd only, the SwiGLU saves the gate and up outputs only; RoPE
+    saves cos and sin, as transformers' does.  Llama, Mistral, Qwen2 and Qwen3 dense models.
+
+    Liger-Kernel v0.8.2 ``ops/rms_norm.py``, ``ops/swiglu.py``, ``ops/rope.py`` (each function's
+    ``ctx.save_for_backward``); docs/conventions.md, Liger kernels."""
+
+    activation_offload: ActivationOffload = "none"
+    """Saved activations copied to pinned host memory in the forward and brought back in the backward
+    (torchtune's OffloadActivations, TRL's ``activation_offloading``): none, or cpu, with
+    gradient_checkpointing: full (the checkpointed layer inputs are what is offloaded, as torchtune's
+    recipes require).
+
+    torchtune v0.6.1 ``training/_activation_offloading.py`` (TRL v1.9.0 ``models/activation_offloading.py``
+    has the same defaults): the copy runs on a side stream and the GPU tensor stays in a stash until 5 later
+    tensors are packed (``max_fwd_stash_size=5``); in the backward a tensor brought back stays until the next
+    autograd node's comes (docs/conventions.md, Activation offloading)."""
 
 
 class Inference(_Strict):

@@ -9,7 +9,7 @@ from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
 from vramplan.spec.load import Resolved
-from vramplan.spec.scenario import Scenario
+from vramplan.spec.scenario import Scenario, Train
 from vramplan.trace.fsdp import fake_world, fsdp_traced, world_shape
 from vramplan.trace.parallel import apply_parallel
 from vramplan.trace.report import to_report
@@ -17,6 +17,32 @@ from vramplan.trace.step import StepTrace, trace_inference, trace_train
 from vramplan.trace.tensor import tp_traced, tp_world
 
 __all__ = ["estimate", "trace"]
+
+
+def _untraced_train_options(t: Train) -> list[Problem]:
+    """The training options the traced engine cannot run (each refused with its reason): the loss kernels,
+    Liger's kernels (triton, a GPU), activation offloading (CUDA streams and pinned host memory)."""
+    out = [p for p in (_untraced_loss(t.loss),) if p is not None]
+    if t.liger_kernels:
+        out.append(Problem("train.liger_kernels", "Liger's kernels are not traced: they are triton kernels, which "
+                           "need a GPU and do not run on the meta device", "use --engine analytic"))
+    if t.activation_offload != "none":
+        out.append(Problem("train.activation_offload", "activation offloading is not traced: its hooks copy to pinned "
+                           "host memory on a CUDA stream, which the meta device has not", "use --engine analytic"))
+    return out
+
+
+def _untraced_loss(loss: str) -> Problem | None:
+    """The loss kernels the traced engine cannot run: Liger's and CCE's are triton kernels (a GPU, no meta
+    tensors); torchtune's chunked loss needs torchtune's model (``chunked_output``), not transformers'."""
+    if loss in ("liger-fused-linear-ce", "cut-cross-entropy"):
+        return Problem("train.loss", f"loss {loss} is not traced: its kernels are triton kernels, which need a "
+                       "GPU and do not run on the meta device", "use --engine analytic, or trace loss: standard")
+    if loss == "chunked":
+        return Problem("train.loss", "loss chunked is not traced: torchtune's CEWithChunkedOutputLoss reads the "
+                       "chunked logits of torchtune's own model, and the traced engine builds transformers' model",
+                       "use --engine analytic, or trace loss: standard")
+    return None
 
 
 def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Resolved, StepTrace]:
@@ -30,6 +56,8 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if max(par.pp, par.cp, par.ep) > 1:
         raise ScenarioError([Problem("parallel", "pipeline, context and expert parallelism are not traced",
                                      "use --engine analytic for pp/cp/ep > 1")])
+    if task == "train" and (problems := _untraced_train_options(r.scenario.train)):
+        raise ScenarioError(problems)
     if tp_traced(r):
         with tp_world(r) as tensor:
             if task != "train":

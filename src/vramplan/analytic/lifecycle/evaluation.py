@@ -24,6 +24,7 @@ from __future__ import annotations
 from vramplan.analytic.events import StepLayout
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.loss import standard_loss_tensors
 from vramplan.units import ceil_div
 
 __all__ = ["eval_batch_size", "eval_generates", "eval_runs", "evaluation_phase"]
@@ -52,11 +53,22 @@ def eval_generates(c: StepContext) -> int:
     return LITGPT_NEW_TOKENS if c.framework == "lightning" else 0
 
 
+def _head_tensors(c: StepContext, lay: StepLayout) -> tuple[int, int, int]:
+    """(logits, their fp32 copy, log-probs) of the training micro-batch.  A loss kernel (``train.loss``) is the
+    training step's: outside training Liger's forward materializes the logits (``skip_logits`` is
+    ``self.training and labels is not None``, Liger-Kernel v0.8.2 ``transformers/model/llama.py``), so the
+    evaluation runs the standard loss (terms/loss.py ``standard_loss_tensors``)."""
+    if c.s.train.loss == "standard":
+        return lay.logits, lay.logits_fp32, lay.log_probs
+    a, b, d = standard_loss_tensors(c).forward_tensors
+    return a, b, d
+
+
 def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
     """One no-grad forward's largest live tensors at ``batch`` sequences."""
     mb = c.s.train.micro_batch_size
     tokens = ceil_div(batch * c.s.train.seq_len, c.s.parallel.cp)
-    head = (lay.logits + lay.logits_fp32 + lay.log_probs) * batch // mb if lay.has_head else 0
+    head = sum(_head_tensors(c, lay)) * batch // mb if lay.has_head else 0
     mlp = tokens * lay.inter * lay.compute_bytes * (3 if lay.gated else 2)
     return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
 
@@ -66,7 +78,7 @@ def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]
     lc = c.s.lifecycle
     if not (lc.eval_keeps_logits and lay.has_head and c.framework == "hf-trainer"):
         return 0, 0
-    per = lay.logits * batch // c.s.train.micro_batch_size * c.s.data_parallel_degree
+    per = _head_tensors(c, lay)[0] * batch // c.s.train.micro_batch_size * c.s.data_parallel_degree
     n = min(lc.eval_batches, lc.eval_accumulation_steps or lc.eval_batches)
     # the n-th add: n - 1 kept, the new batch, and their torch.cat (n batches) alive together
     return (n - 1) * per, (2 * n if n > 1 else 1) * per

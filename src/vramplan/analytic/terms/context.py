@@ -254,4 +254,5 @@ class StepContext:
             sdpa=s.train.attention == "sdpa", adapter_bytes=self.adapter,
             kbit_saves_input=(peft is not None and quant in BNB_4BIT_FORMATS
                               and s.software.bnb_4bit_saves_input),
+            liger=s.train.liger_kernels,
         )

@@ -3,16 +3,28 @@ temporaries at the end of its forward."""
 
 from __future__ import annotations
 
+from vramplan.analytic import activations as act
 from vramplan.analytic.layout import gathers_logits
-from vramplan.analytic.logits import LossRelease, family_loss_release, loss_bytes
+from vramplan.analytic.logits import (
+    TORCHTUNE_OUTPUT_CHUNKS,
+    KernelLossTensors,
+    LossRelease,
+    LossTensors,
+    cce_bytes,
+    chunked_ce_bytes,
+    family_loss_release,
+    liger_flce_bytes,
+    loss_bytes,
+)
 from vramplan.analytic.moment import K
+from vramplan.analytic.precision import framework_family
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, mlp
 from vramplan.units import ceil_div
 
-__all__ = ["layer_forward", "loss"]
+__all__ = ["kernel_loss", "layer_forward", "loss", "standard_loss_tensors"]
 
 
 def vocab_on_rank(c: StepContext) -> int:
@@ -32,14 +44,58 @@ def loss(c: StepContext) -> list[Term]:
     in that order, of ``logits.loss`` ); at the backward's start the loss's gradients (analytic/logits.py)."""
     if not c.last:
         return []
+    if c.s.train.loss != "standard":
+        return kernel_loss(c)
+    lt = standard_loss_tensors(c)
+    return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
+            Term(K.LOSS_BACKWARD, lt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.loss_gradients")]
+
+
+def standard_loss_tensors(c: StepContext) -> LossTensors:
+    """The standard loss's tensors (analytic/logits.py ``loss_bytes``), whatever ``train.loss`` says: what an
+    evaluation forward makes, since Liger's and CCE's patches materialize the logits outside training."""
     m, cb = c.m, c.pol.compute_bytes
     # padded (current releases): forward_peak = c V + (4 V when c < 4) + saved log-probs (4 V, with Gemma 2's
     # soft-cap output); older releases copy the shifted logits over b (s - 1) tokens (analytic/logits.py)
-    lt = loss_bytes(c.tokens, vocab_on_rank(c), cb, softcap=m.final_logit_softcapping is not None,
-                    release=loss_release_of(c), shifted_tokens=ceil_div(c.s.train.micro_batch_size * (c.s.train.seq_len - 1), c.s.parallel.cp),
-                    autocast=c.pol.autocast)
-    return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
-            Term(K.LOSS_BACKWARD, lt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.loss_gradients")]
+    return loss_bytes(c.tokens, vocab_on_rank(c), cb, softcap=m.final_logit_softcapping is not None,
+                      release=loss_release_of(c), shifted_tokens=ceil_div(c.s.train.micro_batch_size * (c.s.train.seq_len - 1), c.s.parallel.cp),
+                      autocast=c.pol.autocast)
+
+
+def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
+    """The bytes of ``train.loss``'s kernel (analytic/logits.py) for this stage's head."""
+    m, pol, t = c.m, c.pol, c.s.train
+    vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
+    if t.loss == "chunked":
+        # torch.chunk over the sequence: chunks of ceil(s / 8) positions of every sequence
+        chunk = t.micro_batch_size * ceil_div(ceil_div(t.seq_len, c.s.parallel.cp), TORCHTUNE_OUTPUT_CHUNKS)
+        return chunked_ce_bytes(c.tokens, min(chunk, c.tokens), vocab, cb,
+                                softcap=m.final_logit_softcapping is not None)
+    # the head's weight as the kernel reads it: fp32 under autocast (the master), half under DeepSpeed's half
+    # module and FSDP's param_dtype; a frozen head (PEFT) is the base's dtype (fp32 after k-bit preparation)
+    if c.peft is not None:
+        weight = 4 if c.kbit else pol.frozen_param_bytes
+    else:
+        weight = pol.param_bytes if framework_family(c.s) == "autocast" else cb
+    # the hidden states the head reads: the final norm's output dtype (the residual's under transformers' RMSNorm)
+    x = act._norm_out_bytes(m.norm, c.act)
+    if t.loss == "liger-fused-linear-ce":
+        # torch.addmm(out_dtype=fp32) accumulates a half gradient into the fp32 one on sm80+ (torch >= 2.8 assumed)
+        cap = c.gpu.compute_capability
+        addmm = weight == 4 and cb < 4 and (not cap or int(cap.split(".")[0]) >= 8)
+        return liger_flce_bytes(c.tokens, vocab, hidden, x, cb, weight if c.peft is None else 0, addmm)
+    return cce_bytes(c.tokens, vocab, hidden, x, cb, weight, head_trainable=c.peft is None)
+
+
+def kernel_loss(c: StepContext) -> list[Term]:
+    """A loss kernel's bytes (``train.loss``): what it keeps from the forward to the backward, with its forward
+    temporaries at the forward's end and its backward buffers at the loss's backward.  Named apart from the
+    standard loss's terms: the allocator's event stream reads their tensors as (kept, temporary)."""
+    kt = kernel_loss_tensors(c)
+    return [Term(K.LOSS_FORWARD, kt.forward_peak, FORWARD, LOSS, "logits.kernel_loss",
+                 tensors=(kt.saved, kt.forward_extra)),
+            Term(K.LOSS_BACKWARD, kt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.kernel_loss_gradients",
+                 tensors=(kt.saved, kt.backward_extra))]
 
 
 def layer_forward(c: StepContext) -> list[Term]:

@@ -12,8 +12,11 @@ micro-batches' saved tensors stay through this one's backward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from vramplan.analytic import activations as act
 from vramplan.analytic.checkpointing import checkpoint_policy
+from vramplan.analytic.logits import next_power_of_2
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
@@ -31,8 +34,12 @@ def layer_saved(c: StepContext) -> list[Term]:
     # attention-core recomputes only the attention core; full and op-sac rerun the whole layer's forward
     selective = ckpt == "attention-core"
     in_flight = (c.in_flight - 1) * sum(kept)
-    out = device_terms(K.SAVED, [(kept[j], FORWARD, layer_done(j), "saved.kept", j) for j in range(len(kept))])
+    offload = c.s.train.activation_offload == "cpu"
+    out = device_terms(K.SAVED, [(kept[j], mlp(j) if offload else FORWARD, layer_done(j), "saved.kept", j)
+                                 for j in range(len(kept))])
     out.append(Term(K.SAVED, in_flight, FORWARD, TIED_EMBEDDING, "saved.in_flight"))
+    if offload:
+        out.append(offloaded_inputs(kept))
     if la.host:
         # DeepSpeed partition+cpu: the checkpointed inputs' slices wait in host memory
         out.append(Term(K.SAVED, la.host, FORWARD, TIED_EMBEDDING, "saved.host_checkpointed", where="host"))
@@ -41,7 +48,7 @@ def layer_saved(c: StepContext) -> list[Term]:
         below.append(below[-1] + k)
     rows: list[tuple[int, Loc, Loc, str, int]] = []
     for j in range(len(kept) - 1, -1, -1):
-        alive = below[j + 1] + in_flight
+        alive = (kept[j] if offload else below[j + 1]) + in_flight
         recompute = la.full[j] - kept[j] if ckpt != "none" else 0
         at_mlp, at_attention, done = mlp(j), attention(j), layer_done(j)
         rows += [
@@ -50,6 +57,26 @@ def layer_saved(c: StepContext) -> list[Term]:
             (-min(la.released[j], alive + recompute), at_attention, done, "saved.freed_before_attention", j),
         ]
     return out + device_terms(K.SAVED, rows)
+
+
+def offloaded_inputs(kept: Sequence[int]) -> Term:
+    """Activation offloading (``train.activation_offload: cpu``) of the checkpointed layer inputs, in host memory.
+
+    torchtune v0.6.1 ``OffloadActivations.pack_tensor`` (TRL v1.9.0 the same) copies every saved tensor of
+    1024 bytes or more to ``torch.empty_like(..., pin_memory=True, device="cpu")`` on a side stream.  With full
+    checkpointing a layer saves only its input (torch's non-reentrant checkpoint saves it through
+    ``_NoopSaveInputs``, under the offloading hooks).  The GPU copy stays in the forward stash until 5 later
+    tensors have been packed (``max_fwd_stash_size=5``): the final norm's and the loss's saved tensors come
+    after the last layer's input, so by the loss no layer input is left on the GPU (those last tensors stay:
+    the head's and loss's terms, unchanged).  In the backward each input is brought back when its layer's
+    recompute unpacks it, and freed once the next node's hook runs: a layer input is on the GPU from its layer's
+    backward to that backward's end (the ``saved.kept`` term, born at the layer's backward).
+
+    Pinned memory comes from PyTorch's CachingHostAllocator, which rounds each request up to a power of two
+    (aten/src/ATen/core/CachingHostAllocator.h ``allocate``: ``c10::llvm::PowerOf2Ceil(size)``).  Example,
+    Llama-3-8B, 1 x 2048 tokens, fp32 residual: 2048 x 4096 x 4 = 33,554,432 B per layer, already 2^25."""
+    return Term(K.SAVED, sum(next_power_of_2(k) for k in kept if k), FORWARD, TIED_EMBEDDING, "saved.offloaded",
+                where="host")
 
 
 def shared_saved(c: StepContext) -> list[Term]:
@@ -62,5 +89,8 @@ def head_saved(c: StepContext) -> list[Term]:
     if not c.last:
         return []
     m, ctx = c.m, c.act
-    nbytes = (act.norm_saved_per_token(m, ctx) + (c.pol.compute_bytes * m.hidden_size if c.peft is None else 0)) * c.tokens
+    # Liger's and CCE's kernels take the head's weight and the hidden states themselves: no nn.Linear saves
+    # the head's input (what they keep is their loss term's, terms/loss.py)
+    head_input = c.peft is None and c.s.train.loss not in ("liger-fused-linear-ce", "cut-cross-entropy")
+    nbytes = (act.norm_saved_per_token(m, ctx) + (c.pol.compute_bytes * m.hidden_size if head_input else 0)) * c.tokens
     return [Term(K.SAVED, nbytes, FORWARD, mlp(len(c.layer_specs) - 1), "saved.head")]
