@@ -13,7 +13,7 @@ from vramplan.spec.families.base import Config, Family, Params, build_spec, get,
 from vramplan.spec.model import MLASpec, ModelSpec, MoESpec, Norm, Traits
 
 Sliding = Literal["uniform", "alternate", "every_nth", "from_layer"]
-MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss"]
+MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer"]
 # Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the names
 # peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell them either way
 MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -38,6 +38,12 @@ class Variant:
     sliding: Sliding = "uniform"  # how sliding_window applies to the layers (``windows``)
     sliding_default: bool = False  # configuration default of use_sliding_window
     final_logit_softcap: bool = False  # the loss reads soft-capped logits (Gemma 2 ``final_logit_softcapping``)
+    # where the routed experts live: the layer's MoE module, the router's name in it, and the experts' own
+    # names ("": 4.x's per-expert gate_proj/up_proj/down_proj; two names: one fused [E, 2I, h] input and one
+    # [E, h, I] output parameter, GraniteMoeParallelExperts' input_linear/output_linear)
+    moe_module: str = "mlp"
+    router_name: str = "gate"
+    fused_expert_names: tuple[str, str] | None = None
     traits: Traits = field(default_factory=Traits)
 
 
@@ -71,6 +77,17 @@ VARIANTS: dict[str, Variant] = {
                            traits=Traits(peft_converts_experts=True)),
     # GptOssRMSNorm multiplies in fp32; no SDPA path (attention sinks join the softmax); top-k router, clamped
     # SwiGLU experts kept as fused, biased parameters
+    # OLMoE: OLMo-2's full-width q/k RMSNorm on a pre-norm decoder, 64 experts of intermediate_size in every
+    # layer (OlmoeSparseMoeBlock: softmax over all experts, then top-k; no shared expert)
+    "olmoe": Variant("modeling_olmoe.py", qk_norm="full", moe="every_layer",
+                     traits=Traits(peft_converts_experts=True)),
+    # GraniteMoE: Mixtral's layout under block_sparse_moe with a top-k-then-softmax router
+    # (GraniteMoeTopKRouter: logits.float().topk, softmax over the k values) and fused experts
+    # (4.x GraniteMoeParallelExperts input_linear [E, 2I, h] / output_linear [E, h, I]: parameters, not
+    # nn.Linear, in both releases); the multipliers scale by Python floats (nothing saved); tied by default
+    "granitemoe": Variant("modeling_granitemoe.py", moe="mixtral", moe_module="block_sparse_moe",
+                          router_name="router", fused_expert_names=("input_linear", "output_linear"),
+                          traits=Traits(router_topk_first=True, experts_are_linears=False)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -168,8 +185,15 @@ def _gpt_oss_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
     return MoESpec(e, k, d.inter), set(d.layers)
 
 
+def _every_layer_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    """Routed experts of ``intermediate_size`` in every layer (OLMoE: ``num_experts``, OlmoeConfig's
+    ``attribute_map`` also reads ``num_local_experts``; top-k ``num_experts_per_tok``, default 8)."""
+    e = int(get(cfg, "num_experts", "num_local_experts"))
+    return MoESpec(e, int(cfg.get("num_experts_per_tok", 8)), d.inter), set(d.layers)
+
+
 _MOE_READERS: dict[str, MoEReader] = {"mixtral": _mixtral_moe, "qwen": _qwen_moe, "deepseek": _deepseek_moe,
-                                      "gpt_oss": _gpt_oss_moe}
+                                      "gpt_oss": _gpt_oss_moe, "every_layer": _every_layer_moe}
 
 
 def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, set[int]]:
@@ -189,12 +213,18 @@ def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, 
     if moe is None or not on:
         return moe, sparse
     e, ei = moe.num_experts, moe.expert_intermediate_size
-    p.linear("layers.mlp.gate", h, e, on, v.expert_bias, "replicated", role="router")
+    mod = f"layers.{v.moe_module}"
+    p.linear(f"{mod}.{v.router_name}", h, e, on, v.expert_bias, "replicated", role="router")
     if v.score_correction_bias:
-        p.add("layers.mlp.gate.e_score_correction_bias", e, "other", on)
-    p.linear("layers.mlp.experts.gate_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
-    p.linear("layers.mlp.experts.up_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
-    p.linear("layers.mlp.experts.down_proj", ei, h, on, v.expert_bias, "expert", "expert", e)
+        p.add(f"{mod}.{v.router_name}.e_score_correction_bias", e, "other", on)
+    if v.fused_expert_names:
+        fused_in, fused_out = v.fused_expert_names
+        p.linear(f"{mod}.{fused_in}", h, 2 * ei, on, False, "expert", "expert", e)
+        p.linear(f"{mod}.{fused_out}", ei, h, on, False, "expert", "expert", e)
+    else:
+        p.linear(f"{mod}.experts.gate_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
+        p.linear(f"{mod}.experts.up_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
+        p.linear(f"{mod}.experts.down_proj", ei, h, on, v.expert_bias, "expert", "expert", e)
     if moe.shared_intermediate_size:
         si = moe.shared_intermediate_size
         p.linear("layers.mlp.shared_experts.gate_proj", h, si, on, False, "column")
