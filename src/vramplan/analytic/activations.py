@@ -394,6 +394,10 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
     if layer.moe and m.moe is not None:
         e = m.moe
         saved += _linear_inputs(h, ("gate",), in_b, ctx) + _router_saved(m, ctx)
+        if m.traits.moe_input_jitter and ctx.dropout:
+            # PhiMoE in training: ``hidden_states *= torch.empty_like(hidden_states).uniform_(...)`` in the block
+            # and again in the router; each in-place mul keeps its noise tensor (the norm output's dtype)
+            saved += 2 * in_b * h
         if ctx.router_wrapped and ctx.frozen_base:
             # F.linear(x, W + s B A) keeps x for the adapted weight's gradient: the autocast copy, or x itself
             saved += (c if ctx.autocast else in_b) * h
@@ -599,6 +603,11 @@ def _router_saved(m: ModelSpec, ctx: ActContext) -> int:
     assert m.moe is not None
     if m.traits.router_topk_first:
         return (8 + ctx.compute_bytes) * m.moe.top_k
+    if m.traits.sparsemixer_router:
+        # PhiMoE's sparsemixer (modeling_phimoe.py, training): PhimoeMultiplier keeps the logits (c) and each
+        # round's softmax over the masked logits (fp32 under autocast: 2 x 4), each masked_fill its bool mask
+        # (2 x 1), per expert; per round the gathered weight (4), the int64 expert index (8) and mask_for_one (4)
+        return (ctx.compute_bytes + 10) * m.moe.num_experts + 2 * (4 + 8 + 4)
     return (ctx.compute_bytes + 4) * m.moe.num_experts
 
 

@@ -153,6 +153,12 @@ class Traits:
     # ---- mixture of experts ----
     router_topk_first: bool = False  # ``GptOssTopKRouter``: top-k on the logits, then a k-wide softmax
     clamped_glu_experts: bool = False  # ``GptOssExperts._apply_gate``: clamped gate/up, sigmoid gating
+    # PhiMoE's ``sparsemixer`` (modeling_phimoe.py): two masked softmaxes over the experts, each kept by
+    # ``PhimoeMultiplier`` with the logits, plus the two masks (analytic/activations.py ``_router_saved``)
+    sparsemixer_router: bool = False
+    # PhiMoE multiplies the MoE input in place by uniform noise in training, in the block and again in the
+    # router (``hidden_states *= torch.empty_like(...).uniform_(...)``), when input_jitter_noise > 0
+    moe_input_jitter: bool = False
     # the routed experts were ``nn.Linear`` modules in transformers 4.x (bitsandbytes converts them, peft's
     # ``all-linear`` adapts them); gpt-oss keeps fused, biased parameters in every release
     experts_are_linears: bool = True

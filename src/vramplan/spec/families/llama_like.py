@@ -29,6 +29,7 @@ class Variant:
     qk_norm: Literal["", "head", "full"] = ""  # q/k RMSNorm over head_dim (Qwen3, Gemma 3) or the full width (OLMo-2)
     sandwich_norms: bool = False  # pre/post-feedforward norms as well (Gemma 2/3)
     norm: Norm = "rms"
+    norm_bias: bool = False  # LayerNorm with a bias (PhiMoE's nn.LayerNorm)
     mla: bool = False  # DeepSeek multi-head latent attention
     sinks: bool = False  # per-head attention sinks (gpt-oss)
     moe: MoEKind = ""
@@ -88,6 +89,11 @@ VARIANTS: dict[str, Variant] = {
     "granitemoe": Variant("modeling_granitemoe.py", moe="mixtral", moe_module="block_sparse_moe",
                           router_name="router", fused_expert_names=("input_linear", "output_linear"),
                           traits=Traits(router_topk_first=True, experts_are_linears=False)),
+    # PhiMoE (Phi-3.5-MoE): nn.LayerNorm with bias, attention and LM-head biases from the config
+    # (attention_bias, lm_head_bias), Mixtral's experts behind a sparsemixer router (PhimoeTopKRouter, an
+    # nn.Linear named router); transformers 5 fuses the experts and peft does not convert phimoe's names
+    "phimoe": Variant("modeling_phimoe.py", norm="layer", norm_bias=True, moe="mixtral", router_name="router",
+                      sliding_default=True, traits=Traits(experts_are_linears=False, sparsemixer_router=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -273,17 +279,20 @@ class LlamaLike:
         p = Params()
         p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
         mla = _attention(p, cfg, v, d)
-        p.norm("layers.input_layernorm", h, d.layers, False)
-        p.norm("layers.post_attention_layernorm", h, d.layers, False)
+        p.norm("layers.input_layernorm", h, d.layers, v.norm_bias)
+        p.norm("layers.post_attention_layernorm", h, d.layers, v.norm_bias)
         if v.sandwich_norms:
             p.norm("layers.pre_feedforward_layernorm", h, d.layers, False)
             p.norm("layers.post_feedforward_layernorm", h, d.layers, False)
         moe, sparse = _mlp(p, cfg, v, d)
-        p.norm("norm", h, (), False)
+        p.norm("norm", h, (), v.norm_bias)
         if not tied:
-            p.lm_head("lm_head", vocab, h)
+            p.lm_head("lm_head", vocab, h, bool(cfg.get("lm_head_bias", False)))
         head_dim, n_kv = (mla.qk_nope_head_dim + mla.qk_rope_head_dim, n_heads) if mla else (d.head_dim, d.n_kv)
         traits = v.traits
+        if cfg.get("input_jitter_noise") and v.traits.sparsemixer_router:
+            # PhimoeSparseMoeBlock and PhimoeTopKRouter jitter their input only when input_jitter_noise > 0
+            traits = replace(traits, moe_input_jitter=True)
         if traits.attn_logit_softcap:
             # Gemma2Attention soft-caps only when attn_logit_softcapping is set (configuration default 50.0)
             traits = replace(traits, attn_logit_softcap=cfg.get("attn_logit_softcapping", 50.0) is not None)
