@@ -27,6 +27,8 @@ class Variant:
     tied_default: bool = False  # configuration default of tie_word_embeddings
     qkv_bias_only: bool = False  # hard-coded q/k/v biases and no o_proj bias (Qwen2Attention)
     qk_norm: Literal["", "head", "full"] = ""  # q/k RMSNorm over head_dim (Qwen3, Gemma 3) or the full width (OLMo-2)
+    qk_norm_key: str = ""  # the config key that switches the q/k norm on ("": always; GLM-4-MoE's use_qk_norm)
+    o_bias: bool = True  # attention_bias reaches o_proj too (False: q/k/v only, Glm4MoeAttention)
     sandwich_norms: bool = False  # pre/post-feedforward norms as well (Gemma 2/3)
     norm: Norm = "rms"
     norm_bias: bool = False  # LayerNorm with a bias (PhiMoE's nn.LayerNorm)
@@ -94,6 +96,12 @@ VARIANTS: dict[str, Variant] = {
     # nn.Linear named router); transformers 5 fuses the experts and peft does not convert phimoe's names
     "phimoe": Variant("modeling_phimoe.py", norm="layer", norm_bias=True, moe="mixtral", router_name="router",
                       sliding_default=True, traits=Traits(experts_are_linears=False, sparsemixer_router=True)),
+    # GLM-4.5 / 4.6 (modeling_glm4_moe.py): DeepSeek-V3's MoE (sigmoid router with its correction-bias buffer,
+    # first_k_dense_replace dense layers, one shared expert) under GQA attention with q/k/v biases only and
+    # partial rotary; q/k norm only with use_qk_norm.  The MTP layer (num_nextn_predict_layers) is not built:
+    # Glm4MoePreTrainedModel ignores its checkpoint keys (_keys_to_ignore_on_load_unexpected)
+    "glm4_moe": Variant("modeling_glm4_moe.py", qk_norm="head", qk_norm_key="use_qk_norm", o_bias=False,
+                        moe="deepseek", score_correction_bias=True, traits=Traits(peft_converts_experts=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -137,7 +145,7 @@ def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
     # llama-style configs say attention_bias (all four projections); Qwen2 hard-codes q/k/v biases, no o bias
     attention_bias = bool(cfg.get("attention_bias", False))
     qkv_bias = attention_bias or v.qkv_bias_only
-    o_bias = attention_bias and not v.qkv_bias_only
+    o_bias = attention_bias and not v.qkv_bias_only and v.o_bias
     L, hd = d.layers, d.head_dim
     if v.mla:
         return _mla(p, cfg, d, (qkv_bias, o_bias))
@@ -146,7 +154,9 @@ def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
         p.linear("layers.self_attn.o_proj", d.n_heads * hd, d.h, L, o_bias, "row")
     else:
         p.attention("layers.self_attn", d.h, d.n_heads, d.n_kv, hd, L, qkv_bias, "o_proj", o_bias)
-    if v.qk_norm == "full":
+    if v.qk_norm_key and not cfg.get(v.qk_norm_key, False):
+        pass
+    elif v.qk_norm == "full":
         p.norm("layers.self_attn.q_norm", d.n_heads * hd, L, False)
         p.norm("layers.self_attn.k_norm", d.n_kv * hd, L, False)
     elif v.qk_norm == "head":
@@ -262,6 +272,10 @@ def layer_windows(cfg: Config, n_layers: int, v: Variant) -> list[int | None]:
     return [int(window)] * n_layers
 
 
+def _has_qk_norm(cfg: Config, v: Variant) -> bool:
+    return bool(v.qk_norm) and (not v.qk_norm_key or bool(cfg.get(v.qk_norm_key, False)))
+
+
 @dataclass(frozen=True)
 class LlamaLike:
     """The builder of one Llama-like family (a ``Family.build``)."""
@@ -300,7 +314,7 @@ class LlamaLike:
             cfg, name, model_type, p, windows=layer_windows(cfg, n_layers, v), moe_layers=frozenset(sparse),
             hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
             vocab_size=vocab, intermediate_size=d.inter, hidden_act=str(key(cfg, "hidden_act", default="silu")),
-            mlp_gated=True, norm=v.norm, position="rope", tie_word_embeddings=tied, qk_norm=bool(v.qk_norm),
+            mlp_gated=True, norm=v.norm, position="rope", tie_word_embeddings=tied, qk_norm=_has_qk_norm(cfg, v),
             sandwich_norms=v.sandwich_norms, attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)), moe=moe, mla=mla,
             attention_sinks=v.sinks, traits=traits,
