@@ -12,7 +12,7 @@ from typing import Any, Literal
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, key, prob
 from vramplan.spec.model import MLASpec, ModelSpec, MoESpec, Norm, Traits
 
-Sliding = Literal["uniform", "alternate", "every_nth", "from_layer"]
+Sliding = Literal["uniform", "alternate", "every_nth", "from_layer", "nope_layers"]
 MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer"]
 # Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the names
 # peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell them either way
@@ -102,6 +102,10 @@ VARIANTS: dict[str, Variant] = {
     # Glm4MoePreTrainedModel ignores its checkpoint keys (_keys_to_ignore_on_load_unexpected)
     "glm4_moe": Variant("modeling_glm4_moe.py", qk_norm="head", qk_norm_key="use_qk_norm", o_bias=False,
                         moe="deepseek", score_correction_bias=True, traits=Traits(peft_converts_experts=True)),
+    # SmolLM3: Llama with NoPE layers (SmolLM3Attention rotates q and k only where no_rope_layers[i] is 1; a
+    # NoPE layer hands the projections' own outputs to the kernel, the same bytes as RoPE's rotated copies);
+    # tied by default; use_sliding_window puts the window on the NoPE layers
+    "smollm3": Variant("modeling_smollm3.py", tied_default=True, sliding="nope_layers"),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -251,6 +255,16 @@ def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, 
     return moe, sparse
 
 
+def nope_pattern(cfg: Config, n_layers: int) -> list[int]:
+    """SmolLM3's ``no_rope_layers`` (1: the layer rotates q and k; 0: NoPE), or its default: every
+    ``no_rope_layer_interval``-th layer (default 4) without RoPE (configuration_smollm3.py)."""
+    given = cfg.get("no_rope_layers")
+    if isinstance(given, list) and len(given) == n_layers:
+        return [int(x) for x in given]
+    interval = int(cfg.get("no_rope_layer_interval", 4))
+    return [int((i + 1) % interval != 0) for i in range(n_layers)]
+
+
 def layer_windows(cfg: Config, n_layers: int, v: Variant) -> list[int | None]:
     """Sliding window per layer, from ``layer_types`` or the family's documented pattern."""
     window = cfg.get("sliding_window")
@@ -265,6 +279,10 @@ def layer_windows(cfg: Config, n_layers: int, v: Variant) -> list[int | None]:
         return [None if (i + 1) % pattern == 0 else int(window) for i in range(n_layers)]
     if not (window and cfg.get("use_sliding_window", v.sliding_default)):
         return [None] * n_layers
+    if v.sliding == "nope_layers":
+        # SmolLM3Config: the window applies to the NoPE layers (no_rope_layers[i] == 0; by default every
+        # no_rope_layer_interval-th layer) when use_sliding_window is set
+        return [int(window) if not rope else None for rope in nope_pattern(cfg, n_layers)]
     if v.sliding == "from_layer":
         # Qwen2 family: layers from max_window_layers on use the window
         max_window_layers = int(cfg.get("max_window_layers", n_layers))
