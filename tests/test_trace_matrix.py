@@ -39,6 +39,9 @@ FAMILIES = {
     "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3", "phi": "microsoft/phi-2",
     "starcoder2": "bigcode/starcoder2-7b", "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
     "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf", "gpt_oss": "openai/gpt-oss-20b",
+    "olmoe": "allenai/OLMoE-1B-7B-0924", "granitemoe": "ibm-granite/granite-3.1-3b-a800m-instruct",
+    "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
+    "smollm3": "HuggingFaceTB/SmolLM3-3B-Base",
 }
 
 LORA = {"method": "lora", "rank": 16}
@@ -133,6 +136,16 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
                      "quantization": "nf4"}, (2, 512)),
     ("gpt_neox", {"peft": {**LORA, "target_modules": ["dense_4h_to_h"]}}, (2, 512)),
     ("phi", {"peft": {**LORA, "target_modules": ["fc2"]}, "attention": "eager"}, (2, 512)),
+    # OLMoE's full-width q/k norm, GraniteMoE's top-k-first router and fused experts, PhiMoE's sparsemixer and
+    # input jitter (frozen base and bf16-true too), GLM-4.5's dense first layer and shared expert
+    ("olmoe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("granitemoe", {"gradient_checkpointing": "full"}, (2, 512)),
+    ("granitemoe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("phimoe", {"peft": LORA}, (2, 512)), ("phimoe", {"precision": "bf16-true"}, (2, 512)),
+    ("phimoe", {"gradient_checkpointing": "full"}, (2, 512)),
+    ("glm4_moe", {"gradient_checkpointing": "full"}, (2, 512)),
+    ("glm4_moe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("smollm3", {"gradient_checkpointing": "full"}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),
