@@ -1,4 +1,4 @@
-"""The olmoe, granitemoe, phimoe, glm4_moe and smollm3 families: tensors counted by hand from each modeling file
+"""The olmoe, granitemoe, phimoe, glm4_moe, smollm3 and cohere2 families: tensors counted by hand from each modeling file
 (transformers 5.24), and the activation terms that differ from the families they reuse."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from vramplan.spec.hf_config import SUPPORTED_MODEL_TYPES, model_from_config
 
 
 def test_new_model_types_are_supported() -> None:
-    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3"} <= set(SUPPORTED_MODEL_TYPES)
+    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3", "cohere2"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 def test_olmoe_count_by_hand() -> None:
@@ -126,3 +126,26 @@ def _smol_cfg() -> dict[str, object]:
     from vramplan.catalog.models import list_models
 
     return dict(next(r for r in list_models() if r.id == "HuggingFaceTB/SmolLM3-3B-Base").config)
+
+
+def test_cohere2_count_and_window_pattern() -> None:
+    # Command R7B: h 4096, 32 layers, 32 heads / 8 KV heads of 128, I 14336, V 256000 tied, weight-only fp32
+    # LayerNorm, one norm per parallel block, no q/k norm:
+    # embed 256000 * 4096 = 1,048,576,000
+    # layer: norm 4,096; q + o 2 * 4096^2 = 33,554,432; k + v 2 * 4096 * 1024 = 8,388,608; MLP 3 * 4096 * 14336 =
+    #        176,160,768 -> 218,107,904, x 32 = 6,979,452,928;  + embed + final norm 4,096 = 8,028,033,024
+    m = load_model("CohereForAI/c4ai-command-r7b-12-2024")
+    assert m.num_parameters == 8_028_033_024
+    assert m.parallel_residual and m.norm == "layer_fp32" and not m.qk_norm and m.tie_word_embeddings
+    # sliding_window_pattern 4: three sliding layers of 4096, then one global (NoPE) layer
+    assert [ls.sliding_window for ls in m.layers[:8]] == [4096, 4096, 4096, None] * 2
+    # an explicit layer_types wins over the legacy pattern
+    cfg = {**dict(_cfg("CohereForAI/c4ai-command-r7b-12-2024")), "num_hidden_layers": 2,
+           "layer_types": ["full_attention", "sliding_attention"]}
+    assert [ls.sliding_window for ls in model_from_config(cfg, name="c2").layers] == [None, 4096]
+
+
+def _cfg(model_id: str) -> dict[str, object]:
+    from vramplan.catalog.models import list_models
+
+    return dict(next(r for r in list_models() if r.id == model_id).config)

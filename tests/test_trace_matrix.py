@@ -41,7 +41,7 @@ FAMILIES = {
     "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf", "gpt_oss": "openai/gpt-oss-20b",
     "olmoe": "allenai/OLMoE-1B-7B-0924", "granitemoe": "ibm-granite/granite-3.1-3b-a800m-instruct",
     "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
-    "smollm3": "HuggingFaceTB/SmolLM3-3B-Base",
+    "smollm3": "HuggingFaceTB/SmolLM3-3B-Base", "cohere2": "CohereForAI/c4ai-command-r7b-12-2024",
 }
 
 LORA = {"method": "lora", "rank": 16}
