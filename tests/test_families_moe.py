@@ -1,16 +1,16 @@
-"""The olmoe, granitemoe, phimoe, glm4_moe, smollm3 and cohere2 families: tensors counted by hand from each modeling file
+"""The olmoe, granitemoe, phimoe, glm4_moe, smollm3, cohere2 and exaone4 families: tensors counted by hand from each modeling file
 (transformers 5.24), and the activation terms that differ from the families they reuse."""
 
 from __future__ import annotations
 
-from vramplan.analytic.activations import ActContext, _router_saved, mlp_saved
+from vramplan.analytic.activations import ActContext, _router_saved, layer_norm_saved, mlp_saved
 from vramplan.catalog.models import load_model
 from vramplan.spec.families.llama_like import nope_pattern
 from vramplan.spec.hf_config import SUPPORTED_MODEL_TYPES, model_from_config
 
 
 def test_new_model_types_are_supported() -> None:
-    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3", "cohere2"} <= set(SUPPORTED_MODEL_TYPES)
+    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3", "cohere2", "exaone4"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 def test_olmoe_count_by_hand() -> None:
@@ -149,3 +149,24 @@ def _cfg(model_id: str) -> dict[str, object]:
     from vramplan.catalog.models import list_models
 
     return dict(next(r for r in list_models() if r.id == model_id).config)
+
+
+def test_exaone4_count_and_post_norms() -> None:
+    # EXAONE-4.0-32B: h 5120, 64 layers, 40 heads / 8 KV heads of 128, I 27392, V 102400 untied:
+    # embed = lm_head = 102400 * 5120 = 524,288,000
+    # layer: q + o 2 * 5120^2 = 52,428,800; k + v 2 * 5120 * 1024 = 10,485,760; q/k norms 2 * 128 = 256;
+    #        post norms 2 * 5120 = 10,240; MLP 3 * 5120 * 27392 = 420,741,120 -> 483,666,176, x 64 = 30,954,635,264
+    # + 2 * 524,288,000 + final norm 5,120 = 32,003,216,384
+    m = load_model("LGAI-EXAONE/EXAONE-4.0-32B")
+    assert m.num_parameters == 32_003_216_384
+    names = {p.name for p in m.params}
+    assert "layers.post_feedforward_layernorm.weight" in names and "layers.input_layernorm.weight" not in names
+    assert m.traits.post_norms and m.qk_norm
+    assert [ls.sliding_window for ls in m.layers[:4]] == [4096, 4096, 4096, None]
+    # a post-norm normalizes the sublayer's output (c = 2): fp32 copy 4 + normalized tensor 2 = 6 B per element;
+    # a pre-norm on the fp32 residual saves 4 + 4
+    assert layer_norm_saved(m, _ctx()) == 6
+    assert layer_norm_saved(load_model("meta-llama/Llama-3.1-8B"), _ctx()) == 8
+    # the documented string pattern names each layer of the group
+    cfg = {**_cfg("LGAI-EXAONE/EXAONE-4.0-32B"), "sliding_window_pattern": "LLGL", "num_hidden_layers": 4}
+    assert [ls.sliding_window for ls in model_from_config(cfg, name="e4").layers] == [4096, 4096, None, 4096]

@@ -42,6 +42,7 @@ FAMILIES = {
     "olmoe": "allenai/OLMoE-1B-7B-0924", "granitemoe": "ibm-granite/granite-3.1-3b-a800m-instruct",
     "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
     "smollm3": "HuggingFaceTB/SmolLM3-3B-Base", "cohere2": "CohereForAI/c4ai-command-r7b-12-2024",
+    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B",
 }
 
 LORA = {"method": "lora", "rank": 16}
@@ -146,6 +147,9 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     ("glm4_moe", {"gradient_checkpointing": "full"}, (2, 512)),
     ("glm4_moe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
     ("smollm3", {"gradient_checkpointing": "full"}, (2, 512)),
+    # EXAONE 4's post-norms normalize the sublayers' bf16 outputs (activations.layer_norm_saved)
+    ("exaone4", {"precision": "bf16-true"}, (2, 512)), ("exaone4", {"peft": LORA}, (2, 512)),
+    ("cohere2", {"attention": "eager"}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),

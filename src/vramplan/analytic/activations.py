@@ -114,6 +114,20 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
     return 4 if ctx.autocast else r
 
 
+def layer_norm_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """Bytes per element one of the layer's norms saves.
+
+    A post-norm layer (``Traits.post_norms``: OLMo-2, EXAONE 4: ``residual + norm(sublayer(x))``) normalizes
+    the sublayer's output, in the compute dtype c, instead of the residual stream: ``x.to(fp32)`` is a copy
+    (4 B, saved by pow and mul), and ``weight * x_normed.to(input_dtype)`` saves the normalized tensor in c for
+    the weight's gradient only.  Example, EXAONE-4.0-1.2B h = 2048 under bf16 mixed precision:
+    (4 + 2) x 2048 = 12,288 B per token per norm (a pre-norm on the fp32 residual saves 8 x 2048).
+    """
+    if m.traits.post_norms and m.norm == "rms":
+        return 4 if ctx.frozen_base else 4 + ctx.compute_bytes
+    return _norm_saved(m.norm, ctx)
+
+
 def _norm_out_bytes(kind: str, ctx: ActContext) -> int:
     if kind == "layer" and ctx.autocast:
         return 4
@@ -768,7 +782,7 @@ def _expert_loop_saved(m: ModelSpec, ctx: ActContext, in_b: int, act_saved: int)
 
 def norms_saved(m: ModelSpec, ctx: ActContext) -> int:
     """The layer's norms (their inputs included) per token."""
-    per = _norm_saved(m.norm, ctx) * m.hidden_size
+    per = layer_norm_saved(m, ctx) * m.hidden_size
     if m.sandwich_norms:
         return 4 * per
     if m.parallel_residual:
@@ -811,7 +825,7 @@ def freed_before_attention_backward_per_token(m: ModelSpec, layer: LayerSpec, ct
     """
     if m.parallel_residual:
         return 0
-    norm = _norm_saved(m.norm, ctx) * m.hidden_size
+    norm = layer_norm_saved(m, ctx) * m.hidden_size
     norms = 2 * norm if m.sandwich_norms else norm  # gemma: post-attention and pre-feedforward norms
     if ctx.sequence_parallel and ctx.tp > 1:
         norms = ceil_div(norms, ctx.tp)

@@ -143,6 +143,9 @@ class Traits:
     # inference: hidden-sized tensors alive through the MLP (Llama: layer input, residual, normalised MLP input)
     hidden_kept_through_mlp: int = 3
     # ---- MLP ----
+    # the layer's norms follow its sublayers (``residual + norm(sublayer(x))``: OLMo-2, EXAONE 4), so each
+    # normalizes a compute-dtype tensor rather than the residual stream (analytic/activations.py layer_norm_saved)
+    post_norms: bool = False
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)

@@ -29,7 +29,7 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
     for j, ls in enumerate(c.layer_specs):
         unsaved = act.frozen_input_eager_unsaved(m, ls, ctx) if attn_adapted else 0
         if attn_adapted and not m.parallel_residual:
-            full[j] -= min(full[j], (act._norm_saved(m.norm, ctx) * m.hidden_size + unsaved) * tokens)
+            full[j] -= min(full[j], (act.layer_norm_saved(m, ctx) * m.hidden_size + unsaved) * tokens)
             break
         mlp, mlp_live = act.frozen_input_mlp(m, ls, ctx)
         # a parallel block's attention reads the same frozen normalised input, adapters or not

@@ -62,6 +62,6 @@ def head_saved(c: StepContext) -> list[Term]:
     if not c.last:
         return []
     m, ctx = c.m, c.act
-    nbytes = (act._norm_saved(m.norm, ctx) * m.hidden_size + (
+    nbytes = (act.layer_norm_saved(m, ctx) * m.hidden_size + (
         c.pol.compute_bytes * m.hidden_size if c.peft is None else 0)) * c.tokens
     return [Term(K.SAVED, nbytes, FORWARD, mlp(len(c.layer_specs) - 1), "saved.head")]

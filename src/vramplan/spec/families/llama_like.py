@@ -12,7 +12,7 @@ from typing import Any, Literal
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, key, prob
 from vramplan.spec.model import MLASpec, ModelSpec, MoESpec, Norm, Traits
 
-Sliding = Literal["uniform", "alternate", "every_nth", "from_layer", "nope_layers"]
+Sliding = Literal["uniform", "alternate", "every_nth", "from_layer", "nope_layers", "pattern"]
 MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer"]
 # Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the names
 # peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell them either way
@@ -44,6 +44,9 @@ class Variant:
     # where the routed experts live: the layer's MoE module, the router's name in it, and the experts' own
     # names ("": 4.x's per-expert gate_proj/up_proj/down_proj; two names: one fused [E, 2I, h] input and one
     # [E, h, I] output parameter, GraniteMoeParallelExperts' input_linear/output_linear)
+    # the two per-layer norms: before attention and MLP (Llama), or after each sublayer (post-norm: EXAONE 4's
+    # post_attention_layernorm and post_feedforward_layernorm, with the trait ``post_norms``)
+    norm_names: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
     moe_module: str = "mlp"
     router_name: str = "gate"
     fused_expert_names: tuple[str, str] | None = None
@@ -106,6 +109,12 @@ VARIANTS: dict[str, Variant] = {
     # NoPE layer hands the projections' own outputs to the kernel, the same bytes as RoPE's rotated copies);
     # tied by default; use_sliding_window puts the window on the NoPE layers
     "smollm3": Variant("modeling_smollm3.py", tied_default=True, sliding="nope_layers"),
+    # EXAONE 4: post-norm layers (post_attention_layernorm, post_feedforward_layernorm after each sublayer, no
+    # input norm), per-head q/k RMSNorm, a sliding window on three layers of four (sliding_window_pattern) whose
+    # global layers skip RoPE (no saved tensor changes size)
+    "exaone4": Variant("modeling_exaone4.py", qk_norm="head", sliding="pattern",
+                       norm_names=("post_attention_layernorm", "post_feedforward_layernorm"),
+                       traits=Traits(post_norms=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -277,6 +286,13 @@ def layer_windows(cfg: Config, n_layers: int, v: Variant) -> list[int | None]:
     if v.sliding == "every_nth" and window:
         pattern = int(cfg.get("sliding_window_pattern", 6))  # Gemma 3: five local layers, then one global
         return [None if (i + 1) % pattern == 0 else int(window) for i in range(n_layers)]
+    if v.sliding == "pattern" and window:
+        # Exaone4Config: layer i slides unless (i + 1) % sliding_window_pattern == 0; a string pattern ("LLLG",
+        # the documented form) names each layer of the repeating group (L local, G global)
+        pattern = cfg.get("sliding_window_pattern", 4)
+        if isinstance(pattern, str) and pattern:
+            return [int(window) if pattern[i % len(pattern)] == "L" else None for i in range(n_layers)]
+        return [int(window) if (i + 1) % int(pattern) else None for i in range(n_layers)]
     if not (window and cfg.get("use_sliding_window", v.sliding_default)):
         return [None] * n_layers
     if v.sliding == "nope_layers":
@@ -311,8 +327,8 @@ class LlamaLike:
         p = Params()
         p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
         mla = _attention(p, cfg, v, d)
-        p.norm("layers.input_layernorm", h, d.layers, v.norm_bias)
-        p.norm("layers.post_attention_layernorm", h, d.layers, v.norm_bias)
+        p.norm(f"layers.{v.norm_names[0]}", h, d.layers, v.norm_bias)
+        p.norm(f"layers.{v.norm_names[1]}", h, d.layers, v.norm_bias)
         if v.sandwich_norms:
             p.norm("layers.pre_feedforward_layernorm", h, d.layers, False)
             p.norm("layers.post_feedforward_layernorm", h, d.layers, False)
