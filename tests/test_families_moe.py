@@ -1,4 +1,4 @@
-"""The olmoe, granitemoe, phimoe, glm4_moe, smollm3, cohere2 and exaone4 families: tensors counted by hand from each modeling file
+"""The olmoe, granitemoe, phimoe, glm4_moe, smollm3, cohere2, exaone4 and seed_oss families: tensors counted by hand from each modeling file
 (transformers 5.24), and the activation terms that differ from the families they reuse."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from vramplan.spec.hf_config import SUPPORTED_MODEL_TYPES, model_from_config
 
 
 def test_new_model_types_are_supported() -> None:
-    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3", "cohere2", "exaone4"} <= set(SUPPORTED_MODEL_TYPES)
+    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3", "cohere2", "exaone4", "seed_oss"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 def test_olmoe_count_by_hand() -> None:
@@ -170,3 +170,19 @@ def test_exaone4_count_and_post_norms() -> None:
     # the documented string pattern names each layer of the group
     cfg = {**_cfg("LGAI-EXAONE/EXAONE-4.0-32B"), "sliding_window_pattern": "LLGL", "num_hidden_layers": 4}
     assert [ls.sliding_window for ls in model_from_config(cfg, name="e4").layers] == [4096, 4096, None, 4096]
+
+
+def test_seed_oss_count_biases_and_dropout() -> None:
+    # Seed-OSS-36B: h 5120, 64 layers, 80 heads / 8 KV heads of 128, I 27648, V 155136 untied, q/k/v biases only:
+    # embed = lm_head = 155136 * 5120 = 794,296,320
+    # layer: q 5120 * 10240 + 10240 = 52,439,040; k + v 2 * (5120 * 1024 + 1024) = 10,487,808; o 10240 * 5120 =
+    #        52,428,800; MLP 3 * 5120 * 27648 = 424,673,280; norms 10,240 -> 540,039,168, x 64 = 34,562,506,752
+    # + 2 * 794,296,320 + final norm 5,120 = 36,151,104,512
+    m = load_model("ByteDance-Seed/Seed-OSS-36B-Instruct")
+    assert m.num_parameters == 36_151_104_512
+    names = {p.name for p in m.params}
+    assert "layers.self_attn.k_proj.bias" in names and "layers.self_attn.o_proj.bias" not in names
+    # configuration_seed_oss.py defaults: attention_dropout 0.1, residual_dropout 0.1 (each sublayer's output)
+    assert (m.attention_dropout, m.hidden_dropout) == (0.1, 0.1)
+    on = model_from_config({**_cfg("ByteDance-Seed/Seed-OSS-36B-Instruct"), "attention_out_bias": True}, name="s")
+    assert "layers.self_attn.o_proj.bias" in {p.name for p in on.params}

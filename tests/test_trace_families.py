@@ -28,7 +28,7 @@ FAMILIES = {
     "olmoe": "allenai/OLMoE-1B-7B-0924", "granitemoe": "ibm-granite/granite-3.1-3b-a800m-instruct",
     "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
     "smollm3": "HuggingFaceTB/SmolLM3-3B-Base", "cohere2": "CohereForAI/c4ai-command-r7b-12-2024",
-    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B",
+    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B", "seed_oss": "ByteDance-Seed/Seed-OSS-36B-Instruct",
 }
 
 

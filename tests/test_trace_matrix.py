@@ -42,7 +42,7 @@ FAMILIES = {
     "olmoe": "allenai/OLMoE-1B-7B-0924", "granitemoe": "ibm-granite/granite-3.1-3b-a800m-instruct",
     "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
     "smollm3": "HuggingFaceTB/SmolLM3-3B-Base", "cohere2": "CohereForAI/c4ai-command-r7b-12-2024",
-    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B",
+    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B", "seed_oss": "ByteDance-Seed/Seed-OSS-36B-Instruct",
 }
 
 LORA = {"method": "lora", "rank": 16}
@@ -150,6 +150,8 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     # EXAONE 4's post-norms normalize the sublayers' bf16 outputs (activations.layer_norm_saved)
     ("exaone4", {"precision": "bf16-true"}, (2, 512)), ("exaone4", {"peft": LORA}, (2, 512)),
     ("cohere2", {"attention": "eager"}, (2, 512)),
+    # Seed-OSS's attention-probability and residual dropouts (0.1 by default) under eager attention
+    ("seed_oss", {"attention": "eager"}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),

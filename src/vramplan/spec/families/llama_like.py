@@ -29,6 +29,8 @@ class Variant:
     qk_norm: Literal["", "head", "full"] = ""  # q/k RMSNorm over head_dim (Qwen3, Gemma 3) or the full width (OLMo-2)
     qk_norm_key: str = ""  # the config key that switches the q/k norm on ("": always; GLM-4-MoE's use_qk_norm)
     o_bias: bool = True  # attention_bias reaches o_proj too (False: q/k/v only, Glm4MoeAttention)
+    o_bias_key: str = ""  # o_proj's bias has its own key (Seed-OSS attention_out_bias, default False)
+    attention_bias_default: bool = False  # configuration default of attention_bias (Seed-OSS: True)
     sandwich_norms: bool = False  # pre/post-feedforward norms as well (Gemma 2/3)
     norm: Norm = "rms"
     norm_bias: bool = False  # LayerNorm with a bias (PhiMoE's nn.LayerNorm)
@@ -47,6 +49,10 @@ class Variant:
     # the two per-layer norms: before attention and MLP (Llama), or after each sublayer (post-norm: EXAONE 4's
     # post_attention_layernorm and post_feedforward_layernorm, with the trait ``post_norms``)
     norm_names: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    # dropout: attention_dropout's configuration default, and the key of a dropout on each sublayer's output
+    # (Seed-OSS residual_dropout, default 0.1 in configuration_seed_oss.py) with its default
+    attention_dropout_default: float = 0.0
+    residual_dropout: tuple[str, float] = ("", 0.0)
     moe_module: str = "mlp"
     router_name: str = "gate"
     fused_expert_names: tuple[str, str] | None = None
@@ -115,6 +121,11 @@ VARIANTS: dict[str, Variant] = {
     "exaone4": Variant("modeling_exaone4.py", qk_norm="head", sliding="pattern",
                        norm_names=("post_attention_layernorm", "post_feedforward_layernorm"),
                        traits=Traits(post_norms=True)),
+    # Seed-OSS: Llama with q/k/v biases (attention_bias, default True), an o_proj bias only with
+    # attention_out_bias, and dropout (configuration defaults 0.1) on the attention probabilities and on each
+    # sublayer's output (``nn.functional.dropout(attn_output / down_proj, p=residual_dropout)``)
+    "seed_oss": Variant("modeling_seed_oss.py", o_bias_key="attention_out_bias", attention_bias_default=True,
+                        attention_dropout_default=0.1, residual_dropout=("residual_dropout", 0.1)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -156,9 +167,11 @@ def _mla(p: Params, cfg: Config, d: _Dims, bias: tuple[bool, bool]) -> MLASpec:
 def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
     """The attention's tensors: q/k/v/o (fused qkv_proj for phi3), MLA, q/k norms, sinks."""
     # llama-style configs say attention_bias (all four projections); Qwen2 hard-codes q/k/v biases, no o bias
-    attention_bias = bool(cfg.get("attention_bias", False))
+    attention_bias = bool(cfg.get("attention_bias", v.attention_bias_default))
     qkv_bias = attention_bias or v.qkv_bias_only
     o_bias = attention_bias and not v.qkv_bias_only and v.o_bias
+    if v.o_bias_key:
+        o_bias = bool(cfg.get(v.o_bias_key, False))
     L, hd = d.layers, d.head_dim
     if v.mla:
         return _mla(p, cfg, d, (qkv_bias, o_bias))
@@ -349,7 +362,8 @@ class LlamaLike:
             hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
             vocab_size=vocab, intermediate_size=d.inter, hidden_act=str(key(cfg, "hidden_act", default="silu")),
             mlp_gated=True, norm=v.norm, position="rope", tie_word_embeddings=tied, qk_norm=_has_qk_norm(cfg, v),
-            sandwich_norms=v.sandwich_norms, attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
+            sandwich_norms=v.sandwich_norms, attention_dropout=prob(cfg, "attention_dropout", v.attention_dropout_default),
+            hidden_dropout=prob(cfg, v.residual_dropout[0], v.residual_dropout[1]) if v.residual_dropout[0] else 0.0,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)), moe=moe, mla=mla,
             attention_sinks=v.sinks, traits=traits,
             final_logit_softcapping=cfg.get("final_logit_softcapping") if v.final_logit_softcap else None)
