@@ -1,4 +1,4 @@
-"""The olmoe, granitemoe, phimoe, glm4_moe, smollm3, cohere2, exaone4 and seed_oss families: tensors counted by hand from each modeling file
+"""The olmoe, granitemoe, phimoe, glm4_moe, smollm3, cohere2, exaone4, seed_oss and ernie4_5_moe families: tensors counted by hand from each modeling file
 (transformers 5.24), and the activation terms that differ from the families they reuse."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from vramplan.spec.hf_config import SUPPORTED_MODEL_TYPES, model_from_config
 
 
 def test_new_model_types_are_supported() -> None:
-    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3", "cohere2", "exaone4", "seed_oss"} <= set(SUPPORTED_MODEL_TYPES)
+    assert {"olmoe", "granitemoe", "phimoe", "glm4_moe", "smollm3", "cohere2", "exaone4", "seed_oss", "ernie4_5_moe"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 def test_olmoe_count_by_hand() -> None:
@@ -186,3 +186,20 @@ def test_seed_oss_count_biases_and_dropout() -> None:
     assert (m.attention_dropout, m.hidden_dropout) == (0.1, 0.1)
     on = model_from_config({**_cfg("ByteDance-Seed/Seed-OSS-36B-Instruct"), "attention_out_bias": True}, name="s")
     assert "layers.self_attn.o_proj.bias" in {p.name for p in on.params}
+
+
+def test_ernie4_5_moe_count_and_fp32_router() -> None:
+    # ERNIE-4.5-21B-A3B: h 2560, 28 layers, 20 heads / 4 KV heads of 128, V 103424 tied; layer 0 dense (I 12288),
+    # layers 1-27 MoE: 64 experts of 1536 top-6, 2 shared experts (3072 wide), a frozen correction bias per expert:
+    # attention q + o 2 * 2560^2 = 13,107,200; k + v 2 * 2560 * 512 = 2,621,440; norms 5,120
+    # layer 0: 15,728,640 + 5,120 + 3 * 2560 * 12288 (94,371,840) = 110,105,600
+    # MoE layer: router 64 * 2560 = 163,840; bias 64; experts 64 * 3 * 2560 * 1536 = 754,974,720; shared
+    #            3 * 2560 * 3072 = 23,592,960; + 15,728,640 + 5,120 = 794,465,344, x 27 = 21,450,564,288
+    # + embed 103424 * 2560 = 264,765,440 + final norm 2,560 = 21,825,437,888
+    m = load_model("baidu/ERNIE-4.5-21B-A3B-PT")
+    assert m.num_parameters == 21_825_437_888
+    assert [ls.moe for ls in m.layers[:2]] == [False, True]
+    assert "layers.mlp.gate.moe_statics.e_score_correction_bias" in {p.name for p in m.params}
+    assert m.traits.fp32_router
+    # the router keeps its fp32 softmax over the 64 experts and the int64 indices of the 6 chosen: 4 * 64 + 8 * 6
+    assert _router_saved(m, _ctx()) == 304

@@ -43,6 +43,7 @@ FAMILIES = {
     "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
     "smollm3": "HuggingFaceTB/SmolLM3-3B-Base", "cohere2": "CohereForAI/c4ai-command-r7b-12-2024",
     "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B", "seed_oss": "ByteDance-Seed/Seed-OSS-36B-Instruct",
+    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT",
 }
 
 LORA = {"method": "lora", "rank": 16}
@@ -152,6 +153,9 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     ("cohere2", {"attention": "eager"}, (2, 512)),
     # Seed-OSS's attention-probability and residual dropouts (0.1 by default) under eager attention
     ("seed_oss", {"attention": "eager"}, (2, 512)),
+    # ERNIE 4.5's fp32 router (autocast off) and its dense first layer
+    ("ernie4_5_moe", {"precision": "bf16-true"}, (2, 512)),
+    ("ernie4_5_moe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),

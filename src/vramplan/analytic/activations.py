@@ -407,7 +407,12 @@ def mlp_saved(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> int:
         saved -= in_b * h
     if layer.moe and m.moe is not None:
         e = m.moe
-        saved += _linear_inputs(h, ("gate",), in_b, ctx) + _router_saved(m, ctx)
+        if m.traits.fp32_router:
+            # ERNIE 4.5's router runs with autocast disabled: F.linear(x.float(), W.float()) keeps the fp32 input
+            # (x itself when the norm output is fp32, else a copy) for its weight's gradient
+            saved += (4 * h if not ctx.frozen_base or ctx.router_wrapped else 0) + _router_saved(m, ctx)
+        else:
+            saved += _linear_inputs(h, ("gate",), in_b, ctx) + _router_saved(m, ctx)
         if m.traits.moe_input_jitter and ctx.dropout:
             # PhiMoE in training: ``hidden_states *= torch.empty_like(hidden_states).uniform_(...)`` in the block
             # and again in the router; each in-place mul keeps its noise tensor (the norm output's dtype)
@@ -617,6 +622,10 @@ def _router_saved(m: ModelSpec, ctx: ActContext) -> int:
     assert m.moe is not None
     if m.traits.router_topk_first:
         return (8 + ctx.compute_bytes) * m.moe.top_k
+    if m.traits.fp32_router:
+        # Ernie4_5_MoeTopKRouter: the fp32 softmax over all experts (saved), then topk on it plus the correction
+        # bias, and gather (int64 index, 8 B per selected expert) of the k probabilities
+        return 4 * m.moe.num_experts + 8 * m.moe.top_k
     if m.traits.sparsemixer_router:
         # PhiMoE's sparsemixer (modeling_phimoe.py, training): PhimoeMultiplier keeps the logits (c) and each
         # round's softmax over the masked logits (fp32 under autocast: 2 x 4), each masked_fill its bool mask

@@ -159,6 +159,8 @@ class Traits:
     # PhiMoE's ``sparsemixer`` (modeling_phimoe.py): two masked softmaxes over the experts, each kept by
     # ``PhimoeMultiplier`` with the logits, plus the two masks (analytic/activations.py ``_router_saved``)
     sparsemixer_router: bool = False
+    # the router runs in fp32 with autocast disabled (Ernie4_5_MoeTopKRouter: ``F.linear(x.float(), W.float())``)
+    fp32_router: bool = False
     # PhiMoE multiplies the MoE input in place by uniform noise in training, in the block and again in the
     # router (``hidden_states *= torch.empty_like(...).uniform_(...)``), when input_jitter_noise > 0
     moe_input_jitter: bool = False

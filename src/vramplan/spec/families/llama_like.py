@@ -13,7 +13,7 @@ from vramplan.spec.families.base import Config, Family, Params, build_spec, get,
 from vramplan.spec.model import MLASpec, ModelSpec, MoESpec, Norm, Traits
 
 Sliding = Literal["uniform", "alternate", "every_nth", "from_layer", "nope_layers", "pattern"]
-MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer"]
+MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer", "ernie"]
 # Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the names
 # peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell them either way
 MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -54,6 +54,8 @@ class Variant:
     attention_dropout_default: float = 0.0
     residual_dropout: tuple[str, float] = ("", 0.0)
     moe_module: str = "mlp"
+    correction_bias_path: str = ""  # the router's submodule holding it (ERNIE: "moe_statics.")
+    bias_key: str = ""  # one key for every linear's bias (ERNIE use_bias: attention, MLPs and the LM head)
     router_name: str = "gate"
     fused_expert_names: tuple[str, str] | None = None
     traits: Traits = field(default_factory=Traits)
@@ -126,6 +128,12 @@ VARIANTS: dict[str, Variant] = {
     # sublayer's output (``nn.functional.dropout(attn_output / down_proj, p=residual_dropout)``)
     "seed_oss": Variant("modeling_seed_oss.py", o_bias_key="attention_out_bias", attention_bias_default=True,
                         attention_dropout_default=0.1, residual_dropout=("residual_dropout", 0.1)),
+    # ERNIE 4.5 MoE: a dense first layer, then MoE layers with two shared experts; the router runs in fp32 with
+    # autocast off and picks experts with a correction bias (a frozen parameter, moe_statics); use_bias switches
+    # every linear's bias
+    "ernie4_5_moe": Variant("modeling_ernie4_5_moe.py", tied_default=True, moe="ernie", score_correction_bias=True,
+                            correction_bias_path="moe_statics.", bias_key="use_bias",
+                            traits=Traits(fp32_router=True, peft_converts_experts=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -167,7 +175,7 @@ def _mla(p: Params, cfg: Config, d: _Dims, bias: tuple[bool, bool]) -> MLASpec:
 def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
     """The attention's tensors: q/k/v/o (fused qkv_proj for phi3), MLA, q/k norms, sinks."""
     # llama-style configs say attention_bias (all four projections); Qwen2 hard-codes q/k/v biases, no o bias
-    attention_bias = bool(cfg.get("attention_bias", v.attention_bias_default))
+    attention_bias = bool(cfg.get(v.bias_key or "attention_bias", v.attention_bias_default))
     qkv_bias = attention_bias or v.qkv_bias_only
     o_bias = attention_bias and not v.qkv_bias_only and v.o_bias
     if v.o_bias_key:
@@ -234,14 +242,28 @@ def _every_layer_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[in
     return MoESpec(e, int(cfg.get("num_experts_per_tok", 8)), d.inter), set(d.layers)
 
 
+def _ernie_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    """ERNIE 4.5 (configuration_ernie4_5_moe.py): moe_num_experts (64) of moe_intermediate_size (1536), top
+    moe_k (6), moe_num_shared_experts (2) shared experts of moe_intermediate_size each; layer i is sparse iff
+    (i + 1) % moe_layer_interval == 0 and moe_layer_start_index <= i <= moe_layer_end_index (-1: the last)."""
+    e, k = int(cfg.get("moe_num_experts", 64)), int(cfg.get("moe_k", 6))
+    ei = int(cfg.get("moe_intermediate_size", 1536))
+    ns = int(cfg.get("moe_num_shared_experts", 2) or 0)
+    start, interval = int(cfg.get("moe_layer_start_index", 1)), int(cfg.get("moe_layer_interval", 1))
+    end = int(cfg.get("moe_layer_end_index", -1))
+    end = len(d.layers) - 1 if end == -1 else end
+    sparse = {i for i in d.layers if (i + 1) % interval == 0 and start <= i <= end}
+    return MoESpec(e, k, ei, ns, ns * ei), sparse
+
+
 _MOE_READERS: dict[str, MoEReader] = {"mixtral": _mixtral_moe, "qwen": _qwen_moe, "deepseek": _deepseek_moe,
-                                      "gpt_oss": _gpt_oss_moe, "every_layer": _every_layer_moe}
+                                      "gpt_oss": _gpt_oss_moe, "every_layer": _every_layer_moe, "ernie": _ernie_moe}
 
 
 def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, set[int]]:
     """Dense MLPs, routed experts and shared experts; returns the MoE spec and the sparse layers."""
     moe, sparse = _MOE_READERS[v.moe](cfg, v, d) if v.moe else (None, set())
-    mlp_bias = bool(cfg.get("mlp_bias", False))
+    mlp_bias = bool(cfg.get(v.bias_key or "mlp_bias", False))
     h = d.h
     dense = tuple(i for i in d.layers if i not in sparse)
     if dense:
@@ -258,7 +280,7 @@ def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, 
     mod = f"layers.{v.moe_module}"
     p.linear(f"{mod}.{v.router_name}", h, e, on, v.expert_bias, "replicated", role="router")
     if v.score_correction_bias:
-        p.add(f"{mod}.{v.router_name}.e_score_correction_bias", e, "other", on)
+        p.add(f"{mod}.{v.router_name}.{v.correction_bias_path}e_score_correction_bias", e, "other", on)
     if v.fused_expert_names:
         fused_in, fused_out = v.fused_expert_names
         p.linear(f"{mod}.{fused_in}", h, 2 * ei, on, False, "expert", "expert", e)
@@ -269,9 +291,10 @@ def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, 
         p.linear(f"{mod}.experts.down_proj", ei, h, on, v.expert_bias, "expert", "expert", e)
     if moe.shared_intermediate_size:
         si = moe.shared_intermediate_size
-        p.linear("layers.mlp.shared_experts.gate_proj", h, si, on, False, "column")
-        p.linear("layers.mlp.shared_experts.up_proj", h, si, on, False, "column")
-        p.linear("layers.mlp.shared_experts.down_proj", si, h, on, False, "row")
+        sb = mlp_bias if v.bias_key else False  # ERNIE: use_bias reaches the shared experts too
+        p.linear("layers.mlp.shared_experts.gate_proj", h, si, on, sb, "column")
+        p.linear("layers.mlp.shared_experts.up_proj", h, si, on, sb, "column")
+        p.linear("layers.mlp.shared_experts.down_proj", si, h, on, sb, "row")
         if v.shared_expert_gate:
             p.linear("layers.mlp.shared_expert_gate", h, 1, on, False, "replicated", role="router")
     return moe, sparse
@@ -348,7 +371,7 @@ class LlamaLike:
         moe, sparse = _mlp(p, cfg, v, d)
         p.norm("norm", h, (), v.norm_bias)
         if not tied:
-            p.lm_head("lm_head", vocab, h, bool(cfg.get("lm_head_bias", False)))
+            p.lm_head("lm_head", vocab, h, bool(cfg.get(v.bias_key or "lm_head_bias", False)))
         head_dim, n_kv = (mla.qk_nope_head_dim + mla.qk_rope_head_dim, n_heads) if mla else (d.head_dim, d.n_kv)
         traits = v.traits
         if cfg.get("input_jitter_noise") and v.traits.sparsemixer_router:
