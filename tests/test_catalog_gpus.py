@@ -67,8 +67,8 @@ def test_name_normalisation_keeps_old_names() -> None:
 
 def test_architectures_match_compute_capability() -> None:
     nvidia = {"pascal": ("6.0", "6.1"), "volta": ("7.0",), "turing": ("7.5",), "ampere": ("8.0", "8.6"),
-              "ada": ("8.9",), "hopper": ("9.0",), "blackwell": ("10.0", "12.0")}
-    amd = {"cdna1": ("gfx908",), "cdna2": ("gfx90a",), "cdna3": ("gfx942",)}
+              "ada": ("8.9",), "hopper": ("9.0",), "blackwell": ("10.0", "10.3", "12.0", "12.1")}
+    amd = {"cdna1": ("gfx908",), "cdna2": ("gfx90a",), "cdna3": ("gfx942",), "cdna4": ("gfx950",)}
     for g in ROWS:
         table = nvidia if g.vendor == "nvidia" else amd
         assert g.compute_capability in table[g.architecture], g.name
@@ -140,3 +140,51 @@ def test_bare_family_name_is_reported_as_an_assumption() -> None:
     assert any("'a100' taken as A100-80GB" in a and "A100-40GB" in a for a in notes)
     named = estimate({**doc, "hardware": {"gpu": "A100-80GB"}}).assumptions
     assert not any("taken as" in a for a in named)
+
+
+# the GPUs people ask about in 2025-2026, by the names torch / nvidia-smi / product pages use
+NEW_ROWS = {
+    "DGX Spark": "GB10", "NVIDIA GB10": "GB10", "RTX 5080": "RTX-5080", "NVIDIA GeForce RTX 5070 Ti": "RTX-5070-Ti",
+    "RTX 5070": "RTX-5070", "RTX 5060 Ti 16GB": "RTX-5060-Ti-16GB",
+    "NVIDIA GeForce RTX 5090 Laptop GPU": "RTX-5090-Laptop", "RTX 5080 Laptop": "RTX-5080-Laptop",
+    "RTX 5070 Ti Laptop": "RTX-5070-Ti-Laptop", "RTX 5070 Laptop": "RTX-5070-Laptop",
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "RTX-PRO-6000-Blackwell",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": "RTX-PRO-6000-Blackwell-Server",
+    "B300": "B300", "GB300": "GB300", "NVIDIA H20": "H20", "NVIDIA L20": "L20", "MI325X": "MI325X",
+    "AMD Instinct MI355X": "MI355X",
+}
+
+
+@pytest.mark.parametrize(("name", "row"), NEW_ROWS.items())
+def test_new_gpu_rows_resolve(name: str, row: str) -> None:
+    assert resolve_gpu(name).name == row
+
+
+def test_derived_totals_are_the_marketed_decimal_capacity() -> None:
+    # a row without a published torch total_memory says so (total_memory_derived) and holds x * 10^9 bytes:
+    # RTX 5080 "16 GB" -> 16,000,000,000, below 16 GiB = 17,179,869,184 less any driver reserve
+    g = resolve_gpu("RTX 5080")
+    assert g.total_memory_bytes == g.nominal_memory_bytes == 16_000_000_000
+    assert resolve_gpu("B300").total_memory_bytes == 288_000_000_000
+
+
+def test_a_card_sold_with_two_memory_sizes_is_refused_by_its_bare_name() -> None:
+    # torch prints "NVIDIA GeForce RTX 5060 Ti" for the 8 GB and the 16 GB card alike
+    with pytest.raises(ScenarioError, match="two cards"):
+        resolve_gpu("NVIDIA GeForce RTX 5060 Ti")
+
+
+@pytest.mark.parametrize(("name", "row"), [
+    ("A10G-24GB", "A10G"), ("a10g_24gb", "A10G"), ("A10G 24GB", "A10G"), ("L4-24GB", "L4"),
+    ("RTX 4090-24GB", "RTX-4090"), ("RTX-5090-32GB", "RTX-5090"), ("A100-40GB", "A100-40GB"),
+    ("A100-80GB", "A100-80GB"), ("H100-80GB", "H100-SXM"), ("MI300X-192GB", "MI300X"),
+])
+def test_a_size_suffix_resolves_to_the_row(name: str, row: str) -> None:
+    assert resolve_gpu(name).name == row
+
+
+@pytest.mark.parametrize("name", ["A10G-40GB", "H100-94GB", "L4-48GB"])
+def test_a_size_suffix_that_does_not_match_the_row_is_unknown(name: str) -> None:
+    # an 'H100-94GB' (the NVL's memory) must not be answered with the 80 GB row's memory
+    with pytest.raises(UnknownNameError):
+        resolve_gpu(name)

@@ -18,7 +18,9 @@ ROWS = list_models()
 # Tensors the adapter counts as parameters but transformers registers as buffers.  DeepSeek-V3's router keeps
 # its aux-loss-free balancing bias ``e_score_correction_bias`` (one per routed expert) as a buffer: 58 MoE layers
 # x 256 experts = 14,848 elements, which the published 671,026,419,200 includes.
-BUFFERS_COUNTED = {"deepseek-ai/DeepSeek-V3": 58 * 256}
+BUFFERS_COUNTED = {"deepseek-ai/DeepSeek-V3": 58 * 256,
+                   # GLM-4.5-Air's router keeps the same bias as a buffer (Glm4MoeTopkRouter): 45 MoE layers x 128
+                   "zai-org/GLM-4.5-Air": 45 * 128}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])

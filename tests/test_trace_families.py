@@ -25,6 +25,11 @@ FAMILIES = {
     "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3", "phi": "microsoft/phi-2",
     "starcoder2": "bigcode/starcoder2-7b", "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
     "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf", "gpt_oss": "openai/gpt-oss-20b",
+    "olmoe": "allenai/OLMoE-1B-7B-0924", "granitemoe": "ibm-granite/granite-3.1-3b-a800m-instruct",
+    "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
+    "smollm3": "HuggingFaceTB/SmolLM3-3B-Base", "cohere2": "CohereForAI/c4ai-command-r7b-12-2024",
+    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B", "seed_oss": "ByteDance-Seed/Seed-OSS-36B-Instruct",
+    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT",
 }
 
 
@@ -37,8 +42,10 @@ def test_family_traces_a_training_step(family: str) -> None:
     r, st = trace(resolve(doc))
     params = r.model.num_parameters
     weights = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "weights")
-    # DeepSeek's router correction bias is a checkpoint tensor but a buffer in transformers (fp32)
-    weights += sum(e.nbytes for e in st.events if e.nbytes > 0 and e.op.endswith("e_score_correction_bias"))
+    # DeepSeek's and GLM's router correction bias is a checkpoint tensor but a buffer in transformers (fp32);
+    # ERNIE's is a parameter without grad (Ernie4_5_MoeStatics), already among the weights
+    weights += sum(e.nbytes for e in st.events if e.nbytes > 0 and e.op.endswith("e_score_correction_bias")
+                   and e.category != "weights")
     assert weights == 4 * params  # every parameter once, fp32, tied weights re-tied
     trainable = weights // 4 - sum(e.nbytes for e in st.events if e.nbytes > 0 and e.op.endswith(
         "e_score_correction_bias")) // 4

@@ -39,6 +39,11 @@ FAMILIES = {
     "opt": "facebook/opt-125m", "deepseek_v3": "deepseek-ai/DeepSeek-V3", "phi": "microsoft/phi-2",
     "starcoder2": "bigcode/starcoder2-7b", "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
     "cohere": "CohereForAI/aya-23-8B", "olmo": "allenai/OLMo-1B-hf", "gpt_oss": "openai/gpt-oss-20b",
+    "olmoe": "allenai/OLMoE-1B-7B-0924", "granitemoe": "ibm-granite/granite-3.1-3b-a800m-instruct",
+    "phimoe": "microsoft/Phi-3.5-MoE-instruct", "glm4_moe": "zai-org/GLM-4.5-Air",
+    "smollm3": "HuggingFaceTB/SmolLM3-3B-Base", "cohere2": "CohereForAI/c4ai-command-r7b-12-2024",
+    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B", "seed_oss": "ByteDance-Seed/Seed-OSS-36B-Instruct",
+    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT",
 }
 
 LORA = {"method": "lora", "rank": 16}
@@ -138,6 +143,24 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
                      "quantization": "nf4"}, (2, 512)),
     ("gpt_neox", {"peft": {**LORA, "target_modules": ["dense_4h_to_h"]}}, (2, 512)),
     ("phi", {"peft": {**LORA, "target_modules": ["fc2"]}, "attention": "eager"}, (2, 512)),
+    # OLMoE's full-width q/k norm, GraniteMoE's top-k-first router and fused experts, PhiMoE's sparsemixer and
+    # input jitter (frozen base and bf16-true too), GLM-4.5's dense first layer and shared expert
+    ("olmoe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("granitemoe", {"gradient_checkpointing": "full"}, (2, 512)),
+    ("granitemoe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("phimoe", {"peft": LORA}, (2, 512)), ("phimoe", {"precision": "bf16-true"}, (2, 512)),
+    ("phimoe", {"gradient_checkpointing": "full"}, (2, 512)),
+    ("glm4_moe", {"gradient_checkpointing": "full"}, (2, 512)),
+    ("glm4_moe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
+    ("smollm3", {"gradient_checkpointing": "full"}, (2, 512)),
+    # EXAONE 4's post-norms normalize the sublayers' bf16 outputs (activations.layer_norm_saved)
+    ("exaone4", {"precision": "bf16-true"}, (2, 512)), ("exaone4", {"peft": LORA}, (2, 512)),
+    ("cohere2", {"attention": "eager"}, (2, 512)),
+    # Seed-OSS's attention-probability and residual dropouts (0.1 by default) under eager attention
+    ("seed_oss", {"attention": "eager"}, (2, 512)),
+    # ERNIE 4.5's fp32 router (autocast off) and its dense first layer
+    ("ernie4_5_moe", {"precision": "bf16-true"}, (2, 512)),
+    ("ernie4_5_moe", {"peft": {**LORA, "target_modules": "all-linear"}}, (2, 512)),
     # batch and sequence
     ("llama", {}, (1, 1024)), ("llama", {}, (4, 256)), ("llama", {"grad_accum_steps": 4}, (2, 512)),
     ("qwen2", {}, (1, 1024)), ("gpt2", {}, (4, 256)), ("mixtral", {}, (1, 1024)),

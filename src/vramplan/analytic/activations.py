@@ -179,6 +179,18 @@ def _norm_saved(kind: str, ctx: ActContext) -> int:
     return 4 if ctx.autocast else r
 
 
+def layer_norm_saved(m: ModelSpec, ctx: ActContext) -> int:
+    """Bytes per element one of the layer's norms saves.
+
+    A post-norm layer (``Traits.post_norms``: OLMo-2, EXAONE 4: ``residual + norm(sublayer(x))``) normalizes
+    the sublayer's output, in the compute dtype c, instead of the residual stream: ``x.to(fp32)`` is a copy
+    (4 B, saved by pow and mul), and ``weight * x_normed.to(input_dtype)`` saves the normalized tensor in c for
+    the weight's gradient only.  Example, EXAONE-4.0-1.2B h = 2048 under bf16 mixed precision:
+    (4 + 2) x 2048 = 12,288 B per token per norm (a pre-norm on the fp32 residual saves 8 x 2048).
+    """
+    if m.traits.post_norms and m.norm == "rms":
+        return 4 if ctx.frozen_base else 4 + ctx.compute_bytes
+    return _norm_saved(m.norm, ctx)
 def _norm_stats(kind: str) -> int:
     """Bytes per token a norm saves besides its per-element tensors: its per-row statistics, in fp32.
 
@@ -197,7 +209,7 @@ def _norm_stats(kind: str) -> int:
 
 def norm_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:
     """Bytes per token one of the model's norms saves: its per-element tensors and its row statistics."""
-    return _norm_saved(m.norm, ctx) * m.hidden_size + _norm_stats(m.norm)
+    return layer_norm_saved(m, ctx) * m.hidden_size + _norm_stats(m.norm)
 
 
 def _norm_out_bytes(kind: str, ctx: ActContext) -> int:
@@ -590,7 +602,17 @@ def _moe_tensors(m: ModelSpec, ctx: ActContext, in_b: int) -> list[SavedTensor]:
     """A MoE layer's router, routed experts (all routed rows of a kind in one record) and shared experts."""
     assert m.moe is not None
     e, c, h = m.moe, ctx.compute_bytes, m.hidden_size
-    out = _linear_input_tensors("mlp.router", h, ("gate",), in_b, ctx) + _router_tensors(m, ctx)
+    if m.traits.fp32_router:
+        # ERNIE 4.5's router runs with autocast disabled: F.linear(x.float(), W.float()) keeps the fp32 input
+        # (x itself when the norm output is fp32, else a copy) for its weight's gradient
+        out = [_T("mlp.router.fp32_input", 4 * h)] if not ctx.frozen_base or ctx.router_wrapped else []
+        out += _router_tensors(m, ctx)
+    else:
+        out = _linear_input_tensors("mlp.router", h, ("gate",), in_b, ctx) + _router_tensors(m, ctx)
+    if m.traits.moe_input_jitter and ctx.dropout:
+        # PhiMoE in training: ``hidden_states *= torch.empty_like(hidden_states).uniform_(...)`` in the block
+        # and again in the router; each in-place mul keeps its noise tensor (the norm output's dtype)
+        out += [_T("mlp.jitter_noise.block", in_b * h), _T("mlp.jitter_noise.router", in_b * h)]
     if ctx.router_wrapped and ctx.frozen_base:
         # F.linear(x, W + s B A) keeps x for the adapted weight's gradient: the autocast copy, or x itself
         out.append(_T("mlp.router.adapted_input", (c if ctx.autocast else in_b) * h))
@@ -775,6 +797,17 @@ def _router_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
     c = ctx.compute_bytes
     if m.traits.router_topk_first:
         return [_T("mlp.router.topk_indices", 8 * m.moe.top_k), _T("mlp.router.softmax", c * m.moe.top_k)]
+    if m.traits.fp32_router:
+        # Ernie4_5_MoeTopKRouter: the fp32 softmax over all experts (saved), then topk on it plus the correction
+        # bias, and gather (int64 index, 8 B per selected expert) of the k probabilities
+        return [_T("mlp.router.softmax", 4 * m.moe.num_experts), _T("mlp.router.topk_indices", 8 * m.moe.top_k)]
+    if m.traits.sparsemixer_router:
+        # PhiMoE's sparsemixer (modeling_phimoe.py, training): PhimoeMultiplier keeps the logits (c) and each
+        # round's softmax over the masked logits (fp32 under autocast: 2 x 4), each masked_fill its bool mask
+        # (2 x 1), per expert; per round the gathered weight (4), the int64 expert index (8) and mask_for_one (4)
+        e = m.moe.num_experts
+        return [_T("mlp.router.logits", c * e), _T("mlp.router.sparsemixer_softmax", 8 * e),
+                _T("mlp.router.sparsemixer_masks", 2 * e), _T("mlp.router.sparsemixer_rounds", 2 * (4 + 8 + 4))]
     return [_T("mlp.router.logits", c * m.moe.num_experts), _T("mlp.router.softmax", 4 * m.moe.num_experts)]
 
 

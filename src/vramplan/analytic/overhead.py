@@ -40,7 +40,7 @@ CUBLAS_WORKSPACE_HOPPER_BYTES = 8 * 4096 * KiB
 # Architectures in release order, per vendor: "nearest" below means nearest in this order.
 ARCHITECTURE_ORDER = {
     "nvidia": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"),
-    "amd": ("cdna1", "cdna2", "cdna3"),
+    "amd": ("cdna1", "cdna2", "cdna3", "cdna4"),
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from vramplan.errors import Problem, ScenarioError, UnknownNameError
 from vramplan.spec.gpu import GpuSpec
+from vramplan.units import GB
 
 
 def _norm(name: str) -> str:
@@ -109,6 +110,27 @@ def resolve_gpu(name: str, where: str = "hardware.gpu") -> GpuSpec:
         big, small = amb
         raise ScenarioError([Problem(where, f"{name!r} names two cards ({small} and {big})",
                                      f"use gpu {big!r}, or capacity_gib for the {small} card")])
+    if key is None and amb is None:
+        key = _sized_name(name)
     if key is None:
         raise UnknownNameError("gpu", name, list(by_name) + [a for g in by_name.values() for a in g.aliases], where)
     return by_name[key]
+
+
+_SIZE_SUFFIX = re.compile(r"^(.*?)[\s-]*(\d+)gb$")
+
+
+def _sized_name(name: str) -> str | None:
+    """A card named with its memory as a suffix ("A10G-24GB", "RTX 4090 24GB", "L4_24GB", cloud providers'
+    spelling) resolves to the row of the bare name when that row's marketed capacity is that many GB; a size
+    that does not match the row (an "H100-94GB" for the 80 GB row) resolves to nothing, so the lookup fails
+    as before rather than answer with another card's memory."""
+    by_name, index = _catalog()
+    m = _SIZE_SUFFIX.match(_norm(name))
+    if m is None or not m.group(1):
+        return None
+    base, size = m.group(1), int(m.group(2))
+    key = index.get(_norm(base)) or index.get(_compact(base))
+    if key is None or _ambiguous().get(_norm(base)) or _ambiguous().get(_compact(base)):
+        return None
+    return key if round(by_name[key].nominal_memory_bytes / GB) == size else None

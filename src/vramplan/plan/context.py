@@ -144,6 +144,12 @@ class PlanContext:
                            self.base.model_copy(update={"hardware": hw}))
 
 
+def has_speed_figures(g: GpuSpec) -> bool:
+    """Whether the planner can rank setups on ``g``: a memory bandwidth and at least one dense FLOP/s figure
+    (catalog rows that state only memory, e.g. GPUs without a checked datasheet, cannot be planned on)."""
+    return bool(g.hbm_bytes_per_s) and any(g.dense_flops_per_s.values())
+
+
 def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptions: PerfAssumptions,
                  task: str) -> PlanContext:
     """Resolve the model and GPU once (with the estimator's own checks and suggestions)."""
@@ -156,7 +162,7 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
         raise ScenarioError([Problem("--inter-node-gbps", "bandwidths must be positive", "e.g. 25 (GB/s per GPU)")])
     r = resolve({"model": model, "task": task, "hardware": {"gpu": gpu, "num_gpus": 1}})
     g = r.gpu
-    if not g.hbm_bytes_per_s or not any(g.dense_flops_per_s.values()):
+    if not has_speed_figures(g):
         raise ScenarioError([Problem("--gpu", f"{g.name} has no speed figures in the GPU catalog",
                                      "planning ranks setups by speed; pick a catalog GPU (see `vramplan gpus`)")])
     return PlanContext(model, r.model, g, model_facts(r.model), assumptions, margin, r.scenario)

@@ -19,7 +19,7 @@ from typing import Any
 
 from vramplan.catalog.gpus import list_gpus
 from vramplan.monotone import largest_true
-from vramplan.plan.context import PlanContext
+from vramplan.plan.context import PlanContext, has_speed_figures
 from vramplan.plan.fit import band_fits
 from vramplan.plan.result import PlanResult, Rung, Suggestion
 from vramplan.plan.setup import ServeSetup, TrainSetup
@@ -225,7 +225,7 @@ def _train_suggestions(ctx: PlanContext, job: TrainJob, n: int, gpus_per_node: i
                                    f"offload, tensor parallelism up to {max(tps)}) with a global batch of {batch}"))
     # a larger GPU from the catalog, same count
     bigger = sorted((g for g in list_gpus() if g.total_memory_bytes > ctx.gpu.total_memory_bytes
-                     and g.hbm_bytes_per_s and g.vendor == ctx.gpu.vendor), key=lambda g: g.total_memory_bytes)
+                     and has_speed_figures(g) and g.vendor == ctx.gpu.vendor), key=lambda g: g.total_memory_bytes)
     for g in bigger:
         c2 = ctx.with_gpu(g)
         hit = _first_fit(c2, _frugal(c2, job, n, gpus_per_node))
@@ -319,7 +319,7 @@ def _serve_suggestions(ctx: PlanContext, job: ServeJob, n: int, gpus_per_node: i
                                   text=f"with TP {tp1} on {n} GPUs, max_model_len up to {length:,} holds "
                                        f"{s.max_num_seqs} sequences per replica"))
     for g in sorted((g for g in list_gpus() if g.total_memory_bytes > ctx.gpu.total_memory_bytes
-                     and g.hbm_bytes_per_s and g.vendor == ctx.gpu.vendor), key=lambda g: g.total_memory_bytes):
+                     and has_speed_figures(g) and g.vendor == ctx.gpu.vendor), key=lambda g: g.total_memory_bytes):
         c2 = ctx.with_gpu(g)
         big = _serve_base(c2, job, tp1, n // tp1)
         ok2, rep2 = _serve_ok(c2, big)

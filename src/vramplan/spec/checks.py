@@ -27,8 +27,8 @@ __all__ = [
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
 # Engine's ``_check_fp8_support`` (transformer_engine/pytorch/fp8.py) refuses below 8.9, and transformers'
 # ``FineGrainedFP8HfQuantizer.validate_environment`` (quantizer_finegrained_fp8.py) likewise.  AMD: CDNA3
-# (MI300, gfx942) is the first with fp8.
-FP8_COMPUTE_ARCHITECTURES = frozenset({"ada", "hopper", "blackwell", "cdna3"})
+# (MI300, gfx942) is the first with fp8; CDNA4 (MI350/MI355X, gfx950) keeps it (and adds fp6/fp4).
+FP8_COMPUTE_ARCHITECTURES = frozenset({"ada", "hopper", "blackwell", "cdna3", "cdna4"})
 # vLLM's fp8 weights also run on Ampere, weight-only (W8A16) through the Marlin kernels (vLLM docs,
 # "FP8 W8A8": "Ampere GPUs are supported for W8A16 (weight-only FP8) utilizing Marlin kernels").
 VLLM_FP8_WEIGHT_ARCHITECTURES = FP8_COMPUTE_ARCHITECTURES | {"ampere"}

@@ -168,6 +168,9 @@ class Traits:
     # inference: hidden-sized tensors alive through the MLP (Llama: layer input, residual, normalised MLP input)
     hidden_kept_through_mlp: int = 3
     # ---- MLP ----
+    # the layer's norms follow its sublayers (``residual + norm(sublayer(x))``: OLMo-2, EXAONE 4), so each
+    # normalizes a compute-dtype tensor rather than the residual stream (analytic/activations.py layer_norm_saved)
+    post_norms: bool = False
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)
@@ -178,6 +181,14 @@ class Traits:
     # ---- mixture of experts ----
     router_topk_first: bool = False  # ``GptOssTopKRouter``: top-k on the logits, then a k-wide softmax
     clamped_glu_experts: bool = False  # ``GptOssExperts._apply_gate``: clamped gate/up, sigmoid gating
+    # PhiMoE's ``sparsemixer`` (modeling_phimoe.py): two masked softmaxes over the experts, each kept by
+    # ``PhimoeMultiplier`` with the logits, plus the two masks (analytic/activations.py ``_router_saved``)
+    sparsemixer_router: bool = False
+    # the router runs in fp32 with autocast disabled (Ernie4_5_MoeTopKRouter: ``F.linear(x.float(), W.float())``)
+    fp32_router: bool = False
+    # PhiMoE multiplies the MoE input in place by uniform noise in training, in the block and again in the
+    # router (``hidden_states *= torch.empty_like(...).uniform_(...)``), when input_jitter_noise > 0
+    moe_input_jitter: bool = False
     # the routed experts were ``nn.Linear`` modules in transformers 4.x (bitsandbytes converts them, peft's
     # ``all-linear`` adapts them); gpt-oss keeps fused, biased parameters in every release
     experts_are_linears: bool = True

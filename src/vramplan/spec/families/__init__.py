@@ -16,7 +16,7 @@ from vramplan.spec.families.base import KEY_ALIASES, Family
 from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
 from vramplan.spec.families.falcon import FALCON
-from vramplan.spec.families.gated_layernorm import COHERE, OLMO, STABLELM
+from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLELM
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
@@ -31,7 +31,7 @@ FAMILIES: dict[str, Family] = {
     **LLAMA_FAMILIES,
     "gpt2": GPT2, "gpt_bigcode": GPT_BIGCODE, "gptj": GPTJ, "gpt_neox": GPT_NEOX, "falcon": FALCON,
     "bloom": BLOOM, "opt": OPT, "bert": BERT, "phi": PHI, "starcoder2": STARCODER2,
-    "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO,
+    "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
 }
 
 

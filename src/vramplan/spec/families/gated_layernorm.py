@@ -6,6 +6,10 @@
 * cohere (``modeling_cohere.py``, Command-R): CohereLayerNorm, weight only, computed in fp32 by eager ops; one
   input_layernorm feeding attention and MLP in parallel; q/k/v/o bias when attention_bias; per-head q/k norms
   over (heads, head_dim) when use_qk_norm; tied lm_head; logits * logit_scale.
+* cohere2 (``modeling_cohere2.py``, Command R7B / Command A): Command-R's parallel block and fp32 LayerNorm
+  without q/k norms; sliding-window attention on three layers of four (``layer_types``, or the legacy
+  ``sliding_window_pattern`` 4: layer i slides unless (i + 1) % 4 == 0), RoPE on the sliding layers only
+  (the full-attention layers are NoPE, which changes no saved tensor's size).
 * olmo (``modeling_olmo.py``, OLMo-1): OlmoLayerNorm without weight or bias (F.layer_norm on fp32); q/k/v/o
   bias when attention_bias; untied lm_head unless tie_word_embeddings.
 """
@@ -37,6 +41,8 @@ VARIANTS: dict[str, Variant] = {
                         Traits(hidden_kept_through_mlp=5)),
     "cohere": Variant("layer_fp32", True, False, 22528, 8192, "use_qk_norm", ("q_norm", "k_norm"), True,
                       Traits(shared_norm_output=True, upcasts_all_logits=True)),
+    "cohere2": Variant("layer_fp32", True, False, 22528, 8192, "", ("q_norm", "k_norm"), True,
+                       Traits(shared_norm_output=True)),
     "olmo": Variant("layer_nonparam", False, False, 11008, 2048, "use_qk_norm", ("q_norm", "k_norm"), False,
                     Traits(upcasts_all_logits=True)),
 }
@@ -51,7 +57,7 @@ def _attention(p: Params, cfg: Config, model_type: str, dims: tuple[int, int, in
     else:
         qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
     p.attention("layers.self_attn", h, n_heads, n_kv, hd, layers, qkv_bias, "o_proj", o_bias)
-    qk_norm = bool(cfg.get(v.qk_norm_key, False))
+    qk_norm = bool(v.qk_norm_key) and bool(cfg.get(v.qk_norm_key, False))
     notes: list[str] = []
     if qk_norm and v.norm_params:
         # one weight per head: StableLmLayerNormPerHead (a LayerNorm without bias per head) or CohereLayerNorm
@@ -72,7 +78,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     L = tuple(range(n_layers))
     p = Params()
     p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
-    parallel = model_type == "cohere" or (model_type == "stablelm" and bool(cfg.get("use_parallel_residual")))
+    parallel = model_type in ("cohere", "cohere2") or (model_type == "stablelm" and bool(cfg.get("use_parallel_residual")))
     if v.norm_params:
         p.norm("layers.input_layernorm", h, L, v.norm_bias)
         if not parallel:
@@ -90,7 +96,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
         notes.append("clip_qkv clamps q/k/v in place; its saved tensors are not modelled")
     # StableLM's parallel variant feeds attention and MLP from its one norm, saved once
     traits = replace(v.traits, shared_norm_output=True) if (model_type == "stablelm" and parallel) else v.traits
-    return build_spec(cfg, name, model_type, p, hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads,
+    return build_spec(cfg, name, model_type, p, windows=_windows(cfg, model_type, n_layers), hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads,
                       num_kv_heads=n_kv, vocab_size=vocab, intermediate_size=inter,
                       hidden_act=str(cfg.get("hidden_act", "silu")), position="rope", tie_word_embeddings=tied,
                       parallel_residual=parallel, attention_dropout=prob(cfg, "attention_dropout"),
@@ -99,6 +105,20 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       mlp_gated=True, norm=v.norm, qk_norm=qk_norm, notes=tuple(notes), traits=traits)
 
 
+def _windows(cfg: Config, model_type: str, n_layers: int) -> list[int | None] | None:
+    """Cohere2's sliding window per layer (Cohere2Config: ``layer_types``, else the legacy
+    ``sliding_window_pattern``, default 4); the other families here attend in full."""
+    if model_type != "cohere2" or not cfg.get("sliding_window", 4096):
+        return None
+    window = int(cfg.get("sliding_window", 4096))
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n_layers:
+        return [window if t == "sliding_attention" else None for t in types]
+    pattern = int(cfg.get("sliding_window_pattern", 4))
+    return [window if (i + 1) % pattern else None for i in range(n_layers)]
+
+
 STABLELM = Family(build, "modeling_stablelm.py")
 COHERE = Family(build, "modeling_cohere.py")
+COHERE2 = Family(build, "modeling_cohere2.py")
 OLMO = Family(build, "modeling_olmo.py")

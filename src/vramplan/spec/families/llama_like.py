@@ -12,8 +12,8 @@ from typing import Any, Literal
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, key, prob
 from vramplan.spec.model import MLASpec, ModelSpec, MoESpec, Norm, Traits
 
-Sliding = Literal["uniform", "alternate", "every_nth", "from_layer"]
-MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss"]
+Sliding = Literal["uniform", "alternate", "every_nth", "from_layer", "nope_layers", "pattern"]
+MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer", "ernie"]
 # Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the names
 # peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell them either way
 MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -27,8 +27,13 @@ class Variant:
     tied_default: bool = False  # configuration default of tie_word_embeddings
     qkv_bias_only: bool = False  # hard-coded q/k/v biases and no o_proj bias (Qwen2Attention)
     qk_norm: Literal["", "head", "full"] = ""  # q/k RMSNorm over head_dim (Qwen3, Gemma 3) or the full width (OLMo-2)
+    qk_norm_key: str = ""  # the config key that switches the q/k norm on ("": always; GLM-4-MoE's use_qk_norm)
+    o_bias: bool = True  # attention_bias reaches o_proj too (False: q/k/v only, Glm4MoeAttention)
+    o_bias_key: str = ""  # o_proj's bias has its own key (Seed-OSS attention_out_bias, default False)
+    attention_bias_default: bool = False  # configuration default of attention_bias (Seed-OSS: True)
     sandwich_norms: bool = False  # pre/post-feedforward norms as well (Gemma 2/3)
     norm: Norm = "rms"
+    norm_bias: bool = False  # LayerNorm with a bias (PhiMoE's nn.LayerNorm)
     mla: bool = False  # DeepSeek multi-head latent attention
     sinks: bool = False  # per-head attention sinks (gpt-oss)
     moe: MoEKind = ""
@@ -38,6 +43,21 @@ class Variant:
     sliding: Sliding = "uniform"  # how sliding_window applies to the layers (``windows``)
     sliding_default: bool = False  # configuration default of use_sliding_window
     final_logit_softcap: bool = False  # the loss reads soft-capped logits (Gemma 2 ``final_logit_softcapping``)
+    # where the routed experts live: the layer's MoE module, the router's name in it, and the experts' own
+    # names ("": 4.x's per-expert gate_proj/up_proj/down_proj; two names: one fused [E, 2I, h] input and one
+    # [E, h, I] output parameter, GraniteMoeParallelExperts' input_linear/output_linear)
+    # the two per-layer norms: before attention and MLP (Llama), or after each sublayer (post-norm: EXAONE 4's
+    # post_attention_layernorm and post_feedforward_layernorm, with the trait ``post_norms``)
+    norm_names: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    # dropout: attention_dropout's configuration default, and the key of a dropout on each sublayer's output
+    # (Seed-OSS residual_dropout, default 0.1 in configuration_seed_oss.py) with its default
+    attention_dropout_default: float = 0.0
+    residual_dropout: tuple[str, float] = ("", 0.0)
+    moe_module: str = "mlp"
+    correction_bias_path: str = ""  # the router's submodule holding it (ERNIE: "moe_statics.")
+    bias_key: str = ""  # one key for every linear's bias (ERNIE use_bias: attention, MLPs and the LM head)
+    router_name: str = "gate"
+    fused_expert_names: tuple[str, str] | None = None
     traits: Traits = field(default_factory=Traits)
 
 
@@ -71,6 +91,49 @@ VARIANTS: dict[str, Variant] = {
                            traits=Traits(peft_converts_experts=True)),
     # GptOssRMSNorm multiplies in fp32; no SDPA path (attention sinks join the softmax); top-k router, clamped
     # SwiGLU experts kept as fused, biased parameters
+    # OLMoE: OLMo-2's full-width q/k RMSNorm on a pre-norm decoder, 64 experts of intermediate_size in every
+    # layer (OlmoeSparseMoeBlock: softmax over all experts, then top-k; no shared expert)
+    "olmoe": Variant("modeling_olmoe.py", qk_norm="full", moe="every_layer",
+                     traits=Traits(peft_converts_experts=True)),
+    # GraniteMoE: Mixtral's layout under block_sparse_moe with a top-k-then-softmax router
+    # (GraniteMoeTopKRouter: logits.float().topk, softmax over the k values) and fused experts
+    # (4.x GraniteMoeParallelExperts input_linear [E, 2I, h] / output_linear [E, h, I]: parameters, not
+    # nn.Linear, in both releases); the multipliers scale by Python floats (nothing saved); tied by default
+    "granitemoe": Variant("modeling_granitemoe.py", moe="mixtral", moe_module="block_sparse_moe",
+                          router_name="router", fused_expert_names=("input_linear", "output_linear"),
+                          traits=Traits(router_topk_first=True, experts_are_linears=False)),
+    # PhiMoE (Phi-3.5-MoE): nn.LayerNorm with bias, attention and LM-head biases from the config
+    # (attention_bias, lm_head_bias), Mixtral's experts behind a sparsemixer router (PhimoeTopKRouter, an
+    # nn.Linear named router); transformers 5 fuses the experts and peft does not convert phimoe's names
+    "phimoe": Variant("modeling_phimoe.py", norm="layer", norm_bias=True, moe="mixtral", router_name="router",
+                      sliding_default=True, traits=Traits(experts_are_linears=False, sparsemixer_router=True)),
+    # GLM-4.5 / 4.6 (modeling_glm4_moe.py): DeepSeek-V3's MoE (sigmoid router with its correction-bias buffer,
+    # first_k_dense_replace dense layers, one shared expert) under GQA attention with q/k/v biases only and
+    # partial rotary; q/k norm only with use_qk_norm.  The MTP layer (num_nextn_predict_layers) is not built:
+    # Glm4MoePreTrainedModel ignores its checkpoint keys (_keys_to_ignore_on_load_unexpected)
+    "glm4_moe": Variant("modeling_glm4_moe.py", qk_norm="head", qk_norm_key="use_qk_norm", o_bias=False,
+                        moe="deepseek", score_correction_bias=True, traits=Traits(peft_converts_experts=True)),
+    # SmolLM3: Llama with NoPE layers (SmolLM3Attention rotates q and k only where no_rope_layers[i] is 1; a
+    # NoPE layer hands the projections' own outputs to the kernel, the same bytes as RoPE's rotated copies);
+    # tied by default; use_sliding_window puts the window on the NoPE layers
+    "smollm3": Variant("modeling_smollm3.py", tied_default=True, sliding="nope_layers"),
+    # EXAONE 4: post-norm layers (post_attention_layernorm, post_feedforward_layernorm after each sublayer, no
+    # input norm), per-head q/k RMSNorm, a sliding window on three layers of four (sliding_window_pattern) whose
+    # global layers skip RoPE (no saved tensor changes size)
+    "exaone4": Variant("modeling_exaone4.py", qk_norm="head", sliding="pattern",
+                       norm_names=("post_attention_layernorm", "post_feedforward_layernorm"),
+                       traits=Traits(post_norms=True)),
+    # Seed-OSS: Llama with q/k/v biases (attention_bias, default True), an o_proj bias only with
+    # attention_out_bias, and dropout (configuration defaults 0.1) on the attention probabilities and on each
+    # sublayer's output (``nn.functional.dropout(attn_output / down_proj, p=residual_dropout)``)
+    "seed_oss": Variant("modeling_seed_oss.py", o_bias_key="attention_out_bias", attention_bias_default=True,
+                        attention_dropout_default=0.1, residual_dropout=("residual_dropout", 0.1)),
+    # ERNIE 4.5 MoE: a dense first layer, then MoE layers with two shared experts; the router runs in fp32 with
+    # autocast off and picks experts with a correction bias (a frozen parameter, moe_statics); use_bias switches
+    # every linear's bias
+    "ernie4_5_moe": Variant("modeling_ernie4_5_moe.py", tied_default=True, moe="ernie", score_correction_bias=True,
+                            correction_bias_path="moe_statics.", bias_key="use_bias",
+                            traits=Traits(fp32_router=True, peft_converts_experts=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -112,9 +175,11 @@ def _mla(p: Params, cfg: Config, d: _Dims, bias: tuple[bool, bool]) -> MLASpec:
 def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
     """The attention's tensors: q/k/v/o (fused qkv_proj for phi3), MLA, q/k norms, sinks."""
     # llama-style configs say attention_bias (all four projections); Qwen2 hard-codes q/k/v biases, no o bias
-    attention_bias = bool(cfg.get("attention_bias", False))
+    attention_bias = bool(cfg.get(v.bias_key or "attention_bias", v.attention_bias_default))
     qkv_bias = attention_bias or v.qkv_bias_only
-    o_bias = attention_bias and not v.qkv_bias_only
+    o_bias = attention_bias and not v.qkv_bias_only and v.o_bias
+    if v.o_bias_key:
+        o_bias = bool(cfg.get(v.o_bias_key, False))
     L, hd = d.layers, d.head_dim
     if v.mla:
         return _mla(p, cfg, d, (qkv_bias, o_bias))
@@ -123,7 +188,9 @@ def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
         p.linear("layers.self_attn.o_proj", d.n_heads * hd, d.h, L, o_bias, "row")
     else:
         p.attention("layers.self_attn", d.h, d.n_heads, d.n_kv, hd, L, qkv_bias, "o_proj", o_bias)
-    if v.qk_norm == "full":
+    if v.qk_norm_key and not cfg.get(v.qk_norm_key, False):
+        pass
+    elif v.qk_norm == "full":
         p.norm("layers.self_attn.q_norm", d.n_heads * hd, L, False)
         p.norm("layers.self_attn.k_norm", d.n_kv * hd, L, False)
     elif v.qk_norm == "head":
@@ -168,14 +235,35 @@ def _gpt_oss_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
     return MoESpec(e, k, d.inter), set(d.layers)
 
 
+def _every_layer_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    """Routed experts of ``intermediate_size`` in every layer (OLMoE: ``num_experts``, OlmoeConfig's
+    ``attribute_map`` also reads ``num_local_experts``; top-k ``num_experts_per_tok``, default 8)."""
+    e = int(get(cfg, "num_experts", "num_local_experts"))
+    return MoESpec(e, int(cfg.get("num_experts_per_tok", 8)), d.inter), set(d.layers)
+
+
+def _ernie_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    """ERNIE 4.5 (configuration_ernie4_5_moe.py): moe_num_experts (64) of moe_intermediate_size (1536), top
+    moe_k (6), moe_num_shared_experts (2) shared experts of moe_intermediate_size each; layer i is sparse iff
+    (i + 1) % moe_layer_interval == 0 and moe_layer_start_index <= i <= moe_layer_end_index (-1: the last)."""
+    e, k = int(cfg.get("moe_num_experts", 64)), int(cfg.get("moe_k", 6))
+    ei = int(cfg.get("moe_intermediate_size", 1536))
+    ns = int(cfg.get("moe_num_shared_experts", 2) or 0)
+    start, interval = int(cfg.get("moe_layer_start_index", 1)), int(cfg.get("moe_layer_interval", 1))
+    end = int(cfg.get("moe_layer_end_index", -1))
+    end = len(d.layers) - 1 if end == -1 else end
+    sparse = {i for i in d.layers if (i + 1) % interval == 0 and start <= i <= end}
+    return MoESpec(e, k, ei, ns, ns * ei), sparse
+
+
 _MOE_READERS: dict[str, MoEReader] = {"mixtral": _mixtral_moe, "qwen": _qwen_moe, "deepseek": _deepseek_moe,
-                                      "gpt_oss": _gpt_oss_moe}
+                                      "gpt_oss": _gpt_oss_moe, "every_layer": _every_layer_moe, "ernie": _ernie_moe}
 
 
 def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, set[int]]:
     """Dense MLPs, routed experts and shared experts; returns the MoE spec and the sparse layers."""
     moe, sparse = _MOE_READERS[v.moe](cfg, v, d) if v.moe else (None, set())
-    mlp_bias = bool(cfg.get("mlp_bias", False))
+    mlp_bias = bool(cfg.get(v.bias_key or "mlp_bias", False))
     h = d.h
     dense = tuple(i for i in d.layers if i not in sparse)
     if dense:
@@ -189,20 +277,37 @@ def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, 
     if moe is None or not on:
         return moe, sparse
     e, ei = moe.num_experts, moe.expert_intermediate_size
-    p.linear("layers.mlp.gate", h, e, on, v.expert_bias, "replicated", role="router")
+    mod = f"layers.{v.moe_module}"
+    p.linear(f"{mod}.{v.router_name}", h, e, on, v.expert_bias, "replicated", role="router")
     if v.score_correction_bias:
-        p.add("layers.mlp.gate.e_score_correction_bias", e, "other", on)
-    p.linear("layers.mlp.experts.gate_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
-    p.linear("layers.mlp.experts.up_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
-    p.linear("layers.mlp.experts.down_proj", ei, h, on, v.expert_bias, "expert", "expert", e)
+        p.add(f"{mod}.{v.router_name}.{v.correction_bias_path}e_score_correction_bias", e, "other", on)
+    if v.fused_expert_names:
+        fused_in, fused_out = v.fused_expert_names
+        p.linear(f"{mod}.{fused_in}", h, 2 * ei, on, False, "expert", "expert", e)
+        p.linear(f"{mod}.{fused_out}", ei, h, on, False, "expert", "expert", e)
+    else:
+        p.linear(f"{mod}.experts.gate_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
+        p.linear(f"{mod}.experts.up_proj", h, ei, on, v.expert_bias, "expert", "expert", e)
+        p.linear(f"{mod}.experts.down_proj", ei, h, on, v.expert_bias, "expert", "expert", e)
     if moe.shared_intermediate_size:
         si = moe.shared_intermediate_size
-        p.linear("layers.mlp.shared_experts.gate_proj", h, si, on, False, "column")
-        p.linear("layers.mlp.shared_experts.up_proj", h, si, on, False, "column")
-        p.linear("layers.mlp.shared_experts.down_proj", si, h, on, False, "row")
+        sb = mlp_bias if v.bias_key else False  # ERNIE: use_bias reaches the shared experts too
+        p.linear("layers.mlp.shared_experts.gate_proj", h, si, on, sb, "column")
+        p.linear("layers.mlp.shared_experts.up_proj", h, si, on, sb, "column")
+        p.linear("layers.mlp.shared_experts.down_proj", si, h, on, sb, "row")
         if v.shared_expert_gate:
             p.linear("layers.mlp.shared_expert_gate", h, 1, on, False, "replicated", role="router")
     return moe, sparse
+
+
+def nope_pattern(cfg: Config, n_layers: int) -> list[int]:
+    """SmolLM3's ``no_rope_layers`` (1: the layer rotates q and k; 0: NoPE), or its default: every
+    ``no_rope_layer_interval``-th layer (default 4) without RoPE (configuration_smollm3.py)."""
+    given = cfg.get("no_rope_layers")
+    if isinstance(given, list) and len(given) == n_layers:
+        return [int(x) for x in given]
+    interval = int(cfg.get("no_rope_layer_interval", 4))
+    return [int((i + 1) % interval != 0) for i in range(n_layers)]
 
 
 def layer_windows(cfg: Config, n_layers: int, v: Variant) -> list[int | None]:
@@ -217,13 +322,28 @@ def layer_windows(cfg: Config, n_layers: int, v: Variant) -> list[int | None]:
     if v.sliding == "every_nth" and window:
         pattern = int(cfg.get("sliding_window_pattern", 6))  # Gemma 3: five local layers, then one global
         return [None if (i + 1) % pattern == 0 else int(window) for i in range(n_layers)]
+    if v.sliding == "pattern" and window:
+        # Exaone4Config: layer i slides unless (i + 1) % sliding_window_pattern == 0; a string pattern ("LLLG",
+        # the documented form) names each layer of the repeating group (L local, G global)
+        pattern = cfg.get("sliding_window_pattern", 4)
+        if isinstance(pattern, str) and pattern:
+            return [int(window) if pattern[i % len(pattern)] == "L" else None for i in range(n_layers)]
+        return [int(window) if (i + 1) % int(pattern) else None for i in range(n_layers)]
     if not (window and cfg.get("use_sliding_window", v.sliding_default)):
         return [None] * n_layers
+    if v.sliding == "nope_layers":
+        # SmolLM3Config: the window applies to the NoPE layers (no_rope_layers[i] == 0; by default every
+        # no_rope_layer_interval-th layer) when use_sliding_window is set
+        return [int(window) if not rope else None for rope in nope_pattern(cfg, n_layers)]
     if v.sliding == "from_layer":
         # Qwen2 family: layers from max_window_layers on use the window
         max_window_layers = int(cfg.get("max_window_layers", n_layers))
         return [int(window) if i >= max_window_layers else None for i in range(n_layers)]
     return [int(window)] * n_layers
+
+
+def _has_qk_norm(cfg: Config, v: Variant) -> bool:
+    return bool(v.qk_norm) and (not v.qk_norm_key or bool(cfg.get(v.qk_norm_key, False)))
 
 
 @dataclass(frozen=True)
@@ -243,17 +363,20 @@ class LlamaLike:
         p = Params()
         p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
         mla = _attention(p, cfg, v, d)
-        p.norm("layers.input_layernorm", h, d.layers, False)
-        p.norm("layers.post_attention_layernorm", h, d.layers, False)
+        p.norm(f"layers.{v.norm_names[0]}", h, d.layers, v.norm_bias)
+        p.norm(f"layers.{v.norm_names[1]}", h, d.layers, v.norm_bias)
         if v.sandwich_norms:
             p.norm("layers.pre_feedforward_layernorm", h, d.layers, False)
             p.norm("layers.post_feedforward_layernorm", h, d.layers, False)
         moe, sparse = _mlp(p, cfg, v, d)
-        p.norm("norm", h, (), False)
+        p.norm("norm", h, (), v.norm_bias)
         if not tied:
-            p.lm_head("lm_head", vocab, h)
+            p.lm_head("lm_head", vocab, h, bool(cfg.get(v.bias_key or "lm_head_bias", False)))
         head_dim, n_kv = (mla.qk_nope_head_dim + mla.qk_rope_head_dim, n_heads) if mla else (d.head_dim, d.n_kv)
         traits = v.traits
+        if cfg.get("input_jitter_noise") and v.traits.sparsemixer_router:
+            # PhimoeSparseMoeBlock and PhimoeTopKRouter jitter their input only when input_jitter_noise > 0
+            traits = replace(traits, moe_input_jitter=True)
         if traits.attn_logit_softcap:
             # Gemma2Attention soft-caps only when attn_logit_softcapping is set (configuration default 50.0)
             traits = replace(traits, attn_logit_softcap=cfg.get("attn_logit_softcapping", 50.0) is not None)
@@ -261,8 +384,9 @@ class LlamaLike:
             cfg, name, model_type, p, windows=layer_windows(cfg, n_layers, v), moe_layers=frozenset(sparse),
             hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
             vocab_size=vocab, intermediate_size=d.inter, hidden_act=str(key(cfg, "hidden_act", default="silu")),
-            mlp_gated=True, norm=v.norm, position="rope", tie_word_embeddings=tied, qk_norm=bool(v.qk_norm),
-            sandwich_norms=v.sandwich_norms, attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
+            mlp_gated=True, norm=v.norm, position="rope", tie_word_embeddings=tied, qk_norm=_has_qk_norm(cfg, v),
+            sandwich_norms=v.sandwich_norms, attention_dropout=prob(cfg, "attention_dropout", v.attention_dropout_default),
+            hidden_dropout=prob(cfg, v.residual_dropout[0], v.residual_dropout[1]) if v.residual_dropout[0] else 0.0,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)), moe=moe, mla=mla,
             attention_sinks=v.sinks, traits=traits,
             final_logit_softcapping=cfg.get("final_logit_softcapping") if v.final_logit_softcap else None)
