@@ -48,6 +48,7 @@ from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_byte
 from vramplan.analytic.weights import weights_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.vllm_releases import NEWEST, OLDEST, BatchDefaults, VllmRelease, release_row, release_text
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
@@ -58,6 +59,7 @@ __all__ = [
     "KVGroup",
     "VllmBehaviour",
     "VllmDecision",
+    "behaviour",
     "decide",
     "default_batch_limits",
     "forward_peak_bytes",
@@ -70,7 +72,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class VllmBehaviour:
-    """What differs between the modelled vLLM versions, each number with its source."""
+    """The start-up rules of one vLLM release: its row of ``facts/vllm_releases.py`` ``VLLM_RELEASES``.
+
+    ``version`` is the release asked for; ``row`` the first release of the row that holds for it and
+    ``exact`` whether that release's own source was read (False: the nearest earlier row is assumed)."""
 
     version: str
     sampler: Literal["native", "flashinfer"]
@@ -78,34 +83,33 @@ class VllmBehaviour:
     non_torch_tp_bytes: int  # tensor parallel > 1
     cudagraph_bytes: int  # allowance for captured graphs (outside the budget)
     sources: tuple[str, ...]
+    release: VllmRelease | None = None
+    exact: bool = True
+
+    @property
+    def rules(self) -> VllmRelease:
+        return self.release if self.release is not None else release_row(self.version)[0]
+
+
+def behaviour(version: str) -> VllmBehaviour:
+    """The behaviour of a vLLM release string (``facts/vllm_releases.py`` ``release_row``); a release
+    outside the modelled range, or not a release, is a ScenarioError naming the range and the nearest."""
+    try:
+        row, exact = release_row(version)
+    except ValueError as exc:
+        raise ScenarioError([Problem("serve.vllm_version", str(exc),
+                                     f"use a vLLM release from {release_text(OLDEST)} to {release_text(NEWEST)}")]) from exc
+    return VllmBehaviour(version=version, sampler=row.sampler, non_torch_tp1_bytes=row.non_torch_tp1_bytes,
+                         non_torch_tp_bytes=row.non_torch_tp_bytes, cudagraph_bytes=row.cudagraph_bytes,
+                         sources=row.sources, release=row, exact=exact)
 
 
 # Non-torch increase: memory that appears outside PyTorch's allocator during the first
 # forward pass (lazily loaded kernel images of attention/GEMM/Triton kernels and, with
 # tp > 1, NCCL and custom all-reduce buffers allocated at the first collective).  vLLM
-# prints it ("non-torch forward increase memory"); the values are those printed.
-VLLM_BEHAVIOURS: dict[str, VllmBehaviour] = {
-    "0.11": VllmBehaviour(
-        version="0.11", sampler="native",
-        non_torch_tp1_bytes=int(0.13 * GiB), non_torch_tp_bytes=int(0.55 * GiB),
-        cudagraph_bytes=int(0.84 * GiB),
-        sources=(
-            ("llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (vLLM v0.11.0 on H100: "
-            "non-torch 0.13 GiB at tp=1 for Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b; 0.54-0.55 GiB at tp=2)"),
-            "vllm/v1/sample/ops/topk_topp_sampler.py forward_native (sort-based top-k/top-p)",
-        ),
-    ),
-    "0.19": VllmBehaviour(
-        version="0.19", sampler="flashinfer",
-        non_torch_tp1_bytes=int(0.25 * GiB), non_torch_tp_bytes=int(0.67 * GiB),
-        cudagraph_bytes=int(0.84 * GiB),
-        sources=(
-            ("llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
-            "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')"),
-            "vllm/v1/sample/ops/topk_topp_sampler.py forward_cuda -> flashinfer top_k_top_p_sampling_from_logits",
-        ),
-    ),
-}
+# prints it ("non-torch forward increase memory"); the values are those printed, kept per
+# release in ``facts/vllm_releases.py``.  The two releases the model began with:
+VLLM_BEHAVIOURS: dict[str, VllmBehaviour] = {v: behaviour(v) for v in ("0.11", "0.19")}
 DEFAULT_VERSION = "0.11"
 
 # Bytes per (dummy request, vocabulary entry) at the sampler's peak, beyond the logits in
@@ -121,14 +125,26 @@ DEFAULT_VERSION = "0.11"
 SAMPLER_EXTRA_BYTES = {"native": 36, "flashinfer": 12}
 
 
-def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serve") -> tuple[int, int]:
+def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serve",
+                         rule: BatchDefaults = "v1-70gib-not-a100", max_model_len: int = 0) -> tuple[int, int]:
     """vLLM's defaults for (max_num_batched_tokens, max_num_seqs) when the user gives none.
 
-    ``vllm/engine/arg_utils.py`` (V1, 0.8+): on GPUs with >= 70 GiB that are not A100s,
-    8192 tokens and 1024 sequences for ``vllm serve`` (16384 for the offline ``LLM`` class);
-    otherwise 2048 tokens (8192 offline) and 256 sequences.
+    ``rule`` is the release's (``facts/vllm_releases.py`` ``batch_defaults``).  V1
+    (``vllm/engine/arg_utils.py`` ``_set_default_args_v1``, 0.9+): on GPUs with >= 70 GiB that are
+    not A100s, 8192 tokens and 1024 sequences for ``vllm serve`` (16384 for the offline ``LLM``
+    class); otherwise 2048 tokens (8192 offline) and 256 sequences.  0.8.5 had no A100 exception;
+    0.8.0-0.8.4 chose by the device name (h100/h200) and always 1024 sequences.  V0
+    (``vllm/config.py`` ``SchedulerConfig``): ``max(max_model_len, 2048)`` tokens, or with chunked
+    prefill (on by default above 32,768 tokens) 512 (to 0.6.4) or 2048 (from 0.6.5); 256 sequences.
     """
-    big = gpu_total_bytes >= 70 * GiB and "a100" not in gpu_name.lower()
+    if rule.startswith("v0"):
+        chunked = max_model_len > 32768
+        return ((512 if rule == "v0-512" else 2048) if chunked else max(max_model_len, 2048)), 256
+    name = gpu_name.lower()
+    if rule == "v1-h100-name":
+        big_name = "h100" in name or "h200" in name
+        return ((8192 if usage == "serve" else 16384) if big_name else (2048 if usage == "serve" else 8192)), 1024
+    big = gpu_total_bytes >= 70 * GiB and (rule == "v1-70gib" or "a100" not in name)
     if big:
         return (8192 if usage == "serve" else 16384), 1024
     return (2048 if usage == "serve" else 8192), 256
@@ -410,20 +426,13 @@ def _largest_len(groups: list[KVGroup], size: int, page: int, block: int, batche
     return best
 
 
-def _behaviour(version: str) -> VllmBehaviour:
-    if version not in VLLM_BEHAVIOURS:
-        raise ScenarioError([Problem("--vllm-version", f"unknown vLLM version {version!r}",
-                                     f"choose one of {', '.join(VLLM_BEHAVIOURS)}")])
-    return VLLM_BEHAVIOURS[version]
-
-
-def _limits(r: Resolved, usage: str) -> tuple[int, int, int]:
+def _limits(r: Resolved, usage: str, rule: BatchDefaults) -> tuple[int, int, int]:
     """(max_num_batched_tokens, max_num_seqs, max_model_len): the scenario's, else vLLM's defaults."""
     sv, m = r.scenario.serve, r.model
-    d_tokens, d_seqs = default_batch_limits(r.gpu.total_memory_bytes, r.gpu.name, usage)
+    max_len = sv.max_model_len or m.max_position_embeddings
+    d_tokens, d_seqs = default_batch_limits(r.gpu.total_memory_bytes, r.gpu.name, usage, rule, max_len)
     batched = sv.max_num_batched_tokens or d_tokens
     seqs = sv.max_num_seqs if "max_num_seqs" in sv.model_fields_set else d_seqs
-    max_len = sv.max_model_len or m.max_position_embeddings
     if max_len > m.max_position_embeddings:
         raise ScenarioError([Problem(
             "serve.max_model_len", f"max_model_len={max_len} is greater than the model's "
@@ -449,6 +458,7 @@ class _Budget:
     subtracted: bool
     context: int
     nccl: int
+    charged: int = 0  # CUDA context / NCCL bytes the release's rule takes from the budget (``budget``)
 
     @property
     def weights(self) -> int:
@@ -461,7 +471,7 @@ class _Budget:
 
     @property
     def non_kv(self) -> int:
-        return self.weights + self.activations + self.non_torch
+        return self.weights + self.activations + self.non_torch + self.charged
 
     @property
     def available(self) -> int:
@@ -469,18 +479,28 @@ class _Budget:
         return self.requested - self.non_kv - (self.graphs if self.subtracted else 0)
 
 
+def _charged(rule: str, context: int, nccl: int) -> int:
+    """What of the CUDA context and NCCL's buffers the release's budget rule takes from the budget
+    (``facts/vllm_releases.py``): ``peak_plus_non_torch`` counts every non-torch byte on the device,
+    ``free_delta`` what appeared after the first snapshot (NCCL), ``profiled_increase`` neither."""
+    return {"peak_plus_non_torch": context + nccl, "free_delta": nccl}.get(rule, 0)
+
+
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool) -> _Budget:
     sv, m, gpu, tp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp
     c = dtype_bits(sv.dtype) // 8
     params, rotary = serve_weights_bytes(r)
+    row = beh.rules
+    context, nccl = cuda_context_bytes(gpu), nccl_bytes(1) if tp > 1 else 0
+    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs
     return _Budget(
         total=gpu.total_memory_bytes, requested=int(gpu.total_memory_bytes * sv.gpu_memory_utilization),
-        params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs),
+        params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled),
         sampler=sampler_peak_bytes(m, batched, requests, c, beh.sampler),
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
-        graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract_cudagraphs and sv.cuda_graphs,
-        context=cuda_context_bytes(gpu), nccl=nccl_bytes(1) if tp > 1 else 0,
+        graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract,
+        context=context, nccl=nccl, charged=_charged(row.budget, context, nccl),
     )
 
 
@@ -544,7 +564,7 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                  f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
                  "`max_model_len` when initializing the engine."),
                 f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization")
-    outside = b.context + b.nccl + (0 if b.subtracted else b.graphs)
+    outside = b.context + b.nccl - b.charged + (0 if b.subtracted else b.graphs)
     if requested + outside > total:
         ctx, comm, graphs = b.context, b.nccl, b.graphs
         room = total - ctx - comm - graphs
@@ -559,11 +579,13 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
                           requests: int) -> list[str]:
     sv, tp = r.scenario.serve, r.scenario.parallel.tp
     given = "max_num_batched_tokens" in sv.model_fields_set
+    row = beh.rules
     assumptions = [
-        f"vLLM V1 engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in the profile run)",
+        (f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in "
+         "the profile run)"),
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
         f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
-        (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {beh.version} on H100 "
+        (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
         f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {b.context / GiB:.2f} GiB and NCCL buffers are outside "
         "the budget"),
         ("CUDA graphs: not captured (eager)" if not sv.cuda_graphs else
@@ -571,6 +593,12 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
                                                      "captured after the KV cache, outside gpu_memory_utilization")),
         "attention workspace is not profiled by vLLM (attention is skipped in the profile run)",
     ]
+    if not beh.exact:
+        assumptions.insert(1, f"vLLM {beh.version}: its source was not read; the rules of vLLM {row.name}, the "
+                              "nearest earlier modelled release, are assumed to hold")
+    if b.charged:
+        assumptions.append(f"vLLM {beh.version} takes {b.charged / GiB:.2f} GiB of CUDA context and NCCL buffers from "
+                           f"the budget ({row.budget.replace('_', ' ')} rule, facts/vllm_releases.py)")
     if kv.spec.has_sliding:
         assumptions.append(f"hybrid KV cache manager: {len(kv.groups)} groups of {kv.size} layers "
                            "(sliding-window layers keep only their window)")
@@ -580,9 +608,9 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
 def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
            subtract_cudagraphs: bool = False) -> VllmDecision:
     """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring)."""
-    beh = _behaviour(version)
+    beh = behaviour(version)
     sv = r.scenario.serve
-    batched, seqs, max_len = _limits(r, usage)
+    batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
     b = _budget(r, beh, batched, requests, subtract_cudagraphs)
     kv = _blocks(r, b.available, batched, max_len)

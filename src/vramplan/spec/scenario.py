@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from vramplan.facts import Choices, OneOf
 from vramplan.facts.optimizers import optimizer_names
+from vramplan.facts.vllm_releases import parse_release
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain"]
@@ -28,7 +29,15 @@ KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 OffloadDevice = Literal["cpu", "nvme"]
-VllmVersion = Literal["0.11", "0.19"]
+
+
+def _vllm_release(value: str) -> str:
+    parse_release(value)  # a ValueError names the accepted range and the nearest release
+    return value
+
+
+# a vLLM release string from facts/vllm_releases.py OLDEST to NEWEST ("0.11", "0.10.2", "0.8.5.post1")
+VllmVersion = Annotated[str, AfterValidator(_vllm_release)]
 CudaModuleLoading = Literal["lazy", "eager"]
 DeepSpeedCheckpointing = Literal["none", "partition", "partition+cpu"]
 LoadDtype = Literal["auto", "fp32"]
@@ -229,7 +238,8 @@ class Serve(_Strict):
     """vLLM captures CUDA graphs; false is --enforce-eager (no graph memory)."""
 
     vllm_version: VllmVersion = "0.11"
-    """vLLM behaviour modelled: 0.11 is V1 of vLLM 0.10-0.11; 0.19 is vLLM 0.19 (docs/serving.md)."""
+    """vLLM release modelled, any from 0.6 to 0.33 ("0.11", "0.10.2"); its start-up rules come from
+    facts/vllm_releases.py, a release between two modelled rows uses the earlier one (docs/serving.md)."""
 
 
 class Parallel(_Strict):
