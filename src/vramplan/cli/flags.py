@@ -54,6 +54,8 @@ RENAMED: dict[str, str] = {
     "train.peft.dropout": "lora_dropout",
     "software.peft": "peft_version",
     "software.transformers": "transformers_version",
+    "serve.speculative.method": "speculative_method",
+    "serve.speculative.model": "speculative_model",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

@@ -60,9 +60,11 @@ Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
 BatchDefaults = Literal["v0-512", "v0-2048", "v1-h100-name", "v1-70gib", "v1-70gib-not-a100"]
 
 _GIB = 1 << 30
-# vllm/config.py LoRAConfig.__post_init__ (0.6.0-0.10.1) and vllm/config/lora.py (0.10.2+):
-# ``possible_max_ranks = (8, 16, 32, 64, 128, 256, 320, 512)``.
+# vllm/config.py LoRAConfig.__post_init__ ``possible_max_ranks``: (8, ..., 256) in 0.6.0-0.7.3, with 320 and 512
+# from 0.8.0 (also vllm/config/lora.py 0.10.2-0.11.0); vllm/config/lora.py ``MaxLoRARanks`` adds 1 from 0.12.0.
+_LORA_RANKS_06 = (8, 16, 32, 64, 128, 256)
 _LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+_LORA_RANKS_012 = (1, *_LORA_RANKS)
 # measured, vLLM 0.11.0 on H100 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md)
 _NT_011 = (int(0.13 * _GIB), int(0.55 * _GIB))
 _CG = int(0.84 * _GIB)  # vLLM 0.19.0 "Estimated CUDA graph memory: 0.84 GiB" (llm-d-planner v0.19.0 logs)
@@ -105,7 +107,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         first=(0, 6, 0), read_at=((0, 6, 0), (0, 6, 2)), engine="v0", budget="free_delta", batch_defaults="v0-512",
         profile_compiled=False, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
-        lora_ranks=_LORA_RANKS,
+        lora_ranks=_LORA_RANKS_06,
         sources=(
             (f"0.6.0 {_V0_WORKER}: peak_memory = self.init_gpu_memory - free_gpu_memory; "
             "available = total_gpu_memory * gpu_memory_utilization - peak_memory"),
@@ -120,7 +122,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         first=(0, 6, 4), read_at=((0, 6, 4),), engine="v0", budget="peak_plus_non_torch", batch_defaults="v0-512",
         profile_compiled=False, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
-        lora_ranks=_LORA_RANKS,
+        lora_ranks=_LORA_RANKS_06,
         sources=(
             (f"0.6.4 {_V0_WORKER}: peak_memory = memory_stats()['allocated_bytes.all.peak'] + non_torch_allocations "
             "(total - free - torch allocated: CUDA context, NCCL, non-torch increase)"),
@@ -131,7 +133,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         first=(0, 6, 5), read_at=((0, 6, 6), (0, 7, 0), (0, 7, 2), (0, 7, 3)), engine="v0",
         budget="profiled_increase", batch_defaults="v0-2048", profile_compiled=False, sampler="native",
         non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
-        cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16, lora_ranks=_LORA_RANKS,
+        cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16, lora_ranks=_LORA_RANKS_06,
         sources=(
             (f"0.6.6 {_V0_WORKER}: memory_profiling(baseline_memory_in_bytes=total - init_gpu_memory, "
             "weights_memory_in_bytes=model_memory_usage); available = total * util - non_kv_cache_memory_in_bytes "
@@ -191,7 +193,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         ),
     ),
     VllmRelease(
-        first=(0, 10, 2), read_at=((0, 10, 2), (0, 11, 0), (0, 12, 0), (0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 16, 0)), engine="v1",
+        first=(0, 10, 2), read_at=((0, 10, 2), (0, 11, 0)), engine="v1",
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native",
         non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
         cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16, lora_ranks=_LORA_RANKS,
@@ -206,11 +208,23 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         ),
     ),
     VllmRelease(
+        first=(0, 12, 0), read_at=((0, 12, 0), (0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 16, 0)), engine="v1",
+        budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native",
+        non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
+        cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16, lora_ranks=_LORA_RANKS_012,
+        sources=(
+            "0.12.0 vllm/config/lora.py MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]",
+            ("0.12.0-0.16.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer only when "
+            "VLLM_USE_FLASHINFER_SAMPLER is set (vllm/envs.py default None); apply_top_k_top_p sorts"),
+            _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
         first=(0, 17, 0), read_at=((0, 17, 0), (0, 18, 0), (0, 19, 0)), engine="v1", budget="profiled_increase",
         batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS,
+        lora_ranks=_LORA_RANKS_012,
         sources=(
             ("llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
              "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')"),
@@ -224,7 +238,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS,
+        lora_ranks=_LORA_RANKS_012,
         sources=(
             ("0.20.0 vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'; "
             f"{_V1_WORKER}: cudagraph_memory_estimate_applied subtracted from the KV budget"),
@@ -237,7 +251,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS,
+        lora_ranks=_LORA_RANKS_012,
         sources=(
             ("0.24.0 vllm/envs.py VLLM_USE_FLASHINFER_SAMPLER default True; vllm/v1/sample/ops/topk_topp_sampler.py "
             "TopKTopPSampler.__init__: forward_cuda (FlashInfer) when flashinfer_sampler_supported()"),

@@ -46,9 +46,18 @@ from vramplan.analytic.kv_cache import KVSpec, kv_spec
 from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.weights import weights_bytes
+from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
-from vramplan.facts.vllm_releases import NEWEST, OLDEST, BatchDefaults, VllmRelease, release_row, release_text
+from vramplan.facts.vllm_releases import (
+    NEWEST,
+    OLDEST,
+    VLLM_RELEASES,
+    BatchDefaults,
+    VllmRelease,
+    release_row,
+    release_text,
+)
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
@@ -64,6 +73,7 @@ __all__ = [
     "default_batch_limits",
     "forward_peak_bytes",
     "kv_groups",
+    "lora_slot_bytes",
     "rotary_cache_bytes",
     "sampler_peak_bytes",
     "serve_weights_bytes",
@@ -260,6 +270,30 @@ def sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: in
     return requests * m.vocab_size * per_entry + hidden
 
 
+def lora_slot_bytes(m: ModelSpec, rank: int, max_loras: int, tp: int, dtype_bytes: int) -> int:
+    """vLLM's preallocated LoRA slots (``vllm/lora/layers``: ``create_lora_weights``), for all linears.
+
+    Each supported linear holds, per slice of a packed layer (qkv: q, k, v; gate_up: gate, up),
+    ``lora_a_stacked[max_loras, 1, rank, in]`` and ``lora_b_stacked[max_loras, 1, out, rank]`` in the
+    model dtype.  Column-parallel layers (qkv, gate_up) split ``out`` over tp and keep ``in`` whole;
+    row-parallel ones (o, down) split ``in`` and keep ``out`` whole.  Llama-3.1-8B, rank 16, one
+    adapter, tp 1, per layer: qkv 3 x 16 x 4096 + 16 x (4096 + 1024 + 1024) = 294,912; o 16 x 4096
+    x 2 = 131,072; gate_up 2 x 16 x 4096 + 16 x 2 x 14,336 = 589,824; down 16 x (14,336 + 4096) =
+    294,912; 1,310,720 elements x 32 layers x 2 B = 83,886,080 B.
+    """
+    h, q_out, kv_out = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    kv_local = max(1, m.num_kv_heads // tp) * m.head_dim if kv_out else 0
+    per_layer_fixed = (3 * rank * h + rank * (q_out // tp + 2 * kv_local)  # qkv (column parallel)
+                       + rank * (q_out // tp) + rank * h)  # o_proj (row parallel)
+    total = 0
+    for la in m.layers:
+        inter = la.intermediate_size
+        slices = 2 if m.mlp_gated else 1
+        mlp = slices * rank * h + rank * slices * (inter // tp) + rank * (inter // tp) + rank * h
+        total += per_layer_fixed + mlp
+    return total * max_loras * dtype_bytes
+
+
 @dataclass(frozen=True)
 class KVGroup:
     """One KV-cache group: layers of one attention type sharing a block table."""
@@ -358,6 +392,10 @@ class VllmDecision:
     problem: str = ""
     fix: str = ""
     assumptions: list[str] = field(default_factory=list)
+    lora_bytes: int = 0  # LoRA slots, inside weights_bytes
+    speculative_weights_bytes: int = 0  # the proposer's weights, inside weights_bytes
+    cpu_offload_bytes: int = 0  # weights in host memory, outside weights_bytes
+    kv_cache_memory_bytes: int | None = None  # the explicit KV budget given, if any
 
     @property
     def device_used_bytes(self) -> int:
@@ -403,8 +441,23 @@ class VllmDecision:
             "needed_kv_bytes": self.needed_kv_bytes, "max_concurrency": round(self.max_concurrency, 4),
             "max_model_len_that_fits": self.max_model_len_that_fits, "starts": self.starts,
             "problem": self.problem, "fix": self.fix, "device_used_bytes": self.device_used_bytes,
-            "assumptions": list(self.assumptions),
+            "assumptions": list(self.assumptions), **self._option_keys(),
         }
+
+    def _option_keys(self) -> dict[str, object]:
+        """The budget options' keys, present only when an option is set (the report of a plain engine keeps
+        its keys)."""
+        keys: dict[str, object] = {}
+        if self.lora_bytes:
+            keys["lora_bytes"] = self.lora_bytes
+        if self.speculative_weights_bytes:
+            keys["speculative_weights_bytes"] = self.speculative_weights_bytes
+        if self.cpu_offload_bytes:
+            keys["cpu_offload_bytes"] = self.cpu_offload_bytes
+            keys["host_weights_bytes"] = self.cpu_offload_bytes
+        if self.kv_cache_memory_bytes is not None:
+            keys["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        return keys
 
 
 def _fits_len(length: int, groups: list[KVGroup], size: int, page: int, block: int, batched: int, avail: int) -> bool:
@@ -443,6 +496,83 @@ def _limits(r: Resolved, usage: str, rule: BatchDefaults) -> tuple[int, int, int
 
 
 @dataclass(frozen=True)
+class _Options:
+    """The serve options that change the budget (``serve.kv_cache_memory_bytes``, ``cpu_offload_gb``,
+    ``max_loras``/``max_lora_rank``, ``speculative``), resolved for one release."""
+
+    offloaded: int = 0
+    lora: int = 0
+    draft_weights: int = 0
+    draft_layer_bytes_per_token: tuple[int, ...] = ()  # the proposer's KV layers, bytes per token each
+    notes: tuple[str, ...] = ()
+
+
+def _refuse(where: str, message: str, fix: str) -> ScenarioError:
+    return ScenarioError([Problem(where, message, fix)])
+
+
+def _draft(r: Resolved, params: int) -> tuple[int, tuple[int, ...], str]:
+    """(weights, KV bytes per token of each layer, note) of a draft model or EAGLE head from the catalog."""
+    sv = r.scenario.serve
+    spec = sv.speculative
+    assert spec is not None
+    if spec.method == "ngram":
+        return 0, (), "speculative n-gram proposer: no GPU weights, no KV layers (it matches the prompt on the host)"
+    if spec.method == "mtp":
+        raise _refuse("serve.speculative.method", "speculative method 'mtp' (the model's own multi-token-prediction "
+                      "layers) is not modelled yet", "use draft, eagle, eagle3 or ngram")
+    if not spec.model:
+        raise _refuse("serve.speculative.model", f"speculative method {spec.method!r} needs a model",
+                      "give serve.speculative.model as a catalog name (vramplan models)")
+    draft = load_model(spec.model, where="serve.speculative.model")
+    c, tp = dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp
+    weights = weights_bytes(rank_params(draft, tp, 1, 1, 0, None), c, "none")
+    dspec = kv_spec(draft, sv.kv_cache_dtype, c, tp)
+    layers = tuple(dspec.layer_bytes_per_token(la) for la in dspec.layers)
+    return weights, layers, (f"speculative {spec.method} proposer {draft.name}: {weights / GiB:.2f} GiB of weights "
+                             f"({sv.dtype}, unquantized) and {len(layers)} KV layers in the same block pool; its "
+                             "profile run is assumed to peak below the target's")
+
+
+def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Options:
+    """Check the options against the release and size them (ScenarioError for a bad combination)."""
+    sv, m, tp = r.scenario.serve, r.model, r.scenario.parallel.tp
+    notes: list[str] = []
+    if sv.kv_cache_memory_bytes is not None:
+        if not row.kv_cache_memory_bytes:
+            first = next(x.name for x in VLLM_RELEASES if x.kv_cache_memory_bytes)
+            raise _refuse("serve.kv_cache_memory_bytes", f"vLLM {version} has no kv_cache_memory_bytes option",
+                          f"use serve.vllm_version >= {first} or remove serve.kv_cache_memory_bytes")
+        notes.append(f"kv_cache_memory_bytes: the KV cache gets {sv.kv_cache_memory_bytes / GiB:.2f} GiB as given; "
+                     "gpu_memory_utilization does not size it (the profile run still runs)")
+    offloaded = min(params, int(sv.cpu_offload_gb * GiB))
+    if offloaded:
+        notes.append(f"cpu_offload_gb: {offloaded / GiB:.2f} GiB of weights in pinned host memory, streamed to the GPU "
+                     "in each forward pass (whole parameters: vLLM may move up to one parameter more)")
+    lora = 0
+    if sv.max_loras:
+        if sv.max_lora_rank not in row.lora_ranks:
+            raise _refuse("serve.max_lora_rank", f"vLLM {version} accepts max_lora_rank in "
+                          f"{', '.join(map(str, row.lora_ranks))}, not {sv.max_lora_rank}",
+                          "use one of those ranks")
+        if m.moe is not None or m.mla is not None:
+            raise _refuse("serve.max_loras", f"LoRA slots for {m.name} (MoE or MLA layers) are not modelled",
+                          "set serve.max_loras: 0")
+        lora = lora_slot_bytes(m, sv.max_lora_rank, sv.max_loras, tp, dtype_bits(sv.dtype) // 8)
+        notes.append(f"LoRA: {sv.max_loras} slots of rank {sv.max_lora_rank} on every attention and MLP linear, "
+                     f"{lora / GiB:.2f} GiB preallocated with the weights")
+    draft, draft_layers = 0, tuple[int, ...]()
+    if sv.speculative is not None:
+        draft, draft_layers, note = _draft(r, params)
+        if draft_layers and kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, tp).has_sliding:
+            raise _refuse("serve.speculative", "a proposer's KV layers beside a hybrid (sliding-window) model are not "
+                          "modelled", "use method ngram or a model without sliding-window layers")
+        notes.append(note)
+    return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
+                    notes=tuple(notes))
+
+
+@dataclass(frozen=True)
 class _Budget:
     """Step 1-4 of the module docstring: what is requested, what the profile run takes, what is left."""
 
@@ -459,10 +589,13 @@ class _Budget:
     context: int
     nccl: int
     charged: int = 0  # CUDA context / NCCL bytes the release's rule takes from the budget (``budget``)
+    extra_weights: int = 0  # LoRA slots and the speculative proposer, loaded with the model
+    offloaded: int = 0  # weights kept in host memory (cpu_offload_gb)
+    explicit_kv: int | None = None  # kv_cache_memory_bytes: the KV budget, the utilisation rule skipped
 
     @property
     def weights(self) -> int:
-        return self.params + self.rotary
+        return self.params - self.offloaded + self.rotary + self.extra_weights
 
     @property
     def activations(self) -> int:
@@ -476,6 +609,8 @@ class _Budget:
     @property
     def available(self) -> int:
         """What the KV cache gets (may be <= 0)."""
+        if self.explicit_kv is not None:
+            return self.explicit_kv
         return self.requested - self.non_kv - (self.graphs if self.subtracted else 0)
 
 
@@ -486,7 +621,8 @@ def _charged(rule: str, context: int, nccl: int) -> int:
     return {"peak_plus_non_torch": context + nccl, "free_delta": nccl}.get(rule, 0)
 
 
-def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool) -> _Budget:
+def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
+            opt: _Options) -> _Budget:
     sv, m, gpu, tp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp
     c = dtype_bits(sv.dtype) // 8
     params, rotary = serve_weights_bytes(r)
@@ -501,6 +637,7 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract,
         context=context, nccl=nccl, charged=_charged(row.budget, context, nccl),
+        extra_weights=opt.lora + opt.draft_weights, offloaded=opt.offloaded, explicit_kv=sv.kv_cache_memory_bytes,
     )
 
 
@@ -527,11 +664,23 @@ class _Blocks:
         return self.blocks / self.per_request if self.per_request else 0.0
 
 
-def _blocks(r: Resolved, available: int, batched: int, max_len: int) -> _Blocks:
+def _with_draft(size: int, page: int, block_size: int, draft: tuple[int, ...]) -> tuple[int, int]:
+    """(layers per group, page) once a proposer's KV layers join the single group of a uniform model: layers of
+    the same page add to the group (``get_kv_cache_groups``); layers of another size make one page of all
+    layers' bytes (``UniformTypeKVCacheSpecs``: a block holds every layer's slice)."""
+    if not draft:
+        return size, page
+    if all(block_size * d == page for d in draft):
+        return size + len(draft), page
+    return 1, size * page + block_size * sum(draft)
+
+
+def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tuple[int, ...] = ()) -> _Blocks:
     sv, m = r.scenario.serve, r.model
     spec = kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp)
     groups, size = kv_groups(spec)
     page = sv.block_size * spec.uniform_layer_bytes_per_token
+    size, page = _with_draft(size, page, sv.block_size, draft)
     blocks = max(0, available // page // size) if page and size else 0
     per_req = _blocks_per_request(groups, sv.block_size, max_len, batched)
     return _Blocks(
@@ -612,8 +761,9 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     sv = r.scenario.serve
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
-    b = _budget(r, beh, batched, requests, subtract_cudagraphs)
-    kv = _blocks(r, b.available, batched, max_len)
+    opt = _options(r, beh.rules, version, serve_weights_bytes(r)[0])
+    b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt)
+    kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token)
     problem, fix = _start_problem(r, b, kv, max_len)
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
@@ -628,7 +778,9 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         kv_cache_tokens=kv.tokens, max_model_len=max_len, blocks_per_request=kv.per_request,
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency, max_model_len_that_fits=kv.fits_len,
         starts=not problem, problem=problem, fix=fix,
-        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests),
+        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes),
+        lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
+        kv_cache_memory_bytes=sv.kv_cache_memory_bytes,
     )
 
 

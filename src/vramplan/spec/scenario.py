@@ -204,6 +204,21 @@ class Inference(_Strict):
     fp16 models only (docs/conventions.md, bitsandbytes' dequantized weights at inference)."""
 
 
+class Speculative(_Strict):
+    """vLLM speculative decoding (``--speculative-config``): a proposer whose weights and KV layers join the
+    engine's."""
+
+    method: Literal["draft", "eagle", "eagle3", "mtp", "ngram"]
+    """Proposer: a draft model, an EAGLE or EAGLE-3 head, the model's MTP layers, or n-gram lookup (no GPU
+    weights)."""
+
+    model: str | None = None
+    """The draft model or EAGLE head, by catalog name (draft, eagle, eagle3)."""
+
+    num_speculative_tokens: int = Field(1, ge=1, le=64)
+    """Tokens proposed per step."""
+
+
 class Serve(_Strict):
     """A vLLM engine after start-up: weights, profiling peak, CUDA graphs and the KV block pool."""
 
@@ -240,6 +255,22 @@ class Serve(_Strict):
     vllm_version: VllmVersion = "0.11"
     """vLLM release modelled, any from 0.6 to 0.33 ("0.11", "0.10.2"); its start-up rules come from
     facts/vllm_releases.py, a release between two modelled rows uses the earlier one (docs/serving.md)."""
+
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, le=1 << 50)
+    """An explicit KV cache budget in bytes (vLLM 0.10.2+): gpu_memory_utilization no longer sizes the KV
+    cache; null: the utilisation rule."""
+
+    cpu_offload_gb: float = Field(0, ge=0, le=1 << 20)
+    """GiB of weights vLLM keeps in host memory and streams to the GPU in each forward pass."""
+
+    max_loras: int = Field(0, ge=0, le=1024)
+    """LoRA adapters served at once (vLLM --enable-lora --max-loras); 0: LoRA off."""
+
+    max_lora_rank: int = Field(16, ge=1, le=4096)
+    """Largest LoRA rank served (vLLM --max-lora-rank); one of vLLM's allowed ranks."""
+
+    speculative: Speculative | None = None
+    """Speculative decoding: method, model, num_speculative_tokens; null: off."""
 
 
 class Parallel(_Strict):
