@@ -31,7 +31,9 @@ The fields (docs/serving.md, "vLLM by release"):
   - ``v0-2048``: as ``v0-512`` with 2048 tokens under chunked prefill;
   - ``v1-h100-name``: 8192 tokens when the device name contains h100 or h200, else 2048; 1024 sequences;
   - ``v1-70gib``: 8192 tokens and 1024 sequences on a device of >= 70 GiB, else 2048 and 256;
-  - ``v1-70gib-not-a100``: as ``v1-70gib`` but never for an A100.
+  - ``v1-70gib-not-a100``: as ``v1-70gib`` but never for an A100;
+  - ``v1-160gib``: 16384 tokens and 1024 sequences on a device of >= 160 GiB, else as ``v1-70gib-not-a100``;
+  - ``v1-160gib-not-gb10``: as ``v1-160gib`` with a GB10 (DGX Spark) never among the >= 70 GiB devices.
 
 * ``profile_compiled``: the profile run's forward is torch.compile'd (V1) or eager (V0).
 * ``sampler``: the top-k/top-p path of the profile run's dummy sampling (``native``: PyTorch sort;
@@ -57,7 +59,8 @@ __all__ = ["NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "Vllm
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
-BatchDefaults = Literal["v0-512", "v0-2048", "v1-h100-name", "v1-70gib", "v1-70gib-not-a100"]
+BatchDefaults = Literal["v0-512", "v0-2048", "v1-h100-name", "v1-70gib", "v1-70gib-not-a100", "v1-160gib",
+                        "v1-160gib-not-gb10"]
 
 _GIB = 1 << 30
 # vllm/config.py LoRAConfig.__post_init__ ``possible_max_ranks``: (8, ..., 256) in 0.6.0-0.7.3, with 320 and 512
@@ -130,14 +133,14 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         ),
     ),
     VllmRelease(
-        first=(0, 6, 5), read_at=((0, 6, 6), (0, 7, 0), (0, 7, 2), (0, 7, 3)), engine="v0",
+        first=(0, 6, 5), read_at=((0, 6, 5), (0, 6, 6), (0, 7, 0), (0, 7, 2), (0, 7, 3)), engine="v0",
         budget="profiled_increase", batch_defaults="v0-2048", profile_compiled=False, sampler="native",
         non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
         cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16, lora_ranks=_LORA_RANKS_06,
         sources=(
             (f"0.6.6 {_V0_WORKER}: memory_profiling(baseline_memory_in_bytes=total - init_gpu_memory, "
             "weights_memory_in_bytes=model_memory_usage); available = total * util - non_kv_cache_memory_in_bytes "
-            "(vllm PR 10511, first released in 0.6.5)"),
+            "(vllm PR 10511; 0.6.5 wheel read: the same)"),
             "0.6.6 vllm/config.py SchedulerConfig.__post_init__: 2048 under chunked prefill",
             "0.7.3 vllm/envs.py VLLM_USE_V1 default '0' (V0 engine)", _NT_ASSUMED,
         ),
@@ -247,7 +250,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         ),
     ),
     VllmRelease(
-        first=(0, 24, 0), read_at=((0, 24, 0), (0, 25, 0), (0, 26, 0), (0, 27, 0), (0, 28, 0)), engine="v1",
+        first=(0, 24, 0), read_at=((0, 24, 0), (0, 25, 0), (0, 26, 0), (0, 27, 0)), engine="v1",
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
@@ -256,6 +259,37 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
             ("0.24.0 vllm/envs.py VLLM_USE_FLASHINFER_SAMPLER default True; vllm/v1/sample/ops/topk_topp_sampler.py "
             "TopKTopPSampler.__init__: forward_cuda (FlashInfer) when flashinfer_sampler_supported()"),
             "0.24.0 vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'",
+            ("0.27.0 vllm/utils/mem_utils.py memory_profiling: non_kv_cache_memory = total_consumed (free memory at "
+             "the init snapshot - free after the profile) + transient_peak_headroom (torch peak - allocated): the "
+             "same terms measured from free memory"),
+            "non-torch increase: vLLM 0.19.0's printed values (llm-d-planner v0.19.0 logs)",
+        ),
+    ),
+    VllmRelease(
+        first=(0, 28, 0), read_at=((0, 28, 0), (0, 29, 0), (0, 30, 0), (0, 31, 0), (0, 32, 0)), engine="v1",
+        budget="profiled_increase", batch_defaults="v1-160gib", profile_compiled=True, sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
+        cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
+        lora_ranks=_LORA_RANKS_012,
+        sources=(
+            ("0.28.0 vllm/engine/arg_utils.py EngineArgs._set_default_args: device_memory >= 160 * GiB_bytes -> "
+            "16384 tokens and 1024 sequences for vllm serve (B200/B300)"),
+            ("0.28.0-0.32.0 vllm/envs.py VLLM_USE_FLASHINFER_SAMPLER default True, "
+            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'; vllm/config/cache.py DEFAULT_BLOCK_SIZE 16"),
+            "non-torch increase: vLLM 0.19.0's printed values (llm-d-planner v0.19.0 logs)",
+        ),
+    ),
+    VllmRelease(
+        first=(0, 33, 0), read_at=((0, 33, 0),), engine="v1", budget="profiled_increase",
+        batch_defaults="v1-160gib-not-gb10", profile_compiled=True, sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
+        cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
+        lora_ranks=_LORA_RANKS_012,
+        sources=(
+            ("0.33.0 vllm/engine/arg_utils.py EngineArgs._set_default_args: the >= 70 GiB defaults exclude a GB10 "
+            "(is_gb10)"),
+            (f"0.33.0 {_V1_WORKER}: requested - non_kv_cache_memory - cudagraph_memory_estimate_applied; "
+            "vllm/v1/worker/utils.py request_memory: ceil(total x gpu_memory_utilization)"),
             "non-torch increase: vLLM 0.19.0's printed values (llm-d-planner v0.19.0 logs)",
         ),
     ),

@@ -143,7 +143,8 @@ def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serv
     (``vllm/engine/arg_utils.py`` ``_set_default_args_v1``, 0.9+): on GPUs with >= 70 GiB that are
     not A100s, 8192 tokens and 1024 sequences for ``vllm serve`` (16384 for the offline ``LLM``
     class); otherwise 2048 tokens (8192 offline) and 256 sequences.  0.8.5 had no A100 exception;
-    0.8.0-0.8.4 chose by the device name (h100/h200) and always 1024 sequences.  V0
+    0.8.0-0.8.4 chose by the device name (h100/h200) and always 1024 sequences.  From 0.28 a device of
+    >= 160 GiB gets 16384 tokens (serve and offline) and 1024 sequences; 0.33 keeps a GB10 at the small ones.  V0
     (``vllm/config.py`` ``SchedulerConfig``): ``max(max_model_len, 2048)`` tokens, or with chunked
     prefill (on by default above 32,768 tokens) 512 (to 0.6.4) or 2048 (from 0.6.5); 256 sequences.
     """
@@ -151,6 +152,10 @@ def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serv
         chunked = max_model_len > 32768
         return ((512 if rule == "v0-512" else 2048) if chunked else max(max_model_len, 2048)), 256
     name = gpu_name.lower()
+    if rule.startswith("v1-160gib") and gpu_total_bytes >= 160 * GiB:
+        return 16384, 1024
+    if rule == "v1-160gib-not-gb10" and "gb10" in name:
+        return (2048 if usage == "serve" else 8192), 256
     if rule == "v1-h100-name":
         big_name = "h100" in name or "h200" in name
         return ((8192 if usage == "serve" else 16384) if big_name else (2048 if usage == "serve" else 8192)), 1024
