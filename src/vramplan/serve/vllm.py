@@ -1,9 +1,12 @@
 """How vLLM decides its KV cache at start-up, term by term.
 
-Modelled: the V1 engine of vLLM 0.10-0.11 (``"0.11"``, the default) and of vLLM 0.19
-(``"0.19"``); the two differ only in the profiling sampler and the measured non-torch
-increase (see ``VLLM_BEHAVIOURS``).  The V0 engine and early V1 releases (0.7-0.9)
-profiled differently and are not modelled.  The decision, following
+Modelled: every vLLM release from 0.6 to 0.33 (``serve.vllm_version``, default ``"0.11"``), each
+by its row of ``facts/vllm_releases.py`` (``behaviour``): the budget rule (what
+``gpu_memory_utilization x total`` is charged with), the default batch limits, an eager (V0) or
+compiled (V1) profile run, the sampler, whether the CUDA-graph estimate is subtracted, and which
+options the release has.  The options that change the budget (``kv_cache_memory_bytes``,
+``cpu_offload_gb``, LoRA slots, a speculative proposer) are checked and sized in ``_options``.
+The decision of the V1 releases from 0.9.2 (V0 from 0.6.5 is the same sum), following
 ``vllm/v1/worker/gpu_worker.py`` (``init_device`` and ``determine_available_memory``) and
 ``vllm/utils/mem_utils.py`` (``memory_profiling``):
 
