@@ -72,7 +72,8 @@ def test_every_scenario_key_has_a_flag() -> None:
     aliases = {"hardware.gpu": "--gpu", "train.peft.method": "--peft", "train.peft.rank": "--lora-rank",
                "train.peft.alpha": "--lora-alpha", "train.peft.dropout": "--lora-dropout",
                "software.bitsandbytes": "--bitsandbytes", "software.peft": "--peft-version",
-               "software.transformers": "--transformers-version"}
+               "software.transformers": "--transformers-version",
+               "serve.speculative.method": "--speculative-method", "serve.speculative.model": "--speculative-model"}
     missing = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:

@@ -106,6 +106,11 @@ def test_kv_cache_memory_bytes_bypasses_utilisation() -> None:
         == 10_240
     with pytest.raises(ScenarioError, match=r"0\.10\.2"):
         _decide("0.10.1", kv_cache_memory_bytes=20 * GiB)
+    # 70 GiB of KV beside 15 GiB of weights does not fit an H100's 79.6 GiB: start-up fails, with the largest budget
+    big = _decide("0.11", kv_cache_memory_bytes=70 * GiB)
+    assert not big.starts and "kv_cache_memory_bytes" in big.problem
+    room = int(big.fix.rsplit(" ", 1)[1])
+    assert 0 < room < 70 * GiB and _decide("0.11", kv_cache_memory_bytes=room).starts
 
 
 def test_cpu_offload_moves_weights_to_the_host() -> None:

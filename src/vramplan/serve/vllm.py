@@ -539,7 +539,7 @@ def _draft(r: Resolved, params: int) -> tuple[int, tuple[int, ...], str]:
     layers = tuple(dspec.layer_bytes_per_token(la) for la in dspec.layers)
     return weights, layers, (f"speculative {spec.method} proposer {draft.name}: {weights / GiB:.2f} GiB of weights "
                              f"({sv.dtype}, unquantized) and {len(layers)} KV layers in the same block pool; its "
-                             "profile run is assumed to peak below the target's")
+                             "profile run is assumed to peak below the target's; num_speculative_tokens changes no start-up memory")
 
 
 def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Options:
@@ -722,6 +722,12 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                  "`max_model_len` when initializing the engine."),
                 f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization")
     outside = b.context + b.nccl - b.charged + (0 if b.subtracted else b.graphs)
+    if b.explicit_kv is not None and b.non_kv + b.explicit_kv + outside > total:
+        room = total - b.non_kv - outside
+        return ((f"CUDA out of memory allocating the KV cache: kv_cache_memory_bytes ({b.explicit_kv / GiB:.2f} GiB) "
+                 f"and the rest of the engine ({(b.non_kv + outside) / GiB:.2f} GiB) exceed the device's "
+                 f"{total / GiB:.2f} GiB."),
+                f"serve.kv_cache_memory_bytes <= {max(0, room)}")
     if requested + outside > total:
         ctx, comm, graphs = b.context, b.nccl, b.graphs
         room = total - ctx - comm - graphs
