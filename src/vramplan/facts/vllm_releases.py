@@ -16,10 +16,10 @@ The fields (docs/serving.md, "vLLM by release"):
   - ``free_delta`` (V0 0.6.0-0.6.3, ``Worker.determine_num_available_blocks``): ``total x util -
     (free memory at worker start - free memory after the profile run)``; the CUDA context is already
     in use at the first snapshot, NCCL's buffers (initialised after it) are counted.
-  - ``peak_plus_non_torch`` (V0 0.6.4, V1 0.8.0-0.9.1): ``total x util - (torch's allocated peak +
+  - ``peak_plus_non_torch`` (V0 0.6.4, V1 0.8.0-0.9.0): ``total x util - (torch's allocated peak +
     every byte on the device that torch did not allocate)``: the weights, the activation peak, the
     CUDA context, NCCL and the non-torch increase all come out of the budget.
-  - ``profiled_increase`` (V0 0.6.5-0.7.3 ``memory_profiling``; V1 from 0.9.2): ``total x util -
+  - ``profiled_increase`` (V0 0.6.5-0.7.3 ``memory_profiling``; V1 from 0.9.1): ``total x util -
     (weights + torch peak increase + non-torch increase)`` measured from a snapshot taken after the
     CUDA context and NCCL started: those two are outside the budget.
 
@@ -107,7 +107,7 @@ class VllmRelease:
 
 VLLM_RELEASES: tuple[VllmRelease, ...] = (
     VllmRelease(
-        first=(0, 6, 0), read_at=((0, 6, 0), (0, 6, 2)), engine="v0", budget="free_delta", batch_defaults="v0-512",
+        first=(0, 6, 0), read_at=((0, 6, 0), (0, 6, 2), (0, 6, 3)), engine="v0", budget="free_delta", batch_defaults="v0-512",
         profile_compiled=False, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
         lora_ranks=_LORA_RANKS_06,
@@ -146,7 +146,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         ),
     ),
     VllmRelease(
-        first=(0, 8, 0), read_at=((0, 8, 0), (0, 8, 2)), engine="v1", budget="peak_plus_non_torch",
+        first=(0, 8, 0), read_at=((0, 8, 0), (0, 8, 2), (0, 8, 3)), engine="v1", budget="peak_plus_non_torch",
         batch_defaults="v1-h100-name", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
         non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
         block_size=16, lora_ranks=_LORA_RANKS,
@@ -183,12 +183,12 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         ),
     ),
     VllmRelease(
-        first=(0, 9, 2), read_at=((0, 9, 2), (0, 10, 0), (0, 10, 1)), engine="v1", budget="profiled_increase",
+        first=(0, 9, 1), read_at=((0, 9, 1), (0, 9, 2), (0, 10, 0), (0, 10, 1)), engine="v1", budget="profiled_increase",
         batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
         non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
         block_size=16, lora_ranks=_LORA_RANKS,
         sources=(
-            (f"0.9.2 {_V1_WORKER}: memory_profiling(self.init_snapshot, weights_memory=model_memory_usage); "
+            (f"0.9.1 {_V1_WORKER}: memory_profiling(self.init_snapshot, weights_memory=model_memory_usage); "
             "available = requested_memory - non_kv_cache_memory"),
             ("0.10.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer only when "
             "installed (not a dependency of the wheel); PyTorch sort otherwise"),

@@ -6,7 +6,7 @@ by its row of ``facts/vllm_releases.py`` (``behaviour``): the budget rule (what
 compiled (V1) profile run, the sampler, whether the CUDA-graph estimate is subtracted, and which
 options the release has.  The options that change the budget (``kv_cache_memory_bytes``,
 ``cpu_offload_gb``, LoRA slots, a speculative proposer) are checked and sized in ``_options``.
-The decision of the V1 releases from 0.9.2 (V0 from 0.6.5 is the same sum), following
+The decision of the V1 releases from 0.9.1 (V0 from 0.6.5 is the same sum), following
 ``vllm/v1/worker/gpu_worker.py`` (``init_device`` and ``determine_available_memory``) and
 ``vllm/utils/mem_utils.py`` (``memory_profiling``):
 
