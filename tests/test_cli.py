@@ -47,7 +47,9 @@ def test_json_report_keys() -> None:
     assert {"cuda_context", "workspaces", "communication"} <= set(pg["outside_allocator"])
     assert sum(pg["breakdown"].values()) == pg["peak_allocated_bytes"]
     assert set(r["serve"]) == {"kv_cache_bytes", "num_gpu_blocks", "max_concurrency", "max_model_len_that_fits",
-                               "kv_cache_bytes_low", "kv_cache_bytes_high", "max_concurrency_low", "max_concurrency_high"}
+                               "kv_cache_bytes_low", "kv_cache_bytes_high", "max_concurrency_low", "max_concurrency_high",
+                               "engine", "weights_bytes", "kv_cache_tokens", "host_bytes", "starts", "start_problem",
+                               "start_fix"}
     # the band beside the point (report/band.py)
     assert pg["peak_allocated_bytes_low"] <= pg["peak_allocated_bytes"] <= pg["peak_allocated_bytes_high"]
     assert r["verdict"] in ("FITS", "MAY NOT FIT", "DOES NOT FIT")

@@ -45,7 +45,8 @@ FACES: dict[str, list[str]] = {
         "Suggestion", "TrainJob", "TrainSetup", "fits_with_margin", "plan", "solve", "solve_max_batch",
         "solve_max_seq", "solve_min_gpus",
     ],
-    "vramplan.serve": ["VLLM_BEHAVIOURS", "ServeResult", "VllmDecision", "decide", "serve"],
+    "vramplan.serve": ["SGLANG_BEHAVIOURS", "VLLM_BEHAVIOURS", "ServeResult", "SglangDecision", "VllmDecision", "decide",
+                       "decide_sglang", "serve"],
     "vramplan.trace": ["estimate", "require_torch"],
     "vramplan.measure": [
         "BatchPlan", "HFMemoryCallback", "LeakDiagnosis", "LightningMemoryHooks", "MeasureResult",

@@ -131,16 +131,34 @@ def test_evaluation_off_by_default_under_the_hf_trainer_on_under_litgpt() -> Non
 FSDP2 = {"hardware": {"gpu": "A100-80GB", "num_gpus": 2}, "parallel": {"fsdp": "full_shard"}}
 
 
-@pytest.mark.parametrize(("kind", "gathered"), [
+@pytest.mark.parametrize(("kind", "gathered", "optim_gathered"), [
     # FSDP keeps fp32 parameters (4 B): whole model 1,963,264 x 4 = 7,853,056; the largest unit is a layer,
-    # 725,504 x 4 = 2,902,016 (the root unit: 512,256 x 4 = 2,049,024)
-    ("full", 7_853_056 + 2_902_016),
-    ("full_offload", 2_902_016),
-    ("sharded", 0),
+    # 725,504 x 4 = 2,902,016 (the root unit: 512,256 x 4 = 2,049,024).
+    # full: the optimizer's state dict is gathered after the model's and is larger, so the save's moment is
+    # the optimizer's: AdamW fp32 states 8 B x 1,963,264 = 15,706,112 (2 ranks x 7,853,056) plus one layer's
+    # states in the all-gather buffer 8 x 725,504 = 5,804,032: 21,510,144 > the model's 10,755,072
+    ("full", 0, 15_706_112 + 5_804_032),
+    ("full_offload", 2_902_016, 0),
+    ("sharded", 0, 0),
 ])
-def test_checkpoint_save_by_state_dict_type(kind: str, gathered: int) -> None:
+def test_checkpoint_save_by_state_dict_type(kind: str, gathered: int, optim_gathered: int) -> None:
     save = _phases({**_doc(), **FSDP2, "lifecycle": {"state_dict_type": kind}})["checkpoint save"]
     assert save.get(K.SAVE_GATHERED) == gathered
+    assert save.get(K.SAVE_OPTIM_GATHERED) == optim_gathered
+
+
+def test_full_save_of_adapters_gathers_the_model_not_the_optimizer() -> None:
+    # LoRA: the adapters' states are small, so the model's full state dict is the save's moment; the frozen
+    # base is bf16 under FSDP with PEFT (2 B): 1,963,264 x 2 = 3,926,528 plus a layer 725,504 x 2 = 1,451,008
+    save = _phases({**_doc({"peft": {"rank": 8}}), **FSDP2, "lifecycle": {"state_dict_type": "full"}})
+    assert save["checkpoint save"].get(K.SAVE_OPTIM_GATHERED) == 0
+    assert save["checkpoint save"].get(K.SAVE_GATHERED) > 0
+
+
+def test_deepspeed_full_save_gathers_no_optimizer_state() -> None:
+    doc = {**_doc(), "hardware": {"gpu": "A100-80GB", "num_gpus": 2}, "framework": "deepspeed",
+           "parallel": {"zero_stage": 3}, "lifecycle": {"state_dict_type": "full"}}
+    assert _phases(doc)["checkpoint save"].get(K.SAVE_OPTIM_GATHERED) == 0
 
 
 def test_host_ram_of_loading() -> None:
@@ -163,7 +181,8 @@ def test_report_peak_is_the_maximum_over_the_phases() -> None:
     # reserve more: the device-used peak is the phase with the most)
     assert pg.peak_phase == "checkpoint save"
     assert pg.lifecycle_peak_phase == max(rows, key=lambda k: rows[k]["device_used_bytes"])
-    assert pg.breakdown_detail["weights"]["gathered for checkpoint save"] == 7_853_056 + 2_902_016
+    # the optimizer's full state dict: 15,706,112 + 5,804,032 (test_checkpoint_save_by_state_dict_type)
+    assert pg.breakdown_detail["optimizer_states"]["gathered for checkpoint save"] == 21_510_144
     assert any(a.startswith("lifecycle, checkpoint save: state dict full") for a in rep.assumptions)
 
 

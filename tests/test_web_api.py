@@ -379,3 +379,16 @@ def test_hub_ids_only_when_the_server_allows_them(tmp_path: Path) -> None:
         assert all(p.endswith("/resolve/main/config.json") for p in seen)
     finally:
         srv.shutdown()
+
+
+def test_serve_accepts_the_sglang_engine(client: TestClient) -> None:
+    doc = {"model": "meta-llama/Llama-3.1-8B", "hardware": {"gpu": "H100-SXM"},
+           "serve": {"engine": "sglang", "sglang_version": "0.4.1"}}
+    data = client.post("/api/serve", json=doc).json()
+    # the document of `vramplan serve --engine sglang --json`: 0.88 x free - weights = 444,058 tokens of 131,072 B
+    assert data["engine"] == "sglang" and data["fits"] and "vllm" not in data
+    assert data["sglang"]["max_total_num_tokens"] == 444_058
+    r = client.post("/api/serve", json={**doc, "serve": {**doc["serve"], "gpu_memory_utilization": 0.8}})
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "serve.gpu_memory_utilization"
+    r = client.post("/api/serve/curve", json=doc)
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "serve.engine"

@@ -1,8 +1,8 @@
 """From a scenario to a Report: the task's analytic model, chosen and turned into the report.
 
 ``estimate`` resolves the scenario (``vramplan.catalog.resolve``) and runs the model of its task:
-the training step (``analytic.train``), the ``generate`` call (``analytic.inference``) or vLLM's
-start-up (``serve.report``, built on ``serve.vllm``).  It sits above ``analytic`` and ``serve`` in
+the training step (``analytic.train``), the ``generate`` call (``analytic.inference``) or the serving engine's
+start-up (``serve.report``, built on ``serve.vllm`` and ``serve.sglang``).  It sits above ``analytic`` and ``serve`` in
 the layers (README, Architecture; ``[tool.importlinter]`` in pyproject.toml), so neither imports
 the other's composition.
 """
@@ -21,12 +21,13 @@ from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
-from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
+from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock, managed_in_capacity
 from vramplan.report.band import with_band
 from vramplan.serve.report import serve
 from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
+from vramplan.units import GiB
 
 __all__ = ["ReservedModel", "estimate"]
 
@@ -46,8 +47,13 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
     breakdown = {k: sum(peak.parts.get(k, {}).values()) for k in BREAKDOWN_KEYS}
     allocated = sum(breakdown.values())
     reserved = _reserved(peak) if reserved is None else reserved
-    used = reserved + sum(outside.values())
     capacity = r.gpu.total_memory_bytes
+    outside, paged_out = managed_in_capacity(outside, reserved, capacity)
+    if paged_out:
+        host = host.model_copy(update={"managed_paged_out_bytes": paged_out})
+        assumptions = [*assumptions, (f"{paged_out / GiB:,.2f} GiB of the paged optimizer states do not fit beside the "
+                       "rest and are paged out to host RAM by the unified-memory driver (slower steps, no OOM)")]
+    used = reserved + sum(outside.values())
     phases: dict[str, int] = {}
     for mo in moments:
         phases[mo.phase] = max(phases.get(mo.phase, 0), mo.total)
@@ -100,7 +106,7 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
         return _report(r, tr.peak, tr.moments, outside, host, ServeBlock(), [*tr.assumptions, how], reserved=res_bytes)
     job = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments)
     phases = sorted([steady, *job.phases], key=lambda p: LIFECYCLE_ORDER.index(p.name))
-    table = {p.name: _phase_row(p, outside) for p in phases}
+    table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
     # the first highest in the job's order wins a tie, the steady step over the phases after it
     top = max(phases, key=lambda p: (p.moment.total, p is steady))
     used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
@@ -110,10 +116,11 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                    reserved=max(job_reserved, top.moment.total), lifecycle=(table, used.name))
 
 
-def _phase_row(p: PhasePeak, outside: dict[str, int]) -> dict[str, int]:
+def _phase_row(p: PhasePeak, outside: dict[str, int], capacity_bytes: int) -> dict[str, int]:
     """A phase's allocated, reserved and device-used bytes (before the step: no communicators, workspaces
     outside the allocator yet; only the CUDA context)."""
-    out = outside["cuda_context"] if p.before_step else sum(outside.values())
+    out = outside["cuda_context"] if p.before_step else sum(managed_in_capacity(outside, p.reserved_bytes,
+                                                                                  capacity_bytes)[0].values())
     return {"allocated_bytes": p.moment.total, "reserved_bytes": p.reserved_bytes,
             "device_used_bytes": p.reserved_bytes + out}
 
@@ -151,9 +158,11 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
         return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions))
     sr = serve(r)
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
-                       max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits)
-    # vLLM reserves what it profiled plus the KV cache up front: reserved == allocated at the peak
+                       max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits,
+                       engine=sr.engine, weights_bytes=sr.weights_bytes, kv_cache_tokens=sr.kv_cache_tokens,
+                       starts=sr.starts, start_problem=sr.problem, start_fix=sr.fix)
+    # the engine reserves what it profiled (vLLM) and the KV pool up front: reserved == allocated at the peak
     rep = _report(r, sr.peak, sr.moments, sr.outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
     # a server that refuses to start does not fit, whatever the byte count says
     rep = rep if sr.starts else rep.model_copy(update={"fits": False})
-    return with_band(rep, blocks_per_request=sr.decision.blocks_per_request)
+    return with_band(rep, blocks_per_request=sr.blocks_per_request)

@@ -87,6 +87,8 @@ class K:
                    "the previous decode step's tuple cache, still held by generate (transformers < 4.42)")
     KV_BLOCKS = _k("kv_cache", "{blocks:,} blocks of {block_size} tokens", "vLLM's KV-cache blocks",
                    templated=True)
+    REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
+                      "SGLang's ReqToTokenPool: (max_num_reqs + 1) x (context_len + 4) int32 slot indices")
     # temporaries
     CASTS = _k("temporaries", "autocast weight copies", "half-precision copies autocast makes of fp32 weights")
     LOSS_FORWARD = _k("temporaries", "logits and loss", "logits and the loss's tensors at the forward's end")
@@ -123,6 +125,8 @@ class K:
                          "the KV cache of the sample generated after validation (Lit-GPT generate_example)")
     SAVE_GATHERED = _k("weights", "gathered for checkpoint save",
                        "full parameters gathered on this GPU while the checkpoint's state dict is built")
+    SAVE_OPTIM_GATHERED = _k("optimizer_states", "gathered for checkpoint save",
+                             "the full optimizer state dict gathered on this GPU while the checkpoint is built")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "

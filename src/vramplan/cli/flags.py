@@ -56,6 +56,9 @@ RENAMED: dict[str, str] = {
     "software.transformers": "transformers_version",
     "serve.speculative.method": "speculative_method",
     "serve.speculative.model": "speculative_model",
+    # `estimate --engine` picks analytic or trace; the serving engine is --serve-engine there and --engine
+    # in `vramplan serve` (SERVE_FLAGS renames it back)
+    "serve.engine": "serve_engine",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).
@@ -216,17 +219,20 @@ def _one_flag(name: str, leaves: Sequence[_Leaf], notes: dict[str, str]) -> Flag
                 is_list)
 
 
-def scenario_flags(sections: Sequence[str], notes: dict[str, str] | None = None) -> tuple[Flag, ...]:
+def scenario_flags(sections: Sequence[str], notes: dict[str, str] | None = None,
+                   renamed: dict[str, str] | None = None) -> tuple[Flag, ...]:
     """The options for the scenario fields under ``sections`` (dotted prefixes such as ``"train"``,
     ``"hardware.gpu"`` or ``""`` for everything), in the schema's order.
 
     ``notes``: text appended to one option's help, by dotted path (a command's own default, say).
+    ``renamed``: this command's names for some paths, over ``RENAMED``.
     """
+    names = {**RENAMED, **(renamed or {})}
     by_name: dict[str, list[_Leaf]] = {}
     for leaf in _leaf_table():
         p = leaf.path
         if any(s == "" or p == s or p.startswith(s + ".") for s in sections):
-            by_name.setdefault(RENAMED.get(p, p.rsplit(".", 1)[-1]), []).append(leaf)
+            by_name.setdefault(names.get(p, p.rsplit(".", 1)[-1]), []).append(leaf)
     return tuple(_one_flag(name, leaves, notes or {}) for name, leaves in by_name.items())
 
 

@@ -88,7 +88,8 @@ def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[s
 
 
 SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "serve"],
-                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."})
+                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."},
+                             renamed={"serve.engine": "engine"})
 
 
 @scenario_options(SERVE_FLAGS)
@@ -101,7 +102,8 @@ def _serve(
     *,
     given: Given,
 ) -> None:
-    """What vLLM will allocate at start-up: KV blocks, concurrency, largest context, or why it won't start."""
+    """What the serving engine (vLLM, or SGLang with --engine sglang) allocates at start-up: KV pool,
+    concurrency, largest context, or why it won't start."""
     from vramplan.catalog.resolve import resolve
     from vramplan.serve.report import serve
 
@@ -111,6 +113,9 @@ def _serve(
             _set(over, "serve.cuda_graphs", False)
         doc = _scenario(scenario, "serve", over)
         r = resolve(doc)
+        if subtract_cudagraphs and r.scenario.serve.engine != "vllm":
+            raise ScenarioError([Problem("--subtract-cudagraphs", "is an option of engine vllm only",
+                                         "SGLang keeps CUDA graphs in the reserve outside mem_fraction_static")])
         sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
         _fail(exc, given)
@@ -122,13 +127,53 @@ def _serve(
     # what the GPU's generation changes (bf16 before Ampere), beside the decision's own assumptions
     d = _replace(sr.decision, assumptions=[*sr.decision.assumptions, *capability_notes(r.scenario, r.gpu)])
     if as_json:
-        breakdown = {k: dict(v) for k, v in sr.peak.parts.items()}
-        _emit({"vllm": d.to_dict(), "breakdown": breakdown, "outside_allocator": sr.outside,
-               "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes})
+        _emit(serve_document(sr, d))
+    elif sr.engine == "sglang":
+        _render_sglang(d)
     else:
         _render_serve(d)
     if not d.starts or d.device_used_bytes > d.total_memory_bytes:
         raise typer.Exit(1)
+
+
+def serve_document(sr: Any, d: Any) -> dict[str, Any]:
+    """The `serve --json` document (also /api/serve's): the engine's decision under its name ("vllm" or
+    "sglang"), the breakdown, memory outside the allocator, whether it fits, and the engine."""
+    return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
+            "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes,
+            "engine": sr.engine}
+
+
+def _render_sglang(d: Any) -> None:
+    verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
+    _console().print(f"[bold]{d.model}[/] · SGLang {d.release} · {d.gpu} · tp={d.tp} · "
+                     f"context_len {d.context_len:,} · mem_fraction_static {d.mem_fraction_static}")
+    t = Table(title="SGLang start-up memory per GPU", title_justify="left")
+    t.add_column("term")
+    t.add_column("GiB", justify="right")
+    t.add_column("how", no_wrap=False)
+    t.add_row("total memory", _gib(d.total_memory_bytes), "torch.cuda.mem_get_info()")
+    t.add_row("free at start", _gib(d.free_at_start_bytes), "total - CUDA context - NCCL ('Load weight begin')")
+    t.add_row("static budget", _gib(d.static_budget_bytes), f"{d.mem_fraction_static} x free at start")
+    t.add_row("  weights", _gib(d.weights_bytes), f"parameters {_gib(d.parameters_bytes)} + rotary cache (fp32)")
+    t.add_row("[bold]  KV pool[/]", f"[bold]{_gib(d.kv_cache_bytes)}[/]",
+              f"{d.max_total_num_tokens:,} tokens x {d.cell_size_bytes:,} B (page {d.page_size})")
+    t.add_section()
+    t.add_row("reserve", _gib(d.reserve_bytes), "activations, CUDA graphs, request-to-token table")
+    t.add_row("  request-to-token table", _gib(d.req_to_token_bytes),
+              f"({d.max_num_reqs:,} + 1) x (context_len + 4) x 4 B")
+    t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]", "activations and CUDA graphs apart")
+    _console().print(t)
+    _console().print(f"max_total_num_tokens {d.max_total_num_tokens:,} · max_running_requests "
+                     f"{d.max_running_requests:,} · concurrency at context_len {d.context_len:,}: "
+                     f"{d.max_concurrency:.2f}x · chunked_prefill_size {d.chunked_prefill_size} · "
+                     f"cuda_graph_max_bs {d.cuda_graph_max_bs}")
+    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
+    if d.fix:
+        _console().print(f"change: {d.fix}", highlight=False)
+    _console().print("[dim]Assumptions:[/]")
+    for a in d.assumptions:
+        _console().print(f"[dim]  - {a}[/]", highlight=False)
 
 
 def _render_serve(d: Any) -> None:

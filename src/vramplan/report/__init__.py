@@ -57,6 +57,28 @@ class Host(BaseModel):
     offloaded_bytes: int = 0
     nvme_bytes: int = 0
     load_peak_bytes: int = 0  # host RAM one process holds at the model load's peak (training)
+    # CUDA managed memory (paged optimizer states) that does not fit beside the rest and is paged out to
+    # host RAM by the driver (``managed_in_capacity``)
+    managed_paged_out_bytes: int = 0
+
+
+def managed_in_capacity(outside: Mapping[str, int], reserved_bytes: int, capacity_bytes: int) -> tuple[dict[str, int], int]:
+    """``outside`` with its ``managed`` bytes cut to what fits beside the rest of the device, and the bytes
+    paged out to host RAM.
+
+    Paged optimizers (bitsandbytes ``PagedAdamW``...) allocate their states with ``cudaMallocManaged``;
+    when the GPU runs out of memory the unified-memory driver evicts managed pages to host RAM instead of
+    failing (bitsandbytes docs, "Paged optimizers": "automatically evicted to CPU RAM when GPU memory
+    runs out"; QLoRA, arXiv 2305.14314 sec. 3, "Paged Optimizers").  So managed memory never makes a job
+    run out of memory: it holds what the rest leaves free, the remainder lives on the host (slower).
+
+    >>> managed_in_capacity({"cuda_context": 5, "managed": 50}, 80, 100)
+    ({'cuda_context': 5, 'managed': 15}, 35)
+    """
+    managed = outside.get("managed", 0)
+    rest = reserved_bytes + sum(v for k, v in outside.items() if k != "managed")
+    resident = min(managed, max(0, capacity_bytes - rest))
+    return {**outside, "managed": resident} if "managed" in outside else dict(outside), managed - resident
 
 
 class ServeBlock(BaseModel):
@@ -71,6 +93,15 @@ class ServeBlock(BaseModel):
     kv_cache_bytes_high: int | None = None
     max_concurrency_low: int | None = None
     max_concurrency_high: int | None = None
+    # one serving report for every engine (serve/report.py): which engine, what it holds, and why it would
+    # not start, in the engine's own words, with the change that makes it start
+    engine: str = ""
+    weights_bytes: int = 0
+    kv_cache_tokens: int = 0
+    host_bytes: int = 0
+    starts: bool = True
+    start_problem: str = ""
+    start_fix: str = ""
 
 
 class Report(BaseModel):

@@ -290,11 +290,21 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
     pg = report.per_gpu
     a_lo, a_hi = band_bounds(pg.peak_allocated_bytes, qs["allocated"][0])
     r_lo, r_hi = band_bounds(pg.peak_reserved_bytes, qs["reserved"][0])
-    u_lo, u_hi = band_bounds(pg.device_used_bytes, qs["device_used"][0])
+    # managed memory (paged optimizer states) only fills what the rest leaves free (report
+    # ``managed_in_capacity``): the band is the rest's, the managed bytes are added up to the capacity
+    resident = pg.outside_allocator.get("managed", 0)
+    managed = resident + report.host.managed_paged_out_bytes
+    rest = pg.device_used_bytes - resident
+
+    def fill(nbytes: int) -> int:
+        return nbytes + min(managed, max(0, pg.capacity_bytes - nbytes))
+
+    u_lo, u_hi = band_bounds(rest, qs["device_used"][0])
     # reserved holds the allocated blocks, and device used = reserved + memory outside the allocator
     # (Report.check): a high bound below what those identities imply would contradict the others
     r_hi = max(r_hi, a_hi)
-    u_hi = max(u_hi, r_hi + pg.device_used_bytes - pg.peak_reserved_bytes)
+    u_hi = max(u_hi, r_hi + rest - pg.peak_reserved_bytes)
+    u_lo, u_hi = (fill(u_lo), fill(u_hi)) if managed else (u_lo, u_hi)
     per_gpu = pg.model_copy(update={
         "peak_allocated_bytes_low": a_lo, "peak_allocated_bytes_high": a_hi,
         "peak_reserved_bytes_low": r_lo, "peak_reserved_bytes_high": r_hi,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vramplan.errors import Problem, ScenarioError
 from vramplan.serve.vllm import decide
 from vramplan.spec.load import Resolved
 
@@ -46,7 +47,13 @@ def default_lengths(max_len: int, smallest: int = 512) -> list[int]:
 
 
 def concurrency_curve(r: Resolved, lengths: Sequence[int] | None = None) -> list[CurvePoint]:
-    """One point per context length (default: ``default_lengths`` of the model's context length)."""
+    """One point per context length (default: ``default_lengths`` of the model's context length).
+
+    vLLM's decision only: SGLang's pool does not depend on the context length (its concurrency at a
+    length is ``max_total_num_tokens / length``, in ``serve --engine sglang``)."""
+    if r.scenario.serve.engine != "vllm":
+        raise ScenarioError([Problem("serve.engine", f"the concurrency curve is modelled for engine vllm only, "
+                                     f"not {r.scenario.serve.engine}", "use engine vllm")])
     version = r.scenario.serve.vllm_version
     todo = list(lengths) if lengths else default_lengths(r.model.max_position_embeddings)
     out = []

@@ -1,9 +1,12 @@
-"""Serving with vLLM, as the estimate reports it: vLLM's start-up decision as one moment.
+"""Serving, as the estimate reports it: the engine's start-up decision as one moment.
 
-The decision itself (requested memory, profile-run peak, available KV bytes, blocks,
-concurrency, the largest ``max_model_len`` that fits, and vLLM's start-up errors) lives in
-``vramplan.serve.vllm``; this module turns it into the report's moment and serve block
-(``vramplan.engine.estimate`` builds the report).
+``serve.engine`` picks the engine (dispatch in ``serve``): vLLM (``vramplan.serve.vllm``:
+requested memory, profile-run peak, available KV bytes, blocks, concurrency, the largest
+``max_model_len`` that fits, vLLM's start-up errors) or SGLang (``vramplan.serve.sglang``:
+``mem_fraction_static`` of the free memory, the token pool, SGLang's errors); llama.cpp is
+refused as not yet modelled.  This module turns the decision into the report's moment and
+serve block (``vramplan.engine.estimate`` builds the report); every engine fills the same
+``ServeResult``.
 
 At steady state the GPU holds the weights, the KV-cache blocks, room for the activation
 peak vLLM profiled (re-used by every step), the captured CUDA graphs, and outside the
@@ -16,8 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.analytic.moment import K, Moment
+from vramplan.errors import Problem, ScenarioError
+from vramplan.serve.sglang import SglangDecision, decide_sglang
 from vramplan.serve.vllm import VllmDecision, decide
 from vramplan.spec.load import Resolved
+from vramplan.units import ceil_div
 
 __all__ = ["ServeResult", "serve"]
 
@@ -26,7 +32,7 @@ __all__ = ["ServeResult", "serve"]
 class ServeResult:
     peak: Moment
     moments: list[Moment]
-    decision: VllmDecision
+    decision: VllmDecision | SglangDecision
     outside: dict[str, int]
     kv_cache_bytes: int
     num_gpu_blocks: int
@@ -37,12 +43,28 @@ class ServeResult:
     max_model_len: int
     starts: bool
     assumptions: list[str]
+    engine: str = "vllm"
+    weights_bytes: int = 0
+    kv_cache_tokens: int = 0
+    blocks_per_request: int = 0  # KV blocks (pages) one request of max_model_len needs
+    problem: str = ""
+    fix: str = ""
 
 
 def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = False) -> ServeResult:
-    """The serving memory of one GPU of a ``task: serve`` scenario, as vLLM allocates it.
+    """The serving memory of one GPU of a ``task: serve`` scenario, as ``serve.engine`` allocates it.
 
-    ``version`` overrides the scenario's ``serve.vllm_version``."""
+    ``version`` overrides the scenario's ``serve.vllm_version`` (vLLM only)."""
+    engine = r.scenario.serve.engine
+    if engine == "sglang":
+        return _sglang(r)
+    if engine != "vllm":
+        raise ScenarioError([Problem("serve.engine", f"the {engine} engine is not modelled yet",
+                                     "use engine vllm or sglang")])
+    return _vllm(r, version, subtract_cudagraphs)
+
+
+def _vllm(r: Resolved, version: str | None, subtract_cudagraphs: bool) -> ServeResult:
     d = decide(r, version=version or r.scenario.serve.vllm_version, subtract_cudagraphs=subtract_cudagraphs)
     peak = Moment("serve")
     peak.add(K.PARAMETERS, d.parameters_bytes)
@@ -64,4 +86,32 @@ def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = F
         num_gpu_blocks=d.num_gpu_blocks, max_concurrency=int(d.max_concurrency),
         max_model_len_that_fits=d.max_model_len_that_fits, requested_bytes=d.requested_bytes,
         non_kv_bytes=d.non_kv_bytes, max_model_len=d.max_model_len, starts=d.starts, assumptions=assumptions,
+        engine="vllm", weights_bytes=d.weights_bytes, kv_cache_tokens=d.kv_cache_tokens,
+        blocks_per_request=d.blocks_per_request, problem=d.problem, fix=d.fix,
+    )
+
+
+def _sglang(r: Resolved) -> ServeResult:
+    """SGLang's start-up as the report's moment: weights, the token pool and the request-to-token table.
+
+    Activations and CUDA graphs live in the reserve SGLang leaves outside ``mem_fraction_static``; SGLang
+    does not profile them and neither does this model (an assumption of the decision)."""
+    d = decide_sglang(r)
+    peak = Moment("serve")
+    peak.add(K.PARAMETERS, d.parameters_bytes)
+    peak.add(K.ROTARY_CACHE, d.rotary_cache_bytes)
+    peak.add(K.KV_BLOCKS, d.kv_cache_bytes, blocks=d.num_pages, block_size=d.page_size)
+    peak.add(K.REQ_TO_TOKEN, d.req_to_token_bytes)
+    outside = {"cuda_context": d.cuda_context_bytes, "workspaces": 0, "communication": d.nccl_bytes, "managed": 0}
+    assumptions = list(d.assumptions)
+    if d.problem:
+        assumptions.insert(0, f"SGLang would not start: {d.problem}" + (f" (change {d.fix})" if d.fix else ""))
+    largest = min(r.model.max_position_embeddings, d.max_total_num_tokens)
+    return ServeResult(
+        peak=peak, moments=[peak], decision=d, outside=outside, kv_cache_bytes=d.kv_cache_bytes,
+        num_gpu_blocks=d.num_pages, max_concurrency=int(d.max_concurrency), max_model_len_that_fits=largest,
+        requested_bytes=d.static_budget_bytes, non_kv_bytes=d.weights_bytes, max_model_len=d.context_len,
+        starts=d.starts, assumptions=assumptions, engine="sglang", weights_bytes=d.weights_bytes,
+        kv_cache_tokens=d.max_total_num_tokens, blocks_per_request=ceil_div(d.context_len, d.page_size),
+        problem=d.problem, fix=d.fix,
     )

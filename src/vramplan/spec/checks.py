@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from vramplan.errors import Problem
+from vramplan.facts.transformers import first_release, release_tuple
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -45,10 +46,21 @@ def _section_settings(s: Scenario, section: str) -> list[str]:
 
 
 def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """Settings that cannot hold together in any input: expert parallelism on a model with no experts.
+    """Settings that cannot hold together in any input: expert parallelism on a model with no experts, a
+    transformers release older than the model's family.
     (A task's section given for another task is refused where options are typed, ``section_conflicts``, and
     stated as an assumption for a document, ``ignored_sections``.)"""
     out: list[Problem] = []
+    first = first_release(m.model_type)
+    if s.software.transformers is not None and first is not None \
+            and release_tuple(s.software.transformers) < release_tuple(first):
+        major_minor = ".".join(first.split(".")[:2])
+        out.append(Problem(
+            "software.transformers",
+            f"transformers {s.software.transformers} has no built-in {m.model_type!r} model for {m.name}: the type "
+            f"first shipped in transformers {first} (facts/data/transformers_model_types.json, read off the release "
+            "wheels), and vramplan models transformers' own code, never a repository's remote code",
+            f"set software.transformers to {major_minor} or later, or drop it for the current release's behaviour"))
     if s.parallel.ep > 1 and m.moe is None:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))

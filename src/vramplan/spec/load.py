@@ -21,7 +21,7 @@ from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
-from vramplan.spec.scenario import Peft, Scenario, TrainQuant
+from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
 
 __all__ = [
     "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES", "Resolved",
@@ -274,7 +274,14 @@ def _model_in(annotation: Any) -> Any:
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
     return [*_parallel_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
-            *_block_fp8_problems(s, m)]
+            *_block_fp8_problems(s, m), *_engine_problems(s)]
+
+
+def _engine_problems(s: Scenario) -> list[Problem]:
+    """A serve option of one engine set for another (``spec.scenario.engine_option_problems``)."""
+    if s.task != "serve":
+        return []
+    return [Problem(where, what, hint) for where, what, hint in engine_option_problems(s.serve)]
 
 
 def _block_fp8_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

@@ -38,6 +38,7 @@ def _vllm_release(value: str) -> str:
 
 # a vLLM release string from facts/vllm_releases.py OLDEST to NEWEST ("0.11", "0.10.2", "0.8.5.post1")
 VllmVersion = Annotated[str, AfterValidator(_vllm_release)]
+ServeEngine = Literal["vllm", "sglang", "llamacpp"]
 CudaModuleLoading = Literal["lazy", "eager"]
 DeepSpeedCheckpointing = Literal["none", "partition", "partition+cpu"]
 LoadDtype = Literal["auto", "fp32"]
@@ -219,8 +220,43 @@ class Speculative(_Strict):
     """Tokens proposed per step."""
 
 
+# Options one serving engine has and the other does not, with the other engine's option for the same thing
+# (vLLM's EngineArgs / SGLang's ServerArgs): a scenario that sets one for the wrong engine is refused.
+VLLM_ONLY_OPTIONS: dict[str, str] = {
+    "gpu_memory_utilization": "mem_fraction_static", "block_size": "page_size",
+    "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
+    "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
+    "max_lora_rank": "", "speculative": "",
+}
+SGLANG_ONLY_OPTIONS: dict[str, str] = {
+    "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
+    "max_running_requests": "max_num_seqs", "chunked_prefill_size": "max_num_batched_tokens",
+    "sglang_version": "vllm_version", "cuda_graph_max_bs": "",
+}
+
+
+def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
+    """(where, what, hint) for each serve option set for an engine that does not have it, the hint naming
+    the option that engine uses (checked with the model, ``spec.load.cross_check``).
+
+    An option counts as set when the scenario gives it a value other than its default, so that a scenario
+    dumped with every field (``model_dump``) checks again."""
+    if sv.engine == "llamacpp":
+        return []
+    wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
+    fields = type(sv).model_fields
+    given = {k for k in sv.model_fields_set & wrong.keys() if getattr(sv, k) != fields[k].default}
+    out = []
+    for key in sorted(given):
+        instead = f"{name} uses serve.{wrong[key]} instead" if wrong[key] else f"{name} has no such option here"
+        other = "vLLM" if name == "SGLang" else "SGLang"
+        out.append((f"serve.{key}", f"is an option of {other}, not of engine {sv.engine}", f"remove it; {instead}"))
+    return out
+
+
 class Serve(_Strict):
-    """A vLLM engine after start-up: weights, profiling peak, CUDA graphs and the KV block pool."""
+    """A serving engine after start-up (vLLM, or SGLang with ``engine: sglang``): weights, profiling peak, CUDA
+    graphs and the KV block pool."""
 
     max_model_len: int | None = Field(None, ge=1, le=100_000_000)
     """Max tokens per request (vLLM's max_model_len); null means the model's context length."""
@@ -271,6 +307,30 @@ class Serve(_Strict):
 
     speculative: Speculative | None = None
     """Speculative decoding: method, model, num_speculative_tokens; null: off."""
+
+    engine: ServeEngine = "vllm"
+    """The serving engine whose start-up is modelled: vllm (default) or sglang; llamacpp is not modelled yet
+    (docs/serving.md)."""
+
+    sglang_version: str = "0.5.3"
+    """SGLang release (engine sglang): any release from 0.4.0 to 0.5.x; one between two modelled behaviours
+    uses the nearest earlier one and says so (serve/sglang.py ``SGLANG_BEHAVIOURS``)."""
+
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1)
+    """SGLang's share of the memory free at start for weights and the KV pool (engine sglang); null means
+    SGLang's default for the release, GPU and tp."""
+
+    page_size: int | None = Field(None, ge=1, le=1024)
+    """Tokens per page of SGLang's pool (engine sglang); null means 1, SGLang's default."""
+
+    chunked_prefill_size: int | None = Field(None, ge=1, le=100_000_000)
+    """Tokens per prefill chunk (engine sglang); null means SGLang's default for the GPU."""
+
+    cuda_graph_max_bs: int | None = Field(None, ge=1, le=100_000)
+    """Largest batch SGLang captures a CUDA graph for (engine sglang); null means its default for the GPU."""
+
+    max_running_requests: int | None = Field(None, ge=1, le=1_000_000)
+    """Requests SGLang runs at once (engine sglang); null means its default from the pool size."""
 
 
 class Parallel(_Strict):
@@ -368,6 +428,13 @@ class Lifecycle(_Strict):
     DeepSpeed with ``stage3_gather_16bit_weights_on_model_save`` is full_offload: each module's parameters
     are gathered in turn (``DeepSpeedEngine._zero3_consolidated_16bit_state_dict``)."""
 
+    save_optimizer: bool = True
+    """The saved checkpoint holds the optimizer's state too (the HF Trainer's checkpoints unless
+    save_only_model=True, Lightning's); false for a model-only save (the Trainer's final save_model).
+
+    Under state_dict_type full the optimizer's full state dict is gathered on the GPU after the model's
+    (FSDP ``FullOptimStateDictConfig`` defaults to ``offload_to_cpu=False``; analytic/lifecycle/save.py)."""
+
 
 def _version(text: str | None) -> tuple[int, ...] | None:
     """A release string as a comparable tuple: "4.43.2" -> (4, 43, 2); None stays None."""
@@ -400,7 +467,8 @@ class Software(_Strict):
     per expert; LoRA on the experts then goes through peft's ``ParamWrapper`` instead of per-expert
     ``lora.Linear`` layers (analytic/layout.py ``lora_targets``).  Hugging Face ``generate`` before 4.42
     kept the previous step's cache alive while building the next one, and before 4.45 computed the logits
-    of every prompt position (analytic/inference.py ``GenerateBehaviour``)."""
+    of every prompt position (analytic/inference.py ``GenerateBehaviour``).  A release older than the
+    model's family (its first release, facts/data/transformers_model_types.json) is refused."""
 
     @property
     def fused_moe_experts(self) -> bool:
@@ -456,7 +524,7 @@ class Scenario(_Strict):
     """The generate call (task inference)."""
 
     serve: Serve = Field(default_factory=Serve)
-    """The vLLM engine (task serve)."""
+    """The serving engine (task serve): vLLM, or SGLang with serve.engine."""
 
     parallel: Parallel = Field(default_factory=Parallel)
     """Parallelism degrees, sharding and offload."""

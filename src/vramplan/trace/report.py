@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from vramplan.alloc import AllocEvent, replay
 from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
-from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock
+from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock, managed_in_capacity
 from vramplan.report.band import with_band
 from vramplan.spec.load import Resolved
 from vramplan.trace.tracker import TrackEvent
@@ -165,8 +165,12 @@ def to_report(r: Resolved, events: list[TrackEvent], marks: list[tuple[int, str]
     reserved = max(reserved, pk.allocated_bytes)
     outside = {"cuda_context": cuda_context_bytes(r.gpu), "workspaces": 0,
                "communication": nccl_bytes(communicators), "managed": managed_bytes}
-    used = reserved + sum(outside.values())
     capacity = r.gpu.total_memory_bytes
+    outside, paged_out = managed_in_capacity(outside, reserved, capacity)
+    host = host or Host()
+    if paged_out:
+        host = host.model_copy(update={"managed_paged_out_bytes": paged_out})
+    used = reserved + sum(outside.values())
     breakdown = pk.breakdown
     per_gpu = PerGpu(
         capacity_bytes=capacity, peak_allocated_bytes=sum(breakdown.values()), peak_reserved_bytes=reserved,
@@ -174,7 +178,7 @@ def to_report(r: Resolved, events: list[TrackEvent], marks: list[tuple[int, str]
         breakdown_detail=pk.detail, outside_allocator=outside, phases=pk.phases,
     )
     report = Report(
-        engine="trace", fits=used <= capacity, per_gpu=per_gpu, host=host or Host(), serve=ServeBlock(),
+        engine="trace", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=ServeBlock(),
         assumptions=[*r.assumptions, *assumptions], scenario=r.scenario.model_dump(mode="json"),
         model=r.model.summary(),
         gpu={"name": r.gpu.name, "total_memory_bytes": capacity},

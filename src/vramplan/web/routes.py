@@ -205,9 +205,11 @@ def build_app(settings: WebSettings) -> FastAPI:
         def go() -> dict[str, Any]:
             sr = run_serve(resolve(doc), subtract_cudagraphs=subtract_cudagraphs)
             d = sr.decision
-            # the document of `vramplan serve --json` (cli/serve_cmd.py)
-            return {"vllm": d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
-                    "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes}
+            # the document of `vramplan serve --json` (cli/serve_cmd.py serve_document): the decision under
+            # the engine's name ("vllm" or "sglang")
+            return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
+                    "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes,
+                    "engine": sr.engine}
 
         return _json(await run(go))
 

@@ -128,6 +128,10 @@ def _assumptions(c: StepContext) -> list[str]:
                    "_full_post_state_dict_hook clones without offload_to_cpu; accelerate's and Lightning's "
                    "FullStateDictConfig(offload_to_cpu=True, rank0_only=True); DeepSpeed save_checkpoint); an unsharded "
                    "one is written from its parameters' storage (docs/lifecycle.md)")
+        if state_dict_type(c) == "full" and c.framework != "deepspeed" and lc.save_optimizer:
+            out.append("lifecycle, checkpoint save: the optimizer is saved after the model with the same type, "
+                       "its full state dict gathered on the GPU (FullOptimStateDictConfig defaults to "
+                       "offload_to_cpu=False; FSDP _allgather_orig_param_states); the save peaks at the larger gather")
     out.append("lifecycle: the job's reserved bytes are the largest phase's (the load replayed through the "
                "allocator, other phases packed); blocks cached by earlier phases are assumed reused")
     return out

@@ -18,6 +18,16 @@ state-dict type (``lifecycle.state_dict_type``):
 
 The default is full_offload, sharded under torchtitan and DeepSpeed (whose ``save_checkpoint`` the HF
 Trainer calls; ``stage3_gather_16bit_weights_on_model_save`` is off by default).
+
+The optimizer is saved after the model (HF Trainer ``_save_checkpoint``: ``save_model``, then
+``_save_optimizer_and_scheduler``; Lightning's checkpoint holds both), with the same state-dict type.  Under
+``full`` its states are gathered too and kept on the GPU: FSDP's ``FullOptimStateDictConfig`` defaults to
+``offload_to_cpu=False, rank0_only=False`` (torch ``distributed/fsdp/api.py``), and
+``FSDP.optim_state_dict`` all-gathers each flat parameter's states into one buffer before splitting them
+per parameter (``distributed/fsdp/_optim_utils.py`` ``_allgather_orig_param_states``; FSDP2's
+``get_optimizer_state_dict(full_state_dict=True)`` calls ``full_tensor()`` per state likewise).  The
+model's state dict is out of scope by then, so the save peaks at the larger of the two gathers.  DeepSpeed
+writes each rank's optimizer partition (``zero_pp_rank_*_optim_states.pt``): nothing gathered.
 """
 
 from __future__ import annotations
@@ -55,5 +65,22 @@ def save_phase(c: StepContext, resident: Moment) -> Moment:
     kind = state_dict_type(c)
     if kind == "sharded":
         return out
-    whole, unit = _full_bytes(c, rank_tensors(c))
-    return out.add(K.SAVE_GATHERED, whole + unit if kind == "full" else unit)
+    tensors = rank_tensors(c)
+    whole, unit = _full_bytes(c, tensors)
+    model = out.copy("checkpoint save").add(K.SAVE_GATHERED, whole + unit if kind == "full" else unit)
+    if kind != "full" or c.framework == "deepspeed" or not c.s.lifecycle.save_optimizer:
+        return model
+    optim = out.add(K.SAVE_OPTIM_GATHERED, _full_optimizer_bytes(c, resident, tensors, whole, unit))
+    return optim if optim.total > model.total else model
+
+
+def _full_optimizer_bytes(c: StepContext, resident: Moment, tensors: tuple[LoadTensor, ...], whole: int,
+                          unit: int) -> int:
+    """The unsharded optimizer states (this rank's partition x the optimizer shards) plus one unit's
+    states in the all-gather buffer; a unit's share of the states is its share of the parameter bytes."""
+    states = sum(resident.parts.get(K.OPTIMIZER_STATES.part, {}).values()) * c.shards[0]
+    if c.peft is not None or whole == 0:
+        # adapters: a unit's share of the parameter bytes is not its share of the adapter states; the
+        # gather buffer of one layer's adapter states (about 1/layers of ``states``) is left out
+        return states
+    return states + states * unit // whole

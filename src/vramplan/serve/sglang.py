@@ -1,0 +1,455 @@
+"""How SGLang decides its KV-cache pool at start-up, term by term, by release.
+
+SGLang sizes its token pool from a fraction of the memory that was free when it started,
+not from the device's total (``python/sglang/srt/model_executor/model_runner.py``,
+``init_torch_distributed``, ``profile_max_num_token`` and ``init_memory_pool``, unchanged in
+this respect from 0.4.0 to 0.5.x):
+
+1. After torch.distributed (and, with tp > 1, NCCL and the custom all-reduce) is set up,
+   ``total_gpu_memory`` = the free memory in GiB (``get_available_gpu_memory``:
+   ``torch.cuda.mem_get_info()`` after ``empty_cache``; the minimum over the ranks).
+   The log prints it as "Load weight begin. avail mem=... GB".
+2. The weights are loaded ("Load weight end. ... avail mem=... GB").
+3. ``rest_memory = available_gpu_memory - total_gpu_memory * (1 - mem_fraction_static)``
+   and ``max_total_num_tokens = int(rest_memory * 2**30 // cell_size)``, where
+   ``cell_size`` is what one token costs over all layers of one rank:
+   ``kv_heads_per_rank x head_dim x layers x 2 (K, V) x element size`` for MHA/GQA and
+   ``(kv_lora_rank + qk_rope_head_dim) x layers x element size`` for MLA (one latent, no
+   separate V).  So the pool is ``mem_fraction_static x free - weights``: the fraction
+   covers weights and KV; the rest (``1 - mem_fraction_static``) is left for activations,
+   CUDA graphs and the request-to-token table.
+4. ``max_total_num_tokens`` is rounded down to a multiple of ``page_size``; if it is <= 0
+   start-up fails with ``RuntimeError("Not enough memory. Please try to increase
+   --mem-fraction-static.")``.
+5. ``max_num_reqs = min(max(int(tokens / context_len * 512), 2048), 4096)`` sizes the
+   ``ReqToTokenPool`` (``(max_num_reqs + 1) x (context_len + 4)`` int32, allocated from the
+   reserve), and the scheduler runs at most ``min(tokens // 2, max_num_reqs)`` requests
+   (``tp_worker.py``).  A request may hold up to ``min(context_len, tokens) - 1`` input
+   tokens (``scheduler.py``, ``max_req_input_len``): SGLang starts even when one request of
+   ``context_len`` does not fit.
+6. The radix (prefix) cache keeps evicted sequences' pages in the same pool: it has no memory
+   of its own.
+
+What differs between releases is how ``mem_fraction_static``, ``chunked_prefill_size`` and
+``cuda_graph_max_bs`` are defaulted (``python/sglang/srt/server_args.py``); see
+``SGLANG_BEHAVIOURS``.  Worked example (docs.sglang.ai "Quick Start: Sending Requests",
+2025-01-23, SGLang 0.4.1, Llama-3.1-8B on an H100, default fraction 0.88 at tp 1):
+free 78.81 GiB, after weights 63.72 GiB: 63.72 - 78.81 x 0.12 = 54.26 GiB;
+cell 8 x 128 x 32 x 2 x 2 B = 131,072 B: 54.26 x 2**30 / 131,072 = 444,5xx tokens; the log
+prints max_total_num_tokens=444500.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
+from vramplan.errors import Problem, ScenarioError
+from vramplan.serve.vllm import serve_weights_bytes
+from vramplan.spec.load import Resolved
+from vramplan.spec.model import ModelSpec
+from vramplan.units import GiB, MiB, dtype_bits
+
+__all__ = [
+    "DEFAULT_SGLANG_VERSION",
+    "NOT_ENOUGH_MEMORY",
+    "SGLANG_BEHAVIOURS",
+    "SglangBehaviour",
+    "SglangDecision",
+    "behaviour_for",
+    "cell_size_bytes",
+    "decide_sglang",
+    "default_settings",
+    "rotary_cache_bytes_sglang",
+]
+
+# model_runner.py init_memory_pool, verbatim (0.4.0 to 0.5.x)
+NOT_ENOUGH_MEMORY = "Not enough memory. Please try to increase --mem-fraction-static."
+
+FractionRule = Literal["tp_table", "reserved_by_gpu", "reserved_by_settings"]
+
+
+@dataclass(frozen=True)
+class SglangBehaviour:
+    """How one range of SGLang releases defaults its start-up settings, with the source it was read from."""
+
+    release: str  # the first release with this behaviour
+    fraction_rule: FractionRule
+    sources: tuple[str, ...]
+
+
+SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
+    SglangBehaviour(
+        release="0.4.0", fraction_rule="tp_table",
+        sources=(
+            ("python/sglang/srt/server_args.py ServerArgs.__post_init__ (0.4.x): 'Set mem fraction static, which "
+             "depends on the tensor parallelism size': 0.79 at tp >= 16, 0.81 at tp >= 8, 0.85 at tp >= 4, 0.87 at "
+             "tp >= 2, else 0.88; chunked_prefill_size 2048 below 25,000 MiB, else 8192; cuda_graph_max_bs 8 "
+             "(tp < 4) or 80 below 25,000 MiB, else 160"),
+            ("checked against docs.sglang.ai logs of January-May 2025 (mem_fraction_static=0.88 at tp 1; 0.85 "
+             "at tp 4 with chunked_prefill_size=2048 and cuda_graph_max_bs=80 on 24 GB L4s)"),
+        ),
+    ),
+    SglangBehaviour(
+        release="0.4.7", fraction_rule="reserved_by_gpu",
+        sources=(
+            ("sgl-project/sglang PR #7054 'Simplify the heuristics for setting --mem-fraction-static' (merged "
+             "2025-06-10), server_args.py __post_init__: reserved = (2.8 + tp*pp/10) GiB below 35 GiB, "
+             "(9.5 + tp*pp/2) GiB below 90 GiB, (12 + tp*pp/2) GiB below 160 GiB, else 32 GiB; +2 GiB with "
+             "speculative decoding, +4 GiB with DP attention; fraction = round((gpu_mem - reserved) / gpu_mem, 3); "
+             "chunked_prefill_size 2048 below 35 GiB, 8192 below 160 GiB, else 16384"),
+            ("first release taken as 0.4.7, inferred from the merge date (the tags were not read); checked against "
+             "the docs.sglang.ai log "
+             "of 2025-06-16 (mem_fraction_static=0.874 on an 80 GB H100 at tp 1 = (81559 - 10240) / 81559)"),
+        ),
+    ),
+    SglangBehaviour(
+        release="0.5.3", fraction_rule="reserved_by_settings",
+        sources=(
+            ("sgl-project/sglang PR #10975 'Use more general heuristics to set the default value of "
+             "--mem-fraction-static' (merged 2025-09-27) and #11076 (2025-09-30), server_args.py "
+             "_handle_gpu_memory_settings: chunked_prefill_size and cuda_graph_max_bs by GPU memory (2048/8 below "
+             "20 GiB; 2048/24 or 80 below 35 GiB; 4096/32 or 160 below 60 GiB; 8192/256 or 512 below 160 GiB; "
+             "16384/512 above; the second figure at tp >= 4), then reserved = 512 MiB + max(chunked_prefill_size, "
+             "2048) x 1.5 MiB + cuda_graph_max_bs x 2 MiB + tp*pp/8 GiB, at least 10 GiB above 60 GiB, +2 GiB with "
+             "EAGLE-style speculative decoding; fraction = round((gpu_mem - reserved) / gpu_mem, 3)"),
+            "first release taken as 0.5.3, inferred from the merge dates (the tags were not read)",
+        ),
+    ),
+)
+DEFAULT_SGLANG_VERSION = SGLANG_BEHAVIOURS[-1].release
+# the newest minor series whose server_args.py was read; later series are refused rather than guessed
+_NEWEST_SERIES = (0, 5)
+_RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.\-+]?(?:post|rc|dev)\d*)*$")
+
+
+def _parse(release: str) -> tuple[int, int, int] | None:
+    m = _RELEASE.match(release.strip())
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def behaviour_for(release: str) -> tuple[SglangBehaviour, str]:
+    """The modelled behaviour of ``release`` (the nearest earlier modelled one) and a sentence saying which.
+
+    Refuses a string that is not a release, a release before the first modelled one and a minor series
+    after the newest one read."""
+    first, newest = SGLANG_BEHAVIOURS[0].release, f"{_NEWEST_SERIES[0]}.{_NEWEST_SERIES[1]}.x"
+    modelled = f"modelled: SGLang {first} to {newest}"
+    v = _parse(release)
+    if v is None:
+        raise ScenarioError([Problem("serve.sglang_version", f"{release!r} is not an SGLang release",
+                                     f"give a release such as {DEFAULT_SGLANG_VERSION} ({modelled})")])
+    if v < (_parse(first) or (0, 0, 0)) or v[:2] > _NEWEST_SERIES:
+        raise ScenarioError([Problem("serve.sglang_version", f"SGLang {release} is outside the modelled range",
+                                     f"{modelled}; choose a release in that range")])
+    chosen = [b for b in SGLANG_BEHAVIOURS if (_parse(b.release) or (0, 0, 0)) <= v][-1]
+    if (_parse(chosen.release) or (0, 0, 0)) == v:
+        return chosen, f"SGLang {release}: behaviour of {chosen.release}"
+    return chosen, f"SGLang {release}: behaviour of {chosen.release}, the nearest earlier modelled release"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """SGLang's memory settings after its defaults are applied (``server_args.py``)."""
+
+    mem_fraction_static: float
+    fraction_given: bool
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+    reserved_mib: float | None  # the heuristic's reserve, when the fraction was defaulted by one
+
+
+def _bucket_defaults(rule: FractionRule, gpu_mib: float, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) of the release's rule, by GPU memory (MiB) and tp."""
+    small_tp = tp < 4
+    if rule == "tp_table":
+        if gpu_mib < 25_000:
+            return 2048, 8 if small_tp else 80
+        return 8192, 160
+    if rule == "reserved_by_gpu":
+        chunk = 2048 if gpu_mib < 35 * 1024 else 8192 if gpu_mib < 160 * 1024 else 16384
+        return chunk, (8 if small_tp else 80) if gpu_mib < 35 * 1024 else 160
+    if gpu_mib < 20 * 1024:
+        return 2048, 8
+    if gpu_mib < 35 * 1024:
+        return 2048, 24 if small_tp else 80
+    if gpu_mib < 60 * 1024:
+        return 4096, 32 if small_tp else 160
+    if gpu_mib < 160 * 1024:
+        return 8192, 256 if small_tp else 512
+    return 16384, 512
+
+
+def _tp_table_fraction(tp: int) -> float:
+    for at_least, fraction in ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87)):
+        if tp >= at_least:
+            return fraction
+    return 0.88
+
+
+def _reserved_mib(rule: FractionRule, gpu_mib: float, parallel: int, chunk: int, graph_bs: int) -> float:
+    """The reserve (MiB) the release's heuristic keeps out of ``mem_fraction_static`` (module table)."""
+    if rule == "reserved_by_gpu":
+        if gpu_mib < 35 * 1024:
+            return (2.8 + parallel / 10) * 1024
+        if gpu_mib < 90 * 1024:
+            return (9.5 + parallel / 2) * 1024
+        if gpu_mib < 160 * 1024:
+            return (12 + parallel / 2) * 1024
+        return 32.0 * 1024
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + parallel / 8 * 1024
+    return max(reserved, 10.0 * 1024) if gpu_mib > 60 * 1024 else reserved
+
+
+def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: int = 1,
+                     fraction: float | None = None, chunked_prefill_size: int | None = None,
+                     cuda_graph_max_bs: int | None = None) -> Settings:
+    """``mem_fraction_static``, ``chunked_prefill_size`` and ``cuda_graph_max_bs`` as the release defaults them.
+
+    ``gpu_mem`` is read by SGLang from nvidia-smi's memory.total in MiB; the GPU's total memory in MiB is
+    used here (nvidia-smi's figure is a few hundred MiB higher on data-centre cards: the fraction moves by
+    less than 0.001).  Given values win, as in SGLang."""
+    gpu_mib = gpu_total_bytes / MiB
+    d_chunk, d_bs = _bucket_defaults(beh.fraction_rule, gpu_mib, tp)
+    chunk = chunked_prefill_size if chunked_prefill_size is not None else d_chunk
+    graph_bs = cuda_graph_max_bs if cuda_graph_max_bs is not None else d_bs
+    if fraction is not None:
+        return Settings(fraction, True, chunk, graph_bs, None)
+    if beh.fraction_rule == "tp_table":
+        return Settings(_tp_table_fraction(tp), False, chunk, graph_bs, None)
+    reserved = _reserved_mib(beh.fraction_rule, gpu_mib, tp * pp, chunk, graph_bs)
+    return Settings(round((gpu_mib - reserved) / gpu_mib, 3), False, chunk, graph_bs, reserved)
+
+
+def cell_size_bytes(m: ModelSpec, tp: int, elem_bytes: int) -> int:
+    """Bytes one token takes in the pool of one rank (``profile_max_num_token``'s ``cell_size``).
+
+    MHA/GQA: ``max(1, kv_heads // tp) x head_dim x layers x 2 x elem`` (``get_num_kv_heads``
+    replicates a head when tp exceeds the heads).  MLA: ``(kv_lora_rank + qk_rope_head_dim) x
+    layers x elem``.  Llama-3.1-8B, bf16, tp 1: 8 x 128 x 32 x 2 x 2 = 131,072 B."""
+    if m.mla is not None:
+        return (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * m.num_layers * elem_bytes
+    return max(1, m.num_kv_heads // tp) * m.head_dim * m.num_layers * 2 * elem_bytes
+
+
+def rotary_cache_bytes_sglang(m: ModelSpec) -> int:
+    """SGLang's rotary ``cos_sin_cache``: ``max_position x rotary_dim`` kept in fp32 on CUDA.
+
+    ``python/sglang/srt/layers/rotary_embedding.py`` ``RotaryEmbedding.__init__`` casts the cache to the
+    model dtype only off CUDA (the sgl-kernel rope reads fp32 cos/sin).  Llama-3.1-8B: 131,072 x 128 x 4 B
+    = 64 MiB."""
+    if m.position != "rope":
+        return 0
+    rot = m.mla.qk_rope_head_dim if m.mla is not None else m.head_dim
+    return m.max_position_embeddings * rot * 4
+
+
+@dataclass
+class SglangDecision:
+    """SGLang's start-up decision on one GPU (rank) of the job, and what it implies."""
+
+    release: str
+    behaviour: str
+    model: str
+    gpu: str
+    tp: int
+    total_memory_bytes: int
+    cuda_context_bytes: int
+    nccl_bytes: int
+    free_at_start_bytes: int
+    mem_fraction_static: float
+    fraction_given: bool
+    reserved_heuristic_bytes: int | None
+    parameters_bytes: int
+    rotary_cache_bytes: int
+    weights_bytes: int
+    static_budget_bytes: int  # mem_fraction_static x free at start: weights + KV pool
+    cell_size_bytes: int
+    page_size: int
+    max_total_num_tokens: int
+    kv_cache_bytes: int
+    context_len: int
+    max_num_reqs: int
+    max_running_requests: int
+    req_to_token_bytes: int
+    reserve_bytes: int  # (1 - mem_fraction_static) x free at start: activations, CUDA graphs, tables
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+    max_req_input_len: int
+    max_concurrency: float
+    starts: bool
+    problem: str = ""
+    fix: str = ""
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def num_pages(self) -> int:
+        return self.max_total_num_tokens // self.page_size
+
+    @property
+    def device_used_bytes(self) -> int:
+        """What is held once started, activations and CUDA graphs apart: context, NCCL, weights, pool, table."""
+        return (self.cuda_context_bytes + self.nccl_bytes + self.weights_bytes + self.kv_cache_bytes
+                + self.req_to_token_bytes)
+
+    def log_lines(self) -> list[str]:
+        """The start-up lines SGLang would print, for comparison with a real log."""
+        def g(n: int) -> str:
+            return f"{n / GiB:.2f}"
+        half = self.kv_cache_bytes // 2
+        out = [
+            f"Load weight begin. avail mem={g(self.free_at_start_bytes)} GB",
+            (f"Load weight end. avail mem={g(self.free_at_start_bytes - self.weights_bytes)} GB, "
+             f"mem usage={g(self.weights_bytes)} GB."),
+        ]
+        if self.starts:
+            out.append(f"KV Cache is allocated. #tokens: {self.max_total_num_tokens}, K size: {g(half)} GB, "
+                       f"V size: {g(half)} GB")
+            out.append(f"max_total_num_tokens={self.max_total_num_tokens}, chunked_prefill_size="
+                       f"{self.chunked_prefill_size}, max_running_requests={self.max_running_requests}, "
+                       f"context_len={self.context_len}")
+        if self.problem:
+            out.append(f"RuntimeError: {self.problem}")
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "sglang_version": self.release, "sglang_behaviour_modelled": self.behaviour, "model": self.model,
+            "gpu": self.gpu, "tp": self.tp, "total_memory_bytes": self.total_memory_bytes,
+            "cuda_context_bytes": self.cuda_context_bytes, "nccl_bytes": self.nccl_bytes,
+            "free_at_start_bytes": self.free_at_start_bytes, "mem_fraction_static": self.mem_fraction_static,
+            "mem_fraction_static_given": self.fraction_given,
+            "reserved_heuristic_bytes": self.reserved_heuristic_bytes,
+            "parameters_bytes": self.parameters_bytes, "rotary_cache_bytes": self.rotary_cache_bytes,
+            "weights_bytes": self.weights_bytes, "static_budget_bytes": self.static_budget_bytes,
+            "cell_size_bytes": self.cell_size_bytes, "page_size": self.page_size,
+            "max_total_num_tokens": self.max_total_num_tokens, "num_pages": self.num_pages,
+            "kv_cache_bytes": self.kv_cache_bytes, "context_len": self.context_len,
+            "max_num_reqs": self.max_num_reqs, "max_running_requests": self.max_running_requests,
+            "req_to_token_bytes": self.req_to_token_bytes, "reserve_bytes": self.reserve_bytes,
+            "chunked_prefill_size": self.chunked_prefill_size, "cuda_graph_max_bs": self.cuda_graph_max_bs,
+            "max_req_input_len": self.max_req_input_len, "max_concurrency": round(self.max_concurrency, 4),
+            "starts": self.starts, "problem": self.problem, "fix": self.fix,
+            "device_used_bytes": self.device_used_bytes, "assumptions": list(self.assumptions),
+        }
+
+
+def _refusals(r: Resolved) -> list[Problem]:
+    """What this model of SGLang does not cover, refused rather than answered wrongly."""
+    s = r.scenario
+    problems: list[Problem] = []
+    if s.parallel.pp > 1:
+        problems.append(Problem("parallel.pp", "pipeline parallelism is not modelled for SGLang",
+                                "use parallel.tp, or engine vllm"))
+    if s.serve.max_model_len and s.serve.max_model_len > r.model.max_position_embeddings:
+        # model_config.py: "User-specified context_length (...) is greater than the derived context_length (...)"
+        # is a ValueError unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1
+        problems.append(Problem("serve.max_model_len", f"context length {s.serve.max_model_len} is greater than the "
+                                f"model's {r.model.max_position_embeddings}",
+                                f"use serve.max_model_len <= {r.model.max_position_embeddings} (SGLang refuses it "
+                                "unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)"))
+    if s.serve.kv_cache_dtype == "int8":
+        problems.append(Problem("serve.kv_cache_dtype", "SGLang has no int8 KV cache",
+                                "use auto, fp16, bf16 or fp8 (SGLang's fp8_e4m3 / fp8_e5m2)"))
+    return problems
+
+
+def _kv_elem_bytes(r: Resolved) -> int:
+    kv, c = r.scenario.serve.kv_cache_dtype, dtype_bits(r.scenario.serve.dtype) // 8
+    return {"auto": c, "fp16": 2, "bf16": 2, "fp8": 1}[kv]
+
+
+def _fix(w: int, cell: int, page: int, free: int) -> str:
+    """The change that makes SGLang start: the fraction that leaves one page of tokens, else more GPUs."""
+    needed = (w + cell * page) / free if free > 0 else 2.0
+    if needed < 0.99:
+        return f"serve.mem_fraction_static >= {int(needed * 100 + 1) / 100:.2f}"
+    return "raise parallel.tp (weights per GPU exceed the fraction of free memory) or quantize the weights"
+
+
+def _problem(free: int, w: int, tokens: int, req_bytes: int, reserve: int, cell: int, page: int) -> tuple[str, str]:
+    if w > free:
+        return ((f"CUDA out of memory while loading the weights: {w / GiB:.2f} GiB on this GPU, "
+                 f"{free / GiB:.2f} GiB free"), _fix(w, cell, page, free))
+    if tokens <= 0:
+        return NOT_ENOUGH_MEMORY, _fix(w, cell, page, free)
+    if req_bytes > reserve:
+        return ((f"CUDA out of memory allocating the request-to-token table ({req_bytes / GiB:.2f} GiB) in the "
+                 f"{reserve / GiB:.2f} GiB left outside mem_fraction_static"),
+                "lower serve.mem_fraction_static, serve.max_model_len (context length) or serve.max_running_requests")
+    return "", ""
+
+
+def decide_sglang(r: Resolved) -> SglangDecision:
+    """SGLang's start-up decision for a resolved ``task: serve`` scenario with ``serve.engine: sglang``."""
+    problems = _refusals(r)
+    if problems:
+        raise ScenarioError(problems)
+    s, m, gpu = r.scenario, r.model, r.gpu
+    sv, tp = s.serve, s.parallel.tp
+    beh, which = behaviour_for(sv.sglang_version)
+    st = default_settings(beh, gpu.total_memory_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
+                          sv.chunked_prefill_size, sv.cuda_graph_max_bs)
+    ctx, comm = cuda_context_bytes(gpu), (nccl_bytes(1) if tp > 1 else 0)
+    free = gpu.total_memory_bytes - ctx - comm
+    params, _ = serve_weights_bytes(r)
+    rotary = rotary_cache_bytes_sglang(m)
+    w = params + rotary
+    cell, page = cell_size_bytes(m, tp, _kv_elem_bytes(r)), sv.page_size or 1
+    # profile_max_num_token, in SGLang's own GiB floats: rest = avail - total * (1 - fraction)
+    rest_gib = (free - w) / GiB - free / GiB * (1 - st.mem_fraction_static)
+    tokens = max(0, int(rest_gib * GiB // cell)) if w <= free else 0
+    tokens = tokens // page * page
+    context_len = sv.max_model_len or m.max_position_embeddings
+    max_num_reqs = sv.max_running_requests or min(max(int(tokens / context_len * 512), 2048), 4096)
+    # tp_worker.py: min(tokens // 2, req_to_token_pool.size), the pool holding max_num_reqs + 1 rows (logs print
+    # max_running_requests=2049 for 2048); a given max_running_requests is used as given
+    running = sv.max_running_requests or min(tokens // 2, max_num_reqs + 1)
+    req_bytes = (max_num_reqs + 1) * (context_len + 4) * 4
+    reserve = free - int(free * st.mem_fraction_static)
+    problem, fix = _problem(free, w, tokens, req_bytes, reserve, cell, page)
+    dec = SglangDecision(
+        release=sv.sglang_version, behaviour=which, model=m.name, gpu=gpu.name, tp=tp,
+        total_memory_bytes=gpu.total_memory_bytes, cuda_context_bytes=ctx, nccl_bytes=comm, free_at_start_bytes=free,
+        mem_fraction_static=st.mem_fraction_static, fraction_given=st.fraction_given,
+        reserved_heuristic_bytes=None if st.reserved_mib is None else int(st.reserved_mib * MiB),
+        parameters_bytes=params, rotary_cache_bytes=rotary, weights_bytes=w,
+        static_budget_bytes=int(free * st.mem_fraction_static), cell_size_bytes=cell, page_size=page,
+        max_total_num_tokens=tokens, kv_cache_bytes=tokens * cell,
+        context_len=context_len, max_num_reqs=max_num_reqs, max_running_requests=running,
+        req_to_token_bytes=req_bytes, reserve_bytes=reserve, chunked_prefill_size=st.chunked_prefill_size,
+        cuda_graph_max_bs=st.cuda_graph_max_bs, max_req_input_len=max(0, min(context_len, tokens) - 1),
+        max_concurrency=tokens / context_len if context_len else 0.0, starts=not problem, problem=problem, fix=fix,
+    )
+    dec.assumptions = _assumptions(r, dec, beh, st)
+    return dec
+
+
+def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Settings) -> list[str]:
+    sv, m = r.scenario.serve, r.model
+    fraction = (f"mem_fraction_static {st.mem_fraction_static} as given" if st.fraction_given else
+                f"mem_fraction_static {st.mem_fraction_static}: the default of {beh.release}'s rule "
+                f"({beh.fraction_rule})")
+    out = [
+        d.behaviour,
+        fraction,
+        (f"free memory at start = total - CUDA context {d.cuda_context_bytes / GiB:.2f} GiB"
+         + (f" - NCCL {d.nccl_bytes / GiB:.2f} GiB" if d.nccl_bytes else "")
+         + "; SGLang takes mem_fraction_static of it for weights + KV pool"),
+        (f"the reserve ({d.reserve_bytes / GiB:.2f} GiB) holds activations (chunked prefill "
+         f"{d.chunked_prefill_size} tokens), CUDA graphs (batch sizes up to {d.cuda_graph_max_bs}) and the "
+         "request-to-token table; activations and graphs are not modelled (SGLang does not profile them)"),
+        f"page size {d.page_size} token(s)" + ("" if sv.page_size else " (SGLang's default; MLA backends "
+                                                "such as flashmla use 64)"),
+        "radix (prefix) cache: shares the pool, no memory of its own",
+        "rotary cos/sin cache kept in fp32 (CUDA)",
+    ]
+    if any(la.sliding_window for la in m.layers):
+        out.append("sliding-window layers counted as full attention (SGLang's hybrid SWA pool, "
+                   "swa_full_tokens_ratio, is not modelled; SGLang disables it for Gemma-2/3 and gpt-oss)")
+    if d.max_req_input_len + 1 < d.context_len:
+        out.append(f"one request of context_len {d.context_len:,} does not fit the pool: SGLang starts and caps "
+                   f"input at {d.max_req_input_len:,} tokens")
+    return out

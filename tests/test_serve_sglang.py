@@ -1,0 +1,284 @@
+"""SGLang's start-up decision (serve/sglang.py): a hand-computed oracle, the defaults of each modelled
+release, its start-up errors, the engine's options refused for the other engine, the CLI and the web API."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from vramplan import estimate
+from vramplan.catalog.resolve import resolve
+from vramplan.cli.main import app
+from vramplan.errors import ScenarioError
+from vramplan.serve.sglang import (
+    NOT_ENOUGH_MEMORY,
+    SGLANG_BEHAVIOURS,
+    behaviour_for,
+    cell_size_bytes,
+    decide_sglang,
+    default_settings,
+)
+from vramplan.units import MiB
+
+ENV = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+runner = CliRunner()
+H100_TOTAL = 85_017_755_648  # catalog totalGlobalMem of the H100-SXM (catalog/data/gpus.json)
+
+
+def doc(model: str = "meta-llama/Llama-3.1-8B", gpu: str = "H100-SXM", tp: int = 1, **serve: Any) -> dict[str, Any]:
+    return {"model": model, "task": "serve", "hardware": {"gpu": gpu, "num_gpus": tp}, "parallel": {"tp": tp},
+            "serve": {"engine": "sglang", **serve}}
+
+
+def behaviour(release: str) -> Any:
+    return next(b for b in SGLANG_BEHAVIOURS if b.release == release)
+
+
+def test_oracle_llama31_8b_h100_release_041() -> None:
+    d = decide_sglang(resolve(doc(sglang_version="0.4.1")))
+    # free at start = total 85,017,755,648 - CUDA context 550,429,000 (catalog, Hopper) = 84,467,326,648 B
+    assert d.free_at_start_bytes == 84_467_326_648
+    # weights: 8,030,261,248 parameters x 2 B = 16,060,522,496 B + the fp32 rotary cache
+    # 131,072 positions x 128 x 4 B = 67,108,864 B  ->  16,127,631,360 B
+    assert d.weights_bytes == 16_127_631_360
+    # 0.4.x default at tp 1: 0.88. pool = 0.88 x 84,467,326,648 - 16,127,631,360 = 58,203,616,090 B;
+    # cell 8 KV heads x 128 x 32 layers x 2 x 2 B = 131,072 B -> 58,203,616,090 // 131,072 = 444,058 tokens
+    # (the published log of this setup printed 444,500: 0.1 % apart)
+    assert d.mem_fraction_static == 0.88 and d.cell_size_bytes == 131_072
+    assert d.max_total_num_tokens == 444_058 and d.kv_cache_bytes == 444_058 * 131_072
+    # max_num_reqs = min(max(int(444,058 / 131,072 x 512), 2048), 4096) = min(max(1734, 2048), 4096) = 2048;
+    # running = min(444,058 // 2, 2048 + 1) = 2049, as the logs print
+    assert d.max_num_reqs == 2048 and d.max_running_requests == 2049
+    # request table: (2048 + 1) x (131,072 + 4) x 4 B = 1,074,298,896 B
+    assert d.req_to_token_bytes == 1_074_298_896
+    # concurrency at the full context: 444,058 / 131,072 = 3.39; one request may hold 131,071 input tokens
+    assert round(d.max_concurrency, 2) == 3.39 and d.max_req_input_len == 131_071
+    assert d.starts and d.chunked_prefill_size == 8192 and d.cuda_graph_max_bs == 160
+
+
+def test_report_serve_block_carries_the_engine_and_its_numbers() -> None:
+    rep = estimate(doc(sglang_version="0.4.1"))
+    assert rep.serve.engine == "sglang" and rep.serve.starts and rep.fits
+    assert rep.serve.kv_cache_tokens == 444_058 and rep.serve.kv_cache_bytes == 444_058 * 131_072
+    assert rep.serve.num_gpu_blocks == 444_058  # pages of one token
+    assert rep.serve.max_concurrency == 3 and rep.serve.weights_bytes == 16_127_631_360
+    assert rep.per_gpu.breakdown_detail["kv_cache"]["request-to-token table"] == 1_074_298_896
+
+
+def test_vllm_stays_the_default_engine() -> None:
+    rep = estimate({"model": "meta-llama/Llama-3.1-8B", "task": "serve", "hardware": {"gpu": "H100-SXM"}})
+    assert rep.serve.engine == "vllm" and rep.serve.starts
+    assert rep.serve.kv_cache_tokens * 131_072 == rep.serve.kv_cache_bytes
+
+
+@pytest.mark.parametrize(("tp", "fraction"), [(1, 0.88), (2, 0.87), (4, 0.85), (8, 0.81), (16, 0.79)])
+def test_release_040_fraction_is_the_tp_table(tp: int, fraction: float) -> None:
+    assert default_settings(behaviour("0.4.0"), H100_TOTAL, tp).mem_fraction_static == fraction
+
+
+def test_release_047_reserves_by_gpu_memory() -> None:
+    # H100: 85,017,755,648 B = 81,079.25 MiB, below 90 GiB: reserved (9.5 + 1/2) x 1024 = 10,240 MiB;
+    # round((81,079.25 - 10,240) / 81,079.25, 3) = round(0.87370, 3) = 0.874 (docs.sglang.ai printed 0.874)
+    s = default_settings(behaviour("0.4.7"), H100_TOTAL, 1)
+    assert s.mem_fraction_static == 0.874 and s.reserved_mib == 10_240
+    # tp 8: (9.5 + 8/2) x 1024 = 13,824 MiB -> round(67,255.25 / 81,079.25, 3) = round(0.829502, 3) = 0.83
+    assert default_settings(behaviour("0.4.7"), H100_TOTAL, 8).mem_fraction_static == 0.83
+
+
+def test_release_053_reserves_by_settings() -> None:
+    # H100, tp 1: chunked prefill 8192, CUDA graphs up to 256; reserved 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024
+    # = 13,440 MiB (above the 10 GiB floor): round((81,079.25 - 13,440) / 81,079.25, 3) = round(0.83424, 3) = 0.834
+    s = default_settings(behaviour("0.5.3"), H100_TOTAL, 1)
+    assert (s.chunked_prefill_size, s.cuda_graph_max_bs, s.reserved_mib, s.mem_fraction_static) == (8192, 256, 13_440,
+                                                                                                     0.834)
+    # an L4 (23,570,219,008 B = 22,478.3 MiB, below 35 GiB): chunk 2048, graphs up to 24 at tp 1;
+    # reserved 512 + 2048 x 1.5 + 24 x 2 + 128 = 3,760 MiB -> round(18,718.3 / 22,478.3, 3) = 0.833
+    s = default_settings(behaviour("0.5.3"), 23_570_219_008, 1)
+    assert (s.chunked_prefill_size, s.cuda_graph_max_bs, s.mem_fraction_static) == (2048, 24, 0.833)
+
+
+def test_given_settings_win_over_the_defaults() -> None:
+    s = default_settings(behaviour("0.5.3"), H100_TOTAL, 1, fraction=0.7, chunked_prefill_size=4096,
+                         cuda_graph_max_bs=64)
+    assert (s.mem_fraction_static, s.fraction_given, s.chunked_prefill_size, s.cuda_graph_max_bs) == (0.7, True, 4096, 64)
+    d = decide_sglang(resolve(doc(mem_fraction_static=0.7, max_running_requests=64)))
+    assert d.mem_fraction_static == 0.7 and d.max_running_requests == 64 and d.max_num_reqs == 64
+
+
+def test_release_strings_map_to_the_nearest_earlier_behaviour() -> None:
+    assert behaviour_for("0.4.7")[0].release == "0.4.7"
+    b, said = behaviour_for("0.4.9.post2")
+    assert b.release == "0.4.7" and "nearest earlier" in said
+    assert behaviour_for("v0.5.10")[0].release == "0.5.3"
+    assert behaviour_for("0.4.3.post4")[0].release == "0.4.0"
+    for bad, text in (("0.3.6", "outside the modelled range"), ("0.6.0", "outside the modelled range"),
+                      ("latest", "is not an SGLang release")):
+        with pytest.raises(ScenarioError) as exc:
+            behaviour_for(bad)
+        p = exc.value.problems[0]
+        # the hint states the modelled range
+        assert p.where == "serve.sglang_version" and text in p.message and "SGLang 0.4.0 to 0.5.x" in p.hint
+
+
+def test_cell_sizes_mla_tp_and_fp8() -> None:
+    r = resolve(doc("deepseek-ai/DeepSeek-V2-Lite"))
+    # MLA: (kv_lora_rank 512 + qk_rope_head_dim 64) x 27 layers x 2 B = 31,104 B, the same on every rank
+    assert cell_size_bytes(r.model, 1, 2) == 31_104 == cell_size_bytes(r.model, 4, 2)
+    q = resolve(doc("Qwen/Qwen2.5-32B", tp=4)).model
+    # 8 KV heads: 8 // 4 = 2 per rank x 128 x 64 layers x 2 x 2 B = 65,536 B; at tp 16, 8 // 16 = 0 -> 1 (replicated)
+    assert cell_size_bytes(q, 4, 2) == 65_536 and cell_size_bytes(q, 16, 2) == 32_768
+    fp8 = decide_sglang(resolve(doc(kv_cache_dtype="fp8", sglang_version="0.4.1")))
+    # fp8: 1 B per element, cell 65,536 B; the same pool bytes: 58,203,616,090 // 65,536 = 888,116 tokens
+    assert fp8.cell_size_bytes == 65_536 and fp8.max_total_num_tokens == 888_116
+
+
+def test_page_size_rounds_the_pool_down() -> None:
+    d = decide_sglang(resolve(doc(sglang_version="0.4.1", page_size=64)))
+    # 444,058 // 64 = 6,938 pages x 64 = 444,032 tokens
+    assert d.max_total_num_tokens == 444_032 and d.num_pages == 6_938
+
+
+def test_not_enough_memory_quotes_sglang_and_says_what_to_raise() -> None:
+    # L4: 23,570,219,008 - context; 0.5 x free < 16.1 GB of weights -> no tokens
+    d = decide_sglang(resolve(doc(gpu="L4", mem_fraction_static=0.5)))
+    assert not d.starts and d.problem == NOT_ENOUGH_MEMORY
+    assert d.problem == "Not enough memory. Please try to increase --mem-fraction-static."
+    # the fraction that leaves one token: (16,127,631,360 + 131,072) / free, rounded up to the next hundredth
+    free = d.free_at_start_bytes
+    needed = (16_127_631_360 + 131_072) / free
+    assert d.fix == f"serve.mem_fraction_static >= {int(needed * 100 + 1) / 100:.2f}"
+    rep = estimate(doc(gpu="L4", mem_fraction_static=0.5))
+    assert not rep.fits and not rep.serve.starts and rep.serve.start_problem == NOT_ENOUGH_MEMORY
+    assert rep.serve.start_fix.startswith("serve.mem_fraction_static >= ")
+
+
+def test_weights_larger_than_the_gpu_fail_at_load() -> None:
+    d = decide_sglang(resolve(doc("meta-llama/Llama-3.1-70B")))
+    assert not d.starts and "CUDA out of memory while loading the weights" in d.problem
+    assert "raise parallel.tp" in d.fix
+
+
+@pytest.mark.parametrize(("serve", "where", "instead"), [
+    ({"gpu_memory_utilization": 0.8}, "serve.gpu_memory_utilization", "serve.mem_fraction_static"),
+    ({"block_size": 32}, "serve.block_size", "serve.page_size"),
+    ({"max_num_seqs": 64}, "serve.max_num_seqs", "serve.max_running_requests"),
+    ({"vllm_version": "0.19"}, "serve.vllm_version", "serve.sglang_version"),
+])
+def test_vllm_options_refused_with_sglang(serve: dict[str, Any], where: str, instead: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        resolve(doc(**serve))
+    p = exc.value.problems[0]
+    assert p.where == where and "not of engine sglang" in p.message and instead in p.hint
+
+
+@pytest.mark.parametrize(("serve", "where", "instead"), [
+    ({"mem_fraction_static": 0.8}, "serve.mem_fraction_static", "serve.gpu_memory_utilization"),
+    ({"page_size": 64}, "serve.page_size", "serve.block_size"),
+    ({"chunked_prefill_size": 4096}, "serve.chunked_prefill_size", "serve.max_num_batched_tokens"),
+])
+def test_sglang_options_refused_with_vllm(serve: dict[str, Any], where: str, instead: str) -> None:
+    d = doc(**serve)
+    d["serve"]["engine"] = "vllm"
+    with pytest.raises(ScenarioError) as exc:
+        resolve(d)
+    p = exc.value.problems[0]
+    assert p.where == where and "not of engine vllm" in p.message and instead in p.hint
+
+
+def test_a_dumped_scenario_checks_again() -> None:
+    # model_dump writes every field, the other engine's defaults included: they do not count as set
+    r = resolve(doc(sglang_version="0.4.1"))
+    again = resolve(r.scenario.model_dump(mode="json"))
+    assert decide_sglang(again).max_total_num_tokens == 444_058
+
+
+def test_refused_setups() -> None:
+    for serve, extra, where in (({}, {"parallel": {"tp": 1, "pp": 2}, "hardware": {"gpu": "H100-SXM", "num_gpus": 2}},
+                                 "parallel.pp"),
+                                ({"kv_cache_dtype": "int8"}, {}, "serve.kv_cache_dtype"),
+                                ({"max_model_len": 200_000}, {}, "serve.max_model_len")):
+        with pytest.raises(ScenarioError) as exc:
+            estimate({**doc(**serve), **extra})
+        assert exc.value.problems[0].where == where
+    d = doc()
+    d["serve"]["engine"] = "llamacpp"
+    with pytest.raises(ScenarioError) as exc:
+        estimate(d)
+    assert exc.value.problems[0].where == "serve.engine" and "not modelled yet" in exc.value.problems[0].message
+
+
+@settings(max_examples=25, deadline=None)
+@given(low=st.floats(0.3, 0.95), high=st.floats(0.3, 0.95))
+def test_pool_grows_with_the_fraction_and_stays_inside_it(low: float, high: float) -> None:
+    low, high = sorted((round(low, 3), round(high, 3)))
+    a = decide_sglang(resolve(doc(mem_fraction_static=low)))
+    b = decide_sglang(resolve(doc(mem_fraction_static=high)))
+    assert a.max_total_num_tokens <= b.max_total_num_tokens
+    for d in (a, b):
+        # the pool never exceeds what the fraction leaves after the weights
+        assert d.kv_cache_bytes <= max(0, d.static_budget_bytes - d.weights_bytes) + d.cell_size_bytes
+        assert d.reserve_bytes + d.static_budget_bytes == d.free_at_start_bytes
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    res = runner.invoke(app, list(args), env=ENV)
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_cli_serve_engine_sglang_json() -> None:
+    code, out, _ = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", "sglang",
+                       "--sglang-version", "0.4.1", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["engine"] == "sglang" and data["fits"] and "vllm" not in data
+    s = data["sglang"]
+    assert s["max_total_num_tokens"] == 444_058 and s["mem_fraction_static"] == 0.88 and s["starts"]
+    assert s["sglang_behaviour_modelled"].startswith("SGLang 0.4.1: behaviour of 0.4.0")
+    # the vLLM document keeps its key and gains the engine beside it
+    code, out, _ = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--json")
+    assert code == 0 and json.loads(out)["engine"] == "vllm" and "vllm" in json.loads(out)
+
+
+def test_cli_serve_engine_sglang_text_and_failure() -> None:
+    code, out, _ = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", "sglang")
+    out = " ".join(out.split())
+    assert code == 0 and "SGLang start-up memory per GPU" in out and "STARTS" in out
+    code, out, _ = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--engine", "sglang",
+                       "--mem-fraction-static", "0.5")
+    out = " ".join(out.split())
+    assert code == 1 and "WILL NOT START" in out and "Please try to increase --mem-fraction-static" in out
+    assert "change: serve.mem_fraction_static >=" in out
+
+
+def test_cli_bad_combinations_exit_2() -> None:
+    code, _, err = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", "sglang",
+                       "--gpu-memory-utilization", "0.8")
+    err = " ".join(err.split())
+    assert code == 2 and "serve.gpu_memory_utilization" in err and "SGLang uses serve.mem_fraction_static" in err
+    code, _, err = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--mem-fraction-static", "0.8")
+    err = " ".join(err.split())
+    assert code == 2 and "vLLM uses serve.gpu_memory_utilization" in err
+    code, _, err = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", "sglang",
+                       "--subtract-cudagraphs")
+    assert code == 2 and "--subtract-cudagraphs" in err and "Traceback" not in err
+    code, _, err = cli("serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", "sglang",
+                       "--sglang-version", "0.2.0")
+    assert code == 2 and "serve.sglang_version" in err
+
+
+def test_estimate_takes_the_serving_engine_as_serve_engine() -> None:
+    code, out, _ = cli("estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--task", "serve",
+                       "--serve-engine", "sglang", "--sglang-version", "0.4.1", "--json")
+    assert code == 0
+    serve = json.loads(out)["serve"]
+    assert serve["engine"] == "sglang" and serve["kv_cache_tokens"] == 444_058
+
+
+def test_mib_unit_used_for_gpu_memory() -> None:
+    # SGLang's gpu_mem is in MiB: the H100's 85,017,755,648 B is 81,079.25 MiB
+    assert H100_TOTAL / MiB == 81_079.25
