@@ -165,3 +165,13 @@ def test_speculative_bad_combinations() -> None:
         resolve(_doc(speculative={"method": "medusa"}))
     with pytest.raises(ScenarioError, match="mtp"):
         _decide(speculative={"method": "mtp"})
+
+
+def test_vllm_budget_options_are_refused_for_sglang() -> None:
+    # the options exist for vLLM only here (spec/scenario.py VLLM_ONLY_OPTIONS): engine sglang names the offender
+    for extra, key in (({"max_loras": 2}, "serve.max_loras"), ({"speculative": {"method": "ngram"}}, "serve.speculative"),
+                       ({"kv_cache_memory_bytes": 10 * GiB}, "serve.kv_cache_memory_bytes"),
+                       ({"cpu_offload_gb": 2}, "serve.cpu_offload_gb")):
+        doc = {"model": LLAMA, "task": "serve", "hardware": {"gpu": "H100"}, "serve": {"engine": "sglang", **extra}}
+        with pytest.raises(VramplanError, match=key):
+            resolve(doc)
