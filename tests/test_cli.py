@@ -76,7 +76,8 @@ def test_every_scenario_key_has_a_flag() -> None:
                "train.peft.alpha": "--lora-alpha", "train.peft.dropout": "--lora-dropout",
                "software.bitsandbytes": "--bitsandbytes", "software.peft": "--peft-version",
                "software.transformers": "--transformers-version", "serve.engine": "--serve-engine",
-               "serve.gguf.file": "--gguf-file", "serve.gguf.quant": "--gguf-quant"}
+               "serve.gguf.file": "--gguf-file", "serve.gguf.quant": "--gguf-quant",
+               "serve.speculative.method": "--speculative-method", "serve.speculative.model": "--speculative-model"}
     missing = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:

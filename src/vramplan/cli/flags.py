@@ -54,6 +54,8 @@ RENAMED: dict[str, str] = {
     "train.peft.dropout": "lora_dropout",
     "software.peft": "peft_version",
     "software.transformers": "transformers_version",
+    "serve.speculative.method": "speculative_method",
+    "serve.speculative.model": "speculative_model",
     # `estimate --engine` picks analytic or trace; the serving engine is --serve-engine there and --engine
     # in `vramplan serve` (SERVE_FLAGS renames it back)
     "serve.engine": "serve_engine",

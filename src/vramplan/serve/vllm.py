@@ -1,9 +1,12 @@
 """How vLLM decides its KV cache at start-up, term by term.
 
-Modelled: the V1 engine of vLLM 0.10-0.11 (``"0.11"``, the default) and of vLLM 0.19
-(``"0.19"``); the two differ only in the profiling sampler and the measured non-torch
-increase (see ``VLLM_BEHAVIOURS``).  The V0 engine and early V1 releases (0.7-0.9)
-profiled differently and are not modelled.  The decision, following
+Modelled: every vLLM release from 0.6 to 0.33 (``serve.vllm_version``, default ``"0.11"``), each
+by its row of ``facts/vllm_releases.py`` (``behaviour``): the budget rule (what
+``gpu_memory_utilization x total`` is charged with), the default batch limits, an eager (V0) or
+compiled (V1) profile run, the sampler, whether the CUDA-graph estimate is subtracted, and which
+options the release has.  The options that change the budget (``kv_cache_memory_bytes``,
+``cpu_offload_gb``, LoRA slots, a speculative proposer) are checked and sized in ``_options``.
+The decision of the V1 releases from 0.9.1 (V0 from 0.6.5 is the same sum), following
 ``vllm/v1/worker/gpu_worker.py`` (``init_device`` and ``determine_available_memory``) and
 ``vllm/utils/mem_utils.py`` (``memory_profiling``):
 
@@ -46,8 +49,18 @@ from vramplan.analytic.kv_cache import KVSpec, kv_spec
 from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.weights import weights_bytes
+from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.vllm_releases import (
+    NEWEST,
+    OLDEST,
+    VLLM_RELEASES,
+    BatchDefaults,
+    VllmRelease,
+    release_row,
+    release_text,
+)
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
@@ -58,10 +71,12 @@ __all__ = [
     "KVGroup",
     "VllmBehaviour",
     "VllmDecision",
+    "behaviour",
     "decide",
     "default_batch_limits",
     "forward_peak_bytes",
     "kv_groups",
+    "lora_slot_bytes",
     "rotary_cache_bytes",
     "sampler_peak_bytes",
     "serve_weights_bytes",
@@ -70,7 +85,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class VllmBehaviour:
-    """What differs between the modelled vLLM versions, each number with its source."""
+    """The start-up rules of one vLLM release: its row of ``facts/vllm_releases.py`` ``VLLM_RELEASES``.
+
+    ``version`` is the release asked for; ``row`` the first release of the row that holds for it and
+    ``exact`` whether that release's own source was read (False: the nearest earlier row is assumed)."""
 
     version: str
     sampler: Literal["native", "flashinfer"]
@@ -78,34 +96,33 @@ class VllmBehaviour:
     non_torch_tp_bytes: int  # tensor parallel > 1
     cudagraph_bytes: int  # allowance for captured graphs (outside the budget)
     sources: tuple[str, ...]
+    release: VllmRelease | None = None
+    exact: bool = True
+
+    @property
+    def rules(self) -> VllmRelease:
+        return self.release if self.release is not None else release_row(self.version)[0]
+
+
+def behaviour(version: str) -> VllmBehaviour:
+    """The behaviour of a vLLM release string (``facts/vllm_releases.py`` ``release_row``); a release
+    outside the modelled range, or not a release, is a ScenarioError naming the range and the nearest."""
+    try:
+        row, exact = release_row(version)
+    except ValueError as exc:
+        raise ScenarioError([Problem("serve.vllm_version", str(exc),
+                                     f"use a vLLM release from {release_text(OLDEST)} to {release_text(NEWEST)}")]) from exc
+    return VllmBehaviour(version=version, sampler=row.sampler, non_torch_tp1_bytes=row.non_torch_tp1_bytes,
+                         non_torch_tp_bytes=row.non_torch_tp_bytes, cudagraph_bytes=row.cudagraph_bytes,
+                         sources=row.sources, release=row, exact=exact)
 
 
 # Non-torch increase: memory that appears outside PyTorch's allocator during the first
 # forward pass (lazily loaded kernel images of attention/GEMM/Triton kernels and, with
 # tp > 1, NCCL and custom all-reduce buffers allocated at the first collective).  vLLM
-# prints it ("non-torch forward increase memory"); the values are those printed.
-VLLM_BEHAVIOURS: dict[str, VllmBehaviour] = {
-    "0.11": VllmBehaviour(
-        version="0.11", sampler="native",
-        non_torch_tp1_bytes=int(0.13 * GiB), non_torch_tp_bytes=int(0.55 * GiB),
-        cudagraph_bytes=int(0.84 * GiB),
-        sources=(
-            ("llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (vLLM v0.11.0 on H100: "
-            "non-torch 0.13 GiB at tp=1 for Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b; 0.54-0.55 GiB at tp=2)"),
-            "vllm/v1/sample/ops/topk_topp_sampler.py forward_native (sort-based top-k/top-p)",
-        ),
-    ),
-    "0.19": VllmBehaviour(
-        version="0.19", sampler="flashinfer",
-        non_torch_tp1_bytes=int(0.25 * GiB), non_torch_tp_bytes=int(0.67 * GiB),
-        cudagraph_bytes=int(0.84 * GiB),
-        sources=(
-            ("llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
-            "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')"),
-            "vllm/v1/sample/ops/topk_topp_sampler.py forward_cuda -> flashinfer top_k_top_p_sampling_from_logits",
-        ),
-    ),
-}
+# prints it ("non-torch forward increase memory"); the values are those printed, kept per
+# release in ``facts/vllm_releases.py``.  The two releases the model began with:
+VLLM_BEHAVIOURS: dict[str, VllmBehaviour] = {v: behaviour(v) for v in ("0.11", "0.19")}
 DEFAULT_VERSION = "0.11"
 
 # Bytes per (dummy request, vocabulary entry) at the sampler's peak, beyond the logits in
@@ -121,14 +138,31 @@ DEFAULT_VERSION = "0.11"
 SAMPLER_EXTRA_BYTES = {"native": 36, "flashinfer": 12}
 
 
-def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serve") -> tuple[int, int]:
+def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serve",
+                         rule: BatchDefaults = "v1-70gib-not-a100", max_model_len: int = 0) -> tuple[int, int]:
     """vLLM's defaults for (max_num_batched_tokens, max_num_seqs) when the user gives none.
 
-    ``vllm/engine/arg_utils.py`` (V1, 0.8+): on GPUs with >= 70 GiB that are not A100s,
-    8192 tokens and 1024 sequences for ``vllm serve`` (16384 for the offline ``LLM`` class);
-    otherwise 2048 tokens (8192 offline) and 256 sequences.
+    ``rule`` is the release's (``facts/vllm_releases.py`` ``batch_defaults``).  V1
+    (``vllm/engine/arg_utils.py`` ``_set_default_args_v1``, 0.9+): on GPUs with >= 70 GiB that are
+    not A100s, 8192 tokens and 1024 sequences for ``vllm serve`` (16384 for the offline ``LLM``
+    class); otherwise 2048 tokens (8192 offline) and 256 sequences.  0.8.5 had no A100 exception;
+    0.8.0-0.8.4 chose by the device name (h100/h200) and always 1024 sequences.  From 0.28 a device of
+    >= 160 GiB gets 16384 tokens (serve and offline) and 1024 sequences; 0.33 keeps a GB10 at the small ones.  V0
+    (``vllm/config.py`` ``SchedulerConfig``): ``max(max_model_len, 2048)`` tokens, or with chunked
+    prefill (on by default above 32,768 tokens) 512 (to 0.6.4) or 2048 (from 0.6.5); 256 sequences.
     """
-    big = gpu_total_bytes >= 70 * GiB and "a100" not in gpu_name.lower()
+    if rule.startswith("v0"):
+        chunked = max_model_len > 32768
+        return ((512 if rule == "v0-512" else 2048) if chunked else max(max_model_len, 2048)), 256
+    name = gpu_name.lower()
+    if rule.startswith("v1-160gib") and gpu_total_bytes >= 160 * GiB:
+        return 16384, 1024
+    if rule == "v1-160gib-not-gb10" and "gb10" in name:
+        return (2048 if usage == "serve" else 8192), 256
+    if rule == "v1-h100-name":
+        big_name = "h100" in name or "h200" in name
+        return ((8192 if usage == "serve" else 16384) if big_name else (2048 if usage == "serve" else 8192)), 1024
+    big = gpu_total_bytes >= 70 * GiB and (rule == "v1-70gib" or "a100" not in name)
     if big:
         return (8192 if usage == "serve" else 16384), 1024
     return (2048 if usage == "serve" else 8192), 256
@@ -244,6 +278,30 @@ def sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: in
     return requests * m.vocab_size * per_entry + hidden
 
 
+def lora_slot_bytes(m: ModelSpec, rank: int, max_loras: int, tp: int, dtype_bytes: int) -> int:
+    """vLLM's preallocated LoRA slots (``vllm/lora/layers``: ``create_lora_weights``), for all linears.
+
+    Each supported linear holds, per slice of a packed layer (qkv: q, k, v; gate_up: gate, up),
+    ``lora_a_stacked[max_loras, 1, rank, in]`` and ``lora_b_stacked[max_loras, 1, out, rank]`` in the
+    model dtype.  Column-parallel layers (qkv, gate_up) split ``out`` over tp and keep ``in`` whole;
+    row-parallel ones (o, down) split ``in`` and keep ``out`` whole.  Llama-3.1-8B, rank 16, one
+    adapter, tp 1, per layer: qkv 3 x 16 x 4096 + 16 x (4096 + 1024 + 1024) = 294,912; o 16 x 4096
+    x 2 = 131,072; gate_up 2 x 16 x 4096 + 16 x 2 x 14,336 = 589,824; down 16 x (14,336 + 4096) =
+    294,912; 1,310,720 elements x 32 layers x 2 B = 83,886,080 B.
+    """
+    h, q_out, kv_out = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    kv_local = max(1, m.num_kv_heads // tp) * m.head_dim if kv_out else 0
+    per_layer_fixed = (3 * rank * h + rank * (q_out // tp + 2 * kv_local)  # qkv (column parallel)
+                       + rank * (q_out // tp) + rank * h)  # o_proj (row parallel)
+    total = 0
+    for la in m.layers:
+        inter = la.intermediate_size
+        slices = 2 if m.mlp_gated else 1
+        mlp = slices * rank * h + rank * slices * (inter // tp) + rank * (inter // tp) + rank * h
+        total += per_layer_fixed + mlp
+    return total * max_loras * dtype_bytes
+
+
 @dataclass(frozen=True)
 class KVGroup:
     """One KV-cache group: layers of one attention type sharing a block table."""
@@ -342,6 +400,10 @@ class VllmDecision:
     problem: str = ""
     fix: str = ""
     assumptions: list[str] = field(default_factory=list)
+    lora_bytes: int = 0  # LoRA slots, inside weights_bytes
+    speculative_weights_bytes: int = 0  # the proposer's weights, inside weights_bytes
+    cpu_offload_bytes: int = 0  # weights in host memory, outside weights_bytes
+    kv_cache_memory_bytes: int | None = None  # the explicit KV budget given, if any
 
     @property
     def device_used_bytes(self) -> int:
@@ -387,8 +449,23 @@ class VllmDecision:
             "needed_kv_bytes": self.needed_kv_bytes, "max_concurrency": round(self.max_concurrency, 4),
             "max_model_len_that_fits": self.max_model_len_that_fits, "starts": self.starts,
             "problem": self.problem, "fix": self.fix, "device_used_bytes": self.device_used_bytes,
-            "assumptions": list(self.assumptions),
+            "assumptions": list(self.assumptions), **self._option_keys(),
         }
+
+    def _option_keys(self) -> dict[str, object]:
+        """The budget options' keys, present only when an option is set (the report of a plain engine keeps
+        its keys)."""
+        keys: dict[str, object] = {}
+        if self.lora_bytes:
+            keys["lora_bytes"] = self.lora_bytes
+        if self.speculative_weights_bytes:
+            keys["speculative_weights_bytes"] = self.speculative_weights_bytes
+        if self.cpu_offload_bytes:
+            keys["cpu_offload_bytes"] = self.cpu_offload_bytes
+            keys["host_weights_bytes"] = self.cpu_offload_bytes
+        if self.kv_cache_memory_bytes is not None:
+            keys["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        return keys
 
 
 def _fits_len(length: int, groups: list[KVGroup], size: int, page: int, block: int, batched: int, avail: int) -> bool:
@@ -410,20 +487,13 @@ def _largest_len(groups: list[KVGroup], size: int, page: int, block: int, batche
     return best
 
 
-def _behaviour(version: str) -> VllmBehaviour:
-    if version not in VLLM_BEHAVIOURS:
-        raise ScenarioError([Problem("--vllm-version", f"unknown vLLM version {version!r}",
-                                     f"choose one of {', '.join(VLLM_BEHAVIOURS)}")])
-    return VLLM_BEHAVIOURS[version]
-
-
-def _limits(r: Resolved, usage: str) -> tuple[int, int, int]:
+def _limits(r: Resolved, usage: str, rule: BatchDefaults) -> tuple[int, int, int]:
     """(max_num_batched_tokens, max_num_seqs, max_model_len): the scenario's, else vLLM's defaults."""
     sv, m = r.scenario.serve, r.model
-    d_tokens, d_seqs = default_batch_limits(r.gpu.total_memory_bytes, r.gpu.name, usage)
+    max_len = sv.max_model_len or m.max_position_embeddings
+    d_tokens, d_seqs = default_batch_limits(r.gpu.total_memory_bytes, r.gpu.name, usage, rule, max_len)
     batched = sv.max_num_batched_tokens or d_tokens
     seqs = sv.max_num_seqs if "max_num_seqs" in sv.model_fields_set else d_seqs
-    max_len = sv.max_model_len or m.max_position_embeddings
     if max_len > m.max_position_embeddings:
         raise ScenarioError([Problem(
             "serve.max_model_len", f"max_model_len={max_len} is greater than the model's "
@@ -431,6 +501,83 @@ def _limits(r: Resolved, usage: str) -> tuple[int, int, int]:
             f"use serve.max_model_len <= {m.max_position_embeddings} (vLLM refuses it unless "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")])
     return batched, seqs, max_len
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The serve options that change the budget (``serve.kv_cache_memory_bytes``, ``cpu_offload_gb``,
+    ``max_loras``/``max_lora_rank``, ``speculative``), resolved for one release."""
+
+    offloaded: int = 0
+    lora: int = 0
+    draft_weights: int = 0
+    draft_layer_bytes_per_token: tuple[int, ...] = ()  # the proposer's KV layers, bytes per token each
+    notes: tuple[str, ...] = ()
+
+
+def _refuse(where: str, message: str, fix: str) -> ScenarioError:
+    return ScenarioError([Problem(where, message, fix)])
+
+
+def _draft(r: Resolved, params: int) -> tuple[int, tuple[int, ...], str]:
+    """(weights, KV bytes per token of each layer, note) of a draft model or EAGLE head from the catalog."""
+    sv = r.scenario.serve
+    spec = sv.speculative
+    assert spec is not None
+    if spec.method == "ngram":
+        return 0, (), "speculative n-gram proposer: no GPU weights, no KV layers (it matches the prompt on the host)"
+    if spec.method == "mtp":
+        raise _refuse("serve.speculative.method", "speculative method 'mtp' (the model's own multi-token-prediction "
+                      "layers) is not modelled yet", "use draft, eagle, eagle3 or ngram")
+    if not spec.model:
+        raise _refuse("serve.speculative.model", f"speculative method {spec.method!r} needs a model",
+                      "give serve.speculative.model as a catalog name (vramplan models)")
+    draft = load_model(spec.model, where="serve.speculative.model")
+    c, tp = dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp
+    weights = weights_bytes(rank_params(draft, tp, 1, 1, 0, None), c, "none")
+    dspec = kv_spec(draft, sv.kv_cache_dtype, c, tp)
+    layers = tuple(dspec.layer_bytes_per_token(la) for la in dspec.layers)
+    return weights, layers, (f"speculative {spec.method} proposer {draft.name}: {weights / GiB:.2f} GiB of weights "
+                             f"({sv.dtype}, unquantized) and {len(layers)} KV layers in the same block pool; its "
+                             "profile run is assumed to peak below the target's; num_speculative_tokens changes no start-up memory")
+
+
+def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Options:
+    """Check the options against the release and size them (ScenarioError for a bad combination)."""
+    sv, m, tp = r.scenario.serve, r.model, r.scenario.parallel.tp
+    notes: list[str] = []
+    if sv.kv_cache_memory_bytes is not None:
+        if not row.kv_cache_memory_bytes:
+            first = next(x.name for x in VLLM_RELEASES if x.kv_cache_memory_bytes)
+            raise _refuse("serve.kv_cache_memory_bytes", f"vLLM {version} has no kv_cache_memory_bytes option",
+                          f"use serve.vllm_version >= {first} or remove serve.kv_cache_memory_bytes")
+        notes.append(f"kv_cache_memory_bytes: the KV cache gets {sv.kv_cache_memory_bytes / GiB:.2f} GiB as given; "
+                     "gpu_memory_utilization does not size it (the profile run still runs)")
+    offloaded = min(params, int(sv.cpu_offload_gb * GiB))
+    if offloaded:
+        notes.append(f"cpu_offload_gb: {offloaded / GiB:.2f} GiB of weights in pinned host memory, streamed to the GPU "
+                     "in each forward pass (whole parameters: vLLM may move up to one parameter more)")
+    lora = 0
+    if sv.max_loras:
+        if sv.max_lora_rank not in row.lora_ranks:
+            raise _refuse("serve.max_lora_rank", f"vLLM {version} accepts max_lora_rank in "
+                          f"{', '.join(map(str, row.lora_ranks))}, not {sv.max_lora_rank}",
+                          "use one of those ranks")
+        if m.moe is not None or m.mla is not None:
+            raise _refuse("serve.max_loras", f"LoRA slots for {m.name} (MoE or MLA layers) are not modelled",
+                          "set serve.max_loras: 0")
+        lora = lora_slot_bytes(m, sv.max_lora_rank, sv.max_loras, tp, dtype_bits(sv.dtype) // 8)
+        notes.append(f"LoRA: {sv.max_loras} slots of rank {sv.max_lora_rank} on every attention and MLP linear, "
+                     f"{lora / GiB:.2f} GiB preallocated with the weights")
+    draft, draft_layers = 0, tuple[int, ...]()
+    if sv.speculative is not None:
+        draft, draft_layers, note = _draft(r, params)
+        if draft_layers and kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, tp).has_sliding:
+            raise _refuse("serve.speculative", "a proposer's KV layers beside a hybrid (sliding-window) model are not "
+                          "modelled", "use method ngram or a model without sliding-window layers")
+        notes.append(note)
+    return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
+                    notes=tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -449,10 +596,14 @@ class _Budget:
     subtracted: bool
     context: int
     nccl: int
+    charged: int = 0  # CUDA context / NCCL bytes the release's rule takes from the budget (``budget``)
+    extra_weights: int = 0  # LoRA slots and the speculative proposer, loaded with the model
+    offloaded: int = 0  # weights kept in host memory (cpu_offload_gb)
+    explicit_kv: int | None = None  # kv_cache_memory_bytes: the KV budget, the utilisation rule skipped
 
     @property
     def weights(self) -> int:
-        return self.params + self.rotary
+        return self.params - self.offloaded + self.rotary + self.extra_weights
 
     @property
     def activations(self) -> int:
@@ -461,26 +612,40 @@ class _Budget:
 
     @property
     def non_kv(self) -> int:
-        return self.weights + self.activations + self.non_torch
+        return self.weights + self.activations + self.non_torch + self.charged
 
     @property
     def available(self) -> int:
         """What the KV cache gets (may be <= 0)."""
+        if self.explicit_kv is not None:
+            return self.explicit_kv
         return self.requested - self.non_kv - (self.graphs if self.subtracted else 0)
 
 
-def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool) -> _Budget:
+def _charged(rule: str, context: int, nccl: int) -> int:
+    """What of the CUDA context and NCCL's buffers the release's budget rule takes from the budget
+    (``facts/vllm_releases.py``): ``peak_plus_non_torch`` counts every non-torch byte on the device,
+    ``free_delta`` what appeared after the first snapshot (NCCL), ``profiled_increase`` neither."""
+    return {"peak_plus_non_torch": context + nccl, "free_delta": nccl}.get(rule, 0)
+
+
+def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
+            opt: _Options) -> _Budget:
     sv, m, gpu, tp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp
     c = dtype_bits(sv.dtype) // 8
     params, rotary = serve_weights_bytes(r)
+    row = beh.rules
+    context, nccl = cuda_context_bytes(gpu), nccl_bytes(1) if tp > 1 else 0
+    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs
     return _Budget(
         total=gpu.total_memory_bytes, requested=int(gpu.total_memory_bytes * sv.gpu_memory_utilization),
-        params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs),
+        params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled),
         sampler=sampler_peak_bytes(m, batched, requests, c, beh.sampler),
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
-        graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract_cudagraphs and sv.cuda_graphs,
-        context=cuda_context_bytes(gpu), nccl=nccl_bytes(1) if tp > 1 else 0,
+        graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract,
+        context=context, nccl=nccl, charged=_charged(row.budget, context, nccl),
+        extra_weights=opt.lora + opt.draft_weights, offloaded=opt.offloaded, explicit_kv=sv.kv_cache_memory_bytes,
     )
 
 
@@ -507,11 +672,23 @@ class _Blocks:
         return self.blocks / self.per_request if self.per_request else 0.0
 
 
-def _blocks(r: Resolved, available: int, batched: int, max_len: int) -> _Blocks:
+def _with_draft(size: int, page: int, block_size: int, draft: tuple[int, ...]) -> tuple[int, int]:
+    """(layers per group, page) once a proposer's KV layers join the single group of a uniform model: layers of
+    the same page add to the group (``get_kv_cache_groups``); layers of another size make one page of all
+    layers' bytes (``UniformTypeKVCacheSpecs``: a block holds every layer's slice)."""
+    if not draft:
+        return size, page
+    if all(block_size * d == page for d in draft):
+        return size + len(draft), page
+    return 1, size * page + block_size * sum(draft)
+
+
+def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tuple[int, ...] = ()) -> _Blocks:
     sv, m = r.scenario.serve, r.model
     spec = kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp)
     groups, size = kv_groups(spec)
     page = sv.block_size * spec.uniform_layer_bytes_per_token
+    size, page = _with_draft(size, page, sv.block_size, draft)
     blocks = max(0, available // page // size) if page and size else 0
     per_req = _blocks_per_request(groups, sv.block_size, max_len, batched)
     return _Blocks(
@@ -544,7 +721,13 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                  f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
                  "`max_model_len` when initializing the engine."),
                 f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization")
-    outside = b.context + b.nccl + (0 if b.subtracted else b.graphs)
+    outside = b.context + b.nccl - b.charged + (0 if b.subtracted else b.graphs)
+    if b.explicit_kv is not None and b.non_kv + b.explicit_kv + outside > total:
+        room = total - b.non_kv - outside
+        return ((f"CUDA out of memory allocating the KV cache: kv_cache_memory_bytes ({b.explicit_kv / GiB:.2f} GiB) "
+                 f"and the rest of the engine ({(b.non_kv + outside) / GiB:.2f} GiB) exceed the device's "
+                 f"{total / GiB:.2f} GiB."),
+                f"serve.kv_cache_memory_bytes <= {max(0, room)}")
     if requested + outside > total:
         ctx, comm, graphs = b.context, b.nccl, b.graphs
         room = total - ctx - comm - graphs
@@ -559,11 +742,13 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
                           requests: int) -> list[str]:
     sv, tp = r.scenario.serve, r.scenario.parallel.tp
     given = "max_num_batched_tokens" in sv.model_fields_set
+    row = beh.rules
     assumptions = [
-        f"vLLM V1 engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in the profile run)",
+        (f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in "
+         "the profile run)"),
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
         f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
-        (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {beh.version} on H100 "
+        (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
         f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {b.context / GiB:.2f} GiB and NCCL buffers are outside "
         "the budget"),
         ("CUDA graphs: not captured (eager)" if not sv.cuda_graphs else
@@ -571,6 +756,12 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
                                                      "captured after the KV cache, outside gpu_memory_utilization")),
         "attention workspace is not profiled by vLLM (attention is skipped in the profile run)",
     ]
+    if not beh.exact:
+        assumptions.insert(1, f"vLLM {beh.version}: its source was not read; the rules of vLLM {row.name}, the "
+                              "nearest earlier modelled release, are assumed to hold")
+    if b.charged:
+        assumptions.append(f"vLLM {beh.version} takes {b.charged / GiB:.2f} GiB of CUDA context and NCCL buffers from "
+                           f"the budget ({row.budget.replace('_', ' ')} rule, facts/vllm_releases.py)")
     if kv.spec.has_sliding:
         assumptions.append(f"hybrid KV cache manager: {len(kv.groups)} groups of {kv.size} layers "
                            "(sliding-window layers keep only their window)")
@@ -580,12 +771,13 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
 def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
            subtract_cudagraphs: bool = False) -> VllmDecision:
     """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring)."""
-    beh = _behaviour(version)
+    beh = behaviour(version)
     sv = r.scenario.serve
-    batched, seqs, max_len = _limits(r, usage)
+    batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
-    b = _budget(r, beh, batched, requests, subtract_cudagraphs)
-    kv = _blocks(r, b.available, batched, max_len)
+    opt = _options(r, beh.rules, version, serve_weights_bytes(r)[0])
+    b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt)
+    kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token)
     problem, fix = _start_problem(r, b, kv, max_len)
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
@@ -600,7 +792,9 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         kv_cache_tokens=kv.tokens, max_model_len=max_len, blocks_per_request=kv.per_request,
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency, max_model_len_that_fits=kv.fits_len,
         starts=not problem, problem=problem, fix=fix,
-        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests),
+        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes),
+        lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
+        kv_cache_memory_bytes=sv.kv_cache_memory_bytes,
     )
 
 

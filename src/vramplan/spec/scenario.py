@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from vramplan.facts import Choices, OneOf
 from vramplan.facts.optimizers import optimizer_names
+from vramplan.facts.vllm_releases import parse_release
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain"]
@@ -28,7 +29,15 @@ KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 OffloadDevice = Literal["cpu", "nvme"]
-VllmVersion = Literal["0.11", "0.19"]
+
+
+def _vllm_release(value: str) -> str:
+    parse_release(value)  # a ValueError names the accepted range and the nearest release
+    return value
+
+
+# a vLLM release string from facts/vllm_releases.py OLDEST to NEWEST ("0.11", "0.10.2", "0.8.5.post1")
+VllmVersion = Annotated[str, AfterValidator(_vllm_release)]
 ServeEngine = Literal["vllm", "sglang", "llamacpp"]
 CudaModuleLoading = Literal["lazy", "eager"]
 DeepSpeedCheckpointing = Literal["none", "partition", "partition+cpu"]
@@ -238,12 +247,28 @@ class Inference(_Strict):
     fp16 models only (docs/conventions.md, bitsandbytes' dequantized weights at inference)."""
 
 
+class Speculative(_Strict):
+    """vLLM speculative decoding (``--speculative-config``): a proposer whose weights and KV layers join the
+    engine's."""
+
+    method: Literal["draft", "eagle", "eagle3", "mtp", "ngram"]
+    """Proposer: a draft model, an EAGLE or EAGLE-3 head, the model's MTP layers, or n-gram lookup (no GPU
+    weights)."""
+
+    model: str | None = None
+    """The draft model or EAGLE head, by catalog name (draft, eagle, eagle3)."""
+
+    num_speculative_tokens: int = Field(1, ge=1, le=64)
+    """Tokens proposed per step."""
+
+
 # Options one serving engine has and the other does not, with the other engine's option for the same thing
 # (vLLM's EngineArgs / SGLang's ServerArgs): a scenario that sets one for the wrong engine is refused.
 VLLM_ONLY_OPTIONS: dict[str, str] = {
     "gpu_memory_utilization": "mem_fraction_static", "block_size": "page_size",
     "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
-    "vllm_version": "sglang_version",
+    "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
+    "max_lora_rank": "", "speculative": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
@@ -343,7 +368,24 @@ class Serve(_Strict):
     """vLLM captures CUDA graphs; false is --enforce-eager (no graph memory)."""
 
     vllm_version: VllmVersion = "0.11"
-    """vLLM behaviour modelled: 0.11 is V1 of vLLM 0.10-0.11; 0.19 is vLLM 0.19 (docs/serving.md)."""
+    """vLLM release modelled, any from 0.6 to 0.33 ("0.11", "0.10.2"); its start-up rules come from
+    facts/vllm_releases.py, a release between two modelled rows uses the earlier one (docs/serving.md)."""
+
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, le=1 << 50)
+    """An explicit KV cache budget in bytes (vLLM 0.10.2+): gpu_memory_utilization no longer sizes the KV
+    cache; null: the utilisation rule."""
+
+    cpu_offload_gb: float = Field(0, ge=0, le=1 << 20)
+    """GiB of weights vLLM keeps in host memory and streams to the GPU in each forward pass."""
+
+    max_loras: int = Field(0, ge=0, le=1024)
+    """LoRA adapters served at once (vLLM --enable-lora --max-loras); 0: LoRA off."""
+
+    max_lora_rank: int = Field(16, ge=1, le=4096)
+    """Largest LoRA rank served (vLLM --max-lora-rank); one of vLLM's allowed ranks."""
+
+    speculative: Speculative | None = None
+    """Speculative decoding: method, model, num_speculative_tokens; null: off."""
 
     engine: ServeEngine = "vllm"
     """The serving engine whose start-up is modelled: vllm (default), sglang or llamacpp (docs/serving.md)."""

@@ -1,0 +1,331 @@
+"""vLLM's start-up memory rules by release, as data: one row per release where a rule changed.
+
+Each row holds from its ``first`` release until the next row's.  Every field was read from vLLM's
+source as shipped in the release's wheel on PyPI (``pip download vllm==X --no-deps``); ``sources``
+names the file and function, and ``read_at`` lists the releases whose source was read and found to
+follow the row.  ``serve/vllm.py`` ``decide`` reads the row of the scenario's ``serve.vllm_version``;
+a release between ``read_at`` releases uses the nearest earlier row and the report says so.
+
+The fields (docs/serving.md, "vLLM by release"):
+
+* ``engine``: ``v0`` (``vllm/worker/worker.py``) or ``v1`` (``vllm/v1/worker/gpu_worker.py``), the
+  engine ``vllm serve`` runs by default.  V1 became the default in 0.8.0 (``vllm/envs.py``
+  ``VLLM_USE_V1`` default "1").
+* ``budget``: what ``gpu_memory_utilization`` is a fraction of and what is taken from it:
+
+  - ``free_delta`` (V0 0.6.0-0.6.3, ``Worker.determine_num_available_blocks``): ``total x util -
+    (free memory at worker start - free memory after the profile run)``; the CUDA context is already
+    in use at the first snapshot, NCCL's buffers (initialised after it) are counted.
+  - ``peak_plus_non_torch`` (V0 0.6.4, V1 0.8.0-0.9.0): ``total x util - (torch's allocated peak +
+    every byte on the device that torch did not allocate)``: the weights, the activation peak, the
+    CUDA context, NCCL and the non-torch increase all come out of the budget.
+  - ``profiled_increase`` (V0 0.6.5-0.7.3 ``memory_profiling``; V1 from 0.9.1): ``total x util -
+    (weights + torch peak increase + non-torch increase)`` measured from a snapshot taken after the
+    CUDA context and NCCL started: those two are outside the budget.
+
+* ``batch_defaults``: ``max_num_batched_tokens`` / ``max_num_seqs`` when ``vllm serve`` is given none
+  (``vllm/config.py`` ``SchedulerConfig`` for V0, ``EngineArgs._set_default_args_v1`` for V1):
+
+  - ``v0-512``: ``max(max_model_len, 2048)`` tokens, or 512 with chunked prefill (on by default above
+    32K tokens), 256 sequences;
+  - ``v0-2048``: as ``v0-512`` with 2048 tokens under chunked prefill;
+  - ``v1-h100-name``: 8192 tokens when the device name contains h100 or h200, else 2048; 1024 sequences;
+  - ``v1-70gib``: 8192 tokens and 1024 sequences on a device of >= 70 GiB, else 2048 and 256;
+  - ``v1-70gib-not-a100``: as ``v1-70gib`` but never for an A100;
+  - ``v1-160gib``: 16384 tokens and 1024 sequences on a device of >= 160 GiB, else as ``v1-70gib-not-a100``;
+  - ``v1-160gib-not-gb10``: as ``v1-160gib`` with a GB10 (DGX Spark) never among the >= 70 GiB devices.
+
+* ``profile_compiled``: the profile run's forward is torch.compile'd (V1) or eager (V0).
+* ``sampler``: the top-k/top-p path of the profile run's dummy sampling (``native``: PyTorch sort;
+  ``flashinfer``), see ``serve/vllm.py`` ``SAMPLER_EXTRA_BYTES``.
+* ``non_torch_tp1_bytes`` / ``non_torch_tp_bytes``: the non-torch increase vLLM printed on an H100 at
+  tp = 1 and tp > 1 (measured, with the log in ``sources``).
+* ``cudagraph_bytes`` and ``cudagraph_subtracted``: the CUDA-graph allowance, and whether the release
+  subtracts its estimate from the KV budget by default (else the graphs are captured after the KV
+  cache, outside ``gpu_memory_utilization``).
+* ``kv_cache_memory_bytes``: the release accepts ``--kv-cache-memory-bytes`` (an explicit KV budget that
+  skips the utilisation rule; ``Worker.determine_available_memory``, first in 0.10.2).
+* ``block_size``: the default KV block size on CUDA.
+* ``lora_ranks``: the ``max_lora_rank`` values the release accepts (``LoRAConfig``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "VllmRelease", "parse_release", "release_row", "release_text"]
+
+Release = tuple[int, int, int]
+Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
+BatchDefaults = Literal["v0-512", "v0-2048", "v1-h100-name", "v1-70gib", "v1-70gib-not-a100", "v1-160gib",
+                        "v1-160gib-not-gb10"]
+
+_GIB = 1 << 30
+# vllm/config.py LoRAConfig.__post_init__ ``possible_max_ranks``: (8, ..., 256) in 0.6.0-0.7.3, with 320 and 512
+# from 0.8.0 (also vllm/config/lora.py 0.10.2-0.11.0); vllm/config/lora.py ``MaxLoRARanks`` adds 1 from 0.12.0.
+_LORA_RANKS_06 = (8, 16, 32, 64, 128, 256)
+_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+_LORA_RANKS_012 = (1, *_LORA_RANKS)
+# measured, vLLM 0.11.0 on H100 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md)
+_NT_011 = (int(0.13 * _GIB), int(0.55 * _GIB))
+_CG = int(0.84 * _GIB)  # vLLM 0.19.0 "Estimated CUDA graph memory: 0.84 GiB" (llm-d-planner v0.19.0 logs)
+
+_V0_WORKER = "vllm/worker/worker.py Worker.determine_num_available_blocks"
+_V1_WORKER = "vllm/v1/worker/gpu_worker.py Worker.determine_available_memory"
+_V0_SAMPLER = "vllm/model_executor/layers/sampler.py _apply_top_k_top_p (fp32 logits, torch.sort)"
+_NT_ASSUMED = ("non-torch increase not printed apart by this release: the values vLLM 0.11.0 printed on H100 are "
+               "used (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmRelease:
+    """One row: the start-up rules of vLLM from release ``first`` on (module docstring)."""
+
+    first: Release
+    read_at: tuple[Release, ...]
+    engine: Literal["v0", "v1"]
+    budget: Budget
+    batch_defaults: BatchDefaults
+    profile_compiled: bool
+    sampler: Literal["native", "flashinfer"]
+    non_torch_tp1_bytes: int
+    non_torch_tp_bytes: int
+    non_torch_release: str  # the release whose printed log gave the non-torch values
+    cudagraph_bytes: int
+    cudagraph_subtracted: bool
+    kv_cache_memory_bytes: bool
+    block_size: int
+    lora_ranks: tuple[int, ...]
+    sources: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return release_text(self.first)
+
+
+VLLM_RELEASES: tuple[VllmRelease, ...] = (
+    VllmRelease(
+        first=(0, 6, 0), read_at=((0, 6, 0), (0, 6, 2), (0, 6, 3)), engine="v0", budget="free_delta", batch_defaults="v0-512",
+        profile_compiled=False, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
+        cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
+        lora_ranks=_LORA_RANKS_06,
+        sources=(
+            (f"0.6.0 {_V0_WORKER}: peak_memory = self.init_gpu_memory - free_gpu_memory; "
+            "available = total_gpu_memory * gpu_memory_utilization - peak_memory"),
+            ("0.6.0 vllm/worker/worker.py Worker.init_device: init_gpu_memory taken after torch.cuda.set_device, "
+            "before init_worker_distributed_environment (NCCL inside the peak)"),
+            ("0.6.0 vllm/config.py SchedulerConfig.__init__: 512 with chunked prefill else max(max_model_len, 2048); "
+            "vllm/engine/arg_utils.py EngineArgs: max_num_seqs 256, chunked prefill on when max_model_len > 32768"),
+            f"0.6.0 {_V0_SAMPLER}", _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 6, 4), read_at=((0, 6, 4),), engine="v0", budget="peak_plus_non_torch", batch_defaults="v0-512",
+        profile_compiled=False, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
+        cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
+        lora_ranks=_LORA_RANKS_06,
+        sources=(
+            (f"0.6.4 {_V0_WORKER}: peak_memory = memory_stats()['allocated_bytes.all.peak'] + non_torch_allocations "
+            "(total - free - torch allocated: CUDA context, NCCL, non-torch increase)"),
+            "0.6.4 vllm/config.py SchedulerConfig.__post_init__: 512 under chunked prefill", _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 6, 5), read_at=((0, 6, 5), (0, 6, 6), (0, 7, 0), (0, 7, 2), (0, 7, 3)), engine="v0",
+        budget="profiled_increase", batch_defaults="v0-2048", profile_compiled=False, sampler="native",
+        non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
+        cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16, lora_ranks=_LORA_RANKS_06,
+        sources=(
+            (f"0.6.6 {_V0_WORKER}: memory_profiling(baseline_memory_in_bytes=total - init_gpu_memory, "
+            "weights_memory_in_bytes=model_memory_usage); available = total * util - non_kv_cache_memory_in_bytes "
+            "(vllm PR 10511; 0.6.5 wheel read: the same)"),
+            "0.6.6 vllm/config.py SchedulerConfig.__post_init__: 2048 under chunked prefill",
+            "0.7.3 vllm/envs.py VLLM_USE_V1 default '0' (V0 engine)", _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 8, 0), read_at=((0, 8, 0), (0, 8, 2), (0, 8, 3)), engine="v1", budget="peak_plus_non_torch",
+        batch_defaults="v1-h100-name", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
+        non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
+        block_size=16, lora_ranks=_LORA_RANKS,
+        sources=(
+            "0.8.0 vllm/envs.py VLLM_USE_V1 default '1' (V1 engine by default)",
+            (f"0.8.0 {_V1_WORKER}: peak_memory = allocated_bytes.all.peak + non_torch_allocations; "
+            "available = total_gpu_memory * gpu_memory_utilization - peak_memory"),
+            ("0.8.0 vllm/engine/arg_utils.py EngineArgs._set_default_args_v1: 'h100' or 'h200' in the device name "
+            "-> 8192 (serve), else 2048; max_num_seqs 1024"),
+            "0.8.0 vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run -> _dummy_sampler_run",
+            _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 8, 5), read_at=((0, 8, 5),), engine="v1", budget="peak_plus_non_torch", batch_defaults="v1-70gib",
+        profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
+        cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
+        lora_ranks=_LORA_RANKS,
+        sources=(
+            ("0.8.5 vllm/engine/arg_utils.py EngineArgs._set_default_args_v1: device_memory >= 70 * GiB_bytes -> "
+            "8192 tokens, 1024 sequences, else 2048 and 256"),
+            f"0.8.5 {_V1_WORKER}: allocated peak + non-torch allocations", _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 9, 0), read_at=((0, 9, 0),), engine="v1", budget="peak_plus_non_torch",
+        batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
+        non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
+        block_size=16, lora_ranks=_LORA_RANKS,
+        sources=(
+            ("0.9.0 vllm/engine/arg_utils.py EngineArgs._set_default_args_v1: device_memory >= 70 * GiB_bytes and "
+            "'a100' not in device_name"),
+            f"0.9.0 {_V1_WORKER}: allocated peak + non-torch allocations", _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 9, 1), read_at=((0, 9, 1), (0, 9, 2), (0, 10, 0), (0, 10, 1)), engine="v1", budget="profiled_increase",
+        batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
+        non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
+        block_size=16, lora_ranks=_LORA_RANKS,
+        sources=(
+            (f"0.9.1 {_V1_WORKER}: memory_profiling(self.init_snapshot, weights_memory=model_memory_usage); "
+            "available = requested_memory - non_kv_cache_memory"),
+            ("0.10.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer only when "
+            "installed (not a dependency of the wheel); PyTorch sort otherwise"),
+            _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 10, 2), read_at=((0, 10, 2), (0, 11, 0)), engine="v1",
+        budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native",
+        non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
+        cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16, lora_ranks=_LORA_RANKS,
+        sources=(
+            (f"0.10.2 {_V1_WORKER}: 'if kv_cache_memory_bytes := self.cache_config.kv_cache_memory_bytes' returns it "
+            "after a profile run, skipping gpu_memory_utilization; vllm/config/cache.py CacheConfig.kv_cache_memory_bytes"),
+            ("llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (vLLM v0.11.0 on H100: "
+             "non-torch 0.13 GiB at tp=1 for Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b; 0.54-0.55 GiB at tp=2)"),
+            "vllm/v1/sample/ops/topk_topp_sampler.py forward_native (sort-based top-k/top-p)",
+            ("0.12.0-0.16.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer only when "
+            "VLLM_USE_FLASHINFER_SAMPLER is set (vllm/envs.py default None); apply_top_k_top_p sorts"),
+        ),
+    ),
+    VllmRelease(
+        first=(0, 12, 0), read_at=((0, 12, 0), (0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 16, 0)), engine="v1",
+        budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native",
+        non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
+        cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16, lora_ranks=_LORA_RANKS_012,
+        sources=(
+            "0.12.0 vllm/config/lora.py MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]",
+            ("0.12.0-0.16.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer only when "
+            "VLLM_USE_FLASHINFER_SAMPLER is set (vllm/envs.py default None); apply_top_k_top_p sorts"),
+            _NT_ASSUMED,
+        ),
+    ),
+    VllmRelease(
+        first=(0, 17, 0), read_at=((0, 17, 0), (0, 18, 0), (0, 19, 0)), engine="v1", budget="profiled_increase",
+        batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
+        cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16,
+        lora_ranks=_LORA_RANKS_012,
+        sources=(
+            ("llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
+             "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')"),
+            ("0.17.0 vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p -> apply_top_k_top_p_triton (no full "
+            "sort: fp32 logits, masked logits, probabilities, the 12 B/entry class named 'flashinfer' here)"),
+            "0.18.0 vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '0' (estimate printed, not subtracted)",
+        ),
+    ),
+    VllmRelease(
+        first=(0, 20, 0), read_at=((0, 20, 0), (0, 21, 0), (0, 22, 0), (0, 23, 0)), engine="v1",
+        budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
+        cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
+        lora_ranks=_LORA_RANKS_012,
+        sources=(
+            ("0.20.0 vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'; "
+            f"{_V1_WORKER}: cudagraph_memory_estimate_applied subtracted from the KV budget"),
+            "0.20.0 vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p_triton (as 0.17.0)",
+            "non-torch increase: vLLM 0.19.0's printed values (llm-d-planner v0.19.0 logs)",
+        ),
+    ),
+    VllmRelease(
+        first=(0, 24, 0), read_at=((0, 24, 0), (0, 25, 0), (0, 26, 0), (0, 27, 0)), engine="v1",
+        budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
+        cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
+        lora_ranks=_LORA_RANKS_012,
+        sources=(
+            ("0.24.0 vllm/envs.py VLLM_USE_FLASHINFER_SAMPLER default True; vllm/v1/sample/ops/topk_topp_sampler.py "
+            "TopKTopPSampler.__init__: forward_cuda (FlashInfer) when flashinfer_sampler_supported()"),
+            "0.24.0 vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'",
+            ("0.27.0 vllm/utils/mem_utils.py memory_profiling: non_kv_cache_memory = total_consumed (free memory at "
+             "the init snapshot - free after the profile) + transient_peak_headroom (torch peak - allocated): the "
+             "same terms measured from free memory"),
+            "non-torch increase: vLLM 0.19.0's printed values (llm-d-planner v0.19.0 logs)",
+        ),
+    ),
+    VllmRelease(
+        first=(0, 28, 0), read_at=((0, 28, 0), (0, 29, 0), (0, 30, 0), (0, 31, 0), (0, 32, 0)), engine="v1",
+        budget="profiled_increase", batch_defaults="v1-160gib", profile_compiled=True, sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
+        cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
+        lora_ranks=_LORA_RANKS_012,
+        sources=(
+            ("0.28.0 vllm/engine/arg_utils.py EngineArgs._set_default_args: device_memory >= 160 * GiB_bytes -> "
+            "16384 tokens and 1024 sequences for vllm serve (B200/B300)"),
+            ("0.28.0-0.32.0 vllm/envs.py VLLM_USE_FLASHINFER_SAMPLER default True, "
+            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'; vllm/config/cache.py DEFAULT_BLOCK_SIZE 16"),
+            "non-torch increase: vLLM 0.19.0's printed values (llm-d-planner v0.19.0 logs)",
+        ),
+    ),
+    VllmRelease(
+        first=(0, 33, 0), read_at=((0, 33, 0),), engine="v1", budget="profiled_increase",
+        batch_defaults="v1-160gib-not-gb10", profile_compiled=True, sampler="flashinfer",
+        non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
+        cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
+        lora_ranks=_LORA_RANKS_012,
+        sources=(
+            ("0.33.0 vllm/engine/arg_utils.py EngineArgs._set_default_args: the >= 70 GiB defaults exclude a GB10 "
+            "(is_gb10)"),
+            (f"0.33.0 {_V1_WORKER}: requested - non_kv_cache_memory - cudagraph_memory_estimate_applied; "
+            "vllm/v1/worker/utils.py request_memory: ceil(total x gpu_memory_utilization)"),
+            "non-torch increase: vLLM 0.19.0's printed values (llm-d-planner v0.19.0 logs)",
+        ),
+    ),
+)
+
+OLDEST: Release = VLLM_RELEASES[0].first
+NEWEST: Release = (0, 33, 0)  # the newest vLLM release on PyPI when this table was written
+
+_RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post\d+|rc\d+)?$")
+
+
+def release_text(r: Release) -> str:
+    return f"{r[0]}.{r[1]}.{r[2]}"
+
+
+def parse_release(text: str) -> Release:
+    """``"0.11"``, ``"0.11.2"``, ``"v0.8.5.post1"``, ``"0.10.1.1"`` -> (major, minor, patch); a ValueError
+    names the accepted form and range when the text is not a release from ``OLDEST`` to ``NEWEST``."""
+    m = _RELEASE.match(text.strip())
+    span = f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]}"
+    if m is None:
+        raise ValueError(f"{text!r} is not a vLLM release string (like '0.11' or '0.10.2'); "
+                         f"accepted: {span}")
+    rel = (int(m[1]), int(m[2]), int(m[3] or 0))
+    if rel < OLDEST:
+        raise ValueError(f"vLLM {text} is older than the releases modelled ({span}); the nearest is "
+                         f"{release_text(OLDEST)}")
+    if rel > NEWEST:
+        raise ValueError(f"vLLM {text} is newer than the releases modelled ({span}); the nearest is "
+                         f"{release_text(NEWEST)}")
+    return rel
+
+
+def release_row(text: str) -> tuple[VllmRelease, bool]:
+    """The row for a release string, and whether that release's own source was read (``read_at``);
+    False: the nearest earlier row is assumed to hold."""
+    rel = parse_release(text)
+    row = [r for r in VLLM_RELEASES if r.first <= rel][-1]
+    return row, rel in row.read_at
