@@ -25,7 +25,7 @@ band's low KV pool, ``max_concurrency_low``, holding the wanted concurrency).  T
 reserve the user chooses (other processes, a desktop session, what no estimate knows); the band
 is the estimate's own error on a publication it has not seen, calibrated on
 validation/published.yaml.  The two answer different questions, so both must hold; with the
-calibration of docs/validation.md (device used x1.26 at the high bound) the band is the tighter
+calibration of docs/validation.md (training device used x1.25-x1.32 at the high bound) the band is the tighter
 of the two at the default margin.
 """
 
