@@ -150,15 +150,21 @@ def serve_document(sr: Any, d: Any) -> dict[str, Any]:
             "engine": sr.engine}
 
 
+def _start_table(engine: str, total_memory_bytes: int) -> Table:
+    """The start-up table of a serving engine: term, GiB and how, from the device's total memory."""
+    t = Table(title=f"{engine} start-up memory per GPU", title_justify="left")
+    t.add_column("term")
+    t.add_column("GiB", justify="right")
+    t.add_column("how", no_wrap=False)
+    t.add_row("total memory", _gib(total_memory_bytes), "torch.cuda.mem_get_info()")
+    return t
+
+
 def _render_sglang(d: Any) -> None:
     verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
     _console().print(f"[bold]{d.model}[/] · SGLang {d.release} · {d.gpu} · tp={d.tp} · "
                      f"context_len {d.context_len:,} · mem_fraction_static {d.mem_fraction_static}")
-    t = Table(title="SGLang start-up memory per GPU", title_justify="left")
-    t.add_column("term")
-    t.add_column("GiB", justify="right")
-    t.add_column("how", no_wrap=False)
-    t.add_row("total memory", _gib(d.total_memory_bytes), "torch.cuda.mem_get_info()")
+    t = _start_table("SGLang", d.total_memory_bytes)
     t.add_row("free at start", _gib(d.free_at_start_bytes), "total - CUDA context - NCCL ('Load weight begin')")
     t.add_row("static budget", _gib(d.static_budget_bytes), f"{d.mem_fraction_static} x free at start")
     t.add_row("  weights", _gib(d.weights_bytes), f"parameters {_gib(d.parameters_bytes)} + rotary cache (fp32)")
@@ -219,11 +225,7 @@ def _render_serve(d: Any) -> None:
     verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
     _console().print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
                f"max_model_len {d.max_model_len:,} · utilisation {d.gpu_memory_utilization}")
-    t = Table(title="vLLM start-up memory per GPU", title_justify="left")
-    t.add_column("term")
-    t.add_column("GiB", justify="right")
-    t.add_column("how", no_wrap=False)
-    t.add_row("total memory", _gib(d.total_memory_bytes), "torch.cuda.mem_get_info()")
+    t = _start_table("vLLM", d.total_memory_bytes)
     t.add_row("requested", _gib(d.requested_bytes), f"{d.gpu_memory_utilization} x total")
     t.add_row("  weights", _gib(d.weights_bytes), f"parameters {_gib(d.parameters_bytes)} + rotary cache")
     t.add_row("  activation peak", _gib(d.activation_peak_bytes),
