@@ -150,6 +150,16 @@ def serve_document(sr: Any, d: Any) -> dict[str, Any]:
             "engine": sr.engine}
 
 
+def _print_outcome(verdict: str, d: Any) -> None:
+    """A serving engine's verdict, its message and fix, and its assumptions, under the start-up table."""
+    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
+    if d.fix:
+        _console().print(f"change: {d.fix}", highlight=False)
+    _console().print("[dim]Assumptions:[/]")
+    for a in d.assumptions:
+        _console().print(f"[dim]  - {a}[/]", highlight=False)
+
+
 def _start_table(engine: str, total_memory_bytes: int) -> Table:
     """The start-up table of a serving engine: term, GiB and how, from the device's total memory."""
     t = Table(title=f"{engine} start-up memory per GPU", title_justify="left")
@@ -180,12 +190,9 @@ def _render_sglang(d: Any) -> None:
                      f"{d.max_running_requests:,} · concurrency at context_len {d.context_len:,}: "
                      f"{d.max_concurrency:.2f}x · chunked_prefill_size {d.chunked_prefill_size} · "
                      f"cuda_graph_max_bs {d.cuda_graph_max_bs}")
-    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
-    if d.fix:
-        _console().print(f"change: {d.fix}", highlight=False)
-    _console().print("[dim]Assumptions:[/]")
-    for a in d.assumptions:
-        _console().print(f"[dim]  - {a}[/]", highlight=False)
+    _print_outcome(verdict, d)
+
+
 def _serve_llamacpp(d: Any, as_json: bool) -> None:
     """llama.cpp's buffers (serve/llamacpp.py), as JSON or as its own log lines and a table."""
     fits = d.starts and d.device_used_bytes <= d.total_memory_bytes
@@ -245,12 +252,7 @@ def _render_serve(d: Any) -> None:
     _console().print(f"num_gpu_blocks {d.num_gpu_blocks:,} · GPU KV cache size {d.kv_cache_tokens:,} tokens · "
                f"maximum concurrency for {d.max_model_len:,} tokens per request {d.max_concurrency:.2f}x · "
                f"largest max_model_len that fits {d.max_model_len_that_fits:,}")
-    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
-    if d.fix:
-        _console().print(f"change: {d.fix}", highlight=False)
-    _console().print("[dim]Assumptions:[/]")
-    for a in d.assumptions:
-        _console().print(f"[dim]  - {a}[/]", highlight=False)
+    _print_outcome(verdict, d)
 
 
 # ---------------------------------------------------------------------------- kv
