@@ -74,6 +74,22 @@ def test_plan_from_a_scenario_file_and_export(tmp_path: Path) -> None:
     assert "README.md" in names and (tmp_path / "cfg" / "README.md").exists()
 
 
+@pytest.mark.parametrize(("field", "value"), [("loss", "chunked"), ("liger_kernels", True), ("packing", True),
+                                              ("activation_offload", "cpu")])
+def test_plan_refuses_techniques_it_does_not_search(tmp_path: Path, field: str, value: object) -> None:
+    """A scenario that asks for a loss kernel, Liger kernels, packing or activation offload is refused by plan
+    (it would plan the job without them) and names the field; without it the same file plans."""
+    doc = {"model": "meta-llama/Llama-3.2-1B", "task": "train", "hardware": {"gpu": "H100", "num_gpus": 1},
+           "train": {"seq_len": 1024, field: value}}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = run("plan", str(path))
+    assert code == 2 and f"train.{field}" in out + err and "does not search" in out + err
+    del doc["train"][field]
+    path.write_text(json.dumps(doc))
+    assert run("plan", str(path), "--json")[0] == 0
+
+
 def test_plan_serve() -> None:
     code, out, _ = run("plan", "--task", "serve", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu", "H100-SXM",
                        "--num-gpus", "2", "--max-model-len", "8192", "--concurrency", "64", "--json")

@@ -54,6 +54,16 @@ def _from_scenario(path: Path) -> dict[str, Any]:
         out["concurrency"] = sc.serve.max_num_seqs
     else:
         t = sc.train
+        # techniques the search does not try (docs/planning.md): planning the job without them would answer
+        # for another job, so they are refused rather than dropped
+        unsearched = [(f"train.{k}", v) for k, v in (("loss", t.loss), ("liger_kernels", t.liger_kernels),
+                                                     ("packing", t.packing), ("activation_offload", t.activation_offload))
+                      if v != type(t).model_fields[k].default]
+        if unsearched:
+            raise ScenarioError([Problem(k, f"is {v!r} in the scenario, but plan does not search it (it plans the "
+                                         "standard loss, no Liger kernels, no packing and no activation offload)",
+                                         f"remove {k} to plan without it, or check the setup with `vramplan estimate`")
+                                 for k, v in unsearched])
         out["seq_len"] = t.seq_len
         out["global_batch"] = t.micro_batch_size * t.grad_accum_steps * sc.data_parallel_degree
         if t.peft is not None:
