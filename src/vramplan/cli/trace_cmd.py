@@ -11,10 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from vramplan.cli.common import deep_merge as _merge
-from vramplan.cli.common import fail, guard_output, progress, refuse_other_task_options
+from vramplan.cli.common import fail, guard_output, progress, scenario_document
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
-from vramplan.errors import Problem, ScenarioError, VramplanError
+from vramplan.errors import ScenarioError, VramplanError
 from vramplan.spec.checks import number_problems
 
 Opt = typer.Option
@@ -39,14 +38,7 @@ def register(app: typer.Typer) -> None:
         """Trace one training step or inference pass of the real model code (needs the trace extra)."""
         out = Console(soft_wrap=False)
         try:
-            from vramplan.spec.load import read_document
-
-            base: dict[str, Any] = read_document(scenario) if scenario is not None else {}
-            task = given["task"] or base.get("task", "train")
-            doc = _merge(base, given.document(task))
-            refuse_other_task_options(given, task)
-            if "model" not in doc:
-                raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
+            doc = scenario_document(scenario, given)
             guard_output("--timeline", timeline, (".png", ".html", ".htm", ".json"), ".png, .html or .json")
             problems = number_problems("--top", top, 1, 1000)
             if problems:
