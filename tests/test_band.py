@@ -230,3 +230,5 @@ def test_a_small_class_floors_the_pooled_quantile() -> None:
     # a class that never measured a quantity falls back to its workload's floor, then the pooled quantile
     assert cal.lookup("e", "a", "reserved") == (0.3, "e/a")
     assert cal.lookup("e", "c", "allocated") == (0.1, "e")
+    # inputs not modelled widen to the widest band lookup gives, a small class's floor included
+    assert cal.worst("e") == (0.3, "e/a/allocated")

@@ -32,8 +32,8 @@ by how much, from the validation residuals of the same engine, workload class an
   (fallbacks included) and the removed rows checked against it (``loso_coverage``).
 
 Inputs accepted but not modelled (an assumption starting with ``not modelled: ``) widen every
-band of the report to the largest quantile of the engine's table (its worst class): no class
-measured that input, so the widest error seen anywhere is the least that can be said.
+band of the report to the widest band of the engine's table (its worst class, a small class's floor
+included): no class measured that input, so the widest error seen anywhere is the least that can be said.
 
 The verdict: ``DOES NOT FIT`` when the point estimate does not fit (``Report.fits``);
 ``FITS`` when the high bound of the device's used memory is at most the capacity as well;
@@ -190,15 +190,12 @@ class Calibration:
         return (floor, floor_key) if floor_key else (None, "")
 
     def worst(self, engine: str) -> tuple[float | None, str]:
-        """The largest quantile of the engine's classes (every engine's, if it has none)."""
-        fits = [f for f in self.classes.values() if f.quantile is not None
-                and (f.key == engine or f.key.startswith(engine + "/"))]
-        if not fits:
-            fits = [f for f in self.classes.values() if f.quantile is not None]
-        if not fits:
-            return None, ""
-        top = max(fits, key=lambda f: (f.quantile or 0.0, f.key))
-        return top.quantile, top.key
+        """The widest band of the engine's classes as ``lookup`` gives them (a small class's floor included;
+        every engine's, if it has none)."""
+        mine = [k for k in self.classes if k == engine or k.startswith(engine + "/")] or list(self.classes)
+        found = [(q, key) for q, key in (self.lookup(*(k.split("/") + ["", "", ""])[:3]) for k in mine)
+                 if q is not None]
+        return max(found) if found else (None, "")
 
 
 def fit_calibration(rows: Iterable[Residual], coverage: float = COVERAGE,
