@@ -20,7 +20,9 @@ ROWS = list_models()
 # x 256 experts = 14,848 elements, which the published 671,026,419,200 includes.
 BUFFERS_COUNTED = {"deepseek-ai/DeepSeek-V3": 58 * 256,
                    # GLM-4.5-Air's router keeps the same bias as a buffer (Glm4MoeTopkRouter): 45 MoE layers x 128
-                   "zai-org/GLM-4.5-Air": 45 * 128}
+                   "zai-org/GLM-4.5-Air": 45 * 128,
+                   # DeepSeek-R1 has DeepSeek-V3's architecture: the same 58 MoE layers x 256 experts
+                   "deepseek-ai/DeepSeek-R1": 58 * 256}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
