@@ -188,3 +188,31 @@ def test_a_size_suffix_that_does_not_match_the_row_is_unknown(name: str) -> None
     # an 'H100-94GB' (the NVL's memory) must not be answered with the 80 GB row's memory
     with pytest.raises(UnknownNameError):
         resolve_gpu(name)
+
+
+# Rows without a half-precision tensor rate, each for a stated reason: Pascal has no tensor cores (P40 and
+# GTX 1080 Ti run FP16 at 1/64 of FP32), and NVIDIA publishes for GB10 only a sparse FP4 figure that does not fix
+# its FP16 rate.  Every other row needs one, since the planner ranks setups by speed and refuses a GPU without it.
+NO_HALF_RATE = {"P40", "GTX-1080-Ti", "GB10"}
+
+
+@pytest.mark.parametrize("gpu", ROWS, ids=[g.name for g in ROWS])
+def test_tensor_rows_have_a_half_precision_rate(gpu) -> None:  # type: ignore[no-untyped-def]
+    rates = gpu.dense_flops_per_s
+    has_half = bool(rates.get("bf16") or rates.get("fp16"))
+    assert has_half == (gpu.name not in NO_HALF_RATE)
+
+
+def test_blackwell_rates_follow_the_published_figures() -> None:
+    rates = {g.name: g.dense_flops_per_s for g in ROWS}
+    # GeForce: NVIDIA's AI TOPS are FP4 with 2:4 sparsity; dense FP16 with FP32 accumulate = AI TOPS / 16.
+    # RTX 5080: 1801 / 16 = 112.5625 TF; RTX 5070 Laptop: 798 / 16 = 49.875 TF; the RTX 5090 row's 3352 / 16 = 209.5 TF.
+    assert rates["RTX-5080"]["bf16"] == 112_562_500_000_000
+    assert rates["RTX-5070-Laptop"]["bf16"] == 49_875_000_000_000
+    assert rates["RTX-5090"]["bf16"] == 3352 * 10**12 // 16
+    # RTX 5060 Ti: 36 SMs x 512 FLOP per SM per clock x 2.572 GHz = 47,407,104,000,000.
+    assert rates["RTX-5060-Ti-16GB"]["bf16"] == 36 * 512 * 2_572_000_000
+    # HGX B300: 36 PF FP16/BF16 with sparsity for 8 GPUs -> 36 / 8 / 2 = 2.25 PF dense per GPU.
+    assert rates["B300"]["bf16"] == 36 * 10**15 // 16
+    # MI355X: 256 CUs x 4096 FP16 FLOP per CU per clock x 2.4 GHz = 2,516,582,400,000,000.
+    assert rates["MI355X"]["bf16"] == 256 * 4096 * 2_400_000_000
