@@ -36,16 +36,22 @@ def _by_id(entry_id: str) -> Entry:
     return next(e for e in _holdout().entries if e.id == entry_id)
 
 
+# batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries
+BATCH1_ENTRIES = 36
+BATCH2_ENTRIES = 26
+BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
+
+
 def test_holdout_loads_with_the_dataset_loader() -> None:
     ds = _holdout()
-    assert len(ds.entries) == 36
+    assert len(ds.entries) == BATCH1_ENTRIES + BATCH2_ENTRIES
 
 
 def test_ids_are_unique_in_the_raw_file() -> None:
     # parse_dataset refuses duplicates too; this reads the raw list so that the check does not depend on it
     raw: list[dict[str, Any]] = yaml.safe_load(HOLDOUT.read_text(encoding="utf-8"))
     ids = [r["id"] for r in raw]
-    assert len(ids) == 36
+    assert len(ids) == BATCH1_ENTRIES + BATCH2_ENTRIES
     assert len(set(ids)) == len(ids)
 
 
@@ -101,3 +107,38 @@ def test_quoted_figures_converted_to_bytes() -> None:
     assert _by_id("dl-vllm01011-qwen2-7b-a100-u025-kv").measured.bytes == 5_382_995_968
     # tensor parallel 2: 2 KV heads per GPU, 28,672 B per token; 1,192,160 x 28,672 = 34,181,611,520 B
     assert _by_id("dl-vllm01011-qwen2-7b-tp2-a100-u050-kv").measured.bytes == 34_181_611_520
+
+
+def test_batch2_follows_its_marker_and_brings_new_sources() -> None:
+    text = HOLDOUT.read_text(encoding="utf-8")
+    head, sep, tail = text.partition(BATCH2_MARK)
+    assert sep, "the batch-2 comment line is missing"
+    batch1 = yaml.safe_load(head)
+    batch2 = yaml.safe_load(tail.split("\n", 1)[1])
+    assert len(batch1) == BATCH1_ENTRIES
+    assert len(batch2) == BATCH2_ENTRIES
+    # batch 2 uses none of batch 1's sources, and draws on at least six publications
+    sources2 = {str(r["source"]) for r in batch2}
+    assert not sources2 & {str(r["source"]) for r in batch1}
+    assert len(sources2) >= 6
+
+
+def test_batch2_figures_converted_to_bytes() -> None:
+    # AutoAWQ prints torch.cuda.max_memory_allocated() / 1024**3 to 2 decimals: 4.35 x 2^30 = 4,670,776,934.4
+    assert _by_id("awq016-mistral7b-gemm-b1-p64-n64-4090").measured.bytes == 4_670_776_934
+    # 16.82 x 1,073,741,824 = 18,060,337,479.7 -> 18,060,337,480
+    assert _by_id("awq016-mistral7b-gemm-b8-p2048-n2048-4090").measured.bytes == 18_060_337_480
+    # vLLM V1 pool: Qwen3-235B-A22B, 94 layers x (4 KV heads / TP 4) x 128 x 2 (K, V) x 2 B = 48,128 B per token;
+    # 178,880 tokens x 48,128 = 8,609,136,640
+    assert _by_id("vllm21348-qwen3-235b-a22b-fp8-tp4-h100-vllm-kv").measured.bytes == 8_609_136_640
+    # SGLang: 367,404 tokens x 48,128 = 17,682,419,712 (K alone 8,841,209,856 B = 8.23 GiB, as printed)
+    assert _by_id("vllm21348-qwen3-235b-a22b-fp8-tp4-h100-sglang-kv").measured.bytes == 17_682_419_712
+    # vLLM 0.2: 3,028 blocks x 16 tokens x (32 layers x 32 heads x 128 x 2 x 2 B = 524,288) = 25,400,705,024
+    assert _by_id("vllm1267-llongorca-7b-16k-rtx6000ada-kv").measured.bytes == 25_400_705_024
+
+
+def test_batch2_dynamic_length_rows_are_not_compared() -> None:
+    # PEFT's MetaMathQA runs pad each batch to its longest sample: the figure is kept but only the verdict is checked
+    rows = [e for e in _holdout().entries if e.source == "peft-method-comparison-metamathqa"]
+    assert len(rows) == 4
+    assert all(e.not_compared and not e.compares_bytes for e in rows)

@@ -1,0 +1,155 @@
+"""Render the holdout scores saved by ``vramplan validate --json`` as markdown, for batch 2 alone and the whole file.
+
+The engines are not run again: the one scoring of the file is the JSON this script reads
+(benchmarks/data/holdout_batch2_before.json, written by the command in benchmarks/holdout_batch2_before.md).
+Batch 2 is every entry after the ``# ---- batch 2`` comment line of validation/holdout.yaml.
+
+    PYTHONPATH=src python benchmarks/render_holdout_batch2.py benchmarks/data/holdout_batch2_before.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from vramplan.validate.markdown import fmt_pct, to_markdown
+from vramplan.validate.metrics import FitsVerdict, Summary, summarize
+from vramplan.validate.runner import EntryResult, Prediction, ValidationResult
+
+ROOT = Path(__file__).resolve().parents[1]
+HOLDOUT = ROOT / "validation" / "holdout.yaml"
+BATCH2_MARK = "# ---- batch 2, collected 2026-11-26"
+ENGINES = ("analytic", "trace")
+GIB = 2**30
+
+
+def batch2_ids(path: Path = HOLDOUT) -> list[str]:
+    """Ids of the entries that follow the batch-2 comment line, in file order."""
+    text = path.read_text(encoding="utf-8")
+    _, sep, tail = text.partition(BATCH2_MARK)
+    if not sep:
+        raise SystemExit(f"{path}: no batch-2 marker line")
+    return [str(r["id"]) for r in yaml.safe_load(tail.split("\n", 1)[1])]
+
+
+def load_result(path: Path) -> ValidationResult:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data.pop("skipped", None)  # derived from the entries (ValidationResult.to_json_dict)
+    return ValidationResult.model_validate(data)
+
+
+def summarize_entries(entries: Sequence[EntryResult], key: str) -> Summary:
+    """The runner's per-group summary (validate/runner.py ``_summarize``) over the given entries."""
+    errors: list[float] = []
+    verdicts: list[FitsVerdict] = []
+    band: list[tuple[str, str]] = []
+    covered: list[bool] = []
+    not_run = 0
+    for e in entries:
+        p = e.predictions.get(key)
+        if p is None or p.status == "not_applicable":
+            continue
+        if p.status in ("unavailable", "error"):
+            not_run += 1
+            continue
+        if p.signed_error is not None:
+            errors.append(p.signed_error)
+        if p.verdict is not None:
+            verdicts.append(p.verdict)
+        if p.band_verdict is not None:
+            band.append((p.band_verdict, e.outcome))
+        if p.covered is not None:
+            covered.append(p.covered)
+    return summarize(errors, verdicts, not_run, band, covered)
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _gib(x: int | None) -> str:
+    return "-" if x is None else f"{x / GIB:.2f}"
+
+
+def _cov(s: Summary) -> str:
+    return f"{s.band_covered}/{s.band_n_checked}" if s.band_n_checked else "-"
+
+
+SUMMARY_HEAD = ["n err", "median abs", "p90 abs", "median signed", "under/over", "verdicts right",
+                "false fits (point)", "false OOMs (point)", "band FITS/MAY/DOES NOT", "false fits (band)",
+                "band covers", "not run"]
+
+
+def summary_cells(s: Summary) -> list[str]:
+    return [str(s.n_error), fmt_pct(s.median_abs_error), fmt_pct(s.p90_abs_error),
+            fmt_pct(s.median_signed_error, signed=True), f"{s.under}/{s.over}",
+            f"{s.fits_correct}/{s.n_fits_checked}", str(s.missed_oom), str(s.false_oom),
+            f"{s.band_fits}/{s.band_may_not_fit}/{s.band_does_not_fit}", str(s.band_missed_oom), _cov(s),
+            str(s.not_run)]
+
+
+def summary_table(entries: Sequence[EntryResult]) -> list[str]:
+    """By engine: all entries, then each workload class."""
+    out = [_row(["engine", "workload", *SUMMARY_HEAD]), _row(["---"] * (2 + len(SUMMARY_HEAD)))]
+    workloads = sorted({e.workload for e in entries})
+    for key in ENGINES:
+        out.append(_row([key, "**all**", *summary_cells(summarize_entries(entries, key))]))
+        for w in workloads:
+            out.append(_row([key, w, *summary_cells(summarize_entries([e for e in entries if e.workload == w], key))]))
+    return out
+
+
+def _pred_cells(e: EntryResult, p: Prediction | None) -> list[str]:
+    if p is None or p.status == "not_applicable":
+        return ["n/a", "", "", ""]
+    if p.status != "ok":
+        return [f"not run: {p.reason.split(' (')[0]}", "", "", ""]
+    err = fmt_pct(p.signed_error, signed=True) if p.signed_error is not None else "-"
+    band = f"{p.band_verdict} [{_gib(p.low_bytes)}, {_gib(p.high_bytes)}]" if p.low_bytes else str(p.band_verdict)
+    cov = "" if p.covered is None else (" in" if p.covered else " **out**")
+    return [_gib(p.predicted_bytes), err, str(p.verdict), band + cov]
+
+
+def rows_table(entries: Sequence[EntryResult]) -> list[str]:
+    head = ["entry", "workload", "quantity", "outcome", "measured GiB"]
+    for key in ENGINES:
+        head += [f"{key} GiB", f"{key} error", f"{key} verdict", f"{key} band (GiB)"]
+    out = [_row(head), _row(["---"] * len(head))]
+    for e in entries:
+        measured = _gib(e.measured_bytes) + (" (capacity)" if e.quantity == "unknown" else "")
+        if e.not_compared:
+            measured += " (not compared)"
+        cells = [f"`{e.id}`", e.workload, e.quantity, e.outcome, measured]
+        for key in ENGINES:
+            cells += _pred_cells(e, e.predictions.get(key))
+        out.append(_row(cells))
+    return out
+
+
+def render(result: ValidationResult, ids: Sequence[str]) -> str:
+    by_id = {e.id: e for e in result.entries}
+    batch = [by_id[i] for i in ids]
+    lines = ["## Batch 2 alone", "", f"{len(batch)} entries from {len({e.source for e in batch})} sources.", "",
+             "### Per row", "", *rows_table(batch), "", "### Summary, batch 2", "", *summary_table(batch), "",
+             "## Batch 1 alone, scored in the same run", "",
+             *summary_table([e for e in result.entries if e.id not in set(ids)]), "",
+             "## Whole holdout file (batch 1 + batch 2)", "", *summary_table(result.entries), "",
+             "### The validator's own rendering of the whole file (`vramplan.validate.markdown.to_markdown`)", "",
+             to_markdown(result)]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__)
+        return 2
+    sys.stdout.write(render(load_result(Path(argv[1])), batch2_ids()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
