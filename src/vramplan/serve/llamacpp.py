@@ -1,7 +1,8 @@
 """llama.cpp's memory at start-up (``llama-server`` / ``llama-cli``), part by part, as its log prints it.
 
-Modelled at llama.cpp's source of 2025-2026 (``src/llama-model.cpp``, ``src/llama-kv-cache.cpp``,
-``src/llama-context.cpp``, ``src/llama-graph.cpp``, ``ggml/src/ggml-alloc.c``), one CUDA device:
+Modelled at llama.cpp's source of build 3410 (``src/llama.cpp``) and of 2025-2026 (``src/llama-model.cpp``,
+``src/llama-kv-cache.cpp``, ``src/llama-context.cpp``, ``src/llama-graph.cpp``), ``ggml/src/ggml-alloc.c``,
+one CUDA device:
 
 1. **Weights** (``load_tensors``).  The repeating layers are offloaded from the last:
    ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``, ``act_gpu_layers = min(n_gpu_layers, n_layer + 1)``;
@@ -14,23 +15,22 @@ Modelled at llama.cpp's source of 2025-2026 (``src/llama-model.cpp``, ``src/llam
    (``ggml_backend_cuda_buffer_type_get_alloc_size``, ``MATRIX_ROW_PADDING``).
 2. **KV cache** (``llama_kv_cache``): per offloaded layer a K tensor ``[n_embd_k_gqa, kv_size]`` and a V
    tensor ``[n_embd_v_gqa, kv_size]`` in the cache types (``--cache-type-k/-v``; q8_0 is 34 bytes per 32
-   values, q4_0 18).  ``kv_size`` is ``n_ctx`` rounded up to 256 (``GGML_PAD(n_ctx, 256)``,
-   ``llama_context``).  A quantized V cache needs flash attention: without it llama.cpp refuses ("V cache
-   quantization requires flash_attn").
-3. **Compute buffer** (``graph_reserve`` with ``n_ubatch`` tokens, all of them outputs, and the whole cache
-   in view): ggml-alloc places the graph's tensors one node after the other, freeing a tensor after its
-   last consumer and computing an element-wise node in place of its only input
-   (``ggml_gallocr_allocate_node``), in a best-fit free list (``ggml_dyn_tallocr_alloc``); the buffer is
-   the highest offset reached.  ``_graph`` lists the tensors of a llama-style layer as
-   ``llm_build_llama`` builds them: without flash attention the scores ``n_kv x n_ubatch x n_head`` f32 are
-   the largest; with it, the output ``n_embd_v x n_ubatch`` only; the logits ``n_vocab x n_ubatch`` f32
-   at the end.
+   values, q4_0 18).  ``kv_size`` is ``n_ctx`` rounded up to the build's padding (32 cells, 256 with flash
+   attention: ``llama_kv_cache_get_padding``).  A quantized V cache needs flash attention: without it
+   llama.cpp refuses ("V cache quantization requires flash_attn").
+3. **Compute buffer** (``serve/ggml_graph.py``): the worst-case graph llama.cpp reserves (``n_ubatch``
+   tokens, all of them outputs, the whole cache in view), node by node in ``ggml_build_forward_expand``
+   order (``llm_build_llama`` and its kin, ``llm_build_gptneox``), replayed through ggml-alloc's rules
+   (in-place reuse, best-fit free list, frees after the last consumer); the buffer is the highest offset.
+   Without flash attention the scores ``n_kv x n_ubatch x n_head`` f32 are the largest tensor; with it,
+   the output ``n_embd_v x n_ubatch`` only; the logits ``n_vocab x n_ubatch`` f32 at the end.  The
+   build's rules (KV padding, mask padding, the ``-fa`` default) are rows of ``facts/llamacpp_builds.py``.
 4. **Outside the buffers**: the CUDA context (``analytic/overhead.py``).
 
 Worked example (Llama-3.1-8B Q4_K_M, n_ctx 8192, f16 cache, all 33 slots offloaded): weights on the GPU
 4.30 GiB (token_embd, 281.81 MiB in Q4_K, stays on the host); KV 32 layers x 2 x 1024 x 8192 x 2 B =
 1024 MiB; compute without flash attention 8192 x 512 x 32 x 4 B = 512 MiB of scores plus the layer's
-other live tensors.
+other live tensors: 560.00 MiB, as an ollama 0.5.4 log prints it (validation/published.yaml).
 """
 
 from __future__ import annotations
