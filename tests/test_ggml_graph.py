@@ -62,6 +62,14 @@ def test_llama3_8b_compute_buffers_are_the_published_logs() -> None:
     assert gallocr_max_size(reserve_nodes(_llama3_8b(8192, flash=True), 32, True), 128) == 258.5 * MiB
 
 
+def test_set_rows_builds_copy_the_v_indices_without_flash_attention() -> None:
+    # b6327's stores are ggml_set_rows: without flash attention V is transposed and v_idxs holds one I64 index per
+    # value, 512 x 1024 x 8 B = 4 MiB, plus k_idxs 512 x 8 B = 4 KiB, both split inputs alive through the layers:
+    # 560 MiB + 4 KiB + 4 MiB + 4 KiB
+    s = GraphShape("llama", 4096, 32, 8, 128, 128, 14336, 128256, 512, 8192, 512, False, set_rows=True)
+    assert gallocr_max_size(reserve_nodes(s, 32, True), 128) == 564 * MiB + 8 * KiB
+
+
 def test_best_fit_takes_the_smallest_block_that_fits_else_the_tail() -> None:
     free = [[0, 10], [20, 5], [40, 1 << 40]]
     assert _alloc(free, 5) == (20, 25)  # the 5-byte block, not the first one that fits

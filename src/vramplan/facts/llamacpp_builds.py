@@ -13,6 +13,8 @@ builds:
 * ``kq_mask_pad``: the mask's rows are ``GGML_PAD(n_tokens, GGML_KQ_MASK_PAD)`` (``ggml/include/ggml.h``).
 * ``flash_attn_default``: what ``-fa`` means when it is not given: ``off``, or ``auto`` (on where the
   device supports it: every CUDA GPU vramplan lists).
+* ``set_rows``: the cache stores are ``ggml_set_rows`` with index inputs the GPU graph copies in (without
+  flash attention one index per value of V: ``n_tokens x n_embd_v_gqa`` x 8 bytes), not ``ggml_cpy``.
 * ``reserve``: the function that reserves the compute buffer and prints "CUDA0 compute buffer size".
 """
 
@@ -33,6 +35,7 @@ class LlamaCppBuild:
     kv_pad_flash: int
     kq_mask_pad: int
     flash_attn_default: str  # "off" | "auto"
+    set_rows: bool  # the KV stores are ggml_set_rows with I64 index inputs (split inputs of the GPU graph)
     reserve: str
     sources: tuple[str, ...]
     checked_by: tuple[str, ...] = ()  # validation/published.yaml sources that check the row
@@ -44,7 +47,7 @@ class LlamaCppBuild:
 
 LLAMACPP_BUILDS: tuple[LlamaCppBuild, ...] = (
     LlamaCppBuild(
-        build=3410, date="2024-07-17", kv_pad=32, kv_pad_flash=256, kq_mask_pad=32, flash_attn_default="off",
+        build=3410, date="2024-07-17", kv_pad=32, kv_pad_flash=256, kq_mask_pad=32, flash_attn_default="off", set_rows=False,
         reserve="llama_new_context_with_model (src/llama.cpp)",
         sources=(
             "src/llama.cpp llama_kv_cache_get_padding: flash_attn ? 256 : 32 (ggml-org/llama.cpp#7257)",
@@ -58,7 +61,7 @@ LLAMACPP_BUILDS: tuple[LlamaCppBuild, ...] = (
                     "ollama-0.5.4-llama-3.1-8b-rtx4090"),
     ),
     LlamaCppBuild(
-        build=6327, date="2025-08-31", kv_pad=32, kv_pad_flash=256, kq_mask_pad=64, flash_attn_default="auto",
+        build=6327, date="2025-08-31", kv_pad=32, kv_pad_flash=256, kq_mask_pad=64, flash_attn_default="auto", set_rows=True,
         reserve="llama_context::sched_reserve (src/llama-context.cpp)",
         sources=(
             ("common/arg.cpp -fa, --flash-attn [on|off|auto], default auto; llama_context_params.flash_attn_type "
@@ -67,6 +70,9 @@ LLAMACPP_BUILDS: tuple[LlamaCppBuild, ...] = (
             ("src/llama-context.cpp llama_context::sched_reserve: the pp graph of n_tokens = min(n_ctx, n_ubatch), "
             "n_outputs = min(n_tokens, n_outputs_max) (n_outputs_max defaults to n_batch), reserved last"),
             "ggml/include/ggml.h GGML_KQ_MASK_PAD 64",
+            ("src/llama-kv-cache.cpp llama_kv_cache::cpy_k / cpy_v: ggml_set_rows into the cache with the I64 inputs "
+             "of build_input_k_idxs ([n_tokens]) and build_input_v_idxs ([n_tokens], or [n_tokens * n_embd_v_gqa] for "
+             "the transposed V of -fa off)"),
             ("ggml/src/ggml-alloc.c: chunked ggml_dyn_tallocr, one chunk for a CUDA buffer (max size SIZE_MAX): the "
             "same best fit as before"),
         ),

@@ -37,6 +37,7 @@ __all__ = ["GTensor", "GraphShape", "ReserveGraph", "gallocr_max_size", "reserve
 
 F32 = 4
 I32 = 4
+I64 = 8
 F16 = 2
 # ggml_op_can_inplace (ggml-alloc.c): the ops vramplan's graphs use that may reuse a source's memory
 INPLACE_OPS = frozenset({"add", "mul", "unary", "rope", "rms_norm", "soft_max", "scale"})
@@ -225,6 +226,7 @@ class GraphShape:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    set_rows: bool = False  # the cache stores are ggml_set_rows with I64 index inputs (k_idxs, v_idxs)
 
 
 class _Builder:
@@ -240,11 +242,18 @@ class _Builder:
         self.out_ids = GTensor("inp_out_ids", "leaf", (ub,), I32, split_input=True)
         self.k_cache = GTensor("cache_k", "leaf", external=True)
         self.v_cache = GTensor("cache_v", "leaf", external=True)
+        # llama_kv_cache::build_input_k_idxs / build_input_v_idxs: one I64 row index per token, per value of a
+        # transposed V (no flash attention: each row one element)
+        v_rows = ub if s.flash_attn else ub * s.n_head_kv * s.head_v
+        self.idxs = (GTensor("k_idxs", "leaf", (ub,), I64, split_input=True),
+                     GTensor("v_idxs", "leaf", (v_rows,), I64, split_input=True))
 
-    def _store(self, cur: GTensor, cache: GTensor) -> None:
-        """llm_build_kv_store: ggml_cpy into a view of the cache (the result is a view of the cache)."""
+    def _store(self, cur: GTensor, cache: GTensor, which: int) -> None:
+        """The cache store: ``ggml_cpy`` into a view of the cache (llm_build_kv_store), or ``ggml_set_rows`` with
+        the index input (llama_kv_cache::cpy_k / cpy_v); either result is a view of the cache."""
         dst = ReserveGraph.view("cache_view", cache, cur.ne)
-        self.g.expand(GTensor("cpy", "cpy", cur.ne, cur.elem, (cur, dst), view_src=cache))
+        srcs = (dst, cur, self.idxs[which]) if self.s.set_rows else (cur, dst)
+        self.g.expand(GTensor("cpy", "cpy", cur.ne, cur.elem, srcs, view_src=cache))
 
     def _kqv(self, q_r: GTensor) -> GTensor:
         """llm_build_kqv, expanded up to the merged heads (``kqv_merged_cont``, or the reshaped flash output)."""
@@ -319,8 +328,8 @@ class _Builder:
         q_r, k_r, v = self._qkv(self._norm(x))
         for t in (q_r, k_r, v):  # llm_build_kv: "added to the graph together so that they are not reordered"
             self.g.expand(t)
-        self._store(k_r, self.k_cache)
-        self._store(v if s.flash_attn else view("v_t", v), self.v_cache)  # without flash attention V is transposed
+        self._store(k_r, self.k_cache, 0)
+        self._store(v if s.flash_attn else view("v_t", v), self.v_cache, 1)  # without flash attention V is transposed
         attn = op("wo", "mul_mat", (s.n_embd, ub), self._kqv(q_r))
         if last:
             attn = op("attn_rows", "get_rows", attn.ne, attn, self.out_ids)

@@ -169,19 +169,19 @@ def kv_cache_bytes(h: Hparams, cells: int, layers: int, type_k: GgmlType, type_v
     return k, v
 
 
-def _shape(h: Hparams, ub: int, n_kv: int, flash: bool, mask_pad: int) -> GraphShape:
+def _shape(h: Hparams, ub: int, n_kv: int, flash: bool, mask_pad: int, set_rows: bool) -> GraphShape:
     return GraphShape(
         arch="gptneox" if h.arch in ("gptneox", "gpt_neox") else "llama", n_embd=h.n_embd, n_head=h.n_head,
         n_head_kv=h.n_head_kv, head_k=h.head_k, head_v=h.head_v, n_ff=h.n_ff, n_vocab=h.n_vocab, n_tokens=ub,
         n_kv=n_kv, mask_rows=round_up(ub, mask_pad), flash_attn=flash, gated=h.gated, n_expert=h.n_expert,
-        n_expert_used=h.n_expert_used, n_ff_exp=h.n_ff_exp)
+        n_expert_used=h.n_expert_used, n_ff_exp=h.n_ff_exp, set_rows=set_rows)
 
 
 def compute_buffer_bytes(h: Hparams, ub: int, n_kv: int, flash: bool, layers: int, output: bool,
-                         mask_pad: int = 32) -> int:
+                         mask_pad: int = 32, set_rows: bool = False) -> int:
     """The GPU compute buffer: ggml-alloc's highest offset over the reserve graph's GPU split, the last
     ``layers`` layers and, with ``output``, the output (module docstring, 3; ``serve/ggml_graph.py``)."""
-    nodes = reserve_nodes(_shape(h, ub, n_kv, flash, mask_pad), layers, output)
+    nodes = reserve_nodes(_shape(h, ub, n_kv, flash, mask_pad, set_rows), layers, output)
     return gallocr_max_size(nodes, CUDA_ALIGNMENT)
 
 
@@ -303,7 +303,8 @@ def _fits_ctx(h: Hparams, r: Resolved, fixed: int, layers: int, tk: GgmlType, tv
     def used(n: int) -> int:
         k, v = kv_cache_bytes(h, n, layers, tk, tv)
         ub = min(g.n_ubatch, g.n_batch, n)
-        return fixed + k + v + compute_buffer_bytes(h, ub, n, rules.flash, layers, out, rules.build.kq_mask_pad)
+        b = rules.build
+        return fixed + k + v + compute_buffer_bytes(h, ub, n, rules.flash, layers, out, b.kq_mask_pad, b.set_rows)
     lo, hi = 0, max(KV_PAD, round_up(h.n_ctx_train or KV_PAD, KV_PAD)) // KV_PAD
     if used(KV_PAD) > cap:
         return 0
@@ -363,8 +364,8 @@ def decide(r: Resolved) -> LlamaCppDecision:
     k, v = kv_cache_bytes(h, kv_size, layers_gpu, tk, tv)
     hk, hv = kv_cache_bytes(h, kv_size, h.n_layer - layers_gpu, tk, tv)
     ub = min(g.n_ubatch, g.n_batch, kv_size)  # n_tokens = min(n_ctx, n_ubatch), n_batch <= n_ctx
-    compute = (compute_buffer_bytes(h, ub, kv_size, rules.flash, layers_gpu, out_gpu, rules.build.kq_mask_pad)
-               if slots else 0)
+    compute = (compute_buffer_bytes(h, ub, kv_size, rules.flash, layers_gpu, out_gpu, rules.build.kq_mask_pad,
+                                    rules.build.set_rows) if slots else 0)
     ctx = cuda_context_bytes(r.gpu)
     fits_ctx = _fits_ctx(h, r, ctx + model_buf, layers_gpu, tk, tv, out_gpu, rules) if layers_gpu else 0
     used = ctx + model_buf + k + v + compute
