@@ -1,7 +1,8 @@
 """llama.cpp's memory at start-up (``llama-server`` / ``llama-cli``), part by part, as its log prints it.
 
-Modelled at llama.cpp's source of 2025-2026 (``src/llama-model.cpp``, ``src/llama-kv-cache.cpp``,
-``src/llama-context.cpp``, ``src/llama-graph.cpp``, ``ggml/src/ggml-alloc.c``), one CUDA device:
+Modelled at llama.cpp's source of build 3410 (``src/llama.cpp``) and of 2025-2026 (``src/llama-model.cpp``,
+``src/llama-kv-cache.cpp``, ``src/llama-context.cpp``, ``src/llama-graph.cpp``), ``ggml/src/ggml-alloc.c``,
+one CUDA device:
 
 1. **Weights** (``load_tensors``).  The repeating layers are offloaded from the last:
    ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``, ``act_gpu_layers = min(n_gpu_layers, n_layer + 1)``;
@@ -14,23 +15,22 @@ Modelled at llama.cpp's source of 2025-2026 (``src/llama-model.cpp``, ``src/llam
    (``ggml_backend_cuda_buffer_type_get_alloc_size``, ``MATRIX_ROW_PADDING``).
 2. **KV cache** (``llama_kv_cache``): per offloaded layer a K tensor ``[n_embd_k_gqa, kv_size]`` and a V
    tensor ``[n_embd_v_gqa, kv_size]`` in the cache types (``--cache-type-k/-v``; q8_0 is 34 bytes per 32
-   values, q4_0 18).  ``kv_size`` is ``n_ctx`` rounded up to 256 (``GGML_PAD(n_ctx, 256)``,
-   ``llama_context``).  A quantized V cache needs flash attention: without it llama.cpp refuses ("V cache
-   quantization requires flash_attn").
-3. **Compute buffer** (``graph_reserve`` with ``n_ubatch`` tokens, all of them outputs, and the whole cache
-   in view): ggml-alloc places the graph's tensors one node after the other, freeing a tensor after its
-   last consumer and computing an element-wise node in place of its only input
-   (``ggml_gallocr_allocate_node``), in a best-fit free list (``ggml_dyn_tallocr_alloc``); the buffer is
-   the highest offset reached.  ``_graph`` lists the tensors of a llama-style layer as
-   ``llm_build_llama`` builds them: without flash attention the scores ``n_kv x n_ubatch x n_head`` f32 are
-   the largest; with it, the output ``n_embd_v x n_ubatch`` only; the logits ``n_vocab x n_ubatch`` f32
-   at the end.
+   values, q4_0 18).  ``kv_size`` is ``n_ctx`` rounded up to the build's padding (32 cells, 256 with flash
+   attention: ``llama_kv_cache_get_padding``).  A quantized V cache needs flash attention: without it
+   llama.cpp refuses ("V cache quantization requires flash_attn").
+3. **Compute buffer** (``serve/ggml_graph.py``): the worst-case graph llama.cpp reserves (``n_ubatch``
+   tokens, all of them outputs, the whole cache in view), node by node in ``ggml_build_forward_expand``
+   order (``llm_build_llama`` and its kin, ``llm_build_gptneox``), replayed through ggml-alloc's rules
+   (in-place reuse, best-fit free list, frees after the last consumer); the buffer is the highest offset.
+   Without flash attention the scores ``n_kv x n_ubatch x n_head`` f32 are the largest tensor; with it,
+   the output ``n_embd_v x n_ubatch`` only; the logits ``n_vocab x n_ubatch`` f32 at the end.  The
+   build's rules (KV padding, mask padding, the ``-fa`` default) are rows of ``facts/llamacpp_builds.py``.
 4. **Outside the buffers**: the CUDA context (``analytic/overhead.py``).
 
 Worked example (Llama-3.1-8B Q4_K_M, n_ctx 8192, f16 cache, all 33 slots offloaded): weights on the GPU
 4.30 GiB (token_embd, 281.81 MiB in Q4_K, stays on the host); KV 32 layers x 2 x 1024 x 8192 x 2 B =
 1024 MiB; compute without flash attention 8192 x 512 x 32 x 4 B = 512 MiB of scores plus the layer's
-other live tensors.
+other live tensors: 560.00 MiB, as an ollama 0.5.4 log prints it (validation/published.yaml).
 """
 
 from __future__ import annotations
@@ -42,8 +42,11 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.gguf import FILE_TYPES, MIX_ASSUMPTIONS, GgmlType, file_type, ggml_type, row_bytes
+from vramplan.facts.llamacpp_builds import LlamaCppBuild, llamacpp_build
+from vramplan.serve.ggml_graph import GraphShape, gallocr_max_size, reserve_nodes
 from vramplan.serve.gguf import GgufFile, GgufTensor, model_tensors, read_gguf
 from vramplan.spec.load import Resolved
+from vramplan.spec.scenario import Gguf
 from vramplan.units import MiB, round_up
 
 __all__ = ["LLAMACPP_SOURCES", "Hparams", "LlamaCppDecision", "compute_buffer_bytes", "decide", "kv_cache_bytes",
@@ -58,8 +61,7 @@ LLAMACPP_SOURCES: tuple[str, ...] = (
 )
 CUDA_ALIGNMENT = 128  # ggml_backend_cuda_buffer_type_get_alignment
 MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh
-KV_PAD = 256  # n_ctx is padded to a multiple of 256 (llama-context.cpp GGML_PAD(n_ctx, 256))
-KQ_MASK_PAD = 64  # GGML_KQ_MASK_PAD (llama-graph.cpp)
+KV_PAD = 256  # the coarsest KV padding of a modelled build (facts/llamacpp_builds.py): n_ctx_that_fits steps
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # common/arg.cpp kv_cache_types
 
 
@@ -167,156 +169,20 @@ def kv_cache_bytes(h: Hparams, cells: int, layers: int, type_k: GgmlType, type_v
     return k, v
 
 
-class _DynAlloc:
-    """``ggml_dyn_tallocr``: best fit among the free blocks but the last, else the last; merged on free."""
-
-    def __init__(self, alignment: int) -> None:
-        self.alignment = alignment
-        self.free: list[list[int]] = [[0, 1 << 62]]  # [offset, size], sorted by offset
-        self.max_size = 0
-
-    def alloc(self, size: int) -> int:
-        size = round_up(size, self.alignment)
-        best, best_size = -1, 1 << 63
-        for i, (_, bsize) in enumerate(self.free[:-1]):
-            if size <= bsize <= best_size:
-                best, best_size = i, bsize
-        if best < 0:
-            best = len(self.free) - 1
-        block = self.free[best]
-        offset = block[0]
-        block[0] += size
-        block[1] -= size
-        if block[1] == 0 and best != len(self.free) - 1:
-            del self.free[best]
-        self.max_size = max(self.max_size, offset + size)
-        return offset
-
-    def release(self, offset: int, size: int) -> None:
-        size = round_up(size, self.alignment)
-        for b in self.free:
-            if b[0] + b[1] == offset:  # after a free block
-                b[1] += size
-                self._merge()
-                return
-            if offset + size == b[0]:  # before a free block
-                b[0], b[1] = offset, b[1] + size
-                self._merge()
-                return
-        self.free.append([offset, size])
-        self.free.sort()
-
-    def _merge(self) -> None:
-        merged: list[list[int]] = []
-        for b in sorted(self.free):
-            if merged and merged[-1][0] + merged[-1][1] == b[0]:
-                merged[-1][1] += b[1]
-            else:
-                merged.append(b)
-        self.free = merged
+def _shape(h: Hparams, ub: int, n_kv: int, flash: bool, mask_pad: int, set_rows: bool) -> GraphShape:
+    return GraphShape(
+        arch="gptneox" if h.arch in ("gptneox", "gpt_neox") else "llama", n_embd=h.n_embd, n_head=h.n_head,
+        n_head_kv=h.n_head_kv, head_k=h.head_k, head_v=h.head_v, n_ff=h.n_ff, n_vocab=h.n_vocab, n_tokens=ub,
+        n_kv=n_kv, mask_rows=round_up(ub, mask_pad), flash_attn=flash, gated=h.gated, n_expert=h.n_expert,
+        n_expert_used=h.n_expert_used, n_ff_exp=h.n_ff_exp, set_rows=set_rows)
 
 
-@dataclass(frozen=True)
-class _Node:
-    name: str
-    nbytes: int
-    srcs: tuple[str, ...] = ()
-    inplace: bool = False  # the op may take its first input's memory (ggml_op_can_inplace, same layout)
-
-
-def _attention(il: int, h: Hparams, ub: int, n_kv: int, flash: bool, x: str) -> list[_Node]:
-    f = 4
-    q, kdim, vdim = h.n_head * h.head_k, h.n_head_kv * h.head_k, h.n_head_kv * h.head_v
-    p = f"l{il}."
-    nodes = [
-        _Node(p + "norm", h.n_embd * ub * f, (x,)), _Node(p + "norm_w", h.n_embd * ub * f, (p + "norm",), True),
-        _Node(p + "q", q * ub * f, (p + "norm_w",)), _Node(p + "k", kdim * ub * f, (p + "norm_w",)),
-        _Node(p + "v", vdim * ub * f, (p + "norm_w",)),
-        _Node(p + "q_rope", q * ub * f, (p + "q", "inp_pos"), True),
-        _Node(p + "k_rope", kdim * ub * f, (p + "k", "inp_pos"), True),
-        _Node(p + "k_store", 0, (p + "k_rope",)), _Node(p + "v_store", 0, (p + "v",)),  # views of the cache
-    ]
-    if flash:
-        nodes.append(_Node(p + "attn", h.n_head * h.head_v * ub * f, (p + "q_rope", p + "k_store", p + "v_store",
-                                                                      "kq_mask_f16")))
-    else:
-        nodes += [
-            _Node(p + "kq", n_kv * ub * h.n_head * f, (p + "q_rope", p + "k_store")),
-            _Node(p + "kq_soft", n_kv * ub * h.n_head * f, (p + "kq", "kq_mask"), True),
-            _Node(p + "kqv", h.head_v * ub * h.n_head * f, (p + "kq_soft", p + "v_store")),
-            _Node(p + "attn", h.n_head * h.head_v * ub * f, (p + "kqv",)),  # ggml_cont of the permuted kqv
-        ]
-    nodes.append(_Node(p + "wo", h.n_embd * ub * f, (p + "attn",)))
-    return nodes
-
-
-def _ffn(il: int, h: Hparams, ub: int, x: str) -> list[_Node]:
-    f, p = 4, f"l{il}."
-    nodes = [_Node(p + "ffn_inp", h.n_embd * ub * f, (p + "wo", x), True),
-             _Node(p + "ffn_norm", h.n_embd * ub * f, (p + "ffn_inp",)),
-             _Node(p + "ffn_norm_w", h.n_embd * ub * f, (p + "ffn_norm",), True)]
-    src = p + "ffn_norm_w"
-    if h.n_expert and h.n_ff_exp:
-        e, k, ff = h.n_expert, max(1, h.n_expert_used), h.n_ff_exp
-        nodes += [
-            _Node(p + "router", e * ub * f, (src,)), _Node(p + "probs", e * ub * f, (p + "router",), True),
-            _Node(p + "argsort", e * ub * 4, (p + "probs",)), _Node(p + "weights", k * ub * f, (p + "probs", p + "argsort")),
-            _Node(p + "up", ff * k * ub * f, (src, p + "argsort")), _Node(p + "gate", ff * k * ub * f, (src, p + "argsort")),
-            _Node(p + "act", ff * k * ub * f, (p + "gate", p + "up")),
-            _Node(p + "down", h.n_embd * k * ub * f, (p + "act", p + "argsort")),
-            _Node(p + "weighted", h.n_embd * k * ub * f, (p + "down", p + "weights"), True),
-            _Node(p + "ffn_out", h.n_embd * ub * f, (p + "weighted",)),
-        ]
-    elif h.gated:
-        nodes += [_Node(p + "gate", h.n_ff * ub * f, (src,)), _Node(p + "up", h.n_ff * ub * f, (src,)),
-                  _Node(p + "act", h.n_ff * ub * f, (p + "gate", p + "up")),
-                  _Node(p + "ffn_out", h.n_embd * ub * f, (p + "act",))]
-    else:  # up, its activation in place, down
-        nodes += [_Node(p + "up", h.n_ff * ub * f, (src,)), _Node(p + "act", h.n_ff * ub * f, (p + "up",), True),
-                  _Node(p + "ffn_out", h.n_embd * ub * f, (p + "act",))]
-    nodes.append(_Node(p + "out", h.n_embd * ub * f, (p + "ffn_out", p + "ffn_inp"), True))
-    return nodes
-
-
-def _graph(h: Hparams, ub: int, n_kv: int, flash: bool, layers: int, output: bool) -> tuple[list[_Node], list[_Node]]:
-    """(inputs, nodes) of the reserve graph's offloaded part, in build order (module docstring, 3)."""
-    mask_rows = round_up(ub, KQ_MASK_PAD)
-    inputs = [_Node("inp_embd", h.n_embd * ub * 4), _Node("inp_pos", ub * 4), _Node("kq_mask", n_kv * mask_rows * 4)]
-    nodes: list[_Node] = [_Node("kq_mask_f16", n_kv * mask_rows * 2, ("kq_mask",))] if flash else []
-    x = "inp_embd"
-    for il in range(layers):
-        nodes += _attention(il, h, ub, n_kv, flash, x)
-        nodes += _ffn(il, h, ub, x)
-        x = f"l{il}.out"
-    if output:
-        nodes += [_Node("result_norm", h.n_embd * ub * 4, (x,), True),
-                  _Node("result_norm_w", h.n_embd * ub * 4, ("result_norm",), True),
-                  _Node("result_output", h.n_vocab * ub * 4, ("result_norm_w",))]
-    return inputs, nodes
-
-
-def compute_buffer_bytes(h: Hparams, ub: int, n_kv: int, flash: bool, layers: int, output: bool) -> int:
-    """The GPU compute buffer: ggml-alloc's highest offset over the reserve graph (module docstring, 3)."""
-    inputs, nodes = _graph(h, ub, n_kv, flash, layers, output)
-    children: dict[str, int] = {}
-    for n in nodes:
-        for s in n.srcs:
-            children[s] = children.get(s, 0) + 1
-    alloc = _DynAlloc(CUDA_ALIGNMENT)
-    where: dict[str, tuple[int, int]] = {}
-    for n in inputs:
-        where[n.name] = (alloc.alloc(n.nbytes), n.nbytes)
-    for n in nodes:
-        parent = n.srcs[0] if n.srcs else ""
-        if n.inplace and parent in where and children.get(parent) == 1 and where[parent][1] == n.nbytes:
-            where[n.name] = where.pop(parent)  # ggml_gallocr_allocate_node: reusing the parent
-        elif n.nbytes:
-            where[n.name] = (alloc.alloc(n.nbytes), n.nbytes)
-        for s in n.srcs:
-            children[s] -= 1
-            if children[s] == 0 and s in where:
-                alloc.release(*where.pop(s))
-    return alloc.max_size
+def compute_buffer_bytes(h: Hparams, ub: int, n_kv: int, flash: bool, layers: int, output: bool,
+                         mask_pad: int = 32, set_rows: bool = False) -> int:
+    """The GPU compute buffer: ggml-alloc's highest offset over the reserve graph's GPU split, the last
+    ``layers`` layers and, with ``output``, the output (module docstring, 3; ``serve/ggml_graph.py``)."""
+    nodes = reserve_nodes(_shape(h, ub, n_kv, flash, mask_pad, set_rows), layers, output)
+    return gallocr_max_size(nodes, CUDA_ALIGNMENT)
 
 
 @dataclass
@@ -351,6 +217,7 @@ class LlamaCppDecision:
     problem: str = ""
     fix: str = ""
     assumptions: list[str] = field(default_factory=list)
+    llamacpp_build: str = ""  # the modelled build whose rules were used (facts/llamacpp_builds.py)
 
     @property
     def kv_bytes(self) -> int:
@@ -428,13 +295,16 @@ def _cache_type(name: str, where: str, h: Hparams) -> GgmlType:
     return t
 
 
-def _fits_ctx(h: Hparams, r: Resolved, fixed: int, layers: int, tk: GgmlType, tv: GgmlType, out: bool) -> int:
+def _fits_ctx(h: Hparams, r: Resolved, fixed: int, layers: int, tk: GgmlType, tv: GgmlType, out: bool,
+              rules: _Rules) -> int:
     """The largest n_ctx (multiple of 256) whose KV cache and compute buffer fit beside ``fixed`` bytes."""
     g, cap = r.scenario.serve.gguf, r.gpu.total_memory_bytes
 
     def used(n: int) -> int:
         k, v = kv_cache_bytes(h, n, layers, tk, tv)
-        return fixed + k + v + compute_buffer_bytes(h, g.n_ubatch, n, g.flash_attn, min(layers, 2), out)
+        ub = min(g.n_ubatch, g.n_batch, n)
+        b = rules.build
+        return fixed + k + v + compute_buffer_bytes(h, ub, n, rules.flash, layers, out, b.kq_mask_pad, b.set_rows)
     lo, hi = 0, max(KV_PAD, round_up(h.n_ctx_train or KV_PAD, KV_PAD)) // KV_PAD
     if used(KV_PAD) > cap:
         return 0
@@ -442,6 +312,26 @@ def _fits_ctx(h: Hparams, r: Resolved, fixed: int, layers: int, tk: GgmlType, tv
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if used(mid * KV_PAD) <= cap else (lo, mid - 1)
     return lo * KV_PAD
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """The build's rules for this scenario: its row, the note when the build is not a row, flash attention."""
+
+    build: LlamaCppBuild
+    note: str
+    flash: bool
+
+
+def _rules(g: Gguf) -> _Rules:
+    """``serve.gguf.llamacpp_build`` (null: the newest row) and ``flash_attn`` (unset: the build's ``-fa`` default,
+    ``auto`` being on for a CUDA GPU)."""
+    try:
+        row, note = llamacpp_build(g.llamacpp_build)
+    except ValueError as e:
+        raise _refuse("serve.gguf.llamacpp_build", str(e), "give a build number such as b3410 or 6327") from None
+    flash = g.flash_attn if "flash_attn" in g.model_fields_set else row.flash_attn_default == "auto"
+    return _Rules(row, note, flash)
 
 
 def uses_other_engine(r: Resolved) -> bool:
@@ -460,8 +350,9 @@ def decide(r: Resolved) -> LlamaCppDecision:
     _check(r)
     sv, g = r.scenario.serve, r.scenario.serve.gguf
     tensors, h, source, ftype, notes = _tensors(r)
+    rules = _rules(g)
     tk, tv = _cache_type(g.cache_type_k, "serve.gguf.cache_type_k", h), _cache_type(g.cache_type_v, "serve.gguf.cache_type_v", h)
-    if tv.block > 1 and not g.flash_attn:
+    if tv.block > 1 and not rules.flash:
         raise _refuse("serve.gguf.cache_type_v", "V cache quantization requires flash_attn (llama.cpp refuses to "
                       "create the context)", "set serve.gguf.flash_attn true or serve.gguf.cache_type_v f16")
     ngl = h.n_layer + 1 if g.n_gpu_layers < 0 else g.n_gpu_layers
@@ -469,13 +360,14 @@ def decide(r: Resolved) -> LlamaCppDecision:
     layers_gpu = sum(1 for il in range(h.n_layer) if _on_gpu(il, h.n_layer, ngl))
     out_gpu = _on_gpu(h.n_layer, h.n_layer, ngl)
     n_ctx = sv.max_model_len or h.n_ctx_train
-    kv_size = round_up(n_ctx, KV_PAD)
+    kv_size = rules.build.kv_cells(n_ctx, rules.flash)
     k, v = kv_cache_bytes(h, kv_size, layers_gpu, tk, tv)
     hk, hv = kv_cache_bytes(h, kv_size, h.n_layer - layers_gpu, tk, tv)
-    ub = min(g.n_ubatch, g.n_batch)
-    compute = compute_buffer_bytes(h, ub, kv_size, g.flash_attn, min(layers_gpu, 2), out_gpu) if slots else 0
+    ub = min(g.n_ubatch, g.n_batch, kv_size)  # n_tokens = min(n_ctx, n_ubatch), n_batch <= n_ctx
+    compute = (compute_buffer_bytes(h, ub, kv_size, rules.flash, layers_gpu, out_gpu, rules.build.kq_mask_pad,
+                                    rules.build.set_rows) if slots else 0)
     ctx = cuda_context_bytes(r.gpu)
-    fits_ctx = _fits_ctx(h, r, ctx + model_buf, layers_gpu, tk, tv, out_gpu) if layers_gpu else 0
+    fits_ctx = _fits_ctx(h, r, ctx + model_buf, layers_gpu, tk, tv, out_gpu, rules) if layers_gpu else 0
     used = ctx + model_buf + k + v + compute
     cap = r.gpu.total_memory_bytes
     problem = fix = ""
@@ -488,10 +380,12 @@ def decide(r: Resolved) -> LlamaCppDecision:
         (f"llama.cpp: {source}, file type {ftype}; n_gpu_layers {g.n_gpu_layers} -> {slots}/{h.n_layer + 1} slots on "
         "the GPU (the last layers first, then the output; token embeddings stay on the host)"),
         *notes,
-        (f"KV cache: {kv_size} cells (n_ctx {n_ctx} rounded up to {KV_PAD}), K {g.cache_type_k}, V {g.cache_type_v}, "
-        f"{g.n_parallel} sequence(s) sharing them (unified cache)"),
-        (f"compute buffer: ggml-alloc over the reserve graph of {ub} tokens ("
-         f"{'flash attention' if g.flash_attn else 'no flash attention: n_ctx x n_ubatch x n_head f32 scores'}); "
+        *_build_notes(rules, g),
+        (f"KV cache: {kv_size} cells (n_ctx {n_ctx} rounded up to "
+         f"{rules.build.kv_pad_flash if rules.flash else rules.build.kv_pad}), K {g.cache_type_k}, V {g.cache_type_v}, "
+         f"{g.n_parallel} sequence(s) sharing them (unified cache)"),
+        (f"compute buffer: ggml-alloc over the reserve graph of {ub} tokens, all outputs ("
+         f"{'flash attention' if rules.flash else 'no flash attention: n_ctx x n_ubatch x n_head f32 scores'}); "
          "the CUDA memory pool (cuBLAS/MMQ scratch) and the host compute buffer are not counted"),
     ]
     if 0 < layers_gpu < h.n_layer:
@@ -500,11 +394,23 @@ def decide(r: Resolved) -> LlamaCppDecision:
     return LlamaCppDecision(
         model=r.model.name, gpu=r.gpu.name, source=source, file_type=ftype, n_ctx=n_ctx, kv_size=kv_size,
         n_parallel=g.n_parallel, n_gpu_layers=g.n_gpu_layers, gpu_slots=slots, n_layer=h.n_layer, n_batch=g.n_batch,
-        n_ubatch=ub, flash_attn=g.flash_attn, cache_type_k=g.cache_type_k, cache_type_v=g.cache_type_v,
+        n_ubatch=ub, flash_attn=rules.flash, cache_type_k=g.cache_type_k, cache_type_v=g.cache_type_v,
         model_buffer_bytes=model_buf, host_weights_bytes=host_w, kv_k_bytes=k, kv_v_bytes=v, kv_host_bytes=hk + hv,
         compute_buffer_bytes=compute, cuda_context_bytes=ctx, total_memory_bytes=cap, n_ctx_that_fits=fits_ctx,
-        starts=not problem, problem=problem, fix=fix, assumptions=assumptions,
+        starts=not problem, problem=problem, fix=fix, assumptions=assumptions, llamacpp_build=f"b{rules.build.build}",
     )
+
+
+def _build_notes(rules: _Rules, g: Gguf) -> list[str]:
+    b = rules.build
+    out = [f"llama.cpp build rules of b{b.build} ({b.date}; {b.reserve})" +
+           ("" if g.llamacpp_build else ", the newest modelled build (serve.gguf.llamacpp_build not given)")]
+    if rules.note:
+        out.append(rules.note)
+    if "flash_attn" not in g.model_fields_set:
+        out.append(f"flash attention {'on' if rules.flash else 'off'}: b{b.build}'s -fa default is "
+                   f"{b.flash_attn_default}" + (" (on for a CUDA GPU)" if b.flash_attn_default == "auto" else ""))
+    return out
 
 
 def moment(d: LlamaCppDecision) -> Moment:

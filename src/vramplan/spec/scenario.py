@@ -330,7 +330,12 @@ class Gguf(_Strict):
     """V cache type (-ctv); a quantized V cache needs flash_attn."""
 
     flash_attn: bool = False
-    """Flash attention (-fa): no n_ctx x n_ubatch x n_head score matrix in the compute buffer."""
+    """Flash attention (-fa): no n_ctx x n_ubatch x n_head score matrix in the compute buffer; unset: the
+    build's default (off before b6327, auto -- on for a CUDA GPU -- from b6327)."""
+
+    llamacpp_build: str | None = Field(None, max_length=64)
+    """llama.cpp build (b3410, 6327 ...) whose start-up rules apply (facts/llamacpp_builds.py); one between two
+    modelled builds uses the nearest earlier; null: the newest modelled build."""
 
 
 class Serve(_Strict):

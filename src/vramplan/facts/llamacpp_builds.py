@@ -1,0 +1,103 @@
+"""llama.cpp builds whose start-up memory rules differ, as data (``serve.gguf.llamacpp_build``).
+
+Each row is the first build of a behaviour and the sources it was read from; a build between two rows
+uses the earlier row and says so (``llamacpp_build``).  What every row shares -- the worst-case graph of
+``min(n_ctx, n_ubatch)`` tokens, all of them outputs, the whole cache in view, allocated by ggml-alloc's
+best-fit allocator with in-place reuse -- is in ``serve/ggml_graph.py``; a row holds what moves between
+builds:
+
+* ``kv_pad`` / ``kv_pad_flash``: the KV cache cells are ``n_ctx`` rounded up to this many, without / with
+  flash attention (``llama_kv_cache_get_padding``: ``flash_attn ? 256u : 32u`` since
+  https://github.com/ggml-org/llama.cpp/pull/7257, 2024-05-13, "Reduce KV cache padding from 256 to 32
+  when FA is disabled").
+* ``kq_mask_pad``: the mask's rows are ``GGML_PAD(n_tokens, GGML_KQ_MASK_PAD)`` (``ggml/include/ggml.h``).
+* ``flash_attn_default``: what ``-fa`` means when it is not given: ``off``, or ``auto`` (on where the
+  device supports it: every CUDA GPU vramplan lists).
+* ``set_rows``: the cache stores are ``ggml_set_rows`` with index inputs the GPU graph copies in (without
+  flash attention one index per value of V: ``n_tokens x n_embd_v_gqa`` x 8 bytes), not ``ggml_cpy``.
+* ``reserve``: the function that reserves the compute buffer and prints "CUDA0 compute buffer size".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LLAMACPP_BUILDS", "LlamaCppBuild", "llamacpp_build", "parse_build"]
+
+
+@dataclass(frozen=True)
+class LlamaCppBuild:
+    """One llama.cpp behaviour, from ``build`` on."""
+
+    build: int
+    date: str
+    kv_pad: int
+    kv_pad_flash: int
+    kq_mask_pad: int
+    flash_attn_default: str  # "off" | "auto"
+    set_rows: bool  # the KV stores are ggml_set_rows with I64 index inputs (split inputs of the GPU graph)
+    reserve: str
+    sources: tuple[str, ...]
+    checked_by: tuple[str, ...] = ()  # validation/published.yaml sources that check the row
+
+    def kv_cells(self, n_ctx: int, flash_attn: bool) -> int:
+        pad = self.kv_pad_flash if flash_attn else self.kv_pad
+        return -(-n_ctx // pad) * pad
+
+
+LLAMACPP_BUILDS: tuple[LlamaCppBuild, ...] = (
+    LlamaCppBuild(
+        build=3410, date="2024-07-17", kv_pad=32, kv_pad_flash=256, kq_mask_pad=32, flash_attn_default="off", set_rows=False,
+        reserve="llama_new_context_with_model (src/llama.cpp)",
+        sources=(
+            "src/llama.cpp llama_kv_cache_get_padding: flash_attn ? 256 : 32 (ggml-org/llama.cpp#7257)",
+            ("src/llama.cpp llama_new_context_with_model: the worst-case graph, n_tokens = min(n_ctx, n_ubatch), "
+            "n_outputs = n_tokens (llm_build_context, worst_case), n_kv = kv_self.size"),
+            ("ggml/src/ggml-backend.c ggml_backend_sched_split_graph: a split's input copies are flagged input and "
+            "output only when n_copies > 1 (pipeline parallelism)"),
+            "ggml/src/ggml-alloc.c ggml_gallocr_alloc_graph_impl, ggml_gallocr_allocate_node, ggml_dyn_tallocr_alloc",
+        ),
+        checked_by=("ggml-org-ci-llamacpp-b3410-v100", "llama-cpp-python-llama-3-8b-rtx3070",
+                    "ollama-0.5.4-llama-3.1-8b-rtx4090"),
+    ),
+    LlamaCppBuild(
+        build=6327, date="2025-08-31", kv_pad=32, kv_pad_flash=256, kq_mask_pad=64, flash_attn_default="auto", set_rows=True,
+        reserve="llama_context::sched_reserve (src/llama-context.cpp)",
+        sources=(
+            ("common/arg.cpp -fa, --flash-attn [on|off|auto], default auto; llama_context_params.flash_attn_type "
+            "(mybigday/llama.node#102, 'sync llama.cpp to b6327': 'Deprecate flash_attn and introduce "
+            "flash_attn_type (auto|on|off)')"),
+            ("src/llama-context.cpp llama_context::sched_reserve: the pp graph of n_tokens = min(n_ctx, n_ubatch), "
+            "n_outputs = min(n_tokens, n_outputs_max) (n_outputs_max defaults to n_batch), reserved last"),
+            "ggml/include/ggml.h GGML_KQ_MASK_PAD 64",
+            ("src/llama-kv-cache.cpp llama_kv_cache::cpy_k / cpy_v: ggml_set_rows into the cache with the I64 inputs "
+             "of build_input_k_idxs ([n_tokens]) and build_input_v_idxs ([n_tokens], or [n_tokens * n_embd_v_gqa] for "
+             "the transposed V of -fa off)"),
+            ("ggml/src/ggml-alloc.c: chunked ggml_dyn_tallocr, one chunk for a CUDA buffer (max size SIZE_MAX): the "
+            "same best fit as before"),
+        ),
+    ),
+)
+
+
+def parse_build(text: str) -> int | None:
+    """``"b3410"``, ``"3410"`` or ``"b3410 (b3283448)"`` -> 3410; anything else None."""
+    t = text.strip().lower().removeprefix("b").split(" ")[0].split("-")[0]
+    return int(t) if t.isdigit() else None
+
+
+def llamacpp_build(text: str | None) -> tuple[LlamaCppBuild, str]:
+    """The row for a build (null: the newest row) and a note when the build is not a row of its own."""
+    if text is None:
+        return LLAMACPP_BUILDS[-1], ""
+    n = parse_build(text)
+    if n is None:
+        raise ValueError(f"llamacpp_build {text!r} is not a llama.cpp build number (b3410, 6327 ...)")
+    earlier = [b for b in LLAMACPP_BUILDS if b.build <= n]
+    if not earlier:
+        first = LLAMACPP_BUILDS[0]
+        return first, (f"llama.cpp b{n} is older than the first modelled build b{first.build}; b{first.build}'s "
+                       "rules are used (its KV padding and flash-attention default may differ)")
+    row = earlier[-1]
+    note = "" if row.build == n else f"llama.cpp b{n} uses the rules of b{row.build}, the nearest earlier modelled build"
+    return row, note
