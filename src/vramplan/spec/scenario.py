@@ -212,6 +212,17 @@ class Train(_Strict):
     tensors are packed (``max_fwd_stash_size=5``); in the backward a tensor brought back stays until the next
     autograd node's comes (docs/conventions.md, Activation offloading)."""
 
+    optimizer_in_backward: bool = False
+    """The optimizer step fused into the backward (torchtune's ``optimizer_in_bwd: True``): one optimizer per
+    parameter, stepped by a post-accumulate-grad hook as soon as that parameter's gradient is made, which is
+    then freed; so one parameter's gradient and step temporaries are alive at a time instead of all gradients.
+    Needs grad_accum_steps 1, no gradient clipping (framework: plain) and one GPU.
+
+    torchtune v0.3.0 ``recipes/full_finetune_single_device.py`` ``_setup_optimizer`` (one optimizer per
+    parameter) and ``training/memory.py`` ``register_optim_in_bwd_hooks`` (``p.register_post_accumulate_grad_hook``:
+    ``step()`` then ``zero_grad()``); PyTorch's tutorial "How to save memory by fusing the optimizer step into the
+    backward pass" (docs/conventions.md, Optimizer in backward)."""
+
 
 class Inference(_Strict):
     """Hugging Face generate: the prefill of the prompt, then one decode step per new token."""

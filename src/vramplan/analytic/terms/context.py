@@ -230,6 +230,11 @@ class StepContext:
         stage (arXiv 2104.04473 sec. 2.2)."""
         return min(self.pp - self.stage, self.s.train.grad_accum_steps) if self.pp > 1 else 1
 
+    @property
+    def in_backward(self) -> bool:
+        """The optimizer step runs in the backward, one parameter at a time (``train.optimizer_in_backward``)."""
+        return self.s.train.optimizer_in_backward
+
     @cached_property
     def grads_during_fwd(self) -> bool:
         """Gradients exist during the forward: from the second micro-batch of an accumulation window on

@@ -60,8 +60,9 @@ def master(c: StepContext) -> list[Term]:
 
 
 def step_temporary(c: StepContext) -> list[Term]:
-    """``optimizer.step()``'s temporaries (none on the GPU when the optimizer runs on the host)."""
-    if c.offload_opt:
+    """``optimizer.step()``'s temporaries (none on the GPU when the optimizer runs on the host; each
+    parameter's own when the step runs in the backward, terms/in_backward.py)."""
+    if c.offload_opt or c.in_backward:
         return []
     out = [Term(K.OPTIMIZER_STEP, optimizer_cost_of(c).step_temporary_bytes, STEP, END, "optimizer.step")]
     if c.pol.master_bytes:
