@@ -91,9 +91,8 @@ def train_step(r: Resolved) -> TrainResult:
         moments, totals = sweep_totals(terms, stage_timeline(c))
         peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
         off = _elsewhere(terms)
-        # the event stream has no per-parameter step inside the backward: the packing gives the reserved bytes
-        layout = None if c.in_backward else build_layout(c, terms)
-        results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [], layout, terms, c))
+        results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
+                                   build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
     par = s.parallel
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
@@ -120,8 +119,7 @@ OFFLOAD_NOTE = ("activation offloading as torchtune's OffloadActivations does it
 IN_BACKWARD_NOTE = ("optimizer in the backward as torchtune's optimizer_in_bwd runs it (one optimizer per parameter, "
                     "stepped by its post-accumulate-grad hook, then the gradient set to None): each layer's largest "
                     "tensor's gradient and step temporaries counted over its whole backward, the head's at the last "
-                    "layer's, the embedding's last (the 'optimizer' moment); steady-state step, states exist; the "
-                    "job's other phases (load, first step) and the allocator replay are not modelled for it")
+                    "layer's, the embedding's last (the 'optimizer' moment); steady-state step, states exist")
 PACKING_NOTE = ("packed sequences: flash-attention's varlen kernel from position_ids, no attention mask; "
                 "seq_len is the packed length")
 
