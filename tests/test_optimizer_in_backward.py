@@ -133,3 +133,40 @@ def test_published_rows_that_set_it_fit(entry: str) -> None:
     assert estimate(e.scenario).fits
     off = {**e.scenario, "train": {**e.scenario["train"], "optimizer_in_backward": False}}
     assert not estimate(off).fits
+
+
+@pytest.mark.parametrize(("family", "precision", "optimizer"), [
+    ("meta-llama/Llama-2-7b-hf", "fp32", "adamw"), ("meta-llama/Llama-2-7b-hf", "bf16-true", "adamw"),
+    ("meta-llama/Llama-2-7b-hf", "fp32", "adamw-fused"), ("meta-llama/Llama-3.2-1B", "fp32", "adamw"),
+])
+def test_matches_trace(family: str, precision: str, optimizer: str) -> None:
+    """The traced engine registers torchtune's hooks on the meta device (trace/step.py ``_step_in_backward``):
+    the analytic peak is within 1% of it and at or above it (the analytic terms are an upper bound), and the
+    traced peak is below the step after the backward's."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import trace
+    from vramplan.trace.parallel import apply_parallel
+    from vramplan.trace.report import peak_of
+    from vramplan.trace.shrink import catalog_config, shrink
+
+    def traced(on: bool) -> int:
+        r = resolve(doc(on))
+        _, st = trace(r)
+        events, marks, *_ = apply_parallel(r, st)
+        return peak_of(events, marks).raw_bytes
+
+    def doc(on: bool) -> dict[str, Any]:
+        return {"model": shrink(catalog_config(family), vocab=32000), "hardware": {"gpu": "a100"},
+                "framework": "plain", "train": {"micro_batch_size": 1, "seq_len": 128, "precision": precision,
+                                                "optimizer": optimizer, "optimizer_in_backward": on}}
+
+    t = traced(True)
+    analytic = estimate(doc(True)).per_gpu.peak_allocated_bytes
+    assert abs(analytic / t - 1) < 0.01, (analytic, t)
+    if optimizer == "adamw":
+        # at or above it but for the trace's few small allocations; fused AdamW's on-device step counters
+        # (512 B blocks) differ by the same 133,468 B with the step after the backward, so not checked there
+        assert analytic >= t - 4096, (analytic, t)
+    if optimizer == "adamw" and family.endswith("7b-hf"):
+        assert t < traced(False)
