@@ -24,9 +24,10 @@ from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
 
 __all__ = [
-    "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES", "Resolved",
-    "checkpoint_quantization_for", "cross_check", "parse_scenario", "parse_text", "quant_format_assumptions",
-    "read_bounded_text", "read_document", "unmatched_lora_targets", "unmodelled_inputs",
+    "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES",
+    "Resolved", "checkpoint_quantization_for", "cross_check", "in_backward_problems", "parse_scenario",
+    "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "torchao_offload_problems",
+    "unmatched_lora_targets", "unmodelled_inputs",
 ]
 
 
@@ -593,6 +594,33 @@ def in_backward_problems(s: Scenario) -> list[Problem]:
     return out
 
 
+def torchao_offload_problems(s: Scenario) -> list[Problem]:
+    """train.torchao_cpu_offload where torchao (v0.18.0 torchao/optim/cpu_offload.py) refuses it or it is not
+    modelled.  Its docstring: "Offload optimizer to CPU for single-GPU training"; ``offload_gradients``: "Not
+    compatible with gradient accumulation" (and a clipping norm after the backward finds no GPU gradient)."""
+    t, fw, par = s.train, s.effective_framework, s.parallel
+    name = "train.torchao_cpu_offload"
+    off = "or set torchao_cpu_offload: none"
+    out: list[Problem] = []
+    if s.data_parallel_degree > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1 or \
+            par.zero_stage or par.fsdp != "none" or par.offload != "none":
+        out.append(Problem(name, "torchao's CPUOffloadOptimizer is for single-GPU training, without sharding or "
+                           "another offload", f"use one GPU, {off}"))
+    if t.optimizer not in ("adamw", "adamw-fused") or t.peft is not None or t.optimizer_in_backward:
+        out.append(Problem(name, "torchao_cpu_offload is modelled for full fine-tuning with torch's AdamW (fused on "
+                           "the CPU), without train.peft or train.optimizer_in_backward",
+                           f"use optimizer: adamw, no peft, no optimizer_in_backward, {off}"))
+    if t.torchao_cpu_offload == "optimizer+gradients":
+        if t.grad_accum_steps > 1:
+            out.append(Problem(name, f"optimizer+gradients with train.grad_accum_steps = {t.grad_accum_steps}: "
+                               "offload_gradients frees each GPU gradient once copied ('Not compatible with "
+                               "gradient accumulation')", f"set grad_accum_steps: 1, use optimizer, {off}"))
+        if fw in _CLIPPING:
+            out.append(Problem(name, f"optimizer+gradients with framework {fw}: {_CLIPPING[fw]}, but the GPU "
+                               "gradients are freed in the backward", f"use framework: plain, or optimizer, {off}"))
+    return out
+
+
 def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """A training scenario's quantization, attention and adapter targets against its adapter and model."""
     out: list[Problem] = []
@@ -609,6 +637,8 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out += _loss_and_offload_problems(s, m)
         if t.optimizer_in_backward:
             out += in_backward_problems(s)
+        if t.torchao_cpu_offload != "none":
+            out += torchao_offload_problems(s)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))

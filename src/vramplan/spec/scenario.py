@@ -46,6 +46,7 @@ DeviceMap = Literal["auto", "none"]
 StateDictType = Literal["full", "full_offload", "sharded"]
 LossKernel = Literal["standard", "liger-fused-linear-ce", "cut-cross-entropy", "chunked"]
 ActivationOffload = Literal["none", "cpu"]
+TorchaoOffload = Literal["none", "optimizer", "optimizer+gradients"]
 
 
 class _Strict(BaseModel):
@@ -222,6 +223,18 @@ class Train(_Strict):
     parameter) and ``training/memory.py`` ``register_optim_in_bwd_hooks`` (``p.register_post_accumulate_grad_hook``:
     ``step()`` then ``zero_grad()``); PyTorch's tutorial "How to save memory by fusing the optimizer step into the
     backward pass" (docs/conventions.md, Optimizer in backward)."""
+
+    torchao_cpu_offload: TorchaoOffload = "none"
+    """torchao's CPUOffloadOptimizer around the AdamW: optimizer (the states, and a pinned copy of each parameter
+    and of its gradient in the parameter's dtype, on the host, the step on the CPU; tensors under 4096 elements
+    stay on the GPU with their states), or optimizer+gradients (offload_gradients=True: each GPU gradient freed once copied to the
+    host, one at a time; needs grad_accum_steps 1 and no clipping).  Full fine-tuning on one GPU, adamw or
+    adamw-fused.
+
+    torchao v0.18.0 ``torchao/optim/cpu_offload.py`` ``CPUOffloadOptimizer`` (``minimal_size=4096``;
+    ``torch.empty_like(p, device="cpu", pin_memory=True)`` for the parameter and its gradient; fused CPU AdamW per
+    parameter; the gradient copied to the host by a post-accumulate-grad hook); docs/conventions.md, torchao
+    CPU-offload optimizer."""
 
 
 class Inference(_Strict):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from vramplan.analytic.terms import (
     casts,
+    cpu_offload,
     gradients,
     in_backward,
     loss,
@@ -39,6 +40,7 @@ TERMS: tuple[TermFn, ...] = (
     resident.ddp_buckets,             # DDP's gradient buckets
     gradients.gradients,              # parameter gradients, layer by layer
     in_backward.gradients,            # ... or one parameter's at a time (optimizer in the backward)
+    cpu_offload.small_gradients,      # torchao's offload_gradients: the GPU-kept tensors' gradients
     saved.layer_saved,                # saved activations per layer (checkpointing, in-flight micro-batches)
     saved.shared_saved,               # RoPE cos/sin, masks
     saved.head_saved,                 # final norm + LM-head input

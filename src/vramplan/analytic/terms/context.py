@@ -235,6 +235,17 @@ class StepContext:
         """The optimizer step runs in the backward, one parameter at a time (``train.optimizer_in_backward``)."""
         return self.s.train.optimizer_in_backward
 
+    @property
+    def torchao_offload(self) -> bool:
+        """torchao's CPUOffloadOptimizer holds the optimizer (``train.torchao_cpu_offload``)."""
+        return self.s.train.torchao_cpu_offload != "none"
+
+    @property
+    def grads_one_at_a_time(self) -> bool:
+        """Each GPU gradient is freed in the backward as soon as it is used: the optimizer step runs in the
+        backward, or torchao's CPUOffloadOptimizer copies it to the host (offload_gradients)."""
+        return self.in_backward or self.s.train.torchao_cpu_offload == "optimizer+gradients"
+
     @cached_property
     def grads_during_fwd(self) -> bool:
         """Gradients exist during the forward: from the second micro-batch of an accumulation window on

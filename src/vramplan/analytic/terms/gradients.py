@@ -72,7 +72,7 @@ def gradients(c: StepContext) -> list[Term]:
     which per-layer rounding can make a few bytes smaller than the sum of the layers' shards
     (``gradients.rounding``, zero or negative).
     """
-    if c.in_backward:
+    if c.grads_one_at_a_time:
         return []  # one parameter's at a time (terms/in_backward.py)
     total, per_layer = total_gradient_bytes(c), layer_gradient_bytes(c)
     attention_split = layer_activations(c).attention_split

@@ -90,8 +90,10 @@ def _outside(c: StepContext) -> int:
 
 
 def gradients(c: StepContext) -> list[Term]:
-    """The gradients of the step with the optimizer in the backward (none without it)."""
-    if not c.in_backward:
+    """The gradients of the step with the optimizer in the backward, or with torchao's CPUOffloadOptimizer
+    freeing each GPU gradient once copied to the host (none otherwise; then the step point stands for the end of
+    the backward, the embedding's gradient copied last)."""
+    if not c.grads_one_at_a_time:
         return []
     grad_bytes = c.pol.grad_bytes
     largest = layer_largest_params(c)
