@@ -170,3 +170,14 @@ def test_matches_trace(family: str, precision: str, optimizer: str) -> None:
         assert analytic >= t - 4096, (analytic, t)
     if optimizer == "adamw" and family.endswith("7b-hf"):
         assert t < traced(False)
+
+
+def test_fused_moe_experts_are_refused() -> None:
+    # transformers >= 5 holds a layer's experts as one tensor: the largest parameter is not modelled
+    doc = scenario(model="mistralai/Mixtral-8x7B-v0.1")
+    with pytest.raises(ScenarioError, match="fused tensor"):
+        resolve(doc)
+    doc["software"] = {"transformers": "4.57"}  # one nn.Linear per expert: each its own parameter
+    terms = train_step(resolve(doc)).terms
+    # Mixtral: an expert's MLP matrix 4096 x 14,336 = 58,720,256 elements, bf16: 117,440,512 B
+    assert by_layer(terms, "gradients.layer", 32) == [117_440_512] * 32

@@ -556,7 +556,7 @@ _CLIPPING = {"hf-trainer": "transformers' Trainer clips gradients (max_grad_norm
              "torchtitan": "torchtitan clips gradients (training.max_norm=1.0)"}
 
 
-def in_backward_problems(s: Scenario) -> list[Problem]:
+def in_backward_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """train.optimizer_in_backward where torchtune (recipes/full_finetune_single_device.py, v0.3.0 and later)
     or PyTorch refuse it, or where it is not modelled.
 
@@ -586,6 +586,10 @@ def in_backward_problems(s: Scenario) -> list[Problem]:
             par.zero_stage or par.fsdp != "none" or par.offload != "none":
         out.append(Problem(name, "optimizer_in_backward is modelled on one GPU without sharding or offload "
                            "(torchtune's full_finetune_single_device)", f"use one GPU, {off}"))
+    if m.moe is not None and t.peft is None and s.software.fused_moe_experts:
+        out.append(Problem(name, f"optimizer_in_backward with {m.name}'s experts under transformers >= 5, which "
+                           "holds each layer's experts as one fused tensor: its size per parameter is not modelled",
+                           f"set software.transformers below 5 (one nn.Linear per expert), {off}"))
     f = optimizer_facts(runs_as(t.optimizer, fw))
     if f.step_temporary not in IN_BACKWARD_STEPS or f.subset is not None:
         out.append(Problem(name, f"optimizer_in_backward with optimizer {t.optimizer}: its step over several "
@@ -636,7 +640,7 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out += _checkpointing_problems(s, m)
         out += _loss_and_offload_problems(s, m)
         if t.optimizer_in_backward:
-            out += in_backward_problems(s)
+            out += in_backward_problems(s, m)
         if t.torchao_cpu_offload != "none":
             out += torchao_offload_problems(s)
         if m.encoder_only and t.attention == "flash":

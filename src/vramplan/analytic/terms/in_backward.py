@@ -49,7 +49,8 @@ __all__ = ["gradients", "layer_largest_params", "param_step_bytes", "step_tempor
 
 def layer_largest_params(c: StepContext) -> list[int]:
     """Elements of each layer's largest trainable tensor on this rank: a base tensor (full fine-tuning) or an
-    adapter matrix (LoRA's A is rank x in, B is out x rank; fused MoE experts' adapters are not counted)."""
+    adapter matrix (LoRA's A is rank x in, B is out x rank; the adapters peft's ParamWrapper puts on transformers
+    5's fused experts are not counted)."""
     lset = {i: j for j, i in enumerate(c.rp.layers)}
     out = [0] * len(lset)
     peft, tp, ep = c.peft, c.tp, c.ep
@@ -57,7 +58,7 @@ def layer_largest_params(c: StepContext) -> list[int]:
     for p in c.m.params:
         if peft is None:
             n = split_on_rank(p, tp, ep)
-        elif p.role == "linear" and p.module in targets and p.in_features:
+        elif p.role in ("linear", "expert") and p.module in targets and p.in_features:
             n = peft.rank * max(p.in_features, p.out_features)
         else:
             continue
