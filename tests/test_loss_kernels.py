@@ -157,6 +157,7 @@ def test_packing_with_flash_changes_no_byte() -> None:
     ({"loss": "liger-fused-linear-ce"}, "train.loss"), ({"loss": "cut-cross-entropy"}, "train.loss"),
     ({"loss": "chunked"}, "train.loss"), ({"liger_kernels": True}, "train.liger_kernels"),
     ({"activation_offload": "cpu", "gradient_checkpointing": "full"}, "train.activation_offload"),
+    ({"torchao_cpu_offload": "optimizer", "precision": "bf16-true"}, "train.torchao_cpu_offload"),
 ])
 def test_the_trace_refuses_what_it_cannot_run(train: dict[str, Any], field: str) -> None:
     from vramplan.trace.engine import trace

@@ -75,7 +75,8 @@ def test_plan_from_a_scenario_file_and_export(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [("loss", "chunked"), ("liger_kernels", True), ("packing", True),
-                                              ("activation_offload", "cpu")])
+                                              ("activation_offload", "cpu"), ("optimizer_in_backward", True),
+                                              ("torchao_cpu_offload", "optimizer")])
 def test_plan_refuses_techniques_it_does_not_search(tmp_path: Path, field: str, value: object) -> None:
     """A scenario that asks for a loss kernel, Liger kernels, packing or activation offload is refused by plan
     (it would plan the job without them) and names the field; without it the same file plans."""

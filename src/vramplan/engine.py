@@ -87,6 +87,11 @@ ReservedModel = Literal["replay", "packed"]
 def _step_reserved(r: Resolved, tr: TrainResult, outside: dict[str, int], reserved: ReservedModel) -> tuple[int, str]:
     """The steady step's reserved bytes and the assumption that says how they were found."""
     packed = _reserved(tr.peak)
+    t = r.scenario.train
+    if t.optimizer_in_backward or t.torchao_cpu_offload == "optimizer+gradients":
+        # the event stream (analytic/events.py) frees no gradient inside the backward
+        return packed, ("reserved bytes: the tensors alive at the peak packed into empty allocator segments (the "
+                        "allocator replay is not built for gradients freed in the backward)")
     if reserved == "replay" and tr.layout is not None:
         # the packing is a floor: the tensors alive at the peak must fit in some segments
         reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))

@@ -116,6 +116,15 @@ KERNEL_LOSS_NOTES = {
 OFFLOAD_NOTE = ("activation offloading as torchtune's OffloadActivations does it (pinned memory, side stream, "
                 "forward stash of 5): each checkpointed layer input in host memory from its layer's forward to its "
                 "backward, on the GPU again only during that backward; the final norm's and the loss's tensors stay")
+IN_BACKWARD_NOTE = ("optimizer in the backward as torchtune's optimizer_in_bwd runs it (one optimizer per parameter, "
+                    "stepped by its post-accumulate-grad hook, then the gradient set to None): each layer's largest "
+                    "tensor's gradient and step temporaries counted over its whole backward, the head's at the last "
+                    "layer's, the embedding's last (the 'optimizer' moment); steady-state step, states exist")
+TORCHAO_OFFLOAD_NOTE = ("torchao CPUOffloadOptimizer (v0.18.0): fused AdamW on the CPU for tensors of 4096 elements "
+                        "or more, their states and pinned copies of each parameter and gradient in host memory "
+                        "(pinned sizes rounded up to a power of two); smaller tensors stepped on the GPU; with "
+                        "optimizer+gradients each GPU gradient is assumed freed (its copy done) before the next "
+                        "parameter's is made")
 PACKING_NOTE = ("packed sequences: flash-attention's varlen kernel from position_ids, no attention mask; "
                 "seq_len is the packed length")
 
@@ -141,6 +150,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         _loss_assumption(s, m, fw),
         *([PACKING_NOTE] if t.packing else []),
         *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
+        *([TORCHAO_OFFLOAD_NOTE] if t.torchao_cpu_offload != "none" else []),
+        IN_BACKWARD_NOTE if t.optimizer_in_backward else
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
     ]

@@ -57,11 +57,14 @@ def _from_scenario(path: Path) -> dict[str, Any]:
         # techniques the search does not try (docs/planning.md): planning the job without them would answer
         # for another job, so they are refused rather than dropped
         unsearched = [(f"train.{k}", v) for k, v in (("loss", t.loss), ("liger_kernels", t.liger_kernels),
-                                                     ("packing", t.packing), ("activation_offload", t.activation_offload))
+                                                     ("packing", t.packing), ("activation_offload", t.activation_offload),
+                                                     ("optimizer_in_backward", t.optimizer_in_backward),
+                                                     ("torchao_cpu_offload", t.torchao_cpu_offload))
                       if v != type(t).model_fields[k].default]
         if unsearched:
             raise ScenarioError([Problem(k, f"is {v!r} in the scenario, but plan does not search it (it plans the "
-                                         "standard loss, no Liger kernels, no packing and no activation offload)",
+                                         "standard loss, no Liger kernels, no packing, no activation offload, the "
+                                         "optimizer step after the backward and no torchao CPU offload)",
                                          f"remove {k} to plan without it, or check the setup with `vramplan estimate`")
                                  for k, v in unsearched])
         out["seq_len"] = t.seq_len

@@ -24,9 +24,10 @@ from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
 
 __all__ = [
-    "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES", "Resolved",
-    "checkpoint_quantization_for", "cross_check", "parse_scenario", "parse_text", "quant_format_assumptions",
-    "read_bounded_text", "read_document", "unmatched_lora_targets", "unmodelled_inputs",
+    "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES",
+    "Resolved", "checkpoint_quantization_for", "cross_check", "in_backward_problems", "parse_scenario",
+    "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "torchao_offload_problems",
+    "unmatched_lora_targets", "unmodelled_inputs",
 ]
 
 
@@ -542,6 +543,88 @@ def _offload_problems(s: Scenario) -> list[Problem]:
     return out
 
 
+# the optimizer rows whose step temporaries are those of one parameter updated alone (analytic/optimizer.py
+# ``STEP_TEMPORARIES``): what a per-parameter optimizer in the backward makes; the step-wise strategies over
+# several tensors' shapes (Adafactor, CAME) and the subset rows (Muon, GaLore, APOLLO) are not modelled there
+IN_BACKWARD_STEPS = ("none", "foreach_sqrt_decay_group", "per_tensor_sign_update", "adam_mini_stepwise")
+
+# the frameworks that clip every gradient after the backward by default, which needs them all at once:
+# transformers' Trainer (TrainingArguments.max_grad_norm = 1.0), torchtitan (training.max_norm = 1.0), Accelerate as
+# modelled here (trace/step.py: clip_grad_norm_(params, 1.0)); DeepSpeed's and Lightning's engines own the step
+_CLIPPING = {"hf-trainer": "transformers' Trainer clips gradients (max_grad_norm=1.0)",
+             "accelerate": "Accelerate's loop is modelled with clip_grad_norm_(params, 1.0)",
+             "torchtitan": "torchtitan clips gradients (training.max_norm=1.0)"}
+
+
+def in_backward_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """train.optimizer_in_backward where torchtune (recipes/full_finetune_single_device.py, v0.3.0 and later)
+    or PyTorch refuse it, or where it is not modelled.
+
+    torchtune raises "Gradient accumulation is not supported with optimizer in bwd" (v0.3.0) and, from v0.4.0,
+    "Gradient clipping is not supported with optimizer in bwd": a gradient is freed by its parameter's
+    hook before the next micro-batch could add to it or a norm over all of them could be taken."""
+    from vramplan.facts.optimizers import optimizer_facts, runs_as
+
+    t, fw, par = s.train, s.effective_framework, s.parallel
+    name = "train.optimizer_in_backward"
+    off = "or set optimizer_in_backward: false"
+    out: list[Problem] = []
+    if t.grad_accum_steps > 1:
+        out.append(Problem(name, f"optimizer_in_backward with train.grad_accum_steps = {t.grad_accum_steps}: each "
+                           "gradient is freed by its parameter's step as soon as it is made, so nothing accumulates "
+                           "(torchtune: 'Gradient accumulation is not supported with optimizer in bwd')",
+                           f"set grad_accum_steps: 1, {off}"))
+    if fw in _CLIPPING:
+        out.append(Problem(name, f"optimizer_in_backward with framework {fw}: {_CLIPPING[fw]}, which needs every "
+                           "gradient after the backward (torchtune: 'Gradient clipping is not supported with "
+                           "optimizer in bwd')", f"use framework: plain (no clipping), {off}"))
+    elif fw != "plain":
+        out.append(Problem(name, f"optimizer_in_backward with framework {fw}: its engine runs the optimizer step "
+                           "itself; modelled for a loop of one's own (framework: plain, torchtune's recipes)",
+                           f"use framework: plain, {off}"))
+    if s.data_parallel_degree > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1 or \
+            par.zero_stage or par.fsdp != "none" or par.offload != "none":
+        out.append(Problem(name, "optimizer_in_backward is modelled on one GPU without sharding or offload "
+                           "(torchtune's full_finetune_single_device)", f"use one GPU, {off}"))
+    if m.moe is not None and t.peft is None and s.software.fused_moe_experts:
+        out.append(Problem(name, f"optimizer_in_backward with {m.name}'s experts under transformers >= 5, which "
+                           "holds each layer's experts as one fused tensor: its size per parameter is not modelled",
+                           f"set software.transformers below 5 (one nn.Linear per expert), {off}"))
+    f = optimizer_facts(runs_as(t.optimizer, fw))
+    if f.step_temporary not in IN_BACKWARD_STEPS or f.subset is not None:
+        out.append(Problem(name, f"optimizer_in_backward with optimizer {t.optimizer}: its step over several "
+                           "tensors is not modelled one parameter at a time",
+                           f"use adamw, adamw-fused, a bitsandbytes or torchao AdamW, {off}"))
+    return out
+
+
+def torchao_offload_problems(s: Scenario) -> list[Problem]:
+    """train.torchao_cpu_offload where torchao (v0.18.0 torchao/optim/cpu_offload.py) refuses it or it is not
+    modelled.  Its docstring: "Offload optimizer to CPU for single-GPU training"; ``offload_gradients``: "Not
+    compatible with gradient accumulation" (and a clipping norm after the backward finds no GPU gradient)."""
+    t, fw, par = s.train, s.effective_framework, s.parallel
+    name = "train.torchao_cpu_offload"
+    off = "or set torchao_cpu_offload: none"
+    out: list[Problem] = []
+    if s.data_parallel_degree > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1 or \
+            par.zero_stage or par.fsdp != "none" or par.offload != "none":
+        out.append(Problem(name, "torchao's CPUOffloadOptimizer is for single-GPU training, without sharding or "
+                           "another offload", f"use one GPU, {off}"))
+    if t.optimizer not in ("adamw", "adamw-fused") or t.peft is not None or t.optimizer_in_backward:
+        out.append(Problem(name, "torchao_cpu_offload is modelled for full fine-tuning with torch's AdamW (fused on "
+                           "the CPU), without train.peft or train.optimizer_in_backward",
+                           f"use optimizer: adamw, no peft, no optimizer_in_backward, {off}"))
+    if t.torchao_cpu_offload == "optimizer+gradients":
+        if t.grad_accum_steps > 1:
+            out.append(Problem(name, f"optimizer+gradients with train.grad_accum_steps = {t.grad_accum_steps}: "
+                               "offload_gradients frees each GPU gradient once copied ('Not compatible with "
+                               "gradient accumulation')", f"set grad_accum_steps: 1, use optimizer, {off}"))
+        if fw in _CLIPPING:
+            out.append(Problem(name, f"optimizer+gradients with framework {fw}: {_CLIPPING[fw]}, but the GPU "
+                               "gradients are freed in the backward", f"use framework: plain, or optimizer, {off}"))
+    return out
+
+
 def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """A training scenario's quantization, attention and adapter targets against its adapter and model."""
     out: list[Problem] = []
@@ -556,6 +639,10 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                                "add train.peft (lora/qlora) or set quantization: none"))
         out += _checkpointing_problems(s, m)
         out += _loss_and_offload_problems(s, m)
+        if t.optimizer_in_backward:
+            out += in_backward_problems(s, m)
+        if t.torchao_cpu_offload != "none":
+            out += torchao_offload_problems(s)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))

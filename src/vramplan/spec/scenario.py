@@ -46,6 +46,7 @@ DeviceMap = Literal["auto", "none"]
 StateDictType = Literal["full", "full_offload", "sharded"]
 LossKernel = Literal["standard", "liger-fused-linear-ce", "cut-cross-entropy", "chunked"]
 ActivationOffload = Literal["none", "cpu"]
+TorchaoOffload = Literal["none", "optimizer", "optimizer+gradients"]
 
 
 class _Strict(BaseModel):
@@ -211,6 +212,29 @@ class Train(_Strict):
     has the same defaults): the copy runs on a side stream and the GPU tensor stays in a stash until 5 later
     tensors are packed (``max_fwd_stash_size=5``); in the backward a tensor brought back stays until the next
     autograd node's comes (docs/conventions.md, Activation offloading)."""
+
+    optimizer_in_backward: bool = False
+    """The optimizer step fused into the backward (torchtune's ``optimizer_in_bwd: True``): one optimizer per
+    parameter, stepped by a post-accumulate-grad hook as soon as that parameter's gradient is made, which is
+    then freed; so one parameter's gradient and step temporaries are alive at a time instead of all gradients.
+    Needs grad_accum_steps 1, no gradient clipping (framework: plain) and one GPU.
+
+    torchtune v0.3.0 ``recipes/full_finetune_single_device.py`` ``_setup_optimizer`` (one optimizer per
+    parameter) and ``training/memory.py`` ``register_optim_in_bwd_hooks`` (``p.register_post_accumulate_grad_hook``:
+    ``step()`` then ``zero_grad()``); PyTorch's tutorial "How to save memory by fusing the optimizer step into the
+    backward pass" (docs/conventions.md, Optimizer in backward)."""
+
+    torchao_cpu_offload: TorchaoOffload = "none"
+    """torchao's CPUOffloadOptimizer around the AdamW: optimizer (the states, and a pinned copy of each parameter
+    and of its gradient in the parameter's dtype, on the host, the step on the CPU; tensors under 4096 elements
+    stay on the GPU with their states), or optimizer+gradients (offload_gradients=True: each GPU gradient freed once copied to the
+    host, one at a time; needs grad_accum_steps 1 and no clipping).  Full fine-tuning on one GPU, adamw or
+    adamw-fused.
+
+    torchao v0.18.0 ``torchao/optim/cpu_offload.py`` ``CPUOffloadOptimizer`` (``minimal_size=4096``;
+    ``torch.empty_like(p, device="cpu", pin_memory=True)`` for the parameter and its gradient; fused CPU AdamW per
+    parameter; the gradient copied to the host by a post-accumulate-grad hook); docs/conventions.md, torchao
+    CPU-offload optimizer."""
 
 
 class Inference(_Strict):

@@ -29,6 +29,10 @@ def _untraced_train_options(t: Train) -> list[Problem]:
     if t.activation_offload != "none":
         out.append(Problem("train.activation_offload", "activation offloading is not traced: its hooks copy to pinned "
                            "host memory on a CUDA stream, which the meta device has not", "use --engine analytic"))
+    if t.torchao_cpu_offload != "none":
+        out.append(Problem("train.torchao_cpu_offload", "torchao's CPUOffloadOptimizer is not traced: it needs a CUDA "
+                           "device, streams and pinned host memory (and torchao, not installed beside vramplan)",
+                           "use --engine analytic"))
     return out
 
 

@@ -275,8 +275,11 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     fsdp = s.parallel.fsdp != "none" or framework == "torchtitan"
     # DeepSpeed (fp32 masters, no FSDP) runs its own optimizer where the row names one (FusedAdam, in place)
     kind = runs_as(t.optimizer, "deepspeed") if pol.master_fp32 and not fsdp else t.optimizer
-    setup: OptimizerSetup = make_optimizer(kind, opt_model, override,
-                                           (lambda p: wrap[id(p)]) if local and override is None else None)
+    in_bwd = t.optimizer_in_backward
+    setup: OptimizerSetup = OptimizerSetup(None) if in_bwd else make_optimizer(
+        kind, opt_model, override, (lambda p: wrap[id(p)]) if local and override is None else None)
+    # torchtune's optimizer_in_bwd: one optimizer per parameter (spec/load.py refuses it with sharding or masters)
+    per_param = [make_optimizer(kind, opt_model, [(n, p)]) for n, p in trainable] if in_bwd else []
     devices = (device,)
     tracker = Tracker(devices=devices)
     phase = ["setup"]
@@ -292,9 +295,12 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     with cuda.cuda_behaviour(spec, devices=devices), _maybe_autocast_patch(), fsdp_ctx, tp_ctx:
         with tracker.paused():
             init_states(setup, list(masters) or list(local_params) or list(params))
-        for name, st in setup.state_tensors():
-            if st.device.type == device and setup.managed:
-                managed += st.untyped_storage().nbytes()
+            for one, p in zip(per_param, params if in_bwd else [], strict=True):
+                init_states(one, [p])
+        for one in (setup, *per_param):
+            for name, st in one.state_tensors():
+                if st.device.type == device and one.managed:
+                    managed += st.untyped_storage().nbytes()
         with tracker:
             scope.install()
             try:
@@ -305,11 +311,15 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                     tracker.track(b, "other", n)
                 for m in masters:
                     tracker.track(m, "master_weights", "fp32 master")
-                if not setup.managed:
-                    for name, st in setup.state_tensors():
-                        if name.endswith(".step") and st.dim() == 0 and kind != "adamw-fused":
-                            continue  # AdamW's step counters stay on the host unless fused/capturable
-                        tracker.track(st, "optimizer_states", name)
+                for one in (setup, *per_param):
+                    if not one.managed:
+                        for name, st in one.state_tensors():
+                            if name.endswith(".step") and st.dim() == 0 and kind != "adamw-fused":
+                                continue  # AdamW's step counters stay on the host unless fused/capturable
+                            tracker.track(st, "optimizer_states", name)
+                hooks = [p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    _step_in_backward(one, n, tracker))
+                         for one, (n, p) in zip(per_param, trainable if in_bwd else [], strict=True)]
                 tracker.track([ids, labels], "other", "input ids and labels")
                 if t.grad_accum_steps > 1:
                     for n, p in trainable:
@@ -359,8 +369,13 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                             lp.grad = None
                     model.zero_grad(set_to_none=True)
                 tracker.mark("end")
+                for h in hooks:
+                    h.remove()
             finally:
                 scope.remove()
+    if in_bwd:
+        notes.append("optimizer in the backward: one optimizer per parameter, stepped by its post-accumulate-grad "
+                     "hook, then its gradient set to None (torchtune register_optim_in_bwd_hooks)")
     if world is not None:
         notes.extend(world.notes)
     if tensor is not None:
@@ -369,6 +384,21 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     return StepTrace(list(tracker.events), list(tracker.marks), managed, notes, cuda.sdpa_choices(),
                      tracker.peak_bytes, per_rank=fsdp2, frozen=frozen,
                      tensor_parallel=tensor.tp if tensor is not None else 1)
+
+
+def _step_in_backward(one: OptimizerSetup, name: str, tracker: Tracker) -> Any:
+    """torchtune v0.3.0 ``training/memory.py`` ``register_optim_in_bwd_hooks``'s ``optim_step``: the parameter's
+    own optimizer steps as soon as its gradient is accumulated, then ``zero_grad()`` sets the gradient to None."""
+
+    def optim_step(p: torch.Tensor) -> None:
+        if p.grad is not None:
+            tracker.relabel(p.grad, "gradients", name)
+        if one.optimizer is not None:
+            with tracker.category("temporaries"):
+                one.optimizer.step()
+        p.grad = None
+
+    return optim_step
 
 
 def _local_grads(local_params: list[torch.nn.Parameter], params: list[torch.nn.Parameter]) -> None:

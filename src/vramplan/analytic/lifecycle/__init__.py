@@ -79,7 +79,9 @@ def _load_phases(c: StepContext) -> list[PhasePeak]:
 def job_lifecycle(c: StepContext, lay: StepLayout, terms: list[Term], moments: list[Moment]) -> JobLifecycle:
     """Every phase of the job but the steady step, for the rank ``c`` (the step's peak stage)."""
     phases = _load_phases(c)
-    fs = first_step(moments, device_states_bytes(terms))
+    # in the backward each parameter's optimizer creates its states at its own first step(), inside the first
+    # backward: a moment of it holds some of the states, at most the steady moment, which bounds it
+    fs = first_step(moments, 0 if c.in_backward else device_states_bytes(terms))
     phases.append(PhasePeak("first step", fs, packed_reserved(fs)))
     resident = between_steps(terms, "evaluation")
     if eval_runs(c):
@@ -110,8 +112,12 @@ def _assumptions(c: StepContext) -> list[str]:
     if prepares_kbit(c):
         out.append("lifecycle, peft preparation: prepare_model_for_kbit_training casts each non-quantized "
                    "parameter to fp32 beside its half original (peft utils/other.py)")
-    out.append("lifecycle, first step: optimizer states are created at its optimizer.step() (torch "
-               "AdamW._init_group), so it peaks no higher than the steady step")
+    if c.in_backward:
+        out.append("lifecycle, first step: each parameter's optimizer creates its states at its first step() in "
+                   "the first backward, so the first step is bounded by the steady step (counted as it)")
+    else:
+        out.append("lifecycle, first step: optimizer states are created at its optimizer.step() (torch "
+                   "AdamW._init_group), so it peaks no higher than the steady step")
     if eval_runs(c):
         gen = f", then {eval_generates(c)} tokens generated with a full-length KV cache (Lit-GPT generate_example)" \
             if eval_generates(c) else ""

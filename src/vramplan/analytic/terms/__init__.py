@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 
 from vramplan.analytic.terms import (
     casts,
+    cpu_offload,
     gradients,
+    in_backward,
     loss,
     optimizer_state,
     resident,
@@ -37,6 +39,8 @@ TERMS: tuple[TermFn, ...] = (
     resident.workspaces,              # cuBLAS workspaces
     resident.ddp_buckets,             # DDP's gradient buckets
     gradients.gradients,              # parameter gradients, layer by layer
+    in_backward.gradients,            # ... or one parameter's at a time (optimizer in the backward)
+    cpu_offload.small_gradients,      # torchao's offload_gradients: the GPU-kept tensors' gradients
     saved.layer_saved,                # saved activations per layer (checkpointing, in-flight micro-batches)
     saved.shared_saved,               # RoPE cos/sin, masks
     saved.head_saved,                 # final norm + LM-head input
@@ -49,6 +53,7 @@ TERMS: tuple[TermFn, ...] = (
     loss.layer_forward,               # a head-less stage's last layer forward
     gradients.tied_embedding,         # tied embedding gradient contributions
     optimizer_state.step_temporary,   # optimizer.step() temporaries
+    in_backward.step_temporaries,     # ... or each parameter's, in the backward
     gradients.embedding_shard_copy,   # the step's copy of a replicated TP embedding gradient's shard
 )
 

@@ -230,6 +230,22 @@ class StepContext:
         stage (arXiv 2104.04473 sec. 2.2)."""
         return min(self.pp - self.stage, self.s.train.grad_accum_steps) if self.pp > 1 else 1
 
+    @property
+    def in_backward(self) -> bool:
+        """The optimizer step runs in the backward, one parameter at a time (``train.optimizer_in_backward``)."""
+        return self.s.train.optimizer_in_backward
+
+    @property
+    def torchao_offload(self) -> bool:
+        """torchao's CPUOffloadOptimizer holds the optimizer (``train.torchao_cpu_offload``)."""
+        return self.s.train.torchao_cpu_offload != "none"
+
+    @property
+    def grads_one_at_a_time(self) -> bool:
+        """Each GPU gradient is freed in the backward as soon as it is used: the optimizer step runs in the
+        backward, or torchao's CPUOffloadOptimizer copies it to the host (offload_gradients)."""
+        return self.in_backward or self.s.train.torchao_cpu_offload == "optimizer+gradients"
+
     @cached_property
     def grads_during_fwd(self) -> bool:
         """Gradients exist during the forward: from the second micro-batch of an accumulation window on

@@ -21,7 +21,7 @@ from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
 
-__all__ = ["gradients", "has_tied_embedding_backward", "layer_gradient_bytes", "replicated_embedding",
+__all__ = ["embedding_gradient_bytes", "gradients", "has_tied_embedding_backward", "layer_gradient_bytes", "replicated_embedding",
            "tied_embedding", "total_gradient_bytes", "unsharded_gradients"]
 
 
@@ -54,7 +54,7 @@ def layer_gradient_bytes(c: StepContext) -> list[int]:
     return [_grad_bytes_layer(rp, j, grad_bytes, shards, peft) for j in range(n)]
 
 
-def _embed_grad(c: StepContext, outside: int) -> int:
+def embedding_gradient_bytes(c: StepContext, outside: int) -> int:
     """The untied input embedding's gradient, produced last (within the gradients outside the layers)."""
     m = c.m
     if c.peft is not None or m.tie_word_embeddings or not c.rp.has_embedding:
@@ -72,10 +72,12 @@ def gradients(c: StepContext) -> list[Term]:
     which per-layer rounding can make a few bytes smaller than the sum of the layers' shards
     (``gradients.rounding``, zero or negative).
     """
+    if c.grads_one_at_a_time:
+        return []  # one parameter's at a time (terms/in_backward.py)
     total, per_layer = total_gradient_bytes(c), layer_gradient_bytes(c)
     attention_split = layer_activations(c).attention_split
     outside = max(0, total - sum(per_layer))
-    embed = _embed_grad(c, outside)
+    embed = embedding_gradient_bytes(c, outside)
     gdf, n = c.grads_during_fwd, len(per_layer)
     out = [Term(K.GRADIENTS, outside - embed, FORWARD if gdf else mlp(n - 1), END, "gradients.head"),
            Term(K.GRADIENTS, embed, FORWARD if gdf else TIED_EMBEDDING, END, "gradients.embedding"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from vramplan.analytic.gradients import master_weight_bytes
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import OptimizerCost, optimizer_cost_for
+from vramplan.analytic.terms import cpu_offload
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.resident import offload_where
@@ -40,6 +41,8 @@ def optimizer_states(c: StepContext) -> list[Term]:
     ZeRO-Offload (arXiv 2101.06840): fp32 masters, moments and fp32 gradients live on the host;
     gradients are copied to the host partition as they are reduced.
     """
+    if c.torchao_offload:
+        return cpu_offload.optimizer_states(c)
     oc = optimizer_cost_of(c)
     name = c.s.train.optimizer
     if c.offload_opt:
@@ -60,8 +63,10 @@ def master(c: StepContext) -> list[Term]:
 
 
 def step_temporary(c: StepContext) -> list[Term]:
-    """``optimizer.step()``'s temporaries (none on the GPU when the optimizer runs on the host)."""
-    if c.offload_opt:
+    """``optimizer.step()``'s temporaries (none on the GPU when the optimizer runs on the host, torchao's
+    CPUOffloadOptimizer's fused AdamW included; each
+    parameter's own when the step runs in the backward, terms/in_backward.py)."""
+    if c.offload_opt or c.in_backward or c.torchao_offload:
         return []
     out = [Term(K.OPTIMIZER_STEP, optimizer_cost_of(c).step_temporary_bytes, STEP, END, "optimizer.step")]
     if c.pol.master_bytes:
