@@ -64,6 +64,18 @@ def test_estimate_is_the_cli_document(client: TestClient, path: Path) -> None:
     assert r.text == res.stdout
 
 
+def test_estimate_without_remedies_is_the_report(client: TestClient) -> None:
+    from vramplan.engine import estimate
+
+    doc = read_document(ROOT / "examples" / "lora-llama3-8b-a10g.yaml")
+    report = estimate(doc)
+    assert report.verdict != "FITS"  # so the whole document carries remedies (plan/remedies.py)
+    whole = client.post("/api/estimate", json=doc).json()
+    alone = client.post("/api/estimate", params={"remedies": "false"}, json=doc).json()
+    assert whole["remedies"] and "remedies" not in alone
+    assert alone == report.to_json_dict() == {k: v for k, v in whole.items() if k not in ("remedies", "assumed_settings")}
+
+
 def test_serve_is_the_cli_document(client: TestClient) -> None:
     path = ROOT / "examples" / "llama3-8b-serve-h100.yaml"
     r = client.post("/api/serve", json=read_document(path))

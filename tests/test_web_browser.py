@@ -178,20 +178,34 @@ def test_newcomer_answers_the_readme_question_in_under_a_minute(page: Any, serve
     # the answer for the RTX 4090: the point estimate fits, the band's high bound does not, and by how much
     summary = page.locator("#summary").inner_text()
     assert "headroom" in summary and "band: " in summary and "device used" in summary
+    doc = {"model": "meta-llama/Llama-3.1-8B", "task": "train", "hardware": {"gpu": "RTX-4090"},
+           "train": {"gradient_checkpointing": "full", "peft": {"method": "lora"}}}
+    from vramplan.engine import estimate
+    from vramplan.plan.remedies import remedies_and_defaults
+
+    report = estimate(doc)
+    band = report.to_json_dict()["band"]
+    cls = band["classes"]["device_used"]
+    assert page.locator("#verdict .band").inner_text() == (
+        f"{round(band['coverage'] * 100)}% band ×{cls['factor_low']}–×{cls['factor_high']} ({cls['class']}, n = {cls['n']})")
+    # what to change, as `vramplan estimate` lists it: the first verified remedy
+    first = remedies_and_defaults(report, doc)["remedies"][0]["text"]
+    assert first in page.locator("#remedies").inner_text()
     # ... and on which other GPUs: the rows the library's fit_on_every_gpu calls FITS, nothing else
     page.get_by_label("only those that fit").check()
     page.wait_for_function("() => document.querySelectorAll('#fit-table tbody tr').length > 0"
                            " && document.querySelectorAll('#fit-table tbody tr.no, #fit-table tbody tr.error').length === 0")
     fits = page.evaluate("[...document.querySelectorAll('#fit-table tbody tr.fits')].map(r => r.cells[0].textContent)")
-    doc = {"model": "meta-llama/Llama-3.1-8B", "task": "train", "hardware": {"gpu": "RTX-4090"},
-           "train": {"gradient_checkpointing": "full", "peft": {"method": "lora"}}}
     assert json.loads(urllib.request.unquote(page.url.split("s=", 1)[1].split("&")[0])) == doc  # the link holds it
     assert fits == [r.gpu for r in fit_on_every_gpu(doc) if r.verdict == "FITS"] and len(fits) >= 10
     assert "RTX-4090" not in fits and "H100-SXM" in fits
     elapsed = time.monotonic() - t0
     assert elapsed < 60, f"the question took {elapsed:.1f} s to answer"
-    # README's picture (docs/web.png is a copy of this file): the verdict and the GPUs that fit, in one screen
-    page.set_viewport_size({"width": 1280, "height": 1250})
+    # README's picture (docs/web.png is a copy of this file): from the verdict down to the GPUs that fit, in one
+    # screen as tall as that (the fit table scrolls inside its box)
+    bottom = page.evaluate("document.querySelector('#fit .table-wrap').getBoundingClientRect().bottom + window.scrollY")
+    page.set_viewport_size({"width": 1280, "height": min(int(bottom) + 16, 2400)})
+    page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(ARTIFACTS / "web-readme.png"))
 
 

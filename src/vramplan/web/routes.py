@@ -142,16 +142,17 @@ def build_app(settings: WebSettings) -> FastAPI:
         return _json([asdict(g) for g in list_gpus(q)])  # `vramplan gpus --json`
 
     @app.post("/api/estimate")
-    async def estimate(request: Request) -> Response:
+    async def estimate(request: Request, remedies: bool = True) -> Response:
         from vramplan.engine import estimate as run_estimate
         from vramplan.plan.remedies import remedies_and_defaults
 
         doc = await scenario_of(request)
 
         def go() -> dict[str, Any]:
-            # the CLI's --json document: the report, and for a job that is not FITS its remedies
+            # the CLI's --json document: the report, and for a job that is not FITS its remedies (each one a
+            # further estimate: ``remedies=false`` leaves that search out, for a script that reads the verdict only)
             report = run_estimate(doc)
-            return {**report.to_json_dict(), **remedies_and_defaults(report, doc)}
+            return {**report.to_json_dict(), **(remedies_and_defaults(report, doc) if remedies else {})}
 
         return _json(await run(go))
 

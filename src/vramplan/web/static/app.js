@@ -449,6 +449,27 @@ function bands(pg) {
     .map((k) => { const base = k.replace(/_low$/, ""); return `${base.replace(/_bytes$/, "").replace(/_/g, " ")} ${gib(pg[k])} – ${gib(pg[base + "_high"])} GiB`; });
 }
 
+// a job that is not FITS: the verified changes that make it fit and the settings taken as defaults (the
+// document's remedies and assumed_settings, worded as `vramplan estimate` prints them: cli/render.py)
+function drawRemedies() {
+  const box = $("#remedies");
+  box.replaceChildren();
+  if (!report.remedies) return;
+  const head = document.createElement("p");
+  head.textContent = report.remedies.length ? "Would fit (each change estimated again: verdict FITS, with a 10% margin):"
+    : "No single change tried makes it fit: see the plan below.";
+  const ul = document.createElement("ul");
+  for (const r of report.remedies) {
+    ul.append(Object.assign(document.createElement("li"), { textContent: `${r.text}: ${gib(r.device_used_bytes)} of ${gib(r.capacity_bytes)} GiB` }));
+  }
+  box.append(head, ul);
+  const assumed = Object.entries(report.assumed_settings || {});
+  if (assumed.length) {
+    box.append(Object.assign(document.createElement("p"), { className: "help",
+      textContent: "Settings assumed (not given, defaults): " + assumed.map(([k, v]) => `${k}=${v}`).join(", ") }));
+  }
+}
+
 function drawReport() {
   const pg = report.per_gpu;
   const v = verdictOf(report);
@@ -458,10 +479,18 @@ function drawReport() {
   b.className = "badge " + cls;
   b.textContent = v;
   $("#verdict").append(b);
+  // the band the verdict reads (report.band: the calibrated class, its coverage and factors, report/band.py)
+  const cls0 = report.band && report.band.classes && (report.band.classes.device_used || Object.values(report.band.classes)[0]);
+  if (cls0) {
+    const note = Object.assign(document.createElement("span"), { className: "band", title: report.band.method,
+      textContent: `${Math.round(report.band.coverage * 100)}% band ×${cls0.factor_low}–×${cls0.factor_high} (${cls0.class}, n = ${cls0.n})` });
+    $("#verdict").append(" ", note);
+  }
   const band = bands(pg);
   $("#summary").textContent = `${report.model.name} on ${report.scenario.hardware.num_gpus} × ${report.gpu.name} (${report.scenario.task}): `
     + `device used ${gib(pg.device_used_bytes)} of ${gib(pg.capacity_bytes)} GiB per GPU, headroom ${gib(pg.headroom_bytes)} GiB; `
     + `peak in ${pg.peak_phase}` + (band.length ? `; band: ${band.join("; ")}` : "") + ".";
+  drawRemedies();
   drawBreakdown();
   drawLifecycle();
   $("#assumptions").replaceChildren(...report.assumptions.map((a) => { const li = document.createElement("li"); li.textContent = a; return li; }));
