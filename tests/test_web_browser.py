@@ -9,6 +9,7 @@ skip, saying why, only when that Chromium (or the Python packages) is absent; ``
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -46,11 +47,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
+@contextlib.contextmanager
+def _web_server(*args: str) -> Iterator[str]:
+    """``vramplan web ARGS`` on a free localhost port, with this process's environment; its address."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "vramplan.cli.main", "web", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "vramplan.cli.main", "web", "--port", str(port), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -69,6 +71,12 @@ def server() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with _web_server() as url:
+        yield url
 
 
 def _offline_context(browser: Any, outside: list[str], local: list[str] | None = None, **kwargs: Any) -> Any:
@@ -459,3 +467,30 @@ def test_upload_config_and_inference(page: Any, server: str, tmp_path: Path) -> 
     page.locator("#f-task").select_option(label="inference")
     page.wait_for_selector("#generate-facts:not([hidden]):has-text('Largest batch')")
     page.screenshot(path=str(ARTIFACTS / "web-inference-upload.png"), full_page=True)
+
+
+def test_hub_id_only_when_the_server_allows_it(page: Any, server: str, fake_hub: Any) -> None:
+    """A Hugging Face Hub id (the fake Hub of tests/fakehub.py on localhost, no network): refused beside the model
+    field, with the CLI's hint, by a server started without --allow-hub; estimated by one started with it."""
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    fake_hub.add("someone/llama-copy", {"config.json": m.config})
+    page.goto(server + "/")
+    _wait_verdict(page, OPENING)
+    page.locator("#f-model").fill("someone/llama-copy")
+    page.locator("#e-model").filter(has_text="--allow-hub").wait_for()
+    assert fake_hub.requests == []
+    with _web_server("--allow-hub") as hub_server:  # HF_ENDPOINT (the fake Hub) and HF_HOME from the fixture
+        page.goto(hub_server + "/")
+        _wait_verdict(page, OPENING)
+        assert "Hugging Face Hub id" in page.locator("#h-model").inner_text()
+        w_catalog = _weights(page)
+        page.locator("#f-model").fill("someone/llama-copy")
+        page.wait_for_function("() => document.querySelector('#summary').textContent.startsWith('someone/llama-copy')")
+        _wait_verdict(page, OPENING)
+        assert _weights(page) == w_catalog  # the same config.json, read from the Hub
+        page.locator("#f-model").fill("someone/missing")
+        page.locator("#e-model").filter(has_text="someone/missing").wait_for()
+        page.screenshot(path=str(ARTIFACTS / "web-hub-id.png"))
+    assert fake_hub.requests
