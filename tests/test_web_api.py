@@ -298,6 +298,33 @@ def test_no_server_file_is_read(client: TestClient, model: Any) -> None:
     assert r.json()["detail"][0]["where"] == "model"
 
 
+@pytest.mark.parametrize("route", ["/api/estimate", "/api/serve", "/api/fit"])
+def test_no_server_file_is_read_through_the_serving_keys(client: TestClient, route: str, tmp_path: Path) -> None:
+    """serve.gguf.file (a GGUF file serve/gguf.py would open) and serve.speculative.model (a draft model load_model
+    would read from a path): refused before the library sees them, even when the file exists and is valid."""
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    (tmp_path / "config.json").write_text(json.dumps(m.config))  # a valid config.json: `vramplan serve` would read it
+    base = {"model": "meta-llama/Llama-3.1-8B", "task": "serve", "hardware": {"gpu": "H100"}}
+    for serve, where in (({"engine": "llamacpp", "gguf": {"file": "/etc/passwd"}}, "serve.gguf.file"),
+                         ({"engine": "llamacpp", "gguf": {"file": str(tmp_path / "x.gguf")}}, "serve.gguf.file"),
+                         ({"speculative": {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 4}},
+                          "serve.speculative.model"),
+                         ({"speculative": {"method": "draft", "model": "/etc/passwd", "num_speculative_tokens": 4}},
+                          "serve.speculative.model"),
+                         ({"speculative": {"method": "draft", "model": "someone/draft", "num_speculative_tokens": 4}},
+                          "serve.speculative.model")):
+        r = client.post(route, json={**base, "serve": serve})
+        assert r.status_code == 422, (serve, r.text)
+        assert r.json()["detail"][0]["where"] == where
+        assert str(tmp_path) not in r.json()["detail"][0]["hint"]
+    # a catalog draft model is still estimated
+    ok = client.post(route, json={**base, "serve": {"speculative": {"method": "draft", "model": "llama-3.2-1b",
+                                                                    "num_speculative_tokens": 4}}})
+    assert ok.status_code == 200, ok.text
+
+
 def test_an_uploaded_config_is_accepted(client: TestClient) -> None:
     from vramplan.catalog.models import list_models
 
