@@ -45,6 +45,7 @@ def _row(name: str, times: list[float]) -> str:
 
 
 def main() -> None:
+    from vramplan.engine import estimate
     from vramplan.spec.load import read_document
 
     with socket.socket() as s:
@@ -72,7 +73,7 @@ def main() -> None:
         print(f"# made by: PYTHONPATH=src python benchmarks/bench_web.py; {N} requests per row after one warm-up;"
               f" load average {os.getloadavg()[0]:.2f} at the start")
         medians: list[float] = []  # the analytic estimate (the report)
-        with_remedies: list[float] = []  # the estimate's whole document for a new scenario, remedies included
+        with_remedies: list[float] = []  # the whole document of a job that is not FITS, remedies included
         # the page's opening setup, the README's question: Llama-3.1-8B LoRA on an RTX 4090 (web/static/app.js)
         opening = {"model": "meta-llama/Llama-3.1-8B", "task": "train", "hardware": {"gpu": "RTX-4090"},
                    "train": {"gradient_checkpointing": "full", "peft": {"method": "lora"}}}
@@ -81,7 +82,9 @@ def main() -> None:
         for name, doc in docs.items():
             _post(base + "/api/estimate", doc)  # warm-up: imports, catalog
             same = [_post(base + "/api/estimate", doc)[1] for _ in range(N)]
-            medians.append(statistics.median(same))
+            # a job that FITS has no remedies: its document is the report
+            whole = medians if estimate(doc).verdict == "FITS" else with_remedies
+            whole.append(statistics.median(same))
             print(_row(f"POST /api/estimate {name}, repeated", same))
             if doc.get("task", "train") == "train":
                 seq = doc.get("train", {}).get("seq_len", 2048)
@@ -95,7 +98,7 @@ def main() -> None:
                                {**doc, "train": {**doc.get("train", {}), "seq_len": seq + 8 * (N + i + 1)}})[1]
                          for i in range(N)]
                 medians.append(statistics.median(alone))
-                with_remedies.append(statistics.median(new))
+                whole.append(statistics.median(new))
                 print(_row(f"POST /api/estimate?remedies=false {name}, new scenario", alone))
         from vramplan.catalog.gpus import list_gpus
 
@@ -113,8 +116,8 @@ def main() -> None:
         worst = max(medians)
         print(f"# analytic estimate (the report): the largest median above is {worst:.2f} ms, "
               f"{'under' if worst < 50 else 'NOT under'} the 50 ms target")
-        print(f"# with the remedies of a job that is not FITS, for a new scenario: the largest median is "
-              f"{max(with_remedies):.2f} ms")
+        print(f"# the whole document of a job that is not FITS (the report and its verified remedies): the largest "
+              f"median is {max(with_remedies, default=0.0):.2f} ms")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
