@@ -435,6 +435,11 @@ def test_phone_width_and_keyboard(browser: Any, server: str) -> None:
     _wait_verdict(pg, OPENING)
     # one column: nothing wider than the screen
     assert pg.evaluate("document.documentElement.scrollWidth") <= 390
+    # the sections start closed, so the answer follows the model and GPU box; a button takes you there
+    assert pg.evaluate("[...document.querySelectorAll('details.section')].every(d => !d.open)")
+    pg.get_by_role("button", name="Go to the answer").click()
+    pg.wait_for_function("() => { const r = document.querySelector('#verdict').getBoundingClientRect();"
+                         " return r.top >= 0 && r.bottom <= innerHeight; }")
     # every form control has a label
     unlabelled = pg.evaluate("""[...document.querySelectorAll('input, select')]
         .filter(e => e.type !== 'file' && !(e.labels && e.labels.length)).map(e => e.id)""")

@@ -15,6 +15,7 @@ const DYNAMIC_PARTS = ["activations", "kv_cache", "temporaries", "other"];
 const { GiB, gib, COLORS, baseOptions, markLine, drawPhases } = window.VramplanCharts;
 // the sections read by one task only (the schema's descriptions say which), shown for that task
 const TASK_SECTIONS = { train: "train", inference: "inference", serve: "serve", lifecycle: "train" };
+const NARROW = window.matchMedia("(max-width: 820px)");
 
 const state = { scenario: structuredClone(DEFAULT_SCENARIO), compare: [] };
 let schema = null;
@@ -225,7 +226,9 @@ function buildForm() {
     const box = document.createElement("details");
     box.className = "section";
     box.id = "sec-" + name;
-    box.open = name === (state.scenario.task || "train");
+    // the task's section opens by itself on a wide screen; on a phone every section starts closed, so that
+    // the answer is a short scroll below the model and GPU (one column under 820 px: style.css)
+    box.open = name === (state.scenario.task || "train") && !NARROW.matches;
     const sum = document.createElement("summary");
     sum.textContent = `${name}: ${helpText(p)}`;
     box.append(sum);
@@ -267,7 +270,7 @@ function onField(input) {
   }
   if (path === "task") {
     const task = v || "train";
-    for (const [sec, on] of Object.entries(TASK_SECTIONS)) { const b = $("#sec-" + sec); b.hidden = on !== task; b.open = sec === task; }
+    for (const [sec, on] of Object.entries(TASK_SECTIONS)) { const b = $("#sec-" + sec); b.hidden = on !== task; b.open = sec === task && !NARROW.matches; }
   }
   changed();
 }
@@ -779,6 +782,7 @@ async function main() {
     writeUrl();
     refreshCompare();
   });
+  $("#to-answer").addEventListener("click", () => $("#answer").scrollIntoView());
   $("#plan-form").addEventListener("submit", runPlan);
   $("#download-zip").addEventListener("click", downloadZip);
   window.addEventListener("hashchange", () => { readUrl(); syncForm(); changed(); refreshCompare(); });
