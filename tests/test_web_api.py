@@ -319,6 +319,7 @@ def test_no_server_file_is_read_through_the_serving_keys(client: TestClient, rou
         assert r.status_code == 422, (serve, r.text)
         assert r.json()["detail"][0]["where"] == where
         assert str(tmp_path) not in r.json()["detail"][0]["hint"]
+        assert "upload" not in r.json()["detail"][0]["hint"]  # a draft model is a name, not an uploaded file
     # a catalog draft model is still estimated
     ok = client.post(route, json={**base, "serve": {"speculative": {"method": "draft", "model": "llama-3.2-1b",
                                                                     "num_speculative_tokens": 4}}})

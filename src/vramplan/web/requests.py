@@ -66,10 +66,11 @@ def check_model(model: Any, where: str = "model", hub: HubOptions | None = None)
         if hub is None:
             close = suggest(model, list(names))
             did = f"did you mean {', '.join(repr(c) for c in close)}? Or " if close else ""
+            # only the job's model may be an uploaded config.json (a draft model is a name: serve.speculative.model)
+            upload = "upload its config.json, or " if where == "model" else ""
             raise ScenarioError([Problem(where, f"{model!r} is not in the catalog, and this server reads no "
                                          "Hugging Face Hub ids",
-                                         f"{did}upload its config.json, or start the server with "
-                                         "`vramplan web --allow-hub`")])
+                                         f"{did}{upload}start the server with `vramplan web --allow-hub`")])
         _check_sizes(fetch_hub_model(model, hub, suggest(model, list(names))).config, where)
         return model.strip()
     # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
