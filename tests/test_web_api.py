@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -64,11 +64,64 @@ def test_estimate_is_the_cli_document(client: TestClient, path: Path) -> None:
     assert r.text == res.stdout
 
 
+def test_estimate_without_remedies_is_the_report(client: TestClient) -> None:
+    from vramplan.engine import estimate
+
+    doc = read_document(ROOT / "examples" / "lora-llama3-8b-a10g.yaml")
+    report = estimate(doc)
+    assert report.verdict != "FITS"  # so the whole document carries remedies (plan/remedies.py)
+    whole = client.post("/api/estimate", json=doc).json()
+    alone = client.post("/api/estimate", params={"remedies": "false"}, json=doc).json()
+    assert whole["remedies"] and "remedies" not in alone
+    assert alone == report.to_json_dict() == {k: v for k, v in whole.items() if k not in ("remedies", "assumed_settings")}
+
+
 def test_serve_is_the_cli_document(client: TestClient) -> None:
     path = ROOT / "examples" / "llama3-8b-serve-h100.yaml"
     r = client.post("/api/serve", json=read_document(path))
     assert r.status_code == 200
     assert r.json() == cli_json("serve", str(path))
+
+
+SERVE_CASES = [
+    # (scenario flags of `vramplan serve`, the same scenario as a request body, query)
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100-SXM", "--engine", "sglang"],
+     {"model": "meta-llama/Llama-3.1-8B", "hardware": {"gpu": "H100-SXM"}, "serve": {"engine": "sglang"}}, {}),
+    # llama.cpp's decision and log lines (serve/llamacpp.py); this one will not start: 8,192 + 16,384 + 8,472 MiB
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "RTX-4090", "--engine", "llamacpp"],
+     {"model": "meta-llama/Llama-3.1-8B", "hardware": {"gpu": "RTX-4090"}, "serve": {"engine": "llamacpp"}}, {}),
+    # a Volta card: the GPU generation's note (no bf16) after vLLM's own assumptions, as the CLI prints it
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "V100-32GB", "--max-model-len", "4096"],
+     {"model": "meta-llama/Llama-3.1-8B", "hardware": {"gpu": "V100-32GB"}, "serve": {"max_model_len": 4096}}, {}),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100-SXM", "--subtract-cudagraphs"],
+     {"model": "meta-llama/Llama-3.1-8B", "hardware": {"gpu": "H100-SXM"}}, {"subtract_cudagraphs": "true"}),
+]
+
+
+@pytest.mark.parametrize(("flags", "body", "query"), SERVE_CASES, ids=["sglang", "llamacpp", "volta", "subtract"])
+def test_serve_engines_are_the_cli_documents(client: TestClient, flags: list[str], body: dict[str, Any],
+                                            query: dict[str, str]) -> None:
+    r = client.post("/api/serve", params=query, json=body)
+    assert r.status_code == 200, r.text
+    assert r.json() == cli_json("serve", *flags)
+
+
+def test_serve_refuses_what_the_cli_refuses(client: TestClient) -> None:
+    body = {"model": "meta-llama/Llama-3.1-8B", "hardware": {"gpu": "H100-SXM"}, "serve": {"engine": "sglang"}}
+    r = client.post("/api/serve", params={"subtract_cudagraphs": "true"}, json=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["where"] == "--subtract-cudagraphs"
+    res = runner.invoke(cli_app, ["serve", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100-SXM", "--engine",
+                                  "sglang", "--subtract-cudagraphs"], env=ENV)
+    assert res.exit_code == 2 and r.json()["detail"][0]["message"] in " ".join(res.stderr.split())
+
+
+def test_compare_is_the_cli_document(client: TestClient, tmp_path: Path) -> None:
+    a = read_document(ROOT / "examples" / "lora-llama3-8b-a10g.yaml")
+    b = {**a, "hardware": {"gpu": "H100"}}
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    r = client.post("/api/compare", json=[a, b])
+    assert r.status_code == 200
+    assert r.json() == cli_json("compare", str(ROOT / "examples" / "lora-llama3-8b-a10g.yaml"), str(tmp_path / "b.json"))
 
 
 def test_generate_and_kv_are_the_cli_documents(client: TestClient) -> None:
@@ -245,6 +298,34 @@ def test_no_server_file_is_read(client: TestClient, model: Any) -> None:
     assert r.json()["detail"][0]["where"] == "model"
 
 
+@pytest.mark.parametrize("route", ["/api/estimate", "/api/serve", "/api/fit"])
+def test_no_server_file_is_read_through_the_serving_keys(client: TestClient, route: str, tmp_path: Path) -> None:
+    """serve.gguf.file (a GGUF file serve/gguf.py would open) and serve.speculative.model (a draft model load_model
+    would read from a path): refused before the library sees them, even when the file exists and is valid."""
+    from vramplan.catalog.models import list_models
+
+    (m,) = [m for m in list_models() if m.id == "meta-llama/Llama-3.1-8B"]
+    (tmp_path / "config.json").write_text(json.dumps(m.config))  # a valid config.json: `vramplan serve` would read it
+    base = {"model": "meta-llama/Llama-3.1-8B", "task": "serve", "hardware": {"gpu": "H100"}}
+    for serve, where in (({"engine": "llamacpp", "gguf": {"file": "/etc/passwd"}}, "serve.gguf.file"),
+                         ({"engine": "llamacpp", "gguf": {"file": str(tmp_path / "x.gguf")}}, "serve.gguf.file"),
+                         ({"speculative": {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 4}},
+                          "serve.speculative.model"),
+                         ({"speculative": {"method": "draft", "model": "/etc/passwd", "num_speculative_tokens": 4}},
+                          "serve.speculative.model"),
+                         ({"speculative": {"method": "draft", "model": "someone/draft", "num_speculative_tokens": 4}},
+                          "serve.speculative.model")):
+        r = client.post(route, json={**base, "serve": serve})
+        assert r.status_code == 422, (serve, r.text)
+        assert r.json()["detail"][0]["where"] == where
+        assert str(tmp_path) not in r.json()["detail"][0]["hint"]
+        assert "upload" not in r.json()["detail"][0]["hint"]  # a draft model is a name, not an uploaded file
+    # a catalog draft model is still estimated
+    ok = client.post(route, json={**base, "serve": {"speculative": {"method": "draft", "model": "llama-3.2-1b",
+                                                                    "num_speculative_tokens": 4}}})
+    assert ok.status_code == 200, ok.text
+
+
 def test_an_uploaded_config_is_accepted(client: TestClient) -> None:
     from vramplan.catalog.models import list_models
 
@@ -320,6 +401,74 @@ def test_any_body_is_answered_without_a_500(client: TestClient, changes: dict[st
         d[last] = value
     r = client.post("/api/estimate", json=doc)
     assert r.status_code in (200, 422), r.text
+
+
+def _mutated(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    doc = json.loads(json.dumps(base))
+    for path, value in changes.items():
+        d = doc
+        *parents, last = path.split(".")
+        for k in parents:
+            d = d.setdefault(k, {}) if isinstance(d.get(k, {}), dict) else {}
+        d[last] = value
+    return doc
+
+
+# values a user would type, so that many bodies are valid and reach the library (not only the request checks)
+_plausible_leaf = st.one_of(st.sampled_from(["vllm", "sglang", "llamacpp", "inference", "serve", "H100", "RTX-4090", "fp8",
+                                             1, 2, 8, 512, 4096, 0.5, 0.9, True, None]), _json_leaf)
+_SCENARIO_ROUTES = ["/api/serve", "/api/serve/curve", "/api/generate", "/api/solve/max-batch", "/api/solve/max-seq",
+                    "/api/fit"]
+_SERVE_PATHS = ["serve.engine", "serve.max_model_len", "serve.gpu_memory_utilization", "serve.kv_cache_dtype",
+                "serve.gguf", "inference.prompt_len", "inference.new_tokens", "hardware.gpu", "parallel.tp", "model"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(_SCENARIO_ROUTES),
+       changes=st.dictionaries(st.sampled_from(_SERVE_PATHS + _PATHS[:8]), _plausible_leaf, max_size=2),
+       whole=st.one_of(st.none(), st.none(), st.none(), _json_leaf))
+def test_any_body_to_the_scenario_routes_is_answered_without_a_500(client: TestClient, route: str,
+                                                                  changes: dict[str, Any], whole: Any) -> None:
+    """serve, its curve, generate, solve and fit: a scenario changed at random keys, or no object at all."""
+    body = _mutated({"model": "llama-3.1-8b", "hardware": {"gpu": "A100-80GB"}}, changes) if whole is None else whole
+    r = client.post(route, json=body)
+    event(f"{route} {r.status_code}")  # pytest --hypothesis-show-statistics: how many answered 200
+    assert r.status_code in (200, 422), (route, body, r.text)
+
+
+_PLAN_KEYS = ["num_gpus", "task", "seq_len", "global_batch", "peft", "lora_rank", "max_model_len", "concurrency",
+              "margin", "top", "mfu", "gpu", "model", "max_micro_batch", "host_memory_gib", "unknown"]
+_KV_KEYS = ["seq", "batch", "kv_cache_dtype", "dtype", "tp", "block_size", "budget_gb", "model", "unknown"]
+_option_leaf = st.one_of(_json_leaf, st.sampled_from(["1-100000", "0", "1,2", "serve", "qlora", "fp8", "H100", 1, 2,
+                                                      4096, [1024], 0.2, True]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(["/api/plan", "/api/kv", "/api/compare", "/api/plan/export.zip"]),
+       plan=st.dictionaries(st.sampled_from(_PLAN_KEYS), _option_leaf, max_size=2),
+       kv=st.dictionaries(st.sampled_from(_KV_KEYS), _option_leaf, max_size=2),
+       setups=st.lists(st.dictionaries(st.sampled_from(_PATHS), _plausible_leaf, max_size=1), max_size=5))
+def test_any_body_to_the_option_routes_is_answered_without_a_500(client: TestClient, route: str, plan: dict[str, Any],
+                                                                kv: dict[str, Any], setups: list[Any]) -> None:
+    """plan (and its zip), kv and compare: their options changed at random, or any number of setups."""
+    body: Any
+    if route.startswith("/api/plan"):
+        # up to two options changed from a small job (seq_len 512, one GPU): a valid body plans in about a second
+        body = {**PLAN, "seq_len": 512, **plan}
+    elif route == "/api/kv":
+        body = {"model": "llama-3.1-8b", **kv}
+    else:
+        body = [_mutated({"model": "llama-3.1-8b", "hardware": {"gpu": "A100-80GB"}}, c) for c in setups]
+    r = client.post(route, json=body)
+    event(f"{route} {r.status_code}")  # pytest --hypothesis-show-statistics: how many answered 200
+    assert r.status_code in (200, 422), (route, body, r.text)
+
+
+def test_raw_bodies_are_4xx(client: TestClient) -> None:
+    for route in ("/api/estimate", "/api/plan", "/api/kv", "/api/compare", "/api/serve", "/api/fit"):
+        for raw in (b"", b"\xff\xfe", b"[", b"1e999999", b'{"model": Infinity}', b"null"):
+            r = client.post(route, content=raw)
+            assert 400 <= r.status_code < 500, (route, raw, r.text)
 
 
 def test_import_vramplan_does_not_import_fastapi() -> None:

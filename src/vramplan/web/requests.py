@@ -66,24 +66,47 @@ def check_model(model: Any, where: str = "model", hub: HubOptions | None = None)
         if hub is None:
             close = suggest(model, list(names))
             did = f"did you mean {', '.join(repr(c) for c in close)}? Or " if close else ""
+            # only the job's model may be an uploaded config.json (a draft model is a name: serve.speculative.model)
+            upload = "upload its config.json, or " if where == "model" else ""
             raise ScenarioError([Problem(where, f"{model!r} is not in the catalog, and this server reads no "
                                          "Hugging Face Hub ids",
-                                         f"{did}upload its config.json, or start the server with "
-                                         "`vramplan web --allow-hub`")])
+                                         f"{did}{upload}start the server with `vramplan web --allow-hub`")])
         _check_sizes(fetch_hub_model(model, hub, suggest(model, list(names))).config, where)
         return model.strip()
     # the same error (and suggestions) as an unknown name on the command line; a path is an unknown name
     raise UnknownNameError("model", model, list(names), where)
 
 
+def _check_serve(serve: Any, hub: HubOptions | None) -> Any:
+    """The two keys of ``serve`` that name something the library would read: ``gguf.file``, a local GGUF file
+    (``serve/gguf.py`` opens it), refused; ``speculative.model``, a draft model that ``load_model`` would also
+    read from a path or the Hub, checked as ``model`` is."""
+    if not isinstance(serve, dict):
+        return serve
+    gguf = serve.get("gguf")
+    if isinstance(gguf, dict) and gguf.get("file") is not None:
+        raise ScenarioError([Problem("serve.gguf.file", "this server reads no file named in a request",
+                                     "give the file type as serve.gguf.quant (e.g. Q4_K_M), or run `vramplan serve` "
+                                     "where the file is")])
+    spec = serve.get("speculative")
+    if isinstance(spec, dict) and isinstance(spec.get("model"), str):
+        draft = check_model(spec["model"], where="serve.speculative.model", hub=hub)
+        return {**serve, "speculative": {**spec, "model": draft}}
+    return serve
+
+
 def check_scenario(doc: Any, hub: HubOptions | None = None) -> dict[str, Any]:
-    """The scenario document of a request body, its model checked (and read from the Hub with ``hub``)."""
+    """The scenario document of a request body, its model checked (and read from the Hub with ``hub``), and
+    the serving keys that name a file or a model (``_check_serve``)."""
     if not isinstance(doc, dict):
         raise ScenarioError([Problem("scenario", "the body must be a JSON object (a scenario document)",
                                      "see examples/ for the format")])
     if "model" not in doc:
         raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
-    return {**doc, "model": check_model(doc["model"], hub=hub)}
+    checked = {**doc, "model": check_model(doc["model"], hub=hub)}
+    if "serve" in doc:
+        checked["serve"] = _check_serve(doc["serve"], hub)
+    return checked
 
 
 class PlanRequest(BaseModel):

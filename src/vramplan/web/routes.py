@@ -23,7 +23,7 @@ from vramplan.web.requests import KvRequest, PlanRequest, check_model, check_sce
 
 _Req = TypeVar("_Req", KvRequest, PlanRequest)
 
-__all__ = ["build_app"]
+__all__ = ["build_app", "serve_document"]
 
 STATIC = Path(str(resources.files("vramplan.web").joinpath("static")))
 
@@ -142,16 +142,17 @@ def build_app(settings: WebSettings) -> FastAPI:
         return _json([asdict(g) for g in list_gpus(q)])  # `vramplan gpus --json`
 
     @app.post("/api/estimate")
-    async def estimate(request: Request) -> Response:
+    async def estimate(request: Request, remedies: bool = True) -> Response:
         from vramplan.engine import estimate as run_estimate
         from vramplan.plan.remedies import remedies_and_defaults
 
         doc = await scenario_of(request)
 
         def go() -> dict[str, Any]:
-            # the CLI's --json document: the report, and for a job that is not FITS its remedies
+            # the CLI's --json document: the report, and for a job that is not FITS its remedies (each one a
+            # further estimate: ``remedies=false`` leaves that search out, for a script that reads the verdict only)
             report = run_estimate(doc)
-            return {**report.to_json_dict(), **remedies_and_defaults(report, doc)}
+            return {**report.to_json_dict(), **(remedies_and_defaults(report, doc) if remedies else {})}
 
         return _json(await run(go))
 
@@ -198,21 +199,8 @@ def build_app(settings: WebSettings) -> FastAPI:
 
     @app.post("/api/serve")
     async def serve(request: Request, subtract_cudagraphs: bool = False) -> Response:
-        from vramplan.catalog.resolve import resolve
-        from vramplan.serve.report import serve as run_serve
-
         doc = _serve_doc(await scenario_of(request))
-
-        def go() -> dict[str, Any]:
-            sr = run_serve(resolve(doc), subtract_cudagraphs=subtract_cudagraphs)
-            d = sr.decision
-            # the document of `vramplan serve --json` (cli/serve_cmd.py serve_document): the decision under
-            # the engine's name ("vllm" or "sglang")
-            return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
-                    "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes,
-                    "engine": sr.engine}
-
-        return _json(await run(go))
+        return _json(await run(lambda: serve_document(doc, subtract_cudagraphs)))
 
     @app.post("/api/serve/curve")
     async def serve_curve(request: Request) -> Response:
@@ -314,6 +302,34 @@ def build_app(settings: WebSettings) -> FastAPI:
         return JSONResponse({"detail": [{"where": "", "message": "no such page", "hint": "", "text": ""}]}, 404)
 
     return app
+
+
+def serve_document(doc: dict[str, Any], subtract_cudagraphs: bool = False) -> dict[str, Any]:
+    """The document of ``vramplan serve --json`` (cli/serve_cmd.py ``_serve``, ``serve_document`` and
+    ``_serve_llamacpp``), from the same library calls in the same order: llama.cpp's decision with its log
+    lines for ``serve.engine: llamacpp``, else the vLLM or SGLang decision under the engine's name with the
+    GPU generation's notes (``spec.checks.capability_notes``) after its own assumptions."""
+    from dataclasses import replace
+
+    from vramplan.catalog.resolve import resolve
+    from vramplan.serve.llamacpp import decide as decide_llamacpp
+    from vramplan.serve.llamacpp import uses_other_engine
+    from vramplan.serve.report import serve
+    from vramplan.spec.checks import capability_notes
+
+    r = resolve(doc)
+    if subtract_cudagraphs and r.scenario.serve.engine != "vllm":
+        raise ScenarioError([Problem("--subtract-cudagraphs", "is an option of engine vllm only",
+                                     "SGLang keeps CUDA graphs in the reserve outside mem_fraction_static")])
+    if uses_other_engine(r):
+        lc = decide_llamacpp(r)
+        return {"llamacpp": lc.to_dict(), "log_lines": lc.log_lines(),
+                "fits": lc.starts and lc.device_used_bytes <= lc.total_memory_bytes}
+    sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
+    d = replace(sr.decision, assumptions=[*sr.decision.assumptions, *capability_notes(r.scenario, r.gpu)])
+    return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
+            "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes,
+            "engine": sr.engine}
 
 
 def _serve_doc(doc: dict[str, Any]) -> dict[str, Any]:

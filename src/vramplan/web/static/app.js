@@ -13,7 +13,9 @@ const DEFAULT_SCENARIO = {
 const STATIC_PARTS = ["weights", "gradients", "optimizer_states", "master_weights"];
 const DYNAMIC_PARTS = ["activations", "kv_cache", "temporaries", "other"];
 const { GiB, gib, COLORS, baseOptions, markLine, drawPhases } = window.VramplanCharts;
-const SECTIONS = ["hardware", "train", "inference", "serve", "parallel", "software"];
+// the sections read by one task only (the schema's descriptions say which), shown for that task
+const TASK_SECTIONS = { train: "train", inference: "inference", serve: "serve", lifecycle: "train" };
+const NARROW = window.matchMedia("(max-width: 820px)");
 
 const state = { scenario: structuredClone(DEFAULT_SCENARIO), compare: [] };
 let schema = null;
@@ -99,8 +101,10 @@ function kindOf(prop) {
   return { kind: "text", nullable };
 }
 
+// a field's help: the first paragraph of its description, as `vramplan estimate --help` words it
+// (cli/flags.py _first_paragraph, then the double backquotes dropped)
 function helpText(prop) {
-  return (prop.description || "").split("\n\n")[0].replace(/\s+/g, " ");
+  return (prop.description || "").trim().split("\n\n")[0].split(/\s+/).filter(Boolean).join(" ").replaceAll("``", "");
 }
 
 function idFor(path) { return "f-" + path.replace(/\./g, "-"); }
@@ -172,8 +176,9 @@ function peftEl(prop) {
   const def = deref(prop.anyOf.find((v) => v.$ref));
   const box = document.createElement("fieldset");
   box.innerHTML = "<legend>peft</legend>";
-  const method = fieldEl("train.peft.method", { ...def.properties.method, default: null,
-    description: prop.description + " " + (def.properties.method.description || "") });
+  const about = Object.assign(document.createElement("small"), { className: "help", textContent: helpText(prop) });
+  box.append(about);
+  const method = fieldEl("train.peft.method", { ...def.properties.method, default: null });
   method.querySelector("select").options[0].text = "none (full fine-tuning)";
   box.append(method);
   for (const [name, p] of Object.entries(def.properties)) {
@@ -182,27 +187,52 @@ function peftEl(prop) {
   return box;
 }
 
+// a section's fields, a sub-model (serve.gguf, serve.speculative, train.peft) as a fieldset of its own fields,
+// so that every leaf of the scenario is a field here as it is a flag of the CLI (cli/flags.py _leaves)
+function sectionFields(box, prefix, def) {
+  for (const [name, p] of Object.entries(def.properties)) {
+    const path = `${prefix}.${name}`;
+    const k = kindOf(p);
+    if (path === "train.peft") {
+      box.append(peftEl(p));
+    } else if (k.kind === "section") {
+      const sub = document.createElement("fieldset");
+      sub.className = "sub";
+      sub.dataset.path = path;
+      sub.append(Object.assign(document.createElement("legend"), { textContent: name }),
+        Object.assign(document.createElement("small"), { className: "help", textContent: helpText(p) }));
+      sectionFields(sub, path, k.def);
+      box.append(sub);
+    } else {
+      box.append(fieldEl(path, p));
+    }
+  }
+}
+
 function buildForm() {
   const top = $("#fields-top");
-  for (const name of ["task", "framework"]) top.append(fieldEl(name, schema.properties[name]));
-  const hw = deref(schema.properties.hardware);
-  for (const [name, p] of Object.entries(hw.properties)) {
-    if (name !== "gpu") top.append(fieldEl(`hardware.${name}`, p));
-  }
-  $("#h-hardware-gpu").textContent = helpText(hw.properties.gpu);
   const sections = $("#fields-sections");
-  for (const sec of SECTIONS.slice(1)) {
-    const def = deref(schema.properties[sec]);
+  for (const [name, p] of Object.entries(schema.properties)) {
+    if (name === "model") continue;
+    if (kindOf(p).kind !== "section") { top.append(fieldEl(name, p)); continue; }
+    const def = deref(p);
+    if (name === "hardware") {
+      for (const [hname, hp] of Object.entries(def.properties)) {
+        if (hname !== "gpu") top.append(fieldEl(`hardware.${hname}`, hp));
+      }
+      $("#h-hardware-gpu").textContent = helpText(def.properties.gpu);
+      continue;
+    }
     const box = document.createElement("details");
     box.className = "section";
-    box.id = "sec-" + sec;
-    box.open = sec === state.scenario.task || (sec === "train" && !state.scenario.task);
+    box.id = "sec-" + name;
+    // the task's section opens by itself on a wide screen; on a phone every section starts closed, so that
+    // the answer is a short scroll below the model and GPU (one column under 820 px: style.css)
+    box.open = name === (state.scenario.task || "train") && !NARROW.matches;
     const sum = document.createElement("summary");
-    sum.textContent = `${sec}: ${helpText(schema.properties[sec])}`;
+    sum.textContent = `${name}: ${helpText(p)}`;
     box.append(sum);
-    for (const [name, p] of Object.entries(def.properties)) {
-      box.append(sec === "train" && name === "peft" ? peftEl(p) : fieldEl(`${sec}.${name}`, p));
-    }
+    sectionFields(box, name, def);
     sections.append(box);
   }
 }
@@ -215,7 +245,7 @@ function syncForm() {
   $("#clear-config").hidden = typeof m !== "object";
   $("#f-hardware-gpu").value = getPath(state.scenario, "hardware.gpu") || "";
   const task = state.scenario.task || "train";
-  for (const sec of ["train", "inference", "serve"]) $("#sec-" + sec).hidden = sec !== task;
+  for (const [sec, on] of Object.entries(TASK_SECTIONS)) $("#sec-" + sec).hidden = on !== task;
   syncPeft();
 }
 
@@ -240,7 +270,7 @@ function onField(input) {
   }
   if (path === "task") {
     const task = v || "train";
-    for (const sec of ["train", "inference", "serve"]) { const b = $("#sec-" + sec); b.hidden = sec !== task; b.open = sec === task; }
+    for (const [sec, on] of Object.entries(TASK_SECTIONS)) { const b = $("#sec-" + sec); b.hidden = on !== task; b.open = sec === task && !NARROW.matches; }
   }
   changed();
 }
@@ -422,6 +452,27 @@ function bands(pg) {
     .map((k) => { const base = k.replace(/_low$/, ""); return `${base.replace(/_bytes$/, "").replace(/_/g, " ")} ${gib(pg[k])} – ${gib(pg[base + "_high"])} GiB`; });
 }
 
+// a job that is not FITS: the verified changes that make it fit and the settings taken as defaults (the
+// document's remedies and assumed_settings, worded as `vramplan estimate` prints them: cli/render.py)
+function drawRemedies() {
+  const box = $("#remedies");
+  box.replaceChildren();
+  if (!report.remedies) return;
+  const head = document.createElement("p");
+  head.textContent = report.remedies.length ? "Would fit (each change estimated again: verdict FITS, with a 10% margin):"
+    : "No single change tried makes it fit: see the plan below.";
+  const ul = document.createElement("ul");
+  for (const r of report.remedies) {
+    ul.append(Object.assign(document.createElement("li"), { textContent: `${r.text}: ${gib(r.device_used_bytes)} of ${gib(r.capacity_bytes)} GiB` }));
+  }
+  box.append(head, ul);
+  const assumed = Object.entries(report.assumed_settings || {});
+  if (assumed.length) {
+    box.append(Object.assign(document.createElement("p"), { className: "help",
+      textContent: "Settings assumed (not given, defaults): " + assumed.map(([k, v]) => `${k}=${v}`).join(", ") }));
+  }
+}
+
 function drawReport() {
   const pg = report.per_gpu;
   const v = verdictOf(report);
@@ -431,10 +482,18 @@ function drawReport() {
   b.className = "badge " + cls;
   b.textContent = v;
   $("#verdict").append(b);
+  // the band the verdict reads (report.band: the calibrated class, its coverage and factors, report/band.py)
+  const cls0 = report.band && report.band.classes && (report.band.classes.device_used || Object.values(report.band.classes)[0]);
+  if (cls0) {
+    const note = Object.assign(document.createElement("span"), { className: "band", title: report.band.method,
+      textContent: `${Math.round(report.band.coverage * 100)}% band ×${cls0.factor_low}–×${cls0.factor_high} (${cls0.class}, n = ${cls0.n})` });
+    $("#verdict").append(" ", note);
+  }
   const band = bands(pg);
   $("#summary").textContent = `${report.model.name} on ${report.scenario.hardware.num_gpus} × ${report.gpu.name} (${report.scenario.task}): `
     + `device used ${gib(pg.device_used_bytes)} of ${gib(pg.capacity_bytes)} GiB per GPU, headroom ${gib(pg.headroom_bytes)} GiB; `
     + `peak in ${pg.peak_phase}` + (band.length ? `; band: ${band.join("; ")}` : "") + ".";
+  drawRemedies();
   drawBreakdown();
   drawLifecycle();
   $("#assumptions").replaceChildren(...report.assumptions.map((a) => { const li = document.createElement("li"); li.textContent = a; return li; }));
@@ -484,23 +543,62 @@ async function refreshFit() {
   }));
 }
 
+// What each serving engine's document (`vramplan serve --json`) says: its name, the start-up message, the KV
+// pool's facts.  vLLM and SGLang put their decision under the engine's name; llama.cpp under "llamacpp".
+const fmt = (n) => n.toLocaleString("en");
+function serveView(doc) {
+  // "starts": the verdict word each engine's table prints (cli/serve_cmd.py); llama.cpp's is "fits"
+  if (doc.llamacpp) {
+    const d = doc.llamacpp;
+    return { name: "llama.cpp", d, starts: doc.fits, log: doc.log_lines, facts: [
+      [`KV buffer (K ${d.cache_type_k}, V ${d.cache_type_v})`, `${gib(d.kv_bytes)} GiB`], ["n_ctx", `${fmt(d.kv_size)} tokens`],
+      ["sequences", fmt(d.n_parallel)], ["largest n_ctx that fits", fmt(d.n_ctx_that_fits)],
+      ["model buffer (weights)", `${gib(d.model_buffer_bytes)} GiB`], ["compute buffer", `${gib(d.compute_buffer_bytes)} GiB`],
+      ["layers on the GPU", `${d.gpu_slots}/${d.n_layer + 1}`], ["device used", `${gib(d.device_used_bytes)} GiB`]] };
+  }
+  const d = doc[doc.engine];
+  if (doc.engine === "sglang") {
+    return { name: `SGLang ${d.sglang_version}`, d, starts: d.starts, facts: [
+      ["KV pool", `${gib(d.kv_cache_bytes)} GiB`], ["max_total_num_tokens", `${fmt(d.max_total_num_tokens)} tokens`],
+      ["pages", `${fmt(d.num_pages)} of ${fmt(d.page_size)} tokens`], ["max_running_requests", fmt(d.max_running_requests)],
+      [`max concurrency at ${fmt(d.context_len)} tokens`, `${d.max_concurrency}×`],
+      ["static budget", `${gib(d.static_budget_bytes)} GiB (${d.mem_fraction_static} × free at start)`],
+      ["device used", `${gib(d.device_used_bytes)} GiB`]] };
+  }
+  return { name: `vLLM ${d.vllm_version_modelled}`, d, starts: d.starts, facts: [
+    ["KV cache", `${gib(d.kv_cache_bytes)} GiB`], ["GPU blocks", fmt(d.num_gpu_blocks)],
+    ["KV cache size", `${fmt(d.kv_cache_tokens)} tokens`],
+    [`max concurrency at ${fmt(d.max_model_len)} tokens`, `${d.max_concurrency}×`],
+    ["largest max_model_len that fits", fmt(d.max_model_len_that_fits)],
+    ["KV bytes per token", fmt(d.kv_bytes_per_token)], ["device used", `${gib(d.device_used_bytes)} GiB`]] };
+}
+
 async function refreshServe() {
   const box = $("#serving");
   box.hidden = (state.scenario.task || "train") !== "serve";
   if (box.hidden) return;
   const [r, c] = await Promise.all([api("serve", "/api/serve", state.scenario).catch(() => null),
     api("curve", "/api/serve/curve", state.scenario).catch(() => null)]);
-  if (!r || !r.ok) return;
-  const d = r.doc.vllm;
-  $("#serve-message").textContent = d.starts ? `vLLM ${d.vllm_version_modelled} starts.`
-    : `vLLM ${d.vllm_version_modelled} will not start: ${d.problem}` + (d.fix ? ` (change ${d.fix})` : "");
-  $("#serve-message").className = d.starts ? "" : "error";
-  const facts = [["KV cache", `${gib(d.kv_cache_bytes)} GiB`], ["GPU blocks", d.num_gpu_blocks.toLocaleString("en")],
-    ["KV cache size", `${d.kv_cache_tokens.toLocaleString("en")} tokens`],
-    [`max concurrency at ${d.max_model_len.toLocaleString("en")} tokens`, `${d.max_concurrency}×`],
-    ["largest max_model_len that fits", d.max_model_len_that_fits.toLocaleString("en")],
-    ["KV bytes per token", d.kv_bytes_per_token.toLocaleString("en")]];
-  $("#serve-facts").replaceChildren(...facts.flatMap(([k, v]) => { const dt = document.createElement("dt"); dt.textContent = k; const dd = document.createElement("dd"); dd.textContent = v; return [dt, dd]; }));
+  if (!r) return;
+  const msg = $("#serve-message");
+  if (!r.ok) {
+    // the serving engine's own refusal (the estimate's errors are shown beside the fields)
+    msg.textContent = r.doc.detail.map((p) => p.text || p.message).join("\n");
+    msg.className = "error";
+    $("#serve-facts").replaceChildren();
+    $("#serve-log").hidden = true;
+    return;
+  }
+  const v = serveView(r.doc);
+  msg.textContent = v.starts ? `${v.name} starts.`
+    : `${v.name} will not start: ${v.d.problem || "device used is over the capacity"}` + (v.d.fix ? ` (change ${v.d.fix})` : "");
+  msg.className = v.starts ? "" : "error";
+  $("#serve-facts").replaceChildren(...v.facts.flatMap(([k, val]) => { const dt = document.createElement("dt"); dt.textContent = k; const dd = document.createElement("dd"); dd.textContent = val; return [dt, dd]; }));
+  $("#serve-log").hidden = !v.log;
+  $("#serve-log pre").textContent = (v.log || []).join("\n");
+  const curveBox = $("#chart-curve").parentElement;
+  curveBox.hidden = !(c && c.ok);
+  $("#curve-note").textContent = c && !c.ok ? c.doc.detail.map((p) => p.text || p.message).join("\n") : "";
   if (c && c.ok) {
     chart("chart-curve", {
       type: "line",
@@ -658,6 +756,9 @@ async function downloadZip() {
 async function main() {
   readUrl();
   if (!location.hash) writeUrl();
+  // the search boxes listen from the first moment (typing before the schema has arrived is not lost)
+  searchBox($("#f-model"), "models-list", "/api/models", "id", "model");
+  searchBox($("#f-hardware-gpu"), "gpus-list", "/api/gpus", "name", "hardware.gpu");
   const health = await api("health", "/healthz").catch(() => null);
   if (health && health.ok && health.doc.hub) {
     $("#h-model").textContent = "Catalog id or alias, a Hugging Face Hub id (owner/name: this server reads its config.json), or upload a config.json below.";
@@ -666,8 +767,6 @@ async function main() {
   schema = r.doc;
   buildForm();
   syncForm();
-  searchBox($("#f-model"), "models-list", "/api/models", "id", "model");
-  searchBox($("#f-hardware-gpu"), "gpus-list", "/api/gpus", "name", "hardware.gpu");
   setupUpload();
   $("#fit-only").addEventListener("change", refreshFit);
   $("#fit-smallest").addEventListener("change", refreshFit);
@@ -683,6 +782,7 @@ async function main() {
     writeUrl();
     refreshCompare();
   });
+  $("#to-answer").addEventListener("click", () => $("#answer").scrollIntoView());
   $("#plan-form").addEventListener("submit", runPlan);
   $("#download-zip").addEventListener("click", downloadZip);
   window.addEventListener("hashchange", () => { readUrl(); syncForm(); changed(); refreshCompare(); });
