@@ -175,3 +175,51 @@ def test_vllm_budget_options_are_refused_for_sglang() -> None:
         doc = {"model": LLAMA, "task": "serve", "hardware": {"gpu": "H100"}, "serve": {"engine": "sglang", **extra}}
         with pytest.raises(VramplanError, match=key):
             resolve(doc)
+
+
+# A Qwen2.5-VL-7B-like config: the language model's keys (model_type qwen2) with the checkpoint's architecture and
+# vision_config (validation/published.yaml, vllm-qwen3vl-issue1057-qwen25-vl-7b-h100-v082).
+_TEXT = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "max_position_embeddings": 32768,
+         "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+         "rope_theta": 1e6, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 152064,
+         "hidden_act": "silu"}
+_VL = {**_TEXT, "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+       "vision_config": {"depth": 32, "hidden_size": 1280, "out_hidden_size": 3584}}
+
+
+def _serve(model: Any, version: str = "0.23") -> Any:
+    return resolve({"model": model, "task": "serve", "hardware": {"gpu": "H100"},
+                    "serve": {"max_model_len": 16384, "gpu_memory_utilization": 0.9, "vllm_version": version}})
+
+
+def test_multimodal_encoder_is_stated_as_not_modelled() -> None:
+    # vLLM loads and profiles the encoder of a ...ForConditionalGeneration model (gpu_model_runner.py profile_run);
+    # the spec counts the language model only, so the report says so instead of answering silently
+    from vramplan.serve.vllm import multimodal_architecture
+
+    vl, text = _serve(_VL), _serve({**_TEXT, "architectures": ["Qwen2ForCausalLM"]})
+    assert multimodal_architecture(vl) == "Qwen2_5_VLForConditionalGeneration"
+    assert multimodal_architecture(text) == ""
+    # the catalog's Gemma 3 4B keeps its Gemma3ForConditionalGeneration class (its text_config is what is modelled)
+    assert multimodal_architecture(_serve("google/gemma-3-4b-pt")) == "Gemma3ForConditionalGeneration"
+    assert multimodal_architecture(_serve(LLAMA)) == ""
+    d_vl, d_text = decide(vl, version="0.23"), decide(text, version="0.23")
+    notes = [a for a in d_vl.assumptions if a.startswith("not modelled: the multimodal encoder")]
+    assert len(notes) == 1 and "Qwen2_5_VLForConditionalGeneration" in notes[0]
+    assert not [a for a in d_text.assumptions if "multimodal encoder" in a]
+    # stated, not guessed: the KV pool is the language model's either way
+    assert d_vl.kv_cache_bytes == d_text.kv_cache_bytes
+
+
+def test_multimodal_encoder_widens_the_band() -> None:
+    # an assumption starting "not modelled: " widens the band (report/band.py NOT_MODELLED_PREFIX); 0.19, whose
+    # CUDA graphs are captured outside the budget, has no other input not modelled
+    from vramplan.engine import estimate
+
+    plain = {**_TEXT, "architectures": ["Qwen2ForCausalLM"]}
+    vl, text = estimate(_serve(_VL, "0.19")), estimate(_serve(plain, "0.19"))
+    assert vl.serve.kv_cache_bytes == text.serve.kv_cache_bytes
+    # the serving class is already the calibration's widest (x1.505), so the bounds stay; the report names the widening
+    assert vl.serve.kv_cache_bytes_low is not None and vl.serve.kv_cache_bytes_low <= (text.serve.kv_cache_bytes_low or 0)
+    assert [a for a in vl.assumptions if a.startswith("band widened")]
+    assert not [a for a in text.assumptions if a.startswith("band widened")]

@@ -49,8 +49,8 @@ from vramplan.analytic.kv_cache import KVSpec, kv_spec
 from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.weights import weights_bytes
-from vramplan.catalog.models import load_model
-from vramplan.errors import Problem, ScenarioError
+from vramplan.catalog.models import load_model, model_config
+from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_releases import (
     NEWEST,
@@ -77,6 +77,7 @@ __all__ = [
     "forward_peak_bytes",
     "kv_groups",
     "lora_slot_bytes",
+    "multimodal_architecture",
     "rotary_cache_bytes",
     "sampler_peak_bytes",
     "serve_weights_bytes",
@@ -770,7 +771,32 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
     if kv.spec.has_sliding:
         assumptions.append(f"hybrid KV cache manager: {len(kv.groups)} groups of {kv.size} layers "
                            "(sliding-window layers keep only their window)")
+    multimodal = multimodal_architecture(r)
+    if multimodal:
+        assumptions.append(
+            f"not modelled: the multimodal encoder of {multimodal}: vLLM loads its weights with the language model "
+            "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
+            "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0), both taken from the "
+            "KV budget; only the language model is counted here, so the KV pool is overestimated (limit the "
+            "modalities to 0 with --limit-mm-per-prompt to serve text only)")
     return assumptions
+
+
+def multimodal_architecture(r: Resolved) -> str:
+    """The model's multimodal architecture name when its config.json describes one (a ``vision_config`` or
+    ``audio_config``, or a ``...ForConditionalGeneration`` class as vLLM's vision-language models are named:
+    Qwen2_5_VLForConditionalGeneration, Gemma3ForConditionalGeneration, LlavaForConditionalGeneration), else "".
+
+    vLLM builds such a model with its encoder (``vllm/model_executor/models/qwen2_5_vl.py``: ``self.visual`` and
+    a ``language_model`` of architecture Qwen2ForCausalLM), while the spec holds the language model only."""
+    try:
+        cfg = model_config(r.scenario.model, offline=True)
+    except (VramplanError, OSError):
+        return ""
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    if "vision_config" in cfg or "audio_config" in cfg:
+        return archs[0] if archs else str(cfg.get("model_type", "a multimodal model"))
+    return next((a for a in archs if a.endswith("ForConditionalGeneration")), "")
 
 
 def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
