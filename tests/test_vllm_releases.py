@@ -223,3 +223,18 @@ def test_multimodal_encoder_widens_the_band() -> None:
     assert vl.serve.kv_cache_bytes_low is not None and vl.serve.kv_cache_bytes_low <= (text.serve.kv_cache_bytes_low or 0)
     assert [a for a in vl.assumptions if a.startswith("band widened")]
     assert not [a for a in text.assumptions if a.startswith("band widened")]
+
+
+def test_ngram_changes_no_start_up_memory_but_its_graph_sizes_are_stated() -> None:
+    # vLLM 0.18.0 printed the same KV pool with and without an n-gram proposer (validation/published.yaml
+    # vllm-r570-ngram-qwen3-8b-4090-48gb-v0180): no GPU weights, no KV layers
+    ngram = {"method": "ngram", "num_speculative_tokens": 4}
+    plain, spec = _decide("0.18"), _decide("0.18", speculative=ngram)
+    assert spec.kv_cache_bytes == plain.kv_cache_bytes and spec.speculative_weights_bytes == 0
+    graph_note = "not modelled: with speculative decoding"
+    assert not [a for a in spec.assumptions if a.startswith(graph_note)]  # 0.18 does not subtract its estimate
+    # from 0.20 the subtracted estimate is measured on graphs sized for num_speculative_tokens + 1 query tokens
+    # (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode): stated, not modelled; eager mode captures none
+    assert [a for a in _decide("0.20", speculative=ngram).assumptions if a.startswith(graph_note)]
+    eager = _decide("0.20", speculative=ngram, cuda_graphs=False)
+    assert not [a for a in eager.assumptions if a.startswith(graph_note)]

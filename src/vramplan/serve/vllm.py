@@ -577,6 +577,12 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
             raise _refuse("serve.speculative", "a proposer's KV layers beside a hybrid (sliding-window) model are not "
                           "modelled", "use method ngram or a model without sliding-window layers")
         notes.append(note)
+        if sv.cuda_graphs and row.cudagraph_subtracted:
+            # the estimate vLLM subtracts is measured on graphs whose sizes follow the speculative query length
+            notes.append(f"not modelled: with speculative decoding vLLM {version} captures its CUDA graphs at sizes "
+                         "rounded up to multiples of num_speculative_tokens + 1 (vllm/config/compilation.py "
+                         "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, 0.12.0 on), so the CUDA-graph "
+                         "estimate it subtracts from the KV budget differs from the stand-in used here")
     return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
                     notes=tuple(notes))
 
