@@ -238,3 +238,24 @@ def test_ngram_changes_no_start_up_memory_but_its_graph_sizes_are_stated() -> No
     assert [a for a in _decide("0.20", speculative=ngram).assumptions if a.startswith(graph_note)]
     eager = _decide("0.20", speculative=ngram, cuda_graphs=False)
     assert not [a for a in eager.assumptions if a.startswith(graph_note)]
+
+
+def test_lora_slots_outside_the_budget_in_v0_0_6_5_to_0_7_3() -> None:
+    # V0 0.6.5-0.7.3 measures the weights before create_lora_manager and the profile's torch increase from its first
+    # snapshot: the slots are in neither term, so the KV pool is that of the plain engine (vllm issue #14450); V1
+    # (0.8.0 on) and V0 0.6.4 take them from the budget. Llama-3.1-8B, 4 slots of rank 64: 4 x 4 x 83,886,080 B.
+    slots = 83_886_080 * 4 * 4
+    for version, inside in (("0.6.4", True), ("0.6.5", False), ("0.7.3", False), ("0.8.0", True), ("0.11", True)):
+        plain, lora = _decide(version), _decide(version, max_loras=4, max_lora_rank=64)
+        assert lora.to_dict()["lora_bytes"] == slots
+        if inside:
+            assert lora.weights_bytes - plain.weights_bytes == slots
+            assert lora.available_kv_bytes == plain.available_kv_bytes - slots
+            assert "lora_outside_budget" not in lora.to_dict()
+        else:
+            assert lora.weights_bytes == plain.weights_bytes
+            assert lora.kv_cache_bytes == plain.kv_cache_bytes
+            assert lora.to_dict()["lora_outside_budget"] is True
+            # the slots still occupy the device, outside gpu_memory_utilization
+            assert lora.device_used_bytes - plain.device_used_bytes == slots
+            assert [a for a in lora.assumptions if "outside gpu_memory_utilization" in a and a.startswith("LoRA")]
