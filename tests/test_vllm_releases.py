@@ -227,7 +227,7 @@ def test_multimodal_encoder_widens_the_band() -> None:
 
 def test_ngram_changes_no_start_up_memory_but_its_graph_sizes_are_stated() -> None:
     # vLLM 0.18.0 printed the same KV pool with and without an n-gram proposer (validation/published.yaml
-    # vllm-r570-ngram-qwen3-8b-4090-48gb-v0180): no GPU weights, no KV layers
+    # vllm-vllmlab-ngram-qwen3-8b-4090-48gb-v0180): no GPU weights, no KV layers
     ngram = {"method": "ngram", "num_speculative_tokens": 4}
     plain, spec = _decide("0.18"), _decide("0.18", speculative=ngram)
     assert spec.kv_cache_bytes == plain.kv_cache_bytes and spec.speculative_weights_bytes == 0
