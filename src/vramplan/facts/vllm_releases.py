@@ -79,6 +79,9 @@ _LORA_RANKS_012 = (1, *_LORA_RANKS)
 # measured, vLLM 0.11.0 on H100 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md)
 _NT_011 = (int(0.13 * _GIB), int(0.55 * _GIB))
 _CG = int(0.84 * _GIB)  # vLLM 0.19.0 "Estimated CUDA graph memory: 0.84 GiB" (llm-d-planner v0.19.0 logs)
+# The estimate 0.20+ subtracts is a measurement, not a formula: vllm/v1/worker/gpu_model_runner.py
+# GPUModelRunner.profile_cudagraph_memory (0.20-0.33) captures the first two graphs of each mode and charges the first
+# capture's free-memory drop plus (graphs - 1) x the second's, so _CG stands in for it and the report says so.
 
 _V0_WORKER = "vllm/worker/worker.py Worker.determine_num_available_blocks"
 _V1_WORKER = "vllm/v1/worker/gpu_worker.py Worker.determine_available_memory"
