@@ -81,13 +81,29 @@ def test_release_040_fraction_is_the_tp_table(tp: int, fraction: float) -> None:
     assert default_settings(behaviour("0.4.0"), H100_TOTAL, tp).mem_fraction_static == fraction
 
 
-def test_release_047_reserves_by_gpu_memory() -> None:
+def test_release_048_reserves_by_gpu_memory() -> None:
     # H100: 85,017,755,648 B = 81,079.25 MiB, below 90 GiB: reserved (9.5 + 1/2) x 1024 = 10,240 MiB;
     # round((81,079.25 - 10,240) / 81,079.25, 3) = round(0.87370, 3) = 0.874 (docs.sglang.ai printed 0.874)
-    s = default_settings(behaviour("0.4.7"), H100_TOTAL, 1)
+    s = default_settings(behaviour("0.4.8"), H100_TOTAL, 1)
     assert s.mem_fraction_static == 0.874 and s.reserved_mib == 10_240
     # tp 8: (9.5 + 8/2) x 1024 = 13,824 MiB -> round(67,255.25 / 81,079.25, 3) = round(0.829502, 3) = 0.83
-    assert default_settings(behaviour("0.4.7"), H100_TOTAL, 8).mem_fraction_static == 0.83
+    assert default_settings(behaviour("0.4.8"), H100_TOTAL, 8).mem_fraction_static == 0.83
+
+
+def test_release_047_keeps_the_tp_table_up_to_80_gib_and_adjusts_larger_gpus() -> None:
+    # the 0.4.7 wheel's server_args.py still has the tp table (the reserve heuristic came with 0.4.8)
+    assert behaviour_for("0.4.7")[0].fraction_rule == "tp_table_large_gpu"
+    assert default_settings(behaviour("0.4.7"), H100_TOTAL, 1).mem_fraction_static == 0.88
+    assert default_settings(behaviour("0.4.7"), H100_TOTAL, 4).mem_fraction_static == 0.85
+    # an H200 at 143,771 MiB: above 81,920 MiB 0.88, then above 96 GiB
+    # min(0.88 + 49,152 x 0.12 / 143,771, (143,771 - 18,432) / 143,771) = min(0.921025, 0.871796) = 0.871796
+    h200 = default_settings(behaviour("0.4.7"), 143_771 * 1024 * 1024, 1)
+    assert abs(h200.mem_fraction_static - 125_339 / 143_771) < 1e-12
+    # above 180,000 MiB (B200): 0.79 and a 16,384-token chunked prefill
+    b200 = default_settings(behaviour("0.4.7"), 183_000 * 1024 * 1024, 8)
+    assert (b200.mem_fraction_static, b200.chunked_prefill_size) == (0.79, 16384)
+    # 0.4.0's table knows no large GPU
+    assert default_settings(behaviour("0.4.0"), 143_771 * 1024 * 1024, 1).mem_fraction_static == 0.88
 
 
 def test_release_053_reserves_by_settings() -> None:
@@ -96,10 +112,29 @@ def test_release_053_reserves_by_settings() -> None:
     s = default_settings(behaviour("0.5.3"), H100_TOTAL, 1)
     assert (s.chunked_prefill_size, s.cuda_graph_max_bs, s.reserved_mib, s.mem_fraction_static) == (8192, 256, 13_440,
                                                                                                      0.834)
-    # an L4 (23,570,219,008 B = 22,478.3 MiB, below 35 GiB): chunk 2048, graphs up to 24 at tp 1;
-    # reserved 512 + 2048 x 1.5 + 24 x 2 + 128 = 3,760 MiB -> round(18,718.3 / 22,478.3, 3) = 0.833
+    # an L4 (23,570,219,008 B = 22,478.3 MiB, below 35 GiB): chunk 2048, graphs up to 16 at tp 1 in 0.5.3-0.5.4;
+    # reserved 512 + 2048 x 1.5 + 16 x 2 + 128 = 3,744 MiB -> round(18,734.3 / 22,478.3, 3) = round(0.83344) = 0.833
     s = default_settings(behaviour("0.5.3"), 23_570_219_008, 1)
-    assert (s.chunked_prefill_size, s.cuda_graph_max_bs, s.mem_fraction_static) == (2048, 24, 0.833)
+    assert (s.chunked_prefill_size, s.cuda_graph_max_bs, s.reserved_mib, s.mem_fraction_static) == (2048, 16, 3_744,
+                                                                                                     0.833)
+    # 0.5.5 on: graphs up to 24: reserved 3,760 MiB -> round(18,718.3 / 22,478.3, 3) = round(0.83273) = 0.833
+    s = default_settings(behaviour("0.5.5"), 23_570_219_008, 1)
+    assert (s.cuda_graph_max_bs, s.reserved_mib, s.mem_fraction_static) == (24, 3_760, 0.833)
+
+
+def test_release_0510_reserves_the_piecewise_cuda_graphs() -> None:
+    # 0.5.10: piecewise graphs for 58 token counts up to the 8192-token chunk (piecewise_graph_tokens docstring),
+    # 8 MiB each: H100 tp 1 reserved 13,440 + 464 = 13,904 MiB -> round(67,175.25 / 81,079.25, 3) = 0.829
+    s = default_settings(behaviour("0.5.10"), H100_TOTAL, 1, piecewise="mha")
+    assert (s.reserved_mib, s.mem_fraction_static) == (13_904, 0.829)
+    # MLA: a flat 1.5 GiB: 13,440 + 1,536 = 14,976 MiB -> round(66,103.25 / 81,079.25, 3) = round(0.81529) = 0.815
+    assert default_settings(behaviour("0.5.10"), H100_TOTAL, 1, piecewise="mla").mem_fraction_static == 0.815
+    # off (a multimodal model), or before 0.5.10: the 0.5.5 reserve
+    assert default_settings(behaviour("0.5.10"), H100_TOTAL, 1).reserved_mib == 13_440
+    assert default_settings(behaviour("0.5.5"), H100_TOTAL, 1, piecewise="mha").reserved_mib == 13_440
+    # an L4 (no 10 GiB floor): 3,760 + 42 sizes up to 2048 x 8 = 4,096 MiB -> round(18,382.3 / 22,478.3, 3) = 0.818
+    s = default_settings(behaviour("0.5.10"), 23_570_219_008, 1, piecewise="mha")
+    assert (s.reserved_mib, s.mem_fraction_static) == (4_096, 0.818)
 
 
 def test_given_settings_win_over_the_defaults() -> None:
@@ -113,9 +148,12 @@ def test_given_settings_win_over_the_defaults() -> None:
 def test_release_strings_map_to_the_nearest_earlier_behaviour() -> None:
     assert behaviour_for("0.4.7")[0].release == "0.4.7"
     b, said = behaviour_for("0.4.9.post2")
-    assert b.release == "0.4.7" and "nearest earlier" in said
-    assert behaviour_for("v0.5.10")[0].release == "0.5.3"
+    assert b.release == "0.4.8" and "nearest earlier" in said and "not read" not in said
+    assert behaviour_for("v0.5.10")[0].release == "0.5.10"
+    assert behaviour_for("0.5.4")[0].release == "0.5.3"
     assert behaviour_for("0.4.3.post4")[0].release == "0.4.0"
+    b, said = behaviour_for("0.5.23")
+    assert b.release == "0.5.10" and "releases after 0.5.10 were not read" in said
     for bad, text in (("0.3.6", "outside the modelled range"), ("0.6.0", "outside the modelled range"),
                       ("latest", "is not an SGLang release")):
         with pytest.raises(ScenarioError) as exc:
@@ -284,3 +322,15 @@ def test_estimate_takes_the_serving_engine_as_serve_engine() -> None:
 def test_mib_unit_used_for_gpu_memory() -> None:
     # SGLang's gpu_mem is in MiB: the H100's 85,017,755,648 B is 81,079.25 MiB
     assert H100_TOTAL / MiB == 81_079.25
+
+
+def test_piecewise_graphs_are_off_for_a_multimodal_model() -> None:
+    # server_args.py _handle_piecewise_cuda_graph (0.5.10): "9. Multimodal / VLM models" disables them, so the
+    # catalog's Gemma 3 4B (Gemma3ForConditionalGeneration) keeps the 0.5.5 reserve; Llama-3.1-8B gets the graphs
+    gemma = decide_sglang(resolve(doc("google/gemma-3-4b-pt", sglang_version="0.5.10")))
+    llama = decide_sglang(resolve(doc(sglang_version="0.5.10")))
+    llama_055 = decide_sglang(resolve(doc(sglang_version="0.5.5")))
+    assert gemma.reserved_heuristic_bytes == decide_sglang(resolve(doc("google/gemma-3-4b-pt",
+                                                                       sglang_version="0.5.5"))).reserved_heuristic_bytes
+    assert llama.reserved_heuristic_bytes is not None and llama_055.reserved_heuristic_bytes is not None
+    assert llama.reserved_heuristic_bytes - llama_055.reserved_heuristic_bytes == 58 * 8 * 1024 * 1024

@@ -175,3 +175,87 @@ def test_vllm_budget_options_are_refused_for_sglang() -> None:
         doc = {"model": LLAMA, "task": "serve", "hardware": {"gpu": "H100"}, "serve": {"engine": "sglang", **extra}}
         with pytest.raises(VramplanError, match=key):
             resolve(doc)
+
+
+# A Qwen2.5-VL-7B-like config: the language model's keys (model_type qwen2) with the checkpoint's architecture and
+# vision_config (validation/published.yaml, vllm-qwen3vl-issue1057-qwen25-vl-7b-h100-v082).
+_TEXT = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "max_position_embeddings": 32768,
+         "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+         "rope_theta": 1e6, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 152064,
+         "hidden_act": "silu"}
+_VL = {**_TEXT, "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+       "vision_config": {"depth": 32, "hidden_size": 1280, "out_hidden_size": 3584}}
+
+
+def _serve(model: Any, version: str = "0.23") -> Any:
+    return resolve({"model": model, "task": "serve", "hardware": {"gpu": "H100"},
+                    "serve": {"max_model_len": 16384, "gpu_memory_utilization": 0.9, "vllm_version": version}})
+
+
+def test_multimodal_encoder_is_stated_as_not_modelled() -> None:
+    # vLLM loads and profiles the encoder of a ...ForConditionalGeneration model (gpu_model_runner.py profile_run);
+    # the spec counts the language model only, so the report says so instead of answering silently
+    from vramplan.serve.vllm import multimodal_architecture
+
+    vl, text = _serve(_VL), _serve({**_TEXT, "architectures": ["Qwen2ForCausalLM"]})
+    assert multimodal_architecture(vl) == "Qwen2_5_VLForConditionalGeneration"
+    assert multimodal_architecture(text) == ""
+    # the catalog's Gemma 3 4B keeps its Gemma3ForConditionalGeneration class (its text_config is what is modelled)
+    assert multimodal_architecture(_serve("google/gemma-3-4b-pt")) == "Gemma3ForConditionalGeneration"
+    assert multimodal_architecture(_serve(LLAMA)) == ""
+    d_vl, d_text = decide(vl, version="0.23"), decide(text, version="0.23")
+    notes = [a for a in d_vl.assumptions if a.startswith("not modelled: the multimodal encoder")]
+    assert len(notes) == 1 and "Qwen2_5_VLForConditionalGeneration" in notes[0]
+    assert not [a for a in d_text.assumptions if "multimodal encoder" in a]
+    # stated, not guessed: the KV pool is the language model's either way
+    assert d_vl.kv_cache_bytes == d_text.kv_cache_bytes
+
+
+def test_multimodal_encoder_widens_the_band() -> None:
+    # an assumption starting "not modelled: " widens the band (report/band.py NOT_MODELLED_PREFIX); 0.19, whose
+    # CUDA graphs are captured outside the budget, has no other input not modelled
+    from vramplan.engine import estimate
+
+    plain = {**_TEXT, "architectures": ["Qwen2ForCausalLM"]}
+    vl, text = estimate(_serve(_VL, "0.19")), estimate(_serve(plain, "0.19"))
+    assert vl.serve.kv_cache_bytes == text.serve.kv_cache_bytes
+    # the serving class is already the calibration's widest (x1.505), so the bounds stay; the report names the widening
+    assert vl.serve.kv_cache_bytes_low is not None and vl.serve.kv_cache_bytes_low <= (text.serve.kv_cache_bytes_low or 0)
+    assert [a for a in vl.assumptions if a.startswith("band widened")]
+    assert not [a for a in text.assumptions if a.startswith("band widened")]
+
+
+def test_ngram_changes_no_start_up_memory_but_its_graph_sizes_are_stated() -> None:
+    # vLLM 0.18.0 printed the same KV pool with and without an n-gram proposer (validation/published.yaml
+    # vllm-vllmlab-ngram-qwen3-8b-4090-48gb-v0180): no GPU weights, no KV layers
+    ngram = {"method": "ngram", "num_speculative_tokens": 4}
+    plain, spec = _decide("0.18"), _decide("0.18", speculative=ngram)
+    assert spec.kv_cache_bytes == plain.kv_cache_bytes and spec.speculative_weights_bytes == 0
+    graph_note = "not modelled: with speculative decoding"
+    assert not [a for a in spec.assumptions if a.startswith(graph_note)]  # 0.18 does not subtract its estimate
+    # from 0.20 the subtracted estimate is measured on graphs sized for num_speculative_tokens + 1 query tokens
+    # (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode): stated, not modelled; eager mode captures none
+    assert [a for a in _decide("0.20", speculative=ngram).assumptions if a.startswith(graph_note)]
+    eager = _decide("0.20", speculative=ngram, cuda_graphs=False)
+    assert not [a for a in eager.assumptions if a.startswith(graph_note)]
+
+
+def test_lora_slots_outside_the_budget_in_v0_0_6_5_to_0_7_3() -> None:
+    # V0 0.6.5-0.7.3 measures the weights before create_lora_manager and the profile's torch increase from its first
+    # snapshot: the slots are in neither term, so the KV pool is that of the plain engine (vllm issue #14450); V1
+    # (0.8.0 on) and V0 0.6.4 take them from the budget. Llama-3.1-8B, 4 slots of rank 64: 4 x 4 x 83,886,080 B.
+    slots = 83_886_080 * 4 * 4
+    for version, inside in (("0.6.4", True), ("0.6.5", False), ("0.7.3", False), ("0.8.0", True), ("0.11", True)):
+        plain, lora = _decide(version), _decide(version, max_loras=4, max_lora_rank=64)
+        assert lora.to_dict()["lora_bytes"] == slots
+        if inside:
+            assert lora.weights_bytes - plain.weights_bytes == slots
+            assert lora.available_kv_bytes == plain.available_kv_bytes - slots
+            assert "lora_outside_budget" not in lora.to_dict()
+        else:
+            assert lora.weights_bytes == plain.weights_bytes
+            assert lora.kv_cache_bytes == plain.kv_cache_bytes
+            assert lora.to_dict()["lora_outside_budget"] is True
+            # the slots still occupy the device, outside gpu_memory_utilization
+            assert lora.device_used_bytes - plain.device_used_bytes == slots
+            assert [a for a in lora.assumptions if "outside gpu_memory_utilization" in a and a.startswith("LoRA")]

@@ -47,6 +47,14 @@ The fields (docs/serving.md, "vLLM by release"):
   skips the utilisation rule; ``Worker.determine_available_memory``, first in 0.10.2).
 * ``block_size``: the default KV block size on CUDA.
 * ``lora_ranks``: the ``max_lora_rank`` values the release accepts (``LoRAConfig``).
+* ``lora_in_budget``: the preallocated LoRA slots are taken from the KV budget.  V1 builds them inside the
+  ``DeviceMemoryProfiler`` that measures the weights (``GPUModelRunner.load_model`` -> ``load_lora_model``, 0.8.0
+  on); V0 0.6.0-0.6.4 sees them in its free-memory or allocated-peak rule.  V0 0.6.5-0.7.3 creates them after the
+  weights are measured (``vllm/worker/model_runner.py`` ``GPUModelRunner.load_model``: ``model_memory_usage`` is
+  read, then ``create_lora_manager``) and before the profile run's first snapshot (``vllm/utils.py``
+  ``memory_profiling``: the torch peak increase is counted from ``before_profile``), so neither term holds them:
+  the slots sit outside ``gpu_memory_utilization`` (vllm issue #14450: "using different LoRa Rank and Max LoRas did
+  not affect the number of kv cache blocks").
 """
 
 from __future__ import annotations
@@ -71,6 +79,9 @@ _LORA_RANKS_012 = (1, *_LORA_RANKS)
 # measured, vLLM 0.11.0 on H100 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md)
 _NT_011 = (int(0.13 * _GIB), int(0.55 * _GIB))
 _CG = int(0.84 * _GIB)  # vLLM 0.19.0 "Estimated CUDA graph memory: 0.84 GiB" (llm-d-planner v0.19.0 logs)
+# The estimate 0.20+ subtracts is a measurement, not a formula: vllm/v1/worker/gpu_model_runner.py
+# GPUModelRunner.profile_cudagraph_memory (0.20-0.33) captures the first two graphs of each mode and charges the first
+# capture's free-memory drop plus (graphs - 1) x the second's, so _CG stands in for it and the report says so.
 
 _V0_WORKER = "vllm/worker/worker.py Worker.determine_num_available_blocks"
 _V1_WORKER = "vllm/v1/worker/gpu_worker.py Worker.determine_available_memory"
@@ -99,6 +110,7 @@ class VllmRelease:
     block_size: int
     lora_ranks: tuple[int, ...]
     sources: tuple[str, ...]
+    lora_in_budget: bool = True
 
     @property
     def name(self) -> str:
@@ -137,7 +149,11 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v0-2048", profile_compiled=False, sampler="native",
         non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
         cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16, lora_ranks=_LORA_RANKS_06,
+        lora_in_budget=False,
         sources=(
+            ("0.6.5-0.7.3 vllm/worker/model_runner.py GPUModelRunner.load_model: model_memory_usage measured "
+             "before create_lora_manager; vllm/utils.py memory_profiling counts the torch peak increase from the "
+             "profile's first snapshot, so the LoRA slots are outside the budget"),
             (f"0.6.6 {_V0_WORKER}: memory_profiling(baseline_memory_in_bytes=total - init_gpu_memory, "
             "weights_memory_in_bytes=model_memory_usage); available = total * util - non_kv_cache_memory_in_bytes "
             "(vllm PR 10511; 0.6.5 wheel read: the same)"),

@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
-from vramplan.errors import Problem, ScenarioError
-from vramplan.serve.vllm import serve_weights_bytes
+from vramplan.catalog.models import model_config
+from vramplan.errors import Problem, ScenarioError, VramplanError
+from vramplan.serve.vllm import multimodal_architecture, serve_weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import GiB, MiB, dtype_bits
@@ -62,22 +63,28 @@ __all__ = [
     "cell_size_bytes",
     "decide_sglang",
     "default_settings",
+    "piecewise_graph_tokens",
     "rotary_cache_bytes_sglang",
 ]
 
 # model_runner.py init_memory_pool, verbatim (0.4.0 to 0.5.x)
 NOT_ENOUGH_MEMORY = "Not enough memory. Please try to increase --mem-fraction-static."
 
-FractionRule = Literal["tp_table", "reserved_by_gpu", "reserved_by_settings"]
+FractionRule = Literal["tp_table", "tp_table_large_gpu", "reserved_by_gpu", "reserved_by_settings"]
 
 
 @dataclass(frozen=True)
 class SglangBehaviour:
-    """How one range of SGLang releases defaults its start-up settings, with the source it was read from."""
+    """How one range of SGLang releases defaults its start-up settings, with the source it was read from.
+
+    ``small_gpu_graph_bs``: ``cuda_graph_max_bs`` below 35 GiB at tp < 4 (``reserved_by_settings`` only);
+    ``piecewise_graphs``: the reserve counts the piecewise (prefill) CUDA graphs, on by default."""
 
     release: str  # the first release with this behaviour
     fraction_rule: FractionRule
     sources: tuple[str, ...]
+    small_gpu_graph_bs: int = 24
+    piecewise_graphs: bool = False
 
 
 SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
@@ -93,35 +100,69 @@ SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
         ),
     ),
     SglangBehaviour(
-        release="0.4.7", fraction_rule="reserved_by_gpu",
+        release="0.4.7", fraction_rule="tp_table_large_gpu",
+        sources=(
+            ("0.4.7 and 0.4.7.post1 wheels, python/sglang/srt/server_args.py ServerArgs.__post_init__: the tp table "
+             "only up to 81,920 MiB (else 0.88); above 180,000 MiB 0.79; above 96 GiB min(fraction + 48 GiB x (1 - "
+             "fraction) / gpu_mem, (gpu_mem - 18 GiB) / gpu_mem) (20 GiB with speculative decoding); "
+             "chunked_prefill_size 16384 above 180,000 MiB"),
+            ("0.4.6.post2-post5 have the 96 GiB rule without the 180,000 MiB one; release strings are compared "
+             "without their .postN, so 0.4.6.postN takes the 0.4.0 row (the two differ only above 81,920 MiB)"),
+        ),
+    ),
+    SglangBehaviour(
+        release="0.4.8", fraction_rule="reserved_by_gpu",
         sources=(
             ("sgl-project/sglang PR #7054 'Simplify the heuristics for setting --mem-fraction-static' (merged "
              "2025-06-10), server_args.py __post_init__: reserved = (2.8 + tp*pp/10) GiB below 35 GiB, "
              "(9.5 + tp*pp/2) GiB below 90 GiB, (12 + tp*pp/2) GiB below 160 GiB, else 32 GiB; +2 GiB with "
              "speculative decoding, +4 GiB with DP attention; fraction = round((gpu_mem - reserved) / gpu_mem, 3); "
              "chunked_prefill_size 2048 below 35 GiB, 8192 below 160 GiB, else 16384"),
-            ("first release taken as 0.4.7, inferred from the merge date (the tags were not read); checked against "
-             "the docs.sglang.ai log "
-             "of 2025-06-16 (mem_fraction_static=0.874 on an 80 GB H100 at tp 1 = (81559 - 10240) / 81559)"),
+            ("read in the 0.4.8, 0.4.9, 0.4.10, 0.5.1 and 0.5.2 wheels (0.4.7 still has the tp table); checked "
+             "against the docs.sglang.ai log of 2025-06-16 (mem_fraction_static=0.874 on an 80 GB H100 at tp 1 = "
+             "(81559 - 10240) / 81559)"),
         ),
     ),
     SglangBehaviour(
-        release="0.5.3", fraction_rule="reserved_by_settings",
+        release="0.5.3", fraction_rule="reserved_by_settings", small_gpu_graph_bs=16,
         sources=(
             ("sgl-project/sglang PR #10975 'Use more general heuristics to set the default value of "
              "--mem-fraction-static' (merged 2025-09-27) and #11076 (2025-09-30), server_args.py "
              "_handle_gpu_memory_settings: chunked_prefill_size and cuda_graph_max_bs by GPU memory (2048/8 below "
-             "20 GiB; 2048/24 or 80 below 35 GiB; 4096/32 or 160 below 60 GiB; 8192/256 or 512 below 160 GiB; "
+             "20 GiB; 2048/16 or 80 below 35 GiB; 4096/32 or 160 below 60 GiB; 8192/256 or 512 below 160 GiB; "
              "16384/512 above; the second figure at tp >= 4), then reserved = 512 MiB + max(chunked_prefill_size, "
              "2048) x 1.5 MiB + cuda_graph_max_bs x 2 MiB + tp*pp/8 GiB, at least 10 GiB above 60 GiB, +2 GiB with "
              "EAGLE-style speculative decoding; fraction = round((gpu_mem - reserved) / gpu_mem, 3)"),
-            "first release taken as 0.5.3, inferred from the merge dates (the tags were not read)",
+            "read in the 0.5.3 and 0.5.4 wheels (0.5.2 still reserves by GPU memory)",
+        ),
+    ),
+    SglangBehaviour(
+        release="0.5.5", fraction_rule="reserved_by_settings", small_gpu_graph_bs=24,
+        sources=(
+            ("0.5.5 wheel, server_args.py _handle_gpu_memory_settings: cuda_graph_max_bs 24 (was 16) below 35 GiB "
+             "at tp < 4; the rest as 0.5.3. Read in 0.5.5 to 0.5.9 (their piecewise CUDA-graph reserve applies "
+             "only with --enable-piecewise-cuda-graph, off by default)"),
+        ),
+    ),
+    SglangBehaviour(
+        release="0.5.10", fraction_rule="reserved_by_settings", small_gpu_graph_bs=24, piecewise_graphs=True,
+        sources=(
+            ("0.5.10 wheel, server_args.py _handle_gpu_memory_settings: piecewise CUDA graphs on by default "
+             "(disable_piecewise_cuda_graph False), reserving len(piecewise_cuda_graph_tokens) x 8 MiB (1.5 GiB for "
+             "MLA) before the 10 GiB floor; the token sizes are 4-32 by 4, 48-256 by 16, 288-512 by 32, 576-1024 by "
+             "64, 1280-4096 by 256, 4608 up by 512, up to chunked_prefill_size (2048 for MLA) "
+             "(_generate_piecewise_cuda_graph_tokens); _handle_piecewise_cuda_graph turns them off for multimodal "
+             "models, speculative decoding, LoRA, pp > 1, DP attention and some architectures"),
+            "releases after 0.5.10 were not read: they are assumed to follow it (the report says so)",
         ),
     ),
 )
-DEFAULT_SGLANG_VERSION = SGLANG_BEHAVIOURS[-1].release
+# scenarios without serve.sglang_version keep the release they had before the table grew
+DEFAULT_SGLANG_VERSION = "0.5.3"
 # the newest minor series whose server_args.py was read; later series are refused rather than guessed
 _NEWEST_SERIES = (0, 5)
+# the newest release read: later ones are answered with its rules and say so
+_NEWEST_READ = "0.5.10"
 _RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.\-+]?(?:post|rc|dev)\d*)*$")
 
 
@@ -147,6 +188,9 @@ def behaviour_for(release: str) -> tuple[SglangBehaviour, str]:
     chosen = [b for b in SGLANG_BEHAVIOURS if (_parse(b.release) or (0, 0, 0)) <= v][-1]
     if (_parse(chosen.release) or (0, 0, 0)) == v:
         return chosen, f"SGLang {release}: behaviour of {chosen.release}"
+    if v > (_parse(_NEWEST_READ) or (0, 0, 0)):
+        return chosen, (f"SGLang {release}: behaviour of {chosen.release}, the nearest earlier modelled release; "
+                        f"releases after {_NEWEST_READ} were not read and are assumed to follow it")
     return chosen, f"SGLang {release}: behaviour of {chosen.release}, the nearest earlier modelled release"
 
 
@@ -161,20 +205,20 @@ class Settings:
     reserved_mib: float | None  # the heuristic's reserve, when the fraction was defaulted by one
 
 
-def _bucket_defaults(rule: FractionRule, gpu_mib: float, tp: int) -> tuple[int, int]:
+def _bucket_defaults(beh: SglangBehaviour, gpu_mib: float, tp: int) -> tuple[int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs) of the release's rule, by GPU memory (MiB) and tp."""
-    small_tp = tp < 4
-    if rule == "tp_table":
+    rule, small_tp = beh.fraction_rule, tp < 4
+    if rule in ("tp_table", "tp_table_large_gpu"):
         if gpu_mib < 25_000:
             return 2048, 8 if small_tp else 80
-        return 8192, 160
+        return (16384 if rule == "tp_table_large_gpu" and gpu_mib > 180_000 else 8192), 160
     if rule == "reserved_by_gpu":
         chunk = 2048 if gpu_mib < 35 * 1024 else 8192 if gpu_mib < 160 * 1024 else 16384
         return chunk, (8 if small_tp else 80) if gpu_mib < 35 * 1024 else 160
     if gpu_mib < 20 * 1024:
         return 2048, 8
     if gpu_mib < 35 * 1024:
-        return 2048, 24 if small_tp else 80
+        return 2048, beh.small_gpu_graph_bs if small_tp else 80
     if gpu_mib < 60 * 1024:
         return 4096, 32 if small_tp else 160
     if gpu_mib < 160 * 1024:
@@ -189,8 +233,34 @@ def _tp_table_fraction(tp: int) -> float:
     return 0.88
 
 
-def _reserved_mib(rule: FractionRule, gpu_mib: float, parallel: int, chunk: int, graph_bs: int) -> float:
-    """The reserve (MiB) the release's heuristic keeps out of ``mem_fraction_static`` (module table)."""
+def _tp_table_large_gpu_fraction(gpu_mib: float, parallel: int) -> float:
+    """0.4.7's fraction: the tp table up to 81,920 MiB, then its large-GPU adjustments (``SGLANG_BEHAVIOURS``).
+    An H200 (143,771 MiB), tp 1: min(0.88 + 49,152 x 0.12 / 143,771, (143,771 - 18,432) / 143,771) =
+    min(0.92103, 0.87180) = 0.87180."""
+    fraction = _tp_table_fraction(parallel) if gpu_mib <= 81920 else 0.88
+    if gpu_mib > 180 * 1000:
+        return 0.79
+    if gpu_mib > 96 * 1024:
+        return min(fraction + 48 * 1024 * (1 - fraction) / gpu_mib, (gpu_mib - 18 * 1024) / gpu_mib)
+    return fraction
+
+
+# python/sglang/srt/server_args.py _generate_piecewise_cuda_graph_tokens (0.5.10)
+_PIECEWISE_STEPS = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256))
+
+
+def piecewise_graph_tokens(max_tokens: int) -> list[int]:
+    """The token counts SGLang 0.5.10 captures piecewise CUDA graphs for, up to ``max_tokens``.
+    8192: 8 + 14 + 8 + 8 + 12 sizes up to 4096, then 4608-8192 by 512 (8): 58 sizes."""
+    sizes = [n for lo, hi, step in _PIECEWISE_STEPS for n in range(lo, hi + 1, step)]
+    sizes += list(range(4608, max_tokens + 1, 512))
+    return [n for n in sizes if n <= max_tokens]
+
+
+def _reserved_mib(rule: FractionRule, gpu_mib: float, parallel: int, chunk: int, graph_bs: int,
+                  piecewise_mib: float = 0.0) -> float:
+    """The reserve (MiB) the release's heuristic keeps out of ``mem_fraction_static`` (module table);
+    ``piecewise_mib``: the piecewise CUDA graphs' share (0.5.10 on), added before the 10 GiB floor."""
     if rule == "reserved_by_gpu":
         if gpu_mib < 35 * 1024:
             return (2.8 + parallel / 10) * 1024
@@ -199,27 +269,33 @@ def _reserved_mib(rule: FractionRule, gpu_mib: float, parallel: int, chunk: int,
         if gpu_mib < 160 * 1024:
             return (12 + parallel / 2) * 1024
         return 32.0 * 1024
-    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + parallel / 8 * 1024
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + parallel / 8 * 1024 + piecewise_mib
     return max(reserved, 10.0 * 1024) if gpu_mib > 60 * 1024 else reserved
 
 
 def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: int = 1,
                      fraction: float | None = None, chunked_prefill_size: int | None = None,
-                     cuda_graph_max_bs: int | None = None) -> Settings:
+                     cuda_graph_max_bs: int | None = None, piecewise: Literal["off", "mha", "mla"] = "off") -> Settings:
     """``mem_fraction_static``, ``chunked_prefill_size`` and ``cuda_graph_max_bs`` as the release defaults them.
 
     ``gpu_mem`` is read by SGLang from nvidia-smi's memory.total in MiB; the GPU's total memory in MiB is
     used here (nvidia-smi's figure is a few hundred MiB higher on data-centre cards: the fraction moves by
-    less than 0.001).  Given values win, as in SGLang."""
+    less than 0.001).  Given values win, as in SGLang.  ``piecewise``: whether the release's piecewise CUDA
+    graphs are on for this model (``mha``/``mla``: their reserve; only where ``beh.piecewise_graphs``)."""
     gpu_mib = gpu_total_bytes / MiB
-    d_chunk, d_bs = _bucket_defaults(beh.fraction_rule, gpu_mib, tp)
+    d_chunk, d_bs = _bucket_defaults(beh, gpu_mib, tp)
     chunk = chunked_prefill_size if chunked_prefill_size is not None else d_chunk
     graph_bs = cuda_graph_max_bs if cuda_graph_max_bs is not None else d_bs
     if fraction is not None:
         return Settings(fraction, True, chunk, graph_bs, None)
     if beh.fraction_rule == "tp_table":
         return Settings(_tp_table_fraction(tp), False, chunk, graph_bs, None)
-    reserved = _reserved_mib(beh.fraction_rule, gpu_mib, tp * pp, chunk, graph_bs)
+    if beh.fraction_rule == "tp_table_large_gpu":
+        return Settings(_tp_table_large_gpu_fraction(gpu_mib, tp * pp), False, chunk, graph_bs, None)
+    pw = 0.0
+    if beh.piecewise_graphs and piecewise != "off":
+        pw = 1.5 * 1024 if piecewise == "mla" else len(piecewise_graph_tokens(chunk)) * 8
+    reserved = _reserved_mib(beh.fraction_rule, gpu_mib, tp * pp, chunk, graph_bs, pw)
     return Settings(round((gpu_mib - reserved) / gpu_mib, 3), False, chunk, graph_bs, reserved)
 
 
@@ -382,6 +458,26 @@ def _problem(free: int, w: int, tokens: int, req_bytes: int, reserve: int, cell:
     return "", ""
 
 
+# model_config.py piecewise_cuda_graph_disabled_model_archs (0.5.10)
+_PIECEWISE_OFF_ARCHS = ("DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "GlmMoeDsaForCausalLM",
+                        "BailingMoeV2_5ForCausalLM", "LLaDAModelLM")
+
+
+def _piecewise(r: Resolved) -> Literal["off", "mha", "mla"]:
+    """Whether SGLang's piecewise CUDA graphs are on for this scenario (server_args.py
+    ``_handle_piecewise_cuda_graph``, 0.5.10): off for multimodal models and a few architectures (pp > 1,
+    speculative decoding and LoRA are refused here before this is asked)."""
+    if multimodal_architecture(r):
+        return "off"
+    try:
+        archs = model_config(r.scenario.model, offline=True).get("architectures") or []
+    except (VramplanError, OSError):
+        archs = []
+    if any(a in _PIECEWISE_OFF_ARCHS for a in archs):
+        return "off"
+    return "mla" if r.model.mla is not None else "mha"
+
+
 def decide_sglang(r: Resolved) -> SglangDecision:
     """SGLang's start-up decision for a resolved ``task: serve`` scenario with ``serve.engine: sglang``."""
     problems = _refusals(r)
@@ -391,7 +487,7 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     sv, tp = s.serve, s.parallel.tp
     beh, which = behaviour_for(sv.sglang_version)
     st = default_settings(beh, gpu.total_memory_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
-                          sv.chunked_prefill_size, sv.cuda_graph_max_bs)
+                          sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r))
     ctx, comm = cuda_context_bytes(gpu), (nccl_bytes(1) if tp > 1 else 0)
     free = gpu.total_memory_bytes - ctx - comm
     params, _ = serve_weights_bytes(r)

@@ -49,8 +49,8 @@ from vramplan.analytic.kv_cache import KVSpec, kv_spec
 from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.weights import weights_bytes
-from vramplan.catalog.models import load_model
-from vramplan.errors import Problem, ScenarioError
+from vramplan.catalog.models import load_model, model_config
+from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_releases import (
     NEWEST,
@@ -77,6 +77,7 @@ __all__ = [
     "forward_peak_bytes",
     "kv_groups",
     "lora_slot_bytes",
+    "multimodal_architecture",
     "rotary_cache_bytes",
     "sampler_peak_bytes",
     "serve_weights_bytes",
@@ -400,16 +401,18 @@ class VllmDecision:
     problem: str = ""
     fix: str = ""
     assumptions: list[str] = field(default_factory=list)
-    lora_bytes: int = 0  # LoRA slots, inside weights_bytes
+    lora_bytes: int = 0  # LoRA slots, inside weights_bytes (outside it where ``lora_outside_budget``)
     speculative_weights_bytes: int = 0  # the proposer's weights, inside weights_bytes
     cpu_offload_bytes: int = 0  # weights in host memory, outside weights_bytes
     kv_cache_memory_bytes: int | None = None  # the explicit KV budget given, if any
+    lora_outside_budget: bool = False  # the release leaves the LoRA slots outside gpu_memory_utilization
 
     @property
     def device_used_bytes(self) -> int:
         """What nvidia-smi shows once serving: context, NCCL, the budget's contents, graphs."""
         return (self.cuda_context_bytes + self.nccl_bytes + self.weights_bytes + self.activation_peak_bytes
-                + self.non_torch_bytes + self.kv_cache_bytes + self.cudagraph_bytes)
+                + self.non_torch_bytes + self.kv_cache_bytes + self.cudagraph_bytes
+                + (self.lora_bytes if self.lora_outside_budget else 0))
 
     def log_lines(self) -> list[str]:
         """The start-up lines vLLM would print, for comparison with a real log."""
@@ -458,6 +461,8 @@ class VllmDecision:
         keys: dict[str, object] = {}
         if self.lora_bytes:
             keys["lora_bytes"] = self.lora_bytes
+            if self.lora_outside_budget:
+                keys["lora_outside_budget"] = True
         if self.speculative_weights_bytes:
             keys["speculative_weights_bytes"] = self.speculative_weights_bytes
         if self.cpu_offload_bytes:
@@ -568,7 +573,10 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                           "set serve.max_loras: 0")
         lora = lora_slot_bytes(m, sv.max_lora_rank, sv.max_loras, tp, dtype_bits(sv.dtype) // 8)
         notes.append(f"LoRA: {sv.max_loras} slots of rank {sv.max_lora_rank} on every attention and MLP linear, "
-                     f"{lora / GiB:.2f} GiB preallocated with the weights")
+                     f"{lora / GiB:.2f} GiB preallocated with the weights" + ("" if row.lora_in_budget else
+                     f"; vLLM {version} allocates them after measuring the weights and before profiling, so they "
+                     "are outside gpu_memory_utilization and do not shrink the KV cache "
+                     "(facts/vllm_releases.py lora_in_budget)"))
     draft, draft_layers = 0, tuple[int, ...]()
     if sv.speculative is not None:
         draft, draft_layers, note = _draft(r, params)
@@ -576,6 +584,12 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
             raise _refuse("serve.speculative", "a proposer's KV layers beside a hybrid (sliding-window) model are not "
                           "modelled", "use method ngram or a model without sliding-window layers")
         notes.append(note)
+        if sv.cuda_graphs and row.cudagraph_subtracted:
+            # the estimate vLLM subtracts is measured on graphs whose sizes follow the speculative query length
+            notes.append(f"not modelled: with speculative decoding vLLM {version} captures its CUDA graphs at sizes "
+                         "rounded up to multiples of num_speculative_tokens + 1 (vllm/config/compilation.py "
+                         "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, 0.12.0 on), so the CUDA-graph "
+                         "estimate it subtracts from the KV budget differs from the stand-in used here")
     return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
                     notes=tuple(notes))
 
@@ -600,6 +614,7 @@ class _Budget:
     extra_weights: int = 0  # LoRA slots and the speculative proposer, loaded with the model
     offloaded: int = 0  # weights kept in host memory (cpu_offload_gb)
     explicit_kv: int | None = None  # kv_cache_memory_bytes: the KV budget, the utilisation rule skipped
+    lora_outside: int = 0  # LoRA slots the release leaves outside the budget (``lora_in_budget`` False)
 
     @property
     def weights(self) -> int:
@@ -645,7 +660,8 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract,
         context=context, nccl=nccl, charged=_charged(row.budget, context, nccl),
-        extra_weights=opt.lora + opt.draft_weights, offloaded=opt.offloaded, explicit_kv=sv.kv_cache_memory_bytes,
+        extra_weights=(opt.lora if row.lora_in_budget else 0) + opt.draft_weights, offloaded=opt.offloaded,
+        explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
     )
 
 
@@ -721,7 +737,7 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                  f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
                  "`max_model_len` when initializing the engine."),
                 f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization")
-    outside = b.context + b.nccl - b.charged + (0 if b.subtracted else b.graphs)
+    outside = b.context + b.nccl - b.charged + (0 if b.subtracted else b.graphs) + b.lora_outside
     if b.explicit_kv is not None and b.non_kv + b.explicit_kv + outside > total:
         room = total - b.non_kv - outside
         return ((f"CUDA out of memory allocating the KV cache: kv_cache_memory_bytes ({b.explicit_kv / GiB:.2f} GiB) "
@@ -770,7 +786,32 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
     if kv.spec.has_sliding:
         assumptions.append(f"hybrid KV cache manager: {len(kv.groups)} groups of {kv.size} layers "
                            "(sliding-window layers keep only their window)")
+    multimodal = multimodal_architecture(r)
+    if multimodal:
+        assumptions.append(
+            f"not modelled: the multimodal encoder of {multimodal}: vLLM loads its weights with the language model "
+            "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
+            "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0), both taken from the "
+            "KV budget; only the language model is counted here, so the KV pool is overestimated (limit the "
+            "modalities to 0 with --limit-mm-per-prompt to serve text only)")
     return assumptions
+
+
+def multimodal_architecture(r: Resolved) -> str:
+    """The model's multimodal architecture name when its config.json describes one (a ``vision_config`` or
+    ``audio_config``, or a ``...ForConditionalGeneration`` class as vLLM's vision-language models are named:
+    Qwen2_5_VLForConditionalGeneration, Gemma3ForConditionalGeneration, LlavaForConditionalGeneration), else "".
+
+    vLLM builds such a model with its encoder (``vllm/model_executor/models/qwen2_5_vl.py``: ``self.visual`` and
+    a ``language_model`` of architecture Qwen2ForCausalLM), while the spec holds the language model only."""
+    try:
+        cfg = model_config(r.scenario.model, offline=True)
+    except (VramplanError, OSError):
+        return ""
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    if "vision_config" in cfg or "audio_config" in cfg:
+        return archs[0] if archs else str(cfg.get("model_type", "a multimodal model"))
+    return next((a for a in archs if a.endswith("ForConditionalGeneration")), "")
 
 
 def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
@@ -799,6 +840,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         starts=not problem, problem=problem, fix=fix,
         assumptions=_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
+        lora_outside_budget=b.lora_outside > 0,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes,
     )
 
