@@ -24,10 +24,8 @@ from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock, managed_in_capacity
 from vramplan.report.band import with_band
-from vramplan.serve.llamacpp import decide as llamacpp_decide
-from vramplan.serve.llamacpp import moment as llamacpp_moment
-from vramplan.serve.llamacpp import uses_other_engine
-from vramplan.serve.report import serve
+from vramplan.serve.llamacpp import LlamaCppDecision
+from vramplan.serve.report import ServeResult, serve
 from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
@@ -134,9 +132,8 @@ def _phase_row(p: PhasePeak, outside: dict[str, int], capacity_bytes: int) -> di
             "device_used_bytes": p.reserved_bytes + out}
 
 
-def _other_engine(r: Resolved, ctx: int) -> Report:
-    """A serving engine other than vLLM: llama.cpp (serve/llamacpp.py, which refuses the others)."""
-    d = llamacpp_decide(r)
+def _llamacpp(r: Resolved, sr: ServeResult, d: LlamaCppDecision, ctx: int) -> Report:
+    """llama.cpp's start-up (serve/llamacpp.py) as a report: its buffers, and what stays on the host."""
     block = ServeBlock(kv_cache_bytes=d.kv_bytes, max_concurrency=d.n_parallel if d.starts else 0,
                        max_model_len_that_fits=d.n_ctx_that_fits, weights_gpu_bytes=d.model_buffer_bytes,
                        weights_host_bytes=d.host_weights_bytes, compute_buffer_bytes=d.compute_buffer_bytes,
@@ -145,10 +142,8 @@ def _other_engine(r: Resolved, ctx: int) -> Report:
                        host_bytes=d.host_weights_bytes + d.kv_host_bytes, starts=d.starts, start_problem=d.problem,
                        start_fix=d.fix)
     outside = {"cuda_context": ctx, "workspaces": 0, "communication": 0, "managed": 0}
-    problem = [f"llama.cpp would not start: {d.problem} (change {d.fix})"] if d.problem else []
-    peak = llamacpp_moment(d)
-    rep = _report(r, peak, [peak], outside, Host(offloaded_bytes=d.host_weights_bytes + d.kv_host_bytes), block,
-                  [*problem, *d.assumptions], reserved=peak.total)
+    rep = _report(r, sr.peak, sr.moments, outside, Host(offloaded_bytes=d.host_weights_bytes + d.kv_host_bytes),
+                  block, sr.assumptions, reserved=sr.peak.total)
     return rep if d.starts else rep.model_copy(update={"fits": False})
 
 
@@ -183,9 +178,9 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
         return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions))
-    if uses_other_engine(r):
-        return with_band(_other_engine(r, ctx))
     sr = serve(r)
+    if isinstance(sr.decision, LlamaCppDecision):
+        return with_band(_llamacpp(r, sr, sr.decision, ctx))
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
                        max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits,
                        engine=sr.engine, weights_bytes=sr.weights_bytes, kv_cache_tokens=sr.kv_cache_tokens,

@@ -106,48 +106,30 @@ def _serve(
     """What the serving engine (vLLM; SGLang with --engine sglang; llama.cpp with --engine llamacpp) allocates
     at start-up: KV pool, concurrency, largest context, or why it won't start."""
     from vramplan.catalog.resolve import resolve
-    from vramplan.serve.llamacpp import decide as decide_llamacpp
-    from vramplan.serve.llamacpp import uses_other_engine
-    from vramplan.serve.report import serve
+    from vramplan.serve.llamacpp import LlamaCppDecision
+    from vramplan.serve.report import serve_document, serve_outcome
 
     try:
         over = given.document("serve")
         if enforce_eager:
             _set(over, "serve.cuda_graphs", False)
         doc = _scenario(scenario, "serve", over)
-        r = resolve(doc)
-        if subtract_cudagraphs and r.scenario.serve.engine != "vllm":
-            raise ScenarioError([Problem("--subtract-cudagraphs", "is an option of engine vllm only",
-                                         "SGLang keeps CUDA graphs in the reserve outside mem_fraction_static")])
-        if uses_other_engine(r):
-            _serve_llamacpp(decide_llamacpp(r), as_json)
-            return
-        sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
+        sr = serve_outcome(resolve(doc), subtract_cudagraphs=subtract_cudagraphs)
     except VramplanError as exc:
         _fail(exc, given)
         return
-    from dataclasses import replace as _replace
-
-    from vramplan.spec.checks import capability_notes
-
-    # what the GPU's generation changes (bf16 before Ampere), beside the decision's own assumptions
-    d = _replace(sr.decision, assumptions=[*sr.decision.assumptions, *capability_notes(r.scenario, r.gpu)])
+    d = sr.decision
+    if isinstance(d, LlamaCppDecision):
+        _serve_llamacpp(d, serve_document(sr) if as_json else None)
+        return
     if as_json:
-        _emit(serve_document(sr, d))
+        _emit(serve_document(sr))
     elif sr.engine == "sglang":
         _render_sglang(d)
     else:
         _render_serve(d)
     if not d.starts or d.device_used_bytes > d.total_memory_bytes:
         raise typer.Exit(1)
-
-
-def serve_document(sr: Any, d: Any) -> dict[str, Any]:
-    """The `serve --json` document (also /api/serve's): the engine's decision under its name ("vllm" or
-    "sglang"), the breakdown, memory outside the allocator, whether it fits, and the engine."""
-    return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
-            "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes,
-            "engine": sr.engine}
 
 
 def _print_outcome(verdict: str, d: Any) -> None:
@@ -193,11 +175,11 @@ def _render_sglang(d: Any) -> None:
     _print_outcome(verdict, d)
 
 
-def _serve_llamacpp(d: Any, as_json: bool) -> None:
-    """llama.cpp's buffers (serve/llamacpp.py), as JSON or as its own log lines and a table."""
+def _serve_llamacpp(d: Any, document: dict[str, Any] | None) -> None:
+    """llama.cpp's buffers (serve/llamacpp.py), as its JSON document or as its own log lines and a table."""
     fits = d.starts and d.device_used_bytes <= d.total_memory_bytes
-    if as_json:
-        _emit({"llamacpp": d.to_dict(), "log_lines": d.log_lines(), "fits": fits})
+    if document is not None:
+        _emit(document)
     else:
         c = _console()
         c.print(f"[bold]{d.model}[/] · llama.cpp · {d.gpu} · {d.source} · n_ctx {d.kv_size:,} · "

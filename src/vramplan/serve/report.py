@@ -3,10 +3,12 @@
 ``serve.engine`` picks the engine (dispatch in ``serve``): vLLM (``vramplan.serve.vllm``:
 requested memory, profile-run peak, available KV bytes, blocks, concurrency, the largest
 ``max_model_len`` that fits, vLLM's start-up errors) or SGLang (``vramplan.serve.sglang``:
-``mem_fraction_static`` of the free memory, the token pool, SGLang's errors); llama.cpp is
-refused as not yet modelled.  This module turns the decision into the report's moment and
-serve block (``vramplan.engine.estimate`` builds the report); every engine fills the same
-``ServeResult``.
+``mem_fraction_static`` of the free memory, the token pool, SGLang's errors) or llama.cpp
+(``vramplan.serve.llamacpp``: model, KV and compute buffers; also chosen when llama.cpp's options
+are set, which ``decide`` then refuses for another engine).  This module turns the decision into the
+report's moment and serve block (``vramplan.engine.estimate`` builds the report); every engine fills
+the same ``ServeResult``.  ``serve_outcome`` and ``serve_document`` are what ``vramplan serve`` and the
+web page's ``/api/serve`` show: one dispatch point for the three engines.
 
 At steady state the GPU holds the weights, the KV-cache blocks, room for the activation
 peak vLLM profiled (re-used by every step), the captured CUDA graphs, and outside the
@@ -16,23 +18,27 @@ tp > 1, NCCL's buffers.  ``fits`` is False when vLLM would refuse to start.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from vramplan.analytic.moment import K, Moment
 from vramplan.errors import Problem, ScenarioError
+from vramplan.serve.llamacpp import LlamaCppDecision, uses_other_engine
+from vramplan.serve.llamacpp import decide as decide_llamacpp
+from vramplan.serve.llamacpp import moment as llamacpp_moment
 from vramplan.serve.sglang import SglangDecision, decide_sglang
 from vramplan.serve.vllm import VllmDecision, decide
 from vramplan.spec.load import Resolved
 from vramplan.units import ceil_div
 
-__all__ = ["ServeResult", "serve"]
+__all__ = ["ServeResult", "serve", "serve_document", "serve_outcome"]
 
 
 @dataclass
 class ServeResult:
     peak: Moment
     moments: list[Moment]
-    decision: VllmDecision | SglangDecision
+    decision: VllmDecision | SglangDecision | LlamaCppDecision
     outside: dict[str, int]
     kv_cache_bytes: int
     num_gpu_blocks: int
@@ -54,14 +60,61 @@ class ServeResult:
 def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = False) -> ServeResult:
     """The serving memory of one GPU of a ``task: serve`` scenario, as ``serve.engine`` allocates it.
 
-    ``version`` overrides the scenario's ``serve.vllm_version`` (vLLM only)."""
+    ``version`` overrides the scenario's ``serve.vllm_version`` (vLLM only); ``subtract_cudagraphs``
+    (``--subtract-cudagraphs``) is an option of vLLM only."""
     engine = r.scenario.serve.engine
+    if subtract_cudagraphs and engine != "vllm":
+        raise ScenarioError([Problem("--subtract-cudagraphs", "is an option of engine vllm only",
+                                     "SGLang keeps CUDA graphs in the reserve outside mem_fraction_static")])
+    if uses_other_engine(r):
+        return _llamacpp(r)
     if engine == "sglang":
         return _sglang(r)
     if engine != "vllm":
         raise ScenarioError([Problem("serve.engine", f"the {engine} engine is not modelled yet",
-                                     "use engine vllm or sglang")])
+                                     "use engine vllm, sglang or llamacpp")])
     return _vllm(r, version, subtract_cudagraphs)
+
+
+def serve_outcome(r: Resolved, subtract_cudagraphs: bool = False) -> ServeResult:
+    """``serve`` as ``vramplan serve`` and ``/api/serve`` show it: the vLLM or SGLang decision with what the
+    GPU's generation changes (``spec.checks.capability_notes``: bf16 before Ampere, say) after its own
+    assumptions; llama.cpp's decision as it is."""
+    from vramplan.spec.checks import capability_notes
+
+    sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
+    if isinstance(sr.decision, LlamaCppDecision):
+        return sr
+    notes = capability_notes(r.scenario, r.gpu)
+    return replace(sr, decision=replace(sr.decision, assumptions=[*sr.decision.assumptions, *notes]))
+
+
+def serve_document(sr: ServeResult) -> dict[str, Any]:
+    """The ``vramplan serve --json`` document (also ``/api/serve``'s) of a ``serve_outcome``: the engine's
+    decision under its name, whether it fits (starts, and the device holds it) and, for llama.cpp, the log
+    lines it would print, else the breakdown, memory outside the allocator and the engine's name."""
+    d = sr.decision
+    fits = d.starts and d.device_used_bytes <= d.total_memory_bytes
+    if isinstance(d, LlamaCppDecision):
+        return {"llamacpp": d.to_dict(), "log_lines": d.log_lines(), "fits": fits}
+    return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
+            "outside_allocator": sr.outside, "fits": fits, "engine": sr.engine}
+
+
+def _llamacpp(r: Resolved) -> ServeResult:
+    """llama.cpp's buffers as the report's moment: the GPU model buffer, KV buffer and compute buffer; the
+    CUDA context outside them.  It starts with a fixed ``n_ctx`` (no pool sized to fill the device)."""
+    d = decide_llamacpp(r)
+    peak = llamacpp_moment(d)
+    outside = {"cuda_context": d.cuda_context_bytes, "workspaces": 0, "communication": 0, "managed": 0}
+    problem = [f"llama.cpp would not start: {d.problem} (change {d.fix})"] if d.problem else []
+    return ServeResult(
+        peak=peak, moments=[peak], decision=d, outside=outside, kv_cache_bytes=d.kv_bytes, num_gpu_blocks=0,
+        max_concurrency=d.n_parallel if d.starts else 0, max_model_len_that_fits=d.n_ctx_that_fits,
+        requested_bytes=peak.total, non_kv_bytes=d.model_buffer_bytes + d.compute_buffer_bytes,
+        max_model_len=d.kv_size, starts=d.starts, assumptions=[*problem, *d.assumptions], engine="llamacpp",
+        weights_bytes=d.model_buffer_bytes, kv_cache_tokens=d.kv_size, problem=d.problem, fix=d.fix,
+    )
 
 
 def _vllm(r: Resolved, version: str | None, subtract_cudagraphs: bool) -> ServeResult:

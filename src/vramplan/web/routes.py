@@ -305,31 +305,13 @@ def build_app(settings: WebSettings) -> FastAPI:
 
 
 def serve_document(doc: dict[str, Any], subtract_cudagraphs: bool = False) -> dict[str, Any]:
-    """The document of ``vramplan serve --json`` (cli/serve_cmd.py ``_serve``, ``serve_document`` and
-    ``_serve_llamacpp``), from the same library calls in the same order: llama.cpp's decision with its log
-    lines for ``serve.engine: llamacpp``, else the vLLM or SGLang decision under the engine's name with the
-    GPU generation's notes (``spec.checks.capability_notes``) after its own assumptions."""
-    from dataclasses import replace
-
+    """The document of ``vramplan serve --json``: the same library calls (``serve.report.serve_outcome`` and
+    ``serve_document``) on the resolved scenario."""
     from vramplan.catalog.resolve import resolve
-    from vramplan.serve.llamacpp import decide as decide_llamacpp
-    from vramplan.serve.llamacpp import uses_other_engine
-    from vramplan.serve.report import serve
-    from vramplan.spec.checks import capability_notes
+    from vramplan.serve.report import serve_document as document
+    from vramplan.serve.report import serve_outcome
 
-    r = resolve(doc)
-    if subtract_cudagraphs and r.scenario.serve.engine != "vllm":
-        raise ScenarioError([Problem("--subtract-cudagraphs", "is an option of engine vllm only",
-                                     "SGLang keeps CUDA graphs in the reserve outside mem_fraction_static")])
-    if uses_other_engine(r):
-        lc = decide_llamacpp(r)
-        return {"llamacpp": lc.to_dict(), "log_lines": lc.log_lines(),
-                "fits": lc.starts and lc.device_used_bytes <= lc.total_memory_bytes}
-    sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
-    d = replace(sr.decision, assumptions=[*sr.decision.assumptions, *capability_notes(r.scenario, r.gpu)])
-    return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
-            "outside_allocator": sr.outside, "fits": d.starts and d.device_used_bytes <= d.total_memory_bytes,
-            "engine": sr.engine}
+    return document(serve_outcome(resolve(doc), subtract_cudagraphs=subtract_cudagraphs))
 
 
 def _serve_doc(doc: dict[str, Any]) -> dict[str, Any]:
