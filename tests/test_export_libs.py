@@ -604,3 +604,18 @@ def test_export_carries_the_scenarios_lifecycle_and_packing(tmp_path: Path) -> N
     trl_cfg = yaml.safe_load(files["trl_sft.yaml"])
     assert trl_cfg["packing"] is True and trl_cfg["eval_accumulation_steps"] == 4
     assert "trl sft --accelerate_config accelerate_config.yaml --config trl_sft.yaml" in files["README.md"]
+
+
+@pytest.mark.parametrize(("fields", "checkpoint", "validation"), [
+    ({}, {"enable_checkpoint": True}, {"enabled": False}),
+    ({"checkpoint_save": False, "evaluation": True, "eval_batches": 20},
+     {"enable_checkpoint": False}, {"enabled": True, "local_batch_size": 1, "seq_len": 2048, "steps": 20}),
+])
+def test_lifecycle_torchtitan_sections(fields: dict[str, Any], checkpoint: dict[str, Any],
+                                       validation: dict[str, Any]) -> None:
+    # the torchtitan setup's micro-batch is 1: its evaluation batch by default (analytic eval_batch_size)
+    s = _ts(framework="torchtitan", tp=2, fsdp="full_shard", micro_batch_size=1, grad_accum_steps=16)
+    back = tomllib.loads(to_toml(torchtitan_config(s, "llama", 32, 4096, resolve_lifecycle(s, Lifecycle(**fields)))))
+    assert back["checkpoint"] == checkpoint and back["validation"] == validation
+    for section in ("checkpoint", "validation"):
+        assert set(back[section]) <= JOB_CONFIG_KEYS[section]

@@ -113,7 +113,7 @@ def _train_files(ranked: RankedSetup, s: TrainSetup, model: LaunchModel, files: 
         _refuse_titan(loss, packing, offload)
     if s.framework == "torchtitan" or (s.framework == "accelerate" and s.peft is None and s.fsdp == "full_shard"
                                        and not titan_unset):
-        cfg = torchtitan_config(s, *_family_layers_hidden(ranked))
+        cfg = torchtitan_config(s, *_family_layers_hidden(ranked), lifecycle=lc)
         files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config")
 
 

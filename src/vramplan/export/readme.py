@@ -50,11 +50,12 @@ def _lifecycle_lines(s: TrainSetup, lc: ResolvedLifecycle) -> list[str]:
     trainer = s.framework != "torchtitan"
     out = ["## Lifecycle the estimate assumed", ""]
     if not lc.evaluation:
-        out.append("- evaluation: none" + (" (`eval_strategy: \"no\"`)" if trainer else ""))
+        out.append("- evaluation: none" + (" (`eval_strategy: \"no\"`)" if trainer else " (`[validation] enabled`)"))
     else:
         out.append(f"- evaluation: {lc.eval_batch_size} sequences per GPU per batch, {lc.eval_batches} batch(es) "
                    "per evaluation" + (" (`eval_strategy`, `per_device_eval_batch_size`; the number of batches is "
-                                       "your eval dataset's size: no option sets it)" if trainer else ""))
+                                       "your eval dataset's size: no option sets it)" if trainer else
+                                       " (`[validation]` enabled, local_batch_size, steps)"))
         if lc.eval_keeps_logits:
             acc = (f", moved to the CPU every {lc.eval_accumulation_steps} batches (`eval_accumulation_steps`)"
                    if lc.eval_accumulation_steps else ", all kept on the GPU until the loop ends")
@@ -66,9 +67,10 @@ def _lifecycle_lines(s: TrainSetup, lc: ResolvedLifecycle) -> list[str]:
             out.append(f"- {lc.eval_generate_tokens} tokens generated after each evaluation: no Trainer option does "
                        "this; the estimate counts it, so add it to your script (a callback) or expect less memory")
     if not lc.checkpoint_save:
-        out.append("- checkpoint save: none" + (" (`save_strategy: \"no\"`)" if trainer else ""))
+        out.append("- checkpoint save: none" + (" (`save_strategy: \"no\"`)" if trainer else
+                                                " (`[checkpoint] enable_checkpoint`)"))
     else:
-        what = "model and optimizer" if lc.save_optimizer else "model only (`save_only_model: true`)"
+        what = "model and optimizer" if lc.save_optimizer else _model_only(s, lc)
         out.append(f"- checkpoint save: {what}" + (f"; state dict `{lc.state_dict_type}`{_state_dict_where(s, lc)}"
                                                    if lc.sharded else " (the model is not sharded: nothing is "
                                                    "gathered on the GPU)"))
@@ -81,6 +83,15 @@ def _lifecycle_lines(s: TrainSetup, lc: ResolvedLifecycle) -> list[str]:
     return out + [""]
 
 
+def _model_only(s: TrainSetup, lc: ResolvedLifecycle) -> str:
+    """Where a model-only save is set, or why it is not (a sharded save gathers nothing, optimizer or not)."""
+    if s.framework == "torchtitan":
+        return "model only (torchtitan's periodic checkpoints hold the optimizer: no option leaves it out)"
+    if s.framework == "accelerate" and lc.state_dict_type == "sharded":
+        return "model only (not written: the Trainer refuses `save_only_model` with `SHARDED_STATE_DICT`)"
+    return "model only (`save_only_model: true`)"
+
+
 def _state_dict_where(s: TrainSetup, lc: ResolvedLifecycle) -> str:
     if s.framework == "deepspeed":
         note = "" if lc.state_dict_type != "full" else (
@@ -88,7 +99,7 @@ def _state_dict_where(s: TrainSetup, lc: ResolvedLifecycle) -> str:
             "estimated")
         return f" (`stage3_gather_16bit_weights_on_model_save: {str(lc.state_dict_type != 'sharded').lower()}`{note})"
     if s.framework == "torchtitan":
-        return " (torchtitan saves with torch DCP, sharded: set `[checkpoint] enable` in your job config)"
+        return " (torchtitan saves with torch DCP, each rank its shard: `[checkpoint] enable_checkpoint`)"
     note = "" if lc.state_dict_type != "full" else (
         "; accelerate's FULL_STATE_DICT always offloads to the CPU on rank 0 (`set_state_dict_type`: "
         "`FullStateDictConfig(offload_to_cpu=True, rank0_only=True)`), so the save peaks lower than estimated")
