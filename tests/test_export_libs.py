@@ -13,6 +13,7 @@ here: their files are checked against the field names of ``EngineArgs`` and ``Jo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -294,7 +295,7 @@ def test_torchtitan_toml_matches_job_config(s: TrainSetup) -> None:
 
 
 @pytest.mark.parametrize("case", ["deepspeed", "qlora", "torchtitan", "serve"])
-def test_write_export_files_parse(case: str, tmp_path: Path) -> None:
+def test_write_export_files_parse(case: str, tmp_path: Path, bf16_gpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
     if case == "deepspeed":
         # FSDP is the fastest setup whose band fits (verdict FITS); the export of the fastest DeepSpeed one is checked
         res = plan("meta-llama/Meta-Llama-3-70B", "A100-80GB", 8, TrainJob(seq_len=2048, global_batch=32), top=3)
@@ -320,10 +321,20 @@ def test_write_export_files_parse(case: str, tmp_path: Path) -> None:
             tomllib.loads(text)
         if p.name != "README.md":
             assert p.name in (tmp_path / "out" / "README.md").read_text()
-    expected = {"deepspeed": {"ds_config.json", "accelerate_config.yaml", "training_args.json"},
-                "qlora": {"lora_config.json", "bnb_config.json", "training_args.json"},
+    expected = {"deepspeed": {"ds_config.json", "accelerate_config.yaml", "training_args.json", "trl_sft.yaml"},
+                "qlora": {"lora_config.json", "bnb_config.json", "training_args.json", "trl_sft.yaml"},
                 "torchtitan": {"torchtitan.toml"}, "serve": {"vllm_engine_args.json", "serve.sh"}}[case]
     assert expected <= names, names
+    if "trl_sft.yaml" in names and importlib.util.find_spec("trl") is not None:
+        import trl
+
+        monkeypatch.chdir(tmp_path / "out")  # the YAML names ds_config.json beside it
+        parser = trl.TrlParser((trl.ScriptArguments, trl.SFTConfig, trl.ModelConfig))
+        _, sft, mc = parser.parse_args_and_config(["--config", "trl_sft.yaml", "--dataset_name", "d"])
+        ta = json.loads((tmp_path / "out" / "training_args.json").read_text())
+        assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps) == (
+            ta["per_device_train_batch_size"], ta["gradient_accumulation_steps"])
+        assert res.chosen is not None and mc.model_name_or_path == res.chosen.scenario["model"]  # given as Hub ids
     if case == "serve":
         assert os.access(tmp_path / "out" / "serve.sh", os.X_OK)
         assert "vllm serve" in (tmp_path / "out" / "serve.sh").read_text()
