@@ -415,8 +415,12 @@ def test_lifecycle_fsdp_state_dict_type_is_accepted(sdt: str | None, fsdp_type: 
     assert plugin.state_dict_config.offload_to_cpu is offloaded
     if fsdp_type == "FULL_STATE_DICT":
         assert plugin.state_dict_config.rank0_only
-    # the Trainer's own FSDP config says the same
-    assert training_arguments_kwargs(s, lifecycle=lc)["fsdp_config"]["state_dict_type"] == fsdp_type
+    # the Trainer's own FSDP config says the same, as TrainingArguments hands it to accelerate's plugin
+    from transformers import TrainingArguments
+
+    monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
+    kw = json.loads(json.dumps(training_arguments_kwargs(s, str(tmp_path / "out"), lifecycle=lc)))
+    assert TrainingArguments(**kw).fsdp_plugin_args["state_dict_type"] == fsdp_type
 
 
 def test_lifecycle_fsdp_sharded_model_only_save_is_not_refused(bf16_gpu: None, tmp_path: Path) -> None:

@@ -77,6 +77,12 @@ def _lifecycle_lines(s: TrainSetup, lc: ResolvedLifecycle) -> list[str]:
     if casts_after_load(s, lc):
         out.append(f"- load: fp32 onto the GPU, then cast to {held_dtype(s)} (`lifecycle.load_dtype: fp32`; "
                    "`model_kwargs.json` `dtype: float32` and the cast in the snippet)")
+    if s.framework == "accelerate":
+        # analytic/lifecycle/load.py host_load_bytes counts the whole model on every rank's host, as with
+        # fsdp_cpu_ram_efficient_loading off (its default); the export turns it on (rank 0 reads, the others
+        # start on the meta device), which needs less
+        out.append("- load, host RAM: the estimate counts the whole model on every process's host; "
+                   "`fsdp_cpu_ram_efficient_loading: true` loads it on the first process only, which needs less")
     if lc.device_map == "none" and s.quantization != "none":
         out.append("- load: `device_map: none` cannot be honoured with bitsandbytes: transformers loads a quantized "
                    "model onto the GPU (`Bnb4BitHfQuantizer.update_device_map`)")
