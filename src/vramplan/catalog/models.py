@@ -51,6 +51,15 @@ def _catalog() -> tuple[dict[str, CatalogModel], dict[str, str]]:
     return by_id, index
 
 
+def catalog_id(name: str) -> str | None:
+    """The catalog id (the Hub repository id) that ``name`` spells (an id, its short name or an alias), else None.
+
+    >>> catalog_id("llama3-8b")
+    'meta-llama/Meta-Llama-3-8B'
+    """
+    return _catalog()[1].get(_norm(name))
+
+
 def model_ids() -> list[str]:
     return sorted(_catalog()[0])
 

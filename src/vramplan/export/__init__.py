@@ -3,9 +3,10 @@
 ``export_files(result)`` returns ``{file name: text}`` for the chosen setup of a plan (or any
 ranked setup): a DeepSpeed JSON, Accelerate YAML (FSDP or DeepSpeed or DDP), Hugging Face
 ``TrainingArguments`` / ``from_pretrained`` / ``LoraConfig`` / ``BitsAndBytesConfig`` keyword
-arguments as JSON, a torchtitan TOML, or vLLM engine arguments and a ``vllm serve`` script -- each
-where the setup can run on that engine -- plus the scenario (``vramplan estimate`` reproduces the
-memory figures from it) and a short launch README.  ``write_export(result, directory)`` writes them.
+arguments as JSON, TRL's ``trl sft`` YAML, a torchtitan TOML, or vLLM engine arguments and a ``vllm serve``
+script -- each where the setup can run on that engine -- plus the scenario (``vramplan estimate`` reproduces
+the memory figures from it) and a short launch README.  Launch files name the model by its Hub id
+(``hub.py``) and carry the scenario's lifecycle settings (``lifecycle.py``).  ``write_export(result, directory)`` writes them.
 """
 
 from __future__ import annotations
@@ -25,16 +26,34 @@ from vramplan.export.hf import (
     model_init_kwargs,
     training_arguments_kwargs,
 )
+from vramplan.export.hub import LaunchModel, launch_model
+from vramplan.export.lifecycle import ResolvedLifecycle, lifecycle_of, resolve_lifecycle
 from vramplan.export.readme import launch_readme
 from vramplan.export.torchtitan import to_toml, torchtitan_config
+from vramplan.export.trl_sft import trl_sft_config
 from vramplan.export.vllm import vllm_command, vllm_engine_args
 from vramplan.plan.result import PlanResult, RankedSetup
 from vramplan.plan.setup import ServeSetup, TrainSetup
 
 __all__ = [
-    "accelerate_config", "bnb_config_kwargs", "deepspeed_config", "export_files", "lora_config_kwargs",
-    "model_init_kwargs", "setup_of", "to_toml", "torchtitan_config", "training_arguments_kwargs", "vllm_command",
-    "vllm_engine_args", "write_export",
+    "LaunchModel",
+    "ResolvedLifecycle",
+    "accelerate_config",
+    "bnb_config_kwargs",
+    "deepspeed_config",
+    "export_files",
+    "launch_model",
+    "lora_config_kwargs",
+    "model_init_kwargs",
+    "resolve_lifecycle",
+    "setup_of",
+    "to_toml",
+    "torchtitan_config",
+    "training_arguments_kwargs",
+    "trl_sft_config",
+    "vllm_command",
+    "vllm_engine_args",
+    "write_export",
 ]
 
 
@@ -47,11 +66,6 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, indent=2) + "\n"
 
 
-def _model_id(ranked: RankedSetup) -> str:
-    m = ranked.scenario.get("model")
-    return m if isinstance(m, str) else str(ranked.report.model.get("name", "MODEL"))
-
-
 def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
     """Every file for one setup (the chosen one of a plan), as ``{name: text}``."""
     ranked = source.chosen if isinstance(source, PlanResult) else source
@@ -59,39 +73,53 @@ def export_files(source: PlanResult | RankedSetup) -> dict[str, str]:
         raise ScenarioError([Problem("--export", "nothing fits, so there is no setup to export",
                                      "follow one of the suggestions, then plan again")])
     s = setup_of(ranked)
-    model = _model_id(ranked)
-    train = ranked.scenario.get("train") or {}
-    loss_args = _loss_arguments(str(train.get("loss", "standard")), bool(train.get("packing", False)),
-                                bool(train.get("liger_kernels", False)),
-                                train.get("activation_offload", "none") != "none")
+    model = launch_model(ranked.scenario.get("model", "MODEL"), str(ranked.report.model.get("name", "MODEL")))
     files: dict[str, str] = {"scenario.yaml": yaml.safe_dump(ranked.scenario, sort_keys=False)}
     if isinstance(s, ServeSetup):
-        args = vllm_engine_args(s, model)
+        args = vllm_engine_args(s, model.name, model.revision)
         files["vllm_engine_args.json"] = _json(args)
         files["serve.sh"] = _serve_script(s, args)
     else:
-        if s.framework == "deepspeed":
-            files["ds_config.json"] = _json(deepspeed_config(s))
-        if s.framework != "torchtitan":
-            files["accelerate_config.yaml"] = yaml.safe_dump(accelerate_config(s), sort_keys=False)
-            files["training_args.json"] = _json({**training_arguments_kwargs(s), **loss_args})
-            files["model_kwargs.json"] = _json(model_init_kwargs(s))
-        if s.peft is not None:
-            files["lora_config.json"] = _json(lora_config_kwargs(s))
-        bnb = bnb_config_kwargs(s)
-        if bnb is not None:
-            files["bnb_config.json"] = _json(bnb)
-        if s.framework == "torchtitan" or (s.framework == "accelerate" and s.peft is None
-                                           and s.fsdp == "full_shard"):
-            cfg = torchtitan_config(s, *_family_layers_hidden(ranked))
-            files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config")
+        _train_files(ranked, s, model, files)
     files["README.md"] = launch_readme(ranked, s, model, sorted(files))
     return files
 
 
+def _train_files(ranked: RankedSetup, s: TrainSetup, model: LaunchModel, files: dict[str, str]) -> None:
+    train = ranked.scenario.get("train") or {}
+    loss, packing = str(train.get("loss", "standard")), bool(train.get("packing", False))
+    liger, offload = bool(train.get("liger_kernels", False)), train.get("activation_offload", "none") != "none"
+    lc = resolve_lifecycle(s, lifecycle_of(ranked.scenario))
+    if s.framework == "deepspeed":
+        files["ds_config.json"] = _json(deepspeed_config(s, lc))
+    if s.framework != "torchtitan":
+        if loss not in ("standard", "liger-fused-linear-ce"):
+            _refuse_loss(loss)
+        files["accelerate_config.yaml"] = yaml.safe_dump(accelerate_config(s, lifecycle=lc), sort_keys=False)
+        if not (packing or offload):
+            # packing and activation offloading have no TrainingArguments key: TRL's SFTConfig below sets them
+            files["training_args.json"] = _json({**training_arguments_kwargs(s, lifecycle=lc),
+                                                 **_loss_arguments(loss, packing, liger, offload)})
+        files["model_kwargs.json"] = _json(model_init_kwargs(s, lc))
+        files["trl_sft.yaml"] = yaml.safe_dump(
+            trl_sft_config(s, model, loss, packing, liger, offload, lc), sort_keys=False)
+    if s.peft is not None:
+        files["lora_config.json"] = _json(lora_config_kwargs(s))
+    bnb = bnb_config_kwargs(s)
+    if bnb is not None:
+        files["bnb_config.json"] = _json(bnb)
+    titan_unset = packing or offload or loss != "standard"
+    if s.framework == "torchtitan" and titan_unset:
+        _refuse_titan(loss, packing, offload)
+    if s.framework == "torchtitan" or (s.framework == "accelerate" and s.peft is None and s.fsdp == "full_shard"
+                                       and not titan_unset):
+        cfg = torchtitan_config(s, *_family_layers_hidden(ranked), lifecycle=lc)
+        files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config")
+
+
 def _loss_arguments(loss: str, packing: bool, liger_kernels: bool = False, offload: bool = False) -> dict[str, Any]:
     """The TrainingArguments keys for ``train.loss`` and ``train.liger_kernels``; the losses, packing and
-    activation offloading no Trainer argument sets are refused.
+    activation offloading no Trainer argument sets are refused (``trl_sft.yaml`` sets packing and offloading).
 
     transformers' ``use_liger_kernel`` with ``liger_kernel_config`` (4.52 and later) passes the config to
     Liger's ``_apply_liger_kernel_to_instance``: exactly the kernels the scenario models are switched on (the
@@ -118,6 +146,14 @@ def _refuse_loss(loss: str) -> None:
     raise ScenarioError([Problem("--export", f"loss {loss} has no Trainer argument: it is set up in code ({how}), "
                                  "which the export does not write", "export with loss: standard, or add it to your "
                                  "training script")])
+
+
+def _refuse_titan(loss: str, packing: bool, offload: bool) -> None:
+    """torchtitan's job config has no key for these (its ``JOB_CONFIG_KEYS``)."""
+    what = ", ".join(w for w, on in (("loss " + loss, loss != "standard"), ("packing", packing),
+                                     ("activation offloading", offload)) if on)
+    raise ScenarioError([Problem("--export", f"{what}: no torchtitan job-config key sets it",
+                                 "export without it, or plan with a Trainer framework (TRL's SFTConfig sets them)")])
 
 
 def _family_layers_hidden(ranked: RankedSetup) -> tuple[str, int, int]:

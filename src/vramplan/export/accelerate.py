@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.export.hf import fsdp_state_dict_type
+from vramplan.export.lifecycle import ResolvedLifecycle, resolve_lifecycle
 from vramplan.plan.setup import TrainSetup
 
 __all__ = ["accelerate_config"]
 
 
-def accelerate_config(s: TrainSetup, deepspeed_file: str = "ds_config.json") -> dict[str, Any]:
+def accelerate_config(s: TrainSetup, deepspeed_file: str = "ds_config.json",
+                      lifecycle: ResolvedLifecycle | None = None) -> dict[str, Any]:
+    """The YAML mapping; ``lifecycle`` gives FSDP's ``fsdp_state_dict_type`` (``hf.fsdp_state_dict_type``)."""
     if s.framework == "torchtitan":
         raise ValueError("torchtitan setups are launched with torchrun and torchtitan's TOML")
     machines = -(-s.num_gpus // s.gpus_per_node)
@@ -37,7 +41,7 @@ def accelerate_config(s: TrainSetup, deepspeed_file: str = "ds_config.json") -> 
         cfg["fsdp_config"] = {
             "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_reshard_after_forward": s.fsdp != "shard_grad_op", "fsdp_offload_params": s.offload != "none",
-            "fsdp_activation_checkpointing": s.checkpointing == "full", "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_activation_checkpointing": s.checkpointing == "full", "fsdp_state_dict_type": fsdp_state_dict_type(lifecycle or resolve_lifecycle(s)),
             "fsdp_cpu_ram_efficient_loading": True,
         }
     else:

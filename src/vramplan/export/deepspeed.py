@@ -12,13 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.export.lifecycle import ResolvedLifecycle, resolve_lifecycle
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.plan.setup import TrainSetup
 
 __all__ = ["deepspeed_config"]
 
 
-def deepspeed_config(s: TrainSetup) -> dict[str, Any]:
+def deepspeed_config(s: TrainSetup, lifecycle: ResolvedLifecycle | None = None) -> dict[str, Any]:
+    """The JSON mapping; ``lifecycle`` decides the ZeRO-3 16-bit save (``stage3_gather_16bit_weights_on_model_save``).
+
+    DeepSpeed 0.19 ``DeepSpeedZeroConfig.gather_16bit_weights_on_model_save``: when true, the engine's
+    ``save_16bit_model`` (the Trainer's ``save_model`` under ZeRO-3) consolidates the 16-bit weights one module at
+    a time (``_zero3_consolidated_16bit_state_dict``), the estimate's full_offload; when false (DeepSpeed's
+    default) the Trainer writes each rank's partition with ``save_checkpoint``, the estimate's sharded save."""
     if s.framework != "deepspeed":
         raise ValueError(f"not a DeepSpeed setup: {s.framework}")
     ds_type = optimizer_facts(s.optimizer).deepspeed_type
@@ -30,7 +37,8 @@ def deepspeed_config(s: TrainSetup) -> dict[str, Any]:
     if s.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if s.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        lc = lifecycle or resolve_lifecycle(s)
+        zero["stage3_gather_16bit_weights_on_model_save"] = lc.state_dict_type != "sharded"
     cfg: dict[str, Any] = {
         "train_batch_size": s.global_batch,
         "train_micro_batch_size_per_gpu": s.micro_batch_size,

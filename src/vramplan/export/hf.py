@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.export.lifecycle import ResolvedLifecycle, resolve_lifecycle
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.facts.quantization import quant_format
 from vramplan.plan.setup import TrainSetup
 
-__all__ = ["bnb_config_kwargs", "lora_config_kwargs", "model_init_kwargs", "optim_name", "training_arguments_kwargs"]
+__all__ = [
+    "attn_implementation", "bnb_config_kwargs", "casts_after_load", "fsdp_state_dict_type", "held_dtype", "lifecycle_arguments",
+    "loads_onto_gpu", "lora_config_kwargs", "model_init_kwargs", "optim_name", "training_arguments_kwargs",
+]
 
 
 def optim_name(optimizer: str) -> str:
@@ -40,11 +44,13 @@ def _half(s: TrainSetup) -> str | None:
     return None
 
 
-def training_arguments_kwargs(s: TrainSetup, output_dir: str = "outputs",
-                              deepspeed_file: str = "ds_config.json") -> dict[str, Any]:
-    """Keyword arguments for ``transformers.TrainingArguments`` (not for torchtitan setups)."""
+def training_arguments_kwargs(s: TrainSetup, output_dir: str = "outputs", deepspeed_file: str = "ds_config.json",
+                              lifecycle: ResolvedLifecycle | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``transformers.TrainingArguments`` (not for torchtitan setups); ``lifecycle``: the
+    evaluation and checkpoint settings the estimate took (default: the framework's, ``resolve_lifecycle``)."""
     if s.framework == "torchtitan":
         raise ValueError("torchtitan setups are launched with torchtitan's TOML, not the Trainer")
+    lc = lifecycle or resolve_lifecycle(s)
     kw: dict[str, Any] = {
         "output_dir": output_dir, "per_device_train_batch_size": s.micro_batch_size,
         "gradient_accumulation_steps": s.grad_accum_steps, "max_grad_norm": 1.0,
@@ -67,7 +73,7 @@ def training_arguments_kwargs(s: TrainSetup, output_dir: str = "outputs",
         kw["fsdp_config"] = {
             "version": 2, "reshard_after_forward": s.fsdp != "shard_grad_op", "cpu_offload": s.offload != "none",
             "activation_checkpointing": s.checkpointing == "full", "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": True,
+            "state_dict_type": fsdp_state_dict_type(lc), "cpu_ram_efficient_loading": True,
         }
         if s.grad_accum_steps > 1:
             # the estimate reduce-scatters every micro-step (no unsharded gradient accumulation)
@@ -78,18 +84,85 @@ def training_arguments_kwargs(s: TrainSetup, output_dir: str = "outputs",
         kw["activation_checkpointing_kwargs"] = {"use_reentrant": False}
     if s.framework == "hf-trainer" and s.num_gpus > 1:
         kw["ddp_find_unused_parameters"] = False
+    kw.update(lifecycle_arguments(s, lc))
     return kw
 
 
-def model_init_kwargs(s: TrainSetup) -> dict[str, Any]:
-    """Keyword arguments for ``AutoModelForCausalLM.from_pretrained`` (quantization config given apart)."""
+def fsdp_state_dict_type(lc: ResolvedLifecycle) -> str:
+    """FSDP's ``state_dict_type`` for the estimate's ``lifecycle.state_dict_type``.
+
+    ``FULL_STATE_DICT`` makes accelerate 1.15 ``FullyShardedDataParallelPlugin.set_state_dict_type`` use
+    ``FullStateDictConfig(offload_to_cpu=True, rank0_only=True)``: one unit gathered at a time, the estimate's
+    full_offload (its ``full``, without offload, has no accelerate option: the README says so)."""
+    return "SHARDED_STATE_DICT" if lc.state_dict_type == "sharded" else "FULL_STATE_DICT"
+
+
+def lifecycle_arguments(s: TrainSetup, lc: ResolvedLifecycle) -> dict[str, Any]:
+    """The ``TrainingArguments`` keys of the lifecycle settings (transformers 5.24 ``training_args.py``):
+    ``eval_strategy`` ("no" is the default: no evaluation loop), ``per_device_eval_batch_size`` (the batch
+    ``Trainer.evaluation_loop`` runs), ``prediction_loss_only`` (true: the loop keeps no logits, as
+    ``Trainer.evaluate`` without a ``compute_metrics``), ``eval_accumulation_steps`` (kept logits move to the CPU
+    every this many batches), ``save_strategy`` ("no": no checkpoint while training) and ``save_only_model``
+    (the checkpoint holds no optimizer, scheduler or RNG state)."""
+    kw: dict[str, Any] = {"eval_strategy": "steps" if lc.evaluation else "no",
+                          "per_device_eval_batch_size": lc.eval_batch_size}
+    if lc.evaluation:
+        kw["prediction_loss_only"] = not lc.eval_keeps_logits
+        if lc.eval_accumulation_steps is not None:
+            kw["eval_accumulation_steps"] = lc.eval_accumulation_steps
+    kw["save_strategy"] = "steps" if lc.checkpoint_save else "no"
+    # Trainer refuses save_only_model with FSDP's SHARDED_STATE_DICT (trainer.py, "save_only_model option is not
+    # compatible"); a sharded save gathers nothing, optimizer or not, so the estimate is the same either way
+    fsdp_sharded = s.framework == "accelerate" and lc.state_dict_type == "sharded"
+    if lc.checkpoint_save and not fsdp_sharded:
+        kw["save_only_model"] = not lc.save_optimizer
+    return kw
+
+
+def held_dtype(s: TrainSetup) -> str:
+    """The dtype the step holds the (non-quantized) weights in, which ``from_pretrained`` loads them in."""
     if s.peft is not None or s.precision.endswith("-true") or s.framework == "deepspeed":
-        dtype = "bfloat16" if s.precision.startswith("bf16") else ("float16" if s.precision.startswith("fp16")
-                                                                   else "float32")
-    else:
-        dtype = "float32"  # autocast mixed precision / FSDP: fp32 parameters are the master copy
-    attn = "eager" if s.attention == "eager" else "sdpa"
-    return {"dtype": dtype, "attn_implementation": attn}
+        return "bfloat16" if s.precision.startswith("bf16") else ("float16" if s.precision.startswith("fp16")
+                                                                  else "float32")
+    return "float32"  # autocast mixed precision / FSDP: fp32 parameters are the master copy
+
+
+def casts_after_load(s: TrainSetup, lc: ResolvedLifecycle) -> bool:
+    """``lifecycle.load_dtype: fp32`` for weights held in half precision: loaded in fp32, then cast (the
+    estimate's fp32-cast load, ``analytic/lifecycle/load.py`` ``load_mode``; a sharded or quantized load ignores
+    it there, so here too)."""
+    return (lc.load_dtype == "fp32" and held_dtype(s) != "float32" and s.quantization == "none"
+            and not lc.sharded and s.offload != "optimizer+params")
+
+
+def model_init_kwargs(s: TrainSetup, lifecycle: ResolvedLifecycle | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``AutoModelForCausalLM.from_pretrained`` (quantization config given apart).
+
+    ``dtype``: the dtype the step holds the weights in, or float32 under ``lifecycle.load_dtype: fp32`` (the
+    launch README's snippet then casts, as the estimate assumed).  ``device_map``: ``{"": 0}`` on one GPU when
+    the scenario loads a non-quantized, unsharded model onto the GPU (``lifecycle.device_map: auto``); with
+    several processes the snippet gives each its own GPU (``{"": local rank}``), since transformers'
+    ``device_map="auto"`` would split one model over every visible GPU (``infer_auto_device_map``), which is
+    not what the estimate counts.  A bitsandbytes model needs none: transformers gives it
+    ``{"": current_device}`` (``Bnb4BitHfQuantizer.update_device_map``), the estimate's default."""
+    lc = lifecycle or resolve_lifecycle(s)
+    attn = attn_implementation(s)
+    kw: dict[str, Any] = {"dtype": "float32" if casts_after_load(s, lc) else held_dtype(s),
+                          "attn_implementation": attn}
+    if loads_onto_gpu(s, lc) and s.num_gpus == 1:
+        kw["device_map"] = {"": 0}
+    return kw
+
+
+def attn_implementation(s: TrainSetup) -> str:
+    """transformers' ``attn_implementation`` for ``train.attention`` (flash: the flash-attention-2 kernels, which
+    variable-length packing needs)."""
+    return {"eager": "eager", "flash": "flash_attention_2"}.get(s.attention, "sdpa")
+
+
+def loads_onto_gpu(s: TrainSetup, lc: ResolvedLifecycle) -> bool:
+    """The scenario asks for a device map the library would not set by itself (see ``model_init_kwargs``)."""
+    return lc.device_map == "auto" and s.quantization == "none" and not lc.sharded
 
 
 def lora_config_kwargs(s: TrainSetup) -> dict[str, Any]:

@@ -6,7 +6,8 @@ name/flavor, ``[optimizer]`` name/implementation, ``[training]`` local_batch_siz
 global_batch_size, seq_len, enable_cpu_offload, mixed_precision_param/reduce, ``[parallelism]``
 data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
 tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule,
-pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkpoint]`` mode.
+pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkpoint]`` mode,
+``[checkpoint]`` enable_checkpoint, ``[validation]`` enabled/local_batch_size/seq_len/steps.
 ``JOB_CONFIG_KEYS`` lists them for the tests (torchtitan itself is not a dependency).
 
 Batch semantics: ``local_batch_size`` is per data-parallel rank per optimizer step; without
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.export.lifecycle import ResolvedLifecycle, resolve_lifecycle
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.plan.setup import TrainSetup
 from vramplan.spec.families import torchtitan_model
@@ -42,6 +44,11 @@ JOB_CONFIG_KEYS: dict[str, frozenset[str]] = {
         "expert_parallel_degree"}),
     "activation_checkpoint": frozenset({"mode", "selective_ac_option",
                                         "per_op_sac_force_recompute_mm_shapes_by_fqns"}),
+    "checkpoint": frozenset({"enable_checkpoint", "folder", "initial_load_path", "initial_load_model_only", "interval",
+                             "last_save_model_only", "export_dtype", "create_seed_checkpoint", "async_mode",
+                             "keep_latest_k", "load_step", "exclude_from_loading", "enable_first_step_checkpoint",
+                             "last_save_in_hf"}),
+    "validation": frozenset({"enabled", "dataset", "dataset_path", "local_batch_size", "seq_len", "freq", "steps"}),
 }
 
 # torchtitan's own model names and flavors for the catalog models it ships (llama3 "8B"/"70B"/"405B")
@@ -55,8 +62,10 @@ def _model_section(family: str, layers: int, hidden: int) -> dict[str, Any]:
     return {"name": family, "flavor": f"{layers}L-{hidden}h"}
 
 
-def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int) -> dict[str, dict[str, Any]]:
-    """torchtitan's job config for ``s``; ``family``: the model's config.json family (``ModelSpec.family``)."""
+def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
+                      lifecycle: ResolvedLifecycle | None = None) -> dict[str, dict[str, Any]]:
+    """torchtitan's job config for ``s``; ``family``: the model's config.json family (``ModelSpec.family``);
+    ``lifecycle``: the evaluation and checkpoint settings the estimate took (``_lifecycle_sections``)."""
     if s.framework not in ("torchtitan", "accelerate") or s.peft is not None or s.fsdp == "shard_grad_op":
         raise ValueError("torchtitan runs full fine-tuning with FSDP (full_shard), TP and PP")
     titan_optim = optimizer_facts(s.optimizer).torchtitan
@@ -81,7 +90,21 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int) -> d
                      "mixed_precision_reduce": "float32"},
         "parallelism": par,
         "activation_checkpoint": {"mode": "full" if s.checkpointing == "full" else "none"},
+        **_lifecycle_sections(s, lifecycle or resolve_lifecycle(s)),
     }
+
+
+def _lifecycle_sections(s: TrainSetup, lc: ResolvedLifecycle) -> dict[str, dict[str, Any]]:
+    """``[checkpoint] enable_checkpoint`` (off by default in torchtitan; its saves are torch DCP, each rank its
+    shard: the estimate's sharded save) and ``[validation]`` ``enabled``, ``local_batch_size`` (the evaluation
+    batch), ``seq_len`` and ``steps`` (batches per evaluation), as that commit's ``Checkpoint`` and
+    ``Validation`` dataclasses name them."""
+    out: dict[str, dict[str, Any]] = {"checkpoint": {"enable_checkpoint": lc.checkpoint_save}}
+    out["validation"] = {"enabled": lc.evaluation}
+    if lc.evaluation:
+        out["validation"].update({"local_batch_size": lc.eval_batch_size, "seq_len": s.seq_len,
+                                  "steps": lc.eval_batches})
+    return out
 
 
 def _toml_value(v: Any) -> str:

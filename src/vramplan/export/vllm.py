@@ -21,7 +21,7 @@ __all__ = ["ENGINE_ARGS_FIELDS", "vllm_command", "vllm_engine_args"]
 ENGINE_ARGS_FIELDS = frozenset({
     "model", "dtype", "kv_cache_dtype", "max_model_len", "pipeline_parallel_size", "tensor_parallel_size",
     "block_size", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "quantization",
-    "enforce_eager", "enable_prefix_caching", "swap_space", "seed",
+    "enforce_eager", "enable_prefix_caching", "swap_space", "seed", "revision",
 })
 # choices of --dtype and --kv-cache-dtype in the same file
 DTYPE_CHOICES = frozenset({"auto", "half", "float16", "bfloat16", "float", "float32"})
@@ -30,8 +30,9 @@ KV_CACHE_DTYPE_CHOICES = frozenset({"auto", "fp8", "fp8_e5m2", "fp8_e4m3"})
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def vllm_engine_args(s: ServeSetup, model: str) -> dict[str, Any]:
-    """``EngineArgs(**args)`` for one replica."""
+def vllm_engine_args(s: ServeSetup, model: str, revision: str | None = None) -> dict[str, Any]:
+    """``EngineArgs(**args)`` for one replica; ``model``: a Hub id or a local folder (``export/hub.py``),
+    ``revision``: its branch, tag or commit (``EngineArgs.revision``, ``--revision``), None for the default."""
     args: dict[str, Any] = {
         "model": model, "tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp, "dtype": _DTYPE[s.dtype],
         "max_model_len": s.max_model_len, "gpu_memory_utilization": s.gpu_memory_utilization,
@@ -40,6 +41,8 @@ def vllm_engine_args(s: ServeSetup, model: str) -> dict[str, Any]:
     }
     if s.quantization != "none":
         args["quantization"] = quant_format(s.quantization).vllm_quantization
+    if revision is not None:
+        args["revision"] = revision
     return args
 
 
