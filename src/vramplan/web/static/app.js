@@ -500,7 +500,11 @@ function drawReport() {
 }
 
 async function refreshEstimate() {
-  const r = await api("estimate", "/api/estimate", state.scenario).catch((e) => (e.name === "AbortError" ? null : { ok: false, doc: { detail: [{ where: "", text: String(e) }] } }));
+  // the report first (one estimate, the page's live answer), then, for a job that is not FITS, the whole
+  // `estimate --json` document with its verified remedies (each one a further estimate: plan/remedies.py)
+  if (inflight.remedies) inflight.remedies.abort();
+  const failed = (e) => (e.name === "AbortError" ? null : { ok: false, doc: { detail: [{ where: "", text: String(e) }] } });
+  const r = await api("estimate", "/api/estimate?remedies=false", state.scenario).catch(failed);
   if (!r) return;
   clearErrors($("#scenario"));
   $("#general-error").textContent = "";
@@ -511,6 +515,12 @@ async function refreshEstimate() {
   }
   report = r.doc;
   drawReport();
+  if (verdictOf(report) === "FITS") return;
+  $("#remedies").replaceChildren(Object.assign(document.createElement("p"), { className: "help", textContent: "Looking for changes that make it fit…" }));
+  const full = await api("remedies", "/api/estimate", state.scenario).catch(() => null);
+  if (!full || !full.ok) return;  // a newer change aborted it (refreshEstimate above)
+  report = full.doc;
+  drawRemedies();
 }
 
 async function refreshFit() {
