@@ -123,6 +123,19 @@ def test_litgpt_load_holds_its_own_head_for_a_tied_checkpoint() -> None:
     assert load.total == 2_180_096
 
 
+def test_quantized_model_under_zero3_loads_whole_then_partitions() -> None:
+    # transformers builds a quantized model outside zero.Init and bitsandbytes quantizes it on the GPU: the
+    # whole nf4 model, as test_quantize_on_load_and_kbit_preparation, 1,843,712.  deepspeed.initialize then
+    # partitions each parameter in module order, its partition (here 1/2) made before its full data is freed:
+    # the first, the embedding, 512,000 / 2 = 256,000 beside the whole model: 2,099,712, the peak; each
+    # later one frees more than it makes.
+    doc = _doc(QLORA, framework="deepspeed", parallel={"zero_stage": 3})
+    doc["hardware"] = {"gpu": "A100-80GB", "num_gpus": 2}
+    ph = _phases(doc)
+    assert ph["load"].total == 2_099_712 and ph["load"].get(K.LOAD_STAGING) == 0
+    assert "peft preparation" not in ph
+
+
 def test_load_reserved_keeps_the_freed_blocks() -> None:
     tr = _step(_doc({"precision": "bf16-true"}, lifecycle={"load_dtype": "fp32"}))
     assert tr.context is not None and tr.layout is not None

@@ -33,6 +33,16 @@ rest), as the library makes them:
   quantized model: the load peaks at the largest linear's float16 copy there, the LM head's first.
   Whether a quantized linear or the whole model's half weights are ever on the GPU together: no, one
   linear at a time in both passes.
+* **quantized, then partitioned** (a bitsandbytes base under DeepSpeed ZeRO-3): transformers does not build a
+  quantized model under ``deepspeed.zero.Init`` (``get_init_context``: ``if is_deepspeed_zero3_enabled() and
+  not is_quantized``: a quantized model is made on the meta device instead; PR huggingface/transformers#32640
+  keeps that exclusion; bitsandbytes issue #1249), and the bitsandbytes quantizer puts it on the process's GPU
+  (``update_device_map``: ``{"": torch.cuda.current_device()}``): every rank quantizes the whole model on
+  its GPU, one linear at a time as above.  DeepSpeed partitions it only in ``deepspeed.initialize``
+  (``DeepSpeedZeRoOffload._convert_to_zero_parameters`` -> ``zero.Init(module=...)``: each parameter's
+  partition allocated, then its full data freed), so the load peaks at the whole quantized model, whose
+  blocks stay cached (peft issue #1844: with QLoRA "parameters first be fully loaded to each GPU and then be
+  sharded", without quantization sharded first).
 * **sharded** (FSDP, ZeRO-3): each unit's full parameters are on the GPU only while it is sharded.  FSDP
   moves a unit to the GPU, flattens it (``FlatParamHandle.flatten_tensors``: ``torch.cat``) and keeps its
   shard (``FlatParamHandle.shard``); DeepSpeed's ``zero.Init`` partitions each parameter as it is made
@@ -52,7 +62,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from vramplan.analytic.inference import litgpt_head_params
-from vramplan.analytic.layout import BNB_4BIT_FORMATS, count_on_rank, split_on_rank
+from vramplan.analytic.layout import BNB_4BIT_FORMATS, BNB_FORMATS, count_on_rank, split_on_rank
 from vramplan.analytic.lifecycle.stream import PhaseStream, StreamPeak
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.context import StepContext
@@ -61,7 +71,7 @@ from vramplan.spec.model import ParamGroup
 from vramplan.units import ceil_div
 
 __all__ = ["LoadPlan", "LoadTensor", "host_load_bytes", "litgpt_tensors", "load_mode", "load_peaks", "load_plan",
-           "prepares_kbit", "quantizes_at_init", "rank_tensors"]
+           "partitions_after_load", "prepares_kbit", "quantizes_at_init", "rank_tensors"]
 
 # transformers' save_pretrained(max_shard_size="5GB") default: a checkpoint is read one shard at a time
 CHECKPOINT_SHARD_BYTES = 5 * 10**9
@@ -130,8 +140,19 @@ def quantizes_at_init(c: StepContext) -> bool:
     return on and c.quant in BNB_4BIT_FORMATS and not c.offload_params and c.shards[2] == 1
 
 
+def partitions_after_load(c: StepContext) -> bool:
+    """A bitsandbytes base under DeepSpeed ZeRO-3 loaded by transformers: quantized whole on every GPU, then
+    partitioned by ``deepspeed.initialize`` (mode quantize-partition)."""
+    par = c.s.parallel
+    return (c.quant in BNB_FORMATS and par.zero_stage == 3 and par.fsdp == "none"
+            and c.framework not in ("lightning", "torchtitan") and c.shards[2] > 1)
+
+
 def load_mode(c: StepContext) -> str:
-    """direct | fp32-cast | quantize | litgpt | sharded | offloaded: how this rank's parameters reach the GPU."""
+    """direct | fp32-cast | quantize | litgpt | quantize-partition | sharded | offloaded: how this rank's
+    parameters reach the GPU."""
+    if partitions_after_load(c):
+        return "quantize-partition"
     if c.offload_params:
         return "offloaded"
     if c.shards[2] > 1:
@@ -174,6 +195,7 @@ class LoadPlan:
     # dtype) and its float16 copy there (0 where that dtype is float16: ``.to`` returns the tensor itself)
     init: tuple[int, ...] = ()
     init_copy: tuple[int, ...] = ()
+    offloaded: bool = False  # quantize-partition: the partitions live on the host
 
 
 def load_plan(c: StepContext) -> LoadPlan:
@@ -188,7 +210,7 @@ def load_plan(c: StepContext) -> LoadPlan:
         init = tuple(t.numel * held if t.quantized else 0 for t in tensors)
         copy = 0 if c.pol.half == "fp16" and held == HALF else HALF
         init_copy = tuple(t.numel * copy if t.quantized else 0 for t in tensors)
-    elif mode == "quantize":
+    elif mode in ("quantize", "quantize-partition"):
         staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
     elif mode == "fp32-cast":
         staging = tuple(t.numel * 4 for t in tensors)
@@ -196,7 +218,7 @@ def load_plan(c: StepContext) -> LoadPlan:
         staging = (0,) * len(tensors)
     return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
                     tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
-                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy)
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy, c.offload_params)
 
 
 def _litgpt(st: PhaseStream, plan: LoadPlan) -> list[int]:
@@ -262,6 +284,15 @@ def _sharded(st: PhaseStream, plan: LoadPlan, keep: bool) -> None:
             st.free(bid)
 
 
+def _partition(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
+    """DeepSpeed partitions each loaded parameter in turn: its partition (on the GPU unless parameters are
+    offloaded) made, then its full data freed (``partition_parameters.py`` ``_partition_param``)."""
+    for n, bid in zip(plan.sizes, ids, strict=True):
+        if not plan.offloaded:
+            st.alloc(K.PARAMETERS, ceil_div(n, plan.shard_p))
+        st.free(bid)
+
+
 def _prepare(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
     """k-bit preparation's fp32 casts, after the load wrote ``ids``."""
     st.mark()
@@ -281,6 +312,8 @@ def load_peaks(plan: LoadPlan) -> tuple[StreamPeak, StreamPeak | None]:
         _sharded(st, plan, keep=plan.mode == "sharded")
         return st.peak(), None
     ids = _litgpt(st, plan) if plan.mode == "litgpt" else _per_tensor(st, plan)
+    if plan.mode == "quantize-partition":
+        _partition(st, plan, ids)
     load = st.peak()
     if not plan.prepares:
         return load, None
