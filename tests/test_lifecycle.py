@@ -80,6 +80,62 @@ def test_quantize_on_load_and_kbit_preparation() -> None:
     assert prep.get(K.PREPARE_CAST) == 1_024_000 and prep.get(K.PARAMETERS) == 2_358_272
 
 
+LITGPT_QLORA = {"precision": "bf16-true", "peft": {"method": "qlora"}, "quantization": "nf4"}
+
+
+def test_litgpt_load_quantizes_each_linear_as_built_then_from_the_checkpoint() -> None:
+    # Lit-GPT (framework lightning, nf4, bf16-true), in GPT.__init__'s order: its LM head first (an nn.Linear,
+    # quantized: 256,000 -> 128,000 + 16,000 = 144,000 -> 144,384 rounded to 512), the bf16 embedding 512,000,
+    # two layers of 409,600 (as in test_quantize_on_load_and_kbit_preparation), the final norm 512:
+    #   all made: 144,384 + 512,000 + 819,200 + 512 = 1,476,096.
+    # Built: each linear's bf16 weight and its fp16 copy (2 x numel x 2 B) beside its 4-bit result.  The
+    # last one, layer 1's down (176,128: 2 x 352,256 = 704,512), is made with all but the final norm:
+    #   1,476,096 - 512 + 704,512 = 2,180,096, the peak (the head's, first: 2 x 512,000 + 144,384).
+    # From the checkpoint: each linear's fp16 copy with its new 4-bit result beside the whole model: the
+    #   head's 1,476,096 + 512,000 + 144,384 = 2,132,480, a down's 1,476,096 + 352,256 + 99,328 = 1,927,680.
+    load = _phases(_doc(LITGPT_QLORA, framework="lightning"))["load"]
+    assert load.total == 2_180_096
+    assert load.get(K.LOAD_STAGING) == 704_512 and load.get(K.PARAMETERS) == 1_475_584
+
+
+def test_litgpt_load_peaks_at_the_heads_checkpoint_copy_for_a_large_vocabulary() -> None:
+    # vocabulary 4,000: the head 1,024,000 -> 512,000 + 64,000 = 576,000 (a multiple of 512); the embedding
+    # 2,048,000; all made: 576,000 + 2,048,000 + 819,200 + 512 = 3,443,712.
+    # Built: the head 2 x 2,048,000 + 576,000 = 4,672,000; layer 1's down 3,443,712 - 512 + 704,512 = 4,147,712.
+    # From the checkpoint, the head first: 3,443,712 + its fp16 copy 2,048,000 + new 576,000 = 6,067,712.
+    big = {**TINY, "vocab_size": 4000}
+    load = _phases({**_doc(LITGPT_QLORA, framework="lightning"), "model": big})["load"]
+    assert load.total == 6_067_712
+    assert load.get(K.LOAD_STAGING) == 2_048_000 and load.get(K.PARAMETERS) == 4_019_712
+    # lifecycle.quantize_at_init false: each linear once as a bf16 copy, the head not quantized (as
+    # test_quantize_on_load_and_kbit_preparation, with the 4,000-row head and embedding: 2 x 2,048,000 +
+    # 819,200 + 512 = 4,915,712), and no k-bit preparation under lightning
+    off = _phases({**_doc(LITGPT_QLORA, framework="lightning", lifecycle={"quantize_at_init": False}),
+                   "model": big})
+    assert off["load"].total == 4_915_712 and "peft preparation" not in off
+
+
+def test_litgpt_load_holds_its_own_head_for_a_tied_checkpoint() -> None:
+    # a tied checkpoint (Falcon) under transformers has no head tensor; Lit-GPT makes one: the same
+    # 2,180,096 as the untied TINY (same shapes)
+    tied = {**TINY, "tie_word_embeddings": True}
+    load = _phases({**_doc(LITGPT_QLORA, framework="lightning"), "model": tied})["load"]
+    assert load.total == 2_180_096
+
+
+def test_quantized_model_under_zero3_loads_whole_then_partitions() -> None:
+    # transformers builds a quantized model outside zero.Init and bitsandbytes quantizes it on the GPU: the
+    # whole nf4 model, as test_quantize_on_load_and_kbit_preparation, 1,843,712.  deepspeed.initialize then
+    # partitions each parameter in module order, its partition (here 1/2) made before its full data is freed:
+    # the first, the embedding, 512,000 / 2 = 256,000 beside the whole model: 2,099,712, the peak; each
+    # later one frees more than it makes.
+    doc = _doc(QLORA, framework="deepspeed", parallel={"zero_stage": 3})
+    doc["hardware"] = {"gpu": "A100-80GB", "num_gpus": 2}
+    ph = _phases(doc)
+    assert ph["load"].total == 2_099_712 and ph["load"].get(K.LOAD_STAGING) == 0
+    assert "peft preparation" not in ph
+
+
 def test_load_reserved_keeps_the_freed_blocks() -> None:
     tr = _step(_doc({"precision": "bf16-true"}, lifecycle={"load_dtype": "fp32"}))
     assert tr.context is not None and tr.layout is not None

@@ -25,14 +25,16 @@ def test_qlora_70b_on_two_rtx_4090_with_128_gib_of_host_ram() -> None:
     assert r.fits and r.chosen is not None
     s = r.chosen.setup
     # DDP keeps the whole 4-bit base on each GPU: the ladder's QLoRA rung needs 41.5 GiB of weights alone,
-    # over the 0.9 x 23.64 = 21.28 GiB usable; ZeRO-3 with parameters and optimizer on the CPU keeps only
-    # the live layer's parameters (0.9 GiB of weights) on the GPU
-    assert (s["framework"], s["zero_stage"], s["offload"], s["peft"], s["quantization"]) == \
-        ("deepspeed", 3, "optimizer+params", "qlora", "nf4-dq")
-    assert (s["micro_batch_size"], s["grad_accum_steps"]) == (2, 4)  # 2 GPUs x 2 x 4 = the 16 sequences
+    # over the 0.9 x 23.64 = 21.28 GiB usable.  DeepSpeed ZeRO-3 does too while the model loads: transformers
+    # quantizes a bitsandbytes model whole on every GPU and DeepSpeed partitions it only in
+    # deepspeed.initialize (docs/lifecycle.md, Load), so its load does not fit 24 GB either.  FSDP with
+    # parameters and optimizer on the CPU loads unit by unit and keeps the live unit on the GPU
+    assert (s["framework"], s["fsdp"], s["offload"], s["peft"], s["quantization"]) == \
+        ("accelerate", "full_shard", "optimizer+params", "qlora", "nf4-dq")
+    assert (s["micro_batch_size"], s["grad_accum_steps"]) == (1, 8)  # 2 GPUs x 1 x 8 = the 16 sequences
     assert r.chosen.report.verdict == "FITS"
     assert r.chosen.device_used_bytes <= int(23.64 * GiB * 0.9)
-    # host RAM: 21,622,398,976 B per GPU x 2 GPUs on the node = 43,244,797,952 B = 40.3 GiB <= 128 GiB
+    # host RAM: 23,517,970,432 B per GPU x 2 GPUs on the node = 47,035,940,864 B = 43.8 GiB <= 128 GiB
     assert r.chosen.host_offloaded_bytes_per_gpu * 2 <= 128 * GiB
 
 
@@ -48,11 +50,14 @@ def test_qlora_70b_on_two_a100_40gb() -> None:
     r = plan("llama-3-70b", "a100-40gb", 2, QLORA_70B)
     assert r.fits and r.chosen is not None
     s = r.chosen.setup
-    assert (s["framework"], s["zero_stage"], s["offload"], s["peft"]) == ("deepspeed", 3, "optimizer+params", "qlora")
-    assert (s["micro_batch_size"], s["grad_accum_steps"]) == (4, 2)  # 2 GPUs x 4 x 2 = 16
+    # ZeRO-3 would load the whole 4-bit model on each GPU first (above): 34 GiB of 70B weights plus the
+    # cached quantization copies, over the band's margin; FSDP with CPU offload loads unit by unit
+    assert (s["framework"], s["fsdp"], s["offload"], s["peft"]) == ("accelerate", "full_shard", "optimizer+params",
+                                                                    "qlora")
+    assert (s["micro_batch_size"], s["grad_accum_steps"]) == (2, 4)  # 2 GPUs x 2 x 4 = 16
     assert r.chosen.report.verdict == "FITS"
-    # about 31 GB per GPU (issue 17): 29.1 GiB of 0.9 x 39.39 = 35.45 GiB usable
-    assert 28 * GiB < r.chosen.device_used_bytes <= int(39.39 * GiB * 0.9)
+    # 26.9 GiB of 0.9 x 39.39 = 35.45 GiB usable
+    assert 25 * GiB < r.chosen.device_used_bytes <= int(39.39 * GiB * 0.9)
 
 
 def test_peft_space_has_the_sharding_and_offload_rungs() -> None:

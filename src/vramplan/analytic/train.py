@@ -39,6 +39,7 @@ from vramplan.analytic.terms.casts import CAST_ASSUMPTION, casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
 from vramplan.analytic.terms.gradients import has_tied_embedding_backward
 from vramplan.analytic.terms.layers import layer_activations
+from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
@@ -177,9 +178,11 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                else "peft >= 0.12 upcasts adapters; set software.peft for older versions, which kept the base dtype")
         out.append(f"PEFT: frozen base weights stored in {pol.half if pol.half != 'fp32' else 'fp32'}, "
                    f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half} ({why})")
-        if t.quantization != "none":
+        if t.quantization != "none" and fw != "lightning":  # Lit-GPT does not run peft's preparation
             out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "
                        "LM head) to fp32")
+        if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:
+            out.append(LITGPT_HEAD_NOTE)
     if m.moe is not None:
         if t.peft is not None and quantized_expert_loop(m, t.quantization):
             out.append("MoE experts quantized per expert by bitsandbytes and run one expert at a time, as "

@@ -7,7 +7,8 @@ its row's ``linear_bytes``.  Worked example (nf4-dq): a 7e9-weight model -> 7e9 
 
 Only linear weights are quantized; embeddings, norms and the LM head stay in the
 half dtype (bitsandbytes and GPTQ/AWQ skip ``lm_head`` by default; Lit-GPT under Lightning's
-bitsandbytes plugin quantizes its head too: analytic/inference.py).  A format sized matrix by matrix
+bitsandbytes plugin quantizes its head too: analytic/inference.py, and for training
+``StepContext.litgpt_head``).  A format sized matrix by matrix
 (``QuantFormat.per_matrix``: MXFP4's per-row blocks of 32 on the routed experts only, block-wise fp8's
 128 x 128 tiles) is summed over ``RankParams.linear_shapes``; MXFP4's expert biases are held in fp32 by
 both engines (``QuantFormat.expert_bias_dtype``).

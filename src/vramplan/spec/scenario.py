@@ -544,6 +544,15 @@ class Lifecycle(_Strict):
     Under state_dict_type full the optimizer's full state dict is gathered on the GPU after the model's
     (FSDP ``FullOptimStateDictConfig`` defaults to ``offload_to_cpu=False``; analytic/lifecycle/save.py)."""
 
+    quantize_at_init: bool | None = None
+    """The quantized linears are made on the GPU and quantized as they are built, then quantized again from the
+    checkpoint one linear at a time; null: on under lightning with a bitsandbytes 4-bit format (Lit-GPT).
+
+    Lit-GPT builds its model under ``fabric.init_module`` with Lightning's ``BitsandbytesPrecision``, whose
+    ``_Linear4bit`` quantizes in its constructor and again in a ``load_state_dict`` pre-hook (lit-gpt 8641822
+    ``finetune/lora.py``, lightning 71aed75 ``plugins/precision/bitsandbytes.py``); false: each linear arrives
+    once as a half-precision copy and is quantized there (analytic/lifecycle/load.py)."""
+
 
 def _version(text: str | None) -> tuple[int, ...] | None:
     """A release string as a comparable tuple: "4.43.2" -> (4, 43, 2); None stays None."""

@@ -103,6 +103,17 @@ def _assumptions(c: StepContext) -> list[str]:
                      "(Module._apply): the fp32 blocks stay cached",
         "quantize": "each linear as a half-precision copy on the GPU, quantized there by bitsandbytes "
                     "(Params4bit._quantize / Int8Params.cuda); the copies' blocks stay cached",
+        "litgpt": "Lit-GPT under Lightning's BitsandbytesPrecision: every linear, the LM head included (its own "
+                  "nn.Linear, made first), built on the GPU in the precision's dtype and quantized in its "
+                  "constructor beside a float16 copy, then quantized again from the checkpoint one linear at a time, "
+                  "a float16 copy beside the whole quantized model (lit-gpt 8641822 finetune/lora.py main, "
+                  "lit_gpt/utils.py load_checkpoint; lightning 71aed75 _Linear4bit._quantize_weight, "
+                  "_quantize_on_load_hook); set lifecycle.quantize_at_init false for a model built off the GPU",
+        "quantize-partition": "a bitsandbytes model under DeepSpeed ZeRO-3 is not built under zero.Init "
+                              "(transformers get_init_context: is_deepspeed_zero3_enabled() and not is_quantized): "
+                              "each rank quantizes the whole model on its GPU (Params4bit._quantize, device_map "
+                              "{'': current_device}), and deepspeed.initialize partitions it afterwards "
+                              "(zero.Init(module=...)); the freed blocks stay cached",
         "sharded": "unit by unit, full on the GPU only while it is sharded (FSDP flatten + shard; DeepSpeed "
                    "zero.Init with GatheredParameters per module)",
         "offloaded": "parameters offloaded: each unit passes through the GPU while it is partitioned to the host",

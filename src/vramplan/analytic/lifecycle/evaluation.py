@@ -22,9 +22,10 @@ their product), whichever is larger, plus the residual stream in and out of a la
 from __future__ import annotations
 
 from vramplan.analytic.events import StepLayout
+from vramplan.analytic.inference import litgpt_kv_bytes
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.terms.loss import standard_loss_tensors
+from vramplan.analytic.terms.loss import litgpt_head_dequant_bytes, standard_loss_tensors
 from vramplan.units import ceil_div
 
 __all__ = ["eval_batch_size", "eval_generates", "eval_runs", "evaluation_phase"]
@@ -65,10 +66,14 @@ def _head_tensors(c: StepContext, lay: StepLayout) -> tuple[int, int, int]:
 
 
 def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
-    """One no-grad forward's largest live tensors at ``batch`` sequences."""
+    """One no-grad forward's largest live tensors at ``batch`` sequences.  Lit-GPT's ``validate`` runs the head
+    unchunked (``model(input_ids)``), its 4-bit head dequantized beside the logits (terms/loss.py
+    ``litgpt_head_dequant_bytes``)."""
     mb = c.s.train.micro_batch_size
     tokens = ceil_div(batch * c.s.train.seq_len, c.s.parallel.cp)
     head = sum(_head_tensors(c, lay)) * batch // mb if lay.has_head else 0
+    if c.litgpt_head:
+        head = max(head, lay.logits * batch // mb + litgpt_head_dequant_bytes(c))
     mlp = tokens * lay.inter * lay.compute_bytes * (3 if lay.gated else 2)
     return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
 
@@ -86,11 +91,20 @@ def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]
 
 def _generation_bytes(c: StepContext, lay: StepLayout) -> int:
     """Lit-GPT's sample generation: a batch-1 KV cache over ``max_seq_length`` (the training sequence
-    length) in every layer of this rank, and one position's logits."""
+    length) in every layer of this rank, and one position's logits.
+
+    Under lightning the cache is Lit-GPT's (``model.set_kv_cache(batch_size=1)`` in ``validate``, lit-gpt
+    8641822): K and V expanded to every query head unless the model is multi-query (analytic/inference.py
+    ``litgpt_kv_bytes``), beside ``mask_cache``, a ``max_seq_length`` x ``max_seq_length`` bool ``torch.tril``;
+    the prompt's forward dequantizes a 4-bit head (``litgpt_head_dequant_bytes``)."""
     if not eval_generates(c):
         return 0
-    cache = 2 * len(lay.layers) * lay.kv_width * c.s.train.seq_len * lay.compute_bytes
-    return cache + c.m.vocab_size * lay.compute_bytes
+    seq, cb = c.s.train.seq_len, lay.compute_bytes
+    if c.framework == "lightning" and c.m.num_layers:
+        cache = litgpt_kv_bytes(c.m, 1, seq, cb, c.tp) * len(lay.layers) // c.m.num_layers + seq * seq
+        return cache + c.m.vocab_size * cb + litgpt_head_dequant_bytes(c)
+    cache = 2 * len(lay.layers) * lay.kv_width * seq * cb
+    return cache + c.m.vocab_size * cb
 
 
 def evaluation_phase(c: StepContext, lay: StepLayout, resident: Moment) -> Moment:

@@ -17,6 +17,32 @@ rest), as the library makes them:
   ``quantize_4bit(w)``; ``Int8Params.cuda``: ``B = self.data.contiguous().half().cuda(device)``,
   ``int8_vectorwise_quant(B)``); the half copy is freed into the cache.  The half dtype is the one the
   script passes, float16 when it passes none (transformers ``Bnb4BitHfQuantizer.update_torch_dtype``).
+* **Lit-GPT, quantized as built** (``lifecycle.quantize_at_init``, true by default under ``framework:
+  lightning`` with a bitsandbytes 4-bit format): Lit-GPT's finetune scripts build the model under
+  ``fabric.init_module(empty_init=(devices > 1))`` (lit-gpt 8641822 ``finetune/lora.py`` ``main``), which
+  enters the GPU as the default device, the precision's dtype, and Lightning's class replacement of
+  ``torch.nn.Linear`` (``BitsandbytesPrecision.init_context``, lightning 71aed75 ``plugins/precision/
+  bitsandbytes.py``), so every linear, the LM head included (``lit_gpt/lora.py`` ``GPT.__init__`` makes
+  ``lm_head`` first, its own ``nn.Linear`` even where the checkpoint ties it), is made on the GPU in that
+  dtype and quantized in its constructor (``_Linear4bit.__init__`` -> ``_quantize_weight``:
+  ``w = weight.contiguous().to(device="cuda", dtype=torch.half)``, ``quantize_4bit(w)``): its half weight,
+  the float16 copy (none when the dtype is float16) and the 4-bit result live together, one linear at a
+  time.  ``load_checkpoint`` (``lit_gpt/utils.py``: ``lazy_load`` then ``model.load_state_dict``) then
+  quantizes every linear again from the checkpoint, in module order (``_quantize_on_load_hook``: the CPU
+  tensor's float16 copy on the GPU, a new 4-bit result, then the old one freed), beside the whole
+  quantized model: the load peaks at the largest linear's float16 copy there, the LM head's first.
+  Whether a quantized linear or the whole model's half weights are ever on the GPU together: no, one
+  linear at a time in both passes.
+* **quantized, then partitioned** (a bitsandbytes base under DeepSpeed ZeRO-3): transformers does not build a
+  quantized model under ``deepspeed.zero.Init`` (``get_init_context``: ``if is_deepspeed_zero3_enabled() and
+  not is_quantized``: a quantized model is made on the meta device instead; PR huggingface/transformers#32640
+  keeps that exclusion; bitsandbytes issue #1249), and the bitsandbytes quantizer puts it on the process's GPU
+  (``update_device_map``: ``{"": torch.cuda.current_device()}``): every rank quantizes the whole model on
+  its GPU, one linear at a time as above.  DeepSpeed partitions it only in ``deepspeed.initialize``
+  (``DeepSpeedZeRoOffload._convert_to_zero_parameters`` -> ``zero.Init(module=...)``: each parameter's
+  partition allocated, then its full data freed), so the load peaks at the whole quantized model, whose
+  blocks stay cached (peft issue #1844: with QLoRA "parameters first be fully loaded to each GPU and then be
+  sharded", without quantization sharded first).
 * **sharded** (FSDP, ZeRO-3): each unit's full parameters are on the GPU only while it is sharded.  FSDP
   moves a unit to the GPU, flattens it (``FlatParamHandle.flatten_tensors``: ``torch.cat``) and keeps its
   shard (``FlatParamHandle.shard``); DeepSpeed's ``zero.Init`` partitions each parameter as it is made
@@ -35,7 +61,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from vramplan.analytic.layout import count_on_rank, split_on_rank
+from vramplan.analytic.inference import litgpt_head_params
+from vramplan.analytic.layout import BNB_4BIT_FORMATS, BNB_FORMATS, count_on_rank, split_on_rank
 from vramplan.analytic.lifecycle.stream import PhaseStream, StreamPeak
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.context import StepContext
@@ -43,8 +70,8 @@ from vramplan.analytic.weights import quantized_linear_bytes
 from vramplan.spec.model import ParamGroup
 from vramplan.units import ceil_div
 
-__all__ = ["LoadPlan", "LoadTensor", "host_load_bytes", "load_mode", "load_peaks", "load_plan", "prepares_kbit",
-           "rank_tensors"]
+__all__ = ["LoadPlan", "LoadTensor", "host_load_bytes", "litgpt_tensors", "load_mode", "load_peaks", "load_plan",
+           "partitions_after_load", "prepares_kbit", "quantizes_at_init", "rank_tensors"]
 
 # transformers' save_pretrained(max_shard_size="5GB") default: a checkpoint is read one shard at a time
 CHECKPOINT_SHARD_BYTES = 5 * 10**9
@@ -60,6 +87,7 @@ class LoadTensor:
     out_features: int
     unit: int
     quantized: bool
+    head: bool = False  # transformers' untied LM head
 
 
 def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
@@ -83,7 +111,8 @@ def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: i
         rows = max(1, p.out_features * each // p.numel) if p.out_features else 1
         quant = quantized and bool(p.layer_span) and p.role in ("linear", "expert") and p.in_features > 0
         if not p.layer_span:
-            (first if p.role in ("embedding", "position") else last).append(LoadTensor(each, rows, -1, False))
+            (first if p.role in ("embedding", "position") else last).append(
+                LoadTensor(each, rows, -1, False, p.role == "lm_head"))
             continue
         held = [j for j in p.layer_span if j in lset]
         for j in held:
@@ -91,12 +120,45 @@ def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: i
     return (*first, *(t for j in layers for t in per_layer[j]), *last)
 
 
+def litgpt_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
+    """Lit-GPT's tensors in the order its ``GPT.__init__`` makes them and ``load_state_dict`` visits them: the LM
+    head first (its own quantized ``nn.Linear``, ``litgpt_head_params``), then the embedding, the layers, the
+    final norm (``rank_tensors`` without the transformers head)."""
+    m = c.m
+    head = litgpt_head_params(m, c.rp.lm_head, c.tp) if c.rp.has_lm_head else 0
+    rows = max(1, head // m.hidden_size)
+    rest = tuple(t for t in rank_tensors(c) if not t.head)
+    return ((LoadTensor(head, rows, -1, True),) if head else ()) + rest
+
+
+def quantizes_at_init(c: StepContext) -> bool:
+    """Lit-GPT's path (``lifecycle.quantize_at_init``; null: on under lightning with a bitsandbytes 4-bit
+    format, off elsewhere): every linear made on the GPU and quantized as it is built, then again from the
+    checkpoint.  Unsharded only (Lit-GPT refuses quantization with more than one device)."""
+    flag = c.s.lifecycle.quantize_at_init
+    on = flag if flag is not None else c.framework == "lightning"
+    return on and c.quant in BNB_4BIT_FORMATS and not c.offload_params and c.shards[2] == 1
+
+
+def partitions_after_load(c: StepContext) -> bool:
+    """A bitsandbytes base under DeepSpeed ZeRO-3 loaded by transformers: quantized whole on every GPU, then
+    partitioned by ``deepspeed.initialize`` (mode quantize-partition)."""
+    par = c.s.parallel
+    return (c.quant in BNB_FORMATS and par.zero_stage == 3 and par.fsdp == "none"
+            and c.framework not in ("lightning", "torchtitan") and c.shards[2] > 1)
+
+
 def load_mode(c: StepContext) -> str:
-    """direct | fp32-cast | quantize | sharded | offloaded: how this rank's parameters reach the GPU."""
+    """direct | fp32-cast | quantize | litgpt | quantize-partition | sharded | offloaded: how this rank's
+    parameters reach the GPU."""
+    if partitions_after_load(c):
+        return "quantize-partition"
     if c.offload_params:
         return "offloaded"
     if c.shards[2] > 1:
         return "sharded"
+    if quantizes_at_init(c):
+        return "litgpt"
     if c.quant != "none":
         return "quantize"
     if c.s.lifecycle.load_dtype == "fp32" and _held_bytes(c) < 4:
@@ -129,13 +191,26 @@ class LoadPlan:
     shard_p: int
     per_tensor: bool  # DeepSpeed: gathered per parameter, not per unit
     prepares: bool
+    # Lit-GPT (mode litgpt): each quantized tensor's weight as its constructor makes it (the precision's
+    # dtype) and its float16 copy there (0 where that dtype is float16: ``.to`` returns the tensor itself)
+    init: tuple[int, ...] = ()
+    init_copy: tuple[int, ...] = ()
+    offloaded: bool = False  # quantize-partition: the partitions live on the host
 
 
 def load_plan(c: StepContext) -> LoadPlan:
-    tensors = rank_tensors(c)
     mode, held = load_mode(c), _held_bytes(c)
+    tensors = litgpt_tensors(c) if mode == "litgpt" else rank_tensors(c)
     sizes = tuple(_tensor_bytes(c, t, held) for t in tensors)
-    if mode == "quantize":
+    init: tuple[int, ...] = ()
+    init_copy: tuple[int, ...] = ()
+    if mode == "litgpt":
+        # the checkpoint pass: a float16 copy of each CPU checkpoint weight (lazy_load) on the GPU
+        staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
+        init = tuple(t.numel * held if t.quantized else 0 for t in tensors)
+        copy = 0 if c.pol.half == "fp16" and held == HALF else HALF
+        init_copy = tuple(t.numel * copy if t.quantized else 0 for t in tensors)
+    elif mode in ("quantize", "quantize-partition"):
         staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
     elif mode == "fp32-cast":
         staging = tuple(t.numel * 4 for t in tensors)
@@ -143,7 +218,29 @@ def load_plan(c: StepContext) -> LoadPlan:
         staging = (0,) * len(tensors)
     return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
                     tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
-                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c))
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy, c.offload_params)
+
+
+def _litgpt(st: PhaseStream, plan: LoadPlan) -> list[int]:
+    """Lit-GPT: each tensor made as ``GPT.__init__`` builds it (a quantized one with its half weight and
+    float16 copy beside its 4-bit result until its constructor returns), then each quantized tensor again
+    from the checkpoint (its float16 copy, the new 4-bit result, then the copy and the old result freed)."""
+    ids = []
+    for n, made, copy in zip(plan.sizes, plan.init, plan.init_copy, strict=True):
+        weight = st.alloc(K.LOAD_STAGING, made)
+        half = st.alloc(K.LOAD_STAGING, copy)
+        ids.append(st.alloc(K.PARAMETERS, n))
+        st.free(half)
+        st.free(weight)
+    for i, (n, half_bytes) in enumerate(zip(plan.sizes, plan.staging, strict=True)):
+        if not half_bytes:
+            continue
+        half = st.alloc(K.LOAD_STAGING, half_bytes)
+        new = st.alloc(K.PARAMETERS, n)
+        st.free(ids[i])  # params4bit.data = w_4bit
+        st.free(half)  # w, on return
+        ids[i] = new
+    return ids
 
 
 def _per_tensor(st: PhaseStream, plan: LoadPlan) -> list[int]:
@@ -187,6 +284,15 @@ def _sharded(st: PhaseStream, plan: LoadPlan, keep: bool) -> None:
             st.free(bid)
 
 
+def _partition(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
+    """DeepSpeed partitions each loaded parameter in turn: its partition (on the GPU unless parameters are
+    offloaded) made, then its full data freed (``partition_parameters.py`` ``_partition_param``)."""
+    for n, bid in zip(plan.sizes, ids, strict=True):
+        if not plan.offloaded:
+            st.alloc(K.PARAMETERS, ceil_div(n, plan.shard_p))
+        st.free(bid)
+
+
 def _prepare(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
     """k-bit preparation's fp32 casts, after the load wrote ``ids``."""
     st.mark()
@@ -205,7 +311,9 @@ def load_peaks(plan: LoadPlan) -> tuple[StreamPeak, StreamPeak | None]:
     if plan.mode in ("sharded", "offloaded"):
         _sharded(st, plan, keep=plan.mode == "sharded")
         return st.peak(), None
-    ids = _per_tensor(st, plan)
+    ids = _litgpt(st, plan) if plan.mode == "litgpt" else _per_tensor(st, plan)
+    if plan.mode == "quantize-partition":
+        _partition(st, plan, ids)
     load = st.peak()
     if not plan.prepares:
         return load, None

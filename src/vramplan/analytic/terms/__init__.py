@@ -50,6 +50,7 @@ TERMS: tuple[TermFn, ...] = (
     sharding.gathered,                # ZeRO-3/FSDP all-gathered units
     gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter
     loss.loss,                        # logits and loss
+    loss.litgpt_head_dequant,         # Lit-GPT's 4-bit LM head dequantized per chunk
     loss.layer_forward,               # a head-less stage's last layer forward
     gradients.tied_embedding,         # tied embedding gradient contributions
     optimizer_state.step_temporary,   # optimizer.step() temporaries

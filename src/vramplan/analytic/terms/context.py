@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.inference import litgpt_head_params
 from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
     BNB_FORMATS,
@@ -197,6 +198,19 @@ class StepContext:
     def last(self) -> bool:
         """This stage holds the LM head (and the loss)."""
         return self.stage == self.pp - 1
+
+    @cached_property
+    def litgpt_head(self) -> int:
+        """Elements of Lit-GPT's 4-bit LM head on this rank; 0 outside Lit-GPT with a bitsandbytes 4-bit base.
+
+        Lit-GPT's ``GPT.__init__`` makes ``lm_head`` as its own ``nn.Linear`` (even where the checkpoint ties it
+        to the embedding, as Falcon's does), and Lightning's ``BitsandbytesPrecision`` replaces every
+        ``torch.nn.Linear`` made under ``fabric.init_module`` (``ignore_modules`` empty: Lit-GPT passes none),
+        so the head is quantized like the decoder's linears (lit-gpt 8641822 ``lit_gpt/lora.py``, lightning
+        71aed75 ``plugins/precision/bitsandbytes.py``; analytic/inference.py, Lit-GPT section)."""
+        if not (self.framework == "lightning" and self.quant in BNB_4BIT_FORMATS and self.last):
+            return 0
+        return litgpt_head_params(self.m, self.rp.lm_head, self.tp)
 
     @cached_property
     def tokens(self) -> int:

@@ -24,7 +24,15 @@ from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, mlp
 from vramplan.units import ceil_div
 
-__all__ = ["kernel_loss", "layer_forward", "loss", "standard_loss_tensors"]
+__all__ = ["LITGPT_HEAD_NOTE", "kernel_loss", "layer_forward", "litgpt_head_dequant", "litgpt_head_dequant_bytes", "loss",
+           "standard_loss_tensors"]
+
+LITGPT_HEAD_NOTE = (
+    "Lit-GPT: its own LM head (an nn.Linear, held even where the checkpoint ties it) is quantized by Lightning's "
+    "BitsandbytesPrecision like the other linears, and bitsandbytes dequantizes it for each 128-token chunk's "
+    "matmul, forward and backward (MatMul4Bit: F.dequantize_4bit(B, state).to(A.dtype), fp16 then the compute "
+    "dtype); the head's backward also holds every chunk's logits and their gradients (lit-gpt 8641822 "
+    "finetune/lora.py train, lit_gpt/utils.py chunked_cross_entropy; lightning 71aed75; bitsandbytes 0.41.1)")
 
 
 def vocab_on_rank(c: StepContext) -> int:
@@ -49,6 +57,47 @@ def loss(c: StepContext) -> list[Term]:
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
             Term(K.LOSS_BACKWARD, lt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.loss_gradients")]
+
+
+def litgpt_head_dequant_bytes(c: StepContext) -> int:
+    """Lit-GPT's 4-bit LM head dequantized for one matmul: float16 (the dtype Lightning quantized it from),
+    then its copy in the compute dtype (none when that is float16), alive together during the cast."""
+    n = c.litgpt_head
+    return n * 2 + (0 if c.pol.half == "fp16" else n * c.pol.compute_bytes)
+
+
+def litgpt_head_dequant(c: StepContext) -> list[Term]:
+    """Lit-GPT's 4-bit LM head dequantized for its matmul (``StepContext.litgpt_head``), beyond the loss's
+    own tensors at the same points: a bound of each moment, not an allocation (the event stream reads
+    neither record).
+
+    lit-gpt 8641822 ``finetune/lora.py`` ``train`` runs ``logits = model(input_ids, lm_head_chunk_size=128)``
+    (the head per chunk of 128 tokens), ``chunked_cross_entropy`` per chunk, then the backward with the list
+    ``logits`` still held.  Each chunk's ``MatMul4Bit`` (bitsandbytes 0.41.1 ``autograd/_functions.py``)
+    computes ``F.dequantize_4bit(B, state).to(A.dtype)``, forward and backward (``grad_A``): the head in the
+    dtype it was quantized from, float16 (Lightning's ``_quantize_weight``: ``weight.to(dtype=torch.half)``),
+    and its copy in the compute dtype (none when that is float16), ``dequant`` = N (2 + c) bytes.
+
+    * forward, at the last chunk's matmul: every chunk's logits (c V T) and ``dequant``;
+    * backward, at the head's first chunk: the logits (c V T), every chunk's gradient (c V T: the autograd
+      engine runs all the chunks' losses, created later, before the head's chunks) and ``dequant``.
+
+    Worked example, Falcon-40B (V 65,024, H 8,192, N = 532,676,608), bf16, 1 x 1,079 tokens: dequant
+    4 N = 2,130,706,432; logits 2 x 65,024 x 1,079 = 140,321,792; backward 2 x 140,321,792 + 2,130,706,432 =
+    2,411,350,016 B, beside the standard loss's backward record 6 x 140,321,792 = 841,930,752: 1,569,419,264 B
+    more.
+    """
+    if not c.litgpt_head or c.s.train.loss != "standard":
+        return []
+    cb = c.pol.compute_bytes
+    dequant = litgpt_head_dequant_bytes(c)
+    logits = cb * vocab_on_rank(c) * c.tokens
+    lt = standard_loss_tensors(c)
+    last = mlp(len(c.layer_specs) - 1)
+    return [Term(K.LOSS_FORWARD, max(0, logits + dequant - lt.forward_peak), FORWARD, LOSS,
+                 "logits.head_dequant_over_loss"),
+            Term(K.LOSS_BACKWARD, max(0, 2 * logits + dequant - lt.backward_peak), LOSS, last,
+                 "logits.head_dequant_over_loss_gradients")]
 
 
 def standard_loss_tensors(c: StepContext) -> LossTensors:

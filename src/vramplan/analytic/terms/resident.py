@@ -8,7 +8,7 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import KBIT_PREPARED, StepContext
-from vramplan.analytic.weights import weights_bytes
+from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.units import ceil_div
 
 __all__ = ["ddp_buckets", "offload_where", "parameter_bytes", "parameters", "workspaces"]
@@ -26,6 +26,10 @@ def parameter_bytes(c: StepContext) -> tuple[int, int]:
         return rp.total * pol.param_bytes, 0
     dense_bytes = pol.frozen_param_bytes
     base = weights_bytes(rp, dense_bytes, c.quant)
+    if c.litgpt_head:
+        # Lit-GPT's own head, quantized, in place of a half-precision (or, tied, absent) transformers head
+        base += quantized_linear_bytes(c.litgpt_head, c.litgpt_head // c.m.hidden_size, c.quant) \
+            - rp.lm_head * dense_bytes
     if c.quant != "none" and c.framework in KBIT_PREPARED:
         # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
         base += (rp.total - rp.linear) * (4 - dense_bytes)

@@ -91,6 +91,8 @@ def head_saved(c: StepContext) -> list[Term]:
     m, ctx = c.m, c.act
     # Liger's and CCE's kernels take the head's weight and the hidden states themselves: no nn.Linear saves
     # the head's input (what they keep is their loss term's, terms/loss.py)
-    head_input = c.peft is None and c.s.train.loss not in ("liger-fused-linear-ce", "cut-cross-entropy")
+    # Lit-GPT's 4-bit head under bitsandbytes < 0.43.2 keeps its input too (MatMul4Bit ctx.tensors = (A, B))
+    kbit_head = bool(c.litgpt_head) and c.act.kbit_saves_input
+    head_input = (c.peft is None or kbit_head) and c.s.train.loss not in ("liger-fused-linear-ce", "cut-cross-entropy")
     nbytes = (act.norm_saved_per_token(m, ctx) + (c.pol.compute_bytes * m.hidden_size if head_input else 0)) * c.tokens
     return [Term(K.SAVED, nbytes, FORWARD, mlp(len(c.layer_specs) - 1), "saved.head")]
