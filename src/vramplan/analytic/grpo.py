@@ -181,6 +181,8 @@ def grpo_assumptions(s: Scenario) -> list[str]:
          "after each generation) is not given a phase of its own: it holds no more than the training step's "
          "forward at the same batch"),
         "GRPO reward functions are assumed to run on the CPU (a reward model on the GPU is not modelled)",
+        ("GRPO: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "
+         "mask's few bytes and its attention kernel choice are not counted apart"),
     ]
     if "gradient_checkpointing" not in s.train.model_fields_set:
         out.append("GRPO: gradient_checkpointing full (GRPOConfig's default gradient_checkpointing=True)")
