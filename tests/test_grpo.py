@@ -191,3 +191,23 @@ def test_plan_refuses_grpo(tmp_path: Path) -> None:
     res = runner.invoke(app, ["plan", str(path)], env=ENV)
     assert res.exit_code == 2 and "train.objective" in res.stdout + res.stderr
     assert "plan searches supervised fine-tuning (sft) setups only" in res.stdout + res.stderr
+
+
+def test_trace_engine_refuses_grpo() -> None:
+    res = runner.invoke(app, ["estimate", "--model", "qwen2.5-0.5b", "--gpu", "A100-80GB", "--objective", "grpo",
+                              "--micro-batch-size", "8", "--engine", "trace"], env=ENV)
+    assert res.exit_code == 2 and "objective grpo is not traced" in res.stdout + res.stderr
+
+
+def test_v0_release_with_the_profiled_increase_rule_is_accepted() -> None:
+    # vLLM 0.7.3 (V0, memory_profiling: profiled_increase) charges only the engine's own increase: modelled
+    assert estimate(_doc(rollout={"vllm_version": "0.7.3"})).per_gpu.lifecycle["rollout"]["allocated_bytes"] > 0
+
+
+def test_measure_refuses_grpo() -> None:
+    from vramplan.measure.build import unsupported
+
+    r = resolve(_doc())
+    (problem,) = [p for p in unsupported(r, "cuda") if p.where == "train.objective"]
+    assert "supervised (sft) step" in problem.message
+    assert not [p for p in unsupported(resolve({**BASE, "train": {}}), "cuda") if p.where == "train.objective"]
