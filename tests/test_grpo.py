@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from vramplan.analytic.grpo import grpo_loss_tensors, policy_scenario
@@ -211,3 +213,17 @@ def test_measure_refuses_grpo() -> None:
     (problem,) = [p for p in unsupported(r, "cuda") if p.where == "train.objective"]
     assert "supervised (sft) step" in problem.message
     assert not [p for p in unsupported(resolve({**BASE, "train": {}}), "cuda") if p.where == "train.objective"]
+
+
+@settings(max_examples=12, deadline=None)
+@given(lo=st.sampled_from([0.1, 0.2, 0.3, 0.4]), step=st.sampled_from([0.05, 0.1, 0.3]),
+       sleep=st.sampled_from([1, 2]))
+def test_more_utilization_more_memory_and_sleep_never_adds(lo: float, step: float, sleep: int) -> None:
+    """The engine's KV pool grows with gpu_memory_utilization, so the rollout phase does; sleep mode frees the
+    engine's weights and KV cache during the step and changes nothing of the rollout."""
+    small = estimate(_doc(rollout={"gpu_memory_utilization": lo})).per_gpu.lifecycle
+    large = estimate(_doc(rollout={"gpu_memory_utilization": round(lo + step, 2)})).per_gpu.lifecycle
+    assert large["rollout"]["allocated_bytes"] > small["rollout"]["allocated_bytes"]
+    asleep = estimate(_doc(rollout={"gpu_memory_utilization": lo, "sleep_mode": sleep})).per_gpu.lifecycle
+    assert asleep["training step"]["allocated_bytes"] < small["training step"]["allocated_bytes"]
+    assert asleep["rollout"] == small["rollout"]
