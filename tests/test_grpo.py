@@ -99,6 +99,16 @@ def test_rollout_phase_by_hand() -> None:
     assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 32_377_226_209
 
 
+def test_scoring_phase_by_hand() -> None:
+    # one no-grad forward of 8 completions over 8 x 768 = 6,144 tokens:
+    #   head: logits 8 x 257 x 151,936 x 2 = 624,760,832 + one sequence's log_softmax 256 x 151,936 x 2
+    #   = 77,791,232 -> 702,552,064; the MLP's 6,144 x 4,864 x 2 x 3 = 179,306,496 is smaller
+    #   residual in and out: 2 x 6,144 x 896 x 4 (fp32 under autocast over fp32 parameters) = 44,040,192
+    # over the resident 5,945,432,576 and the engine between rollouts 992,259,840 + 24,240,586,752 +
+    # 1,041,529,569 = 26,274,376,161: 5,945,432,576 + 26,274,376,161 + 746,592,256 = 32,966,400,993
+    assert estimate(_doc()).per_gpu.lifecycle["scoring"]["allocated_bytes"] == 32_966_400_993
+
+
 def test_training_step_holds_the_engine_without_sleep_mode() -> None:
     r = resolve(_doc())
     step = train_step(Resolved(policy_scenario(r.scenario), r.model, r.gpu, ())).peak.total

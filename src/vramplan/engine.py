@@ -17,6 +17,7 @@ from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
 from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
+from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
@@ -125,8 +126,8 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
 
 def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     """A post-training job (train.objective: grpo): the policy's step (analytic/grpo.py), the reference model,
-    and the colocated rollout engine (serve/rollout.py) in every phase after the load, with the rollout
-    itself as a phase of its own (docs/rl.md)."""
+    and the colocated rollout engine (serve/rollout.py) in every phase after the load, with the rollout and
+    the scoring (analytic/lifecycle/scoring.py) as phases of their own (docs/rl.md)."""
     if problems := grpo_problems(r.scenario):
         raise ScenarioError(problems)
     pr = Resolved(policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
@@ -144,7 +145,8 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     res_bytes, how = _step_reserved(pr, tr, {**outside, "rollout": extra.total}, reserved)
     job = job_lifecycle(c, tr.layout, tr.terms, tr.moments)
     steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + extra.total)
-    phases = [steady, _rollout_phase(tr, ref, ro)] + [
+    scoring = scoring_phase(c, tr.layout, _plus(between_steps(tr.terms, "scoring"), extra))
+    phases = [steady, _rollout_phase(tr, ref, ro), PhasePeak("scoring", scoring, packed_reserved(scoring))] + [
         p if p.before_step else PhasePeak(p.name, _plus(p.moment, extra), p.reserved_bytes + extra.total)
         for p in job.phases]
     phases.sort(key=lambda p: LIFECYCLE_ORDER.index(p.name))

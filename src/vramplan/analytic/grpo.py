@@ -177,9 +177,9 @@ def grpo_assumptions(s: Scenario) -> list[str]:
          "shared": "GRPO reference model: the policy with its adapters disabled (PEFT): no second copy",
          "separate": "GRPO reference model: a second copy loaded like the policy (create_model_from_path with "
                      "model_init_kwargs), resident on every GPU"}[ref],
-        ("GRPO scoring (the old and reference log-probabilities, no-grad forwards of micro_batch_size completions "
-         "after each generation) is not given a phase of its own: it holds no more than the training step's "
-         "forward at the same batch"),
+        ("GRPO scoring: the old and reference log-probabilities as no-grad forwards of micro_batch_size "
+         "completions (the logits over the completion and one sequence's log_softmax, or one MLP), over what "
+         "stays between steps (analytic/lifecycle/scoring.py)"),
         "GRPO reward functions are assumed to run on the CPU (a reward model on the GPU is not modelled)",
         ("GRPO: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "
          "mask's few bytes and its attention kernel choice are not counted apart"),

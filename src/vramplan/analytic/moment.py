@@ -136,6 +136,9 @@ class K:
                     "the colocated vLLM engine's KV-cache blocks, sized by its gpu_memory_utilization")
     ROLLOUT_ACTIVATIONS = _k("activations", "rollout engine (vLLM) forward and sampler peak",
                              "the colocated vLLM engine's profiled forward/sampler peak, reached while it generates")
+    SCORING_FORWARD = _k("temporaries", "scoring forward (no grad)",
+                         "GRPO's old and reference log-probabilities: one no-grad forward of a micro-batch of "
+                         "completions (logits over the completion, or one MLP)")
     ROLLOUT_OTHER = _k("other", "rollout engine (vLLM) CUDA graphs and non-torch",
                        "the colocated vLLM engine's captured CUDA graphs and non-torch memory (kept while it sleeps)")
     # other
@@ -171,6 +174,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("evaluation", "evaluation inside training (no-grad forwards, kept logits, generation)"),
     Phase("checkpoint save", "building the checkpoint's state dict"),
     Phase("rollout", "RL post-training: the colocated engine generating the completions, between two steps"),
+    Phase("scoring", "RL post-training: no-grad forwards for the old and reference log-probabilities"),
 )
 _PHASE_NAMES = frozenset(p.name for p in PHASES)
 _BY_LABEL = {(k.part, k.label): k for k in KEYS}
