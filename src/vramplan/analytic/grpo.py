@@ -184,6 +184,11 @@ def grpo_assumptions(s: Scenario) -> list[str]:
         ("GRPO: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "
          "mask's few bytes and its attention kernel choice are not counted apart"),
     ]
+    if s.train.peft is not None and ro.colocate:
+        # VLLMGeneration.sync_weights merges the adapters into the base (peft merge_adapter), loads the merged
+        # weights into the engine and unmerges them: one linear's delta at a time
+        out.append("GRPO weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
+                   "counted (one linear's weight, small beside the rollout phase's engine)")
     if "gradient_checkpointing" not in s.train.model_fields_set:
         out.append("GRPO: gradient_checkpointing full (GRPOConfig's default gradient_checkpointing=True)")
     return out
