@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
+from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
-from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle
-from vramplan.analytic.moment import Moment
+from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
+from vramplan.analytic.lifecycle.scoring import scoring_phase
+from vramplan.analytic.lifecycle.steps import between_steps
+from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
@@ -26,6 +29,7 @@ from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock, ma
 from vramplan.report.band import with_band
 from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
+from vramplan.serve.rollout import RolloutMemory, rollout_memory
 from vramplan.spec.checks import capability_notes, ignored_sections
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
@@ -123,6 +127,75 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                    reserved=max(job_reserved, top.moment.total), lifecycle=(table, used.name))
 
 
+def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """A post-training job (train.objective: grpo): the policy's step (analytic/grpo.py), the reference model,
+    and the colocated rollout engine (serve/rollout.py) in every phase after the load, with the rollout and
+    the scoring (analytic/lifecycle/scoring.py) as phases of their own (docs/rl.md)."""
+    if problems := grpo_problems(r.scenario):
+        raise ScenarioError(problems)
+    pr = Resolved(policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    tr = train_step(pr)
+    c = tr.context
+    assert c is not None and tr.layout is not None  # one pipeline stage (grpo_problems refuses pp > 1)
+    ref = c.rp.total * c.pol.param_bytes if reference_kind(pr.scenario) == "separate" else 0
+    ro = None
+    if pr.scenario.rl.rollout.colocate:
+        # GRPOTrainer.__init__ loads the policy and the reference before it builds the engine
+        ro = rollout_memory(pr, between_steps(tr.terms, "rollout").get(K.PARAMETERS) + ref, ctx)
+    extra = _rl_extra(ref, ro)
+    outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
+               "managed": tr.managed_bytes}
+    res_bytes, how = _step_reserved(pr, tr, {**outside, "rollout": extra.total}, reserved)
+    job = job_lifecycle(c, tr.layout, tr.terms, tr.moments)
+    steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + extra.total)
+    scoring = scoring_phase(c, tr.layout, _plus(between_steps(tr.terms, "scoring"), extra))
+    phases = [steady, _rollout_phase(tr, ref, ro), PhasePeak("scoring", scoring, packed_reserved(scoring))] + [
+        p if p.before_step else PhasePeak(p.name, _plus(p.moment, extra), p.reserved_bytes + extra.total)
+        for p in job.phases]
+    phases.sort(key=lambda p: LIFECYCLE_ORDER.index(p.name))
+    table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
+    top = max(phases, key=lambda p: (p.moment.total, p is steady))
+    used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
+    host = Host(offloaded_bytes=tr.host_bytes + (ro.host_bytes if ro else 0), nvme_bytes=tr.nvme_bytes,
+                load_peak_bytes=job.host_load_bytes)
+    server = "GRPO rollout: vLLM server mode (rl.rollout.colocate: false): the engine runs on other GPUs"
+    server += ", nothing of it on this one"
+    notes = [*tr.assumptions, how, *job.assumptions, *grpo_assumptions(r.scenario), *(ro.assumptions if ro else [server])]
+    rep = _report(pr, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
+                  reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
+    return rep if ro is None or ro.starts else rep.model_copy(update={"fits": False})
+
+
+def _rl_extra(ref: int, ro: RolloutMemory | None) -> Moment:
+    """What the reference model and the rollout engine hold on the GPU during the training step."""
+    mo = Moment("").add(K.REFERENCE_WEIGHTS, ref)
+    if ro is not None:
+        held = ro.training_bytes
+        mo.add(K.ROLLOUT_WEIGHTS, held["weights"]).add(K.ROLLOUT_KV, held["kv_cache"])
+        mo.add(K.ROLLOUT_OTHER, held["other"])
+    return mo
+
+
+def _plus(mo: Moment, extra: Moment) -> Moment:
+    """``mo`` with ``extra``'s parts added (the phase kept)."""
+    out = mo.copy(mo.phase)
+    for part, rows in extra.parts.items():
+        for label, nbytes in rows.items():
+            d = out.parts.setdefault(part, {})
+            d[label] = d.get(label, 0) + nbytes
+    return out
+
+
+def _rollout_phase(tr: TrainResult, ref: int, ro: RolloutMemory | None) -> PhasePeak:
+    """The rollout: what the trainer keeps between steps (gradients set to None), the reference model, and the
+    engine generating (its weights, KV cache, profiled peak, graphs and non-torch memory)."""
+    mo = between_steps(tr.terms, "rollout").add(K.REFERENCE_WEIGHTS, ref)
+    if ro is not None:
+        mo.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
+        mo.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)
+    return PhasePeak("rollout", mo, packed_reserved(mo))
+
+
 def _phase_row(p: PhasePeak, outside: dict[str, int], capacity_bytes: int) -> dict[str, int]:
     """A phase's allocated, reserved and device-used bytes (before the step: no communicators, workspaces
     outside the allocator yet; only the CUDA context)."""
@@ -172,6 +245,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     ctx = choice.bytes
     task = r.scenario.task
     if task == "train":
+        if r.scenario.train.objective != "sft":
+            return with_band(_rl_train(r, reserved, ctx))
         return with_band(_train(r, reserved, ctx))
     if task == "inference":
         ir = inference_step(r)

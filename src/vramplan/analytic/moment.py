@@ -127,6 +127,20 @@ class K:
                        "full parameters gathered on this GPU while the checkpoint's state dict is built")
     SAVE_OPTIM_GATHERED = _k("optimizer_states", "gathered for checkpoint save",
                              "the full optimizer state dict gathered on this GPU while the checkpoint is built")
+    # RL post-training (train.objective: grpo; analytic/grpo.py, serve/rollout.py)
+    REFERENCE_WEIGHTS = _k("weights", "reference model",
+                           "the frozen reference model's parameters (a separate copy, loaded like the policy)")
+    ROLLOUT_WEIGHTS = _k("weights", "rollout engine (vLLM) weights",
+                         "the colocated vLLM engine's copy of the policy's weights")
+    ROLLOUT_KV = _k("kv_cache", "rollout engine (vLLM) KV cache",
+                    "the colocated vLLM engine's KV-cache blocks, sized by its gpu_memory_utilization")
+    ROLLOUT_ACTIVATIONS = _k("activations", "rollout engine (vLLM) forward and sampler peak",
+                             "the colocated vLLM engine's profiled forward/sampler peak, reached while it generates")
+    SCORING_FORWARD = _k("temporaries", "scoring forward (no grad)",
+                         "GRPO's old and reference log-probabilities: one no-grad forward of a micro-batch of "
+                         "completions (logits over the completion, or one MLP)")
+    ROLLOUT_OTHER = _k("other", "rollout engine (vLLM) CUDA graphs and non-torch",
+                       "the colocated vLLM engine's captured CUDA graphs and non-torch memory (kept while it sleeps)")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "
@@ -159,6 +173,8 @@ PHASES: tuple[Phase, ...] = (
     Phase("first step", "the first training step: optimizer states created at its optimizer.step()"),
     Phase("evaluation", "evaluation inside training (no-grad forwards, kept logits, generation)"),
     Phase("checkpoint save", "building the checkpoint's state dict"),
+    Phase("rollout", "RL post-training: the colocated engine generating the completions, between two steps"),
+    Phase("scoring", "RL post-training: no-grad forwards for the old and reference log-probabilities"),
 )
 _PHASE_NAMES = frozenset(p.name for p in PHASES)
 _BY_LABEL = {(k.part, k.label): k for k in KEYS}

@@ -134,6 +134,9 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
     if s.train.loss != "standard":
         return KERNEL_LOSS_NOTES[s.train.loss]
+    if s.train.objective == "grpo":
+        return ("loss as TRL's GRPOTrainer computes it: the policy's logits over the completion only, in the "
+                "compute dtype, and one log_softmax per sequence kept for the backward (analytic/grpo.py)")
     sw = s.software
     note = loss_release_note(family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only),
                              sw.transformers, m.family, fw, m.encoder_only)

@@ -61,6 +61,10 @@ RENAMED: dict[str, str] = {
     "serve.engine": "serve_engine",
     "serve.gguf.file": "gguf_file",
     "serve.gguf.quant": "gguf_quant",
+    # the rollout engine's settings share their leaves with serve's (and estimate's --engine)
+    "rl.rollout.engine": "rollout_engine",
+    "rl.rollout.gpu_memory_utilization": "rollout_gpu_memory_utilization",
+    "rl.rollout.vllm_version": "rollout_vllm_version",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

@@ -54,6 +54,13 @@ def _from_scenario(path: Path) -> dict[str, Any]:
         out["concurrency"] = sc.serve.max_num_seqs
     else:
         t = sc.train
+        if t.objective != "sft":
+            # the search builds supervised fine-tuning steps; a post-training job (its reference model and
+            # rollout engine) is another job, refused rather than planned as SFT
+            raise ScenarioError([Problem("train.objective", f"is {t.objective!r} in the scenario, but plan searches "
+                                         "supervised fine-tuning (sft) setups only (no reference model, no rollout "
+                                         "engine)", "check the setup with `vramplan estimate`, or remove "
+                                         "train.objective to plan the SFT job")])
         # techniques the search does not try (docs/planning.md): planning the job without them would answer
         # for another job, so they are refused rather than dropped
         unsearched = [(f"train.{k}", v) for k, v in (("loss", t.loss), ("liger_kernels", t.liger_kernels),

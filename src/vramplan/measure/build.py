@@ -66,6 +66,10 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
                            "(profiled weights + activations, then the KV cache fills the rest)",
                            "use task: inference to measure a generate() pass, or `vramplan estimate` for serve"))
         return out
+    if s.task == "train" and s.train.objective != "sft":
+        out.append(Problem("train.objective", f"measure runs a supervised (sft) step; objective {s.train.objective} "
+                           "needs TRL's trainer and its rollout engine", "measure inside your own GRPO run with the "
+                           "callbacks (docs/measure.md), or set train.objective: sft"))
     par = s.parallel
     if s.hardware.num_gpus > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1:
         out.append(Problem("hardware.num_gpus", "measure runs one process on one device",

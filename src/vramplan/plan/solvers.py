@@ -53,7 +53,14 @@ def _load(source: str | Path | dict[str, Any] | Scenario) -> tuple[Resolved, dic
         doc = source.model_dump(mode="json")
     else:
         doc = dict(source)
-    return resolve(doc), doc
+    r = resolve(doc)
+    if r.scenario.task == "train" and r.scenario.train.objective != "sft":
+        # the knobs solved (micro-batch, sequence length, GPU count) are the SFT step's; a post-training job's
+        # sequence is its prompt and completion and its batch a multiple of num_generations: not searched
+        raise ScenarioError([Problem("train.objective", f"is {r.scenario.train.objective!r}: solve searches "
+                                     "supervised fine-tuning (sft) jobs only",
+                                     "check the setup with `vramplan estimate`")])
+    return r, doc
 
 
 def _with(r: Resolved, section: str, **changes: Any) -> Resolved:

@@ -47,6 +47,9 @@ StateDictType = Literal["full", "full_offload", "sharded"]
 LossKernel = Literal["standard", "liger-fused-linear-ce", "cut-cross-entropy", "chunked"]
 ActivationOffload = Literal["none", "cpu"]
 TorchaoOffload = Literal["none", "optimizer", "optimizer+gradients"]
+Objective = Literal["sft", "dpo", "kto", "orpo", "grpo", "ppo", "rloo"]
+RolloutEngine = Literal["vllm", "hf-generate"]
+ReferenceModel = Literal["none", "shared", "separate"]
 
 
 class _Strict(BaseModel):
@@ -235,6 +238,14 @@ class Train(_Strict):
     ``torch.empty_like(p, device="cpu", pin_memory=True)`` for the parameter and its gradient; fused CPU AdamW per
     parameter; the gradient copied to the host by a post-accumulate-grad hook); docs/conventions.md, torchao
     CPU-offload optimizer."""
+    objective: Objective = "sft"
+    """What the step optimizes: sft (next-token cross-entropy, the default), or grpo (TRL's GRPOTrainer: a
+    policy step on completions sampled by a rollout engine, the ``rl`` section).  dpo, kto, orpo, ppo and rloo
+    are refused (not modelled yet).
+
+    TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's
+    ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
+    sequence is ``rl.rollout.max_prompt_len + max_completion_len`` tokens (docs/rl.md)."""
 
 
 class Inference(_Strict):
@@ -619,6 +630,71 @@ class Software(_Strict):
         return v is not None and v < (0, 43, 2)
 
 
+class Rollout(_Strict):
+    """The engine that samples the completions of an RL step (train.objective: grpo)."""
+
+    engine: RolloutEngine = "vllm"
+    """Who generates: vllm (TRL ``use_vllm=True``), or hf-generate (``model.generate``, refused: not modelled).
+
+    TRL v1.9.0 ``GRPOConfig.use_vllm`` (default False: the estimate asks for the engine by name)."""
+
+    colocate: bool = True
+    """vLLM inside the training process on the same GPUs (TRL ``vllm_mode="colocate"``, its default), or a
+    separate server on other GPUs (``vllm_mode="server"``: no rollout memory on the training GPUs).
+
+    TRL v1.9.0 ``GRPOConfig.vllm_mode``; ``trl/generation/vllm_generation.py`` ``VLLMGeneration``."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """Share of the GPU's total memory the colocated vLLM engine requests for its weights, profile peak and
+    KV cache (TRL ``vllm_gpu_memory_utilization``, default 0.3).
+
+    TRL v1.9.0 ``GRPOConfig.vllm_gpu_memory_utilization``, passed to ``vllm.LLM(gpu_memory_utilization=...)``
+    by ``VLLMGeneration``; vLLM sizes its KV cache from it as when serving (serve/vllm.py)."""
+
+    sleep_mode: Literal[0, 1, 2] = 0
+    """vLLM sleep mode between rollouts: 0 off (TRL ``vllm_enable_sleep_mode=False``, the default); 2 is what
+    TRL does when it is on (``llm.sleep(level=2)``: weights and KV cache discarded, weights reloaded from the
+    policy at the next sync); 1 offloads the weights to host memory and discards the KV cache.
+
+    TRL v1.9.0 ``trl/generation/vllm_generation.py`` (``self.llm.sleep(level=2)`` after each generate,
+    ``wake_up(tags=["weights"])`` in ``sync_weights``, ``wake_up(tags=["kv_cache"])`` before generate)."""
+
+    num_generations: int = Field(8, ge=2, le=1_000_000)
+    """Completions sampled per prompt (TRL ``num_generations``, default 8): the group of the group-relative
+    advantage.  micro_batch_size x data-parallel ranks x grad_accum_steps must be a multiple of it."""
+
+    max_prompt_len: int = Field(512, ge=1, le=100_000_000)
+    """Longest prompt, in tokens (TRL < 1.0 ``max_prompt_length``, default 512; TRL >= 1.0 no longer truncates
+    prompts, so give the dataset's longest)."""
+
+    max_completion_len: int = Field(256, ge=1, le=100_000_000)
+    """Longest completion, in tokens (TRL ``max_completion_length``, default 256): the policy's logits and
+    log-probabilities are computed over these positions only (``logits_to_keep``)."""
+
+    vllm_version: VllmVersion = "0.11"
+    """vLLM release of the colocated engine (its start-up rules, facts/vllm_releases.py)."""
+
+
+class Rl(_Strict):
+    """Reinforcement-learning post-training (train.objective: grpo): the reference model and the rollout."""
+
+    beta: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
+    """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19): with 0 no reference model is loaded.
+
+    TRL v1.9.0 ``GRPOTrainer.__init__``: ``if self.beta == 0.0: self.ref_model = None``."""
+
+    reference_model: ReferenceModel | None = None
+    """Where the reference log-probabilities come from: none, shared (the policy's base with its PEFT adapters
+    disabled: no second copy), or separate (a second copy of the model, loaded like the policy).  null: TRL's
+    rule (none when beta is 0, shared under PEFT, else separate); a value TRL would not use is refused.
+
+    TRL v1.9.0 ``GRPOTrainer.__init__`` (``elif is_peft_model(model): self.ref_model = None``, else
+    ``create_model_from_path`` with the policy's ``model_init_kwargs``)."""
+
+    rollout: Rollout = Field(default_factory=Rollout)
+    """The rollout engine."""
+
+
 class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
 
@@ -653,6 +729,9 @@ class Scenario(_Strict):
 
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
     """The job's phases around the steady training step (task train): load, evaluation, checkpoint save."""
+
+    rl: Rl = Field(default_factory=Rl)
+    """RL post-training (train.objective: grpo): reference model and rollout engine (docs/rl.md)."""
 
     offline: bool = Field(default=False, exclude=True)
     """Resolve a Hugging Face Hub id (owner/name[@revision]) from the local Hugging Face cache only, with no

@@ -23,6 +23,11 @@ def _untraced_train_options(t: Train) -> list[Problem]:
     """The training options the traced engine cannot run (each refused with its reason): the loss kernels,
     Liger's kernels (triton, a GPU), activation offloading (CUDA streams and pinned host memory)."""
     out = [p for p in (_untraced_loss(t.loss),) if p is not None]
+    if t.objective != "sft":
+        # the traced step is transformers' causal-LM loss over the whole sequence; GRPO's completion-only loss,
+        # its reference model and its rollout engine are the analytic engine's (analytic/grpo.py, serve/rollout.py)
+        out.append(Problem("train.objective", f"objective {t.objective} is not traced (the trace runs the SFT "
+                           "step only)", "use --engine analytic"))
     if t.liger_kernels:
         out.append(Problem("train.liger_kernels", "Liger's kernels are not traced: they are triton kernels, which "
                            "need a GPU and do not run on the meta device", "use --engine analytic"))

@@ -41,7 +41,8 @@ from vramplan.analytic.terms.context import StepContext
 __all__ = ["LIFECYCLE_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
 
 # the report's lifecycle phases, in the order a job runs them (the steady step's name is "training step")
-LIFECYCLE_ORDER = ("load", "peft preparation", "first step", "training step", "evaluation", "checkpoint save")
+LIFECYCLE_ORDER = ("load", "peft preparation", "first step", "rollout", "scoring", "training step", "evaluation",
+                   "checkpoint save")
 
 
 @dataclass(frozen=True)

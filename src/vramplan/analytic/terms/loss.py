@@ -4,6 +4,7 @@ temporaries at the end of its forward."""
 from __future__ import annotations
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.grpo import grpo_loss_tensors
 from vramplan.analytic.layout import gathers_logits
 from vramplan.analytic.logits import (
     TORCHTUNE_OUTPUT_CHUNKS,
@@ -53,6 +54,8 @@ def loss(c: StepContext) -> list[Term]:
     if not c.last:
         return []
     if c.s.train.loss != "standard":
+        return kernel_loss(c)
+    if c.s.train.objective == "grpo":
         return kernel_loss(c)
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
@@ -115,6 +118,9 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     """The bytes of ``train.loss``'s kernel (analytic/logits.py) for this stage's head."""
     m, pol, t = c.m, c.pol, c.s.train
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
+    if t.objective == "grpo":
+        # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
+        return grpo_loss_tensors(t.micro_batch_size, c.s.rl.rollout.max_completion_len, vocab, cb)
     if t.loss == "chunked":
         # torch.chunk over the sequence: chunks of ceil(s / 8) positions of every sequence
         chunk = t.micro_batch_size * ceil_div(ceil_div(t.seq_len, c.s.parallel.cp), TORCHTUNE_OUTPUT_CHUNKS)
@@ -137,7 +143,7 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
 
 
 def kernel_loss(c: StepContext) -> list[Term]:
-    """A loss kernel's bytes (``train.loss``): what it keeps from the forward to the backward, with its forward
+    """A loss kernel's bytes (``train.loss``, or GRPO's loss): what it keeps from the forward to the backward, with its forward
     temporaries at the forward's end and its backward buffers at the loss's backward.  Named apart from the
     standard loss's terms: the allocator's event stream reads their tensors as (kept, temporary)."""
     kt = kernel_loss_tensors(c)

@@ -1,0 +1,43 @@
+"""GRPO's scoring: the no-grad forwards after each generation (``train.objective: grpo``).
+
+TRL v1.9.0 ``GRPOTrainer._generate_and_score_completions``: under ``torch.no_grad()`` (with gradient
+checkpointing disabled, ``disable_gradient_checkpointing``) the policy computes the old log-probabilities
+(always with vLLM: "we always compute old_per_token_logps for importance sampling") and, with ``beta != 0``,
+the reference model (or the policy with its adapters disabled) the reference ones, each through
+``_get_per_token_logps_and_entropies(..., batch_size=per_device_train_batch_size)``: one chunk of
+``micro_batch_size`` completions at a time, no entropies.  One chunk's largest live tensors:
+
+* the head's: the logits over the completion, ``b (C + 1) V`` in the compute dtype, and one sequence's
+  ``log_softmax`` output (``C V``; ``selective_log_softmax`` gathers from it and drops it); or one MLP's
+  (gate, up and their product over ``b (P + C)`` tokens), whichever is larger;
+* the residual stream in and out of a layer.
+
+Nothing is saved for a backward.  The phase runs at the start of a step, after the previous step's
+``zero_grad``: over what the trainer keeps between steps, the reference model, and what the engine holds
+after generating (its share between rollouts: it sleeps again right after ``generate`` with sleep mode).
+"""
+
+from __future__ import annotations
+
+from vramplan.analytic.events import StepLayout
+from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.terms.context import StepContext
+from vramplan.units import ceil_div
+
+__all__ = ["scoring_forward_bytes", "scoring_phase"]
+
+
+def scoring_forward_bytes(c: StepContext, lay: StepLayout) -> int:
+    """One no-grad scoring forward's largest live tensors (module docstring)."""
+    t, ro = c.s.train, c.s.rl.rollout
+    b, comp = t.micro_batch_size, ro.max_completion_len
+    tokens = ceil_div(b * (ro.max_prompt_len + comp), c.s.parallel.cp)
+    vocab, cb = c.m.vocab_size, lay.compute_bytes
+    head = (b * (comp + 1) * vocab * cb + comp * vocab * cb) if lay.has_head else 0
+    mlp = tokens * lay.inter * cb * (3 if lay.gated else 2)
+    return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
+
+
+def scoring_phase(c: StepContext, lay: StepLayout, resident: Moment) -> Moment:
+    """The scoring's highest moment over ``resident`` (between steps, with the reference and the engine)."""
+    return resident.copy("scoring").add(K.SCORING_FORWARD, scoring_forward_bytes(c, lay))
