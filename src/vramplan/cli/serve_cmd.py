@@ -58,7 +58,16 @@ def _gib(n: float) -> str:
 
 
 
-def _int_list(text: str, option: str) -> list[int]:
+MAX_LIST_VALUES = 64  # rows or columns of one table
+
+
+def _int_list(text: str, option: str, high: int) -> list[int]:
+    """A comma-separated list of at most ``MAX_LIST_VALUES`` integers in [1, ``high``] (the scenario schema's
+    bound for the same quantity: train.seq_len / serve.max_model_len 100,000,000 tokens, inference.batch_size
+    1,000,000 sequences)."""
+    if len(text) > 4096:  # 64 values of 9 digits and their commas are about 640 characters
+        raise ScenarioError([Problem(option, f"a list of {len(text):,} characters", f"give at most "
+                                     f"{MAX_LIST_VALUES} values")])
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
@@ -66,6 +75,12 @@ def _int_list(text: str, option: str) -> list[int]:
                                      f"e.g. {option} 1024,4096")]) from None
     if not values or any(v < 1 for v in values):
         raise ScenarioError([Problem(option, f"{text!r}: values must be integers >= 1", f"e.g. {option} 1024,4096")])
+    if any(v > high for v in values):
+        raise ScenarioError([Problem(option, f"{max(values):,} is more than {high:,}",
+                                     f"give values in [1, {high:,}]")])
+    if len(values) > MAX_LIST_VALUES:
+        raise ScenarioError([Problem(option, f"{len(values):,} values; a table takes at most {MAX_LIST_VALUES}",
+                                     "give fewer values")])
     return values
 
 
@@ -276,8 +291,8 @@ def _kv(
     from vramplan.units import dtype_bits
 
     try:
-        seqs = _int_list(seq, "--seq")
-        batches = _int_list(batch, "--batch")
+        seqs = _int_list(seq, "--seq", 100_000_000)
+        batches = _int_list(batch, "--batch", 1_000_000)
         problems = []
         if kv_cache_dtype not in KV_DTYPES:
             problems.append(Problem("--kv-cache-dtype", f"{kv_cache_dtype!r} is not allowed", f"choose {', '.join(KV_DTYPES)}"))
