@@ -725,3 +725,19 @@ def test_a_huge_list_in_yaml_is_refused_before_parsing(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(f"model: gpt2\nhardware: {{gpu: A100}}\ntrain:\n  peft:\n    target_modules: [{items}]\n")
     code, _, err = run("estimate", str(tmp_path / "s.yaml"))
     assert code == 2 and "is larger than 1,048,576 bytes" in err, err
+
+
+def test_plan_global_batch_is_bounded_by_grad_accum() -> None:
+    # found by tests/test_fuzz.py: --global-batch 87,567,295 (under the old 100,000,000 option bound) made a
+    # candidate with grad_accum_steps 87,567,295 and pydantic's error for Train escaped from the search
+    from vramplan.plan.space import MAX_GLOBAL_BATCH
+    from vramplan.spec.scenario import Train
+
+    (le,) = [m.le for m in Train.model_fields["grad_accum_steps"].metadata if hasattr(m, "le")]
+    assert MAX_GLOBAL_BATCH == le
+    code, _, err = run("plan", "--model", "gpt2", "--gpu", "A100", "--seq-len", "128", "--global-batch", "87567295")
+    assert code == 2 and "global batch: 87,567,295 sequences per optimizer step; a plan takes at most 1,000,000" in err
+    # in tokens: 2**40 tokens of 1,024-token sequences are 2**30 = 1,073,741,824 sequences
+    code, _, err = run("plan", "--model", "gpt2", "--gpu", "A100", "--seq-len", "1024", "--global-batch-tokens",
+                       str(2**40))
+    assert code == 2 and "global batch: 1,073,741,824 sequences" in err, err

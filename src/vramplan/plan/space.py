@@ -49,6 +49,11 @@ __all__ = [
     "train_candidates",
 ]
 
+# The largest global batch in sequences a plan takes: with a micro-batch of one on one data-parallel rank it
+# is all gradient accumulation, so it is train.grad_accum_steps' bound in the scenario schema (spec/scenario.py,
+# Train: le=1_000_000; tests/test_hostile_input.py checks the two agree)
+MAX_GLOBAL_BATCH = 1_000_000
+
 PeftPolicy = Literal["none", "allow", "only", "lora", "qlora"]
 
 
@@ -90,6 +95,11 @@ class TrainJob:
         if n < 1:
             raise ScenarioError([Problem("global batch", "no global batch given (or it is below one sequence)",
                                          "give --global-batch SEQUENCES or --global-batch-tokens TOKENS")])
+        if n > MAX_GLOBAL_BATCH:
+            # every candidate's grad_accum_steps (n / (dp x micro-batch), up to n) must meet the schema's bound
+            raise ScenarioError([Problem("global batch", f"{n:,} sequences per optimizer step; a plan takes at most "
+                                         f"{MAX_GLOBAL_BATCH:,} (train.grad_accum_steps' bound)",
+                                         "give a smaller --global-batch or --global-batch-tokens")])
         return n
 
     def full_ft_allowed(self) -> bool:
