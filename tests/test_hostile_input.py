@@ -741,3 +741,17 @@ def test_plan_global_batch_is_bounded_by_grad_accum() -> None:
     code, _, err = run("plan", "--model", "gpt2", "--gpu", "A100", "--seq-len", "1024", "--global-batch-tokens",
                        str(2**40))
     assert code == 2 and "global batch: 1,073,741,824 sequences" in err, err
+
+
+@pytest.mark.parametrize(("job", "needle"), [
+    ({"seq_len": 10**12, "global_batch": 4}, "train.seq_len: must be less than or equal to 100000000"),
+    ({"seq_len": 128, "global_batch": 4, "peft": "lora", "lora_alpha": math.nan}, "train.peft.alpha: nan is not a finite"),
+    ({"seq_len": 128, "global_batch": 4, "peft": "lora", "lora_rank": 10**6}, "train.peft.rank: must be less than"),
+    ({"seq_len": 128, "global_batch": 10**7}, "global batch: 10,000,000 sequences"),
+])
+def test_api_plan_raises_the_package_error(job: dict[str, Any], needle: str) -> None:
+    # pydantic's ValidationError escaped from inside the search before
+    from vramplan.plan import TrainJob, plan
+
+    with pytest.raises(ScenarioError, match=needle.replace("(", r"\(")):
+        plan("gpt2", "A100", "1", TrainJob(**job))

@@ -80,6 +80,7 @@ class TrainJob:
         """Global batch in sequences (validated)."""
         if self.seq_len < 1:
             raise ScenarioError([Problem("seq_len", f"must be at least 1, got {self.seq_len}", "")])
+        self._check_schema()
         if self.global_batch is not None and self.global_batch_tokens is not None:
             raise ScenarioError([Problem("global batch", "give the global batch in sequences or in tokens, not both",
                                          "drop --global-batch-tokens or --global-batch")])
@@ -101,6 +102,14 @@ class TrainJob:
                                          f"{MAX_GLOBAL_BATCH:,} (train.grad_accum_steps' bound)",
                                          "give a smaller --global-batch or --global-batch-tokens")])
         return n
+
+    def _check_schema(self) -> None:
+        """The job's scenario fields meet the scenario schema's bounds (a candidate is a scenario: a value past
+        them raised pydantic's error from inside the search, not the package's)."""
+        from vramplan.spec.load import parse_scenario
+
+        parse_scenario({"model": "checked by the plan", "train": {
+            "seq_len": self.seq_len, "peft": {"rank": self.lora_rank, "alpha": self.lora_alpha}}})
 
     def full_ft_allowed(self) -> bool:
         return self.peft in ("none", "allow")
