@@ -755,3 +755,26 @@ def test_api_plan_raises_the_package_error(job: dict[str, Any], needle: str) -> 
 
     with pytest.raises(ScenarioError, match=needle.replace("(", r"\(")):
         plan("gpt2", "A100", "1", TrainJob(**job))
+
+
+def _at(doc: Any, path: str) -> Any:
+    for key in path.split("."):
+        doc = doc[int(key)] if isinstance(doc, list) else doc[key]
+    return doc
+
+
+@pytest.mark.parametrize(("args", "path", "value"), [
+    (["estimate", "lora-llama3-8b-a10g.yaml", "--micro-batch-size", "3"], "scenario.train.micro_batch_size", 3),
+    (["serve", "llama3-8b-serve-h100.yaml", "--max-model-len", "1024"], "vllm.max_model_len", 1024),
+    (["generate", "llama2-7b-inference-a100.yaml", "--batch-size", "3"], "report.scenario.inference.batch_size", 3),
+    (["solve", "max-batch", "gpt2-eager-fp32-t4.yaml", "--seq-len", "128"], "report.scenario.train.seq_len", 128),
+    (["plan", "lora-llama3-8b-a10g.yaml", "--seq-len", "512"], "job.seq_len", 512),
+    (["compare", "lora-llama3-8b-a10g.yaml", "qlora-7b-rtx4090.yaml", "--seq-len", "256"],
+     "reports.1.scenario.train.seq_len", 256),
+])
+def test_every_scenario_command_takes_a_file_and_flags(args: list[str], path: str, value: Any) -> None:
+    # the file's value (micro-batch 1, max_model_len 8,192, batch 8, seq_len 1,024 in the others) is replaced by the option's
+    args = [str(ROOT / "examples" / a) if a.endswith(".yaml") else a for a in args]
+    code, out, err = run(*args, "--json")
+    assert code in (0, 1), err
+    assert _at(json.loads(out), path) == value
