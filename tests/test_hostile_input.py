@@ -522,6 +522,14 @@ def test_trace_progress_on_a_terminal(terminal_stderr: Any) -> None:
     assert "tracing the model on the meta device" in terminal_stderr.getvalue()
 
 
+def test_measure_progress_on_a_terminal(terminal_stderr: Any) -> None:
+    pytest.importorskip("torch", reason="measure runs a real step with torch")
+    res = runner.invoke(app, ["measure", "--model", "gpt2", "--gpu", "A100", "--layers", "1", "--seq-len", "16",
+                              "--device", "cpu"], env=TERMINAL)
+    assert res.exit_code in (0, 1), res.stderr
+    assert "running one step" in terminal_stderr.getvalue()
+
+
 def test_compare_highlights_the_differences() -> None:
     # FORCE_COLOR makes rich write its styles (ANSI SGR codes) although the runner's stdout is no terminal
     res = runner.invoke(app, ["compare", "--model", "llama-3-8b", "--gpu", "A100", "--peft", "lora",
