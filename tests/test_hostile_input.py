@@ -786,3 +786,17 @@ def test_every_scenario_command_takes_a_file_and_flags(args: list[str], path: st
     code, out, err = run(*args, "--json")
     assert code in (0, 1), err
     assert _at(json.loads(out), path) == value
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    # int(float('1e400') * 10**9) raised OverflowError
+    (["measure", "--model", "gpt2", "--gpu", "A100", "--max-cpu-bytes", "1e400GB"],
+     "--max-cpu-bytes: '1e400GB' is beyond any machine's memory"),
+    # an empty name fell back to the default workload, --tp 0 to one GPU
+    (["simulate", "--capacity-tokens", "100000", "--requests", "10", "--workload", ""], "--workload: unknown workload ''"),
+    (["simulate", "--model", "gpt2", "--gpu", "A100", "--requests", "10", "--max-model-len", "1024", "--tp", "0"],
+     "--tp: 0 is outside [1, 1,024]"),
+])
+def test_sizes_and_empty_names_that_fell_back_silently(args: list[str], needle: str) -> None:
+    code, _, err = run(*args)
+    assert code == 2 and needle in err, err

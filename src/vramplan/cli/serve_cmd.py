@@ -434,6 +434,7 @@ def _simulate(
             problems.append(Problem("--capacity-tokens", "give --capacity-tokens or --model/--gpu, not both", ""))
         problems += _simulate_bounds(requests, rate, capacity_tokens, gpu_memory_utilization, block_size,
                                      max_model_len, max_num_seqs, max_num_batched_tokens, shared_prefix)
+        problems += number_problems("--tp", tp, 1, 1024)  # as serve's and kv's (0 fell back to 1)
         guard_input("--csv", csv, MAX_CSV_BYTES)
         guard_output("--plot", plot, _FIGURE_SUFFIXES, ".png, .svg or .pdf")
         if problems:
@@ -444,7 +445,7 @@ def _simulate(
                                                                    block_size, max_model_len, max_num_seqs,
                                                                    max_num_batched_tokens)
         trace = load_csv(csv, rate=rate, seed=seed) if csv is not None else synthesize(
-            workload or "sharegpt", requests, seed=seed, rate=rate)
+            "sharegpt" if workload is None else workload, requests, seed=seed, rate=rate)
         if len(trace) > MAX_SIM_REQUESTS:
             raise ScenarioError([Problem("--csv", f"{len(trace):,} requests; a simulation replays at most "
                                          f"{MAX_SIM_REQUESTS:,}", "use the first rows, or a sample")])
