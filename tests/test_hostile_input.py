@@ -815,3 +815,15 @@ def test_every_scenario_command_takes_a_file_and_flags(args: list[str], path: st
 def test_sizes_and_empty_names_that_fell_back_silently(args: list[str], needle: str) -> None:
     code, _, err = run(*args)
     assert code == 2 and needle in err, err
+
+
+def test_yaml_tags_never_run_code(tmp_path: Path) -> None:
+    # the security check, kept: yaml.safe_load constructs no Python object from a tag
+    marker = tmp_path / "ran"
+    tag = f'!!python/object/apply:os.system ["touch {marker}"]'
+    (tmp_path / "s.yaml").write_text(f"model: {tag}\nhardware: {{gpu: A100}}\n")
+    (tmp_path / "d.yaml").write_text(f"- {tag}\n")
+    for args in (["estimate", str(tmp_path / "s.yaml")], ["validate", str(tmp_path / "d.yaml")]):
+        code, _, err = run(*args)
+        assert code == 2 and "Traceback" not in err and "could not determine a constructor" in err, (args, err)
+    assert not marker.exists()
