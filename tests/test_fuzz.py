@@ -3,18 +3,23 @@ leaves, hostile config.json fields, and command lines.
 
 The properties: the Python API returns a report or raises ``VramplanError`` (never another exception);
 a command exits 0, 1 or 2 without a traceback; every call ends within ``CALL_SECONDS``.  The budget is
-fixed (``derandomize=True``: the same cases on every run, so CI is reproducible; a case count per test)
-and keeps the module under about a minute on a loaded machine.  Each test prints how many cases it ran
-(``pytest -s``).
+fixed (``derandomize=True``: the same cases on every run, so CI is reproducible; a case count per test:
+300 + 250 + 250 + 100 = 900) and keeps the module at about 30 s of CPU time.  Each test prints how many
+cases it ran (``pytest -s``).  The bound per call is SIGALRM's, so a hang fails the case instead of
+stopping the run.
 """
 
 from __future__ import annotations
 
 import math
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -29,7 +34,7 @@ from vramplan.errors import VramplanError
 CALL_SECONDS = 20.0  # one estimate is milliseconds; the bound catches a hang, with room for a loaded machine
 API_CASES = 300
 CONFIG_CASES = 250
-CLI_CASES = 150
+CLI_CASES = 250
 def _fuzz(cases: int) -> settings:
     return settings(max_examples=cases, deadline=None, derandomize=True, database=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -71,13 +76,35 @@ def scenario_docs(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
+class CallTimeout(BaseException):
+    """Raised in the middle of a call that ran past ``CALL_SECONDS``: a BaseException, so that neither the
+    library's ``except Exception`` nor the CLI runner's catches it, and a hang fails the test instead of
+    stopping the run."""
+
+
+def _expire(_signum: int, _frame: object) -> None:
+    raise CallTimeout(f"a call ran past {CALL_SECONDS:.0f} s")
+
+
 def _timed(fn: Callable[[], Any]) -> Any:
+    """``fn()`` under a wall-clock bound: SIGALRM interrupts it where the platform has it (POSIX, main thread);
+    elsewhere the time is checked after the call."""
+    alarm = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if alarm:
+        previous = signal.signal(signal.SIGALRM, _expire)
+        signal.setitimer(signal.ITIMER_REAL, CALL_SECONDS)
     start = time.perf_counter()
     try:
-        return fn()
+        result = fn()
+    except CallTimeout as exc:  # an assertion from here on, so that hypothesis reports and shrinks the case
+        raise AssertionError(str(exc)) from None
     finally:
-        elapsed = time.perf_counter() - start
-        assert elapsed < CALL_SECONDS, f"a call took {elapsed:.1f} s"
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    elapsed = time.perf_counter() - start
+    assert elapsed < CALL_SECONDS, f"a call took {elapsed:.1f} s"
+    return result
 
 
 def _api(doc: Any) -> None:
@@ -126,7 +153,10 @@ runner = CliRunner()
 ENV = {"COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
 TEXT = st.one_of(st.sampled_from(["0", "-5", "nan", "inf", "1e30", "9" * 30, "", "abc", "1-100000", "2,4",
                                   "/dev/zero", "/nonexistent/x.png", "out.xyz", "3"]),
-                 st.integers(-10, 10**6).map(str), st.text(alphabet="abc019-.,", max_size=8))
+                 # just past the schema's bounds (65,536 ranks, 100,000,000 tokens, 64 bits) and far past them
+                 st.sampled_from(["65537", "100000001", "9223372036854775808", "99999999999", "-0", "1e-300"]),
+                 st.integers(-10, 10**6).map(str), st.integers(10**6, 10**13).map(str),
+                 st.text(alphabet="abc019-.,", max_size=8))
 COMMANDS: dict[str, list[str]] = {
     "estimate": ["--model", "--gpu", "--micro-batch-size", "--seq-len", "--num-gpus", "--tp", "--ep", "--zero-stage",
                  "--precision", "--lora-alpha", "--peft", "--task", "--capacity-gib", "--engine"],
@@ -134,8 +164,9 @@ COMMANDS: dict[str, list[str]] = {
     "generate": ["--model", "--gpu", "--batch-size", "--prompt-len", "--new-tokens", "--quantization"],
     "kv": ["--seq", "--batch", "--tp", "--block-size", "--budget-gb", "--kv-cache-dtype", "--plot"],
     "simulate": ["--capacity-tokens", "--requests", "--rate", "--block-size", "--max-num-seqs", "--workload",
-                 "--plot", "--mode"],
-    "plan": ["--model", "--gpu", "--num-gpus", "--seq-len", "--global-batch", "--top", "--margin", "--mfu"],
+                 "--plot", "--mode", "--max-num-batched-tokens", "--shared-prefix", "--max-model-len", "--csv"],
+    "plan": ["--model", "--gpu", "--num-gpus", "--seq-len", "--global-batch", "--top", "--margin", "--mfu",
+             "--lora-rank", "--lora-alpha", "--gpus-per-node", "--peft", "--task", "--max-model-len"],
     "solve": ["--model", "--gpu", "--micro-batch-size", "--margin", "--num-gpus"],
     "compare": ["--model", "--gpu", "--setup", "--setup", "--engine"],
 }
@@ -179,3 +210,58 @@ def test_fuzz_command_lines() -> None:
     check()
     print(f"\nfuzz: {len(ran)} command lines through the CLI")
     assert len(ran) >= CLI_CASES // 2
+
+
+PLAN_CASES = 100
+# a numeric option's hostile values: zero, negative, just past a schema bound (65,536 ranks, 100,000,000
+# tokens, 1,024 GPUs per node), past 64 bits, not finite, not a number
+NUMBERS = st.sampled_from(["0", "-1", "65537", "100000001", "1025", "99999999999", "9223372036854775808", "9" * 30,
+                           "nan", "inf", "-inf", "1e30", "abc", ""])
+PLAN_OPTIONS = {"train": ("--seq-len", "--global-batch", "--lora-rank", "--lora-alpha", "--gpus-per-node", "--top",
+                          "--margin"),
+                "serve": ("--max-model-len", "--gpus-per-node", "--top", "--margin")}  # a task's own options
+
+
+@st.composite
+def plan_lines(draw: st.DrawFn) -> list[str]:
+    """A plan that reaches the search: a real model and GPU, one GPU count, the PEFT policy and task drawn, every
+    option of the job valid but one, drawn from hostile values (the command lines above rarely get this far: most
+    stop at a bad model, GPU or missing size)."""
+    task = draw(st.sampled_from(["train", "serve"]))
+    args = ["plan", "--model", "gpt2", "--gpu", draw(st.sampled_from(["A100", "T4"])), "--num-gpus", "1",
+            "--task", task]
+    if task == "train":
+        args += ["--peft", draw(st.sampled_from(["none", "lora", "qlora"]))]
+    valid = {"--seq-len": "128", "--global-batch": "4", "--lora-rank": "8", "--lora-alpha": "16", "--gpus-per-node": "8",
+             "--max-model-len": "512", "--top": "3", "--margin": "0.1"}
+    hostile = draw(st.sampled_from(PLAN_OPTIONS[task]))  # one bad value at a time: the others do not stop it first
+    for opt in PLAN_OPTIONS[task]:
+        args += [opt, draw(st.one_of(NUMBERS, TEXT)) if opt == hostile else valid[opt]]
+    return args
+
+
+def test_fuzz_plan_options() -> None:
+    ran: list[int] = []
+
+    @_fuzz(PLAN_CASES)
+    @given(args=plan_lines())
+    def check(args: list[str]) -> None:
+        ran.append(1)
+        res = _timed(lambda: runner.invoke(app, args, env=ENV))
+        assert res.exception is None or isinstance(res.exception, SystemExit), (args, repr(res.exception))
+        assert res.exit_code in (0, 1, 2), (args, res.exit_code, res.stderr[-500:])
+
+    check()
+    print(f"\nfuzz: {len(ran)} plan command lines through the search")
+    assert len(ran) >= PLAN_CASES // 2
+
+
+def test_the_time_bound_interrupts_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is a real one: a call that would sleep for a minute is stopped after half a second."""
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("no SIGALRM on this platform: the bound is checked after each call")
+    monkeypatch.setattr(sys.modules[__name__], "CALL_SECONDS", 0.5)
+    start = time.perf_counter()
+    with pytest.raises(AssertionError, match="a call ran past 0 s"):
+        _timed(lambda: time.sleep(60))
+    assert time.perf_counter() - start < 5

@@ -36,7 +36,11 @@ def parse_bytes(text: str) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ScenarioError([Problem("--max-cpu-bytes", f"cannot read {text!r} as a size",
                                      "give bytes (8000000000) or a size with a unit: 8GB, 7.5GiB, 512MiB")])
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value < 2**63:  # 1e400 reads as inf (int() raised OverflowError); no host has 8 EiB
+        raise ScenarioError([Problem("--max-cpu-bytes", f"{text!r} is beyond any machine's memory",
+                                     "give a size below 8 EiB, e.g. 64GiB")])
+    return int(value)
 
 
 def _size(n: int | None) -> str:

@@ -14,6 +14,7 @@ from vramplan.cli.common import progress
 from vramplan.cli.flags import Given, scenario_flags, scenario_options
 
 if TYPE_CHECKING:
+    from vramplan.errors import Problem
     from vramplan.plan.result import PlanResult, SolveResult
 
 Opt = typer.Option
@@ -30,6 +31,26 @@ PLAN_FLAGS = scenario_flags(
 PEFT_CHOICES = ("none", "allow", "only", "lora", "qlora")
 # solve takes a whole scenario, so every scenario field is an option, as for estimate
 SOLVE_FLAGS = scenario_flags([""])
+
+
+def _flag_problems(given: Given) -> list[Problem]:
+    """The planner's scenario-field options checked by the scenario schema itself (spec.load.parse_scenario), so
+    that they meet the bounds they meet in `estimate` (issue 19: `--seq-len 10**12` and `--lora-alpha inf` raised
+    pydantic's error from inside the search; `--lora-rank 0` and `--gpus-per-node 0` fell back to defaults).  A
+    scenario file's values were checked when it was read."""
+    from vramplan.cli.common import set_path
+    from vramplan.errors import ScenarioError
+    from vramplan.spec.load import parse_scenario
+
+    doc: dict[str, Any] = {"model": "unchecked here"}  # the model is resolved, with its own messages, by the plan
+    for f in given.flags:
+        if f.name != "model" and given[f.name] is not None:
+            set_path(doc, f.paths[0], given[f.name])
+    try:
+        parse_scenario(doc)
+    except ScenarioError as exc:
+        return list(exc.problems)
+    return []
 
 
 def _gib(n: float) -> str:
@@ -271,10 +292,11 @@ def register(app: typer.Typer) -> None:
                 close = suggest(str(p), PEFT_CHOICES)
                 problems.append(Problem("--peft", f"{p!r} is not a PEFT policy",
                                         f"did you mean {close[0]!r}?" if close else f"use one of {PEFT_CHOICES}"))
-            if t == "train" and not opts.get("seq_len"):
+            if t == "train" and opts.get("seq_len") is None:
                 problems.append(Problem("--seq-len", "no sequence length given", "pass --seq-len TOKENS"))
-            if t == "serve" and not opts.get("max_model_len"):
+            if t == "serve" and opts.get("max_model_len") is None:
                 problems.append(Problem("--max-model-len", "no max_model_len given", "pass --max-model-len TOKENS"))
+            problems += _flag_problems(given)
             problems += _plan_bounds(margin, top, mfu, inter_node_gbps, host_memory_gib, max_micro_batch,
                                      global_batch, global_batch_tokens, concurrency)
             problems += _count_problems(opts.get("num_gpus"))

@@ -58,7 +58,16 @@ def _gib(n: float) -> str:
 
 
 
-def _int_list(text: str, option: str) -> list[int]:
+MAX_LIST_VALUES = 64  # rows or columns of one table
+
+
+def _int_list(text: str, option: str, high: int) -> list[int]:
+    """A comma-separated list of at most ``MAX_LIST_VALUES`` integers in [1, ``high``] (the scenario schema's
+    bound for the same quantity: train.seq_len / serve.max_model_len 100,000,000 tokens, inference.batch_size
+    1,000,000 sequences)."""
+    if len(text) > 4096:  # 64 values of 9 digits and their commas are about 640 characters
+        raise ScenarioError([Problem(option, f"a list of {len(text):,} characters", f"give at most "
+                                     f"{MAX_LIST_VALUES} values")])
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
@@ -66,6 +75,12 @@ def _int_list(text: str, option: str) -> list[int]:
                                      f"e.g. {option} 1024,4096")]) from None
     if not values or any(v < 1 for v in values):
         raise ScenarioError([Problem(option, f"{text!r}: values must be integers >= 1", f"e.g. {option} 1024,4096")])
+    if any(v > high for v in values):
+        raise ScenarioError([Problem(option, f"{max(values):,} is more than {high:,}",
+                                     f"give values in [1, {high:,}]")])
+    if len(values) > MAX_LIST_VALUES:
+        raise ScenarioError([Problem(option, f"{len(values):,} values; a table takes at most {MAX_LIST_VALUES}",
+                                     "give fewer values")])
     return values
 
 
@@ -258,8 +273,8 @@ def _kv(
     from vramplan.units import dtype_bits
 
     try:
-        seqs = _int_list(seq, "--seq")
-        batches = _int_list(batch, "--batch")
+        seqs = _int_list(seq, "--seq", 100_000_000)
+        batches = _int_list(batch, "--batch", 1_000_000)
         problems = []
         if kv_cache_dtype not in KV_DTYPES:
             problems.append(Problem("--kv-cache-dtype", f"{kv_cache_dtype!r} is not allowed", f"choose {', '.join(KV_DTYPES)}"))
@@ -401,6 +416,7 @@ def _simulate(
             problems.append(Problem("--capacity-tokens", "give --capacity-tokens or --model/--gpu, not both", ""))
         problems += _simulate_bounds(requests, rate, capacity_tokens, gpu_memory_utilization, block_size,
                                      max_model_len, max_num_seqs, max_num_batched_tokens, shared_prefix)
+        problems += number_problems("--tp", tp, 1, 1024)  # as serve's and kv's (0 fell back to 1)
         guard_input("--csv", csv, MAX_CSV_BYTES)
         guard_output("--plot", plot, _FIGURE_SUFFIXES, ".png, .svg or .pdf")
         if problems:
@@ -411,7 +427,7 @@ def _simulate(
                                                                    block_size, max_model_len, max_num_seqs,
                                                                    max_num_batched_tokens)
         trace = load_csv(csv, rate=rate, seed=seed) if csv is not None else synthesize(
-            workload or "sharegpt", requests, seed=seed, rate=rate)
+            "sharegpt" if workload is None else workload, requests, seed=seed, rate=rate)
         if len(trace) > MAX_SIM_REQUESTS:
             raise ScenarioError([Problem("--csv", f"{len(trace):,} requests; a simulation replays at most "
                                          f"{MAX_SIM_REQUESTS:,}", "use the first rows, or a sample")])

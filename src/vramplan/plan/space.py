@@ -49,6 +49,11 @@ __all__ = [
     "train_candidates",
 ]
 
+# The largest global batch in sequences a plan takes: with a micro-batch of one on one data-parallel rank it
+# is all gradient accumulation, so it is train.grad_accum_steps' bound in the scenario schema (spec/scenario.py,
+# Train: le=1_000_000; tests/test_hostile_input.py checks the two agree)
+MAX_GLOBAL_BATCH = 1_000_000
+
 PeftPolicy = Literal["none", "allow", "only", "lora", "qlora"]
 
 
@@ -75,6 +80,7 @@ class TrainJob:
         """Global batch in sequences (validated)."""
         if self.seq_len < 1:
             raise ScenarioError([Problem("seq_len", f"must be at least 1, got {self.seq_len}", "")])
+        self._check_schema()
         if self.global_batch is not None and self.global_batch_tokens is not None:
             raise ScenarioError([Problem("global batch", "give the global batch in sequences or in tokens, not both",
                                          "drop --global-batch-tokens or --global-batch")])
@@ -90,7 +96,20 @@ class TrainJob:
         if n < 1:
             raise ScenarioError([Problem("global batch", "no global batch given (or it is below one sequence)",
                                          "give --global-batch SEQUENCES or --global-batch-tokens TOKENS")])
+        if n > MAX_GLOBAL_BATCH:
+            # every candidate's grad_accum_steps (n / (dp x micro-batch), up to n) must meet the schema's bound
+            raise ScenarioError([Problem("global batch", f"{n:,} sequences per optimizer step; a plan takes at most "
+                                         f"{MAX_GLOBAL_BATCH:,} (train.grad_accum_steps' bound)",
+                                         "give a smaller --global-batch or --global-batch-tokens")])
         return n
+
+    def _check_schema(self) -> None:
+        """The job's scenario fields meet the scenario schema's bounds (a candidate is a scenario: a value past
+        them raised pydantic's error from inside the search, not the package's)."""
+        from vramplan.spec.load import parse_scenario
+
+        parse_scenario({"model": "checked by the plan", "train": {
+            "seq_len": self.seq_len, "peft": {"rank": self.lora_rank, "alpha": self.lora_alpha}}})
 
     def full_ft_allowed(self) -> bool:
         return self.peft in ("none", "allow")

@@ -229,7 +229,11 @@ def read_gguf(path: str | Path) -> GgufFile:
     p = Path(path)
     where = str(p)
     if not p.is_file():
-        raise ScenarioError([Problem("serve.gguf.file", f"no such file: {where}", "give the path of a .gguf file")])
+        # a folder or a device (/dev/zero) exists but is no file to read a header from: say which
+        what = ("is a folder" if p.is_dir() else "is a device or special file, not a regular file" if p.exists()
+                else "no such file")
+        message = f"no such file: {where}" if what == "no such file" else f"{where} {what}"
+        raise ScenarioError([Problem("serve.gguf.file", message, "give the path of a .gguf file")])
     try:
         size = p.stat().st_size
         with p.open("rb") as f:

@@ -182,6 +182,21 @@ class _Intervals:
         self.free += n
 
 
+# Steps replayed one at a time (the others are summed in closed form): bounded so that no setting makes a
+# replay run for minutes or its timeline grow without end (issue 19).  The bundled workloads need about three
+# per request (100,000 ShareGPT or arXiv requests: 139,191 - 279,537), so the cap leaves them three times
+# room; a token budget that leaves no room to admit a request beside the running decodes (e.g.
+# --max-num-batched-tokens 1) makes every decode step explicit and reaches it.
+MAX_EXPLICIT_STEPS = 1_000_000
+
+
+def _step_cap_problem(finished: int, n: int) -> Problem:
+    return Problem("--requests", f"the replay stepped through {MAX_EXPLICIT_STEPS:,} engine steps one at a time and "
+                   f"finished {finished:,} of {n:,} requests; a simulation replays at most {MAX_EXPLICIT_STEPS:,}",
+                   "fewer --requests, or a --max-num-batched-tokens that admits prompts beside the running "
+                   "decodes")
+
+
 def _check(cfg: SimConfig) -> None:
     problems = []
     if cfg.capacity_tokens < 1:
@@ -199,6 +214,12 @@ def _check(cfg: SimConfig) -> None:
             f"({cfg.max_model_len}); vLLM would refuse to start", "lower --max-model-len or give more KV capacity"))
     if cfg.shared_prefix < 0:
         problems.append(Problem("--shared-prefix", f"must be >= 0, got {cfg.shared_prefix}", ""))
+    elif cfg.shared_prefix >= cfg.max_model_len >= 2:
+        # a prompt holds at most max_model_len - 1 tokens (one is left to generate): a longer shared prefix
+        # cannot be part of every prompt
+        problems.append(Problem(
+            "--shared-prefix", f"{cfg.shared_prefix:,} shared tokens, but --max-model-len {cfg.max_model_len:,} "
+            f"leaves a prompt at most {cfg.max_model_len - 1:,}", "lower --shared-prefix or raise --max-model-len"))
     if problems:
         raise ScenarioError(problems)
 
@@ -353,11 +374,11 @@ def simulate(trace: Trace, cfg: SimConfig) -> SimResult:
         tl_used.append(N * step - S - max(0, N - 1) * shared_tok)
         tl_occ.append(occ)
 
-    guard = 0
+    explicit = 0
     while True:
-        guard += 1
-        if guard > 50 * (n + 10) + 10_000_000:
-            raise RuntimeError("simulation did not converge")  # a bug, never a user error
+        explicit += 1
+        if explicit > MAX_EXPLICIT_STEPS:
+            raise ScenarioError([_step_cap_problem(finished, n)])
         # ---- one explicit step at t ----
         while nxt < n and arrival[nxt] <= t:
             waiting.append(nxt)

@@ -34,6 +34,10 @@ __all__ = ["Trace", "Workload", "load_csv", "synthesize", "workload", "workload_
 
 PROMPT_COLUMNS = ("prompt_tokens", "prompt_len", "prompt", "input_tokens", "input_len", "input")
 OUTPUT_COLUMNS = ("output_tokens", "output_len", "output", "completion_tokens")
+# a row's bounds: a length within the largest --max-model-len a simulation takes (cli/serve_cmd.py), an arrival
+# step far past any trace yet well inside the scheduler's 2**62 quiet-step horizon (serve/simulate.py)
+MAX_CSV_TOKENS = 100_000_000
+MAX_CSV_ARRIVAL = 10**12
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,16 @@ def load_csv(path: str | Path, rate: float | None = None, seed: int = 0) -> Trac
     p = Path(path)
     if not p.exists():
         raise ScenarioError([Problem("--csv", f"no such file: {p}", "give a CSV with prompt and output lengths")])
+    if p.is_dir():
+        raise ScenarioError([Problem("--csv", f"{p} is a folder", "give the path of a CSV file")])
+    try:
+        return _read_csv(p, rate, seed)
+    except UnicodeDecodeError as exc:
+        raise ScenarioError([Problem("--csv", f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                                     "give a CSV text file")]) from None
+
+
+def _read_csv(p: Path, rate: float | None, seed: int) -> Trace:
     with p.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         fields = [f.strip().lower() for f in (reader.fieldnames or [])]
@@ -151,12 +165,13 @@ def load_csv(path: str | Path, rate: float | None = None, seed: int = 0) -> Trac
             try:
                 pr, out = int(float(row[pcol])), int(float(row[ocol]))
                 arr = int(float(row["arrival"])) if has_arrival else 0
-            except (ValueError, KeyError):
-                raise ScenarioError([Problem("--csv", f"{p} line {i}: lengths must be numbers, got {row}",
+            except (ValueError, KeyError, OverflowError):  # OverflowError: int(float("inf"))
+                raise ScenarioError([Problem("--csv", f"{p} line {i}: lengths must be finite numbers, got {row}",
                                              "fix or remove that row")]) from None
-            if pr < 1 or out < 1 or arr < 0:
-                raise ScenarioError([Problem("--csv", f"{p} line {i}: prompt and output must be >= 1 and arrival >= 0",
-                                             "fix or remove that row")])
+            if not (1 <= pr <= MAX_CSV_TOKENS and 1 <= out <= MAX_CSV_TOKENS and 0 <= arr <= MAX_CSV_ARRIVAL):
+                raise ScenarioError([Problem(
+                    "--csv", f"{p} line {i}: prompt and output must be in [1, {MAX_CSV_TOKENS:,}] and arrival in "
+                    f"[0, {MAX_CSV_ARRIVAL:,}]", "fix or remove that row")])
             prompts.append(pr)
             outputs.append(out)
             arrivals.append(arr)
