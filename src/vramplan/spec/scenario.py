@@ -201,6 +201,15 @@ class Train(_Strict):
     Liger-Kernel v0.8.2 ``ops/rms_norm.py``, ``ops/swiglu.py``, ``ops/rope.py`` (each function's
     ``ctx.save_for_backward``); docs/conventions.md, Liger kernels."""
 
+    images_per_sample: int = Field(0, ge=0, le=10_000)
+    """Images in each sequence (seq_len) of a vision-language model (one with a vision tower, such as gemma3); 0 for
+    text only.  seq_len counts every token of the input ids, the image tokens included.
+
+    Each image becomes the model's image tokens in the text (Gemma 3: 256, transformers 5.24
+    ``Gemma3Processor.image_seq_length``) and runs through the vision tower (Gemma 3: 4096 patches of
+    14 x 14 at 896 x 896, ``SiglipVisionEmbeddings``); docs/models.md, Vision-language models, says what is
+    and is not modelled."""
+
     activation_offload: ActivationOffload = "none"
     """Saved activations copied to pinned host memory in the forward and brought back in the backward
     (torchtune's OffloadActivations, TRL's ``activation_offloading``): none, or cpu, with
@@ -245,6 +254,15 @@ class Inference(_Strict):
 
     An fp32 or bf16 dtype overrides it at run time (``Linear4bit.set_compute_type``), so it matters for
     fp16 models only (docs/conventions.md, bitsandbytes' dequantized weights at inference)."""
+
+    images_per_sample: int = Field(0, ge=0, le=10_000)
+    """Images in each prompt (prompt_len) of a vision-language model (one with a vision tower, such as gemma3); 0 for
+    text only.  prompt_len counts every token of the input ids, the image tokens included.
+
+    Each image becomes the model's image tokens in the text (Gemma 3: 256, transformers 5.24
+    ``Gemma3Processor.image_seq_length``) and runs through the vision tower (Gemma 3: 4096 patches of
+    14 x 14 at 896 x 896, ``SiglipVisionEmbeddings``); docs/models.md, Vision-language models, says what is
+    and is not modelled."""
 
 
 class Speculative(_Strict):

@@ -17,6 +17,7 @@ from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
 from vramplan.spec.families.falcon import FALCON
 from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLELM
+from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
@@ -32,6 +33,8 @@ FAMILIES: dict[str, Family] = {
     "gpt2": GPT2, "gpt_bigcode": GPT_BIGCODE, "gptj": GPTJ, "gpt_neox": GPT_NEOX, "falcon": FALCON,
     "bloom": BLOOM, "opt": OPT, "bert": BERT, "phi": PHI, "starcoder2": STARCODER2,
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
+    # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
+    "gemma3": GEMMA3,
 }
 
 
@@ -40,9 +43,14 @@ def flatten_text_config(cfg: Mapping[str, Any], default_type: str | None = None)
 
     The text config inherits the outer ``tie_word_embeddings``, ``torch_dtype`` and ``quantization_config``;
     Gemma 3's outer ``model_type`` "gemma3" names the multimodal class, its language model is "gemma3_text"
-    (``default_type`` also names a text config without a model_type).
+    (``default_type`` also names a text config without a model_type).  A config with a ``vision_config`` whose
+    outer ``model_type`` is a registered family (``gemma3``) is kept whole for ``model_from_config`` (no
+    ``default_type``): its adapter builds the vision tower too; ``transformers_config`` (which passes a
+    ``default_type``) still takes the language model alone.
     """
     out = dict(cfg)
+    if default_type is None and cfg.get("model_type") in FAMILIES and isinstance(cfg.get("vision_config"), Mapping):
+        return out  # a vision-language family whose adapter builds the tower and the language model together
     text = cfg.get("text_config")
     if isinstance(text, Mapping) and "hidden_size" not in cfg and "n_embd" not in cfg:
         merged = dict(text)
