@@ -57,10 +57,11 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
     if v is None:
         return []
     n = images_per_sample(s)
-    out = [f"vision tower: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
-           f"model's dtype; each image is {v.tokens_per_image} image tokens of the language model's sequence and "
-           f"{v.patches_per_image:,} patches ({v.image_size} x {v.image_size} in {v.patch_size} x {v.patch_size}) "
-           f"through {v.num_layers} tower layers"]
+    first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
+             f"model's dtype; each image is {v.tokens_per_image} image tokens of the language model's sequence and "
+             f"{v.patches_per_image:,} patches ({v.image_size} x {v.image_size} in {v.patch_size} x {v.patch_size}) "
+             f"through {v.num_layers} tower layers")
+    out = [first]
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                    "vision-language model (the estimate is the language model's start-up)")
