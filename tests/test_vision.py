@@ -107,3 +107,15 @@ def test_inference_image_tokens_count_in_the_prompt() -> None:
     assert image_tokens(r.scenario, r.model) == 512  # 2 x 256
     with pytest.raises(ScenarioError, match="more than inference.prompt_len"):
         resolve(_doc("inference", prompt_len=500, images_per_sample=2))
+
+
+def test_trace_report_says_the_tower_is_not_traced() -> None:
+    from types import SimpleNamespace
+
+    from vramplan.trace.engine import _assumptions
+
+    r = resolve(_doc(seq_len=512, images_per_sample=1))
+    st = SimpleNamespace(sdpa=[], notes=[])
+    notes = _assumptions(r, st, [])  # type: ignore[arg-type]
+    assert "not modelled: the vision tower and projector (419,816,304 parameters) and the images: the traced " \
+           "engine builds and traces the language model alone" in notes
