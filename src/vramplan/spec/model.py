@@ -215,7 +215,9 @@ class VisionSpec:
 
     ``tokens_per_image``: image tokens each image puts into the language model's sequence (the processor's
     rule); ``patches_per_image``: tokens the tower itself runs over, per image; ``param_prefixes``: the
-    ``ParamGroup`` name prefixes of the tower and the projector (their parameters are in ``ModelSpec.params``).
+    ``ParamGroup`` name prefixes of the tower and the projector (their parameters are in ``ModelSpec.params``);
+    ``tower``: one encoder layer's shape as a ``ModelSpec`` of its own (no parameters listed), which the
+    activation model reads as it reads a decoder layer (analytic/terms/vision.py).
     """
 
     hidden_size: int
@@ -229,6 +231,8 @@ class VisionSpec:
     hidden_act: str
     source: str
     param_prefixes: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
+    tower: ModelSpec | None = None
+    num_channels: int = 3
 
 
 @dataclass(frozen=True)

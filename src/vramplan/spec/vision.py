@@ -6,7 +6,7 @@ optimizer states follow from them like every other parameter.  The images of a b
 (``train.images_per_sample``, ``inference.images_per_sample``) put ``tokens_per_image`` image tokens each into
 the language model's sequence; ``seq_len`` / ``prompt_len`` count them (the processor writes them into the
 input ids: transformers 5.24 ``Gemma3Processor``, ``full_image_sequence``).  What the engines do not model
-yet is said as ``not modelled: `` assumptions (docs/models.md, Vision-language models).
+is said as ``not modelled: `` assumptions (docs/models.md, Vision-language models).
 """
 
 from __future__ import annotations
@@ -78,10 +78,16 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
             out.append("not modelled: with no images in the batch the tower's parameters get no gradient (torch "
                        "leaves .grad None for parameters outside the graph) and AdamW creates no state for them; "
                        "they are counted as trained")
-        if n:
-            out.append(f"not modelled: the vision tower's activations for {n} image(s) of {v.patches_per_image:,} "
-                       f"patches per sequence (saved for the backward when the tower is trained), and the "
-                       f"projector's; the {n * v.tokens_per_image:,} image tokens are counted in seq_len")
+        if n and s.train.peft is None:
+            out.append(f"vision tower activations: {n} image(s) of {v.patches_per_image:,} patches per sequence "
+                       f"through {v.num_layers} encoder layers, saved as the decoder layers' terms of the tower's "
+                       "shape from the forward to the embedding's backward (analytic/terms/vision.py); the "
+                       f"projector's {v.tokens_per_image}-token tensors and the tower's backward temporaries are "
+                       f"not counted; the {n * v.tokens_per_image:,} image tokens are counted in seq_len")
+        elif n:
+            out.append(f"the frozen vision tower runs {n} image(s) per sequence without autograd recording (its "
+                       "forward's transient tensors, made before the language model's, are not counted); the "
+                       f"{n * v.tokens_per_image:,} image tokens are counted in seq_len")
     elif n:
         out.append(f"not modelled: the vision tower's transient activations for {n} image(s) of "
                    f"{v.patches_per_image:,} patches in the prefill; the {n * v.tokens_per_image:,} image tokens "

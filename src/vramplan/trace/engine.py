@@ -114,7 +114,8 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
     if r.model.vision is not None:
         # spec.families.transformers_config builds the language model of a multimodal config alone
         out.append(f"not modelled: the vision tower and projector ({r.model.vision_parameters:,} parameters) and "
-                   "the images: the traced engine builds and traces the language model alone")
+                   "the images: the traced engine builds and traces the language model alone (the vision tower's "
+                   "weights and activations in this report's assumptions are the analytic engine's)")
     out.extend(st.notes)
     out.extend(notes)
     from vramplan.catalog.gpus import bare_name_note

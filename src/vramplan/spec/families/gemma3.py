@@ -33,9 +33,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, get
+from vramplan.spec.families.base import Config, Family, Params, build_spec, get
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
-from vramplan.spec.model import ModelSpec, VisionSpec
+from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
 __all__ = ["GEMMA3", "siglip_tower"]
 
@@ -98,7 +98,22 @@ def siglip_tower(p: Params, vc: Config, prefix: str = PREFIX) -> dict[str, int]:
         p.add(f"{head}.mlp.fc1.bias", i, "bias")
         p.add(f"{head}.mlp.fc2.weight", i * d, "other")
         p.add(f"{head}.mlp.fc2.bias", d, "bias")
-    return {"d": d, "layers": n, "heads": heads, "i": i, "image": image, "patch": patch, "patches": patches}
+    return {"d": d, "layers": n, "heads": heads, "i": i, "image": image, "patch": patch, "patches": patches,
+            "channels": ch}
+
+
+# SiglipEncoderLayer as the activation model reads it: pre-norm LayerNorms, biased q/k/v/out_proj, a non-gated
+# MLP fc1 -> gelu_pytorch_tanh -> fc2, no dropout (SiglipVisionConfig attention_dropout 0.0, no hidden dropout)
+TOWER_TRAITS = Traits(qkv_modules=("q_proj", "k_proj", "v_proj"), out_proj_module="out_proj", fc_modules=("fc1", "fc2"))
+
+
+def tower_layer_spec(t: dict[str, int], act: str, name: str) -> ModelSpec:
+    """One SigLIP encoder layer's shape (no parameters: they are the outer model's), for the activation model."""
+    return build_spec({}, f"{name} vision tower", "siglip_vision_model", Params(), hidden_size=t["d"],
+                      num_layers=t["layers"], num_attention_heads=t["heads"], num_kv_heads=t["heads"],
+                      vocab_size=1, intermediate_size=t["i"], hidden_act=act, position="learned",
+                      tie_word_embeddings=False, attention_dropout=0.0, hidden_dropout=0.0,
+                      max_position_embeddings=t["patches"], encoder_only=True, traits=TOWER_TRAITS)
 
 
 def _text_config(cfg: Config) -> dict[str, Any]:
@@ -128,7 +143,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         intermediate_size=t["i"], image_size=t["image"], patch_size=t["patch"],
                         patches_per_image=t["patches"], tokens_per_image=tokens, hidden_act=str(vc["hidden_act"]),
                         source="transformers 5.24 Gemma3MultiModalProjector (AvgPool2d to mm_tokens_per_image) "
-                               "and Gemma3Processor (image_seq_length 256)")
+                               "and Gemma3Processor (image_seq_length 256)",
+                        tower=tower_layer_spec(t, str(vc["hidden_act"]), name), num_channels=t["channels"])
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 
