@@ -169,3 +169,28 @@ def test_tower_activations_raise_the_peak() -> None:
     # alive from the forward through the whole backward, the tower's 2 x 2 images' tensors (4 x 5,013,045,248 B)
     # are under the backward's peak
     assert peak(2) - peak(0) == 4 * 5_013_045_248
+
+
+def test_freeze_vision_tower_drops_its_gradients_and_states() -> None:
+    from vramplan.analytic.attention import resolve_attention
+    from vramplan.analytic.terms.context import StepContext, step_policy
+    from vramplan.engine import estimate
+
+    def run(**train: Any) -> tuple[int, int, int]:
+        r = resolve(_doc(micro_batch_size=1, seq_len=2048, images_per_sample=1, **train))
+        attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
+        c = StepContext(r, 0, attention, repeat)
+        rep = estimate(r)
+        return c.trainable, int(rep.per_gpu.breakdown["optimizer_states"]), _activations(images_per_sample=1, **train)
+
+    trained, frozen = run(), run(freeze_vision_tower=True)
+    # 4,300,079,472 parameters, of which 419,816,304 in the tower and projector: 3,880,263,168 stay trainable
+    assert (trained[0], frozen[0]) == (4_300_079_472, 3_880_263_168)
+    # AdamW's two fp32 states: 8 B x 419,816,304 = 3,358,530,432 B fewer
+    assert trained[1] - frozen[1] == 8 * 419_816_304 == 3_358_530_432
+    # a frozen tower saves no activation
+    assert (trained[2], frozen[2]) == (5_013_045_248, 0)
+    r = resolve(_doc(freeze_vision_tower=True))
+    assert any(a.startswith("freeze_vision_tower: the vision tower and projector keep their weights") for a in r.assumptions)
+    with pytest.raises(ScenarioError, match="no vision tower to freeze"):
+        resolve({**_doc(freeze_vision_tower=True), "model": "meta-llama/Llama-3.1-8B"})

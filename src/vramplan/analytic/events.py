@@ -690,8 +690,18 @@ def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, boo
             per = n // max(1, sum(map(lset.__contains__, p.layer_span)))
             inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
         else:
-            outside.append(each)
+            # a group outside the layers with several instances (a vision tower's encoder layers) is that many
+            # tensors; every other such group is one
+            outside.extend([each] * n)
     return inner, outside
+
+
+def _outside_trainable(m: ModelSpec, rp: RankParams, tp: int, frozen: tuple[str, ...]) -> tuple[int, ...]:
+    """``_tensors``' tensors outside the layers without the frozen ones (``StepContext.frozen_prefixes``)."""
+    from dataclasses import replace
+
+    held = replace(m, params=tuple(p for p in m.params if not p.name.startswith(frozen)))
+    return tuple(_tensors(held, rp, tp)[1])
 
 
 def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ...], other: tuple[int, ...],
@@ -761,7 +771,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         outside_trainable: tuple[int, ...] = ()
     else:
         layer_trainable = tuple(x for x, _ in inner)
-        outside_trainable = tuple(outside)
+        outside_trainable = tuple(outside) if not c.frozen_prefixes else _outside_trainable(m, rp, tp, c.frozen_prefixes)
     layers = _layer_terms(c, table, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
     ls0 = c.layer_specs[0] if c.layer_specs else None
     if ls0 is not None and ls0.moe and m.moe is not None:

@@ -210,6 +210,13 @@ class Train(_Strict):
     14 x 14 at 896 x 896, ``SiglipVisionEmbeddings``); docs/models.md, Vision-language models, says what is
     and is not modelled."""
 
+    freeze_vision_tower: bool = False
+    """Full fine-tuning of a vision-language model with its vision tower and projector frozen: they keep their
+    weights but get no gradient, no optimizer state and save no activation.
+
+    TRL's and LLaMA-Factory's ``freeze_vision_tower`` (``requires_grad_(False)`` on the tower); with PEFT the
+    tower is frozen anyway.  docs/models.md, Vision-language models."""
+
     activation_offload: ActivationOffload = "none"
     """Saved activations copied to pinned host memory in the forward and brought back in the backward
     (torchtune's OffloadActivations, TRL's ``activation_offloading``): none, or cpu, with

@@ -35,6 +35,9 @@ def image_tokens(s: Scenario, m: ModelSpec) -> int:
 def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Images for a model without a vision tower; more image tokens than the sequence holds."""
     n = images_per_sample(s)
+    if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
+        return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
@@ -67,18 +70,22 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "vision-language model (the estimate is the language model's start-up)")
         return out
     if s.task == "train":
-        if s.train.peft is None:
+        frozen = s.train.peft is not None or s.train.freeze_vision_tower
+        if s.train.peft is None and s.train.freeze_vision_tower:
+            out.append("freeze_vision_tower: the vision tower and projector keep their weights but get no gradient "
+                       "and no optimizer state (the HF Trainer's optimizer groups take only parameters that "
+                       "require grad, Trainer.create_optimizer)")
+        elif s.train.peft is None:
             out.append("the vision tower and projector are trained (their gradients and optimizer states are "
-                       "counted); a recipe that freezes them (TRL / LLaMA-Factory freeze_vision_tower) is not "
-                       "modelled")
+                       "counted; train.freeze_vision_tower freezes them)")
         else:
             out.append("not modelled: adapters peft would place on the vision tower's linears whose names match "
                        "target_modules (the tower is counted frozen, without adapters)")
-        if s.train.peft is None and n == 0:
+        if not frozen and n == 0:
             out.append("not modelled: with no images in the batch the tower's parameters get no gradient (torch "
                        "leaves .grad None for parameters outside the graph) and AdamW creates no state for them; "
                        "they are counted as trained")
-        if n and s.train.peft is None:
+        if n and not frozen:
             out.append(f"vision tower activations: {n} image(s) of {v.patches_per_image:,} patches per sequence "
                        f"through {v.num_layers} encoder layers, saved as the decoder layers' terms of the tower's "
                        "shape from the forward to the embedding's backward (analytic/terms/vision.py); the "

@@ -19,7 +19,8 @@ input (``AvgPool2d`` saves it; the post-layernorm's output, kept in the residual
 With full checkpointing transformers checkpoints every ``GradientCheckpointingLayer``, ``SiglipEncoderLayer``
 included: each tower layer keeps only its input (residual bytes x hidden per patch).
 
-Counted only when the tower is trained (full fine-tuning, no PEFT) and the batch holds images, on the first
+Counted only when the tower is trained (full fine-tuning, no PEFT, no ``train.freeze_vision_tower``) and the
+batch holds images, on the first
 pipeline stage (the one that holds the embeddings); a frozen tower (PEFT) runs without autograd recording
 anything, and its forward's transient tensors come before the language model's and are not counted.  The
 projector's tensors on ``tokens_per_image`` tokens (256 x 1152 per image, against 4096 x 1152 per tower
@@ -54,7 +55,7 @@ def tower_tensors(c: StepContext) -> tuple[int, ...]:
 def _compute(c: StepContext) -> tuple[int, ...]:
     v = c.m.vision
     images = c.s.train.images_per_sample
-    if v is None or v.tower is None or images == 0 or c.peft is not None or not c.rp.has_embedding:
+    if v is None or v.tower is None or images == 0 or c.peft is not None or c.frozen_prefixes or not c.rp.has_embedding:
         return ()
     tower = v.tower
     ctx = replace(c.act, seq_len=v.patches_per_image, tp=1, sequence_parallel=False, frozen_base=False,
