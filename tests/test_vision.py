@@ -194,3 +194,69 @@ def test_freeze_vision_tower_drops_its_gradients_and_states() -> None:
     assert any(a.startswith("freeze_vision_tower: the vision tower and projector keep their weights") for a in r.assumptions)
     with pytest.raises(ScenarioError, match="no vision tower to freeze"):
         resolve({**_doc(freeze_vision_tower=True), "model": "meta-llama/Llama-3.1-8B"})
+
+
+QWEN = "Qwen/Qwen2.5-VL-7B-Instruct"
+
+
+def test_qwen2_5_vl_tower_and_merger_by_hand() -> None:
+    m = load_model(QWEN)
+    assert m.vision is not None and m.model_type == "qwen2_5_vl" and not m.tie_word_embeddings
+    # d = 1280, i = 3420, 32 blocks, patches of 2 x 14 x 14 over 3 channels:
+    #   patch_embed Conv3d without bias 1280 x 3 x 2 x 14 x 14 = 1,505,280
+    #   per block: norm1, norm2 2 x 1280 = 2,560; qkv 1280 x 3840 + 3840 = 4,919,040; proj 1280^2 + 1280 =
+    #   1,639,680; gate/up 2 x (1280 x 3420 + 3420) = 8,762,040; down 3420 x 1280 + 1280 = 4,378,880 -> 19,702,200
+    #   merger: ln_q 1280; mlp.0 5120^2 + 5120 = 26,219,520; mlp.2 5120 x 3584 + 3584 = 18,353,664 -> 44,574,464
+    tower = 1_505_280 + 32 * 19_702_200 + 44_574_464
+    assert m.vision_parameters == tower == 676_550_144
+    text = {k: v for k, v in _row(QWEN)["text_config"].items() if k != "layer_types"}
+    language = model_from_config({**text, "model_type": "qwen2", "tie_word_embeddings": False}).num_parameters
+    assert m.num_parameters == language + tower == 8_292_166_656
+
+
+def _row(model_id: str) -> dict[str, Any]:
+    from vramplan.catalog.models import list_models
+
+    return next(dict(r.config) for r in list_models() if r.id == model_id)
+
+
+@pytest.mark.parametrize(("size", "patches", "tokens"), [
+    # smart_resize, factor 28 (patch 14 x merge 2), min_pixels 3,136, max_pixels 1,003,520:
+    (448, 1024, 256),    # 448 = 16 x 28 kept: (448 / 14)^2 = 1024 patches, / 4 = 256 tokens
+    (224, 256, 64),      # 224 = 8 x 28: 16^2 = 256 patches, 64 tokens
+    (1024, 4900, 1225),  # round(1024 / 28) x 28 = 1036, 1036^2 > max_pixels: beta = 1024 / sqrt(1,003,520),
+                         #   floor(1024 / beta / 28) x 28 = 980: 70^2 = 4900 patches, 1225 tokens
+    (30, 16, 4),         # 28^2 < min_pixels: beta = sqrt(3136 / 900), ceil(30 x beta / 28) x 28 = 56: 4^2, 4 tokens
+    (None, 4900, 1225),  # not given: the largest square, floor(sqrt(1,003,520) / 28) x 28 = 980
+])
+def test_qwen2_5_vl_image_tokens_follow_smart_resize(size: int | None, patches: int, tokens: int) -> None:
+    from vramplan.spec.vision import image_grid
+
+    v = load_model(QWEN).vision
+    assert v is not None
+    assert image_grid(v, size) == (patches, tokens)
+
+
+def test_gemma3_ignores_image_size() -> None:
+    r = resolve(_doc(seq_len=1024, images_per_sample=1, image_size=448))
+    assert image_tokens(r.scenario, r.model) == 256
+    assert any("image_size ignored" in a for a in r.assumptions)
+
+
+def test_qwen2_5_vl_tower_activations_by_hand() -> None:
+    from vramplan.analytic.terms import bytes_of
+    from vramplan.analytic.train import train_step
+
+    doc = {"model": QWEN, "hardware": {"gpu": "H100-80GB"}, "task": "train",
+           "train": {"micro_batch_size": 1, "seq_len": 2048, "images_per_sample": 1, "image_size": 448}}
+    r = resolve(doc)
+    assert image_tokens(r.scenario, r.model) == 256
+    # per patch and block, bf16-mixed, SDPA flash, d = 1280 (16 heads of 80), i = 3420:
+    #   norm1 (RMSNorm: fp32 input and normalized copy 8 x 1280, rstd 4) 10,244; qkv's input cast 2,560; the
+    #   fused qkv buffer v keeps alive 2 x 2,560 = 5,120; flash q, k, v, output 4 x 2,560 = 10,240; logsumexp
+    #   4 x 16 = 64; norm2 10,244; gate/up input casts 2 x 2,560 = 5,120; gate, SiLU, up outputs and down's
+    #   input 4 x 2 x 3420 = 27,360                                                               -> 70,952
+    # 448 x 448: 1024 patches; 32 blocks; patch_embed input 2 x 3 x 2 x 14^2 = 2,352 per patch; merger ln_q
+    # 10,244 and its MLP's three inputs 3 x 2 x 1280 = 7,680 per patch
+    expected = 1024 * (32 * 70_952 + 2_352 + 10_244 + 7_680)
+    assert bytes_of(train_step(r).terms, "saved.vision_tower") == expected == 2_345_717_760

@@ -233,6 +233,20 @@ class VisionSpec:
     param_prefixes: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
     tower: ModelSpec | None = None
     num_channels: int = 3
+    # the patch embedding's frames per patch (Qwen2.5-VL's Conv3d: 2; a 2-D patch convolution: 1)
+    temporal_patch_size: int = 1
+    # side of the square of patches merged into one image token (Qwen2.5-VL: 2; 1: none)
+    merge_size: int = 1
+    # the processor resizes each image within [min_pixels, max_pixels] keeping its size (Qwen2-VL's
+    # ``smart_resize``) rather than to ``image_size`` (Gemma 3); ``image_size`` is then the largest image's side
+    min_pixels: int = 0
+    max_pixels: int = 0
+    # what the tower saves per patch after its last layer, as (kind, elements) with kind "norm" (that many
+    # norms of the tower's kind), "residual" or "compute" (elements in that dtype): Gemma 3's post-layernorm
+    # and average pool's input, Qwen2.5-VL's merger norm and MLP inputs
+    head_saved_per_patch: tuple[tuple[str, int], ...] = ()
+    # what the adapter knows the activation model approximates in this tower (the report's assumptions)
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

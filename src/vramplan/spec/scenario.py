@@ -210,6 +210,14 @@ class Train(_Strict):
     14 x 14 at 896 x 896, ``SiglipVisionEmbeddings``); docs/models.md, Vision-language models, says what is
     and is not modelled."""
 
+    image_size: int | None = Field(None, ge=1, le=100_000)
+    """Side of each (square) image in pixels; null: the model's default.  Gemma 3 resizes every image to
+    896 x 896 (the value is ignored); Qwen2.5-VL resizes it to multiples of 28 within its processor's
+    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).
+
+    transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize``: the tower runs over
+    (h / 14) x (w / 14) patches, the merger makes one image token of each 2 x 2."""
+
     freeze_vision_tower: bool = False
     """Full fine-tuning of a vision-language model with its vision tower and projector frozen: they keep their
     weights but get no gradient, no optimizer state and save no activation.
@@ -270,6 +278,14 @@ class Inference(_Strict):
     ``Gemma3Processor.image_seq_length``) and runs through the vision tower (Gemma 3: 4096 patches of
     14 x 14 at 896 x 896, ``SiglipVisionEmbeddings``); docs/models.md, Vision-language models, says what is
     and is not modelled."""
+
+    image_size: int | None = Field(None, ge=1, le=100_000)
+    """Side of each (square) image in pixels; null: the model's default.  Gemma 3 resizes every image to
+    896 x 896 (the value is ignored); Qwen2.5-VL resizes it to multiples of 28 within its processor's
+    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).
+
+    transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize``: the tower runs over
+    (h / 14) x (w / 14) patches, the merger makes one image token of each 2 x 2."""
 
 
 class Speculative(_Strict):

@@ -42,6 +42,7 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import FORWARD, TIED_EMBEDDING
+from vramplan.spec.vision import image_grid
 
 __all__ = ["tower_saved", "tower_tensors"]
 
@@ -58,20 +59,24 @@ def _compute(c: StepContext) -> tuple[int, ...]:
     if v is None or v.tower is None or images == 0 or c.peft is not None or c.frozen_prefixes or not c.rp.has_embedding:
         return ()
     tower = v.tower
-    ctx = replace(c.act, seq_len=v.patches_per_image, tp=1, sequence_parallel=False, frozen_base=False,
+    ctx = replace(c.act, tp=1, sequence_parallel=False, frozen_base=False,
                   lora_targets=frozenset(), lora_rank=0, lora_dropout=False, dora=False, elementwise_bytes=0,
                   kbit_saves_input=False, liger=False, gqa_repeat=False)
-    patches = c.s.train.micro_batch_size * images * v.patches_per_image
-    d = tower.hidden_size
-    resid = ctx.residual_bytes * d
-    out = [ctx.compute_bytes * v.num_channels * v.patch_size**2 * patches]  # the patch convolution's input
+    per_image, _ = image_grid(v, c.s.train.image_size)
+    ctx = replace(ctx, seq_len=per_image)
+    patches = c.s.train.micro_batch_size * images * per_image
+    resid = ctx.residual_bytes * tower.hidden_size
+    # the patch embedding's input, cast to the compute dtype
+    out = [ctx.compute_bytes * v.num_channels * v.temporal_patch_size * v.patch_size**2 * patches]
     if checkpoint_policy(c.s) == "full":
         out += [resid * patches] * tower.num_layers  # each checkpointed layer keeps its input
     else:
         layer = [t.nbytes * patches for t in act.layer_tensors(tower, tower.layers[0], ctx) for _ in range(t.copies)]
         out += layer * tower.num_layers
-    out.append(act.norm_saved_per_token(tower, ctx) * patches)  # post_layernorm
-    out.append(resid * patches)  # AvgPool2d's input
+    per_kind = {"residual": ctx.residual_bytes, "compute": ctx.compute_bytes}
+    for kind, n in v.head_saved_per_patch:
+        each = act.norm_saved_per_token(tower, ctx) if kind == "norm" else per_kind[kind]
+        out.append(each * n * patches)
     return tuple(x for x in out if x) * c.in_flight
 
 

@@ -144,8 +144,11 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         patches_per_image=t["patches"], tokens_per_image=tokens, hidden_act=str(vc["hidden_act"]),
                         source="transformers 5.24 Gemma3MultiModalProjector (AvgPool2d to mm_tokens_per_image) "
                                "and Gemma3Processor (image_seq_length 256)",
-                        tower=tower_layer_spec(t, str(vc["hidden_act"]), name), num_channels=t["channels"])
+                        tower=tower_layer_spec(t, str(vc["hidden_act"]), name), num_channels=t["channels"],
+                        # post_layernorm, then AvgPool2d saves its input (the norm's output, residual dtype)
+                        head_saved_per_patch=(("norm", 1), ("residual", t["d"])))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 
-GEMMA3 = Family(build, "modeling_gemma3.py", required=(("vision_config",), ("text_config",)))
+GEMMA3 = Family(build, "modeling_gemma3.py", required=(("vision_config",), ("text_config",)),
+                text_model_type="gemma3_text")
