@@ -260,3 +260,10 @@ def test_qwen2_5_vl_tower_activations_by_hand() -> None:
     # 10,244 and its MLP's three inputs 3 x 2 x 1280 = 7,680 per patch
     expected = 1024 * (32 * 70_952 + 2_352 + 10_244 + 7_680)
     assert bytes_of(train_step(r).terms, "saved.vision_tower") == expected == 2_345_717_760
+
+
+def test_measure_refuses_a_vision_language_model() -> None:
+    from vramplan.measure.build import unsupported
+
+    problems = unsupported(resolve(_doc()), "cpu")
+    assert any(p.where == "model" and "vision-language model" in p.message for p in problems)
