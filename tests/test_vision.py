@@ -104,6 +104,7 @@ def test_text_only_batch_on_a_vlm_says_the_tower_gets_no_gradient() -> None:
 def test_inference_image_tokens_count_in_the_prompt() -> None:
     r = resolve(_doc("inference", prompt_len=600, images_per_sample=2))
     assert image_tokens(r.scenario, r.model) == 512  # 2 x 256
+    assert not any(a.startswith("not modelled") for a in r.assumptions)
     with pytest.raises(ScenarioError, match="more than inference.prompt_len"):
         resolve(_doc("inference", prompt_len=500, images_per_sample=2))
 
@@ -267,3 +268,16 @@ def test_measure_refuses_a_vision_language_model() -> None:
 
     problems = unsupported(resolve(_doc()), "cpu")
     assert any(p.where == "model" and "vision-language model" in p.message for p in problems)
+
+
+def test_inference_vision_encoder_moment_by_hand() -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.moment import K
+
+    r = resolve(_doc("inference", batch_size=8, prompt_len=1024, images_per_sample=2))
+    (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
+    # 8 prompts x 2 images = 16 images of 4096 patches, bf16; SigLIP's running layer is its MLP moment: the
+    # layer input, the residual, the normalised input (3 x 1152) and fc1's and GELU's outputs (2 x 4304):
+    # 4096 x 12,064 x 2 = 98,828,288 per image; pixel values 4096 x 3 x 14^2 x 2 = 4,816,896 per image
+    assert vision.get(K.VISION_TOWER) == 16 * (98_828_288 + 4_816_896) == 1_658_322_944
+    assert vision.get(K.KV_PROMPT) == 0  # the prompt's cache is not built yet

@@ -149,7 +149,9 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                        "forward's transient tensors, made before the language model's, are not counted); the "
                        f"{n * tokens:,} image tokens are counted in seq_len")
     elif n:
-        out.append(f"not modelled: the vision tower's transient activations for {n} image(s) of "
-                   f"{patches:,} patches in the prefill; the {n * tokens:,} image tokens "
-                   "are counted in prompt_len and the KV cache")
+        out.extend(v.notes)
+        out.append(f"vision tower in the prefill: {n} image(s) per prompt of {patches:,} patches, its running "
+                   "layer as a decoder layer's of the tower's shape, with the pixel values and the text embeddings "
+                   "alive, before the prompt's cache exists (analytic/inference.py vision_moment); the "
+                   f"{n * tokens:,} image tokens are counted in prompt_len and the KV cache")
     return out
