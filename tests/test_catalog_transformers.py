@@ -33,6 +33,8 @@ def test_adapter_count_equals_transformers_module(row) -> None:  # type: ignore[
         warnings.simplefilter("ignore")
         cfg = transformers.AutoConfig.for_model(**dict(row.config))
         cls = transformers.AutoModelForMaskedLM if spec.model_type == "bert" else transformers.AutoModelForCausalLM
+        if spec.vision is not None:  # the whole vision-language model: tower, projector and language model
+            cls = transformers.AutoModelForImageTextToText
         with torch.device("meta"):
             module = cls.from_config(cfg)
     counted = sum(p.numel() for p in module.parameters())

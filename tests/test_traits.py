@@ -40,7 +40,7 @@ def test_no_engine_file_branches_on_the_family_name() -> None:
 
 
 def test_every_registered_family_names_its_modeling_file() -> None:
-    assert len(FAMILIES) == 38
+    assert len(FAMILIES) == 40
     for model_type, fam in FAMILIES.items():
         assert re.fullmatch(r"modeling_\w+\.py", fam.modeling), model_type
 
@@ -136,7 +136,9 @@ _NO_SDPA = {"gpt_oss"}
 _DYNAMIC_CACHE_SINCE = {"falcon": (4, 45), "gpt_neox": (4, 45), "bloom": (4, 44), "gemma2": (4, 44), "opt": (4, 49),
                         "gpt2": (4, 52), "gpt_bigcode": (4, 56)}
 _FLOAT_LOGITS = {"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "olmo", "phi", "phi3", "qwen2",
-                 "qwen2_moe", "starcoder2"}
+                 "qwen2_moe", "starcoder2",
+                 # Qwen2.5-VL's language model is the qwen2 adapter's, with its traits
+                 "qwen2_5_vl"}
 _COMPUTE_DTYPE_SOFTMAX = {"gpt2", "falcon"}
 _HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5}
 

@@ -58,6 +58,7 @@ from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
+from vramplan.analytic.terms.vision import tower_tensors
 from vramplan.spec.model import ModelSpec
 
 __all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
@@ -133,6 +134,9 @@ class StepLayout:
     # train.activation_offload: the checkpointed layer inputs leave the GPU after their layer's forward and come
     # back for its backward (terms/saved.py ``offloaded_inputs``)
     offload_inputs: bool = False
+    # a vision-language model's tower, trained on the batch's images: its saved tensors, made before the first
+    # layer and freed with the shared tensors (terms/vision.py)
+    vision_saved: tuple[int, ...] = ()
 
 
 class _Stream:
@@ -482,6 +486,7 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
     # output, so the last layer's output stands for the final norm's input (counted in head_saved)
     emb_bytes = min(lay.head_saved, resid) if lay.has_head else resid
     emb = st.alloc(emb_bytes)
+    vision = st.alloc_all(lay.vision_saved)
     shared = st.alloc(lay.shared)
     outs: list[Any] = []   # per layer: (saved ids, cast ids)
     order = list(range(n_layers))
@@ -530,6 +535,7 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
     st.free(g)
     st.free(emb)
     st.free(shared)
+    st.free_all(vision)
     if not grads_exist and lay.embed_grad > 0:
         grads.append(st.alloc(lay.embed_grad))
     st.free(gathered)
@@ -684,8 +690,18 @@ def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, boo
             per = n // max(1, sum(map(lset.__contains__, p.layer_span)))
             inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
         else:
-            outside.append(each)
+            # a group outside the layers with several instances (a vision tower's encoder layers) is that many
+            # tensors; every other such group is one
+            outside.extend([each] * n)
     return inner, outside
+
+
+def _outside_trainable(m: ModelSpec, rp: RankParams, tp: int, frozen: tuple[str, ...]) -> tuple[int, ...]:
+    """``_tensors``' tensors outside the layers without the frozen ones (``StepContext.frozen_prefixes``)."""
+    from dataclasses import replace
+
+    held = replace(m, params=tuple(p for p in m.params if not p.name.startswith(frozen)))
+    return tuple(_tensors(held, rp, tp)[1])
 
 
 def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ...], other: tuple[int, ...],
@@ -755,7 +771,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         outside_trainable: tuple[int, ...] = ()
     else:
         layer_trainable = tuple(x for x, _ in inner)
-        outside_trainable = tuple(outside)
+        outside_trainable = tuple(outside) if not c.frozen_prefixes else _outside_trainable(m, rp, tp, c.frozen_prefixes)
     layers = _layer_terms(c, table, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
     ls0 = c.layer_specs[0] if c.layer_specs else None
     if ls0 is not None and ls0.moe and m.moe is not None:
@@ -782,7 +798,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs, grads_during_forward=c.grads_during_fwd, has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (), kernel_loss=_kernel_loss_tensors(terms),
-        offload_inputs=c.s.train.activation_offload == "cpu",
+        offload_inputs=c.s.train.activation_offload == "cpu", vision_saved=tower_tensors(c),
     )
 
 

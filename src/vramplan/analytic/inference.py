@@ -604,11 +604,43 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
     return mo
 
 
+def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
+    """A vision-language model's image encoding, before the language model's layers (None: no image).
+
+    ``Gemma3Model.forward`` / ``Qwen2_5_VLModel.forward`` (transformers 5.24) embed the prompt's text
+    (``inputs_embeds``, kept) and then run the vision tower over the images without grad.  The tower's layers
+    are transformer blocks: its running layer is ``prefill_layer_bytes`` of the tower's layer shape
+    (``VisionSpec.tower``) over batch x images x patches tokens, with the pixel values (compute dtype) alive.
+    Nothing of the prompt's cache exists yet.  The tower's attention runs within each image; with eager
+    attention the running layer's s x s terms are those of one image's patches.
+    """
+    from dataclasses import replace as _replace
+
+    from vramplan.spec.vision import image_grid
+
+    v, inf = g.m.vision, g.r.scenario.inference
+    if v is None or v.tower is None or inf.images_per_sample == 0:
+        return None
+    patches, _ = image_grid(v, inf.image_size)
+    images = g.batch * inf.images_per_sample
+    tower = _replace(g.r, model=v.tower)
+    layer = images * prefill_layer_bytes(tower, 1, patches, g.c, 1, g.attention)
+    pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * g.c
+    mo = Moment("prefill")  # the images are encoded in the prefill forward, before its decoder layers
+    mo.add(K.PARAMETERS, t.weights)
+    mo.add(K.INPUTS_EMBEDS, kept_embeddings_bytes(g.m, g.batch, g.prompt, g.c))
+    mo.add(K.VISION_TOWER, layer + pixels)
+    mo.add(K.DEQUANT, dequant_term(g, t.largest_linear))
+    mo.add(K.CUBLAS, t.cublas)
+    return mo
+
+
 def inference_step(r: Resolved) -> InferenceResult:
     """The peak of one ``generate`` call over its prefill moment and its decode moments (module docstring)."""
     g = GenerateCall.of(r)
     t = call_terms(g)
-    moments = [prefill_moment(g, t)]
+    vision = vision_moment(g, t)
+    moments = ([vision] if vision is not None else []) + [prefill_moment(g, t)]
     # generate runs one forward per new token: the prefill makes the first, each decode step feeds the last
     # one back, so n tokens take n - 1 decode steps and the cache ends at p + n - 1 tokens
     if g.new >= 2:

@@ -68,6 +68,10 @@ class RankParams:
     # the features as this rank holds them; formats sized matrix by matrix read it (weights.weights_bytes)
     linear_shapes: tuple[tuple[str, int, int, int, int], ...] = ()
     expert_bias: int = 0  # routed experts' bias elements on this rank (gpt-oss)
+    # parameters held but frozen under full fine-tuning (train.freeze_vision_tower), and those of them in the
+    # weight-decay group: no gradient, no optimizer state
+    frozen: int = 0
+    frozen_decay: int = 0
 
 
 def split_on_rank(p: ParamGroup, tp: int, ep: int) -> int:
@@ -229,6 +233,8 @@ class _Tally:
     outside: int = 0
     lora: int = 0
     dora: int = 0
+    frozen: int = 0
+    frozen_decay: int = 0
     head: int = 0
     expert_bias: int = 0
     shapes: list[tuple[str, int, int, int, int]] = field(default_factory=list)
@@ -268,21 +274,28 @@ class _Tally:
 
 
 def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
-                lt: LoraTargets | None = None) -> RankParams:
-    """``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``)."""
+                lt: LoraTargets | None = None, frozen: tuple[str, ...] = ()) -> RankParams:
+    """``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``); ``frozen``: name prefixes
+    of parameters that full fine-tuning leaves frozen (``RankParams.frozen``)."""
     layers = stage_layers(model.num_layers, pp, stage)
     lset = set(layers)
     first, last = stage == 0, stage == pp - 1
     if lt is None:
         lt = lora_targets(peft, model)
     t = _Tally(layers)
+    # a vision tower and its projector run before the first decoder layer: on the first stage, as the embeddings
+    vision = model.vision.param_prefixes if model.vision is not None else None
     for p in model.params:
-        if not _on_stage(p, first, last):
+        if not _on_stage(p, first, last) or (vision and not first and p.name.startswith(vision)):
             continue
         n_inst = count_on_rank(p, lset, ep)
         if n_inst == 0:
             continue
         t.base(p, split_on_rank(p, tp, ep), n_inst, tp, ep)
+        if frozen and p.name.startswith(frozen):
+            size = split_on_rank(p, tp, ep) * n_inst
+            t.frozen += size
+            t.frozen_decay += size if p.decays else 0
         if peft is None or not p.in_features:
             continue
         rank, fan_in, fan_out = _adapter_rank(p, peft, lt, tp)
@@ -298,5 +311,5 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
         largest_linear=t.largest, decay=t.decay, per_layer=tuple(t.per_layer.get(i, 0) for i in layers),
         outside_layers=t.outside, has_embedding=first, has_lm_head=last, lora=t.lora + t.dora,
         lora_per_layer=tuple(t.lora_layer.get(i, 0) for i in layers), dora_magnitudes=t.dora,
-        linear_shapes=tuple(t.shapes), expert_bias=t.expert_bias,
+        linear_shapes=tuple(t.shapes), expert_bias=t.expert_bias, frozen=t.frozen, frozen_decay=t.frozen_decay,
     )

@@ -78,6 +78,8 @@ class K:
     ROPE = _k("activations", "RoPE cos/sin", "the rotary embedding's cos/sin for the prompt")
     RUNNING_LAYER = _k("activations", "running layer", "the largest layer's live tensors during prefill")
     FINAL_HIDDEN = _k("activations", "final hidden states", "the last layer's output before the LM head")
+    VISION_TOWER = _k("activations", "vision tower",
+                      "a vision-language model's vision tower running its largest layer over the prompt's images")
     PROFILE_SAMPLER = _k("activations", "profile peak (sampler)", "vLLM's profile run peak, reached by the sampler")
     PROFILE_FORWARD = _k("activations", "profile peak (forward)", "vLLM's profile run peak, reached by the forward")
     # KV cache

@@ -70,6 +70,12 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
         out.append(Problem("train.objective", f"measure runs a supervised (sft) step; objective {s.train.objective} "
                            "needs TRL's trainer and its rollout engine", "measure inside your own GRPO run with the "
                            "callbacks (docs/measure.md), or set train.objective: sft"))
+    if m.vision is not None:
+        # spec.families.transformers_config builds the language model alone: its step would lack the tower's
+        # weights, gradients and activations that the estimate counts
+        out.append(Problem("model", f"{m.name} is a vision-language model; measure builds its language model "
+                           "alone, without the vision tower and images the estimate counts",
+                           "measure the language model (its text_config as the model), or estimate"))
     par = s.parallel
     if s.hardware.num_gpus > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1:
         out.append(Problem("hardware.num_gpus", "measure runs one process on one device",

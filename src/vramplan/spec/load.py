@@ -22,6 +22,7 @@ from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
+from vramplan.spec.vision import image_problems, vision_notes
 
 __all__ = [
     "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES",
@@ -275,7 +276,7 @@ def _model_in(annotation: Any) -> Any:
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
     return [*_parallel_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
-            *_block_fp8_problems(s, m), *_engine_problems(s)]
+            *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m)]
 
 
 def _engine_problems(s: Scenario) -> list[Problem]:
@@ -702,7 +703,7 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
     if s.task == "inference" and fw in ("torchtitan", "deepspeed"):
         out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
     # parallel.ep on a dense model is a contradiction, refused before this (spec/checks.py contradictions)
-    return out
+    return out + vision_notes(s, m)
 
 
 def _checkpoint_problem(s: Scenario, m: ModelSpec, cq: CheckpointQuant, said: str) -> Problem | None:

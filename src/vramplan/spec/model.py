@@ -209,6 +209,47 @@ class Traits:
 
 
 @dataclass(frozen=True)
+class VisionSpec:
+    """A vision-language model's image path: the vision tower (a ViT over patches) and the projector that
+    maps its output into the language model's embedding space.
+
+    ``tokens_per_image``: image tokens each image puts into the language model's sequence (the processor's
+    rule); ``patches_per_image``: tokens the tower itself runs over, per image; ``param_prefixes``: the
+    ``ParamGroup`` name prefixes of the tower and the projector (their parameters are in ``ModelSpec.params``);
+    ``tower``: one encoder layer's shape as a ``ModelSpec`` of its own (no parameters listed), which the
+    activation model reads as it reads a decoder layer (analytic/terms/vision.py).
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    image_size: int
+    patch_size: int
+    patches_per_image: int
+    tokens_per_image: int
+    hidden_act: str
+    source: str
+    param_prefixes: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
+    tower: ModelSpec | None = None
+    num_channels: int = 3
+    # the patch embedding's frames per patch (Qwen2.5-VL's Conv3d: 2; a 2-D patch convolution: 1)
+    temporal_patch_size: int = 1
+    # side of the square of patches merged into one image token (Qwen2.5-VL: 2; 1: none)
+    merge_size: int = 1
+    # the processor resizes each image within [min_pixels, max_pixels] keeping its size (Qwen2-VL's
+    # ``smart_resize``) rather than to ``image_size`` (Gemma 3); ``image_size`` is then the largest image's side
+    min_pixels: int = 0
+    max_pixels: int = 0
+    # what the tower saves per patch after its last layer, as (kind, elements) with kind "norm" (that many
+    # norms of the tower's kind), "residual" or "compute" (elements in that dtype): Gemma 3's post-layernorm
+    # and average pool's input, Qwen2.5-VL's merger norm and MLP inputs
+    head_saved_per_patch: tuple[tuple[str, int], ...] = ()
+    # what the adapter knows the activation model approximates in this tower (the report's assumptions)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     model_type: str
@@ -248,6 +289,8 @@ class ModelSpec:
     # what reading a Hub id's files could not establish (its headers not cached while offline), for the
     # report's assumptions (catalog/hub.py checkpoint_notes)
     source_notes: tuple[str, ...] = ()
+    # a vision-language model's vision tower and projector (None: a text-only model)
+    vision: VisionSpec | None = None
 
     @property
     def family(self) -> str:
@@ -281,7 +324,18 @@ class ModelSpec:
                                "active_parameters": self.num_active_parameters, "source": self.source}
         if self.checkpoint_files is not None:
             out["checkpoint"] = self.checkpoint_files.summary()
+        if self.vision is not None:
+            out["vision"] = {"parameters": self.vision_parameters, "tokens_per_image": self.vision.tokens_per_image,
+                             "patches_per_image": self.vision.patches_per_image, "image_size": self.vision.image_size,
+                             "layers": self.vision.num_layers}
         return out
+
+    @property
+    def vision_parameters(self) -> int:
+        """Parameters of the vision tower and the projector (0 for a text-only model)."""
+        if self.vision is None:
+            return 0
+        return sum(p.total for p in self.params if p.name.startswith(self.vision.param_prefixes))
 
     def layer_params(self, index: int) -> int:
         return sum(p.numel * _per_layer_count(p) for p in self.params if index in p.layer_span)

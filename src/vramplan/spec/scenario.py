@@ -205,6 +205,30 @@ class Train(_Strict):
     Liger-Kernel v0.8.2 ``ops/rms_norm.py``, ``ops/swiglu.py``, ``ops/rope.py`` (each function's
     ``ctx.save_for_backward``); docs/conventions.md, Liger kernels."""
 
+    images_per_sample: int = Field(0, ge=0, le=10_000)
+    """Images in each sequence (seq_len) of a vision-language model (one with a vision tower, such as gemma3); 0 for
+    text only.  seq_len counts every token of the input ids, the image tokens included.
+
+    Each image becomes the model's image tokens in the text (Gemma 3: 256, transformers 5.24
+    ``Gemma3Processor.image_seq_length``) and runs through the vision tower (Gemma 3: 4096 patches of
+    14 x 14 at 896 x 896, ``SiglipVisionEmbeddings``); docs/models.md, Vision-language models, says what is
+    and is not modelled."""
+
+    image_size: int | None = Field(None, ge=1, le=100_000)
+    """Side of each (square) image in pixels; null: the model's default.  Gemma 3 resizes every image to
+    896 x 896 (the value is ignored); Qwen2.5-VL resizes it to multiples of 28 within its processor's
+    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).
+
+    transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize``: the tower runs over
+    (h / 14) x (w / 14) patches, the merger makes one image token of each 2 x 2."""
+
+    freeze_vision_tower: bool = False
+    """Full fine-tuning of a vision-language model with its vision tower and projector frozen: they keep their
+    weights but get no gradient, no optimizer state and save no activation.
+
+    TRL's and LLaMA-Factory's ``freeze_vision_tower`` (``requires_grad_(False)`` on the tower); with PEFT the
+    tower is frozen anyway.  docs/models.md, Vision-language models."""
+
     activation_offload: ActivationOffload = "none"
     """Saved activations copied to pinned host memory in the forward and brought back in the backward
     (torchtune's OffloadActivations, TRL's ``activation_offloading``): none, or cpu, with
@@ -280,6 +304,23 @@ class Inference(_Strict):
 
     An fp32 or bf16 dtype overrides it at run time (``Linear4bit.set_compute_type``), so it matters for
     fp16 models only (docs/conventions.md, bitsandbytes' dequantized weights at inference)."""
+
+    images_per_sample: int = Field(0, ge=0, le=10_000)
+    """Images in each prompt (prompt_len) of a vision-language model (one with a vision tower, such as gemma3); 0 for
+    text only.  prompt_len counts every token of the input ids, the image tokens included.
+
+    Each image becomes the model's image tokens in the text (Gemma 3: 256, transformers 5.24
+    ``Gemma3Processor.image_seq_length``) and runs through the vision tower (Gemma 3: 4096 patches of
+    14 x 14 at 896 x 896, ``SiglipVisionEmbeddings``); docs/models.md, Vision-language models, says what is
+    and is not modelled."""
+
+    image_size: int | None = Field(None, ge=1, le=100_000)
+    """Side of each (square) image in pixels; null: the model's default.  Gemma 3 resizes every image to
+    896 x 896 (the value is ignored); Qwen2.5-VL resizes it to multiples of 28 within its processor's
+    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).
+
+    transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize``: the tower runs over
+    (h / 14) x (w / 14) patches, the merger makes one image token of each 2 x 2."""
 
 
 class Speculative(_Strict):

@@ -120,6 +120,11 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
         if s.effective_framework in ("hf-trainer", "accelerate"):
             out.append("accelerate's autocast wrapper converts half outputs to fp32; gradients clipped to norm 1.0")
     out.append("CUDA context 400 MiB; cuBLAS workspaces as analytic/overhead.py")
+    if r.model.vision is not None:
+        # spec.families.transformers_config builds the language model of a multimodal config alone
+        out.append(f"not modelled: the vision tower and projector ({r.model.vision_parameters:,} parameters) and "
+                   "the images: the traced engine builds and traces the language model alone (the vision tower's "
+                   "weights and activations in this report's assumptions are the analytic engine's)")
     out.extend(st.notes)
     out.extend(notes)
     from vramplan.catalog.gpus import bare_name_note

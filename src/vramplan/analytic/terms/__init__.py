@@ -21,6 +21,7 @@ from vramplan.analytic.terms import (
     saved,
     sharding,
     transients,
+    vision,
 )
 from vramplan.analytic.terms.base import Term, by_layer, bytes_of
 from vramplan.analytic.terms.context import StepContext
@@ -43,6 +44,7 @@ TERMS: tuple[TermFn, ...] = (
     cpu_offload.small_gradients,      # torchao's offload_gradients: the GPU-kept tensors' gradients
     saved.layer_saved,                # saved activations per layer (checkpointing, in-flight micro-batches)
     saved.shared_saved,               # RoPE cos/sin, masks
+    vision.tower_saved,               # a vision-language model's vision tower, trained on the batch's images
     saved.head_saved,                 # final norm + LM-head input
     casts.layer_casts,                # autocast weight copies per layer
     casts.head_casts,                 # the head's weight copy

@@ -94,7 +94,7 @@ _LAYOUTS_KEPT = 256
 
 
 def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
-                 lt: LoraTargets) -> RankParams:
+                 lt: LoraTargets, frozen: tuple[str, ...] = ()) -> RankParams:
     """``layout.rank_params``, computed once per model and layout (an immutable record)."""
     mine = _RANK_PARAMS.get(id(m))
     if mine is None or mine[0] is not m:
@@ -102,13 +102,13 @@ def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft
             _RANK_PARAMS.clear()
         mine = _RANK_PARAMS[id(m)] = (m, {})
     layouts = mine[1]
-    key = (tp, pp, ep, stage, id(peft), lt)
+    key = (tp, pp, ep, stage, id(peft), lt, frozen)
     hit = layouts.get(key)
     if hit is not None and hit[0] is peft:
         return hit[1]
     if len(layouts) >= _LAYOUTS_KEPT:
         layouts.clear()
-    rp = rank_params(m, tp, pp, ep, stage, peft, lt)
+    rp = rank_params(m, tp, pp, ep, stage, peft, lt, frozen)
     layouts[key] = (peft, rp)
     return rp
 
@@ -223,11 +223,18 @@ class StepContext:
 
     @cached_property
     def rp(self) -> RankParams:
-        return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt)
+        return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt, self.frozen_prefixes)
+
+    @cached_property
+    def frozen_prefixes(self) -> tuple[str, ...]:
+        """Name prefixes of the parameters full fine-tuning leaves frozen: a vision-language model's tower and
+        projector with ``train.freeze_vision_tower`` (requires_grad False: no gradient, no optimizer state)."""
+        v = self.m.vision
+        return v.param_prefixes if v is not None and self.peft is None and self.s.train.freeze_vision_tower else ()
 
     @property
     def trainable(self) -> int:
-        return self.rp.lora if self.peft is not None else self.rp.total
+        return self.rp.lora if self.peft is not None else self.rp.total - self.rp.frozen
 
     @property
     def trainable_shard(self) -> int:

@@ -26,7 +26,7 @@ def optimizer_cost_of(c: StepContext) -> OptimizerCost:
     peft, pol = c.peft, c.pol
     return optimizer_cost_for(
         c.m, c.rp, peft=peft, optimizer=c.s.train.optimizer, framework=c.framework, shards=c.shards[0], tp=c.tp,
-        trainable=c.trainable, decay=c.rp.lora if peft is not None else c.rp.decay,
+        trainable=c.trainable, decay=c.rp.lora if peft is not None else c.rp.decay - c.rp.frozen_decay,
         param_bytes=4 if pol.master_bytes else pol.param_bytes)
 
 

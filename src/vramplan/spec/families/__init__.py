@@ -17,12 +17,14 @@ from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
 from vramplan.spec.families.falcon import FALCON
 from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLELM
+from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
 from vramplan.spec.families.phi import PHI
+from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.starcoder2 import STARCODER2
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
@@ -32,6 +34,8 @@ FAMILIES: dict[str, Family] = {
     "gpt2": GPT2, "gpt_bigcode": GPT_BIGCODE, "gptj": GPTJ, "gpt_neox": GPT_NEOX, "falcon": FALCON,
     "bloom": BLOOM, "opt": OPT, "bert": BERT, "phi": PHI, "starcoder2": STARCODER2,
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
+    # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
+    "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL,
 }
 
 
@@ -40,9 +44,14 @@ def flatten_text_config(cfg: Mapping[str, Any], default_type: str | None = None)
 
     The text config inherits the outer ``tie_word_embeddings``, ``torch_dtype`` and ``quantization_config``;
     Gemma 3's outer ``model_type`` "gemma3" names the multimodal class, its language model is "gemma3_text"
-    (``default_type`` also names a text config without a model_type).
+    (``default_type`` also names a text config without a model_type).  A config with a ``vision_config`` whose
+    outer ``model_type`` is a registered family (``gemma3``, ``qwen2_5_vl``) is kept whole for ``model_from_config`` (no
+    ``default_type``): its adapter builds the vision tower too; ``transformers_config`` (which passes a
+    ``default_type``) still takes the language model alone.
     """
     out = dict(cfg)
+    if default_type is None and cfg.get("model_type") in FAMILIES and isinstance(cfg.get("vision_config"), Mapping):
+        return out  # a vision-language family whose adapter builds the tower and the language model together
     text = cfg.get("text_config")
     if isinstance(text, Mapping) and "hidden_size" not in cfg and "n_embd" not in cfg:
         merged = dict(text)
@@ -60,6 +69,11 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     multimodal config, the ``model_type`` of the transformers classes that build the family
     (``Family.transformers_model_type``), without the null keys its configuration class rejects."""
     out = flatten_text_config(cfg, default_type="gemma3_text")
+    outer = FAMILIES.get(str(cfg.get("model_type")))
+    if outer is not None and outer.text_model_type and isinstance(cfg.get("vision_config"), Mapping):
+        # a vision-language model's language model alone (the traced engine's report says the tower is not traced)
+        out = {k: v for k, v in out.items() if k not in ("vision_config", "text_config")}
+        out["model_type"] = outer.text_model_type
     fam = FAMILIES.get(str(out.get("model_type")))
     if fam is not None:
         if fam.transformers_model_type:

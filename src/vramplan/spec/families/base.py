@@ -221,6 +221,7 @@ class Family:
     build this family (None: its own); the traced engine and ``measure`` instantiate that class.
     ``drop_null_keys``: keys a config may hold as null that the transformers configuration class rejects.
     ``torchtitan_model``: torchtitan's name for the family where torchtitan ships it (its ``torchtitan/models/``).
+    ``text_model_type``: a vision-language family's language model (``transformers_config`` builds it alone).
     """
 
     build: Builder
@@ -230,6 +231,9 @@ class Family:
     transformers_model_type: str | None = None
     drop_null_keys: tuple[str, ...] = ()
     torchtitan_model: str | None = None
+    # a vision-language family: the ``model_type`` of its language model, which the traced engine and
+    # ``measure`` build alone from ``text_config`` (``transformers_config``)
+    text_model_type: str | None = None
 
 
 def required(*keys: str) -> tuple[tuple[str, ...], ...]:

@@ -1,0 +1,157 @@
+"""Images in a vision-language model's batch: the checks and the report's assumptions.
+
+A vision-language model (``ModelSpec.vision``, set by its family adapter: ``spec/families/gemma3.py``) holds a
+vision tower and a projector; their parameters are in ``ModelSpec.params``, so weights, gradients and
+optimizer states follow from them like every other parameter.  The images of a batch
+(``train.images_per_sample``, ``inference.images_per_sample``) put ``tokens_per_image`` image tokens each into
+the language model's sequence; ``seq_len`` / ``prompt_len`` count them (the processor writes them into the
+input ids: transformers 5.24 ``Gemma3Processor``, ``full_image_sequence``).  What the engines do not model
+is said as ``not modelled: `` assumptions (docs/models.md, Vision-language models).
+"""
+
+from __future__ import annotations
+
+import math
+
+from vramplan.errors import Problem
+from vramplan.spec.model import ModelSpec, VisionSpec
+from vramplan.spec.scenario import Scenario
+
+__all__ = ["image_grid", "image_problems", "image_size", "image_tokens", "images_per_sample", "smart_resize",
+           "vision_notes"]
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's processor resize (transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py``
+    ``smart_resize``): both sides multiples of ``factor`` (patch x merge), the area within [min, max] pixels,
+    the aspect ratio kept as closely as possible."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError("absolute aspect ratio must be smaller than 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
+    """(patches through the tower, image tokens in the text) of one square image of ``size`` pixels a side.
+
+    A fixed-resolution processor (Gemma 3: every image resized to ``v.image_size``) ignores ``size``.  A
+    dynamic one (Qwen2.5-VL) resizes it with ``smart_resize`` (None: the largest image, ``v.image_size``);
+    the tower runs over (h / patch) x (w / patch) patches and the merger makes one token of each
+    merge x merge square (``Qwen2VLImageProcessor``: ``num_image_tokens = grid_t * grid_h * grid_w //
+    merge_size**2``, one temporal patch per image)."""
+    if not v.max_pixels:
+        return v.patches_per_image, v.tokens_per_image
+    side = size or v.image_size
+    h, w = smart_resize(side, side, v.patch_size * v.merge_size, v.min_pixels, v.max_pixels)
+    patches = (h // v.patch_size) * (w // v.patch_size)
+    return patches, patches // (v.merge_size * v.merge_size)
+
+
+def image_size(s: Scenario) -> int | None:
+    """The side of the task's images in pixels (None: the model's default)."""
+    if s.task == "train":
+        return s.train.image_size
+    if s.task == "inference":
+        return s.inference.image_size
+    return None
+
+
+def images_per_sample(s: Scenario) -> int:
+    """Images per sequence of the scenario's task (0 for serve, whose images are vLLM's own profiling)."""
+    if s.task == "train":
+        return s.train.images_per_sample
+    if s.task == "inference":
+        return s.inference.images_per_sample
+    return 0
+
+
+def image_tokens(s: Scenario, m: ModelSpec) -> int:
+    """Image tokens per sequence: images x the model's tokens per image (0 for a text-only model)."""
+    return 0 if m.vision is None else images_per_sample(s) * image_grid(m.vision, image_size(s))[1]
+
+
+def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Images for a model without a vision tower; more image tokens than the sequence holds."""
+    n = images_per_sample(s)
+    if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
+        return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3 or qwen2_5_vl)")]
+    if n == 0:
+        return []
+    where = f"{s.task}.images_per_sample"
+    if m.vision is None:
+        return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3 or qwen2_5_vl)")]
+    length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
+                                                                                  "inference.prompt_len")
+    tokens = image_tokens(s, m)
+    if tokens > length:
+        return [Problem(where, f"{n} image(s) of {tokens // n:,} tokens each are {tokens:,} tokens, "
+                        f"more than {name} {length:,} (which counts the image tokens)",
+                        f"raise {name} to at least {tokens:,} or give fewer images")]
+    return []
+
+
+def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
+    """The report's assumptions for a vision-language model: what is counted and what is not modelled."""
+    v = m.vision
+    if v is None:
+        return []
+    n = images_per_sample(s)
+    patches, tokens = image_grid(v, image_size(s))
+    if v.max_pixels:
+        side = image_size(s) or v.image_size
+        shape = (f"a {side} x {side} image resized by the processor's smart_resize (min_pixels {v.min_pixels:,}, "
+                 f"max_pixels {v.max_pixels:,}{'' if image_size(s) else '; image_size not given: the largest image'})")
+    else:
+        shape = f"{v.image_size} x {v.image_size} (every image resized to it{'; image_size ignored' if image_size(s) else ''})"
+    first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
+             f"model's dtype; each image is {tokens:,} image tokens of the language model's sequence and "
+             f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}) through {v.num_layers} tower layers")
+    out = [first]
+    if s.task == "serve":
+        out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
+                   "vision-language model (the estimate is the language model's start-up)")
+        return out
+    if s.task == "train":
+        frozen = s.train.peft is not None or s.train.freeze_vision_tower
+        if s.train.peft is None and s.train.freeze_vision_tower:
+            out.append("freeze_vision_tower: the vision tower and projector keep their weights but get no gradient "
+                       "and no optimizer state (the HF Trainer's optimizer groups take only parameters that "
+                       "require grad, Trainer.create_optimizer)")
+        elif s.train.peft is None:
+            out.append("the vision tower and projector are trained (their gradients and optimizer states are "
+                       "counted; train.freeze_vision_tower freezes them)")
+        else:
+            out.append("not modelled: adapters peft would place on the vision tower's linears whose names match "
+                       "target_modules (the tower is counted frozen, without adapters)")
+        if not frozen and n == 0:
+            out.append("not modelled: with no images in the batch the tower's parameters get no gradient (torch "
+                       "leaves .grad None for parameters outside the graph) and AdamW creates no state for them; "
+                       "they are counted as trained")
+        if n and not frozen:
+            out.extend(v.notes)
+            out.append(f"vision tower activations: {n} image(s) of {patches:,} patches per sequence "
+                       f"through {v.num_layers} encoder layers, saved as the decoder layers' terms of the tower's "
+                       "shape from the forward to the embedding's backward (analytic/terms/vision.py); the "
+                       "projector's tensors after its first ones and the tower's backward temporaries are not counted; "
+                       f"the {n * tokens:,} image tokens are counted in seq_len")
+        elif n:
+            out.append(f"the frozen vision tower runs {n} image(s) per sequence without autograd recording (its "
+                       "forward's transient tensors, made before the language model's, are not counted); the "
+                       f"{n * tokens:,} image tokens are counted in seq_len")
+    elif n:
+        out.extend(v.notes)
+        out.append(f"vision tower in the prefill: {n} image(s) per prompt of {patches:,} patches, its running "
+                   "layer as a decoder layer's of the tower's shape, with the pixel values and the text embeddings "
+                   "alive, before the prompt's cache exists (analytic/inference.py vision_moment); the "
+                   f"{n * tokens:,} image tokens are counted in prompt_len and the KV cache")
+    return out
