@@ -788,11 +788,15 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
                            "(sliding-window layers keep only their window)")
     multimodal = multimodal_architecture(r)
     if multimodal:
+        # a family adapter with a vision tower (spec/families/gemma3.py, qwen2_5_vl.py) puts the tower's weights
+        # in the parameter count; any other multimodal config is flattened to its language model
+        counted = ("the encoder's weights are counted (the vision tower), its profile run and cache are not"
+                   if r.model.vision is not None else "only the language model is counted here")
         assumptions.append(
             f"not modelled: the multimodal encoder of {multimodal}: vLLM loads its weights with the language model "
             "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
             "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0), both taken from the "
-            "KV budget; only the language model is counted here, so the KV pool is overestimated (limit the "
+            f"KV budget; {counted}, so the KV pool is overestimated (limit the "
             "modalities to 0 with --limit-mm-per-prompt to serve text only)")
     return assumptions
 
