@@ -91,18 +91,19 @@ def _hook_bytes(model: Any, batch: int, seq: int) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "olmo2", "gemma3_text"])
+# Cohere's per-head CohereLayerNorm q/k norms (use_qk_norm): 12 B per element and one rsqrt per head
+@pytest.mark.parametrize("model_type", ["qwen3", "olmo2", "gemma3_text", "cohere"])
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_saved_bytes_per_token_match_autograd(model_type: str, dtype_name: str) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cfg = {"model_type": model_type, **_TINY}
+    cfg = {"model_type": model_type, **_TINY, **({"use_qk_norm": True} if model_type == "cohere" else {})}
     conf = transformers.AutoConfig.for_model(**cfg)
     torch.manual_seed(0)
     dtype = getattr(torch, dtype_name)
     model = transformers.AutoModelForCausalLM.from_config(conf, attn_implementation="sdpa").to(dtype).train()
     # two lengths: the difference is what grows with the tokens (Gemma 3's per-norm ``1 + weight.float()``
-    # copies do not), per token
+    # and Cohere's ``weight.to(fp32)`` copies do not), per token
     b, s1, s2 = 2, 8, 12
     hook = (_hook_bytes(model, b, s2) - _hook_bytes(model, b, s1)) // (b * (s2 - s1))
     c = 4 if dtype == torch.float32 else 2
