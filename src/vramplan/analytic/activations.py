@@ -344,9 +344,7 @@ def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[S
     kvw = max(1, ceil_div(m.num_kv_heads, tp)) * m.head_dim
     out = _linear_input_tensors("attention.qkv", width_in, m.traits.qkv_modules, in_b, ctx)
     if m.qk_norm:
-        # per-head q/k RMSNorm: fp32 copy + normalized tensor; GemmaRMSNorm keeps both in fp32
-        per = 4 if ctx.frozen_base else 8 if m.norm == "gemma_rms" else 4 + c
-        out += [_T("attention.q_norm", per * qw), _T("attention.k_norm", per * kvw)]
+        out += qk_norm_tensors(m, ctx, heads, qw, kvw)
     if m.traits.fused_qkv_view and ctx.attention != "math":
         # a fused QKV projection whose q and k are rotated into new tensors: the value handed to the
         # kernel is a view of the fused output, which keeps the whole [q|k|v] buffer alive
@@ -375,6 +373,35 @@ def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[S
     if _dropout(m.hidden_dropout, ctx):
         out.append(_T("attention.residual_dropout_mask", m.hidden_size))
     return [t for t in out if t.nbytes]
+
+
+def qk_norm_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int) -> list[SavedTensor]:
+    """The q and k norms, per token: their per-element tensors and one row statistic per normalized row.
+
+    They normalize ``q_proj``/``k_proj``'s output, in the compute dtype c.  Per element: an RMSNorm's fp32
+    copy (4; the output itself when c is fp32) and, for its weight's gradient only, the normalized tensor in c
+    (Llama's ``weight * x.to(input_dtype)``) or fp32 (GemmaRMSNorm's ``x * (1 + weight)`` and OLMo-2's
+    ``(weight * x).to(input_dtype)``, norm kinds "gemma_rms" and "rms_fp32").  Rows: one per head
+    (``RMSNorm(head_dim)`` on ``[b, s, heads, head_dim]``: Qwen3, Gemma 3, GLM-4-MoE, EXAONE 4) or one per
+    token (``Traits.qk_norm_full_width``: OLMo-2, OLMoE), each keeping its ``_norm_stats`` (RMSNorm's fp32
+    rsqrt, 4 B).  Checked with ``torch.autograd.graph.saved_tensors_hooks`` on transformers 5.24 (tests/
+    test_saved_norms.py): a Qwen3 layer with 4 heads and 2 KV heads keeps [b, s, 4, 1] and [b, s, 2, 1]
+    fp32 tensors beside the normalized ones.  Example, Qwen3-8B (32 heads, 8 KV heads, head_dim 128) under
+    bf16 mixed precision: q (4 + 2) x 4096 + 4 x 32 = 24,704 B and k (4 + 2) x 1024 + 4 x 8 = 6,176 B per token.
+    """
+    kind = m.norm
+    c = ctx.compute_bytes
+    if kind == "layer_fp32":
+        # CohereLayerNorm over (heads, head_dim), the layer's norm kind (see ``_norm_saved``): 12 B, 8 frozen
+        per = 8 if ctx.frozen_base else 12
+    elif kind in ("gemma_rms", "rms_fp32"):
+        per = 4 if ctx.frozen_base else 8
+    else:
+        per = 4 if ctx.frozen_base else 4 + c
+    stats = _norm_stats(kind)
+    kv_heads = kvw // m.head_dim
+    q_rows, k_rows = (1, 1) if m.traits.qk_norm_full_width else (heads, kv_heads)
+    return [_T("attention.q_norm", per * qw + stats * q_rows), _T("attention.k_norm", per * kvw + stats * k_rows)]
 
 
 def _eager_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int, s_keys: int) -> list[SavedTensor]:

@@ -25,7 +25,7 @@ Role = Literal["embedding", "position", "linear", "expert", "router", "norm", "b
 TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
 # layer_fp32: Cohere's LayerNorm, weight only, computed in fp32 by eager ops; layer_nonparam: OLMo-1's
 # LayerNorm without weight or bias, run on an fp32 copy of its input; rms_fp32: gpt-oss's RMSNorm, which
-# multiplies by its weight in fp32 and casts afterwards (``(self.weight * hidden_states).to(input_dtype)``)
+# multiplies by its weight in fp32 and casts afterwards (``(self.weight * hidden_states).to(input_dtype)``; OLMo-2 too)
 Norm = Literal["rms", "rms_fp32", "gemma_rms", "layer", "layer_fp32", "layer_nonparam"]
 Position = Literal["rope", "learned", "alibi", "none"]
 
@@ -171,6 +171,10 @@ class Traits:
     # the layer's norms follow its sublayers (``residual + norm(sublayer(x))``: OLMo-2, EXAONE 4), so each
     # normalizes a compute-dtype tensor rather than the residual stream (analytic/activations.py layer_norm_saved)
     post_norms: bool = False
+    # the q/k norms normalize the whole projection (OLMo-2, OLMoE: ``RMSNorm(num_heads * head_dim)`` on
+    # ``q_proj``'s output) rather than each head (Qwen3, Gemma 3: ``RMSNorm(head_dim)``), so they keep one
+    # row statistic per token instead of one per head (analytic/activations.py ``qk_norm_tensors``)
+    qk_norm_full_width: bool = False
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)

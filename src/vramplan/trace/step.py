@@ -10,8 +10,9 @@ Trainer's ``zero_grad(set_to_none=True)``).  Categories are given as memory is u
   before the backward, and the logits and the loss, are ``temporaries``;
 * backward: ``temporaries``, except a checkpointed layer's recomputation (``activations``) and
   the tensors that become ``param.grad`` (``gradients``, relabelled for their whole life);
-* the cuBLAS workspaces (one per handle: the forward thread and the autograd thread) are
-  ``other``, sized by analytic/overhead.py.
+* the cuBLAS workspaces (one per handle: the forward thread and the autograd thread, both alive from
+  the step's start, the latter made in the previous step's backward) are ``other``, sized by
+  analytic/overhead.py.
 """
 
 from __future__ import annotations
@@ -326,6 +327,13 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                         p.grad = torch.zeros_like(p)
                         tracker.track(p.grad, "gradients", n)
                 tracker.synthetic(ws_bytes, "other", "cuBLAS workspace (forward)")
+                # the steady step: the autograd device thread's workspace exists from the previous step's
+                # backward.  PyTorch keeps one per (handle, stream) in CublasHandlePool.cpp's static
+                # ``cublas_handle_stream_to_workspace`` map until ``torch._C._cuda_clearCublasWorkspaces()``, and
+                # the autograd engine's device threads (engine.cpp ``start_device_threads``) and the handles
+                # they reserve (DeviceThreadHandles.h) live as long as the process; a peak in the forward (the
+                # loss of transformers <= 4.30, no upcast) holds both, as analytic/terms/resident.py counts
+                tracker.synthetic(ws_bytes, "other", "cuBLAS workspace (autograd thread)")
                 phase[0] = "forward"
                 tracker.mark("forward")
                 with tracker.category("activations"):
@@ -333,7 +341,6 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 _classify_forward(tracker)
                 phase[0] = "backward"
                 tracker.mark("backward")
-                tracker.synthetic(ws_bytes, "other", "cuBLAS workspace (autograd thread)")
                 with tracker.category("temporaries"):
                     backward: Any = loss.backward
                     backward()

@@ -67,7 +67,13 @@ VARIANTS: dict[str, Variant] = {
     "mistral": Variant("modeling_mistral.py", sliding_default=True, traits=Traits(upcasts_all_logits=True)),
     "qwen2": Variant("modeling_qwen2.py", qkv_bias_only=True, sliding="from_layer", traits=Traits(upcasts_all_logits=True)),
     "qwen3": Variant("modeling_qwen3.py", qk_norm="head", sliding="from_layer"),
-    "olmo2": Variant("modeling_olmo2.py", qk_norm="full"),
+    # OLMo-2 (modeling_olmo2.py at transformers 5.24): post-norm layers (Olmo2DecoderLayer: ``residual +
+    # post_attention_layernorm(self_attn(x))``, then post_feedforward_layernorm after the MLP; no input norm),
+    # full-width q/k norms, and Olmo2RMSNorm returns ``(self.weight * hidden_states).to(input_dtype)``: the
+    # weight multiplies the fp32 normalized tensor, which is what the weight's gradient keeps (gpt-oss's form)
+    "olmo2": Variant("modeling_olmo2.py", qk_norm="full", norm="rms_fp32",
+                     norm_names=("post_attention_layernorm", "post_feedforward_layernorm"),
+                     traits=Traits(post_norms=True, qk_norm_full_width=True)),
     "gemma": Variant("modeling_gemma.py", tied_default=True, norm="gemma_rms", traits=Traits(upcasts_all_logits=True)),
     # Gemma 2 soft-caps attention scores (eager tanh) and the final logits; DynamicCache from 4.44
     "gemma2": Variant("modeling_gemma2.py", tied_default=True, norm="gemma_rms", sandwich_norms=True,
@@ -94,7 +100,7 @@ VARIANTS: dict[str, Variant] = {
     # OLMoE: OLMo-2's full-width q/k RMSNorm on a pre-norm decoder, 64 experts of intermediate_size in every
     # layer (OlmoeSparseMoeBlock: softmax over all experts, then top-k; no shared expert)
     "olmoe": Variant("modeling_olmoe.py", qk_norm="full", moe="every_layer",
-                     traits=Traits(peft_converts_experts=True)),
+                     traits=Traits(peft_converts_experts=True, qk_norm_full_width=True)),
     # GraniteMoE: Mixtral's layout under block_sparse_moe with a top-k-then-softmax router
     # (GraniteMoeTopKRouter: logits.float().topk, softmax over the k values) and fused experts
     # (4.x GraniteMoeParallelExperts input_linear [E, 2I, h] / output_linear [E, h, I]: parameters, not
