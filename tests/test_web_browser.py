@@ -415,10 +415,11 @@ def test_serving_engines_sglang_and_llamacpp(page: Any, server: str) -> None:
     assert "max_total_num_tokens" in page.locator("#serve-facts").inner_text()
     page.locator("#curve-note").filter(has_text="modelled for engine vllm only").wait_for()
     assert page.locator("#chart-curve").is_hidden()
-    # llama.cpp on a 24 GiB card at the model's full 131,072-token context: its cudaMalloc failure, and its log
+    # llama.cpp on a 16 GiB card at the model's full 131,072-token context (16 GiB of f16 KV alone): its
+    # cudaMalloc failure, and its log
     page.locator("#f-serve-engine").select_option(label="llamacpp")
-    page.locator("#f-hardware-gpu").fill("RTX-4090")
-    llama = {**doc, "hardware": {"gpu": "RTX-4090"}, "serve": {"engine": "llamacpp"}}
+    page.locator("#f-hardware-gpu").fill("RTX-4080")
+    llama = {**doc, "hardware": {"gpu": "RTX-4080"}, "serve": {"engine": "llamacpp"}}
     assert "will not start: cudaMalloc failed" in _engine_message(llama)
     # the exact line for the final setup (llama.cpp on the H100 comes and goes on the way)
     page.wait_for_function("t => document.querySelector('#serve-message').textContent === t", arg=_engine_message(llama))
