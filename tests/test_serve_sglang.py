@@ -334,3 +334,21 @@ def test_piecewise_graphs_are_off_for_a_multimodal_model() -> None:
                                                                        sglang_version="0.5.5"))).reserved_heuristic_bytes
     assert llama.reserved_heuristic_bytes is not None and llama_055.reserved_heuristic_bytes is not None
     assert llama.reserved_heuristic_bytes - llama_055.reserved_heuristic_bytes == 58 * 8 * 1024 * 1024
+
+
+def test_dp_attention_is_stated_not_modelled_for_moe_and_mla_at_tp_above_one() -> None:
+    # SGLang offers --enable-dp-attention for MoE/MLA models; the scenario has no key for it, so the answer is the
+    # pool without it and must say so (never silently): DeepSeek-V2-Lite (MLA + MoE) and Qwen3-30B-A3B (MoE) at tp 2
+    for model in ("deepseek-ai/DeepSeek-V2-Lite", "Qwen/Qwen3-30B-A3B"):
+        d = decide_sglang(resolve(doc(model=model, tp=2, sglang_version="0.4.2")))
+        assert any(a.startswith("DP attention (--enable-dp-attention) not modelled") for a in d.assumptions)
+    # not for a dense GQA model, nor at tp 1 (nothing for DP attention to split)
+    dense = decide_sglang(resolve(doc(tp=2, sglang_version="0.4.2")))
+    single = decide_sglang(resolve(doc(model="Qwen/Qwen3-30B-A3B", sglang_version="0.4.2")))
+    assert not any("DP attention" in a for a in dense.assumptions + single.assumptions)
+
+
+def test_enable_dp_attention_key_is_refused_not_ignored() -> None:
+    # a user who writes SGLang's option gets an error naming it, not an answer that ignores it
+    with pytest.raises(ScenarioError, match="serve.enable_dp_attention"):
+        resolve(doc(model="deepseek-ai/DeepSeek-V2-Lite", tp=2, enable_dp_attention=True))

@@ -523,6 +523,19 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     return dec
 
 
+# --enable-dp-attention (DeepSeek's MLA models in 0.4.x, more MoE models later) has no scenario key: an MoE or MLA
+# model at tp > 1 is answered without it, and says so. What it would change, from the 0.4.2 wheel (server_args.py
+# __post_init__: dp_size = tp_size, chunked_prefill_size // 2; layers/dp_attention.py
+# compute_dp_attention_world_info: attention tp size = tp / dp; models/deepseek_v2.py: the attention projections
+# become ReplicatedLinear; model_runner.py profile_max_num_token: the cell's KV heads divided by
+# get_attention_tp_size()) and PR #7054 (0.4.8 to 0.5.2: 4 GiB more reserved with DP attention).
+_DP_ATTENTION_NOT_MODELLED = (
+    "DP attention (--enable-dp-attention) not modelled: this is the pool without it. With it each rank runs "
+    "attention at tp / dp (at dp = tp a GQA model keeps all its KV heads and full attention weights on every rank), "
+    "each DP rank keeps its own pool for its own requests, chunked prefill is halved (0.4.x) and the default "
+    "fraction reserves 4 GiB more (0.4.8 to 0.5.2)")
+
+
 def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Settings) -> list[str]:
     sv, m = r.scenario.serve, r.model
     fraction = (f"mem_fraction_static {st.mem_fraction_static} as given" if st.fraction_given else
@@ -545,6 +558,8 @@ def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Setti
     if any(la.sliding_window for la in m.layers):
         out.append("sliding-window layers counted as full attention (SGLang's hybrid SWA pool, "
                    "swa_full_tokens_ratio, is not modelled; SGLang disables it for Gemma-2/3 and gpt-oss)")
+    if d.tp > 1 and (m.moe is not None or m.mla is not None):
+        out.append(_DP_ATTENTION_NOT_MODELLED)
     if d.max_req_input_len + 1 < d.context_len:
         out.append(f"one request of context_len {d.context_len:,} does not fit the pool: SGLang starts and caps "
                    f"input at {d.max_req_input_len:,} tokens")
