@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 
 from vramplan.validate.markdown import fmt_pct, to_markdown
-from vramplan.validate.metrics import FitsVerdict, Summary, summarize
-from vramplan.validate.runner import EntryResult, Prediction, ValidationResult
+from vramplan.validate.metrics import Summary
+from vramplan.validate.runner import EntryResult, Prediction, ValidationResult, summarize_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLDOUT = ROOT / "validation" / "holdout.yaml"
@@ -40,31 +40,6 @@ def load_result(path: Path) -> ValidationResult:
     data = json.loads(path.read_text(encoding="utf-8"))
     data.pop("skipped", None)  # derived from the entries (ValidationResult.to_json_dict)
     return ValidationResult.model_validate(data)
-
-
-def summarize_entries(entries: Sequence[EntryResult], key: str) -> Summary:
-    """The runner's per-group summary (validate/runner.py ``_summarize``) over the given entries."""
-    errors: list[float] = []
-    verdicts: list[FitsVerdict] = []
-    band: list[tuple[str, str]] = []
-    covered: list[bool] = []
-    not_run = 0
-    for e in entries:
-        p = e.predictions.get(key)
-        if p is None or p.status == "not_applicable":
-            continue
-        if p.status in ("unavailable", "error"):
-            not_run += 1
-            continue
-        if p.signed_error is not None:
-            errors.append(p.signed_error)
-        if p.verdict is not None:
-            verdicts.append(p.verdict)
-        if p.band_verdict is not None:
-            band.append((p.band_verdict, e.outcome))
-        if p.covered is not None:
-            covered.append(p.covered)
-    return summarize(errors, verdicts, not_run, band, covered)
 
 
 def _row(cells: Sequence[str]) -> str:

@@ -45,6 +45,7 @@ __all__ = [
     "default_engines",
     "predicted_quantity",
     "run_validation",
+    "summarize_entries",
     "validate",
     "workload",
 ]
@@ -329,7 +330,8 @@ def _evaluate(entry: Entry, engines: Mapping[str, EngineFn], rules: Sequence[Rul
                        capacity_bytes=r.gpu.total_memory_bytes, predictions=preds)
 
 
-def _summarize(results: Iterable[EntryResult], key: str) -> Summary:
+def summarize_entries(results: Iterable[EntryResult], key: str) -> Summary:
+    """One predictor's summary (errors, verdicts, band verdicts, coverage, runs that failed) over some entries."""
     errors: list[float] = []
     verdicts: list[FitsVerdict] = []
     band: list[tuple[str, str]] = []
@@ -355,7 +357,7 @@ def _summarize(results: Iterable[EntryResult], key: str) -> Summary:
 
 def _group(results: Sequence[EntryResult], key: str, attr: str) -> dict[str, Summary]:
     names = sorted({getattr(e, attr) for e in results})
-    return {n: _summarize([e for e in results if getattr(e, attr) == n], key) for n in names}
+    return {n: summarize_entries([e for e in results if getattr(e, attr) == n], key) for n in names}
 
 
 def _unavailable_reason(results: Sequence[EntryResult], key: str) -> str:
@@ -380,13 +382,13 @@ def run_validation(dataset: Dataset, engines: Mapping[str, EngineFn] | None = No
     for name in engines:
         summaries.append(PredictorSummary(
             key=name, kind="engine", label=name, applies_to="all",
-            overall=_summarize(ok, name), by_task=_group(ok, name, "task"), by_workload=_group(ok, name, "workload"),
+            overall=summarize_entries(ok, name), by_task=_group(ok, name, "task"), by_workload=_group(ok, name, "workload"),
             by_source=_group(ok, name, "source"), by_motivation=_group(ok, name, "motivation"),
             unavailable_reason=_unavailable_reason(ok, name)))
     for rule in rules:
         summaries.append(PredictorSummary(
             key=rule.key, kind="rule", label=rule.label, applies_to="/".join(rule.tasks),
-            overall=_summarize(ok, rule.key), by_task=_group(ok, rule.key, "task"),
+            overall=summarize_entries(ok, rule.key), by_task=_group(ok, rule.key, "task"),
             by_workload=_group(ok, rule.key, "workload"), by_source=_group(ok, rule.key, "source")))
     return ValidationResult(
         dataset=dataset.path, n_entries=len(results), n_resolved=len(ok), n_usable=sum(e.usable for e in results),
