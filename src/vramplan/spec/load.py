@@ -654,7 +654,20 @@ def _skipped_linears(cq: CheckpointQuant, m: ModelSpec) -> list[str]:
     """Skipped modules (``llm_int8_skip_modules``/``modules_to_not_convert``) that name a linear layer
     vramplan quantizes: the LM head, embeddings and routers are never quantized here anyway."""
     leaves = {p.module for p in m.params if p.role in ("linear", "expert")}
-    return [x for x in cq.skip_modules if x.rsplit(".", 1)[-1].replace("*", "") in leaves]
+    # compressed-tensors ``ignore`` entries "re:<pattern>" are matched against module names
+    # (``utils/match.py`` ``is_match``: ``re.match``); here against one layer's names, ``model.layers.0.<...>``
+    names = ["model." + p.name.removesuffix(".weight").replace("layers.", "layers.0.", 1)
+             for p in m.params if p.role in ("linear", "expert")]
+    return [x for x in cq.skip_modules
+            if (x.startswith("re:") and any(_regex_match(x[3:], n) for n in names))
+            or (not x.startswith("re:") and x.rsplit(".", 1)[-1].replace("*", "") in leaves)]
+
+
+def _regex_match(pattern: str, name: str) -> bool:
+    try:
+        return re.match(pattern, name) is not None
+    except re.error:
+        return False
 
 
 def checkpoint_quantization_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], list[Problem]]:
