@@ -170,3 +170,20 @@ def test_an_ignore_pattern_that_names_a_quantized_linear_is_refused() -> None:
     assert "re:.*down_proj" in str(exc.value)
     # lm_head and a pattern matching no linear (a MoE router) are what vramplan leaves unquantized anyway
     assert resolve(_doc({**_W4A16, "ignore": ["lm_head", "re:.*mlp.gate$"]})).scenario.inference.quantization == "ct-w4a16"
+
+
+def test_transformers_decompression_of_compressed_tensors_is_stated_not_modelled() -> None:
+    notes = estimate(_doc(_W4A16)).assumptions
+    assert any(a.startswith("not modelled: ct-w4a16 under transformers") for a in notes)
+    assert not any("CompressedLinear" in a for a in estimate(_doc(None, quantization="gptq-4bit")).assumptions)
+
+
+def test_vllm_skips_autogptq_extra_biases() -> None:
+    from vramplan.serve.vllm import serve_weights_bytes
+
+    doc = {"model": "meta-llama/Llama-2-7b-hf", "task": "serve", "hardware": {"gpu": "H100"},
+           "serve": {"quantization": "gptq-4bit"}}
+    rp = rank_params(load_model("meta-llama/Llama-2-7b-hf"), 1, 1, 1, 0, None)
+    # the checkpoint's fp16 bias per output row of every quantized linear: 32 x (4 x 4096 + 2 x 11008 + 4096) x 2
+    # = 2,719,744 B that vLLM's llama.py load_weights skips ("Skip loading extra bias for GPTQ models")
+    assert serve_weights_bytes(resolve(doc))[0] == weights_bytes(rp, 2, "gptq-4bit") - 2_719_744

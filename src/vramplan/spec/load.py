@@ -351,7 +351,7 @@ def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
 
 
 def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str = "") -> list[str]:
-    """How each engine holds MXFP4 and block-wise fp8 weights, as assumptions the report states;
+    """How each engine holds MXFP4, block-wise fp8 and compressed-tensors weights, as assumptions the report states;
     ``compute_capability``: the GPU's, where the engines change path with it."""
     if s.task not in ("inference", "serve"):
         return []
@@ -359,6 +359,12 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     cap = _capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap)
+    if q.startswith("ct-") and s.task == "inference":
+        # compressed-tensors linear/compressed_linear.py CompressedLinear.forward: a COMPRESSED layer decompresses
+        # its weight at its first forward and registers it as a dense parameter beside the compressed tensors
+        return [f"not modelled: {q} under transformers: compressed-tensors' CompressedLinear decompresses each weight "
+                "at its first forward and keeps the dense copy (compressed_linear.py); the weights are estimated as "
+                "the checkpoint stores them"]
     if q != "fp8-block":
         return []
     engine = ("vLLM Fp8LinearMethod / Fp8MoEMethod with block_quant (quantization/fp8.py)" if s.task == "serve"
