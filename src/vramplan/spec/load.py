@@ -362,9 +362,9 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     if q.startswith("ct-") and s.task == "inference":
         # compressed-tensors linear/compressed_linear.py CompressedLinear.forward: a COMPRESSED layer decompresses
         # its weight at its first forward and registers it as a dense parameter beside the compressed tensors
-        return [f"not modelled: {q} under transformers: compressed-tensors' CompressedLinear decompresses each weight "
-                "at its first forward and keeps the dense copy (compressed_linear.py); the weights are estimated as "
-                "the checkpoint stores them"]
+        return [(f"not modelled: {q} under transformers: compressed-tensors' CompressedLinear decompresses each "
+                 "weight at its first forward and keeps the dense copy (compressed_linear.py); the weights are "
+                 "estimated as the checkpoint stores them")]
     if q != "fp8-block":
         return []
     engine = ("vLLM Fp8LinearMethod / Fp8MoEMethod with block_quant (quantization/fp8.py)" if s.task == "serve"
