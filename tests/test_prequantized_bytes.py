@@ -11,6 +11,8 @@ import dataclasses
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vramplan.analytic.layout import rank_params
 from vramplan.analytic.weights import weights_bytes
@@ -187,3 +189,14 @@ def test_vllm_skips_autogptq_extra_biases() -> None:
     # the checkpoint's fp16 bias per output row of every quantized linear: 32 x (4 x 4096 + 2 x 11008 + 4096) x 2
     # = 2,719,744 B that vLLM's llama.py load_weights skips ("Skip loading extra bias for GPTQ models")
     assert serve_weights_bytes(resolve(doc))[0] == weights_bytes(rp, 2, "gptq-4bit") - 2_719_744
+
+
+@given(st.sampled_from(["gptq-3bit", "gptq-4bit", "gptq-8bit", "ct-w4a16", "ct-w8a8-int8", "ct-fp8"]),
+       st.integers(1, 64), st.integers(1, 64))
+def test_one_matrix_sizes_the_same_either_way(name: str, in_groups: int, out_32: int) -> None:
+    # whole groups of 128 inputs and 32-row multiples (AutoGPTQ packs 32 values into `bits` int32 words): the
+    # matrix-by-matrix size equals the flattened one, and fewer payload bits never store more
+    fmt = quant_format(name)
+    i, o = 128 * in_groups, 32 * out_32
+    assert fmt.matrix_bytes(i, o) == fmt.linear_bytes(i * o, o)
+    assert fmt.matrix_bytes(i, o) < i * o * 2  # always below the 16-bit weight
