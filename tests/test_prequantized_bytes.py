@@ -200,3 +200,10 @@ def test_one_matrix_sizes_the_same_either_way(name: str, in_groups: int, out_32:
     i, o = 128 * in_groups, 32 * out_32
     assert fmt.matrix_bytes(i, o) == fmt.linear_bytes(i * o, o)
     assert fmt.matrix_bytes(i, o) < i * o * 2  # always below the 16-bit weight
+
+
+def test_a_gptqmodel_checkpoint_says_the_bias_is_counted() -> None:
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 128, "meta": {"quantizer": ["gptqmodel:2.2.0"]}}
+    cq = read_quantization_config({**LLAMA2_7B, "quantization_config": qc})
+    assert cq is not None and cq.format == "gptq-4bit" and "written by GPTQModel" in cq.description
+    assert any("written by GPTQModel" in a for a in estimate(_doc(qc)).assumptions)

@@ -145,6 +145,11 @@ def _grouped(method: str, q: Mapping[str, Any]) -> CheckpointQuant:
     bits = int(q.get("bits", q.get("w_bit", 4)))
     group = int(q.get("group_size", q.get("q_group_size", 128)))
     words = f"{method.upper()} {bits}-bit, group size {group}"
+    if method == "gptq" and "gptqmodel" in str(q.get("meta", "")).lower():
+        # the rows count the fp16 bias AutoGPTQ's make_quant adds to every QuantLinear; a checkpoint another
+        # writer produced may lack it for bias-less linears, which the report then says
+        words += (" (written by GPTQModel: the fp16 bias AutoGPTQ stores per output row of every quantized linear "
+                  "is counted, 2 B per row more where the checkpoint has none)")
     widths = GPTQ_BITS if method == "gptq" else (4,)
     if bits in widths and group == GPTQ_GROUP:
         return CheckpointQuant(method, words, f"{method}-{bits}bit")
