@@ -54,7 +54,7 @@ def test_the_bnb_compute_dtype_and_double_quant_are_read() -> None:
 
 
 @pytest.mark.parametrize(("qc", "says"), [
-    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ 3-bit, group size 128"),
+    ({"quant_method": "gptq", "bits": 2, "group_size": 128}, "GPTQ 2-bit, group size 128"),  # 3, 4, 8 have rows
     ({"quant_method": "awq", "bits": 4, "group_size": 64}, "AWQ 4-bit, group size 64"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_use_double_quant": True}, "4-bit fp4 with double"),
     # block-wise fp8 has a row for e4m3 with 128 x 128 tiles only; MXFP4 has a row (tests/test_mx_fp8_block.py)

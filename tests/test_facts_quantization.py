@@ -28,8 +28,19 @@ EXPECTED = {
     "nf4-dq": 8_388_608 + 262_144 + 4 * 1_024,  # uint8 absmax per 64 + one fp32 per 256 absmaxes = 8,654,848
     "int8": 16_777_216 + 4 * 4_096,  # 1 B per weight + fp32 row scale (SCB)
     "fp8": 16_777_216 + 4 * 4_096,  # 1 B per weight + fp32 per-channel scale
-    # groups of 128 inputs: 131,072 fp16 scales (262,144 B) + 4-bit zero points (65,536 B)
-    "gptq-4bit": 8_388_608 + 262_144 + 65_536,
+    # groups of 128 inputs: 131,072 fp16 scales (262,144 B) + 4-bit zero points (65,536 B); AutoGPTQ also
+    # stores g_idx int32 per input (4,096 x 4 = 16,384 B) and an fp16 bias per output (4,096 x 2 = 8,192 B)
+    "gptq-4bit": 8_388_608 + 262_144 + 65_536 + 16_384 + 8_192,
+    # 3 bits: 16,777,216 x 3 / 8 = 6,291,456 payload; zero points 131,072 x 3 / 8 = 49,152
+    "gptq-3bit": 6_291_456 + 262_144 + 49_152 + 16_384 + 8_192,
+    # 8 bits: 1 B per weight; zero points 131,072 x 1 B
+    "gptq-8bit": 16_777_216 + 262_144 + 131_072 + 16_384 + 8_192,
+    # compressed-tensors W4A16: int4 payload + bf16 scale per group of 128 (symmetric: no zero point) +
+    # weight_shape int64[2] (16 B)
+    "ct-w4a16": 8_388_608 + 262_144 + 16,
+    # int8 / fp8 weights + one bf16 scale per output row ([out, 1])
+    "ct-w8a8-int8": 16_777_216 + 2 * 4_096,
+    "ct-fp8": 16_777_216 + 2 * 4_096,
     "awq-4bit": 8_388_608 + 262_144 + 65_536,
     # MXFP4: 4-bit payload + one uint8 E8M0 scale per 32 inputs of each row: 4,096 x 128 = 524,288 B
     "mxfp4": 8_388_608 + 524_288,

@@ -161,9 +161,9 @@ def launch_readme(ranked: RankedSetup, s: TrainSetup | ServeSetup, model: Launch
                   "`vllm_engine_args.json` holds the same settings as `vllm.EngineArgs` keyword arguments."]
         if s.quantization != "none" and quant_format(s.quantization).prequantized_checkpoint:
             # GPTQ/AWQ are quantized after release; gpt-oss (MXFP4) and DeepSeek-V3 (fp8-block) ship so
-            if quant_format(s.quantization).library in ("gptq", "awq"):
+            if quant_format(s.quantization).library in ("gptq", "awq", "compressed-tensors"):
                 lines += ["", (f"`{s.quantization}` needs a checkpoint quantized that way: replace `{model.name}` with "
-                               "an AWQ/GPTQ version of the model.")]
+                               "an AWQ/GPTQ/compressed-tensors (llm-compressor) version of the model.")]
             else:
                 lines += ["", (f"`{s.quantization}` needs a checkpoint stored that way (its config.json's "
                                "quantization_config declares it, as gpt-oss's and DeepSeek-V3's do).")]

@@ -16,7 +16,22 @@ Worked bytes (``weights.quantized_linear_bytes``):
   256 with one fp32 constant per such block: 4 + 8/64 + 32/(64 x 256) = 4.127 bits per weight.
 * ``int8`` (LLM.int8, arXiv 2208.07339): 1 byte per weight plus one fp32 scale per output row (``SCB``).
 * ``gptq-4bit``/``awq-4bit`` (group size 128): 4-bit weights packed in int32, plus per group and
-  output column one fp16 scale and one 4-bit zero point: 4 + 16/128 + 4/128 = 4.156 bits.
+  output column one fp16 scale and one 4-bit zero point: 4 + 16/128 + 4/128 = 4.156 bits.  AutoGPTQ
+  (v0.7.1 ``qlinear_cuda_old.QuantLinear``) also stores ``g_idx`` (int32 per input feature) and, since
+  ``make_quant`` builds every ``QuantLinear`` with ``bias=True``, an fp16 ``bias`` per output feature, whether the
+  model's linear had one or not; AutoAWQ's ``WQLinear_GEMM`` stores neither.  Where the model's linear has its own
+  bias (Qwen2's q/k/v) that bias is the same tensor and is also counted among the dense parameters: 2 B per such
+  output feature counted twice, which no row can tell apart (vLLM skips the extra biases: ``serve/vllm.py``).
+  4096 x 4096: 8,388,608 + 262,144 + 65,536 + 16,384 g_idx + 8,192 bias = 8,740,864 B.
+* ``gptq-3bit``/``gptq-8bit``: the same tensors at 3 or 8 bits (``qweight`` [in/32 x bits, out], ``qzeros``
+  [groups, out/32 x bits]).  Checked against TheBloke/Llama-2-13B-GPTQ's published file sizes in
+  ``tests/test_prequantized_bytes.py``.
+* ``ct-w4a16`` (compressed-tensors ``pack-quantized``, llm-compressor's W4A16, symmetric, group 128):
+  ``weight_packed`` int32 [out, in/8] + a 16-bit ``weight_scale`` per group of 128 + ``weight_shape`` int64[2]
+  per matrix (16 B): 4096 x 4096 = 8,388,608 + 262,144 + 16 = 8,650,768 B.
+* ``ct-w8a8-int8``/``ct-fp8`` (``int-quantized``/``float-quantized``, channel-wise, symmetric, dynamic
+  activations: no ``input_scale``): 1 B per weight + a 16-bit ``weight_scale`` [out, 1]: 4096 x 4096 =
+  16,777,216 + 8,192 = 16,785,408 B.  The compressed-tensors reader is ``spec/families/compressed_tensors.py``.
 * ``fp8`` (per-channel scaled e4m3, as vLLM and transformers' FbgemmFp8/FineGrained loaders store
   it): 1 byte per weight plus one fp32 scale per output row.
 * ``mxfp4`` (OCP Microscaling Formats (MX) Specification v1.0, sec. 5: MXFP4 = FP4 e2m1 elements with one
@@ -49,8 +64,8 @@ from vramplan.facts import row_named
 from vramplan.units import DTYPE_BITS, ceil_div
 
 __all__ = [
-    "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_GROUP", "MX_BLOCK", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format",
-    "quant_names",
+    "CT_WEIGHT_SHAPE_BYTES", "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_BIAS_BITS", "GPTQ_GROUP", "GPTQ_G_IDX_BITS",
+    "MX_BLOCK", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format", "quant_names",
 ]
 
 NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit weights (functional.quantize_4bit)
@@ -100,6 +115,8 @@ class Scales:
             return out_features * ceil_div(in_features, self.size)
         if self.per == "tile":
             return ceil_div(out_features, self.size) * ceil_div(in_features, self.size)
+        if self.per == "group":  # AutoGPTQ/compressed-tensors: ceil(in / group_size) groups per output column
+            return out_features * ceil_div(in_features, self.size)
         return self.count(in_features * out_features, out_features)
 
     def bytes(self, numel: int, out_features: int) -> int:
@@ -118,7 +135,7 @@ class QuantFormat:
     name: str
     bits: int  # payload bits per weight
     scales: Scales
-    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4"]
+    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4", "compressed-tensors"]
     trainable_base: bool  # usable as a frozen base under PEFT training (TrainQuant)
     dequant: Dequant
     compute_dtype_rule: str
@@ -128,11 +145,19 @@ class QuantFormat:
     sources: tuple[str, ...] = ()
     quantized_roles: tuple[str, ...] = DEFAULT_ROLES  # the ParamGroup roles stored in this format
     expert_bias_dtype: str | None = None  # the dtype the engines hold the quantized experts' biases in
+    # tensors the checkpoint stores beside each quantized matrix, by its shape: bits per input feature (GPTQ
+    # ``g_idx`` int32), bits per output feature (AutoGPTQ's fp16 ``bias``), bytes per matrix (compressed-tensors
+    # ``weight_shape`` int64[2])
+    per_input_bits: int = 0
+    per_output_bits: int = 0
+    per_matrix_extra_bytes: int = 0
 
     @property
     def per_matrix(self) -> bool:
-        """Sized matrix by matrix (its scales follow each shape, or it quantizes only some roles)."""
-        return self.scales.per_matrix or self.quantized_roles != DEFAULT_ROLES
+        """Sized matrix by matrix (its scales follow each shape, it quantizes only some roles, or it stores
+        tensors per input feature, per output feature or per matrix)."""
+        extras = self.per_input_bits or self.per_output_bits or self.per_matrix_extra_bytes
+        return self.scales.per_matrix or self.quantized_roles != DEFAULT_ROLES or bool(extras)
 
     def matrix_bytes(self, in_features: int, out_features: int) -> int:
         """Bytes of one ``out_features`` x ``in_features`` matrix in this format.
@@ -142,8 +167,19 @@ class QuantFormat:
         """
         n = in_features * out_features
         s = self.scales
-        scales = ceil_div(s.matrix_count(in_features, out_features) * DTYPE_BITS[s.dtype], 8)
-        return ceil_div(n * self.bits, 8) + scales
+        count = s.matrix_count(in_features, out_features)
+        scales = ceil_div(count * DTYPE_BITS[s.dtype], 8) + ceil_div(count * s.zero_point_bits, 8)
+        return ceil_div(n * self.bits, 8) + scales + self.extra_bytes(in_features, out_features)
+
+    def extra_bytes(self, in_features: int, out_features: int) -> int:
+        """The per-input, per-output and per-matrix tensors of one matrix (``g_idx``, AutoGPTQ's ``bias``,
+        ``weight_shape``).
+
+        >>> quant_format("gptq-8bit").extra_bytes(4096, 4096)   # int32 g_idx + fp16 bias: 16,384 + 8,192
+        24576
+        """
+        return (ceil_div(in_features * self.per_input_bits, 8) + ceil_div(out_features * self.per_output_bits, 8)
+                + self.per_matrix_extra_bytes)
 
     @property
     def double_quant(self) -> bool:
@@ -155,13 +191,25 @@ class QuantFormat:
         >>> quant_format("nf4").linear_bytes(4096 * 4096, 4096)   # 8,388,608 payload + 262,144 x 4 absmax
         9437184
         """
-        return ceil_div(numel * self.bits, 8) + self.scales.bytes(numel, out_features)
+        extra = self.extra_bytes(numel // max(1, out_features), out_features)  # as one matrix
+        return ceil_div(numel * self.bits, 8) + self.scales.bytes(numel, out_features) + extra
 
 
 _BNB_4BIT_RULE = ("compute dtype = bnb_4bit_compute_dtype, replaced by the layer's first fp32 or bf16 input dtype "
                   "(Linear4bit.set_compute_type, bitsandbytes >= 0.41.0); the dequantized weight has the dtype it "
                   "was quantized from")
 _BNB4_SRC = ("bitsandbytes functional.quantize_4bit / nn.Linear4bit", "QLoRA arXiv 2305.14314")
+GPTQ_G_IDX_BITS = 32  # AutoGPTQ QuantLinear.g_idx: one int32 group index per input feature
+GPTQ_BIAS_BITS = 16  # AutoGPTQ make_quant builds every QuantLinear with bias=True: an fp16 bias per output feature
+CT_WEIGHT_SHAPE_BYTES = 16  # compressed-tensors pack-quantized ``weight_shape``: int64[2] per matrix
+_GPTQ_SRC = ("GPTQ arXiv 2210.17323",
+             ("AutoGPTQ v0.7.1 nn_modules/qlinear/qlinear_cuda_old.py QuantLinear.__init__ (qweight int32 "
+              "[in/32 x bits, out], qzeros int32 [ceil(in/group), out/32 x bits], scales fp16 [ceil(in/group), out], "
+              "g_idx int32 [in], bias fp16 [out])"),
+             "AutoGPTQ v0.7.1 modeling/_utils.py make_quant (QuantLinear(bits, group_size, in, out, True))")
+_CT_SRC = (("compressed-tensors compressors/quantized_compressors/base.py BaseQuantizationCompressor.compress "
+            "(weight_scale kept; weight_zero_point dropped when symmetric)"),
+           "scales in the dtype of the weights they were computed from (the checkpoint's torch_dtype)")
 
 QUANT_FORMATS: tuple[QuantFormat, ...] = (
     QuantFormat(
@@ -191,12 +239,12 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         hf_bnb_config=(("load_in_4bit", True), ("bnb_4bit_quant_type", "fp4"), ("bnb_4bit_use_double_quant", False)),
         vllm_quantization="bitsandbytes", sources=_BNB4_SRC,
     ),
-    QuantFormat(
-        name="gptq-4bit", bits=4, scales=Scales(per="group", size=GPTQ_GROUP, dtype="fp16", zero_point_bits=4),
+    *(QuantFormat(
+        name=f"gptq-{b}bit", bits=b, scales=Scales(per="group", size=GPTQ_GROUP, dtype="fp16", zero_point_bits=b),
         library="gptq", trainable_base=False, dequant="fused_kernel", compute_dtype_rule="fp16 kernels",
         vllm_quantization="gptq", prequantized_checkpoint=True,
-        sources=("GPTQ arXiv 2210.17323; AutoGPTQ QuantLinear (qweight, qzeros, scales)",),
-    ),
+        per_input_bits=GPTQ_G_IDX_BITS, per_output_bits=GPTQ_BIAS_BITS, sources=_GPTQ_SRC,
+    ) for b in (4, 3, 8)),
     QuantFormat(
         name="awq-4bit", bits=4, scales=Scales(per="group", size=GPTQ_GROUP, dtype="fp16", zero_point_bits=4),
         library="awq", trainable_base=False, dequant="fused_kernel",
@@ -227,6 +275,29 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         sources=("DeepSeek-V3 arXiv 2412.19437 sec. 3.3.2 (fine-grained quantization)",
                  "transformers integrations/finegrained_fp8.py FP8Linear (weight, weight_scale_inv)",
                  "vLLM quantization/fp8.py Fp8LinearMethod.create_weights (block_quant)"),
+    ),
+    QuantFormat(
+        name="ct-w4a16", bits=4, scales=Scales(per="group", size=GPTQ_GROUP, dtype="bf16"),
+        library="compressed-tensors", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="16-bit activations (weight-only int4; vLLM Marlin / machete kernels)",
+        vllm_quantization="compressed-tensors", prequantized_checkpoint=True,
+        per_matrix_extra_bytes=CT_WEIGHT_SHAPE_BYTES,
+        sources=(*_CT_SRC, ("compressed-tensors compressors/quantized_compressors/pack_quantized.py "
+                            "PackedQuantizationCompressor (weight_packed int32 [out, in/8], weight_shape int64[2])")),
+    ),
+    QuantFormat(
+        name="ct-w8a8-int8", bits=8, scales=Scales(per="row", dtype="bf16"),
+        library="compressed-tensors", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="int8 matmul with per-channel weight scales and dynamic per-token activation scales",
+        vllm_quantization="compressed-tensors", prequantized_checkpoint=True,
+        sources=(*_CT_SRC, "compressed-tensors naive_quantized.py IntQuantizationCompressor (weight int8 [out, in])"),
+    ),
+    QuantFormat(
+        name="ct-fp8", bits=8, scales=Scales(per="row", dtype="bf16"),
+        library="compressed-tensors", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="fp8 matmul with per-channel weight scales and dynamic per-token activation scales",
+        vllm_quantization="compressed-tensors", prequantized_checkpoint=True,
+        sources=(*_CT_SRC, "compressed-tensors naive_quantized.py FloatQuantizationCompressor (weight e4m3 [out, in])"),
     ),
 )
 

@@ -190,6 +190,12 @@ def serve_weights_bytes(r: Resolved) -> tuple[int, int]:
     params = weights_bytes(rp, c, s.serve.quantization)
     if s.serve.quantization == "mxfp4":
         params += mxfp4_layout_bytes(r, rp)
+    if s.serve.quantization != "none" and (fmt := quant_format(s.serve.quantization)).per_output_bits:
+        # AutoGPTQ writes an fp16 bias for every quantized linear; vLLM's model loaders skip a bias the model does
+        # not declare ("Skip loading extra bias for GPTQ models", models/llama.py load_weights), and the biases a
+        # model declares are counted among its dense parameters already
+        params -= sum(ceil_div(o * fmt.per_output_bits, 8) * n for role, _, o, _, n in rp.linear_shapes
+                      if role in fmt.quantized_roles)
     return params, rotary_cache_bytes(m, c)
 
 

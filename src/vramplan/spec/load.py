@@ -351,7 +351,7 @@ def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
 
 
 def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str = "") -> list[str]:
-    """How each engine holds MXFP4 and block-wise fp8 weights, as assumptions the report states;
+    """How each engine holds MXFP4, block-wise fp8 and compressed-tensors weights, as assumptions the report states;
     ``compute_capability``: the GPU's, where the engines change path with it."""
     if s.task not in ("inference", "serve"):
         return []
@@ -359,6 +359,12 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     cap = _capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap)
+    if q.startswith("ct-") and s.task == "inference":
+        # compressed-tensors linear/compressed_linear.py CompressedLinear.forward: a COMPRESSED layer decompresses
+        # its weight at its first forward and registers it as a dense parameter beside the compressed tensors
+        return [(f"not modelled: {q} under transformers: compressed-tensors' CompressedLinear decompresses each "
+                 "weight at its first forward and keeps the dense copy (compressed_linear.py); the weights are "
+                 "estimated as the checkpoint stores them")]
     if q != "fp8-block":
         return []
     engine = ("vLLM Fp8LinearMethod / Fp8MoEMethod with block_quant (quantization/fp8.py)" if s.task == "serve"
@@ -654,7 +660,20 @@ def _skipped_linears(cq: CheckpointQuant, m: ModelSpec) -> list[str]:
     """Skipped modules (``llm_int8_skip_modules``/``modules_to_not_convert``) that name a linear layer
     vramplan quantizes: the LM head, embeddings and routers are never quantized here anyway."""
     leaves = {p.module for p in m.params if p.role in ("linear", "expert")}
-    return [x for x in cq.skip_modules if x.rsplit(".", 1)[-1].replace("*", "") in leaves]
+    # compressed-tensors ``ignore`` entries "re:<pattern>" are matched against module names
+    # (``utils/match.py`` ``is_match``: ``re.match``); here against one layer's names, ``model.layers.0.<...>``
+    names = ["model." + p.name.removesuffix(".weight").replace("layers.", "layers.0.", 1)
+             for p in m.params if p.role in ("linear", "expert")]
+    return [x for x in cq.skip_modules
+            if (x.startswith("re:") and any(_regex_match(x[3:], n) for n in names))
+            or (not x.startswith("re:") and x.rsplit(".", 1)[-1].replace("*", "") in leaves)]
+
+
+def _regex_match(pattern: str, name: str) -> bool:
+    try:
+        return re.match(pattern, name) is not None
+    except re.error:
+        return False
 
 
 def checkpoint_quantization_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], list[Problem]]:

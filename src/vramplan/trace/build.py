@@ -222,7 +222,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         # the traced engine emulates bitsandbytes' Linear4bit / Linear8bitLt only (trace/quant.py); GPTQ, AWQ,
         # fp8, block-wise fp8 and MXFP4 kernels are not emulated, so they are refused before building the model
         raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
-                                     "use --engine analytic for GPTQ/AWQ/fp8/fp8-block/MXFP4 checkpoints")])
+                                     "use --engine analytic for GPTQ/AWQ/fp8/fp8-block/MXFP4/compressed-tensors checkpoints")])
     if r.model.traits.attn_logit_softcap and attention == "sdpa":
         raise ScenarioError([Problem(
             "train.attention" if task == "train" else "inference.attention",

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramplan.facts.quantization import FP8_TILE
+from vramplan.facts.quantization import FP8_TILE, GPTQ_GROUP
+from vramplan.spec.families.compressed_tensors import read_compressed_tensors
 from vramplan.spec.model import CheckpointQuant, LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
 
 Config = Mapping[str, Any]
@@ -109,7 +110,11 @@ _DTYPE_WORDS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # the pre-quantized formats vramplan estimates as stored, for the error that names what is supported
 PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with double quantization, fp4)",
                           "GPTQ and AWQ 4-bit with group size 128", "fbgemm_fp8 (per-channel fp8)",
-                          "fp8 e4m3 with 128 x 128 block scales (fp8-block)", "MXFP4 MoE experts (mxfp4)")
+                          "fp8 e4m3 with 128 x 128 block scales (fp8-block)", "MXFP4 MoE experts (mxfp4)",
+                          "GPTQ 3-bit and 8-bit with group size 128",
+                          ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
+                           "(channel-wise weights, dynamic activations)"))
+GPTQ_BITS = (4, 3, 8)  # the GPTQ widths with a row (facts/quantization.py gptq-<bits>bit)
 
 
 def _bnb(q: Mapping[str, Any]) -> CheckpointQuant:
@@ -134,13 +139,22 @@ def _bnb(q: Mapping[str, Any]) -> CheckpointQuant:
 
 def _grouped(method: str, q: Mapping[str, Any]) -> CheckpointQuant:
     """GPTQ (``GPTQConfig``: bits, group_size, desc_act, sym) and AWQ (``AwqConfig``: bits, group_size,
-    zero_point, version; AutoAWQ writes w_bit and q_group_size): the rows hold 4 bits with group size 128."""
+    zero_point, version; AutoAWQ writes w_bit and q_group_size): rows hold GPTQ at 3, 4 and 8 bits and AWQ at 4
+    bits, with group size 128 (``desc_act`` and ``sym`` change no stored byte: AutoGPTQ always writes ``g_idx`` and
+    ``qzeros``)."""
     bits = int(q.get("bits", q.get("w_bit", 4)))
     group = int(q.get("group_size", q.get("q_group_size", 128)))
     words = f"{method.upper()} {bits}-bit, group size {group}"
-    if bits == 4 and group == 128:
-        return CheckpointQuant(method, words, f"{method}-4bit")
-    return CheckpointQuant(method, words, why_not=f"only {method.upper()} 4-bit with group size 128 is modelled")
+    if method == "gptq" and "gptqmodel" in str(q.get("meta", "")).lower():
+        # the rows count the fp16 bias AutoGPTQ's make_quant adds to every QuantLinear; a checkpoint another
+        # writer produced may lack it for bias-less linears, which the report then says
+        words += (" (written by GPTQModel: the fp16 bias AutoGPTQ stores per output row of every quantized linear "
+                  "is counted, 2 B per row more where the checkpoint has none)")
+    widths = GPTQ_BITS if method == "gptq" else (4,)
+    if bits in widths and group == GPTQ_GROUP:
+        return CheckpointQuant(method, words, f"{method}-{bits}bit")
+    said = "/".join(str(b) for b in widths)
+    return CheckpointQuant(method, words, why_not=f"only {method.upper()} {said}-bit with group size 128 is modelled")
 
 
 def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
@@ -182,6 +196,8 @@ def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
                                skip_modules=skip)
     if method == "fp8":
         return _block_fp8(q, skip)
+    if method == "compressed-tensors":
+        return read_compressed_tensors(q, str(key(cfg, "torch_dtype", default="bfloat16")))
     if method == "mxfp4":
         return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with an E8M0 scale) on the MoE experts",
                                "mxfp4", trained_dequantized=True, skip_modules=skip)
