@@ -263,13 +263,15 @@ class Train(_Strict):
     parameter; the gradient copied to the host by a post-accumulate-grad hook); docs/conventions.md, torchao
     CPU-offload optimizer."""
     objective: Objective = "sft"
-    """What the step optimizes: sft (next-token cross-entropy, the default), or grpo (TRL's GRPOTrainer: a
-    policy step on completions sampled by a rollout engine, the ``rl`` section).  dpo, kto, orpo, ppo and rloo
-    are refused (not modelled yet).
+    """What the step optimizes: sft (next-token cross-entropy, the default), grpo (TRL's GRPOTrainer: a
+    policy step on completions sampled by a rollout engine, the ``rl`` section), or dpo (TRL's DPOTrainer:
+    ``micro_batch_size`` preference pairs, 2 x micro_batch_size sequences of ``seq_len`` per forward, and the
+    reference forward in the step).  kto, orpo, ppo and rloo are refused (not modelled yet).
 
     TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's
     ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
-    sequence is ``rl.rollout.max_prompt_len + max_completion_len`` tokens (docs/rl.md)."""
+    sequence is ``rl.rollout.max_prompt_len + max_completion_len`` tokens; TRL v1.9.0 ``trl/trainer/dpo_trainer.py``
+    ``DPOTrainer`` (docs/rl.md)."""
 
 
 class Inference(_Strict):
