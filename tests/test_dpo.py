@@ -74,7 +74,8 @@ def test_estimate_by_hand() -> None:
     # the separate reference copy, fp32 like the policy (create_model_from_path's dtype default "float32"):
     #   494,032,768 x 4 = 1,976,131,072, beside the policy's parameters in every phase after the load
     assert rep.per_gpu.breakdown_detail["weights"]["reference model"] == 1_976_131_072
-    assert rep.per_gpu.lifecycle["load"]["allocated_bytes"] == 1_976_131_072  # before the reference is counted
+    # the load: DPOTrainer.__init__ creates the reference after the Trainer put the policy on the GPU: 2 x 1,976,131,072
+    assert rep.per_gpu.lifecycle["load"]["allocated_bytes"] == 3_952_262_144
     r = resolve(BASE)
     tr = train_step(Resolved(policy_scenario(r.scenario), r.model, r.gpu, r.assumptions))
     fwd = max((mo for mo in tr.moments if mo.phase == "forward"), key=lambda mo: mo.total)

@@ -185,8 +185,8 @@ def _dpo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     res_bytes, how = _step_reserved(pr, tr, {**outside, "reference": ref}, reserved)
     job = job_lifecycle(c, tr.layout, tr.terms, tr.moments)
     steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + ref)
-    phases = [steady] + [p if p.before_step else PhasePeak(p.name, _plus(p.moment, extra), p.reserved_bytes + ref)
-                         for p in job.phases]
+    phases = [steady] + [_dpo_load(p, ref) if p.before_step else
+                         PhasePeak(p.name, _plus(p.moment, extra), p.reserved_bytes + ref) for p in job.phases]
     phases.sort(key=lambda p: LIFECYCLE_ORDER.index(p.name))
     table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
     top = max(phases, key=lambda p: (p.moment.total, p is steady))
@@ -195,6 +195,16 @@ def _dpo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     notes = [*tr.assumptions, how, *job.assumptions, *dpo.dpo_assumptions(r.scenario)]
     return _report(r, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
                    reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
+
+
+def _dpo_load(p: PhasePeak, ref: int) -> PhasePeak:
+    """The load with DPO's reference copy: DPOTrainer.__init__ creates it after ``super().__init__`` (the Trainer)
+    has put the policy on the GPU, so the copy's weights come on top of the policy's loaded parameters; the
+    larger of that and the policy's own load peak."""
+    if p.name != "load" or not ref:
+        return p
+    mo = Moment("load").add(K.PARAMETERS, p.moment.get(K.PARAMETERS)).add(K.REFERENCE_WEIGHTS, ref)
+    return p if mo.total <= p.moment.total else PhasePeak("load", mo, packed_reserved(mo), True)
 
 
 def _rl_extra(ref: int, ro: RolloutMemory | None) -> Moment:
