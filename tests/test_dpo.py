@@ -108,6 +108,7 @@ def test_sft_unchanged_by_the_objective_code() -> None:
     ({"rl": {"reference_model": "shared"}}, "rl.reference_model"),
     ({"rl": {"reference_model": "none"}}, "rl.reference_model"),
     ({"rl": {"beta": 0.1}}, "rl"),
+    ({"rl": {"precompute_ref_log_probs": True}}, "rl.precompute_ref_log_probs"),
     ({"framework": "torchtune"}, "framework"),
 ])
 def test_refusals(change: dict[str, Any], where: str) -> None:

@@ -168,6 +168,7 @@ def test_vllm_refuses_to_start_beside_the_trainer() -> None:
     ({"rl": {"reference_model": "separate"}}, "rl.reference_model"),
     ({"rl": {"rollout": {"vllm_version": "0.8.0"}}}, "rl.rollout.vllm_version"),
     ({"lifecycle": {"evaluation": True}}, "lifecycle.evaluation"),
+    ({"rl": {"precompute_ref_log_probs": True}}, "rl.precompute_ref_log_probs"),
     ({"train": {"objective": "grpo", "micro_batch_size": 8, "quantization": "nf4",
                 "peft": {"method": "qlora"}}}, "train.quantization"),
 ])

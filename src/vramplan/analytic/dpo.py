@@ -21,8 +21,8 @@ concatenation and the head runs on every position.)  What this module gives:
   returns; the backward follows;
 * what the estimate refuses (``dpo_problems``).
 
-``precompute_ref_log_probs`` (default False) is not a scenario setting: the estimate is TRL's default, the
-reference forward inside each step (stated in the report).
+``rl.precompute_ref_log_probs`` (TRL's ``precompute_ref_log_probs``, default False) true is refused: the estimate
+is TRL's default, the reference forward inside each step (stated in the report).
 """
 
 from __future__ import annotations
@@ -89,11 +89,16 @@ def _setup_problems(s: Scenario) -> list[Problem]:
     if s.lifecycle.evaluation:
         no("lifecycle.evaluation", "DPO's evaluation (policy and reference forwards of the eval pairs) is not "
            "modelled", "set lifecycle.evaluation: false")
-    rl = s.rl.model_fields_set - {"reference_model"}
+    if s.rl.precompute_ref_log_probs:
+        # DPOTrainer.__init__ runs _precompute_ref_logps before the Trainer prepares the model (no autocast yet) and
+        # keeps no reference during training: another step and a pass before it, neither modelled
+        no("rl.precompute_ref_log_probs", "precomputed reference log-probs (the pass over the dataset in "
+           f"DPOTrainer.__init__, TRL v{TRL_RELEASE}) are not modelled", "set rl.precompute_ref_log_probs: false")
+    rl = s.rl.model_fields_set - {"reference_model", "precompute_ref_log_probs"}
     if rl:
         shown = ", ".join(f"rl.{k}" for k in sorted(rl))
         no("rl", f"{shown} set, but DPO has no rollout and its beta does not change memory (GRPO's settings)",
-           "remove them (DPO reads only rl.reference_model)")
+           "remove them (DPO reads rl.reference_model and rl.precompute_ref_log_probs)")
     return out
 
 

@@ -85,6 +85,9 @@ def _setup_problems(s: Scenario) -> list[Problem]:
     def no(where: str, what: str, fix: str) -> None:
         out.append(Problem(where, what, fix))
 
+    if s.rl.precompute_ref_log_probs:
+        no("rl.precompute_ref_log_probs", "is a DPO setting (DPOConfig); GRPOTrainer has none",
+           "set rl.precompute_ref_log_probs: false")
     if ro.engine != "vllm":
         no("rl.rollout.engine", "hf-generate rollouts (model.generate inside the trainer) are not modelled",
            "use rl.rollout.engine: vllm")

@@ -737,6 +737,13 @@ class Rl(_Strict):
     rollout: Rollout = Field(default_factory=Rollout)
     """The rollout engine."""
 
+    precompute_ref_log_probs: bool = False
+    """DPO: the reference log-probabilities computed over the whole dataset before training (TRL
+    ``DPOConfig.precompute_ref_log_probs``, default False: the reference forward runs inside each step).  True is
+    refused (not modelled: the pass in ``DPOTrainer.__init__``, outside autocast, is not a phase yet).
+
+    TRL v1.9.0 ``DPOTrainer.__init__`` (``_precompute_ref_logps``, ``self.ref_model = None``)."""
+
 
 class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
