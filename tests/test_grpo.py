@@ -156,7 +156,7 @@ def test_vllm_refuses_to_start_beside_the_trainer() -> None:
 
 
 @pytest.mark.parametrize(("change", "where"), [
-    ({"train": {"objective": "dpo"}}, "train.objective"),
+    ({"train": {"objective": "kto"}}, "train.objective"),
     ({"train": {"objective": "ppo"}}, "train.objective"),
     ({"rl": {"rollout": {"engine": "hf-generate"}}}, "rl.rollout.engine"),
     ({"parallel": {"zero_stage": 3}, "hardware": {"gpu": "A100-80GB", "num_gpus": 8}}, "parallel"),
@@ -168,6 +168,7 @@ def test_vllm_refuses_to_start_beside_the_trainer() -> None:
     ({"rl": {"reference_model": "separate"}}, "rl.reference_model"),
     ({"rl": {"rollout": {"vllm_version": "0.8.0"}}}, "rl.rollout.vllm_version"),
     ({"lifecycle": {"evaluation": True}}, "lifecycle.evaluation"),
+    ({"rl": {"precompute_ref_log_probs": True}}, "rl.precompute_ref_log_probs"),
     ({"train": {"objective": "grpo", "micro_batch_size": 8, "quantization": "nf4",
                 "peft": {"method": "qlora"}}}, "train.quantization"),
 ])

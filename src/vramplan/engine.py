@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from vramplan.analytic import dpo
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
@@ -166,6 +167,46 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     return rep if ro is None or ro.starts else rep.model_copy(update={"fits": False})
 
 
+def _dpo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """A DPO job (train.objective: dpo): the policy's step on the chosen and rejected sequences with the reference
+    forward inside it (analytic/dpo.py, analytic/terms/loss.py), and the reference copy, when TRL loads one, in
+    every phase after the load (docs/rl.md).  The report echoes the scenario as given (pairs, not sequences)."""
+    if problems := dpo.dpo_problems(r.scenario):
+        raise ScenarioError(problems)
+    pr = Resolved(dpo.policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    tr = train_step(pr)
+    c = tr.context
+    assert c is not None and tr.layout is not None  # one pipeline stage (dpo_problems refuses pp > 1)
+    # DPOTrainer.__init__: create_model_from_path with the policy's model_init_kwargs: the policy's dtype
+    ref = c.rp.total * c.pol.param_bytes if dpo.reference_kind(pr.scenario) == "separate" else 0
+    extra = _rl_extra(ref, None)
+    outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
+               "managed": tr.managed_bytes}
+    res_bytes, how = _step_reserved(pr, tr, {**outside, "reference": ref}, reserved)
+    job = job_lifecycle(c, tr.layout, tr.terms, tr.moments)
+    steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + ref)
+    phases = [steady] + [_dpo_load(p, ref) if p.before_step else
+                         PhasePeak(p.name, _plus(p.moment, extra), p.reserved_bytes + ref) for p in job.phases]
+    phases.sort(key=lambda p: LIFECYCLE_ORDER.index(p.name))
+    table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
+    top = max(phases, key=lambda p: (p.moment.total, p is steady))
+    used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
+    host = Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes, load_peak_bytes=job.host_load_bytes)
+    notes = [*tr.assumptions, how, *job.assumptions, *dpo.dpo_assumptions(r.scenario)]
+    return _report(r, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
+                   reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
+
+
+def _dpo_load(p: PhasePeak, ref: int) -> PhasePeak:
+    """The load with DPO's reference copy: DPOTrainer.__init__ creates it after ``super().__init__`` (the Trainer)
+    has put the policy on the GPU, so the copy's weights come on top of the policy's loaded parameters; the
+    larger of that and the policy's own load peak."""
+    if p.name != "load" or not ref:
+        return p
+    mo = Moment("load").add(K.PARAMETERS, p.moment.get(K.PARAMETERS)).add(K.REFERENCE_WEIGHTS, ref)
+    return p if mo.total <= p.moment.total else PhasePeak("load", mo, packed_reserved(mo), True)
+
+
 def _rl_extra(ref: int, ro: RolloutMemory | None) -> Moment:
     """What the reference model and the rollout engine hold on the GPU during the training step."""
     mo = Moment("").add(K.REFERENCE_WEIGHTS, ref)
@@ -245,6 +286,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     ctx = choice.bytes
     task = r.scenario.task
     if task == "train":
+        if r.scenario.train.objective == "dpo":
+            return with_band(_dpo_train(r, reserved, ctx))
         if r.scenario.train.objective != "sft":
             return with_band(_rl_train(r, reserved, ctx))
         return with_band(_train(r, reserved, ctx))

@@ -74,7 +74,7 @@ def _reference_problems(s: Scenario) -> list[Problem]:
                     f"set rl.reference_model: {trl} or leave it out")]
 
 
-_UNMODELLED_OBJECTIVES = ("dpo", "kto", "orpo", "ppo", "rloo")
+_UNMODELLED_OBJECTIVES = ("kto", "orpo", "ppo", "rloo")
 
 
 def _setup_problems(s: Scenario) -> list[Problem]:
@@ -85,6 +85,9 @@ def _setup_problems(s: Scenario) -> list[Problem]:
     def no(where: str, what: str, fix: str) -> None:
         out.append(Problem(where, what, fix))
 
+    if s.rl.precompute_ref_log_probs:
+        no("rl.precompute_ref_log_probs", "is a DPO setting (DPOConfig); GRPOTrainer has none",
+           "set rl.precompute_ref_log_probs: false")
     if ro.engine != "vllm":
         no("rl.rollout.engine", "hf-generate rollouts (model.generate inside the trainer) are not modelled",
            "use rl.rollout.engine: vllm")
@@ -125,7 +128,8 @@ def grpo_problems(s: Scenario) -> list[Problem]:
     """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can."""
     if s.train.objective in _UNMODELLED_OBJECTIVES:
         return [Problem("train.objective", f"{s.train.objective} is not modelled yet (only grpo, TRL's "
-                        "GRPOTrainer with a vLLM rollout engine)", "use train.objective: sft or grpo")]
+                        "GRPOTrainer with a vLLM rollout engine, and dpo, TRL's DPOTrainer)",
+                        "use train.objective: sft, dpo or grpo")]
     return _setup_problems(s) + _reference_problems(s)
 
 

@@ -134,6 +134,10 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
     if s.train.loss != "standard":
         return KERNEL_LOSS_NOTES[s.train.loss]
+    if s.train.objective == "dpo":
+        return ("loss as TRL's DPOTrainer computes it: the policy's logits over every position, in the compute "
+                "dtype, one log_softmax per sequence kept for the backward, then the reference's no-grad logits "
+                "(analytic/dpo.py)")
     if s.train.objective == "grpo":
         return ("loss as TRL's GRPOTrainer computes it: the policy's logits over the completion only, in the "
                 "compute dtype, and one log_softmax per sequence kept for the backward (analytic/grpo.py)")

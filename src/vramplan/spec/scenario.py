@@ -264,13 +264,15 @@ class Train(_Strict):
     parameter; the gradient copied to the host by a post-accumulate-grad hook); docs/conventions.md, torchao
     CPU-offload optimizer."""
     objective: Objective = "sft"
-    """What the step optimizes: sft (next-token cross-entropy, the default), or grpo (TRL's GRPOTrainer: a
-    policy step on completions sampled by a rollout engine, the ``rl`` section).  dpo, kto, orpo, ppo and rloo
-    are refused (not modelled yet).
+    """What the step optimizes: sft (next-token cross-entropy, the default), grpo (TRL's GRPOTrainer: a
+    policy step on completions sampled by a rollout engine, the ``rl`` section), or dpo (TRL's DPOTrainer:
+    ``micro_batch_size`` preference pairs, 2 x micro_batch_size sequences of ``seq_len`` per forward, and the
+    reference forward in the step).  kto, orpo, ppo and rloo are refused (not modelled yet).
 
     TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's
     ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
-    sequence is ``rl.rollout.max_prompt_len + max_completion_len`` tokens (docs/rl.md)."""
+    sequence is ``rl.rollout.max_prompt_len + max_completion_len`` tokens; TRL v1.9.0 ``trl/trainer/dpo_trainer.py``
+    ``DPOTrainer`` (docs/rl.md)."""
 
 
 class Inference(_Strict):
@@ -735,6 +737,13 @@ class Rl(_Strict):
 
     rollout: Rollout = Field(default_factory=Rollout)
     """The rollout engine."""
+
+    precompute_ref_log_probs: bool = False
+    """DPO: the reference log-probabilities computed over the whole dataset before training (TRL
+    ``DPOConfig.precompute_ref_log_probs``, default False: the reference forward runs inside each step).  True is
+    refused (not modelled: the pass in ``DPOTrainer.__init__``, outside autocast, is not a phase yet).
+
+    TRL v1.9.0 ``DPOTrainer.__init__`` (``_precompute_ref_logps``, ``self.ref_model = None``)."""
 
 
 class Scenario(_Strict):

@@ -12,7 +12,7 @@ from vramplan.analytic.timeline import FORWARD, LOSS, Loc, layer_done, mlp
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["casts_apply", "head_casts", "layer_casts"]
+__all__ = ["casts_apply", "head_casts", "layer_casts", "reference_casts_bytes"]
 
 CAST_ASSUMPTION = ("autocast keeps a half-precision copy of each trainable linear weight from the forward pass "
                    "until its backward (torch.autocast weight cache)")
@@ -80,3 +80,23 @@ def head_casts(c: StepContext) -> list[Term]:
         out.append(Term(K.CASTS, ceil_div(m.vocab_size, tp) * m.hidden_size * pol.compute_bytes, FORWARD, dies,
                         "casts.head_kbit"))
     return out
+
+
+def reference_casts_bytes(c: StepContext) -> int:
+    """What a separate fp32 reference copy's no-grad forward (DPO, analytic/dpo.py) adds in autocast's cache at its
+    head, beside what the step's timeline already counts there.
+
+    torch's ``cached_cast`` caches the half copy of any fp32 leaf that requires grad, in ``no_grad`` too (the
+    reference's parameters, loaded by ``from_pretrained``, do; nothing in TRL v1.9.0 freezes them), until the
+    autocast region of its forward ends: at its head every linear's copy is cached.  The policy's copies of its
+    checkpointed layers, which the timeline keeps until the loss, were dropped when the policy's own region ended
+    (layer_casts), so the reference's replace them byte for byte; its head's and its uncheckpointed layers' copies
+    add, the policy's being saved by their matmuls for the backward.
+    """
+    if not casts_apply(c) or not c.last:
+        return 0
+    m, pol, rp = c.m, c.pol, c.rp
+    per_layer = _linear_params_per_layer(rp, m) * pol.weight_cast_bytes
+    layers = sum(per_layer for j in range(len(c.layer_specs)) if not checkpointed_layer(c.s, j))
+    head = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, c.tp) * m.hidden_size if m.tie_word_embeddings else 0)
+    return layers + head * pol.weight_cast_bytes

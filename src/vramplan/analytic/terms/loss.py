@@ -4,6 +4,8 @@ temporaries at the end of its forward."""
 from __future__ import annotations
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.dpo import dpo_loss_tensors
+from vramplan.analytic.dpo import reference_kind as dpo_reference_kind
 from vramplan.analytic.grpo import grpo_loss_tensors
 from vramplan.analytic.layout import gathers_logits
 from vramplan.analytic.logits import (
@@ -20,6 +22,7 @@ from vramplan.analytic.logits import (
 from vramplan.analytic.moment import K
 from vramplan.analytic.precision import framework_family
 from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.casts import reference_casts_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, mlp
@@ -55,7 +58,7 @@ def loss(c: StepContext) -> list[Term]:
         return []
     if c.s.train.loss != "standard":
         return kernel_loss(c)
-    if c.s.train.objective == "grpo":
+    if c.s.train.objective in ("grpo", "dpo"):
         return kernel_loss(c)
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
@@ -121,6 +124,10 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     if t.objective == "grpo":
         # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
         return grpo_loss_tensors(t.micro_batch_size, c.s.rl.rollout.max_completion_len, vocab, cb)
+    if t.objective == "dpo":
+        # TRL's DPO loss: the head on every position, then the reference's no-grad forward (analytic/dpo.py)
+        casts = reference_casts_bytes(c) if dpo_reference_kind(c.s) == "separate" else 0
+        return dpo_loss_tensors(t.micro_batch_size, t.seq_len, vocab, cb, reference_layer_bytes(c), casts)
     if t.loss == "chunked":
         # torch.chunk over the sequence: chunks of ceil(s / 8) positions of every sequence
         chunk = t.micro_batch_size * ceil_div(ceil_div(t.seq_len, c.s.parallel.cp), TORCHTUNE_OUTPUT_CHUNKS)
@@ -140,6 +147,17 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         addmm = weight == 4 and cb < 4 and (not cap or int(cap.split(".")[0]) >= 8)
         return liger_flce_bytes(c.tokens, vocab, hidden, x, cb, weight if c.peft is None else 0, addmm)
     return cce_bytes(c.tokens, vocab, hidden, x, cb, weight, head_trainable=c.peft is None)
+
+
+def reference_layer_bytes(c: StepContext) -> int:
+    """A no-grad forward's largest layer tensors over the step's tokens (DPO's reference forward): one MLP's
+    (gate, up and their product, or the two of a plain MLP; routed MoE experts at top_k times the width) and
+    the residual stream in and out, as GRPO's scoring forward (analytic/lifecycle/scoring.py)."""
+    m, cb = c.m, c.pol.compute_bytes
+    inter = m.intermediate_size
+    if m.moe is not None:
+        inter = max(inter, m.moe.expert_intermediate_size * m.moe.top_k + m.moe.shared_intermediate_size)
+    return c.tokens * inter * cb * (3 if m.mlp_gated else 2) + 2 * c.tokens * m.hidden_size * c.act.residual_bytes
 
 
 def kernel_loss(c: StepContext) -> list[Term]:
