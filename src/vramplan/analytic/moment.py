@@ -89,6 +89,8 @@ class K:
                    "the previous decode step's tuple cache, still held by generate (transformers < 4.42)")
     KV_BLOCKS = _k("kv_cache", "{blocks:,} blocks of {block_size} tokens", "vLLM's KV-cache blocks",
                    templated=True)
+    SSM_STATE = _k("kv_cache", "Mamba2 convolution and SSM state",
+                   "a hybrid model's mixer layers' fixed-size state per sequence (transformers' LinearAttentionLayer)")
     REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
                       "SGLang's ReqToTokenPool: (max_num_reqs + 1) x (context_len + 4) int32 slot indices")
     # temporaries
