@@ -17,13 +17,17 @@ Worked example, Bamba-9B's shape (hidden 4096, ``mamba_expand`` 2 -> intermediat
 8448 * 4 * 2 B = 67,584 B; SSM state 128 * 64 * 128 * 4 B = 4,194,304 B; per layer 4,261,888 B, per sequence
 29 * 4,261,888 = 123,594,752 B, whatever the sequence length.
 
-**Prefill temporaries (``torch_chunk_scan``).**  transformers runs the torch scan unless hub kernels are asked
-for (``use_kernels=True``; ``integrations/hub_kernels.py``).  With the prompt padded to ``P = ceil(p / l) * l``
-(``l`` = ``mamba_chunk_size``) and ``H`` heads, at ``M = G * L.permute(...)`` the live fp32 tensors are the
-padded ``D_residual`` and the discretized ``hidden_states`` (``P x intermediate`` each), ``B`` and ``C`` repeated
-to every head (``P x H x state_size`` each), and ``L`` (``exp(segment_sum(A))``, ``H x P x l``), ``G`` and ``M``
-(``P x l x H`` each); in the compute dtype the ``in_proj`` output (``p x (intermediate + conv_dim + H)``) and the
-convolution's output and activation (``p x conv_dim`` each).
+**Prefill temporaries (the torch chunked scan).**  transformers runs its torch scan (``mamba2_chunk_scan`` in
+``modeling_bamba.py``) unless hub kernels are asked for (``use_kernels=True``; ``integrations/hub_kernels.py``).
+Its locals stay alive until it returns, so with the prompt padded to ``P = ceil(p / l) * l`` (``l`` =
+``mamba_chunk_size``), ``H`` heads, ``I = H * head_dim`` and ``n`` = ``state_size``, at its end it holds in fp32:
+the padded ``D_residual``, the discretized ``hidden_states``, ``Y_diag``, ``C_times_states``, ``Y_off`` and
+``output`` (``P x I`` each: 6), ``B`` and ``C`` repeated to every head and ``B_decay`` (``P x H x n`` each: 3),
+``L`` (``exp(segment_sum(A))``), ``G`` and ``M`` (``P x l x H`` each: 3) and ``new_states``
+(``(P / l + 1) x I x n``).  In the compute dtype the mixer holds the ``in_proj`` output (``p x (I + conv_dim +
+H)``), the causal convolution's output (``(p + d_conv - 1) x conv_dim``) and its activation (``p x conv_dim``).
+The einsums' own transient copies are not counted (the traced engine sees them: about a tenth more on
+``transformers-tests/bamba-tester``).
 """
 
 from __future__ import annotations
@@ -60,7 +64,10 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
     if ms is None:
         return 0
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
-    h = ms.n_heads
-    half = batch * prompt * (ms.intermediate_size + ms.conv_dim + h + 2 * ms.conv_dim) * c
-    fp32 = batch * padded * (2 * ms.intermediate_size + 2 * h * ms.state_size + 3 * ms.chunk_size * h) * FP32_BYTES
+    h, inter, n = ms.n_heads, ms.intermediate_size, ms.state_size
+    half = batch * c * (prompt * (inter + ms.conv_dim + h) + (prompt + ms.conv_kernel - 1) * ms.conv_dim
+                        + prompt * ms.conv_dim)
+    chunks = padded // ms.chunk_size
+    fp32 = batch * FP32_BYTES * (padded * (6 * inter + 3 * h * n + 3 * ms.chunk_size * h)
+                                 + (chunks + 1) * inter * n)
     return half + fp32
