@@ -70,7 +70,6 @@ from dataclasses import dataclass
 
 from vramplan.analytic.attention import falls_back_to_eager
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
-from vramplan.analytic.ssm_state import mixer_prefill_bytes, ssm_state_bytes, ssm_state_layer_bytes
 from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
     BNB_FORMATS,
@@ -80,6 +79,7 @@ from vramplan.analytic.layout import (
 )
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.analytic.ssm_state import mixer_prefill_bytes, ssm_state_bytes, ssm_state_layer_bytes
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
@@ -689,15 +689,14 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     if ms is None:
         return []
     conv, ssm = ssm_state_layer_bytes(g.m, g.c)
-    return [
-        f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
-        f"sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an fp32 "
-        f"SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B), transformers 5.24's "
-        "LinearAttentionLayer; the KV cache counts the attention layers only",
-        "the mixers run transformers' torch scan (torch_chunk_scan, its default without use_kernels=True): the "
-        f"prefill's running mixer holds its fp32 chunk tensors (chunk {ms.chunk_size}); the single-token "
-        "state update's temporaries at decode are not counted",
-    ]
+    state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
+             f"sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
+             f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B), transformers 5.24's "
+             "LinearAttentionLayer; the KV cache counts the attention layers only")
+    scan = ("the mixers run transformers' torch scan (mamba2_chunk_scan, as without the mamba-ssm package and use_kernels=True): "
+            f"the prefill's running mixer holds its fp32 chunk tensors (chunk {ms.chunk_size}); the single-token "
+            "state update's temporaries at decode are not counted")
+    return [state, scan]
 
 
 def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:

@@ -9,8 +9,8 @@ Per mixer layer and sequence it keeps
   transformers keeps all ``mamba_d_conv`` taps where vLLM keeps ``d_conv - 1``), in the dtype of the ``in_proj``
   output, the compute dtype;
 * the recurrent (SSM) state, ``torch.zeros_like(recurrent_states)`` of the scan's ``final_state``:
-  ``n_heads x head_dim x state_size`` elements in fp32, because ``torch_chunk_scan`` (``modeling_bamba.py``)
-  computes the states from ``hidden_states.float()`` and B, C ``.float()``.
+  ``n_heads x head_dim x state_size`` elements in fp32, because ``mamba2_chunk_scan`` (torch path) (``modeling_bamba.py``)
+  computes the states from ``hidden_states.float()`` and B, C ``.float()`` (the torch path, below).
 
 Worked example, Bamba-9B's shape (hidden 4096, ``mamba_expand`` 2 -> intermediate 8192, 128 heads of 64,
 1 group, state 128, ``d_conv`` 4; 29 mixer layers), bf16: conv_dim = 8192 + 2 * 1 * 128 = 8448; conv state
@@ -18,7 +18,9 @@ Worked example, Bamba-9B's shape (hidden 4096, ``mamba_expand`` 2 -> intermediat
 29 * 4,261,888 = 123,594,752 B, whatever the sequence length.
 
 **Prefill temporaries (the torch chunked scan).**  transformers runs its torch scan (``mamba2_chunk_scan`` in
-``modeling_bamba.py``) unless hub kernels are asked for (``use_kernels=True``; ``integrations/hub_kernels.py``).
+``modeling_bamba.py``) unless hub kernels are asked for (``use_kernels=True``) or the ``mamba_ssm`` package is
+installed (``use_kernel_func_from_hub_with_fallback``, ``integrations/hub_kernels.py``: hub kernels, then the
+original package, then the torch path).
 Its locals stay alive until it returns, so with the prompt padded to ``P = ceil(p / l) * l`` (``l`` =
 ``mamba_chunk_size``), ``H`` heads, ``I = H * head_dim`` and ``n`` = ``state_size``, at its end it holds in fp32:
 the padded ``D_residual``, the discretized ``hidden_states``, ``Y_diag``, ``C_times_states``, ``Y_off`` and

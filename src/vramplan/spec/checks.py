@@ -72,7 +72,7 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     than answered as if every layer were attention.
 
     * Training: the saved activations of a Mamba2 mixer (the in_proj output, the causal convolution's input and
-      output, the chunked scan's fp32 intermediates in ``torch_chunk_scan`` or what ``mamba_chunk_scan_combined``
+      output, the chunked scan's fp32 intermediates in ``mamba2_chunk_scan`` (torch path) or what ``mamba_chunk_scan_combined``
       keeps for its backward) are not modelled as terms.
     * Serving: vLLM keeps the mixers' state in its own cache groups (``MambaSpec`` in
       ``vllm/v1/kv_cache_interface.py``) and pads the attention block size until an attention page equals a

@@ -587,15 +587,15 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
 
 def _is_mixer(config: Any, index: int) -> bool:
     """A hybrid model's Mamba2 mixer layer (``layer_types`` "linear_attention", as ``BambaConfig`` names them)."""
-    types = getattr(config, "layer_types", None)
-    return bool(types) and index < len(types) and types[index] == "linear_attention"
+    types: list[str] = list(getattr(config, "layer_types", None) or ())
+    return index < len(types) and types[index] == "linear_attention"
 
 
 def _fill_mixer_state(cache: Any, config: Any, index: int, batch: int, dtype: torch.dtype, device: str) -> None:
     """A mixer layer's state as the prefill leaves it, through the cache's own ``update_conv_state`` and
     ``update_recurrent_state`` (transformers 5.24 ``LinearAttentionLayer``): the convolution state
     (batch, conv_dim, d_conv) in the model dtype and the fp32 SSM state (batch, heads, head_dim, d_state)
-    that ``torch_chunk_scan`` returns (``modeling_bamba.py``)."""
+    that ``mamba2_chunk_scan`` (torch path) returns (``modeling_bamba.py``)."""
     inter = int(config.mamba_expand) * int(config.hidden_size)
     heads, state, kernel = int(config.mamba_n_heads), int(config.mamba_d_state), int(config.mamba_d_conv)
     conv_dim = inter + 2 * int(config.mamba_n_groups) * state
