@@ -114,3 +114,17 @@ def test_traced_generate_agrees_with_the_analytic_engine() -> None:
     a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
     # the analytic mixer term leaves out the einsums' transient copies and the allocator's 512 B rounding
     assert 0.95 < a / t <= 1.0
+
+
+def test_kv_command_states_the_mixer_state() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    res = CliRunner().invoke(app, ["kv", "bamba-tester", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    # 2 attention layers of 128 B per token; 2 mixers of 4,864 B (768 conv + 4,096 SSM) per sequence
+    assert (doc["bytes_per_token"], doc["layers"], doc["ssm_state_bytes_per_sequence"]) == (128, 2, 9_728)

@@ -6,7 +6,8 @@ Per mixer layer and sequence it keeps
 
 * the convolution state, ``lazy_initialization``'s ``torch.zeros((*conv_states.shape[:-1], conv_kernel_size))``:
   ``conv_dim x conv_kernel`` elements (``BambaMixer`` passes ``conv_kernel_size=self.conv_kernel_size``, so
-  transformers keeps all ``mamba_d_conv`` taps where vLLM keeps ``d_conv - 1``), in the dtype of the ``in_proj``
+  transformers keeps all ``mamba_d_conv`` taps where vLLM keeps ``d_conv - 1``: ``MambaStateShapeCalculator.
+  mamba2_state_shape``, ``vllm/model_executor/layers/mamba/mamba_utils.py``), in the dtype of the ``in_proj``
   output, the compute dtype;
 * the recurrent (SSM) state, ``torch.zeros_like(recurrent_states)`` of the scan's ``final_state``:
   ``n_heads x head_dim x state_size`` elements in fp32, because ``mamba2_chunk_scan`` (torch path) (``modeling_bamba.py``)
@@ -37,7 +38,7 @@ from __future__ import annotations
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes"]
+__all__ = ["mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes", "ssm_state_note"]
 
 FP32_BYTES = 4
 
@@ -73,3 +74,11 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
     fp32 = batch * FP32_BYTES * (padded * (6 * inter + 3 * h * n + 3 * ms.chunk_size * h)
                                  + (chunks + 1) * inter * n)
     return half + fp32
+
+
+def ssm_state_note(m: ModelSpec, c: int) -> str | None:
+    """What a KV-cache table leaves out for a hybrid model: its mixers' state per sequence (None without mixers)."""
+    if m.mamba is None:
+        return None
+    return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of Mamba2 convolution and SSM state in "
+            f"{len(m.mamba.layers)} mixer layers (no KV cache there), whatever the sequence length")
