@@ -75,9 +75,13 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       output, the chunked scan's fp32 intermediates in ``mamba2_chunk_scan`` (torch path) or what ``mamba_chunk_scan_combined``
       keeps for its backward) are not modelled as terms.
     * Serving: vLLM keeps the mixers' state in its own cache groups (``MambaSpec`` in
-      ``vllm/v1/kv_cache_interface.py``) and pads the attention block size until an attention page equals a
-      mixer's state page (``HybridAttentionMambaModelConfig.verify_and_update_config``); that layout is not
-      modelled, and SGLang and llama.cpp keep theirs differently.
+      ``vllm/v1/kv_cache_interface.py``; a conv state of ``(d_conv - 1) x conv_dim``,
+      ``MambaStateShapeCalculator.mamba2_state_shape``), one state page per request without prefix caching
+      (``mamba_block_size = max_model_len``, ``MambaModelConfig.verify_and_update_config``), and raises the
+      attention block size until an attention page is at least a mixer's state page, padding the state page to
+      equal it (``HybridAttentionMambaModelConfig.verify_and_update_config`` in ``vllm/model_executor/models/
+      config.py``; later releases do the alignment in ``Platform.update_block_size_for_backend``).  That layout
+      is not modelled, and SGLang and llama.cpp keep theirs differently.
     * Lit-GPT's generate loop: Lit-GPT ships no Bamba model.
     Inference with transformers' ``generate`` is estimated (KV cache for the attention layers, the mixers'
     state per sequence: ``analytic/ssm_state.py``).
