@@ -96,6 +96,8 @@ def test_inference_report_holds_the_state_and_the_attention_kv() -> None:
     ({"task": "serve"}, "serving memory is not estimated"),
     ({"task": "inference", "parallel": {"tp": 2}, "hardware": {"gpu": "A100-80GB", "num_gpus": 2}},
      "tensor parallelism is not estimated"),
+    ({"task": "inference", "inference": {"kv_cache_dtype": "int8"}}, "QuantizedCache refuses"),
+    ({"task": "inference", "framework": "lightning"}, "Lit-GPT ships no such model"),
 ])
 def test_what_is_not_modelled_is_refused(extra: dict[str, object], where: str) -> None:
     doc: dict[str, object] = {"model": "bamba-tester", "hardware": {"gpu": "A100-80GB"}, **extra}

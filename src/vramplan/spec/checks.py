@@ -82,7 +82,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       equal it (``HybridAttentionMambaModelConfig.verify_and_update_config`` in ``vllm/model_executor/models/
       config.py``; later releases do the alignment in ``Platform.update_block_size_for_backend``).  That layout
       is not modelled, and SGLang and llama.cpp keep theirs differently.
-    * Lit-GPT's generate loop: Lit-GPT ships no Bamba model.
+    * Lit-GPT's generate loop: Lit-GPT ships no Bamba model; a quantized KV cache: transformers' ``QuantizedCache``
+      refuses a model with other than full-attention layers (``cache_utils.py``, 5.24).
     Inference with transformers' ``generate`` is estimated (KV cache for the attention layers, the mixers'
     state per sequence: ``analytic/ssm_state.py``).
     """
@@ -102,6 +103,11 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.parallel.tp > 1:
         return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (BambaConfig's "
                         "base_model_tp_plan shards only embed_tokens)", "set parallel.tp to 1")]
+    if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
+        # transformers 5.24 cache_utils.py QuantizedCache.__init__: "`QuantizedCache` is only supported for models
+        # with only full attention layers"
+        return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
+                        "other than full-attention layers", "use kv_cache_dtype: auto")]
     if s.effective_framework == "lightning":
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
