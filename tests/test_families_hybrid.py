@@ -130,3 +130,21 @@ def test_kv_command_states_the_mixer_state() -> None:
     doc = json.loads(res.output)
     # 2 attention layers of 128 B per token; 2 mixers of 4,864 B (768 conv + 4,096 SSM) per sequence
     assert (doc["bytes_per_token"], doc["layers"], doc["ssm_state_bytes_per_sequence"]) == (128, 2, 9_728)
+
+
+def test_mixer_decode_update_by_hand() -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.ssm_state import mixer_decode_bytes
+    from vramplan.catalog.resolve import resolve
+
+    # Bamba-9B shape, bf16: 128 heads * 64 * 128 state = 1,048,576 elements * (3*4 + 2*2) B = 16,777,216 B
+    assert mixer_decode_bytes(model_from_config(BAMBA_9B_SHAPE), 1, 2) == 16_777_216
+    # tester, batch 2: 16*4*16 = 1,024 elements * 16 B * 2 = 32,768 B, more than an attention layer's growth at
+    # 109 tokens (2 sequences * 109 * 64 B per layer-token / 2 = 6,976 B): the decode moment holds the update
+    assert mixer_decode_bytes(load_model("bamba-tester"), 2, 2) == 32_768
+    ir = inference_step(resolve({"task": "inference", "model": "bamba-tester", "hardware": {"gpu": "A100-80GB"},
+                                 "inference": {"batch_size": 2, "prompt_len": 100, "new_tokens": 10}}))
+    (decode,) = [mo for mo in ir.moments if mo.phase == "decode"]
+    assert decode.parts["temporaries"]["Mamba2 state update (one mixer layer)"] == 32_768
+    assert "cache growth (torch.cat of one layer)" not in decode.parts["temporaries"]
+    assert decode.parts["kv_cache"]["Mamba2 convolution and SSM state"] == 19_456

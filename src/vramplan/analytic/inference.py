@@ -79,7 +79,12 @@ from vramplan.analytic.layout import (
 )
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
-from vramplan.analytic.ssm_state import mixer_prefill_bytes, ssm_state_bytes, ssm_state_layer_bytes
+from vramplan.analytic.ssm_state import (
+    mixer_decode_bytes,
+    mixer_prefill_bytes,
+    ssm_state_bytes,
+    ssm_state_layer_bytes,
+)
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
@@ -607,8 +612,10 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
         # the previous step's tuple, still held by generate's model_kwargs
         mo.add(K.KV_LEGACY, g.cache(tokens - 1, prefill=False))
     elif not g.lit:
-        # one layer's keys (then values), old and new together
-        mo.add(K.CACHE_GROWTH, cache_growth_bytes(g, tokens))
+        # one layer's keys (then values), old and new together, or a hybrid model's mixer updating its state
+        # in place, whichever layer holds more at once
+        growth, update = cache_growth_bytes(g, tokens), mixer_decode_bytes(g.m, g.batch, g.c)
+        mo.add(K.MIXER_STATE_UPDATE if update > growth else K.CACHE_GROWTH, max(growth, update))
     mo.add(K.SSM_STATE, t.ssm_state)
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
@@ -694,8 +701,8 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
              f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B), transformers 5.24's "
              "LinearAttentionLayer; the KV cache counts the attention layers only")
     scan = ("the mixers run transformers' torch scan (mamba2_chunk_scan, as without the mamba-ssm package and use_kernels=True): "
-            f"the prefill's running mixer holds its fp32 chunk tensors (chunk {ms.chunk_size}); the single-token "
-            "state update's temporaries at decode are not counted")
+            f"the prefill's running mixer holds its fp32 chunk tensors (chunk {ms.chunk_size}), a decode step's "
+            "mixer its state update's temporaries (mamba2_selective_state_update)")
     return [state, scan]
 
 

@@ -113,6 +113,8 @@ class K:
     DEQUANT = _k("temporaries", "dequantized weight", "one quantized weight dequantized for its matmul")
     CACHE_GROWTH = _k("temporaries", "cache growth (torch.cat of one layer)",
                       "one layer's keys (then values), old and new together, while the cache grows")
+    MIXER_STATE_UPDATE = _k("temporaries", "Mamba2 state update (one mixer layer)",
+                            "a hybrid model's single-token state update in one mixer layer at decode")
     PREV_PROMPT_LOGITS = _k("temporaries", "prompt logits (previous step's outputs)",
                             "the prefill's logits, kept through the first decode step (transformers < 4.42)")
     # the job's phases around the step (analytic/lifecycle)

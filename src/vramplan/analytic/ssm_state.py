@@ -18,6 +18,12 @@ Worked example, Bamba-9B's shape (hidden 4096, ``mamba_expand`` 2 -> intermediat
 8448 * 4 * 2 B = 67,584 B; SSM state 128 * 64 * 128 * 4 B = 4,194,304 B; per layer 4,261,888 B, per sequence
 29 * 4,261,888 = 123,594,752 B, whatever the sequence length.
 
+**Decode temporaries (``mamba2_selective_state_update``, torch path).**  One token's update of one mixer layer
+makes, per sequence and element of its ``H x head_dim x n`` state: ``dA = exp(dt.float() * A.float())`` (fp32),
+``dB = dt * B`` and ``dBx = dB * x`` (compute dtype), and ``state * dA`` (fp32) alive while ``+ dBx`` writes the
+new state (fp32): ``12 + 2c`` bytes per element at that addition (c: bytes of the compute dtype).  Bamba-9B,
+bf16: 128 * 64 * 128 * 16 B = 16,777,216 B per sequence.
+
 **Prefill temporaries (the torch chunked scan).**  transformers runs its torch scan (``mamba2_chunk_scan`` in
 ``modeling_bamba.py``) unless hub kernels are asked for (``use_kernels=True``) or the ``mamba_ssm`` package is
 installed (``use_kernel_func_from_hub_with_fallback``, ``integrations/hub_kernels.py``: hub kernels, then the
@@ -38,7 +44,8 @@ from __future__ import annotations
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes", "ssm_state_note"]
+__all__ = ["mixer_decode_bytes", "mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes",
+           "ssm_state_note"]
 
 FP32_BYTES = 4
 
@@ -82,3 +89,10 @@ def ssm_state_note(m: ModelSpec, c: int) -> str | None:
         return None
     return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of Mamba2 convolution and SSM state in "
             f"{len(m.mamba.layers)} mixer layers (no KV cache there), whatever the sequence length")
+
+
+def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """One mixer layer's single-token state update at its peak (module docstring); 0 without mixers."""
+    if m.mamba is None:
+        return 0
+    return batch * m.mamba.ssm_state_elements * (3 * FP32_BYTES + 2 * c)
