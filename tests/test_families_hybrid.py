@@ -106,13 +106,21 @@ def test_what_is_not_modelled_is_refused(extra: dict[str, object], where: str) -
     assert where in str(exc.value)
 
 
-def test_traced_generate_agrees_with_the_analytic_engine() -> None:
+# the tester, and a variant whose chunk (64) differs from its state size (8) so that the scan's P x l x H and
+# P x H x n terms cannot stand in for each other
+WIDER = {"mamba_chunk_size": 64, "mamba_d_state": 8, "hidden_size": 64, "intermediate_size": 128, "mamba_n_heads": 8}
+
+
+@pytest.mark.parametrize(("changes", "prompt"), [({}, 100), (WIDER, 200)])
+def test_traced_generate_agrees_with_the_analytic_engine(changes: dict[str, int], prompt: int) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from vramplan.catalog.models import list_models
     from vramplan.trace.engine import estimate as traced
 
-    doc = {"task": "inference", "model": "bamba-tester", "hardware": {"gpu": "A100-80GB"},
-           "inference": {"batch_size": 2, "prompt_len": 100, "new_tokens": 10}}
+    (row,) = [r for r in list_models() if r.id == "transformers-tests/bamba-tester"]
+    doc = {"task": "inference", "model": {**row.config, **changes}, "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 2, "prompt_len": prompt, "new_tokens": 10}}
     a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
     # the analytic mixer term leaves out the einsums' transient copies and the allocator's 512 B rounding
     assert 0.95 < a / t <= 1.0
