@@ -23,6 +23,11 @@ Prefill (the whole prompt in one forward pass):
   dtype=torch.float32)``, 4bV), and the sampling warpers (top-k/top-p: sort values and
   int64 indices, softmax, cumulative sum, mask) add about 25 B per entry.
 
+A hybrid model (``ModelSpec.mamba``, Bamba) caches keys and values in its attention layers only; its Mamba2
+mixer layers keep a fixed-size convolution and SSM state per sequence, counted in the prefill and decode
+moments, and the prefill's running layer is the larger of an attention layer and a mixer's chunked scan
+(``analytic/ssm_state.py``).
+
 Decode (one token per step; the peak is at the last step, cache length L = prompt + new - 1:
 the prefill makes the first new token and each decode step feeds the previous one back):
 
@@ -74,6 +79,12 @@ from vramplan.analytic.layout import (
 )
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.analytic.ssm_state import (
+    mixer_decode_bytes,
+    mixer_prefill_bytes,
+    ssm_state_bytes,
+    ssm_state_layer_bytes,
+)
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
@@ -479,6 +490,7 @@ class CallTerms:
     cublas: int
     prompt_logits_peak: int  # every prompt position's logits at the upcast (``prompt_logits_terms``)
     prompt_logits_kept: int  # ... and what ``outputs`` keeps of them afterwards
+    ssm_state: int = 0       # a hybrid model's mixer state, every sequence (``analytic/ssm_state.py``)
 
 
 def weights_term(g: GenerateCall) -> tuple[int, int]:
@@ -540,7 +552,8 @@ def call_terms(g: GenerateCall) -> CallTerms:
     prompt_peak, prompt_kept = prompt_logits_terms(g)
     return CallTerms(weights=weights, largest_linear=largest, kv_prompt=kv_prompt, kv_final=kv_final,
                      logits=logits_bytes(g.m, g.batch, g.c, g.tp), cublas=cublas_workspace_bytes(g.r.gpu, handles=1),
-                     prompt_logits_peak=prompt_peak, prompt_logits_kept=prompt_kept)
+                     prompt_logits_peak=prompt_peak, prompt_logits_kept=prompt_kept,
+                     ssm_state=ssm_state_bytes(g.m, g.batch, g.c))
 
 
 def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
@@ -550,7 +563,8 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     embeddings + RoPE + the running layer) and (final hidden states + logits) is the moment.
     """
     m, b, p, c = g.m, g.batch, g.prompt, g.c
-    layer = prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention)
+    # a hybrid model's running layer is its attention layer's or its Mamba2 mixer's, the larger
+    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention), mixer_prefill_bytes(m, b, p, c))
     embeds = kept_embeddings_bytes(m, b, p, c)
     rope = rope_bytes(m, p, c)
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
@@ -564,6 +578,8 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     pre = Moment("prefill")
     pre.add(K.PARAMETERS, t.weights)
     pre.add(K.KV_PROMPT, t.kv_prompt)
+    # every mixer's state, as after the last mixer layer (an upper bound while an earlier layer runs)
+    pre.add(K.SSM_STATE, t.ssm_state)
     if embeds + rope + layer >= final_hidden + prefill_logits + t.prompt_logits_peak:
         pre.add(K.INPUTS_EMBEDS, embeds)
         pre.add(K.ROPE, rope)
@@ -596,8 +612,11 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
         # the previous step's tuple, still held by generate's model_kwargs
         mo.add(K.KV_LEGACY, g.cache(tokens - 1, prefill=False))
     elif not g.lit:
-        # one layer's keys (then values), old and new together
-        mo.add(K.CACHE_GROWTH, cache_growth_bytes(g, tokens))
+        # one layer's keys (then values), old and new together, or a hybrid model's mixer updating its state
+        # in place, whichever layer holds more at once
+        growth, update = cache_growth_bytes(g, tokens), mixer_decode_bytes(g.m, g.batch, g.c)
+        mo.add(K.MIXER_STATE_UPDATE if update > growth else K.CACHE_GROWTH, max(growth, update))
+    mo.add(K.SSM_STATE, t.ssm_state)
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
     mo.add(K.CUBLAS, t.cublas)
@@ -671,6 +690,22 @@ def _runner_note(g: GenerateCall) -> str:
                if gen.all_logits else ""))
 
 
+def hybrid_notes(g: GenerateCall) -> list[str]:
+    """What a hybrid model's estimate assumes of its Mamba2 mixers (none for an attention-only model)."""
+    ms = g.m.mamba
+    if ms is None:
+        return []
+    conv, ssm = ssm_state_layer_bytes(g.m, g.c)
+    state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
+             f"sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
+             f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B), transformers 5.24's "
+             "LinearAttentionLayer; the KV cache counts the attention layers only")
+    scan = ("the mixers run transformers' torch scan (mamba2_chunk_scan, as without the mamba-ssm package and use_kernels=True): "
+            f"the prefill's running mixer holds its fp32 chunk tensors (chunk {ms.chunk_size}), a decode step's "
+            "mixer its state update's temporaries (mamba2_selective_state_update)")
+    return [state, scan]
+
+
 def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
     """What the report assumes: the generate loop, dtypes, the cache, attention and the logits."""
     inf = g.r.scenario.inference
@@ -684,6 +719,7 @@ def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
                        else "logits for the last position only (logits_to_keep=1), copied to fp32")
     quant = inf.quantization
     return [
+        *hybrid_notes(g),
         _runner_note(g),
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
         cache_note,

@@ -15,6 +15,8 @@ per KV head: ``2 * kv_heads * head_dim * bytes`` (the 2 is K and V).  Summed ove
   tensor-parallel rank.
 * Sliding-window layers (Mistral, Gemma 2/3 local layers, gpt-oss) need at most ``window``
   tokens; hybrid models alternate them with full-attention layers.
+* Hybrid attention + Mamba2 models (Bamba) cache K and V only in their attention layers; the mixer
+  layers keep a fixed-size convolution and SSM state per sequence (``analytic/ssm_state.py``).
 
 KV dtypes: ``fp16``/``bf16`` 2 B per element; ``fp8`` (e4m3/e5m2) 1 B with per-tensor
 scales (a few bytes per layer, ignored); ``int8`` 1 B plus one fp32 scale per token and
@@ -31,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.units import ceil_div
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "KVLayer",
     "KVSpec",
     "PageCapacity",
+    "attention_layers",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_elem_bytes",
@@ -145,7 +148,7 @@ def kv_spec(m: ModelSpec, kv_dtype: str = "auto", model_dtype_bytes: int = 2, tp
     """The cache layout of ``m`` on one of ``tp`` ranks with the given KV dtype."""
     elem = kv_elem_bytes(kv_dtype, model_dtype_bytes)
     layers: list[KVLayer] = []
-    for ls in m.layers:
+    for ls in attention_layers(m):
         if m.mla is not None:
             layers.append(KVLayer(ls.index, "mla", 1, m.mla.kv_lora_rank + m.mla.qk_rope_head_dim, 0, None))
         else:
@@ -154,6 +157,15 @@ def kv_spec(m: ModelSpec, kv_dtype: str = "auto", model_dtype_bytes: int = 2, tp
             layers.append(KVLayer(ls.index, kind, heads, m.head_dim, m.head_dim, ls.sliding_window))
     name = "auto" if kv_dtype == "auto" else kv_dtype
     return KVSpec(m.name, m.attention_kind, name, elem, tp, tuple(layers))
+
+
+def attention_layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
+    """The decoder layers that keep a KV cache: all of them, less a hybrid model's Mamba2 mixer layers
+    (``ModelSpec.mamba``), which keep a fixed-size state instead (``analytic/ssm_state.py``)."""
+    if m.mamba is None:
+        return m.layers
+    mixers = frozenset(m.mamba.layers)
+    return tuple(ls for ls in m.layers if ls.index not in mixers)
 
 
 # ---- functional forms kept for callers that only need a number ------------------------
@@ -171,7 +183,7 @@ def kv_bytes_per_token(m: ModelSpec, elem_bytes: int, tp: int = 1, kv_dtype: str
 
     Llama-2-7B in fp16: 32 layers * 2 * 32 heads * 128 * 2 B = 524,288 B.
     """
-    return m.num_layers * layer_kv_bytes_per_token(m, elem_bytes, tp, kv_dtype)
+    return len(attention_layers(m)) * layer_kv_bytes_per_token(m, elem_bytes, tp, kv_dtype)
 
 
 def kv_cache_bytes(
@@ -185,7 +197,10 @@ def kv_cache_bytes(
     """
     per_layer = layer_kv_bytes_per_token(m, elem_bytes, tp, kv_dtype)
     total = 0
+    kept = {ls.index for ls in attention_layers(m)}
     for spec in m.layers if layers is None else [m.layers[i] for i in layers]:
+        if spec.index not in kept:
+            continue
         held = min(tokens, spec.sliding_window) if spec.sliding_window else tokens
         total += per_layer * held
     return total * batch

@@ -89,6 +89,8 @@ class K:
                    "the previous decode step's tuple cache, still held by generate (transformers < 4.42)")
     KV_BLOCKS = _k("kv_cache", "{blocks:,} blocks of {block_size} tokens", "vLLM's KV-cache blocks",
                    templated=True)
+    SSM_STATE = _k("kv_cache", "Mamba2 convolution and SSM state",
+                   "a hybrid model's mixer layers' fixed-size state per sequence (transformers' LinearAttentionLayer)")
     REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
                       "SGLang's ReqToTokenPool: (max_num_reqs + 1) x (context_len + 4) int32 slot indices")
     # temporaries
@@ -111,6 +113,8 @@ class K:
     DEQUANT = _k("temporaries", "dequantized weight", "one quantized weight dequantized for its matmul")
     CACHE_GROWTH = _k("temporaries", "cache growth (torch.cat of one layer)",
                       "one layer's keys (then values), old and new together, while the cache grows")
+    MIXER_STATE_UPDATE = _k("temporaries", "Mamba2 state update (one mixer layer)",
+                            "a hybrid model's single-token state update in one mixer layer at decode")
     PREV_PROMPT_LOGITS = _k("temporaries", "prompt logits (previous step's outputs)",
                             "the prefill's logits, kept through the first decode step (transformers < 4.42)")
     # the job's phases around the step (analytic/lifecycle)

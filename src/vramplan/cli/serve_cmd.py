@@ -269,6 +269,7 @@ def _kv(
 ) -> None:
     """KV-cache bytes per token and per block, and its growth with sequence length and batch."""
     from vramplan.analytic.kv_cache import KV_DTYPES, kv_spec, page_capacity
+    from vramplan.analytic.ssm_state import ssm_state_bytes, ssm_state_note
     from vramplan.catalog.models import load_model
     from vramplan.units import dtype_bits
 
@@ -305,6 +306,8 @@ def _kv(
             "sliding_layers": sum(1 for la in spec.layers if la.window),
             "growth": [{"seq_len": s, "batch": b, "kv_bytes": table[s][b]} for s in seqs for b in batches],
         }
+        if m.mamba is not None:
+            payload["ssm_state_bytes_per_sequence"] = ssm_state_bytes(m, 1, dtype_bits(dtype) // 8)
         if cap is not None:
             payload["page_capacity"] = {"budget_bytes": cap.budget_bytes, "page_tokens": cap.page_tokens,
                                         "page_bytes": cap.page_bytes, "total_pages": cap.total_pages,
@@ -315,6 +318,9 @@ def _kv(
     _console().print(f"[bold]{m.name}[/] · {spec.describe()}")
     _console().print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
                f"({spec.uniform_layer_bytes_per_token * block_size:,} B per layer)")
+    note = ssm_state_note(m, dtype_bits(dtype) // 8)
+    if note is not None:
+        _console().print(note)
     t = Table(title="KV cache, GiB", title_justify="left")
     t.add_column("tokens", justify="right")
     for b in batches:

@@ -21,7 +21,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "ignored_sections", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
@@ -64,7 +64,54 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.parallel.ep > 1 and m.moe is None:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
-    return out
+    return out + hybrid_problems(s, m)
+
+
+def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a hybrid attention + Mamba2 model (``ModelSpec.mamba``), refused rather
+    than answered as if every layer were attention.
+
+    * Training: the saved activations of a Mamba2 mixer (the in_proj output, the causal convolution's input and
+      output, the chunked scan's fp32 intermediates in ``mamba2_chunk_scan`` (torch path) or what ``mamba_chunk_scan_combined``
+      keeps for its backward) are not modelled as terms.
+    * Serving: vLLM keeps the mixers' state in its own cache groups (``MambaSpec`` in
+      ``vllm/v1/kv_cache_interface.py``; a conv state of ``(d_conv - 1) x conv_dim``,
+      ``MambaStateShapeCalculator.mamba2_state_shape``), one state page per request without prefix caching
+      (``mamba_block_size = max_model_len``, ``MambaModelConfig.verify_and_update_config``), and raises the
+      attention block size until an attention page is at least a mixer's state page, padding the state page to
+      equal it (``HybridAttentionMambaModelConfig.verify_and_update_config`` in ``vllm/model_executor/models/
+      config.py``; later releases do the alignment in ``Platform.update_block_size_for_backend``).  That layout
+      is not modelled, and SGLang and llama.cpp keep theirs differently.
+    * Lit-GPT's generate loop: Lit-GPT ships no Bamba model; a quantized KV cache: transformers' ``QuantizedCache``
+      refuses a model with other than full-attention layers (``cache_utils.py``, 5.24).
+    Inference with transformers' ``generate`` is estimated (KV cache for the attention layers, the mixers'
+    state per sequence: ``analytic/ssm_state.py``).
+    """
+    if m.mamba is None:
+        return []
+    what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
+            f"{m.num_layers - len(m.mamba.layers)} attention layers")
+    if s.task == "train":
+        return [Problem("task", f"{what}; training memory is not estimated for it: the Mamba2 mixers' saved "
+                        "activations (in_proj output, convolution input and output, the chunked scan's "
+                        "intermediates) are not modelled", "use task inference (transformers generate), which "
+                        "is estimated")]
+    if s.task == "serve":
+        return [Problem("task", f"{what}; serving memory is not estimated for it: the engine's Mamba state cache "
+                        "(vLLM's MambaSpec groups and the attention block size it pads to the state page) is "
+                        "not modelled", "use task inference (transformers generate), which is estimated")]
+    if s.parallel.tp > 1:
+        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (BambaConfig's "
+                        "base_model_tp_plan shards only embed_tokens)", "set parallel.tp to 1")]
+    if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
+        # transformers 5.24 cache_utils.py QuantizedCache.__init__: "`QuantizedCache` is only supported for models
+        # with only full attention layers"
+        return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
+                        "other than full-attention layers", "use kv_cache_dtype: auto")]
+    if s.effective_framework == "lightning":
+        return [Problem("framework", f"{what}; Lit-GPT ships no such model",
+                        "use the transformers framework for inference")]
+    return []
 
 
 def section_conflicts(paths: dict[str, str], task: str) -> list[Problem]:

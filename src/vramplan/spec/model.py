@@ -127,6 +127,35 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class MambaSpec:
+    """The Mamba2 mixers of a hybrid (attention + state-space) model, as transformers' ``BambaMixer`` builds them
+    (``modeling_bamba.py``, transformers 5.24): ``intermediate = mamba_expand * hidden_size``, the causal
+    convolution over ``conv_dim = intermediate + 2 * n_groups * state_size`` channels (x, B and C) with a
+    ``conv_kernel``-tap depthwise kernel, and ``n_heads`` heads of ``head_dim`` channels whose recurrent state is
+    ``head_dim x state_size`` each.  ``layers``: the decoder layers that hold a mixer instead of attention (they
+    keep no KV cache)."""
+
+    layers: tuple[int, ...]
+    n_heads: int
+    head_dim: int
+    n_groups: int
+    state_size: int
+    conv_kernel: int
+    intermediate_size: int
+    chunk_size: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal convolution: x (intermediate) and the B and C projections of every group."""
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+    @property
+    def ssm_state_elements(self) -> int:
+        """One layer's recurrent (SSM) state per sequence: ``n_heads x head_dim x state_size``."""
+        return self.n_heads * self.head_dim * self.state_size
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """What one decoder layer computes, for activation and KV-cache terms."""
 
@@ -295,6 +324,8 @@ class ModelSpec:
     source_notes: tuple[str, ...] = ()
     # a vision-language model's vision tower and projector (None: a text-only model)
     vision: VisionSpec | None = None
+    # a hybrid model's Mamba2 mixer layers (None: every layer is attention)
+    mamba: MambaSpec | None = None
 
     @property
     def family(self) -> str:

@@ -577,9 +577,36 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
             if device != "meta":
                 k.zero_()
                 v.zero_()
-            cache.update(k, v, i)
+            if _is_mixer(config, i):
+                _fill_mixer_state(cache, config, i, batch, dtype, device)
+            else:
+                cache.update(k, v, i)
             del k, v
     return cache
+
+
+def _is_mixer(config: Any, index: int) -> bool:
+    """A hybrid model's Mamba2 mixer layer (``layer_types`` "linear_attention", as ``BambaConfig`` names them)."""
+    types: list[str] = list(getattr(config, "layer_types", None) or ())
+    return index < len(types) and types[index] == "linear_attention"
+
+
+def _fill_mixer_state(cache: Any, config: Any, index: int, batch: int, dtype: torch.dtype, device: str) -> None:
+    """A mixer layer's state as the prefill leaves it, through the cache's own ``update_conv_state`` and
+    ``update_recurrent_state`` (transformers 5.24 ``LinearAttentionLayer``): the convolution state
+    (batch, conv_dim, d_conv) in the model dtype and the fp32 SSM state (batch, heads, head_dim, d_state)
+    that ``mamba2_chunk_scan`` (torch path) returns (``modeling_bamba.py``)."""
+    inter = int(config.mamba_expand) * int(config.hidden_size)
+    heads, state, kernel = int(config.mamba_n_heads), int(config.mamba_d_state), int(config.mamba_d_conv)
+    conv_dim = inter + 2 * int(config.mamba_n_groups) * state
+    conv = torch.empty((batch, conv_dim, kernel), dtype=dtype, device=device)
+    ssm = torch.empty((batch, heads, int(config.mamba_d_head), state), dtype=torch.float32, device=device)
+    if device != "meta":
+        conv.zero_()
+        ssm.zero_()
+    cache.update_conv_state(conv, index, conv_kernel_size=kernel)
+    cache.update_recurrent_state(ssm, index)
+    del conv, ssm
 
 
 def _kv_shapes(model: torch.nn.Module, tp: int = 1) -> list[tuple[int, int, int, torch.dtype]]:

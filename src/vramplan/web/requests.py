@@ -169,6 +169,10 @@ def kv_document(q: KvRequest) -> dict[str, Any]:
         "sliding_layers": sum(1 for la in spec.layers if la.window),
         "growth": [{"seq_len": s, "batch": b, "kv_bytes": spec.sequence_bytes(s) * b} for s in q.seq for b in q.batch],
     }
+    if m.mamba is not None:
+        from vramplan.analytic.ssm_state import ssm_state_bytes
+
+        payload["ssm_state_bytes_per_sequence"] = ssm_state_bytes(m, 1, dtype_bits(q.dtype) // 8)
     if q.budget_gb:
         cap = page_capacity(spec, int(q.budget_gb * GB), q.block_size, tuple(q.seq))
         payload["page_capacity"] = {"budget_bytes": cap.budget_bytes, "page_tokens": cap.page_tokens,

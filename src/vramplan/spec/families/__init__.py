@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vramplan.spec.families.bamba import BAMBA
 from vramplan.spec.families.base import KEY_ALIASES, Family
 from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
@@ -36,6 +37,8 @@ FAMILIES: dict[str, Family] = {
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL,
+    # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
+    "bamba": BAMBA,
 }
 
 

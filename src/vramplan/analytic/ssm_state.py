@@ -1,0 +1,98 @@
+"""A hybrid model's Mamba2 mixers at inference: their fixed-size state per sequence and their prefill temporaries.
+
+**State (transformers 5.24, ``cache_utils.py`` ``LinearAttentionLayer``).**  ``BambaModel.forward`` builds a
+``DynamicCache(config=...)`` whose mixer layers (``layer_types`` "linear_attention") are ``LinearAttentionLayer``s.
+Per mixer layer and sequence it keeps
+
+* the convolution state, ``lazy_initialization``'s ``torch.zeros((*conv_states.shape[:-1], conv_kernel_size))``:
+  ``conv_dim x conv_kernel`` elements (``BambaMixer`` passes ``conv_kernel_size=self.conv_kernel_size``, so
+  transformers keeps all ``mamba_d_conv`` taps where vLLM keeps ``d_conv - 1``: ``MambaStateShapeCalculator.
+  mamba2_state_shape``, ``vllm/model_executor/layers/mamba/mamba_utils.py``), in the dtype of the ``in_proj``
+  output, the compute dtype;
+* the recurrent (SSM) state, ``torch.zeros_like(recurrent_states)`` of the scan's ``final_state``:
+  ``n_heads x head_dim x state_size`` elements in fp32, because ``mamba2_chunk_scan`` (torch path) (``modeling_bamba.py``)
+  computes the states from ``hidden_states.float()`` and B, C ``.float()`` (the torch path, below).
+
+Worked example, Bamba-9B's shape (hidden 4096, ``mamba_expand`` 2 -> intermediate 8192, 128 heads of 64,
+1 group, state 128, ``d_conv`` 4; 29 mixer layers), bf16: conv_dim = 8192 + 2 * 1 * 128 = 8448; conv state
+8448 * 4 * 2 B = 67,584 B; SSM state 128 * 64 * 128 * 4 B = 4,194,304 B; per layer 4,261,888 B, per sequence
+29 * 4,261,888 = 123,594,752 B, whatever the sequence length.
+
+**Decode temporaries (``mamba2_selective_state_update``, torch path).**  One token's update of one mixer layer
+makes, per sequence and element of its ``H x head_dim x n`` state: ``dA = exp(dt.float() * A.float())`` (fp32),
+``dB = dt * B`` and ``dBx = dB * x`` (compute dtype), and ``state * dA`` (fp32) alive while ``+ dBx`` writes the
+new state (fp32): ``12 + 2c`` bytes per element at that addition (c: bytes of the compute dtype).  Bamba-9B,
+bf16: 128 * 64 * 128 * 16 B = 16,777,216 B per sequence.
+
+**Prefill temporaries (the torch chunked scan).**  transformers runs its torch scan (``mamba2_chunk_scan`` in
+``modeling_bamba.py``) unless hub kernels are asked for (``use_kernels=True``) or the ``mamba_ssm`` package is
+installed (``use_kernel_func_from_hub_with_fallback``, ``integrations/hub_kernels.py``: hub kernels, then the
+original package, then the torch path).
+Its locals stay alive until it returns, so with the prompt padded to ``P = ceil(p / l) * l`` (``l`` =
+``mamba_chunk_size``), ``H`` heads, ``I = H * head_dim`` and ``n`` = ``state_size``, at its end it holds in fp32:
+the padded ``D_residual``, the discretized ``hidden_states``, ``Y_diag``, ``C_times_states``, ``Y_off`` and
+``output`` (``P x I`` each: 6), ``B`` and ``C`` repeated to every head and ``B_decay`` (``P x H x n`` each: 3),
+``L`` (``exp(segment_sum(A))``), ``G`` and ``M`` (``P x l x H`` each: 3) and ``new_states``
+(``(P / l + 1) x I x n``).  In the compute dtype the mixer holds the ``in_proj`` output (``p x (I + conv_dim +
+H)``), the causal convolution's output (``(p + d_conv - 1) x conv_dim``) and its activation (``p x conv_dim``).
+The einsums' own transient copies are not counted (the traced engine sees them: about a tenth more on
+``transformers-tests/bamba-tester``).
+"""
+
+from __future__ import annotations
+
+from vramplan.spec.model import ModelSpec
+from vramplan.units import ceil_div
+
+__all__ = ["mixer_decode_bytes", "mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes",
+           "ssm_state_note"]
+
+FP32_BYTES = 4
+
+
+def ssm_state_layer_bytes(m: ModelSpec, c: int) -> tuple[int, int]:
+    """One mixer layer's (convolution state, SSM state) bytes per sequence in transformers' cache; (0, 0) when
+    ``m`` has no mixers.  ``c``: bytes of the compute dtype (the convolution state's dtype)."""
+    ms = m.mamba
+    if ms is None:
+        return 0, 0
+    return ms.conv_dim * ms.conv_kernel * c, ms.ssm_state_elements * FP32_BYTES
+
+
+def ssm_state_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """Every mixer layer's state for ``batch`` sequences (independent of their length)."""
+    if m.mamba is None:
+        return 0
+    conv, ssm = ssm_state_layer_bytes(m, c)
+    return batch * len(m.mamba.layers) * (conv + ssm)
+
+
+def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """The running mixer layer's live tensors during the prefill's chunked scan (module docstring); 0 without
+    mixers."""
+    ms = m.mamba
+    if ms is None:
+        return 0
+    padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
+    h, inter, n = ms.n_heads, ms.intermediate_size, ms.state_size
+    half = batch * c * (prompt * (inter + ms.conv_dim + h) + (prompt + ms.conv_kernel - 1) * ms.conv_dim
+                        + prompt * ms.conv_dim)
+    chunks = padded // ms.chunk_size
+    fp32 = batch * FP32_BYTES * (padded * (6 * inter + 3 * h * n + 3 * ms.chunk_size * h)
+                                 + (chunks + 1) * inter * n)
+    return half + fp32
+
+
+def ssm_state_note(m: ModelSpec, c: int) -> str | None:
+    """What a KV-cache table leaves out for a hybrid model: its mixers' state per sequence (None without mixers)."""
+    if m.mamba is None:
+        return None
+    return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of Mamba2 convolution and SSM state in "
+            f"{len(m.mamba.layers)} mixer layers (no KV cache there), whatever the sequence length")
+
+
+def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """One mixer layer's single-token state update at its peak (module docstring); 0 without mixers."""
+    if m.mamba is None:
+        return 0
+    return batch * m.mamba.ssm_state_elements * (3 * FP32_BYTES + 2 * c)
