@@ -3,7 +3,9 @@ KV cache of the attention layers only, the mixers' state per sequence, and what 
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,9 @@ from vramplan.analytic.ssm_state import mixer_prefill_bytes, ssm_state_bytes, ss
 from vramplan.catalog.models import load_model
 from vramplan.errors import ScenarioError
 from vramplan.spec.hf_config import model_from_config
+
+# transformers' own Bamba test configuration (tests/data/bamba-tester/SOURCE.md): a test input, not a catalog model
+TESTER = str(Path(__file__).resolve().parent / "data" / "bamba-tester" / "config.json")
 
 # The shape of Bamba-9B as its model card gives it (32 layers, hidden 4096, 32 heads, 8 KV heads, untied,
 # 9.78B parameters) on BambaConfig's defaults, with the attention layers and state size that public
@@ -32,7 +37,7 @@ def test_tester_count_by_hand() -> None:
     #        norm 64; out_proj 64*32 = 2,048 -> 8,272, x 2 = 16,544
     # attention: q 32*32 + k 32*16 + v 32*16 + o 32*32 = 3,072, x 2 = 6,144
     # 3,168 + 3,168 + 32 + 24,832 + 16,544 + 6,144 = 53,888
-    m = load_model("bamba-tester")
+    m = load_model(TESTER)
     assert m.num_parameters == 53_888
     assert m.mamba is not None and m.mamba.layers == (0, 2)
     assert (m.mamba.n_heads, m.mamba.head_dim, m.mamba.conv_dim) == (16, 4, 96)
@@ -70,11 +75,11 @@ def test_kv_bytes_count_attention_layers_only() -> None:
     # 4,096 tokens x 2 sequences: 12,288 * 4,096 * 2 = 100,663,296 B
     assert kv_cache_bytes(m, 2, 4096, 2) == 100_663_296
     # tester: 2 attention layers * 2 * 2 KV heads * 8 * 2 B = 128 B per token; 100 tokens x 2 = 25,600 B
-    assert kv_cache_bytes(load_model("bamba-tester"), 2, 100, 2) == 25_600
+    assert kv_cache_bytes(load_model(TESTER), 2, 100, 2) == 25_600
 
 
 def test_mixer_prefill_by_hand() -> None:
-    m = load_model("bamba-tester")
+    m = load_model(TESTER)
     # b 2, p 100, chunk 16 -> P 112 (7 chunks); I 64, H 16, n 16, conv_dim 96, d_conv 4, bf16:
     # half: 2*2*(100*(64 + 96 + 16) + 103*96 + 100*96) = 4*(17,600 + 9,888 + 9,600) = 148,352
     # fp32: 2*4*(112*(6*64 + 3*16*16 + 3*16*16) + 8*64*16) = 8*(112*1,920 + 8,192) = 8*223,232 = 1,785,856
@@ -82,7 +87,7 @@ def test_mixer_prefill_by_hand() -> None:
 
 
 def test_inference_report_holds_the_state_and_the_attention_kv() -> None:
-    rep = estimate({"task": "inference", "model": "bamba-tester", "hardware": {"gpu": "A100-80GB"},
+    rep = estimate({"task": "inference", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
                     "inference": {"batch_size": 2, "prompt_len": 100, "new_tokens": 10}})
     pre = rep.per_gpu.breakdown_detail["kv_cache"]
     # prompt KV 25,600 B (above); state: 2 layers * 2 sequences * (96*4*2 + 16*4*16*4) = 4 * 4,864 = 19,456 B
@@ -100,7 +105,7 @@ def test_inference_report_holds_the_state_and_the_attention_kv() -> None:
     ({"task": "inference", "framework": "lightning"}, "Lit-GPT ships no such model"),
 ])
 def test_what_is_not_modelled_is_refused(extra: dict[str, object], where: str) -> None:
-    doc: dict[str, object] = {"model": "bamba-tester", "hardware": {"gpu": "A100-80GB"}, **extra}
+    doc: dict[str, object] = {"model": TESTER, "hardware": {"gpu": "A100-80GB"}, **extra}
     with pytest.raises(ScenarioError) as exc:
         estimate(doc)
     assert where in str(exc.value)
@@ -115,11 +120,10 @@ WIDER = {"mamba_chunk_size": 64, "mamba_d_state": 8, "hidden_size": 64, "interme
 def test_traced_generate_agrees_with_the_analytic_engine(changes: dict[str, int], prompt: int) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from vramplan.catalog.models import list_models
     from vramplan.trace.engine import estimate as traced
 
-    (row,) = [r for r in list_models() if r.id == "transformers-tests/bamba-tester"]
-    doc = {"task": "inference", "model": {**row.config, **changes}, "hardware": {"gpu": "A100-80GB"},
+    config = json.loads(Path(TESTER).read_text())
+    doc = {"task": "inference", "model": {**config, **changes}, "hardware": {"gpu": "A100-80GB"},
            "inference": {"batch_size": 2, "prompt_len": prompt, "new_tokens": 10}}
     a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
     # the analytic mixer term leaves out the einsums' transient copies and the allocator's 512 B rounding
@@ -133,7 +137,7 @@ def test_kv_command_states_the_mixer_state() -> None:
 
     from vramplan.cli.main import app
 
-    res = CliRunner().invoke(app, ["kv", "bamba-tester", "--json"])
+    res = CliRunner().invoke(app, ["kv", TESTER, "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     # 2 attention layers of 128 B per token; 2 mixers of 4,864 B (768 conv + 4,096 SSM) per sequence
@@ -149,8 +153,8 @@ def test_mixer_decode_update_by_hand() -> None:
     assert mixer_decode_bytes(model_from_config(BAMBA_9B_SHAPE), 1, 2) == 16_777_216
     # tester, batch 2: 16*4*16 = 1,024 elements * 16 B * 2 = 32,768 B, more than an attention layer's growth at
     # 109 tokens (2 sequences * 109 * 64 B per layer-token / 2 = 6,976 B): the decode moment holds the update
-    assert mixer_decode_bytes(load_model("bamba-tester"), 2, 2) == 32_768
-    ir = inference_step(resolve({"task": "inference", "model": "bamba-tester", "hardware": {"gpu": "A100-80GB"},
+    assert mixer_decode_bytes(load_model(TESTER), 2, 2) == 32_768
+    ir = inference_step(resolve({"task": "inference", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
                                  "inference": {"batch_size": 2, "prompt_len": 100, "new_tokens": 10}}))
     (decode,) = [mo for mo in ir.moments if mo.phase == "decode"]
     assert decode.parts["temporaries"]["Mamba2 state update (one mixer layer)"] == 32_768

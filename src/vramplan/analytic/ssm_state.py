@@ -36,7 +36,7 @@ the padded ``D_residual``, the discretized ``hidden_states``, ``Y_diag``, ``C_ti
 (``(P / l + 1) x I x n``).  In the compute dtype the mixer holds the ``in_proj`` output (``p x (I + conv_dim +
 H)``), the causal convolution's output (``(p + d_conv - 1) x conv_dim``) and its activation (``p x conv_dim``).
 The einsums' own transient copies are not counted (the traced engine sees them: about a tenth more on
-``transformers-tests/bamba-tester``).
+transformers' Bamba test configuration, tests/data/bamba-tester).
 """
 
 from __future__ import annotations
