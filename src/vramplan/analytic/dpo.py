@@ -27,7 +27,7 @@ is TRL's default, the reference forward inside each step (stated in the report).
 
 from __future__ import annotations
 
-from vramplan.analytic.grpo import TRL_RELEASE, RefKind
+from vramplan.analytic.grpo import TRL_RELEASE, RefKind, trainer_problems
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.spec.scenario import Scenario
@@ -63,22 +63,15 @@ def _reference_problems(s: Scenario) -> list[Problem]:
 
 def _setup_problems(s: Scenario) -> list[Problem]:
     """Combinations DPOTrainer runs but this estimate does not model, each refused with what to change."""
-    t, par = s.train, s.parallel
+    t = s.train
     out: list[Problem] = []
 
     def no(where: str, what: str, fix: str) -> None:
         out.append(Problem(where, what, fix))
 
-    if s.effective_framework not in ("hf-trainer", "accelerate", "deepspeed"):
-        no("framework", f"DPO runs on TRL's DPOTrainer (the HF Trainer), not {s.effective_framework}",
-           "use framework: hf-trainer (or deepspeed for ZeRO-1/2)")
-    if par.zero_stage == 3 or par.fsdp not in ("none", "no_shard"):
-        # DPOTrainer.__init__: prepare_deepspeed / prepare_fsdp shard the reference copy too
-        no("parallel", "sharded parameters (ZeRO-3, FSDP) under DPO are not modelled: the reference model's "
-           "shards (prepare_deepspeed / prepare_fsdp) and their gathers in its forward", "use ZeRO-1/2 or DDP")
-    if par.tp > 1 or par.pp > 1 or par.cp > 1:
-        no("parallel", "tensor, pipeline or context parallelism under DPO is not modelled",
-           "use data parallelism only (tp = pp = cp = 1)")
+    # DPOTrainer.__init__: prepare_deepspeed / prepare_fsdp shard the reference copy too
+    out += trainer_problems(s, "DPO", "the reference model's shards (prepare_deepspeed / prepare_fsdp) and their "
+                            "gathers in its forward")
     if t.loss != "standard":
         no("train.loss", f"{t.loss} under DPO is not modelled (TRL's use_liger_kernel runs Liger's "
            "LigerFusedLinearDPOLoss, another kernel)", "use train.loss: standard")

@@ -28,7 +28,7 @@ from vramplan.errors import Problem
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "grpo_assumptions", "grpo_loss_tensors", "grpo_problems",
-           "policy_scenario", "reference_kind", "sequence_len"]
+           "policy_scenario", "reference_kind", "sequence_len", "trainer_problems"]
 
 TRL_RELEASE = "1.9.0"
 # trl/trainer/utils.py entropy_from_logits(logits, chunk_size=128): rows of the flattened logits per chunk
@@ -74,12 +74,30 @@ def _reference_problems(s: Scenario) -> list[Problem]:
                     f"set rl.reference_model: {trl} or leave it out")]
 
 
+def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str = "") -> list[Problem]:
+    """What TRL's trainers (``GRPOTrainer``, ``DPOTrainer``: subclasses of the HF Trainer) share and this estimate
+    does not model: another framework, sharded parameters (``sharded`` says what sharding would add) and tensor,
+    pipeline or context parallelism; each refused with what to change."""
+    par = s.parallel
+    out: list[Problem] = []
+    if s.effective_framework not in ("hf-trainer", "accelerate", "deepspeed"):
+        out.append(Problem("framework", f"{method} runs on TRL's {method}Trainer (the HF Trainer), not "
+                           f"{s.effective_framework}", "use framework: hf-trainer (or deepspeed for ZeRO-1/2)"))
+    if par.zero_stage == 3 or par.fsdp not in ("none", "no_shard"):
+        out.append(Problem("parallel", f"sharded parameters (ZeRO-3, FSDP) under {method} are not modelled: {sharded}",
+                           "use ZeRO-1/2 or DDP"))
+    if par.tp > 1 or par.pp > 1 or par.cp > 1:
+        out.append(Problem("parallel", f"tensor, pipeline or context parallelism under {method}{parallel_also} is "
+                           "not modelled", "use data parallelism only (tp = pp = cp = 1)"))
+    return out
+
+
 _UNMODELLED_OBJECTIVES = ("kto", "orpo", "ppo", "rloo")
 
 
 def _setup_problems(s: Scenario) -> list[Problem]:
     """Combinations GRPO runs but this estimate does not model, each refused with what to change."""
-    t, par, ro = s.train, s.parallel, s.rl.rollout
+    t, ro = s.train, s.rl.rollout
     out: list[Problem] = []
 
     def no(where: str, what: str, fix: str) -> None:
@@ -91,15 +109,8 @@ def _setup_problems(s: Scenario) -> list[Problem]:
     if ro.engine != "vllm":
         no("rl.rollout.engine", "hf-generate rollouts (model.generate inside the trainer) are not modelled",
            "use rl.rollout.engine: vllm")
-    if s.effective_framework not in ("hf-trainer", "accelerate", "deepspeed"):
-        no("framework", f"GRPO runs on TRL's GRPOTrainer (the HF Trainer), not {s.effective_framework}",
-           "use framework: hf-trainer (or deepspeed for ZeRO-1/2)")
-    if par.zero_stage == 3 or par.fsdp not in ("none", "no_shard"):
-        no("parallel", "sharded parameters (ZeRO-3, FSDP) under GRPO are not modelled: the reference model's "
-           "shards and the gather of the full weights for each vLLM weight sync", "use ZeRO-1/2 or DDP")
-    if par.tp > 1 or par.pp > 1 or par.cp > 1:
-        no("parallel", "tensor, pipeline or context parallelism under GRPO (and vllm_tensor_parallel_size) is not "
-           "modelled", "use data parallelism only (tp = pp = cp = 1)")
+    out += trainer_problems(s, "GRPO", "the reference model's shards and the gather of the full weights for each "
+                            "vLLM weight sync", " (and vllm_tensor_parallel_size)")
     if t.loss != "standard":
         no("train.loss", f"{t.loss} under GRPO is not modelled (TRL's use_liger_kernel runs Liger's "
            "LigerFusedLinearGRPOLoss, another kernel)", "use train.loss: standard")
