@@ -81,8 +81,11 @@ def test_int4_weights_7b() -> None:
     assert n // 2 == 3_500_000_000
     assert quantized_linear_bytes(n, 1, "nf4") == 3_500_000_000 + 437_500_000
     assert quantized_linear_bytes(n, 1, "nf4-dq") == 3_611_083_988
-    # GPTQ g128: 3.5e9 + 7e9/128 groups * (2 B scale + 0.5 B zero) = 3.5e9 + 136,718,750
-    assert quantized_linear_bytes(n, 1, "gptq-4bit") == 3_500_000_000 + 109_375_000 + 27_343_750
+    # GPTQ g128 (AutoGPTQ's layout, facts/quantization.py) on one 4096 x 4096 projection: 4-bit payload 8,388,608
+    # + 32 groups x 4096 columns x (2 B scale + 0.5 B zero) = 262,144 + 65,536 + int32 g_idx per input 16,384
+    # + fp16 bias per output 8,192 = 8,740,864 B (g_idx and bias are per matrix: a 7e9 "one-row" matrix would
+    # not be a GPTQ layer)
+    assert quantized_linear_bytes(4096 * 4096, 4096, "gptq-4bit") == 8_388_608 + 262_144 + 65_536 + 16_384 + 8_192
 
 
 def test_activation_worked_example_llama2_7b() -> None:
