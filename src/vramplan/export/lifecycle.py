@@ -2,9 +2,8 @@
 
 A null ``lifecycle`` field takes the framework's default (``analytic/lifecycle/``); the exporters write
 the resolved value into the library option that sets it, so the run launched from the files is the run
-that was estimated.  The defaults are the analytic engine's own (``eval_runs``, ``eval_batch_size``,
-``eval_generates``, ``state_dict_type`` in ``analytic/lifecycle/evaluation.py`` and ``save.py``), repeated
-here for a ``TrainSetup`` (which has no ``StepContext``) and checked against them by the tests.
+that was estimated.  The defaults are the analytic engine's own: the same ``*_for`` functions of ``analytic/lifecycle/``
+(``evaluation.py``, ``save.py``, ``load.py``) that the estimate reads, given the settings of a ``TrainSetup``.
 
 Which option each setting becomes (transformers 5.24 ``TrainingArguments``, accelerate 1.15
 ``FullyShardedDataParallelPlugin``, DeepSpeed 0.19 ``zero_optimization``, trl 1.16 ``SFTConfig``):
@@ -32,7 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramplan.analytic.lifecycle.evaluation import HF_EVAL_BATCH
+from vramplan.analytic.lifecycle.evaluation import eval_batch_size_for, eval_generates_for, eval_runs_for
+from vramplan.analytic.lifecycle.load import device_map_for
+from vramplan.analytic.lifecycle.save import state_dict_type_for
 from vramplan.plan.setup import TrainSetup
 from vramplan.spec.scenario import Lifecycle
 
@@ -67,17 +68,12 @@ def resolve_lifecycle(s: TrainSetup, lc: Lifecycle | None = None) -> ResolvedLif
     """``lc`` (default: every field null) with the defaults the estimate took for ``s``'s framework."""
     lc = lc or Lifecycle()
     fw = s.framework
-    # analytic/lifecycle/evaluation.py eval_runs / eval_batch_size / eval_generates: only Lightning evaluates by
-    # default; the HF Trainer's batch is per_device_eval_batch_size=8, the other loops' the training micro-batch
-    evaluation = lc.evaluation if lc.evaluation is not None else False
-    batch = lc.eval_batch_size if lc.eval_batch_size is not None else (
-        HF_EVAL_BATCH if fw == "hf-trainer" else s.micro_batch_size)
-    generate = lc.eval_generate_tokens if lc.eval_generate_tokens is not None else 0
-    # analytic/lifecycle/save.py state_dict_type: sharded under torchtitan (DCP) and DeepSpeed (save_checkpoint)
-    sdt = lc.state_dict_type if lc.state_dict_type is not None else (
-        "sharded" if fw in ("torchtitan", "deepspeed") else "full_offload")
-    # analytic/lifecycle/load.py host_load_bytes: a bitsandbytes model gets a device map, the others none
-    device_map = lc.device_map if lc.device_map is not None else ("auto" if s.quantization != "none" else "none")
+    # the engine's own defaults (analytic/lifecycle/): the same functions the estimate reads
+    evaluation = eval_runs_for(lc, fw)
+    batch = eval_batch_size_for(lc, fw, s.micro_batch_size)
+    generate = eval_generates_for(lc, fw)
+    sdt = state_dict_type_for(lc, fw)
+    device_map = device_map_for(lc, s.quantization)
     sharded = fw in ("accelerate", "torchtitan") and s.fsdp != "none" or s.zero_stage == 3
     return ResolvedLifecycle(
         evaluation=evaluation, eval_batch_size=batch, eval_keeps_logits=lc.eval_keeps_logits,

@@ -43,6 +43,7 @@ from vramplan.analytic.overhead import cuda_context_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.gguf import FILE_TYPES, MIX_ASSUMPTIONS, GgmlType, file_type, ggml_type, row_bytes
 from vramplan.facts.llamacpp_builds import LlamaCppBuild, llamacpp_build
+from vramplan.monotone import largest_true
 from vramplan.serve.ggml_graph import GraphShape, gallocr_max_size, reserve_nodes
 from vramplan.serve.gguf import GgufFile, GgufTensor, model_tensors, read_gguf
 from vramplan.spec.load import Resolved
@@ -305,13 +306,8 @@ def _fits_ctx(h: Hparams, r: Resolved, fixed: int, layers: int, tk: GgmlType, tv
         ub = min(g.n_ubatch, g.n_batch, n)
         b = rules.build
         return fixed + k + v + compute_buffer_bytes(h, ub, n, rules.flash, layers, out, b.kq_mask_pad, b.set_rows)
-    lo, hi = 0, max(KV_PAD, round_up(h.n_ctx_train or KV_PAD, KV_PAD)) // KV_PAD
-    if used(KV_PAD) > cap:
-        return 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if used(mid * KV_PAD) <= cap else (lo, mid - 1)
-    return lo * KV_PAD
+    hi = max(KV_PAD, round_up(h.n_ctx_train or KV_PAD, KV_PAD)) // KV_PAD
+    return (largest_true(1, hi, lambda k: used(k * KV_PAD) <= cap) or 0) * KV_PAD
 
 
 @dataclass(frozen=True)

@@ -26,32 +26,49 @@ from vramplan.analytic.inference import litgpt_kv_bytes
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.loss import litgpt_head_dequant_bytes, standard_loss_tensors
+from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
-__all__ = ["eval_batch_size", "eval_generates", "eval_runs", "evaluation_phase"]
+__all__ = ["eval_batch_size", "eval_batch_size_for", "eval_generates", "eval_generates_for", "eval_runs", "eval_runs_for",
+           "evaluation_phase"]
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size
 LITGPT_NEW_TOKENS = 100  # litgpt EvalArgs.max_new_tokens
 
 
+def eval_runs_for(lc: Lifecycle, framework: str) -> bool:
+    """Whether training evaluates: the scenario's setting, else only Lit-GPT's loop does by default.  The
+    ``*_for`` functions take the settings alone, for the exporters (``export/lifecycle.py``)."""
+    return lc.evaluation if lc.evaluation is not None else framework == "lightning"
+
+
+def eval_batch_size_for(lc: Lifecycle, framework: str, micro_batch_size: int) -> int:
+    """The evaluation batch: the scenario's, else the HF Trainer's ``per_device_eval_batch_size`` (8) or the
+    other loops' training micro-batch."""
+    if lc.eval_batch_size is not None:
+        return lc.eval_batch_size
+    return HF_EVAL_BATCH if framework == "hf-trainer" else micro_batch_size
+
+
+def eval_generates_for(lc: Lifecycle, framework: str) -> int:
+    """Tokens generated after each validation (0: none): the scenario's, else Lit-GPT's ``max_new_tokens``."""
+    n = lc.eval_generate_tokens
+    if n is not None:
+        return n
+    return LITGPT_NEW_TOKENS if framework == "lightning" else 0
+
+
 def eval_runs(c: StepContext) -> bool:
-    lc = c.s.lifecycle
-    return lc.evaluation if lc.evaluation is not None else c.framework == "lightning"
+    return eval_runs_for(c.s.lifecycle, c.framework)
 
 
 def eval_batch_size(c: StepContext) -> int:
-    lc = c.s.lifecycle
-    if lc.eval_batch_size is not None:
-        return lc.eval_batch_size
-    return HF_EVAL_BATCH if c.framework == "hf-trainer" else c.s.train.micro_batch_size
+    return eval_batch_size_for(c.s.lifecycle, c.framework, c.s.train.micro_batch_size)
 
 
 def eval_generates(c: StepContext) -> int:
     """Tokens generated after each validation (0: none)."""
-    n = c.s.lifecycle.eval_generate_tokens
-    if n is not None:
-        return n
-    return LITGPT_NEW_TOKENS if c.framework == "lightning" else 0
+    return eval_generates_for(c.s.lifecycle, c.framework)
 
 
 def _head_tensors(c: StepContext, lay: StepLayout) -> tuple[int, int, int]:

@@ -68,9 +68,10 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.weights import quantized_linear_bytes
 from vramplan.spec.model import ParamGroup
+from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
-__all__ = ["LoadPlan", "LoadTensor", "host_load_bytes", "litgpt_tensors", "load_mode", "load_peaks", "load_plan",
+__all__ = ["LoadPlan", "LoadTensor", "device_map_for", "host_load_bytes", "litgpt_tensors", "load_mode", "load_peaks", "load_plan",
            "partitions_after_load", "prepares_kbit", "quantizes_at_init", "rank_tensors"]
 
 # transformers' save_pretrained(max_shard_size="5GB") default: a checkpoint is read one shard at a time
@@ -327,6 +328,14 @@ def prepares_kbit(c: StepContext) -> bool:
     return c.kbit and load_mode(c) == "quantize" and c.pol.frozen_param_bytes < 4
 
 
+def device_map_for(lc: Lifecycle, quantization: str) -> str:
+    """``from_pretrained``'s device map: the scenario's, else auto for a bitsandbytes model (transformers
+    ``Bnb4BitHfQuantizer.update_device_map``) and none for the others."""
+    if lc.device_map is not None:
+        return lc.device_map
+    return "auto" if quantization != "none" else "none"
+
+
 def host_load_bytes(c: StepContext) -> int:
     """Host RAM of one process at the load's peak.
 
@@ -338,7 +347,7 @@ def host_load_bytes(c: StepContext) -> int:
     checkpoint = rp.total * HALF
     shard = min(checkpoint, CHECKPOINT_SHARD_BYTES)
     lc = c.s.lifecycle
-    on_device = (lc.device_map == "auto" or (lc.device_map is None and c.quant != "none")
+    on_device = (device_map_for(lc, c.quant) == "auto"
                  or c.framework == "lightning" or (c.framework == "deepspeed" and c.s.parallel.zero_stage == 3))
     if on_device:
         return shard

@@ -35,15 +35,22 @@ from __future__ import annotations
 from vramplan.analytic.lifecycle.load import LoadTensor, rank_tensors
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.scenario import Lifecycle
 
-__all__ = ["save_phase", "state_dict_type"]
+__all__ = ["save_phase", "state_dict_type", "state_dict_type_for"]
+
+
+def state_dict_type_for(lc: Lifecycle, framework: str) -> str:
+    """The scenario's state-dict type, else the framework's: sharded under torchtitan (DCP) and DeepSpeed
+    (``save_checkpoint``), full_offload otherwise."""
+    st = lc.state_dict_type
+    if st is not None:
+        return st
+    return "sharded" if framework in ("torchtitan", "deepspeed") else "full_offload"
 
 
 def state_dict_type(c: StepContext) -> str:
-    st = c.s.lifecycle.state_dict_type
-    if st is not None:
-        return st
-    return "sharded" if c.framework in ("torchtitan", "deepspeed") else "full_offload"
+    return state_dict_type_for(c.s.lifecycle, c.framework)
 
 
 def _full_bytes(c: StepContext, tensors: tuple[LoadTensor, ...]) -> tuple[int, int]:
