@@ -518,12 +518,34 @@ def _sdpa_math_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: 
     ``matmul``, which copies them to every head for its batched GEMM.
     """
     c = ctx.compute_bytes
+    if not m.traits.mqa_sdpa_math:
+        return _sdpa_math_gqa_tensors(m, ctx, heads, qw, s_keys)
     kv = qw if kvw != qw else kvw
     # q, k, v as the model hands them over (its own tensors)
     out = [_T("attention.q", c * qw), _T("attention.k", c * kvw), _T("attention.v", c * kvw)]
     # scaled q, scaled k^T (per head), v (per head), fp32; the _safe_softmax output, fp32
     out += [_T("attention.math_q_scaled", 4 * qw), _T("attention.math_k_scaled", 4 * kv),
             _T("attention.math_v_fp32", 4 * kv), _T("attention.softmax", 4 * heads * s_keys)]
+    if ctx.dropout and m.attention_dropout > 0:
+        out += [_T("attention.probs_dropout_mask", heads * s_keys), _T("attention.dropped_probs", 4 * heads * s_keys)]
+    return out
+
+
+def _sdpa_math_gqa_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, s_keys: int) -> list[SavedTensor]:
+    """SDPA's math kernel on grouped K/V handed over with ``enable_gqa=True`` (``gqa_math_fallback``), per token.
+
+    ``_scaled_dot_product_attention_math`` (torch 2.11 attention.cpp) upcasts half inputs to fp32 (``.to``
+    saves nothing), scales the query (``query * sqrt(scale)``, a new tensor), repeats K and V to every query
+    head (``pre_process_group_query_attention_input``: ``repeat_interleave``), scales the repeated keys (a new
+    tensor) and runs matmul -> ``_safe_softmax`` -> matmul.  Saved: the scaled query and scaled keys (the first
+    matmul's operands), the repeated values and the softmax output (the second's), all fp32 and per query
+    head.  The model's own q, k, v are not saved by anything (RoPE's products save cos and sin only), and
+    the output's contiguous copy is ``o_proj``'s input.  Measured on an H200 (Qwen3-0.6B, fp32, 16/8 heads):
+    2 q - 2 kv + heads s more per layer and token than the memory-efficient kernel's saved set
+    (benchmarks/gpu/h200-2026-11-26).
+    """
+    out = [_T("attention.math_q_scaled", 4 * qw), _T("attention.math_k_scaled", 4 * qw),
+           _T("attention.math_v_repeated", 4 * qw), _T("attention.softmax", 4 * heads * s_keys)]
     if ctx.dropout and m.attention_dropout > 0:
         out += [_T("attention.probs_dropout_mask", heads * s_keys), _T("attention.dropped_probs", 4 * heads * s_keys)]
     return out

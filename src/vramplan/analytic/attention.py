@@ -7,10 +7,61 @@ Shared by the training step and the inference pass.  What a family offers comes 
 from __future__ import annotations
 
 from vramplan.facts.precisions import PrecisionPolicy
+from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["falls_back_to_eager", "resolve_attention"]
+__all__ = ["MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note",
+           "resolve_attention"]
+
+# transformers passes ``enable_gqa=True`` to SDPA instead of repeating K/V (integrations/sdpa_attention.py
+# ``use_gqa_in_sdpa``: torch >= 2.5 and no attention mask) from 4.54.0; read off the 4.53.0 and 4.54.0 wheels
+TRANSFORMERS_ENABLE_GQA = (4, 54)
+# the first PyTorch release whose memory-efficient SDPA kernel takes grouped K/V (the 2.14 docstring of
+# ``scaled_dot_product_attention``; 2.13's says GQA "works only for Flash_attention and math kernel")
+MEM_EFFICIENT_GQA_TORCH = (2, 14)
+
+
+def _capability(gpu: GpuSpec | None) -> tuple[int, int] | None:
+    text = gpu.compute_capability if gpu is not None else ""
+    try:
+        major, minor = text.split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def _flash_runs(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, cap: tuple[int, int] | None) -> bool:
+    """PyTorch's flash kernel: fp16/bf16, head_dim <= 256, sm80 or newer (``can_use_flash_attention``,
+    sdp_utils.cpp); a GPU of unknown capability is taken as sm80+."""
+    if pol.compute_bytes == 4 or m.head_dim > 256:
+        return False
+    return cap is None or cap >= (8, 0)
+
+
+def gqa_math_fallback(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, gpu: GpuSpec | None) -> bool:
+    """True when a grouped-query model's SDPA attention runs the math kernel because flash cannot run and
+    the memory-efficient kernel refuses grouped K/V.
+
+    transformers >= 4.54 hands SDPA the K/V heads with ``enable_gqa=True`` when no mask is passed (full-length
+    sequences; a sliding window reached by the sequence builds a mask, and then K/V are repeated instead);
+    flash is ruled out by fp32, a GPU before sm80 (T4, V100) or head_dim > 256; torch <= 2.13's
+    memory-efficient kernel requires equal head counts (``check_batch_size_and_num_heads_dense<false>``), so
+    ``select_sdp_backend`` falls through to math (measured: benchmarks/gpu/h200-2026-11-26, Qwen3-0.6B fp32).
+    """
+    if gpu is not None and gpu.vendor != "nvidia":
+        return False  # ROCm's kernels have other rules; not modelled here
+    if not (1 < m.num_kv_heads < m.num_attention_heads) or m.mla is not None:
+        return False
+    tv, torch_v = s.software.transformers_version, s.software.torch_version
+    if tv is not None and tv < TRANSFORMERS_ENABLE_GQA:
+        return False
+    if torch_v is not None and (torch_v >= MEM_EFFICIENT_GQA_TORCH or torch_v < (2, 5)):
+        return False
+    seq = s.train.seq_len if s.task == "train" else s.inference.prompt_len
+    if any(layer.sliding_window and seq >= layer.sliding_window for layer in m.layers):
+        return False
+    return not _flash_runs(s, m, pol, _capability(gpu))
 
 
 def falls_back_to_eager(want: str, m: ModelSpec) -> bool:
@@ -20,11 +71,21 @@ def falls_back_to_eager(want: str, m: ModelSpec) -> bool:
     return want == "sdpa" and "sdpa" not in m.traits.attention_kernels
 
 
-def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[str, bool]:
+def gqa_math_note(s: Scenario) -> str:
+    """The assumption a report states when ``gqa_math_fallback`` holds."""
+    release = f"torch {s.software.torch}" if s.software.torch else "torch <= 2.13 assumed (software.torch not given)"
+    return ("grouped K/V handed to SDPA with enable_gqa (transformers >= 4.54, no mask) where flash cannot run "
+            f"(fp32, a GPU before sm80 or head_dim > 256): the math kernel saves the s x s softmax in fp32 ({release}; "
+            "from torch 2.14 the memory-efficient kernel takes grouped K/V and saves none)")
+
+
+def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
+                      gpu: GpuSpec | None = None) -> tuple[str, bool]:
     """The kernel that runs, and whether K/V are repeated to every query head.
 
-    SDPA picks flash for fp16/bf16 with head_dim <= 256, else memory-efficient (which also
-    takes fp32); both save no s x s tensor.  ``eager`` materializes the scores and repeats
+    SDPA picks flash for fp16/bf16 with head_dim <= 256 on sm80+, else memory-efficient (which also
+    takes fp32); both save no s x s tensor, except that a grouped-query model falls to the math kernel
+    where flash cannot run (``gqa_math_fallback``).  ``eager`` materializes the scores and repeats
     K/V to every query head (transformers' ``repeat_kv``).
     """
     want = s.train.attention if s.task == "train" else s.inference.attention
@@ -36,6 +97,8 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy) -> tuple[
         # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
         # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
         return "math", False
-    if pol.compute_bytes == 4 or m.head_dim > 256:
+    if gqa_math_fallback(s, m, pol, gpu):
+        return "math", False
+    if not _flash_runs(s, m, pol, _capability(gpu)):
         return "efficient", False
     return "flash", False

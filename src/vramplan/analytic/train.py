@@ -25,7 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.analytic.attention import falls_back_to_eager, resolve_attention
+from vramplan.analytic.attention import (
+    falls_back_to_eager,
+    gqa_math_fallback,
+    gqa_math_note,
+    resolve_attention,
+)
 from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
@@ -84,7 +89,7 @@ def train_step(r: Resolved) -> TrainResult:
     """One steady-state step on the GPU of each pipeline stage worth estimating; the stage with the
     highest peak is the answer.  Each stage's terms (analytic/terms) are swept over its timeline."""
     s, m = r.scenario, r.model
-    attention, repeat = resolve_attention(s, m, step_policy(s))
+    attention, repeat = resolve_attention(s, m, step_policy(s), r.gpu)
     results: list[TrainResult] = []
     for stage in stages(s.parallel.pp):
         c = StepContext(r, stage, attention, repeat)
@@ -99,8 +104,9 @@ def train_step(r: Resolved) -> TrainResult:
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
     c0 = StepContext(r, 0, attention, repeat)
     casts = [CAST_ASSUMPTION] if casts_apply(c0) else []
+    math_note = [gqa_math_note(s)] if attention == "math" and gqa_math_fallback(s, m, step_policy(s), r.gpu) else []
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
-                                                                   s.effective_framework)))
+                                                                   s.effective_framework) + math_note))
     return best
 
 

@@ -643,6 +643,21 @@ class Software(_Strict):
     of every prompt position (analytic/inference.py ``GenerateBehaviour``).  A release older than the
     model's family (its first release, facts/data/transformers_model_types.json) is refused."""
 
+    torch: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """PyTorch release of the run, e.g. 2.11; before 2.14 SDPA's memory-efficient kernel refuses grouped K/V.
+
+    PyTorch's memory-efficient attention takes grouped-query K/V (``enable_gqa=True``) from 2.14 (its
+    ``scaled_dot_product_attention`` docstring: 2.13 "works only for Flash_attention and math kernel",
+    2.14 "Memory-efficient attention also supports GQA on NVIDIA CUDA"; pytorch/pytorch#191085).
+    transformers >= 4.54 passes ``enable_gqa=True`` when there is no mask (``use_gqa_in_sdpa``), so where
+    flash cannot run (fp32, a GPU before sm80, head_dim > 256) a GQA model's attention runs SDPA's
+    math kernel, which saves the s x s softmax, on torch <= 2.13.  None: the engines assume a release
+    before 2.14, the one every published measurement to date ran (the report says so)."""
+
+    @property
+    def torch_version(self) -> tuple[int, ...] | None:
+        return _version(self.torch)
+
     @property
     def fused_moe_experts(self) -> bool:
         """True unless the scenario names transformers < 5 (per-expert ``nn.Linear`` MLPs)."""

@@ -61,6 +61,9 @@ class CudaSpec:
     capability: tuple[int, int] = (9, 0)
     cudnn_sdpa_preferred: bool = False  # torch prefers cuDNN SDPA on sm90/sm100 with cuDNN > 9.15
     cudnn_d256: bool = False
+    # PyTorch's memory-efficient kernel takes grouped K/V (enable_gqa) from 2.14 (its SDPA docstring; 2.13's
+    # says GQA runs on flash and math only): before, such a call falls to math (analytic/attention.py)
+    efficient_gqa: bool = False
 
 
 @dataclass
@@ -264,7 +267,8 @@ def _heads_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: boo
 
 def select_sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                         dropout_p: float, is_causal: bool, enable_gqa: bool, spec: CudaSpec) -> str:
-    """The backend ``select_sdp_backend`` picks on a GPU of ``spec.capability`` (torch 2.13)."""
+    """The backend ``select_sdp_backend`` picks on a GPU of ``spec.capability`` (torch 2.13; grouped K/V on the
+    memory-efficient kernel only with ``spec.efficient_gqa``, torch 2.14)."""
     cap = spec.capability
     half = q.dtype in (torch.float16, torch.bfloat16)
     low_precision_ok = (q.dtype in (torch.float16, torch.bfloat16)) if cap >= (8, 0) else q.dtype == torch.float16
@@ -292,6 +296,8 @@ def select_sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
 
     def can_efficient() -> bool:
         if not dense_4d or not _sm(cap, (5, 0), (12, 1)):
+            return False
+        if q.shape[1] != k.shape[1] and not spec.efficient_gqa:
             return False
         use_tc = cap[0] >= 8 or (cap[0] >= 7 and half)
         align = 4 if cap[0] >= 8 else 1

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from vramplan.analytic.attention import MEM_EFFICIENT_GQA_TORCH
 from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.facts.optimizers import runs_as
@@ -59,7 +60,8 @@ def cuda_spec(r: Resolved) -> cuda.CudaSpec:
         major, minor = (int(x) for x in cc.split(".")[:2])
     except ValueError:
         major, minor = 9, 0
-    return cuda.CudaSpec(capability=(major, minor))
+    torch_v = r.scenario.software.torch_version
+    return cuda.CudaSpec(capability=(major, minor), efficient_gqa=torch_v is not None and torch_v >= MEM_EFFICIENT_GQA_TORCH)
 
 
 class Scope:

@@ -86,7 +86,7 @@ def static_by_stage(r: Resolved) -> list[tuple[int, int]]:
     from vramplan.analytic.attention import resolve_attention
     from vramplan.analytic.terms.context import stages, step_policy
 
-    attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
+    attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario), r.gpu)
     out = []
     for stage in stages(r.scenario.parallel.pp):
         device = managed = 0

@@ -1,0 +1,193 @@
+"""Run ``vramplan measure`` on a real CUDA GPU for a fixed list of scenarios and keep every result.
+
+Each scenario runs in its own process (``vramplan measure ... --json``), so each has its own CUDA
+context, caching allocator and peak counters.  Several run at once when the analytic estimates of
+their device memory fit the GPU together (a scheduler over the estimate, times 1.3 for safety), so
+the list fits a short lease; every process reads only its own counters
+(``torch.cuda.max_memory_allocated``/``max_memory_reserved`` and NVML's per-process used memory),
+which other processes do not change.
+
+Usage (on the GPU machine, from the repository root)::
+
+    PYTHONPATH=src python3 benchmarks/gpu/measure_h200.py --out OUT_DIR [--only ID ...] [--jobs 4]
+
+Writes ``OUT_DIR/results.jsonl`` (one line per scenario: id, command, return code, seconds, the
+measure JSON or the error text) and ``OUT_DIR/env.json`` (torch, transformers, GPU, driver).
+``benchmarks/gpu/compare.py`` renders the comparison with both engines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GPU = "H200"
+CLI = [sys.executable, "-c", "from vramplan.cli.main import main; main()"]
+
+# (id, flags).  Chosen to cover the classes of runs the engines model: full fine-tuning in each
+# precision, LoRA with and without checkpointing, large vocabularies (Qwen 152k, Gemma 256k), eager
+# attention, sliding windows, MoE, and generate() with long prompts and large batches.
+SCENARIOS: list[tuple[str, list[str]]] = [
+    ("llama32-1b-full-bf16mixed", ["--model", "meta-llama/Llama-3.2-1B", "--task", "train", "--precision", "bf16-mixed",
+                                   "--optimizer", "adamw", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("llama32-1b-full-gc-s4096", ["--model", "meta-llama/Llama-3.2-1B", "--task", "train", "--precision", "bf16-mixed",
+                                  "--optimizer", "adamw", "--gradient-checkpointing", "full", "--micro-batch-size", "4",
+                                  "--seq-len", "4096"]),
+    ("qwen25-15b-full-bf16mixed", ["--model", "Qwen/Qwen2.5-1.5B", "--task", "train", "--precision", "bf16-mixed",
+                                   "--optimizer", "adamw", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("gemma2-2b-full-bf16mixed", ["--model", "google/gemma-2-2b", "--task", "train", "--precision", "bf16-mixed",
+                                  "--optimizer", "adamw", "--micro-batch-size", "2", "--seq-len", "2048"]),
+    ("phi3-mini-full-bf16true-gc", ["--model", "microsoft/Phi-3-mini-4k-instruct", "--task", "train", "--precision",
+                                    "bf16-true", "--optimizer", "adamw", "--gradient-checkpointing", "full",
+                                    "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("llama31-8b-full-bf16true-gc", ["--model", "meta-llama/Llama-3.1-8B", "--task", "train", "--precision", "bf16-true",
+                                     "--optimizer", "adamw-fused", "--gradient-checkpointing", "full",
+                                     "--micro-batch-size", "2", "--seq-len", "4096"]),
+    ("llama31-8b-lora-r16", ["--model", "meta-llama/Llama-3.1-8B", "--task", "train", "--precision", "bf16-true",
+                             "--peft", "lora", "--lora-rank", "16", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("llama31-8b-lora-gc-s4096", ["--model", "meta-llama/Llama-3.1-8B", "--task", "train", "--precision", "bf16-true",
+                                  "--peft", "lora", "--lora-rank", "16", "--gradient-checkpointing", "full",
+                                  "--micro-batch-size", "8", "--seq-len", "4096"]),
+    ("mistral7b-lora-r64-all", ["--model", "mistralai/Mistral-7B-v0.3", "--task", "train", "--precision", "bf16-true",
+                                "--peft", "lora", "--lora-rank", "64", "--target-modules", "all-linear",
+                                "--micro-batch-size", "2", "--seq-len", "4096"]),
+    ("qwen25-7b-lora-gc", ["--model", "Qwen/Qwen2.5-7B", "--task", "train", "--precision", "bf16-true", "--peft", "lora",
+                           "--lora-rank", "16", "--gradient-checkpointing", "full", "--micro-batch-size", "4",
+                           "--seq-len", "4096"]),
+    ("olmoe-full-bf16true-gc", ["--model", "allenai/OLMoE-1B-7B-0924", "--task", "train", "--precision", "bf16-true",
+                                "--optimizer", "adamw", "--gradient-checkpointing", "full", "--micro-batch-size", "2",
+                                "--seq-len", "2048"]),
+    ("qwen3-06b-full-fp32", ["--model", "Qwen/Qwen3-0.6B", "--task", "train", "--precision", "fp32", "--optimizer",
+                             "adamw", "--micro-batch-size", "4", "--seq-len", "1024"]),
+    ("smollm2-360m-fp16mixed", ["--model", "HuggingFaceTB/SmolLM2-360M-Instruct", "--task", "train", "--precision",
+                                "fp16-mixed", "--optimizer", "adamw", "--micro-batch-size", "8", "--seq-len", "2048"]),
+    ("gpt2-medium-eager", ["--model", "openai-community/gpt2-medium", "--task", "train", "--precision", "bf16-mixed",
+                           "--optimizer", "adamw", "--attention", "eager", "--micro-batch-size", "8", "--seq-len",
+                           "1024"]),
+    ("gemma3-1b-full-s4096", ["--model", "google/gemma-3-1b-pt", "--task", "train", "--precision", "bf16-mixed",
+                              "--optimizer", "adamw", "--micro-batch-size", "2", "--seq-len", "4096"]),
+    ("llama31-8b-gen-b8", ["--model", "meta-llama/Llama-3.1-8B", "--task", "inference", "--dtype", "bf16",
+                           "--batch-size", "8", "--prompt-len", "2048", "--new-tokens", "256"]),
+    ("qwen25-7b-gen-b32", ["--model", "Qwen/Qwen2.5-7B", "--task", "inference", "--dtype", "bf16", "--batch-size", "32",
+                           "--prompt-len", "1024", "--new-tokens", "128"]),
+    ("gemma2-9b-gen-s4096", ["--model", "google/gemma-2-9b", "--task", "inference", "--dtype", "bf16", "--batch-size",
+                             "4", "--prompt-len", "4096", "--new-tokens", "128"]),
+    ("mistral7b-v01-gen-s8192", ["--model", "mistralai/Mistral-7B-v0.1", "--task", "inference", "--dtype", "bf16",
+                                 "--batch-size", "4", "--prompt-len", "8192", "--new-tokens", "64"]),
+    ("qwen3-30b-a3b-gen", ["--model", "Qwen/Qwen3-30B-A3B", "--task", "inference", "--dtype", "bf16", "--batch-size",
+                           "4", "--prompt-len", "2048", "--new-tokens", "64"]),
+    ("llama32-1b-gen-fp32-eager", ["--model", "meta-llama/Llama-3.2-1B", "--task", "inference", "--dtype", "fp32",
+                                   "--attention", "eager", "--batch-size", "16", "--prompt-len", "512",
+                                   "--new-tokens", "512"]),
+    ("phi35-mini-gen-b16", ["--model", "microsoft/Phi-3.5-mini-instruct", "--task", "inference", "--dtype", "bf16",
+                            "--batch-size", "16", "--prompt-len", "2048", "--new-tokens", "128"]),
+]
+
+CAPACITY_BYTES = 139 * 2**30  # what the scheduler lets the running processes' estimates add up to
+SAFETY = 1.3
+
+
+def _estimate_bytes(flags: list[str]) -> int:
+    """The analytic estimate of the process's device memory (nvidia-smi), for scheduling only."""
+    p = subprocess.run([*CLI, "estimate", *flags, "--gpu", GPU, "--json"], check=False, capture_output=True, text=True, timeout=120)
+    try:
+        doc = json.loads(p.stdout)
+        return int(doc["per_gpu"]["device_used_bytes"])
+    except (ValueError, KeyError, TypeError):
+        return 40 * 2**30
+
+
+def _env() -> dict[str, object]:
+    out: dict[str, object] = {"python": sys.version}
+    try:
+        import torch
+        import transformers
+
+        out.update(torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,
+                   gpu=torch.cuda.get_device_name(0), capacity_bytes=torch.cuda.get_device_properties(0).total_memory)
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+        out["torch_error"] = repr(exc)
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             check=False, capture_output=True, text=True)
+        out["nvidia_smi"] = smi.stdout.strip()
+    except OSError as exc:
+        out["nvidia_smi"] = repr(exc)
+    try:
+        import peft
+
+        out["peft"] = peft.__version__
+    except ImportError:
+        out["peft"] = None
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only to try this script on a small --extra shrink")
+    ap.add_argument("--extra", default="", help="flags added to every measure command (e.g. a shrink for a try)")
+    ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which no new scenario starts")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "env.json").write_text(json.dumps(_env(), indent=1))
+    todo = [(sid, flags) for sid, flags in SCENARIOS if not args.only or sid in args.only]
+    sized = [(sid, flags, _estimate_bytes(flags)) for sid, flags in todo]
+    sized.sort(key=lambda t: -t[2])  # large first: they run alone or with the small ones
+    running: list[tuple[str, list[str], int, subprocess.Popen[str], float]] = []
+    results = (args.out / "results.jsonl").open("a")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+
+    def reap(block: bool) -> None:
+        while True:
+            for item in list(running):
+                sid, flags, est, proc, t0 = item
+                rc = proc.poll()
+                if rc is None and time.time() - t0 > args.timeout:
+                    proc.kill()
+                    rc = proc.wait()
+                if rc is None:
+                    continue
+                out, err = proc.communicate()
+                try:
+                    doc: object = json.loads(out)
+                except ValueError:
+                    doc = None
+                results.write(json.dumps({"id": sid, "flags": flags, "rc": rc, "seconds": round(time.time() - t0, 1),
+                                          "estimate_device_used_bytes": est, "result": doc,
+                                          "stderr_tail": err[-3000:], "stdout_tail": "" if doc else out[-2000:]}) + "\n")
+                results.flush()
+                print(f"{sid}: rc={rc} {time.time() - t0:.0f}s", flush=True)
+                running.remove(item)
+            if not block or not running:
+                return
+            time.sleep(0.5)
+
+    t_start = time.time()
+    for sid, flags, est in sized:
+        if time.time() - t_start > args.deadline:
+            print(f"skip {sid}: past the deadline", flush=True)
+            continue
+        while running and (len(running) >= args.jobs
+                           or SAFETY * (est + sum(r[2] for r in running)) > CAPACITY_BYTES):
+            reap(block=False)
+            time.sleep(0.5)
+        cmd = [*CLI, "measure", *flags, *args.extra.split(), "--gpu", GPU, "--device", args.device, "--json"]
+        running.append((sid, flags, est, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                          text=True, env=env), time.time()))
+        print(f"start {sid} (estimate {est / 2**30:.1f} GiB)", flush=True)
+    reap(block=True)
+    results.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
