@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -15,13 +16,16 @@ from vramplan.cli.main import app
 from vramplan.engine import estimate
 from vramplan.units import GiB, MiB
 
+REPO = Path(__file__).resolve().parents[1]
 ROWS = context_rows()
 CATALOG_ARCHS = {(g.vendor, g.architecture) for g in list_gpus()}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_row_is_sourced_plausible_and_known(row) -> None:
-    assert row.source.startswith("https://") and len(row.quote) > 40
+    # a published page, or this project's own GPU measurement file (benchmarks/gpu/)
+    assert row.source.startswith("https://") or (REPO / row.source).is_file()
+    assert len(row.quote) > 30
     assert row.loading_basis and row.measured
     # a context is more than the driver's bare minimum and less than the eager V100 figure doubled
     assert 64 * MiB <= row.bytes <= 2 * GiB
@@ -34,6 +38,19 @@ def test_row_is_sourced_plausible_and_known(row) -> None:
         # the printed figures appear verbatim in the quote
         for _, text in row.oom:
             assert text in row.quote or text == "0 bytes"
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if not r.source.startswith("https://")], ids=lambda r: r.id)
+def test_measured_row_is_the_median_of_its_file(row) -> None:
+    """A row from benchmarks/gpu/: its bytes are the median of the file's outside_allocator_bytes for its task
+    (NVML used for the process minus torch's reserved bytes, read after each measured step) and the quote is
+    a verbatim piece of the file."""
+    lines = (REPO / row.source).read_text()
+    assert row.quote in lines
+    task = "train" if "train" in row.id else "inference"
+    values = sorted(json.loads(line)["result"]["outside_allocator_bytes"] for line in lines.splitlines()
+                    if json.loads(line)["result"]["task"] == task)
+    assert row.bytes == values[len(values) // 2]
 
 
 def test_row_ids_unique() -> None:
@@ -98,9 +115,9 @@ def test_amd_ignores_loading_and_falls_back_within_vendor() -> None:
 
 
 def test_unknown_architecture_uses_all_vendor_rows() -> None:
-    # 11 NVIDIA lazy rows; the 6th smallest is the RTX 6000 Ada's 446,693,376 B
+    # 13 NVIDIA lazy rows; the 7th smallest is the L40S's 517,199,626 B
     c = cuda_context("unknown", "nvidia", "lazy")
-    assert len(c.rows) == 11 and c.bytes == 446_693_376
+    assert len(c.rows) == 13 and c.bytes == 517_199_626
     assert "all nvidia lazy rows" in c.fallback
 
 
@@ -109,6 +126,13 @@ def test_tie_goes_to_the_newer_architecture() -> None:
     newer = replace(ROWS[0], id="b", architecture="ada", module_loading="lazy", bytes=300 * MiB)
     c = cuda_context("ampere", "nvidia", "lazy", rows=(older, newer))
     assert c.architecture == "ada" and c.bytes == 300 * MiB
+
+
+def test_hopper_lazy_is_the_middle_of_three() -> None:
+    # hopper lazy rows: 550,429,000 (an H200 OOM message), 731,906,048 and 794,820,608 (this project's H200
+    # measurements after generate and after a training step): the median is the generate row's
+    c = cuda_context("hopper", "nvidia", "lazy")
+    assert len(c.rows) == 3 and c.bytes == 731_906_048
 
 
 def test_every_catalog_architecture_has_a_value() -> None:

@@ -56,9 +56,9 @@ def test_kernel_rule(doc: dict[str, Any], kernel: str) -> None:
 
 def test_amd_and_mha_are_untouched() -> None:
     r = resolve(_train(gpu="MI300X"))
-    assert not gqa_math_fallback(r.scenario, r.model, step_policy(r.scenario), r.gpu)
+    assert not gqa_math_fallback(r.scenario, r.model, step_policy(r.scenario).compute_bytes, r.gpu)
     r = resolve(_train(model="meta-llama/Llama-2-7b-hf"))
-    assert not gqa_math_fallback(r.scenario, r.model, step_policy(r.scenario), r.gpu)
+    assert not gqa_math_fallback(r.scenario, r.model, step_policy(r.scenario).compute_bytes, r.gpu)
 
 
 def test_math_saves_the_softmax_and_three_query_wide_copies() -> None:
@@ -104,3 +104,22 @@ def test_h200_fp32_gqa_step_is_predicted_from_the_math_kernel() -> None:
     assert measured == 37_300_128_256
     predicted = estimate(row["result"]["scenario"]).per_gpu.peak_allocated_bytes
     assert abs(predicted - measured) / measured < 0.001
+
+
+def test_t4_prefill_runs_math_and_keeps_fp32_scores() -> None:
+    # Llama 3 8B fp16 generate on a T4 (sm75: no flash), b 1, prompt 2048: the running layer at math's softmax
+    # (analytic/inference.py prefill_layer_bytes), h = q = 4096, t = 2048 tokens, c = 2, 32 heads:
+    #   (2h + q) t c      = 12,288 x 2048 x 2   =    50,331,648  layer input, normed input, rotated queries
+    #   12 q t            = 12 x 4096 x 2048    =   100,663,296  fp32 scaled q, scaled repeated k, repeated v
+    #   8 b heads p^2     = 8 x 32 x 2048^2     = 1,073,741,824  fp32 scores and softmax output
+    #   5 p^2             = 5 x 2048^2          =    20,971,520  is_causal's bool mask and its float copy
+    #   total                                     1,245,708,288
+    # The traced engine (torch's own math decomposition on the meta device) keeps 1,241,513,984 in the layer.
+    doc = {"model": "meta-llama/Meta-Llama-3-8B", "task": "inference", "hardware": {"gpu": "T4"},
+           "inference": {"dtype": "fp16", "batch_size": 1, "prompt_len": 2048, "new_tokens": 64}}
+    rep = estimate(doc)
+    assert rep.per_gpu.breakdown_detail["activations"]["running layer"] == 1_245_708_288
+    assert any("enable_gqa" in a for a in rep.assumptions)
+    # the same prompt on an A100 runs flash: no s x s term
+    a100 = estimate({**doc, "hardware": {"gpu": "A100-80GB"}})
+    assert a100.per_gpu.breakdown_detail["activations"]["running layer"] < 300_000_000

@@ -11,8 +11,8 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note",
-           "resolve_attention"]
+__all__ = ["MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "falls_back_to_eager", "gqa_math_fallback",
+           "gqa_math_note", "resolve_attention"]
 
 # transformers passes ``enable_gqa=True`` to SDPA instead of repeating K/V (integrations/sdpa_attention.py
 # ``use_gqa_in_sdpa``: torch >= 2.5 and no attention mask) from 4.54.0; read off the 4.53.0 and 4.54.0 wheels
@@ -31,15 +31,15 @@ def _capability(gpu: GpuSpec | None) -> tuple[int, int] | None:
         return None
 
 
-def _flash_runs(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, cap: tuple[int, int] | None) -> bool:
+def _flash_runs(m: ModelSpec, compute_bytes: int, cap: tuple[int, int] | None) -> bool:
     """PyTorch's flash kernel: fp16/bf16, head_dim <= 256, sm80 or newer (``can_use_flash_attention``,
     sdp_utils.cpp); a GPU of unknown capability is taken as sm80+."""
-    if pol.compute_bytes == 4 or m.head_dim > 256:
+    if compute_bytes == 4 or m.head_dim > 256:
         return False
     return cap is None or cap >= (8, 0)
 
 
-def gqa_math_fallback(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, gpu: GpuSpec | None) -> bool:
+def gqa_math_fallback(s: Scenario, m: ModelSpec, compute_bytes: int, gpu: GpuSpec | None) -> bool:
     """True when a grouped-query model's SDPA attention runs the math kernel because flash cannot run and
     the memory-efficient kernel refuses grouped K/V.
 
@@ -61,7 +61,7 @@ def gqa_math_fallback(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, gpu: GpuS
     seq = s.train.seq_len if s.task == "train" else s.inference.prompt_len
     if any(layer.sliding_window and seq >= layer.sliding_window for layer in m.layers):
         return False
-    return not _flash_runs(s, m, pol, _capability(gpu))
+    return not _flash_runs(m, compute_bytes, _capability(gpu))
 
 
 def falls_back_to_eager(want: str, m: ModelSpec) -> bool:
@@ -97,8 +97,8 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
         # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
         # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
         return "math", False
-    if gqa_math_fallback(s, m, pol, gpu):
+    if gqa_math_fallback(s, m, pol.compute_bytes, gpu):
         return "math", False
-    if not _flash_runs(s, m, pol, _capability(gpu)):
+    if not _flash_runs(m, pol.compute_bytes, _capability(gpu)):
         return "efficient", False
     return "flash", False

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramplan.analytic.attention import falls_back_to_eager
+from vramplan.analytic.attention import falls_back_to_eager, gqa_math_fallback, gqa_math_note
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
@@ -412,6 +412,13 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         # the decoder layer binds the returned probabilities (``hidden_states, _ = self.self_attn(...)``)
         # until it returns, and the model's forward keeps the masks: both are alive through the MLP
         mlp += batch * heads * prompt * prompt * c + masks
+    elif attention == "math":
+        # SDPA's math kernel on grouped K/V (analytic/attention.py ``gqa_math_fallback``), at its softmax: the
+        # layer input, the normalised input and the rotated queries (2h + q, compute dtype); the fp32 scaled
+        # query, scaled repeated keys and repeated values (3 x 4q, ``_scaled_dot_product_attention_math``
+        # upcasts half inputs); the fp32 scores and the softmax's output (2 x b heads p^2 x 4); and the causal
+        # mask it builds for is_causal, bool then the query dtype ([p, p]: 1 + 4 bytes per score)
+        attn = (2 * h + q) * t * c + 12 * q * t + 8 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
         attn = (3 * h + 3 * q) * t * c
     norm = 0
@@ -452,7 +459,9 @@ class GenerateCall:
         inf = s.inference
         lit = s.effective_framework == "lightning"
         # a family without an SDPA path falls back to eager attention (transformers' ``_supports_sdpa``)
-        attention = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m) else inf.attention
+        attention: str = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m) else inf.attention
+        if attention == "sdpa" and gqa_math_fallback(s, m, dtype_bits(inf.dtype) // 8, r.gpu):
+            attention = "math"
         return cls(
             r=r, rp=rank_params(m, s.parallel.tp, 1, s.parallel.ep, 0, None), c=dtype_bits(inf.dtype) // 8,
             tp=s.parallel.tp, batch=inf.batch_size, prompt=inf.prompt_len, new=inf.new_tokens, lit=lit,
@@ -732,4 +741,5 @@ def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
         f"attention: {g.attention}; {logits_note}",
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
+        *([gqa_math_note(g.r.scenario)] if g.attention == "math" and g.m.num_kv_heads > 1 else []),
     ]

@@ -104,7 +104,7 @@ def train_step(r: Resolved) -> TrainResult:
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
     c0 = StepContext(r, 0, attention, repeat)
     casts = [CAST_ASSUMPTION] if casts_apply(c0) else []
-    math_note = [gqa_math_note(s)] if attention == "math" and gqa_math_fallback(s, m, step_policy(s), r.gpu) else []
+    math_note = [gqa_math_note(s)] if attention == "math" and gqa_math_fallback(s, m, step_policy(s).compute_bytes, r.gpu) else []
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
                                                                    s.effective_framework) + math_note))
     return best
