@@ -295,7 +295,9 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
         ir = inference_step(r)
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
-        return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions))
+        cached = max(_reserved(ir.peak), ir.peak.total + ir.fragmentation_bytes)
+        return with_band(_report(r, ir.peak, ir.moments, outside, Host(), ServeBlock(), ir.assumptions,
+                                 reserved=cached))
     sr = serve(r)
     if isinstance(sr.decision, LlamaCppDecision):
         return with_band(_llamacpp(r, sr, sr.decision, ctx))

@@ -69,6 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.analytic.attention import falls_back_to_eager, gqa_math_fallback, gqa_math_note
+from vramplan.analytic.generate_replay import applies, fragmentation_bytes
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
@@ -170,6 +171,8 @@ class InferenceResult:
     assumptions: list[str]
     prompt_cache_bytes: int
     final_cache_bytes: int
+    # blocks the caching allocator holds cached beyond the live tensors (analytic/generate_replay.py)
+    fragmentation_bytes: int = 0
 
 
 def cache_bytes(m: ModelSpec, batch: int, tokens: int, c: int, tp: int, kv_dtype: str, prefill: bool) -> int:
@@ -676,7 +679,17 @@ def inference_step(r: Resolved) -> InferenceResult:
         if g.gen.keeps_outputs and t.prompt_logits_kept:
             moments.append(decode_moment(g, t, "decode (first step)", g.prompt + 1, t.prompt_logits_kept))
     peak = max(moments, key=lambda mo: mo.total)
-    return InferenceResult(moments, peak, inference_assumptions(g, t.kv_final), t.kv_prompt, t.kv_final)
+    frag = fragmentation_bytes(g)
+    notes = inference_assumptions(g, t.kv_final) + [REPLAY_NOTE if applies(g) else PACKED_NOTE]
+    return InferenceResult(moments, peak, notes, t.kv_prompt, t.kv_final, frag)
+
+
+REPLAY_NOTE = ("reserved bytes: the call's allocations (prefill, then each decode step's torch.cat of the cache) "
+               "replayed through PyTorch's caching-allocator rules; the blocks it keeps cached beyond the live "
+               "tensors are added to the peak (analytic/generate_replay.py)")
+PACKED_NOTE = ("reserved bytes: the peak's tensors packed into empty allocator segments; the blocks the allocator "
+               "keeps cached as the cache grows are not replayed for this model or setting (a dense model's "
+               "generate is; the traced engine replays every call)")
 
 
 def _runner_note(g: GenerateCall) -> str:

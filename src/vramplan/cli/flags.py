@@ -54,6 +54,7 @@ RENAMED: dict[str, str] = {
     "train.peft.dropout": "lora_dropout",
     "software.peft": "peft_version",
     "software.transformers": "transformers_version",
+    "software.torch": "torch_version",
     "serve.speculative.method": "speculative_method",
     "serve.speculative.model": "speculative_model",
     # `estimate --engine` picks analytic or trace; the serving engine is --serve-engine there and --engine

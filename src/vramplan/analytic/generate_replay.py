@@ -1,0 +1,211 @@
+"""The caching allocator's cache during Hugging Face ``generate``: the prefill's holes and the cache's growth.
+
+``generate`` with a ``DynamicCache`` grows each layer's keys and values by ``torch.cat`` at every decode step
+(``DynamicLayer.update``): a new tensor one token longer is allocated while the old one is alive, then the old
+one is freed.  The freed block is one token too small for the next step's tensor, so PyTorch's caching
+allocator (``CUDACachingAllocator.cpp``: best fit among cached blocks, splitting, merging only with free
+neighbours) keeps carving new blocks out of the holes the prefill's activations left and out of new
+segments, while the blocks it frees stay cached.  ``max_memory_reserved`` (and nvidia-smi) therefore exceed
+the live tensors: measured on an H200 (benchmarks/gpu/h200-2026-11-26), by 0.2 to 4.1 GB (1% to 19% of the
+reserved bytes), which packing the peak's tensors into empty segments does not see.
+
+This module writes the call's allocations in the order transformers 5's decoder layer makes them
+(``LlamaDecoderLayer``/``LlamaRMSNorm``/``apply_rotary_pos_emb``/``sdpa_attention_forward``/``LlamaMLP``: the
+fp32 upcast, the rotary products, the cache update, the attention output's contiguous copy, the gated MLP),
+for the prefill over the whole prompt and for every decode step, and replays them through the allocator's
+rules (``vramplan.alloc.replay_compact``).  The engine keeps its own count of the live bytes (the
+replay's simplified layer is not a second estimate of them) and takes from the replay only the cached
+excess, ``peak reserved - peak allocated`` of the replay (``fragmentation_bytes``).
+
+What is replayed is a dense decoder with full or sliding-window attention layers; a mixture of experts,
+a hybrid (Mamba) model, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
+preallocated cache and transformers' legacy (< 4.42) cache are not, and ``applies`` says so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vramplan.alloc import replay_compact
+from vramplan.analytic.layout import count_on_rank, split_on_rank
+
+if TYPE_CHECKING:
+    from vramplan.analytic.inference import GenerateCall
+
+__all__ = ["REPLAYED_DECODE_STEPS", "applies", "fragmentation_bytes", "generate_stream", "weight_tensors"]
+
+# Decode steps replayed.  The cached excess is set by the prefill's holes and the first steps' reallocation of
+# every layer's keys and values; later steps reuse cached blocks, so the excess stays or shrinks (replayed to
+# 512 steps: the same bytes from step 1 to 256 for Llama 3 8B b8 p2048, Phi-3.5-mini b16 p2048 and Qwen2.5 7B
+# b32 p1024, then 4.39 -> 2.99 GiB for Phi-3.5 at 512).  Replaying the first steps keeps an estimate fast
+# and errs, for longer calls, on the side of more reserved memory.
+REPLAYED_DECODE_STEPS = 32
+
+
+class _Ids:
+    """A compact stream: ``n > 0`` allocates ``n`` bytes as the next id, ``-id - 1`` frees ``id``."""
+
+    __slots__ = ("events", "next_id")
+
+    def __init__(self) -> None:
+        self.events: list[int] = []
+        self.next_id = 0
+
+    def alloc(self, nbytes: int) -> int:
+        if nbytes <= 0:
+            return -1
+        self.events.append(nbytes)
+        self.next_id += 1
+        return self.next_id - 1
+
+    def free(self, *ids: int) -> None:
+        self.events.extend(-i - 1 for i in ids if i >= 0)
+
+
+def applies(g: GenerateCall) -> bool:
+    """True for the calls the replay describes (module docstring)."""
+    m, s = g.m, g.r.scenario
+    return (not g.lit and not g.gen.legacy_cache and g.tp == 1 and m.moe is None and m.mamba is None
+            and m.mla is None and s.inference.quantization == "none" and s.inference.images_per_sample == 0
+            and g.attention in ("sdpa", "flash") and g.new >= 2)
+
+
+def _rms_norm(st: _Ids, tokens: int, h: int, c: int) -> int:
+    """``LlamaRMSNorm``: the fp32 copy, ``pow(2)`` (freed after the mean), the normalised fp32 product, its
+    cast back and the weight's product; returns the output's id.  In fp32 the ``.to`` calls are no-ops."""
+    if c == 4:
+        st.free(st.alloc(tokens * h * 4))  # pow(2)
+        return st.alloc(tokens * h * 4)
+    h32 = st.alloc(tokens * h * 4)
+    st.free(st.alloc(tokens * h * 4))  # pow(2)
+    normed = st.alloc(tokens * h * 4)
+    st.free(h32)
+    cast = st.alloc(tokens * h * c)
+    st.free(normed)
+    out = st.alloc(tokens * h * c)
+    st.free(cast)
+    return out
+
+
+def _rotate(st: _Ids, nbytes: int) -> int:
+    """``apply_rotary_pos_emb`` on one of q/k: ``x * cos``, ``rotate_half`` (a negated half and a cat),
+    ``* sin`` and the sum; returns the rotated tensor's id (the input is freed by the caller)."""
+    a = st.alloc(nbytes)
+    neg = st.alloc(nbytes // 2)
+    cat = st.alloc(nbytes)
+    st.free(neg)
+    b = st.alloc(nbytes)
+    st.free(cat)
+    out = st.alloc(nbytes)
+    st.free(a, b)
+    return out
+
+
+def _layer(st: _Ids, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: int, keys: int
+           ) -> tuple[int, int, int]:
+    """One decoder layer over ``tokens`` rows; ``keys`` the cache's length after it (the prefill's: the prompt).
+    Returns (the layer's output, the cache's keys, its values)."""
+    m, c, b = g.m, g.c, g.batch
+    h, d = m.hidden_size, m.head_dim
+    q, kv = m.num_attention_heads * d, m.num_kv_heads * d
+    inter = max(ls.intermediate_size for ls in m.layers)
+    normed = _rms_norm(st, tokens, h, c)
+    qq, kk, vv = st.alloc(tokens * q * c), st.alloc(tokens * kv * c), st.alloc(tokens * kv * c)
+    q_rot = _rotate(st, tokens * q * c)
+    st.free(qq)
+    k_rot = _rotate(st, tokens * kv * c)
+    st.free(kk)
+    if k_old < 0:
+        keys_id, values_id = k_rot, vv  # the first update stores the tensors themselves
+    else:
+        keys_id = st.alloc(b * keys * kv * c)  # torch.cat([old, new], dim=-2)
+        st.free(k_old, k_rot)
+        values_id = st.alloc(b * keys * kv * c)
+        st.free(v_old, vv)
+    out = st.alloc(tokens * q * c)
+    st.free(q_rot)
+    contiguous = st.alloc(tokens * q * c)  # attn_output.transpose(1, 2).contiguous()
+    st.free(out)
+    o = st.alloc(tokens * h * c)
+    st.free(contiguous, normed)
+    mid = st.alloc(tokens * h * c)  # residual + attention
+    st.free(o, res)
+    normed2 = _rms_norm(st, tokens, h, c)
+    if m.mlp_gated:
+        gate = st.alloc(tokens * inter * c)
+        act = st.alloc(tokens * inter * c)
+        st.free(gate)
+        up = st.alloc(tokens * inter * c)
+        prod = st.alloc(tokens * inter * c)
+        st.free(act, up)
+    else:
+        fc = st.alloc(tokens * inter * c)
+        prod = st.alloc(tokens * inter * c)
+        st.free(fc)
+    down = st.alloc(tokens * h * c)
+    st.free(prod, normed2)
+    new = st.alloc(tokens * h * c)  # residual + MLP
+    st.free(down, mid)
+    return new, keys_id, values_id
+
+
+def generate_stream(g: GenerateCall, weights: list[int]) -> list[int]:
+    """The call's allocations: ``weights`` (bytes per tensor, in build order), the prompt's embeddings and
+    RoPE tables, the prefill's layers, the last position's logits, then the decode steps (the first
+    ``REPLAYED_DECODE_STEPS``)."""
+    m, c, b, p = g.m, g.c, g.batch, g.prompt
+    st = _Ids()
+    for nbytes in weights:
+        st.alloc(nbytes)
+    h, vocab = m.hidden_size, m.vocab_size
+    embeds = st.alloc(b * p * h * c)  # inputs_embeds, kept by the decoder's forward
+    st.alloc(p * m.head_dim * c)  # RoPE cos
+    st.alloc(p * m.head_dim * c)  # RoPE sin
+    keys = [-1] * len(m.layers)
+    values = [-1] * len(m.layers)
+    res = embeds
+    for i in range(len(m.layers)):
+        out, keys[i], values[i] = _layer(st, g, b * p, -1 if res == embeds else res, -1, -1, p)
+        res = out
+    final = _rms_norm(st, b * p, h, c)
+    st.free(res)
+    logits = st.alloc(b * vocab * c)  # logits_to_keep=1
+    scores = st.alloc(b * vocab * 4)  # generate's fp32 copy of the last position's logits
+    st.free(logits, final)
+    for step in range(1, min(g.new, REPLAYED_DECODE_STEPS + 1)):
+        x = st.alloc(b * h * c)
+        for i in range(len(m.layers)):
+            x_new, keys[i], values[i] = _layer(st, g, b, x, keys[i], values[i], p + step)
+            x = x_new
+        final = _rms_norm(st, b, h, c)
+        st.free(x)
+        logits = st.alloc(b * vocab * c)
+        new_scores = st.alloc(b * vocab * 4)
+        st.free(logits, final, scores)
+        scores = new_scores
+    return st.events
+
+
+def weight_tensors(g: GenerateCall) -> list[int]:
+    """Bytes of each parameter tensor in the order ``from_config``/``from_pretrained`` builds them: the
+    embedding, each layer's tensors, then the rest (final norm, an untied head)."""
+    layers = set(g.rp.layers)
+    inner: list[int] = []
+    outside: list[int] = []
+    for p in g.m.params:
+        count = count_on_rank(p, layers, 1)
+        each = split_on_rank(p, g.tp, 1) * g.c
+        if p.layer_span:
+            inner += [each] * (count // max(1, sum(map(layers.__contains__, p.layer_span))))
+        else:
+            outside += [each] * count
+    return outside[:1] + inner * len(layers) + outside[1:]
+
+
+def fragmentation_bytes(g: GenerateCall) -> int:
+    """Bytes the allocator holds cached beyond the live tensors at its most: the replay's peak reserved minus
+    its peak allocated (0 when ``applies`` is False)."""
+    if not applies(g):
+        return 0
+    rr = replay_compact(generate_stream(g, weight_tensors(g)))
+    return max(0, rr.peak_reserved_bytes - rr.peak_allocated_bytes)
