@@ -88,6 +88,40 @@ SCENARIOS: list[tuple[str, list[str]]] = [
                             "--batch-size", "16", "--prompt-len", "2048", "--new-tokens", "128"]),
 ]
 
+# A second list, written after the first run's findings were modelled (commit d7fd1b4) and before it ran:
+# scenarios none of those changes was developed on, so that it checks them (``--set check``).
+CHECK_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("llama32-1b-full-fp32", ["--model", "meta-llama/Llama-3.2-1B", "--task", "train", "--precision", "fp32",
+                              "--optimizer", "adamw", "--micro-batch-size", "2", "--seq-len", "2048"]),
+    ("qwen25-05b-full-fp32-gc", ["--model", "Qwen/Qwen2.5-0.5B", "--task", "train", "--precision", "fp32",
+                                 "--optimizer", "adamw", "--gradient-checkpointing", "full", "--micro-batch-size",
+                                 "8", "--seq-len", "2048"]),
+    ("qwen25-15b-gen-fp32", ["--model", "Qwen/Qwen2.5-1.5B", "--task", "inference", "--dtype", "fp32",
+                             "--batch-size", "8", "--prompt-len", "2048", "--new-tokens", "32"]),
+    ("llama32-3b-gen-fp32-s4096", ["--model", "meta-llama/Llama-3.2-3B", "--task", "inference", "--dtype", "fp32",
+                                   "--batch-size", "4", "--prompt-len", "4096", "--new-tokens", "16"]),
+    ("llama32-3b-gen-b32", ["--model", "meta-llama/Llama-3.2-3B", "--task", "inference", "--dtype", "bf16",
+                            "--batch-size", "32", "--prompt-len", "1024", "--new-tokens", "64"]),
+    ("qwen3-8b-gen-b16", ["--model", "Qwen/Qwen3-8B", "--task", "inference", "--dtype", "bf16", "--batch-size", "16",
+                          "--prompt-len", "2048", "--new-tokens", "64"]),
+    ("mistral7b-v03-gen-s4096", ["--model", "mistralai/Mistral-7B-v0.3", "--task", "inference", "--dtype", "bf16",
+                                 "--batch-size", "8", "--prompt-len", "4096", "--new-tokens", "32"]),
+    ("gemma2-2b-gen-b8", ["--model", "google/gemma-2-2b", "--task", "inference", "--dtype", "bf16", "--batch-size",
+                          "8", "--prompt-len", "2048", "--new-tokens", "64"]),
+    ("qwen25-14b-gen-s8192", ["--model", "Qwen/Qwen2.5-14B", "--task", "inference", "--dtype", "bf16",
+                              "--batch-size", "4", "--prompt-len", "8192", "--new-tokens", "32"]),
+    ("smollm2-17b-gen-b64", ["--model", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "--task", "inference", "--dtype",
+                             "bf16", "--batch-size", "64", "--prompt-len", "512", "--new-tokens", "128"]),
+    ("qwen25-3b-lora-gc-s4096", ["--model", "Qwen/Qwen2.5-3B", "--task", "train", "--precision", "bf16-true",
+                                 "--peft", "lora", "--lora-rank", "16", "--gradient-checkpointing", "full",
+                                 "--micro-batch-size", "8", "--seq-len", "4096"]),
+    ("llama32-3b-full-fused", ["--model", "meta-llama/Llama-3.2-3B", "--task", "train", "--precision", "bf16-mixed",
+                               "--optimizer", "adamw-fused", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("phi35-lora-all-s4096", ["--model", "microsoft/Phi-3.5-mini-instruct", "--task", "train", "--precision",
+                              "bf16-true", "--peft", "lora", "--lora-rank", "32", "--target-modules", "all-linear",
+                              "--micro-batch-size", "4", "--seq-len", "4096"]),
+]
+
 CAPACITY_BYTES = 139 * 2**30  # what the scheduler lets the running processes' estimates add up to
 SAFETY = 1.3
 
@@ -132,6 +166,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--set", choices=("first", "check"), default="first", help="which scenario list")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to try this script on a small --extra shrink")
     ap.add_argument("--extra", default="", help="flags added to every measure command (e.g. a shrink for a try)")
@@ -139,7 +174,8 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "env.json").write_text(json.dumps(_env(), indent=1))
-    todo = [(sid, flags) for sid, flags in SCENARIOS if not args.only or sid in args.only]
+    chosen = SCENARIOS if args.set == "first" else CHECK_SCENARIOS
+    todo = [(sid, flags) for sid, flags in chosen if not args.only or sid in args.only]
     sized = [(sid, flags, _estimate_bytes(flags)) for sid, flags in todo]
     sized.sort(key=lambda t: -t[2])  # large first: they run alone or with the small ones
     running: list[tuple[str, list[str], int, subprocess.Popen[str], float]] = []
