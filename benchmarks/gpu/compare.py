@@ -3,8 +3,9 @@
     PYTHONPATH=src python benchmarks/gpu/compare.py benchmarks/gpu/h200-2026-11-26 [--trace] [--markdown OUT.md]
 
 The analytic prediction is re-computed with the engine of this checkout (so the table shows the
-engine as it is now, not as it was when the GPU ran); ``--trace`` adds the traced engine (torch
-on the meta device, slower).  Each row: measured ``max_memory_allocated``, ``max_memory_reserved``
+engine as it is now, not as it was when the GPU ran), with the transformers and torch releases that
+ran (``env.json``) as ``software.transformers``/``software.torch``; ``--trace`` adds the traced engine
+(torch on the meta device, slower; it runs the installed transformers, whatever the release).  Each row: measured ``max_memory_allocated``, ``max_memory_reserved``
 and NVML's used memory for the process, and each engine's signed error
 ``(predicted - measured) / measured``.
 """
@@ -20,6 +21,16 @@ from pathlib import Path
 
 GiB = 2**30
 CLI = [sys.executable, "-c", "from vramplan.cli.main import main; main()"]
+
+
+def software_flags(env: dict[str, object]) -> list[str]:
+    """The releases that ran, as scenario flags, so the prediction follows the same library behaviour."""
+    out = []
+    for key, flag in (("transformers", "--transformers-version"), ("torch", "--torch-version")):
+        text = str(env.get(key) or "").split("+")[0]
+        if text:
+            out += [flag, ".".join(text.split(".")[:2])]
+    return out
 
 
 def _predict(flags: list[str], gpu: str, engine: str) -> dict[str, int] | None:
@@ -53,9 +64,10 @@ def main() -> int:
             continue
         meas = {"peak_allocated_bytes": r["peak_allocated_bytes"], "peak_reserved_bytes": r["peak_reserved_bytes"],
                 "device_used_bytes": r["device_used_bytes"]}
-        row = {"id": d["id"], "flags": d["flags"], "measured": meas, "analytic": _predict(d["flags"], args.gpu, "analytic")}
+        flags = [*d["flags"], *software_flags(env)]
+        row = {"id": d["id"], "flags": flags, "measured": meas, "analytic": _predict(flags, args.gpu, "analytic")}
         if args.trace:
-            row["trace"] = _predict(d["flags"], args.gpu, "trace")
+            row["trace"] = _predict(flags, args.gpu, "trace")
         rows.append(row)
         print(d["id"], file=sys.stderr, flush=True)
     engines = ["analytic"] + (["trace"] if args.trace else [])

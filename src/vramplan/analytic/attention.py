@@ -64,11 +64,17 @@ def gqa_math_fallback(s: Scenario, m: ModelSpec, compute_bytes: int, gpu: GpuSpe
     return not _flash_runs(m, compute_bytes, _capability(gpu))
 
 
-def falls_back_to_eager(want: str, m: ModelSpec) -> bool:
+def falls_back_to_eager(want: str, m: ModelSpec, transformers: tuple[int, ...] | None = None) -> bool:
     """``sdpa`` asked of a class without an SDPA path (``_supports_sdpa = False``, e.g. gpt-oss, whose
-    per-head attention sinks join the softmax): transformers' default falls back to eager
-    (modeling_utils ``get_correct_attn_implementation``), which is what the default ``sdpa`` is taken to mean."""
-    return want == "sdpa" and "sdpa" not in m.traits.attention_kernels
+    per-head attention sinks join the softmax; Gemma 2 from transformers 5.21, ``Traits.sdpa_dropped_in``):
+    transformers' default falls back to eager (modeling_utils ``get_correct_attn_implementation``), which is
+    what the default ``sdpa`` is taken to mean.  ``transformers``: the run's release (None: the current one)."""
+    if want != "sdpa":
+        return False
+    dropped = m.traits.sdpa_dropped_in
+    if dropped is not None and (transformers is None or transformers >= dropped):
+        return True
+    return "sdpa" not in m.traits.attention_kernels
 
 
 def gqa_math_note(s: Scenario) -> str:
@@ -89,7 +95,7 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     K/V to every query head (transformers' ``repeat_kv``).
     """
     want = s.train.attention if s.task == "train" else s.inference.attention
-    if want == "eager" or falls_back_to_eager(want, m):
+    if want == "eager" or falls_back_to_eager(want, m, s.software.transformers_version):
         return "eager", m.num_kv_heads < m.num_attention_heads
     if want == "flash":
         return "flash", False

@@ -34,12 +34,13 @@ if TYPE_CHECKING:
 
 __all__ = ["REPLAYED_DECODE_STEPS", "applies", "fragmentation_bytes", "generate_stream", "weight_tensors"]
 
-# Decode steps replayed.  The cached excess is set by the prefill's holes and the first steps' reallocation of
-# every layer's keys and values; later steps reuse cached blocks, so the excess stays or shrinks (replayed to
-# 512 steps: the same bytes from step 1 to 256 for Llama 3 8B b8 p2048, Phi-3.5-mini b16 p2048 and Qwen2.5 7B
-# b32 p1024, then 4.39 -> 2.99 GiB for Phi-3.5 at 512).  Replaying the first steps keeps an estimate fast
-# and errs, for longer calls, on the side of more reserved memory.
-REPLAYED_DECODE_STEPS = 32
+# Decode steps replayed.  The cached excess is set by the prefill's holes and by each step's reallocation of
+# every layer's keys and values.  It can stay flat (Llama 3 8B b8 p2048, Qwen2.5 7B b32 p1024: the same bytes
+# from step 1 to 512), shrink as the live cache grows into cached blocks (Phi-3.5-mini b16 p2048: 4.39 ->
+# 2.99 GiB at step 512) or keep growing (SmolLM2-1.7B b64 p512: 12.45 GiB reserved after 2 steps, 21.78
+# after 127; measured on an H200: 26.54).  Up to this many steps every step is replayed; a longer call
+# continues the growth of the last half of the replayed steps (never a shrink) to its last step.
+REPLAYED_DECODE_STEPS = 256
 
 
 class _Ids:
@@ -149,10 +150,10 @@ def _layer(st: _Ids, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: 
     return new, keys_id, values_id
 
 
-def generate_stream(g: GenerateCall, weights: list[int]) -> list[int]:
+def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = None) -> list[int]:
     """The call's allocations: ``weights`` (bytes per tensor, in build order), the prompt's embeddings and
-    RoPE tables, the prefill's layers, the last position's logits, then the decode steps (the first
-    ``REPLAYED_DECODE_STEPS``)."""
+    RoPE tables, the prefill's layers, the last position's logits, then the decode steps (all, or the first
+    ``steps``)."""
     m, c, b, p = g.m, g.c, g.batch, g.prompt
     st = _Ids()
     for nbytes in weights:
@@ -172,7 +173,8 @@ def generate_stream(g: GenerateCall, weights: list[int]) -> list[int]:
     logits = st.alloc(b * vocab * c)  # logits_to_keep=1
     scores = st.alloc(b * vocab * 4)  # generate's fp32 copy of the last position's logits
     st.free(logits, final)
-    for step in range(1, min(g.new, REPLAYED_DECODE_STEPS + 1)):
+    last = g.new - 1 if steps is None else min(steps, g.new - 1)
+    for step in range(1, last + 1):
         x = st.alloc(b * h * c)
         for i in range(len(m.layers)):
             x_new, keys[i], values[i] = _layer(st, g, b, x, keys[i], values[i], p + step)
@@ -202,10 +204,22 @@ def weight_tensors(g: GenerateCall) -> list[int]:
     return outside[:1] + inner * len(layers) + outside[1:]
 
 
+def _excess(g: GenerateCall, weights: list[int], steps: int) -> int:
+    rr = replay_compact(generate_stream(g, weights, steps))
+    return max(0, rr.peak_reserved_bytes - rr.peak_allocated_bytes)
+
+
 def fragmentation_bytes(g: GenerateCall) -> int:
     """Bytes the allocator holds cached beyond the live tensors at its most: the replay's peak reserved minus
-    its peak allocated (0 when ``applies`` is False)."""
+    its peak allocated (0 when ``applies`` is False); past ``REPLAYED_DECODE_STEPS`` decode steps, the growth
+    per step of the replay's second half continued to the last step."""
     if not applies(g):
         return 0
-    rr = replay_compact(generate_stream(g, weight_tensors(g)))
-    return max(0, rr.peak_reserved_bytes - rr.peak_allocated_bytes)
+    weights = weight_tensors(g)
+    full = REPLAYED_DECODE_STEPS
+    excess = _excess(g, weights, full)
+    extra_steps = g.new - 1 - full
+    if extra_steps > 0:
+        growth = excess - _excess(g, weights, full // 2)
+        excess += max(0, growth) * extra_steps // (full - full // 2)
+    return excess

@@ -419,9 +419,13 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         # SDPA's math kernel on grouped K/V (analytic/attention.py ``gqa_math_fallback``), at its softmax: the
         # layer input, the normalised input and the rotated queries (2h + q, compute dtype); the fp32 scaled
         # query, scaled repeated keys and repeated values (3 x 4q, ``_scaled_dot_product_attention_math``
-        # upcasts half inputs); the fp32 scores and the softmax's output (2 x b heads p^2 x 4); and the causal
-        # mask it builds for is_causal, bool then the query dtype ([p, p]: 1 + 4 bytes per score)
-        attn = (2 * h + q) * t * c + 12 * q * t + 8 * batch * heads * prompt * prompt + 5 * prompt * prompt
+        # upcasts half inputs); the fp32 scores and the softmax's output (2 x b heads p^2 x 4); one byte per
+        # score more that the softmax holds below the dispatcher (measured on an H200, torch 2.11: max_memory_
+        # allocated exceeded every tensor the dispatcher saw by b heads p^2 + cuBLAS' workspace on both fp32
+        # GQA prompts of benchmarks/gpu/h200-2026-11-26-check, 1,645,612,488 and 438,242,728 B: the bool of
+        # ``_safe_softmax``'s all -inf row check); and the causal mask it builds for is_causal, bool then the
+        # query dtype ([p, p]: 1 + 4 bytes per key and query)
+        attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
         attn = (3 * h + 3 * q) * t * c
     norm = 0
@@ -462,7 +466,7 @@ class GenerateCall:
         inf = s.inference
         lit = s.effective_framework == "lightning"
         # a family without an SDPA path falls back to eager attention (transformers' ``_supports_sdpa``)
-        attention: str = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m) else inf.attention
+        attention: str = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m, s.software.transformers_version) else inf.attention
         if attention == "sdpa" and gqa_math_fallback(s, m, dtype_bits(inf.dtype) // 8, r.gpu):
             attention = "math"
         return cls(

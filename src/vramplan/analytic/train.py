@@ -155,6 +155,14 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     return note or "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)"
 
 
+def eager_fallback_note(m: ModelSpec) -> str:
+    """What a report says when ``sdpa`` falls back to eager (``falls_back_to_eager``)."""
+    dropped = m.traits.sdpa_dropped_in
+    since = (f" from transformers {'.'.join(map(str, dropped))} (set software.transformers for an older run)"
+             if dropped else "")
+    return f"{m.family} has no SDPA attention{since}: transformers' default falls back to eager"
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -173,8 +181,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)
         out.append(f"LoRA target {target!r} names no module of {m.name}: PEFT skips it silently, so it gets "
                    "no adapter here either (check the name)")
-    if falls_back_to_eager(t.attention, m):
-        out.append(f"{m.family} has no SDPA attention: transformers' default falls back to eager")
+    if falls_back_to_eager(t.attention, m, s.software.transformers_version):
+        out.append(eager_fallback_note(m))
     if t.peft is not None and t.quantization in BNB_4BIT_FORMATS:
         if s.software.bnb_4bit_saves_input:
             out.append(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "

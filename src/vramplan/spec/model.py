@@ -185,6 +185,9 @@ class Traits:
     # attention implementations the transformers class offers (``_supports_sdpa`` False: no "sdpa"; transformers'
     # default then falls back to eager, modeling_utils ``get_correct_attn_implementation``)
     attention_kernels: frozenset[str] = frozenset({"eager", "sdpa", "flash"})
+    # the first transformers release whose class sets ``_supports_sdpa = False`` (Gemma 2 from 5.21.0, "sdpa does
+    # not support softcapping", read off the 5.20.0 and 5.21.0 wheels): from it the default falls back to eager
+    sdpa_dropped_in: tuple[int, ...] | None = None
     # one shared K/V head handed to SDPA without ``enable_gqa`` (FalconAttention with multi_query): the fused
     # kernels need equal head counts (sdp_utils_cpp.h ``check_batch_size_and_num_heads_dense``), so SDPA runs math
     mqa_sdpa_math: bool = False

@@ -78,7 +78,8 @@ VARIANTS: dict[str, Variant] = {
     # Gemma 2 soft-caps attention scores (eager tanh) and the final logits; DynamicCache from 4.44
     "gemma2": Variant("modeling_gemma2.py", tied_default=True, norm="gemma_rms", sandwich_norms=True,
                       sliding="alternate", final_logit_softcap=True,
-                      traits=Traits(upcasts_all_logits=True, attn_logit_softcap=True, dynamic_cache_since=(4, 44))),
+                      traits=Traits(upcasts_all_logits=True, attn_logit_softcap=True, dynamic_cache_since=(4, 44),
+                                    sdpa_dropped_in=(5, 21))),
     "gemma3_text": Variant("modeling_gemma3.py", tied_default=True, norm="gemma_rms", qk_norm="head",
                            sandwich_norms=True, sliding="every_nth"),
     # fused qkv_proj and gate_up_proj; q and k are rotated into new tensors while v stays a view of qkv_proj's output
