@@ -53,6 +53,8 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--gpu", default="H200")
+    ap.add_argument("--recorded", action="store_true",
+                    help="the analytic prediction the measure run recorded (the engine of the commit that ran)")
     args = ap.parse_args()
     env = json.loads((args.folder / "env.json").read_text())
     rows = []
@@ -65,7 +67,12 @@ def main() -> int:
         meas = {"peak_allocated_bytes": r["peak_allocated_bytes"], "peak_reserved_bytes": r["peak_reserved_bytes"],
                 "device_used_bytes": r["device_used_bytes"]}
         flags = [*d["flags"], *software_flags(env)]
-        row = {"id": d["id"], "flags": flags, "measured": meas, "analytic": _predict(flags, args.gpu, "analytic")}
+        if args.recorded:
+            pg = r["prediction"]["per_gpu"]
+            analytic = {k: int(pg[k]) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes")}
+        else:
+            analytic = _predict(flags, args.gpu, "analytic")
+        row = {"id": d["id"], "flags": flags, "measured": meas, "analytic": analytic}
         if args.trace:
             row["trace"] = _predict(flags, args.gpu, "trace")
         rows.append(row)
