@@ -69,7 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.analytic.attention import falls_back_to_eager, gqa_math_fallback, gqa_math_note
-from vramplan.analytic.generate_replay import applies, fragmentation_bytes
+from vramplan.analytic.generate_replay import applies, cached_excess, growth_note
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
@@ -683,9 +683,11 @@ def inference_step(r: Resolved) -> InferenceResult:
         if g.gen.keeps_outputs and t.prompt_logits_kept:
             moments.append(decode_moment(g, t, "decode (first step)", g.prompt + 1, t.prompt_logits_kept))
     peak = max(moments, key=lambda mo: mo.total)
-    frag = fragmentation_bytes(g)
+    excess = cached_excess(g)
     notes = inference_assumptions(g, t.kv_final) + [REPLAY_NOTE if applies(g) else PACKED_NOTE]
-    return InferenceResult(moments, peak, notes, t.kv_prompt, t.kv_final, frag)
+    if excess.late_growth_bytes > 0:
+        notes.append(growth_note(g, excess.late_growth_bytes))
+    return InferenceResult(moments, peak, notes, t.kv_prompt, t.kv_final, excess.bytes)
 
 
 REPLAY_NOTE = ("reserved bytes: the call's allocations (prefill, then each decode step's torch.cat of the cache) "
