@@ -122,6 +122,23 @@ CHECK_SCENARIOS: list[tuple[str, list[str]]] = [
                               "--micro-batch-size", "4", "--seq-len", "4096"]),
 ]
 
+# A third list (``--set check2``), written at commit 8319104 before it ran: the 9-byte math prefill, the replay
+# past 256 decode steps and the late-growth statement, on scenarios no change was developed on.
+CHECK2_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("qwen3-17b-gen-fp32-s4096", ["--model", "Qwen/Qwen3-1.7B", "--task", "inference", "--dtype", "fp32",
+                                  "--batch-size", "4", "--prompt-len", "4096", "--new-tokens", "8"]),
+    ("qwen25-05b-full-fp32", ["--model", "Qwen/Qwen2.5-0.5B", "--task", "train", "--precision", "fp32",
+                              "--optimizer", "adamw", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("smollm2-360m-gen-b128", ["--model", "HuggingFaceTB/SmolLM2-360M-Instruct", "--task", "inference", "--dtype",
+                               "bf16", "--batch-size", "128", "--prompt-len", "256", "--new-tokens", "128"]),
+    ("llama32-1b-gen-b64", ["--model", "meta-llama/Llama-3.2-1B", "--task", "inference", "--dtype", "bf16",
+                            "--batch-size", "64", "--prompt-len", "512", "--new-tokens", "128"]),
+    ("llama32-1b-gen-b16-n512", ["--model", "meta-llama/Llama-3.2-1B", "--task", "inference", "--dtype", "bf16",
+                                 "--batch-size", "16", "--prompt-len", "1024", "--new-tokens", "512"]),
+    ("qwen25-7b-gen-b4-s16k", ["--model", "Qwen/Qwen2.5-7B", "--task", "inference", "--dtype", "bf16",
+                               "--batch-size", "4", "--prompt-len", "16384", "--new-tokens", "32"]),
+]
+
 CAPACITY_BYTES = 139 * 2**30  # what the scheduler lets the running processes' estimates add up to
 SAFETY = 1.3
 
@@ -166,7 +183,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--set", choices=("first", "check"), default="first", help="which scenario list")
+    ap.add_argument("--set", choices=("first", "check", "check2"), default="first", help="which scenario list")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to try this script on a small --extra shrink")
     ap.add_argument("--extra", default="", help="flags added to every measure command (e.g. a shrink for a try)")
@@ -174,7 +191,7 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "env.json").write_text(json.dumps(_env(), indent=1))
-    chosen = SCENARIOS if args.set == "first" else CHECK_SCENARIOS
+    chosen = {"first": SCENARIOS, "check": CHECK_SCENARIOS, "check2": CHECK2_SCENARIOS}[args.set]
     todo = [(sid, flags) for sid, flags in chosen if not args.only or sid in args.only]
     sized = [(sid, flags, _estimate_bytes(flags)) for sid, flags in todo]
     sized.sort(key=lambda t: -t[2])  # large first: they run alone or with the small ones
