@@ -244,6 +244,10 @@ def _mlp_width(m: ModelSpec, tp: int, grouped: bool = True) -> int:
     inter = ceil_div(max(ls.intermediate_size for ls in m.layers), tp)
     if m.mlp_gated:
         return 3 * inter  # act(gate), up and their product (LlamaMLP)
+    if m.hidden_act == "quick_gelu":
+        # QuickGELUActivation (transformers 5.24 activations.py): input * torch.sigmoid(1.702 * input); during the
+        # sigmoid the fc output, 1.702 x and the sigmoid are alive, then the fc output, the sigmoid and the product
+        return 3 * inter
     return (4 if m.hidden_act in CHAINED_ACTIVATIONS else 2) * inter  # fc output and the activation's
 
 
@@ -643,7 +647,8 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     patches, _ = image_grid(v, inf.image_size)
     images = g.batch * inf.images_per_sample
     tower = _replace(g.r, model=v.tower)
-    layer = images * prefill_layer_bytes(tower, 1, patches, g.c, 1, g.attention)
+    # the tower runs over the patches and any class token (CLIP's, VisionSpec.extra_tokens)
+    layer = images * prefill_layer_bytes(tower, 1, patches + v.extra_tokens, g.c, 1, g.attention)
     pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * g.c
     mo = Moment("prefill")  # the images are encoded in the prefill forward, before its decoder layers
     mo.add(K.PARAMETERS, t.weights)

@@ -83,13 +83,13 @@ def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3 or qwen2_5_vl)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl or llava)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3 or qwen2_5_vl)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl or llava)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
@@ -113,9 +113,11 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"max_pixels {v.max_pixels:,}{'' if image_size(s) else '; image_size not given: the largest image'})")
     else:
         shape = f"{v.image_size} x {v.image_size} (every image resized to it{'; image_size ignored' if image_size(s) else ''})"
+    cls = f" and {v.extra_tokens} class token(s)" if v.extra_tokens else ""
     first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
              f"model's dtype; each image is {tokens:,} image tokens of the language model's sequence and "
-             f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}) through {v.num_layers} tower layers")
+             f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}){cls} through {v.num_layers} "
+             "tower layers")
     out = [first]
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
@@ -139,11 +141,13 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                        "they are counted as trained")
         if n and not frozen:
             out.extend(v.notes)
+            projector = ("the projector's saved tensors are counted, the tower's backward temporaries are not"
+                         if v.head_saved_per_token else "the projector's tensors after its first ones and the "
+                         "tower's backward temporaries are not counted")
             out.append(f"vision tower activations: {n} image(s) of {patches:,} patches per sequence "
                        f"through {v.num_layers} encoder layers, saved as the decoder layers' terms of the tower's "
-                       "shape from the forward to the embedding's backward (analytic/terms/vision.py); the "
-                       "projector's tensors after its first ones and the tower's backward temporaries are not counted; "
-                       f"the {n * tokens:,} image tokens are counted in seq_len")
+                       "shape from the forward to the embedding's backward (analytic/terms/vision.py); "
+                       f"{projector}; the {n * tokens:,} image tokens are counted in seq_len")
         elif n:
             out.append(f"the frozen vision tower runs {n} image(s) per sequence without autograd recording (its "
                        "forward's transient tensors, made before the language model's, are not counted); the "
