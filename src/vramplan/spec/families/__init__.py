@@ -27,6 +27,7 @@ from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
 from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
+from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.starcoder2 import STARCODER2
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
@@ -37,7 +38,7 @@ FAMILIES: dict[str, Family] = {
     "bloom": BLOOM, "opt": OPT, "bert": BERT, "phi": PHI, "starcoder2": STARCODER2,
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
-    "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA,
+    "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
     "bamba": BAMBA,
 }
