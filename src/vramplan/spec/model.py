@@ -295,6 +295,14 @@ class VisionSpec:
     # what the tower saves per image after the unused layers, freed with them (CLIP's post_layernorm on the class
     # token), as head_saved_per_patch's (kind, elements)
     unused_saved_per_image: tuple[tuple[str, int], ...] = ()
+    # tokens per tower pass the projector does not take (LLaVA's class token under
+    # vision_feature_select_strategy "default": 1)
+    dropped_tokens: int = 0
+    # LLaVA-NeXT's "anyres": the resolutions (height, width) an image is resized and padded to
+    # (image_grid_pinpoints), cut into tiles of tile_size pixels a side, each through the tower with the whole
+    # image at tile_size besides; image_size is then the default image's side
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    tile_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
 from vramplan.spec.model import ModelSpec
-from vramplan.spec.vision import image_grid
+from vramplan.spec.vision import image_grid, image_tiles
 
 __all__ = ["tower_saved", "tower_sequence", "tower_tensors", "tower_unused"]
 
@@ -86,11 +86,15 @@ def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
     ctx = replace(c.act, tp=1, sequence_parallel=False, frozen_base=False,
                   lora_targets=frozenset(), lora_rank=0, lora_dropout=False, dora=False, elementwise_bytes=0,
                   kbit_saves_input=False, liger=False, gqa_repeat=False)
-    per_image, image_tokens = image_grid(v, c.s.train.image_size)
-    ctx = replace(ctx, seq_len=per_image + v.extra_tokens)
+    per_image = image_grid(v, c.s.train.image_size)[0]
+    # the tower's passes per image (LLaVA-NeXT's tiles, else 1), each over its patches and any class token; the
+    # attention runs within a pass
+    passes = c.s.train.micro_batch_size * images * image_tiles(v, c.s.train.image_size)
+    per_pass = per_image // image_tiles(v, c.s.train.image_size) + v.extra_tokens
+    ctx = replace(ctx, seq_len=per_pass)
     mb_images = c.s.train.micro_batch_size * images
     patches = mb_images * per_image
-    seq = mb_images * (per_image + v.extra_tokens)  # the tower's tokens: the patches and any class token
+    seq = passes * per_pass
     resid = ctx.residual_bytes * tower.hidden_size
     # the patch embedding's input, cast to the compute dtype
     out = [(ctx.compute_bytes * v.num_channels * v.temporal_patch_size * v.patch_size**2 * patches, False)]
@@ -101,9 +105,10 @@ def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
         layer = [t.nbytes * seq for t in act.layer_tensors(tower, tower.layers[0], ctx) for _ in range(t.copies)]
     used = tower.num_layers - v.unused_layers
     out += [(n, False) for n in layer * used] + [(n, True) for n in layer * v.unused_layers]
-    out += [(n, True) for n in _saved(v.unused_saved_per_image, tower, ctx, mb_images)]
+    out += [(n, True) for n in _saved(v.unused_saved_per_image, tower, ctx, passes)]
     out += [(n, False) for n in _saved(v.head_saved_per_patch, tower, ctx, patches)]
-    out += [(n, False) for n in _saved(v.head_saved_per_token, tower, ctx, mb_images * image_tokens)]
+    # the projector's rows: each pass's tokens less those it does not take (LLaVA's class token)
+    out += [(n, False) for n in _saved(v.head_saved_per_token, tower, ctx, passes * (per_pass - v.dropped_tokens))]
     return tuple(x for x in out if x[0]) * c.in_flight
 
 

@@ -42,7 +42,7 @@ from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
 
-__all__ = ["LLAVA", "clip_tower", "feature_layers", "llava_text_config"]
+__all__ = ["LLAVA", "clip_tower", "feature_layers", "llava_spec", "llava_text_config"]
 
 # LlamaConfig defaults (transformers 5.24 configuration_llama.py), LlavaConfig's default text model, for the keys
 # a sparse text_config leaves out (llava-hf/llava-1.5-7b-hf's names only max_position_embeddings, rms_norm_eps,
@@ -142,6 +142,12 @@ def _notes(unused: int, clip: bool) -> tuple[str, ...]:
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
+    return llava_spec(cfg, model_type, name)
+
+
+def llava_spec(cfg: Config, model_type: str, name: str, anyres: tuple[tuple[int, int], ...] = ()) -> ModelSpec:
+    """LLaVA's ``ModelSpec``; ``anyres``: LLaVA-NeXT's image_grid_pinpoints (spec/families/llava_next.py), which
+    adds its ``image_newline`` and cuts each image into tiles of the tower's resolution."""
     text_cfg = llava_text_config(cfg)
     kind = str(text_cfg["model_type"])
     text = LLAMA_FAMILIES[kind].build(text_cfg, kind, name)
@@ -159,6 +165,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     if bias:
         p.add("multi_modal_projector.linear_1.bias", d_text, "bias")
         p.add("multi_modal_projector.linear_2.bias", d_text, "bias")
+    if anyres:
+        # LlavaNextModel.image_newline: one d_text vector appended after each row of the tiles' features
+        p.add("image_newline", d_text, "other")
     act = str(vc["hidden_act"])
     tower = tower_layer_spec({**t, "patches": t["patches"] + cls}, act, name)
     vision = VisionSpec(hidden_size=t["d"], num_layers=t["layers"], num_attention_heads=t["heads"],
@@ -166,7 +175,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         patches_per_image=t["patches"], tokens_per_image=tokens, hidden_act=act,
                         source="transformers 5.24 LlavaProcessor.replace_image_token (patches + class token, less "
                                "one with vision_feature_select_strategy 'default') and CLIPImageProcessor's crop",
-                        tower=tower, num_channels=t["channels"], extra_tokens=cls,
+                        tower=tower, num_channels=t["channels"], extra_tokens=cls, dropped_tokens=int(default),
                         # CLIP's pre_layrnorm on the embeddings (class token included); the projector's inputs per
                         # image token: linear_1's cast of the selected hidden states (autocast), the activation's
                         # input and linear_2's input in the compute dtype
@@ -175,7 +184,23 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         unused_layers=unused, notes=_notes(unused, clip),
                         # post_layernorm on the last layer's class token (the pooled output nothing uses)
                         unused_saved_per_image=(("norm", 1),) if clip else ())
+    if anyres:
+        vision = _anyres(vision, anyres, t["image"])
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
+
+
+def _anyres(v: VisionSpec, pinpoints: tuple[tuple[int, int], ...], tile: int) -> VisionSpec:
+    """LLaVA-NeXT's image path: tiles of ``tile`` pixels; the default image is the largest square of the grid
+    (llava-v1.6: 672 x 672, 4 tiles and the base image, 2,928 image tokens)."""
+    from vramplan.spec.vision import anyres_grid
+
+    side = max(min(h, w) for h, w in pinpoints)
+    v = replace(v, grid_pinpoints=pinpoints, tile_size=tile, image_size=side,
+                param_prefixes=(*v.param_prefixes, "image_newline"),
+                source="transformers 5.24 LlavaNextProcessor._get_number_of_features (anyres tiles unpadded, a "
+                       "newline per row, the base image) and image_size_to_num_patches")
+    tiles, tokens = anyres_grid(v, side)
+    return replace(v, patches_per_image=tiles * (tile // v.patch_size) ** 2, tokens_per_image=tokens)
 
 
 LLAVA = Family(build, "modeling_llava.py", required=(("vision_config",),), text_model_type="llama")

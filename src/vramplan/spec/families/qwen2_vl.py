@@ -28,7 +28,7 @@ from typing import Any
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
-from vramplan.spec.families.qwen2_5_vl import MAX_PIXELS, MIN_PIXELS, _text_config
+from vramplan.spec.families.qwen2_5_vl import MAX_PIXELS, MIN_PIXELS, qwen_vl_text_config
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
 __all__ = ["QWEN2_VL"]
@@ -73,7 +73,7 @@ _NOTE = ("Qwen2-VL's 2-D rotary tables (cos and sin per patch, made once before 
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
-    text = LLAMA_FAMILIES["qwen2"].build(_text_config(cfg), "qwen2", name)
+    text = LLAMA_FAMILIES["qwen2"].build(qwen_vl_text_config(cfg), "qwen2", name)
     vc = {**_VISION_DEFAULTS, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
     p = Params()
     t = _tower(p, vc)
