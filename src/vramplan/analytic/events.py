@@ -515,9 +515,10 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         logp = st.alloc(lay.log_probs)
         st.free(up)
         st.free(logits)
-    unused = [b for b, gone in zip(vision, lay.vision_unused) if gone]
-    st.free_all(unused)  # compute_loss returns: the model output holding the unused tower layers' graph goes
-    vision = [b for b, gone in zip(vision, lay.vision_unused or [False] * len(vision)) if not gone]
+    # compute_loss returns: the model output that holds the unused tower layers' graph (LLaVA's image_outputs) goes
+    # before the backward starts
+    st.free_all([b for b, gone in zip(vision, lay.vision_unused) if gone])
+    vision = [b for b, gone in zip(vision, lay.vision_unused or (False,) * len(vision)) if not gone]
     if not autograd_ws:
         autograd_ws.append(st.alloc(lay.workspace))  # the autograd thread's cuBLAS handle, kept
     if lay.has_head:
