@@ -117,3 +117,30 @@ def test_prefill_vision_moment_by_hand() -> None:
     # 3 x 336^2 x 2 = 677,376 (tests/test_vision_llava.py)
     assert vision.get(K.VISION_TOWER) == 10 * (17_725_440 + 677_376) == 184_028_160
     assert any("cut into 4 tiles of 336 x 336" in a for a in r.assumptions)
+
+
+def test_anyres_matches_transformers_on_random_grids() -> None:
+    # any square side and any grid of tile multiples: tiles and tokens equal transformers' own functions
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+    from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor
+
+    base = _vision()
+    grids = st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=6)
+
+    @settings(max_examples=60, deadline=None)
+    @given(side=st.integers(1, 3000), grid=grids)
+    def check(side: int, grid: list[tuple[int, int]]) -> None:
+        pins = [[336 * h, 336 * w] for h, w in grid]
+        v = replace(base, grid_pinpoints=tuple((h, w) for h, w in pins))
+        proc = SimpleNamespace(image_processor=SimpleNamespace(image_grid_pinpoints=pins), patch_size=14,
+                               num_additional_image_tokens=1)
+        proc._get_unpadded_features = lambda *a: LlavaNextProcessor._get_unpadded_features(proc, *a)
+        assert image_tiles(v, side) == image_size_to_num_patches((side, side), pins, 336)
+        assert image_grid(v, side)[1] == LlavaNextProcessor._get_number_of_features(proc, side, side, 336, 336) - 1
+
+    check()
