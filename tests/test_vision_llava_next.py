@@ -144,3 +144,13 @@ def test_anyres_matches_transformers_on_random_grids() -> None:
         assert image_grid(v, side)[1] == LlavaNextProcessor._get_number_of_features(proc, side, side, 336, 336) - 1
 
     check()
+
+
+def test_freeze_vision_tower_freezes_the_newline_too() -> None:
+    from vramplan.analytic.attention import resolve_attention
+    from vramplan.analytic.terms.context import StepContext, step_policy
+
+    r = resolve(_doc(micro_batch_size=1, seq_len=4096, freeze_vision_tower=True))
+    attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
+    # 7,063,431,168 parameters less the tower, the projector and image_newline (324,491,264): the language model
+    assert StepContext(r, 0, attention, repeat).trainable == 7_063_431_168 - 324_491_264 == 6_738_939_904
