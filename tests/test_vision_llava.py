@@ -18,7 +18,10 @@ from vramplan.spec.hf_config import model_from_config
 from vramplan.spec.vision import image_tokens
 
 DATA = Path(__file__).resolve().parent / "data"
-# llava-hf/llava-1.5-7b-hf's config (CLIP ViT-L/14 at 336 pixels, Vicuna-7B with 32,064 tokens)
+# llava-hf/llava-1.5-7b-hf's config (CLIP ViT-L/14 at 336 pixels, Vicuna-7B with 32,064 tokens), its values as
+# a LLaMA-Factory training log (transformers 4.41.1) prints LlavaConfig for snapshot
+# 05ae2434cbb430be33edcba0c5203e7023f785b7; the same log reports "all params: 7067621376" with 4,194,304 LoRA
+# parameters added: 7,063,427,072 without them, the count below
 LLAVA = DATA / "llava-1.5-7b" / "config.json"
 # a small SigLIP LLaVA: two feature layers concatenated, the "full" strategy, no projector bias, a Mistral
 TINY = DATA / "llava-siglip-tiny" / "config.json"
