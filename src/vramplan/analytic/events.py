@@ -58,7 +58,7 @@ from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.terms.vision import tower_tensors
+from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.spec.model import ModelSpec
 
 __all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
@@ -137,6 +137,9 @@ class StepLayout:
     # a vision-language model's tower, trained on the batch's images: its saved tensors, made before the first
     # layer and freed with the shared tensors (terms/vision.py)
     vision_saved: tuple[int, ...] = ()
+    # which of vision_saved belong to tower layers after the selected hidden state (LLaVA's last layer): freed
+    # with the model output before the backward (terms/vision.py)
+    vision_unused: tuple[bool, ...] = ()
 
 
 class _Stream:
@@ -512,6 +515,10 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         logp = st.alloc(lay.log_probs)
         st.free(up)
         st.free(logits)
+    # compute_loss returns: the model output that holds the unused tower layers' graph (LLaVA's image_outputs) goes
+    # before the backward starts
+    st.free_all([b for b, gone in zip(vision, lay.vision_unused) if gone])
+    vision = [b for b, gone in zip(vision, lay.vision_unused or (False,) * len(vision)) if not gone]
     if not autograd_ws:
         autograd_ws.append(st.alloc(lay.workspace))  # the autograd thread's cuBLAS handle, kept
     if lay.has_head:
@@ -798,7 +805,8 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs, grads_during_forward=c.grads_during_fwd, has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (), kernel_loss=_kernel_loss_tensors(terms),
-        offload_inputs=c.s.train.activation_offload == "cpu", vision_saved=tower_tensors(c),
+        offload_inputs=c.s.train.activation_offload == "cpu", vision_saved=tuple(n for n, _ in tower_sequence(c)),
+        vision_unused=tuple(u for _, u in tower_sequence(c)),
     )
 
 

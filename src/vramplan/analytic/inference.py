@@ -247,6 +247,10 @@ def _mlp_width(m: ModelSpec, tp: int, grouped: bool = True) -> int:
     inter = ceil_div(max(ls.intermediate_size for ls in m.layers), tp)
     if m.mlp_gated:
         return 3 * inter  # act(gate), up and their product (LlamaMLP)
+    if m.hidden_act == "quick_gelu":
+        # QuickGELUActivation (transformers 5.24 activations.py): input * torch.sigmoid(1.702 * input); during the
+        # sigmoid the fc output, 1.702 x and the sigmoid are alive, then the fc output, the sigmoid and the product
+        return 3 * inter
     return (4 if m.hidden_act in CHAINED_ACTIVATIONS else 2) * inter  # fc output and the activation's
 
 
@@ -651,7 +655,7 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     """
     from dataclasses import replace as _replace
 
-    from vramplan.spec.vision import image_grid
+    from vramplan.spec.vision import image_grid, image_tiles
 
     v, inf = g.m.vision, g.r.scenario.inference
     if v is None or v.tower is None or inf.images_per_sample == 0:
@@ -659,7 +663,10 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     patches, _ = image_grid(v, inf.image_size)
     images = g.batch * inf.images_per_sample
     tower = _replace(g.r, model=v.tower)
-    layer = images * prefill_layer_bytes(tower, 1, patches, g.c, 1, g.attention)
+    # the tower runs once per image (LLaVA-NeXT: per tile, image_tiles) over its patches and any class token
+    # (CLIP's, VisionSpec.extra_tokens)
+    tiles = image_tiles(v, inf.image_size)
+    layer = images * tiles * prefill_layer_bytes(tower, 1, patches // tiles + v.extra_tokens, g.c, 1, g.attention)
     pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * g.c
     mo = Moment("prefill")  # the images are encoded in the prefill forward, before its decoder layers
     mo.add(K.PARAMETERS, t.weights)

@@ -283,6 +283,29 @@ class VisionSpec:
     head_saved_per_patch: tuple[tuple[str, int], ...] = ()
     # what the adapter knows the activation model approximates in this tower (the report's assumptions)
     notes: tuple[str, ...] = ()
+    # tokens the tower runs over besides the image's patches (CLIP's class token: 1)
+    extra_tokens: int = 0
+    # what the tower saves per tower token (patches and extra tokens) before its first layer, as
+    # head_saved_per_patch's (kind, elements): CLIP's pre_layrnorm
+    stem_saved_per_token: tuple[tuple[str, int], ...] = ()
+    # what the projector saves per image token, as head_saved_per_patch's (kind, elements), kind "cast" also:
+    # elements an autocast cast copies into the compute dtype (none when the residual stream is in it): LLaVA's
+    # linear_1 input, GELU input and linear_2 input
+    head_saved_per_token: tuple[tuple[str, int], ...] = ()
+    # tower layers run after the hidden state the projector takes (LLaVA's vision_feature_layer -2: 1); in
+    # training their saved tensors reach no gradient and are freed before the backward
+    unused_layers: int = 0
+    # what the tower saves per image after the unused layers, freed with them (CLIP's post_layernorm on the class
+    # token), as head_saved_per_patch's (kind, elements)
+    unused_saved_per_image: tuple[tuple[str, int], ...] = ()
+    # tokens per tower pass the projector does not take (LLaVA's class token under
+    # vision_feature_select_strategy "default": 1)
+    dropped_tokens: int = 0
+    # LLaVA-NeXT's "anyres": the resolutions (height, width) an image is resized and padded to
+    # (image_grid_pinpoints), cut into tiles of tile_size pixels a side, each through the tower with the whole
+    # image at tile_size besides; image_size is then the default image's side
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    tile_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -218,7 +218,9 @@ class Train(_Strict):
     image_size: int | None = Field(None, ge=1, le=100_000)
     """Side of each (square) image in pixels; null: the model's default.  Gemma 3 resizes every image to
     896 x 896 (the value is ignored); Qwen2.5-VL resizes it to multiples of 28 within its processor's
-    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).
+    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).  LLaVA crops
+    every image to its tower's resolution (ignored); LLaVA-NeXT cuts it into tiles of its image_grid_pinpoints
+    resolution (anyres), and null means the largest square of the grid (672 x 672 by default).
 
     transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize``: the tower runs over
     (h / 14) x (w / 14) patches, the merger makes one image token of each 2 x 2."""
@@ -320,7 +322,9 @@ class Inference(_Strict):
     image_size: int | None = Field(None, ge=1, le=100_000)
     """Side of each (square) image in pixels; null: the model's default.  Gemma 3 resizes every image to
     896 x 896 (the value is ignored); Qwen2.5-VL resizes it to multiples of 28 within its processor's
-    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).
+    min_pixels and max_pixels (``smart_resize``), and null means its largest image (max_pixels).  LLaVA crops
+    every image to its tower's resolution (ignored); LLaVA-NeXT cuts it into tiles of its image_grid_pinpoints
+    resolution (anyres), and null means the largest square of the grid (672 x 672 by default).
 
     transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize``: the tower runs over
     (h / 14) x (w / 14) patches, the merger makes one image token of each 2 x 2."""

@@ -17,8 +17,8 @@ from vramplan.errors import Problem
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["image_grid", "image_problems", "image_size", "image_tokens", "images_per_sample", "smart_resize",
-           "vision_notes"]
+__all__ = ["anyres_grid", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
+           "images_per_sample", "select_best_resolution", "smart_resize", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -39,6 +39,44 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+def select_best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """transformers 5.24 ``image_processing_utils.select_best_resolution``: the (height, width) of ``pinpoints``
+    that keeps the most of the image once it is scaled to fit, then wastes the least padding (the first wins
+    ties)."""
+    best, most, least = pinpoints[0], 0, float("inf")
+    for h, w in pinpoints:
+        scale = min(w / width, h / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        wasted = w * h - effective
+        if effective > most or (effective == most and wasted < least):
+            best, most, least = (h, w), effective, wasted
+    return best
+
+
+def anyres_grid(v: VisionSpec, side: int) -> tuple[int, int]:
+    """(tiles through the tower, image tokens) of a ``side`` x ``side`` image under LLaVA-NeXT's anyres.
+
+    ``image_size_to_num_patches`` (modeling_llava_next.py): the best resolution's tiles of ``tile_size``
+    (ceil(h / tile) x ceil(w / tile)) and the base image.  ``LlavaNextProcessor._get_number_of_features``: the
+    tiles' patches unpadded to the image's aspect ratio (``_get_unpadded_features``), one newline token per row
+    of them, and the base image's (tile / patch)^2 patches and class token, less ``dropped_tokens``."""
+    h, w = select_best_resolution(side, side, v.grid_pinpoints)
+    tiles = -(-h // v.tile_size) * -(-w // v.tile_size) + 1
+    per_side = v.tile_size // v.patch_size
+    cur_h, cur_w = per_side * (h // v.tile_size), per_side * (w // v.tile_size)
+    if 1.0 > cur_w / cur_h:  # the image's aspect ratio (square) is wider than the grid's: unpad rows
+        cur_h -= (cur_h - int(round(side * (cur_w / side), 7))) // 2 * 2
+    else:
+        cur_w -= (cur_w - int(round(side * (cur_h / side), 7))) // 2 * 2
+    tokens = cur_h * cur_w + cur_h + per_side * per_side + v.extra_tokens - v.dropped_tokens
+    return tiles, tokens
+
+
+def image_tiles(v: VisionSpec, size: int | None) -> int:
+    """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), else 1."""
+    return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else 1
+
+
 def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
     """(patches through the tower, image tokens in the text) of one square image of ``size`` pixels a side.
 
@@ -47,6 +85,9 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
     the tower runs over (h / patch) x (w / patch) patches and the merger makes one token of each
     merge x merge square (``Qwen2VLImageProcessor``: ``num_image_tokens = grid_t * grid_h * grid_w //
     merge_size**2``, one temporal patch per image)."""
+    if v.grid_pinpoints:
+        tiles, tokens = anyres_grid(v, size or v.image_size)
+        return tiles * (v.tile_size // v.patch_size) ** 2, tokens
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
@@ -83,13 +124,13 @@ def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3 or qwen2_5_vl)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl or llava)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3 or qwen2_5_vl)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl or llava)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
@@ -107,15 +148,24 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
         return []
     n = images_per_sample(s)
     patches, tokens = image_grid(v, image_size(s))
-    if v.max_pixels:
+    tiles = image_tiles(v, image_size(s))
+    if v.grid_pinpoints:
+        side = image_size(s) or v.image_size
+        shape = (f"a {side} x {side} image resized and padded to its image_grid_pinpoints resolution and cut into "
+                 f"{tiles - 1} tiles of {v.tile_size} x {v.tile_size}, and the whole image at {v.tile_size} x "
+                 f"{v.tile_size}: {tiles} tower passes"
+                 f"{'' if image_size(s) else '; image_size not given: the largest square of the grid'}")
+    elif v.max_pixels:
         side = image_size(s) or v.image_size
         shape = (f"a {side} x {side} image resized by the processor's smart_resize (min_pixels {v.min_pixels:,}, "
                  f"max_pixels {v.max_pixels:,}{'' if image_size(s) else '; image_size not given: the largest image'})")
     else:
         shape = f"{v.image_size} x {v.image_size} (every image resized to it{'; image_size ignored' if image_size(s) else ''})"
+    cls = f" and {tiles * v.extra_tokens} class token(s)" if v.extra_tokens else ""
     first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
              f"model's dtype; each image is {tokens:,} image tokens of the language model's sequence and "
-             f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}) through {v.num_layers} tower layers")
+             f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}){cls} through {v.num_layers} "
+             "tower layers")
     out = [first]
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
@@ -139,11 +189,13 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                        "they are counted as trained")
         if n and not frozen:
             out.extend(v.notes)
+            projector = ("the projector's saved tensors are counted, the tower's backward temporaries are not"
+                         if v.head_saved_per_token else "the projector's tensors after its first ones and the "
+                         "tower's backward temporaries are not counted")
             out.append(f"vision tower activations: {n} image(s) of {patches:,} patches per sequence "
                        f"through {v.num_layers} encoder layers, saved as the decoder layers' terms of the tower's "
-                       "shape from the forward to the embedding's backward (analytic/terms/vision.py); the "
-                       "projector's tensors after its first ones and the tower's backward temporaries are not counted; "
-                       f"the {n * tokens:,} image tokens are counted in seq_len")
+                       "shape from the forward to the embedding's backward (analytic/terms/vision.py); "
+                       f"{projector}; the {n * tokens:,} image tokens are counted in seq_len")
         elif n:
             out.append(f"the frozen vision tower runs {n} image(s) per sequence without autograd recording (its "
                        "forward's transient tensors, made before the language model's, are not counted); the "

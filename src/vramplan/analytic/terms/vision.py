@@ -41,19 +41,43 @@ from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.timeline import FORWARD, TIED_EMBEDDING
-from vramplan.spec.vision import image_grid
+from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.vision import image_grid, image_tiles
 
-__all__ = ["tower_saved", "tower_tensors"]
+__all__ = ["tower_saved", "tower_sequence", "tower_tensors", "tower_unused"]
+
+
+def tower_sequence(c: StepContext) -> tuple[tuple[int, bool], ...]:
+    """The tower's saved tensors on this stage, in bytes, in the order the forward makes them, each with whether
+    it belongs to a layer after the hidden state the projector takes (``VisionSpec.unused_layers``: freed before
+    the backward); empty when the tower is frozen, the batch holds no image, or the stage has no embeddings."""
+    return c.memo("vision_tower_sequence", lambda: _compute(c))
 
 
 def tower_tensors(c: StepContext) -> tuple[int, ...]:
-    """The tower's saved tensors on this stage, in bytes, in the order the forward makes them (empty when the
-    tower is frozen, the batch holds no image, or the stage has no embeddings)."""
-    return c.memo("vision_tower_tensors", lambda: _compute(c))
+    """The saved tensors the backward uses, alive from the forward to the embedding's backward."""
+    return tuple(n for n, unused in tower_sequence(c) if not unused)
 
 
-def _compute(c: StepContext) -> tuple[int, ...]:
+def tower_unused(c: StepContext) -> tuple[int, ...]:
+    """The saved tensors of the layers after the selected one, alive to the forward's end."""
+    return tuple(n for n, unused in tower_sequence(c) if unused)
+
+
+def _saved(entries: tuple[tuple[str, int], ...], tower: ModelSpec, ctx: act.ActContext,
+           tokens: int) -> list[int]:
+    """``VisionSpec``'s (kind, elements) entries over ``tokens`` tokens, in bytes."""
+    cast = ctx.compute_bytes if ctx.autocast and ctx.residual_bytes != ctx.compute_bytes else 0
+    per_kind = {"residual": ctx.residual_bytes, "compute": ctx.compute_bytes, "cast": cast}
+    out = []
+    for kind, n in entries:
+        each = act.norm_saved_per_token(tower, ctx) if kind == "norm" else per_kind[kind]
+        out.append(each * n * tokens)
+    return out
+
+
+def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
     v = c.m.vision
     images = c.s.train.images_per_sample
     if v is None or v.tower is None or images == 0 or c.peft is not None or c.frozen_prefixes or not c.rp.has_embedding:
@@ -62,27 +86,40 @@ def _compute(c: StepContext) -> tuple[int, ...]:
     ctx = replace(c.act, tp=1, sequence_parallel=False, frozen_base=False,
                   lora_targets=frozenset(), lora_rank=0, lora_dropout=False, dora=False, elementwise_bytes=0,
                   kbit_saves_input=False, liger=False, gqa_repeat=False)
-    per_image, _ = image_grid(v, c.s.train.image_size)
-    ctx = replace(ctx, seq_len=per_image)
-    patches = c.s.train.micro_batch_size * images * per_image
+    per_image = image_grid(v, c.s.train.image_size)[0]
+    # the tower's passes per image (LLaVA-NeXT's tiles, else 1), each over its patches and any class token; the
+    # attention runs within a pass
+    passes = c.s.train.micro_batch_size * images * image_tiles(v, c.s.train.image_size)
+    per_pass = per_image // image_tiles(v, c.s.train.image_size) + v.extra_tokens
+    ctx = replace(ctx, seq_len=per_pass)
+    mb_images = c.s.train.micro_batch_size * images
+    patches = mb_images * per_image
+    seq = passes * per_pass
     resid = ctx.residual_bytes * tower.hidden_size
     # the patch embedding's input, cast to the compute dtype
-    out = [ctx.compute_bytes * v.num_channels * v.temporal_patch_size * v.patch_size**2 * patches]
+    out = [(ctx.compute_bytes * v.num_channels * v.temporal_patch_size * v.patch_size**2 * patches, False)]
+    out += [(n, False) for n in _saved(v.stem_saved_per_token, tower, ctx, seq)]
     if checkpoint_policy(c.s) == "full":
-        out += [resid * patches] * tower.num_layers  # each checkpointed layer keeps its input
+        layer = [resid * seq]  # each checkpointed layer keeps its input
     else:
-        layer = [t.nbytes * patches for t in act.layer_tensors(tower, tower.layers[0], ctx) for _ in range(t.copies)]
-        out += layer * tower.num_layers
-    per_kind = {"residual": ctx.residual_bytes, "compute": ctx.compute_bytes}
-    for kind, n in v.head_saved_per_patch:
-        each = act.norm_saved_per_token(tower, ctx) if kind == "norm" else per_kind[kind]
-        out.append(each * n * patches)
-    return tuple(x for x in out if x) * c.in_flight
+        layer = [t.nbytes * seq for t in act.layer_tensors(tower, tower.layers[0], ctx) for _ in range(t.copies)]
+    used = tower.num_layers - v.unused_layers
+    out += [(n, False) for n in layer * used] + [(n, True) for n in layer * v.unused_layers]
+    out += [(n, True) for n in _saved(v.unused_saved_per_image, tower, ctx, passes)]
+    out += [(n, False) for n in _saved(v.head_saved_per_patch, tower, ctx, patches)]
+    # the projector's rows: each pass's tokens less those it does not take (LLaVA's class token)
+    out += [(n, False) for n in _saved(v.head_saved_per_token, tower, ctx, passes * (per_pass - v.dropped_tokens))]
+    return tuple(x for x in out if x[0]) * c.in_flight
 
 
 def tower_saved(c: StepContext) -> list[Term]:
-    """The vision tower's saved tensors, from the forward's start to the embedding's backward."""
+    """The vision tower's saved tensors, from the forward's start to the embedding's backward; those of the layers
+    after the selected hidden state to the loss (freed with the model output before the backward)."""
+    out = []
     tensors = tower_tensors(c)
-    if not tensors:
-        return []
-    return [Term(K.SAVED, sum(tensors), FORWARD, TIED_EMBEDDING, "saved.vision_tower", tensors=tensors)]
+    if tensors:
+        out.append(Term(K.SAVED, sum(tensors), FORWARD, TIED_EMBEDDING, "saved.vision_tower", tensors=tensors))
+    unused = tower_unused(c)
+    if unused:
+        out.append(Term(K.SAVED, sum(unused), FORWARD, LOSS, "saved.vision_tower_unused", tensors=unused))
+    return out

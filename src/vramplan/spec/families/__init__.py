@@ -22,10 +22,13 @@ from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
+from vramplan.spec.families.llava import LLAVA
+from vramplan.spec.families.llava_next import LLAVA_NEXT
 from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
 from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
+from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.starcoder2 import STARCODER2
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
@@ -36,7 +39,8 @@ FAMILIES: dict[str, Family] = {
     "bloom": BLOOM, "opt": OPT, "bert": BERT, "phi": PHI, "starcoder2": STARCODER2,
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
-    "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL,
+    "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
+    "llava_next": LLAVA_NEXT,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
     "bamba": BAMBA,
 }
@@ -76,7 +80,11 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if outer is not None and outer.text_model_type and isinstance(cfg.get("vision_config"), Mapping):
         # a vision-language model's language model alone (the traced engine's report says the tower is not traced)
         out = {k: v for k, v in out.items() if k not in ("vision_config", "text_config")}
-        out["model_type"] = outer.text_model_type
+        # the text config's own model_type where it names a text family (LLaVA's language model may be a Llama,
+        # a Mistral, a Qwen2), else the family's (Qwen2.5-VL's "qwen2_5_vl_text" is built as qwen2)
+        own = FAMILIES.get(str(out.get("model_type")))
+        if own is None or own.text_model_type:
+            out["model_type"] = outer.text_model_type
     fam = FAMILIES.get(str(out.get("model_type")))
     if fam is not None:
         if fam.transformers_model_type:

@@ -30,7 +30,7 @@ from vramplan.spec.families.base import Config, Family, Params, build_spec, get
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
-__all__ = ["QWEN2_5_VL"]
+__all__ = ["QWEN2_5_VL", "qwen_vl_text_config"]
 
 # Qwen2_5_VLVisionConfig defaults (transformers 5.24 configuration_qwen2_5_vl.py)
 _VISION_DEFAULTS: dict[str, Any] = {"depth": 32, "hidden_size": 3584, "hidden_act": "silu", "intermediate_size": 3420,
@@ -43,7 +43,7 @@ MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 1280
 TOWER_TRAITS = Traits(qkv_modules=("qkv",), out_proj_module="proj", fused_qkv_view=True)
 
 
-def _text_config(cfg: Config) -> dict[str, Any]:
+def qwen_vl_text_config(cfg: Config) -> dict[str, Any]:
     """The language model's keys: ``text_config`` (transformers >= 4.53 writes one) or the outer keys."""
     inner = cfg.get("text_config")
     text = {k: v for k, v in (dict(inner) if isinstance(inner, dict) else dict(cfg)).items()
@@ -89,7 +89,7 @@ def _notes(vc: Config, t: dict[str, int]) -> tuple[str, ...]:
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
-    text = LLAMA_FAMILIES["qwen2"].build(_text_config(cfg), "qwen2", name)
+    text = LLAMA_FAMILIES["qwen2"].build(qwen_vl_text_config(cfg), "qwen2", name)
     vc = {**_VISION_DEFAULTS, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
     p = Params()
     t = _tower(p, vc)
