@@ -5,12 +5,12 @@ backward) and in the prefill."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from meta_build import meta_module
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.spec.families import transformers_config
@@ -55,16 +55,9 @@ def test_llava_parameters_by_hand() -> None:
 
 @pytest.mark.parametrize("path", [LLAVA, TINY], ids=["llava-1.5-7b", "llava-siglip-tiny"])
 def test_count_equals_transformers_module_on_the_meta_device(path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     cfg = _cfg(path)
     spec = model_from_config(cfg, name=path.parent.name)
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformers.AutoConfig.for_model(**cfg)
-        with torch.device("meta"):
-            module = transformers.AutoModelForImageTextToText.from_config(config)
+    module = meta_module(cfg)
     assert spec.num_parameters == sum(p.numel() for p in module.parameters())
     # and tensor by tensor for the tower and projector (the adapter lists the layers' tensors once, per_layer times)
     theirs: dict[str, int] = {}

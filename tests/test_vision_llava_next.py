@@ -5,13 +5,13 @@ tower's activations per tile in training and in the prefill."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from meta_build import meta_module
 from vramplan.catalog.resolve import resolve
 from vramplan.spec.hf_config import model_from_config
 from vramplan.spec.vision import image_grid, image_tiles, select_best_resolution
@@ -39,16 +39,9 @@ def test_parameters_are_llavas_and_the_newline() -> None:
 
 
 def test_count_equals_transformers_module_on_the_meta_device() -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     cfg = _cfg()
     spec = model_from_config(cfg, name="llava-next")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformers.AutoConfig.for_model(**cfg)
-        with torch.device("meta"):
-            module = transformers.AutoModelForImageTextToText.from_config(config)
+    module = meta_module(cfg)
     assert spec.num_parameters == sum(p.numel() for p in module.parameters())
 
 

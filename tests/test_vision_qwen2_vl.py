@@ -5,12 +5,12 @@ in the prefill."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from meta_build import meta_module
 from vramplan.catalog.resolve import resolve
 from vramplan.spec.families import transformers_config
 from vramplan.spec.hf_config import model_from_config
@@ -42,16 +42,9 @@ def test_tower_and_merger_by_hand() -> None:
 
 
 def test_count_equals_transformers_module_on_the_meta_device() -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     cfg = _cfg()
     spec = model_from_config(cfg, name="qwen2-vl")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformers.AutoConfig.for_model(**cfg)
-        with torch.device("meta"):
-            module = transformers.AutoModelForImageTextToText.from_config(config)
+    module = meta_module(cfg)
     assert spec.num_parameters == sum(p.numel() for p in module.parameters())
     assert spec.vision_parameters == sum(p.numel() for n, p in module.named_parameters() if n.startswith("model.visual."))
 

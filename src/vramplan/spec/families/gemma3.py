@@ -37,7 +37,7 @@ from vramplan.spec.families.base import Config, Family, Params, build_spec, get
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
-__all__ = ["GEMMA3", "siglip_tower"]
+__all__ = ["GEMMA3", "siglip_tower", "vit_encoder_layers"]
 
 # Gemma3TextConfig defaults (transformers 5.24 configuration_gemma3.py) for keys the multimodal checkpoints'
 # sparse text_config leaves out (google/gemma-3-4b-it names only hidden_size, intermediate_size,
@@ -62,6 +62,19 @@ def _side(v: Any) -> int:
     return int(v)
 
 
+def vit_encoder_layers(p: Params, enc: str, d: int, i: int, n: int) -> None:
+    """``n`` ViT encoder layers of width ``d`` and MLP width ``i`` under ``enc`` (SigLIP's and CLIP's
+    ``EncoderLayer``: biased q/k/v/out projections, fc1 -> activation -> fc2, two biased LayerNorms)."""
+    for name, fan_in, fan_out in (("self_attn.q_proj", d, d), ("self_attn.k_proj", d, d), ("self_attn.v_proj", d, d),
+                                  ("self_attn.out_proj", d, d), ("mlp.fc1", d, i), ("mlp.fc2", i, d)):
+        # role "other" with no in/out features: neither quantized nor adapted (module docstring)
+        p.add(f"{enc}.{name}.weight", fan_in * fan_out, "other", per_layer=n)
+        p.add(f"{enc}.{name}.bias", fan_out, "bias", per_layer=n)
+    for name in ("layer_norm1", "layer_norm2"):
+        p.add(f"{enc}.{name}.weight", d, "norm", per_layer=n)
+        p.add(f"{enc}.{name}.bias", d, "bias", per_layer=n)
+
+
 def siglip_tower(p: Params, vc: Config, prefix: str = PREFIX) -> dict[str, int]:
     """Add a ``SiglipVisionTransformer``'s tensors to ``p``; returns its sizes (d, layers, heads, i, image,
     patch, patches per image)."""
@@ -72,15 +85,7 @@ def siglip_tower(p: Params, vc: Config, prefix: str = PREFIX) -> dict[str, int]:
     p.add(f"{prefix}.embeddings.patch_embedding.weight", d * ch * patch * patch, "other")
     p.add(f"{prefix}.embeddings.patch_embedding.bias", d, "bias")
     p.add(f"{prefix}.embeddings.position_embedding.weight", patches * d, "other")
-    enc = f"{prefix}.encoder.layers"
-    for name, fan_in, fan_out in (("self_attn.q_proj", d, d), ("self_attn.k_proj", d, d), ("self_attn.v_proj", d, d),
-                                  ("self_attn.out_proj", d, d), ("mlp.fc1", d, i), ("mlp.fc2", i, d)):
-        # role "other" with no in/out features: neither quantized nor adapted (module docstring)
-        p.add(f"{enc}.{name}.weight", fan_in * fan_out, "other", per_layer=n)
-        p.add(f"{enc}.{name}.bias", fan_out, "bias", per_layer=n)
-    for name in ("layer_norm1", "layer_norm2"):
-        p.add(f"{enc}.{name}.weight", d, "norm", per_layer=n)
-        p.add(f"{enc}.{name}.bias", d, "bias", per_layer=n)
+    vit_encoder_layers(p, f"{prefix}.encoder.layers", d, i, n)
     p.add(f"{prefix}.post_layernorm.weight", d, "norm")
     p.add(f"{prefix}.post_layernorm.bias", d, "bias")
     if bool(get(vc, "vision_use_head")):

@@ -38,7 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from vramplan.spec.families.base import Config, Family, Params, get
-from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec
+from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec, vit_encoder_layers
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
 
@@ -91,15 +91,7 @@ def clip_tower(p: Params, vc: Config, prefix: str = PREFIX) -> dict[str, int]:
     for name in ("pre_layrnorm", "post_layernorm"):
         p.add(f"{prefix}.{name}.weight", d, "norm")
         p.add(f"{prefix}.{name}.bias", d, "bias")
-    enc = f"{prefix}.encoder.layers"
-    for name, fan_in, fan_out in (("self_attn.q_proj", d, d), ("self_attn.k_proj", d, d), ("self_attn.v_proj", d, d),
-                                  ("self_attn.out_proj", d, d), ("mlp.fc1", d, i), ("mlp.fc2", i, d)):
-        # role "other": neither quantized nor adapted (as gemma3.py's SigLIP tower)
-        p.add(f"{enc}.{name}.weight", fan_in * fan_out, "other", per_layer=n)
-        p.add(f"{enc}.{name}.bias", fan_out, "bias", per_layer=n)
-    for name in ("layer_norm1", "layer_norm2"):
-        p.add(f"{enc}.{name}.weight", d, "norm", per_layer=n)
-        p.add(f"{enc}.{name}.bias", d, "bias", per_layer=n)
+    vit_encoder_layers(p, f"{prefix}.encoder.layers", d, i, n)  # the same layers as SigLIP's
     return {"d": d, "layers": n, "heads": heads, "i": i, "image": image, "patch": patch, "patches": patches,
             "channels": ch}
 

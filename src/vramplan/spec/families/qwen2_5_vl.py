@@ -23,6 +23,7 @@ Image tokens: ``Qwen2VLImageProcessor`` (``image_processing_qwen2_vl.py``) resiz
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +31,7 @@ from vramplan.spec.families.base import Config, Family, Params, build_spec, get
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
-__all__ = ["QWEN2_5_VL", "qwen_vl_text_config"]
+__all__ = ["QWEN2_5_VL", "merger_params", "qwen_vl_start", "qwen_vl_text_config"]
 
 # Qwen2_5_VLVisionConfig defaults (transformers 5.24 configuration_qwen2_5_vl.py)
 _VISION_DEFAULTS: dict[str, Any] = {"depth": 32, "hidden_size": 3584, "hidden_act": "silu", "intermediate_size": 3420,
@@ -68,12 +69,7 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
         # role "other": neither quantized nor adapted (as gemma3.py)
         p.add(f"visual.blocks.{name}.weight", fan_in * fan_out, "other", per_layer=n)
         p.add(f"visual.blocks.{name}.bias", fan_out, "bias", per_layer=n)
-    wide = d * merge * merge
-    p.add("visual.merger.ln_q.weight", d, "norm")
-    p.add("visual.merger.mlp.0.weight", wide * wide, "other")
-    p.add("visual.merger.mlp.0.bias", wide, "bias")
-    p.add("visual.merger.mlp.2.weight", wide * out, "other")
-    p.add("visual.merger.mlp.2.bias", out, "bias")
+    merger_params(p, d, merge, out, ln_bias=False)
     return {"d": d, "i": i, "layers": n, "heads": int(get(vc, "num_heads")), "channels": ch, "patch": patch,
             "temporal": t, "merge": merge}
 
@@ -88,15 +84,36 @@ def _notes(vc: Config, t: dict[str, int]) -> tuple[str, ...]:
     return (note,)
 
 
-def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
+def merger_params(p: Params, d: int, merge: int, out: int, ln_bias: bool) -> None:
+    """The patch merger: ``ln_q`` over d (Qwen2.5-VL's an RMSNorm, Qwen2-VL's a LayerNorm with a bias), then a
+    two-layer MLP over merge^2 patches concatenated (d merge^2 -> d merge^2 -> the language model's width)."""
+    wide = d * merge * merge
+    p.add("visual.merger.ln_q.weight", d, "norm")
+    if ln_bias:
+        p.add("visual.merger.ln_q.bias", d, "bias")
+    p.add("visual.merger.mlp.0.weight", wide * wide, "other")
+    p.add("visual.merger.mlp.0.bias", wide, "bias")
+    p.add("visual.merger.mlp.2.weight", wide * out, "other")
+    p.add("visual.merger.mlp.2.bias", out, "bias")
+
+
+def qwen_vl_start(cfg: Config, name: str, defaults: Config,
+                  tower_params: Callable[[Params, dict[str, Any]], dict[str, int]]
+                  ) -> tuple[ModelSpec, dict[str, Any], Params, dict[str, int], int, int]:
+    """What Qwen2-VL and Qwen2.5-VL build alike: the language model, the vision config over its defaults, the
+    tower's tensors (``tower_params``), and the largest image ``smart_resize`` lets through (``max_pixels`` as a
+    square, a multiple of patch x merge a side) with its patches."""
     text = LLAMA_FAMILIES["qwen2"].build(qwen_vl_text_config(cfg), "qwen2", name)
-    vc = {**_VISION_DEFAULTS, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
+    vc = {**defaults, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
     p = Params()
-    t = _tower(p, vc)
-    # the largest image smart_resize lets through: max_pixels as a square, a multiple of 28 a side
+    t = tower_params(p, vc)
     factor = t["patch"] * t["merge"]
     side = int(MAX_PIXELS**0.5) // factor * factor
-    patches = (side // t["patch"]) ** 2
+    return text, vc, p, t, side, (side // t["patch"]) ** 2
+
+
+def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
+    text, vc, p, t, side, patches = qwen_vl_start(cfg, name, _VISION_DEFAULTS, _tower)
     tower = build_spec({}, f"{name} vision tower", "qwen2_5_vl_vision", Params(), hidden_size=t["d"],
                        num_layers=t["layers"], num_attention_heads=t["heads"], num_kv_heads=t["heads"], vocab_size=1,
                        intermediate_size=t["i"], hidden_act=str(vc["hidden_act"]), mlp_gated=True, norm="rms",

@@ -27,8 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get
-from vramplan.spec.families.llama_like import LLAMA_FAMILIES
-from vramplan.spec.families.qwen2_5_vl import MAX_PIXELS, MIN_PIXELS, qwen_vl_text_config
+from vramplan.spec.families.qwen2_5_vl import MAX_PIXELS, MIN_PIXELS, merger_params, qwen_vl_start
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
 __all__ = ["QWEN2_VL"]
@@ -58,13 +57,7 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
         # role "other": neither quantized nor adapted (as qwen2_5_vl.py)
         p.add(f"visual.blocks.{name}.weight", fan_in * fan_out, "other", per_layer=n)
         p.add(f"visual.blocks.{name}.bias", fan_out, "bias", per_layer=n)
-    wide = d * merge * merge
-    p.add("visual.merger.ln_q.weight", d, "norm")
-    p.add("visual.merger.ln_q.bias", d, "bias")
-    p.add("visual.merger.mlp.0.weight", wide * wide, "other")
-    p.add("visual.merger.mlp.0.bias", wide, "bias")
-    p.add("visual.merger.mlp.2.weight", wide * out, "other")
-    p.add("visual.merger.mlp.2.bias", out, "bias")
+    merger_params(p, d, merge, out, ln_bias=True)
     return {"d": d, "i": i, "layers": n, "heads": int(get(vc, "num_heads")), "channels": ch, "patch": patch,
             "temporal": t, "merge": merge}
 
@@ -73,14 +66,7 @@ _NOTE = ("Qwen2-VL's 2-D rotary tables (cos and sin per patch, made once before 
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
-    text = LLAMA_FAMILIES["qwen2"].build(qwen_vl_text_config(cfg), "qwen2", name)
-    vc = {**_VISION_DEFAULTS, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
-    p = Params()
-    t = _tower(p, vc)
-    # the largest image smart_resize lets through: max_pixels as a square, a multiple of 28 a side
-    factor = t["patch"] * t["merge"]
-    side = int(MAX_PIXELS**0.5) // factor * factor
-    patches = (side // t["patch"]) ** 2
+    text, vc, p, t, side, patches = qwen_vl_start(cfg, name, _VISION_DEFAULTS, _tower)
     act = str(vc["hidden_act"])
     tower = build_spec({}, f"{name} vision tower", "qwen2_vl_vision", Params(), hidden_size=t["d"],
                        num_layers=t["layers"], num_attention_heads=t["heads"], num_kv_heads=t["heads"], vocab_size=1,
