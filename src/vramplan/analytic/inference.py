@@ -426,9 +426,10 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         # upcasts half inputs); the fp32 scores and the softmax's output (2 x b heads p^2 x 4); one byte per
         # score more that the softmax holds below the dispatcher (measured on an H200, torch 2.11: max_memory_
         # allocated exceeded every tensor the dispatcher saw by b heads p^2 + cuBLAS' workspace on both fp32
-        # GQA prompts of benchmarks/gpu/h200-2026-11-26-check, 1,645,612,488 and 438,242,728 B: the bool of
-        # ``_safe_softmax``'s all -inf row check); and the causal mask it builds for is_causal, bool then the
-        # query dtype ([p, p]: 1 + 4 bytes per key and query)
+        # GQA prompts of benchmarks/gpu/h200-2026-11-26-check, 1,645,612,488 and 438,242,728 B; one bool per
+        # score, as ``_safe_softmax``'s all -inf row check would hold, though which kernel allocates it was not
+        # read in torch's source); and the causal mask it builds for is_causal, bool then the query dtype
+        # ([p, p]: 1 + 4 bytes per key and query)
         attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
         attn = (3 * h + 3 * q) * t * c
