@@ -174,3 +174,18 @@ def test_cli_bad_value_exits_2_with_choices(value: str, hint: str) -> None:
     assert res.exit_code == 2
     assert f"hardware.cuda_module_loading: '{value}' is not allowed" in res.stderr and hint in res.stderr
     assert "Traceback" not in res.output
+
+
+def test_at_start_leaves_out_the_rows_measured_after_a_workload() -> None:
+    # SGLang reads the memory free at start, before a workload loads its kernels: hopper's rows measured after a
+    # training step / generate (794,820,608 and 731,906,048 B) are left out, so the H200 OOM row alone remains
+    from vramplan.analytic.overhead import cuda_context_for
+    from vramplan.catalog.resolve import resolve
+
+    doc = {"model": "meta-llama/Llama-3.1-8B", "task": "serve", "hardware": {"gpu": "H100-SXM"},
+           "serve": {"engine": "sglang"}}
+    r = resolve(doc)
+    assert cuda_context_for(r.gpu, at_start=True).bytes == 550_429_000
+    assert cuda_context_for(r.gpu).bytes == 731_906_048
+    rep = estimate(doc)
+    assert any("(arxiv-confi-etu-h200)" in a for a in rep.assumptions)

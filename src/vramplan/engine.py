@@ -39,6 +39,11 @@ from vramplan.units import GiB
 __all__ = ["ReservedModel", "estimate"]
 
 
+def context_at_start(r: Resolved) -> bool:
+    """SGLang and llama.cpp size themselves from the memory free at start (``cuda_context_for``'s at_start)."""
+    return r.scenario.task == "serve" and r.scenario.serve.engine in ("sglang", "llamacpp")
+
+
 def _reserved(peak: Moment) -> int:
     """Reserved = each part's tensors rounded into caching-allocator segments."""
     sizes: list[tuple[int, int]] = []
@@ -70,7 +75,7 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
         lifecycle=lifecycle[0], lifecycle_peak_phase=lifecycle[1],
     )
-    assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu).assumption(),
+    assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu, at_start=context_at_start(r)).assumption(),
                    *capability_notes(r.scenario, r.gpu), *ignored_sections(r.scenario)]
     if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
         assumptions.append(note)

@@ -51,7 +51,7 @@ def gqa_math_fallback(s: Scenario, m: ModelSpec, compute_bytes: int, gpu: GpuSpe
     """
     if gpu is not None and gpu.vendor != "nvidia":
         return False  # ROCm's kernels have other rules; not modelled here
-    if not (1 < m.num_kv_heads < m.num_attention_heads) or m.mla is not None:
+    if not (m.num_kv_heads < m.num_attention_heads) or m.mla is not None:  # grouped or multi-query K/V
         return False
     tv, torch_v = s.software.transformers_version, s.software.torch_version
     if tv is not None and tv < TRANSFORMERS_ENABLE_GQA:

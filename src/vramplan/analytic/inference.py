@@ -770,5 +770,5 @@ def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
         f"attention: {g.attention}; {logits_note}",
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
-        *([gqa_math_note(g.r.scenario)] if g.attention == "math" and g.m.num_kv_heads > 1 else []),
+        *([gqa_math_note(g.r.scenario)] if g.attention == "math" and not g.m.traits.mqa_sdpa_math else []),
     ]

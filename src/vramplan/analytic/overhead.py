@@ -114,18 +114,29 @@ def cuda_context(architecture: str, vendor: str = "nvidia", loading: str = "lazy
                          rows=tuple(r.id for r in chosen), fallback=fallback)
 
 
+# rows measured after a PyTorch training step or generate call had loaded its kernels (this project's GPU runs)
+AFTER_WORKLOAD = "nvml_process_minus_reserved"
+
+
 @lru_cache(maxsize=256)
-def _shipped_choice(architecture: str, vendor: str, loading: str) -> ContextChoice:
-    return cuda_context(architecture, vendor, loading)
+def _shipped_choice(architecture: str, vendor: str, loading: str, at_start: bool) -> ContextChoice:
+    rows = context_rows()
+    if at_start:
+        rows = tuple(r for r in rows if r.measured != AFTER_WORKLOAD)
+    return cuda_context(architecture, vendor, loading, rows)
 
 
-def cuda_context_for(gpu: GpuSpec) -> ContextChoice:
-    """The choice for a resolved GPU (its architecture, vendor and the scenario's loading mode)."""
-    return _shipped_choice(gpu.architecture, gpu.vendor, gpu.cuda_module_loading)
+def cuda_context_for(gpu: GpuSpec, at_start: bool = False) -> ContextChoice:
+    """The choice for a resolved GPU (its architecture, vendor and the scenario's loading mode).
+
+    ``at_start``: the context of a process that reads its free memory before any workload (SGLang's
+    ``mem_fraction_static`` of the memory free at start; llama.cpp, which loads no PyTorch kernels): the rows
+    measured after a PyTorch workload loaded its kernels lazily are left out (docs/conventions.md)."""
+    return _shipped_choice(gpu.architecture, gpu.vendor, gpu.cuda_module_loading, at_start)
 
 
-def cuda_context_bytes(gpu: GpuSpec) -> int:
-    return cuda_context_for(gpu).bytes
+def cuda_context_bytes(gpu: GpuSpec, at_start: bool = False) -> int:
+    return cuda_context_for(gpu, at_start).bytes
 
 
 def cublas_workspace_bytes(gpu: GpuSpec, handles: int) -> int:

@@ -362,7 +362,7 @@ def decide(r: Resolved) -> LlamaCppDecision:
     ub = min(g.n_ubatch, g.n_batch, kv_size)  # n_tokens = min(n_ctx, n_ubatch), n_batch <= n_ctx
     compute = (compute_buffer_bytes(h, ub, kv_size, rules.flash, layers_gpu, out_gpu, rules.build.kq_mask_pad,
                                     rules.build.set_rows) if slots else 0)
-    ctx = cuda_context_bytes(r.gpu)
+    ctx = cuda_context_bytes(r.gpu, at_start=True)  # llama.cpp loads no PyTorch kernels
     fits_ctx = _fits_ctx(h, r, ctx + model_buf, layers_gpu, tk, tv, out_gpu, rules) if layers_gpu else 0
     used = ctx + model_buf + k + v + compute
     cap = r.gpu.total_memory_bytes

@@ -488,7 +488,8 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     beh, which = behaviour_for(sv.sglang_version)
     st = default_settings(beh, gpu.total_memory_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
                           sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r))
-    ctx, comm = cuda_context_bytes(gpu), (nccl_bytes(1) if tp > 1 else 0)
+    # SGLang measures the memory free at start, before a workload's kernels are loaded
+    ctx, comm = cuda_context_bytes(gpu, at_start=True), (nccl_bytes(1) if tp > 1 else 0)
     free = gpu.total_memory_bytes - ctx - comm
     params, _ = serve_weights_bytes(r)
     rotary = rotary_cache_bytes_sglang(m)
