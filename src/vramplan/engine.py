@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic import dpo, kto
+from vramplan.analytic import dpo, kto, orpo
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
@@ -171,7 +171,8 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
 
 @dataclass(frozen=True)
 class _Preference:
-    """A preference trainer's pieces (TRL's DPOTrainer, analytic/dpo.py; KTOTrainer, analytic/kto.py): its refusals,
+    """A preference trainer's pieces (TRL's DPOTrainer, analytic/dpo.py; KTOTrainer, analytic/kto.py; ORPOTrainer,
+    analytic/orpo.py): its refusals,
     the step it runs, whether it loads a separate reference copy, and its report assumptions."""
 
     problems: Callable[[Scenario], list[Problem]]
@@ -185,12 +186,15 @@ _DPO = _Preference(dpo.dpo_problems, dpo.policy_scenario, lambda s: dpo.referenc
 # KTOTrainer.__init__ (TRL v1.16.0) has DPOTrainer's reference rule: none under PEFT, else a second copy
 _KTO = _Preference(kto.kto_problems, kto.policy_scenario, lambda s: dpo.reference_kind(s) == "separate",
                    kto.kto_assumptions)
+# ORPOTrainer (TRL v1.16.0, trl.experimental.orpo) loads no reference model
+_ORPO = _Preference(orpo.orpo_problems, orpo.policy_scenario, lambda s: False, orpo.orpo_assumptions)
 
 
 def _dpo_train(r: Resolved, reserved: ReservedModel, ctx: int, pref: _Preference = _DPO) -> Report:
-    """A DPO or KTO job (train.objective: dpo | kto): the policy's step with the reference forwards inside it
-    (analytic/dpo.py, analytic/kto.py, analytic/terms/loss.py), and the reference copy, when TRL loads one, in
-    every phase after the load (docs/rl.md).  The report echoes the scenario as given (DPO: pairs, not sequences)."""
+    """A DPO, KTO or ORPO job (train.objective: dpo | kto | orpo): the policy's step with the reference forwards
+    inside it (analytic/dpo.py, analytic/kto.py, analytic/orpo.py, analytic/terms/loss.py), and the reference copy,
+    when TRL loads one, in every phase after the load (docs/rl.md).  The report echoes the scenario as given (DPO
+    and ORPO: pairs, not sequences)."""
     if problems := pref.problems(r.scenario):
         raise ScenarioError(problems)
     pr = Resolved(pref.policy(r.scenario), r.model, r.gpu, r.assumptions)
@@ -309,8 +313,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     if task == "train":
         if r.scenario.train.objective == "dpo":
             return with_band(_dpo_train(r, reserved, ctx))
-        if r.scenario.train.objective == "kto":
-            return with_band(_dpo_train(r, reserved, ctx, _KTO))
+        if r.scenario.train.objective in ("kto", "orpo"):
+            return with_band(_dpo_train(r, reserved, ctx, _KTO if r.scenario.train.objective == "kto" else _ORPO))
         if r.scenario.train.objective != "sft":
             return with_band(_rl_train(r, reserved, ctx))
         return with_band(_train(r, reserved, ctx))

@@ -270,7 +270,8 @@ class Train(_Strict):
     policy step on completions sampled by a rollout engine, the ``rl`` section), or dpo (TRL's DPOTrainer:
     ``micro_batch_size`` preference pairs, 2 x micro_batch_size sequences of ``seq_len`` per forward, and the
     reference forward in the step), or kto (TRL v1.16.0's KTOTrainer: ``micro_batch_size`` unpaired examples of
-    ``seq_len``, its KL batch and the reference forwards in the step, its fused LM head).  orpo, ppo and rloo are
+    ``seq_len``, its KL batch and the reference forwards in the step, its fused LM head), or orpo (TRL v1.16.0's
+    ORPOTrainer, in trl.experimental: ``micro_batch_size`` pairs as DPO, no reference model).  ppo and rloo are
     refused (not modelled yet).
 
     TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's

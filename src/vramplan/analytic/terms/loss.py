@@ -21,6 +21,7 @@ from vramplan.analytic.logits import (
     loss_bytes,
 )
 from vramplan.analytic.moment import K
+from vramplan.analytic.orpo import orpo_loss_tensors
 from vramplan.analytic.precision import framework_family
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.casts import reference_casts_bytes
@@ -59,7 +60,7 @@ def loss(c: StepContext) -> list[Term]:
         return []
     if c.s.train.loss != "standard":
         return kernel_loss(c)
-    if c.s.train.objective in ("grpo", "dpo", "kto"):
+    if c.s.train.objective in ("grpo", "dpo", "kto", "orpo"):
         return kernel_loss(c)
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
@@ -131,6 +132,11 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         return dpo_loss_tensors(t.micro_batch_size, t.seq_len, vocab, cb, reference_layer_bytes(c), casts)
     if t.objective == "kto":
         return _kto_loss_tensors(c)
+    if t.objective == "orpo":
+        # TRL's ORPO loss (analytic/orpo.py): the HF Trainer's autocast forward returns fp32 logits (accelerate's
+        # convert_outputs_to_fp32, as the traced step models it: trace/step.py)
+        converted = pol.autocast and cb < 4 and c.s.effective_framework in ("hf-trainer", "accelerate")
+        return orpo_loss_tensors(t.micro_batch_size // 2, t.seq_len, vocab, cb, converted)
     if t.loss == "chunked":
         # torch.chunk over the sequence: chunks of ceil(s / 8) positions of every sequence
         chunk = t.micro_batch_size * ceil_div(ceil_div(t.seq_len, c.s.parallel.cp), TORCHTUNE_OUTPUT_CHUNKS)
