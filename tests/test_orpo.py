@@ -109,8 +109,9 @@ def test_refusals(change: dict[str, Any], where: str) -> None:
 
 
 def test_no_reference_is_accepted() -> None:
-    assert estimate({**BASE, "rl": {"reference_model": "none"}}).per_gpu.peak_allocated_bytes == \
-        estimate(BASE).per_gpu.peak_allocated_bytes
+    rep = estimate({**BASE, "rl": {"reference_model": "none"}})
+    assert rep.per_gpu.peak_allocated_bytes == estimate(BASE).per_gpu.peak_allocated_bytes
+    assert not any("set but not used" in a for a in rep.assumptions)
 
 
 def test_cli_estimate_orpo() -> None:
