@@ -10,10 +10,12 @@ the other's composition.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic import dpo
+from vramplan.analytic import dpo, kto, orpo
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
@@ -172,18 +174,40 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     return rep if ro is None or ro.starts else rep.model_copy(update={"fits": False})
 
 
-def _dpo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
-    """A DPO job (train.objective: dpo): the policy's step on the chosen and rejected sequences with the reference
-    forward inside it (analytic/dpo.py, analytic/terms/loss.py), and the reference copy, when TRL loads one, in
-    every phase after the load (docs/rl.md).  The report echoes the scenario as given (pairs, not sequences)."""
-    if problems := dpo.dpo_problems(r.scenario):
+@dataclass(frozen=True)
+class _Preference:
+    """A preference trainer's pieces (TRL's DPOTrainer, analytic/dpo.py; KTOTrainer, analytic/kto.py; ORPOTrainer,
+    analytic/orpo.py): its refusals,
+    the step it runs, whether it loads a separate reference copy, and its report assumptions."""
+
+    problems: Callable[[Scenario], list[Problem]]
+    policy: Callable[[Scenario], Scenario]
+    separate_reference: Callable[[Scenario], bool]
+    assumptions: Callable[[Scenario], list[str]]
+
+
+_DPO = _Preference(dpo.dpo_problems, dpo.policy_scenario, lambda s: dpo.reference_kind(s) == "separate",
+                   dpo.dpo_assumptions)
+# KTOTrainer.__init__ (TRL v1.16.0) has DPOTrainer's reference rule: none under PEFT, else a second copy
+_KTO = _Preference(kto.kto_problems, kto.policy_scenario, lambda s: dpo.reference_kind(s) == "separate",
+                   kto.kto_assumptions)
+# ORPOTrainer (TRL v1.16.0, trl.experimental.orpo) loads no reference model
+_ORPO = _Preference(orpo.orpo_problems, orpo.policy_scenario, lambda s: False, orpo.orpo_assumptions)
+
+
+def _dpo_train(r: Resolved, reserved: ReservedModel, ctx: int, pref: _Preference = _DPO) -> Report:
+    """A DPO, KTO or ORPO job (train.objective: dpo | kto | orpo): the policy's step with the reference forwards
+    inside it (analytic/dpo.py, analytic/kto.py, analytic/orpo.py, analytic/terms/loss.py), and the reference copy,
+    when TRL loads one, in every phase after the load (docs/rl.md).  The report echoes the scenario as given (DPO
+    and ORPO: pairs, not sequences)."""
+    if problems := pref.problems(r.scenario):
         raise ScenarioError(problems)
-    pr = Resolved(dpo.policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    pr = Resolved(pref.policy(r.scenario), r.model, r.gpu, r.assumptions)
     tr = train_step(pr)
     c = tr.context
-    assert c is not None and tr.layout is not None  # one pipeline stage (dpo_problems refuses pp > 1)
-    # DPOTrainer.__init__: create_model_from_path with the policy's model_init_kwargs: the policy's dtype
-    ref = c.rp.total * c.pol.param_bytes if dpo.reference_kind(pr.scenario) == "separate" else 0
+    assert c is not None and tr.layout is not None  # one pipeline stage (the problems refuse pp > 1)
+    # DPOTrainer / KTOTrainer.__init__: create_model_from_path with the policy's model_init_kwargs: the policy's dtype
+    ref = c.rp.total * c.pol.param_bytes if pref.separate_reference(pr.scenario) else 0
     extra = _rl_extra(ref, None)
     outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
                "managed": tr.managed_bytes}
@@ -197,13 +221,14 @@ def _dpo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     top = max(phases, key=lambda p: (p.moment.total, p is steady))
     used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
     host = Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes, load_peak_bytes=job.host_load_bytes)
-    notes = [*tr.assumptions, how, *job.assumptions, *dpo.dpo_assumptions(r.scenario)]
+    notes = [*tr.assumptions, how, *job.assumptions, *pref.assumptions(r.scenario)]
     return _report(r, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
                    reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
 
 
 def _dpo_load(p: PhasePeak, ref: int) -> PhasePeak:
-    """The load with DPO's reference copy: DPOTrainer.__init__ creates it after ``super().__init__`` (the Trainer)
+    """The load with DPO's (or KTO's) reference copy: DPOTrainer.__init__ (KTOTrainer.__init__ likewise) creates it
+    after ``super().__init__`` (the Trainer)
     has put the policy on the GPU, so the copy's weights come on top of the policy's loaded parameters; the
     larger of that and the policy's own load peak."""
     if p.name != "load" or not ref:
@@ -293,6 +318,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     if task == "train":
         if r.scenario.train.objective == "dpo":
             return with_band(_dpo_train(r, reserved, ctx))
+        if r.scenario.train.objective in ("kto", "orpo"):
+            return with_band(_dpo_train(r, reserved, ctx, _KTO if r.scenario.train.objective == "kto" else _ORPO))
         if r.scenario.train.objective != "sft":
             return with_band(_rl_train(r, reserved, ctx))
         return with_band(_train(r, reserved, ctx))

@@ -92,7 +92,7 @@ def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str 
     return out
 
 
-_UNMODELLED_OBJECTIVES = ("kto", "orpo", "ppo", "rloo")
+_UNMODELLED_OBJECTIVES = ("ppo", "rloo")
 
 
 def _setup_problems(s: Scenario) -> list[Problem]:
@@ -139,8 +139,8 @@ def grpo_problems(s: Scenario) -> list[Problem]:
     """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can."""
     if s.train.objective in _UNMODELLED_OBJECTIVES:
         return [Problem("train.objective", f"{s.train.objective} is not modelled yet (only grpo, TRL's "
-                        "GRPOTrainer with a vLLM rollout engine, and dpo, TRL's DPOTrainer)",
-                        "use train.objective: sft, dpo or grpo")]
+                        "GRPOTrainer with a vLLM rollout engine, dpo, kto and orpo, TRL's DPOTrainer, "
+                        "KTOTrainer and ORPOTrainer)", "use train.objective: sft, dpo, kto, orpo or grpo")]
     return _setup_problems(s) + _reference_problems(s)
 
 

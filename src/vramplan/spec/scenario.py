@@ -269,7 +269,10 @@ class Train(_Strict):
     """What the step optimizes: sft (next-token cross-entropy, the default), grpo (TRL's GRPOTrainer: a
     policy step on completions sampled by a rollout engine, the ``rl`` section), or dpo (TRL's DPOTrainer:
     ``micro_batch_size`` preference pairs, 2 x micro_batch_size sequences of ``seq_len`` per forward, and the
-    reference forward in the step).  kto, orpo, ppo and rloo are refused (not modelled yet).
+    reference forward in the step), or kto (TRL v1.16.0's KTOTrainer: ``micro_batch_size`` unpaired examples of
+    ``seq_len``, its KL batch and the reference forwards in the step, its fused LM head), or orpo (TRL v1.16.0's
+    ORPOTrainer, in trl.experimental: ``micro_batch_size`` pairs as DPO, no reference model).  ppo and rloo are
+    refused (not modelled yet).
 
     TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's
     ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
@@ -762,7 +765,8 @@ class Rl(_Strict):
     ``DPOConfig.precompute_ref_log_probs``, default False: the reference forward runs inside each step).  True is
     refused (not modelled: the pass in ``DPOTrainer.__init__``, outside autocast, is not a phase yet).
 
-    TRL v1.9.0 ``DPOTrainer.__init__`` (``_precompute_ref_logps``, ``self.ref_model = None``)."""
+    TRL v1.9.0 ``DPOTrainer.__init__`` (``_precompute_ref_logps``, ``self.ref_model = None``); KTO likewise
+    (``KTOConfig.precompute_ref_log_probs``, TRL v1.16.0), refused too."""
 
 
 class Scenario(_Strict):

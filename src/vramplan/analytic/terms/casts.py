@@ -66,8 +66,12 @@ def layer_casts(c: StepContext) -> list[Term]:
 def head_casts(c: StepContext) -> list[Term]:
     """The LM head's cast weight (tied: the embedding's), until the head's backward; and under k-bit
     PEFT the frozen LM head, fp32 after prepare_model_for_kbit_training, which autocast casts to the
-    half dtype for the matmul, saving that copy to compute the input's gradient."""
-    if not c.last:
+    half dtype for the matmul, saving that copy to compute the input's gradient.
+
+    None under KTO: TRL v1.16.0's fused LM head (``add_fused_lm_head``, ``ChunkedLogProbFunction``) casts the head
+    one vocabulary chunk at a time with ``Tensor.to``, outside autocast's cache (counted in its tiles,
+    analytic/kto.py)."""
+    if not c.last or c.s.train.objective == "kto":
         return []
     m, tp, pol, rp = c.m, c.tp, c.pol, c.rp
     dies = mlp(len(c.layer_specs) - 1)
@@ -82,7 +86,7 @@ def head_casts(c: StepContext) -> list[Term]:
     return out
 
 
-def reference_casts_bytes(c: StepContext) -> int:
+def reference_casts_bytes(c: StepContext, head: bool = True) -> int:
     """What a separate fp32 reference copy's no-grad forward (DPO, analytic/dpo.py) adds in autocast's cache at its
     head, beside what the step's timeline already counts there.
 
@@ -91,12 +95,15 @@ def reference_casts_bytes(c: StepContext) -> int:
     autocast region of its forward ends: at its head every linear's copy is cached.  The policy's copies of its
     checkpointed layers, which the timeline keeps until the loss, were dropped when the policy's own region ended
     (layer_casts), so the reference's replace them byte for byte; its head's and its uncheckpointed layers' copies
-    add, the policy's being saved by their matmuls for the backward.
+    add, the policy's being saved by their matmuls for the backward.  ``head`` False: a fused head (KTO's,
+    analytic/kto.py) whose chunks are cast outside the cache.
     """
     if not casts_apply(c) or not c.last:
         return 0
     m, pol, rp = c.m, c.pol, c.rp
     per_layer = _linear_params_per_layer(rp, m) * pol.weight_cast_bytes
     layers = sum(per_layer for j in range(len(c.layer_specs)) if not checkpointed_layer(c.s, j))
-    head = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, c.tp) * m.hidden_size if m.tie_word_embeddings else 0)
-    return layers + head * pol.weight_cast_bytes
+    if not head:
+        return layers
+    params = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, c.tp) * m.hidden_size if m.tie_word_embeddings else 0)
+    return layers + params * pol.weight_cast_bytes

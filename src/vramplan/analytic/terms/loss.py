@@ -7,6 +7,7 @@ from vramplan.analytic import activations as act
 from vramplan.analytic.dpo import dpo_loss_tensors
 from vramplan.analytic.dpo import reference_kind as dpo_reference_kind
 from vramplan.analytic.grpo import grpo_loss_tensors
+from vramplan.analytic.kto import kto_loss_tensors
 from vramplan.analytic.layout import gathers_logits
 from vramplan.analytic.logits import (
     TORCHTUNE_OUTPUT_CHUNKS,
@@ -20,6 +21,7 @@ from vramplan.analytic.logits import (
     loss_bytes,
 )
 from vramplan.analytic.moment import K
+from vramplan.analytic.orpo import orpo_loss_tensors
 from vramplan.analytic.precision import framework_family
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.casts import reference_casts_bytes
@@ -58,7 +60,7 @@ def loss(c: StepContext) -> list[Term]:
         return []
     if c.s.train.loss != "standard":
         return kernel_loss(c)
-    if c.s.train.objective in ("grpo", "dpo"):
+    if c.s.train.objective in ("grpo", "dpo", "kto", "orpo"):
         return kernel_loss(c)
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
@@ -128,6 +130,13 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         # TRL's DPO loss: the head on every position, then the reference's no-grad forward (analytic/dpo.py)
         casts = reference_casts_bytes(c) if dpo_reference_kind(c.s) == "separate" else 0
         return dpo_loss_tensors(t.micro_batch_size, t.seq_len, vocab, cb, reference_layer_bytes(c), casts)
+    if t.objective == "kto":
+        return _kto_loss_tensors(c)
+    if t.objective == "orpo":
+        # TRL's ORPO loss (analytic/orpo.py): the HF Trainer's autocast forward returns fp32 logits (accelerate's
+        # convert_outputs_to_fp32, as the traced step models it: trace/step.py)
+        converted = pol.autocast and cb < 4 and c.s.effective_framework in ("hf-trainer", "accelerate")
+        return orpo_loss_tensors(t.micro_batch_size // 2, t.seq_len, vocab, cb, converted)
     if t.loss == "chunked":
         # torch.chunk over the sequence: chunks of ceil(s / 8) positions of every sequence
         chunk = t.micro_batch_size * ceil_div(ceil_div(t.seq_len, c.s.parallel.cp), TORCHTUNE_OUTPUT_CHUNKS)
@@ -147,6 +156,22 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         addmm = weight == 4 and cb < 4 and (not cap or int(cap.split(".")[0]) >= 8)
         return liger_flce_bytes(c.tokens, vocab, hidden, x, cb, weight if c.peft is None else 0, addmm)
     return cce_bytes(c.tokens, vocab, hidden, x, cb, weight, head_trainable=c.peft is None)
+
+
+def _kto_loss_tensors(c: StepContext) -> KernelLossTensors:
+    """TRL's KTO loss: its fused LM head over every labelled position, then the reference's no-grad forwards
+    (analytic/kto.py kto_loss_tensors)."""
+    m, pol, t = c.m, c.pol, c.s.train
+    # the head's weight as the fused kernel reads it: the parameter (fp32 master under autocast, the base's dtype
+    # under PEFT, fp32 after k-bit preparation)
+    if c.peft is not None:
+        weight = 4 if c.kbit else pol.frozen_param_bytes
+    else:
+        weight = pol.param_bytes if framework_family(c.s) == "autocast" else pol.compute_bytes
+    casts = reference_casts_bytes(c, head=False) if dpo_reference_kind(c.s) == "separate" else 0
+    tokens = t.micro_batch_size * (t.seq_len - 1)
+    return kto_loss_tensors(tokens, vocab_on_rank(c), m.hidden_size, act._norm_out_bytes(m.norm, c.act),
+                            pol.compute_bytes, weight, c.peft is None, reference_layer_bytes(c), casts)
 
 
 def reference_layer_bytes(c: StepContext) -> int:
