@@ -141,3 +141,15 @@ def test_every_task_is_refused_with_the_reason(task: str, words: str) -> None:
     assert "reads its images through 2 cross-attention layers (34 vision keys and values per image)" in text
     assert "its parameters are counted (1,268,619)" in text
     assert words in text
+
+
+def test_no_cross_attention_layers_is_a_llama_beside_the_vision_model_and_still_refused() -> None:
+    cfg = _cfg()
+    cfg["text_config"] = {**cfg["text_config"], "cross_attention_layers": []}
+    m = model_from_config(cfg, name="no-cross")
+    # every layer self-attention: 995,844 - 98,436 (the cross layers' own) + 2 x 49,152 (their self-attention)
+    assert m.num_parameters - m.vision_parameters == 995_844 - 98_436 + 2 * 49_152 == 995_712
+    assert m.num_parameters == sum(p.numel() for p in meta_module(cfg).parameters())
+    doc = {"model": cfg, "hardware": {"gpu": "H100-80GB"}, "task": "inference"}
+    with pytest.raises(ScenarioError, match="reads its images through 0 cross-attention layers"):
+        resolve(doc)

@@ -73,7 +73,7 @@ _NO_TASK = ("no task is estimated for a cross-attention vision model yet; its pa
 
 def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for a model that reads its images through cross-attention layers
-    (``VisionSpec.cross_attention_layers``: Llama 3.2 Vision, transformers 5.24 ``modeling_mllama.py``), refused
+    (``VisionSpec.cross_attention_tokens_per_image``: Llama 3.2 Vision, transformers 5.24 ``modeling_mllama.py``), refused
     rather than answered as a Llama whose images are tokens of the sequence.  Its parameters are counted
     (``spec/families/mllama.py``); every task is refused:
 
@@ -88,7 +88,9 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       values over the image's tiles, the tanh gates), and the vision model's, are not modelled as terms.
     """
     v = m.vision
-    if v is None or not v.cross_attention_layers:
+    # the marker is the keys/values per image, set for every such model, even one whose cross_attention_layers is
+    # empty (its vision model still runs on the images, whose features then reach nothing)
+    if v is None or not v.cross_attention_tokens_per_image:
         return []
     what = (f"{m.name} reads its images through {len(v.cross_attention_layers)} cross-attention layers "
             f"({v.cross_attention_tokens_per_image:,} vision keys and values per image); its parameters are "
