@@ -21,7 +21,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "cross_attention_problems", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
@@ -64,7 +64,46 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.parallel.ep > 1 and m.moe is None:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
-    return out + hybrid_problems(s, m)
+    return out + hybrid_problems(s, m) + cross_attention_problems(s, m)
+
+
+_NO_TASK = ("no task is estimated for a cross-attention vision model yet; its parameters are "
+            "vramplan.spec.hf_config.model_from_config(config).num_parameters and .vision_parameters")
+
+
+def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a model that reads its images through cross-attention layers
+    (``VisionSpec.cross_attention_tokens_per_image``: Llama 3.2 Vision, transformers 5.24 ``modeling_mllama.py``), refused
+    rather than answered as a Llama whose images are tokens of the sequence.  Its parameters are counted
+    (``spec/families/mllama.py``); every task is refused:
+
+    * Inference and serving: the cross-attention layers cache the projected vision states' keys and values,
+      ``max_num_tiles`` x (patches + class token) per image, written once in the prefill
+      (``MllamaTextCrossAttention.forward``'s ``cache.update``), while the self-attention layers cache the text
+      tokens only (one ``<|image|>`` token per image); the cache model (``analytic/kv_cache.py``) and the generate
+      replay hold one length per layer kind and do not model a fixed-length cache per layer, nor the two-encoder
+      vision model's prefill (the local layers per tile, the global layers over an image's tiles) or vLLM's
+      encoder-decoder cache.
+    * Training (full or LoRA, vision tower frozen or not): the cross-attention layers' saved tensors (keys and
+      values over the image's tiles, the tanh gates), and the vision model's, are not modelled as terms.
+    """
+    v = m.vision
+    # the marker is the keys/values per image, set for every such model, even one whose cross_attention_layers is
+    # empty (its vision model still runs on the images, whose features then reach nothing)
+    if v is None or not v.cross_attention_tokens_per_image:
+        return []
+    what = (f"{m.name} reads its images through {len(v.cross_attention_layers)} cross-attention layers "
+            f"({v.cross_attention_tokens_per_image:,} vision keys and values per image); its parameters are "
+            f"counted ({m.num_parameters:,}), but ")
+    if s.task == "train":
+        return [Problem("task", what + "training memory is not estimated for it: the cross-attention layers' "
+                        "saved tensors (queries over the image's keys and values, the tanh gates) and the local "
+                        "and global vision encoders' activations are not modelled",
+                        _NO_TASK)]
+    return [Problem("task", what + f"{s.task} memory is not estimated for it: the cross-attention layers' KV "
+                    "cache (the image's keys and values, written once in the prefill, beside the self-attention "
+                    "layers' text-token cache) and the vision encoders' prefill are not modelled",
+                    _NO_TASK)]
 
 
 def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

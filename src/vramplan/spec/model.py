@@ -306,6 +306,12 @@ class VisionSpec:
     # image at tile_size besides; image_size is then the default image's side
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
     tile_size: int = 0
+    # Llama 3.2 Vision (mllama): the decoder layers whose attention reads the image through cross-attention
+    # (MllamaCrossAttentionDecoderLayer) instead of image tokens in the sequence, and the keys/values per image
+    # those layers attend over (max_num_tiles x (patches + class token)); () and 0 for a model whose image tokens
+    # are in the sequence
+    cross_attention_layers: tuple[int, ...] = ()
+    cross_attention_tokens_per_image: int = 0
 
 
 @dataclass(frozen=True)

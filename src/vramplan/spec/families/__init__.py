@@ -24,6 +24,7 @@ from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
+from vramplan.spec.families.mllama import MLLAMA
 from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
 from vramplan.spec.families.phi import PHI
@@ -41,6 +42,8 @@ FAMILIES: dict[str, Family] = {
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT,
+    # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
+    "mllama": MLLAMA,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
     "bamba": BAMBA,
 }
