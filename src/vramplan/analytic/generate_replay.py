@@ -41,8 +41,9 @@ __all__ = ["REPLAYED_DECODE_STEPS", "CachedExcess", "applies", "cached_excess", 
 # from step 1 to 512), shrink as the live cache grows into cached blocks (Phi-3.5-mini b16 p2048: 4.39 ->
 # 2.99 GiB at step 512) or keep growing (SmolLM2-1.7B b64 p512: 12.45 GiB reserved after 2 steps, 21.78
 # after 127; measured on an H200: 26.54).  Up to this many steps every step is replayed; a longer call
-# continues the growth of the last half of the replayed steps (never a shrink) to its last step.
-REPLAYED_DECODE_STEPS = 256
+# continues the growth of the last half of the replayed steps (never a shrink) to its last step.  64 keeps an
+# estimate near 0.1 s, which the largest-batch and longest-prompt searches (about 20 estimates) need.
+REPLAYED_DECODE_STEPS = 64
 
 
 class _Ids:
@@ -246,5 +247,5 @@ def growth_note(g: GenerateCall, growth_bytes: int) -> str:
     the one such call measured was under-predicted, so the band is widened."""
     return (f"not modelled: the allocator's cached excess still grows in the second half of the decode steps "
             f"({growth_bytes / 2**30:.2f} GiB); the one such call measured (SmolLM2-1.7B, batch 64, 128 new tokens, "
-            "benchmarks/gpu/README.md) kept 17% more reserved than the replay, whose per-step small tensors are "
+            "benchmarks/gpu/README.md) kept 28% more reserved than this estimate, whose per-step small tensors are "
             "simplified")
