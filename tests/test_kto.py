@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from preference_refusals import assert_refused, shared_refusals
 from vramplan.analytic.kto import FUSED_TOKEN_ROWS, FUSED_VOCAB_COLUMNS, kto_loss_tensors, policy_scenario
 from vramplan.analytic.train import train_step
 from vramplan.catalog.resolve import resolve
 from vramplan.cli.main import app
 from vramplan.engine import estimate
-from vramplan.errors import ScenarioError
 from vramplan.spec.load import Resolved
 
 BASE: dict[str, Any] = {"model": "qwen2.5-0.5b", "hardware": {"gpu": "A100-80GB"},
@@ -143,24 +143,17 @@ def test_peft_shares_the_reference() -> None:
     assert any("TRL v1.16.0" in a and "KTOTrainer" in a for a in rep.assumptions)
 
 
-@pytest.mark.parametrize(("change", "where"), [
-    ({"parallel": {"zero_stage": 3}, "hardware": {"gpu": "A100-80GB", "num_gpus": 8}}, "parallel"),
+@pytest.mark.parametrize(("change", "where"), shared_refusals(BASE["train"]) + [
     ({"parallel": {"fsdp": "full_shard"}, "hardware": {"gpu": "A100-80GB", "num_gpus": 8}}, "parallel"),
-    ({"parallel": {"tp": 2}, "hardware": {"gpu": "A100-80GB", "num_gpus": 2}}, "parallel"),
-    ({"train": {**BASE["train"], "micro_batch_size": 1}}, "train.micro_batch_size"),
-    ({"train": {**BASE["train"], "loss": "liger-fused-linear-ce"}}, "train.loss"),
-    ({"train": {**BASE["train"], "packing": True}}, "train.packing"),
-    ({"lifecycle": {"evaluation": True}}, "lifecycle.evaluation"),
     ({"rl": {"reference_model": "shared"}}, "rl.reference_model"),
     ({"rl": {"reference_model": "none"}}, "rl.reference_model"),
     ({"rl": {"beta": 0.1}}, "rl"),
     ({"rl": {"precompute_ref_log_probs": True}}, "rl.precompute_ref_log_probs"),
-    ({"framework": "torchtune"}, "framework"),
+    ({"train": {**BASE["train"], "micro_batch_size": 1}}, "train.micro_batch_size"),
 ])
 def test_refusals(change: dict[str, Any], where: str) -> None:
-    with pytest.raises(ScenarioError) as exc:
-        estimate({**BASE, **change})
-    assert any(p.where == where for p in exc.value.problems), exc.value
+    assert_refused(BASE, change, where)
+
 
 
 def test_reference_model_as_trl_would_is_accepted() -> None:

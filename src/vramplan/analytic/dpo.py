@@ -32,7 +32,8 @@ from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["dpo_assumptions", "dpo_loss_tensors", "dpo_problems", "policy_scenario", "reference_kind"]
+__all__ = ["dpo_assumptions", "dpo_loss_tensors", "dpo_problems", "policy_scenario", "reference_kind",
+           "reference_problems"]
 
 
 def policy_scenario(s: Scenario) -> Scenario:
@@ -49,15 +50,16 @@ def reference_kind(s: Scenario) -> RefKind:
     return "shared" if s.train.peft is not None else "separate"
 
 
-def _reference_problems(s: Scenario) -> list[Problem]:
+def reference_problems(s: Scenario, trainer: str = "DPOTrainer", release: str = TRL_RELEASE) -> list[Problem]:
+    """A ``rl.reference_model`` other than the one ``trainer`` (DPOTrainer, KTOTrainer: the same rule) uses."""
     ref, trl = s.rl.reference_model, reference_kind(s)
     if ref is None or ref == trl:
         return []
-    why = {"shared": "under PEFT DPOTrainer computes the reference with the adapters disabled",
-           "separate": "without PEFT DPOTrainer loads a second copy of the model (ref_model=None)"}[trl]
+    why = {"shared": f"under PEFT {trainer} computes the reference with the adapters disabled",
+           "separate": f"without PEFT {trainer} loads a second copy of the model (ref_model=None)"}[trl]
     if ref == "none":
         why += "; no reference at all needs precompute_ref_log_probs, which is not modelled"
-    return [Problem("rl.reference_model", f"is {ref!r}, but {why} (DPOTrainer.__init__, TRL v{TRL_RELEASE})",
+    return [Problem("rl.reference_model", f"is {ref!r}, but {why} ({trainer}.__init__, TRL v{release})",
                     f"set rl.reference_model: {trl} or leave it out")]
 
 
@@ -97,7 +99,7 @@ def _setup_problems(s: Scenario) -> list[Problem]:
 
 def dpo_problems(s: Scenario) -> list[Problem]:
     """Why ``s`` (a training scenario with ``train.objective: dpo``) cannot be estimated; empty: it can."""
-    return _setup_problems(s) + _reference_problems(s)
+    return _setup_problems(s) + reference_problems(s)
 
 
 def dpo_loss_tensors(sequences: int, seq_len: int, vocab: int, logits_bytes: int,

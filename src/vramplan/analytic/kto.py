@@ -29,7 +29,7 @@ inside each step (stated in the report).
 
 from __future__ import annotations
 
-from vramplan.analytic.dpo import reference_kind
+from vramplan.analytic.dpo import reference_kind, reference_problems
 from vramplan.analytic.grpo import trainer_problems
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
@@ -55,18 +55,6 @@ def policy_scenario(s: Scenario) -> Scenario:
     if "gradient_checkpointing" in s.train.model_fields_set:
         return s
     return s.model_copy(update={"train": s.train.model_copy(update={"gradient_checkpointing": "full"})})
-
-
-def _reference_problems(s: Scenario) -> list[Problem]:
-    ref, trl = s.rl.reference_model, reference_kind(s)
-    if ref is None or ref == trl:
-        return []
-    why = {"shared": "under PEFT KTOTrainer computes the reference with the adapters disabled",
-           "separate": "without PEFT KTOTrainer loads a second copy of the model (ref_model=None)"}[trl]
-    if ref == "none":
-        why += "; no reference at all needs precompute_ref_log_probs, which is not modelled"
-    return [Problem("rl.reference_model", f"is {ref!r}, but {why} (KTOTrainer.__init__, TRL v{KTO_TRL_RELEASE})",
-                    f"set rl.reference_model: {trl} or leave it out")]
 
 
 def _setup_problems(s: Scenario) -> list[Problem]:
@@ -105,7 +93,7 @@ def _setup_problems(s: Scenario) -> list[Problem]:
 
 def kto_problems(s: Scenario) -> list[Problem]:
     """Why ``s`` (a training scenario with ``train.objective: kto``) cannot be estimated; empty: it can."""
-    return _setup_problems(s) + _reference_problems(s)
+    return _setup_problems(s) + reference_problems(s, "KTOTrainer", KTO_TRL_RELEASE)
 
 
 def _fused_tiles(tokens: int, hidden: int, compute_bytes: int, hidden_bytes: int, weight_bytes: int) -> int:

@@ -20,6 +20,7 @@ accelerate 1.15.0 ``Accelerator.prepare_model`` (``convert_outputs_to_fp32``).  
 
 from __future__ import annotations
 
+from vramplan.analytic.dpo import policy_scenario as dpo_policy_scenario
 from vramplan.analytic.grpo import trainer_problems
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
@@ -32,11 +33,8 @@ ORPO_TRL_RELEASE = "1.16.0"
 
 def policy_scenario(s: Scenario) -> Scenario:
     """The step TRL runs: ``2 x micro_batch_size`` sequences (chosen and rejected) of ``seq_len`` tokens,
-    checkpointing on by ORPOConfig's default."""
-    update: dict[str, object] = {"micro_batch_size": 2 * s.train.micro_batch_size}
-    if "gradient_checkpointing" not in s.train.model_fields_set:
-        update["gradient_checkpointing"] = "full"
-    return s.model_copy(update={"train": s.train.model_copy(update=update)})
+    checkpointing on by ORPOConfig's default: DPO's (``dpo.policy_scenario``)."""
+    return dpo_policy_scenario(s)
 
 
 def orpo_problems(s: Scenario) -> list[Problem]:
