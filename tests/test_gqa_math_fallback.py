@@ -140,3 +140,18 @@ def test_t4_prefill_runs_math_and_keeps_fp32_scores() -> None:
 def test_gemma2_sdpa_by_transformers_release(model: str, release: str | None, kernel: str) -> None:
     doc = _train(model=model, precision="bf16-mixed", software={"transformers": release} if release else None)
     assert _kernel(doc) == kernel
+
+
+def test_bf16_prompt_on_a_t4_runs_math_even_with_one_kv_head_per_head() -> None:
+    # Llama-2-7B (32 heads, 32 K/V heads) generate on a T4 (sm75), b 1, prompt 2048: in bf16 neither flash (sm80)
+    # nor the memory-efficient kernel (fp16/fp32 only before sm80) runs, so SDPA's math kernel does; the running
+    # layer is the same sum as the grouped-query case above (h = q = 4096, 32 heads): 1,379,926,016 B
+    doc = {"model": "meta-llama/Llama-2-7b-hf", "task": "inference", "hardware": {"gpu": "T4"},
+           "inference": {"dtype": "bf16", "batch_size": 1, "prompt_len": 2048, "new_tokens": 16}}
+    rep = estimate(doc)
+    assert rep.per_gpu.breakdown_detail["activations"]["running layer"] == 1_379_926_016
+    assert any(a.startswith("bf16 on a GPU before sm80") for a in rep.assumptions)
+    # fp16 on the same GPU: the memory-efficient kernel, no s x s term
+    fp16 = estimate({**doc, "inference": {**doc["inference"], "dtype": "fp16"}})
+    assert fp16.per_gpu.breakdown_detail["activations"]["running layer"] < 300_000_000
+    assert not any("sm80" in a for a in fp16.assumptions)

@@ -11,8 +11,8 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "falls_back_to_eager", "gqa_math_fallback",
-           "gqa_math_note", "resolve_attention"]
+__all__ = ["BF16_MATH_NOTE", "MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "bf16_math_fallback",
+           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "resolve_attention"]
 
 # transformers passes ``enable_gqa=True`` to SDPA instead of repeating K/V (integrations/sdpa_attention.py
 # ``use_gqa_in_sdpa``: torch >= 2.5 and no attention mask) from 4.54.0; read off the 4.53.0 and 4.54.0 wheels
@@ -75,6 +75,19 @@ def falls_back_to_eager(want: str, m: ModelSpec, transformers: tuple[int, ...] |
     if dropped is not None and (transformers is None or transformers >= dropped):
         return True
     return "sdpa" not in m.traits.attention_kernels
+
+
+def bf16_math_fallback(dtype: str, gpu: GpuSpec | None) -> bool:
+    """True for a bf16 SDPA call on an NVIDIA GPU before sm80 (T4, V100): flash needs sm80, cuDNN attention sm80,
+    and the memory-efficient kernel takes only fp16 and fp32 there (sdp_utils.cpp
+    ``less_than_sm80_mem_efficient_dtypes``), so ``select_sdp_backend`` falls to math whatever the heads."""
+    cap = _capability(gpu)
+    return dtype == "bf16" and cap is not None and cap < (8, 0) and (gpu is None or gpu.vendor == "nvidia")
+
+
+BF16_MATH_NOTE = ("bf16 on a GPU before sm80: neither flash nor the memory-efficient kernel takes bf16 there "
+                  "(sdp_utils.cpp), so SDPA runs its math kernel and holds the s x s scores in fp32 during the "
+                  "prefill (fp16 would run the memory-efficient kernel)")
 
 
 def gqa_math_note(s: Scenario) -> str:

@@ -68,7 +68,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramplan.analytic.attention import falls_back_to_eager, gqa_math_fallback, gqa_math_note
+from vramplan.analytic.attention import (
+    BF16_MATH_NOTE,
+    bf16_math_fallback,
+    falls_back_to_eager,
+    gqa_math_fallback,
+    gqa_math_note,
+)
 from vramplan.analytic.generate_replay import applies, cached_excess, growth_note
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import (
@@ -472,7 +478,8 @@ class GenerateCall:
         lit = s.effective_framework == "lightning"
         # a family without an SDPA path falls back to eager attention (transformers' ``_supports_sdpa``)
         attention: str = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m, s.software.transformers_version) else inf.attention
-        if attention == "sdpa" and gqa_math_fallback(s, m, dtype_bits(inf.dtype) // 8, r.gpu):
+        if attention == "sdpa" and (gqa_math_fallback(s, m, dtype_bits(inf.dtype) // 8, r.gpu)
+                                    or bf16_math_fallback(inf.dtype, r.gpu)):
             attention = "math"
         return cls(
             r=r, rp=rank_params(m, s.parallel.tp, 1, s.parallel.ep, 0, None), c=dtype_bits(inf.dtype) // 8,
@@ -750,6 +757,15 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     return [state, scan, copies]
 
 
+def _math_notes(g: GenerateCall) -> list[str]:
+    """Why SDPA runs its math kernel, when it does (analytic/attention.py)."""
+    if g.attention != "math" or g.m.traits.mqa_sdpa_math:
+        return []
+    if bf16_math_fallback(g.r.scenario.inference.dtype, g.r.gpu):
+        return [BF16_MATH_NOTE]
+    return [gqa_math_note(g.r.scenario)]
+
+
 def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
     """What the report assumes: the generate loop, dtypes, the cache, attention and the logits."""
     inf = g.r.scenario.inference
@@ -770,5 +786,5 @@ def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
         f"attention: {g.attention}; {logits_note}",
         "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
         "prompts of equal length (no padding mask)",
-        *([gqa_math_note(g.r.scenario)] if g.attention == "math" and not g.m.traits.mqa_sdpa_math else []),
+        *_math_notes(g),
     ]
