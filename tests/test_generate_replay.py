@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from vramplan.analytic.generate_replay import applies, fragmentation_bytes, generate_stream, weight_tensors
+from vramplan.analytic.generate_replay import applies, cached_excess, generate_stream, weight_tensors
 from vramplan.analytic.inference import GenerateCall
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
@@ -64,7 +64,7 @@ def test_what_is_replayed(doc: dict[str, Any], replayed: bool) -> None:
     g = GenerateCall.of(resolve(doc))
     assert applies(g) is replayed
     if not replayed:
-        assert fragmentation_bytes(g) == 0
+        assert cached_excess(g).bytes == 0
     rep = estimate(doc)
     assert any(("replayed through PyTorch's caching-allocator" in a) is replayed for a in rep.assumptions
                if a.startswith("reserved bytes"))
@@ -74,7 +74,7 @@ def test_reserved_is_the_peak_plus_the_cached_excess() -> None:
     doc = _doc(batch_size=16, prompt_len=2048, new_tokens=128, model="microsoft/Phi-3.5-mini-instruct")
     rep = estimate(doc)
     g = GenerateCall.of(resolve(doc))
-    assert rep.per_gpu.peak_reserved_bytes == rep.per_gpu.peak_allocated_bytes + fragmentation_bytes(g)
+    assert rep.per_gpu.peak_reserved_bytes == rep.per_gpu.peak_allocated_bytes + cached_excess(g).bytes
 
 
 def _row(name: str) -> dict[str, Any]:

@@ -45,16 +45,17 @@ replaying every layer where that is exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat
 from vramplan.analytic.activations import SavedTensor
-from vramplan.analytic.layout import RankParams, count_on_rank, split_on_rank
+from vramplan.analytic.layout import RankParams, rank_tensors
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
+from vramplan.analytic.stream import AllocStream as _Stream
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
@@ -140,58 +141,6 @@ class StepLayout:
     # which of vision_saved belong to tower layers after the selected hidden state (LLaVA's last layer): freed
     # with the model output before the backward (terms/vision.py)
     vision_unused: tuple[bool, ...] = ()
-
-
-class _Stream:
-    """Builds a compact event stream (``vramplan.alloc.replay_compact``): ``n > 0`` allocates ``n``
-    bytes as the next block id, ``-id - 1`` frees block ``id``.  A 0-byte tensor gets no block
-    (PyTorch does not call the allocator for it): its id is -1 and freeing it does nothing.
-
-    With ``runs``, :func:`_layers` writes a run of identical layers as one ``Repeat`` (its first window
-    literally, then the template and the id strides) into ``parts`` instead of every layer's events."""
-
-    __slots__ = ("events", "next_id", "parts", "runs")
-
-    def __init__(self, runs: bool = False) -> None:
-        self.events: list[int] = []
-        self.next_id = 0
-        self.runs = runs
-        self.parts: list[list[int] | Repeat] = []
-
-    def close(self) -> list[list[int] | Repeat]:
-        if self.events:
-            self.parts.append(self.events)
-            self.events = []
-        return self.parts
-
-    def alloc(self, nbytes: int) -> int:
-        if nbytes <= 0:
-            return -1
-        bid = self.next_id
-        self.next_id += 1
-        self.events.append(nbytes)
-        return bid
-
-    def alloc_all(self, sizes: Iterable[int]) -> list[int]:
-        """``alloc`` of each size in turn."""
-        ev, bid, out = self.events, self.next_id, []
-        for nbytes in sizes:
-            if nbytes > 0:
-                ev.append(nbytes)
-                out.append(bid)
-                bid += 1
-            else:
-                out.append(-1)
-        self.next_id = bid
-        return out
-
-    def free(self, bid: int) -> None:
-        if bid >= 0:
-            self.events.append(-bid - 1)
-
-    def free_all(self, bids: Sequence[int]) -> None:
-        ev = self.events
-        ev.extend(-b - 1 for b in bids if b >= 0)
 
 
 def split_exact(total: int, weights: Sequence[int]) -> list[int]:
@@ -682,33 +631,12 @@ def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[Alloc
 
 
 
-def _tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, bool]], list[int]]:
-    """This rank's parameter tensors: (elements, is a linear) of one layer's (experts: each expert a
-    tensor), and the elements of each tensor outside the layers."""
-    lset = set(rp.layers)
-    inner: list[tuple[int, bool]] = []
-    outside: list[int] = []
-    for p in m.params:
-        n = count_on_rank(p, lset, 1)
-        if n == 0:
-            continue
-        each = split_on_rank(p, tp, 1)
-        if p.layer_span:
-            per = n // max(1, sum(map(lset.__contains__, p.layer_span)))
-            inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
-        else:
-            # a group outside the layers with several instances (a vision tower's encoder layers) is that many
-            # tensors; every other such group is one
-            outside.extend([each] * n)
-    return inner, outside
-
-
 def _outside_trainable(m: ModelSpec, rp: RankParams, tp: int, frozen: tuple[str, ...]) -> tuple[int, ...]:
-    """``_tensors``' tensors outside the layers without the frozen ones (``StepContext.frozen_prefixes``)."""
+    """``rank_tensors``' tensors outside the layers without the frozen ones (``StepContext.frozen_prefixes``)."""
     from dataclasses import replace
 
     held = replace(m, params=tuple(p for p in m.params if not p.name.startswith(frozen)))
-    return tuple(_tensors(held, rp, tp)[1])
+    return tuple(rank_tensors(held, rp, tp)[1])
 
 
 def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ...], other: tuple[int, ...],
@@ -760,7 +688,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     """The event stream's inputs for one stage: the step's term records and the model's widths."""
     m, rp, ctx, tp = c.m, c.rp, c.act, c.tp
     heads = -(-m.num_attention_heads // tp)
-    inner, outside = _tensors(m, rp, tp)
+    inner, outside = rank_tensors(m, rp, tp)
     b, table, by_key = tables(terms, len(c.layer_specs))
     all_numel = sum(x for x, _ in inner) * max(1, len(rp.layers)) + sum(outside)
     weights_resident = b.get("parameters", 0)

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vramplan.alloc import replay_compact
-from vramplan.analytic.layout import count_on_rank, split_on_rank
+from vramplan.analytic.layout import rank_tensors
+from vramplan.analytic.stream import AllocStream
 
 if TYPE_CHECKING:
     from vramplan.analytic.inference import GenerateCall
 
-__all__ = ["REPLAYED_DECODE_STEPS", "CachedExcess", "applies", "cached_excess", "fragmentation_bytes",
+__all__ = ["REPLAYED_DECODE_STEPS", "CachedExcess", "applies", "cached_excess",
            "generate_stream", "growth_note", "weight_tensors"]
 
 # Decode steps replayed.  The cached excess is set by the prefill's holes and by each step's reallocation of
@@ -46,26 +47,6 @@ __all__ = ["REPLAYED_DECODE_STEPS", "CachedExcess", "applies", "cached_excess", 
 REPLAYED_DECODE_STEPS = 64
 
 
-class _Ids:
-    """A compact stream: ``n > 0`` allocates ``n`` bytes as the next id, ``-id - 1`` frees ``id``."""
-
-    __slots__ = ("events", "next_id")
-
-    def __init__(self) -> None:
-        self.events: list[int] = []
-        self.next_id = 0
-
-    def alloc(self, nbytes: int) -> int:
-        if nbytes <= 0:
-            return -1
-        self.events.append(nbytes)
-        self.next_id += 1
-        return self.next_id - 1
-
-    def free(self, *ids: int) -> None:
-        self.events.extend(-i - 1 for i in ids if i >= 0)
-
-
 def applies(g: GenerateCall) -> bool:
     """True for the calls the replay describes (module docstring)."""
     m, s = g.m, g.r.scenario
@@ -74,7 +55,7 @@ def applies(g: GenerateCall) -> bool:
             and g.attention in ("sdpa", "flash") and g.new >= 2)
 
 
-def _rms_norm(st: _Ids, tokens: int, h: int, c: int) -> int:
+def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:
     """``LlamaRMSNorm``: the fp32 copy, ``pow(2)`` (freed after the mean), the normalised fp32 product, its
     cast back and the weight's product; returns the output's id.  In fp32 the ``.to`` calls are no-ops."""
     if c == 4:
@@ -91,7 +72,7 @@ def _rms_norm(st: _Ids, tokens: int, h: int, c: int) -> int:
     return out
 
 
-def _rotate(st: _Ids, nbytes: int) -> int:
+def _rotate(st: AllocStream, nbytes: int) -> int:
     """``apply_rotary_pos_emb`` on one of q/k: ``x * cos``, ``rotate_half`` (a negated half and a cat),
     ``* sin`` and the sum; returns the rotated tensor's id (the input is freed by the caller)."""
     a = st.alloc(nbytes)
@@ -101,11 +82,11 @@ def _rotate(st: _Ids, nbytes: int) -> int:
     b = st.alloc(nbytes)
     st.free(cat)
     out = st.alloc(nbytes)
-    st.free(a, b)
+    st.free_all((a, b))
     return out
 
 
-def _layer(st: _Ids, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: int, keys: int
+def _layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: int, keys: int
            ) -> tuple[int, int, int]:
     """One decoder layer over ``tokens`` rows; ``keys`` the cache's length after it (the prefill's: the prompt).
     Returns (the layer's output, the cache's keys, its values)."""
@@ -123,17 +104,17 @@ def _layer(st: _Ids, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: 
         keys_id, values_id = k_rot, vv  # the first update stores the tensors themselves
     else:
         keys_id = st.alloc(b * keys * kv * c)  # torch.cat([old, new], dim=-2)
-        st.free(k_old, k_rot)
+        st.free_all((k_old, k_rot))
         values_id = st.alloc(b * keys * kv * c)
-        st.free(v_old, vv)
+        st.free_all((v_old, vv))
     out = st.alloc(tokens * q * c)
     st.free(q_rot)
     contiguous = st.alloc(tokens * q * c)  # attn_output.transpose(1, 2).contiguous()
     st.free(out)
     o = st.alloc(tokens * h * c)
-    st.free(contiguous, normed)
+    st.free_all((contiguous, normed))
     mid = st.alloc(tokens * h * c)  # residual + attention
-    st.free(o, res)
+    st.free_all((o, res))
     normed2 = _rms_norm(st, tokens, h, c)
     if m.mlp_gated:
         gate = st.alloc(tokens * inter * c)
@@ -141,15 +122,15 @@ def _layer(st: _Ids, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: 
         st.free(gate)
         up = st.alloc(tokens * inter * c)
         prod = st.alloc(tokens * inter * c)
-        st.free(act, up)
+        st.free_all((act, up))
     else:
         fc = st.alloc(tokens * inter * c)
         prod = st.alloc(tokens * inter * c)
         st.free(fc)
     down = st.alloc(tokens * h * c)
-    st.free(prod, normed2)
+    st.free_all((prod, normed2))
     new = st.alloc(tokens * h * c)  # residual + MLP
-    st.free(down, mid)
+    st.free_all((down, mid))
     return new, keys_id, values_id
 
 
@@ -158,7 +139,7 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
     RoPE tables, the prefill's layers, the last position's logits, then the decode steps (all, or the first
     ``steps``)."""
     m, c, b, p = g.m, g.c, g.batch, g.prompt
-    st = _Ids()
+    st = AllocStream()
     for nbytes in weights:
         st.alloc(nbytes)
     h, vocab = m.hidden_size, m.vocab_size
@@ -175,7 +156,7 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
     st.free(res)
     logits = st.alloc(b * vocab * c)  # logits_to_keep=1
     scores = st.alloc(b * vocab * 4)  # generate's fp32 copy of the last position's logits
-    st.free(logits, final)
+    st.free_all((logits, final))
     last = g.new - 1 if steps is None else min(steps, g.new - 1)
     for step in range(1, last + 1):
         x = st.alloc(b * h * c)
@@ -186,7 +167,7 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
         st.free(x)
         logits = st.alloc(b * vocab * c)
         new_scores = st.alloc(b * vocab * 4)
-        st.free(logits, final, scores)
+        st.free_all((logits, final, scores))
         scores = new_scores
     return st.events
 
@@ -194,17 +175,9 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
 def weight_tensors(g: GenerateCall) -> list[int]:
     """Bytes of each parameter tensor in the order ``from_config``/``from_pretrained`` builds them: the
     embedding, each layer's tensors, then the rest (final norm, an untied head)."""
-    layers = set(g.rp.layers)
-    inner: list[int] = []
-    outside: list[int] = []
-    for p in g.m.params:
-        count = count_on_rank(p, layers, 1)
-        each = split_on_rank(p, g.tp, 1) * g.c
-        if p.layer_span:
-            inner += [each] * (count // max(1, sum(map(layers.__contains__, p.layer_span))))
-        else:
-            outside += [each] * count
-    return outside[:1] + inner * len(layers) + outside[1:]
+    inner, outside = rank_tensors(g.m, g.rp, g.tp)
+    return ([n * g.c for n in outside[:1]] + [n * g.c for n, _ in inner] * len(g.rp.layers)
+            + [n * g.c for n in outside[1:]])
 
 
 def _excess(g: GenerateCall, weights: list[int], steps: int) -> int:
@@ -237,12 +210,7 @@ def cached_excess(g: GenerateCall) -> CachedExcess:
     return CachedExcess(excess, growth)
 
 
-def fragmentation_bytes(g: GenerateCall) -> int:
-    """``cached_excess(g).bytes``."""
-    return cached_excess(g).bytes
-
-
-def growth_note(g: GenerateCall, growth_bytes: int) -> str:
+def growth_note(growth_bytes: int) -> str:
     """The report's statement when the excess still grows late in the call (``CachedExcess.late_growth_bytes``):
     the one such call measured was under-predicted, so the band is widened."""
     return (f"not modelled: the allocator's cached excess still grows in the second half of the decode steps "

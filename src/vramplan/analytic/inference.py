@@ -703,7 +703,7 @@ def inference_step(r: Resolved) -> InferenceResult:
     if excess.late_growth_bytes > peak.total // 100:
         # growth of more than 1% of the call's peak (rounding moves a few MiB; SmolLM2-1.7B at batch 64 grew by
         # half its peak)
-        notes.append(growth_note(g, excess.late_growth_bytes))
+        notes.append(growth_note(excess.late_growth_bytes))
     return InferenceResult(moments, peak, notes, t.kv_prompt, t.kv_final, excess.bytes)
 
 

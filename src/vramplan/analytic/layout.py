@@ -313,3 +313,24 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
         lora_per_layer=tuple(t.lora_layer.get(i, 0) for i in layers), dora_magnitudes=t.dora,
         linear_shapes=tuple(t.shapes), expert_bias=t.expert_bias, frozen=t.frozen, frozen_decay=t.frozen_decay,
     )
+
+
+def rank_tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, bool]], list[int]]:
+    """This rank's parameter tensors: (elements, is a linear) of one layer's (experts: each expert a
+    tensor), and the elements of each tensor outside the layers."""
+    lset = set(rp.layers)
+    inner: list[tuple[int, bool]] = []
+    outside: list[int] = []
+    for p in m.params:
+        n = count_on_rank(p, lset, 1)
+        if n == 0:
+            continue
+        each = split_on_rank(p, tp, 1)
+        if p.layer_span:
+            per = n // max(1, sum(map(lset.__contains__, p.layer_span)))
+            inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
+        else:
+            # a group outside the layers with several instances (a vision tower's encoder layers) is that many
+            # tensors; every other such group is one
+            outside.extend([each] * n)
+    return inner, outside

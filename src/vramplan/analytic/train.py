@@ -136,25 +136,27 @@ PACKING_NOTE = ("packed sequences: flash-attention's varlen kernel from position
                 "seq_len is the packed length")
 
 
+OBJECTIVE_LOSS_NOTES = {
+    "dpo": "loss as TRL's DPOTrainer computes it: the policy's logits over every position, in the compute "
+        "dtype, one log_softmax per sequence kept for the backward, then the reference's no-grad logits "
+        "(analytic/dpo.py)",
+    "kto": "loss as TRL v1.16.0's KTOTrainer computes it: the fused LM head (add_fused_lm_head), per-token "
+        "log-probabilities from tiles of 4,096 tokens x 32,768 vocabulary columns, no logits tensor; then the "
+        "reference's no-grad forwards (analytic/kto.py)",
+    "orpo": "loss as TRL v1.16.0's ORPOTrainer (trl.experimental.orpo) computes it: the policy's logits over "
+        "every position (fp32 from accelerate's autocast wrapper), the chosen half's cross-entropy and the "
+        "log-probabilities by TRL's Triton kernel, which keeps the logits for the backward (analytic/orpo.py)",
+    "grpo": "loss as TRL's GRPOTrainer computes it: the policy's logits over the completion only, in the "
+        "compute dtype, and one log_softmax per sequence kept for the backward (analytic/grpo.py)",
+}
+
+
 def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
     if s.train.loss != "standard":
         return KERNEL_LOSS_NOTES[s.train.loss]
-    if s.train.objective == "dpo":
-        return ("loss as TRL's DPOTrainer computes it: the policy's logits over every position, in the compute "
-                "dtype, one log_softmax per sequence kept for the backward, then the reference's no-grad logits "
-                "(analytic/dpo.py)")
-    if s.train.objective == "kto":
-        return ("loss as TRL v1.16.0's KTOTrainer computes it: the fused LM head (add_fused_lm_head), per-token "
-                "log-probabilities from tiles of 4,096 tokens x 32,768 vocabulary columns, no logits tensor; then the "
-                "reference's no-grad forwards (analytic/kto.py)")
-    if s.train.objective == "orpo":
-        return ("loss as TRL v1.16.0's ORPOTrainer (trl.experimental.orpo) computes it: the policy's logits over "
-                "every position (fp32 from accelerate's autocast wrapper), the chosen half's cross-entropy and the "
-                "log-probabilities by TRL's Triton kernel, which keeps the logits for the backward (analytic/orpo.py)")
-    if s.train.objective == "grpo":
-        return ("loss as TRL's GRPOTrainer computes it: the policy's logits over the completion only, in the "
-                "compute dtype, and one log_softmax per sequence kept for the backward (analytic/grpo.py)")
+    if s.train.objective in OBJECTIVE_LOSS_NOTES:
+        return OBJECTIVE_LOSS_NOTES[s.train.objective]
     sw = s.software
     note = loss_release_note(family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only),
                              sw.transformers, m.family, fw, m.encoder_only)
