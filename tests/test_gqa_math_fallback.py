@@ -45,6 +45,9 @@ def _kernel(doc: dict[str, Any]) -> str:
     (_train(software={"transformers": "4.53"}), "efficient"),      # repeat_kv before transformers 4.54
     (_train(model="meta-llama/Meta-Llama-3-8B", gpu="T4", precision="fp16-mixed"), "math"),  # sm75: no flash
     (_train(model="meta-llama/Llama-2-7b-hf", gpu="T4", precision="fp16-mixed"), "efficient"),  # MHA: no GQA
+    # bf16 before sm80: neither flash nor the memory-efficient kernel takes it, whatever the heads
+    (_train(model="meta-llama/Llama-2-7b-hf", gpu="T4", precision="bf16-true"), "math"),
+    (_train(model="meta-llama/Llama-2-7b-hf", gpu="A100-80GB", precision="bf16-true"), "flash"),
     (_train(model="meta-llama/Meta-Llama-3-8B", gpu="A100-80GB", precision="fp16-mixed"), "flash"),
     # Mistral 7B v0.1 slides over 4096 tokens: at 4096 transformers builds a mask and repeats K/V itself
     (_train(model="mistralai/Mistral-7B-v0.1", precision="fp32", seq=4096), "efficient"),

@@ -86,8 +86,8 @@ def bf16_math_fallback(dtype: str, gpu: GpuSpec | None) -> bool:
 
 
 BF16_MATH_NOTE = ("bf16 on a GPU before sm80: neither flash nor the memory-efficient kernel takes bf16 there "
-                  "(sdp_utils.cpp), so SDPA runs its math kernel and holds the s x s scores in fp32 during the "
-                  "prefill (fp16 would run the memory-efficient kernel)")
+                  "(sdp_utils.cpp), so SDPA runs its math kernel, which holds the s x s scores and their softmax "
+                  "in fp32 (fp16 would run the memory-efficient kernel)")
 
 
 def gqa_math_note(s: Scenario) -> str:
@@ -116,7 +116,8 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
         # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
         # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
         return "math", False
-    if gqa_math_fallback(s, m, pol.compute_bytes, gpu):
+    if gqa_math_fallback(s, m, pol.compute_bytes, gpu) or (
+            pol.compute_bytes == 2 and bf16_math_fallback(pol.half, gpu)):
         return "math", False
     if not _flash_runs(m, pol.compute_bytes, _capability(gpu)):
         return "efficient", False

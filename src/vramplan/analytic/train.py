@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.analytic.attention import (
+    BF16_MATH_NOTE,
+    bf16_math_fallback,
     falls_back_to_eager,
     gqa_math_fallback,
     gqa_math_note,
@@ -104,7 +106,9 @@ def train_step(r: Resolved) -> TrainResult:
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
     c0 = StepContext(r, 0, attention, repeat)
     casts = [CAST_ASSUMPTION] if casts_apply(c0) else []
-    math_note = [gqa_math_note(s)] if attention == "math" and gqa_math_fallback(s, m, step_policy(s).compute_bytes, r.gpu) else []
+    pol = step_policy(s)
+    math_note = ([gqa_math_note(s)] if attention == "math" and gqa_math_fallback(s, m, pol.compute_bytes, r.gpu)
+                 else [BF16_MATH_NOTE] if attention == "math" and bf16_math_fallback(pol.half, r.gpu) else [])
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
                                                                    s.effective_framework) + math_note))
     return best
