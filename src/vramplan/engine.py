@@ -85,7 +85,7 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         engine="analytic", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=serve_block,
         assumptions=assumptions, scenario=r.scenario.model_dump(mode="json"),
         model=r.model.summary(),
-        gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
+        gpu=r.gpu.report_block(),
     )
     report.check()
     return report

@@ -77,12 +77,30 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         problems.extend(quant_problems)
         problems.extend(cross_check(scenario, model))
         problems.extend(contradictions(scenario, model))
+    if gpu is not None and hw.memory_in_use_gib:
+        gpu, problem, note = _others_share(gpu, hw.memory_in_use_gib)
+        problems.extend(problem)
+        notes.extend(note)
     if gpu is not None:
         problems.extend(capability_problems(scenario, gpu))
     if problems:
         raise ScenarioError(problems)
     assert model is not None and gpu is not None
     return Resolved(scenario, model, gpu, tuple(notes))
+
+
+def _others_share(gpu: GpuSpec, in_use_gib: float) -> tuple[GpuSpec, list[Problem], list[str]]:
+    """The GPU as this job sees it when other processes hold ``in_use_gib`` of it: its capacity is what they
+    leave (``total_memory_bytes``), the device's whole memory stays in ``device_total_bytes``."""
+    in_use, total = int(in_use_gib * GiB), gpu.total_memory_bytes
+    if in_use >= total:
+        return gpu, [Problem("hardware.memory_in_use_gib",
+                             f"other processes hold {in_use / GiB:,.2f} GiB of the {gpu.name}'s {total / GiB:,.2f} GiB: "
+                             "nothing is left for this job",
+                             f"set hardware.memory_in_use_gib below {total / GiB:,.2f}")], []
+    note = (f"other processes hold {in_use / GiB:,.2f} GiB on each GPU (hardware.memory_in_use_gib): this job's "
+            f"capacity is {(total - in_use) / GiB:,.2f} of the device's {total / GiB:,.2f} GiB")
+    return replace(gpu, total_memory_bytes=total - in_use, in_use_by_others_bytes=in_use), [], [note]
 
 
 def _name_problems(raw: dict[str, Any]) -> list[Problem]:

@@ -67,6 +67,13 @@ def _from_scenario(path: Path) -> dict[str, Any]:
         raise ScenarioError([Problem("task", "the scenario has task: inference, but plan searches training (train) "
                                      "and vLLM serving (serve) setups",
                                      "use `vramplan generate` for Hugging Face generate, or set task: train or serve")])
+    if sc.hardware.memory_in_use_gib:
+        # the search reserves --margin of each GPU for what the estimate does not know; other processes' memory
+        # is planned through it rather than dropped
+        raise ScenarioError([Problem("hardware.memory_in_use_gib", f"is {sc.hardware.memory_in_use_gib:g} GiB in the "
+                                     "scenario, but plan reserves memory for other processes through --margin",
+                                     "remove it and raise --margin by its share of the GPU's capacity "
+                                     "(e.g. 1.5 GiB of 24 GiB: --margin 0.17)")])
     out: dict[str, Any] = {"model": sc.model, "gpu": sc.hardware.gpu, "num_gpus": str(sc.hardware.num_gpus),
                            "task": "serve" if sc.task == "serve" else "train",
                            "gpus_per_node": sc.hardware.gpus_per_node}

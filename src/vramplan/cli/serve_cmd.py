@@ -103,7 +103,7 @@ def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[s
 # ---------------------------------------------------------------------------- serve
 
 
-SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "serve", "offline"],
+SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "hardware.memory_in_use_gib", "parallel.tp", "serve", "offline"],
                              notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."},
                              renamed={"serve.engine": "engine"})
 
@@ -143,7 +143,7 @@ def _serve(
         _render_sglang(d)
     else:
         _render_serve(d)
-    if not d.starts or d.device_used_bytes > d.total_memory_bytes:
+    if not d.starts or d.device_used_bytes + d.in_use_by_others_bytes > d.total_memory_bytes:
         raise typer.Exit(1)
 
 
@@ -157,13 +157,15 @@ def _print_outcome(verdict: str, d: Any) -> None:
         _console().print(f"[dim]  - {a}[/]", highlight=False)
 
 
-def _start_table(engine: str, total_memory_bytes: int) -> Table:
+def _start_table(engine: str, total_memory_bytes: int, in_use_by_others_bytes: int = 0) -> Table:
     """The start-up table of a serving engine: term, GiB and how, from the device's total memory."""
     t = Table(title=f"{engine} start-up memory per GPU", title_justify="left")
     t.add_column("term")
     t.add_column("GiB", justify="right")
     t.add_column("how", no_wrap=False)
     t.add_row("total memory", _gib(total_memory_bytes), "torch.cuda.mem_get_info()")
+    if in_use_by_others_bytes:
+        t.add_row("other processes", _gib(in_use_by_others_bytes), "hardware.memory_in_use_gib")
     return t
 
 
@@ -171,8 +173,10 @@ def _render_sglang(d: Any) -> None:
     verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
     _console().print(f"[bold]{d.model}[/] · SGLang {d.release} · {d.gpu} · tp={d.tp} · "
                      f"context_len {d.context_len:,} · mem_fraction_static {d.mem_fraction_static}")
-    t = _start_table("SGLang", d.total_memory_bytes)
-    t.add_row("free at start", _gib(d.free_at_start_bytes), "total - CUDA context - NCCL ('Load weight begin')")
+    t = _start_table("SGLang", d.total_memory_bytes, d.in_use_by_others_bytes)
+    t.add_row("free at start", _gib(d.free_at_start_bytes),
+              "total - CUDA context - NCCL" + (" - other processes" if d.in_use_by_others_bytes else "")
+              + " ('Load weight begin')")
     t.add_row("static budget", _gib(d.static_budget_bytes), f"{d.mem_fraction_static} x free at start")
     t.add_row("  weights", _gib(d.weights_bytes), f"parameters {_gib(d.parameters_bytes)} + rotary cache (fp32)")
     t.add_row("[bold]  KV pool[/]", f"[bold]{_gib(d.kv_cache_bytes)}[/]",
@@ -192,7 +196,7 @@ def _render_sglang(d: Any) -> None:
 
 def _serve_llamacpp(d: Any, document: dict[str, Any] | None) -> None:
     """llama.cpp's buffers (serve/llamacpp.py), as its JSON document or as its own log lines and a table."""
-    fits = d.starts and d.device_used_bytes <= d.total_memory_bytes
+    fits = d.starts and d.device_used_bytes + d.in_use_by_others_bytes <= d.total_memory_bytes
     if document is not None:
         _emit(document)
     else:
@@ -229,7 +233,7 @@ def _render_serve(d: Any) -> None:
     verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
     _console().print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
                f"max_model_len {d.max_model_len:,} · utilisation {d.gpu_memory_utilization}")
-    t = _start_table("vLLM", d.total_memory_bytes)
+    t = _start_table("vLLM", d.total_memory_bytes, d.in_use_by_others_bytes)
     t.add_row("requested", _gib(d.requested_bytes), f"{d.gpu_memory_utilization} x total")
     t.add_row("  weights", _gib(d.weights_bytes), f"parameters {_gib(d.parameters_bytes)} + rotary cache")
     t.add_row("  activation peak", _gib(d.activation_peak_bytes),
@@ -549,7 +553,7 @@ def _plot_sim(path: Path, name: str, results: list[Any]) -> None:
 # ---------------------------------------------------------------------------- generate
 
 
-GENERATE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "parallel.tp", "inference",
+GENERATE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "hardware.memory_in_use_gib", "parallel.tp", "inference",
                                  "offline"])
 
 

@@ -219,6 +219,7 @@ class LlamaCppDecision:
     fix: str = ""
     assumptions: list[str] = field(default_factory=list)
     llamacpp_build: str = ""  # the modelled build whose rules were used (facts/llamacpp_builds.py)
+    in_use_by_others_bytes: int = 0  # hardware.memory_in_use_gib: other processes' share of total_memory_bytes
 
     @property
     def kv_bytes(self) -> int:
@@ -249,7 +250,8 @@ class LlamaCppDecision:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in vars(self).items() if k != "assumptions"}
+        d = {k: v for k, v in vars(self).items() if k != "assumptions"
+             and (k != "in_use_by_others_bytes" or self.in_use_by_others_bytes)}
         d.update(kv_bytes=self.kv_bytes, device_used_bytes=self.device_used_bytes, assumptions=list(self.assumptions))
         return d
 
@@ -392,7 +394,8 @@ def decide(r: Resolved) -> LlamaCppDecision:
         n_parallel=g.n_parallel, n_gpu_layers=g.n_gpu_layers, gpu_slots=slots, n_layer=h.n_layer, n_batch=g.n_batch,
         n_ubatch=ub, flash_attn=rules.flash, cache_type_k=g.cache_type_k, cache_type_v=g.cache_type_v,
         model_buffer_bytes=model_buf, host_weights_bytes=host_w, kv_k_bytes=k, kv_v_bytes=v, kv_host_bytes=hk + hv,
-        compute_buffer_bytes=compute, cuda_context_bytes=ctx, total_memory_bytes=cap, n_ctx_that_fits=fits_ctx,
+        compute_buffer_bytes=compute, cuda_context_bytes=ctx, total_memory_bytes=r.gpu.device_total_bytes,
+        in_use_by_others_bytes=r.gpu.in_use_by_others_bytes, n_ctx_that_fits=fits_ctx,
         starts=not problem, problem=problem, fix=fix, assumptions=assumptions, llamacpp_build=f"b{rules.build.build}",
     )
 

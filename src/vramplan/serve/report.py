@@ -94,7 +94,7 @@ def serve_document(sr: ServeResult) -> dict[str, Any]:
     decision under its name, whether it fits (starts, and the device holds it) and, for llama.cpp, the log
     lines it would print, else the breakdown, memory outside the allocator and the engine's name."""
     d = sr.decision
-    fits = d.starts and d.device_used_bytes <= d.total_memory_bytes
+    fits = d.starts and d.device_used_bytes + d.in_use_by_others_bytes <= d.total_memory_bytes
     if isinstance(d, LlamaCppDecision):
         return {"llamacpp": d.to_dict(), "log_lines": d.log_lines(), "fits": fits}
     return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},

@@ -51,7 +51,8 @@ def rollout_scenario(s: Scenario) -> Scenario:
     hw = s.hardware
     return Scenario(
         model=s.model, task="serve",
-        hardware=Hardware(gpu=hw.gpu, capacity_gib=hw.capacity_gib, cuda_module_loading=hw.cuda_module_loading),
+        hardware=Hardware(gpu=hw.gpu, capacity_gib=hw.capacity_gib, cuda_module_loading=hw.cuda_module_loading,
+                          memory_in_use_gib=hw.memory_in_use_gib),
         serve=Serve(gpu_memory_utilization=ro.gpu_memory_utilization, max_num_seqs=seqs,
                     max_num_batched_tokens=TRL_MAX_NUM_BATCHED_TOKENS, vllm_version=ro.vllm_version),
         software=s.software,
@@ -106,7 +107,7 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int)
     rs = rollout_scenario(r.scenario)
     d = decide(Resolved(rs, r.model, r.gpu, ()), ro.vllm_version, usage="serve")
     total, requested = d.total_memory_bytes, d.requested_bytes
-    free = total - context_bytes - trainer_bytes_at_start
+    free = total - context_bytes - trainer_bytes_at_start - d.in_use_by_others_bytes
     problem = d.problem
     if free < requested:
         problem = (f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than desired "

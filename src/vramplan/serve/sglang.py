@@ -359,6 +359,7 @@ class SglangDecision:
     problem: str = ""
     fix: str = ""
     assumptions: list[str] = field(default_factory=list)
+    in_use_by_others_bytes: int = 0  # hardware.memory_in_use_gib: other processes' share of total_memory_bytes
 
     @property
     def num_pages(self) -> int:
@@ -394,6 +395,7 @@ class SglangDecision:
         return {
             "sglang_version": self.release, "sglang_behaviour_modelled": self.behaviour, "model": self.model,
             "gpu": self.gpu, "tp": self.tp, "total_memory_bytes": self.total_memory_bytes,
+            **({"in_use_by_others_bytes": self.in_use_by_others_bytes} if self.in_use_by_others_bytes else {}),
             "cuda_context_bytes": self.cuda_context_bytes, "nccl_bytes": self.nccl_bytes,
             "free_at_start_bytes": self.free_at_start_bytes, "mem_fraction_static": self.mem_fraction_static,
             "mem_fraction_static_given": self.fraction_given,
@@ -486,7 +488,9 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     s, m, gpu = r.scenario, r.model, r.gpu
     sv, tp = s.serve, s.parallel.tp
     beh, which = behaviour_for(sv.sglang_version)
-    st = default_settings(beh, gpu.total_memory_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
+    # the default fraction reads the device's whole memory (get_device_memory_capacity); the pool is sized from
+    # what is free at start, which other processes' memory (hardware.memory_in_use_gib) leaves out
+    st = default_settings(beh, gpu.device_total_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
                           sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r))
     # SGLang measures the memory free at start, before a workload's kernels are loaded
     ctx, comm = cuda_context_bytes(gpu, at_start=True), (nccl_bytes(1) if tp > 1 else 0)
@@ -509,7 +513,8 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     problem, fix = _problem(free, w, tokens, req_bytes, reserve, cell, page)
     dec = SglangDecision(
         release=sv.sglang_version, behaviour=which, model=m.name, gpu=gpu.name, tp=tp,
-        total_memory_bytes=gpu.total_memory_bytes, cuda_context_bytes=ctx, nccl_bytes=comm, free_at_start_bytes=free,
+        total_memory_bytes=gpu.device_total_bytes, in_use_by_others_bytes=gpu.in_use_by_others_bytes,
+        cuda_context_bytes=ctx, nccl_bytes=comm, free_at_start_bytes=free,
         mem_fraction_static=st.mem_fraction_static, fraction_given=st.fraction_given,
         reserved_heuristic_bytes=None if st.reserved_mib is None else int(st.reserved_mib * MiB),
         parameters_bytes=params, rotary_cache_bytes=rotary, weights_bytes=w,

@@ -412,6 +412,7 @@ class VllmDecision:
     cpu_offload_bytes: int = 0  # weights in host memory, outside weights_bytes
     kv_cache_memory_bytes: int | None = None  # the explicit KV budget given, if any
     lora_outside_budget: bool = False  # the release leaves the LoRA slots outside gpu_memory_utilization
+    in_use_by_others_bytes: int = 0  # hardware.memory_in_use_gib: other processes' share of total_memory_bytes
 
     @property
     def device_used_bytes(self) -> int:
@@ -458,6 +459,7 @@ class VllmDecision:
             "needed_kv_bytes": self.needed_kv_bytes, "max_concurrency": round(self.max_concurrency, 4),
             "max_model_len_that_fits": self.max_model_len_that_fits, "starts": self.starts,
             "problem": self.problem, "fix": self.fix, "device_used_bytes": self.device_used_bytes,
+            **({"in_use_by_others_bytes": self.in_use_by_others_bytes} if self.in_use_by_others_bytes else {}),
             "assumptions": list(self.assumptions), **self._option_keys(),
         }
 
@@ -502,7 +504,7 @@ def _limits(r: Resolved, usage: str, rule: BatchDefaults) -> tuple[int, int, int
     """(max_num_batched_tokens, max_num_seqs, max_model_len): the scenario's, else vLLM's defaults."""
     sv, m = r.scenario.serve, r.model
     max_len = sv.max_model_len or m.max_position_embeddings
-    d_tokens, d_seqs = default_batch_limits(r.gpu.total_memory_bytes, r.gpu.name, usage, rule, max_len)
+    d_tokens, d_seqs = default_batch_limits(r.gpu.device_total_bytes, r.gpu.name, usage, rule, max_len)
     batched = sv.max_num_batched_tokens or d_tokens
     seqs = sv.max_num_seqs if "max_num_seqs" in sv.model_fields_set else d_seqs
     if max_len > m.max_position_embeddings:
@@ -621,6 +623,7 @@ class _Budget:
     offloaded: int = 0  # weights kept in host memory (cpu_offload_gb)
     explicit_kv: int | None = None  # kv_cache_memory_bytes: the KV budget, the utilisation rule skipped
     lora_outside: int = 0  # LoRA slots the release leaves outside the budget (``lora_in_budget`` False)
+    others: int = 0  # what other processes hold on the device (hardware.memory_in_use_gib)
 
     @property
     def weights(self) -> int:
@@ -643,11 +646,13 @@ class _Budget:
         return self.requested - self.non_kv - (self.graphs if self.subtracted else 0)
 
 
-def _charged(rule: str, context: int, nccl: int) -> int:
-    """What of the CUDA context and NCCL's buffers the release's budget rule takes from the budget
-    (``facts/vllm_releases.py``): ``peak_plus_non_torch`` counts every non-torch byte on the device,
-    ``free_delta`` what appeared after the first snapshot (NCCL), ``profiled_increase`` neither."""
-    return {"peak_plus_non_torch": context + nccl, "free_delta": nccl}.get(rule, 0)
+def _charged(rule: str, context: int, nccl: int, others: int = 0) -> int:
+    """What of the CUDA context, NCCL's buffers and other processes' memory the release's budget rule takes
+    from the budget (``facts/vllm_releases.py``): ``peak_plus_non_torch`` counts every non-torch byte on the
+    device, other processes' too (vLLM 0.6.4 ``Worker.determine_num_available_blocks``: ``peak_memory =
+    total_gpu_memory - free_gpu_memory`` less torch's share); ``free_delta`` what appeared after the first
+    snapshot (NCCL; what others held at the worker's start is in that snapshot), ``profiled_increase`` none."""
+    return {"peak_plus_non_torch": context + nccl + others, "free_delta": nccl}.get(rule, 0)
 
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
@@ -658,14 +663,17 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     row = beh.rules
     context, nccl = cuda_context_bytes(gpu), nccl_bytes(1) if tp > 1 else 0
     subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs
+    # gpu_memory_utilization is a fraction of the device's whole memory (``init_snapshot.total_memory``),
+    # whatever other processes hold of it
+    total, others = gpu.device_total_bytes, gpu.in_use_by_others_bytes
     return _Budget(
-        total=gpu.total_memory_bytes, requested=int(gpu.total_memory_bytes * sv.gpu_memory_utilization),
+        total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
         params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled),
         sampler=sampler_peak_bytes(m, batched, requests, c, beh.sampler),
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract,
-        context=context, nccl=nccl, charged=_charged(row.budget, context, nccl),
+        context=context, nccl=nccl, charged=_charged(row.budget, context, nccl, others),
         extra_weights=(opt.lora if row.lora_in_budget else 0) + opt.draft_weights, offloaded=opt.offloaded,
         explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
     )
@@ -724,7 +732,7 @@ def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tupl
 def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[str, str]:
     """vLLM's start-up error and the option to change, or ("", "") when it starts."""
     util, total, requested, available = r.scenario.serve.gpu_memory_utilization, b.total, b.requested, b.available
-    free_at_start = total - b.context - b.nccl
+    free_at_start = total - b.context - b.nccl - b.others
     if free_at_start < requested:
         return ((f"Free memory on device ({free_at_start / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than "
                  f"desired GPU memory utilization ({util}, {requested / GiB:.2f} GiB). "
@@ -743,7 +751,7 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                  f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
                  "`max_model_len` when initializing the engine."),
                 f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization")
-    outside = b.context + b.nccl - b.charged + (0 if b.subtracted else b.graphs) + b.lora_outside
+    outside = b.context + b.nccl + b.others - b.charged + (0 if b.subtracted else b.graphs) + b.lora_outside
     if b.explicit_kv is not None and b.non_kv + b.explicit_kv + outside > total:
         room = total - b.non_kv - outside
         return ((f"CUDA out of memory allocating the KV cache: kv_cache_memory_bytes ({b.explicit_kv / GiB:.2f} GiB) "
@@ -752,9 +760,10 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                 f"serve.kv_cache_memory_bytes <= {max(0, room)}")
     if requested + outside > total:
         ctx, comm, graphs = b.context, b.nccl, b.graphs
-        room = total - ctx - comm - graphs
+        room = total - ctx - comm - graphs - b.others
+        others = f", other processes {b.others / GiB:.2f} GiB" if b.others else ""
         return ((f"vLLM starts, but memory outside gpu_memory_utilization (CUDA context {ctx / GiB:.2f} GiB, "
-                 f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB) does not fit in the "
+                 f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB{others}) does not fit in the "
                  f"{(total - requested) / GiB:.2f} GiB left: CUDA graph capture runs out of memory."),
                 f"serve.gpu_memory_utilization <= {max(0.0, int(room / total * 100) / 100):.2f} or --enforce-eager")
     return "", ""
@@ -850,7 +859,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         starts=not problem, problem=problem, fix=fix,
         assumptions=_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
-        lora_outside_budget=b.lora_outside > 0,
+        lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes,
     )
 

@@ -29,12 +29,28 @@ class GpuSpec:
     notes: str = ""
     # software stack, not a catalog fact: set from the scenario's hardware.cuda_module_loading
     cuda_module_loading: str = "lazy"
+    # set from the scenario's hardware.memory_in_use_gib: bytes other processes hold on the device, already
+    # taken out of total_memory_bytes (which is then this job's capacity)
+    in_use_by_others_bytes: int = 0
 
     @classmethod
     def custom(cls, capacity_gib: float) -> GpuSpec:
         """A device outside the catalog, known only by the capacity the user gives (in GiB)."""
         total = int(capacity_gib * GiB)
         return cls(name=f"custom-{capacity_gib:g}GiB", total_memory_bytes=total, nominal_memory_bytes=total)
+
+    @property
+    def device_total_bytes(self) -> int:
+        """The device's whole memory (``torch.cuda.mem_get_info()[1]``), other processes' share included."""
+        return self.total_memory_bytes + self.in_use_by_others_bytes
+
+    def report_block(self) -> dict[str, str | int]:
+        """The report's ``gpu`` entry: the device's name and whole memory, and what other processes hold of it
+        when the scenario says (the per-GPU ``capacity_bytes`` is what they leave)."""
+        out: dict[str, str | int] = {"name": self.name, "total_memory_bytes": self.device_total_bytes}
+        if self.in_use_by_others_bytes:
+            out["in_use_by_others_bytes"] = self.in_use_by_others_bytes
+        return out
 
     @property
     def generation(self) -> str:

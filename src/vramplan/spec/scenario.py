@@ -88,6 +88,13 @@ class Hardware(_Strict):
     architecture and this mode (vramplan.analytic.overhead.cuda_context; docs/conventions.md, Memory
     outside tensors)."""
 
+    memory_in_use_gib: float = Field(0, ge=0, le=4096, allow_inf_nan=False)
+    """GiB (2^30 B) that other processes hold on each GPU when the job starts: a desktop session on the same
+    GPU (a display under Windows' WDDM or X11 takes about 0.3-1.5 GiB), a notebook kernel that keeps a model, a
+    second job.  This job's capacity is the device's memory less this; engines that size themselves from the
+    memory free at start (SGLang, llama.cpp, vLLM's free-memory check) see it too (docs/conventions.md,
+    Capacity).  0 assumes the GPU is otherwise empty, as on a cluster node."""
+
 
 class Peft(_Strict):
     """Parameter-efficient fine-tuning: adapters on a frozen base (docs/glossary.md, PEFT)."""

@@ -181,7 +181,7 @@ def to_report(r: Resolved, events: list[TrackEvent], marks: list[tuple[int, str]
         engine="trace", fits=used <= capacity, per_gpu=per_gpu, host=host, serve=ServeBlock(),
         assumptions=[*r.assumptions, *assumptions], scenario=r.scenario.model_dump(mode="json"),
         model=r.model.summary(),
-        gpu={"name": r.gpu.name, "total_memory_bytes": capacity},
+        gpu=r.gpu.report_block(),
     )
     report.check()
     return with_band(report)
