@@ -15,7 +15,7 @@ import pytest
 
 from vramplan import estimate
 from vramplan.analytic.lifecycle import job_lifecycle
-from vramplan.analytic.lifecycle.evaluation import _kept_logits
+from vramplan.analytic.lifecycle.evaluation import _forward_bytes, _kept_logits
 from vramplan.analytic.lifecycle.load import host_load_bytes
 from vramplan.analytic.lifecycle.steps import first_step
 from vramplan.analytic.moment import K, Moment
@@ -265,3 +265,24 @@ def test_cli_prints_one_line_per_phase_and_marks_the_peak() -> None:
     for phase in ("load:", "peft preparation:", "first step:", "training step:", "checkpoint save:"):
         assert phase in text
     assert text.count("<- peak") == 1 and "host RAM while loading" in text
+
+
+def test_evaluation_sequences_longer_than_training_scale_kept_logits_and_the_forward() -> None:
+    lc = {"evaluation": True, "eval_keeps_logits": True, "eval_batches": 3, "eval_batch_size": 2}
+    tr = _step(_doc(lifecycle={**lc, "eval_seq_len": 512}))
+    assert tr.context is not None and tr.layout is not None
+    # a batch's logits at 512 evaluation tokens: bf16 2 B x vocabulary 1000 x 2 sequences x 512 = 2,048,000
+    # (4 x the 128-token batch's 512,000); third add: 2 kept (4,096,000), then 2 x 3 x 2,048,000 = 12,288,000
+    assert _kept_logits(tr.context, tr.layout, 2) == (4_096_000, 12_288_000)
+    # the no-grad forward of 2 x 512 = 1,024 tokens: the residual stream in and out of a layer, fp32,
+    # 2 x 1,024 x 256 x 4 = 2,097,152, plus the larger of the head's tensors (the 128-token micro-batch's
+    # logits 256,000 + fp32 copy 512,000 + log-probs 512,000 = 1,280,000, x 2 x 512 / 128 = 10,240,000) and one
+    # MLP's (1,024 x 688 x 2 B x 3 = 4,227,072): 12,337,152
+    assert _forward_bytes(tr.context, tr.layout, 2) == 12_337_152
+    long, short = (estimate(_doc(lifecycle={"evaluation": True, "eval_batch_size": 2, "eval_seq_len": n}))
+                   for n in (4096, 64))
+    base = estimate(_doc(lifecycle={"evaluation": True, "eval_batch_size": 2}))
+    ev = [r.per_gpu.lifecycle["evaluation"]["allocated_bytes"] for r in (short, base, long)]
+    assert ev[0] < ev[1] < ev[2]
+    # the step itself does not depend on the evaluation's length
+    assert long.per_gpu.lifecycle["training step"] == base.per_gpu.lifecycle["training step"]

@@ -57,6 +57,8 @@ class ResolvedLifecycle:
     device_map: str
     sharded: bool
     """The model is sharded (FSDP, or ZeRO-3) so the state-dict type decides what a save gathers."""
+    eval_seq_len: int | None = None
+    """Tokens per evaluation sequence when the scenario names them (None: the training length)."""
 
 
 def lifecycle_of(scenario: dict[str, Any]) -> Lifecycle:
@@ -79,4 +81,5 @@ def resolve_lifecycle(s: TrainSetup, lc: Lifecycle | None = None) -> ResolvedLif
         evaluation=evaluation, eval_batch_size=batch, eval_keeps_logits=lc.eval_keeps_logits,
         eval_batches=lc.eval_batches, eval_accumulation_steps=lc.eval_accumulation_steps,
         eval_generate_tokens=generate, checkpoint_save=lc.checkpoint_save, state_dict_type=sdt,
-        save_optimizer=lc.save_optimizer, load_dtype=lc.load_dtype, device_map=device_map, sharded=sharded)
+        save_optimizer=lc.save_optimizer, load_dtype=lc.load_dtype, device_map=device_map, sharded=sharded,
+        eval_seq_len=lc.eval_seq_len)

@@ -56,6 +56,9 @@ def _lifecycle_lines(s: TrainSetup, lc: ResolvedLifecycle) -> list[str]:
                    "per evaluation" + (" (`eval_strategy`, `per_device_eval_batch_size`; the number of batches is "
                                        "your eval dataset's size: no option sets it)" if trainer else
                                        " (`[validation]` enabled, local_batch_size, steps)"))
+        if lc.eval_seq_len is not None:
+            out.append(f"- evaluation sequences of {lc.eval_seq_len:,} tokens (the longest validation sample after your "
+                       "tokenizer's truncation: no option sets it)")
         if lc.eval_keeps_logits:
             acc = (f", moved to the CPU every {lc.eval_accumulation_steps} batches (`eval_accumulation_steps`)"
                    if lc.eval_accumulation_steps else ", all kept on the GPU until the loop ends")

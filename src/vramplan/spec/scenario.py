@@ -589,6 +589,15 @@ class Lifecycle(_Strict):
     """HF Trainer ``eval_accumulation_steps``: kept logits move to the CPU every this many batches; null keeps
     them all on the GPU until the loop ends."""
 
+    eval_seq_len: int | None = Field(None, ge=1, le=10_000_000)
+    """Tokens per evaluation sequence (the longest in an evaluation batch, to which the collator pads it);
+    null: the training seq_len.
+
+    Validation sets are often longer than the training crop (whole documents, long prompts with their answers)
+    or shorter (short-answer benchmarks); the evaluation forward's logits and MLP tensors, and the logits an HF
+    Trainer with a ``compute_metrics`` keeps, scale with it (``DataCollatorWithPadding`` pads each batch to its
+    longest sample; ``nested_concat`` pads kept logits to the longest batch)."""
+
     eval_generate_tokens: int | None = Field(None, ge=0, le=100_000_000)
     """Tokens generated from one sample after each validation (Lit-GPT's ``generate_example``); null: Lit-GPT's
     ``EvalArgs.max_new_tokens=100`` under lightning, none elsewhere."""

@@ -30,7 +30,7 @@ from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
 __all__ = ["eval_batch_size", "eval_batch_size_for", "eval_generates", "eval_generates_for", "eval_runs", "eval_runs_for",
-           "evaluation_phase"]
+           "eval_seq_len", "evaluation_phase"]
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size
 LITGPT_NEW_TOKENS = 100  # litgpt EvalArgs.max_new_tokens
@@ -71,6 +71,11 @@ def eval_generates(c: StepContext) -> int:
     return eval_generates_for(c.s.lifecycle, c.framework)
 
 
+def eval_seq_len(c: StepContext) -> int:
+    """Tokens per evaluation sequence: the scenario's ``lifecycle.eval_seq_len``, else the training length."""
+    return c.s.lifecycle.eval_seq_len or c.s.train.seq_len
+
+
 def _head_tensors(c: StepContext, lay: StepLayout) -> tuple[int, int, int]:
     """(logits, their fp32 copy, log-probs) of the training micro-batch.  A loss kernel (``train.loss``) is the
     training step's: outside training Liger's forward materializes the logits (``skip_logits`` is
@@ -86,11 +91,13 @@ def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
     """One no-grad forward's largest live tensors at ``batch`` sequences.  Lit-GPT's ``validate`` runs the head
     unchunked (``model(input_ids)``), its 4-bit head dequantized beside the logits (terms/loss.py
     ``litgpt_head_dequant_bytes``)."""
-    mb = c.s.train.micro_batch_size
-    tokens = ceil_div(batch * c.s.train.seq_len, c.s.parallel.cp)
-    head = sum(_head_tensors(c, lay)) * batch // mb if lay.has_head else 0
+    # the head's tensors are the training micro-batch's (mb x seq_len tokens), scaled to the evaluation's
+    # batch x eval_seq_len tokens
+    seq, mb, es = c.s.train.seq_len, c.s.train.micro_batch_size, eval_seq_len(c)
+    tokens = ceil_div(batch * es, c.s.parallel.cp)
+    head = sum(_head_tensors(c, lay)) * batch * es // (mb * seq) if lay.has_head else 0
     if c.litgpt_head:
-        head = max(head, lay.logits * batch // mb + litgpt_head_dequant_bytes(c))
+        head = max(head, lay.logits * batch * es // (mb * seq) + litgpt_head_dequant_bytes(c))
     mlp = tokens * lay.inter * lay.compute_bytes * (3 if lay.gated else 2)
     return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
 
@@ -100,7 +107,8 @@ def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]
     lc = c.s.lifecycle
     if not (lc.eval_keeps_logits and lay.has_head and c.framework == "hf-trainer"):
         return 0, 0
-    per = _head_tensors(c, lay)[0] * batch // c.s.train.micro_batch_size * c.s.data_parallel_degree
+    t = c.s.train
+    per = _head_tensors(c, lay)[0] * batch * eval_seq_len(c) // (t.micro_batch_size * t.seq_len) * c.s.data_parallel_degree
     n = min(lc.eval_batches, lc.eval_accumulation_steps or lc.eval_batches)
     # the n-th add: n - 1 kept, the new batch, and their torch.cat (n batches) alive together
     return (n - 1) * per, (2 * n if n > 1 else 1) * per
