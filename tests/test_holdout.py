@@ -36,22 +36,26 @@ def _by_id(entry_id: str) -> Entry:
     return next(e for e in _holdout().entries if e.id == entry_id)
 
 
-# batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries
+# batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries;
+# batch 3 (collected 2026-11-26, after its own comment line): 20 entries
 BATCH1_ENTRIES = 36
 BATCH2_ENTRIES = 26
+BATCH3_ENTRIES = 20
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
+BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
+ALL_ENTRIES = BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
     ds = _holdout()
-    assert len(ds.entries) == BATCH1_ENTRIES + BATCH2_ENTRIES
+    assert len(ds.entries) == ALL_ENTRIES
 
 
 def test_ids_are_unique_in_the_raw_file() -> None:
     # parse_dataset refuses duplicates too; this reads the raw list so that the check does not depend on it
     raw: list[dict[str, Any]] = yaml.safe_load(HOLDOUT.read_text(encoding="utf-8"))
     ids = [r["id"] for r in raw]
-    assert len(ids) == BATCH1_ENTRIES + BATCH2_ENTRIES
+    assert len(ids) == ALL_ENTRIES
     assert len(set(ids)) == len(ids)
 
 
@@ -114,7 +118,7 @@ def test_batch2_follows_its_marker_and_brings_new_sources() -> None:
     head, sep, tail = text.partition(BATCH2_MARK)
     assert sep, "the batch-2 comment line is missing"
     batch1 = yaml.safe_load(head)
-    batch2 = yaml.safe_load(tail.split("\n", 1)[1])
+    batch2 = yaml.safe_load(tail.split("\n", 1)[1].partition(BATCH3_MARK)[0])
     assert len(batch1) == BATCH1_ENTRIES
     assert len(batch2) == BATCH2_ENTRIES
     # batch 2 uses none of batch 1's sources, and draws on at least six publications
@@ -142,3 +146,35 @@ def test_batch2_dynamic_length_rows_are_not_compared() -> None:
     rows = [e for e in _holdout().entries if e.source == "peft-method-comparison-metamathqa"]
     assert len(rows) == 4
     assert all(e.not_compared and not e.compares_bytes for e in rows)
+
+
+def test_batch3_follows_its_marker_and_brings_new_sources() -> None:
+    text = HOLDOUT.read_text(encoding="utf-8")
+    head, sep, tail = text.partition(BATCH3_MARK)
+    assert sep, "the batch-3 comment line is missing"
+    earlier = yaml.safe_load(head)
+    batch3 = yaml.safe_load(tail.split("\n", 1)[1])
+    assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES
+    assert len(batch3) == BATCH3_ENTRIES
+    # batch 3 uses none of the sources (nor the cited URLs) of batches 1 and 2, and draws on at least six publications
+    sources3 = {str(r["source"]) for r in batch3}
+    assert not sources3 & {str(r["source"]) for r in earlier}
+    assert len(sources3) >= 6
+    earlier_urls = set().union(*(_urls(str(r["citation"])) for r in earlier))
+    assert not set().union(*(_urls(str(r["citation"])) for r in batch3)) & earlier_urls
+
+
+def test_batch3_figures_converted_to_bytes() -> None:
+    # llama.cpp prints MiB to 2 decimals: 4155.99 x 2^20 = 4,357,871,370.2 -> 4,357,871,370
+    assert _by_id("llamacpp9881-llama3-8b-q4_0-ctx8192-4070-model-buffer").measured.bytes == 4_357_871_370
+    # 8192 cells x 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 1,073,741,824 = 1024.00 MiB, as printed
+    assert _by_id("llamacpp9881-llama3-8b-q4_0-ctx8192-4070-kv-buffer").measured.bytes == 1_073_741_824
+    # vLLM V1 pool: Llama-3.1-70B, 80 layers x 8 KV heads x 128 x 2 x 2 B = 327,680 B per token;
+    # 1,381 blocks x 16 x 327,680 = 7,240,417,280 (1,381 x 16 / 2,048 = 10.79, the printed concurrency)
+    assert _by_id("vllm12569-llama31-70b-w8a8-int8-v1-u098-2k-kv").measured.bytes == 7_240_417_280
+    # vLLM's "GB" in 'Loading model weights took 67.7229 GB' is GiB: 67.7229 x 2^30 = 72,716,910,173.0
+    assert _by_id("vllm12569-llama31-70b-w8a8-int8-v1-u098-2k-weights").measured.bytes == 72_716_910_173
+    # torchtune logs max_memory_allocated() / 1e9: 16.43 GB = 16,430,000,000 B
+    assert _by_id("torchtune1603-llama31-8b-generate-bf16-p6-n300-4090").measured.bytes == 16_430_000_000
+    # axolotl's README: 27.7 GiB x 2^30 = 29,742,648,524.8 -> 29,742,648,525
+    assert _by_id("axolotl-seedoss36b-qlora-r32-s2048-packed-mb2-cce").measured.bytes == 29_742_648_525
