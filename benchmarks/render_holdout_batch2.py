@@ -1,10 +1,13 @@
-"""Render the holdout scores saved by ``vramplan validate --json`` as markdown, for batch 2 alone and the whole file.
+"""Render the holdout scores saved by ``vramplan validate --json`` as markdown, for one batch alone, the batches
+before it, and the whole file.
 
-The engines are not run again: the one scoring of the file is the JSON this script reads
-(benchmarks/data/holdout_batch2_before.json, written by the command in benchmarks/holdout_batch2_before.md).
-Batch 2 is every entry after the ``# ---- batch 2`` comment line of validation/holdout.yaml.
+The engines are not run again: the scoring is the JSON this script reads (e.g.
+benchmarks/data/holdout_batch2_before.json, written by the command in benchmarks/holdout_batch2_before.md).
+Batch N is every entry between the ``# ---- batch N`` comment line of validation/holdout.yaml and the next
+batch's line (or the end of the file).
 
     PYTHONPATH=src python benchmarks/render_holdout_batch2.py benchmarks/data/holdout_batch2_before.json
+    PYTHONPATH=src python benchmarks/render_holdout_batch2.py benchmarks/data/holdout_batch3_before.json --batch 3
 """
 
 from __future__ import annotations
@@ -22,18 +25,24 @@ from vramplan.validate.runner import EntryResult, Prediction, ValidationResult, 
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLDOUT = ROOT / "validation" / "holdout.yaml"
-BATCH2_MARK = "# ---- batch 2, collected 2026-11-26"
+BATCH_MARK = "# ---- batch {n},"
 ENGINES = ("analytic", "trace")
 GIB = 2**30
 
 
-def batch2_ids(path: Path = HOLDOUT) -> list[str]:
-    """Ids of the entries that follow the batch-2 comment line, in file order."""
+def batch_ids(n: int = 2, path: Path = HOLDOUT) -> list[str]:
+    """Ids of the entries between the batch-``n`` comment line and the next batch's, in file order."""
     text = path.read_text(encoding="utf-8")
-    _, sep, tail = text.partition(BATCH2_MARK)
+    _, sep, tail = text.partition(BATCH_MARK.format(n=n))
     if not sep:
-        raise SystemExit(f"{path}: no batch-2 marker line")
-    return [str(r["id"]) for r in yaml.safe_load(tail.split("\n", 1)[1])]
+        raise SystemExit(f"{path}: no batch-{n} marker line")
+    body = tail.split("\n", 1)[1].partition(BATCH_MARK.format(n=n + 1))[0]
+    return [str(r["id"]) for r in yaml.safe_load(body) or []]
+
+
+def batch2_ids(path: Path = HOLDOUT) -> list[str]:
+    """Ids of batch 2's entries (``batch_ids(2)``)."""
+    return batch_ids(2, path)
 
 
 def load_result(path: Path) -> ValidationResult:
@@ -105,24 +114,31 @@ def rows_table(entries: Sequence[EntryResult]) -> list[str]:
     return out
 
 
-def render(result: ValidationResult, ids: Sequence[str]) -> str:
+def render(result: ValidationResult, ids: Sequence[str], n: int = 2) -> str:
     by_id = {e.id: e for e in result.entries}
     batch = [by_id[i] for i in ids]
-    lines = ["## Batch 2 alone", "", f"{len(batch)} entries from {len({e.source for e in batch})} sources.", "",
-             "### Per row", "", *rows_table(batch), "", "### Summary, batch 2", "", *summary_table(batch), "",
-             "## Batch 1 alone, scored in the same run", "",
+    earlier = " + ".join(f"batch {i}" for i in range(1, n))
+    lines = [f"## Batch {n} alone", "", f"{len(batch)} entries from {len({e.source for e in batch})} sources.", "",
+             "### Per row", "", *rows_table(batch), "", f"### Summary, batch {n}", "", *summary_table(batch), "",
+             f"## The other entries ({earlier} and any later batch), scored in the same run", "",
              *summary_table([e for e in result.entries if e.id not in set(ids)]), "",
-             "## Whole holdout file (batch 1 + batch 2)", "", *summary_table(result.entries), "",
+             f"## Whole holdout file ({len(result.entries)} entries)", "", *summary_table(result.entries), "",
              "### The validator's own rendering of the whole file (`vramplan.validate.markdown.to_markdown`)", "",
              to_markdown(result)]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 2:
+    args = list(argv[1:])
+    n = 2
+    if "--batch" in args:
+        i = args.index("--batch")
+        n = int(args[i + 1])
+        del args[i:i + 2]
+    if len(args) != 1:
         print(__doc__)
         return 2
-    sys.stdout.write(render(load_result(Path(argv[1])), batch2_ids()))
+    sys.stdout.write(render(load_result(Path(args[0])), batch_ids(n), n))
     return 0
 
 

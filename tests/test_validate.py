@@ -174,6 +174,18 @@ def test_predicted_quantity_fields() -> None:
     assert predicted_quantity(rep, "allocated_plus_non_torch") == 20
 
 
+def test_weights_gpu_reads_the_engine_that_filled_it() -> None:
+    rep = _report(10, True)
+    # vLLM's and SGLang's reports give all their weights in weights_bytes (weights_gpu_bytes null): "Model loading
+    # took" is compared with them, not with 0
+    vllm = rep.model_copy(update={"serve": ServeBlock(weights_bytes=50, engine="vllm")})
+    assert predicted_quantity(vllm, "weights_gpu") == 50
+    # llama.cpp splits them: the GPU's model buffer, not the whole model
+    cpp = rep.model_copy(update={"serve": ServeBlock(weights_bytes=50, weights_gpu_bytes=30, weights_host_bytes=20,
+                                                     engine="llamacpp")})
+    assert predicted_quantity(cpp, "weights_gpu") == 30
+
+
 def test_unavailable_engine_is_reported_per_entry() -> None:
     def missing(r: Resolved) -> Report:
         raise MissingExtraError("needs pip install 'vramplan[trace]'")

@@ -24,7 +24,8 @@ nvidia_smi                nvidia-smi / NVML used memory                  ``per_g
 kv_cache                  vLLM's KV-cache pool (``# GPU blocks``), or     ``serve.kv_cache_bytes``
                           llama.cpp's "CUDA0 KV buffer size"
 weights_gpu               a serving engine's weights on the GPU          ``serve.weights_gpu_bytes``
-                          (llama.cpp "CUDA0 model buffer size")
+                          (llama.cpp "CUDA0 model buffer size"; vLLM     (llama.cpp), else
+                          "Model loading took", SGLang's weight load)    ``serve.weights_bytes``
 compute_buffer            llama.cpp's "CUDA0 compute buffer size"        ``serve.compute_buffer_bytes``
 peak_active               ``memory_stats()["active_bytes.all.peak"]``    ``per_gpu.peak_allocated_bytes``
 allocated_plus_non_torch  max allocated + (nvidia-smi peak - max         ``peak_allocated_bytes +

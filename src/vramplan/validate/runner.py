@@ -177,7 +177,10 @@ def predicted_quantity(report: Report, quantity: str) -> int:
     if quantity == "kv_cache":
         return report.serve.kv_cache_bytes
     if quantity == "weights_gpu":
-        return report.serve.weights_gpu_bytes or 0
+        # llama.cpp's report splits its weights between the GPU and the host; vLLM's and SGLang's weights are all on
+        # the GPU ("Model loading took", "Load weight end ... mem usage"), their ``weights_bytes``
+        sv = report.serve
+        return sv.weights_gpu_bytes if sv.weights_gpu_bytes is not None else sv.weights_bytes
     if quantity == "compute_buffer":
         return report.serve.compute_buffer_bytes or 0
     raise KeyError(quantity)
