@@ -312,6 +312,9 @@ class VisionSpec:
     # are in the sequence
     cross_attention_layers: tuple[int, ...] = ()
     cross_attention_tokens_per_image: int = 0
+    # a prefix LM (PaliGemma): the image and prefix tokens attend to each other both ways, so every forward hands
+    # the attention a 4-D mask (no mask-free SDPA or flash path)
+    prefix_lm: bool = False
 
 
 @dataclass(frozen=True)

@@ -119,18 +119,47 @@ def image_tokens(s: Scenario, m: ModelSpec) -> int:
     return 0 if m.vision is None else images_per_sample(s) * image_grid(m.vision, image_size(s))[1]
 
 
+def _prefix_lm_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """A prefix LM's attention (``VisionSpec.prefix_lm``, PaliGemma) other than eager, refused.
+
+    ``PaliGemmaModel.forward`` (transformers 5.24 ``modeling_paligemma.py``) hands every layer a 4-D mask
+    (``block_sequence_ids`` from the processor's ``token_type_ids``).  Eager adds it to the scores as it adds a
+    causal mask, which the engines model, in the language model and the SigLIP tower alike.  SDPA with an
+    explicit mask runs the memory-efficient kernel, which saves the mask converted to the compute dtype per layer,
+    and transformers repeats grouped K/V to every head then (``integrations/sdpa_attention.py``
+    ``use_gqa_in_sdpa`` asks for no mask): not modelled; nor is PaliGemma 2 under sdpa, whose Gemma 2 runs eager
+    (``Traits.sdpa_dropped_in``) while its tower runs SDPA.  Flash: the class sets ``_supports_flash_attn = False``."""
+    v = m.vision
+    if v is None or not v.prefix_lm or s.task not in ("train", "inference"):
+        return []
+    want = s.train.attention if s.task == "train" else s.inference.attention
+    if want == "eager":
+        return []
+    why = ("transformers 5.24 PaliGemma sets _supports_flash_attn = False (flash drops the bidirectional mask over "
+           "the image and prefix)" if want == "flash" else
+           "SDPA with that mask (the memory-efficient kernel, the mask converted per layer, grouped K/V repeated; "
+           "or a Gemma 2 falling back to eager beside an SDPA tower) is not modelled")
+    return [Problem(f"{s.task}.attention", f"{m.name} is a prefix LM: every forward hands the attention a 4-D mask "
+                    f"over the image and prefix tokens; {why}",
+                    f"set {s.task}.attention: eager (the mask is added to the scores as a causal one is; modelled)")]
+
+
 def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """Images for a model without a vision tower; more image tokens than the sequence holds."""
+    """Images for a model without a vision tower; more image tokens than the sequence holds; a prefix LM's
+    attention other than eager."""
+    prefix = _prefix_lm_problems(s, m)
+    if prefix:
+        return prefix
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl or llava)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next or paligemma)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl or llava)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next or paligemma)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
