@@ -71,8 +71,8 @@ def _text_config(cfg: Config) -> dict[str, Any]:
 
 
 def _notes(head: bool) -> tuple[str, ...]:
-    out = ["prefix LM: the image and prefix tokens attend to each other both ways (PaliGemma's block_sequence_ids "
-           "mask); eager attention adds that [b, 1, s, s] mask to the scores as it adds a causal one"]
+    out = [("prefix LM: the image and prefix tokens attend to each other both ways (PaliGemma's block_sequence_ids "
+            "mask); eager attention adds that [b, 1, s, s] mask to the scores as it adds a causal one")]
     if head:
         out.append("not modelled: the SigLIP attention-pooling head (vision_use_head) runs on the last layer's output, "
                    "which the projector does not take; its saved tensors reach no gradient")
