@@ -315,6 +315,12 @@ class VisionSpec:
     # a prefix LM (PaliGemma): the image and prefix tokens attend to each other both ways, so every forward hands
     # the attention a 4-D mask (no mask-free SDPA or flash path)
     prefix_lm: bool = False
+    # Pixtral (mistral3): the processor scales each image down to fit longest_edge pixels, keeping its aspect ratio,
+    # and rounds each side up to a multiple of patch x merge; image_size is then the largest image's side
+    longest_edge: int = 0
+    # Pixtral: the tower packs a forward's images into one sequence with a block-diagonal mask unless flash
+    # attention runs (varlen segments); its SDPA / eager path over the pack is not modelled
+    block_mask_unless_flash: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["anyres_grid", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
-           "images_per_sample", "select_best_resolution", "smart_resize", "vision_notes"]
+           "images_per_sample", "pixtral_grid", "select_best_resolution", "smart_resize", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -72,6 +72,22 @@ def anyres_grid(v: VisionSpec, side: int) -> tuple[int, int]:
     return tiles, tokens
 
 
+def pixtral_grid(v: VisionSpec, side: int) -> tuple[int, int]:
+    """(patches through the tower, image tokens) of a ``side`` x ``side`` image under Pixtral's processor.
+
+    ``PixtralImageProcessor`` (transformers 5.24 ``image_processing_pixtral.py`` ``get_resize_output_image_size``):
+    ratio = side / longest_edge; above 1 the side becomes floor(side / ratio); ``_num_image_tokens`` rounds it up
+    to a multiple of patch x merge (n merged patches a side).  The tower runs over (n x merge)^2 patches;
+    ``PixtralProcessor._get_num_multimodal_tokens``: (n + 1) x n tokens, one ``[IMG]`` per merged patch and an
+    ``[IMG_BREAK]`` (the last an ``[IMG_END]``) per row."""
+    ratio = side / v.longest_edge
+    if ratio > 1:
+        side = math.floor(side / ratio)
+    unit = v.patch_size * v.merge_size
+    n = (side - 1) // unit + 1
+    return (n * v.merge_size) ** 2, (n + 1) * n
+
+
 def image_tiles(v: VisionSpec, size: int | None) -> int:
     """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), else 1."""
     return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else 1
@@ -88,6 +104,8 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
     if v.grid_pinpoints:
         tiles, tokens = anyres_grid(v, size or v.image_size)
         return tiles * (v.tile_size // v.patch_size) ** 2, tokens
+    if v.longest_edge:
+        return pixtral_grid(v, size or v.image_size)
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
@@ -144,22 +162,40 @@ def _prefix_lm_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                     f"set {s.task}.attention: eager (the mask is added to the scores as a causal one is; modelled)")]
 
 
+def _block_mask_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Images through a tower that packs them under a block-diagonal mask (``VisionSpec.block_mask_unless_flash``,
+    Pixtral: transformers 5.24 ``modeling_pixtral.py`` ``generate_block_attention_mask``) with attention other than
+    flash: SDPA's memory-efficient kernel over the whole pack's mask, or eager scores over the whole pack, are not
+    modelled; flash runs each image as a varlen segment (``cu_seq_lens``) and saves no mask."""
+    v = m.vision
+    if v is None or not v.block_mask_unless_flash or images_per_sample(s) == 0:
+        return []
+    want = s.train.attention if s.task == "train" else s.inference.attention
+    if want == "flash":
+        return []
+    return [Problem(f"{s.task}.attention", f"{m.name}'s Pixtral tower packs the images of a forward into one "
+                    f"sequence and, with {want} attention, hands every layer a block-diagonal mask over the whole "
+                    "pack (generate_block_attention_mask): not modelled",
+                    f"set {s.task}.attention: flash (each image a varlen segment, no mask; modelled), or "
+                    f"{s.task}.images_per_sample: 0")]
+
+
 def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Images for a model without a vision tower; more image tokens than the sequence holds; a prefix LM's
-    attention other than eager."""
-    prefix = _prefix_lm_problems(s, m)
+    attention other than eager; a packed tower's block mask."""
+    prefix = _prefix_lm_problems(s, m) + _block_mask_problems(s, m)
     if prefix:
         return prefix
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next or paligemma)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma or mistral3)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next or paligemma)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma or mistral3)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
@@ -184,6 +220,11 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"{tiles - 1} tiles of {v.tile_size} x {v.tile_size}, and the whole image at {v.tile_size} x "
                  f"{v.tile_size}: {tiles} tower passes"
                  f"{'' if image_size(s) else '; image_size not given: the largest square of the grid'}")
+    elif v.longest_edge:
+        side = image_size(s) or v.image_size
+        shape = (f"a {side} x {side} image scaled to fit longest_edge {v.longest_edge} and its sides rounded up to "
+                 f"multiples of {v.patch_size * v.merge_size}; the image tokens count an [IMG_BREAK] per row and "
+                 f"[IMG_END]{'' if image_size(s) else '; image_size not given: the largest image'}")
     elif v.max_pixels:
         side = image_size(s) or v.image_size
         shape = (f"a {side} x {side} image resized by the processor's smart_resize (min_pixels {v.min_pixels:,}, "

@@ -24,6 +24,7 @@ from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
+from vramplan.spec.families.mistral3 import MISTRAL3
 from vramplan.spec.families.mllama import MLLAMA
 from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
@@ -42,7 +43,7 @@ FAMILIES: dict[str, Family] = {
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
-    "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA,
+    "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
