@@ -321,6 +321,11 @@ class VisionSpec:
     # Pixtral: the tower packs a forward's images into one sequence with a block-diagonal mask unless flash
     # attention runs (varlen segments); its SDPA / eager path over the pack is not modelled
     block_mask_unless_flash: bool = False
+    # Idefics3 / SmolVLM: tower passes per image (its tiles and the whole image), the same for every square image
+    # (the processor rescales it to a fixed longest edge); 0: one pass, or grid_pinpoints' tiles
+    fixed_tiles: int = 0
+    # why the model cannot take an image at all (its forward fails), refused for images_per_sample > 0; "": it can
+    images_refused: str = ""
 
 
 @dataclass(frozen=True)

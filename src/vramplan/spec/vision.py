@@ -89,8 +89,9 @@ def pixtral_grid(v: VisionSpec, side: int) -> tuple[int, int]:
 
 
 def image_tiles(v: VisionSpec, size: int | None) -> int:
-    """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), else 1."""
-    return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else 1
+    """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), Idefics3's tiles and
+    whole image (``VisionSpec.fixed_tiles``), else 1."""
+    return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else (v.fixed_tiles or 1)
 
 
 def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
@@ -189,13 +190,16 @@ def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma or mistral3)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma, mistral3, idefics3 or smolvlm)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
+    if m.vision is not None and m.vision.images_refused:
+        return [Problem(where, f"{n} image(s) per sequence, but {m.name} cannot take an image: "
+                        f"{m.vision.images_refused}", "set images_per_sample: 0 (the language model alone)")]
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma or mistral3)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma, mistral3, idefics3 or smolvlm)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
@@ -220,6 +224,10 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"{tiles - 1} tiles of {v.tile_size} x {v.tile_size}, and the whole image at {v.tile_size} x "
                  f"{v.tile_size}: {tiles} tower passes"
                  f"{'' if image_size(s) else '; image_size not given: the largest square of the grid'}")
+    elif v.fixed_tiles > 1:
+        shape = (f"every square image rescaled to a fixed longest edge and cut into {tiles - 1} tiles of "
+                 f"{v.image_size} x {v.image_size}, and the whole image at {v.image_size} x {v.image_size}: {tiles} "
+                 f"tower passes{'; image_size ignored' if image_size(s) else ''}")
     elif v.longest_edge:
         side = image_size(s) or v.image_size
         shape = (f"a {side} x {side} image scaled to fit longest_edge {v.longest_edge} and its sides rounded up to "
