@@ -130,16 +130,76 @@ def _doc(task: str = "train", model: str = str(PG2), **section: Any) -> dict[str
     return {"model": model, "hardware": {"gpu": "H100-80GB"}, "task": task, task: section}
 
 
-@pytest.mark.parametrize(("task", "attention", "match"), [
-    ("train", "sdpa", "SDPA with that mask"),
-    ("train", "flash", "_supports_flash_attn = False"),
-    ("inference", "sdpa", "SDPA with that mask"),
+@pytest.mark.parametrize(("which", "task", "attention", "match", "hint"), [
+    ("paligemma2", "train", "sdpa", "runs eager while the SigLIP tower runs SDPA", "attention: eager"),
+    ("paligemma2", "inference", "sdpa", "runs eager while the SigLIP tower runs SDPA", "attention: eager"),
+    ("paligemma2", "train", "flash", "_supports_flash_attn = False", "attention: eager"),
+    ("paligemma", "train", "flash", "_supports_flash_attn = False", "attention: sdpa"),
 ])
-def test_prefix_lm_attention_other_than_eager_is_refused(task: str, attention: str, match: str) -> None:
+def test_prefix_lm_attention_not_modelled_is_refused(tmp_path: Path, which: str, task: str, attention: str,
+                                                     match: str, hint: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_defaults() if which == "paligemma" else _cfg()))
     size = {"seq_len": 2048} if task == "train" else {"prompt_len": 2048}
     with pytest.raises(ScenarioError, match=match) as err:
-        resolve(_doc(task, attention=attention, images_per_sample=1, **size))
-    assert f"set {task}.attention: eager" in str(err.value)
+        resolve(_doc(task, model=str(path), attention=attention, images_per_sample=1, **size))
+    assert f"set {task}.{hint}" in str(err.value)
+
+
+def _pg1(tmp_path: Path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_defaults()))
+    return str(path)
+
+
+def test_sdpa_runs_the_memory_efficient_kernel_on_the_mask(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from vramplan.analytic.attention import resolve_attention
+    from vramplan.analytic.terms.context import step_policy
+    from vramplan.analytic.train import train_step
+
+    r = resolve(_doc(model=_pg1(tmp_path), micro_batch_size=1, seq_len=1024, images_per_sample=1))
+    assert r.model.traits.sdpa_mask_always
+    # flash takes no mask: the memory-efficient kernel (SDPA's default here, sdpa)
+    assert resolve_attention(r.scenario, r.model, step_policy(r.scenario))[0] == "efficient"
+    without = replace(r, model=replace(r.model, traits=replace(r.model.traits, sdpa_mask_always=False)))
+
+    def saved(res: Any) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in res.terms:  # the per-layer terms share a name: summed over the layers
+            if t.name.startswith("saved."):
+                out[t.name] = out.get(t.name, 0) + t.nbytes
+        return out
+
+    ours, plain = saved(train_step(r)), saved(train_step(without))
+    # per token and decoder layer, Gemma-2B (8 heads, 1 K/V head of 256), bf16: the mask in the query dtype
+    # 2 x 1,024 keys = 2,048 and K and V repeated to the 7 other heads 2 x 2 x (2048 - 256) = 7,168 -> 9,216,
+    # over 1,024 tokens and 18 layers (each layer's "saved.kept")
+    assert ours["saved.kept"] - plain["saved.kept"] == 18 * 9_216 * 1_024 == 169_869_312
+    assert all(ours[k] == plain[k] for k in ours if k != "saved.kept")
+    # full checkpointing: each layer keeps its input, and the boolean mask (1 byte per key) is kept with them
+    ckpt = resolve(_doc(model=_pg1(tmp_path), micro_batch_size=1, seq_len=1024, images_per_sample=1,
+                        gradient_checkpointing="full"))
+    ckpt_plain = replace(ckpt, model=replace(ckpt.model, traits=replace(ckpt.model.traits, sdpa_mask_always=False)))
+    assert saved(train_step(ckpt))["saved.shared"] - saved(train_step(ckpt_plain))["saved.shared"] == 1_024 * 1_024
+
+
+def test_sdpa_prefill_by_hand(tmp_path: Path) -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.moment import K
+
+    r = resolve(_doc("inference", model=_pg1(tmp_path), batch_size=2, prompt_len=1024, images_per_sample=1))
+    (prefill,) = [mo for mo in inference_step(r).moments if mo.get(K.RUNNING_LAYER)]
+    # Gemma-2B, bf16, 2 x 1,024 tokens: the attention moment (3 x 2048 + 3 x 2048) x 2,048 x 2 = 50,331,648,
+    # K and V repeated 2 x 2048 x 2,048 x 2 = 16,777,216, the boolean mask 2 x 1,024^2 = 2,097,152 and its bf16
+    # copy 4,194,304 -> 73,400,320; the MLP moment (3 x 2048 + 3 x 16,384) x 2,048 x 2 = 226,492,416 with the
+    # boolean mask alive, 228,589,568, is the larger
+    assert prefill.get(K.RUNNING_LAYER) == 226_492_416 + 2_097_152 == 228_589_568
+    # the tower under SDPA (no mask: SigLIP is handed none) runs flash: its MLP moment 2 x (3 x 1152 + 2 x 4096)
+    # = 23,296 per patch and the pixels 2 x 3 x 14^2 = 1,176, 256 patches, 2 images
+    (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
+    assert vision.get(K.VISION_TOWER) == 2 * 256 * (23_296 + 1_176) == 12_529_664
 
 
 def test_image_tokens_in_the_sequence_and_the_cache() -> None:

@@ -53,6 +53,8 @@ def gqa_math_fallback(s: Scenario, m: ModelSpec, compute_bytes: int, gpu: GpuSpe
         return False  # ROCm's kernels have other rules; not modelled here
     if not (m.num_kv_heads < m.num_attention_heads) or m.mla is not None:  # grouped or multi-query K/V
         return False
+    if m.traits.sdpa_mask_always:
+        return False  # a mask on every forward: K/V repeated to every head, which the efficient kernel takes
     tv, torch_v = s.software.transformers_version, s.software.torch_version
     if tv is not None and tv < TRANSFORMERS_ENABLE_GQA:
         return False
@@ -119,6 +121,8 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     if gqa_math_fallback(s, m, pol.compute_bytes, gpu) or (
             pol.compute_bytes == 2 and bf16_math_fallback(pol.half, gpu)):
         return "math", False
-    if not _flash_runs(m, pol.compute_bytes, _capability(gpu)):
+    if not _flash_runs(m, pol.compute_bytes, _capability(gpu)) or m.traits.sdpa_mask_always:
+        # flash takes no attn_mask (sdp_utils.cpp ``check_for_attn_mask``): a model that always passes one
+        # (``Traits.sdpa_mask_always``) runs the memory-efficient kernel
         return "efficient", False
     return "flash", False

@@ -439,6 +439,13 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
         attn = (3 * h + 3 * q) * t * c
+        if m.traits.sdpa_mask_always:
+            # a mask on every forward (PaliGemma's prefix LM): K and V repeated to every head (2q), the boolean
+            # [b, 1, p, p] mask the model keeps for all layers and its copy in the query dtype SDPA makes for the
+            # memory-efficient kernel (aten ``convert_boolean_attn_mask``); the boolean one is alive through the MLP
+            kept_mask = batch * prompt * prompt
+            attn += 2 * q * t * c + kept_mask + batch * prompt * prompt * c
+            mlp += kept_mask
     norm = 0
     if m.norm in ("rms", "rms_fp32") and c < 4:
         # the post-attention RMSNorm (``LlamaRMSNorm``: ``hidden_states.to(torch.float32)``, then

@@ -242,6 +242,13 @@ class Traits:
     # of its own ``CrossEntropyLoss`` (4.46 for Llama and its kin; 4.49 for GPT-2, GPT-J, GPT-NeoX, Falcon,
     # BLOOM, OPT: their 4.48 modeling files still shift and call CrossEntropyLoss), analytic/logits.py
     loss_function_since: tuple[int, int] = (4, 46)
+    # ---- attention mask ----
+    # every forward hands the attention a 4-D boolean mask (PaliGemma's prefix LM: ``block_sequence_ids`` from the
+    # processor's ``token_type_ids``, transformers 5.24 modeling_paligemma.py): SDPA cannot take flash then and runs
+    # the memory-efficient kernel, which saves the mask converted to the query dtype per layer (aten attention.cpp
+    # ``convert_boolean_attn_mask``), and transformers repeats grouped K/V to every head (``use_gqa_in_sdpa`` asks
+    # for no mask); the analytic/activations.py sliding-window mask rule, applied at every length
+    sdpa_mask_always: bool = False
 
 
 @dataclass(frozen=True)

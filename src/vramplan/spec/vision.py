@@ -139,28 +139,32 @@ def image_tokens(s: Scenario, m: ModelSpec) -> int:
 
 
 def _prefix_lm_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """A prefix LM's attention (``VisionSpec.prefix_lm``, PaliGemma) other than eager, refused.
+    """A prefix LM's attention (``VisionSpec.prefix_lm``, PaliGemma) the engines do not model, refused.
 
     ``PaliGemmaModel.forward`` (transformers 5.24 ``modeling_paligemma.py``) hands every layer a 4-D mask
     (``block_sequence_ids`` from the processor's ``token_type_ids``).  Eager adds it to the scores as it adds a
-    causal mask, which the engines model, in the language model and the SigLIP tower alike.  SDPA with an
-    explicit mask runs the memory-efficient kernel, which saves the mask converted to the compute dtype per layer,
-    and transformers repeats grouped K/V to every head then (``integrations/sdpa_attention.py``
-    ``use_gqa_in_sdpa`` asks for no mask): not modelled; nor is PaliGemma 2 under sdpa, whose Gemma 2 runs eager
-    (``Traits.sdpa_dropped_in``) while its tower runs SDPA.  Flash: the class sets ``_supports_flash_attn = False``."""
+    causal mask; SDPA runs the memory-efficient kernel on it (``Traits.sdpa_mask_always``); both are modelled,
+    in the language model and the SigLIP tower (SDPA without a mask there).  Not modelled: PaliGemma 2 under sdpa,
+    whose Gemma 2 runs eager (``Traits.sdpa_dropped_in``) while its tower runs SDPA.  Flash: the class sets
+    ``_supports_flash_attn = False``."""
     v = m.vision
     if v is None or not v.prefix_lm or s.task not in ("train", "inference"):
         return []
     want = s.train.attention if s.task == "train" else s.inference.attention
-    if want == "eager":
+    dropped, release = m.traits.sdpa_dropped_in, s.software.transformers_version
+    mixed = want == "sdpa" and (
+        "sdpa" not in m.traits.attention_kernels or (dropped is not None and (release is None or release >= dropped)))
+    if want == "eager" or (want == "sdpa" and not mixed):
         return []
     why = ("transformers 5.24 PaliGemma sets _supports_flash_attn = False (flash drops the bidirectional mask over "
            "the image and prefix)" if want == "flash" else
-           "SDPA with that mask (the memory-efficient kernel, the mask converted per layer, grouped K/V repeated; "
-           "or a Gemma 2 falling back to eager beside an SDPA tower) is not modelled")
+           "under sdpa its language model has no SDPA path in this transformers release and runs eager while the "
+           "SigLIP tower runs SDPA, a mix that is not modelled")
+    hint = "set {t}.attention: eager (the mask is added to the scores as a causal one is; modelled)"
+    if want == "flash" and not mixed and "sdpa" in m.traits.attention_kernels and dropped is None:
+        hint = "set {t}.attention: sdpa (the memory-efficient kernel on the mask; modelled) or eager"
     return [Problem(f"{s.task}.attention", f"{m.name} is a prefix LM: every forward hands the attention a 4-D mask "
-                    f"over the image and prefix tokens; {why}",
-                    f"set {s.task}.attention: eager (the mask is added to the scores as a causal one is; modelled)")]
+                    f"over the image and prefix tokens; {why}", hint.format(t=s.task))]
 
 
 def _block_mask_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

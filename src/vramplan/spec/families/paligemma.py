@@ -23,11 +23,12 @@ Attention: a prefix LM.  ``PaliGemmaModel.forward`` builds the mask with ``block
 ``token_type_ids`` (the processor always returns them: ``return_token_type_ids = True``), so the image and prefix
 tokens attend to each other both ways and the suffix causally, and ``PaliGemmaConfig.__post_init__`` sets the
 text model's ``use_bidirectional_attention`` (``GemmaAttention.is_causal`` False).  Every forward hands the
-attention a 4-D mask: eager adds it to the scores as it adds a causal one (the engines' eager model holds), while
-SDPA's path with an explicit mask (the memory-efficient kernel, the boolean mask converted per layer, K/V
-repeated: ``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa`` needs no mask) is not modelled and is refused
-(spec/vision.py ``image_problems``); ``_supports_flash_attn = False``.  PaliGemma 2's Gemma 2 runs eager under
-sdpa anyway (``Traits.sdpa_dropped_in``).
+attention a 4-D mask: eager adds it to the scores as it adds a causal one (the engines' eager model holds); SDPA
+cannot run flash with a mask and runs the memory-efficient kernel, which saves the boolean mask converted to the
+query dtype per layer (aten ``convert_boolean_attn_mask``), with K/V repeated to every head
+(``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa`` needs no mask): ``Traits.sdpa_mask_always``.  Flash is
+refused (``_supports_flash_attn = False``), and so is PaliGemma 2 under sdpa, whose Gemma 2 runs eager
+(``Traits.sdpa_dropped_in``) beside an SDPA tower (spec/vision.py ``image_problems``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # compute dtype (autocast's cast, or the bf16 output itself)
                         head_saved_per_patch=(("norm", 1), ("compute", t["d"])),
                         notes=_notes(bool(vc["vision_use_head"])), prefix_lm=True)
-    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
+    # every forward hands the language model's attention a 4-D mask (module docstring): SDPA's memory-efficient
+    # kernel with the mask and repeated K/V (analytic/activations.py, analytic/inference.py)
+    traits = replace(text.traits, sdpa_mask_always=True)
+    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision, traits=traits)
 
 
 # both sub-configs required: a config without them is built from PaliGemmaConfig's init_kwargs, which the traced
