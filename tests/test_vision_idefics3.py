@@ -194,3 +194,29 @@ def test_prefill_vision_moment_by_hand() -> None:
     assert vision.get(K.VISION_TOWER) == 17 * 676 * (24_128 + 1_176) == 290_793_568
     assert any("cut into 16 tiles of 364 x 364" in a for a in r.assumptions)
     assert any("preprocessor_config.json, not read" in a for a in r.assumptions)
+
+
+def test_transformers_runs_full_tiles_without_a_mask() -> None:
+    """What the tower's SDPA flash terms stand on, read off transformers 5.24 on the CPU: full tiles (the padding
+    mask all ones) reach ``scaled_dot_product_attention`` with no mask, one batch row per tile
+    (``_ignore_bidirectional_mask_sdpa``)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from unittest import mock
+
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
+
+    vc = transformers.Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=56, patch_size=14)
+    vc._attn_implementation = "sdpa"
+    tower = Idefics3VisionTransformer(vc).train()
+    calls: list[Any] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def record(q: Any, k: Any, v: Any, attn_mask: Any = None, **kw: Any) -> Any:
+        calls.append((tuple(q.shape), attn_mask))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    with mock.patch("torch.nn.functional.scaled_dot_product_attention", record):
+        tower(torch.randn(3, 3, 56, 56))
+    assert calls == [((3, 2, 16, 16), None)]

@@ -208,3 +208,26 @@ def test_prefill_vision_moment_by_hand() -> None:
     # the gated MLP's three 4096-wide tensors, 2 x (3 x 1024 + 3 x 4096) = 30,720 per patch; pixels 2 x 3 x 196
     assert vision.get(K.VISION_TOWER) == (30_720 + 1_176) * 12_100 == 385_941_600
     assert any("longest_edge (preprocessor_config.json, not read)" in a for a in r.assumptions)
+
+
+def test_transformers_packs_the_images_under_a_block_mask() -> None:
+    """What the refusal stands on, read off transformers 5.24 on the CPU: under sdpa a Pixtral tower runs two
+    images (4 x 4 and 2 x 4 patches) as one sequence of 24 patches with a float [1, 1, 24, 24] block mask."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from unittest import mock
+
+    vc = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=2, image_size=56, patch_size=14)
+    vc._attn_implementation = "sdpa"
+    tower = transformers.PixtralVisionModel(vc).train()
+    calls: list[Any] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def record(q: Any, k: Any, v: Any, attn_mask: Any = None, **kw: Any) -> Any:
+        calls.append((tuple(q.shape), None if attn_mask is None else tuple(attn_mask.shape)))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    with mock.patch("torch.nn.functional.scaled_dot_product_attention", record):
+        tower(torch.randn(2, 3, 56, 56), image_sizes=[(56, 56), (28, 56)])
+    assert calls == [((1, 2, 24, 16), (1, 1, 24, 24))]

@@ -273,3 +273,37 @@ def test_kv_cache_holds_the_image_tokens() -> None:
     assert max(mo.get(K.KV_PROMPT) for mo in moments) == 106_496 * 3048 == 324_599_808
     # the last decode step reads the cache of the prompt and the 15 tokens generated before it
     assert max(mo.get(K.KV_ALL) for mo in moments) == 106_496 * (3048 + 15) == 326_197_248
+
+
+def test_transformers_hands_sdpa_the_mask_and_repeated_kv() -> None:
+    """What ``Traits.sdpa_mask_always`` stands on, read off transformers 5.24 on the CPU: a tiny PaliGemma in
+    training under sdpa calls ``scaled_dot_product_attention`` with no mask in the SigLIP tower and, in every
+    decoder layer, a boolean [b, 1, s, s] mask with K and V repeated to the query heads (no enable_gqa)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from unittest import mock
+
+    cfg = transformers.PaliGemmaConfig(
+        vision_config={"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                       "vision_use_head": False},
+        text_config={"model_type": "gemma", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 300},
+        projection_dim=32, image_token_index=299)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.PaliGemmaForConditionalGeneration(cfg).train()
+    calls: list[tuple[int, Any]] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def record(q: Any, k: Any, v: Any, attn_mask: Any = None, **kw: Any) -> Any:
+        mask = None if attn_mask is None else (attn_mask.dtype, tuple(attn_mask.shape))
+        calls.append((k.shape[1], mask, kw.get("enable_gqa")))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    # (28 / 14)^2 = 4 image tokens, then the prefix (token type 0) and a 3-token suffix (token type 1)
+    ids = torch.tensor([[299] * 4 + [2, 5, 6, 7, 8, 9]])
+    with mock.patch("torch.nn.functional.scaled_dot_product_attention", record):
+        model(input_ids=ids, pixel_values=torch.randn(1, 3, 28, 28),
+              token_type_ids=torch.tensor([[0] * 7 + [1] * 3]), labels=ids)
+    assert calls == [(2, None, None), (4, (torch.bool, (1, 1, 10, 10)), None), (4, (torch.bool, (1, 1, 10, 10)), None)]
