@@ -12,7 +12,7 @@ from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["BF16_MATH_NOTE", "MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "bf16_math_fallback",
-           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "resolve_attention"]
+           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "mem_efficient_mask_row", "resolve_attention"]
 
 # transformers passes ``enable_gqa=True`` to SDPA instead of repeating K/V (integrations/sdpa_attention.py
 # ``use_gqa_in_sdpa``: torch >= 2.5 and no attention mask) from 4.54.0; read off the 4.53.0 and 4.54.0 wheels
@@ -64,6 +64,13 @@ def gqa_math_fallback(s: Scenario, m: ModelSpec, compute_bytes: int, gpu: GpuSpe
     if any(layer.sliding_window and seq >= layer.sliding_window for layer in m.layers):
         return False
     return not _flash_runs(m, compute_bytes, _capability(gpu))
+
+
+def mem_efficient_mask_row(keys: int) -> int:
+    """Keys per row of the mask SDPA's memory-efficient kernel keeps: aten ``preprocess_mask``
+    (transformers/attention.cpp, ``mem_eff_alignment = 8``) pads a mask whose rows are not a multiple of 8
+    elements (``pad_bias``: a padded copy, sliced back) and hands the kernel the padded one."""
+    return -(-keys // 8) * 8
 
 
 def falls_back_to_eager(want: str, m: ModelSpec, transformers: tuple[int, ...] | None = None) -> bool:

@@ -326,7 +326,8 @@ class VisionSpec:
     # and rounds each side up to a multiple of patch x merge; image_size is then the largest image's side
     longest_edge: int = 0
     # Pixtral: the tower packs a forward's images into one sequence with a block-diagonal mask unless flash
-    # attention runs (varlen segments); its SDPA / eager path over the pack is not modelled
+    # attention runs (varlen segments): SDPA's memory-efficient kernel keeps the mask (analytic/terms/vision.py);
+    # eager over the pack is not modelled
     block_mask_unless_flash: bool = False
     # Idefics3 / SmolVLM: tower passes per image (its tiles and the whole image), the same for every square image
     # (the processor rescales it to a fixed longest edge); 0: one pass, or grid_pinpoints' tiles

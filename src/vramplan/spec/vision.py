@@ -169,20 +169,19 @@ def _prefix_lm_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 def _block_mask_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Images through a tower that packs them under a block-diagonal mask (``VisionSpec.block_mask_unless_flash``,
-    Pixtral: transformers 5.24 ``modeling_pixtral.py`` ``generate_block_attention_mask``) with attention other than
-    flash: SDPA's memory-efficient kernel over the whole pack's mask, or eager scores over the whole pack, are not
-    modelled; flash runs each image as a varlen segment (``cu_seq_lens``) and saves no mask."""
+    Pixtral: transformers 5.24 ``modeling_pixtral.py`` ``generate_block_attention_mask``) with eager attention, whose
+    scores over the whole pack (with the mask added in the patch embeddings' dtype) are not modelled; flash (each
+    image a varlen segment) and SDPA (the memory-efficient kernel on the mask, analytic/terms/vision.py) are."""
     v = m.vision
     if v is None or not v.block_mask_unless_flash or images_per_sample(s) == 0:
         return []
     want = s.train.attention if s.task == "train" else s.inference.attention
-    if want == "flash":
+    if want != "eager":
         return []
     return [Problem(f"{s.task}.attention", f"{m.name}'s Pixtral tower packs the images of a forward into one "
-                    f"sequence and, with {want} attention, hands every layer a block-diagonal mask over the whole "
-                    "pack (generate_block_attention_mask): not modelled",
-                    f"set {s.task}.attention: flash (each image a varlen segment, no mask; modelled), or "
-                    f"{s.task}.images_per_sample: 0")]
+                    "sequence and, with eager attention, scores the whole pack under a block-diagonal mask "
+                    "(generate_block_attention_mask): not modelled",
+                    f"set {s.task}.attention: sdpa or flash (both modelled), or {s.task}.images_per_sample: 0")]
 
 
 def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

@@ -29,10 +29,10 @@ tokens for h x w merged patches (``_get_num_multimodal_tokens``).  The processor
 
 The tower packs the images of a forward into one sequence (``torch.cat`` of every image's patches) and, except
 under flash attention (``cu_seq_lens``, one varlen segment per image), hands every layer a block-diagonal float
-mask over the whole pack (``generate_block_attention_mask``); SDPA then runs the memory-efficient kernel on it and
-eager attention scores the whole pack.  That path is not modelled and is refused when the batch holds images
-(spec/vision.py ``image_problems``); under flash the tower's saved tensors per patch are those of a decoder
-layer of its shape, whatever the packing.
+mask over the whole pack (``generate_block_attention_mask``).  Under flash the tower's saved tensors per patch are
+those of a decoder layer of its shape, whatever the packing; SDPA runs the memory-efficient kernel on the mask,
+which it keeps (analytic/terms/vision.py ``_block_mask``, ``VisionSpec.block_mask_unless_flash``); eager, which
+scores the whole pack, is refused when the batch holds images (spec/vision.py ``image_problems``).
 """
 
 from __future__ import annotations
