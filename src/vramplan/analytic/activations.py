@@ -359,8 +359,9 @@ def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[S
                 _T("attention.output", c * qw), _T("attention.logsumexp", 4 * heads)]
         if ctx.frozen_base:
             out += _adapter_input_tensors("attention.o_proj", qw, (o_name,), c, ctx)
-        if ctx.sdpa and window and ctx.seq_len >= window:
-            # transformers builds an explicit sliding-window mask once the sequence reaches the window;
+        if ctx.sdpa and ((window and ctx.seq_len >= window) or m.traits.sdpa_mask_always):
+            # transformers builds an explicit sliding-window mask once the sequence reaches the window (and a
+            # prefix LM's on every forward, Traits.sdpa_mask_always);
             # SDPA then runs the memory-efficient kernel, which keeps the mask (converted to the query
             # dtype, [b, 1, s, s]), and transformers repeats K/V to every head (no enable_gqa with a mask)
             out += [_T("attention.window_mask", c * ctx.seq_len), _T("attention.kv_repeated", c * (qw - kvw), 2)]
@@ -1268,6 +1269,9 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective", "attention-core", "op-sac"):
         kinds = len({ls.sliding_window for ls in m.layers}) or 1
         out += kinds * c * ctx.seq_len
+    elif m.traits.sdpa_mask_always and ctx.sdpa and checkpointing in ("full", "selective", "attention-core", "op-sac"):
+        # the checkpointed layers keep their inputs, the prefix LM's boolean mask among them (one byte per key)
+        out += ctx.seq_len
     if m.traits.embedding_dropout and ctx.dropout and m.hidden_dropout > 0:
         # GPT-2, BERT and OPT drop the embeddings with the hidden dropout probability, StarCoder2 with
         # embedding_dropout (0.1 in the published configs, as is its residual_dropout, which hidden_dropout

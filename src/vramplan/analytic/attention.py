@@ -12,7 +12,7 @@ from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["BF16_MATH_NOTE", "MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "bf16_math_fallback",
-           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "resolve_attention"]
+           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "mem_efficient_mask_row", "resolve_attention"]
 
 # transformers passes ``enable_gqa=True`` to SDPA instead of repeating K/V (integrations/sdpa_attention.py
 # ``use_gqa_in_sdpa``: torch >= 2.5 and no attention mask) from 4.54.0; read off the 4.53.0 and 4.54.0 wheels
@@ -53,6 +53,8 @@ def gqa_math_fallback(s: Scenario, m: ModelSpec, compute_bytes: int, gpu: GpuSpe
         return False  # ROCm's kernels have other rules; not modelled here
     if not (m.num_kv_heads < m.num_attention_heads) or m.mla is not None:  # grouped or multi-query K/V
         return False
+    if m.traits.sdpa_mask_always:
+        return False  # a mask on every forward: K/V repeated to every head, which the efficient kernel takes
     tv, torch_v = s.software.transformers_version, s.software.torch_version
     if tv is not None and tv < TRANSFORMERS_ENABLE_GQA:
         return False
@@ -62,6 +64,13 @@ def gqa_math_fallback(s: Scenario, m: ModelSpec, compute_bytes: int, gpu: GpuSpe
     if any(layer.sliding_window and seq >= layer.sliding_window for layer in m.layers):
         return False
     return not _flash_runs(m, compute_bytes, _capability(gpu))
+
+
+def mem_efficient_mask_row(keys: int) -> int:
+    """Keys per row of the mask SDPA's memory-efficient kernel keeps: aten ``preprocess_mask``
+    (transformers/attention.cpp, ``mem_eff_alignment = 8``) pads a mask whose rows are not a multiple of 8
+    elements (``pad_bias``: a padded copy, sliced back) and hands the kernel the padded one."""
+    return -(-keys // 8) * 8
 
 
 def falls_back_to_eager(want: str, m: ModelSpec, transformers: tuple[int, ...] | None = None) -> bool:
@@ -119,6 +128,8 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     if gqa_math_fallback(s, m, pol.compute_bytes, gpu) or (
             pol.compute_bytes == 2 and bf16_math_fallback(pol.half, gpu)):
         return "math", False
-    if not _flash_runs(m, pol.compute_bytes, _capability(gpu)):
+    if not _flash_runs(m, pol.compute_bytes, _capability(gpu)) or m.traits.sdpa_mask_always:
+        # flash takes no attn_mask (sdp_utils.cpp ``check_for_attn_mask``): a model that always passes one
+        # (``Traits.sdpa_mask_always``) runs the memory-efficient kernel
         return "efficient", False
     return "flash", False

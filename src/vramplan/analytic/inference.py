@@ -74,6 +74,7 @@ from vramplan.analytic.attention import (
     falls_back_to_eager,
     gqa_math_fallback,
     gqa_math_note,
+    mem_efficient_mask_row,
 )
 from vramplan.analytic.generate_replay import applies, cached_excess, growth_note
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
@@ -439,6 +440,13 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
         attn = (3 * h + 3 * q) * t * c
+        if m.traits.sdpa_mask_always:
+            # a mask on every forward (PaliGemma's prefix LM): K and V repeated to every head (2q), the boolean
+            # [b, 1, p, p] mask the model keeps for all layers and its copy in the query dtype SDPA makes for the
+            # memory-efficient kernel (aten ``convert_boolean_attn_mask``); the boolean one is alive through the MLP
+            kept_mask = batch * prompt * prompt
+            attn += 2 * q * t * c + kept_mask + batch * prompt * prompt * c
+            mlp += kept_mask
     norm = 0
     if m.norm in ("rms", "rms_fp32") and c < 4:
         # the post-attention RMSNorm (``LlamaRMSNorm``: ``hidden_states.to(torch.float32)``, then
@@ -675,6 +683,12 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     # (CLIP's, VisionSpec.extra_tokens)
     tiles = image_tiles(v, inf.image_size)
     layer = images * tiles * prefill_layer_bytes(tower, 1, patches // tiles + v.extra_tokens, g.c, 1, g.attention)
+    if v.block_mask_unless_flash and inf.attention == "sdpa":
+        # Pixtral packs the batch's images into one sequence under a block-diagonal mask in the model's dtype, kept
+        # through the tower's layers (generate_block_attention_mask), and SDPA's memory-efficient kernel takes a
+        # padded copy of it per call when its rows are unaligned (aten preprocess_mask)
+        seq = images * patches
+        layer += g.c * seq * seq + (g.c * seq * mem_efficient_mask_row(seq) if seq % 8 else 0)
     pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * g.c
     mo = Moment("prefill")  # the images are encoded in the prefill forward, before its decoder layers
     mo.add(K.PARAMETERS, t.weights)

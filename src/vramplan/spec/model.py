@@ -242,6 +242,13 @@ class Traits:
     # of its own ``CrossEntropyLoss`` (4.46 for Llama and its kin; 4.49 for GPT-2, GPT-J, GPT-NeoX, Falcon,
     # BLOOM, OPT: their 4.48 modeling files still shift and call CrossEntropyLoss), analytic/logits.py
     loss_function_since: tuple[int, int] = (4, 46)
+    # ---- attention mask ----
+    # every forward hands the attention a 4-D boolean mask (PaliGemma's prefix LM: ``block_sequence_ids`` from the
+    # processor's ``token_type_ids``, transformers 5.24 modeling_paligemma.py): SDPA cannot take flash then and runs
+    # the memory-efficient kernel, which saves the mask converted to the query dtype per layer (aten attention.cpp
+    # ``convert_boolean_attn_mask``), and transformers repeats grouped K/V to every head (``use_gqa_in_sdpa`` asks
+    # for no mask); the analytic/activations.py sliding-window mask rule, applied at every length
+    sdpa_mask_always: bool = False
 
 
 @dataclass(frozen=True)
@@ -312,6 +319,21 @@ class VisionSpec:
     # are in the sequence
     cross_attention_layers: tuple[int, ...] = ()
     cross_attention_tokens_per_image: int = 0
+    # a prefix LM (PaliGemma): the image and prefix tokens attend to each other both ways, so every forward hands
+    # the attention a 4-D mask (no mask-free SDPA or flash path)
+    prefix_lm: bool = False
+    # Pixtral (mistral3): the processor scales each image down to fit longest_edge pixels, keeping its aspect ratio,
+    # and rounds each side up to a multiple of patch x merge; image_size is then the largest image's side
+    longest_edge: int = 0
+    # Pixtral: the tower packs a forward's images into one sequence with a block-diagonal mask unless flash
+    # attention runs (varlen segments): SDPA's memory-efficient kernel keeps the mask (analytic/terms/vision.py);
+    # eager over the pack is not modelled
+    block_mask_unless_flash: bool = False
+    # Idefics3 / SmolVLM: tower passes per image (its tiles and the whole image), the same for every square image
+    # (the processor rescales it to a fixed longest edge); 0: one pass, or grid_pinpoints' tiles
+    fixed_tiles: int = 0
+    # why the model cannot take an image at all (its forward fails), refused for images_per_sample > 0; "": it can
+    images_refused: str = ""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["anyres_grid", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
-           "images_per_sample", "select_best_resolution", "smart_resize", "vision_notes"]
+           "images_per_sample", "pixtral_grid", "select_best_resolution", "smart_resize", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -72,9 +72,26 @@ def anyres_grid(v: VisionSpec, side: int) -> tuple[int, int]:
     return tiles, tokens
 
 
+def pixtral_grid(v: VisionSpec, side: int) -> tuple[int, int]:
+    """(patches through the tower, image tokens) of a ``side`` x ``side`` image under Pixtral's processor.
+
+    ``PixtralImageProcessor`` (transformers 5.24 ``image_processing_pixtral.py`` ``get_resize_output_image_size``):
+    ratio = side / longest_edge; above 1 the side becomes floor(side / ratio); ``_num_image_tokens`` rounds it up
+    to a multiple of patch x merge (n merged patches a side).  The tower runs over (n x merge)^2 patches;
+    ``PixtralProcessor._get_num_multimodal_tokens``: (n + 1) x n tokens, one ``[IMG]`` per merged patch and an
+    ``[IMG_BREAK]`` (the last an ``[IMG_END]``) per row."""
+    ratio = side / v.longest_edge
+    if ratio > 1:
+        side = math.floor(side / ratio)
+    unit = v.patch_size * v.merge_size
+    n = (side - 1) // unit + 1
+    return (n * v.merge_size) ** 2, (n + 1) * n
+
+
 def image_tiles(v: VisionSpec, size: int | None) -> int:
-    """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), else 1."""
-    return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else 1
+    """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), Idefics3's tiles and
+    whole image (``VisionSpec.fixed_tiles``), else 1."""
+    return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else (v.fixed_tiles or 1)
 
 
 def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
@@ -88,6 +105,8 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
     if v.grid_pinpoints:
         tiles, tokens = anyres_grid(v, size or v.image_size)
         return tiles * (v.tile_size // v.patch_size) ** 2, tokens
+    if v.longest_edge:
+        return pixtral_grid(v, size or v.image_size)
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
@@ -119,18 +138,71 @@ def image_tokens(s: Scenario, m: ModelSpec) -> int:
     return 0 if m.vision is None else images_per_sample(s) * image_grid(m.vision, image_size(s))[1]
 
 
+def _prefix_lm_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """A prefix LM's attention (``VisionSpec.prefix_lm``, PaliGemma) the engines do not model, refused.
+
+    ``PaliGemmaModel.forward`` (transformers 5.24 ``modeling_paligemma.py``) hands every layer a 4-D mask
+    (``block_sequence_ids`` from the processor's ``token_type_ids``).  Eager adds it to the scores as it adds a
+    causal mask; SDPA runs the memory-efficient kernel on it (``Traits.sdpa_mask_always``); both are modelled,
+    in the language model and the SigLIP tower (SDPA without a mask there).  Not modelled: PaliGemma 2 under sdpa,
+    whose Gemma 2 runs eager (``Traits.sdpa_dropped_in``) while its tower runs SDPA.  Flash: the class sets
+    ``_supports_flash_attn = False``."""
+    v = m.vision
+    if v is None or not v.prefix_lm or s.task not in ("train", "inference"):
+        return []
+    want = s.train.attention if s.task == "train" else s.inference.attention
+    dropped, release = m.traits.sdpa_dropped_in, s.software.transformers_version
+    mixed = want == "sdpa" and (
+        "sdpa" not in m.traits.attention_kernels or (dropped is not None and (release is None or release >= dropped)))
+    if want == "eager" or (want == "sdpa" and not mixed):
+        return []
+    why = ("transformers 5.24 PaliGemma sets _supports_flash_attn = False (flash drops the bidirectional mask over "
+           "the image and prefix)" if want == "flash" else
+           "under sdpa its language model has no SDPA path in this transformers release and runs eager while the "
+           "SigLIP tower runs SDPA, a mix that is not modelled")
+    hint = "set {t}.attention: eager (the mask is added to the scores as a causal one is; modelled)"
+    if want == "flash" and not mixed and "sdpa" in m.traits.attention_kernels and dropped is None:
+        hint = "set {t}.attention: sdpa (the memory-efficient kernel on the mask; modelled) or eager"
+    return [Problem(f"{s.task}.attention", f"{m.name} is a prefix LM: every forward hands the attention a 4-D mask "
+                    f"over the image and prefix tokens; {why}", hint.format(t=s.task))]
+
+
+def _block_mask_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Images through a tower that packs them under a block-diagonal mask (``VisionSpec.block_mask_unless_flash``,
+    Pixtral: transformers 5.24 ``modeling_pixtral.py`` ``generate_block_attention_mask``) with eager attention, whose
+    scores over the whole pack (with the mask added in the patch embeddings' dtype) are not modelled; flash (each
+    image a varlen segment) and SDPA (the memory-efficient kernel on the mask, analytic/terms/vision.py) are."""
+    v = m.vision
+    if v is None or not v.block_mask_unless_flash or images_per_sample(s) == 0:
+        return []
+    want = s.train.attention if s.task == "train" else s.inference.attention
+    if want != "eager":
+        return []
+    return [Problem(f"{s.task}.attention", f"{m.name}'s Pixtral tower packs the images of a forward into one "
+                    "sequence and, with eager attention, scores the whole pack under a block-diagonal mask "
+                    "(generate_block_attention_mask): not modelled",
+                    f"set {s.task}.attention: sdpa or flash (both modelled), or {s.task}.images_per_sample: 0")]
+
+
 def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """Images for a model without a vision tower; more image tokens than the sequence holds."""
+    """Images for a model without a vision tower; more image tokens than the sequence holds; a prefix LM's
+    attention other than eager; a packed tower's block mask."""
+    prefix = _prefix_lm_problems(s, m) + _block_mask_problems(s, m)
+    if prefix:
+        return prefix
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl or llava)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma, mistral3, idefics3 or smolvlm)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
+    if m.vision is not None and m.vision.images_refused:
+        return [Problem(where, f"{n} image(s) per sequence, but {m.name} cannot take an image: "
+                        f"{m.vision.images_refused}", "set images_per_sample: 0 (the language model alone)")]
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl or llava)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma, mistral3, idefics3 or smolvlm)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
@@ -155,6 +227,15 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"{tiles - 1} tiles of {v.tile_size} x {v.tile_size}, and the whole image at {v.tile_size} x "
                  f"{v.tile_size}: {tiles} tower passes"
                  f"{'' if image_size(s) else '; image_size not given: the largest square of the grid'}")
+    elif v.fixed_tiles > 1:
+        shape = (f"every square image rescaled to a fixed longest edge and cut into {tiles - 1} tiles of "
+                 f"{v.image_size} x {v.image_size}, and the whole image at {v.image_size} x {v.image_size}: {tiles} "
+                 f"tower passes{'; image_size ignored' if image_size(s) else ''}")
+    elif v.longest_edge:
+        side = image_size(s) or v.image_size
+        shape = (f"a {side} x {side} image scaled to fit longest_edge {v.longest_edge} and its sides rounded up to "
+                 f"multiples of {v.patch_size * v.merge_size}; the image tokens count an [IMG_BREAK] per row and "
+                 f"[IMG_END]{'' if image_size(s) else '; image_size not given: the largest image'}")
     elif v.max_pixels:
         side = image_size(s) or v.image_size
         shape = (f"a {side} x {side} image resized by the processor's smart_resize (min_pixels {v.min_pixels:,}, "

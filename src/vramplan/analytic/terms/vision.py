@@ -37,12 +37,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.attention import mem_efficient_mask_row
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.vision import image_grid, image_tiles
 
 __all__ = ["tower_saved", "tower_sequence", "tower_tensors", "tower_unused"]
@@ -77,6 +78,26 @@ def _saved(entries: tuple[tuple[str, int], ...], tower: ModelSpec, ctx: act.ActC
     return out
 
 
+def _block_mask(v: VisionSpec, ctx: act.ActContext, sdpa: bool, seq: int, full: bool) -> tuple[list[int], list[int]]:
+    """(shared, per layer) bytes of the block-diagonal mask a packing tower (``VisionSpec.block_mask_unless_flash``,
+    Pixtral) hands SDPA over its ``seq`` packed patches; nothing under flash (varlen segments, no mask).
+
+    ``generate_block_attention_mask`` (transformers 5.24 ``modeling_pixtral.py``) builds it once per forward in the
+    patch embeddings' dtype (the residual stream's: ``ln_pre``'s output).  Under autocast with a residual dtype
+    other than the compute dtype, SDPA's autocast cast makes a compute-dtype copy per layer, which the
+    memory-efficient kernel saves (padded to ``mem_efficient_mask_row`` keys when unaligned); without autocast every
+    layer's kernel saves the one mask, or a padded copy of it per layer when its rows are unaligned.  With full
+    checkpointing each layer keeps its inputs, the one mask among them, and the kernel's copies are recomputed."""
+    if not (v.block_mask_unless_flash and sdpa):
+        return [], []
+    if full:
+        return [ctx.residual_bytes * seq * seq], []
+    padded = ctx.compute_bytes * seq * mem_efficient_mask_row(seq)
+    if (ctx.autocast and ctx.residual_bytes != ctx.compute_bytes) or seq % 8:
+        return [], [padded]
+    return [padded], []
+
+
 def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
     v = c.m.vision
     images = c.s.train.images_per_sample
@@ -91,6 +112,9 @@ def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
     # attention runs within a pass
     passes = c.s.train.micro_batch_size * images * image_tiles(v, c.s.train.image_size)
     per_pass = per_image // image_tiles(v, c.s.train.image_size) + v.extra_tokens
+    if v.block_mask_unless_flash:
+        # Pixtral runs the micro-batch's images as one packed sequence (PixtralVisionModel.forward's torch.cat)
+        passes, per_pass = 1, passes * per_pass
     ctx = replace(ctx, seq_len=per_pass)
     mb_images = c.s.train.micro_batch_size * images
     patches = mb_images * per_image
@@ -99,10 +123,13 @@ def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
     # the patch embedding's input, cast to the compute dtype
     out = [(ctx.compute_bytes * v.num_channels * v.temporal_patch_size * v.patch_size**2 * patches, False)]
     out += [(n, False) for n in _saved(v.stem_saved_per_token, tower, ctx, seq)]
+    shared, per_layer = _block_mask(v, ctx, c.s.train.attention == "sdpa", seq, checkpoint_policy(c.s) == "full")
+    out += [(n, False) for n in shared]
     if checkpoint_policy(c.s) == "full":
         layer = [resid * seq]  # each checkpointed layer keeps its input
     else:
         layer = [t.nbytes * seq for t in act.layer_tensors(tower, tower.layers[0], ctx) for _ in range(t.copies)]
+    layer += per_layer
     used = tower.num_layers - v.unused_layers
     out += [(n, False) for n in layer * used] + [(n, True) for n in layer * v.unused_layers]
     out += [(n, True) for n in _saved(v.unused_saved_per_image, tower, ctx, passes)]

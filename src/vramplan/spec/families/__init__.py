@@ -21,12 +21,15 @@ from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLE
 from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
+from vramplan.spec.families.idefics3 import IDEFICS3, SMOLVLM
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
+from vramplan.spec.families.mistral3 import MISTRAL3
 from vramplan.spec.families.mllama import MLLAMA
 from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
+from vramplan.spec.families.paligemma import PALIGEMMA
 from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
@@ -41,7 +44,7 @@ FAMILIES: dict[str, Family] = {
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
-    "llava_next": LLAVA_NEXT,
+    "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3, "idefics3": IDEFICS3, "smolvlm": SMOLVLM,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
@@ -78,8 +81,12 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``cfg`` as transformers' ``AutoConfig.for_model(**cfg)`` takes it: the language model of a
     multimodal config, the ``model_type`` of the transformers classes that build the family
     (``Family.transformers_model_type``), without the null keys its configuration class rejects."""
-    out = flatten_text_config(cfg, default_type="gemma3_text")
     outer = FAMILIES.get(str(cfg.get("model_type")))
+    if (outer is not None and outer.text_model_type and isinstance(cfg.get("vision_config"), Mapping)
+            and isinstance(cfg.get("text_config"), Mapping)):
+        # PaliGemma's outer config holds a hidden_size of its own (PaliGemmaConfig.hidden_size) beside text_config
+        cfg = {k: v for k, v in cfg.items() if k != "hidden_size"}
+    out = flatten_text_config(cfg, default_type="gemma3_text")
     if outer is not None and outer.text_model_type and isinstance(cfg.get("vision_config"), Mapping):
         # a vision-language model's language model alone (the traced engine's report says the tower is not traced)
         out = {k: v for k, v in out.items() if k not in ("vision_config", "text_config")}
