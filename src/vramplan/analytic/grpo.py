@@ -23,12 +23,15 @@ from __future__ import annotations
 
 from typing import Literal
 
+from vramplan.analytic.fused_head import fused_loss_tensors
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
+from vramplan.facts.trl import DEFAULT_TRL_RELEASE, LOG_PROB_ROWS, READ_AT, log_prob_row, release_text
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "grpo_assumptions", "grpo_loss_tensors", "grpo_problems",
-           "policy_scenario", "reference_kind", "sequence_len", "trainer_problems"]
+__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "grpo_assumptions", "grpo_fused_loss_tensors", "grpo_loss_tensors",
+           "grpo_problems", "policy_scenario", "reference_kind", "release_problems", "sequence_len", "trainer_problems",
+           "trl_release", "uses_fused_head"]
 
 TRL_RELEASE = "1.9.0"
 # trl/trainer/utils.py entropy_from_logits(logits, chunk_size=128): rows of the flattened logits per chunk
@@ -74,6 +77,50 @@ def _reference_problems(s: Scenario) -> list[Problem]:
                     f"set rl.reference_model: {trl} or leave it out")]
 
 
+def trl_release(s: Scenario) -> str:
+    """The TRL release DPO's and GRPO's estimate follows: ``software.trl``, or ``DEFAULT_TRL_RELEASE`` (v1.9.0, the
+    release these modules were read at first; facts/trl.py says why)."""
+    v = s.software.trl_version
+    return DEFAULT_TRL_RELEASE if v is None else release_text(v)
+
+
+def uses_fused_head(s: Scenario) -> bool:
+    """Whether the step's log-probabilities come from TRL's fused LM head (analytic/fused_head.py): KTO (v1.16.0)
+    always; DPO and GRPO from v1.15.0 (facts/trl.py ``LOG_PROB_ROWS``)."""
+    if s.train.objective == "kto":
+        return True
+    if s.train.objective not in ("dpo", "grpo"):
+        return False
+    row = log_prob_row(s.software.trl_version)
+    return row is not None and row.path == "fused-head"
+
+
+def release_problems(s: Scenario, method: str, fixed: str | None = None) -> list[Problem]:
+    """``software.trl`` this estimate cannot follow for ``method``'s trainer: for DPO and GRPO a release before the
+    first row read or one whose row is not modelled (facts/trl.py); for a trainer read at one release only
+    (``fixed``: KTO's and ORPO's v1.16.0) any other release line."""
+    v = s.software.trl_version
+    if v is None:
+        return []
+    given = release_text(v)
+    if fixed is not None:
+        if v[:2] == tuple(int(x) for x in fixed.split("."))[:2]:
+            return []
+        return [Problem("software.trl", f"is {given}, but {method}Trainer is modelled at TRL v{fixed} only",
+                        f"set software.trl: {fixed} or leave it out")]
+    row = log_prob_row(v)
+    if row is None:
+        return [Problem("software.trl", f"is {given}, but {method}Trainer is modelled from TRL v{READ_AT[0]} on "
+                        "(earlier releases, before the 1.x refactor, have concatenated_forward; not read)",
+                        f"set software.trl: {READ_AT[0]} or later")]
+    if not row.modelled:
+        later = next(r for r in LOG_PROB_ROWS if r.first > row.first)
+        return [Problem("software.trl", f"is {given}, whose {method}Trainer takes its log-probabilities with TRL's "
+                        f"Triton kernel over the logits ({row.sources}), which is not modelled",
+                        f"set software.trl: {release_text(later.first)} (the fused LM head) or 1.13.0 (the logits)")]
+    return []
+
+
 def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str = "") -> list[Problem]:
     """What TRL's trainers (``GRPOTrainer``, ``DPOTrainer``: subclasses of the HF Trainer) share and this estimate
     does not model: another framework, sharded parameters (``sharded`` says what sharding would add) and tensor,
@@ -89,7 +136,8 @@ def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str 
     if par.tp > 1 or par.pp > 1 or par.cp > 1:
         out.append(Problem("parallel", f"tensor, pipeline or context parallelism under {method}{parallel_also} is "
                            "not modelled", "use data parallelism only (tp = pp = cp = 1)"))
-    return out
+    # KTOTrainer and ORPOTrainer were read at v1.16.0 only (analytic/kto.py, analytic/orpo.py)
+    return out + release_problems(s, method, None if method in ("DPO", "GRPO") else "1.16.0")
 
 
 _UNMODELLED_OBJECTIVES = ("ppo", "rloo")
@@ -180,20 +228,46 @@ def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_byte
     return KernelLossTensors(saved=saved, forward_extra=forward_extra, backward_extra=2 * logits + 2 * c * v * e)
 
 
+def grpo_fused_loss_tensors(micro_batch: int, prompt: int, completion: int, vocab: int, hidden: int,
+                            hidden_bytes: int, compute_bytes: int, weight_bytes: int,
+                            head_trainable: bool) -> KernelLossTensors:
+    """The GRPO loss's tensors from TRL v1.15.0 (``software.trl``, facts/trl.py): ``_get_per_token_logps_and_entropies``
+    masks every label but the completion's (``labels[:, :-logits_to_keep] = -100``) and calls ``model(...,
+    labels=labels, fused_lm_head=True)``, the head ``GRPOTrainer.__init__`` added with ``outputs=("log_probs",
+    "entropy")``: N = ``b C`` labelled positions through TRL's fused head (analytic/fused_head.py), its two fp32
+    outputs scattered over the batch's ``b (P + C - 1)`` positions (8 bytes each); no reference inside the step (its
+    forward is the scoring's, analytic/lifecycle/scoring.py).  ``hidden_bytes`` (x) is the final norm's output dtype,
+    ``compute_bytes`` (c) the autocast dtype, ``weight_bytes`` (w) the LM head's.
+
+    Worked example (Qwen2.5-0.5B: V = 151,936, H = 896; b = 8, P = 512, C = 256; bf16 autocast over fp32 weights:
+    x = 4, c = 2, w = 4, trainable head): N = 2,048; saved = 2,048 x 896 x 4 + 16 x 2,048 = 7,340,032 + 32,768 =
+    7,372,800 B; tiles = 2,048 x 32,768 x 2 + 32,768 x 896 x 2 + 2,048 x 896 x 2 = 134,217,728 + 58,720,256 +
+    3,670,016 = 196,608,000 B; forward extra = max(28 x 2,048 + 196,608,000, 8 x 8 x 767) = 196,665,344 B; backward
+    extra = 7,340,032 + 151,936 x 896 x 4 (544,538,624) + 196,608,000 = 748,486,656 B.
+    """
+    tokens, positions = micro_batch * completion, micro_batch * (prompt + completion - 1)
+    return fused_loss_tensors(tokens, positions, 8, vocab, hidden, hidden_bytes, compute_bytes, weight_bytes,
+                              head_trainable)
+
+
 def grpo_assumptions(s: Scenario) -> list[str]:
     """What the GRPO estimate takes as given, for the report."""
-    ro, ref = s.rl.rollout, reference_kind(s)
+    ro, ref, fused = s.rl.rollout, reference_kind(s), uses_fused_head(s)
+    how = ("log-probabilities and entropies by TRL's fused LM head over the completion's positions only "
+           "(add_fused_lm_head, ChunkedLogProbFunction: tiles of 4,096 tokens x 32,768 vocabulary columns, no logits "
+           "tensor)" if fused else "logits over the completion only (logits_to_keep), log-probabilities per sequence "
+           "(selective_log_softmax), entropies under no_grad")
+    scored = ("the fused head's gathered hidden states, statistics and tiles" if fused else
+              "the logits over the completion and one sequence's log_softmax")
     out = [
-        (f"GRPO (TRL v{TRL_RELEASE} GRPOTrainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
-         f"completions of {ro.max_prompt_len} prompt + {ro.max_completion_len} completion tokens; logits over the "
-         "completion only (logits_to_keep), log-probabilities per sequence (selective_log_softmax), entropies "
-         "under no_grad"),
+        (f"GRPO (TRL v{trl_release(s)} GRPOTrainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
+         f"completions of {ro.max_prompt_len} prompt + {ro.max_completion_len} completion tokens; {how}"),
         {"none": "GRPO reference model: none (beta = 0: GRPOTrainer loads none)",
          "shared": "GRPO reference model: the policy with its adapters disabled (PEFT): no second copy",
          "separate": "GRPO reference model: a second copy loaded like the policy (create_model_from_path with "
                      "model_init_kwargs), resident on every GPU"}[ref],
         ("GRPO scoring: the old and reference log-probabilities as no-grad forwards of micro_batch_size "
-         "completions (the logits over the completion and one sequence's log_softmax, or one MLP), over what "
+         f"completions ({scored}, or one MLP), over what "
          "stays between steps (analytic/lifecycle/scoring.py)"),
         "GRPO reward functions are assumed to run on the CPU (a reward model on the GPU is not modelled)",
         ("GRPO: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "

@@ -661,6 +661,19 @@ class Software(_Strict):
     math kernel, which saves the s x s softmax, on torch <= 2.13.  None: the engines assume a release
     before 2.14, the one every published measurement to date ran (the report says so)."""
 
+    trl: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """TRL release of a post-training run (dpo, grpo), e.g. 1.16.0; from 1.15 their log-probs take TRL's fused head.
+
+    TRL 1.15.0 patches DPOTrainer's and GRPOTrainer's models with ``add_fused_lm_head`` (``trl/trainer/utils.py``),
+    which never makes the ``(batch, seq_len, vocab)`` logits; 1.9-1.13 compute ``selective_log_softmax`` over the
+    model's logits; 1.14 runs TRL's Triton log-prob kernel over them (refused: not modelled); earlier releases are
+    refused (facts/trl.py).  None: DPO and GRPO as TRL v1.9.0 (their reports before this key), KTO and ORPO as
+    v1.16.0, the releases each module was read at (the report names it)."""
+
+    @property
+    def trl_version(self) -> tuple[int, ...] | None:
+        return _version(self.trl)
+
     @property
     def torch_version(self) -> tuple[int, ...] | None:
         return _version(self.torch)

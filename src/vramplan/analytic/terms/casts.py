@@ -4,6 +4,7 @@ and the fp32 LM head's cast under k-bit PEFT."""
 from __future__ import annotations
 
 from vramplan.analytic.checkpointing import checkpointed_layer
+from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
@@ -70,8 +71,8 @@ def head_casts(c: StepContext) -> list[Term]:
 
     None under KTO: TRL v1.16.0's fused LM head (``add_fused_lm_head``, ``ChunkedLogProbFunction``) casts the head
     one vocabulary chunk at a time with ``Tensor.to``, outside autocast's cache (counted in its tiles,
-    analytic/kto.py)."""
-    if not c.last or c.s.train.objective == "kto":
+    analytic/kto.py); likewise DPO and GRPO from TRL v1.15.0 (``software.trl``, analytic/fused_head.py)."""
+    if not c.last or uses_fused_head(c.s):
         return []
     m, tp, pol, rp = c.m, c.tp, c.pol, c.rp
     dies = mlp(len(c.layer_specs) - 1)
