@@ -131,7 +131,8 @@ def test_dpo_from_1_15_takes_the_fused_head() -> None:
 
 
 def test_grpo_from_1_15_takes_the_fused_head_in_the_step_and_the_scoring() -> None:
-    doc = _at(GRPO, "1.16.0")
+    # the completion pinned at v1.9.0's default 256 (v1.16.0's would be 512: test_grpo_completion_default_by_release)
+    doc = {**_at(GRPO, "1.16.0"), "rl": {"rollout": {"max_completion_len": 256}}}
     # at the forward's end: saved 7,372,800 + forward extra 196,665,344 = 204,038,144
     assert _loss_record(doc, grpo_policy_scenario) == 204_038_144
     # scoring: one no-grad fused forward of 8 x 256 = 2,048 completion positions:
@@ -144,6 +145,21 @@ def test_grpo_from_1_15_takes_the_fused_head_in_the_step_and_the_scoring() -> No
     assert any(a.startswith("GRPO (TRL v1.16.0 GRPOTrainer)") and "fused LM head" in a for a in rep.assumptions)
     # unset: v1.9.0's logits (tests/test_grpo.py test_scoring_phase_by_hand)
     assert estimate(GRPO).per_gpu.lifecycle["scoring"]["allocated_bytes"] == 32_966_400_993
+
+
+@pytest.mark.parametrize(("trl", "completion"), [(None, 256), ("1.9.0", 256), ("1.10.0", 512), ("1.16.0", 512)])
+def test_grpo_completion_default_by_release(trl: str | None, completion: int) -> None:
+    # GRPOConfig.max_completion_length: 256 at v1.9.0, 512 from v1.10.0; the step's sequences are prompt 512 +
+    # completion tokens and the report echoes the length taken
+    sc = estimate(_at(GRPO, trl)).scenario
+    assert sc["rl"]["rollout"]["max_completion_len"] == completion and sc["train"]["seq_len"] == 512 + completion
+    # given explicitly, the scenario's length wins at every release
+    pinned = estimate({**_at(GRPO, trl), "rl": {"rollout": {"max_completion_len": 100}}}).scenario
+    assert pinned["train"]["seq_len"] == 612
+    # train.seq_len must match the release's prompt + completion
+    bad = {**_at(GRPO, trl), "train": {**GRPO["train"], "seq_len": 512 + (768 - completion)}}
+    with pytest.raises(ScenarioError):
+        estimate(bad)
 
 
 @pytest.mark.parametrize(("doc", "trl"), [

@@ -26,10 +26,17 @@ from typing import Literal
 from vramplan.analytic.fused_head import fused_loss_tensors
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
-from vramplan.facts.trl import DEFAULT_TRL_RELEASE, LOG_PROB_ROWS, READ_AT, log_prob_row, release_text
+from vramplan.facts.trl import (
+    DEFAULT_TRL_RELEASE,
+    LOG_PROB_ROWS,
+    READ_AT,
+    grpo_completion_default,
+    log_prob_row,
+    release_text,
+)
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "grpo_assumptions", "grpo_fused_loss_tensors", "grpo_loss_tensors",
+__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "completion_len", "grpo_assumptions", "grpo_fused_loss_tensors", "grpo_loss_tensors",
            "grpo_problems", "policy_scenario", "reference_kind", "release_problems", "sequence_len", "trainer_problems",
            "trl_release", "uses_fused_head"]
 
@@ -40,18 +47,31 @@ ENTROPY_CHUNK_ROWS = 128
 RefKind = Literal["none", "shared", "separate"]
 
 
+def completion_len(s: Scenario) -> int:
+    """The longest completion: ``rl.rollout.max_completion_len`` when given, else ``GRPOConfig.max_completion_length``'s
+    default at ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py)."""
+    ro = s.rl.rollout
+    if "max_completion_len" in ro.model_fields_set:
+        return ro.max_completion_len
+    return grpo_completion_default(s.software.trl_version)
+
+
 def sequence_len(s: Scenario) -> int:
     """Tokens of one policy sequence: the prompt (left-padded to the longest) and the completion."""
-    ro = s.rl.rollout
-    return ro.max_prompt_len + ro.max_completion_len
+    return s.rl.rollout.max_prompt_len + completion_len(s)
 
 
 def policy_scenario(s: Scenario) -> Scenario:
-    """The training step TRL runs: ``seq_len`` = prompt + completion, checkpointing on by TRL's default."""
+    """The training step TRL runs: ``seq_len`` = prompt + completion, checkpointing on by TRL's default, and the
+    completion length of the release's default when the scenario gives none."""
     update: dict[str, object] = {"seq_len": sequence_len(s)}
     if "gradient_checkpointing" not in s.train.model_fields_set:
         update["gradient_checkpointing"] = "full"
-    return s.model_copy(update={"train": s.train.model_copy(update=update)})
+    out = s.model_copy(update={"train": s.train.model_copy(update=update)})
+    if completion_len(s) == s.rl.rollout.max_completion_len:
+        return out
+    ro = s.rl.rollout.model_copy(update={"max_completion_len": completion_len(s)})
+    return out.model_copy(update={"rl": s.rl.model_copy(update={"rollout": ro})})
 
 
 def reference_kind(s: Scenario) -> RefKind:
@@ -261,7 +281,7 @@ def grpo_assumptions(s: Scenario) -> list[str]:
               "the logits over the completion and one sequence's log_softmax")
     out = [
         (f"GRPO (TRL v{trl_release(s)} GRPOTrainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
-         f"completions of {ro.max_prompt_len} prompt + {ro.max_completion_len} completion tokens; {how}"),
+         f"completions of {ro.max_prompt_len} prompt + {completion_len(s)} completion tokens; {how}"),
         {"none": "GRPO reference model: none (beta = 0: GRPOTrainer loads none)",
          "shared": "GRPO reference model: the policy with its adapters disabled (PEFT): no second copy",
          "separate": "GRPO reference model: a second copy loaded like the policy (create_model_from_path with "

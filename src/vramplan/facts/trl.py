@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DEFAULT_TRL_RELEASE", "LOG_PROB_ROWS", "READ_AT", "LogProbPath", "LogProbRow", "log_prob_row",
-           "release_text"]
+__all__ = ["COMPLETION_DEFAULT_ROWS", "DEFAULT_TRL_RELEASE", "LOG_PROB_ROWS", "READ_AT", "LogProbPath", "LogProbRow",
+           "grpo_completion_default", "log_prob_row", "release_text"]
 
 LogProbPath = Literal["logits", "triton-logits", "fused-head"]
 
@@ -60,6 +60,10 @@ LOG_PROB_ROWS: tuple[LogProbRow, ...] = (
                "kernels/chunked_logprob.py ChunkedLogProbFunction"),
 )
 
+# GRPOConfig.max_completion_length's default by release (trl/trainer/grpo_config.py): 256 at 1.9.0, 512 from 1.10.0
+# (read in every wheel of READ_AT); each holds from its release until the next row's
+COMPLETION_DEFAULT_ROWS: tuple[tuple[tuple[int, int, int], int], ...] = (((1, 9, 0), 256), ((1, 10, 0), 512))
+
 # the releases whose wheels were read and found to follow the rows
 READ_AT: tuple[str, ...] = ("1.9.0", "1.10.0", "1.11.0", "1.12.0", "1.13.0", "1.14.0", "1.15.0", "1.16.0")
 
@@ -78,3 +82,11 @@ def log_prob_row(version: tuple[int, ...] | None) -> LogProbRow | None:
     v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
     rows = [r for r in LOG_PROB_ROWS if r.first <= v]
     return rows[-1] if rows else None
+
+
+def grpo_completion_default(version: tuple[int, ...] | None) -> int:
+    """``GRPOConfig.max_completion_length``'s default at ``version`` (None: ``DEFAULT_TRL_RELEASE``; a release
+    before the first row read takes the first row's, the estimate refusing it anyway)."""
+    v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
+    rows = [n for first, n in COMPLETION_DEFAULT_ROWS if first <= v]
+    return rows[-1] if rows else COMPLETION_DEFAULT_ROWS[0][1]

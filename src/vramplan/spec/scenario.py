@@ -748,7 +748,10 @@ class Rollout(_Strict):
 
     max_completion_len: int = Field(256, ge=1, le=100_000_000)
     """Longest completion, in tokens (TRL ``max_completion_length``, default 256): the policy's logits and
-    log-probabilities are computed over these positions only (``logits_to_keep``)."""
+    log-probabilities are computed over these positions only (``logits_to_keep``).
+
+    TRL v1.9.0's default; from v1.10.0 ``GRPOConfig`` defaults to 512, which the estimate takes when
+    ``software.trl`` names such a release and this key is left out (facts/trl.py)."""
 
     vllm_version: VllmVersion = "0.11"
     """vLLM release of the colocated engine (its start-up rules, facts/vllm_releases.py)."""
