@@ -23,6 +23,10 @@ concatenation and the head runs on every position.)  What this module gives:
 
 ``rl.precompute_ref_log_probs`` (TRL's ``precompute_ref_log_probs``, default False) true is refused: the estimate
 is TRL's default, the reference forward inside each step (stated in the report).
+
+By TRL release (``software.trl``, facts/trl.py ``LOG_PROB_ROWS``): up to v1.13 as above; v1.14 (TRL's Triton
+log-prob kernel over the logits) refused; from v1.15.0 the fused LM head (``add_fused_lm_head``,
+analytic/fused_head.py; ``dpo_fused_loss_tensors``).  Unset: v1.9.0.
 """
 
 from __future__ import annotations

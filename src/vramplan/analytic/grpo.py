@@ -17,6 +17,10 @@ Read in TRL v1.9.0 (tag ``v1.9.0``, commit 35def3ee): ``trl/trainer/grpo_config.
 * what the estimate refuses (``grpo_problems``).
 
 The rollout engine's memory (vLLM, colocated) is ``serve/rollout.py``; ``engine.py`` composes both.
+
+By TRL release (``software.trl``, facts/trl.py ``LOG_PROB_ROWS``): up to v1.13 as above; v1.14 (TRL's Triton
+log-prob kernel over the logits) refused; from v1.15.0 the fused LM head (``add_fused_lm_head``,
+analytic/fused_head.py; ``grpo_fused_loss_tensors``).  Unset: v1.9.0.
 """
 
 from __future__ import annotations
