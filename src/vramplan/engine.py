@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic import dpo, kto, orpo
+from vramplan.analytic import dpo, kto, orpo, rloo
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
@@ -135,12 +135,24 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                    reserved=max(job_reserved, top.moment.total), lifecycle=(table, used.name))
 
 
-def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
-    """A post-training job (train.objective: grpo): the policy's step (analytic/grpo.py), the reference model,
-    and the colocated rollout engine (serve/rollout.py) in every phase after the load, with the rollout and
-    the scoring (analytic/lifecycle/scoring.py) as phases of their own (docs/rl.md)."""
+def _rl_job(r: Resolved) -> tuple[Resolved, str, list[str]]:
+    """An RL job's scenario (RLOO's with RLOOConfig's defaults filled in, analytic/rloo.py), its trainer's name and
+    the assumptions it states; refused with every problem when it cannot be estimated."""
+    if r.scenario.train.objective == "rloo":
+        if problems := rloo.rloo_problems(r.scenario):
+            raise ScenarioError(problems)
+        filled = Resolved(rloo.with_defaults(r.scenario), r.model, r.gpu, r.assumptions)
+        return filled, "RLOO", rloo.rloo_assumptions(filled.scenario)
     if problems := grpo_problems(r.scenario):
         raise ScenarioError(problems)
+    return r, "GRPO", grpo_assumptions(r.scenario)
+
+
+def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """A post-training job (train.objective: grpo | rloo): the policy's step (analytic/grpo.py, analytic/rloo.py),
+    the reference model, and the colocated rollout engine (serve/rollout.py) in every phase after the load, with the
+    rollout and the scoring (analytic/lifecycle/scoring.py) as phases of their own (docs/rl.md)."""
+    r, method, rl_notes = _rl_job(r)
     pr = Resolved(policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
     tr = train_step(pr)
     c = tr.context
@@ -149,7 +161,7 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     ro = None
     if pr.scenario.rl.rollout.colocate:
         # GRPOTrainer.__init__ loads the policy and the reference before it builds the engine
-        ro = rollout_memory(pr, between_steps(tr.terms, "rollout").get(K.PARAMETERS) + ref, ctx)
+        ro = rollout_memory(pr, between_steps(tr.terms, "rollout").get(K.PARAMETERS) + ref, ctx, method)
     extra = _rl_extra(ref, ro)
     outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
                "managed": tr.managed_bytes}
@@ -166,9 +178,9 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
     host = Host(offloaded_bytes=tr.host_bytes + (ro.host_bytes if ro else 0), nvme_bytes=tr.nvme_bytes,
                 load_peak_bytes=job.host_load_bytes)
-    server = "GRPO rollout: vLLM server mode (rl.rollout.colocate: false): the engine runs on other GPUs"
+    server = f"{method} rollout: vLLM server mode (rl.rollout.colocate: false): the engine runs on other GPUs"
     server += ", nothing of it on this one"
-    notes = [*tr.assumptions, how, *job.assumptions, *grpo_assumptions(r.scenario), *(ro.assumptions if ro else [server])]
+    notes = [*tr.assumptions, how, *job.assumptions, *rl_notes, *(ro.assumptions if ro else [server])]
     rep = _report(pr, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
                   reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
     return rep if ro is None or ro.starts else rep.model_copy(update={"fits": False})

@@ -87,7 +87,7 @@ def reference_kind(s: Scenario) -> RefKind:
     return "shared" if s.train.peft is not None else "separate"
 
 
-def _reference_problems(s: Scenario) -> list[Problem]:
+def _reference_problems(s: Scenario, method: str) -> list[Problem]:
     ref, beta, peft = s.rl.reference_model, s.rl.beta, s.train.peft is not None
     if ref is None:
         return []
@@ -97,7 +97,7 @@ def _reference_problems(s: Scenario) -> list[Problem]:
     why = {"none": "with beta 0 TRL loads no reference model",
            "shared": "under PEFT TRL computes the reference with the adapters disabled",
            "separate": "without PEFT and with beta != 0 TRL loads a second copy of the model"}[trl]
-    return [Problem("rl.reference_model", f"is {ref!r}, but {why} (GRPOTrainer.__init__, TRL v{TRL_RELEASE})",
+    return [Problem("rl.reference_model", f"is {ref!r}, but {why} ({method}Trainer.__init__, TRL v{trl_release(s)})",
                     f"set rl.reference_model: {trl} or leave it out")]
 
 
@@ -105,13 +105,16 @@ def trl_release(s: Scenario) -> str:
     """The TRL release DPO's and GRPO's estimate follows: ``software.trl``, or ``DEFAULT_TRL_RELEASE`` (v1.9.0, the
     release these modules were read at first; facts/trl.py says why)."""
     v = s.software.trl_version
-    return DEFAULT_TRL_RELEASE if v is None else release_text(v)
+    if v is None:
+        # RLOOTrainer is read at v1.16.0 only (analytic/rloo.py)
+        return "1.16.0" if s.train.objective == "rloo" else DEFAULT_TRL_RELEASE
+    return release_text(v)
 
 
 def uses_fused_head(s: Scenario) -> bool:
     """Whether the step's log-probabilities come from TRL's fused LM head (analytic/fused_head.py): KTO (v1.16.0)
-    always; DPO and GRPO from v1.15.0 (facts/trl.py ``LOG_PROB_ROWS``)."""
-    if s.train.objective == "kto":
+    and RLOO (v1.16.0) always; DPO and GRPO from v1.15.0 (facts/trl.py ``LOG_PROB_ROWS``)."""
+    if s.train.objective in ("kto", "rloo"):
         return True
     if s.train.objective not in ("dpo", "grpo"):
         return False
@@ -164,11 +167,12 @@ def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str 
     return out + release_problems(s, method, None if method in ("DPO", "GRPO") else "1.16.0")
 
 
-_UNMODELLED_OBJECTIVES = ("ppo", "rloo")
+_UNMODELLED_OBJECTIVES = ("ppo",)
 
 
-def _setup_problems(s: Scenario) -> list[Problem]:
-    """Combinations GRPO runs but this estimate does not model, each refused with what to change."""
+def _setup_problems(s: Scenario, method: str) -> list[Problem]:
+    """Combinations GRPO (or RLOO: ``method``) runs but this estimate does not model, each refused with what to
+    change."""
     t, ro = s.train, s.rl.rollout
     out: list[Problem] = []
 
@@ -176,26 +180,29 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         out.append(Problem(where, what, fix))
 
     if s.rl.precompute_ref_log_probs:
-        no("rl.precompute_ref_log_probs", "is a DPO setting (DPOConfig); GRPOTrainer has none",
+        no("rl.precompute_ref_log_probs", f"is a DPO setting (DPOConfig); {method}Trainer has none",
            "set rl.precompute_ref_log_probs: false")
     if ro.engine != "vllm":
         no("rl.rollout.engine", "hf-generate rollouts (model.generate inside the trainer) are not modelled",
            "use rl.rollout.engine: vllm")
-    out += trainer_problems(s, "GRPO", "the reference model's shards and the gather of the full weights for each "
+    out += trainer_problems(s, method, "the reference model's shards and the gather of the full weights for each "
                             "vLLM weight sync", " (and vllm_tensor_parallel_size)")
     if t.loss != "standard":
-        no("train.loss", f"{t.loss} under GRPO is not modelled (TRL's use_liger_kernel runs Liger's "
-           "LigerFusedLinearGRPOLoss, another kernel)", "use train.loss: standard")
+        no("train.loss", f"{t.loss} under {method} is not modelled (TRL's use_liger_kernel runs Liger's "
+           "LigerFusedLinearGRPOLoss, another kernel)" if method == "GRPO" else f"{t.loss} under {method} is not "
+           "modelled (RLOOTrainer patches its own fused LM head and refuses Liger's fused_linear_cross_entropy)",
+           "use train.loss: standard")
     if t.packing:
-        no("train.packing", "GRPO pads prompts and completions; packing is not modelled", "set train.packing: false")
+        no("train.packing", f"{method} pads prompts and completions; packing is not modelled",
+           "set train.packing: false")
     if s.lifecycle.evaluation:
-        no("lifecycle.evaluation", "GRPO's evaluation (generation through the rollout engine) is not modelled",
+        no("lifecycle.evaluation", f"{method}'s evaluation (generation through the rollout engine) is not modelled",
            "set lifecycle.evaluation: false")
     if ro.colocate and t.quantization != "none":
         no("train.quantization", "a colocated vLLM engine over a bitsandbytes policy (vLLM's in-flight "
            "bitsandbytes loading) is not modelled", "use rl.rollout.colocate: false or an unquantized base")
     if "seq_len" in t.model_fields_set and t.seq_len != sequence_len(s):
-        no("train.seq_len", f"is {t.seq_len}, but a GRPO sequence is rl.rollout.max_prompt_len + "
+        no("train.seq_len", f"is {t.seq_len}, but a {method} sequence is rl.rollout.max_prompt_len + "
            f"max_completion_len = {sequence_len(s)} tokens", "leave train.seq_len out")
     batch = t.micro_batch_size * s.data_parallel_degree * t.grad_accum_steps
     if batch % ro.num_generations:
@@ -203,17 +210,19 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         # steps_per_generation (gradient_accumulation_steps by default) must be divisible by num_generations
         no("rl.rollout.num_generations", f"the generation batch (micro_batch_size x data-parallel ranks x "
            f"grad_accum_steps = {batch}) is not divisible by num_generations = {ro.num_generations} "
-           f"(GRPOConfig.__post_init__, TRL v{TRL_RELEASE})", "make the batch a multiple of num_generations")
+           f"({method}Config.__post_init__, TRL v{trl_release(s)})", "make the batch a multiple of num_generations")
     return out
 
 
-def grpo_problems(s: Scenario) -> list[Problem]:
-    """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can."""
+def grpo_problems(s: Scenario, method: str = "GRPO") -> list[Problem]:
+    """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can.
+    ``method``: GRPO, or RLOO (analytic/rloo.py, on the scenario with RLOOConfig's defaults filled in)."""
     if s.train.objective in _UNMODELLED_OBJECTIVES:
-        return [Problem("train.objective", f"{s.train.objective} is not modelled yet (only grpo, TRL's "
-                        "GRPOTrainer with a vLLM rollout engine, dpo, kto and orpo, TRL's DPOTrainer, "
-                        "KTOTrainer and ORPOTrainer)", "use train.objective: sft, dpo, kto, orpo or grpo")]
-    return _setup_problems(s) + _reference_problems(s)
+        return [Problem("train.objective", f"{s.train.objective} is not modelled yet (only grpo and rloo, TRL's "
+                        "GRPOTrainer and RLOOTrainer with a vLLM rollout engine, dpo, kto and orpo, TRL's "
+                        "DPOTrainer, KTOTrainer and ORPOTrainer)",
+                        "use train.objective: sft, dpo, kto, orpo, grpo or rloo")]
+    return _setup_problems(s, method) + _reference_problems(s, method)
 
 
 def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_bytes: int) -> KernelLossTensors:
@@ -274,8 +283,8 @@ def grpo_fused_loss_tensors(micro_batch: int, prompt: int, completion: int, voca
                               head_trainable)
 
 
-def grpo_assumptions(s: Scenario) -> list[str]:
-    """What the GRPO estimate takes as given, for the report."""
+def grpo_assumptions(s: Scenario, method: str = "GRPO") -> list[str]:
+    """What the GRPO (or RLOO: ``method``) estimate takes as given, for the report."""
     ro, ref, fused = s.rl.rollout, reference_kind(s), uses_fused_head(s)
     how = ("log-probabilities and entropies by TRL's fused LM head over the completion's positions only "
            "(add_fused_lm_head, ChunkedLogProbFunction: tiles of 4,096 tokens x 32,768 vocabulary columns, no logits "
@@ -284,24 +293,24 @@ def grpo_assumptions(s: Scenario) -> list[str]:
     scored = ("the fused head's gathered hidden states, statistics and tiles" if fused else
               "the logits over the completion and one sequence's log_softmax")
     out = [
-        (f"GRPO (TRL v{trl_release(s)} GRPOTrainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
+        (f"{method} (TRL v{trl_release(s)} {method}Trainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
          f"completions of {ro.max_prompt_len} prompt + {completion_len(s)} completion tokens; {how}"),
-        {"none": "GRPO reference model: none (beta = 0: GRPOTrainer loads none)",
-         "shared": "GRPO reference model: the policy with its adapters disabled (PEFT): no second copy",
-         "separate": "GRPO reference model: a second copy loaded like the policy (create_model_from_path with "
+        {"none": f"{method} reference model: none (beta = 0: {method}Trainer loads none)",
+         "shared": f"{method} reference model: the policy with its adapters disabled (PEFT): no second copy",
+         "separate": f"{method} reference model: a second copy loaded like the policy (create_model_from_path with "
                      "model_init_kwargs), resident on every GPU"}[ref],
-        ("GRPO scoring: the old and reference log-probabilities as no-grad forwards of micro_batch_size "
+        (f"{method} scoring: the old and reference log-probabilities as no-grad forwards of micro_batch_size "
          f"completions ({scored}, or one MLP), over what "
          "stays between steps (analytic/lifecycle/scoring.py)"),
-        "GRPO reward functions are assumed to run on the CPU (a reward model on the GPU is not modelled)",
-        ("GRPO: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "
+        f"{method} reward functions are assumed to run on the CPU (a reward model on the GPU is not modelled)",
+        (f"{method}: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "
          "mask's few bytes and its attention kernel choice are not counted apart"),
     ]
     if s.train.peft is not None and ro.colocate:
         # VLLMGeneration.sync_weights merges the adapters into the base (peft merge_adapter), loads the merged
         # weights into the engine and unmerges them: one linear's delta at a time
-        out.append("GRPO weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
+        out.append(f"{method} weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
                    "counted (one linear's weight, small beside the rollout phase's engine)")
     if "gradient_checkpointing" not in s.train.model_fields_set:
-        out.append("GRPO: gradient_checkpointing full (GRPOConfig's default gradient_checkpointing=True)")
+        out.append(f"{method}: gradient_checkpointing full ({method}Config's default gradient_checkpointing=True)")
     return out

@@ -162,6 +162,8 @@ FUSED_HEAD_LOSS_NOTES = {
     "grpo": "loss as TRL's GRPOTrainer computes it from v1.15.0: the fused LM head (add_fused_lm_head) over the "
         "completion's positions, per-token log-probabilities and entropies from tiles of 4,096 tokens x 32,768 "
         "vocabulary columns, no logits tensor (analytic/grpo.py)",
+    "rloo": "loss as TRL v1.16.0's RLOOTrainer computes it: GRPO's fused LM head over the completion's positions, "
+        "per-token log-probabilities and entropies, no logits tensor (analytic/rloo.py)",
 }
 
 

@@ -60,7 +60,7 @@ def loss(c: StepContext) -> list[Term]:
         return []
     if c.s.train.loss != "standard":
         return kernel_loss(c)
-    if c.s.train.objective in ("grpo", "dpo", "kto", "orpo"):
+    if c.s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo"):
         return kernel_loss(c)
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
@@ -123,7 +123,7 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     """The bytes of ``train.loss``'s kernel (analytic/logits.py) for this stage's head."""
     m, pol, t = c.m, c.pol, c.s.train
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
-    if t.objective in ("grpo", "dpo", "kto") and uses_fused_head(c.s):
+    if t.objective in ("grpo", "rloo", "dpo", "kto") and uses_fused_head(c.s):
         return _fused_head_loss_tensors(c)
     if t.objective == "grpo":
         # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
@@ -176,7 +176,8 @@ def _fused_head_loss_tensors(c: StepContext) -> KernelLossTensors:
     m, t = c.m, c.s.train
     x, cb, w = fused_head_dtypes(c)
     vocab, trainable = vocab_on_rank(c), c.peft is None
-    if t.objective == "grpo":
+    if t.objective in ("grpo", "rloo"):
+        # RLOOTrainer (v1.16.0) runs GRPO's fused-head log-probs (analytic/rloo.py)
         ro = c.s.rl.rollout
         return grpo_fused_loss_tensors(t.micro_batch_size, ro.max_prompt_len, ro.max_completion_len, vocab,
                                        m.hidden_size, x, cb, w, trainable)
