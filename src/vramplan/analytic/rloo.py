@@ -56,14 +56,9 @@ def rloo_problems(s: Scenario) -> list[Problem]:
     """Why ``s`` (``train.objective: rloo``) cannot be estimated; empty: it can.  GRPO's refusals (ZeRO-3 and FSDP,
     tensor, pipeline or context parallelism, a loss kernel, packing, evaluation, hf-generate rollouts, a colocated
     engine over a bitsandbytes policy, a batch not divisible by num_generations, a reference TRL would not use) on
-    the scenario with RLOOConfig's defaults, a release other than v1.16.0, and fewer than 2 generations."""
-    d = with_defaults(s)
-    out = grpo_problems(d, "RLOO")
-    if d.rl.rollout.num_generations < 2:
-        out.append(Problem("rl.rollout.num_generations", f"is {d.rl.rollout.num_generations}, but RLOOConfig "
-                           f"(TRL v{RLOO_TRL_RELEASE}) requires at least 2 generations per prompt (the leave-one-out "
-                           "baseline)", "set rl.rollout.num_generations: 2 or more"))
-    return out
+    the scenario with RLOOConfig's defaults, and a release other than v1.16.0.  Fewer than 2 generations, which
+    ``RLOOConfig.__post_init__`` refuses, the schema refuses for every objective (``Rollout.num_generations``)."""
+    return grpo_problems(with_defaults(s), "RLOO")
 
 
 def rloo_assumptions(s: Scenario) -> list[str]:

@@ -271,8 +271,9 @@ class Train(_Strict):
     ``micro_batch_size`` preference pairs, 2 x micro_batch_size sequences of ``seq_len`` per forward, and the
     reference forward in the step), or kto (TRL v1.16.0's KTOTrainer: ``micro_batch_size`` unpaired examples of
     ``seq_len``, its KL batch and the reference forwards in the step, its fused LM head), or orpo (TRL v1.16.0's
-    ORPOTrainer, in trl.experimental: ``micro_batch_size`` pairs as DPO, no reference model).  ppo and rloo are
-    refused (not modelled yet).
+    ORPOTrainer, in trl.experimental: ``micro_batch_size`` pairs as DPO, no reference model), or rloo (TRL v1.16.0's
+    RLOOTrainer: modelled as grpo, with RLOOConfig's defaults for the ``rl`` keys left out).  ppo is refused (not
+    modelled yet).
 
     TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's
     ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
@@ -739,8 +740,10 @@ class Rollout(_Strict):
     ``wake_up(tags=["weights"])`` in ``sync_weights``, ``wake_up(tags=["kv_cache"])`` before generate)."""
 
     num_generations: int = Field(8, ge=2, le=1_000_000)
-    """Completions sampled per prompt (TRL ``num_generations``, default 8): the group of the group-relative
-    advantage.  micro_batch_size x data-parallel ranks x grad_accum_steps must be a multiple of it."""
+    """Completions sampled per prompt (TRL ``num_generations``, default 8; RLOO's 2): the group of the group-relative
+    advantage.  micro_batch_size x data-parallel ranks x grad_accum_steps must be a multiple of it.
+
+    Left out under ``train.objective: rloo``: RLOOConfig's 2 (TRL v1.16.0, which requires at least 2)."""
 
     max_prompt_len: int = Field(512, ge=1, le=100_000_000)
     """Longest prompt, in tokens (TRL < 1.0 ``max_prompt_length``, default 512; TRL >= 1.0 no longer truncates
@@ -751,17 +754,20 @@ class Rollout(_Strict):
     log-probabilities are computed over these positions only (``logits_to_keep``).
 
     TRL v1.9.0's default; from v1.10.0 ``GRPOConfig`` defaults to 512, which the estimate takes when
-    ``software.trl`` names such a release and this key is left out (facts/trl.py)."""
+    ``software.trl`` names such a release and this key is left out (facts/trl.py); RLOOConfig's 512 under
+    ``train.objective: rloo``."""
 
     vllm_version: VllmVersion = "0.11"
     """vLLM release of the colocated engine (its start-up rules, facts/vllm_releases.py)."""
 
 
 class Rl(_Strict):
-    """Reinforcement-learning post-training (train.objective: grpo): the reference model and the rollout."""
+    """Reinforcement-learning post-training (train.objective: grpo or rloo): the reference model and the rollout."""
 
     beta: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
-    """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19): with 0 no reference model is loaded.
+    """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19; RLOO's 0.05): with 0 no reference model is loaded.
+
+    Left out under ``train.objective: rloo``: RLOOConfig's 0.05 (TRL v1.16.0), so a reference model is loaded.
 
     TRL v1.9.0 ``GRPOTrainer.__init__``: ``if self.beta == 0.0: self.ref_model = None``."""
 
