@@ -218,7 +218,9 @@ def grpo_problems(s: Scenario, method: str = "GRPO") -> list[Problem]:
     """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can.
     ``method``: GRPO, or RLOO (analytic/rloo.py, on the scenario with RLOOConfig's defaults filled in)."""
     if s.train.objective in _UNMODELLED_OBJECTIVES:
-        return [Problem("train.objective", f"{s.train.objective} is not modelled yet (only grpo and rloo, TRL's "
+        # trl.experimental.ppo (PPOTrainer) ships in the wheels up to 1.12.0 and is gone from 1.13.0 on
+        return [Problem("train.objective", f"{s.train.objective} is not modelled yet (TRL's PPOTrainer, "
+                        "trl.experimental.ppo up to v1.12, was removed in v1.13.0; only grpo and rloo, TRL's "
                         "GRPOTrainer and RLOOTrainer with a vLLM rollout engine, dpo, kto and orpo, TRL's "
                         "DPOTrainer, KTOTrainer and ORPOTrainer)",
                         "use train.objective: sft, dpo, kto, orpo, grpo or rloo")]
