@@ -173,6 +173,14 @@ def test_refused_releases(doc: dict[str, Any], trl: str) -> None:
     assert any(p.where == "software.trl" for p in exc.value.problems), exc.value
 
 
+def test_a_release_after_the_last_read_is_stated() -> None:
+    rep = estimate(_at(DPO, "2.1"))
+    assert any(a.startswith("DPO: TRL v2.1.0 is newer than the last release read (v1.16.0)") for a in rep.assumptions)
+    assert not any("newer than the last release read" in a for a in estimate(_at(DPO, "1.16.0")).assumptions)
+    grpo = estimate(_at(GRPO, "1.17"))
+    assert any(a.startswith("GRPO: TRL v1.17.0 is newer") for a in grpo.assumptions)
+
+
 def test_kto_and_orpo_accept_their_release() -> None:
     kto = {**DPO, "train": {**DPO["train"], "objective": "kto", "micro_batch_size": 4}}
     assert estimate(_at(kto, "1.16.0")).per_gpu.peak_allocated_bytes == estimate(kto).per_gpu.peak_allocated_bytes

@@ -32,7 +32,14 @@ analytic/fused_head.py; ``dpo_fused_loss_tensors``).  Unset: v1.9.0.
 from __future__ import annotations
 
 from vramplan.analytic.fused_head import fused_forward_bytes, fused_loss_tensors
-from vramplan.analytic.grpo import TRL_RELEASE, RefKind, trainer_problems, trl_release, uses_fused_head
+from vramplan.analytic.grpo import (
+    TRL_RELEASE,
+    RefKind,
+    release_notes,
+    trainer_problems,
+    trl_release,
+    uses_fused_head,
+)
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.spec.scenario import Scenario
@@ -198,6 +205,7 @@ def dpo_assumptions(s: Scenario) -> list[str]:
          f"backward (precompute_ref_log_probs=False, TRL's default): {ref_how}, or one of its MLPs and the residual "
          "stream when larger"),
     ]
+    out += release_notes(s, "DPO")
     if "gradient_checkpointing" not in t.model_fields_set:
         out.append("DPO: gradient_checkpointing full (DPOConfig's default gradient_checkpointing=True)")
     return out

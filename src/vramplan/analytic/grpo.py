@@ -40,9 +40,9 @@ from vramplan.facts.trl import (
 )
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "completion_len", "grpo_assumptions", "grpo_fused_loss_tensors", "grpo_loss_tensors",
-           "grpo_problems", "policy_scenario", "reference_kind", "release_problems", "sequence_len", "trainer_problems",
-           "trl_release", "uses_fused_head"]
+__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "completion_len", "grpo_assumptions", "grpo_fused_loss_tensors",
+           "grpo_loss_tensors", "grpo_problems", "policy_scenario", "reference_kind", "release_notes", "release_problems",
+           "sequence_len", "trainer_problems", "trl_release", "uses_fused_head"]
 
 TRL_RELEASE = "1.9.0"
 # trl/trainer/utils.py entropy_from_logits(logits, chunk_size=128): rows of the flattened logits per chunk
@@ -120,6 +120,18 @@ def uses_fused_head(s: Scenario) -> bool:
         return False
     row = log_prob_row(s.software.trl_version)
     return row is not None and row.path == "fused-head"
+
+
+def release_notes(s: Scenario, method: str) -> list[str]:
+    """The report's line for a ``software.trl`` newer than every release read (facts/trl.py ``READ_AT``): the last
+    row's path is assumed to hold; none otherwise."""
+    v = s.software.trl_version
+    last = READ_AT[-1]
+    if v is None or (*v, 0, 0, 0)[:3] <= tuple(int(x) for x in last.split(".")):
+        return []
+    note = (f"{method}: TRL v{release_text(v)} is newer than the last release read (v{last}); its log-prob path is "
+            f"assumed to be v{last}'s (facts/trl.py)")
+    return [note]
 
 
 def release_problems(s: Scenario, method: str, fixed: str | None = None) -> list[Problem]:
@@ -313,6 +325,7 @@ def grpo_assumptions(s: Scenario, method: str = "GRPO") -> list[str]:
         # weights into the engine and unmerges them: one linear's delta at a time
         out.append(f"{method} weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
                    "counted (one linear's weight, small beside the rollout phase's engine)")
+    out += release_notes(s, method)
     if "gradient_checkpointing" not in s.train.model_fields_set:
         out.append(f"{method}: gradient_checkpointing full ({method}Config's default gradient_checkpointing=True)")
     return out
