@@ -181,6 +181,15 @@ def test_a_release_after_the_last_read_is_stated() -> None:
     assert any(a.startswith("GRPO: TRL v1.17.0 is newer") for a in grpo.assumptions)
 
 
+def test_trl_release_without_a_post_training_objective_is_stated_not_used() -> None:
+    sft = {"model": "qwen2.5-0.5b", "hardware": {"gpu": "A100-80GB"}, "software": {"trl": "1.16.0"}}
+    rep = estimate(sft)
+    assert any(a.startswith("software.trl set but not used") for a in rep.assumptions)
+    # the SFT estimate itself is the same
+    assert rep.per_gpu.peak_allocated_bytes == estimate({**sft, "software": {}}).per_gpu.peak_allocated_bytes
+    assert not any(a.startswith("software.trl set but not used") for a in estimate(_at(DPO, "1.16.0")).assumptions)
+
+
 def test_kto_and_orpo_accept_their_release() -> None:
     kto = {**DPO, "train": {**DPO["train"], "objective": "kto", "micro_batch_size": 4}}
     assert estimate(_at(kto, "1.16.0")).per_gpu.peak_allocated_bytes == estimate(kto).per_gpu.peak_allocated_bytes
