@@ -228,3 +228,26 @@ def test_trl_fused_head_outputs_on_a_tiny_model(outputs: tuple[str, ...], per_po
     given = [f for f in fields if f is not None]
     assert all(tuple(f.shape) == (b, s - 1) for f in given)
     assert sum(f.numel() * f.element_size() for f in given) == per_position * b * (s - 1)
+
+
+@pytest.mark.parametrize("outputs", [("log_probs", "entropy", "mean_logits", "is_top1"), ("log_probs", "entropy")])
+def test_trl_kernel_saves_what_the_model_counts_for_dpo_and_grpo(outputs: tuple[str, ...]) -> None:
+    # a real CPU run of TRL v1.16.0's ChunkedLogProbFunction with DPOTrainer's and GRPOTrainer's outputs: both ask for
+    # the entropy, so the kernel saves it beside log_z (16 N with the int64 targets) and the hidden states (N H x)
+    torch = pytest.importorskip("torch")
+    kernels = pytest.importorskip("trl.kernels")
+    n, h, v = 29, 16, 50
+    hidden = torch.randn(n, h, requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(v, h))
+    saved: list[Any] = []
+
+    def keep(t: Any) -> Any:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        kernels.ChunkedLogProbFunction.apply(hidden, weight, None, torch.randint(0, v, (n,)), 1.0, 32768, None, 1.0,
+                                             outputs)
+    new = sum(t.numel() * t.element_size() for t in saved if t.data_ptr() != weight.data_ptr())
+    # fp32 everywhere here (x = c = w = 4): n h 4 + 16 n = 1,856 + 464 = 2,320
+    assert new == fused_loss_tensors(n, n, 8, v, h, 4, 4, 4, True).saved == 2_320
