@@ -97,7 +97,6 @@ def test_peft_and_beta_zero_load_no_copy() -> None:
 
 
 @pytest.mark.parametrize(("change", "where"), [
-    ({"rl": {"rollout": {"engine": "hf-generate"}}}, "rl.rollout.engine"),
     ({"parallel": {"zero_stage": 3}, "hardware": {"gpu": A100, "num_gpus": 8}}, "parallel"),
     ({"parallel": {"fsdp": "full_shard"}, "hardware": {"gpu": A100, "num_gpus": 8}}, "parallel"),
     ({"parallel": {"tp": 2}, "hardware": {"gpu": A100, "num_gpus": 2}}, "parallel"),

@@ -20,6 +20,7 @@ from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
 from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
+from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts
 from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps
 from vramplan.analytic.moment import K, Moment
@@ -158,8 +159,10 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     c = tr.context
     assert c is not None and tr.layout is not None  # one pipeline stage (grpo_problems refuses pp > 1)
     ref = c.rp.total * c.pol.param_bytes if reference_kind(pr.scenario) == "separate" else 0
-    ro = None
-    if pr.scenario.rl.rollout.colocate:
+    ro, gen = None, None
+    if pr.scenario.rl.rollout.engine == "hf-generate":
+        gen = hf_generate_parts(c, pr)
+    elif pr.scenario.rl.rollout.colocate:
         # GRPOTrainer.__init__ loads the policy and the reference before it builds the engine
         ro = rollout_memory(pr, between_steps(tr.terms, "rollout").get(K.PARAMETERS) + ref, ctx, method)
     extra = _rl_extra(ref, ro)
@@ -169,7 +172,7 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     job = job_lifecycle(c, tr.layout, tr.terms, tr.moments)
     steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + extra.total)
     scoring = scoring_phase(c, tr.layout, _plus(between_steps(tr.terms, "scoring"), extra))
-    phases = [steady, _rollout_phase(tr, ref, ro), PhasePeak("scoring", scoring, packed_reserved(scoring))] + [
+    phases = [steady, _rollout_phase(tr, ref, ro, gen), PhasePeak("scoring", scoring, packed_reserved(scoring))] + [
         p if p.before_step else PhasePeak(p.name, _plus(p.moment, extra), p.reserved_bytes + extra.total)
         for p in job.phases]
     phases.sort(key=lambda p: LIFECYCLE_ORDER.index(p.name))
@@ -178,9 +181,9 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
     host = Host(offloaded_bytes=tr.host_bytes + (ro.host_bytes if ro else 0), nvme_bytes=tr.nvme_bytes,
                 load_peak_bytes=job.host_load_bytes)
-    server = f"{method} rollout: vLLM server mode (rl.rollout.colocate: false): the engine runs on other GPUs"
-    server += ", nothing of it on this one"
-    notes = [*tr.assumptions, how, *job.assumptions, *rl_notes, *(ro.assumptions if ro else [server])]
+    server = [(f"{method} rollout: vLLM server mode (rl.rollout.colocate: false): the engine runs on other GPUs"
+               ", nothing of it on this one")] if gen is None else hf_generate_notes(c, method)
+    notes = [*tr.assumptions, how, *job.assumptions, *rl_notes, *(ro.assumptions if ro else server)]
     rep = _report(pr, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
                   reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
     return rep if ro is None or ro.starts else rep.model_copy(update={"fits": False})
@@ -269,10 +272,14 @@ def _plus(mo: Moment, extra: Moment) -> Moment:
     return out
 
 
-def _rollout_phase(tr: TrainResult, ref: int, ro: RolloutMemory | None) -> PhasePeak:
+def _rollout_phase(tr: TrainResult, ref: int, ro: RolloutMemory | None,
+                   gen: tuple[int, int, int] | None = None) -> PhasePeak:
     """The rollout: what the trainer keeps between steps (gradients set to None), the reference model, and the
-    engine generating (its weights, KV cache, profiled peak, graphs and non-torch memory)."""
+    engine generating (its weights, KV cache, profiled peak, graphs and non-torch memory), or the policy's own
+    generate call (``gen``: KV cache, other tensors, autocast weight copies; analytic/lifecycle/hf_rollout.py)."""
     mo = between_steps(tr.terms, "rollout").add(K.REFERENCE_WEIGHTS, ref)
+    if gen is not None:
+        mo.add(K.GENERATE_KV, gen[0]).add(K.GENERATE_TENSORS, gen[1]).add(K.GENERATE_CASTS, gen[2])
     if ro is not None:
         mo.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
         mo.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)

@@ -194,9 +194,8 @@ def _setup_problems(s: Scenario, method: str) -> list[Problem]:
     if s.rl.precompute_ref_log_probs:
         no("rl.precompute_ref_log_probs", f"is a DPO setting (DPOConfig); {method}Trainer has none",
            "set rl.precompute_ref_log_probs: false")
-    if ro.engine != "vllm":
-        no("rl.rollout.engine", "hf-generate rollouts (model.generate inside the trainer) are not modelled",
-           "use rl.rollout.engine: vllm")
+    if ro.engine == "hf-generate":
+        out += _hf_generate_problems(s)
     out += trainer_problems(s, method, "the reference model's shards and the gather of the full weights for each "
                             "vLLM weight sync", " (and vllm_tensor_parallel_size)")
     if t.loss != "standard":
@@ -210,7 +209,7 @@ def _setup_problems(s: Scenario, method: str) -> list[Problem]:
     if s.lifecycle.evaluation:
         no("lifecycle.evaluation", f"{method}'s evaluation (generation through the rollout engine) is not modelled",
            "set lifecycle.evaluation: false")
-    if ro.colocate and t.quantization != "none":
+    if ro.engine == "vllm" and ro.colocate and t.quantization != "none":
         no("train.quantization", "a colocated vLLM engine over a bitsandbytes policy (vLLM's in-flight "
            "bitsandbytes loading) is not modelled", "use rl.rollout.colocate: false or an unquantized base")
     if "seq_len" in t.model_fields_set and t.seq_len != sequence_len(s):
@@ -223,6 +222,27 @@ def _setup_problems(s: Scenario, method: str) -> list[Problem]:
         no("rl.rollout.num_generations", f"the generation batch (micro_batch_size x data-parallel ranks x "
            f"grad_accum_steps = {batch}) is not divisible by num_generations = {ro.num_generations} "
            f"({method}Config.__post_init__, TRL v{trl_release(s)})", "make the batch a multiple of num_generations")
+    return out
+
+
+# the rollout keys only the vLLM engine reads (serve/rollout.py)
+_VLLM_ROLLOUT_KEYS = ("colocate", "gpu_memory_utilization", "sleep_mode", "vllm_version")
+
+
+def _hf_generate_problems(s: Scenario) -> list[Problem]:
+    """What the hf-generate rollout (analytic/lifecycle/hf_rollout.py) does not model."""
+    out: list[Problem] = []
+    vllm_keys = sorted(set(_VLLM_ROLLOUT_KEYS) & s.rl.rollout.model_fields_set)
+    if vllm_keys:
+        shown = ", ".join(f"rl.rollout.{k}" for k in vllm_keys)
+        out.append(Problem("rl.rollout", f"{shown} set, but only the vLLM engine reads them (hf-generate runs "
+                           "model.generate in the trainer)", "remove them or use rl.rollout.engine: vllm"))
+    if s.train.quantization != "none":
+        out.append(Problem("train.quantization", "generate over a bitsandbytes policy inside the trainer is not "
+                           "modelled", "use an unquantized base, or rl.rollout.engine: vllm with colocate: false"))
+    if s.train.precision in ("fp32", "fp8-mixed"):
+        out.append(Problem("train.precision", f"a {s.train.precision} generate inside the trainer is not modelled "
+                           "(the inference engine runs bf16 or fp16)", "use bf16-mixed or fp16-mixed"))
     return out
 
 

@@ -1,0 +1,86 @@
+"""GRPO's and RLOO's rollout by Hugging Face ``generate`` inside the trainer (``rl.rollout.engine: hf-generate``).
+
+TRL (v1.9.0 and v1.16.0 alike) with ``use_vllm=False``: ``_generate_single_turn`` runs, under ``torch.no_grad()``,
+``unwrap_model_for_generation(self.model_wrapped, ...)`` (``trl/models/utils.py``: gradient checkpointing disabled,
+``accelerator.unwrap_model(model)``) and ``unwrapped_model.generate(**generate_inputs, generation_config=...)``
+(``max_new_tokens = max_completion_length``, ``do_sample=True``, ``top_k=0``, ``top_p=1.0``) on the whole local
+generation batch: ``per_device_train_batch_size x steps_per_generation`` prompts (``steps_per_generation`` defaults to
+``gradient_accumulation_steps``; ``_prepare_inputs`` generates once per generation batch).  The HF Trainer calls
+``_prepare_inputs`` before its loss context, but accelerate's ``prepare_model`` wrapped the model's ``forward`` in
+autocast and ``convert_outputs_to_fp32`` and ``unwrap_model`` keeps that wrapper (``keep_fp32_wrapper=True``): every
+forward of ``generate`` runs under the training's autocast.  So, with the policy's parameters resident:
+
+* the call's own tensors as the inference engine counts them for the compute dtype (analytic/inference.py: the
+  prompt's and then every token's KV cache, the running layer or the last-token logits with their fp32 copy and the
+  sampling temporaries, the cache's growth), minus its weights and cuBLAS workspace (the trainer's are resident);
+* with fp32 parameters under autocast, the residual stream is fp32 (the embedding's output and the norms' outputs,
+  as in the training step): the prefill's three ``b P H`` tensors the inference engine counts in the compute dtype
+  (kept embeddings, residual, normalised input) counted at 4 bytes instead (an upper bound when the head's side is
+  the prefill's larger);
+* autocast's cached half copies of every trainable fp32 linear weight (torch ``cached_cast`` caches a leaf that
+  requires grad, in ``no_grad`` too) until the forward's autocast region exits: at the head, every layer's and the
+  head's copies (``terms/casts.py`` ``generate_casts_bytes``); a frozen fp32 base under PEFT is cast one linear at a
+  time (not cached).
+
+The phase adds all the copies to the call's highest moment: an upper bound, by at most the head's copy, since the
+prefill's running layer comes before the head is cast and the sampling after the forward has dropped the copies.
+"""
+
+from __future__ import annotations
+
+from vramplan.analytic.inference import inference_step
+from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.terms.casts import generate_casts_bytes
+from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.load import Resolved
+from vramplan.spec.scenario import Inference
+
+__all__ = ["generation_batch", "hf_generate_notes", "hf_generate_parts"]
+
+_CALL_KEYS = (K.PARAMETERS, K.CUBLAS)  # the call's weights and workspace: the trainer's, resident already
+_KV_KEYS = (K.KV_PROMPT, K.KV_ALL, K.KV_LEGACY)
+
+
+def generation_batch(c: StepContext) -> int:
+    """Prompts per ``generate`` call on this GPU: ``per_device_train_batch_size x steps_per_generation``
+    (``steps_per_generation`` = ``gradient_accumulation_steps``, TRL's default)."""
+    t = c.s.train
+    return t.micro_batch_size * t.grad_accum_steps
+
+
+def hf_generate_parts(c: StepContext, r: Resolved) -> tuple[int, int, int]:
+    """The ``generate`` call's (KV cache, other tensors, autocast weight copies) at its highest moment, beyond the
+    policy's resident parameters (module docstring).  ``r`` is the policy's scenario (prompt + completion)."""
+    s, pol = c.s, c.pol
+    ro = s.rl.rollout
+    b, prompt = generation_batch(c), ro.max_prompt_len
+    inf = Inference(batch_size=b, prompt_len=prompt, new_tokens=ro.max_completion_len, dtype=pol.half,
+                    attention=s.train.attention)
+    call = Resolved(s.model_copy(update={"task": "inference", "inference": inf}), r.model, r.gpu, ())
+    fp32_residual = 3 * b * prompt * c.m.hidden_size * (pol.residual_bytes - pol.compute_bytes)
+
+    def split(mo: Moment) -> tuple[int, int]:
+        kv = sum(mo.get(k) for k in _KV_KEYS)
+        other = mo.total - kv - sum(mo.get(k) for k in _CALL_KEYS)
+        return kv, other + (fp32_residual if mo.phase == "prefill" else 0)
+
+    kv, other = max((split(mo) for mo in inference_step(call).moments), key=sum)
+    return kv, other, generate_casts_bytes(c)
+
+
+def hf_generate_notes(c: StepContext, method: str) -> list[str]:
+    """What the hf-generate rollout takes as given, for the report."""
+    ro, pol = c.s.rl.rollout, c.pol
+    how = (f"under {pol.half} autocast over the fp32 parameters (accelerate's forward wrapper), their half copies "
+           "cached for each forward" if pol.autocast else f"in the parameters' {pol.half}")
+    return [
+        (f"{method} rollout: Hugging Face generate inside the trainer (use_vllm=False, unwrap_model_for_generation): "
+         f"{generation_batch(c)} prompts (per_device_train_batch_size x steps_per_generation) of {ro.max_prompt_len} "
+         f"tokens, {ro.max_completion_len} new tokens each, in one call, {how}; its KV cache, running layer and "
+         "last-token logits as the inference engine counts them (analytic/inference.py), every sequence at full "
+         "length, the fp32 residual stream of the prompt counted at 4 bytes; every cached weight copy added to the "
+         "call's highest moment (an upper bound by at most the head's copy)"),
+        (f"{method} rollout sampling: the inference engine's top-k/top-p temporaries (about 25 B per vocabulary "
+         "entry) are counted although TRL's defaults (top_k=0, top_p=1.0) add no warper: an upper bound of a few "
+         "MB"),
+    ]

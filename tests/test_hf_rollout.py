@@ -1,0 +1,106 @@
+"""GRPO's and RLOO's rollout by Hugging Face generate inside the trainer (rl.rollout.engine: hf-generate).
+
+The oracle is Qwen2.5-0.5B (hidden 896, MLP 4,864, 24 layers, 2 KV heads of 64, vocabulary 151,936, tied embeddings;
+357,826,560 decoder linear parameters) on an A100-80GB, GRPO at TRL's defaults: bf16 autocast over fp32 parameters,
+8 completions per device, 512 prompt + 256 completion tokens, one gradient-accumulation step (8 prompts per generate
+call), no reference model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from vramplan.analytic.grpo import policy_scenario
+from vramplan.analytic.lifecycle.hf_rollout import generation_batch, hf_generate_parts
+from vramplan.analytic.train import train_step
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
+from vramplan.errors import ScenarioError
+from vramplan.spec.load import Resolved
+
+A100 = "A100-80GB"
+BASE: dict[str, Any] = {"model": "qwen2.5-0.5b", "hardware": {"gpu": A100},
+                        "train": {"objective": "grpo", "micro_batch_size": 8},
+                        "rl": {"rollout": {"engine": "hf-generate"}}}
+RESIDENT = 5_945_432_576  # fp32 parameters, AdamW's states, cuBLAS workspaces (tests/test_grpo.py)
+
+
+def _with(**train: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(json.dumps(BASE))
+    doc["train"].update(train)
+    return doc
+
+
+def _parts(doc: dict[str, Any]) -> tuple[int, int, int]:
+    r = resolve(doc)
+    pr = Resolved(policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    c = train_step(pr).context
+    assert c is not None
+    return hf_generate_parts(c, pr)
+
+
+def test_generate_parts_by_hand() -> None:
+    # one generate call of 8 prompts of 512 tokens, 256 new, bf16 under autocast (analytic/inference.py):
+    #   prefill: the prompt's cache 24 layers x 8 x 512 x 2 (K, V) x 2 heads x 64 x 2 B = 50,331,648; kept embeddings
+    #   8 x 512 x 896 x 2 = 7,340,032, RoPE cos/sin 131,072, the running layer 141,557,760: 149,028,864, plus the fp32
+    #   residual stream's extra 3 x 8 x 512 x 896 x (4 - 2) = 22,020,096 -> 171,048,960
+    #   (the last decode step's cache 75,399,168 + 40,466,432 of growth and logits is smaller: 115,865,600)
+    #   autocast's copies: the decoder's linears 357,826,560 x 2 = 715,653,120 and the tied head 151,936 x 896 x 2 =
+    #   272,269,312 -> 987,922,432
+    assert _parts(BASE) == (50_331_648, 171_048_960, 987_922_432)
+
+
+def test_rollout_phase_by_hand() -> None:
+    # the resident 5,945,432,576 + 50,331,648 + 171,048,960 + 987,922,432 = 7,154,735,616; no engine in any phase
+    rep = estimate(BASE)
+    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 7_154_735_616
+    assert "rollout engine (vLLM) weights" not in rep.per_gpu.breakdown_detail.get("weights", {})
+    assert any(a.startswith("GRPO rollout: Hugging Face generate inside the trainer") for a in rep.assumptions)
+
+
+def test_training_step_and_scoring_hold_no_engine() -> None:
+    # the same as vLLM in server mode: nothing of a rollout engine beside the step or the scoring
+    server = estimate({**BASE, "rl": {"rollout": {"colocate": False}}}).per_gpu.lifecycle
+    hf = estimate(BASE).per_gpu.lifecycle
+    assert hf["training step"] == server["training step"] and hf["scoring"] == server["scoring"]
+
+
+def test_generation_batch_counts_the_accumulation_steps() -> None:
+    r = resolve(_with(grad_accum_steps=4))
+    pr = Resolved(policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    c = train_step(pr).context
+    assert c is not None and generation_batch(c) == 32
+    # four times the prompts: the prompt's cache four times as large
+    assert hf_generate_parts(c, pr)[0] == 4 * 50_331_648
+
+
+def test_peft_caches_no_copies_of_a_half_base() -> None:
+    # bf16-mixed LoRA: the frozen base is loaded in bf16 (no cast at all), the adapters are not linears of the base
+    assert _parts(_with(peft={"method": "lora"}))[2] == 0
+
+
+def test_rloo_by_hf_generate() -> None:
+    doc = {**_with(objective="rloo"), "rl": {"rollout": {"engine": "hf-generate"}}}
+    rep = estimate(doc)
+    assert any(a.startswith("RLOO rollout: Hugging Face generate") for a in rep.assumptions)
+    # RLOO's defaults: 512 new tokens and a reference copy 494,032,768 x 4 = 1,976,131,072 in the rollout phase too.
+    # The prefill stays the call's highest moment: the last decode step's cache 24 x 8 x 1,023 x 512 = 100,564,992,
+    # one layer's growth 8 x 1,023 x 512 / 2 = 2,095,104 and the logits 38,895,616 make 141,555,712 < 221,380,608;
+    # so 7,154,735,616 + 1,976,131,072 = 9,130,866,688
+    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 9_130_866_688
+
+
+@pytest.mark.parametrize(("change", "where"), [
+    ({"rl": {"rollout": {"engine": "hf-generate", "gpu_memory_utilization": 0.5}}}, "rl.rollout"),
+    ({"rl": {"rollout": {"engine": "hf-generate", "sleep_mode": 1}}}, "rl.rollout"),
+    ({"train": {"objective": "grpo", "micro_batch_size": 8, "precision": "fp32"}}, "train.precision"),
+    ({"train": {"objective": "grpo", "micro_batch_size": 8, "quantization": "nf4", "peft": {"method": "qlora"}}},
+     "train.quantization"),
+])
+def test_refusals(change: dict[str, Any], where: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        estimate({**BASE, **change})
+    assert any(p.where == where for p in exc.value.problems), exc.value
