@@ -714,9 +714,10 @@ class Rollout(_Strict):
     """The engine that samples the completions of an RL step (train.objective: grpo)."""
 
     engine: RolloutEngine = "vllm"
-    """Who generates: vllm (TRL ``use_vllm=True``), or hf-generate (``model.generate``, refused: not modelled).
+    """Who generates: vllm (TRL ``use_vllm=True``), or hf-generate (the policy's ``model.generate`` in the trainer).
 
-    TRL v1.9.0 ``GRPOConfig.use_vllm`` (default False: the estimate asks for the engine by name)."""
+    TRL v1.9.0 ``GRPOConfig.use_vllm`` (default False: the estimate asks for the engine by name); hf-generate:
+    ``_generate_single_turn`` under ``unwrap_model_for_generation`` (analytic/lifecycle/hf_rollout.py)."""
 
     colocate: bool = True
     """vLLM inside the training process on the same GPUs (TRL ``vllm_mode="colocate"``, its default), or a
