@@ -43,20 +43,29 @@ def _parts(doc: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def test_generate_parts_by_hand() -> None:
-    # one generate call of 8 prompts of 512 tokens, 256 new, bf16 under autocast (analytic/inference.py):
-    #   prefill: the prompt's cache 24 layers x 8 x 512 x 2 (K, V) x 2 heads x 64 x 2 B = 50,331,648; kept embeddings
+    # one generate call of 8 prompts of 512 tokens, 256 new, under bf16 autocast over fp32 weights
+    # (analytic/inference.py in bf16, then the fp32 tensors autocast leaves):
+    #   prefill: the prompt's cache in bf16 24 layers x 8 x 512 x 2 (K, V) x 2 heads x 64 x 2 B = 50,331,648, its keys
+    #   fp32 (RoPE's fp32 cos/sin promote them): 25,165,824 x 2 + 25,165,824 = 75,497,472; kept embeddings
     #   8 x 512 x 896 x 2 = 7,340,032, RoPE cos/sin 131,072, the running layer 141,557,760: 149,028,864, plus the fp32
-    #   residual stream's extra 3 x 8 x 512 x 896 x (4 - 2) = 22,020,096 -> 171,048,960
-    #   (the last decode step's cache 75,399,168 + 40,466,432 of growth and logits is smaller: 115,865,600)
+    #   residual stream's extra 3 x 8 x 512 x 896 x (4 - 2) = 22,020,096 and cos/sin's 131,072 -> 171,180,032
+    #   (the last decode step: cache 75,399,168 x 1.5 = 113,098,752, one layer's key growth 1,570,816 x 2 =
+    #   3,141,632 and the logits 38,895,616: 155,136,000, smaller than the prefill's 246,677,504)
     #   autocast's copies: the decoder's linears 357,826,560 x 2 = 715,653,120 and the tied head 151,936 x 896 x 2 =
     #   272,269,312 -> 987,922,432
-    assert _parts(BASE) == (50_331_648, 171_048_960, 987_922_432)
+    assert _parts(BASE) == (75_497_472, 171_180_032, 987_922_432)
+
+
+def test_half_parameters_keep_half_keys_and_no_copies() -> None:
+    # bf16-true: the residual is bf16, the keys too (50,331,648), nothing cached by autocast (no autocast)
+    kv, other, casts = _parts(_with(precision="bf16-true"))
+    assert (kv, other, casts) == (50_331_648, 149_028_864, 0)
 
 
 def test_rollout_phase_by_hand() -> None:
-    # the resident 5,945,432,576 + 50,331,648 + 171,048,960 + 987,922,432 = 7,154,735,616; no engine in any phase
+    # the resident 5,945,432,576 + 75,497,472 + 171,180,032 + 987,922,432 = 7,180,032,512; no engine in any phase
     rep = estimate(BASE)
-    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 7_154_735_616
+    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 7_180_032_512
     assert "rollout engine (vLLM) weights" not in rep.per_gpu.breakdown_detail.get("weights", {})
     assert any(a.startswith("GRPO rollout: Hugging Face generate inside the trainer") for a in rep.assumptions)
 
@@ -74,7 +83,7 @@ def test_generation_batch_counts_the_accumulation_steps() -> None:
     c = train_step(pr).context
     assert c is not None and generation_batch(c) == 32
     # four times the prompts: the prompt's cache four times as large
-    assert hf_generate_parts(c, pr)[0] == 4 * 50_331_648
+    assert hf_generate_parts(c, pr)[0] == 4 * 75_497_472
 
 
 def test_peft_caches_no_copies_of_a_half_base() -> None:
@@ -87,10 +96,10 @@ def test_rloo_by_hf_generate() -> None:
     rep = estimate(doc)
     assert any(a.startswith("RLOO rollout: Hugging Face generate") for a in rep.assumptions)
     # RLOO's defaults: 512 new tokens and a reference copy 494,032,768 x 4 = 1,976,131,072 in the rollout phase too.
-    # The prefill stays the call's highest moment: the last decode step's cache 24 x 8 x 1,023 x 512 = 100,564,992,
-    # one layer's growth 8 x 1,023 x 512 / 2 = 2,095,104 and the logits 38,895,616 make 141,555,712 < 221,380,608;
-    # so 7,154,735,616 + 1,976,131,072 = 9,130,866,688
-    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 9_130_866_688
+    # The prefill stays the call's highest moment: the last decode step's cache 24 x 8 x 1,023 x 512 x 1.5 =
+    # 150,847,488, one layer's key growth 8 x 1,023 x 256 x 2 = 4,190,208 and the logits 38,895,616 make 193,933,312
+    # < 246,677,504; so 7,180,032,512 + 1,976,131,072 = 9,156,163,584
+    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 9_156_163_584
 
 
 @pytest.mark.parametrize(("change", "where"), [
@@ -101,6 +110,27 @@ def test_rloo_by_hf_generate() -> None:
      "train.quantization"),
 ])
 def test_refusals(change: dict[str, Any], where: str) -> None:
+
     with pytest.raises(ScenarioError) as exc:
         estimate({**BASE, **change})
     assert any(p.where == where for p in exc.value.problems), exc.value
+
+
+def test_mla_cache_is_refused() -> None:
+    with pytest.raises(ScenarioError) as exc:
+        estimate({**BASE, "model": "deepseek-ai/DeepSeek-V2-Lite"})
+    assert any(p.where == "rl.rollout.engine" and "MLA" in p.message for p in exc.value.problems), exc.value
+
+
+def test_transformers_caches_fp32_keys_under_autocast_over_fp32_weights() -> None:
+    # a real CPU run: a 2-layer Qwen2 in fp32 under bf16 autocast (as accelerate's forward wrapper runs generate's
+    # forwards): RoPE's cos/sin in the residual's fp32 promote the keys; the values stay bf16
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100)
+    model = transformers.Qwen2ForCausalLM(cfg)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=torch.randint(0, 100, (2, 7)), use_cache=True)
+    layer = out.past_key_values.layers[0]
+    assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.bfloat16)

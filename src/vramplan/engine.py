@@ -20,7 +20,7 @@ from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
 from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
-from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts
+from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
 from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps
 from vramplan.analytic.moment import K, Moment
@@ -161,6 +161,8 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     ref = c.rp.total * c.pol.param_bytes if reference_kind(pr.scenario) == "separate" else 0
     ro, gen = None, None
     if pr.scenario.rl.rollout.engine == "hf-generate":
+        if problems := hf_generate_problems(r.model):
+            raise ScenarioError(problems)
         gen = hf_generate_parts(c, pr)
     elif pr.scenario.rl.rollout.colocate:
         # GRPOTrainer.__init__ loads the policy and the reference before it builds the engine

@@ -16,7 +16,10 @@ forward of ``generate`` runs under the training's autocast.  So, with the policy
 * with fp32 parameters under autocast, the residual stream is fp32 (the embedding's output and the norms' outputs,
   as in the training step): the prefill's three ``b P H`` tensors the inference engine counts in the compute dtype
   (kept embeddings, residual, normalised input) counted at 4 bytes instead (an upper bound when the head's side is
-  the prefill's larger);
+  the prefill's larger); and RoPE's ``cos``/``sin`` come back in the residual's dtype (``rotary_emb(hidden_states,
+  ...)`` returns ``cos.to(x.dtype)``), so ``apply_rotary_pos_emb`` promotes the bf16 keys to fp32 and the cache
+  keeps fp32 keys beside bf16 values (a CPU run of transformers 5.24's Qwen2 under bf16 autocast: ``keys.dtype``
+  float32, ``values.dtype`` bfloat16): the cache's keys, their growth and cos/sin counted at 4 bytes;
 * autocast's cached half copies of every trainable fp32 linear weight (torch ``cached_cast`` caches a leaf that
   requires grad, in ``no_grad`` too) until the forward's autocast region exits: at the head, every layer's and the
   head's copies (``terms/casts.py`` ``generate_casts_bytes``); a frozen fp32 base under PEFT is cast one linear at a
@@ -32,10 +35,12 @@ from vramplan.analytic.inference import inference_step
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.casts import generate_casts_bytes
 from vramplan.analytic.terms.context import StepContext
+from vramplan.errors import Problem
 from vramplan.spec.load import Resolved
+from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Inference
 
-__all__ = ["generation_batch", "hf_generate_notes", "hf_generate_parts"]
+__all__ = ["generation_batch", "hf_generate_notes", "hf_generate_parts", "hf_generate_problems"]
 
 _CALL_KEYS = (K.PARAMETERS, K.CUBLAS)  # the call's weights and workspace: the trainer's, resident already
 _KV_KEYS = (K.KV_PROMPT, K.KV_ALL, K.KV_LEGACY)
@@ -48,6 +53,16 @@ def generation_batch(c: StepContext) -> int:
     return t.micro_batch_size * t.grad_accum_steps
 
 
+def hf_generate_problems(m: ModelSpec) -> list[Problem]:
+    """Models whose generate cache under autocast this rollout does not model: a compressed (MLA) cache and a hybrid
+    model's mixer state (their dtypes under autocast over fp32 weights not read)."""
+    if m.mla is None and m.mamba is None:
+        return []
+    kind = "an MLA (compressed) KV cache" if m.mla is not None else "a hybrid model's Mamba2 state"
+    return [Problem("rl.rollout.engine", f"hf-generate over {kind} ({m.name}) is not modelled",
+                    "use rl.rollout.engine: vllm")]
+
+
 def hf_generate_parts(c: StepContext, r: Resolved) -> tuple[int, int, int]:
     """The ``generate`` call's (KV cache, other tensors, autocast weight copies) at its highest moment, beyond the
     policy's resident parameters (module docstring).  ``r`` is the policy's scenario (prompt + completion)."""
@@ -57,11 +72,18 @@ def hf_generate_parts(c: StepContext, r: Resolved) -> tuple[int, int, int]:
     inf = Inference(batch_size=b, prompt_len=prompt, new_tokens=ro.max_completion_len, dtype=pol.half,
                     attention=s.train.attention)
     call = Resolved(s.model_copy(update={"task": "inference", "inference": inf}), r.model, r.gpu, ())
-    fp32_residual = 3 * b * prompt * c.m.hidden_size * (pol.residual_bytes - pol.compute_bytes)
+    cb, up = pol.compute_bytes, pol.residual_bytes
+    fp32_residual = 3 * b * prompt * c.m.hidden_size * (up - cb)
+    rope = c.m.position == "rope"
 
     def split(mo: Moment) -> tuple[int, int]:
         kv = sum(mo.get(k) for k in _KV_KEYS)
         other = mo.total - kv - sum(mo.get(k) for k in _CALL_KEYS)
+        if rope:
+            # keys (half of a K/V layer) at the residual's bytes; one layer's keys during the cache's torch.cat
+            # and RoPE's cos/sin likewise
+            kv = kv // 2 * up // cb + kv // 2
+            other += (mo.get(K.CACHE_GROWTH) + mo.get(K.ROPE)) * (up - cb) // cb
         return kv, other + (fp32_residual if mo.phase == "prefill" else 0)
 
     kv, other = max((split(mo) for mo in inference_step(call).moments), key=sum)
@@ -78,7 +100,8 @@ def hf_generate_notes(c: StepContext, method: str) -> list[str]:
          f"{generation_batch(c)} prompts (per_device_train_batch_size x steps_per_generation) of {ro.max_prompt_len} "
          f"tokens, {ro.max_completion_len} new tokens each, in one call, {how}; its KV cache, running layer and "
          "last-token logits as the inference engine counts them (analytic/inference.py), every sequence at full "
-         "length, the fp32 residual stream of the prompt counted at 4 bytes; every cached weight copy added to the "
+         "length, the fp32 residual stream of the prompt and the cache's keys (RoPE's fp32 cos/sin promote them) "
+         "counted at 4 bytes; every cached weight copy added to the "
          "call's highest moment (an upper bound by at most the head's copy)"),
         (f"{method} rollout sampling: the inference engine's top-k/top-p temporaries (about 25 B per vocabulary "
          "entry) are counted although TRL's defaults (top_k=0, top_p=1.0) add no warper: an upper bound of a few "
