@@ -50,10 +50,21 @@ def test_generate_parts_by_hand() -> None:
     #   8 x 512 x 896 x 2 = 7,340,032, RoPE cos/sin 131,072, the running layer 141,557,760: 149,028,864, plus the fp32
     #   residual stream's extra 3 x 8 x 512 x 896 x (4 - 2) = 22,020,096 and cos/sin's 131,072 -> 171,180,032
     #   (the last decode step: cache 75,399,168 x 1.5 = 113,098,752, one layer's key growth 1,570,816 x 2 =
-    #   3,141,632 and the logits 38,895,616: 155,136,000, smaller than the prefill's 246,677,504)
+    #   3,141,632, the logits 38,895,616 and their fp32 conversion 4,861,952: 159,997,952, smaller than the
+    #   prefill's 246,677,504)
     #   autocast's copies: the decoder's linears 357,826,560 x 2 = 715,653,120 and the tied head 151,936 x 896 x 2 =
     #   272,269,312 -> 987,922,432
     assert _parts(BASE) == (75_497_472, 171_180_032, 987_922_432)
+
+
+def test_decode_bound_call_by_hand() -> None:
+    # 8 prompts of 16 tokens, 1,024 new: the last decode step (1,039 tokens cached) is the call's highest moment:
+    #   cache 24 x 8 x 1,039 x 512 = 102,137,856 in bf16, keys fp32: x 1.5 = 153,206,784
+    #   one layer's key growth 8 x 1,039 x 512 / 2 = 2,127,872, fp32: 4,255,744; the last-token logits and sampling
+    #   8 x 151,936 x (2 + 4 + 26) = 38,895,616; accelerate's fp32 conversion 4 x 8 x 151,936 = 4,861,952
+    #   -> other 48,013,312
+    doc = {**BASE, "rl": {"rollout": {"engine": "hf-generate", "max_prompt_len": 16, "max_completion_len": 1024}}}
+    assert _parts(doc) == (153_206_784, 48_013_312, 987_922_432)
 
 
 def test_half_parameters_keep_half_keys_and_no_copies() -> None:

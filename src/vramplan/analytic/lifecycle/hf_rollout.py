@@ -20,6 +20,9 @@ forward of ``generate`` runs under the training's autocast.  So, with the policy
   ...)`` returns ``cos.to(x.dtype)``), so ``apply_rotary_pos_emb`` promotes the bf16 keys to fp32 and the cache
   keeps fp32 keys beside bf16 values (a CPU run of transformers 5.24's Qwen2 under bf16 autocast: ``keys.dtype``
   float32, ``values.dtype`` bfloat16): the cache's keys, their growth and cos/sin counted at 4 bytes;
+* accelerate's ``convert_outputs_to_fp32`` returns the last-token logits in fp32 before ``generate`` copies them to
+  fp32 again (``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``): ``4 b V`` beside the inference
+  engine's logits wherever they are part of the moment (autocast only);
 * autocast's cached half copies of every trainable fp32 linear weight (torch ``cached_cast`` caches a leaf that
   requires grad, in ``no_grad`` too) until the forward's autocast region exits: at the head, every layer's and the
   head's copies (``terms/casts.py`` ``generate_casts_bytes``); a frozen fp32 base under PEFT is cast one linear at a
@@ -84,6 +87,8 @@ def hf_generate_parts(c: StepContext, r: Resolved) -> tuple[int, int, int]:
             # and RoPE's cos/sin likewise
             kv = kv // 2 * up // cb + kv // 2
             other += (mo.get(K.CACHE_GROWTH) + mo.get(K.ROPE)) * (up - cb) // cb
+        if pol.autocast and mo.get(K.LAST_LOGITS):
+            other += 4 * b * c.m.vocab_size  # convert_outputs_to_fp32's copy of the last-token logits
         return kv, other + (fp32_residual if mo.phase == "prefill" else 0)
 
     kv, other = max((split(mo) for mo in inference_step(call).moments), key=sum)
