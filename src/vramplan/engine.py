@@ -139,14 +139,16 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
 def _rl_job(r: Resolved) -> tuple[Resolved, str, list[str]]:
     """An RL job's scenario (RLOO's with RLOOConfig's defaults filled in, analytic/rloo.py), its trainer's name and
     the assumptions it states; refused with every problem when it cannot be estimated."""
-    if r.scenario.train.objective == "rloo":
-        if problems := rloo.rloo_problems(r.scenario):
-            raise ScenarioError(problems)
-        filled = Resolved(rloo.with_defaults(r.scenario), r.model, r.gpu, r.assumptions)
-        return filled, "RLOO", rloo.rloo_assumptions(filled.scenario)
-    if problems := grpo_problems(r.scenario):
+    s, rl = r.scenario, r.scenario.train.objective == "rloo"
+    problems = rloo.rloo_problems(s) if rl else grpo_problems(s)
+    if s.rl.rollout.engine == "hf-generate":
+        problems += hf_generate_problems(r.model)
+    if problems:
         raise ScenarioError(problems)
-    return r, "GRPO", grpo_assumptions(r.scenario)
+    if not rl:
+        return r, "GRPO", grpo_assumptions(s)
+    filled = Resolved(rloo.with_defaults(s), r.model, r.gpu, r.assumptions)
+    return filled, "RLOO", rloo.rloo_assumptions(filled.scenario)
 
 
 def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
@@ -161,8 +163,6 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     ref = c.rp.total * c.pol.param_bytes if reference_kind(pr.scenario) == "separate" else 0
     ro, gen = None, None
     if pr.scenario.rl.rollout.engine == "hf-generate":
-        if problems := hf_generate_problems(r.model):
-            raise ScenarioError(problems)
         gen = hf_generate_parts(c, pr)
     elif pr.scenario.rl.rollout.colocate:
         # GRPOTrainer.__init__ loads the policy and the reference before it builds the engine

@@ -150,7 +150,7 @@ def release_problems(s: Scenario, method: str, fixed: str | None = None) -> list
     row = log_prob_row(v)
     if row is None:
         return [Problem("software.trl", f"is {given}, but {method}Trainer is modelled from TRL v{READ_AT[0]} on "
-                        "(earlier releases, before the 1.x refactor, have concatenated_forward; not read)",
+                        "(earlier releases not read)",
                         f"set software.trl: {READ_AT[0]} or later")]
     if not row.modelled:
         later = next(r for r in LOG_PROB_ROWS if r.first > row.first)
