@@ -13,7 +13,7 @@ forward of ``generate`` runs under the training's autocast.  So, with the policy
 * the call's own tensors as the inference engine counts them for the compute dtype (analytic/inference.py: the
   prompt's and then every token's KV cache, the running layer or the last-token logits with their fp32 copy and the
   sampling temporaries, the cache's growth), minus its weights and cuBLAS workspace (the trainer's are resident);
-* with fp32 parameters under autocast, the residual stream is fp32 (the embedding's output and the norms' outputs,
+* with fp32 parameters under autocast (not a half PEFT base), the residual stream is fp32 (the embedding's output and the norms' outputs,
   as in the training step): the prefill's three ``b P H`` tensors the inference engine counts in the compute dtype
   (kept embeddings, residual, normalised input) counted at 4 bytes instead (an upper bound when the head's side is
   the prefill's larger); and RoPE's ``cos``/``sin`` come back in the residual's dtype (``rotary_emb(hidden_states,
@@ -75,7 +75,8 @@ def hf_generate_parts(c: StepContext, r: Resolved) -> tuple[int, int, int]:
     inf = Inference(batch_size=b, prompt_len=prompt, new_tokens=ro.max_completion_len, dtype=pol.half,
                     attention=s.train.attention)
     call = Resolved(s.model_copy(update={"task": "inference", "inference": inf}), r.model, r.gpu, ())
-    cb, up = pol.compute_bytes, pol.residual_bytes
+    # the residual stream's dtype as the step has it (fp32 over fp32 weights; a half PEFT base keeps it half)
+    cb, up = pol.compute_bytes, c.act.residual_bytes
     fp32_residual = 3 * b * prompt * c.m.hidden_size * (up - cb)
     rope = c.m.position == "rope"
 
@@ -100,15 +101,18 @@ def hf_generate_notes(c: StepContext, method: str) -> list[str]:
     ro, pol = c.s.rl.rollout, c.pol
     how = (f"under {pol.half} autocast over the fp32 parameters (accelerate's forward wrapper), their half copies "
            "cached for each forward" if pol.autocast else f"in the parameters' {pol.half}")
-    return [
-        (f"{method} rollout: Hugging Face generate inside the trainer (use_vllm=False, unwrap_model_for_generation): "
-         f"{generation_batch(c)} prompts (per_device_train_batch_size x steps_per_generation) of {ro.max_prompt_len} "
-         f"tokens, {ro.max_completion_len} new tokens each, in one call, {how}; its KV cache, running layer and "
-         "last-token logits as the inference engine counts them (analytic/inference.py), every sequence at full "
-         "length, the fp32 residual stream of the prompt and the cache's keys (RoPE's fp32 cos/sin promote them) "
-         "counted at 4 bytes; every cached weight copy added to the "
-         "call's highest moment (an upper bound by at most the head's copy)"),
-        (f"{method} rollout sampling: the inference engine's top-k/top-p temporaries (about 25 B per vocabulary "
-         "entry) are counted although TRL's defaults (top_k=0, top_p=1.0) add no warper: an upper bound of a few "
-         "MB"),
-    ]
+    fp32 = (" the fp32 residual stream of the prompt and the cache's keys (RoPE's fp32 cos/sin promote them) counted "
+            "at 4 bytes;" if c.act.residual_bytes > pol.compute_bytes else "")
+    out = [(f"{method} rollout: Hugging Face generate inside the trainer (use_vllm=False, "
+            f"unwrap_model_for_generation): {generation_batch(c)} prompts (per_device_train_batch_size x "
+            f"steps_per_generation) of {ro.max_prompt_len} tokens, {ro.max_completion_len} new tokens each, in one "
+            f"call, {how}; its KV cache, running layer and last-token logits as the inference engine counts them "
+            f"(analytic/inference.py), every sequence at full length;{fp32} every cached weight copy added to the "
+            "call's highest moment (an upper bound by at most the head's copy)"),
+           (f"{method} rollout sampling: the inference engine's top-k/top-p temporaries (about 25 B per vocabulary "
+            "entry) are counted although TRL's defaults (top_k=0, top_p=1.0) add no warper: an upper bound of a few "
+            "MB")]
+    if c.peft is not None and pol.autocast:
+        out.append(f"{method} rollout under PEFT: autocast's cached half copies of the fp32 adapters (rank-sized) "
+                   "are not counted")
+    return out
