@@ -156,9 +156,7 @@ def test_vllm_refuses_to_start_beside_the_trainer() -> None:
 
 
 @pytest.mark.parametrize(("change", "where"), [
-    ({"train": {"objective": "rloo"}}, "train.objective"),
     ({"train": {"objective": "ppo"}}, "train.objective"),
-    ({"rl": {"rollout": {"engine": "hf-generate"}}}, "rl.rollout.engine"),
     ({"parallel": {"zero_stage": 3}, "hardware": {"gpu": "A100-80GB", "num_gpus": 8}}, "parallel"),
     ({"parallel": {"tp": 2}, "hardware": {"gpu": "A100-80GB", "num_gpus": 2}}, "parallel"),
     ({"train": {"objective": "grpo", "micro_batch_size": 8, "loss": "liger-fused-linear-ce"}}, "train.loss"),

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic import dpo, kto, orpo
+from vramplan.analytic import dpo, kto, orpo, rloo
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.inference import inference_step
 from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
+from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
 from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps
 from vramplan.analytic.moment import K, Moment
@@ -135,21 +136,37 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                    reserved=max(job_reserved, top.moment.total), lifecycle=(table, used.name))
 
 
-def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
-    """A post-training job (train.objective: grpo): the policy's step (analytic/grpo.py), the reference model,
-    and the colocated rollout engine (serve/rollout.py) in every phase after the load, with the rollout and
-    the scoring (analytic/lifecycle/scoring.py) as phases of their own (docs/rl.md)."""
-    if problems := grpo_problems(r.scenario):
+def _rl_job(r: Resolved) -> tuple[Resolved, str, list[str]]:
+    """An RL job's scenario (RLOO's with RLOOConfig's defaults filled in, analytic/rloo.py), its trainer's name and
+    the assumptions it states; refused with every problem when it cannot be estimated."""
+    s, rl = r.scenario, r.scenario.train.objective == "rloo"
+    problems = rloo.rloo_problems(s) if rl else grpo_problems(s)
+    if s.rl.rollout.engine == "hf-generate":
+        problems += hf_generate_problems(r.model)
+    if problems:
         raise ScenarioError(problems)
+    if not rl:
+        return r, "GRPO", grpo_assumptions(s)
+    filled = Resolved(rloo.with_defaults(s), r.model, r.gpu, r.assumptions)
+    return filled, "RLOO", rloo.rloo_assumptions(filled.scenario)
+
+
+def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """A post-training job (train.objective: grpo | rloo): the policy's step (analytic/grpo.py, analytic/rloo.py),
+    the reference model, and the colocated rollout engine (serve/rollout.py) in every phase after the load, with the
+    rollout and the scoring (analytic/lifecycle/scoring.py) as phases of their own (docs/rl.md)."""
+    r, method, rl_notes = _rl_job(r)
     pr = Resolved(policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
     tr = train_step(pr)
     c = tr.context
     assert c is not None and tr.layout is not None  # one pipeline stage (grpo_problems refuses pp > 1)
     ref = c.rp.total * c.pol.param_bytes if reference_kind(pr.scenario) == "separate" else 0
-    ro = None
-    if pr.scenario.rl.rollout.colocate:
+    ro, gen = None, None
+    if pr.scenario.rl.rollout.engine == "hf-generate":
+        gen = hf_generate_parts(c, pr)
+    elif pr.scenario.rl.rollout.colocate:
         # GRPOTrainer.__init__ loads the policy and the reference before it builds the engine
-        ro = rollout_memory(pr, between_steps(tr.terms, "rollout").get(K.PARAMETERS) + ref, ctx)
+        ro = rollout_memory(pr, between_steps(tr.terms, "rollout").get(K.PARAMETERS) + ref, ctx, method)
     extra = _rl_extra(ref, ro)
     outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
                "managed": tr.managed_bytes}
@@ -157,7 +174,7 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     job = job_lifecycle(c, tr.layout, tr.terms, tr.moments)
     steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + extra.total)
     scoring = scoring_phase(c, tr.layout, _plus(between_steps(tr.terms, "scoring"), extra))
-    phases = [steady, _rollout_phase(tr, ref, ro), PhasePeak("scoring", scoring, packed_reserved(scoring))] + [
+    phases = [steady, _rollout_phase(tr, ref, ro, gen), PhasePeak("scoring", scoring, packed_reserved(scoring))] + [
         p if p.before_step else PhasePeak(p.name, _plus(p.moment, extra), p.reserved_bytes + extra.total)
         for p in job.phases]
     phases.sort(key=lambda p: LIFECYCLE_ORDER.index(p.name))
@@ -166,9 +183,9 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
     host = Host(offloaded_bytes=tr.host_bytes + (ro.host_bytes if ro else 0), nvme_bytes=tr.nvme_bytes,
                 load_peak_bytes=job.host_load_bytes)
-    server = "GRPO rollout: vLLM server mode (rl.rollout.colocate: false): the engine runs on other GPUs"
-    server += ", nothing of it on this one"
-    notes = [*tr.assumptions, how, *job.assumptions, *grpo_assumptions(r.scenario), *(ro.assumptions if ro else [server])]
+    server = [(f"{method} rollout: vLLM server mode (rl.rollout.colocate: false): the engine runs on other GPUs"
+               ", nothing of it on this one")] if gen is None else hf_generate_notes(c, method)
+    notes = [*tr.assumptions, how, *job.assumptions, *rl_notes, *(ro.assumptions if ro else server)]
     rep = _report(pr, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
                   reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
     return rep if ro is None or ro.starts else rep.model_copy(update={"fits": False})
@@ -257,10 +274,14 @@ def _plus(mo: Moment, extra: Moment) -> Moment:
     return out
 
 
-def _rollout_phase(tr: TrainResult, ref: int, ro: RolloutMemory | None) -> PhasePeak:
+def _rollout_phase(tr: TrainResult, ref: int, ro: RolloutMemory | None,
+                   gen: tuple[int, int, int] | None = None) -> PhasePeak:
     """The rollout: what the trainer keeps between steps (gradients set to None), the reference model, and the
-    engine generating (its weights, KV cache, profiled peak, graphs and non-torch memory)."""
+    engine generating (its weights, KV cache, profiled peak, graphs and non-torch memory), or the policy's own
+    generate call (``gen``: KV cache, other tensors, autocast weight copies; analytic/lifecycle/hf_rollout.py)."""
     mo = between_steps(tr.terms, "rollout").add(K.REFERENCE_WEIGHTS, ref)
+    if gen is not None:
+        mo.add(K.GENERATE_KV, gen[0]).add(K.GENERATE_TENSORS, gen[1]).add(K.GENERATE_CASTS, gen[2])
     if ro is not None:
         mo.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
         mo.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)

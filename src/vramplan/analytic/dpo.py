@@ -23,17 +23,29 @@ concatenation and the head runs on every position.)  What this module gives:
 
 ``rl.precompute_ref_log_probs`` (TRL's ``precompute_ref_log_probs``, default False) true is refused: the estimate
 is TRL's default, the reference forward inside each step (stated in the report).
+
+By TRL release (``software.trl``, facts/trl.py ``LOG_PROB_ROWS``): up to v1.13 as above; v1.14 (TRL's Triton
+log-prob kernel over the logits) refused; from v1.15.0 the fused LM head (``add_fused_lm_head``,
+analytic/fused_head.py; ``dpo_fused_loss_tensors``).  Unset: v1.9.0.
 """
 
 from __future__ import annotations
 
-from vramplan.analytic.grpo import TRL_RELEASE, RefKind, trainer_problems
+from vramplan.analytic.fused_head import fused_forward_bytes, fused_loss_tensors
+from vramplan.analytic.grpo import (
+    TRL_RELEASE,
+    RefKind,
+    release_notes,
+    trainer_problems,
+    trl_release,
+    uses_fused_head,
+)
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["dpo_assumptions", "dpo_loss_tensors", "dpo_problems", "policy_scenario", "reference_kind",
-           "reference_problems"]
+__all__ = ["dpo_assumptions", "dpo_fused_loss_tensors", "dpo_loss_tensors", "dpo_problems", "policy_scenario",
+           "reference_kind", "reference_problems"]
 
 
 def policy_scenario(s: Scenario) -> Scenario:
@@ -141,23 +153,59 @@ def dpo_loss_tensors(sequences: int, seq_len: int, vocab: int, logits_bytes: int
     return KernelLossTensors(saved=saved, forward_extra=policy_temp + reference, backward_extra=2 * logits + 2 * row)
 
 
+def dpo_fused_loss_tensors(sequences: int, seq_len: int, vocab: int, hidden: int, hidden_bytes: int,
+                           compute_bytes: int, weight_bytes: int, head_trainable: bool, reference_layer: int = 0,
+                           reference_casts: int = 0) -> KernelLossTensors:
+    """The DPO loss's tensors from TRL v1.15.0 (``software.trl``, facts/trl.py) for ``sequences`` (``2 x`` pairs) of
+    ``seq_len`` tokens, as (saved to the backward, forward extra, backward extra).
+
+    ``DPOTrainer.__init__`` patches the policy with ``add_fused_lm_head(..., outputs=("log_probs", "entropy",
+    "mean_logits", "is_top1"))`` and a separate reference with ``add_fused_lm_head(ref_model)``; ``_compute_loss``
+    calls both with ``fused_lm_head=True`` (analytic/fused_head.py): N = ``n (s - 1)`` labelled positions (every
+    position after the first counted as a completion token: an upper bound, the prompt's labels are -100), the
+    policy's four outputs scattered over the same positions (three fp32 and one bool: 13 bytes each), then the
+    reference's no-grad forward while they live: its gathered hidden states, statistics and tiles, or its layers'
+    temporaries (``reference_layer``) when larger; with a separate fp32 copy under autocast its layers' cached half
+    weights (``reference_casts``; the fused head casts its chunks outside autocast's cache).  ``hidden_bytes`` (x) is
+    the final norm's output dtype, ``compute_bytes`` (c) the autocast dtype, ``weight_bytes`` (w) the LM head's.
+
+    Worked example (Qwen2.5-0.5B: V = 151,936, H = 896; 2 pairs: n = 4, s = 512, N = 4 x 511 = 2,044; bf16 autocast
+    over fp32 weights: x = 4, c = 2, w = 4, trainable head): saved = 2,044 x 896 x 4 + 16 x 2,044 = 7,325,696 +
+    32,704 = 7,358,400 B; tiles = 2,044 x 32,768 x 2 + 32,768 x 896 x 2 + 2,044 x 896 x 2 = 133,955,584 +
+    58,720,256 + 3,662,848 = 196,338,688 B; reference = 7,325,696 + 28 x 2,044 + 196,338,688 = 203,721,616 B;
+    forward extra = 13 x 2,044 + 203,721,616 = 203,748,188 B; backward extra = 7,325,696 + 151,936 x 896 x 4
+    (544,538,624) + 196,338,688 = 748,203,008 B.
+    """
+    tokens = sequences * (seq_len - 1)
+    reference = max(fused_forward_bytes(tokens, hidden, hidden_bytes, compute_bytes, weight_bytes),
+                    reference_layer) + reference_casts
+    return fused_loss_tensors(tokens, tokens, 13, vocab, hidden, hidden_bytes, compute_bytes, weight_bytes,
+                              head_trainable, reference)
+
+
 def dpo_assumptions(s: Scenario) -> list[str]:
     """What the DPO estimate takes as given, for the report."""
-    t = s.train
+    t, fused = s.train, uses_fused_head(s)
+    how = ("TRL's fused LM head (add_fused_lm_head, ChunkedLogProbFunction: tiles of 4,096 tokens x 32,768 "
+           "vocabulary columns, no logits tensor) for the policy and the reference; every position after the first "
+           "counted as a completion token (an upper bound: the prompt's positions are masked out of the head)"
+           if fused else "logits over every position, log-probabilities per sequence (selective_log_softmax)")
+    ref_how = ("its fused head's gathered hidden states, statistics and tiles beside the policy's saved activations "
+               "and outputs" if fused else
+               "its logits and one sequence's log_softmax beside the policy's saved activations and logits")
     out = [
-        (f"DPO (TRL v{TRL_RELEASE} DPOTrainer): micro_batch_size = {t.micro_batch_size} preference pairs "
+        (f"DPO (TRL v{trl_release(s)} DPOTrainer): micro_batch_size = {t.micro_batch_size} preference pairs "
          f"(per_device_train_batch_size), so each forward runs on {2 * t.micro_batch_size} sequences (chosen and "
          f"rejected concatenated along the batch) of seq_len = {t.seq_len} tokens (DPOConfig.max_length; every "
-         "sequence padded to it); logits over every position, log-probabilities per sequence "
-         "(selective_log_softmax)"),
+         f"sequence padded to it); {how}"),
         {"shared": "DPO reference model: the policy with its adapters disabled (PEFT): no second copy",
          "separate": "DPO reference model: a second copy loaded like the policy (create_model_from_path with "
                      "model_init_kwargs), resident on every GPU, no gradients or optimizer states"}[reference_kind(s)],
         ("DPO reference forward: inside each step, under no_grad, after the policy's forward and before its "
-         "backward (precompute_ref_log_probs=False, TRL's default): its logits and one sequence's log_softmax "
-         "beside the policy's saved activations and logits, or one of its MLPs and the residual stream when "
-         "larger"),
+         f"backward (precompute_ref_log_probs=False, TRL's default): {ref_how}, or one of its MLPs and the residual "
+         "stream when larger"),
     ]
+    out += release_notes(s, "DPO")
     if "gradient_checkpointing" not in t.model_fields_set:
         out.append("DPO: gradient_checkpointing full (DPOConfig's default gradient_checkpointing=True)")
     return out

@@ -17,18 +17,32 @@ Read in TRL v1.9.0 (tag ``v1.9.0``, commit 35def3ee): ``trl/trainer/grpo_config.
 * what the estimate refuses (``grpo_problems``).
 
 The rollout engine's memory (vLLM, colocated) is ``serve/rollout.py``; ``engine.py`` composes both.
+
+By TRL release (``software.trl``, facts/trl.py ``LOG_PROB_ROWS``): up to v1.13 as above; v1.14 (TRL's Triton
+log-prob kernel over the logits) refused; from v1.15.0 the fused LM head (``add_fused_lm_head``,
+analytic/fused_head.py; ``grpo_fused_loss_tensors``).  Unset: v1.9.0.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from vramplan.analytic.fused_head import fused_loss_tensors
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
+from vramplan.facts.trl import (
+    DEFAULT_TRL_RELEASE,
+    LOG_PROB_ROWS,
+    READ_AT,
+    grpo_completion_default,
+    log_prob_row,
+    release_text,
+)
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "grpo_assumptions", "grpo_loss_tensors", "grpo_problems",
-           "policy_scenario", "reference_kind", "sequence_len", "trainer_problems"]
+__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "completion_len", "grpo_assumptions", "grpo_fused_loss_tensors",
+           "grpo_loss_tensors", "grpo_problems", "policy_scenario", "reference_kind", "release_notes", "release_problems",
+           "sequence_len", "trainer_problems", "trl_release", "uses_fused_head"]
 
 TRL_RELEASE = "1.9.0"
 # trl/trainer/utils.py entropy_from_logits(logits, chunk_size=128): rows of the flattened logits per chunk
@@ -37,18 +51,31 @@ ENTROPY_CHUNK_ROWS = 128
 RefKind = Literal["none", "shared", "separate"]
 
 
+def completion_len(s: Scenario) -> int:
+    """The longest completion: ``rl.rollout.max_completion_len`` when given, else ``GRPOConfig.max_completion_length``'s
+    default at ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py)."""
+    ro = s.rl.rollout
+    if "max_completion_len" in ro.model_fields_set:
+        return ro.max_completion_len
+    return grpo_completion_default(s.software.trl_version)
+
+
 def sequence_len(s: Scenario) -> int:
     """Tokens of one policy sequence: the prompt (left-padded to the longest) and the completion."""
-    ro = s.rl.rollout
-    return ro.max_prompt_len + ro.max_completion_len
+    return s.rl.rollout.max_prompt_len + completion_len(s)
 
 
 def policy_scenario(s: Scenario) -> Scenario:
-    """The training step TRL runs: ``seq_len`` = prompt + completion, checkpointing on by TRL's default."""
+    """The training step TRL runs: ``seq_len`` = prompt + completion, checkpointing on by TRL's default, and the
+    completion length of the release's default when the scenario gives none."""
     update: dict[str, object] = {"seq_len": sequence_len(s)}
     if "gradient_checkpointing" not in s.train.model_fields_set:
         update["gradient_checkpointing"] = "full"
-    return s.model_copy(update={"train": s.train.model_copy(update=update)})
+    out = s.model_copy(update={"train": s.train.model_copy(update=update)})
+    if completion_len(s) == s.rl.rollout.max_completion_len:
+        return out
+    ro = s.rl.rollout.model_copy(update={"max_completion_len": completion_len(s)})
+    return out.model_copy(update={"rl": s.rl.model_copy(update={"rollout": ro})})
 
 
 def reference_kind(s: Scenario) -> RefKind:
@@ -60,7 +87,7 @@ def reference_kind(s: Scenario) -> RefKind:
     return "shared" if s.train.peft is not None else "separate"
 
 
-def _reference_problems(s: Scenario) -> list[Problem]:
+def _reference_problems(s: Scenario, method: str) -> list[Problem]:
     ref, beta, peft = s.rl.reference_model, s.rl.beta, s.train.peft is not None
     if ref is None:
         return []
@@ -70,8 +97,67 @@ def _reference_problems(s: Scenario) -> list[Problem]:
     why = {"none": "with beta 0 TRL loads no reference model",
            "shared": "under PEFT TRL computes the reference with the adapters disabled",
            "separate": "without PEFT and with beta != 0 TRL loads a second copy of the model"}[trl]
-    return [Problem("rl.reference_model", f"is {ref!r}, but {why} (GRPOTrainer.__init__, TRL v{TRL_RELEASE})",
+    return [Problem("rl.reference_model", f"is {ref!r}, but {why} ({method}Trainer.__init__, TRL v{trl_release(s)})",
                     f"set rl.reference_model: {trl} or leave it out")]
+
+
+def trl_release(s: Scenario) -> str:
+    """The TRL release DPO's and GRPO's estimate follows: ``software.trl``, or ``DEFAULT_TRL_RELEASE`` (v1.9.0, the
+    release these modules were read at first; facts/trl.py says why)."""
+    v = s.software.trl_version
+    if v is None:
+        # RLOOTrainer is read at v1.16.0 only (analytic/rloo.py)
+        return "1.16.0" if s.train.objective == "rloo" else DEFAULT_TRL_RELEASE
+    return release_text(v)
+
+
+def uses_fused_head(s: Scenario) -> bool:
+    """Whether the step's log-probabilities come from TRL's fused LM head (analytic/fused_head.py): KTO (v1.16.0)
+    and RLOO (v1.16.0) always; DPO and GRPO from v1.15.0 (facts/trl.py ``LOG_PROB_ROWS``)."""
+    if s.train.objective in ("kto", "rloo"):
+        return True
+    if s.train.objective not in ("dpo", "grpo"):
+        return False
+    row = log_prob_row(s.software.trl_version)
+    return row is not None and row.path == "fused-head"
+
+
+def release_notes(s: Scenario, method: str) -> list[str]:
+    """The report's line for a ``software.trl`` newer than every release read (facts/trl.py ``READ_AT``): the last
+    row's path is assumed to hold; none otherwise."""
+    v = s.software.trl_version
+    last = READ_AT[-1]
+    if v is None or (*v, 0, 0, 0)[:3] <= tuple(int(x) for x in last.split(".")):
+        return []
+    note = (f"{method}: TRL v{release_text(v)} is newer than the last release read (v{last}); its log-prob path is "
+            f"assumed to be v{last}'s (facts/trl.py)")
+    return [note]
+
+
+def release_problems(s: Scenario, method: str, fixed: str | None = None) -> list[Problem]:
+    """``software.trl`` this estimate cannot follow for ``method``'s trainer: for DPO and GRPO a release before the
+    first row read or one whose row is not modelled (facts/trl.py); for a trainer read at one release only
+    (``fixed``: KTO's and ORPO's v1.16.0) any other release line."""
+    v = s.software.trl_version
+    if v is None:
+        return []
+    given = release_text(v)
+    if fixed is not None:
+        if v[:2] == tuple(int(x) for x in fixed.split("."))[:2]:
+            return []
+        return [Problem("software.trl", f"is {given}, but {method}Trainer is modelled at TRL v{fixed} only",
+                        f"set software.trl: {fixed} or leave it out")]
+    row = log_prob_row(v)
+    if row is None:
+        return [Problem("software.trl", f"is {given}, but {method}Trainer is modelled from TRL v{READ_AT[0]} on "
+                        "(earlier releases not read)",
+                        f"set software.trl: {READ_AT[0]} or later")]
+    if not row.modelled:
+        later = next(r for r in LOG_PROB_ROWS if r.first > row.first)
+        return [Problem("software.trl", f"is {given}, whose {method}Trainer takes its log-probabilities with TRL's "
+                        f"Triton kernel over the logits ({row.sources}), which is not modelled",
+                        f"set software.trl: {release_text(later.first)} (the fused LM head) or 1.13.0 (the logits)")]
+    return []
 
 
 def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str = "") -> list[Problem]:
@@ -89,14 +175,16 @@ def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str 
     if par.tp > 1 or par.pp > 1 or par.cp > 1:
         out.append(Problem("parallel", f"tensor, pipeline or context parallelism under {method}{parallel_also} is "
                            "not modelled", "use data parallelism only (tp = pp = cp = 1)"))
-    return out
+    # KTOTrainer and ORPOTrainer were read at v1.16.0 only (analytic/kto.py, analytic/orpo.py)
+    return out + release_problems(s, method, None if method in ("DPO", "GRPO") else "1.16.0")
 
 
-_UNMODELLED_OBJECTIVES = ("ppo", "rloo")
+_UNMODELLED_OBJECTIVES = ("ppo",)
 
 
-def _setup_problems(s: Scenario) -> list[Problem]:
-    """Combinations GRPO runs but this estimate does not model, each refused with what to change."""
+def _setup_problems(s: Scenario, method: str) -> list[Problem]:
+    """Combinations GRPO (or RLOO: ``method``) runs but this estimate does not model, each refused with what to
+    change."""
     t, ro = s.train, s.rl.rollout
     out: list[Problem] = []
 
@@ -104,26 +192,28 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         out.append(Problem(where, what, fix))
 
     if s.rl.precompute_ref_log_probs:
-        no("rl.precompute_ref_log_probs", "is a DPO setting (DPOConfig); GRPOTrainer has none",
+        no("rl.precompute_ref_log_probs", f"is a DPO setting (DPOConfig); {method}Trainer has none",
            "set rl.precompute_ref_log_probs: false")
-    if ro.engine != "vllm":
-        no("rl.rollout.engine", "hf-generate rollouts (model.generate inside the trainer) are not modelled",
-           "use rl.rollout.engine: vllm")
-    out += trainer_problems(s, "GRPO", "the reference model's shards and the gather of the full weights for each "
+    if ro.engine == "hf-generate":
+        out += _hf_generate_problems(s)
+    out += trainer_problems(s, method, "the reference model's shards and the gather of the full weights for each "
                             "vLLM weight sync", " (and vllm_tensor_parallel_size)")
     if t.loss != "standard":
-        no("train.loss", f"{t.loss} under GRPO is not modelled (TRL's use_liger_kernel runs Liger's "
-           "LigerFusedLinearGRPOLoss, another kernel)", "use train.loss: standard")
+        no("train.loss", f"{t.loss} under {method} is not modelled (TRL's use_liger_kernel runs Liger's "
+           "LigerFusedLinearGRPOLoss, another kernel)" if method == "GRPO" else f"{t.loss} under {method} is not "
+           "modelled (RLOOTrainer patches its own fused LM head and refuses Liger's fused_linear_cross_entropy)",
+           "use train.loss: standard")
     if t.packing:
-        no("train.packing", "GRPO pads prompts and completions; packing is not modelled", "set train.packing: false")
+        no("train.packing", f"{method} pads prompts and completions; packing is not modelled",
+           "set train.packing: false")
     if s.lifecycle.evaluation:
-        no("lifecycle.evaluation", "GRPO's evaluation (generation through the rollout engine) is not modelled",
+        no("lifecycle.evaluation", f"{method}'s evaluation (generation through the rollout engine) is not modelled",
            "set lifecycle.evaluation: false")
-    if ro.colocate and t.quantization != "none":
+    if ro.engine == "vllm" and ro.colocate and t.quantization != "none":
         no("train.quantization", "a colocated vLLM engine over a bitsandbytes policy (vLLM's in-flight "
            "bitsandbytes loading) is not modelled", "use rl.rollout.colocate: false or an unquantized base")
     if "seq_len" in t.model_fields_set and t.seq_len != sequence_len(s):
-        no("train.seq_len", f"is {t.seq_len}, but a GRPO sequence is rl.rollout.max_prompt_len + "
+        no("train.seq_len", f"is {t.seq_len}, but a {method} sequence is rl.rollout.max_prompt_len + "
            f"max_completion_len = {sequence_len(s)} tokens", "leave train.seq_len out")
     batch = t.micro_batch_size * s.data_parallel_degree * t.grad_accum_steps
     if batch % ro.num_generations:
@@ -131,17 +221,42 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         # steps_per_generation (gradient_accumulation_steps by default) must be divisible by num_generations
         no("rl.rollout.num_generations", f"the generation batch (micro_batch_size x data-parallel ranks x "
            f"grad_accum_steps = {batch}) is not divisible by num_generations = {ro.num_generations} "
-           f"(GRPOConfig.__post_init__, TRL v{TRL_RELEASE})", "make the batch a multiple of num_generations")
+           f"({method}Config.__post_init__, TRL v{trl_release(s)})", "make the batch a multiple of num_generations")
     return out
 
 
-def grpo_problems(s: Scenario) -> list[Problem]:
-    """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can."""
+# the rollout keys only the vLLM engine reads (serve/rollout.py)
+_VLLM_ROLLOUT_KEYS = ("colocate", "gpu_memory_utilization", "sleep_mode", "vllm_version")
+
+
+def _hf_generate_problems(s: Scenario) -> list[Problem]:
+    """What the hf-generate rollout (analytic/lifecycle/hf_rollout.py) does not model."""
+    out: list[Problem] = []
+    vllm_keys = sorted(set(_VLLM_ROLLOUT_KEYS) & s.rl.rollout.model_fields_set)
+    if vllm_keys:
+        shown = ", ".join(f"rl.rollout.{k}" for k in vllm_keys)
+        out.append(Problem("rl.rollout", f"{shown} set, but only the vLLM engine reads them (hf-generate runs "
+                           "model.generate in the trainer)", "remove them or use rl.rollout.engine: vllm"))
+    if s.train.quantization != "none":
+        out.append(Problem("train.quantization", "generate over a bitsandbytes policy inside the trainer is not "
+                           "modelled", "use an unquantized base, or rl.rollout.engine: vllm with colocate: false"))
+    if s.train.precision in ("fp32", "fp8-mixed"):
+        out.append(Problem("train.precision", f"a {s.train.precision} generate inside the trainer is not modelled "
+                           "(the inference engine runs bf16 or fp16)", "use bf16-mixed or fp16-mixed"))
+    return out
+
+
+def grpo_problems(s: Scenario, method: str = "GRPO") -> list[Problem]:
+    """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can.
+    ``method``: GRPO, or RLOO (analytic/rloo.py, on the scenario with RLOOConfig's defaults filled in)."""
     if s.train.objective in _UNMODELLED_OBJECTIVES:
-        return [Problem("train.objective", f"{s.train.objective} is not modelled yet (only grpo, TRL's "
-                        "GRPOTrainer with a vLLM rollout engine, dpo, kto and orpo, TRL's DPOTrainer, "
-                        "KTOTrainer and ORPOTrainer)", "use train.objective: sft, dpo, kto, orpo or grpo")]
-    return _setup_problems(s) + _reference_problems(s)
+        # trl.experimental.ppo (PPOTrainer) ships in the wheels up to 1.12.0 and is gone from 1.13.0 on
+        return [Problem("train.objective", f"{s.train.objective} is not modelled yet (TRL's PPOTrainer, "
+                        "trl.experimental.ppo up to v1.12, was removed in v1.13.0; only grpo and rloo, TRL's "
+                        "GRPOTrainer and RLOOTrainer with a vLLM rollout engine, dpo, kto and orpo, TRL's "
+                        "DPOTrainer, KTOTrainer and ORPOTrainer)",
+                        "use train.objective: sft, dpo, kto, orpo, grpo or rloo")]
+    return _setup_problems(s, method) + _reference_problems(s, method)
 
 
 def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_bytes: int) -> KernelLossTensors:
@@ -180,30 +295,57 @@ def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_byte
     return KernelLossTensors(saved=saved, forward_extra=forward_extra, backward_extra=2 * logits + 2 * c * v * e)
 
 
-def grpo_assumptions(s: Scenario) -> list[str]:
-    """What the GRPO estimate takes as given, for the report."""
-    ro, ref = s.rl.rollout, reference_kind(s)
+def grpo_fused_loss_tensors(micro_batch: int, prompt: int, completion: int, vocab: int, hidden: int,
+                            hidden_bytes: int, compute_bytes: int, weight_bytes: int,
+                            head_trainable: bool) -> KernelLossTensors:
+    """The GRPO loss's tensors from TRL v1.15.0 (``software.trl``, facts/trl.py): ``_get_per_token_logps_and_entropies``
+    masks every label but the completion's (``labels[:, :-logits_to_keep] = -100``) and calls ``model(...,
+    labels=labels, fused_lm_head=True)``, the head ``GRPOTrainer.__init__`` added with ``outputs=("log_probs",
+    "entropy")``: N = ``b C`` labelled positions through TRL's fused head (analytic/fused_head.py), its two fp32
+    outputs scattered over the batch's ``b (P + C - 1)`` positions (8 bytes each); no reference inside the step (its
+    forward is the scoring's, analytic/lifecycle/scoring.py).  ``hidden_bytes`` (x) is the final norm's output dtype,
+    ``compute_bytes`` (c) the autocast dtype, ``weight_bytes`` (w) the LM head's.
+
+    Worked example (Qwen2.5-0.5B: V = 151,936, H = 896; b = 8, P = 512, C = 256; bf16 autocast over fp32 weights:
+    x = 4, c = 2, w = 4, trainable head): N = 2,048; saved = 2,048 x 896 x 4 + 16 x 2,048 = 7,340,032 + 32,768 =
+    7,372,800 B; tiles = 2,048 x 32,768 x 2 + 32,768 x 896 x 2 + 2,048 x 896 x 2 = 134,217,728 + 58,720,256 +
+    3,670,016 = 196,608,000 B; forward extra = max(28 x 2,048 + 196,608,000, 8 x 8 x 767) = 196,665,344 B; backward
+    extra = 7,340,032 + 151,936 x 896 x 4 (544,538,624) + 196,608,000 = 748,486,656 B.
+    """
+    tokens, positions = micro_batch * completion, micro_batch * (prompt + completion - 1)
+    return fused_loss_tensors(tokens, positions, 8, vocab, hidden, hidden_bytes, compute_bytes, weight_bytes,
+                              head_trainable)
+
+
+def grpo_assumptions(s: Scenario, method: str = "GRPO") -> list[str]:
+    """What the GRPO (or RLOO: ``method``) estimate takes as given, for the report."""
+    ro, ref, fused = s.rl.rollout, reference_kind(s), uses_fused_head(s)
+    how = ("log-probabilities and entropies by TRL's fused LM head over the completion's positions only "
+           "(add_fused_lm_head, ChunkedLogProbFunction: tiles of 4,096 tokens x 32,768 vocabulary columns, no logits "
+           "tensor)" if fused else "logits over the completion only (logits_to_keep), log-probabilities per sequence "
+           "(selective_log_softmax), entropies under no_grad")
+    scored = ("the fused head's gathered hidden states, statistics and tiles" if fused else
+              "the logits over the completion and one sequence's log_softmax")
     out = [
-        (f"GRPO (TRL v{TRL_RELEASE} GRPOTrainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
-         f"completions of {ro.max_prompt_len} prompt + {ro.max_completion_len} completion tokens; logits over the "
-         "completion only (logits_to_keep), log-probabilities per sequence (selective_log_softmax), entropies "
-         "under no_grad"),
-        {"none": "GRPO reference model: none (beta = 0: GRPOTrainer loads none)",
-         "shared": "GRPO reference model: the policy with its adapters disabled (PEFT): no second copy",
-         "separate": "GRPO reference model: a second copy loaded like the policy (create_model_from_path with "
+        (f"{method} (TRL v{trl_release(s)} {method}Trainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
+         f"completions of {ro.max_prompt_len} prompt + {completion_len(s)} completion tokens; {how}"),
+        {"none": f"{method} reference model: none (beta = 0: {method}Trainer loads none)",
+         "shared": f"{method} reference model: the policy with its adapters disabled (PEFT): no second copy",
+         "separate": f"{method} reference model: a second copy loaded like the policy (create_model_from_path with "
                      "model_init_kwargs), resident on every GPU"}[ref],
-        ("GRPO scoring: the old and reference log-probabilities as no-grad forwards of micro_batch_size "
-         "completions (the logits over the completion and one sequence's log_softmax, or one MLP), over what "
+        (f"{method} scoring: the old and reference log-probabilities as no-grad forwards of micro_batch_size "
+         f"completions ({scored}, or one MLP), over what "
          "stays between steps (analytic/lifecycle/scoring.py)"),
-        "GRPO reward functions are assumed to run on the CPU (a reward model on the GPU is not modelled)",
-        ("GRPO: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "
+        f"{method} reward functions are assumed to run on the CPU (a reward model on the GPU is not modelled)",
+        (f"{method}: every sequence at the longest prompt and completion (TRL pads both in the batch); the padding "
          "mask's few bytes and its attention kernel choice are not counted apart"),
     ]
     if s.train.peft is not None and ro.colocate:
         # VLLMGeneration.sync_weights merges the adapters into the base (peft merge_adapter), loads the merged
         # weights into the engine and unmerges them: one linear's delta at a time
-        out.append("GRPO weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
+        out.append(f"{method} weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
                    "counted (one linear's weight, small beside the rollout phase's engine)")
+    out += release_notes(s, method)
     if "gradient_checkpointing" not in s.train.model_fields_set:
-        out.append("GRPO: gradient_checkpointing full (GRPOConfig's default gradient_checkpointing=True)")
+        out.append(f"{method}: gradient_checkpointing full ({method}Config's default gradient_checkpointing=True)")
     return out

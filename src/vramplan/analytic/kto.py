@@ -30,6 +30,12 @@ inside each step (stated in the report).
 from __future__ import annotations
 
 from vramplan.analytic.dpo import reference_kind, reference_problems
+from vramplan.analytic.fused_head import (
+    FUSED_TOKEN_ROWS,
+    FUSED_VOCAB_COLUMNS,
+    fused_forward_bytes,
+    fused_loss_tensors,
+)
 from vramplan.analytic.grpo import trainer_problems
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
@@ -39,14 +45,6 @@ __all__ = ["FUSED_TOKEN_ROWS", "FUSED_VOCAB_COLUMNS", "KTO_TRL_RELEASE", "kto_as
            "kto_problems", "policy_scenario"]
 
 KTO_TRL_RELEASE = "1.16.0"
-# trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per projection tile
-FUSED_TOKEN_ROWS = 4096
-# trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: vocabulary columns per tile (the tile buffer is this wide even
-# when the vocabulary is narrower: torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size)))
-FUSED_VOCAB_COLUMNS = 32768
-# ChunkedLogProbFunction.forward: running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum, max_before_target and
-# target_logit, one fp32 value per token each
-_FUSED_STATS = 7
 
 
 def policy_scenario(s: Scenario) -> Scenario:
@@ -96,17 +94,6 @@ def kto_problems(s: Scenario) -> list[Problem]:
     return _setup_problems(s) + reference_problems(s, "KTOTrainer", KTO_TRL_RELEASE)
 
 
-def _fused_tiles(tokens: int, hidden: int, compute_bytes: int, hidden_bytes: int, weight_bytes: int) -> int:
-    """One fused-head call's working buffers: the tile ``mm_buf`` (``min(N, 4096) x 32768`` in the compute dtype),
-    one vocabulary chunk of the head cast to the compute dtype (``weight[start:end].to(compute_dtype)``, none when
-    the head already is), and one token chunk of the hidden states cast likewise (none when they already are)."""
-    rows = min(tokens, FUSED_TOKEN_ROWS)
-    tile = rows * FUSED_VOCAB_COLUMNS * compute_bytes
-    w_cast = FUSED_VOCAB_COLUMNS * hidden * compute_bytes if weight_bytes != compute_bytes else 0
-    h_cast = rows * hidden * compute_bytes if hidden_bytes != compute_bytes else 0
-    return tile + w_cast + h_cast
-
-
 def kto_loss_tensors(tokens: int, vocab: int, hidden: int, hidden_bytes: int, compute_bytes: int, weight_bytes: int,
                      head_trainable: bool, reference_layer: int = 0, reference_casts: int = 0) -> KernelLossTensors:
     """The KTO loss's tensors for ``tokens`` = N labelled positions (the step's ``b (s - 1)``), as (saved to the
@@ -123,7 +110,7 @@ def kto_loss_tensors(tokens: int, vocab: int, hidden: int, hidden_bytes: int, co
       returns;
     * the reference's no-grad forwards (the KL batch, then the batch) after the policy's, one at a time, each with
       the same fused head: its ``hidden_states[mask]`` (N H x), the seven fp32 statistics (28 N) and the tiles
-      (``_fused_tiles``); or its layers' no-grad temporaries (``reference_layer``, as DPO's) when larger; with a
+      (``fused_head.fused_tiles``); or its layers' no-grad temporaries (``reference_layer``, as DPO's) when larger; with a
       separate fp32 copy under autocast, its layers' cached half weights (``reference_casts``; the fused head casts
       its chunks explicitly, so autocast caches no head copy);
     * backward (``ChunkedLogProbFunction.backward``): ``grad_hidden`` fp32 (N H 4), ``grad_weight`` fp32 (V H 4,
@@ -136,13 +123,11 @@ def kto_loss_tensors(tokens: int, vocab: int, hidden: int, hidden_bytes: int, co
     12 x 2,044 + 7,325,696 + 28 x 2,044 + 196,338,688 = 203,746,144 B; backward extra = 7,325,696 +
     151,936 x 896 x 4 (544,538,624) + 196,338,688 = 748,203,008 B (x = 4: no cast back).
     """
-    n, h, x = tokens, hidden, hidden_bytes
-    tiles = _fused_tiles(n, h, compute_bytes, x, weight_bytes)
-    saved = n * h * x + (8 + 4 + 4) * n
-    reference = max(n * h * x + _FUSED_STATS * 4 * n + tiles, reference_layer) + reference_casts
-    grad_weight = vocab * h * 4 if head_trainable else 0
-    backward = n * h * 4 + grad_weight + tiles + (n * h * x if x != 4 else 0)
-    return KernelLossTensors(saved=saved, forward_extra=12 * n + reference, backward_extra=backward)
+    reference = max(fused_forward_bytes(tokens, hidden, hidden_bytes, compute_bytes, weight_bytes),
+                    reference_layer) + reference_casts
+    # the three outputs (log_probs, entropy, mean_logits: fp32) over the N positions (analytic/fused_head.py)
+    return fused_loss_tensors(tokens, tokens, 12, vocab, hidden, hidden_bytes, compute_bytes, weight_bytes,
+                              head_trainable, reference)
 
 
 def kto_assumptions(s: Scenario) -> list[str]:

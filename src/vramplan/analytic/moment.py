@@ -147,6 +147,12 @@ class K:
                          "completions (logits over the completion, or one MLP)")
     ROLLOUT_OTHER = _k("other", "rollout engine (vLLM) CUDA graphs and non-torch",
                        "the colocated vLLM engine's captured CUDA graphs and non-torch memory (kept while it sleeps)")
+    GENERATE_KV = _k("kv_cache", "rollout generate (Hugging Face) KV cache",
+                     "the policy's KV cache while Hugging Face generate samples the completions in the trainer")
+    GENERATE_TENSORS = _k("temporaries", "rollout generate (Hugging Face) forward and sampling",
+                          "the running layer or the last-token logits and sampling of the policy's generate call")
+    GENERATE_CASTS = _k("temporaries", "rollout generate autocast weight copies",
+                        "half copies autocast caches of the policy's fp32 trainable weights during a generate forward")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "

@@ -35,6 +35,7 @@ from vramplan.analytic.attention import (
 )
 from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.events import StepLayout, build_layout
+from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import family_loss_release, loss_release_note
 from vramplan.analytic.moment import K, Moment
@@ -153,12 +154,25 @@ OBJECTIVE_LOSS_NOTES = {
     "grpo": "loss as TRL's GRPOTrainer computes it: the policy's logits over the completion only, in the "
         "compute dtype, and one log_softmax per sequence kept for the backward (analytic/grpo.py)",
 }
+# DPO and GRPO from TRL v1.15.0 (software.trl, facts/trl.py): the fused LM head, as KTO's
+FUSED_HEAD_LOSS_NOTES = {
+    "dpo": "loss as TRL's DPOTrainer computes it from v1.15.0: the fused LM head (add_fused_lm_head), per-token "
+        "log-probabilities from tiles of 4,096 tokens x 32,768 vocabulary columns, no logits tensor; then the "
+        "reference's no-grad forward through its own fused head (analytic/dpo.py)",
+    "grpo": "loss as TRL's GRPOTrainer computes it from v1.15.0: the fused LM head (add_fused_lm_head) over the "
+        "completion's positions, per-token log-probabilities and entropies from tiles of 4,096 tokens x 32,768 "
+        "vocabulary columns, no logits tensor (analytic/grpo.py)",
+    "rloo": "loss as TRL v1.16.0's RLOOTrainer computes it: GRPO's fused LM head over the completion's positions, "
+        "per-token log-probabilities and entropies, no logits tensor (analytic/rloo.py)",
+}
 
 
 def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
     if s.train.loss != "standard":
         return KERNEL_LOSS_NOTES[s.train.loss]
+    if s.train.objective in FUSED_HEAD_LOSS_NOTES and uses_fused_head(s):
+        return FUSED_HEAD_LOSS_NOTES[s.train.objective]
     if s.train.objective in OBJECTIVE_LOSS_NOTES:
         return OBJECTIVE_LOSS_NOTES[s.train.objective]
     sw = s.software

@@ -55,6 +55,7 @@ RENAMED: dict[str, str] = {
     "software.peft": "peft_version",
     "software.transformers": "transformers_version",
     "software.torch": "torch_version",
+    "software.trl": "trl_version",
     "serve.speculative.method": "speculative_method",
     "serve.speculative.model": "speculative_model",
     # `estimate --engine` picks analytic or trace; the serving engine is --serve-engine there and --engine

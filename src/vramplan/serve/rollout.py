@@ -95,9 +95,10 @@ def _refuse(where: str, message: str, fix: str) -> ScenarioError:
     return ScenarioError([Problem(where, message, fix)])
 
 
-def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int) -> RolloutMemory:
+def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int, method: str = "GRPO") -> RolloutMemory:
     """The colocated engine of the GRPO scenario ``r`` (its policy scenario), started when the trainer holds
-    ``trainer_bytes_at_start`` on the GPU beside the CUDA context (``context_bytes``, shared by the process)."""
+    ``trainer_bytes_at_start`` on the GPU beside the CUDA context (``context_bytes``, shared by the process); ``method``
+    names the trainer (GRPO, or RLOO: TRL v1.16.0's RLOOTrainer builds the same VLLMGeneration)."""
     ro = r.scenario.rl.rollout
     row = behaviour(ro.vllm_version).rules
     if row.budget != "profiled_increase":
@@ -112,26 +113,26 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int)
     if free < requested:
         problem = (f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than desired "
                    f"GPU memory utilization ({d.gpu_memory_utilization}, {requested / GiB:.2f} GiB): the trainer "
-                   f"already holds {trainer_bytes_at_start / GiB:.2f} GiB when GRPOTrainer starts vLLM")
+                   f"already holds {trainer_bytes_at_start / GiB:.2f} GiB when {method}Trainer starts vLLM")
     notes = [
-        (f"GRPO rollout: vLLM {d.version} colocated (TRL VLLMGeneration): gpu_memory_utilization "
+        (f"{method} rollout: vLLM {d.version} colocated (TRL VLLMGeneration): gpu_memory_utilization "
          f"{d.gpu_memory_utilization} of {total / GiB:.2f} GiB = {requested / GiB:.2f} GiB for weights "
          f"{d.weights_bytes / GiB:.2f} GiB, profile peak {d.activation_peak_bytes / GiB:.2f} GiB, non-torch "
          f"{d.non_torch_bytes / GiB:.2f} GiB and KV cache {d.kv_cache_bytes / GiB:.2f} GiB "
          f"({d.kv_cache_tokens:,} tokens); CUDA graphs {d.cudagraph_bytes / GiB:.2f} GiB outside it; "
          f"max_num_seqs {d.max_num_seqs}, max_num_batched_tokens {d.max_num_batched_tokens}, max_model_len "
          f"{d.max_model_len} (the model's: TRL's vllm_max_model_length default), dtype bf16 assumed"),
-        {0: "GRPO rollout: no sleep mode: the engine's weights, KV cache, CUDA graphs and non-torch memory stay "
+        {0: f"{method} rollout: no sleep mode: the engine's weights, KV cache, CUDA graphs and non-torch memory stay "
             "through the training step (its profile-sized activation blocks are reused by the trainer)",
-         1: "GRPO rollout: sleep level 1 between rollouts: weights offloaded to host RAM, KV cache discarded; "
+         1: f"{method} rollout: sleep level 1 between rollouts: weights offloaded to host RAM, KV cache discarded; "
             "CUDA graphs and non-torch memory stay",
-         2: "GRPO rollout: sleep level 2 between rollouts (TRL's llm.sleep(level=2)): weights and KV cache "
+         2: f"{method} rollout: sleep level 2 between rollouts (TRL's llm.sleep(level=2)): weights and KV cache "
             "discarded; CUDA graphs and non-torch memory stay"}[ro.sleep_mode],
     ]
     if problem:
-        notes.append(f"GRPO rollout: vLLM would not start: {problem}")
+        notes.append(f"{method} rollout: vLLM would not start: {problem}")
     return RolloutMemory(
         decision=d, weights=d.weights_bytes, kv_cache=d.kv_cache_bytes, activations=d.activation_peak_bytes,
         other=d.cudagraph_bytes + d.non_torch_bytes, sleep_level=ro.sleep_mode, starts=not problem,
-        problem=problem, assumptions=notes + [f"GRPO rollout engine: {a}" for a in d.assumptions],
+        problem=problem, assumptions=notes + [f"{method} rollout engine: {a}" for a in d.assumptions],
     )

@@ -174,10 +174,14 @@ def ignored_sections(s: Scenario) -> list[str]:
             shown = ", ".join(f"{section}.{k}" for k in keys)
             out.append(f"{shown} set but not used: the task is {s.task}")
     rl = _section_settings(s, "rl")
-    if rl and not (s.task == "train" and s.train.objective in ("grpo", "dpo", "kto", "orpo")):
+    if rl and not (s.task == "train" and s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo")):
         shown = ", ".join(f"rl.{k}" for k in rl)
         out.append(f"{shown} set but not used: the rl section is read only with task train and "
-                   "train.objective: grpo (dpo, kto and orpo read rl.reference_model)")
+                   "train.objective: grpo or rloo (dpo, kto and orpo read rl.reference_model)")
+    if s.software.trl is not None and not (s.task == "train" and s.train.objective != "sft"):
+        # software.trl picks the post-training trainers' release (facts/trl.py); an SFT step is not TRL-specific
+        out.append("software.trl set but not used: it is read only with task train and a post-training "
+                   "train.objective (dpo, grpo, kto, orpo, rloo)")
     return out
 
 

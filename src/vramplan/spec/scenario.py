@@ -278,8 +278,9 @@ class Train(_Strict):
     ``micro_batch_size`` preference pairs, 2 x micro_batch_size sequences of ``seq_len`` per forward, and the
     reference forward in the step), or kto (TRL v1.16.0's KTOTrainer: ``micro_batch_size`` unpaired examples of
     ``seq_len``, its KL batch and the reference forwards in the step, its fused LM head), or orpo (TRL v1.16.0's
-    ORPOTrainer, in trl.experimental: ``micro_batch_size`` pairs as DPO, no reference model).  ppo and rloo are
-    refused (not modelled yet).
+    ORPOTrainer, in trl.experimental: ``micro_batch_size`` pairs as DPO, no reference model), or rloo (TRL v1.16.0's
+    RLOOTrainer: modelled as grpo, with RLOOConfig's defaults for the ``rl`` keys left out).  ppo is refused (not
+    modelled yet).
 
     TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's
     ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
@@ -677,6 +678,19 @@ class Software(_Strict):
     math kernel, which saves the s x s softmax, on torch <= 2.13.  None: the engines assume a release
     before 2.14, the one every published measurement to date ran (the report says so)."""
 
+    trl: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """TRL release of a post-training run (dpo, grpo), e.g. 1.16.0; from 1.15 their log-probs take TRL's fused head.
+
+    TRL 1.15.0 patches DPOTrainer's and GRPOTrainer's models with ``add_fused_lm_head`` (``trl/trainer/utils.py``),
+    which never makes the ``(batch, seq_len, vocab)`` logits; 1.9-1.13 compute ``selective_log_softmax`` over the
+    model's logits; 1.14 runs TRL's Triton log-prob kernel over them (refused: not modelled); earlier releases are
+    refused (facts/trl.py).  None: DPO and GRPO as TRL v1.9.0 (their reports before this key), KTO and ORPO as
+    v1.16.0, the releases each module was read at (the report names it)."""
+
+    @property
+    def trl_version(self) -> tuple[int, ...] | None:
+        return _version(self.trl)
+
     @property
     def torch_version(self) -> tuple[int, ...] | None:
         return _version(self.torch)
@@ -716,9 +730,10 @@ class Rollout(_Strict):
     """The engine that samples the completions of an RL step (train.objective: grpo)."""
 
     engine: RolloutEngine = "vllm"
-    """Who generates: vllm (TRL ``use_vllm=True``), or hf-generate (``model.generate``, refused: not modelled).
+    """Who generates: vllm (TRL ``use_vllm=True``), or hf-generate (the policy's ``model.generate`` in the trainer).
 
-    TRL v1.9.0 ``GRPOConfig.use_vllm`` (default False: the estimate asks for the engine by name)."""
+    TRL v1.9.0 ``GRPOConfig.use_vllm`` (default False: the estimate asks for the engine by name); hf-generate:
+    ``_generate_single_turn`` under ``unwrap_model_for_generation`` (analytic/lifecycle/hf_rollout.py)."""
 
     colocate: bool = True
     """vLLM inside the training process on the same GPUs (TRL ``vllm_mode="colocate"``, its default), or a
@@ -742,8 +757,10 @@ class Rollout(_Strict):
     ``wake_up(tags=["weights"])`` in ``sync_weights``, ``wake_up(tags=["kv_cache"])`` before generate)."""
 
     num_generations: int = Field(8, ge=2, le=1_000_000)
-    """Completions sampled per prompt (TRL ``num_generations``, default 8): the group of the group-relative
-    advantage.  micro_batch_size x data-parallel ranks x grad_accum_steps must be a multiple of it."""
+    """Completions sampled per prompt (TRL ``num_generations``, default 8; RLOO's 2): the group of the group-relative
+    advantage.  micro_batch_size x data-parallel ranks x grad_accum_steps must be a multiple of it.
+
+    Left out under ``train.objective: rloo``: RLOOConfig's 2 (TRL v1.16.0, which requires at least 2)."""
 
     max_prompt_len: int = Field(512, ge=1, le=100_000_000)
     """Longest prompt, in tokens (TRL < 1.0 ``max_prompt_length``, default 512; TRL >= 1.0 no longer truncates
@@ -751,17 +768,23 @@ class Rollout(_Strict):
 
     max_completion_len: int = Field(256, ge=1, le=100_000_000)
     """Longest completion, in tokens (TRL ``max_completion_length``, default 256): the policy's logits and
-    log-probabilities are computed over these positions only (``logits_to_keep``)."""
+    log-probabilities are computed over these positions only (``logits_to_keep``).
+
+    TRL v1.9.0's default; from v1.10.0 ``GRPOConfig`` defaults to 512, which the estimate takes when
+    ``software.trl`` names such a release and this key is left out (facts/trl.py); RLOOConfig's 512 under
+    ``train.objective: rloo``."""
 
     vllm_version: VllmVersion = "0.11"
     """vLLM release of the colocated engine (its start-up rules, facts/vllm_releases.py)."""
 
 
 class Rl(_Strict):
-    """Reinforcement-learning post-training (train.objective: grpo): the reference model and the rollout."""
+    """Reinforcement-learning post-training (train.objective: grpo or rloo): the reference model and the rollout."""
 
     beta: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
-    """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19): with 0 no reference model is loaded.
+    """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19; RLOO's 0.05): with 0 no reference model is loaded.
+
+    Left out under ``train.objective: rloo``: RLOOConfig's 0.05 (TRL v1.16.0), so a reference model is loaded.
 
     TRL v1.9.0 ``GRPOTrainer.__init__``: ``if self.beta == 0.0: self.ref_model = None``."""
 

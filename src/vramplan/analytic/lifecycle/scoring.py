@@ -12,6 +12,10 @@ the reference model (or the policy with its adapters disabled) the reference one
   (gate, up and their product over ``b (P + C)`` tokens), whichever is larger;
 * the residual stream in and out of a layer.
 
+From TRL v1.15.0 (``software.trl``, facts/trl.py) the same forwards run TRL's fused LM head (``fused_lm_head=True``,
+analytic/fused_head.py): the head's share is the gathered hidden states of the ``b C`` completion positions, the
+kernel's seven fp32 statistics and its tiles, no logits.
+
 Nothing is saved for a backward.  The phase runs at the start of a step, after the previous step's
 ``zero_grad``: over what the trainer keeps between steps, the reference model, and what the engine holds
 after generating (its share between rollouts: it sleeps again right after ``generate`` with sleep mode).
@@ -20,8 +24,11 @@ after generating (its share between rollouts: it sleeps again right after ``gene
 from __future__ import annotations
 
 from vramplan.analytic.events import StepLayout
+from vramplan.analytic.fused_head import fused_forward_bytes
+from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.loss import fused_head_dtypes
 from vramplan.units import ceil_div
 
 __all__ = ["scoring_forward_bytes", "scoring_phase"]
@@ -33,7 +40,12 @@ def scoring_forward_bytes(c: StepContext, lay: StepLayout) -> int:
     b, comp = t.micro_batch_size, ro.max_completion_len
     tokens = ceil_div(b * (ro.max_prompt_len + comp), c.s.parallel.cp)
     vocab, cb = c.m.vocab_size, lay.compute_bytes
-    head = (b * (comp + 1) * vocab * cb + comp * vocab * cb) if lay.has_head else 0
+    if not lay.has_head:
+        head = 0
+    elif uses_fused_head(c.s):
+        head = fused_forward_bytes(b * comp, c.m.hidden_size, *fused_head_dtypes(c))
+    else:
+        head = b * (comp + 1) * vocab * cb + comp * vocab * cb
     mlp = tokens * lay.inter * cb * (3 if lay.gated else 2)
     return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
 

@@ -4,6 +4,7 @@ and the fp32 LM head's cast under k-bit PEFT."""
 from __future__ import annotations
 
 from vramplan.analytic.checkpointing import checkpointed_layer
+from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
@@ -12,7 +13,7 @@ from vramplan.analytic.timeline import FORWARD, LOSS, Loc, layer_done, mlp
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["casts_apply", "head_casts", "layer_casts", "reference_casts_bytes"]
+__all__ = ["casts_apply", "generate_casts_bytes", "head_casts", "layer_casts", "reference_casts_bytes"]
 
 CAST_ASSUMPTION = ("autocast keeps a half-precision copy of each trainable linear weight from the forward pass "
                    "until its backward (torch.autocast weight cache)")
@@ -70,8 +71,8 @@ def head_casts(c: StepContext) -> list[Term]:
 
     None under KTO: TRL v1.16.0's fused LM head (``add_fused_lm_head``, ``ChunkedLogProbFunction``) casts the head
     one vocabulary chunk at a time with ``Tensor.to``, outside autocast's cache (counted in its tiles,
-    analytic/kto.py)."""
-    if not c.last or c.s.train.objective == "kto":
+    analytic/kto.py); likewise DPO and GRPO from TRL v1.15.0 (``software.trl``, analytic/fused_head.py)."""
+    if not c.last or uses_fused_head(c.s):
         return []
     m, tp, pol, rp = c.m, c.tp, c.pol, c.rp
     dies = mlp(len(c.layer_specs) - 1)
@@ -107,3 +108,25 @@ def reference_casts_bytes(c: StepContext, head: bool = True) -> int:
         return layers
     params = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, c.tp) * m.hidden_size if m.tie_word_embeddings else 0)
     return layers + params * pol.weight_cast_bytes
+
+
+def generate_casts_bytes(c: StepContext) -> int:
+    """What autocast holds of the policy's weights during one no-grad ``generate`` forward under the training's
+    autocast (GRPO's hf-generate rollout, analytic/lifecycle/hf_rollout.py), at its head.
+
+    ``cached_cast`` caches the half copy of every fp32 leaf that requires grad until the outermost autocast region
+    exits (accelerate wraps each ``forward`` in one): at the head every layer's linear copies and the head's
+    (tied: the embedding's) are cached.  A frozen fp32 base (PEFT) is not cached: one linear's copy at a time, the
+    largest.  Half parameters (no autocast): none.
+    """
+    if not c.last:
+        return 0
+    m, pol, rp = c.m, c.pol, c.rp
+    if casts_apply(c):
+        per_layer = _linear_params_per_layer(rp, m) * pol.weight_cast_bytes
+        head = rp.lm_head if rp.lm_head else (ceil_div(m.vocab_size, c.tp) * m.hidden_size
+                                             if m.tie_word_embeddings else 0)
+        return per_layer * len(c.layer_specs) + head * pol.weight_cast_bytes
+    if pol.autocast and c.peft is not None and pol.frozen_param_bytes > pol.compute_bytes:
+        return rp.largest_linear * pol.compute_bytes
+    return 0

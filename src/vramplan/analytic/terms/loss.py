@@ -4,9 +4,9 @@ temporaries at the end of its forward."""
 from __future__ import annotations
 
 from vramplan.analytic import activations as act
-from vramplan.analytic.dpo import dpo_loss_tensors
+from vramplan.analytic.dpo import dpo_fused_loss_tensors, dpo_loss_tensors
 from vramplan.analytic.dpo import reference_kind as dpo_reference_kind
-from vramplan.analytic.grpo import grpo_loss_tensors
+from vramplan.analytic.grpo import grpo_fused_loss_tensors, grpo_loss_tensors, uses_fused_head
 from vramplan.analytic.kto import kto_loss_tensors
 from vramplan.analytic.layout import gathers_logits
 from vramplan.analytic.logits import (
@@ -30,8 +30,8 @@ from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, mlp
 from vramplan.units import ceil_div
 
-__all__ = ["LITGPT_HEAD_NOTE", "kernel_loss", "layer_forward", "litgpt_head_dequant", "litgpt_head_dequant_bytes", "loss",
-           "standard_loss_tensors"]
+__all__ = ["LITGPT_HEAD_NOTE", "fused_head_dtypes", "kernel_loss", "layer_forward", "litgpt_head_dequant",
+           "litgpt_head_dequant_bytes", "loss", "standard_loss_tensors"]
 
 LITGPT_HEAD_NOTE = (
     "Lit-GPT: its own LM head (an nn.Linear, held even where the checkpoint ties it) is quantized by Lightning's "
@@ -60,7 +60,7 @@ def loss(c: StepContext) -> list[Term]:
         return []
     if c.s.train.loss != "standard":
         return kernel_loss(c)
-    if c.s.train.objective in ("grpo", "dpo", "kto", "orpo"):
+    if c.s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo"):
         return kernel_loss(c)
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
@@ -123,6 +123,8 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     """The bytes of ``train.loss``'s kernel (analytic/logits.py) for this stage's head."""
     m, pol, t = c.m, c.pol, c.s.train
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
+    if t.objective in ("grpo", "rloo", "dpo", "kto") and uses_fused_head(c.s):
+        return _fused_head_loss_tensors(c)
     if t.objective == "grpo":
         # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
         return grpo_loss_tensors(t.micro_batch_size, c.s.rl.rollout.max_completion_len, vocab, cb)
@@ -130,8 +132,6 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         # TRL's DPO loss: the head on every position, then the reference's no-grad forward (analytic/dpo.py)
         casts = reference_casts_bytes(c) if dpo_reference_kind(c.s) == "separate" else 0
         return dpo_loss_tensors(t.micro_batch_size, t.seq_len, vocab, cb, reference_layer_bytes(c), casts)
-    if t.objective == "kto":
-        return _kto_loss_tensors(c)
     if t.objective == "orpo":
         # TRL's ORPO loss (analytic/orpo.py): the HF Trainer's autocast forward returns fp32 logits (accelerate's
         # convert_outputs_to_fp32, as the traced step models it: trace/step.py)
@@ -158,20 +158,35 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     return cce_bytes(c.tokens, vocab, hidden, x, cb, weight, head_trainable=c.peft is None)
 
 
-def _kto_loss_tensors(c: StepContext) -> KernelLossTensors:
-    """TRL's KTO loss: its fused LM head over every labelled position, then the reference's no-grad forwards
-    (analytic/kto.py kto_loss_tensors)."""
-    m, pol, t = c.m, c.pol, c.s.train
-    # the head's weight as the fused kernel reads it: the parameter (fp32 master under autocast, the base's dtype
-    # under PEFT, fp32 after k-bit preparation)
+def fused_head_dtypes(c: StepContext) -> tuple[int, int, int]:
+    """TRL's fused LM head's bytes per element (analytic/fused_head.py): the hidden states it reads (the final
+    norm's output dtype, x), the compute dtype (c) and the head's weight as the kernel reads it (w: the parameter,
+    fp32 master under autocast, the base's dtype under PEFT, fp32 after k-bit preparation)."""
+    pol = c.pol
     if c.peft is not None:
         weight = 4 if c.kbit else pol.frozen_param_bytes
     else:
         weight = pol.param_bytes if framework_family(c.s) == "autocast" else pol.compute_bytes
+    return act._norm_out_bytes(c.m.norm, c.act), pol.compute_bytes, weight
+
+
+def _fused_head_loss_tensors(c: StepContext) -> KernelLossTensors:
+    """TRL's fused LM head losses: KTO's (v1.16.0, analytic/kto.py), DPO's and GRPO's from v1.15.0 (analytic/dpo.py,
+    analytic/grpo.py); the reference's no-grad forwards inside the step for KTO and DPO."""
+    m, t = c.m, c.s.train
+    x, cb, w = fused_head_dtypes(c)
+    vocab, trainable = vocab_on_rank(c), c.peft is None
+    if t.objective in ("grpo", "rloo"):
+        # RLOOTrainer (v1.16.0) runs GRPO's fused-head log-probs (analytic/rloo.py)
+        ro = c.s.rl.rollout
+        return grpo_fused_loss_tensors(t.micro_batch_size, ro.max_prompt_len, ro.max_completion_len, vocab,
+                                       m.hidden_size, x, cb, w, trainable)
     casts = reference_casts_bytes(c, head=False) if dpo_reference_kind(c.s) == "separate" else 0
+    if t.objective == "dpo":
+        return dpo_fused_loss_tensors(t.micro_batch_size, t.seq_len, vocab, m.hidden_size, x, cb, w, trainable,
+                                      reference_layer_bytes(c), casts)
     tokens = t.micro_batch_size * (t.seq_len - 1)
-    return kto_loss_tensors(tokens, vocab_on_rank(c), m.hidden_size, act._norm_out_bytes(m.norm, c.act),
-                            pol.compute_bytes, weight, c.peft is None, reference_layer_bytes(c), casts)
+    return kto_loss_tensors(tokens, vocab, m.hidden_size, x, cb, w, trainable, reference_layer_bytes(c), casts)
 
 
 def reference_layer_bytes(c: StepContext) -> int:

@@ -1,0 +1,92 @@
+"""How TRL's DPOTrainer and GRPOTrainer compute their log-probabilities, by release, as data.
+
+One row per release where the rule changed; each row holds from its ``first`` release until the next row's.
+Every row was read from TRL's source as shipped in the release's wheel on PyPI (``pip download trl==X
+--no-deps``): 1.9.0, 1.10.0, 1.11.0, 1.12.0, 1.13.0, 1.14.0, 1.15.0 and 1.16.0 (``READ_AT``).  DPO and GRPO
+changed at the same two releases, so one table serves both.  ``analytic/dpo.py`` and ``analytic/grpo.py`` read
+the row of ``software.trl`` (``log_prob_row``); a release after the last one read takes the last row and the
+report says so.
+
+The paths (``LogProbPath``):
+
+* ``logits``: the model's forward returns the ``(batch, seq_len, vocab)`` logits and TRL's
+  ``selective_log_softmax`` (``trl/trainer/utils.py``, torch: one ``log_softmax`` per sequence with half logits,
+  ``logsumexp`` with fp32 ones) takes the log-probabilities; GRPO's entropies by ``entropy_from_logits`` in chunks
+  of 128 rows (``DPOTrainer._compute_loss``; ``GRPOTrainer._get_per_token_logps_and_entropies``).
+* ``triton-logits``: the same logits, then TRL's Triton kernel ``_fused_logprob_entropy``
+  (``trl/kernels/logprob_entropy.py``) on CUDA, called by ``selective_log_softmax`` and
+  ``selective_log_softmax_and_entropy``; it keeps the logits for the backward.  Not modelled for DPO and GRPO:
+  refused with the nearest modelled release.
+* ``fused-head``: ``DPOTrainer.__init__`` / ``GRPOTrainer.__init__`` patch the model with ``add_fused_lm_head``
+  (``trl/trainer/utils.py``) and every forward runs ``model(..., labels=labels, fused_lm_head=True)``: TRL's
+  ``ChunkedLogProbFunction`` (``trl/kernels/chunked_logprob.py``) projects the labelled positions' hidden states
+  in tiles of 4,096 tokens x 32,768 vocabulary columns and never makes the logits (analytic/fused_head.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["COMPLETION_DEFAULT_ROWS", "DEFAULT_TRL_RELEASE", "LOG_PROB_ROWS", "READ_AT", "LogProbPath", "LogProbRow",
+           "grpo_completion_default", "log_prob_row", "release_text"]
+
+LogProbPath = Literal["logits", "triton-logits", "fused-head"]
+
+
+@dataclass(frozen=True)
+class LogProbRow:
+    """From ``first`` until the next row's release, DPO's and GRPO's log-probabilities take ``path``."""
+
+    first: tuple[int, int, int]
+    path: LogProbPath
+    modelled: bool
+    sources: str
+
+
+LOG_PROB_ROWS: tuple[LogProbRow, ...] = (
+    LogProbRow((1, 9, 0), "logits", True,
+               "trl 1.9.0-1.13.0 dpo_trainer.py DPOTrainer._compute_loss (outputs = model(**model_kwargs); "
+               "selective_log_softmax(shift_logits, shift_labels)); grpo_trainer.py "
+               "_get_per_token_logps_and_entropies (logits_to_keep, selective_log_softmax, entropy_from_logits)"),
+    LogProbRow((1, 14, 0), "triton-logits", False,
+               "trl 1.14.0 utils.py selective_log_softmax (_fused_logprob_entropy when "
+               "_supports_trl_loss_kernel); kernels/logprob_entropy.py; grpo_trainer.py "
+               "selective_log_softmax_and_entropy"),
+    LogProbRow((1, 15, 0), "fused-head", True,
+               "trl 1.15.0-1.16.0 dpo_trainer.py DPOTrainer.__init__ (add_fused_lm_head(..., outputs=('log_probs', "
+               "'entropy', 'mean_logits', 'is_top1'))) and _compute_loss (fused_lm_head=True); grpo_trainer.py "
+               "GRPOTrainer.__init__ (outputs=('log_probs', 'entropy')) and _get_per_token_logps_and_entropies; "
+               "kernels/chunked_logprob.py ChunkedLogProbFunction"),
+)
+
+# GRPOConfig.max_completion_length's default by release (trl/trainer/grpo_config.py): 256 at 1.9.0, 512 from 1.10.0
+# (read in every wheel of READ_AT); each holds from its release until the next row's
+COMPLETION_DEFAULT_ROWS: tuple[tuple[tuple[int, int, int], int], ...] = (((1, 9, 0), 256), ((1, 10, 0), 512))
+
+# the releases whose wheels were read and found to follow the rows
+READ_AT: tuple[str, ...] = ("1.9.0", "1.10.0", "1.11.0", "1.12.0", "1.13.0", "1.14.0", "1.15.0", "1.16.0")
+
+# software.trl unset: DPO and GRPO as TRL v1.9.0, the release their modules were read at first and their reports
+# have always stated; a newer default would move every DPO and GRPO estimate without the scenario saying so
+DEFAULT_TRL_RELEASE = "1.9.0"
+
+
+def release_text(version: tuple[int, ...]) -> str:
+    """A release as text of three numbers: (1, 15) -> "1.15.0"."""
+    return ".".join(str(x) for x in (*version, 0, 0, 0)[:3])
+
+
+def log_prob_row(version: tuple[int, ...] | None) -> LogProbRow | None:
+    """The row of ``version`` (None: ``DEFAULT_TRL_RELEASE``); None before the first row (not read)."""
+    v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
+    rows = [r for r in LOG_PROB_ROWS if r.first <= v]
+    return rows[-1] if rows else None
+
+
+def grpo_completion_default(version: tuple[int, ...] | None) -> int:
+    """``GRPOConfig.max_completion_length``'s default at ``version`` (None: ``DEFAULT_TRL_RELEASE``; a release
+    before the first row read takes the first row's, the estimate refusing it anyway)."""
+    v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
+    rows = [n for first, n in COMPLETION_DEFAULT_ROWS if first <= v]
+    return rows[-1] if rows else COMPLETION_DEFAULT_ROWS[0][1]
