@@ -48,6 +48,7 @@ from vramplan.analytic.terms.gradients import has_tied_embedding_backward
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
+from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -177,6 +178,24 @@ def eager_fallback_note(m: ModelSpec) -> str:
     return f"{m.family} has no SDPA attention{since}: transformers' default falls back to eager"
 
 
+def _pipeline_schedule_notes(s: Scenario) -> list[str]:
+    """The schedule's in-flight rule and the chunk layout, said where the schedule is not the default 1F1B."""
+    par = s.parallel
+    if par.pp == 1 or par.pp_schedule == "1f1b":
+        return []
+    row = pipeline_schedule(par.pp_schedule)
+    m, v = s.train.grad_accum_steps, par.pp_virtual_stages
+    first = in_flight_chunks(row, par.pp, 0, v, m)
+    note = (f"pipeline schedule {row.name} as torch's {row.torch_class} runs it: {first} chunk-micro-batches of "
+            f"activations in flight on the first rank ({row.source})")
+    if v == 1:
+        return [note]
+    return [note, f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
+                  f"chunks r, r + {par.pp}, ... (torchtitan stage_ids_this_rank, style loop; torchtitan's own split "
+                  "counts the embedding and the head as one layer each: its first and last chunks hold one layer "
+                  "fewer); each chunk's saved activations taken as the rank's divided by its chunks"]
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -190,6 +209,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         IN_BACKWARD_NOTE if t.optimizer_in_backward else
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
+        *_pipeline_schedule_notes(s),
     ]
     for target in unmatched_lora_targets(t.peft, m):
         # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)

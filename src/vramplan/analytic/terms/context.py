@@ -20,6 +20,7 @@ from vramplan.analytic.layout import (
     rank_params,
 )
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
+from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import LayerSpec, ModelSpec
@@ -94,7 +95,7 @@ _LAYOUTS_KEPT = 256
 
 
 def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
-                 lt: LoraTargets, frozen: tuple[str, ...] = ()) -> RankParams:
+                 lt: LoraTargets, frozen: tuple[str, ...] = (), virtual: int = 1) -> RankParams:
     """``layout.rank_params``, computed once per model and layout (an immutable record)."""
     mine = _RANK_PARAMS.get(id(m))
     if mine is None or mine[0] is not m:
@@ -102,13 +103,13 @@ def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft
             _RANK_PARAMS.clear()
         mine = _RANK_PARAMS[id(m)] = (m, {})
     layouts = mine[1]
-    key = (tp, pp, ep, stage, id(peft), lt, frozen)
+    key = (tp, pp, ep, stage, id(peft), lt, frozen, virtual)
     hit = layouts.get(key)
     if hit is not None and hit[0] is peft:
         return hit[1]
     if len(layouts) >= _LAYOUTS_KEPT:
         layouts.clear()
-    rp = rank_params(m, tp, pp, ep, stage, peft, lt, frozen)
+    rp = rank_params(m, tp, pp, ep, stage, peft, lt, frozen, virtual)
     layouts[key] = (peft, rp)
     return rp
 
@@ -223,7 +224,8 @@ class StepContext:
 
     @cached_property
     def rp(self) -> RankParams:
-        return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt, self.frozen_prefixes)
+        return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt, self.frozen_prefixes,
+                            self.virtual)
 
     @cached_property
     def frozen_prefixes(self) -> tuple[str, ...]:
@@ -245,11 +247,32 @@ class StepContext:
     def layer_specs(self) -> list[LayerSpec]:
         return [self.m.layers[i] for i in self.rp.layers]
 
+    @property
+    def virtual(self) -> int:
+        """Model chunks this rank holds (``parallel.pp_virtual_stages``; 1 without an interleaved schedule)."""
+        return self.s.parallel.pp_virtual_stages if self.pp > 1 else 1
+
+    @cached_property
+    def in_flight_chunks(self) -> int:
+        """Chunk-micro-batches whose saved activations the rank holds at its peak, by the schedule's rule
+        (facts/pipeline_schedules.py ``in_flight_chunks``): 1F1B keeps up to pp micro-batches in flight on the
+        first stage (arXiv 2104.04473 sec. 2.2), GPipe all of the step's, interleaved 1F1B torch's warmup + 1."""
+        if self.pp == 1:
+            return 1
+        row = pipeline_schedule(self.s.parallel.pp_schedule)
+        return in_flight_chunks(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps)
+
     @cached_property
     def in_flight(self) -> int:
-        """Micro-batches whose activations the stage holds: 1F1B keeps up to pp in flight on the first
-        stage (arXiv 2104.04473 sec. 2.2)."""
-        return min(self.pp - self.stage, self.s.train.grad_accum_steps) if self.pp > 1 else 1
+        """Micro-batches whose activations the stage holds, rounded up to whole micro-batches of the rank's
+        layers (``in_flight_chunks / virtual``; 1F1B: min(pp - stage, m))."""
+        return ceil_div(self.in_flight_chunks, self.virtual)
+
+    def in_flight_bytes(self, per_micro_batch: int) -> int:
+        """Bytes of the other chunk-micro-batches in flight while one micro-batch's saved tensors (``per_micro_batch``
+        bytes over the rank's layers, one chunk ``per_micro_batch / virtual``) are walked by the timeline:
+        ``(in_flight_chunks - virtual) x per_micro_batch / virtual`` (chunks of equal layers assumed)."""
+        return (self.in_flight_chunks - self.virtual) * per_micro_batch // self.virtual
 
     @property
     def in_backward(self) -> bool:
