@@ -190,10 +190,11 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
             f"activations in flight on the first rank ({row.source})")
     if v == 1:
         return [note]
-    return [note, f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
-                  f"chunks r, r + {par.pp}, ... (torchtitan stage_ids_this_rank, style loop; torchtitan's own split "
-                  "counts the embedding and the head as one layer each: its first and last chunks hold one layer "
-                  "fewer); each chunk's saved activations taken as the rank's divided by its chunks"]
+    layout = (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
+              f"chunks r, r + {par.pp}, ... (torchtitan stage_ids_this_rank, style loop; torchtitan's own split "
+              "counts the embedding and the head as one layer each: its first and last chunks hold one layer "
+              "fewer); each chunk's saved activations taken as the rank's divided by its chunks")
+    return [note, layout]
 
 
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
