@@ -35,6 +35,12 @@ parameter group that ``get_param_groups`` finds in the autograd graph, the gradi
 group's intermediate nodes (``param_group["grads"]``) until W.  Which nodes those are depends on the
 graph autograd records for the model (the reverse-graph closure of ``get_param_groups``), not on the
 schedule's arithmetic, so these rows carry no in-flight rule and the engine refuses them (``refusal``).
+Their warmups, for the record: ``ScheduleInterleavedZeroBubble`` runs ``_get_warmup_ops(multiply_factor=1)`` =
+``min((v - 1) x per_round + (pp - 1 - r), m x v)`` forwards, then B passes whose W passes trail by ``r``
+micro-batches (``num_1f1b_microbatches = rank``); ``ScheduleZBVZeroBubble`` (v = 2, chunks r and 2 pp - 1 - r)
+runs ``2 (pp - r) - 1`` chunk-0 forwards, ``r`` (chunk-1, chunk-0) forward pairs, then ``pp - r`` chunk-1
+F, B, W triples before its steady phase; in the cooldown the W passes of ``r`` micro-batches of each chunk
+wait behind their B passes.
 """
 
 from __future__ import annotations
