@@ -68,7 +68,7 @@ def test_interleaved_where_torch_and_the_paper_differ() -> None:
 def _torch_interleaved_peaks(pp: int, v: int, m: int) -> list[int]:
     """Peak (forwards - backwards) per rank over torch's own action list for ScheduleInterleaved1F1B."""
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
-    rounds, per_round = interleaved_rounds(pp, m)
+    _, per_round = interleaved_rounds(pp, m)
     fake = SimpleNamespace(n_local_stages=v, microbatches_per_round=per_round, pp_group_size=pp, _n_microbatches=m)
     peaks = []
     for rank in range(pp):
