@@ -177,6 +177,7 @@ def test_interleaved_layout_moves_layers_not_the_embedding() -> None:
     (_doc(4, "1f1b", 2), "parallel.pp_virtual_stages", "runs 1 model chunks"),
     (_doc(4, "interleaved-1f1b", 4), "parallel.pp_virtual_stages", "16 chunks exceed the 12 layers"),
     (_doc(4, "interleaved-1f1b", 2, m=9), "train.grad_accum_steps", "multiple of its 2 rounds"),
+    ({**_doc(4, "gpipe"), "framework": "deepspeed"}, "parallel.pp_schedule", "deepspeed is modelled with 1f1b"),
 ])
 def test_refusals(doc: dict[str, Any], field: str, words: str) -> None:
     with pytest.raises(ScenarioError) as e:
@@ -216,3 +217,24 @@ def test_torchtitan_export_names_the_schedule() -> None:
     assert par("interleaved-1f1b", 4)["pipeline_parallel_layers_per_stage"] == 4
     with pytest.raises(ValueError, match="no pipeline_parallel_layers_per_stage"):
         par("interleaved-1f1b", 3)  # 32 / 6 is not whole
+
+
+def test_cli_flags_set_the_schedule() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    base = ["estimate", "--model", "gpt2", "--gpu", "A100-80GB", "--num-gpus", "4", "--framework", "torchtitan",
+            "--pp", "4", "--grad-accum-steps", "8", "--json"]
+    env = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+    res = CliRunner().invoke(app, [*base, "--pp-schedule", "interleaved-1f1b", "--pp-virtual-stages", "2"], env=env)
+    assert res.exit_code in (0, 1), res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["scenario"]["parallel"]["pp_schedule"] == "interleaved-1f1b"
+    # pp 4, v 2, m 8, rank 0: 11 chunk-micro-batches (module docstring)
+    assert any(a.startswith("pipeline schedule interleaved-1f1b") and ": 11 chunk-micro-batches" in a
+               for a in doc["assumptions"])
+    bad = CliRunner().invoke(app, [*base, "--pp-schedule", "zbv-zero-bubble", "--pp-virtual-stages", "2"], env=env)
+    assert bad.exit_code == 2 and "retain_graph=True" in bad.stdout + bad.stderr

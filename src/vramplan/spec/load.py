@@ -441,6 +441,10 @@ def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         rounds = interleaved_rounds(par.pp, g)[0]
         out.append(Problem("train.grad_accum_steps", f"{row.torch_class} needs the {g} micro-batches to be a multiple "
                            f"of its {rounds} rounds (max(1, m // pp))", f"use grad_accum_steps a multiple of {par.pp}"))
+    if s.effective_framework not in ("torchtitan", "plain"):
+        out.append(Problem("parallel.pp_schedule", f"pp_schedule picks a torch.distributed.pipelining schedule, which "
+                           f"torchtitan (or a plain script) runs; {s.effective_framework} is modelled with 1f1b only",
+                           "use framework: torchtitan, or pp_schedule: 1f1b"))
     if m.vision is not None:
         out.append(Problem("parallel.pp_schedule", "a vision tower's activations are modelled under 1f1b only",
                            "use pp_schedule: 1f1b"))
