@@ -32,7 +32,9 @@ The zero-bubble schedules (``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroB
 (W).  torch's ``stage_backward_input`` (``torch/distributed/pipelining/_backward.py``) runs B with
 ``retain_graph=True``, so every saved tensor of the chunk stays until its W pass, and also keeps, per
 parameter group that ``get_param_groups`` finds in the autograd graph, the gradients flowing into that
-group's intermediate nodes (``param_group["grads"]``) until W.  Which nodes those are depends on the
+group's intermediate nodes (``param_group["grads"]``) until W; ``PipelineStage.backward_one_chunk`` (stage.py)
+also keeps the chunk's received output gradients in ``backward_state`` until then, and on stage 0 skips B and runs
+the whole backward at W time.  Which nodes those are depends on the
 graph autograd records for the model (the reverse-graph closure of ``get_param_groups``), not on the
 schedule's arithmetic, so these rows carry no in-flight rule and the engine refuses them (``refusal``).
 Their warmups, for the record: ``ScheduleInterleavedZeroBubble`` runs ``_get_warmup_ops(multiply_factor=1)`` =
