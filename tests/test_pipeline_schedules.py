@@ -31,6 +31,7 @@ from vramplan.facts.pipeline_schedules import (
     PIPELINE_SCHEDULES,
     in_flight_chunks,
     interleaved_rounds,
+    peak_saved_bytes,
     pipeline_schedule,
     pipeline_schedule_names,
 )
@@ -90,6 +91,38 @@ def test_interleaved_matches_torchs_action_list(pp: int, v: int, m: int) -> None
     assert [in_flight_chunks(IL, pp, r, v, m) for r in range(pp)] == _torch_interleaved_peaks(pp, v, m)
 
 
+def _torch_interleaved_peak_bytes(pp: int, v: int, m: int, rank: int, chunk_bytes: tuple[int, ...]) -> int:
+    """The saved-bytes peak over torch's own ScheduleInterleaved1F1B action list (local chunk = stage // pp)."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    _, per_round = interleaved_rounds(pp, m)
+    fake = SimpleNamespace(n_local_stages=v, microbatches_per_round=per_round, pp_group_size=pp, _n_microbatches=m)
+    alive = peak = 0
+    for op in schedules.ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank):
+        if op is None:
+            continue
+        sign = 1 if op.computation_type == schedules._ComputationType.FORWARD else -1
+        alive += sign * chunk_bytes[op.stage_index // pp]
+        peak = max(peak, alive)
+    return peak
+
+
+@pytest.mark.parametrize(("pp", "v", "m", "chunk_bytes"), [
+    (4, 2, 8, (2, 1)), (4, 2, 8, (1, 2)), (2, 3, 8, (3, 1, 2)), (4, 2, 6, (5, 3)), (8, 2, 16, (1, 1))])
+def test_interleaved_bytes_match_torchs_action_list(pp: int, v: int, m: int, chunk_bytes: tuple[int, ...]) -> None:
+    for rank in range(pp):
+        assert peak_saved_bytes(IL, pp, rank, v, m, chunk_bytes) == \
+            _torch_interleaved_peak_bytes(pp, v, m, rank, chunk_bytes)
+
+
+@given(pp=st.integers(2, 16), m=st.integers(1, 64), v=st.integers(2, 6))
+def test_equal_chunks_peak_is_the_count(pp: int, m: int, v: int) -> None:
+    """With equal chunks the byte walk's peak is the closed form's count of chunks (the docstring's rule)."""
+    if m % interleaved_rounds(pp, m)[0]:
+        return
+    for rank in (0, pp - 1):
+        assert peak_saved_bytes(IL, pp, rank, v, m, (1,) * v) == in_flight_chunks(IL, pp, rank, v, m)
+
+
 @given(pp=st.integers(2, 16), m=st.integers(1, 64), v=st.integers(2, 6))
 def test_first_rank_order_gpipe_interleaved_1f1b(pp: int, m: int, v: int) -> None:
     """In micro-batches of the rank's layers: GPipe (m) >= interleaved (peak / v) >= 1F1B (min(m, pp))."""
@@ -136,15 +169,19 @@ def _in_flight_term(doc: dict[str, Any], stage: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("pp", [2, 4])
 def test_in_flight_bytes_per_schedule(pp: int) -> None:
-    # GPT-2's 12 layers keep the same bytes per layer, K per micro-batch on a rank of 12 / pp layers:
-    # 1f1b rank 0: (pp - 1) K; gpipe: (8 - 1) K; interleaved v 2: (peak - 2) K / 2 (pp 4: 9 K/2, pp 2: 3 K/2)
+    # GPT-2's 12 layers keep the same bytes per layer, L; K = (12 / pp) L per micro-batch on a rank.
+    # 1f1b rank 0: (pp - 1) K; gpipe: (8 - 1) K.  Interleaved, v 2, rank 0:
+    #   pp 2: 4 chunks of 3 layers, peak 5 chunks = 15 L, less the walked micro-batch (6 L): 9 L = 3 K / 2;
+    #   pp 4: 8 chunks of 2, 2, 2, 2, 1, 1, 1, 1 layers; rank 0 holds chunks 0 (2 layers) and 4 (1 layer):
+    #   peak 19 L (facts.pipeline_schedules.peak_saved_bytes's example), less 3 L: 16 L = 16 K / 3
     one, k = _in_flight_term(_doc(pp), 0)
     assert one == (pp - 1) * k
     gpipe, k_g = _in_flight_term(_doc(pp, "gpipe"), 0)
     assert k_g == k and gpipe == 7 * k
     inter, k_i = _in_flight_term(_doc(pp, "interleaved-1f1b", 2), 0)
-    peak = {4: 11, 2: 5}[pp]
-    assert k_i == k and inter == (peak - 2) * k // 2
+    layer = k // (12 // pp)
+    assert k_i == k == layer * (12 // pp)
+    assert inter == {2: 9, 4: 16}[pp] * layer
     assert gpipe > inter > one
     # the last rank: 1f1b holds one micro-batch (no extra), gpipe still all 8
     assert _in_flight_term(_doc(pp), pp - 1)[0] == 0

@@ -114,12 +114,21 @@ def stage_layers(num_layers: int, pp: int, stage: int, virtual: int = 1) -> tupl
     >>> stage_layers(8, 2, 0), stage_layers(8, 2, 0, 2), stage_layers(8, 2, 1, 2)
     ((0, 1, 2, 3), (0, 1, 4, 5), (2, 3, 6, 7))
     """
+    return tuple(i for chunk in chunk_layers(num_layers, pp, stage, virtual) for i in chunk)
+
+
+def chunk_layers(num_layers: int, pp: int, stage: int, virtual: int = 1) -> tuple[tuple[int, ...], ...]:
+    """The layers of each of rank ``stage``'s ``virtual`` model chunks, in local order (chunk ``stage + k pp``).
+
+    >>> chunk_layers(12, 4, 0, 2), chunk_layers(12, 4, 3, 2)
+    (((0, 1), (8,)), ((6, 7), (11,)))
+    """
     chunks = pp * virtual
     base, extra = divmod(num_layers, chunks)
-    out: list[int] = []
+    out: list[tuple[int, ...]] = []
     for chunk in range(stage, chunks, pp):
         start = chunk * base + min(chunk, extra)
-        out += range(start, start + base + (1 if chunk < extra else 0))
+        out.append(tuple(range(start, start + base + (1 if chunk < extra else 0))))
     return tuple(out)
 
 

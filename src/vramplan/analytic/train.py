@@ -193,7 +193,7 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     layout = (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
               f"chunks r, r + {par.pp}, ... (torchtitan stage_ids_this_rank, style loop; torchtitan's own split "
               "counts the embedding and the head as one layer each: its first and last chunks hold one layer "
-              "fewer); each chunk's saved activations taken as the rank's divided by its chunks")
+              "fewer); each chunk's saved activations counted at its own layers' bytes, in torch's action order")
     return [note, layout]
 
 

@@ -47,13 +47,14 @@ wait behind their B passes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from vramplan.facts import row_named
 
-__all__ = ["PIPELINE_SCHEDULES", "PipelineSchedule", "in_flight_chunks", "interleaved_rounds", "pipeline_schedule",
-           "pipeline_schedule_names"]
+__all__ = ["PIPELINE_SCHEDULES", "PipelineSchedule", "in_flight_chunks", "interleaved_rounds", "peak_saved_bytes",
+           "pipeline_schedule", "pipeline_schedule_names"]
 
 InFlightRule = Literal["1f1b", "all", "interleaved"]
 
@@ -141,3 +142,44 @@ def in_flight_chunks(row: PipelineSchedule, pp: int, rank: int, virtual: int, m:
     total = m * virtual
     warmup = min((virtual - 1) * per_round + 2 * (pp - 1 - rank), total)
     return warmup + 1 if warmup < total else total
+
+
+def _interleaved_order(pp: int, rank: int, virtual: int, m: int) -> list[tuple[int, int]]:
+    """Rank ``rank``'s compute actions under ``ScheduleInterleaved1F1B``: (+1 forward / -1 backward, local chunk),
+    as torch 2.13's ``_get_1f1b_rank_ops`` orders them (``forward_stage_index``: chunk ``(op // per_round) % v``;
+    ``backward_stage_index``: chunk ``v - 1 - ((op - warmup) // per_round) % v``), idle slots left out."""
+    _, per_round = interleaved_rounds(pp, m)
+    total = m * virtual
+    warmup = min((virtual - 1) * per_round + 2 * (pp - 1 - rank), total)
+    out: list[tuple[int, int]] = []
+    for op in range(total + warmup):  # warmup forwards, total - warmup (F, B) pairs, warmup backwards
+        if op < total:
+            out.append((1, (op // per_round) % virtual))
+        if op >= warmup:
+            out.append((-1, virtual - 1 - ((op - warmup) // per_round) % virtual))
+    return out
+
+
+def peak_saved_bytes(row: PipelineSchedule, pp: int, rank: int, virtual: int, m: int,
+                     chunk_bytes: Sequence[int]) -> int:
+    """The most saved-activation bytes rank ``rank`` holds at once, ``chunk_bytes[k]`` being one micro-batch's
+    saved bytes of its local chunk ``k``: 1F1B ``min(m, pp - r)`` micro-batches, GPipe ``m``; interleaved 1F1B
+    walks torch's action order, adding a chunk's bytes at each forward and taking them off at its backward,
+    so chunks of unequal layers count at their own size.  With equal chunks it is ``in_flight_chunks`` x a chunk.
+
+    12 layers, pp 4, v 2, m 8, rank 0: chunks of 2 and 1 layers (1 byte a layer); warmup 10 forwards (chunk 0 for
+    ops 0-3 and 8-9, chunk 1 for 4-7): 6 x 2 + 4 x 1 = 16; op 11's forward (chunk 0) after op 10's backward
+    (chunk 1): 16 + 2 - 1 + 2 = 19, where the count of chunks (11) x the mean chunk (1.5) would say 16.5.
+
+    >>> peak_saved_bytes(pipeline_schedule("interleaved-1f1b"), 4, 0, 2, 8, (2, 1))
+    19
+    """
+    if row.in_flight is None:
+        raise ValueError(f"pipeline schedule {row.name}: {row.refusal}")
+    if pp == 1 or row.in_flight != "interleaved":
+        return in_flight_chunks(row, pp, rank, virtual, m) * sum(chunk_bytes) // virtual
+    alive = peak = 0
+    for sign, chunk in _interleaved_order(pp, rank, virtual, m):
+        alive += sign * chunk_bytes[chunk]
+        peak = max(peak, alive)
+    return peak

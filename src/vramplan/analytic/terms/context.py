@@ -3,7 +3,7 @@ sharding, this rank's parameters and the activation context, computed once per s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar
@@ -15,12 +15,13 @@ from vramplan.analytic.layout import (
     BNB_FORMATS,
     LoraTargets,
     RankParams,
+    chunk_layers,
     lora_targets,
     quantized_expert_loop,
     rank_params,
 )
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
-from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
+from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import LayerSpec, ModelSpec
@@ -254,7 +255,8 @@ class StepContext:
 
     @cached_property
     def in_flight_chunks(self) -> int:
-        """Chunk-micro-batches whose saved activations the rank holds at its peak, by the schedule's rule
+        """Chunk-micro-batches whose saved activations the rank holds at its peak (the count; the bytes are
+        ``in_flight_bytes``'s), by the schedule's rule
         (facts/pipeline_schedules.py ``in_flight_chunks``): 1F1B keeps up to pp micro-batches in flight on the
         first stage (arXiv 2104.04473 sec. 2.2), GPipe all of the step's, interleaved 1F1B torch's warmup + 1."""
         if self.pp == 1:
@@ -268,11 +270,20 @@ class StepContext:
         layers (``in_flight_chunks / virtual``; 1F1B: min(pp - stage, m))."""
         return ceil_div(self.in_flight_chunks, self.virtual)
 
-    def in_flight_bytes(self, per_micro_batch: int) -> int:
-        """Bytes of the other chunk-micro-batches in flight while one micro-batch's saved tensors (``per_micro_batch``
-        bytes over the rank's layers, one chunk ``per_micro_batch / virtual``) are walked by the timeline:
-        ``(in_flight_chunks - virtual) x per_micro_batch / virtual`` (chunks of equal layers assumed)."""
-        return (self.in_flight_chunks - self.virtual) * per_micro_batch // self.virtual
+    def in_flight_bytes(self, kept: Sequence[int]) -> int:
+        """Bytes of the other micro-batches in flight while the timeline walks one micro-batch's saved tensors
+        (``kept``: per layer of this rank, in ``rp.layers`` order): the schedule's peak over the rank's chunks
+        (facts/pipeline_schedules.py ``peak_saved_bytes``, each chunk at its own layers' bytes) less the walked
+        micro-batch.  1F1B and GPipe: ``(in_flight - 1) x sum(kept)``."""
+        total = sum(kept)
+        if self.pp == 1:
+            return 0
+        row = pipeline_schedule(self.s.parallel.pp_schedule)
+        position = {layer: j for j, layer in enumerate(self.rp.layers)}
+        chunks = chunk_layers(self.m.num_layers, self.pp, self.stage, self.virtual)
+        chunk_bytes = [sum(kept[position[i]] for i in chunk) for chunk in chunks]
+        peak = peak_saved_bytes(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps, chunk_bytes)
+        return peak - total
 
     @property
     def in_backward(self) -> bool:

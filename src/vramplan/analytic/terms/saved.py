@@ -34,7 +34,7 @@ def layer_saved(c: StepContext) -> list[Term]:
     kept, ckpt = la.kept, checkpoint_policy(c.s)
     # attention-core recomputes only the attention core; full and op-sac rerun the whole layer's forward
     selective = ckpt == "attention-core"
-    in_flight = c.in_flight_bytes(sum(kept))
+    in_flight = c.in_flight_bytes(kept)
     offload = c.s.train.activation_offload == "cpu"
     out = device_terms(K.SAVED, [(kept[j], mlp(j) if offload else FORWARD, layer_done(j), "saved.kept", j)
                                  for j in range(len(kept))])
