@@ -188,6 +188,25 @@ def test_in_flight_bytes_per_schedule(pp: int) -> None:
     assert _in_flight_term(_doc(pp, "gpipe"), pp - 1)[0] == 7 * _in_flight_term(_doc(pp, "gpipe"), pp - 1)[1]
 
 
+def test_gpipe_two_walks() -> None:
+    # ScheduleGPipe: every forward, then every backward.  The first backward walks with the other 7 micro-batches
+    # in flight and no gradient before it; a later one with 6 in flight and every gradient there
+    r = resolve(_doc(4, "gpipe"))
+    first, later = StepContext(r, 0, "flash", False), StepContext(r, 0, "flash", False, gpipe_later=True)
+    assert not first.grads_during_fwd and later.grads_during_fwd
+    f_terms, l_terms = step_terms(first), step_terms(later)
+    kept = sum(t.nbytes for t in f_terms if t.name == "saved.kept")
+    assert [sum(t.nbytes for t in ts if t.name == "saved.in_flight") for ts in (f_terms, l_terms)] == [7 * kept,
+                                                                                                      6 * kept]
+    peak = train_step(r).peak.total
+    from vramplan.analytic.timeline import sweep_totals
+    from vramplan.analytic.train import stage_timeline
+    walks = [max(sweep_totals(step_terms(c), stage_timeline(c))[1]) for c in (first, later)]
+    assert peak >= max(walks)
+    # 1f1b keeps its single walk (gradients from the forward whenever m > 1)
+    assert StepContext(resolve(_doc(4)), 0, "flash", False).grads_during_fwd
+
+
 def test_engine_peak_order_and_assumptions() -> None:
     peaks = {}
     for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("gpipe", 1)):

@@ -88,6 +88,18 @@ def _elsewhere(terms: list[Term]) -> dict[str, int]:
     return out
 
 
+def _walks(r: Resolved, stage: int, attention: str, repeat: bool) -> list[StepContext]:
+    """The micro-batch walks of one stage's step: one, or under GPipe with m >= 2 two (torch 2.13
+    ``ScheduleGPipe._step_microbatches``: every forward, then every backward): the first backward, with the other
+    m - 1 micro-batches in flight and no gradient before it, and a later one, with m - 2 in flight and every
+    gradient there; the higher peak is the step's."""
+    first = StepContext(r, stage, attention, repeat)
+    par = r.scenario.parallel
+    if par.pp == 1 or pipeline_schedule(par.pp_schedule).in_flight != "all" or r.scenario.train.grad_accum_steps < 2:
+        return [first]
+    return [first, StepContext(r, stage, attention, repeat, gpipe_later=True)]
+
+
 def train_step(r: Resolved) -> TrainResult:
     """One steady-state step on the GPU of each pipeline stage worth estimating; the stage with the
     highest peak is the answer.  Each stage's terms (analytic/terms) are swept over its timeline."""
@@ -95,13 +107,13 @@ def train_step(r: Resolved) -> TrainResult:
     attention, repeat = resolve_attention(s, m, step_policy(s), r.gpu)
     results: list[TrainResult] = []
     for stage in stages(s.parallel.pp):
-        c = StepContext(r, stage, attention, repeat)
-        terms = step_terms(c)
-        moments, totals = sweep_totals(terms, stage_timeline(c))
-        peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
-        off = _elsewhere(terms)
-        results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
-                                   build_layout(c, terms), terms, c))
+        for c in _walks(r, stage, attention, repeat):
+            terms = step_terms(c)
+            moments, totals = sweep_totals(terms, stage_timeline(c))
+            peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
+            off = _elsewhere(terms)
+            results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
+                                       build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
     par = s.parallel
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)

@@ -124,6 +124,9 @@ class StepContext:
     attention: str  # the kernel that runs (analytic/attention.py resolve_attention)
     gqa_repeat: bool
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    # GPipe's backward phase walked from its second micro-batch on: the first micro-batch's activations are freed
+    # and every gradient exists (train.py takes the higher of this walk and the first backward's)
+    gpipe_later: bool = False
 
     def memo(self, name: str, make: Callable[[], _T]) -> _T:
         """``make()`` computed once per stage: a value several terms read (the layers' saved tensors)."""
@@ -283,7 +286,8 @@ class StepContext:
         chunks = chunk_layers(self.m.num_layers, self.pp, self.stage, self.virtual)
         chunk_bytes = [sum(kept[position[i]] for i in chunk) for chunk in chunks]
         peak = peak_saved_bytes(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps, chunk_bytes)
-        return peak - total
+        # GPipe's later backwards: the first micro-batch's saved tensors are gone
+        return peak - total - (total if self.gpipe_later else 0)
 
     @property
     def in_backward(self) -> bool:
@@ -304,7 +308,12 @@ class StepContext:
     @cached_property
     def grads_during_fwd(self) -> bool:
         """Gradients exist during the forward: from the second micro-batch of an accumulation window on
-        (the Trainer sets them to None only after the optimizer step)."""
+        (the Trainer sets them to None only after the optimizer step).  Not under GPipe: with pp > 1 the
+        accumulation window is the schedule's micro-batches, and ``ScheduleGPipe._step_microbatches`` (torch 2.13)
+        runs every forward of the step before the first backward, so the forwards see no gradients; from the
+        second backward on (``gpipe_later``) every gradient is there."""
+        if self.pp > 1 and pipeline_schedule(self.s.parallel.pp_schedule).in_flight == "all":
+            return self.gpipe_later
         return self.s.train.grad_accum_steps > 1 or self.in_flight > 1
 
     @cached_property
