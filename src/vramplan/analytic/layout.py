@@ -4,7 +4,8 @@ Splits follow Megatron-LM (arXiv 1909.08053 section 3): column-parallel linears
 split their output features, row-parallel linears their input features, norms are
 replicated, embeddings and the LM head are split along the vocabulary.  Pipeline
 stage 0 holds the embedding and the first L/pp layers; the last stage holds the
-LM head.  Expert parallelism divides each MoE layer's experts by ``ep``.
+LM head; with v virtual stages (an interleaved schedule) rank r holds the chunks r, r + pp, ...
+of L/(pp x v) layers each (``stage_layers``).  Expert parallelism divides each MoE layer's experts by ``ep``.
 
 Everything here is a parameter *count*; bytes are applied by the term modules.
 """
@@ -105,11 +106,30 @@ def count_on_rank(p: ParamGroup, layers: set[int], ep: int) -> int:
     return per_layer * held
 
 
-def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, ...]:
-    """Layers of one pipeline stage: an even split, the first stages taking the remainder."""
-    base, extra = divmod(num_layers, pp)
-    start = stage * base + min(stage, extra)
-    return tuple(range(start, start + base + (1 if stage < extra else 0)))
+def stage_layers(num_layers: int, pp: int, stage: int, virtual: int = 1) -> tuple[int, ...]:
+    """Layers of one pipeline rank: an even split over ``pp x virtual`` chunks, the first chunks taking the
+    remainder; with ``virtual`` chunks per rank (an interleaved schedule) rank ``stage`` holds chunks ``stage,
+    stage + pp, ...`` (torchtitan ``stage_ids_this_rank``, style "loop").
+
+    >>> stage_layers(8, 2, 0), stage_layers(8, 2, 0, 2), stage_layers(8, 2, 1, 2)
+    ((0, 1, 2, 3), (0, 1, 4, 5), (2, 3, 6, 7))
+    """
+    return tuple(i for chunk in chunk_layers(num_layers, pp, stage, virtual) for i in chunk)
+
+
+def chunk_layers(num_layers: int, pp: int, stage: int, virtual: int = 1) -> tuple[tuple[int, ...], ...]:
+    """The layers of each of rank ``stage``'s ``virtual`` model chunks, in local order (chunk ``stage + k pp``).
+
+    >>> chunk_layers(12, 4, 0, 2), chunk_layers(12, 4, 3, 2)
+    (((0, 1), (8,)), ((6, 7), (11,)))
+    """
+    chunks = pp * virtual
+    base, extra = divmod(num_layers, chunks)
+    out: list[tuple[int, ...]] = []
+    for chunk in range(stage, chunks, pp):
+        start = chunk * base + min(chunk, extra)
+        out.append(tuple(range(start, start + base + (1 if chunk < extra else 0))))
+    return tuple(out)
 
 
 # Families whose routed experts transformers 5 fuses into ``gate_up_proj`` [E, 2I, h] and ``down_proj``
@@ -274,10 +294,11 @@ class _Tally:
 
 
 def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
-                lt: LoraTargets | None = None, frozen: tuple[str, ...] = ()) -> RankParams:
+                lt: LoraTargets | None = None, frozen: tuple[str, ...] = (), virtual: int = 1) -> RankParams:
     """``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``); ``frozen``: name prefixes
-    of parameters that full fine-tuning leaves frozen (``RankParams.frozen``)."""
-    layers = stage_layers(model.num_layers, pp, stage)
+    of parameters that full fine-tuning leaves frozen (``RankParams.frozen``); ``virtual``: model chunks per rank
+    (``stage_layers``; the embedding is in chunk 0 on rank 0, the head in the last chunk, on rank pp - 1)."""
+    layers = stage_layers(model.num_layers, pp, stage, virtual)
     lset = set(layers)
     first, last = stage == 0, stage == pp - 1
     if lt is None:

@@ -49,6 +49,7 @@ from vramplan.analytic.terms.gradients import has_tied_embedding_backward
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
+from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -88,6 +89,18 @@ def _elsewhere(terms: list[Term]) -> dict[str, int]:
     return out
 
 
+def _walks(r: Resolved, stage: int, attention: str, repeat: bool) -> list[StepContext]:
+    """The micro-batch walks of one stage's step: one, or under GPipe with m >= 2 two (torch 2.13
+    ``ScheduleGPipe._step_microbatches``: every forward, then every backward): the first backward, with the other
+    m - 1 micro-batches in flight and no gradient before it, and a later one, with m - 2 in flight and every
+    gradient there; the higher peak is the step's."""
+    first = StepContext(r, stage, attention, repeat)
+    par = r.scenario.parallel
+    if par.pp == 1 or pipeline_schedule(par.pp_schedule).in_flight != "all" or r.scenario.train.grad_accum_steps < 2:
+        return [first]
+    return [first, StepContext(r, stage, attention, repeat, gpipe_later=True)]
+
+
 def train_step(r: Resolved) -> TrainResult:
     """One steady-state step on the GPU of each pipeline stage worth estimating; the stage with the
     highest peak is the answer.  Each stage's terms (analytic/terms) are swept over its timeline."""
@@ -95,13 +108,13 @@ def train_step(r: Resolved) -> TrainResult:
     attention, repeat = resolve_attention(s, m, step_policy(s), r.gpu)
     results: list[TrainResult] = []
     for stage in stages(s.parallel.pp):
-        c = StepContext(r, stage, attention, repeat)
-        terms = step_terms(c)
-        moments, totals = sweep_totals(terms, stage_timeline(c))
-        peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
-        off = _elsewhere(terms)
-        results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
-                                   build_layout(c, terms), terms, c))
+        for c in _walks(r, stage, attention, repeat):
+            terms = step_terms(c)
+            moments, totals = sweep_totals(terms, stage_timeline(c))
+            peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
+            off = _elsewhere(terms)
+            results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
+                                       build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
     par = s.parallel
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
@@ -191,6 +204,25 @@ def eager_fallback_note(m: ModelSpec) -> str:
     return f"{m.family} has no SDPA attention{since}: transformers' default falls back to eager"
 
 
+def _pipeline_schedule_notes(s: Scenario) -> list[str]:
+    """The schedule's in-flight rule and the chunk layout, said where the schedule is not the default 1F1B."""
+    par = s.parallel
+    if par.pp == 1 or par.pp_schedule == "1f1b":
+        return []
+    row = pipeline_schedule(par.pp_schedule)
+    m, v = s.train.grad_accum_steps, par.pp_virtual_stages
+    first = in_flight_chunks(row, par.pp, 0, v, m)
+    note = (f"pipeline schedule {row.name} as torch's {row.torch_class} runs it: {first} chunk-micro-batches of "
+            f"activations in flight on the first rank ({row.source})")
+    if v == 1:
+        return [note]
+    layout = (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
+              f"chunks r, r + {par.pp}, ... (torchtitan stage_ids_this_rank, style loop; torchtitan's own split "
+              "counts the embedding and the head as one layer each: its first and last chunks hold one layer "
+              "fewer); each chunk's saved activations counted at its own layers' bytes, in torch's action order")
+    return [note, layout]
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -204,6 +236,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         IN_BACKWARD_NOTE if t.optimizer_in_backward else
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
+        *_pipeline_schedule_notes(s),
     ]
     for target in unmatched_lora_targets(t.peft, m):
         # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)

@@ -5,7 +5,8 @@ Sections and keys are those of torchtitan's ``JobConfig`` dataclasses (pytorch/t
 name/flavor, ``[optimizer]`` name/implementation, ``[training]`` local_batch_size,
 global_batch_size, seq_len, enable_cpu_offload, mixed_precision_param/reduce, ``[parallelism]``
 data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
-tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule,
+tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule (the row of
+facts/pipeline_schedules.py), pipeline_parallel_layers_per_stage (virtual stages other than 2),
 pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkpoint]`` mode,
 ``[checkpoint]`` enable_checkpoint, ``[validation]`` enabled/local_batch_size/seq_len/steps.
 ``JOB_CONFIG_KEYS`` lists them for the tests (torchtitan itself is not a dependency).
@@ -22,6 +23,7 @@ from typing import Any
 
 from vramplan.export.lifecycle import ResolvedLifecycle, resolve_lifecycle
 from vramplan.facts.optimizers import optimizer_facts
+from vramplan.facts.pipeline_schedules import pipeline_schedule
 from vramplan.plan.setup import TrainSetup
 from vramplan.spec.families import torchtitan_model
 
@@ -78,8 +80,7 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
         "pipeline_parallel_degree": s.pp, "context_parallel_degree": 1,
     }
     if s.pp > 1:
-        par["pipeline_parallel_schedule"] = "1F1B"
-        par["pipeline_parallel_microbatch_size"] = s.micro_batch_size
+        par.update(_pipeline_keys(s, layers))
     return {
         "job": {"description": f"vramplan plan: {s.label()}"},
         "model": _model_section(family, layers, hidden),
@@ -92,6 +93,32 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
         "activation_checkpoint": {"mode": "full" if s.checkpointing == "full" else "none"},
         **_lifecycle_sections(s, lifecycle or resolve_lifecycle(s)),
     }
+
+
+def _pipeline_keys(s: TrainSetup, layers: int) -> dict[str, Any]:
+    """``pipeline_parallel_schedule`` (the schedule row's name for torch's ``get_schedule_class``, which reads it
+    case-insensitively), ``pipeline_parallel_microbatch_size`` and, for v model chunks per rank other than the
+    multi-stage default of 2, ``pipeline_parallel_layers_per_stage``.
+
+    torchtitan counts the embedding and the head as one layer each (``pipeline_parallel_first_stage_less_layers``
+    and ``..._last_stage_less_layers``, default 1): at the cited commit ``distributed/pipeline.py``
+    ``generate_split_points`` needs (layers + 2) divisible by pp and gives ((layers + 2) / pp) / layers_per_stage
+    stages per rank; at b5bcd76 ``distributed/pipeline_parallel.py`` makes ceil((layers + 2) / layers_per_stage)
+    stages.  layers_per_stage = (layers + 2) / (pp x v) gives v on both; without the key a multi-stage schedule
+    runs 2 per rank.  Examples: 30 layers, pp 2, v 4: 32 / 8 = 4 layers per stage; 32 layers, pp 2, v 4: 34 / 8 is
+    not whole, refused."""
+    par = s.parallel
+    row, v = pipeline_schedule(par.pp_schedule), par.pp_virtual_stages
+    out: dict[str, Any] = {"pipeline_parallel_schedule": row.torchtitan,
+                           "pipeline_parallel_microbatch_size": s.micro_batch_size}
+    if not row.multi_stage or v == 2:
+        return out
+    effective, chunks = layers + 2, s.pp * v
+    if effective % chunks:
+        raise ValueError(f"torchtitan cannot split {layers} layers (+ embedding and head, {effective}) into {chunks} "
+                         f"even chunks: no pipeline_parallel_layers_per_stage gives {v} chunks per rank")
+    out["pipeline_parallel_layers_per_stage"] = effective // chunks
+    return out
 
 
 def _lifecycle_sections(s: TrainSetup, lc: ResolvedLifecycle) -> dict[str, dict[str, Any]]:

@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
@@ -275,7 +276,7 @@ def _model_in(annotation: Any) -> Any:
 
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
-    return [*_parallel_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
+    return [*_parallel_problems(s, m), *_schedule_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
             *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m)]
 
 
@@ -411,6 +412,42 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                            f"use a seq_len multiple of {par.cp}"))
     if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep:
         out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts", ""))
+    return out
+
+
+def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """``parallel.pp_schedule`` and ``pp_virtual_stages`` against the schedule's row (facts/pipeline_schedules.py),
+    pp, the layers and the micro-batches: what torch's schedule classes accept and what the engine models."""
+    par = s.parallel
+    row, v = pipeline_schedule(par.pp_schedule), par.pp_virtual_stages
+    if row.name == "1f1b" and v == 1:
+        return []
+    out: list[Problem] = []
+    if row.in_flight is None:
+        out.append(Problem("parallel.pp_schedule", f"{row.name} ({row.torch_class}) is not modelled: {row.refusal}",
+                           "use pp_schedule: 1f1b, gpipe or interleaved-1f1b"))
+    if par.pp == 1 or s.task != "train":
+        out.append(Problem("parallel.pp_schedule", "a pipeline schedule applies to training with pp > 1",
+                           "set parallel.pp > 1 and task: train, or leave pp_schedule: 1f1b"))
+    if not row.min_virtual <= v <= (row.max_virtual or v):
+        want = str(row.min_virtual) if row.max_virtual == row.min_virtual else f">= {row.min_virtual}"
+        out.append(Problem("parallel.pp_virtual_stages", f"{row.name} runs {want} model chunks per rank, not {v}",
+                           f"set pp_virtual_stages: {row.min_virtual}"))
+    if par.pp * v > m.num_layers:
+        out.append(Problem("parallel.pp_virtual_stages", f"pp x pp_virtual_stages = {par.pp * v} chunks exceed the "
+                           f"{m.num_layers} layers", "lower pp_virtual_stages"))
+    g = s.train.grad_accum_steps
+    if row.in_flight == "interleaved" and g % interleaved_rounds(par.pp, g)[0]:
+        rounds = interleaved_rounds(par.pp, g)[0]
+        out.append(Problem("train.grad_accum_steps", f"{row.torch_class} needs the {g} micro-batches to be a multiple "
+                           f"of its {rounds} rounds (max(1, m // pp))", f"use grad_accum_steps a multiple of {par.pp}"))
+    if s.effective_framework not in ("torchtitan", "plain"):
+        out.append(Problem("parallel.pp_schedule", f"pp_schedule picks a torch.distributed.pipelining schedule, which "
+                           f"torchtitan (or a plain script) runs; {s.effective_framework} is modelled with 1f1b only",
+                           "use framework: torchtitan, or pp_schedule: 1f1b"))
+    if m.vision is not None:
+        out.append(Problem("parallel.pp_schedule", "a vision tower's activations are modelled under 1f1b only",
+                           "use pp_schedule: 1f1b"))
     return out
 
 

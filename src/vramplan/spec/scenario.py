@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from vramplan.facts import Choices, OneOf
 from vramplan.facts.optimizers import optimizer_names
+from vramplan.facts.pipeline_schedules import pipeline_schedule_names
 from vramplan.facts.vllm_releases import parse_release
 
 Task = Literal["train", "inference", "serve"]
@@ -30,6 +31,8 @@ KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 OffloadDevice = Literal["cpu", "nvme"]
+# the rows of facts/pipeline_schedules.py
+PipelineScheduleName = Annotated[str, Choices("pp_schedule", pipeline_schedule_names), OneOf(pipeline_schedule_names)]
 
 
 def _vllm_release(value: str) -> str:
@@ -545,6 +548,14 @@ class Parallel(_Strict):
 
     offload_device: OffloadDevice = "cpu"
     """Where offloaded optimizer states are kept: cpu (host RAM) or nvme."""
+
+    pp_schedule: PipelineScheduleName = "1f1b"
+    """Pipeline schedule with pp > 1 (facts/pipeline_schedules.py): 1f1b, gpipe (every micro-batch of the step in
+    flight), interleaved-1f1b (pp_virtual_stages model chunks per rank); the zero-bubble rows are refused."""
+
+    pp_virtual_stages: int = Field(1, ge=1, le=64)
+    """Model chunks per pipeline rank (virtual stages) of a multi-stage schedule: rank r holds chunks r, r + pp, ...
+    of layers / (pp x pp_virtual_stages) layers each; 1 for 1f1b and gpipe."""
 
 
 class Lifecycle(_Strict):

@@ -3,7 +3,7 @@ sharding, this rank's parameters and the activation context, computed once per s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar
@@ -15,11 +15,13 @@ from vramplan.analytic.layout import (
     BNB_FORMATS,
     LoraTargets,
     RankParams,
+    chunk_layers,
     lora_targets,
     quantized_expert_loop,
     rank_params,
 )
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
+from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import LayerSpec, ModelSpec
@@ -94,7 +96,7 @@ _LAYOUTS_KEPT = 256
 
 
 def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
-                 lt: LoraTargets, frozen: tuple[str, ...] = ()) -> RankParams:
+                 lt: LoraTargets, frozen: tuple[str, ...] = (), virtual: int = 1) -> RankParams:
     """``layout.rank_params``, computed once per model and layout (an immutable record)."""
     mine = _RANK_PARAMS.get(id(m))
     if mine is None or mine[0] is not m:
@@ -102,13 +104,13 @@ def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft
             _RANK_PARAMS.clear()
         mine = _RANK_PARAMS[id(m)] = (m, {})
     layouts = mine[1]
-    key = (tp, pp, ep, stage, id(peft), lt, frozen)
+    key = (tp, pp, ep, stage, id(peft), lt, frozen, virtual)
     hit = layouts.get(key)
     if hit is not None and hit[0] is peft:
         return hit[1]
     if len(layouts) >= _LAYOUTS_KEPT:
         layouts.clear()
-    rp = rank_params(m, tp, pp, ep, stage, peft, lt, frozen)
+    rp = rank_params(m, tp, pp, ep, stage, peft, lt, frozen, virtual)
     layouts[key] = (peft, rp)
     return rp
 
@@ -122,6 +124,9 @@ class StepContext:
     attention: str  # the kernel that runs (analytic/attention.py resolve_attention)
     gqa_repeat: bool
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    # GPipe's backward phase walked from its second micro-batch on: the first micro-batch's activations are freed
+    # and every gradient exists (train.py takes the higher of this walk and the first backward's)
+    gpipe_later: bool = False
 
     def memo(self, name: str, make: Callable[[], _T]) -> _T:
         """``make()`` computed once per stage: a value several terms read (the layers' saved tensors)."""
@@ -223,7 +228,8 @@ class StepContext:
 
     @cached_property
     def rp(self) -> RankParams:
-        return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt, self.frozen_prefixes)
+        return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt, self.frozen_prefixes,
+                            self.virtual)
 
     @cached_property
     def frozen_prefixes(self) -> tuple[str, ...]:
@@ -245,11 +251,43 @@ class StepContext:
     def layer_specs(self) -> list[LayerSpec]:
         return [self.m.layers[i] for i in self.rp.layers]
 
+    @property
+    def virtual(self) -> int:
+        """Model chunks this rank holds (``parallel.pp_virtual_stages``; 1 without an interleaved schedule)."""
+        return self.s.parallel.pp_virtual_stages if self.pp > 1 else 1
+
+    @cached_property
+    def in_flight_chunks(self) -> int:
+        """Chunk-micro-batches whose saved activations the rank holds at its peak (the count; the bytes are
+        ``in_flight_bytes``'s), by the schedule's rule
+        (facts/pipeline_schedules.py ``in_flight_chunks``): 1F1B keeps up to pp micro-batches in flight on the
+        first stage (arXiv 2104.04473 sec. 2.2), GPipe all of the step's, interleaved 1F1B torch's warmup + 1."""
+        if self.pp == 1:
+            return 1
+        row = pipeline_schedule(self.s.parallel.pp_schedule)
+        return in_flight_chunks(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps)
+
     @cached_property
     def in_flight(self) -> int:
-        """Micro-batches whose activations the stage holds: 1F1B keeps up to pp in flight on the first
-        stage (arXiv 2104.04473 sec. 2.2)."""
-        return min(self.pp - self.stage, self.s.train.grad_accum_steps) if self.pp > 1 else 1
+        """Micro-batches whose activations the stage holds, rounded up to whole micro-batches of the rank's
+        layers (``in_flight_chunks / virtual``; 1F1B: min(pp - stage, m))."""
+        return ceil_div(self.in_flight_chunks, self.virtual)
+
+    def in_flight_bytes(self, kept: Sequence[int]) -> int:
+        """Bytes of the other micro-batches in flight while the timeline walks one micro-batch's saved tensors
+        (``kept``: per layer of this rank, in ``rp.layers`` order): the schedule's peak over the rank's chunks
+        (facts/pipeline_schedules.py ``peak_saved_bytes``, each chunk at its own layers' bytes) less the walked
+        micro-batch.  1F1B and GPipe: ``(in_flight - 1) x sum(kept)``."""
+        total = sum(kept)
+        if self.pp == 1:
+            return 0
+        row = pipeline_schedule(self.s.parallel.pp_schedule)
+        position = {layer: j for j, layer in enumerate(self.rp.layers)}
+        chunks = chunk_layers(self.m.num_layers, self.pp, self.stage, self.virtual)
+        chunk_bytes = [sum(kept[position[i]] for i in chunk) for chunk in chunks]
+        peak = peak_saved_bytes(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps, chunk_bytes)
+        # GPipe's later backwards: the first micro-batch's saved tensors are gone
+        return peak - total - (total if self.gpipe_later else 0)
 
     @property
     def in_backward(self) -> bool:
@@ -270,7 +308,12 @@ class StepContext:
     @cached_property
     def grads_during_fwd(self) -> bool:
         """Gradients exist during the forward: from the second micro-batch of an accumulation window on
-        (the Trainer sets them to None only after the optimizer step)."""
+        (the Trainer sets them to None only after the optimizer step).  Not under GPipe: with pp > 1 the
+        accumulation window is the schedule's micro-batches, and ``ScheduleGPipe._step_microbatches`` (torch 2.13)
+        runs every forward of the step before the first backward, so the forwards see no gradients; from the
+        second backward on (``gpipe_later``) every gradient is there."""
+        if self.pp > 1 and pipeline_schedule(self.s.parallel.pp_schedule).in_flight == "all":
+            return self.gpipe_later
         return self.s.train.grad_accum_steps > 1 or self.in_flight > 1
 
     @cached_property

@@ -6,8 +6,9 @@ comes: the whole layer with full checkpointing (alive through both parts), only 
 with attention-core (alive in the attention part); op-sac reruns the whole layer.  By the MLP's elementwise backward the output
 projection's backward has freed its input; the attention's backward comes after the MLP's (and the
 post-attention norm's) saved tensors are released: those frees are release terms (negative bytes).
-1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2): the other
-micro-batches' saved tensors stay through this one's backward.
+1F1B keeps up to pp micro-batches in flight on the first stage (arXiv 2104.04473 sec. 2.2), GPipe all of the
+step's, interleaved 1F1B torch's warmup + 1 chunk-micro-batches (facts/pipeline_schedules.py): the other
+micro-batches' saved tensors stay through this one's backward (``StepContext.in_flight_bytes``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def layer_saved(c: StepContext) -> list[Term]:
     kept, ckpt = la.kept, checkpoint_policy(c.s)
     # attention-core recomputes only the attention core; full and op-sac rerun the whole layer's forward
     selective = ckpt == "attention-core"
-    in_flight = (c.in_flight - 1) * sum(kept)
+    in_flight = c.in_flight_bytes(kept)
     offload = c.s.train.activation_offload == "cpu"
     out = device_terms(K.SAVED, [(kept[j], mlp(j) if offload else FORWARD, layer_done(j), "saved.kept", j)
                                  for j in range(len(kept))])

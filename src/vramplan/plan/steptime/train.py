@@ -34,6 +34,7 @@ from functools import lru_cache
 
 from vramplan.analytic.layout import stage_layers
 from vramplan.analytic.precision import PrecisionPolicy
+from vramplan.facts.pipeline_schedules import pipeline_schedule
 from vramplan.plan.setup import TrainSetup
 from vramplan.plan.steptime import collectives as col
 from vramplan.plan.steptime import flops as fl
@@ -80,9 +81,10 @@ def peak_flops_per_s(gpu: GpuSpec, dtype: str) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _stage_sums(f: ModelFacts, pp: int, stage: int, seq_len: int, skips: bool) -> tuple[int, float, float]:
+def _stage_sums(f: ModelFacts, pp: int, stage: int, seq_len: int, skips: bool,
+                virtual: int = 1) -> tuple[int, float, float]:
     """(layers, active matmul parameters, keys per query summed over layers) of one pipeline stage."""
-    layers = stage_layers(f.num_layers, pp, stage)
+    layers = stage_layers(f.num_layers, pp, stage, virtual)
     mm = sum(f.layer_matmul_params[i] for i in layers)
     keys = sum(fl.keys_per_query(seq_len, f.windows[i], skips) for i in layers)
     return len(layers), mm, keys
@@ -96,6 +98,8 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
                     trainable: int, lora_params: int = 0) -> StepTime:
     """Step time of ``s``; ``trainable`` = parameters the optimizer updates (adapters under PEFT)."""
     tp, pp, dp, g = s.tp, s.pp, s.dp, s.grad_accum_steps
+    # model chunks per rank of an interleaved schedule (facts/pipeline_schedules.py; pipeline.py)
+    v = s.parallel.pp_virtual_stages if pp > 1 and pipeline_schedule(s.parallel.pp_schedule).multi_stage else 1
     tokens = s.micro_batch_size * s.seq_len
     kernel = "eager" if s.attention == "eager" else "flash"
     skips = kernel != "eager" and not f.encoder_only
@@ -109,7 +113,7 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     slowest = -1.0
     stage_layer_count = 0
     for stage in range(pp):
-        layers, mm, keys = _stage_sums(f, pp, stage, s.seq_len, skips)
+        layers, mm, keys = _stage_sums(f, pp, stage, s.seq_len, skips, v)
         head = f.head_matmul_params if stage == pp - 1 else 0
         attn = fl.attention_forward_flops(f.attn_width, keys, tokens)  # summed over the stage's layers
         lora = lora_params * layers / f.num_layers
@@ -141,7 +145,8 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     t_p2p = 0.0
     if pp > 1:
         bw = col.link_bytes_per_s(gpu, s.num_gpus > s.gpus_per_node, a)
-        t_p2p = 2 * col.p2p_seconds(stage_boundary_bytes(tokens, f.hidden_size, pol.compute_bytes, tp, tp > 1), bw, a)
+        t_p2p = 2 * v * col.p2p_seconds(stage_boundary_bytes(tokens, f.hidden_size, pol.compute_bytes, tp, tp > 1),
+                                        bw, a)
 
     # ---- data parallel collectives ----
     dp_bw = col.link_bytes_per_s(gpu, tp * dp > s.gpus_per_node, a)
@@ -192,8 +197,8 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
 
     exposed_micro = max(0.0, max(dp_micro, host_micro) - t_c)
     t_micro = t_c + t_tp + t_p2p + exposed_micro
-    slots = pipeline_slots(g, pp)
-    bubble = pipeline_bubble_seconds(t_micro, pp)
+    slots = pipeline_slots(g, pp, v)
+    bubble = pipeline_bubble_seconds(t_micro, pp, v)
     dp_step_exposed = max(0.0, dp_step - t_c) + after_step
 
     # ---- optimizer step on the GPU ----
@@ -207,7 +212,7 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     dp_exposed = g * (exposed_micro if dp_micro >= host_micro else 0.0) + dp_step_exposed
     host_exposed = g * (exposed_micro if host_micro > dp_micro else 0.0) + host_step
     total = slots * t_micro + dp_step_exposed + opt_s + host_step + cpu_opt
-    communication = g * (t_tp + t_p2p + exposed_micro) + (pp - 1) * (t_tp + t_p2p + exposed_micro) + \
+    communication = g * (t_tp + t_p2p + exposed_micro) + (pp - 1) / v * (t_tp + t_p2p + exposed_micro) + \
         dp_step_exposed + host_step
     return StepTime(
         compute_s=g * t_first, recompute_s=g * t_re, tp_comm_s=g * t_tp, pp_p2p_s=g * t_p2p, pp_bubble_s=bubble,

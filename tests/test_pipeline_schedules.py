@@ -1,0 +1,296 @@
+"""Pipeline schedules (``parallel.pp_schedule``, facts/pipeline_schedules.py): the micro-batches in flight per rank,
+the chunk layout of virtual stages, the saved-activation bytes the engine holds for them, the refusals, the step
+time and the torchtitan export.
+
+Hand counts use m = 8 micro-batches (``train.grad_accum_steps``), pp 2 and 4, v 2 chunks per rank:
+
+* 1f1b, rank r: min(m, pp - r) -> pp 4: 4, 3, 2, 1; pp 2: 2, 1.
+* gpipe: m x v = 8 on every rank.
+* interleaved-1f1b: rounds = max(1, m // pp), per_round = m // rounds; warmup = min((v - 1) x per_round
+  + 2 (pp - 1 - r), m v); peak = warmup + 1 (in chunk-micro-batches).
+  pp 4: rounds 2, per_round 4: warmup 4 + 6, 4 + 4, 4 + 2, 4 + 0 = 10, 8, 6, 4 -> 11, 9, 7, 5.
+  pp 2: rounds 4, per_round 2: warmup 2 + 2, 2 + 0 = 4, 2 -> 5, 3.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vramplan.analytic.layout import stage_layers
+from vramplan.analytic.terms import StepContext, step_terms
+from vramplan.analytic.train import train_step
+from vramplan.catalog.resolve import resolve
+from vramplan.errors import ScenarioError
+from vramplan.facts.pipeline_schedules import (
+    PIPELINE_SCHEDULES,
+    in_flight_chunks,
+    interleaved_rounds,
+    peak_saved_bytes,
+    pipeline_schedule,
+    pipeline_schedule_names,
+)
+from vramplan.plan.steptime.pipeline import pipeline_bubble_seconds, pipeline_slots
+
+ONE, GPIPE, IL = (pipeline_schedule(n) for n in ("1f1b", "gpipe", "interleaved-1f1b"))
+
+
+@pytest.mark.parametrize(("row", "pp", "v", "expected"), [
+    (ONE, 4, 1, [4, 3, 2, 1]), (ONE, 2, 1, [2, 1]),
+    (GPIPE, 4, 1, [8, 8, 8, 8]), (GPIPE, 2, 1, [8, 8]),
+    (IL, 4, 2, [11, 9, 7, 5]), (IL, 2, 2, [5, 3]),
+])
+def test_in_flight_per_rank_by_hand(row: Any, pp: int, v: int, expected: list[int]) -> None:
+    assert [in_flight_chunks(row, pp, r, v, 8) for r in range(pp)] == expected
+
+
+def test_interleaved_first_rank_is_megatrons_factor() -> None:
+    # arXiv 2104.04473 sec. 2.2.2: the first stage holds pp (1 + (pp - 1)/(pp v)) micro-batches' activations;
+    # pp 4, v 2: 4 x 11/8 = 5.5 = 11 chunks / 2; pp 2, v 2: 2 x 5/4 = 2.5 = 5 / 2 (per_round = pp in both)
+    for pp, v in ((4, 2), (2, 2), (4, 4)):
+        paper = pp * (1 + Fraction(pp - 1, pp * v))
+        assert Fraction(in_flight_chunks(IL, pp, 0, v, 8), v) == paper
+
+
+def test_interleaved_where_torch_and_the_paper_differ() -> None:
+    # m = 6, pp = 4: one round of 6 (torch's flexible rounds), warmup (2 - 1) x 6 + 2 x 3 = 12 = m v, so every
+    # forward runs before the first backward: 12 chunks (the paper's 4 x 11/8 x 2 = 11 assumes per_round = pp)
+    assert interleaved_rounds(4, 6) == (1, 6)
+    assert in_flight_chunks(IL, 4, 0, 2, 6) == 12
+    # fewer micro-batches than ranks: m 2, pp 4, v 2 -> warmup 2 + 6 capped at m v = 4: all 4 chunks
+    assert in_flight_chunks(IL, 4, 0, 2, 2) == 4
+
+
+def _torch_interleaved_peaks(pp: int, v: int, m: int) -> list[int]:
+    """Peak (forwards - backwards) per rank over torch's own action list for ScheduleInterleaved1F1B."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    _, per_round = interleaved_rounds(pp, m)
+    fake = SimpleNamespace(n_local_stages=v, microbatches_per_round=per_round, pp_group_size=pp, _n_microbatches=m)
+    peaks = []
+    for rank in range(pp):
+        ops = schedules.ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank)
+        alive = peak = 0
+        for op in ops:
+            if op is None:
+                continue
+            kind = op.computation_type
+            alive += 1 if kind == schedules._ComputationType.FORWARD else -1
+            peak = max(peak, alive)
+        assert alive == 0
+        peaks.append(peak)
+    return peaks
+
+
+@pytest.mark.parametrize(("pp", "v", "m"), [(4, 2, 8), (2, 2, 8), (4, 3, 8), (4, 2, 6), (8, 2, 16), (4, 2, 2)])
+def test_interleaved_matches_torchs_action_list(pp: int, v: int, m: int) -> None:
+    assert [in_flight_chunks(IL, pp, r, v, m) for r in range(pp)] == _torch_interleaved_peaks(pp, v, m)
+
+
+def _torch_interleaved_peak_bytes(pp: int, v: int, m: int, rank: int, chunk_bytes: tuple[int, ...]) -> int:
+    """The saved-bytes peak over torch's own ScheduleInterleaved1F1B action list (local chunk = stage // pp)."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    _, per_round = interleaved_rounds(pp, m)
+    fake = SimpleNamespace(n_local_stages=v, microbatches_per_round=per_round, pp_group_size=pp, _n_microbatches=m)
+    alive = peak = 0
+    for op in schedules.ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank):
+        if op is None:
+            continue
+        sign = 1 if op.computation_type == schedules._ComputationType.FORWARD else -1
+        alive += sign * chunk_bytes[op.stage_index // pp]
+        peak = max(peak, alive)
+    return peak
+
+
+@pytest.mark.parametrize(("pp", "v", "m", "chunk_bytes"), [
+    (4, 2, 8, (2, 1)), (4, 2, 8, (1, 2)), (2, 3, 8, (3, 1, 2)), (4, 2, 6, (5, 3)), (8, 2, 16, (1, 1))])
+def test_interleaved_bytes_match_torchs_action_list(pp: int, v: int, m: int, chunk_bytes: tuple[int, ...]) -> None:
+    for rank in range(pp):
+        assert peak_saved_bytes(IL, pp, rank, v, m, chunk_bytes) == \
+            _torch_interleaved_peak_bytes(pp, v, m, rank, chunk_bytes)
+
+
+@given(pp=st.integers(2, 16), m=st.integers(1, 64), v=st.integers(2, 6))
+def test_equal_chunks_peak_is_the_count(pp: int, m: int, v: int) -> None:
+    """With equal chunks the byte walk's peak is the closed form's count of chunks (the docstring's rule)."""
+    if m % interleaved_rounds(pp, m)[0]:
+        return
+    for rank in (0, pp - 1):
+        assert peak_saved_bytes(IL, pp, rank, v, m, (1,) * v) == in_flight_chunks(IL, pp, rank, v, m)
+
+
+@given(pp=st.integers(2, 16), m=st.integers(1, 64), v=st.integers(2, 6))
+def test_first_rank_order_gpipe_interleaved_1f1b(pp: int, m: int, v: int) -> None:
+    """In micro-batches of the rank's layers: GPipe (m) >= interleaved (peak / v) >= 1F1B (min(m, pp))."""
+    if m % interleaved_rounds(pp, m)[0]:
+        return  # torch refuses this m (and so does the scenario check)
+    gpipe = Fraction(in_flight_chunks(GPIPE, pp, 0, 1, m))
+    inter = Fraction(in_flight_chunks(IL, pp, 0, v, m), v)
+    one = Fraction(in_flight_chunks(ONE, pp, 0, 1, m))
+    assert gpipe >= inter >= one
+
+
+def test_zero_bubble_rows_refuse() -> None:
+    for row in PIPELINE_SCHEDULES:
+        if row.in_flight is None:
+            assert "retain_graph=True" in row.refusal
+            with pytest.raises(ValueError, match="W pass"):
+                in_flight_chunks(row, 4, 0, 2, 8)
+    assert {"zbv-zero-bubble", "interleaved-zero-bubble", "dualpipev"} <= set(pipeline_schedule_names())
+
+
+def test_stage_layers_under_virtual_stages() -> None:
+    assert stage_layers(8, 2, 0, 2) == (0, 1, 4, 5) and stage_layers(8, 2, 1, 2) == (2, 3, 6, 7)
+    # 10 layers over 4 chunks: 3, 3, 2, 2 (the first chunks take the remainder); rank 0 holds chunks 0 and 2
+    assert stage_layers(10, 2, 0, 2) == (0, 1, 2, 6, 7) and stage_layers(10, 2, 1, 2) == (3, 4, 5, 8, 9)
+    # one chunk per rank: today's contiguous split
+    assert stage_layers(12, 4, 1) == stage_layers(12, 4, 1, 1) == (3, 4, 5)
+
+
+def _doc(pp: int, schedule: str = "1f1b", v: int = 1, m: int = 8, **par: Any) -> dict[str, Any]:
+    return {"model": "gpt2", "task": "train", "hardware": {"gpu": "A100-80GB", "num_gpus": pp},
+            "framework": "torchtitan",
+            "train": {"micro_batch_size": 1, "seq_len": 1024, "precision": "bf16-mixed", "optimizer": "adamw",
+                      "grad_accum_steps": m},
+            "parallel": {"pp": pp, "pp_schedule": schedule, "pp_virtual_stages": v, **par}}
+
+
+def _in_flight_term(doc: dict[str, Any], stage: int) -> tuple[int, int]:
+    """(saved.in_flight bytes, one micro-batch's kept bytes over the rank's layers) of one stage."""
+    c = StepContext(resolve(doc), stage, "flash", False)
+    terms = step_terms(c)
+    kept = sum(t.nbytes for t in terms if t.name == "saved.kept")
+    return sum(t.nbytes for t in terms if t.name == "saved.in_flight"), kept
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_in_flight_bytes_per_schedule(pp: int) -> None:
+    # GPT-2's 12 layers keep the same bytes per layer, L; K = (12 / pp) L per micro-batch on a rank.
+    # 1f1b rank 0: (pp - 1) K; gpipe: (8 - 1) K.  Interleaved, v 2, rank 0:
+    #   pp 2: 4 chunks of 3 layers, peak 5 chunks = 15 L, less the walked micro-batch (6 L): 9 L = 3 K / 2;
+    #   pp 4: 8 chunks of 2, 2, 2, 2, 1, 1, 1, 1 layers; rank 0 holds chunks 0 (2 layers) and 4 (1 layer):
+    #   peak 19 L (facts.pipeline_schedules.peak_saved_bytes's example), less 3 L: 16 L = 16 K / 3
+    one, k = _in_flight_term(_doc(pp), 0)
+    assert one == (pp - 1) * k
+    gpipe, k_g = _in_flight_term(_doc(pp, "gpipe"), 0)
+    assert k_g == k and gpipe == 7 * k
+    inter, k_i = _in_flight_term(_doc(pp, "interleaved-1f1b", 2), 0)
+    layer = k // (12 // pp)
+    assert k_i == k == layer * (12 // pp)
+    assert inter == {2: 9, 4: 16}[pp] * layer
+    assert gpipe > inter > one
+    # the last rank: 1f1b holds one micro-batch (no extra), gpipe still all 8
+    assert _in_flight_term(_doc(pp), pp - 1)[0] == 0
+    assert _in_flight_term(_doc(pp, "gpipe"), pp - 1)[0] == 7 * _in_flight_term(_doc(pp, "gpipe"), pp - 1)[1]
+
+
+def test_gpipe_two_walks() -> None:
+    # ScheduleGPipe: every forward, then every backward.  The first backward walks with the other 7 micro-batches
+    # in flight and no gradient before it; a later one with 6 in flight and every gradient there
+    r = resolve(_doc(4, "gpipe"))
+    first, later = StepContext(r, 0, "flash", False), StepContext(r, 0, "flash", False, gpipe_later=True)
+    assert not first.grads_during_fwd and later.grads_during_fwd
+    f_terms, l_terms = step_terms(first), step_terms(later)
+    kept = sum(t.nbytes for t in f_terms if t.name == "saved.kept")
+    assert [sum(t.nbytes for t in ts if t.name == "saved.in_flight") for ts in (f_terms, l_terms)] == [7 * kept,
+                                                                                                      6 * kept]
+    peak = train_step(r).peak.total
+    from vramplan.analytic.timeline import sweep_totals
+    from vramplan.analytic.train import stage_timeline
+    walks = [max(sweep_totals(step_terms(c), stage_timeline(c))[1]) for c in (first, later)]
+    assert peak >= max(walks)
+    # 1f1b keeps its single walk (gradients from the forward whenever m > 1)
+    assert StepContext(resolve(_doc(4)), 0, "flash", False).grads_during_fwd
+
+
+def test_engine_peak_order_and_assumptions() -> None:
+    peaks = {}
+    for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("gpipe", 1)):
+        res = train_step(resolve(_doc(4, name, v)))
+        peaks[name] = res.peak.total
+        notes = [a for a in res.assumptions if a.startswith("pipeline schedule")]
+        assert (notes == []) == (name == "1f1b")
+    assert peaks["gpipe"] > peaks["interleaved-1f1b"] > peaks["1f1b"]
+
+
+def test_interleaved_layout_moves_layers_not_the_embedding() -> None:
+    # GPT-2, pp 2, v 2: 4 chunks of 3 layers; rank 0 holds layers 0-2 and 6-8 and the embeddings, rank 1 the head
+    c0 = StepContext(resolve(_doc(2, "interleaved-1f1b", 2)), 0, "flash", False)
+    c1 = StepContext(resolve(_doc(2, "interleaved-1f1b", 2)), 1, "flash", False)
+    assert c0.rp.layers == (0, 1, 2, 6, 7, 8) and c0.rp.has_embedding and not c0.rp.has_lm_head
+    assert c1.rp.layers == (3, 4, 5, 9, 10, 11) and c1.rp.has_lm_head
+
+
+@pytest.mark.parametrize(("doc", "field", "words"), [
+    (_doc(4, "zbv-zero-bubble", 2), "parallel.pp_schedule", "retain_graph"),
+    (_doc(4, "interleaved-zero-bubble", 2), "parallel.pp_schedule", "not modelled"),
+    (_doc(1, "gpipe"), "parallel.pp_schedule", "pp > 1"),
+    (_doc(4, "interleaved-1f1b", 1), "parallel.pp_virtual_stages", ">= 2"),
+    (_doc(4, "1f1b", 2), "parallel.pp_virtual_stages", "runs 1 model chunks"),
+    (_doc(4, "interleaved-1f1b", 4), "parallel.pp_virtual_stages", "16 chunks exceed the 12 layers"),
+    (_doc(4, "interleaved-1f1b", 2, m=9), "train.grad_accum_steps", "multiple of its 2 rounds"),
+    ({**_doc(4, "gpipe"), "framework": "deepspeed"}, "parallel.pp_schedule", "deepspeed is modelled with 1f1b"),
+])
+def test_refusals(doc: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        resolve(doc)
+    assert any(p.where == field and words in p.message for p in e.value.problems), e.value.problems
+
+
+def test_trace_refuses_pipelines() -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import trace
+    with pytest.raises(ScenarioError, match="pipeline"):
+        trace(_doc(2, "gpipe"))
+
+
+def test_bubble_and_slots() -> None:
+    # p 4, m 8, 1 s slots: 1f1b/gpipe 11 s with a 3 s bubble; interleaved v 2: 9.5 s with 1.5 s
+    assert pipeline_slots(8, 4) == 11 and pipeline_bubble_seconds(1.0, 4) == 3.0
+    assert pipeline_slots(8, 4, 2) == 9.5 and pipeline_bubble_seconds(1.0, 4, 2) == 1.5
+
+
+def test_torchtitan_export_names_the_schedule() -> None:
+    from vramplan.export.torchtitan import torchtitan_config
+    from vramplan.plan.setup import TrainSetup
+    from vramplan.spec.scenario import Parallel
+
+    def par(schedule: str, v: int) -> dict[str, Any]:
+        s = TrainSetup(framework="torchtitan", num_gpus=4, micro_batch_size=1, grad_accum_steps=8, seq_len=2048,
+                       parallel=Parallel(pp=2, fsdp="full_shard", pp_schedule=schedule, pp_virtual_stages=v))
+        return torchtitan_config(s, "llama", 30, 4096)["parallelism"]
+
+    assert par("1f1b", 1)["pipeline_parallel_schedule"] == "1F1B"
+    assert par("gpipe", 1)["pipeline_parallel_schedule"] == "GPipe"
+    two = par("interleaved-1f1b", 2)
+    # torchtitan's default for a multi-stage schedule is 2 chunks per rank: no layers_per_stage written
+    assert two["pipeline_parallel_schedule"] == "Interleaved1F1B" and "pipeline_parallel_layers_per_stage" not in two
+    # 30 layers + embedding + head = 32 effective over pp 2 x v 4 = 8 stages: 4 layers per stage
+    assert par("interleaved-1f1b", 4)["pipeline_parallel_layers_per_stage"] == 4
+    with pytest.raises(ValueError, match="no pipeline_parallel_layers_per_stage"):
+        par("interleaved-1f1b", 3)  # 32 / 6 is not whole
+
+
+def test_cli_flags_set_the_schedule() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    base = ["estimate", "--model", "gpt2", "--gpu", "A100-80GB", "--num-gpus", "4", "--framework", "torchtitan",
+            "--pp", "4", "--grad-accum-steps", "8", "--json"]
+    env = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+    res = CliRunner().invoke(app, [*base, "--pp-schedule", "interleaved-1f1b", "--pp-virtual-stages", "2"], env=env)
+    assert res.exit_code in (0, 1), res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["scenario"]["parallel"]["pp_schedule"] == "interleaved-1f1b"
+    # pp 4, v 2, m 8, rank 0: 11 chunk-micro-batches (module docstring)
+    assert any(a.startswith("pipeline schedule interleaved-1f1b") and ": 11 chunk-micro-batches" in a
+               for a in doc["assumptions"])
+    bad = CliRunner().invoke(app, [*base, "--pp-schedule", "zbv-zero-bubble", "--pp-virtual-stages", "2"], env=env)
+    assert bad.exit_code == 2 and "retain_graph=True" in bad.stdout + bad.stderr
