@@ -1,5 +1,5 @@
 """Hugging Face ``generate`` of a model that reads its images through cross-attention layers (Llama 3.2 Vision,
-``model_type: mllama``; transformers 5.24 ``models/mllama/modeling_mllama.py``).
+mllama; transformers 5.24 ``models/mllama/modeling_mllama.py``).
 
 The images are not tokens of the language model's sequence: ``MllamaProcessor`` writes one ``<|image|>`` token per
 image and ``MllamaImageProcessor`` (``pack_images``) pads every image to ``max_image_tiles`` tiles (T), so the tower

@@ -300,13 +300,13 @@ def cross_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:
     n = images_per_sample(s)
     tiles = v.patches_per_image // (v.image_size // v.patch_size) ** 2
     positions = v.cross_attention_tokens_per_image // tiles
-    out = [f"vision model: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
+    out = [(f"vision model: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
            f"model's dtype; each image is one <|image|> token of the language model's sequence (MllamaProcessor) "
            f"and is padded to max_image_tiles = {tiles} tiles of {v.image_size} x {v.image_size} "
            f"(MllamaImageProcessor pack_images){'; image_size ignored' if image_size(s) else ''}: "
            f"{tiles} x {positions:,} = {v.cross_attention_tokens_per_image:,} vision positions (patches and the "
            f"class token) whose keys and values each of the {len(v.cross_attention_layers)} cross-attention layers "
-           "caches"]
+            "caches")]
     if n:
         padded = -(-positions // 8) * 8
         out.append(f"vision model in the prefill: {n} image(s) per prompt; the local ({v.num_layers - v.global_layers}"
@@ -316,7 +316,9 @@ def cross_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "MllamaVisionEncoder.forward); then the cross-attention mask's preparation; the vision output, "
                    "the projected states and the mask stay through the prompt's forward; the cross-attention cache "
                    "is counted whole from the first layer on (written at each cross-attention layer, an upper bound "
-                   "before the last); each decode step repeats one layer's cached keys and values to every head "
+                   "before the last) and the KV cache line counts the self-attention layers' text tokens only; a "
+                   "cross-attention layer repeats its keys and values to every head (a mask is given), except a "
+                   "decode step's single query under sdpa, packed onto the KV heads (transformers' pack_gqa) "
                    "(analytic/cross_attention.py)")
         out.append("not modelled: the patch embedding's and tile embeddings' transient tensors before the first "
                    "vision layer, and the aspect-ratio mask's construction (two [S, S] tensors for a moment)")
