@@ -189,14 +189,16 @@ def test_generate_with_an_image_by_hand() -> None:
     # Cross-attention cache: 2 layers x 1 x (2 tiles x 17) x 2 (K, V) x 2 KV heads x 32 x 2 B = 17,408
     # Text cache: the 3 self-attention layers x 2 x 2 x 32 x 2 B = 768 B per token: 16 -> 12,288; 19 -> 14,592
     assert (res.prompt_cache_bytes, res.final_cache_bytes) == (12_288 + 17_408, 14_592 + 17_408)
-    # generate's inputs: fp32 pixel values 2 tiles x 3 x 56^2 x 4 = 75,264 and the int64 mask 16 x 1 x 2 x 8 = 256
-    assert _parts(tower)["pixel values and cross-attention mask (generate's inputs)"] == 75_520
+    # generate's inputs: fp32 pixel values 2 tiles x 3 x 56^2 x 4 = 75,264, the int64 aspect-ratio ids and mask
+    # (1 + 2) x 8 = 24 and the int64 cross-attention mask 16 x 1 x 2 x 8 = 256
+    assert _parts(tower)["pixel values and cross-attention mask (generate's inputs)"] == 75_544
     # the vision model: S = 2 tiles x 24 (17 padded to 8) = 48 positions, d = 64: a state 48 x 64 x 2 = 6,144;
     # the aspect-ratio mask 48^2 x 2 = 4,608; 4 local + 2 global states kept;
     #   the last global layer running: 5 states (30,720) + max(7d = 43,008, (2d + 2I) = 36,864) = 73,728
     #   the stack: 6 states 36,864 + 2 x 6,144 + 2 unpadded copies (34 x 64 x 2 = 4,352 each) + the last state's
     #   copy 4,352 = 62,208; the concatenation: 36,864 + 2 x 4,352 + 4,352 + 3 x 4,352 = 62,976
-    assert _parts(tower)["vision tower"] == 4_608 + 73_728
+    # and the patch embedding's output, 2 tiles x 16 patches x 64 x 2 = 4,096, kept until the forward returns
+    assert _parts(tower)["vision tower"] == 4_096 + 4_608 + 73_728
     # the mask's preparation: 16 x 34 = 544 elements x max(8 + 4 + 2, 9 + 2 x 2) = 7,616, beside the vision output
     # and the projector's (34 x (192 + 128) x 2 = 21,760)
     assert _parts(mask)["cross-attention mask"] == 7_616
@@ -219,7 +221,7 @@ def test_generate_with_an_image_by_hand() -> None:
     assert ci is not None and cross_layer_bytes(m, ci, 16, 2, "sdpa") == 35_072
     assert dec["all tokens"] == 14_592 and dec["cross-attention keys and values (images)"] == 17_408
     # the int64 mask in model_kwargs at 19 rows: 19 x 2 x 8 = 304
-    assert dec["pixel values and cross-attention mask (generate's inputs)"] == 75_264 + 304
+    assert dec["pixel values and cross-attention mask (generate's inputs)"] == 75_264 + 24 + 304
 
 
 def test_the_eager_cross_layer_by_hand() -> None:
@@ -227,7 +229,7 @@ def test_the_eager_cross_layer_by_hand() -> None:
     tower = _parts(res.moments[0])
     # eager in the vision model: the MLP moment with the probabilities 4 heads x 48^2 x 2 = 18,432 kept, or at the
     # softmax 5d (30,720) + 4 x 48^2 x (2 x 2 + 4) = 73,728 -> 104,448; with 5 states: 30,720 + 104,448 = 135,168
-    assert tower["vision tower"] == 4_608 + 135_168
+    assert tower["vision tower"] == 4_096 + 4_608 + 135_168
     dec = _parts(res.moments[3])
     # decode (eager repeats K and V at every step): (2h + q) x 2 = 768, K and V repeated 2 x 128 x 34 x 2 = 17,408,
     # the scores 4 heads x 34 x (2 x 2 + 4) = 1,088
@@ -315,3 +317,70 @@ def test_transformers_generate_caches_what_is_modelled() -> None:
     assert calls[7] == (4, 34, (1, 1, 8, 34)) and calls[10] == (4, 34, (1, 1, 8, 34))
     # a decode step's cross-attention layer: one query, packed onto the 2 KV heads (pack_gqa), a one-row mask
     assert calls[12] == (2, 34, (1, 1, 1, 34))
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_vision_model_peak_equals_transformers_on_the_cpu(attention: str) -> None:
+    """The vision model's live tensors at its peak, beyond its weights and inputs, counted storage by storage
+    (trace/tracker.py) while transformers 5.24's ``MllamaVisionModel`` runs the tiny shape in fp32 on the CPU:
+    equal to ``vision_model_bytes`` (the CPU's SDPA kernel differs from CUDA's, but the peak holds no kernel
+    workspace: it is the assembly of the output or the last global layer)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.analytic.cross_attention import cross_images, vision_model_bytes
+    from vramplan.trace.tracker import Tracker
+
+    raw = _cfg()
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    vision = transformers.MllamaForConditionalGeneration(cfg).eval().model.vision_model
+    inputs = {"pixel_values": torch.randn(1, 1, 2, 3, 56, 56), "aspect_ratio_ids": torch.tensor([[2]]),
+              "aspect_ratio_mask": torch.ones(1, 1, 2, dtype=torch.long)}
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*vision.parameters(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        vision(**inputs)
+    m = model_from_config(raw, name="tiny")
+    ci = cross_images(m, 1, 1)
+    assert ci is not None
+    # fp32: eager 8,192 + 9,216 + 5 states x 12,288 + (5 x 64 x 48 x 4 + 4 x 48^2 x 8) = 214,016;
+    # sdpa 8,192 + 9,216 + 61,440 + 7 x 64 x 48 x 4 = 164,864
+    expected = {"eager": 214_016, "sdpa": 164_864}[attention]
+    assert tr.peak_bytes - base == vision_model_bytes(ci, 4, attention) == expected
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_prefill_peak_against_transformers_on_the_cpu(attention: str) -> None:
+    """The whole prefill forward (vision model, projector, mask, 5 decoder layers, cache written, logits_to_keep=1) of
+    the tiny shape in fp32 on the CPU, counted storage by storage (trace/tracker.py), against the largest of the
+    modelled prefill moments' tensors beyond the weights, generate's inputs and cuBLAS: under eager the vision
+    model's peak, equal; under SDPA the last cross-attention layer's MLP, 128 B over the model: the int64 position
+    ids [1, 16] (MllamaTextModel.forward's arange), which the language model's prefill terms leave out."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.analytic.inference import inference_step
+    from vramplan.trace.tracker import Tracker
+
+    raw = _cfg()
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    model = transformers.MllamaForConditionalGeneration(cfg).eval()
+    p = 16
+    inputs = {"input_ids": torch.tensor([[1000, *range(5, 5 + p - 1)]]),
+              "pixel_values": torch.randn(1, 1, 2, 3, 56, 56), "aspect_ratio_ids": torch.tensor([[2]]),
+              "aspect_ratio_mask": torch.ones(1, 1, 2, dtype=torch.long),
+              "cross_attention_mask": torch.ones(1, p, 1, 2, dtype=torch.long)}
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    doc = {"model": raw, "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+           "inference": {"images_per_sample": 1, "prompt_len": p, "new_tokens": 1, "attention": attention,
+                         "dtype": "fp32"}}
+    outside = ("parameters", "cuBLAS workspaces", "pixel values and cross-attention mask (generate's inputs)")
+    modelled = max(sum(v for k, v in _parts(mo).items() if k not in outside) for mo in inference_step(resolve(doc)).moments)
+    assert tr.peak_bytes - base - modelled == {"eager": 0, "sdpa": p * 8}[attention]

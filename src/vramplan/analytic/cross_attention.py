@@ -125,10 +125,13 @@ def _encoder_layer_bytes(ci: CrossImages, c: int, attention: str) -> int:
 
 
 def vision_model_bytes(ci: CrossImages, c: int, attention: str) -> int:
-    """The vision model's peak beyond the weights and pixel values (module docstring): the aspect-ratio mask kept
-    with the encoders' states, and the larger of the global encoder's last layer running and the output's
+    """The vision model's peak beyond the weights and pixel values (module docstring): the patch embedding's output
+    and the aspect-ratio mask kept with the encoders' states, and the larger of the global encoder's last layer running and the output's
     assembly (the stack of the kept local states, its unpadded copy, the last state's copy and the concatenation).
     """
+    # patch_embedding's output stays bound to ``patch_embeds`` (the flattened hidden states are views of it) until
+    # the forward returns: images x T x patches x d
+    patch_embeds = ci.images * ci.tiles * (ci.positions - 1) * ci.d * c
     per_state = ci.images * ci.seq * ci.d * c
     unpadded = ci.images * ci.tiles * ci.positions * ci.d * c
     kept = ci.out_dim // ci.d - 1  # the intermediate layers' states in the output
@@ -138,7 +141,7 @@ def vision_model_bytes(ci: CrossImages, c: int, attention: str) -> int:
     states = (ci.local + ci.global_) * per_state
     stacked = states + kept * per_state + kept * unpadded + unpadded
     concat = states + kept * unpadded + unpadded + (kept + 1) * unpadded
-    return mask + max(running, stacked, concat)
+    return patch_embeds + mask + max(running, stacked, concat)
 
 
 def mask_prep_bytes(ci: CrossImages, prompt: int, c: int) -> int:

@@ -728,9 +728,11 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
 
 
 def _image_inputs(ci: CrossImages, tokens: int) -> int:
-    """generate's ``model_kwargs``: the fp32 pixel values (``pack_images``) and the int64 cross-attention mask
-    [b, tokens, m, T], one row longer per step (``_update_model_kwargs_for_generation``)."""
-    return ci.images * ci.pixels * 4 + ci.batch * tokens * ci.per_sample * ci.tiles * 8
+    """generate's ``model_kwargs``: the fp32 pixel values (``pack_images``), the int64 aspect-ratio ids [b, m] and
+    mask [b, m, T], and the int64 cross-attention mask [b, tokens, m, T], one row longer per step
+    (``_update_model_kwargs_for_generation``)."""
+    aspect = ci.images * (1 + ci.tiles) * 8
+    return ci.images * ci.pixels * 4 + aspect + ci.batch * tokens * ci.per_sample * ci.tiles * 8
 
 
 def _vision_states(g: GenerateCall, ci: CrossImages) -> int:
