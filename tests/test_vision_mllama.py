@@ -148,6 +148,7 @@ def test_training_and_serving_are_refused_with_the_reason(task: str, words: str)
     ({"parallel": {"tp": 2}}, "its generate is modelled on one GPU only"),
     ({"inference": {"kv_cache_dtype": "fp8"}}, "a fp8 cache is not modelled for it"),
     ({"software": {"transformers": "4.46"}}, "modelled on transformers 5.24's modeling_mllama.py, not 4.46"),
+    ({"inference": {"quantization": "nf4"}}, "nf4 is not modelled for it: transformers 5.24 quantizes the vision"),
 ])
 def test_inference_settings_not_modelled_are_refused(section: dict[str, Any], words: str) -> None:
     doc: dict[str, Any] = {"model": str(TINY), "hardware": {"gpu": "H100-80GB", "num_gpus": 2}, "task": "inference",

@@ -83,8 +83,9 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       values over the image's tiles, the tanh gates), and the vision model's, are not modelled as terms.
     * Serving: vLLM's encoder-decoder cache for the cross-attention layers and its encoder cache are not modelled.
     * Inference with flash attention (``MllamaPreTrainedModel._supports_flash_attn = False``: it builds 4-D masks),
-      tensor parallelism, a KV dtype other than the model's, Lit-GPT's generate, or a transformers release before
-      5.0 (the cache and mask code modelled is 5.24's).
+      tensor parallelism, a KV dtype other than the model's, quantized weights (transformers quantizes the vision
+      model's linears, held unquantized here), Lit-GPT's generate, or a transformers release before 5.0 (the cache
+      and mask code modelled is 5.24's).
     """
     v = m.vision
     # the marker is the keys/values per image, set for every such model, even one whose cross_attention_layers is
@@ -121,6 +122,11 @@ def _cross_inference_problems(s: Scenario, what: str) -> list[Problem]:
         out.append(Problem("inference.kv_cache_dtype", what + f"a {inf.kv_cache_dtype} cache is not modelled for "
                            "it (the cross-attention layers' cache is written in the model's dtype)",
                            "set inference.kv_cache_dtype: auto"))
+    if inf.quantization != "none":
+        out.append(Problem("inference.quantization", what + f"{inf.quantization} is not modelled for it: transformers "
+                           "5.24 quantizes the vision model's linears too (quantizers/base.py get_keys_to_not_convert "
+                           "keeps only the tied and output embeddings and the last module), which vramplan's "
+                           "parameter roles hold unquantized", "set inference.quantization: none"))
     if s.effective_framework == "lightning":
         out.append(Problem("framework", what + "Lit-GPT has no cross-attention model", "drop framework: lightning"))
     version = s.software.transformers_version
