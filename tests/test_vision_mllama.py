@@ -385,3 +385,17 @@ def test_prefill_peak_against_transformers_on_the_cpu(attention: str) -> None:
     outside = ("parameters", "cuBLAS workspaces", "pixel values and cross-attention mask (generate's inputs)")
     modelled = max(sum(v for k, v in _parts(mo).items() if k not in outside) for mo in inference_step(resolve(doc)).moments)
     assert tr.peak_bytes - base - modelled == {"eager": 0, "sdpa": p * 8}[attention]
+
+
+def test_kv_command_states_the_cross_attention_cache() -> None:
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    res = CliRunner().invoke(app, ["kv", str(TINY), "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.output)
+    # the per-token table: the 3 self-attention layers, 3 x 2 x 2 KV heads x 32 x 2 B = 768 B per token; beside it
+    # the 2 cross-attention layers' 2 x 34 x 2 x 2 x 32 x 2 B = 17,408 B per image
+    assert (payload["layers"], payload["bytes_per_token"]) == (3, 768)
+    assert payload["cross_attention_bytes_per_image"] == 17_408

@@ -42,7 +42,7 @@ from vramplan.analytic.attention import mem_efficient_mask_row
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["CrossImages", "cross_images", "cross_kv_bytes", "cross_layer_bytes", "cross_probs_bytes",
+__all__ = ["CrossImages", "cross_cache_note", "cross_images", "cross_kv_bytes", "cross_layer_bytes", "cross_probs_bytes",
            "mask_prep_bytes", "vision_model_bytes"]
 
 
@@ -184,3 +184,14 @@ def cross_layer_bytes(m: ModelSpec, ci: CrossImages, queries: int, c: int, atten
 def cross_probs_bytes(m: ModelSpec, ci: CrossImages, queries: int, c: int, attention: str) -> int:
     """Eager's cross-attention probabilities, kept through the layer's MLP (0 under SDPA)."""
     return ci.batch * m.num_attention_heads * queries * ci.vision_tokens * c if attention == "eager" else 0
+
+
+def cross_cache_note(m: ModelSpec, c: int) -> str | None:
+    """What a per-token KV table leaves out for a cross-attention model: the cross-attention layers' cache of one
+    image per sequence, on one GPU (None for another model)."""
+    ci = cross_images(m, 1, 1)
+    if ci is None or m.vision is None:
+        return None
+    return (f"not in the table: the {len(m.vision.cross_attention_layers)} cross-attention layers cache the images "
+            f"instead of text tokens, {cross_kv_bytes(m, ci, c):,} B per image and sequence on one GPU "
+            f"({ci.tiles} tiles x {ci.positions:,} positions; analytic/cross_attention.py)")
