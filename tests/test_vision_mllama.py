@@ -399,3 +399,16 @@ def test_kv_command_states_the_cross_attention_cache() -> None:
     # the 2 cross-attention layers' 2 x 34 x 2 x 2 x 32 x 2 B = 17,408 B per image
     assert (payload["layers"], payload["bytes_per_token"]) == (3, 768)
     assert payload["cross_attention_bytes_per_image"] == 17_408
+
+
+def test_bf16_before_sm80_is_refused_under_sdpa_and_estimated_eager() -> None:
+    from vramplan.engine import estimate
+
+    # a T4 (sm75) has no bf16 flash or memory-efficient kernel: SDPA's math kernel would run in the vision model and
+    # the cross-attention layers too, which the cross-attention terms do not model
+    doc: dict[str, Any] = {"model": str(TINY), "hardware": {"gpu": "T4"}, "task": "inference",
+                           "inference": {"images_per_sample": 1, "prompt_len": 16, "dtype": "bf16"}}
+    with pytest.raises(ScenarioError, match="SDPA runs its math kernel in the vision model"):
+        estimate(doc)
+    doc["inference"]["attention"] = "eager"
+    assert estimate(doc).per_gpu is not None

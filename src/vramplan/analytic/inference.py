@@ -103,6 +103,7 @@ from vramplan.analytic.ssm_state import (
     ssm_state_layer_bytes,
 )
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
+from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
@@ -767,6 +768,14 @@ def cross_vision_moments(g: GenerateCall, t: CallTerms) -> list[Moment]:
     ci = g.cross()
     if ci is None:
         return []
+    if g.attention == "math" and bf16_math_fallback(g.r.scenario.inference.dtype, g.r.gpu):
+        # SDPA's math kernel in the vision model and the cross-attention layers too (their masks do not change the
+        # kernel there): its s x s scores are not modelled for them
+        raise ScenarioError([Problem("inference.dtype", f"{g.m.name} in bf16 on a GPU before sm80: SDPA runs its math "
+                                     "kernel in the vision model and the cross-attention layers as well, whose "
+                                     "scores are not modelled for a cross-attention model",
+                                     "set inference.dtype: fp16 (the memory-efficient kernel takes it), or "
+                                     "inference.attention: eager")])
     tower = Moment("prefill")
     tower.add(K.PARAMETERS, t.weights)
     tower.add(K.IMAGE_INPUTS, _image_inputs(ci, g.prompt))
