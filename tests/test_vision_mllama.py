@@ -129,10 +129,9 @@ def test_cross_attention_layers_outside_the_model_are_refused() -> None:
 
 @pytest.mark.parametrize(("task", "words"), [
     ("train", "training memory is not estimated for it: the cross-attention layers' saved tensors"),
-    ("inference", "inference memory is not estimated for it: the cross-attention layers' KV cache"),
-    ("serve", "serve memory is not estimated for it: the cross-attention layers' KV cache"),
+    ("serve", "serve memory is not estimated for it: vLLM's cache for the cross-attention layers"),
 ])
-def test_every_task_is_refused_with_the_reason(task: str, words: str) -> None:
+def test_training_and_serving_are_refused_with_the_reason(task: str, words: str) -> None:
     doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": task}
     with pytest.raises(ScenarioError) as err:
         resolve(doc)
@@ -141,6 +140,23 @@ def test_every_task_is_refused_with_the_reason(task: str, words: str) -> None:
     assert "reads its images through 2 cross-attention layers (34 vision keys and values per image)" in text
     assert "its parameters are counted (1,268,619)" in text
     assert words in text
+    assert "task: inference (Hugging Face generate) is estimated" in text
+
+
+@pytest.mark.parametrize(("section", "words"), [
+    ({"inference": {"attention": "flash"}}, "_supports_flash_attn = False"),
+    ({"parallel": {"tp": 2}}, "its generate is modelled on one GPU only"),
+    ({"inference": {"kv_cache_dtype": "fp8"}}, "a fp8 cache is not modelled for it"),
+    ({"software": {"transformers": "4.46"}}, "modelled on transformers 5.24's modeling_mllama.py, not 4.46"),
+    ({"inference": {"quantization": "nf4"}}, "nf4 is not modelled for it: transformers 5.24 quantizes the vision"),
+])
+def test_inference_settings_not_modelled_are_refused(section: dict[str, Any], words: str) -> None:
+    doc: dict[str, Any] = {"model": str(TINY), "hardware": {"gpu": "H100-80GB", "num_gpus": 2}, "task": "inference",
+                           "inference": {"images_per_sample": 1, "prompt_len": 64}}
+    for k, v in section.items():
+        doc[k] = {**doc.get(k, {}), **v}
+    with pytest.raises(ScenarioError, match=words):
+        resolve(doc)
 
 
 def test_no_cross_attention_layers_is_a_llama_beside_the_vision_model_and_still_refused() -> None:
@@ -150,6 +166,249 @@ def test_no_cross_attention_layers_is_a_llama_beside_the_vision_model_and_still_
     # every layer self-attention: 995,844 - 98,436 (the cross layers' own) + 2 x 49,152 (their self-attention)
     assert m.num_parameters - m.vision_parameters == 995_844 - 98_436 + 2 * 49_152 == 995_712
     assert m.num_parameters == sum(p.numel() for p in meta_module(cfg).parameters())
-    doc = {"model": cfg, "hardware": {"gpu": "H100-80GB"}, "task": "inference"}
+    doc = {"model": cfg, "hardware": {"gpu": "H100-80GB"}, "task": "train"}
     with pytest.raises(ScenarioError, match="reads its images through 0 cross-attention layers"):
         resolve(doc)
+
+
+def _generate(**inference: Any) -> Any:
+    from vramplan.analytic.inference import inference_step
+
+    doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+           "inference": {"images_per_sample": 1, "prompt_len": 16, "new_tokens": 4, **inference}}
+    return inference_step(resolve(doc))
+
+
+def _parts(mo: Any) -> dict[str, int]:
+    return {k: v for part in mo.parts.values() for k, v in part.items()}
+
+
+def test_generate_with_an_image_by_hand() -> None:
+    res = _generate()
+    tower, mask, prefill, decode = res.moments
+    # bf16 (c = 2), one prompt of 16 tokens and one image, 4 new tokens (cache at 16 + 4 - 1 = 19 tokens).
+    # Cross-attention cache: 2 layers x 1 x (2 tiles x 17) x 2 (K, V) x 2 KV heads x 32 x 2 B = 17,408
+    # Text cache: the 3 self-attention layers x 2 x 2 x 32 x 2 B = 768 B per token: 16 -> 12,288; 19 -> 14,592
+    assert (res.prompt_cache_bytes, res.final_cache_bytes) == (12_288 + 17_408, 14_592 + 17_408)
+    # generate's inputs: fp32 pixel values 2 tiles x 3 x 56^2 x 4 = 75,264, the int64 aspect-ratio ids and mask
+    # (1 + 2) x 8 = 24 and the int64 cross-attention mask 16 x 1 x 2 x 8 = 256
+    assert _parts(tower)["pixel values and cross-attention mask (generate's inputs)"] == 75_544
+    # the vision model: S = 2 tiles x 24 (17 padded to 8) = 48 positions, d = 64: a state 48 x 64 x 2 = 6,144;
+    # the aspect-ratio mask 48^2 x 2 = 4,608; 4 local + 2 global states kept;
+    #   the last global layer running: 5 states (30,720) + max(7d = 43,008, (2d + 2I) = 36,864) = 73,728
+    #   the stack: 6 states 36,864 + 2 x 6,144 + 2 unpadded copies (34 x 64 x 2 = 4,352 each) + the last state's
+    #   copy 4,352 = 62,208; the concatenation: 36,864 + 2 x 4,352 + 4,352 + 3 x 4,352 = 62,976
+    # and the patch embedding's output, 2 tiles x 16 patches x 64 x 2 = 4,096, kept until the forward returns
+    assert _parts(tower)["vision tower"] == 4_096 + 4_608 + 73_728
+    # the mask's preparation: 16 x 34 = 544 elements x max(8 + 4 + 2, 9 + 2 x 2) = 7,616, beside the vision output
+    # and the projector's (34 x (192 + 128) x 2 = 21,760)
+    assert _parts(mask)["cross-attention mask"] == 7_616
+    assert _parts(mask)["vision output and projected states"] == 21_760
+    # through the prompt: the cross cache, the kept mask 16 x (34 + 1) x 2 = 1,120
+    pre = _parts(prefill)
+    assert (pre["cross-attention keys and values (images)"], pre["cross-attention mask"]) == (17_408, 1_120)
+    # a decode step under SDPA: one query, packed onto the KV heads (no repeat): the query side (2h + 2q) x 2 = 1,024
+    # and the mask row padded from 34 to 40 keys (80) = 1,104 < one self-attention layer's torch.cat of its keys
+    # (2 x 2 x 32 x 2 = 256 B per token: 19 x 256 / 2 = 2,432)
+    dec = _parts(decode)
+    assert "cross-attention layer (decode)" not in dec and dec["cache growth (torch.cat of one layer)"] == 2_432
+    # the prefill's cross layer: k_norm's moment (2 x 2 + 8) x 64 x 34 + 2 x 128 x 16 x 2 = 34,304, or at SDPA the
+    # text side (2 x 128 + 2 x 128) x 16 x 2 = 16,384, K and V repeated 2 x 128 x 34 x 2 = 17,408 and the mask padded
+    # to 40 keys 16 x 40 x 2 = 1,280: 35,072
+    from vramplan.analytic.cross_attention import cross_images, cross_layer_bytes
+
+    m = model_from_config(_cfg(), name="tiny")
+    ci = cross_images(m, 1, 1)
+    assert ci is not None and cross_layer_bytes(m, ci, 16, 2, "sdpa") == 35_072
+    assert dec["all tokens"] == 14_592 and dec["cross-attention keys and values (images)"] == 17_408
+    # the int64 mask in model_kwargs at 19 rows: 19 x 2 x 8 = 304
+    assert dec["pixel values and cross-attention mask (generate's inputs)"] == 75_264 + 24 + 304
+
+
+def test_the_eager_cross_layer_by_hand() -> None:
+    res = _generate(attention="eager")
+    tower = _parts(res.moments[0])
+    # eager in the vision model: the MLP moment with the probabilities 4 heads x 48^2 x 2 = 18,432 kept, or at the
+    # softmax 5d (30,720) + 4 x 48^2 x (2 x 2 + 4) = 73,728 -> 104,448; with 5 states: 30,720 + 104,448 = 135,168
+    assert tower["vision tower"] == 4_096 + 4_608 + 135_168
+    dec = _parts(res.moments[3])
+    # decode (eager repeats K and V at every step): (2h + q) x 2 = 768, K and V repeated 2 x 128 x 34 x 2 = 17,408,
+    # the scores 4 heads x 34 x (2 x 2 + 4) = 1,088
+    assert dec["cross-attention layer (decode)"] == 768 + 17_408 + 1_088
+
+
+def test_without_an_image_the_cross_layers_cache_nothing() -> None:
+    res = _generate(images_per_sample=0)
+    # no vision moments, and only the 3 self-attention layers' cache: 16 x 768 and 19 x 768
+    assert len(res.moments) == 2
+    assert (res.prompt_cache_bytes, res.final_cache_bytes) == (12_288, 14_592)
+    assert all("cross" not in k for mo in res.moments for k in _parts(mo))
+
+
+def test_defaults_cross_cache_and_report() -> None:
+    from vramplan.engine import estimate
+
+    doc = {"model": DEFAULTS, "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+           "inference": {"images_per_sample": 1, "prompt_len": 512, "new_tokens": 128}}
+    report = estimate(doc).model_dump()
+    # 8 cross layers x 4 tiles x 1,025 positions x 2 x 8 KV heads x 128 x 2 B = 134,348,800 B per image
+    text = "\n".join(report["assumptions"])
+    assert "4 x 1,025 = 4,100 vision positions" in text and "each of the 8 cross-attention layers caches" in text
+    assert "the local (32 layers) and global (8) encoders run over each image's 4 x 1,032 positions" in text
+    from vramplan.analytic.cross_attention import cross_images, cross_kv_bytes
+
+    m = model_from_config(DEFAULTS, name="mllama")
+    assert cross_kv_bytes(m, cross_images(m, 1, 1), 2) == 134_348_800
+
+
+def test_the_traced_engine_refuses_mllama() -> None:
+    from vramplan.trace.engine import trace
+
+    doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": "inference"}
+    with pytest.raises(ScenarioError, match="the traced engine does not build mllama-tiny-shape's cross-attention"):
+        trace(doc)
+
+
+def test_transformers_generate_caches_what_is_modelled() -> None:
+    """Read off transformers 5.24 on the CPU with the tiny shape: generate's DynamicCache holds the self-attention
+    layers' text tokens (8 + 3 - 1 = 10) and the cross-attention layers' 2 x 17 = 34 vision positions, in the model
+    dtype; the local encoder keeps its 4 states over 2 x 24 padded positions; SDPA gets the aspect-ratio mask in the
+    vision model and, in each cross-attention layer, K and V repeated from 2 to 4 heads with a [1, 1, 8, 34] mask in
+    the prefill, the 2 cached heads with a one-row mask at a decode step."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from unittest import mock
+
+    from vramplan.analytic.cross_attention import cross_images, cross_kv_bytes
+
+    raw = _cfg()
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.MllamaForConditionalGeneration(cfg).eval()
+    local: list[tuple[int, ...]] = []
+    model.model.vision_model.transformer.register_forward_hook(
+        lambda mod, args, out: local.extend(tuple(h.shape) for h in out.hidden_states))
+    calls: list[tuple[int, int, Any]] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def record(q: Any, k: Any, v: Any, attn_mask: Any = None, **kw: Any) -> Any:
+        calls.append((k.shape[1], k.shape[2], None if attn_mask is None else tuple(attn_mask.shape)))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    ids = torch.tensor([[1000, *range(5, 12)]])
+    with mock.patch("torch.nn.functional.scaled_dot_product_attention", record):
+        out = model.generate(input_ids=ids, pixel_values=torch.randn(1, 1, 2, 3, 56, 56),
+                             aspect_ratio_ids=torch.tensor([[2]]), aspect_ratio_mask=torch.ones(1, 1, 2, dtype=torch.long),
+                             cross_attention_mask=torch.ones(1, 8, 1, 2, dtype=torch.long), max_new_tokens=3,
+                             min_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    cache = out.cache
+    assert type(cache).__name__ == "DynamicCache"
+    shapes = [tuple(layer.keys.shape) for layer in cache.layers]
+    assert shapes == [(1, 2, 10, 32), (1, 2, 34, 32), (1, 2, 10, 32), (1, 2, 10, 32), (1, 2, 34, 32)]
+    assert all(layer.keys.dtype == torch.float32 for layer in cache.layers)
+    cross = sum(cache.layers[i].keys.nbytes + cache.layers[i].values.nbytes for i in (1, 4))
+    m = model_from_config(raw, name="tiny")
+    assert cross == cross_kv_bytes(m, cross_images(m, 1, 1), 4) == 2 * 2 * 2 * 34 * 32 * 4
+    assert local == [(1, 48, 64)] * 4
+    # the prefill: 6 vision layers over 48 positions with the [1, 1, 48, 48] mask, then the language model's 5 layers
+    # (self-attention: 2 KV heads repeated to 4 under the causal mask path; cross: 34 keys repeated to 4 heads)
+    assert calls[:6] == [(4, 48, (1, 1, 48, 48))] * 6
+    assert calls[7] == (4, 34, (1, 1, 8, 34)) and calls[10] == (4, 34, (1, 1, 8, 34))
+    # a decode step's cross-attention layer: one query, packed onto the 2 KV heads (pack_gqa), a one-row mask
+    assert calls[12] == (2, 34, (1, 1, 1, 34))
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_vision_model_peak_equals_transformers_on_the_cpu(attention: str) -> None:
+    """The vision model's live tensors at its peak, beyond its weights and inputs, counted storage by storage
+    (trace/tracker.py) while transformers 5.24's ``MllamaVisionModel`` runs the tiny shape in fp32 on the CPU:
+    equal to ``vision_model_bytes`` (the CPU's SDPA kernel differs from CUDA's, but the peak holds no kernel
+    workspace: it is the assembly of the output or the last global layer)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.analytic.cross_attention import cross_images, vision_model_bytes
+    from vramplan.trace.tracker import Tracker
+
+    raw = _cfg()
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    vision = transformers.MllamaForConditionalGeneration(cfg).eval().model.vision_model
+    inputs = {"pixel_values": torch.randn(1, 1, 2, 3, 56, 56), "aspect_ratio_ids": torch.tensor([[2]]),
+              "aspect_ratio_mask": torch.ones(1, 1, 2, dtype=torch.long)}
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*vision.parameters(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        vision(**inputs)
+    m = model_from_config(raw, name="tiny")
+    ci = cross_images(m, 1, 1)
+    assert ci is not None
+    # fp32: eager 8,192 + 9,216 + 5 states x 12,288 + (5 x 64 x 48 x 4 + 4 x 48^2 x 8) = 214,016;
+    # sdpa 8,192 + 9,216 + 61,440 + 7 x 64 x 48 x 4 = 164,864
+    expected = {"eager": 214_016, "sdpa": 164_864}[attention]
+    assert tr.peak_bytes - base == vision_model_bytes(ci, 4, attention) == expected
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_prefill_peak_against_transformers_on_the_cpu(attention: str) -> None:
+    """The whole prefill forward (vision model, projector, mask, 5 decoder layers, cache written, logits_to_keep=1) of
+    the tiny shape in fp32 on the CPU, counted storage by storage (trace/tracker.py), against the largest of the
+    modelled prefill moments' tensors beyond the weights, generate's inputs and cuBLAS: under eager the vision
+    model's peak, equal; under SDPA the last cross-attention layer's MLP, 128 B over the model: the int64 position
+    ids [1, 16] (MllamaTextModel.forward's arange), which the language model's prefill terms leave out."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.analytic.inference import inference_step
+    from vramplan.trace.tracker import Tracker
+
+    raw = _cfg()
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    model = transformers.MllamaForConditionalGeneration(cfg).eval()
+    p = 16
+    inputs = {"input_ids": torch.tensor([[1000, *range(5, 5 + p - 1)]]),
+              "pixel_values": torch.randn(1, 1, 2, 3, 56, 56), "aspect_ratio_ids": torch.tensor([[2]]),
+              "aspect_ratio_mask": torch.ones(1, 1, 2, dtype=torch.long),
+              "cross_attention_mask": torch.ones(1, p, 1, 2, dtype=torch.long)}
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    doc = {"model": raw, "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+           "inference": {"images_per_sample": 1, "prompt_len": p, "new_tokens": 1, "attention": attention,
+                         "dtype": "fp32"}}
+    outside = ("parameters", "cuBLAS workspaces", "pixel values and cross-attention mask (generate's inputs)")
+    modelled = max(sum(v for k, v in _parts(mo).items() if k not in outside) for mo in inference_step(resolve(doc)).moments)
+    assert tr.peak_bytes - base - modelled == {"eager": 0, "sdpa": p * 8}[attention]
+
+
+def test_kv_command_states_the_cross_attention_cache() -> None:
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    res = CliRunner().invoke(app, ["kv", str(TINY), "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.output)
+    # the per-token table: the 3 self-attention layers, 3 x 2 x 2 KV heads x 32 x 2 B = 768 B per token; beside it
+    # the 2 cross-attention layers' 2 x 34 x 2 x 2 x 32 x 2 B = 17,408 B per image
+    assert (payload["layers"], payload["bytes_per_token"]) == (3, 768)
+    assert payload["cross_attention_bytes_per_image"] == 17_408
+
+
+def test_bf16_before_sm80_is_refused_under_sdpa_and_estimated_eager() -> None:
+    from vramplan.engine import estimate
+
+    # a T4 (sm75) has no bf16 flash or memory-efficient kernel: SDPA's math kernel would run in the vision model and
+    # the cross-attention layers too, which the cross-attention terms do not model
+    doc: dict[str, Any] = {"model": str(TINY), "hardware": {"gpu": "T4"}, "task": "inference",
+                           "inference": {"images_per_sample": 1, "prompt_len": 16, "dtype": "bf16"}}
+    with pytest.raises(ScenarioError, match="SDPA runs its math kernel in the vision model"):
+        estimate(doc)
+    doc["inference"]["attention"] = "eager"
+    assert estimate(doc).per_gpu is not None

@@ -76,6 +76,15 @@ from vramplan.analytic.attention import (
     gqa_math_note,
     mem_efficient_mask_row,
 )
+from vramplan.analytic.cross_attention import (
+    CrossImages,
+    cross_images,
+    cross_kv_bytes,
+    cross_layer_bytes,
+    cross_probs_bytes,
+    mask_prep_bytes,
+    vision_model_bytes,
+)
 from vramplan.analytic.generate_replay import applies, cached_excess, growth_note
 from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import (
@@ -94,6 +103,7 @@ from vramplan.analytic.ssm_state import (
     ssm_state_layer_bytes,
 )
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
+from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
@@ -509,6 +519,10 @@ class GenerateCall:
     def kv_dtype(self) -> str:
         return self.r.scenario.inference.kv_cache_dtype
 
+    def cross(self) -> CrossImages | None:
+        """The call's images through a cross-attention model's vision model (None: no such model or no image)."""
+        return cross_images(self.m, self.batch, self.r.scenario.inference.images_per_sample)
+
     def cache(self, tokens: int, prefill: bool) -> int:
         """transformers' ``DynamicCache`` of the batch at ``tokens`` tokens (``cache_bytes``)."""
         return cache_bytes(self.m, self.batch, tokens, self.c, self.tp, self.kv_dtype, prefill)
@@ -527,6 +541,7 @@ class CallTerms:
     prompt_logits_peak: int  # every prompt position's logits at the upcast (``prompt_logits_terms``)
     prompt_logits_kept: int  # ... and what ``outputs`` keeps of them afterwards
     ssm_state: int = 0       # a hybrid model's mixer state, every sequence (``analytic/ssm_state.py``)
+    kv_cross: int = 0        # a cross-attention model's image keys and values (``analytic/cross_attention.py``)
 
 
 def weights_term(g: GenerateCall) -> tuple[int, int]:
@@ -589,7 +604,7 @@ def call_terms(g: GenerateCall) -> CallTerms:
     return CallTerms(weights=weights, largest_linear=largest, kv_prompt=kv_prompt, kv_final=kv_final,
                      logits=logits_bytes(g.m, g.batch, g.c, g.tp), cublas=cublas_workspace_bytes(g.r.gpu, handles=1),
                      prompt_logits_peak=prompt_peak, prompt_logits_kept=prompt_kept,
-                     ssm_state=ssm_state_bytes(g.m, g.batch, g.c))
+                     ssm_state=ssm_state_bytes(g.m, g.batch, g.c), kv_cross=cross_kv_bytes(g.m, g.cross(), g.c))
 
 
 def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
@@ -601,6 +616,9 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     m, b, p, c = g.m, g.batch, g.prompt, g.c
     # a hybrid model's running layer is its attention layer's or its Mamba2 mixer's, the larger
     layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention), mixer_prefill_bytes(m, b, p, c))
+    ci = g.cross()
+    if ci is not None:
+        layer = max(layer, _cross_running(g, ci, layer))
     embeds = kept_embeddings_bytes(m, b, p, c)
     rope = rope_bytes(m, p, c)
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
@@ -616,6 +634,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     pre.add(K.KV_PROMPT, t.kv_prompt)
     # every mixer's state, as after the last mixer layer (an upper bound while an earlier layer runs)
     pre.add(K.SSM_STATE, t.ssm_state)
+    _add_cross_kept(g, t, pre, p)
     if embeds + rope + layer >= final_hidden + prefill_logits + t.prompt_logits_peak:
         pre.add(K.INPUTS_EMBEDS, embeds)
         pre.add(K.ROPE, rope)
@@ -651,7 +670,17 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
         # one layer's keys (then values), old and new together, or a hybrid model's mixer updating its state
         # in place, whichever layer holds more at once
         growth, update = cache_growth_bytes(g, tokens), mixer_decode_bytes(g.m, g.batch, g.c)
-        mo.add(K.MIXER_STATE_UPDATE if update > growth else K.CACHE_GROWTH, max(growth, update))
+        ci = g.cross()
+        cross = 0 if ci is None else cross_layer_bytes(g.m, ci, 1, g.c, g.attention, prefill=False)
+        if cross > max(growth, update):
+            mo.add(K.CROSS_LAYER_DECODE, cross)
+        else:
+            mo.add(K.MIXER_STATE_UPDATE if update > growth else K.CACHE_GROWTH, max(growth, update))
+    if (ci := g.cross()) is not None:
+        mo.add(K.KV_CROSS, t.kv_cross)
+        # the step's one-row mask [b, 1, 1, L] (c) and generate's kept inputs, the mask grown to the step's tokens
+        mo.add(K.CROSS_MASK, ci.batch * ci.vision_tokens * g.c)
+        mo.add(K.IMAGE_INPUTS, _image_inputs(ci, tokens))
     mo.add(K.SSM_STATE, t.ssm_state)
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
@@ -699,12 +728,74 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     return mo
 
 
+def _image_inputs(ci: CrossImages, tokens: int) -> int:
+    """generate's ``model_kwargs``: the fp32 pixel values (``pack_images``), the int64 aspect-ratio ids [b, m] and
+    mask [b, m, T], and the int64 cross-attention mask [b, tokens, m, T], one row longer per step
+    (``_update_model_kwargs_for_generation``)."""
+    aspect = ci.images * (1 + ci.tiles) * 8
+    return ci.images * ci.pixels * 4 + aspect + ci.batch * tokens * ci.per_sample * ci.tiles * 8
+
+
+def _vision_states(g: GenerateCall, ci: CrossImages) -> int:
+    """The vision model's output ([b, m, T, P, vision_output_dim], ``image_outputs``) and the projector's
+    ([b, L, h], ``cross_attention_states``), alive through the prompt's forward."""
+    return ci.batch * ci.vision_tokens * (ci.out_dim + g.m.hidden_size) * g.c
+
+
+def _cross_running(g: GenerateCall, ci: CrossImages, self_layer: int) -> int:
+    """A cross-attention layer's running tensors over the prompt; under eager its probabilities stay through the
+    MLP, whose tensors are bounded by the self-attention layer's (``prefill_layer_bytes``)."""
+    c, p = g.c, g.prompt
+    return max(cross_layer_bytes(g.m, ci, p, c, g.attention), cross_probs_bytes(g.m, ci, p, c, g.attention) + self_layer)
+
+
+def _add_cross_kept(g: GenerateCall, t: CallTerms, mo: Moment, prompt: int) -> None:
+    """What a cross-attention model keeps through the prompt's forward (nothing for another model): the images'
+    K/V (the whole cross cache, as at the last cross-attention layer), the states, the mask and generate's inputs."""
+    ci = g.cross()
+    if ci is None:
+        return
+    mo.add(K.KV_CROSS, t.kv_cross)
+    mo.add(K.VISION_STATES, _vision_states(g, ci))
+    # the kept mask [b, 1, p, L] and full_text_row_masked_out_mask [b, 1, p, 1], both in the model dtype
+    mo.add(K.CROSS_MASK, ci.batch * prompt * (ci.vision_tokens + 1) * g.c)
+    mo.add(K.IMAGE_INPUTS, _image_inputs(ci, prompt))
+
+
+def cross_vision_moments(g: GenerateCall, t: CallTerms) -> list[Moment]:
+    """A cross-attention model's vision model and its cross-attention mask's preparation, before the language
+    model's layers (``analytic/cross_attention.py``); [] for another model or no image."""
+    ci = g.cross()
+    if ci is None:
+        return []
+    if g.attention == "math" and bf16_math_fallback(g.r.scenario.inference.dtype, g.r.gpu):
+        # SDPA's math kernel in the vision model and the cross-attention layers too (their masks do not change the
+        # kernel there): its s x s scores are not modelled for them
+        raise ScenarioError([Problem("inference.dtype", f"{g.m.name} in bf16 on a GPU before sm80: SDPA runs its math "
+                                     "kernel in the vision model and the cross-attention layers as well, whose "
+                                     "scores are not modelled for a cross-attention model",
+                                     "set inference.dtype: fp16 (the memory-efficient kernel takes it), or "
+                                     "inference.attention: eager")])
+    tower = Moment("prefill")
+    tower.add(K.PARAMETERS, t.weights)
+    tower.add(K.IMAGE_INPUTS, _image_inputs(ci, g.prompt))
+    tower.add(K.VISION_TOWER, vision_model_bytes(ci, g.c, g.attention))
+    tower.add(K.CUBLAS, t.cublas)
+    mask = Moment("prefill")
+    mask.add(K.PARAMETERS, t.weights)
+    mask.add(K.IMAGE_INPUTS, _image_inputs(ci, g.prompt))
+    mask.add(K.VISION_STATES, _vision_states(g, ci))
+    mask.add(K.CROSS_MASK, mask_prep_bytes(ci, g.prompt, g.c))
+    mask.add(K.CUBLAS, t.cublas)
+    return [tower, mask]
+
+
 def inference_step(r: Resolved) -> InferenceResult:
     """The peak of one ``generate`` call over its prefill moment and its decode moments (module docstring)."""
     g = GenerateCall.of(r)
     t = call_terms(g)
     vision = vision_moment(g, t)
-    moments = ([vision] if vision is not None else []) + [prefill_moment(g, t)]
+    moments = ([vision] if vision is not None else []) + cross_vision_moments(g, t) + [prefill_moment(g, t)]
     # generate runs one forward per new token: the prefill makes the first, each decode step feeds the last
     # one back, so n tokens take n - 1 decode steps and the cache ends at p + n - 1 tokens
     if g.new >= 2:
@@ -718,7 +809,7 @@ def inference_step(r: Resolved) -> InferenceResult:
         # growth of more than 1% of the call's peak (rounding moves a few MiB; SmolLM2-1.7B at batch 64 grew by
         # half its peak)
         notes.append(growth_note(excess.late_growth_bytes))
-    return InferenceResult(moments, peak, notes, t.kv_prompt, t.kv_final, excess.bytes)
+    return InferenceResult(moments, peak, notes, t.kv_prompt + t.kv_cross, t.kv_final + t.kv_cross, excess.bytes)
 
 
 REPLAY_NOTE = ("reserved bytes: the call's allocations (prefill, then each decode step's torch.cat of the cache) "

@@ -160,12 +160,16 @@ def kv_spec(m: ModelSpec, kv_dtype: str = "auto", model_dtype_bytes: int = 2, tp
 
 
 def attention_layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
-    """The decoder layers that keep a KV cache: all of them, less a hybrid model's Mamba2 mixer layers
-    (``ModelSpec.mamba``), which keep a fixed-size state instead (``analytic/ssm_state.py``)."""
-    if m.mamba is None:
+    """The decoder layers that keep a KV cache of the text tokens: all of them, less a hybrid model's Mamba2 mixer
+    layers (``ModelSpec.mamba``), which keep a fixed-size state instead (``analytic/ssm_state.py``), and a
+    cross-attention model's cross-attention layers, which cache the images' positions instead
+    (``analytic/cross_attention.py``)."""
+    skipped = frozenset(m.mamba.layers if m.mamba is not None else ())
+    if m.vision is not None and m.vision.cross_attention_tokens_per_image:
+        skipped |= frozenset(m.vision.cross_attention_layers)
+    if not skipped:
         return m.layers
-    mixers = frozenset(m.mamba.layers)
-    return tuple(ls for ls in m.layers if ls.index not in mixers)
+    return tuple(ls for ls in m.layers if ls.index not in skipped)
 
 
 # ---- functional forms kept for callers that only need a number ------------------------

@@ -82,6 +82,12 @@ class K:
                       "a vision-language model's vision tower running its largest layer over the prompt's images")
     PROFILE_SAMPLER = _k("activations", "profile peak (sampler)", "vLLM's profile run peak, reached by the sampler")
     PROFILE_FORWARD = _k("activations", "profile peak (forward)", "vLLM's profile run peak, reached by the forward")
+    IMAGE_INPUTS = _k("activations", "pixel values and cross-attention mask (generate's inputs)",
+                      "a cross-attention model's fp32 pixel values and int64 cross-attention mask, kept by generate")
+    VISION_STATES = _k("activations", "vision output and projected states",
+                       "a cross-attention model's vision output and projector output, kept through the prompt's forward")
+    CROSS_MASK = _k("activations", "cross-attention mask",
+                    "a cross-attention model's [b, 1, p, L] mask over the image positions (or its preparation)")
     # KV cache
     KV_PROMPT = _k("kv_cache", "prompt", "the prompt's keys and values")
     KV_ALL = _k("kv_cache", "all tokens", "keys and values of every token so far")
@@ -89,6 +95,8 @@ class K:
                    "the previous decode step's tuple cache, still held by generate (transformers < 4.42)")
     KV_BLOCKS = _k("kv_cache", "{blocks:,} blocks of {block_size} tokens", "vLLM's KV-cache blocks",
                    templated=True)
+    KV_CROSS = _k("kv_cache", "cross-attention keys and values (images)",
+                  "the cross-attention layers' keys and values of the images' vision positions, written at prefill")
     SSM_STATE = _k("kv_cache", "Mamba2 convolution and SSM state",
                    "a hybrid model's mixer layers' fixed-size state per sequence (transformers' LinearAttentionLayer)")
     REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
@@ -113,6 +121,8 @@ class K:
     DEQUANT = _k("temporaries", "dequantized weight", "one quantized weight dequantized for its matmul")
     CACHE_GROWTH = _k("temporaries", "cache growth (torch.cat of one layer)",
                       "one layer's keys (then values), old and new together, while the cache grows")
+    CROSS_LAYER_DECODE = _k("temporaries", "cross-attention layer (decode)",
+                            "a cross-attention layer's cached keys and values repeated to every head at a decode step")
     MIXER_STATE_UPDATE = _k("temporaries", "Mamba2 state update (one mixer layer)",
                             "a hybrid model's single-token state update in one mixer layer at decode")
     PREV_PROMPT_LOGITS = _k("temporaries", "prompt logits (previous step's outputs)",

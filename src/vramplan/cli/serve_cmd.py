@@ -272,6 +272,7 @@ def _kv(
     as_json: Annotated[bool, Opt("--json", help="print JSON")] = False,
 ) -> None:
     """KV-cache bytes per token and per block, and its growth with sequence length and batch."""
+    from vramplan.analytic.cross_attention import cross_cache_note, cross_images, cross_kv_bytes
     from vramplan.analytic.kv_cache import KV_DTYPES, kv_spec, page_capacity
     from vramplan.analytic.ssm_state import ssm_state_bytes, ssm_state_note
     from vramplan.catalog.models import load_model
@@ -312,6 +313,8 @@ def _kv(
         }
         if m.mamba is not None:
             payload["ssm_state_bytes_per_sequence"] = ssm_state_bytes(m, 1, dtype_bits(dtype) // 8)
+        if (ci := cross_images(m, 1, 1)) is not None:
+            payload["cross_attention_bytes_per_image"] = cross_kv_bytes(m, ci, dtype_bits(dtype) // 8)
         if cap is not None:
             payload["page_capacity"] = {"budget_bytes": cap.budget_bytes, "page_tokens": cap.page_tokens,
                                         "page_bytes": cap.page_bytes, "total_pages": cap.total_pages,
@@ -322,9 +325,9 @@ def _kv(
     _console().print(f"[bold]{m.name}[/] · {spec.describe()}")
     _console().print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
                f"({spec.uniform_layer_bytes_per_token * block_size:,} B per layer)")
-    note = ssm_state_note(m, dtype_bits(dtype) // 8)
-    if note is not None:
-        _console().print(note)
+    for note in (ssm_state_note(m, dtype_bits(dtype) // 8), cross_cache_note(m, dtype_bits(dtype) // 8)):
+        if note is not None:
+            _console().print(note)
     t = Table(title="KV cache, GiB", title_justify="left")
     t.add_column("tokens", justify="right")
     for b in batches:

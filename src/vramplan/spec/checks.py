@@ -67,25 +67,25 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m)
 
 
-_NO_TASK = ("no task is estimated for a cross-attention vision model yet; its parameters are "
-            "vramplan.spec.hf_config.model_from_config(config).num_parameters and .vision_parameters")
+_NO_TASK = ("no training or serving is estimated for a cross-attention vision model yet; its parameters are "
+            "vramplan.spec.hf_config.model_from_config(config).num_parameters and .vision_parameters, and "
+            "task: inference (Hugging Face generate) is estimated")
 
 
 def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for a model that reads its images through cross-attention layers
     (``VisionSpec.cross_attention_tokens_per_image``: Llama 3.2 Vision, transformers 5.24 ``modeling_mllama.py``), refused
-    rather than answered as a Llama whose images are tokens of the sequence.  Its parameters are counted
-    (``spec/families/mllama.py``); every task is refused:
+    rather than answered as a Llama whose images are tokens of the sequence.  Estimated: the parameters
+    (``spec/families/mllama.py``) and Hugging Face ``generate`` (``analytic/cross_attention.py``) under SDPA or eager
+    attention, on one GPU, with the cache in the model's dtype.  Refused:
 
-    * Inference and serving: the cross-attention layers cache the projected vision states' keys and values,
-      ``max_num_tiles`` x (patches + class token) per image, written once in the prefill
-      (``MllamaTextCrossAttention.forward``'s ``cache.update``), while the self-attention layers cache the text
-      tokens only (one ``<|image|>`` token per image); the cache model (``analytic/kv_cache.py``) and the generate
-      replay hold one length per layer kind and do not model a fixed-length cache per layer, nor the two-encoder
-      vision model's prefill (the local layers per tile, the global layers over an image's tiles) or vLLM's
-      encoder-decoder cache.
     * Training (full or LoRA, vision tower frozen or not): the cross-attention layers' saved tensors (keys and
       values over the image's tiles, the tanh gates), and the vision model's, are not modelled as terms.
+    * Serving: vLLM's encoder-decoder cache for the cross-attention layers and its encoder cache are not modelled.
+    * Inference with flash attention (``MllamaPreTrainedModel._supports_flash_attn = False``: it builds 4-D masks),
+      tensor parallelism, a KV dtype other than the model's, quantized weights (transformers quantizes the vision
+      model's linears, held unquantized here), Lit-GPT's generate, or a transformers release before 5.0 (the cache
+      and mask code modelled is 5.24's).
     """
     v = m.vision
     # the marker is the keys/values per image, set for every such model, even one whose cross_attention_layers is
@@ -100,10 +100,41 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "saved tensors (queries over the image's keys and values, the tanh gates) and the local "
                         "and global vision encoders' activations are not modelled",
                         _NO_TASK)]
-    return [Problem("task", what + f"{s.task} memory is not estimated for it: the cross-attention layers' KV "
-                    "cache (the image's keys and values, written once in the prefill, beside the self-attention "
-                    "layers' text-token cache) and the vision encoders' prefill are not modelled",
-                    _NO_TASK)]
+    if s.task != "inference":
+        return [Problem("task", what + f"{s.task} memory is not estimated for it: vLLM's cache for the "
+                        "cross-attention layers (the image's keys and values, beside the self-attention layers' "
+                        "blocks) and its encoder cache are not modelled", _NO_TASK)]
+    return _cross_inference_problems(s, what)
+
+
+def _cross_inference_problems(s: Scenario, what: str) -> list[Problem]:
+    """The generate settings ``analytic/cross_attention.py`` does not model (``cross_attention_problems``)."""
+    inf = s.inference
+    out: list[Problem] = []
+    if inf.attention not in ("sdpa", "eager"):
+        out.append(Problem("inference.attention", what + f"attention {inf.attention!r} is not available to it: "
+                           "transformers 5.24 MllamaPreTrainedModel sets _supports_flash_attn = False (4-D masks)",
+                           "set inference.attention: sdpa or eager"))
+    if s.parallel.tp > 1:
+        out.append(Problem("parallel.tp", what + "its generate is modelled on one GPU only",
+                           "set parallel.tp: 1"))
+    if inf.kv_cache_dtype not in ("auto", inf.dtype):
+        out.append(Problem("inference.kv_cache_dtype", what + f"a {inf.kv_cache_dtype} cache is not modelled for "
+                           "it (the cross-attention layers' cache is written in the model's dtype)",
+                           "set inference.kv_cache_dtype: auto"))
+    if inf.quantization != "none":
+        out.append(Problem("inference.quantization", what + f"{inf.quantization} is not modelled for it: transformers "
+                           "5.24 quantizes the vision model's linears too (quantizers/base.py get_keys_to_not_convert "
+                           "keeps only the tied and output embeddings and the last module), which vramplan's "
+                           "parameter roles hold unquantized", "set inference.quantization: none"))
+    if s.effective_framework == "lightning":
+        out.append(Problem("framework", what + "Lit-GPT has no cross-attention model", "drop framework: lightning"))
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        out.append(Problem("software.transformers", what + f"its generate is modelled on transformers 5.24's "
+                           f"modeling_mllama.py, not {s.software.transformers}",
+                           "drop software.transformers, or set it to 5.0 or later"))
+    return out
 
 
 def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

@@ -319,6 +319,10 @@ class VisionSpec:
     # are in the sequence
     cross_attention_layers: tuple[int, ...] = ()
     cross_attention_tokens_per_image: int = 0
+    # mllama's vision model: of num_layers, the global encoder's layers (num_global_layers; the rest are the local
+    # encoder's) and the width of its output (vision_output_dim: the last global state and the kept local ones)
+    global_layers: int = 0
+    output_dim: int = 0
     # a prefix LM (PaliGemma): the image and prefix tokens attend to each other both ways, so every forward hands
     # the attention a 4-D mask (no mask-free SDPA or flash path)
     prefix_lm: bool = False

@@ -17,7 +17,7 @@ from vramplan.errors import Problem
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["anyres_grid", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
+__all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
            "images_per_sample", "pixtral_grid", "select_best_resolution", "smart_resize", "vision_notes"]
 
 
@@ -218,6 +218,8 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
     v = m.vision
     if v is None:
         return []
+    if v.cross_attention_tokens_per_image:
+        return cross_attention_notes(s, m)
     n = images_per_sample(s)
     patches, tokens = image_grid(v, image_size(s))
     tiles = image_tiles(v, image_size(s))
@@ -287,4 +289,39 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "layer as a decoder layer's of the tower's shape, with the pixel values and the text embeddings "
                    "alive, before the prompt's cache exists (analytic/inference.py vision_moment); the "
                    f"{n * tokens:,} image tokens are counted in prompt_len and the KV cache")
+    return out
+
+
+def cross_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:
+    """The report's assumptions for a model that reads its images through cross-attention layers (mllama;
+    ``analytic/cross_attention.py``); only inference reaches a report (``spec/checks.py`` refuses the rest)."""
+    v = m.vision
+    assert v is not None
+    n = images_per_sample(s)
+    tiles = v.patches_per_image // (v.image_size // v.patch_size) ** 2
+    positions = v.cross_attention_tokens_per_image // tiles
+    out = [(f"vision model: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
+           f"model's dtype; each image is one <|image|> token of the language model's sequence (MllamaProcessor) "
+           f"and is padded to max_image_tiles = {tiles} tiles of {v.image_size} x {v.image_size} "
+           f"(MllamaImageProcessor pack_images){'; image_size ignored' if image_size(s) else ''}: "
+           f"{tiles} x {positions:,} = {v.cross_attention_tokens_per_image:,} vision positions (patches and the "
+           f"class token) whose keys and values each of the {len(v.cross_attention_layers)} cross-attention layers "
+            "caches")]
+    if n:
+        padded = -(-positions // 8) * 8
+        out.append(f"vision model in the prefill: {n} image(s) per prompt; the local ({v.num_layers - v.global_layers}"
+                   f" layers) and global ({v.global_layers}) encoders run over each image's {tiles} x {padded:,} "
+                   "positions (padded to a multiple of 8) under the aspect-ratio mask, with every local and global "
+                   "layer's output kept until the vision output is assembled (MllamaVisionModel.forward, "
+                   "MllamaVisionEncoder.forward); then the cross-attention mask's preparation; the vision output, "
+                   "the projected states and the mask stay through the prompt's forward; the cross-attention cache "
+                   "is counted whole from the first layer on (written at each cross-attention layer, an upper bound "
+                   "before the last) and the KV cache line counts the self-attention layers' text tokens only; a "
+                   "cross-attention layer repeats its keys and values to every head (a mask is given), except a "
+                   "decode step's single query under sdpa, packed onto the KV heads (transformers' pack_gqa) "
+                   "(analytic/cross_attention.py)")
+        out.append("not modelled: the patch embedding's and tile embeddings' transient tensors before the first "
+                   "vision layer, and the aspect-ratio mask's construction (two [S, S] tensors for a moment)")
+    else:
+        out.append("no image: the cross-attention layers are skipped (MllamaTextModel.forward) and cache nothing")
     return out

@@ -61,6 +61,15 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if task == "serve":
         raise ScenarioError([Problem("task", "the traced engine covers train and inference",
                                      "use --engine analytic for serve (vLLM)")])
+    vision = r.model.vision
+    if vision is not None and vision.cross_attention_tokens_per_image:
+        # spec.families.transformers_config builds a multimodal config's language model alone: for mllama
+        # MllamaForCausalLM, whose cross-attention layers are skipped without images, so the trace would drop the
+        # images' cache and the vision model without a word
+        raise ScenarioError([Problem("engine", f"the traced engine does not build {r.model.name}'s cross-attention "
+                                     "vision model: it would trace the language model alone (MllamaForCausalLM), "
+                                     "without the vision model and the cross-attention layers' cache of the images",
+                                     "use --engine analytic (analytic/cross_attention.py)")])
     par = r.scenario.parallel
     if max(par.pp, par.cp, par.ep) > 1:
         raise ScenarioError([Problem("parallel", "pipeline, context and expert parallelism are not traced",

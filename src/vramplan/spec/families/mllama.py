@@ -182,7 +182,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                                "MllamaImageProcessor (each image padded to max_image_tiles tiles)",
                         param_prefixes=PREFIXES, num_channels=t["channels"], extra_tokens=1,
                         cross_attention_layers=cross,
-                        cross_attention_tokens_per_image=t["tiles"] * t["positions"])
+                        cross_attention_tokens_per_image=t["tiles"] * t["positions"],
+                        global_layers=int(get(vc, "num_global_layers")), output_dim=int(get(vc, "vision_output_dim")))
     params = _text_params(text, cross, int(text_cfg["vocab_size"]))
     return replace(text, model_type=model_type, params=params + tuple(p.rows), vision=vision)
 
