@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
@@ -276,7 +277,20 @@ def _model_in(annotation: Any) -> Any:
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
     return [*_parallel_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
-            *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m)]
+            *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m), *_serve_format_problems(s)]
+
+
+def _serve_format_problems(s: Scenario) -> list[Problem]:
+    """A format vLLM cannot load (the row's ``vllm_quantization`` is empty): HQQ, whose ``hqq`` method
+    (``HQQMarlinConfig``) is absent from vLLM's ``quantization/__init__.py`` ``QUANTIZATION_METHODS`` (commit
+    05d9095)."""
+    if s.task != "serve" or s.serve.quantization == "none" or quant_format(s.serve.quantization).vllm_quantization:
+        return []
+    q = s.serve.quantization
+    lib = quant_format(q).library
+    return [Problem("serve.quantization", f"vLLM cannot serve {q} weights: its QUANTIZATION_METHODS has no '{lib}' "
+                    "(quantization/__init__.py)",
+                    "serve a GPTQ, AWQ, fp8 or compressed-tensors checkpoint, or estimate task: inference")]
 
 
 def _engine_problems(s: Scenario) -> list[Problem]:
@@ -359,6 +373,13 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     cap = _capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap)
+    if q.startswith("hqq-") and s.task == "inference":
+        # transformers 5.24 HqqHfQuantizer defines no get_quantize_ops / load operations, so from_pretrained
+        # reaches HfQuantizer.get_quantize_ops: NotImplementedError "hqq is not available yet"
+        return [(f"{q}: weights held as the hqq library's HQQLinear (release 0.2.8) holds them with its default "
+                 "PYTORCH backend (packed uint8 W_q, scale and zero per group of 64 in the model's dtype), as "
+                 "transformers 4.x HqqHfQuantizer loaded them; transformers 5.24 has no HQQ loading path "
+                 "(HfQuantizer.get_quantize_ops raises NotImplementedError)")]
     if q.startswith("ct-") and s.task == "inference":
         # compressed-tensors linear/compressed_linear.py CompressedLinear.forward: a COMPRESSED layer decompresses
         # its weight at its first forward and registers it as a dense parameter beside the compressed tensors

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramplan.facts.quantization import FP8_TILE, GPTQ_GROUP
+from vramplan.facts.quantization import FP8_TILE, GPTQ_GROUP, HQQ_GROUP
 from vramplan.spec.families.compressed_tensors import read_compressed_tensors
 from vramplan.spec.model import CheckpointQuant, LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
 
@@ -113,8 +113,10 @@ PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with do
                           "fp8 e4m3 with 128 x 128 block scales (fp8-block)", "MXFP4 MoE experts (mxfp4)",
                           "GPTQ 3-bit and 8-bit with group size 128",
                           ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
-                           "(channel-wise weights, dynamic activations)"))
+                           "(channel-wise weights, dynamic activations)"),
+                          "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)")
 GPTQ_BITS = (4, 3, 8)  # the GPTQ widths with a row (facts/quantization.py gptq-<bits>bit)
+HQQ_BITS = (4, 8)  # the HQQ widths with a row (facts/quantization.py hqq-<bits>bit)
 
 
 def _bnb(q: Mapping[str, Any]) -> CheckpointQuant:
@@ -155,6 +157,45 @@ def _grouped(method: str, q: Mapping[str, Any]) -> CheckpointQuant:
         return CheckpointQuant(method, words, f"{method}-{bits}bit")
     said = "/".join(str(b) for b in widths)
     return CheckpointQuant(method, words, why_not=f"only {method.upper()} {said}-bit with group size 128 is modelled")
+
+
+def _hqq_params(qc: Any) -> tuple[Mapping[str, Any] | None, str]:
+    """The one ``weight_quant_params`` every quantized linear shares, or None with the reason."""
+    if not isinstance(qc, Mapping):
+        return None, "its quant_config is not a mapping"
+    if "weight_quant_params" not in qc:
+        # a dynamic_config: linear tag -> BaseQuantizeConfig (transformers integrations/hqq.py patch_params);
+        # per-tag configs that differ (or a tag set to null, left unquantized) have no single row
+        configs = list(qc.values())
+        first = configs[0] if configs else None
+        if not configs or not isinstance(first, Mapping) or any(c != first for c in configs):
+            return None, "a dynamic_config with different settings per linear is not modelled"
+        qc = first
+    wq = qc.get("weight_quant_params")
+    if not isinstance(wq, Mapping):
+        return None, "its quant_config has no weight_quant_params"
+    if qc.get("scale_quant_params") or qc.get("zero_quant_params") or qc.get("offload_meta"):
+        # hqq 0.2.8 hqq_base_quant_config: quantized or offloaded meta-data is deprecated and "not supported for
+        # quantized model serialization"
+        return None, "quantized or offloaded scales and zero points (quant_scale, quant_zero, offload_meta)"
+    return wq, ""
+
+
+def _hqq(q: Mapping[str, Any]) -> CheckpointQuant:
+    """transformers' ``HqqConfig`` as ``to_dict`` writes it: ``quant_config`` (hqq's ``BaseQuantizeConfig``:
+    ``weight_quant_params`` nbits, group_size, axis; ``scale_quant_params``/``zero_quant_params`` None;
+    ``offload_meta`` False), ``skip_modules`` (default ``["lm_head"]``).  Rows hold 4 and 8 bits with group
+    size 64; the scale and zero count is numel / group_size on either axis (hqq ``Quantizer.quantize``)."""
+    skip = tuple(str(x) for x in (q.get("skip_modules", ["lm_head"]) or ()))
+    wq, why = _hqq_params(q.get("quant_config"))
+    if wq is None:
+        return CheckpointQuant("hqq", "HQQ", why_not=why, skip_modules=skip)
+    bits, group = wq.get("nbits", 4), wq.get("group_size", HQQ_GROUP)
+    words = f"HQQ {bits}-bit, group size {group}, axis {wq.get('axis', 1)}"
+    if bits in HQQ_BITS and group == HQQ_GROUP:
+        return CheckpointQuant("hqq", words, f"hqq-{bits}bit", skip_modules=skip)
+    return CheckpointQuant("hqq", words, why_not=f"only HQQ 4-bit and 8-bit with group size {HQQ_GROUP} are modelled",
+                           skip_modules=skip)
 
 
 def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
@@ -198,6 +239,8 @@ def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
         return _block_fp8(q, skip)
     if method == "compressed-tensors":
         return read_compressed_tensors(q, str(key(cfg, "torch_dtype", default="bfloat16")))
+    if method == "hqq":
+        return _hqq(q)
     if method == "mxfp4":
         return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with an E8M0 scale) on the MoE experts",
                                "mxfp4", trained_dequantized=True, skip_modules=skip)
