@@ -198,6 +198,19 @@ def _hqq(q: Mapping[str, Any]) -> CheckpointQuant:
                            skip_modules=skip)
 
 
+def _torchao(q: Mapping[str, Any]) -> CheckpointQuant:
+    """transformers 5.24 ``TorchAoConfig.to_dict`` writes ``quant_type`` as ``{"default": config_to_dict(cfg)}``
+    (torchao ``core/config.py``: ``{"_type": "Int4WeightOnlyConfig", "_version": 2, "_data": {...}}``); a string
+    quant type is rejected by ``TorchAoConfig.post_init``.  No row stores a torchao tensor subclass yet, so the
+    config is named and refused."""
+    qt = q.get("quant_type")
+    inner = qt.get("default") if isinstance(qt, Mapping) else qt
+    name = str(inner.get("_type", "an unnamed AOBaseConfig")) if isinstance(inner, Mapping) else repr(inner)
+    return CheckpointQuant("torchao", f"torchao {name}",
+                           why_not=f"torchao is not a known format (its {name} tensor layouts have no row)",
+                           skip_modules=tuple(str(x) for x in (q.get("modules_to_not_convert") or ())))
+
+
 def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
     """transformers' ``FineGrainedFP8Config`` (``fmt`` e4m3, ``weight_block_size`` [128, 128] by default; a null
     block size means one scale per tensor, vLLM's per-tensor path): the row holds e4m3 with 128 x 128 tiles."""
@@ -241,6 +254,8 @@ def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
         return read_compressed_tensors(q, str(key(cfg, "torch_dtype", default="bfloat16")))
     if method == "hqq":
         return _hqq(q)
+    if method == "torchao":
+        return _torchao(q)
     if method == "mxfp4":
         return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with an E8M0 scale) on the MoE experts",
                                "mxfp4", trained_dequantized=True, skip_modules=skip)
