@@ -38,6 +38,9 @@ def _doc(qc: dict[str, Any] | None, task: str = "inference", gpu: str = "A100-80
     ({"quant_method": "hqq", "skip_modules": ["lm_head"],
       "quant_config": {"weight_quant_params": {"nbits": 8, "group_size": 64, "axis": 1}, "scale_quant_params": None,
                        "zero_quant_params": None, "offload_meta": False}}, "hqq-8bit"),
+    # TorchAoConfig(Int4WeightOnlyConfig()).to_dict(): torchao config_to_dict under quant_type["default"]
+    ({"quant_method": "torchao", "quant_type": {"default": {"_type": "Int4WeightOnlyConfig", "_version": 2, "_data": {
+        "group_size": 128, "int4_packing_format": {"_type": "Int4PackingFormat", "_data": "PLAIN"}}}}}, "ao-int4"),
 ])
 def test_a_prequantized_checkpoint_is_estimated_as_stored(qc: dict[str, Any], fmt: str) -> None:
     # the checkpoint's format gives the same estimate as naming that format in the scenario; on an H100

@@ -50,6 +50,9 @@ EXPECTED = {
     # 4-bit codes two per uint8 (8,388,608 B) = 9,437,184 B; 8-bit one per uint8 (16,777,216 B) = 17,825,792 B
     "hqq-4bit": 8_388_608 + 262_144 * (2 + 2),
     "hqq-8bit": 16_777_216 + 262_144 * (2 + 2),
+    # torchao Int4Tensor: int4 codes two per int8 + bf16 scale and bf16 zero_point per group of 128 inputs of each
+    # row: 131,072 groups x 4 B = 524,288 B
+    "ao-int4": 8_388_608 + 131_072 * (2 + 2),
 }
 
 

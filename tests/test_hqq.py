@@ -121,13 +121,3 @@ def test_the_traced_engine_refuses_it() -> None:
 
     with pytest.raises(ScenarioError, match="hqq-4bit weights are not traced: transformers 5.24 cannot load HQQ"):
         traced(_doc(None, quantization="hqq-4bit"))
-
-
-def test_torchao_is_refused_naming_its_config_and_the_known_formats() -> None:
-    # TorchAoConfig.to_dict (transformers 5.24): quant_type {"default": torchao config_to_dict(Int4WeightOnlyConfig())}
-    ao = {"quant_method": "torchao", "quant_type": {"default": {"_type": "Int4WeightOnlyConfig", "_version": 2,
-                                                               "_data": {"group_size": 128}}},
-          "modules_to_not_convert": None, "include_input_output_embeddings": False}
-    with pytest.raises(ScenarioError, match="declares torchao Int4WeightOnlyConfig") as err:
-        resolve(_doc(ao))
-    assert "torchao is not a known format" in str(err.value) and "HQQ 4-bit" in str(err.value)

@@ -60,6 +60,11 @@ Worked bytes (``weights.quantized_linear_bytes``):
   at 8 bits: 16,777,216 + 1,048,576 = 17,825,792 B.  A forward dequantizes the whole weight (``HQQLinear.dequantize``
   with the default ``PYTORCH`` backend): ``(W_r - zero) * scale`` holds three ``[out, in]`` copies in the compute
   dtype at once (``analytic/inference.py`` ``hqq_dequant_bytes``).
+* ``ao-int4`` (torchao 0.18 ``Int4WeightOnlyConfig`` version 2 with the default ``plain`` packing, group size 128,
+  as transformers 5.24 ``TorchAoConfig`` serializes it): ``Int4Tensor.from_hp`` stores ``qdata`` (two int4 codes per
+  int8, ``[out, in / 2]``), ``scale`` and ``zero_point`` ``[in / 128, out]`` cast to the weight's dtype (bf16); its
+  linear runs mslk's ``bf16i4bf16_rowwise`` on the packed weight.  4096 x 4096: 8,388,608 + 131,072 groups x
+  (2 + 2) B = 8,912,896 B.
 
 ``quantized_roles`` says which linear weights a format quantizes (``mxfp4``: the routed experts only); the
 formats whose scales follow each matrix's shape (``row_block``, ``tile``) are sized matrix by matrix
@@ -75,7 +80,7 @@ from vramplan.facts import row_named
 from vramplan.units import DTYPE_BITS, ceil_div
 
 __all__ = [
-    "CT_WEIGHT_SHAPE_BYTES", "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_BIAS_BITS", "GPTQ_GROUP", "GPTQ_G_IDX_BITS",
+    "AO_INT4_GROUP", "CT_WEIGHT_SHAPE_BYTES", "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_BIAS_BITS", "GPTQ_GROUP", "GPTQ_G_IDX_BITS",
     "HQQ_GROUP", "MX_BLOCK", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format", "quant_names",
 ]
 
@@ -83,6 +88,7 @@ NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit weights (functional.
 DQ_BLOCK = 256  # second-level block of double quantization (QLoRA sec. 3)
 GPTQ_GROUP = 128  # the group size GPTQ/AWQ checkpoints use by default
 HQQ_GROUP = 64  # transformers HqqConfig(group_size=64), hqq BaseQuantizeConfig's default
+AO_INT4_GROUP = 128  # torchao Int4WeightOnlyConfig.group_size default
 
 Dequant = Literal["whole_weight", "int8_matmul", "fused_kernel"]
 MX_BLOCK = 32  # OCP MX v1.0: elements sharing one E8M0 scale
@@ -147,7 +153,7 @@ class QuantFormat:
     name: str
     bits: int  # payload bits per weight
     scales: Scales
-    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4", "compressed-tensors", "hqq"]
+    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4", "compressed-tensors", "hqq", "torchao"]
     trainable_base: bool  # usable as a frozen base under PEFT training (TrainQuant)
     dequant: Dequant
     compute_dtype_rule: str
@@ -322,6 +328,17 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         compute_dtype_rule="the model's dtype (HQQLinear compute_dtype); scale and zero are cast to it",
         vllm_quantization="", prequantized_checkpoint=True, sources=_HQQ_SRC,
     ) for b in (4, 8)),
+    # vLLM's torchao method (quantization/torchao.py TorchAOConfig) is not modelled: serving is refused
+    QuantFormat(
+        name="ao-int4", bits=4, scales=Scales(per="group", size=AO_INT4_GROUP, dtype="bf16", zero_point_bits=16),
+        library="torchao", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="bf16 activations (Int4Tensor: mslk bf16i4bf16_rowwise)",
+        vllm_quantization="", prequantized_checkpoint=True,
+        sources=("torchao 0.18 quantization/quant_api.py Int4WeightOnlyConfig (group_size 128, version 2, plain packing)",
+                 ("torchao 0.18 quantize_/workflows/int4/int4_tensor.py Int4Tensor.from_hp (qdata [N, K/2], scale and "
+                  "zero_point [K/group, N] in the weight's dtype)"),
+                 "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale, zero_point)"),
+    ),
 )
 
 

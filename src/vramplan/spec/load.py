@@ -281,15 +281,15 @@ def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 
 def _serve_format_problems(s: Scenario) -> list[Problem]:
-    """A format vLLM cannot load (the row's ``vllm_quantization`` is empty): HQQ, whose ``hqq`` method
+    """A format without a vLLM path here (the row's ``vllm_quantization`` is empty): HQQ, whose ``hqq`` method
     (``HQQMarlinConfig``) is absent from vLLM's ``quantization/__init__.py`` ``QUANTIZATION_METHODS`` (commit
-    05d9095)."""
+    05d9095); torchao, whose vLLM method is not modelled."""
     if s.task != "serve" or s.serve.quantization == "none" or quant_format(s.serve.quantization).vllm_quantization:
         return []
     q = s.serve.quantization
-    lib = quant_format(q).library
-    return [Problem("serve.quantization", f"vLLM cannot serve {q} weights: its QUANTIZATION_METHODS has no '{lib}' "
-                    "(quantization/__init__.py)",
+    why = {"hqq": "its QUANTIZATION_METHODS has no 'hqq' (quantization/__init__.py)",
+           "torchao": "how its torchao method (quantization/torchao.py TorchAOConfig) holds them is not modelled"}
+    return [Problem("serve.quantization", f"vLLM cannot serve {q} weights here: {why[quant_format(q).library]}",
                     "serve a GPTQ, AWQ, fp8 or compressed-tensors checkpoint, or estimate task: inference")]
 
 
@@ -373,6 +373,10 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     cap = _capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap)
+    if q == "ao-int4" and s.task == "inference":
+        return [("ao-int4: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Int4Tensor "
+                 "(qdata int8 [out, in/2], scale and zero_point [in/128, out] in bf16); its linear runs mslk "
+                 "bf16i4bf16_rowwise on the packed weight (no dequantized copy), which takes bf16 activations")]
     if q.startswith("hqq-") and s.task == "inference":
         # transformers 5.24 HqqHfQuantizer defines no get_quantize_ops / load operations, so from_pretrained
         # reaches HfQuantizer.get_quantize_ops: NotImplementedError "hqq is not available yet"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramplan.facts.quantization import FP8_TILE, GPTQ_GROUP, HQQ_GROUP
+from vramplan.facts.quantization import AO_INT4_GROUP, FP8_TILE, GPTQ_GROUP, HQQ_GROUP
 from vramplan.spec.families.compressed_tensors import read_compressed_tensors
 from vramplan.spec.model import CheckpointQuant, LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
 
@@ -114,7 +114,8 @@ PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with do
                           "GPTQ 3-bit and 8-bit with group size 128",
                           ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
                            "(channel-wise weights, dynamic activations)"),
-                          "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)")
+                          "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)",
+                          "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)")
 GPTQ_BITS = (4, 3, 8)  # the GPTQ widths with a row (facts/quantization.py gptq-<bits>bit)
 HQQ_BITS = (4, 8)  # the HQQ widths with a row (facts/quantization.py hqq-<bits>bit)
 
@@ -200,15 +201,27 @@ def _hqq(q: Mapping[str, Any]) -> CheckpointQuant:
 
 def _torchao(q: Mapping[str, Any]) -> CheckpointQuant:
     """transformers 5.24 ``TorchAoConfig.to_dict`` writes ``quant_type`` as ``{"default": config_to_dict(cfg)}``
-    (torchao ``core/config.py``: ``{"_type": "Int4WeightOnlyConfig", "_version": 2, "_data": {...}}``); a string
-    quant type is rejected by ``TorchAoConfig.post_init``.  No row stores a torchao tensor subclass yet, so the
-    config is named and refused."""
+    (torchao 0.18 ``core/config.py``: ``{"_type": "Int4WeightOnlyConfig", "_version": 2, "_data": {...}}``, an enum
+    as ``{"_type": "Int4PackingFormat", "_data": "PLAIN"}``); a string quant type is rejected by
+    ``TorchAoConfig.post_init``.  The row ``ao-int4`` holds Int4WeightOnlyConfig version 2 with plain packing and
+    group size 128; every other config is named and refused."""
+    skip = tuple(str(x) for x in (q.get("modules_to_not_convert") or ()))
     qt = q.get("quant_type")
     inner = qt.get("default") if isinstance(qt, Mapping) else qt
-    name = str(inner.get("_type", "an unnamed AOBaseConfig")) if isinstance(inner, Mapping) else repr(inner)
-    return CheckpointQuant("torchao", f"torchao {name}",
-                           why_not=f"torchao is not a known format (its {name} tensor layouts have no row)",
-                           skip_modules=tuple(str(x) for x in (q.get("modules_to_not_convert") or ())))
+    if not isinstance(inner, Mapping):
+        return CheckpointQuant("torchao", f"torchao {inner!r}", skip_modules=skip,
+                               why_not=f"torchao quant_type {inner!r} is not a serialized AOBaseConfig")
+    name, data = str(inner.get("_type", "an unnamed AOBaseConfig")), inner.get("_data") or {}
+    packing = data.get("int4_packing_format") if isinstance(data, Mapping) else None
+    packing_name = str(packing.get("_data", "")).upper() if isinstance(packing, Mapping) else str(packing or "PLAIN")
+    group = data.get("group_size", AO_INT4_GROUP) if isinstance(data, Mapping) else None
+    words = f"torchao {name}" + (f" (group size {group}, {packing_name.lower()} packing)" if name.startswith("Int4") else "")
+    if (name == "Int4WeightOnlyConfig" and inner.get("_version", 2) == 2 and packing_name == "PLAIN"
+            and group == AO_INT4_GROUP):
+        return CheckpointQuant("torchao", words, "ao-int4", skip_modules=skip)
+    return CheckpointQuant("torchao", words, skip_modules=skip,
+                           why_not=("only torchao Int4WeightOnlyConfig (version 2, plain packing, group size "
+                                    f"{AO_INT4_GROUP}) is modelled; {name}'s tensor layout has no row"))
 
 
 def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
