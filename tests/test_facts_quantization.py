@@ -53,6 +53,8 @@ EXPECTED = {
     # torchao Int4Tensor: int4 codes two per int8 + bf16 scale and bf16 zero_point per group of 128 inputs of each
     # row: 131,072 groups x 4 B = 524,288 B
     "ao-int4": 8_388_608 + 131_072 * (2 + 2),
+    # torchao Float8Tensor (PerRow): 1 B e4m3 per weight + an fp32 scale per output row (4,096 x 4 = 16,384 B)
+    "ao-fp8": 16_777_216 + 4 * 4_096,
 }
 
 

@@ -28,6 +28,11 @@ def _ao(type_: str, version: int = 2, **data: Any) -> dict[str, Any]:
 
 
 INT4 = _ao("Int4WeightOnlyConfig", group_size=128, int4_packing_format=PLAIN, set_inductor_config=True)
+# Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()) after __post_init__: [activation, weight]
+PER_ROW = {"_type": "PerRow", "_version": 1, "_data": {"dim": -1}}
+E4M3 = {"_type": "torch.dtype", "_data": "float8_e4m3fn"}
+FP8 = _ao("Float8DynamicActivationFloat8WeightConfig", activation_dtype=E4M3, weight_dtype=E4M3,
+          granularity=[PER_ROW, PER_ROW])
 
 
 def _doc(qc: dict[str, Any] | None, task: str = "inference", **section: Any) -> dict[str, Any]:
@@ -54,14 +59,30 @@ def test_the_checkpoint_weights_by_hand() -> None:
     assert any("Int4Tensor" in a and "bf16i4bf16_rowwise" in a for a in got.assumptions)
 
 
+def test_float8_per_row_is_the_row() -> None:
+    cq = read_quantization_config({"quantization_config": FP8})
+    assert cq is not None and cq.format == "ao-fp8"
+    assert cq.description == "torchao Float8DynamicActivationFloat8WeightConfig (PerRow / PerRow, float8_e4m3fn)"
+    # Llama-2-7B: 6,476,005,376 linear weights x 1 B + one fp32 scale per output row of each linear:
+    # 32 layers x (4 x 4,096 + 2 x 11,008 + 4,096 = 42,496) = 1,359,872 rows x 4 B = 5,439,488 B; 524,820,480 B dense
+    got = estimate(_doc(FP8))
+    assert got.per_gpu.breakdown["weights"] == 6_476_005_376 + 5_439_488 + 524_820_480
+    assert any("Float8Tensor" in a and "f8f8bf16_rowwise" in a for a in got.assumptions)
+
+
 @pytest.mark.parametrize(("qc", "says"), [
+    # the default granularity is PerTensor (torchao float8/inference.py _normalize_granularity(None))
+    (_ao("Float8DynamicActivationFloat8WeightConfig"), "(PerTensor, float8_e4m3fn)"),
+    (_ao("Float8DynamicActivationFloat8WeightConfig", granularity=[{"_type": "PerTensor", "_data": {}}] * 2),
+     "(PerTensor / PerTensor, float8_e4m3fn)"),
+    (_ao("Float8DynamicActivationFloat8WeightConfig", granularity=[PER_ROW, PER_ROW],
+         weight_dtype={"_type": "torch.dtype", "_data": "float8_e5m2"}), "float8_e5m2"),
     (_ao("Int4WeightOnlyConfig", group_size=32), "torchao Int4WeightOnlyConfig (group size 32, plain packing)"),
     (_ao("Int4WeightOnlyConfig", group_size=128,
          int4_packing_format={"_type": "Int4PackingFormat", "_data": "TILE_PACKED_TO_4D"}), "tile_packed_to_4d"),
     (_ao("Int4WeightOnlyConfig", version=1, group_size=128), "torchao Int4WeightOnlyConfig"),
     (_ao("Int8WeightOnlyConfig"), "torchao Int8WeightOnlyConfig"),
     (_ao("Float8WeightOnlyConfig"), "torchao Float8WeightOnlyConfig"),
-    (_ao("Float8DynamicActivationFloat8WeightConfig"), "torchao Float8DynamicActivationFloat8WeightConfig"),
     ({"quant_method": "torchao", "quant_type": "int4_weight_only"}, "is not a serialized AOBaseConfig"),
 ])
 def test_other_configs_are_refused_with_the_modelled_list(qc: dict[str, Any], says: str) -> None:

@@ -65,6 +65,10 @@ Worked bytes (``weights.quantized_linear_bytes``):
   int8, ``[out, in / 2]``), ``scale`` and ``zero_point`` ``[in / 128, out]`` cast to the weight's dtype (bf16); its
   linear runs mslk's ``bf16i4bf16_rowwise`` on the packed weight.  4096 x 4096: 8,388,608 + 131,072 groups x
   (2 + 2) B = 8,912,896 B.
+* ``ao-fp8`` (torchao 0.18 ``Float8DynamicActivationFloat8WeightConfig`` version 2 with ``PerRow`` granularity):
+  ``Float8Tensor.from_hp`` stores ``qdata`` e4m3 ``[out, in]`` and an fp32 ``scale`` ``[out, 1]``
+  (``_choose_scale_float8``); its linear quantizes the activation per row and runs mslk ``f8f8bf16_rowwise`` or
+  ``torch._scaled_mm`` on the fp8 weight.  4096 x 4096: 16,777,216 + 4,096 x 4 = 16,793,600 B.
 
 ``quantized_roles`` says which linear weights a format quantizes (``mxfp4``: the routed experts only); the
 formats whose scales follow each matrix's shape (``row_block``, ``tile``) are sized matrix by matrix
@@ -338,6 +342,17 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                  ("torchao 0.18 quantize_/workflows/int4/int4_tensor.py Int4Tensor.from_hp (qdata [N, K/2], scale and "
                   "zero_point [K/group, N] in the weight's dtype)"),
                  "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale, zero_point)"),
+    ),
+    QuantFormat(
+        name="ao-fp8", bits=8, scales=Scales(per="row", dtype="fp32"), library="torchao", trainable_base=False,
+        dequant="fused_kernel",
+        compute_dtype_rule="activations quantized to e4m3 per row (Float8Tensor: mslk f8f8bf16_rowwise / _scaled_mm)",
+        vllm_quantization="", prequantized_checkpoint=True,
+        sources=(("torchao 0.18 quantization/quant_api.py Float8DynamicActivationFloat8WeightConfig (version 2, "
+                  "granularity PerRow)"),
+                 ("torchao 0.18 quantize_/workflows/float8/float8_tensor.py Float8Tensor.from_hp (qdata e4m3, "
+                  "scale fp32 [N, 1]) and _float8_addmm_impl"),
+                 "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale)"),
     ),
 )
 

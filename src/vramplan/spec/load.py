@@ -373,6 +373,10 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     cap = _capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap)
+    if q == "ao-fp8" and s.task == "inference":
+        return [("ao-fp8: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Float8Tensor "
+                 "(qdata e4m3 [out, in], scale fp32 [out, 1]); its linear quantizes each activation row to e4m3 and "
+                 "runs mslk f8f8bf16_rowwise (sm90+) or torch._scaled_mm on the fp8 weight")]
     if q == "ao-int4" and s.task == "inference":
         return [("ao-int4: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Int4Tensor "
                  "(qdata int8 [out, in/2], scale and zero_point [in/128, out] in bf16); its linear runs mslk "

@@ -115,7 +115,8 @@ PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with do
                           ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
                            "(channel-wise weights, dynamic activations)"),
                           "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)",
-                          "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)")
+                          "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)",
+                          "torchao Float8DynamicActivationFloat8WeightConfig, version 2, e4m3, PerRow (ao-fp8)")
 GPTQ_BITS = (4, 3, 8)  # the GPTQ widths with a row (facts/quantization.py gptq-<bits>bit)
 HQQ_BITS = (4, 8)  # the HQQ widths with a row (facts/quantization.py hqq-<bits>bit)
 
@@ -219,9 +220,36 @@ def _torchao(q: Mapping[str, Any]) -> CheckpointQuant:
     if (name == "Int4WeightOnlyConfig" and inner.get("_version", 2) == 2 and packing_name == "PLAIN"
             and group == AO_INT4_GROUP):
         return CheckpointQuant("torchao", words, "ao-int4", skip_modules=skip)
+    if name == "Float8DynamicActivationFloat8WeightConfig" and inner.get("_version", 2) == 2:
+        grans, dtype = _ao_granularities(data), _ao_data(data, "weight_dtype") or "float8_e4m3fn"
+        words += f" ({' / '.join(grans) or 'PerTensor'}, {dtype})"
+        if grans and all(g == "PerRow" for g in grans) and dtype == "float8_e4m3fn":
+            return CheckpointQuant("torchao", words, "ao-fp8", skip_modules=skip)
     return CheckpointQuant("torchao", words, skip_modules=skip,
-                           why_not=("only torchao Int4WeightOnlyConfig (version 2, plain packing, group size "
-                                    f"{AO_INT4_GROUP}) is modelled; {name}'s tensor layout has no row"))
+                           why_not=(f"only torchao Int4WeightOnlyConfig (version 2, plain packing, group size "
+                                    f"{AO_INT4_GROUP}) and Float8DynamicActivationFloat8WeightConfig (version 2, e4m3, "
+                                    f"PerRow) are modelled; {name}'s tensor layout has no row"))
+
+
+def _ao_data(data: Any, key_: str) -> str:
+    """A serialized torchao value's ``_data`` (a dtype or an enum), or ''."""
+    v = data.get(key_) if isinstance(data, Mapping) else None
+    return str(v.get("_data", "")) if isinstance(v, Mapping) else ""
+
+
+def _ao_granularities(data: Any) -> list[str]:
+    """The ``_type`` of each serialized granularity (activation, weight); [] when left at the default (PerTensor:
+    torchao 0.18 ``float8/inference.py`` ``_normalize_granularity(None)``) or unreadable.  A ``PerRow`` over another
+    dim than the last has no row."""
+    g = data.get("granularity") if isinstance(data, Mapping) else None
+    items = g if isinstance(g, list) else [g, g] if isinstance(g, Mapping) else []
+    out = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            return []
+        dim = (item.get("_data") or {}).get("dim", -1) if isinstance(item.get("_data") or {}, Mapping) else -1
+        out.append(str(item.get("_type", "")) if dim in (-1, 1) else f"{item.get('_type')}(dim={dim})")
+    return out
 
 
 def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
