@@ -68,8 +68,8 @@ def test_the_bnb_compute_dtype_and_double_quant_are_read() -> None:
     ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "block-wise scales (64 x 64)"),
     ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fp8 e5m2 with block-wise"),
     ({"quant_method": "fp8", "weight_block_size": None}, "one scale per tensor"),
-    ({"quant_method": "torchao", "quant_type": {"default": {"_type": "Int8WeightOnlyConfig", "_version": 2,
-                                                            "_data": {}}}}, "torchao Int8WeightOnlyConfig"),
+    ({"quant_method": "torchao", "quant_type": {"default": {"_type": "Float8WeightOnlyConfig", "_version": 2,
+                                                            "_data": {}}}}, "torchao Float8WeightOnlyConfig"),
     # HqqConfig.from_dict reads config["quant_config"]: without it no HQQ setting is known (rows: tests/test_hqq.py)
     ({"quant_method": "hqq"}, "its quant_config is not a mapping"),
 ])

@@ -55,6 +55,8 @@ EXPECTED = {
     "ao-int4": 8_388_608 + 131_072 * (2 + 2),
     # torchao Float8Tensor (PerRow): 1 B e4m3 per weight + an fp32 scale per output row (4,096 x 4 = 16,384 B)
     "ao-fp8": 16_777_216 + 4 * 4_096,
+    # torchao Int8Tensor (PerRow): 1 B per weight + an fp32 scale and an int8 zero point per output row
+    "ao-int8": 16_777_216 + (4 + 1) * 4_096,
 }
 
 

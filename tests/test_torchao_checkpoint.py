@@ -70,6 +70,21 @@ def test_float8_per_row_is_the_row() -> None:
     assert any("Float8Tensor" in a and "f8f8bf16_rowwise" in a for a in got.assumptions)
 
 
+def test_int8_weight_only_is_the_row_and_copies_the_weight_at_every_forward() -> None:
+    qc = _ao("Int8WeightOnlyConfig", granularity=PER_ROW, set_inductor_config=True)
+    cq = read_quantization_config({"quantization_config": qc})
+    assert cq is not None and cq.format == "ao-int8"
+    # Llama-2-7B: 6,476,005,376 B of int8 + 1,359,872 output rows x (4 B scale + 1 B zero point) = 6,799,360 B
+    got = estimate(_doc(qc))
+    assert got.per_gpu.breakdown["weights"] == 6_476_005_376 + 6_799_360 + 524_820_480
+    # the weight-only linear casts the largest quantized weight (the MLP's 11,008 x 4,096) to bf16 for torch.mm:
+    # 45,088,768 x 2 B = 90,177,536 B more than ao-fp8, whose kernel reads the fp8 weight, at prefill and decode
+    for prompt in (64, 1):
+        int8 = estimate(_doc(None, prompt_len=prompt, quantization="ao-int8")).per_gpu.breakdown["temporaries"]
+        fp8 = estimate(_doc(None, prompt_len=prompt, quantization="ao-fp8")).per_gpu.breakdown["temporaries"]
+        assert int8 - fp8 == 90_177_536
+
+
 @pytest.mark.parametrize(("qc", "says"), [
     # the default granularity is PerTensor (torchao float8/inference.py _normalize_granularity(None))
     (_ao("Float8DynamicActivationFloat8WeightConfig"), "(PerTensor, float8_e4m3fn)"),
@@ -81,7 +96,8 @@ def test_float8_per_row_is_the_row() -> None:
     (_ao("Int4WeightOnlyConfig", group_size=128,
          int4_packing_format={"_type": "Int4PackingFormat", "_data": "TILE_PACKED_TO_4D"}), "tile_packed_to_4d"),
     (_ao("Int4WeightOnlyConfig", version=1, group_size=128), "torchao Int4WeightOnlyConfig"),
-    (_ao("Int8WeightOnlyConfig"), "torchao Int8WeightOnlyConfig"),
+    (_ao("Int8WeightOnlyConfig", granularity={"_type": "PerGroup", "_version": 1, "_data": {"group_size": 128}}),
+     "torchao Int8WeightOnlyConfig (PerGroup)"),
     (_ao("Float8WeightOnlyConfig"), "torchao Float8WeightOnlyConfig"),
     ({"quant_method": "torchao", "quant_type": "int4_weight_only"}, "is not a serialized AOBaseConfig"),
 ])
@@ -90,6 +106,7 @@ def test_other_configs_are_refused_with_the_modelled_list(qc: dict[str, Any], sa
         resolve(_doc(qc))
     text = str(err.value)
     assert says in text and "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)" in text
+    assert "torchao Int8WeightOnlyConfig, version 2, PerRow (ao-int8)" in text
 
 
 def test_serving_and_training_are_refused() -> None:

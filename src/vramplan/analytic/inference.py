@@ -574,10 +574,14 @@ def hqq_dequant_bytes(largest: int, dtype: str) -> int:
 
 
 def dequant_term(g: GenerateCall, largest_linear: int) -> int:
-    """bitsandbytes' dequantized weight during the multi-token prefill (``bnb_dequant_bytes``), HQQ's at every
-    forward (``hqq_dequant_bytes``); else 0."""
+    """bitsandbytes' dequantized weight during the multi-token prefill (``bnb_dequant_bytes``), HQQ's
+    (``hqq_dequant_bytes``) and torchao int8 weight-only's cast copy at every forward; else 0."""
     if g.quant.startswith("hqq-"):
         return hqq_dequant_bytes(largest_linear, g.r.scenario.inference.dtype)
+    if g.quant == "ao-int8":
+        # torchao Int8Tensor's weight-only per-row linear: ``weight.qdata.t().to(output_dtype)``, one copy of the
+        # weight in the activation dtype (the model's), at every forward
+        return largest_linear * (dtype_bits(g.r.scenario.inference.dtype) // 8)
     if g.quant not in BNB_FORMATS or g.batch * g.prompt <= 1:
         return 0
     # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
@@ -674,8 +678,8 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
     mo.add(K.SSM_STATE, t.ssm_state)
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
-    if g.quant.startswith("hqq-"):
-        # HQQ dequantizes the whole weight for a single token too (no gemv path): hqq_dequant_bytes
+    if g.quant.startswith("hqq-") or g.quant == "ao-int8":
+        # HQQ and torchao's int8 weight-only linear copy the whole weight for a single token too (no gemv path)
         mo.add(K.DEQUANT, dequant_term(g, t.largest_linear))
     mo.add(K.CUBLAS, t.cublas)
     return mo

@@ -69,6 +69,11 @@ Worked bytes (``weights.quantized_linear_bytes``):
   ``Float8Tensor.from_hp`` stores ``qdata`` e4m3 ``[out, in]`` and an fp32 ``scale`` ``[out, 1]``
   (``_choose_scale_float8``); its linear quantizes the activation per row and runs mslk ``f8f8bf16_rowwise`` or
   ``torch._scaled_mm`` on the fp8 weight.  4096 x 4096: 16,777,216 + 4,096 x 4 = 16,793,600 B.
+* ``ao-int8`` (torchao 0.18 ``Int8WeightOnlyConfig`` version 2, ``PerRow``): ``Int8Tensor.from_hp`` stores ``qdata``
+  int8 ``[out, in]``, an fp32 ``scale`` and an int8 ``zero_point`` ``[out, 1]`` (``choose_qparams_affine`` symmetric:
+  zeros, kept).  Its weight-only linear casts the whole int8 weight to the activation dtype before ``torch.mm``
+  (``w_vals_int8_t.to(output_dtype)``): one ``[in, out]`` copy per forward.  4096 x 4096: 16,777,216 + 4,096 x
+  (4 + 1) = 16,797,696 B.
 
 ``quantized_roles`` says which linear weights a format quantizes (``mxfp4``: the routed experts only); the
 formats whose scales follow each matrix's shape (``row_block``, ``tile``) are sized matrix by matrix
@@ -353,6 +358,16 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                  ("torchao 0.18 quantize_/workflows/float8/float8_tensor.py Float8Tensor.from_hp (qdata e4m3, "
                   "scale fp32 [N, 1]) and _float8_addmm_impl"),
                  "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale)"),
+    ),
+    QuantFormat(
+        name="ao-int8", bits=8, scales=Scales(per="row", dtype="fp32", zero_point_bits=8), library="torchao",
+        trainable_base=False, dequant="whole_weight",
+        compute_dtype_rule="the activation dtype: the int8 weight is cast to it whole before torch.mm",
+        vllm_quantization="", prequantized_checkpoint=True,
+        sources=("torchao 0.18 quantization/quant_api.py Int8WeightOnlyConfig (version 2, granularity PerRow)",
+                 ("torchao 0.18 quantize_/workflows/int8/int8_tensor.py Int8Tensor.from_hp (qdata int8, scale fp32, "
+                  "zero_point int8 [N, 1]) and its aten.linear weight-only per-row path"),
+                 "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale, zero_point)"),
     ),
 )
 

@@ -373,6 +373,10 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     cap = _capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap)
+    if q == "ao-int8" and s.task == "inference":
+        return [("ao-int8: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Int8Tensor "
+                 "(qdata int8 [out, in], scale fp32 and zero_point int8 [out, 1]); its weight-only linear casts the "
+                 "whole int8 weight to the activation dtype for torch.mm (one copy per forward)")]
     if q == "ao-fp8" and s.task == "inference":
         return [("ao-fp8: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Float8Tensor "
                  "(qdata e4m3 [out, in], scale fp32 [out, 1]); its linear quantizes each activation row to e4m3 and "

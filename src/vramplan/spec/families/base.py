@@ -116,7 +116,8 @@ PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with do
                            "(channel-wise weights, dynamic activations)"),
                           "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)",
                           "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)",
-                          "torchao Float8DynamicActivationFloat8WeightConfig, version 2, e4m3, PerRow (ao-fp8)")
+                          "torchao Float8DynamicActivationFloat8WeightConfig, version 2, e4m3, PerRow (ao-fp8)",
+                          "torchao Int8WeightOnlyConfig, version 2, PerRow (ao-int8)")
 GPTQ_BITS = (4, 3, 8)  # the GPTQ widths with a row (facts/quantization.py gptq-<bits>bit)
 HQQ_BITS = (4, 8)  # the HQQ widths with a row (facts/quantization.py hqq-<bits>bit)
 
@@ -225,10 +226,18 @@ def _torchao(q: Mapping[str, Any]) -> CheckpointQuant:
         words += f" ({' / '.join(grans) or 'PerTensor'}, {dtype})"
         if grans and all(g == "PerRow" for g in grans) and dtype == "float8_e4m3fn":
             return CheckpointQuant("torchao", words, "ao-fp8", skip_modules=skip)
+    if name == "Int8WeightOnlyConfig" and inner.get("_version", 2) == 2:
+        # granularity defaults to PerRow (a single value, not a list); group_size is version 1's
+        g = data.get("granularity", {"_type": "PerRow"}) if isinstance(data, Mapping) else None
+        grans = _ao_granularities({"granularity": g}) if isinstance(g, Mapping) else []
+        words += f" ({grans[0] if grans else 'unreadable granularity'})"
+        if grans and grans[0] == "PerRow" and not data.get("group_size"):
+            return CheckpointQuant("torchao", words, "ao-int8", skip_modules=skip)
     return CheckpointQuant("torchao", words, skip_modules=skip,
                            why_not=(f"only torchao Int4WeightOnlyConfig (version 2, plain packing, group size "
-                                    f"{AO_INT4_GROUP}) and Float8DynamicActivationFloat8WeightConfig (version 2, e4m3, "
-                                    f"PerRow) are modelled; {name}'s tensor layout has no row"))
+                                    f"{AO_INT4_GROUP}), Float8DynamicActivationFloat8WeightConfig (version 2, e4m3, "
+                                    f"PerRow) and Int8WeightOnlyConfig (version 2, PerRow) are modelled; {name}'s "
+                                    "tensor layout has no row"))
 
 
 def _ao_data(data: Any, key_: str) -> str:
