@@ -44,7 +44,8 @@ def _doc(qc: dict[str, Any] | None, task: str = "inference", **section: Any) -> 
     return {"model": cfg, "task": task, "hardware": {"gpu": "H100"}, task: inf}
 
 
-@pytest.mark.parametrize(("qc", "fmt"), [(HQQ, "hqq-4bit"), (_qc(nbits=8), "hqq-8bit"), (_qc(axis=0), "hqq-4bit")])
+@pytest.mark.parametrize(("qc", "fmt"), [(HQQ, "hqq-4bit"), (_qc(nbits=8), "hqq-8bit"), (_qc(axis=0), "hqq-4bit"),
+                                        (_qc(nbits=8.0), "hqq-8bit")])
 def test_the_config_names_the_row(qc: dict[str, Any], fmt: str) -> None:
     cq = read_quantization_config({"quantization_config": qc})
     assert cq is not None and cq.format == fmt and cq.skip_modules == ("lm_head",)
@@ -65,6 +66,8 @@ def test_the_checkpoint_weights_by_hand() -> None:
 @pytest.mark.parametrize(("qc", "says"), [
     (_qc(group_size=128), "only HQQ 4-bit and 8-bit with group size 64"),
     (_qc(nbits=3), "only HQQ 4-bit and 8-bit with group size 64"),
+    (_qc(nbits=1.58), "HQQ 1.58-bit"),
+    (_qc(group_size=None), "group size None"),
     ({**HQQ, "quant_config": {**HQQ["quant_config"], "zero_quant_params": {"nbits": 8}}}, "quant_zero"),
     ({**HQQ, "quant_config": {"self_attn.q_proj": HQQ["quant_config"],
                               "mlp.down_proj": {**HQQ["quant_config"], "offload_meta": True}}}, "dynamic_config"),

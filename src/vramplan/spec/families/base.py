@@ -194,6 +194,8 @@ def _hqq(q: Mapping[str, Any]) -> CheckpointQuant:
     if wq is None:
         return CheckpointQuant("hqq", "HQQ", why_not=why, skip_modules=skip)
     bits, group = wq.get("nbits", 4), wq.get("group_size", HQQ_GROUP)
+    if isinstance(bits, float) and bits.is_integer():  # JSON may hold 4.0; hqq also accepts 1.58
+        bits = int(bits)
     words = f"HQQ {bits}-bit, group size {group}, axis {wq.get('axis', 1)}"
     if bits in HQQ_BITS and group == HQQ_GROUP:
         return CheckpointQuant("hqq", words, f"hqq-{bits}bit", skip_modules=skip)
