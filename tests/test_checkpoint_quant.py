@@ -34,6 +34,13 @@ def _doc(qc: dict[str, Any] | None, task: str = "inference", gpu: str = "A100-80
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}, "gptq-4bit"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "awq-4bit"),
     ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}, "fp8"),
+    # HqqConfig(nbits=8).to_dict(): hqq BaseQuantizeConfig under quant_config, skip_modules lm_head
+    ({"quant_method": "hqq", "skip_modules": ["lm_head"],
+      "quant_config": {"weight_quant_params": {"nbits": 8, "group_size": 64, "axis": 1}, "scale_quant_params": None,
+                       "zero_quant_params": None, "offload_meta": False}}, "hqq-8bit"),
+    # TorchAoConfig(Int4WeightOnlyConfig()).to_dict(): torchao config_to_dict under quant_type["default"]
+    ({"quant_method": "torchao", "quant_type": {"default": {"_type": "Int4WeightOnlyConfig", "_version": 2, "_data": {
+        "group_size": 128, "int4_packing_format": {"_type": "Int4PackingFormat", "_data": "PLAIN"}}}}}, "ao-int4"),
 ])
 def test_a_prequantized_checkpoint_is_estimated_as_stored(qc: dict[str, Any], fmt: str) -> None:
     # the checkpoint's format gives the same estimate as naming that format in the scenario; on an H100
@@ -61,7 +68,10 @@ def test_the_bnb_compute_dtype_and_double_quant_are_read() -> None:
     ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "block-wise scales (64 x 64)"),
     ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fp8 e5m2 with block-wise"),
     ({"quant_method": "fp8", "weight_block_size": None}, "one scale per tensor"),
-    ({"quant_method": "hqq"}, "quant_method hqq"),
+    ({"quant_method": "torchao", "quant_type": {"default": {"_type": "Float8WeightOnlyConfig", "_version": 2,
+                                                            "_data": {}}}}, "torchao Float8WeightOnlyConfig"),
+    # HqqConfig.from_dict reads config["quant_config"]: without it no HQQ setting is known (rows: tests/test_hqq.py)
+    ({"quant_method": "hqq"}, "its quant_config is not a mapping"),
 ])
 def test_a_format_without_a_row_is_refused_naming_it(qc: dict[str, Any], says: str) -> None:
     with pytest.raises(ScenarioError) as exc:

@@ -46,6 +46,17 @@ EXPECTED = {
     "mxfp4": 8_388_608 + 524_288,
     # block-wise fp8: 1 B per weight + one fp32 scale per 128 x 128 tile: 32 x 32 = 1,024 tiles x 4 B
     "fp8-block": 16_777_216 + 4 * 1_024,
+    # HQQ (group 64): 16,777,216 / 64 = 262,144 groups, each one 16-bit scale and one 16-bit zero (1,048,576 B);
+    # 4-bit codes two per uint8 (8,388,608 B) = 9,437,184 B; 8-bit one per uint8 (16,777,216 B) = 17,825,792 B
+    "hqq-4bit": 8_388_608 + 262_144 * (2 + 2),
+    "hqq-8bit": 16_777_216 + 262_144 * (2 + 2),
+    # torchao Int4Tensor: int4 codes two per int8 + bf16 scale and bf16 zero_point per group of 128 inputs of each
+    # row: 131,072 groups x 4 B = 524,288 B
+    "ao-int4": 8_388_608 + 131_072 * (2 + 2),
+    # torchao Float8Tensor (PerRow): 1 B e4m3 per weight + an fp32 scale per output row (4,096 x 4 = 16,384 B)
+    "ao-fp8": 16_777_216 + 4 * 4_096,
+    # torchao Int8Tensor (PerRow): 1 B per weight + an fp32 scale and an int8 zero point per output row
+    "ao-int8": 16_777_216 + (4 + 1) * 4_096,
 }
 
 

@@ -122,6 +122,7 @@ __all__ = [
     "decode_moment",
     "dequant_term",
     "generate_behaviour",
+    "hqq_dequant_bytes",
     "inference_assumptions",
     "inference_step",
     "kept_embeddings_bytes",
@@ -572,8 +573,30 @@ def kv_terms(g: GenerateCall) -> tuple[int, int]:
     return g.cache(g.prompt, prefill=True), g.cache(max(g.prompt, g.prompt + g.new - 1), prefill=False)
 
 
+def hqq_dequant_bytes(largest: int, dtype: str) -> int:
+    """HQQ's dequantized weight of the largest linear, at every forward (prefill and decode alike).
+
+    hqq 0.2.8 ``HQQLinear.forward_pytorch_backprop`` -> ``matmul`` -> ``dequantize`` -> ``Quantizer.dequantize``:
+    ``W_r`` (the unpacked codes in the compute dtype, ``[numel / group, group]``), then
+    ``((W_r - zero) * scale)``: the difference and the product are new tensors of the same size while ``W_r`` is
+    still bound, three copies at once in the compute dtype (the model's dtype).  A 4096 x 4096 linear in fp16:
+    16,777,216 x 3 x 2 = 100,663,296 B.
+
+    >>> hqq_dequant_bytes(4096 * 4096, "fp16")
+    100663296
+    """
+    return 3 * largest * (dtype_bits(dtype) // 8)
+
+
 def dequant_term(g: GenerateCall, largest_linear: int) -> int:
-    """bitsandbytes' dequantized weight during the multi-token prefill (``bnb_dequant_bytes``); else 0."""
+    """bitsandbytes' dequantized weight during the multi-token prefill (``bnb_dequant_bytes``), HQQ's
+    (``hqq_dequant_bytes``) and torchao int8 weight-only's cast copy at every forward; else 0."""
+    if g.quant.startswith("hqq-"):
+        return hqq_dequant_bytes(largest_linear, g.r.scenario.inference.dtype)
+    if g.quant == "ao-int8":
+        # torchao Int8Tensor's weight-only per-row linear: ``weight.qdata.t().to(output_dtype)``, one copy of the
+        # weight in the activation dtype (the model's), at every forward
+        return largest_linear * (dtype_bits(g.r.scenario.inference.dtype) // 8)
     if g.quant not in BNB_FORMATS or g.batch * g.prompt <= 1:
         return 0
     # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
@@ -684,6 +707,9 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
     mo.add(K.SSM_STATE, t.ssm_state)
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
+    if g.quant.startswith("hqq-") or g.quant == "ao-int8":
+        # HQQ and torchao's int8 weight-only linear copy the whole weight for a single token too (no gemv path)
+        mo.add(K.DEQUANT, dequant_term(g, t.largest_linear))
     mo.add(K.CUBLAS, t.cublas)
     return mo
 

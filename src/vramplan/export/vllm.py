@@ -40,7 +40,10 @@ def vllm_engine_args(s: ServeSetup, model: str, revision: str | None = None) -> 
         "block_size": s.block_size, "kv_cache_dtype": "fp8" if s.kv_cache_dtype == "fp8" else "auto",
     }
     if s.quantization != "none":
-        args["quantization"] = quant_format(s.quantization).vllm_quantization
+        flag = quant_format(s.quantization).vllm_quantization
+        if not flag:  # HQQ: vLLM has no method for it (spec/load.py _serve_format_problems)
+            raise ValueError(f"vLLM has no --quantization value for {s.quantization}")
+        args["quantization"] = flag
     if revision is not None:
         args["revision"] = revision
     return args

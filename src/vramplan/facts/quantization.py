@@ -49,6 +49,31 @@ Worked bytes (``weights.quantized_linear_bytes``):
   ``FP8Linear``; vLLM ``quantization/fp8.py`` ``Fp8LinearMethod.create_weights`` with ``block_quant``):
   8 + 32/16384 bits per weight where the dimensions are multiples of 128.  4096 x 4096: 16,777,216 + 32 x 32
   x 4 = 16,781,312 B.  The MoE gate, embeddings, lm_head and norms stay bf16.
+* ``hqq-4bit``/``hqq-8bit`` (Half-Quadratic Quantization, the ``hqq`` library's ``HQQLinear``, release 0.2.8;
+  transformers ``HqqConfig`` defaults: group size 64, axis 1, ``skip_modules`` ``["lm_head"]``): ``Quantizer.quantize``
+  reshapes the weight to ``[numel / 64, 64]`` and keeps one scale and one zero point per group of 64 consecutive
+  values (``meta["scale"]``, ``meta["zero"]``, both floats that ``Quantizer.to_inplace`` casts to the compute dtype,
+  16 bits with a half model); the codes are packed ``4bit_u8`` (two per uint8, ``BitPack.pack_4bit_u8``) or
+  ``8bit_u8`` (one per uint8).  The scalars a serialized layer also writes (``nbits``, ``shape``, ``packing``...) are
+  decoded to Python values on load (``HQQLinear.load_state_dict``), not held on the GPU; the layer's bias is the
+  model's own.  4096 x 4096 at 4 bits: 8,388,608 payload + 262,144 groups x (2 B scale + 2 B zero) = 9,437,184 B;
+  at 8 bits: 16,777,216 + 1,048,576 = 17,825,792 B.  A forward dequantizes the whole weight (``HQQLinear.dequantize``
+  with the default ``PYTORCH`` backend): ``(W_r - zero) * scale`` holds three ``[out, in]`` copies in the compute
+  dtype at once (``analytic/inference.py`` ``hqq_dequant_bytes``).
+* ``ao-int4`` (torchao 0.18 ``Int4WeightOnlyConfig`` version 2 with the default ``plain`` packing, group size 128,
+  as transformers 5.24 ``TorchAoConfig`` serializes it): ``Int4Tensor.from_hp`` stores ``qdata`` (two int4 codes per
+  int8, ``[out, in / 2]``), ``scale`` and ``zero_point`` ``[in / 128, out]`` cast to the weight's dtype (bf16); its
+  linear runs mslk's ``bf16i4bf16_rowwise`` on the packed weight.  4096 x 4096: 8,388,608 + 131,072 groups x
+  (2 + 2) B = 8,912,896 B.
+* ``ao-fp8`` (torchao 0.18 ``Float8DynamicActivationFloat8WeightConfig`` version 2 with ``PerRow`` granularity):
+  ``Float8Tensor.from_hp`` stores ``qdata`` e4m3 ``[out, in]`` and an fp32 ``scale`` ``[out, 1]``
+  (``_choose_scale_float8``); its linear quantizes the activation per row and runs mslk ``f8f8bf16_rowwise`` or
+  ``torch._scaled_mm`` on the fp8 weight.  4096 x 4096: 16,777,216 + 4,096 x 4 = 16,793,600 B.
+* ``ao-int8`` (torchao 0.18 ``Int8WeightOnlyConfig`` version 2, ``PerRow``): ``Int8Tensor.from_hp`` stores ``qdata``
+  int8 ``[out, in]``, an fp32 ``scale`` and an int8 ``zero_point`` ``[out, 1]`` (``choose_qparams_affine`` symmetric:
+  zeros, kept).  Its weight-only linear casts the whole int8 weight to the activation dtype before ``torch.mm``
+  (``w_vals_int8_t.to(output_dtype)``): one ``[in, out]`` copy per forward.  4096 x 4096: 16,777,216 + 4,096 x
+  (4 + 1) = 16,797,696 B.
 
 ``quantized_roles`` says which linear weights a format quantizes (``mxfp4``: the routed experts only); the
 formats whose scales follow each matrix's shape (``row_block``, ``tile``) are sized matrix by matrix
@@ -64,20 +89,22 @@ from vramplan.facts import row_named
 from vramplan.units import DTYPE_BITS, ceil_div
 
 __all__ = [
-    "CT_WEIGHT_SHAPE_BYTES", "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_BIAS_BITS", "GPTQ_GROUP", "GPTQ_G_IDX_BITS",
-    "MX_BLOCK", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format", "quant_names",
+    "AO_INT4_GROUP", "CT_WEIGHT_SHAPE_BYTES", "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_BIAS_BITS", "GPTQ_GROUP", "GPTQ_G_IDX_BITS",
+    "HQQ_GROUP", "MX_BLOCK", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format", "quant_names",
 ]
 
 NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit weights (functional.quantize_4bit)
 DQ_BLOCK = 256  # second-level block of double quantization (QLoRA sec. 3)
 GPTQ_GROUP = 128  # the group size GPTQ/AWQ checkpoints use by default
+HQQ_GROUP = 64  # transformers HqqConfig(group_size=64), hqq BaseQuantizeConfig's default
+AO_INT4_GROUP = 128  # torchao Int4WeightOnlyConfig.group_size default
 
 Dequant = Literal["whole_weight", "int8_matmul", "fused_kernel"]
 MX_BLOCK = 32  # OCP MX v1.0: elements sharing one E8M0 scale
 FP8_TILE = 128  # DeepSeek-V3's weight_block_size [128, 128]
 DEFAULT_ROLES = ("linear", "expert")
 """What a multi-token forward allocates: ``whole_weight`` = bitsandbytes 4-bit ``MatMul4Bit``
-dequantizes the weight to a temporary ``[out, in]`` (again in the backward); ``int8_matmul`` = LLM.int8
+dequantizes the weight to a temporary ``[out, in]`` (again in the backward; HQQ's ``HQQLinear.dequantize`` too); ``int8_matmul`` = LLM.int8
 quantizes the input row-wise and keeps it for the backward; ``fused_kernel`` = GPTQ/AWQ/fp8 kernels
 read the packed weight (no weight-sized temporary; MXFP4: triton_kernels ``matmul_ogs``; block-wise fp8:
 ``w8a8_block_fp8_matmul``)."""
@@ -135,12 +162,12 @@ class QuantFormat:
     name: str
     bits: int  # payload bits per weight
     scales: Scales
-    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4", "compressed-tensors"]
+    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4", "compressed-tensors", "hqq", "torchao"]
     trainable_base: bool  # usable as a frozen base under PEFT training (TrainQuant)
     dequant: Dequant
     compute_dtype_rule: str
     hf_bnb_config: tuple[tuple[str, bool | str], ...] = ()  # BitsAndBytesConfig kwargs (compute dtype added)
-    vllm_quantization: str  # vLLM's ``--quantization`` value
+    vllm_quantization: str  # vLLM's ``--quantization`` value ("" where vLLM has none: serving is refused)
     prequantized_checkpoint: bool = False  # needs a checkpoint quantized that way (no in-flight quantization)
     sources: tuple[str, ...] = ()
     quantized_roles: tuple[str, ...] = DEFAULT_ROLES  # the ParamGroup roles stored in this format
@@ -207,6 +234,9 @@ _GPTQ_SRC = ("GPTQ arXiv 2210.17323",
               "[in/32 x bits, out], qzeros int32 [ceil(in/group), out/32 x bits], scales fp16 [ceil(in/group), out], "
               "g_idx int32 [in], bias fp16 [out])"),
              "AutoGPTQ v0.7.1 modeling/_utils.py make_quant (QuantLinear(bits, group_size, in, out, True))")
+_HQQ_SRC = (("hqq 0.2.8 core/quantize.py Quantizer.quantize (W_q packed per bit_to_packing, meta scale/zero per group) "
+             "and HQQLinear.dequantize / forward_pytorch_backprop"),
+            "transformers 5.24 utils/quantization_config.py HqqConfig (nbits 4, group_size 64, axis 1, skip lm_head)")
 _CT_SRC = (("compressed-tensors compressors/quantized_compressors/base.py BaseQuantizationCompressor.compress "
             "(weight_scale kept; weight_zero_point dropped when symmetric)"),
            "scales in the dtype of the weights they were computed from (the checkpoint's torch_dtype)")
@@ -298,6 +328,46 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         compute_dtype_rule="fp8 matmul with per-channel weight scales and dynamic per-token activation scales",
         vllm_quantization="compressed-tensors", prequantized_checkpoint=True,
         sources=(*_CT_SRC, "compressed-tensors naive_quantized.py FloatQuantizationCompressor (weight e4m3 [out, in])"),
+    ),
+    # vLLM dropped its ``hqq`` method (HQQMarlinConfig: 4-bit, group 64) from quantization/__init__.py
+    # QUANTIZATION_METHODS (absent at commit 05d9095): no ``--quantization`` value, serving is refused
+    *(QuantFormat(
+        name=f"hqq-{b}bit", bits=b, scales=Scales(per="block", size=HQQ_GROUP, dtype="fp16", zero_point_bits=16),
+        library="hqq", trainable_base=False, dequant="whole_weight",
+        compute_dtype_rule="the model's dtype (HQQLinear compute_dtype); scale and zero are cast to it",
+        vllm_quantization="", prequantized_checkpoint=True, sources=_HQQ_SRC,
+    ) for b in (4, 8)),
+    # vLLM's torchao method (quantization/torchao.py TorchAOConfig) is not modelled: serving is refused
+    QuantFormat(
+        name="ao-int4", bits=4, scales=Scales(per="group", size=AO_INT4_GROUP, dtype="bf16", zero_point_bits=16),
+        library="torchao", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="bf16 activations (Int4Tensor: mslk bf16i4bf16_rowwise)",
+        vllm_quantization="", prequantized_checkpoint=True,
+        sources=("torchao 0.18 quantization/quant_api.py Int4WeightOnlyConfig (group_size 128, version 2, plain packing)",
+                 ("torchao 0.18 quantize_/workflows/int4/int4_tensor.py Int4Tensor.from_hp (qdata [N, K/2], scale and "
+                  "zero_point [K/group, N] in the weight's dtype)"),
+                 "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale, zero_point)"),
+    ),
+    QuantFormat(
+        name="ao-fp8", bits=8, scales=Scales(per="row", dtype="fp32"), library="torchao", trainable_base=False,
+        dequant="fused_kernel",
+        compute_dtype_rule="activations quantized to e4m3 per row (Float8Tensor: mslk f8f8bf16_rowwise / _scaled_mm)",
+        vllm_quantization="", prequantized_checkpoint=True,
+        sources=(("torchao 0.18 quantization/quant_api.py Float8DynamicActivationFloat8WeightConfig (version 2, "
+                  "granularity PerRow)"),
+                 ("torchao 0.18 quantize_/workflows/float8/float8_tensor.py Float8Tensor.from_hp (qdata e4m3, "
+                  "scale fp32 [N, 1]) and _float8_addmm_impl"),
+                 "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale)"),
+    ),
+    QuantFormat(
+        name="ao-int8", bits=8, scales=Scales(per="row", dtype="fp32", zero_point_bits=8), library="torchao",
+        trainable_base=False, dequant="whole_weight",
+        compute_dtype_rule="the activation dtype: the int8 weight is cast to it whole before torch.mm",
+        vllm_quantization="", prequantized_checkpoint=True,
+        sources=("torchao 0.18 quantization/quant_api.py Int8WeightOnlyConfig (version 2, granularity PerRow)",
+                 ("torchao 0.18 quantize_/workflows/int8/int8_tensor.py Int8Tensor.from_hp (qdata int8, scale fp32, "
+                  "zero_point int8 [N, 1]) and its aten.linear weight-only per-row path"),
+                 "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale, zero_point)"),
     ),
 )
 

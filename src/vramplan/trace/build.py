@@ -218,6 +218,12 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         dtype = _HALF[s.inference.dtype]
         quant = s.inference.quantization
         peft_cfg = None
+    if quant.startswith("hqq-"):
+        # transformers 5.24 HqqHfQuantizer has no get_quantize_ops / load operations: from_pretrained raises
+        # NotImplementedError (quantizers/base.py HfQuantizer.get_quantize_ops), so there is no loaded model to trace
+        raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced: transformers 5.24 "
+                                     "cannot load HQQ checkpoints (HfQuantizer.get_quantize_ops: NotImplementedError)",
+                                     "use --engine analytic, which holds them as hqq's HQQLinear does")])
     if quant != "none" and quant not in bnb_formats():
         # the traced engine emulates bitsandbytes' Linear4bit / Linear8bitLt only (trace/quant.py); GPTQ, AWQ,
         # fp8, block-wise fp8 and MXFP4 kernels are not emulated, so they are refused before building the model

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramplan.facts.quantization import FP8_TILE, GPTQ_GROUP
+from vramplan.facts.quantization import AO_INT4_GROUP, FP8_TILE, GPTQ_GROUP, HQQ_GROUP
 from vramplan.spec.families.compressed_tensors import read_compressed_tensors
 from vramplan.spec.model import CheckpointQuant, LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
 
@@ -113,8 +113,13 @@ PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with do
                           "fp8 e4m3 with 128 x 128 block scales (fp8-block)", "MXFP4 MoE experts (mxfp4)",
                           "GPTQ 3-bit and 8-bit with group size 128",
                           ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
-                           "(channel-wise weights, dynamic activations)"))
+                           "(channel-wise weights, dynamic activations)"),
+                          "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)",
+                          "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)",
+                          "torchao Float8DynamicActivationFloat8WeightConfig, version 2, e4m3, PerRow (ao-fp8)",
+                          "torchao Int8WeightOnlyConfig, version 2, PerRow (ao-int8)")
 GPTQ_BITS = (4, 3, 8)  # the GPTQ widths with a row (facts/quantization.py gptq-<bits>bit)
+HQQ_BITS = (4, 8)  # the HQQ widths with a row (facts/quantization.py hqq-<bits>bit)
 
 
 def _bnb(q: Mapping[str, Any]) -> CheckpointQuant:
@@ -155,6 +160,107 @@ def _grouped(method: str, q: Mapping[str, Any]) -> CheckpointQuant:
         return CheckpointQuant(method, words, f"{method}-{bits}bit")
     said = "/".join(str(b) for b in widths)
     return CheckpointQuant(method, words, why_not=f"only {method.upper()} {said}-bit with group size 128 is modelled")
+
+
+def _hqq_params(qc: Any) -> tuple[Mapping[str, Any] | None, str]:
+    """The one ``weight_quant_params`` every quantized linear shares, or None with the reason."""
+    if not isinstance(qc, Mapping):
+        return None, "its quant_config is not a mapping"
+    if "weight_quant_params" not in qc:
+        # a dynamic_config: linear tag -> BaseQuantizeConfig (transformers integrations/hqq.py patch_params);
+        # per-tag configs that differ (or a tag set to null, left unquantized) have no single row
+        configs = list(qc.values())
+        first = configs[0] if configs else None
+        if not configs or not isinstance(first, Mapping) or any(c != first for c in configs):
+            return None, "a dynamic_config with different settings per linear is not modelled"
+        qc = first
+    wq = qc.get("weight_quant_params")
+    if not isinstance(wq, Mapping):
+        return None, "its quant_config has no weight_quant_params"
+    if qc.get("scale_quant_params") or qc.get("zero_quant_params") or qc.get("offload_meta"):
+        # hqq 0.2.8 hqq_base_quant_config: quantized or offloaded meta-data is deprecated and "not supported for
+        # quantized model serialization"
+        return None, "quantized or offloaded scales and zero points (quant_scale, quant_zero, offload_meta)"
+    return wq, ""
+
+
+def _hqq(q: Mapping[str, Any]) -> CheckpointQuant:
+    """transformers' ``HqqConfig`` as ``to_dict`` writes it: ``quant_config`` (hqq's ``BaseQuantizeConfig``:
+    ``weight_quant_params`` nbits, group_size, axis; ``scale_quant_params``/``zero_quant_params`` None;
+    ``offload_meta`` False), ``skip_modules`` (default ``["lm_head"]``).  Rows hold 4 and 8 bits with group
+    size 64; the scale and zero count is numel / group_size on either axis (hqq ``Quantizer.quantize``)."""
+    skip = tuple(str(x) for x in (q.get("skip_modules", ["lm_head"]) or ()))
+    wq, why = _hqq_params(q.get("quant_config"))
+    if wq is None:
+        return CheckpointQuant("hqq", "HQQ", why_not=why, skip_modules=skip)
+    bits, group = wq.get("nbits", 4), wq.get("group_size", HQQ_GROUP)
+    if isinstance(bits, float) and bits.is_integer():  # JSON may hold 4.0; hqq also accepts 1.58
+        bits = int(bits)
+    words = f"HQQ {bits}-bit, group size {group}, axis {wq.get('axis', 1)}"
+    if bits in HQQ_BITS and group == HQQ_GROUP:
+        return CheckpointQuant("hqq", words, f"hqq-{bits}bit", skip_modules=skip)
+    return CheckpointQuant("hqq", words, why_not=f"only HQQ 4-bit and 8-bit with group size {HQQ_GROUP} are modelled",
+                           skip_modules=skip)
+
+
+def _torchao(q: Mapping[str, Any]) -> CheckpointQuant:
+    """transformers 5.24 ``TorchAoConfig.to_dict`` writes ``quant_type`` as ``{"default": config_to_dict(cfg)}``
+    (torchao 0.18 ``core/config.py``: ``{"_type": "Int4WeightOnlyConfig", "_version": 2, "_data": {...}}``, an enum
+    as ``{"_type": "Int4PackingFormat", "_data": "PLAIN"}``); a string quant type is rejected by
+    ``TorchAoConfig.post_init``.  The row ``ao-int4`` holds Int4WeightOnlyConfig version 2 with plain packing and
+    group size 128; every other config is named and refused."""
+    skip = tuple(str(x) for x in (q.get("modules_to_not_convert") or ()))
+    qt = q.get("quant_type")
+    inner = qt.get("default") if isinstance(qt, Mapping) else qt
+    if not isinstance(inner, Mapping):
+        return CheckpointQuant("torchao", f"torchao {inner!r}", skip_modules=skip,
+                               why_not=f"torchao quant_type {inner!r} is not a serialized AOBaseConfig")
+    name, data = str(inner.get("_type", "an unnamed AOBaseConfig")), inner.get("_data") or {}
+    packing = data.get("int4_packing_format") if isinstance(data, Mapping) else None
+    packing_name = str(packing.get("_data", "")).upper() if isinstance(packing, Mapping) else str(packing or "PLAIN")
+    group = data.get("group_size", AO_INT4_GROUP) if isinstance(data, Mapping) else None
+    words = f"torchao {name}" + (f" (group size {group}, {packing_name.lower()} packing)" if name.startswith("Int4") else "")
+    if (name == "Int4WeightOnlyConfig" and inner.get("_version", 2) == 2 and packing_name == "PLAIN"
+            and group == AO_INT4_GROUP):
+        return CheckpointQuant("torchao", words, "ao-int4", skip_modules=skip)
+    if name == "Float8DynamicActivationFloat8WeightConfig" and inner.get("_version", 2) == 2:
+        grans, dtype = _ao_granularities(data), _ao_data(data, "weight_dtype") or "float8_e4m3fn"
+        words += f" ({' / '.join(grans) or 'PerTensor'}, {dtype})"
+        if grans and all(g == "PerRow" for g in grans) and dtype == "float8_e4m3fn":
+            return CheckpointQuant("torchao", words, "ao-fp8", skip_modules=skip)
+    if name == "Int8WeightOnlyConfig" and inner.get("_version", 2) == 2:
+        # granularity defaults to PerRow (a single value, not a list); group_size is version 1's
+        g = data.get("granularity", {"_type": "PerRow"}) if isinstance(data, Mapping) else None
+        grans = _ao_granularities({"granularity": g}) if isinstance(g, Mapping) else []
+        words += f" ({grans[0] if grans else 'unreadable granularity'})"
+        if grans and grans[0] == "PerRow" and not data.get("group_size"):
+            return CheckpointQuant("torchao", words, "ao-int8", skip_modules=skip)
+    return CheckpointQuant("torchao", words, skip_modules=skip,
+                           why_not=(f"only torchao Int4WeightOnlyConfig (version 2, plain packing, group size "
+                                    f"{AO_INT4_GROUP}), Float8DynamicActivationFloat8WeightConfig (version 2, e4m3, "
+                                    f"PerRow) and Int8WeightOnlyConfig (version 2, PerRow) are modelled; {name}'s "
+                                    "tensor layout has no row"))
+
+
+def _ao_data(data: Any, key_: str) -> str:
+    """A serialized torchao value's ``_data`` (a dtype or an enum), or ''."""
+    v = data.get(key_) if isinstance(data, Mapping) else None
+    return str(v.get("_data", "")) if isinstance(v, Mapping) else ""
+
+
+def _ao_granularities(data: Any) -> list[str]:
+    """The ``_type`` of each serialized granularity (activation, weight); [] when left at the default (PerTensor:
+    torchao 0.18 ``float8/inference.py`` ``_normalize_granularity(None)``) or unreadable.  A ``PerRow`` over another
+    dim than the last has no row."""
+    g = data.get("granularity") if isinstance(data, Mapping) else None
+    items = g if isinstance(g, list) else [g, g] if isinstance(g, Mapping) else []
+    out = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            return []
+        dim = (item.get("_data") or {}).get("dim", -1) if isinstance(item.get("_data") or {}, Mapping) else -1
+        out.append(str(item.get("_type", "")) if dim in (-1, 1) else f"{item.get('_type')}(dim={dim})")
+    return out
 
 
 def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
@@ -198,6 +304,10 @@ def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
         return _block_fp8(q, skip)
     if method == "compressed-tensors":
         return read_compressed_tensors(q, str(key(cfg, "torch_dtype", default="bfloat16")))
+    if method == "hqq":
+        return _hqq(q)
+    if method == "torchao":
+        return _torchao(q)
     if method == "mxfp4":
         return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with an E8M0 scale) on the MoE experts",
                                "mxfp4", trained_dequantized=True, skip_modules=skip)
