@@ -104,6 +104,7 @@ from vramplan.analytic.ssm_state import (
 )
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.errors import Problem, ScenarioError
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
@@ -585,18 +586,20 @@ def hqq_dequant_bytes(largest: int, dtype: str) -> int:
     >>> hqq_dequant_bytes(4096 * 4096, "fp16")
     100663296
     """
-    return 3 * largest * (dtype_bits(dtype) // 8)
+    return quant_format("hqq-4bit").forward_weight_copies * largest * (dtype_bits(dtype) // 8)
+
+
+def _forward_weight_copies(quant: str) -> int:
+    """The format's whole-weight copies at every forward (``QuantFormat.forward_weight_copies``; 0 unquantized)."""
+    return quant_format(quant).forward_weight_copies if quant != "none" else 0
 
 
 def dequant_term(g: GenerateCall, largest_linear: int) -> int:
     """bitsandbytes' dequantized weight during the multi-token prefill (``bnb_dequant_bytes``), HQQ's
     (``hqq_dequant_bytes``) and torchao int8 weight-only's cast copy at every forward; else 0."""
-    if g.quant.startswith("hqq-"):
-        return hqq_dequant_bytes(largest_linear, g.r.scenario.inference.dtype)
-    if g.quant == "ao-int8":
-        # torchao Int8Tensor's weight-only per-row linear: ``weight.qdata.t().to(output_dtype)``, one copy of the
-        # weight in the activation dtype (the model's), at every forward
-        return largest_linear * (dtype_bits(g.r.scenario.inference.dtype) // 8)
+    if copies := _forward_weight_copies(g.quant):
+        # the row's whole-weight copies in the model's dtype (facts/quantization.py; HQQ: hqq_dequant_bytes)
+        return copies * largest_linear * (dtype_bits(g.r.scenario.inference.dtype) // 8)
     if g.quant not in BNB_FORMATS or g.batch * g.prompt <= 1:
         return 0
     # bitsandbytes dequantizes a layer's weight for multi-token inputs (bnb_dequant_bytes)
@@ -707,7 +710,7 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
     mo.add(K.SSM_STATE, t.ssm_state)
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
-    if g.quant.startswith("hqq-") or g.quant == "ao-int8":
+    if _forward_weight_copies(g.quant):
         # HQQ and torchao's int8 weight-only linear copy the whole weight for a single token too (no gemv path)
         mo.add(K.DEQUANT, dequant_term(g, t.largest_linear))
     mo.add(K.CUBLAS, t.cublas)

@@ -178,6 +178,13 @@ class QuantFormat:
     per_input_bits: int = 0
     per_output_bits: int = 0
     per_matrix_extra_bytes: int = 0
+    # whole-weight copies in the model's dtype a forward holds for the largest linear, decode steps included (HQQ's
+    # dequantize keeps three: the unpacked codes, minus zero, times scale; torchao's int8 weight-only linear casts
+    # the weight once); 0: none, or bitsandbytes' multi-token rule (analytic/inference.py bnb_dequant_bytes)
+    forward_weight_copies: int = 0
+    # how Hugging Face generate holds the checkpoint's weights, stated in the report (task inference); "" for none.
+    # ``{name}`` is the row's name.
+    inference_note: str = ""
 
     @property
     def per_matrix(self) -> bool:
@@ -335,7 +342,13 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         name=f"hqq-{b}bit", bits=b, scales=Scales(per="block", size=HQQ_GROUP, dtype="fp16", zero_point_bits=16),
         library="hqq", trainable_base=False, dequant="whole_weight",
         compute_dtype_rule="the model's dtype (HQQLinear compute_dtype); scale and zero are cast to it",
-        vllm_quantization="", prequantized_checkpoint=True, sources=_HQQ_SRC,
+        vllm_quantization="", prequantized_checkpoint=True, sources=_HQQ_SRC, forward_weight_copies=3,
+        # transformers 5.24 HqqHfQuantizer defines no get_quantize_ops / load operations, so from_pretrained
+        # reaches HfQuantizer.get_quantize_ops: NotImplementedError "hqq is not available yet"
+        inference_note=("{name}: weights held as the hqq library's HQQLinear (release 0.2.8) holds them with its "
+                        "default PYTORCH backend (packed uint8 W_q, scale and zero per group of 64 in the model's "
+                        "dtype), as transformers 4.x HqqHfQuantizer loaded them; transformers 5.24 has no HQQ loading "
+                        "path (HfQuantizer.get_quantize_ops raises NotImplementedError)"),
     ) for b in (4, 8)),
     # vLLM's torchao method (quantization/torchao.py TorchAOConfig) is not modelled: serving is refused
     QuantFormat(
@@ -347,6 +360,10 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                  ("torchao 0.18 quantize_/workflows/int4/int4_tensor.py Int4Tensor.from_hp (qdata [N, K/2], scale and "
                   "zero_point [K/group, N] in the weight's dtype)"),
                  "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale, zero_point)"),
+        inference_note=("{name}: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's "
+                        "Int4Tensor (qdata int8 [out, in/2], scale and zero_point [in/128, out] in bf16); its linear "
+                        "runs mslk bf16i4bf16_rowwise on the packed weight (no dequantized copy), which takes bf16 "
+                        "activations"),
     ),
     QuantFormat(
         name="ao-fp8", bits=8, scales=Scales(per="row", dtype="fp32"), library="torchao", trainable_base=False,
@@ -358,6 +375,9 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                  ("torchao 0.18 quantize_/workflows/float8/float8_tensor.py Float8Tensor.from_hp (qdata e4m3, "
                   "scale fp32 [N, 1]) and _float8_addmm_impl"),
                  "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale)"),
+        inference_note=("{name}: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's "
+                        "Float8Tensor (qdata e4m3 [out, in], scale fp32 [out, 1]); its linear quantizes each activation "
+                        "row to e4m3 and runs mslk f8f8bf16_rowwise (sm90+) or torch._scaled_mm on the fp8 weight"),
     ),
     QuantFormat(
         name="ao-int8", bits=8, scales=Scales(per="row", dtype="fp32", zero_point_bits=8), library="torchao",
@@ -368,6 +388,13 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                  ("torchao 0.18 quantize_/workflows/int8/int8_tensor.py Int8Tensor.from_hp (qdata int8, scale fp32, "
                   "zero_point int8 [N, 1]) and its aten.linear weight-only per-row path"),
                  "transformers 5.24 quantizers/quantizer_torchao.py (TorchAoDeserialize of qdata, scale, zero_point)"),
+        # Int8Tensor's weight-only per-row linear: ``weight.qdata.t().to(output_dtype)``, one copy of the weight in
+        # the activation dtype (the model's), at every forward
+        forward_weight_copies=1,
+        inference_note=("{name}: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's "
+                        "Int8Tensor (qdata int8 [out, in], scale fp32 and zero_point int8 [out, 1]); its weight-only "
+                        "linear casts the whole int8 weight to the activation dtype for torch.mm (one copy per "
+                        "forward)"),
     ),
 )
 

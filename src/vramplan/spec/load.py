@@ -374,25 +374,8 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     cap = _capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap)
-    if q == "ao-int8" and s.task == "inference":
-        return [("ao-int8: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Int8Tensor "
-                 "(qdata int8 [out, in], scale fp32 and zero_point int8 [out, 1]); its weight-only linear casts the "
-                 "whole int8 weight to the activation dtype for torch.mm (one copy per forward)")]
-    if q == "ao-fp8" and s.task == "inference":
-        return [("ao-fp8: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Float8Tensor "
-                 "(qdata e4m3 [out, in], scale fp32 [out, 1]); its linear quantizes each activation row to e4m3 and "
-                 "runs mslk f8f8bf16_rowwise (sm90+) or torch._scaled_mm on the fp8 weight")]
-    if q == "ao-int4" and s.task == "inference":
-        return [("ao-int4: weights held as transformers 5.24 TorchAoDeserialize rebuilds torchao 0.18's Int4Tensor "
-                 "(qdata int8 [out, in/2], scale and zero_point [in/128, out] in bf16); its linear runs mslk "
-                 "bf16i4bf16_rowwise on the packed weight (no dequantized copy), which takes bf16 activations")]
-    if q.startswith("hqq-") and s.task == "inference":
-        # transformers 5.24 HqqHfQuantizer defines no get_quantize_ops / load operations, so from_pretrained
-        # reaches HfQuantizer.get_quantize_ops: NotImplementedError "hqq is not available yet"
-        return [(f"{q}: weights held as the hqq library's HQQLinear (release 0.2.8) holds them with its default "
-                 "PYTORCH backend (packed uint8 W_q, scale and zero per group of 64 in the model's dtype), as "
-                 "transformers 4.x HqqHfQuantizer loaded them; transformers 5.24 has no HQQ loading path "
-                 "(HfQuantizer.get_quantize_ops raises NotImplementedError)")]
+    if s.task == "inference" and q != "none" and (note := quant_format(q).inference_note):
+        return [note.format(name=q)]
     if q.startswith("ct-") and s.task == "inference":
         # compressed-tensors linear/compressed_linear.py CompressedLinear.forward: a COMPRESSED layer decompresses
         # its weight at its first forward and registers it as a dense parameter beside the compressed tensors

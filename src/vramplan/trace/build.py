@@ -22,7 +22,7 @@ import torch
 
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.errors import Problem, ScenarioError
-from vramplan.facts.quantization import bnb_formats
+from vramplan.facts.quantization import bnb_formats, quant_format
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.quant import EXPERTS_NOTE, QuantExperts, QuantLinear, quantize_linears
@@ -218,7 +218,7 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         dtype = _HALF[s.inference.dtype]
         quant = s.inference.quantization
         peft_cfg = None
-    if quant.startswith("hqq-"):
+    if quant != "none" and quant_format(quant).library == "hqq":
         # transformers 5.24 HqqHfQuantizer has no get_quantize_ops / load operations: from_pretrained raises
         # NotImplementedError (quantizers/base.py HfQuantizer.get_quantize_ops), so there is no loaded model to trace
         raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced: transformers 5.24 "
