@@ -44,8 +44,8 @@ from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["dpo_assumptions", "dpo_fused_loss_tensors", "dpo_loss_tensors", "dpo_problems", "policy_scenario",
-           "reference_kind", "reference_problems"]
+__all__ = ["dpo_assumptions", "dpo_fused_loss_tensors", "dpo_loss_tensors", "dpo_problems", "offline_reference_problems",
+           "policy_scenario", "reference_kind", "reference_problems"]
 
 
 def policy_scenario(s: Scenario) -> Scenario:
@@ -93,19 +93,28 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         # DPOTrainer.__init__: "padding_free=True is temporarily unavailable ... Falling back to standard padding"
         no("train.packing", f"DPOTrainer (TRL v{TRL_RELEASE}) disables padding_free and pads the pairs",
            "set train.packing: false")
+    # DPOTrainer.__init__ runs _precompute_ref_logps before the Trainer prepares the model (no autocast yet) and
+    # keeps no reference during training: another step and a pass before it, neither modelled
+    return out + offline_reference_problems(s, "DPO", "pairs", f"DPOTrainer.__init__, TRL v{TRL_RELEASE}")
+
+
+def offline_reference_problems(s: Scenario, method: str, items: str, precompute_in: str) -> list[Problem]:
+    """What DPO and KTO (trainers with a reference model and no rollout) share and this estimate does not model: their
+    evaluation, precomputed reference log-probs (``precompute_in``: where the trainer runs that pass) and GRPO's
+    rollout settings; each refused with what to change."""
+    out: list[Problem] = []
     if s.lifecycle.evaluation:
-        no("lifecycle.evaluation", "DPO's evaluation (policy and reference forwards of the eval pairs) is not "
-           "modelled", "set lifecycle.evaluation: false")
+        out.append(Problem("lifecycle.evaluation", f"{method}'s evaluation (policy and reference forwards of the eval "
+                           f"{items}) is not modelled", "set lifecycle.evaluation: false"))
     if s.rl.precompute_ref_log_probs:
-        # DPOTrainer.__init__ runs _precompute_ref_logps before the Trainer prepares the model (no autocast yet) and
-        # keeps no reference during training: another step and a pass before it, neither modelled
-        no("rl.precompute_ref_log_probs", "precomputed reference log-probs (the pass over the dataset in "
-           f"DPOTrainer.__init__, TRL v{TRL_RELEASE}) are not modelled", "set rl.precompute_ref_log_probs: false")
+        out.append(Problem("rl.precompute_ref_log_probs", "precomputed reference log-probs (the pass over the dataset "
+                           f"in {precompute_in}) are not modelled", "set rl.precompute_ref_log_probs: false"))
     rl = s.rl.model_fields_set - {"reference_model", "precompute_ref_log_probs"}
     if rl:
         shown = ", ".join(f"rl.{k}" for k in sorted(rl))
-        no("rl", f"{shown} set, but DPO has no rollout and its beta does not change memory (GRPO's settings)",
-           "remove them (DPO reads rl.reference_model and rl.precompute_ref_log_probs)")
+        out.append(Problem("rl", f"{shown} set, but {method} has no rollout and its beta does not change memory "
+                           "(GRPO's settings)",
+                           f"remove them ({method} reads rl.reference_model and rl.precompute_ref_log_probs)"))
     return out
 
 

@@ -29,7 +29,7 @@ inside each step (stated in the report).
 
 from __future__ import annotations
 
-from vramplan.analytic.dpo import reference_kind, reference_problems
+from vramplan.analytic.dpo import offline_reference_problems, reference_kind, reference_problems
 from vramplan.analytic.fused_head import (
     FUSED_TOKEN_ROWS,
     FUSED_VOCAB_COLUMNS,
@@ -74,19 +74,8 @@ def _setup_problems(s: Scenario) -> list[Problem]:
     if t.packing:
         no("train.packing", f"KTOTrainer (TRL v{KTO_TRL_RELEASE}) has no padding_free: it pads every example",
            "set train.packing: false")
-    if s.lifecycle.evaluation:
-        no("lifecycle.evaluation", "KTO's evaluation (policy and reference forwards of the eval examples) is not "
-           "modelled", "set lifecycle.evaluation: false")
-    if s.rl.precompute_ref_log_probs:
-        no("rl.precompute_ref_log_probs", "precomputed reference log-probs (the pass over the dataset in "
-           f"KTOTrainer._precompute_ref_logps, TRL v{KTO_TRL_RELEASE}) are not modelled",
-           "set rl.precompute_ref_log_probs: false")
-    rl = s.rl.model_fields_set - {"reference_model", "precompute_ref_log_probs"}
-    if rl:
-        shown = ", ".join(f"rl.{k}" for k in sorted(rl))
-        no("rl", f"{shown} set, but KTO has no rollout and its beta does not change memory (GRPO's settings)",
-           "remove them (KTO reads rl.reference_model and rl.precompute_ref_log_probs)")
-    return out
+    return out + offline_reference_problems(s, "KTO", "examples",
+                                            f"KTOTrainer._precompute_ref_logps, TRL v{KTO_TRL_RELEASE}")
 
 
 def kto_problems(s: Scenario) -> list[Problem]:
