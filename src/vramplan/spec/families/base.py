@@ -32,6 +32,28 @@ KEY_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+# the outer keys a vision-language model's language model inherits when its text_config does not name them (the
+# checkpoint's dtype and quantization apply to the whole model)
+OUTER_KEYS = ("torch_dtype", "dtype", "quantization_config")
+
+
+def inherit_outer(text: dict[str, Any], cfg: Config, keys: tuple[str, ...] = OUTER_KEYS) -> dict[str, Any]:
+    """``text`` (a language model's config) with each of ``keys`` the outer ``cfg`` has and ``text`` lacks; returned."""
+    for k in keys:
+        if k in cfg and k not in text:
+            text[k] = cfg[k]
+    return text
+
+
+def square_side(v: Any) -> int:
+    """An ``image_size`` / ``patch_size`` (vision configs accept an int or a square pair)."""
+    if isinstance(v, (list, tuple)):
+        if len(v) != 2 or int(v[0]) != int(v[1]):
+            raise ValueError(f"a non-square size {v!r} is not modelled")
+        return int(v[0])
+    return int(v)
+
+
 def get(cfg: Config, *keys: str, default: Any = None) -> Any:
     """The first of ``keys`` present and not null in ``cfg`` (``default`` otherwise)."""
     for k in keys:

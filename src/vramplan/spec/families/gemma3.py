@@ -33,7 +33,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, build_spec, get
+from vramplan.spec.families.base import (
+    OUTER_KEYS,
+    Config,
+    Family,
+    Params,
+    build_spec,
+    get,
+    inherit_outer,
+    square_side,
+)
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
@@ -51,15 +60,6 @@ _VISION_DEFAULTS: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 307
                                     "num_attention_heads": 12, "num_channels": 3, "image_size": 224,
                                     "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True}
 PREFIX = "vision_tower.vision_model"
-
-
-def _side(v: Any) -> int:
-    """An ``image_size`` / ``patch_size`` (SiglipVisionConfig accepts an int or a square pair)."""
-    if isinstance(v, (list, tuple)):
-        if len(v) != 2 or int(v[0]) != int(v[1]):
-            raise ValueError(f"a non-square size {v!r} is not modelled")
-        return int(v[0])
-    return int(v)
 
 
 def vit_encoder_layers(p: Params, enc: str, d: int, i: int, n: int) -> None:
@@ -80,7 +80,7 @@ def siglip_tower(p: Params, vc: Config, prefix: str = PREFIX) -> dict[str, int]:
     patch, patches per image)."""
     d, i = int(get(vc, "hidden_size")), int(get(vc, "intermediate_size"))
     n, heads = int(get(vc, "num_hidden_layers")), int(get(vc, "num_attention_heads"))
-    image, patch, ch = _side(get(vc, "image_size")), _side(get(vc, "patch_size")), int(get(vc, "num_channels"))
+    image, patch, ch = square_side(get(vc, "image_size")), square_side(get(vc, "patch_size")), int(get(vc, "num_channels"))
     patches = (image // patch) ** 2
     p.add(f"{prefix}.embeddings.patch_embedding.weight", d * ch * patch * patch, "other")
     p.add(f"{prefix}.embeddings.patch_embedding.bias", d, "bias")
@@ -126,9 +126,7 @@ def _text_config(cfg: Config) -> dict[str, Any]:
     text = dict(_TEXT_DEFAULTS)
     text.update({k: v for k, v in dict(cfg.get("text_config") or {}).items() if v is not None})
     text["model_type"] = "gemma3_text"
-    for k in ("tie_word_embeddings", "torch_dtype", "dtype", "quantization_config"):
-        if k in cfg and k not in text:
-            text[k] = cfg[k]
+    inherit_outer(text, cfg, ("tie_word_embeddings", *OUTER_KEYS))
     return text
 
 

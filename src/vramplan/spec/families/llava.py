@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, get
+from vramplan.spec.families.base import OUTER_KEYS, Config, Family, Params, get, inherit_outer
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec, vit_encoder_layers
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -69,9 +69,7 @@ def llava_text_config(cfg: Config) -> dict[str, Any]:
     text = dict(_LLAMA_DEFAULTS) if kind == "llama" else {}
     text.update({k: v for k, v in inner.items() if v is not None})
     text["model_type"] = kind
-    for k in ("tie_word_embeddings", "torch_dtype", "dtype", "quantization_config"):
-        if k in cfg and k not in text:
-            text[k] = cfg[k]
+    inherit_outer(text, cfg, ("tie_word_embeddings", *OUTER_KEYS))
     if kind not in LLAMA_FAMILIES:
         raise ValueError(f"a {cfg.get('model_type')} language model of model_type {kind!r} is not modelled "
                          f"(known: {', '.join(sorted(LLAMA_FAMILIES))})")

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, build_spec, get
+from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer, square_side
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import feature_layers
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -65,9 +65,7 @@ def _text_config(cfg: Config) -> dict[str, Any]:
     text = {**(_MISTRAL if kind == "mistral" else {}), **inner, "model_type": kind}
     if "sliding_window" in dict(cfg["text_config"]) and cfg["text_config"]["sliding_window"] is None:
         text["sliding_window"] = None  # an explicit null: no window (Mistral Small 3.1)
-    for k in ("torch_dtype", "dtype", "quantization_config"):
-        if k in cfg and k not in text:
-            text[k] = cfg[k]
+    inherit_outer(text, cfg)
     # the outer config's flag ties lm_head to the text embeddings (modeling_utils.py
     # get_expanded_tied_weights_keys reads the top model's config; Mistral3Config's default is True), whatever
     # the text config says
@@ -78,19 +76,11 @@ def _text_config(cfg: Config) -> dict[str, Any]:
     return text
 
 
-def _side(v: Any) -> int:
-    if isinstance(v, (list, tuple)):
-        if len(v) != 2 or int(v[0]) != int(v[1]):
-            raise ValueError(f"a non-square size {v!r} is not modelled")
-        return int(v[0])
-    return int(v)
-
-
 def _tower(p: Params, vc: Config) -> dict[str, int]:
     """Add a ``PixtralVisionModel``'s tensors to ``p``; returns its sizes."""
     d, i = int(get(vc, "hidden_size")), int(get(vc, "intermediate_size"))
     n, heads = int(get(vc, "num_hidden_layers")), int(get(vc, "num_attention_heads"))
-    patch, ch = _side(get(vc, "patch_size")), int(get(vc, "num_channels"))
+    patch, ch = square_side(get(vc, "patch_size")), int(get(vc, "num_channels"))
     p.add(f"{PREFIX}.patch_conv.weight", d * ch * patch * patch, "other")
     p.add(f"{PREFIX}.ln_pre.weight", d, "norm")
     layer = f"{PREFIX}.transformer.layers"
@@ -102,7 +92,7 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
     for name in ("attention_norm", "ffn_norm"):
         p.add(f"{layer}.{name}.weight", d, "norm", per_layer=n)
     return {"d": d, "i": i, "layers": n, "heads": heads, "patch": patch, "channels": ch,
-            "image": _side(get(vc, "image_size"))}
+            "image": square_side(get(vc, "image_size"))}
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:

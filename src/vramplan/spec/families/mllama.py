@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, get
+from vramplan.spec.families.base import Config, Family, Params, get, inherit_outer
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, ParamGroup, VisionSpec
 
@@ -81,9 +81,7 @@ def mllama_text_config(cfg: Config) -> dict[str, Any]:
     """The language model's keys (``MllamaTextConfig``'s defaults under ``text_config``), as a Llama config for the
     shared builder; the outer dtype and quantization keys are inherited."""
     text = {**_TEXT_DEFAULTS, **{k: v for k, v in dict(cfg.get("text_config") or {}).items() if v is not None}}
-    for k in ("torch_dtype", "dtype", "quantization_config"):
-        if k in cfg and k not in text:
-            text[k] = cfg[k]
+    inherit_outer(text, cfg)
     text["model_type"] = "llama"
     # MllamaTextSelfAttention / MllamaTextCrossAttention: head_dim = hidden_size // num_attention_heads, no bias,
     # dropout = config.dropout

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params
+from vramplan.spec.families.base import Config, Family, Params, inherit_outer
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -65,9 +65,7 @@ def _text_config(cfg: Config) -> dict[str, Any]:
     if kind not in ("gemma", "gemma2"):
         raise ValueError(f"a paligemma language model of model_type {kind!r} is not modelled (gemma, gemma2)")
     text = {**(_GEMMA if kind == "gemma" else _GEMMA2), **inner, "model_type": kind}
-    for k in ("torch_dtype", "dtype", "quantization_config"):
-        if k in cfg and k not in text:
-            text[k] = cfg[k]
+    inherit_outer(text, cfg)
     return text
 
 

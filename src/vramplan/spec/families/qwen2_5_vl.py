@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, build_spec, get
+from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
@@ -51,9 +51,7 @@ def qwen_vl_text_config(cfg: Config) -> dict[str, Any]:
             if k not in ("vision_config", "text_config", "layer_types")}
     text["model_type"] = "qwen2"
     text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    for k in ("torch_dtype", "dtype", "quantization_config"):
-        if k in cfg and k not in text:
-            text[k] = cfg[k]
+    inherit_outer(text, cfg)
     return text
 
 
