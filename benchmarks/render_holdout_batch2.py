@@ -40,10 +40,6 @@ def batch_ids(n: int = 2, path: Path = HOLDOUT) -> list[str]:
     return [str(r["id"]) for r in yaml.safe_load(body) or []]
 
 
-def batch2_ids(path: Path = HOLDOUT) -> list[str]:
-    """Ids of batch 2's entries (``batch_ids(2)``)."""
-    return batch_ids(2, path)
-
 
 def load_result(path: Path) -> ValidationResult:
     data = json.loads(path.read_text(encoding="utf-8"))
