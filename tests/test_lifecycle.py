@@ -286,3 +286,9 @@ def test_evaluation_sequences_longer_than_training_scale_kept_logits_and_the_for
     assert ev[0] < ev[1] < ev[2]
     # the step itself does not depend on the evaluation's length
     assert long.per_gpu.lifecycle["training step"] == base.per_gpu.lifecycle["training step"]
+
+
+def test_the_evaluation_assumption_names_its_length() -> None:
+    on = estimate(_doc(lifecycle={"evaluation": True, "eval_seq_len": 512}))
+    assert any("sequences of 512 tokens" in a for a in on.assumptions)
+    assert not any("sequences of" in a for a in estimate(_doc(lifecycle={"evaluation": True})).assumptions)

@@ -136,7 +136,8 @@ def _assumptions(c: StepContext) -> list[str]:
         kept = ("every batch's logits kept on the GPU" + (f", moved to the CPU every {lc.eval_accumulation_steps}"
                                                           if lc.eval_accumulation_steps else "")
                 if lc.eval_keeps_logits else "no logits kept (no compute_metrics)")
-        out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences, {kept}{gen} "
+        length = f" of {lc.eval_seq_len:,} tokens" if lc.eval_seq_len is not None else ""
+        out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences{length}, {kept}{gen} "
                    "(HF Trainer.evaluation_loop / Lit-GPT validate)")
     else:
         out.append("lifecycle, evaluation: none (the HF Trainer's default eval_strategy='no'; accelerate, DeepSpeed, "
