@@ -37,13 +37,15 @@ def _by_id(entry_id: str) -> Entry:
 
 
 # batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries;
-# batch 3 (collected 2026-11-26, after its own comment line): 20 entries
+# batch 3 (collected 2026-11-26, after its own comment line): 20 entries; batch 4 (likewise): 36 entries
 BATCH1_ENTRIES = 36
 BATCH2_ENTRIES = 26
 BATCH3_ENTRIES = 20
+BATCH4_ENTRIES = 36
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
-ALL_ENTRIES = BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES
+BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
+ALL_ENTRIES = BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -153,7 +155,7 @@ def test_batch3_follows_its_marker_and_brings_new_sources() -> None:
     head, sep, tail = text.partition(BATCH3_MARK)
     assert sep, "the batch-3 comment line is missing"
     earlier = yaml.safe_load(head)
-    batch3 = yaml.safe_load(tail.split("\n", 1)[1])
+    batch3 = yaml.safe_load(tail.split("\n", 1)[1].partition(BATCH4_MARK)[0])
     assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES
     assert len(batch3) == BATCH3_ENTRIES
     # batch 3 uses none of the sources (nor the cited URLs) of batches 1 and 2, and draws on at least six publications
@@ -178,3 +180,34 @@ def test_batch3_figures_converted_to_bytes() -> None:
     assert _by_id("torchtune1603-llama31-8b-generate-bf16-p6-n300-4090").measured.bytes == 16_430_000_000
     # axolotl's README: 27.7 GiB x 2^30 = 29,742,648,524.8 -> 29,742,648,525
     assert _by_id("axolotl-seedoss36b-qlora-r32-s2048-packed-mb2-cce").measured.bytes == 29_742_648_525
+
+
+def test_batch4_follows_its_marker_and_brings_new_sources() -> None:
+    text = HOLDOUT.read_text(encoding="utf-8")
+    head, sep, tail = text.partition(BATCH4_MARK)
+    assert sep, "the batch-4 comment line is missing"
+    earlier = yaml.safe_load(head)
+    batch4 = yaml.safe_load(tail.split("\n", 1)[1])
+    assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES
+    assert len(batch4) == BATCH4_ENTRIES
+    # batch 4 uses none of the sources (nor the cited URLs) of batches 1 to 3, and draws on at least ten publications
+    sources4 = {str(r["source"]) for r in batch4}
+    assert not sources4 & {str(r["source"]) for r in earlier}
+    assert len(sources4) >= 10
+    earlier_urls = set().union(*(_urls(str(r["citation"])) for r in earlier))
+    assert not set().union(*(_urls(str(r["citation"])) for r in batch4)) & earlier_urls
+
+
+def test_batch4_figures_converted_to_bytes() -> None:
+    # ms-swift's get_max_cuda_memory is max_memory_reserved() / 1024**3: 13.72 x 2^30 = 14,731,737,825.3 -> 14,731,737,825
+    assert _by_id("swift-yi6b-chat-lora-r8-qkv-s512-mb1-a100").measured.bytes == 14_731_737_825
+    # vLLM V1 'Model loading took 14.2474 GiB': 14.2474 x 2^30 = 15,298,029,263.3 -> 15,298,029,263
+    assert _by_id("vllm17469-qwen3-30b-a3b-tp4-a10-v085-1k-weights").measured.bytes == 15_298_029_263
+    # llama.cpp KV: 32,000 cells x 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 4,194,304,000 = 4000.00 MiB
+    assert _by_id("llamacpp7450-mistral7b-v02-q2_k-ctx32000-b2961-kv-buffer").measured.bytes == 4_194_304_000
+    # nvidia-smi MiB: 23859 x 2^20 = 25,017,974,784
+    assert _by_id("vllm7553-yi15-34b-tp4-4090-v054-graphs-nvsmi").measured.bytes == 25_017_974_784
+    # LitGPT prints max_memory_allocated() / 1e9: 18.83 GB = 18,830,000,000 B
+    assert _by_id("litgpt1558-generate-gemma-7b-it-bf16-l4").measured.bytes == 18_830_000_000
+    # Unsloth prints max_memory_reserved() / 1024**3 to 3 decimals: 9.359 x 2^30 = 10,049,149,730.8 -> 10,049,149,731
+    assert _by_id("unsloth-prashantsaikia-llama31-8b-qlora-r16-all-mb2-a10g").measured.bytes == 10_049_149_731
