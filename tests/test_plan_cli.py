@@ -208,7 +208,7 @@ def test_setup_reads_back_and_replaces_by_flat_name() -> None:
     assert list(s.as_dict()) == [
         "framework", "num_gpus", "micro_batch_size", "grad_accum_steps", "seq_len", "precision", "optimizer",
         "checkpointing", "attention", "zero_stage", "fsdp", "offload", "tp", "pp", "peft", "lora_rank", "lora_alpha",
-        "lora_dropout", "target_modules", "quantization", "gpus_per_node"]
+        "lora_dropout", "target_modules", "quantization", "gpus_per_node", "pp_schedule", "pp_virtual_stages"]
     assert TrainSetup(**s.as_dict()) == s and hash(TrainSetup(**s.as_dict())) == hash(s)
     r = dataclasses.replace(s, num_gpus=4, grad_accum_steps=2)
     assert r.as_dict() == {**s.as_dict(), "num_gpus": 4, "grad_accum_steps": 2} and r.train.peft == s.train.peft

@@ -154,7 +154,8 @@ def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats
 _FIELD_NAMES = {
     "framework": "framework", "num_gpus": "GPUs", "precision": "precision", "optimizer": "optimizer",
     "checkpointing": "checkpointing", "attention": "attention", "zero_stage": "ZeRO stage", "fsdp": "FSDP",
-    "offload": "offload", "tp": "TP", "pp": "PP", "peft": "PEFT", "quantization": "base weights",
+    "offload": "offload", "tp": "TP", "pp": "PP", "pp_schedule": "PP schedule",
+    "pp_virtual_stages": "model chunks per rank", "peft": "PEFT", "quantization": "base weights",
     "micro_batch_size": "micro-batch", "dtype": "dtype", "kv_cache_dtype": "KV cache",
 }
 
@@ -168,7 +169,7 @@ def _trade(chosen: _Found, other: _Found, kind: str) -> str:
     diffs = []
     if _strategy(chosen.setup) != _strategy(other.setup):
         diffs.append(f"{_strategy(other.setup)} instead of {_strategy(chosen.setup)}")
-    skip = ("framework", "zero_stage", "fsdp", "tp", "pp")
+    skip = ("framework", "zero_stage", "fsdp", "tp", "pp", "pp_schedule", "pp_virtual_stages")  # in the strategy
     diffs += [f"{_FIELD_NAMES[k]} {b[k]} (vs {a[k]})" for k in _FIELD_NAMES
               if k in a and a[k] != b[k] and k not in skip]
     if kind == "train":

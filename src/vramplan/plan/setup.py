@@ -43,6 +43,7 @@ FLAT: dict[str, tuple[str, str]] = {
     "lora_rank": ("adapter", "rank"), "lora_alpha": ("adapter", "alpha"), "lora_dropout": ("adapter", "dropout"),
     "target_modules": ("adapter", "target_modules"), "quantization": ("train", "quantization"),
     "gpus_per_node": ("", "gpus_per_node"),
+    "pp_schedule": ("parallel", "pp_schedule"), "pp_virtual_stages": ("parallel", "pp_virtual_stages"),
 }
 
 # The flat names read from the records (``peft`` is the method, set on its own).
@@ -176,6 +177,8 @@ class TrainSetup:
     offload = _Flat[str]("parallel", "offload")
     tp = _Flat[int]("parallel", "tp")
     pp = _Flat[int]("parallel", "pp")
+    pp_schedule = _Flat[str]("parallel", "pp_schedule")
+    pp_virtual_stages = _Flat[int]("parallel", "pp_virtual_stages")
     lora_rank = _Flat[int]("adapter", "rank")
     lora_alpha = _Flat[float]("adapter", "alpha")
     lora_dropout = _Flat[float]("adapter", "dropout")
@@ -198,7 +201,7 @@ class TrainSetup:
         attention kernel form one family, and a plan lists each family once (its fastest member)."""
         t, p = self.train, self.parallel
         return (self.framework, self.num_gpus, t.precision, t.gradient_checkpointing, p.zero_stage, p.fsdp,
-                p.offload, p.tp, p.pp, self.peft, t.quantization)
+                p.offload, p.tp, p.pp, p.pp_schedule, p.pp_virtual_stages, self.peft, t.quantization)
 
     def label(self) -> str:
         """A short human name: 'DeepSpeed ZeRO-3 + offload(optimizer), bf16-mixed, ...'."""
@@ -210,7 +213,9 @@ class TrainSetup:
             parts.append(f"FSDP {p.fsdp}")
         elif self.framework == "torchtitan":
             parts.append("torchtitan" + (" FSDP" if self.dp > 1 else "") + (f" TP{p.tp}" if p.tp > 1 else "")
-                         + (f" PP{p.pp}" if p.pp > 1 else ""))
+                         + (f" PP{p.pp}" if p.pp > 1 else "")
+                         + (f" {p.pp_schedule}" + (f" x{p.pp_virtual_stages}" if p.pp_virtual_stages > 1 else "")
+                            if p.pp > 1 and p.pp_schedule != "1f1b" else ""))
         else:
             parts.append("DDP" if self.num_gpus > 1 else "single GPU")
         if p.offload != "none":

@@ -20,6 +20,12 @@ offload             DeepSpeed: optimizer (ZeRO-Offload), optimizer+params at sta
                     (ZeRO-Infinity to CPU); FSDP full_shard: CPU offload (parameters, gradients,
                     optimizer step); shard_grad_op keeps unsharded parameters, so it is not offloaded
 tp, pp              torchtitan only; tp divides the attention heads and stays inside a node
+pp schedule         with pp > 1: 1F1B, and interleaved 1F1B with 2 model chunks per rank (and 4 where
+                    the layers allow 4 x pp chunks) wherever torch's ScheduleInterleaved1F1B takes the
+                    micro-batch count (a multiple of its max(1, m // pp) rounds): it trades more
+                    activations in flight for a bubble of (pp - 1) / v slots.  GPipe holds every
+                    micro-batch's activations with 1F1B's bubble, so it never beats 1F1B and is not
+                    searched; the zero-bubble schedules are not modelled (facts/pipeline_schedules.py)
 micro-batch         every divisor of the per-rank batch up to ``max_micro_batch``, with
                     gradient accumulation making up the global batch exactly
 PEFT                LoRA (bf16 base) and QLoRA (NF4 + double quantization) with DDP, and on more than one
@@ -40,6 +46,7 @@ from typing import Any, Literal
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.optimizers import optimizer_facts, planner_optimizers
+from vramplan.facts.pipeline_schedules import interleaved_rounds
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
@@ -198,6 +205,8 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
         def make(mbs_list: list[int] = mbs_list, per_rank: int = per_rank, tp: int = tp, pp: int = pp,
                  **kw: Any) -> Iterator[TrainSetup]:
             for mbs in mbs_list:
+                if not _schedule_takes(kw.get("pp_schedule", "1f1b"), pp, per_rank // mbs):
+                    continue
                 yield TrainSetup(micro_batch_size=mbs, grad_accum_steps=per_rank // mbs, seq_len=seq, num_gpus=n,
                                  tp=tp, pp=pp, gpus_per_node=gpus_per_node, lora_rank=job.lora_rank,
                                  lora_alpha=job.lora_alpha, **kw)
@@ -235,8 +244,30 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                 if prec == "bf16-true":
                     continue  # torchtitan trains with fp32 sharded parameters (mixed_precision_param bfloat16)
                 for ck in ckpts:
-                    yield from make(framework="torchtitan", precision=prec, optimizer=titan_opt, checkpointing=ck,
-                                    attention="sdpa", fsdp="full_shard" if dp > 1 else "none")
+                    for sched in _pp_schedules(m, pp):
+                        yield from make(framework="torchtitan", precision=prec, optimizer=titan_opt, checkpointing=ck,
+                                        attention="sdpa", fsdp="full_shard" if dp > 1 else "none", **sched)
+
+
+def _pp_schedules(m: ModelSpec, pp: int) -> list[dict[str, Any]]:
+    """The pipeline schedules searched at ``pp`` stages, as setup keywords (none for the default 1F1B, so its
+    setups and documents are those of a plan that searched no schedule): interleaved 1F1B with v = 2 chunks
+    per rank where pp x 2 chunks fit in the layers, and v = 4 where the layers split evenly into pp x 4."""
+    if pp == 1 or m.vision is not None:  # a vision tower's activations are modelled under 1F1B only (spec/load.py)
+        return [{}]
+    out: list[dict[str, Any]] = [{}]
+    for v in (2, 4):
+        if pp * v <= m.num_layers and (v == 2 or m.num_layers % (pp * v) == 0):
+            out.append({"pp_schedule": "interleaved-1f1b", "pp_virtual_stages": v})
+    return out
+
+
+def _schedule_takes(schedule: str, pp: int, micro_batches: int) -> bool:
+    """Whether torch's schedule class accepts ``micro_batches`` per step: ScheduleInterleaved1F1B raises unless
+    they are a multiple of its rounds (``interleaved_rounds``; spec/load.py checks the same for a scenario)."""
+    if schedule != "interleaved-1f1b":
+        return True
+    return micro_batches % interleaved_rounds(pp, micro_batches)[0] == 0
 
 
 # The sharding and offload rungs for adapter training, as for full fine-tuning: PEFT documents LoRA and QLoRA
