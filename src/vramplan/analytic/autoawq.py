@@ -247,10 +247,10 @@ def decode_moments(a: AwqCall) -> list[Moment]:
     _, prompt_kept = a.logits(a.prompt if a.all_logits else 1)
     _, step_kept = a.logits(1)
     sampling = b * m.vocab_size * SAMPLING_BYTES_PER_ENTRY if a.generate else 0
-    last_tokens = a.prompt + a.new - 1 if a.generate else a.prompt
 
-    def step(phase: str, kept: int, ids: int, roll: bool) -> Moment:
-        mo = _resident(a, Moment(phase), ids)
+    def step(phase: str, kept: int, j: int, roll: bool) -> Moment:
+        # decode step j: generate's input_ids have grown to p + j tokens; a forward loop keeps the caller's prompt
+        mo = _resident(a, Moment(phase), a.prompt + j if a.generate else a.prompt)
         mo.add(K.PREV_PROMPT_LOGITS if phase == "decode (first step)" else K.PREV_STEP_LOGITS,
                kept if a.keeps_prev else 0)
         if roll:
@@ -258,12 +258,12 @@ def decode_moments(a: AwqCall) -> list[Moment]:
             return mo.add(K.CACHE_ROLL, window_cache_bytes(m, b, a.window) // m.num_layers // 2)
         return mo.add(K.LAST_LOGITS, step_head + sampling)
 
-    out = [step("decode (first step)", prompt_kept, a.prompt + 1, False), step("decode", step_kept, last_tokens, False)]
+    out = [step("decode (first step)", prompt_kept, 1, False), step("decode", step_kept, a.new - 1, False)]
     if a.prompt + a.new - 1 > a.window:
         # decode step j (1-based) starts at position p + j - 1; the first past the window rolls it
         first = a.window - a.prompt + 1
-        out.append(step("decode (first step)", prompt_kept, a.prompt, True) if first == 1
-                   else step("decode", step_kept, a.prompt + first, True))
+        out.append(step("decode (first step)", prompt_kept, 1, True) if first == 1
+                   else step("decode", step_kept, first, True))
     return out
 
 
