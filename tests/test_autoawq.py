@@ -169,3 +169,22 @@ def test_peak_grows_with_the_window(window: int, extra: int) -> None:
     big = estimate(_doc("mistral-7b", "0.1.8", prompt_len=64, new_tokens=64,
                         autoawq={"max_seq_len": window + extra}))
     assert big.per_gpu.peak_allocated_bytes > small.per_gpu.peak_allocated_bytes
+
+
+def test_rotary_caches_on_the_gpu_while_fusing_from_017() -> None:
+    # 0.1.7+ dispatch the transformers model (buffers included) before fusing: every old attention's fp16 cos/sin
+    # caches [4096, 128] and fp32 inv_freq [64] are on the GPU: 32 x (2 x 4096 x 128 x 2 + 64 x 4) = 67,117,056 B;
+    # 0.1.6 fuses before dispatch_model (its load phase is the first test's)
+    doc = _doc("llama-2-7b", "0.1.8", prompt_len=512, new_tokens=512, autoawq={"max_seq_len": 1024})
+    assert _phase(doc, "load") == 5_312_225_280 + 67_117_056
+
+
+def test_issue_276_rows_within_two_percent() -> None:
+    # AutoAWQ issue 276 (validation/published.yaml, source autoawq-issue-276-benchmark): benchmark.py, Llama-2-7b GEMM on
+    # an A100-80GB, 4.55 GiB at 32 + 32 tokens (the fusing peak), 62.33 GiB at batch 8, 4096 + 4096 (the scores)
+    awq = {"max_seq_len": 32, "warmup_matmul": True}
+    small = estimate(_doc("llama-2-7b", "0.1.8", prompt_len=32, new_tokens=32, autoawq=awq)).per_gpu
+    assert small.peak_phase == "load" and abs(small.peak_allocated_bytes / (4.55 * 2**30) - 1) < 0.02
+    awq = {"max_seq_len": 4096, "warmup_matmul": True}
+    big = estimate(_doc("llama-2-7b", "0.1.8", batch_size=8, prompt_len=4096, new_tokens=4096, autoawq=awq)).per_gpu
+    assert big.peak_phase == "prefill" and abs(big.peak_allocated_bytes / (62.33 * 2**30) - 1) < 0.02

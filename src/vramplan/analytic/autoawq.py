@@ -24,7 +24,8 @@ Moments (each with the weights, the window cache, the RoPE tables and the caller
   ``q_proj``/``k_proj``/``v_proj`` buffers, which the old decoder layers keep until the loop ends and
   ``self.model.model`` is replaced; ``fuse_qkv`` first builds a ``WQLinear_GEMM`` whose zero buffers the concatenations
   replace.  Peak: every layer's fused q/k/v beside the originals, plus the last layer's cache being made (its K in
-  fp32), or its fused linear's zero buffers and the concatenated ``qweight`` (``fuse_qkv``).
+  fp32), or its fused linear's zero buffers and the concatenated ``qweight`` (``fuse_qkv``).  From 0.1.7 the old
+  layers' transformers rotary caches are on the GPU too (``hf_rotary_bytes``; 0.1.6 dispatches after fusing).
 * **prefill, attention** (``QuantAttentionFused.forward``, ``seqlen > 1``: explicit scores): alive at the softmax are
   the layer input and ``norm_out`` (2h), ``xqkv`` (q + 2k), the rotated q and k (q + k), ``keys_store``'s contiguous
   copy (k), ``repeat_interleave``'s K and V expanded to every head (2q; a copy even when G = H, repeats=1), per
@@ -74,6 +75,7 @@ __all__ = [
     "autoawq_assumptions",
     "autoawq_step",
     "fused_qkv_bytes",
+    "hf_rotary_bytes",
     "rope_table_bytes",
     "window_cache_bytes",
 ]
@@ -117,6 +119,20 @@ def fused_qkv_bytes(m: ModelSpec) -> tuple[int, int]:
     out = m.q_width + 2 * m.num_kv_heads * m.head_dim
     numel = m.hidden_size * out
     return quantized_linear_bytes(numel, out, "awq-4bit"), numel // 2
+
+
+def hf_rotary_bytes(m: ModelSpec) -> int:
+    """transformers' rotary buffers of the unfused layers, on the GPU while they are fused (AutoAWQ 0.1.7+).
+
+    transformers 4.36.2 ``LlamaAttention._init_rope`` gives every attention a ``LlamaRotaryEmbedding`` (Mistral's
+    the same) whose ``_set_cos_sin_cache(seq_len=max_position_embeddings, dtype=torch.get_default_dtype())``
+    registers ``cos_cached`` and ``sin_cached`` [max_position_embeddings, d] and an fp32 ``inv_freq`` [d/2];
+    AutoAWQ builds the model with ``from_config(torch_dtype=torch.float16)``, which makes fp16 the default dtype
+    (``PreTrainedModel._from_config``).  Llama-2-7B: 32 x (2 x 4096 x 128 x 2 + 64 x 4) = 67,117,056 B;
+    Mistral-7B's 32,768 positions: 32 x (2 x 32768 x 128 x 2 + 64 x 4) = 536,879,104 B.
+    """
+    d = m.head_dim
+    return m.num_layers * (2 * m.max_position_embeddings * d * C + d // 2 * 4)
 
 
 @dataclass(frozen=True)
@@ -190,6 +206,8 @@ def load_moment(a: AwqCall) -> Moment:
     at_fuse = qweight - cache_layer - rope_layer
     mo = _resident(a, Moment("load"), 0, cublas=False)
     mo.add(K.AWQ_QKV_COPIES, layers * qkv)
+    if a.row.dispatch_before_fuse:
+        mo.add(K.AWQ_HF_ROTARY, hf_rotary_bytes(m))
     if max(at_cache, at_fuse) > 0:
         mo.add(K.AWQ_FUSE_BUILD, max(at_cache, at_fuse))
     return mo
@@ -277,7 +295,7 @@ def autoawq_assumptions(a: AwqCall) -> list[str]:
            else f"{row.window_argument}=None takes the config's max_position_embeddings)"))
     loop = ("model(ids) once per token, greedy argmax (AutoAWQ examples/benchmark.py generate_torch)" if not a.generate
             else "model.generate over the fused model (transformers' generate, sampling warpers on the last row)")
-    tf = s.software.transformers or "a release before 4.42 (AutoAWQ <= 0.2.3 requires transformers >= 4.35.0)"
+    tf = s.software.transformers or "unset, taken as a release before 4.42 (AutoAWQ <= 0.2.3 requires >= 4.35.0)"
     notes = [
         f"AutoAWQ {row.release} fused inference (from_quantized fuse_layers=True; {row.source}): {loop}",
         (f"fused KV cache window of {a.window} positions{default}, preallocated in fp16 for batch {a.batch} at load "

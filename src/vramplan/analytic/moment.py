@@ -187,6 +187,9 @@ class K:
     INPUT_IDS = _k("activations", "input ids (int64)", "the caller's int64 token ids on the GPU")
     AWQ_QKV_COPIES = _k("weights", "unfused q/k/v kept while fusing (AutoAWQ)",
                         "the original q/k/v linears, held by the old decoder layers until fuse_transformer ends")
+    AWQ_HF_ROTARY = _k("weights", "unfused layers' rotary caches (AutoAWQ)",
+                       "transformers' per-attention cos/sin caches of the layers being fused, on the GPU until "
+                       "fuse_transformer ends (AutoAWQ 0.1.7+)")
     AWQ_FUSE_BUILD = _k("temporaries", "last layer being fused (AutoAWQ)",
                         "the last layer's fp32 cache tensor before .half(), or its fused linear's zero buffers")
     WARMUP_MATMUL = _k("temporaries", "warm-up matmul (benchmark)",

@@ -14,6 +14,10 @@ between the releases read here, each at its tag:
 * **the MLP.**  0.1.x fuse it (``awq/modules/fused/mlp.py`` ``QuantLlamaMLP``/``QuantFusedMLP``: gate and up
   outputs bound to locals, ``gemm_forward_cuda`` at every length); 0.2.x keep transformers' ``LlamaMLP`` with
   ``WQLinear_GEMM`` linears (``awq/models/llama.py`` ``LlamaFuser``: ``mlp=module.mlp``).
+* **when the model reaches the GPU.**  0.1.6 ``from_quantized`` runs ``load_checkpoint_in_model`` (checkpoint
+  tensors only), ``fuse_layers``, then ``dispatch_model``; from 0.1.7 ``load_checkpoint_and_dispatch`` moves the
+  whole transformers model to the GPU before fusing, its non-persistent buffers too (transformers' per-attention
+  rotary ``cos_cached``/``sin_cached``).
 * **the GEMM kernel.**  0.2.x ``WQLinearMMFunction.forward`` (``awq/modules/linear/gemm.py``) dequantizes the whole
   weight to fp16 and runs ``torch.matmul`` when ``x.shape[0] * x.shape[1] >= 1024``
   (``FP16_MATMUL_HEURISTIC_CONDITION``); 0.1.x ``WQLinear_GEMM.forward`` always runs ``gemm_forward_cuda``.
@@ -39,11 +43,14 @@ class AutoAwqRelease:
     fused_mlp: bool             # QuantFusedMLP (0.1.x) rather than transformers' LlamaMLP with WQLinear_GEMM
     dequant_min_tokens: int     # WQLinear_GEMM dequantizes the weight when batch x tokens >= this; 0: never
     source: str
+    # load_checkpoint_and_dispatch moves the whole transformers model, its buffers included, to the GPU before
+    # fuse_layers (0.1.7+); 0.1.6 fuses after load_checkpoint_in_model and dispatches afterwards
+    dispatch_before_fuse: bool = True
 
 
 def _old(release: str, source: str) -> AutoAwqRelease:
     """A 0.1.x row: ``max_new_tokens`` (None: the config's positions), fused MLP, no dequantizing GEMM."""
-    return AutoAwqRelease(release, "max_new_tokens", None, True, 0, source)
+    return AutoAwqRelease(release, "max_new_tokens", None, True, 0, source, dispatch_before_fuse=release != "0.1.6")
 
 
 def _new(release: str) -> AutoAwqRelease:
