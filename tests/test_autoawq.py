@@ -188,3 +188,24 @@ def test_issue_276_rows_within_two_percent() -> None:
     awq = {"max_seq_len": 4096, "warmup_matmul": True}
     big = estimate(_doc("llama-2-7b", "0.1.8", batch_size=8, prompt_len=4096, new_tokens=4096, autoawq=awq)).per_gpu
     assert big.peak_phase == "prefill" and abs(big.peak_allocated_bytes / (62.33 * 2**30) - 1) < 0.02
+
+
+def test_transformers_438_llama_causal_mask_buffer() -> None:
+    # transformers 4.38.2 LlamaModel registers causal_mask [4096, 4096] bool: 16,777,216 B more while fusing; 4.37 none
+    base = {"prompt_len": 512, "new_tokens": 512, "autoawq": {"max_seq_len": 1024}}
+    doc = _doc("llama-2-7b", "0.2.3", **base)
+    plain = _phase(doc, "load")
+    doc["software"]["transformers"] = "4.38.2"
+    assert _phase(doc, "load") - plain == 16_777_216
+    doc["software"]["transformers"] = "4.37.2"
+    assert _phase(doc, "load") == plain
+
+
+def test_longest_prompt_stops_at_the_window() -> None:
+    # plan/solvers.max_prompt_len: at batch 1 Llama-2-7B fits an RTX 4090 up to the 2048 window (0.2.3's default),
+    # which a longer prompt cannot be written into; the solver answers the window, not an error
+    from vramplan.catalog.resolve import resolve
+    from vramplan.plan.solvers import max_prompt_len
+
+    r = resolve(_doc("llama-2-7b", None, prompt_len=512, new_tokens=512) | {"hardware": {"gpu": "rtx-4090"}})
+    assert max_prompt_len(r) == 2048

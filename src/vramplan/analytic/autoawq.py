@@ -63,8 +63,9 @@ from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
+from vramplan.errors import ScenarioError
 from vramplan.facts.autoawq import AutoAwqRelease, autoawq_release
-from vramplan.spec.autoawq import autoawq_window
+from vramplan.spec.autoawq import autoawq_problems, autoawq_window
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 
@@ -75,6 +76,7 @@ __all__ = [
     "autoawq_assumptions",
     "autoawq_step",
     "fused_qkv_bytes",
+    "hf_causal_mask_bytes",
     "hf_rotary_bytes",
     "rope_table_bytes",
     "window_cache_bytes",
@@ -126,13 +128,26 @@ def hf_rotary_bytes(m: ModelSpec) -> int:
 
     transformers 4.36.2 ``LlamaAttention._init_rope`` gives every attention a ``LlamaRotaryEmbedding`` (Mistral's
     the same) whose ``_set_cos_sin_cache(seq_len=max_position_embeddings, dtype=torch.get_default_dtype())``
-    registers ``cos_cached`` and ``sin_cached`` [max_position_embeddings, d] and an fp32 ``inv_freq`` [d/2];
+    registers ``cos_cached`` and ``sin_cached`` [max_position_embeddings, d] and an fp32 ``inv_freq`` [d/2] (the same
+    bytes in 4.37.2, 4.38.2 and 4.39.3, where they are ``_cos_cached``/``_sin_cached``);
     AutoAWQ builds the model with ``from_config(torch_dtype=torch.float16)``, which makes fp16 the default dtype
     (``PreTrainedModel._from_config``).  Llama-2-7B: 32 x (2 x 4096 x 128 x 2 + 64 x 4) = 67,117,056 B;
     Mistral-7B's 32,768 positions: 32 x (2 x 32768 x 128 x 2 + 64 x 4) = 536,879,104 B.
     """
     d = m.head_dim
     return m.num_layers * (2 * m.max_position_embeddings * d * C + d // 2 * 4)
+
+
+def hf_causal_mask_bytes(m: ModelSpec, transformers: tuple[int, ...] | None) -> int:
+    """transformers 4.38's ``LlamaModel.causal_mask`` buffer of the unfused model, on the GPU while it is fused.
+
+    transformers 4.38.2 ``LlamaModel.__init__`` registers ``causal_mask`` = ``torch.triu(torch.full((P, P), True))``,
+    P = max_position_embeddings, one bool byte each (4.37.2 and 4.39.3 have no such buffer; Mistral's model none).
+    Llama-2-7B: 4096 x 4096 = 16,777,216 B.  0 for another release or family (unset: a 4.36-era release).
+    """
+    if m.model_type != "llama" or transformers is None or not (4, 38) <= transformers < (4, 39):
+        return 0
+    return m.max_position_embeddings ** 2
 
 
 @dataclass(frozen=True)
@@ -208,6 +223,7 @@ def load_moment(a: AwqCall) -> Moment:
     mo.add(K.AWQ_QKV_COPIES, layers * qkv)
     if a.row.dispatch_before_fuse:
         mo.add(K.AWQ_HF_ROTARY, hf_rotary_bytes(m))
+        mo.add(K.AWQ_HF_CAUSAL_MASK, hf_causal_mask_bytes(m, a.r.scenario.software.transformers_version))
     if max(at_cache, at_fuse) > 0:
         mo.add(K.AWQ_FUSE_BUILD, max(at_cache, at_fuse))
     return mo
@@ -312,6 +328,8 @@ def autoawq_assumptions(a: AwqCall) -> list[str]:
         ("from_quantized(batch_size=...) equal to inference.batch_size: the window is made for that batch at load "
          "(0.1.8+ reallocate it, with both alive, when a call's batch differs: QuantAttentionFused.forward)"),
         ("peak since the process started: from_quantized's fusing counted (no reset_peak_memory_stats)"
+         + ("; the unfused layers' transformers rotary caches on the GPU while fusing (load_checkpoint_and_dispatch "
+            "first; read at transformers 4.36.2-4.39.3)" if row.dispatch_before_fuse else "")
          if cfg.load_in_peak else "peak reset after loading: from_quantized's fusing not counted"),
         ("the benchmark's warm-up matmul (2 x 64 MiB fp32) counted" if cfg.warmup_matmul
          else "no warm-up matmul (examples/benchmark.py runs one: set inference.autoawq.warmup_matmul)"),
@@ -323,6 +341,10 @@ def autoawq_assumptions(a: AwqCall) -> list[str]:
 
 def autoawq_step(r: Resolved) -> InferenceResult:
     """The peak of an AutoAWQ fused run over its load, warm-up, prefill and decode moments (module docstring)."""
+    # the solvers (plan/solvers.py) change the batch and the prompt of a resolved scenario without resolving it again:
+    # check again what resolving checks, so that a prompt beyond the window is refused, never estimated
+    if problems := autoawq_problems(r.scenario, r.model):
+        raise ScenarioError(problems)
     a = AwqCall.of(r)
     cfg = r.scenario.inference.autoawq
     moments = ([load_moment(a)] if cfg.load_in_peak else []) + ([warmup_moment(a)] if cfg.warmup_matmul else [])

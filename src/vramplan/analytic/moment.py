@@ -190,6 +190,8 @@ class K:
     AWQ_HF_ROTARY = _k("weights", "unfused layers' rotary caches (AutoAWQ)",
                        "transformers' per-attention cos/sin caches of the layers being fused, on the GPU until "
                        "fuse_transformer ends (AutoAWQ 0.1.7+)")
+    AWQ_HF_CAUSAL_MASK = _k("weights", "unfused model's causal-mask buffer (AutoAWQ)",
+                            "transformers 4.38's LlamaModel causal_mask buffer, on the GPU until fuse_transformer ends")
     AWQ_FUSE_BUILD = _k("temporaries", "last layer being fused (AutoAWQ)",
                         "the last layer's fp32 cache tensor before .half(), or its fused linear's zero buffers")
     WARMUP_MATMUL = _k("temporaries", "warm-up matmul (benchmark)",
