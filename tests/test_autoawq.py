@@ -209,3 +209,15 @@ def test_longest_prompt_stops_at_the_window() -> None:
 
     r = resolve(_doc("llama-2-7b", None, prompt_len=512, new_tokens=512) | {"hardware": {"gpu": "rtx-4090"}})
     assert max_prompt_len(r) == 2048
+
+
+def test_short_prompt_running_layer_is_rope() -> None:
+    # 0.2.0 (transformers' LlamaMLP, no dequantization below 1024 tokens), Llama-2-7B, 64 tokens, per token in bytes:
+    # softmax 40,960 x 2 + 32 x 64 x 10 = 102,400; o_proj 81,920 + 32 x 64 x 2 + 12,288 x 2 = 110,592;
+    # MLP (5h + q) x 2 + 3I x 2 = 49,152 + 66,048 = 115,200; RoPE (2h + q + 2k) x 2 + max(16h, 20h, 20h) =
+    # 40,960 + 81,920 = 122,880, the largest: 122,880 x 64 = 7,864,320, plus the 64 x 64 fp16 mask 8,192
+    from vramplan.analytic.autoawq import AwqCall, prefill_moments
+    from vramplan.catalog.resolve import resolve
+
+    a = AwqCall.of(resolve(_doc("llama-2-7b", "0.2.0", prompt_len=64, new_tokens=8, autoawq={"max_seq_len": 128})))
+    assert prefill_moments(a)[0].parts["activations"]["running layer"] == 7_864_320 + 8_192

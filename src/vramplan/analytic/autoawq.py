@@ -49,9 +49,10 @@ Moments (each with the weights, the window cache, the RoPE tables and the caller
 * **warm-up** (``inference.autoawq.warmup_matmul``, off by default: it belongs to ``examples/benchmark.py``, not to
   AutoAWQ): ``torch.randn((4096, 4096)).to(device)`` and ``torch.mm`` of it with itself, 2 x 64 MiB.
 
-Not modelled, and said so in the assumptions: the per-token RoPE fp32 temporaries (smaller than the scores' fp32
-copies for any prompt), AutoAWQ's multi-GPU device map, and the fused blocks of other families (refused,
-``spec/autoawq.py``).
+The prefill's RoPE (``RoPE.forward``: fp32 copies of q and k, their complex64 products and flattened copies) is a
+candidate moment of the running layer too.  Not modelled, and said so in the assumptions: the mask's fp32
+construction and checkpoint tensors in flight; refused (``spec/autoawq.py``): AutoAWQ's multi-GPU device map and the
+fused blocks of other families.
 """
 
 from __future__ import annotations
@@ -235,7 +236,8 @@ def warmup_moment(a: AwqCall) -> Moment:
 
 
 def _attention_layer(a: AwqCall) -> int:
-    """The running fused attention's largest set: at the softmax, at ``o_proj``, or at the fused q/k/v linear."""
+    """The running fused attention's largest set: at the softmax, at ``o_proj``, at the fused q/k/v linear, or in
+    ``RoPE.forward``'s fp32 temporaries (attn.py)."""
     m, b, p = a.m, a.batch, a.prompt
     t, h, q, k = b * p, m.hidden_size, m.q_width, m.num_kv_heads * m.head_dim
     scores = b * m.num_attention_heads * p * p
@@ -243,7 +245,11 @@ def _attention_layer(a: AwqCall) -> int:
     at_softmax = bound + scores * (C + 4 + 4)
     at_o_proj = bound + scores * C + (2 * q + h) * t * C + a.dequant(p, h * q)
     at_qkv = (2 * h + q + 2 * k) * t * C + a.dequant(p, h * (q + 2 * k))
-    return max(at_softmax, at_o_proj, at_qkv)
+    # RoPE.forward on the layer input, norm_out and xqkv (2h + q + 2k in fp16): xq_/xk_ in fp32 (.float() then
+    # .contiguous()), the complex64 product and flatten(3)'s copy for q, then for k, then the fp16 type_as copies:
+    # at most 12q + 4k, 8q + 12k or 10q + 10k bytes per token
+    at_rope = ((2 * h + q + 2 * k) * C + max(12 * q + 4 * k, 8 * q + 12 * k, 10 * q + 10 * k)) * t
+    return max(at_softmax, at_o_proj, at_qkv, at_rope)
 
 
 def _mlp_layer(a: AwqCall) -> int:
@@ -333,8 +339,8 @@ def autoawq_assumptions(a: AwqCall) -> list[str]:
          if cfg.load_in_peak else "peak reset after loading: from_quantized's fusing not counted"),
         ("the benchmark's warm-up matmul (2 x 64 MiB fp32) counted" if cfg.warmup_matmul
          else "no warm-up matmul (examples/benchmark.py runs one: set inference.autoawq.warmup_matmul)"),
-        ("not modelled: RoPE's per-token fp32 temporaries (below the scores' fp32 copies), the mask's fp32 "
-        "construction, and checkpoint tensors in flight while load_checkpoint_in_model reads them"),
+("not modelled: the mask's fp32 construction (below the layer's scores) and checkpoint tensors in flight "
+         "while load_checkpoint_in_model reads them"),
     ]
     return notes
 
