@@ -50,9 +50,11 @@ Moments (each with the weights, the window cache, the RoPE tables and the caller
   AutoAWQ): ``torch.randn((4096, 4096)).to(device)`` and ``torch.mm`` of it with itself, 2 x 64 MiB.
 
 The prefill's RoPE (``RoPE.forward``: fp32 copies of q and k, their complex64 products and flattened copies) is a
-candidate moment of the running layer too.  Not modelled, and said so in the assumptions: the mask's fp32
-construction and checkpoint tensors in flight; refused (``spec/autoawq.py``): AutoAWQ's multi-GPU device map and the
-fused blocks of other families.
+candidate moment of the running layer too.  Below every moment here, so not counted (the report says so): the mask's
+fp32 construction (``torch.full`` and ``torch.triu`` in fp32, 8 p^2 B, before the first layer, where a layer holds
+10 B per score of each head) and the checkpoint's loading (``load_checkpoint_in_model`` places each tensor into its
+own parameter: at most the weights).  Refused (``spec/autoawq.py``): AutoAWQ's multi-GPU device map and the fused
+blocks of other families.
 """
 
 from __future__ import annotations
@@ -330,7 +332,6 @@ def autoawq_assumptions(a: AwqCall) -> list[str]:
         "MLP: " + ("AutoAWQ's QuantFusedMLP" if row.fused_mlp else
                    "transformers' LlamaMLP with WQLinear_GEMM, which dequantizes a weight to fp16 when batch x tokens"
                    f" >= {row.dequant_min_tokens}"),
-        "inference.attention is not used: AutoAWQ's fused attention computes its own scores",
         ("from_quantized(batch_size=...) equal to inference.batch_size: the window is made for that batch at load "
          "(0.1.8+ reallocate it, with both alive, when a call's batch differs: QuantAttentionFused.forward)"),
         ("peak since the process started: from_quantized's fusing counted (no reset_peak_memory_stats)"
@@ -339,8 +340,8 @@ def autoawq_assumptions(a: AwqCall) -> list[str]:
          if cfg.load_in_peak else "peak reset after loading: from_quantized's fusing not counted"),
         ("the benchmark's warm-up matmul (2 x 64 MiB fp32) counted" if cfg.warmup_matmul
          else "no warm-up matmul (examples/benchmark.py runs one: set inference.autoawq.warmup_matmul)"),
-("not modelled: the mask's fp32 construction (below the layer's scores) and checkpoint tensors in flight "
-         "while load_checkpoint_in_model reads them"),
+("below the moments above, so not counted: the mask's fp32 construction (8 p^2 B before the layers, under a "
+         "layer's 10 B per score) and the checkpoint's loading (each tensor placed into its own parameter)"),
     ]
     return notes
 

@@ -62,6 +62,12 @@ def _setting_problems(s: Scenario) -> list[Problem]:
     if inf.images_per_sample:
         out.append(Problem("inference.images_per_sample", "AutoAWQ's fused text model takes no images",
                            "set images_per_sample: 0"))
+    if "attention" in inf.model_fields_set and inf.attention != "sdpa":
+        out.append(Problem("inference.attention", f"AutoAWQ's fused attention computes its own scores: "
+                           f"attention {inf.attention} would be ignored", "leave inference.attention out"))
+    if inf.bnb_compute_dtype is not None:
+        out.append(Problem("inference.bnb_compute_dtype", "is a bitsandbytes setting: AutoAWQ would ignore it",
+                           "leave it out"))
     if not inf.autoawq.fuse_layers:
         out.append(Problem("inference.autoawq.fuse_layers", "false keeps transformers' modules with AWQ linears, "
                            "which framework autoawq does not model", "drop framework: autoawq to estimate "
