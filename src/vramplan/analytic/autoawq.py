@@ -61,7 +61,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramplan.analytic.inference import SAMPLING_BYTES_PER_ENTRY, InferenceResult
+from vramplan.analytic.inference import (
+    DEL_OUTPUTS_SINCE,
+    LOGITS_TO_KEEP_SINCE,
+    SAMPLING_BYTES_PER_ENTRY,
+    InferenceResult,
+)
 from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
@@ -90,10 +95,10 @@ C = 2  # fp16: from_quantized(torch_dtype=torch.float16), WindowedCache ``.half(
 WARMUP_BYTES = 2 * 4096 * 4096 * 4
 # WindowedCache.roll_kv_n_steps(start_pos, n=100) at a decode step past the window (fused_utils.prepare_cache)
 ROLL_STEP = 100
-# transformers' generate stops holding the previous step's outputs (``del outputs``) from 4.42; the head stops
-# computing and upcasting every position from 4.45 (analytic/inference.py DEL_OUTPUTS_SINCE, LOGITS_TO_KEEP_SINCE)
-DEL_OUTPUTS_SINCE = (4, 42)
-LOGITS_TO_KEEP_SINCE = (4, 45)
+# transformers' generate stops holding the previous step's outputs (``del outputs``) from 4.42 (DEL_OUTPUTS_SINCE);
+# from 4.45 generate computes the prompt's last position only and the head upcasts only with labels
+# (LOGITS_TO_KEEP_SINCE; transformers 4.45.2 ``LlamaForCausalLM.forward``: ``if labels is not None: logits =
+# logits.float()``)
 
 
 def rope_table_bytes(m: ModelSpec, window: int) -> int:
