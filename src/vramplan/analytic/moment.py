@@ -178,6 +178,28 @@ class K:
     COMPUTE_BUFFER = _k("temporaries", "ggml compute buffer",
                         "llama.cpp's compute buffer: the peak of the ggml graph for one n_ubatch micro-batch "
                         "as ggml-alloc places it")
+    # AutoAWQ's fused inference (framework: autoawq; analytic/autoawq.py)
+    AWQ_ROPE_TABLES = _k("weights", "fused RoPE tables (AutoAWQ)",
+                         "every fused attention's own freqs_cis parameter: [2 x max_seq_len, head_dim / 2] complex64")
+    AWQ_WINDOW_CACHE = _k("kv_cache", "fused window cache (AutoAWQ)",
+                          "AutoAWQ's WindowedCache: every layer's fp16 K and V for max_seq_len positions, "
+                          "preallocated at load")
+    INPUT_IDS = _k("activations", "input ids (int64)", "the caller's int64 token ids on the GPU")
+    AWQ_QKV_COPIES = _k("weights", "unfused q/k/v kept while fusing (AutoAWQ)",
+                        "the original q/k/v linears, held by the old decoder layers until fuse_transformer ends")
+    AWQ_HF_ROTARY = _k("weights", "unfused layers' rotary caches (AutoAWQ)",
+                       "transformers' per-attention cos/sin caches of the layers being fused, on the GPU until "
+                       "fuse_transformer ends (AutoAWQ 0.1.7+)")
+    AWQ_HF_CAUSAL_MASK = _k("weights", "unfused model's causal-mask buffer (AutoAWQ)",
+                            "transformers 4.38's LlamaModel causal_mask buffer, on the GPU until fuse_transformer ends")
+    AWQ_FUSE_BUILD = _k("temporaries", "last layer being fused (AutoAWQ)",
+                        "the last layer's fp32 cache tensor before .half(), or its fused linear's zero buffers")
+    WARMUP_MATMUL = _k("temporaries", "warm-up matmul (benchmark)",
+                       "AutoAWQ examples/benchmark.py warmup: a 4096 x 4096 fp32 tensor and torch.mm's output")
+    CACHE_ROLL = _k("temporaries", "window roll (torch.roll of one layer)",
+                    "AutoAWQ's roll_kv_n_steps: one layer's K (or V) rolled into a new tensor beside the old")
+    PREV_STEP_LOGITS = _k("temporaries", "previous step's logits (kept by the caller)",
+                          "the previous forward's logits, still bound by the caller during the next forward")
 
 
 KEYS: tuple[Key, ...] = tuple(v for v in vars(K).values() if isinstance(v, Key))
@@ -197,6 +219,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("checkpoint save", "building the checkpoint's state dict"),
     Phase("rollout", "RL post-training: the colocated engine generating the completions, between two steps"),
     Phase("scoring", "RL post-training: no-grad forwards for the old and reference log-probabilities"),
+    Phase("warm-up", "a benchmark's warm-up matmul after loading (AutoAWQ examples/benchmark.py)"),
 )
 _PHASE_NAMES = frozenset(p.name for p in PHASES)
 _BY_LABEL = {(k.part, k.label): k for k in KEYS}

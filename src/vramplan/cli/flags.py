@@ -67,6 +67,10 @@ RENAMED: dict[str, str] = {
     "rl.rollout.engine": "rollout_engine",
     "rl.rollout.gpu_memory_utilization": "rollout_gpu_memory_utilization",
     "rl.rollout.vllm_version": "rollout_vllm_version",
+    # AutoAWQ's fused inference (inference.autoawq) and its release
+    "inference.autoawq.loop": "autoawq_loop",
+    "inference.autoawq.max_seq_len": "awq_max_seq_len",
+    "software.autoawq": "autoawq_version",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

@@ -32,10 +32,12 @@ from typing import Any, Literal
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
 from vramplan.errors import Problem, ScenarioError
+from vramplan.facts.autoawq import autoawq_release
 from vramplan.monotone import largest_true
 from vramplan.plan.fit import DEFAULT_MARGIN, fits_with_margin, usable_bytes
 from vramplan.plan.result import SolveResult
 from vramplan.report import Report
+from vramplan.spec.autoawq import autoawq_window
 from vramplan.spec.load import Resolved, read_document
 from vramplan.spec.scenario import Scenario
 
@@ -231,10 +233,13 @@ def max_batch_size(r: Resolved, limit: int = 1 << 20) -> int:
 def max_prompt_len(r: Resolved, limit: int | None = None) -> int:
     """The longest prompt (at the scenario's batch and new tokens) that fits; 0 if none does.
 
-    Bounded by the model's context: prompt + new tokens <= max_position_embeddings.
+    Bounded by the model's context: prompt + new tokens <= max_position_embeddings; under framework autoawq also by
+    AutoAWQ's cache window, which a longer prompt cannot be written into (spec/autoawq.py).
     """
     b = r.scenario.inference.batch_size
     cap = max(0, (limit or r.model.max_position_embeddings) - r.scenario.inference.new_tokens)
+    if r.scenario.effective_framework == "autoawq":
+        cap = min(cap, autoawq_window(r.scenario, r.model, autoawq_release(r.scenario.software.autoawq)))
     if cap < 1 or not _fits(r, b, 1):
         return 0
     if _fits(r, b, cap):

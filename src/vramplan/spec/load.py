@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
+from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
@@ -278,7 +279,8 @@ def _model_in(annotation: Any) -> Any:
 def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
     return [*_parallel_problems(s, m), *_schedule_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
-            *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m), *_serve_format_problems(s)]
+            *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m), *_serve_format_problems(s),
+            *autoawq_problems(s, m)]
 
 
 def _serve_format_problems(s: Scenario) -> list[Problem]:

@@ -17,7 +17,7 @@ from vramplan.facts.pipeline_schedules import pipeline_schedule_names
 from vramplan.facts.vllm_releases import parse_release
 
 Task = Literal["train", "inference", "serve"]
-Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain"]
+Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq"]
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
 Optimizer = Annotated[str, Choices("optimizer", optimizer_names), OneOf(optimizer_names)]
@@ -53,6 +53,7 @@ ActivationOffload = Literal["none", "cpu"]
 TorchaoOffload = Literal["none", "optimizer", "optimizer+gradients"]
 Objective = Literal["sft", "dpo", "kto", "orpo", "grpo", "ppo", "rloo"]
 RolloutEngine = Literal["vllm", "hf-generate"]
+AutoAwqLoop = Literal["forward", "generate"]
 ReferenceModel = Literal["none", "shared", "separate"]
 
 
@@ -291,6 +292,38 @@ class Train(_Strict):
     ``DPOTrainer`` (docs/rl.md)."""
 
 
+class AutoAwq(_Strict):
+    """AutoAWQ's own fused-module inference (``framework: autoawq``, task inference; docs/lifecycle.md, AutoAWQ)."""
+
+    fuse_layers: bool = True
+    """``AutoAWQForCausalLM.from_quantized(fuse_layers=...)``, True in every modelled release; false (transformers'
+    modules with AWQ linears) is refused under framework autoawq: estimate it as transformers' generate."""
+
+    max_seq_len: int | None = Field(None, ge=1, le=100_000_000)
+    """Positions of the preallocated fused KV cache window (``from_quantized(max_seq_len=...)``; 0.1.x
+    ``max_new_tokens=...``); null: the release's default (0.2.x 2048; 0.1.x the config's
+    max_position_embeddings).
+
+    AutoAWQ v0.2.3 ``awq/models/auto.py`` ``from_quantized(max_seq_len=2048)``; v0.1.6 ``awq/models/base.py``
+    ``_load_config``: ``config.max_new_tokens = getattr(config, self.max_new_tokens_key)`` when None.  A prompt
+    longer than the window fails in AutoAWQ (``WindowedCache.update_kv`` cannot write it) and is refused; decode
+    steps beyond it roll the window by 100 positions (``roll_kv_n_steps``)."""
+
+    loop: AutoAwqLoop = "forward"
+    """How tokens are produced: forward (one ``model(ids)`` call per token, greedy ``argmax`` of the last row, as
+    AutoAWQ's ``examples/benchmark.py`` ``generate_torch``), or generate (``model.generate``: transformers'
+    generate over the fused model, its last-token logits and sampling warpers)."""
+
+    warmup_matmul: bool = False
+    """The measured process ran ``examples/benchmark.py``'s ``warmup``: a 4096 x 4096 fp32 ``torch.randn`` moved to
+    the GPU and multiplied by itself (two 64 MiB tensors) after loading.  Benchmark-specific, so off unless asked."""
+
+    load_in_peak: bool = True
+    """The measured peak includes ``from_quantized``'s fusing (``torch.cuda.max_memory_allocated`` since the process
+    started, as ``examples/benchmark.py`` reads it, without ``reset_peak_memory_stats``); false: the peak was reset
+    after loading."""
+
+
 class Inference(_Strict):
     """Hugging Face generate: the prefill of the prompt, then one decode step per new token."""
 
@@ -344,6 +377,9 @@ class Inference(_Strict):
 
     transformers 5.24 ``models/qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize``: the tower runs over
     (h / 14) x (w / 14) patches, the merger makes one image token of each 2 x 2."""
+
+    autoawq: AutoAwq = Field(default_factory=AutoAwq)
+    """AutoAWQ's fused inference settings (framework autoawq only)."""
 
 
 class Speculative(_Strict):
@@ -701,6 +737,12 @@ class Software(_Strict):
     model's logits; 1.14 runs TRL's Triton log-prob kernel over them (refused: not modelled); earlier releases are
     refused (facts/trl.py).  None: DPO and GRPO as TRL v1.9.0 (their reports before this key), KTO and ORPO as
     v1.16.0, the releases each module was read at (the report names it)."""
+
+    autoawq: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """AutoAWQ release of a framework autoawq run, e.g. 0.1.6; 0.1.6-0.2.3 are modelled, null: 0.2.3.
+
+    The releases differ in the cache window's argument and default, the MLP and the GEMM kernel
+    (facts/autoawq.py, read at each tag of github.com/casper-hansen/AutoAWQ)."""
 
     @property
     def trl_version(self) -> tuple[int, ...] | None:

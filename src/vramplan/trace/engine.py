@@ -61,6 +61,13 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if task == "serve":
         raise ScenarioError([Problem("task", "the traced engine covers train and inference",
                                      "use --engine analytic for serve (vLLM)")])
+    if r.scenario.effective_framework == "autoawq":
+        # the trace builds transformers' model on the meta device; AutoAWQ's fused blocks (their window cache, RoPE
+        # tables, explicit-score attention) need its CUDA kernels and are not built there
+        raise ScenarioError([Problem("framework", "the traced engine does not build AutoAWQ's fused modules "
+                                     "(QuantAttentionFused's window cache and explicit scores need AutoAWQ's CUDA "
+                                     "kernels, which do not run on the meta device)",
+                                     "use --engine analytic (analytic/autoawq.py)")])
     vision = r.model.vision
     if vision is not None and vision.cross_attention_tokens_per_image:
         # spec.families.transformers_config builds a multimodal config's language model alone: for mllama
