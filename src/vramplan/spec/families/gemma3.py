@@ -9,7 +9,8 @@ built from ``text_config`` with ``Gemma3TextConfig``'s defaults for the keys a c
 head_dim 256); the vision tower follows ``models/siglip/modeling_siglip.py`` (``SiglipVisionConfig``
 defaults: 3 channels, ``layer_norm_eps`` 1e-6, ``vision_use_head`` True).
 
-The tower, as ``SiglipVisionTransformer`` builds it:
+The tower, as ``SiglipVisionModel`` builds it (its tensors directly under ``vision_tower.``: 5.24 has no
+``vision_model`` wrapper):
 
 - ``embeddings.patch_embedding``: ``Conv2d(3, d, patch, stride=patch)`` with a bias;
 - ``embeddings.position_embedding``: ``Embedding((image // patch)^2, d)``;
@@ -59,7 +60,9 @@ _TEXT_DEFAULTS: dict[str, Any] = {"vocab_size": 262_208, "num_attention_heads": 
 _VISION_DEFAULTS: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
                                     "num_attention_heads": 12, "num_channels": 3, "image_size": 224,
                                     "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True}
-PREFIX = "vision_tower.vision_model"
+# SiglipVisionModel in transformers 5.24 holds the embeddings, encoder and post_layernorm directly (no
+# ``vision_model`` wrapper: on the meta device, ``model.vision_tower.embeddings.patch_embedding.weight``)
+PREFIX = "vision_tower"
 
 
 def vit_encoder_layers(p: Params, enc: str, d: int, i: int, n: int) -> None:
