@@ -338,6 +338,15 @@ class VisionSpec:
     fixed_tiles: int = 0
     # why the model cannot take an image at all (its forward fails), refused for images_per_sample > 0; "": it can
     images_refused: str = ""
+    # the tower's and the projector's ``nn.Linear`` weights as (ParamGroup name, in_features, out_features): what
+    # transformers' quantizers replace and vLLM's quant_config reaches (spec/vision_quant.py); their ParamGroups
+    # keep the role "other", so PEFT, the optimizer and the decoder's linear count never see them
+    linears: tuple[tuple[str, int, int], ...] = ()
+    # of ``linears``, (name, in_features, out_features, instances) stored quantized whenever the weights are:
+    # every instance unless the checkpoint's quantization_config skips it (spec/vision_quant.py
+    # ``with_tower_quantization``); ``quant_refused``: why a quantized tower cannot be estimated ("": it can)
+    quantized_linears: tuple[tuple[str, int, int, int], ...] = ()
+    quant_refused: str = ""
 
 
 @dataclass(frozen=True)

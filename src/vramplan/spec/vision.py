@@ -14,11 +14,13 @@ from __future__ import annotations
 import math
 
 from vramplan.errors import Problem
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
+from vramplan.spec.vision_quant import tower_quantized_linears
 
 __all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
-           "images_per_sample", "pixtral_grid", "select_best_resolution", "smart_resize", "vision_notes"]
+           "images_per_sample", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -245,11 +247,10 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
     else:
         shape = f"{v.image_size} x {v.image_size} (every image resized to it{'; image_size ignored' if image_size(s) else ''})"
     cls = f" and {tiles * v.extra_tokens} class token(s)" if v.extra_tokens else ""
-    first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
-             f"model's dtype; each image is {tokens:,} image tokens of the language model's sequence and "
+    first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), {tower_held(s, m)}; each image is {tokens:,} image tokens of the language model's sequence and "
              f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}){cls} through {v.num_layers} "
              "tower layers")
-    out = [first]
+    out = [first, *_tower_dequant_note(s, m)]
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                    "vision-language model (the estimate is the language model's start-up)")
@@ -290,6 +291,45 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "alive, before the prompt's cache exists (analytic/inference.py vision_moment); the "
                    f"{n * tokens:,} image tokens are counted in prompt_len and the KV cache")
     return out
+
+
+def tower_held(s: Scenario, m: ModelSpec) -> str:
+    """How the tower's and projector's weights are held under the task's quantization (spec/vision_quant.py)."""
+    quant: str = getattr(s, s.task).quantization
+    v = m.vision
+    if quant == "none" or v is None:
+        return "held unquantized in the model's dtype"
+    q = tower_quantized_linears(m) if "linear" in quant_format(quant).quantized_roles else 0
+    cq = m.checkpoint_quant
+    if q:
+        n = sum(1 for *_, k in v.quantized_linears if k)
+        skipped = sum(c - k for (name, *_, k) in v.quantized_linears
+                      for c in [next(p.count for p in m.params if p.name == name)])
+        how = ("the checkpoint stores them so, less the modules its quantization_config skips" if cq is not None
+               else "vLLM hands the tower and projector the model's quant_config" if s.task == "serve"
+               else "transformers' quantizers replace every nn.Linear but the LM head (get_keys_to_not_convert)")
+        return (f"{q:,} of them in {n} linear weight group(s) of the tower and projector stored as {quant} like the "
+                f"language model's linears ({how}{f'; {skipped} skipped instance(s) held unquantized' if skipped else ''}), "
+                "the rest (patch embedding, norms, biases, positions) in the model's dtype")
+    why = (f"{quant} quantizes the routed experts only" if "linear" not in quant_format(quant).quantized_roles
+           else "GPTQ quantizes the decoder blocks only" if cq is not None and cq.method == "gptq"
+           else "the checkpoint's quantization_config skips them" if cq is not None and v.linears
+           else "no nn.Linear of the tower is listed")
+    return f"held unquantized in the model's dtype ({why})"
+
+
+def _tower_dequant_note(s: Scenario, m: ModelSpec) -> list[str]:
+    """bitsandbytes 4-bit and HQQ dequantize a whole weight per forward: under images, the tower's largest
+    quantized linear's temporary is not added to the tower's moments (the language model's is)."""
+    quant: str = getattr(s, s.task).quantization
+    v = m.vision
+    if (quant == "none" or v is None or not images_per_sample(s) or s.task == "serve"
+            or quant_format(quant).dequant != "whole_weight" or not tower_quantized_linears(m)):
+        return []
+    largest = max(i * o for _, i, o, n in v.quantized_linears if n)
+    return [(f"not modelled: {quant} dequantizes each of the tower's quantized linears for its forward (a temporary "
+             f"of up to {largest:,} weights in the compute dtype, the largest); it is not added to the tower's "
+             "activations")]
 
 
 def cross_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:

@@ -25,8 +25,10 @@ Gemma RMSNorm of d_vision); its ``AvgPool2d`` pools the (image/patch)^2 patch ou
 <image_soft_token> + <end_of_image> + "\\n\\n"``.
 
 The tower's tensors take the roles "other" (weights), "norm" and "bias": they hold weights, gradients and
-optimizer states like every parameter, but are neither quantized nor given adapters (docs/models.md,
-Vision-language models, lists what is not modelled).
+optimizer states like every parameter, but are not given adapters (docs/models.md, Vision-language models, lists
+what is not modelled); the ``nn.Linear`` weights among them are listed in ``VisionSpec.linears``, quantized with
+the language model's linears where the quantizer reaches them (spec/vision_quant.py).  The projector's
+``mm_input_projection_weight`` is a bare Parameter (a matmul, not an ``nn.Linear``): never quantized.
 """
 
 from __future__ import annotations
@@ -70,9 +72,8 @@ def vit_encoder_layers(p: Params, enc: str, d: int, i: int, n: int) -> None:
     ``EncoderLayer``: biased q/k/v/out projections, fc1 -> activation -> fc2, two biased LayerNorms)."""
     for name, fan_in, fan_out in (("self_attn.q_proj", d, d), ("self_attn.k_proj", d, d), ("self_attn.v_proj", d, d),
                                   ("self_attn.out_proj", d, d), ("mlp.fc1", d, i), ("mlp.fc2", i, d)):
-        # role "other" with no in/out features: neither quantized nor adapted (module docstring)
-        p.add(f"{enc}.{name}.weight", fan_in * fan_out, "other", per_layer=n)
-        p.add(f"{enc}.{name}.bias", fan_out, "bias", per_layer=n)
+        # role "other" with no in/out features: not adapted (module docstring); quantized as an nn.Linear
+        p.vision_linear(f"{enc}.{name}", fan_in, fan_out, per_layer=n)
     for name in ("layer_norm1", "layer_norm2"):
         p.add(f"{enc}.{name}.weight", d, "norm", per_layer=n)
         p.add(f"{enc}.{name}.bias", d, "bias", per_layer=n)
@@ -102,10 +103,10 @@ def siglip_tower(p: Params, vc: Config, prefix: str = PREFIX) -> dict[str, int]:
         p.add(f"{head}.attention.out_proj.bias", d, "bias")
         p.add(f"{head}.layernorm.weight", d, "norm")
         p.add(f"{head}.layernorm.bias", d, "bias")
-        p.add(f"{head}.mlp.fc1.weight", d * i, "other")
-        p.add(f"{head}.mlp.fc1.bias", i, "bias")
-        p.add(f"{head}.mlp.fc2.weight", i * d, "other")
-        p.add(f"{head}.mlp.fc2.bias", d, "bias")
+        # the MLP's fc1/fc2 are nn.Linear; the attention's in_proj is a bare Parameter and its out_proj a
+        # NonDynamicallyQuantizableLinear, which bitsandbytes' ``type(module) is nn.Linear`` test leaves alone
+        p.vision_linear(f"{head}.mlp.fc1", d, i)
+        p.vision_linear(f"{head}.mlp.fc2", i, d)
     return {"d": d, "layers": n, "heads": heads, "i": i, "image": image, "patch": patch, "patches": patches,
             "channels": ch}
 
@@ -152,7 +153,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                                "and Gemma3Processor (image_seq_length 256)",
                         tower=tower_layer_spec(t, str(vc["hidden_act"]), name), num_channels=t["channels"],
                         # post_layernorm, then AvgPool2d saves its input (the norm's output, residual dtype)
-                        head_saved_per_patch=(("norm", 1), ("residual", t["d"])))
+                        head_saved_per_patch=(("norm", 1), ("residual", t["d"])), linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 
