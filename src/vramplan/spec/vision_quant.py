@@ -50,12 +50,12 @@ _VISION_WORDS = ("vision", "visual", "multi_modal_projector", "merger", "connect
 def _instances(name: str, count: int) -> list[str]:
     """The module name of each of ``count`` instances of the ParamGroup ``name`` (``visual.blocks.attn.qkv.weight``
     x 32 -> ``visual.blocks.0.attn.qkv`` ... ``visual.blocks.31.attn.qkv``): the index follows the first
-    ``blocks``/``layers`` component, as ``nn.ModuleList`` names it."""
+    ``blocks``/``layers``/``layer``/``deepstack_merger_list`` component, as ``nn.ModuleList`` names it."""
     module = name.removesuffix(".weight")
     parts = module.split(".")
     if count > 1:
         for k, part in enumerate(parts):
-            if part in ("blocks", "layers"):
+            if part in ("blocks", "layers", "layer", "deepstack_merger_list"):
                 return [".".join([*parts[: k + 1], str(i), *parts[k + 1:]]) for i in range(count)]
     return [module] * count
 

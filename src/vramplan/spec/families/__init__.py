@@ -33,6 +33,7 @@ from vramplan.spec.families.paligemma import PALIGEMMA
 from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
+from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.starcoder2 import STARCODER2
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
@@ -45,6 +46,7 @@ FAMILIES: dict[str, Family] = {
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3, "idefics3": IDEFICS3, "smolvlm": SMOLVLM,
+    "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
