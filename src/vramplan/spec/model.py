@@ -347,6 +347,13 @@ class VisionSpec:
     # ``with_tower_quantization``); ``quant_refused``: why a quantized tower cannot be estimated ("": it can)
     quantized_linears: tuple[tuple[str, int, int, int], ...] = ()
     quant_refused: str = ""
+    # InternVL (GotOcr2ImageProcessor with crop_to_patches): each image cut into between min_tiles and max_tiles
+    # tiles of image_size (get_optimal_tiled_canvas) and a thumbnail when more than one; max_tiles 0 or 1: one tile
+    min_tiles: int = 0
+    max_tiles: int = 0
+    # what each tower layer saves per tower token besides the decoder layer's terms, as head_saved_per_patch's
+    # (kind, elements): InternViT's layer scales (lambda_1, lambda_2) keep the sublayers' outputs
+    layer_saved_per_token: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from vramplan.spec.scenario import Scenario
 from vramplan.spec.vision_quant import tower_quantized_linears
 
 __all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
-           "images_per_sample", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
+           "images_per_sample", "internvl_tiles", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -90,9 +90,32 @@ def pixtral_grid(v: VisionSpec, side: int) -> tuple[int, int]:
     return (n * v.merge_size) ** 2, (n + 1) * n
 
 
+def internvl_tiles(v: VisionSpec, side: int) -> int:
+    """Tiles of a ``side`` x ``side`` image under ``GotOcr2ImageProcessor`` with ``crop_to_patches``.
+
+    transformers 5.24 ``image_processing_got_ocr2.py``: ``get_all_supported_aspect_ratios`` lists the (columns,
+    rows) grids of min_tiles to max_tiles tiles by area; ``get_optimal_tiled_canvas`` keeps the first with the
+    image's aspect ratio (1 for a square) and moves to a larger one with the same ratio while the image's area
+    exceeds half the grid's (``area > 0.5 x tile^2 x columns x rows``); ``get_number_of_image_patches`` adds the
+    thumbnail when the grid has more than one tile."""
+    grids = sorted(((c, r) for c in range(1, v.max_tiles + 1) for r in range(1, v.max_tiles + 1)
+                    if v.min_tiles <= c * r <= v.max_tiles), key=lambda g: g[0] * g[1])
+    best, best_diff, tile = (1, 1), float("inf"), v.image_size
+    for c, r in grids:
+        diff = abs(1 - c / r)
+        if diff < best_diff:
+            best, best_diff = (c, r), diff
+        elif diff == best_diff and side * side > 0.5 * tile * tile * c * r:
+            best = (c, r)
+    n = best[0] * best[1]
+    return n + 1 if n > 1 else 1
+
+
 def image_tiles(v: VisionSpec, size: int | None) -> int:
     """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), Idefics3's tiles and
-    whole image (``VisionSpec.fixed_tiles``), else 1."""
+    whole image (``VisionSpec.fixed_tiles``), InternVL's tiles and thumbnail (``internvl_tiles``), else 1."""
+    if v.max_tiles > 1:
+        return internvl_tiles(v, size or v.max_tiles * v.image_size)
     return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else (v.fixed_tiles or 1)
 
 
@@ -109,6 +132,10 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
         return tiles * (v.tile_size // v.patch_size) ** 2, tokens
     if v.longest_edge:
         return pixtral_grid(v, size or v.image_size)
+    if v.max_tiles > 1:
+        # InternVL: each tile's patches through the tower, image_seq_length tokens per tile and <img>, </img>
+        tiles = image_tiles(v, size)
+        return tiles * v.patches_per_image, tiles * (v.tokens_per_image - 2) + 2
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
@@ -231,6 +258,12 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"{tiles - 1} tiles of {v.tile_size} x {v.tile_size}, and the whole image at {v.tile_size} x "
                  f"{v.tile_size}: {tiles} tower passes"
                  f"{'' if image_size(s) else '; image_size not given: the largest square of the grid'}")
+    elif v.max_tiles > 1:
+        side = image_size(s) or v.max_tiles * v.image_size
+        shape = (f"a {side} x {side} image cut by GotOcr2ImageProcessor's crop_to_patches into "
+                 f"{max(1, tiles - 1)} tile(s) of {v.image_size} x {v.image_size} (between {v.min_tiles} and "
+                 f"{v.max_tiles}){', and a thumbnail' if tiles > 1 else ''}: {tiles} tower passes"
+                 f"{'' if image_size(s) else '; image_size not given: the largest grid'}")
     elif v.fixed_tiles > 1:
         shape = (f"every square image rescaled to a fixed longest edge and cut into {tiles - 1} tiles of "
                  f"{v.image_size} x {v.image_size}, and the whole image at {v.image_size} x {v.image_size}: {tiles} "

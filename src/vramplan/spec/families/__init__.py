@@ -22,6 +22,7 @@ from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.idefics3 import IDEFICS3, SMOLVLM
+from vramplan.spec.families.internvl import INTERNVL
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
@@ -46,7 +47,7 @@ FAMILIES: dict[str, Family] = {
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3, "idefics3": IDEFICS3, "smolvlm": SMOLVLM,
-    "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
+    "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE, "internvl": INTERNVL,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
