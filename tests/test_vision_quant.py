@@ -179,3 +179,52 @@ def test_images_under_nf4_say_the_towers_dequantized_temporary_is_not_counted() 
                for a in r.assumptions)
     no_images = resolve({**doc, "inference": {"quantization": "nf4", "prompt_len": 2048}})
     assert not any("dequantizes each of the tower's" in a for a in no_images.assumptions)
+
+
+LISTS = ("blocks", "layers", "layer", "deepstack_merger_list")
+LMS = ("language_model", "text_model")  # the language model (Idefics3 names it text_model)
+
+
+def _data(name: str) -> dict[str, Any]:
+    import json
+    from pathlib import Path
+
+    return dict(json.loads((Path(__file__).resolve().parent / "data" / name / "config.json").read_text()))
+
+
+def _vlm_configs() -> list[tuple[str, dict[str, Any]]]:
+    from test_vision_internvl import CFG as INTERNVL
+    from test_vision_qwen3_vl import QWEN3_VL_4B
+
+    out = [(QWEN, _config(QWEN)), (GEMMA3, _config(GEMMA3)), ("qwen3-vl-4b", QWEN3_VL_4B), ("internvl", INTERNVL)]
+    out += [(name, _data(name)) for name in ("llava-1.5-7b", "llava-siglip-tiny", "llava-next-7b-shape",
+                                             "qwen2-vl-2b-shape", "paligemma2-3b-448-shape",
+                                             "mistral-small-3.1-24b-shape", "idefics3-8b-shape")]
+    return out
+
+
+@pytest.mark.parametrize(("name", "cfg"), _vlm_configs(), ids=[n for n, _ in _vlm_configs()])
+def test_tower_linears_are_the_modules_transformers_quantizers_replace(name: str, cfg: dict[str, Any]) -> None:
+    """The oracle: transformers 5.24's own module on the meta device.  ``replace_with_bnb_linear`` converts the
+    modules whose type is exactly ``nn.Linear`` outside ``get_modules_to_not_convert`` (``get_keys_to_not_convert``:
+    the LM head; ``_keep_in_fp32_modules``: none of these classes sets one); every such module outside the language
+    model is one of the adapter's ``VisionSpec.linears``, with its shape."""
+    torch = pytest.importorskip("torch")
+    from meta_build import meta_module
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    module = meta_module(cfg)
+    assert not module._keep_in_fp32_modules
+    skip = set(get_keys_to_not_convert(module))
+    theirs: dict[str, tuple[int, int, int]] = {}
+    for full, sub in module.named_modules():
+        if type(sub) is not torch.nn.Linear or full in skip or any(f".{lm}." in f".{full}." for lm in LMS):
+            continue
+        parts = full.removeprefix("model.").split(".")
+        # drop the ModuleList index (blocks.3, layers.3, layer.3, deepstack_merger_list.1), keep Sequential's (mlp.0)
+        key = ".".join(x for j, x in enumerate(parts) if not (x.isdigit() and parts[j - 1] in LISTS)) + ".weight"
+        n = theirs.get(key, (0, 0, 0))[2]
+        theirs[key] = (sub.in_features, sub.out_features, n + 1)
+    spec = model_from_config(cfg, name=name)
+    assert spec.vision is not None
+    assert {n: (i, o, k) for n, i, o, k in spec.vision.quantized_linears} == theirs
