@@ -210,8 +210,9 @@ def test_tower_linears_are_the_modules_transformers_quantizers_replace(name: str
     the LM head; ``_keep_in_fp32_modules``: none of these classes sets one); every such module outside the language
     model is one of the adapter's ``VisionSpec.linears``, with its shape."""
     torch = pytest.importorskip("torch")
-    from meta_build import meta_module
     from transformers.quantizers.base import get_keys_to_not_convert
+
+    from meta_build import meta_module
 
     module = meta_module(cfg)
     assert not module._keep_in_fp32_modules
