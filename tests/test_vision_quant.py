@@ -229,3 +229,20 @@ def test_tower_linears_are_the_modules_transformers_quantizers_replace(name: str
     spec = model_from_config(cfg, name=name)
     assert spec.vision is not None
     assert {n: (i, o, k) for n, i, o, k in spec.vision.quantized_linears} == theirs
+
+
+def test_awq_skip_list_transformers_5_would_not_match_is_said() -> None:
+    # should_convert_module (transformers 5.24 quantizers_utils.py) anchors a plain entry at the name's start or
+    # takes it as a suffix: "visual" leaves model.visual.blocks.0.attn.qkv to be converted, "model.visual" does not
+    pytest.importorskip("transformers")
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    assert should_convert_module("model.visual.blocks.0.attn.qkv", ["visual"])
+    assert not should_convert_module("model.visual.blocks.0.attn.qkv", ["model.visual"])
+    r = resolve({"model": _awq(["visual"]), "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+                 "inference": {"prompt_len": 512}})
+    assert any(a.startswith("not modelled: transformers 5.24 matches the skip entries ['visual']") for a in r.assumptions)
+    same = resolve({"model": _awq(["model.visual"]), "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+                    "inference": {"prompt_len": 512}})
+    assert not any("should_convert_module" in a for a in same.assumptions)
+    assert tower_quantized_linears(model_from_config(_awq(["model.visual"]), name="awq")) == 0

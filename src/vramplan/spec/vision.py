@@ -17,7 +17,7 @@ from vramplan.errors import Problem
 from vramplan.facts.quantization import quant_format
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
-from vramplan.spec.vision_quant import tower_quantized_linears
+from vramplan.spec.vision_quant import tower_quantized_linears, transformers_unmatched
 
 __all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
            "images_per_sample", "internvl_tiles", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
@@ -284,6 +284,11 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
              f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}){cls} through {v.num_layers} "
              "tower layers")
     out = [first, *_tower_dequant_note(s, m)]
+    if s.task != "serve" and (unmatched := transformers_unmatched(m)):
+        out.append(f"not modelled: transformers 5.24 matches the skip entries {unmatched} from a module name's start "
+                   "or as its suffix (should_convert_module), so they do not reach the tower's modules under their 5.x "
+                   "names (model.<...>): its loader would build quantized linears where the checkpoint stores plain "
+                   "weights; the estimate is the checkpoint as stored (as vLLM loads it)")
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                    "vision-language model (the estimate is the language model's start-up)")

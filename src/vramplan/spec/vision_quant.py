@@ -22,8 +22,15 @@ quantized model holds quantized is decided here, once per model, from the checkp
   Qwen/Qwen2.5-VL-7B-Instruct-AWQ's ``modules_to_not_convert: ["visual"]`` leaves the whole tower in fp16.
 - **GPTQ** quantizes the decoder blocks only (optimum ``GPTQQuantizer.convert_model`` replaces the linears of
   ``block_name_to_quantize``, found by ``get_block_name_with_pattern`` among the decoder layers; vLLM's
-  ``Qwen2_5_VLForConditionalGeneration._maybe_ignore_quant_config`` drops a GPTQ config for the tower): the
-  tower and projector are held in the model's dtype.
+  ``Qwen2VLForConditionalGeneration._maybe_ignore_quant_config`` returns None for ``GPTQConfig`` and
+  ``GPTQMarlinConfig``: "GPTQ configs do not have a list of ignored modules, however AutoGPTQ seems to avoid vision
+  encoder sections", Qwen/Qwen2-VL-2B-Instruct-GPTQ-Int4): the tower and projector are held in the model's dtype.
+
+What is estimated is the checkpoint as stored, as vLLM loads it.  transformers 5.24 matches a skip entry against a
+module name differently (``quantizers_utils.should_convert_module``: a regex anchored at the name's start, or a
+suffix): a bare ``"visual"`` does not match ``model.visual.blocks.0.attn.qkv`` (its 5.x name), so its AWQ loader
+would build AWQ linears for a tower the checkpoint stores in fp16 (only ``FineGrainedFP8HfQuantizer`` renames the
+skip list to the model's names, ``_normalize_modules_to_not_convert``); that load is not modelled.
 
 Refused (``VisionSpec.quant_refused``, ``tower_quant_problems``): an AWQ checkpoint whose skip list leaves tower or
 projector linears quantized (AutoAWQ quantizes the decoder layers only, so such a checkpoint stores them
@@ -41,7 +48,8 @@ from vramplan.errors import Problem
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["skipped_by", "tower_quant_problems", "tower_quantized_linears", "with_tower_quantization"]
+__all__ = ["skipped_by", "tower_quant_problems", "tower_quantized_linears", "transformers_unmatched",
+           "with_tower_quantization"]
 
 # words a skip entry aimed at a vision tower or projector holds (the prefixes of every adapter's tower and projector)
 _VISION_WORDS = ("vision", "visual", "multi_modal_projector", "merger", "connector", "patch_merger")
@@ -112,6 +120,32 @@ def with_tower_quantization(m: ModelSpec) -> ModelSpec:
                    "quantized, but AutoAWQ quantizes the decoder layers only (the checkpoint stores them "
                    "unquantized, while transformers and vLLM would build AWQ linears for them)")
     return replace(m, vision=replace(v, quantized_linears=tuple(out), quant_refused=refused))
+
+
+def _transformers_skips(entry: str, name: str) -> bool:
+    """transformers 5.24 ``quantizers_utils.should_convert_module``'s test for one entry (True: left unconverted)."""
+    try:
+        return bool(re.match(rf"(?:{entry})(?:(?<=\.)|(?=\.|$))", name)) or name.endswith(entry)
+    except re.error:
+        return False
+
+
+def transformers_unmatched(m: ModelSpec) -> list[str]:
+    """Skip entries of the checkpoint that leave tower instances unquantized here (and in vLLM) but that transformers
+    5.24's ``should_convert_module`` does not match against the module's 5.x name (``model.`` + the name): its
+    loader would build quantized linears where the checkpoint stores plain weights (module docstring)."""
+    v, cq = m.vision, m.checkpoint_quant
+    if v is None or cq is None or cq.method == "gptq":
+        return []
+    counts = {p.name: p.count for p in m.params}
+    out: list[str] = []
+    for name, *_ in v.linears:
+        for inst in _instances(name, counts.get(name, 1)):
+            for e in cq.skip_modules:
+                if (not e.startswith("re:") and e not in out and skipped_by(inst, (e,))
+                        and not _transformers_skips(e, f"model.{inst}")):
+                    out.append(e)
+    return out
 
 
 def tower_quantized_linears(m: ModelSpec) -> int:
