@@ -138,12 +138,27 @@ def test_compressed_tensors_ignore_regex_leaves_the_tower() -> None:
     assert tower_quantized_linears(model_from_config(cfg, name="ct")) == 0
 
 
-def test_a_vision_skip_entry_matching_no_tower_name_is_refused() -> None:
+def test_a_tower_skip_entry_matching_no_tower_name_is_refused() -> None:
     cfg = _config(QWEN)
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
-                                  "modules_to_not_convert": ["vision_model.encoder"]}
+                                  "modules_to_not_convert": ["model.visual.encoder.layers.0"]}
     m = model_from_config(cfg, name="fp8")
     assert m.vision is not None and "match none of the tower's" in m.vision.quant_refused
+    doc = {"model": cfg, "hardware": {"gpu": "H100-80GB"}, "task": "serve", "serve": {}}
+    with pytest.raises(ScenarioError, match="vision tower under fp8-block: not modelled"):
+        resolve(doc)
+
+
+def test_entries_naming_modules_the_model_lacks_change_nothing() -> None:
+    # a skip list written for several architectures: Qwen2.5-VL has no multi_modal_projector, modality_projection
+    # or vision_tower; the merger's two linears are the only tower instances skipped
+    cfg = _config(QWEN)
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                  "llm_int8_skip_modules": ["lm_head", "multi_modal_projector", "merger",
+                                                            "modality_projection", "vision_tower"]}
+    m = model_from_config(cfg, name="bnb")
+    assert m.vision is not None and not m.vision.quant_refused
+    assert tower_quantized_linears(m) == TOWER_LINEARS - MERGER_LINEARS
 
 
 def test_gemma3_qlora_quantizes_siglip_but_not_the_projector_parameter() -> None:

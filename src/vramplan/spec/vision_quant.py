@@ -34,9 +34,10 @@ skip list to the model's names, ``_normalize_modules_to_not_convert``); that loa
 
 Refused (``VisionSpec.quant_refused``, ``tower_quant_problems``): an AWQ checkpoint whose skip list leaves tower or
 projector linears quantized (AutoAWQ quantizes the decoder layers only, so such a checkpoint stores them
-unquantized while transformers and vLLM would build AWQ linears for them), and a skip entry that names a vision
-module (``vision``, ``visual``, ``multi_modal_projector``, ``merger``, ``connector``) but matches none of the
-adapter's tower names, whose bytes would otherwise be guessed.
+unquantized while transformers and vLLM would build AWQ linears for them), and a skip entry under one of the
+model's tower prefixes (``visual``, ``vision_tower``, ``multi_modal_projector``, ...) that matches none of the
+adapter's tower names (a legacy name such as ``vision_tower.vision_model.encoder``), whose bytes would otherwise be
+guessed.  An entry naming a module the model lacks changes nothing.
 """
 
 from __future__ import annotations
@@ -50,9 +51,6 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = ["skipped_by", "tower_quant_problems", "tower_quantized_linears", "transformers_unmatched",
            "with_tower_quantization"]
-
-# words a skip entry aimed at a vision tower or projector holds (the prefixes of every adapter's tower and projector)
-_VISION_WORDS = ("vision", "visual", "multi_modal_projector", "merger", "connector", "patch_merger")
 
 
 def _instances(name: str, count: int) -> list[str]:
@@ -110,7 +108,12 @@ def with_tower_quantization(m: ModelSpec) -> ModelSpec:
         out.append((name, fan_in, fan_out, len(kept)))
     refused = ""
     quantized = sum(n for *_, n in out)
-    aimed = [e for e in skip if e not in matched and any(w in e for w in _VISION_WORDS)]
+    # an entry under one of this model's tower prefixes that matches no instance names the tower in a way not
+    # modelled (a legacy name, an index past the last block); one naming a module this model lacks (unsloth's lists
+    # carry "multi_modal_projector" and "modality_projection" for every architecture) changes nothing
+    prefixes = tuple(p.removesuffix(".") for p in v.param_prefixes)
+    aimed = [e for e in skip if e not in matched
+             and e.removeprefix("re:").removeprefix("model.").split(".")[0] in prefixes]
     if aimed:
         refused = (f"the checkpoint's skip list names {aimed}, which match none of the tower's and projector's "
                    f"linears as named here (e.g. {v.linears[0][0].removesuffix('.weight')}): which of them are "
