@@ -149,6 +149,18 @@ def test_a_tower_skip_entry_matching_no_tower_name_is_refused() -> None:
         resolve(doc)
 
 
+def test_a_legacy_siglip_name_reaches_its_instance() -> None:
+    # gemma-3's SigLIP: the checkpoint's vision_tower.vision_model.encoder.layers.26.mlp.fc2 is the 5.x module
+    # vision_tower.encoder.layers.26.mlp.fc2 (CLIPVisionModel's PrefixChange); 1152 x 4304 weights stay bf16
+    cfg = _config(GEMMA3)
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                  "llm_int8_skip_modules": ["lm_head",
+                                                            "vision_tower.vision_model.encoder.layers.26.mlp.fc2"]}
+    m = model_from_config(cfg, name="bnb")
+    assert m.vision is not None and not m.vision.quant_refused
+    assert tower_quantized_linears(m) == 411_070_464 - 4304 * 1152
+
+
 def test_entries_naming_modules_the_model_lacks_change_nothing() -> None:
     # a skip list written for several architectures: Qwen2.5-VL has no multi_modal_projector, modality_projection
     # or vision_tower; the merger's two linears are the only tower instances skipped

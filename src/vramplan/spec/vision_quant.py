@@ -83,9 +83,17 @@ def skipped_by(module: str, entries: tuple[str, ...]) -> bool:
         if entry.startswith("re:"):
             if _regex(entry[3:], module) or _regex(entry[3:], f"model.{module}"):
                 return True
-        elif f".{entry.removeprefix('model.')}." in f".{module}.":
+        elif f".{_renamed(entry.removeprefix('model.'))}." in f".{module}.":
             return True
     return False
+
+
+def _renamed(key: str) -> str:
+    """A checkpoint's CLIP or SigLIP tower name as transformers 5.x names the module: ``conversion_mapping.py``
+    ``"CLIPVisionModel": [PrefixChange(prefix_to_remove="vision_model")]`` (``SiglipVisionModel`` maps to it), so
+    ``vision_tower.vision_model.encoder.layers.23`` is ``vision_tower.encoder.layers.23``."""
+    old = "vision_tower.vision_model"
+    return "vision_tower" + key[len(old):] if key == old or key.startswith(old + ".") else key
 
 
 def with_tower_quantization(m: ModelSpec) -> ModelSpec:
