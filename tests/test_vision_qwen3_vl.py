@@ -133,3 +133,17 @@ def test_kv_cache_holds_the_image_tokens() -> None:
     assert image_tokens(r.scenario, r.model) == 392
     moments = inference_step(r).moments
     assert max(mo.get(K.KV_PROMPT) for mo in moments) == 147_456 * 1024 == 150_994_944
+
+
+def test_transformers_config_takes_the_language_model() -> None:
+    """The traced engine's language model alone: a Qwen3 of the text_config, its count the adapter's less the tower
+    (4,437,815,808 - 415,347,712 = 4,022,468,096)."""
+    from vramplan.spec.families import transformers_config
+
+    tc = transformers_config(QWEN3_VL_4B)
+    assert tc["model_type"] == "qwen3" and "vision_config" not in tc
+    module = meta_module(tc, auto="AutoModelForCausalLM")
+    assert sum(p.numel() for p in module.parameters()) == 4_022_468_096
+    # a text_config left to its class's defaults is still the family's language model (not gemma3_text)
+    assert transformers_config(DEFAULTS)["model_type"] == "qwen3"
+    assert transformers_config(MOE_DEFAULTS)["model_type"] == "qwen3_moe"

@@ -94,8 +94,11 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         # a vision-language model's language model alone (the traced engine's report says the tower is not traced)
         out = {k: v for k, v in out.items() if k not in ("vision_config", "text_config")}
         # the text config's own model_type where it names a text family (LLaVA's language model may be a Llama,
-        # a Mistral, a Qwen2), else the family's (Qwen2.5-VL's "qwen2_5_vl_text" is built as qwen2)
-        own = FAMILIES.get(str(out.get("model_type")))
+        # a Mistral, a Qwen2), else the family's (Qwen2.5-VL's "qwen2_5_vl_text" is built as qwen2; a text_config
+        # without one, left to its configuration class's defaults, is the family's too, not flatten_text_config's
+        # gemma3_text default)
+        inner = cfg.get("text_config")
+        own = FAMILIES.get(str(inner.get("model_type") if isinstance(inner, Mapping) else out.get("model_type")))
         if own is None or own.text_model_type:
             out["model_type"] = outer.text_model_type
     fam = FAMILIES.get(str(out.get("model_type")))
