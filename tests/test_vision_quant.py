@@ -273,3 +273,21 @@ def test_awq_skip_list_transformers_5_would_not_match_is_said() -> None:
                     "inference": {"prompt_len": 512}})
     assert not any("should_convert_module" in a for a in same.assumptions)
     assert tower_quantized_linears(model_from_config(_awq(["model.visual"]), name="awq")) == 0
+
+
+@pytest.mark.parametrize(("model", "quant"), [(QWEN, "nf4"), (GEMMA3, "nf4"), (QWEN, "none")])
+def test_the_load_plan_holds_the_resident_weights(model: str, quant: str) -> None:
+    """The lifecycle's load makes every parameter tensor as the step then holds it: each instance of a tower layer's
+    tensors (one per group before), the quantized tower linears at their format's bytes.  Qwen2.5-VL-7B in bf16:
+    8,292,166,656 x 2 = 16,584,333,312 B (1,221,536,400 B of tower instances were missing)."""
+    from vramplan.analytic.lifecycle.load import _held_bytes, load_plan
+    from vramplan.analytic.train import train_step
+
+    train: dict[str, Any] = {"seq_len": 512, "micro_batch_size": 1, "peft": {"method": "lora"}}
+    if quant != "none":
+        train["quantization"] = quant
+    c = train_step(resolve({"model": model, "hardware": {"gpu": "H100-80GB"}, "train": train})).context
+    assert c is not None
+    assert sum(load_plan(c).sizes) == weights_bytes(c.rp, _held_bytes(c), c.quant)
+    if quant == "none" and model == QWEN:
+        assert sum(load_plan(c).sizes) == 2 * 8_292_166_656
