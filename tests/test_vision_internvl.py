@@ -58,7 +58,10 @@ def test_tower_and_projector_by_hand() -> None:
     assert m.vision is not None and (m.vision.tokens_per_image, m.vision.patches_per_image) == (258, 1024)
 
 
-@pytest.mark.parametrize("cfg", [CFG, ODD], ids=["internvl3-1b-shape", "optional-tensors"])
+NO_TIE_KEY = {k: v for k, v in CFG.items() if k != "tie_word_embeddings"}  # InternVLConfig's default: tied
+
+
+@pytest.mark.parametrize("cfg", [CFG, ODD, NO_TIE_KEY], ids=["internvl3-1b-shape", "optional-tensors", "tie-default"])
 def test_count_and_names_equal_transformers_module_on_the_meta_device(cfg: dict[str, Any]) -> None:
     spec = model_from_config(cfg, name="ivl")
     module = meta_module(cfg)
