@@ -73,6 +73,10 @@ class RankParams:
     # weight-decay group: no gradient, no optimizer state
     frozen: int = 0
     frozen_decay: int = 0
+    # a vision tower's and projector's linears stored quantized when the weights are (first stage only), as
+    # (in_features, out_features, instances): VisionSpec.quantized_linears (spec/vision_quant.py); their elements
+    # are in ``total``, not in ``linear``
+    tower_linear_shapes: tuple[tuple[int, int, int], ...] = ()
 
 
 def split_on_rank(p: ParamGroup, tp: int, ep: int) -> int:
@@ -333,6 +337,8 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
         outside_layers=t.outside, has_embedding=first, has_lm_head=last, lora=t.lora + t.dora,
         lora_per_layer=tuple(t.lora_layer.get(i, 0) for i in layers), dora_magnitudes=t.dora,
         linear_shapes=tuple(t.shapes), expert_bias=t.expert_bias, frozen=t.frozen, frozen_decay=t.frozen_decay,
+        tower_linear_shapes=tuple((i, o, n) for _, i, o, n in model.vision.quantized_linears if n)
+        if first and model.vision is not None else (),
     )
 
 

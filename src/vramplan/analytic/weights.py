@@ -26,7 +26,7 @@ from vramplan.analytic.layout import RankParams
 from vramplan.facts.quantization import QuantFormat, quant_format
 from vramplan.units import DTYPE_BITS
 
-__all__ = ["quantized_linear_bytes", "weights_bytes"]
+__all__ = ["quantized_linear_bytes", "tower_quantized_elements", "weights_bytes"]
 
 
 def quantized_linear_bytes(numel: int, out_features: int, fmt: str) -> int:
@@ -50,10 +50,31 @@ def weights_bytes(rp: RankParams, dense_bytes: int, quant: str = "none") -> int:
     if quant == "none":
         return rp.total * dense_bytes
     fmt = quant_format(quant)
+    tower = _tower_bytes(rp, fmt) - tower_quantized_elements(rp, quant) * dense_bytes
     if fmt.per_matrix:
-        return _per_matrix_bytes(rp, dense_bytes, fmt)
+        return _per_matrix_bytes(rp, dense_bytes, fmt) + tower
     q = quantized_linear_bytes(rp.linear, rp.linear_out_features, quant)
-    return q + (rp.total - rp.linear) * dense_bytes
+    return q + (rp.total - rp.linear) * dense_bytes + tower
+
+
+def tower_quantized_elements(rp: RankParams, quant: str) -> int:
+    """Elements of the vision tower's and projector's linears ``quant`` stores quantized on this rank: those the
+    checkpoint does not skip (``RankParams.tower_linear_shapes``), where the format quantizes dense linears
+    (MXFP4, the routed experts only, leaves them)."""
+    if quant == "none" or "linear" not in quant_format(quant).quantized_roles:
+        return 0
+    return sum(i * o * n for i, o, n in rp.tower_linear_shapes)
+
+
+def _tower_bytes(rp: RankParams, fmt: QuantFormat) -> int:
+    """Bytes of those tower linears, each matrix quantized on its own (bitsandbytes' absmax blocks, a group's
+    scales and the per-matrix tensors follow each weight: ``QuantFormat.linear_bytes`` of one matrix, or
+    ``matrix_bytes`` for a format sized matrix by matrix); worked example in tests/test_vision_quant.py."""
+    if "linear" not in fmt.quantized_roles:
+        return 0
+    if fmt.per_matrix:
+        return sum(fmt.matrix_bytes(i, o) * n for i, o, n in rp.tower_linear_shapes)
+    return sum(fmt.linear_bytes(i * o, o) * n for i, o, n in rp.tower_linear_shapes)
 
 
 def _per_matrix_bytes(rp: RankParams, dense_bytes: int, fmt: QuantFormat) -> int:

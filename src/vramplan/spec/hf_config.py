@@ -17,6 +17,7 @@ from typing import Any
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.families import FAMILIES, Family, flatten_text_config
 from vramplan.spec.model import ModelSpec
+from vramplan.spec.vision_quant import with_tower_quantization
 
 __all__ = ["MAX_SIZE", "SUPPORTED_MODEL_TYPES", "model_from_config"]
 
@@ -67,7 +68,8 @@ def model_from_config(config: Mapping[str, Any], name: str = "custom", where: st
         cfg = flatten_text_config(config)
         model_type, fam = _family(cfg, where)
         _check(cfg, model_type, fam, where)
-        return fam.build(cfg, model_type, name)
+        # which of a vision tower's linears the checkpoint stores quantized (spec/vision_quant.py)
+        return with_tower_quantization(fam.build(cfg, model_type, name))
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
         # a config.json is untrusted input: a field of the wrong type or value that an adapter cannot read
         # (``attention_dropout: ":"``, a list where a size goes) is the user's problem to fix, not a crash

@@ -26,6 +26,7 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
 from vramplan.spec.vision import image_problems, vision_notes
+from vramplan.spec.vision_quant import tower_quant_problems
 
 __all__ = [
     "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES",
@@ -280,7 +281,7 @@ def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
     return [*_parallel_problems(s, m), *_schedule_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
             *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m), *_serve_format_problems(s),
-            *autoawq_problems(s, m)]
+            *autoawq_problems(s, m), *tower_quant_problems(s, m)]
 
 
 def _serve_format_problems(s: Scenario) -> list[Problem]:
@@ -719,9 +720,13 @@ def _skipped_linears(cq: CheckpointQuant, m: ModelSpec) -> list[str]:
     # (``utils/match.py`` ``is_match``: ``re.match``); here against one layer's names, ``model.layers.0.<...>``
     names = ["model." + p.name.removesuffix(".weight").replace("layers.", "layers.0.", 1)
              for p in m.params if p.role in ("linear", "expert")]
+    # entries naming a vision tower's or projector's modules (``visual.blocks.31.mlp.down_proj``) are read by
+    # spec/vision_quant.py against the tower's own names
+    tower = tuple(p.removesuffix(".") for p in m.vision.param_prefixes) if m.vision is not None else ()
     return [x for x in cq.skip_modules
-            if (x.startswith("re:") and any(_regex_match(x[3:], n) for n in names))
-            or (not x.startswith("re:") and x.rsplit(".", 1)[-1].replace("*", "") in leaves)]
+            if not (tower and x.removeprefix("re:").removeprefix("model.").startswith(tower))
+            and ((x.startswith("re:") and any(_regex_match(x[3:], n) for n in names))
+                 or (not x.startswith("re:") and x.rsplit(".", 1)[-1].replace("*", "") in leaves))]
 
 
 def _regex_match(pattern: str, name: str) -> bool:

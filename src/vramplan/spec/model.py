@@ -338,6 +338,22 @@ class VisionSpec:
     fixed_tiles: int = 0
     # why the model cannot take an image at all (its forward fails), refused for images_per_sample > 0; "": it can
     images_refused: str = ""
+    # the tower's and the projector's ``nn.Linear`` weights as (ParamGroup name, in_features, out_features): what
+    # transformers' quantizers replace and vLLM's quant_config reaches (spec/vision_quant.py); their ParamGroups
+    # keep the role "other", so PEFT, the optimizer and the decoder's linear count never see them
+    linears: tuple[tuple[str, int, int], ...] = ()
+    # of ``linears``, (name, in_features, out_features, instances) stored quantized whenever the weights are:
+    # every instance unless the checkpoint's quantization_config skips it (spec/vision_quant.py
+    # ``with_tower_quantization``); ``quant_refused``: why a quantized tower cannot be estimated ("": it can)
+    quantized_linears: tuple[tuple[str, int, int, int], ...] = ()
+    quant_refused: str = ""
+    # InternVL (GotOcr2ImageProcessor with crop_to_patches): each image cut into between min_tiles and max_tiles
+    # tiles of image_size (get_optimal_tiled_canvas) and a thumbnail when more than one; max_tiles 0 or 1: one tile
+    min_tiles: int = 0
+    max_tiles: int = 0
+    # what each tower layer saves per tower token besides the decoder layer's terms, as head_saved_per_patch's
+    # (kind, elements): InternViT's layer scales (lambda_1, lambda_2) keep the sublayers' outputs
+    layer_saved_per_token: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import math
 
 from vramplan.errors import Problem
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
+from vramplan.spec.vision_quant import tower_quantized_linears, transformers_unmatched
 
 __all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
-           "images_per_sample", "pixtral_grid", "select_best_resolution", "smart_resize", "vision_notes"]
+           "images_per_sample", "internvl_tiles", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -88,9 +90,32 @@ def pixtral_grid(v: VisionSpec, side: int) -> tuple[int, int]:
     return (n * v.merge_size) ** 2, (n + 1) * n
 
 
+def internvl_tiles(v: VisionSpec, side: int) -> int:
+    """Tiles of a ``side`` x ``side`` image under ``GotOcr2ImageProcessor`` with ``crop_to_patches``.
+
+    transformers 5.24 ``image_processing_got_ocr2.py``: ``get_all_supported_aspect_ratios`` lists the (columns,
+    rows) grids of min_tiles to max_tiles tiles by area; ``get_optimal_tiled_canvas`` keeps the first with the
+    image's aspect ratio (1 for a square) and moves to a larger one with the same ratio while the image's area
+    exceeds half the grid's (``area > 0.5 x tile^2 x columns x rows``); ``get_number_of_image_patches`` adds the
+    thumbnail when the grid has more than one tile."""
+    grids = sorted(((c, r) for c in range(1, v.max_tiles + 1) for r in range(1, v.max_tiles + 1)
+                    if v.min_tiles <= c * r <= v.max_tiles), key=lambda g: g[0] * g[1])
+    best, best_diff, tile = (1, 1), float("inf"), v.image_size
+    for c, r in grids:
+        diff = abs(1 - c / r)
+        if diff < best_diff:
+            best, best_diff = (c, r), diff
+        elif diff == best_diff and side * side > 0.5 * tile * tile * c * r:
+            best = (c, r)
+    n = best[0] * best[1]
+    return n + 1 if n > 1 else 1
+
+
 def image_tiles(v: VisionSpec, size: int | None) -> int:
     """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), Idefics3's tiles and
-    whole image (``VisionSpec.fixed_tiles``), else 1."""
+    whole image (``VisionSpec.fixed_tiles``), InternVL's tiles and thumbnail (``internvl_tiles``), else 1."""
+    if v.max_tiles > 1:
+        return internvl_tiles(v, size or v.max_tiles * v.image_size)
     return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else (v.fixed_tiles or 1)
 
 
@@ -107,6 +132,10 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
         return tiles * (v.tile_size // v.patch_size) ** 2, tokens
     if v.longest_edge:
         return pixtral_grid(v, size or v.image_size)
+    if v.max_tiles > 1:
+        # InternVL: each tile's patches through the tower, image_seq_length tokens per tile and <img>, </img>
+        tiles = image_tiles(v, size)
+        return tiles * v.patches_per_image, tiles * (v.tokens_per_image - 2) + 2
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
@@ -193,7 +222,7 @@ def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma, mistral3, idefics3 or smolvlm)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm or internvl)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
@@ -202,7 +231,7 @@ def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         f"{m.vision.images_refused}", "set images_per_sample: 0 (the language model alone)")]
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, llava, llava_next, paligemma, mistral3, idefics3 or smolvlm)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm or internvl)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
@@ -229,6 +258,12 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"{tiles - 1} tiles of {v.tile_size} x {v.tile_size}, and the whole image at {v.tile_size} x "
                  f"{v.tile_size}: {tiles} tower passes"
                  f"{'' if image_size(s) else '; image_size not given: the largest square of the grid'}")
+    elif v.max_tiles > 1:
+        side = image_size(s) or v.max_tiles * v.image_size
+        shape = (f"a {side} x {side} image cut by GotOcr2ImageProcessor's crop_to_patches into "
+                 f"{max(1, tiles - 1)} tile(s) of {v.image_size} x {v.image_size} (between {v.min_tiles} and "
+                 f"{v.max_tiles}){', and a thumbnail' if tiles > 1 else ''}: {tiles} tower passes"
+                 f"{'' if image_size(s) else '; image_size not given: the largest grid'}")
     elif v.fixed_tiles > 1:
         shape = (f"every square image rescaled to a fixed longest edge and cut into {tiles - 1} tiles of "
                  f"{v.image_size} x {v.image_size}, and the whole image at {v.image_size} x {v.image_size}: {tiles} "
@@ -245,11 +280,15 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
     else:
         shape = f"{v.image_size} x {v.image_size} (every image resized to it{'; image_size ignored' if image_size(s) else ''})"
     cls = f" and {tiles * v.extra_tokens} class token(s)" if v.extra_tokens else ""
-    first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), held unquantized in the "
-             f"model's dtype; each image is {tokens:,} image tokens of the language model's sequence and "
+    first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), {tower_held(s, m)}; each image is {tokens:,} image tokens of the language model's sequence and "
              f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}){cls} through {v.num_layers} "
              "tower layers")
-    out = [first]
+    out = [first, *_tower_dequant_note(s, m)]
+    if s.task != "serve" and (unmatched := transformers_unmatched(m)):
+        out.append(f"not modelled: transformers 5.24 matches the skip entries {unmatched} from a module name's start "
+                   "or as its suffix (should_convert_module), so they do not reach the tower's modules under their 5.x "
+                   "names (model.<...>): its loader would build quantized linears where the checkpoint stores plain "
+                   "weights; the estimate is the checkpoint as stored (as vLLM loads it)")
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                    "vision-language model (the estimate is the language model's start-up)")
@@ -290,6 +329,45 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "alive, before the prompt's cache exists (analytic/inference.py vision_moment); the "
                    f"{n * tokens:,} image tokens are counted in prompt_len and the KV cache")
     return out
+
+
+def tower_held(s: Scenario, m: ModelSpec) -> str:
+    """How the tower's and projector's weights are held under the task's quantization (spec/vision_quant.py)."""
+    quant: str = getattr(s, s.task).quantization
+    v = m.vision
+    if quant == "none" or v is None:
+        return "held unquantized in the model's dtype"
+    q = tower_quantized_linears(m) if "linear" in quant_format(quant).quantized_roles else 0
+    cq = m.checkpoint_quant
+    if q:
+        n = sum(1 for *_, k in v.quantized_linears if k)
+        skipped = sum(c - k for (name, *_, k) in v.quantized_linears
+                      for c in [next(p.count for p in m.params if p.name == name)])
+        how = ("the checkpoint stores them so, less the modules its quantization_config skips" if cq is not None
+               else "vLLM hands the tower and projector the model's quant_config" if s.task == "serve"
+               else "transformers' quantizers replace every nn.Linear but the LM head (get_keys_to_not_convert)")
+        return (f"{q:,} of them in {n} linear weight group(s) of the tower and projector stored as {quant} like the "
+                f"language model's linears ({how}{f'; {skipped} skipped instance(s) held unquantized' if skipped else ''}), "
+                "the rest (patch embedding, norms, biases, positions) in the model's dtype")
+    why = (f"{quant} quantizes the routed experts only" if "linear" not in quant_format(quant).quantized_roles
+           else "GPTQ quantizes the decoder blocks only" if cq is not None and cq.method == "gptq"
+           else "the checkpoint's quantization_config skips them" if cq is not None and v.linears
+           else "no nn.Linear of the tower is listed")
+    return f"held unquantized in the model's dtype ({why})"
+
+
+def _tower_dequant_note(s: Scenario, m: ModelSpec) -> list[str]:
+    """bitsandbytes 4-bit and HQQ dequantize a whole weight per forward: under images, the tower's largest
+    quantized linear's temporary is not added to the tower's moments (the language model's is)."""
+    quant: str = getattr(s, s.task).quantization
+    v = m.vision
+    if (quant == "none" or v is None or not images_per_sample(s) or s.task == "serve"
+            or quant_format(quant).dequant != "whole_weight" or not tower_quantized_linears(m)):
+        return []
+    largest = max(i * o for _, i, o, n in v.quantized_linears if n)
+    return [(f"not modelled: {quant} dequantizes each of the tower's quantized linears for its forward (a temporary "
+             f"of up to {largest:,} weights in the compute dtype, the largest); it is not added to the tower's "
+             "activations")]
 
 
 def cross_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:

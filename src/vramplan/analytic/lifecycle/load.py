@@ -67,6 +67,7 @@ from vramplan.analytic.lifecycle.stream import PhaseStream, StreamPeak
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.weights import quantized_linear_bytes
+from vramplan.facts.quantization import quant_format
 from vramplan.spec.model import ParamGroup
 from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
@@ -92,14 +93,22 @@ class LoadTensor:
 
 
 def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
-    """This rank's base parameter tensors in module order: the embedding(s), each layer, the rest."""
-    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none")
+    """This rank's base parameter tensors in module order: the embedding(s), each layer, the rest (a vision
+    tower's layers one tensor per instance, its linears quantized as ``weights_bytes`` counts them:
+    ``VisionSpec.quantized_linears`` where the format quantizes dense linears)."""
+    v = c.m.vision
+    tower: tuple[tuple[str, int, int], ...] = ()
+    if v is not None and c.quant != "none" and "linear" in quant_format(c.quant).quantized_roles:
+        tower = tuple((name, o, k) for name, _, o, k in v.quantized_linears if k)
+    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none", tower)
 
 
 # the planner estimates one model many times with other batch sizes: the tensors are the same
 @lru_cache(maxsize=64)
 def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: int, ep: int,
-                  quantized: bool) -> tuple[LoadTensor, ...]:
+                  quantized: bool, tower: tuple[tuple[str, int, int], ...] = ()) -> tuple[LoadTensor, ...]:
+    """``tower``: the vision tower's quantized linears as (name, out_features, instances quantized)."""
+    quantized_tower = {name: (out, k) for name, out, k in tower}
     lset = set(layers)
     first: list[LoadTensor] = []
     last: list[LoadTensor] = []
@@ -112,8 +121,15 @@ def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: i
         rows = max(1, p.out_features * each // p.numel) if p.out_features else 1
         quant = quantized and bool(p.layer_span) and p.role in ("linear", "expert") and p.in_features > 0
         if not p.layer_span:
-            (first if p.role in ("embedding", "position") else last).append(
-                LoadTensor(each, rows, -1, False, p.role == "lm_head"))
+            if p.name in quantized_tower:
+                # a vision tower's linear: each of its instances a tensor, the first k quantized (spec/vision_quant.py)
+                out, k = quantized_tower[p.name]
+                last.extend(LoadTensor(each, out, -1, i < k) for i in range(n))
+                continue
+            # a group outside the layers with several instances (a vision tower's encoder layers) is that many
+            # tensors; every other such group is one
+            (first if p.role in ("embedding", "position") else last).extend(
+                [LoadTensor(each, rows, -1, False, p.role == "lm_head")] * n)
             continue
         held = [j for j in p.layer_span if j in lset]
         for j in held:

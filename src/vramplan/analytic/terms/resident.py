@@ -8,7 +8,7 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import KBIT_PREPARED, StepContext
-from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
+from vramplan.analytic.weights import quantized_linear_bytes, tower_quantized_elements, weights_bytes
 from vramplan.units import ceil_div
 
 __all__ = ["ddp_buckets", "offload_where", "parameter_bytes", "parameters", "workspaces"]
@@ -32,7 +32,7 @@ def parameter_bytes(c: StepContext) -> tuple[int, int]:
             - rp.lm_head * dense_bytes
     if c.quant != "none" and c.framework in KBIT_PREPARED:
         # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
-        base += (rp.total - rp.linear) * (4 - dense_bytes)
+        base += (rp.total - rp.linear - tower_quantized_elements(rp, c.quant)) * (4 - dense_bytes)
     return base, c.trainable * c.adapter
 
 

@@ -18,7 +18,7 @@ __all__ = ["gathered", "root_gathered"]
 def _one_layer(rp: RankParams, params: int) -> RankParams:
     frac = params / rp.total if rp.total else 0
     return replace(rp, total=params, linear=int(rp.linear * frac), linear_out_features=int(
-        rp.linear_out_features * frac), lm_head=0)
+        rp.linear_out_features * frac), lm_head=0, tower_linear_shapes=())
 
 
 def _gather_bytes(c: StepContext) -> int:

@@ -129,6 +129,7 @@ def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
         layer = [resid * seq]  # each checkpointed layer keeps its input
     else:
         layer = [t.nbytes * seq for t in act.layer_tensors(tower, tower.layers[0], ctx) for _ in range(t.copies)]
+        layer += _saved(v.layer_saved_per_token, tower, ctx, seq)
     layer += per_layer
     used = tower.num_layers - v.unused_layers
     out += [(n, False) for n in layer * used] + [(n, True) for n in layer * v.unused_layers]

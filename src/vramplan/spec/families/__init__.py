@@ -22,6 +22,7 @@ from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.idefics3 import IDEFICS3, SMOLVLM
+from vramplan.spec.families.internvl import INTERNVL
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
@@ -33,6 +34,7 @@ from vramplan.spec.families.paligemma import PALIGEMMA
 from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
+from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.starcoder2 import STARCODER2
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
@@ -45,6 +47,7 @@ FAMILIES: dict[str, Family] = {
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3, "idefics3": IDEFICS3, "smolvlm": SMOLVLM,
+    "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE, "internvl": INTERNVL,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
@@ -91,8 +94,11 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         # a vision-language model's language model alone (the traced engine's report says the tower is not traced)
         out = {k: v for k, v in out.items() if k not in ("vision_config", "text_config")}
         # the text config's own model_type where it names a text family (LLaVA's language model may be a Llama,
-        # a Mistral, a Qwen2), else the family's (Qwen2.5-VL's "qwen2_5_vl_text" is built as qwen2)
-        own = FAMILIES.get(str(out.get("model_type")))
+        # a Mistral, a Qwen2), else the family's (Qwen2.5-VL's "qwen2_5_vl_text" is built as qwen2; a text_config
+        # without one, left to its configuration class's defaults, is the family's too, not flatten_text_config's
+        # gemma3_text default)
+        inner = cfg.get("text_config")
+        own = FAMILIES.get(str(inner.get("model_type") if isinstance(inner, Mapping) else out.get("model_type")))
         if own is None or own.text_model_type:
             out["model_type"] = outer.text_model_type
     fam = FAMILIES.get(str(out.get("model_type")))

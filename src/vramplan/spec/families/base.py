@@ -9,7 +9,7 @@ named in the adapter so it can be checked.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vramplan.facts.quantization import AO_INT4_GROUP, FP8_TILE, GPTQ_GROUP, HQQ_GROUP
@@ -77,6 +77,8 @@ class Params:
 
     def __init__(self) -> None:
         self.rows: list[ParamGroup] = []
+        # a vision tower's and projector's nn.Linear weights, (name, in, out): ``VisionSpec.linears``
+        self.vision_linears: list[tuple[str, int, int]] = []
 
     def add(self, name: str, numel: int, role: Role, layers: tuple[int, ...] = (), per_layer: int = 1,
             in_features: int = 0, out_features: int = 0, tp: TPSplit = "replicated") -> None:
@@ -95,6 +97,14 @@ class Params:
             # a column-parallel bias is split with its output; a row-parallel one is replicated
             btp: TPSplit = "column" if tp == "column" else ("expert" if tp == "expert" else "replicated")
             self.add(f"{name}.bias", fan_out, "bias", layers, per_layer, tp=btp)
+
+    def vision_linear(self, name: str, fan_in: int, fan_out: int, per_layer: int = 1, bias: bool = True) -> None:
+        """A vision tower's or projector's ``nn.Linear`` (``name`` without ``.weight``): the weight with role "other"
+        (neither adapted nor counted among the decoder's linears), its bias, and an entry of ``vision_linears``."""
+        self.add(f"{name}.weight", fan_in * fan_out, "other", per_layer=per_layer)
+        if bias:
+            self.add(f"{name}.bias", fan_out, "bias", per_layer=per_layer)
+        self.vision_linears.append((f"{name}.weight", fan_in, fan_out))
 
     def norm(self, name: str, width: int, layers: tuple[int, ...], bias: bool) -> None:
         self.add(f"{name}.weight", width, "norm", layers)
@@ -318,7 +328,8 @@ def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
     if method == "bitsandbytes":
         return _bnb(q)
     if method in ("gptq", "awq"):
-        return _grouped(method, q)
+        # modules_to_not_convert: AwqConfig's (Qwen2.5-VL-AWQ: ["visual"]), read by spec/vision_quant.py
+        return replace(_grouped(method, q), skip_modules=skip)
     if method == "fbgemm_fp8":
         return CheckpointQuant(method, "fp8 e4m3 with one scale per output channel (fbgemm_fp8)", "fp8",
                                skip_modules=skip)

@@ -9,7 +9,8 @@ built from ``text_config`` with ``Gemma3TextConfig``'s defaults for the keys a c
 head_dim 256); the vision tower follows ``models/siglip/modeling_siglip.py`` (``SiglipVisionConfig``
 defaults: 3 channels, ``layer_norm_eps`` 1e-6, ``vision_use_head`` True).
 
-The tower, as ``SiglipVisionTransformer`` builds it:
+The tower, as ``SiglipVisionModel`` builds it (its tensors directly under ``vision_tower.``: 5.24 has no
+``vision_model`` wrapper):
 
 - ``embeddings.patch_embedding``: ``Conv2d(3, d, patch, stride=patch)`` with a bias;
 - ``embeddings.position_embedding``: ``Embedding((image // patch)^2, d)``;
@@ -24,8 +25,10 @@ Gemma RMSNorm of d_vision); its ``AvgPool2d`` pools the (image/patch)^2 patch ou
 <image_soft_token> + <end_of_image> + "\\n\\n"``.
 
 The tower's tensors take the roles "other" (weights), "norm" and "bias": they hold weights, gradients and
-optimizer states like every parameter, but are neither quantized nor given adapters (docs/models.md,
-Vision-language models, lists what is not modelled).
+optimizer states like every parameter, but are not given adapters (docs/models.md, Vision-language models, lists
+what is not modelled); the ``nn.Linear`` weights among them are listed in ``VisionSpec.linears``, quantized with
+the language model's linears where the quantizer reaches them (spec/vision_quant.py).  The projector's
+``mm_input_projection_weight`` is a bare Parameter (a matmul, not an ``nn.Linear``): never quantized.
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ _TEXT_DEFAULTS: dict[str, Any] = {"vocab_size": 262_208, "num_attention_heads": 
 _VISION_DEFAULTS: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
                                     "num_attention_heads": 12, "num_channels": 3, "image_size": 224,
                                     "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True}
-PREFIX = "vision_tower.vision_model"
+# SiglipVisionModel in transformers 5.24 holds the embeddings, encoder and post_layernorm directly (no
+# ``vision_model`` wrapper: on the meta device, ``model.vision_tower.embeddings.patch_embedding.weight``)
+PREFIX = "vision_tower"
 
 
 def vit_encoder_layers(p: Params, enc: str, d: int, i: int, n: int) -> None:
@@ -67,9 +72,8 @@ def vit_encoder_layers(p: Params, enc: str, d: int, i: int, n: int) -> None:
     ``EncoderLayer``: biased q/k/v/out projections, fc1 -> activation -> fc2, two biased LayerNorms)."""
     for name, fan_in, fan_out in (("self_attn.q_proj", d, d), ("self_attn.k_proj", d, d), ("self_attn.v_proj", d, d),
                                   ("self_attn.out_proj", d, d), ("mlp.fc1", d, i), ("mlp.fc2", i, d)):
-        # role "other" with no in/out features: neither quantized nor adapted (module docstring)
-        p.add(f"{enc}.{name}.weight", fan_in * fan_out, "other", per_layer=n)
-        p.add(f"{enc}.{name}.bias", fan_out, "bias", per_layer=n)
+        # role "other" with no in/out features: not adapted (module docstring); quantized as an nn.Linear
+        p.vision_linear(f"{enc}.{name}", fan_in, fan_out, per_layer=n)
     for name in ("layer_norm1", "layer_norm2"):
         p.add(f"{enc}.{name}.weight", d, "norm", per_layer=n)
         p.add(f"{enc}.{name}.bias", d, "bias", per_layer=n)
@@ -99,10 +103,10 @@ def siglip_tower(p: Params, vc: Config, prefix: str = PREFIX) -> dict[str, int]:
         p.add(f"{head}.attention.out_proj.bias", d, "bias")
         p.add(f"{head}.layernorm.weight", d, "norm")
         p.add(f"{head}.layernorm.bias", d, "bias")
-        p.add(f"{head}.mlp.fc1.weight", d * i, "other")
-        p.add(f"{head}.mlp.fc1.bias", i, "bias")
-        p.add(f"{head}.mlp.fc2.weight", i * d, "other")
-        p.add(f"{head}.mlp.fc2.bias", d, "bias")
+        # the MLP's fc1/fc2 are nn.Linear; the attention's in_proj is a bare Parameter and its out_proj a
+        # NonDynamicallyQuantizableLinear, which bitsandbytes' ``type(module) is nn.Linear`` test leaves alone
+        p.vision_linear(f"{head}.mlp.fc1", d, i)
+        p.vision_linear(f"{head}.mlp.fc2", i, d)
     return {"d": d, "layers": n, "heads": heads, "i": i, "image": image, "patch": patch, "patches": patches,
             "channels": ch}
 
@@ -149,7 +153,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                                "and Gemma3Processor (image_seq_length 256)",
                         tower=tower_layer_spec(t, str(vc["hidden_act"]), name), num_channels=t["channels"],
                         # post_layernorm, then AvgPool2d saves its input (the norm's output, residual dtype)
-                        head_saved_per_patch=(("norm", 1), ("residual", t["d"])))
+                        head_saved_per_patch=(("norm", 1), ("residual", t["d"])), linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

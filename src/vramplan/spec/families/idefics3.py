@@ -97,7 +97,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     # an image)
     refused = (f"pixel_shuffle cannot fold {per_side} patches a side by scale_factor {scale} (Idefics3Connector's "
                "view fails in the forward)") if per_side % scale else ""
-    p.add("connector.modality_projection.proj.weight", t["d"] * scale * scale * text.hidden_size, "other")
+    p.vision_linear("connector.modality_projection.proj", t["d"] * scale * scale, text.hidden_size, bias=False)
     seq = t["patches"] // (scale * scale)
     # a square image of any size: its side rescaled to longest_edge
     rows, cols = idefics3_grid(t["image"], t["image"], _RESIZE_TILES * t["image"], t["image"])
@@ -114,7 +114,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # post_layernorm, then modality_projection.proj saves its input: the pixel-shuffled norm
                         # output in the compute dtype, d x scale^2 per token = d per patch
                         head_saved_per_patch=(("norm", 1), ("compute", t["d"])),
-                        notes=(_assumed(t["image"]),))
+                        notes=(_assumed(t["image"]),), linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

@@ -155,6 +155,9 @@ def llava_spec(cfg: Config, model_type: str, name: str, anyres: tuple[tuple[int,
     if bias:
         p.add("multi_modal_projector.linear_1.bias", d_text, "bias")
         p.add("multi_modal_projector.linear_2.bias", d_text, "bias")
+    # the projector's two nn.Linear (rows added above in the order of earlier releases: weights, then biases)
+    p.vision_linears += [("multi_modal_projector.linear_1.weight", t["d"] * feats, d_text),
+                         ("multi_modal_projector.linear_2.weight", d_text, d_text)]
     if anyres:
         # LlavaNextModel.image_newline: one d_text vector appended after each row of the tiles' features
         p.add("image_newline", d_text, "other")
@@ -173,7 +176,7 @@ def llava_spec(cfg: Config, model_type: str, name: str, anyres: tuple[tuple[int,
                         head_saved_per_token=(("cast", t["d"] * feats), ("compute", 2 * d_text)),
                         unused_layers=unused, notes=_notes(unused, clip),
                         # post_layernorm on the last layer's class token (the pooled output nothing uses)
-                        unused_saved_per_image=(("norm", 1),) if clip else ())
+                        unused_saved_per_image=(("norm", 1),) if clip else (), linears=tuple(p.vision_linears))
     if anyres:
         vision = _anyres(vision, anyres, t["image"])
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)

@@ -87,8 +87,8 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
     for name, fan_in, fan_out in (("attention.q_proj", d, d), ("attention.k_proj", d, d), ("attention.v_proj", d, d),
                                   ("attention.o_proj", d, d), ("feed_forward.gate_proj", d, i),
                                   ("feed_forward.up_proj", d, i), ("feed_forward.down_proj", i, d)):
-        # role "other": neither quantized nor adapted (spec/families/gemma3.py's tower)
-        p.add(f"{layer}.{name}.weight", fan_in * fan_out, "other", per_layer=n)
+        # role "other": not adapted (spec/families/gemma3.py's tower); quantized as nn.Linear (VisionSpec.linears)
+        p.vision_linear(f"{layer}.{name}", fan_in, fan_out, per_layer=n, bias=False)
     for name in ("attention_norm", "ffn_norm"):
         p.add(f"{layer}.{name}.weight", d, "norm", per_layer=n)
     return {"d": d, "i": i, "layers": n, "heads": heads, "patch": patch, "channels": ch,
@@ -117,6 +117,10 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     if bias:
         p.add("multi_modal_projector.linear_1.bias", d_text, "bias")
         p.add("multi_modal_projector.linear_2.bias", d_text, "bias")
+    # the projector's nn.Linear (rows added above: weights, then biases)
+    p.vision_linears += [("multi_modal_projector.patch_merger.merging_layer.weight", d * merge * merge, d),
+                         ("multi_modal_projector.linear_1.weight", d, d_text),
+                         ("multi_modal_projector.linear_2.weight", d_text, d_text)]
     act = str(vc["hidden_act"])
     side = t["image"]  # the largest image: longest_edge, taken as vision_config.image_size (module docstring)
     unit = t["patch"] * merge
@@ -145,7 +149,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # linear_2's inputs (2 d_text), each spread over the merge^2 patches
                         head_saved_per_patch=(("norm", 1), ("compute", d), ("compute", d // per_merge),
                                               ("compute", 2 * d_text // per_merge)),
-                        unused_layers=unused, notes=_notes(unused))
+                        unused_layers=unused, notes=_notes(unused), linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

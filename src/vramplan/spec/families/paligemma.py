@@ -89,8 +89,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     if proj != text.hidden_size:
         # masked_scatter writes the projected features into the text embeddings (get_placeholder_mask checks it)
         raise ValueError(f"projection_dim {proj} differs from the language model's hidden_size {text.hidden_size}")
-    p.add("multi_modal_projector.linear.weight", t["d"] * proj, "other")
-    p.add("multi_modal_projector.linear.bias", proj, "bias")
+    p.vision_linear("multi_modal_projector.linear", t["d"], proj)
     act = str(vc["hidden_act"])
     vision = VisionSpec(hidden_size=t["d"], num_layers=t["layers"], num_attention_heads=t["heads"],
                         intermediate_size=t["i"], image_size=t["image"], patch_size=t["patch"],
@@ -101,7 +100,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # post_layernorm, then the projector's nn.Linear saves its input: the norm's output in the
                         # compute dtype (autocast's cast, or the bf16 output itself)
                         head_saved_per_patch=(("norm", 1), ("compute", t["d"])),
-                        notes=_notes(bool(vc["vision_use_head"])), prefix_lm=True)
+                        notes=_notes(bool(vc["vision_use_head"])), prefix_lm=True, linears=tuple(p.vision_linears))
     # every forward hands the language model's attention a 4-D mask (module docstring): SDPA's memory-efficient
     # kernel with the mask and repeated K/V (analytic/activations.py, analytic/inference.py)
     traits = replace(text.traits, sdpa_mask_always=True)

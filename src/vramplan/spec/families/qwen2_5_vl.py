@@ -64,9 +64,8 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
         p.add(f"visual.blocks.{name}.weight", d, "norm", per_layer=n)
     for name, fan_in, fan_out in (("attn.qkv", d, 3 * d), ("attn.proj", d, d), ("mlp.gate_proj", d, i),
                                   ("mlp.up_proj", d, i), ("mlp.down_proj", i, d)):
-        # role "other": neither quantized nor adapted (as gemma3.py)
-        p.add(f"visual.blocks.{name}.weight", fan_in * fan_out, "other", per_layer=n)
-        p.add(f"visual.blocks.{name}.bias", fan_out, "bias", per_layer=n)
+        # role "other": not adapted (as gemma3.py); quantized as nn.Linear (VisionSpec.linears)
+        p.vision_linear(f"visual.blocks.{name}", fan_in, fan_out, per_layer=n)
     merger_params(p, d, merge, out, ln_bias=False)
     return {"d": d, "i": i, "layers": n, "heads": int(get(vc, "num_heads")), "channels": ch, "patch": patch,
             "temporal": t, "merge": merge}
@@ -89,10 +88,8 @@ def merger_params(p: Params, d: int, merge: int, out: int, ln_bias: bool) -> Non
     p.add("visual.merger.ln_q.weight", d, "norm")
     if ln_bias:
         p.add("visual.merger.ln_q.bias", d, "bias")
-    p.add("visual.merger.mlp.0.weight", wide * wide, "other")
-    p.add("visual.merger.mlp.0.bias", wide, "bias")
-    p.add("visual.merger.mlp.2.weight", wide * out, "other")
-    p.add("visual.merger.mlp.2.bias", out, "bias")
+    p.vision_linear("visual.merger.mlp.0", wide, wide)
+    p.vision_linear("visual.merger.mlp.2", wide, out)
 
 
 def qwen_vl_start(cfg: Config, name: str, defaults: Config,
@@ -126,7 +123,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         max_pixels=MAX_PIXELS,
                         # the merger: ln_q, then mlp.0's input, the GELU's input and mlp.2's input, each 4d per
                         # merged token (d per patch) in the compute dtype
-                        head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=_notes(vc, t))
+                        head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=_notes(vc, t),
+                        linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

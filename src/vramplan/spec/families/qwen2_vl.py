@@ -54,9 +54,8 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
         p.add(f"visual.blocks.{name}.bias", d, "bias", per_layer=n)
     for name, fan_in, fan_out in (("attn.qkv", d, 3 * d), ("attn.proj", d, d), ("mlp.fc1", d, i),
                                   ("mlp.fc2", i, d)):
-        # role "other": neither quantized nor adapted (as qwen2_5_vl.py)
-        p.add(f"visual.blocks.{name}.weight", fan_in * fan_out, "other", per_layer=n)
-        p.add(f"visual.blocks.{name}.bias", fan_out, "bias", per_layer=n)
+        # role "other": not adapted (as qwen2_5_vl.py); quantized as nn.Linear (VisionSpec.linears)
+        p.vision_linear(f"visual.blocks.{name}", fan_in, fan_out, per_layer=n)
     merger_params(p, d, merge, out, ln_bias=True)
     return {"d": d, "i": i, "layers": n, "heads": int(get(vc, "num_heads")), "channels": ch, "patch": patch,
             "temporal": t, "merge": merge}
@@ -82,7 +81,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         max_pixels=MAX_PIXELS,
                         # the merger: ln_q (a LayerNorm), then mlp.0's input, the GELU's input and mlp.2's input,
                         # each 4d per merged token (d per patch) in the compute dtype (as Qwen2.5-VL)
-                        head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=(_NOTE,))
+                        head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=(_NOTE,),
+                        linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

@@ -1,0 +1,149 @@
+"""Qwen3-VL and Qwen3-VL-MoE (spec/families/qwen3_vl.py): parameters by hand and against transformers' module on
+the meta device, image tokens against transformers' ``smart_resize`` with the releases' processor values, the tower's
+saved tensors and prefill moment by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from meta_build import meta_module
+from vramplan.catalog.resolve import resolve
+from vramplan.spec.hf_config import model_from_config
+from vramplan.spec.vision import image_grid, image_tokens
+
+# The values of Qwen/Qwen3-VL-4B-Instruct's config.json (https://huggingface.co/Qwen/Qwen3-VL-4B-Instruct,
+# transformers_version 4.57.0.dev0) as a public third-party copy reproduces them (the Hub cannot be read here), the
+# keys that shape the model; not a catalog row (no copy from a cited revision)
+QWEN3_VL_4B: dict[str, Any] = {
+    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "tie_word_embeddings": True,
+    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "text_config": {"model_type": "qwen3_vl_text", "attention_bias": False, "attention_dropout": 0.0, "head_dim": 128,
+                    "hidden_act": "silu", "hidden_size": 2560, "intermediate_size": 9728,
+                    "max_position_embeddings": 262144, "num_attention_heads": 32, "num_hidden_layers": 36,
+                    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_theta": 5000000,
+                    "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+                    "tie_word_embeddings": True, "vocab_size": 151936, "dtype": "bfloat16"},
+    "vision_config": {"model_type": "qwen3_vl", "deepstack_visual_indexes": [5, 11, 17], "depth": 24,
+                      "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1024, "in_channels": 3,
+                      "intermediate_size": 4096, "num_heads": 16, "num_position_embeddings": 2304,
+                      "out_hidden_size": 2560, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2},
+}
+DEFAULTS = {"model_type": "qwen3_vl", "text_config": {}, "vision_config": {}}
+MOE_DEFAULTS = {"model_type": "qwen3_vl_moe", "text_config": {}, "vision_config": {}}
+
+
+def _doc(task: str = "train", **section: Any) -> dict[str, Any]:
+    return {"model": QWEN3_VL_4B, "hardware": {"gpu": "H100-80GB"}, "task": task, task: section}
+
+
+def test_tower_by_hand() -> None:
+    m = model_from_config(QWEN3_VL_4B, name="qwen3-vl-4b")
+    # d = 1024, i = 4096, 24 blocks, out 2560, merge 2 (4d = 4096), 3 DeepStack mergers:
+    #   patch_embed Conv3d 1024 x 3 x 2 x 16 x 16 + bias 1024 = 1,573,888; pos_embed 2304 x 1024 = 2,359,296
+    #   per block: norm1/norm2 4 x 1024 = 4,096; qkv 1024 x 3072 + 3072 = 3,148,800; proj 1024^2 + 1024 =
+    #     1,049,600; linear_fc1 1024 x 4096 + 4096 = 4,198,400; linear_fc2 4096 x 1024 + 1024 = 4,195,328
+    #     -> 12,596,224 x 24 = 302,309,376
+    #   merger: norm 2 x 1024; fc1 4096^2 + 4096 = 16,781,312; fc2 4096 x 2560 + 2560 = 10,488,320 -> 27,271,680
+    #   each DeepStack merger: norm 2 x 4096 = 8,192 + the same fc1, fc2 -> 27,277,824 x 3 = 81,833,472
+    tower = 1_573_888 + 2_359_296 + 302_309_376 + 27_271_680 + 81_833_472
+    assert m.vision_parameters == tower == 415_347_712
+    assert m.num_parameters == 4_437_815_808
+    assert m.tie_word_embeddings and m.qk_norm
+
+
+@pytest.mark.parametrize("cfg", [QWEN3_VL_4B, DEFAULTS, MOE_DEFAULTS], ids=["4b", "class-defaults", "moe-defaults"])
+def test_count_and_names_equal_transformers_module_on_the_meta_device(cfg: dict[str, Any]) -> None:
+    spec = model_from_config(cfg, name="q")
+    module = meta_module(cfg)
+    assert spec.num_parameters == sum(p.numel() for p in module.parameters())
+    theirs: dict[str, int] = {}
+    for name, p in module.named_parameters():
+        if name.startswith("model.visual."):
+            key = ".".join(x for x in name.removeprefix("model.").split(".") if not x.isdigit())
+            theirs[key] = theirs.get(key, 0) + p.numel()
+    assert spec.vision is not None
+    assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs
+
+
+@pytest.mark.parametrize(("size", "patches", "tokens"), [
+    # smart_resize, factor 32 (patch 16 x merge 2), min_pixels 65,536, max_pixels 16,777,216:
+    (448, 784, 196),        # 448 = 14 x 32 kept: 28^2 patches, / 4
+    (1000, 3844, 961),      # round(1000 / 32) x 32 = 992: 62^2
+    (200, 256, 64),         # 192^2 < min_pixels: ceil(200 x sqrt(65,536 / 40,000) / 32) x 32 = 256: 16^2
+    (None, 65_536, 16_384),  # not given: the largest square, sqrt(16,777,216) = 4096: 256^2
+])
+def test_image_tokens_follow_smart_resize(size: int | None, patches: int, tokens: int) -> None:
+    v = model_from_config(QWEN3_VL_4B, name="q").vision
+    assert v is not None
+    assert image_grid(v, size) == (patches, tokens)
+
+
+@pytest.mark.parametrize("side", [64, 200, 448, 513, 1000, 2048, 5000])
+def test_smart_resize_equals_transformers(side: int) -> None:
+    pytest.importorskip("torch")
+    # the PIL backend's copy (the torchvision one needs torchvision): the same function
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    v = model_from_config(QWEN3_VL_4B, name="q").vision
+    assert v is not None
+    h, w = smart_resize(side, side, factor=32, min_pixels=65_536, max_pixels=16_777_216)
+    assert image_grid(v, side) == ((h // 16) * (w // 16), (h // 16) * (w // 16) // 4)
+
+
+def test_tower_activations_by_hand() -> None:
+    from vramplan.analytic.terms import bytes_of
+    from vramplan.analytic.train import train_step
+
+    r = resolve(_doc(micro_batch_size=1, seq_len=2048, images_per_sample=1, image_size=448))
+    assert image_tokens(r.scenario, r.model) == 196
+    # per patch and block, bf16-mixed, SDPA flash, d = 1024 (16 heads of 64), i = 4096:
+    #   norm1 (LayerNorm: fp32 input 4 x 1024 + mean/rstd 8) 4,104; qkv's input cast 2,048; the fused qkv buffer v
+    #   keeps alive 2 x 2,048 = 4,096; flash q, k, v, output 4 x 2,048 = 8,192; logsumexp 4 x 16 = 64; norm2 4,104;
+    #   linear_fc1's input cast 2,048; gelu_pytorch_tanh's input 2 x 4096 = 8,192; linear_fc2's input 8,192
+    #   -> 41,040
+    # 448 x 448: 784 patches, 24 blocks; patch_embed input 2 x 3 x 2 x 16^2 = 3,072 per patch; four mergers (the
+    # final one and three DeepStack ones), each a norm 4,104 and its MLP's three inputs 3 x 2 x 1024 = 6,144
+    expected = 784 * (24 * 41_040 + 3_072 + 4 * (4_104 + 6_144))
+    assert bytes_of(train_step(r).terms, "saved.vision_tower") == expected == 806_754_816
+    assert any("3 DeepStack mergers" in a for a in r.assumptions)
+
+
+def test_prefill_vision_moment_by_hand() -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.moment import K
+
+    r = resolve(_doc("inference", batch_size=2, prompt_len=1024, images_per_sample=1, image_size=448))
+    (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
+    # 2 images of 784 patches, bf16; the running layer is the MLP moment: input, residual and normalised input
+    # (3 x 1024 x 2 B = 6,144) and linear_fc1's output and the GELU's (2 x 4096 x 2 B = 16,384) -> 22,528 per patch;
+    # pixel values 784 x 3 x 2 x 16^2 x 2 B = 2,408,448 per image
+    assert vision.get(K.VISION_TOWER) == 2 * (784 * 22_528 + 2_408_448) == 40_140_800
+
+
+def test_kv_cache_holds_the_image_tokens() -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.moment import K
+
+    # the image tokens are positions of the prompt (prompt_len counts them: 2 x 196 + 632 text = 1,024); the 4B's
+    # cache: 36 layers x 2 (k, v) x 8 KV heads x 128 x 2 B = 147,456 B per position
+    r = resolve(_doc("inference", batch_size=1, prompt_len=1024, new_tokens=16, images_per_sample=2, image_size=448))
+    assert image_tokens(r.scenario, r.model) == 392
+    moments = inference_step(r).moments
+    assert max(mo.get(K.KV_PROMPT) for mo in moments) == 147_456 * 1024 == 150_994_944
+
+
+def test_transformers_config_takes_the_language_model() -> None:
+    """The traced engine's language model alone: a Qwen3 of the text_config, its count the adapter's less the tower
+    (4,437,815,808 - 415,347,712 = 4,022,468,096)."""
+    from vramplan.spec.families import transformers_config
+
+    tc = transformers_config(QWEN3_VL_4B)
+    assert tc["model_type"] == "qwen3" and "vision_config" not in tc
+    module = meta_module(tc, auto="AutoModelForCausalLM")
+    assert sum(p.numel() for p in module.parameters()) == 4_022_468_096
+    # a text_config left to its class's defaults is still the family's language model (not gemma3_text)
+    assert transformers_config(DEFAULTS)["model_type"] == "qwen3"
+    assert transformers_config(MOE_DEFAULTS)["model_type"] == "qwen3_moe"
