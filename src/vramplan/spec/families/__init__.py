@@ -101,6 +101,12 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         own = FAMILIES.get(str(inner.get("model_type") if isinstance(inner, Mapping) else out.get("model_type")))
         if own is None or own.text_model_type:
             out["model_type"] = outer.text_model_type
+    rope = out.get("rope_scaling")
+    if isinstance(rope, Mapping) and "mrope" in (rope.get("type"), rope.get("rope_type")):
+        # Qwen2-VL's published config.json writes rope_scaling {"type": "mrope", "mrope_section": [...]}; transformers'
+        # own Qwen2VLConfig.__init__ (4.45-4.57) renames "mrope" to "default" (M-RoPE is the default rotary with
+        # per-section position ids), and the rope registry has no "mrope" entry (ROPE_INIT_FUNCTIONS: KeyError)
+        out["rope_scaling"] = {**rope, "type": "default", "rope_type": "default"}
     fam = FAMILIES.get(str(out.get("model_type")))
     if fam is not None:
         if fam.transformers_model_type:
