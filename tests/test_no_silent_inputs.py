@@ -1,7 +1,7 @@
 """No silent inputs (issue 15 item 5; docs/conventions.md, No silent inputs).
 
 Every scenario field is set, on several base scenarios (full fine-tuning, LoRA, QLoRA, GRPO, Hugging Face
-generate, and serving with vLLM, SGLang and llama.cpp), to a valid value other than its default, and the
+FSDP, generate, and serving with vLLM, SGLang and llama.cpp), to a valid value other than its default, and the
 analytic estimate must show it: a byte figure, a report key, the phase list or the verdict changes; or an
 assumption the base did not carry names the field (its dotted path, or the block holding it); or the scenario
 is refused with a ``ScenarioError`` naming it.  A field that changes nothing for a stated reason is listed in
@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -41,6 +41,8 @@ BASES: dict[str, dict[str, Any]] = {
               "train": {"peft": {"method": "qlora"}, "quantization": "nf4"}},
     "grpo": {"model": MODEL, "task": "train", "hardware": HW,
              "train": {"peft": {"method": "lora"}, "objective": "grpo", "micro_batch_size": 8}},
+    "fsdp": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
+             "parallel": {"fsdp": "full_shard"}},
     "inference": {"model": MODEL, "task": "inference", "hardware": HW, "inference": {"prompt_len": 128, "new_tokens": 16}},
     "vllm": {"model": MODEL, "task": "serve", "hardware": HW},
     "sglang": {"model": MODEL, "task": "serve", "hardware": HW, "serve": {"engine": "sglang"}},
@@ -79,6 +81,8 @@ ALLOWED: dict[str | tuple[str, str], str] = {
     ("lifecycle.quantize_at_init", "False"): "null resolves to false outside Lightning (analytic/lifecycle/load.py)",
     ("lifecycle.device_map", "'none'"): "null resolves to none without bitsandbytes (the load note names it)",
     ("lifecycle.device_map", "'auto'"): "null resolves to auto with bitsandbytes (Bnb4BitHfQuantizer.update_device_map)",
+    ("lifecycle.state_dict_type", "'full_offload'"): "null resolves to full_offload outside torchtitan and "
+    "DeepSpeed (accelerate's and Lightning's FULL_STATE_DICT config)",
     ("serve.gguf.flash_attn", "True"): "the newest modelled build's default is auto, on for a CUDA GPU (b6327)",
     ("rl.reference_model", "'none'"): "null resolves to none when beta is 0 (TRL GRPOTrainer.__init__)",
     ("train.gradient_checkpointing", "'full'"): "left out under a TRL objective it is TRL's default, "
@@ -104,13 +108,14 @@ ALLOWED: dict[str | tuple[str, str], str] = {
     ("software.torch", "'2.14'"): "gates SDPA's memory-efficient kernel for grouped K/V where flash cannot run "
     "(spec/scenario.py Software.torch); Llama 2 7B has no grouped K/V and flash runs on an H100",
     ("serve.speculative.num_speculative_tokens", "2"): "changes no start-up memory (the proposer note says so)",
+    ("parallel.fsdp", "'hybrid_shard'"): "shards within a node: with every GPU in one node it is full_shard",
     "train.peft.alpha": "scales the adapter update; no tensor depends on it (peft LoraLayer.scaling)",
     "hardware.gpus_per_node": "places groups inside or across nodes; these bases have no group larger than one GPU",
     # another engine: every framework but lightning, torchtitan and deepspeed runs the same generate call
     ("framework", "'accelerate'"): "generate is the same call under accelerate (task inference)",
     ("framework", "'plain'"): "generate is the same call in a plain script (task inference)",
 }
-Outcome = Literal["changed", "assumption", "refused", "refused-other", "silent"]
+Outcome = Literal["changed", "assumption", "refused", "refused-other", "silent", "invalid"]
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -158,7 +163,7 @@ def _number(kind: type, f: FieldInfo) -> Any:
         if d is None or d == 0:
             return 4 if lo is None or lo <= 4 else lo
         return 8 if d == -1 else d * 2 if hi is None or d * 2 <= hi else d // 2
-    if d is None:
+    if d is None or (d == 0 and hi is not None and hi <= 1):
         return 0.5
     return 1.0 if d == 0 else d / 2 if hi is not None and d * 2 > hi else d * 2
 
@@ -232,10 +237,27 @@ def _names(text: str, path: str) -> bool:
     return any(".".join(parts[:i]) in text for i in range(len(parts), 1, -1))
 
 
-def outcome(base: dict[str, Any], path: str, value: Any) -> Outcome:
+Runner = Callable[[dict[str, Any]], "dict[str, Any] | ScenarioError"]
+
+
+def _cached(memo: dict[str, dict[str, Any] | ScenarioError]) -> Runner:
+    """``_run`` remembering each document's result (the base and each reference recur across cases)."""
+    def run(doc: dict[str, Any]) -> dict[str, Any] | ScenarioError:
+        key = json.dumps(doc, sort_keys=True)
+        if key not in memo:
+            memo[key] = _run(doc)
+        return memo[key]
+    return run
+
+
+def outcome(base: dict[str, Any], path: str, value: Any, run: Runner = _run) -> Outcome:
     """What setting ``path`` to ``value`` on ``base`` does to the analytic estimate."""
     ref_doc = _reference(base, path)
-    ref, plain, got = _run(ref_doc), _run(base), _run(_set(ref_doc, path, value))
+    try:  # a candidate the schema refuses tests nothing (test_every_candidate_is_valid)
+        Scenario.model_validate(_set(ref_doc, path, value))
+    except ValueError:
+        return "invalid"
+    ref, plain, got = run(ref_doc), run(base), run(_set(ref_doc, path, value))
     if isinstance(got, ScenarioError):
         named = any(_names(f"{p.where} {p.message} {p.hint}", path) for p in got.problems)
         return "refused" if named else "refused-other"
@@ -269,8 +291,8 @@ def _cases(base: dict[str, Any]) -> Iterator[tuple[str, Any]]:
 @cache
 def audit(name: str) -> dict[tuple[str, str], Outcome]:
     """Every case of one base: (path, repr(value)) -> outcome."""
-    base = BASES[name]
-    return {(path, repr(value)): outcome(base, path, value) for path, value in _cases(base)}
+    base, run = BASES[name], _cached({})
+    return {(path, repr(value)): outcome(base, path, value, run) for path, value in _cases(base)}
 
 
 def test_the_walk_covers_every_scenario_option() -> None:
@@ -287,6 +309,13 @@ def test_no_field_is_silently_ignored(name: str) -> None:
     silent = sorted(f"{path}={value}" for (path, value), out in audit(name).items()
                     if out == "silent" and not _allowed(path, value))
     assert not silent, f"{name}: accepted, changed nothing and said nothing: {silent}"
+
+
+def test_every_candidate_is_valid() -> None:
+    """Each candidate value passes the schema, so a refusal is the engine's, not a bad test value's."""
+    invalid = sorted(f"{name}: {path}={value}" for name in BASES for (path, value), out in audit(name).items()
+                     if out == "invalid")
+    assert not invalid
 
 
 def test_every_field_is_exercised() -> None:
