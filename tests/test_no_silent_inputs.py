@@ -428,3 +428,18 @@ def test_a_solver_adds_no_note_of_its_own() -> None:
     base = estimate(_set(BASES["lora"], "train.micro_batch_size", res.value))
     assert res.report.assumptions == base.assumptions
     assert not any(a.startswith("not modelled") or "set but not used" in a for a in res.report.assumptions)
+
+
+def test_the_command_line_states_an_eval_batch_without_evaluation() -> None:
+    """``vramplan estimate --eval-batch-size`` under the HF Trainer's default: the JSON report says so and widens."""
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    args = ["estimate", "--model", "llama-2-7b", "--gpu", "H100", "--peft", "lora", "--json"]
+    env = {"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+    plain = json.loads(CliRunner().invoke(app, args, env=env).stdout)["assumptions"]
+    given = json.loads(CliRunner().invoke(app, [*args, "--eval-batch-size", "16"], env=env).stdout)["assumptions"]
+    assert not any(a.startswith("not modelled") for a in plain)
+    assert [a for a in given if a not in plain][0].startswith("not modelled: lifecycle.eval_batch_size given")
+    assert _band_widened(given) and not _band_widened(plain)
