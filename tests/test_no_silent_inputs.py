@@ -1,7 +1,8 @@
 """No silent inputs (issue 15 item 5; docs/conventions.md, No silent inputs).
 
-Every scenario field is set, on several base scenarios (full fine-tuning, LoRA, QLoRA, GRPO, Hugging Face
-FSDP, generate, and serving with vLLM, SGLang and llama.cpp), to a valid value other than its default, and the
+Every scenario field is set, on thirteen base scenarios (full fine-tuning, LoRA, QLoRA, QLoRA under Lightning,
+ZeRO-3, FSDP, DPO, GRPO, Hugging Face generate with and without 4-bit weights, and serving with vLLM, SGLang and
+llama.cpp), to a valid value other than its default, and the
 analytic estimate must show it: a byte figure, a report key, the phase list or the verdict changes; or an
 assumption the base did not carry names the field (its dotted path, or the block holding it); or the scenario
 is refused with a ``ScenarioError`` naming it.  A field that changes nothing for a stated reason is listed in
@@ -41,9 +42,15 @@ BASES: dict[str, dict[str, Any]] = {
               "train": {"peft": {"method": "qlora"}, "quantization": "nf4"}},
     "grpo": {"model": MODEL, "task": "train", "hardware": HW,
              "train": {"peft": {"method": "lora"}, "objective": "grpo", "micro_batch_size": 8}},
+    "lightning": {"model": MODEL, "task": "train", "hardware": HW, "framework": "lightning",
+                  "train": {"peft": {"method": "qlora"}, "quantization": "nf4"}},
+    "zero3": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"zero_stage": 3}},
+    "dpo": {"model": MODEL, "task": "train", "hardware": HW, "train": {"peft": {"method": "lora"}, "objective": "dpo"}},
     "fsdp": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
              "parallel": {"fsdp": "full_shard"}},
     "inference": {"model": MODEL, "task": "inference", "hardware": HW, "inference": {"prompt_len": 128, "new_tokens": 16}},
+    "inference-nf4": {"model": MODEL, "task": "inference", "hardware": HW,
+                      "inference": {"prompt_len": 128, "new_tokens": 16, "quantization": "nf4", "dtype": "fp16"}},
     "vllm": {"model": MODEL, "task": "serve", "hardware": HW},
     "sglang": {"model": MODEL, "task": "serve", "hardware": HW, "serve": {"engine": "sglang"}},
     "llamacpp": {"model": MODEL, "task": "serve", "hardware": HW, "serve": {"engine": "llamacpp"}},
@@ -61,7 +68,7 @@ VALUES: dict[str, list[Any]] = {
     "train.peft.target_modules": ["all-linear", ["q_proj", "k_proj", "v_proj", "o_proj"]],
     "serve.vllm_version": ["0.19"], "rl.rollout.vllm_version": ["0.19"], "serve.sglang_version": ["0.4.6"],
     "serve.gguf.quant": ["Q8_0"], "serve.gguf.cache_type_k": ["q8_0"], "serve.gguf.cache_type_v": ["q8_0"],
-    "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256],
+    "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256], "lifecycle.eval_seq_len": [8192],
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
 }
@@ -73,7 +80,7 @@ BLOCKS: dict[str, dict[str, Any]] = {"train.peft": {}, "serve.speculative": {"me
 
 # Fields, or (field, value) pairs, whose setting changes nothing, and why.  Each must be silent somewhere
 # (test_every_allowance_is_used).
-ALLOWED: dict[str | tuple[str, str], str] = {
+ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     # the value a null resolves to, so nothing is set that the base did not have
     ("framework", "'hf-trainer'"): "null resolves to hf-trainer for a training job without ZeRO",
     ("framework", "'vllm'"): "null resolves to vllm for task serve, whatever serve.engine (spec/scenario.py)",
@@ -83,6 +90,18 @@ ALLOWED: dict[str | tuple[str, str], str] = {
     ("lifecycle.device_map", "'auto'"): "null resolves to auto with bitsandbytes (Bnb4BitHfQuantizer.update_device_map)",
     ("lifecycle.state_dict_type", "'full_offload'"): "null resolves to full_offload outside torchtitan and "
     "DeepSpeed (accelerate's and Lightning's FULL_STATE_DICT config)",
+    ("framework", "'deepspeed'"): "null resolves to deepspeed with a ZeRO stage (spec/scenario.py)",
+    ("lifecycle.state_dict_type", "'sharded'"): "null resolves to sharded under torchtitan and DeepSpeed",
+    ("rl.reference_model", "'shared'"): "null resolves to shared under PEFT with a reference (TRL DPOTrainer)",
+    ("inference.bnb_compute_dtype", "'fp16'"): "null means inference.dtype, fp16 in that base",
+    ("lifecycle.evaluation", "True"): "null resolves to true under Lightning (Lit-GPT's finetune scripts validate)",
+    ("lifecycle.quantize_at_init", "True"): "null resolves to true under Lightning with a bitsandbytes 4-bit base",
+    ("lightning", "parallel.zero_stage", "1"): "shards over the data-parallel degree, one GPU in that base",
+    ("lightning", "parallel.zero_stage", "2"): "shards over the data-parallel degree, one GPU in that base",
+    ("lightning", "parallel.zero_stage", "3"): "shards over the data-parallel degree, one GPU in that base",
+    ("lifecycle.eval_generate_tokens", "4"): "Lit-GPT's generate_example sizes its KV cache by max_seq_length, "
+    "not by the tokens generated (analytic/lifecycle/evaluation.py _generation_bytes)",
+    ("inference.quantization", "'fp4'"): "bitsandbytes fp4 and nf4 store the same 4-bit codes and one absmax per 64",
     ("serve.gguf.flash_attn", "True"): "the newest modelled build's default is auto, on for a CUDA GPU (b6327)",
     ("rl.reference_model", "'none'"): "null resolves to none when beta is 0 (TRL GRPOTrainer.__init__)",
     ("train.gradient_checkpointing", "'full'"): "left out under a TRL objective it is TRL's default, "
@@ -273,9 +292,9 @@ def outcome(base: dict[str, Any], path: str, value: Any, run: Runner = _run) -> 
     return "silent"
 
 
-def _allowed(path: str, value: str) -> bool:
-    """``value`` as ``repr`` writes it (the audit's keys)."""
-    return path in ALLOWED or (path, value) in ALLOWED
+def _allowed(path: str, value: str, base: str = "") -> bool:
+    """``value`` as ``repr`` writes it (the audit's keys); an entry may name the base it holds for."""
+    return path in ALLOWED or (path, value) in ALLOWED or (base, path, value) in ALLOWED
 
 
 def _cases(base: dict[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -307,7 +326,7 @@ def test_the_walk_covers_every_scenario_option() -> None:
 @pytest.mark.parametrize("name", list(BASES))
 def test_no_field_is_silently_ignored(name: str) -> None:
     silent = sorted(f"{path}={value}" for (path, value), out in audit(name).items()
-                    if out == "silent" and not _allowed(path, value))
+                    if out == "silent" and not _allowed(path, value, name))
     assert not silent, f"{name}: accepted, changed nothing and said nothing: {silent}"
 
 
@@ -323,15 +342,15 @@ def test_every_field_is_exercised() -> None:
     shown: set[str] = set()
     for name in BASES:
         shown |= {path for (path, value), out in audit(name).items() if out in ("changed", "assumption", "refused")
-                  or (out == "silent" and _allowed(path, value))}
+                  or (out == "silent" and _allowed(path, value, name))}
     walked = {path for path, _ in leaves()} - set(NOT_AUDITED)
     assert walked - shown == set()
 
 
 def test_every_allowance_is_used() -> None:
     """An ALLOWED entry that matches no silent case is stale: the field now shows, or the entry is wrong."""
-    silent = {(path, value) for name in BASES for (path, value), out in audit(name).items() if out == "silent"}
-    used = {p for p, _ in silent} | silent
+    silent = {(name, path, value) for name in BASES for (path, value), out in audit(name).items() if out == "silent"}
+    used = {p for _, p, _ in silent} | {(p, v) for _, p, v in silent} | silent
     assert set(ALLOWED) - used == set()
 
 
@@ -441,5 +460,5 @@ def test_the_command_line_states_an_eval_batch_without_evaluation() -> None:
     plain = json.loads(CliRunner().invoke(app, args, env=env).stdout)["assumptions"]
     given = json.loads(CliRunner().invoke(app, [*args, "--eval-batch-size", "16"], env=env).stdout)["assumptions"]
     assert not any(a.startswith("not modelled") for a in plain)
-    assert [a for a in given if a not in plain][0].startswith("not modelled: lifecycle.eval_batch_size given")
+    assert next(a for a in given if a not in plain).startswith("not modelled: lifecycle.eval_batch_size given")
     assert _band_widened(given) and not _band_widened(plain)

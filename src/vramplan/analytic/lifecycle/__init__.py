@@ -184,12 +184,18 @@ def _unused_eval(c: StepContext) -> list[str]:
             return [(f"not modelled: {shown} given, but {c.framework}'s loop runs no evaluation by default, so no "
                      "evaluation phase is counted (set lifecycle.evaluation: true to count it)")]
         return [f"{shown} set but not used: lifecycle.evaluation is false"]
-    if lc.eval_keeps_logits:
-        return []
-    # without kept logits each batch's tensors are freed before the next (evaluation.py evaluation_phase)
+    out = []
+    if lc.eval_keeps_logits and c.framework == "lightning":
+        out.append("lifecycle.eval_keeps_logits set but not used: Lit-GPT's validate keeps only each batch's loss")
+    elif lc.eval_keeps_logits and c.framework != "hf-trainer":
+        out.append(f"not modelled: lifecycle.eval_keeps_logits under {c.framework} (logits a custom evaluation loop "
+                   "keeps; only the HF Trainer's evaluation_loop is modelled keeping them)")
+    if lc.eval_keeps_logits and c.framework == "hf-trainer":
+        return out
+    # without kept logits each batch's tensors are freed before the next (evaluation.py _kept_logits)
     given = _given(lc, ("eval_batches", "eval_accumulation_steps"))
-    return [(f"{', '.join(given)} set but not used: no logits are kept between evaluation batches "
-             "(lifecycle.eval_keeps_logits false)")] if given else []
+    return out + ([(f"{', '.join(given)} set but not used: no logits are kept between evaluation batches "
+                    "(the HF Trainer with lifecycle.eval_keeps_logits)")] if given else [])
 
 
 def _unused_save(c: StepContext) -> list[str]:
