@@ -1,9 +1,9 @@
 """No silent inputs (issue 15 item 5; docs/conventions.md, No silent inputs).
 
-Every scenario field is set, on thirteen base scenarios (full fine-tuning, LoRA, QLoRA, QLoRA under Lightning,
-ZeRO-3, FSDP, DPO, GRPO, Hugging Face generate with and without 4-bit weights, and serving with vLLM, SGLang and
-llama.cpp), to a valid value other than its default, and the
-analytic estimate must show it: a byte figure, a report key, the phase list or the verdict changes; or an
+Every scenario field is set, on sixteen base scenarios (full fine-tuning, LoRA, QLoRA, QLoRA under Lightning,
+ZeRO-3, FSDP, torchtitan, DPO, GRPO, Hugging Face generate with and without 4-bit weights, and serving with vLLM
+(plain, tp 2 with LoRA adapters, a draft model), SGLang and llama.cpp), to a valid value other than its
+default, and the analytic estimate must show it: a byte figure, a report key, the phase list or the verdict changes; or an
 assumption the base did not carry names the field (its dotted path, or the block holding it); or the scenario
 is refused with a ``ScenarioError`` naming it.  A field that changes nothing for a stated reason is listed in
 ``ALLOWED`` with that reason; an entry that no longer matches anything is an error too, so the list stays
@@ -45,6 +45,8 @@ BASES: dict[str, dict[str, Any]] = {
     "lightning": {"model": MODEL, "task": "train", "hardware": HW, "framework": "lightning",
                   "train": {"peft": {"method": "qlora"}, "quantization": "nf4"}},
     "zero3": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"zero_stage": 3}},
+    "torchtitan": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
+                   "framework": "torchtitan", "parallel": {"fsdp": "full_shard"}},
     "dpo": {"model": MODEL, "task": "train", "hardware": HW, "train": {"peft": {"method": "lora"}, "objective": "dpo"}},
     "fsdp": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
              "parallel": {"fsdp": "full_shard"}},
@@ -52,6 +54,10 @@ BASES: dict[str, dict[str, Any]] = {
     "inference-nf4": {"model": MODEL, "task": "inference", "hardware": HW,
                       "inference": {"prompt_len": 128, "new_tokens": 16, "quantization": "nf4", "dtype": "fp16"}},
     "vllm": {"model": MODEL, "task": "serve", "hardware": HW},
+    "vllm-tp2-lora": {"model": MODEL, "task": "serve", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
+                      "parallel": {"tp": 2}, "serve": {"max_loras": 2}},
+    "vllm-draft": {"model": MODEL, "task": "serve", "hardware": HW,
+                   "serve": {"speculative": {"method": "draft", "model": "meta-llama/Llama-3.2-1B"}}},
     "sglang": {"model": MODEL, "task": "serve", "hardware": HW, "serve": {"engine": "sglang"}},
     "llamacpp": {"model": MODEL, "task": "serve", "hardware": HW, "serve": {"engine": "llamacpp"}},
 }
@@ -101,6 +107,9 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("lightning", "parallel.zero_stage", "3"): "shards over the data-parallel degree, one GPU in that base",
     ("lifecycle.eval_generate_tokens", "4"): "Lit-GPT's generate_example sizes its KV cache by max_seq_length, "
     "not by the tokens generated (analytic/lifecycle/evaluation.py _generation_bytes)",
+    ("vllm-draft", "serve.speculative.method", "'eagle'"): "vLLM loads a draft model and an EAGLE head alike, as the "
+    "named checkpoint's weights and KV layers (the proposer note names the method)",
+    ("vllm-draft", "serve.speculative.method", "'eagle3'"): "as eagle: the named checkpoint's weights and KV layers",
     ("inference.quantization", "'fp4'"): "bitsandbytes fp4 and nf4 store the same 4-bit codes and one absmax per 64",
     ("serve.gguf.flash_attn", "True"): "the newest modelled build's default is auto, on for a CUDA GPU (b6327)",
     ("rl.reference_model", "'none'"): "null resolves to none when beta is 0 (TRL GRPOTrainer.__init__)",
