@@ -803,10 +803,11 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         # precision.py's fp8 row (an fp8 copy of each linear weight, fp8 saved inputs) is applied to the trained
         # linears of a full fine-tuning only; a frozen base under adapters is counted as bf16-mixed
         out.append("not modelled: train.precision fp8-mixed with train.peft (Transformer Engine's fp8 weight copies "
-                   "and fp8 saved inputs around frozen linears with adapters): the step is estimated as bf16-mixed")
+                   "and fp8 saved inputs of frozen linears with adapters): they are counted as under bf16-mixed")
     if s.task == "train" and s.train.objective != "sft" and s.software.transformers is not None:
         # TRL's trainers were read at releases that require a recent transformers (facts/trl.py); what an older
-        # one did to their logits (before 4.45 every position's logits upcast to fp32) is not followed
+        # one does to the logits TRL reads (e.g. the causal-LM forward's fp32 upcast of every position's logits
+        # before 4.45) is not followed
         out.append(f"not modelled: software.transformers {s.software.transformers} for a {s.train.objective} step "
                    "(TRL's log-probabilities are read at the transformers its releases require; only the MoE expert "
                    "layout follows this release)")

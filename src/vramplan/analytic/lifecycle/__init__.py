@@ -208,8 +208,8 @@ def _unused_save(c: StepContext) -> list[str]:
     if not lc.checkpoint_save:
         why = "lifecycle.checkpoint_save is false"
     elif c.shards[2] <= 1 or c.offload_params:
-        why = ("the parameters are not sharded on the GPU, so the checkpoint is written from their storage with no "
-               "gathered copy (docs/lifecycle.md)")
+        why = ("the parameters are unsharded (or offloaded to the host), so the save gathers no copy on the GPU "
+               "(save.py save_phase; docs/lifecycle.md)")
     elif "lifecycle.save_optimizer" in given and (state_dict_type(c) != "full" or c.framework == "deepspeed"):
         given, why = ["lifecycle.save_optimizer"], "only a full state dict outside DeepSpeed gathers the optimizer's state"
     else:
