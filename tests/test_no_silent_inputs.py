@@ -138,7 +138,8 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("serve.speculative.num_speculative_tokens", "2"): "changes no start-up memory (the proposer note says so)",
     ("parallel.fsdp", "'hybrid_shard'"): "shards within a node: with every GPU in one node it is full_shard",
     "train.peft.alpha": "scales the adapter update; no tensor depends on it (peft LoraLayer.scaling)",
-    "hardware.gpus_per_node": "places groups inside or across nodes; these bases have no group larger than one GPU",
+    "hardware.gpus_per_node": "read by hybrid_shard (shards within a node) and the planner's inter-node links; no base "
+    "shards hybrid across nodes",
     # another engine: every framework but lightning, torchtitan and deepspeed runs the same generate call
     ("framework", "'accelerate'"): "generate is the same call under accelerate (task inference)",
     ("framework", "'plain'"): "generate is the same call in a plain script (task inference)",
