@@ -472,3 +472,17 @@ def test_the_command_line_states_an_eval_batch_without_evaluation() -> None:
     assert not any(a.startswith("not modelled") for a in plain)
     assert next(a for a in given if a not in plain).startswith("not modelled: lifecycle.eval_batch_size given")
     assert _band_widened(given) and not _band_widened(plain)
+
+
+def test_the_traced_engine_states_lifecycle_keys_it_does_not_trace() -> None:
+    """The traced engine runs the steady step only: lifecycle keys given to it are stated as not modelled (its
+    band widens); a scenario that gives none gains nothing."""
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import _lifecycle_not_traced
+
+    given = Scenario.model_validate(_set(BASES["full"], "lifecycle.evaluation", True))
+    assert _lifecycle_not_traced(given) == [
+        ("not modelled: lifecycle.evaluation by the traced engine (it traces the steady step; `vramplan estimate` "
+         "gives the job's load, evaluation and save phases)")]
+    assert _lifecycle_not_traced(Scenario.model_validate(BASES["full"])) == []
+    assert _lifecycle_not_traced(Scenario.model_validate(_set(BASES["vllm"], "lifecycle.evaluation", True))) == []
