@@ -35,7 +35,7 @@ from vramplan.report.band import with_band
 from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.rollout import RolloutMemory, rollout_memory
-from vramplan.spec.checks import capability_notes, ignored_sections
+from vramplan.spec.checks import capability_notes, ignored_sections, unused_settings
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB
@@ -80,7 +80,8 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
         lifecycle=lifecycle[0], lifecycle_peak_phase=lifecycle[1],
     )
     assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu, at_start=context_at_start(r)).assumption(),
-                   *capability_notes(r.scenario, r.gpu), *ignored_sections(r.scenario)]
+                   *capability_notes(r.scenario, r.gpu), *ignored_sections(r.scenario),
+                   *unused_settings(r.scenario)]
     if r.scenario.hardware.gpu and (note := bare_name_note(r.scenario.hardware.gpu)):
         assumptions.append(note)
     report = Report(

@@ -78,14 +78,15 @@ def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = F
 
 def serve_outcome(r: Resolved, subtract_cudagraphs: bool = False) -> ServeResult:
     """``serve`` as ``vramplan serve`` and ``/api/serve`` show it: the vLLM or SGLang decision with what the
-    GPU's generation changes (``spec.checks.capability_notes``: bf16 before Ampere, say) after its own
-    assumptions; llama.cpp's decision as it is."""
-    from vramplan.spec.checks import capability_notes
+    GPU's generation changes (``spec.checks.capability_notes``: bf16 before Ampere, say) and the settings it
+    does not read (``unused_settings``) after its own assumptions; llama.cpp's decision as it is."""
+    from vramplan.spec.checks import capability_notes, unused_settings
 
     sr = serve(r, subtract_cudagraphs=subtract_cudagraphs)
     if isinstance(sr.decision, LlamaCppDecision):
         return sr
-    notes = capability_notes(r.scenario, r.gpu)
+    # settings the engine does not read, as the estimate's report states them (docs/conventions.md, No silent inputs)
+    notes = [*capability_notes(r.scenario, r.gpu), *unused_settings(r.scenario)]
     return replace(sr, decision=replace(sr.decision, assumptions=[*sr.decision.assumptions, *notes]))
 
 

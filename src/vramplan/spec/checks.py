@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from vramplan.errors import Problem
+from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import first_release, release_tuple
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
@@ -22,6 +23,7 @@ from vramplan.spec.scenario import Scenario
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
     "capability_problems", "contradictions", "cross_attention_problems", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
+    "unused_settings",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
@@ -277,3 +279,97 @@ def number_problems(option: str, value: float | None, low: float, high: float, *
 
 def _num(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _changed(part: object, keys: tuple[str, ...]) -> list[str]:
+    """The keys among ``keys`` whose value differs from the field's default (a value equal to the default is
+    what the scenario would hold without it: a scenario dumped with every field is judged like the one written)."""
+    fields = type(part).model_fields  # type: ignore[attr-defined]
+    return [k for k in keys if getattr(part, k) != fields[k].default]
+
+
+def _noted(prefix: str, keys: list[str], why: str) -> list[str]:
+    return [f"{', '.join(f'{prefix}.{k}' for k in keys)} set but not used: {why}"] if keys else []
+
+
+def unused_settings(s: Scenario) -> list[str]:
+    """Assumptions for settings that this job does not read, each naming the key (docs/conventions.md, No silent
+    inputs): what the scenario describes does not have the part they configure (another task's phases, a
+    feature left off), so the estimate is the job's as described and the band is not widened.  One entry is a
+    ``not modelled`` one instead (SGLang without CUDA graphs), which widens it."""
+    return [*_unused_parallel(s), *_unused_software(s), *_unused_task_keys(s), *_replicas(s)]
+
+
+def _unused_parallel(s: Scenario) -> list[str]:
+    par, out = s.parallel, []
+    if s.task != "train":
+        # sharding and offload of a training job's states; generate reads zero_stage (ZeRO-3 inference) and
+        # offload, serving refuses offload (spec.load cross_check), neither splits activations over tp
+        keys = ("fsdp", "cp", "sequence_parallel", "offload_device") if s.task == "inference" else (
+            "zero_stage", "fsdp", "cp", "sequence_parallel", "offload_device")
+        return _noted("parallel", _changed(par, keys), f"task {s.task} does not read a training job's sharding, "
+                      "context or sequence parallelism, or offload device")
+    if par.sequence_parallel and par.tp == 1:
+        out += _noted("parallel", ["sequence_parallel"], "it splits the norm and residual tensors over the tp "
+                      "ranks, and parallel.tp is 1")
+    if par.offload == "none":
+        out += _noted("parallel", _changed(par, ("offload_device",)), "parallel.offload is none")
+    return out
+
+
+def _unused_software(s: Scenario) -> list[str]:
+    """Library releases no behaviour of this job reads (the behaviours each gates: spec/scenario.py Software)."""
+    sw = s.software
+    if s.task == "serve":
+        return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch")),
+                      "a serving engine's start-up follows its own release (serve.vllm_version, serve.sglang_version, "
+                      "serve.gguf.llamacpp_build)")
+    out = []
+    if sw.bitsandbytes is not None and not (s.task == "train" and s.train.quantization in bnb_formats(bits=4)):
+        out += _noted("software", ["bitsandbytes"], "only a 4-bit training linear's saved input depends on it "
+                      "(train.quantization nf4, nf4-dq or fp4)")
+    if sw.peft is not None and not (s.task == "train" and s.train.peft is not None):
+        out += _noted("software", ["peft"], "no adapters are trained (train.peft)")
+    return out
+
+
+def _unused_task_keys(s: Scenario) -> list[str]:
+    """Keys of the task's own section that another of its keys turns off."""
+    out = []
+    if s.task == "train" and s.train.images_per_sample == 0:
+        out += _noted("train", _changed(s.train, ("image_size",)), "no images (train.images_per_sample is 0)")
+    if s.task == "inference":
+        inf = s.inference
+        if inf.images_per_sample == 0:
+            out += _noted("inference", _changed(inf, ("image_size",)), "no images (inference.images_per_sample is 0)")
+        if inf.quantization not in bnb_formats(bits=4):
+            out += _noted("inference", _changed(inf, ("bnb_compute_dtype",)),
+                          "no bitsandbytes 4-bit weights (inference.quantization)")
+    if s.task != "train":
+        out += _noted("lifecycle", _changed(s.lifecycle, tuple(type(s.lifecycle).model_fields)),
+                      "the lifecycle phases (load, evaluation, checkpoint save) are modelled for task train")
+    return out + _unused_serve(s)
+
+
+def _unused_serve(s: Scenario) -> list[str]:
+    sv, out = s.serve, list[str]()
+    if s.task != "serve":
+        return out
+    if sv.engine == "vllm" and sv.max_loras == 0:
+        out += _noted("serve", _changed(sv, ("max_lora_rank",)), "LoRA serving is off (serve.max_loras is 0)")
+    if sv.speculative is not None and sv.speculative.method == "ngram" and sv.speculative.model is not None:
+        # vLLM's SpeculativeConfig sets model "ngram" for the n-gram proposer (config/speculative.py __post_init__)
+        out += _noted("serve.speculative", ["model"], "the n-gram proposer loads no model")
+    if sv.engine == "sglang" and not sv.cuda_graphs:
+        out.append("not modelled: serve.cuda_graphs false under engine sglang (--disable-cuda-graph): the start-up "
+                   "is estimated as SGLang's with its CUDA graphs captured")
+    return out
+
+
+def _replicas(s: Scenario) -> list[str]:
+    """Generate and serving with more GPUs than one model's tp x pp: each group runs its own copy."""
+    group = s.parallel.tp * s.parallel.pp
+    if s.task == "train" or s.hardware.num_gpus <= group:
+        return []
+    return [(f"hardware.num_gpus {s.hardware.num_gpus} with tp x pp = {group}: each group of {group} GPU(s) runs its "
+             "own copy of the model (data parallel); the figures are per GPU")]

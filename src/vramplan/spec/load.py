@@ -301,7 +301,32 @@ def _engine_problems(s: Scenario) -> list[Problem]:
     """A serve option of one engine set for another (``spec.scenario.engine_option_problems``)."""
     if s.task != "serve":
         return []
-    return [Problem(where, what, hint) for where, what, hint in engine_option_problems(s.serve)]
+    return [*(Problem(where, what, hint) for where, what, hint in engine_option_problems(s.serve)),
+            *_llamacpp_option_problems(s)]
+
+
+# serve keys of vLLM and SGLang that llama.cpp has under another name (or not at all), and the key it reads
+# instead: its weights' types come from the GGUF file (``serve.gguf.quant``), its cache types from
+# -ctk/-ctv (``llama_context_params.type_k/type_v``), and no start-up option of it captures CUDA graphs
+# (ggml-cuda captures them per graph unless GGML_CUDA_DISABLE_GRAPHS is set, inside the compute buffer).
+_LLAMACPP_INSTEAD = {"dtype": "serve.gguf.quant (the file type)",
+                     "kv_cache_dtype": "serve.gguf.cache_type_k and serve.gguf.cache_type_v",
+                     "cuda_graphs": ""}
+
+
+def _llamacpp_option_problems(s: Scenario) -> list[Problem]:
+    """A vLLM/SGLang serve key that llama.cpp does not read, given with a value other than its default
+    (so that a scenario dumped with every field checks again), refused rather than ignored."""
+    sv = s.serve
+    if sv.engine != "llamacpp":
+        return []
+    fields = type(sv).model_fields
+    out = []
+    for key, instead in _LLAMACPP_INSTEAD.items():
+        if getattr(sv, key) != fields[key].default:
+            hint = f"remove it; llama.cpp reads {instead}" if instead else "remove it; llama.cpp has no such option"
+            out.append(Problem(f"serve.{key}", "is an option of vLLM and SGLang, not of engine llamacpp", hint))
+    return out
 
 
 def _block_fp8_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -781,6 +806,21 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
     if s.task == "inference" and fw in ("torchtitan", "deepspeed"):
         out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
+    if s.task == "train" and s.train.precision == "fp8-mixed" and s.train.peft is not None:
+        # precision.py's fp8 row (an fp8 copy of each linear weight, fp8 saved inputs) is applied to the trained
+        # linears of a full fine-tuning only; a frozen base under adapters is counted as bf16-mixed
+        out.append("not modelled: train.precision fp8-mixed with train.peft (Transformer Engine's fp8 weight copies "
+                   "and fp8 saved inputs of frozen linears with adapters): they are counted as under bf16-mixed")
+    if s.task == "train" and s.train.objective != "sft" and s.software.transformers is not None:
+        # TRL's trainers were read at releases that require a recent transformers (facts/trl.py); what an older
+        # one does to the logits TRL reads (e.g. the causal-LM forward's fp32 upcast of every position's logits
+        # before 4.45) is not followed
+        out.append(f"not modelled: software.transformers {s.software.transformers} for a {s.train.objective} step "
+                   "(TRL's log-probabilities are read at the transformers its releases require; only the MoE expert "
+                   "layout follows this release)")
+    if s.task == "inference" and s.parallel.pp > 1:
+        out.append(f"not modelled: parallel.pp {s.parallel.pp} for task inference (generate's layers split over GPUs, "
+                   "as device_map='auto' does): every GPU is counted with the whole model")
     # parallel.ep on a dense model is a contradiction, refused before this (spec/checks.py contradictions)
     return out + vision_notes(s, m)
 

@@ -8,6 +8,7 @@ from typing import Any
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
+from vramplan.spec.checks import ignored_sections, unused_settings
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario, Train
 from vramplan.trace.fsdp import fake_world, fsdp_traced, world_shape
@@ -147,4 +148,16 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
 
     if s.hardware.gpu and (note := bare_name_note(s.hardware.gpu)):
         out.append(note)
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys([*out, *ignored_sections(s), *unused_settings(s), *_lifecycle_not_traced(s)]))
+
+
+def _lifecycle_not_traced(s: Scenario) -> list[str]:
+    """The job's phases around the step (load, evaluation, save) are the analytic engine's; lifecycle keys
+    given to a traced training step describe phases this report leaves out (docs/conventions.md, No silent
+    inputs).  Keys at their default say nothing, so reports that give none are unchanged."""
+    if s.task != "train":
+        return []  # unused_settings states them for the other tasks
+    lc, fields = s.lifecycle, type(s.lifecycle).model_fields
+    given = [f"lifecycle.{k}" for k in fields if getattr(lc, k) != fields[k].default]
+    return [(f"not modelled: {', '.join(given)} by the traced engine (it traces the steady step; `vramplan estimate` "
+             "gives the job's load, evaluation and save phases)")] if given else []

@@ -37,6 +37,7 @@ from vramplan.analytic.lifecycle.steps import between_steps, device_states_bytes
 from vramplan.analytic.moment import Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.scenario import Lifecycle
 
 __all__ = ["LIFECYCLE_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
 
@@ -153,4 +154,81 @@ def _assumptions(c: StepContext) -> list[str]:
                        "offload_to_cpu=False; FSDP _allgather_orig_param_states); the save peaks at the larger gather")
     out.append("lifecycle: the job's reserved bytes are the largest phase's (the load replayed through the "
                "allocator, other phases packed); blocks cached by earlier phases are assumed reused")
+    return out + _unused_eval(c) + _unused_save(c) + _unused_load(c, mode)
+
+
+_EVAL_KEYS = ("eval_batch_size", "eval_keeps_logits", "eval_batches", "eval_accumulation_steps", "eval_seq_len",
+             "eval_generate_tokens")
+
+
+def _given(part: Lifecycle, keys: tuple[str, ...]) -> list[str]:
+    """The keys among ``keys`` whose value differs from the field's default, as dotted names.  A value equal
+    to the default is what the scenario would have without it, so a scenario dumped with every field (the
+    planner's and solvers' documents, a report's ``scenario``) is judged like the one the user wrote."""
+    fields = type(part).model_fields
+    return [f"lifecycle.{k}" for k in keys if getattr(part, k) != fields[k].default]
+
+
+def _unused_eval(c: StepContext) -> list[str]:
+    """Evaluation settings that no evaluation reads (docs/conventions.md, No silent inputs).  With
+    ``lifecycle.evaluation`` left to the framework's default (off but under Lightning) they describe an
+    evaluation the estimate leaves out, so they widen the band (``not modelled``); with evaluation set false
+    they are merely unused."""
+    lc = c.s.lifecycle
+    if not eval_runs(c):
+        given = _given(lc, _EVAL_KEYS)
+        if not given:
+            return []
+        shown = ", ".join(given)
+        if lc.evaluation is None:
+            return [(f"not modelled: {shown} given, but {c.framework}'s loop runs no evaluation by default, so no "
+                     "evaluation phase is counted (set lifecycle.evaluation: true to count it)")]
+        return [f"{shown} set but not used: lifecycle.evaluation is false"]
+    out = []
+    if lc.eval_keeps_logits and c.framework == "lightning":
+        out.append("lifecycle.eval_keeps_logits set but not used: Lit-GPT's validate keeps only each batch's loss")
+    elif lc.eval_keeps_logits and c.framework != "hf-trainer":
+        out.append(f"not modelled: lifecycle.eval_keeps_logits under {c.framework} (logits a custom evaluation loop "
+                   "keeps; only the HF Trainer's evaluation_loop is modelled keeping them)")
+    if lc.eval_keeps_logits and c.framework == "hf-trainer":
+        return out
+    # without kept logits each batch's tensors are freed before the next (evaluation.py _kept_logits)
+    given = _given(lc, ("eval_batches", "eval_accumulation_steps"))
+    return out + ([(f"{', '.join(given)} set but not used: no logits are kept between evaluation batches "
+                    "(the HF Trainer with lifecycle.eval_keeps_logits)")] if given else [])
+
+
+def _unused_save(c: StepContext) -> list[str]:
+    """Save settings the save does not read: no save, an unsharded model (written from its parameters'
+    storage, save.py ``save_phase``), or a save that gathers no optimizer state."""
+    lc = c.s.lifecycle
+    given = _given(lc, ("state_dict_type", "save_optimizer"))
+    if not given:
+        return []
+    if not lc.checkpoint_save:
+        why = "lifecycle.checkpoint_save is false"
+    elif c.shards[2] <= 1 or c.offload_params:
+        why = ("the parameters are unsharded (or offloaded to the host), so the save gathers no copy on the GPU "
+               "(save.py save_phase; docs/lifecycle.md)")
+    elif "lifecycle.save_optimizer" in given and (state_dict_type(c) != "full" or c.framework == "deepspeed"):
+        given, why = ["lifecycle.save_optimizer"], "only a full state dict outside DeepSpeed gathers the optimizer's state"
+    else:
+        return []
+    return [f"{', '.join(given)} set but not used: {why}"]
+
+
+def _unused_load(c: StepContext, mode: str) -> list[str]:
+    """Load settings the loading path does not read."""
+    lc, out = c.s.lifecycle, []
+    if lc.load_dtype == "fp32" and mode != "fp32-cast":
+        why = {"quantize": "with bitsandbytes, from_pretrained given no torch_dtype loads float16 "
+                           "(transformers Bnb4BitHfQuantizer / Bnb8BitHfQuantizer.update_torch_dtype, 4.38-4.57)",
+               "direct": "the step holds its weights in fp32, so an fp32 load is the direct one"}.get(mode)
+        out.append(f"lifecycle.load_dtype fp32 set but not used: {why}" if why else
+                   f"not modelled: lifecycle.load_dtype fp32 on the {mode} loading path (its tensors are counted in "
+                   "the dtype the step holds them)")
+    if lc.quantize_at_init and mode != "litgpt":
+        # load.py quantizes_at_init: a bitsandbytes 4-bit base, unsharded, parameters on the GPU
+        out.append("lifecycle.quantize_at_init set but not used: only a bitsandbytes 4-bit base held whole on the "
+                   "GPU is quantized as it is built")
     return out
