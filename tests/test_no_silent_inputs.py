@@ -77,6 +77,7 @@ VALUES: dict[str, list[Any]] = {
     "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256], "lifecycle.eval_seq_len": [8192],
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
+    "software.autoawq": ["0.2.0"],
 }
 # Settings a field needs to be valid at all, laid on the base and on the variant alike.
 COMPANIONS: dict[str, dict[str, Any]] = {f"parallel.{k}": {"hardware.num_gpus": 2} for k in ("tp", "pp", "cp", "ep")}
