@@ -79,7 +79,9 @@ def _from_scenario(path: Path) -> dict[str, Any]:
                            "gpus_per_node": sc.hardware.gpus_per_node}
     if sc.task == "serve":
         out["max_model_len"] = sc.serve.max_model_len
-        out["concurrency"] = sc.serve.max_num_seqs
+        # a scenario that leaves max_num_seqs to vLLM plans 256 sequences at once (the schema's default before
+        # null came to mean vLLM's own per-release default)
+        out["concurrency"] = sc.serve.max_num_seqs or 256
     else:
         t = sc.train
         if t.objective != "sft":

@@ -47,7 +47,7 @@ from vramplan.monotone import largest_true
 from vramplan.serve.ggml_graph import GraphShape, gallocr_max_size, reserve_nodes
 from vramplan.serve.gguf import GgufFile, GgufTensor, model_tensors, read_gguf
 from vramplan.spec.load import Resolved
-from vramplan.spec.scenario import Gguf
+from vramplan.spec.scenario import Gguf, Serve
 from vramplan.units import MiB, round_up
 
 __all__ = ["LLAMACPP_SOURCES", "Hparams", "LlamaCppDecision", "compute_buffer_bytes", "decide", "kv_cache_bytes",
@@ -266,7 +266,8 @@ def _check(r: Resolved) -> None:
     if par.tp > 1 or par.pp > 1 or r.scenario.hardware.num_gpus > 1:
         raise _refuse("parallel.tp", "llama.cpp's memory is modelled on one GPU (its --split-mode layer/row over "
                       "several GPUs is not modelled)", "use one GPU: parallel.tp 1, hardware.num_gpus 1")
-    if "gpu_memory_utilization" in sv.model_fields_set:
+    if sv.gpu_memory_utilization != type(sv).model_fields["gpu_memory_utilization"].default:
+        # a value, not the key's presence: a report's scenario (every field, model_dump) must estimate again
         raise _refuse("serve.gpu_memory_utilization", "llama.cpp has no gpu_memory_utilization: it allocates "
                       "exactly its buffers", "remove it; choose serve.gguf.n_gpu_layers and serve.max_model_len")
     if sv.quantization != "none":
@@ -328,7 +329,7 @@ def _rules(g: Gguf) -> _Rules:
         row, note = llamacpp_build(g.llamacpp_build)
     except ValueError as e:
         raise _refuse("serve.gguf.llamacpp_build", str(e), "give a build number such as b3410 or 6327") from None
-    flash = g.flash_attn if "flash_attn" in g.model_fields_set else row.flash_attn_default == "auto"
+    flash = g.flash_attn if g.flash_attn is not None else row.flash_attn_default == "auto"
     return _Rules(row, note, flash)
 
 
@@ -336,7 +337,13 @@ def uses_other_engine(r: Resolved) -> bool:
     """The scenario asks for llama.cpp (or sets llama.cpp's options for another engine, which ``decide``
     refuses); vLLM and SGLang go through ``serve.report.serve``."""
     sv = r.scenario.serve
-    return sv.engine == "llamacpp" or "gguf" in sv.model_fields_set
+    return sv.engine == "llamacpp" or _gguf_given(sv)
+
+
+def _gguf_given(sv: Serve) -> bool:
+    """``serve.gguf`` set to anything but its defaults (a report's scenario, dumped with every field, carries the
+    defaults for every engine)."""
+    return "gguf" in sv.model_fields_set and sv.gguf != Gguf()
 
 
 def decide(r: Resolved) -> LlamaCppDecision:
@@ -406,7 +413,7 @@ def _build_notes(rules: _Rules, g: Gguf) -> list[str]:
            ("" if g.llamacpp_build else ", the newest modelled build (serve.gguf.llamacpp_build not given)")]
     if rules.note:
         out.append(rules.note)
-    if "flash_attn" not in g.model_fields_set:
+    if g.flash_attn is None:
         out.append(f"flash attention {'on' if rules.flash else 'off'}: b{b.build}'s -fa default is "
                    f"{b.flash_attn_default}" + (" (on for a CUDA GPU)" if b.flash_attn_default == "auto" else ""))
     return out

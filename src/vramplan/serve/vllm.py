@@ -506,7 +506,7 @@ def _limits(r: Resolved, usage: str, rule: BatchDefaults) -> tuple[int, int, int
     max_len = sv.max_model_len or m.max_position_embeddings
     d_tokens, d_seqs = default_batch_limits(r.gpu.device_total_bytes, r.gpu.name, usage, rule, max_len)
     batched = sv.max_num_batched_tokens or d_tokens
-    seqs = sv.max_num_seqs if "max_num_seqs" in sv.model_fields_set else d_seqs
+    seqs = sv.max_num_seqs or d_seqs
     if max_len > m.max_position_embeddings:
         raise ScenarioError([Problem(
             "serve.max_model_len", f"max_model_len={max_len} is greater than the model's "

@@ -464,8 +464,8 @@ class Gguf(_Strict):
     cache_type_v: str = "f16"
     """V cache type (-ctv); a quantized V cache needs flash_attn."""
 
-    flash_attn: bool = False
-    """Flash attention (-fa): no n_ctx x n_ubatch x n_head score matrix in the compute buffer; unset: the
+    flash_attn: bool | None = None
+    """Flash attention (-fa): no n_ctx x n_ubatch x n_head score matrix in the compute buffer; null: the
     build's default (off before b6327, auto -- on for a CUDA GPU -- from b6327)."""
 
     llamacpp_build: str | None = Field(None, max_length=64)
@@ -486,9 +486,9 @@ class Serve(_Strict):
     block_size: int = Field(16, ge=1, le=1024)
     """Tokens per KV cache block (page)."""
 
-    max_num_seqs: int = Field(256, ge=1, le=1_000_000)
-    """Sequences the scheduler runs at once; when the scenario does not set it, vllm serve's default for the
-    GPU (serve/vllm.py ``default_batch_limits``)."""
+    max_num_seqs: int | None = Field(None, ge=1, le=1_000_000)
+    """Sequences the scheduler runs at once; null: vllm serve's default for the release and the GPU
+    (serve/vllm.py ``default_batch_limits``)."""
 
     max_num_batched_tokens: int | None = Field(None, ge=1, le=100_000_000)
     """Tokens per scheduler step; null means vllm serve's default for the GPU."""
