@@ -51,7 +51,8 @@ The fields (docs/serving.md, "vLLM by release"):
     flashinfer is not a dependency of the wheel (0.8.x-0.9.x: none; 0.10.1-0.11.0: only the extra
     ``vllm[flashinfer]``, wheel METADATA ``Requires-Dist``), but the ``vllm/vllm-openai`` image installs it
     (vLLM ``docker/Dockerfile``: ``uv pip install .../flashinfer_python-0.2.1.post2+cu124torch2.6...whl`` in the
-    0.8 era), so the image's path differs from pip's: it logs "Using FlashInfer for top-p & top-k sampling.";
+    0.8 era; ``FLASHINFER_GIT_REF`` 0.2.6.post1 at v0.9.2, v0.3.1 for the 0.11 image, as image rebuilds quote it),
+    so the image's path differs from pip's: it logs "Using FlashInfer for top-p & top-k sampling.";
   - ``env``: only with ``VLLM_USE_FLASHINFER_SAMPLER=1`` (0.12.0-0.23.x ``TopKTopPSampler.__init__``:
     ``if envs.VLLM_USE_FLASHINFER_SAMPLER``, default None), although flashinfer-python is a dependency
     (0.12.0 ``Requires-Dist: flashinfer-python==0.5.3``); the image and pip agree;

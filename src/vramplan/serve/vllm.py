@@ -560,6 +560,7 @@ _FLASHINFER_HOW = {
     "default": "vLLM's default on a GPU FlashInfer supports",
 }
 _NATIVE_HOW = {
+    "v0-env": "VLLM_USE_FLASHINFER_SAMPLER unset (V0 sampler, vllm/model_executor/layers/sampler.py)",
     "installed": "flashinfer not installed (a plain pip install) or VLLM_USE_FLASHINFER_SAMPLER=0",
     "env": "VLLM_USE_FLASHINFER_SAMPLER unset",
     "default": "VLLM_USE_FLASHINFER_SAMPLER=0",
