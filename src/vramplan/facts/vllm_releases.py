@@ -37,7 +37,30 @@ The fields (docs/serving.md, "vLLM by release"):
 
 * ``profile_compiled``: the profile run's forward is torch.compile'd (V1) or eager (V0).
 * ``sampler``: the top-k/top-p path of the profile run's dummy sampling (``native``: PyTorch sort;
-  ``flashinfer``), see ``serve/vllm.py`` ``SAMPLER_EXTRA_BYTES``.
+  ``flashinfer``), see ``serve/vllm.py`` ``SAMPLER_EXTRA_BYTES``.  The path of a plain ``pip install vllm``
+  (scenario ``serve.vllm_sampler: auto``).
+* ``flashinfer_sampler``: when the release takes FlashInfer's top-k/top-p path instead (scenario
+  ``serve.vllm_sampler: flashinfer``, docs/serving.md "The sampler"):
+
+  - ``v0-env``: only with ``VLLM_USE_FLASHINFER_SAMPLER=1`` and flashinfer installed (0.6.0-0.7.3
+    ``vllm/model_executor/layers/sampler.py`` module level: ``if envs.VLLM_USE_FLASHINFER_SAMPLER and
+    find_spec("flashinfer")``; ``vllm/envs.py`` default off);
+  - ``installed``: whenever flashinfer is installed, unless ``VLLM_USE_FLASHINFER_SAMPLER=0`` (0.8.0-0.11.x
+    ``vllm/v1/sample/ops/topk_topp_sampler.py`` ``TopKTopPSampler.__init__``: ``envs.VLLM_USE_FLASHINFER_SAMPLER
+    is not False``, default None; 0.8.x also needs ``flashinfer.__version__ < "0.2.3"``, 0.9.0 on ``>= 0.2.3``).
+    flashinfer is not a dependency of the wheel (0.8.x-0.9.x: none; 0.10.1-0.11.0: only the extra
+    ``vllm[flashinfer]``, wheel METADATA ``Requires-Dist``), but the ``vllm/vllm-openai`` image installs it
+    (vLLM ``docker/Dockerfile``: ``uv pip install .../flashinfer_python-0.2.1.post2+cu124torch2.6...whl`` in the
+    0.8 era; ``FLASHINFER_GIT_REF`` 0.2.6.post1 at v0.9.2, v0.3.1 for the 0.11 image, as image rebuilds quote it),
+    so the image's path differs from pip's: it logs "Using FlashInfer for top-p & top-k sampling.";
+  - ``env``: only with ``VLLM_USE_FLASHINFER_SAMPLER=1`` (0.12.0-0.23.x ``TopKTopPSampler.__init__``:
+    ``if envs.VLLM_USE_FLASHINFER_SAMPLER``, default None), although flashinfer-python is a dependency
+    (0.12.0 ``Requires-Dist: flashinfer-python==0.5.3``); the image and pip agree;
+  - ``default``: unless ``VLLM_USE_FLASHINFER_SAMPLER=0`` or the GPU's compute capability is unsupported
+    (0.24.0-0.33.0 ``vllm/envs.py`` default True; ``topk_topp_sampler.py`` ``flashinfer_sampler_supported``).
+
+* ``native_sorts``: the PyTorch path (``forward_native``) sorts the logits (36 B per entry); False from 0.17.0,
+  whose ``apply_top_k_top_p`` calls ``apply_top_k_top_p_triton`` (the 12 B class).
 * ``non_torch_tp1_bytes`` / ``non_torch_tp_bytes``: the non-torch increase vLLM printed on an H100 at
   tp = 1 and tp > 1 (measured, with the log in ``sources``).
 * ``cudagraph_bytes`` and ``cudagraph_subtracted``: the CUDA-graph allowance, and whether the release
@@ -63,10 +86,11 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "VllmRelease", "parse_release", "release_row", "release_text"]
+__all__ = ["NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "VllmRelease", "parse_release", "release_row", "release_text"]
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
+FlashinferSampler = Literal["v0-env", "installed", "env", "default"]
 BatchDefaults = Literal["v0-512", "v0-2048", "v1-h100-name", "v1-70gib", "v1-70gib-not-a100", "v1-160gib",
                         "v1-160gib-not-gb10"]
 
@@ -111,6 +135,8 @@ class VllmRelease:
     lora_ranks: tuple[int, ...]
     sources: tuple[str, ...]
     lora_in_budget: bool = True
+    flashinfer_sampler: FlashinferSampler = "installed"
+    native_sorts: bool = True
 
     @property
     def name(self) -> str:
@@ -123,6 +149,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         profile_compiled=False, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
         lora_ranks=_LORA_RANKS_06,
+        flashinfer_sampler="v0-env",
         sources=(
             (f"0.6.0 {_V0_WORKER}: peak_memory = self.init_gpu_memory - free_gpu_memory; "
             "available = total_gpu_memory * gpu_memory_utilization - peak_memory"),
@@ -138,6 +165,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         profile_compiled=False, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
         lora_ranks=_LORA_RANKS_06,
+        flashinfer_sampler="v0-env",
         sources=(
             (f"0.6.4 {_V0_WORKER}: peak_memory = memory_stats()['allocated_bytes.all.peak'] + non_torch_allocations "
             "(total - free - torch allocated: CUDA context, NCCL, non-torch increase)"),
@@ -149,6 +177,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v0-2048", profile_compiled=False, sampler="native",
         non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
         cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16, lora_ranks=_LORA_RANKS_06,
+        flashinfer_sampler="v0-env",
         lora_in_budget=False,
         sources=(
             ("0.6.5-0.7.3 vllm/worker/model_runner.py GPUModelRunner.load_model: model_memory_usage measured "
@@ -166,6 +195,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         batch_defaults="v1-h100-name", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
         non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
         block_size=16, lora_ranks=_LORA_RANKS,
+        flashinfer_sampler="installed",
         sources=(
             "0.8.0 vllm/envs.py VLLM_USE_V1 default '1' (V1 engine by default)",
             (f"0.8.0 {_V1_WORKER}: peak_memory = allocated_bytes.all.peak + non_torch_allocations; "
@@ -173,6 +203,9 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
             ("0.8.0 vllm/engine/arg_utils.py EngineArgs._set_default_args_v1: 'h100' or 'h200' in the device name "
             "-> 8192 (serve), else 2048; max_num_seqs 1024"),
             "0.8.0 vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run -> _dummy_sampler_run",
+            ("0.8.0-0.8.5 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: forward_cuda (FlashInfer, "
+             "'Using FlashInfer for top-p & top-k sampling.') when flashinfer is installed, its __version__ < '0.2.3' "
+             "and VLLM_USE_FLASHINFER_SAMPLER is not False; not a dependency of the wheel (forward_native)"),
             _NT_ASSUMED,
         ),
     ),
@@ -181,6 +214,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False, block_size=16,
         lora_ranks=_LORA_RANKS,
+        flashinfer_sampler="installed",
         sources=(
             ("0.8.5 vllm/engine/arg_utils.py EngineArgs._set_default_args_v1: device_memory >= 70 * GiB_bytes -> "
             "8192 tokens, 1024 sequences, else 2048 and 256"),
@@ -192,9 +226,13 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
         non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
         block_size=16, lora_ranks=_LORA_RANKS,
+        flashinfer_sampler="installed",
         sources=(
             ("0.9.0 vllm/engine/arg_utils.py EngineArgs._set_default_args_v1: device_memory >= 70 * GiB_bytes and "
             "'a100' not in device_name"),
+            ("0.9.0-0.11.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer when installed "
+             "at >= 0.2.3 and VLLM_USE_FLASHINFER_SAMPLER is not False (flashinfer_sample -> "
+             "top_k_top_p_sampling_from_logits)"),
             f"0.9.0 {_V1_WORKER}: allocated peak + non-torch allocations", _NT_ASSUMED,
         ),
     ),
@@ -203,6 +241,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native", non_torch_tp1_bytes=_NT_011[0],
         non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=False,
         block_size=16, lora_ranks=_LORA_RANKS,
+        flashinfer_sampler="installed",
         sources=(
             (f"0.9.1 {_V1_WORKER}: memory_profiling(self.init_snapshot, weights_memory=model_memory_usage); "
             "available = requested_memory - non_kv_cache_memory"),
@@ -216,6 +255,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native",
         non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
         cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16, lora_ranks=_LORA_RANKS,
+        flashinfer_sampler="installed",
         sources=(
             (f"0.10.2 {_V1_WORKER}: 'if kv_cache_memory_bytes := self.cache_config.kv_cache_memory_bytes' returns it "
             "after a profile run, skipping gpu_memory_utilization; vllm/config/cache.py CacheConfig.kv_cache_memory_bytes"),
@@ -231,8 +271,11 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="native",
         non_torch_tp1_bytes=_NT_011[0], non_torch_tp_bytes=_NT_011[1], non_torch_release="0.11", cudagraph_bytes=_CG,
         cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16, lora_ranks=_LORA_RANKS_012,
+        flashinfer_sampler="env",
         sources=(
             "0.12.0 vllm/config/lora.py MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]",
+            ("0.12.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: with VLLM_USE_FLASHINFER_SAMPLER "
+             "set, RuntimeError unless FlashInferBackend.supports_compute_capability (7.5 <= capability <= 12.1)"),
             ("0.12.0-0.16.0 vllm/v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer only when "
             "VLLM_USE_FLASHINFER_SAMPLER is set (vllm/envs.py default None); apply_top_k_top_p sorts"),
             _NT_ASSUMED,
@@ -243,7 +286,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=False, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS_012,
+        lora_ranks=_LORA_RANKS_012, flashinfer_sampler="env", native_sorts=False,
         sources=(
             ("llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (vLLM 0.19.0 on H100: 'non-torch "
              "forward increase memory: 0.25GiB' for three models; 'Estimated CUDA graph memory: 0.84 GiB')"),
@@ -257,7 +300,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS_012,
+        lora_ranks=_LORA_RANKS_012, flashinfer_sampler="env", native_sorts=False,
         sources=(
             ("0.20.0 vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'; "
             f"{_V1_WORKER}: cudagraph_memory_estimate_applied subtracted from the KV budget"),
@@ -270,7 +313,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v1-70gib-not-a100", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS_012,
+        lora_ranks=_LORA_RANKS_012, flashinfer_sampler="default", native_sorts=False,
         sources=(
             ("0.24.0 vllm/envs.py VLLM_USE_FLASHINFER_SAMPLER default True; vllm/v1/sample/ops/topk_topp_sampler.py "
             "TopKTopPSampler.__init__: forward_cuda (FlashInfer) when flashinfer_sampler_supported()"),
@@ -286,7 +329,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         budget="profiled_increase", batch_defaults="v1-160gib", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS_012,
+        lora_ranks=_LORA_RANKS_012, flashinfer_sampler="default", native_sorts=False,
         sources=(
             ("0.28.0 vllm/engine/arg_utils.py EngineArgs._set_default_args: device_memory >= 160 * GiB_bytes -> "
             "16384 tokens and 1024 sequences for vllm serve (B200/B300)"),
@@ -300,7 +343,7 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
         batch_defaults="v1-160gib-not-gb10", profile_compiled=True, sampler="flashinfer",
         non_torch_tp1_bytes=int(0.25 * _GIB), non_torch_tp_bytes=int(0.67 * _GIB), non_torch_release="0.19",
         cudagraph_bytes=_CG, cudagraph_subtracted=True, kv_cache_memory_bytes=True, block_size=16,
-        lora_ranks=_LORA_RANKS_012,
+        lora_ranks=_LORA_RANKS_012, flashinfer_sampler="default", native_sorts=False,
         sources=(
             ("0.33.0 vllm/engine/arg_utils.py EngineArgs._set_default_args: the >= 70 GiB defaults exclude a GB10 "
             "(is_gb10)"),

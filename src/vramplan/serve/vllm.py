@@ -79,6 +79,8 @@ __all__ = [
     "lora_slot_bytes",
     "multimodal_architecture",
     "rotary_cache_bytes",
+    "sampler_class",
+    "sampler_path",
     "sampler_peak_bytes",
     "serve_weights_bytes",
 ]
@@ -136,7 +138,26 @@ DEFAULT_VERSION = "0.11"
 #     states) and 5.56 GiB for Qwen3-0.6B (1024 x 151,936 x 38 B = 5.51 GiB + ...).
 #   flashinfer: fp32 copy 4 + top-k masked logits 4 + probabilities 4 = 12 (flashinfer
 #     ``top_k_top_p_sampling_from_logits``: top_k_mask_logits, then softmax).
+#   FlashInfer's path holds the same 12 in every V1 release that has it: 0.8.x forward_cuda keeps the fp32
+#     copy 4, its softmax probs 4, and flashinfer 0.2.1's top_k_top_p_sampling_from_probs (filter_apply_order
+#     "top_k_first") the top_k_renorm_probs output 4 (flashinfer/sampling.py, flashinfer-python 0.2.1.post2,
+#     the vllm/vllm-openai 0.8 image's); 0.9.0 on, top_k_top_p_sampling_from_logits: masked logits 4 + probs 4.
 SAMPLER_EXTRA_BYTES = {"native": 36, "flashinfer": 12}
+
+
+def sampler_path(row: VllmRelease, choice: str) -> Literal["native", "flashinfer"]:
+    """The top-k/top-p path vLLM's ``TopKTopPSampler`` takes for ``serve.vllm_sampler``: ``auto`` is a plain
+    ``pip install vllm`` with no ``VLLM_USE_FLASHINFER_SAMPLER`` (FlashInfer only where the release's default
+    is FlashInfer, ``facts/vllm_releases.py`` ``flashinfer_sampler == "default"``, 0.24.0 on)."""
+    if choice == "auto":
+        return "flashinfer" if row.flashinfer_sampler == "default" else "native"
+    return "flashinfer" if choice == "flashinfer" else "native"
+
+
+def sampler_class(row: VllmRelease, path: str) -> Literal["native", "flashinfer"]:
+    """The ``SAMPLER_EXTRA_BYTES`` class of a path: the PyTorch path sorts before 0.17.0 (36 B per entry) and
+    runs ``apply_top_k_top_p_triton`` from 0.17.0 (``native_sorts`` False: the 12 B class)."""
+    return "native" if path == "native" and row.native_sorts else "flashinfer"
 
 
 def default_batch_limits(gpu_total_bytes: int, gpu_name: str, usage: str = "serve",
@@ -532,6 +553,70 @@ def _refuse(where: str, message: str, fix: str) -> ScenarioError:
     return ScenarioError([Problem(where, message, fix)])
 
 
+# How each release comes to FlashInfer's top-k/top-p path (facts/vllm_releases.py ``flashinfer_sampler``)
+_FLASHINFER_HOW = {
+    "installed": "flashinfer installed, as in the vllm/vllm-openai image (unset VLLM_USE_FLASHINFER_SAMPLER)",
+    "env": "VLLM_USE_FLASHINFER_SAMPLER=1",
+    "default": "vLLM's default on a GPU FlashInfer supports",
+}
+_NATIVE_HOW = {
+    "v0-env": "VLLM_USE_FLASHINFER_SAMPLER unset (V0 sampler, vllm/model_executor/layers/sampler.py)",
+    "installed": "flashinfer not installed (a plain pip install) or VLLM_USE_FLASHINFER_SAMPLER=0",
+    "env": "VLLM_USE_FLASHINFER_SAMPLER unset",
+    "default": "VLLM_USE_FLASHINFER_SAMPLER=0",
+}
+
+
+def _sampler_note(row: VllmRelease, choice: str) -> str:
+    """The tail of the first assumption: the path asked for and how vLLM comes to it; for ``auto`` on a release
+    whose Docker image takes another path than pip (``installed``), that ambiguity and the key that settles it.
+    Empty for ``auto`` elsewhere (the pip default, as the report said before the key existed)."""
+    fs = row.flashinfer_sampler
+    if choice == "auto":
+        if fs != "installed":
+            return ""
+        gate = " (< 0.2.3)" if row.first < (0, 9, 0) else ""
+        return ("; a plain pip install: flashinfer is not a dependency, so vLLM sorts. The vllm/vllm-openai image "
+                f"installs flashinfer{gate} and vLLM then takes FlashInfer's path (it logs \"Using FlashInfer for "
+                "top-p & top-k sampling\"), 12 B instead of 36 B per dummy request and vocabulary entry: set "
+                "serve.vllm_sampler: flashinfer for it")
+    how = (_FLASHINFER_HOW if choice == "flashinfer" else _NATIVE_HOW)[fs]
+    return f": serve.vllm_sampler {choice}, the {sampler_path(row, choice)} path, taken with {how}"
+
+
+def _check_sampler(r: Resolved, row: VllmRelease, version: str) -> None:
+    """Refuse ``serve.vllm_sampler: flashinfer`` where vLLM cannot take FlashInfer's path, or where it is not
+    modelled (a ScenarioError naming the reason)."""
+    if r.scenario.serve.vllm_sampler != "flashinfer":
+        return
+    if row.flashinfer_sampler == "v0-env":
+        raise _refuse("serve.vllm_sampler", f"vLLM {version} (V0 engine) takes FlashInfer's sampler only with "
+                      "VLLM_USE_FLASHINFER_SAMPLER=1 (vllm/model_executor/layers/sampler.py "
+                      "_top_k_top_p_multinomial_with_flashinfer, with its logprobs); that path is not modelled",
+                      "use serve.vllm_sampler: auto or a vLLM release >= 0.8.0")
+    cc = r.gpu.compute_capability
+    if _checks_capability(row) and cc and not _flashinfer_capability(cc):
+        # 0.12.0-0.23.x raise RuntimeError ("FlashInfer does not support compute capability ..."); 0.24.0 on,
+        # flashinfer_sampler_supported() returns False and the PyTorch path runs
+        raise _refuse("serve.vllm_sampler", f"vLLM {version} has no FlashInfer sampler on {r.gpu.name} (compute "
+                      f"capability {cc}; vllm/v1/attention/backends/flashinfer.py "
+                      "FlashInferBackend.supports_compute_capability: 7.5 to 12.1)",
+                      "use serve.vllm_sampler: auto")
+
+
+def _checks_capability(row: VllmRelease) -> bool:
+    """The release checks the GPU before FlashInfer's sampler (0.12.0 on, ``TopKTopPSampler.__init__``)."""
+    return row.flashinfer_sampler in ("env", "default")
+
+
+def _flashinfer_capability(cc: str) -> bool:
+    try:
+        major, minor = (int(x) for x in cc.split(".")[:2])
+    except ValueError:
+        return True  # an unreadable capability is not refused
+    return (7, 5) <= (major, minor) <= (12, 1)
+
+
 def _draft(r: Resolved, params: int) -> tuple[int, tuple[int, ...], str]:
     """(weights, KV bytes per token of each layer, note) of a draft model or EAGLE head from the catalog."""
     sv = r.scenario.serve
@@ -656,7 +741,7 @@ def _charged(rule: str, context: int, nccl: int, others: int = 0) -> int:
 
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
-            opt: _Options) -> _Budget:
+            opt: _Options, sampler: str) -> _Budget:
     sv, m, gpu, tp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp
     c = dtype_bits(sv.dtype) // 8
     params, rotary = serve_weights_bytes(r)
@@ -669,7 +754,7 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     return _Budget(
         total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
         params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled),
-        sampler=sampler_peak_bytes(m, batched, requests, c, beh.sampler),
+        sampler=sampler_peak_bytes(m, batched, requests, c, sampler),
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract,
@@ -774,9 +859,10 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
     sv, tp = r.scenario.serve, r.scenario.parallel.tp
     given = "max_num_batched_tokens" in sv.model_fields_set
     row = beh.rules
+    sampler = sampler_class(row, sampler_path(row, sv.vllm_sampler))
     assumptions = [
-        (f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({beh.sampler} top-k/top-p sampler in "
-         "the profile run)"),
+        (f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({sampler} top-k/top-p sampler in "
+         f"the profile run{_sampler_note(row, sv.vllm_sampler)})"),
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
         f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
         (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
@@ -841,7 +927,9 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
     opt = _options(r, beh.rules, version, serve_weights_bytes(r)[0])
-    b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt)
+    _check_sampler(r, beh.rules, version)
+    sampler = sampler_class(beh.rules, sampler_path(beh.rules, sv.vllm_sampler))
+    b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler)
     kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token)
     problem, fix = _start_problem(r, b, kv, max_len)
     return VllmDecision(

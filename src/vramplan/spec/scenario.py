@@ -403,7 +403,7 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "gpu_memory_utilization": "mem_fraction_static", "block_size": "page_size",
     "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
-    "max_lora_rank": "", "speculative": "",
+    "max_lora_rank": "", "speculative": "", "vllm_sampler": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
@@ -553,6 +553,11 @@ class Serve(_Strict):
     """Requests SGLang runs at once (engine sglang); null means its default from the pool size."""
     gguf: Gguf = Field(default_factory=Gguf)
     """llama.cpp's model file and context options (engine llamacpp)."""
+
+    vllm_sampler: Literal["auto", "native", "flashinfer"] = "auto"
+    """Top-k/top-p path of vLLM's profile-run sampling: auto is a plain pip install's (PyTorch's sort before 0.24,
+    FlashInfer from 0.24); flashinfer as the vllm/vllm-openai image takes it for 0.8-0.11 (flashinfer installed)
+    or with VLLM_USE_FLASHINFER_SAMPLER=1; native with VLLM_USE_FLASHINFER_SAMPLER=0 (docs/serving.md)."""
 
 
 class Parallel(_Strict):
