@@ -599,7 +599,9 @@ def _refuse(where: str, message: str, fix: str) -> ScenarioError:
 def _draft_rotary_bytes(target: ModelSpec, draft: ModelSpec, dtype_bytes: int) -> int:
     """The proposer's own rotary cos/sin cache: none when ``get_rope`` returns the target's cached instance
     (``vllm/model_executor/layers/rotary_embedding/__init__.py`` ``_ROPE_DICT``, keyed by head size, rotary dim,
-    max position, rope parameters and dtype); compared here by position type, head size and max position."""
+    max position, rope parameters and dtype; ``rotary_embedding.py`` in 0.6.0-0.10); compared here by position
+    type, head size and max position, the rope parameters are assumed equal.  Llama-3.2-1B (head size 64) beside
+    Llama-3.1-8B (128), 131,072 positions, bf16: its own 131,072 x 64 x 2 = 16,777,216 B."""
     key = (draft.position, draft.head_dim, draft.max_position_embeddings)
     if key == (target.position, target.head_dim, target.max_position_embeddings):
         return 0
@@ -636,7 +638,7 @@ def _draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, ModelS
     profile = ("its profile run (forward, rejection sampler) and buffers are sized from vLLM's source (see below)"
                if read else "its profile run is assumed to peak below the target's")
     return weights, layers, (f"speculative {spec.method} proposer {draft.name}: {weights / GiB:.2f} GiB of weights "
-                             f"({sv.dtype}, unquantized){shared if read else ''} and {len(layers)} "
+                             f"({sv.dtype}, unquantized){shared} and {len(layers)} "
                              f"KV layers in the same block pool; {profile}; num_speculative_tokens changes no "
                              "start-up memory"), draft
 
