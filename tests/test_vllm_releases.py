@@ -227,10 +227,14 @@ def test_multimodal_encoder_widens_the_band() -> None:
 
 def test_ngram_changes_no_start_up_memory_but_its_graph_sizes_are_stated() -> None:
     # vLLM 0.18.0 printed the same KV pool with and without an n-gram proposer (validation/published.yaml
-    # vllm-vllmlab-ngram-qwen3-8b-4090-48gb-v0180): no GPU weights, no KV layers
+    # vllm-vllmlab-ngram-qwen3-8b-4090-48gb-v0180): no GPU weights, no KV layers; with that log's 8 sequences and 4096
+    # tokens the rejection sampler's dummy run (8 x 128,256 x 30 B = 30,781,440 + (4096 + 16) x 4096 x 2 = 33,685,504 -> 64,466,944 B) stays
+    # below the forward's peak (tests/test_vllm_speculative.py: at 1024 sequences it does not)
     ngram = {"method": "ngram", "num_speculative_tokens": 4}
-    plain, spec = _decide("0.18"), _decide("0.18", speculative=ngram)
+    small = {"max_num_seqs": 8, "max_num_batched_tokens": 4096}
+    plain, spec = _decide("0.18", **small), _decide("0.18", speculative=ngram, **small)
     assert spec.kv_cache_bytes == plain.kv_cache_bytes and spec.speculative_weights_bytes == 0
+    assert spec.to_dict()["profile_rejection_sampler_peak_bytes"] == 64_466_944
     graph_note = "not modelled: with speculative decoding"
     assert not [a for a in spec.assumptions if a.startswith(graph_note)]  # 0.18 does not subtract its estimate
     # from 0.20 the subtracted estimate is measured on graphs sized for num_speculative_tokens + 1 query tokens

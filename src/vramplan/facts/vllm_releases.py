@@ -388,3 +388,15 @@ def release_row(text: str) -> tuple[VllmRelease, bool]:
     rel = parse_release(text)
     row = [r for r in VLLM_RELEASES if r.first <= rel][-1]
     return row, rel in row.read_at
+
+
+# Speculative decoding's share of the profile run (serve/vllm.py ``speculative_profile_bytes``), read in the source of
+# 0.17.0-0.33.0 and the same in each: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._dummy_sampler_run runs the
+# rejection sampler on randn(2 x requests, vocab) logits (one draft token per dummy request);
+# vllm/v1/sample/rejection_sampler.py RejectionSampler.forward keeps a bonus-token fp32 copy ("raw_logits"), an fp32
+# target copy and its clone, and rejection_sample / sample_recovered_tokens add fp32 probabilities, q and 1/q;
+# GPUModelRunner._dummy_run runs the proposer's forward (SpecDecodeBaseProposer.dummy_run) over the same tokens;
+# SpecDecodeBaseProposer.__init__ (v1/spec_decode/eagle.py in 0.17.0, llm_base_proposer.py from 0.20.0) allocates its
+# max_num_batched_tokens-sized buffers before the weights are loaded.  0.15.0/0.16.0 sample recovered tokens without
+# 1/q and are not modelled: older releases keep the earlier assumption (the proposer's profile peaks below the target's).
+SPECULATIVE_PROFILE_FROM: Release = (0, 17, 0)

@@ -124,10 +124,13 @@ def _vllm(r: Resolved, version: str | None, subtract_cudagraphs: bool) -> ServeR
     peak.add(K.PARAMETERS, d.parameters_bytes)
     peak.add(K.ROTARY_CACHE, d.rotary_cache_bytes)
     peak.add(K.KV_BLOCKS, d.kv_cache_bytes, blocks=d.num_gpu_blocks, block_size=d.block_size)
-    if d.sampler_peak_bytes >= d.forward_peak_bytes:
-        peak.add(K.PROFILE_SAMPLER, d.sampler_peak_bytes)
+    # the rejection sampler runs inside the dummy sampler run, the proposer's forward inside the dummy forward
+    sampler = max(d.sampler_peak_bytes, d.rejection_sampler_peak_bytes)
+    forward = max(d.forward_peak_bytes, d.proposer_forward_peak_bytes)
+    if sampler >= forward:
+        peak.add(K.PROFILE_SAMPLER, sampler)
     else:
-        peak.add(K.PROFILE_FORWARD, d.forward_peak_bytes)
+        peak.add(K.PROFILE_FORWARD, forward)
     peak.add(K.CUBLAS, d.cublas_workspace_bytes)
     peak.add(K.CUDA_GRAPHS, d.cudagraph_bytes)
     outside = {"cuda_context": d.cuda_context_bytes, "workspaces": d.non_torch_bytes,

@@ -55,9 +55,11 @@ from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_releases import (
     NEWEST,
     OLDEST,
+    SPECULATIVE_PROFILE_FROM,
     VLLM_RELEASES,
     BatchDefaults,
     VllmRelease,
+    parse_release,
     release_row,
     release_text,
 )
@@ -78,6 +80,9 @@ __all__ = [
     "kv_groups",
     "lora_slot_bytes",
     "multimodal_architecture",
+    "proposer_buffer_bytes",
+    "proposer_forward_peak_bytes",
+    "rejection_sampler_peak_bytes",
     "rotary_cache_bytes",
     "sampler_class",
     "sampler_path",
@@ -306,6 +311,53 @@ def sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: in
     return requests * m.vocab_size * per_entry + hidden
 
 
+def rejection_sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: int, sampler: str) -> int:
+    """Peak of the profile run's rejection-sampler dummy run (speculative decoding, vLLM 0.17.0-0.33.0).
+
+    ``GPUModelRunner._dummy_sampler_run`` gives each of the ``requests`` dummy requests one draft token and
+    calls the rejection sampler on ``randn(2 x requests, vocab)`` logits in the model dtype (the sampler's
+    own logits are released when the name is rebound).  ``RejectionSampler.forward`` indexes the bonus rows
+    (a copy, ``requests x vocab`` in the model dtype) and samples them with ``max_num_logprobs=-1`` in
+    ``raw_logits`` mode, which keeps an fp32 copy of them until it returns.  Per (request, vocabulary entry):
+    3 x dtype bytes throughout, then the larger of two stages:
+
+    * the bonus sampling: the raw fp32 copy 4 + the sampler's own tensors (``SAMPLER_EXTRA_BYTES``);
+    * the recovered-token sampling: the raw fp32 copy 4 + the target rows in fp32 4 and their clone 4
+      (top-k/top-p applied in place) + ``softmax`` probabilities 4 (``rejection_sample``) + q 4 and 1/q 4
+      (``sample_recovered_tokens``, fp32 unless ``use_fp64_gumbel``) = 24.
+
+    Plus the hidden states alive as for the sampler: (tokens + 2 x requests) x h.  Check: Qwen3-8B (h 4096,
+    vocab 151,936), 2048 tokens, 128 requests, bf16, flashinfer: 128 x 151,936 = 19,447,808 entries x
+    (6 + max(4 + 12, 24)) = x 30 B = 583,434,240 B; hidden (2048 + 256) x 4096 x 2 = 18,874,368 B; 602,308,608 B.
+    """
+    stage = max(4 + SAMPLER_EXTRA_BYTES[sampler], 24)
+    hidden = (tokens + 2 * requests) * m.hidden_size * dtype_bytes
+    return requests * m.vocab_size * (3 * dtype_bytes + stage) + hidden
+
+
+def proposer_forward_peak_bytes(target: ModelSpec, draft: ModelSpec, tokens: int, dtype_bytes: int, tp: int,
+                                compiled: bool) -> int:
+    """Peak of the proposer's forward in the profile run: ``GPUModelRunner._dummy_run`` calls
+    ``drafter.dummy_run(num_tokens)`` (``SpecDecodeBaseProposer.dummy_run``: one forward per speculative token,
+    one after the other) while the target's output (tokens x target h) is held; each forward peaks as
+    ``forward_peak_bytes`` of the proposer.  Qwen3-0.6B (h 1024, intermediate 3072) beside Qwen3-8B, 2048 tokens,
+    bf16, compiled: 2048 x 4096 x 2 = 16,777,216 + (4 x 1024 + 3 x 3072) x 2048 x 2 = 54,525,952 -> 71,303,168 B."""
+    return tokens * target.hidden_size * dtype_bytes + forward_peak_bytes(draft, tokens, dtype_bytes, tp, compiled)
+
+
+def proposer_buffer_bytes(draft: ModelSpec, tokens: int, seqs: int, dtype_bytes: int, draft_model: bool) -> int:
+    """The proposer's persistent device buffers (``SpecDecodeBaseProposer.__init__``), allocated with the model
+    runner before the weights are measured, so in vLLM's "weights + non-torch" (``total_consumed``), not in
+    "Model loading took".  ``tokens`` is max_num_batched_tokens, ``seqs`` max_num_seqs: input_ids int32, positions
+    int64, the slot-mapping buffer int64 (20 B per token), ``arange`` int32 of max(seqs + 1, tokens), the
+    ``backup_next_token_ids`` int32 of seqs, ``hidden_states`` and ``inputs_embeds`` (tokens x the proposer's h in
+    the model dtype), and for a draft model (no hidden states passed: ``needs_extra_input_slots``) two bool masks
+    of tokens.  Qwen3-0.6B, 2048 tokens, 128 sequences, bf16: 40,960 + 8192 + 512 + 8,388,608 + 4096 = 8,442,368 B."""
+    ints = tokens * (4 + 8 + 8) + max(seqs + 1, tokens) * 4 + seqs * 4
+    masks = 2 * tokens if draft_model else 0
+    return ints + masks + 2 * tokens * draft.hidden_size * dtype_bytes
+
+
 def lora_slot_bytes(m: ModelSpec, rank: int, max_loras: int, tp: int, dtype_bytes: int) -> int:
     """vLLM's preallocated LoRA slots (``vllm/lora/layers``: ``create_lora_weights``), for all linears.
 
@@ -434,13 +486,16 @@ class VllmDecision:
     kv_cache_memory_bytes: int | None = None  # the explicit KV budget given, if any
     lora_outside_budget: bool = False  # the release leaves the LoRA slots outside gpu_memory_utilization
     in_use_by_others_bytes: int = 0  # hardware.memory_in_use_gib: other processes' share of total_memory_bytes
+    rejection_sampler_peak_bytes: int = 0  # speculative decoding: the rejection sampler's dummy run
+    proposer_forward_peak_bytes: int = 0  # speculative decoding: the proposer's forward in the dummy run
+    speculative_buffers_bytes: int = 0  # the proposer's persistent buffers, inside non_kv_bytes
 
     @property
     def device_used_bytes(self) -> int:
         """What nvidia-smi shows once serving: context, NCCL, the budget's contents, graphs."""
         return (self.cuda_context_bytes + self.nccl_bytes + self.weights_bytes + self.activation_peak_bytes
                 + self.non_torch_bytes + self.kv_cache_bytes + self.cudagraph_bytes
-                + (self.lora_bytes if self.lora_outside_budget else 0))
+                + (self.lora_bytes if self.lora_outside_budget else 0) + self.speculative_buffers_bytes)
 
     def log_lines(self) -> list[str]:
         """The start-up lines vLLM would print, for comparison with a real log."""
@@ -494,6 +549,12 @@ class VllmDecision:
                 keys["lora_outside_budget"] = True
         if self.speculative_weights_bytes:
             keys["speculative_weights_bytes"] = self.speculative_weights_bytes
+        if self.rejection_sampler_peak_bytes:
+            keys["profile_rejection_sampler_peak_bytes"] = self.rejection_sampler_peak_bytes
+        if self.proposer_forward_peak_bytes:
+            keys["profile_proposer_forward_peak_bytes"] = self.proposer_forward_peak_bytes
+        if self.speculative_buffers_bytes:
+            keys["speculative_buffers_bytes"] = self.speculative_buffers_bytes
         if self.cpu_offload_bytes:
             keys["cpu_offload_bytes"] = self.cpu_offload_bytes
             keys["host_weights_bytes"] = self.cpu_offload_bytes
@@ -547,6 +608,9 @@ class _Options:
     draft_weights: int = 0
     draft_layer_bytes_per_token: tuple[int, ...] = ()  # the proposer's KV layers, bytes per token each
     notes: tuple[str, ...] = ()
+    draft_model: ModelSpec | None = None  # the proposer's model, when its profile run is modelled (speculative_profile)
+    draft_is_model: bool = False  # method draft (a separate model, no hidden states passed)
+    speculative_profile: bool = False  # the release's rejection-sampler dummy run is modelled
 
 
 def _refuse(where: str, message: str, fix: str) -> ScenarioError:
@@ -617,13 +681,30 @@ def _flashinfer_capability(cc: str) -> bool:
     return (7, 5) <= (major, minor) <= (12, 1)
 
 
-def _draft(r: Resolved, params: int) -> tuple[int, tuple[int, ...], str]:
-    """(weights, KV bytes per token of each layer, note) of a draft model or EAGLE head from the catalog."""
+def _draft_rotary_bytes(target: ModelSpec, draft: ModelSpec, dtype_bytes: int) -> int:
+    """The proposer's own rotary cos/sin cache: none when ``get_rope`` returns the target's cached instance
+    (``vllm/model_executor/layers/rotary_embedding/__init__.py`` ``_ROPE_DICT``, keyed by head size, rotary dim,
+    max position, rope parameters and dtype; ``rotary_embedding.py`` in 0.6.0-0.10); compared here by position
+    type, head size and max position, the rope parameters are assumed equal.  Llama-3.2-1B (head size 64) beside
+    Llama-3.1-8B (128), 131,072 positions, bf16: its own 131,072 x 64 x 2 = 16,777,216 B."""
+    key = (draft.position, draft.head_dim, draft.max_position_embeddings)
+    if key == (target.position, target.head_dim, target.max_position_embeddings):
+        return 0
+    return rotary_cache_bytes(draft, dtype_bytes)
+
+
+def speculative_profile_modelled(version: str) -> bool:
+    """Whether the proposer's profile-run terms of ``version`` were read (``SPECULATIVE_PROFILE_FROM`` on)."""
+    return parse_release(version) >= SPECULATIVE_PROFILE_FROM
+
+
+def _draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, ModelSpec | None]:
+    """(weights, KV bytes per token of each layer, note, model) of a draft model or EAGLE head from the catalog."""
     sv = r.scenario.serve
     spec = sv.speculative
     assert spec is not None
     if spec.method == "ngram":
-        return 0, (), "speculative n-gram proposer: no GPU weights, no KV layers (it matches the prompt on the host)"
+        return 0, (), "speculative n-gram proposer: no GPU weights, no KV layers (it matches the prompt on the host)", None
     if spec.method == "mtp":
         raise _refuse("serve.speculative.method", "speculative method 'mtp' (the model's own multi-token-prediction "
                       "layers) is not modelled yet", "use draft, eagle, eagle3 or ngram")
@@ -632,12 +713,19 @@ def _draft(r: Resolved, params: int) -> tuple[int, tuple[int, ...], str]:
                       "give serve.speculative.model as a catalog name (vramplan models)")
     draft = load_model(spec.model, where="serve.speculative.model")
     c, tp = dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp
-    weights = weights_bytes(rank_params(draft, tp, 1, 1, 0, None), c, "none")
+    rotary = _draft_rotary_bytes(r.model, draft, c)
+    weights = weights_bytes(rank_params(draft, tp, 1, 1, 0, None), c, "none") + rotary
     dspec = kv_spec(draft, sv.kv_cache_dtype, c, tp)
     layers = tuple(dspec.layer_bytes_per_token(la) for la in dspec.layers)
+    shared = (f" (with its own rotary cache, {rotary / GiB:.2f} GiB)" if rotary else
+              " (the rotary cache is the target's: same head size and max position)")
+    read = speculative_profile_modelled(version)
+    profile = ("its profile run (forward, rejection sampler) and buffers are sized from vLLM's source (see below)"
+               if read else "its profile run is assumed to peak below the target's")
     return weights, layers, (f"speculative {spec.method} proposer {draft.name}: {weights / GiB:.2f} GiB of weights "
-                             f"({sv.dtype}, unquantized) and {len(layers)} KV layers in the same block pool; its "
-                             "profile run is assumed to peak below the target's; num_speculative_tokens changes no start-up memory")
+                             f"({sv.dtype}, unquantized){shared} and {len(layers)} "
+                             f"KV layers in the same block pool; {profile}; num_speculative_tokens changes no "
+                             "start-up memory"), draft
 
 
 def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Options:
@@ -670,9 +758,9 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                      f"; vLLM {version} allocates them after measuring the weights and before profiling, so they "
                      "are outside gpu_memory_utilization and do not shrink the KV cache "
                      "(facts/vllm_releases.py lora_in_budget)"))
-    draft, draft_layers = 0, tuple[int, ...]()
+    draft, draft_layers, draft_model = 0, tuple[int, ...](), None
     if sv.speculative is not None:
-        draft, draft_layers, note = _draft(r, params)
+        draft, draft_layers, note, draft_model = _draft(r, version)
         if draft_layers and kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, tp).has_sliding:
             raise _refuse("serve.speculative", "a proposer's KV layers beside a hybrid (sliding-window) model are not "
                           "modelled", "use method ngram or a model without sliding-window layers")
@@ -683,8 +771,11 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                          "rounded up to multiples of num_speculative_tokens + 1 (vllm/config/compilation.py "
                          "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, 0.12.0 on), so the CUDA-graph "
                          "estimate it subtracts from the KV budget differs from the stand-in used here")
+    modelled = sv.speculative is not None and speculative_profile_modelled(version)
     return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
-                    notes=tuple(notes))
+                    notes=tuple(notes), draft_model=draft_model if modelled else None,
+                    draft_is_model=sv.speculative is not None and sv.speculative.method == "draft",
+                    speculative_profile=modelled)
 
 
 @dataclass(frozen=True)
@@ -709,6 +800,9 @@ class _Budget:
     explicit_kv: int | None = None  # kv_cache_memory_bytes: the KV budget, the utilisation rule skipped
     lora_outside: int = 0  # LoRA slots the release leaves outside the budget (``lora_in_budget`` False)
     others: int = 0  # what other processes hold on the device (hardware.memory_in_use_gib)
+    rejection_peak: int = 0  # the rejection sampler's dummy run (speculative decoding)
+    proposer_peak: int = 0  # the proposer's forward in the dummy run (draft model, EAGLE head)
+    proposer_buffers: int = 0  # the proposer's persistent buffers (in "weights + non-torch", not in the weights)
 
     @property
     def weights(self) -> int:
@@ -716,12 +810,13 @@ class _Budget:
 
     @property
     def activations(self) -> int:
-        """vLLM's "torch peak memory increase": the larger of the forward and the sampler, plus cuBLAS'."""
-        return max(self.forward, self.sampler) + self.cublas
+        """vLLM's "torch peak memory increase": the larger of the forward, the sampler and (speculative
+        decoding) the proposer's forward or the rejection sampler, plus cuBLAS'."""
+        return max(self.forward, self.sampler, self.rejection_peak, self.proposer_peak) + self.cublas
 
     @property
     def non_kv(self) -> int:
-        return self.weights + self.activations + self.non_torch + self.charged
+        return self.weights + self.activations + self.non_torch + self.charged + self.proposer_buffers
 
     @property
     def available(self) -> int:
@@ -741,7 +836,7 @@ def _charged(rule: str, context: int, nccl: int, others: int = 0) -> int:
 
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
-            opt: _Options, sampler: str) -> _Budget:
+            opt: _Options, sampler: str, seqs: int = 0) -> _Budget:
     sv, m, gpu, tp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp
     c = dtype_bits(sv.dtype) // 8
     params, rotary = serve_weights_bytes(r)
@@ -761,7 +856,25 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
         context=context, nccl=nccl, charged=_charged(row.budget, context, nccl, others),
         extra_weights=(opt.lora if row.lora_in_budget else 0) + opt.draft_weights, offloaded=opt.offloaded,
         explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
+        **_speculative_terms(r, beh, opt, batched, requests, seqs, sampler),
     )
+
+
+def _speculative_terms(r: Resolved, beh: VllmBehaviour, opt: _Options, batched: int, requests: int,
+                       seqs: int, sampler: str) -> dict[str, int]:
+    """``rejection_peak``, ``proposer_peak`` and ``proposer_buffers`` of ``_Budget`` for a release whose speculative profile run was
+    read (``facts/vllm_releases.py`` ``SPECULATIVE_PROFILE_FROM``); none otherwise (the keys keep their defaults)."""
+    if not opt.speculative_profile:
+        return {}
+    sv, m, tp = r.scenario.serve, r.model, r.scenario.parallel.tp
+    c = dtype_bits(sv.dtype) // 8
+    # the bonus-token stage samples through the path the scenario takes (serve.vllm_sampler)
+    terms = {"rejection_peak": rejection_sampler_peak_bytes(m, batched, requests, c, sampler)}
+    if opt.draft_model is not None:
+        compiled = sv.cuda_graphs and beh.rules.profile_compiled
+        terms["proposer_peak"] = proposer_forward_peak_bytes(m, opt.draft_model, batched, c, tp, compiled)
+        terms["proposer_buffers"] = proposer_buffer_bytes(opt.draft_model, batched, seqs, c, opt.draft_is_model)
+    return terms
 
 
 @dataclass(frozen=True)
@@ -929,7 +1042,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     opt = _options(r, beh.rules, version, serve_weights_bytes(r)[0])
     _check_sampler(r, beh.rules, version)
     sampler = sampler_class(beh.rules, sampler_path(beh.rules, sv.vllm_sampler))
-    b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler)
+    b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs)
     kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token)
     problem, fix = _start_problem(r, b, kv, max_len)
     return VllmDecision(
@@ -945,11 +1058,30 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         kv_cache_tokens=kv.tokens, max_model_len=max_len, blocks_per_request=kv.per_request,
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency, max_model_len_that_fits=kv.fits_len,
         starts=not problem, problem=problem, fix=fix,
-        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes),
+        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
-        kv_cache_memory_bytes=sv.kv_cache_memory_bytes,
+        kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
+        proposer_forward_peak_bytes=b.proposer_peak, speculative_buffers_bytes=b.proposer_buffers,
     )
+
+
+def _speculative_notes(b: _Budget) -> list[str]:
+    """What the speculative profile-run terms add (``_speculative_terms``), for the report's assumptions."""
+    if not b.rejection_peak:
+        return []
+    peak = max(b.rejection_peak, b.proposer_peak)
+    wins = "sets" if peak > max(b.forward, b.sampler) else "stays below"
+    return [f"speculative profile run: the rejection sampler's dummy run on fp32 copies of the dummy logits peaks at "
+            f"{b.rejection_peak / GiB:.2f} GiB (vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run, "
+            "vllm/v1/sample/rejection_sampler.py)"
+            + (f", the proposer's forward at {b.proposer_peak / GiB:.2f} GiB (_dummy_run -> drafter.dummy_run)"
+               if b.proposer_peak else "")
+            + f"; the larger {wins} the torch peak"
+            + (f"; the proposer's buffers add {b.proposer_buffers / GiB:.3f} GiB outside the weights "
+               "(SpecDecodeBaseProposer.__init__)" if b.proposer_buffers else "")
+            + "; default rejection_sample_method 'standard' with draft_sample_method 'greedy' assumed (no draft "
+            "probabilities)"]
 
 
 def _weights_fix(r: Resolved, weights: int, non_kv: int, total: int, requested: int) -> str:
