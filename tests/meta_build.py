@@ -19,3 +19,15 @@ def meta_module(cfg: dict[str, Any], auto: str = "AutoModelForImageTextToText") 
         config = transformers.AutoConfig.for_model(**cfg)
         with torch.device("meta"):
             return getattr(transformers, auto).from_config(config)
+
+
+def tower_totals(module: Any, language_model: str = "model.language_model.", only: str = "model.") -> dict[str, int]:
+    """Parameters of the module outside its language model, summed per name with the layer indices dropped
+    (``vision_tower.encoder.layers.self_attn.q_proj.weight``): the tower and projector rows the adapters list.
+    ``only`` keeps the names under that prefix, ``language_model`` drops those under it."""
+    out: dict[str, int] = {}
+    for name, p in module.named_parameters():
+        if name.startswith(only) and not name.startswith(language_model):
+            key = ".".join(x for x in name.removeprefix("model.").split(".") if not x.isdigit())
+            out[key] = out.get(key, 0) + p.numel()
+    return out

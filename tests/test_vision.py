@@ -287,16 +287,12 @@ def test_gemma3_tower_names_equal_transformers_module_on_the_meta_device() -> No
     """Every vision tower and projector tensor under the name transformers 5.24 gives it: SiglipVisionModel holds
     its embeddings, encoder and post_layernorm directly under ``vision_tower.`` (no ``vision_model`` wrapper), so
     ``model.vision_tower.embeddings.patch_embedding.weight``, not ``vision_tower.vision_model.embeddings...``."""
-    from meta_build import meta_module
+    from meta_build import meta_module, tower_totals
 
     m = load_model(GEMMA3)
     assert m.vision is not None
     module = meta_module(_config())
-    theirs: dict[str, int] = {}
-    for name, p in module.named_parameters():
-        if name.startswith("model.") and not name.startswith("model.language_model."):
-            key = ".".join(x for x in name.removeprefix("model.").split(".") if not x.isdigit())
-            theirs[key] = theirs.get(key, 0) + p.numel()
+    theirs = tower_totals(module)
     ours = {p.name: p.total for p in m.params if p.name.startswith(m.vision.param_prefixes)}
     assert ours == theirs
     assert "vision_tower.embeddings.patch_embedding.weight" in ours

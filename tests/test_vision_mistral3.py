@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module
+from meta_build import meta_module, tower_totals
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.spec.families import transformers_config
@@ -61,11 +61,7 @@ def test_count_equals_transformers_module_on_the_meta_device(which: str) -> None
     spec = model_from_config(cfg, name=which)
     module = meta_module(cfg)
     assert spec.num_parameters == sum(p.numel() for p in module.parameters())
-    theirs: dict[str, int] = {}
-    for name, p in module.named_parameters():
-        if name.startswith("model.") and not name.startswith("model.language_model."):
-            key = ".".join(x for x in name.removeprefix("model.").split(".") if not x.isdigit())
-            theirs[key] = theirs.get(key, 0) + p.numel()
+    theirs = tower_totals(module)
     assert spec.vision is not None
     assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module
+from meta_build import meta_module, tower_totals
 from vramplan.catalog.resolve import resolve
 from vramplan.spec.hf_config import model_from_config
 from vramplan.spec.vision import image_grid, image_tokens
@@ -59,11 +59,7 @@ def test_count_and_names_equal_transformers_module_on_the_meta_device(cfg: dict[
     spec = model_from_config(cfg, name="q")
     module = meta_module(cfg)
     assert spec.num_parameters == sum(p.numel() for p in module.parameters())
-    theirs: dict[str, int] = {}
-    for name, p in module.named_parameters():
-        if name.startswith("model.visual."):
-            key = ".".join(x for x in name.removeprefix("model.").split(".") if not x.isdigit())
-            theirs[key] = theirs.get(key, 0) + p.numel()
+    theirs = tower_totals(module, only="model.visual.")
     assert spec.vision is not None
     assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs
 
