@@ -78,6 +78,10 @@ def test_every_scenario_key_has_a_flag() -> None:
                "software.transformers": "--transformers-version", "serve.engine": "--serve-engine",
                "serve.gguf.file": "--gguf-file", "serve.gguf.quant": "--gguf-quant",
                "serve.speculative.method": "--speculative-method", "serve.speculative.model": "--speculative-model"}
+    from vramplan.cli.flags import RENAMED
+
+    # every other renamed leaf (e.g. inference.autoawq.max_seq_len -> --awq-max-seq-len) under its flag name
+    aliases = {**{k: "--" + v.replace("_", "-") for k, v in RENAMED.items()}, **aliases}
     missing = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:

@@ -59,7 +59,10 @@ def test_traits_are_set_by_the_adapters() -> None:
     gemma3 = load_model("google/gemma-3-1b-pt")
     assert not gemma3.traits.attn_logit_softcap and gemma3.final_logit_softcapping is None
     assert load_model("tiiuae/falcon-7b").traits.mqa_sdpa_math
-    assert load_model("meta-llama/Llama-3.1-8B").traits == Traits(upcasts_all_logits=True)
+    # transformers 4.38.2 LlamaModel.__init__ registers a causal_mask buffer (4.37.2 and 4.39.3 do not); Mistral's none
+    assert load_model("meta-llama/Llama-3.1-8B").traits == Traits(upcasts_all_logits=True,
+                                                                  causal_mask_buffer_in=((4, 38), (4, 39)))
+    assert load_model("mistralai/Mistral-7B-v0.1").traits.causal_mask_buffer_in is None
 
 
 def test_gemma2_without_attention_softcap_config() -> None:

@@ -247,10 +247,15 @@ def test_hover_a_band_names_what_is_behind_it(page: Any, server: str) -> None:
     _wait_verdict(page, OPENING)
     detail = estimate(json.loads(urllib.request.unquote(page.url.split("s=", 1)[1]))).per_gpu.breakdown_detail
     for chart_id, part in (("chart-breakdown", "weights"), ("chart-dynamic", "activations")):
+        # the bars' positions are read once the chart has stopped animating (under load the first frame's positions
+        # were read while the bars still grew, and the pointer landed beside them)
+        page.evaluate("id => { const c = Chart.getChart(id); c.stop(); c.options.animation = false; c.update('none'); }",
+                      chart_id)
         at = page.evaluate("""([id, part]) => { const c = Chart.getChart(id); const i = c.data.datasets.findIndex(d => d.label === part);
             const el = c.getDatasetMeta(i).data[0]; return { x: (el.x + el.base) / 2, y: el.y }; }""", [chart_id, part])
         box = page.locator("#" + chart_id).bounding_box()
-        page.mouse.move(box["x"] + at["x"], box["y"] + at["y"])
+        page.mouse.move(0, 0)
+        page.mouse.move(box["x"] + at["x"], box["y"] + at["y"], steps=4)
         page.wait_for_function("id => Chart.getChart(id).tooltip.getActiveElements().length > 0", arg=chart_id)
         lines = page.evaluate("id => Chart.getChart(id).tooltip.body.flatMap(b => [...b.lines, ...b.after])", chart_id)
         assert lines[0].startswith(f"{part}: ")

@@ -151,9 +151,11 @@ def hf_causal_mask_bytes(m: ModelSpec, transformers: tuple[int, ...] | None) -> 
 
     transformers 4.38.2 ``LlamaModel.__init__`` registers ``causal_mask`` = ``torch.triu(torch.full((P, P), True))``,
     P = max_position_embeddings, one bool byte each (4.37.2 and 4.39.3 have no such buffer; Mistral's model none).
-    Llama-2-7B: 4096 x 4096 = 16,777,216 B.  0 for another release or family (unset: a 4.36-era release).
+    Llama-2-7B: 4096 x 4096 = 16,777,216 B.  0 for another release or family (unset: a 4.36-era release); the
+    adapter's ``Traits.causal_mask_buffer_in`` names the releases.
     """
-    if m.model_type != "llama" or transformers is None or not (4, 38) <= transformers < (4, 39):
+    window = m.traits.causal_mask_buffer_in
+    if window is None or transformers is None or not window[0] <= transformers < window[1]:
         return 0
     return m.max_position_embeddings ** 2
 

@@ -188,6 +188,9 @@ class Traits:
     # the first transformers release whose class sets ``_supports_sdpa = False`` (Gemma 2 from 5.21.0, "sdpa does
     # not support softcapping", read off the 5.20.0 and 5.21.0 wheels): from it the default falls back to eager
     sdpa_dropped_in: tuple[int, ...] | None = None
+    # transformers releases [first, next) whose model registers a max_position_embeddings^2 bool ``causal_mask``
+    # buffer at construction (transformers 4.38.2 ``LlamaModel.__init__``; 4.37.2 and 4.39.3 have none)
+    causal_mask_buffer_in: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     # one shared K/V head handed to SDPA without ``enable_gqa`` (FalconAttention with multi_query): the fused
     # kernels need equal head counts (sdp_utils_cpp.h ``check_batch_size_and_num_heads_dense``), so SDPA runs math
     mqa_sdpa_math: bool = False

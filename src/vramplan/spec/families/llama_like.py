@@ -62,7 +62,8 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {
-    "llama": Variant("modeling_llama.py", traits=Traits(upcasts_all_logits=True)),
+    "llama": Variant("modeling_llama.py", traits=Traits(upcasts_all_logits=True,
+                                                        causal_mask_buffer_in=((4, 38), (4, 39)))),
     "granite": Variant("modeling_granite.py"),
     "mistral": Variant("modeling_mistral.py", sliding_default=True, traits=Traits(upcasts_all_logits=True)),
     "qwen2": Variant("modeling_qwen2.py", qkv_bias_only=True, sliding="from_layer", traits=Traits(upcasts_all_logits=True)),
