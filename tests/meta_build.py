@@ -31,3 +31,13 @@ def tower_totals(module: Any, language_model: str = "model.language_model.", onl
             key = ".".join(x for x in name.removeprefix("model.").split(".") if not x.isdigit())
             out[key] = out.get(key, 0) + p.numel()
     return out
+
+
+def assert_equals_meta_module(spec: Any, cfg: dict[str, Any], **tower: str) -> None:
+    """The adapter's model ``spec`` of ``cfg`` against transformers' module on the meta device: the parameter
+    count, and the tower and projector rows name by name (``tower``: ``tower_totals``' prefixes)."""
+    module = meta_module(cfg)
+    assert spec.num_parameters == sum(p.numel() for p in module.parameters())
+    theirs = tower_totals(module, **tower)
+    assert spec.vision is not None
+    assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs

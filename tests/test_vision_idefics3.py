@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module, tower_totals
+from meta_build import assert_equals_meta_module
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.spec.families import transformers_config
@@ -58,11 +58,7 @@ def test_count_equals_transformers_module_on_the_meta_device(which: str) -> None
     cfg = {"idefics3-class-defaults": lambda: _defaults("idefics3"), "smolvlm-class-defaults": lambda: _defaults("smolvlm"),
            "idefics3-8b": _cfg, "smolvlm-256m": lambda: _cfg(SMOLVLM)}[which]()
     spec = model_from_config(cfg, name=which)
-    module = meta_module(cfg)
-    assert spec.num_parameters == sum(p.numel() for p in module.parameters())
-    theirs = tower_totals(module, language_model="model.text_model.")
-    assert spec.vision is not None
-    assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs
+    assert_equals_meta_module(spec, cfg, language_model="model.text_model.")
 
 
 def test_smolvlm_256m_parameters() -> None:

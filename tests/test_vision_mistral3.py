@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module, tower_totals
+from meta_build import assert_equals_meta_module
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.spec.families import transformers_config
@@ -59,11 +59,7 @@ def test_parameters_by_hand() -> None:
 def test_count_equals_transformers_module_on_the_meta_device(which: str) -> None:
     cfg = _defaults() if which == "class-defaults" else _cfg()
     spec = model_from_config(cfg, name=which)
-    module = meta_module(cfg)
-    assert spec.num_parameters == sum(p.numel() for p in module.parameters())
-    theirs = tower_totals(module)
-    assert spec.vision is not None
-    assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs
+    assert_equals_meta_module(spec, cfg)
 
 
 def test_outer_flag_ties_the_head() -> None:

@@ -269,6 +269,18 @@ def test_the_traced_engine_refuses_mllama() -> None:
         trace(doc)
 
 
+def _tiny_model(attention: str) -> Any:
+    """transformers 5.24's ``MllamaForConditionalGeneration`` of the tiny shape (``_cfg``), fp32 on the CPU, seeded."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    raw = _cfg()
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    return transformers.MllamaForConditionalGeneration(cfg).eval()
+
+
 def test_transformers_generate_caches_what_is_modelled() -> None:
     """Read off transformers 5.24 on the CPU with the tiny shape: generate's DynamicCache holds the self-attention
     layers' text tokens (8 + 3 - 1 = 10) and the cross-attention layers' 2 x 17 = 34 vision positions, in the model
@@ -276,17 +288,12 @@ def test_transformers_generate_caches_what_is_modelled() -> None:
     vision model and, in each cross-attention layer, K and V repeated from 2 to 4 heads with a [1, 1, 8, 34] mask in
     the prefill, the 2 cached heads with a one-row mask at a decode step."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     from unittest import mock
 
     from vramplan.analytic.cross_attention import cross_images, cross_kv_bytes
 
     raw = _cfg()
-    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
-                                    image_token_index=1000)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.MllamaForConditionalGeneration(cfg).eval()
+    model = _tiny_model("sdpa")
     local: list[tuple[int, ...]] = []
     model.model.vision_model.transformer.register_forward_hook(
         lambda mod, args, out: local.extend(tuple(h.shape) for h in out.hidden_states))
@@ -327,16 +334,11 @@ def test_vision_model_peak_equals_transformers_on_the_cpu(attention: str) -> Non
     equal to ``vision_model_bytes`` (the CPU's SDPA kernel differs from CUDA's, but the peak holds no kernel
     workspace: it is the assembly of the output or the last global layer)."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     from vramplan.analytic.cross_attention import cross_images, vision_model_bytes
     from vramplan.trace.tracker import Tracker
 
     raw = _cfg()
-    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
-                                    image_token_index=1000)
-    cfg._attn_implementation = attention
-    torch.manual_seed(0)
-    vision = transformers.MllamaForConditionalGeneration(cfg).eval().model.vision_model
+    vision = _tiny_model(attention).model.vision_model
     inputs = {"pixel_values": torch.randn(1, 1, 2, 3, 56, 56), "aspect_ratio_ids": torch.tensor([[2]]),
               "aspect_ratio_mask": torch.ones(1, 1, 2, dtype=torch.long)}
     with torch.no_grad(), Tracker() as tr:
@@ -360,16 +362,11 @@ def test_prefill_peak_against_transformers_on_the_cpu(attention: str) -> None:
     model's peak, equal; under SDPA the last cross-attention layer's MLP, 128 B over the model: the int64 position
     ids [1, 16] (MllamaTextModel.forward's arange), which the language model's prefill terms leave out."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     from vramplan.analytic.inference import inference_step
     from vramplan.trace.tracker import Tracker
 
     raw = _cfg()
-    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
-                                    image_token_index=1000)
-    cfg._attn_implementation = attention
-    torch.manual_seed(0)
-    model = transformers.MllamaForConditionalGeneration(cfg).eval()
+    model = _tiny_model(attention)
     p = 16
     inputs = {"input_ids": torch.tensor([[1000, *range(5, 5 + p - 1)]]),
               "pixel_values": torch.randn(1, 1, 2, 3, 56, 56), "aspect_ratio_ids": torch.tensor([[2]]),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module, tower_totals
+from meta_build import assert_equals_meta_module, meta_module
 from vramplan.catalog.resolve import resolve
 from vramplan.spec.hf_config import model_from_config
 from vramplan.spec.vision import image_grid, image_tokens
@@ -57,11 +57,7 @@ def test_tower_by_hand() -> None:
 @pytest.mark.parametrize("cfg", [QWEN3_VL_4B, DEFAULTS, MOE_DEFAULTS], ids=["4b", "class-defaults", "moe-defaults"])
 def test_count_and_names_equal_transformers_module_on_the_meta_device(cfg: dict[str, Any]) -> None:
     spec = model_from_config(cfg, name="q")
-    module = meta_module(cfg)
-    assert spec.num_parameters == sum(p.numel() for p in module.parameters())
-    theirs = tower_totals(module, only="model.visual.")
-    assert spec.vision is not None
-    assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs
+    assert_equals_meta_module(spec, cfg, only="model.visual.")
 
 
 @pytest.mark.parametrize(("size", "patches", "tokens"), [
