@@ -45,6 +45,12 @@ def inherit_outer(text: dict[str, Any], cfg: Config, keys: tuple[str, ...] = OUT
     return text
 
 
+def non_null(sub: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A sub-config's (``text_config``, ``vision_config``) entries without the nulls: its configuration class fills
+    a null with its own default, so a null key says the same as a missing one."""
+    return {k: v for k, v in dict(sub or {}).items() if v is not None}
+
+
 def square_side(v: Any) -> int:
     """An ``image_size`` / ``patch_size`` (vision configs accept an int or a square pair)."""
     if isinstance(v, (list, tuple)):

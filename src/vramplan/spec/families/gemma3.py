@@ -44,6 +44,7 @@ from vramplan.spec.families.base import (
     build_spec,
     get,
     inherit_outer,
+    non_null,
     square_side,
 )
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
@@ -128,7 +129,7 @@ def tower_layer_spec(t: dict[str, int], act: str, name: str) -> ModelSpec:
 def _text_config(cfg: Config) -> dict[str, Any]:
     """``text_config`` with Gemma3TextConfig's defaults, inheriting the outer tie/dtype/quantization keys."""
     text = dict(_TEXT_DEFAULTS)
-    text.update({k: v for k, v in dict(cfg.get("text_config") or {}).items() if v is not None})
+    text.update(non_null(cfg.get("text_config")))
     text["model_type"] = "gemma3_text"
     inherit_outer(text, cfg, ("tie_word_embeddings", *OUTER_KEYS))
     return text
@@ -136,7 +137,7 @@ def _text_config(cfg: Config) -> dict[str, Any]:
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     text = LLAMA_FAMILIES["gemma3_text"].build(_text_config(cfg), "gemma3_text", name)
-    vc = {**_VISION_DEFAULTS, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
+    vc = {**_VISION_DEFAULTS, **non_null(cfg.get("vision_config"))}
     p = Params()
     t = siglip_tower(p, vc)
     tokens = int(cfg.get("mm_tokens_per_image", 256))

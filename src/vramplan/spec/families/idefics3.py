@@ -37,7 +37,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params
+from vramplan.spec.families.base import Config, Family, Params, non_null
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import llava_text_config
@@ -87,7 +87,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     tc["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     kind = str(tc["model_type"])
     text = LLAMA_FAMILIES[kind].build(tc, kind, name)
-    vc = {**_VISION, **{k: v for k, v in dict(cfg["vision_config"]).items() if v is not None}, "vision_use_head": False}
+    vc = {**_VISION, **non_null(cfg["vision_config"]), "vision_use_head": False}
     p = Params()
     t = siglip_tower(p, vc, PREFIX)
     scale = int(cfg.get("scale_factor", 2))

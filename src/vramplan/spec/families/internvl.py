@@ -45,6 +45,7 @@ from vramplan.spec.families.base import (
     build_spec,
     get,
     inherit_outer,
+    non_null,
     square_side,
 )
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
@@ -73,7 +74,7 @@ def _text_config(cfg: Config) -> dict[str, Any]:
     if kind not in LLAMA_FAMILIES:
         raise ValueError(f"an internvl language model of model_type {kind!r} is not modelled "
                          f"(known: {', '.join(sorted(LLAMA_FAMILIES))})")
-    text = {k: v for k, v in inner.items() if v is not None}
+    text = non_null(inner)
     text["model_type"] = kind
     text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
     return inherit_outer(text, cfg, OUTER_KEYS)
@@ -144,7 +145,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     text_cfg = _text_config(cfg)
     kind = str(text_cfg["model_type"])
     text = LLAMA_FAMILIES[kind].build(text_cfg, kind, name)
-    vc = {**_VISION_DEFAULTS, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
+    vc = {**_VISION_DEFAULTS, **non_null(cfg.get("vision_config"))}
     p = Params()
     t = _tower(p, vc)
     ratio = float(cfg.get("downsample_ratio", 0.5))

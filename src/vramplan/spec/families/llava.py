@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import OUTER_KEYS, Config, Family, Params, get, inherit_outer
+from vramplan.spec.families.base import OUTER_KEYS, Config, Family, Params, get, inherit_outer, non_null
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec, vit_encoder_layers
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -67,7 +67,7 @@ def llava_text_config(cfg: Config) -> dict[str, Any]:
     inner = dict(cfg.get("text_config") or {})
     kind = str(inner.get("model_type") or "llama")
     text = dict(_LLAMA_DEFAULTS) if kind == "llama" else {}
-    text.update({k: v for k, v in inner.items() if v is not None})
+    text.update(non_null(inner))
     text["model_type"] = kind
     inherit_outer(text, cfg, ("tie_word_embeddings", *OUTER_KEYS))
     if kind not in LLAMA_FAMILIES:
@@ -110,7 +110,7 @@ def feature_layers(cfg: Config, layers: int) -> tuple[int, int]:
 
 def _vision_config(cfg: Config) -> tuple[dict[str, Any], bool]:
     """The tower's keys with its class's defaults; True for CLIP (a class token), False for SigLIP."""
-    given = {k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}
+    given = non_null(cfg.get("vision_config"))
     kind = given.get("model_type", "clip_vision_model")
     if kind == "clip_vision_model":
         return {**_CLIP_DEFAULTS, **given}, True

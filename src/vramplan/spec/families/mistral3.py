@@ -40,7 +40,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer, square_side
+from vramplan.spec.families.base import (
+    Config,
+    Family,
+    Params,
+    build_spec,
+    get,
+    inherit_outer,
+    non_null,
+    square_side,
+)
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import feature_layers
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -60,7 +69,7 @@ _PIXTRAL: dict[str, Any] = {"hidden_size": 1024, "intermediate_size": 4096, "num
 
 
 def _text_config(cfg: Config) -> dict[str, Any]:
-    inner = {k: v for k, v in dict(cfg["text_config"]).items() if v is not None}
+    inner = non_null(cfg["text_config"])
     kind = str(inner.get("model_type") or "mistral")
     text = {**(_MISTRAL if kind == "mistral" else {}), **inner, "model_type": kind}
     if "sliding_window" in dict(cfg["text_config"]) and cfg["text_config"]["sliding_window"] is None:
@@ -99,7 +108,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     tc = _text_config(cfg)
     kind = str(tc["model_type"])
     text = LLAMA_FAMILIES[kind].build(tc, kind, name)
-    vc = {**_PIXTRAL, **{k: v for k, v in dict(cfg["vision_config"]).items() if v is not None}}
+    vc = {**_PIXTRAL, **non_null(cfg["vision_config"])}
     p = Params()
     t = _tower(p, vc)
     d, d_text, merge = t["d"], text.hidden_size, int(cfg.get("spatial_merge_size", 2))

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, get, inherit_outer
+from vramplan.spec.families.base import Config, Family, Params, get, inherit_outer, non_null
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, ParamGroup, VisionSpec
 
@@ -70,7 +70,7 @@ PREFIXES = ("vision_model.", "multi_modal_projector.")
 
 
 def _vision_config(cfg: Config) -> dict[str, Any]:
-    given = {k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}
+    given = non_null(cfg.get("vision_config"))
     out = {**_VISION_DEFAULTS, **given}
     if "num_attention_heads" in given and "attention_heads" not in given:  # MllamaVisionConfig.attribute_map
         out["attention_heads"] = given["num_attention_heads"]
@@ -80,7 +80,7 @@ def _vision_config(cfg: Config) -> dict[str, Any]:
 def mllama_text_config(cfg: Config) -> dict[str, Any]:
     """The language model's keys (``MllamaTextConfig``'s defaults under ``text_config``), as a Llama config for the
     shared builder; the outer dtype and quantization keys are inherited."""
-    text = {**_TEXT_DEFAULTS, **{k: v for k, v in dict(cfg.get("text_config") or {}).items() if v is not None}}
+    text = {**_TEXT_DEFAULTS, **non_null(cfg.get("text_config"))}
     inherit_outer(text, cfg)
     text["model_type"] = "llama"
     # MllamaTextSelfAttention / MllamaTextCrossAttention: head_dim = hidden_size // num_attention_heads, no bias,

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, inherit_outer
+from vramplan.spec.families.base import Config, Family, Params, inherit_outer, non_null
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -60,7 +60,7 @@ _SIGLIP: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 3072, "num_h
                            "num_attention_heads": 12, "num_channels": 3, "image_size": 224, "patch_size": 16,
                            "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True}
 def _text_config(cfg: Config) -> dict[str, Any]:
-    inner = {k: v for k, v in dict(cfg["text_config"]).items() if v is not None}
+    inner = non_null(cfg["text_config"])
     kind = str(inner.get("model_type") or "gemma")
     if kind not in ("gemma", "gemma2"):
         raise ValueError(f"a paligemma language model of model_type {kind!r} is not modelled (gemma, gemma2)")
@@ -82,7 +82,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     tc = _text_config(cfg)
     kind = str(tc["model_type"])
     text = LLAMA_FAMILIES[kind].build(tc, kind, name)
-    vc = {**_SIGLIP, **{k: v for k, v in dict(cfg["vision_config"]).items() if v is not None}}
+    vc = {**_SIGLIP, **non_null(cfg["vision_config"])}
     p = Params()
     t = siglip_tower(p, vc, PREFIX)
     proj = int(cfg.get("projection_dim", 2048))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer
+from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer, non_null
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
@@ -99,7 +99,7 @@ def qwen_vl_start(cfg: Config, name: str, defaults: Config,
     tower's tensors (``tower_params``), and the largest image ``smart_resize`` lets through (``max_pixels`` as a
     square, a multiple of patch x merge a side) with its patches."""
     text = LLAMA_FAMILIES["qwen2"].build(qwen_vl_text_config(cfg), "qwen2", name)
-    vc = {**defaults, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
+    vc = {**defaults, **non_null(cfg.get("vision_config"))}
     p = Params()
     t = tower_params(p, vc)
     factor = t["patch"] * t["merge"]

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer
+from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer, non_null
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
@@ -124,7 +124,7 @@ def _notes(t: dict[str, int]) -> tuple[str, ...]:
 
 def _build(cfg: Config, model_type: str, name: str, kind: str, defaults: Config) -> ModelSpec:
     text = LLAMA_FAMILIES[kind].build(_text_config(cfg, kind, defaults), kind, name)
-    vc = {**_VISION_DEFAULTS, **{k: v for k, v in dict(cfg.get("vision_config") or {}).items() if v is not None}}
+    vc = {**_VISION_DEFAULTS, **non_null(cfg.get("vision_config"))}
     p = Params()
     t = _tower(p, vc)
     factor = t["patch"] * t["merge"]
