@@ -66,6 +66,9 @@ class K:
                        "the FSDP root unit (embeddings, head) kept unsharded for the whole step")
     GATHERED = _k("weights", "all-gathered (ZeRO-3/FSDP)", "full parameters of the units gathered at this moment")
     ROTARY_CACHE = _k("weights", "rotary cos/sin cache", "vLLM's rotary embedding cos/sin cache")
+    LORA_SLOTS = _k("weights", "LoRA slots", "vLLM's preallocated LoRA adapter slots (max_loras x max_lora_rank)")
+    PROPOSER_WEIGHTS = _k("weights", "speculative proposer",
+                          "the draft model's or EAGLE head's weights (and its own rotary cache) beside the target")
     # gradients, optimizer, master
     GRADIENTS = _k("gradients", "parameter gradients", "gradients of the trainable parameters alive at this moment")
     DDP_BUCKETS = _k("gradients", "DDP buckets", "DDP's flat gradient buckets, allocated when the model is wrapped")
@@ -168,6 +171,8 @@ class K:
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "
                 "allocator on CUDA, absent on a CPU", cuda_only=True)
     CUDA_GRAPHS = _k("other", "CUDA graphs", "memory of vLLM's captured CUDA graphs")
+    PROPOSER_BUFFERS = _k("other", "speculative proposer buffers",
+                          "the proposer's persistent input buffers, sized by max_num_batched_tokens")
     # llama.cpp (serve/llamacpp.py)
     GGUF_WEIGHTS = _k("weights", "GGUF tensors on the GPU ({layers} layers offloaded)",
                       "llama.cpp's GPU model buffer: the GGUF tensors of the offloaded layers (and the output)",

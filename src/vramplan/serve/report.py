@@ -121,9 +121,14 @@ def _llamacpp(r: Resolved) -> ServeResult:
 def _vllm(r: Resolved, version: str | None, subtract_cudagraphs: bool) -> ServeResult:
     d = decide(r, version=version or r.scenario.serve.vllm_version, subtract_cudagraphs=subtract_cudagraphs)
     peak = Moment("serve")
-    peak.add(K.PARAMETERS, d.parameters_bytes)
+    # the same terms as VllmDecision.device_used_bytes: the parameters less what cpu_offload_gb keeps on the host,
+    # the LoRA slots (inside the budget or not) and the proposer's weights and buffers
+    peak.add(K.PARAMETERS, d.parameters_bytes - d.cpu_offload_bytes)
     peak.add(K.ROTARY_CACHE, d.rotary_cache_bytes)
+    peak.add(K.LORA_SLOTS, d.lora_bytes)
+    peak.add(K.PROPOSER_WEIGHTS, d.speculative_weights_bytes)
     peak.add(K.KV_BLOCKS, d.kv_cache_bytes, blocks=d.num_gpu_blocks, block_size=d.block_size)
+    peak.add(K.PROPOSER_BUFFERS, d.speculative_buffers_bytes)
     # the rejection sampler runs inside the dummy sampler run, the proposer's forward inside the dummy forward
     sampler = max(d.sampler_peak_bytes, d.rejection_sampler_peak_bytes)
     forward = max(d.forward_peak_bytes, d.proposer_forward_peak_bytes)
