@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
 from vramplan.errors import ScenarioError
 
@@ -124,7 +125,7 @@ def test_generate_loop_adds_sampling_and_grown_ids() -> None:
     ({"software": {"autoawq": "0.2.4"}}, "software.autoawq"),             # not read
     ({"task": "train"}, "framework"),
     ({"inference": {"autoawq": {"fuse_layers": False}}}, "inference.autoawq.fuse_layers"),
-    ({"inference": {"dtype": "bf16"}}, "inference.dtype"),
+    ({"inference": {"dtype": "fp32"}}, "inference.dtype"),
     ({"model": "mixtral-8x7b"}, "model"),
     ({"hardware": {"gpu": "a100-80gb", "num_gpus": 2}}, "hardware.num_gpus"),
     ({"inference": {"attention": "eager"}}, "inference.attention"),          # the fused attention is its own
@@ -222,3 +223,18 @@ def test_short_prompt_running_layer_is_rope() -> None:
 
     a = AwqCall.of(resolve(_doc("llama-2-7b", "0.2.0", prompt_len=64, new_tokens=8, autoawq={"max_seq_len": 128})))
     assert prefill_moments(a)[0].parts["activations"]["running layer"] == 7_864_320 + 8_192
+
+
+def test_solvers_take_an_autoawq_scenario() -> None:
+    # the solvers re-read their own documents (every field dumped, inference.dtype at its default bf16): the dtype
+    # check compares values, so a scenario that never named a dtype is not refused for "bf16" there
+    from vramplan.plan.solvers import solve_max_batch
+
+    doc = _doc("mistralai/Mistral-7B-v0.1", "0.2.3", batch_size=1, prompt_len=2048, new_tokens=2048,
+               autoawq={"max_seq_len": 2048})
+    r = solve_max_batch(doc)
+    assert r.value is not None and r.value > 1
+    with pytest.raises(ScenarioError, match="inference.dtype"):
+        resolve({**doc, "inference": {**doc["inference"], "dtype": "fp32"}})
+    # bf16 (the schema's default, which a saved document carries) is stated as not read
+    assert any("inference.dtype bf16 is not read" in a for a in estimate(doc).assumptions)

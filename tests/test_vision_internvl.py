@@ -138,6 +138,10 @@ def test_bad_downsample_ratio_and_language_model_are_refused() -> None:
     bad["downsample_ratio"] = 0.3
     with pytest.raises(ScenarioError, match="downsample_ratio"):
         model_from_config(bad)
+    layers = copy.deepcopy(CFG)
+    layers["vision_feature_layer"] = [-1, -2]  # two layers' states concatenated: the projector's norm would not take them
+    with pytest.raises(ScenarioError, match="vision_feature_layer"):
+        model_from_config(layers)
     other = copy.deepcopy(CFG)
     other["text_config"]["model_type"] = "internlm2"
     with pytest.raises(ScenarioError, match="internlm2"):

@@ -291,3 +291,13 @@ def test_the_load_plan_holds_the_resident_weights(model: str, quant: str) -> Non
     assert sum(load_plan(c).sizes) == weights_bytes(c.rp, _held_bytes(c), c.quant)
     if quant == "none" and model == QWEN:
         assert sum(load_plan(c).sizes) == 2 * 8_292_166_656
+
+
+def test_gptq_checkpoint_with_a_tower_skip_entry_is_not_refused() -> None:
+    # GPTQ never quantizes the tower, so a skip entry naming it ("visual") decides nothing: no refusal
+    cfg = _config(QWEN)
+    cfg["quantization_config"] = {"bits": 4, "group_size": 128, "desc_act": False, "sym": True, "quant_method": "gptq",
+                                  "modules_to_not_convert": ["visual.blocks.99"]}
+    m = model_from_config(cfg, name="gptq")
+    assert m.vision is not None and m.vision.quant_refused == ""
+    assert tower_quantized_linears(m) == 0

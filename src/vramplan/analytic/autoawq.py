@@ -331,7 +331,9 @@ def autoawq_assumptions(a: AwqCall) -> list[str]:
         f"AutoAWQ {row.release} fused inference (from_quantized fuse_layers=True; {row.source}): {loop}",
         (f"fused KV cache window of {a.window} positions{default}, preallocated in fp16 for batch {a.batch} at load "
         f"(WindowedCache); decode steps past it roll it by {ROLL_STEP}"),
-        "weights in fp16 with AWQ 4-bit linears (qweight, scales, qzeros; the q/k/v fused into one WQLinear_GEMM)",
+        ("weights in fp16 with AWQ 4-bit linears (qweight, scales, qzeros; the q/k/v fused into one WQLinear_GEMM)"
+         + ("" if a.r.scenario.inference.dtype == "fp16" else
+            "; inference.dtype bf16 is not read: from_quantized loads torch.float16")),
         ("prefill attention with explicit fp16 scores and an fp32 softmax (QuantAttentionFused); decode with the "
         "FasterTransformer single_query_attention kernel (built on Linux), which reads the window in place"),
         f"transformers {tf}: the head's logits of every prompt position"

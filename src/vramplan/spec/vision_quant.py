@@ -104,13 +104,14 @@ def with_tower_quantization(m: ModelSpec) -> ModelSpec:
         return m
     counts = {p.name: p.count for p in m.params}
     cq = m.checkpoint_quant
+    if cq is not None and cq.method == "gptq":
+        # the tower is never GPTQ-quantized (module docstring), so its skip entries name nothing to decide
+        return replace(m, vision=replace(v, quantized_linears=tuple((n, i, o, 0) for n, i, o in v.linears),
+                                         quant_refused=""))
     skip = cq.skip_modules if cq is not None else ()
     out: list[tuple[str, int, int, int]] = []
     matched: set[str] = set()
     for name, fan_in, fan_out in v.linears:
-        if cq is not None and cq.method == "gptq":
-            out.append((name, fan_in, fan_out, 0))
-            continue
         kept = [n for n in _instances(name, counts.get(name, 1)) if not skipped_by(n, skip)]
         matched |= {e for e in skip for n in _instances(name, counts.get(name, 1)) if skipped_by(n, (e,))}
         out.append((name, fan_in, fan_out, len(kept)))

@@ -153,7 +153,13 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     per_side = t["image"] // t["patch"]
     if abs(merge * ratio - 1) > 1e-9 or per_side % merge:
         raise ValueError(f"downsample_ratio {ratio} does not fold {per_side} patches a side evenly (pixel_shuffle)")
-    _, unused = feature_layers({"vision_feature_layer": cfg.get("vision_feature_layer", -1)}, t["layers"])
+    sel = cfg.get("vision_feature_layer", -1)
+    feats, unused = feature_layers({"vision_feature_layer": sel}, t["layers"])
+    if feats != 1 or isinstance(sel, (list, tuple)):
+        # InternVLModel.get_image_features takes hidden_states[vision_feature_layer], one layer: the projector's
+        # layer_norm is d x merge^2 wide, which a concatenation of several layers' states does not pass
+        raise ValueError(f"vision_feature_layer {sel!r}: only one layer is modelled (InternVLMultiModalProjector "
+                         "normalizes d x merge^2 features)")
     default = cfg.get("vision_feature_select_strategy", "default") == "default"
     d, d_text = t["d"], text.hidden_size
     wide = d * merge * merge
