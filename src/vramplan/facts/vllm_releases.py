@@ -390,7 +390,7 @@ def release_row(text: str) -> tuple[VllmRelease, bool]:
     return row, rel in row.read_at
 
 
-# Speculative decoding's share of the profile run (serve/vllm.py ``speculative_profile_bytes``), read in the source of
+# Speculative decoding's share of the profile run (serve/vllm.py ``_speculative_terms``), read in the source of
 # 0.17.0-0.33.0 and the same in each: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._dummy_sampler_run runs the
 # rejection sampler on randn(2 x requests, vocab) logits (one draft token per dummy request);
 # vllm/v1/sample/rejection_sampler.py RejectionSampler.forward keeps a bonus-token fp32 copy ("raw_logits"), an fp32
