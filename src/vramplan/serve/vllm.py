@@ -970,7 +970,8 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
 def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Blocks, batched: int,
                           requests: int) -> list[str]:
     sv, tp = r.scenario.serve, r.scenario.parallel.tp
-    given = sv.max_num_batched_tokens is not None  # null: vLLM's default (a saved scenario carries the null)
+    # either limit given (a null is vLLM's default; a saved scenario carries the nulls)
+    given = sv.max_num_batched_tokens is not None or sv.max_num_seqs is not None
     row = beh.rules
     sampler = sampler_class(row, sampler_path(row, sv.vllm_sampler))
     assumptions = [
