@@ -129,6 +129,7 @@ def test_generate_loop_adds_sampling_and_grown_ids() -> None:
     ({"model": "mixtral-8x7b"}, "model"),
     ({"hardware": {"gpu": "a100-80gb", "num_gpus": 2}}, "hardware.num_gpus"),
     ({"inference": {"attention": "eager"}}, "inference.attention"),          # the fused attention is its own
+    ({"parallel": {"zero_stage": 3}}, "parallel.zero_stage"),                # no sharding is read by the fused path
 ])
 def test_refusals(change: dict[str, Any], where: str) -> None:
     doc = _doc("mistral-7b", None, prompt_len=512, new_tokens=64)

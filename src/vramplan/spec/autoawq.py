@@ -61,6 +61,12 @@ def _setting_problems(s: Scenario) -> list[Problem]:
     if s.hardware.num_gpus > 1 or s.parallel.tp > 1:
         out.append(Problem("hardware.num_gpus", "AutoAWQ's fused inference is modelled on one GPU (its multi-GPU "
                            "device_map splits layers, which is not modelled)", "set num_gpus: 1 and parallel.tp: 1"))
+    # the other parallel settings (ZeRO, offload, pp, cp, ep, ...) are not read by the fused path: refused when given
+    pfields = type(s.parallel).model_fields
+    for key in sorted(k for k in pfields if k != "tp" and getattr(s.parallel, k) != pfields[k].get_default(
+            call_default_factory=True)):
+        out.append(Problem(f"parallel.{key}", "is not read by AutoAWQ's fused inference (one GPU, no sharding or "
+                           "offload is modelled)", f"leave parallel.{key} at its default"))
     if inf.images_per_sample:
         out.append(Problem("inference.images_per_sample", "AutoAWQ's fused text model takes no images",
                            "set images_per_sample: 0"))
