@@ -4,6 +4,7 @@ release, its start-up errors, the engine's options refused for the other engine,
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from vramplan.serve.sglang import (
     cell_size_bytes,
     decide_sglang,
     default_settings,
+    vlm_fraction_factor,
 )
 from vramplan.units import MiB
 
@@ -152,8 +154,12 @@ def test_release_strings_map_to_the_nearest_earlier_behaviour() -> None:
     assert behaviour_for("v0.5.10")[0].release == "0.5.10"
     assert behaviour_for("0.5.4")[0].release == "0.5.3"
     assert behaviour_for("0.4.3.post4")[0].release == "0.4.0"
+    assert behaviour_for("0.5.11")[0].release == "0.5.10"
+    assert behaviour_for("0.4.10")[0].release == "0.4.10" and behaviour_for("0.5.2")[0].release == "0.4.10"
     b, said = behaviour_for("0.5.23")
-    assert b.release == "0.5.10" and "releases after 0.5.10 were not read" in said
+    assert b.release == "0.5.22" and "nearest earlier" in said and "not read" not in said
+    b, said = behaviour_for("0.5.24")
+    assert b.release == "0.5.22" and "releases after 0.5.23 were not read" in said
     for bad, text in (("0.3.6", "outside the modelled range"), ("0.6.0", "outside the modelled range"),
                       ("latest", "is not an SGLang release")):
         with pytest.raises(ScenarioError) as exc:
@@ -352,3 +358,104 @@ def test_enable_dp_attention_key_is_refused_not_ignored() -> None:
     # a user who writes SGLang's option gets an error naming it, not an answer that ignores it
     with pytest.raises(ScenarioError, match="serve.enable_dp_attention"):
         resolve(doc(model="deepseek-ai/DeepSeek-V2-Lite", tp=2, enable_dp_attention=True))
+
+
+def test_release_0520_small_gpu_defaults() -> None:
+    # 0.5.20 on, below 35 GiB: chunk 4096 and graphs up to 48 at tp 1 (were 2048 and 24). L4, 22,478.3125 MiB:
+    # 50 piecewise sizes up to 4096 (8 + 14 + 8 + 8 + 12) x 8 = 400 MiB; reserved 512 + 4096 x 1.5 + 48 x 2 + 128
+    # + 400 = 7,280 MiB -> round(15,198.3125 / 22,478.3125, 3) = round(0.67613, 3) = 0.676
+    s = default_settings(behaviour("0.5.20"), 23_570_219_008, 1, piecewise="mha")
+    assert (s.chunked_prefill_size, s.cuda_graph_max_bs, s.reserved_mib, s.mem_fraction_static) == (4096, 48, 7_280,
+                                                                                                     0.676)
+    assert _bucket(behaviour("0.5.20"), 23_570_219_008, 4) == (4096, 160)
+    assert _bucket(behaviour("0.5.18"), 23_570_219_008, 4) == (2048, 80)
+
+
+def _bucket(beh: object, total: int, tp: int) -> tuple[int, int]:
+    s = default_settings(beh, total, tp)  # type: ignore[arg-type]
+    return s.chunked_prefill_size, s.cuda_graph_max_bs
+
+
+def test_disabled_cuda_graphs_leave_the_reserve_from_0514_and_0515() -> None:
+    # H100 tp 1, piecewise on: 0.5.10 keeps both reserves with --disable-cuda-graph (13,904 MiB, 0.829); 0.5.14
+    # drops the prefill graphs' 464 MiB (13,440 -> round(67,639.25 / 81,079.25, 3) = 0.834); 0.5.15 also the decode
+    # graphs' 256 x 2 = 512 MiB: 512 + 12,288 + 128 = 12,928 -> round(68,151.25 / 81,079.25, 3) = round(0.84055) = 0.841
+    got = [default_settings(behaviour(rel), H100_TOTAL, 1, piecewise="mha", graphs=False)
+           for rel in ("0.5.10", "0.5.14", "0.5.15")]
+    assert [(s.reserved_mib, s.mem_fraction_static) for s in got] == [(13_904, 0.829), (13_440, 0.834), (12_928, 0.841)]
+    on = decide_sglang(resolve(doc(sglang_version="0.5.15")))
+    off = decide_sglang(resolve(doc(sglang_version="0.5.15", cuda_graphs=False)))
+    assert off.mem_fraction_static == 0.841 and off.max_total_num_tokens > on.max_total_num_tokens
+
+
+def test_release_0522_caps_the_graph_batch_at_max_running_requests() -> None:
+    # H100 tp 1, max_running_requests 64: graphs up to 64 (not 256): 512 + 12,288 + 128 + 128 + 464 = 13,520 MiB ->
+    # round(67,559.25 / 81,079.25, 3) = round(0.83325) = 0.833; 0.5.20 keeps 256 (13,904 MiB, 0.829)
+    s = default_settings(behaviour("0.5.22"), H100_TOTAL, 1, piecewise="mha", max_running_requests=64)
+    assert (s.cuda_graph_max_bs, s.reserved_mib, s.mem_fraction_static) == (64, 13_520, 0.833)
+    s = default_settings(behaviour("0.5.20"), H100_TOTAL, 1, piecewise="mha", max_running_requests=64)
+    assert (s.cuda_graph_max_bs, s.mem_fraction_static) == (256, 0.829)
+
+
+def test_releases_0513_to_0516_clamp_the_prefill_graphs_at_the_context_length() -> None:
+    # context length 2048: 42 sizes (8 + 14 + 8 + 8 + 4) x 8 = 336 MiB: 13,440 + 336 = 13,776 ->
+    # round(67,303.25 / 81,079.25, 3) = round(0.83009) = 0.830; 0.5.17 drops the clamp (58 sizes, 13,904, 0.829)
+    s = default_settings(behaviour("0.5.13"), H100_TOTAL, 1, piecewise="mha", context_length=2048)
+    assert (s.reserved_mib, s.mem_fraction_static) == (13_776, 0.83)
+    assert default_settings(behaviour("0.5.17"), H100_TOTAL, 1, piecewise="mha",
+                            context_length=2048).reserved_mib == 13_904
+
+
+def test_vlm_fraction_factor() -> None:
+    # Qwen2.5-VL: vision hidden 1280 and no num_hidden_layers (its depth is 'depth'): 24 layers read;
+    # ratio 24 x 1280^2 / (24 x 1024^2) = 1.5625 -> 0.95 x (1 - 0.1 x 0.5625) = 0.8965625
+    factor, layers, hidden, note = vlm_fraction_factor({"hidden_size": 1280, "depth": 32}, "qwen2_5_vl")
+    assert (layers, hidden) == (24, 1280) and abs(factor - 0.8965625) < 1e-12 and "getattr default 24" in note
+    # ViT-L/14 (CLIP, llava): ratio 1 -> 0.95; SigLIP-So400m (27 x 1152): ratio 27 x 1152^2 / (24 x 1024^2)
+    # = 1.423828125 -> 0.95 x (1 - 0.0423828125) = 0.909736328125
+    assert vlm_fraction_factor({"num_hidden_layers": 24, "hidden_size": 1024})[0] == 0.95
+    assert abs(vlm_fraction_factor({"num_hidden_layers": 27, "hidden_size": 1152})[0] - 0.909736328125) < 1e-12
+    # CLIPVisionConfig's defaults when config.json omits them: 12 x 768^2 -> ratio 0.28125 -> clamp 1.05 x 0.95
+    assert abs(vlm_fraction_factor({"model_type": "clip_vision_model"})[0] - 0.9975) < 1e-12
+    # a very large tower is clamped at 0.8: Qwen2-VL's vision hidden_size 3584 (its LM width): ratio 12.25
+    assert abs(vlm_fraction_factor({"hidden_size": 3584}, "qwen2_vl")[0] - 0.76) < 1e-12
+
+
+def test_multimodal_model_scales_the_default_fraction_from_0410() -> None:
+    vl = "qwen/qwen2.5-vl-7b-instruct"
+    # 0.5.10, H100 tp 1: piecewise graphs are off for a multimodal model: 13,440 MiB -> 0.834, x 0.8965625
+    d = decide_sglang(resolve(doc(vl, sglang_version="0.5.10")))
+    assert abs(d.mem_fraction_static - 0.834 * 0.8965625) < 1e-12
+    assert any("adjust_mem_fraction_for_vlm" in a for a in d.assumptions)
+    # 0.4.10 adjusts the reserved-by-GPU fraction: (9.5 + 0.5) GiB -> round(70,839.25 / 81,079.25, 3) = 0.874
+    assert abs(decide_sglang(resolve(doc(vl, sglang_version="0.4.10"))).mem_fraction_static
+               - 0.874 * 0.8965625) < 1e-12
+    # 0.4.9 does not; a given fraction is never adjusted
+    assert decide_sglang(resolve(doc(vl, sglang_version="0.4.9"))).mem_fraction_static == 0.874
+    assert decide_sglang(resolve(doc(vl, sglang_version="0.5.10", mem_fraction_static=0.8))).mem_fraction_static == 0.8
+    # the report speaks of SGLang's tower, not of vLLM's encoder cache and profiling run
+    notes = estimate(doc(vl, sglang_version="0.5.10")).assumptions
+    assert any("SGLang runs the vision tower" in a for a in notes)
+    assert not any("encoder cache" in a for a in notes)
+
+
+def test_release_0518_keeps_100_mib_for_multimodal_allocations() -> None:
+    vl = "qwen/qwen2.5-vl-7b-instruct"
+    d17 = decide_sglang(resolve(doc(vl, sglang_version="0.5.17")))
+    d18 = decide_sglang(resolve(doc(vl, sglang_version="0.5.18")))
+    # same fraction; the pool is 100 MiB smaller: 104,857,600 B / cell, give or take the floor of each
+    assert d17.mem_fraction_static == d18.mem_fraction_static
+    assert abs((d17.max_total_num_tokens - d18.max_total_num_tokens) - 100 * 2**20 / d18.cell_size_bytes) <= 1
+    assert any("SGLANG_VLM_CACHE_SIZE_MB" in a for a in d18.assumptions)
+
+
+def test_release_0514_names_the_weights_in_its_error() -> None:
+    # L4, fraction 0.5: the weights exceed half the free memory; 0.5.14 raises its own message with the fraction
+    # that leaves something: ceil((1 - (free - weights) / free) x 1000) / 1000
+    d = decide_sglang(resolve(doc(gpu="L4", mem_fraction_static=0.5, sglang_version="0.5.14")))
+    assert not d.starts and d.problem.startswith("Loaded weights leave no GPU memory for the KV cache under "
+                                                 "--mem-fraction-static=0.5. Raise --mem-fraction-static above ")
+    minimum = 1 - (d.free_at_start_bytes - d.weights_bytes) / d.free_at_start_bytes
+    assert d.problem.endswith(f"{math.ceil(minimum * 1000) / 1000:.3f}")
+    assert decide_sglang(resolve(doc(gpu="L4", mem_fraction_static=0.5, sglang_version="0.5.13"))).problem \
+        == NOT_ENOUGH_MEMORY

@@ -41,8 +41,9 @@ prints max_total_num_tokens=444500.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
@@ -65,6 +66,7 @@ __all__ = [
     "default_settings",
     "piecewise_graph_tokens",
     "rotary_cache_bytes_sglang",
+    "vlm_fraction_factor",
 ]
 
 # model_runner.py init_memory_pool, verbatim (0.4.0 to 0.5.x)
@@ -73,18 +75,46 @@ NOT_ENOUGH_MEMORY = "Not enough memory. Please try to increase --mem-fraction-st
 FractionRule = Literal["tp_table", "tp_table_large_gpu", "reserved_by_gpu", "reserved_by_settings"]
 
 
+# model_config.py piecewise_cuda_graph_disabled_model_archs, by release (read in each wheel)
+_PW_OFF_0510 = ("DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "GlmMoeDsaForCausalLM", "BailingMoeV2_5ForCausalLM",
+                "LLaDAModelLM")
+_PW_OFF_0512 = (*_PW_OFF_0510, "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN")
+_PW_OFF_0513 = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "Qwen3NextForCausalLM",
+                "BailingMoeV2_5ForCausalLM", "LLaDAModelLM")
+_PW_OFF_0514 = (*_PW_OFF_0513, "MiniMaxM3SparseForCausalLM")
+_PW_OFF_0516 = (*_PW_OFF_0513, "DeepseekV4ForCausalLMDSpark")
+
+
 @dataclass(frozen=True)
 class SglangBehaviour:
     """How one range of SGLang releases defaults its start-up settings, with the source it was read from.
 
-    ``small_gpu_graph_bs``: ``cuda_graph_max_bs`` below 35 GiB at tp < 4 (``reserved_by_settings`` only);
-    ``piecewise_graphs``: the reserve counts the piecewise (prefill) CUDA graphs, on by default."""
+    ``small_gpu_graph_bs``: ``cuda_graph_max_bs`` below 35 GiB at tp < 4 (``reserved_by_settings`` only), and
+    ``small_gpu_graph_bs_tp4`` at tp >= 4, ``small_gpu_chunk`` the chunked prefill size there;
+    ``piecewise_graphs``: the reserve counts the piecewise (prefill) CUDA graphs, on by default, except for
+    ``piecewise_off_archs``; ``vlm_fraction``: a defaulted fraction is scaled down for a multimodal model
+    (``adjust_mem_fraction_for_vlm``); ``mm_reserve_mib``: MiB of the KV budget kept for multimodal allocations
+    made after the pool is sized (``mm_runtime_reservation_gb``); ``graphs_off_prefill`` / ``graphs_off_decode``:
+    ``--disable-cuda-graph`` drops the prefill / decode graphs' share of the reserve; ``prefill_graph_clamp``: the
+    prefill graph token sizes stop at a given context length; ``graph_bs_capped``: a defaulted
+    ``cuda_graph_max_bs`` is capped at a given ``max_running_requests``; ``weights_error``: start-up raises
+    "Loaded weights leave no GPU memory ..." when the weights exceed the static budget."""
 
     release: str  # the first release with this behaviour
     fraction_rule: FractionRule
     sources: tuple[str, ...]
     small_gpu_graph_bs: int = 24
     piecewise_graphs: bool = False
+    small_gpu_graph_bs_tp4: int = 80
+    small_gpu_chunk: int = 2048
+    piecewise_off_archs: tuple[str, ...] = _PW_OFF_0510
+    vlm_fraction: bool = False
+    mm_reserve_mib: int = 0
+    graphs_off_prefill: bool = False
+    graphs_off_decode: bool = False
+    prefill_graph_clamp: bool = False
+    graph_bs_capped: bool = False
+    weights_error: bool = False
 
 
 SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
@@ -124,7 +154,16 @@ SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
         ),
     ),
     SglangBehaviour(
-        release="0.5.3", fraction_rule="reserved_by_settings", small_gpu_graph_bs=16,
+        release="0.4.10", fraction_rule="reserved_by_gpu", vlm_fraction=True,
+        sources=(
+            ("0.4.10 wheel, server_args.py __post_init__: after the 0.4.8 rule, a multimodal model's defaulted "
+             "fraction is multiplied by adjust_mem_fraction_for_vlm's 0.95 x clamp(1 - 0.1 x (layers x hidden^2 / "
+             "(24 x 1024^2) - 1), 0.8, 1.05), layers and hidden read from hf_config.vision_config with getattr "
+             "defaults 24 and 1024 (0.4.9 does not adjust); the same function, unchanged, through 0.5.23"),
+        ),
+    ),
+    SglangBehaviour(
+        release="0.5.3", fraction_rule="reserved_by_settings", small_gpu_graph_bs=16, vlm_fraction=True,
         sources=(
             ("sgl-project/sglang PR #10975 'Use more general heuristics to set the default value of "
              "--mem-fraction-static' (merged 2025-09-27) and #11076 (2025-09-30), server_args.py "
@@ -137,7 +176,7 @@ SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
         ),
     ),
     SglangBehaviour(
-        release="0.5.5", fraction_rule="reserved_by_settings", small_gpu_graph_bs=24,
+        release="0.5.5", fraction_rule="reserved_by_settings", small_gpu_graph_bs=24, vlm_fraction=True,
         sources=(
             ("0.5.5 wheel, server_args.py _handle_gpu_memory_settings: cuda_graph_max_bs 24 (was 16) below 35 GiB "
              "at tp < 4; the rest as 0.5.3. Read in 0.5.5 to 0.5.9 (their piecewise CUDA-graph reserve applies "
@@ -146,14 +185,93 @@ SGLANG_BEHAVIOURS: tuple[SglangBehaviour, ...] = (
     ),
     SglangBehaviour(
         release="0.5.10", fraction_rule="reserved_by_settings", small_gpu_graph_bs=24, piecewise_graphs=True,
+        vlm_fraction=True,
         sources=(
             ("0.5.10 wheel, server_args.py _handle_gpu_memory_settings: piecewise CUDA graphs on by default "
              "(disable_piecewise_cuda_graph False), reserving len(piecewise_cuda_graph_tokens) x 8 MiB (1.5 GiB for "
              "MLA) before the 10 GiB floor; the token sizes are 4-32 by 4, 48-256 by 16, 288-512 by 32, 576-1024 by "
              "64, 1280-4096 by 256, 4608 up by 512, up to chunked_prefill_size (2048 for MLA) "
              "(_generate_piecewise_cuda_graph_tokens); _handle_piecewise_cuda_graph turns them off for multimodal "
-             "models, speculative decoding, LoRA, pp > 1, DP attention and some architectures"),
-            "releases after 0.5.10 were not read: they are assumed to follow it (the report says so)",
+             "models, speculative decoding, LoRA, pp > 1, DP attention and some architectures "
+             "(model_config.py piecewise_cuda_graph_disabled_model_archs); --disable-cuda-graph leaves both "
+             "reserves in place. 0.5.11 is the same (its architecture list too)"),
+        ),
+    ),
+    SglangBehaviour(
+        release="0.5.12", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0512,
+        sources=(("0.5.12 wheel: as 0.5.10; configs/model_config.py adds DeepseekV4ForCausalLM(NextN) to the "
+                 "architectures without piecewise graphs"),),
+    ),
+    SglangBehaviour(
+        release="0.5.13", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0513, prefill_graph_clamp=True,
+        sources=(("0.5.13 wheel, server_args.py _handle_gpu_memory_settings: piecewise_cuda_graph_max_tokens = "
+                 "min(..., context_length) when --context-length is given (#21112); DeepseekV32 and GlmMoeDsa "
+                 "leave the architecture list"),),
+    ),
+    SglangBehaviour(
+        release="0.5.14", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0514, prefill_graph_clamp=True, graphs_off_prefill=True, weights_error=True,
+        sources=(
+            ("0.5.14 wheel, server_args.py: CUDA graphs configured per phase (cuda_graph_config decode/prefill "
+             "backends; --disable-cuda-graph sets both to disabled, and the prefill graphs' reserve is counted only "
+             "when the prefill backend is not disabled; the decode reserve max_bs x 2 MiB still always); the "
+             "speculative-decoding reserve (+4/+6 GiB) leaves _handle_gpu_memory_settings; MiniMaxM3Sparse joins the "
+             "architecture list"),
+            ("0.5.14 wheel, model_runner_kv_cache_mixin.py: rest_memory <= 0 raises ValueError('Loaded weights "
+             "leave no GPU memory for the KV cache under --mem-fraction-static=F. Raise --mem-fraction-static "
+             "above ceil((1 - available/pre) x 1000) / 1000 ...')"),
+        ),
+    ),
+    SglangBehaviour(
+        release="0.5.15", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0514, prefill_graph_clamp=True, graphs_off_prefill=True, graphs_off_decode=True,
+        weights_error=True,
+        sources=(("0.5.15 wheel, server_args.py _handle_gpu_memory_settings: the decode graphs' reserve (max_bs x 2 "
+                 "MiB) is counted only when the decode backend is not disabled"),),
+    ),
+    SglangBehaviour(
+        release="0.5.16", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0516, prefill_graph_clamp=True, graphs_off_prefill=True, graphs_off_decode=True,
+        weights_error=True,
+        sources=(("0.5.16 wheel: MiniMaxM3Sparse leaves and DeepseekV4ForCausalLMDSpark joins the architecture list; "
+                 "the reserve is otherwise as 0.5.15 (a post-capture KV sizing path exists behind "
+                 "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING, off by default)"),),
+    ),
+    SglangBehaviour(
+        release="0.5.17", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0516, graphs_off_prefill=True, graphs_off_decode=True, weights_error=True,
+        sources=(("0.5.17 wheel, server_args.py _handle_gpu_memory_settings: the context-length clamp of the "
+                 "prefill graph sizes is removed"),),
+    ),
+    SglangBehaviour(
+        release="0.5.18", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0516, graphs_off_prefill=True, graphs_off_decode=True, weights_error=True,
+        mm_reserve_mib=100,
+        sources=(("0.5.18 wheel, mem_cache/kv_cache_configurator.py _profile_available_bytes: rest_memory = available "
+                 "- pre_model_load x (1 - fraction) - mm_runtime_reservation_gb, the latter SGLANG_VLM_CACHE_SIZE_MB "
+                 "(100) for a multimodal model with the default cpu feature transport on one node (environ.py)"),),
+    ),
+    SglangBehaviour(
+        release="0.5.20", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0516, graphs_off_prefill=True, graphs_off_decode=True, weights_error=True,
+        mm_reserve_mib=100, small_gpu_chunk=4096, small_gpu_graph_bs=48, small_gpu_graph_bs_tp4=160,
+        sources=(("0.5.20 wheel, arg_groups/memory_hook.py handle_gpu_memory_settings (moved out of server_args.py "
+                 "in 0.5.19 without a numeric change): below 35 GiB chunked_prefill_size 4096 (was 2048) and "
+                 "decode max_bs 48 at tp < 4, 160 at tp >= 4 (were 24 and 80); 0.5.21 is the same"),),
+    ),
+    SglangBehaviour(
+        release="0.5.22", fraction_rule="reserved_by_settings", piecewise_graphs=True, vlm_fraction=True,
+        piecewise_off_archs=_PW_OFF_0516, graphs_off_prefill=True, graphs_off_decode=True, weights_error=True,
+        mm_reserve_mib=100, small_gpu_chunk=4096, small_gpu_graph_bs=48, small_gpu_graph_bs_tp4=160,
+        graph_bs_capped=True,
+        sources=(
+            ("0.5.22 wheel, arg_groups/memory_hook.py: a defaulted decode max_bs larger than a given "
+             "--max-running-requests is lowered to it (before the reserve is computed)"),
+            ("0.5.23 wheel: the same rules (MLA prefill graph sizes up to min(8192, chunked_prefill_size), whose "
+             "reserve stays the flat 1.5 GiB); releases after 0.5.23 were not read: they are assumed to follow it "
+             "(the report says so)"),
         ),
     ),
 )
@@ -162,7 +280,7 @@ DEFAULT_SGLANG_VERSION = "0.5.3"
 # the newest minor series whose server_args.py was read; later series are refused rather than guessed
 _NEWEST_SERIES = (0, 5)
 # the newest release read: later ones are answered with its rules and say so
-_NEWEST_READ = "0.5.10"
+_NEWEST_READ = "0.5.23"
 _RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.\-+]?(?:post|rc|dev)\d*)*$")
 
 
@@ -218,7 +336,7 @@ def _bucket_defaults(beh: SglangBehaviour, gpu_mib: float, tp: int) -> tuple[int
     if gpu_mib < 20 * 1024:
         return 2048, 8
     if gpu_mib < 35 * 1024:
-        return 2048, beh.small_gpu_graph_bs if small_tp else 80
+        return beh.small_gpu_chunk, beh.small_gpu_graph_bs if small_tp else beh.small_gpu_graph_bs_tp4
     if gpu_mib < 60 * 1024:
         return 4096, 32 if small_tp else 160
     if gpu_mib < 160 * 1024:
@@ -258,9 +376,11 @@ def piecewise_graph_tokens(max_tokens: int) -> list[int]:
 
 
 def _reserved_mib(rule: FractionRule, gpu_mib: float, parallel: int, chunk: int, graph_bs: int,
-                  piecewise_mib: float = 0.0) -> float:
+                  piecewise_mib: float = 0.0, decode_graphs: bool = True) -> float:
     """The reserve (MiB) the release's heuristic keeps out of ``mem_fraction_static`` (module table);
-    ``piecewise_mib``: the piecewise CUDA graphs' share (0.5.10 on), added before the 10 GiB floor."""
+    ``piecewise_mib``: the piecewise CUDA graphs' share (0.5.10 on), added before the 10 GiB floor;
+    ``decode_graphs``: whether the decode graphs' ``graph_bs x 2`` MiB is counted (0.5.15 on: not with
+    --disable-cuda-graph)."""
     if rule == "reserved_by_gpu":
         if gpu_mib < 35 * 1024:
             return (2.8 + parallel / 10) * 1024
@@ -269,21 +389,28 @@ def _reserved_mib(rule: FractionRule, gpu_mib: float, parallel: int, chunk: int,
         if gpu_mib < 160 * 1024:
             return (12 + parallel / 2) * 1024
         return 32.0 * 1024
-    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + parallel / 8 * 1024 + piecewise_mib
+    graphs = graph_bs * 2 if decode_graphs else 0
+    reserved = 512 + max(chunk, 2048) * 1.5 + graphs + parallel / 8 * 1024 + piecewise_mib
     return max(reserved, 10.0 * 1024) if gpu_mib > 60 * 1024 else reserved
 
 
 def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: int = 1,
                      fraction: float | None = None, chunked_prefill_size: int | None = None,
-                     cuda_graph_max_bs: int | None = None, piecewise: Literal["off", "mha", "mla"] = "off") -> Settings:
+                     cuda_graph_max_bs: int | None = None, piecewise: Literal["off", "mha", "mla"] = "off",
+                     graphs: bool = True, max_running_requests: int | None = None,
+                     context_length: int | None = None) -> Settings:
     """``mem_fraction_static``, ``chunked_prefill_size`` and ``cuda_graph_max_bs`` as the release defaults them.
 
     ``gpu_mem`` is read by SGLang from nvidia-smi's memory.total in MiB; the GPU's total memory in MiB is
     used here (nvidia-smi's figure is a few hundred MiB higher on data-centre cards: the fraction moves by
     less than 0.001).  Given values win, as in SGLang.  ``piecewise``: whether the release's piecewise CUDA
-    graphs are on for this model (``mha``/``mla``: their reserve; only where ``beh.piecewise_graphs``)."""
+    graphs are on for this model (``mha``/``mla``: their reserve; only where ``beh.piecewise_graphs``);
+    ``graphs``: false is --disable-cuda-graph; ``max_running_requests`` and ``context_length``: as given (null:
+    not given), read where the release reads them (``beh.graph_bs_capped``, ``beh.prefill_graph_clamp``)."""
     gpu_mib = gpu_total_bytes / MiB
     d_chunk, d_bs = _bucket_defaults(beh, gpu_mib, tp)
+    if beh.graph_bs_capped and max_running_requests is not None:
+        d_bs = min(d_bs, max_running_requests)
     chunk = chunked_prefill_size if chunked_prefill_size is not None else d_chunk
     graph_bs = cuda_graph_max_bs if cuda_graph_max_bs is not None else d_bs
     if fraction is not None:
@@ -293,10 +420,61 @@ def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: in
     if beh.fraction_rule == "tp_table_large_gpu":
         return Settings(_tp_table_large_gpu_fraction(gpu_mib, tp * pp), False, chunk, graph_bs, None)
     pw = 0.0
-    if beh.piecewise_graphs and piecewise != "off":
-        pw = 1.5 * 1024 if piecewise == "mla" else len(piecewise_graph_tokens(chunk)) * 8
-    reserved = _reserved_mib(beh.fraction_rule, gpu_mib, tp * pp, chunk, graph_bs, pw)
+    if beh.piecewise_graphs and piecewise != "off" and (graphs or not beh.graphs_off_prefill):
+        if piecewise == "mla":
+            pw = 1.5 * 1024
+        else:
+            max_tokens = chunk
+            if beh.prefill_graph_clamp and context_length is not None:
+                max_tokens = min(max_tokens, context_length)
+            pw = len(piecewise_graph_tokens(max_tokens)) * 8
+    reserved = _reserved_mib(beh.fraction_rule, gpu_mib, tp * pp, chunk, graph_bs, pw,
+                             decode_graphs=graphs or not beh.graphs_off_decode)
     return Settings(round((gpu_mib - reserved) / gpu_mib, 3), False, chunk, graph_bs, reserved)
+
+
+# adjust_mem_fraction_for_vlm (0.4.10 to 0.5.23): the baseline tower is ViT-L/14, 24 layers of width 1024
+_VIT_BASELINE_LAYERS, _VIT_BASELINE_HIDDEN = 24, 1024
+# vision config classes whose default num_hidden_layers / hidden_size apply when config.json omits them
+# (transformers CLIPVisionConfig.__init__ and SiglipVisionConfig.__init__: 12 layers of width 768)
+_VISION_CLASS_DEFAULTS: dict[str, tuple[int, int]] = {"clip_vision_model": (12, 768), "siglip_vision_model": (12, 768)}
+
+
+# model types whose vision config class names its depth ``depth`` and maps no num_hidden_layers to it in the
+# transformers releases SGLang pins (read in 4.55.2, 4.57.1, 5.3.0 and 5.19.0: attribute_map only
+# {"num_attention_heads": "num_heads"}), so SGLang's getattr reads its default 24
+_DEPTH_NAMED = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+
+
+def vlm_fraction_factor(vision: dict[str, object], model_type: str = "") -> tuple[float, int, int, str]:
+    """SGLang's ``adjust_mem_fraction_for_vlm`` factor for a multimodal model's ``vision_config``, with the
+    layers and width it read and a note on where they came from.
+
+    ``getattr(vision_config, "num_hidden_layers", 24)`` and ``getattr(..., "hidden_size", 1024)`` on the config
+    object of the transformers release SGLang pins (4.54 to 5.19): Qwen2-VL, Qwen2.5-VL and Qwen3-VL's vision
+    configs name their depth ``depth`` and map no ``num_hidden_layers`` to it in those releases (the map appears
+    in later transformers), so SGLang reads 24 for them.  Factor = 0.95 x clamp(1 - 0.1 x (ratio - 1), 0.8,
+    1.05), ratio = layers x hidden^2 / (24 x 1024^2).  Qwen2.5-VL-7B (hidden 1280, no num_hidden_layers):
+    ratio = 24 x 1280^2 / (24 x 1024^2) = 1.5625, factor 0.95 x (1 - 0.05625) = 0.8965625."""
+    layers_default, hidden_default = _VISION_CLASS_DEFAULTS.get(str(vision.get("model_type", "")),
+                                                                (_VIT_BASELINE_LAYERS, _VIT_BASELINE_HIDDEN))
+    raw_layers, raw_hidden = vision.get("num_hidden_layers"), vision.get("hidden_size")
+    layers = raw_layers if isinstance(raw_layers, int) else layers_default
+    hidden = raw_hidden if isinstance(raw_hidden, int) else hidden_default
+    ratio = layers * hidden**2 / (_VIT_BASELINE_LAYERS * _VIT_BASELINE_HIDDEN**2)
+    factor = 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+    missing = [k for k, v in (("num_hidden_layers", raw_layers), ("hidden_size", raw_hidden)) if not isinstance(v, int)]
+    if not missing:
+        note = "vision_config's num_hidden_layers and hidden_size"
+    elif vision.get("model_type") in _VISION_CLASS_DEFAULTS:
+        note = f"vision_config has no {' or '.join(missing)}: the config class's default"
+    elif model_type in _DEPTH_NAMED and missing == ["num_hidden_layers"]:
+        note = (f"{model_type}'s vision config names its depth 'depth' and maps no num_hidden_layers to it in the "
+                "transformers releases SGLang pins: SGLang reads its getattr default 24")
+    else:
+        note = (f"vision_config has no {' or '.join(missing)}: SGLang's getattr default, the config class of the "
+                "transformers release it pins being assumed to have none")
+    return factor, layers, hidden, note
 
 
 def cell_size_bytes(m: ModelSpec, tp: int, elem_bytes: int) -> int:
@@ -460,22 +638,22 @@ def _problem(free: int, w: int, tokens: int, req_bytes: int, reserve: int, cell:
     return "", ""
 
 
-# model_config.py piecewise_cuda_graph_disabled_model_archs (0.5.10)
-_PIECEWISE_OFF_ARCHS = ("DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "GlmMoeDsaForCausalLM",
-                        "BailingMoeV2_5ForCausalLM", "LLaDAModelLM")
+def _raw_config(r: Resolved) -> dict[str, object]:
+    try:
+        return model_config(r.scenario.model, offline=True)
+    except (VramplanError, OSError):
+        return {}
 
 
-def _piecewise(r: Resolved) -> Literal["off", "mha", "mla"]:
+def _piecewise(r: Resolved, beh: SglangBehaviour) -> Literal["off", "mha", "mla"]:
     """Whether SGLang's piecewise CUDA graphs are on for this scenario (server_args.py
-    ``_handle_piecewise_cuda_graph``, 0.5.10): off for multimodal models and a few architectures (pp > 1,
-    speculative decoding and LoRA are refused here before this is asked)."""
+    ``_handle_piecewise_cuda_graph``, 0.5.10 on): off for multimodal models and the release's architectures
+    without them (``beh.piecewise_off_archs``); pp > 1, speculative decoding and LoRA are refused here before
+    this is asked."""
     if multimodal_architecture(r):
         return "off"
-    try:
-        archs = model_config(r.scenario.model, offline=True).get("architectures") or []
-    except (VramplanError, OSError):
-        archs = []
-    if any(a in _PIECEWISE_OFF_ARCHS for a in archs):
+    archs = _raw_config(r).get("architectures") or []
+    if isinstance(archs, list) and any(a in beh.piecewise_off_archs for a in archs):
         return "off"
     return "mla" if r.model.mla is not None else "mha"
 
@@ -491,7 +669,18 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     # the default fraction reads the device's whole memory (get_device_memory_capacity); the pool is sized from
     # what is free at start, which other processes' memory (hardware.memory_in_use_gib) leaves out
     st = default_settings(beh, gpu.device_total_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
-                          sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r))
+                          sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r, beh), graphs=sv.cuda_graphs,
+                          max_running_requests=sv.max_running_requests, context_length=sv.max_model_len)
+    vlm_note, mm_reserve, rule_st = "", 0, st
+    if multimodal_architecture(r):
+        vision = _raw_config(r).get("vision_config")
+        if beh.vlm_fraction and not st.fraction_given and isinstance(vision, dict):
+            factor, layers, hidden, where = vlm_fraction_factor(vision, str(_raw_config(r).get("model_type", "")))
+            vlm_note = (f"multimodal model: the default fraction {st.mem_fraction_static} is scaled by "
+                        f"adjust_mem_fraction_for_vlm's {factor:.4f} ({layers} tower layers of width {hidden}; "
+                        f"{where}) to {st.mem_fraction_static * factor:.4f}")
+            st = replace(st, mem_fraction_static=st.mem_fraction_static * factor)
+        mm_reserve = beh.mm_reserve_mib * MiB
     # SGLang measures the memory free at start, before a workload's kernels are loaded
     ctx, comm = cuda_context_bytes(gpu, at_start=True), (nccl_bytes(1) if tp > 1 else 0)
     free = gpu.total_memory_bytes - ctx - comm
@@ -500,7 +689,7 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     w = params + rotary
     cell, page = cell_size_bytes(m, tp, _kv_elem_bytes(r)), sv.page_size or 1
     # profile_max_num_token, in SGLang's own GiB floats: rest = avail - total * (1 - fraction)
-    rest_gib = (free - w) / GiB - free / GiB * (1 - st.mem_fraction_static)
+    rest_gib = (free - w) / GiB - free / GiB * (1 - st.mem_fraction_static) - mm_reserve / GiB
     tokens = max(0, int(rest_gib * GiB // cell)) if w <= free else 0
     tokens = tokens // page * page
     context_len = sv.max_model_len or m.max_position_embeddings
@@ -511,6 +700,11 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     req_bytes = (max_num_reqs + 1) * (context_len + 4) * 4
     reserve = free - int(free * st.mem_fraction_static)
     problem, fix = _problem(free, w, tokens, req_bytes, reserve, cell, page)
+    if beh.weights_error and w <= free and rest_gib <= 0:
+        # kv_cache_configurator.py / model_runner_kv_cache_mixin.py (0.5.14 on), in SGLang's GiB floats
+        minimum = 1 - (free - w) / free
+        problem = (f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
+                   f"{st.mem_fraction_static}. Raise --mem-fraction-static above {math.ceil(minimum * 1000) / 1000:.3f}")
     dec = SglangDecision(
         release=sv.sglang_version, behaviour=which, model=m.name, gpu=gpu.name, tp=tp,
         total_memory_bytes=gpu.device_total_bytes, in_use_by_others_bytes=gpu.in_use_by_others_bytes,
@@ -525,7 +719,12 @@ def decide_sglang(r: Resolved) -> SglangDecision:
         cuda_graph_max_bs=st.cuda_graph_max_bs, max_req_input_len=max(0, min(context_len, tokens) - 1),
         max_concurrency=tokens / context_len if context_len else 0.0, starts=not problem, problem=problem, fix=fix,
     )
-    dec.assumptions = _assumptions(r, dec, beh, st)
+    dec.assumptions = _assumptions(r, dec, beh, rule_st)
+    if vlm_note:
+        dec.assumptions.insert(2, vlm_note)
+    if mm_reserve:
+        dec.assumptions.append(f"{beh.mm_reserve_mib} MiB of the KV budget kept for multimodal allocations made "
+                               "after the pool is sized (SGLANG_VLM_CACHE_SIZE_MB, cpu feature transport)")
     return dec
 
 

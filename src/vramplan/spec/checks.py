@@ -361,8 +361,10 @@ def _unused_serve(s: Scenario) -> list[str]:
         # vLLM's SpeculativeConfig sets model "ngram" for the n-gram proposer (config/speculative.py __post_init__)
         out += _noted("serve.speculative", ["model"], "the n-gram proposer loads no model")
     if sv.engine == "sglang" and not sv.cuda_graphs:
-        out.append("not modelled: serve.cuda_graphs false under engine sglang (--disable-cuda-graph): the start-up "
-                   "is estimated as SGLang's with its CUDA graphs captured")
+        # serve/sglang.py SGLANG_BEHAVIOURS graphs_off_prefill / graphs_off_decode (0.5.14, 0.5.15 wheels)
+        out.append("serve.cuda_graphs false under engine sglang (--disable-cuda-graph): no graph is captured; the pool "
+                   "is sized from mem_fraction_static either way, and from 0.5.14 (prefill graphs) and 0.5.15 "
+                   "(decode graphs) the default fraction's reserve leaves the graphs out")
     return out
 
 

@@ -533,8 +533,8 @@ class Serve(_Strict):
     """The serving engine whose start-up is modelled: vllm (default), sglang or llamacpp (docs/serving.md)."""
 
     sglang_version: str = "0.5.3"
-    """SGLang release (engine sglang): any release from 0.4.0 to 0.5.x; one between two modelled behaviours
-    uses the nearest earlier one and says so (serve/sglang.py ``SGLANG_BEHAVIOURS``)."""
+    """SGLang release (engine sglang): any release from 0.4.0 to 0.5.x (read up to 0.5.23); one between two
+    modelled behaviours uses the nearest earlier one and says so (serve/sglang.py ``SGLANG_BEHAVIOURS``)."""
 
     mem_fraction_static: float | None = Field(None, gt=0, lt=1)
     """SGLang's share of the memory free at start for weights and the KV pool (engine sglang); null means

@@ -289,6 +289,12 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "or as its suffix (should_convert_module), so they do not reach the tower's modules under their 5.x "
                    "names (model.<...>): its loader would build quantized linears where the checkpoint stores plain "
                    "weights; the estimate is the checkpoint as stored (as vLLM loads it)")
+    if s.task == "serve" and s.serve.engine == "sglang":
+        # SGLang sizes its pool from mem_fraction_static without a profiling run (serve/sglang.py): the tower runs
+        # in the reserve outside the fraction, like every activation, which its default fraction scales for
+        out.append("SGLang runs the vision tower in the reserve left outside mem_fraction_static (no profiling run "
+                   "with dummy images); its activations are not in the estimate, as no SGLang activation is")
+        return out
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                    "vision-language model (the estimate is the language model's start-up)")
