@@ -37,15 +37,18 @@ def _by_id(entry_id: str) -> Entry:
 
 
 # batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries;
-# batch 3 (collected 2026-11-26, after its own comment line): 20 entries; batch 4 (likewise): 36 entries
+# batch 3 (collected 2026-11-26, after its own comment line): 20 entries; batch 4 (likewise): 36 entries;
+# batch 5 (likewise): 55 entries
 BATCH1_ENTRIES = 36
 BATCH2_ENTRIES = 26
 BATCH3_ENTRIES = 20
 BATCH4_ENTRIES = 36
+BATCH5_ENTRIES = 55
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
-ALL_ENTRIES = BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES
+BATCH5_MARK = "# ---- batch 5, collected 2026-11-26, scored once before engine changes"
+ALL_ENTRIES = BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -187,7 +190,7 @@ def test_batch4_follows_its_marker_and_brings_new_sources() -> None:
     head, sep, tail = text.partition(BATCH4_MARK)
     assert sep, "the batch-4 comment line is missing"
     earlier = yaml.safe_load(head)
-    batch4 = yaml.safe_load(tail.split("\n", 1)[1])
+    batch4 = yaml.safe_load(tail.split("\n", 1)[1].partition(BATCH5_MARK)[0])
     assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES
     assert len(batch4) == BATCH4_ENTRIES
     # batch 4 uses none of the sources (nor the cited URLs) of batches 1 to 3, and draws on at least ten publications
@@ -211,3 +214,41 @@ def test_batch4_figures_converted_to_bytes() -> None:
     assert _by_id("litgpt1558-generate-gemma-7b-it-bf16-l4").measured.bytes == 18_830_000_000
     # Unsloth prints max_memory_reserved() / 1024**3 to 3 decimals: 9.359 x 2^30 = 10,049,149,730.8 -> 10,049,149,731
     assert _by_id("unsloth-prashantsaikia-llama31-8b-qlora-r16-all-mb2-a10g").measured.bytes == 10_049_149_731
+
+
+def test_batch5_follows_its_marker_and_brings_new_sources() -> None:
+    text = HOLDOUT.read_text(encoding="utf-8")
+    head, sep, tail = text.partition(BATCH5_MARK)
+    assert sep, "the batch-5 comment line is missing"
+    earlier = yaml.safe_load(head)
+    batch5 = yaml.safe_load(tail.split("\n", 1)[1])
+    assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES
+    assert len(batch5) == BATCH5_ENTRIES
+    # batch 5 uses none of the sources (nor the cited URLs) of batches 1 to 4, and draws on at least ten publications
+    sources5 = {str(r["source"]) for r in batch5}
+    assert not sources5 & {str(r["source"]) for r in earlier}
+    assert len(sources5) >= 10
+    earlier_urls = set().union(*(_urls(str(r["citation"])) for r in earlier))
+    assert not set().union(*(_urls(str(r["citation"])) for r in batch5)) & earlier_urls
+
+
+def test_batch5_figures_converted_to_bytes() -> None:
+    # torchtitan's log prints max_memory_reserved in GiB: 59.48 x 2^30 = 63,866,163,691.5 -> 63,866,163,692
+    assert _by_id("tt355-llama3-8b-fsdp2-opsac-b1-s8192-8xa100-adamw-fused").measured.bytes == 63_866_163_692
+    # vLLM V0 'Loading model weights took 5.2032 GB' divides by 2^30: 5,586,893,458.6 -> 5,586,893,459
+    assert _by_id("vllm13882-qwen25-7b-bnb4-8gib-v073-weights").measured.bytes == 5_586_893_459
+    # llama.cpp 'CUDA0 model buffer size = 18508.35 MiB': 18,508.35 x 2^20 = 19,407,411,609.6 -> 19,407,411,610
+    assert _by_id("llamacpp11861-r1-distill-qwen32b-q4km-ctx16384-fa-model-buffer").measured.bytes == 19_407_411_610
+    # vLLM V1 KV pool: Mistral-7B 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 131,072 B per token;
+    # 840,160 tokens x 131,072 = 110,121,451,520 B
+    assert _by_id("armlp-dgxspark-mistral7b-v02-gptq-gb10-v011-kv").measured.bytes == 110_121_451_520
+    # torchtune's tutorials print GB = 10^9 B: 15.57 GB = 15,570,000,000 B
+    assert _by_id("ttdocs-llama2-7b-lora-qv-r8-b2-s512-1gpu-reserved").measured.bytes == 15_570_000_000
+
+
+def test_batch5_worked_back_settings_are_not_compared() -> None:
+    # settings derived from the printed figure itself cannot test a prediction of that figure
+    for entry_id in ("jamepeng-llamacpppy1-r1-distill-qwen7b-f16-ctx2048-kv", "llamasharp1099-qwen25-3b-q8-4080s-ctx4096-kv",
+                     "ollama8471-command-r7b-f16-ngl32-model-buffer"):
+        assert not _by_id(entry_id).compares_bytes, entry_id
+    assert _by_id("llamasharp1099-qwen25-3b-q8-4080s-ctx4096-compute").compares_bytes
