@@ -93,6 +93,18 @@ def test_serve_states_the_encoder_cache_as_not_modelled() -> None:
     assert any(a.startswith("not modelled: vLLM's encoder cache") for a in r.assumptions)
 
 
+def test_serve_at_tp_states_the_towers_sharding_as_not_modelled() -> None:
+    # Qwen2.5-VL-7B's tower and merger linears: per block qkv 1280 x 3840 + proj 1280 x 1280 + gate, up and down
+    # 3 x 1280 x 3420 = 19,686,400; x 32 blocks = 629,964,800; merger 5120 x 5120 + 5120 x 3584 = 44,564,480;
+    # 674,529,280 elements; at tp 2 a sharded tower holds half: 674,529,280 x 1 // 2 x 2 B = 674,529,280 B = 0.63 GiB
+    doc = {"model": "qwen/qwen2.5-vl-7b-instruct", "hardware": {"gpu": "H100-80GB", "num_gpus": 2}, "task": "serve",
+           "parallel": {"tp": 2}}
+    notes = [a for a in resolve(doc).assumptions if "tensor-parallel sharding of the vision tower" in a]
+    assert len(notes) == 1 and "up to 0.63 GiB more weights per rank" in notes[0] and notes[0].startswith("not modelled")
+    one = {**doc, "hardware": {"gpu": "H100-80GB"}, "parallel": {"tp": 1}}
+    assert not any("sharding of the vision tower" in a for a in resolve(one).assumptions)
+
+
 def test_text_only_batch_on_a_vlm_says_the_tower_gets_no_gradient() -> None:
     r = resolve(_doc())
     assert any("get no gradient" in a for a in r.assumptions)

@@ -18,6 +18,7 @@ from vramplan.facts.quantization import quant_format
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
 from vramplan.spec.vision_quant import tower_quantized_linears, transformers_unmatched
+from vramplan.units import GiB
 
 __all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
            "images_per_sample", "internvl_tiles", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
@@ -298,6 +299,20 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
     if s.task == "serve":
         out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                    "vision-language model (the estimate is the language model's start-up)")
+        if s.parallel.tp > 1 and v.linears:
+            # vLLM's towers and projectors shard their linears over the tensor-parallel group in most families and
+            # releases (mm_encoder_tp_mode "weights", the default from 0.10: QKVParallelLinear / ColumnParallelLinear
+            # / RowParallelLinear in qwen2_vl.py, qwen2_5_vl.py, clip.py, siglip.py, idefics2_vision_model.py), but
+            # not all (0.6.x shards CLIP and SigLIP only with xformers and heads divisible by tp; llava's projector
+            # is an nn.Linear in 0.6.3; gemma3's, paligemma's, idefics3's and InternVL's projectors, and InternVL's
+            # tower attention, stay whole in 0.11 and 0.33): the tower is counted whole on every rank, an upper bound
+            elems = sum(i * o * next(p.count for p in m.params if p.name == name) for name, i, o in v.linears)
+            # 2 B per element in a half-precision engine (the tower is held unquantized unless tower_held says so)
+            share = elems * (s.parallel.tp - 1) // s.parallel.tp * (4 if s.serve.dtype == "fp32" else 2)
+            out.append(f"not modelled: vLLM's tensor-parallel sharding of the vision tower's and projector's linears "
+                       f"(by family and release): they are counted whole on each of the {s.parallel.tp} ranks, up to "
+                       f"{share / GiB:.2f} GiB more weights per rank than a fully sharded tower (so up to that much "
+                       "less KV cache)")
         return out
     if s.task == "train":
         frozen = s.train.peft is not None or s.train.freeze_vision_tower
