@@ -16,6 +16,7 @@ import math
 from vramplan.errors import Problem
 from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import first_release, release_tuple
+from vramplan.spec.defaults import with_trainer_defaults
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -41,9 +42,11 @@ PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
 
 def _section_settings(s: Scenario, section: str) -> list[str]:
     """The keys of a task's own section that differ from their defaults (a scenario dumped with every
-    section, as a report's ``scenario`` is, holds the other tasks' defaults and is not refused)."""
+    section, as a report's ``scenario`` is, holds the other tasks' defaults and is not refused).  The defaults are
+    the section's as the scenario resolves them (a null trainer default filled in, spec/defaults.py)."""
     part = getattr(s, section)
-    default = type(part)()
+    default = getattr(with_trainer_defaults(s.model_copy(update={section: type(part)()})), section)
+    part = getattr(with_trainer_defaults(s), section)
     return sorted(k for k in type(part).model_fields if getattr(part, k) != getattr(default, k))
 
 

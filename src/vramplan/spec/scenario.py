@@ -148,10 +148,12 @@ class Train(_Strict):
     """Optimizer whose states, and step temporaries, are counted (adamw is torch's foreach AdamW: one
     state-sized temporary in step(); adamw-fused avoids it; docs/conventions.md)."""
 
-    gradient_checkpointing: Checkpointing = "none"
+    gradient_checkpointing: Checkpointing | None = None
     """Activation recomputation policy: none; full (each checkpointed layer keeps only its input);
     attention-core (only the attention's s x s tensors are dropped); op-sac (torchtitan's op-level selective
     checkpointing); selective means the framework's own: op-sac under torchtitan, attention-core elsewhere.
+    null: the trainer's default, full under a TRL objective (dpo, kto, orpo, grpo, rloo: TRL's
+    ``gradient_checkpointing=True``, facts/trl.py), none otherwise (the HF Trainer's False).
 
     attention-core is Megatron's selective recompute (Korthikanti et al., arXiv 2205.05198 sec. 5): with
     sdpa or flash attention it saves what no checkpointing saves.  op-sac saves the outputs of the ops on
@@ -818,23 +820,23 @@ class Rollout(_Strict):
     TRL v1.9.0 ``trl/generation/vllm_generation.py`` (``self.llm.sleep(level=2)`` after each generate,
     ``wake_up(tags=["weights"])`` in ``sync_weights``, ``wake_up(tags=["kv_cache"])`` before generate)."""
 
-    num_generations: int = Field(8, ge=2, le=1_000_000)
+    num_generations: int | None = Field(None, ge=2, le=1_000_000)
     """Completions sampled per prompt (TRL ``num_generations``, default 8; RLOO's 2): the group of the group-relative
     advantage.  micro_batch_size x data-parallel ranks x grad_accum_steps must be a multiple of it.
 
-    Left out under ``train.objective: rloo``: RLOOConfig's 2 (TRL v1.16.0, which requires at least 2)."""
+    null: the trainer's default, RLOOConfig's 2 under ``train.objective: rloo`` (TRL v1.16.0, which requires at
+    least 2), else GRPOConfig's 8 (spec/defaults.py)."""
 
     max_prompt_len: int = Field(512, ge=1, le=100_000_000)
     """Longest prompt, in tokens (TRL < 1.0 ``max_prompt_length``, default 512; TRL >= 1.0 no longer truncates
     prompts, so give the dataset's longest)."""
 
-    max_completion_len: int = Field(256, ge=1, le=100_000_000)
-    """Longest completion, in tokens (TRL ``max_completion_length``, default 256): the policy's logits and
-    log-probabilities are computed over these positions only (``logits_to_keep``).
+    max_completion_len: int | None = Field(None, ge=1, le=100_000_000)
+    """Longest completion, in tokens (TRL ``max_completion_length``): the policy's logits and log-probabilities are
+    computed over these positions only (``logits_to_keep``).
 
-    TRL v1.9.0's default; from v1.10.0 ``GRPOConfig`` defaults to 512, which the estimate takes when
-    ``software.trl`` names such a release and this key is left out (facts/trl.py); RLOOConfig's 512 under
-    ``train.objective: rloo``."""
+    null: the trainer's default at the release: ``GRPOConfig``'s 256 at TRL v1.9.0 and 512 from v1.10.0
+    (``software.trl``, facts/trl.py); RLOOConfig's 512 under ``train.objective: rloo``."""
 
     vllm_version: VllmVersion = "0.11"
     """vLLM release of the colocated engine (its start-up rules, facts/vllm_releases.py)."""
@@ -843,10 +845,11 @@ class Rollout(_Strict):
 class Rl(_Strict):
     """Reinforcement-learning post-training (train.objective: grpo or rloo): the reference model and the rollout."""
 
-    beta: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
+    beta: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
     """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19; RLOO's 0.05): with 0 no reference model is loaded.
 
-    Left out under ``train.objective: rloo``: RLOOConfig's 0.05 (TRL v1.16.0), so a reference model is loaded.
+    null: the trainer's default, RLOOConfig's 0.05 under ``train.objective: rloo`` (TRL v1.16.0: a reference model
+    is loaded), else GRPOConfig's 0.0 (spec/defaults.py).
 
     TRL v1.9.0 ``GRPOTrainer.__init__``: ``if self.beta == 0.0: self.ref_model = None``."""
 
