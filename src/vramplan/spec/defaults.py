@@ -6,6 +6,8 @@ A few scenario fields are null in the schema because their default depends on wh
   = True``, facts/trl.py ``GRADIENT_CHECKPOINTING_ROWS``) under a post-training objective (dpo, kto, orpo, grpo,
   rloo; ppo, refused, would be TRL's too); the HF Trainer's ``TrainingArguments.gradient_checkpointing`` is False,
   so every other objective resolves to none;
+* ``serve.dtype``: auto is ``vllm serve --dtype auto``, resolved with the GPU (``served_dtype``, which needs the
+  GPU and so is applied by ``catalog.resolve`` once the GPU is known: ``with_served_dtype``);
 * ``rl.beta``, ``rl.rollout.num_generations``, ``rl.rollout.max_completion_len``: RLOOConfig's 0.05, 2 and 512
   (TRL v1.16.0) under ``train.objective: rloo``, else GRPOConfig's 0.0, 8 and its ``max_completion_length`` at
   ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py ``COMPLETION_DEFAULT_ROWS``).
@@ -26,9 +28,17 @@ from vramplan.facts.trl import (
     gradient_checkpointing_default,
     grpo_completion_default,
 )
-from vramplan.spec.scenario import Checkpointing, Scenario
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.scenario import Checkpointing, HalfDtype, Scenario
 
-__all__ = ["TRL_OBJECTIVES", "beta", "checkpointing", "completion_len", "num_generations", "with_trainer_defaults"]
+__all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
+           "num_generations", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
+
+# GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
+PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
+# serve.dtype auto where no serving engine reads it (another task, llama.cpp, whose weights' types are the GGUF
+# file's): bf16, the schema's default before auto, so such a scenario's echo reads as it did
+UNREAD_SERVE_DTYPE: HalfDtype = "bf16"
 
 # the objectives TRL's trainers run (their configs subclass trl/trainer/base_config.py _BaseConfig)
 TRL_OBJECTIVES = frozenset({"dpo", "kto", "orpo", "grpo", "ppo", "rloo"})
@@ -80,3 +90,26 @@ def with_trainer_defaults(s: Scenario) -> Scenario:
         "train": t.model_copy(update={"gradient_checkpointing": checkpointing(s)}),
         "rl": rl.model_copy(update={"beta": beta(s), "rollout": rollout}),
     })
+
+
+def served_dtype(s: Scenario, gpu: GpuSpec) -> HalfDtype:
+    """``serve.dtype`` with auto resolved as ``vllm serve --dtype auto`` does on ``gpu`` (spec/scenario.py
+    ``Serve.dtype``): fp16 before Ampere (compute capability < 8.0), else bf16, the checkpoint's dtype assumed bf16
+    (an fp16 or fp32 checkpoint runs fp16: the same 2 bytes).  A GPU of unknown generation takes bf16."""
+    d = s.serve.dtype
+    if d != "auto":
+        return d
+    return "fp16" if gpu.architecture in PRE_AMPERE else "bf16"
+
+
+def with_served_dtype(s: Scenario, gpu: GpuSpec | None) -> Scenario:
+    """``s`` with ``serve.dtype`` auto resolved: by ``served_dtype`` for a vLLM or SGLang engine on ``gpu`` (left
+    auto while no GPU is known), ``UNREAD_SERVE_DTYPE`` where no engine reads it.  The estimate and the report's
+    scenario hold the dtype that runs; ``s`` itself when it gives one."""
+    if s.serve.dtype != "auto":
+        return s
+    read = s.task == "serve" and s.serve.engine != "llamacpp"
+    if read and gpu is None:
+        return s
+    dtype = served_dtype(s, gpu) if read and gpu is not None else UNREAD_SERVE_DTYPE
+    return s.model_copy(update={"serve": s.serve.model_copy(update={"dtype": dtype})})

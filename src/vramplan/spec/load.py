@@ -21,7 +21,7 @@ from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
 from vramplan.spec.autoawq import autoawq_problems
-from vramplan.spec.defaults import checkpointing
+from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
@@ -322,9 +322,11 @@ def _llamacpp_option_problems(s: Scenario) -> list[Problem]:
     if sv.engine != "llamacpp":
         return []
     fields = type(sv).model_fields
+    # the resolved default: dtype auto reads UNREAD_SERVE_DTYPE under llama.cpp (spec/defaults.py with_served_dtype)
+    default = {key: fields[key].default for key in _LLAMACPP_INSTEAD} | {"dtype": UNREAD_SERVE_DTYPE}
     out = []
     for key, instead in _LLAMACPP_INSTEAD.items():
-        if getattr(sv, key) != fields[key].default:
+        if getattr(sv, key) not in (default[key], fields[key].default):
             hint = f"remove it; llama.cpp reads {instead}" if instead else "remove it; llama.cpp has no such option"
             out.append(Problem(f"serve.{key}", "is an option of vLLM and SGLang, not of engine llamacpp", hint))
     return out

@@ -27,6 +27,8 @@ TrainQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4"]
 InferQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4", "gptq-4bit", "awq-4bit", "fp8", "mxfp4", "fp8-block",
                      "gptq-3bit", "gptq-8bit", "ct-w4a16", "ct-w8a8-int8", "ct-fp8", "hqq-4bit", "hqq-8bit", "ao-int4", "ao-fp8", "ao-int8"]
 HalfDtype = Literal["fp32", "fp16", "bf16"]
+# vLLM's --dtype: auto (its default) or a dtype
+ServeDtype = Literal["auto", "fp32", "fp16", "bf16"]
 KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
@@ -498,8 +500,14 @@ class Serve(_Strict):
     kv_cache_dtype: KVDtype = "auto"
     """Dtype of the KV cache; auto means the model's dtype."""
 
-    dtype: HalfDtype = "bf16"
-    """Dtype of the weights and activations."""
+    dtype: ServeDtype = "auto"
+    """Dtype of the weights and activations; auto is vllm serve's default --dtype auto, resolved with the GPU: bf16
+    (the checkpoint's, assumed bf16: 2 bytes whatever the half dtype) from compute capability 8.0, fp16 below.
+
+    vLLM's ``_get_and_verify_dtype`` (vllm/config.py) takes the checkpoint's torch_dtype (fp16 for an fp32 one); from
+    0.9.0 a dtype the GPU lacks falls back to ``current_platform.supported_dtypes[0]``, fp16 below 8.0, with a
+    warning; before 0.9.0 ``_check_if_gpu_supports_dtype`` refuses bf16 there, as it refuses an explicit bf16 in
+    every release (spec/defaults.py ``served_dtype``)."""
 
     quantization: InferQuant = "none"
     """Weight quantization: bitsandbytes int8, nf4, nf4-dq (double quantization), fp4; GPTQ or AWQ 4-bit;
