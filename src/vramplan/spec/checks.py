@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import math
 
+from pydantic import BaseModel
+
 from vramplan.errors import Problem
 from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import first_release, release_tuple
 from vramplan.facts.vllm_releases import AUTO_DTYPE_FALLBACK_FROM, parse_release
 from vramplan.spec.defaults import PRE_AMPERE, served_dtype, with_served_dtype, with_trainer_defaults
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -47,8 +50,7 @@ def _section_settings(s: Scenario, section: str) -> list[str]:
     part = getattr(s, section)
     default = getattr(with_served_dtype(with_trainer_defaults(s.model_copy(update={section: type(part)()})), None),
                       section)
-    part = getattr(with_trainer_defaults(s), section)
-    return sorted(k for k in type(part).model_fields if getattr(part, k) != getattr(default, k))
+    return sorted(changed_fields(getattr(with_trainer_defaults(s), section), defaults=default))
 
 
 def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -300,11 +302,10 @@ def _num(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def _changed(part: object, keys: tuple[str, ...]) -> list[str]:
+def _changed(part: BaseModel, keys: tuple[str, ...]) -> list[str]:
     """The keys among ``keys`` whose value differs from the field's default (a value equal to the default is
     what the scenario would hold without it: a scenario dumped with every field is judged like the one written)."""
-    fields = type(part).model_fields  # type: ignore[attr-defined]
-    return [k for k in keys if getattr(part, k) != fields[k].default]
+    return changed_fields(part, keys)
 
 
 def _noted(prefix: str, keys: list[str], why: str) -> list[str]:

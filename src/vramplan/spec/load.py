@@ -23,6 +23,7 @@ from vramplan.facts.quantization import quant_format
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
@@ -321,12 +322,13 @@ def _llamacpp_option_problems(s: Scenario) -> list[Problem]:
     sv = s.serve
     if sv.engine != "llamacpp":
         return []
-    fields = type(sv).model_fields
     # the resolved default: dtype auto reads UNREAD_SERVE_DTYPE under llama.cpp (spec/defaults.py with_served_dtype)
-    default = {key: fields[key].default for key in _LLAMACPP_INSTEAD} | {"dtype": UNREAD_SERVE_DTYPE}
+    given = set(changed_fields(sv, _LLAMACPP_INSTEAD, defaults={"dtype": UNREAD_SERVE_DTYPE}))
+    if sv.dtype == "auto":  # not yet resolved (a scenario checked before catalog.resolve resolves it)
+        given.discard("dtype")
     out = []
     for key, instead in _LLAMACPP_INSTEAD.items():
-        if getattr(sv, key) not in (default[key], fields[key].default):
+        if key in given:
             hint = f"remove it; llama.cpp reads {instead}" if instead else "remove it; llama.cpp has no such option"
             out.append(Problem(f"serve.{key}", "is an option of vLLM and SGLang, not of engine llamacpp", hint))
     return out

@@ -15,6 +15,7 @@ from vramplan.facts import Choices, OneOf
 from vramplan.facts.optimizers import optimizer_names
 from vramplan.facts.pipeline_schedules import pipeline_schedule_names
 from vramplan.facts.vllm_releases import parse_release
+from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq"]
@@ -422,18 +423,17 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
 
     An option counts as set when the scenario gives it a value other than its default, so that a scenario
     dumped with every field (``model_dump``) checks again."""
-    fields = type(sv).model_fields
     out = []
     if sv.engine == "llamacpp":
         # neither engine's budget options exist in llama.cpp (it allocates what the model and n_ctx need)
         for table, other in ((VLLM_ONLY_OPTIONS, "vLLM"), (SGLANG_ONLY_OPTIONS, "SGLang")):
-            for key in sorted(k for k in sv.model_fields_set & table.keys() if getattr(sv, k) != fields[k].default):
+            for key in sorted(changed_fields(sv, table)):
                 out.append((f"serve.{key}", f"is an option of {other}, not of engine llamacpp",
                             ("remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
                             "serve.gguf need, with no budget of its own")))
         return out
     wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
-    given = {k for k in sv.model_fields_set & wrong.keys() if getattr(sv, k) != fields[k].default}
+    given = set(changed_fields(sv, wrong))
     for key in sorted(given):
         instead = f"{name} uses serve.{wrong[key]} instead" if wrong[key] else f"{name} has no such option here"
         other = "vLLM" if name == "SGLang" else "SGLang"
