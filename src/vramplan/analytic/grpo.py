@@ -38,7 +38,8 @@ from vramplan.facts.trl import (
     release_text,
 )
 from vramplan.spec import defaults
-from vramplan.spec.scenario import Rollout, Scenario
+from vramplan.spec.fields import changed_fields
+from vramplan.spec.scenario import Scenario
 
 __all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "checkpointing_notes", "completion_len", "grpo_assumptions",
            "grpo_fused_loss_tensors", "grpo_loss_tensors", "grpo_problems", "policy_scenario", "reference_kind",
@@ -205,7 +206,7 @@ def _setup_problems(s: Scenario, method: str) -> list[Problem]:
            "bitsandbytes loading) is not modelled", "use rl.rollout.colocate: false or an unquantized base")
     # a value, not the key's presence: the schema's default (what a dumped scenario carries) is not a setting; the
     # policy scenario (what the report echoes) holds the sequence's own length
-    if t.seq_len not in (sequence_len(s), type(t).model_fields["seq_len"].default):
+    if changed_fields(t, ("seq_len",)) and t.seq_len != sequence_len(s):
         no("train.seq_len", f"is {t.seq_len}, but a {method} sequence is rl.rollout.max_prompt_len + "
            f"max_completion_len = {sequence_len(s)} tokens", "leave train.seq_len out")
     batch = t.micro_batch_size * s.data_parallel_degree * t.grad_accum_steps
@@ -227,8 +228,7 @@ def _hf_generate_problems(s: Scenario) -> list[Problem]:
     """What the hf-generate rollout (analytic/lifecycle/hf_rollout.py) does not model."""
     out: list[Problem] = []
     # keys given away from their defaults (a dumped scenario holds every key at its default)
-    ro, default = s.rl.rollout, Rollout()
-    vllm_keys = [k for k in _VLLM_ROLLOUT_KEYS if getattr(ro, k) != getattr(default, k)]
+    vllm_keys = changed_fields(s.rl.rollout, _VLLM_ROLLOUT_KEYS)
     if vllm_keys:
         shown = ", ".join(f"rl.rollout.{k}" for k in vllm_keys)
         out.append(Problem("rl.rollout", f"{shown} set, but only the vLLM engine reads them (hf-generate runs "
