@@ -44,6 +44,7 @@ from vramplan.analytic.grpo import (
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.spec.defaults import with_trainer_defaults
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Rl, Scenario
 
 __all__ = ["dpo_assumptions", "dpo_fused_loss_tensors", "dpo_loss_tensors", "dpo_problems", "offline_reference_problems",
@@ -123,7 +124,7 @@ def rl_settings(s: Scenario, read: tuple[str, ...]) -> list[str]:
     block (spec/defaults.py): what a trainer without a rollout is given but does not read.  A value, not a key's
     presence: a dumped scenario holds every key at its resolved default."""
     given, plain = with_trainer_defaults(s).rl, with_trainer_defaults(s.model_copy(update={"rl": Rl()})).rl
-    return sorted(k for k in Rl.model_fields if k not in read and getattr(given, k) != getattr(plain, k))
+    return sorted(k for k in changed_fields(given, defaults=plain) if k not in read)
 
 
 def dpo_problems(s: Scenario) -> list[Problem]:
