@@ -78,6 +78,8 @@ VALUES: dict[str, list[Any]] = {
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
     "software.autoawq": ["0.2.0"],
+    # null means the trainer's default (spec/defaults.py): a value on each side of GRPOConfig's
+    "rl.beta": [1.0], "rl.rollout.num_generations": [16], "rl.rollout.max_completion_len": [512],
 }
 # Settings a field needs to be valid at all, laid on the base and on the variant alike.
 COMPANIONS: dict[str, dict[str, Any]] = {f"parallel.{k}": {"hardware.num_gpus": 2} for k in ("tp", "pp", "cp", "ep")}
@@ -115,7 +117,11 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("serve.gguf.flash_attn", "True"): "the newest modelled build's default is auto, on for a CUDA GPU (b6327)",
     ("rl.reference_model", "'none'"): "null resolves to none when beta is 0 (TRL GRPOTrainer.__init__)",
     ("train.gradient_checkpointing", "'full'"): "left out under a TRL objective it is TRL's default, "
-    "gradient_checkpointing=True (analytic/grpo.py; the note says so)",
+    "gradient_checkpointing=True (spec/defaults.py; the note says so)",
+    ("train.gradient_checkpointing", "'none'"): "null resolves to none outside a TRL objective (the HF Trainer's "
+    "gradient_checkpointing=False, spec/defaults.py)",
+    ("serve.dtype", "'bf16'"): "auto resolves to bf16 from compute capability 8.0 (vLLM's --dtype auto), and is "
+    "bf16 where no engine reads it (llama.cpp: the GGUF file's types; spec/defaults.py)",
     ("rl.beta", "1.0"): "under PEFT the reference is the policy with its adapters disabled, no second copy, and its "
     "no-grad forward is the scoring phase's (the reference note says so)",
     # modelled, and the same bytes
@@ -431,22 +437,15 @@ def test_eval_settings_with_evaluation_set_false_are_unused_not_unmodelled() -> 
     assert got["band"] == base["band"] and got["per_gpu"] == base["per_gpu"]
 
 
-# A dumped GRPO or serving scenario is refused before any note, by checks that read presence
-# (model_fields_set) rather than value: train.seq_len under GRPO (analytic/grpo.py), serve.gguf outside
-# llama.cpp and gpu_memory_utilization under it (spec/load.py, serve/llamacpp.py).
-@pytest.mark.parametrize("name", ["full", "lora", "qlora", "inference"])
+# No check reads a key's presence (model_fields_set): a dumped DPO, GRPO or serving scenario is judged like the
+# one written (spec/defaults.py resolves the trainer's defaults; tests/test_report_roundtrip.py the whole report).
+@pytest.mark.parametrize("name", ["full", "lora", "qlora", "inference", "dpo", "grpo", "vllm", "llamacpp"])
 def test_a_scenario_dumped_with_every_field_says_the_same(name: str) -> None:
     """The planner, the solvers and a report's ``scenario`` carry every field (``model_dump``); a field at its
-    default is not a setting, so no note fires that the scenario as written did not have."""
+    default is not a setting, so the estimate, its notes included, is the scenario's as written."""
     doc = _set(BASES[name], "lifecycle.eval_batch_size", 16) if BASES[name]["task"] == "train" else BASES[name]
     dumped = Scenario.model_validate(doc).model_dump(mode="json")
-
-    def notes(d: dict[str, Any]) -> list[str]:
-        # other notes may differ: a few defaults are read as given when present (vLLM's max_num_seqs, TRL's
-        # gradient checkpointing), which is their own matter
-        return [a for a in estimate(d).assumptions if a.startswith("not modelled") or "set but not used" in a]
-
-    assert notes(dumped) == notes(doc)
+    assert estimate(dumped).assumptions == estimate(doc).assumptions
 
 
 def test_a_solver_adds_no_note_of_its_own() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from vramplan.spec.defaults import checkpointing
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["CheckpointPolicy", "checkpoint_policy", "checkpointed_input_bytes", "checkpointed_layer",
@@ -32,7 +33,7 @@ CheckpointPolicy = Literal["none", "full", "attention-core", "op-sac"]
 
 def checkpoint_policy(s: Scenario) -> CheckpointPolicy:
     """The policy the scenario runs (``selective`` resolved by the framework)."""
-    g = s.train.gradient_checkpointing
+    g = checkpointing(s)
     if g == "selective":
         return "op-sac" if s.effective_framework == "torchtitan" else "attention-core"
     return g
@@ -61,7 +62,7 @@ def checkpointed_input_bytes(s: Scenario, input_bytes: int) -> tuple[int, int]:
 def policy_assumption(s: Scenario) -> str | None:
     """The assumption naming the policy modelled (None without checkpointing, and for plain full checkpointing
     of every layer, whose meaning no framework changes)."""
-    g, p, n = s.train.gradient_checkpointing, checkpoint_policy(s), s.train.checkpoint_every_n_layers
+    g, p, n = checkpointing(s), checkpoint_policy(s), s.train.checkpoint_every_n_layers
     ds = s.train.deepspeed_checkpointing
     if p == "none" or (p == "full" and n == 1 and ds == "none"):
         return None

@@ -35,6 +35,7 @@ from vramplan.analytic.fused_head import fused_forward_bytes, fused_loss_tensors
 from vramplan.analytic.grpo import (
     TRL_RELEASE,
     RefKind,
+    checkpointing_notes,
     release_notes,
     trainer_problems,
     trl_release,
@@ -42,19 +43,19 @@ from vramplan.analytic.grpo import (
 )
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
-from vramplan.spec.scenario import Scenario
+from vramplan.spec.defaults import with_trainer_defaults
+from vramplan.spec.fields import changed_fields
+from vramplan.spec.scenario import Rl, Scenario
 
 __all__ = ["dpo_assumptions", "dpo_fused_loss_tensors", "dpo_loss_tensors", "dpo_problems", "offline_reference_problems",
-           "policy_scenario", "reference_kind", "reference_problems"]
+           "policy_scenario", "reference_kind", "reference_problems", "rl_settings"]
 
 
 def policy_scenario(s: Scenario) -> Scenario:
     """The step TRL runs: ``2 x micro_batch_size`` sequences (chosen and rejected) of ``seq_len`` tokens,
-    checkpointing on by DPOConfig's default."""
-    update: dict[str, object] = {"micro_batch_size": 2 * s.train.micro_batch_size}
-    if "gradient_checkpointing" not in s.train.model_fields_set:
-        update["gradient_checkpointing"] = "full"
-    return s.model_copy(update={"train": s.train.model_copy(update=update)})
+    checkpointing on by DPOConfig's default where the scenario's is null (spec/defaults.py)."""
+    s = with_trainer_defaults(s)
+    return s.model_copy(update={"train": s.train.model_copy(update={"micro_batch_size": 2 * s.train.micro_batch_size})})
 
 
 def reference_kind(s: Scenario) -> RefKind:
@@ -109,13 +110,21 @@ def offline_reference_problems(s: Scenario, method: str, items: str, precompute_
     if s.rl.precompute_ref_log_probs:
         out.append(Problem("rl.precompute_ref_log_probs", "precomputed reference log-probs (the pass over the dataset "
                            f"in {precompute_in}) are not modelled", "set rl.precompute_ref_log_probs: false"))
-    rl = s.rl.model_fields_set - {"reference_model", "precompute_ref_log_probs"}
+    rl = rl_settings(s, ("reference_model", "precompute_ref_log_probs"))
     if rl:
         shown = ", ".join(f"rl.{k}" for k in sorted(rl))
         out.append(Problem("rl", f"{shown} set, but {method} has no rollout and its beta does not change memory "
                            "(GRPO's settings)",
                            f"remove them ({method} reads rl.reference_model and rl.precompute_ref_log_probs)"))
     return out
+
+
+def rl_settings(s: Scenario, read: tuple[str, ...]) -> list[str]:
+    """The ``rl`` keys, other than ``read``, whose value differs from what the scenario resolves to without an ``rl``
+    block (spec/defaults.py): what a trainer without a rollout is given but does not read.  A value, not a key's
+    presence: a dumped scenario holds every key at its resolved default."""
+    given, plain = with_trainer_defaults(s).rl, with_trainer_defaults(s.model_copy(update={"rl": Rl()})).rl
+    return sorted(k for k in changed_fields(given, defaults=plain) if k not in read)
 
 
 def dpo_problems(s: Scenario) -> list[Problem]:
@@ -214,7 +223,4 @@ def dpo_assumptions(s: Scenario) -> list[str]:
          f"backward (precompute_ref_log_probs=False, TRL's default): {ref_how}, or one of its MLPs and the residual "
          "stream when larger"),
     ]
-    out += release_notes(s, "DPO")
-    if "gradient_checkpointing" not in t.model_fields_set:
-        out.append("DPO: gradient_checkpointing full (DPOConfig's default gradient_checkpointing=True)")
-    return out
+    return out + release_notes(s, "DPO") + checkpointing_notes(s, "DPO")

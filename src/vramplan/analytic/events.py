@@ -60,6 +60,7 @@ from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.vision import tower_sequence
+from vramplan.spec.defaults import checkpointing
 from vramplan.spec.model import ModelSpec
 
 __all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
@@ -720,7 +721,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         tokens=c.tokens, hidden=m.hidden_size, q_width=heads * m.head_dim,
         kv_width=max(1, -(-m.num_kv_heads // tp)) * m.head_dim, inter=inter, heads=heads, keys=ctx.seq_len,
         gated=m.mlp_gated, compute_bytes=ctx.compute_bytes, residual_bytes=ctx.residual_bytes,
-        quadratic=ctx.attention in ("eager", "math"), checkpointing=c.s.train.gradient_checkpointing,
+        quadratic=ctx.attention in ("eager", "math"), checkpointing=checkpointing(c.s),
         layers=layers, param_tensors=tuple(wbytes(x) for x in outside), trainable_tensors=outside_trainable,
         trainable_total=sum(outside_trainable) + sum(layer_trainable) * n_layers,
         grad_outside=b.get("gradients.head", 0) + b.get("gradients.embedding", 0),

@@ -34,15 +34,16 @@ from vramplan.facts.trl import (
     DEFAULT_TRL_RELEASE,
     LOG_PROB_ROWS,
     READ_AT,
-    grpo_completion_default,
     log_prob_row,
     release_text,
 )
+from vramplan.spec import defaults
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "completion_len", "grpo_assumptions", "grpo_fused_loss_tensors",
-           "grpo_loss_tensors", "grpo_problems", "policy_scenario", "reference_kind", "release_notes", "release_problems",
-           "sequence_len", "trainer_problems", "trl_release", "uses_fused_head"]
+__all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "checkpointing_notes", "completion_len", "grpo_assumptions",
+           "grpo_fused_loss_tensors", "grpo_loss_tensors", "grpo_problems", "policy_scenario", "reference_kind",
+           "release_notes", "release_problems", "sequence_len", "trainer_problems", "trl_release", "uses_fused_head"]
 
 TRL_RELEASE = "1.9.0"
 # trl/trainer/utils.py entropy_from_logits(logits, chunk_size=128): rows of the flattened logits per chunk
@@ -52,12 +53,9 @@ RefKind = Literal["none", "shared", "separate"]
 
 
 def completion_len(s: Scenario) -> int:
-    """The longest completion: ``rl.rollout.max_completion_len`` when given, else ``GRPOConfig.max_completion_length``'s
-    default at ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py)."""
-    ro = s.rl.rollout
-    if "max_completion_len" in ro.model_fields_set:
-        return ro.max_completion_len
-    return grpo_completion_default(s.software.trl_version)
+    """The longest completion: ``rl.rollout.max_completion_len``, its null the trainer's default at ``software.trl``
+    (GRPOConfig's 256 at v1.9.0, 512 from v1.10.0; RLOOConfig's 512: spec/defaults.py)."""
+    return defaults.completion_len(s)
 
 
 def sequence_len(s: Scenario) -> int:
@@ -66,29 +64,23 @@ def sequence_len(s: Scenario) -> int:
 
 
 def policy_scenario(s: Scenario) -> Scenario:
-    """The training step TRL runs: ``seq_len`` = prompt + completion, checkpointing on by TRL's default, and the
-    completion length of the release's default when the scenario gives none."""
-    update: dict[str, object] = {"seq_len": sequence_len(s)}
-    if "gradient_checkpointing" not in s.train.model_fields_set:
-        update["gradient_checkpointing"] = "full"
-    out = s.model_copy(update={"train": s.train.model_copy(update=update)})
-    if completion_len(s) == s.rl.rollout.max_completion_len:
-        return out
-    ro = s.rl.rollout.model_copy(update={"max_completion_len": completion_len(s)})
-    return out.model_copy(update={"rl": s.rl.model_copy(update={"rollout": ro})})
+    """The training step TRL runs: ``seq_len`` = prompt + completion, with the trainer's defaults (checkpointing on,
+    the completion length of the release) where the scenario's fields are null (spec/defaults.py)."""
+    s = defaults.with_trainer_defaults(s)
+    return s.model_copy(update={"train": s.train.model_copy(update={"seq_len": sequence_len(s)})})
 
 
 def reference_kind(s: Scenario) -> RefKind:
     """TRL's rule (``GRPOTrainer.__init__``), or the scenario's ``rl.reference_model`` when given."""
     if s.rl.reference_model is not None:
         return s.rl.reference_model
-    if s.rl.beta == 0.0:
+    if defaults.beta(s) == 0.0:
         return "none"
     return "shared" if s.train.peft is not None else "separate"
 
 
 def _reference_problems(s: Scenario, method: str) -> list[Problem]:
-    ref, beta, peft = s.rl.reference_model, s.rl.beta, s.train.peft is not None
+    ref, beta, peft = s.rl.reference_model, defaults.beta(s), s.train.peft is not None
     if ref is None:
         return []
     trl = "none" if beta == 0.0 else "shared" if peft else "separate"
@@ -212,15 +204,18 @@ def _setup_problems(s: Scenario, method: str) -> list[Problem]:
     if ro.engine == "vllm" and ro.colocate and t.quantization != "none":
         no("train.quantization", "a colocated vLLM engine over a bitsandbytes policy (vLLM's in-flight "
            "bitsandbytes loading) is not modelled", "use rl.rollout.colocate: false or an unquantized base")
-    if "seq_len" in t.model_fields_set and t.seq_len != sequence_len(s):
+    # a value, not the key's presence: the schema's default (what a dumped scenario carries) is not a setting; the
+    # policy scenario (what the report echoes) holds the sequence's own length
+    if changed_fields(t, ("seq_len",)) and t.seq_len != sequence_len(s):
         no("train.seq_len", f"is {t.seq_len}, but a {method} sequence is rl.rollout.max_prompt_len + "
            f"max_completion_len = {sequence_len(s)} tokens", "leave train.seq_len out")
     batch = t.micro_batch_size * s.data_parallel_degree * t.grad_accum_steps
-    if batch % ro.num_generations:
+    generations = defaults.num_generations(s)
+    if batch % generations:
         # GRPOConfig.__post_init__: generation_batch_size = per_device_train_batch_size x num_processes x
         # steps_per_generation (gradient_accumulation_steps by default) must be divisible by num_generations
         no("rl.rollout.num_generations", f"the generation batch (micro_batch_size x data-parallel ranks x "
-           f"grad_accum_steps = {batch}) is not divisible by num_generations = {ro.num_generations} "
+           f"grad_accum_steps = {batch}) is not divisible by num_generations = {generations} "
            f"({method}Config.__post_init__, TRL v{trl_release(s)})", "make the batch a multiple of num_generations")
     return out
 
@@ -232,7 +227,8 @@ _VLLM_ROLLOUT_KEYS = ("colocate", "gpu_memory_utilization", "sleep_mode", "vllm_
 def _hf_generate_problems(s: Scenario) -> list[Problem]:
     """What the hf-generate rollout (analytic/lifecycle/hf_rollout.py) does not model."""
     out: list[Problem] = []
-    vllm_keys = sorted(set(_VLLM_ROLLOUT_KEYS) & s.rl.rollout.model_fields_set)
+    # keys given away from their defaults (a dumped scenario holds every key at its default)
+    vllm_keys = changed_fields(s.rl.rollout, _VLLM_ROLLOUT_KEYS)
     if vllm_keys:
         shown = ", ".join(f"rl.rollout.{k}" for k in vllm_keys)
         out.append(Problem("rl.rollout", f"{shown} set, but only the vLLM engine reads them (hf-generate runs "
@@ -346,6 +342,12 @@ def grpo_assumptions(s: Scenario, method: str = "GRPO") -> list[str]:
         out.append(f"{method} weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
                    "counted (one linear's weight, small beside the rollout phase's engine)")
     out += release_notes(s, method)
-    if "gradient_checkpointing" not in s.train.model_fields_set:
-        out.append(f"{method}: gradient_checkpointing full ({method}Config's default gradient_checkpointing=True)")
-    return out
+    return out + checkpointing_notes(s, method)
+
+
+def checkpointing_notes(s: Scenario, method: str) -> list[str]:
+    """The report's line when the step checkpoints as TRL's trainer config does by default (a value: the same line
+    whether the scenario left the key out or gave the default, so its dump reads the same)."""
+    if defaults.checkpointing(s) != "full":
+        return []
+    return [f"{method}: gradient_checkpointing full ({method}Config's default gradient_checkpointing=True)"]

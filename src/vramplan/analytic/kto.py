@@ -36,9 +36,10 @@ from vramplan.analytic.fused_head import (
     fused_forward_bytes,
     fused_loss_tensors,
 )
-from vramplan.analytic.grpo import trainer_problems
+from vramplan.analytic.grpo import checkpointing_notes, trainer_problems
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
+from vramplan.spec.defaults import with_trainer_defaults
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["FUSED_TOKEN_ROWS", "FUSED_VOCAB_COLUMNS", "KTO_TRL_RELEASE", "kto_assumptions", "kto_loss_tensors",
@@ -49,10 +50,8 @@ KTO_TRL_RELEASE = "1.16.0"
 
 def policy_scenario(s: Scenario) -> Scenario:
     """The step TRL runs: ``micro_batch_size`` examples of ``seq_len`` tokens (unpaired: no doubling), checkpointing on
-    by KTOConfig's default."""
-    if "gradient_checkpointing" in s.train.model_fields_set:
-        return s
-    return s.model_copy(update={"train": s.train.model_copy(update={"gradient_checkpointing": "full"})})
+    by KTOConfig's default where the scenario's is null (spec/defaults.py)."""
+    return with_trainer_defaults(s)
 
 
 def _setup_problems(s: Scenario) -> list[Problem]:
@@ -136,6 +135,4 @@ def kto_assumptions(s: Scenario) -> list[str]:
          "well; the policy's no-grad forward on it before its own forward, the reference's on it and on the batch "
          "after, one at a time (precompute_ref_log_probs=False, TRL's default; loss_type kto)"),
     ]
-    if "gradient_checkpointing" not in t.model_fields_set:
-        out.append("KTO: gradient_checkpointing full (KTOConfig's default gradient_checkpointing=True)")
-    return out
+    return out + checkpointing_notes(s, "KTO")

@@ -21,7 +21,8 @@ accelerate 1.15.0 ``Accelerator.prepare_model`` (``convert_outputs_to_fp32``).  
 from __future__ import annotations
 
 from vramplan.analytic.dpo import policy_scenario as dpo_policy_scenario
-from vramplan.analytic.grpo import trainer_problems
+from vramplan.analytic.dpo import rl_settings
+from vramplan.analytic.grpo import checkpointing_notes, trainer_problems
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.spec.scenario import Scenario
@@ -58,7 +59,7 @@ def orpo_problems(s: Scenario) -> list[Problem]:
         no("rl.reference_model", f"is {s.rl.reference_model!r}, but ORPO has no reference model (odds_ratio_loss "
            f"compares the policy's own log-probabilities, TRL v{ORPO_TRL_RELEASE})",
            "set rl.reference_model: none or leave it out")
-    rl = s.rl.model_fields_set - {"reference_model"}
+    rl = rl_settings(s, ("reference_model",))
     if rl:
         shown = ", ".join(f"rl.{k}" for k in sorted(rl))
         no("rl", f"{shown} set, but ORPO has no reference model and no rollout", "remove them")
@@ -114,6 +115,4 @@ def orpo_assumptions(s: Scenario) -> list[str]:
          "(selective_log_softmax on CUDA)"),
         "ORPO reference model: none (the odds ratio compares the policy's own chosen and rejected log-probabilities)",
     ]
-    if "gradient_checkpointing" not in t.model_fields_set:
-        out.append("ORPO: gradient_checkpointing full (ORPOConfig's default gradient_checkpointing=True)")
-    return out
+    return out + checkpointing_notes(s, "ORPO")

@@ -16,8 +16,8 @@ Read in TRL v1.16.0 (the PyPI wheel ``trl-1.16.0``): ``trl/trainer/rloo_config.p
 * the rollout: the same ``VLLMGeneration`` with the same arguments (``vllm_gpu_memory_utilization``, ``max_num_seqs
   = per_device_train_batch_size x steps_per_generation``, sleep mode): serve/rollout.py.
 
-What differs is ``RLOOConfig``'s defaults, filled in when the scenario leaves them out (``with_defaults``):
-``beta`` 0.05 (so a reference model is loaded without PEFT), ``num_generations`` 2 (and at least 2:
+What differs is ``RLOOConfig``'s defaults, taken where the scenario's fields are null (``with_defaults``,
+spec/defaults.py): ``beta`` 0.05 (so a reference model is loaded without PEFT), ``num_generations`` 2 (and at least 2:
 ``RLOOConfig.__post_init__`` "RLOO requires at least 2 generations per prompt") and ``max_completion_length`` 512.
 """
 
@@ -25,31 +25,23 @@ from __future__ import annotations
 
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems
 from vramplan.errors import Problem
+from vramplan.facts.trl import RLOO_BETA, RLOO_MAX_COMPLETION, RLOO_NUM_GENERATIONS
+from vramplan.spec.defaults import with_trainer_defaults
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["RLOO_BETA", "RLOO_MAX_COMPLETION", "RLOO_NUM_GENERATIONS", "RLOO_TRL_RELEASE", "rloo_assumptions",
            "rloo_problems", "with_defaults"]
 
 RLOO_TRL_RELEASE = "1.16.0"
-# trl/trainer/rloo_config.py RLOOConfig (v1.16.0): beta=0.05, num_generations=2, max_completion_length=512
-RLOO_BETA = 0.05
-RLOO_NUM_GENERATIONS = 2
-RLOO_MAX_COMPLETION = 512
+# trl/trainer/rloo_config.py RLOOConfig (v1.16.0): beta=0.05, num_generations=2, max_completion_length=512 (the values
+# live in facts/trl.py, where spec/defaults.py resolves a null with them)
 
 
 def with_defaults(s: Scenario) -> Scenario:
-    """``s`` with RLOOConfig's defaults where the scenario gives none: ``rl.beta``, ``rl.rollout.num_generations``
-    and ``rl.rollout.max_completion_len`` (the scenario schema's own defaults are GRPOConfig's at v1.9.0)."""
-    rl, ro = s.rl, s.rl.rollout
-    ro_update: dict[str, object] = {}
-    if "num_generations" not in ro.model_fields_set:
-        ro_update["num_generations"] = RLOO_NUM_GENERATIONS
-    if "max_completion_len" not in ro.model_fields_set:
-        ro_update["max_completion_len"] = RLOO_MAX_COMPLETION
-    rl_update: dict[str, object] = {"rollout": ro.model_copy(update=ro_update)} if ro_update else {}
-    if "beta" not in rl.model_fields_set:
-        rl_update["beta"] = RLOO_BETA
-    return s.model_copy(update={"rl": rl.model_copy(update=rl_update)}) if rl_update else s
+    """``s`` with RLOOConfig's defaults where its fields are null: ``rl.beta``, ``rl.rollout.num_generations`` and
+    ``rl.rollout.max_completion_len`` (spec/defaults.py ``with_trainer_defaults``, which the resolved scenario has
+    been through already)."""
+    return with_trainer_defaults(s)
 
 
 def rloo_problems(s: Scenario) -> list[Problem]:
@@ -63,6 +55,7 @@ def rloo_problems(s: Scenario) -> list[Problem]:
 
 def rloo_assumptions(s: Scenario) -> list[str]:
     """What the RLOO estimate takes as given, for the report (``s`` with RLOOConfig's defaults filled in)."""
+    s = with_trainer_defaults(s)
     rl, ro = s.rl, s.rl.rollout
     return [*grpo_assumptions(s, "RLOO"),
             (f"RLOO (RLOOConfig defaults where the scenario gives none): beta = {rl.beta} (KL in the reward, its "

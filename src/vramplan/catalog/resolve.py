@@ -17,6 +17,7 @@ from vramplan.catalog.hub import checkpoint_notes
 from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.checks import capability_problems, contradictions
+from vramplan.spec.defaults import with_served_dtype, with_trainer_defaults
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import (
     Resolved,
@@ -46,6 +47,9 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         if isinstance(source, dict):
             extra = _name_problems(source)
         raise ScenarioError([*exc.problems, *extra]) from None
+    # the trainer's defaults of the null fields, resolved once (spec/defaults.py): what the estimate and the report's
+    # scenario hold, so a report's scenario resolves to itself
+    scenario = with_trainer_defaults(scenario)
     problems: list[Problem] = []
     model: ModelSpec | None = None
     gpu: GpuSpec | None = None
@@ -68,6 +72,10 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         gpu = GpuSpec.custom(hw.capacity_gib)
     if gpu is not None and hw.cuda_module_loading != gpu.cuda_module_loading:
         gpu = replace(gpu, cuda_module_loading=hw.cuda_module_loading)
+    if gpu is not None:
+        # serve.dtype auto as vLLM resolves it on this GPU (spec/defaults.py served_dtype): the checks and the estimate
+        # read, and the report's scenario holds, the dtype that runs
+        scenario = with_served_dtype(scenario, gpu)
     notes: list[str] = []
     if model is not None:
         scenario, notes, quant_problems = checkpoint_quantization_for(scenario, model)

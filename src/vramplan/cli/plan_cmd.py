@@ -60,6 +60,7 @@ def _gib(n: float) -> str:
 def _from_scenario(path: Path) -> dict[str, Any]:
     """Planning inputs taken from a scenario file: model, GPU, count, task and the job's size."""
     from vramplan.errors import Problem, ScenarioError
+    from vramplan.spec.fields import changed_fields
     from vramplan.spec.load import parse_scenario, read_document
 
     sc = parse_scenario(read_document(path))
@@ -93,11 +94,8 @@ def _from_scenario(path: Path) -> dict[str, Any]:
                                          "train.objective to plan the SFT job")])
         # techniques the search does not try (docs/planning.md): planning the job without them would answer
         # for another job, so they are refused rather than dropped
-        unsearched = [(f"train.{k}", v) for k, v in (("loss", t.loss), ("liger_kernels", t.liger_kernels),
-                                                     ("packing", t.packing), ("activation_offload", t.activation_offload),
-                                                     ("optimizer_in_backward", t.optimizer_in_backward),
-                                                     ("torchao_cpu_offload", t.torchao_cpu_offload))
-                      if v != type(t).model_fields[k].default]
+        unsearched = [(f"train.{k}", getattr(t, k)) for k in changed_fields(
+            t, ("loss", "liger_kernels", "packing", "activation_offload", "optimizer_in_backward", "torchao_cpu_offload"))]
         if unsearched:
             raise ScenarioError([Problem(k, f"is {v!r} in the scenario, but plan does not search it (it plans the "
                                          "standard loss, no Liger kernels, no packing, no activation offload, the "

@@ -28,8 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["COMPLETION_DEFAULT_ROWS", "DEFAULT_TRL_RELEASE", "LOG_PROB_ROWS", "READ_AT", "LogProbPath", "LogProbRow",
-           "grpo_completion_default", "log_prob_row", "release_text"]
+__all__ = ["COMPLETION_DEFAULT_ROWS", "DEFAULT_TRL_RELEASE", "GRADIENT_CHECKPOINTING_ROWS", "GRPO_BETA",
+           "GRPO_NUM_GENERATIONS", "LOG_PROB_ROWS", "READ_AT", "RLOO_BETA", "RLOO_MAX_COMPLETION", "RLOO_NUM_GENERATIONS",
+           "LogProbPath", "LogProbRow", "gradient_checkpointing_default", "grpo_completion_default", "log_prob_row",
+           "release_text"]
 
 LogProbPath = Literal["logits", "triton-logits", "fused-head"]
 
@@ -64,6 +66,19 @@ LOG_PROB_ROWS: tuple[LogProbRow, ...] = (
 # (read in every wheel of READ_AT); each holds from its release until the next row's
 COMPLETION_DEFAULT_ROWS: tuple[tuple[tuple[int, int, int], int], ...] = (((1, 9, 0), 256), ((1, 10, 0), 512))
 
+# _BaseConfig.gradient_checkpointing's default by release (trl/trainer/base_config.py: ``default=True``, "Enable
+# gradient checkpointing to trade compute for memory"): DPOConfig, GRPOConfig, KTOConfig, RLOOConfig and
+# trl.experimental.orpo's ORPOConfig subclass _BaseConfig and none overrides the field; read in every wheel of READ_AT
+GRADIENT_CHECKPOINTING_ROWS: tuple[tuple[tuple[int, int, int], bool], ...] = (((1, 9, 0), True),)
+
+# GRPOConfig (v1.9.0 and later, trl/trainer/grpo_config.py): beta=0.0, num_generations=8
+GRPO_BETA = 0.0
+GRPO_NUM_GENERATIONS = 8
+# RLOOConfig (v1.16.0, trl/trainer/rloo_config.py): beta=0.05, num_generations=2, max_completion_length=512
+RLOO_BETA = 0.05
+RLOO_NUM_GENERATIONS = 2
+RLOO_MAX_COMPLETION = 512
+
 # the releases whose wheels were read and found to follow the rows
 READ_AT: tuple[str, ...] = ("1.9.0", "1.10.0", "1.11.0", "1.12.0", "1.13.0", "1.14.0", "1.15.0", "1.16.0")
 
@@ -90,3 +105,12 @@ def grpo_completion_default(version: tuple[int, ...] | None) -> int:
     v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
     rows = [n for first, n in COMPLETION_DEFAULT_ROWS if first <= v]
     return rows[-1] if rows else COMPLETION_DEFAULT_ROWS[0][1]
+
+
+def gradient_checkpointing_default(version: tuple[int, ...] | None) -> bool:
+    """Whether TRL's trainer configs turn gradient checkpointing on by default at ``version`` (None:
+    ``DEFAULT_TRL_RELEASE``; a release before the first row read takes the first row's, the estimate refusing it
+    anyway): ``GRADIENT_CHECKPOINTING_ROWS``."""
+    v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
+    rows = [on for first, on in GRADIENT_CHECKPOINTING_ROWS if first <= v]
+    return rows[-1] if rows else GRADIENT_CHECKPOINTING_ROWS[0][1]

@@ -86,7 +86,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "VllmRelease", "parse_release", "release_row", "release_text"]
+__all__ = ["AUTO_DTYPE_FALLBACK_FROM", "NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "VllmRelease", "parse_release", "release_row", "release_text"]
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
@@ -355,6 +355,13 @@ VLLM_RELEASES: tuple[VllmRelease, ...] = (
 )
 
 OLDEST: Release = VLLM_RELEASES[0].first
+# --dtype auto on a GPU without the checkpoint's dtype (bf16 below compute capability 8.0): from 0.9.0
+# _get_and_verify_dtype (vllm/config.py) warns "Your ... device ... doesn't support torch.bfloat16. Falling back to
+# torch.float16 for compatibility." and takes current_platform.supported_dtypes[0] (vllm/platforms/cuda.py: fp16
+# for 6.0 <= capability < 8.0), PR vllm-project/vllm#17265; 0.8.5's _get_and_verify_dtype keeps the checkpoint's
+# bf16 and vllm/v1/worker/gpu_worker.py _check_if_gpu_supports_dtype raises "Bfloat16 is only supported on GPUs
+# with compute capability of at least 8.0" (both read in the release wheels)
+AUTO_DTYPE_FALLBACK_FROM: Release = (0, 9, 0)
 NEWEST: Release = (0, 33, 0)  # the newest vLLM release on PyPI when this table was written
 
 _RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post\d+|rc\d+)?$")

@@ -303,7 +303,7 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
         notes.append("gradient checkpointing: selective recomputation drops only the s x s attention tensors "
                      "(arXiv 2205.05198 sec. 5), which SDPA and flash attention never save: measured without "
                      "checkpointing, the same memory")
-    elif train and s.train.gradient_checkpointing == "full":
+    elif train and checkpoint_policy(s) == "full":
         # transformers 5 renames gradient_checkpointing_enable to activation_checkpointing_enable
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

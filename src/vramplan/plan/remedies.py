@@ -22,6 +22,7 @@ from vramplan.engine import estimate
 from vramplan.errors import ScenarioError, VramplanError
 from vramplan.plan.fit import DEFAULT_MARGIN, fits_with_margin
 from vramplan.report import Report, flatten
+from vramplan.spec.defaults import checkpointing
 from vramplan.spec.load import Resolved
 
 __all__ = ["MAX_REMEDIES", "Remedy", "remedies", "remedies_and_defaults"]
@@ -81,9 +82,9 @@ def _train_candidates(r: Resolved) -> Iterator[Candidate]:
     if s.hardware.num_gpus > 1 and s.parallel.zero_stage < 3 and s.parallel.fsdp == "none":
         yield ("zero3", {"parallel.zero_stage": 3}, (f"parallel.zero_stage {s.parallel.zero_stage} -> 3 (shard "
                f"weights, gradients and optimizer states over the {s.hardware.num_gpus} GPUs)"))
-    if t.gradient_checkpointing != "full":
+    if checkpointing(s) != "full":
         yield ("checkpointing", {"train.gradient_checkpointing": "full"},
-               f"train.gradient_checkpointing {t.gradient_checkpointing} -> full (recompute activations, ~1/3 more compute)")
+               f"train.gradient_checkpointing {checkpointing(s)} -> full (recompute activations, ~1/3 more compute)")
     if t.optimizer in ("adamw", "adamw-fused", "paged-adamw"):
         yield ("optimizer", {"train.optimizer": "adamw-8bit"},
                f"train.optimizer {t.optimizer} -> adamw-8bit (bitsandbytes 8-bit states)")

@@ -46,6 +46,7 @@ from vramplan.facts.llamacpp_builds import LlamaCppBuild, llamacpp_build
 from vramplan.monotone import largest_true
 from vramplan.serve.ggml_graph import GraphShape, gallocr_max_size, reserve_nodes
 from vramplan.serve.gguf import GgufFile, GgufTensor, model_tensors, read_gguf
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Gguf, Serve
 from vramplan.units import MiB, round_up
@@ -266,7 +267,7 @@ def _check(r: Resolved) -> None:
     if par.tp > 1 or par.pp > 1 or r.scenario.hardware.num_gpus > 1:
         raise _refuse("parallel.tp", "llama.cpp's memory is modelled on one GPU (its --split-mode layer/row over "
                       "several GPUs is not modelled)", "use one GPU: parallel.tp 1, hardware.num_gpus 1")
-    if sv.gpu_memory_utilization != type(sv).model_fields["gpu_memory_utilization"].default:
+    if changed_fields(sv, ("gpu_memory_utilization",)):
         # a value, not the key's presence: a report's scenario (every field, model_dump) must estimate again
         raise _refuse("serve.gpu_memory_utilization", "llama.cpp has no gpu_memory_utilization: it allocates "
                       "exactly its buffers", "remove it; choose serve.gguf.n_gpu_layers and serve.max_model_len")
@@ -343,7 +344,7 @@ def uses_other_engine(r: Resolved) -> bool:
 def _gguf_given(sv: Serve) -> bool:
     """``serve.gguf`` set to anything but its defaults (a report's scenario, dumped with every field, carries the
     defaults for every engine)."""
-    return "gguf" in sv.model_fields_set and sv.gguf != Gguf()
+    return bool(changed_fields(sv, ("gguf",)))
 
 
 def decide(r: Resolved) -> LlamaCppDecision:

@@ -53,7 +53,8 @@ def rollout_scenario(s: Scenario) -> Scenario:
         model=s.model, task="serve",
         hardware=Hardware(gpu=hw.gpu, capacity_gib=hw.capacity_gib, cuda_module_loading=hw.cuda_module_loading,
                           memory_in_use_gib=hw.memory_in_use_gib),
-        serve=Serve(gpu_memory_utilization=ro.gpu_memory_utilization, max_num_seqs=seqs,
+        # the engine in bf16, as the report says (docs/rl.md, Assumed)
+        serve=Serve(dtype="bf16", gpu_memory_utilization=ro.gpu_memory_utilization, max_num_seqs=seqs,
                     max_num_batched_tokens=TRL_MAX_NUM_BATCHED_TOKENS, vllm_version=ro.vllm_version),
         software=s.software,
     )

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from vramplan.errors import Problem
 from vramplan.facts.autoawq import AutoAwqRelease, autoawq_release
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.model import ModelSpec
-from vramplan.spec.scenario import AutoAwq, Scenario
+from vramplan.spec.scenario import Scenario
 
 __all__ = ["FUSED_MODEL_TYPES", "autoawq_problems", "autoawq_window"]
 
@@ -34,9 +35,7 @@ def autoawq_window(s: Scenario, m: ModelSpec, row: AutoAwqRelease) -> int:
 def _set_without_framework(s: Scenario) -> list[Problem]:
     """AutoAWQ settings given to a scenario of another framework: they would be ignored."""
     out = []
-    fields = AutoAwq.model_fields
-    given = sorted(k for k in s.inference.autoawq.model_fields_set
-                   if getattr(s.inference.autoawq, k) != fields[k].default)
+    given = sorted(changed_fields(s.inference.autoawq))
     for key in given:
         out.append(Problem(f"inference.autoawq.{key}", "is a setting of AutoAWQ's fused inference, but the framework "
                            f"is {s.effective_framework}: it would be ignored", "set framework: autoawq, or drop it"))
@@ -62,15 +61,14 @@ def _setting_problems(s: Scenario) -> list[Problem]:
         out.append(Problem("hardware.num_gpus", "AutoAWQ's fused inference is modelled on one GPU (its multi-GPU "
                            "device_map splits layers, which is not modelled)", "set num_gpus: 1 and parallel.tp: 1"))
     # the other parallel settings (ZeRO, offload, pp, cp, ep, ...) are not read by the fused path: refused when given
-    pfields = type(s.parallel).model_fields
-    for key in sorted(k for k in pfields if k != "tp" and getattr(s.parallel, k) != pfields[k].get_default(
-            call_default_factory=True)):
+    for key in sorted(k for k in changed_fields(s.parallel) if k != "tp"):
         out.append(Problem(f"parallel.{key}", "is not read by AutoAWQ's fused inference (one GPU, no sharding or "
                            "offload is modelled)", f"leave parallel.{key} at its default"))
     if inf.images_per_sample:
         out.append(Problem("inference.images_per_sample", "AutoAWQ's fused text model takes no images",
                            "set images_per_sample: 0"))
-    if "attention" in inf.model_fields_set and inf.attention != "sdpa":
+    # a value, not the key's presence: sdpa is the default (what a dumped scenario carries)
+    if changed_fields(inf, ("attention",)):
         out.append(Problem("inference.attention", f"AutoAWQ's fused attention computes its own scores: "
                            f"attention {inf.attention} would be ignored", "leave inference.attention out"))
     if inf.bnb_compute_dtype is not None:

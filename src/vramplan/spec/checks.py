@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import math
 
+from pydantic import BaseModel
+
 from vramplan.errors import Problem
 from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import first_release, release_tuple
+from vramplan.facts.vllm_releases import AUTO_DTYPE_FALLBACK_FROM, parse_release
+from vramplan.spec.defaults import PRE_AMPERE, served_dtype, with_served_dtype, with_trainer_defaults
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -36,15 +41,16 @@ FP8_COMPUTE_ARCHITECTURES = frozenset({"ada", "hopper", "blackwell", "cdna3", "c
 VLLM_FP8_WEIGHT_ARCHITECTURES = FP8_COMPUTE_ARCHITECTURES | {"ampere"}
 TASK_SECTIONS = ("train", "inference", "serve")
 # NVIDIA generations before Ampere (compute capability < 8.0) have no bf16 tensor cores.
-PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
 
 
 def _section_settings(s: Scenario, section: str) -> list[str]:
     """The keys of a task's own section that differ from their defaults (a scenario dumped with every
-    section, as a report's ``scenario`` is, holds the other tasks' defaults and is not refused)."""
+    section, as a report's ``scenario`` is, holds the other tasks' defaults and is not refused).  The defaults are
+    the section's as the scenario resolves them (a null trainer default filled in, spec/defaults.py)."""
     part = getattr(s, section)
-    default = type(part)()
-    return sorted(k for k in type(part).model_fields if getattr(part, k) != getattr(default, k))
+    default = getattr(with_served_dtype(with_trainer_defaults(s.model_copy(update={section: type(part)()})), None),
+                      section)
+    return sorted(changed_fields(getattr(with_trainer_defaults(s), section), defaults=default))
 
 
 def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -242,9 +248,11 @@ def capability_problems(s: Scenario, gpu: GpuSpec) -> list[Problem]:
                    f"compute capability {gpu.compute_capability}) lacks",
                    "use a Hopper/Ada or newer GPU (hardware.gpu), or a 16-bit setting")
            for setting, archs in _fp8_uses(s) if arch not in archs]
-    if s.task == "serve" and arch in PRE_AMPERE and s.serve.dtype == "bf16" and "dtype" in s.serve.model_fields_set:
+    # a value, not the key's presence: the default auto is resolved to fp16 there (served_dtype), so only a bf16
+    # given is refused, as vLLM refuses --dtype bfloat16 there (_check_if_gpu_supports_dtype, 0.8.5 and 0.9.0)
+    if s.task == "serve" and s.serve.engine != "llamacpp" and arch in PRE_AMPERE and s.serve.dtype == "bf16":
         out.append(Problem("serve.dtype", f"vLLM refuses bf16 on {gpu.name} (compute capability "
-                           f"{gpu.compute_capability} < 8.0)", "set serve.dtype: fp16 (the same bytes)"))
+                           f"{gpu.compute_capability} < 8.0)", "set serve.dtype: fp16 (the same bytes) or auto"))
     return out
 
 
@@ -252,15 +260,28 @@ def capability_notes(s: Scenario, gpu: GpuSpec) -> list[str]:
     """Assumptions to state when a setting runs on this GPU but not as asked: bf16 before Ampere."""
     if gpu.architecture not in PRE_AMPERE:
         return []
-    where = {"train": s.train.precision.startswith("bf16"), "inference": s.inference.dtype == "bf16",
-             "serve": s.serve.dtype == "bf16"}
+    if s.task == "serve":
+        # what vLLM runs there is fp16 (a bf16 given is refused, capability_problems); said by value, so that the
+        # report's scenario, which holds the resolved fp16, reads the same
+        return [_half_serving_note(s, gpu)] if s.serve.engine == "vllm" and served_dtype(s, gpu) == "fp16" else []
+    where = {"train": s.train.precision.startswith("bf16"), "inference": s.inference.dtype == "bf16"}
     if not where[s.task]:
         return []
-    if s.task == "serve":
-        return [(f"{gpu.name} ({gpu.architecture}) has no bf16 support (compute capability {gpu.compute_capability} "
-                 "< 8.0): vLLM needs --dtype float16 there; the bytes are the same as bf16's")]
     return [(f"{gpu.name} ({gpu.architecture}) has no bf16 tensor cores (compute capability "
              f"{gpu.compute_capability} < 8.0): PyTorch runs bf16 emulated, with the same bytes but far slower")]
+
+
+def _half_serving_note(s: Scenario, gpu: GpuSpec) -> str:
+    """The assumption of a vLLM engine serving fp16 on a GPU without bf16, by release (``AUTO_DTYPE_FALLBACK_FROM``)."""
+    head = (f"{gpu.name} ({gpu.architecture}) has no bf16 support (compute capability {gpu.compute_capability} < 8.0): "
+            "vLLM serves fp16 there")
+    if parse_release(s.serve.vllm_version) >= AUTO_DTYPE_FALLBACK_FROM:
+        how = ("--dtype auto casts a bf16 checkpoint to fp16 with a warning (from vLLM 0.9.0, vllm/config.py "
+               "_get_and_verify_dtype: current_platform.supported_dtypes[0])")
+    else:
+        how = (f"vLLM {s.serve.vllm_version} refuses a bf16 checkpoint under --dtype auto (before 0.9.0: "
+               "_check_if_gpu_supports_dtype), so --dtype float16 or an fp16 or fp32 checkpoint is assumed")
+    return f"{head}; {how}; the bytes are the same as bf16's"
 
 
 def number_problems(option: str, value: float | None, low: float, high: float, *,
@@ -281,11 +302,10 @@ def _num(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def _changed(part: object, keys: tuple[str, ...]) -> list[str]:
+def _changed(part: BaseModel, keys: tuple[str, ...]) -> list[str]:
     """The keys among ``keys`` whose value differs from the field's default (a value equal to the default is
     what the scenario would hold without it: a scenario dumped with every field is judged like the one written)."""
-    fields = type(part).model_fields  # type: ignore[attr-defined]
-    return [k for k in keys if getattr(part, k) != fields[k].default]
+    return changed_fields(part, keys)
 
 
 def _noted(prefix: str, keys: list[str], why: str) -> list[str]:

@@ -21,7 +21,9 @@ from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
 from vramplan.spec.autoawq import autoawq_problems
+from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
@@ -320,10 +322,13 @@ def _llamacpp_option_problems(s: Scenario) -> list[Problem]:
     sv = s.serve
     if sv.engine != "llamacpp":
         return []
-    fields = type(sv).model_fields
+    # the resolved default: dtype auto reads UNREAD_SERVE_DTYPE under llama.cpp (spec/defaults.py with_served_dtype)
+    given = set(changed_fields(sv, _LLAMACPP_INSTEAD, defaults={"dtype": UNREAD_SERVE_DTYPE}))
+    if sv.dtype == "auto":  # not yet resolved (a scenario checked before catalog.resolve resolves it)
+        given.discard("dtype")
     out = []
     for key, instead in _LLAMACPP_INSTEAD.items():
-        if getattr(sv, key) != fields[key].default:
+        if key in given:
             hint = f"remove it; llama.cpp reads {instead}" if instead else "remove it; llama.cpp has no such option"
             out.append(Problem(f"serve.{key}", "is an option of vLLM and SGLang, not of engine llamacpp", hint))
     return out
@@ -539,21 +544,21 @@ _OWN_CHECKPOINTING = ("torchtitan", "plain")
 
 def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Policies a framework cannot run, and op-level SAC where its saved outputs are not modelled."""
-    t, fw = s.train, s.effective_framework
+    t, fw, g = s.train, s.effective_framework, checkpointing(s)
     out: list[Problem] = []
-    if t.checkpoint_every_n_layers > 1 and (t.gradient_checkpointing != "full" or fw not in _OWN_CHECKPOINTING):
+    if t.checkpoint_every_n_layers > 1 and (g != "full" or fw not in _OWN_CHECKPOINTING):
         out.append(Problem("train.checkpoint_every_n_layers",
                            f"checkpointing every {t.checkpoint_every_n_layers}-th layer needs gradient_checkpointing: "
                            f"full under {' or '.join(_OWN_CHECKPOINTING)} (torchtitan selective_ac_option); {fw} "
                            "with transformers' gradient_checkpointing_enable checkpoints every layer",
                            "set checkpoint_every_n_layers: 1, or framework: torchtitan"))
-    if t.deepspeed_checkpointing != "none" and (fw != "deepspeed" or t.gradient_checkpointing != "full"):
+    if t.deepspeed_checkpointing != "none" and (fw != "deepspeed" or g != "full"):
         out.append(Problem("train.deepspeed_checkpointing", f"DeepSpeed's {t.deepspeed_checkpointing} checkpointing "
                            f"needs framework deepspeed and gradient_checkpointing: full (here {fw}, "
-                           f"{t.gradient_checkpointing})", "set framework: deepspeed and gradient_checkpointing: full, "
+                           f"{g})", "set framework: deepspeed and gradient_checkpointing: full, "
                            "or deepspeed_checkpointing: none"))
-    op_sac = t.gradient_checkpointing == "op-sac" or (t.gradient_checkpointing == "selective" and fw == "torchtitan")
-    if t.gradient_checkpointing == "op-sac" and fw not in _OWN_CHECKPOINTING:
+    op_sac = g == "op-sac" or (g == "selective" and fw == "torchtitan")
+    if g == "op-sac" and fw not in _OWN_CHECKPOINTING:
         out.append(Problem("train.gradient_checkpointing", f"op-sac is torchtitan's op-level selective checkpointing; "
                            f"{fw} has no such policy", "use framework: torchtitan, or full / attention-core"))
     elif op_sac and any(ls.moe for ls in m.layers):
@@ -617,7 +622,7 @@ def _offload_problems(s: Scenario) -> list[Problem]:
     """Activation offloading as modelled: full checkpointing of every layer, one pipeline stage."""
     t, fw = s.train, s.effective_framework
     out: list[Problem] = []
-    if t.gradient_checkpointing != "full" or t.checkpoint_every_n_layers > 1:
+    if checkpointing(s) != "full" or t.checkpoint_every_n_layers > 1:
         out.append(Problem("train.activation_offload", "activation offloading is modelled with full checkpointing "
                            "of every layer, as torchtune's recipes require (enable_activation_offloading needs "
                            "enable_activation_checkpointing)", "set gradient_checkpointing: full"))

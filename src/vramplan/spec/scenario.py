@@ -15,6 +15,7 @@ from vramplan.facts import Choices, OneOf
 from vramplan.facts.optimizers import optimizer_names
 from vramplan.facts.pipeline_schedules import pipeline_schedule_names
 from vramplan.facts.vllm_releases import parse_release
+from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq"]
@@ -27,6 +28,8 @@ TrainQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4"]
 InferQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4", "gptq-4bit", "awq-4bit", "fp8", "mxfp4", "fp8-block",
                      "gptq-3bit", "gptq-8bit", "ct-w4a16", "ct-w8a8-int8", "ct-fp8", "hqq-4bit", "hqq-8bit", "ao-int4", "ao-fp8", "ao-int8"]
 HalfDtype = Literal["fp32", "fp16", "bf16"]
+# vLLM's --dtype: auto (its default) or a dtype
+ServeDtype = Literal["auto", "fp32", "fp16", "bf16"]
 KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 FSDP = Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
@@ -148,10 +151,12 @@ class Train(_Strict):
     """Optimizer whose states, and step temporaries, are counted (adamw is torch's foreach AdamW: one
     state-sized temporary in step(); adamw-fused avoids it; docs/conventions.md)."""
 
-    gradient_checkpointing: Checkpointing = "none"
+    gradient_checkpointing: Checkpointing | None = None
     """Activation recomputation policy: none; full (each checkpointed layer keeps only its input);
     attention-core (only the attention's s x s tensors are dropped); op-sac (torchtitan's op-level selective
     checkpointing); selective means the framework's own: op-sac under torchtitan, attention-core elsewhere.
+    null: the trainer's default, full under a TRL objective (dpo, kto, orpo, grpo, rloo: TRL's
+    ``gradient_checkpointing=True``, facts/trl.py), none otherwise (the HF Trainer's False).
 
     attention-core is Megatron's selective recompute (Korthikanti et al., arXiv 2205.05198 sec. 5): with
     sdpa or flash attention it saves what no checkpointing saves.  op-sac saves the outputs of the ops on
@@ -418,18 +423,17 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
 
     An option counts as set when the scenario gives it a value other than its default, so that a scenario
     dumped with every field (``model_dump``) checks again."""
-    fields = type(sv).model_fields
     out = []
     if sv.engine == "llamacpp":
         # neither engine's budget options exist in llama.cpp (it allocates what the model and n_ctx need)
         for table, other in ((VLLM_ONLY_OPTIONS, "vLLM"), (SGLANG_ONLY_OPTIONS, "SGLang")):
-            for key in sorted(k for k in sv.model_fields_set & table.keys() if getattr(sv, k) != fields[k].default):
+            for key in sorted(changed_fields(sv, table)):
                 out.append((f"serve.{key}", f"is an option of {other}, not of engine llamacpp",
                             ("remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
                             "serve.gguf need, with no budget of its own")))
         return out
     wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
-    given = {k for k in sv.model_fields_set & wrong.keys() if getattr(sv, k) != fields[k].default}
+    given = set(changed_fields(sv, wrong))
     for key in sorted(given):
         instead = f"{name} uses serve.{wrong[key]} instead" if wrong[key] else f"{name} has no such option here"
         other = "vLLM" if name == "SGLang" else "SGLang"
@@ -496,8 +500,14 @@ class Serve(_Strict):
     kv_cache_dtype: KVDtype = "auto"
     """Dtype of the KV cache; auto means the model's dtype."""
 
-    dtype: HalfDtype = "bf16"
-    """Dtype of the weights and activations."""
+    dtype: ServeDtype = "auto"
+    """Dtype of the weights and activations; auto is vllm serve's default --dtype auto, resolved with the GPU: bf16
+    (the checkpoint's, assumed bf16: 2 bytes whatever the half dtype) from compute capability 8.0, fp16 below.
+
+    vLLM's ``_get_and_verify_dtype`` (vllm/config.py) takes the checkpoint's torch_dtype (fp16 for an fp32 one); from
+    0.9.0 a dtype the GPU lacks falls back to ``current_platform.supported_dtypes[0]``, fp16 below 8.0, with a
+    warning; before 0.9.0 ``_check_if_gpu_supports_dtype`` refuses bf16 there, as it refuses an explicit bf16 in
+    every release (spec/defaults.py ``served_dtype``)."""
 
     quantization: InferQuant = "none"
     """Weight quantization: bitsandbytes int8, nf4, nf4-dq (double quantization), fp4; GPTQ or AWQ 4-bit;
@@ -818,23 +828,23 @@ class Rollout(_Strict):
     TRL v1.9.0 ``trl/generation/vllm_generation.py`` (``self.llm.sleep(level=2)`` after each generate,
     ``wake_up(tags=["weights"])`` in ``sync_weights``, ``wake_up(tags=["kv_cache"])`` before generate)."""
 
-    num_generations: int = Field(8, ge=2, le=1_000_000)
+    num_generations: int | None = Field(None, ge=2, le=1_000_000)
     """Completions sampled per prompt (TRL ``num_generations``, default 8; RLOO's 2): the group of the group-relative
     advantage.  micro_batch_size x data-parallel ranks x grad_accum_steps must be a multiple of it.
 
-    Left out under ``train.objective: rloo``: RLOOConfig's 2 (TRL v1.16.0, which requires at least 2)."""
+    null: the trainer's default, RLOOConfig's 2 under ``train.objective: rloo`` (TRL v1.16.0, which requires at
+    least 2), else GRPOConfig's 8 (spec/defaults.py)."""
 
     max_prompt_len: int = Field(512, ge=1, le=100_000_000)
     """Longest prompt, in tokens (TRL < 1.0 ``max_prompt_length``, default 512; TRL >= 1.0 no longer truncates
     prompts, so give the dataset's longest)."""
 
-    max_completion_len: int = Field(256, ge=1, le=100_000_000)
-    """Longest completion, in tokens (TRL ``max_completion_length``, default 256): the policy's logits and
-    log-probabilities are computed over these positions only (``logits_to_keep``).
+    max_completion_len: int | None = Field(None, ge=1, le=100_000_000)
+    """Longest completion, in tokens (TRL ``max_completion_length``): the policy's logits and log-probabilities are
+    computed over these positions only (``logits_to_keep``).
 
-    TRL v1.9.0's default; from v1.10.0 ``GRPOConfig`` defaults to 512, which the estimate takes when
-    ``software.trl`` names such a release and this key is left out (facts/trl.py); RLOOConfig's 512 under
-    ``train.objective: rloo``."""
+    null: the trainer's default at the release: ``GRPOConfig``'s 256 at TRL v1.9.0 and 512 from v1.10.0
+    (``software.trl``, facts/trl.py); RLOOConfig's 512 under ``train.objective: rloo``."""
 
     vllm_version: VllmVersion = "0.11"
     """vLLM release of the colocated engine (its start-up rules, facts/vllm_releases.py)."""
@@ -843,10 +853,11 @@ class Rollout(_Strict):
 class Rl(_Strict):
     """Reinforcement-learning post-training (train.objective: grpo or rloo): the reference model and the rollout."""
 
-    beta: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
+    beta: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
     """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19; RLOO's 0.05): with 0 no reference model is loaded.
 
-    Left out under ``train.objective: rloo``: RLOOConfig's 0.05 (TRL v1.16.0), so a reference model is loaded.
+    null: the trainer's default, RLOOConfig's 0.05 under ``train.objective: rloo`` (TRL v1.16.0: a reference model
+    is loaded), else GRPOConfig's 0.0 (spec/defaults.py).
 
     TRL v1.9.0 ``GRPOTrainer.__init__``: ``if self.beta == 0.0: self.ref_model = None``."""
 

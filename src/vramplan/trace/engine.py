@@ -9,6 +9,7 @@ from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
 from vramplan.spec.checks import ignored_sections, unused_settings
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario, Train
 from vramplan.trace.fsdp import fake_world, fsdp_traced, world_shape
@@ -157,7 +158,6 @@ def _lifecycle_not_traced(s: Scenario) -> list[str]:
     inputs).  Keys at their default say nothing, so reports that give none are unchanged."""
     if s.task != "train":
         return []  # unused_settings states them for the other tasks
-    lc, fields = s.lifecycle, type(s.lifecycle).model_fields
-    given = [f"lifecycle.{k}" for k in fields if getattr(lc, k) != fields[k].default]
+    given = [f"lifecycle.{k}" for k in changed_fields(s.lifecycle)]
     return [(f"not modelled: {', '.join(given)} by the traced engine (it traces the steady step; `vramplan estimate` "
              "gives the job's load, evaluation and save phases)")] if given else []

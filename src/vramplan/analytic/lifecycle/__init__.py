@@ -37,6 +37,7 @@ from vramplan.analytic.lifecycle.steps import between_steps, device_states_bytes
 from vramplan.analytic.moment import Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Lifecycle
 
 __all__ = ["LIFECYCLE_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
@@ -165,8 +166,7 @@ def _given(part: Lifecycle, keys: tuple[str, ...]) -> list[str]:
     """The keys among ``keys`` whose value differs from the field's default, as dotted names.  A value equal
     to the default is what the scenario would have without it, so a scenario dumped with every field (the
     planner's and solvers' documents, a report's ``scenario``) is judged like the one the user wrote."""
-    fields = type(part).model_fields
-    return [f"lifecycle.{k}" for k in keys if getattr(part, k) != fields[k].default]
+    return [f"lifecycle.{k}" for k in changed_fields(part, keys)]
 
 
 def _unused_eval(c: StepContext) -> list[str]:

@@ -39,6 +39,7 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.casts import generate_casts_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.errors import Problem
+from vramplan.spec.defaults import completion_len
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Inference
@@ -72,7 +73,7 @@ def hf_generate_parts(c: StepContext, r: Resolved) -> tuple[int, int, int]:
     s, pol = c.s, c.pol
     ro = s.rl.rollout
     b, prompt = generation_batch(c), ro.max_prompt_len
-    inf = Inference(batch_size=b, prompt_len=prompt, new_tokens=ro.max_completion_len, dtype=pol.half,
+    inf = Inference(batch_size=b, prompt_len=prompt, new_tokens=completion_len(s), dtype=pol.half,
                     attention=s.train.attention)
     call = Resolved(s.model_copy(update={"task": "inference", "inference": inf}), r.model, r.gpu, ())
     # the residual stream's dtype as the step has it (fp32 over fp32 weights; a half PEFT base keeps it half)
@@ -105,7 +106,7 @@ def hf_generate_notes(c: StepContext, method: str) -> list[str]:
             "at 4 bytes;" if c.act.residual_bytes > pol.compute_bytes else "")
     out = [(f"{method} rollout: Hugging Face generate inside the trainer (use_vllm=False, "
             f"unwrap_model_for_generation): {generation_batch(c)} prompts (per_device_train_batch_size x "
-            f"steps_per_generation) of {ro.max_prompt_len} tokens, {ro.max_completion_len} new tokens each, in one "
+            f"steps_per_generation) of {ro.max_prompt_len} tokens, {completion_len(c.s)} new tokens each, in one "
             f"call, {how}; its KV cache, running layer and last-token logits as the inference engine counts them "
             f"(analytic/inference.py), every sequence at full length;{fp32} every cached weight copy added to the "
             "call's highest moment (an upper bound by at most the head's copy)"),

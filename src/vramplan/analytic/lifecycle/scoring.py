@@ -29,6 +29,7 @@ from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.loss import fused_head_dtypes
+from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
 __all__ = ["scoring_forward_bytes", "scoring_phase"]
@@ -37,7 +38,7 @@ __all__ = ["scoring_forward_bytes", "scoring_phase"]
 def scoring_forward_bytes(c: StepContext, lay: StepLayout) -> int:
     """One no-grad scoring forward's largest live tensors (module docstring)."""
     t, ro = c.s.train, c.s.rl.rollout
-    b, comp = t.micro_batch_size, ro.max_completion_len
+    b, comp = t.micro_batch_size, completion_len(c.s)
     tokens = ceil_div(b * (ro.max_prompt_len + comp), c.s.parallel.cp)
     vocab, cb = c.m.vocab_size, lay.compute_bytes
     if not lay.has_head:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.defaults import checkpointing
 
 __all__ = ["frozen_prefix"]
 
@@ -24,7 +25,7 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
     """
     m, ctx, tokens = c.m, c.act, c.tokens
     attention_idle: set[int] = set()
-    if c.peft is None or c.s.train.gradient_checkpointing != "none" or not c.rp.has_embedding or not full:
+    if c.peft is None or checkpointing(c.s) != "none" or not c.rp.has_embedding or not full:
         return attention_idle
     attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name)}
     attn_adapted = bool(c.lt.linear & attn_mods)

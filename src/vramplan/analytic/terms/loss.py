@@ -28,6 +28,7 @@ from vramplan.analytic.terms.casts import reference_casts_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, mlp
+from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
 __all__ = ["LITGPT_HEAD_NOTE", "fused_head_dtypes", "kernel_loss", "layer_forward", "litgpt_head_dequant",
@@ -127,7 +128,7 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         return _fused_head_loss_tensors(c)
     if t.objective == "grpo":
         # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
-        return grpo_loss_tensors(t.micro_batch_size, c.s.rl.rollout.max_completion_len, vocab, cb)
+        return grpo_loss_tensors(t.micro_batch_size, completion_len(c.s), vocab, cb)
     if t.objective == "dpo":
         # TRL's DPO loss: the head on every position, then the reference's no-grad forward (analytic/dpo.py)
         casts = reference_casts_bytes(c) if dpo_reference_kind(c.s) == "separate" else 0
@@ -179,7 +180,7 @@ def _fused_head_loss_tensors(c: StepContext) -> KernelLossTensors:
     if t.objective in ("grpo", "rloo"):
         # RLOOTrainer (v1.16.0) runs GRPO's fused-head log-probs (analytic/rloo.py)
         ro = c.s.rl.rollout
-        return grpo_fused_loss_tensors(t.micro_batch_size, ro.max_prompt_len, ro.max_completion_len, vocab,
+        return grpo_fused_loss_tensors(t.micro_batch_size, ro.max_prompt_len, completion_len(c.s), vocab,
                                        m.hidden_size, x, cb, w, trainable)
     casts = reference_casts_bytes(c, head=False) if dpo_reference_kind(c.s) == "separate" else 0
     if t.objective == "dpo":

@@ -1,0 +1,115 @@
+"""What a scenario's null means where the default is a trainer's own: resolved here, in one place, with the release.
+
+A few scenario fields are null in the schema because their default depends on what runs (docs/rl.md):
+
+* ``train.gradient_checkpointing``: TRL's trainer configs turn checkpointing on (``_BaseConfig.gradient_checkpointing
+  = True``, facts/trl.py ``GRADIENT_CHECKPOINTING_ROWS``) under a post-training objective (dpo, kto, orpo, grpo,
+  rloo; ppo, refused, would be TRL's too); the HF Trainer's ``TrainingArguments.gradient_checkpointing`` is False,
+  so every other objective resolves to none;
+* ``serve.dtype``: auto is ``vllm serve --dtype auto``, resolved with the GPU (``served_dtype``, which needs the
+  GPU and so is applied by ``catalog.resolve`` once the GPU is known: ``with_served_dtype``);
+* ``rl.beta``, ``rl.rollout.num_generations``, ``rl.rollout.max_completion_len``: RLOOConfig's 0.05, 2 and 512
+  (TRL v1.16.0) under ``train.objective: rloo``, else GRPOConfig's 0.0, 8 and its ``max_completion_length`` at
+  ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py ``COMPLETION_DEFAULT_ROWS``).
+
+``with_trainer_defaults`` fills each null with that value (``catalog.resolve`` calls it), so the estimate, and the
+report's ``scenario``, hold the resolved values: a report's scenario estimated again resolves to itself.  A value
+given equal to the default means the same as leaving it out: no check reads whether a key was present.
+"""
+
+from __future__ import annotations
+
+from vramplan.facts.trl import (
+    GRPO_BETA,
+    GRPO_NUM_GENERATIONS,
+    RLOO_BETA,
+    RLOO_MAX_COMPLETION,
+    RLOO_NUM_GENERATIONS,
+    gradient_checkpointing_default,
+    grpo_completion_default,
+)
+from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.scenario import Checkpointing, HalfDtype, Scenario
+
+__all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
+           "num_generations", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
+
+# GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
+PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
+# serve.dtype auto where no serving engine reads it (another task, llama.cpp, whose weights' types are the GGUF
+# file's): bf16, the schema's default before auto, so such a scenario's echo reads as it did
+UNREAD_SERVE_DTYPE: HalfDtype = "bf16"
+
+# the objectives TRL's trainers run (their configs subclass trl/trainer/base_config.py _BaseConfig)
+TRL_OBJECTIVES = frozenset({"dpo", "kto", "orpo", "grpo", "ppo", "rloo"})
+
+
+def checkpointing(s: Scenario) -> Checkpointing:
+    """``train.gradient_checkpointing``, or the trainer's default: full under a TRL objective whose release turns it
+    on, none otherwise."""
+    given = s.train.gradient_checkpointing
+    if given is not None:
+        return given
+    if s.train.objective in TRL_OBJECTIVES and gradient_checkpointing_default(s.software.trl_version):
+        return "full"
+    return "none"
+
+
+def beta(s: Scenario) -> float:
+    """``rl.beta``, or the trainer's default (RLOOConfig's 0.05, GRPOConfig's 0.0)."""
+    given = s.rl.beta
+    if given is not None:
+        return given
+    return RLOO_BETA if s.train.objective == "rloo" else GRPO_BETA
+
+
+def num_generations(s: Scenario) -> int:
+    """``rl.rollout.num_generations``, or the trainer's default (RLOOConfig's 2, GRPOConfig's 8)."""
+    given = s.rl.rollout.num_generations
+    if given is not None:
+        return given
+    return RLOO_NUM_GENERATIONS if s.train.objective == "rloo" else GRPO_NUM_GENERATIONS
+
+
+def completion_len(s: Scenario) -> int:
+    """``rl.rollout.max_completion_len``, or the trainer's default at the release (RLOOConfig's 512; GRPOConfig's
+    256 at TRL v1.9.0, 512 from v1.10.0)."""
+    given = s.rl.rollout.max_completion_len
+    if given is not None:
+        return given
+    return RLOO_MAX_COMPLETION if s.train.objective == "rloo" else grpo_completion_default(s.software.trl_version)
+
+
+def with_trainer_defaults(s: Scenario) -> Scenario:
+    """``s`` with every null trainer default resolved (the module docstring); ``s`` itself when none is null."""
+    t, rl, ro = s.train, s.rl, s.rl.rollout
+    if None not in (t.gradient_checkpointing, rl.beta, ro.num_generations, ro.max_completion_len):
+        return s
+    rollout = ro.model_copy(update={"num_generations": num_generations(s), "max_completion_len": completion_len(s)})
+    return s.model_copy(update={
+        "train": t.model_copy(update={"gradient_checkpointing": checkpointing(s)}),
+        "rl": rl.model_copy(update={"beta": beta(s), "rollout": rollout}),
+    })
+
+
+def served_dtype(s: Scenario, gpu: GpuSpec) -> HalfDtype:
+    """``serve.dtype`` with auto resolved as ``vllm serve --dtype auto`` does on ``gpu`` (spec/scenario.py
+    ``Serve.dtype``): fp16 before Ampere (compute capability < 8.0), else bf16, the checkpoint's dtype assumed bf16
+    (an fp16 or fp32 checkpoint runs fp16: the same 2 bytes).  A GPU of unknown generation takes bf16."""
+    d = s.serve.dtype
+    if d != "auto":
+        return d
+    return "fp16" if gpu.architecture in PRE_AMPERE else "bf16"
+
+
+def with_served_dtype(s: Scenario, gpu: GpuSpec | None) -> Scenario:
+    """``s`` with ``serve.dtype`` auto resolved: by ``served_dtype`` for a vLLM or SGLang engine on ``gpu`` (left
+    auto while no GPU is known), ``UNREAD_SERVE_DTYPE`` where no engine reads it.  The estimate and the report's
+    scenario hold the dtype that runs; ``s`` itself when it gives one."""
+    if s.serve.dtype != "auto":
+        return s
+    read = s.task == "serve" and s.serve.engine != "llamacpp"
+    if read and gpu is None:
+        return s
+    dtype = served_dtype(s, gpu) if read and gpu is not None else UNREAD_SERVE_DTYPE
+    return s.model_copy(update={"serve": s.serve.model_copy(update={"dtype": dtype})})
