@@ -67,6 +67,8 @@ def test_bamba_with_an_explicit_kv_budget_at_0_11() -> None:
     # needed (every layer's spec): (3 x 16 + 29) x 2,162,688 = 77 x 2,162,688 = 166,526,976 B
     assert d.needed_kv_bytes == 166_526_976
     assert d.to_dict()["mamba_state_page_bytes"] == 2_147_840 and d.to_dict()["mamba_groups"] == 10
+    # rotary cache: 262,144 positions x (128 x 0.5, BambaConfig's partial_rotary_factor) x 2 B = 33,554,432 B
+    assert d.rotary_cache_bytes == 33_554_432
 
 
 @pytest.mark.parametrize(("version", "needed", "tokens"), [
@@ -74,8 +76,7 @@ def test_bamba_with_an_explicit_kv_budget_at_0_11() -> None:
     ("0.15", 3 * 2_162_688, 79_200),
     # 0.19 on: the sum over the groups: 3 x 2,162,688 x 26 = 168,689,664 B
     ("0.19", 168_689_664, 79_200),
-    # 0.24 on, GPU KV cache size = int(1,654 / 26 x 8,192) = int(521,137.23...) = 521,137 tokens
-    ("0.25", 168_689_664, 521_137),
+    ("0.23", 168_689_664, 79_200),
 ])
 def test_needed_and_tokens_by_release(version: str, needed: int, tokens: int) -> None:
     d = decide(resolve(_doc(version, kv_cache_memory_bytes=KV_10_GIB)), version=version)
@@ -109,6 +110,7 @@ def test_release_rows_cover_the_served_range() -> None:
     (_doc("0.10.1"), "serve.vllm_version", "V0 engine"),
     (_doc("0.8.5"), "serve.vllm_version", "V0 engine"),
     (_doc("0.26"), "serve.vllm_version", "prefix caching on for hybrid models"),
+    (_doc("0.24"), "serve.vllm_version", "no longer serves bamba models (removed in 0.24.0"),
     (_doc("0.11", quantization="fp8"), "serve.quantization", "quantized weights"),
     (_doc("0.11", max_loras=1, max_lora_rank=8), "serve.max_loras", "LoRA slots"),
     ({**_doc("0.11"), "parallel": {"tp": 2}, "hardware": {"gpu": "H100", "num_gpus": 2}}, "parallel.tp",
@@ -128,3 +130,13 @@ def test_other_engines_are_refused(engine: str) -> None:
     with pytest.raises(ScenarioError) as exc:
         estimate(doc)
     assert f"serving it with {engine} is not estimated" in str(exc.value)
+
+
+def test_tokens_from_concurrency_from_0_24(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the 0.24 row holds for any hybrid architecture vLLM still ships; Bamba's removal lifted to test it with Bamba's
+    # shape: GPU KV cache size = int(1,654 / 26 x 8,192) = int(521,137.23...) = 521,137 tokens
+    from vramplan.facts.vllm_releases import MAMBA_HYBRID_REMOVED
+
+    monkeypatch.delitem(MAMBA_HYBRID_REMOVED, "bamba")
+    d = decide(resolve(_doc("0.25", kv_cache_memory_bytes=KV_10_GIB)), version="0.25")
+    assert (d.num_gpu_blocks, d.kv_cache_tokens, d.needed_kv_bytes) == (1654, 521_137, 168_689_664)

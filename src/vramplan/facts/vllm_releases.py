@@ -86,7 +86,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_RULES", "NEWEST", "OLDEST", "VLLM_RELEASES",
+__all__ = ["MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED", "MAMBA_HYBRID_RULES", "NEWEST", "OLDEST", "VLLM_RELEASES",
            "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule", "VllmRelease", "mamba_hybrid_rule", "parse_release",
            "release_row", "release_text"]
 
@@ -501,6 +501,12 @@ MAMBA_HYBRID_RULES: tuple[MambaHybridRule, ...] = (
         sources=(("0.24.0 vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity: num_tokens = int(max_concurrency * "
                  "max_model_len)"),)),
 )
+
+
+# Hybrid architectures vLLM dropped, by config model_type: the first release without them.  vLLM 0.24.0 lists
+# "BambaForCausalLM": "0.23.0" in vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS (its
+# bamba.py is gone), so 0.23.x is the last release that serves Bamba.
+MAMBA_HYBRID_REMOVED: dict[str, Release] = {"bamba": (0, 24, 0)}
 
 
 def mamba_hybrid_rule(text: str) -> MambaHybridRule | None:

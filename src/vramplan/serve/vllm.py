@@ -56,6 +56,7 @@ from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_FIRST,
     MAMBA_HYBRID_PREFIX_CACHING_FROM,
+    MAMBA_HYBRID_REMOVED,
     NEWEST,
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
@@ -210,7 +211,9 @@ def rotary_cache_bytes(m: ModelSpec, dtype_bytes: int) -> int:
     """
     if m.position != "rope":
         return 0
-    rot = m.mla.qk_rope_head_dim if m.mla is not None else m.head_dim
+    # vLLM's Bamba reads the config's partial_rotary_factor (vllm/model_executor/models/bamba.py
+    # BambaAttentionDecoderLayer: rotary_dim = head_dim * partial_rotary_factor)
+    rot = m.mla.qk_rope_head_dim if m.mla is not None else int(m.head_dim * m.partial_rotary_factor)
     return m.max_position_embeddings * rot * dtype_bytes
 
 
@@ -1154,6 +1157,11 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
                "mixers keep state pages per block (mamba_cache_mode 'all' or 'align'), which is not modelled")
         raise _refuse("serve.vllm_version", f"{m.name} is a hybrid attention + Mamba2 model; {why}",
                       f"use serve.vllm_version from {_HYBRID_RANGE}")
+    removed = MAMBA_HYBRID_REMOVED.get(m.model_type)
+    if removed is not None and parse_release(version) >= removed:
+        raise _refuse("serve.vllm_version", f"vLLM {version} no longer serves {m.model_type} models (removed in "
+                      f"{release_text(removed)}: vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
+                      f"use serve.vllm_version from {release_text(MAMBA_HYBRID_FIRST)} below {release_text(removed)}")
     problems = [(r.scenario.parallel.tp > 1, "parallel.tp", ("tensor parallelism (the mixers' heads and groups split "
                  "over ranks, MambaStateShapeCalculator.extra_groups_for_head_shards)"), "set parallel.tp to 1"),
                 (sv.quantization != "none", "serve.quantization", "quantized weights", "use serve.quantization: none"),
@@ -1185,7 +1193,9 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None) -> lis
             f"and {lay.mamba_groups} mixer groups of {lay.group_size} layers; prefix caching off (vLLM's default for "
             "hybrid models in these releases)"),
             ("hybrid model: the attention backend is assumed to take blocks in multiples of 16 (FlashAttention, "
-            "FlashInfer); the profile run's mixer layers skip the scan (MambaMixer2.forward_cuda 'profile run'), and "
+            "FlashInfer); the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ "
+            "reads attn_rotary_emb from config.json instead, head_dim where it is absent); the profile run's mixer "
+            "layers skip the scan (MambaMixer2.forward_cuda 'profile run'), and "
             "vLLM captures FULL_AND_PIECEWISE CUDA graphs for them (MambaModelConfig), whose memory is the stand-in "
             "above")]
 

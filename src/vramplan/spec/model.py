@@ -403,6 +403,9 @@ class ModelSpec:
     vision: VisionSpec | None = None
     # a hybrid model's Mamba2 mixer layers (None: every layer is attention)
     mamba: MambaSpec | None = None
+    # the share of each head's dimensions that RoPE rotates (BambaConfig hardcodes 0.5, configuration_bamba.py
+    # __post_init__ "hardcode for BC"); read by vLLM's rotary cache (serve/vllm.py rotary_cache_bytes)
+    partial_rotary_factor: float = 1.0
 
     @property
     def family(self) -> str:

@@ -78,7 +78,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       hidden_act=str(cfg.get("hidden_act", "silu")), mlp_gated=True, norm="rms", position="rope",
                       tie_word_embeddings=tied, attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
                       max_position_embeddings=int(get(cfg, "max_position_embeddings", default=262144)),
-                      mamba=ms)
+                      mamba=ms, partial_rotary_factor=0.5)
 
 
 BAMBA = Family(build, "modeling_bamba.py", required=required("hidden_size", "num_hidden_layers",
