@@ -150,7 +150,7 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       ``MambaPool`` beside its token pool, llama.cpp's recurrent-state cells), not modelled.  vLLM is modelled
       (``serve/mamba_pages.py``: ``MambaSpec`` state pages, the attention block raised to hold one, the groups;
       ``serve/vllm.py`` ``_hybrid_rule`` refuses the releases and options it does not model).
-    * Lit-GPT's generate loop: Lit-GPT ships no Bamba model; a quantized KV cache: transformers' ``QuantizedCache``
+    * Lit-GPT's generate loop: Lit-GPT ships no Bamba or Granite 4.0-H model; a quantized KV cache: transformers' ``QuantizedCache``
       refuses a model with other than full-attention layers (``cache_utils.py``, 5.24).
     Inference with transformers' ``generate`` is estimated (KV cache for the attention layers, the mixers'
     state per sequence: ``analytic/ssm_state.py``).
@@ -171,7 +171,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "Mamba state pool is not modelled", "use serve.engine vllm, which is estimated")]
     if s.parallel.tp > 1:
         return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (BambaConfig's "
-                        "base_model_tp_plan shards only embed_tokens)", "set parallel.tp to 1")]
+                        "base_model_tp_plan shards only embed_tokens, GraniteMoeHybridConfig's only the experts)",
+                        "set parallel.tp to 1")]
     if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
         # transformers 5.24 cache_utils.py QuantizedCache.__init__: "`QuantizedCache` is only supported for models
         # with only full attention layers"

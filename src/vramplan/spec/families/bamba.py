@@ -35,7 +35,7 @@ def mamba_spec(cfg: Config, h: int, n_layers: int) -> MambaSpec:
                      chunk_size=int(get(cfg, "mamba_chunk_size", default=256)))
 
 
-def _mixer(p: Params, ms: MambaSpec, h: int, conv_bias: bool, proj_bias: bool) -> None:
+def mixer(p: Params, ms: MambaSpec, h: int, conv_bias: bool, proj_bias: bool) -> None:
     """``BambaMixer.__init__``'s tensors, in its order."""
     L = ms.layers
     # depthwise: weight [conv_dim, 1, d_conv]
@@ -67,7 +67,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     p.linear("layers.feed_forward.down_proj", inter, h, all_layers, mlp_bias, "row")
     p.norm("layers.input_layernorm", h, all_layers, False)
     p.norm("layers.pre_ff_layernorm", h, all_layers, False)
-    _mixer(p, ms, h, bool(get(cfg, "mamba_conv_bias", default=True)), bool(get(cfg, "mamba_proj_bias", default=False)))
+    mixer(p, ms, h, bool(get(cfg, "mamba_conv_bias", default=True)), bool(get(cfg, "mamba_proj_bias", default=False)))
     p.attention("layers.self_attn", h, n_heads, n_kv, hd, attn, bool(cfg.get("attention_bias", False)), "o_proj")
     p.norm("final_layernorm", h, (), False)
     tied = bool(cfg.get("tie_word_embeddings", False))
