@@ -11,7 +11,6 @@ import pytest
 
 from vramplan import estimate
 from vramplan.catalog.resolve import resolve
-from vramplan.errors import VramplanError
 from vramplan.serve.vllm import decide
 from vramplan.spec.hf_config import model_from_config
 
@@ -74,18 +73,54 @@ def test_micro_shape_matches_transformers_meta_module(tied: bool) -> None:
     assert spec.num_parameters == (3_191_396_096 if tied else 3_396_916_992)
 
 
-def test_experts_are_refused() -> None:
-    with pytest.raises(VramplanError, match="not modelled"):
-        model_from_config({**TESTER, "num_local_experts": 4, "num_experts_per_tok": 2})
+# the tester with experts: 4 of intermediate 32, top 2
+MOE_TESTER: dict[str, Any] = {**TESTER, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}
+
+# Granite 4.0-H-Tiny's shape: hidden 1536, 40 layers, 12 heads and 4 KV heads, 64 experts of 512 (top 6), shared MLP
+# 1024, 48 mixer heads of 64 (ssm_d_inner 3072), state 128, 1 group, vocab 100,352, as llama.cpp prints it for the
+# GGUF of ibm-granite/granite-4.0-h-tiny (koboldcpp issue 1781: "model params = 6.94 B"); the attention layers' places
+# are assumed (they do not change the count or the cache)
+TINY: dict[str, Any] = {
+    **MICRO, "hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4, "shared_intermediate_size": 1024,
+    "intermediate_size": 512, "num_local_experts": 64, "num_experts_per_tok": 6, "mamba_n_heads": 48}
 
 
-@pytest.mark.parametrize("prompt", [100, 200])
-def test_traced_generate_agrees_with_the_analytic_engine(prompt: int) -> None:
+def test_moe_tester_count_by_hand() -> None:
+    # the tester's 50,720 and per layer: router 32 x 4 = 128, experts gate_up 4 x 64 x 32 = 8,192, down 4 x 32 x 32 =
+    # 4,096 -> 12,416, x 4 = 49,664: 100,384
+    m = model_from_config(MOE_TESTER)
+    assert m.num_parameters == 100_384
+    assert m.moe is not None and (m.moe.num_experts, m.moe.top_k, m.moe.shared_intermediate_size) == (4, 2, 64)
+    assert m.traits.router_topk_first and not m.traits.experts_are_linears
+
+
+def test_tiny_shape_matches_transformers_meta_module() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    spec = model_from_config(TINY)
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**TINY)
+        with torch.device("meta"):
+            module = transformers.AutoModelForCausalLM.from_config(cfg)
+    # embed 100,352 x 1,536 = 154,140,672; final norm 1,536
+    # every layer: norms 3,072; shared_mlp 1,536 x 2,048 + 1,024 x 1,536 = 4,718,592; router 1,536 x 64 = 98,304;
+    #   experts 64 x 1,024 x 1,536 = 100,663,296 and 64 x 1,536 x 512 = 50,331,648 -> 155,814,912, x 40 = 6,232,596,480
+    # mixer (inter 3,072, conv_dim 3,328): conv1d 16,640; in_proj 1,536 x 6,448 = 9,904,128; 144; norm 3,072;
+    #   out_proj 4,718,592 -> 14,642,576, x 36 = 527,132,736
+    # attention (head_dim 128): 2 x 1,536^2 + 2 x 1,536 x 512 = 6,291,456, x 4 = 25,165,824
+    # 6,939,037,248: llama.cpp's "6.94 B"
+    assert spec.num_parameters == sum(p.numel() for p in module.parameters()) == 6_939_037_248
+
+
+@pytest.mark.parametrize(("model", "prompt"), [(TESTER, 100), (TESTER, 200), (MOE_TESTER, 100), (MOE_TESTER, 200)])
+def test_traced_generate_agrees_with_the_analytic_engine(model: dict[str, Any], prompt: int) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from vramplan.trace.engine import estimate as traced
 
-    doc = {"task": "inference", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
+    doc = {"task": "inference", "model": model, "hardware": {"gpu": "A100-80GB"},
            "inference": {"batch_size": 2, "prompt_len": prompt, "new_tokens": 10}}
     a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
     # as Bamba's (tests/test_families_hybrid.py): the analytic mixer term leaves out the einsums' transient copies
@@ -109,3 +144,15 @@ def test_vllm_state_pages_for_the_micro_shape() -> None:
     assert d.max_concurrency == pytest.approx(99.28)
     # no positional encoding: no rotary cache
     assert d.rotary_cache_bytes == 0
+
+
+def test_vllm_state_pages_for_the_tiny_shape() -> None:
+    doc = {"model": TINY, "task": "serve", "hardware": {"gpu": "H100"},
+           "serve": {"vllm_version": "0.19", "max_model_len": 32768, "kv_cache_memory_bytes": 10 * 1024**3}}
+    d = decide(resolve(doc), version="0.19")
+    # conv_dim 3,072 + 256 = 3,328; state page (3 x 3,328 + 48 x 64 x 128) x 2 B = 403,200 x 2 = 806,400 B;
+    # attention per token 2 x 4 x 128 x 2 B = 2,048; block 16 x cdiv(806,400, 32,768) = 16 x 25 = 400; page 819,200
+    assert (d.mamba_state_page_bytes, d.block_size, d.page_bytes) == (806_400, 400, 819_200)
+    # 10,737,418,240 // 819,200 = 13,107 pages; // 4 = 3,276 blocks; per request cdiv(32,768, 400) = 82 + 9 = 91
+    assert (d.num_gpu_blocks, d.blocks_per_request) == (3276, 91)
+    assert d.max_concurrency == pytest.approx(3276 / 91)

@@ -12,8 +12,12 @@ remaps it to "linear_attention", ``configuration_utils.py`` ``_LEGACY_LAYER_TYPE
 builds no rotary embedding otherwise: the Granite 4.0-H releases use none).  The multipliers (embedding, attention
 scale, residual, logits) scale by Python floats and hold no parameter.
 
-Refused: ``num_local_experts`` > 0 (Granite 4.0-H-Tiny and -Small: a ``block_sparse_moe`` beside the shared MLP, not
-modelled here); the dense releases (Granite 4.0-H-Micro, -1B, -350M) set it to 0.
+With ``num_local_experts`` > 0 (Granite 4.0-H-Tiny and -Small) every layer also holds a ``block_sparse_moe``
+beside the shared MLP, the two outputs summed: ``router`` (``GraniteMoeHybridTopKRouter``, a ``[experts, hidden]``
+weight: top-k of the fp32 logits, then a softmax over the k) and ``experts`` (``GraniteMoeHybridExperts``: fused
+``gate_up_proj [experts, 2 x intermediate_size, hidden]`` and ``down_proj [experts, hidden, intermediate_size]``
+parameters, not ``nn.Linear``); the shared MLP is then the MoE spec's one shared expert.  The dense releases
+(Granite 4.0-H-Micro, -1B, -350M) set ``num_local_experts`` to 0.
 
 ``configuration_granitemoehybrid.py`` defaults: vocab 32000, num_key_value_heads = heads, attention_bias False,
 tie_word_embeddings False, max_position_embeddings 2048, shared_intermediate_size 1024, num_local_experts 8,
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 from vramplan.spec.families.bamba import mixer
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob, required
-from vramplan.spec.model import MambaSpec, ModelSpec, Traits
+from vramplan.spec.model import MambaSpec, ModelSpec, MoESpec, Traits
 
 # transformers' names for a mixer layer in ``layer_types`` (the released configs say "mamba")
 MIXER_TYPES = frozenset({"mamba", "linear_attention"})
@@ -51,9 +55,6 @@ def mamba_spec(cfg: Config, h: int, n_layers: int) -> MambaSpec:
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     h, n_layers, n_heads = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
     experts = int(get(cfg, "num_local_experts", default=8) or 0)
-    if experts:
-        raise ValueError(f"a granitemoehybrid model with {experts} experts (block_sparse_moe beside the shared MLP: "
-                         "Granite 4.0-H-Tiny, -Small) is not modelled; the dense releases (num_local_experts 0) are")
     n_kv = int(cfg.get("num_key_value_heads") or n_heads)
     hd = int(get(cfg, "head_dim", default=h // n_heads))
     vocab, inter = int(cfg["vocab_size"]), int(get(cfg, "shared_intermediate_size", default=1024))
@@ -66,6 +67,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     p.norm("layers.post_attention_layernorm", h, all_layers, False)
     p.linear("layers.shared_mlp.input_linear", h, 2 * inter, all_layers, False, "column")
     p.linear("layers.shared_mlp.output_linear", inter, h, all_layers, False, "row")
+    moe = _experts(p, cfg, experts, h, all_layers)
     mixer(p, ms, h, bool(get(cfg, "mamba_conv_bias", default=True)), bool(get(cfg, "mamba_proj_bias", default=False)))
     p.attention("layers.self_attn", h, n_heads, n_kv, hd, attn, bool(cfg.get("attention_bias", False)), "o_proj")
     p.norm("norm", h, (), False)
@@ -73,14 +75,32 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     if not tied:
         p.lm_head("lm_head", vocab, h)
     rope = cfg.get("position_embedding_type") == "rope"
-    return build_spec(cfg, name, model_type, p, hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads,
-                      num_kv_heads=n_kv, head_dim=hd, vocab_size=vocab, intermediate_size=inter,
+    # GraniteMoeHybridMLP: one input_linear output chunked into gate and up; the MoE's router as GraniteMoE's
+    # (top-k before the softmax), its experts fused parameters
+    traits = Traits(fused_gate_up=True, router_topk_first=True, experts_are_linears=False) if moe else \
+        Traits(fused_gate_up=True)
+    return build_spec(cfg, name, model_type, p, moe_layers=frozenset(all_layers) if moe else frozenset(), moe=moe,
+                      num_layers=n_layers, num_attention_heads=n_heads, hidden_size=h,
+                      num_kv_heads=n_kv, head_dim=hd, vocab_size=vocab,
+                      intermediate_size=moe.expert_intermediate_size if moe else inter,
                       hidden_act=str(cfg.get("hidden_act", "silu")), mlp_gated=True, norm="rms",
                       position="rope" if rope else "none", tie_word_embeddings=tied,
                       attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
                       max_position_embeddings=int(get(cfg, "max_position_embeddings", default=2048)), mamba=ms,
-                      # GraniteMoeHybridMLP: one input_linear output chunked into gate and up
-                      traits=Traits(fused_gate_up=True))
+                      traits=traits)
+
+
+def _experts(p: Params, cfg: Config, experts: int, h: int, layers: tuple[int, ...]) -> MoESpec | None:
+    """``block_sparse_moe``'s router and fused experts in every layer, and the MoE spec whose one shared expert is
+    the shared MLP (None without experts)."""
+    if not experts:
+        return None
+    ei = int(get(cfg, "intermediate_size", default=11008))
+    p.linear("layers.block_sparse_moe.router", h, experts, layers, False, "replicated", role="router")
+    p.linear("layers.block_sparse_moe.experts.gate_up_proj", h, 2 * ei, layers, False, "expert", "expert", experts)
+    p.linear("layers.block_sparse_moe.experts.down_proj", ei, h, layers, False, "expert", "expert", experts)
+    shared = int(get(cfg, "shared_intermediate_size", default=1024))
+    return MoESpec(experts, int(get(cfg, "num_experts_per_tok", default=2)), ei, 1, shared)
 
 
 GRANITEMOEHYBRID = Family(build, "modeling_granitemoehybrid.py",
