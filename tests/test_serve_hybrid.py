@@ -98,6 +98,8 @@ def test_the_estimate_reports_the_hybrid_layout() -> None:
     text = " ".join(rep.assumptions)
     assert "29 mixer layers keep one state page per request (2,147,840 B" in text
     assert "raised from 16 to 528 tokens" in text
+    # no published start-up log of a hybrid model checks it: stated as not modelled, the band widened
+    assert any(a.startswith("band widened") for a in rep.assumptions)
 
 
 def test_release_rows_cover_the_served_range() -> None:

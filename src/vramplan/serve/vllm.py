@@ -1193,11 +1193,14 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None) -> lis
             f"and {lay.mamba_groups} mixer groups of {lay.group_size} layers; prefix caching off (vLLM's default for "
             "hybrid models in these releases)"),
             ("hybrid model: the attention backend is assumed to take blocks in multiples of 16 (FlashAttention, "
-            "FlashInfer); the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ "
-            "reads attn_rotary_emb from config.json instead, head_dim where it is absent); the profile run's mixer "
-            "layers skip the scan (MambaMixer2.forward_cuda 'profile run'), and "
-            "vLLM captures FULL_AND_PIECEWISE CUDA graphs for them (MambaModelConfig), whose memory is the stand-in "
-            "above")]
+             "FlashInfer); the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ "
+             "reads attn_rotary_emb from config.json instead, head_dim where it is absent); the profile run's mixer "
+             "layers skip the scan (MambaMixer2.forward_cuda 'profile run')"),
+            # no published start-up log of a hybrid model checks this estimate, and the graphs' share is a stand-in
+            # measured on an attention-only model: stated as not modelled, so the band widens (report/band.py)
+            ("not modelled: the memory of the FULL_AND_PIECEWISE CUDA graphs vLLM captures for a hybrid model "
+             "(MambaModelConfig; the figure above is an attention-only model's), and no published start-up log of a "
+             "hybrid model checks this estimate yet")]
 
 
 def _speculative_notes(b: _Budget) -> list[str]:
