@@ -86,7 +86,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED", "MAMBA_HYBRID_RULES", "NEWEST", "OLDEST", "VLLM_RELEASES",
+__all__ = ["MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED", "MAMBA_HYBRID_RULES",
+           "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "NEWEST", "OLDEST", "VLLM_RELEASES",
            "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule", "VllmRelease", "mamba_hybrid_rule", "parse_release",
            "release_row", "release_text"]
 
@@ -507,6 +508,12 @@ MAMBA_HYBRID_RULES: tuple[MambaHybridRule, ...] = (
 # "BambaForCausalLM": "0.23.0" in vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS (its
 # bamba.py is gone), so 0.23.x is the last release that serves Bamba.
 MAMBA_HYBRID_REMOVED: dict[str, Release] = {"bamba": (0, 24, 0)}
+
+# Families whose SSM state dtype vLLM takes from the config.json from a release on, when mamba_ssm_cache_dtype is
+# "auto": 0.13.0's NemotronHForCausalLMConfig.verify_and_update_config (vllm/model_executor/models/config.py) sets it
+# to the config's mamba_ssm_cache_dtype, or float16 where the config has none; before, "auto" is the model dtype.
+MAMBA_SSM_DTYPE_FROM_CONFIG: dict[str, Release] = {"nemotron_h": (0, 13, 0)}
+MAMBA_SSM_DTYPE_DEFAULT = "float16"
 
 
 def mamba_hybrid_rule(text: str) -> MambaHybridRule | None:

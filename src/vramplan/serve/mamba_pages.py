@@ -35,10 +35,11 @@ __all__ = ["HybridLayout", "hybrid_layout", "mamba_state_page_bytes", "mixer_pro
 KERNEL_ALIGNMENT = 16  # FlashAttention / FlashInfer: block sizes in multiples of 16 (``MultipleOf(16)``)
 
 
-def mamba_state_page_bytes(ms: MambaSpec, dtype_bytes: int) -> int:
-    """One mixer layer's state for one request, unpadded: ``(d_conv - 1) x conv_dim + n_heads x head_dim x
-    d_state`` elements in the model dtype (tp = 1)."""
-    return ((ms.conv_kernel - 1) * ms.conv_dim + ms.ssm_state_elements) * dtype_bytes
+def mamba_state_page_bytes(ms: MambaSpec, dtype_bytes: int, ssm_bytes: int | None = None) -> int:
+    """One mixer layer's state for one request, unpadded: ``(d_conv - 1) x conv_dim`` elements in the model dtype
+    and ``n_heads x head_dim x d_state`` in ``ssm_bytes`` (None: the model dtype too) (tp = 1)."""
+    ssm = dtype_bytes if ssm_bytes is None else ssm_bytes
+    return (ms.conv_kernel - 1) * ms.conv_dim * dtype_bytes + ms.ssm_state_elements * ssm
 
 
 def mixer_profile_width(ms: MambaSpec) -> int:
@@ -90,10 +91,11 @@ def _block_size(rule: MambaHybridRule, asked: int, state_page: int, attention_pe
 
 
 def hybrid_layout(ms: MambaSpec, attention_layers: int, attention_per_token: int, dtype_bytes: int, asked_block: int,
-                  rule: MambaHybridRule, align: int = KERNEL_ALIGNMENT) -> HybridLayout:
+                  rule: MambaHybridRule, align: int = KERNEL_ALIGNMENT, ssm_bytes: int | None = None) -> HybridLayout:
     """The layout of ``attention_layers`` attention layers of ``attention_per_token`` bytes per token beside
-    ``ms``'s mixers, for a scenario block size ``asked_block`` under ``rule``."""
-    state = mamba_state_page_bytes(ms, dtype_bytes)
+    ``ms``'s mixers, for a scenario block size ``asked_block`` under ``rule`` (``ssm_bytes``: the SSM state's dtype
+    bytes where it is not the model dtype's)."""
+    state = mamba_state_page_bytes(ms, dtype_bytes, ssm_bytes)
     block = _block_size(rule, asked_block, state, attention_per_token, align)
     n_mamba = len(ms.layers)
     smallest, largest = min(attention_layers, n_mamba), max(attention_layers, n_mamba)

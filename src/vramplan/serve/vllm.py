@@ -57,6 +57,8 @@ from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_FIRST,
     MAMBA_HYBRID_PREFIX_CACHING_FROM,
     MAMBA_HYBRID_REMOVED,
+    MAMBA_SSM_DTYPE_DEFAULT,
+    MAMBA_SSM_DTYPE_FROM_CONFIG,
     NEWEST,
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
@@ -948,7 +950,16 @@ def _largest_by(fits: Callable[[int], bool], upper: int) -> int:
     return best
 
 
-def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridRule) -> _Blocks:
+def _ssm_bytes(m: ModelSpec, version: str) -> int | None:
+    """The SSM state's bytes per element where vLLM takes its dtype from the config (``facts/vllm_releases.py``
+    ``MAMBA_SSM_DTYPE_FROM_CONFIG``); None: the model dtype."""
+    first = MAMBA_SSM_DTYPE_FROM_CONFIG.get(m.model_type)
+    if first is None or m.mamba is None or parse_release(version) < first:
+        return None
+    return dtype_bits(m.mamba.ssm_cache_dtype or MAMBA_SSM_DTYPE_DEFAULT) // 8
+
+
+def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridRule, version: str) -> _Blocks:
     """Step 5 for a hybrid attention + Mamba2 model: the attention block raised to hold a state page, the state
     page padded to it, attention and mixer groups of one size (``serve/mamba_pages.py``)."""
     sv, m = r.scenario.serve, r.model
@@ -956,7 +967,8 @@ def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridR
     c = dtype_bits(sv.dtype) // 8
     spec = kv_spec(m, sv.kv_cache_dtype, c, r.scenario.parallel.tp)
     align = 32 if rule.blackwell_head256 and m.head_dim == 256 and (r.gpu.compute_capability or "").startswith("10.") else 16
-    lay = hybrid_layout(m.mamba, len(spec.layers), spec.uniform_layer_bytes_per_token, c, sv.block_size, rule, align)
+    lay = hybrid_layout(m.mamba, len(spec.layers), spec.uniform_layer_bytes_per_token, c, sv.block_size, rule, align,
+                        _ssm_bytes(m, version))
     groups = ([KVGroup("full", None, lay.group_size)] * lay.attention_groups
               + [KVGroup("mamba", None, lay.group_size)] * lay.mamba_groups)
     blocks = max(0, available // lay.page // lay.group_size)
@@ -974,9 +986,9 @@ def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridR
 
 
 def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tuple[int, ...] = (),
-            hybrid: MambaHybridRule | None = None) -> _Blocks:
+            hybrid: MambaHybridRule | None = None, version: str = DEFAULT_VERSION) -> _Blocks:
     if hybrid is not None:
-        return _hybrid_blocks(r, available, max_len, hybrid)
+        return _hybrid_blocks(r, available, max_len, hybrid, version)
     sv, m = r.scenario.serve, r.model
     spec = kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp)
     groups, size = kv_groups(spec)
@@ -1110,7 +1122,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     _check_sampler(r, beh.rules, version)
     sampler = sampler_class(beh.rules, sampler_path(beh.rules, sv.vllm_sampler))
     b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs)
-    kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid)
+    kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid, version)
     problem, fix = _start_problem(r, b, kv, max_len)
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
@@ -1126,7 +1138,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency, max_model_len_that_fits=kv.fits_len,
         starts=not problem, problem=problem, fix=fix,
         assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
-                     + _hybrid_notes(r, kv, hybrid)),
+                     + _hybrid_notes(r, kv, hybrid, version)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
@@ -1177,7 +1189,7 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
     return rule
 
 
-def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None) -> list[str]:
+def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, version: str) -> list[str]:
     """What the report says of a hybrid model's layout (``serve/mamba_pages.py``)."""
     lay = kv.hybrid
     if lay is None or rule is None:
@@ -1185,9 +1197,13 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None) -> lis
     raised = (f"raised from {r.scenario.serve.block_size} to {lay.block_size} tokens"
               if lay.block_size != r.scenario.serve.block_size else f"kept at {lay.block_size} tokens")
     pad = lay.page - lay.state_page
+    ssm_bytes = _ssm_bytes(r.model, version)
+    ssm = ("both in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'" if ssm_bytes is None else
+           f"the SSM state in {ssm_bytes} B per element: the config's mamba_ssm_cache_dtype, else "
+           f"{MAMBA_SSM_DTYPE_DEFAULT} (MAMBA_SSM_DTYPE_FROM_CONFIG)")
     return [(f"hybrid attention + Mamba2 model: {lay.mamba_layers} mixer layers keep one state page per request "
             f"({lay.state_page:,} B: convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x "
-            f"d_state in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'), padded by {pad:,} B "
+            f"d_state, {ssm}), padded by {pad:,} B "
             f"to the attention page; the attention block is {raised} so that a page holds it (rules of vLLM "
             f"{release_text(rule.first)}, facts/vllm_releases.py MAMBA_HYBRID_RULES); {lay.attention_groups} attention "
             f"and {lay.mamba_groups} mixer groups of {lay.group_size} layers; prefix caching off (vLLM's default for "

@@ -158,7 +158,7 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if m.mamba is None:
         return []
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
-            f"{m.num_layers - len(m.mamba.layers)} attention layers")
+            f"{m.num_layers - len(m.mamba.layers) - len(m.mamba.ffn_only_layers)} attention layers")
     if s.task == "train":
         return [Problem("task", f"{what}; training memory is not estimated for it: the Mamba2 mixers' saved "
                         "activations (in_proj output, convolution input and output, the chunked scan's "

@@ -143,6 +143,10 @@ class MambaSpec:
     conv_kernel: int
     intermediate_size: int
     chunk_size: int
+    # decoder layers that hold neither attention nor a mixer, only an MLP (Nemotron-H's "-" blocks): no KV cache there
+    ffn_only_layers: tuple[int, ...] = ()
+    # the config's ``mamba_ssm_cache_dtype`` (Nemotron-H's config.json), which vLLM reads for some families
+    ssm_cache_dtype: str | None = None
 
     @property
     def conv_dim(self) -> int:

@@ -29,6 +29,7 @@ from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
 from vramplan.spec.families.mistral3 import MISTRAL3
 from vramplan.spec.families.mllama import MLLAMA
+from vramplan.spec.families.nemotron_h import NEMOTRON_H
 from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
 from vramplan.spec.families.paligemma import PALIGEMMA
@@ -54,6 +55,7 @@ FAMILIES: dict[str, Family] = {
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
     "bamba": BAMBA,
     "granitemoehybrid": GRANITEMOEHYBRID,
+    "nemotron_h": NEMOTRON_H,
 }
 
 
