@@ -142,3 +142,11 @@ def test_tokens_from_concurrency_from_0_24(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delitem(MAMBA_HYBRID_REMOVED, "bamba")
     d = decide(resolve(_doc("0.25", kv_cache_memory_bytes=KV_10_GIB)), version="0.25")
     assert (d.num_gpu_blocks, d.kv_cache_tokens, d.needed_kv_bytes) == (1654, 521_137, 168_689_664)
+
+
+def test_the_planner_does_not_rank_hybrid_serving_setups() -> None:
+    # its decode step time attends in every layer; the mixers' state reads are not modelled there
+    from vramplan.plan import ServeJob, plan
+
+    with pytest.raises(ScenarioError, match="decode step time of its mixers is not modelled"):
+        plan(BAMBA_9B, "H100", 1, ServeJob(max_model_len=8192))
