@@ -266,9 +266,10 @@ def _mlp_width(m: ModelSpec, tp: int, grouped: bool = True) -> int:
     inter = ceil_div(max(ls.intermediate_size for ls in m.layers), tp)
     if m.mlp_gated:
         return 3 * inter  # act(gate), up and their product (LlamaMLP)
-    if m.hidden_act == "quick_gelu":
+    if m.hidden_act in ("quick_gelu", "relu2"):
         # QuickGELUActivation (transformers 5.24 activations.py): input * torch.sigmoid(1.702 * input); during the
-        # sigmoid the fc output, 1.702 x and the sigmoid are alive, then the fc output, the sigmoid and the product
+        # sigmoid the fc output, 1.702 x and the sigmoid are alive, then the fc output, the sigmoid and the product.
+        # ReLUSquaredActivation: relu(input), then torch.square of it while the fc output is alive
         return 3 * inter
     return (4 if m.hidden_act in CHAINED_ACTIVATIONS else 2) * inter  # fc output and the activation's
 

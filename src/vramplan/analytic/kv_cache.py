@@ -161,10 +161,11 @@ def kv_spec(m: ModelSpec, kv_dtype: str = "auto", model_dtype_bytes: int = 2, tp
 
 def attention_layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
     """The decoder layers that keep a KV cache of the text tokens: all of them, less a hybrid model's Mamba2 mixer
-    layers (``ModelSpec.mamba``), which keep a fixed-size state instead (``analytic/ssm_state.py``), and a
+    layers (``ModelSpec.mamba``), which keep a fixed-size state instead (``analytic/ssm_state.py``), and its MLP-only
+    layers (``MambaSpec.ffn_only_layers``), and a
     cross-attention model's cross-attention layers, which cache the images' positions instead
     (``analytic/cross_attention.py``)."""
-    skipped = frozenset(m.mamba.layers if m.mamba is not None else ())
+    skipped = frozenset((*m.mamba.layers, *m.mamba.ffn_only_layers) if m.mamba is not None else ())
     if m.vision is not None and m.vision.cross_attention_tokens_per_image:
         skipped |= frozenset(m.vision.cross_attention_layers)
     if not skipped:

@@ -519,6 +519,11 @@ def _capacity_from_vllm(model: str | None, gpu: str | None, tp: int | None, util
     if util is not None:
         doc["serve"]["gpu_memory_utilization"] = util
     d = decide(resolve(doc))
+    if d.mamba_layers:
+        # the simulation pages tokens only; a hybrid model's pool also holds one state page per request and mixer group
+        raise ScenarioError([Problem("--model", f"{d.model} is a hybrid attention + Mamba2 model: the simulation does "
+                                     "not model its state pages", "give --capacity-tokens, or simulate an "
+                                     "attention-only model")])
     if not d.starts:
         raise ScenarioError([Problem("--model", d.problem, d.fix)])
     return d.num_gpu_blocks * block, f"vLLM {d.version}: {d.num_gpu_blocks:,} blocks for {d.model} on {d.gpu}"

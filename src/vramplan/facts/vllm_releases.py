@@ -86,7 +86,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["AUTO_DTYPE_FALLBACK_FROM", "NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "VllmRelease", "parse_release", "release_row", "release_text"]
+__all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED",
+           "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "NEWEST", "OLDEST",
+           "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule", "VllmRelease",
+           "mamba_hybrid_rule", "parse_release", "release_row", "release_text"]
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
@@ -407,3 +410,123 @@ def release_row(text: str) -> tuple[VllmRelease, bool]:
 # max_num_batched_tokens-sized buffers before the weights are loaded.  0.15.0/0.16.0 sample recovered tokens without
 # 1/q and are not modelled: older releases keep the earlier assumption (the proposer's profile peaks below the target's).
 SPECULATIVE_PROFILE_FROM: Release = (0, 17, 0)
+
+
+# Hybrid attention + Mamba2 models (``ModelSpec.mamba``) in V1, by release: how vLLM lays out the mixers' state beside
+# the attention KV cache (serve/vllm.py ``_hybrid_blocks``).  Read in each release's source, as the rows above.
+#
+# * Which release serves them in V1 by default: 0.10.0 and 0.10.1 fall back to V0 for a model with inner state
+#   unless VLLM_USE_V1=1 is set (vllm/engine/arg_utils.py ``_is_v1_supported_oracle``: "V1 mamba models are
+#   unoptimized", ``model_config.has_inner_state and _warn_or_fallback``); 0.10.2 drops that fallback.  Older
+#   releases run them on V0 (vllm/model_executor/models/mamba_cache.py ``MambaCacheManager``), not modelled.
+# * From 0.26.0 ``ModelConfig.is_prefix_caching_supported`` returns True for generative hybrid models ("Generative
+#   hybrid models support prefix caching", vllm/config/model.py), so prefix caching is on by default and
+#   ``MambaModelConfig.verify_and_update_config`` sets ``mamba_cache_mode`` "all" or "align" (a state page per block
+#   of tokens, or two per request): not modelled.  0.10.2-0.11.x force prefix caching off for these models
+#   (``MambaModelConfig``: "disabling prefix caching since it is not yet supported"), 0.12.0-0.25.x leave it off by
+#   default (``is_prefix_caching_supported``: "Hybrid models do not support prefix caching"), so one state page
+#   serves a request: ``mamba_block_size = max_model_len`` and ``MambaSpec.max_memory_usage_bytes`` is one page.
+MAMBA_HYBRID_FIRST: Release = (0, 10, 2)
+MAMBA_HYBRID_PREFIX_CACHING_FROM: Release = (0, 26, 0)
+
+HybridBlockRule = Literal["raise", "align"]
+HybridNeeded = Literal["layers", "first_group", "groups"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaHybridRule:
+    """One row: how a release sizes the pages and counts the blocks of a hybrid attention + Mamba2 model.
+
+    * ``block_rule``: ``raise`` (0.10.2-0.19.x, ``HybridAttentionMambaModelConfig.verify_and_update_config`` in
+      vllm/model_executor/models/config.py): the attention block is ``max(block_size, 16 * cdiv(mamba_page,
+      16 * attention_page_per_token))``; ``align`` (0.20.0 on, ``Platform._align_hybrid_block_size`` in
+      vllm/platforms/interface.py): with ``a = max(smallest kernel block of the backend, block_size)``, the block
+      is ``a * cdiv(mamba_page, a * attention_page_per_token)``.  Either way the mixers' page is padded to the
+      attention page (``cache_config.mamba_page_size_padded``).
+    * ``blackwell_head256``: the kernel alignment is 32 on compute capability 10.x with head size 256 and the
+      FlashInfer backend (flashinfer issue 1993), 0.12.0-0.17.x.
+    * ``group_ratio``: ``_get_kv_cache_groups_uniform_page_size`` (vllm/v1/core/kv_cache_utils.py) makes groups of
+      the smallest type's layer count, or of the largest's when it is below ``ratio`` x the smallest (None: never).
+    * ``needed``: what ``max_model_len`` needs at start-up: ``layers`` (to 0.14.x, ``max_memory_usage_bytes`` over
+      every layer's spec), ``first_group`` (0.15.0-0.18.x, ``_max_memory_usage_bytes_from_groups``: group size x
+      page x the first group's blocks per request), ``groups`` (0.19.0 on: the sum over all groups).
+    * ``tokens_from_concurrency``: "GPU KV cache size" is ``int(max_concurrency x max_model_len)``
+      (``get_kv_cache_capacity``, 0.24.0 on); before, ``num_blocks // groups x min block size``.
+    """
+
+    first: Release
+    read_at: tuple[Release, ...]
+    block_rule: HybridBlockRule
+    blackwell_head256: bool
+    group_ratio: float | None
+    needed: HybridNeeded
+    tokens_from_concurrency: bool
+    sources: tuple[str, ...]
+
+
+_HYB = "vllm/model_executor/models/config.py HybridAttentionMambaModelConfig.verify_and_update_config"
+_GROUPS = "vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size"
+MAMBA_HYBRID_RULES: tuple[MambaHybridRule, ...] = (
+    MambaHybridRule(
+        first=(0, 10, 2), read_at=((0, 10, 2), (0, 11, 0)), block_rule="raise", blackwell_head256=False,
+        group_ratio=None, needed="layers", tokens_from_concurrency=False,
+        sources=((f"0.10.2 {_HYB}: attn_block_size = 16 * cdiv(mamba_page_size, 16 * attn_page_size_1_token); "
+                 "mamba_page_size_padded = attn_page_size"),
+                 f"0.11.0 {_GROUPS}: group_size = min(len(layers))",
+                 ("0.11.0 vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory: max_memory_usage_bytes over "
+                 "every layer's spec; get_kv_cache_config_from_groups: num_tokens = num_blocks // len(groups) * "
+                 "min_block_size"))),
+    MambaHybridRule(
+        first=(0, 12, 0), read_at=((0, 12, 0), (0, 13, 0), (0, 14, 0)), block_rule="raise", blackwell_head256=True,
+        group_ratio=1.25, needed="layers", tokens_from_concurrency=False,
+        sources=((f"0.12.0 {_HYB}: kernel_block_alignment_size 32 on device capability 100 with head size 256 "
+                 "(FlashInfer)"), f"0.12.0 {_GROUPS}: max_num_layers < min_num_layers * 1.25 -> max")),
+    MambaHybridRule(
+        first=(0, 15, 0), read_at=((0, 15, 0), (0, 16, 0), (0, 17, 0)), block_rule="raise", blackwell_head256=True,
+        group_ratio=1.25, needed="first_group", tokens_from_concurrency=False,
+        sources=(("0.15.0 vllm/v1/core/kv_cache_utils.py _max_memory_usage_bytes_from_groups: group_size * "
+                 "page_size * cdiv(kv_cache_groups[0].kv_cache_spec.max_memory_usage_bytes, page_size)"),)),
+    MambaHybridRule(
+        first=(0, 18, 0), read_at=((0, 18, 0),), block_rule="raise", blackwell_head256=False,
+        group_ratio=1.5, needed="first_group", tokens_from_concurrency=False,
+        sources=(f"0.18.0 {_GROUPS}: max_num_layers < min_num_layers * 1.5 -> max",
+                 f"0.18.0 {_HYB}: the capability-100 head-256 alignment removed")),
+    MambaHybridRule(
+        first=(0, 19, 0), read_at=((0, 19, 0),), block_rule="raise", blackwell_head256=False,
+        group_ratio=1.5, needed="groups", tokens_from_concurrency=False,
+        sources=(("0.19.0 vllm/v1/core/kv_cache_utils.py _max_memory_usage_bytes_from_groups: blocks_needed = sum "
+                 "over groups of cdiv(max_memory_usage_bytes, page_size)"),)),
+    MambaHybridRule(
+        first=(0, 20, 0), read_at=((0, 20, 0), (0, 21, 0), (0, 22, 0), (0, 23, 0)), block_rule="align",
+        blackwell_head256=False, group_ratio=1.5, needed="groups", tokens_from_concurrency=False,
+        sources=(("0.20.0 vllm/platforms/interface.py Platform._align_hybrid_block_size: kernel_block_alignment_size "
+                 "= max(min(backend kernel block sizes), cache_config.block_size); attn_block_size = "
+                 "kernel_block_alignment_size * cdiv(mamba_page_size, kernel_block_alignment_size * "
+                 "attn_page_size_1_token)"),)),
+    MambaHybridRule(
+        first=(0, 24, 0), read_at=((0, 24, 0), (0, 25, 0)), block_rule="align", blackwell_head256=False,
+        group_ratio=1.5, needed="groups", tokens_from_concurrency=True,
+        sources=(("0.24.0 vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity: num_tokens = int(max_concurrency * "
+                 "max_model_len)"),)),
+)
+
+
+# Hybrid architectures vLLM dropped, by config model_type: the first release without them.  vLLM 0.24.0 lists
+# "BambaForCausalLM": "0.23.0" in vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS (its
+# bamba.py is gone), so 0.23.x is the last release that serves Bamba.
+MAMBA_HYBRID_REMOVED: dict[str, Release] = {"bamba": (0, 24, 0)}
+
+# Families whose SSM state dtype vLLM takes from the config.json from a release on, when mamba_ssm_cache_dtype is
+# "auto": 0.13.0's NemotronHForCausalLMConfig.verify_and_update_config (vllm/model_executor/models/config.py) sets it
+# to the config's mamba_ssm_cache_dtype, or float16 where the config has none; before, "auto" is the model dtype.
+MAMBA_SSM_DTYPE_FROM_CONFIG: dict[str, Release] = {"nemotron_h": (0, 13, 0)}
+MAMBA_SSM_DTYPE_DEFAULT = "float16"
+
+
+def mamba_hybrid_rule(text: str) -> MambaHybridRule | None:
+    """The hybrid-model row of a release string; None where vLLM does not serve such a model in V1 with one state
+    page per request (before ``MAMBA_HYBRID_FIRST``, or from ``MAMBA_HYBRID_PREFIX_CACHING_FROM``)."""
+    rel = parse_release(text)
+    if rel < MAMBA_HYBRID_FIRST or rel >= MAMBA_HYBRID_PREFIX_CACHING_FROM:
+        return None
+    return [r for r in MAMBA_HYBRID_RULES if r.first <= rel][-1]

@@ -60,5 +60,8 @@ def concurrency_curve(r: Resolved, lengths: Sequence[int] | None = None) -> list
     for n in todo:
         sv = r.scenario.serve.model_copy(update={"max_model_len": n})
         d = decide(Resolved(r.scenario.model_copy(update={"serve": sv}), r.model, r.gpu), version=version)
-        out.append(CurvePoint(n, round(d.max_concurrency, 4), d.needed_kv_bytes))
+        # a hybrid model's request holds its blocks in every group (vLLM's start-up check may count fewer,
+        # facts/vllm_releases.py MambaHybridRule.needed)
+        per_request = d.layers_per_group * d.page_bytes * d.blocks_per_request if d.mamba_layers else d.needed_kv_bytes
+        out.append(CurvePoint(n, round(d.max_concurrency, 4), per_request))
     return out

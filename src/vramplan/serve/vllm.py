@@ -42,6 +42,7 @@ KV 58.11 GiB; page 16 * 4,096 B = 65,536 B, 32 layers -> 2 MiB per block -> 29,7
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -53,16 +54,24 @@ from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_releases import (
+    MAMBA_HYBRID_FIRST,
+    MAMBA_HYBRID_PREFIX_CACHING_FROM,
+    MAMBA_HYBRID_REMOVED,
+    MAMBA_SSM_DTYPE_DEFAULT,
+    MAMBA_SSM_DTYPE_FROM_CONFIG,
     NEWEST,
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
     VLLM_RELEASES,
     BatchDefaults,
+    MambaHybridRule,
     VllmRelease,
+    mamba_hybrid_rule,
     parse_release,
     release_row,
     release_text,
 )
+from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
@@ -204,7 +213,9 @@ def rotary_cache_bytes(m: ModelSpec, dtype_bytes: int) -> int:
     """
     if m.position != "rope":
         return 0
-    rot = m.mla.qk_rope_head_dim if m.mla is not None else m.head_dim
+    # vLLM's Bamba reads the config's partial_rotary_factor (vllm/model_executor/models/bamba.py
+    # BambaAttentionDecoderLayer: rotary_dim = head_dim * partial_rotary_factor)
+    rot = m.mla.qk_rope_head_dim if m.mla is not None else int(m.head_dim * m.partial_rotary_factor)
     return m.max_position_embeddings * rot * dtype_bytes
 
 
@@ -295,7 +306,11 @@ def forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, com
     (4 * 4096 + 3 * 11008) * 8192 * 2 B = 0.754 GiB; vLLM 0.19.0 printed 0.77 GiB.
     """
     hidden = (4 if compiled else 2) * m.hidden_size
-    return (hidden + _mlp_width_per_token(m, tp)) * tokens * dtype_bytes
+    width = _mlp_width_per_token(m, tp)
+    if m.mamba is not None:
+        # a hybrid model's mixer layers peak on their own tensors (serve/mamba_pages.py mixer_profile_width)
+        width = max(width, mixer_profile_width(m.mamba))
+    return (hidden + width) * tokens * dtype_bytes
 
 
 def sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: int, sampler: str) -> int:
@@ -386,7 +401,7 @@ def lora_slot_bytes(m: ModelSpec, rank: int, max_loras: int, tp: int, dtype_byte
 class KVGroup:
     """One KV-cache group: layers of one attention type sharing a block table."""
 
-    kind: str  # full | sliding | mla
+    kind: str  # full | sliding | mla | mamba (a hybrid model's Mamba2 mixers: one state page per request)
     window: int | None
     layers: int  # real layers in the group (the group is padded to the group size)
 
@@ -427,7 +442,9 @@ def _blocks_per_request(groups: list[KVGroup], block_size: int, max_len: int, ba
     """
     total = 0
     for g in groups:
-        if g.window:
+        if g.kind == "mamba":
+            total += 1
+        elif g.window:
             tokens = min(g.window - 1 + batched_tokens, max_len)
             total += ceil_div(tokens, block_size) + 1
         else:
@@ -489,6 +506,8 @@ class VllmDecision:
     rejection_sampler_peak_bytes: int = 0  # speculative decoding: the rejection sampler's dummy run
     proposer_forward_peak_bytes: int = 0  # speculative decoding: the proposer's forward in the dummy run
     speculative_buffers_bytes: int = 0  # the proposer's persistent buffers, inside non_kv_bytes
+    mamba_state_page_bytes: int = 0  # a hybrid model: one mixer layer's state per request, before padding to page_bytes
+    mamba_layers: int = 0  # a hybrid model's Mamba2 mixer layers (their groups are among ``groups``)
 
     @property
     def device_used_bytes(self) -> int:
@@ -560,6 +579,10 @@ class VllmDecision:
             keys["host_weights_bytes"] = self.cpu_offload_bytes
         if self.kv_cache_memory_bytes is not None:
             keys["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.mamba_layers:
+            keys["mamba_layers"] = self.mamba_layers
+            keys["mamba_state_page_bytes"] = self.mamba_state_page_bytes
+            keys["mamba_groups"] = sum(1 for g in self.groups if g.kind == "mamba")
         return keys
 
 
@@ -890,6 +913,8 @@ class _Blocks:
     per_request: int
     needed: int
     fits_len: int
+    block_size: int = 0  # the attention block vLLM uses, when it raises the scenario's (a hybrid model); 0: as given
+    hybrid: HybridLayout | None = None  # a hybrid attention + Mamba2 model's layout (serve/mamba_pages.py)
 
     @property
     def kv_bytes(self) -> int:
@@ -911,7 +936,59 @@ def _with_draft(size: int, page: int, block_size: int, draft: tuple[int, ...]) -
     return 1, size * page + block_size * sum(draft)
 
 
-def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tuple[int, ...] = ()) -> _Blocks:
+def _largest_by(fits: Callable[[int], bool], upper: int) -> int:
+    """Binary search as vLLM's ``estimate_max_model_len``: the largest length ``fits``, 0 if not even one token."""
+    if not fits(1):
+        return 0
+    lo, hi, best = 1, upper, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _ssm_bytes(m: ModelSpec, version: str) -> int | None:
+    """The SSM state's bytes per element where vLLM takes its dtype from the config (``facts/vllm_releases.py``
+    ``MAMBA_SSM_DTYPE_FROM_CONFIG``); None: the model dtype."""
+    first = MAMBA_SSM_DTYPE_FROM_CONFIG.get(m.model_type)
+    if first is None or m.mamba is None or parse_release(version) < first:
+        return None
+    return dtype_bits(m.mamba.ssm_cache_dtype or MAMBA_SSM_DTYPE_DEFAULT) // 8
+
+
+def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridRule, version: str) -> _Blocks:
+    """Step 5 for a hybrid attention + Mamba2 model: the attention block raised to hold a state page, the state
+    page padded to it, attention and mixer groups of one size (``serve/mamba_pages.py``)."""
+    sv, m = r.scenario.serve, r.model
+    assert m.mamba is not None
+    c = dtype_bits(sv.dtype) // 8
+    spec = kv_spec(m, sv.kv_cache_dtype, c, r.scenario.parallel.tp)
+    align = 32 if rule.blackwell_head256 and m.head_dim == 256 and (r.gpu.compute_capability or "").startswith("10.") else 16
+    lay = hybrid_layout(m.mamba, len(spec.layers), spec.uniform_layer_bytes_per_token, c, sv.block_size, rule, align,
+                        _ssm_bytes(m, version))
+    groups = ([KVGroup("full", None, lay.group_size)] * lay.attention_groups
+              + [KVGroup("mamba", None, lay.group_size)] * lay.mamba_groups)
+    blocks = max(0, available // lay.page // lay.group_size)
+    per_req = lay.blocks_per_request(max_len)
+    if rule.tokens_from_concurrency:
+        tokens = int(blocks / per_req * max_len)
+    else:
+        # min over the groups' block sizes: the mixers' is mamba_block_size = max_model_len
+        tokens = blocks // lay.groups * min(lay.block_size, max_len)
+    avail = max(available, 0)
+    return _Blocks(spec=spec, groups=groups, size=lay.group_size, page=lay.page, blocks=blocks, tokens=tokens,
+                   per_request=per_req, needed=lay.needed(max_len, rule),
+                   fits_len=_largest_by(lambda n: lay.needed(n, rule) <= avail, m.max_position_embeddings),
+                   block_size=lay.block_size, hybrid=lay)
+
+
+def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tuple[int, ...] = (),
+            hybrid: MambaHybridRule | None = None, version: str = DEFAULT_VERSION) -> _Blocks:
+    if hybrid is not None:
+        return _hybrid_blocks(r, available, max_len, hybrid, version)
     sv, m = r.scenario.serve, r.model
     spec = kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp)
     groups, size = kv_groups(spec)
@@ -1038,13 +1115,14 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring)."""
     beh = behaviour(version)
     sv = r.scenario.serve
+    hybrid = _hybrid_rule(r, version)
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
     opt = _options(r, beh.rules, version, serve_weights_bytes(r)[0])
     _check_sampler(r, beh.rules, version)
     sampler = sampler_class(beh.rules, sampler_path(beh.rules, sv.vllm_sampler))
     b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs)
-    kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token)
+    kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid, version)
     problem, fix = _start_problem(r, b, kv, max_len)
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
@@ -1054,17 +1132,91 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         sampler_peak_bytes=b.sampler, cublas_workspace_bytes=b.cublas, activation_peak_bytes=b.activations,
         non_torch_bytes=b.non_torch, non_kv_bytes=b.non_kv, cudagraph_bytes=b.graphs,
         cudagraph_subtracted=b.subtracted, cuda_context_bytes=b.context, nccl_bytes=b.nccl,
-        available_kv_bytes=b.available, kv_spec=kv.spec, block_size=sv.block_size, page_bytes=kv.page,
+        available_kv_bytes=b.available, kv_spec=kv.spec, block_size=kv.block_size or sv.block_size, page_bytes=kv.page,
         groups=kv.groups, layers_per_group=kv.size, num_gpu_blocks=kv.blocks, kv_cache_bytes=kv.kv_bytes,
         kv_cache_tokens=kv.tokens, max_model_len=max_len, blocks_per_request=kv.per_request,
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency, max_model_len_that_fits=kv.fits_len,
         starts=not problem, problem=problem, fix=fix,
-        assumptions=_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b),
+        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
+                     + _hybrid_notes(r, kv, hybrid, version)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
         proposer_forward_peak_bytes=b.proposer_peak, speculative_buffers_bytes=b.proposer_buffers,
+        mamba_state_page_bytes=kv.hybrid.state_page if kv.hybrid else 0,
+        mamba_layers=kv.hybrid.mamba_layers if kv.hybrid else 0,
     )
+
+
+_HYBRID_RANGE = f"{release_text(MAMBA_HYBRID_FIRST)} to 0.25"
+
+
+def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
+    """The hybrid-model row for a model with Mamba2 mixers (None for any other model); a ScenarioError where vLLM
+    does not serve it as modelled (``facts/vllm_releases.py`` ``MAMBA_HYBRID_RULES``) or an option is not
+    modelled beside the mixers' state."""
+    m, sv = r.model, r.scenario.serve
+    if m.mamba is None:
+        return None
+    rule = mamba_hybrid_rule(version)
+    if rule is None:
+        rel = parse_release(version)
+        why = (f"vLLM {version} runs hybrid Mamba models on its V0 engine (0.10.0-0.10.1 fall back to V0 for a model "
+               "with inner state, vllm/engine/arg_utils.py _is_v1_supported_oracle; V0's MambaCacheManager), which "
+               "is not modelled" if rel < MAMBA_HYBRID_FIRST else
+               f"vLLM {version} turns prefix caching on for hybrid models by default (from "
+               f"{release_text(MAMBA_HYBRID_PREFIX_CACHING_FROM)}: ModelConfig.is_prefix_caching_supported), so the "
+               "mixers keep state pages per block (mamba_cache_mode 'all' or 'align'), which is not modelled")
+        raise _refuse("serve.vllm_version", f"{m.name} is a hybrid attention + Mamba2 model; {why}",
+                      f"use serve.vllm_version from {_HYBRID_RANGE}")
+    removed = MAMBA_HYBRID_REMOVED.get(m.model_type)
+    if removed is not None and parse_release(version) >= removed:
+        raise _refuse("serve.vllm_version", f"vLLM {version} no longer serves {m.model_type} models (removed in "
+                      f"{release_text(removed)}: vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
+                      f"use serve.vllm_version from {release_text(MAMBA_HYBRID_FIRST)} below {release_text(removed)}")
+    problems = [(r.scenario.parallel.tp > 1, "parallel.tp", ("tensor parallelism (the mixers' heads and groups split "
+                 "over ranks, MambaStateShapeCalculator.extra_groups_for_head_shards)"), "set parallel.tp to 1"),
+                (sv.quantization != "none", "serve.quantization", "quantized weights", "use serve.quantization: none"),
+                (bool(sv.max_loras), "serve.max_loras", "LoRA slots", "set serve.max_loras: 0"),
+                (sv.speculative is not None, "serve.speculative", ("speculative decoding (the mixers' extra state "
+                 "blocks, MambaSpec.num_speculative_blocks)"), "remove serve.speculative")]
+    for bad, where, what, fix in problems:
+        if bad:
+            raise _refuse(where, f"{what} for a hybrid attention + Mamba2 model ({m.name}) are not modelled", fix)
+    if not kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8).layers:
+        raise _refuse("model", f"{m.name} has no attention layer: an attention-free model's cache is not modelled",
+                      "use a hybrid model with attention layers")
+    return rule
+
+
+def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, version: str) -> list[str]:
+    """What the report says of a hybrid model's layout (``serve/mamba_pages.py``)."""
+    lay = kv.hybrid
+    if lay is None or rule is None:
+        return []
+    raised = (f"raised from {r.scenario.serve.block_size} to {lay.block_size} tokens"
+              if lay.block_size != r.scenario.serve.block_size else f"kept at {lay.block_size} tokens")
+    pad = lay.page - lay.state_page
+    ssm_bytes = _ssm_bytes(r.model, version)
+    ssm = ("both in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'" if ssm_bytes is None else
+           f"the SSM state in {ssm_bytes} B per element: the config's mamba_ssm_cache_dtype, else "
+           f"{MAMBA_SSM_DTYPE_DEFAULT} (MAMBA_SSM_DTYPE_FROM_CONFIG)")
+    return [(f"hybrid attention + Mamba2 model: {lay.mamba_layers} mixer layers keep one state page per request "
+            f"({lay.state_page:,} B: convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x "
+            f"d_state, {ssm}), padded by {pad:,} B "
+            f"to the attention page; the attention block is {raised} so that a page holds it (rules of vLLM "
+            f"{release_text(rule.first)}, facts/vllm_releases.py MAMBA_HYBRID_RULES); {lay.attention_groups} attention "
+            f"and {lay.mamba_groups} mixer groups of {lay.group_size} layers; prefix caching off (vLLM's default for "
+            "hybrid models in these releases)"),
+            ("hybrid model: the attention backend is assumed to take blocks in multiples of 16 (FlashAttention, "
+             "FlashInfer); the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ "
+             "reads attn_rotary_emb from config.json instead, head_dim where it is absent); the profile run's mixer "
+             "layers skip the scan (MambaMixer2.forward_cuda 'profile run')"),
+            # no published start-up log of a hybrid model checks this estimate, and the graphs' share is a stand-in
+            # measured on an attention-only model: stated as not modelled, so the band widens (report/band.py)
+            ("not modelled: the memory of the FULL_AND_PIECEWISE CUDA graphs vLLM captures for a hybrid model "
+             "(MambaModelConfig; the figure above is an attention-only model's), and no published start-up log of a "
+             "hybrid model checks this estimate yet")]
 
 
 def _speculative_notes(b: _Budget) -> list[str]:

@@ -152,15 +152,11 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     * Training: the saved activations of a Mamba2 mixer (the in_proj output, the causal convolution's input and
       output, the chunked scan's fp32 intermediates in ``mamba2_chunk_scan`` (torch path) or what ``mamba_chunk_scan_combined``
       keeps for its backward) are not modelled as terms.
-    * Serving: vLLM keeps the mixers' state in its own cache groups (``MambaSpec`` in
-      ``vllm/v1/kv_cache_interface.py``; a conv state of ``(d_conv - 1) x conv_dim``,
-      ``MambaStateShapeCalculator.mamba2_state_shape``), one state page per request without prefix caching
-      (``mamba_block_size = max_model_len``, ``MambaModelConfig.verify_and_update_config``), and raises the
-      attention block size until an attention page is at least a mixer's state page, padding the state page to
-      equal it (``HybridAttentionMambaModelConfig.verify_and_update_config`` in ``vllm/model_executor/models/
-      config.py``; later releases do the alignment in ``Platform.update_block_size_for_backend``).  That layout
-      is not modelled, and SGLang and llama.cpp keep theirs differently.
-    * Lit-GPT's generate loop: Lit-GPT ships no Bamba model; a quantized KV cache: transformers' ``QuantizedCache``
+    * Serving with SGLang or llama.cpp: they keep the mixers' state in their own pools (SGLang's
+      ``MambaPool`` beside its token pool, llama.cpp's recurrent-state cells), not modelled.  vLLM is modelled
+      (``serve/mamba_pages.py``: ``MambaSpec`` state pages, the attention block raised to hold one, the groups;
+      ``serve/vllm.py`` ``_hybrid_rule`` refuses the releases and options it does not model).
+    * Lit-GPT's generate loop: Lit-GPT ships no Bamba or Granite 4.0-H model; a quantized KV cache: transformers' ``QuantizedCache``
       refuses a model with other than full-attention layers (``cache_utils.py``, 5.24).
     Inference with transformers' ``generate`` is estimated (KV cache for the attention layers, the mixers'
     state per sequence: ``analytic/ssm_state.py``).
@@ -168,19 +164,21 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if m.mamba is None:
         return []
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
-            f"{m.num_layers - len(m.mamba.layers)} attention layers")
+            f"{m.num_layers - len(m.mamba.layers) - len(m.mamba.ffn_only_layers)} attention layers")
     if s.task == "train":
         return [Problem("task", f"{what}; training memory is not estimated for it: the Mamba2 mixers' saved "
                         "activations (in_proj output, convolution input and output, the chunked scan's "
                         "intermediates) are not modelled", "use task inference (transformers generate), which "
                         "is estimated")]
     if s.task == "serve":
-        return [Problem("task", f"{what}; serving memory is not estimated for it: the engine's Mamba state cache "
-                        "(vLLM's MambaSpec groups and the attention block size it pads to the state page) is "
-                        "not modelled", "use task inference (transformers generate), which is estimated")]
+        if s.serve.engine == "vllm":
+            return []
+        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
+                        "Mamba state pool is not modelled", "use serve.engine vllm, which is estimated")]
     if s.parallel.tp > 1:
         return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (BambaConfig's "
-                        "base_model_tp_plan shards only embed_tokens)", "set parallel.tp to 1")]
+                        "base_model_tp_plan shards only embed_tokens, GraniteMoeHybridConfig's only the experts)",
+                        "set parallel.tp to 1")]
     if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
         # transformers 5.24 cache_utils.py QuantizedCache.__init__: "`QuantizedCache` is only supported for models
         # with only full attention layers"

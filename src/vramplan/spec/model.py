@@ -143,6 +143,10 @@ class MambaSpec:
     conv_kernel: int
     intermediate_size: int
     chunk_size: int
+    # decoder layers that hold neither attention nor a mixer, only an MLP (Nemotron-H's "-" blocks): no KV cache there
+    ffn_only_layers: tuple[int, ...] = ()
+    # the config's ``mamba_ssm_cache_dtype`` (Nemotron-H's config.json), which vLLM reads for some families
+    ssm_cache_dtype: str | None = None
 
     @property
     def conv_dim(self) -> int:
@@ -403,6 +407,9 @@ class ModelSpec:
     vision: VisionSpec | None = None
     # a hybrid model's Mamba2 mixer layers (None: every layer is attention)
     mamba: MambaSpec | None = None
+    # the share of each head's dimensions that RoPE rotates (BambaConfig hardcodes 0.5, configuration_bamba.py
+    # __post_init__ "hardcode for BC"); read by vLLM's rotary cache (serve/vllm.py rotary_cache_bytes)
+    partial_rotary_factor: float = 1.0
 
     @property
     def family(self) -> str:

@@ -574,6 +574,8 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
     shapes = _kv_shapes(model, tp)
     with tracker.category("kv_cache"):
         for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
+            if _layer_type(config, i) in NO_CACHE_TYPES:
+                continue
             k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
             v = torch.empty((batch, heads, tokens, vdim), dtype=dtype, device=device)
             if device != "meta":
@@ -587,10 +589,32 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
     return cache
 
 
+# layers that keep nothing in the cache: transformers' DynamicCache makes them "dummy" layers (cache_utils.py
+# get_layer_types_and_kwargs: "moe" or "mlp" layer types, Nemotron-H's MLP blocks)
+NO_CACHE_TYPES = frozenset({"mlp", "moe"})
+
+
+def _layer_type(config: Any, index: int) -> str:
+    types: list[str] = list(getattr(config, "layer_types", None) or ())
+    return types[index] if index < len(types) else ""
+
+
 def _is_mixer(config: Any, index: int) -> bool:
     """A hybrid model's Mamba2 mixer layer (``layer_types`` "linear_attention", as ``BambaConfig`` names them)."""
-    types: list[str] = list(getattr(config, "layer_types", None) or ())
-    return index < len(types) and types[index] == "linear_attention"
+    return _layer_type(config, index) == "linear_attention"
+
+
+def _mixer_shape(config: Any) -> tuple[int, int, int, int, int, int]:
+    """(intermediate, heads, head_dim, d_state, d_conv, groups) under Bamba's and GraniteMoeHybrid's config names
+    (``mamba_*``) or Nemotron-H's (``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``conv_kernel``,
+    ``n_groups``; intermediate = heads x head_dim)."""
+    if hasattr(config, "mamba_n_heads"):
+        return (int(config.mamba_expand) * int(config.hidden_size), int(config.mamba_n_heads),
+                int(config.mamba_d_head), int(config.mamba_d_state), int(config.mamba_d_conv),
+                int(config.mamba_n_groups))
+    heads, head_dim = int(config.mamba_num_heads), int(config.mamba_head_dim)
+    return (heads * head_dim, heads, head_dim, int(config.ssm_state_size), int(config.conv_kernel),
+            int(config.n_groups))
 
 
 def _fill_mixer_state(cache: Any, config: Any, index: int, batch: int, dtype: torch.dtype, device: str) -> None:
@@ -598,11 +622,10 @@ def _fill_mixer_state(cache: Any, config: Any, index: int, batch: int, dtype: to
     ``update_recurrent_state`` (transformers 5.24 ``LinearAttentionLayer``): the convolution state
     (batch, conv_dim, d_conv) in the model dtype and the fp32 SSM state (batch, heads, head_dim, d_state)
     that ``mamba2_chunk_scan`` (torch path) returns (``modeling_bamba.py``)."""
-    inter = int(config.mamba_expand) * int(config.hidden_size)
-    heads, state, kernel = int(config.mamba_n_heads), int(config.mamba_d_state), int(config.mamba_d_conv)
-    conv_dim = inter + 2 * int(config.mamba_n_groups) * state
+    inter, heads, head_dim, state, kernel, groups = _mixer_shape(config)
+    conv_dim = inter + 2 * groups * state
     conv = torch.empty((batch, conv_dim, kernel), dtype=dtype, device=device)
-    ssm = torch.empty((batch, heads, int(config.mamba_d_head), state), dtype=torch.float32, device=device)
+    ssm = torch.empty((batch, heads, head_dim, state), dtype=torch.float32, device=device)
     if device != "meta":
         conv.zero_()
         ssm.zero_()

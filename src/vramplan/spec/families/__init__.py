@@ -21,6 +21,7 @@ from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLE
 from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
+from vramplan.spec.families.granitemoehybrid import GRANITEMOEHYBRID
 from vramplan.spec.families.idefics3 import IDEFICS3, SMOLVLM
 from vramplan.spec.families.internvl import INTERNVL
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
@@ -28,6 +29,7 @@ from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
 from vramplan.spec.families.mistral3 import MISTRAL3
 from vramplan.spec.families.mllama import MLLAMA
+from vramplan.spec.families.nemotron_h import NEMOTRON_H
 from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
 from vramplan.spec.families.paligemma import PALIGEMMA
@@ -52,6 +54,8 @@ FAMILIES: dict[str, Family] = {
     "mllama": MLLAMA,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
     "bamba": BAMBA,
+    "granitemoehybrid": GRANITEMOEHYBRID,
+    "nemotron_h": NEMOTRON_H,
 }
 
 

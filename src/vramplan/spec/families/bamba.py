@@ -35,19 +35,19 @@ def mamba_spec(cfg: Config, h: int, n_layers: int) -> MambaSpec:
                      chunk_size=int(get(cfg, "mamba_chunk_size", default=256)))
 
 
-def _mixer(p: Params, ms: MambaSpec, h: int, conv_bias: bool, proj_bias: bool) -> None:
-    """``BambaMixer.__init__``'s tensors, in its order."""
+def mixer(p: Params, ms: MambaSpec, h: int, conv_bias: bool, proj_bias: bool, prefix: str = "layers.mamba") -> None:
+    """``BambaMixer.__init__``'s tensors, in its order, under ``prefix`` (Nemotron-H names its mixer ``mixer``)."""
     L = ms.layers
     # depthwise: weight [conv_dim, 1, d_conv]
-    p.add("layers.mamba.conv1d.weight", ms.conv_dim * ms.conv_kernel, "other", L)
+    p.add(f"{prefix}.conv1d.weight", ms.conv_dim * ms.conv_kernel, "other", L)
     if conv_bias:
-        p.add("layers.mamba.conv1d.bias", ms.conv_dim, "bias", L)
-    p.linear("layers.mamba.in_proj", h, ms.intermediate_size + ms.conv_dim + ms.n_heads, L, proj_bias, "column")
+        p.add(f"{prefix}.conv1d.bias", ms.conv_dim, "bias", L)
+    p.linear(f"{prefix}.in_proj", h, ms.intermediate_size + ms.conv_dim + ms.n_heads, L, proj_bias, "column")
     for name in ("dt_bias", "A_log"):
-        p.add(f"layers.mamba.{name}", ms.n_heads, "other", L)
-    p.add("layers.mamba.norm.weight", ms.intermediate_size, "norm", L)
-    p.add("layers.mamba.D", ms.n_heads, "other", L)
-    p.linear("layers.mamba.out_proj", ms.intermediate_size, h, L, proj_bias, "row")
+        p.add(f"{prefix}.{name}", ms.n_heads, "other", L)
+    p.add(f"{prefix}.norm.weight", ms.intermediate_size, "norm", L)
+    p.add(f"{prefix}.D", ms.n_heads, "other", L)
+    p.linear(f"{prefix}.out_proj", ms.intermediate_size, h, L, proj_bias, "row")
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
@@ -67,7 +67,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     p.linear("layers.feed_forward.down_proj", inter, h, all_layers, mlp_bias, "row")
     p.norm("layers.input_layernorm", h, all_layers, False)
     p.norm("layers.pre_ff_layernorm", h, all_layers, False)
-    _mixer(p, ms, h, bool(get(cfg, "mamba_conv_bias", default=True)), bool(get(cfg, "mamba_proj_bias", default=False)))
+    mixer(p, ms, h, bool(get(cfg, "mamba_conv_bias", default=True)), bool(get(cfg, "mamba_proj_bias", default=False)))
     p.attention("layers.self_attn", h, n_heads, n_kv, hd, attn, bool(cfg.get("attention_bias", False)), "o_proj")
     p.norm("final_layernorm", h, (), False)
     tied = bool(cfg.get("tie_word_embeddings", False))
@@ -78,7 +78,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       hidden_act=str(cfg.get("hidden_act", "silu")), mlp_gated=True, norm="rms", position="rope",
                       tie_word_embeddings=tied, attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
                       max_position_embeddings=int(get(cfg, "max_position_embeddings", default=262144)),
-                      mamba=ms)
+                      mamba=ms, partial_rotary_factor=0.5)
 
 
 BAMBA = Family(build, "modeling_bamba.py", required=required("hidden_size", "num_hidden_layers",

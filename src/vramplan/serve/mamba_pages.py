@@ -1,0 +1,106 @@
+"""vLLM's KV cache for a hybrid attention + Mamba2 model (``ModelSpec.mamba``): the mixers' state pages beside the
+attention blocks, as the V1 engine lays them out from 0.10.2 to 0.25.x (``facts/vllm_releases.py``
+``MAMBA_HYBRID_RULES``; the release rules are cited there).
+
+1. **The state page** (``MambaSpec.page_size_bytes``, vllm/v1/kv_cache_interface.py): one mixer layer's state for
+   one request, the convolution state ``(d_conv - 1) x conv_dim`` plus the SSM state ``n_heads x head_dim x
+   d_state`` (``MambaStateShapeCalculator.mamba2_state_shape``, vllm/model_executor/layers/mamba/mamba_utils.py),
+   both in the model dtype: ``mamba_cache_dtype`` and ``mamba_ssm_cache_dtype`` default to "auto", the model dtype
+   for the first and the first's dtype for the second (``MambaStateDtypeCalculator._mamba_state_dtype``).
+2. **The attention block** is raised until one attention page (``block_size x`` the layer's K and V bytes per
+   token) holds a state page, in multiples of the kernel alignment (16), and the state page is padded to it
+   (``mamba_page_size_padded``): every layer's page has the same size.
+3. **Groups**: the attention layers and the mixer layers are split into groups of the same layer count
+   (``_get_kv_cache_groups_uniform_page_size``); ``num_gpu_blocks = available // page // group size``.  A request
+   takes ``cdiv(max_model_len, block)`` blocks in each attention group and one block in each mixer group
+   (``MambaSpec.max_memory_usage_bytes``: one page without prefix caching).
+
+Worked example, Bamba-9B's shape in bf16 (3 attention layers with 8 KV heads of 128; 29 mixers of 128 heads of 64,
+1 group, state 128, d_conv 4, intermediate 8192): conv_dim 8192 + 2 x 128 = 8448; state page 3 x 8448 x 2
++ 128 x 64 x 128 x 2 = 50,688 + 2,097,152 = 2,147,840 B; attention per token 2 x 8 x 128 x 2 = 4096 B;
+block 16 x cdiv(2,147,840, 16 x 4096) = 16 x 33 = 528 tokens, page 528 x 4096 = 2,162,688 B (the state page
+padded by 0.69%); groups of 3 layers: one attention group and cdiv(29, 3) = 10 mixer groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.facts.vllm_releases import MambaHybridRule
+from vramplan.spec.model import MambaSpec
+from vramplan.units import ceil_div
+
+__all__ = ["HybridLayout", "hybrid_layout", "mamba_state_page_bytes", "mixer_profile_width"]
+
+KERNEL_ALIGNMENT = 16  # FlashAttention / FlashInfer: block sizes in multiples of 16 (``MultipleOf(16)``)
+
+
+def mamba_state_page_bytes(ms: MambaSpec, dtype_bytes: int, ssm_bytes: int | None = None) -> int:
+    """One mixer layer's state for one request, unpadded: ``(d_conv - 1) x conv_dim`` elements in the model dtype
+    and ``n_heads x head_dim x d_state`` in ``ssm_bytes`` (None: the model dtype too) (tp = 1)."""
+    ssm = dtype_bytes if ssm_bytes is None else ssm_bytes
+    return (ms.conv_kernel - 1) * ms.conv_dim * dtype_bytes + ms.ssm_state_elements * ssm
+
+
+def mixer_profile_width(ms: MambaSpec) -> int:
+    """Elements per token alive in a mixer layer during the profile run (no attention metadata: the mixer skips
+    the scan, ``MambaMixer2.forward_cuda`` "profile run"): the ``in_proj`` output (gate, x|B|C and dt:
+    ``intermediate + conv_dim + n_heads``), the contiguous copy of x|B|C (``conv_dim``) and the gated norm's output
+    (``intermediate``)."""
+    return 2 * ms.intermediate_size + 2 * ms.conv_dim + ms.n_heads
+
+
+@dataclass(frozen=True)
+class HybridLayout:
+    """The pages, block size and groups vLLM chooses for a hybrid model (module docstring)."""
+
+    block_size: int  # the attention block, raised from the scenario's
+    page: int  # one block of one layer: the attention page, and the padded state page
+    state_page: int  # the mixers' state page before padding
+    attention_layers: int
+    mamba_layers: int
+    group_size: int
+    attention_groups: int
+    mamba_groups: int
+    first_is_mamba: bool  # the model's first cache layer is a mixer (the first group is a mixer group)
+
+    @property
+    def groups(self) -> int:
+        return self.attention_groups + self.mamba_groups
+
+    def blocks_per_request(self, max_len: int) -> int:
+        """Blocks one request of ``max_len`` tokens takes in every group (``get_max_concurrency_for_kv_cache_config``:
+        ``cdiv(max_len, block)`` per attention group, one per mixer group)."""
+        return self.attention_groups * ceil_div(max_len, self.block_size) + self.mamba_groups
+
+    def needed(self, max_len: int, rule: MambaHybridRule) -> int:
+        """The bytes the start-up check asks for one request of ``max_len`` (``MambaHybridRule.needed``)."""
+        attention = ceil_div(max_len, self.block_size)
+        if rule.needed == "layers":
+            return (self.attention_layers * attention + self.mamba_layers) * self.page
+        if rule.needed == "first_group":
+            return self.group_size * self.page * (1 if self.first_is_mamba else attention)
+        return self.group_size * self.page * self.blocks_per_request(max_len)
+
+
+def _block_size(rule: MambaHybridRule, asked: int, state_page: int, attention_per_token: int, align: int) -> int:
+    if rule.block_rule == "align":
+        a = max(align, asked)
+        return a * ceil_div(state_page, a * attention_per_token)
+    return max(asked, align * ceil_div(state_page, align * attention_per_token))
+
+
+def hybrid_layout(ms: MambaSpec, attention_layers: int, attention_per_token: int, dtype_bytes: int, asked_block: int,
+                  rule: MambaHybridRule, align: int = KERNEL_ALIGNMENT, ssm_bytes: int | None = None) -> HybridLayout:
+    """The layout of ``attention_layers`` attention layers of ``attention_per_token`` bytes per token beside
+    ``ms``'s mixers, for a scenario block size ``asked_block`` under ``rule`` (``ssm_bytes``: the SSM state's dtype
+    bytes where it is not the model dtype's)."""
+    state = mamba_state_page_bytes(ms, dtype_bytes, ssm_bytes)
+    block = _block_size(rule, asked_block, state, attention_per_token, align)
+    n_mamba = len(ms.layers)
+    smallest, largest = min(attention_layers, n_mamba), max(attention_layers, n_mamba)
+    size = largest if rule.group_ratio is not None and largest < smallest * rule.group_ratio else smallest
+    return HybridLayout(block_size=block, page=block * attention_per_token, state_page=state,
+                        attention_layers=attention_layers, mamba_layers=n_mamba, group_size=size,
+                        attention_groups=ceil_div(attention_layers, size), mamba_groups=ceil_div(n_mamba, size),
+                        first_is_mamba=0 in ms.layers)
