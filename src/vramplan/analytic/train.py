@@ -39,6 +39,7 @@ from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import family_loss_release, loss_release_note
 from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.float8 import float8_assumptions
 from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy
 from vramplan.analytic.terms import StepContext, Term, step_terms
@@ -252,6 +253,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
             out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
                        "(set software.bitsandbytes for older versions, which kept it)")
     out += optimizer_assumptions(t.optimizer, fw)
+    out += float8_assumptions(s)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:
