@@ -25,8 +25,16 @@ from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div
 
-__all__ = ["CAST_PEAK_PER_ELEMENT", "backward_peak_bytes", "converts_head", "converted_layer_linears",
-           "float8_assumptions", "float8_on", "head_backward_bytes", "layer_cast_peaks"]
+__all__ = [
+    "CAST_PEAK_PER_ELEMENT",
+    "backward_peak_bytes",
+    "converted_layer_linears",
+    "converts_head",
+    "float8_assumptions",
+    "float8_on",
+    "head_backward_bytes",
+    "layer_cast_peaks",
+]
 
 # eager hp -> float8 cast (float8_training_tensor.py _ToFloat8ConstrFunc.forward, float8_utils.to_fp8_saturated):
 # the fp32 product (4) and its clamped copy (4) are referenced while the float8 result (1) is written
@@ -125,11 +133,14 @@ def layer_cast_peaks(s: Scenario, m: ModelSpec, layer: int, tp: int, tokens: int
 def head_backward_bytes(s: Scenario, m: ModelSpec, tp: int, tokens: int) -> int:
     """The converted LM head's backward float8 peak (0 when it is not converted or not a multiple of 16)."""
     head = next((p for p in m.params if p.role == "lm_head"), None)
-    if head is None or not converts_head(s) or not _converted(head):
+    # a tied head is still an nn.Linear (its weight the embedding's): hidden -> vocab
+    fan_in, fan_out = (head.in_features, head.out_features) if head is not None else (
+        (m.hidden_size, m.vocab_size) if m.tie_word_embeddings else (0, 0))
+    if not (fan_in and converts_head(s)) or fan_in % DIM_MULTIPLE or fan_out % DIM_MULTIPLE:
         return 0
     recipe = float8_recipe(s.train.float8.recipe_name)
-    return backward_peak_bytes(tokens, head.in_features, ceil_div(head.out_features, tp), recipe,
-                               s.train.float8.enable_fsdp_float8_all_gather)
+    return backward_peak_bytes(tokens, fan_in, ceil_div(fan_out, tp), recipe,
+                               s.train.float8.enable_fsdp_float8_all_gather and head is not None)
 
 
 def float8_assumptions(s: Scenario) -> list[str]:
@@ -141,13 +152,13 @@ def float8_assumptions(s: Scenario) -> list[str]:
     out = [
         f"torchao float8 training (torchao v0.14.1 Float8Linear, recipe {f8.recipe_name}): each decoder nn.Linear with "
         "both dimensions multiples of 16 is converted; routed experts and routers are not; the LM head is " + head,
-        "torchao float8: a converted linear saves its bf16 input and its weight, as nn.Linear does "
-        "(matmul_with_hp_or_float8_args saves input_hp, weight_hp_t): saved activations as bf16-mixed",
-        "torchao float8 casts run eagerly (9 B per element of the tensor being cast at its peak: the fp32 product and "
+        ("torchao float8: a converted linear saves its bf16 input and its weight, as nn.Linear does "
+        "(matmul_with_hp_or_float8_args saves input_hp, weight_hp_t): saved activations as bf16-mixed"),
+        ("torchao float8 casts run eagerly (9 B per element of the tensor being cast at its peak: the fp32 product and "
         "its clamp beside the float8 result); torch.compile, which torchtitan recommends, fuses them into fewer "
-        "bytes: this is an upper bound for a compiled step",
-        "torchao float8: the forward's casts (freed as each linear returns) and the allocator's fragmentation around "
-        "the backward's casts are not counted (the allocator replay does not allocate them)",
+        "bytes: this is an upper bound for a compiled step"),
+        ("torchao float8: the forward's casts (freed as each linear returns) and the allocator's fragmentation around "
+        "the backward's casts are not counted (the allocator replay does not allocate them)"),
     ]
     if f8.enable_fsdp_float8_all_gather:
         out.append("torchao float8 all-gather: converted weights gathered by FSDP2 in float8 (1 B per element), "

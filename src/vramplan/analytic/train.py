@@ -35,11 +35,11 @@ from vramplan.analytic.attention import (
 )
 from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.events import StepLayout, build_layout
+from vramplan.analytic.float8 import float8_assumptions
 from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import family_loss_release, loss_release_note
 from vramplan.analytic.moment import K, Moment
-from vramplan.analytic.float8 import float8_assumptions
 from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy
 from vramplan.analytic.terms import StepContext, Term, step_terms

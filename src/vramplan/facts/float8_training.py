@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DIM_MULTIPLE", "FLOAT8_RECIPES", "Float8RecipeFacts", "SAVED_FOR_BACKWARD", "SOURCE", "float8_recipe"]
+__all__ = ["DIM_MULTIPLE", "FLOAT8_RECIPES", "SAVED_FOR_BACKWARD", "SOURCE", "Float8RecipeFacts", "float8_recipe"]
 
 SOURCE = "torchao v0.14.1 torchao/float8/float8_linear.py matmul_with_hp_or_float8_args"
 # what the autograd function saves, by its variable names (the high-precision input and weight)
