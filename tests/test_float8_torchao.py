@@ -154,3 +154,28 @@ def test_torchtitan_export_writes_the_float8_converter() -> None:
     assert rowwise["float8"] == {"filter_fqns": ["output"], "recipe_name": "rowwise"}
     plain = torchtitan_config(TrainSetup(framework="torchtitan", num_gpus=8, fsdp="full_shard"), "llama", 32, 4096)
     assert "float8" not in plain and "converters" not in plain["model"]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+def test_torchao_saves_the_bf16_input_and_weight(recipe: str) -> None:
+    """Against torchao itself where it is importable (torchao's Python float8 code runs on the CPU with
+    ``emulate=True``; the saved set does not depend on the kernel): e.g. ``pip download torchao==0.14.1 --no-deps``,
+    unzip the wheel and put it on PYTHONPATH.  Each tensor packed for the backward is recorded."""
+    torch = pytest.importorskip("torch")
+    f8 = pytest.importorskip("torchao.float8")
+    base = f8.Float8LinearConfig.from_recipe_name(recipe)
+    cfg = f8.Float8LinearConfig(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, "emulate": True})
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16, bias=False)).to(torch.bfloat16)
+    f8.convert_to_float8_training(model, config=cfg)
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    saved: list[tuple[tuple[int, ...], Any]] = []
+
+    def pack(t: Any) -> Any:
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = model(x)
+    y.sum().backward()
+    # SAVED_FOR_BACKWARD = (input_hp, weight_hp_t): the bf16 input (T x in) and the weight's transpose (in x out)
+    assert saved == [((4, 32), torch.bfloat16), ((32, 16), torch.bfloat16)]
