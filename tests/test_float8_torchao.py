@@ -179,3 +179,30 @@ def test_torchao_saves_the_bf16_input_and_weight(recipe: str) -> None:
     y.sum().backward()
     # SAVED_FOR_BACKWARD = (input_hp, weight_hp_t): the bf16 input (T x in) and the weight's transpose (in x out)
     assert saved == [((4, 32), torch.bfloat16), ((32, 16), torch.bfloat16)]
+
+
+def test_torchao_eager_cast_peaks_at_9_bytes_per_element() -> None:
+    """``CAST_PEAK_PER_ELEMENT`` against torchao's own cast where it is importable: the CPU profiler's allocation
+    events of ``hp_tensor_to_float8_dynamic`` on a 1024 x 1024 bf16 tensor, summed in time order.  Peak: the fp32
+    product and its clamp (4 + 4 B) beside the float8 result (1 B), 9,437,184 B plus the 4-B scale; after it, the
+    float8 data and its scale (1,048,580 B)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchao.float8")
+    from torch.profiler import ProfilerActivity, profile
+    from torchao.float8.config import e4m3_dtype
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    from vramplan.analytic.float8 import CAST_PEAK_PER_ELEMENT
+
+    x = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        y = hp_tensor_to_float8_dynamic(x, e4m3_dtype, LinearMMConfig())
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    assert y._data.dtype == e4m3_dtype
+    assert peak == CAST_PEAK_PER_ELEMENT * 1024 * 1024 + 4
+    assert live == 1024 * 1024 + 4
