@@ -175,6 +175,7 @@ class Train(_Strict):
     """Training precision: fp32; autocast mixed precision with fp32 weights (bf16-mixed, fp16-mixed); true half
     precision with no fp32 copy (bf16-true, fp16-true); fp8-mixed as Transformer Engine; fp8-torchao as torchao's
     float8 training (``convert_to_float8_training``, torchtitan's ``float8`` converter), set by ``train.float8``.
+    MXFP8 and NVFP4 training (torchtitan's ``mx`` and ``nvfp4`` converters) are not modelled.
 
     Bytes per parameter follow the framework's convention (docs/conventions.md, Model states;
     vramplan.analytic.precision)."""
