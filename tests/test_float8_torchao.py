@@ -16,7 +16,8 @@ import pytest
 
 from vramplan import estimate
 from vramplan.analytic.float8 import backward_peak_bytes, converted_layer_linears, layer_cast_peaks
-from vramplan.analytic.terms import StepContext, bytes_of, step_terms
+from vramplan.analytic.terms import StepContext, bytes_of, static_bytes, step_terms
+from vramplan.analytic.timeline import LOSS, attention, layer_done, mlp
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.export.torchtitan import JOB_CONFIG_KEYS, to_toml, torchtitan_config
@@ -73,6 +74,10 @@ def test_layer_peaks_of_llama_3_2_1b() -> None:
     assert bytes_of(terms, "float8.mlp") == 16 * 151_126_020
     assert bytes_of(terms, "float8.attention") == 16 * 37_781_508
     assert bytes_of(terms, "float8.head") == 0  # torchtitan leaves the head ("output") unconverted
+    # lifetimes: each part's peak from its point to the next (terms/transients.py's points)
+    mlp0 = next(t for t in terms if t.name == "float8.mlp" and t.layer == 0)
+    attn0 = next(t for t in terms if t.name == "float8.attention" and t.layer == 0)
+    assert (mlp0.born, mlp0.dies, attn0.born, attn0.dies) == (mlp(0), attention(0), attention(0), layer_done(0))
 
 
 def test_saved_activations_are_bf16_mixed_ones() -> None:
@@ -95,6 +100,9 @@ def test_float8_all_gather_halves_the_converted_weights_in_the_buffers() -> None
                                         "precompute_float8_dynamic_scale_for_fsdp": True}))
     # one fp32 scale per converted weight: 16 layers x 7 linears x 4 B = 448 B
     assert with_scales.per_gpu.breakdown["weights"] - on.per_gpu.breakdown["weights"] == 448
+    # a static term: the planner's lower bound sees it too
+    scales_doc = _doc(float8={"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True})
+    assert static_bytes(resolve(scales_doc)) - static_bytes(resolve(_doc(float8={"enable_fsdp_float8_all_gather": True}))) == 448
 
 
 def test_converted_head_adds_its_backward_casts() -> None:
@@ -103,6 +111,8 @@ def test_converted_head_adds_its_backward_casts() -> None:
     # the head (in 2,048, out 128,256; W 262,668,288), T 16: the weight's cast 16 x 128,256 + 4 + 9 x 262,668,288
     # = 2,052,100 + 2,364,014,592 = 2,366,066,692
     assert bytes_of(terms, "float8.head") == 2_366_066_692
+    head = next(t for t in terms if t.name == "float8.head")
+    assert (head.born, head.dies) == (LOSS, mlp(15))
 
 
 @pytest.mark.parametrize(("doc", "where"), [

@@ -79,6 +79,7 @@ STATIC_TERMS: tuple[TermFn, ...] = (
     optimizer_state.master,
     resident.workspaces,
     resident.ddp_buckets,
+    float8.precomputed_scales,
 )
 
 
