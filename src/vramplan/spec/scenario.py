@@ -135,7 +135,8 @@ class Float8Training(_Strict):
     """Scaling recipe: tensorwise (``Float8LinearConfig()``: one scale per tensor, e4m3 input and weight, e5m2
     gradient), rowwise (one scale per row, e4m3 throughout) or rowwise_with_gw_hp (rowwise, the weight gradient in
     high precision).  torchao ``Float8LinearConfig.from_recipe_name``; tensorwise is torchao's default and
-    torchtitan's when ``recipe_name`` is unset."""
+    torchtitan's when ``recipe_name`` is unset (commit 000204a4, the one the job-config export follows; torchtitan
+    b5bcd76, 2026, offers only the rowwise recipes, rowwise by default, and no float8 all-gather)."""
 
     enable_fsdp_float8_all_gather: bool = False
     """FSDP2 all-gathers the converted weights in float8 (cast before the all-gather): 1 byte per element in the
