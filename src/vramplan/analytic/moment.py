@@ -106,6 +106,10 @@ class K:
                       "SGLang's ReqToTokenPool: (max_num_reqs + 1) x (context_len + 4) int32 slot indices")
     # temporaries
     CASTS = _k("temporaries", "autocast weight copies", "half-precision copies autocast makes of fp32 weights")
+    FLOAT8_CASTS = _k("temporaries", "float8 casts (torchao)",
+                      "a converted linear's float8 casts and operand copies in its backward (torchao float8 training)")
+    FLOAT8_SCALES = _k("weights", "float8 weight scales (torchao)",
+                       "one fp32 scale per converted weight, precomputed after the optimizer step")
     LOSS_FORWARD = _k("temporaries", "logits and loss", "logits and the loss's tensors at the forward's end")
     LOSS_BACKWARD = _k("temporaries", "logits and loss gradients", "the loss's gradients at the backward's start")
     LAYER_FORWARD = _k("temporaries", "layer forward", "one layer's forward temporaries (a stage without the head)")

@@ -35,6 +35,7 @@ from vramplan.analytic.attention import (
 )
 from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.events import StepLayout, build_layout
+from vramplan.analytic.float8 import float8_assumptions
 from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import family_loss_release, loss_release_note
@@ -252,6 +253,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
             out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
                        "(set software.bitsandbytes for older versions, which kept it)")
     out += optimizer_assumptions(t.optimizer, fw)
+    out += float8_assumptions(s)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:

@@ -71,6 +71,8 @@ RENAMED: dict[str, str] = {
     "inference.autoawq.loop": "autoawq_loop",
     "inference.autoawq.max_seq_len": "awq_max_seq_len",
     "software.autoawq": "autoawq_version",
+    # torchao float8 training's recipe (train.float8): "--recipe-name" alone would not say which recipe
+    "train.float8.recipe_name": "float8_recipe",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

@@ -8,7 +8,10 @@ data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_f
 tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule (the row of
 facts/pipeline_schedules.py), pipeline_parallel_layers_per_stage (virtual stages other than 2),
 pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkpoint]`` mode,
-``[checkpoint]`` enable_checkpoint, ``[validation]`` enabled/local_batch_size/seq_len/steps.
+``[checkpoint]`` enable_checkpoint, ``[validation]`` enabled/local_batch_size/seq_len/steps; with
+``precision: fp8-torchao`` ``[model]`` converters = ["float8"] and ``[float8]`` (``Float8``: recipe_name,
+enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp, force_recompute_fp8_weight_in_bwd,
+filter_fqns).
 ``JOB_CONFIG_KEYS`` lists them for the tests (torchtitan itself is not a dependency).
 
 Batch semantics: ``local_batch_size`` is per data-parallel rank per optimizer step; without
@@ -51,6 +54,9 @@ JOB_CONFIG_KEYS: dict[str, frozenset[str]] = {
                              "keep_latest_k", "load_step", "exclude_from_loading", "enable_first_step_checkpoint",
                              "last_save_in_hf"}),
     "validation": frozenset({"enabled", "dataset", "dataset_path", "local_batch_size", "seq_len", "freq", "steps"}),
+    "float8": frozenset({"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+                         "force_recompute_fp8_weight_in_bwd", "recipe_name", "filter_fqns", "emulate",
+                         "moe_fqns_prototype"}),
 }
 
 # torchtitan's own model names and flavors for the catalog models it ships (llama3 "8B"/"70B"/"405B")
@@ -81,9 +87,12 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
     }
     if s.pp > 1:
         par.update(_pipeline_keys(s, layers))
+    model = _model_section(family, layers, hidden)
+    if s.precision == "fp8-torchao":
+        model["converters"] = ["float8"]
     return {
         "job": {"description": f"vramplan plan: {s.label()}"},
-        "model": _model_section(family, layers, hidden),
+        "model": model,
         "optimizer": {"name": titan_optim[0], "implementation": titan_optim[1]},
         "training": {"local_batch_size": local, "global_batch_size": s.global_batch, "seq_len": s.seq_len,
                      "max_norm": 1.0, "enable_cpu_offload": s.offload != "none",
@@ -92,7 +101,27 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
         "parallelism": par,
         "activation_checkpoint": {"mode": "full" if s.checkpointing == "full" else "none"},
         **_lifecycle_sections(s, lifecycle or resolve_lifecycle(s)),
+        **_float8_section(s),
     }
+
+
+def _float8_section(s: TrainSetup) -> dict[str, dict[str, Any]]:
+    """``[float8]`` for ``precision: fp8-torchao``.  At the cited commit ``Float8Converter`` builds
+    ``Float8LinearConfig()`` (tensorwise) when ``recipe_name`` is unset and asserts that a ``recipe_name`` comes
+    without ``enable_fsdp_float8_all_gather`` and ``force_recompute_fp8_weight_in_bwd``: tensorwise is written as
+    no ``recipe_name``.  ``filter_fqns`` = ["output"] unless the head is converted (its Llama 3 configs' value)."""
+    if s.precision != "fp8-torchao":
+        return {}
+    f8 = s.train.float8
+    head = f8.convert_lm_head if f8.convert_lm_head is not None else s.framework != "torchtitan"
+    out: dict[str, Any] = {"filter_fqns": [] if head else ["output"]}
+    if f8.recipe_name == "tensorwise":
+        out.update(enable_fsdp_float8_all_gather=f8.enable_fsdp_float8_all_gather,
+                   precompute_float8_dynamic_scale_for_fsdp=f8.precompute_float8_dynamic_scale_for_fsdp,
+                   force_recompute_fp8_weight_in_bwd=f8.force_recompute_fp8_weight_in_bwd)
+    else:
+        out["recipe_name"] = f8.recipe_name
+    return {"float8": out}
 
 
 def _pipeline_keys(s: TrainSetup, layers: int) -> dict[str, Any]:

@@ -17,6 +17,12 @@ Framework families (``analytic/precision.py`` ``framework_family``):
 
 ``fp8-mixed`` follows Transformer Engine: the mixed-precision row of the family plus an fp8 copy of
 each linear weight, and linear inputs saved in fp8 for the backward pass.
+
+``fp8-torchao`` follows torchao's float8 training (torchao v0.14.1 ``Float8Linear``, torchtitan's ``float8``
+converter): one row, for the FSDP family, equal to bf16-mixed's, because a converted linear saves its bf16 input
+and its weight as ``nn.Linear`` does and keeps no float8 copy between the forward and the backward
+(facts/float8_training.py); its casts and its float8 all-gather are terms (analytic/float8.py).  The other
+families are refused (spec/load.py): torchtitan is the framework modelled.
 """
 
 from __future__ import annotations
@@ -92,6 +98,10 @@ PRECISIONS: tuple[PrecisionConvention, ...] = (
     _true("bf16-true", "bf16"),
     _true("fp16-true", "fp16"),
     *_mixed("fp8-mixed", "bf16", fp8=True),
+    # torchao float8 under FSDP2 / torchtitan: bf16-mixed's FSDP row (what is saved is unchanged)
+    PrecisionConvention(precision="fp8-torchao", family="fsdp", convention=_STATES, policy=PrecisionPolicy(
+        param_bytes=4, frozen_param_bytes=2, grad_bytes=4, master_bytes=0, compute_bytes=2, residual_bytes=2,
+        autocast=False, weight_cast_bytes=0, linear_input_bytes=2, half="bf16")),
 )
 
 

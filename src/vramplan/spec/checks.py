@@ -227,6 +227,10 @@ def _fp8_uses(s: Scenario) -> list[tuple[str, frozenset[str]]]:
     uses: list[tuple[str, frozenset[str]]] = []
     if s.task == "train" and s.train.precision == "fp8-mixed":
         uses.append(("train.precision: fp8-mixed (Transformer Engine)", FP8_COMPUTE_ARCHITECTURES))
+    if s.task == "train" and s.train.precision == "fp8-torchao":
+        # torchtitan's Float8Converter: has_cuda_capability(8, 9) (or ROCm gfx942) else ValueError "float8 is only
+        # supported on SM89 or later"; torchao's _scaled_mm kernels need the same fp8 tensor cores
+        uses.append(("train.precision: fp8-torchao (torchao float8 training)", FP8_COMPUTE_ARCHITECTURES))
     if s.task == "inference" and s.inference.quantization == "fp8":
         uses.append(("inference.quantization: fp8", FP8_COMPUTE_ARCHITECTURES))
     if s.task == "serve" and s.serve.quantization == "fp8":

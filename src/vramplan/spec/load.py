@@ -26,7 +26,7 @@ from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
-from vramplan.spec.scenario import Peft, Scenario, TrainQuant, engine_option_problems
+from vramplan.spec.scenario import Float8Training, Peft, Scenario, TrainQuant, engine_option_problems
 from vramplan.spec.vision import image_problems, vision_notes
 from vramplan.spec.vision_quant import tower_quant_problems
 
@@ -736,9 +736,48 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             out += in_backward_problems(s, m)
         if t.torchao_cpu_offload != "none":
             out += torchao_offload_problems(s)
+        out += _float8_problems(s)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))
+    return out
+
+
+def _float8_problems(s: Scenario) -> list[Problem]:
+    """torchao float8 training (``precision: fp8-torchao``, ``train.float8``): what torchtitan's converter and torchao's
+    ``Float8LinearConfig`` refuse, and what is not modelled (docs/conventions.md, torchao float8)."""
+    t, f8 = s.train, s.train.float8
+    if t.precision != "fp8-torchao":
+        if f8 != Float8Training():
+            return [Problem("train.float8", "train.float8 is read only with train.precision: fp8-torchao",
+                            "set train.precision: fp8-torchao, or remove train.float8")]
+        return []
+    out: list[Problem] = []
+    if s.effective_framework != "torchtitan":
+        out.append(Problem("train.precision", f"fp8-torchao is modelled as torchtitan's float8 converter, not under "
+                           f"framework {s.effective_framework}", "set framework: torchtitan (or use bf16-mixed)"))
+    if t.peft is not None or t.objective != "sft":
+        out.append(Problem("train.precision", "fp8-torchao is modelled for full fine-tuning (objective sft) only",
+                           "remove train.peft / set objective: sft, or use bf16-mixed"))
+    if f8.enable_fsdp_float8_all_gather and f8.recipe_name != "tensorwise":
+        # torchao config.py Float8LinearConfig.__post_init__: "enable_fsdp_float8_all_gather only supports
+        # tensorwise scaling granularity"; torchtitan asserts it is not combined with recipe_name
+        out.append(Problem("train.float8.enable_fsdp_float8_all_gather", "float8 all-gather needs recipe_name "
+                           f"tensorwise, not {f8.recipe_name} (torchao Float8LinearConfig)",
+                           "set train.float8.recipe_name: tensorwise, or turn the all-gather off"))
+    sharded = s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.data_parallel_degree > 1
+    if f8.enable_fsdp_float8_all_gather and not sharded:
+        # torchtitan Float8Converter: enable_fsdp_float8_all_gather = parallel_dims.dp_shard_enabled and ...
+        out.append(Problem("train.float8.enable_fsdp_float8_all_gather", "float8 all-gather acts only on FSDP "
+                           "parameter sharding over more than one GPU (torchtitan turns it off otherwise)",
+                           "set parallel.fsdp: full_shard with several data-parallel GPUs, or turn it off"))
+    if f8.precompute_float8_dynamic_scale_for_fsdp and not f8.enable_fsdp_float8_all_gather:
+        out.append(Problem("train.float8.precompute_float8_dynamic_scale_for_fsdp", "precomputed scales need "
+                           "enable_fsdp_float8_all_gather (torchtitan ignores them otherwise)",
+                           "set train.float8.enable_fsdp_float8_all_gather: true, or turn it off"))
+    if f8.force_recompute_fp8_weight_in_bwd and f8.recipe_name != "tensorwise":
+        out.append(Problem("train.float8.force_recompute_fp8_weight_in_bwd", "torchtitan refuses "
+                           "force_recompute_fp8_weight_in_bwd with a recipe_name", "set recipe_name: tensorwise"))
     return out
 
 

@@ -19,7 +19,7 @@ from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq"]
-Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed"]
+Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
 Optimizer = Annotated[str, Choices("optimizer", optimizer_names), OneOf(optimizer_names)]
 Checkpointing = Literal["none", "full", "selective", "attention-core", "op-sac"]
@@ -58,6 +58,7 @@ Objective = Literal["sft", "dpo", "kto", "orpo", "grpo", "ppo", "rloo"]
 RolloutEngine = Literal["vllm", "hf-generate"]
 AutoAwqLoop = Literal["forward", "generate"]
 ReferenceModel = Literal["none", "shared", "separate"]
+Float8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]
 
 
 class _Strict(BaseModel):
@@ -127,6 +128,40 @@ class Peft(_Strict):
     """Adapter dropout probability; above 0 each adapted input keeps a dropped copy for the backward."""
 
 
+class Float8Training(_Strict):
+    """torchao float8 training (``train.precision: fp8-torchao``): the ``Float8LinearConfig`` that
+    ``convert_to_float8_training`` swaps each ``nn.Linear`` with, as torchtitan's ``[float8]`` job-config
+    section names the settings (torchtitan ``config/job_config.py`` ``Float8``; torchao v0.14.1
+    ``torchao/float8/config.py``).  Read only with that precision (docs/conventions.md, torchao float8)."""
+
+    recipe_name: Float8Recipe = "tensorwise"
+    """Scaling recipe: tensorwise (``Float8LinearConfig()``: one scale per tensor, e4m3 input and weight, e5m2
+    gradient), rowwise (one scale per row, e4m3 throughout) or rowwise_with_gw_hp (rowwise, the weight gradient in
+    high precision).  torchao ``Float8LinearConfig.from_recipe_name``; tensorwise is torchao's default and
+    torchtitan's when ``recipe_name`` is unset (commit 000204a4, the one the job-config export follows; torchtitan
+    b5bcd76, 2026, offers only the rowwise recipes, rowwise by default, and no float8 all-gather)."""
+
+    enable_fsdp_float8_all_gather: bool = False
+    """FSDP2 all-gathers the converted weights in float8 (cast before the all-gather): 1 byte per element in the
+    all-gather buffers instead of bf16's 2.  tensorwise only, with parameter sharding (torchao
+    ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``)."""
+
+    precompute_float8_dynamic_scale_for_fsdp: bool = False
+    """One all-reduce after the optimizer step computes every converted weight's scale (torchao
+    ``precompute_float8_dynamic_scale_for_fsdp``): one fp32 scale per converted weight kept beside it.  Needs
+    enable_fsdp_float8_all_gather."""
+
+    force_recompute_fp8_weight_in_bwd: bool = False
+    """torchtitan's flag of that name; deprecated in torchao (no effect since torchao's linear saves the
+    high-precision weight and casts it again in the backward, pytorch/ao#2251): accepted with tensorwise, adds
+    nothing."""
+
+    convert_lm_head: bool | None = None
+    """Whether the LM head is converted too; null: the framework's default, false under torchtitan (its Llama 3
+    train configs set ``filter_fqns = ["output"]``), true for plain torchao (``convert_to_float8_training``
+    without a filter converts every ``nn.Linear`` whose dimensions are multiples of 16)."""
+
+
 class Train(_Strict):
     """One training step: forward, loss, backward, optimizer step."""
 
@@ -142,7 +177,9 @@ class Train(_Strict):
 
     precision: Precision = "bf16-mixed"
     """Training precision: fp32; autocast mixed precision with fp32 weights (bf16-mixed, fp16-mixed); true half
-    precision with no fp32 copy (bf16-true, fp16-true); fp8-mixed as Transformer Engine.
+    precision with no fp32 copy (bf16-true, fp16-true); fp8-mixed as Transformer Engine; fp8-torchao as torchao's
+    float8 training (``convert_to_float8_training``, torchtitan's ``float8`` converter), set by ``train.float8``.
+    MXFP8 and NVFP4 training (torchtitan's ``mx`` and ``nvfp4`` converters) are not modelled.
 
     Bytes per parameter follow the framework's convention (docs/conventions.md, Model states;
     vramplan.analytic.precision)."""
@@ -295,6 +332,9 @@ class Train(_Strict):
     ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
     sequence is ``rl.rollout.max_prompt_len + max_completion_len`` tokens; TRL v1.9.0 ``trl/trainer/dpo_trainer.py``
     ``DPOTrainer`` (docs/rl.md)."""
+
+    float8: Float8Training = Field(default_factory=Float8Training)
+    """torchao float8 training settings, read with ``precision: fp8-torchao`` (``Float8Training``)."""
 
 
 class AutoAwq(_Strict):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from vramplan.analytic.terms import (
     casts,
     cpu_offload,
+    float8,
     gradients,
     in_backward,
     loss,
@@ -48,6 +49,9 @@ TERMS: tuple[TermFn, ...] = (
     saved.head_saved,                 # final norm + LM-head input
     casts.layer_casts,                # autocast weight copies per layer
     casts.head_casts,                 # the head's weight copy
+    float8.layer_casts,               # torchao float8: each layer's backward casts
+    float8.head_casts,                # ... the converted head's
+    float8.precomputed_scales,        # ... the precomputed weight scales
     transients.layer_backward,        # each layer's backward temporaries
     sharding.gathered,                # ZeRO-3/FSDP all-gathered units
     gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter
@@ -75,6 +79,7 @@ STATIC_TERMS: tuple[TermFn, ...] = (
     optimizer_state.master,
     resident.workspaces,
     resident.ddp_buckets,
+    float8.precomputed_scales,
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vramplan.analytic.float8 import converted_layer_linears, float8_on, head_backward_bytes
 from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, resident
@@ -26,6 +27,19 @@ def _gather_bytes(c: StepContext) -> int:
     return 2 if c.pol.compute_bytes <= 2 else 4
 
 
+def _float8_gathered(c: StepContext) -> bool:
+    """torchao's float8 all-gather: ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` casts each converted
+    weight's shard to float8, so FSDP2 gathers 1 byte per element of it instead of the half dtype's 2."""
+    return float8_on(c.s) and c.s.train.float8.enable_fsdp_float8_all_gather
+
+
+def _float8_saving(c: StepContext, layer: int) -> int:
+    """Bytes the float8 all-gather saves on one gathered layer: 1 per element of its converted linears."""
+    if not _float8_gathered(c):
+        return 0
+    return sum(fan_in * fan_out for _, fan_in, fan_out in converted_layer_linears(c.m, layer, c.tp))
+
+
 def gathered(c: StepContext) -> list[Term]:
     """Current + prefetched unit (FSDP limit_all_gathers; DeepSpeed's prefetch), from the forward to
     the end of the backward."""
@@ -36,7 +50,8 @@ def gathered(c: StepContext) -> list[Term]:
     if c.peft is not None and c.quant != "none":
         layer_p_bytes = weights_bytes(_one_layer(rp, layer_p), pol.frozen_param_bytes, c.quant)
     else:
-        layer_p_bytes = layer_p * _gather_bytes(c)
+        largest = rp.layers[rp.per_layer.index(layer_p)] if rp.per_layer else 0
+        layer_p_bytes = layer_p * _gather_bytes(c) - _float8_saving(c, largest)
     return [Term(K.GATHERED, 2 * layer_p_bytes, FORWARD, STEP, "gathered")]
 
 
@@ -44,4 +59,7 @@ def root_gathered(c: StepContext) -> list[Term]:
     """The FSDP root unit (embeddings, head) stays unsharded for the whole step."""
     if c.shards[2] <= 1 or c.s.parallel.fsdp == "none":
         return []
-    return [resident(K.GATHERED_ROOT, c.rp.outside_layers * _gather_bytes(c), "gathered.root")]
+    root = c.rp.outside_layers * _gather_bytes(c)
+    if _float8_gathered(c) and c.rp.lm_head and head_backward_bytes(c.s, c.m, c.tp, 1):
+        root -= c.rp.lm_head  # the converted head gathered in float8 (its embedding, an nn.Embedding, is not)
+    return [resident(K.GATHERED_ROOT, root, "gathered.root")]
