@@ -22,7 +22,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "cross_attention_problems", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
     "unused_settings",
 ]
 
@@ -66,7 +66,7 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.parallel.ep > 1 and m.moe is None:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
-    return out + hybrid_problems(s, m) + cross_attention_problems(s, m)
+    return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m)
 
 
 _NO_TASK = ("no training or serving is estimated for a cross-attention vision model yet; its parameters are "
@@ -137,6 +137,39 @@ def _cross_inference_problems(s: Scenario, what: str) -> list[Problem]:
                            f"modeling_mllama.py, not {s.software.transformers}",
                            "drop software.transformers, or set it to 5.0 or later"))
     return out
+
+
+_ENC_DEC_COUNTED = ("its parameters are vramplan.spec.hf_config.model_from_config(config).num_parameters "
+                    "(.encoder_parameters for the encoder stack)")
+
+
+def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for an encoder-decoder model (``ModelSpec.encoder_decoder``: T5, mT5, UMT5,
+    BART), refused rather than answered as a decoder-only model of the decoder stack.
+
+    * Training and inference: the encoder stack's activations, the decoder's cross-attention over the encoder's
+      output and (in ``generate``) the cross-attention cache written once per layer from the encoder output
+      (transformers 5.24 ``EncoderDecoderCache``) are not yet terms of the step.
+    * Serving: vLLM served BART (``vllm/model_executor/models/bart.py``) and Whisper through its encoder-decoder
+      path only in some releases (the V0 engine's encoder-decoder model runner; the V1 engine refused
+      encoder-decoder models until it gained Whisper alone), and never T5 (its relative position bias is a custom
+      attention bias vLLM's attention backends do not take); its cross-attention block tables and encoder cache are
+      not modelled.
+    """
+    if m.encoder_decoder is None:
+        return []
+    ed = m.encoder_decoder
+    what = (f"{m.name} is an encoder-decoder model ({ed.encoder_layers} encoder layers, {m.num_layers} decoder "
+            f"layers with cross-attention); {_ENC_DEC_COUNTED}, but ")
+    if s.task == "serve":
+        return [Problem("task", what + "serving memory is not estimated for it: vLLM served BART and Whisper only "
+                        "in some releases (its encoder-decoder runner, with cross-attention block tables and an "
+                        "encoder cache vramplan does not model) and T5 in none (its relative position bias is an "
+                        "attention bias vLLM's kernels do not take)",
+                        "use task inference (transformers generate) or train")]
+    return [Problem("task", what + f"{s.task} memory is not estimated for it yet: the encoder stack's activations "
+                    "and the decoder's cross-attention (its keys and values over the encoder output) are not terms "
+                    "of the estimate", "count the parameters with model_from_config; no task is estimated yet")]
 
 
 def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
