@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from meta_build import meta_module
+from vramplan.analytic.moment import K
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.spec.hf_config import model_from_config
@@ -132,7 +133,7 @@ def test_bart_heads_that_do_not_divide_the_width_are_refused() -> None:
 
 
 @pytest.mark.parametrize(("task", "words"), [
-    ("train", "train memory is not estimated for it yet"),
+    ("train", "training memory is not estimated for it yet"),
     ("serve", "vLLM served BART and Whisper only in some releases"),
 ])
 def test_tasks_not_modelled_are_refused_with_the_reason(tmp_path: Any, task: str, words: str) -> None:
@@ -144,3 +145,159 @@ def test_tasks_not_modelled_are_refused_with_the_reason(tmp_path: Any, task: str
     text = str(err.value)
     assert "is an encoder-decoder model (6 encoder layers, 6 decoder layers with cross-attention)" in text
     assert words in text
+
+
+# ---- generate (analytic/encoder_decoder.py) -------------------------------------------------------------------------
+
+
+def _generate(raw: dict[str, Any], **inference: Any) -> Any:
+    from vramplan.analytic.generate import generate_step
+
+    doc = {"model": raw, "hardware": {"gpu": "H100-80GB"}, "task": "inference", "inference": inference}
+    return generate_step(resolve(doc))
+
+
+def _parts(mo: Any, drop: tuple[str, ...] = ()) -> dict[str, int]:
+    return {k: v for part in mo.parts.values() for k, v in part.items() if k not in drop}
+
+
+def test_flan_t5_base_generate_by_hand() -> None:
+    res = _generate(FLAN_T5_BASE, batch_size=1, prompt_len=512, new_tokens=128, dtype="bf16")
+    enc_layer, buckets, first, last = res.moments
+    assert [mo.phase for mo in res.moments] == ["encoder", "encoder", "prefill", "decode"]
+    # h = q = 768 (12 heads x 64), I = 2,048, 12 + 12 layers, V = 32,128, b = 1, S = 512, c = 2
+    # kept by the encoder: inputs_embeds 512 x 768 x 2 = 786,432 and the bias 12 x 512^2 x 2 = 6,291,456
+    # running layer (from the second on): at SDPA (768 + 768 + 4 x 768) x 512 x 2 + 6,291,456 = 11,010,048; at o
+    # (768 + 2 x 768 + 4 x 768) x 1,024 = 5,505,024; the gated gelu_new MLP (768 + 768 + 4 x 2,048) x 1,024 =
+    # 9,961,472; at wo (768 + 2 x 768 + 2,048) x 1,024 = 4,456,448
+    assert _parts(enc_layer) == {"parameters": 222_903_552 * 2,
+                                 "encoder embeddings (kept by the encoder's forward)": 786_432 + 6_291_456,
+                                 "encoder running layer": 11_010_048,
+                                 "cuBLAS workspaces": enc_layer.get(K.CUBLAS)}
+    # the first layer's buckets: 512^2 x 49 = 12,845,056, the positions 16 x 512 = 8,192, the normalised input and
+    # q, k, v (768 + 3 x 768) x 1,024 = 3,145,728 -> 15,998,976, beside inputs_embeds alone
+    assert buckets.get(K.ENCODER_LAYER) == 15_998_976 and buckets.get(K.ENCODER_KEPT) == 786_432
+    # first decoder step: the encoder output 786,432; the cross cache 12 x 2 x 512 x 768 x 2 = 18,874,368; one
+    # token's self cache 12 x 2 x 768 x 2 = 36,864; the last layer's k and v projections 2 x 512 x 768 x 2 =
+    # 1,572,864 and the step's tensors (4 x 768 + 768) x 2 + 12 x 513 x 2 = 19,992
+    assert _parts(first, ("parameters", "cuBLAS workspaces")) == {
+        "encoder output (kept by generate)": 786_432,
+        "cross-attention keys and values (encoder output)": 18_874_368, "all tokens": 36_864,
+        "cross-attention keys and values being cached (one layer)": 1_572_864,
+        "decoder layer (one token per sequence)": 19_992}
+    # last decode step: 128 tokens' self cache 12 x 2 x 128 x 768 x 2 = 4,718,592, one layer's keys growing
+    # 128 x 768 x 2 = 196,608, the logits 32,128 x (2 + 4 + 26) = 1,028,096
+    assert _parts(last, ("parameters", "cuBLAS workspaces")) == {
+        "encoder output (kept by generate)": 786_432,
+        "cross-attention keys and values (encoder output)": 18_874_368, "all tokens": 4_718_592,
+        "cache growth (torch.cat of one layer)": 196_608, "last-token logits and sampling": 1_028_096}
+    assert res.peak is last
+    assert res.final_cache_bytes == 4_718_592 + 18_874_368
+
+
+def test_bart_generate_logits_add_the_final_bias() -> None:
+    res = _generate(BART_LARGE, batch_size=2, prompt_len=100, new_tokens=20, dtype="fp16")
+    last = res.moments[-1]
+    # 2 x 50,265 x (2 + 4 + 26) = 3,216,960 and lm_logits + final_logits_bias, 2 x 50,265 x 2 = 201,060
+    assert last.get(K.LAST_LOGITS) == 3_216_960 + 201_060
+    # BART's encoder keeps inputs_embeds and the positions, 2 x (2 x 100 x 1,024 x 2) = 819,200; its running layer
+    # is the MLP, (1,024 + 2 x 4,096) x 200 x 2 = 3,686,400 (at out_proj 6 x 1,024 x 400 = 2,457,600)
+    enc = res.moments[0]
+    assert (enc.get(K.ENCODER_KEPT), enc.get(K.ENCODER_LAYER)) == (819_200, 3_686_400)
+    assert len(res.moments) == 3  # no bias buckets
+
+
+TINY_T5 = {"model_type": "t5", "d_model": 64, "d_ff": 96, "num_layers": 3, "num_decoder_layers": 3, "num_heads": 4,
+           "d_kv": 24, "vocab_size": 500, "decoder_start_token_id": 0}
+TINY_BART = {"model_type": "bart", "d_model": 64, "vocab_size": 500, "encoder_layers": 2, "decoder_layers": 3,
+             "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 96, "decoder_ffn_dim": 128,
+             "max_position_embeddings": 256, "forced_eos_token_id": None, "forced_bos_token_id": None}
+
+
+def _tracked(raw: dict[str, Any], b: int, s: int, n: int) -> tuple[int, int, int]:
+    """transformers 5.24's generate of ``raw`` (random weights, fp32, SDPA) on the CPU, counted storage by storage
+    (trace/tracker.py) beyond the weights, buffers and input ids: (the encoder's peak, the first decoder step's peak
+    up to its last cross-attention write, the peak of the decoder steps)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.trace.tracker import Tracker
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(transformers.AutoConfig.for_model(**raw),
+                                                             attn_implementation="sdpa").eval()
+    ids = torch.randint(5, 400, (b, s))
+    encoder = model.get_encoder()
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), ids], "weights")
+        base = tr.live_bytes
+        encoder.register_forward_pre_hook(lambda *a: tr.mark("encoder"))
+        encoder.register_forward_hook(lambda *a: tr.mark("decode"))
+        model.generate(input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    start = {name: i for i, name in tr.marks}
+    live, peaks = 0, [0, 0, 0]
+    q = model.config.d_model if raw["model_type"] == "bart" else raw["num_heads"] * raw["d_kv"]
+    # the first step's last cross-attention write: the last torch.cat of b x S x q x 4 bytes
+    writes = [i for i, e in enumerate(tr.events) if e.op == "aten.cat.default" and e.nbytes == b * s * q * 4]
+    for i, e in enumerate(tr.events):
+        live += e.nbytes
+        if i >= start["decode"]:
+            peaks[2] = max(peaks[2], live)
+            if i <= writes[-1]:
+                peaks[1] = max(peaks[1], live)
+        elif i >= start["encoder"]:
+            peaks[0] = max(peaks[0], live)
+    return peaks[0] - base, peaks[1] - base, peaks[2] - base
+
+
+@pytest.mark.parametrize(("raw", "b", "s", "extra_encoder", "extra_first"), [
+    # T5, relu: the encoder's peak is a layer's SDPA call; the CPU's flash kernel also returns its fp32 logsumexp
+    # (b x heads x S x 4 = 2 x 4 x 40 x 4 = 1,280 B), which CUDA's kernels do not make without grad; 3 scalar tensors
+    # (24 B) generate lifts; the decoder steps add generate's three int64 tensors of one entry per sequence (its
+    # decoder ids, unfinished_sequences and their copies: 3 x 8 x b B)
+    (TINY_T5, 2, 40, 1_280 + 24, 24 + 3 * 8 * 2),
+    # T5, gated-gelu, a longer source: the peak is the first layer's bias buckets (no kernel output alive)
+    ({**TINY_T5, "feed_forward_proj": "gated-gelu"}, 1, 200, 24, 24 + 3 * 8 * 1),
+    # BART: 4 scalar tensors (32 B); the per-sequence int64 tensors and an 8 B position offset
+    (TINY_BART, 2, 40, 32, 32 + 3 * 8 * 2 + 8),
+], ids=["t5", "t5-gated-long", "bart"])
+def test_generate_against_transformers_on_the_cpu(raw: dict[str, Any], b: int, s: int, extra_encoder: int,
+                                                  extra_first: int) -> None:
+    n = 6
+    enc, first, decode = _tracked(raw, b, s, n)
+    res = _generate(raw, batch_size=b, prompt_len=s, new_tokens=n, dtype="fp32")
+    outside = ("parameters", "cuBLAS workspaces")
+    modelled = {mo.phase: 0 for mo in res.moments}
+    for mo in res.moments:
+        modelled[mo.phase] = max(modelled[mo.phase], sum(_parts(mo, outside).values()))
+    assert enc - modelled["encoder"] == extra_encoder
+    assert first - modelled["prefill"] == extra_first
+    # every later step is covered: the last step's moment is an upper bound (the logits' top-k/top-p sampling, 26 B
+    # per entry, is assumed where this greedy call runs none, and the cache's growth is counted beside the logits)
+    assert max(modelled["prefill"], modelled["decode"]) + extra_first >= decode
+
+
+def test_generate_settings_not_modelled_are_refused() -> None:
+    with pytest.raises(ScenarioError, match="modelled under SDPA only, not 'eager'"):
+        _generate(T5_SMALL, attention="eager")
+    with pytest.raises(ScenarioError, match="its generate is modelled on one GPU only"):
+        resolve({"model": T5_SMALL, "hardware": {"gpu": "H100-80GB", "num_gpus": 2}, "task": "inference",
+                 "parallel": {"tp": 2}})
+    # transformers 5.24 builds the cache for num_layers (3) layers; the decoder's fourth finds none
+    with pytest.raises(ScenarioError, match="the cache is built for num_layers = 3 layers and the decoder has 4"):
+        _generate({**TINY_T5, "num_decoder_layers": 4})
+
+
+def test_the_traced_engine_refuses_an_encoder_decoder_model() -> None:
+    from vramplan.trace.engine import trace
+
+    with pytest.raises(ScenarioError, match="traces causal LMs only"):
+        trace({"model": T5_SMALL, "hardware": {"gpu": "H100-80GB"}, "task": "inference"})
+
+
+def test_kv_command_states_the_cross_attention_cache() -> None:
+    from vramplan.analytic.encoder_decoder import encoder_decoder_cache_note
+
+    note = encoder_decoder_cache_note(model_from_config(T5_SMALL), 2)
+    # 6 layers x 2 x 512 x 2 = 12,288 B per source token; the encoder output 512 x 2 = 1,024 B
+    assert note is not None and "12,288 B per source token" in note and "1,024 B per source token" in note

@@ -147,9 +147,11 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for an encoder-decoder model (``ModelSpec.encoder_decoder``: T5, mT5, UMT5,
     BART), refused rather than answered as a decoder-only model of the decoder stack.
 
-    * Training and inference: the encoder stack's activations, the decoder's cross-attention over the encoder's
-      output and (in ``generate``) the cross-attention cache written once per layer from the encoder output
-      (transformers 5.24 ``EncoderDecoderCache``) are not yet terms of the step.
+    * Training: the encoder stack's saved activations and the decoder's cross-attention are not yet terms of the
+      step.
+    * Inference (``analytic/encoder_decoder.py``) is estimated under SDPA on one GPU, unquantized, with the cache in
+      the model's dtype, for transformers' own generate from 5.0; other settings are refused, and so is a T5 whose
+      decoder has more layers than its encoder (5.24's generate builds the cache for the encoder's count).
     * Serving: vLLM served BART (``vllm/model_executor/models/bart.py``) and Whisper through its encoder-decoder
       path only in some releases (the V0 engine's encoder-decoder model runner; the V1 engine refused
       encoder-decoder models until it gained Whisper alone), and never T5 (its relative position bias is a custom
@@ -167,9 +169,48 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "encoder cache vramplan does not model) and T5 in none (its relative position bias is an "
                         "attention bias vLLM's kernels do not take)",
                         "use task inference (transformers generate) or train")]
-    return [Problem("task", what + f"{s.task} memory is not estimated for it yet: the encoder stack's activations "
-                    "and the decoder's cross-attention (its keys and values over the encoder output) are not terms "
-                    "of the estimate", "count the parameters with model_from_config; no task is estimated yet")]
+    if s.task == "train":
+        return [Problem("task", what + "training memory is not estimated for it yet: the encoder stack's saved "
+                        "activations and the decoder's cross-attention (queries over the encoder output's keys and "
+                        "values) are not terms of the training step", "use task inference (transformers generate), "
+                        "which is estimated")]
+    return _encoder_decoder_inference_problems(s, m, what)
+
+
+def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
+    """The generate settings ``analytic/encoder_decoder.py`` does not model (``encoder_decoder_problems``)."""
+    inf, ed = s.inference, m.encoder_decoder
+    assert ed is not None
+    out: list[Problem] = []
+    if inf.attention != "sdpa":
+        out.append(Problem("inference.attention", what + f"its generate is modelled under SDPA only, not "
+                           f"{inf.attention!r} (eager's scores and BART's flash path are not terms yet; T5 has no "
+                           "flash attention: T5PreTrainedModel._supports_flash_attn = False)",
+                           "set inference.attention: sdpa"))
+    if s.parallel.tp > 1:
+        out.append(Problem("parallel.tp", what + "its generate is modelled on one GPU only", "set parallel.tp: 1"))
+    if inf.kv_cache_dtype not in ("auto", inf.dtype):
+        out.append(Problem("inference.kv_cache_dtype", what + f"a {inf.kv_cache_dtype} cache is not modelled for it",
+                           "set inference.kv_cache_dtype: auto"))
+    if inf.quantization != "none":
+        out.append(Problem("inference.quantization", what + f"{inf.quantization} is not modelled for it",
+                           "set inference.quantization: none"))
+    if s.effective_framework in ("lightning", "autoawq"):
+        out.append(Problem("framework", what + f"{s.effective_framework} ships no encoder-decoder model (transformers' "
+                           "generate is modelled)", "drop framework"))
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        out.append(Problem("software.transformers", what + f"its generate is modelled on transformers 5.24, not "
+                           f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later"))
+    if ed.relative_bias_layers != "none" and m.num_layers > ed.encoder_layers:
+        # GenerationMixin._prepare_cache_for_generation builds DynamicCache(config=...) with the config's
+        # num_layers (the encoder's: T5Config.attribute_map num_hidden_layers -> num_layers), so the decoder's
+        # later layers find no cache layer (cache_utils.py EncoderDecoderCache.update: IndexError), read off 5.24
+        out.append(Problem("model", what + f"transformers 5.24's generate fails for it: the cache is built for "
+                           f"num_layers = {ed.encoder_layers} layers and the decoder has {m.num_layers} "
+                           "(IndexError in the cache's update)", "use a config whose num_decoder_layers is at most "
+                           "num_layers"))
+    return out
 
 
 def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
