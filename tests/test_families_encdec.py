@@ -288,6 +288,19 @@ def test_generate_settings_not_modelled_are_refused() -> None:
         _generate({**TINY_T5, "num_decoder_layers": 4})
 
 
+def test_bart_positions_bound_both_stacks_and_the_solver() -> None:
+    from vramplan.plan.solvers import max_prompt_len
+
+    with pytest.raises(ScenarioError, match="its encoder has learned positions for 1,024 tokens, not 1,025"):
+        _generate(BART_LARGE, prompt_len=1025, new_tokens=10)
+    with pytest.raises(ScenarioError, match="its decoder has learned positions for 1,024 tokens, not 2,000"):
+        _generate(BART_LARGE, prompt_len=10, new_tokens=2000)
+    # the source alone is bounded by the encoder's 1,024 positions (not 1,024 - new_tokens: the decoder has its own)
+    r = resolve({"model": BART_LARGE, "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+                 "inference": {"new_tokens": 512}})
+    assert max_prompt_len(r) == 1024
+
+
 def test_the_traced_engine_refuses_an_encoder_decoder_model() -> None:
     from vramplan.trace.engine import trace
 

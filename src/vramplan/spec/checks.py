@@ -202,6 +202,14 @@ def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) ->
     if version is not None and version < (5, 0):
         out.append(Problem("software.transformers", what + f"its generate is modelled on transformers 5.24, not "
                            f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later"))
+    if m.position == "learned":
+        # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2; a longer source or target
+        # indexes past the table
+        for key, n, stack in (("inference.prompt_len", inf.prompt_len, "encoder"),
+                              ("inference.new_tokens", inf.new_tokens, "decoder")):
+            if n > m.max_position_embeddings:
+                out.append(Problem(key, what + f"its {stack} has learned positions for {m.max_position_embeddings:,} "
+                                   f"tokens, not {n:,}", f"set {key} to {m.max_position_embeddings:,} or less"))
     if ed.relative_bias_layers != "none" and m.num_layers > ed.encoder_layers:
         # GenerationMixin._prepare_cache_for_generation builds DynamicCache(config=...) with the config's
         # num_layers (the encoder's: T5Config.attribute_map num_hidden_layers -> num_layers), so the decoder's
