@@ -163,8 +163,8 @@ def _parts(mo: Any, drop: tuple[str, ...] = ()) -> dict[str, int]:
 
 def test_flan_t5_base_generate_by_hand() -> None:
     res = _generate(FLAN_T5_BASE, batch_size=1, prompt_len=512, new_tokens=128, dtype="bf16")
-    enc_layer, buckets, first, last = res.moments
-    assert [mo.phase for mo in res.moments] == ["encoder", "encoder", "prefill", "decode"]
+    enc_layer, buckets, first, first_logits, last = res.moments
+    assert [mo.phase for mo in res.moments] == ["encoder", "encoder", "prefill", "prefill", "decode"]
     # h = q = 768 (12 heads x 64), I = 2,048, 12 + 12 layers, V = 32,128, b = 1, S = 512, c = 2
     # kept by the encoder: inputs_embeds 512 x 768 x 2 = 786,432 and the bias 12 x 512^2 x 2 = 6,291,456
     # running layer (from the second on): at SDPA (768 + 768 + 4 x 768) x 512 x 2 + 6,291,456 = 11,010,048; at o
@@ -185,6 +185,8 @@ def test_flan_t5_base_generate_by_hand() -> None:
         "cross-attention keys and values (encoder output)": 18_874_368, "all tokens": 36_864,
         "cross-attention keys and values being cached (one layer)": 1_572_864,
         "decoder layer (one token per sequence)": 19_992}
+    # then the step's logits, 32,128 x (2 + 4 + 26) = 1,028,096, once the layers are done
+    assert first_logits.get(K.LAST_LOGITS) == 1_028_096 and not first_logits.get(K.CROSS_KV_WRITE)
     # last decode step: 128 tokens' self cache 12 x 2 x 128 x 768 x 2 = 4,718,592, one layer's keys growing
     # 128 x 768 x 2 = 196,608, the logits 32,128 x (2 + 4 + 26) = 1,028,096
     assert _parts(last, ("parameters", "cuBLAS workspaces")) == {
@@ -204,7 +206,7 @@ def test_bart_generate_logits_add_the_final_bias() -> None:
     # is the MLP, (1,024 + 2 x 4,096) x 200 x 2 = 3,686,400 (at out_proj 6 x 1,024 x 400 = 2,457,600)
     enc = res.moments[0]
     assert (enc.get(K.ENCODER_KEPT), enc.get(K.ENCODER_LAYER)) == (819_200, 3_686_400)
-    assert len(res.moments) == 3  # no bias buckets
+    assert len(res.moments) == 4  # no bias buckets
 
 
 TINY_T5 = {"model_type": "t5", "d_model": 64, "d_ff": 96, "num_layers": 3, "num_decoder_layers": 3, "num_heads": 4,
@@ -214,8 +216,8 @@ TINY_BART = {"model_type": "bart", "d_model": 64, "vocab_size": 500, "encoder_la
              "max_position_embeddings": 256, "forced_eos_token_id": None, "forced_bos_token_id": None}
 
 
-def _tracked(raw: dict[str, Any], b: int, s: int, n: int) -> tuple[int, int, int]:
-    """transformers 5.24's generate of ``raw`` (random weights, fp32, SDPA) on the CPU, counted storage by storage
+def _tracked(raw: dict[str, Any], b: int, s: int, n: int, dtype: str) -> tuple[int, int, int]:
+    """transformers 5.24's generate of ``raw`` (random weights, in ``dtype``, SDPA) on the CPU, counted storage by storage
     (trace/tracker.py) beyond the weights, buffers and input ids: (the encoder's peak, the first decoder step's peak
     up to its last cross-attention write, the peak of the decoder steps)."""
     torch = pytest.importorskip("torch")
@@ -226,6 +228,7 @@ def _tracked(raw: dict[str, Any], b: int, s: int, n: int) -> tuple[int, int, int
     torch.manual_seed(0)
     model = transformers.AutoModelForSeq2SeqLM.from_config(transformers.AutoConfig.for_model(**raw),
                                                              attn_implementation="sdpa").eval()
+    model = model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     ids = torch.randint(5, 400, (b, s))
     encoder = model.get_encoder()
     with torch.no_grad(), Tracker() as tr:
@@ -238,7 +241,8 @@ def _tracked(raw: dict[str, Any], b: int, s: int, n: int) -> tuple[int, int, int
     live, peaks = 0, [0, 0, 0]
     q = model.config.d_model if raw["model_type"] == "bart" else raw["num_heads"] * raw["d_kv"]
     # the first step's last cross-attention write: the last torch.cat of b x S x q x 4 bytes
-    writes = [i for i, e in enumerate(tr.events) if e.op == "aten.cat.default" and e.nbytes == b * s * q * 4]
+    c = 4 if dtype == "fp32" else 2
+    writes = [i for i, e in enumerate(tr.events) if e.op == "aten.cat.default" and e.nbytes == b * s * q * c]
     for i, e in enumerate(tr.events):
         live += e.nbytes
         if i >= start["decode"]:
@@ -250,28 +254,33 @@ def _tracked(raw: dict[str, Any], b: int, s: int, n: int) -> tuple[int, int, int
     return peaks[0] - base, peaks[1] - base, peaks[2] - base
 
 
-@pytest.mark.parametrize(("raw", "b", "s", "extra_encoder", "extra_first"), [
+@pytest.mark.parametrize(("raw", "b", "s", "dtype", "extra_encoder", "extra_first"), [
     # T5, relu: the encoder's peak is a layer's SDPA call; the CPU's flash kernel also returns its fp32 logsumexp
     # (b x heads x S x 4 = 2 x 4 x 40 x 4 = 1,280 B), which CUDA's kernels do not make without grad; 3 scalar tensors
     # (24 B) generate lifts; the decoder steps add generate's three int64 tensors of one entry per sequence (its
     # decoder ids, unfinished_sequences and their copies: 3 x 8 x b B)
-    (TINY_T5, 2, 40, 1_280 + 24, 24 + 3 * 8 * 2),
+    (TINY_T5, 2, 40, "fp32", 1_280 + 24, 24 + 3 * 8 * 2),
+    # the same in bf16: T5LayerNorm's fp32 upcast runs, and the first layer's bias buckets (int64, whatever the dtype)
+    # are now the encoder's peak
+    (TINY_T5, 2, 40, "bf16", 24, 24 + 3 * 8 * 2),
     # T5, gated-gelu, a longer source: the peak is the first layer's bias buckets (no kernel output alive)
-    ({**TINY_T5, "feed_forward_proj": "gated-gelu"}, 1, 200, 24, 24 + 3 * 8 * 1),
+    ({**TINY_T5, "feed_forward_proj": "gated-gelu"}, 1, 200, "fp32", 24, 24 + 3 * 8 * 1),
     # BART: 4 scalar tensors (32 B); the per-sequence int64 tensors and an 8 B position offset
-    (TINY_BART, 2, 40, 32, 32 + 3 * 8 * 2 + 8),
-], ids=["t5", "t5-gated-long", "bart"])
-def test_generate_against_transformers_on_the_cpu(raw: dict[str, Any], b: int, s: int, extra_encoder: int,
-                                                  extra_first: int) -> None:
+    (TINY_BART, 2, 40, "fp32", 32, 32 + 3 * 8 * 2 + 8),
+    (TINY_BART, 2, 40, "bf16", 32, 32 + 3 * 8 * 2 + 8),
+], ids=["t5", "t5-bf16", "t5-gated-long", "bart", "bart-bf16"])
+def test_generate_against_transformers_on_the_cpu(raw: dict[str, Any], b: int, s: int, dtype: str,
+                                                  extra_encoder: int, extra_first: int) -> None:
     n = 6
-    enc, first, decode = _tracked(raw, b, s, n)
-    res = _generate(raw, batch_size=b, prompt_len=s, new_tokens=n, dtype="fp32")
+    enc, first, decode = _tracked(raw, b, s, n, dtype)
+    res = _generate(raw, batch_size=b, prompt_len=s, new_tokens=n, dtype=dtype)
     outside = ("parameters", "cuBLAS workspaces")
     modelled = {mo.phase: 0 for mo in res.moments}
     for mo in res.moments:
         modelled[mo.phase] = max(modelled[mo.phase], sum(_parts(mo, outside).values()))
+    write = next(mo for mo in res.moments if mo.get(K.CROSS_KV_WRITE))
     assert enc - modelled["encoder"] == extra_encoder
-    assert first - modelled["prefill"] == extra_first
+    assert first - sum(_parts(write, outside).values()) == extra_first
     # every later step is covered: the last step's moment is an upper bound (the logits' top-k/top-p sampling, 26 B
     # per entry, is assumed where this greedy call runs none, and the cache's growth is counted beside the logits)
     assert max(modelled["prefill"], modelled["decode"]) + extra_first >= decode

@@ -188,22 +188,22 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
     ed = m.encoder_decoder
     assert ed is not None
     q = ed.cross_attention_heads * m.head_dim
-    first = Moment("prefill")  # the first decoder step, which writes the cross-attention cache
-    first.add(K.PARAMETERS, weights)
-    first.add(K.ENCODER_OUTPUT, enc_out)
-    first.add(K.KV_CROSS_ENCODER, cross)
-    first.add(K.KV_ALL, cache_bytes(m, b, 1, c, 1, "auto", prefill=False))
-    # the last layer's k and v projections beside their cached copies with the step's own tensors, or the logits
-    # after the layers
-    write, step = 2 * b * s * q * c, decoder_step_bytes(m, b, s, c)
+    # the first decoder step, which writes the cross-attention cache: at its last layer's write (the k and v
+    # projections beside their cached copies, with the step's own tensors), then at its logits
     logits = _logits(m, b, c)
-    if write + step >= logits:
-        first.add(K.CROSS_KV_WRITE, write)
-        first.add(K.DECODER_STEP, step)
-    else:
-        first.add(K.LAST_LOGITS, logits)
-    first.add(K.CUBLAS, cublas)
-    moments = [*_encoder_moments(g, weights, cublas), first]
+    write = ((K.CROSS_KV_WRITE, 2 * b * s * q * c), (K.DECODER_STEP, decoder_step_bytes(m, b, s, c)))
+    firsts = []
+    for extra in (write, ((K.LAST_LOGITS, logits),)):
+        mo = Moment("prefill")
+        mo.add(K.PARAMETERS, weights)
+        mo.add(K.ENCODER_OUTPUT, enc_out)
+        mo.add(K.KV_CROSS_ENCODER, cross)
+        mo.add(K.KV_ALL, cache_bytes(m, b, 1, c, 1, "auto", prefill=False))
+        for key, nbytes in extra:
+            mo.add(key, nbytes)
+        mo.add(K.CUBLAS, cublas)
+        firsts.append(mo)
+    moments = [*_encoder_moments(g, weights, cublas), *firsts]
     if n >= 2:
         last = Moment("decode")
         last.add(K.PARAMETERS, weights)
