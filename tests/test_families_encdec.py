@@ -168,8 +168,8 @@ def test_flan_t5_base_generate_by_hand() -> None:
     # h = q = 768 (12 heads x 64), I = 2,048, 12 + 12 layers, V = 32,128, b = 1, S = 512, c = 2
     # kept by the encoder: inputs_embeds 512 x 768 x 2 = 786,432 and the bias 12 x 512^2 x 2 = 6,291,456
     # running layer (from the second on): at SDPA (768 + 768 + 4 x 768) x 512 x 2 + 6,291,456 = 11,010,048; at o
-    # (768 + 2 x 768 + 4 x 768) x 1,024 = 5,505,024; the gated gelu_new MLP (768 + 768 + 4 x 2,048) x 1,024 =
-    # 9,961,472; at wo (768 + 2 x 768 + 2,048) x 1,024 = 4,456,448
+    # (768 + 2 x 768 + 4 x 768) x 1,024 = 5,505,024; the gated gelu_new MLP (768 + 2 x 768 + 4 x 2,048) x 1,024 =
+    # 10,747,904; at wo (768 + 3 x 768 + 2,048) x 1,024 = 5,242,880
     assert _parts(enc_layer) == {"parameters": 222_903_552 * 2,
                                  "encoder embeddings (kept by the encoder's forward)": 786_432 + 6_291_456,
                                  "encoder running layer": 11_010_048,
@@ -203,9 +203,9 @@ def test_bart_generate_logits_add_the_final_bias() -> None:
     # 2 x 50,265 x (2 + 4 + 26) = 3,216,960 and lm_logits + final_logits_bias, 2 x 50,265 x 2 = 201,060
     assert last.get(K.LAST_LOGITS) == 3_216_960 + 201_060
     # BART's encoder keeps inputs_embeds and the positions, 2 x (2 x 100 x 1,024 x 2) = 819,200; its running layer
-    # is the MLP, (1,024 + 2 x 4,096) x 200 x 2 = 3,686,400 (at out_proj 6 x 1,024 x 400 = 2,457,600)
+    # is the MLP, (2 x 1,024 + 2 x 4,096) x 200 x 2 = 4,096,000 (at out_proj 6 x 1,024 x 400 = 2,457,600)
     enc = res.moments[0]
-    assert (enc.get(K.ENCODER_KEPT), enc.get(K.ENCODER_LAYER)) == (819_200, 3_686_400)
+    assert (enc.get(K.ENCODER_KEPT), enc.get(K.ENCODER_LAYER)) == (819_200, 4_096_000)
     assert len(res.moments) == 4  # no bias buckets
 
 
@@ -267,8 +267,15 @@ def _tracked(raw: dict[str, Any], b: int, s: int, n: int, dtype: str) -> tuple[i
     ({**TINY_T5, "feed_forward_proj": "gated-gelu"}, 1, 200, "fp32", 24, 24 + 3 * 8 * 1),
     # BART: 4 scalar tensors (32 B); the per-sequence int64 tensors and an 8 B position offset
     (TINY_BART, 2, 40, "fp32", 32, 32 + 3 * 8 * 2 + 8),
+    # wide MLPs, so that the encoder's peak is its MLP (no kernel output alive): T5's block input, attention sum,
+    # normalised copy, wi's and the ReLU's outputs; BART's layer input, residual, fc1's and the GELU's outputs
+    ({**TINY_T5, "d_ff": 700}, 2, 40, "fp32", 24, 24 + 3 * 8 * 2),
+    # gated gelu_new: wi_0's output and the three I-wide temporaries of its chain of elementwise ops
+    ({**TINY_T5, "d_ff": 700, "feed_forward_proj": "gated-gelu"}, 2, 40, "fp32", 24, 24 + 3 * 8 * 2),
+    ({**TINY_BART, "encoder_ffn_dim": 700}, 2, 40, "fp32", 32, 32 + 3 * 8 * 2 + 8),
     (TINY_BART, 2, 40, "bf16", 32, 32 + 3 * 8 * 2 + 8),
-], ids=["t5", "t5-bf16", "t5-gated-long", "bart", "bart-bf16"])
+], ids=["t5", "t5-bf16", "t5-gated-long", "bart", "t5-wide-mlp", "t5-gated-wide-mlp", "bart-wide-mlp",
+                           "bart-bf16"])
 def test_generate_against_transformers_on_the_cpu(raw: dict[str, Any], b: int, s: int, dtype: str,
                                                   extra_encoder: int, extra_first: int) -> None:
     n = 6

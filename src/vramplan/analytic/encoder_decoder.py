@@ -13,16 +13,18 @@ of the dtype, D decoder layers.
   in the dtype, shared by every layer: ``T5Stack.forward``).  The running layer, per source token:
 
   - BART (post-norm ``BartEncoderLayer``): at ``out_proj`` the layer input, q, k, v, the attention output and
-    ``out_proj``'s output (2h + 4q); the MLP: the residual, ``fc1``'s output and the activation's (h + 2I), then the
-    residual, the activation's output and ``fc2``'s (2h + I).
+    ``out_proj``'s output (2h + 4q); the MLP: the layer input (still bound in ``BartEncoder.forward``'s loop), the
+    normalised residual, ``fc1``'s output and the activation's (2h + 2I), then the layer input, the residual, the
+    activation's output and ``fc2``'s (3h + I).
   - T5 (pre-norm ``T5Block``): the layer input (from the second layer on; the first layer's input is
     ``inputs_embeds`` itself, the dropout of an eval model returning its input), the normalised input, q, k and v
     (``T5Attention.forward`` keeps them to its end) and the attention output (2h + 4q), with, at the SDPA call, the
     position bias made contiguous as the additive mask (``create_position_bias_mask``: ``position_bias_mask.
     contiguous()`` of the permuted lookup, heads x S^2 x c); then ``o``'s output (3h + 4q).  The MLP
-    (``T5LayerFF``): the input and normalised input, then ``wi``'s output and the ReLU's (2h + 2I), or for the gated
-    ``T5DenseGatedActDense`` the GELU's output, ``wi_1``'s and their product (2h + 3I; ``gelu_new`` as a chain of
-    elementwise ops holds ``wi_0``'s output and three I-wide temporaries at once: 2h + 4I), and at ``wo`` (3h + I).
+    (``T5LayerFF``): the block's input, the attention sublayer's sum (the MLP's input) and its normalised copy, then
+    ``wi``'s output and the ReLU's (3h + 2I), or for the gated ``T5DenseGatedActDense`` the GELU's output, ``wi_1``'s
+    and their product (3h + 3I; ``gelu_new`` as a chain of elementwise ops holds ``wi_0``'s output and three I-wide
+    temporaries at once: 3h + 4I), and at ``wo`` (4h + I).
   - T5's first layer computes the bias (``T5Attention.compute_bias``): over the S^2 query-key pairs the int64
     ``relative_position`` (held by the caller), and in ``_relative_position_bucket`` the int64 ``relative_buckets``,
     ``torch.abs``'s int64 copy and the bool ``is_small`` (25 B per pair), while the large-distance bucket is made:
@@ -58,8 +60,8 @@ from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["BUCKET_BYTES_PER_PAIR", "bucket_bytes", "cross_cache_bytes", "decoder_step_bytes", "encoder_decoder_cache_note", "encoder_decoder_step", "encoder_kept_bytes",
-           "encoder_layer_bytes"]
+__all__ = ["BUCKET_BYTES_PER_PAIR", "bucket_bytes", "cross_cache_bytes", "decoder_step_bytes",
+           "encoder_decoder_cache_note", "encoder_decoder_step", "encoder_kept_bytes", "encoder_layer_bytes"]
 
 # T5's ``_relative_position_bucket`` at its largest: the caller's int64 relative_position, relative_buckets,
 # torch.abs's copy (8 each), is_small (1), and the large-distance bucket, full_like's and torch.min's (8 each)
@@ -98,14 +100,14 @@ def encoder_layer_bytes(m: ModelSpec, b: int, s: int, c: int) -> int:
     h, i = m.hidden_size, enc.intermediate_size
     q = enc.num_attention_heads * enc.head_dim
     if not _relative(m):
-        return t * c * max(2 * h + 4 * q, h + 2 * i, 2 * h + i)
+        return t * c * max(2 * h + 4 * q, 2 * h + 2 * i, 3 * h + i)
     # from the second layer on the layer input is a tensor of its own (the first layer's is inputs_embeds)
     own_input = h if enc.num_layers > 1 else 0
     mask = enc.num_attention_heads * s * s * c
     at_sdpa = (own_input + h + 4 * q) * t * c + mask
     at_o = (own_input + 2 * h + 4 * q) * t * c
-    mlp = (own_input + h + _mlp_width(enc) * i) * t * c
-    at_wo = (own_input + 2 * h + i) * t * c
+    mlp = (own_input + 2 * h + _mlp_width(enc) * i) * t * c
+    at_wo = (own_input + 3 * h + i) * t * c
     return max(at_sdpa, at_o, mlp, at_wo)
 
 
