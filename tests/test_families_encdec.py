@@ -304,6 +304,24 @@ def test_generate_settings_not_modelled_are_refused() -> None:
         _generate({**TINY_T5, "num_decoder_layers": 4})
 
 
+def test_t5_bias_mask_padded_for_the_memory_efficient_kernel() -> None:
+    from vramplan.analytic.encoder_decoder import encoder_layer_bytes
+
+    m = model_from_config(FLAN_T5_BASE)
+    # S = 500 (not a multiple of 8): at the SDPA call, besides (768 + 768 + 4 x 768) x 500 x 2 = 4,608,000 and the
+    # contiguous bias 12 x 500^2 x 2 = 6,000,000, its copy padded to 504 keys a row, 12 x 500 x 504 x 2 = 6,048,000
+    assert encoder_layer_bytes(m, 1, 500, 2) == 4_608_000 + 6_000_000 + 6_048_000
+
+
+def test_bf16_before_sm80_is_refused() -> None:
+    from vramplan.analytic.generate import generate_step
+
+    r = resolve({"model": T5_SMALL, "hardware": {"gpu": "V100-32GB"}, "task": "inference",
+                 "inference": {"dtype": "bf16"}})
+    with pytest.raises(ScenarioError, match="runs its math kernel here"):
+        generate_step(r)
+
+
 def test_bart_positions_bound_both_stacks_and_the_solver() -> None:
     from vramplan.plan.solvers import max_prompt_len
 

@@ -20,7 +20,8 @@ of the dtype, D decoder layers.
     ``inputs_embeds`` itself, the dropout of an eval model returning its input), the normalised input, q, k and v
     (``T5Attention.forward`` keeps them to its end) and the attention output (2h + 4q), with, at the SDPA call, the
     position bias made contiguous as the additive mask (``create_position_bias_mask``: ``position_bias_mask.
-    contiguous()`` of the permuted lookup, heads x S^2 x c); then ``o``'s output (3h + 4q).  The MLP
+    contiguous()`` of the permuted lookup, heads x S^2 x c; CUDA's memory-efficient kernel pads it to rows of a
+    multiple of 8 keys when S is not one, a second copy); then ``o``'s output (3h + 4q).  The MLP
     (``T5LayerFF``): the block's input, the attention sublayer's sum (the MLP's input) and its normalised copy, then
     ``wi``'s output and the ReLU's (3h + 2I), or for the gated ``T5DenseGatedActDense`` the GELU's output, ``wi_1``'s
     and their product (3h + 3I; ``gelu_new`` as a chain of elementwise ops holds ``wi_0``'s output and three I-wide
@@ -46,6 +47,7 @@ of the dtype, D decoder layers.
 
 from __future__ import annotations
 
+from vramplan.analytic.attention import mem_efficient_mask_row
 from vramplan.analytic.inference import (
     PACKED_NOTE,
     GenerateCall,
@@ -57,6 +59,7 @@ from vramplan.analytic.inference import (
 )
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 
@@ -104,6 +107,10 @@ def encoder_layer_bytes(m: ModelSpec, b: int, s: int, c: int) -> int:
     # from the second layer on the layer input is a tensor of its own (the first layer's is inputs_embeds)
     own_input = h if enc.num_layers > 1 else 0
     mask = enc.num_attention_heads * s * s * c
+    if s % 8:
+        # CUDA's memory-efficient kernel takes the float mask padded to rows of a multiple of 8 keys (a padded copy:
+        # aten preprocess_mask, analytic/attention.py mem_efficient_mask_row)
+        mask += enc.num_attention_heads * s * mem_efficient_mask_row(s) * c
     at_sdpa = (own_input + h + 4 * q) * t * c + mask
     at_o = (own_input + 2 * h + 4 * q) * t * c
     mlp = (own_input + 2 * h + _mlp_width(enc) * i) * t * c
@@ -182,6 +189,12 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
     """The peak of one encoder-decoder ``generate`` call over its encoder, first decoder step and last decode step
     (module docstring)."""
     g = GenerateCall.of(r)
+    if g.attention != "sdpa":
+        # bf16 before sm80: SDPA runs its math kernel (analytic/attention.py bf16_math_fallback), whose scores are not
+        # modelled for an encoder-decoder model
+        raise ScenarioError([Problem("inference.dtype", f"{g.m.name} under SDPA runs its math kernel here "
+                                     f"({r.scenario.inference.dtype} on {r.gpu.name}), whose scores are not modelled "
+                                     "for an encoder-decoder model", "set inference.dtype: fp16")])
     m, b, s, n, c = g.m, g.batch, g.prompt, g.new, g.c
     weights, _ = weights_term(g)
     cublas = cublas_workspace_bytes(g.r.gpu, handles=1)
