@@ -168,7 +168,7 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "in some releases (its encoder-decoder runner, with cross-attention block tables and an "
                         "encoder cache vramplan does not model) and T5 in none (its relative position bias is an "
                         "attention bias vLLM's kernels do not take)",
-                        "use task inference (transformers generate) or train")]
+                        "use task inference (transformers generate), which is estimated")]
     if s.task == "train":
         return [Problem("task", what + "training memory is not estimated for it yet: the encoder stack's saved "
                         "activations and the decoder's cross-attention (queries over the encoder output's keys and "
