@@ -152,11 +152,11 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     * Inference (``analytic/encoder_decoder.py``) is estimated under SDPA on one GPU, unquantized, with the cache in
       the model's dtype, for transformers' own generate from 5.0; other settings are refused, and so is a T5 whose
       decoder has more layers than its encoder (5.24's generate builds the cache for the encoder's count).
-    * Serving: vLLM served BART (``vllm/model_executor/models/bart.py``) and Whisper through its encoder-decoder
-      path only in some releases (the V0 engine's encoder-decoder model runner; the V1 engine refused
-      encoder-decoder models until it gained Whisper alone), and never T5 (its relative position bias is a custom
-      attention bias vLLM's attention backends do not take); its cross-attention block tables and encoder cache are
-      not modelled.
+    * Serving: vLLM served BART (``vllm/model_executor/models/bart.py``) only through the V0 engine's
+      encoder-decoder model runner, removed with BART after 0.10.2 (vllm-project/vllm PR #24907, "After this PR,
+      Whisper will be the only encoder-decoder model that are supported"); the V1 engine gained Whisper alone (PR
+      #22018); T5 was never served (its relative position bias is a custom attention bias vLLM's attention backends
+      do not take, RFC #7366).  vLLM's cross-attention block tables and encoder cache are not modelled.
     """
     if m.encoder_decoder is None:
         return []
@@ -165,9 +165,10 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             f"layers with cross-attention); {_ENC_DEC_COUNTED}, but ")
     if s.task == "serve":
         return [Problem("task", what + "serving memory is not estimated for it: vLLM served BART and Whisper only "
-                        "in some releases (its encoder-decoder runner, with cross-attention block tables and an "
-                        "encoder cache vramplan does not model) and T5 in none (its relative position bias is an "
-                        "attention bias vLLM's kernels do not take)",
+                        "in some releases (BART through the V0 engine's encoder-decoder runner, removed after 0.10.2 "
+                        "by vllm-project/vllm PR #24907, which left Whisper the only encoder-decoder model; its "
+                        "cross-attention block tables and encoder cache are not modelled) and T5 in none (its "
+                        "relative position bias is an attention bias vLLM's kernels do not take)",
                         "use task inference (transformers generate), which is estimated")]
     if s.task == "train":
         return [Problem("task", what + "training memory is not estimated for it yet: the encoder stack's saved "
