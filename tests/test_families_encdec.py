@@ -127,6 +127,14 @@ def test_a_feed_forward_proj_transformers_rejects_is_refused() -> None:
         model_from_config({**T5_SMALL, "feed_forward_proj": "gated-gelu-x"})
 
 
+@pytest.mark.parametrize("cfg", [{**T5_SMALL, "d_model": -8}, {**T5_SMALL, "num_heads": 0},
+                                 {**T5_SMALL, "d_ff": 1 << 21}, {**BART_LARGE, "d_model": True},
+                                 {**BART_LARGE, "decoder_layers": 0}])
+def test_sizes_under_the_family_spellings_are_bounded(cfg: dict[str, Any]) -> None:
+    with pytest.raises(ScenarioError, match="must be positive integers of at most 1,048,576"):
+        model_from_config(cfg)
+
+
 def test_bart_heads_that_do_not_divide_the_width_are_refused() -> None:
     with pytest.raises(ScenarioError, match="d_model 100 is not divisible by 16 heads"):
         model_from_config({"model_type": "bart", "d_model": 100, "vocab_size": 10})

@@ -14,6 +14,7 @@ tensor of its own.  ``final_logits_bias`` (1 x vocab) is a buffer, not a paramet
 from __future__ import annotations
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, prob, required
+from vramplan.spec.families.t5 import positive_sizes
 from vramplan.spec.model import EncoderDecoderSpec, ModelSpec, Traits
 
 __all__ = ["BART"]
@@ -50,9 +51,7 @@ def _stack(p: Params, stack: str, d: int, ffn: int, max_pos: int, layers: tuple[
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     c = {**_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
-    bad = [k for k in _POSITIVE if not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] <= 0]
-    if bad:
-        raise ValueError(f"{', '.join(bad)} must be positive integers")
+    positive_sizes(c, "d_model", *_POSITIVE)
     d, vocab, max_pos = int(c["d_model"]), int(c["vocab_size"]), int(c["max_position_embeddings"])
     n_enc, n_dec = int(c["encoder_layers"]), int(c["decoder_layers"])
     h_enc, h_dec = int(c["encoder_attention_heads"]), int(c["decoder_attention_heads"])

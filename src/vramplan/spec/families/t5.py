@@ -24,7 +24,7 @@ from __future__ import annotations
 from vramplan.spec.families.base import Config, Family, Params, build_spec, prob, required
 from vramplan.spec.model import EncoderDecoderSpec, ModelSpec, Traits
 
-__all__ = ["MT5", "T5", "UMT5"]
+__all__ = ["MAX_SIZE", "MT5", "T5", "UMT5", "positive_sizes"]
 
 # T5Attention's projections are q, k, v, o (the names PEFT's target_modules match: "q", "v"); T5DenseActDense's
 # are wi and wo; T5Stack drops the embeddings' output (``self.dropout(inputs_embeds)``, dropout_rate)
@@ -32,10 +32,17 @@ TRAITS = Traits(qkv_modules=("q", "k", "v"), out_proj_module="o", fc_modules=("w
 SOURCE = "transformers 5.24 models/t5/modeling_t5.py T5ForConditionalGeneration"
 
 
-def _positive(cfg: Config, *keys: str) -> None:
-    bad = [k for k in keys if k in cfg and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] <= 0)]
+# spec/hf_config.py MAX_SIZE (the shared keys' bound), for the sizes under this family's own spellings
+MAX_SIZE = 1 << 20
+
+
+def positive_sizes(cfg: Config, *keys: str) -> None:
+    """Each of ``keys`` the config holds is a positive integer no larger than ``MAX_SIZE`` (a config.json is untrusted
+    input; ``model_from_config`` turns the ValueError into the user's problem)."""
+    bad = [k for k in keys if k in cfg and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool)
+                                            or not 0 < cfg[k] <= MAX_SIZE)]
     if bad:
-        raise ValueError(f"{', '.join(bad)} must be positive integers")
+        raise ValueError(f"{', '.join(bad)} must be positive integers of at most {MAX_SIZE:,}")
 
 
 def feed_forward(cfg: Config, model_type: str) -> tuple[bool, str]:
@@ -66,7 +73,8 @@ def _block(p: Params, stack: str, d: int, inner: int, ff: int, gated: bool, laye
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
-    _positive(cfg, "d_kv", "num_decoder_layers", "relative_attention_num_buckets")
+    positive_sizes(cfg, "d_model", "num_layers", "num_heads", "d_ff", "d_kv", "num_decoder_layers",
+                   "relative_attention_num_buckets")
     d, heads, ff = int(cfg["d_model"]), int(cfg["num_heads"]), int(cfg["d_ff"])
     n_enc, vocab = int(cfg["num_layers"]), int(cfg["vocab_size"])
     n_dec = int(cfg.get("num_decoder_layers") or n_enc)  # T5Config.__post_init__: "default = symmetry"
