@@ -18,8 +18,8 @@ from typing import Any, Literal
 from vramplan.analytic import dpo, kto, orpo, rloo
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.autoawq import autoawq_step
+from vramplan.analytic.generate import generate_step
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
-from vramplan.analytic.inference import inference_step
 from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
 from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
 from vramplan.analytic.lifecycle.scoring import scoring_phase
@@ -348,7 +348,7 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
         return with_band(_train(r, reserved, ctx))
     if task == "inference":
         # AutoAWQ's fused modules run their own attention and window cache (analytic/autoawq.py)
-        ir = autoawq_step(r) if r.scenario.effective_framework == "autoawq" else inference_step(r)
+        ir = autoawq_step(r) if r.scenario.effective_framework == "autoawq" else generate_step(r)
         comm = nccl_bytes(1) if r.scenario.parallel.tp > 1 else 0
         outside = {"cuda_context": ctx, "workspaces": 0, "communication": comm, "managed": 0}
         cached = max(_reserved(ir.peak), ir.peak.total + ir.fragmentation_bytes)

@@ -91,6 +91,15 @@ class K:
                        "a cross-attention model's vision output and projector output, kept through the prompt's forward")
     CROSS_MASK = _k("activations", "cross-attention mask",
                     "a cross-attention model's [b, 1, p, L] mask over the image positions (or its preparation)")
+    ENCODER_KEPT = _k("activations", "encoder embeddings (kept by the encoder's forward)",
+                      "an encoder-decoder model's encoder stack: its embedding output (BART: and its positions; T5: "
+                      "the relative position bias) kept through the stack's layers")
+    ENCODER_LAYER = _k("activations", "encoder running layer",
+                       "an encoder-decoder model's largest encoder layer's live tensors over the source tokens")
+    ENCODER_OUTPUT = _k("activations", "encoder output (kept by generate)",
+                        "an encoder-decoder model's encoder output, kept in generate's model_kwargs for the whole call")
+    DECODER_STEP = _k("activations", "decoder layer (one token per sequence)",
+                      "an encoder-decoder model's decoder embeddings and running layer at a one-token step")
     # KV cache
     KV_PROMPT = _k("kv_cache", "prompt", "the prompt's keys and values")
     KV_ALL = _k("kv_cache", "all tokens", "keys and values of every token so far")
@@ -100,6 +109,9 @@ class K:
                    templated=True)
     KV_CROSS = _k("kv_cache", "cross-attention keys and values (images)",
                   "the cross-attention layers' keys and values of the images' vision positions, written at prefill")
+    KV_CROSS_ENCODER = _k("kv_cache", "cross-attention keys and values (encoder output)",
+                          "an encoder-decoder model's decoder layers' keys and values of the encoder output, written "
+                          "once at the first decoder step (EncoderDecoderCache.cross_attention_cache)")
     SSM_STATE = _k("kv_cache", "Mamba2 convolution and SSM state",
                    "a hybrid model's mixer layers' fixed-size state per sequence (transformers' LinearAttentionLayer)")
     REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
@@ -130,6 +142,9 @@ class K:
                       "one layer's keys (then values), old and new together, while the cache grows")
     CROSS_LAYER_DECODE = _k("temporaries", "cross-attention layer (decode)",
                             "a cross-attention layer's cached keys and values repeated to every head at a decode step")
+    CROSS_KV_WRITE = _k("temporaries", "cross-attention keys and values being cached (one layer)",
+                        "an encoder-decoder model's k and v projections of the encoder output beside their cached "
+                        "copies, in the last decoder layer of the first step")
     MIXER_STATE_UPDATE = _k("temporaries", "Mamba2 state update (one mixer layer)",
                             "a hybrid model's single-token state update in one mixer layer at decode")
     PREV_PROMPT_LOGITS = _k("temporaries", "prompt logits (previous step's outputs)",
@@ -217,6 +232,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("forward", "the training step's forward pass, up to the loss"),
     Phase("backward", "the training step's backward pass"),
     Phase("optimizer", "optimizer.step()"),
+    Phase("encoder", "an encoder-decoder model's encoder forward in generate, before the first decoder step"),
     Phase("prefill", "generate's first forward, over the prompt"),
     Phase("decode", "generate's decode steps"),
     Phase("decode (first step)", "generate's first decode step, while the prefill's outputs are still held"),

@@ -273,6 +273,7 @@ def _kv(
 ) -> None:
     """KV-cache bytes per token and per block, and its growth with sequence length and batch."""
     from vramplan.analytic.cross_attention import cross_cache_note, cross_images, cross_kv_bytes
+    from vramplan.analytic.encoder_decoder import cross_cache_bytes, encoder_decoder_cache_note
     from vramplan.analytic.kv_cache import KV_DTYPES, kv_spec, page_capacity
     from vramplan.analytic.ssm_state import ssm_state_bytes, ssm_state_note
     from vramplan.catalog.models import load_model
@@ -315,6 +316,8 @@ def _kv(
             payload["ssm_state_bytes_per_sequence"] = ssm_state_bytes(m, 1, dtype_bits(dtype) // 8)
         if (ci := cross_images(m, 1, 1)) is not None:
             payload["cross_attention_bytes_per_image"] = cross_kv_bytes(m, ci, dtype_bits(dtype) // 8)
+        if m.encoder_decoder is not None:
+            payload["cross_attention_bytes_per_source_token"] = cross_cache_bytes(m, 1, 1, dtype_bits(dtype) // 8)
         if cap is not None:
             payload["page_capacity"] = {"budget_bytes": cap.budget_bytes, "page_tokens": cap.page_tokens,
                                         "page_bytes": cap.page_bytes, "total_pages": cap.total_pages,
@@ -325,7 +328,8 @@ def _kv(
     _console().print(f"[bold]{m.name}[/] · {spec.describe()}")
     _console().print(f"per block of {block_size} tokens: {spec.block_bytes(block_size):,} B "
                f"({spec.uniform_layer_bytes_per_token * block_size:,} B per layer)")
-    for note in (ssm_state_note(m, dtype_bits(dtype) // 8), cross_cache_note(m, dtype_bits(dtype) // 8)):
+    for note in (ssm_state_note(m, dtype_bits(dtype) // 8), cross_cache_note(m, dtype_bits(dtype) // 8),
+                 encoder_decoder_cache_note(m, dtype_bits(dtype) // 8)):
         if note is not None:
             _console().print(note)
     t = Table(title="KV cache, GiB", title_justify="left")
@@ -573,7 +577,7 @@ def _generate(
     given: Given,
 ) -> None:
     """Hugging Face generate: the peak over prefill and decode, and the largest batch and prompt that fit."""
-    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.generate import generate_step
     from vramplan.catalog.resolve import resolve
     from vramplan.engine import estimate
     from vramplan.plan.solvers import max_batch_size, max_prompt_len
@@ -582,7 +586,7 @@ def _generate(
         doc = _scenario(scenario, "inference", given.document("inference"))
         r = resolve(doc)
         report = estimate(r)
-        ir = inference_step(r)
+        ir = generate_step(r)
         mb = max_batch_size(r)
         mp = max_prompt_len(r)
     except VramplanError as exc:

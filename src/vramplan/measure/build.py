@@ -76,6 +76,10 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
         out.append(Problem("model", f"{m.name} is a vision-language model; measure builds its language model "
                            "alone, without the vision tower and images the estimate counts",
                            "measure the language model (its text_config as the model), or estimate"))
+    if m.encoder_decoder is not None:
+        # measure builds AutoModelForCausalLM and calls its generate or a training step on decoder inputs alone
+        out.append(Problem("model", f"{m.name} is an encoder-decoder model; measure builds causal LMs only",
+                           "use `vramplan estimate` (analytic/encoder_decoder.py)"))
     par = s.parallel
     if s.hardware.num_gpus > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1:
         out.append(Problem("hardware.num_gpus", "measure runs one process on one device",

@@ -233,11 +233,16 @@ def max_batch_size(r: Resolved, limit: int = 1 << 20) -> int:
 def max_prompt_len(r: Resolved, limit: int | None = None) -> int:
     """The longest prompt (at the scenario's batch and new tokens) that fits; 0 if none does.
 
-    Bounded by the model's context: prompt + new tokens <= max_position_embeddings; under framework autoawq also by
+    Bounded by the model's context: prompt + new tokens <= max_position_embeddings (an encoder-decoder model: the
+    prompt alone, the encoder's source); under framework autoawq also by
     AutoAWQ's cache window, which a longer prompt cannot be written into (spec/autoawq.py).
     """
     b = r.scenario.inference.batch_size
     cap = max(0, (limit or r.model.max_position_embeddings) - r.scenario.inference.new_tokens)
+    if r.model.encoder_decoder is not None:
+        # an encoder-decoder model's prompt is the encoder's source, its new tokens the decoder's: each stack has its
+        # own positions (BART: max_position_embeddings rows per stack; T5: n_positions, the length it was trained on)
+        cap = limit or r.model.max_position_embeddings
     if r.scenario.effective_framework == "autoawq":
         cap = min(cap, autoawq_window(r.scenario, r.model, autoawq_release(r.scenario.software.autoawq)))
     if cap < 1 or not _fits(r, b, 1):

@@ -27,7 +27,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "cross_attention_problems", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
     "unused_settings",
 ]
 
@@ -72,7 +72,7 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.parallel.ep > 1 and m.moe is None:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
-    return out + hybrid_problems(s, m) + cross_attention_problems(s, m)
+    return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m)
 
 
 _NO_TASK = ("no training or serving is estimated for a cross-attention vision model yet; its parameters are "
@@ -142,6 +142,89 @@ def _cross_inference_problems(s: Scenario, what: str) -> list[Problem]:
         out.append(Problem("software.transformers", what + f"its generate is modelled on transformers 5.24's "
                            f"modeling_mllama.py, not {s.software.transformers}",
                            "drop software.transformers, or set it to 5.0 or later"))
+    return out
+
+
+_ENC_DEC_COUNTED = ("its parameters are vramplan.spec.hf_config.model_from_config(config).num_parameters "
+                    "(.encoder_parameters for the encoder stack)")
+
+
+def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for an encoder-decoder model (``ModelSpec.encoder_decoder``: T5, mT5, UMT5,
+    BART), refused rather than answered as a decoder-only model of the decoder stack.
+
+    * Training: the encoder stack's saved activations and the decoder's cross-attention are not yet terms of the
+      step.
+    * Inference (``analytic/encoder_decoder.py``) is estimated under SDPA on one GPU, unquantized, with the cache in
+      the model's dtype, for transformers' own generate from 5.0; other settings are refused, and so is a T5 whose
+      decoder has more layers than its encoder (5.24's generate builds the cache for the encoder's count).
+    * Serving: vLLM served BART (``vllm/model_executor/models/bart.py``) only through the V0 engine's
+      encoder-decoder model runner, removed with BART after 0.10.2 (vllm-project/vllm PR #24907, "After this PR,
+      Whisper will be the only encoder-decoder model that are supported"); the V1 engine gained Whisper alone (PR
+      #22018); T5 was never served (its relative position bias is a custom attention bias vLLM's attention backends
+      do not take, RFC #7366).  vLLM's cross-attention block tables and encoder cache are not modelled.
+    """
+    if m.encoder_decoder is None:
+        return []
+    ed = m.encoder_decoder
+    what = (f"{m.name} is an encoder-decoder model ({ed.encoder_layers} encoder layers, {m.num_layers} decoder "
+            f"layers with cross-attention); {_ENC_DEC_COUNTED}, but ")
+    if s.task == "serve":
+        return [Problem("task", what + "serving memory is not estimated for it: vLLM served BART and Whisper only "
+                        "in some releases (BART through the V0 engine's encoder-decoder runner, removed after 0.10.2 "
+                        "by vllm-project/vllm PR #24907, which left Whisper the only encoder-decoder model; its "
+                        "cross-attention block tables and encoder cache are not modelled) and T5 in none (its "
+                        "relative position bias is an attention bias vLLM's kernels do not take)",
+                        "use task inference (transformers generate), which is estimated")]
+    if s.task == "train":
+        return [Problem("task", what + "training memory is not estimated for it yet: the encoder stack's saved "
+                        "activations and the decoder's cross-attention (queries over the encoder output's keys and "
+                        "values) are not terms of the training step", "use task inference (transformers generate), "
+                        "which is estimated")]
+    return _encoder_decoder_inference_problems(s, m, what)
+
+
+def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
+    """The generate settings ``analytic/encoder_decoder.py`` does not model (``encoder_decoder_problems``)."""
+    inf, ed = s.inference, m.encoder_decoder
+    assert ed is not None
+    out: list[Problem] = []
+    if inf.attention != "sdpa":
+        out.append(Problem("inference.attention", what + f"its generate is modelled under SDPA only, not "
+                           f"{inf.attention!r} (eager's scores and BART's flash path are not terms yet; T5 has no "
+                           "flash attention: T5PreTrainedModel._supports_flash_attn = False)",
+                           "set inference.attention: sdpa"))
+    if s.parallel.tp > 1:
+        out.append(Problem("parallel.tp", what + "its generate is modelled on one GPU only", "set parallel.tp: 1"))
+    if inf.kv_cache_dtype not in ("auto", inf.dtype):
+        out.append(Problem("inference.kv_cache_dtype", what + f"a {inf.kv_cache_dtype} cache is not modelled for it",
+                           "set inference.kv_cache_dtype: auto"))
+    if inf.quantization != "none":
+        out.append(Problem("inference.quantization", what + f"{inf.quantization} is not modelled for it",
+                           "set inference.quantization: none"))
+    if s.effective_framework in ("lightning", "autoawq"):
+        out.append(Problem("framework", what + f"{s.effective_framework} ships no encoder-decoder model (transformers' "
+                           "generate is modelled)", "drop framework"))
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        out.append(Problem("software.transformers", what + f"its generate is modelled on transformers 5.24, not "
+                           f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later"))
+    if m.position == "learned":
+        # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2; a longer source or target
+        # indexes past the table
+        for key, n, stack in (("inference.prompt_len", inf.prompt_len, "encoder"),
+                              ("inference.new_tokens", inf.new_tokens, "decoder")):
+            if n > m.max_position_embeddings:
+                out.append(Problem(key, what + f"its {stack} has learned positions for {m.max_position_embeddings:,} "
+                                   f"tokens, not {n:,}", f"set {key} to {m.max_position_embeddings:,} or less"))
+    if ed.relative_bias_layers != "none" and m.num_layers > ed.encoder_layers:
+        # GenerationMixin._prepare_cache_for_generation builds DynamicCache(config=...) with the config's
+        # num_layers (the encoder's: T5Config.attribute_map num_hidden_layers -> num_layers), so the decoder's
+        # later layers find no cache layer (cache_utils.py EncoderDecoderCache.update: IndexError), read off 5.24
+        out.append(Problem("model", what + f"transformers 5.24's generate fails for it: the cache is built for "
+                           f"num_layers = {ed.encoder_layers} layers and the decoder has {m.num_layers} "
+                           "(IndexError in the cache's update)", "use a config whose num_decoder_layers is at most "
+                           "num_layers"))
     return out
 
 

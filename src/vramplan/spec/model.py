@@ -27,7 +27,8 @@ TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
 # LayerNorm without weight or bias, run on an fp32 copy of its input; rms_fp32: gpt-oss's RMSNorm, which
 # multiplies by its weight in fp32 and casts afterwards (``(self.weight * hidden_states).to(input_dtype)``; OLMo-2 too)
 Norm = Literal["rms", "rms_fp32", "gemma_rms", "layer", "layer_fp32", "layer_nonparam"]
-Position = Literal["rope", "learned", "alibi", "none"]
+# relative: T5's bucketed relative position bias added to the attention scores (no position tensor in the stream)
+Position = Literal["rope", "learned", "alibi", "none", "relative"]
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,34 @@ class VisionSpec:
 
 
 @dataclass(frozen=True)
+class EncoderDecoderSpec:
+    """An encoder-decoder model (T5, BART): an encoder stack over the source sequence and a decoder stack over the
+    target, each decoder layer with self-attention, cross-attention over the encoder's output, and an MLP.
+
+    ``ModelSpec``'s own shape fields (``num_layers``, ``num_attention_heads``, ``intermediate_size``, ``layers``)
+    describe the decoder stack, whose self-attention is what a generate's cache grows with; ``encoder`` is the
+    encoder stack's layer shape as a ``ModelSpec`` of its own (no parameters listed: they are the outer model's,
+    under ``encoder_prefix``; the decoder's under ``decoder_prefix``), read as a decoder layer is read.
+    ``relative_bias_layers``: the self-attention layers holding a relative position bias table of
+    ``relative_attention_num_buckets`` x heads ("first": T5 and mT5, the first layer of each stack; "every":
+    UMT5; "none": BART).  ``cross_attention_heads``: the decoder's cross-attention heads (each of ``head_dim``).
+    """
+
+    encoder: ModelSpec
+    encoder_prefix: str
+    decoder_prefix: str
+    cross_attention_heads: int
+    relative_bias_layers: Literal["first", "every", "none"] = "none"
+    relative_attention_num_buckets: int = 0
+    source: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.encoder.num_layers
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     model_type: str
@@ -410,6 +439,8 @@ class ModelSpec:
     # the share of each head's dimensions that RoPE rotates (BambaConfig hardcodes 0.5, configuration_bamba.py
     # __post_init__ "hardcode for BC"); read by vLLM's rotary cache (serve/vllm.py rotary_cache_bytes)
     partial_rotary_factor: float = 1.0
+    # an encoder-decoder model's encoder stack and cross-attention (None: a decoder-only or encoder-only model)
+    encoder_decoder: EncoderDecoderSpec | None = None
 
     @property
     def family(self) -> str:
@@ -447,7 +478,18 @@ class ModelSpec:
             out["vision"] = {"parameters": self.vision_parameters, "tokens_per_image": self.vision.tokens_per_image,
                              "patches_per_image": self.vision.patches_per_image, "image_size": self.vision.image_size,
                              "layers": self.vision.num_layers}
+        if self.encoder_decoder is not None:
+            ed = self.encoder_decoder
+            out["encoder_decoder"] = {"encoder_layers": ed.encoder_layers, "decoder_layers": self.num_layers,
+                                      "encoder_parameters": self.encoder_parameters}
         return out
+
+    @property
+    def encoder_parameters(self) -> int:
+        """Parameters of an encoder-decoder model's encoder stack (its own tensors, not the shared embedding)."""
+        if self.encoder_decoder is None:
+            return 0
+        return sum(p.total for p in self.params if p.name.startswith(self.encoder_decoder.encoder_prefix))
 
     @property
     def vision_parameters(self) -> int:

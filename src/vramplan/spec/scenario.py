@@ -376,10 +376,11 @@ class Inference(_Strict):
     """Sequences generated at once."""
 
     prompt_len: int = Field(512, ge=1, le=100_000_000)
-    """Prompt tokens per sequence."""
+    """Prompt tokens per sequence (an encoder-decoder model, T5 or BART: the encoder's source tokens)."""
 
     new_tokens: int = Field(512, ge=0, le=100_000_000)
-    """Generated tokens per sequence: the last decode step's cache holds prompt_len + new_tokens - 1 tokens."""
+    """Generated tokens per sequence: the last decode step's cache holds prompt_len + new_tokens - 1 tokens (an
+    encoder-decoder model: the decoder's new_tokens, beside the cross-attention cache of the prompt)."""
 
     dtype: HalfDtype = "bf16"
     """Dtype of the weights and activations."""

@@ -79,6 +79,12 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
                                      "vision model: it would trace the language model alone (MllamaForCausalLM), "
                                      "without the vision model and the cross-attention layers' cache of the images",
                                      "use --engine analytic (analytic/cross_attention.py)")])
+    if r.model.encoder_decoder is not None:
+        # the trace builds a causal LM (AutoModelForCausalLM) and runs its own generate loop; an encoder-decoder
+        # model's encoder pass and cross-attention cache are not traced
+        raise ScenarioError([Problem("engine", f"the traced engine does not build {r.model.name}, an encoder-decoder "
+                                     "model: it traces causal LMs only", "use --engine analytic "
+                                     "(analytic/encoder_decoder.py)")])
     par = r.scenario.parallel
     if max(par.pp, par.cp, par.ep) > 1:
         raise ScenarioError([Problem("parallel", "pipeline, context and expert parallelism are not traced",

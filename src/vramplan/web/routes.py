@@ -213,7 +213,7 @@ def build_app(settings: WebSettings) -> FastAPI:
 
     @app.post("/api/generate")
     async def generate(request: Request) -> Response:
-        from vramplan.analytic.inference import inference_step
+        from vramplan.analytic.generate import generate_step
         from vramplan.catalog.resolve import resolve
         from vramplan.engine import estimate as run_estimate
         from vramplan.plan.solvers import max_batch_size, max_prompt_len
@@ -224,7 +224,7 @@ def build_app(settings: WebSettings) -> FastAPI:
             r = resolve(doc)
             report = run_estimate(r)
             # the document of `vramplan generate --json` (cli/serve_cmd.py)
-            return {"report": report.to_json_dict(), "phases": {mo.phase: mo.total for mo in inference_step(r).moments},
+            return {"report": report.to_json_dict(), "phases": {mo.phase: mo.total for mo in generate_step(r).moments},
                     "max_batch_size": max_batch_size(r), "max_prompt_len": max_prompt_len(r)}
 
         return _json(await run(go))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramplan.spec.families.bamba import BAMBA
+from vramplan.spec.families.bart import BART
 from vramplan.spec.families.base import KEY_ALIASES, Family
 from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
@@ -38,6 +39,7 @@ from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.starcoder2 import STARCODER2
+from vramplan.spec.families.t5 import MT5, T5, UMT5
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
 
@@ -56,6 +58,8 @@ FAMILIES: dict[str, Family] = {
     "bamba": BAMBA,
     "granitemoehybrid": GRANITEMOEHYBRID,
     "nemotron_h": NEMOTRON_H,
+    # encoder-decoder: an encoder stack and a decoder stack with cross-attention (ModelSpec.encoder_decoder)
+    "t5": T5, "mt5": MT5, "umt5": UMT5, "bart": BART,
 }
 
 
