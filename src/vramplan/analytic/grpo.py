@@ -179,7 +179,8 @@ def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str 
     return out + release_problems(s, method, None if method in ("DPO", "GRPO") else "1.16.0")
 
 
-_UNMODELLED_OBJECTIVES = ("ppo",)
+# every post-training objective the schema names is modelled (ppo: analytic/ppo.py, TRL v1.12.0)
+_UNMODELLED_OBJECTIVES: tuple[str, ...] = ()
 
 
 def _setup_problems(s: Scenario, method: str) -> list[Problem]:
