@@ -176,6 +176,8 @@ class K:
                            "what PPO's value model forward saved for the backward (never checkpointed)")
     PPO_SCORES = _k("temporaries", "generate scores (PPO)",
                     "PPO's fp32 generate scores of the whole rollout batch, kept until the next rollout replaces them")
+    PPO_CARRIED = _k("temporaries", "previous micro-batch's outputs (PPO)",
+                     "PPO's previous micro-batch's logits, hidden states and softmax, deleted only after the mini-batch")
     PPO_BUFFERS = _k("temporaries", "rollout buffers (PPO)",
                      "PPO's per-token rollout tensors: query-responses, log-probs, values, rewards, advantages")
     # other

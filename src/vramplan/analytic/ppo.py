@@ -45,7 +45,7 @@ from vramplan.errors import Problem
 from vramplan.facts.trl import PPO_RELEASE, ppo_row, release_text
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["PPO_RESPONSE_LENGTH", "forward_batch", "policy_scenario", "ppo_assumptions", "ppo_loss_tensors",
+__all__ = ["PPO_RESPONSE_LENGTH", "carried_bytes", "carries", "forward_batch", "policy_scenario", "ppo_assumptions", "ppo_loss_tensors",
            "ppo_problems", "reference_kind", "rollout_batch", "rollout_buffers_bytes", "scores_bytes",
            "scoring_forward_bytes", "value_params", "with_defaults"]
 
@@ -133,6 +133,31 @@ def ppo_loss_tensors(micro_batch: int, query: int, response: int, vocab: int, lo
         saved, forward_extra = logits, r * vocab * e
     backward_extra = max(2 * rows + 2 * r * vocab * e, 2 * logits + rows)
     return KernelLossTensors(saved=saved, forward_extra=forward_extra, backward_extra=backward_extra)
+
+
+def carries(s: Scenario) -> bool:
+    """Whether a micro-batch's tensors outlive it: a mini-batch of more than one micro-batch (``local_mini_batch_size
+    / per_device_train_batch_size = grad_accum_steps / num_mini_batches > 1``); the trainer deletes them only after
+    each mini-batch."""
+    return s.train.grad_accum_steps // s.rl.num_mini_batches > 1
+
+
+def carried_bytes(layers: int, micro_batch: int, query: int, response: int, hidden: int, vocab: int,
+                  compute_bytes: int) -> tuple[int, int]:
+    """What the previous micro-batch of the same mini-batch still holds, as (during the next forward, after it).
+
+    TRL v1.12.0 ``PPOTrainer.train`` rebinds ``output, vpred_temp = forward(...)`` only when the next forward returns
+    and ``prob_dist`` only at the next entropy, and ``del``s them after the mini-batch: during the next forward the
+    previous ``output`` (its logits, ``b S V``, and its ``layers + 1`` hidden states, ``output_hidden_states=True``)
+    and ``prob_dist`` (``b R V``); after it ``prob_dist`` alone.  Seen on the CPU with TRL 1.12.0's own trainer
+    (benchmarks/ppo_trl_cpu_check.py): two ``b x R x V`` tensors of the previous micro-batch alive at the next forward.
+
+    Example (Qwen2.5-0.5B, bf16, b = 4, 128 + 53): logits 220,003,328 + states 25 x 4 x 181 x 896 x 2 = 32,435,200 +
+    prob_dist 64,420,864 = 316,859,392 B during the forward; 64,420,864 B after it.
+    """
+    tokens = micro_batch * (query + response)
+    rows = micro_batch * response * vocab * compute_bytes
+    return tokens * vocab * compute_bytes + (layers + 1) * tokens * hidden * compute_bytes + rows, rows
 
 
 def scores_bytes(batch: int, response: int, vocab: int) -> int:

@@ -9,7 +9,8 @@ policy's step, what stays on the GPU between the phases, and the rollout and sco
   are its temporaries, not its activations);
 * **between phases**: the value model's weights and states, the reference copy (none under PEFT), the reward model,
   the kept generate scores (``B R V`` fp32) and the rollout buffers;
-* **training step**: every policy moment with them; before ``optimizer.step()`` the value's saved activations (its
+* **training step**: every policy moment with them and, in a mini-batch of several micro-batches, what the previous
+  micro-batch still holds (analytic/ppo.py ``carried_bytes``); before ``optimizer.step()`` the value's saved activations (its
   forward ran first, its backward runs after the policy's) and, with gradient accumulation, its gradients; at the
   optimizer its gradients; and one more moment, the value's backward, bounded by the policy's last backward moment
   with the value's activations and gradients both whole;
@@ -90,10 +91,12 @@ def _plus(mo: Moment, extra: Moment, phase: str | None = None) -> Moment:
     return out
 
 
-def _step_moments(tr: TrainResult, extra: Moment, v: ValueParts, accumulates: bool) -> list[Moment]:
+def _step_moments(tr: TrainResult, extra: Moment, v: ValueParts, accumulates: bool,
+                  carried: tuple[int, int]) -> list[Moment]:
     out: list[Moment] = []
     for mo in tr.moments:
         m = _plus(mo, extra)
+        m.add(K.PPO_CARRIED, carried[0] if mo.phase == "forward" else carried[1])
         if mo.phase == "optimizer":
             m.add(K.VALUE_GRADIENTS, v.gradients)
         else:
@@ -103,7 +106,7 @@ def _step_moments(tr: TrainResult, extra: Moment, v: ValueParts, accumulates: bo
         out.append(m)
     backward = [mo for mo in tr.moments if mo.phase == "backward"]
     if backward:
-        last = _plus(backward[-1], extra)
+        last = _plus(backward[-1], extra).add(K.PPO_CARRIED, carried[1])
         out.append(last.add(K.VALUE_ACTIVATIONS, v.activations).add(K.VALUE_GRADIENTS, v.gradients))
     return out
 
@@ -122,7 +125,9 @@ def ppo_job(pr: Resolved, tr: TrainResult) -> PpoJob:
     models.add(K.REWARD_WEIGHTS, nv * c.pol.param_bytes)
     scores = ppo.scores_bytes(b_all, r, m.vocab_size)
     extra = _plus(models, Moment("").add(K.PPO_SCORES, scores).add(K.PPO_BUFFERS, ppo.rollout_buffers_bytes(b_all, p, r)))
-    moments = _step_moments(tr, extra, v, s.train.grad_accum_steps > 1)
+    carried = (ppo.carried_bytes(len(c.layer_specs), s.train.micro_batch_size, p, r, m.hidden_size, m.vocab_size,
+                                 c.pol.compute_bytes) if ppo.carries(s) else (0, 0))
+    moments = _step_moments(tr, extra, v, s.train.grad_accum_steps > 1, carried)
     # the rollout: the previous update's scores live until batch_generation returns
     base = _plus(between_steps(tr.terms, "rollout"), models)
     kv, other, casts = hf_generate_parts(c, pr, rf)
