@@ -24,7 +24,7 @@ from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycl
 from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
 from vramplan.analytic.lifecycle.ppo import ppo_job
 from vramplan.analytic.lifecycle.scoring import scoring_phase
-from vramplan.analytic.lifecycle.steps import between_steps
+from vramplan.analytic.lifecycle.steps import between_steps, first_step
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.train import TrainResult, train_step
@@ -214,8 +214,13 @@ def _ppo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     steady = PhasePeak("training step", step_top, max(res_bytes + step_top.total - tr.peak.total,
                                                       packed_reserved(step_top)))
     phases = [steady, pj.rollout, pj.scoring]
+    states = sum(between_steps(tr.terms, "first step").parts.get("optimizer_states", {}).values())
     for p in job.phases:
-        if p.name == "load":
+        if p.name == "first step":
+            # the first step's highest moment of PPO's own moments, no optimizer states before its optimizer.step()
+            first = first_step(pj.moments, states + pj.extra.get(K.VALUE_OPTIMIZER))
+            phases.append(PhasePeak("first step", first, packed_reserved(first)))
+        elif p.name == "load":
             phases.append(p if pj.loaded.total <= p.moment.total else
                           PhasePeak("load", pj.loaded, packed_reserved(pj.loaded), True))
         else:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.facts.trl import PPO_RELEASE, ppo_row, release_text
-from vramplan.spec.scenario import Scenario
+from vramplan.spec.scenario import Rl, Rollout, Scenario
 
 __all__ = ["PPO_RESPONSE_LENGTH", "carried_bytes", "carries", "forward_batch", "policy_scenario", "ppo_assumptions", "ppo_loss_tensors",
            "ppo_problems", "reference_kind", "rollout_batch", "rollout_buffers_bytes", "scores_bytes",
@@ -197,6 +197,8 @@ def scoring_forward_bytes(layers: int, batch: int, query: int, response: int, hi
 
 
 _PURE_HALF = ("bf16-true", "fp16-true")
+# the rollout keys only the vLLM engine reads (serve/rollout.py)
+_VLLM_KEYS = ("colocate", "gpu_memory_utilization", "sleep_mode", "vllm_version")
 
 
 def _release_problems(s: Scenario) -> list[Problem]:
@@ -226,16 +228,23 @@ def _setting_problems(s: Scenario) -> list[Problem]:
     if ro.engine != "hf-generate":
         no("rl.rollout.engine", "PPOTrainer (TRL v1.12.0) has no vLLM rollout: it generates with the policy's "
            "generate (batch_generation)", "leave rl.rollout.engine out or set hf-generate")
-    for key in ("beta", "precompute_ref_log_probs"):
-        if key in rl.model_fields_set:
-            no(f"rl.{key}", "is not a PPOTrainer setting (its kl_coef changes no memory; the reference is always "
-               "used)", f"leave rl.{key} out")
+    # compared by value with the schema's defaults, not by presence: a saved scenario carries every key
+    if rl.beta != Rl.model_fields["beta"].default:
+        no("rl.beta", f"is {rl.beta}: GRPO's KL coefficient; PPOTrainer's kl_coef changes no memory (the reference "
+           "is always used)", "leave rl.beta out")
+    if rl.precompute_ref_log_probs:
+        no("rl.precompute_ref_log_probs", "is a DPO setting; PPOTrainer has none", "leave it out")
+    if ro.num_generations != Rollout.model_fields["num_generations"].default:
+        no("rl.rollout.num_generations", f"is {ro.num_generations}, but PPO samples one response per query",
+           "leave it out")
+    vllm_keys = [k for k in _VLLM_KEYS if getattr(ro, k) != Rollout.model_fields[k].default]
+    if vllm_keys:
+        no("rl.rollout", f"{', '.join('rl.rollout.' + k for k in vllm_keys)} set, but only a vLLM engine reads "
+           "them (PPOTrainer generates with the policy)", "leave them out")
     if rl.reference_model is not None and rl.reference_model != reference_kind(s):
         no("rl.reference_model", f"is {rl.reference_model!r}, but PPOTrainer uses "
            f"{reference_kind(s)!r} here (a deep copy, or the policy with its adapters disabled under PEFT)",
            f"set rl.reference_model: {reference_kind(s)} or leave it out")
-    if "num_generations" in ro.model_fields_set:
-        no("rl.rollout.num_generations", "PPO samples one response per query", "leave it out")
     for key, given in (("reward_model", rl.reward_model), ("value_model", rl.value_model)):
         if given is not None and given != s.model:
             no(f"rl.{key}", f"is {given!r}: a {key.replace('_', ' ')} of another architecture than the policy's "
@@ -297,8 +306,8 @@ def ppo_assumptions(s: Scenario) -> list[str]:
          "position, one log_softmax per sequence over the response"),
         ("PPO value and reward models: the policy's architecture with a one-output score head "
          "(AutoModelForSequenceClassification, num_labels=1), loaded in the policy's dtype; the value model fully "
-         "trained (no adapters, never gradient-checkpointed), its saved activations and gradients counted at every "
-         "moment of the policy's step they can overlap (an upper bound: its backward runs after the policy's)"),
+         "trained (no adapters, never gradient-checkpointed): its saved activations alive through the policy's forward "
+         "and backward, its own backward after the policy's (autograd runs the later-created policy nodes first)"),
         f"PPO reference model: {ref}",
         (f"PPO rollout: {b_all} queries (per_device_train_batch_size x gradient_accumulation_steps) generated in "
          f"chunks of {rf} (local_rollout_forward_batch_size) with output_scores: the previous rollout's fp32 scores "

@@ -12,8 +12,8 @@ policy's step, what stays on the GPU between the phases, and the rollout and sco
 * **training step**: every policy moment with them and, in a mini-batch of several micro-batches, what the previous
   micro-batch still holds (analytic/ppo.py ``carried_bytes``); before ``optimizer.step()`` the value's saved activations (its
   forward ran first, its backward runs after the policy's) and, with gradient accumulation, its gradients; at the
-  optimizer its gradients; and one more moment, the value's backward, bounded by the policy's last backward moment
-  with the value's activations and gradients both whole;
+  optimizer its gradients and its share of the step's temporaries (one optimizer); and one more moment, the value's backward (its highest moment in the same step without
+  adapters, the LM head's loss left out) over the policy's gradients, whole by then;
 * **rollout**: what the trainer keeps between steps, the value, reference and reward models, the previous rollout's
   scores, and the larger of the last generate chunk (its KV cache and sampling, the earlier chunks' stacked scores,
   its own scores and their stacked copy) and ``pad`` (every chunk's scores and the padded copy);
@@ -43,6 +43,11 @@ class ValueParts:
     resident: Moment
     gradients: int
     activations: int
+    # its own backward's highest moment: (gradients, saved activations, layer temporaries)
+    backward: tuple[int, int, int] = (0, 0, 0)
+    # its share of optimizer.step()'s temporaries (one optimizer over both models: torch's foreach step takes every
+    # parameter of a group at once)
+    step: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,13 @@ def value_parts(r: Resolved) -> ValueParts:
     resident.add(K.VALUE_GRADIENTS, between.get(K.DDP_BUCKETS) * nv // n)
     grads = max(_part(mo, "gradients") for mo in tv.moments) - between.get(K.DDP_BUCKETS)
     acts = max((_part(mo, "activations") for mo in tv.moments if mo.phase == "forward"), default=0)
-    return ValueParts(resident, grads * nv // n, acts)
+    # its backward, layer by layer, as the same step's (the LM head's loss tensors left out: a score head instead)
+    loss_keys = (K.LOSS_FORWARD, K.LOSS_BACKWARD)
+    backward = max(((( _part(mo, "gradients") - between.get(K.DDP_BUCKETS)) * nv // n, _part(mo, "activations"),
+                     _part(mo, "temporaries") - sum(mo.get(k) for k in loss_keys))
+                    for mo in tv.moments if mo.phase == "backward"), key=sum, default=(0, 0, 0))
+    step = max((mo.get(K.OPTIMIZER_STEP) for mo in tv.moments if mo.phase == "optimizer"), default=0)
+    return ValueParts(resident, grads * nv // n, acts, backward, step * nv // n)
 
 
 def _plus(mo: Moment, extra: Moment, phase: str | None = None) -> Moment:
@@ -98,16 +109,21 @@ def _step_moments(tr: TrainResult, extra: Moment, v: ValueParts, accumulates: bo
         m = _plus(mo, extra)
         m.add(K.PPO_CARRIED, carried[0] if mo.phase == "forward" else carried[1])
         if mo.phase == "optimizer":
-            m.add(K.VALUE_GRADIENTS, v.gradients)
+            m.add(K.VALUE_GRADIENTS, v.gradients).add(K.OPTIMIZER_STEP, v.step if mo.get(K.OPTIMIZER_STEP) else 0)
         else:
             m.add(K.VALUE_ACTIVATIONS, v.activations)
             if accumulates:
                 m.add(K.VALUE_GRADIENTS, v.gradients)
         out.append(m)
-    backward = [mo for mo in tr.moments if mo.phase == "backward"]
-    if backward:
-        last = _plus(backward[-1], extra).add(K.PPO_CARRIED, carried[1])
-        out.append(last.add(K.VALUE_ACTIVATIONS, v.activations).add(K.VALUE_GRADIENTS, v.gradients))
+    # the value's backward runs after the policy's (its forward ran first: lower autograd sequence numbers): the
+    # policy's gradients whole, its step temporaries not yet made
+    opt = [mo for mo in tr.moments if mo.phase == "optimizer"]
+    if opt:
+        last = _plus(opt[-1], extra, "backward").add(K.PPO_CARRIED, carried[1])
+        last.parts["temporaries"] = {k: n for k, n in last.parts.get("temporaries", {}).items()
+                                     if k != K.OPTIMIZER_STEP.label}
+        g, a, t = v.backward
+        out.append(last.add(K.VALUE_GRADIENTS, g).add(K.VALUE_ACTIVATIONS, a).add(K.LAYER_BACKWARD, t))
     return out
 
 
@@ -119,10 +135,10 @@ def ppo_job(pr: Resolved, tr: TrainResult) -> PpoJob:
     ro = s.rl.rollout
     b_all, rf, p, r = ppo.rollout_batch(s), ppo.forward_batch(s), ro.max_prompt_len, ro.max_completion_len
     v = value_parts(pr)
-    nv = ppo.value_params(c.rp.total, c.rp.lm_head, m.hidden_size)
     models = v.resident.copy("")
     models.add(K.REFERENCE_WEIGHTS, c.rp.total * c.pol.param_bytes if ppo.reference_kind(s) == "separate" else 0)
-    models.add(K.REWARD_WEIGHTS, nv * c.pol.param_bytes)
+    # the reward model: the value model's architecture and dtype (under PEFT c.pol.param_bytes is the adapters')
+    models.add(K.REWARD_WEIGHTS, v.resident.get(K.VALUE_WEIGHTS))
     scores = ppo.scores_bytes(b_all, r, m.vocab_size)
     extra = _plus(models, Moment("").add(K.PPO_SCORES, scores).add(K.PPO_BUFFERS, ppo.rollout_buffers_bytes(b_all, p, r)))
     carried = (ppo.carried_bytes(len(c.layer_specs), s.train.micro_batch_size, p, r, m.hidden_size, m.vocab_size,
