@@ -318,6 +318,10 @@ def ppo_assumptions(s: Scenario) -> list[str]:
          "scores (an upper bound by the last step's sampling temporaries)"),
         (f"PPO scoring: no-grad forwards of {rf} query-responses (reference with every hidden state and its "
          "logits, value and reward backbones), over the kept scores and what stays between steps"),
+        ("PPO: the launcher sets no mixed precision (ACCELERATE_MIXED_PRECISION unset or 'no'; PPOTrainer builds its "
+         "own Accelerator without one and transformers 5's TrainingArguments no longer exports PPOConfig.bf16): with "
+         "bf16 or fp16 there, accelerate's convert_outputs_to_fp32 would return the wrapper's logits in fp32 (not "
+         "modelled)"),
         ("PPO: gradient checkpointing only as the scenario sets it (PPOTrainer.train never calls "
          "gradient_checkpointing_enable, so PPOConfig's gradient_checkpointing=True is not applied); the entropy after "
          "the backward (softmax of the logits) stays below the backward's record"),
