@@ -242,3 +242,39 @@ def test_selective_log_softmax_saves_one_row_block_per_sequence_on_cpu() -> None
     # the torch path (TRL 1.12.0's, unchanged in the installed release on the CPU): one log_softmax output of R x V
     # per sequence kept for the backward: b R V x 2 bytes, the ``rows`` of ppo_loss_tensors
     assert len(sizes) == b and sum(sizes.values()) == b * r * v * 2
+
+
+def test_untied_head_value_model_by_hand() -> None:
+    # Llama-3.1-8B: 8,030,261,248 parameters, an untied 128,256 x 4,096 head (525,336,576); the value and reward
+    # models: 8,030,261,248 - 525,336,576 + 4,096 = 7,504,928,768 parameters x 2 B = 15,009,857,536
+    doc = json.loads(json.dumps(BASE))
+    doc["model"] = "llama-3.1-8b"
+    doc["train"].update(micro_batch_size=1, grad_accum_steps=1)
+    w = estimate(doc).per_gpu.breakdown_detail["weights"]
+    assert w["value model"] == w["reward model"] == 15_009_857_536
+    assert w["parameters"] == w["reference model"] == 8_030_261_248 * 2
+
+
+@settings(max_examples=8, deadline=None)
+@given(rf=st.integers(1, 7))
+def test_smaller_rollout_chunks_never_need_more_at_the_rollout(rf: int) -> None:
+    # the last chunk's moment is prev B + (B - rf) + 2 rf scores plus its cache: it grows with rf; pad's 3 B does not
+    lo, hi = (json.loads(json.dumps(BASE)) for _ in range(2))
+    lo["rl"]["rollout_forward_batch_size"] = rf
+    hi["rl"]["rollout_forward_batch_size"] = rf + 1
+    assert (estimate(lo).per_gpu.lifecycle["rollout"]["allocated_bytes"]
+            <= estimate(hi).per_gpu.lifecycle["rollout"]["allocated_bytes"])
+
+
+@pytest.mark.parametrize(("rl", "where"), [
+    ({"rollout_forward_batch_size": 0}, "rl.rollout_forward_batch_size"),
+    ({"num_mini_batches": -1}, "rl.num_mini_batches"),
+    ({"value_model": 7}, "rl.value_model"),
+    ({"reward_model": ["a"]}, "rl.reward_model"),
+])
+def test_hostile_rl_values_are_refused(rl: dict[str, Any], where: str) -> None:
+    doc = json.loads(json.dumps(BASE))
+    doc["rl"].update(rl)
+    with pytest.raises(ScenarioError) as exc:
+        estimate(doc)
+    assert any(p.where == where for p in exc.value.problems), exc.value
