@@ -77,6 +77,9 @@ def test_training_step_by_hand() -> None:
     # + 2 x 1,002,899,280 + 788,851,712 + 257,683,456 + 39,568 + 64,420,864 = 13,014,497,840
     assert rep.per_gpu.peak_allocated_bytes == 13_014_497_840
     assert rep.per_gpu.lifecycle_peak_phase == "training step"
+    # the report names PPO's loss, not the supervised one
+    assert any(a.startswith("loss as TRL v1.12.0's PPOTrainer") for a in rep.assumptions)
+    assert not any(a.startswith("loss as transformers") for a in rep.assumptions)
 
 
 def test_scoring_and_rollout_phases_by_hand() -> None:
