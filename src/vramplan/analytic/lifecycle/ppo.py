@@ -86,7 +86,7 @@ def value_parts(r: Resolved) -> ValueParts:
     acts = max((_part(mo, "activations") for mo in tv.moments if mo.phase == "forward"), default=0)
     # its backward, layer by layer, as the same step's (the LM head's loss tensors left out: a score head instead)
     loss_keys = (K.LOSS_FORWARD, K.LOSS_BACKWARD)
-    backward = max(((( _part(mo, "gradients") - between.get(K.DDP_BUCKETS)) * nv // n, _part(mo, "activations"),
+    backward = max((((_part(mo, "gradients") - between.get(K.DDP_BUCKETS)) * nv // n, _part(mo, "activations"),
                      _part(mo, "temporaries") - sum(mo.get(k) for k in loss_keys))
                     for mo in tv.moments if mo.phase == "backward"), key=sum, default=(0, 0, 0))
     step = max((mo.get(K.OPTIMIZER_STEP) for mo in tv.moments if mo.phase == "optimizer"), default=0)
