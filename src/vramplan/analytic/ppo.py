@@ -265,10 +265,10 @@ def _unmodelled_problems(s: Scenario) -> list[Problem]:
     if s.effective_framework not in ("hf-trainer", "accelerate", "deepspeed"):
         out.append(Problem("framework", f"PPO runs on TRL's PPOTrainer (accelerate), not {s.effective_framework}",
                            "use framework: hf-trainer"))
-    if par.zero_stage == 3 or par.fsdp not in ("none", "no_shard"):
-        out.append(Problem("parallel", "sharded parameters (ZeRO-3, FSDP) under PPO are not modelled (the gather "
-                           "for generation, ds3_gather_for_generation; the reward and reference models' shards)",
-                           "use ZeRO-1/2 or DDP"))
+    if par.zero_stage == 3 or par.fsdp != "none":
+        out.append(Problem("parallel", "ZeRO-3 and FSDP under PPO are not modelled (the gather for generation, "
+                           "ds3_gather_for_generation; the reward and reference models' shards; FSDP's wrapping of "
+                           "PolicyAndValueWrapper)", "use ZeRO-1/2 or DDP (parallel.fsdp: none)"))
     if par.tp > 1 or par.pp > 1 or par.cp > 1:
         out.append(Problem("parallel", "tensor, pipeline or context parallelism under PPO is not modelled",
                            "use data parallelism only (tp = pp = cp = 1)"))
@@ -310,7 +310,8 @@ def ppo_assumptions(s: Scenario) -> list[str]:
          "and backward, its own backward after the policy's (autograd runs the later-created policy nodes first)"),
         f"PPO reference model: {ref}",
         (f"PPO rollout: {b_all} queries (per_device_train_batch_size x gradient_accumulation_steps) generated in "
-         f"chunks of {rf} (local_rollout_forward_batch_size) with output_scores: the previous rollout's fp32 scores "
+         f"chunks of {rf} (rl.rollout_forward_batch_size = local_rollout_forward_batch_size "
+         f"{s.rl.rollout_forward_batch_size}, at most the rollout batch) with output_scores: the previous rollout's fp32 scores "
          "(never deleted by the trainer) beside the new chunks and their padded copy; every response at full "
          "response_length (no stop token); each chunk's generate (KV cache, running layer, last-token logits and "
          "sampling) as the inference engine counts it (analytic/inference.py), its top-k/top-p temporaries (a few MB) "
