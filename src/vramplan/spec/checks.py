@@ -222,7 +222,7 @@ def ignored_sections(s: Scenario) -> list[str]:
     if s.software.trl is not None and not (s.task == "train" and s.train.objective != "sft"):
         # software.trl picks the post-training trainers' release (facts/trl.py); an SFT step is not TRL-specific
         out.append("software.trl set but not used: it is read only with task train and a post-training "
-                   "train.objective (dpo, grpo, kto, orpo, rloo)")
+                   "train.objective (dpo, grpo, kto, orpo, ppo, rloo)")
     return out
 
 

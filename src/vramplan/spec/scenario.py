@@ -742,7 +742,8 @@ class Software(_Strict):
     which never makes the ``(batch, seq_len, vocab)`` logits; 1.9-1.13 compute ``selective_log_softmax`` over the
     model's logits; 1.14 runs TRL's Triton log-prob kernel over them (refused: not modelled); earlier releases are
     refused (facts/trl.py).  None: DPO and GRPO as TRL v1.9.0 (their reports before this key), KTO and ORPO as
-    v1.16.0, the releases each module was read at (the report names it)."""
+    v1.16.0, the releases each module was read at (the report names it).  PPO: v1.12.0 only (trl.experimental.ppo,
+    removed in 1.13.0; facts/trl.py ``PPO_ROWS``), also when None."""
 
     autoawq: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
     """AutoAWQ release of a framework autoawq run, e.g. 0.1.6; 0.1.6-0.2.3 are modelled, null: 0.2.3.
