@@ -39,7 +39,12 @@ def main(trl_path: str) -> int:
     import trl
     from datasets import Dataset
     from tokenizers import Tokenizer, models
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast, Qwen2Config
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+    )
     from trl.experimental.ppo import PPOConfig, PPOTrainer
     from trl.experimental.ppo import ppo_trainer as pt
 
