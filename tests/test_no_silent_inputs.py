@@ -48,6 +48,8 @@ BASES: dict[str, dict[str, Any]] = {
     "torchtitan": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
                    "framework": "torchtitan", "parallel": {"fsdp": "full_shard"}},
     "dpo": {"model": MODEL, "task": "train", "hardware": HW, "train": {"peft": {"method": "lora"}, "objective": "dpo"}},
+    "ppo": {"model": MODEL, "task": "train", "hardware": HW,
+            "train": {"objective": "ppo", "precision": "bf16-true", "grad_accum_steps": 2}},
     "fsdp": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
              "parallel": {"fsdp": "full_shard"}},
     "inference": {"model": MODEL, "task": "inference", "hardware": HW, "inference": {"prompt_len": 128, "new_tokens": 16}},
@@ -77,7 +79,8 @@ VALUES: dict[str, list[Any]] = {
     "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256], "lifecycle.eval_seq_len": [8192],
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
-    "software.autoawq": ["0.2.0"],
+    "software.autoawq": ["0.2.0"], "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
+    "rl.value_model": ["meta-llama/Llama-3.2-1B"],
     # null means the trainer's default (spec/defaults.py): a value on each side of GRPOConfig's
     "rl.beta": [1.0], "rl.rollout.num_generations": [16], "rl.rollout.max_completion_len": [512],
 }
@@ -124,6 +127,11 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "bf16 where no engine reads it (llama.cpp: the GGUF file's types; spec/defaults.py)",
     ("rl.beta", "1.0"): "under PEFT the reference is the policy with its adapters disabled, no second copy, and its "
     "no-grad forward is the scoring phase's (the reference note says so)",
+    ("ppo", "rl.reference_model", "'separate'"): "null resolves to separate without PEFT (TRL v1.12.0 "
+    "PPOTrainer.__init__ create_reference_model; the reference note says so)",
+    ("ppo", "rl.rollout.engine", "'hf-generate'"): "null resolves to hf-generate under ppo, PPOTrainer's only rollout "
+    "(analytic/ppo.py with_defaults; the rollout note says so)",
+    ("ppo", "train.precision", "'fp16-true'"): "fp16 and bf16 weights, states and logits are 2 bytes each",
     # modelled, and the same bytes
     ("train.precision", "'fp16-mixed'"): "fp16 and bf16 autocast hold the same 2-byte copies and 4-byte masters",
     ("inference.dtype", "'fp16'"): "fp16 and bf16 weights are 2 bytes each (the assumptions name the dtype)",

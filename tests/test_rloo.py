@@ -116,10 +116,11 @@ def test_refusals(change: dict[str, Any], where: str) -> None:
     assert any(p.where == where for p in exc.value.problems), exc.value
 
 
-def test_ppo_stays_refused() -> None:
-    with pytest.raises(ScenarioError) as exc:
-        estimate({**BASE, "train": {"objective": "ppo", "micro_batch_size": 8}})
-    assert any(p.where == "train.objective" and "rloo" in p.hint for p in exc.value.problems)
+def test_ppo_is_modelled_apart_from_rloo() -> None:
+    # PPO is TRL v1.12.0's PPOTrainer (tests/test_ppo.py): no RLOOConfig default reaches it
+    rep = estimate({**BASE, "train": {"objective": "ppo", "micro_batch_size": 8, "precision": "bf16-true"}})
+    assert rep.scenario["rl"]["beta"] == 0.0 and rep.scenario["rl"]["rollout"]["engine"] == "hf-generate"
+    assert any(a.startswith("PPO (TRL v1.12.0") for a in rep.assumptions)
 
 
 runner = CliRunner()

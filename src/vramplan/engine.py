@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic import dpo, kto, orpo, rloo
+from vramplan.analytic import dpo, kto, orpo, ppo, rloo
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.autoawq import autoawq_step
 from vramplan.analytic.generate import generate_step
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
 from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
 from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
+from vramplan.analytic.lifecycle.ppo import ppo_job
 from vramplan.analytic.lifecycle.scoring import scoring_phase
-from vramplan.analytic.lifecycle.steps import between_steps
+from vramplan.analytic.lifecycle.steps import between_steps, first_step
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.train import TrainResult, train_step
@@ -193,6 +194,48 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     return rep if ro is None or ro.starts else rep.model_copy(update={"fits": False})
 
 
+def _ppo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """A PPO job (train.objective: ppo, TRL v1.12.0 PPOTrainer): the policy's step (analytic/ppo.py) with the value
+    model trained beside it, the reference and reward models, the kept generate scores and rollout buffers in every
+    phase after the load, and the rollout and scoring as phases of their own (analytic/lifecycle/ppo.py)."""
+    s = ppo.with_defaults(r.scenario)
+    if problems := ppo.ppo_problems(s) + hf_generate_problems(r.model):
+        raise ScenarioError(problems)
+    pr = Resolved(ppo.policy_scenario(s), r.model, r.gpu, r.assumptions)
+    tr = train_step(pr)
+    c = tr.context
+    assert c is not None and tr.layout is not None  # one pipeline stage (ppo_problems refuses pp > 1)
+    pj = ppo_job(pr, tr)
+    outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
+               "managed": tr.managed_bytes}
+    res_bytes, how = _step_reserved(pr, tr, {**outside, "ppo": pj.extra.total}, reserved)
+    job = job_lifecycle(c, tr.layout, tr.terms, tr.moments)
+    step_top = max(pj.moments, key=lambda mo: mo.total)
+    steady = PhasePeak("training step", step_top, max(res_bytes + step_top.total - tr.peak.total,
+                                                      packed_reserved(step_top)))
+    phases = [steady, pj.rollout, pj.scoring]
+    states = sum(between_steps(tr.terms, "first step").parts.get("optimizer_states", {}).values())
+    for p in job.phases:
+        if p.name == "first step":
+            # the first step's highest moment of PPO's own moments, no optimizer states before its optimizer.step()
+            first = first_step(pj.moments, states + pj.extra.get(K.VALUE_OPTIMIZER))
+            phases.append(PhasePeak("first step", first, packed_reserved(first)))
+        elif p.name == "load":
+            phases.append(p if pj.loaded.total <= p.moment.total else
+                          PhasePeak("load", pj.loaded, packed_reserved(pj.loaded), True))
+        else:
+            phases.append(p if p.before_step else
+                          PhasePeak(p.name, _plus(p.moment, pj.extra), p.reserved_bytes + pj.extra.total))
+    phases.sort(key=lambda p: LIFECYCLE_ORDER.index(p.name))
+    table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
+    top = max(phases, key=lambda p: (p.moment.total, p is steady))
+    used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
+    host = Host(offloaded_bytes=tr.host_bytes, nvme_bytes=tr.nvme_bytes, load_peak_bytes=job.host_load_bytes)
+    notes = [*tr.assumptions, how, *job.assumptions, *ppo.ppo_assumptions(s)]
+    return _report(pr, top.moment, pj.moments, outside, host, ServeBlock(), notes,
+                   reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
+
+
 @dataclass(frozen=True)
 class _Preference:
     """A preference trainer's pieces (TRL's DPOTrainer, analytic/dpo.py; KTOTrainer, analytic/kto.py; ORPOTrainer,
@@ -343,6 +386,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
             return with_band(_dpo_train(r, reserved, ctx))
         if r.scenario.train.objective in ("kto", "orpo"):
             return with_band(_dpo_train(r, reserved, ctx, _KTO if r.scenario.train.objective == "kto" else _ORPO))
+        if r.scenario.train.objective == "ppo":
+            return with_band(_ppo_train(r, reserved, ctx))
         if r.scenario.train.objective != "sft":
             return with_band(_rl_train(r, reserved, ctx))
         return with_band(_train(r, reserved, ctx))

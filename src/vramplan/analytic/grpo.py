@@ -171,9 +171,6 @@ def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str 
     return out + release_problems(s, method, None if method in ("DPO", "GRPO") else "1.16.0")
 
 
-_UNMODELLED_OBJECTIVES = ("ppo",)
-
-
 def _setup_problems(s: Scenario, method: str) -> list[Problem]:
     """Combinations GRPO (or RLOO: ``method``) runs but this estimate does not model, each refused with what to
     change."""
@@ -245,13 +242,6 @@ def _hf_generate_problems(s: Scenario) -> list[Problem]:
 def grpo_problems(s: Scenario, method: str = "GRPO") -> list[Problem]:
     """Why ``s`` (a training scenario with a post-training objective) cannot be estimated; empty: it can.
     ``method``: GRPO, or RLOO (analytic/rloo.py, on the scenario with RLOOConfig's defaults filled in)."""
-    if s.train.objective in _UNMODELLED_OBJECTIVES:
-        # trl.experimental.ppo (PPOTrainer) ships in the wheels up to 1.12.0 and is gone from 1.13.0 on
-        return [Problem("train.objective", f"{s.train.objective} is not modelled yet (TRL's PPOTrainer, "
-                        "trl.experimental.ppo up to v1.12, was removed in v1.13.0; only grpo and rloo, TRL's "
-                        "GRPOTrainer and RLOOTrainer with a vLLM rollout engine, dpo, kto and orpo, TRL's "
-                        "DPOTrainer, KTOTrainer and ORPOTrainer)",
-                        "use train.objective: sft, dpo, kto, orpo, grpo or rloo")]
     return _setup_problems(s, method) + _reference_problems(s, method)
 
 

@@ -185,6 +185,20 @@ class K:
                           "the running layer or the last-token logits and sampling of the policy's generate call")
     GENERATE_CASTS = _k("temporaries", "rollout generate autocast weight copies",
                         "half copies autocast caches of the policy's fp32 trainable weights during a generate forward")
+    # PPO (train.objective: ppo; analytic/ppo.py, analytic/lifecycle/ppo.py)
+    VALUE_WEIGHTS = _k("weights", "value model", "PPO's value model parameters (trained with the policy)")
+    REWARD_WEIGHTS = _k("weights", "reward model", "PPO's frozen reward model parameters")
+    VALUE_GRADIENTS = _k("gradients", "value model", "gradients of PPO's value model")
+    VALUE_OPTIMIZER = _k("optimizer_states", "value model", "the optimizer's states of PPO's value model")
+    VALUE_MASTER = _k("master_weights", "value model", "fp32 copies of PPO's value model parameters")
+    VALUE_ACTIVATIONS = _k("activations", "value model (saved)",
+                           "what PPO's value model forward saved for the backward (never checkpointed)")
+    PPO_SCORES = _k("temporaries", "generate scores (PPO)",
+                    "PPO's fp32 generate scores of the whole rollout batch, kept until the next rollout replaces them")
+    PPO_CARRIED = _k("temporaries", "previous micro-batch's outputs (PPO)",
+                     "PPO's previous micro-batch's logits, hidden states and softmax, deleted only after the mini-batch")
+    PPO_BUFFERS = _k("temporaries", "rollout buffers (PPO)",
+                     "PPO's per-token rollout tensors: query-responses, log-probs, values, rewards, advantages")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "

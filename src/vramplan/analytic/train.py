@@ -167,6 +167,10 @@ OBJECTIVE_LOSS_NOTES = {
         "log-probabilities by TRL's Triton kernel, which keeps the logits for the backward (analytic/orpo.py)",
     "grpo": "loss as TRL's GRPOTrainer computes it: the policy's logits over the completion only, in the "
         "compute dtype, and one log_softmax per sequence kept for the backward (analytic/grpo.py)",
+    "ppo": "loss as TRL v1.12.0's PPOTrainer computes it: the policy's logits over every position, in the compute "
+        "dtype, held to the backward; one log_softmax per sequence over the response kept for it; the in-place "
+        "division by the temperature on a view, whose backward (CopySlices) clones the logits' gradient "
+        "(analytic/ppo.py)",
 }
 # DPO and GRPO from TRL v1.15.0 (software.trl, facts/trl.py): the fused LM head, as KTO's
 FUSED_HEAD_LOSS_NOTES = {

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["COMPLETION_DEFAULT_ROWS", "DEFAULT_TRL_RELEASE", "GRADIENT_CHECKPOINTING_ROWS", "GRPO_BETA",
-           "GRPO_NUM_GENERATIONS", "LOG_PROB_ROWS", "READ_AT", "RLOO_BETA", "RLOO_MAX_COMPLETION", "RLOO_NUM_GENERATIONS",
-           "LogProbPath", "LogProbRow", "gradient_checkpointing_default", "grpo_completion_default", "log_prob_row",
-           "release_text"]
+           "GRPO_NUM_GENERATIONS", "LOG_PROB_ROWS", "PPO_RELEASE", "PPO_RESPONSE_LENGTH", "PPO_ROWS", "READ_AT", "RLOO_BETA",
+           "RLOO_MAX_COMPLETION", "RLOO_NUM_GENERATIONS", "LogProbPath", "LogProbRow", "PpoRow",
+           "gradient_checkpointing_default", "grpo_completion_default", "log_prob_row", "ppo_row", "release_text"]
 
 LogProbPath = Literal["logits", "triton-logits", "fused-head"]
 
@@ -114,3 +114,43 @@ def gradient_checkpointing_default(version: tuple[int, ...] | None) -> bool:
     v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
     rows = [on for first, on in GRADIENT_CHECKPOINTING_ROWS if first <= v]
     return rows[-1] if rows else GRADIENT_CHECKPOINTING_ROWS[0][1]
+
+
+@dataclass(frozen=True)
+class PpoRow:
+    """From ``first`` until the next row's release, TRL's PPO trainer is ``design``; ``modelled`` says whether the
+    estimate follows it (``train.objective: ppo``)."""
+
+    first: tuple[int, int, int]
+    design: str
+    modelled: bool
+    sources: str
+
+
+# TRL's PPO trainer by release, read in the wheels trl-0.11.4 and trl-1.12.0 (pip download trl==X --no-deps) and
+# trl-1.13.0 (no trl/experimental/ppo: removed).  Only 1.12.x, the last release that ships it, is modelled.
+PPO_ROWS: tuple[PpoRow, ...] = (
+    PpoRow((0, 0, 0), "the legacy PPOTrainer (a value head on the policy, AutoModelForCausalLMWithValueHead; "
+           "PPOConfig.batch_size 128, mini_batch_size 128, trainer.step()) beside PPOv2Trainer", False,
+           "trl 0.11.4 trainer/ppo_trainer.py, ppo_config.py; trainer/ppov2_trainer.py (log_softmax over the whole "
+           "vocabulary of the generate scores: all_logprob)"),
+    PpoRow((0, 12, 0), "PPOTrainer (the former PPOv2Trainer): PolicyAndValueWrapper, reward and reference models, "
+           "batch_generation with output_scores", False, "not read between 0.12.0 and 1.11.x"),
+    PpoRow((1, 12, 0), "trl.experimental.ppo.PPOTrainer: PolicyAndValueWrapper, reward and reference models, "
+           "batch_generation with output_scores, selective_log_softmax", True,
+           "trl 1.12.0 experimental/ppo/ppo_trainer.py, ppo_config.py; experimental/utils.py get_reward, "
+           "create_reference_model"),
+    PpoRow((1, 13, 0), "removed (no trl/experimental/ppo)", False, "trl 1.13.0 wheel"),
+)
+
+# the release PPO is modelled at; software.trl unset takes it
+PPO_RELEASE = "1.12.0"
+# trl/experimental/ppo/ppo_config.py PPOConfig (v1.12.0): response_length=53, the completion length PPO's rollout
+# generates (rl.rollout.max_completion_len's default under train.objective: ppo)
+PPO_RESPONSE_LENGTH = 53
+
+
+def ppo_row(version: tuple[int, ...] | None) -> PpoRow:
+    """The PPO row of ``version`` (None: ``PPO_RELEASE``)."""
+    v = (*(version or (1, 12, 0)), 0, 0, 0)[:3]
+    return [r for r in PPO_ROWS if r.first <= v][-1]

@@ -285,6 +285,10 @@ def section_conflicts(paths: dict[str, str], task: str) -> list[Problem]:
     return out
 
 
+# the rl keys only PPO reads (spec/scenario.py Rl; analytic/ppo.py)
+_PPO_ONLY_RL_KEYS = frozenset({"reward_model", "value_model", "num_mini_batches", "rollout_forward_batch_size"})
+
+
 def ignored_sections(s: Scenario) -> list[str]:
     """Assumptions for a document that sets keys of another task's section (they are not used)."""
     out = []
@@ -294,14 +298,18 @@ def ignored_sections(s: Scenario) -> list[str]:
             shown = ", ".join(f"{section}.{k}" for k in keys)
             out.append(f"{shown} set but not used: the task is {s.task}")
     rl = _section_settings(s, "rl")
-    if rl and not (s.task == "train" and s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo")):
+    if rl and not (s.task == "train" and s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo", "ppo")):
         shown = ", ".join(f"rl.{k}" for k in rl)
         out.append(f"{shown} set but not used: the rl section is read only with task train and "
-                   "train.objective: grpo or rloo (dpo, kto and orpo read rl.reference_model)")
+                   "train.objective: grpo, rloo or ppo (dpo, kto and orpo read rl.reference_model)")
+    elif s.train.objective != "ppo" and (ppo_only := [k for k in rl if k in _PPO_ONLY_RL_KEYS]):
+        # TRL's PPOTrainer settings (analytic/ppo.py): the other trainers have no reward or value model on the GPU
+        shown = ", ".join(f"rl.{k}" for k in ppo_only)
+        out.append(f"{shown} set but not used: read only with train.objective: ppo (TRL's PPOTrainer)")
     if s.software.trl is not None and not (s.task == "train" and s.train.objective != "sft"):
         # software.trl picks the post-training trainers' release (facts/trl.py); an SFT step is not TRL-specific
         out.append("software.trl set but not used: it is read only with task train and a post-training "
-                   "train.objective (dpo, grpo, kto, orpo, rloo)")
+                   "train.objective (dpo, grpo, kto, orpo, ppo, rloo)")
     return out
 
 

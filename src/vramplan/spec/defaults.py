@@ -4,13 +4,15 @@ A few scenario fields are null in the schema because their default depends on wh
 
 * ``train.gradient_checkpointing``: TRL's trainer configs turn checkpointing on (``_BaseConfig.gradient_checkpointing
   = True``, facts/trl.py ``GRADIENT_CHECKPOINTING_ROWS``) under a post-training objective (dpo, kto, orpo, grpo,
-  rloo; ppo, refused, would be TRL's too); the HF Trainer's ``TrainingArguments.gradient_checkpointing`` is False,
-  so every other objective resolves to none;
+  rloo); PPO's trainer replaces the Trainer's loop and never calls ``gradient_checkpointing_enable`` (trl 1.12.0
+  experimental/ppo/ppo_trainer.py), so ppo resolves to none, as the HF Trainer's
+  ``TrainingArguments.gradient_checkpointing`` (False) does for every other objective;
 * ``serve.dtype``: auto is ``vllm serve --dtype auto``, resolved with the GPU (``served_dtype``, which needs the
   GPU and so is applied by ``catalog.resolve`` once the GPU is known: ``with_served_dtype``);
 * ``rl.beta``, ``rl.rollout.num_generations``, ``rl.rollout.max_completion_len``: RLOOConfig's 0.05, 2 and 512
   (TRL v1.16.0) under ``train.objective: rloo``, else GRPOConfig's 0.0, 8 and its ``max_completion_length`` at
-  ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py ``COMPLETION_DEFAULT_ROWS``).
+  ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py ``COMPLETION_DEFAULT_ROWS``); under ppo the
+  completion is PPOConfig's ``response_length`` 53 (facts/trl.py ``PPO_RESPONSE_LENGTH``).
 
 ``with_trainer_defaults`` fills each null with that value (``catalog.resolve`` calls it), so the estimate, and the
 report's ``scenario``, hold the resolved values: a report's scenario estimated again resolves to itself.  A value
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from vramplan.facts.trl import (
     GRPO_BETA,
+    PPO_RESPONSE_LENGTH,
     GRPO_NUM_GENERATIONS,
     RLOO_BETA,
     RLOO_MAX_COMPLETION,
@@ -50,7 +53,8 @@ def checkpointing(s: Scenario) -> Checkpointing:
     given = s.train.gradient_checkpointing
     if given is not None:
         return given
-    if s.train.objective in TRL_OBJECTIVES and gradient_checkpointing_default(s.software.trl_version):
+    if (s.train.objective in TRL_OBJECTIVES and s.train.objective != "ppo"
+            and gradient_checkpointing_default(s.software.trl_version)):
         return "full"
     return "none"
 
@@ -77,6 +81,8 @@ def completion_len(s: Scenario) -> int:
     given = s.rl.rollout.max_completion_len
     if given is not None:
         return given
+    if s.train.objective == "ppo":
+        return PPO_RESPONSE_LENGTH
     return RLOO_MAX_COMPLETION if s.train.objective == "rloo" else grpo_completion_default(s.software.trl_version)
 
 

@@ -325,8 +325,9 @@ class Train(_Strict):
     reference forward in the step), or kto (TRL v1.16.0's KTOTrainer: ``micro_batch_size`` unpaired examples of
     ``seq_len``, its KL batch and the reference forwards in the step, its fused LM head), or orpo (TRL v1.16.0's
     ORPOTrainer, in trl.experimental: ``micro_batch_size`` pairs as DPO, no reference model), or rloo (TRL v1.16.0's
-    RLOOTrainer: modelled as grpo, with RLOOConfig's defaults for the ``rl`` keys left out).  ppo is refused (not
-    modelled yet).
+    RLOOTrainer: modelled as grpo, with RLOOConfig's defaults for the ``rl`` keys left out), or ppo (TRL v1.12.0's
+    PPOTrainer, in trl.experimental: the policy and a value model trained together, a reference and a reward model,
+    the rollout by the policy's generate; ``micro_batch_size`` is ``per_device_train_batch_size``, docs/rl.md).
 
     TRL v1.9.0 ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer``; with grpo, ``micro_batch_size`` is TRL's
     ``per_device_train_batch_size``, counted in completions (not prompts), and ``seq_len`` is not read: each
@@ -792,7 +793,8 @@ class Software(_Strict):
     which never makes the ``(batch, seq_len, vocab)`` logits; 1.9-1.13 compute ``selective_log_softmax`` over the
     model's logits; 1.14 runs TRL's Triton log-prob kernel over them (refused: not modelled); earlier releases are
     refused (facts/trl.py).  None: DPO and GRPO as TRL v1.9.0 (their reports before this key), KTO and ORPO as
-    v1.16.0, the releases each module was read at (the report names it)."""
+    v1.16.0, the releases each module was read at (the report names it).  PPO: v1.12.0 only (trl.experimental.ppo,
+    removed in 1.13.0; facts/trl.py ``PPO_ROWS``), also when None."""
 
     autoawq: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
     """AutoAWQ release of a framework autoawq run, e.g. 0.1.6; 0.1.6-0.2.3 are modelled, null: 0.2.3.
@@ -892,7 +894,7 @@ class Rollout(_Strict):
 
 
 class Rl(_Strict):
-    """Reinforcement-learning post-training (train.objective: grpo or rloo): the reference model and the rollout."""
+    """Reinforcement-learning post-training (train.objective: grpo, rloo or ppo): the reference model and the rollout."""
 
     beta: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
     """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19; RLOO's 0.05): with 0 no reference model is loaded.
@@ -920,6 +922,34 @@ class Rl(_Strict):
 
     TRL v1.9.0 ``DPOTrainer.__init__`` (``_precompute_ref_logps``, ``self.ref_model = None``); KTO likewise
     (``KTOConfig.precompute_ref_log_probs``, TRL v1.16.0), refused too."""
+
+    reward_model: str | None = None
+    """PPO: the reward model (TRL ``PPOConfig.reward_model_path``, loaded as ``AutoModelForSequenceClassification``
+    with ``num_labels=1``).  null or the scenario's ``model``: a model of the policy's architecture with a one-output
+    score head instead of the LM head (TRL's examples train the reward model from the SFT policy); another id is
+    refused (not modelled yet).
+
+    TRL v1.12.0 ``trl/experimental/ppo/ppo_trainer.py`` ``PPOTrainer.__init__`` (``self.reward_model.to(device)``)."""
+
+    value_model: str | None = None
+    """PPO: the value model, trained with the policy (TRL's ``value_model``, usually loaded from the reward model's
+    path).  null or the scenario's ``model``: the policy's architecture with a one-output score head; another id is
+    refused (not modelled yet).
+
+    TRL v1.12.0 ``PolicyAndValueWrapper(policy, value_model)``: one optimizer over both models' parameters."""
+
+    num_mini_batches: int = Field(1, ge=1, le=1_000_000)
+    """PPO: mini-batches each rollout batch is split into (TRL ``PPOConfig.num_mini_batches``, default 1); the rollout
+    batch (micro_batch_size x grad_accum_steps) must be a multiple of it.  The memory does not depend on it: every
+    forward is micro_batch_size sequences.
+
+    TRL v1.12.0 ``PPOTrainer.__init__`` (``local_mini_batch_size = exact_div(local_batch_size, num_mini_batches)``)."""
+
+    rollout_forward_batch_size: int = Field(64, ge=1, le=1_000_000)
+    """PPO: sequences per generate call and per no-grad scoring forward (TRL ``PPOConfig.local_rollout_forward_batch_size``,
+    default 64; at most the rollout batch, micro_batch_size x grad_accum_steps).
+
+    TRL v1.12.0 ``batch_generation`` and the scoring loop of ``PPOTrainer.train``."""
 
 
 class Scenario(_Strict):

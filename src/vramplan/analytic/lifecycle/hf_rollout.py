@@ -67,12 +67,13 @@ def hf_generate_problems(m: ModelSpec) -> list[Problem]:
                     "use rl.rollout.engine: vllm")]
 
 
-def hf_generate_parts(c: StepContext, r: Resolved) -> tuple[int, int, int]:
+def hf_generate_parts(c: StepContext, r: Resolved, batch: int | None = None) -> tuple[int, int, int]:
     """The ``generate`` call's (KV cache, other tensors, autocast weight copies) at its highest moment, beyond the
-    policy's resident parameters (module docstring).  ``r`` is the policy's scenario (prompt + completion)."""
+    policy's resident parameters (module docstring).  ``r`` is the policy's scenario (prompt + completion);
+    ``batch``: prompts per call (None: GRPO's generation batch; PPO's ``local_rollout_forward_batch_size``)."""
     s, pol = c.s, c.pol
     ro = s.rl.rollout
-    b, prompt = generation_batch(c), ro.max_prompt_len
+    b, prompt = batch or generation_batch(c), ro.max_prompt_len
     inf = Inference(batch_size=b, prompt_len=prompt, new_tokens=completion_len(s), dtype=pol.half,
                     attention=s.train.attention)
     call = Resolved(s.model_copy(update={"task": "inference", "inference": inf}), r.model, r.gpu, ())

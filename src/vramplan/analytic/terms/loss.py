@@ -22,6 +22,7 @@ from vramplan.analytic.logits import (
 )
 from vramplan.analytic.moment import K
 from vramplan.analytic.orpo import orpo_loss_tensors
+from vramplan.analytic.ppo import ppo_loss_tensors
 from vramplan.analytic.precision import framework_family
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.casts import reference_casts_bytes
@@ -61,7 +62,7 @@ def loss(c: StepContext) -> list[Term]:
         return []
     if c.s.train.loss != "standard":
         return kernel_loss(c)
-    if c.s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo"):
+    if c.s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo", "ppo"):
         return kernel_loss(c)
     lt = standard_loss_tensors(c)
     return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
@@ -126,6 +127,10 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
     if t.objective in ("grpo", "rloo", "dpo", "kto") and uses_fused_head(c.s):
         return _fused_head_loss_tensors(c)
+    if t.objective == "ppo":
+        # TRL's PPO policy loss: the head on every position, the response's log-probs per sequence (analytic/ppo.py)
+        ro = c.s.rl.rollout
+        return ppo_loss_tensors(t.micro_batch_size, ro.max_prompt_len, ro.max_completion_len, vocab, cb)
     if t.objective == "grpo":
         # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
         return grpo_loss_tensors(t.micro_batch_size, completion_len(c.s), vocab, cb)
