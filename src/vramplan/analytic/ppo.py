@@ -43,7 +43,8 @@ from __future__ import annotations
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.facts.trl import PPO_RELEASE, PPO_RESPONSE_LENGTH, ppo_row, release_text
-from vramplan.spec.scenario import Rl, Rollout, Scenario
+from vramplan.spec.defaults import ppo_beta_default
+from vramplan.spec.scenario import Rollout, Scenario
 
 __all__ = ["PPO_RESPONSE_LENGTH", "carried_bytes", "carries", "forward_batch", "policy_scenario", "ppo_assumptions", "ppo_loss_tensors",
            "ppo_problems", "reference_kind", "rollout_batch", "rollout_buffers_bytes", "scores_bytes",
@@ -229,12 +230,12 @@ def _setting_problems(s: Scenario) -> list[Problem]:
         no("rl.rollout.engine", "PPOTrainer (TRL v1.12.0) has no vLLM rollout: it generates with the policy's "
            "generate (batch_generation)", "leave rl.rollout.engine out or set hf-generate")
     # compared by value with the schema's defaults, not by presence: a saved scenario carries every key
-    if rl.beta != Rl.model_fields["beta"].default:
+    if rl.beta not in (None, ppo_beta_default()):
         no("rl.beta", f"is {rl.beta}: GRPO's KL coefficient; PPOTrainer's kl_coef changes no memory (the reference "
            "is always used)", "leave rl.beta out")
     if rl.precompute_ref_log_probs:
         no("rl.precompute_ref_log_probs", "is a DPO setting; PPOTrainer has none", "leave it out")
-    if ro.num_generations != Rollout.model_fields["num_generations"].default:
+    if ro.num_generations is not None:
         no("rl.rollout.num_generations", f"is {ro.num_generations}, but PPO samples one response per query",
            "leave it out")
     vllm_keys = [k for k in _VLLM_KEYS if getattr(ro, k) != Rollout.model_fields[k].default]

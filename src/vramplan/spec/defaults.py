@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from vramplan.facts.trl import (
     GRPO_BETA,
-    PPO_RESPONSE_LENGTH,
     GRPO_NUM_GENERATIONS,
+    PPO_RESPONSE_LENGTH,
     RLOO_BETA,
     RLOO_MAX_COMPLETION,
     RLOO_NUM_GENERATIONS,
@@ -35,7 +35,7 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.scenario import Checkpointing, HalfDtype, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
-           "num_generations", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
+           "num_generations", "ppo_beta_default", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
 PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
@@ -59,8 +59,14 @@ def checkpointing(s: Scenario) -> Checkpointing:
     return "none"
 
 
+def ppo_beta_default() -> float:
+    """``rl.beta`` under ppo when left out: PPO has no such key (its ``kl_coef`` changes no memory), so GRPOConfig's
+    0.0, the value that reads as "not given"."""
+    return GRPO_BETA
+
+
 def beta(s: Scenario) -> float:
-    """``rl.beta``, or the trainer's default (RLOOConfig's 0.05, GRPOConfig's 0.0)."""
+    """``rl.beta``, or the trainer's default (RLOOConfig's 0.05, GRPOConfig's 0.0; under ppo ``ppo_beta_default``)."""
     given = s.rl.beta
     if given is not None:
         return given
@@ -89,9 +95,12 @@ def completion_len(s: Scenario) -> int:
 def with_trainer_defaults(s: Scenario) -> Scenario:
     """``s`` with every null trainer default resolved (the module docstring); ``s`` itself when none is null."""
     t, rl, ro = s.train, s.rl, s.rl.rollout
-    if None not in (t.gradient_checkpointing, rl.beta, ro.num_generations, ro.max_completion_len):
+    generations_null = ro.num_generations is None and s.train.objective != "ppo"
+    if None not in (t.gradient_checkpointing, rl.beta, ro.max_completion_len) and not generations_null:
         return s
-    rollout = ro.model_copy(update={"num_generations": num_generations(s), "max_completion_len": completion_len(s)})
+    # PPOTrainer samples one response per query (batch_generation): the key stays null under ppo, which reads none
+    generations = ro.num_generations if s.train.objective == "ppo" else num_generations(s)
+    rollout = ro.model_copy(update={"num_generations": generations, "max_completion_len": completion_len(s)})
     return s.model_copy(update={
         "train": t.model_copy(update={"gradient_checkpointing": checkpointing(s)}),
         "rl": rl.model_copy(update={"beta": beta(s), "rollout": rollout}),
