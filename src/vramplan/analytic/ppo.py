@@ -43,7 +43,7 @@ from __future__ import annotations
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.facts.trl import PPO_RELEASE, PPO_RESPONSE_LENGTH, ppo_row, release_text
-from vramplan.spec.defaults import ppo_beta_default
+from vramplan.spec.defaults import completion_len, ppo_beta_default
 from vramplan.spec.scenario import Rollout, Scenario
 
 __all__ = ["PPO_RESPONSE_LENGTH", "carried_bytes", "carries", "forward_batch", "policy_scenario", "ppo_assumptions", "ppo_loss_tensors",
@@ -71,7 +71,7 @@ def with_defaults(s: Scenario) -> Scenario:
 
 def sequence_len(s: Scenario) -> int:
     """One query-response: the query (padded to the longest) and ``response_length`` tokens."""
-    return s.rl.rollout.max_prompt_len + s.rl.rollout.max_completion_len
+    return s.rl.rollout.max_prompt_len + completion_len(s)
 
 
 def policy_scenario(s: Scenario) -> Scenario:

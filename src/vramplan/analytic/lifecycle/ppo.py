@@ -30,6 +30,7 @@ from vramplan.analytic.lifecycle.hf_rollout import hf_generate_parts
 from vramplan.analytic.lifecycle.steps import between_steps
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.train import TrainResult, train_step
+from vramplan.spec.defaults import completion_len
 from vramplan.spec.load import Resolved
 
 __all__ = ["PpoJob", "ValueParts", "ppo_job", "value_parts"]
@@ -133,7 +134,7 @@ def ppo_job(pr: Resolved, tr: TrainResult) -> PpoJob:
     assert c is not None
     s, m = pr.scenario, pr.model
     ro = s.rl.rollout
-    b_all, rf, p, r = ppo.rollout_batch(s), ppo.forward_batch(s), ro.max_prompt_len, ro.max_completion_len
+    b_all, rf, p, r = ppo.rollout_batch(s), ppo.forward_batch(s), ro.max_prompt_len, completion_len(s)
     v = value_parts(pr)
     models = v.resident.copy("")
     models.add(K.REFERENCE_WEIGHTS, c.rp.total * c.pol.param_bytes if ppo.reference_kind(s) == "separate" else 0)

@@ -130,7 +130,7 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     if t.objective == "ppo":
         # TRL's PPO policy loss: the head on every position, the response's log-probs per sequence (analytic/ppo.py)
         ro = c.s.rl.rollout
-        return ppo_loss_tensors(t.micro_batch_size, ro.max_prompt_len, ro.max_completion_len, vocab, cb)
+        return ppo_loss_tensors(t.micro_batch_size, ro.max_prompt_len, completion_len(c.s), vocab, cb)
     if t.objective == "grpo":
         # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
         return grpo_loss_tensors(t.micro_batch_size, completion_len(c.s), vocab, cb)
