@@ -1,6 +1,6 @@
 """Llama 3.2 Vision (spec/families/mllama.py): the vision model's, the projector's and the cross-attention
-language model's parameters by hand and against transformers' module on the meta device; every task refused
-with the reason (spec/checks.py cross_attention_problems)."""
+language model's parameters by hand and against transformers' module on the meta device; Hugging Face generate;
+what is refused, with the reason (spec/checks.py cross_attention_problems; training: tests/test_mllama_train.py)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_cross_attention_layers_outside_the_model_are_refused() -> None:
 
 
 @pytest.mark.parametrize(("task", "words"), [
-    ("train", "training memory is not estimated for it: the cross-attention layers' saved tensors"),
+    ("train", "a trained vision model is not modelled: the local and global encoders' saved tensors"),
     ("serve", "serve memory is not estimated for it: vLLM's cache for the cross-attention layers"),
 ])
 def test_training_and_serving_are_refused_with_the_reason(task: str, words: str) -> None:
@@ -140,7 +140,9 @@ def test_training_and_serving_are_refused_with_the_reason(task: str, words: str)
     assert "reads its images through 2 cross-attention layers (34 vision keys and values per image)" in text
     assert "its parameters are counted (1,268,619)" in text
     assert words in text
-    assert "task: inference (Hugging Face generate) is estimated" in text
+    hint = ("set train.freeze_vision_tower: true, or use train.peft" if task == "train"
+            else "task: inference (Hugging Face generate) is estimated")
+    assert hint in text
 
 
 @pytest.mark.parametrize(("section", "words"), [

@@ -69,7 +69,7 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m)
 
 
-_NO_TASK = ("no training or serving is estimated for a cross-attention vision model yet; its parameters are "
+_NO_TASK = ("no serving is estimated for a cross-attention vision model yet; its parameters are "
             "vramplan.spec.hf_config.model_from_config(config).num_parameters and .vision_parameters, and "
             "task: inference (Hugging Face generate) is estimated")
 
@@ -81,8 +81,11 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     (``spec/families/mllama.py``) and Hugging Face ``generate`` (``analytic/cross_attention.py``) under SDPA or eager
     attention, on one GPU, with the cache in the model's dtype.  Refused:
 
-    * Training (full or LoRA, vision tower frozen or not): the cross-attention layers' saved tensors (keys and
-      values over the image's tiles, the tanh gates), and the vision model's, are not modelled as terms.
+    * Training is estimated (``analytic/terms/cross_attention.py``) with the vision model and projector frozen
+      (LoRA, or full fine-tuning with ``train.freeze_vision_tower``), SDPA, no or full checkpointing, on one
+      pipeline stage without tensor or context parallelism, under Hugging Face's loops (``_cross_train_problems``).
+      Refused: a trained vision model (the local and global encoders' saved tensors are not modelled), QLoRA and
+      DoRA, and the rest listed there.
     * Serving: vLLM's encoder-decoder cache for the cross-attention layers and its encoder cache are not modelled.
     * Inference with flash attention (``MllamaPreTrainedModel._supports_flash_attn = False``: it builds 4-D masks),
       tensor parallelism, a KV dtype other than the model's, quantized weights (transformers quantizes the vision
@@ -98,15 +101,57 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             f"({v.cross_attention_tokens_per_image:,} vision keys and values per image); its parameters are "
             f"counted ({m.num_parameters:,}), but ")
     if s.task == "train":
-        return [Problem("task", what + "training memory is not estimated for it: the cross-attention layers' "
-                        "saved tensors (queries over the image's keys and values, the tanh gates) and the local "
-                        "and global vision encoders' activations are not modelled",
-                        _NO_TASK)]
+        return _cross_train_problems(s, what)
     if s.task != "inference":
         return [Problem("task", what + f"{s.task} memory is not estimated for it: vLLM's cache for the "
                         "cross-attention layers (the image's keys and values, beside the self-attention layers' "
                         "blocks) and its encoder cache are not modelled", _NO_TASK)]
     return _cross_inference_problems(s, what)
+
+
+_CROSS_TRAIN_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "deepspeed")
+
+
+def _cross_train_problems(s: Scenario, what: str) -> list[Problem]:
+    """The training settings ``analytic/terms/cross_attention.py`` does not model (``cross_attention_problems``)."""
+    t, par = s.train, s.parallel
+    out: list[Problem] = []
+    if t.peft is None and not t.freeze_vision_tower:
+        out.append(Problem("train.freeze_vision_tower", what + "a trained vision model is not modelled: the local "
+                           "and global encoders' saved tensors (MllamaVisionModel over every tile, under the "
+                           "aspect-ratio mask) and the projector's are not terms of the step",
+                           "set train.freeze_vision_tower: true, or use train.peft (the vision model frozen)"))
+    if t.peft is not None and t.peft.method != "lora":
+        out.append(Problem("train.peft.method", what + f"{t.peft.method} is not modelled for it (QLoRA: transformers "
+                           "quantizes the vision model's linears too, held unquantized here; DoRA: its magnitude "
+                           "products on k_proj and v_proj run over the vision positions)", "set peft.method: lora"))
+    if t.quantization != "none":
+        out.append(Problem("train.quantization", what + f"{t.quantization} is not modelled for it: transformers "
+                           "quantizes the vision model's linears too, which vramplan holds unquantized",
+                           "set train.quantization: none"))
+    if t.attention != "sdpa":
+        out.append(Problem("train.attention", what + f"attention {t.attention!r} is not modelled for its training "
+                           "(flash: MllamaPreTrainedModel sets _supports_flash_attn = False; eager: the "
+                           "cross-attention scores over the vision positions are not terms)",
+                           "set train.attention: sdpa"))
+    if t.gradient_checkpointing not in ("none", "full"):
+        out.append(Problem("train.gradient_checkpointing", what + f"{t.gradient_checkpointing} checkpointing is not "
+                           "modelled for its cross-attention layers", "set gradient_checkpointing: none or full"))
+    if par.tp > 1 or par.pp > 1 or par.cp > 1:
+        out.append(Problem("parallel", what + "its training is modelled without tensor, pipeline or context "
+                           "parallelism (the cross-attention layers' vision positions are not split)",
+                           "set parallel.tp, pp and cp to 1 (data parallelism and ZeRO/FSDP sharding are modelled)"))
+    if s.effective_framework not in _CROSS_TRAIN_FRAMEWORKS:
+        out.append(Problem("framework", what + f"{s.effective_framework} has no Llama 3.2 Vision model modelled here "
+                           "(transformers' MllamaForConditionalGeneration is)",
+                           f"set framework to one of {', '.join(_CROSS_TRAIN_FRAMEWORKS)}"))
+    for key, given, why in (("train.liger_kernels", t.liger_kernels, "Liger's mllama patch"),
+                            ("train.packing", t.packing, "packed sequences with images"),
+                            ("train.activation_offload", t.activation_offload != "none", "activation offloading"),
+                            ("train.precision", t.precision == "fp8-mixed", "fp8 training (the vision linears)")):
+        if given:
+            out.append(Problem(key, what + f"{why} is not modelled for it", f"drop {key}"))
+    return out
 
 
 def _cross_inference_problems(s: Scenario, what: str) -> list[Problem]:

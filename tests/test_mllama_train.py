@@ -1,0 +1,207 @@
+"""Training Llama 3.2 Vision (mllama) with its vision model frozen (analytic/terms/cross_attention.py): the
+cross-attention layers' saved tensors by hand, against transformers 5.24 on the CPU, and the settings still
+refused (spec/checks.py ``_cross_train_problems``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramplan.analytic.attention import resolve_attention
+from vramplan.analytic.terms import step_terms
+from vramplan.analytic.terms.context import StepContext, step_policy
+from vramplan.analytic.terms.cross_attention import cross_sequence
+from vramplan.analytic.terms.layers import layer_activations
+from vramplan.catalog.resolve import resolve
+from vramplan.errors import ScenarioError
+
+TINY = Path(__file__).resolve().parent / "data" / "mllama-tiny-shape" / "config.json"
+# Llama-3.2-11B-Vision's shape (meta-llama/Llama-3.2-11B-Vision config.json): transformers 5.24's MllamaConfig
+# defaults (h 4096, 40 layers, cross-attention at 3, 8, ..., 38, 32 heads, 8 KV heads, MLP 14,336) with 560-pixel
+# tiles (4 x ((560 / 14)^2 + 1) = 6,404 vision positions per image)
+ELEVEN_B: dict[str, Any] = {"model_type": "mllama", "torch_dtype": "bfloat16",
+                            "vision_config": {"image_size": 560, "max_num_tiles": 4}, "text_config": {}}
+
+
+def _ctx(model: Any, **train: Any) -> StepContext:
+    r = resolve({"model": str(model) if isinstance(model, Path) else model, "hardware": {"gpu": "H100-80GB"}, "task": "train", "train": train})
+    attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario), r.gpu)
+    return StepContext(r, 0, attention, repeat)
+
+
+def _terms(c: StepContext) -> dict[str, int]:
+    return {t.name: t.nbytes for t in step_terms(c) if t.name.startswith(("saved.cross", "saved.vision_output"))}
+
+
+def test_eleven_b_lora_cross_layer_by_hand() -> None:
+    c = _ctx(ELEVEN_B, peft={"method": "lora", "rank": 16}, images_per_sample=1, seq_len=1024)
+    la = layer_activations(c)
+    # bf16-mixed LoRA on q_proj and v_proj: c = 2, the frozen base's residual stream in bf16 (r = 2), adapters'
+    # inputs cast back to bf16 by autocast.  Per text token of a cross-attention layer:
+    #   input RMSNorm (frozen): fp32 copy 4 x 4096 + rsqrt 4                           = 16,388
+    #   q_proj's LoRA: its input 2 x 4096 + lora_A's output 2 x 16                     =  8,224
+    #   q_norm (frozen): fp32 copy 4 x 4096 + rsqrt per head 4 x 32                    = 16,512
+    #   memory-efficient kernel: q 8,192 + output 8,192 + logsumexp 4 x 32             = 16,512
+    #   the mask, its row of 6,404 keys padded to 6,408 (6,404 % 8 = 4): 2 x 6,408      = 12,816
+    #   post-attention RMSNorm                                                         = 16,388
+    #   frozen gated MLP: SiLU's input, its output and up's output 3 x 2 x 14,336      = 86,016
+    text = 16_388 + 8_224 + 16_512 + 16_512 + 12_816 + 16_388 + 86_016
+    assert text == 172_856
+    # per vision position: v_proj's LoRA (input 2 x 4096 + lora_A's output 2 x 16 = 8,224); the keys do not require
+    # grad (k_proj frozen, no adapter): no k_norm tensors; K and V repeated to 32 heads: 2 x 2 x 4096 = 16,384
+    vision = 8_224 + 16_384
+    assert vision == 24_608
+    assert la.full[3] == 1024 * text + 6_404 * vision == 334_594_176
+    assert la.full[3] == la.kept[3]
+    # a self-attention layer (Llama's) has none of it; the first layer's input norm saves nothing (frozen prefix)
+    assert la.full[2] == la.full[4] < la.full[3] and la.full[0] == la.full[2] - 16_388 * 1024
+    # shared: the row mask [1, 1, 1024, 1] in bf16 (the mask itself is copied per layer); the vision output
+    # 6,404 x 7,680 x 2 B to the loss; the projected states are saved by nothing (k_proj / v_proj frozen)
+    assert _terms(c) == {"saved.cross_attention_mask": 2 * 1024, "saved.vision_output": 6_404 * 7_680 * 2}
+
+
+def test_full_checkpointing_keeps_the_inputs_and_the_shared_states() -> None:
+    c = _ctx(ELEVEN_B, peft={"method": "lora", "rank": 16}, images_per_sample=1, seq_len=1024,
+             gradient_checkpointing="full")
+    la = layer_activations(c)
+    # every layer keeps its bf16 input, 1024 x 4096 x 2; the cross layer is recomputed whole (334,594,176 above)
+    assert la.kept[3] == la.kept[0] == 1024 * 4096 * 2
+    assert la.full[3] == 334_594_176
+    # GradientCheckpointingLayer binds cross_attention_states and the masks to the backward: states 6,404 x 4096 x
+    # 2; mask [1, 1, 1024, 6404] in bf16 and the row mask
+    assert _terms(c) == {"saved.cross_attention_states": 6_404 * 4096 * 2,
+                         "saved.cross_attention_mask": 2 * 1024 * 6_404 + 2 * 1024,
+                         "saved.vision_output": 6_404 * 7_680 * 2}
+
+
+def test_full_fine_tuning_with_the_tower_frozen_by_hand() -> None:
+    c = _ctx(TINY, precision="bf16-mixed", freeze_vision_tower=True, images_per_sample=4, seq_len=8)
+    la = layer_activations(c)
+    # tiny shape: h 128, 4 heads of 32, 2 KV heads, MLP 256; 4 images x 2 tiles x 17 = 136 positions (aligned)
+    # bf16-mixed full fine-tuning: c = 2, r = 4 (fp32 residual), autocast.  Per text token:
+    #   input RMSNorm: the fp32 input (its own fp32 copy) and the normalised tensor (4 + 4) x 128 + rsqrt 4 = 1,028
+    #   q_proj's input, cast to bf16 by autocast: 2 x 128                                         =   256
+    #   q_norm: fp32 copy and bf16 normalised tensor (4 + 2) x 128 + rsqrt 4 x 4 heads            =   784
+    #   kernel: q 256, output 256, logsumexp 4 x 4                                                =   528
+    #   the mask, cast to bf16 per layer (r != c): 2 x 136                                        =   272
+    #   the attention gate's input (o_proj's output): 2 x 128                                     =   256
+    #   post-attention RMSNorm                                                                    = 1,028
+    #   MLP: gate's and up's bf16 casts 2 x 256, SiLU's input, its output, up's, down's 4 x 512   = 2,560
+    #   the MLP gate's input: (row mask x MLP output) promoted to fp32: 4 x 128                   =   512
+    text = 1_028 + 256 + 784 + 528 + 272 + 256 + 1_028 + 2_560 + 512
+    assert text == 7_224
+    # per vision position: k_norm (4 + 2) x 64 + 4 x 2 KV heads = 392; K and V repeated to 4 heads 2 x 2 x 128 = 512
+    vision = 392 + 512
+    # the two gates' tanh outputs, fp32: 8
+    assert la.full[1] == la.full[4] == 8 * text + 136 * vision + 8 == 180_744
+    # shared: the projected states, bf16, saved by every k_proj / v_proj (136 x 128 x 2); the row mask (fp32)
+    assert _terms(c) == {"saved.cross_attention_states": 136 * 128 * 2, "saved.cross_attention_mask": 4 * 8,
+                         "saved.vision_output": 136 * 192 * 4}
+
+
+def test_without_an_image_the_cross_layers_save_nothing() -> None:
+    for ckpt in ("none", "full"):
+        c = _ctx(TINY, peft={"method": "lora"}, images_per_sample=0, seq_len=8, gradient_checkpointing=ckpt)
+        la = layer_activations(c)
+        assert la.full[1] == la.kept[1] == la.full[4] == la.kept[4] == 0
+        assert la.kept[0] > 0 and la.attn_transient[1] == la.mlp_transient[1] == 0
+        assert _terms(c) == {}
+
+
+def test_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
+    """transformers 5.24's ``MllamaForConditionalGeneration`` of the tiny shape, fp32 on the CPU in training mode,
+    vision model and projector frozen, 8 text tokens and 4 images (136 vision positions): the tensors autograd saves
+    (``saved_tensors_hooks``) inside a cross-attention layer, one per storage, parameters and the tensors every
+    layer shares apart, equal the engine's layer; the shared ones equal ``cross_saved``'s.  (The CPU's SDPA kernel
+    saves what CUDA's memory-efficient one does here: q, K and V, the output and an fp32 logsumexp; 136 keys need
+    no padding.)"""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    raw = json.loads(TINY.read_text())
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.MllamaForConditionalGeneration(cfg).train()
+    for name, p in model.named_parameters():
+        if name.startswith(("model.vision_model", "model.multi_modal_projector")):
+            p.requires_grad_(False)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[object, dict[int, int]] = {}
+    current: list[object] = [None]
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            saved.setdefault(current[0], {})[st.data_ptr()] = st.nbytes()
+        return t
+
+    for i, layer in enumerate(model.model.language_model.layers):
+        layer.register_forward_pre_hook(lambda mod, args, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda mod, args, out: current.__setitem__(0, None))
+    ids = torch.tensor([[1000] * 4 + list(range(5, 9))])
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, pixel_values=torch.randn(1, 4, 2, 3, 56, 56), aspect_ratio_ids=torch.tensor([[2] * 4]),
+              aspect_ratio_mask=torch.ones(1, 4, 2, dtype=torch.long),
+              cross_attention_mask=torch.ones(1, 8, 4, 2, dtype=torch.long), labels=ids.clamp(max=999))
+    shared = set(saved[1]) & set(saved[4])
+    own = sum(n for k, n in saved[1].items() if k not in shared)
+    c = _ctx(TINY, precision="fp32", freeze_vision_tower=True, images_per_sample=4, seq_len=8)
+    la = layer_activations(c)
+    # fp32: per text token 1,028 + 512 + 1,040 + 1,040 (q, output, logsumexp 16) + 512 (gate) + 1,028 + 4,608
+    # (MLP) + 512 (MLP gate) = 10,280 -> 82,240; per vision position k_norm (4 + 4) x 64 + 8 = 520 and K, V
+    # repeated 1,024 -> 136 x 1,544 = 209,984; the gates' tanh outputs 8: 292,232
+    assert own == la.full[1] == 292_232
+    terms = _terms(c)
+    assert sum(saved[1][k] for k in shared) == terms["saved.cross_attention_states"] + terms["saved.cross_attention_mask"]
+
+
+@pytest.mark.parametrize(("train", "words"), [
+    ({}, "a trained vision model is not modelled"),
+    ({"peft": {"method": "qlora"}}, "qlora is not modelled for it"),
+    ({"peft": {"method": "lora"}, "quantization": "nf4"}, "nf4 is not modelled for it"),
+    ({"peft": {"method": "lora"}, "attention": "eager"}, "attention 'eager' is not modelled for its training"),
+    ({"peft": {"method": "lora"}, "gradient_checkpointing": "selective"}, "selective checkpointing is not modelled"),
+    ({"peft": {"method": "lora"}, "liger_kernels": True}, "Liger's mllama patch is not modelled"),
+])
+def test_training_settings_not_modelled_are_refused(train: dict[str, Any], words: str) -> None:
+    doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": "train",
+           "train": {"images_per_sample": 1, "seq_len": 64, **train}}
+    with pytest.raises(ScenarioError, match=words):
+        resolve(doc)
+
+
+def test_parallel_layouts_are_refused() -> None:
+    doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB", "num_gpus": 2}, "task": "train",
+           "parallel": {"tp": 2}, "train": {"images_per_sample": 1, "seq_len": 64, "peft": {"method": "lora"}}}
+    with pytest.raises(ScenarioError, match="without tensor, pipeline or context parallelism"):
+        resolve(doc)
+
+
+@pytest.mark.parametrize("train", [
+    {"peft": {"method": "lora", "rank": 16, "target_modules": "all-linear"}, "gradient_checkpointing": "full"},
+    {"freeze_vision_tower": True},
+], ids=["lora-all-linear-full-ckpt", "full-tower-frozen"])
+def test_the_allocator_stream_holds_the_cross_layers_and_shared_tensors(train: dict[str, Any]) -> None:
+    """The event stream (analytic/events.py) allocates each cross-attention layer's records (text and vision
+    positions) and the shared tensors (``cross_sequence``, beside a tower's): every layer's saved events sum to its
+    closed-form bytes, and the stream's allocated peak is within 0.5% of the timeline's (512-byte rounding and the
+    forward's short-lived temporaries, as for Llama: tests/test_analytic_events.py)."""
+    from vramplan.alloc import replay
+    from vramplan.analytic.events import train_run_events
+    from vramplan.analytic.train import train_step
+
+    doc = {"model": ELEVEN_B, "hardware": {"gpu": "H100-80GB"}, "task": "train",
+           "train": {"images_per_sample": 2, "seq_len": 512, **train}}
+    tr = train_step(resolve(doc))
+    lay, c = tr.layout, tr.context
+    assert lay is not None and isinstance(c, StepContext)
+    la = layer_activations(c)
+    assert [sum(lt.saved) for lt in lay.layers] == list(la.full)
+    shared = sum(n for _, n, _ in cross_sequence(c))
+    assert shared > 0 and sum(lay.vision_saved) == shared
+    res = replay(train_run_events(lay))
+    assert abs(res.peak_allocated_bytes / tr.peak.total - 1) < 0.005
