@@ -205,3 +205,21 @@ def test_the_allocator_stream_holds_the_cross_layers_and_shared_tensors(train: d
     assert shared > 0 and sum(lay.vision_saved) == shared
     res = replay(train_run_events(lay))
     assert abs(res.peak_allocated_bytes / tr.peak.total - 1) < 0.005
+
+
+@pytest.mark.parametrize(("version", "words"), [
+    ("0.6", "vLLM 0.6 has no mllama model: MllamaForConditionalGeneration came in 0.6.2"),
+    ("0.6.2", "vLLM 0.6.2 serves it on the V0 engine's encoder-decoder path (0.6.2 to 0.10.2)"),
+    ("0.10.2", "vLLM 0.10.2 serves it on the V0 engine's encoder-decoder path"),
+    ("0.11", ("vLLM 0.11 does not serve it: the model was removed with the V0 engine's encoder-decoder support "
+              "after 0.10.2")),
+    ("0.19", "vLLM 0.19 does not serve it"),
+])
+def test_vllm_serving_is_refused_by_release(version: str, words: str) -> None:
+    """vLLM serves mllama from 0.6.2 (PR #8811) to 0.10.2 (registry.py _PREVIOUSLY_SUPPORTED_MODELS; PR #24907
+    removed V0's encoder-decoder runner): refused as absent outside those releases, as not modelled inside."""
+    doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": "serve",
+           "serve": {"vllm_version": version}}
+    with pytest.raises(ScenarioError, match=words.replace("(", r"\(").replace(")", r"\)")) as err:
+        resolve(doc)
+    assert "_PREVIOUSLY_SUPPORTED_MODELS" in str(err.value)

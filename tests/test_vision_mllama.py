@@ -129,7 +129,7 @@ def test_cross_attention_layers_outside_the_model_are_refused() -> None:
 
 @pytest.mark.parametrize(("task", "words"), [
     ("train", "a trained vision model is not modelled: the local and global encoders' saved tensors"),
-    ("serve", "serve memory is not estimated for it: vLLM's cache for the cross-attention layers"),
+    ("serve", "vLLM 0.11 does not serve it: the model was removed with the V0 engine's encoder-decoder support"),
 ])
 def test_training_and_serving_are_refused_with_the_reason(task: str, words: str) -> None:
     doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": task}
@@ -141,7 +141,7 @@ def test_training_and_serving_are_refused_with_the_reason(task: str, words: str)
     assert "its parameters are counted (1,268,619)" in text
     assert words in text
     hint = ("set train.freeze_vision_tower: true, or use train.peft" if task == "train"
-            else "task: inference (Hugging Face generate) is estimated")
+            else "vLLM serves it from 0.6.2 to 0.10.2 only")
     assert hint in text
 
 

@@ -16,6 +16,7 @@ import math
 from vramplan.errors import Problem
 from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import first_release, release_tuple
+from vramplan.facts.vllm_releases import MLLAMA_SERVED, MLLAMA_SOURCES, parse_release, release_text
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -86,7 +87,9 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       pipeline stage without tensor or context parallelism, under Hugging Face's loops (``_cross_train_problems``).
       Refused: a trained vision model (the local and global encoders' saved tensors are not modelled), QLoRA and
       DoRA, and the rest listed there.
-    * Serving: vLLM's encoder-decoder cache for the cross-attention layers and its encoder cache are not modelled.
+    * Serving: vLLM serves the model from 0.6.2 to 0.10.2 only (``facts/vllm_releases.py`` ``MLLAMA_SERVED``), on
+      its V0 encoder-decoder path, whose cross-attention KV blocks and encoder profile run are not modelled; other
+      releases are refused as not serving it (``_cross_vllm_problem``); SGLang and llama.cpp are not modelled.
     * Inference with flash attention (``MllamaPreTrainedModel._supports_flash_attn = False``: it builds 4-D masks),
       tensor parallelism, a KV dtype other than the model's, quantized weights (transformers quantizes the vision
       model's linears, held unquantized here), Lit-GPT's generate, or a transformers release before 5.0 (the cache
@@ -102,11 +105,40 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             f"counted ({m.num_parameters:,}), but ")
     if s.task == "train":
         return _cross_train_problems(s, what)
+    if s.task == "serve" and s.serve.engine == "vllm":
+        return [_cross_vllm_problem(s.serve.vllm_version, what)]
     if s.task != "inference":
         return [Problem("task", what + f"{s.task} memory is not estimated for it: vLLM's cache for the "
                         "cross-attention layers (the image's keys and values, beside the self-attention layers' "
                         "blocks) and its encoder cache are not modelled", _NO_TASK)]
     return _cross_inference_problems(s, what)
+
+
+def _cross_vllm_problem(version: str, what: str) -> Problem:
+    """Serving a cross-attention model with vLLM, by release (``facts/vllm_releases.py`` ``MLLAMA_SERVED``): a
+    release without the model is refused as such; a release with it, on its V0 encoder-decoder path (the
+    cross-attention layers' KV blocks per request over the encoder's tiles x positions, the profile run's encoder
+    input of the most images and tiles), is refused as not modelled."""
+    first, last = MLLAMA_SERVED
+    span = f"{release_text(first)} to {release_text(last)}"
+    cited = "; ".join(MLLAMA_SOURCES)
+    try:
+        rel = parse_release(version)
+    except ValueError:
+        rel = None  # an unknown release string is refused where the release is read (serve/vllm.py)
+    if rel is not None and rel < first:
+        return Problem("serve.vllm_version", what + f"vLLM {version} has no mllama model: "
+                       f"MllamaForConditionalGeneration came in {release_text(first)} ({cited})",
+                       "no vLLM estimate is modelled for it; task: inference (Hugging Face generate) is estimated")
+    if rel is not None and rel > last:
+        return Problem("serve.vllm_version", what + f"vLLM {version} does not serve it: the model was removed with "
+                       f"the V0 engine's encoder-decoder support after {release_text(last)} ({cited})",
+                       f"vLLM serves it from {span} only, on V0 (not modelled); task: inference (Hugging Face "
+                       "generate) is estimated")
+    return Problem("serve.vllm_version", what + f"vLLM {version} serves it on the V0 engine's encoder-decoder path "
+                   f"({span}), whose cross-attention KV blocks (per request, the encoder's max_image_tiles x "
+                   "(patches + class token) positions per image) and the profile run's encoder input are not "
+                   f"modelled ({cited})", _NO_TASK)
 
 
 _CROSS_TRAIN_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "deepspeed")
