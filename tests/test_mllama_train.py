@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramplan.analytic.attention import resolve_attention
 from vramplan.analytic.terms import step_terms
@@ -223,3 +225,38 @@ def test_vllm_serving_is_refused_by_release(version: str, words: str) -> None:
     with pytest.raises(ScenarioError, match=words.replace("(", r"\(").replace(")", r"\)")) as err:
         resolve(doc)
     assert "_PREVIOUSLY_SUPPORTED_MODELS" in str(err.value)
+
+
+@settings(max_examples=25, deadline=None)
+@given(images=st.integers(0, 6), seq=st.integers(8, 300), lora=st.booleans(), ckpt=st.sampled_from(["none", "full"]))
+def test_cross_layer_saved_bytes_grow_with_images_and_text(images: int, seq: int, lora: bool, ckpt: str) -> None:
+    """One more image raises a cross-attention layer's saved bytes and the step's (both layers and the shared
+    tensors: the shared mask can move into the layers when the row stops being a multiple of 8 keys); one more text
+    token never lowers them; without image the layer saves nothing and the shared terms are gone."""
+    method: dict[str, Any] = {"peft": {"method": "lora"}} if lora else {"freeze_vision_tower": True}
+
+    def saved(n: int, p: int) -> tuple[int, int]:
+        c = _ctx(TINY, images_per_sample=n, seq_len=p, gradient_checkpointing=ckpt, **method)
+        return layer_activations(c).full[1], sum(_terms(c).values())
+
+    def step(x: tuple[int, int]) -> int:
+        return 2 * x[0] + x[1]  # the tiny shape's two cross-attention layers and the shared tensors
+
+    here, more_images, more_text = saved(images, seq), saved(images + 1, seq), saved(images, seq + 1)
+    assert more_images[0] > here[0] and step(more_images) > step(here)
+    assert more_text[0] >= here[0] and step(more_text) >= step(here)
+    if images == 0:
+        assert here == (0, 0)
+
+
+def test_the_report_states_the_training_model() -> None:
+    from vramplan.engine import estimate
+
+    report = estimate(resolve({"model": ELEVEN_B, "hardware": {"gpu": "H100-80GB"}, "task": "train",
+                               "train": {"peft": {"method": "lora", "rank": 16}, "images_per_sample": 1,
+                                         "seq_len": 1024}})).to_json_dict()
+    text = " ".join(report["assumptions"])
+    assert "frozen (PEFT)" in text and "4 x 1,601 = 6,404 vision positions per image" in text
+    assert "cross-attention layers in training: 1 image(s) per sample, 6,404 vision positions" in text
+    assert "the frozen vision model's own forward peak" in text
+    assert report["verdict"] == "FITS"
