@@ -82,11 +82,10 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     (``spec/families/mllama.py``) and Hugging Face ``generate`` (``analytic/cross_attention.py``) under SDPA or eager
     attention, on one GPU, with the cache in the model's dtype.  Refused:
 
-    * Training is estimated (``analytic/terms/cross_attention.py``) with the vision model and projector frozen
-      (LoRA, or full fine-tuning with ``train.freeze_vision_tower``), SDPA, no or full checkpointing, on one
-      pipeline stage without tensor or context parallelism, under Hugging Face's loops (``_cross_train_problems``).
-      Refused: a trained vision model (the local and global encoders' saved tensors are not modelled), QLoRA and
-      DoRA, and the rest listed there.
+    * Training is estimated (``analytic/terms/cross_attention.py``) under LoRA (vision model frozen) or full
+      fine-tuning (vision model and projector trained, or frozen with ``train.freeze_vision_tower``), SDPA, no or full
+      checkpointing, on one pipeline stage without tensor or context parallelism, under Hugging Face's loops
+      (``_cross_train_problems``).  Refused: QLoRA and DoRA, and the rest listed there.
     * Serving: vLLM serves the model from 0.6.2 to 0.10.2 only (``facts/vllm_releases.py`` ``MLLAMA_SERVED``), on
       its V0 encoder-decoder path, whose cross-attention KV blocks and encoder profile run are not modelled; other
       releases are refused as not serving it (``_cross_vllm_problem``); SGLang and llama.cpp are not modelled.
@@ -148,11 +147,6 @@ def _cross_train_problems(s: Scenario, what: str) -> list[Problem]:
     """The training settings ``analytic/terms/cross_attention.py`` does not model (``cross_attention_problems``)."""
     t, par = s.train, s.parallel
     out: list[Problem] = []
-    if t.peft is None and not t.freeze_vision_tower:
-        out.append(Problem("train.freeze_vision_tower", what + "a trained vision model is not modelled: the local "
-                           "and global encoders' saved tensors (MllamaVisionModel over every tile, under the "
-                           "aspect-ratio mask) and the projector's are not terms of the step",
-                           "set train.freeze_vision_tower: true, or use train.peft (the vision model frozen)"))
     if t.peft is not None and t.peft.method != "lora":
         out.append(Problem("train.peft.method", what + f"{t.peft.method} is not modelled for it (QLoRA: transformers "
                            "quantizes the vision model's linears too, held unquantized here; DoRA: its magnitude "

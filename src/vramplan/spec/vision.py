@@ -415,8 +415,9 @@ def _cross_train_notes(s: Scenario, m: ModelSpec) -> list[str]:
     n = s.train.images_per_sample
     tiles = v.patches_per_image // (v.image_size // v.patch_size) ** 2
     positions = v.cross_attention_tokens_per_image // tiles
-    frozen = "PEFT" if s.train.peft is not None else "train.freeze_vision_tower"
-    out = [(f"vision model: {m.vision_parameters:,} parameters (tower and projector), frozen ({frozen}), held "
+    frozen = ("frozen (PEFT)" if s.train.peft is not None else "frozen (train.freeze_vision_tower)"
+              if s.train.freeze_vision_tower else "trained")
+    out = [(f"vision model: {m.vision_parameters:,} parameters (tower and projector), {frozen}, held "
            f"unquantized in the model's dtype; each image is one <|image|> token of train.seq_len (MllamaProcessor) and "
            f"is padded to max_image_tiles = {tiles} tiles of {v.image_size} x {v.image_size} (MllamaImageProcessor "
            f"pack_images){'; image_size ignored' if s.train.image_size else ''}: {tiles} x {positions:,} = "
@@ -432,8 +433,15 @@ def _cross_train_notes(s: Scenario, m: ModelSpec) -> list[str]:
                "repeated to every head (repeat_kv: a mask is given), k_norm's tensors when the keys require grad and "
                "LoRA's copies of k_proj's and v_proj's input; the projected vision states and the mask are shared "
                "(analytic/terms/cross_attention.py)")
-    out.append("not modelled: the frozen vision model's own forward peak (every encoder layer's output kept until "
+    if frozen == "trained":
+        out.append("vision model trained: its stem, local and global encoder layers (over every tile's positions "
+                   "padded to a multiple of 8, never checkpointed: plain nn.Modules), the aspect-ratio mask (a "
+                   "compute-dtype copy per layer under autocast), layernorm_post and the projector's input are saved "
+                   "from the forward to the end of the backward (analytic/terms/cross_attention.py "
+                   "trained_tower_bytes); not modelled: the projected states' gradient accumulated over the "
+                   "cross-attention layers' backward, and the vision model's backward temporaries")
+    out.append("not modelled: the vision model's own forward peak (every encoder layer's output kept until "
                "its output is assembled, analytic/cross_attention.py vision_model_bytes) comes before the language "
-               "model's forward and is not a moment of the step; the cross-attention mask's preparation; a trained "
-               "vision model is refused; LoRA adapters are taken on the language model's linears only")
+               "model's forward and is not a moment of the step; the cross-attention mask's preparation; LoRA "
+               "adapters are taken on the language model's linears only")
     return out

@@ -1,5 +1,6 @@
 """A training step of a model that reads its images through cross-attention layers (Llama 3.2 Vision, mllama;
-transformers 5.24 ``models/mllama/modeling_mllama.py``), with its vision model and projector frozen.
+transformers 5.24 ``models/mllama/modeling_mllama.py``), its vision model and projector frozen or trained
+(``trained_tower_bytes``).
 
 The language model's self-attention layers are Llama's and keep the engine's decoder-layer terms
 (``analytic/activations.py``).  A cross-attention layer (``MllamaCrossAttentionDecoderLayer``) runs over the text
@@ -28,10 +29,10 @@ kernel keeps it; autocast casts it to the compute dtype first (one copy per laye
 a row of L keys to a multiple of 8 (``mem_efficient_mask_row``: 4,104 for 4,100), another copy per layer.  With
 neither, the one mask is kept by every layer (``cross_saved``).
 
-What the module does not change: the vision model and the projector run frozen (``train.freeze_vision_tower`` or
-PEFT), so autograd records nothing in them; their forward's own peak comes before the language model's and is not
-a moment of the step (``spec/vision.py`` ``cross_attention_notes`` states it).  A sample without image skips the
-cross-attention layers (``MllamaTextModel.forward``): they save nothing.
+Frozen (``train.freeze_vision_tower`` or PEFT), the vision model and the projector record nothing; trained (full
+fine-tuning), what they save is ``trained_tower_bytes``.  Their forward's own peak comes before the language
+model's and is not a moment of the step (``spec/vision.py`` ``cross_attention_notes`` states it).  A sample without
+image skips the cross-attention layers (``MllamaTextModel.forward``): they save nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
 from vramplan.spec.model import LayerSpec, ModelSpec
 
 __all__ = ["cross_layer", "cross_saved", "cross_sequence", "cross_text_tensors", "cross_text_transient", "cross_vision_positions",
-           "cross_vision_tensors", "cross_vision_transient", "gate_tensors", "mask_per_layer"]
+           "cross_vision_tensors", "cross_vision_transient", "gate_tensors", "mask_per_layer", "tower_trained",
+           "trained_tower_bytes"]
 
 
 def cross_layer(c: StepContext, ls: LayerSpec) -> bool:
@@ -161,6 +163,55 @@ def cross_saved(c: StepContext) -> list[Term]:
     return out
 
 
+def tower_trained(c: StepContext) -> bool:
+    """The vision model and projector are trained: full fine-tuning without ``train.freeze_vision_tower``."""
+    return c.peft is None and not c.frozen_prefixes
+
+
+def trained_tower_bytes(c: StepContext) -> int:
+    """What a trained vision model and projector save for the backward over the micro-batch's images (transformers
+    5.24 ``MllamaVisionModel.forward``; its encoder layers are plain ``nn.Module``s, never checkpointed).  Per image,
+    with T tiles of P positions padded to Pp (a multiple of 8), S = T x Pp, d the width, I the MLP's, r the residual
+    (parameter) dtype, c the compute dtype and x = c when autocast casts (r != c), else r:
+
+    * stem: the patch convolution's input (x per pixel), the aspect-ratio ids (int64), the gathered pre-tile
+      embedding (r T d) and tile position embedding (r T P d) the gates' products keep, ``layernorm_pre``'s input and
+      statistics ((r d + 8) T P);
+    * each encoder layer, per position of S: the LayerNorms' inputs and statistics (2 (r d + 8)), q/k/v's input
+      (3 x d, or one shared r d), q, k and v (3 c d), the memory-efficient kernel's logsumexp (4 per head) and
+      output (c d: o_proj's input), fc1's input (x d), GELU's input and output (2 c I); a global layer's tanh gates
+      keep o_proj's and fc2's outputs (2 c d);
+    * the aspect-ratio mask [S, S] in the model's dtype: one, kept by every layer's kernel, or a compute-dtype copy
+      per layer under autocast;
+    * ``layernorm_post``'s input and statistics ((r d + 8) S), the post-tile embedding (r T d), the projector's input
+      (x per element of T x P x vision_output_dim), the gates' tanh outputs (5 + 2 x global layers, in the
+      parameters' dtype).
+
+    Checked against ``saved_tensors_hooks`` on transformers' own module on the CPU (tests/test_mllama_train.py)."""
+    v = c.m.vision
+    images = c.s.train.micro_batch_size * c.s.train.images_per_sample
+    if v is None or not images or not tower_trained(c) or not c.rp.has_embedding:
+        return 0
+    ctx = c.act
+    r, cb = ctx.residual_bytes, ctx.compute_bytes
+    x = cb if ctx.autocast and r != cb else r
+    d, inter, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    per_tile = (v.image_size // v.patch_size) ** 2
+    tiles = v.patches_per_image // per_tile
+    positions = v.cross_attention_tokens_per_image // tiles
+    seq = tiles * (-(-positions // 8) * 8)
+    local, glob = v.num_layers - v.global_layers, v.global_layers
+    stem = (x * tiles * v.num_channels * v.image_size ** 2 + 8 + r * tiles * d + r * tiles * positions * d
+            + (r * d + 8) * tiles * positions)
+    qkv_in = 3 * x * d if x != r else r * d
+    layer = 2 * (r * d + 8) + qkv_in + 3 * cb * d + 4 * heads + cb * d + x * d + 2 * cb * inter
+    layers = (local + glob) * layer * seq + glob * 2 * cb * d * seq
+    mask = (local + glob) * cb * seq * seq if x != r else r * seq * seq
+    tail = (r * d + 8) * seq + r * tiles * d + x * tiles * positions * v.output_dim
+    gates = (5 + 2 * glob) * c.pol.param_bytes
+    return images * (stem + layers + mask + tail) + gates
+
+
 def cross_sequence(c: StepContext) -> tuple[tuple[str, int, bool], ...]:
     """``cross_saved``'s tensors as (term name, bytes, freed before the backward), in the order the forward makes
     them, for the allocator's event stream (analytic/events.py, with the tower's); empty for another model, a batch
@@ -172,6 +223,10 @@ def cross_sequence(c: StepContext) -> tuple[tuple[str, int, bool], ...]:
     ctx, b, p = c.act, c.s.train.micro_batch_size, c.s.train.seq_len
     held = checkpoint_policy(c.s) == "full"
     out = [("saved.vision_output", ctx.residual_bytes * positions * v.output_dim, True)]
+    tower = trained_tower_bytes(c)
+    if tower:
+        # freed by the vision model's backward, after the language model's (an upper bound: to the last layer's)
+        out.insert(0, ("saved.vision_model", tower, False))
     if held or not ctx.frozen_base:
         out.append(("saved.cross_attention_states", ctx.compute_bytes * positions * c.m.hidden_size, False))
     mask = ctx.residual_bytes * b * p * per_sample
