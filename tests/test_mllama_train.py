@@ -306,3 +306,22 @@ def test_trained_vision_model_saved_bytes_equal_transformers_on_the_cpu() -> Non
     expected = 93_464 + 893_952 + 49_152 + 9_216 + 12_672 + 512 + 26_112 + 36
     assert sum(saved.values()) == trained_tower_bytes(c) == expected == 1_085_116
     assert _terms(c)["saved.vision_model"] == expected
+
+
+def test_eleven_b_trained_vision_model_by_hand() -> None:
+    from vramplan.analytic.terms.cross_attention import trained_tower_bytes
+
+    c = _ctx(ELEVEN_B, images_per_sample=1, seq_len=1024)
+    # bf16-mixed full fine-tuning, one image: d 1280, I 5120, 16 heads, 32 local + 8 global layers, T = 4 tiles of
+    # P = 1,601 positions padded to 1,608: S = 6,432; r = 4, c = x = 2 (autocast casts)
+    #   stem: pixels 2 x 4 x 3 x 560^2 = 7,526,400; ids 8; pre-tile 4 x 4 x 1280 = 20,480; tile positions
+    #         4 x 6,404 x 1280 = 32,788,480; layernorm_pre (4 x 1280 + 8) x 6,404 = 32,839,712      -> 73,175,080
+    #   layers: per position 2 x 5,128 + 3 x 2,560 (q/k/v casts) + 7,680 (q, k, v) + 64 + 2,560 + 2,560 + 20,480
+    #         = 51,280, x 6,432 x 40 = 13,193,318,400; global gates 8 x 2 x 2,560 x 6,432 = 263,454,720
+    #   mask, a bf16 copy per layer: 40 x 2 x 6,432^2 = 3,309,649,920
+    #   layernorm_post 5,128 x 6,432 = 32,983,296; post-tile 20,480; projector input 2 x 6,404 x 7,680 = 98,365,440
+    #   tanh outputs (5 + 16) x 4 = 84
+    expected = (73_175_080 + 13_193_318_400 + 263_454_720 + 3_309_649_920 + 32_983_296 + 20_480 + 98_365_440 + 84)
+    assert trained_tower_bytes(c) == expected == 16_970_967_420  # 15.8 GiB
+    # frozen, none of it
+    assert trained_tower_bytes(_ctx(ELEVEN_B, images_per_sample=1, seq_len=1024, freeze_vision_tower=True)) == 0
