@@ -56,7 +56,8 @@ def test_eleven_b_lora_cross_layer_by_hand() -> None:
     # grad (k_proj frozen, no adapter): no k_norm tensors; K and V repeated to 32 heads: 2 x 2 x 4096 = 16,384
     vision = 8_224 + 16_384
     assert vision == 24_608
-    assert la.full[3] == 1024 * text + 6_404 * vision == 334_594_176
+    # and the two gates' tanh outputs (frozen, bf16), which the gates' products save: 4
+    assert la.full[3] == 1024 * text + 6_404 * vision + 4 == 334_594_180
     assert la.full[3] == la.kept[3]
     # a self-attention layer (Llama's) has none of it; the first layer's input norm saves nothing (frozen prefix)
     assert la.full[2] == la.full[4] < la.full[3] and la.full[0] == la.full[2] - 16_388 * 1024
@@ -69,9 +70,9 @@ def test_full_checkpointing_keeps_the_inputs_and_the_shared_states() -> None:
     c = _ctx(ELEVEN_B, peft={"method": "lora", "rank": 16}, images_per_sample=1, seq_len=1024,
              gradient_checkpointing="full")
     la = layer_activations(c)
-    # every layer keeps its bf16 input, 1024 x 4096 x 2; the cross layer is recomputed whole (334,594,176 above)
+    # every layer keeps its bf16 input, 1024 x 4096 x 2; the cross layer is recomputed whole (334,594,180 above)
     assert la.kept[3] == la.kept[0] == 1024 * 4096 * 2
-    assert la.full[3] == 334_594_176
+    assert la.full[3] == 334_594_180
     # GradientCheckpointingLayer binds cross_attention_states and the masks to the backward: states 6,404 x 4096 x
     # 2; mask [1, 1, 1024, 6404] in bf16 and the row mask
     assert _terms(c) == {"saved.cross_attention_states": 6_404 * 4096 * 2,
@@ -325,3 +326,63 @@ def test_eleven_b_trained_vision_model_by_hand() -> None:
     assert trained_tower_bytes(c) == expected == 16_970_967_420  # 15.8 GiB
     # frozen, none of it
     assert trained_tower_bytes(_ctx(ELEVEN_B, images_per_sample=1, seq_len=1024, freeze_vision_tower=True)) == 0
+
+
+def test_lora_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
+    """LoRA (rank 8 on q_proj and v_proj, no dropout) with every base weight frozen, fp32 on the CPU, the tiny shape,
+    8 text tokens and 4 images: each adapted linear runs peft's ``LoraLayer`` forward, ``base(x) + lora_B(lora_A(
+    x.to(lora_A.weight.dtype))) * scaling`` (peft 0.17 ``tuners/lora/layer.py`` ``Linear.forward``).  The
+    cross-attention layer saves what the engine counts; v_proj's adapter keeps ``cross_attention_states`` itself (the
+    cast to fp32 is a no-op), shared by the layers (``states_kept_by_lora``), and the frozen gates' tanh outputs are
+    saved by their products all the same."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    nn = torch.nn
+
+    class Lora(nn.Module):
+        def __init__(self, base: Any, rank: int = 8) -> None:
+            super().__init__()
+            self.base = base
+            self.lora_A = nn.Linear(base.in_features, rank, bias=False)
+            self.lora_B = nn.Linear(rank, base.out_features, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            return self.base(x) + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * 2.0
+
+    raw = json.loads(TINY.read_text())
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.MllamaForConditionalGeneration(cfg).train()
+    model.requires_grad_(False)
+    for layer in model.model.language_model.layers:
+        attn = getattr(layer, "self_attn", None) or layer.cross_attn
+        attn.q_proj, attn.v_proj = Lora(attn.q_proj), Lora(attn.v_proj)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[object, dict[int, int]] = {}
+    current: list[object] = [None]
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            saved.setdefault(current[0], {})[st.data_ptr()] = st.nbytes()
+        return t
+
+    for i, layer in enumerate(model.model.language_model.layers):
+        layer.register_forward_pre_hook(lambda mod, args, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda mod, args, out: current.__setitem__(0, None))
+    ids = torch.tensor([[1000] * 4 + list(range(5, 9))])
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, pixel_values=torch.randn(1, 4, 2, 3, 56, 56), aspect_ratio_ids=torch.tensor([[2] * 4]),
+              aspect_ratio_mask=torch.ones(1, 4, 2, dtype=torch.long),
+              cross_attention_mask=torch.ones(1, 8, 4, 2, dtype=torch.long), labels=ids.clamp(max=999))
+    shared = set(saved[1]) & set(saved[4])
+    own = sum(n for k, n in saved[1].items() if k not in shared)
+    c = _ctx(TINY, precision="fp32", peft={"method": "lora", "rank": 8}, images_per_sample=4, seq_len=8)
+    # per text token: norms 2 x 516, q's adapter input 512 and lora_A output 32, q_norm 512 + 16, q, output 2 x 512,
+    # logsumexp 16, the frozen MLP's SiLU input, output and up output 3 x 1,024 -> 6,216 x 8 = 49,728; per vision
+    # position: v's lora_A output 32, K and V repeated 2 x 512 -> 1,056 x 136 = 143,616; tanh outputs 8
+    assert own == layer_activations(c).full[1] == 49_728 + 143_616 + 8 == 193_352
+    terms = _terms(c)
+    assert sum(saved[1][k] for k in shared) == terms["saved.cross_attention_states"] + terms["saved.cross_attention_mask"]

@@ -48,7 +48,8 @@ from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
 from vramplan.spec.model import LayerSpec, ModelSpec
 
 __all__ = ["cross_layer", "cross_saved", "cross_sequence", "cross_text_tensors", "cross_text_transient", "cross_vision_positions",
-           "cross_vision_tensors", "cross_vision_transient", "gate_tensors", "mask_per_layer", "tower_trained",
+           "cross_vision_tensors", "cross_vision_transient", "gate_tensors", "mask_per_layer", "states_kept_by_lora",
+           "tower_trained",
            "trained_tower_bytes"]
 
 
@@ -71,6 +72,14 @@ def mask_per_layer(ctx: act.ActContext, vision_per_sample: int) -> bool:
     """Whether each cross-attention layer's kernel keeps its own copy of the mask: autocast casts the model-dtype
     mask to the compute dtype, or the kernel pads a row that is not a multiple of 8 keys (module docstring)."""
     return (ctx.autocast and ctx.residual_bytes != ctx.compute_bytes) or vision_per_sample % 8 != 0
+
+
+def states_kept_by_lora(ctx: act.ActContext) -> bool:
+    """LoRA on k_proj / v_proj keeps ``cross_attention_states`` itself, the one tensor of every layer: peft casts an
+    adapter's input to the adapter's dtype (``_cast_input_dtype``), a no-op when it already is (fp32 without
+    autocast), and without dropout lora_A saves that very input (``activations._adapter_input_tensors``)."""
+    return (ctx.frozen_base and not ctx.autocast and ctx.compute_bytes == ctx.adapter_bytes and not ctx.lora_dropout
+            and bool({"k_proj", "v_proj"} & ctx.lora_targets))
 
 
 def _gates_trained(ctx: act.ActContext) -> bool:
@@ -111,8 +120,10 @@ def cross_vision_tensors(m: ModelSpec, ctx: act.ActContext) -> list[act.SavedTen
     heads, qw, kvw = m.num_attention_heads, m.num_attention_heads * m.head_dim, m.kv_width
     out: list[act.SavedTensor] = []
     if ctx.frozen_base:
-        # LoRA on k_proj / v_proj keeps its copies of cross_attention_states (the projector's output, in c)
-        out += act._adapter_input_tensors("cross_attention.kv", h, ("k_proj", "v_proj"), c, ctx)
+        # LoRA on k_proj / v_proj keeps its copies of cross_attention_states (the projector's output, in c), or the
+        # states themselves (``states_kept_by_lora``: counted once, in ``cross_saved``)
+        out += [t for t in act._adapter_input_tensors("cross_attention.kv", h, ("k_proj", "v_proj"), c, ctx)
+                if not (states_kept_by_lora(ctx) and t.name == "cross_attention.kv.lora_input")]
     elif ctx.linear_input_bytes != c:
         # an fp8 linear keeps its own copy of the input per module
         out.append(act.SavedTensor("cross_attention.kv.input_cast", ctx.linear_input_bytes * h, 2))
@@ -124,10 +135,11 @@ def cross_vision_tensors(m: ModelSpec, ctx: act.ActContext) -> list[act.SavedTen
     return [t for t in out if t.nbytes]
 
 
-def gate_tensors(ctx: act.ActContext, param_bytes: int) -> tuple[act.SavedTensor, ...]:
-    """The trained gates' ``tanh``: each saves its one-element output (in the parameter's dtype) for its backward;
-    nothing under PEFT (the gates are frozen)."""
-    return (act.SavedTensor("cross_attention.gate_tanh", param_bytes, 2),) if _gates_trained(ctx) else ()
+def gate_tensors(param_bytes: int) -> tuple[act.SavedTensor, ...]:
+    """The gates' ``tanh`` outputs (one element each, in the parameter's dtype): the products with the attention's and
+    the MLP's outputs save them for those outputs' gradients, the gates trained or frozen (the latter read off
+    transformers on the CPU with LoRA's forward, tests/test_mllama_train.py)."""
+    return (act.SavedTensor("cross_attention.gate_tanh", param_bytes, 2),)
 
 
 def cross_text_transient(m: ModelSpec, ctx: act.ActContext) -> int:
@@ -227,7 +239,7 @@ def cross_sequence(c: StepContext) -> tuple[tuple[str, int, bool], ...]:
     if tower:
         # freed by the vision model's backward, after the language model's (an upper bound: to the last layer's)
         out.insert(0, ("saved.vision_model", tower, False))
-    if held or not ctx.frozen_base:
+    if held or not ctx.frozen_base or states_kept_by_lora(ctx):
         out.append(("saved.cross_attention_states", ctx.compute_bytes * positions * c.m.hidden_size, False))
     mask = ctx.residual_bytes * b * p * per_sample
     row = ctx.residual_bytes * b * p

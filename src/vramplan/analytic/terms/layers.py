@@ -115,7 +115,8 @@ def _cross_vision(c: StepContext) -> tuple[int, tuple[act.SavedTensor, ...], int
     _, positions = cross.cross_vision_positions(c)
     if not positions:
         return 0, (), 0
-    tensors = act.scaled(cross.cross_vision_tensors(c.m, c.act), positions) + cross.gate_tensors(c.act, c.pol.param_bytes)
+    tensors = act.scaled(cross.cross_vision_tensors(c.m, c.act), positions) + cross.gate_tensors(
+        c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes)
     return act.total_bytes(tensors), tensors, cross.cross_vision_transient(c.m, c.act) * positions
 
 
