@@ -439,7 +439,8 @@ def _cross_train_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "compute-dtype copy per layer under autocast), layernorm_post and the projector's input are saved "
                    "from the forward to the end of the backward (analytic/terms/cross_attention.py "
                    "trained_tower_bytes); not modelled: the projected states' gradient accumulated over the "
-                   "cross-attention layers' backward, and the vision model's backward temporaries")
+                   "cross-attention layers' backward, the vision model's backward temporaries, and under autocast "
+                   "the compute-dtype copies of its and the projector's fp32 linear weights")
     out.append("not modelled: the vision model's own forward peak (every encoder layer's output kept until "
                "its output is assembled, analytic/cross_attention.py vision_model_bytes) comes before the language "
                "model's forward and is not a moment of the step; the cross-attention mask's preparation; LoRA "
