@@ -1,6 +1,6 @@
 """Llama 3.2 Vision (spec/families/mllama.py): the vision model's, the projector's and the cross-attention
-language model's parameters by hand and against transformers' module on the meta device; every task refused
-with the reason (spec/checks.py cross_attention_problems)."""
+language model's parameters by hand and against transformers' module on the meta device; Hugging Face generate;
+what is refused, with the reason (spec/checks.py cross_attention_problems; training: tests/test_mllama_train.py)."""
 
 from __future__ import annotations
 
@@ -128,11 +128,13 @@ def test_cross_attention_layers_outside_the_model_are_refused() -> None:
 
 
 @pytest.mark.parametrize(("task", "words"), [
-    ("train", "training memory is not estimated for it: the cross-attention layers' saved tensors"),
-    ("serve", "serve memory is not estimated for it: vLLM's cache for the cross-attention layers"),
+    ("train", "qlora is not modelled for it (QLoRA: transformers quantizes the vision model's linears too"),
+    ("serve", "vLLM 0.11 does not serve it: the model was removed with the V0 engine's encoder-decoder support"),
 ])
 def test_training_and_serving_are_refused_with_the_reason(task: str, words: str) -> None:
-    doc = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": task}
+    doc: dict[str, Any] = {"model": str(TINY), "hardware": {"gpu": "H100-80GB"}, "task": task}
+    if task == "train":
+        doc["train"] = {"peft": {"method": "qlora"}}
     with pytest.raises(ScenarioError) as err:
         resolve(doc)
     text = str(err.value)
@@ -140,7 +142,8 @@ def test_training_and_serving_are_refused_with_the_reason(task: str, words: str)
     assert "reads its images through 2 cross-attention layers (34 vision keys and values per image)" in text
     assert "its parameters are counted (1,268,619)" in text
     assert words in text
-    assert "task: inference (Hugging Face generate) is estimated" in text
+    hint = "set peft.method: lora" if task == "train" else "vLLM serves it from 0.6.2 to 0.10.2 only"
+    assert hint in text
 
 
 @pytest.mark.parametrize(("section", "words"), [
@@ -166,7 +169,7 @@ def test_no_cross_attention_layers_is_a_llama_beside_the_vision_model_and_still_
     # every layer self-attention: 995,844 - 98,436 (the cross layers' own) + 2 x 49,152 (their self-attention)
     assert m.num_parameters - m.vision_parameters == 995_844 - 98_436 + 2 * 49_152 == 995_712
     assert m.num_parameters == sum(p.numel() for p in meta_module(cfg).parameters())
-    doc = {"model": cfg, "hardware": {"gpu": "H100-80GB"}, "task": "train"}
+    doc = {"model": cfg, "hardware": {"gpu": "H100-80GB"}, "task": "train", "train": {"peft": {"method": "qlora"}}}
     with pytest.raises(ScenarioError, match="reads its images through 0 cross-attention layers"):
         resolve(doc)
 

@@ -58,6 +58,7 @@ from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.stream import AllocStream as _Stream
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.cross_attention import cross_sequence
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.spec.defaults import checkpointing
@@ -137,7 +138,8 @@ class StepLayout:
     # back for its backward (terms/saved.py ``offloaded_inputs``)
     offload_inputs: bool = False
     # a vision-language model's tower, trained on the batch's images: its saved tensors, made before the first
-    # layer and freed with the shared tensors (terms/vision.py)
+    # layer and freed with the shared tensors (terms/vision.py); mllama's projected states, masks and vision output
+    # (terms/cross_attention.py ``cross_sequence``) after them
     vision_saved: tuple[int, ...] = ()
     # which of vision_saved belong to tower layers after the selected hidden state (LLaVA's last layer): freed
     # with the model output before the backward (terms/vision.py)
@@ -734,8 +736,9 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs, grads_during_forward=c.grads_during_fwd, has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (), kernel_loss=_kernel_loss_tensors(terms),
-        offload_inputs=c.s.train.activation_offload == "cpu", vision_saved=tuple(n for n, _ in tower_sequence(c)),
-        vision_unused=tuple(u for _, u in tower_sequence(c)),
+        offload_inputs=c.s.train.activation_offload == "cpu",
+        vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c)),
+        vision_unused=tuple(u for _, u in tower_sequence(c)) + tuple(u for _, _, u in cross_sequence(c)),
     )
 
 

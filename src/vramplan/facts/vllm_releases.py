@@ -87,9 +87,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED",
-           "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "NEWEST", "OLDEST",
-           "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule", "VllmRelease",
-           "mamba_hybrid_rule", "parse_release", "release_row", "release_text"]
+           "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "MLLAMA_SERVED", "MLLAMA_SOURCES",
+           "NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule",
+           "VllmRelease", "mamba_hybrid_rule", "parse_release", "release_row", "release_text"]
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
@@ -365,6 +365,17 @@ OLDEST: Release = VLLM_RELEASES[0].first
 # bf16 and vllm/v1/worker/gpu_worker.py _check_if_gpu_supports_dtype raises "Bfloat16 is only supported on GPUs
 # with compute capability of at least 8.0" (both read in the release wheels)
 AUTO_DTYPE_FALLBACK_FROM: Release = (0, 9, 0)
+# The vLLM releases that serve Llama 3.2 Vision (MllamaForConditionalGeneration), first and last, both included:
+# added by PR #8811 (merged 2024-09-25, released in 0.6.2; the release-day guide, issue #8826, runs
+# ``vllm serve meta-llama/Llama-3.2-11B-Vision-Instruct --enforce-eager --max-num-seqs 16``), served by the V0
+# engine's encoder-decoder model runner only, and removed with it by PR #24907 ("Remove V0 Encoder-Decoder Support",
+# 2025-09-15: Whisper stays the only encoder-decoder model); vllm/model_executor/models/registry.py
+# ``_PREVIOUSLY_SUPPORTED_MODELS`` names 0.10.2 as its last release.
+MLLAMA_SERVED: tuple[Release, Release] = ((0, 6, 2), (0, 10, 2))
+MLLAMA_SOURCES = ("vllm-project/vllm PR #8811 (mllama added, 2024-09-25) and issue #8826",
+                  "vllm-project/vllm PR #24907 (V0 encoder-decoder support removed, 2025-09-15)",
+                  ("vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: "
+                   "'MllamaForConditionalGeneration': '0.10.2'"))
 NEWEST: Release = (0, 33, 0)  # the newest vLLM release on PyPI when this table was written
 
 _RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post\d+|rc\d+)?$")

@@ -18,7 +18,13 @@ from pydantic import BaseModel
 from vramplan.errors import Problem
 from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import first_release, release_tuple
-from vramplan.facts.vllm_releases import AUTO_DTYPE_FALLBACK_FROM, parse_release
+from vramplan.facts.vllm_releases import (
+    AUTO_DTYPE_FALLBACK_FROM,
+    MLLAMA_SERVED,
+    MLLAMA_SOURCES,
+    parse_release,
+    release_text,
+)
 from vramplan.spec.defaults import PRE_AMPERE, served_dtype, with_served_dtype, with_trainer_defaults
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
@@ -75,7 +81,7 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m)
 
 
-_NO_TASK = ("no training or serving is estimated for a cross-attention vision model yet; its parameters are "
+_NO_TASK = ("no serving is estimated for a cross-attention vision model yet; its parameters are "
             "vramplan.spec.hf_config.model_from_config(config).num_parameters and .vision_parameters, and "
             "task: inference (Hugging Face generate) is estimated")
 
@@ -87,9 +93,13 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     (``spec/families/mllama.py``) and Hugging Face ``generate`` (``analytic/cross_attention.py``) under SDPA or eager
     attention, on one GPU, with the cache in the model's dtype.  Refused:
 
-    * Training (full or LoRA, vision tower frozen or not): the cross-attention layers' saved tensors (keys and
-      values over the image's tiles, the tanh gates), and the vision model's, are not modelled as terms.
-    * Serving: vLLM's encoder-decoder cache for the cross-attention layers and its encoder cache are not modelled.
+    * Training is estimated (``analytic/terms/cross_attention.py``) under LoRA (vision model frozen) or full
+      fine-tuning (vision model and projector trained, or frozen with ``train.freeze_vision_tower``), SDPA, no or full
+      checkpointing, on one pipeline stage without tensor or context parallelism, under Hugging Face's loops
+      (``_cross_train_problems``).  Refused: QLoRA and DoRA, and the rest listed there.
+    * Serving: vLLM serves the model from 0.6.2 to 0.10.2 only (``facts/vllm_releases.py`` ``MLLAMA_SERVED``), on
+      its V0 encoder-decoder path, whose cross-attention KV blocks and encoder profile run are not modelled; other
+      releases are refused as not serving it (``_cross_vllm_problem``); SGLang and llama.cpp are not modelled.
     * Inference with flash attention (``MllamaPreTrainedModel._supports_flash_attn = False``: it builds 4-D masks),
       tensor parallelism, a KV dtype other than the model's, quantized weights (transformers quantizes the vision
       model's linears, held unquantized here), Lit-GPT's generate, or a transformers release before 5.0 (the cache
@@ -104,15 +114,81 @@ def cross_attention_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             f"({v.cross_attention_tokens_per_image:,} vision keys and values per image); its parameters are "
             f"counted ({m.num_parameters:,}), but ")
     if s.task == "train":
-        return [Problem("task", what + "training memory is not estimated for it: the cross-attention layers' "
-                        "saved tensors (queries over the image's keys and values, the tanh gates) and the local "
-                        "and global vision encoders' activations are not modelled",
-                        _NO_TASK)]
+        return _cross_train_problems(s, what)
+    if s.task == "serve" and s.serve.engine == "vllm":
+        return [_cross_vllm_problem(s.serve.vllm_version, what)]
     if s.task != "inference":
         return [Problem("task", what + f"{s.task} memory is not estimated for it: vLLM's cache for the "
                         "cross-attention layers (the image's keys and values, beside the self-attention layers' "
                         "blocks) and its encoder cache are not modelled", _NO_TASK)]
     return _cross_inference_problems(s, what)
+
+
+def _cross_vllm_problem(version: str, what: str) -> Problem:
+    """Serving a cross-attention model with vLLM, by release (``facts/vllm_releases.py`` ``MLLAMA_SERVED``): a
+    release without the model is refused as such; a release with it, on its V0 encoder-decoder path (the
+    cross-attention layers' KV blocks per request over the encoder's tiles x positions, the profile run's encoder
+    input of the most images and tiles), is refused as not modelled."""
+    first, last = MLLAMA_SERVED
+    span = f"{release_text(first)} to {release_text(last)}"
+    cited = "; ".join(MLLAMA_SOURCES)
+    try:
+        rel = parse_release(version)
+    except ValueError:
+        rel = None  # an unknown release string is refused where the release is read (serve/vllm.py)
+    if rel is not None and rel < first:
+        return Problem("serve.vllm_version", what + f"vLLM {version} has no mllama model: "
+                       f"MllamaForConditionalGeneration came in {release_text(first)} ({cited})",
+                       "no vLLM estimate is modelled for it; task: inference (Hugging Face generate) is estimated")
+    if rel is not None and rel > last:
+        return Problem("serve.vllm_version", what + f"vLLM {version} does not serve it: the model was removed with "
+                       f"the V0 engine's encoder-decoder support after {release_text(last)} ({cited})",
+                       f"vLLM serves it from {span} only, on V0 (not modelled); task: inference (Hugging Face "
+                       "generate) is estimated")
+    return Problem("serve.vllm_version", what + f"vLLM {version} serves it on the V0 engine's encoder-decoder path "
+                   f"({span}), whose cross-attention KV blocks (per request, the encoder's max_image_tiles x "
+                   "(patches + class token) positions per image) and the profile run's encoder input are not "
+                   f"modelled ({cited})", _NO_TASK)
+
+
+_CROSS_TRAIN_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "deepspeed")
+
+
+def _cross_train_problems(s: Scenario, what: str) -> list[Problem]:
+    """The training settings ``analytic/terms/cross_attention.py`` does not model (``cross_attention_problems``)."""
+    t, par = s.train, s.parallel
+    out: list[Problem] = []
+    if t.peft is not None and t.peft.method != "lora":
+        out.append(Problem("train.peft.method", what + f"{t.peft.method} is not modelled for it (QLoRA: transformers "
+                           "quantizes the vision model's linears too, held unquantized here; DoRA: its magnitude "
+                           "products on k_proj and v_proj run over the vision positions)", "set peft.method: lora"))
+    if t.quantization != "none":
+        out.append(Problem("train.quantization", what + f"{t.quantization} is not modelled for it: transformers "
+                           "quantizes the vision model's linears too, which vramplan holds unquantized",
+                           "set train.quantization: none"))
+    if t.attention != "sdpa":
+        out.append(Problem("train.attention", what + f"attention {t.attention!r} is not modelled for its training "
+                           "(flash: MllamaPreTrainedModel sets _supports_flash_attn = False; eager: the "
+                           "cross-attention scores over the vision positions are not terms)",
+                           "set train.attention: sdpa"))
+    if t.gradient_checkpointing not in ("none", "full"):
+        out.append(Problem("train.gradient_checkpointing", what + f"{t.gradient_checkpointing} checkpointing is not "
+                           "modelled for its cross-attention layers", "set gradient_checkpointing: none or full"))
+    if par.tp > 1 or par.pp > 1 or par.cp > 1:
+        out.append(Problem("parallel", what + "its training is modelled without tensor, pipeline or context "
+                           "parallelism (the cross-attention layers' vision positions are not split)",
+                           "set parallel.tp, pp and cp to 1 (data parallelism and ZeRO/FSDP sharding are modelled)"))
+    if s.effective_framework not in _CROSS_TRAIN_FRAMEWORKS:
+        out.append(Problem("framework", what + f"{s.effective_framework} has no Llama 3.2 Vision model modelled here "
+                           "(transformers' MllamaForConditionalGeneration is)",
+                           f"set framework to one of {', '.join(_CROSS_TRAIN_FRAMEWORKS)}"))
+    for key, given, why in (("train.liger_kernels", t.liger_kernels, "Liger's mllama patch"),
+                            ("train.packing", t.packing, "packed sequences with images"),
+                            ("train.activation_offload", t.activation_offload != "none", "activation offloading"),
+                            ("train.precision", t.precision == "fp8-mixed", "fp8 training (the vision linears)")):
+        if given:
+            out.append(Problem(key, what + f"{why} is not modelled for it", f"drop {key}"))
+    return out
 
 
 def _cross_inference_problems(s: Scenario, what: str) -> list[Problem]:

@@ -393,9 +393,12 @@ def _tower_dequant_note(s: Scenario, m: ModelSpec) -> list[str]:
 
 def cross_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:
     """The report's assumptions for a model that reads its images through cross-attention layers (mllama;
-    ``analytic/cross_attention.py``); only inference reaches a report (``spec/checks.py`` refuses the rest)."""
+    ``analytic/cross_attention.py``; training: ``analytic/terms/cross_attention.py``); serving is refused
+    (``spec/checks.py``)."""
     v = m.vision
     assert v is not None
+    if s.task == "train":
+        return _cross_train_notes(s, m)
     n = images_per_sample(s)
     tiles = v.patches_per_image // (v.image_size // v.patch_size) ** 2
     positions = v.cross_attention_tokens_per_image // tiles
@@ -423,4 +426,44 @@ def cross_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "vision layer, and the aspect-ratio mask's construction (two [S, S] tensors for a moment)")
     else:
         out.append("no image: the cross-attention layers are skipped (MllamaTextModel.forward) and cache nothing")
+    return out
+
+
+def _cross_train_notes(s: Scenario, m: ModelSpec) -> list[str]:
+    """``cross_attention_notes`` for a training step (``analytic/terms/cross_attention.py``)."""
+    v = m.vision
+    assert v is not None
+    n = s.train.images_per_sample
+    tiles = v.patches_per_image // (v.image_size // v.patch_size) ** 2
+    positions = v.cross_attention_tokens_per_image // tiles
+    frozen = ("frozen (PEFT)" if s.train.peft is not None else "frozen (train.freeze_vision_tower)"
+              if s.train.freeze_vision_tower else "trained")
+    out = [(f"vision model: {m.vision_parameters:,} parameters (tower and projector), {frozen}, held "
+           f"unquantized in the model's dtype; each image is one <|image|> token of train.seq_len (MllamaProcessor) and "
+           f"is padded to max_image_tiles = {tiles} tiles of {v.image_size} x {v.image_size} (MllamaImageProcessor "
+           f"pack_images){'; image_size ignored' if s.train.image_size else ''}: {tiles} x {positions:,} = "
+           f"{v.cross_attention_tokens_per_image:,} vision positions per image for the "
+           f"{len(v.cross_attention_layers)} cross-attention layers")]
+    if not n:
+        out.append("no image: the cross-attention layers are skipped (MllamaTextModel.forward) and save nothing")
+        return out
+    out.append(f"cross-attention layers in training: {n} image(s) per sample, {n * v.cross_attention_tokens_per_image:,}"
+               " vision positions; each layer saves its text-token tensors (q_proj's input, q_norm, the "
+               "memory-efficient SDPA kernel's query, output and logsumexp, the mask as the kernel keeps it, the "
+               "trained tanh gates' inputs, Llama's norms and MLP) and, per vision position, the keys and values "
+               "repeated to every head (repeat_kv: a mask is given), k_norm's tensors when the keys require grad and "
+               "LoRA's copies of k_proj's and v_proj's input; the projected vision states and the mask are shared "
+               "(analytic/terms/cross_attention.py)")
+    if frozen == "trained":
+        out.append("vision model trained: its stem, local and global encoder layers (over every tile's positions "
+                   "padded to a multiple of 8, never checkpointed: plain nn.Modules), the aspect-ratio mask (a "
+                   "compute-dtype copy per layer under autocast), layernorm_post and the projector's input are saved "
+                   "from the forward to the end of the backward (analytic/terms/cross_attention.py "
+                   "trained_tower_bytes); not modelled: the projected states' gradient accumulated over the "
+                   "cross-attention layers' backward, the vision model's backward temporaries, and under autocast "
+                   "the compute-dtype copies of its and the projector's fp32 linear weights")
+    out.append("not modelled: the vision model's own forward peak (every encoder layer's output kept until "
+               "its output is assembled, analytic/cross_attention.py vision_model_bytes) comes before the language "
+               "model's forward and is not a moment of the step; the cross-attention mask's preparation; LoRA "
+               "adapters are taken on the language model's linears only")
     return out

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from vramplan.analytic.terms import (
     casts,
     cpu_offload,
+    cross_attention,
     float8,
     gradients,
     in_backward,
@@ -46,6 +47,7 @@ TERMS: tuple[TermFn, ...] = (
     saved.layer_saved,                # saved activations per layer (checkpointing, in-flight micro-batches)
     saved.shared_saved,               # RoPE cos/sin, masks
     vision.tower_saved,               # a vision-language model's vision tower, trained on the batch's images
+    cross_attention.cross_saved,      # mllama: the projected vision states and masks the cross-attention layers share
     saved.head_saved,                 # final norm + LM-head input
     casts.layer_casts,                # autocast weight copies per layer
     casts.head_casts,                 # the head's weight copy

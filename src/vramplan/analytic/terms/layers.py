@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_input_bytes, checkpointed_layer
+from vramplan.analytic.terms import cross_attention as cross
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.units import ceil_div
 
 __all__ = ["LayerActivations", "layer_activations"]
@@ -75,12 +76,14 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
     policy = checkpoint_policy(c.s)
     m, ctx, selective = c.m, c.act, policy in ("attention-core", "op-sac")
     kept_per_token = act.op_sac_saved_per_token if policy == "op-sac" else act.selective_saved_per_token
-    kinds: dict[tuple[bool, int, int | None], _PerToken] = {}
+    kinds: dict[tuple[bool, int, int | None, bool], _PerToken] = {}
     out = []
     for ls in c.layer_specs:
-        kind = (ls.moe, ls.intermediate_size, ls.sliding_window)
+        kind = (ls.moe, ls.intermediate_size, ls.sliding_window, cross.cross_layer(c, ls))
         v = kinds.get(kind)
-        if v is None:
+        if v is None and kind[3]:
+            v = kinds[kind] = _cross_per_token(c, ls)
+        elif v is None:
             tensors = tuple(act.layer_tensors(m, ls, ctx))
             v = kinds[kind] = _PerToken(
                 act.total_bytes(tensors), tensors,
@@ -90,6 +93,31 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
                 act.freed_before_mlp_backward_per_token(m, ls, ctx))
         out.append(v)
     return out
+
+
+def _cross_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
+    """A cross-attention layer's per-text-token values (analytic/terms/cross_attention.py); nothing when the
+    micro-batch holds no image (``MllamaTextModel.forward`` skips the layer)."""
+    per_sample, _ = cross.cross_vision_positions(c)
+    if not per_sample:
+        return _PerToken(0, (), 0, (0, 0), 0, 0)
+    m, ctx = c.m, c.act
+    tensors = tuple(cross.cross_text_tensors(m, ls, ctx, per_sample))
+    mlp_part = sum(t.total for t in tensors if t.part == "mlp")
+    return _PerToken(act.total_bytes(tensors), tensors, 0,
+                     (act.backward_transients_per_token(m, ls, ctx)[0], cross.cross_text_transient(m, ctx)),
+                     mlp_part, act.freed_before_mlp_backward_per_token(m, ls, ctx))
+
+
+def _cross_vision(c: StepContext) -> tuple[int, tuple[act.SavedTensor, ...], int]:
+    """A cross-attention layer's bytes over the micro-batch's vision positions: (saved, their records, the
+    attention backward's dK and dV); zeros for a model without cross-attention layers or a batch without image."""
+    _, positions = cross.cross_vision_positions(c)
+    if not positions:
+        return 0, (), 0
+    tensors = act.scaled(cross.cross_vision_tensors(c.m, c.act), positions) + cross.gate_tensors(
+        c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes)
+    return act.total_bytes(tensors), tensors, cross.cross_vision_transient(c.m, c.act) * positions
 
 
 def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | None, list[tuple[act.SavedTensor, ...]]]:
@@ -117,6 +145,12 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, c.layer_specs, strict=True)]
         extra = _wrapped_tensors(wx)
         tensors = [ts + extra if ls.moe else ts for ts, ls in zip(tensors, c.layer_specs, strict=True)]
+    vis, vis_tensors, _ = _cross_vision(c)
+    if vis:
+        for j, ls in enumerate(c.layer_specs):
+            if cross.cross_layer(c, ls):
+                full[j] += vis
+                tensors[j] = tensors[j] + vis_tensors
     return full, dora, wx, tensors
 
 
@@ -151,6 +185,8 @@ def _compute(c: StepContext) -> LayerActivations:
         # DeepSpeed's partitioned / CPU checkpointing keeps a slice of the input, on the device or the host
         on_device, on_host = checkpointed_input_bytes(c.s, act.checkpoint_saved_per_token(m, ctx) * tokens)
         checkpointed = tuple(checkpointed_layer(c.s, j) for j in range(len(specs)))
+        # a cross-attention layer a batch without image skips keeps nothing (``full`` is 0)
+        checkpointed = tuple(x and not (cross.cross_layer(c, specs[j]) and not full[j]) for j, x in enumerate(checkpointed))
         kept = [on_device if checkpointed[j] else full[j] for j in range(len(specs))]
         host = on_host * sum(checkpointed)
     elif ckpt in ("attention-core", "op-sac"):
@@ -160,6 +196,9 @@ def _compute(c: StepContext) -> LayerActivations:
     transients = [v.transients for v in per_token]
     mlp_transient = [tr[0] * tokens for tr in transients]
     attn_transient = [0 if j in attention_idle else tr[1] * tokens for j, tr in enumerate(transients)]
+    vis_transient = _cross_vision(c)[2]
+    if vis_transient:
+        attn_transient = [t + (vis_transient if cross.cross_layer(c, ls) else 0) for t, ls in zip(attn_transient, specs, strict=True)]
     # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
     released = [v.released * tokens for v in per_token]
     mlp_released = [v.mlp_released * tokens for v in per_token]
