@@ -123,10 +123,14 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "gradient_checkpointing=True (spec/defaults.py; the note says so)",
     ("train.gradient_checkpointing", "'none'"): "null resolves to none outside a TRL objective (the HF Trainer's "
     "gradient_checkpointing=False, spec/defaults.py)",
+    ("software.expandable_segments", "False"): "null resolves to false outside a torchtitan training job (PyTorch's "
+    "default; spec/defaults.py expandable_segments): the value equals it",
     ("serve.dtype", "'bf16'"): "auto resolves to bf16 from compute capability 8.0 (vLLM's --dtype auto), and is "
     "bf16 where no engine reads it (llama.cpp: the GGUF file's types; spec/defaults.py)",
     ("rl.beta", "1.0"): "under PEFT the reference is the policy with its adapters disabled, no second copy, and its "
     "no-grad forward is the scoring phase's (the reference note says so)",
+    ("torchtitan", "software.expandable_segments", "True"): "null resolves to true under torchtitan (its "
+    "run_train.sh; spec/defaults.py expandable_segments): the value equals it",
     ("ppo", "rl.reference_model", "'separate'"): "null resolves to separate without PEFT (TRL v1.12.0 "
     "PPOTrainer.__init__ create_reference_model; the reference note says so)",
     ("ppo", "rl.rollout.engine", "'hf-generate'"): "null resolves to hf-generate under ppo, PPOTrainer's only rollout "

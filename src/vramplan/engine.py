@@ -37,6 +37,7 @@ from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.rollout import RolloutMemory, rollout_memory
 from vramplan.spec.checks import capability_notes, ignored_sections, unused_settings
+from vramplan.spec.defaults import expandable_segments
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB
@@ -49,13 +50,13 @@ def context_at_start(r: Resolved) -> bool:
     return r.scenario.task == "serve" and r.scenario.serve.engine in ("sglang", "llamacpp")
 
 
-def _reserved(peak: Moment) -> int:
-    """Reserved = each part's tensors rounded into caching-allocator segments."""
+def _reserved(peak: Moment, expandable: bool = False) -> int:
+    """Reserved = each part's tensors rounded into caching-allocator segments (expandable segments: mapped pages)."""
     sizes: list[tuple[int, int]] = []
     for part in peak.parts.values():
         for nbytes in part.values():
             sizes.append((nbytes, 1))
-    return max(reserved_for(sizes), peak.total)
+    return max(reserved_for(sizes, expandable_segments=expandable), peak.total)
 
 
 def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str, int], host: Host,
@@ -100,7 +101,20 @@ ReservedModel = Literal["replay", "packed"]
 
 def _step_reserved(r: Resolved, tr: TrainResult, outside: dict[str, int], reserved: ReservedModel) -> tuple[int, str]:
     """The steady step's reserved bytes and the assumption that says how they were found."""
-    packed = _reserved(tr.peak)
+    expandable = expandable_segments(r.scenario)
+    res, how = _step_reserved_by(r, tr, outside, reserved, expandable)
+    if expandable:
+        why = ("as given" if r.scenario.software.expandable_segments is not None else
+               "torchtitan's run_train.sh exports PYTORCH_ALLOC_CONF=expandable_segments:True (pytorch/torchtitan#643); "
+               "set software.expandable_segments false for a run launched without it")
+        how += (f"; allocator with expandable_segments:True ({why}): the step's replay and the other phases' packing "
+                "map pages instead of caching blocks (the load's replay keeps the plain allocator, an upper bound)")
+    return res, how
+
+
+def _step_reserved_by(r: Resolved, tr: TrainResult, outside: dict[str, int], reserved: ReservedModel,
+                      expandable: bool) -> tuple[int, str]:
+    packed = _reserved(tr.peak, expandable)
     t = r.scenario.train
     if t.optimizer_in_backward or t.torchao_cpu_offload == "optimizer+gradients":
         # the event stream (analytic/events.py) frees no gradient inside the backward
@@ -109,7 +123,8 @@ def _step_reserved(r: Resolved, tr: TrainResult, outside: dict[str, int], reserv
     if reserved == "replay" and tr.layout is not None:
         # the packing is a floor: the tensors alive at the peak must fit in some segments
         reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
-        return (max(train_reserved_bytes(tr.layout, capacity_bytes=reservable)[1], packed),
+        return (max(train_reserved_bytes(tr.layout, expandable_segments=expandable, capacity_bytes=reservable)[1],
+                    packed),
                 ("reserved bytes: the step's tensors replayed in order over two steps through "
                 "PyTorch's caching-allocator rules (fragmentation between phases counted)"))
     return packed, ("reserved bytes: the tensors alive at the peak packed into empty allocator "

@@ -46,12 +46,13 @@ replaying every layer where that is exact.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat
 from vramplan.analytic.activations import SavedTensor
+from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.layout import RankParams, rank_tensors
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
@@ -87,6 +88,10 @@ class LayerTerms:
     n_attn: int = 0
     rope_at: int = 0  # index in ``saved`` of the first tensor made after RoPE (the kernel's query)
     checkpointed: bool = False  # full checkpointing: the forward keeps ``kept`` only, the backward recomputes
+    # selective checkpointing (op-sac, attention-core): the forward keeps ``kept`` (the input and the tensors the
+    # policy saves), the backward recomputes the rest, ``full - kept``; the stream runs it as a checkpointed layer
+    # whose recompute records that share (analytic/terms/saved.py ``saved.recompute``)
+    partial: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,8 @@ class _LayerPlan:
     mlp_bwd: tuple[int, ...]  # the MLP backward's gradient tensors
     attn_bwd: tuple[int, ...]
     n_mlp_linears: int
+    # what the backward's recompute records (a selective policy: ``saved`` scaled to ``full - kept``); () = saved
+    recomputed: tuple[int, ...] = ()
 
 
 def _layer_plan(lay: StepLayout, lt: LayerTerms) -> _LayerPlan:
@@ -198,8 +205,9 @@ def _layer_plan(lay: StepLayout, lt: LayerTerms) -> _LayerPlan:
         attn_parts += [4 * lay.heads * lay.keys * t]
     attn_bwd = split_exact(lt.attn_transient, attn_parts)
     n_mlp = min(len(lin), 3 if lay.gated else 2)
+    recomputed = tuple(split_exact(lt.full - lt.kept, list(lt.saved))) if lt.partial and lt.saved else ()
     return _LayerPlan(lt.saved, lt.n_attn, lt.rope_at, lt.kept, lt.checkpointed, tuple(casts), tuple(grads),
-                      fwd_temps, tuple(mlp_bwd), tuple(attn_bwd), n_mlp)
+                      fwd_temps, tuple(mlp_bwd), tuple(attn_bwd), n_mlp, recomputed)
 
 
 def _forward_part(st: _Stream, sizes: Sequence[int], tmp: tuple[int, ...], rope_at: int, out_tmp: int) -> list[int]:
@@ -517,7 +525,8 @@ def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs
                 # the checkpoint recomputes the layer from its input, recording; the recomputed output
                 # replaces the kept one as the tensor the backward releases
                 kept_out = st.alloc(plan.saved[-1] if plan.saved else 0) if lay.offload_inputs else saved[0]
-                saved, casts, _ = _forward_layer(st, plan, record=True)
+                redo = replace(plan, saved=plan.recomputed) if plan.recomputed else plan
+                saved, casts, _ = _forward_layer(st, redo, record=True)
                 g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads)
                 st.free(kept_out)
             else:
@@ -648,6 +657,7 @@ def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ..
     ``layer_table``), and its saved tensors from the closed form's records (``LayerActivations.tensors``)."""
     n = len(c.layer_specs)
     la = layer_activations(c)
+    selective = checkpoint_policy(c.s) in ("op-sac", "attention-core")
     zero = [0] * n
     kept, recompute = table.get("saved.kept", zero), table.get("saved.recompute", zero)
     casts, grads = table.get("casts.layer", zero), table.get("gradients.layer", zero)
@@ -661,14 +671,17 @@ def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ..
         plan = plans.get(id(tensors))
         if plan is None:
             plan = plans[id(tensors)] = _saved_sizes(tensors)
-        ckpt = la.checkpointed[j]
-        v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j], id(tensors), ckpt)
+        # a selective policy keeps part of the layer (kept < full) and recomputes the rest in the backward; without
+        # autocast copies it runs as a checkpointed layer whose recompute records only that rest
+        partial = selective and not la.checkpointed[j] and recompute[j] > 0 and not casts[j]
+        ckpt = la.checkpointed[j] or partial
+        v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j], id(tensors), ckpt, partial)
         lt = made.get(v)
         if lt is None:
             lt = made[v] = LayerTerms(kept=v[0], full=v[0] + v[1], mlp_transient=v[2], attn_transient=v[3],
                                       weight_cast=v[4], grad=v[5], linears=lin, norms=other, params=params,
                                       trainable=trainable, saved=plan[0], n_attn=plan[1], rope_at=plan[2],
-                                      checkpointed=ckpt)
+                                      checkpointed=ckpt, partial=partial)
         out.append(lt)
     return tuple(out)
 

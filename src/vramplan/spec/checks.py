@@ -510,7 +510,7 @@ def _unused_software(s: Scenario) -> list[str]:
     """Library releases no behaviour of this job reads (the behaviours each gates: spec/scenario.py Software)."""
     sw = s.software
     if s.task == "serve":
-        return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch")),
+        return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch", "expandable_segments")),
                       "a serving engine's start-up follows its own release (serve.vllm_version, serve.sglang_version, "
                       "serve.gguf.llamacpp_build)")
     out = []
@@ -519,6 +519,8 @@ def _unused_software(s: Scenario) -> list[str]:
                       "(train.quantization nf4, nf4-dq or fp4)")
     if sw.peft is not None and not (s.task == "train" and s.train.peft is not None):
         out += _noted("software", ["peft"], "no adapters are trained (train.peft)")
+    if sw.expandable_segments is not None and s.task != "train":
+        out += _noted("software", ["expandable_segments"], "only a training step's allocator replay reads it")
     return out
 
 

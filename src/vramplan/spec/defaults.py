@@ -35,6 +35,7 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.scenario import Checkpointing, HalfDtype, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
+           "expandable_segments",
            "num_generations", "ppo_beta_default", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
@@ -128,3 +129,14 @@ def with_served_dtype(s: Scenario, gpu: GpuSpec | None) -> Scenario:
         return s
     dtype = served_dtype(s, gpu) if read and gpu is not None else UNREAD_SERVE_DTYPE
     return s.model_copy(update={"serve": s.serve.model_copy(update={"dtype": dtype})})
+
+
+def expandable_segments(s: Scenario) -> bool:
+    """``software.expandable_segments``, or the launcher's default: torchtitan's ``run_train.sh`` exports
+    ``PYTORCH_ALLOC_CONF="expandable_segments:True"`` (``PYTORCH_CUDA_ALLOC_CONF`` until pytorch/torchtitan#1577,
+    2025-08-15; added by #643, 2024-10-22, before the first tagged release v0.1.0), so a torchtitan training job takes
+    it; every other launcher leaves PyTorch's default, off."""
+    given = s.software.expandable_segments
+    if given is not None:
+        return given
+    return s.task == "train" and s.effective_framework == "torchtitan"

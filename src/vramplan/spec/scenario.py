@@ -802,6 +802,14 @@ class Software(_Strict):
     The releases differ in the cache window's argument and default, the MLP and the GEMM kernel
     (facts/autoawq.py, read at each tag of github.com/casper-hansen/AutoAWQ)."""
 
+    expandable_segments: bool | None = None
+    """Whether the training processes run with ``PYTORCH_CUDA_ALLOC_CONF`` (``PYTORCH_ALLOC_CONF``)
+    ``expandable_segments:True``, which grows one segment per stream instead of caching separate blocks, so the
+    reserved memory of a training step stays close to its allocated peak (the allocator replay, docs/allocator.md).
+    null: the launcher's default: true under framework torchtitan, whose ``run_train.sh`` sets it (pytorch/torchtitan
+    PR #643, 2024-10-22, in every tagged release), false otherwise (PyTorch's default); set false for a torchtitan
+    run launched before that or without the script.  Read by the training step's replay."""
+
     @property
     def trl_version(self) -> tuple[int, ...] | None:
         return _version(self.trl)

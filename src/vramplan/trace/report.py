@@ -18,6 +18,7 @@ from vramplan.alloc import AllocEvent, replay
 from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
 from vramplan.report import BREAKDOWN_KEYS, Host, PerGpu, Report, ServeBlock, managed_in_capacity
 from vramplan.report.band import with_band
+from vramplan.spec.defaults import expandable_segments
 from vramplan.spec.load import Resolved
 from vramplan.trace.tracker import TrackEvent
 from vramplan.units import round_up
@@ -161,7 +162,7 @@ def reserved_bytes(events: Iterable[TrackEvent], expandable: bool = False) -> tu
 def to_report(r: Resolved, events: list[TrackEvent], marks: list[tuple[int, str]], assumptions: list[str],
               managed_bytes: int = 0, communicators: int = 0, host: Host | None = None) -> Report:
     pk = peak_of(events, marks)
-    _, reserved = reserved_bytes(events)
+    _, reserved = reserved_bytes(events, expandable_segments(r.scenario))
     reserved = max(reserved, pk.allocated_bytes)
     outside = {"cuda_context": cuda_context_bytes(r.gpu), "workspaces": 0,
                "communication": nccl_bytes(communicators), "managed": managed_bytes}

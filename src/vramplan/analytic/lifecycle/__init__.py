@@ -37,6 +37,7 @@ from vramplan.analytic.lifecycle.steps import between_steps, device_states_bytes
 from vramplan.analytic.moment import Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
+from vramplan.spec.defaults import expandable_segments
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Lifecycle
 
@@ -65,10 +66,11 @@ class JobLifecycle:
     assumptions: list[str] = field(default_factory=list)
 
 
-def packed_reserved(mo: Moment) -> int:
-    """A moment's tensors packed into empty allocator segments (``reserved_for``), at least their total."""
+def packed_reserved(mo: Moment, expandable: bool = False) -> int:
+    """A moment's tensors packed into empty allocator segments (``reserved_for``; expandable segments: mapped
+    pages), at least their total."""
     sizes = [(nbytes, 1) for part in mo.parts.values() for nbytes in part.values()]
-    return max(reserved_for(sizes), mo.total)
+    return max(reserved_for(sizes, expandable_segments=expandable), mo.total)
 
 
 def _load_phases(c: StepContext) -> list[PhasePeak]:
@@ -85,14 +87,15 @@ def job_lifecycle(c: StepContext, lay: StepLayout, terms: list[Term], moments: l
     # in the backward each parameter's optimizer creates its states at its own first step(), inside the first
     # backward: a moment of it holds some of the states, at most the steady moment, which bounds it
     fs = first_step(moments, 0 if c.in_backward else device_states_bytes(terms))
-    phases.append(PhasePeak("first step", fs, packed_reserved(fs)))
+    expandable = expandable_segments(c.s)
+    phases.append(PhasePeak("first step", fs, packed_reserved(fs, expandable)))
     resident = between_steps(terms, "evaluation")
     if eval_runs(c):
         ev = evaluation_phase(c, lay, resident)
-        phases.append(PhasePeak("evaluation", ev, packed_reserved(ev)))
+        phases.append(PhasePeak("evaluation", ev, packed_reserved(ev, expandable)))
     if c.s.lifecycle.checkpoint_save:
         sv = save_phase(c, resident)
-        phases.append(PhasePeak("checkpoint save", sv, packed_reserved(sv)))
+        phases.append(PhasePeak("checkpoint save", sv, packed_reserved(sv, expandable)))
     return JobLifecycle(phases, host_load_bytes(c), _assumptions(c))
 
 
