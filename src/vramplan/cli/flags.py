@@ -73,6 +73,9 @@ RENAMED: dict[str, str] = {
     "software.autoawq": "autoawq_version",
     # torchao float8 training's recipe (train.float8): "--recipe-name" alone would not say which recipe
     "train.float8.recipe_name": "float8_recipe",
+    # torchtitan's own names are too long for an 80-120 column help table (rich cuts them): shorter, same prefix
+    "train.float8.precompute_float8_dynamic_scale_for_fsdp": "float8_precompute_scale",
+    "train.float8.force_recompute_fp8_weight_in_bwd": "float8_force_recompute",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).
