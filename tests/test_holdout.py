@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from vramplan.catalog.resolve import resolve
@@ -118,20 +119,6 @@ def test_quoted_figures_converted_to_bytes() -> None:
     assert _by_id("dl-vllm01011-qwen2-7b-tp2-a100-u050-kv").measured.bytes == 34_181_611_520
 
 
-def test_batch2_follows_its_marker_and_brings_new_sources() -> None:
-    text = HOLDOUT.read_text(encoding="utf-8")
-    head, sep, tail = text.partition(BATCH2_MARK)
-    assert sep, "the batch-2 comment line is missing"
-    batch1 = yaml.safe_load(head)
-    batch2 = yaml.safe_load(tail.split("\n", 1)[1].partition(BATCH3_MARK)[0])
-    assert len(batch1) == BATCH1_ENTRIES
-    assert len(batch2) == BATCH2_ENTRIES
-    # batch 2 uses none of batch 1's sources, and draws on at least six publications
-    sources2 = {str(r["source"]) for r in batch2}
-    assert not sources2 & {str(r["source"]) for r in batch1}
-    assert len(sources2) >= 6
-
-
 def test_batch2_figures_converted_to_bytes() -> None:
     # AutoAWQ prints torch.cuda.max_memory_allocated() / 1024**3 to 2 decimals: 4.35 x 2^30 = 4,670,776,934.4
     assert _by_id("awq016-mistral7b-gemm-b1-p64-n64-4090").measured.bytes == 4_670_776_934
@@ -153,22 +140,6 @@ def test_batch2_dynamic_length_rows_are_not_compared() -> None:
     assert all(e.not_compared and not e.compares_bytes for e in rows)
 
 
-def test_batch3_follows_its_marker_and_brings_new_sources() -> None:
-    text = HOLDOUT.read_text(encoding="utf-8")
-    head, sep, tail = text.partition(BATCH3_MARK)
-    assert sep, "the batch-3 comment line is missing"
-    earlier = yaml.safe_load(head)
-    batch3 = yaml.safe_load(tail.split("\n", 1)[1].partition(BATCH4_MARK)[0])
-    assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES
-    assert len(batch3) == BATCH3_ENTRIES
-    # batch 3 uses none of the sources (nor the cited URLs) of batches 1 and 2, and draws on at least six publications
-    sources3 = {str(r["source"]) for r in batch3}
-    assert not sources3 & {str(r["source"]) for r in earlier}
-    assert len(sources3) >= 6
-    earlier_urls = set().union(*(_urls(str(r["citation"])) for r in earlier))
-    assert not set().union(*(_urls(str(r["citation"])) for r in batch3)) & earlier_urls
-
-
 def test_batch3_figures_converted_to_bytes() -> None:
     # llama.cpp prints MiB to 2 decimals: 4155.99 x 2^20 = 4,357,871,370.2 -> 4,357,871,370
     assert _by_id("llamacpp9881-llama3-8b-q4_0-ctx8192-4070-model-buffer").measured.bytes == 4_357_871_370
@@ -185,22 +156,6 @@ def test_batch3_figures_converted_to_bytes() -> None:
     assert _by_id("axolotl-seedoss36b-qlora-r32-s2048-packed-mb2-cce").measured.bytes == 29_742_648_525
 
 
-def test_batch4_follows_its_marker_and_brings_new_sources() -> None:
-    text = HOLDOUT.read_text(encoding="utf-8")
-    head, sep, tail = text.partition(BATCH4_MARK)
-    assert sep, "the batch-4 comment line is missing"
-    earlier = yaml.safe_load(head)
-    batch4 = yaml.safe_load(tail.split("\n", 1)[1].partition(BATCH5_MARK)[0])
-    assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES
-    assert len(batch4) == BATCH4_ENTRIES
-    # batch 4 uses none of the sources (nor the cited URLs) of batches 1 to 3, and draws on at least ten publications
-    sources4 = {str(r["source"]) for r in batch4}
-    assert not sources4 & {str(r["source"]) for r in earlier}
-    assert len(sources4) >= 10
-    earlier_urls = set().union(*(_urls(str(r["citation"])) for r in earlier))
-    assert not set().union(*(_urls(str(r["citation"])) for r in batch4)) & earlier_urls
-
-
 def test_batch4_figures_converted_to_bytes() -> None:
     # ms-swift's get_max_cuda_memory is max_memory_reserved() / 1024**3: 13.72 x 2^30 = 14,731,737,825.3 -> 14,731,737,825
     assert _by_id("swift-yi6b-chat-lora-r8-qkv-s512-mb1-a100").measured.bytes == 14_731_737_825
@@ -214,22 +169,6 @@ def test_batch4_figures_converted_to_bytes() -> None:
     assert _by_id("litgpt1558-generate-gemma-7b-it-bf16-l4").measured.bytes == 18_830_000_000
     # Unsloth prints max_memory_reserved() / 1024**3 to 3 decimals: 9.359 x 2^30 = 10,049,149,730.8 -> 10,049,149,731
     assert _by_id("unsloth-prashantsaikia-llama31-8b-qlora-r16-all-mb2-a10g").measured.bytes == 10_049_149_731
-
-
-def test_batch5_follows_its_marker_and_brings_new_sources() -> None:
-    text = HOLDOUT.read_text(encoding="utf-8")
-    head, sep, tail = text.partition(BATCH5_MARK)
-    assert sep, "the batch-5 comment line is missing"
-    earlier = yaml.safe_load(head)
-    batch5 = yaml.safe_load(tail.split("\n", 1)[1])
-    assert len(earlier) == BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES
-    assert len(batch5) == BATCH5_ENTRIES
-    # batch 5 uses none of the sources (nor the cited URLs) of batches 1 to 4, and draws on at least ten publications
-    sources5 = {str(r["source"]) for r in batch5}
-    assert not sources5 & {str(r["source"]) for r in earlier}
-    assert len(sources5) >= 10
-    earlier_urls = set().union(*(_urls(str(r["citation"])) for r in earlier))
-    assert not set().union(*(_urls(str(r["citation"])) for r in batch5)) & earlier_urls
 
 
 def test_batch5_figures_converted_to_bytes() -> None:
@@ -252,3 +191,34 @@ def test_batch5_worked_back_settings_are_not_compared() -> None:
                      "ollama8471-command-r7b-f16-ngl32-model-buffer"):
         assert not _by_id(entry_id).compares_bytes, entry_id
     assert _by_id("llamasharp1099-qwen25-3b-q8-4080s-ctx4096-compute").compares_bytes
+
+
+# (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
+# URLs must be new too: batch 2 was checked by source only)
+BATCHES = [
+    (BATCH2_MARK, BATCH3_MARK, BATCH1_ENTRIES, BATCH2_ENTRIES, 6, False),
+    (BATCH3_MARK, BATCH4_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES, BATCH3_ENTRIES, 6, True),
+    (BATCH4_MARK, BATCH5_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES, BATCH4_ENTRIES, 10, True),
+    (BATCH5_MARK, None, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES, BATCH5_ENTRIES, 10, True),
+]
+
+
+@pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
+                         ids=["batch2", "batch3", "batch4", "batch5"])
+def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
+                                                              entries: int, publications: int, new_urls: bool) -> None:
+    text = HOLDOUT.read_text(encoding="utf-8")
+    head, sep, tail = text.partition(mark)
+    assert sep, f"the comment line {mark!r} is missing"
+    earlier = yaml.safe_load(head)
+    body = tail.split("\n", 1)[1]
+    batch = yaml.safe_load(body.partition(next_mark)[0] if next_mark else body)
+    assert len(earlier) == before
+    assert len(batch) == entries
+    # a batch uses none of the sources (nor, from batch 3 on, the cited URLs) of the batches before it
+    sources = {str(r["source"]) for r in batch}
+    assert not sources & {str(r["source"]) for r in earlier}
+    assert len(sources) >= publications
+    if new_urls:
+        earlier_urls = set().union(*(_urls(str(r["citation"])) for r in earlier))
+        assert not set().union(*(_urls(str(r["citation"])) for r in batch)) & earlier_urls

@@ -132,24 +132,7 @@ def test_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
     for name, p in model.named_parameters():
         if name.startswith(("model.vision_model", "model.multi_modal_projector")):
             p.requires_grad_(False)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[object, dict[int, int]] = {}
-    current: list[object] = [None]
-
-    def pack(t: Any) -> Any:
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            saved.setdefault(current[0], {})[st.data_ptr()] = st.nbytes()
-        return t
-
-    for i, layer in enumerate(model.model.language_model.layers):
-        layer.register_forward_pre_hook(lambda mod, args, i=i: current.__setitem__(0, i))
-        layer.register_forward_hook(lambda mod, args, out: current.__setitem__(0, None))
-    ids = torch.tensor([[1000] * 4 + list(range(5, 9))])
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, pixel_values=torch.randn(1, 4, 2, 3, 56, 56), aspect_ratio_ids=torch.tensor([[2] * 4]),
-              aspect_ratio_mask=torch.ones(1, 4, 2, dtype=torch.long),
-              cross_attention_mask=torch.ones(1, 8, 4, 2, dtype=torch.long), labels=ids.clamp(max=999))
+    saved = _saved_by_layer(model)
     shared = set(saved[1]) & set(saved[4])
     own = sum(n for k, n in saved[1].items() if k not in shared)
     c = _ctx(TINY, precision="fp32", freeze_vision_tower=True, images_per_sample=4, seq_len=8)
@@ -359,6 +342,23 @@ def test_lora_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
     for layer in model.model.language_model.layers:
         attn = getattr(layer, "self_attn", None) or layer.cross_attn
         attn.q_proj, attn.v_proj = Lora(attn.q_proj), Lora(attn.v_proj)
+    saved = _saved_by_layer(model)
+    shared = set(saved[1]) & set(saved[4])
+    own = sum(n for k, n in saved[1].items() if k not in shared)
+    c = _ctx(TINY, precision="fp32", peft={"method": "lora", "rank": 8}, images_per_sample=4, seq_len=8)
+    # per text token: norms 2 x 516, q's adapter input 512 and lora_A output 32, q_norm 512 + 16, q, output 2 x 512,
+    # logsumexp 16, the frozen MLP's SiLU input, output and up output 3 x 1,024 -> 6,216 x 8 = 49,728; per vision
+    # position: v's lora_A output 32, K and V repeated 2 x 512 -> 1,056 x 136 = 143,616; tanh outputs 8
+    assert own == layer_activations(c).full[1] == 49_728 + 143_616 + 8 == 193_352
+    terms = _terms(c)
+    assert sum(saved[1][k] for k in shared) == terms["saved.cross_attention_states"] + terms["saved.cross_attention_mask"]
+
+
+def _saved_by_layer(model: Any) -> dict[object, dict[int, int]]:
+    """The tiny model's forward with 4 image tiles over 8 tokens: each decoder layer's saved tensors (by storage,
+    parameters left out), keyed by layer index (None: outside the layers)."""
+    import torch
+
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[object, dict[int, int]] = {}
     current: list[object] = [None]
@@ -377,12 +377,4 @@ def test_lora_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
         model(input_ids=ids, pixel_values=torch.randn(1, 4, 2, 3, 56, 56), aspect_ratio_ids=torch.tensor([[2] * 4]),
               aspect_ratio_mask=torch.ones(1, 4, 2, dtype=torch.long),
               cross_attention_mask=torch.ones(1, 8, 4, 2, dtype=torch.long), labels=ids.clamp(max=999))
-    shared = set(saved[1]) & set(saved[4])
-    own = sum(n for k, n in saved[1].items() if k not in shared)
-    c = _ctx(TINY, precision="fp32", peft={"method": "lora", "rank": 8}, images_per_sample=4, seq_len=8)
-    # per text token: norms 2 x 516, q's adapter input 512 and lora_A output 32, q_norm 512 + 16, q, output 2 x 512,
-    # logsumexp 16, the frozen MLP's SiLU input, output and up output 3 x 1,024 -> 6,216 x 8 = 49,728; per vision
-    # position: v's lora_A output 32, K and V repeated 2 x 512 -> 1,056 x 136 = 143,616; tanh outputs 8
-    assert own == layer_activations(c).full[1] == 49_728 + 143_616 + 8 == 193_352
-    terms = _terms(c)
-    assert sum(saved[1][k] for k in shared) == terms["saved.cross_attention_states"] + terms["saved.cross_attention_mask"]
+    return saved
