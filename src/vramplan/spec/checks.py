@@ -484,8 +484,8 @@ def _noted(prefix: str, keys: list[str], why: str) -> list[str]:
 def unused_settings(s: Scenario) -> list[str]:
     """Assumptions for settings that this job does not read, each naming the key (docs/conventions.md, No silent
     inputs): what the scenario describes does not have the part they configure (another task's phases, a
-    feature left off), so the estimate is the job's as described and the band is not widened.  One entry is a
-    ``not modelled`` one instead (SGLang without CUDA graphs), which widens it."""
+    feature left off), so the estimate is the job's as described and the band is not widened.  One entry states
+    what a setting does that the estimate reads only through the default fraction (SGLang without CUDA graphs)."""
     return [*_unused_parallel(s), *_unused_software(s), *_unused_task_keys(s), *_replicas(s)]
 
 
