@@ -459,3 +459,5 @@ def test_release_0514_names_the_weights_in_its_error() -> None:
     assert d.problem.endswith(f"{math.ceil(minimum * 1000) / 1000:.3f}")
     assert decide_sglang(resolve(doc(gpu="L4", mem_fraction_static=0.5, sglang_version="0.5.13"))).problem \
         == NOT_ENOUGH_MEMORY
+    # a server that does not start caps no request: no "caps input at 0 tokens" note
+    assert not any("caps input" in a for a in d.assumptions)

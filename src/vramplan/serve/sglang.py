@@ -765,7 +765,7 @@ def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Setti
                    "swa_full_tokens_ratio, is not modelled; SGLang disables it for Gemma-2/3 and gpt-oss)")
     if d.tp > 1 and (m.moe is not None or m.mla is not None):
         out.append(_DP_ATTENTION_NOT_MODELLED)
-    if d.max_req_input_len + 1 < d.context_len:
+    if d.starts and d.max_req_input_len + 1 < d.context_len:
         out.append(f"one request of context_len {d.context_len:,} does not fit the pool: SGLang starts and caps "
                    f"input at {d.max_req_input_len:,} tokens")
     return out
