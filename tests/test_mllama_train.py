@@ -121,14 +121,9 @@ def test_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
     layer shares apart, equal the engine's layer; the shared ones equal ``cross_saved``'s.  (The CPU's SDPA kernel
     saves what CUDA's memory-efficient one does here: q, K and V, the output and an fp32 logsumexp; 136 keys need
     no padding.)"""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    raw = json.loads(TINY.read_text())
-    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
-                                    image_token_index=1000)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.MllamaForConditionalGeneration(cfg).train()
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model = _tiny_train_model()
     for name, p in model.named_parameters():
         if name.startswith(("model.vision_model", "model.multi_modal_projector")):
             p.requires_grad_(False)
@@ -254,15 +249,10 @@ def test_trained_vision_model_saved_bytes_equal_transformers_on_the_cpu() -> Non
     one per storage, parameters apart) from the vision model's first op to the projector's end, fp32 on the CPU
     with the tiny shape (2 tiles of 17 positions padded to 24: S = 48), equals ``trained_tower_bytes``."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from vramplan.analytic.terms.cross_attention import trained_tower_bytes
 
-    raw = json.loads(TINY.read_text())
-    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
-                                    image_token_index=1000)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.MllamaForConditionalGeneration(cfg).train()
+    model = _tiny_train_model()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
     recording = [True]
@@ -319,7 +309,7 @@ def test_lora_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
     cast to fp32 is a no-op), shared by the layers (``states_kept_by_lora``), and the frozen gates' tanh outputs are
     saved by their products all the same."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     nn = torch.nn
 
     class Lora(nn.Module):
@@ -332,12 +322,7 @@ def test_lora_cross_layer_saved_bytes_equal_transformers_on_the_cpu() -> None:
         def forward(self, x: Any) -> Any:
             return self.base(x) + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * 2.0
 
-    raw = json.loads(TINY.read_text())
-    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
-                                    image_token_index=1000)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.MllamaForConditionalGeneration(cfg).train()
+    model = _tiny_train_model()
     model.requires_grad_(False)
     for layer in model.model.language_model.layers:
         attn = getattr(layer, "self_attn", None) or layer.cross_attn
@@ -378,3 +363,16 @@ def _saved_by_layer(model: Any) -> dict[object, dict[int, int]]:
               aspect_ratio_mask=torch.ones(1, 4, 2, dtype=torch.long),
               cross_attention_mask=torch.ones(1, 8, 4, 2, dtype=torch.long), labels=ids.clamp(max=999))
     return saved
+
+
+def _tiny_train_model() -> Any:
+    """transformers' ``MllamaForConditionalGeneration`` of the tiny shape, SDPA, seeded, in training mode."""
+    import torch
+    import transformers
+
+    raw = json.loads(TINY.read_text())
+    cfg = transformers.MllamaConfig(vision_config=raw["vision_config"], text_config=raw["text_config"],
+                                    image_token_index=1000)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.MllamaForConditionalGeneration(cfg).train()

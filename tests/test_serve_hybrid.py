@@ -150,3 +150,20 @@ def test_the_planner_does_not_rank_hybrid_serving_setups() -> None:
 
     with pytest.raises(ScenarioError, match="decode step time of its mixers is not modelled"):
         plan(BAMBA_9B, "H100", 1, ServeJob(max_model_len=8192))
+
+
+def test_kv_page_count_refused_for_a_hybrid(tmp_path: Any) -> None:
+    # `vramplan kv --budget-gb` counts attention pages only; a hybrid's mixer state would be left out silently
+    import json
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(BAMBA_9B))
+    env = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+    res = CliRunner().invoke(app, ["kv", str(cfg), "--budget-gb", "10", "--json"], env=env)
+    assert res.exit_code != 0 and "--budget-gb" in res.stderr and "Mamba mixers' state" in res.stderr
+    ok = CliRunner().invoke(app, ["kv", str(cfg), "--json"], env=env)
+    assert ok.exit_code == 0 and "ssm_state_bytes_per_sequence" in json.loads(ok.stdout)

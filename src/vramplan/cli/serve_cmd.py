@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from vramplan.cli.flags import Given, scenario_flags, scenario_options
 from vramplan.errors import MissingExtraError, Problem, ScenarioError, VramplanError
 from vramplan.spec.checks import number_problems
 from vramplan.units import GB, GiB
+
+if TYPE_CHECKING:
+    from vramplan.spec.model import ModelSpec
 
 __all__ = ["register"]
 
@@ -295,6 +298,11 @@ def _kv(
             raise ScenarioError(problems)
         m = load_model(model, where="model")
         _kv_tp_check(model, m, tp)
+        if budget_gb and (other := _state_beside_kv(m, cross_images(m, 1, 1) is not None)):
+            # page_capacity counts attention pages only: refused rather than a count without the other state
+            raise ScenarioError([Problem("--budget-gb", f"{m.name} keeps {other} beside its attention pages, which "
+                                         "the page count does not hold", "use `vramplan serve` (vLLM's start-up "
+                                         "with its state pages) or drop --budget-gb")])
         spec = kv_spec(m, kv_cache_dtype, dtype_bits(dtype) // 8, tp)
         table = {s: {b: spec.sequence_bytes(s) * b for b in batches} for s in seqs}
         cap = page_capacity(spec, int(budget_gb * GB), block_size, tuple(seqs)) if budget_gb else None
@@ -613,3 +621,15 @@ def register(app: typer.Typer) -> None:
     app.command("kv")(_kv)
     app.command("simulate")(_simulate)
     app.command("generate")(_generate)
+
+
+def _state_beside_kv(m: ModelSpec, cross: bool) -> str:
+    """What a model keeps per sequence besides its attention pages ("" for none); ``cross``: it reads images
+    through cross-attention layers."""
+    if m.mamba is not None:
+        return "the Mamba mixers' state (one page per sequence)"
+    if m.encoder_decoder is not None:
+        return "the cross-attention cache of the encoder's output"
+    if cross:
+        return "the cross-attention layers' cache of every image"
+    return ""

@@ -645,14 +645,15 @@ def _raw_config(r: Resolved) -> dict[str, object]:
         return {}
 
 
-def _piecewise(r: Resolved, beh: SglangBehaviour) -> Literal["off", "mha", "mla"]:
+def _piecewise(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object],
+               multimodal: bool) -> Literal["off", "mha", "mla"]:
     """Whether SGLang's piecewise CUDA graphs are on for this scenario (server_args.py
     ``_handle_piecewise_cuda_graph``, 0.5.10 on): off for multimodal models and the release's architectures
     without them (``beh.piecewise_off_archs``); pp > 1, speculative decoding and LoRA are refused here before
-    this is asked."""
-    if multimodal_architecture(r):
+    this is asked.  ``cfg``: the model's config.json; ``multimodal``: it is a multimodal architecture."""
+    if multimodal:
         return "off"
-    archs = _raw_config(r).get("architectures") or []
+    archs = cfg.get("architectures") or []
     if isinstance(archs, list) and any(a in beh.piecewise_off_archs for a in archs):
         return "off"
     return "mla" if r.model.mla is not None else "mha"
@@ -666,16 +667,17 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     s, m, gpu = r.scenario, r.model, r.gpu
     sv, tp = s.serve, s.parallel.tp
     beh, which = behaviour_for(sv.sglang_version)
+    cfg, multimodal = _raw_config(r), bool(multimodal_architecture(r))  # read once: a Hub id's comes from disk
     # the default fraction reads the device's whole memory (get_device_memory_capacity); the pool is sized from
     # what is free at start, which other processes' memory (hardware.memory_in_use_gib) leaves out
     st = default_settings(beh, gpu.device_total_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
-                          sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r, beh), graphs=sv.cuda_graphs,
+                          sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r, beh, cfg, multimodal), graphs=sv.cuda_graphs,
                           max_running_requests=sv.max_running_requests, context_length=sv.max_model_len)
     vlm_note, mm_reserve, rule_st = "", 0, st
-    if multimodal_architecture(r):
-        vision = _raw_config(r).get("vision_config")
+    if multimodal:
+        vision = cfg.get("vision_config")
         if beh.vlm_fraction and not st.fraction_given and isinstance(vision, dict):
-            factor, layers, hidden, where = vlm_fraction_factor(vision, str(_raw_config(r).get("model_type", "")))
+            factor, layers, hidden, where = vlm_fraction_factor(vision, str(cfg.get("model_type", "")))
             vlm_note = (f"multimodal model: the default fraction {st.mem_fraction_static} is scaled by "
                         f"adjust_mem_fraction_for_vlm's {factor:.4f} ({layers} tower layers of width {hidden}; "
                         f"{where}) to {st.mem_fraction_static * factor:.4f}")
