@@ -8,6 +8,9 @@ batch's line (or the end of the file).
 
     PYTHONPATH=src python benchmarks/render_holdout_batch2.py benchmarks/data/holdout_batch2_before.json
     PYTHONPATH=src python benchmarks/render_holdout_batch2.py benchmarks/data/holdout_batch3_before.json --batch 3
+
+Several JSON files are put together in order (``merge``), e.g. the earlier batches' last scoring and a new batch's
+files scored one by one; ``--drop ID`` leaves an entry out (a measurement collected twice).
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ import yaml
 
 from vramplan.validate.markdown import fmt_pct, to_markdown
 from vramplan.validate.metrics import Summary
-from vramplan.validate.runner import EntryResult, Prediction, ValidationResult, summarize_entries
+from vramplan.validate.runner import (
+    EntryResult,
+    Prediction,
+    ValidationResult,
+    summarize_entries,
+    summarize_run,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLDOUT = ROOT / "validation" / "holdout.yaml"
@@ -124,17 +133,32 @@ def render(result: ValidationResult, ids: Sequence[str], n: int = 2) -> str:
     return "\n".join(lines)
 
 
+def merge(results: Sequence[ValidationResult], drop: Sequence[str] = ()) -> ValidationResult:
+    """Entries scored in several runs (e.g. the earlier batches' last scoring and a new batch's files scored one by
+    one), put together in that order with their summaries recomputed; ``drop``: ids left out (a duplicate)."""
+    entries = [e for r in results for e in r.entries if e.id not in set(drop)]
+    engines = [p.key for p in results[0].predictors if p.kind == "engine"]
+    return summarize_run(" + ".join(r.dataset for r in results), entries, engines)
+
+
 def main(argv: Sequence[str]) -> int:
     args = list(argv[1:])
     n = 2
+    drop: list[str] = []
+    while "--drop" in args:
+        i = args.index("--drop")
+        drop.append(args[i + 1])
+        del args[i:i + 2]
     if "--batch" in args:
         i = args.index("--batch")
         n = int(args[i + 1])
         del args[i:i + 2]
-    if len(args) != 1:
+    if not args:
         print(__doc__)
         return 2
-    sys.stdout.write(render(load_result(Path(args[0])), batch_ids(n), n))
+    results = [load_result(Path(a)) for a in args]
+    result = results[0] if len(results) == 1 and not drop else merge(results, drop)
+    sys.stdout.write(render(result, batch_ids(n), n))
     return 0
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "predicted_quantity",
     "run_validation",
     "summarize_entries",
+    "summarize_run",
     "validate",
     "workload",
 ]
@@ -380,6 +381,13 @@ def run_validation(dataset: Dataset, engines: Mapping[str, EngineFn] | None = No
     engines = default_engines("all") if engines is None else engines
     bands = BandSource(calibration)
     results = [_evaluate(e, engines, rules, bands) for e in dataset.entries]
+    return summarize_run(dataset.path, results, list(engines), rules)
+
+
+def summarize_run(dataset: str, results: list[EntryResult], engines: Sequence[str],
+                  rules: Sequence[Rule] = RULES) -> ValidationResult:
+    """The scored entries with each engine's and rule's summaries: what ``run_validation`` returns, also for entries
+    scored in several runs and put together (benchmarks/render_holdout_batch2.py)."""
     ok = [e for e in results if e.status == "ok"]
     summaries: list[PredictorSummary] = []
     for name in engines:
@@ -394,7 +402,7 @@ def run_validation(dataset: Dataset, engines: Mapping[str, EngineFn] | None = No
             overall=summarize_entries(ok, rule.key), by_task=_group(ok, rule.key, "task"),
             by_workload=_group(ok, rule.key, "workload"), by_source=_group(ok, rule.key, "source")))
     return ValidationResult(
-        dataset=dataset.path, n_entries=len(results), n_resolved=len(ok), n_usable=sum(e.usable for e in results),
+        dataset=dataset, n_entries=len(results), n_resolved=len(ok), n_usable=sum(e.usable for e in results),
         n_skipped=len(results) - len(ok), predictors=summaries, entries=results)
 
 
