@@ -852,11 +852,14 @@ class Software(_Strict):
 class Rollout(_Strict):
     """The engine that samples the completions of an RL step (train.objective: grpo)."""
 
-    engine: RolloutEngine = "vllm"
+    engine: RolloutEngine | None = None
     """Who generates: vllm (TRL ``use_vllm=True``), or hf-generate (the policy's ``model.generate`` in the trainer).
 
     TRL v1.9.0 ``GRPOConfig.use_vllm`` (default False: the estimate asks for the engine by name); hf-generate:
-    ``_generate_single_turn`` under ``unwrap_model_for_generation`` (analytic/lifecycle/hf_rollout.py)."""
+    ``_generate_single_turn`` under ``unwrap_model_for_generation`` (analytic/lifecycle/hf_rollout.py).
+
+    null: hf-generate under ``train.objective: ppo`` (PPOTrainer has no vLLM path), vllm otherwise
+    (spec/defaults.py ``rollout_engine``)."""
 
     colocate: bool = True
     """vLLM inside the training process on the same GPUs (TRL ``vllm_mode="colocate"``, its default), or a
