@@ -182,6 +182,21 @@ def test_inference_kv_cache_exact() -> None:
     assert r.breakdown["kv_cache"] == 2 * 2 * 2 * 2 * 16 * 16 * 4 == 16_384
 
 
+def test_beam_search_runs_every_tensor_over_batch_times_beams() -> None:
+    def doc(beams: int) -> dict[str, Any]:
+        return {"model": TINY_LLAMA, "task": "inference", "hardware": {"gpu": "T4"},
+                "inference": {"batch_size": 2, "prompt_len": 16, "new_tokens": 4, "dtype": "fp32", "num_beams": beams}}
+    one, three = measure(doc(1), device="cpu"), measure(doc(3), device="cpu")
+    # transformers' generate repeats the 2 prompts 3 times before the prefill: 6 rows, so the prompt's cache at the
+    # prefill peak is 3 x the 16,384 B of test_inference_kv_cache_exact
+    assert one.peak_phase == three.peak_phase == "prefill"
+    assert three.breakdown["kv_cache"] == 3 * one.breakdown["kv_cache"] == 49_152
+    # beam search's buffers before the prefill (analytic/inference.py beam_state_bytes): 6 rows, L = 16 + 4 = 20,
+    # G = 4: 16 x 6 x 20 + 8 x 6 x 4 = 2,112 B, within what the run holds beside them (the repeated input ids and
+    # mask, 2 x 6 x 16 x 8 = 1,536 B, and the beams' scores)
+    assert three.predicted_comparable["temporaries"] == 2_112 < three.breakdown["temporaries"] < 2_112 + 2_600
+
+
 def test_shrink_options_reach_the_prediction() -> None:
     doc = train_doc(TINY_LLAMA)
     r = measure(doc, device="cpu", layers=1, seq_len=8, micro_batch_size=1)

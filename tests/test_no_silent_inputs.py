@@ -133,6 +133,8 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "run_train.sh; spec/defaults.py expandable_segments): the value equals it",
     ("ppo", "rl.reference_model", "'separate'"): "null resolves to separate without PEFT (TRL v1.12.0 "
     "PPOTrainer.__init__ create_reference_model; the reference note says so)",
+    ("rl.rollout.engine", "'vllm'"): "null resolves to vllm outside ppo (spec/defaults.py rollout_engine): the value "
+    "equals it",
     ("ppo", "rl.rollout.engine", "'hf-generate'"): "null resolves to hf-generate under ppo, PPOTrainer's only rollout "
     "(analytic/ppo.py with_defaults; the rollout note says so)",
     ("ppo", "train.precision", "'fp16-true'"): "fp16 and bf16 weights, states and logits are 2 bytes each",

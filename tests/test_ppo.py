@@ -120,6 +120,23 @@ def test_dumped_scenario_round_trip() -> None:
     assert again.per_gpu == rep.per_gpu and again.assumptions == rep.assumptions
 
 
+def test_rollout_engine_null_resolves_by_objective_not_by_presence() -> None:
+    # null is PPOTrainer's only way (hf-generate) under ppo and vllm under grpo; a value given equal to that is the
+    # same input as leaving it out, and with_defaults reads the value, not whether the key was present
+    from vramplan.spec.defaults import rollout_engine
+    from vramplan.spec.scenario import Scenario
+    ppo_s = Scenario.model_validate(_doc())
+    assert ppo_s.rl.rollout.engine is None and rollout_engine(ppo_s) == "hf-generate"
+    assert ppo.with_defaults(ppo_s).rl.rollout.engine == "hf-generate"
+    grpo_s = ppo_s.model_copy(update={"train": ppo_s.train.model_copy(update={"objective": "grpo"})})
+    assert rollout_engine(grpo_s) == "vllm"
+    null_doc, given_doc = _doc(), _doc()
+    null_doc["rl"]["rollout"] = {**null_doc["rl"].get("rollout", {}), "engine": None}
+    given_doc["rl"]["rollout"] = {**given_doc["rl"].get("rollout", {}), "engine": "hf-generate"}
+    null_rep, given_rep = estimate(null_doc), estimate(given_doc)
+    assert null_rep.per_gpu == given_rep.per_gpu and null_rep.scenario == given_rep.scenario
+
+
 @pytest.mark.parametrize(("change", "where"), [
     ({"train": {"precision": "bf16-mixed"}}, "train.precision"),
     ({"rl": {"rollout": {"engine": "vllm"}}}, "rl.rollout.engine"),

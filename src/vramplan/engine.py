@@ -37,7 +37,7 @@ from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.rollout import RolloutMemory, rollout_memory
 from vramplan.spec.checks import capability_notes, ignored_sections, unused_settings
-from vramplan.spec.defaults import expandable_segments
+from vramplan.spec.defaults import expandable_segments, rollout_engine
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB
@@ -159,7 +159,7 @@ def _rl_job(r: Resolved) -> tuple[Resolved, str, list[str]]:
     the assumptions it states; refused with every problem when it cannot be estimated."""
     s, rl = r.scenario, r.scenario.train.objective == "rloo"
     problems = rloo.rloo_problems(s) if rl else grpo_problems(s)
-    if s.rl.rollout.engine == "hf-generate":
+    if rollout_engine(s) == "hf-generate":
         problems += hf_generate_problems(r.model)
     if problems:
         raise ScenarioError(problems)
@@ -180,7 +180,7 @@ def _rl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     assert c is not None and tr.layout is not None  # one pipeline stage (grpo_problems refuses pp > 1)
     ref = c.rp.total * c.pol.param_bytes if reference_kind(pr.scenario) == "separate" else 0
     ro, gen = None, None
-    if pr.scenario.rl.rollout.engine == "hf-generate":
+    if rollout_engine(pr.scenario) == "hf-generate":
         gen = hf_generate_parts(c, pr)
     elif pr.scenario.rl.rollout.colocate:
         # GRPOTrainer.__init__ loads the policy and the reference before it builds the engine

@@ -52,8 +52,11 @@ from vramplan.analytic.inference import (
     PACKED_NOTE,
     GenerateCall,
     InferenceResult,
+    beam_note,
+    beam_terms,
     cache_bytes,
     cache_growth_bytes,
+    call_logits_bytes,
     logits_bytes,
     weights_term,
 )
@@ -169,8 +172,10 @@ def _logits(m: ModelSpec, b: int, c: int) -> int:
 
 
 def _encoder_moments(g: GenerateCall, weights: int, cublas: int) -> list[Moment]:
-    """The encoder's running layer with the kept embeddings (and T5's bias), and T5's bias being built."""
-    m, b, s, c = g.m, g.batch, g.prompt, g.c
+    """The encoder's running layer with the kept embeddings (and T5's bias), and T5's bias being built.  The encoder
+    runs over the prompts before beam search repeats its output (``GenerationMixin.generate`` calls
+    ``_prepare_encoder_decoder_kwargs_for_generation`` before ``_expand_inputs_for_generation``)."""
+    m, b, s, c = g.m, g.sequences, g.prompt, g.c
     out = []
     for kept, layer in ((encoder_kept_bytes(m, b, s, c), encoder_layer_bytes(m, b, s, c)),
                         (b * s * m.hidden_size * c, bucket_bytes(m, b, s, c))):
@@ -183,6 +188,19 @@ def _encoder_moments(g: GenerateCall, weights: int, cublas: int) -> list[Moment]
         mo.add(K.CUBLAS, cublas)
         out.append(mo)
     return out
+
+
+def _expand_moment(g: GenerateCall, weights: int, cublas: int) -> list[Moment]:
+    """Beam search's ``repeat_interleave`` of the encoder output: the prompts' output and its num_beams-fold copy
+    together, once (``GenerationMixin._expand_inputs_for_generation``: ``encoder_outputs`` expanded in place of the
+    original, which is then freed)."""
+    if g.beams == 1:
+        return []
+    mo = Moment("encoder")
+    mo.add(K.PARAMETERS, weights)
+    mo.add(K.ENCODER_OUTPUT_EXPAND, (g.sequences + g.batch) * g.prompt * g.m.hidden_size * g.c)
+    mo.add(K.CUBLAS, cublas)
+    return [mo]
 
 
 def encoder_decoder_step(r: Resolved) -> InferenceResult:
@@ -205,7 +223,8 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
     q = ed.cross_attention_heads * m.head_dim
     # the first decoder step, which writes the cross-attention cache: at its last layer's write (the k and v
     # projections beside their cached copies, with the step's own tensors), then at its logits
-    logits = _logits(m, b, c)
+    logits = _logits(m, b, c) + (call_logits_bytes(g) - logits_bytes(m, b, c, 1))
+    beam_prefill, beam_decode = beam_terms(g, n + 1, 1)  # decoder_start_token_id, then n new tokens
     write = ((K.CROSS_KV_WRITE, 2 * b * s * q * c), (K.DECODER_STEP, decoder_step_bytes(m, b, s, c)))
     firsts = []
     for extra in (write, ((K.LAST_LOGITS, logits),)):
@@ -216,9 +235,10 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
         mo.add(K.KV_ALL, cache_bytes(m, b, 1, c, 1, "auto", prefill=False))
         for key, nbytes in extra:
             mo.add(key, nbytes)
+        mo.add(K.BEAM_STATE, beam_prefill)
         mo.add(K.CUBLAS, cublas)
         firsts.append(mo)
-    moments = [*_encoder_moments(g, weights, cublas), *firsts]
+    moments = [*_encoder_moments(g, weights, cublas), *_expand_moment(g, weights, cublas), *firsts]
     if n >= 2:
         last = Moment("decode")
         last.add(K.PARAMETERS, weights)
@@ -227,6 +247,7 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
         last.add(K.KV_ALL, cache_bytes(m, b, n, c, 1, "auto", prefill=False))
         last.add(K.CACHE_GROWTH, cache_growth_bytes(g, n))
         last.add(K.LAST_LOGITS, logits)
+        last.add(K.BEAM_STATE, beam_decode)
         last.add(K.CUBLAS, cublas)
         moments.append(last)
     peak = max(moments, key=lambda mo: mo.total)
@@ -238,7 +259,7 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
         f"decoder layer ({cross:,} B), written at the first decoder step (EncoderDecoderCache)"),
         f"weights in {r.scenario.inference.dtype}; attention: sdpa",
         ("sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row); "
-        "one sequence per prompt (no beam search: num_beams 1)"),
+        "one sequence per prompt (no beam search: num_beams 1)" if g.beams == 1 else beam_note(g)),
         "prompts of equal length (no padding mask)",
         PACKED_NOTE,
     ]

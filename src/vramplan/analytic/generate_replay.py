@@ -52,7 +52,8 @@ def applies(g: GenerateCall) -> bool:
     m, s = g.m, g.r.scenario
     return (not g.lit and not g.gen.legacy_cache and g.tp == 1 and m.moe is None and m.mamba is None
             and m.mla is None and s.inference.quantization == "none" and s.inference.images_per_sample == 0
-            and not (m.vision is not None and m.vision.cross_attention_layers) and g.attention in ("sdpa", "flash") and g.new >= 2)
+            and not (m.vision is not None and m.vision.cross_attention_layers) and g.attention in ("sdpa", "flash") and g.new >= 2
+            and g.beams == 1)  # beam search's reorder_cache copies are not in the replayed stream
 
 
 def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:

@@ -183,7 +183,8 @@ def _setup_problems(s: Scenario, method: str) -> list[Problem]:
     if s.rl.precompute_ref_log_probs:
         no("rl.precompute_ref_log_probs", f"is a DPO setting (DPOConfig); {method}Trainer has none",
            "set rl.precompute_ref_log_probs: false")
-    if ro.engine == "hf-generate":
+    engine = defaults.rollout_engine(s)
+    if engine == "hf-generate":
         out += _hf_generate_problems(s)
     out += trainer_problems(s, method, "the reference model's shards and the gather of the full weights for each "
                             "vLLM weight sync", " (and vllm_tensor_parallel_size)")
@@ -198,7 +199,7 @@ def _setup_problems(s: Scenario, method: str) -> list[Problem]:
     if s.lifecycle.evaluation:
         no("lifecycle.evaluation", f"{method}'s evaluation (generation through the rollout engine) is not modelled",
            "set lifecycle.evaluation: false")
-    if ro.engine == "vllm" and ro.colocate and t.quantization != "none":
+    if engine == "vllm" and ro.colocate and t.quantization != "none":
         no("train.quantization", "a colocated vLLM engine over a bitsandbytes policy (vLLM's in-flight "
            "bitsandbytes loading) is not modelled", "use rl.rollout.colocate: false or an unquantized base")
     # a value, not the key's presence: the schema's default (what a dumped scenario carries) is not a setting; the

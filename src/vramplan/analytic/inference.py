@@ -110,15 +110,20 @@ from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
 
 __all__ = [
+    "BEAM_EXTRA_BYTES_PER_ENTRY",
     "SAMPLING_BYTES_PER_ENTRY",
     "CallTerms",
     "GenerateBehaviour",
     "GenerateCall",
     "InferenceResult",
+    "beam_note",
+    "beam_state_bytes",
+    "beam_terms",
     "bnb_compute_dtype",
     "bnb_dequant_bytes",
     "cache_bytes",
     "cache_growth_bytes",
+    "call_logits_bytes",
     "call_terms",
     "decode_moment",
     "dequant_term",
@@ -143,6 +148,11 @@ __all__ = [
 # Top-k/top-p warpers per (row, vocabulary entry): sorted fp32 values 4, int64 indices 8,
 # softmax 4, cumulative sum 4, masks 2, masked scores 4 (transformers ``TopPLogitsWarper``).
 SAMPLING_BYTES_PER_ENTRY = 26
+# Beam search (transformers 5.24 ``GenerationMixin._beam_search``), per (row, vocabulary entry) beyond ``logits_bytes``:
+# the step's ``log_probs = log_softmax(logits)`` (fp32) is a new tensor beside the fp32 ``logits`` copy, and the
+# logits processors (the warpers, under beam sampling) run over it.  (Deterministic beam search applies no warper:
+# c + 4 + 4 B at ``log_softmax`` instead of c + 4 + 4 + 26; the larger is counted, as for sampling.)
+BEAM_EXTRA_BYTES_PER_ENTRY = 4
 
 
 # the transformers release from which ``generate`` passes a ``DynamicCache`` updated in place instead of
@@ -206,6 +216,27 @@ def cache_bytes(m: ModelSpec, batch: int, tokens: int, c: int, tp: int, kv_dtype
         held = tokens if (la.window is None or prefill) else min(tokens, la.window)
         total += held * spec.layer_bytes_per_token(la)
     return total * batch
+
+
+def beam_state_bytes(rows: int, max_length: int, decoder_prompt: int, decode: bool) -> int:
+    """Beam search's token and beam-index buffers over ``rows`` = batch x num_beams sequences of ``max_length``
+    tokens, ``decoder_prompt`` of them given (transformers 5.24 ``GenerationMixin._beam_search``).
+
+    Before the prefill (``decode`` False): ``running_sequences`` and its clone ``sequences`` (int64, rows x
+    max_length each) and ``running_beam_indices`` and its clone ``beam_indices`` (int32, rows x (max_length -
+    decoder_prompt) each): 16 rows L + 8 rows G, G = max_length - decoder_prompt.
+    At a step's ``_update_finished_beams`` (``decode`` True), in rows x L int64: ``sequences`` 1, the next
+    ``running_sequences`` 1, ``topk_running_sequences`` 2 (2 x num_beams candidates: one EOS id), ``merged_sequences``
+    3 (``torch.cat`` of the finished and the candidates), its gather 1, and ``flat_running_sequences`` 1 (the
+    reshape of a non-contiguous slice copies it, kept until the next step): 9 x 8 = 72 rows L; the int32 beam
+    indices likewise without the flat copy, 8 x 4 = 32 rows G.  The scores (rows floats) are negligible.
+
+    Batch 2 x 4 beams, prompt 512, 512 new tokens: 72 x 8 x 1,024 + 32 x 8 x 512 = 720,896 B.
+    """
+    generated = max_length - decoder_prompt
+    if not decode:
+        return 16 * rows * max_length + 8 * rows * generated
+    return 72 * rows * max_length + 32 * rows * generated
 
 
 def logits_bytes(m: ModelSpec, batch: int, c: int, tp: int) -> int:
@@ -491,12 +522,18 @@ class GenerateCall:
     lit: bool               # Lit-GPT's own generate loop (``framework: lightning``)
     attention: str          # the attention kernel that runs
     gen: GenerateBehaviour  # what the transformers release keeps alive
+    beams: int = 1          # num_beams: ``batch`` is the rows, batch_size x num_beams
 
     @classmethod
     def of(cls, r: Resolved) -> GenerateCall:
         s, m = r.scenario, r.model
         inf = s.inference
         lit = s.effective_framework == "lightning"
+        if lit and inf.num_beams > 1:
+            raise ScenarioError([Problem("inference.num_beams", f"is {inf.num_beams}: Lit-GPT's generate "
+                                         "(litgpt/generate/base.py) samples one sequence per prompt and has no beam "
+                                         "search", "set inference.num_beams: 1, or framework: hf-trainer to run "
+                                         "transformers' generate")])
         # a family without an SDPA path falls back to eager attention (transformers' ``_supports_sdpa``)
         attention: str = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m, s.software.transformers_version) else inf.attention
         if attention == "sdpa" and (gqa_math_fallback(s, m, dtype_bits(inf.dtype) // 8, r.gpu)
@@ -504,11 +541,17 @@ class GenerateCall:
             attention = "math"
         return cls(
             r=r, rp=rank_params(m, s.parallel.tp, 1, s.parallel.ep, 0, None), c=dtype_bits(inf.dtype) // 8,
-            tp=s.parallel.tp, batch=inf.batch_size, prompt=inf.prompt_len, new=inf.new_tokens, lit=lit,
+            tp=s.parallel.tp, batch=inf.batch_size * inf.num_beams, prompt=inf.prompt_len, new=inf.new_tokens, lit=lit,
             attention=attention,
             # Lit-GPT runs its own generate loop: transformers' release does not apply
             gen=generate_behaviour(m.traits, None if lit else s.software.transformers_version),
+            beams=inf.num_beams,
         )
+
+    @property
+    def sequences(self) -> int:
+        """The prompts: batch_size (``batch`` is the rows, batch_size x num_beams)."""
+        return self.batch // self.beams
 
     @property
     def m(self) -> ModelSpec:
@@ -545,6 +588,8 @@ class CallTerms:
     prompt_logits_kept: int  # ... and what ``outputs`` keeps of them afterwards
     ssm_state: int = 0       # a hybrid model's mixer state, every sequence (``analytic/ssm_state.py``)
     kv_cross: int = 0        # a cross-attention model's image keys and values (``analytic/cross_attention.py``)
+    beam_prefill: int = 0    # beam search's buffers before the prefill (``beam_state_bytes``)
+    beam_decode: int = 0     # ... and at a decode step's update of the finished beams
 
 
 def weights_term(g: GenerateCall) -> tuple[int, int]:
@@ -628,10 +673,26 @@ def call_terms(g: GenerateCall) -> CallTerms:
     weights, largest = weights_term(g)
     kv_prompt, kv_final = kv_terms(g)
     prompt_peak, prompt_kept = prompt_logits_terms(g)
+    beam = beam_terms(g, g.prompt + g.new, g.prompt)
     return CallTerms(weights=weights, largest_linear=largest, kv_prompt=kv_prompt, kv_final=kv_final,
-                     logits=logits_bytes(g.m, g.batch, g.c, g.tp), cublas=cublas_workspace_bytes(g.r.gpu, handles=1),
+                     logits=call_logits_bytes(g), cublas=cublas_workspace_bytes(g.r.gpu, handles=1),
                      prompt_logits_peak=prompt_peak, prompt_logits_kept=prompt_kept,
-                     ssm_state=ssm_state_bytes(g.m, g.batch, g.c), kv_cross=cross_kv_bytes(g.m, g.cross(), g.c))
+                     ssm_state=ssm_state_bytes(g.m, g.batch, g.c), kv_cross=cross_kv_bytes(g.m, g.cross(), g.c),
+                     beam_prefill=beam[0], beam_decode=beam[1])
+
+
+def call_logits_bytes(g: GenerateCall) -> int:
+    """``logits_bytes`` of the call's rows, with beam search's ``log_probs`` (``BEAM_EXTRA_BYTES_PER_ENTRY``)."""
+    beam = g.batch * g.m.vocab_size * BEAM_EXTRA_BYTES_PER_ENTRY if g.beams > 1 else 0
+    return logits_bytes(g.m, g.batch, g.c, g.tp) + beam
+
+
+def beam_terms(g: GenerateCall, max_length: int, decoder_prompt: int) -> tuple[int, int]:
+    """Beam search's buffers (``beam_state_bytes``) before the prefill and at a decode step; (0, 0) without beams."""
+    if g.beams == 1:
+        return 0, 0
+    return (beam_state_bytes(g.batch, max_length, decoder_prompt, decode=False),
+            beam_state_bytes(g.batch, max_length, decoder_prompt, decode=True))
 
 
 def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
@@ -673,6 +734,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
             pre.add(K.PROMPT_LOGITS_FP32 if fp32 else K.PROMPT_LOGITS, t.prompt_logits_peak)
         pre.add(K.LOGITS_SAMPLING if g.lit else K.LAST_LOGITS, prefill_logits)
     pre.add(K.DEQUANT, dequant_term(g, t.largest_linear))
+    pre.add(K.BEAM_STATE, t.beam_prefill)
     pre.add(K.CUBLAS, t.cublas)
     return pre
 
@@ -711,6 +773,7 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
     mo.add(K.SSM_STATE, t.ssm_state)
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
+    mo.add(K.BEAM_STATE, t.beam_decode)
     if _forward_weight_copies(g.quant):
         # HQQ and torchao's int8 weight-only linear copy the whole weight for a single token too (no gemv path)
         mo.add(K.DEQUANT, dequant_term(g, t.largest_linear))
@@ -919,7 +982,19 @@ def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
         cache_note,
         f"attention: {g.attention}; {logits_note}",
-        "sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)",
+        ("sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)"
+         if g.beams == 1 else beam_note(g)),
         "prompts of equal length (no padding mask)",
         *_math_notes(g),
     ]
+
+
+def beam_note(g: GenerateCall) -> str:
+    """What beam search adds, and what is assumed of it (``BEAM_EXTRA_BYTES_PER_ENTRY``, ``beam_state_bytes``)."""
+    return (f"beam search, {g.beams} beams: every tensor of the call over {g.sequences:,} x {g.beams} = {g.batch:,} "
+            "rows (transformers 5.24 _expand_inputs_for_generation), the cache reordered after each step "
+            "(DynamicLayer.reorder_cache: one layer's keys, then values, copied by index_select, no larger than the "
+            "cache growth), the step's fp32 log_softmax beside its logits and the beams' token and index buffers "
+            "(_beam_search); beam sampling's warpers are counted (deterministic beam search, do_sample false, needs "
+            "about 26 B less per vocabulary entry and row); before transformers 4.50 BeamSearchScorer's loop kept "
+            "fewer buffers (its input_ids gather and cat), so its figure is an upper bound there")

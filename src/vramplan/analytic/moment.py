@@ -137,6 +137,10 @@ class K:
                             "prefill logits for every prompt position and their fp32 upcast")
     LOGITS_SAMPLING = _k("temporaries", "logits and sampling", "all-position logits and sampling (Lit-GPT)")
     LAST_LOGITS = _k("temporaries", "last-token logits and sampling", "the last position's logits and sampling")
+    BEAM_STATE = _k("temporaries", "beam search sequences and indices",
+                    "beam search's token and beam-index buffers (running, finished, top-k candidates and their merge)")
+    ENCODER_OUTPUT_EXPAND = _k("activations", "encoder output repeated for the beams",
+                               "beam search: the encoder output and its copy repeated num_beams times, together")
     DEQUANT = _k("temporaries", "dequantized weight", "one quantized weight dequantized for its matmul")
     CACHE_GROWTH = _k("temporaries", "cache growth (torch.cat of one layer)",
                       "one layer's keys (then values), old and new together, while the cache grows")

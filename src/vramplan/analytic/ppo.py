@@ -43,7 +43,7 @@ from __future__ import annotations
 from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.facts.trl import PPO_RELEASE, PPO_RESPONSE_LENGTH, ppo_row, release_text
-from vramplan.spec.defaults import completion_len, ppo_beta_default
+from vramplan.spec.defaults import completion_len, ppo_beta_default, rollout_engine
 from vramplan.spec.scenario import Rollout, Scenario
 
 __all__ = ["PPO_RESPONSE_LENGTH", "carried_bytes", "carries", "forward_batch", "policy_scenario", "ppo_assumptions", "ppo_loss_tensors",
@@ -60,7 +60,7 @@ def with_defaults(s: Scenario) -> Scenario:
     no vLLM path) and ``PPOConfig.response_length`` (53) as the completion length."""
     ro = s.rl.rollout
     update: dict[str, object] = {}
-    if "engine" not in ro.model_fields_set:
+    if ro.engine is None:  # spec/defaults.py resolves it (rollout_engine); a bare Scenario here
         update["engine"] = "hf-generate"
     if ro.max_completion_len is None:  # spec/defaults.py resolves it to PPO_RESPONSE_LENGTH; a bare Scenario here
         update["max_completion_len"] = PPO_RESPONSE_LENGTH
@@ -226,7 +226,7 @@ def _setting_problems(s: Scenario) -> list[Problem]:
            "PolicyAndValueWrapper.forward, so the generate, reference, value and reward forwards run in the "
            "parameters' dtype (and the HF generate model of the rollout runs bf16 or fp16 only)",
            "use bf16-true or fp16-true (every model loaded in half precision)")
-    if ro.engine != "hf-generate":
+    if rollout_engine(s) != "hf-generate":
         no("rl.rollout.engine", "PPOTrainer (TRL v1.12.0) has no vLLM rollout: it generates with the policy's "
            "generate (batch_generation)", "leave rl.rollout.engine out or set hf-generate")
     # compared by value with the schema's defaults, not by presence: a saved scenario carries every key

@@ -343,7 +343,7 @@ def _run_inference(r: Any, built: Built, memory: DeviceMemory | None, seed: int)
                     keep.append(model.generate(
                         ids, attention_mask=mask, past_key_values=cache, max_new_tokens=inf.new_tokens,
                         min_new_tokens=inf.new_tokens, do_sample=False, use_cache=True,
-                        pad_token_id=0))
+                        num_beams=inf.num_beams, pad_token_id=0))
         gc.collect()
         end = len(tr.events)
         if memory is not None:

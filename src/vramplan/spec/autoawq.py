@@ -101,6 +101,11 @@ def autoawq_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("model", f"AutoAWQ's fused {m.model_type} blocks are not modelled (LlamaLikeBlock of "
                            f"{', '.join(FUSED_MODEL_TYPES)} with head_dim = hidden_size / heads only)",
                            "estimate transformers' generate (drop framework: autoawq)"))
+    if s.inference.num_beams > 1:
+        # the fused blocks' WindowedCache is allocated for from_quantized's batch_size and has no reorder_cache
+        out.append(Problem("inference.num_beams", f"is {s.inference.num_beams}: beam search over AutoAWQ's fused "
+                           "blocks is not modelled (their WindowedCache is made for from_quantized's batch_size and is "
+                           "not reordered between beams)", "set inference.num_beams: 1, or drop framework: autoawq"))
     window = autoawq_window(s, m, row)
     if s.inference.prompt_len > window:
         out.append(Problem("inference.prompt_len", f"the prompt ({s.inference.prompt_len} tokens) is longer than "

@@ -12,7 +12,9 @@ A few scenario fields are null in the schema because their default depends on wh
 * ``rl.beta``, ``rl.rollout.num_generations``, ``rl.rollout.max_completion_len``: RLOOConfig's 0.05, 2 and 512
   (TRL v1.16.0) under ``train.objective: rloo``, else GRPOConfig's 0.0, 8 and its ``max_completion_length`` at
   ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py ``COMPLETION_DEFAULT_ROWS``); under ppo the
-  completion is PPOConfig's ``response_length`` 53 (facts/trl.py ``PPO_RESPONSE_LENGTH``).
+  completion is PPOConfig's ``response_length`` 53 (facts/trl.py ``PPO_RESPONSE_LENGTH``);
+* ``rl.rollout.engine``: hf-generate under ppo (TRL 1.12.0 ``PPOTrainer`` generates with the policy's ``generate``
+  in ``batch_generation`` and has no vLLM path), vllm under every other objective.
 
 ``with_trainer_defaults`` fills each null with that value (``catalog.resolve`` calls it), so the estimate, and the
 report's ``scenario``, hold the resolved values: a report's scenario estimated again resolves to itself.  A value
@@ -32,11 +34,11 @@ from vramplan.facts.trl import (
     grpo_completion_default,
 )
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.scenario import Checkpointing, HalfDtype, Scenario
+from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
            "expandable_segments",
-           "num_generations", "ppo_beta_default", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
+           "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
 PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
@@ -93,15 +95,25 @@ def completion_len(s: Scenario) -> int:
     return RLOO_MAX_COMPLETION if s.train.objective == "rloo" else grpo_completion_default(s.software.trl_version)
 
 
+def rollout_engine(s: Scenario) -> RolloutEngine:
+    """``rl.rollout.engine``, or the trainer's way: hf-generate under ppo (PPOTrainer has no vLLM rollout), else
+    vllm."""
+    given = s.rl.rollout.engine
+    if given is not None:
+        return given
+    return "hf-generate" if s.train.objective == "ppo" else "vllm"
+
+
 def with_trainer_defaults(s: Scenario) -> Scenario:
     """``s`` with every null trainer default resolved (the module docstring); ``s`` itself when none is null."""
     t, rl, ro = s.train, s.rl, s.rl.rollout
     generations_null = ro.num_generations is None and s.train.objective != "ppo"
-    if None not in (t.gradient_checkpointing, rl.beta, ro.max_completion_len) and not generations_null:
+    if None not in (t.gradient_checkpointing, rl.beta, ro.max_completion_len, ro.engine) and not generations_null:
         return s
     # PPOTrainer samples one response per query (batch_generation): the key stays null under ppo, which reads none
     generations = ro.num_generations if s.train.objective == "ppo" else num_generations(s)
-    rollout = ro.model_copy(update={"num_generations": generations, "max_completion_len": completion_len(s)})
+    rollout = ro.model_copy(update={"num_generations": generations, "max_completion_len": completion_len(s),
+                                    "engine": rollout_engine(s)})
     return s.model_copy(update={
         "train": t.model_copy(update={"gradient_checkpointing": checkpointing(s)}),
         "rl": rl.model_copy(update={"beta": beta(s), "rollout": rollout}),

@@ -386,6 +386,15 @@ class Inference(_Strict):
     dtype: HalfDtype = "bf16"
     """Dtype of the weights and activations."""
 
+    num_beams: int = Field(1, ge=1, le=1024)
+    """Beams per sequence (``generate(num_beams=...)``); 1: no beam search.
+
+    Beam search runs every tensor of the call over batch_size x num_beams rows: transformers 5.24
+    ``GenerationMixin._expand_inputs_for_generation`` repeats the inputs (and an encoder-decoder model's encoder
+    output) num_beams times before the prefill, so the cache, the running layer and the logits are those of
+    batch_size x num_beams sequences; ``_beam_search`` adds the beams' token and index buffers and reorders the cache
+    after every step (``DynamicLayer.reorder_cache``).  docs/conventions.md, Beam search."""
+
     quantization: InferQuant = "none"
     """Weight quantization: bitsandbytes int8, nf4, nf4-dq (double quantization), fp4; GPTQ or AWQ 4-bit;
     fp8 (per-channel); fp8-block (e4m3, 128 x 128 tile scales) and mxfp4 (MoE experts), as pre-quantized
@@ -852,11 +861,14 @@ class Software(_Strict):
 class Rollout(_Strict):
     """The engine that samples the completions of an RL step (train.objective: grpo)."""
 
-    engine: RolloutEngine = "vllm"
+    engine: RolloutEngine | None = None
     """Who generates: vllm (TRL ``use_vllm=True``), or hf-generate (the policy's ``model.generate`` in the trainer).
 
     TRL v1.9.0 ``GRPOConfig.use_vllm`` (default False: the estimate asks for the engine by name); hf-generate:
-    ``_generate_single_turn`` under ``unwrap_model_for_generation`` (analytic/lifecycle/hf_rollout.py)."""
+    ``_generate_single_turn`` under ``unwrap_model_for_generation`` (analytic/lifecycle/hf_rollout.py).
+
+    null: hf-generate under ``train.objective: ppo`` (PPOTrainer has no vLLM path), vllm otherwise
+    (spec/defaults.py ``rollout_engine``)."""
 
     colocate: bool = True
     """vLLM inside the training process on the same GPUs (TRL ``vllm_mode="colocate"``, its default), or a

@@ -85,6 +85,12 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
         raise ScenarioError([Problem("engine", f"the traced engine does not build {r.model.name}, an encoder-decoder "
                                      "model: it traces causal LMs only", "use --engine analytic "
                                      "(analytic/encoder_decoder.py)")])
+    if task == "inference" and r.scenario.inference.num_beams > 1:
+        # the trace runs its own greedy loop (trace/step.py trace_inference); beam search's log-probabilities, its
+        # token and index buffers and the cache reorder are the analytic engine's (analytic/inference.py)
+        raise ScenarioError([Problem("inference.num_beams", "beam search is not traced: the trace runs a greedy "
+                                     "loop of one sequence per prompt",
+                                     "use --engine analytic (analytic/inference.py beam_state_bytes)")])
     par = r.scenario.parallel
     if max(par.pp, par.cp, par.ep) > 1:
         raise ScenarioError([Problem("parallel", "pipeline, context and expert parallelism are not traced",
