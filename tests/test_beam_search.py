@@ -96,3 +96,14 @@ def test_the_trace_refuses_beam_search() -> None:
     with pytest.raises(ScenarioError) as exc:
         trace(_doc(LLAMA2, num_beams=2))
     assert [p.where for p in exc.value.problems] == ["inference.num_beams"]
+
+
+def test_fewer_beams_is_a_verified_remedy() -> None:
+    from vramplan.plan.remedies import remedies
+
+    # 8 prompts x 16 beams = 128 rows: the cache alone is 128 x 1,535 x 524,288 B = 103.0 GB on an 80 GB A100;
+    # 8 beams halve it (51.5 GB + 13.5 GB of weights fit within the planner's 10% margin)
+    doc = _doc(LLAMA2, num_beams=16)
+    beams = [x for x in remedies(doc) if x.kind == "beams"]
+    assert [x.change for x in beams] == [{"inference.num_beams": 8}]
+    assert beams[0].text == "inference.num_beams 16 -> 8"

@@ -5,7 +5,7 @@
 margin (``plan.fit.fits_with_margin``, 10% of capacity by default).  "Cheapest" is an order of kinds, not
 a fitted cost: first changes that keep the hardware and the result of the step (a smaller micro-batch with
 more accumulation keeps the global batch; sharding with ZeRO-3; recomputing activations; an 8-bit
-optimizer), then changes to the job (LoRA adapters instead of full fine-tuning, a shorter context,
+optimizer), then changes to the job (LoRA adapters instead of full fine-tuning, a shorter context, fewer beams,
 quantized weights), then more GPUs, then a larger GPU.  Nothing is suggested that was not estimated.
 """
 
@@ -100,6 +100,13 @@ def _inference_candidates(r: Resolved) -> Iterator[Candidate]:
         while b >= 1:
             yield ("batch", {"inference.batch_size": b}, f"inference.batch_size {inf.batch_size} -> {b}")
             b //= 2
+    if inf.num_beams > 1:
+        # every tensor of the call runs over batch x num_beams rows (analytic/inference.py): fewer beams shrink them all
+        k = inf.num_beams // 2
+        while k >= 1:
+            yield ("beams", {"inference.num_beams": k},
+                   f"inference.num_beams {inf.num_beams} -> {k}" + (" (no beam search)" if k == 1 else ""))
+            k //= 2
     if inf.quantization == "none":
         for q in ("int8", "nf4"):
             yield ("quantization", {"inference.quantization": q}, f"inference.quantization none -> {q} (bitsandbytes)")
