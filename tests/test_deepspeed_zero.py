@@ -92,6 +92,21 @@ def test_zero3_persistent_parameters() -> None:
     assert _bytes(ds.persistent(_ctx(_scenario())), "deepspeed.persistent") == 266_240
 
 
+def test_zero3_persistent_lora_matrices() -> None:
+    # LoRA r = 8 on all linears: A (8 x in) and B (out x 8) per linear, per layer q/k/v/o 4 x (32,768 + 32,768)
+    # = 262,144; gate/up 32,768 + 88,064 each, down 88,064 + 32,768: 362,496; 624,640 per layer, 19,988,480 in all.
+    # DeepSpeed's threshold 1e5 keeps every matrix: 19,988,480 x 2 B less the shard (19,988,480 B) = 19,988,480,
+    # plus the norms' 266,240
+    c = _ctx(_scenario(peft={"method": "lora", "target_modules": "all-linear"}))
+    assert _bytes(ds.persistent(c), "deepspeed.persistent") == 19_988_480 + 266_240
+    # the "auto" threshold 10 h = 40,960 drops gate/up's B and down's A (88,064 each): 262,144 + 3 x 32,768 =
+    # 360,448 per layer, 11,534,336 in all; under hf-trainer the adapters are fp32 (peft >= 0.12 upcasts them,
+    # terms/context.py step_policy): 11,534,336 x 4 B less the shard (5,767,168 x 4 B) = 23,068,672 B; the norms
+    # (4,096 elements) still persist
+    c = _ctx(_scenario(framework="hf-trainer", peft={"method": "lora", "target_modules": "all-linear"}))
+    assert _bytes(ds.persistent(c), "deepspeed.persistent") == 23_068_672 + 266_240
+
+
 def test_zero3_retained_layers_without_checkpointing() -> None:
     # D = 2 x (rest of the layer) + 2 x (later layers) + 2 H (no checkpointing); kept while D < 1e9.
     # Layer 31: D <= 2 x (P - 16,777,216) + 262,144,000 = 633,356,288: every tensor but the (persistent) norms,

@@ -103,6 +103,7 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
         out.append("DeepSpeed ZeRO-3 fetching as in a step with a complete module trace (from the third step): "
                    "module by module, with prefetch and the parameters reused within stage3_max_reuse_distance kept "
                    "gathered (partitioned_param_coordinator.py); an invalidated trace releases every module and "
-                   "prefetches nothing. Not modelled: the LoRA adapters' persistence (counted at their shard), "
-                   "the host-to-GPU copies of offloaded parameters before their all-gather")
+                   "prefetches nothing. Not modelled: the LoRA adapters kept gathered for reuse "
+                   "(their persistent matrices are counted), the host-to-GPU copies of offloaded parameters "
+                   "before their all-gather")
     return out

@@ -168,15 +168,33 @@ def _persistent_elements(c: StepContext) -> int:
     return out
 
 
+def _adapter_persistent_elements(c: StepContext) -> int:
+    """Elements of this rank's LoRA matrices at or under the persistence threshold: each adapted linear's A
+    (rank x in_features) and B (out_features x rank), each its own parameter (peft tuners/lora/layer.py
+    ``update_layer``: ``nn.Linear(self.in_features, r)`` and ``nn.Linear(r, self.out_features)``)."""
+    if c.peft is None:
+        return 0
+    r, linear, held = c.peft.rank, c.lt.linear, set(c.rp.layers)
+    out = 0
+    for p in c.m.params:
+        if not p.layer_span or p.module not in linear or not p.in_features:
+            continue
+        instances = p.count // len(p.layer_span) * sum(1 for layer in p.layer_span if layer in held)
+        fan_in = ceil_div(p.in_features, c.tp) if p.tp == "row" else p.in_features
+        fan_out = ceil_div(p.out_features, c.tp) if p.tp == "column" else p.out_features
+        out += sum(n for n in (r * fan_in, fan_out * r) if _persists(c, n)) * instances
+    return out
+
+
 def persistent(c: StepContext) -> list[Term]:
-    """ZeRO-3's persistent parameters: gathered once, kept on the GPU (offloaded parameters too); their shard is
-    already among the parameters (not when the parameters are offloaded)."""
+    """ZeRO-3's persistent parameters (the base's and the LoRA matrices'): gathered once, kept on the GPU
+    (offloaded parameters too); their shard is already among the parameters (not when the parameters are
+    offloaded)."""
     if not zero3(c):
         return []
-    elems = _persistent_elements(c)
-    nbytes = elems * _half_bytes(c)
-    if not c.offload_params:
-        nbytes -= ceil_div(elems, c.shards[2]) * _half_bytes(c)
+    nbytes = 0
+    for elems, per in ((_persistent_elements(c), _half_bytes(c)), (_adapter_persistent_elements(c), c.adapter)):
+        nbytes += elems * per - (0 if c.offload_params else ceil_div(elems, c.shards[2]) * per)
     return [resident(K.DS_PERSISTENT, max(0, nbytes), "deepspeed.persistent")]
 
 
