@@ -195,3 +195,19 @@ def test_bucket_terms_monotone_one_at_a_time(key: str) -> None:
         c = _ctx(_scenario(deepspeed={key: v}))
         return sum(t.nbytes for t in ds.reduce_buckets(c) + ds.zero3_gathered(c))
     assert total(2_000_000) - total(1_000_000) == 2_000_000
+
+
+def test_small_model_zero3_keeps_layers_gathered() -> None:
+    """TinyLlama 1.1B (22 layers of 44,044,288 parameters, h = 2048, head 32,000 x 2048 = 65,536,000) on 2 GPUs:
+    with DeepSpeed's reuse distance 1e9 and no checkpointing, a layer's parameters stay gathered while
+    2 x (later layers + head) + 2 x (its own later tensors) < 1e9, about the last 9 layers, so ZeRO-3's peak exceeds
+    ZeRO-2's; releasing every module (distance 0) brings it under."""
+    def peak(stage: int, distance: int | None = None) -> int:
+        par: dict[str, Any] = {"zero_stage": stage}
+        if distance is not None:
+            par["deepspeed"] = {"stage3_max_reuse_distance": distance}
+        sc = {"model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "task": "train", "framework": "deepspeed",
+              "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+              "train": {"micro_batch_size": 2, "seq_len": 512}, "parallel": par}
+        return estimate(sc).per_gpu.peak_allocated_bytes
+    assert peak(3) > peak(2) > peak(3, 0)
