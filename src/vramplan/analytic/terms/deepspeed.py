@@ -44,6 +44,13 @@ ZeRO-1/2 (runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer``):
   buffer of the largest parameter's elements in the bit16 dtype (``__init__``, ``if self.cpu_offload``).
 * ``allgather_bucket_size`` allocates nothing: ``all_gather_dp_groups`` (runtime/utils.py) gathers with
   ``all_gather_into_tensor`` straight into the bit16 groups wherever torch has it.
+
+Releases: the same buffers since DeepSpeed 0.6 (stage3.py ``__ipg_bucket_flat_buffer`` of reduce_bucket_size and
+``grad_partitions_flat_buffer`` at ``__init__`` in v0.6.0, v0.7.0, v0.9.0, v0.14.0, v0.16.0; stage_1_and_2.py's
+``ipg_buffer`` made anew at each ``backward`` with a second one under overlap_comm in v0.9.0 and v0.14.0, never
+freed between steps), and ``__params_to_release``'s reuse-distance walk over the module trace in
+partitioned_param_coordinator.py since v0.7.0 (in stage3.py in v0.6.0), so the published runs of 2022-2025 are
+modelled by the same rules.
 """
 
 from __future__ import annotations
