@@ -108,9 +108,11 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("inference.bnb_compute_dtype", "'fp16'"): "null means inference.dtype, fp16 in that base",
     ("lifecycle.evaluation", "True"): "null resolves to true under Lightning (Lit-GPT's finetune scripts validate)",
     ("lifecycle.quantize_at_init", "True"): "null resolves to true under Lightning with a bitsandbytes 4-bit base",
-    ("lightning", "parallel.zero_stage", "1"): "shards over the data-parallel degree, one GPU in that base",
-    ("lightning", "parallel.zero_stage", "2"): "shards over the data-parallel degree, one GPU in that base",
     ("lightning", "parallel.zero_stage", "3"): "shards over the data-parallel degree, one GPU in that base",
+    ("parallel.deepspeed.contiguous_gradients", "True"): "null resolves to true (DeepSpeed's default, "
+    "runtime/zero/config.py): the value equals it",
+    ("zero3", "train.grad_accum_steps", "2"): "DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the "
+    "optimizer's __init__ (stage3.py grad_partitions_flat_buffer): resident from the forward whatever the accumulation",
     ("lifecycle.eval_generate_tokens", "4"): "Lit-GPT's generate_example sizes its KV cache by max_seq_length, "
     "not by the tokens generated (analytic/lifecycle/evaluation.py _generation_bytes)",
     ("vllm-draft", "serve.speculative.method", "'eagle'"): "vLLM loads a draft model and an EAGLE head alike, as the "

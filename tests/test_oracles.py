@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vramplan.analytic.activations import ActContext, layer_saved_per_token
 from vramplan.analytic.kv_cache import kv_bytes_per_token, kv_cache_bytes
+from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import optimizer_cost
 from vramplan.analytic.train import train_step
 from vramplan.analytic.weights import quantized_linear_bytes
@@ -36,8 +37,11 @@ def _model_states(zero: int, n: int = 8) -> int:
     r = resolve({"model": "llama-2-7b", "hardware": {"gpu": "A100-80GB", "num_gpus": n}, "framework": "deepspeed",
                  "train": {"micro_batch_size": 1, "seq_len": 16}, "parallel": {"zero_stage": zero}})
     step = next(m for m in train_step(r).moments if m.phase == "optimizer")
-    return sum(sum(step.parts.get(k, {}).values())
-               for k in ("weights", "gradients", "optimizer_states", "master_weights"))
+    # the paper's model states only: DeepSpeed's reduce bucket and ZeRO-3's persistent (small, gathered)
+    # parameters are what it calls residual states, temporary buffers (sec. 3.2; analytic/terms/deepspeed.py)
+    buffers = {K.DS_REDUCE_BUCKETS.label, K.DS_PERSISTENT.label}
+    return sum(v for k in ("weights", "gradients", "optimizer_states", "master_weights")
+               for label, v in step.parts.get(k, {}).items() if label not in buffers)
 
 
 def test_zero_paper_formulas_7b_on_8_gpus() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from vramplan import estimate, resolve_gpu
 from vramplan.analytic.layout import rank_params
+from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import optimizer_cost, state_bytes_per_param
 from vramplan.analytic.train import train_step
 from vramplan.catalog.models import load_model
@@ -21,7 +22,10 @@ P7 = 6_738_415_616  # Llama-2-7b parameters (published count)
 
 def _moment_states(doc: dict[str, object], keys: tuple[str, ...]) -> int:
     step = next(m for m in train_step(resolve(doc)).moments if m.phase == "optimizer")
-    return sum(sum(step.parts.get(k, {}).values()) for k in keys)
+    # model states only: DeepSpeed's reduce bucket and ZeRO-3's persistent parameters are buffers (the ZeRO
+    # paper's residual states, sec. 3.2; analytic/terms/deepspeed.py), not what these corrections are about
+    buffers = {K.DS_REDUCE_BUCKETS.label, K.DS_PERSISTENT.label}
+    return sum(v for k in keys for label, v in step.parts.get(k, {}).items() if label not in buffers)
 
 
 def test_000_04_adam_moments_for_70b_are_560_gb_not_280() -> None:

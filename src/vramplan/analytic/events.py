@@ -60,6 +60,7 @@ from vramplan.analytic.stream import AllocStream as _Stream
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.cross_attention import cross_sequence
+from vramplan.analytic.terms.gradients import zero3_flat_gradients
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.spec.defaults import checkpointing
@@ -732,6 +733,13 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     logits, logits_fp32, log_probs = _loss_tensors(terms)
     states = b.get("optimizer.states", 0)
     root = b.get("gathered.root", 0)
+    # DeepSpeed's resident buffers (terms/deepspeed.py): allocated once, like the FSDP root unit
+    extra = tuple(x for x in (root, b.get("deepspeed.persistent", 0), b.get("deepspeed.reduce_bucket", 0),
+                              b.get("deepspeed.offload_staging", 0)) if x)
+    # DeepSpeed ZeRO-3's gathered parameters (head, running module, prefetch, the layers kept for reuse) as one
+    # block, as the FSDP-like units are
+    gathered = b.get("gathered", 0) + b.get("gathered.head", 0) + b.get("gathered.prefetch", 0) + \
+        sum(table.get("gathered.retained", ()))
     return StepLayout(
         tokens=c.tokens, hidden=m.hidden_size, q_width=heads * m.head_dim,
         kv_width=max(1, -(-m.num_kv_heads // tp)) * m.head_dim, inter=inter, heads=heads, keys=ctx.seq_len,
@@ -744,11 +752,12 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         state_tensors_per_param=state_tensors_per_param(c.s.train.optimizer) if states else 0,
         step_temporary=by_key.get(id(K.OPTIMIZER_STEP), 0),
         master=b.get("master", 0), ddp=b.get("ddp", 0),
-        workspace=b.get("cublas", 0) // 2, gathered=b.get("gathered", 0),
+        workspace=b.get("cublas", 0) // 2, gathered=gathered,
         shared=b.get("saved.shared", 0), head_saved=b.get("saved.head", 0),
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
-        logits_fp32=logits_fp32, log_probs=log_probs, grads_during_forward=c.grads_during_fwd, has_head=c.last,
-        input_ids=2 * 8 * c.tokens, extra_static=(root,) if root else (), kernel_loss=_kernel_loss_tensors(terms),
+        logits_fp32=logits_fp32, log_probs=log_probs,
+        grads_during_forward=c.grads_during_fwd or zero3_flat_gradients(c), has_head=c.last,
+        input_ids=2 * 8 * c.tokens, extra_static=extra, kernel_loss=_kernel_loss_tensors(terms),
         offload_inputs=c.s.train.activation_offload == "cpu",
         vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c)),
         vision_unused=tuple(u for _, u in tower_sequence(c)) + tuple(u for _, _, u in cross_sequence(c)),

@@ -65,6 +65,10 @@ class K:
     GATHERED_ROOT = _k("weights", "all-gathered (ZeRO-3/FSDP root)",
                        "the FSDP root unit (embeddings, head) kept unsharded for the whole step")
     GATHERED = _k("weights", "all-gathered (ZeRO-3/FSDP)", "full parameters of the units gathered at this moment")
+    DS_RETAINED = _k("weights", "kept gathered for reuse (ZeRO-3)",
+                     "DeepSpeed ZeRO-3: layers whose parameters are reused within stage3_max_reuse_distance, not released")
+    DS_PERSISTENT = _k("weights", "persistent parameters (ZeRO-3)",
+                       "DeepSpeed ZeRO-3: parameters under stage3_param_persistence_threshold, gathered for the whole run")
     ROTARY_CACHE = _k("weights", "rotary cos/sin cache", "vLLM's rotary embedding cos/sin cache")
     LORA_SLOTS = _k("weights", "LoRA slots", "vLLM's preallocated LoRA adapter slots (max_loras x max_lora_rank)")
     PROPOSER_WEIGHTS = _k("weights", "speculative proposer",
@@ -72,6 +76,8 @@ class K:
     # gradients, optimizer, master
     GRADIENTS = _k("gradients", "parameter gradients", "gradients of the trainable parameters alive at this moment")
     DDP_BUCKETS = _k("gradients", "DDP buckets", "DDP's flat gradient buckets, allocated when the model is wrapped")
+    DS_REDUCE_BUCKETS = _k("gradients", "DeepSpeed reduce buckets",
+                           "DeepSpeed ZeRO's contiguous gradient buckets (reduce_bucket_size) and offload staging buffer")
     OPTIMIZER_STATES = _k("optimizer_states", "{optimizer}", "the optimizer's state tensors", templated=True)
     MASTER = _k("master_weights", "fp32 master", "fp32 copies of half-precision trainable parameters")
     # activations

@@ -34,6 +34,7 @@ from vramplan.analytic.attention import (
     resolve_attention,
 )
 from vramplan.analytic.checkpointing import policy_assumption
+from vramplan.analytic.deepspeed import deepspeed_assumptions
 from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.float8 import float8_assumptions
 from vramplan.analytic.grpo import uses_fused_head
@@ -258,6 +259,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                        "(set software.bitsandbytes for older versions, which kept it)")
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
+    out += deepspeed_assumptions(s, m.hidden_size)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:

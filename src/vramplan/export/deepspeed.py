@@ -31,7 +31,10 @@ def deepspeed_config(s: TrainSetup, lifecycle: ResolvedLifecycle | None = None) 
     ds_type = optimizer_facts(s.optimizer).deepspeed_type
     if ds_type is None:
         raise ValueError(f"optimizer {s.optimizer!r} has no DeepSpeed optimizer type (facts/optimizers.py)")
-    zero: dict[str, Any] = {"stage": s.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
+    # the buffers the estimate counted: DeepSpeed's defaults (analytic/deepspeed.py), so overlap_comm only at
+    # ZeRO-3, where it allocates nothing; at ZeRO-1/2 it would add a second reduce bucket (stage_1_and_2.py
+    # setup_buckets), 1 GB in bf16 with the default reduce_bucket_size
+    zero: dict[str, Any] = {"stage": s.zero_stage, "overlap_comm": s.zero_stage == 3, "contiguous_gradients": True}
     if s.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if s.offload == "optimizer+params":

@@ -494,8 +494,8 @@ def _unused_parallel(s: Scenario) -> list[str]:
     if s.task != "train":
         # sharding and offload of a training job's states; generate reads zero_stage (ZeRO-3 inference) and
         # offload, serving refuses offload (spec.load cross_check), neither splits activations over tp
-        keys = ("fsdp", "cp", "sequence_parallel", "offload_device") if s.task == "inference" else (
-            "zero_stage", "fsdp", "cp", "sequence_parallel", "offload_device")
+        keys = ("fsdp", "cp", "sequence_parallel", "offload_device", "deepspeed") if s.task == "inference" else (
+            "zero_stage", "fsdp", "cp", "sequence_parallel", "offload_device", "deepspeed")
         return _noted("parallel", _changed(par, keys), f"task {s.task} does not read a training job's sharding, "
                       "context or sequence parallelism, or offload device")
     if par.sequence_parallel and par.tp == 1:
@@ -503,6 +503,31 @@ def _unused_parallel(s: Scenario) -> list[str]:
                       "ranks, and parallel.tp is 1")
     if par.offload == "none":
         out += _noted("parallel", _changed(par, ("offload_device",)), "parallel.offload is none")
+    return out + _unused_deepspeed(s)
+
+
+_DS_STAGE3_KEYS = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                   "stage3_param_persistence_threshold")
+
+
+def _unused_deepspeed(s: Scenario) -> list[str]:
+    """``parallel.deepspeed`` keys this job does not read (analytic/terms/deepspeed.py)."""
+    par = s.parallel
+    ds = par.deepspeed
+    if ds is None:
+        return []
+    given = [k for k in type(ds).model_fields if getattr(ds, k) is not None]
+    if par.zero_stage == 0 or par.fsdp != "none":
+        return _noted("parallel.deepspeed", given, "DeepSpeed ZeRO does not run (parallel.zero_stage 0, or fsdp)")
+    out = _noted("parallel.deepspeed", [k for k in given if k == "allgather_bucket_size"],
+                 "DeepSpeed gathers the updated partitions with all_gather_into_tensor, without a bucket "
+                 "(deepspeed 0.19.8 runtime/utils.py all_gather_dp_groups)")
+    if par.zero_stage < 3:
+        out += _noted("parallel.deepspeed", [k for k in given if k in _DS_STAGE3_KEYS], "ZeRO-3 settings, and "
+                      f"parallel.zero_stage is {par.zero_stage}")
+    elif ds.overlap_comm is not None:
+        out += _noted("parallel.deepspeed", ["overlap_comm"], "at ZeRO-3 it picks the stream the reduction runs "
+                      "on and allocates nothing (stage3.py reduce_and_partition_stream)")
     return out
 
 

@@ -621,6 +621,42 @@ class Serve(_Strict):
     or with VLLM_USE_FLASHINFER_SAMPLER=1; native with VLLM_USE_FLASHINFER_SAMPLER=0 (docs/serving.md)."""
 
 
+class DeepSpeedZero(_Strict):
+    """DeepSpeed ZeRO's bucket and live-parameter settings, as the ``zero_optimization`` keys of a DeepSpeed
+    config; a null field takes the framework's default (analytic/deepspeed.py ``zero_settings``): DeepSpeed's own
+    (deepspeed 0.19.8 runtime/zero/config.py ``DeepSpeedZeroConfig``) under framework deepspeed and lightning, the
+    Hugging Face "auto" values under hf-trainer and accelerate (transformers integrations/deepspeed.py
+    ``HfTrainerDeepSpeedConfig.trainer_config_finalize``: reduce_bucket_size hidden^2,
+    stage3_prefetch_bucket_size 0.9 hidden^2, stage3_param_persistence_threshold 10 hidden)."""
+
+    reduce_bucket_size: int | None = Field(None, ge=1, le=10**13)
+    """Elements of gradients reduced at a time: the size of each contiguous gradient bucket (DeepSpeed 5e8)."""
+
+    allgather_bucket_size: int | None = Field(None, ge=0, le=10**13)
+    """ZeRO-1/2: elements gathered at a time after the step (DeepSpeed 5e8); unused where torch has
+    all_gather_into_tensor (the note says so)."""
+
+    stage3_prefetch_bucket_size: int | None = Field(None, ge=0, le=10**13)
+    """ZeRO-3: parameter elements all-gathered ahead of the module that runs (DeepSpeed 5e7)."""
+
+    stage3_max_live_parameters: int | None = Field(None, ge=0, le=10**13)
+    """ZeRO-3: gathered elements above which nothing more is prefetched (DeepSpeed 1e9)."""
+
+    stage3_max_reuse_distance: int | None = Field(None, ge=0, le=10**13)
+    """ZeRO-3: a module's parameters used again within this many elements of fetched parameters are not
+    released (DeepSpeed 1e9)."""
+
+    stage3_param_persistence_threshold: int | None = Field(None, ge=0, le=10**13)
+    """ZeRO-3: parameters of at most this many elements stay gathered for the whole run (DeepSpeed 1e5)."""
+
+    contiguous_gradients: bool | None = None
+    """Copy each gradient into the preallocated reduce bucket as it is produced (DeepSpeed true)."""
+
+    overlap_comm: bool | None = None
+    """Overlap the reduction with the backward: ZeRO-1/2 keep a second reduce bucket (DeepSpeed: true at stage 3,
+    else false)."""
+
+
 class Parallel(_Strict):
     """How the job is split over its GPUs (degrees, docs/glossary.md)."""
 
@@ -662,6 +698,10 @@ class Parallel(_Strict):
     pp_virtual_stages: int = Field(1, ge=1, le=64)
     """Model chunks per pipeline rank (virtual stages) of a multi-stage schedule: rank r holds chunks r, r + pp, ...
     of layers / (pp x pp_virtual_stages) layers each; 1 for 1f1b and gpipe."""
+
+    deepspeed: DeepSpeedZero | None = None
+    """DeepSpeed ZeRO's bucket and live-parameter settings (zero_stage 1-3 without fsdp); null: the framework's
+    defaults for every one."""
 
 
 class Lifecycle(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vramplan.analytic.deepspeed import deepspeed_zero
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
@@ -149,6 +150,11 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
                    "(grouped GEMM) or is balanced")
         if s.effective_framework in ("hf-trainer", "accelerate"):
             out.append("accelerate's autocast wrapper converts half outputs to fp32; gradients clipped to norm 1.0")
+        if deepspeed_zero(s):
+            out.append("not modelled by the traced engine: DeepSpeed ZeRO's own memory (its reduce buckets, ZeRO-3's "
+                       "module-by-module fetching with stage3_prefetch_bucket_size, stage3_max_live_parameters, "
+                       "stage3_max_reuse_distance and persistent parameters, its resident gradient partition; "
+                       "parallel.deepspeed): ZeRO-3 is traced as FSDP2 (trace/fsdp.py); `vramplan estimate` models them")
     out.append("CUDA context 400 MiB; cuBLAS workspaces as analytic/overhead.py")
     if r.model.vision is not None:
         # spec.families.transformers_config builds the language model of a multimodal config alone

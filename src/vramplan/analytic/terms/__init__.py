@@ -14,6 +14,7 @@ from vramplan.analytic.terms import (
     casts,
     cpu_offload,
     cross_attention,
+    deepspeed,
     float8,
     gradients,
     in_backward,
@@ -37,10 +38,12 @@ TermFn = Callable[[StepContext], list[Term]]
 TERMS: tuple[TermFn, ...] = (
     resident.parameters,              # weights: this rank's parameters (or their offloaded copy)
     sharding.root_gathered,           # weights: the FSDP root unit, unsharded
+    deepspeed.persistent,             # weights: DeepSpeed ZeRO-3's persistent (small) parameters, gathered
     optimizer_state.optimizer_states,  # optimizer states (managed, offloaded)
     optimizer_state.master,           # fp32 master weights
     resident.workspaces,              # cuBLAS workspaces
     resident.ddp_buckets,             # DDP's gradient buckets
+    deepspeed.reduce_buckets,         # DeepSpeed ZeRO's reduce buckets (and ZeRO-1/2 offload staging)
     gradients.gradients,              # parameter gradients, layer by layer
     in_backward.gradients,            # ... or one parameter's at a time (optimizer in the backward)
     cpu_offload.small_gradients,      # torchao's offload_gradients: the GPU-kept tensors' gradients
@@ -56,7 +59,9 @@ TERMS: tuple[TermFn, ...] = (
     float8.precomputed_scales,        # ... the precomputed weight scales
     transients.layer_backward,        # each layer's backward temporaries
     sharding.gathered,                # ZeRO-3/FSDP all-gathered units
+    deepspeed.zero3_gathered,         # ... DeepSpeed ZeRO-3's: running module, prefetch, kept for reuse
     gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter
+    deepspeed.grad_in_flight,         # ... DeepSpeed ZeRO-3's, on their way into the reduce bucket
     loss.loss,                        # logits and loss
     loss.litgpt_head_dequant,         # Lit-GPT's 4-bit LM head dequantized per chunk
     loss.layer_forward,               # a head-less stage's last layer forward
@@ -77,10 +82,12 @@ def step_terms(c: StepContext, registry: Sequence[TermFn] = TERMS) -> list[Term]
 STATIC_TERMS: tuple[TermFn, ...] = (
     resident.parameters,
     sharding.root_gathered,
+    deepspeed.persistent,
     optimizer_state.optimizer_states,
     optimizer_state.master,
     resident.workspaces,
     resident.ddp_buckets,
+    deepspeed.reduce_buckets,
     float8.precomputed_scales,
 )
 

@@ -10,6 +10,7 @@ a tied embedding gets its gradient at the LM head, first.  Offloaded (ZeRO-Offlo
 
 from __future__ import annotations
 
+from vramplan.analytic.deepspeed import deepspeed_zero
 from vramplan.analytic.gradients import gradient_bytes, tied_embedding_accumulation_bytes
 from vramplan.analytic.layout import LoraTargets, RankParams, replicated_embedding_grad
 from vramplan.analytic.moment import K
@@ -22,7 +23,7 @@ from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
 
 __all__ = ["embedding_gradient_bytes", "gradients", "has_tied_embedding_backward", "layer_gradient_bytes", "replicated_embedding",
-           "tied_embedding", "total_gradient_bytes", "unsharded_gradients"]
+           "tied_embedding", "total_gradient_bytes", "unsharded_gradients", "zero3_flat_gradients"]
 
 
 def replicated_embedding(c: StepContext) -> tuple[int, int]:
@@ -31,6 +32,13 @@ def replicated_embedding(c: StepContext) -> tuple[int, int]:
     Returns (the full embedding's elements, the gradient bytes beyond this rank's shard)."""
     emb_full = replicated_embedding_grad(c.m, c.tp, c.framework) if c.peft is None and c.rp.has_embedding else 0
     return emb_full, ceil_div(emb_full - ceil_div(emb_full, c.tp), c.shards[1]) * c.pol.grad_bytes
+
+
+def zero3_flat_gradients(c: StepContext) -> bool:
+    """DeepSpeed ZeRO-3 (parameters over more than one rank): the gradient shard is a flat buffer made at
+    ``DeepSpeedZeroOptimizer_Stage3.__init__`` (deepspeed 0.19.8 runtime/zero/stage3.py
+    ``grad_partitions_flat_buffer = torch.zeros(sum(p.partition_numel() ...))``), alive for the whole step."""
+    return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3 and c.shards[2] > 1
 
 
 def total_gradient_bytes(c: StepContext) -> int:
@@ -78,7 +86,9 @@ def gradients(c: StepContext) -> list[Term]:
     attention_split = layer_activations(c).attention_split
     outside = max(0, total - sum(per_layer))
     embed = embedding_gradient_bytes(c, outside)
-    gdf, n = c.grads_during_fwd, len(per_layer)
+    # DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the optimizer's __init__ (stage3.py
+    # grad_partitions_flat_buffer): alive from the forward on, like gradients kept from an earlier micro-batch
+    gdf, n = c.grads_during_fwd or zero3_flat_gradients(c), len(per_layer)
     out = [Term(K.GRADIENTS, outside - embed, FORWARD if gdf else mlp(n - 1), END, "gradients.head"),
            Term(K.GRADIENTS, embed, FORWARD if gdf else TIED_EMBEDDING, END, "gradients.embedding"),
            Term(K.GRADIENTS, total - outside - sum(per_layer), FORWARD if gdf else TIED_EMBEDDING, END,
@@ -105,8 +115,8 @@ def gradients(c: StepContext) -> list[Term]:
 
 def unsharded_gradients(c: StepContext) -> list[Term]:
     """ZeRO-3 / FSDP: a layer's full gradients exist before they are reduce-scattered."""
-    if c.shards[2] <= 1:
-        return []
+    if c.shards[2] <= 1 or deepspeed_zero(c.s):
+        return []  # DeepSpeed copies each gradient into its bucket as it comes (terms/deepspeed.py grad_in_flight)
     rp, grad_bytes, peft = c.rp, c.pol.grad_bytes, c.peft
     return device_terms(K.UNSHARDED_GRADS, [(_grad_bytes_layer(rp, j, grad_bytes, 1, peft), mlp(j), layer_done(j),
                                               "gradients.unsharded", j)

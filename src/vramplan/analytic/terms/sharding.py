@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vramplan.analytic.deepspeed import deepspeed_zero
 from vramplan.analytic.float8 import converted_layer_linears, float8_on, head_backward_bytes
 from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
@@ -13,10 +14,11 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import FORWARD, STEP
 from vramplan.analytic.weights import weights_bytes
 
-__all__ = ["gathered", "root_gathered"]
+__all__ = ["gathered", "one_layer", "root_gathered"]
 
 
-def _one_layer(rp: RankParams, params: int) -> RankParams:
+def one_layer(rp: RankParams, params: int) -> RankParams:
+    """``rp`` cut down to one layer of ``params`` elements (its linears in proportion): a gathered unit's layout."""
     frac = params / rp.total if rp.total else 0
     return replace(rp, total=params, linear=int(rp.linear * frac), linear_out_features=int(
         rp.linear_out_features * frac), lm_head=0, tower_linear_shapes=())
@@ -43,12 +45,12 @@ def _float8_saving(c: StepContext, layer: int) -> int:
 def gathered(c: StepContext) -> list[Term]:
     """Current + prefetched unit (FSDP limit_all_gathers; DeepSpeed's prefetch), from the forward to
     the end of the backward."""
-    if c.shards[2] <= 1:
-        return []
+    if c.shards[2] <= 1 or deepspeed_zero(c.s):
+        return []  # DeepSpeed fetches module by module (terms/deepspeed.py zero3_gathered)
     rp, pol = c.rp, c.pol
     layer_p = max(rp.per_layer) if rp.per_layer else 0
     if c.peft is not None and c.quant != "none":
-        layer_p_bytes = weights_bytes(_one_layer(rp, layer_p), pol.frozen_param_bytes, c.quant)
+        layer_p_bytes = weights_bytes(one_layer(rp, layer_p), pol.frozen_param_bytes, c.quant)
     else:
         largest = rp.layers[rp.per_layer.index(layer_p)] if rp.per_layer else 0
         layer_p_bytes = layer_p * _gather_bytes(c) - _float8_saving(c, largest)

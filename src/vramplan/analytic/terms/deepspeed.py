@@ -1,0 +1,273 @@
+"""DeepSpeed ZeRO's own buffers and its ZeRO-3 parameter fetching (deepspeed 0.19.8), in place of the FSDP-like
+"two gathered units" and "a layer's unsharded gradients" when DeepSpeed runs the step (``zero_stage`` without
+``fsdp``).  The settings are ``parallel.deepspeed`` resolved per framework (analytic/deepspeed.py).
+
+ZeRO-3 (runtime/zero/stage3.py ``DeepSpeedZeroOptimizer_Stage3``, runtime/zero/partitioned_param_coordinator.py
+``PartitionedParameterCoordinator``):
+
+* ``deepspeed.reduce_bucket``: with ``contiguous_gradients`` the optimizer's ``__init__`` allocates one
+  ``reduce_bucket_size``-element buffer per communication dtype (``ipg_buckets[dtype].buffer = torch.empty(
+  self.reduce_bucket_size, ...)`` on the GPU, whatever the offload), the model's half dtype: resident.
+* the gradient partition: ``grad_partitions_flat_buffer = torch.zeros(sum(p.partition_numel()), ...)`` on
+  ``self.device`` (the GPU, or the host with ``offload_optimizer``), made at ``__init__``: this rank's gradient
+  shard exists for the whole step, forward included (terms/gradients.py ``zero3_flat_gradients``).
+* ``deepspeed.grad_in_flight``: a parameter's full gradient lives only until ``__add_grad_to_ipg_bucket`` copies
+  it into the bucket (``param.grad.data = new_grad_tensor``): one tensor at a time, the layer's largest.  Without
+  ``contiguous_gradients`` the gradients stay separate until the bucket holds ``reduce_bucket_size`` elements
+  (``reduce_independent_p_g_buckets_and_remove_grads``): up to the bucket plus one tensor, at most the layer's.
+* ``gathered``: DeepSpeed fetches module by module (``fetch_sub_module`` gathers the running module's own
+  parameters, ``recurse=False``): the largest tensor of a layer, or the head at the loss; ``gathered.prefetch``:
+  once the trace is complete it all-gathers the next parameters of the trace up to
+  ``min(stage3_prefetch_bucket_size, stage3_max_live_parameters - gathered)`` elements (``_fetch_sub_module_impl``).
+* ``gathered.retained``: ``release_sub_module`` releases only ``__params_to_release``: a module's parameters used
+  again within ``stage3_max_reuse_distance`` elements of the modules that follow in the trace stay gathered.  The
+  trace is the forward then the backward, and a checkpointed layer runs its forward again in the backward, so a
+  layer's parameter released in the forward at module i of layer j is reused after
+
+      D = (its layer's modules after i) + F_after + 2 H + B_after + (ckpt(j) ? its modules before i
+                                                                     : its modules after i)
+
+  elements (F_after: the later layers' parameters, B_after: the same, twice for a checkpointed layer, H: the
+  head's, run at the forward's end and first in the backward).  With D < stage3_max_reuse_distance it stays
+  gathered from its forward until its layer's backward ends: the last layers of a model small beside the
+  distance (1e9 by default), and fewer with checkpointing (3x rather than 2x the later layers).
+* ``deepspeed.persistent``: parameters of at most ``stage3_param_persistence_threshold`` elements
+  (``DeepSpeedZeRoOffload.mark_persistent_parameters``: ``ds_persist``) are gathered once and never released: their
+  full bytes, less the shard already counted as the parameters.
+
+ZeRO-1/2 (runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer``):
+
+* ``deepspeed.reduce_bucket``: ``setup_buckets`` allocates ``reduce_bucket_size`` elements in the bit16 dtype when
+  the first gradient arrives (gradient hooks exist with ``contiguous_gradients``, ``overlap_comm`` or stage 2), and
+  a second with ``overlap_comm`` ("double buffers"); the buffers are kept from micro-step to micro-step.
+* ``deepspeed.offload_staging``: with ``offload_optimizer`` the GPU keeps ``temp_grad_buffer_for_gpu_offload``, a
+  buffer of the largest parameter's elements in the bit16 dtype (``__init__``, ``if self.cpu_offload``).
+* ``allgather_bucket_size`` allocates nothing: ``all_gather_dp_groups`` (runtime/utils.py) gathers with
+  ``all_gather_into_tensor`` straight into the bit16 groups wherever torch has it.
+
+Releases: the same buffers since DeepSpeed 0.6 (stage3.py ``__ipg_bucket_flat_buffer`` of reduce_bucket_size and
+``grad_partitions_flat_buffer`` at ``__init__`` in v0.6.0, v0.7.0, v0.9.0, v0.14.0, v0.16.0; stage_1_and_2.py's
+``ipg_buffer`` made anew at each ``backward`` with a second one under overlap_comm in v0.9.0 and v0.14.0, never
+freed between steps), and ``__params_to_release``'s reuse-distance walk over the module trace in
+partitioned_param_coordinator.py since v0.7.0 (in stage3.py in v0.6.0), so the published runs of 2022-2025 are
+modelled by the same rules.
+"""
+
+from __future__ import annotations
+
+from vramplan.analytic.checkpointing import checkpointed_layer
+from vramplan.analytic.deepspeed import ZeroSettings, deepspeed_zero, zero_settings
+from vramplan.analytic.layout import split_on_rank
+from vramplan.analytic.moment import K
+from vramplan.analytic.terms.base import Term, device_terms, resident
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.sharding import one_layer
+from vramplan.analytic.timeline import FORWARD, STEP, layer_done, mlp
+from vramplan.analytic.weights import weights_bytes
+from vramplan.units import ceil_div
+
+__all__ = ["grad_in_flight", "layer_tensors", "persistent", "reduce_buckets", "retained_layers",
+           "reuse_distances", "settings", "zero3", "zero3_gathered"]
+
+
+def settings(c: StepContext) -> ZeroSettings:
+    """The resolved ``parallel.deepspeed`` (once per stage)."""
+    return c.memo("deepspeed.settings", lambda: zero_settings(c.s, c.m.hidden_size))
+
+
+def zero3(c: StepContext) -> bool:
+    """DeepSpeed's ZeRO-3 partitions the parameters over more than one rank."""
+    return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3 and c.shards[2] > 1
+
+
+def _half_bytes(c: StepContext) -> int:
+    """Bytes per element of DeepSpeed's bit16 (or fp32) model dtype: its communication and bucket dtype."""
+    return 2 if c.pol.compute_bytes <= 2 else 4
+
+
+def layer_tensors(c: StepContext) -> list[list[int]]:
+    """Each of this rank's layers' parameter tensors (elements on this rank), in the model's (forward) order."""
+    def make() -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in c.rp.layers]
+        where = {layer: j for j, layer in enumerate(c.rp.layers)}
+        for p in c.m.params:
+            if not p.layer_span:
+                continue
+            per = p.count // len(p.layer_span)
+            if p.tp == "expert" and c.ep > 1:
+                per = ceil_div(per, c.ep)
+            numel = split_on_rank(p, c.tp, c.ep)
+            for layer in p.layer_span:
+                j = where.get(layer)
+                if j is not None:
+                    out[j] += [numel] * per
+        return out
+    return c.memo("deepspeed.layer_tensors", make)
+
+
+def _head_elements(c: StepContext) -> int:
+    """Elements of the LM head the loss runs (the tied embedding's when tied), 0 on a stage without it."""
+    if not c.last:
+        return 0
+    if c.rp.lm_head:
+        return c.rp.lm_head
+    return ceil_div(c.m.vocab_size, c.tp) * c.m.hidden_size if c.m.tie_word_embeddings else 0
+
+
+def _bytes_per_gathered(c: StepContext) -> tuple[int, int]:
+    """(bytes, elements) of a gathered layer: its stored dtype's (a quantized base's packed bytes)."""
+    rp = c.rp
+    layer_p = max(rp.per_layer) if rp.per_layer else 0
+    if c.peft is not None and c.quant != "none" and layer_p:
+        return weights_bytes(one_layer(rp, layer_p), c.pol.frozen_param_bytes, c.quant), layer_p
+    return _half_bytes(c), 1
+
+
+def _gbytes(c: StepContext, elements: int) -> int:
+    num, den = _bytes_per_gathered(c)
+    return ceil_div(elements * num, den) if den else 0
+
+
+def reuse_distances(c: StepContext) -> list[list[int]]:
+    """Each layer tensor's reuse distance D (module docstring), in elements of the trace."""
+    tensors = layer_tensors(c)
+    n = len(tensors)
+    head = _head_elements(c)
+    sizes = [sum(t) for t in tensors]
+    out: list[list[int]] = [[] for _ in range(n)]
+    f_after = b_after = 0
+    for j in range(n - 1, -1, -1):
+        ckpt = checkpointed_layer(c.s, j)
+        before = 0
+        total = sizes[j]
+        for t in tensors[j]:
+            after = total - before - t
+            out[j].append(after + f_after + 2 * head + b_after + (before if ckpt else after))
+            before += t
+        f_after += total
+        b_after += total * (2 if ckpt else 1)
+    return out
+
+
+def _persists(c: StepContext, numel: int) -> bool:
+    return numel <= settings(c).param_persistence_threshold
+
+
+def retained_layers(c: StepContext) -> list[int]:
+    """Elements of each layer kept gathered from its forward to its backward (reuse within the distance), less
+    its persistent tensors (counted once in ``persistent``)."""
+    limit = settings(c).max_reuse_distance
+    return [sum(t for t, d in zip(ts, ds, strict=True) if d < limit and not _persists(c, t))
+            for ts, ds in zip(layer_tensors(c), reuse_distances(c), strict=True)]
+
+
+def _persistent_elements(c: StepContext) -> int:
+    """Elements of this rank's parameters at or under the persistence threshold (the adapters aside)."""
+    rp = c.rp
+    out = sum(t for ts in layer_tensors(c) for t in ts if _persists(c, t))
+    for p in c.m.params:
+        if p.layer_span:
+            continue
+        held = rp.has_embedding if p.role in ("embedding", "position") else c.last
+        numel = split_on_rank(p, c.tp, c.ep)
+        if held and _persists(c, numel):
+            out += numel * p.count
+    return out
+
+
+def _adapter_persistent_elements(c: StepContext) -> int:
+    """Elements of this rank's LoRA matrices at or under the persistence threshold: each adapted linear's A
+    (rank x in_features) and B (out_features x rank), each its own parameter (peft tuners/lora/layer.py
+    ``update_layer``: ``nn.Linear(self.in_features, r)`` and ``nn.Linear(r, self.out_features)``)."""
+    if c.peft is None:
+        return 0
+    r, linear, held = c.peft.rank, c.lt.linear, set(c.rp.layers)
+    out = 0
+    for p in c.m.params:
+        if not p.layer_span or p.module not in linear or not p.in_features:
+            continue
+        instances = p.count // len(p.layer_span) * sum(1 for layer in p.layer_span if layer in held)
+        fan_in = ceil_div(p.in_features, c.tp) if p.tp == "row" else p.in_features
+        fan_out = ceil_div(p.out_features, c.tp) if p.tp == "column" else p.out_features
+        out += sum(n for n in (r * fan_in, fan_out * r) if _persists(c, n)) * instances
+    return out
+
+
+def persistent(c: StepContext) -> list[Term]:
+    """ZeRO-3's persistent parameters (the base's and the LoRA matrices'): gathered once, kept on the GPU
+    (offloaded parameters too); their shard is already among the parameters (not when the parameters are
+    offloaded)."""
+    if not zero3(c):
+        return []
+    nbytes = 0
+    for elems, per in ((_persistent_elements(c), _half_bytes(c)), (_adapter_persistent_elements(c), c.adapter)):
+        nbytes += elems * per - (0 if c.offload_params else ceil_div(elems, c.shards[2]) * per)
+    return [resident(K.DS_PERSISTENT, max(0, nbytes), "deepspeed.persistent")]
+
+
+def zero3_gathered(c: StepContext) -> list[Term]:
+    """ZeRO-3's gathered parameters: the running module (the head at the loss, then a layer's largest tensor),
+    the prefetched ones and the layers kept for their reuse."""
+    if not zero3(c):
+        return []
+    st = settings(c)
+    tensors = layer_tensors(c)
+    n = len(tensors)
+    largest = max((t for ts in tensors for t in ts if not _persists(c, t)), default=0)
+    head = _head_elements(c)
+    retained = retained_layers(c)
+    available = sum(retained)
+    trace_rest = sum(sum(ts) for ts in tensors) + head
+    prefetch = min(st.prefetch_bucket_size, max(0, st.max_live_parameters - available), trace_rest)
+    out: list[Term] = []
+    first = mlp(n - 1) if n else STEP
+    if head and n:
+        out.append(Term(K.GATHERED, head * _half_bytes(c), FORWARD, first, "gathered.head"))
+    if n:
+        out.append(Term(K.GATHERED, _gbytes(c, largest), first, STEP, "gathered"))
+    out.append(Term(K.GATHERED, _gbytes(c, prefetch), FORWARD, STEP, "gathered.prefetch"))
+    out += device_terms(K.DS_RETAINED, [(_gbytes(c, retained[j]), FORWARD, layer_done(j), "gathered.retained", j)
+                                        for j in range(n - 1, -1, -1)])
+    return out
+
+
+def _largest_trainable(c: StepContext, j: int) -> int:
+    """Elements of layer ``j``'s largest trainable tensor (its adapters' total under PEFT: small, an upper bound)."""
+    if c.peft is not None:
+        return c.rp.lora_per_layer[j] if j < len(c.rp.lora_per_layer) else 0
+    return max(layer_tensors(c)[j], default=0)
+
+
+def grad_in_flight(c: StepContext) -> list[Term]:
+    """ZeRO-3: the full gradients alive before they reach the reduce bucket, per layer's backward."""
+    if not zero3(c) or c.grads_one_at_a_time:
+        return []
+    st, gb = settings(c), c.pol.grad_bytes
+    rows = []
+    for j in range(len(layer_tensors(c)) - 1, -1, -1):
+        one = _largest_trainable(c, j)
+        layer = c.rp.lora_per_layer[j] if c.peft is not None else c.rp.per_layer[j]
+        elems = one if st.contiguous_gradients else min(layer, st.reduce_bucket_size + one)
+        rows.append((elems * gb, mlp(j), layer_done(j), "deepspeed.grad_in_flight", j))
+    return device_terms(K.UNSHARDED_GRADS, rows)
+
+
+def reduce_buckets(c: StepContext) -> list[Term]:
+    """The reduce buckets (ZeRO-1/2/3) and ZeRO-1/2's offload staging buffer, resident."""
+    if not deepspeed_zero(c.s) or c.grads_one_at_a_time or c.trainable == 0:
+        return []
+    st, half = settings(c), _half_bytes(c)
+    stage = c.s.parallel.zero_stage
+    if stage == 3:
+        if not zero3(c):
+            return []
+        buckets = 1 if st.contiguous_gradients else 0
+    else:
+        hooked = st.contiguous_gradients or st.overlap_comm or stage == 2
+        buckets = (1 + (1 if st.overlap_comm else 0)) if hooked and st.contiguous_gradients else 0
+    out = [resident(K.DS_REDUCE_BUCKETS, buckets * st.reduce_bucket_size * half, "deepspeed.reduce_bucket")]
+    if stage < 3 and c.offload_opt:
+        largest = max((split_on_rank(p, c.tp, c.ep) for p in c.m.params), default=0) if c.peft is None \
+            else max(c.rp.lora_per_layer, default=0)
+        out.append(resident(K.DS_REDUCE_BUCKETS, largest * half, "deepspeed.offload_staging"))
+    return out

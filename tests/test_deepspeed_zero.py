@@ -1,0 +1,213 @@
+"""DeepSpeed ZeRO's buffers and ZeRO-3 parameter fetching (analytic/terms/deepspeed.py), by hand on Llama-2-7B.
+
+Llama-2-7B: h = 4096, I = 11008, 32 layers, vocabulary 32,000, untied head.  One layer's tensors in the model's
+order: q, k, v, o (4096^2 = 16,777,216 each), the two norms (4,096 each), gate, up, down (4096 x 11008 =
+45,088,768 each): P = 4 x 16,777,216 + 2 x 4,096 + 3 x 45,088,768 = 202,383,360.  Head H = 32,000 x 4096 =
+131,072,000.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vramplan.analytic.deepspeed import zero_settings
+from vramplan.analytic.terms import deepspeed as ds
+from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.gradients import gradients
+from vramplan.analytic.timeline import FORWARD
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
+from vramplan.spec.scenario import Scenario
+
+P = 202_383_360
+H = 131_072_000
+
+
+def _scenario(zero: int = 3, gpus: int = 2, **extra: Any) -> Scenario:
+    doc: dict[str, Any] = {"model": "meta-llama/Llama-2-7b-hf", "task": "train",
+                           "hardware": {"gpu": "H100-SXM", "num_gpus": gpus}, "parallel": {"zero_stage": zero}}
+    for k, v in extra.items():
+        if k == "deepspeed":
+            doc["parallel"]["deepspeed"] = v
+        elif k in ("framework",):
+            doc[k] = v
+        else:
+            doc.setdefault("train", {})[k] = v
+    return Scenario.model_validate(doc)
+
+
+def _ctx(s: Scenario) -> StepContext:
+    return StepContext(resolve(s), 0, "flash", False)
+
+
+def _bytes(terms: list[Term], name: str) -> int:
+    return sum(t.nbytes for t in terms if t.name == name)
+
+
+def test_defaults_by_framework() -> None:
+    # DeepSpeed 0.19.8 runtime/zero/config.py; transformers' "auto": h^2, int(0.9 h^2), 10 h with h = 4096;
+    # Lightning's DeepSpeedStrategy: 2e8 buckets, overlap_comm on
+    own = zero_settings(_scenario(), 4096)
+    assert (own.reduce_bucket_size, own.prefetch_bucket_size, own.param_persistence_threshold,
+            own.max_live_parameters, own.max_reuse_distance, own.overlap_comm, own.contiguous_gradients) == \
+        (500_000_000, 50_000_000, 100_000, 1_000_000_000, 1_000_000_000, True, True)
+    assert not zero_settings(_scenario(zero=2), 4096).overlap_comm  # overlap_comm_valid: stage 3 only
+    hf = zero_settings(_scenario(framework="hf-trainer"), 4096)
+    assert (hf.reduce_bucket_size, hf.prefetch_bucket_size, hf.param_persistence_threshold) == \
+        (16_777_216, 15_099_494, 40_960)  # 4096^2; int(0.9 x 16,777,216) = 15,099,494; 10 x 4096
+    lt = zero_settings(_scenario(framework="lightning", zero=2), 4096)
+    assert (lt.reduce_bucket_size, lt.allgather_bucket_size, lt.overlap_comm) == (200_000_000, 200_000_000, True)
+    given_ = zero_settings(_scenario(deepspeed={"reduce_bucket_size": 1000}), 4096)
+    assert given_.reduce_bucket_size == 1000 and given_.prefetch_bucket_size == 50_000_000
+
+
+def test_zero3_reduce_bucket() -> None:
+    # one bucket of reduce_bucket_size elements in bf16: 5e8 x 2 = 1,000,000,000 B
+    assert _bytes(ds.reduce_buckets(_ctx(_scenario())), "deepspeed.reduce_bucket") == 1_000_000_000
+    # contiguous_gradients off: no preallocated bucket
+    assert _bytes(ds.reduce_buckets(_ctx(_scenario(deepspeed={"contiguous_gradients": False}))),
+                  "deepspeed.reduce_bucket") == 0
+
+
+def test_zero12_reduce_buckets_and_offload_staging() -> None:
+    # ZeRO-2, overlap_comm: two buffers (setup_buckets "double buffers"): 2 x 1e6 x 2 B = 4,000,000
+    c = _ctx(_scenario(zero=2, deepspeed={"reduce_bucket_size": 1_000_000, "overlap_comm": True}))
+    assert _bytes(ds.reduce_buckets(c), "deepspeed.reduce_bucket") == 4_000_000
+    # ZeRO-2 default (overlap_comm false): one, 5e8 x 2 = 1e9 B
+    assert _bytes(ds.reduce_buckets(_ctx(_scenario(zero=2))), "deepspeed.reduce_bucket") == 1_000_000_000
+    # offload_optimizer: temp_grad_buffer_for_gpu_offload of the largest parameter (the embedding or head,
+    # 131,072,000 elements) in bf16: 262,144,000 B
+    s = Scenario.model_validate({**_scenario(zero=2).model_dump(), "parallel": {"zero_stage": 2, "offload": "optimizer"}})
+    assert _bytes(ds.reduce_buckets(_ctx(s)), "deepspeed.offload_staging") == 262_144_000
+
+
+def test_zero3_persistent_parameters() -> None:
+    # tensors of at most 1e5 elements: the 2 x 32 layer norms and the final norm, 65 x 4096 = 266,240 elements;
+    # gathered in bf16 (532,480 B) less the shard counted as parameters (266,240 / 2 x 2 = 266,240 B)
+    assert _bytes(ds.persistent(_ctx(_scenario())), "deepspeed.persistent") == 266_240
+
+
+def test_zero3_persistent_lora_matrices() -> None:
+    # LoRA r = 8 on all linears: A (8 x in) and B (out x 8) per linear, per layer q/k/v/o 4 x (32,768 + 32,768)
+    # = 262,144; gate/up 32,768 + 88,064 each, down 88,064 + 32,768: 362,496; 624,640 per layer, 19,988,480 in all.
+    # DeepSpeed's threshold 1e5 keeps every matrix: 19,988,480 x 2 B less the shard (19,988,480 B) = 19,988,480,
+    # plus the norms' 266,240
+    c = _ctx(_scenario(peft={"method": "lora", "target_modules": "all-linear"}))
+    assert _bytes(ds.persistent(c), "deepspeed.persistent") == 19_988_480 + 266_240
+    # the "auto" threshold 10 h = 40,960 drops gate/up's B and down's A (88,064 each): 262,144 + 3 x 32,768 =
+    # 360,448 per layer, 11,534,336 in all; under hf-trainer the adapters are fp32 (peft >= 0.12 upcasts them,
+    # terms/context.py step_policy): 11,534,336 x 4 B less the shard (5,767,168 x 4 B) = 23,068,672 B; the norms
+    # (4,096 elements) still persist
+    c = _ctx(_scenario(framework="hf-trainer", peft={"method": "lora", "target_modules": "all-linear"}))
+    assert _bytes(ds.persistent(c), "deepspeed.persistent") == 23_068_672 + 266_240
+
+
+def test_zero3_retained_layers_without_checkpointing() -> None:
+    # D = 2 x (rest of the layer) + 2 x (later layers) + 2 H (no checkpointing); kept while D < 1e9.
+    # Layer 31: D <= 2 x (P - 16,777,216) + 262,144,000 = 633,356,288: every tensor but the (persistent) norms,
+    #   P - 8,192 = 202,375,168 elements.
+    # Layer 30: D = 2 x after + 2P + 2H = 2 x after + 666,910,720: q (after 185,606,144: 1,038,123,008) and
+    #   k (after 168,828,928: 1,004,568,576) released; v (971,014,144), o, gate, up, down kept:
+    #   2 x 16,777,216 + 3 x 45,088,768 = 168,820,736 elements.
+    # Layer 29: D >= 4P + 2H = 1,071,677,440: none.
+    c = _ctx(_scenario())
+    assert ds.retained_layers(c)[29:] == [0, 168_820_736, 202_375_168]
+    assert sum(ds.retained_layers(c)) == 371_195_904
+    terms = ds.zero3_gathered(c)
+    # 371,195,904 x 2 B = 742,391,808 B, from the forward
+    assert sum(t.nbytes for t in terms if t.name == "gathered.retained") == 742_391_808
+    assert all(t.born == FORWARD for t in terms if t.name == "gathered.retained")
+    # the running module: the head at the loss (131,072,000 x 2 = 262,144,000 B), then a layer's largest tensor
+    # (45,088,768 x 2 = 90,177,536 B); prefetch min(5e7, 1e9 - 371,195,904) = 5e7 elements = 1e8 B
+    assert _bytes(terms, "gathered.head") == 262_144_000
+    assert _bytes(terms, "gathered") == 90_177_536
+    assert _bytes(terms, "gathered.prefetch") == 100_000_000
+
+
+def test_zero3_retained_with_checkpointing() -> None:
+    # checkpointed layers run their forward again: D = (rest) + 3 x (later layers) + 2 H + (before).
+    # Layer 31: D = P - t + 2H <= 202,383,360 - 4,096 + 262,144,000 < 1e9: all but the norms, 202,375,168.
+    # Layer 30: D = 4P - t + 2H >= 1,071,677,440 - 45,088,768 = 1,026,588,672: none.
+    c = _ctx(_scenario(gradient_checkpointing="full"))
+    assert ds.retained_layers(c)[30:] == [0, 202_375_168]
+    assert sum(ds.retained_layers(c)) == 202_375_168
+
+
+def test_small_reuse_distance_releases_everything_and_live_cap_stops_prefetch() -> None:
+    c = _ctx(_scenario(deepspeed={"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 0}))
+    assert sum(ds.retained_layers(c)) == 0
+    assert _bytes(ds.zero3_gathered(c), "gathered.prefetch") == 0
+
+
+def test_zero3_gradients_resident_and_in_flight() -> None:
+    # the flat gradient partition (stage3.py grad_partitions_flat_buffer) exists from the forward on
+    c = _ctx(_scenario())
+    assert all(t.born == FORWARD for t in gradients(c))
+    # one parameter's full gradient on its way into the bucket: the layer's largest, 45,088,768 x 2 B
+    inflight = ds.grad_in_flight(c)
+    assert {t.nbytes for t in inflight} == {90_177_536} and len(inflight) == 32
+    # without contiguous_gradients: up to the bucket plus one tensor, at most the layer (P x 2 B)
+    c2 = _ctx(_scenario(deepspeed={"contiguous_gradients": False, "reduce_bucket_size": 10_000_000}))
+    assert {t.nbytes for t in ds.grad_in_flight(c2)} == {(10_000_000 + 45_088_768) * 2}
+
+
+def test_fsdp_and_zero0_untouched() -> None:
+    for s in (_scenario(zero=0), Scenario.model_validate({**_scenario(zero=0).model_dump(),
+                                                          "parallel": {"fsdp": "full_shard"}})):
+        c = _ctx(s)
+        assert ds.zero3_gathered(c) == [] and ds.reduce_buckets(c) == [] and ds.persistent(c) == []
+
+
+def test_estimate_names_the_settings() -> None:
+    rep = estimate(_scenario(framework="hf-trainer"))
+    assert any("reduce_bucket_size 16,777,216" in a for a in rep.assumptions)
+    unused = estimate(_scenario(zero=2, deepspeed={"stage3_max_live_parameters": 5}))
+    assert any("parallel.deepspeed.stage3_max_live_parameters set but not used" in a for a in unused.assumptions)
+
+
+@settings(max_examples=12, deadline=None)
+@given(small=st.integers(1, 2_000_000_000), extra=st.integers(0, 2_000_000_000))
+def test_terms_nonnegative_and_monotone_in_bucket_sizes(small: int, extra: int) -> None:
+    """Every new term is >= 0, and a larger bucket (reduce, prefetch, live cap, reuse distance, persistence)
+    never makes fewer bytes."""
+    big = small + extra
+    keys = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+            "stage3_max_reuse_distance", "stage3_param_persistence_threshold")
+
+    def total(v: int) -> int:
+        c = _ctx(_scenario(deepspeed=dict.fromkeys(keys, v)))
+        terms = ds.reduce_buckets(c) + ds.persistent(c) + ds.zero3_gathered(c) + ds.grad_in_flight(c)
+        assert all(t.nbytes >= 0 for t in terms)
+        return sum(t.nbytes for t in terms)
+
+    assert total(small) <= total(big)
+
+
+@pytest.mark.parametrize("key", ["reduce_bucket_size", "stage3_prefetch_bucket_size"])
+def test_bucket_terms_monotone_one_at_a_time(key: str) -> None:
+    # reduce bucket: 1e6 -> 2e6 elements adds 1e6 x 2 B; prefetch: 1e6 -> 2e6 elements adds 1e6 x 2 B
+    def total(v: int) -> int:
+        c = _ctx(_scenario(deepspeed={key: v}))
+        return sum(t.nbytes for t in ds.reduce_buckets(c) + ds.zero3_gathered(c))
+    assert total(2_000_000) - total(1_000_000) == 2_000_000
+
+
+def test_small_model_zero3_keeps_layers_gathered() -> None:
+    """TinyLlama 1.1B (22 layers of 44,044,288 parameters, h = 2048, head 32,000 x 2048 = 65,536,000) on 2 GPUs:
+    with DeepSpeed's reuse distance 1e9 and no checkpointing, a layer's parameters stay gathered while
+    2 x (later layers + head) + 2 x (its own later tensors) < 1e9, about the last 9 layers, so ZeRO-3's peak exceeds
+    ZeRO-2's; releasing every module (distance 0) brings it under."""
+    def peak(stage: int, distance: int | None = None) -> int:
+        par: dict[str, Any] = {"zero_stage": stage}
+        if distance is not None:
+            par["deepspeed"] = {"stage3_max_reuse_distance": distance}
+        sc = {"model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "task": "train", "framework": "deepspeed",
+              "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+              "train": {"micro_batch_size": 2, "seq_len": 512}, "parallel": par}
+        return estimate(sc).per_gpu.peak_allocated_bytes
+    assert peak(3) > peak(2) > peak(3, 0)
