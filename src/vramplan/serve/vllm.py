@@ -24,7 +24,10 @@ The decision of the V1 releases from 0.9.1 (V0 from 0.6.5 is the same sum), foll
    ``available = requested - non_kv``.  CUDA graphs are captured after the KV cache is
    allocated and are *outside* ``gpu_memory_utilization`` in these versions (newer ones
    subtract an estimate when ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` is set; the
-   ``subtract_cudagraphs`` option models that).
+   ``subtract_cudagraphs`` option models that).  Their bytes come from the capture mechanism
+   with a band (``serve/cudagraphs.py``); when the room left outside the budget holds the
+   expected bytes but not the band's high end, the decision says vLLM *may not start*
+   (``_start_risk``).
 5. ``vllm/v1/core/kv_cache_utils.py``: layers are grouped by attention type (one group for
    uniform models; equal-size groups of full and sliding-window layers for hybrids), a
    block holds ``block_size`` tokens of one layer (the page), and
@@ -112,7 +115,7 @@ class VllmBehaviour:
     sampler: Literal["native", "flashinfer"]
     non_torch_tp1_bytes: int
     non_torch_tp_bytes: int  # tensor parallel > 1
-    cudagraph_bytes: int  # allowance for captured graphs (outside the budget)
+    cudagraph_bytes: int  # the release row's printed 0.84 GiB figure; the decision derives the graphs (serve/cudagraphs.py)
     sources: tuple[str, ...]
     release: VllmRelease | None = None
     exact: bool = True
