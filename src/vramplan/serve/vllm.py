@@ -822,8 +822,9 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
             # the estimate vLLM subtracts is measured on graphs whose sizes follow the speculative query length
             notes.append(f"not modelled: with speculative decoding vLLM {version} captures its CUDA graphs at sizes "
                          "rounded up to multiples of num_speculative_tokens + 1 (vllm/config/compilation.py "
-                         "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, 0.12.0 on), so the CUDA-graph "
-                         "estimate it subtracts from the KV budget differs from the stand-in used here")
+                         "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, 0.12.0 on; 0.29.0 adds request-count "
+                         "decode sizes), while the sizes counted here are the grid scaled by the query length "
+                         "(facts/vllm_cudagraphs.py), so the estimate it subtracts from the KV budget differs")
     modelled = sv.speculative is not None and speculative_profile_modelled(version)
     return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
                     notes=tuple(notes), draft_model=draft_model if modelled else None,
@@ -1307,11 +1308,12 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
              "FlashInfer); the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ "
              "reads attn_rotary_emb from config.json instead, head_dim where it is absent); the profile run's mixer "
              "layers skip the scan (MambaMixer2.forward_cuda 'profile run')"),
-            # no published start-up log of a hybrid model checks this estimate, and the graphs' share is a stand-in
-            # measured on an attention-only model: stated as not modelled, so the band widens (report/band.py)
+            # no published start-up log of a hybrid model checks this estimate, and the per-segment bytes were printed
+            # for attention-only models: stated as not modelled, so the band widens (report/band.py)
             ("not modelled: the memory of the FULL_AND_PIECEWISE CUDA graphs vLLM captures for a hybrid model "
-             "(MambaModelConfig; the figure above is an attention-only model's), and no published start-up log of a "
-             "hybrid model checks this estimate yet")]
+             "(MambaModelConfig; the mixer layers' pieces are counted as attention layers' are, with bytes per segment "
+             "printed for attention-only models), and no published start-up log of a hybrid model checks this "
+             "estimate yet")]
 
 
 def _speculative_notes(b: _Budget) -> list[str]:
