@@ -153,6 +153,17 @@ def test_explicit_kv_budget_risk() -> None:
     assert d.start_risk_fix.startswith(f"serve.kv_cache_memory_bytes <= {kv - over},")
 
 
+def test_explicit_kv_budget_keeps_the_graphs_outside_from_0_20() -> None:
+    # Worker.determine_available_memory returns kv_cache_memory_bytes before it profiles the graphs (0.20-0.33): no
+    # estimate is subtracted, the graphs are captured outside the explicit budget, so the risk is checked there too
+    plain = _decide("0.29.0")
+    assert plain.cudagraph_subtracted
+    kv = plain.total_memory_bytes - plain.non_kv_bytes - plain.cuda_context_bytes - plain.cudagraph_bytes - (1 << 20)
+    d = _decide("0.29.0", kv_cache_memory_bytes=kv)
+    assert not d.cudagraph_subtracted and d.starts and d.may_not_start  # 1 MiB above the point, below the high end
+    assert not _decide("0.29.0", kv_cache_memory_bytes=kv - d.cudagraph_bytes_high).may_not_start
+
+
 def test_verdict_and_cli_say_may_not_start() -> None:
     rep = estimate(_doc("0.11", gpu_memory_utilization=0.98))
     assert rep.fits and rep.verdict == "MAY NOT FIT" and rep.serve.start_risk.startswith("vLLM may not start")

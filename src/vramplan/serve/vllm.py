@@ -897,7 +897,9 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     params, rotary = serve_weights_bytes(r)
     row = beh.rules
     context, nccl = cuda_context_bytes(gpu), nccl_bytes(1) if tp > 1 else 0
-    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs
+    # an explicit KV budget skips the profiling, and with it the graphs' estimate: they are captured outside it
+    # (vllm/v1/worker/gpu_worker.py Worker.determine_available_memory returns kv_cache_memory_bytes first, 0.20-0.33)
+    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs and sv.kv_cache_memory_bytes is None
     # gpu_memory_utilization is a fraction of the device's whole memory (``init_snapshot.total_memory``),
     # whatever other processes hold of it
     total, others = gpu.device_total_bytes, gpu.in_use_by_others_bytes
