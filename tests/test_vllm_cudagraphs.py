@@ -110,7 +110,12 @@ def test_v0_graphs_by_hand_and_vllms_own_warning() -> None:
     assert old.cudagraph_bytes == 261_962_605 and old.cudagraph_bytes_high == 3 * GiB
     assert any("1~3 GiB" in a for a in old.assumptions)
     # 0.96 x 85,017,755,648 leaves 3,400,710,226 - the CUDA context 731,906,048 = 2.49 GiB: within 0.6.0's 3 GiB
-    assert _decide("0.6.0", gpu_memory_utilization=0.96).may_not_start
+    risky = _decide("0.6.0", gpu_memory_utilization=0.96)
+    # V0 captures up to max_num_seqs (no capture-size option to name); (85,017,755,648 - 731,906,048 - 3 GiB) /
+    # 85,017,755,648 = 0.953 -> 0.95
+    assert risky.may_not_start and risky.start_risk_fix == (
+        "serve.gpu_memory_utilization <= 0.95, or serve.cuda_graphs: false (--enforce-eager), or fewer capture sizes "
+        "(a lower serve.max_num_seqs)")
     assert not _decide("0.6.4", gpu_memory_utilization=0.96).may_not_start
 
 

@@ -1139,9 +1139,10 @@ def _start_risk(r: Resolved, b: _Budget) -> tuple[str, str]:
     else:
         util = max(0.0, int((b.requested - (g.high_bytes - room)) / b.total * 100) / 100)
         lower = f"serve.gpu_memory_utilization <= {util:.2f}"
-    largest = g.largest
+    # V0 sizes its captures by max_num_seqs alone; V1 also takes compilation_config.cudagraph_capture_sizes
+    option = "" if g.rule.sizes == "v0" else f", or vLLM's cudagraph_capture_sizes below {g.largest}"
     return message, (f"{lower}, or serve.cuda_graphs: false (--enforce-eager), or fewer capture sizes (a lower "
-                     f"serve.max_num_seqs, or vLLM's cudagraph_capture_sizes below {largest})")
+                     f"serve.max_num_seqs{option})")
 
 
 def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Blocks, batched: int,
