@@ -50,7 +50,8 @@ def test_json_report_keys() -> None:
                                "kv_cache_bytes_low", "kv_cache_bytes_high", "max_concurrency_low", "max_concurrency_high",
                                "engine", "weights_bytes", "kv_cache_tokens", "host_bytes", "starts", "start_problem",
                                "start_fix",
-                               "weights_gpu_bytes", "weights_host_bytes", "compute_buffer_bytes"}
+                               "weights_gpu_bytes", "weights_host_bytes", "compute_buffer_bytes", "start_risk",
+                               "start_risk_fix"}
     # the band beside the point (report/band.py)
     assert pg["peak_allocated_bytes_low"] <= pg["peak_allocated_bytes"] <= pg["peak_allocated_bytes_high"]
     assert r["verdict"] in ("FITS", "MAY NOT FIT", "DOES NOT FIT")

@@ -38,11 +38,13 @@ PARAMS = 494_032_768
 #   non-torch = int(0.13 GiB) = 139,586,437 (vLLM 0.11 on H100, facts/vllm_releases.py)
 #   available = 25,530,020,659 - 992,259,840 - 157,417,472 - 139,586,437 = 24,240,756,910
 #   page = 16 tokens x (2 x 2 x 64 x 2 B) = 8,192; blocks = 24,240,756,910 // 8,192 // 24 = 123,294
-#   KV = 123,294 x 8,192 x 24 = 24,240,586,752; CUDA graphs int(0.84 GiB) = 901,943,132
+#   KV = 123,294 x 8,192 x 24 = 24,240,586,752
+#   CUDA graphs (serve/cudagraphs.py, 0.11.0 rules): max min(8 x 2, 512) = 16 -> sizes 1, 2, 4, 8, 16, FULL decode
+#   4 (<= 8): (5 + 4) x 25 = 225 segments; pool (4 x 896 + 3 x 4,864) x 16 x 2 = 581,632 + 225 x 204,111 = 46,506,607
 VLLM_WEIGHTS = 992_259_840
 VLLM_ACT = 157_417_472
 VLLM_KV = 24_240_586_752
-VLLM_OTHER = 901_943_132 + 139_586_437
+VLLM_OTHER = 46_506_607 + 139_586_437
 
 
 def _doc(**rl: Any) -> dict[str, Any]:
@@ -93,10 +95,10 @@ def test_colocated_vllm_engine_by_hand() -> None:
 def test_rollout_phase_by_hand() -> None:
     # between steps the trainer keeps fp32 parameters 494,032,768 x 4 = 1,976,131,072, AdamW's two fp32 states
     # 3,952,262,144 and two cuBLAS workspaces 17,039,360 (gradients set to None); the engine generating adds
-    # 992,259,840 + 24,240,586,752 + 157,417,472 + 1,041,529,569:
-    # 1,976,131,072 + 3,952,262,144 + 17,039,360 + 26,431,793,633 = 32,377,226,209
+    # 992,259,840 + 24,240,586,752 + 157,417,472 + 186,093,044 (VLLM_OTHER):
+    # 1,976,131,072 + 3,952,262,144 + 17,039,360 + 25,576,357,108 = 31,521,789,684
     rep = estimate(_doc())
-    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 32_377_226_209
+    assert rep.per_gpu.lifecycle["rollout"]["allocated_bytes"] == 31_521_789_684
 
 
 def test_scoring_phase_by_hand() -> None:
@@ -105,8 +107,8 @@ def test_scoring_phase_by_hand() -> None:
     #   = 77,791,232 -> 702,552,064; the MLP's 6,144 x 4,864 x 2 x 3 = 179,306,496 is smaller
     #   residual in and out: 2 x 6,144 x 896 x 4 (fp32 under autocast over fp32 parameters) = 44,040,192
     # over the resident 5,945,432,576 and the engine between rollouts 992,259,840 + 24,240,586,752 +
-    # 1,041,529,569 = 26,274,376,161: 5,945,432,576 + 26,274,376,161 + 746,592,256 = 32,966,400,993
-    assert estimate(_doc()).per_gpu.lifecycle["scoring"]["allocated_bytes"] == 32_966_400_993
+    # 186,093,044 = 25,418,939,636: 5,945,432,576 + 25,418,939,636 + 746,592,256 = 32,110,964,468
+    assert estimate(_doc()).per_gpu.lifecycle["scoring"]["allocated_bytes"] == 32_110_964_468
 
 
 def test_training_step_holds_the_engine_without_sleep_mode() -> None:
@@ -194,7 +196,7 @@ def test_cli_estimate_grpo_flags() -> None:
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["scenario"]["rl"]["rollout"]["sleep_mode"] == 2
-    assert doc["per_gpu"]["lifecycle"]["rollout"]["allocated_bytes"] == 32_377_226_209
+    assert doc["per_gpu"]["lifecycle"]["rollout"]["allocated_bytes"] == 31_521_789_684
 
 
 def test_plan_refuses_grpo(tmp_path: Path) -> None:

@@ -79,9 +79,18 @@ def test_draft_model_row_terms_at_0_29() -> None:
     # 40,960 positions in both), its buffers and 602,308,608 - 291,143,680 = 311,164,928 of peak
     assert spec.speculative_weights_bytes == spec.weights_bytes - plain.weights_bytes
     lost = spec.speculative_weights_bytes + 8_442_368 + 311_164_928
-    assert plain.available_kv_bytes - spec.available_kv_bytes == lost
+    # and more CUDA-graph memory (0.29.0 subtracts its estimate; facts/vllm_cudagraphs.py, 0.13.0 rule), 36 layers:
+    #   plain: max min(128 x 2, 512, 2048) = 256 -> 35 sizes, FULL decode 19 (<= 128): (35 + 19) x 37 = 1,998
+    #     segments; pool (4 x 4096 + 3 x 12,288) x 256 x 2 = 27,262,976 + 1,998 x 204,111 = 435,076,754
+    #   2 speculative tokens (query 3): max min(128 x 3 x 2, 512, 2048) = 512 -> 51 sizes, FULL decode 41 (from 3 to
+    #     384), the draft's 28 layers piecewise 51 x 29 = 1,479: (51 + 41) x 37 + 1,479 = 4,883 segments; pool at 512
+    #     54,525,952 + 4,883 x 204,111 = 1,051,199,965; 616,123,211 more
+    assert (plain.cudagraph_bytes, spec.cudagraph_bytes) == (435_076_754, 1_051_199_965)
+    assert (plain.cudagraph_graphs, spec.cudagraph_graphs) == (35 * 37 + 19, 51 * 37 + 41 + 1479)
+    graphs = 1_051_199_965 - 435_076_754
+    assert plain.available_kv_bytes - spec.available_kv_bytes == lost + graphs
     assert spec.device_used_bytes - plain.device_used_bytes == (
-        lost + spec.kv_cache_bytes - plain.kv_cache_bytes)
+        lost + graphs + spec.kv_cache_bytes - plain.kv_cache_bytes)
 
 
 def test_releases_before_0_17_keep_the_stated_assumption() -> None:
@@ -108,7 +117,10 @@ def test_ngram_pays_the_rejection_sampler_at_vllm_serve_defaults() -> None:
     assert (plain.max_num_batched_tokens, plain.max_num_seqs) == (8192, 1024)
     assert plain.sampler_peak_bytes == 1_922_564_096
     assert ngram.to_dict()["profile_rejection_sampler_peak_bytes"] == 4_023_910_400
-    assert plain.available_kv_bytes - ngram.available_kv_bytes == 2_101_346_304
+    # and its CUDA graphs (facts/vllm_cudagraphs.py): a decode step of 1 + 4 tokens leaves the FULL decode graphs
+    # of sizes 1, 2 and 4 out (sizes from 5 to 1024 x 5), 3 x 33 = 99 segments x 204,111 B = 20,206,989 fewer
+    assert plain.cudagraph_bytes - ngram.cudagraph_bytes == 20_206_989
+    assert plain.available_kv_bytes - ngram.available_kv_bytes == 2_101_346_304 - 20_206_989
     assert "speculative_buffers_bytes" not in ngram.to_dict()  # the n-gram proposer runs on the host
 
 

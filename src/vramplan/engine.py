@@ -420,7 +420,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     block = ServeBlock(kv_cache_bytes=sr.kv_cache_bytes, num_gpu_blocks=sr.num_gpu_blocks,
                        max_concurrency=sr.max_concurrency, max_model_len_that_fits=sr.max_model_len_that_fits,
                        engine=sr.engine, weights_bytes=sr.weights_bytes, kv_cache_tokens=sr.kv_cache_tokens,
-                       starts=sr.starts, start_problem=sr.problem, start_fix=sr.fix)
+                       starts=sr.starts, start_problem=sr.problem, start_fix=sr.fix,
+                       start_risk=sr.start_risk, start_risk_fix=sr.start_risk_fix)
     # the engine reserves what it profiled (vLLM) and the KV pool up front: reserved == allocated at the peak
     rep = _report(r, sr.peak, sr.moments, sr.outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
     # a server that refuses to start does not fit, whatever the byte count says

@@ -152,9 +152,10 @@ def _serve(
 
 def _print_outcome(verdict: str, d: Any) -> None:
     """A serving engine's verdict, its message and fix, and its assumptions, under the start-up table."""
-    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else ""), highlight=False)
-    if d.fix:
-        _console().print(f"change: {d.fix}", highlight=False)
+    risk, risk_fix = getattr(d, "start_risk", ""), getattr(d, "start_risk_fix", "")
+    _console().print(f"{verdict}" + (f": {d.problem}" if d.problem else f": {risk}" if risk else ""), highlight=False)
+    if d.fix or risk_fix:
+        _console().print(f"change: {d.fix or risk_fix}", highlight=False)
     _console().print("[dim]Assumptions:[/]")
     for a in d.assumptions:
         _console().print(f"[dim]  - {a}[/]", highlight=False)
@@ -233,7 +234,8 @@ def _serve_llamacpp(d: Any, document: dict[str, Any] | None) -> None:
 
 
 def _render_serve(d: Any) -> None:
-    verdict = "[bold green]STARTS[/]" if d.starts else "[bold red]WILL NOT START[/]"
+    verdict = ("[bold red]WILL NOT START[/]" if not d.starts else "[bold yellow]MAY NOT START[/]"
+               if d.may_not_start else "[bold green]STARTS[/]")
     _console().print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
                f"max_model_len {d.max_model_len:,} · utilisation {d.gpu_memory_utilization}")
     t = _start_table("vLLM", d.total_memory_bytes, d.in_use_by_others_bytes)
@@ -243,12 +245,15 @@ def _render_serve(d: Any) -> None:
               f"profile run: {d.max_num_batched_tokens} tokens, {d.dummy_requests} requests "
               f"(forward {_gib(d.forward_peak_bytes)}, sampler {_gib(d.sampler_peak_bytes)})")
     t.add_row("  non-torch increase", _gib(d.non_torch_bytes), "first forward, outside PyTorch")
+    graphs_how = (f"{len(d.cudagraph_capture_sizes)} sizes up to {d.cudagraph_capture_sizes[-1]}, band "
+                  f"{_gib(d.cudagraph_bytes_low)}-{_gib(d.cudagraph_bytes_high)}" if d.cudagraph_capture_sizes else "")
     if d.cudagraph_subtracted:
-        t.add_row("  CUDA graphs", _gib(d.cudagraph_bytes), "estimate subtracted from the budget")
+        t.add_row("  CUDA graphs", _gib(d.cudagraph_bytes), f"estimate subtracted from the budget ({graphs_how})")
     t.add_row("[bold]  KV cache available[/]", f"[bold]{_gib(d.available_kv_bytes)}[/]", "requested - the above")
     t.add_section()
     t.add_row("outside the budget", _gib(d.cuda_context_bytes + d.nccl_bytes + (
-        0 if d.cudagraph_subtracted else d.cudagraph_bytes)), "CUDA context, NCCL, CUDA graphs")
+        0 if d.cudagraph_subtracted else d.cudagraph_bytes)), "CUDA context, NCCL, CUDA graphs"
+              + (f" ({graphs_how})" if graphs_how and not d.cudagraph_subtracted else ""))
     t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]", "as nvidia-smi shows")
     _console().print(t)
     _console().print(f"KV: {d.kv_spec.describe()}; page {d.page_bytes:,} B x {d.layers_per_group} layers"

@@ -63,9 +63,10 @@ The fields (docs/serving.md, "vLLM by release"):
   whose ``apply_top_k_top_p`` calls ``apply_top_k_top_p_triton`` (the 12 B class).
 * ``non_torch_tp1_bytes`` / ``non_torch_tp_bytes``: the non-torch increase vLLM printed on an H100 at
   tp = 1 and tp > 1 (measured, with the log in ``sources``).
-* ``cudagraph_bytes`` and ``cudagraph_subtracted``: the CUDA-graph allowance, and whether the release
-  subtracts its estimate from the KV budget by default (else the graphs are captured after the KV
-  cache, outside ``gpu_memory_utilization``).
+* ``cudagraph_bytes`` and ``cudagraph_subtracted``: the CUDA-graph figure vLLM 0.19.0 printed (kept for
+  reference: the decision derives the graphs' bytes from the capture mechanism, ``facts/vllm_cudagraphs.py``),
+  and whether the release subtracts its estimate from the KV budget by default (else the graphs are captured
+  after the KV cache, outside ``gpu_memory_utilization``).
 * ``kv_cache_memory_bytes``: the release accepts ``--kv-cache-memory-bytes`` (an explicit KV budget that
   skips the utilisation rule; ``Worker.determine_available_memory``, first in 0.10.2).
 * ``block_size``: the default KV block size on CUDA.
@@ -106,9 +107,10 @@ _LORA_RANKS_012 = (1, *_LORA_RANKS)
 # measured, vLLM 0.11.0 on H100 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md)
 _NT_011 = (int(0.13 * _GIB), int(0.55 * _GIB))
 _CG = int(0.84 * _GIB)  # vLLM 0.19.0 "Estimated CUDA graph memory: 0.84 GiB" (llm-d-planner v0.19.0 logs)
-# The estimate 0.20+ subtracts is a measurement, not a formula: vllm/v1/worker/gpu_model_runner.py
+# The estimate 0.20+ subtracts is a measurement: vllm/v1/worker/gpu_model_runner.py
 # GPUModelRunner.profile_cudagraph_memory (0.20-0.33) captures the first two graphs of each mode and charges the first
-# capture's free-memory drop plus (graphs - 1) x the second's, so _CG stands in for it and the report says so.
+# capture's free-memory drop plus (graphs - 1) x the second's; serve/cudagraphs.py derives it from the capture sizes
+# and modes (facts/vllm_cudagraphs.py), and _CG is one of the printed figures that bound its per-graph share.
 
 _V0_WORKER = "vllm/worker/worker.py Worker.determine_num_available_blocks"
 _V1_WORKER = "vllm/v1/worker/gpu_worker.py Worker.determine_available_memory"

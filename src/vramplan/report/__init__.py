@@ -107,6 +107,10 @@ class ServeBlock(BaseModel):
     weights_gpu_bytes: int | None = None
     weights_host_bytes: int | None = None
     compute_buffer_bytes: int | None = None
+    # starts by the point estimate, but the start-up may run out of memory (vLLM: the CUDA-graph capture after
+    # the KV cache, whose band outgrows the room outside gpu_memory_utilization); the verdict is then MAY NOT FIT
+    start_risk: str = ""
+    start_risk_fix: str = ""
 
 
 class Report(BaseModel):

@@ -40,7 +40,8 @@ The verdict: ``DOES NOT FIT`` when the point estimate does not fit (``Report.fit
 ``MAY NOT FIT`` when only the point fits.  Serving is sized by ``gpu_memory_utilization``
 (vLLM fills what it is given with KV blocks), so the error shows in the KV pool, not in the
 device's use: a server FITS when the low bound of its KV pool still holds one
-``max_model_len`` request.
+``max_model_len`` request, and its start-up carries no risk (``ServeBlock.start_risk``: vLLM's CUDA graphs,
+captured after the KV cache, whose band outgrows the room left outside ``gpu_memory_utilization``).
 """
 
 from __future__ import annotations
@@ -337,6 +338,8 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
         serve = sv.model_copy(update={"kv_cache_bytes_low": k_lo, "kv_cache_bytes_high": k_hi,
                                       "max_concurrency_low": c_lo, "max_concurrency_high": c_hi})
         verdict = verdict_for(report.fits, 1, c_lo)  # FITS when the low pool holds one request
+        if verdict == "FITS" and sv.start_risk:
+            verdict = "MAY NOT FIT"  # the start-up itself may run out of memory (ServeBlock.start_risk)
     else:
         verdict = verdict_for(report.fits, u_hi, pg.capacity_bytes)
     described = _describe(qs, cal)

@@ -55,6 +55,10 @@ class ServeResult:
     blocks_per_request: int = 0  # KV blocks (pages) one request of max_model_len needs
     problem: str = ""
     fix: str = ""
+    # starts by the point estimate, but may not: what could run out of memory, and the change that avoids it
+    # (vLLM: the CUDA-graph capture after the KV cache, serve/vllm.py _start_risk)
+    start_risk: str = ""
+    start_risk_fix: str = ""
 
 
 def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = False) -> ServeResult:
@@ -98,8 +102,12 @@ def serve_document(sr: ServeResult) -> dict[str, Any]:
     fits = d.starts and d.device_used_bytes + d.in_use_by_others_bytes <= d.total_memory_bytes
     if isinstance(d, LlamaCppDecision):
         return {"llamacpp": d.to_dict(), "log_lines": d.log_lines(), "fits": fits}
-    return {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
-            "outside_allocator": sr.outside, "fits": fits, "engine": sr.engine}
+    doc = {sr.engine: d.to_dict(), "breakdown": {k: dict(v) for k, v in sr.peak.parts.items()},
+           "outside_allocator": sr.outside, "fits": fits, "engine": sr.engine}
+    if sr.start_risk:
+        # beside "fits" (the point estimate's answer): the start-up may still run out of memory
+        doc["may_not_start"] = True
+    return doc
 
 
 def _llamacpp(r: Resolved) -> ServeResult:
@@ -143,13 +151,16 @@ def _vllm(r: Resolved, version: str | None, subtract_cudagraphs: bool) -> ServeR
     assumptions = list(d.assumptions)
     if d.problem:
         assumptions.insert(0, f"vLLM would not start: {d.problem}" + (f" (change {d.fix})" if d.fix else ""))
+    elif d.start_risk:
+        assumptions.insert(0, f"{d.start_risk} (change {d.start_risk_fix})")
     return ServeResult(
         peak=peak, moments=[peak], decision=d, outside=outside, kv_cache_bytes=d.kv_cache_bytes,
         num_gpu_blocks=d.num_gpu_blocks, max_concurrency=int(d.max_concurrency),
         max_model_len_that_fits=d.max_model_len_that_fits, requested_bytes=d.requested_bytes,
         non_kv_bytes=d.non_kv_bytes, max_model_len=d.max_model_len, starts=d.starts, assumptions=assumptions,
         engine="vllm", weights_bytes=d.weights_bytes, kv_cache_tokens=d.kv_cache_tokens,
-        blocks_per_request=d.blocks_per_request, problem=d.problem, fix=d.fix,
+        blocks_per_request=d.blocks_per_request, problem=d.problem, fix=d.fix, start_risk=d.start_risk,
+        start_risk_fix=d.start_risk_fix,
     )
 
 

@@ -24,7 +24,10 @@ The decision of the V1 releases from 0.9.1 (V0 from 0.6.5 is the same sum), foll
    ``available = requested - non_kv``.  CUDA graphs are captured after the KV cache is
    allocated and are *outside* ``gpu_memory_utilization`` in these versions (newer ones
    subtract an estimate when ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` is set; the
-   ``subtract_cudagraphs`` option models that).
+   ``subtract_cudagraphs`` option models that).  Their bytes come from the capture mechanism
+   with a band (``serve/cudagraphs.py``); when the room left outside the budget holds the
+   expected bytes but not the band's high end, the decision says vLLM *may not start*
+   (``_start_risk``).
 5. ``vllm/v1/core/kv_cache_utils.py``: layers are grouped by attention type (one group for
    uniform models; equal-size groups of full and sliding-window layers for hybrids), a
    block holds ``block_size`` tokens of one layer (the page), and
@@ -71,6 +74,7 @@ from vramplan.facts.vllm_releases import (
     release_row,
     release_text,
 )
+from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
 from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
@@ -111,7 +115,7 @@ class VllmBehaviour:
     sampler: Literal["native", "flashinfer"]
     non_torch_tp1_bytes: int
     non_torch_tp_bytes: int  # tensor parallel > 1
-    cudagraph_bytes: int  # allowance for captured graphs (outside the budget)
+    cudagraph_bytes: int  # the release row's printed 0.84 GiB figure; the decision derives the graphs (serve/cudagraphs.py)
     sources: tuple[str, ...]
     release: VllmRelease | None = None
     exact: bool = True
@@ -508,6 +512,18 @@ class VllmDecision:
     speculative_buffers_bytes: int = 0  # the proposer's persistent buffers, inside non_kv_bytes
     mamba_state_page_bytes: int = 0  # a hybrid model: one mixer layer's state per request, before padding to page_bytes
     mamba_layers: int = 0  # a hybrid model's Mamba2 mixer layers (their groups are among ``groups``)
+    cudagraph_bytes_low: int = 0  # the graphs' band (serve/cudagraphs.py); cudagraph_bytes is its point
+    cudagraph_bytes_high: int = 0
+    cudagraph_pool_bytes: int = 0  # the one pool all graphs share: the largest size's forward intermediates
+    cudagraph_capture_sizes: tuple[int, ...] = ()  # the batch sizes captured, ascending
+    cudagraph_graphs: int = 0  # graphs captured (piecewise pieces counted one by one)
+    start_risk: str = ""  # "may not start": the graphs' band outgrows the room outside gpu_memory_utilization
+    start_risk_fix: str = ""
+
+    @property
+    def may_not_start(self) -> bool:
+        """Starts by the point estimate, but the CUDA-graph capture may run out of memory (``start_risk``)."""
+        return self.starts and bool(self.start_risk)
 
     @property
     def device_used_bytes(self) -> int:
@@ -555,8 +571,21 @@ class VllmDecision:
             "max_model_len_that_fits": self.max_model_len_that_fits, "starts": self.starts,
             "problem": self.problem, "fix": self.fix, "device_used_bytes": self.device_used_bytes,
             **({"in_use_by_others_bytes": self.in_use_by_others_bytes} if self.in_use_by_others_bytes else {}),
-            "assumptions": list(self.assumptions), **self._option_keys(),
+            "assumptions": list(self.assumptions), **self._option_keys(), **self._graph_keys(),
         }
+
+    def _graph_keys(self) -> dict[str, object]:
+        """The captured graphs' keys (their band, pool and sizes) and the start-up risk they carry."""
+        keys: dict[str, object] = {"may_not_start": self.may_not_start}
+        if self.start_risk:
+            keys["start_risk"], keys["start_risk_fix"] = self.start_risk, self.start_risk_fix
+        if self.cudagraph_capture_sizes:
+            keys.update({"cudagraph_bytes_low": self.cudagraph_bytes_low,
+                         "cudagraph_bytes_high": self.cudagraph_bytes_high,
+                         "cudagraph_pool_bytes": self.cudagraph_pool_bytes,
+                         "cudagraph_capture_sizes": list(self.cudagraph_capture_sizes),
+                         "cudagraph_graphs": self.cudagraph_graphs})
+        return keys
 
     def _option_keys(self) -> dict[str, object]:
         """The budget options' keys, present only when an option is set (the report of a plain engine keeps
@@ -634,6 +663,7 @@ class _Options:
     draft_model: ModelSpec | None = None  # the proposer's model, when its profile run is modelled (speculative_profile)
     draft_is_model: bool = False  # method draft (a separate model, no hidden states passed)
     speculative_profile: bool = False  # the release's rejection-sampler dummy run is modelled
+    draft_layers: int = 0  # the proposer's own layers (draft model, EAGLE head): its graphs are captured too
 
 
 def _refuse(where: str, message: str, fix: str) -> ScenarioError:
@@ -792,13 +822,14 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
             # the estimate vLLM subtracts is measured on graphs whose sizes follow the speculative query length
             notes.append(f"not modelled: with speculative decoding vLLM {version} captures its CUDA graphs at sizes "
                          "rounded up to multiples of num_speculative_tokens + 1 (vllm/config/compilation.py "
-                         "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, 0.12.0 on), so the CUDA-graph "
-                         "estimate it subtracts from the KV budget differs from the stand-in used here")
+                         "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, 0.12.0 on; 0.29.0 adds request-count "
+                         "decode sizes), while the sizes counted here are the grid scaled by the query length "
+                         "(facts/vllm_cudagraphs.py), so the estimate it subtracts from the KV budget differs")
     modelled = sv.speculative is not None and speculative_profile_modelled(version)
     return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
                     notes=tuple(notes), draft_model=draft_model if modelled else None,
                     draft_is_model=sv.speculative is not None and sv.speculative.method == "draft",
-                    speculative_profile=modelled)
+                    speculative_profile=modelled, draft_layers=len(draft_model.layers) if draft_model else 0)
 
 
 @dataclass(frozen=True)
@@ -826,6 +857,7 @@ class _Budget:
     rejection_peak: int = 0  # the rejection sampler's dummy run (speculative decoding)
     proposer_peak: int = 0  # the proposer's forward in the dummy run (draft model, EAGLE head)
     proposer_buffers: int = 0  # the proposer's persistent buffers (in "weights + non-torch", not in the weights)
+    cudagraphs: CudagraphEstimate | None = None  # the captured graphs (serve/cudagraphs.py); None: eager
 
     @property
     def weights(self) -> int:
@@ -865,22 +897,40 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     params, rotary = serve_weights_bytes(r)
     row = beh.rules
     context, nccl = cuda_context_bytes(gpu), nccl_bytes(1) if tp > 1 else 0
-    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs
+    # an explicit KV budget skips the profiling, and with it the graphs' estimate: they are captured outside it
+    # (vllm/v1/worker/gpu_worker.py Worker.determine_available_memory returns kv_cache_memory_bytes first, 0.20-0.33)
+    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs and sv.kv_cache_memory_bytes is None
     # gpu_memory_utilization is a fraction of the device's whole memory (``init_snapshot.total_memory``),
     # whatever other processes hold of it
     total, others = gpu.device_total_bytes, gpu.in_use_by_others_bytes
+    graphs = _cudagraphs(r, beh, batched, seqs, opt) if sv.cuda_graphs else None
     return _Budget(
         total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
         params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled),
         sampler=sampler_peak_bytes(m, batched, requests, c, sampler),
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
-        graphs=beh.cudagraph_bytes if sv.cuda_graphs else 0, subtracted=subtract,
+        graphs=graphs.bytes if graphs else 0, subtracted=subtract, cudagraphs=graphs,
         context=context, nccl=nccl, charged=_charged(row.budget, context, nccl, others),
         extra_weights=(opt.lora if row.lora_in_budget else 0) + opt.draft_weights, offloaded=opt.offloaded,
         explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
         **_speculative_terms(r, beh, opt, batched, requests, seqs, sampler),
     )
+
+
+def _cudagraphs(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int, opt: _Options) -> CudagraphEstimate:
+    """The graphs vLLM captures on one GPU (serve/cudagraphs.py): the pool is the largest size's decode forward
+    peak, as the profile run's forward (compiled in V1, eager in V0) over that many tokens; with speculative
+    decoding a decode step carries 1 + num_speculative_tokens tokens per sequence, and a proposer with layers is
+    captured beside the target."""
+    m, tp, pp, spec = r.model, r.scenario.parallel.tp, r.scenario.parallel.pp, r.scenario.serve.speculative
+    c = dtype_bits(r.scenario.serve.dtype) // 8
+    compiled = beh.rules.profile_compiled
+    blackwell = (r.gpu.compute_capability or "").startswith("10.")
+    query_len = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+    return cudagraph_estimate(parse_release(beh.version), seqs, batched, ceil_div(len(m.layers), pp),
+                              lambda tokens: forward_peak_bytes(m, tokens, c, tp, compiled), blackwell, query_len,
+                              opt.draft_layers)
 
 
 def _speculative_terms(r: Resolved, beh: VllmBehaviour, opt: _Options, batched: int, requests: int,
@@ -1035,13 +1085,64 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                 f"serve.kv_cache_memory_bytes <= {max(0, room)}")
     if requested + outside > total:
         ctx, comm, graphs = b.context, b.nccl, b.graphs
-        room = total - ctx - comm - graphs - b.others
+        # the fix leaves room for the graphs' high bound, so that following it gives a start, not a "may not"
+        room = total - ctx - comm - _graphs_outside(b, high=True) - b.others
         others = f", other processes {b.others / GiB:.2f} GiB" if b.others else ""
         return ((f"vLLM starts, but memory outside gpu_memory_utilization (CUDA context {ctx / GiB:.2f} GiB, "
                  f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB{others}) does not fit in the "
                  f"{(total - requested) / GiB:.2f} GiB left: CUDA graph capture runs out of memory."),
                 f"serve.gpu_memory_utilization <= {max(0.0, int(room / total * 100) / 100):.2f} or --enforce-eager")
     return "", ""
+
+
+def _graphs_outside(b: _Budget, high: bool = False) -> int:
+    """The CUDA graphs' bytes outside gpu_memory_utilization (none when the release subtracts its estimate)."""
+    if b.subtracted or b.cudagraphs is None:
+        return 0
+    return b.cudagraphs.high_bytes if high else b.graphs
+
+
+def _graphs_note(b: _Budget, tp: int = 1) -> str:
+    """The assumption that says how the graphs' bytes were found and where they sit."""
+    g = b.cudagraphs
+    assert g is not None
+    where = ("vLLM profiles their capture and subtracts its estimate from the KV budget "
+             "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_cudagraph_memory); the estimate here "
+             "stands in for it" if b.subtracted else
+             "captured after the KV cache is allocated, outside gpu_memory_utilization")
+    read = "" if g.exact else "; this release's capture code was not read, the nearest earlier rule is assumed"
+    comm = ("; tp > 1: the all-reduce kernels are among each segment's, and custom all-reduce registers the graphs' "
+            "buffers by IPC handles of the peers' memory (vllm/distributed/device_communicators/custom_all_reduce.py "
+            "register_graph_buffers, into its 8 MiB rank_data allocated at start-up): no further device memory "
+            "is assumed" if tp > 1 else "")
+    return f"{g.describe()}; {where}{read}{comm}"
+
+
+def _start_risk(r: Resolved, b: _Budget) -> tuple[str, str]:
+    """("may not start" message, fix) when vLLM starts by the point estimate but the graphs' band does not fit in
+    the room left outside gpu_memory_utilization: the graphs are captured after the KV cache is allocated
+    (V0 ``capture_model``, V1 ``Worker.compile_or_warm_up_model``), so a capture that outgrows the room runs out of
+    memory at start-up.  ("", "") otherwise, and when the release subtracts its estimate from the KV budget."""
+    g = b.cudagraphs
+    if g is None or b.subtracted:
+        return "", ""
+    rest = b.context + b.nccl + b.others - b.charged + b.lora_outside
+    kv_side = b.non_kv + b.explicit_kv if b.explicit_kv is not None else b.requested
+    room = b.total - kv_side - rest
+    if g.high_bytes <= room:
+        return "", ""
+    message = (f"vLLM may not start: its CUDA graphs are captured after the KV cache and need "
+               f"{g.low_bytes / GiB:.2f} to {g.high_bytes / GiB:.2f} GiB ({g.bytes / GiB:.2f} GiB expected), while "
+               f"{room / GiB:.2f} GiB is left outside gpu_memory_utilization: the capture may run out of memory")
+    if b.explicit_kv is not None:
+        lower = f"serve.kv_cache_memory_bytes <= {max(0, b.explicit_kv - (g.high_bytes - room))}"
+    else:
+        util = max(0.0, int((b.requested - (g.high_bytes - room)) / b.total * 100) / 100)
+        lower = f"serve.gpu_memory_utilization <= {util:.2f}"
+    # V0 sizes its captures by max_num_seqs alone; V1 also takes compilation_config.cudagraph_capture_sizes
+    option = "" if g.rule.sizes == "v0" else f", or vLLM's cudagraph_capture_sizes below {g.largest}"
+    return message, (f"{lower}, or serve.cuda_graphs: false (--enforce-eager), or fewer capture sizes (a lower "
+                     f"serve.max_num_seqs{option})")
 
 
 def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Blocks, batched: int,
@@ -1059,14 +1160,7 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
         (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
         f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {b.context / GiB:.2f} GiB and NCCL buffers are outside "
         "the budget"),
-        ("CUDA graphs: not captured (eager)" if not sv.cuda_graphs else
-         f"CUDA graphs: {b.graphs / GiB:.2f} GiB captured after the KV cache, outside gpu_memory_utilization"
-         if not b.subtracted else
-         # vLLM estimates the graphs' memory by profiling their capture for the model and GPU at hand (0.36 to
-         # 6.24 GiB in published logs); one logged figure stands in for it, so the band is widened
-         f"not modelled: vLLM's own CUDA-graph memory estimate, subtracted from the KV budget (it profiles the "
-         f"capture per model and GPU); {b.graphs / GiB:.2f} GiB, printed by vLLM 0.19.0 for Llama-3.1-8B on an "
-         "H100, is subtracted instead"),
+        "CUDA graphs: not captured (eager)" if b.cudagraphs is None else _graphs_note(b, tp),
         "attention workspace is not profiled by vLLM (attention is skipped in the profile run)",
     ]
     if not beh.exact:
@@ -1124,6 +1218,8 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs)
     kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid, version)
     problem, fix = _start_problem(r, b, kv, max_len)
+    risk, risk_fix = ("", "") if problem else _start_risk(r, b)
+    g = b.cudagraphs
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
         total_memory_bytes=b.total, gpu_memory_utilization=sv.gpu_memory_utilization, requested_bytes=b.requested,
@@ -1145,6 +1241,9 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         proposer_forward_peak_bytes=b.proposer_peak, speculative_buffers_bytes=b.proposer_buffers,
         mamba_state_page_bytes=kv.hybrid.state_page if kv.hybrid else 0,
         mamba_layers=kv.hybrid.mamba_layers if kv.hybrid else 0,
+        cudagraph_bytes_low=g.low_bytes if g else 0, cudagraph_bytes_high=g.high_bytes if g else 0,
+        cudagraph_pool_bytes=g.pool_bytes if g else 0, cudagraph_capture_sizes=g.sizes if g else (),
+        cudagraph_graphs=g.graphs if g else 0, start_risk=risk, start_risk_fix=risk_fix,
     )
 
 
@@ -1212,11 +1311,12 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
              "FlashInfer); the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ "
              "reads attn_rotary_emb from config.json instead, head_dim where it is absent); the profile run's mixer "
              "layers skip the scan (MambaMixer2.forward_cuda 'profile run')"),
-            # no published start-up log of a hybrid model checks this estimate, and the graphs' share is a stand-in
-            # measured on an attention-only model: stated as not modelled, so the band widens (report/band.py)
+            # no published start-up log of a hybrid model checks this estimate, and the per-segment bytes were printed
+            # for attention-only models: stated as not modelled, so the band widens (report/band.py)
             ("not modelled: the memory of the FULL_AND_PIECEWISE CUDA graphs vLLM captures for a hybrid model "
-             "(MambaModelConfig; the figure above is an attention-only model's), and no published start-up log of a "
-             "hybrid model checks this estimate yet")]
+             "(MambaModelConfig; the mixer layers' pieces are counted as attention layers' are, with bytes per segment "
+             "printed for attention-only models), and no published start-up log of a hybrid model checks this "
+             "estimate yet")]
 
 
 def _speculative_notes(b: _Budget) -> list[str]:
