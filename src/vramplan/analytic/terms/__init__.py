@@ -55,6 +55,7 @@ TERMS: tuple[TermFn, ...] = (
     float8.head_casts,                # ... the converted head's
     float8.precomputed_scales,        # ... the precomputed weight scales
     transients.layer_backward,        # each layer's backward temporaries
+    transients.nf4_dequant,           # ... torchtune's NF4 weight dequantized in each layer's backward
     sharding.gathered,                # ZeRO-3/FSDP all-gathered units
     gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter
     loss.loss,                        # logits and loss
