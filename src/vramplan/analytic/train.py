@@ -233,6 +233,20 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     return [note, layout]
 
 
+def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
+    """Whether a 4-bit base linear keeps its input: bitsandbytes' release, or torchtune's torchao NF4."""
+    t = s.train
+    if t.peft is not None and t.quantization != "none" and fw == "torchtune":
+        return [TORCHTUNE_NF4_NOTE]
+    if t.peft is None or t.quantization not in BNB_4BIT_FORMATS:
+        return []
+    if s.software.bnb_4bit_saves_input:
+        return [f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
+                "for the backward (MatMul4Bit ctx.tensors = (A, B))"]
+    return ["bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
+            "(set software.bitsandbytes for older versions, which kept it)"]
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -254,15 +268,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    "no adapter here either (check the name)")
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):
         out.append(eager_fallback_note(m))
-    if t.peft is not None and t.quantization != "none" and fw == "torchtune":
-        out.append(TORCHTUNE_NF4_NOTE)
-    elif t.peft is not None and t.quantization in BNB_4BIT_FORMATS:
-        if s.software.bnb_4bit_saves_input:
-            out.append(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
-                       "for the backward (MatMul4Bit ctx.tensors = (A, B))")
-        else:
-            out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
-                       "(set software.bitsandbytes for older versions, which kept it)")
+    out += _kbit_input_assumptions(s, fw)
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
     if ckpt_note := policy_assumption(s):

@@ -20,6 +20,13 @@ from pydantic import ValidationError
 from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.torchtune import (
+    FROZEN_NF4_SINCE,
+    NF4_BLOCK,
+    NF4_SCALER_BLOCK,
+    TORCHTUNE_PRECISIONS,
+    TORCHTUNE_QUANTIZATION,
+)
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
@@ -574,14 +581,12 @@ _TUNE_PROJECTIONS = frozenset(("q_proj", "k_proj", "v_proj", "o_proj", "gate_pro
 def _torchtune_partial_quant(s: Scenario) -> list[str]:
     """torchtune before v0.3.0 quantizes only the LoRALinear bases (no FrozenNF4Linear yet, facts/torchtune.py);
     the engine counts every decoder linear quantized, exact where the adapters cover every projection."""
-    from vramplan.facts.torchtune import FROZEN_NF4_SINCE
-
     v, peft = s.software.torchtune_version, s.train.peft
     targets = peft.target_modules if peft is not None else "all-linear"
     if v is None or v >= FROZEN_NF4_SINCE or targets == "all-linear" or _TUNE_PROJECTIONS <= set(targets):
         return []
-    return [f"not modelled: torchtune {s.software.torchtune} quantizes only the linears with adapters (its QLoRA "
-            "builders had no FrozenNF4Linear before v0.3.0); the others are counted in NF4, not bf16"]
+    return [(f"not modelled: torchtune {s.software.torchtune} quantizes only the linears with adapters (its QLoRA "
+             "builders had no FrozenNF4Linear before v0.3.0); the others are counted in NF4, not bf16")]
 
 
 def _torchtune_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -590,8 +595,6 @@ def _torchtune_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     double-quantizes the scalers: nf4-dq), and a checkpointing policy other than every layer whole
     (``training.set_activation_checkpointing`` wraps each ``TransformerSelfAttentionLayer``; ``ac_mode: selective``
     exists only in a dev recipe at v0.6.1)."""
-    from vramplan.facts.torchtune import NF4_BLOCK, NF4_SCALER_BLOCK, TORCHTUNE_PRECISIONS, TORCHTUNE_QUANTIZATION
-
     t, out = s.train, []
     block = NF4_BLOCK * NF4_SCALER_BLOCK
     odd = sorted({p.module for p in m.params if p.role == "linear" and p.numel % block})

@@ -229,6 +229,15 @@ def load_plan(c: StepContext) -> LoadPlan:
     mode, held = load_mode(c), _held_bytes(c)
     tensors = litgpt_tensors(c) if mode == "litgpt" else rank_tensors(c)
     sizes = tuple(_tensor_bytes(c, t, held) for t in tensors)
+    staging, init, init_copy = _staging(c, mode, tensors, held)
+    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
+                    tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy, c.offload_params)
+
+
+def _staging(c: StepContext, mode: str, tensors: tuple[LoadTensor, ...],
+             held: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(staging, init, init_copy) of ``LoadPlan`` for a loading path."""
     init: tuple[int, ...] = ()
     init_copy: tuple[int, ...] = ()
     if mode == "litgpt":
@@ -251,9 +260,7 @@ def load_plan(c: StepContext) -> LoadPlan:
         staging = tuple(t.numel * 4 for t in tensors)
     else:
         staging = (0,) * len(tensors)
-    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
-                    tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
-                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy, c.offload_params)
+    return staging, init, init_copy
 
 
 def _litgpt(st: PhaseStream, plan: LoadPlan) -> list[int]:

@@ -17,8 +17,8 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.facts.torchtune import torchao_nf4_dequant_peak_bytes
 from vramplan.analytic.timeline import Loc, attention, layer_done, mlp
+from vramplan.facts.torchtune import torchao_nf4_dequant_peak_bytes
 
 __all__ = ["TORCHTUNE_NF4_NOTE", "layer_backward", "nf4_dequant"]
 
