@@ -612,6 +612,10 @@ def _torchtune_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("train.quantization", f"torchtune's QLoRA stores its base in torchao's NF4Tensor, whose "
                            f"scalers are always double-quantized; {t.quantization} is not a torchtune format",
                            "use quantization: nf4-dq (torchao NF4) or none"))
+    if s.parallel.zero_stage:
+        # the distributed recipes wrap the model in FSDP (FSDP1 before v0.3.0, fully_shard after)
+        out.append(Problem("parallel.zero_stage", "torchtune shards with FSDP in its distributed recipes, not "
+                           "DeepSpeed's ZeRO", "use parallel.fsdp: full_shard and zero_stage: 0"))
     g = checkpointing(s)
     if g not in ("none", "full"):
         out.append(Problem("train.gradient_checkpointing", f"torchtune's recipes checkpoint every layer whole "
