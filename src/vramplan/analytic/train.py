@@ -241,10 +241,10 @@ def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
     if t.peft is None or t.quantization not in BNB_4BIT_FORMATS:
         return []
     if s.software.bnb_4bit_saves_input:
-        return [f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
-                "for the backward (MatMul4Bit ctx.tensors = (A, B))"]
-    return ["bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
-            "(set software.bitsandbytes for older versions, which kept it)"]
+        return [(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
+                 "for the backward (MatMul4Bit ctx.tensors = (A, B))")]
+    return [("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
+             "(set software.bitsandbytes for older versions, which kept it)")]
 
 
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
