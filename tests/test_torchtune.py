@@ -140,3 +140,28 @@ def test_litgpt_is_lightnings_conventions() -> None:
     lit, lightning = _step("litgpt", {"quantization": "nf4"}), _step("lightning", {"quantization": "nf4"})
     assert [(t.name, t.nbytes) for t in lit.terms] == [(t.name, t.nbytes) for t in lightning.terms]
     assert _ctx(lit).litgpt_head == 256_000
+
+
+def test_litgpt_reports_as_lightning() -> None:
+    # the whole report, bar the scenario's own framework field, is lightning's
+    lit = estimate(resolve(_doc("litgpt", {"quantization": "nf4"}))).model_dump(mode="json")
+    lightning = estimate(resolve(_doc("lightning", {"quantization": "nf4"}))).model_dump(mode="json")
+    assert lit["scenario"].pop("framework") == "litgpt"
+    lightning["scenario"].pop("framework")
+    assert lit == lightning
+
+
+def test_torchtune_host_holds_the_whole_checkpoint() -> None:
+    # every bf16 base weight: (1,572,864 linears + 513,280 others) x 2 = 4,172,288 B
+    from vramplan.analytic.lifecycle.load import host_load_bytes
+
+    assert host_load_bytes(_ctx(_step("torchtune"))) == (1_572_864 + 513_280) * 2 == 4_172_288
+
+
+def test_trace_refuses_torchtune() -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.build import trace_policy
+
+    with pytest.raises(ScenarioError) as e:
+        trace_policy(resolve(_doc("torchtune")))
+    assert "framework" in str(e.value)
