@@ -165,3 +165,15 @@ def test_trace_refuses_torchtune() -> None:
     with pytest.raises(ScenarioError) as e:
         trace_policy(resolve(_doc("torchtune")))
     assert "framework" in str(e.value)
+
+
+def test_torchtune_save_dequantizes_one_weight_at_a_time() -> None:
+    # reparametrize_as_dtype_state_dict_post_hook: each NF4 weight dequantized on the GPU, then moved to the CPU;
+    # the save adds the largest one's get_original_weight peak (2,761,752 B) to what stays resident between steps
+    from vramplan.analytic.lifecycle import job_lifecycle
+
+    tr = _step("torchtune")
+    assert tr.context is not None and tr.layout is not None
+    job = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments)
+    save = next(p.moment for p in job.phases if p.name == "checkpoint save")
+    assert save.parts["weights"]["gathered for checkpoint save"] == 2_761_752
