@@ -44,6 +44,8 @@ BASES: dict[str, dict[str, Any]] = {
              "train": {"peft": {"method": "lora"}, "objective": "grpo", "micro_batch_size": 8}},
     "lightning": {"model": MODEL, "task": "train", "hardware": HW, "framework": "lightning",
                   "train": {"peft": {"method": "qlora"}, "quantization": "nf4"}},
+    "torchtune": {"model": MODEL, "task": "train", "hardware": HW, "framework": "torchtune",
+                  "train": {"peft": {"method": "qlora"}, "quantization": "nf4-dq", "precision": "bf16-true"}},
     "zero3": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"zero_stage": 3}},
     "torchtitan": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
                    "framework": "torchtitan", "parallel": {"fsdp": "full_shard"}},
@@ -79,7 +81,7 @@ VALUES: dict[str, list[Any]] = {
     "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256], "lifecycle.eval_seq_len": [8192],
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
-    "software.autoawq": ["0.2.0"], "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
+    "software.autoawq": ["0.2.0"], "software.torchtune": ["0.2.1"], "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
     "rl.value_model": ["meta-llama/Llama-3.2-1B"],
     # null means the trainer's default (spec/defaults.py): a value on each side of GRPOConfig's
     "rl.beta": [1.0], "rl.rollout.num_generations": [16], "rl.rollout.max_completion_len": [512],
@@ -108,6 +110,11 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("inference.bnb_compute_dtype", "'fp16'"): "null means inference.dtype, fp16 in that base",
     ("lifecycle.evaluation", "True"): "null resolves to true under Lightning (Lit-GPT's finetune scripts validate)",
     ("lifecycle.quantize_at_init", "True"): "null resolves to true under Lightning with a bitsandbytes 4-bit base",
+    ("lightning", "framework", "'litgpt'"): "litgpt names Lit-GPT's conventions, which lightning has always meant "
+    "(spec/scenario.py effective_framework)",
+    ("torchtune", "parallel.fsdp", "'full_shard'"): "shards over the data-parallel degree, one GPU in that base",
+    ("torchtune", "parallel.fsdp", "'shard_grad_op'"): "shards over the data-parallel degree, one GPU in that base",
+    ("torchtune", "parallel.fsdp", "'no_shard'"): "replicates over the data-parallel degree, one GPU in that base",
     ("lightning", "parallel.zero_stage", "3"): "shards over the data-parallel degree, one GPU in that base",
     ("parallel.deepspeed.contiguous_gradients", "True"): "null resolves to true (DeepSpeed's default, "
     "runtime/zero/config.py): the value equals it",

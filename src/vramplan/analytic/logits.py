@@ -39,9 +39,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vramplan.facts.torchtune import LABEL_SHIFT_SINCE
 from vramplan.spec.model import Traits
 
-LossRelease = Literal["padded", "shifted", "shifted_upcast_in_model", "shifted_no_upcast"]
+LossRelease = Literal["padded", "shifted", "shifted_upcast_in_model", "shifted_no_upcast", "torchtune_shifted"]
 
 # the transformers releases the loss code changed in (release wheels, ``models/llama/modeling_llama.py``
 # ``LlamaForCausalLM.forward`` and ``loss/loss_utils.py`` ``ForCausalLMLoss``)
@@ -68,12 +69,41 @@ def loss_release(version: tuple[int, ...] | None, upcasts_in_model: bool,
 
 
 def family_loss_release(version: tuple[int, ...] | None, traits: Traits, framework: str,
-                        encoder_only: bool = False) -> LossRelease:
+                        encoder_only: bool = False, torchtune: tuple[int, ...] | None = None) -> LossRelease:
     """``loss_release`` for a model's family under a framework: torchtitan and Lit-GPT (lightning) run their
-    own model and loss, and an encoder's masked-LM loss shifts nothing, so they keep the current code."""
-    if framework in ("torchtitan", "lightning") or encoder_only:
+    own model and loss, and an encoder's masked-LM loss shifts nothing, so they keep the current code;
+    torchtune's recipes follow its release (``torchtune_loss_release``)."""
+    if framework == "torchtune" and not encoder_only:
+        return torchtune_loss_release(torchtune)
+    if framework in ("torchtitan", "lightning", "torchtune") or encoder_only:
         return "padded"
     return loss_release(version, traits.upcasts_all_logits, traits.loss_function_since)
+
+
+TORCHTUNE_LOSS_NOTES: dict[str, str] = {
+    "torchtune_shifted": "torchtune before v0.3.0: the model returns fp32 logits (output(h).float()), the recipe copies "
+                         "the shifted logits (logits[..., :-1, :].contiguous()) and keeps that copy bound through the "
+                         "backward beside CrossEntropyLoss's log-probs (recipes/lora_finetune_single_device.py v0.2.0)",
+    "padded": "torchtune from v0.3.0 with nn.CrossEntropyLoss: fp32 logits (output(h).float()), labels shifted with the "
+              "ignore index, the logits deleted before the backward (recipes/*_single_device.py _loss_step, v0.6.1); "
+              "its configs name CEWithChunkedOutputLoss (train.loss: chunked)",
+}
+
+
+def torchtune_loss_release(version: tuple[int, ...] | None) -> LossRelease:
+    """The loss code of a torchtune release's recipes (None: v0.6.1) with ``nn.CrossEntropyLoss``.
+
+    * v0.1-v0.2 (``torchtune_shifted``): ``TransformerDecoder.forward`` returns ``self.output(h).float()`` and the
+      recipe's ``train`` (recipes/lora_finetune_single_device.py v0.2.0) rebinds ``logits =
+      logits[..., :-1, :].contiguous()``, then ``loss.backward()`` with that copy still bound;
+    * from v0.3.0 (``padded``): the labels are shifted (``torch.hstack`` with the ignore index), the fp32 logits
+      only reshaped, and ``_loss_step`` deletes them before the backward (v0.6.1: ``del logits``): the current
+      transformers row.
+
+    >>> torchtune_loss_release((0, 2, 1)), torchtune_loss_release(None)
+    ('torchtune_shifted', 'padded')
+    """
+    return "torchtune_shifted" if version is not None and version < LABEL_SHIFT_SINCE else "padded"
 
 
 def loss_release_note(release: LossRelease, version: str | None, family: str, framework: str,
@@ -81,7 +111,7 @@ def loss_release_note(release: LossRelease, version: str | None, family: str, fr
     """The assumption naming the loss code modelled (None with no ``software.transformers``)."""
     if version is None:
         return None
-    if framework in ("torchtitan", "lightning") or encoder_only:
+    if framework in ("torchtitan", "lightning", "torchtune") or encoder_only:
         whose = f"{framework} runs its own model and loss" if not encoder_only else "an encoder's masked-LM loss"
         return f"not modelled: software.transformers {version} for the training loss ({whose})"
     code = {
@@ -92,6 +122,7 @@ def loss_release_note(release: LossRelease, version: str | None, family: str, fr
                                    "(logits = logits.float()), then copies the shifted logits for CrossEntropyLoss",
         "shifted_no_upcast": f"the {family} causal-LM forward copies the shifted logits in their own dtype for "
                              "CrossEntropyLoss (no upcast; autocast runs log_softmax in fp32)",
+        "torchtune_shifted": TORCHTUNE_LOSS_NOTES["torchtune_shifted"],
     }[release]
     return f"training loss as transformers {version} computes it: {code} (analytic/logits.py)"
 
@@ -120,6 +151,17 @@ def loss_bytes(tokens: int, vocab_on_rank: int, logits_bytes: int, softcap: bool
         saved = 4 * vs + cap
         return LossTensors(c * v + upcast + 4 * vs + saved, saved, max(12 * vs, 4 * vs + 4 * v) + cap,
                            (c * v, upcast + 4 * vs, saved))
+    if release == "torchtune_shifted":
+        # torchtune v0.1-v0.2: the fp32 model output (c V beside it while ``.float()`` copies) dies when the recipe
+        # rebinds ``logits`` to its shifted copy, which stays bound through the backward beside the log-probs;
+        # at the loss's backward the log-probs' gradient and nll_loss's (4 V' each) join them, then
+        # ``slice_backward`` zero-fills a 4 V gradient beside the copy and the 4 V' incoming gradient
+        kept, logp = 4 * vs, 4 * vs + cap
+        cast = c * v + 4 * v if c < 4 else 4 * v
+        # the forward's record is the largest of the cast, the shifted copy beside the fp32 output, and the
+        # log_softmax beside the kept copy: (copy, what the larger earlier point adds, log-probs)
+        extra = max(0, cast - kept - logp, 4 * v + 4 * vs - kept - logp)
+        return LossTensors(kept + extra + logp, kept + logp, max(16 * vs, 8 * vs + 4 * v) + cap, (kept, extra, logp))
     if release == "shifted_upcast_in_model":
         saved = 4 * vs + cap
         # the head's output dies at the cast, before the shifted copy is made

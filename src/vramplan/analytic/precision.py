@@ -47,6 +47,7 @@ def adapter_bytes(s: Scenario, pol: PrecisionPolicy) -> int:
     """Bytes per element of the LoRA/DoRA adapters (and so of their gradients and optimizer moments).
 
     * DeepSpeed casts the whole module, adapters included, to its half dtype;
+    * torchtune builds its LoRA matrices with the model, in the model's dtype (bf16 or fp32);
     * LitGPT (``framework: lightning``) is kept with fp32 adapters too, although its own LoRA
       matrices are created under ``fabric.init_module`` in the ``*-true`` half dtype: modelling that
       alone moves its published LoRA rows from -0.1..-1.8% to -3.4..-6.9% (docs/conventions.md), so a
@@ -64,6 +65,11 @@ def adapter_bytes(s: Scenario, pol: PrecisionPolicy) -> int:
     framework = s.effective_framework
     if framework == "deepspeed":
         return pol.param_bytes
+    if framework == "torchtune":
+        # torchtune builds the whole model, LoRALinear's lora_a/lora_b included, under
+        # training.set_default_dtype(dtype) and checks the adapters with validate_expected_param_dtype(..., dtype)
+        # (recipes/lora_finetune_single_device.py _setup_model, v0.2.0-v0.6.1): the model's own dtype
+        return pol.frozen_param_bytes
     if not s.software.peft_adapters_in_base_dtype:
         return 4
     quant = s.train.quantization

@@ -39,7 +39,7 @@ from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.float8 import float8_assumptions
 from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
-from vramplan.analytic.logits import family_loss_release, loss_release_note
+from vramplan.analytic.logits import TORCHTUNE_LOSS_NOTES, family_loss_release, loss_release_note
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy
@@ -50,6 +50,7 @@ from vramplan.analytic.terms.context import shards, stages, step_policy
 from vramplan.analytic.terms.gradients import has_tied_embedding_backward
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
+from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.spec.load import Resolved, unmatched_lora_targets
@@ -195,8 +196,12 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     if s.train.objective in OBJECTIVE_LOSS_NOTES:
         return OBJECTIVE_LOSS_NOTES[s.train.objective]
     sw = s.software
-    note = loss_release_note(family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only),
-                             sw.transformers, m.family, fw, m.encoder_only)
+    release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
+    if fw == "torchtune" and not m.encoder_only:
+        tune = f"loss as torchtune {sw.torchtune or '0.6.1'} computes it: {TORCHTUNE_LOSS_NOTES[release]}"
+        other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
+        return tune if other is None else f"{tune}; {other}"
+    note = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
     # the text of the reports before software.transformers reached the loss (kept byte-identical; the labels
     # are padded from 4.49, analytic/logits.py)
     return note or "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)"
@@ -229,6 +234,20 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     return [note, layout]
 
 
+def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
+    """Whether a 4-bit base linear keeps its input: bitsandbytes' release, or torchtune's torchao NF4."""
+    t = s.train
+    if t.peft is not None and t.quantization != "none" and fw == "torchtune":
+        return [TORCHTUNE_NF4_NOTE]
+    if t.peft is None or t.quantization not in BNB_4BIT_FORMATS:
+        return []
+    if s.software.bnb_4bit_saves_input:
+        return [(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
+                 "for the backward (MatMul4Bit ctx.tensors = (A, B))")]
+    return [("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
+             "(set software.bitsandbytes for older versions, which kept it)")]
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -250,13 +269,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    "no adapter here either (check the name)")
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):
         out.append(eager_fallback_note(m))
-    if t.peft is not None and t.quantization in BNB_4BIT_FORMATS:
-        if s.software.bnb_4bit_saves_input:
-            out.append(f"bitsandbytes {s.software.bitsandbytes} (< 0.43.2): each 4-bit linear keeps its input "
-                       "for the backward (MatMul4Bit ctx.tensors = (A, B))")
-        else:
-            out.append("bitsandbytes >= 0.43.2: 4-bit linears keep no input for the backward "
-                       "(set software.bitsandbytes for older versions, which kept it)")
+    out += _kbit_input_assumptions(s, fw)
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
     out += deepspeed_assumptions(s, m.hidden_size)
@@ -264,11 +277,12 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         out.append(ckpt_note)
     if t.peft is not None:
         why = ("DeepSpeed's half module" if fw == "deepspeed" else
+               "torchtune builds its LoRA layers with the model, in its dtype" if fw == "torchtune" else
                f"peft {s.software.peft} gives adapters their base weight's dtype" if s.software.peft_adapters_in_base_dtype
                else "peft >= 0.12 upcasts adapters; set software.peft for older versions, which kept the base dtype")
         out.append(f"PEFT: frozen base weights stored in {pol.half if pol.half != 'fp32' else 'fp32'}, "
                    f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half} ({why})")
-        if t.quantization != "none" and fw != "lightning":  # Lit-GPT does not run peft's preparation
+        if t.quantization != "none" and fw not in ("lightning", "torchtune"):  # neither runs peft's preparation
             out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "
                        "LM head) to fp32")
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:

@@ -71,6 +71,7 @@ RENAMED: dict[str, str] = {
     "inference.autoawq.loop": "autoawq_loop",
     "inference.autoawq.max_seq_len": "awq_max_seq_len",
     "software.autoawq": "autoawq_version",
+    "software.torchtune": "torchtune_version",
     # torchao float8 training's recipe (train.float8): "--recipe-name" alone would not say which recipe
     "train.float8.recipe_name": "float8_recipe",
     # torchtitan's own names are too long for an 80-120 column help table (rich cuts them): shorter, same prefix

@@ -535,10 +535,19 @@ def _unused_software(s: Scenario) -> list[str]:
     """Library releases no behaviour of this job reads (the behaviours each gates: spec/scenario.py Software)."""
     sw = s.software
     if s.task == "serve":
-        return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch", "expandable_segments")),
+        return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch", "expandable_segments",
+                                                "torchtune")),
                       "a serving engine's start-up follows its own release (serve.vllm_version, serve.sglang_version, "
                       "serve.gguf.llamacpp_build)")
     out = []
+    tune = s.task == "train" and s.effective_framework == "torchtune"
+    if sw.torchtune is not None and not tune:
+        out += _noted("software", ["torchtune"], "it is read only with task train under framework torchtune")
+    if tune:
+        # torchtune stores QLoRA's base in torchao's NF4Tensor and builds its own LoRA layers (facts/torchtune.py)
+        out += _noted("software", _changed(sw, ("bitsandbytes", "peft")), "torchtune quantizes with torchao's "
+                      "NF4Tensor and builds its own LoRA layers (framework torchtune)")
+        return out
     if sw.bitsandbytes is not None and not (s.task == "train" and s.train.quantization in bnb_formats(bits=4)):
         out += _noted("software", ["bitsandbytes"], "only a 4-bit training linear's saved input depends on it "
                       "(train.quantization nf4, nf4-dq or fp4)")

@@ -20,6 +20,13 @@ from pydantic import ValidationError
 from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.torchtune import (
+    FROZEN_NF4_SINCE,
+    NF4_BLOCK,
+    NF4_SCALER_BLOCK,
+    TORCHTUNE_PRECISIONS,
+    TORCHTUNE_QUANTIZATION,
+)
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
@@ -568,11 +575,60 @@ def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out
 
 
+_TUNE_PROJECTIONS = frozenset(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+
+
+def _torchtune_partial_quant(s: Scenario) -> list[str]:
+    """torchtune before v0.3.0 quantizes only the LoRALinear bases (no FrozenNF4Linear yet, facts/torchtune.py);
+    the engine counts every decoder linear quantized, exact where the adapters cover every projection."""
+    v, peft = s.software.torchtune_version, s.train.peft
+    targets = peft.target_modules if peft is not None else "all-linear"
+    if v is None or v >= FROZEN_NF4_SINCE or targets == "all-linear" or _TUNE_PROJECTIONS <= set(targets):
+        return []
+    return [(f"not modelled: torchtune {s.software.torchtune} quantizes only the linears with adapters (its QLoRA "
+             "builders had no FrozenNF4Linear before v0.3.0); the others are counted in NF4, not bf16")]
+
+
+def _torchtune_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What torchtune's recipes cannot run (facts/torchtune.py): a dtype other than bf16 or fp32 (``training.get_dtype``;
+    no autocast, the model is built in that dtype), a 4-bit format other than its torchao NF4 (``to_nf4`` always
+    double-quantizes the scalers: nf4-dq), and a checkpointing policy other than every layer whole
+    (``training.set_activation_checkpointing`` wraps each ``TransformerSelfAttentionLayer``; ``ac_mode: selective``
+    exists only in a dev recipe at v0.6.1)."""
+    t, out = s.train, []
+    block = NF4_BLOCK * NF4_SCALER_BLOCK
+    odd = sorted({p.module for p in m.params if p.role == "linear" and p.numel % block})
+    if t.quantization != "none" and t.peft is not None and odd:
+        # NF4Tensor.from_tensor asserts numel % block_size == 0 and double_quantize_scalers that the scalers fill
+        # whole blocks of 256: a weight of a multiple of 16,384 elements (torchao 0.7.0 dtypes/nf4tensor.py)
+        out.append(Problem("train.quantization", f"torchao's to_nf4 needs each weight to be a multiple of {block:,} "
+                           f"elements (blocks of {NF4_BLOCK} and scaler blocks of {NF4_SCALER_BLOCK}); "
+                           f"{', '.join(odd)} of {m.name} are not", "use quantization: none (LoRA)"))
+    if t.precision not in TORCHTUNE_PRECISIONS:
+        out.append(Problem("train.precision", f"torchtune's recipes run dtype bf16 or fp32 with no autocast "
+                           f"({t.precision} is not one of them; fp16 is refused by training.get_dtype)",
+                           "use precision: bf16-true (dtype: bf16) or fp32"))
+    if t.quantization not in TORCHTUNE_QUANTIZATION:
+        out.append(Problem("train.quantization", f"torchtune's QLoRA stores its base in torchao's NF4Tensor, whose "
+                           f"scalers are always double-quantized; {t.quantization} is not a torchtune format",
+                           "use quantization: nf4-dq (torchao NF4) or none"))
+    if s.parallel.zero_stage:
+        # the distributed recipes wrap the model in FSDP (FSDP1 before v0.3.0, fully_shard after)
+        out.append(Problem("parallel.zero_stage", "torchtune shards with FSDP in its distributed recipes, not "
+                           "DeepSpeed's ZeRO", "use parallel.fsdp: full_shard and zero_stage: 0"))
+    g = checkpointing(s)
+    if g not in ("none", "full"):
+        out.append(Problem("train.gradient_checkpointing", f"torchtune's recipes checkpoint every layer whole "
+                           f"(enable_activation_checkpointing) or not at all; {g} is not one of their policies",
+                           "use gradient_checkpointing: full or none"))
+    return out
+
+
 # the frameworks that run a transformers model whose loss Liger's or CCE's patch replaces (torchtitan and
 # Lit-GPT run their own model and loss)
 _FUSED_LOSS_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "deepspeed")
 # torchtune's chunked loss needs the model to return its logits in chunks: a training loop of one's own
-_CHUNKED_LOSS_FRAMEWORKS = ("accelerate", "plain")
+_CHUNKED_LOSS_FRAMEWORKS = ("accelerate", "plain", "torchtune")
 
 
 def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -615,7 +671,7 @@ _LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 # OffloadActivations wraps a training loop's forward: TRL's SFTTrainer (SFTConfig activation_offloading), a loop of
 # one's own (torchtune's recipes)
-_OFFLOAD_FRAMEWORKS = ("hf-trainer", "accelerate", "plain")
+_OFFLOAD_FRAMEWORKS = ("hf-trainer", "accelerate", "plain", "torchtune")
 
 
 def _offload_problems(s: Scenario) -> list[Problem]:
@@ -671,10 +727,10 @@ def in_backward_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem(name, f"optimizer_in_backward with framework {fw}: {_CLIPPING[fw]}, which needs every "
                            "gradient after the backward (torchtune: 'Gradient clipping is not supported with "
                            "optimizer in bwd')", f"use framework: plain (no clipping), {off}"))
-    elif fw != "plain":
+    elif fw not in ("plain", "torchtune"):
         out.append(Problem(name, f"optimizer_in_backward with framework {fw}: its engine runs the optimizer step "
                            "itself; modelled for a loop of one's own (framework: plain, torchtune's recipes)",
-                           f"use framework: plain, {off}"))
+                           f"use framework: plain or torchtune, {off}"))
     if s.data_parallel_degree > 1 or par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1 or \
             par.zero_stage or par.fsdp != "none" or par.offload != "none":
         out.append(Problem(name, "optimizer_in_backward is modelled on one GPU without sharding or offload "
@@ -732,6 +788,8 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                                "add train.peft (lora/qlora) or set quantization: none"))
         out += _checkpointing_problems(s, m)
         out += _loss_and_offload_problems(s, m)
+        if s.effective_framework == "torchtune":
+            out += _torchtune_problems(s, m)
         if t.optimizer_in_backward:
             out += in_backward_problems(s, m)
         if t.torchao_cpu_offload != "none":
@@ -848,7 +906,7 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
     fw, out = s.effective_framework, []
     if s.task == "serve" and fw != "vllm":
         out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
-    if s.task == "inference" and fw in ("torchtitan", "deepspeed"):
+    if s.task == "inference" and fw in ("torchtitan", "deepspeed", "torchtune"):
         out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
     if s.task == "train" and s.train.precision == "fp8-mixed" and s.train.peft is not None:
         # precision.py's fp8 row (an fp8 copy of each linear weight, fp8 saved inputs) is applied to the trained
@@ -862,6 +920,8 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         out.append(f"not modelled: software.transformers {s.software.transformers} for a {s.train.objective} step "
                    "(TRL's log-probabilities are read at the transformers its releases require; only the MoE expert "
                    "layout follows this release)")
+    if s.task == "train" and fw == "torchtune" and s.train.peft is not None and s.train.quantization != "none":
+        out += _torchtune_partial_quant(s)
     if s.task == "inference" and s.parallel.pp > 1:
         out.append(f"not modelled: parallel.pp {s.parallel.pp} for task inference (generate's layers split over GPUs, "
                    "as device_map='auto' does): every GPU is counted with the whole model")

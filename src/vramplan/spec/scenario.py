@@ -18,7 +18,8 @@ from vramplan.facts.vllm_releases import parse_release
 from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
-Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq"]
+Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq",
+                    "torchtune", "litgpt"]
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
 Optimizer = Annotated[str, Choices("optimizer", optimizer_names), OneOf(optimizer_names)]
@@ -859,6 +860,18 @@ class Software(_Strict):
     PR #643, 2024-10-22, in every tagged release), false otherwise (PyTorch's default); set false for a torchtitan
     run launched before that or without the script.  Read by the training step's replay."""
 
+    torchtune: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """torchtune release of a framework torchtune run, e.g. 0.2.1; before 0.3 the recipes copy the shifted fp32 logits.
+
+    torchtune before v0.3.0 returned ``self.output(h).float()`` from ``TransformerDecoder.forward`` and its
+    recipes copied the shifted logits (``logits[..., :-1, :].contiguous()``) for ``nn.CrossEntropyLoss``; from
+    v0.3.0 they shift the labels instead (``torch.hstack`` with the ignore index) and the configs name
+    ``CEWithChunkedOutputLoss`` (``train.loss: chunked``).  null: v0.6.1 (docs/conventions.md, torchtune)."""
+
+    @property
+    def torchtune_version(self) -> tuple[int, ...] | None:
+        return _version(self.torchtune)
+
     @property
     def trl_version(self) -> tuple[int, ...] | None:
         return _version(self.trl)
@@ -1027,7 +1040,8 @@ class Scenario(_Strict):
 
     framework: Framework | None = None
     """Whose memory conventions apply (docs/conventions.md); null: vllm for serve, deepspeed with a ZeRO stage,
-    else hf-trainer."""
+    else hf-trainer.  litgpt is Lit-GPT's scripts, the conventions framework lightning has always meant here;
+    torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype)."""
 
     train: Train = Field(default_factory=Train)
     """The training step (task train)."""
@@ -1066,6 +1080,9 @@ class Scenario(_Strict):
 
     @property
     def effective_framework(self) -> Framework:
+        if self.framework == "litgpt":
+            # the same conventions: vramplan's lightning has always meant Lit-GPT's finetune and generate scripts
+            return "lightning"
         if self.framework is not None:
             return self.framework
         if self.task == "serve":

@@ -57,6 +57,11 @@ def trace_policy(r: Resolved, fsdp2: bool = False) -> Policy:
     """The dtypes of the step; ``fsdp2``: the model is wrapped by ``fully_shard`` (trace/fsdp.py)."""
     s = r.scenario
     prec = s.train.precision
+    if s.effective_framework == "torchtune":
+        # torchtune runs its own model classes (torchtune.modules.TransformerDecoder, torchao NF4Tensor weights),
+        # not transformers' modeling code, which is what the trace runs
+        raise ScenarioError([Problem("framework", "torchtune's own model is not traced (the trace runs "
+                                     "transformers' modeling code)", "use --engine analytic for framework torchtune")])
     half = torch.float16 if prec.startswith("fp16") else (torch.float32 if prec == "fp32" else torch.bfloat16)
     if prec == "fp32":
         return Policy(torch.float32, torch.float32, None, False, torch.float32)

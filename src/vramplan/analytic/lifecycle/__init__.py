@@ -115,6 +115,11 @@ def _assumptions(c: StepContext) -> list[str]:
                   "a float16 copy beside the whole quantized model (lit-gpt 8641822 finetune/lora.py main, "
                   "lit_gpt/utils.py load_checkpoint; lightning 71aed75 _Linear4bit._quantize_weight, "
                   "_quantize_on_load_hook); set lifecycle.quantize_at_init false for a model built off the GPU",
+        "torchtune": "torchtune builds the model on the GPU in its dtype, each NF4 linear quantized by to_nf4 in its "
+                     "constructor, then load_state_dict quantizes each checkpoint tensor again from its GPU copy, one "
+                     "linear at a time beside the whole quantized model (recipes/lora_finetune_single_device.py "
+                     "_setup_model; torchao NF4Tensor copy_); the whole checkpoint is read into host RAM "
+                     "(FullModelHFCheckpointer.load_checkpoint)",
         "quantize-partition": "a bitsandbytes model under DeepSpeed ZeRO-3 is not built under zero.Init "
                               "(transformers get_init_context: is_deepspeed_zero3_enabled() and not is_quantized): "
                               "each rank quantizes the whole model on its GPU (Params4bit._quantize, device_map "
@@ -230,7 +235,7 @@ def _unused_load(c: StepContext, mode: str) -> list[str]:
         out.append(f"lifecycle.load_dtype fp32 set but not used: {why}" if why else
                    f"not modelled: lifecycle.load_dtype fp32 on the {mode} loading path (its tensors are counted in "
                    "the dtype the step holds them)")
-    if lc.quantize_at_init and mode != "litgpt":
+    if lc.quantize_at_init and mode not in ("litgpt", "torchtune"):
         # load.py quantizes_at_init: a bitsandbytes 4-bit base, unsharded, parameters on the GPU
         out.append("lifecycle.quantize_at_init set but not used: only a bitsandbytes 4-bit base held whole on the "
                    "GPU is quantized as it is built")

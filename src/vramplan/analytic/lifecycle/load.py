@@ -33,6 +33,14 @@ rest), as the library makes them:
   quantized model: the load peaks at the largest linear's float16 copy there, the LM head's first.
   Whether a quantized linear or the whole model's half weights are ever on the GPU together: no, one
   linear at a time in both passes.
+* **torchtune, quantized as built** (``framework: torchtune`` with its NF4 base): the single-device recipes build
+  the model under ``with training.set_default_dtype(dtype), self._device`` (recipes/lora_finetune_single_device.py
+  ``_setup_model``, v0.1-v0.6.1), so each ``LoRALinear`` / ``FrozenNF4Linear`` makes its weight on the GPU in the
+  model's dtype and ``to_nf4`` quantizes it in the constructor; ``model.load_state_dict`` then copies each CPU
+  checkpoint tensor to the GPU and quantizes it again (torchao 0.7.0 ``NF4Tensor`` ``copy_``:
+  ``NF4Tensor.from_tensor(copy_in.to(original.device), ...)``), one linear at a time beside the whole quantized
+  model: Lit-GPT's stream without the float16 copy.  ``to_nf4``'s own temporaries (the scaled blocks, the codes
+  before packing and its per-million-element comparisons) are not counted.
 * **quantized, then partitioned** (a bitsandbytes base under DeepSpeed ZeRO-3): transformers does not build a
   quantized model under ``deepspeed.zero.Init`` (``get_init_context``: ``if is_deepspeed_zero3_enabled() and
   not is_quantized``: a quantized model is made on the meta device instead; PR huggingface/transformers#32640
@@ -166,14 +174,16 @@ def partitions_after_load(c: StepContext) -> bool:
 
 
 def load_mode(c: StepContext) -> str:
-    """direct | fp32-cast | quantize | litgpt | quantize-partition | sharded | offloaded: how this rank's
-    parameters reach the GPU."""
+    """direct | fp32-cast | quantize | litgpt | torchtune | quantize-partition | sharded | offloaded: how this
+    rank's parameters reach the GPU."""
     if partitions_after_load(c):
         return "quantize-partition"
     if c.offload_params:
         return "offloaded"
     if c.shards[2] > 1:
         return "sharded"
+    if c.framework == "torchtune" and c.quant != "none":
+        return "torchtune"
     if quantizes_at_init(c):
         return "litgpt"
     if c.quant != "none":
@@ -219,6 +229,15 @@ def load_plan(c: StepContext) -> LoadPlan:
     mode, held = load_mode(c), _held_bytes(c)
     tensors = litgpt_tensors(c) if mode == "litgpt" else rank_tensors(c)
     sizes = tuple(_tensor_bytes(c, t, held) for t in tensors)
+    staging, init, init_copy = _staging(c, mode, tensors, held)
+    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
+                    tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy, c.offload_params)
+
+
+def _staging(c: StepContext, mode: str, tensors: tuple[LoadTensor, ...],
+             held: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(staging, init, init_copy) of ``LoadPlan`` for a loading path."""
     init: tuple[int, ...] = ()
     init_copy: tuple[int, ...] = ()
     if mode == "litgpt":
@@ -227,15 +246,21 @@ def load_plan(c: StepContext) -> LoadPlan:
         init = tuple(t.numel * held if t.quantized else 0 for t in tensors)
         copy = 0 if c.pol.half == "fp16" and held == HALF else HALF
         init_copy = tuple(t.numel * copy if t.quantized else 0 for t in tensors)
+    elif mode == "torchtune":
+        # LoRALinear / FrozenNF4Linear make their weight on the GPU in the model's dtype (the recipe builds under
+        # ``with set_default_dtype(dtype), self._device``) and to_nf4 it in the constructor; load_state_dict then
+        # quantizes each checkpoint tensor again from its GPU copy (torchao NF4Tensor ``copy_``:
+        # ``NF4Tensor.from_tensor(copy_in.to(original.device), ...)``), in the checkpoint's bf16
+        staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
+        init = tuple(t.numel * held if t.quantized else 0 for t in tensors)
+        init_copy = (0,) * len(tensors)
     elif mode in ("quantize", "quantize-partition"):
         staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
     elif mode == "fp32-cast":
         staging = tuple(t.numel * 4 for t in tensors)
     else:
         staging = (0,) * len(tensors)
-    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
-                    tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
-                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy, c.offload_params)
+    return staging, init, init_copy
 
 
 def _litgpt(st: PhaseStream, plan: LoadPlan) -> list[int]:
@@ -328,7 +353,7 @@ def load_peaks(plan: LoadPlan) -> tuple[StreamPeak, StreamPeak | None]:
     if plan.mode in ("sharded", "offloaded"):
         _sharded(st, plan, keep=plan.mode == "sharded")
         return st.peak(), None
-    ids = _litgpt(st, plan) if plan.mode == "litgpt" else _per_tensor(st, plan)
+    ids = _litgpt(st, plan) if plan.mode in ("litgpt", "torchtune") else _per_tensor(st, plan)
     if plan.mode == "quantize-partition":
         _partition(st, plan, ids)
     load = st.peak()
@@ -363,6 +388,11 @@ def host_load_bytes(c: StepContext) -> int:
     checkpoint = rp.total * HALF
     shard = min(checkpoint, CHECKPOINT_SHARD_BYTES)
     lc = c.s.lifecycle
+    if c.framework == "torchtune":
+        # torchtune's checkpointers read every shard into one state dict on the host (FullModelHFCheckpointer
+        # .load_checkpoint: merged_state_dict.update(safe_torch_load(path)), mmap=True, v0.6.1) while the model is
+        # built on the GPU
+        return checkpoint
     on_device = (device_map_for(lc, c.quant) == "auto"
                  or c.framework == "lightning" or (c.framework == "deepspeed" and c.s.parallel.zero_stage == 3))
     if on_device:

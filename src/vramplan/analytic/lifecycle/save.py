@@ -1,7 +1,9 @@
 """Checkpoint saving: what building the state dict gathers on one GPU.
 
 An unsharded model's ``state_dict()`` shares its parameters' storage and the writers copy each tensor to
-the host (safetensors ``save_file``, ``torch.save``): nothing new on the GPU.  A sharded one depends on the
+the host (safetensors ``save_file``, ``torch.save``): nothing new on the GPU, except under torchtune's QLoRA,
+whose state-dict hook dequantizes each NF4 weight on the GPU before moving it to the CPU (the largest one's
+``get_original_weight`` peak).  A sharded one depends on the
 state-dict type (``lifecycle.state_dict_type``):
 
 * ``full``: FSDP ``FULL_STATE_DICT`` without ``offload_to_cpu``/``rank0_only`` unshards every unit and
@@ -35,6 +37,7 @@ from __future__ import annotations
 from vramplan.analytic.lifecycle.load import LoadTensor, rank_tensors
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
+from vramplan.facts.torchtune import torchao_nf4_dequant_peak_bytes
 from vramplan.spec.scenario import Lifecycle
 
 __all__ = ["save_phase", "state_dict_type", "state_dict_type_for"]
@@ -67,6 +70,11 @@ def _full_bytes(c: StepContext, tensors: tuple[LoadTensor, ...]) -> tuple[int, i
 def save_phase(c: StepContext, resident: Moment) -> Moment:
     """The save's highest moment over what stays resident between steps."""
     out = resident.copy("checkpoint save")
+    if c.framework == "torchtune" and c.quant != "none" and c.shards[2] <= 1 and not c.offload_params:
+        # torchtune's QLoRA builders register reparametrize_as_dtype_state_dict_post_hook(offload_to_cpu=True)
+        # (torchtune/modules/common_utils.py, v0.1.1-v0.6.1): state_dict() dequantizes each NF4 weight on the GPU
+        # (v.to(dtype): get_original_weight, facts/torchtune.py) and moves it to the CPU, one weight at a time
+        return out.add(K.SAVE_GATHERED, torchao_nf4_dequant_peak_bytes(c.rp.largest_linear))
     if c.shards[2] <= 1 or c.offload_params:
         return out
     kind = state_dict_type(c)

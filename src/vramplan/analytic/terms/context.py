@@ -332,7 +332,8 @@ class StepContext:
             expert_loop=quantized_expert_loop(m, quant if peft is not None else "none"),
             gate_up_wrapped=bool(lt.gate_up_rank), down_wrapped=bool(lt.down_rank), router_wrapped=bool(lt.router_rank),
             sdpa=s.train.attention == "sdpa", adapter_bytes=self.adapter,
+            # torchtune's 4-bit base is torchao's NF4Tensor: LinearNF4 saves the weight only (facts/torchtune.py)
             kbit_saves_input=(peft is not None and quant in BNB_4BIT_FORMATS
-                              and s.software.bnb_4bit_saves_input),
+                              and s.software.bnb_4bit_saves_input and self.framework != "torchtune"),
             liger=s.train.liger_kernels,
         )

@@ -52,7 +52,8 @@ def vocab_on_rank(c: StepContext) -> int:
 
 def loss_release_of(c: StepContext) -> LossRelease:
     """The loss code of ``software.transformers`` for the model's family (analytic/logits.py)."""
-    return family_loss_release(c.s.software.transformers_version, c.m.traits, c.framework, c.m.encoder_only)
+    sw = c.s.software
+    return family_loss_release(sw.transformers_version, c.m.traits, c.framework, c.m.encoder_only, sw.torchtune_version)
 
 
 def loss(c: StepContext) -> list[Term]:

@@ -9,6 +9,7 @@ from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import KBIT_PREPARED, StepContext
 from vramplan.analytic.weights import quantized_linear_bytes, tower_quantized_elements, weights_bytes
+from vramplan.facts.torchtune import torchao_nf4_bytes
 from vramplan.units import ceil_div
 
 __all__ = ["ddp_buckets", "offload_where", "parameter_bytes", "parameters", "workspaces"]
@@ -30,6 +31,11 @@ def parameter_bytes(c: StepContext) -> tuple[int, int]:
         # Lit-GPT's own head, quantized, in place of a half-precision (or, tied, absent) transformers head
         base += quantized_linear_bytes(c.litgpt_head, c.litgpt_head // c.m.hidden_size, c.quant) \
             - rp.lm_head * dense_bytes
+    if c.quant != "none" and c.framework == "torchtune":
+        # torchao's NF4Tensor in place of bitsandbytes' nf4-dq layout: a bf16 second-level factor, and the scaler
+        # mean and lookup table per matrix (facts/torchtune.py)
+        base += torchao_nf4_bytes(rp.linear, sum(n for *_, n in rp.linear_shapes)) \
+            - quantized_linear_bytes(rp.linear, rp.linear_out_features, c.quant)
     if c.quant != "none" and c.framework in KBIT_PREPARED:
         # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
         base += (rp.total - rp.linear - tower_quantized_elements(rp, c.quant)) * (4 - dense_bytes)

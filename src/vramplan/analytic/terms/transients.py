@@ -18,8 +18,15 @@ from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import Loc, attention, layer_done, mlp
+from vramplan.facts.torchtune import torchao_nf4_dequant_peak_bytes
 
-__all__ = ["layer_backward"]
+__all__ = ["TORCHTUNE_NF4_NOTE", "layer_backward", "nf4_dequant"]
+
+TORCHTUNE_NF4_NOTE = (
+    "torchtune QLoRA: base linears in torchao's NF4Tensor (4-bit codes, an int8 scaler per 64 weights, a bf16 factor "
+    "per 256 scalers; the LM head and embeddings in the model's dtype), no peft preparation; LinearNF4 keeps no input "
+    "for the backward and dequantizes each weight in it (get_original_weight: 14 B per weight of the largest linear "
+    "at its peak; torchao 0.7.0 dtypes/nf4tensor.py, facts/torchtune.py)")
 
 
 def layer_backward(c: StepContext) -> list[Term]:
@@ -32,4 +39,19 @@ def layer_backward(c: StepContext) -> list[Term]:
                  (at, at_attention, layer_done(j), "transient.attention", j)]
         if at > mt and not la.attention_split[j]:
             rows.append((at - mt, at_mlp, at_attention, "transient.attention_over_mlp", j))
+    return device_terms(K.LAYER_BACKWARD, rows)
+
+
+def nf4_dequant(c: StepContext) -> list[Term]:
+    """torchtune's QLoRA: each layer's backward dequantizes its NF4 weights one at a time
+    (``LinearNF4.backward``: ``grad_output @ weight.to(grad_output.dtype)``), and torchao's
+    ``get_original_weight`` holds 14 n + 3 n / 64 + n / 8,192 bytes for an n-element weight at its peak
+    (facts/torchtune.py, measured on CPU with torchao 0.7.0).  The largest linear's, at each layer's MLP
+    point: a bound of that moment (the layer's MLP gradients counted beside it), not an allocation (the event
+    stream does not read it).  Llama-2-7B: the MLP's 11,008 x 4,096 = 45,088,768 weights -> 631,242,752 +
+    2,113,536 + 5,504 = 633,361,792 B."""
+    if c.peft is None or c.quant == "none" or c.framework != "torchtune":
+        return []
+    nbytes = torchao_nf4_dequant_peak_bytes(c.rp.largest_linear)
+    rows = [(nbytes, mlp(j), attention(j), "transient.nf4_dequant", j) for j in range(len(c.layer_specs) - 1, -1, -1)]
     return device_terms(K.LAYER_BACKWARD, rows)
