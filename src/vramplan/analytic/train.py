@@ -46,7 +46,7 @@ from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
-from vramplan.analytic.terms.gradients import has_tied_embedding_backward
+from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
@@ -79,7 +79,7 @@ _SHOWN_AT_ATTENTION = frozenset({K.SAVED, K.LAYER_BACKWARD})
 def stage_timeline(c: StepContext) -> Timeline:
     """The points of one stage's step (analytic/timeline.py)."""
     return step_timeline(len(c.layer_specs), c.last, layer_activations(c).attention_split,
-                         has_tied_embedding_backward(c), _SHOWN_AT_ATTENTION)
+                         has_root_reduce_point(c), _SHOWN_AT_ATTENTION)
 
 
 def _elsewhere(terms: list[Term]) -> dict[str, int]:
@@ -228,6 +228,16 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     return [note, layout]
 
 
+# analytic/terms/sharding.py and gradients.py ``fsdp2_reduce_scatter``
+_TORCHTITAN_FSDP2_NOTE = (
+    "torchtitan FSDP2 units as apply_fsdp made them up to v0.1 (commit 9dec370): one per TransformerBlock (the last "
+    "not resharded after forward) and the root (embedding, final norm, head) gathered through the forward and "
+    "backward and resharded at its reduce-scatter after the embedding's backward; each unit's gradients in "
+    "param_dtype, copied into an fp32 reduce-scatter input (mixed_precision_reduce float32) kept until the next "
+    "unit's reduce (torch _fully_shard foreach_reduce); v0.2 gives the embedding and [norm, output] units of "
+    "their own (not modelled here; the traced engine wraps that way)")
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -258,6 +268,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                        "(set software.bitsandbytes for older versions, which kept it)")
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
+    if fw == "torchtitan" and s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.parallel.pp == 1:
+        out.append(_TORCHTITAN_FSDP2_NOTE)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:

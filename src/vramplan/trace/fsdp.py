@@ -19,6 +19,10 @@ Wrapping, as the frameworks do it:
   plus the LM head a unit with ``reshard_after_forward=False``;
 * ``reshard_after_forward`` True for full_shard / hybrid_shard / ZeRO-3, False for shard_grad_op;
   the root takes ``fully_shard``'s default (``None``: not resharded after forward);
+* torchtitan is wrapped as from v0.2.0 (commit 83e6941: the embedding and ``[norm, output]`` units of their
+  own, every block resharded after forward); the analytic engine follows the layout before it (each block,
+  the last one kept after forward, and a root unit holding the embedding, the final norm and the head:
+  analytic/terms/sharding.py), which the published torchtitan measurements ran;
 * hybrid_shard: a 2-D mesh (replicas x ``gpus_per_node`` shards): HSDP, reduce-scatter in the
   node, all-reduce across nodes.
 

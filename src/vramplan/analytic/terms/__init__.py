@@ -57,6 +57,8 @@ TERMS: tuple[TermFn, ...] = (
     transients.layer_backward,        # each layer's backward temporaries
     sharding.gathered,                # ZeRO-3/FSDP all-gathered units
     gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter
+    gradients.fsdp2_reduce_scatter,   # torchtitan's FSDP2: reduce-scatter inputs, the root unit's gradients
+    sharding.root_resharded,          # ... and its root unit resharded after its reduce
     loss.loss,                        # logits and loss
     loss.litgpt_head_dequant,         # Lit-GPT's 4-bit LM head dequantized per chunk
     loss.layer_forward,               # a head-less stage's last layer forward
