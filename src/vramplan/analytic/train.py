@@ -234,8 +234,16 @@ _TORCHTITAN_FSDP2_NOTE = (
     "not resharded after forward) and the root (embedding, final norm, head) gathered through the forward and "
     "backward and resharded at its reduce-scatter after the embedding's backward; each unit's gradients in "
     "param_dtype, copied into an fp32 reduce-scatter input (mixed_precision_reduce float32) kept until the next "
-    "unit's reduce (torch _fully_shard foreach_reduce); v0.2 gives the embedding and [norm, output] units of "
-    "their own (not modelled here; the traced engine wraps that way)")
+    "unit's reduce (torch _fully_shard foreach_reduce); the allocator replay leaves out the reduce-scatter "
+    "buffers and unsharded gradients; set software.torchtitan 0.2 or later for the embedding and [norm, output] "
+    "units of its later releases")
+_TORCHTITAN_SPLIT_NOTE = (
+    "torchtitan {} FSDP2 units (apply_fsdp_to_decoder, from v0.2.0): the embedding (resharded after forward, "
+    "prefetched by the first block's backward), every TransformerBlock (resharded after forward) and [norm, output] "
+    "(kept from its forward to its backward); each unit's gradients in param_dtype, copied into an fp32 "
+    "reduce-scatter input (mixed_precision_reduce float32) kept until the next unit's reduce (torch _fully_shard "
+    "foreach_reduce); the allocator replay keeps the head unit gathered for the whole step and leaves out the "
+    "embedding unit, the reduce-scatter buffers and unsharded gradients")
 
 
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
@@ -269,7 +277,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
     if fw == "torchtitan" and s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.parallel.pp == 1:
-        out.append(_TORCHTITAN_FSDP2_NOTE)
+        split = s.software.torchtitan_split_units and not m.tie_word_embeddings
+        out.append(_TORCHTITAN_SPLIT_NOTE.format(s.software.torchtitan) if split else _TORCHTITAN_FSDP2_NOTE)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:

@@ -76,6 +76,8 @@ RENAMED: dict[str, str] = {
     # torchtitan's own names are too long for an 80-120 column help table (rich cuts them): shorter, same prefix
     "train.float8.precompute_float8_dynamic_scale_for_fsdp": "float8_precompute_scale",
     "train.float8.force_recompute_fp8_weight_in_bwd": "float8_force_recompute",
+    # "--torchtitan" alone would read as the framework
+    "software.torchtitan": "torchtitan_version",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

@@ -510,7 +510,8 @@ def _unused_software(s: Scenario) -> list[str]:
     """Library releases no behaviour of this job reads (the behaviours each gates: spec/scenario.py Software)."""
     sw = s.software
     if s.task == "serve":
-        return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch", "expandable_segments")),
+        return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch", "expandable_segments",
+                                               "torchtitan")),
                       "a serving engine's start-up follows its own release (serve.vllm_version, serve.sglang_version, "
                       "serve.gguf.llamacpp_build)")
     out = []
@@ -521,6 +522,10 @@ def _unused_software(s: Scenario) -> list[str]:
         out += _noted("software", ["peft"], "no adapters are trained (train.peft)")
     if sw.expandable_segments is not None and s.task != "train":
         out += _noted("software", ["expandable_segments"], "only a training step's allocator replay reads it")
+    if sw.torchtitan is not None and not (s.task == "train" and s.effective_framework == "torchtitan"
+                                          and s.parallel.fsdp in ("full_shard", "hybrid_shard")):
+        out += _noted("software", ["torchtitan"], "only torchtitan's FSDP units depend on it (framework torchtitan, "
+                      "parallel.fsdp full_shard or hybrid_shard)")
     return out
 
 

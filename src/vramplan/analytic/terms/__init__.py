@@ -37,6 +37,7 @@ TermFn = Callable[[StepContext], list[Term]]
 TERMS: tuple[TermFn, ...] = (
     resident.parameters,              # weights: this rank's parameters (or their offloaded copy)
     sharding.root_gathered,           # weights: the FSDP root unit, unsharded
+    sharding.split_units_gathered,    # ... or torchtitan >= 0.2's embedding and head units, while gathered
     optimizer_state.optimizer_states,  # optimizer states (managed, offloaded)
     optimizer_state.master,           # fp32 master weights
     resident.workspaces,              # cuBLAS workspaces

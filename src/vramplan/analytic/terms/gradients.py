@@ -16,7 +16,7 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.terms.sharding import fsdp2_root_unit, gathered_bytes
+from vramplan.analytic.terms.sharding import embedding_elements, fsdp2_root_unit, gathered_bytes, split_units
 from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft
@@ -87,7 +87,7 @@ def gradients(c: StepContext) -> list[Term]:
     gdf, n = c.grads_during_fwd, len(per_layer)
     # torchtitan: the root unit's sharded gradients are its reduce-scatter's output, after the embedding's
     # backward (fsdp2_reduce_scatter); they exist at the optimizer step only
-    head_born: Loc = STEP if fsdp2_root_unit(c) else mlp(n - 1)
+    head_born: Loc = STEP if fsdp2_root_unit(c) and not split_units(c) else mlp(n - 1)
     embed_born: Loc = STEP if fsdp2_root_unit(c) else TIED_EMBEDDING
     out = [Term(K.GRADIENTS, outside - embed, FORWARD if gdf else head_born, END, "gradients.head"),
            Term(K.GRADIENTS, embed, FORWARD if gdf else embed_born, END, "gradients.embedding"),
@@ -169,9 +169,16 @@ def fsdp2_reduce_scatter(c: StepContext) -> list[Term]:
     rows: list[tuple[int, Loc, Loc, str, int]] = [
         (rp.per_layer[j] * REDUCE_BYTES, layer_done(j), layer_done(j - 1) if j else TIED_EMBEDDING,
          "fsdp2.reduce_scatter_input", j) for j in range(n - 1, -1, -1)]
-    half = gathered_bytes(c)
-    emb = ceil_div(sum(p.total for p in c.m.params if p.role in ("embedding", "position")), c.tp)
-    emb = 0 if c.m.tie_word_embeddings else min(emb, rp.outside_layers)  # a tied head's gradient is the embedding's
+    half, emb = gathered_bytes(c), embedding_elements(c)  # a tied head's gradient is the embedding's
+    if split_units(c):
+        # torchtitan >= 0.2: [norm, output] reduce right after the head's backward (its input kept through the last
+        # block's backward); the embedding's own unit after its backward
+        head = rp.outside_layers - emb
+        rows.append((head * REDUCE_BYTES, mlp(n - 1), layer_done(n - 1), "fsdp2.reduce_scatter_input.head", -1))
+        return device_terms(K.REDUCE_SCATTER_INPUT, rows) + [
+            Term(K.UNSHARDED_GRADS, emb * half, TIED_EMBEDDING, STEP, "fsdp2.root_unsharded.embedding"),
+            Term(K.REDUCE_SCATTER_INPUT, emb * REDUCE_BYTES, TIED_EMBEDDING, STEP,
+                 "fsdp2.reduce_scatter_input.embedding")]
     out = [Term(K.UNSHARDED_GRADS, (rp.outside_layers - emb) * half, mlp(n - 1), STEP, "fsdp2.root_unsharded.head"),
            Term(K.UNSHARDED_GRADS, emb * half, TIED_EMBEDDING, STEP, "fsdp2.root_unsharded.embedding"),
            Term(K.REDUCE_SCATTER_INPUT, rp.outside_layers * REDUCE_BYTES, TIED_EMBEDDING, STEP,
