@@ -81,7 +81,8 @@ VALUES: dict[str, list[Any]] = {
     "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256], "lifecycle.eval_seq_len": [8192],
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
-    "software.autoawq": ["0.2.0"], "software.torchtune": ["0.2.1"], "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
+    "software.autoawq": ["0.2.0"], "software.torchtune": ["0.2.1"], "software.torchtitan": ["0.2.0"],
+    "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
     "rl.value_model": ["meta-llama/Llama-3.2-1B"],
     # null means the trainer's default (spec/defaults.py): a value on each side of GRPOConfig's
     "rl.beta": [1.0], "rl.rollout.num_generations": [16], "rl.rollout.max_completion_len": [512],

@@ -63,6 +63,7 @@ from vramplan.analytic.terms.cross_attention import cross_sequence
 from vramplan.analytic.terms.gradients import zero3_flat_gradients
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.vision import tower_sequence
+from vramplan.analytic.timeline import FORWARD
 from vramplan.spec.defaults import checkpointing
 from vramplan.spec.model import ModelSpec
 
@@ -150,6 +151,9 @@ class StepLayout:
     # which of vision_saved belong to tower layers after the selected hidden state (LLaVA's last layer): freed
     # with the model output before the backward (terms/vision.py)
     vision_unused: tuple[bool, ...] = ()
+    # of ``gathered``, the bytes allocated when the backward reaches the layers instead of at the forward's start:
+    # torchtitan's FSDP2 holds one block at the loss (up to v0.1) or none (from v0.2), terms/sharding.py ``gathered``
+    gathered_late: int = 0
 
 
 def split_exact(total: int, weights: Sequence[int]) -> list[int]:
@@ -444,7 +448,7 @@ def _make_states(st: _Stream, lay: StepLayout, tr: list[int]) -> list[int]:
 def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int], grads_exist: bool,
           n_layers: int, autograd_ws: list[int]) -> None:
     """One forward + backward over ``n_layers`` layers (layer ``i`` uses ``plans[i % len(plans)]``)."""
-    gathered = st.alloc(lay.gathered)
+    gathered = st.alloc(lay.gathered - lay.gathered_late)
     resid = lay.residual_bytes * lay.hidden * lay.tokens
     # the embedding's output is the first layer's input; each layer's saved list ends with its own
     # output, so the last layer's output stands for the final norm's input (counted in head_saved)
@@ -499,7 +503,9 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
     st.free(kernel_kept)
     st.free(head_cast)
     st.free(head_saved)
+    late = st.alloc(lay.gathered_late)  # the block the last layer's pre_backward prefetches (FSDP2, torchtitan)
     g = _backward_layers(st, lay, plans, outs, g, grads, grads_exist, n_layers)
+    st.free(late)
     st.free(g)
     st.free(emb)
     st.free(shared)
@@ -732,7 +738,10 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         inter = -(-(ls0.intermediate_size if ls0 else 0) // tp)
     logits, logits_fp32, log_probs = _loss_tensors(terms)
     states = b.get("optimizer.states", 0)
-    root = b.get("gathered.root", 0)
+    # torchtitan >= 0.2 (terms/sharding.py split_units_gathered): the head's unit, gathered at the loss, is kept for the
+    # whole step, as the root unit it replaces; the embedding's, gathered only from the first block's backward to its
+    # own, is left out of the stream (as FSDP2's reduce-scatter buffers are: the closed form's moments count them)
+    root = b.get("gathered.root", 0) or b.get("fsdp2.head_gathered", 0)
     # DeepSpeed's resident buffers (terms/deepspeed.py): allocated once, like the FSDP root unit
     extra = tuple(x for x in (root, b.get("deepspeed.persistent", 0), b.get("deepspeed.reduce_bucket", 0),
                               b.get("deepspeed.offload_staging", 0)) if x)
@@ -753,6 +762,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         step_temporary=by_key.get(id(K.OPTIMIZER_STEP), 0),
         master=b.get("master", 0), ddp=b.get("ddp", 0),
         workspace=b.get("cublas", 0) // 2, gathered=gathered,
+        gathered_late=sum(t.nbytes for t in terms if t.name == "gathered" and t.born is not FORWARD),
         shared=b.get("saved.shared", 0), head_saved=b.get("saved.head", 0),
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs,

@@ -134,6 +134,9 @@ class K:
     LAYER_BACKWARD = _k("temporaries", "layer backward", "one layer's backward temporaries")
     UNSHARDED_GRADS = _k("temporaries", "unsharded gradients before reduce-scatter",
                          "a layer's full gradients before ZeRO/FSDP reduce-scatters them")
+    REDUCE_SCATTER_INPUT = _k("temporaries", "FSDP2 reduce-scatter input (reduce dtype)",
+                              "a unit's full gradients copied into FSDP2's reduce-scatter buffer in the reduce "
+                              "dtype, kept until the next unit's reduce")
     TIED_EMBEDDING = _k("temporaries", "tied embedding gradient contributions",
                         "the two gradient contributions of a tied embedding, summed at the embedding's backward")
     OPTIMIZER_STEP = _k("temporaries", "optimizer step", "temporaries of optimizer.step()")

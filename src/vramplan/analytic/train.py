@@ -47,7 +47,7 @@ from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
-from vramplan.analytic.terms.gradients import has_tied_embedding_backward
+from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
@@ -81,7 +81,7 @@ _SHOWN_AT_ATTENTION = frozenset({K.SAVED, K.LAYER_BACKWARD})
 def stage_timeline(c: StepContext) -> Timeline:
     """The points of one stage's step (analytic/timeline.py)."""
     return step_timeline(len(c.layer_specs), c.last, layer_activations(c).attention_split,
-                         has_tied_embedding_backward(c), _SHOWN_AT_ATTENTION)
+                         has_root_reduce_point(c), _SHOWN_AT_ATTENTION)
 
 
 def _elsewhere(terms: list[Term]) -> dict[str, int]:
@@ -234,6 +234,24 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     return [note, layout]
 
 
+# analytic/terms/sharding.py and gradients.py ``fsdp2_reduce_scatter``
+_TORCHTITAN_FSDP2_NOTE = (
+    "torchtitan FSDP2 units as apply_fsdp made them up to v0.1 (commit 9dec370): one per TransformerBlock (the last "
+    "not resharded after forward) and the root (embedding, final norm, head) gathered through the forward and "
+    "backward and resharded at its reduce-scatter after the embedding's backward; each unit's gradients in "
+    "param_dtype, copied into an fp32 reduce-scatter input (mixed_precision_reduce float32) kept until the next "
+    "unit's reduce (torch _fully_shard foreach_reduce); the allocator replay leaves out the reduce-scatter "
+    "buffers and unsharded gradients; set software.torchtitan 0.2 or later for the embedding and [norm, output] "
+    "units of its later releases")
+_TORCHTITAN_SPLIT_NOTE = (
+    "torchtitan {} FSDP2 units (apply_fsdp_to_decoder, from v0.2.0): the embedding (resharded after forward, "
+    "prefetched by the first block's backward), every TransformerBlock (resharded after forward) and [norm, output] "
+    "(kept from its forward to its backward); each unit's gradients in param_dtype, copied into an fp32 "
+    "reduce-scatter input (mixed_precision_reduce float32) kept until the next unit's reduce (torch _fully_shard "
+    "foreach_reduce); the allocator replay keeps the head unit gathered for the whole step and leaves out the "
+    "embedding unit, the reduce-scatter buffers and unsharded gradients")
+
+
 def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
     """Whether a 4-bit base linear keeps its input: bitsandbytes' release, or torchtune's torchao NF4."""
     t = s.train
@@ -273,6 +291,9 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
     out += deepspeed_assumptions(s, m.hidden_size)
+    if fw == "torchtitan" and s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.parallel.pp == 1:
+        split = s.software.torchtitan_split_units and not m.tie_word_embeddings
+        out.append(_TORCHTITAN_SPLIT_NOTE.format(s.software.torchtitan) if split else _TORCHTITAN_FSDP2_NOTE)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:

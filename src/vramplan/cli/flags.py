@@ -79,6 +79,8 @@ RENAMED: dict[str, str] = {
     "train.float8.force_recompute_fp8_weight_in_bwd": "float8_force_recompute",
     # DeepSpeed's key is 34 characters: shorter, DeepSpeed's words kept
     "parallel.deepspeed.stage3_param_persistence_threshold": "stage3_persistence_threshold",
+    # "--torchtitan" alone would read as the framework
+    "software.torchtitan": "torchtitan_version",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

@@ -536,10 +536,14 @@ def _unused_software(s: Scenario) -> list[str]:
     sw = s.software
     if s.task == "serve":
         return _noted("software", _changed(sw, ("bitsandbytes", "peft", "transformers", "torch", "expandable_segments",
-                                                "torchtune")),
+                                                "torchtune", "torchtitan")),
                       "a serving engine's start-up follows its own release (serve.vllm_version, serve.sglang_version, "
                       "serve.gguf.llamacpp_build)")
     out = []
+    if sw.torchtitan is not None and not (s.task == "train" and s.effective_framework == "torchtitan"
+                                          and s.parallel.fsdp in ("full_shard", "hybrid_shard")):
+        out += _noted("software", ["torchtitan"], "only torchtitan's FSDP units depend on it (framework torchtitan, "
+                      "parallel.fsdp full_shard or hybrid_shard)")
     tune = s.task == "train" and s.effective_framework == "torchtune"
     if sw.torchtune is not None and not tune:
         out += _noted("software", ["torchtune"], "it is read only with task train under framework torchtune")

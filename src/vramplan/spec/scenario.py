@@ -872,6 +872,22 @@ class Software(_Strict):
     def torchtune_version(self) -> tuple[int, ...] | None:
         return _version(self.torchtune)
 
+    torchtitan: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """torchtitan release of a framework torchtitan run, e.g. 0.2.0; from 0.2 the embedding and the head are FSDP units.
+
+    Up to v0.1.0 ``apply_fsdp`` wrapped each TransformerBlock (the last not resharded after forward) and then the
+    model, whose root unit held the embedding, the final norm and the head, gathered through the forward and the
+    backward (parallelize_llama.py at commit 9dec370); from v0.2.0 (commit 83e6941, July 2025) the embedding is a
+    unit resharded after forward and ``[norm, output]`` one kept from its forward to its backward, every block
+    resharded (an untied model; a tied one keeps the three in one unit, as before).  None: the v0.1 layout, the one
+    the published torchtitan measurements ran (analytic/terms/sharding.py; the report says so)."""
+
+    @property
+    def torchtitan_split_units(self) -> bool:
+        """True for torchtitan >= 0.2: the embedding and ``[norm, output]`` are FSDP units of their own."""
+        v = _version(self.torchtitan)
+        return v is not None and v >= (0, 2)
+
     @property
     def trl_version(self) -> tuple[int, ...] | None:
         return _version(self.trl)

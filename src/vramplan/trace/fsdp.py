@@ -19,6 +19,12 @@ Wrapping, as the frameworks do it:
   plus the LM head a unit with ``reshard_after_forward=False``;
 * ``reshard_after_forward`` True for full_shard / hybrid_shard / ZeRO-3, False for shard_grad_op;
   the root takes ``fully_shard``'s default (``None``: not resharded after forward);
+* torchtitan as ``software.torchtitan`` says, as the analytic engine does (analytic/terms/sharding.py): up to
+  v0.1 (null) ``apply_fsdp`` at commit 9dec370, each block (the last not resharded after forward) and then the
+  model, whose root unit holds the embedding, the final norm and the head and is not resharded after forward
+  (torch <= 2.7 kept the root unsharded whatever it was given, ``FSDPState._lazy_init``: here ``fully_shard``'s
+  default ``None`` does that); from v0.2.0 (commit 83e6941) the embedding and ``[norm, output]`` units of
+  their own, as accelerate wraps them, every block resharded after forward;
 * hybrid_shard: a 2-D mesh (replicas x ``gpus_per_node`` shards): HSDP, reduce-scatter in the
   node, all-reduce across nodes.
 
@@ -97,10 +103,13 @@ class FsdpWorld:
         kwargs: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": reshard,
                                   "mp_policy": _mp_policy(r)}
         layers = _decoder_layers(model)
-        for layer in layers:
-            fully_shard(layer, **kwargs)
-        units = [f"{len(layers)} decoder layers"]
-        if framework in ("hf-trainer", "accelerate", "torchtitan"):
+        root_unit = framework == "torchtitan" and not s.software.torchtitan_split_units
+        for i, layer in enumerate(layers):
+            # torchtitan up to v0.1: "do not reshard after forward for the last transformer block"
+            keep = root_unit and i == len(layers) - 1
+            fully_shard(layer, **{**kwargs, "reshard_after_forward": reshard and not keep})
+        units = [f"{len(layers)} decoder layers" + (" (the last not resharded after forward)" if root_unit else "")]
+        if framework in ("hf-trainer", "accelerate", "torchtitan") and not root_unit:
             emb = module_getter(model, "get_input_embeddings")
             out = module_getter(model, "get_output_embeddings")
             tied = emb is not None and out is not None and getattr(emb, "weight", None) is getattr(out, "weight", 1)
@@ -115,7 +124,7 @@ class FsdpWorld:
                 units.append("final norm + LM head (not resharded after forward)")
         root = {k: v for k, v in kwargs.items() if k != "reshard_after_forward"}
         fully_shard(model, **root)
-        units.append("root")
+        units.append("root (embedding, final norm, head)" if root_unit else "root")
         _meta_groups(model)
         mesh = " x ".join(str(n) for n in self.shape)
         what = "ZeRO-3" if s.parallel.fsdp == "none" else f"FSDP {s.parallel.fsdp}"

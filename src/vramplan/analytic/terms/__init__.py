@@ -39,6 +39,7 @@ TERMS: tuple[TermFn, ...] = (
     resident.parameters,              # weights: this rank's parameters (or their offloaded copy)
     sharding.root_gathered,           # weights: the FSDP root unit, unsharded
     deepspeed.persistent,             # weights: DeepSpeed ZeRO-3's persistent (small) parameters, gathered
+    sharding.split_units_gathered,    # ... or torchtitan >= 0.2's embedding and head units, while gathered
     optimizer_state.optimizer_states,  # optimizer states (managed, offloaded)
     optimizer_state.master,           # fp32 master weights
     resident.workspaces,              # cuBLAS workspaces
@@ -63,6 +64,8 @@ TERMS: tuple[TermFn, ...] = (
     deepspeed.zero3_gathered,         # ... DeepSpeed ZeRO-3's: running module, prefetch, kept for reuse
     gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter
     deepspeed.grad_in_flight,         # ... DeepSpeed ZeRO-3's, on their way into the reduce bucket
+    gradients.fsdp2_reduce_scatter,   # torchtitan's FSDP2: reduce-scatter inputs, the root unit's gradients
+    sharding.root_resharded,          # ... and its root unit resharded after its reduce
     loss.loss,                        # logits and loss
     loss.litgpt_head_dequant,         # Lit-GPT's 4-bit LM head dequantized per chunk
     loss.layer_forward,               # a head-less stage's last layer forward

@@ -17,13 +17,19 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
+from vramplan.analytic.terms.sharding import embedding_elements, fsdp2_root_unit, gathered_bytes, split_units
 from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
 
-__all__ = ["embedding_gradient_bytes", "gradients", "has_tied_embedding_backward", "layer_gradient_bytes", "replicated_embedding",
-           "tied_embedding", "total_gradient_bytes", "unsharded_gradients", "zero3_flat_gradients"]
+__all__ = ["REDUCE_BYTES", "embedding_gradient_bytes", "fsdp2_reduce_scatter", "gradients", "has_root_reduce_point",
+           "has_tied_embedding_backward", "layer_gradient_bytes", "replicated_embedding", "tied_embedding",
+           "total_gradient_bytes", "unsharded_gradients", "zero3_flat_gradients"]
+
+# torchtitan's reduce dtype: ``training.mixed_precision_reduce``, default "float32", the only choice
+# (torchtitan/config_manager.py at commit 9dec370), passed to ``MixedPrecisionPolicy(reduce_dtype=...)``
+REDUCE_BYTES = 4
 
 
 def replicated_embedding(c: StepContext) -> tuple[int, int]:
@@ -89,8 +95,12 @@ def gradients(c: StepContext) -> list[Term]:
     # DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the optimizer's __init__ (stage3.py
     # grad_partitions_flat_buffer): alive from the forward on, like gradients kept from an earlier micro-batch
     gdf, n = c.grads_during_fwd or zero3_flat_gradients(c), len(per_layer)
-    out = [Term(K.GRADIENTS, outside - embed, FORWARD if gdf else mlp(n - 1), END, "gradients.head"),
-           Term(K.GRADIENTS, embed, FORWARD if gdf else TIED_EMBEDDING, END, "gradients.embedding"),
+    # torchtitan: the root unit's sharded gradients are its reduce-scatter's output, after the embedding's
+    # backward (fsdp2_reduce_scatter); they exist at the optimizer step only
+    head_born: Loc = STEP if fsdp2_root_unit(c) and not split_units(c) else mlp(n - 1)
+    embed_born: Loc = STEP if fsdp2_root_unit(c) else TIED_EMBEDDING
+    out = [Term(K.GRADIENTS, outside - embed, FORWARD if gdf else head_born, END, "gradients.head"),
+           Term(K.GRADIENTS, embed, FORWARD if gdf else embed_born, END, "gradients.embedding"),
            Term(K.GRADIENTS, total - outside - sum(per_layer), FORWARD if gdf else TIED_EMBEDDING, END,
                 "gradients.rounding")]
     rows: list[tuple[int, Loc, Loc, str, int]] = []
@@ -114,13 +124,76 @@ def gradients(c: StepContext) -> list[Term]:
 
 
 def unsharded_gradients(c: StepContext) -> list[Term]:
-    """ZeRO-3 / FSDP: a layer's full gradients exist before they are reduce-scattered."""
+    """ZeRO-3 / FSDP: a layer's full gradients exist before they are reduce-scattered.
+
+    torchtitan (FSDP2, ``fsdp2_root_unit``): autograd computes them in the unsharded parameter's dtype, the
+    ``param_dtype`` of ``MixedPrecisionPolicy`` (bf16 under bf16-mixed: 2 B per element, not the sharded
+    gradient's 4); their copy in the reduce dtype is ``fsdp2_reduce_scatter``."""
     if c.shards[2] <= 1 or deepspeed_zero(c.s):
         return []  # DeepSpeed copies each gradient into its bucket as it comes (terms/deepspeed.py grad_in_flight)
     rp, grad_bytes, peft = c.rp, c.pol.grad_bytes, c.peft
+    if fsdp2_root_unit(c):
+        grad_bytes = gathered_bytes(c)
     return device_terms(K.UNSHARDED_GRADS, [(_grad_bytes_layer(rp, j, grad_bytes, 1, peft), mlp(j), layer_done(j),
                                               "gradients.unsharded", j)
                                              for j in range(len(c.layer_specs) - 1, -1, -1)])
+
+
+def has_root_reduce_point(c: StepContext) -> bool:
+    """The step has a moment after the embedding's backward (``TIED_EMBEDDING``): the tied embedding's two
+    contributions summed, or torchtitan's root unit reduce-scattered (``fsdp2_reduce_scatter``)."""
+    return has_tied_embedding_backward(c) or fsdp2_root_unit(c)
+
+
+def fsdp2_reduce_scatter(c: StepContext) -> list[Term]:
+    """torchtitan (FSDP2): the reduce-scatter input of each unit, and the root unit's unsharded gradients.
+
+    FSDP2's ``post_backward`` (torch 2.4-2.13, ``_fully_shard/_fsdp_param_group.py``) hands a unit's
+    unsharded gradients to ``foreach_reduce`` (``_fsdp_collectives.py``), which allocates the reduce-scatter
+    input, ``reduce_scatter_input_numel`` elements of the reduce dtype (fp32, ``REDUCE_BYTES``: every
+    parameter of the unit, dim 0 padded to a multiple of the world size), copies the gradients into it
+    (``foreach_reduce_scatter_copy_in``) and only then frees them.  The input is kept
+    (``comm_ctx.reduce_scatter_state``; from 2.11 the ``reduce_scatter_states`` list, capped by
+    ``reduce_scatter_max_input_buffers``, default 1) until the next unit's ``post_backward`` drops it before
+    allocating its own.  The output, ``1 / world`` of the input, becomes the sharded gradient (``.grad``,
+    counted as ``gradients``; under HSDP it is all-reduced in place and ``_all_reduce_state`` keeps that same
+    tensor, nothing more).  So block j's input (4 B x its parameters) lives from the end of its backward
+    (``layer_done(j)``) through block j - 1's backward, and block 0's until the root's reduce.
+
+    The root unit (embedding, final norm, head) is reduce-scattered last, after the embedding's backward
+    (``TIED_EMBEDDING``): the head's unsharded gradient (param dtype) exists from the head's backward
+    (``mlp(n - 1)``), the embedding's from its backward; at the root's copy-in both are there beside the
+    root's reduce-scatter input (4 B x the root's parameters), and the root is resharded
+    (``sharding.root_resharded``).
+
+    Worked example, Llama 3.1 8B on 8 GPUs, bf16-mixed: a block is 218,112,000 parameters, its input
+    872,448,000 B (4 x 218,112,000), beside the next block's unsharded bf16 gradients (436,224,000 B) in
+    its backward; the root is 2 x 128,256 x 4096 + 4096 = 1,050,677,248 parameters: the head's gradient
+    (525,340,672 parameters, final norm included) 1,050,681,344 B from the head's backward, and at the
+    root's reduce 1,050,677,248 x (2 + 4) = 6,304,063,488 B.  The padding of dim 0 (at most world - 1
+    rows per parameter) is left out.
+    """
+    if not fsdp2_root_unit(c):
+        return []
+    rp, n = c.rp, len(c.layer_specs)
+    rows: list[tuple[int, Loc, Loc, str, int]] = [
+        (rp.per_layer[j] * REDUCE_BYTES, layer_done(j), layer_done(j - 1) if j else TIED_EMBEDDING,
+         "fsdp2.reduce_scatter_input", j) for j in range(n - 1, -1, -1)]
+    half, emb = gathered_bytes(c), embedding_elements(c)  # a tied head's gradient is the embedding's
+    if split_units(c):
+        # torchtitan >= 0.2: [norm, output] reduce right after the head's backward (its input kept through the last
+        # block's backward); the embedding's own unit after its backward
+        head = rp.outside_layers - emb
+        rows.append((head * REDUCE_BYTES, mlp(n - 1), layer_done(n - 1), "fsdp2.reduce_scatter_input.head", -1))
+        return device_terms(K.REDUCE_SCATTER_INPUT, rows) + [
+            Term(K.UNSHARDED_GRADS, emb * half, TIED_EMBEDDING, STEP, "fsdp2.root_unsharded.embedding"),
+            Term(K.REDUCE_SCATTER_INPUT, emb * REDUCE_BYTES, TIED_EMBEDDING, STEP,
+                 "fsdp2.reduce_scatter_input.embedding")]
+    out = [Term(K.UNSHARDED_GRADS, (rp.outside_layers - emb) * half, mlp(n - 1), STEP, "fsdp2.root_unsharded.head"),
+           Term(K.UNSHARDED_GRADS, emb * half, TIED_EMBEDDING, STEP, "fsdp2.root_unsharded.embedding"),
+           Term(K.REDUCE_SCATTER_INPUT, rp.outside_layers * REDUCE_BYTES, TIED_EMBEDDING, STEP,
+                "fsdp2.reduce_scatter_input.root")]
+    return device_terms(K.REDUCE_SCATTER_INPUT, rows) + out
 
 
 def embedding_shard_copy(c: StepContext) -> list[Term]:

@@ -1,5 +1,33 @@
 """ZeRO-3 / FSDP: full (all-gathered) parameters of the running unit and the prefetched one, and the
-FSDP root unit (embeddings, head), which stays unsharded."""
+FSDP root unit (embeddings, head), which stays unsharded.
+
+torchtitan (``fsdp2_root_unit``) wraps each ``TransformerBlock`` with FSDP2's ``fully_shard`` and then the
+whole model, whose own unit (the root) holds the embedding, the final norm and the output head
+(``parallelisms/parallelize_llama.py`` ``apply_fsdp`` at commit 9dec370, December 2024; the layout until
+v0.2.0, commit 83e6941 of July 2025, gave the embedding and ``[norm, output]`` units of their own).  What
+that changes against the generic ZeRO-3 / FSDP picture, read off torch's ``_fully_shard/_fsdp_param_group.py``
+and ``_fsdp_state.py`` (torch 2.4-2.13):
+
+* the last block is not resharded after the forward (``reshard_after_forward = int(layer_id) <
+  len(model.layers) - 1``) and the root's post-forward frees the last all-gather output it kept
+  (``comm_ctx.all_gather_state``), so from the end of the forward to the start of the last block's
+  backward one block is gathered, not two; from then on the block in backward plus the one its
+  ``pre_backward`` prefetched (``_backward_prefetch``) are;
+* every block is resharded in its ``post_backward`` (``reshard_after_backward``), so at the root's
+  reduce-scatter, after the embedding's backward, no block is gathered, and the root itself reshards
+  there (``post_backward`` calls ``reshard()`` before ``foreach_reduce``): the optimizer step runs on
+  sharded parameters only (``fsdp2.root_resharded``, a negative record on the root's key).
+
+From v0.2.0 (``software.torchtitan`` >= 0.2, ``split_units``; ``apply_fsdp`` after commit 83e6941, now
+``torchtitan/distributed/fsdp.py`` ``apply_fsdp_to_decoder``) an untied model's embedding is a unit resharded
+after its forward and ``[norm, output]`` one kept gathered from its forward to its ``post_backward``, right
+after the head's backward; every block is resharded after forward.  So at the loss no block is gathered
+(the root ``model`` owns no parameter; its post-forward frees the last kept all-gather output), the head's
+unit is gathered until the last block's backward starts, blocks are two from then on but at the first
+block's, whose ``pre_backward`` prefetches the embedding instead (``_backward_prefetch`` follows the
+post-forward order: embedding, blocks, head), and the embedding is gathered from there to its own reduce
+(``fsdp2.embedding_gathered``, ``fsdp2.head_gathered``).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +39,11 @@ from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.timeline import FORWARD, STEP
+from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, mlp
 from vramplan.analytic.weights import weights_bytes
 
-__all__ = ["gathered", "one_layer", "root_gathered"]
+__all__ = ["embedding_elements", "fsdp2_root_unit", "gathered", "gathered_bytes", "one_layer", "root_gathered",
+           "root_resharded", "split_units", "split_units_gathered"]
 
 
 def one_layer(rp: RankParams, params: int) -> RankParams:
@@ -22,6 +51,11 @@ def one_layer(rp: RankParams, params: int) -> RankParams:
     frac = params / rp.total if rp.total else 0
     return replace(rp, total=params, linear=int(rp.linear * frac), linear_out_features=int(
         rp.linear_out_features * frac), lm_head=0, tower_linear_shapes=())
+
+
+def gathered_bytes(c: StepContext) -> int:
+    """Bytes per gathered parameter (``_gather_bytes``): FSDP's ``param_dtype``."""
+    return _gather_bytes(c)
 
 
 def _gather_bytes(c: StepContext) -> int:
@@ -42,9 +76,35 @@ def _float8_saving(c: StepContext, layer: int) -> int:
     return sum(fan_in * fan_out for _, fan_in, fan_out in converted_layer_linears(c.m, layer, c.tp))
 
 
+def fsdp2_root_unit(c: StepContext) -> bool:
+    """torchtitan's FSDP2 layout (module docstring): blocks and a root unit, one pipeline stage, no PEFT or
+    offload (torchtitan trains neither), parameters sharded (``full_shard`` or ``hybrid_shard``)."""
+    return (c.framework == "torchtitan" and c.s.parallel.fsdp in ("full_shard", "hybrid_shard") and c.shards[2] > 1
+            and c.pp == 1 and c.peft is None and not c.offload_opt and bool(c.layer_specs))
+
+
+def split_units(c: StepContext) -> bool:
+    """torchtitan >= 0.2 on an untied model: the embedding and ``[norm, output]`` are units of their own
+    (module docstring); a tied model keeps its embedding, norm and head in one unit, as the root was."""
+    return fsdp2_root_unit(c) and c.s.software.torchtitan_split_units and not c.m.tie_word_embeddings
+
+
+def embedding_elements(c: StepContext) -> int:
+    """The untied input embedding's elements on this rank (its vocabulary split over tp), 0 when tied."""
+    if c.m.tie_word_embeddings:
+        return 0
+    emb = sum(p.total for p in c.m.params if p.role in ("embedding", "position"))
+    return min(-(-emb // c.tp), c.rp.outside_layers)
+
+
 def gathered(c: StepContext) -> list[Term]:
     """Current + prefetched unit (FSDP limit_all_gathers; DeepSpeed's prefetch), from the forward to
-    the end of the backward."""
+    the end of the backward.
+
+    torchtitan (module docstring): one unit from the forward (the last block, kept), the second from the
+    last block's backward (the prefetched one), both until the root's reduce-scatter (``TIED_EMBEDDING``).
+    Worked example, Llama 3.1 8B on 8 GPUs: a block is 218,112,000 parameters, 436,224,000 B in bf16; the
+    loss moment holds 436,224,000 B of blocks (the generic record: 872,448,000)."""
     if c.shards[2] <= 1 or deepspeed_zero(c.s):
         return []  # DeepSpeed fetches module by module (terms/deepspeed.py zero3_gathered)
     rp, pol = c.rp, c.pol
@@ -54,14 +114,51 @@ def gathered(c: StepContext) -> list[Term]:
     else:
         largest = rp.layers[rp.per_layer.index(layer_p)] if rp.per_layer else 0
         layer_p_bytes = layer_p * _gather_bytes(c) - _float8_saving(c, largest)
+    n = len(c.layer_specs)
+    if split_units(c):
+        # the records are named "gathered": the event stream (analytic/events.py) still sees 2 units
+        return [Term(K.GATHERED, layer_p_bytes, mlp(n - 1), TIED_EMBEDDING, "gathered"),
+                Term(K.GATHERED, layer_p_bytes, mlp(n - 1), mlp(0), "gathered")]
+    if fsdp2_root_unit(c):
+        return [Term(K.GATHERED, layer_p_bytes, FORWARD, TIED_EMBEDDING, "gathered"),
+                Term(K.GATHERED, layer_p_bytes, mlp(n - 1), TIED_EMBEDDING, "gathered")]
     return [Term(K.GATHERED, 2 * layer_p_bytes, FORWARD, STEP, "gathered")]
 
 
-def root_gathered(c: StepContext) -> list[Term]:
-    """The FSDP root unit (embeddings, head) stays unsharded for the whole step."""
-    if c.shards[2] <= 1 or c.s.parallel.fsdp == "none":
-        return []
+def _root_bytes(c: StepContext) -> int:
     root = c.rp.outside_layers * _gather_bytes(c)
     if _float8_gathered(c) and c.rp.lm_head and head_backward_bytes(c.s, c.m, c.tp, 1):
         root -= c.rp.lm_head  # the converted head gathered in float8 (its embedding, an nn.Embedding, is not)
-    return [resident(K.GATHERED_ROOT, root, "gathered.root")]
+    return root
+
+
+def root_gathered(c: StepContext) -> list[Term]:
+    """The FSDP root unit (embeddings, head) stays unsharded for the whole step (torchtitan >= 0.2:
+    ``split_units_gathered`` instead)."""
+    if c.shards[2] <= 1 or c.s.parallel.fsdp == "none" or split_units(c):
+        return []
+    return [resident(K.GATHERED_ROOT, _root_bytes(c), "gathered.root")]
+
+
+def split_units_gathered(c: StepContext) -> list[Term]:
+    """torchtitan >= 0.2 (module docstring): the head's unit (final norm + head) gathered from the forward to
+    its ``post_backward``, before the last block's backward; the embedding's from the first block's backward
+    (prefetched) to its own ``post_backward``, after its backward.
+
+    Worked example, Llama 3.1 8B on 8 GPUs (bf16): the head's unit 2 x (128,256 x 4096 + 4096) = 1,050,681,344 B,
+    the embedding's 2 x 525,336,576 = 1,050,673,152 B (together the v0.1 root's 2,101,354,496)."""
+    if not split_units(c):
+        return []
+    emb, n = embedding_elements(c), len(c.layer_specs)
+    half = _gather_bytes(c)
+    return [Term(K.GATHERED_ROOT, (c.rp.outside_layers - emb) * half, FORWARD, mlp(n - 1), "fsdp2.head_gathered"),
+            Term(K.GATHERED_ROOT, emb * half, mlp(0), TIED_EMBEDDING, "fsdp2.embedding_gathered")]
+
+
+def root_resharded(c: StepContext) -> list[Term]:
+    """torchtitan: the root unit reshards in its ``post_backward``, before its reduce-scatter, and stays
+    sharded through the optimizer step (module docstring): the root's gathered bytes taken back from the
+    root's reduce-scatter (``TIED_EMBEDDING``) on.  Not a static term: the forward and backward hold them."""
+    if not fsdp2_root_unit(c) or split_units(c):
+        return []
+    return [Term(K.GATHERED_ROOT, -_root_bytes(c), TIED_EMBEDDING, END, "fsdp2.root_resharded")]
