@@ -54,7 +54,13 @@ def test_zero_stages_are_ordered(n: int, b: int, accum: int) -> None:
         return estimate(sc).per_gpu.peak_allocated_bytes
 
     p0, p1, p2, p3 = (peak(z) for z in (0, 1, 2, 3))
-    assert p3 <= p2 <= p1 <= p0
+    assert p2 <= p1 <= p0
+    # ZeRO-3's gradient partition is one flat buffer made at the optimizer's __init__ and resident from the forward
+    # (stage3.py grad_partitions_flat_buffer), where ZeRO-2 makes its partition in the backward and frees it after
+    # the step (stage_1_and_2.py copy_grads_in_partition, _release_ipg_buffers): on 2 GPUs the weights' half that
+    # ZeRO-3 saves is what that partition costs, so ZeRO-3 is below ZeRO-2 only up to the partition
+    # (1,100,048,384 parameters x 2 B / n)
+    assert p3 <= p2 + 1_100_048_384 * 2 // n
 
 
 @settings(max_examples=15, deadline=None)

@@ -45,7 +45,7 @@ replaying every layer where that is exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -707,6 +707,25 @@ def _expanded(tensors: Sequence[SavedTensor]) -> list[SavedTensor]:
     return [t for t in tensors for _ in range(t.copies)]
 
 
+def _sharded_blocks(b: Mapping[str, int], table: Mapping[str, Sequence[int]],
+                    terms: Sequence[Term]) -> tuple[tuple[int, ...], int, int]:
+    """The sharded job's blocks allocated once (the root unit, DeepSpeed's resident buffers), its gathered units as
+    one block, and the part of them gathered after the forward (torchtitan's prefetched second unit)."""
+    # torchtitan >= 0.2 (terms/sharding.py split_units_gathered): the head's unit, gathered at the loss, is kept for the
+    # whole step, as the root unit it replaces; the embedding's, gathered only from the first block's backward to its
+    # own, is left out of the stream (as FSDP2's reduce-scatter buffers are: the closed form's moments count them)
+    root = b.get("gathered.root", 0) or b.get("fsdp2.head_gathered", 0)
+    # DeepSpeed's resident buffers (terms/deepspeed.py): allocated once, like the FSDP root unit
+    extra = tuple(x for x in (root, b.get("deepspeed.persistent", 0), b.get("deepspeed.reduce_bucket", 0),
+                              b.get("deepspeed.offload_staging", 0)) if x)
+    # DeepSpeed ZeRO-3's gathered parameters (head, running module, prefetch, the layers kept for reuse) as one
+    # block, as the FSDP-like units are
+    gathered = b.get("gathered", 0) + b.get("gathered.head", 0) + b.get("gathered.prefetch", 0) + \
+        sum(table.get("gathered.retained", ()))
+    late = sum(t.nbytes for t in terms if t.name == "gathered" and t.born is not FORWARD)
+    return extra, gathered, late
+
+
 def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     """The event stream's inputs for one stage: the step's term records and the model's widths."""
     m, rp, ctx, tp = c.m, c.rp, c.act, c.tp
@@ -738,17 +757,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         inter = -(-(ls0.intermediate_size if ls0 else 0) // tp)
     logits, logits_fp32, log_probs = _loss_tensors(terms)
     states = b.get("optimizer.states", 0)
-    # torchtitan >= 0.2 (terms/sharding.py split_units_gathered): the head's unit, gathered at the loss, is kept for the
-    # whole step, as the root unit it replaces; the embedding's, gathered only from the first block's backward to its
-    # own, is left out of the stream (as FSDP2's reduce-scatter buffers are: the closed form's moments count them)
-    root = b.get("gathered.root", 0) or b.get("fsdp2.head_gathered", 0)
-    # DeepSpeed's resident buffers (terms/deepspeed.py): allocated once, like the FSDP root unit
-    extra = tuple(x for x in (root, b.get("deepspeed.persistent", 0), b.get("deepspeed.reduce_bucket", 0),
-                              b.get("deepspeed.offload_staging", 0)) if x)
-    # DeepSpeed ZeRO-3's gathered parameters (head, running module, prefetch, the layers kept for reuse) as one
-    # block, as the FSDP-like units are
-    gathered = b.get("gathered", 0) + b.get("gathered.head", 0) + b.get("gathered.prefetch", 0) + \
-        sum(table.get("gathered.retained", ()))
+    extra, gathered, gathered_late = _sharded_blocks(b, table, terms)
     return StepLayout(
         tokens=c.tokens, hidden=m.hidden_size, q_width=heads * m.head_dim,
         kv_width=max(1, -(-m.num_kv_heads // tp)) * m.head_dim, inter=inter, heads=heads, keys=ctx.seq_len,
@@ -762,7 +771,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         step_temporary=by_key.get(id(K.OPTIMIZER_STEP), 0),
         master=b.get("master", 0), ddp=b.get("ddp", 0),
         workspace=b.get("cublas", 0) // 2, gathered=gathered,
-        gathered_late=sum(t.nbytes for t in terms if t.name == "gathered" and t.born is not FORWARD),
+        gathered_late=gathered_late,
         shared=b.get("saved.shared", 0), head_saved=b.get("saved.head", 0),
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs,

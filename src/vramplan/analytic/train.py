@@ -266,6 +266,15 @@ def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
              "(set software.bitsandbytes for older versions, which kept it)")]
 
 
+def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
+    """DeepSpeed's ZeRO settings and buffers, and torchtitan's FSDP2 units."""
+    out = deepspeed_assumptions(s, m.hidden_size)
+    if fw == "torchtitan" and s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.parallel.pp == 1:
+        split = s.software.torchtitan_split_units and not m.tie_word_embeddings
+        out.append(_TORCHTITAN_SPLIT_NOTE.format(s.software.torchtitan) if split else _TORCHTITAN_FSDP2_NOTE)
+    return out
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -290,10 +299,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     out += _kbit_input_assumptions(s, fw)
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
-    out += deepspeed_assumptions(s, m.hidden_size)
-    if fw == "torchtitan" and s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.parallel.pp == 1:
-        split = s.software.torchtitan_split_units and not m.tie_word_embeddings
-        out.append(_TORCHTITAN_SPLIT_NOTE.format(s.software.torchtitan) if split else _TORCHTITAN_FSDP2_NOTE)
+    out += _sharding_assumptions(s, m, fw)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:
