@@ -211,3 +211,27 @@ def test_small_model_zero3_keeps_layers_gathered() -> None:
               "train": {"micro_batch_size": 2, "seq_len": 512}, "parallel": par}
         return estimate(sc).per_gpu.peak_allocated_bytes
     assert peak(3) > peak(2) > peak(3, 0)
+
+
+def test_zero3_on_one_rank_says_its_buffers_are_not_counted() -> None:
+    from vramplan import estimate
+
+    # terms/deepspeed.py zero3 needs more than one data-parallel rank: on one GPU nothing of ZeRO-3 is counted, and
+    # the report says so instead of listing the fetching it does not model
+    rep = estimate(_scenario(zero=3, gpus=1, framework="deepspeed"))
+    notes = [a for a in rep.assumptions if a.startswith("DeepSpeed ZeRO-3 settings")]
+    assert len(notes) == 1 and "not modelled: DeepSpeed ZeRO-3 on one data-parallel rank" in notes[0]
+    assert not any(a.startswith("DeepSpeed ZeRO-3 fetching") for a in rep.assumptions)
+    assert "DeepSpeed reduce buckets" not in rep.per_gpu.breakdown_detail.get("gradients", {})
+
+
+def test_the_exported_config_carries_the_settings_estimated() -> None:
+    from vramplan.export.deepspeed import deepspeed_config
+    from vramplan.plan import TrainSetup
+    from vramplan.spec.scenario import DeepSpeedZero, Parallel
+
+    par = Parallel(zero_stage=2, deepspeed=DeepSpeedZero(reduce_bucket_size=2_000_000_000, overlap_comm=True))
+    cfg = deepspeed_config(TrainSetup("deepspeed", 2, parallel=par, optimizer="adamw"))
+    zero = cfg["zero_optimization"]
+    assert (zero["stage"], zero["reduce_bucket_size"], zero["overlap_comm"]) == (2, 2_000_000_000, True)
+    assert "stage3_max_live_parameters" not in zero  # a null setting is DeepSpeed's default: not written

@@ -202,3 +202,43 @@ def test_assumptions_name_the_layout_and_an_unused_release() -> None:
     other = estimate({**base, "framework": "accelerate", "software": {"torchtitan": "0.2.0"}}).assumptions
     assert any(a.startswith("software.torchtitan set but not used") for a in other)
     assert not any("FSDP2 units" in a for a in other)
+
+
+def _doc(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"model": "meta-llama/Llama-3.1-8B", "task": "train", "framework": "torchtitan",
+                           "hardware": {"gpu": "H100-SXM", "num_gpus": 8}, "parallel": {"fsdp": "full_shard"},
+                           "train": {"micro_batch_size": 1, "seq_len": 2048}}
+    doc.update(over)
+    return doc
+
+
+def test_tied_weight_gradient_is_counted_once() -> None:
+    # Llama 3.2 1B (tied): the root unit's unsharded gradient (param dtype) holds both contributions of the tied
+    # weight, and the root's fp32 reduce-scatter input follows it; no second accumulation term at the embedding
+    doc = _doc(model="meta-llama/Llama-3.2-1B")
+    terms = step_terms(StepContext(resolve(doc), 0, "flash", False))
+    assert [t for t in terms if t.name == "gradients.tied_embedding"] == []
+    assert [t for t in terms if t.name.startswith("fsdp2.root_unsharded")] != []
+    # the same model under accelerate's FSDP keeps the generic accumulation term
+    generic = step_terms(StepContext(resolve({**doc, "framework": "accelerate"}), 0, "flash", False))
+    assert [t for t in generic if t.name == "gradients.tied_embedding"] != []
+
+
+def test_notes_follow_the_layout_that_is_counted() -> None:
+    one_gpu = estimate(_doc(hardware={"gpu": "H100-SXM", "num_gpus": 1}, software={"torchtitan": "0.2.0"}))
+    assert not any("FSDP2 units" in a for a in one_gpu.assumptions)
+    assert any(a.startswith("software.torchtitan set but not used") for a in one_gpu.assumptions)
+    offload = estimate(_doc(parallel={"fsdp": "full_shard", "offload": "optimizer"}))
+    assert any(a.startswith("not modelled: torchtitan's FSDP2 units with CPU offload") for a in offload.assumptions)
+    tied = estimate(_doc(model="meta-llama/Llama-3.2-1B", software={"torchtitan": "0.2.0"}))
+    assert any(a.startswith("torchtitan 0.2.0 FSDP2 units on a tied model") for a in tied.assumptions)
+
+
+def test_torchtitan_with_a_zero_stage_is_refused() -> None:
+    import pytest
+
+    from vramplan.errors import ScenarioError
+
+    with pytest.raises(ScenarioError) as exc:
+        estimate(_doc(parallel={"zero_stage": 3}))
+    assert "parallel.zero_stage" in [p.where for p in exc.value.problems]

@@ -96,6 +96,11 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
              f"leaves them null): reduce_bucket_size {z.reduce_bucket_size:,}, contiguous_gradients "
              f"{str(z.contiguous_gradients).lower()}, overlap_comm {str(z.overlap_comm).lower()}")
     out = [first]
+    if s.parallel.zero_stage == 3 and s.data_parallel_degree <= 1:
+        # terms/deepspeed.py zero3: nothing is partitioned on one data-parallel rank, and the terms are not counted
+        return [first + "; not modelled: DeepSpeed ZeRO-3 on one data-parallel rank (its reduce bucket, flat "
+                "gradient partition and module fetching, which stage3.py allocates whatever the world size, are not "
+                "counted: the step is estimated unsharded)"]
     if s.parallel.zero_stage == 3:
         out[0] += (f", stage3_prefetch_bucket_size {z.prefetch_bucket_size:,}, stage3_max_live_parameters "
                    f"{z.max_live_parameters:,}, stage3_max_reuse_distance {z.max_reuse_distance:,}, "

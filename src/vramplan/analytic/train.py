@@ -53,6 +53,7 @@ from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
+from vramplan.spec.defaults import torchtitan_fsdp2
 from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -243,6 +244,11 @@ _TORCHTITAN_FSDP2_NOTE = (
     "unit's reduce (torch _fully_shard foreach_reduce); the allocator replay leaves out the reduce-scatter "
     "buffers and unsharded gradients; set software.torchtitan 0.2 or later for the embedding and [norm, output] "
     "units of its later releases")
+_TORCHTITAN_TIED_NOTE = (
+    "torchtitan {} FSDP2 units on a tied model: the embedding, final norm and head share one unit (apply_fsdp keeps "
+    "them together when the weights are tied), laid out as the v0.1 root unit: gathered through the forward and "
+    "backward, each unit's gradients in param_dtype copied into an fp32 reduce-scatter input kept until the next "
+    "unit's reduce (torch _fully_shard foreach_reduce)")
 _TORCHTITAN_SPLIT_NOTE = (
     "torchtitan {} FSDP2 units (apply_fsdp_to_decoder, from v0.2.0): the embedding (resharded after forward, "
     "prefetched by the first block's backward), every TransformerBlock (resharded after forward) and [norm, output] "
@@ -269,9 +275,17 @@ def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
 def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
     """DeepSpeed's ZeRO settings and buffers, and torchtitan's FSDP2 units."""
     out = deepspeed_assumptions(s, m.hidden_size)
-    if fw == "torchtitan" and s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.parallel.pp == 1:
-        split = s.software.torchtitan_split_units and not m.tie_word_embeddings
-        out.append(_TORCHTITAN_SPLIT_NOTE.format(s.software.torchtitan) if split else _TORCHTITAN_FSDP2_NOTE)
+    if torchtitan_fsdp2(s):
+        split = s.software.torchtitan_split_units
+        if split and m.tie_word_embeddings:
+            out.append(_TORCHTITAN_TIED_NOTE.format(s.software.torchtitan))
+        else:
+            out.append(_TORCHTITAN_SPLIT_NOTE.format(s.software.torchtitan) if split else _TORCHTITAN_FSDP2_NOTE)
+    elif fw == "torchtitan" and s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.parallel.pp == 1 \
+            and (s.train.peft is not None or s.parallel.offload != "none"):
+        what = "adapters (train.peft)" if s.train.peft is not None else "CPU offload (FSDP2's CPUOffloadPolicy)"
+        out.append(f"not modelled: torchtitan's FSDP2 units with {what}; the generic FSDP terms are counted instead "
+                   "(no fp32 reduce-scatter input, two gathered units)")
     return out
 
 

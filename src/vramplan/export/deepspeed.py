@@ -35,6 +35,9 @@ def deepspeed_config(s: TrainSetup, lifecycle: ResolvedLifecycle | None = None) 
     # ZeRO-3, where it allocates nothing; at ZeRO-1/2 it would add a second reduce bucket (stage_1_and_2.py
     # setup_buckets), 1 GB in bf16 with the default reduce_bucket_size
     zero: dict[str, Any] = {"stage": s.zero_stage, "overlap_comm": s.zero_stage == 3, "contiguous_gradients": True}
+    # the settings the estimate was made with (parallel.deepspeed): their names are DeepSpeed's zero_optimization keys
+    if s.parallel.deepspeed is not None:
+        zero.update(s.parallel.deepspeed.model_dump(exclude_none=True))
     if s.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if s.offload == "optimizer+params":

@@ -25,7 +25,13 @@ from vramplan.facts.vllm_releases import (
     parse_release,
     release_text,
 )
-from vramplan.spec.defaults import PRE_AMPERE, served_dtype, with_served_dtype, with_trainer_defaults
+from vramplan.spec.defaults import (
+    PRE_AMPERE,
+    served_dtype,
+    torchtitan_fsdp2,
+    with_served_dtype,
+    with_trainer_defaults,
+)
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
@@ -540,10 +546,10 @@ def _unused_software(s: Scenario) -> list[str]:
                       "a serving engine's start-up follows its own release (serve.vllm_version, serve.sglang_version, "
                       "serve.gguf.llamacpp_build)")
     out = []
-    if sw.torchtitan is not None and not (s.task == "train" and s.effective_framework == "torchtitan"
-                                          and s.parallel.fsdp in ("full_shard", "hybrid_shard")):
+    if sw.torchtitan is not None and not torchtitan_fsdp2(s):
         out += _noted("software", ["torchtitan"], "only torchtitan's FSDP units depend on it (framework torchtitan, "
-                      "parallel.fsdp full_shard or hybrid_shard)")
+                      "parallel.fsdp full_shard or hybrid_shard over more than one GPU, one pipeline stage, no PEFT "
+                      "or offload)")
     tune = s.task == "train" and s.effective_framework == "torchtune"
     if sw.torchtune is not None and not tune:
         out += _noted("software", ["torchtune"], "it is read only with task train under framework torchtune")

@@ -37,8 +37,8 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
-           "expandable_segments",
-           "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype", "with_served_dtype", "with_trainer_defaults"]
+           "expandable_segments", "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype",
+           "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
 PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
@@ -152,3 +152,17 @@ def expandable_segments(s: Scenario) -> bool:
     if given is not None:
         return given
     return s.task == "train" and s.effective_framework == "torchtitan"
+
+
+def torchtitan_fsdp2(s: Scenario) -> bool:
+    """A training job laid out as torchtitan's FSDP2 units (analytic/terms/sharding.py ``fsdp2_root_unit``):
+    framework torchtitan, parameters sharded over more than one rank (full_shard, or hybrid_shard within a node of
+    more than one GPU), one pipeline stage, no PEFT and no offload (torchtitan trains neither with adapters, and its
+    ``CPUOffloadPolicy`` path is not modelled)."""
+    par = s.parallel
+    if s.task != "train" or s.effective_framework != "torchtitan" or par.fsdp not in ("full_shard", "hybrid_shard"):
+        return False
+    group = s.data_parallel_degree
+    if par.fsdp == "hybrid_shard":
+        group = min(group, s.hardware.gpus_per_node)
+    return group > 1 and par.pp == 1 and s.train.peft is None and par.offload == "none"

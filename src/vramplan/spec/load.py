@@ -790,6 +790,10 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out += _loss_and_offload_problems(s, m)
         if s.effective_framework == "torchtune":
             out += _torchtune_problems(s, m)
+        if s.effective_framework == "torchtitan" and s.parallel.zero_stage:
+            # torchtitan shards with FSDP2 (parallelize_llama.py apply_fsdp); it has no DeepSpeed engine
+            out.append(Problem("parallel.zero_stage", "torchtitan shards with FSDP2 (fully_shard), not DeepSpeed's "
+                               "ZeRO", "use parallel.fsdp: full_shard and zero_stage: 0"))
         if t.optimizer_in_backward:
             out += in_backward_problems(s, m)
         if t.torchao_cpu_offload != "none":

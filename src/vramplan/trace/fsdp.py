@@ -103,7 +103,10 @@ class FsdpWorld:
         kwargs: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": reshard,
                                   "mp_policy": _mp_policy(r)}
         layers = _decoder_layers(model)
-        root_unit = framework == "torchtitan" and not s.software.torchtitan_split_units
+        # torchtitan up to v0.1, and from v0.2 on a tied model (one [embedding, norm, head] unit, as the analytic
+        # engine's terms/sharding.py split_units): the v0.1 layout
+        root_unit = framework == "torchtitan" and not (s.software.torchtitan_split_units
+                                                       and not r.model.tie_word_embeddings)
         for i, layer in enumerate(layers):
             # torchtitan up to v0.1: "do not reshard after forward for the last transformer block"
             keep = root_unit and i == len(layers) - 1

@@ -213,7 +213,11 @@ def has_tied_embedding_backward(c: StepContext) -> bool:
 def tied_embedding(c: StepContext) -> list[Term]:
     """The embedding's backward, last: all gradients exist and the tied parameter's two contributions
     are summed (gradients.tied_embedding_accumulation_bytes)."""
-    if not has_tied_embedding_backward(c):
+    if not has_tied_embedding_backward(c) or fsdp2_root_unit(c):
+        # torchtitan's root unit (fsdp2_reduce_scatter): the tied weight's unsharded gradient accumulates its two
+        # contributions in the param dtype and is held there by ``fsdp2.root_unsharded.head``; the embedding's
+        # contribution (2 B per element) is freed before the root's fp32 reduce-scatter input (4 B) is made, so the
+        # moment holds at most 2 + 4 B per element, which those two terms count
         return []
     pol = c.pol
     nbytes = tied_embedding_accumulation_bytes(ceil_div(c.m.vocab_size, c.tp), c.m.hidden_size, pol.grad_bytes,

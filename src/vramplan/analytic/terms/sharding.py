@@ -41,6 +41,7 @@ from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, mlp
 from vramplan.analytic.weights import weights_bytes
+from vramplan.spec.defaults import torchtitan_fsdp2
 
 __all__ = ["embedding_elements", "fsdp2_root_unit", "gathered", "gathered_bytes", "one_layer", "root_gathered",
            "root_resharded", "split_units", "split_units_gathered"]
@@ -79,8 +80,7 @@ def _float8_saving(c: StepContext, layer: int) -> int:
 def fsdp2_root_unit(c: StepContext) -> bool:
     """torchtitan's FSDP2 layout (module docstring): blocks and a root unit, one pipeline stage, no PEFT or
     offload (torchtitan trains neither), parameters sharded (``full_shard`` or ``hybrid_shard``)."""
-    return (c.framework == "torchtitan" and c.s.parallel.fsdp in ("full_shard", "hybrid_shard") and c.shards[2] > 1
-            and c.pp == 1 and c.peft is None and not c.offload_opt and bool(c.layer_specs))
+    return torchtitan_fsdp2(c.s) and bool(c.layer_specs)  # spec/defaults.py, which the report's notes read too
 
 
 def split_units(c: StepContext) -> bool:
