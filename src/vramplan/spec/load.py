@@ -596,6 +596,10 @@ def _torchtune_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     (``training.set_activation_checkpointing`` wraps each ``TransformerSelfAttentionLayer``; ``ac_mode: selective``
     exists only in a dev recipe at v0.6.1)."""
     t, out = s.train, []
+    if t.objective != "sft":
+        # post-training objectives follow TRL's trainers (facts/trl.py); torchtune's own DPO/PPO recipes are not read
+        out.append(Problem("framework", f"objective {t.objective} under torchtune is not modelled: the post-training "
+                           "estimates follow TRL's trainers", "use framework: hf-trainer (TRL), or objective: sft"))
     block = NF4_BLOCK * NF4_SCALER_BLOCK
     odd = sorted({p.module for p in m.params if p.role == "linear" and p.numel % block})
     if t.quantization != "none" and t.peft is not None and odd:
