@@ -52,11 +52,11 @@ from vramplan.analytic.inference import (
     PACKED_NOTE,
     GenerateCall,
     InferenceResult,
+    beam_logits_bytes,
     beam_note,
     beam_terms,
     cache_bytes,
     cache_growth_bytes,
-    call_logits_bytes,
     logits_bytes,
     weights_term,
 )
@@ -223,7 +223,7 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
     q = ed.cross_attention_heads * m.head_dim
     # the first decoder step, which writes the cross-attention cache: at its last layer's write (the k and v
     # projections beside their cached copies, with the step's own tensors), then at its logits
-    logits = _logits(m, b, c) + (call_logits_bytes(g) - logits_bytes(m, b, c, 1))
+    logits = _logits(m, b, c) + beam_logits_bytes(g)
     beam_prefill, beam_decode = beam_terms(g, n + 1, 1)  # decoder_start_token_id, then n new tokens
     write = ((K.CROSS_KV_WRITE, 2 * b * s * q * c), (K.DECODER_STEP, decoder_step_bytes(m, b, s, c)))
     firsts = []

@@ -116,6 +116,7 @@ __all__ = [
     "GenerateBehaviour",
     "GenerateCall",
     "InferenceResult",
+    "beam_logits_bytes",
     "beam_note",
     "beam_state_bytes",
     "beam_terms",
@@ -681,10 +682,14 @@ def call_terms(g: GenerateCall) -> CallTerms:
                      beam_prefill=beam[0], beam_decode=beam[1])
 
 
+def beam_logits_bytes(g: GenerateCall) -> int:
+    """Beam search's ``log_probs`` beside the call's logits (``BEAM_EXTRA_BYTES_PER_ENTRY``); 0 without beams."""
+    return g.batch * g.m.vocab_size * BEAM_EXTRA_BYTES_PER_ENTRY if g.beams > 1 else 0
+
+
 def call_logits_bytes(g: GenerateCall) -> int:
-    """``logits_bytes`` of the call's rows, with beam search's ``log_probs`` (``BEAM_EXTRA_BYTES_PER_ENTRY``)."""
-    beam = g.batch * g.m.vocab_size * BEAM_EXTRA_BYTES_PER_ENTRY if g.beams > 1 else 0
-    return logits_bytes(g.m, g.batch, g.c, g.tp) + beam
+    """``logits_bytes`` of the call's rows, with beam search's ``log_probs`` (``beam_logits_bytes``)."""
+    return logits_bytes(g.m, g.batch, g.c, g.tp) + beam_logits_bytes(g)
 
 
 def beam_terms(g: GenerateCall, max_length: int, decoder_prompt: int) -> tuple[int, int]:

@@ -37,7 +37,7 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
-           "expandable_segments", "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype",
+           "expandable_segments", "fsdp_group", "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype",
            "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
@@ -154,6 +154,11 @@ def expandable_segments(s: Scenario) -> bool:
     return s.task == "train" and s.effective_framework == "torchtitan"
 
 
+def fsdp_group(s: Scenario, dp: int) -> int:
+    """The ranks one FSDP unit is sharded over: the data-parallel degree, within a node under hybrid_shard."""
+    return max(1, min(dp, s.hardware.gpus_per_node)) if s.parallel.fsdp == "hybrid_shard" else dp
+
+
 def torchtitan_fsdp2(s: Scenario) -> bool:
     """A training job laid out as torchtitan's FSDP2 units (analytic/terms/sharding.py ``fsdp2_root_unit``):
     framework torchtitan, parameters sharded over more than one rank (full_shard, or hybrid_shard within a node of
@@ -162,7 +167,4 @@ def torchtitan_fsdp2(s: Scenario) -> bool:
     par = s.parallel
     if s.task != "train" or s.effective_framework != "torchtitan" or par.fsdp not in ("full_shard", "hybrid_shard"):
         return False
-    group = s.data_parallel_degree
-    if par.fsdp == "hybrid_shard":
-        group = min(group, s.hardware.gpus_per_node)
-    return group > 1 and par.pp == 1 and s.train.peft is None and par.offload == "none"
+    return fsdp_group(s, s.data_parallel_degree) > 1 and par.pp == 1 and s.train.peft is None and par.offload == "none"

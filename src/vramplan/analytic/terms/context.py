@@ -22,6 +22,7 @@ from vramplan.analytic.layout import (
 )
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
 from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
+from vramplan.spec.defaults import fsdp_group
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import LayerSpec, ModelSpec
@@ -38,9 +39,7 @@ def shards(s: Scenario, dp: int) -> tuple[int, int, int]:
     """(optimizer/master shards, gradient shards, parameter shards) for ZeRO / FSDP."""
     par = s.parallel
     fsdp = par.fsdp
-    group = dp
-    if fsdp == "hybrid_shard":
-        group = max(1, min(dp, s.hardware.gpus_per_node))
+    group = fsdp_group(s, dp)
     if fsdp in ("full_shard", "hybrid_shard"):
         return group, group, group
     if fsdp == "shard_grad_op":

@@ -263,8 +263,8 @@ def reduce_buckets(c: StepContext) -> list[Term]:
             return []
         buckets = 1 if st.contiguous_gradients else 0
     else:
-        hooked = st.contiguous_gradients or st.overlap_comm or stage == 2
-        buckets = (1 + (1 if st.overlap_comm else 0)) if hooked and st.contiguous_gradients else 0
+        # setup_buckets allocates them only with contiguous_gradients (its gradient hooks then exist)
+        buckets = (1 + (1 if st.overlap_comm else 0)) if st.contiguous_gradients else 0
     out = [resident(K.DS_REDUCE_BUCKETS, buckets * st.reduce_bucket_size * half, "deepspeed.reduce_bucket")]
     if stage < 3 and c.offload_opt:
         largest = max((split_on_rank(p, c.tp, c.ep) for p in c.m.params), default=0) if c.peft is None \
