@@ -139,13 +139,78 @@ CHECK2_SCENARIOS: list[tuple[str, list[str]]] = [
                                "--batch-size", "4", "--prompt-len", "16384", "--new-tokens", "32"]),
 ]
 
-CAPACITY_BYTES = 139 * 2**30  # what the scheduler lets the running processes' estimates add up to
+# A fourth list (``--set h100``), written at commit e0dddd5 (with PEFT's default LoRA targets, facts/peft_targets.py) before
+# it ran, for the first lent H100: beam search
+# (``inference.num_beams``: its expanded KV cache and per-beam log-probabilities), families not measured before
+# (GPT-NeoX, Falcon's fused query_key_value, Phi-2, SmolLM3's NoPE layers, OLMo 2, OPT, GPT-2 large, a granite
+# MoE), DoRA, gradient accumulation, SGD with momentum and Adafactor, Gemma 2 LoRA (the unexplained +16% reserved of
+# its full fine-tune) and a 16k prompt.  Nothing in the engines was changed for these scenarios.
+H100_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("llama32-1b-gen-beam4", ["--model", "meta-llama/Llama-3.2-1B", "--task", "inference", "--dtype", "bf16",
+                              "--batch-size", "4", "--prompt-len", "1024", "--new-tokens", "64", "--num-beams", "4"]),
+    ("qwen25-15b-gen-beam8", ["--model", "Qwen/Qwen2.5-1.5B", "--task", "inference", "--dtype", "bf16",
+                              "--batch-size", "2", "--prompt-len", "512", "--new-tokens", "64", "--num-beams", "8"]),
+    ("pythia-14b-full-bf16mixed", ["--model", "EleutherAI/pythia-1.4b", "--task", "train", "--precision",
+                                   "bf16-mixed", "--optimizer", "adamw", "--micro-batch-size", "2", "--seq-len", "2048"]),
+    ("falcon7b-lora-r16", ["--model", "tiiuae/falcon-7b", "--task", "train", "--precision", "bf16-true", "--peft",
+                           "lora", "--lora-rank", "16", "--target-modules", "query_key_value", "--micro-batch-size", "1", "--seq-len", "1024"]),
+    ("phi2-lora-fp16mixed", ["--model", "microsoft/phi-2", "--task", "train", "--precision", "fp16-mixed",
+                                "--peft", "lora", "--lora-rank", "16", "--micro-batch-size", "2",
+                                "--seq-len", "2048"]),
+    ("qwen3-4b-lora-gc-ga4", ["--model", "Qwen/Qwen3-4B", "--task", "train", "--precision", "bf16-true", "--peft",
+                              "lora", "--lora-rank", "16", "--gradient-checkpointing", "full", "--micro-batch-size",
+                              "2", "--seq-len", "4096", "--grad-accum-steps", "4"]),
+    ("llama32-1b-dora-r16", ["--model", "meta-llama/Llama-3.2-1B", "--task", "train", "--precision", "bf16-true",
+                             "--peft", "dora", "--lora-rank", "16", "--micro-batch-size", "2", "--seq-len", "2048"]),
+    ("gemma2-2b-lora-r16", ["--model", "google/gemma-2-2b", "--task", "train", "--precision", "bf16-true", "--peft",
+                            "lora", "--lora-rank", "16", "--micro-batch-size", "1", "--seq-len", "2048"]),
+    ("smollm3-3b-lora-gc-s4096", ["--model", "HuggingFaceTB/SmolLM3-3B-Base", "--task", "train", "--precision",
+                                  "bf16-true", "--peft", "lora", "--lora-rank", "16", "--gradient-checkpointing", "full",
+                                  "--micro-batch-size", "4", "--seq-len", "4096"]),
+    ("olmo2-7b-gen-b8", ["--model", "allenai/OLMo-2-1124-7B", "--task", "inference", "--dtype", "bf16",
+                          "--batch-size", "8", "--prompt-len", "2048", "--new-tokens", "64"]),
+    ("opt-67b-gen-fp16", ["--model", "facebook/opt-6.7b", "--task", "inference", "--dtype", "fp16", "--batch-size",
+                          "8", "--prompt-len", "1024", "--new-tokens", "128"]),
+    ("qwen3-06b-sgdm-bf16true", ["--model", "Qwen/Qwen3-0.6B", "--task", "train", "--precision", "bf16-true",
+                                 "--optimizer", "sgd-momentum", "--micro-batch-size", "2", "--seq-len", "2048"]),
+    ("llama32-3b-adafactor", ["--model", "meta-llama/Llama-3.2-3B", "--task", "train", "--precision", "bf16-true",
+                              "--optimizer", "adafactor", "--micro-batch-size", "1", "--seq-len", "2048"]),
+    ("granite-moe-lora", ["--model", "ibm-granite/granite-3.1-3b-a800m-instruct", "--task", "train", "--precision",
+                          "bf16-true", "--peft", "lora", "--lora-rank", "16", "--micro-batch-size", "2", "--seq-len",
+                          "2048"]),
+    ("nemo-12b-gen-s16k", ["--model", "mistralai/Mistral-Nemo-Base-2407", "--task", "inference", "--dtype", "bf16",
+                           "--batch-size", "1", "--prompt-len", "16384", "--new-tokens", "16"]),
+    ("gpt2-large-full-fp32-eager", ["--model", "openai-community/gpt2-large", "--task", "train", "--precision",
+                                    "fp32", "--optimizer", "adamw", "--attention", "eager", "--micro-batch-size", "1",
+                                    "--seq-len", "1024"]),
+]
+
 SAFETY = 1.3
 
 
-def _estimate_bytes(flags: list[str]) -> int:
+# A fifth list (``--set h100b``), written after the h100 run and before it ran, with nothing changed in the engines:
+# bitsandbytes' 8-bit and paged 8-bit AdamW (bitsandbytes 0.50.2 carried as a wheel), long-context LoRA, LoRA on
+# every linear, MLA (DeepSeek-V2-Lite) and Gemma 3's sliding layers at generate, beam search with a sliding window,
+# fp16 mixed precision with fused AdamW and fp32 training.
+H100B_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("llama32-1b-full-adamw8bit", ["--model", "meta-llama/Llama-3.2-1B", "--task", "train", "--precision", "bf16-mixed", "--optimizer", "adamw-8bit", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("qwen25-15b-paged8bit-bf16true", ["--model", "Qwen/Qwen2.5-1.5B", "--task", "train", "--precision", "bf16-true", "--optimizer", "paged-adamw-8bit", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("mistral7b-lora-gc-s8192", ["--model", "mistralai/Mistral-7B-v0.3", "--task", "train", "--precision", "bf16-true", "--peft", "lora", "--lora-rank", "16", "--gradient-checkpointing", "full", "--micro-batch-size", "1", "--seq-len", "8192"]),
+    ("qwen3-8b-lora-r64-all-gc", ["--model", "Qwen/Qwen3-8B", "--task", "train", "--precision", "bf16-true", "--peft", "lora", "--lora-rank", "64", "--target-modules", "all-linear", "--gradient-checkpointing", "full", "--micro-batch-size", "2", "--seq-len", "4096"]),
+    ("dsv2-lite-gen-b4", ["--model", "deepseek-ai/DeepSeek-V2-Lite", "--task", "inference", "--dtype", "bf16", "--batch-size", "4", "--prompt-len", "2048", "--new-tokens", "32"]),
+    ("olmoe-lora-r16", ["--model", "allenai/OLMoE-1B-7B-0924", "--task", "train", "--precision", "bf16-true", "--peft", "lora", "--lora-rank", "16", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("phi4-mini-lora-all", ["--model", "microsoft/Phi-4-mini-instruct", "--task", "train", "--precision", "bf16-true", "--peft", "lora", "--lora-rank", "16", "--target-modules", "all-linear", "--micro-batch-size", "1", "--seq-len", "4096"]),
+    ("gemma3-1b-gen-b32", ["--model", "google/gemma-3-1b-pt", "--task", "inference", "--dtype", "bf16", "--batch-size", "32", "--prompt-len", "1024", "--new-tokens", "128"]),
+    ("mistral7b-v01-gen-beam4", ["--model", "mistralai/Mistral-7B-v0.1", "--task", "inference", "--dtype", "bf16", "--batch-size", "2", "--prompt-len", "2048", "--new-tokens", "64", "--num-beams", "4"]),
+    ("smollm2-17b-full-fp16mixed", ["--model", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "--task", "train", "--precision", "fp16-mixed", "--optimizer", "adamw-fused", "--micro-batch-size", "2", "--seq-len", "2048"]),
+    ("tinyllama-full-fp32", ["--model", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "--task", "train", "--precision", "fp32", "--optimizer", "adamw", "--micro-batch-size", "1", "--seq-len", "2048"]),
+    ("llama31-8b-gen-s32k", ["--model", "meta-llama/Llama-3.1-8B", "--task", "inference", "--dtype", "bf16", "--batch-size", "1", "--prompt-len", "32768", "--new-tokens", "8"]),
+]
+
+
+def _estimate_bytes(flags: list[str], gpu: str = GPU) -> int:
     """The analytic estimate of the process's device memory (nvidia-smi), for scheduling only."""
-    p = subprocess.run([*CLI, "estimate", *flags, "--gpu", GPU, "--json"], check=False, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*CLI, "estimate", *flags, "--gpu", gpu, "--json"], check=False, capture_output=True, text=True, timeout=120)
     try:
         doc = json.loads(p.stdout)
         return int(doc["per_gpu"]["device_used_bytes"])
@@ -183,7 +248,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--set", choices=("first", "check", "check2"), default="first", help="which scenario list")
+    ap.add_argument("--set", choices=("first", "check", "check2", "h100", "h100b"), default="first", help="which scenario list")
+    ap.add_argument("--gpu", default=GPU, help="catalog GPU the scheduler estimates with (H200, H100)")
+    ap.add_argument("--capacity-gib", type=float, default=139.0, help="what the running estimates may add up to")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to try this script on a small --extra shrink")
     ap.add_argument("--extra", default="", help="flags added to every measure command (e.g. a shrink for a try)")
@@ -191,9 +258,11 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "env.json").write_text(json.dumps(_env(), indent=1))
-    chosen = {"first": SCENARIOS, "check": CHECK_SCENARIOS, "check2": CHECK2_SCENARIOS}[args.set]
+    chosen = {"first": SCENARIOS, "check": CHECK_SCENARIOS, "check2": CHECK2_SCENARIOS, "h100": H100_SCENARIOS,
+              "h100b": H100B_SCENARIOS}[args.set]
     todo = [(sid, flags) for sid, flags in chosen if not args.only or sid in args.only]
-    sized = [(sid, flags, _estimate_bytes(flags)) for sid, flags in todo]
+    sized = [(sid, flags, _estimate_bytes(flags, args.gpu)) for sid, flags in todo]
+    capacity_bytes = int(args.capacity_gib * 2**30)
     sized.sort(key=lambda t: -t[2])  # large first: they run alone or with the small ones
     running: list[tuple[str, list[str], int, subprocess.Popen[str], float]] = []
     results = (args.out / "results.jsonl").open("a")
@@ -230,10 +299,10 @@ def main() -> int:
             print(f"skip {sid}: past the deadline", flush=True)
             continue
         while running and (len(running) >= args.jobs
-                           or SAFETY * (est + sum(r[2] for r in running)) > CAPACITY_BYTES):
+                           or SAFETY * (est + sum(r[2] for r in running)) > capacity_bytes):
             reap(block=False)
             time.sleep(0.5)
-        cmd = [*CLI, "measure", *flags, *args.extra.split(), "--gpu", GPU, "--device", args.device, "--json"]
+        cmd = [*CLI, "measure", *flags, *args.extra.split(), "--gpu", args.gpu, "--device", args.device, "--json"]
         running.append((sid, flags, est, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                           text=True, env=env), time.time()))
         print(f"start {sid} (estimate {est / 2**30:.1f} GiB)", flush=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Peft
@@ -197,13 +198,14 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
     """
     if peft is None:
         return LoraTargets()
-    if peft.target_modules == "all-linear":
+    targets = completed_targets(peft.target_modules, model.model_type)
+    if targets == "all-linear":
         names = {p.module for p in model.params if p.role == "linear"}
         if model.traits.experts_are_linears:
             names |= {p.module for p in model.params if p.role in ("expert", "router")}
     else:
         aliases = dict(model.traits.expert_module_aliases)
-        names = {aliases.get(n, n) for n in peft.target_modules}
+        names = {aliases.get(n, n) for n in targets}
     if not (fused_experts and model.moe is not None and model.traits.peft_converts_experts):
         return LoraTargets(linear=frozenset(names))
     router = "gate" in names and any(p.role == "router" for p in model.params)

@@ -23,6 +23,7 @@ from vramplan.spec.load import (
     Resolved,
     checkpoint_quantization_for,
     cross_check,
+    lora_targets_for,
     parse_scenario,
     quant_format_assumptions,
     read_document,
@@ -79,6 +80,10 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
     notes: list[str] = []
     if model is not None:
         scenario, notes, quant_problems = checkpoint_quantization_for(scenario, model)
+        # target_modules: null as PEFT completes it for the model type (facts/peft_targets.py)
+        scenario, target_notes, target_problems = lora_targets_for(scenario, model)
+        notes += target_notes
+        quant_problems += target_problems
         notes += checkpoint_notes(model)
         notes += quant_format_assumptions(scenario, model, gpu.compute_capability if gpu is not None else "")
         notes += unmodelled_inputs(scenario, model)

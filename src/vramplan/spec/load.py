@@ -18,6 +18,12 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.facts.peft_targets import (
+    PEFT_RELEASE,
+    UNMAPPED_FALLBACK,
+    completed_targets,
+    default_lora_targets,
+)
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.torchtune import (
@@ -39,7 +45,7 @@ from vramplan.spec.vision_quant import tower_quant_problems
 
 __all__ = [
     "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES",
-    "Resolved", "checkpoint_quantization_for", "cross_check", "in_backward_problems", "parse_scenario",
+    "Resolved", "checkpoint_quantization_for", "cross_check", "in_backward_problems", "lora_targets_for", "parse_scenario",
     "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "torchao_offload_problems",
     "unmatched_lora_targets", "unmodelled_inputs",
 ]
@@ -522,18 +528,50 @@ def _target_matches(target: str, paths: frozenset[str]) -> bool:
 
 def unmatched_lora_targets(peft: Peft | None, m: ModelSpec) -> list[str]:
     """The ``target_modules`` entries that name no module of ``m`` (Mixtral's w1/w2/w3 aliases included)."""
-    if peft is None or peft.target_modules == "all-linear":
+    targets = completed_targets(peft.target_modules, m.model_type) if peft is not None else "all-linear"
+    if targets == "all-linear":
         return []
     aliases, paths = dict(m.traits.expert_module_aliases), _module_paths(m)
-    return [t for t in peft.target_modules if not _target_matches(aliases.get(t, t), paths)]
+    return [t for t in targets if not _target_matches(aliases.get(t, t), paths)]
+
+
+def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], list[Problem]]:
+    """``train.peft.target_modules: null`` completed as PEFT completes ``LoraConfig(target_modules=None)``: the
+    model type's row of ``facts/peft_targets.py`` (peft ``_prepare_adapter_config``).  A model type PEFT has no
+    row for makes PEFT raise ("Please specify `target_modules` in `peft_config`"): q_proj, v_proj are assumed
+    where the model has both, stated; otherwise refused.  Returns the scenario, the assumptions, the problems."""
+    peft = s.train.peft if s.task == "train" else None
+    if peft is None or peft.target_modules is not None:
+        return s, [], []
+    mapped = default_lora_targets(m.model_type)
+    notes: list[str] = []
+    if mapped is None:
+        paths = _module_paths(m)
+        if not all(_target_matches(t, paths) for t in UNMAPPED_FALLBACK):
+            leaves = sorted({p.module for p in m.params if p.role in ("linear", "expert", "router")})
+            return s, [], [Problem("train.peft.target_modules",
+                                   f"PEFT {PEFT_RELEASE} has no default LoRA targets for model type {m.model_type!r} "
+                                   "(it raises 'Please specify `target_modules` in `peft_config`'); its linear "
+                                   f"modules: {', '.join(leaves)}", "name target_modules, or use all-linear")]
+        mapped = UNMAPPED_FALLBACK
+        notes.append(f"LoRA targets assumed {', '.join(mapped)}: PEFT {PEFT_RELEASE} has no default for model type "
+                     f"{m.model_type!r} and raises without target_modules, so the script named some; set "
+                     "train.peft.target_modules")
+    elif mapped != UNMAPPED_FALLBACK:
+        notes.append(f"LoRA targets: PEFT's default for model type {m.model_type!r}, {', '.join(mapped)} "
+                     f"(peft {PEFT_RELEASE} TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)")
+    peft = peft.model_copy(update={"target_modules": list(mapped)})
+    return s.model_copy(update={"train": s.train.model_copy(update={"peft": peft})}), notes, []
 
 
 def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
     """PEFT raises when no target matches (``NoMatchingPeftModuleError``, peft 0.21 tuners_utils.py
     ``inject_adapter``: "Target modules ... not found in the base model"), so no adapter would exist and
     the job would not start: refused here, with the model's module names and the close ones."""
+    if peft is None or peft.target_modules is None:  # null: lora_targets_for completes or refuses it
+        return []
     missing = unmatched_lora_targets(peft, m)
-    if peft is None or peft.target_modules == "all-linear" or len(missing) < len(peft.target_modules):
+    if peft.target_modules == "all-linear" or len(missing) < len(peft.target_modules):
         return []
     leaves = sorted({p.module for p in m.params if p.role in ("linear", "expert", "router")})
     close = sorted({c for t in missing for c in suggest(t.rsplit(".", 1)[-1], leaves)})
@@ -582,7 +620,7 @@ def _torchtune_partial_quant(s: Scenario) -> list[str]:
     """torchtune before v0.3.0 quantizes only the LoRALinear bases (no FrozenNF4Linear yet, facts/torchtune.py);
     the engine counts every decoder linear quantized, exact where the adapters cover every projection."""
     v, peft = s.software.torchtune_version, s.train.peft
-    targets = peft.target_modules if peft is not None else "all-linear"
+    targets = (peft.target_modules or "all-linear") if peft is not None else "all-linear"
     if v is None or v >= FROZEN_NF4_SINCE or targets == "all-linear" or _TUNE_PROJECTIONS <= set(targets):
         return []
     return [(f"not modelled: torchtune {s.software.torchtune} quantizes only the linears with adapters (its QLoRA "

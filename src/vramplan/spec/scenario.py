@@ -118,9 +118,11 @@ class Peft(_Strict):
     alpha: float = Field(16, gt=0, le=1_000_000, allow_inf_nan=False)
     """Adapter alpha (the update is scaled by alpha / r); no effect on memory."""
 
-    target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    target_modules: list[str] | Literal["all-linear"] | None = None
     """Module names that get adapters (peft's ``target_modules``), or all-linear; on the command line a
-    comma-separated list.
+    comma-separated list.  null: PEFT's default for the model type (``LoraConfig(target_modules=None)``;
+    facts/peft_targets.py), e.g. q_proj, v_proj on Llama, query_key_value on Falcon; where PEFT has none,
+    q_proj, v_proj as an assumption.
 
     On transformers 5 MoE models, expert names become adapters on the fused expert parameters
     (docs/conventions.md, LoRA on MoE experts)."""

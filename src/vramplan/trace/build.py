@@ -22,6 +22,7 @@ import torch
 
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.errors import Problem, ScenarioError
+from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats, quant_format
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
@@ -373,7 +374,7 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
     t = r.scenario.train
     assert t.peft is not None
     p = t.peft
-    target: list[str] | str = p.target_modules if p.target_modules != "all-linear" else "all-linear"
+    target: list[str] | str = completed_targets(p.target_modules, r.model.model_type)
     per_expert = any(isinstance(m, QuantExperts) for m in model.modules())
     aliases = dict(r.model.traits.expert_module_aliases)
     if isinstance(target, list) and aliases:
