@@ -440,8 +440,10 @@ class Inference(_Strict):
 
 
 class Speculative(_Strict):
-    """vLLM speculative decoding (``--speculative-config``): a proposer whose weights and KV layers join the
-    engine's."""
+    """Speculative decoding: vLLM's ``--speculative-config`` (a proposer whose weights and KV layers join the
+    engine's), or SGLang's ``--speculative-algorithm`` (engine sglang: eagle, eagle3, mtp -- NEXTN --, draft --
+    STANDALONE -- or ngram; num_speculative_tokens is --speculative-num-steps, with --speculative-eagle-topk 1;
+    serve/sglang_options.py)."""
 
     method: Literal["draft", "eagle", "eagle3", "mtp", "ngram"]
     """Proposer: a draft model, an EAGLE or EAGLE-3 head, the model's MTP layers, or n-gram lookup (no GPU
@@ -460,12 +462,12 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "gpu_memory_utilization": "mem_fraction_static", "block_size": "page_size",
     "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
-    "max_lora_rank": "", "speculative": "", "vllm_sampler": "",
+    "max_lora_rank": "", "vllm_sampler": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
     "max_running_requests": "max_num_seqs", "chunked_prefill_size": "max_num_batched_tokens",
-    "sglang_version": "vllm_version", "cuda_graph_max_bs": "",
+    "sglang_version": "vllm_version", "cuda_graph_max_bs": "", "dp_attention": "",
 }
 
 
@@ -620,6 +622,10 @@ class Serve(_Strict):
     """Top-k/top-p path of vLLM's profile-run sampling: auto is a plain pip install's (PyTorch's sort before 0.24,
     FlashInfer from 0.24); flashinfer as the vllm/vllm-openai image takes it for 0.8-0.11 (flashinfer installed)
     or with VLLM_USE_FLASHINFER_SAMPLER=1; native with VLLM_USE_FLASHINFER_SAMPLER=0 (docs/serving.md)."""
+
+    dp_attention: int = Field(1, ge=1, le=1024)
+    """SGLang's DP attention (engine sglang): --enable-dp-attention with --dp-size N; 1: off.  Modelled for
+    DeepSeek-V2/V3 at N = parallel.tp (serve/sglang_options.py)."""
 
 
 class DeepSpeedZero(_Strict):
