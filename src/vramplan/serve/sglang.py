@@ -725,9 +725,13 @@ def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRu
                                      "give serve.speculative.model (SGLang's --speculative-draft-model-path)")])
     try:
         draft = load_model(spec.model, where="serve.speculative.model")
-    except ScenarioError:
+    except ScenarioError as e:
         if rule.pool == "cell_scaled" or method == "draft":
-            raise  # 0.5.14 on the pool is sized with the draft's layers; a STANDALONE draft's weights are large
+            # 0.5.14 on the pool is sized with the draft's layers; a STANDALONE draft's weights are large
+            why = ("SGLang sizes the pool with its layers from 0.5.14" if rule.pool == "cell_scaled" else
+                   "a STANDALONE draft's weights and pool come out of the reserve")
+            raise ScenarioError([Problem("serve.speculative.model", f"the draft's config.json is needed ({why}): "
+                                         f"{e}", "give a catalog model or a Hub id whose config.json is cached")])
         return None
     return model_draft(draft, tp, c, elem, method)
 

@@ -485,6 +485,10 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
                 out.append((f"serve.{key}", f"is an option of {other}, not of engine llamacpp",
                             ("remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
                             "serve.gguf need, with no budget of its own")))
+        if sv.speculative is not None:
+            # an option of vLLM and SGLang both; llama-server's draft model (-md) is not modelled
+            out.append(("serve.speculative", "is an option of vLLM and SGLang, not of engine llamacpp",
+                        "remove it; llama.cpp's draft model (-md) is not modelled"))
         return out
     wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
     given = set(changed_fields(sv, wrong))
