@@ -201,8 +201,10 @@ DP_RULES: tuple[DpRule, ...] = (
                      "dp, embedding enable_tp=not is_dp_attention_enabled() (replicated), lm_head ParallelLMHead over "
                      "the tensor-parallel group (enable_dp_lm_head off by default)"),)),
     DpRule(release="0.5.8", dp_is_tp=False, chunk_by_dp=True, embed="attn_tp", lm_head="tp",
-           sources=(("0.5.8 to 0.5.23 wheels, deepseek_v2.py: VocabParallelEmbedding(use_attn_tp_group="
-                     "is_dp_attention_enabled()): the embedding split over the attention group"),)),
+           sources=(("0.5.8 to 0.5.12 wheels, deepseek_v2.py: VocabParallelEmbedding(use_attn_tp_group="
+                     "is_dp_attention_enabled()): the embedding split over the attention group; 0.5.13 to 0.5.23: "
+                     "**get_embedding_tp_kwargs() (layers/vocab_parallel_embedding.py), the same layout unless "
+                     "SGLANG_ENABLE_EMBED_REPLICATION is set (assumed not)"),)),
 )
 
 
