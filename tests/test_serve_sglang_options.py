@@ -232,3 +232,15 @@ def test_report_rows_and_cli() -> None:
                              env={"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"})
     assert res.exit_code == 0, res.stdout
     assert '"dp_attention": 2' in res.stdout
+
+
+def test_eagle_043_draft_pool_headroom_and_no_chunked_prefill() -> None:
+    d = decide_sglang(resolve(doc(sglang_version="0.4.3", speculative=EAGLE)))
+    # 0.4.3 has the tp table (0.88) and no 48-request default: the target keeps its profiled
+    # (84,467,326,648 x 0.88 - 16,127,631,360) // 131,072 = 444,058 tokens; max_num_reqs
+    # min(max(int(444,058 / 131,072 x 512), 2048), 4096) = 2048; the draft pool adds 2048 x 3 + 100 = 6,244
+    assert d.max_total_num_tokens == 444_058 and d.speculative_headroom_tokens == 6_244
+    assert d.draft_kv_tokens == 444_058 + 6_244 and d.max_num_reqs == 2048
+    assert d.chunked_prefill_size == -1 and any("radix cache are off" in a for a in d.assumptions)
+    # the headroom is in the draft's pool, not the target's: nothing of the target's is outside the fraction
+    assert d.outside_fraction_bytes == 0  # the head's config is not readable: its pool is stated, not counted

@@ -797,6 +797,8 @@ def decide_sglang(r: Resolved) -> SglangDecision:
                           max_running_requests=sv.max_running_requests, context_length=sv.max_model_len,
                           speculative=o.spec is not None, spec_mib=o.spec.reserve_for(o.method) if o.spec else 0,
                           dp=o.dp)
+    if o.spec is not None and o.spec.prefill_unchunked:
+        st = replace(st, chunked_prefill_size=-1)  # server_args.py (0.4.3): chunked prefill off with EAGLE
     if o.dp_rule is not None:
         # server_args.py: chunked_prefill_size // dp_size (// 2 at 0.4.1-0.4.4), after the fraction is set
         st = replace(st, chunked_prefill_size=st.chunked_prefill_size // (o.dp if o.dp_rule.chunk_by_dp else 2))
@@ -843,7 +845,8 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     # shared pool's headroom (0.4.5-0.5.6) is allocated past the budget
     outside = 0
     if o.spec is not None and not scaled:
-        outside = headroom * cell + draft_kv + (o.draft.load_bytes if o.draft else 0)
+        target_extra = headroom * cell if o.spec.pool == "shared_headroom" else 0
+        outside = target_extra + draft_kv + (o.draft.load_bytes if o.draft else 0)
     problem, fix = _problem(free, loaded, tokens, req_bytes, reserve, cell, page)
     if not problem and outside and req_bytes + outside > reserve:
         problem = (f"CUDA out of memory loading the draft worker: it needs {outside / GiB:.2f} GiB (weights, KV pool"
@@ -895,6 +898,9 @@ def _option_notes(o: _Options, d: SglangDecision, profile_cell: int) -> list[str
         out.append(f"speculative decoding ({d.speculative_algorithm}, SGLang {o.spec.release} rule): {pool}; "
                    f"--speculative-num-steps {o.steps}, --speculative-eagle-topk 1, --speculative-num-draft-tokens "
                    f"{o.steps + 1} assumed (serve.speculative.num_speculative_tokens is the steps)")
+        if o.spec.prefill_unchunked:
+            out.append("chunked prefill (chunked_prefill_size -1) and the radix cache are off with EAGLE at this "
+                       "release")
         if o.method == "ngram":
             out.append("n-gram proposer: no draft weights or KV pool on the GPU (its cache is on the host)")
         elif o.draft is None:

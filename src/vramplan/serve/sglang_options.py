@@ -84,6 +84,7 @@ class SpecRule:
     running_default: int | None
     reserve_mib: tuple[tuple[str, int], ...]
     sources: tuple[str, ...]
+    prefill_unchunked: bool = False  # EAGLE sets chunked_prefill_size = -1 and disables the radix cache
 
     def reserve_for(self, method: str) -> int:
         family = {"draft": "standalone", "ngram": "ngram"}.get(method, "eagle")
@@ -93,11 +94,13 @@ class SpecRule:
 SPEC_RULES: tuple[SpecRule, ...] = (
     SpecRule(
         release="0.4.3", methods=("eagle",), pool="draft_headroom", running_default=None,
-        reserve_mib=(("eagle", 2048),),
+        reserve_mib=(("eagle", 2048),), prefill_unchunked=True,
         sources=(("0.4.3 wheel, model_executor/model_runner.py init_memory_pool: the target keeps its profiled "
                   "max_total_num_tokens; the draft worker's pool is draft_runner_cache_size = max_total_num_tokens + "
                   "max_num_reqs * speculative_num_steps + 100; server_args.py: --speculative-algorithm choices "
-                  "['EAGLE'] (0.4.1 has no speculative decoding; 0.4.4 was not read and follows this row)"),),
+                  "['EAGLE'], and with EAGLE chunked_prefill_size = -1, disable_radix_cache = True ('The radix "
+                  "cache, chunked prefill, and overlap scheduler are disabled because of using eagle speculative "
+                  "decoding.'); 0.4.1 has no speculative decoding; 0.4.4 was not read and follows this row"),),
     ),
     SpecRule(
         release="0.4.5", methods=("eagle", "eagle3", "mtp"), pool="shared_headroom", running_default=48,
