@@ -185,8 +185,8 @@ def test_dp_attention_large_graph_bs_reserve() -> None:
      "sglang-EAGLE"),
     ({"sglang_version": "0.4.8", "dp_attention": 2}, "meta-llama/Llama-3.1-8B", 2, "serve.dp_attention",
      "DeepSeek-V2/V3"),
-    ({"sglang_version": "0.4.8", "dp_attention": 2}, "deepseek-ai/DeepSeek-V2-Lite", 4, "serve.dp_attention",
-     "only dp = tp"),
+    ({"sglang_version": "0.4.3", "dp_attention": 2}, "deepseek-ai/DeepSeek-V2-Lite", 4, "serve.dp_attention",
+     "dp_size = tp_size"),
     ({"sglang_version": "0.4.8", "dp_attention": 3}, "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention",
      "tp_size % dp_size"),
     ({"sglang_version": "0.5.3", "dp_attention": 2, "speculative": {"method": "ngram"}},
@@ -244,3 +244,14 @@ def test_eagle_043_draft_pool_headroom_and_no_chunked_prefill() -> None:
     assert d.chunked_prefill_size == -1 and any("radix cache are off" in a for a in d.assumptions)
     # the headroom is in the draft's pool, not the target's: nothing of the target's is outside the fraction
     assert d.outside_fraction_bytes == 0  # the head's config is not readable: its pool is stated, not counted
+
+
+def test_dp_attention_groups_of_two_ranks() -> None:
+    d = decide_sglang(resolve(doc("deepseek-ai/DeepSeek-V2-Lite", tp=4, sglang_version="0.5.8", dp_attention=2)))
+    plain = decide_sglang(resolve(doc("deepseek-ai/DeepSeek-V2-Lite", tp=4, sglang_version="0.5.8")))
+    # attention split over groups of tp / dp = 2 ranks instead of 4: the 339,738,624 split attention parameters
+    # held /2 = 169,869,312 instead of /4 = 84,934,656 (+84,934,656); the embedding over the attention group:
+    # 209,715,200 / 2 instead of / 4 (+52,428,800): 137,363,456 x 2 B = 274,726,912 B more per rank
+    assert d.weights_bytes - plain.weights_bytes == 274_726_912
+    assert d.chunked_prefill_size == 8192 // 2
+    assert any("dp 2 of tp 4" in a and "groups of 2 rank(s)" in a for a in d.assumptions)

@@ -63,7 +63,7 @@ from vramplan.serve.sglang_options import (
 )
 from vramplan.serve.vllm import multimodal_architecture, serve_weights_bytes
 from vramplan.spec.load import Resolved
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.units import GiB, MiB, dtype_bits
 
 __all__ = [
@@ -759,13 +759,30 @@ def _options(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object]) -> _Opti
     return _Options(rule, spec.method, spec.num_speculative_tokens, draft, sv.dp_attention, dp_rule)
 
 
-def _dp_model(m: ModelSpec, rule: DpRule) -> ModelSpec:
-    """The model as DeepSeek's code places it at dp = tp (attention replicated): the attention projections, and
-    the embedding or LM head where the release replicates them (``DP_RULES``), held whole on every rank."""
-    whole = {"embedding": rule.embed != "tp", "lm_head": rule.lm_head != "tp"}
-    params = tuple(replace(p, tp="replicated") if ".self_attn." in p.name or whole.get(p.role, False) else p
-                   for p in m.params)
-    return replace(m, params=params)
+def _over_group(p: ParamGroup, dp: int) -> ParamGroup:
+    """``p`` as held when split over the attention group of tp / dp ranks instead of all tp: the same split over tp
+    of a parameter ``dp`` times larger (a column-parallel matrix's outputs, a row-parallel one's inputs)."""
+    if p.tp == "row":
+        return replace(p, numel=p.numel * dp, in_features=p.in_features * dp)
+    return replace(p, numel=p.numel * dp, out_features=p.out_features * dp)
+
+
+def _dp_model(m: ModelSpec, rule: DpRule, tp: int, dp: int) -> ModelSpec:
+    """The model as DeepSeek's code places it under DP attention: the attention projections split over the
+    attention group of tp / dp ranks (whole on every rank at dp = tp), the embedding and LM head replicated or split
+    as the release does (``DP_RULES``); the rest as without DP attention."""
+    whole = {"embedding": rule.embed == "replicated", "lm_head": rule.lm_head == "replicated"}
+    group = {"embedding": rule.embed == "attn_tp", "lm_head": rule.lm_head == "attn_tp"}
+    params = []
+    for p in m.params:
+        attention = ".self_attn." in p.name and p.tp in ("column", "row")
+        if whole.get(p.role, False) or ((attention or group.get(p.role, False)) and dp == tp):
+            params.append(replace(p, tp="replicated"))
+        elif attention or group.get(p.role, False):
+            params.append(_over_group(p, dp))
+        else:
+            params.append(p)
+    return replace(m, params=tuple(params))
 
 
 def _spec_pools(o: _Options, tokens: int, max_num_reqs: int, cell: int, page: int) -> tuple[int, int, int, int]:
@@ -815,7 +832,7 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     # SGLang measures the memory free at start, before a workload's kernels are loaded
     ctx, comm = cuda_context_bytes(gpu, at_start=True), (nccl_bytes(1) if tp > 1 else 0)
     free = gpu.total_memory_bytes - ctx - comm
-    params, _ = serve_weights_bytes(r if o.dp_rule is None else replace(r, model=_dp_model(m, o.dp_rule)))
+    params, _ = serve_weights_bytes(r if o.dp_rule is None else replace(r, model=_dp_model(m, o.dp_rule, tp, o.dp)))
     rotary = rotary_cache_bytes_sglang(m)
     w = params + rotary
     cell, page = cell_size_bytes(m, tp // o.dp, _kv_elem_bytes(r)), sv.page_size or 1
@@ -909,9 +926,9 @@ def _option_notes(o: _Options, d: SglangDecision, profile_cell: int) -> list[str
         else:
             out.append(o.draft.note)
     if o.dp_rule is not None:
-        out.append(f"DP attention at dp = tp = {o.dp} (SGLang {o.dp_rule.release} rule): attention weights whole on "
-                   f"every rank, embedding {o.dp_rule.embed}, LM head {o.dp_rule.lm_head}, the MoE and dense MLPs "
-                   "split as without it; each DP group has its own pool of max_total_num_tokens")
+        out.append(f"DP attention, dp {o.dp} of tp {d.tp} (SGLang {o.dp_rule.release} rule): attention weights split "
+                   f"over groups of {d.tp // o.dp} rank(s), embedding {o.dp_rule.embed}, LM head {o.dp_rule.lm_head}, the "
+                   "MoE and dense MLPs split as without it; each DP group has its own pool of max_total_num_tokens")
     return out
 
 
@@ -919,7 +936,7 @@ def _option_notes(o: _Options, d: SglangDecision, profile_cell: int) -> list[str
 # (serve/sglang_options.py DP_RULES; PR #7054: 4 GiB more reserved at 0.4.8 to 0.5.2).
 _DP_ATTENTION_NOT_MODELLED = (
     "DP attention (--enable-dp-attention) off: this is the pool without it (serve.dp_attention sets it; modelled for "
-    "DeepSeek-V2/V3 at dp = tp). With it each rank runs attention at tp / dp, each DP rank keeps its own pool for its "
+    "DeepSeek-V2/V3). With it each rank runs attention at tp / dp, each DP rank keeps its own pool for its "
     "own requests, chunked prefill is divided and the default fraction reserves more")
 
 

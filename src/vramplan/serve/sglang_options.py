@@ -30,8 +30,7 @@ the request table and the headroom.  The default fraction keeps more out for the
 (``layers/dp_attention.py`` ``compute_dp_attention_world_info``), so a GQA cell counts ``kv_heads // (tp / dp)``
 heads (``get_num_kv_heads(get_attention_tp_size())``; an MLA cell is the same latent at any tp) and each rank holds
 ``dp / tp`` of the attention weights; each DP group runs its own scheduler and pool.  The placement of the other
-weights is model code: it is read here for DeepSeek's ``models/deepseek_v2.py`` only (``DP_RULES``), at dp = tp
-(the attention replicated on every rank), the layout DeepSeek's deployments use.
+weights is model code: it is read here for DeepSeek's ``models/deepseek_v2.py`` only (``DP_RULES``).
 """
 
 from __future__ import annotations
@@ -235,10 +234,10 @@ def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule
     if tp % dp or dp > tp:
         out.append(Problem("serve.dp_attention", f"SGLang asserts tp_size % dp_size == 0 (tp {tp}, dp {dp})",
                            "choose serve.dp_attention dividing parallel.tp"))
-    elif dp != tp:
-        why = (f"SGLang {rule.release} to 0.4.4 set dp_size = tp_size with --enable-dp-attention" if rule.dp_is_tp else
-               f"attention groups of tp / dp = {tp // dp} ranks are not modelled (only dp = tp, attention replicated)")
-        out.append(Problem("serve.dp_attention", f"{why} (tp {tp}, dp {dp})", f"use serve.dp_attention {tp}"))
+    elif rule.dp_is_tp and dp != tp:
+        out.append(Problem("serve.dp_attention", f"SGLang {rule.release} to 0.4.4 set dp_size = tp_size with "
+                           f"--enable-dp-attention (tp {tp}, dp {dp})",
+                           f"use serve.dp_attention {tp}, or serve.sglang_version >= 0.4.5"))
     if method == "draft":
         out.append(Problem("serve.dp_attention", "SGLang: 'Currently standalone speculative decoding does not "
                            "support dp attention.' (server_args.py, 0.5.3 on)", "remove one of the two"))
