@@ -42,6 +42,7 @@ from vramplan.analytic.layout import rank_params
 from vramplan.analytic.weights import weights_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.model import ModelSpec
+from vramplan.units import GiB
 
 __all__ = [
     "DP_ATTENTION_ARCHS",
@@ -274,8 +275,8 @@ def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quan
     copies = 2 * -(-m.vocab_size // embed_split) * h * dense_bytes
     return DraftSizing(nextn, target_cell_per_layer * nextn, resident, resident + copies,
                        (f"MTP draft: {nextn} NEXTN layer(s) shaped like the target's last decoder layer, eh_proj and "
-                        f"norms ({resident / 2**30:.2f} GiB); its own embedding and head copies "
-                        f"({copies / 2**30:.2f} GiB) until set_embed_and_head shares the target's"))
+                        f"norms ({resident / GiB:.2f} GiB); its own embedding and head copies "
+                        f"({copies / GiB:.2f} GiB) until set_embed_and_head shares the target's"))
 
 
 def model_draft(draft: ModelSpec, tp: int, dense_bytes: int, kv_elem_bytes: int, method: str) -> DraftSizing:
@@ -294,5 +295,5 @@ def model_draft(draft: ModelSpec, tp: int, dense_bytes: int, kv_elem_bytes: int,
         cell = max(1, draft.num_kv_heads // tp) * draft.head_dim * draft.num_layers * 2 * kv_elem_bytes
     resident = load - shared * dense_bytes
     return DraftSizing(draft.num_layers, cell, resident, load,
-                       f"draft {draft.name}: {draft.num_layers} layer(s), {resident / 2**30:.2f} GiB of weights once "
-                       f"started ({load / 2**30:.2f} GiB as loaded), unquantized")
+                       f"draft {draft.name}: {draft.num_layers} layer(s), {resident / GiB:.2f} GiB of weights once "
+                       f"started ({load / GiB:.2f} GiB as loaded), unquantized")
