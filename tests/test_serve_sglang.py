@@ -342,12 +342,12 @@ def test_piecewise_graphs_are_off_for_a_multimodal_model() -> None:
     assert llama.reserved_heuristic_bytes - llama_055.reserved_heuristic_bytes == 58 * 8 * 1024 * 1024
 
 
-def test_dp_attention_is_stated_not_modelled_for_moe_and_mla_at_tp_above_one() -> None:
-    # SGLang offers --enable-dp-attention for MoE/MLA models; the scenario has no key for it, so the answer is the
-    # pool without it and must say so (never silently): DeepSeek-V2-Lite (MLA + MoE) and Qwen3-30B-A3B (MoE) at tp 2
+def test_dp_attention_off_is_stated_for_moe_and_mla_at_tp_above_one() -> None:
+    # SGLang offers --enable-dp-attention for MoE/MLA models; without serve.dp_attention the answer is the pool
+    # without it and says so (never silently): DeepSeek-V2-Lite (MLA + MoE) and Qwen3-30B-A3B (MoE) at tp 2
     for model in ("deepseek-ai/DeepSeek-V2-Lite", "Qwen/Qwen3-30B-A3B"):
         d = decide_sglang(resolve(doc(model=model, tp=2, sglang_version="0.4.2")))
-        assert any(a.startswith("DP attention (--enable-dp-attention) not modelled") for a in d.assumptions)
+        assert any(a.startswith("DP attention (--enable-dp-attention) off") for a in d.assumptions)
     # not for a dense GQA model, nor at tp 1 (nothing for DP attention to split)
     dense = decide_sglang(resolve(doc(tp=2, sglang_version="0.4.2")))
     single = decide_sglang(resolve(doc(model="Qwen/Qwen3-30B-A3B", sglang_version="0.4.2")))

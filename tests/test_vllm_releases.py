@@ -172,7 +172,8 @@ def test_speculative_bad_combinations() -> None:
 
 def test_vllm_budget_options_are_refused_for_sglang() -> None:
     # the options exist for vLLM only here (spec/scenario.py VLLM_ONLY_OPTIONS): engine sglang names the offender
-    for extra, key in (({"max_loras": 2}, "serve.max_loras"), ({"speculative": {"method": "ngram"}}, "serve.speculative"),
+    # (serve.speculative is SGLang's too: serve/sglang_options.py, tests/test_serve_sglang_options.py)
+    for extra, key in (({"max_loras": 2}, "serve.max_loras"),
                        ({"kv_cache_memory_bytes": 10 * GiB}, "serve.kv_cache_memory_bytes"),
                        ({"cpu_offload_gb": 2}, "serve.cpu_offload_gb")):
         doc = {"model": LLAMA, "task": "serve", "hardware": {"gpu": "H100"}, "serve": {"engine": "sglang", **extra}}

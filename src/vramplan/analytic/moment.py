@@ -122,6 +122,9 @@ class K:
                    "a hybrid model's mixer layers' fixed-size state per sequence (transformers' LinearAttentionLayer)")
     REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
                       "SGLang's ReqToTokenPool: (max_num_reqs + 1) x (context_len + 4) int32 slot indices")
+    DRAFT_KV = _k("kv_cache", "speculative draft KV pool",
+                  "SGLang's draft worker's own KV pool (EAGLE head, MTP layer or draft model), as many tokens as the "
+                  "target's")
     # temporaries
     CASTS = _k("temporaries", "autocast weight copies", "half-precision copies autocast makes of fp32 weights")
     FLOAT8_CASTS = _k("temporaries", "float8 casts (torchao)",

@@ -173,7 +173,9 @@ def _sglang(r: Resolved) -> ServeResult:
     peak = Moment("serve")
     peak.add(K.PARAMETERS, d.parameters_bytes)
     peak.add(K.ROTARY_CACHE, d.rotary_cache_bytes)
+    peak.add(K.PROPOSER_WEIGHTS, d.draft_weights_bytes)
     peak.add(K.KV_BLOCKS, d.kv_cache_bytes, blocks=d.num_pages, block_size=d.page_size)
+    peak.add(K.DRAFT_KV, d.draft_kv_bytes)
     peak.add(K.REQ_TO_TOKEN, d.req_to_token_bytes)
     outside = {"cuda_context": d.cuda_context_bytes, "workspaces": 0, "communication": d.nccl_bytes, "managed": 0}
     assumptions = list(d.assumptions)

@@ -47,11 +47,23 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vramplan.analytic.overhead import cuda_context_bytes, nccl_bytes
-from vramplan.catalog.models import model_config
+from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
+from vramplan.serve.sglang_options import (
+    SGLANG_ALGORITHM,
+    DpRule,
+    DraftSizing,
+    SpecRule,
+    dp_attention_problems,
+    dp_rule_for,
+    headroom_tokens,
+    model_draft,
+    mtp_draft,
+    spec_rule_for,
+)
 from vramplan.serve.vllm import multimodal_architecture, serve_weights_bytes
 from vramplan.spec.load import Resolved
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.units import GiB, MiB, dtype_bits
 
 __all__ = [
@@ -351,15 +363,15 @@ def _tp_table_fraction(tp: int) -> float:
     return 0.88
 
 
-def _tp_table_large_gpu_fraction(gpu_mib: float, parallel: int) -> float:
-    """0.4.7's fraction: the tp table up to 81,920 MiB, then its large-GPU adjustments (``SGLANG_BEHAVIOURS``).
-    An H200 (143,771 MiB), tp 1: min(0.88 + 49,152 x 0.12 / 143,771, (143,771 - 18,432) / 143,771) =
-    min(0.92103, 0.87180) = 0.87180."""
+def _tp_table_large_gpu_fraction(gpu_mib: float, parallel: int, keep_gib: int = 18) -> float:
+    """0.4.7's fraction: the tp table up to 81,920 MiB, then its large-GPU adjustments (``SGLANG_BEHAVIOURS``;
+    ``keep_gib`` 20 with speculative decoding).  An H200 (143,771 MiB), tp 1: min(0.88 + 49,152 x 0.12 / 143,771,
+    (143,771 - 18,432) / 143,771) = min(0.92103, 0.87180) = 0.87180."""
     fraction = _tp_table_fraction(parallel) if gpu_mib <= 81920 else 0.88
     if gpu_mib > 180 * 1000:
         return 0.79
     if gpu_mib > 96 * 1024:
-        return min(fraction + 48 * 1024 * (1 - fraction) / gpu_mib, (gpu_mib - 18 * 1024) / gpu_mib)
+        return min(fraction + 48 * 1024 * (1 - fraction) / gpu_mib, (gpu_mib - keep_gib * 1024) / gpu_mib)
     return fraction
 
 
@@ -376,29 +388,35 @@ def piecewise_graph_tokens(max_tokens: int) -> list[int]:
 
 
 def _reserved_mib(rule: FractionRule, gpu_mib: float, parallel: int, chunk: int, graph_bs: int,
-                  piecewise_mib: float = 0.0, decode_graphs: bool = True) -> float:
+                  piecewise_mib: float = 0.0, decode_graphs: bool = True, spec_mib: int = 0, dp: int = 1) -> float:
     """The reserve (MiB) the release's heuristic keeps out of ``mem_fraction_static`` (module table);
     ``piecewise_mib``: the piecewise CUDA graphs' share (0.5.10 on), added before the 10 GiB floor;
     ``decode_graphs``: whether the decode graphs' ``graph_bs x 2`` MiB is counted (0.5.15 on: not with
-    --disable-cuda-graph)."""
+    --disable-cuda-graph); ``spec_mib``: speculative decoding's share (``sglang_options.SPEC_RULES``), after the
+    floor; ``dp``: DP attention's dp_size (``reserved_by_gpu``: 4 GiB more; ``reserved_by_settings``: graph_bs x
+    dp x 3 MiB, and graph_bs x dp x 1.5 more above 300, before the floor; server_args.py 0.4.8 and 0.5.3)."""
     if rule == "reserved_by_gpu":
+        extra = spec_mib + (4 * 1024 if dp > 1 else 0)
         if gpu_mib < 35 * 1024:
-            return (2.8 + parallel / 10) * 1024
+            return (2.8 + parallel / 10) * 1024 + extra
         if gpu_mib < 90 * 1024:
-            return (9.5 + parallel / 2) * 1024
+            return (9.5 + parallel / 2) * 1024 + extra
         if gpu_mib < 160 * 1024:
-            return (12 + parallel / 2) * 1024
-        return 32.0 * 1024
+            return (12 + parallel / 2) * 1024 + extra
+        return 32.0 * 1024 + extra
     graphs = graph_bs * 2 if decode_graphs else 0
     reserved = 512 + max(chunk, 2048) * 1.5 + graphs + parallel / 8 * 1024 + piecewise_mib
-    return max(reserved, 10.0 * 1024) if gpu_mib > 60 * 1024 else reserved
+    if dp > 1:
+        reserved += graph_bs * dp * 3 + (graph_bs * dp * 1.5 if graph_bs > 300 else 0)
+    return (max(reserved, 10.0 * 1024) if gpu_mib > 60 * 1024 else reserved) + spec_mib
 
 
 def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: int = 1,
                      fraction: float | None = None, chunked_prefill_size: int | None = None,
                      cuda_graph_max_bs: int | None = None, piecewise: Literal["off", "mha", "mla"] = "off",
                      graphs: bool = True, max_running_requests: int | None = None,
-                     context_length: int | None = None) -> Settings:
+                     context_length: int | None = None, speculative: bool = False, spec_mib: int = 0,
+                     dp: int = 1) -> Settings:
     """``mem_fraction_static``, ``chunked_prefill_size`` and ``cuda_graph_max_bs`` as the release defaults them.
 
     ``gpu_mem`` is read by SGLang from nvidia-smi's memory.total in MiB; the GPU's total memory in MiB is
@@ -406,7 +424,9 @@ def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: in
     less than 0.001).  Given values win, as in SGLang.  ``piecewise``: whether the release's piecewise CUDA
     graphs are on for this model (``mha``/``mla``: their reserve; only where ``beh.piecewise_graphs``);
     ``graphs``: false is --disable-cuda-graph; ``max_running_requests`` and ``context_length``: as given (null:
-    not given), read where the release reads them (``beh.graph_bs_capped``, ``beh.prefill_graph_clamp``)."""
+    not given), read where the release reads them (``beh.graph_bs_capped``, ``beh.prefill_graph_clamp``);
+    ``speculative``, ``spec_mib`` and ``dp``: speculative decoding on, its reserve (MiB) and DP attention's
+    dp_size (``_reserved_mib``; 0.4.7's large-GPU rule keeps 20 GiB instead of 18 with speculative decoding)."""
     gpu_mib = gpu_total_bytes / MiB
     d_chunk, d_bs = _bucket_defaults(beh, gpu_mib, tp)
     if beh.graph_bs_capped and max_running_requests is not None:
@@ -418,7 +438,8 @@ def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: in
     if beh.fraction_rule == "tp_table":
         return Settings(_tp_table_fraction(tp), False, chunk, graph_bs, None)
     if beh.fraction_rule == "tp_table_large_gpu":
-        return Settings(_tp_table_large_gpu_fraction(gpu_mib, tp * pp), False, chunk, graph_bs, None)
+        return Settings(_tp_table_large_gpu_fraction(gpu_mib, tp * pp, 20 if speculative else 18), False, chunk,
+                        graph_bs, None)
     pw = 0.0
     if beh.piecewise_graphs and piecewise != "off" and (graphs or not beh.graphs_off_prefill):
         if piecewise == "mla":
@@ -429,7 +450,7 @@ def default_settings(beh: SglangBehaviour, gpu_total_bytes: int, tp: int, pp: in
                 max_tokens = min(max_tokens, context_length)
             pw = len(piecewise_graph_tokens(max_tokens)) * 8
     reserved = _reserved_mib(beh.fraction_rule, gpu_mib, tp * pp, chunk, graph_bs, pw,
-                             decode_graphs=graphs or not beh.graphs_off_decode)
+                             decode_graphs=graphs or not beh.graphs_off_decode, spec_mib=spec_mib, dp=dp)
     return Settings(round((gpu_mib - reserved) / gpu_mib, 3), False, chunk, graph_bs, reserved)
 
 
@@ -538,6 +559,13 @@ class SglangDecision:
     fix: str = ""
     assumptions: list[str] = field(default_factory=list)
     in_use_by_others_bytes: int = 0  # hardware.memory_in_use_gib: other processes' share of total_memory_bytes
+    speculative_algorithm: str = ""  # SGLang's --speculative-algorithm ("": off)
+    speculative_headroom_tokens: int = 0  # tokens the shared pool adds past the profiled budget (0.4.5-0.5.6)
+    draft_weights_bytes: int = 0  # the draft worker's weights once started
+    draft_kv_tokens: int = 0  # the draft worker's own KV pool, tokens
+    draft_kv_bytes: int = 0  # and bytes (0 where the draft's config could not be read)
+    outside_fraction_bytes: int = 0  # the draft worker's (and the headroom's) bytes taken from the reserve
+    dp_attention: int = 1  # --dp-size with --enable-dp-attention (1: off)
 
     @property
     def num_pages(self) -> int:
@@ -547,7 +575,7 @@ class SglangDecision:
     def device_used_bytes(self) -> int:
         """What is held once started, activations and CUDA graphs apart: context, NCCL, weights, pool, table."""
         return (self.cuda_context_bytes + self.nccl_bytes + self.weights_bytes + self.kv_cache_bytes
-                + self.req_to_token_bytes)
+                + self.req_to_token_bytes + self.draft_weights_bytes + self.draft_kv_bytes)
 
     def log_lines(self) -> list[str]:
         """The start-up lines SGLang would print, for comparison with a real log."""
@@ -589,6 +617,12 @@ class SglangDecision:
             "max_req_input_len": self.max_req_input_len, "max_concurrency": round(self.max_concurrency, 4),
             "starts": self.starts, "problem": self.problem, "fix": self.fix,
             "device_used_bytes": self.device_used_bytes, "assumptions": list(self.assumptions),
+            **({"speculative_algorithm": self.speculative_algorithm,
+                "speculative_headroom_tokens": self.speculative_headroom_tokens,
+                "draft_weights_bytes": self.draft_weights_bytes, "draft_kv_tokens": self.draft_kv_tokens,
+                "draft_kv_bytes": self.draft_kv_bytes, "outside_fraction_bytes": self.outside_fraction_bytes}
+               if self.speculative_algorithm else {}),
+            **({"dp_attention": self.dp_attention} if self.dp_attention > 1 else {}),
         }
 
 
@@ -649,14 +683,118 @@ def _piecewise(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object],
                multimodal: bool) -> Literal["off", "mha", "mla"]:
     """Whether SGLang's piecewise CUDA graphs are on for this scenario (server_args.py
     ``_handle_piecewise_cuda_graph``, 0.5.10 on): off for multimodal models and the release's architectures
-    without them (``beh.piecewise_off_archs``); pp > 1, speculative decoding and LoRA are refused here before
-    this is asked.  ``cfg``: the model's config.json; ``multimodal``: it is a multimodal architecture."""
-    if multimodal:
+    without them (``beh.piecewise_off_archs``), with speculative decoding and with DP attention; pp > 1 and LoRA
+    are refused here before this is asked.  ``cfg``: the model's config.json; ``multimodal``: it is a multimodal
+    architecture."""
+    if multimodal or r.scenario.serve.speculative is not None or r.scenario.serve.dp_attention > 1:
         return "off"
     archs = cfg.get("architectures") or []
     if isinstance(archs, list) and any(a in beh.piecewise_off_archs for a in archs):
         return "off"
     return "mla" if r.model.mla is not None else "mha"
+
+
+@dataclass(frozen=True)
+class _Options:
+    """Speculative decoding and DP attention as the release runs them (``sglang_options``)."""
+
+    spec: SpecRule | None = None
+    method: str = ""
+    steps: int = 0
+    draft: DraftSizing | None = None
+    dp: int = 1
+    dp_rule: DpRule | None = None
+
+
+def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRule) -> DraftSizing | None:
+    """The draft worker of ``method`` (None: its config could not be read, where the release does not need it)."""
+    s, m = r.scenario, r.model
+    tp, c, elem = s.parallel.tp, dtype_bits(s.serve.dtype) // 8, _kv_elem_bytes(r)
+    spec = s.serve.speculative
+    assert spec is not None
+    if method == "mtp":
+        nextn = cfg.get("num_nextn_predict_layers")
+        if not isinstance(nextn, int) or nextn < 1:
+            raise ScenarioError([Problem("serve.speculative.method", f"{m.name} has no MTP layers "
+                                         "(num_nextn_predict_layers) for SGLang's NEXTN draft",
+                                         "use method eagle, eagle3, draft or ngram")])
+        return mtp_draft(m, nextn, tp, s.parallel.ep, c, s.serve.quantization, cell_size_bytes(m, tp, elem)
+                         // m.num_layers, tp)
+    if not spec.model:
+        raise ScenarioError([Problem("serve.speculative.model", f"speculative method {method!r} needs a model",
+                                     "give serve.speculative.model (SGLang's --speculative-draft-model-path)")])
+    try:
+        draft = load_model(spec.model, where="serve.speculative.model")
+    except ScenarioError as e:
+        if rule.pool == "cell_scaled" or method == "draft":
+            # 0.5.14 on the pool is sized with the draft's layers; a STANDALONE draft's weights are large
+            why = ("SGLang sizes the pool with its layers from 0.5.14" if rule.pool == "cell_scaled" else
+                   "a STANDALONE draft's weights and pool come out of the reserve")
+            raise ScenarioError([Problem("serve.speculative.model", f"the draft's config.json is needed ({why}): "
+                                         f"{e}", "give a catalog model or a Hub id whose config.json is cached")])
+        return None
+    return model_draft(draft, tp, c, elem, method)
+
+
+def _options(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object]) -> _Options:
+    sv, tp = r.scenario.serve, r.scenario.parallel.tp
+    v = _parse(sv.sglang_version) or (0, 0, 0)
+    spec = sv.speculative
+    rule = spec_rule_for(v, spec.method) if spec is not None else None
+    dp_rule = dp_rule_for(v) if sv.dp_attention > 1 else None
+    problems: list[Problem] = []
+    if dp_rule is not None:
+        archs = cfg.get("architectures")
+        problems += dp_attention_problems(r.model, archs if isinstance(archs, list) else [], tp, sv.dp_attention,
+                                          dp_rule, spec.method if spec else None)
+        if spec is not None and spec.method != "draft":
+            problems.append(Problem("serve.dp_attention", "speculative decoding together with DP attention is "
+                                    "not modelled (the draft worker's placement under DP attention was not read)",
+                                    "remove serve.speculative or serve.dp_attention"))
+    if problems:
+        raise ScenarioError(problems)
+    if spec is None or rule is None:
+        return _Options(dp=sv.dp_attention, dp_rule=dp_rule)
+    draft = None if spec.method == "ngram" else _draft_sizing(r, spec.method, cfg, rule)
+    return _Options(rule, spec.method, spec.num_speculative_tokens, draft, sv.dp_attention, dp_rule)
+
+
+def _over_group(p: ParamGroup, dp: int) -> ParamGroup:
+    """``p`` as held when split over the attention group of tp / dp ranks instead of all tp: the same split over tp
+    of a parameter ``dp`` times larger (a column-parallel matrix's outputs, a row-parallel one's inputs)."""
+    if p.tp == "row":
+        return replace(p, numel=p.numel * dp, in_features=p.in_features * dp)
+    return replace(p, numel=p.numel * dp, out_features=p.out_features * dp)
+
+
+def _dp_model(m: ModelSpec, rule: DpRule, tp: int, dp: int) -> ModelSpec:
+    """The model as DeepSeek's code places it under DP attention: the attention projections split over the
+    attention group of tp / dp ranks (whole on every rank at dp = tp), the embedding and LM head replicated or split
+    as the release does (``DP_RULES``); the rest as without DP attention."""
+    whole = {"embedding": rule.embed == "replicated", "lm_head": rule.lm_head == "replicated"}
+    group = {"embedding": rule.embed == "attn_tp", "lm_head": rule.lm_head == "attn_tp"}
+    params = []
+    for p in m.params:
+        attention = ".self_attn." in p.name and p.tp in ("column", "row")
+        if whole.get(p.role, False) or ((attention or group.get(p.role, False)) and dp == tp):
+            params.append(replace(p, tp="replicated"))
+        elif attention or group.get(p.role, False):
+            params.append(_over_group(p, dp))
+        else:
+            params.append(p)
+    return replace(m, params=tuple(params))
+
+
+def _spec_pools(o: _Options, tokens: int, max_num_reqs: int, cell: int, page: int) -> tuple[int, int, int, int]:
+    """(target tokens, headroom tokens, draft pool tokens, draft pool bytes) of the release's pool rule."""
+    if o.spec is None or o.method == "ngram":
+        return tokens, 0, 0, 0
+    # --speculative-eagle-topk 1, so --speculative-num-draft-tokens = steps + 1 (server_args.py adjusts it)
+    head = headroom_tokens(o.spec, max_num_reqs, o.steps, 1, o.steps + 1)
+    target = tokens + head if o.spec.pool == "shared_headroom" else tokens
+    draft_tokens = (tokens + head) // page * page if o.spec.pool == "draft_headroom" else target // page * page
+    draft_cell = o.draft.cell_bytes if o.draft is not None else 0
+    return target // page * page, head, draft_tokens, draft_tokens * draft_cell
 
 
 def decide_sglang(r: Resolved) -> SglangDecision:
@@ -668,11 +806,19 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     sv, tp = s.serve, s.parallel.tp
     beh, which = behaviour_for(sv.sglang_version)
     cfg, multimodal = _raw_config(r), bool(multimodal_architecture(r))  # read once: a Hub id's comes from disk
+    o = _options(r, beh, cfg)
     # the default fraction reads the device's whole memory (get_device_memory_capacity); the pool is sized from
     # what is free at start, which other processes' memory (hardware.memory_in_use_gib) leaves out
     st = default_settings(beh, gpu.device_total_bytes, tp, s.parallel.pp, sv.mem_fraction_static,
                           sv.chunked_prefill_size, sv.cuda_graph_max_bs, _piecewise(r, beh, cfg, multimodal), graphs=sv.cuda_graphs,
-                          max_running_requests=sv.max_running_requests, context_length=sv.max_model_len)
+                          max_running_requests=sv.max_running_requests, context_length=sv.max_model_len,
+                          speculative=o.spec is not None, spec_mib=o.spec.reserve_for(o.method) if o.spec else 0,
+                          dp=o.dp)
+    if o.spec is not None and o.spec.prefill_unchunked:
+        st = replace(st, chunked_prefill_size=-1)  # server_args.py (0.4.3): chunked prefill off with EAGLE
+    if o.dp_rule is not None:
+        # server_args.py: chunked_prefill_size // dp_size (// 2 at 0.4.1-0.4.4), after the fraction is set
+        st = replace(st, chunked_prefill_size=st.chunked_prefill_size // (o.dp if o.dp_rule.chunk_by_dp else 2))
     vlm_note, mm_reserve, rule_st = "", 0, st
     if multimodal:
         vision = cfg.get("vision_config")
@@ -686,25 +832,47 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     # SGLang measures the memory free at start, before a workload's kernels are loaded
     ctx, comm = cuda_context_bytes(gpu, at_start=True), (nccl_bytes(1) if tp > 1 else 0)
     free = gpu.total_memory_bytes - ctx - comm
-    params, _ = serve_weights_bytes(r)
+    params, _ = serve_weights_bytes(r if o.dp_rule is None else replace(r, model=_dp_model(m, o.dp_rule, tp, o.dp)))
     rotary = rotary_cache_bytes_sglang(m)
     w = params + rotary
-    cell, page = cell_size_bytes(m, tp, _kv_elem_bytes(r)), sv.page_size or 1
+    cell, page = cell_size_bytes(m, tp // o.dp, _kv_elem_bytes(r)), sv.page_size or 1
+    scaled = o.spec is not None and o.spec.pool == "cell_scaled" and o.draft is not None and o.draft.layers > 0
+    # 0.5.14 on the draft is loaded before the pool is sized, and its KV layers join the cell (pool_configurator.py)
+    profile_cell = int(cell * (1 + o.draft.layers / m.num_layers)) if scaled and o.draft else cell
+    loaded = w + (o.draft.load_bytes if scaled and o.draft else 0)
     # profile_max_num_token, in SGLang's own GiB floats: rest = avail - total * (1 - fraction)
-    rest_gib = (free - w) / GiB - free / GiB * (1 - st.mem_fraction_static) - mm_reserve / GiB
-    tokens = max(0, int(rest_gib * GiB // cell)) if w <= free else 0
-    tokens = tokens // page * page
+    rest_gib = (free - loaded) / GiB - free / GiB * (1 - st.mem_fraction_static) - mm_reserve / GiB
+    tokens = max(0, int(rest_gib * GiB // profile_cell)) if loaded <= free else 0
+    if o.spec is None:
+        tokens = tokens // page * page  # (with speculative decoding the headroom is added before the rounding)
     context_len = sv.max_model_len or m.max_position_embeddings
-    max_num_reqs = sv.max_running_requests or min(max(int(tokens / context_len * 512), 2048), 4096)
+    default_reqs = o.spec.running_default if o.spec is not None else None
+    given_reqs = sv.max_running_requests or default_reqs
+    max_num_reqs = given_reqs or min(max(int(tokens / context_len * 512), 2048), 4096)
+    tokens, headroom, draft_tokens, draft_kv = _spec_pools(o, tokens, max_num_reqs, cell, page)
+    if scaled and o.draft:
+        draft_kv = draft_tokens * o.draft.cell_bytes
     # tp_worker.py: min(tokens // 2, req_to_token_pool.size), the pool holding max_num_reqs + 1 rows (logs print
-    # max_running_requests=2049 for 2048); a given max_running_requests is used as given
-    running = sv.max_running_requests or min(tokens // 2, max_num_reqs + 1)
+    # max_running_requests=2049 for 2048); a given max_running_requests (or speculative decoding's default 48)
+    # is divided among the DP attention groups
+    running = given_reqs // o.dp if given_reqs else min(tokens // 2, max_num_reqs + 1)
     req_bytes = (max_num_reqs + 1) * (context_len + 4) * 4
     reserve = free - int(free * st.mem_fraction_static)
-    problem, fix = _problem(free, w, tokens, req_bytes, reserve, cell, page)
-    if beh.weights_error and w <= free and rest_gib <= 0:
+    # before 0.5.14 the draft worker loads its weights and pool after the target's pool, from the reserve, and the
+    # shared pool's headroom (0.4.5-0.5.6) is allocated past the budget
+    outside = 0
+    if o.spec is not None and not scaled:
+        target_extra = headroom * cell if o.spec.pool == "shared_headroom" else 0
+        outside = target_extra + draft_kv + (o.draft.load_bytes if o.draft else 0)
+    problem, fix = _problem(free, loaded, tokens, req_bytes, reserve, cell, page)
+    if not problem and outside and req_bytes + outside > reserve:
+        problem = (f"CUDA out of memory loading the draft worker: it needs {outside / GiB:.2f} GiB (weights, KV pool"
+                   f"{', headroom' if headroom else ''}) beside the {req_bytes / GiB:.2f} GiB request table in the "
+                   f"{reserve / GiB:.2f} GiB left outside mem_fraction_static")
+        fix = "lower serve.mem_fraction_static (SGLang loads the draft after sizing the target's pool)"
+    if beh.weights_error and loaded <= free and rest_gib <= 0:
         # kv_cache_configurator.py / model_runner_kv_cache_mixin.py (0.5.14 on), in SGLang's GiB floats
-        minimum = 1 - (free - w) / free
+        minimum = 1 - (free - loaded) / free
         problem = (f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
                    f"{st.mem_fraction_static}. Raise --mem-fraction-static above {math.ceil(minimum * 1000) / 1000:.3f}")
     dec = SglangDecision(
@@ -720,8 +888,11 @@ def decide_sglang(r: Resolved) -> SglangDecision:
         req_to_token_bytes=req_bytes, reserve_bytes=reserve, chunked_prefill_size=st.chunked_prefill_size,
         cuda_graph_max_bs=st.cuda_graph_max_bs, max_req_input_len=max(0, min(context_len, tokens) - 1),
         max_concurrency=tokens / context_len if context_len else 0.0, starts=not problem, problem=problem, fix=fix,
+        speculative_algorithm=SGLANG_ALGORITHM[o.method] if o.spec else "", speculative_headroom_tokens=headroom,
+        draft_weights_bytes=o.draft.resident_bytes if o.draft else 0, draft_kv_tokens=draft_tokens,
+        draft_kv_bytes=draft_kv, outside_fraction_bytes=outside, dp_attention=o.dp,
     )
-    dec.assumptions = _assumptions(r, dec, beh, rule_st)
+    dec.assumptions = _assumptions(r, dec, beh, rule_st) + _option_notes(o, dec, profile_cell)
     if vlm_note:
         dec.assumptions.insert(2, vlm_note)
     if mm_reserve:
@@ -730,17 +901,43 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     return dec
 
 
-# --enable-dp-attention (DeepSeek's MLA models in 0.4.x, more MoE models later) has no scenario key: an MoE or MLA
-# model at tp > 1 is answered without it, and says so. What it would change, from the 0.4.2 wheel (server_args.py
-# __post_init__: dp_size = tp_size, chunked_prefill_size // 2; layers/dp_attention.py
-# compute_dp_attention_world_info: attention tp size = tp / dp; models/deepseek_v2.py: the attention projections
-# become ReplicatedLinear; model_runner.py profile_max_num_token: the cell's KV heads divided by
-# get_attention_tp_size()) and PR #7054 (0.4.8 to 0.5.2: 4 GiB more reserved with DP attention).
+def _option_notes(o: _Options, d: SglangDecision, profile_cell: int) -> list[str]:
+    out: list[str] = []
+    if o.spec is not None:
+        pool = {"draft_headroom": "the target keeps the profiled tokens; the draft's pool adds max_num_reqs x steps "
+                                  "+ 100",
+                "shared_headroom": (f"target and draft pools share indices and add a headroom of max_num_reqs x "
+                                    f"(steps x topk + draft tokens) + 100 = {d.speculative_headroom_tokens:,} tokens "
+                                    "past the profiled budget"),
+                "shared": "target and draft pools hold the same tokens",
+                "cell_scaled": (f"the draft's KV layers join the cell ({d.cell_size_bytes:,} -> {profile_cell:,} B per "
+                                "token) and its weights are loaded before the pool is sized")}[o.spec.pool]
+        out.append(f"speculative decoding ({d.speculative_algorithm}, SGLang {o.spec.release} rule): {pool}; "
+                   f"--speculative-num-steps {o.steps}, --speculative-eagle-topk 1, --speculative-num-draft-tokens "
+                   f"{o.steps + 1} assumed (serve.speculative.num_speculative_tokens is the steps)")
+        if o.spec.prefill_unchunked:
+            out.append("chunked prefill (chunked_prefill_size -1) and the radix cache are off with EAGLE at this "
+                       "release")
+        if o.method == "ngram":
+            out.append("n-gram proposer: no draft weights or KV pool on the GPU (its cache is on the host)")
+        elif o.draft is None:
+            out.append("draft head's config.json not readable: its weights and KV pool (taken from the reserve "
+                       "outside mem_fraction_static before 0.5.14) are not counted")
+        else:
+            out.append(o.draft.note)
+    if o.dp_rule is not None:
+        out.append(f"DP attention, dp {o.dp} of tp {d.tp} (SGLang {o.dp_rule.release} rule): attention weights split "
+                   f"over groups of {d.tp // o.dp} rank(s), embedding {o.dp_rule.embed}, LM head {o.dp_rule.lm_head}, the "
+                   "MoE and dense MLPs split as without it; each DP group has its own pool of max_total_num_tokens")
+    return out
+
+
+# An MoE or MLA model at tp > 1 served without serve.dp_attention says what DP attention would change
+# (serve/sglang_options.py DP_RULES; PR #7054: 4 GiB more reserved at 0.4.8 to 0.5.2).
 _DP_ATTENTION_NOT_MODELLED = (
-    "DP attention (--enable-dp-attention) not modelled: this is the pool without it. With it each rank runs "
-    "attention at tp / dp (at dp = tp a GQA model keeps all its KV heads and full attention weights on every rank), "
-    "each DP rank keeps its own pool for its own requests, chunked prefill is halved (0.4.x) and the default "
-    "fraction reserves 4 GiB more (0.4.8 to 0.5.2)")
+    "DP attention (--enable-dp-attention) off: this is the pool without it (serve.dp_attention sets it; modelled for "
+    "DeepSeek-V2/V3). With it each rank runs attention at tp / dp, each DP rank keeps its own pool for its "
+    "own requests, chunked prefill is divided and the default fraction reserves more")
 
 
 def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Settings) -> list[str]:
@@ -765,7 +962,7 @@ def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Setti
     if any(la.sliding_window for la in m.layers):
         out.append("sliding-window layers counted as full attention (SGLang's hybrid SWA pool, "
                    "swa_full_tokens_ratio, is not modelled; SGLang disables it for Gemma-2/3 and gpt-oss)")
-    if d.tp > 1 and (m.moe is not None or m.mla is not None):
+    if d.tp > 1 and (m.moe is not None or m.mla is not None) and d.dp_attention == 1:
         out.append(_DP_ATTENTION_NOT_MODELLED)
     if d.starts and d.max_req_input_len + 1 < d.context_len:
         out.append(f"one request of context_len {d.context_len:,} does not fit the pool: SGLang starts and caps "

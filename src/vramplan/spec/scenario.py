@@ -442,8 +442,10 @@ class Inference(_Strict):
 
 
 class Speculative(_Strict):
-    """vLLM speculative decoding (``--speculative-config``): a proposer whose weights and KV layers join the
-    engine's."""
+    """Speculative decoding: vLLM's ``--speculative-config`` (a proposer whose weights and KV layers join the
+    engine's), or SGLang's ``--speculative-algorithm`` (engine sglang: eagle, eagle3, mtp -- NEXTN --, draft --
+    STANDALONE -- or ngram; num_speculative_tokens is --speculative-num-steps, with --speculative-eagle-topk 1;
+    serve/sglang_options.py)."""
 
     method: Literal["draft", "eagle", "eagle3", "mtp", "ngram"]
     """Proposer: a draft model, an EAGLE or EAGLE-3 head, the model's MTP layers, or n-gram lookup (no GPU
@@ -462,12 +464,12 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "gpu_memory_utilization": "mem_fraction_static", "block_size": "page_size",
     "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
-    "max_lora_rank": "", "speculative": "", "vllm_sampler": "",
+    "max_lora_rank": "", "vllm_sampler": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
     "max_running_requests": "max_num_seqs", "chunked_prefill_size": "max_num_batched_tokens",
-    "sglang_version": "vllm_version", "cuda_graph_max_bs": "",
+    "sglang_version": "vllm_version", "cuda_graph_max_bs": "", "dp_attention": "",
 }
 
 
@@ -485,6 +487,10 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
                 out.append((f"serve.{key}", f"is an option of {other}, not of engine llamacpp",
                             ("remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
                             "serve.gguf need, with no budget of its own")))
+        if sv.speculative is not None:
+            # an option of vLLM and SGLang both; llama-server's draft model (-md) is not modelled
+            out.append(("serve.speculative", "is an option of vLLM and SGLang, not of engine llamacpp",
+                        "remove it; llama.cpp's draft model (-md) is not modelled"))
         return out
     wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
     given = set(changed_fields(sv, wrong))
@@ -622,6 +628,10 @@ class Serve(_Strict):
     """Top-k/top-p path of vLLM's profile-run sampling: auto is a plain pip install's (PyTorch's sort before 0.24,
     FlashInfer from 0.24); flashinfer as the vllm/vllm-openai image takes it for 0.8-0.11 (flashinfer installed)
     or with VLLM_USE_FLASHINFER_SAMPLER=1; native with VLLM_USE_FLASHINFER_SAMPLER=0 (docs/serving.md)."""
+
+    dp_attention: int = Field(1, ge=1, le=1024)
+    """SGLang's DP attention (engine sglang): --enable-dp-attention with --dp-size N; 1: off.  Modelled for
+    DeepSeek-V2/V3, N dividing parallel.tp (serve/sglang_options.py)."""
 
 
 class DeepSpeedZero(_Strict):

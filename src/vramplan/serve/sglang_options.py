@@ -1,0 +1,299 @@
+"""SGLang's speculative decoding and DP attention at start-up, by release, read in the wheels' source.
+
+**Speculative decoding** (``--speculative-algorithm``).  The scheduler builds the target worker first: it loads
+the target's weights, profiles ``max_total_num_tokens`` from the memory left and allocates its pool; only then
+does the draft worker (``speculative/eagle_worker.py`` ``EAGLEWorker.__init__``, ``is_draft_worker=True``) load
+its weights and allocate its own KV pool, from the memory left outside ``mem_fraction_static`` (sgl-project/sglang
+issue #6875 describes the consequence).  What the target pool holds changed four times
+(``model_executor/model_runner.py`` ``init_memory_pool``, later ``model_runner_kv_cache_mixin.py`` and
+``pool_configurator.py``); see ``SPEC_RULES``:
+
+* 0.4.3: the target keeps the profiled tokens; the draft pool is ``draft_runner_cache_size = tokens +
+  max_num_reqs x speculative_num_steps + 100`` tokens.
+* 0.4.5 to 0.5.6: both pools share their indices and hold ``tokens + max_num_reqs x (steps x topk +
+  num_draft_tokens) + 100`` tokens ("We are sharing the `token_to_kv_pool` ... give a headroom for it"): the
+  target's pool grows past the profiled budget by that headroom.
+* 0.5.7 to 0.5.13: the headroom is gone; both pools hold the profiled tokens.
+* 0.5.14 on: the draft's KV is sized inside the budget: the cell grows to ``int(cell x (1 + draft_layers /
+  layers))`` (``pool_configurator.py``: "scale cell_size to account for draft model KV cache", assuming the
+  draft's per-layer KV size equals the target's); only the draft's weights stay outside.
+
+The draft's layers are its config's ``num_nextn_predict_layers`` (MTP) or its decoder layers
+(``profile_max_num_token``: ``getattr(hf_config, "num_nextn_predict_layers", num_effective_layers)``).  EAGLE,
+EAGLE-3 and NEXTN (MTP) run the EAGLE worker (``server_args.py``: "NEXTN shares the same implementation of
+EAGLE"); a separate draft model is STANDALONE (0.5.3 on); n-gram (NGRAM, 0.5.3 on) loads nothing on the GPU.
+Every EAGLE-family method, STANDALONE and NGRAM default ``max_running_requests`` to 48 (0.4.5 on), which sizes
+the request table and the headroom.  The default fraction keeps more out for the draft (``server_args.py``:
++2 GiB at 0.4.8-0.5.9, +4 GiB for the EAGLE family and +6 GiB for STANDALONE at 0.5.10-0.5.13, none from 0.5.14).
+
+**DP attention** (``--enable-dp-attention --dp-size N``): attention runs at ``tp / dp`` ranks per group
+(``layers/dp_attention.py`` ``compute_dp_attention_world_info``), so a GQA cell counts ``kv_heads // (tp / dp)``
+heads (``get_num_kv_heads(get_attention_tp_size())``; an MLA cell is the same latent at any tp) and each rank holds
+``dp / tp`` of the attention weights; each DP group runs its own scheduler and pool.  The placement of the other
+weights is model code: it is read here for DeepSeek's ``models/deepseek_v2.py`` only (``DP_RULES``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from vramplan.analytic.layout import rank_params
+from vramplan.analytic.weights import weights_bytes
+from vramplan.errors import Problem, ScenarioError
+from vramplan.spec.model import ModelSpec
+from vramplan.units import GiB
+
+__all__ = [
+    "DP_ATTENTION_ARCHS",
+    "DP_RULES",
+    "SGLANG_ALGORITHM",
+    "SPEC_RULES",
+    "DpRule",
+    "DraftSizing",
+    "SpecRule",
+    "dp_attention_problems",
+    "dp_rule_for",
+    "headroom_tokens",
+    "model_draft",
+    "mtp_draft",
+    "spec_rule_for",
+]
+
+SpecPool = Literal["draft_headroom", "shared_headroom", "shared", "cell_scaled"]
+# scenario method -> SGLang's --speculative-algorithm
+SGLANG_ALGORITHM = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "draft": "STANDALONE", "ngram": "NGRAM"}
+
+
+def _v(release: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in release.split("."))
+
+
+@dataclass(frozen=True)
+class SpecRule:
+    """How one range of SGLang releases sizes the pools under speculative decoding, with its source.
+
+    ``methods``: the scenario methods the release has; ``pool``: the rule of the module docstring;
+    ``running_default``: ``max_running_requests`` when not given (None: the pool formula's);
+    ``reserve_mib``: MiB the default fraction keeps out, by algorithm family (``eagle``: EAGLE, EAGLE3, NEXTN;
+    ``standalone``; ``ngram``), read where the release's fraction rule reads it."""
+
+    release: str
+    methods: tuple[str, ...]
+    pool: SpecPool
+    running_default: int | None
+    reserve_mib: tuple[tuple[str, int], ...]
+    sources: tuple[str, ...]
+    prefill_unchunked: bool = False  # EAGLE sets chunked_prefill_size = -1 and disables the radix cache
+
+    def reserve_for(self, method: str) -> int:
+        family = {"draft": "standalone", "ngram": "ngram"}.get(method, "eagle")
+        return dict(self.reserve_mib).get(family, 0)
+
+
+SPEC_RULES: tuple[SpecRule, ...] = (
+    SpecRule(
+        release="0.4.3", methods=("eagle",), pool="draft_headroom", running_default=None,
+        reserve_mib=(("eagle", 2048),), prefill_unchunked=True,
+        sources=(("0.4.3 wheel, model_executor/model_runner.py init_memory_pool: the target keeps its profiled "
+                  "max_total_num_tokens; the draft worker's pool is draft_runner_cache_size = max_total_num_tokens + "
+                  "max_num_reqs * speculative_num_steps + 100; server_args.py: --speculative-algorithm choices "
+                  "['EAGLE'], and with EAGLE chunked_prefill_size = -1, disable_radix_cache = True ('The radix "
+                  "cache, chunked prefill, and overlap scheduler are disabled because of using eagle speculative "
+                  "decoding.'); 0.4.1 has no speculative decoding; 0.4.4 was not read and follows this row"),),
+    ),
+    SpecRule(
+        release="0.4.5", methods=("eagle", "eagle3", "mtp"), pool="shared_headroom", running_default=48,
+        reserve_mib=(("eagle", 2048),),
+        sources=(("0.4.5, 0.4.6 and 0.4.8 wheels, model_runner.py init_memory_pool: draft_runner_cache_size = "
+                  "max_total_num_tokens + max_num_reqs * speculative_num_steps * speculative_eagle_topk + max_num_reqs "
+                  "* speculative_num_draft_tokens + 100, and the target's max_total_num_tokens is set to it ('Target "
+                  "worker and draft worker shares the same indices for the token_to_kv_pool'); server_args.py: "
+                  "choices EAGLE, EAGLE3, NEXTN (NEXTN becomes EAGLE), max_running_requests = 48 when not given; "
+                  "0.4.8's reserved_mem += 2 * 1024 with speculative decoding ('draft model and larger cuda graph "
+                  "buffers')"),),
+    ),
+    SpecRule(
+        release="0.5.3", methods=("eagle", "eagle3", "mtp", "draft", "ngram"), pool="shared_headroom",
+        running_default=48, reserve_mib=(("eagle", 2048), ("standalone", 6144)),
+        sources=(("0.5.3, 0.5.5 and 0.5.6 wheels: the 0.4.5 pool rule, for EAGLE-family and STANDALONE "
+                  "(spec_algorithm.is_eagle() or is_standalone()); server_args.py choices add STANDALONE and NGRAM, "
+                  "both defaulting max_running_requests to 48; _handle_gpu_memory_settings adds, after the 10 GiB "
+                  "floor, 6 * 1024 MiB for STANDALONE ('standalone draft model and cuda graphs'), 2 * 1024 for the "
+                  "others but NGRAM ('eagle draft models and cuda graphs'); 0.4.9 to 0.5.2 were not read for "
+                  "STANDALONE and NGRAM and follow the 0.4.5 row"),),
+    ),
+    SpecRule(
+        release="0.5.7", methods=("eagle", "eagle3", "mtp", "draft", "ngram"), pool="shared", running_default=48,
+        reserve_mib=(("eagle", 2048), ("standalone", 6144)),
+        sources=(("0.5.7 wheel, model_executor/model_runner_kv_cache_mixin.py init_memory_pool: "
+                  "draft_runner_cache_size = max_total_num_tokens (no headroom); 0.5.8 and 0.5.9 server_args.py keep "
+                  "2 * 1024 MiB for the EAGLE family"),),
+    ),
+    SpecRule(
+        release="0.5.10", methods=("eagle", "eagle3", "mtp", "draft", "ngram"), pool="shared", running_default=48,
+        reserve_mib=(("eagle", 4096), ("standalone", 6144)),
+        sources=(("0.5.10 to 0.5.13 wheels, server_args.py _handle_gpu_memory_settings: reserved_mem += 4 * 1024 "
+                  "for the EAGLE family after the floor; model_runner_kv_cache_mixin.py: the draft worker reuses "
+                  "the target's memory_pool_config (same max_total_num_tokens)"),),
+    ),
+    SpecRule(
+        release="0.5.14", methods=("eagle", "eagle3", "mtp", "draft", "ngram"), pool="cell_scaled",
+        running_default=48, reserve_mib=(),
+        sources=(("0.5.14 wheel, model_executor/pool_configurator.py: for EAGLE/STANDALONE the target's cell_size "
+                  "= int(cell_size * (1 + eagle_draft_num_layers / num_layers)), eagle_draft_num_layers being the "
+                  "draft config's num_nextn_predict_layers or else max(num_hidden_layers, num_attention_layers) "
+                  "(model_runner.py); the speculative reserve leaves _handle_gpu_memory_settings; "
+                  "arg_groups/speculative_hook.py keeps max_running_requests = 48; 0.5.23's pool_configurator.py "
+                  "adds int(cell * draft_layers / layers) to the cell, the same integer"),),
+    ),
+)
+
+
+def spec_rule_for(release: tuple[int, int, int], method: str) -> SpecRule:
+    """The speculative rule of ``release``; refuses a release before the first read and a method it lacks."""
+    rows = [s for s in SPEC_RULES if _v(s.release) <= release]
+    if not rows:
+        raise ScenarioError([Problem("serve.speculative", "SGLang before 0.4.3 was not read for speculative "
+                                     "decoding (0.4.1 has none)", "use serve.sglang_version >= 0.4.3")])
+    rule = rows[-1]
+    if method not in rule.methods:
+        first = next(s.release for s in SPEC_RULES if method in s.methods)
+        raise ScenarioError([Problem("serve.speculative.method", f"SGLang's --speculative-algorithm "
+                                     f"{SGLANG_ALGORITHM[method]} is not in the releases read before {first}",
+                                     f"use serve.sglang_version >= {first}, or method "
+                                     + " / ".join(rule.methods))])
+    return rule
+
+
+def headroom_tokens(rule: SpecRule, max_num_reqs: int, steps: int, topk: int, draft_tokens: int) -> int:
+    """Tokens the shared pool adds past the profiled budget (``shared_headroom``) or the draft pool adds
+    (``draft_headroom``).  0.4.5 with 48 requests, 3 steps, topk 1, 4 draft tokens: 48 x (3 + 4) + 100 = 436."""
+    if rule.pool == "shared_headroom":
+        return max_num_reqs * (steps * topk + draft_tokens) + 100
+    if rule.pool == "draft_headroom":
+        return max_num_reqs * steps + 100
+    return 0
+
+
+@dataclass(frozen=True)
+class DpRule:
+    """How one range of releases places DeepSeek's weights under DP attention (``models/deepseek_v2.py``).
+
+    ``dp_is_tp``: ``--enable-dp-attention`` sets ``dp_size = tp_size`` (0.4.1-0.4.3); ``chunk_divisor``: ``dp``
+    (chunked_prefill_size // dp_size) or 2; ``embed``/``lm_head``: ``replicated``, ``tp`` (vocabulary split over
+    all ranks) or ``attn_tp`` (over the attention group)."""
+
+    release: str
+    dp_is_tp: bool
+    chunk_by_dp: bool
+    embed: Literal["replicated", "attn_tp", "tp"]
+    lm_head: Literal["replicated", "attn_tp", "tp"]
+    sources: tuple[str, ...]
+
+
+DP_RULES: tuple[DpRule, ...] = (
+    DpRule(release="0.4.1", dp_is_tp=True, chunk_by_dp=False, embed="replicated", lm_head="replicated",
+           sources=(("0.4.1 and 0.4.3 wheels: server_args.py 'if self.enable_dp_attention: self.dp_size = "
+                     "self.tp_size; self.chunked_prefill_size = self.chunked_prefill_size // 2'; models/deepseek_v2.py:"
+                     " the attention projections ReplicatedLinear, VocabParallelEmbedding(enable_tp=not "
+                     "enable_dp_attention), lm_head ReplicatedLinear (0.4.2 and 0.4.4 were not read)"),)),
+    DpRule(release="0.4.5", dp_is_tp=False, chunk_by_dp=True, embed="replicated", lm_head="tp",
+           sources=(("0.4.5 to 0.5.7 wheels: server_args.py asserts dp_size > 1 and tp_size % dp_size == 0, "
+                     "chunked_prefill_size //= dp_size; deepseek_v2.py: attention at get_attention_tp_size() = tp / "
+                     "dp, embedding enable_tp=not is_dp_attention_enabled() (replicated), lm_head ParallelLMHead over "
+                     "the tensor-parallel group (enable_dp_lm_head off by default)"),)),
+    DpRule(release="0.5.8", dp_is_tp=False, chunk_by_dp=True, embed="attn_tp", lm_head="tp",
+           sources=(("0.5.8 to 0.5.12 wheels, deepseek_v2.py: VocabParallelEmbedding(use_attn_tp_group="
+                     "is_dp_attention_enabled()): the embedding split over the attention group; 0.5.13 to 0.5.23: "
+                     "**get_embedding_tp_kwargs() (layers/vocab_parallel_embedding.py), the same layout unless "
+                     "SGLANG_ENABLE_EMBED_REPLICATION is set (assumed not)"),)),
+)
+
+
+def dp_rule_for(release: tuple[int, int, int]) -> DpRule:
+    rows = [d for d in DP_RULES if _v(d.release) <= release]
+    if not rows:
+        raise ScenarioError([Problem("serve.dp_attention", "SGLang 0.4.0 was not read for DP attention",
+                                     "use serve.sglang_version >= 0.4.1")])
+    return rows[-1]
+
+
+# architectures whose placement under DP attention was read (models/deepseek_v2.py serves all three)
+DP_ATTENTION_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+
+
+def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule: DpRule,
+                          method: str | None) -> list[Problem]:
+    """Why DP attention at ``dp`` cannot be answered for this model and tp (SGLang's own asserts, and what is not
+    modelled)."""
+    out: list[Problem] = []
+    if not any(a in DP_ATTENTION_ARCHS for a in archs) or m.mla is None:
+        out.append(Problem("serve.dp_attention", "DP attention is modelled for DeepSeek-V2/V3 (MLA) only: where "
+                           "SGLang places the other models' embedding, MLP and head under it was not read",
+                           "remove serve.dp_attention (or use a DeepSeek-V2/V3 model)"))
+    if tp % dp or dp > tp:
+        out.append(Problem("serve.dp_attention", f"SGLang asserts tp_size % dp_size == 0 (tp {tp}, dp {dp})",
+                           "choose serve.dp_attention dividing parallel.tp"))
+    elif rule.dp_is_tp and dp != tp:
+        out.append(Problem("serve.dp_attention", f"SGLang {rule.release} to 0.4.4 set dp_size = tp_size with "
+                           f"--enable-dp-attention (tp {tp}, dp {dp})",
+                           f"use serve.dp_attention {tp}, or serve.sglang_version >= 0.4.5"))
+    if method == "draft":
+        out.append(Problem("serve.dp_attention", "SGLang: 'Currently standalone speculative decoding does not "
+                           "support dp attention.' (server_args.py, 0.5.3 on)", "remove one of the two"))
+    return out
+
+
+@dataclass(frozen=True)
+class DraftSizing:
+    """The draft worker as SGLang builds it on one rank.
+
+    ``layers``: the draft's KV layers (0: unknown or none); ``cell_bytes``: bytes per token of its own pool
+    (0: unknown or none); ``resident_bytes``: its weights once started (an MTP layer or EAGLE head shares the
+    target's embedding and LM head, ``set_embed_and_head``); ``load_bytes``: what it holds when loaded, its own
+    embedding and head copies included (freed after ``set_embed_and_head``, after the target's pool is sized:
+    sgl-project/sglang issue #36452); ``note``: where the figures came from."""
+
+    layers: int
+    cell_bytes: int
+    resident_bytes: int
+    load_bytes: int
+    note: str
+
+
+def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quant: str, target_cell_per_layer: int,
+              embed_split: int) -> DraftSizing:
+    """DeepSeek's NEXTN draft (``models/deepseek_nextn.py``): ``nextn`` decoder layers shaped like the target's
+    last, ``eh_proj`` (nn.Linear 2h -> h, replicated), ``enorm``, ``hnorm`` and the shared head's norm, and its own
+    ``embed_tokens`` and ``shared_head.head`` (vocab x h each, split over ``embed_split`` ranks, in the model dtype)
+    until ``set_embed_and_head`` replaces them."""
+    rp = rank_params(m, tp, m.num_layers, ep, m.num_layers - 1, None)
+    layer = weights_bytes(rp, dense_bytes, quant) - rp.outside_layers * dense_bytes
+    h = m.hidden_size
+    resident = nextn * (layer + (2 * h * h + 3 * h) * dense_bytes)
+    copies = 2 * -(-m.vocab_size // embed_split) * h * dense_bytes
+    return DraftSizing(nextn, target_cell_per_layer * nextn, resident, resident + copies,
+                       (f"MTP draft: {nextn} NEXTN layer(s) shaped like the target's last decoder layer, eh_proj and "
+                        f"norms ({resident / GiB:.2f} GiB); its own embedding and head copies "
+                        f"({copies / GiB:.2f} GiB) until set_embed_and_head shares the target's"))
+
+
+def model_draft(draft: ModelSpec, tp: int, dense_bytes: int, kv_elem_bytes: int, method: str) -> DraftSizing:
+    """A draft model or EAGLE head read from its config: all its parameters at the model dtype (unquantized), its
+    decoder layers for the KV pool (the draft worker's cell: ``kv_heads // tp x head_dim x layers x 2 x elem``).
+    An EAGLE / EAGLE-3 head shares the target's embedding and head once started (``set_embed_and_head``); a
+    STANDALONE draft keeps its own."""
+    rp = rank_params(draft, tp, 1, 1, 0, None)
+    load = weights_bytes(rp, dense_bytes, "none")
+    shared = 0
+    if method != "draft":
+        shared = sum(-(-p.numel // tp) * p.count for p in draft.params if p.role in ("embedding", "lm_head"))
+    if draft.mla is not None:
+        cell = (draft.mla.kv_lora_rank + draft.mla.qk_rope_head_dim) * draft.num_layers * kv_elem_bytes
+    else:
+        cell = max(1, draft.num_kv_heads // tp) * draft.head_dim * draft.num_layers * 2 * kv_elem_bytes
+    resident = load - shared * dense_bytes
+    return DraftSizing(draft.num_layers, cell, resident, load,
+                       f"draft {draft.name}: {draft.num_layers} layer(s), {resident / GiB:.2f} GiB of weights once "
+                       f"started ({load / GiB:.2f} GiB as loaded), unquantized")
