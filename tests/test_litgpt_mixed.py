@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from vramplan.analytic.lifecycle.evaluation import _generation_bytes
 from vramplan.analytic.terms.resident import parameter_bytes
 from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.resolve import resolve
@@ -64,6 +65,18 @@ def test_no_frozen_copies_elsewhere(framework: str, precision: str) -> None:
     tr = _step(framework, precision)
     assert tr.context is not None and tr.context.pol.frozen_param_bytes == 2
     assert not _terms(tr, "casts.layer") and not _terms(tr, "casts.head_chunks_frozen")
+
+
+def test_litgpt_mixed_makes_the_sample_kv_cache_in_fp32() -> None:
+    # Lit-GPT's cache for generate_example: 2 layers x K and V x 4 heads x 300 positions x 64 = 307,200 elements.
+    # bf16-true: 614,400 B + the 300^2 bool mask 90,000 + one position's logits 1,000 x 2 = 706,400 B.
+    # bf16-mixed: made in fp32 (1,228,800 B), then each layer's K and V converted at its first use: the first
+    # layer's bf16 K, 307,200 x 2 / 2 layers / 2 = 153,600 B, beside it: 1,228,800 + 153,600 + 92,000 = 1,474,400 B
+    mixed, true = _step("lightning", "bf16-mixed"), _step("lightning", "bf16-true")
+    assert mixed.context is not None and mixed.layout is not None
+    assert true.context is not None and true.layout is not None
+    assert _generation_bytes(true.context, true.layout) == 706_400
+    assert _generation_bytes(mixed.context, mixed.layout) == 1_474_400
 
 
 def test_litgpt_refuses_quantization_with_mixed_precision() -> None:
