@@ -57,7 +57,11 @@ def litgpt_fp32_base(s: Scenario) -> bool:
     ``precision.py``, ``half.py``).  Lit-GPT's own tutorial measured it (tutorials/finetune_lora.md from commit
     982abcb): Llama 2 7B LoRA, micro-batch 1, "Default (bf16-mixed) | OutOfMemoryError" against 21.30 GB for
     ``--precision bf16-true`` on the 40 GB A100.  Quantized bases never get here: Lit-GPT refuses a
-    bitsandbytes ``--quantize`` with a mixed precision (spec/checks.py ``litgpt_problems``).
+    bitsandbytes ``--quantize`` with a mixed precision (spec/checks.py ``litgpt_problems``).  lit-llama, the project
+    before Lit-GPT, is not this: its ``finetune_lora.py`` of April 2023 (commits 8a13cbf-5f484dd) ran
+    ``precision="bf16-mixed"`` on a model built in bf16 (``EmptyInitOnDevice(dtype=torch.bfloat16)``, then
+    ``LLaMA(config).bfloat16()``), and ``precision="bf16-true"`` from
+    4ba680f on, so a lit-llama run is described with ``precision: bf16-true``.
     """
     return (s.effective_framework == "lightning" and s.train.peft is not None
             and s.train.precision in ("bf16-mixed", "fp16-mixed"))

@@ -318,7 +318,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         out.append(ckpt_note)
     if t.peft is not None:
         why = ("DeepSpeed's half module" if fw == "deepspeed" else
-               "Lit-GPT under a mixed precision: Lightning Fabric's MixedPrecision leaves the model it builds in fp32"
+               "Lit-GPT under a mixed precision: Lightning Fabric's MixedPrecision leaves the model it builds in fp32; "
+               "lit-llama's April-2023 scripts built theirs in bf16 and are precision bf16-true here"
                if litgpt_fp32_base(s) else
                "torchtune builds its LoRA layers with the model, in its dtype" if fw == "torchtune" else
                f"peft {s.software.peft} gives adapters their base weight's dtype" if s.software.peft_adapters_in_base_dtype
