@@ -320,9 +320,10 @@ def hopper_swizzle_padding_bytes(r: Resolved) -> int:
 
 def _swizzle_risk(r: Resolved, kv: _Blocks, max_len: int) -> tuple[str, str]:
     """("may not start", fix) when the Hopper swizzle's padding (``hopper_swizzle_padding_bytes``) would leave less
-    KV cache than one ``max_model_len`` request needs; ("", "") otherwise."""
+    KV cache than one ``max_model_len`` request needs; ("", "") otherwise, and when ``serve.kv_cache_memory_bytes``
+    fixes the pool (the padding then adds to the device's use instead of shrinking the pool)."""
     pad = hopper_swizzle_padding_bytes(r)
-    if not pad or kv.kv_bytes - pad >= kv.needed:
+    if not pad or r.scenario.serve.kv_cache_memory_bytes is not None or kv.kv_bytes - pad >= kv.needed:
         return "", ""
     message = (f"vLLM may not start: on Hopper with torch >= 2.8.1 vLLM swizzles the MXFP4 experts for triton_kernels "
                f"(quantization/utils/mxfp4_utils.py _swizzle_mxfp4), whose Hopper layouts pad them by up to "
