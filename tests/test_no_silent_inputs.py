@@ -42,8 +42,9 @@ BASES: dict[str, dict[str, Any]] = {
               "train": {"peft": {"method": "qlora"}, "quantization": "nf4"}},
     "grpo": {"model": MODEL, "task": "train", "hardware": HW,
              "train": {"peft": {"method": "lora"}, "objective": "grpo", "micro_batch_size": 8}},
+    # Lit-GPT refuses a bitsandbytes base with a mixed precision (spec/checks.py litgpt_problems): bf16-true
     "lightning": {"model": MODEL, "task": "train", "hardware": HW, "framework": "lightning",
-                  "train": {"peft": {"method": "qlora"}, "quantization": "nf4"}},
+                  "train": {"peft": {"method": "qlora"}, "quantization": "nf4", "precision": "bf16-true"}},
     "torchtune": {"model": MODEL, "task": "train", "hardware": HW, "framework": "torchtune",
                   "train": {"peft": {"method": "qlora"}, "quantization": "nf4-dq", "precision": "bf16-true"}},
     "zero3": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"zero_stage": 3}},
@@ -117,6 +118,9 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("torchtune", "parallel.fsdp", "'shard_grad_op'"): "shards over the data-parallel degree, one GPU in that base",
     ("torchtune", "parallel.fsdp", "'no_shard'"): "replicates over the data-parallel degree, one GPU in that base",
     ("lightning", "parallel.zero_stage", "3"): "shards over the data-parallel degree, one GPU in that base",
+    ("lightning", "parallel.fsdp", "'full_shard'"): "shards over the data-parallel degree, one GPU in that base",
+    ("lightning", "parallel.fsdp", "'shard_grad_op'"): "shards over the data-parallel degree, one GPU in that base",
+    ("lightning", "parallel.fsdp", "'no_shard'"): "replicates over the data-parallel degree, one GPU in that base",
     ("parallel.deepspeed.contiguous_gradients", "True"): "null resolves to true (DeepSpeed's default, "
     "runtime/zero/config.py): the value equals it",
     ("zero3", "train.grad_accum_steps", "2"): "DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the "

@@ -24,7 +24,7 @@ from vramplan.facts.precisions import FrameworkFamily, PrecisionPolicy, precisio
 from vramplan.facts.quantization import quant_format
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["PrecisionPolicy", "adapter_bytes", "framework_family", "policy"]
+__all__ = ["PrecisionPolicy", "adapter_bytes", "framework_family", "litgpt_fp32_base", "policy"]
 
 
 def framework_family(s: Scenario) -> FrameworkFamily:
@@ -41,6 +41,30 @@ def framework_family(s: Scenario) -> FrameworkFamily:
 def policy(s: Scenario) -> PrecisionPolicy:
     """The scenario's row of ``facts.precisions.PRECISIONS`` (docs/conventions.md, "Model states")."""
     return precision_policy(s.train.precision, framework_family(s))
+
+
+def litgpt_fp32_base(s: Scenario) -> bool:
+    """Lit-GPT's PEFT finetuning under a ``*-mixed`` precision holds its frozen base in fp32.
+
+    Lit-GPT's ``finetune/lora.py`` builds ``GPT(config)`` under ``fabric.init_module`` and copies the checkpoint
+    into it with ``model.load_state_dict`` (``load_checkpoint``); ``bf16-mixed`` is its default for training
+    (``get_default_supported_precision(training=True)``).  Lightning Fabric's ``MixedPrecision`` overrides neither
+    ``module_init_context``/``init_context`` nor ``convert_module`` (the base ``Precision``'s ``nullcontext()`` and
+    ``return module``), so the model is made in the default fp32 and stays so: 4 B per frozen weight, against 2 B
+    under ``bf16-true`` (``HalfPrecision`` sets the default dtype and ``module.to(dtype)``).  Read at lit-gpt
+    8641822 (October 2023) and litgpt v0.3.1, v0.4.0, v0.5.0, v0.5.13 (``litgpt/finetune/lora.py`` ``setup``/
+    ``main``, ``litgpt/utils.py``), lightning 71aed75 and 2.4.0 (``fabric/plugins/precision/amp.py``,
+    ``precision.py``, ``half.py``).  Lit-GPT's own tutorial measured it (tutorials/finetune_lora.md from commit
+    982abcb): Llama 2 7B LoRA, micro-batch 1, "Default (bf16-mixed) | OutOfMemoryError" against 21.30 GB for
+    ``--precision bf16-true`` on the 40 GB A100.  Quantized bases never get here: Lit-GPT refuses a
+    bitsandbytes ``--quantize`` with a mixed precision (spec/checks.py ``litgpt_problems``).  lit-llama, the project
+    before Lit-GPT, is not this: its ``finetune_lora.py`` of April 2023 (commits 8a13cbf-5f484dd) ran
+    ``precision="bf16-mixed"`` on a model built in bf16 (``EmptyInitOnDevice(dtype=torch.bfloat16)``, then
+    ``LLaMA(config).bfloat16()``), and ``precision="bf16-true"`` from
+    4ba680f on, so a lit-llama run is described with ``precision: bf16-true``.
+    """
+    return (s.effective_framework == "lightning" and s.train.peft is not None
+            and s.train.precision in ("bf16-mixed", "fp16-mixed"))
 
 
 def adapter_bytes(s: Scenario, pol: PrecisionPolicy) -> int:

@@ -42,10 +42,10 @@ from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_e
 from vramplan.analytic.logits import TORCHTUNE_LOSS_NOTES, family_loss_release, loss_release_note
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.optimizer import optimizer_assumptions
-from vramplan.analytic.precision import PrecisionPolicy
+from vramplan.analytic.precision import PrecisionPolicy, litgpt_fp32_base
 from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
-from vramplan.analytic.terms.casts import CAST_ASSUMPTION, casts_apply
+from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
 from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
@@ -123,7 +123,7 @@ def train_step(r: Resolved) -> TrainResult:
     par = s.parallel
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
     c0 = StepContext(r, 0, attention, repeat)
-    casts = [CAST_ASSUMPTION] if casts_apply(c0) else []
+    casts = [CAST_ASSUMPTION] if casts_apply(c0) else [FROZEN_CAST_NOTE] if frozen_casts_apply(c0) else []
     pol = step_policy(s)
     math_note = ([gqa_math_note(s)] if attention == "math" and gqa_math_fallback(s, m, pol.compute_bytes, r.gpu)
                  else [BF16_MATH_NOTE] if attention == "math" and bf16_math_fallback(pol.half, r.gpu) else [])
@@ -318,10 +318,13 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         out.append(ckpt_note)
     if t.peft is not None:
         why = ("DeepSpeed's half module" if fw == "deepspeed" else
+               "Lit-GPT under a mixed precision: Lightning Fabric's MixedPrecision leaves the model it builds in fp32; "
+               "lit-llama's April-2023 scripts built theirs in bf16 and are precision bf16-true here"
+               if litgpt_fp32_base(s) else
                "torchtune builds its LoRA layers with the model, in its dtype" if fw == "torchtune" else
                f"peft {s.software.peft} gives adapters their base weight's dtype" if s.software.peft_adapters_in_base_dtype
                else "peft >= 0.12 upcasts adapters; set software.peft for older versions, which kept the base dtype")
-        out.append(f"PEFT: frozen base weights stored in {pol.half if pol.half != 'fp32' else 'fp32'}, "
+        out.append(f"PEFT: frozen base weights stored in {'fp32' if pol.frozen_param_bytes == 4 else pol.half}, "
                    f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half} ({why})")
         if t.quantization != "none" and fw not in ("lightning", "torchtune"):  # neither runs peft's preparation
             out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "

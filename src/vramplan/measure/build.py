@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vramplan.analytic.checkpointing import checkpoint_policy
+from vramplan.analytic.precision import litgpt_fp32_base
 from vramplan.errors import MissingExtraError, Problem, ScenarioError
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.spec.load import Resolved
@@ -283,6 +284,8 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
     peft = s.train.peft if train else None
     if train:
         base, _adapter, autocast = precision_dtypes(s.train.precision, peft is not None)
+        if litgpt_fp32_base(s):
+            base = "fp32"  # Lit-GPT under a mixed precision keeps its frozen base fp32 (analytic/precision.py)
         want_attention = s.train.attention
     else:
         base, autocast = s.inference.dtype, None

@@ -90,6 +90,7 @@ __all__ = [
     "decide",
     "default_batch_limits",
     "forward_peak_bytes",
+    "hopper_swizzle_padding_bytes",
     "kv_groups",
     "lora_slot_bytes",
     "multimodal_architecture",
@@ -278,6 +279,59 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
                                    dtype_bits(r.scenario.serve.dtype) // 8)
     moe_layers = sum(1 for i in rp.layers if m.layers[i].moe)
     return ceil_div(m.moe.num_experts, par.ep) * moe_layers * each - counted
+
+
+# triton_kernels' Hopper layouts, applied by vLLM's _swizzle_mxfp4 (quantization/utils/mxfp4_utils.py, commit 01b817d)
+# on compute capability 9.0 with torch >= 2.8.1 (below it: StridedLayout, no swizzle), num_warps 8 (non-batched MoE):
+# the scales' rows to 2 x num_warps x 2 x 8 = 256, their columns to 2 (hopper_scale.py SWIZZLE_ALIGN_M/K, triton
+# commit 14dd7a1, and the earlier HopperMXScaleLayout); the packed weights' rows to 64 and columns to 256 in newer
+# triton_kernels (hopper_value.py HopperMXValueLayoutTransformation._padded_shape, triton commit 000df03)
+_HOPPER_SCALE_ROWS, _HOPPER_SCALE_COLS, _HOPPER_VALUE_ROWS, _HOPPER_VALUE_COLS = 256, 2, 64, 256
+
+
+def hopper_swizzle_padding_bytes(r: Resolved) -> int:
+    """Bytes by which triton_kernels' Hopper layouts may enlarge vLLM's MXFP4 experts on this rank (0 off Hopper or
+    without MXFP4 experts): not counted in the weights, since the vLLM release that ships the padded value layout is
+    not established, but stated and checked against the KV pool (``_swizzle_risk``).
+
+    Each expert's w13 is a (K = hidden, N = 2 I) matmul and w2 a (K = I, N = hidden) one; vLLM transposes both so that
+    the MX axis K is the rows: K / 2 packed bytes by N, scales N by K / 32 after the layout's transpose.
+    gpt-oss-120b, one GPU (h 2880, I 2880): w13 1,440 x 5,760 -> 1,472 x 5,888 (+372,736) and scales 5,760 x 90 ->
+    5,888 x 90 (+11,520); w2 1,440 x 2,880 -> 1,472 x 3,072 (+374,784) and 2,880 x 90 -> 3,072 x 90 (+17,280):
+    776,320 B per expert x 128 experts x 36 layers = 3,577,282,560 B (3.33 GiB).
+    """
+    s, m = r.scenario, r.model
+    major = (r.gpu.compute_capability or "").partition(".")[0]
+    if s.serve.quantization != "mxfp4" or m.moe is None or major != "9":
+        return 0
+    par = s.parallel
+    local = ceil_div(m.moe.expert_intermediate_size, par.tp) if par.ep == 1 else m.moe.expert_intermediate_size
+    inter, h = round_up(local, _TRITON_PAD), m.hidden_size
+    block = quant_format("mxfp4").scales.size
+    extra = 0
+    for k, n in ((h, 2 * inter), (inter, h)):
+        rows, scale_cols = k // 2, k // block
+        extra += round_up(rows, _HOPPER_VALUE_ROWS) * round_up(n, _HOPPER_VALUE_COLS) - rows * n
+        extra += round_up(n, _HOPPER_SCALE_ROWS) * round_up(scale_cols, _HOPPER_SCALE_COLS) - n * scale_cols
+    rp = rank_params(m, par.tp, par.pp, par.ep, 0, None)
+    moe_layers = sum(1 for i in rp.layers if m.layers[i].moe)
+    return ceil_div(m.moe.num_experts, par.ep) * moe_layers * extra
+
+
+def _swizzle_risk(r: Resolved, kv: _Blocks, max_len: int) -> tuple[str, str]:
+    """("may not start", fix) when the Hopper swizzle's padding (``hopper_swizzle_padding_bytes``) would leave less
+    KV cache than one ``max_model_len`` request needs; ("", "") otherwise, and when ``serve.kv_cache_memory_bytes``
+    fixes the pool (the padding then adds to the device's use instead of shrinking the pool)."""
+    pad = hopper_swizzle_padding_bytes(r)
+    if not pad or r.scenario.serve.kv_cache_memory_bytes is not None or kv.kv_bytes - pad >= kv.needed:
+        return "", ""
+    message = (f"vLLM may not start: on Hopper with torch >= 2.8.1 vLLM swizzles the MXFP4 experts for triton_kernels "
+               f"(quantization/utils/mxfp4_utils.py _swizzle_mxfp4), whose Hopper layouts pad them by up to "
+               f"{pad / GiB:.2f} GiB (scale rows to 256; packed weights to 64 x 256 in newer triton_kernels), which "
+               f"would leave {max(0, kv.kv_bytes - pad) / GiB:.2f} GiB of KV cache for a {max_len}-token request that "
+               f"needs {kv.needed / GiB:.2f} GiB (vLLM 0.14.1 printed 'Model loading took 64.38 GiB' for gpt-oss-120b on "
+               "an H100: vllm-project/vllm#33155)")
+    return message, "a lower serve.max_model_len, a higher serve.gpu_memory_utilization, or parallel.tp: 2"
 
 
 def _mlp_width_per_token(m: ModelSpec, tp: int) -> int:
@@ -1219,6 +1273,8 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid, version)
     problem, fix = _start_problem(r, b, kv, max_len)
     risk, risk_fix = ("", "") if problem else _start_risk(r, b)
+    if not problem and not risk:
+        risk, risk_fix = _swizzle_risk(r, kv, max_len)
     g = b.cudagraphs
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,

@@ -39,7 +39,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "hybrid_problems", "ignored_sections", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
     "unused_settings",
 ]
 
@@ -84,7 +84,8 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.parallel.ep > 1 and m.moe is None:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
-    return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m)
+    return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m) \
+        + litgpt_problems(s)
 
 
 _NO_TASK = ("no serving is estimated for a cross-attention vision model yet; its parameters are "
@@ -308,6 +309,19 @@ def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) ->
                            "(IndexError in the cache's update)", "use a config whose num_decoder_layers is at most "
                            "num_layers"))
     return out
+
+
+def litgpt_problems(s: Scenario) -> list[Problem]:
+    """What Lit-GPT's finetune scripts refuse: a bitsandbytes ``--quantize`` with a mixed precision ("Quantization and
+    mixed precision is not supported.", ``finetune/lora.py`` ``setup`` at lit-gpt 8641822 and litgpt v0.3.1-v0.5.13)."""
+    t = s.train
+    if s.task != "train" or s.effective_framework != "lightning" or t.peft is None:
+        return []
+    if t.quantization in bnb_formats() and t.precision in ("bf16-mixed", "fp16-mixed"):
+        return [Problem("train.precision", f"is {t.precision} with quantization {t.quantization}: Lit-GPT's finetune "
+                        "scripts raise 'Quantization and mixed precision is not supported.' (finetune/lora.py setup)",
+                        "set train.precision: bf16-true (or fp16-true)")]
+    return []
 
 
 def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

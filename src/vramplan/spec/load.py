@@ -44,8 +44,9 @@ from vramplan.spec.vision import image_problems, vision_notes
 from vramplan.spec.vision_quant import tower_quant_problems
 
 __all__ = [
-    "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_PATH_CHARS", "MAX_VALUES",
-    "Resolved", "checkpoint_quantization_for", "cross_check", "in_backward_problems", "lora_targets_for", "parse_scenario",
+    "HOPPER_SWIZZLE_NOTE", "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING",
+    "MAX_PATH_CHARS", "MAX_VALUES", "Resolved", "checkpoint_quantization_for", "cross_check", "in_backward_problems",
+    "lora_targets_for", "parse_scenario",
     "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "torchao_offload_problems",
     "unmatched_lora_targets", "unmodelled_inputs",
 ]
@@ -389,6 +390,33 @@ def _capability(cc: str) -> tuple[int, int] | None:
     return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else None
 
 
+# Newer triton_kernels pad the swizzled MXFP4 weights on Hopper: HopperMXValueLayoutTransformation._padded_shape
+# rounds the packed matrix to 64 rows and 256 columns (align_m, align_k = 64, 256 when the MX axis is the row axis;
+# triton-lang/triton python/triton_kernels/triton_kernels/tensor_details/layout_details/hopper_value.py, commit
+# 000df03) and the scale layout rounds its rows to 2 x num_warps x 2 x 8 = 256 (hopper_scale.py).  gpt-oss-120b, one
+# GPU: w13 packed 1,440 x 5,760 -> 1,472 x 5,888 and w2 1,440 x 2,880 -> 1,472 x 3,072, +747,520 B per expert, and
+# +28,800 B of scales: 4,608 experts x 776,320 = 3,577,282,560 B (3.33 GiB; serve/vllm.py
+# hopper_swizzle_padding_bytes, which also checks it against the KV pool).  vLLM 0.14.1 on an H100 printed "Model
+# loading took 64.38 GiB" (vllm-project/vllm#33155, "Using Triton backend") where the unpadded layout gives 60.86 GiB,
+# and the same user's v0.11.2 started (vLLM's _swizzle_mxfp4 keeps the unswizzled StridedLayout on Hopper below
+# torch 2.8.1).  Which vLLM release first ships such a triton_kernels (vLLM pinned
+# triton_kernels v3.5.0 in PR #27370, October 2025, and vendors it since) is not established here, so the padding
+# is stated, not counted, and the serving estimate checks it against the KV pool (serve/vllm.py _swizzle_risk).
+HOPPER_SWIZZLE_NOTE = (
+    "mxfp4 on Hopper: triton_kernels' layouts, which vLLM applies with torch >= 2.8.1, pad the swizzled experts "
+    "(hopper_scale.py: scale rows to 256; newer hopper_value.py _padded_shape: packed rows to 64, columns to 256), "
+    "3.33 GiB for gpt-oss-120b on one GPU; not counted in the weights, since the vLLM release that first ships the "
+    "padded value layout is not established (vLLM 0.14.1 on an H100 printed 'Model loading took 64.38 GiB' against "
+    "60.86 GiB estimated here: vllm-project/vllm#33155), but checked against the KV pool: a start risk when it would "
+    "leave less than one max_model_len request")
+
+
+def _hopper_swizzle_note(cap: tuple[int, int] | None) -> list[str]:
+    """The Hopper-only padding of newer triton_kernels' MXFP4 layout (``HOPPER_SWIZZLE_NOTE``); Blackwell's layouts
+    differ and are not covered by it."""
+    return [HOPPER_SWIZZLE_NOTE] if cap is not None and cap[0] == 9 else []
+
+
 def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
     """What transformers (inference) or vLLM (serve) does with MXFP4 experts on a GPU of capability ``cap``."""
     if task == "inference":
@@ -405,7 +433,7 @@ def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
         return [("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on compute capability "
                  "9.x and 10.x with triton_kernels and no FlashInfer MXFP4 variable) keeps the experts as stored, "
                  "each expert's intermediate slice padded to a multiple of 64 and the expert biases converted to "
-                 "fp32; the triton_kernels swizzle is assumed to keep the byte count")]
+                 "fp32; the triton_kernels swizzle is assumed to keep the byte count")] + _hopper_swizzle_note(cap)
     return [("mxfp4: vLLM's Marlin MoE backend (quantization/mxfp4.py get_mxfp4_backend on this GPU) pads the "
              "hidden size to a multiple of 256 and each expert's intermediate slice to 128, repacks the payload "
              "(prepare_moe_fp4_layer_for_marlin), keeps one byte per scale and casts the biases to the model dtype")]

@@ -121,12 +121,24 @@ def _generation_bytes(c: StepContext, lay: StepLayout) -> int:
     Under lightning the cache is Lit-GPT's (``model.set_kv_cache(batch_size=1)`` in ``validate``, lit-gpt
     8641822): K and V expanded to every query head unless the model is multi-query (analytic/inference.py
     ``litgpt_kv_bytes``), beside ``mask_cache``, a ``max_seq_length`` x ``max_seq_length`` bool ``torch.tril``;
-    the prompt's forward dequantizes a 4-bit head (``litgpt_head_dequant_bytes``)."""
+    the prompt's forward dequantizes a 4-bit head (``litgpt_head_dequant_bytes``).
+
+    Under a mixed precision Lit-GPT makes the cache in fp32: ``set_kv_cache`` runs under ``fabric.init_tensor()``,
+    which Fabric's ``MixedPrecision`` leaves a ``nullcontext()``, and ``KVCache`` is given no dtype
+    (``torch.zeros(k_shape, dtype=None)``: the default fp32); its ``forward`` then converts each layer's buffers to
+    the activations' dtype (``self.k = self.k.to(k.dtype)``) at that layer's first use, so the peak is the fp32
+    cache and the first layer's half K (lit-gpt 8641822 ``finetune/lora.py`` ``validate``, ``lit_gpt/model.py``
+    ``KVCache``; litgpt v0.5.0 the same)."""
     if not eval_generates(c):
         return 0
     seq, cb = c.s.train.seq_len, lay.compute_bytes
     if c.framework == "lightning" and c.m.num_layers:
-        cache = litgpt_kv_bytes(c.m, 1, seq, cb, c.tp) * len(lay.layers) // c.m.num_layers + seq * seq
+        layers = len(lay.layers)
+        if c.s.train.precision in ("bf16-mixed", "fp16-mixed"):
+            half_k = litgpt_kv_bytes(c.m, 1, seq, cb, c.tp) // c.m.num_layers // 2
+            cache = litgpt_kv_bytes(c.m, 1, seq, 4, c.tp) * layers // c.m.num_layers + half_k + seq * seq
+        else:
+            cache = litgpt_kv_bytes(c.m, 1, seq, cb, c.tp) * layers // c.m.num_layers + seq * seq
         return cache + c.m.vocab_size * cb + litgpt_head_dequant_bytes(c)
     cache = 2 * len(lay.layers) * lay.kv_width * seq * cb
     return cache + c.m.vocab_size * cb

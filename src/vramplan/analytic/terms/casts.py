@@ -1,19 +1,23 @@
 """Autocast's cached half-precision copies of the trainable linear weights (HF/Lightning mixed precision),
-and the fp32 LM head's cast under k-bit PEFT."""
+the fp32 LM head's cast under k-bit PEFT, and the half copies of Lit-GPT's fp32 frozen base under a mixed
+precision that each matmul saves for its backward."""
 
 from __future__ import annotations
 
 from vramplan.analytic.checkpointing import checkpointed_layer
 from vramplan.analytic.grpo import uses_fused_head
+from vramplan.analytic.inference import litgpt_head_params
 from vramplan.analytic.layout import RankParams
 from vramplan.analytic.moment import K
+from vramplan.analytic.precision import litgpt_fp32_base
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import FORWARD, LOSS, Loc, layer_done, mlp
 from vramplan.spec.model import ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["casts_apply", "generate_casts_bytes", "head_casts", "layer_casts", "reference_casts_bytes"]
+__all__ = ["LITGPT_HEAD_CHUNK_TOKENS", "casts_apply", "frozen_casts_apply", "generate_casts_bytes", "head_casts",
+           "layer_casts", "reference_casts_bytes"]
 
 CAST_ASSUMPTION = ("autocast keeps a half-precision copy of each trainable linear weight from the forward pass "
                    "until its backward (torch.autocast weight cache)")
@@ -23,6 +27,27 @@ def casts_apply(c: StepContext) -> bool:
     """Autocast caches half copies of fp32 trainable weights (not of a frozen PEFT base)."""
     pol = c.pol
     return bool(pol.weight_cast_bytes and c.peft is None and pol.autocast)
+
+
+# Lit-GPT's finetune scripts run the LM head per chunk of 128 positions: ``model(input_ids, lm_head_chunk_size=128)``
+# (lit-gpt 8641822 finetune/lora.py train; litgpt v0.4.0-v0.5.13 litgpt/finetune/lora.py fit)
+LITGPT_HEAD_CHUNK_TOKENS = 128
+
+FROZEN_CAST_NOTE = (
+    "Lit-GPT under a mixed precision: Lightning Fabric's MixedPrecision leaves the model fp32 (no convert_module, "
+    "no init dtype), so the frozen base is held in fp32 (4 B per weight) and autocast casts each frozen linear's "
+    "weight to the half dtype at every use without caching it (torch caches only leaves that require grad); the "
+    "matmul saves that copy to compute its input's gradient, so every decoder linear's half copy lives from its "
+    "forward to its layer's backward, and the LM head's once per 128-token chunk (lm_head_chunk_size=128). The "
+    "first layer's first projection, whose input needs no gradient, saves none but is counted (a bound of one "
+    "projection); the adapters' own cached copies are not counted (lit-gpt 8641822 and litgpt v0.3.1-v0.5.13 "
+    "finetune/lora.py; lightning 71aed75-2.4.0 plugins/precision/amp.py, precision.py)")
+
+
+def frozen_casts_apply(c: StepContext) -> bool:
+    """Lit-GPT's fp32 frozen base under autocast (analytic/precision.py ``litgpt_fp32_base``): each use casts it to a
+    half copy that its matmul saves."""
+    return c.pol.autocast and litgpt_fp32_base(c.s) and c.pol.frozen_param_bytes > c.pol.compute_bytes
 
 
 def _linear_params_per_layer(rp: RankParams, m: ModelSpec) -> int:
@@ -47,10 +72,18 @@ def layer_casts(c: StepContext) -> list[Term]:
     casts the layer's weights again and keeps them until that layer's backward.  The output
     projection's cast weight is released with its saved input, before the MLP's elementwise backward.
     """
-    if not casts_apply(c):
+    frozen = frozen_casts_apply(c)
+    if not casts_apply(c) and not frozen:
         return []
-    m, tp, wcb = c.m, c.tp, c.pol.weight_cast_bytes
-    per_layer = _linear_params_per_layer(c.rp, m) * wcb
+    m, tp = c.m, c.tp
+    if frozen:
+        # Lit-GPT's frozen fp32 linears, experts included (its LLaMAMoE runs each expert as an nn.Linear MLP):
+        # one half copy each, saved by its matmul (FROZEN_CAST_NOTE)
+        wcb = c.pol.compute_bytes
+        per_layer = c.rp.linear // len(c.rp.layers) * wcb if c.rp.layers else 0
+    else:
+        wcb = c.pol.weight_cast_bytes
+        per_layer = _linear_params_per_layer(c.rp, m) * wcb
     rows: list[tuple[int, Loc, Loc, str, int]] = []
     for j, ls in enumerate(c.layer_specs):
         # a checkpointed layer (full, every n-th, op-sac: the casts are not on torchtitan's save list)
@@ -84,6 +117,12 @@ def head_casts(c: StepContext) -> list[Term]:
     if c.kbit and pol.autocast:
         out.append(Term(K.CASTS, ceil_div(m.vocab_size, tp) * m.hidden_size * pol.compute_bytes, FORWARD, dies,
                         "casts.head_kbit"))
+    if frozen_casts_apply(c):
+        # Lit-GPT's own fp32 head, cast anew for each 128-token chunk and saved by that chunk's matmul: every copy
+        # is alive at the loss (FROZEN_CAST_NOTE).  Llama-2-7B, 1,304 tokens: 11 chunks x 131,072,000 x 2 B
+        chunks = ceil_div(c.s.train.seq_len, LITGPT_HEAD_CHUNK_TOKENS)
+        head = litgpt_head_params(m, rp.lm_head, tp)
+        out.append(Term(K.CASTS, chunks * head * pol.compute_bytes, FORWARD, dies, "casts.head_chunks_frozen"))
     return out
 
 

@@ -20,7 +20,7 @@ from vramplan.analytic.layout import (
     quantized_expert_loop,
     rank_params,
 )
-from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, policy
+from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, litgpt_fp32_base, policy
 from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
 from vramplan.spec.defaults import fsdp_group
 from vramplan.spec.gpu import GpuSpec
@@ -69,6 +69,10 @@ def step_policy(s: Scenario) -> PrecisionPolicy:
         # their gradients and optimizer states follow
         adapter = adapter_bytes(s, pol)
         pol = replace(pol, param_bytes=adapter, grad_bytes=adapter)
+    if litgpt_fp32_base(s):
+        # Lit-GPT under bf16-mixed/fp16-mixed: Fabric's MixedPrecision leaves the model it built in fp32
+        # (analytic/precision.py litgpt_fp32_base)
+        pol = replace(pol, frozen_param_bytes=4)
     return pol
 
 
