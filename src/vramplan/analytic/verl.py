@@ -226,10 +226,11 @@ def log_prob_forward_bytes(c: StepContext, lay: StepLayout, micro_batch: int, en
     * or, if larger, one MLP's gate, up and product over ``b (P + R)`` tokens; plus the residual stream in and out
       of a layer (``2 b (P + R) H``, the residual dtype).
 
-    Worked example (Qwen2.5-0.5B: V = 151,936, H = 896, I = 4,864; b = 2, P = R = 512, bf16, fp32 residual):
-    L = 2 x 1,024 x 151,936 x 2 = 622,329,856; b R V c = 311,164,928; entropy: 3 x 311,164,928 = 933,494,784;
-    head = 1,555,824,640; MLP = 2,048 x 4,864 x 2 x 3 = 59,768,832; residual 2 x 2,048 x 896 x 4 = 14,680,064:
-    1,570,504,704 B.
+    Worked example (Qwen2.5-0.5B: V = 151,936, H = 896, I = 4,864; b = 2, P = R = 512, bf16; the residual stream in
+    bf16, FSDP's ``param_dtype``): L = 2 x 1,024 x 151,936 x 2 = 622,329,856; b R V c = 311,164,928; entropy:
+    3 x 311,164,928 = 933,494,784; head = 1,555,824,640; MLP = 2,048 x 4,864 x 2 x 3 = 59,768,832; residual
+    2 x 2,048 x 896 x 2 = 7,340,032: 1,563,164,672 B (without entropy: 622,329,856 + 311,164,928 + 7,340,032 =
+    940,834,816 B).
     """
     s = c.s
     b, prompt, resp = micro_batch, s.rl.rollout.max_prompt_len, s.rl.rollout.max_completion_len or 0
@@ -272,9 +273,9 @@ def verl_assumptions(s: Scenario) -> list[str]:
         ("verl weight sync: the actor's fp32 shards, one more copy of them (SHARDED_STATE_DICT's clones), the engine's "
          "weights woken and one full fp32 parameter (full_tensor) at a time; the state dict's own transient (one unit "
          "unsharded in fp32) is assumed below the engine's weights"),
-        (f"verl scoring: old log-probs with entropies in micro-batches of {v.log_prob_micro_batch}, reference "
-         f"log-probs in micro-batches of {v.ref_log_prob_micro_batch}, padded (use_remove_padding false): the logits "
-         "over every position in the compute dtype"),
+        (f"verl scoring: old log-probs with entropies in micro-batches of {v.log_prob_micro_batch}"
+         + (f", reference log-probs in micro-batches of {v.ref_log_prob_micro_batch}" if v.reference else "")
+         + ", padded (use_remove_padding false): the logits over every position in the compute dtype"),
         ("verl: every sequence at the longest prompt and response; the reward function on the CPU; the job's load "
          "and checkpoint save phases are not modelled for verl"),
     ]

@@ -1,0 +1,183 @@
+"""framework: verl (analytic/verl.py, facts/verl.py): verl's hybrid engine, phase by phase, against hand arithmetic.
+
+Qwen2.5-0.5B (V = 151,936, H = 896, I = 4,864, 494,032,768 parameters, tied embedding) on 2 x A100-80GB, GRPO,
+ppo_micro_batch_size_per_gpu 4, log_prob_micro_batch_size_per_gpu 2, prompt and response 512 (verl's defaults).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vramplan.analytic import verl
+from vramplan.analytic.lifecycle.steps import between_steps
+from vramplan.analytic.moment import K
+from vramplan.analytic.train import TrainResult, train_step
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
+from vramplan.errors import ScenarioError
+from vramplan.facts.verl import READ_AT, verl_defaults
+from vramplan.report import Report
+from vramplan.serve.rollout import RolloutMemory, rollout_memory
+from vramplan.spec.load import Resolved
+from vramplan.spec.scenario import Scenario
+
+V, H = 151_936, 896
+
+
+def _scenario(**verl_keys: Any) -> dict[str, Any]:
+    rl: dict[str, Any] = {"verl": {"log_prob_micro_batch_size_per_gpu": 2, **verl_keys}}
+    return {"model": "Qwen/Qwen2.5-0.5B", "framework": "verl", "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+            "train": {"objective": "grpo", "micro_batch_size": 4}, "rl": rl}
+
+
+def _with(sc: dict[str, Any], **rl: Any) -> dict[str, Any]:
+    return {**sc, "rl": {**sc["rl"], **rl}}
+
+
+def _parts(sc: dict[str, Any]) -> tuple[Resolved, TrainResult, RolloutMemory]:
+    r = resolve(sc)
+    pr = Resolved(verl.policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    tr = train_step(pr)
+    v = verl.verl_setup(r.scenario)
+    actor = between_steps(tr.terms, "rollout").get(K.PARAMETERS)
+    ro = rollout_memory(pr, 0 if v.param_offload else actor, 0, "verl",
+                        (verl.rollout_scenario(r.scenario), v.sleep_level, ""))
+    return r, tr, ro
+
+
+@pytest.fixture(scope="module")
+def base() -> tuple[Report, Resolved, TrainResult, RolloutMemory]:
+    sc = _with(_scenario(), reference_model="separate")
+    return (estimate(sc), *_parts(sc))
+
+
+def _phase(rep: Report, name: str) -> int:
+    assert rep.per_gpu.lifecycle is not None
+    return rep.per_gpu.lifecycle[name]["allocated_bytes"]
+
+
+def test_defaults_per_release_are_filled_into_the_echo() -> None:
+    s = resolve(_scenario()).scenario
+    # facts/verl.py: gpu_memory_utilization 0.5, tensor_model_parallel_size 2, free_cache_engine and enforce_eager
+    # true, offloads false (v0.5.0 rollout/rollout.yaml lines 29, 41, 38, 35; actor/dp_actor.yaml lines 57, 60)
+    v = s.rl.verl
+    assert (v.release, v.gpu_memory_utilization, v.tensor_model_parallel_size) == ("0.5.0", 0.5, 2)
+    assert (v.free_cache_engine, v.enforce_eager, v.param_offload, v.optimizer_offload) == (True, True, False, False)
+    # enable_gradient_checkpointing: true; max_response_length 512; TRL's GRPO defaults are not filled in
+    assert s.train.gradient_checkpointing == "full" and s.rl.rollout.max_completion_len == 512
+    assert s.rl.beta is None and s.rl.rollout.num_generations is None
+    assert READ_AT == ("0.4.1", "0.5.0") and not verl_defaults("0.4.1").reads_free_cache_engine
+
+
+def test_report_scenario_estimates_again_to_itself(base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:
+    rep = base[0]
+    again = estimate(Scenario.model_validate(rep.scenario))
+    assert again.per_gpu.lifecycle == rep.per_gpu.lifecycle
+
+
+def test_log_prob_forward_by_hand(base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:
+    _, _, tr, _ = base
+    assert tr.context is not None and tr.layout is not None
+    # b = 2, P = R = 512, bf16: L = 2 x 1,024 x V x 2 = 622,329,856; b R V c = 311,164,928; entropy 3 x that;
+    # residual 2 x 2,048 x 896 x 2 = 7,340,032 (analytic/verl.py log_prob_forward_bytes)
+    assert verl.log_prob_forward_bytes(tr.context, tr.layout, 2, entropy=True) == (
+        622_329_856 + 3 * 311_164_928 + 7_340_032) == 1_563_164_672
+    assert verl.log_prob_forward_bytes(tr.context, tr.layout, 2, entropy=False) == 940_834_816
+    # the largest parameter, the embedding, whole in fp32: 151,936 x 896 x 4
+    assert verl.sync_gather_bytes(tr.context) == V * H * 4 == 544_538_624
+
+
+def test_weight_sync_phase(base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:
+    rep, _, tr, ro = base
+    kept = between_steps(tr.terms, "rollout")
+    actor = kept.get(K.PARAMETERS)
+    # the actor's fp32 shards: 494,032,768 x 4 / 2 ranks
+    assert actor == 494_032_768 * 4 // 2 == 988_065_536
+    # what stays between steps, one more copy of the shards (SHARDED_STATE_DICT's clones), the engine's woken
+    # weights and non-torch memory, and the embedding gathered whole in fp32
+    assert _phase(rep, "weight sync") == kept.total + actor + ro.weights + ro.other + 544_538_624
+
+
+def test_rollout_phase(base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:
+    rep, _, tr, ro = base
+    kept = between_steps(tr.terms, "rollout")
+    assert _phase(rep, "rollout") == kept.total + ro.weights + ro.kv_cache + ro.activations + ro.other
+    # no CUDA graphs (enforce_eager): the engine keeps only its non-torch memory while it sleeps
+    assert ro.decision.cudagraph_bytes == 0 and ro.training_bytes == {"weights": 0, "kv_cache": 0, "other": ro.other}
+    # the KV cache fills gpu_memory_utilization 0.5 of the total after weights, profile peak and non-torch
+    d = ro.decision
+    assert ro.kv_cache <= d.requested_bytes - d.weights_bytes - d.activation_peak_bytes - d.non_torch_bytes
+    # vLLM >= 0.9.1: requested = gpu_memory_utilization x total (85,100,068,864 B on an A100-80GB)
+    assert abs(d.requested_bytes - 0.5 * 85_100_068_864) < 1
+
+
+def test_scoring_phases(base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:
+    rep, _, tr, ro = base
+    kept = between_steps(tr.terms, "rollout")
+    assert tr.layout is not None
+    gathered = tr.layout.gathered
+    # old log-probs: everything kept, the sleeping engine, the FSDP units gathered and the forward with entropies
+    assert _phase(rep, "scoring") == kept.total + ro.other + gathered + 1_563_164_672
+    # reference log-probs: its shards in host memory (CPUOffload), the forward without entropies
+    assert _phase(rep, "reference scoring") == kept.total + ro.other + gathered + 940_834_816
+
+
+def test_training_step_is_the_fsdp_step_beside_the_sleeping_engine(
+        base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:
+    rep, _, tr, ro = base
+    assert _phase(rep, "training step") == tr.peak.total + ro.other
+    assert list(rep.per_gpu.lifecycle or {}) == ["weight sync", "rollout", "scoring", "reference scoring",
+                                                 "training step"]
+    # host: the reference's bf16 shards (494,032,768 x 2 / 2) and the engine's weights offloaded by sleep level 1
+    assert rep.host.offloaded_bytes == 494_032_768 + ro.weights
+
+
+def test_offload_moves_shards_and_states_out_of_the_other_phases() -> None:
+    plain, off = estimate(_scenario()), estimate(_scenario(param_offload=True, optimizer_offload=True))
+    _, tr, ro = _parts(_scenario())
+    kept = between_steps(tr.terms, "rollout")
+    actor = kept.get(K.PARAMETERS)
+    states = sum(kept.parts[K.OPTIMIZER_STATES.part].values())
+    assert states == 2 * actor  # AdamW's two fp32 states over the fp32 shards
+    # the rollout holds neither; the sync and the scoring load the shards but not the states; the update both
+    assert _phase(plain, "rollout") - _phase(off, "rollout") == actor + states
+    assert _phase(plain, "weight sync") - _phase(off, "weight sync") == states
+    assert _phase(plain, "scoring") - _phase(off, "scoring") == states
+    assert _phase(plain, "training step") == _phase(off, "training step")
+    assert off.host.offloaded_bytes - plain.host.offloaded_bytes == actor + states
+
+
+def test_free_cache_engine_off_keeps_the_engine_awake() -> None:
+    asleep, awake = estimate(_scenario()), estimate(_scenario(free_cache_engine=False))
+    _, _, ro = _parts(_scenario())
+    # v0.5.0's __exit__ sleeps only with free_cache_engine: its weights and KV cache stay through the update
+    assert _phase(awake, "training step") - _phase(asleep, "training step") == ro.weights + ro.kv_cache
+    assert awake.host.offloaded_bytes == 0
+
+
+@pytest.mark.parametrize(("keys", "rl", "where"), [
+    ({"log_prob_micro_batch_size_per_gpu": None}, {}, "rl.verl.log_prob_micro_batch_size_per_gpu"),
+    ({"use_dynamic_bsz": True}, {}, "rl.verl.use_dynamic_bsz"),
+    ({"use_remove_padding": True}, {}, "rl.verl.use_remove_padding"),
+    ({"entropy_coeff": 0.01}, {}, "rl.verl.entropy_coeff"),
+    ({"tensor_model_parallel_size": 4}, {}, "rl.verl.tensor_model_parallel_size"),
+    ({"enforce_eager": False}, {}, "rl.verl.enforce_eager"),
+    ({"release": "0.4.1", "free_cache_engine": False}, {}, "rl.verl.free_cache_engine"),
+    ({}, {"beta": 0.04}, "rl.beta"),
+    ({}, {"rollout": {"gpu_memory_utilization": 0.6}}, "rl.rollout.gpu_memory_utilization"),
+    ({}, {"reference_model": "shared"}, "rl.reference_model"),
+])
+def test_refused_with_the_reason(keys: dict[str, Any], rl: dict[str, Any], where: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        estimate(_with(_scenario(**keys), **rl))
+    assert where in [p.where for p in err.value.problems]
+
+
+def test_ppo_objective_refused() -> None:
+    sc = _scenario()
+    sc["train"] = {**sc["train"], "objective": "ppo"}
+    with pytest.raises(ScenarioError) as err:
+        estimate(sc)
+    assert "train.objective" in [p.where for p in err.value.problems]
