@@ -136,7 +136,7 @@ def test_training_step_is_the_fsdp_step_beside_the_sleeping_engine(
 
 def test_offload_moves_shards_and_states_out_of_the_other_phases() -> None:
     plain, off = estimate(_scenario()), estimate(_scenario(param_offload=True, optimizer_offload=True))
-    _, tr, ro = _parts(_scenario())
+    _, tr, _ = _parts(_scenario())
     kept = between_steps(tr.terms, "rollout")
     actor = kept.get(K.PARAMETERS)
     states = sum(kept.parts[K.OPTIMIZER_STATES.part].values())

@@ -155,9 +155,9 @@ def _schema_problems(s: Scenario) -> list[Problem]:
 
 
 def _setup_problems(s: Scenario) -> list[Problem]:
-    """Setups verl runs that this estimate does not model."""
+    """Setups verl runs that this estimate does not model: its own keys, then the actor's step."""
     out: list[Problem] = []
-    v, t, par = s.rl.verl, s.train, s.parallel
+    v, t = s.rl.verl, s.train
 
     def no(where: str, what: str, fix: str) -> None:
         out.append(Problem(where, what, fix))
@@ -189,6 +189,17 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         no("rl.verl.tensor_model_parallel_size", f"{setup.tensor_parallel} does not divide the "
            f"{s.hardware.num_gpus} GPUs (vLLMRollout: tensor parallel size <= world size, one engine per group)",
            "use a divisor of hardware.num_gpus (1 for one GPU)")
+    return out + _step_problems(s, setup)
+
+
+def _step_problems(s: Scenario, setup: VerlSetup) -> list[Problem]:
+    """The actor's step settings this estimate does not model under verl."""
+    out: list[Problem] = []
+    t, par = s.train, s.parallel
+
+    def no(where: str, what: str, fix: str) -> None:
+        out.append(Problem(where, what, fix))
+
     if t.peft is not None or t.quantization != "none":
         no("train.peft", "LoRA (and quantized bases) under verl are not modelled", "train the full model")
     if t.precision != "bf16-mixed" or t.optimizer not in ("adamw", "adamw-fused"):
