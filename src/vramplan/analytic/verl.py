@@ -265,9 +265,11 @@ def sync_gather_bytes(c: StepContext) -> int:
 def verl_assumptions(s: Scenario) -> list[str]:
     """What the verl estimate takes as given, for the report."""
     v = verl_setup(s)
-    generations = ([f"verl: rl.rollout.num_generations (rollout.n) {s.rl.rollout.num_generations} not read: the "
-                    "engine's budget is gpu_memory_utilization's, and every scoring and update runs in micro-batches"]
-                   if s.rl.rollout.num_generations is not None else [])
+    generations = []
+    if s.rl.rollout.num_generations is not None:
+        generations.append(f"verl: rl.rollout.num_generations (rollout.n) {s.rl.rollout.num_generations} not read: "
+                           "the engine's budget is gpu_memory_utilization's, and every scoring and update runs in "
+                           "micro-batches")
     return generations + [
         (f"verl v{v.row.release} (FSDP backend, vLLM rollout; facts/verl.py): GRPO's actor update on "
          f"ppo_micro_batch_size_per_gpu = {s.train.micro_batch_size} sequences of {v.prompt} prompt + {v.response} "
