@@ -181,3 +181,19 @@ def test_ppo_objective_refused() -> None:
     with pytest.raises(ScenarioError) as err:
         estimate(sc)
     assert "train.objective" in [p.where for p in err.value.problems]
+
+
+def test_offload_is_what_makes_a_7b_fit_on_two_gpus() -> None:
+    # Qwen2.5-7B (7,615,616,512 parameters) over 2 x A100-80GB at verl's defaults: the rollout holds the actor's fp32
+    # shards (15.2 GB) and AdamW's states (30.5 GB) beside the engine's 0.5 x 85.1 GB = 42.6 GB: over 80 GiB.  With
+    # param_offload and optimizer_offload the rollout drops both and the update (76 GiB) is the peak.
+    sc = {"model": "Qwen/Qwen2.5-7B", "framework": "verl", "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+          "train": {"objective": "grpo", "micro_batch_size": 2},
+          "rl": {"verl": {"log_prob_micro_batch_size_per_gpu": 4}}}
+    plain = estimate(sc)
+    assert not plain.fits and plain.per_gpu.lifecycle_peak_phase == "rollout"
+    rollout = plain.per_gpu.lifecycle["rollout"]["allocated_bytes"]
+    assert rollout > 7_615_616_512 * (4 + 8) // 2 + 85_100_068_864 // 2 - 1  # shards + states + the engine's budget
+    off = estimate(_with(sc, verl={"log_prob_micro_batch_size_per_gpu": 4, "param_offload": True,
+                                   "optimizer_offload": True}))
+    assert off.fits and off.per_gpu.lifecycle_peak_phase == "training step"
