@@ -9,7 +9,8 @@ GPU holds the actor, the reference and the vLLM engine; an iteration runs, in or
 * **weight sync** (``FSDPVLLMShardingManager.__enter__``): the actor's shards back on the GPU if offloaded;
   ``module.state_dict()`` under ``SHARDED_STATE_DICT`` (FSDP1 unshards each unit in fp32 and keeps a clone of
   this rank's chunk of every parameter: one more copy of the actor's fp32 shards, torch's
-  ``_sharded_post_state_dict_hook`` / ``_create_chunk_dtensor`` / ``Shard._replicate_to_shard(clone=True)``); the
+  ``_sharded_post_state_dict_hook`` / ``_create_chunk_dtensor`` / ``Shard._replicate_to_shard(clone=True)``;
+  checked on two CPU ranks by benchmarks/check_fsdp_sharded_state_dict.py: fp32 shards with storage of their own); the
   engine's weights woken (``wake_up(tags=["weights"])``); ``update_params`` feeds vLLM's ``load_weights`` one
   ``param.full_tensor()`` at a time (one full fp32 parameter gathered);
 * **rollout**: the KV cache woken, the engine generating (weights, KV cache, profile-sized activations), the actor's
