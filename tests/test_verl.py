@@ -80,10 +80,11 @@ def test_report_scenario_estimates_again_to_itself(base: tuple[Report, Resolved,
 def test_log_prob_forward_by_hand(base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:
     _, _, tr, _ = base
     assert tr.context is not None and tr.layout is not None
-    # b = 2, P = R = 512, bf16: L = 2 x 1,024 x V x 2 = 622,329,856; b R V c = 311,164,928; entropy 3 x that;
-    # residual 2 x 2,048 x 896 x 2 = 7,340,032 (analytic/verl.py log_prob_forward_bytes)
+    # b = 2, P = R = 512, bf16: L = 2 x 1,024 x V x 2 = 622,329,856; b R V c = 311,164,928 (flash-attn's copy of the
+    # slice); entropy: softmax and its product with the logits, 2 x that; residual 2 x 2,048 x 896 x 2 = 7,340,032
+    # (analytic/verl.py log_prob_forward_bytes)
     assert verl.log_prob_forward_bytes(tr.context, tr.layout, 2, entropy=True) == (
-        622_329_856 + 3 * 311_164_928 + 7_340_032) == 1_563_164_672
+        622_329_856 + 2 * 311_164_928 + 7_340_032) == 1_251_999_744
     assert verl.log_prob_forward_bytes(tr.context, tr.layout, 2, entropy=False) == 940_834_816
     # the largest parameter, the embedding, whole in fp32: 151,936 x 896 x 4
     assert verl.sync_gather_bytes(tr.context) == V * H * 4 == 544_538_624
@@ -119,7 +120,7 @@ def test_scoring_phases(base: tuple[Report, Resolved, TrainResult, RolloutMemory
     assert tr.layout is not None
     gathered = tr.layout.gathered
     # old log-probs: everything kept, the sleeping engine, the FSDP units gathered and the forward with entropies
-    assert _phase(rep, "scoring") == kept.total + ro.other + gathered + 1_563_164_672
+    assert _phase(rep, "scoring") == kept.total + ro.other + gathered + 1_251_999_744
     # reference log-probs: its shards in host memory (CPUOffload), the forward without entropies
     assert _phase(rep, "reference scoring") == kept.total + ro.other + gathered + 940_834_816
 

@@ -231,17 +231,23 @@ def log_prob_forward_bytes(c: StepContext, lay: StepLayout, micro_batch: int, en
     path: ``use_remove_padding`` false) for ``micro_batch`` sequences of P + R tokens, V vocabulary, c compute bytes:
 
     * the logits over every position, ``L = b (P + R) V c`` (under ``torch.autocast(bfloat16)``; divided in place);
-    * the log-probabilities of the response slice: one row's ``log_softmax`` (``logprobs_from_logits_v2``) or a copy
-      of the non-contiguous slice (flash-attn's ``cross_entropy_loss`` after ``reshape``): at most ``b R V c``;
-    * with ``entropy`` (the old log-probs): ``entropy_from_logits``: ``softmax`` (``b R V c``) alive while
-      ``torch.logsumexp`` holds ``x - max`` and its ``exp`` (two more): ``3 b R V c``;
+    * the log-probabilities of the response slice by flash-attn's ``cross_entropy_loss`` (flash-attn is in verl's
+      ``requirements.txt`` and ``setup.py`` ``GPU_REQUIRES``, so ``logprobs_from_logits`` takes that path):
+      ``reshape(-1, V)`` copies the non-contiguous slice, ``b R V c``, freed when it returns (no grad);
+    * with ``entropy`` (the old log-probs): ``entropy_from_logits``: ``softmax``'s output and ``pd * logits`` alive
+      together, ``2 b R V c`` (the log-probs' copy already freed);
     * or, if larger, one MLP's gate, up and product over ``b (P + R)`` tokens; plus the residual stream in and out
       of a layer (``2 b (P + R) H``, the residual dtype).
 
+    Measured on an H100 (torch 2.11, benchmarks/gpu/verl_log_prob_head.py, the logits' tail alone, b = 2, P = R =
+    512): 1,278,744,576 B with entropies against L + 2 b R V c = 1,244,659,712 (+2.7%); b = 4, P = 256, R = 768:
+    3,112,716,288 against 3,111,649,280.  Without flash-attn (``logprobs_from_logits_v2``) the log-probs hold one
+    row, ``R V c``, at a time (measured 778,438,656 against L + R V c = 777,912,320): below the count here.
+
     Worked example (Qwen2.5-0.5B: V = 151,936, H = 896, I = 4,864; b = 2, P = R = 512, bf16; the residual stream in
-    bf16, FSDP's ``param_dtype``): L = 2 x 1,024 x 151,936 x 2 = 622,329,856; b R V c = 311,164,928; entropy:
-    3 x 311,164,928 = 933,494,784; head = 1,555,824,640; MLP = 2,048 x 4,864 x 2 x 3 = 59,768,832; residual
-    2 x 2,048 x 896 x 2 = 7,340,032: 1,563,164,672 B (without entropy: 622,329,856 + 311,164,928 + 7,340,032 =
+    bf16, FSDP's ``param_dtype``): L = 2 x 1,024 x 151,936 x 2 = 622,329,856; b R V c = 311,164,928; with entropy
+    head = L + 2 x 311,164,928 = 1,244,659,712; MLP = 2,048 x 4,864 x 2 x 3 = 59,768,832; residual
+    2 x 2,048 x 896 x 2 = 7,340,032: 1,251,999,744 B (without entropy: 622,329,856 + 311,164,928 + 7,340,032 =
     940,834,816 B).
     """
     s = c.s
@@ -249,7 +255,7 @@ def log_prob_forward_bytes(c: StepContext, lay: StepLayout, micro_batch: int, en
     tokens = b * (prompt + resp)
     cb, vocab = lay.compute_bytes, c.m.vocab_size
     rows = b * resp * vocab * cb
-    head = tokens * vocab * cb + (3 * rows if entropy else rows) if lay.has_head else 0
+    head = tokens * vocab * cb + (2 * rows if entropy else rows) if lay.has_head else 0
     mlp = tokens * lay.inter * cb * (3 if lay.gated else 2)
     return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
 
