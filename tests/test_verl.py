@@ -198,3 +198,17 @@ def test_offload_is_what_makes_a_7b_fit_on_two_gpus() -> None:
     off = estimate(_with(sc, verl={"log_prob_micro_batch_size_per_gpu": 4, "param_offload": True,
                                    "optimizer_offload": True}))
     assert off.fits and off.per_gpu.lifecycle_peak_phase == "training step"
+
+
+def test_engine_that_cannot_start_beside_the_actor_does_not_fit() -> None:
+    # vLLM >= 0.9.1 refuses to start when less than gpu_memory_utilization x total is free; the actor's fp32 shards
+    # (988,065,536 B) and the CUDA context are on the GPU when vLLMRollout builds the engine: 0.99 x 85.1 GB is not free
+    rep = estimate(_scenario(gpu_memory_utilization=0.99))
+    assert not rep.fits
+    assert any("vLLM would not start" in a and "when verl starts vLLM" in a for a in rep.assumptions)
+
+
+def test_verl_keys_under_trl_are_stated_as_not_read() -> None:
+    sc = {"model": "Qwen/Qwen2.5-0.5B", "hardware": {"gpu": "A100-80GB"},
+          "train": {"objective": "grpo", "micro_batch_size": 8}, "rl": {"verl": {"param_offload": True}}}
+    assert any(a.startswith("rl.verl set but not used") for a in estimate(sc).assumptions)
