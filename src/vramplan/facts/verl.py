@@ -20,7 +20,7 @@ Sources (identical at v0.4.1 and v0.5.0 unless named; v0.4.1's trainer config is
   lines 413, 419, 422, 432, 435, 441 (v0.4.1); ``rollout/rollout.yaml`` lines 29, 35, 38, 41, 44, 50 (v0.5.0);
 * what ``gpu_memory_utilization`` means: verl passes it to ``vllm.LLM`` unchanged (``vllm_rollout_spmd.py``), and its
   ``docs/examples/config.rst`` says "For vLLM v0.7.0 and later: The fraction of **total** GPU memory to be used for
-  the vLLM instance" (line 331 at v0.5.0); vLLM's own budget rule at ``rl.rollout.vllm_version`` decides what that
+  the vLLM instance" (line 313 at v0.4.1, 331 at v0.5.0); vLLM's own budget rule at ``rl.rollout.vllm_version`` decides what that
   share is charged with (facts/vllm_releases.py: from 0.9.1 only the engine's own increase, which is modelled;
   before, the whole device's usage, refused as under TRL);
 * ``model.enable_gradient_checkpointing: true``, ``model.use_remove_padding: false``: ppo_trainer.yaml lines 116,
