@@ -175,7 +175,8 @@ def _setup_problems(s: Scenario) -> list[Problem]:
            "modelled", "set it false and give the micro-batch sizes")
     if v.use_remove_padding:
         no("rl.verl.use_remove_padding", "the unpadded forward (flash-attn varlen, logits over every unpadded "
-           "token) is not modelled", "leave it out (verl's default false)")
+           "token, and the old log-probs' entropies over every token, by a torch.compile'd entropy_from_logits at "
+           "v0.5.0 whose temporaries are not known) is not modelled", "leave it out (verl's default false)")
     if v.entropy_coeff:
         no("rl.verl.entropy_coeff", "a non-zero entropy bonus (entropy in the update's graph) is not modelled",
            "leave it out (verl's default 0)")
