@@ -96,9 +96,16 @@ def test_weight_sync_phase(base: tuple[Report, Resolved, TrainResult, RolloutMem
     actor = kept.get(K.PARAMETERS)
     # the actor's fp32 shards: 494,032,768 x 4 / 2 ranks
     assert actor == 494_032_768 * 4 // 2 == 988_065_536
-    # what stays between steps, one more copy of the shards (SHARDED_STATE_DICT's clones), the engine's woken
-    # weights and non-torch memory, and the embedding gathered whole in fp32
-    assert _phase(rep, "weight sync") == kept.total + actor + ro.weights + ro.other + 544_538_624
+    # the state dict's transient: the root unit (151,936 x 896 + 896 = 136,135,552 parameters) unsharded in fp32,
+    # 544,542,208 B, and the embedding's full clone 544,538,624 B (above a layer unit, 14,912,384 parameters, and its
+    # largest linear, 4,864 x 896, in fp32: 77,082,112 B)
+    assert tr.context is not None
+    assert verl.state_dict_bytes(tr.context) == 544_542_208 + 544_538_624 == 1_089_080_832
+    # what stays between steps, one more copy of the shards (SHARDED_STATE_DICT's clones), the engine's non-torch
+    # memory, and the larger of the state dict's transient and the woken weights with the embedding whole in fp32
+    feeding = ro.weights + 544_538_624
+    assert feeding < 1_089_080_832  # Qwen2.5-0.5B over tp 2: the state dict's moment is the higher
+    assert _phase(rep, "weight sync") == kept.total + actor + ro.other + max(1_089_080_832, feeding)
 
 
 def test_rollout_phase(base: tuple[Report, Resolved, TrainResult, RolloutMemory]) -> None:

@@ -271,9 +271,13 @@ def _verl_phases(tr: TrainResult, v: verl.VerlSetup, ro: RolloutMemory, asleep: 
     states = () if not v.optimizer_offload else (K.OPTIMIZER_STATES,)
     loaded = _without(between_steps(tr.terms, "weight sync"), *states)
     away = _without(loaded, *((K.PARAMETERS,) if v.param_offload else ()))
-    sync = loaded.copy("weight sync").add(K.STATE_DICT_SHARDS, loaded.get(K.PARAMETERS))
-    sync.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_OTHER, ro.other)
-    sync.add(K.ROLLOUT_KV, ro.training_bytes["kv_cache"]).add(K.SYNC_PARAMETER, verl.sync_gather_bytes(c))
+    sync = _plus(loaded.copy("weight sync"), asleep).add(K.STATE_DICT_SHARDS, loaded.get(K.PARAMETERS))
+    # the state dict is built while the engine sleeps; then its weights wake and the parameters go in one at a time
+    building, feeding = verl.state_dict_bytes(c), ro.weights - ro.training_bytes["weights"]
+    if building > feeding + verl.sync_gather_bytes(c):
+        sync.add(K.STATE_DICT_UNSHARDED, building)
+    else:
+        sync.add(K.ROLLOUT_WEIGHTS, feeding).add(K.SYNC_PARAMETER, verl.sync_gather_bytes(c))
     rollout = away.copy("rollout").add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
     rollout.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)
     scoring = _plus(loaded.copy("scoring"), asleep).add(K.GATHERED, lay.gathered)

@@ -217,6 +217,8 @@ class K:
                            "verl: the clones of the actor's fp32 shards SHARDED_STATE_DICT makes for the weight sync")
     SYNC_PARAMETER = _k("temporaries", "full parameter gathered (weight sync)",
                         "verl: one parameter gathered whole in fp32 (full_tensor) for vLLM's load_weights")
+    STATE_DICT_UNSHARDED = _k("temporaries", "units unsharded for the state dict (weight sync)",
+                              "verl: SHARDED_STATE_DICT's fp32 unsharded root unit, with a layer unit or a clone")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "

@@ -45,7 +45,7 @@ from vramplan.facts.verl import VerlDefaults, verl_defaults
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Hardware, Parallel, Scenario, Serve
 
-__all__ = ["VerlSetup", "log_prob_forward_bytes", "policy_scenario", "rollout_scenario", "sync_gather_bytes", "verl_assumptions",
+__all__ = ["VerlSetup", "log_prob_forward_bytes", "policy_scenario", "rollout_scenario", "state_dict_bytes", "sync_gather_bytes", "verl_assumptions",
            "verl_problems", "verl_setup"]
 
 
@@ -262,12 +262,26 @@ def log_prob_forward_bytes(c: StepContext, lay: StepLayout, micro_batch: int, en
 
 
 def sync_gather_bytes(c: StepContext) -> int:
-    """The largest parameter gathered whole in fp32 by ``param.full_tensor()`` during ``update_params`` (and cloned
-    whole by the state dict's ``_create_chunk_dtensor``): the embedding (or the LM head), ``V H x 4`` bytes, or the
-    largest linear of a layer (``I H x 4``; one expert's for MoE), whichever is larger."""
-    m = c.m
-    inter = m.moe.expert_intermediate_size if m.moe is not None else m.intermediate_size
-    return 4 * max(m.vocab_size * m.hidden_size, inter * m.hidden_size)
+    """The largest parameter whole in fp32: gathered by ``param.full_tensor()`` during ``update_params``, and cloned
+    whole by the state dict's ``_create_chunk_dtensor``: the embedding (or the LM head), ``V H x 4`` bytes, or the
+    largest linear weight (``RankParams.largest_linear``), whichever is larger."""
+    return 4 * max(c.m.vocab_size * c.m.hidden_size, c.rp.largest_linear)
+
+
+def state_dict_bytes(c: StepContext) -> int:
+    """``module.state_dict()``'s own transient under FSDP1's ``SHARDED_STATE_DICT`` (torch
+    ``_sharded_pre_state_dict_hook`` unshards a unit in full precision until its post hook): the root unit (embedding,
+    final norm, untied head: ``RankParams.outside_layers``) unsharded in fp32 through the whole traversal, and beside
+    it the larger of one layer unit unsharded in fp32 with its largest parameter's full clone, and the root's own
+    largest parameter's clone at its post hook (``sync_gather_bytes``).
+
+    Worked example (Qwen2.5-0.5B, tied: outside the layers 151,936 x 896 + 896 = 136,135,552 parameters; largest
+    layer 14,912,384 parameters, largest linear 4,864 x 896 = 4,358,144): root 544,542,208 B; a layer 59,649,536 +
+    17,432,576 = 77,082,112 B < the embedding's clone 544,538,624 B: 1,089,080,832 B.
+    """
+    rp = c.rp
+    layer = 4 * (max(rp.per_layer, default=0) + rp.largest_linear)
+    return 4 * rp.outside_layers + max(layer, sync_gather_bytes(c))
 
 
 def verl_assumptions(s: Scenario) -> list[str]:
@@ -294,9 +308,10 @@ def verl_assumptions(s: Scenario) -> list[str]:
          f"response), max_num_seqs {v.row.max_num_seqs}, max_num_batched_tokens {v.row.max_num_batched_tokens}; "
          + (f"sleep level {v.sleep_level} between rollouts (weights to host memory, KV cache freed)" if v.sleep_level
             else "awake in every phase (free_cache_engine false)")),
-        ("verl weight sync: the actor's fp32 shards, one more copy of them (SHARDED_STATE_DICT's clones), the engine's "
-         "weights woken and one full fp32 parameter (full_tensor) at a time; the state dict's own transient (one unit "
-         "unsharded in fp32) is assumed below the engine's weights"),
+        ("verl weight sync: the actor's fp32 shards and one more copy of them (SHARDED_STATE_DICT's clones), with the "
+         "larger of the state dict's own transient (the root unit unsharded in fp32, a layer unit or a parameter's "
+         "clone) and the engine's woken weights with one full fp32 parameter (full_tensor) at a time; layers assumed "
+         "of equal size to their largest"),
         (f"verl scoring: old log-probs with entropies in micro-batches of {v.log_prob_micro_batch}"
          + (f", reference log-probs in micro-batches of {v.ref_log_prob_micro_batch}" if v.reference else "")
          + ", padded (use_remove_padding false): the logits over every position in the compute dtype"),
