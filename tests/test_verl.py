@@ -65,6 +65,7 @@ def test_defaults_per_release_are_filled_into_the_echo() -> None:
     v = s.rl.verl
     assert (v.release, v.gpu_memory_utilization, v.tensor_model_parallel_size) == ("0.5.0", 0.5, 2)
     assert (v.free_cache_engine, v.enforce_eager, v.param_offload, v.optimizer_offload) == (True, True, False, False)
+    assert (v.strategy, v.rollout_name) == ("fsdp", "vllm")  # dp_actor.yaml line 17, rollout.yaml line 2
     # enable_gradient_checkpointing: true; max_response_length 512; TRL's GRPO defaults are not filled in
     assert s.train.gradient_checkpointing == "full" and s.rl.rollout.max_completion_len == 512
     assert s.rl.beta is None and s.rl.rollout.num_generations is None
@@ -173,6 +174,9 @@ def test_free_cache_engine_off_keeps_the_engine_awake() -> None:
     ({"tensor_model_parallel_size": 4}, {}, "rl.verl.tensor_model_parallel_size"),
     ({"enforce_eager": False}, {}, "rl.verl.enforce_eager"),
     ({"release": "0.4.1", "free_cache_engine": False}, {}, "rl.verl.free_cache_engine"),
+    ({"strategy": "megatron"}, {}, "rl.verl.strategy"),
+    ({"strategy": "fsdp2"}, {}, "rl.verl.strategy"),
+    ({"rollout_name": "sglang"}, {}, "rl.verl.rollout_name"),
     ({}, {"beta": 0.04}, "rl.beta"),
     ({}, {"rollout": {"gpu_memory_utilization": 0.6}}, "rl.rollout.gpu_memory_utilization"),
     ({}, {"reference_model": "shared"}, "rl.reference_model"),

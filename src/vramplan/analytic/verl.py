@@ -170,6 +170,17 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         no("rl.verl.log_prob_micro_batch_size_per_gpu", "is required: verl refuses to start without it when dynamic "
            "batching is off ('Please set at least one of actor_rollout_ref.rollout.log_prob_micro_batch_size or "
            "..._per_gpu', ray_trainer.py check_mutually_exclusive)", "set it, e.g. to train.micro_batch_size")
+    strategy_why = {"fsdp2": "FSDP2 (fully_shard: per-parameter DTensor shards; the reference offloaded only with "
+                    "ref.fsdp_config.param_offload, CPUOffloadPolicy) is not modelled",
+                    "megatron": "verl's Megatron backend (megatron_workers.py: Megatron-LM's distributed optimizer, "
+                    "tensor and pipeline parallel actor, its own weight resharding to the engine) is not modelled"}
+    if v.strategy in strategy_why:
+        no("rl.verl.strategy", strategy_why[v.strategy], "use strategy: fsdp (verl's default)")
+    if v.rollout_name in ("sglang", "hf"):
+        no("rl.verl.rollout_name", {"sglang": "the SGLang rollout (fsdp_sglang.py; mem_fraction_static is a share of "
+                                    "the memory free when it starts) is not modelled",
+                                    "hf": "the Hugging Face generate rollout (hf_rollout.py) under verl is not "
+                                    "modelled"}[v.rollout_name], "use rollout_name: vllm (verl's default)")
     if v.use_dynamic_bsz:
         no("rl.verl.use_dynamic_bsz", "dynamic batching (micro-batches packed to ppo_max_token_len_per_gpu) is not "
            "modelled", "set it false and give the micro-batch sizes")

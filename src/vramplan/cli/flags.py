@@ -94,6 +94,8 @@ RENAMED: dict[str, str] = {
     "rl.verl.use_dynamic_bsz": "verl_use_dynamic_bsz",
     "rl.verl.use_remove_padding": "verl_use_remove_padding",
     "rl.verl.entropy_coeff": "verl_entropy_coeff",
+    "rl.verl.strategy": "verl_strategy",
+    "rl.verl.rollout_name": "verl_rollout_name",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

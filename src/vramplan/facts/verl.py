@@ -27,6 +27,8 @@ Sources (identical at v0.4.1 and v0.5.0 unless named; v0.4.1's trainer config is
   122 (v0.4.1), 62, 68 (v0.5.0);
 * ``actor.use_dynamic_bsz: false``, ``ppo_max_token_len_per_gpu: 16384``, ``entropy_coeff: 0``: ppo_trainer.yaml
   lines 165, 169, 211 (v0.4.1); ``actor/actor.yaml`` lines 22, 66 (v0.5.0);
+* ``actor.strategy: fsdp``, ``rollout.name: vllm``: ppo_trainer.yaml lines 153, 385 (v0.4.1); ``actor/dp_actor.yaml``
+  line 17, ``rollout/rollout.yaml`` line 2 (v0.5.0);
 * ``data.max_prompt_length: 512``, ``data.max_response_length: 512``: ppo_trainer.yaml lines 33, 36;
 * ``ppo_micro_batch_size_per_gpu: null`` and ``log_prob_micro_batch_size_per_gpu: null`` with no dynamic batch:
   verl refuses to start (``ActorRolloutRefWorker.__init__`` normalizes them, ``check_mutually_exclusive`` in
@@ -59,6 +61,8 @@ class VerlDefaults:
     """One release's defaults (the module docstring gives each one's file and line)."""
 
     release: str
+    strategy: str = "fsdp"
+    rollout_name: str = "vllm"
     param_offload: bool = False
     optimizer_offload: bool = False
     gpu_memory_utilization: float = 0.5

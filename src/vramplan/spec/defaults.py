@@ -187,7 +187,7 @@ def with_verl_defaults(s: Scenario) -> Scenario:
             "gpu_memory_utilization": row.gpu_memory_utilization,
             "tensor_model_parallel_size": row.tensor_model_parallel_size, "free_cache_engine": row.free_cache_engine,
             "enforce_eager": row.enforce_eager, "use_remove_padding": row.use_remove_padding,
-            "entropy_coeff": row.entropy_coeff}
+            "entropy_coeff": row.entropy_coeff, "strategy": row.strategy, "rollout_name": row.rollout_name}
     filled = v.model_copy(update={k: x for k, x in fill.items() if given[k] is None})
     t, ro = s.train, s.rl.rollout
     ckpt = t.gradient_checkpointing or ("full" if row.enable_gradient_checkpointing else "none")

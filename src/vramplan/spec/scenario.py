@@ -1035,6 +1035,12 @@ class Verl(_Strict):
     entropy_coeff: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
     """``actor.entropy_coeff``: non-zero (the entropy in the update's graph) is refused (not modelled); null: 0."""
 
+    strategy: Literal["fsdp", "fsdp2", "megatron"] | None = None
+    """``actor.strategy``: fsdp (FSDP1) is modelled; fsdp2 and megatron are refused (not modelled); null: fsdp."""
+
+    rollout_name: Literal["vllm", "sglang", "hf"] | None = None
+    """``rollout.name``: vllm is modelled; sglang and hf are refused (not modelled); null: vllm."""
+
 
 class Rl(_Strict):
     """Reinforcement-learning post-training (train.objective: grpo, rloo or ppo): the reference model and the rollout."""
