@@ -10,9 +10,10 @@ GPU holds the actor, the reference and the vLLM engine; an iteration runs, in or
   ``module.state_dict()`` under ``SHARDED_STATE_DICT`` (FSDP1 unshards each unit in fp32 and keeps a clone of
   this rank's chunk of every parameter: one more copy of the actor's fp32 shards, torch's
   ``_sharded_post_state_dict_hook`` / ``_create_chunk_dtensor`` / ``Shard._replicate_to_shard(clone=True)``;
-  checked on two CPU ranks by benchmarks/check_fsdp_sharded_state_dict.py: fp32 shards with storage of their own); the
-  engine's weights woken (``wake_up(tags=["weights"])``); ``update_params`` feeds vLLM's ``load_weights`` one
-  ``param.full_tensor()`` at a time (one full fp32 parameter gathered);
+  checked on two CPU ranks by benchmarks/check_fsdp_sharded_state_dict.py: fp32 shards with storage of their own),
+  the root unit unsharded in fp32 meanwhile (``state_dict_bytes``); then the engine's weights woken
+  (``wake_up(tags=["weights"])``) and ``update_params`` feeding vLLM's ``load_weights`` one ``param.full_tensor()``
+  at a time (one full fp32 parameter gathered): the phase is the larger of the two moments;
 * **rollout**: the KV cache woken, the engine generating (weights, KV cache, profile-sized activations), the actor's
   shards offloaded again when ``param_offload``; on exit ``sleep(level=1)`` (weights to host memory, KV cache
   freed);
@@ -27,8 +28,8 @@ The actor step is the FSDP step vramplan computes for accelerate's FSDP1 (the sa
 ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)``, ``FULL_SHARD``), with the loss of TRL v1.12.0's
 PPOTrainer (analytic/ppo.py ``ppo_loss_tensors``): the same mechanism, the head on every position (no
 ``logits_to_keep``) in the compute dtype, ``logits[:, -R - 1:-1]`` sliced, one ``log_softmax`` per sequence kept for
-the backward (``logprobs_from_logits_v2`` with half logits; flash-attn's ``cross_entropy_loss``, when installed,
-keeps one copy of the sliced logits instead: the same bytes).  Where it differs: verl divides the whole logits by
+the backward (``logprobs_from_logits_v2`` with half logits; flash-attn's ``cross_entropy_loss``, which verl
+installs, keeps one copy of the sliced logits instead: the same bytes).  Where it differs: verl divides the whole logits by
 the temperature in place (``logits.div_``) before slicing, so the backward's second logits-sized gradient is
 ``DivBackward``'s, not ``CopySlices``' clone: the same count.
 """
