@@ -1120,7 +1120,8 @@ class Scenario(_Strict):
     framework: Framework | None = None
     """Whose memory conventions apply (docs/conventions.md); null: vllm for serve, deepspeed with a ZeRO stage,
     else hf-trainer.  litgpt is Lit-GPT's scripts, the conventions framework lightning has always meant here;
-    torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype)."""
+    torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype); verl is
+    verl's FSDP + vLLM hybrid engine for train.objective grpo (``rl.verl``, docs/rl.md)."""
 
     train: Train = Field(default_factory=Train)
     """The training step (task train)."""
