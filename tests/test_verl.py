@@ -223,3 +223,15 @@ def test_verl_keys_under_trl_are_stated_as_not_read() -> None:
     sc = {"model": "Qwen/Qwen2.5-0.5B", "hardware": {"gpu": "A100-80GB"},
           "train": {"objective": "grpo", "micro_batch_size": 8}, "rl": {"verl": {"param_offload": True}}}
     assert any(a.startswith("rl.verl set but not used") for a in estimate(sc).assumptions)
+
+
+def test_vllm_085_charges_the_actor_at_start() -> None:
+    # verl v0.5.0 pins vllm<=0.8.5 (setup.py VLLM_REQUIRES); vLLM 0.8.5's V1 budget takes torch's allocated peak and
+    # every non-torch byte from gpu_memory_utilization x total, so the actor's fp32 shards on the GPU when the engine
+    # starts (988,065,536 B) come out of its KV cache, with the CUDA context and NCCL's buffers; from 0.9.1 they do not
+    new = _parts(_scenario())[2]
+    old = _parts(_with(_scenario(), rollout={"vllm_version": "0.8.5"}))[2]
+    assert new.kv_cache - old.kv_cache >= 988_065_536
+    pinned = estimate(_with(_scenario(), rollout={"vllm_version": "0.8.5"}))
+    assert not any("pins vllm<=0.8.5" in a for a in pinned.assumptions)
+    assert any("pins vllm<=0.8.5" in a for a in estimate(_scenario()).assumptions)

@@ -42,7 +42,8 @@ from typing import TypeVar
 from vramplan.analytic.events import StepLayout
 from vramplan.analytic.terms.context import StepContext
 from vramplan.errors import Problem
-from vramplan.facts.verl import VerlDefaults, verl_defaults
+from vramplan.facts.verl import VLLM_PIN, VerlDefaults, verl_defaults
+from vramplan.facts.vllm_releases import parse_release, release_text
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Hardware, Parallel, Scenario, Serve
 
@@ -300,6 +301,11 @@ def verl_assumptions(s: Scenario) -> list[str]:
     """What the verl estimate takes as given, for the report."""
     v = verl_setup(s)
     generations = []
+    if parse_release(s.rl.rollout.vllm_version) > VLLM_PIN:
+        generations.append(f"verl v{v.row.release}'s setup.py pins vllm<={release_text(VLLM_PIN)}; rl.rollout."
+                           f"vllm_version {s.rl.rollout.vllm_version} is assumed installed against the pin (set "
+                           f"{release_text(VLLM_PIN)} for verl's own: its budget charges the actor's shards on the GPU "
+                           "when the engine starts)")
     if s.rl.rollout.num_generations is not None:
         generations.append(f"verl: rl.rollout.num_generations (rollout.n) {s.rl.rollout.num_generations} not read: "
                            "the engine's budget is gpu_memory_utilization's, and every scoring and update runs in "

@@ -23,6 +23,9 @@ Sources (identical at v0.4.1 and v0.5.0 unless named; v0.4.1's trainer config is
   the vLLM instance" (line 313 at v0.4.1, 331 at v0.5.0); vLLM's own budget rule at ``rl.rollout.vllm_version`` decides what that
   share is charged with (facts/vllm_releases.py: from 0.9.1 only the engine's own increase, which is modelled;
   before, the whole device's usage, refused as under TRL);
+* the vLLM releases verl installs: ``setup.py`` ``VLLM_REQUIRES``: ``vllm<=0.8.5`` (v0.4.1 line 51),
+  ``vllm>=0.7.3,<=0.8.5`` (v0.5.0 line 51) (``VLLM_PIN``); a V1 release before 0.9.1 charges the trainer's tensors
+  in the same process to the engine's budget (serve/rollout.py);
 * ``model.enable_gradient_checkpointing: true``, ``model.use_remove_padding: false``: ppo_trainer.yaml lines 116,
   122 (v0.4.1), 62, 68 (v0.5.0);
 * ``actor.use_dynamic_bsz: false``, ``ppo_max_token_len_per_gpu: 16384``, ``entropy_coeff: 0``: ppo_trainer.yaml
@@ -49,11 +52,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_VERL_RELEASE", "READ_AT", "VerlDefaults", "verl_defaults"]
+__all__ = ["DEFAULT_VERL_RELEASE", "READ_AT", "VLLM_PIN", "VerlDefaults", "verl_defaults"]
 
 READ_AT = ("0.4.1", "0.5.0")
 # unset: the later release read
 DEFAULT_VERL_RELEASE = "0.5.0"
+# the newest vLLM both releases' setup.py accept (VLLM_REQUIRES)
+VLLM_PIN = (0, 8, 5)
 
 
 @dataclass(frozen=True)

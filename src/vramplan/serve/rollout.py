@@ -28,7 +28,7 @@ KV cache).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.serve.vllm import VllmDecision, behaviour, decide
@@ -106,14 +106,23 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int,
     level between rollouts and the sentence that says who built it with which settings; null: TRL's."""
     ro = r.scenario.rl.rollout
     row = behaviour(ro.vllm_version).rules
-    if row.budget != "profiled_increase":
+    # verl's engine on a V1 release before 0.9.1 (verl v0.4.1 / v0.5.0 pin vllm<=0.8.5): its budget rule charges
+    # torch's allocated peak and every non-torch byte, so the trainer's tensors in the same process come out of
+    # gpu_memory_utilization x total, as another process's would (serve/vllm.py _charged): counted as such
+    charges_trainer = built is not None and row.budget == "peak_plus_non_torch"
+    if row.budget != "profiled_increase" and not charges_trainer:
         raise _refuse("rl.rollout.vllm_version", f"vLLM {ro.vllm_version} charges gpu_memory_utilization with "
                       f"the whole device's usage ({row.budget.replace('_', ' ')} rule): a colocated engine beside "
                       "the trainer's tensors is not modelled for it", "use rl.rollout.vllm_version >= 0.9.1")
     rs, sleep = (rollout_scenario(r.scenario), ro.sleep_mode) if built is None else built[:2]
-    d = decide(Resolved(rs, r.model, r.gpu, ()), ro.vllm_version, usage="serve")
+    gpu = r.gpu
+    if charges_trainer:
+        gpu = replace(gpu, total_memory_bytes=gpu.total_memory_bytes - trainer_bytes_at_start,
+                      in_use_by_others_bytes=gpu.in_use_by_others_bytes + trainer_bytes_at_start)
+    d = decide(Resolved(rs, r.model, gpu, ()), ro.vllm_version, usage="serve")
     total, requested = d.total_memory_bytes, d.requested_bytes
-    free = total - context_bytes - trainer_bytes_at_start - d.in_use_by_others_bytes
+    # under charges_trainer the trainer's bytes are in d.in_use_by_others_bytes (and decide's own start check)
+    free = total - context_bytes - (0 if charges_trainer else trainer_bytes_at_start) - d.in_use_by_others_bytes
     problem = d.problem
     if free < requested:
         problem = (f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than desired "
