@@ -235,3 +235,26 @@ def test_vllm_085_charges_the_actor_at_start() -> None:
     pinned = estimate(_with(_scenario(), rollout={"vllm_version": "0.8.5"}))
     assert not any("pins vllm<=0.8.5" in a for a in pinned.assumptions)
     assert any("pins vllm<=0.8.5" in a for a in estimate(_scenario()).assumptions)
+
+
+def test_weight_sync_feeding_the_engine_is_the_higher_moment_for_a_7b() -> None:
+    # Qwen2.5-7B (untied, V = 152,064, H = 3,584) over tp 2: the state dict's transient is the root unit (2 x 152,064
+    # x 3,584 + 3,584 parameters) in fp32, 4,359,993,344 B, plus the embedding's clone 2,179,989,504 B; feeding the
+    # engine holds its woken weights (half the model in bf16, about 7.6 GB) and the same 2,179,989,504 B: higher
+    sc = {"model": "Qwen/Qwen2.5-7B", "framework": "verl", "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+          "train": {"objective": "grpo", "micro_batch_size": 2},
+          "rl": {"verl": {"log_prob_micro_batch_size_per_gpu": 4, "param_offload": True, "optimizer_offload": True}}}
+    _, tr, ro = _parts(sc)
+    assert tr.context is not None
+    assert verl.sync_gather_bytes(tr.context) == 152_064 * 3_584 * 4 == 2_179_989_504
+    assert verl.state_dict_bytes(tr.context) == (2 * 152_064 * 3_584 + 3_584) * 4 + 2_179_989_504
+    assert ro.weights + 2_179_989_504 > verl.state_dict_bytes(tr.context)
+    kept = _without_states(between_steps(tr.terms, "rollout"))
+    actor = kept.get(K.PARAMETERS)
+    assert _phase(estimate(sc), "weight sync") == kept.total + actor + ro.other + ro.weights + 2_179_989_504
+
+
+def _without_states(mo: Any) -> Any:
+    out = mo.copy(mo.phase)
+    out.parts.pop(K.OPTIMIZER_STATES.part, None)  # optimizer_offload: the AdamW states in host memory
+    return out
