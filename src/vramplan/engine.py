@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic import dpo, kto, orpo, ppo, rloo
+from vramplan.analytic import dpo, kto, orpo, ppo, rloo, verl
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.autoawq import autoawq_step
 from vramplan.analytic.generate import generate_step
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
-from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, PhasePeak, job_lifecycle, packed_reserved
+from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, VERL_ORDER, PhasePeak, job_lifecycle, packed_reserved
 from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
 from vramplan.analytic.lifecycle.ppo import ppo_job
 from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps, first_step
-from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.moment import K, Key, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
@@ -251,6 +251,86 @@ def _ppo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                    reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
 
 
+def _without(mo: Moment, *keys: Key) -> Moment:
+    """``mo`` with the rows of ``keys`` dropped (a templated key's whole part: the optimizer's states)."""
+    out = mo.copy(mo.phase)
+    for key in keys:
+        if key.templated:
+            out.parts.pop(key.part, None)
+        else:
+            out.parts.get(key.part, {}).pop(key.name(), None)
+    return out
+
+
+def _verl_phases(tr: TrainResult, v: verl.VerlSetup, ro: RolloutMemory, asleep: Moment) -> list[PhasePeak]:
+    """verl's iteration (analytic/verl.py): weight sync, rollout, scoring, reference scoring, over what each phase
+    keeps of the actor (its shards unless ``param_offload`` outside the phases that load them, the optimizer's
+    states unless ``optimizer_offload``) and the engine (``asleep``: its share while it sleeps)."""
+    c, lay = tr.context, tr.layout
+    assert c is not None and lay is not None
+    states = () if not v.optimizer_offload else (K.OPTIMIZER_STATES,)
+    loaded = _without(between_steps(tr.terms, "weight sync"), *states)
+    away = _without(loaded, *((K.PARAMETERS,) if v.param_offload else ()))
+    sync = _plus(loaded.copy("weight sync"), asleep).add(K.STATE_DICT_SHARDS, loaded.get(K.PARAMETERS))
+    # the state dict is built while the engine sleeps; then its weights wake and the parameters go in one at a time
+    building, feeding = verl.state_dict_bytes(c), ro.weights - ro.training_bytes["weights"]
+    if building > feeding + verl.sync_gather_bytes(c):
+        sync.add(K.STATE_DICT_UNSHARDED, building)
+    else:
+        sync.add(K.ROLLOUT_WEIGHTS, feeding).add(K.SYNC_PARAMETER, verl.sync_gather_bytes(c))
+    rollout = away.copy("rollout").add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
+    rollout.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)
+    scoring = _plus(loaded.copy("scoring"), asleep).add(K.GATHERED, lay.gathered)
+    scoring.add(K.SCORING_FORWARD, verl.log_prob_forward_bytes(c, lay, v.log_prob_micro_batch, entropy=True))
+    phases = [PhasePeak(mo.phase, mo, packed_reserved(mo)) for mo in (sync, rollout, scoring)]
+    if v.reference:
+        # compute_log_prob offloads the actor again before the reference runs; the reference's FSDP1 units come
+        # from host memory one at a time (CPUOffload), gathered in bf16 like the actor's
+        ref = _plus(away.copy("reference scoring"), asleep).add(K.GATHERED, lay.gathered)
+        ref.add(K.SCORING_FORWARD, verl.log_prob_forward_bytes(c, lay, v.ref_log_prob_micro_batch, entropy=False))
+        phases.append(PhasePeak(ref.phase, ref, packed_reserved(ref)))
+    return phases
+
+
+def _verl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """A verl GRPO job (framework: verl, analytic/verl.py): the actor's FSDP update as the training step, and the
+    weight sync, rollout and scorings as phases of their own, each with what verl keeps on the GPU then."""
+    if problems := verl.verl_problems(r.scenario):
+        raise ScenarioError(problems)
+    v = verl.verl_setup(r.scenario)
+    pr = Resolved(verl.policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    tr = train_step(pr)
+    assert tr.context is not None and tr.layout is not None  # one pipeline stage (verl_problems refuses pp > 1)
+    actor = between_steps(tr.terms, "rollout").get(K.PARAMETERS)
+    settings = (f"max_num_seqs {v.row.max_num_seqs}, max_num_batched_tokens {v.row.max_num_batched_tokens}, "
+                f"max_model_len {v.prompt + v.response} (prompt + response), tensor_model_parallel_size "
+                f"{v.tensor_parallel}, enforce_eager {v.enforce_eager}, dtype bfloat16")
+    # init_model builds the actor (offloaded at once with param_offload; AdamW's states come at the first step),
+    # then the engine, then the reference (its shards in host memory)
+    built = (verl.rollout_scenario(r.scenario), v.sleep_level, settings)
+    ro = rollout_memory(pr, 0 if v.param_offload else actor, ctx, "verl", built)
+    asleep = _rl_extra(0, ro)
+    outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
+               "managed": tr.managed_bytes}
+    res_bytes, how = _step_reserved(pr, tr, {**outside, "rollout": asleep.total}, reserved)
+    steady = PhasePeak("training step", _plus(tr.peak, asleep), res_bytes + asleep.total)
+    phases = sorted([steady, *_verl_phases(tr, v, ro, asleep)], key=lambda p: VERL_ORDER.index(p.name))
+    table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
+    top = max(phases, key=lambda p: (p.moment.total, p is steady))
+    used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
+    states = sum(between_steps(tr.terms, "rollout").parts.get(K.OPTIMIZER_STATES.part, {}).values())
+    ref_host = tr.context.rp.total * 2 // r.scenario.hardware.num_gpus if v.reference else 0
+    host = Host(offloaded_bytes=(actor if v.param_offload else 0) + (states if v.optimizer_offload else 0) + ref_host
+                + ro.host_bytes)
+    # the actor step is computed as accelerate's FSDP1 (analytic/verl.py): the report names verl
+    actor_notes = [n.replace("framework behaviour: accelerate", "framework behaviour: verl (the actor's update as "
+                             "accelerate's FSDP1 step)") for n in tr.assumptions]
+    notes = [*actor_notes, how, *verl.verl_assumptions(r.scenario), *ro.assumptions]
+    rep = _report(r, top.moment, [_plus(mo, asleep) for mo in tr.moments], outside, host, ServeBlock(), notes,
+                  reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
+    return rep if ro.starts else rep.model_copy(update={"fits": False})
+
+
 @dataclass(frozen=True)
 class _Preference:
     """A preference trainer's pieces (TRL's DPOTrainer, analytic/dpo.py; KTOTrainer, analytic/kto.py; ORPOTrainer,
@@ -397,6 +477,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     ctx = choice.bytes
     task = r.scenario.task
     if task == "train":
+        if r.scenario.effective_framework == "verl":
+            return with_band(_verl_train(r, reserved, ctx))
         if r.scenario.train.objective == "dpo":
             return with_band(_dpo_train(r, reserved, ctx))
         if r.scenario.train.objective in ("kto", "orpo"):

@@ -81,6 +81,21 @@ RENAMED: dict[str, str] = {
     "parallel.deepspeed.stage3_param_persistence_threshold": "stage3_persistence_threshold",
     # "--torchtitan" alone would read as the framework
     "software.torchtitan": "torchtitan_version",
+    # verl's hybrid-engine keys (rl.verl) keep verl's names behind one prefix: some share serve's leaves
+    "rl.verl.release": "verl_release",
+    "rl.verl.param_offload": "verl_param_offload",
+    "rl.verl.optimizer_offload": "verl_optimizer_offload",
+    "rl.verl.gpu_memory_utilization": "verl_gpu_memory_utilization",
+    "rl.verl.tensor_model_parallel_size": "verl_tensor_model_parallel_size",
+    "rl.verl.free_cache_engine": "verl_free_cache_engine",
+    "rl.verl.enforce_eager": "verl_enforce_eager",
+    "rl.verl.log_prob_micro_batch_size_per_gpu": "verl_log_prob_micro_batch_size_per_gpu",
+    "rl.verl.ref_log_prob_micro_batch_size_per_gpu": "verl_ref_log_prob_micro_batch_size_per_gpu",
+    "rl.verl.use_dynamic_bsz": "verl_use_dynamic_bsz",
+    "rl.verl.use_remove_padding": "verl_use_remove_padding",
+    "rl.verl.entropy_coeff": "verl_entropy_coeff",
+    "rl.verl.strategy": "verl_strategy",
+    "rl.verl.rollout_name": "verl_rollout_name",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

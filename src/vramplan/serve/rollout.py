@@ -28,7 +28,7 @@ KV cache).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.serve.vllm import VllmDecision, behaviour, decide
@@ -96,44 +96,59 @@ def _refuse(where: str, message: str, fix: str) -> ScenarioError:
     return ScenarioError([Problem(where, message, fix)])
 
 
-def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int, method: str = "GRPO") -> RolloutMemory:
+def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int, method: str = "GRPO",
+                   built: tuple[Scenario, int, str] | None = None) -> RolloutMemory:
     """The colocated engine of the GRPO scenario ``r`` (its policy scenario), started when the trainer holds
     ``trainer_bytes_at_start`` on the GPU beside the CUDA context (``context_bytes``, shared by the process); ``method``
-    names the trainer (GRPO, or RLOO: TRL v1.16.0's RLOOTrainer builds the same VLLMGeneration)."""
+    names the trainer (GRPO, or RLOO: TRL v1.16.0's RLOOTrainer builds the same VLLMGeneration).
+
+    ``built``: another trainer's engine (verl's ``vLLMRollout``, analytic/verl.py) as its serve scenario, its sleep
+    level between rollouts and the sentence that says who built it with which settings; null: TRL's."""
     ro = r.scenario.rl.rollout
     row = behaviour(ro.vllm_version).rules
-    if row.budget != "profiled_increase":
+    # verl's engine on a V1 release before 0.9.1 (verl v0.4.1 / v0.5.0 pin vllm<=0.8.5): its budget rule charges
+    # torch's allocated peak and every non-torch byte, so the trainer's tensors in the same process come out of
+    # gpu_memory_utilization x total, as another process's would (serve/vllm.py _charged): counted as such
+    charges_trainer = built is not None and row.budget == "peak_plus_non_torch"
+    if row.budget != "profiled_increase" and not charges_trainer:
         raise _refuse("rl.rollout.vllm_version", f"vLLM {ro.vllm_version} charges gpu_memory_utilization with "
                       f"the whole device's usage ({row.budget.replace('_', ' ')} rule): a colocated engine beside "
                       "the trainer's tensors is not modelled for it", "use rl.rollout.vllm_version >= 0.9.1")
-    rs = rollout_scenario(r.scenario)
-    d = decide(Resolved(rs, r.model, r.gpu, ()), ro.vllm_version, usage="serve")
+    rs, sleep = (rollout_scenario(r.scenario), ro.sleep_mode) if built is None else built[:2]
+    gpu = r.gpu
+    if charges_trainer:
+        gpu = replace(gpu, total_memory_bytes=gpu.total_memory_bytes - trainer_bytes_at_start,
+                      in_use_by_others_bytes=gpu.in_use_by_others_bytes + trainer_bytes_at_start)
+    d = decide(Resolved(rs, r.model, gpu, ()), ro.vllm_version, usage="serve")
     total, requested = d.total_memory_bytes, d.requested_bytes
-    free = total - context_bytes - trainer_bytes_at_start - d.in_use_by_others_bytes
+    # under charges_trainer the trainer's bytes are in d.in_use_by_others_bytes (and decide's own start check)
+    free = total - context_bytes - (0 if charges_trainer else trainer_bytes_at_start) - d.in_use_by_others_bytes
     problem = d.problem
     if free < requested:
         problem = (f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than desired "
                    f"GPU memory utilization ({d.gpu_memory_utilization}, {requested / GiB:.2f} GiB): the trainer "
-                   f"already holds {trainer_bytes_at_start / GiB:.2f} GiB when {method}Trainer starts vLLM")
+                   f"already holds {trainer_bytes_at_start / GiB:.2f} GiB when "
+                   f"{method + 'Trainer' if built is None else method} starts vLLM")
+    trl_settings = (f"max_num_seqs {d.max_num_seqs}, max_num_batched_tokens {d.max_num_batched_tokens}, max_model_len "
+                    f"{d.max_model_len} (the model's: TRL's vllm_max_model_length default), dtype bf16 assumed")
+    builder, settings = ("TRL VLLMGeneration", trl_settings) if built is None else ("verl vLLMRollout", built[2])
     notes = [
-        (f"{method} rollout: vLLM {d.version} colocated (TRL VLLMGeneration): gpu_memory_utilization "
+        (f"{method} rollout: vLLM {d.version} colocated ({builder}): gpu_memory_utilization "
          f"{d.gpu_memory_utilization} of {total / GiB:.2f} GiB = {requested / GiB:.2f} GiB for weights "
          f"{d.weights_bytes / GiB:.2f} GiB, profile peak {d.activation_peak_bytes / GiB:.2f} GiB, non-torch "
          f"{d.non_torch_bytes / GiB:.2f} GiB and KV cache {d.kv_cache_bytes / GiB:.2f} GiB "
-         f"({d.kv_cache_tokens:,} tokens); CUDA graphs {d.cudagraph_bytes / GiB:.2f} GiB outside it; "
-         f"max_num_seqs {d.max_num_seqs}, max_num_batched_tokens {d.max_num_batched_tokens}, max_model_len "
-         f"{d.max_model_len} (the model's: TRL's vllm_max_model_length default), dtype bf16 assumed"),
+         f"({d.kv_cache_tokens:,} tokens); CUDA graphs {d.cudagraph_bytes / GiB:.2f} GiB outside it; {settings}"),
         {0: f"{method} rollout: no sleep mode: the engine's weights, KV cache, CUDA graphs and non-torch memory stay "
             "through the training step (its profile-sized activation blocks are reused by the trainer)",
          1: f"{method} rollout: sleep level 1 between rollouts: weights offloaded to host RAM, KV cache discarded; "
             "CUDA graphs and non-torch memory stay",
          2: f"{method} rollout: sleep level 2 between rollouts (TRL's llm.sleep(level=2)): weights and KV cache "
-            "discarded; CUDA graphs and non-torch memory stay"}[ro.sleep_mode],
+            "discarded; CUDA graphs and non-torch memory stay"}[sleep],
     ]
     if problem:
         notes.append(f"{method} rollout: vLLM would not start: {problem}")
     return RolloutMemory(
         decision=d, weights=d.weights_bytes, kv_cache=d.kv_cache_bytes, activations=d.activation_peak_bytes,
-        other=d.cudagraph_bytes + d.non_torch_bytes, sleep_level=ro.sleep_mode, starts=not problem,
+        other=d.cudagraph_bytes + d.non_torch_bytes, sleep_level=sleep, starts=not problem,
         problem=problem, assumptions=notes + [f"{method} rollout engine: {a}" for a in d.assumptions],
     )

@@ -383,6 +383,7 @@ def section_conflicts(paths: dict[str, str], task: str) -> list[Problem]:
 
 # the rl keys only PPO reads (spec/scenario.py Rl; analytic/ppo.py)
 _PPO_ONLY_RL_KEYS = frozenset({"reward_model", "value_model", "num_mini_batches", "rollout_forward_batch_size"})
+_TRL_ONLY_RL_KEYS = _PPO_ONLY_RL_KEYS | {"precompute_ref_log_probs"}
 
 
 def ignored_sections(s: Scenario) -> list[str]:
@@ -402,6 +403,13 @@ def ignored_sections(s: Scenario) -> list[str]:
         # TRL's PPOTrainer settings (analytic/ppo.py): the other trainers have no reward or value model on the GPU
         shown = ", ".join(f"rl.{k}" for k in ppo_only)
         out.append(f"{shown} set but not used: read only with train.objective: ppo (TRL's PPOTrainer)")
+    trains_rl = s.task == "train" and s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo", "ppo")
+    if "verl" in rl and trains_rl and s.effective_framework != "verl":
+        out.append("rl.verl set but not used: verl's hybrid-engine keys are read only with framework verl (docs/rl.md)")
+    if trains_rl and s.effective_framework == "verl" and (trl_only := [k for k in rl if k in _TRL_ONLY_RL_KEYS]):
+        # analytic/verl.py models verl's GRPO: no DPO precompute, no PPO reward or value model
+        shown = ", ".join(f"rl.{k}" for k in trl_only)
+        out.append(f"{shown} set but not used: TRL's trainer settings, not read under framework verl")
     if s.software.trl is not None and not (s.task == "train" and s.train.objective != "sft"):
         # software.trl picks the post-training trainers' release (facts/trl.py); an SFT step is not TRL-specific
         out.append("software.trl set but not used: it is read only with task train and a post-training "

@@ -16,6 +16,10 @@ A few scenario fields are null in the schema because their default depends on wh
 * ``rl.rollout.engine``: hf-generate under ppo (TRL 1.12.0 ``PPOTrainer`` generates with the policy's ``generate``
   in ``batch_generation`` and has no vLLM path), vllm under every other objective.
 
+Under ``framework: verl`` the nulls are verl's (``with_verl_defaults``, facts/verl.py): gradient checkpointing full
+(``enable_gradient_checkpointing: true``), the response ``max_response_length`` 512, the engine vllm, and every
+``rl.verl`` key at the release's value; ``rl.beta`` and ``num_generations`` stay null (verl reads neither here).
+
 ``with_trainer_defaults`` fills each null with that value (``catalog.resolve`` calls it), so the estimate, and the
 report's ``scenario``, hold the resolved values: a report's scenario estimated again resolves to itself.  A value
 given equal to the default means the same as leaving it out: no check reads whether a key was present.
@@ -33,12 +37,13 @@ from vramplan.facts.trl import (
     gradient_checkpointing_default,
     grpo_completion_default,
 )
+from vramplan.facts.verl import verl_defaults
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
            "expandable_segments", "fsdp_group", "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype",
-           "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults"]
+           "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults", "with_verl_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
 PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
@@ -106,6 +111,8 @@ def rollout_engine(s: Scenario) -> RolloutEngine:
 
 def with_trainer_defaults(s: Scenario) -> Scenario:
     """``s`` with every null trainer default resolved (the module docstring); ``s`` itself when none is null."""
+    if s.framework == "verl":
+        return with_verl_defaults(s)
     t, rl, ro = s.train, s.rl, s.rl.rollout
     generations_null = ro.num_generations is None and s.train.objective != "ppo"
     if None not in (t.gradient_checkpointing, rl.beta, ro.max_completion_len, ro.engine) and not generations_null:
@@ -168,3 +175,23 @@ def torchtitan_fsdp2(s: Scenario) -> bool:
     if s.task != "train" or s.effective_framework != "torchtitan" or par.fsdp not in ("full_shard", "hybrid_shard"):
         return False
     return fsdp_group(s, s.data_parallel_degree) > 1 and par.pp == 1 and s.train.peft is None and par.offload == "none"
+
+
+def with_verl_defaults(s: Scenario) -> Scenario:
+    """``s`` (framework verl) with verl's defaults at ``rl.verl.release`` in its null keys (facts/verl.py);
+    ``log_prob_micro_batch_size_per_gpu`` stays null (verl refuses it) and the reference's falls back to it."""
+    v = s.rl.verl
+    row = verl_defaults(v.release)
+    given = v.model_dump()
+    fill = {"release": row.release, "param_offload": row.param_offload, "optimizer_offload": row.optimizer_offload,
+            "gpu_memory_utilization": row.gpu_memory_utilization,
+            "tensor_model_parallel_size": row.tensor_model_parallel_size, "free_cache_engine": row.free_cache_engine,
+            "enforce_eager": row.enforce_eager, "use_remove_padding": row.use_remove_padding,
+            "entropy_coeff": row.entropy_coeff, "strategy": row.strategy, "rollout_name": row.rollout_name}
+    filled = v.model_copy(update={k: x for k, x in fill.items() if given[k] is None})
+    t, ro = s.train, s.rl.rollout
+    ckpt = t.gradient_checkpointing or ("full" if row.enable_gradient_checkpointing else "none")
+    rollout = ro.model_copy(update={"max_completion_len": ro.max_completion_len or row.max_response_length,
+                                    "engine": ro.engine or "vllm"})
+    return s.model_copy(update={"train": t.model_copy(update={"gradient_checkpointing": ckpt}),
+                                "rl": s.rl.model_copy(update={"rollout": rollout, "verl": filled})})

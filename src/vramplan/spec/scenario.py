@@ -19,7 +19,7 @@ from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq",
-                    "torchtune", "litgpt"]
+                    "torchtune", "litgpt", "verl"]
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
 Optimizer = Annotated[str, Choices("optimizer", optimizer_names), OneOf(optimizer_names)]
@@ -994,6 +994,66 @@ class Rollout(_Strict):
     """vLLM release of the colocated engine (its start-up rules, facts/vllm_releases.py)."""
 
 
+class Verl(_Strict):
+    """verl's hybrid-engine settings (``framework: verl``, train.objective grpo): its own config names
+    (``actor_rollout_ref.*``); a null field takes verl's default at ``release`` (facts/verl.py, with each default's
+    file and line).  ``train.micro_batch_size`` is ``actor.ppo_micro_batch_size_per_gpu``,
+    ``train.gradient_checkpointing`` null is ``model.enable_gradient_checkpointing: true``,
+    ``rl.rollout.max_prompt_len`` / ``max_completion_len`` are ``data.max_prompt_length`` / ``max_response_length``
+    (null: 512), ``rl.reference_model: separate`` is ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``
+    (null: none, verl's default), and ``rl.rollout.vllm_version`` the vLLM release (docs/rl.md, verl)."""
+
+    release: Literal["0.4.1", "0.5.0"] | None = None
+    """verl release whose defaults and code are followed (0.4.1 and 0.5.0 read); null: 0.5.0."""
+
+    param_offload: bool | None = None
+    """``actor.fsdp_config.param_offload``: the actor's FSDP shards in host memory outside its weight sync, log-prob
+    and update phases (``offload_fsdp_model_to_cpu``); null: false."""
+
+    optimizer_offload: bool | None = None
+    """``actor.fsdp_config.optimizer_offload``: the AdamW states in host memory outside the actor update
+    (``offload_fsdp_optimizer``); null: false."""
+
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """``rollout.gpu_memory_utilization``, passed to ``vllm.LLM`` unchanged: vLLM's own meaning at
+    ``rl.rollout.vllm_version`` (from 0.9.1 the share of the GPU's total memory the engine's own usage may reach,
+    serve/vllm.py); null: 0.5."""
+
+    tensor_model_parallel_size: int | None = Field(None, ge=1, le=1024)
+    """``rollout.tensor_model_parallel_size``: the engine's weights and KV cache split over this many GPUs; null: 2."""
+
+    free_cache_engine: bool | None = None
+    """``rollout.free_cache_engine``: the engine sleeps (level 1: weights to host memory, KV cache freed) after each
+    rollout; false (v0.5.0 only) keeps it awake in every phase; null: true."""
+
+    enforce_eager: bool | None = None
+    """``rollout.enforce_eager``: no CUDA graphs (verl asserts it when free_cache_engine is on); null: true."""
+
+    log_prob_micro_batch_size_per_gpu: int | None = Field(None, ge=1, le=1_000_000)
+    """``rollout.log_prob_micro_batch_size_per_gpu``: sequences per no-grad forward of the old log-probabilities
+    (and of the reference's unless ``ref_log_prob_micro_batch_size_per_gpu``); null is refused, as verl refuses it
+    without dynamic batching (``check_mutually_exclusive``)."""
+
+    ref_log_prob_micro_batch_size_per_gpu: int | None = Field(None, ge=1, le=1_000_000)
+    """``ref.log_prob_micro_batch_size_per_gpu``; null: ``log_prob_micro_batch_size_per_gpu``."""
+
+    use_dynamic_bsz: bool = False
+    """``actor.use_dynamic_bsz`` (micro-batches packed up to ``ppo_max_token_len_per_gpu`` tokens): true is refused
+    (not modelled)."""
+
+    use_remove_padding: bool | None = None
+    """``model.use_remove_padding`` (unpadded tokens, flash-attn varlen): true is refused (not modelled); null: false."""
+
+    entropy_coeff: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
+    """``actor.entropy_coeff``: non-zero (the entropy in the update's graph) is refused (not modelled); null: 0."""
+
+    strategy: Literal["fsdp", "fsdp2", "megatron"] | None = None
+    """``actor.strategy``: fsdp (FSDP1) is modelled; fsdp2 and megatron are refused (not modelled); null: fsdp."""
+
+    rollout_name: Literal["vllm", "sglang", "hf"] | None = None
+    """``rollout.name``: vllm is modelled; sglang and hf are refused (not modelled); null: vllm."""
+
+
 class Rl(_Strict):
     """Reinforcement-learning post-training (train.objective: grpo, rloo or ppo): the reference model and the rollout."""
 
@@ -1052,6 +1112,9 @@ class Rl(_Strict):
 
     TRL v1.12.0 ``batch_generation`` and the scoring loop of ``PPOTrainer.train``."""
 
+    verl: Verl = Field(default_factory=Verl)
+    """verl's hybrid-engine settings (``framework: verl``)."""
+
 
 class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
@@ -1069,7 +1132,8 @@ class Scenario(_Strict):
     framework: Framework | None = None
     """Whose memory conventions apply (docs/conventions.md); null: vllm for serve, deepspeed with a ZeRO stage,
     else hf-trainer.  litgpt is Lit-GPT's scripts, the conventions framework lightning has always meant here;
-    torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype)."""
+    torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype); verl is
+    verl's FSDP + vLLM hybrid engine for train.objective grpo (``rl.verl``, docs/rl.md)."""
 
     train: Train = Field(default_factory=Train)
     """The training step (task train)."""

@@ -41,11 +41,14 @@ from vramplan.spec.defaults import expandable_segments
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Lifecycle
 
-__all__ = ["LIFECYCLE_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
+__all__ = ["LIFECYCLE_ORDER", "VERL_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
 
 # the report's lifecycle phases, in the order a job runs them (the steady step's name is "training step")
 LIFECYCLE_ORDER = ("load", "peft preparation", "first step", "rollout", "scoring", "training step", "evaluation",
-                   "checkpoint save")
+                   "checkpoint save", "weight sync", "reference scoring")
+# verl's phases (analytic/verl.py) in the order an iteration runs them; the names appended above, so the order of
+# the phases every other job reports stays as it was
+VERL_ORDER = ("weight sync", "rollout", "scoring", "reference scoring", "training step")
 
 
 @dataclass(frozen=True)
