@@ -73,7 +73,7 @@ def test_a_type_without_a_row_or_q_and_v_is_refused_once() -> None:
 
 
 def test_completed_targets_keeps_what_is_given() -> None:
-    assert completed_targets(["c_attn"], "llama") == ["c_attn"]
-    assert completed_targets("all-linear", "falcon") == "all-linear"
-    assert completed_targets(None, "gpt2") == ["c_attn"]
-    assert completed_targets(None, "no_such_type") == ["q_proj", "v_proj"]
+    assert completed_targets(["c_attn"], ("q_proj", "v_proj")) == ["c_attn"]
+    assert completed_targets("all-linear", ("query_key_value",)) == "all-linear"
+    assert completed_targets(None, default_lora_targets("gpt2")) == ["c_attn"]
+    assert completed_targets(None, default_lora_targets("no_such_type")) == ["q_proj", "v_proj"]

@@ -198,7 +198,7 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
     """
     if peft is None:
         return LoraTargets()
-    targets = completed_targets(peft.target_modules, model.model_type)
+    targets = completed_targets(peft.target_modules, model.peft_default_targets)
     if targets == "all-linear":
         names = {p.module for p in model.params if p.role == "linear"}
         if model.traits.experts_are_linears:

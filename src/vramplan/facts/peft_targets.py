@@ -70,9 +70,9 @@ def default_lora_targets(model_type: str) -> tuple[str, ...] | None:
     return _LORA_TARGETS.get(model_type)
 
 
-def completed_targets(target_modules: list[str] | str | None, model_type: str) -> list[str] | str:
-    """``target_modules`` as given, or (null) PEFT's default for ``model_type``, or the assumed fallback: what a
-    consumer that reads a scenario not completed by ``catalog.resolve`` adapts."""
+def completed_targets(target_modules: list[str] | str | None, default: tuple[str, ...] | None) -> list[str] | str:
+    """``target_modules`` as given, or (null) the model type's PEFT default (``ModelSpec.peft_default_targets``),
+    or the assumed fallback: what a consumer that reads a scenario not completed by ``catalog.resolve`` adapts."""
     if target_modules is not None:
         return target_modules
-    return list(default_lora_targets(model_type) or UNMAPPED_FALLBACK)
+    return list(default or UNMAPPED_FALLBACK)

@@ -22,7 +22,6 @@ from vramplan.facts.peft_targets import (
     PEFT_RELEASE,
     UNMAPPED_FALLBACK,
     completed_targets,
-    default_lora_targets,
 )
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
@@ -556,7 +555,7 @@ def _target_matches(target: str, paths: frozenset[str]) -> bool:
 
 def unmatched_lora_targets(peft: Peft | None, m: ModelSpec) -> list[str]:
     """The ``target_modules`` entries that name no module of ``m`` (Mixtral's w1/w2/w3 aliases included)."""
-    targets = completed_targets(peft.target_modules, m.model_type) if peft is not None else "all-linear"
+    targets = completed_targets(peft.target_modules, m.peft_default_targets) if peft is not None else "all-linear"
     if targets == "all-linear":
         return []
     aliases, paths = dict(m.traits.expert_module_aliases), _module_paths(m)
@@ -571,7 +570,7 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
     peft = s.train.peft if s.task == "train" else None
     if peft is None or peft.target_modules is not None:
         return s, [], []
-    mapped = default_lora_targets(m.model_type)
+    mapped = m.peft_default_targets
     notes: list[str] = []
     if mapped is None:
         paths = _module_paths(m)

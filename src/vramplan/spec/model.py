@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vramplan.facts.peft_targets import default_lora_targets
+
 Role = Literal["embedding", "position", "linear", "expert", "router", "norm", "bias", "lm_head", "other"]
 TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
 # layer_fp32: Cohere's LayerNorm, weight only, computed in fp32 by eager ops; layer_nonparam: OLMo-1's
@@ -446,6 +448,12 @@ class ModelSpec:
     def family(self) -> str:
         """The config's ``model_type``, for display only: behaviour reads ``traits``."""
         return self.model_type
+
+    @property
+    def peft_default_targets(self) -> tuple[str, ...] | None:
+        """The LoRA targets PEFT picks for this model type when none are given (facts/peft_targets.py), or None
+        where PEFT has no default and raises."""
+        return default_lora_targets(self.model_type)
 
     # ---- parameter counts -------------------------------------------------
     @property

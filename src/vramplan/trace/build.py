@@ -374,7 +374,7 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
     t = r.scenario.train
     assert t.peft is not None
     p = t.peft
-    target: list[str] | str = completed_targets(p.target_modules, r.model.model_type)
+    target: list[str] | str = completed_targets(p.target_modules, r.model.peft_default_targets)
     per_expert = any(isinstance(m, QuantExperts) for m in model.modules())
     aliases = dict(r.model.traits.expert_module_aliases)
     if isinstance(target, list) and aliases:
