@@ -204,6 +204,16 @@ def _maybe_autocast_patch() -> Iterator[None]:
         (packed[:, -1] == 0).all()
         return None
 
+    all_of = masking_utils.fast_all
+
+    def fast_all(tensor: torch.Tensor) -> Any:
+        # a padding mask of full-length sequences (BartDecoder.forward's torch.ones(batch, seq) when no mask is
+        # given) is all ones: run the op, answer True (``bool()`` of a meta tensor has no value)
+        if tensor.device.type != "meta":
+            return all_of(tensor)
+        all_of(tensor)
+        return True
+
     patched: list[tuple[Any, str, Any]] = []
     for name, mod in list(sys.modules.items()):
         if name.startswith("transformers") and getattr(mod, "maybe_autocast", None) is original:
@@ -211,6 +221,8 @@ def _maybe_autocast_patch() -> Iterator[None]:
             mod.maybe_autocast = maybe_autocast  # type: ignore[attr-defined]
     patched.append((masking_utils, "find_packed_sequence_indices", find_packed))
     masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
+    patched.append((masking_utils, "fast_all", all_of))
+    masking_utils.fast_all = fast_all
     try:
         yield
     finally:
