@@ -78,34 +78,43 @@ def _casts(ctx: act.ActContext) -> bool:
     return ctx.autocast and ctx.residual_bytes != ctx.compute_bytes
 
 
+def t5_stack(m: ModelSpec) -> bool:
+    """``m`` (an encoder-decoder model or its encoder's shape) is a T5 stack: T5LayerNorm, wi / wo feed-forward."""
+    return m.norm == "rms" and m.traits.fc_modules == ("wi", "wo")
+
+
+def t5_norm_extra(m: ModelSpec, ctx: act.ActContext) -> int:
+    """Per token, what a ``T5LayerNorm`` saves beyond ``activations.norm_saved_per_token``: it multiplies the input
+    itself, not its fp32 copy, by the fp32 ``rsqrt`` (``hidden_states * torch.rsqrt(variance + eps)``, modeling_t5.py
+    ``T5LayerNorm.forward``), so the product keeps the input beside the fp32 copy ``pow`` keeps, a second tensor
+    when the residual stream is not fp32 (r x h)."""
+    if not t5_stack(m) or ctx.residual_bytes == 4:
+        return 0
+    return ctx.residual_bytes * m.hidden_size
+
+
 def t5_mlp_extra(m: ModelSpec, ctx: act.ActContext, inter: int) -> int:
     """Per token, what a T5 stack's (``m``: the model or its encoder's shape; T5's MLP is ``wi``/``wo``)
     feed-forward saves beyond ``activations.mlp_tensors`` (module docstring): the dropout mask before ``wo`` (I),
     and for ReLU, whose output ``mlp_tensors`` counts once as fc2's input too, wo's own input (c x I) when wo
     records its input (trained, or adapted)."""
-    if m.norm != "rms" or m.traits.fc_modules != ("wi", "wo") or not (ctx.dropout and m.hidden_dropout > 0):
+    if not t5_stack(m) or not (ctx.dropout and m.hidden_dropout > 0):
         return 0
     wo_saves = not ctx.frozen_base or "wo" in ctx.lora_targets
     own_input = ctx.compute_bytes * inter if (not m.mlp_gated and m.hidden_act == "relu" and wo_saves) else 0
     return inter + own_input
 
 
-def _bias_masks(m: ModelSpec, ctx: act.ActContext, heads: int, n: int, layers: int, causal: bool,
-                bias_bytes: int) -> int:
-    """The position-bias masks one stack's kernels keep over n tokens per sample (module docstring)."""
-    pairs = n * n
-    # the mask the kernel keeps, in the compute dtype, padded to a row of a multiple of 8 keys
+def _bias_masks(ctx: act.ActContext, heads: int, n: int, layers: int, causal: bool, trained: bool) -> int:
+    """The position-bias masks one stack's kernels keep over n tokens per sample (module docstring): per layer the
+    mask the kernel takes, in the compute dtype, padded to a row of a multiple of 8 keys (a new tensor in every
+    layer: the encoder's is the contiguous copy, or the autocast copy, of the permuted lookup,
+    ``create_position_bias_mask``; the decoder's is ``torch.where``'s output, or its copy); the bias itself is kept
+    by nothing (the embedding's backward needs only the bucket indices) and freed when the stack returns.  The
+    decoder's ``where`` keeps its bool condition (T x T) when the bias takes a gradient (the table trained)."""
     kept = heads * n * mem_efficient_mask_row(n) * ctx.compute_bytes
-    if causal:
-        # per layer: where's bool condition (kept by where's backward; its output is what the kernel takes, cast
-        # and padded when it must be, the unpadded copy then freed)
-        return layers * (pairs + kept)
-    if _casts(ctx) or n % 8:
-        # a cast or padded copy per layer; the bias itself is kept by nothing (the embedding's backward needs
-        # only the bucket indices) and freed when the stack returns
-        return layers * kept
-    # the one bias, which every layer's kernel keeps
-    return heads * pairs * bias_bytes
+    condition = n * n if (causal and trained) else 0
+    return layers * (kept + condition)
 
 
 def encoder_tensors(c: StepContext) -> tuple[int, ...]:
@@ -131,19 +140,25 @@ def _encoder(c: StepContext) -> tuple[int, ...]:
         out.append(act.norm_saved_per_token(enc, ctx) * tokens)
     full = checkpoint_policy(c.s) == "full"
     layer = [t.nbytes * t.copies * tokens for t in act.layer_tensors(enc, enc.layers[0], ctx)]
-    layer.append(t5_mlp_extra(enc, ctx, enc.intermediate_size) * tokens)
+    layer.append((t5_mlp_extra(enc, ctx, enc.intermediate_size) + 2 * t5_norm_extra(enc, ctx)) * tokens)
     per_layer = [r * h * tokens] if full else layer
-    out += per_layer * enc.num_layers
+    first = list(per_layer)
+    if c.peft is not None and not full:
+        # the frozen embedding's output requires no grad: the first layer's input norm (layer_tensors' first
+        # record) records nothing (analytic/terms/frozen_prefix.py)
+        first[0] -= act.norm_saved_per_token(enc, ctx) * tokens
+    out += first + per_layer * (enc.num_layers - 1)
     if relative(m):
         heads = enc.num_attention_heads
         bias_bytes = c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes
-        out.append(8 * s * s)  # the first layer's int64 bucket indices, kept by the bias embedding
+        # the first layer's int64 bucket indices, kept by the bias embedding's backward when the table is trained
+        out.append(8 * s * s if c.peft is None else 0)
         if full:
             out.append(heads * s * s * bias_bytes)  # the bias, held by every checkpointed block's arguments
         else:
-            out.append(_bias_masks(enc, ctx, heads, s, enc.num_layers, False, bias_bytes))
+            out.append(_bias_masks(ctx, heads, s, enc.num_layers, False, c.peft is None))
         # the final norm, and the dropout after it
-        out += [act.norm_saved_per_token(enc, ctx) * tokens, drop * h * tokens]
+        out += [(act.norm_saved_per_token(enc, ctx) + t5_norm_extra(enc, ctx)) * tokens, drop * h * tokens]
     return tuple(x for x in out if x) * c.in_flight
 
 
@@ -176,7 +191,8 @@ def _cross(c: StepContext) -> tuple[act.SavedTensor, ...]:
     qw = heads * m.head_dim
     drop = 1 if (ctx.dropout and m.hidden_dropout > 0) else 0
     trained = not ctx.frozen_base
-    per_target = act.norm_saved_per_token(m, ctx)
+    # the cross-attention's norm; T5's three norms' inputs (t5_norm_extra)
+    per_target = act.norm_saved_per_token(m, ctx) + 3 * t5_norm_extra(m, ctx)
     in_b = act._norm_out_bytes(m.norm, ctx)
     if trained or "q" in ctx.lora_targets or "q_proj" in ctx.lora_targets:
         per_target += cb * h if (ctx.autocast and in_b != cb) else 0
@@ -189,9 +205,8 @@ def _cross(c: StepContext) -> tuple[act.SavedTensor, ...]:
            act.SavedTensor("cross_attention.per_source", per_source * b * s)]
     if relative(m):
         # the decoder's causal position-bias masks
-        bias_bytes = c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes
-        out.append(act.SavedTensor("self_attention.bias_mask", _bias_masks(m, ctx, m.num_attention_heads, t, 1,
-                                                                            True, bias_bytes)))
+        out.append(act.SavedTensor("self_attention.bias_mask", _bias_masks(ctx, m.num_attention_heads, t, 1, True,
+                                                                            c.peft is None)))
         if s % 8:
             # the kernel's padded copy of the shared zero bias, per layer (a row of S keys, not a multiple of 8)
             out.append(act.SavedTensor("cross_attention.bias_padded", heads * t * mem_efficient_mask_row(s) * cb))
@@ -214,6 +229,8 @@ def encoder_saved(c: StepContext) -> list[Term]:
     if relative(c.m):
         t, s = c.s.train.seq_len, source_len(c)
         heads = c.m.encoder_decoder.cross_attention_heads  # type: ignore[union-attr]
-        shared = 8 * t * t + heads * t * s * c.act.compute_bytes
+        # the decoder's bucket indices, the cross-attention's zero bias, the final norm's input (t5_norm_extra)
+        shared = (8 * t * t if c.peft is None else 0) + heads * t * s * c.act.compute_bytes
+        shared += t5_norm_extra(c.m, c.act) * c.s.train.micro_batch_size * t
         out.append(Term(K.SAVED, shared, FORWARD, TIED_EMBEDDING, "saved.decoder_bias"))
     return out
