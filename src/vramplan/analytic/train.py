@@ -188,6 +188,12 @@ FUSED_HEAD_LOSS_NOTES = {
 }
 
 
+ENCODER_DECODER_LOSS_NOTE = ("loss as an encoder-decoder model computes it in its forward (T5ForConditionalGeneration / "
+                             "BartForConditionalGeneration, transformers 5.24): CrossEntropyLoss on the logits in their "
+                             "own dtype over the seq_len target tokens, labels not shifted (autocast runs log_softmax "
+                             "in fp32)")
+
+
 def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
     if s.train.loss != "standard":
@@ -197,6 +203,8 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     if s.train.objective in OBJECTIVE_LOSS_NOTES:
         return OBJECTIVE_LOSS_NOTES[s.train.objective]
     sw = s.software
+    if m.encoder_decoder is not None:
+        return ENCODER_DECODER_LOSS_NOTE
     release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
     if fw == "torchtune" and not m.encoder_only:
         tune = f"loss as torchtune {sw.torchtune or '0.6.1'} computes it: {TORCHTUNE_LOSS_NOTES[release]}"
