@@ -102,7 +102,10 @@ def t5_mlp_extra(m: ModelSpec, ctx: act.ActContext, inter: int) -> int:
         return 0
     wo_saves = not ctx.frozen_base or "wo" in ctx.lora_targets
     own_input = ctx.compute_bytes * inter if (not m.mlp_gated and m.hidden_act == "relu" and wo_saves) else 0
-    return inter + own_input
+    # gated-gelu under autocast: NewGELUActivation's torch.pow is on autocast's fp32 list, so the activation's
+    # output, which ``hidden_gelu * hidden_linear`` keeps, is fp32, not the compute dtype mlp_tensors counts
+    fp32_gelu = (4 - ctx.ew) * inter if (m.mlp_gated and m.hidden_act == "gelu_new" and ctx.autocast) else 0
+    return inter + own_input + fp32_gelu
 
 
 def _bias_masks(ctx: act.ActContext, heads: int, n: int, layers: int, causal: bool, trained: bool) -> int:
