@@ -206,7 +206,7 @@ def _maybe_autocast_patch() -> Iterator[None]:
 
     all_of = masking_utils.fast_all
 
-    def fast_all(tensor: torch.Tensor) -> Any:
+    def fast_all(tensor: Any) -> Any:
         # a padding mask of full-length sequences (BartDecoder.forward's torch.ones(batch, seq) when no mask is
         # given) is all ones: run the op, answer True (``bool()`` of a meta tensor has no value)
         if tensor.device.type != "meta":

@@ -189,7 +189,7 @@ def _cross(c: StepContext) -> tuple[act.SavedTensor, ...]:
     if ed is None:
         return ()
     b, t, s = c.s.train.micro_batch_size, c.s.train.seq_len, source_len(c)
-    cb, r, h = ctx.compute_bytes, ctx.residual_bytes, m.hidden_size
+    cb, h = ctx.compute_bytes, m.hidden_size
     heads = ed.cross_attention_heads
     qw = heads * m.head_dim
     drop = 1 if (ctx.dropout and m.hidden_dropout > 0) else 0
@@ -231,7 +231,7 @@ def encoder_saved(c: StepContext) -> list[Term]:
     out.append(Term(K.SAVED, nbytes, FORWARD, TIED_EMBEDDING if kept else LOSS, "saved.encoder_output"))
     if relative(c.m):
         t, s = c.s.train.seq_len, source_len(c)
-        heads = c.m.encoder_decoder.cross_attention_heads  # type: ignore[union-attr]
+        heads = c.m.encoder_decoder.cross_attention_heads
         # the decoder's bucket indices, the cross-attention's zero bias, the final norm's input (t5_norm_extra)
         shared = (8 * t * t if c.peft is None else 0) + heads * t * s * c.act.compute_bytes
         shared += t5_norm_extra(c.m, c.act) * c.s.train.micro_batch_size * t
