@@ -57,9 +57,10 @@ __all__ = ["ENCODER_DECODER_NOTE", "cross_tensors", "encoder_output", "encoder_s
            "relative", "source_len", "t5_mlp_extra"]
 
 ENCODER_DECODER_NOTE = ("encoder-decoder training (analytic/terms/encoder_decoder.py): the encoder's saved tensors "
-                        "over source_len tokens alive to its backward, after the decoder's; the decoder (seq_len "
-                        "target tokens) with self- and cross-attention; the encoder's own backward transients are "
-                        "not a moment of the step")
+                        "over source_len tokens (seq_len when not set) alive to its backward, after the decoder's; "
+                        "the decoder over the seq_len target tokens with self- and cross-attention; T5's relative "
+                        "position bias is SDPA's mask (memory-efficient kernel); the encoder's own backward "
+                        "transients are not a moment of the step")
 
 
 def relative(m: ModelSpec) -> bool:
