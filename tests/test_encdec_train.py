@@ -115,12 +115,25 @@ def test_analytic_agrees_with_the_trace(model: dict[str, Any], train: dict[str, 
     assert abs(a - t) / t < 0.03, (a, t)
 
 
+def test_ddp_agrees_with_the_trace() -> None:
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = _doc(T5_SMALL, micro_batch_size=4, seq_len=128, source_len=512)
+    doc["hardware"]["num_gpus"] = 2
+    a = estimate(doc).per_gpu.peak_allocated_bytes
+    t = traced(doc).per_gpu.peak_allocated_bytes
+    assert abs(a - t) / t < 0.03, (a, t)
+
+
 @pytest.mark.parametrize(("train", "parallel", "key"), [
     ({"attention": "flash"}, {}, "train.attention"),
     ({"source_len": 2000}, {}, "train.source_len"),
     ({"liger_kernels": True}, {}, "train.loss"),
     ({"gradient_checkpointing": "attention-core"}, {}, "train.gradient_checkpointing"),
     ({}, {"tp": 2}, "parallel"),
+    ({}, {"fsdp": "full_shard"}, "parallel.fsdp"),
+    ({}, {"zero_stage": 2}, "parallel.zero_stage"),
 ])
 def test_what_is_not_modelled_is_refused(train: dict[str, Any], parallel: dict[str, Any], key: str) -> None:
     doc = _doc(BART_BASE if "source_len" in train else T5_SMALL, **train)

@@ -237,7 +237,7 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     BART), refused rather than answered as a decoder-only model of the decoder stack.
 
     * Training (``analytic/terms/encoder_decoder.py``) is estimated for transformers 5.24's SFT step under SDPA,
-      full or LoRA fine-tuning of unquantized weights, no or full checkpointing, data parallelism only; other
+      full or LoRA fine-tuning of unquantized weights, no or full checkpointing, DDP only; other
       settings are refused (``_encoder_decoder_train_problems``).
     * Inference (``analytic/encoder_decoder.py``) is estimated under SDPA on one GPU, unquantized, with the cache in
       the model's dtype, for transformers' own generate from 5.0; other settings are refused, and so is a T5 whose
@@ -269,7 +269,7 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     """The training settings ``analytic/terms/encoder_decoder.py`` does not model (``encoder_decoder_problems``): the
     step is the Trainer's (hf-trainer, accelerate or plain PyTorch) SFT step of transformers 5.24's
     ``...ForConditionalGeneration`` under SDPA, with or without full checkpointing, full or LoRA fine-tuning of
-    unquantized weights, data parallel (DDP, FSDP, ZeRO) only."""
+    unquantized weights, DDP data parallelism only."""
     t, par = s.train, s.parallel
     ed = m.encoder_decoder
     assert ed is not None
@@ -285,7 +285,15 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     if max(par.tp, par.pp, par.cp, par.ep) > 1:
         refuse("parallel", "its training step is modelled with data parallelism only (no tensor, pipeline, context "
                "or expert parallel plan for its encoder and decoder stacks)", "set parallel.tp, pp, cp and ep to 1")
-    if s.effective_framework not in ("hf-trainer", "accelerate", "plain"):
+    if par.fsdp != "none" or par.zero_stage > 0:
+        # the sharding terms group parameters by decoder layer index (analytic/terms/sharding.py), which would put
+        # encoder layer j in decoder layer j's unit; FSDP2's fully_shard per block also fails on T5's shared
+        # embedding, tied across the stacks (transformers 5.24: "shared with a parameter already managed by
+        # another FSDP group")
+        refuse("parallel.fsdp" if par.fsdp != "none" else "parallel.zero_stage", "FSDP and DeepSpeed ZeRO are not "
+               "modelled for it (its encoder's layers are not units of their own)", "use DDP (parallel.fsdp: none, "
+               "zero_stage: 0)")
+    elif s.effective_framework not in ("hf-trainer", "accelerate", "plain"):
         refuse("framework", f"{s.effective_framework} is not modelled for it (transformers' own model under the "
                "Trainer, accelerate or plain PyTorch is)", "use framework: hf-trainer")
     if t.objective != "sft":
