@@ -22,6 +22,10 @@ T5_SMALL: dict[str, Any] = {"model_type": "t5", "d_model": 512, "d_ff": 2048, "n
 FLAN_T5_BASE: dict[str, Any] = {"model_type": "t5", "d_model": 768, "d_ff": 2048, "num_layers": 12,
                                 "num_decoder_layers": 12, "num_heads": 12, "d_kv": 64, "vocab_size": 32128,
                                 "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
+# google/umt5-small's shape (a bias table in every self-attention)
+UMT5_SMALL: dict[str, Any] = {"model_type": "umt5", "d_model": 512, "d_ff": 1024, "num_layers": 8,
+                              "num_decoder_layers": 8, "num_heads": 6, "d_kv": 64, "vocab_size": 256384,
+                              "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
 # facebook/bart-base
 BART_BASE: dict[str, Any] = {"model_type": "bart", "d_model": 768, "vocab_size": 50265, "encoder_layers": 6,
                              "decoder_layers": 6, "encoder_attention_heads": 12, "decoder_attention_heads": 12,
@@ -96,6 +100,7 @@ AGREEMENT = [
     (FLAN_T5_BASE, {"micro_batch_size": 2, "seq_len": 256, "source_len": 1024}),
     (FLAN_T5_BASE, {"micro_batch_size": 4, "seq_len": 128, "source_len": 512,
                     "peft": {"method": "lora", "rank": 16, "target_modules": ["q", "v"]}}),
+    (UMT5_SMALL, {"micro_batch_size": 4, "seq_len": 128, "source_len": 512}),
     (BART_BASE, {"micro_batch_size": 4, "seq_len": 128, "source_len": 512}),
     (BART_BASE, {"micro_batch_size": 8, "seq_len": 256, "source_len": 1024}),
     (BART_BASE, {"micro_batch_size": 4, "seq_len": 128, "source_len": 512,

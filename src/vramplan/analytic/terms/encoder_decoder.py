@@ -121,6 +121,13 @@ def _bias_masks(ctx: act.ActContext, heads: int, n: int, layers: int, causal: bo
     return layers * (kept + condition)
 
 
+def _bias_tables(m: ModelSpec, layers: int) -> int:
+    """The layers of a stack that look the bias up in a table of their own (``EncoderDecoderSpec
+    .relative_bias_layers``)."""
+    ed = m.encoder_decoder
+    return layers if ed is not None and ed.relative_bias_layers == "every" else 1
+
+
 def encoder_tensors(c: StepContext) -> tuple[int, ...]:
     """The encoder stack's saved tensors over the micro-batch's source tokens, in bytes, in the forward's order:
     the embedding's, each layer's (or, with full checkpointing, each layer's input), the final norm's."""
@@ -155,8 +162,9 @@ def _encoder(c: StepContext) -> tuple[int, ...]:
     if relative(m):
         heads = enc.num_attention_heads
         bias_bytes = c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes
-        # the first layer's int64 bucket indices, kept by the bias embedding's backward when the table is trained
-        out.append(8 * s * s if c.peft is None else 0)
+        # the int64 bucket indices, kept by the bias embedding's backward when the table is trained: the first
+        # layer's (T5, mT5), every layer's (UMT5: a table per self-attention, modeling_umt5.py UMT5Attention)
+        out.append(8 * s * s * _bias_tables(m, enc.num_layers) if c.peft is None else 0)
         if full:
             out.append(heads * s * s * bias_bytes)  # the bias, held by every checkpointed block's arguments
         else:
@@ -234,7 +242,8 @@ def encoder_saved(c: StepContext) -> list[Term]:
         t, s = c.s.train.seq_len, source_len(c)
         heads = c.m.encoder_decoder.cross_attention_heads
         # the decoder's bucket indices, the cross-attention's zero bias, the final norm's input (t5_norm_extra)
-        shared = (8 * t * t if c.peft is None else 0) + heads * t * s * c.act.compute_bytes
+        shared = (8 * t * t * _bias_tables(c.m, c.m.num_layers) if c.peft is None else 0)
+        shared += heads * t * s * c.act.compute_bytes
         shared += t5_norm_extra(c.m, c.act) * c.s.train.micro_batch_size * t
         out.append(Term(K.SAVED, shared, FORWARD, TIED_EMBEDDING, "saved.decoder_bias"))
     return out
