@@ -149,3 +149,11 @@ def test_what_is_not_modelled_is_refused(train: dict[str, Any], parallel: dict[s
         resolve(doc)
     assert any(p.where == key for p in err.value.problems), err.value
     assert "is an encoder-decoder model" in str(err.value)
+
+
+def test_source_len_is_noted_for_a_decoder_only_model() -> None:
+    doc = {"model": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100},
+           "hardware": {"gpu": "H100-80GB"}, "task": "train", "train": {"seq_len": 64, "source_len": 32}}
+    assert any("train.source_len is not read" in a for a in estimate(doc).assumptions)
+    doc["train"].pop("source_len")
+    assert not any("source_len" in a for a in estimate(doc).assumptions)

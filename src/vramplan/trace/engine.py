@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from vramplan.analytic.deepspeed import deepspeed_zero
+from vramplan.analytic.terms.encoder_decoder import source_len_note
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
@@ -164,6 +165,8 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
                    "weights and activations in this report's assumptions are the analytic engine's)")
     out.extend(st.notes)
     out.extend(notes)
+    if s.task == "train":
+        out.extend(source_len_note(s.train.source_len, r.model))
     from vramplan.catalog.gpus import bare_name_note
 
     if s.hardware.gpu and (note := bare_name_note(s.hardware.gpu)):

@@ -54,13 +54,22 @@ from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
 from vramplan.spec.model import ModelSpec
 
 __all__ = ["ENCODER_DECODER_NOTE", "cross_tensors", "encoder_output", "encoder_saved", "encoder_tensors",
-           "relative", "source_len", "t5_mlp_extra"]
+           "relative", "source_len", "source_len_note", "t5_mlp_extra", "t5_norm_extra", "t5_stack"]
 
 ENCODER_DECODER_NOTE = ("encoder-decoder training (analytic/terms/encoder_decoder.py): the encoder's saved tensors "
                         "over source_len tokens (seq_len when not set) alive to its backward, after the decoder's; "
                         "the decoder over the seq_len target tokens with self- and cross-attention; T5's relative "
                         "position bias is SDPA's mask (memory-efficient kernel); the encoder's own backward "
                         "transients are not a moment of the step")
+
+
+def source_len_note(source: int | None, m: ModelSpec) -> list[str]:
+    """The assumption saying ``train.source_len`` is not read, for a model without an encoder stack (docs/conventions.md,
+    No silent inputs)."""
+    if source is None or m.encoder_decoder is not None:
+        return []
+    return [f"train.source_len is not read: {m.name} has no encoder stack (the key is an encoder-decoder model's "
+            "source tokens)"]
 
 
 def relative(m: ModelSpec) -> bool:
