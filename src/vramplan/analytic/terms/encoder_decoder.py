@@ -68,8 +68,8 @@ def source_len_note(source: int | None, m: ModelSpec) -> list[str]:
     No silent inputs)."""
     if source is None or m.encoder_decoder is not None:
         return []
-    return [f"train.source_len is not read: {m.name} has no encoder stack (the key is an encoder-decoder model's "
-            "source tokens)"]
+    return [(f"train.source_len is not read: {m.name} has no encoder stack (the key is an encoder-decoder model's "
+             "source tokens)")]
 
 
 def relative(m: ModelSpec) -> bool:
