@@ -53,7 +53,8 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["ENCODER_DECODER_NOTE", "cross_tensors", "encoder_output", "encoder_saved", "encoder_tensors",
+__all__ = ["ENCODER_DECODER_NOTE", "cross_tensors", "encoder_output", "encoder_saved", "encoder_sequence",
+           "encoder_tensors",
            "relative", "source_len", "source_len_note", "t5_mlp_extra", "t5_norm_extra", "t5_stack"]
 
 ENCODER_DECODER_NOTE = ("encoder-decoder training (analytic/terms/encoder_decoder.py): the encoder's saved tensors "
@@ -235,6 +236,28 @@ def _cross(c: StepContext) -> tuple[act.SavedTensor, ...]:
     return tuple(x for x in out if x.nbytes)
 
 
+def _decoder_shared(c: StepContext) -> int:
+    """T5's decoder tensors shared by its layers: the bucket indices, the cross-attention's zero bias, the final
+    norm's input (``t5_norm_extra``)."""
+    ed = c.m.encoder_decoder
+    if ed is None or not relative(c.m):
+        return 0
+    t, s = c.s.train.seq_len, source_len(c)
+    shared = (8 * t * t * _bias_tables(c.m, c.m.num_layers) if c.peft is None else 0)
+    shared += ed.cross_attention_heads * t * s * c.act.compute_bytes
+    return shared + t5_norm_extra(c.m, c.act) * c.s.train.micro_batch_size * t
+
+
+def encoder_sequence(c: StepContext) -> tuple[tuple[int, bool], ...]:
+    """``encoder_saved``'s tensors as (bytes, freed before the backward), in the order the forward makes them, for
+    the allocator's event stream (analytic/events.py, beside a vision tower's); empty for another model."""
+    if c.m.encoder_decoder is None or not c.rp.has_embedding:
+        return ()
+    nbytes, kept = encoder_output(c)
+    out = [(n, False) for n in encoder_tensors(c)] + [(nbytes, not kept), (_decoder_shared(c), False)]
+    return tuple(x for x in out if x[0])
+
+
 def encoder_saved(c: StepContext) -> list[Term]:
     """The encoder stack's saved tensors, from the forward's start to the encoder's backward; the encoder output
     (kept by the decoder's k and v, or held by the model output to the loss); T5's shared biases: the decoder's
@@ -247,12 +270,6 @@ def encoder_saved(c: StepContext) -> list[Term]:
         out.append(Term(K.SAVED, sum(tensors), FORWARD, TIED_EMBEDDING, "saved.encoder", tensors=tensors))
     nbytes, kept = encoder_output(c)
     out.append(Term(K.SAVED, nbytes, FORWARD, TIED_EMBEDDING if kept else LOSS, "saved.encoder_output"))
-    if relative(c.m):
-        t, s = c.s.train.seq_len, source_len(c)
-        heads = c.m.encoder_decoder.cross_attention_heads
-        # the decoder's bucket indices, the cross-attention's zero bias, the final norm's input (t5_norm_extra)
-        shared = (8 * t * t * _bias_tables(c.m, c.m.num_layers) if c.peft is None else 0)
-        shared += heads * t * s * c.act.compute_bytes
-        shared += t5_norm_extra(c.m, c.act) * c.s.train.micro_batch_size * t
+    if shared := _decoder_shared(c):
         out.append(Term(K.SAVED, shared, FORWARD, TIED_EMBEDDING, "saved.decoder_bias"))
     return out
