@@ -15,24 +15,31 @@ seq_len = T.  What an encoder-decoder model adds:
   Per layer over the b x S source tokens: ``activations.layer_tensors`` of the encoder's layer shape
   (``EncoderDecoderSpec.encoder``), with T5's feed-forward extras (``t5_mlp_extra``); per stack: the embedding
   dropout's mask, the final norm (T5) or the embedding LayerNorm (BART), the final dropout's mask.
-* **The relative position bias** (T5): ``T5Attention.compute_bias`` in each stack's first layer, an
-  ``nn.Embedding(buckets, heads)`` lookup over the S x S (T x T) pairs whose int64 bucket indices the embedding's
-  backward keeps (8 B per pair), and the bias itself [1, heads, S, S] in the parameters' dtype, shared by every
-  layer (``T5Stack.forward``: "the first layer stores them").  Under SDPA it is the additive mask
-  (``integrations/sdpa_attention.py`` ``create_position_bias_mask``), which the memory-efficient kernel keeps (flash
-  takes no mask; T5 has ``_supports_flash_attn = False``): autocast casts it to the compute dtype for each layer (a
-  copy per layer) when the parameters are fp32; the decoder's is made per layer with ``torch.where`` over its causal
-  mask (the bool condition, T x T, kept by ``where``'s backward, and its output, the mask the kernel keeps).  A row
-  of keys not a multiple of 8 is padded by the kernel (``attention.mem_efficient_mask_row``), a copy per layer.
+* **The relative position bias** (T5): ``T5Attention.compute_bias`` in each stack's first layer (UMT5: in every
+  self-attention, each with its own table), an ``nn.Embedding(buckets, heads)`` lookup over the S x S (T x T) pairs
+  whose int64 bucket indices the embedding's backward keeps while the table is trained (8 B per pair), the bias
+  [1, heads, S, S] shared by the stack's layers (``T5Stack.forward``: "the first layer stores them").  Under SDPA
+  it is the additive mask (``integrations/sdpa_attention.py`` ``create_position_bias_mask``), which the
+  memory-efficient kernel keeps (flash takes no mask; T5 has ``_supports_flash_attn = False``): each encoder layer
+  hands the kernel a new tensor (the contiguous copy of the permuted lookup, or autocast's compute-dtype copy), and
+  each decoder layer ``torch.where``'s output over its causal mask (its bool condition, T x T, kept by ``where``'s
+  backward while the table is trained), or its copy; the bias itself is kept by nothing and freed when the stack
+  returns.  A row of keys not a multiple of 8 is what the kernel pads and keeps (``attention.mem_efficient_mask_row``).
+  Checked against the trace: one compute-dtype mask per layer, cast or not.
 * **Cross-attention** in every decoder layer (``cross_tensors``): per target token its norm, q's input (an autocast
   copy when cast), q, the kernel's output and logsumexp, the residual dropout's mask; per source token the k and v
   projections of the encoder output and their inputs (one autocast copy each per layer when the encoder output is
   fp32 and the compute dtype is not; else the encoder output itself, one tensor for every layer: ``encoder_output``);
   T5's zero bias [1, heads, T, S] in the compute dtype, made by the first decoder layer and shared.
+* **T5LayerNorm** (``t5_norm_extra``): ``hidden_states * torch.rsqrt(variance + eps)`` multiplies the input, not
+  the fp32 copy ``pow`` keeps, so a residual stream that is not fp32 is kept as well (r x h per norm).
 * **T5's feed-forward** (``t5_mlp_extra``): ``T5DenseActDense`` / ``T5DenseGatedActDense`` drop the activation
   before ``wo`` (a 1-byte mask per element of I when dropout_rate > 0) and then cast to ``wo``'s weight dtype
   (``hidden_states.to(self.wo.weight.dtype)``), so wo saves the dropout's output (or its autocast copy), not the
-  activation's (ReLU: a second c x I tensor; gated: in place of the product, which nothing keeps).
+  activation's (ReLU: a second c x I tensor; gated: in place of the product, which nothing keeps); gated-gelu
+  under autocast keeps an fp32 activation output (``NewGELUActivation``'s ``torch.pow`` is on autocast's fp32 list).
+* **The loss** (terms/loss.py, ``analytic/logits.py`` ``unshifted_no_upcast``): ``CrossEntropyLoss`` on the logits
+  in their own dtype, the labels not shifted.
 
 Not modelled, stated in the assumptions: the encoder's own backward (its layers' gradients while the decoder's are
 all there: the peak is at the forward's end or at the decoder's backward for the shapes checked against the trace),
