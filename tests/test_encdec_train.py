@@ -103,6 +103,7 @@ AGREEMENT = [
     (UMT5_SMALL, {"micro_batch_size": 4, "seq_len": 128, "source_len": 512}),
     (BART_BASE, {"micro_batch_size": 4, "seq_len": 128, "source_len": 512}),
     (BART_BASE, {"micro_batch_size": 8, "seq_len": 256, "source_len": 1024}),
+    (BART_BASE, {"micro_batch_size": 8, "seq_len": 16, "source_len": 1024}),  # a long source, a short target
     (BART_BASE, {"micro_batch_size": 4, "seq_len": 128, "source_len": 512,
                  "peft": {"method": "lora", "rank": 16}}),
 ]
