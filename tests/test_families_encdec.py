@@ -141,7 +141,6 @@ def test_bart_heads_that_do_not_divide_the_width_are_refused() -> None:
 
 
 @pytest.mark.parametrize(("task", "words"), [
-    ("train", "training memory is not estimated for it yet"),
     ("serve", "vLLM served BART and Whisper only in some releases"),
 ])
 def test_tasks_not_modelled_are_refused_with_the_reason(tmp_path: Any, task: str, words: str) -> None:
@@ -346,7 +345,7 @@ def test_bart_positions_bound_both_stacks_and_the_solver() -> None:
 def test_the_traced_engine_refuses_an_encoder_decoder_model() -> None:
     from vramplan.trace.engine import trace
 
-    with pytest.raises(ScenarioError, match="traces causal LMs only"):
+    with pytest.raises(ScenarioError, match="traces a causal LM's generate only"):
         trace({"model": T5_SMALL, "hardware": {"gpu": "H100-80GB"}, "task": "inference"})
 
 

@@ -128,7 +128,12 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     if gqa_math_fallback(s, m, pol.compute_bytes, gpu) or (
             pol.compute_bytes == 2 and bf16_math_fallback(pol.half, gpu)):
         return "math", False
-    if not _flash_runs(m, pol.compute_bytes, _capability(gpu)) or m.traits.sdpa_mask_always:
+    ed = m.encoder_decoder
+    relative_bias = ed is not None and ed.relative_bias_layers != "none"
+    if not _flash_runs(m, pol.compute_bytes, _capability(gpu)) or m.traits.sdpa_mask_always or (
+            relative_bias and s.task == "train"):
+        # T5's relative position bias is SDPA's additive mask in every layer (integrations/sdpa_attention.py
+        # create_position_bias_mask, transformers 5.24)
         # flash takes no attn_mask (sdp_utils.cpp ``check_for_attn_mask``): a model that always passes one
         # (``Traits.sdpa_mask_always``) runs the memory-efficient kernel
         return "efficient", False

@@ -60,6 +60,7 @@ from vramplan.analytic.stream import AllocStream as _Stream
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.cross_attention import cross_sequence
+from vramplan.analytic.terms.encoder_decoder import encoder_sequence
 from vramplan.analytic.terms.gradients import zero3_flat_gradients
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.vision import tower_sequence
@@ -146,7 +147,9 @@ class StepLayout:
     offload_inputs: bool = False
     # a vision-language model's tower, trained on the batch's images: its saved tensors, made before the first
     # layer and freed with the shared tensors (terms/vision.py); mllama's projected states, masks and vision output
-    # (terms/cross_attention.py ``cross_sequence``) after them
+    # (terms/cross_attention.py ``cross_sequence``) after them; an encoder-decoder model's encoder stack, its output
+    # and T5's shared biases (terms/encoder_decoder.py ``encoder_sequence``), alike made before the first (decoder)
+    # layer and freed with the shared tensors
     vision_saved: tuple[int, ...] = ()
     # which of vision_saved belong to tower layers after the selected hidden state (LLaVA's last layer): freed
     # with the model output before the backward (terms/vision.py)
@@ -778,8 +781,10 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         grads_during_forward=c.grads_during_fwd or zero3_flat_gradients(c), has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=extra, kernel_loss=_kernel_loss_tensors(terms),
         offload_inputs=c.s.train.activation_offload == "cpu",
-        vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c)),
-        vision_unused=tuple(u for _, u in tower_sequence(c)) + tuple(u for _, _, u in cross_sequence(c)),
+        vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c))
+        + tuple(n for n, _ in encoder_sequence(c)),
+        vision_unused=tuple(u for _, u in tower_sequence(c)) + tuple(u for _, _, u in cross_sequence(c))
+        + tuple(u for _, u in encoder_sequence(c)),
     )
 
 

@@ -25,6 +25,9 @@ shifted logits, ``shift_logits = logits[..., :-1, :].contiguous()``, over b (s -
 * ``shifted_upcast_in_model`` (4.31-4.45 for Llama and the families whose causal-LM forward did
   ``logits = logits.float()``, ``Traits.upcasts_all_logits``): the model output is the fp32 logits (the
   head's c V output dies at the cast): 4 V + 4 V' + 4 V' forward, the same backward;
+* ``unshifted_no_upcast`` (an encoder-decoder model's loss in every release: ``CrossEntropyLoss`` on ``lm_logits`` in
+  their own dtype, labels aligned with the decoder's positions): ``shifted_no_upcast`` without the shifted copy:
+  c V + (4 V under autocast) + l V forward, 3 l V backward;
 * ``shifted_no_upcast`` (Llama before 4.31; GPT-2, GPT-J, GPT-NeoX, Falcon, BLOOM, OPT before 4.49;
   StableLM before 4.46): ``CrossEntropyLoss`` on the shifted logits in their own dtype; autocast runs
   ``log_softmax`` in fp32 on a 4 V' copy (the autocast fp32 op list), so the log-probs have l = 4 bytes
@@ -42,7 +45,8 @@ from typing import Literal
 from vramplan.facts.torchtune import LABEL_SHIFT_SINCE
 from vramplan.spec.model import Traits
 
-LossRelease = Literal["padded", "shifted", "shifted_upcast_in_model", "shifted_no_upcast", "torchtune_shifted"]
+LossRelease = Literal["padded", "shifted", "shifted_upcast_in_model", "shifted_no_upcast", "torchtune_shifted",
+                      "unshifted_no_upcast"]
 
 # the transformers releases the loss code changed in (release wheels, ``models/llama/modeling_llama.py``
 # ``LlamaForCausalLM.forward`` and ``loss/loss_utils.py`` ``ForCausalLMLoss``)
@@ -167,6 +171,14 @@ def loss_bytes(tokens: int, vocab_on_rank: int, logits_bytes: int, softcap: bool
         # the head's output dies at the cast, before the shifted copy is made
         tensors = (4 * v, 4 * vs, saved) if 8 * vs >= upcast else (c * v if c < 4 else 0, 4 * v, saved)
         return LossTensors(sum(tensors), saved, max(12 * vs, 4 * vs + 4 * v) + cap, tensors)
+    if release == "unshifted_no_upcast":
+        # an encoder-decoder model's own loss (T5ForConditionalGeneration.forward, BartForConditionalGeneration.
+        # forward, transformers 5.24: CrossEntropyLoss on lm_logits as they are, the labels not shifted): the
+        # shifted_no_upcast code without the shifted copy
+        lp = 4 if autocast or c == 4 else c
+        copy = 4 * v if autocast and c < 4 else 0
+        saved = lp * v + cap
+        return LossTensors(c * v + copy + saved, saved, 3 * lp * v + cap, (c * v, copy, saved))
     lp = 4 if autocast or c == 4 else c
     copy = 4 * vs if autocast and c < 4 else 0  # autocast's fp32 input to log_softmax
     saved = lp * vs + cap

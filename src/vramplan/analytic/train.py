@@ -47,6 +47,7 @@ from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
+from vramplan.analytic.terms.encoder_decoder import ENCODER_DECODER_NOTE, source_len_note
 from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
@@ -188,6 +189,12 @@ FUSED_HEAD_LOSS_NOTES = {
 }
 
 
+ENCODER_DECODER_LOSS_NOTE = ("loss as an encoder-decoder model computes it in its forward (T5ForConditionalGeneration / "
+                             "BartForConditionalGeneration, transformers 5.24): CrossEntropyLoss on the logits in their "
+                             "own dtype over the seq_len target tokens, labels not shifted (autocast runs log_softmax "
+                             "in fp32)")
+
+
 def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
     if s.train.loss != "standard":
@@ -197,6 +204,8 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     if s.train.objective in OBJECTIVE_LOSS_NOTES:
         return OBJECTIVE_LOSS_NOTES[s.train.objective]
     sw = s.software
+    if m.encoder_decoder is not None:
+        return ENCODER_DECODER_LOSS_NOTE
     release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
     if fw == "torchtune" and not m.encoder_only:
         tune = f"loss as torchtune {sw.torchtune or '0.6.1'} computes it: {TORCHTUNE_LOSS_NOTES[release]}"
@@ -296,6 +305,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         f"attention kernel: {attention} (as PyTorch SDPA would dispatch on the GPU)",
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
         _loss_assumption(s, m, fw),
+        *([ENCODER_DECODER_NOTE] if m.encoder_decoder is not None else source_len_note(t.source_len, m)),
         *([PACKING_NOTE] if t.packing else []),
         *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
         *([TORCHAO_OFFLOAD_NOTE] if t.torchao_cpu_offload != "none" else []),

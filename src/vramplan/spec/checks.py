@@ -27,6 +27,7 @@ from vramplan.facts.vllm_releases import (
 )
 from vramplan.spec.defaults import (
     PRE_AMPERE,
+    checkpointing,
     served_dtype,
     torchtitan_fsdp2,
     with_served_dtype,
@@ -236,8 +237,9 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for an encoder-decoder model (``ModelSpec.encoder_decoder``: T5, mT5, UMT5,
     BART), refused rather than answered as a decoder-only model of the decoder stack.
 
-    * Training: the encoder stack's saved activations and the decoder's cross-attention are not yet terms of the
-      step.
+    * Training (``analytic/terms/encoder_decoder.py``) is estimated for transformers 5.24's SFT step under SDPA,
+      full or LoRA fine-tuning of unquantized weights, no or full checkpointing, DDP only; other
+      settings are refused (``_encoder_decoder_train_problems``).
     * Inference (``analytic/encoder_decoder.py``) is estimated under SDPA on one GPU, unquantized, with the cache in
       the model's dtype, for transformers' own generate from 5.0; other settings are refused, and so is a T5 whose
       decoder has more layers than its encoder (5.24's generate builds the cache for the encoder's count).
@@ -260,11 +262,69 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "relative position bias is an attention bias vLLM's kernels do not take)",
                         "use task inference (transformers generate), which is estimated")]
     if s.task == "train":
-        return [Problem("task", what + "training memory is not estimated for it yet: the encoder stack's saved "
-                        "activations and the decoder's cross-attention (queries over the encoder output's keys and "
-                        "values) are not terms of the training step", "use task inference (transformers generate), "
-                        "which is estimated")]
+        return _encoder_decoder_train_problems(s, m, what)
     return _encoder_decoder_inference_problems(s, m, what)
+
+
+def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
+    """The training settings ``analytic/terms/encoder_decoder.py`` does not model (``encoder_decoder_problems``): the
+    step is the Trainer's (hf-trainer, accelerate or plain PyTorch) SFT step of transformers 5.24's
+    ``...ForConditionalGeneration`` under SDPA, with or without full checkpointing, full or LoRA fine-tuning of
+    unquantized weights, DDP data parallelism only."""
+    t, par = s.train, s.parallel
+    ed = m.encoder_decoder
+    assert ed is not None
+    out: list[Problem] = []
+
+    def refuse(key: str, why: str, fix: str) -> None:
+        out.append(Problem(key, what + why, fix))
+
+    if t.attention != "sdpa":
+        refuse("train.attention", f"its training step is modelled under SDPA only, not {t.attention!r} (eager's "
+               "scores are not terms for it; T5 has no flash attention: T5PreTrainedModel._supports_flash_attn = "
+               "False)", "set train.attention: sdpa")
+    if max(par.tp, par.pp, par.cp, par.ep) > 1:
+        refuse("parallel", "its training step is modelled with data parallelism only (no tensor, pipeline, context "
+               "or expert parallel plan for its encoder and decoder stacks)", "set parallel.tp, pp, cp and ep to 1")
+    if par.fsdp != "none" or par.zero_stage > 0:
+        # the sharding terms group parameters by decoder layer index (analytic/terms/sharding.py), which would put
+        # encoder layer j in decoder layer j's unit; FSDP2's fully_shard per block also fails on T5's shared
+        # embedding, tied across the stacks (transformers 5.24: "shared with a parameter already managed by
+        # another FSDP group")
+        refuse("parallel.fsdp" if par.fsdp != "none" else "parallel.zero_stage", "FSDP and DeepSpeed ZeRO are not "
+               "modelled for it (its encoder's layers are not units of their own)", "use DDP (parallel.fsdp: none, "
+               "zero_stage: 0)")
+    elif s.effective_framework not in ("hf-trainer", "accelerate", "plain"):
+        refuse("framework", f"{s.effective_framework} is not modelled for it (transformers' own model under the "
+               "Trainer, accelerate or plain PyTorch is)", "use framework: hf-trainer")
+    if t.objective != "sft":
+        refuse("train.objective", f"objective {t.objective} is not modelled for it (the seq2seq loss over the "
+               "target is)", "set train.objective: sft")
+    if t.loss != "standard" or t.liger_kernels:
+        refuse("train.loss", "its loss is modelled as the model computes it (CrossEntropyLoss on lm_logits), not "
+               "with a fused or chunked loss kernel or Liger's kernels", "set train.loss: standard and "
+               "liger_kernels: false")
+    if t.quantization != "none":
+        refuse("train.quantization", f"{t.quantization} base weights are not modelled for it",
+               "set train.quantization: none")
+    if checkpointing(s) not in ("none", "full"):
+        refuse("train.gradient_checkpointing", f"{checkpointing(s)} checkpointing is not modelled for its encoder "
+               "(none and full are)", "set train.gradient_checkpointing: full or none")
+    if t.activation_offload != "none" or t.torchao_cpu_offload != "none" or t.optimizer_in_backward:
+        refuse("train", "activation offloading, torchao's CPU offload and the optimizer in the backward are not "
+               "modelled for it", "drop them")
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        refuse("software.transformers", f"its training step is modelled on transformers 5.24, not "
+               f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later")
+    if m.position == "learned":
+        # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2
+        for key, n, stack in (("train.source_len", t.source_len or t.seq_len, "encoder"),
+                              ("train.seq_len", t.seq_len, "decoder")):
+            if n > m.max_position_embeddings:
+                refuse(key, f"its {stack} has learned positions for {m.max_position_embeddings:,} tokens, not {n:,}",
+                       f"set {key} to {m.max_position_embeddings:,} or less")
+    return out
 
 
 def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:

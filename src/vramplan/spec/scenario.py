@@ -340,6 +340,15 @@ class Train(_Strict):
     float8: Float8Training = Field(default_factory=Float8Training)
     """torchao float8 training settings, read with ``precision: fp8-torchao`` (``Float8Training``)."""
 
+    source_len: int | None = Field(None, ge=1, le=100_000_000)
+    """Source tokens per sample of an encoder-decoder model (T5, BART): the encoder's ``input_ids``; null: seq_len.
+    seq_len is then the target: the decoder's tokens, its ``labels`` (the decoder's inputs are the labels shifted
+    right, ``T5ForConditionalGeneration._shift_right`` / ``shift_tokens_right``), over which the loss and the
+    logits run.  Ignored for another model.
+
+    Hugging Face's seq2seq examples name them ``max_source_length`` and ``max_target_length``
+    (``examples/pytorch/summarization/run_summarization.py``)."""
+
 
 class AutoAwq(_Strict):
     """AutoAWQ's own fused-module inference (``framework: autoawq``, task inference; docs/lifecycle.md, AutoAWQ)."""

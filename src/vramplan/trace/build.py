@@ -202,7 +202,7 @@ def _silence() -> None:
 
 def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: bool = False) -> Built:
     """The scenario's model on ``device`` (``meta`` for tracing; ``cpu`` for a real reference run)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
     from transformers.utils import logging as hf_logging
 
     _silence()
@@ -248,7 +248,10 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         warnings.simplefilter("ignore")
         with torch.device(device):
             try:
-                factory: Any = AutoModelForCausalLM.from_config
+                # an encoder-decoder model (T5, BART) as its ...ForConditionalGeneration (auto/modeling_auto.py
+                # MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES), the class Seq2SeqTrainer fine-tunes
+                auto: Any = AutoModelForSeq2SeqLM if r.model.encoder_decoder is not None else AutoModelForCausalLM
+                factory: Any = auto.from_config
                 model = factory(config, dtype=dtype, attn_implementation=impl)
             except ValueError as exc:
                 raise ScenarioError([Problem("model", f"transformers cannot build this model: {exc}",

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from vramplan.analytic.deepspeed import deepspeed_zero
+from vramplan.analytic.terms.encoder_decoder import source_len_note
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
 from vramplan.report import Report
@@ -80,11 +81,12 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
                                      "vision model: it would trace the language model alone (MllamaForCausalLM), "
                                      "without the vision model and the cross-attention layers' cache of the images",
                                      "use --engine analytic (analytic/cross_attention.py)")])
-    if r.model.encoder_decoder is not None:
-        # the trace builds a causal LM (AutoModelForCausalLM) and runs its own generate loop; an encoder-decoder
-        # model's encoder pass and cross-attention cache are not traced
-        raise ScenarioError([Problem("engine", f"the traced engine does not build {r.model.name}, an encoder-decoder "
-                                     "model: it traces causal LMs only", "use --engine analytic "
+    if r.model.encoder_decoder is not None and task != "train":
+        # the trace runs its own generate loop of a causal LM; an encoder-decoder model's encoder pass and
+        # cross-attention cache are not traced (its training step is: trace/step.py trace_train)
+        raise ScenarioError([Problem("engine", f"the traced engine does not run generate for {r.model.name}, an "
+                                     "encoder-decoder model: it traces a causal LM's generate only (and the "
+                                     "training step of both)", "use --engine analytic "
                                      "(analytic/encoder_decoder.py)")])
     if task == "inference" and r.scenario.inference.num_beams > 1:
         # the trace runs its own greedy loop (trace/step.py trace_inference); beam search's log-probabilities, its
@@ -163,6 +165,8 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
                    "weights and activations in this report's assumptions are the analytic engine's)")
     out.extend(st.notes)
     out.extend(notes)
+    if s.task == "train":
+        out.extend(source_len_note(s.train.source_len, r.model))
     from vramplan.catalog.gpus import bare_name_note
 
     if s.hardware.gpu and (note := bare_name_note(s.hardware.gpu)):

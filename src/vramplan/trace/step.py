@@ -204,6 +204,16 @@ def _maybe_autocast_patch() -> Iterator[None]:
         (packed[:, -1] == 0).all()
         return None
 
+    all_of = masking_utils.fast_all
+
+    def fast_all(tensor: Any) -> Any:
+        # a padding mask of full-length sequences (BartDecoder.forward's torch.ones(batch, seq) when no mask is
+        # given) is all ones: run the op, answer True (``bool()`` of a meta tensor has no value)
+        if tensor.device.type != "meta":
+            return all_of(tensor)
+        all_of(tensor)
+        return True
+
     patched: list[tuple[Any, str, Any]] = []
     for name, mod in list(sys.modules.items()):
         if name.startswith("transformers") and getattr(mod, "maybe_autocast", None) is original:
@@ -211,6 +221,8 @@ def _maybe_autocast_patch() -> Iterator[None]:
             mod.maybe_autocast = maybe_autocast  # type: ignore[attr-defined]
     patched.append((masking_utils, "find_packed_sequence_indices", find_packed))
     masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
+    patched.append((masking_utils, "fast_all", all_of))
+    masking_utils.fast_all = fast_all
     try:
         yield
     finally:
@@ -246,12 +258,27 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
         model = world.shard(r, model)
     framework = s.effective_framework
     spec = cuda_spec(r)
-    ids = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
-    labels = ids.clone()
+    if r.model.encoder_decoder is not None:
+        # an encoder-decoder model: the encoder's source ids (source_len) and the decoder's labels (seq_len), from
+        # which the model makes the decoder's inputs (T5ForConditionalGeneration._shift_right, BART's
+        # shift_tokens_right: transformers 5.24)
+        ids = _inputs(r, built, device, t.micro_batch_size, t.source_len or t.seq_len)
+        labels = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
+        # the decoder's inputs, made from the labels by the collator (transformers 5.24 data/data_collator.py
+        # DataCollatorForSeq2Seq: model.prepare_decoder_input_ids_from_labels), so the config's
+        # decoder_start_token_id is not needed here
+        decoder_ids: torch.Tensor | None = torch.zeros_like(labels)
+    else:
+        decoder_ids = None
+        ids = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
+        labels = ids.clone()
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     notes = list(built.notes)
-    release = family_loss_release(s.software.transformers_version, r.model.traits, framework, r.model.encoder_only)
+    # an encoder-decoder model computes its loss in its own forward (T5ForConditionalGeneration.forward,
+    # BartForConditionalGeneration.forward: CrossEntropyLoss on lm_logits), whatever the release
+    release = family_loss_release(s.software.transformers_version, r.model.traits, framework,
+                                  r.model.encoder_only or r.model.encoder_decoder is not None)
     if release != "padded":
         notes.append(f"loss as transformers {s.software.transformers} computes it ({release}): its code run on the "
                      "installed transformers' logits (trace/step.py _release_loss, analytic/logits.py)")
@@ -323,7 +350,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 hooks = [p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
                     _step_in_backward(one, n, tracker))
                          for one, (n, p) in zip(per_param, trainable if in_bwd else [], strict=True)]
-                tracker.track([ids, labels], "other", "input ids and labels")
+                tracker.track([ids, labels] + ([decoder_ids] if decoder_ids is not None else []), "other",
+                              "input ids and labels")
                 if t.grad_accum_steps > 1:
                     for n, p in trainable:
                         p.grad = torch.zeros_like(p)
@@ -339,7 +367,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 phase[0] = "forward"
                 tracker.mark("forward")
                 with tracker.category("activations"):
-                    loss = _forward_loss(model, ids, labels, pol.autocast_dtype, framework, tracker, scope, release)
+                    loss = _forward_loss(model, ids, labels, pol.autocast_dtype, framework, tracker, scope, release,
+                                         decoder_ids)
                 _classify_forward(tracker)
                 phase[0] = "backward"
                 tracker.mark("backward")
@@ -447,10 +476,13 @@ def _release_loss(out: Any, labels: torch.Tensor, release: LossRelease) -> torch
 
 
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,
-                  framework: str, tracker: Tracker, scope: Scope, release: LossRelease = "padded") -> torch.Tensor:
+                  framework: str, tracker: Tracker, scope: Scope, release: LossRelease = "padded",
+                  decoder_ids: torch.Tensor | None = None) -> torch.Tensor:
     ctx = cuda.autocast(autocast) if autocast is not None else contextlib.nullcontext()
     with ctx:
-        if release == "padded":
+        if decoder_ids is not None:
+            out = model(input_ids=ids, decoder_input_ids=decoder_ids, labels=labels, use_cache=False)
+        elif release == "padded":
             out = model(input_ids=ids, labels=labels, use_cache=False)
         else:
             # the older release computed its loss inside the forward, so under the same autocast

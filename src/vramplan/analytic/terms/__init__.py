@@ -15,6 +15,7 @@ from vramplan.analytic.terms import (
     cpu_offload,
     cross_attention,
     deepspeed,
+    encoder_decoder,
     float8,
     gradients,
     in_backward,
@@ -52,6 +53,7 @@ TERMS: tuple[TermFn, ...] = (
     saved.shared_saved,               # RoPE cos/sin, masks
     vision.tower_saved,               # a vision-language model's vision tower, trained on the batch's images
     cross_attention.cross_saved,      # mllama: the projected vision states and masks the cross-attention layers share
+    encoder_decoder.encoder_saved,    # an encoder-decoder model's encoder stack, its output and T5's shared biases
     saved.head_saved,                 # final norm + LM-head input
     casts.layer_casts,                # autocast weight copies per layer
     casts.head_casts,                 # the head's weight copy

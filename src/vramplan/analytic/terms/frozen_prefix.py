@@ -27,7 +27,8 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
     attention_idle: set[int] = set()
     if c.peft is None or checkpointing(c.s) != "none" or not c.rp.has_embedding or not full:
         return attention_idle
-    attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name)}
+    # T5's attention modules are SelfAttention / EncDecAttention (modeling_t5.py T5LayerSelfAttention)
+    attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name.lower())}
     attn_adapted = bool(c.lt.linear & attn_mods)
     for j, ls in enumerate(c.layer_specs):
         dropped = act.frozen_input_eager_dropped(m, ls, ctx) if attn_adapted else frozenset()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from vramplan.analytic import activations as act
 from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_input_bytes, checkpointed_layer
 from vramplan.analytic.terms import cross_attention as cross
+from vramplan.analytic.terms import encoder_decoder as encdec
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.spec.model import LayerSpec, ModelSpec
@@ -145,6 +146,12 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         full = [f + (wx.saved if ls.moe else 0) for f, ls in zip(full, c.layer_specs, strict=True)]
         extra = _wrapped_tensors(wx)
         tensors = [ts + extra if ls.moe else ts for ts, ls in zip(tensors, c.layer_specs, strict=True)]
+    ed_tensors = encdec.cross_tensors(c)
+    if ed_tensors:
+        # an encoder-decoder model: every decoder layer's cross-attention (analytic/terms/encoder_decoder.py)
+        ed = act.total_bytes(ed_tensors)
+        full = [f + ed for f in full]
+        tensors = [ts + ed_tensors for ts in tensors]
     vis, vis_tensors, _ = _cross_vision(c)
     if vis:
         for j, ls in enumerate(c.layer_specs):

@@ -53,6 +53,8 @@ def vocab_on_rank(c: StepContext) -> int:
 def loss_release_of(c: StepContext) -> LossRelease:
     """The loss code of ``software.transformers`` for the model's family (analytic/logits.py)."""
     sw = c.s.software
+    if c.m.encoder_decoder is not None:
+        return "unshifted_no_upcast"
     return family_loss_release(sw.transformers_version, c.m.traits, c.framework, c.m.encoder_only, sw.torchtune_version)
 
 

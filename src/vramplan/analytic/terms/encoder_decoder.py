@@ -1,0 +1,282 @@
+"""A training step of an encoder-decoder model (T5, mT5, UMT5, BART; ``ModelSpec.encoder_decoder``), as transformers
+5.24 runs ``T5ForConditionalGeneration`` / ``BartForConditionalGeneration`` (``models/t5/modeling_t5.py``,
+``models/bart/modeling_bart.py``) with the Trainer's collator making the decoder's inputs from the labels
+(``data/data_collator.py`` ``DataCollatorForSeq2Seq``).
+
+b samples of S source tokens (``train.source_len``, default ``seq_len``) and T target tokens (``train.seq_len``), h =
+d_model, q = heads x head_dim, I the MLP width, D decoder layers, E encoder layers; r the residual (parameter) bytes,
+c the compute bytes.  The decoder stack is the model's own layers (``ModelSpec.layers``) over the b x T target
+tokens, so its self-attention and MLP, the final norm, the head and the loss are the engine's decoder terms with
+seq_len = T.  What an encoder-decoder model adds:
+
+* **The encoder stack** (``encoder_saved``), run before the decoder, its saved tensors alive from the forward to the
+  encoder's backward, which runs once every decoder layer has sent its gradient back into the encoder output (the
+  cross-attentions' k and v): after the first decoder layer's backward, as a vision tower's (``TIED_EMBEDDING``).
+  Per layer over the b x S source tokens: ``activations.layer_tensors`` of the encoder's layer shape
+  (``EncoderDecoderSpec.encoder``), with T5's feed-forward extras (``t5_mlp_extra``); per stack: the embedding
+  dropout's mask, the final norm (T5) or the embedding LayerNorm (BART), the final dropout's mask.
+* **The relative position bias** (T5): ``T5Attention.compute_bias`` in each stack's first layer (UMT5: in every
+  self-attention, each with its own table), an ``nn.Embedding(buckets, heads)`` lookup over the S x S (T x T) pairs
+  whose int64 bucket indices the embedding's backward keeps while the table is trained (8 B per pair), the bias
+  [1, heads, S, S] shared by the stack's layers (``T5Stack.forward``: "the first layer stores them").  Under SDPA
+  it is the additive mask (``integrations/sdpa_attention.py`` ``create_position_bias_mask``), which the
+  memory-efficient kernel keeps (flash takes no mask; T5 has ``_supports_flash_attn = False``): each encoder layer
+  hands the kernel a new tensor (the contiguous copy of the permuted lookup, or autocast's compute-dtype copy), and
+  each decoder layer ``torch.where``'s output over its causal mask (its bool condition, T x T, kept by ``where``'s
+  backward while the table is trained), or its copy; the bias itself is kept by nothing and freed when the stack
+  returns.  A row of keys not a multiple of 8 is what the kernel pads and keeps (``attention.mem_efficient_mask_row``).
+  Checked against the trace: one compute-dtype mask per layer, cast or not.
+* **Cross-attention** in every decoder layer (``cross_tensors``): per target token its norm, q's input (an autocast
+  copy when cast), q, the kernel's output and logsumexp, the residual dropout's mask; per source token the k and v
+  projections of the encoder output and their inputs (one autocast copy each per layer when the encoder output is
+  fp32 and the compute dtype is not; else the encoder output itself, one tensor for every layer: ``encoder_output``);
+  T5's zero bias [1, heads, T, S] in the compute dtype, made by the first decoder layer and shared.
+* **T5LayerNorm** (``t5_norm_extra``): ``hidden_states * torch.rsqrt(variance + eps)`` multiplies the input, not
+  the fp32 copy ``pow`` keeps, so a residual stream that is not fp32 is kept as well (r x h per norm).
+* **T5's feed-forward** (``t5_mlp_extra``): ``T5DenseActDense`` / ``T5DenseGatedActDense`` drop the activation
+  before ``wo`` (a 1-byte mask per element of I when dropout_rate > 0) and then cast to ``wo``'s weight dtype
+  (``hidden_states.to(self.wo.weight.dtype)``), so wo saves the dropout's output (or its autocast copy), not the
+  activation's (ReLU: a second c x I tensor; gated: in place of the product, which nothing keeps); gated-gelu
+  under autocast keeps an fp32 activation output (``NewGELUActivation``'s ``torch.pow`` is on autocast's fp32 list).
+* **The loss** (terms/loss.py, ``analytic/logits.py`` ``unshifted_no_upcast``): ``CrossEntropyLoss`` on the logits
+  in their own dtype, the labels not shifted.
+
+Not modelled, stated in the assumptions: the encoder's own backward (its layers' gradients while the decoder's are
+all there: the peak is at the forward's end or at the decoder's backward for the shapes checked against the trace),
+T5's fp16 clamps (``torch.clamp`` in ``T5Block.forward``: made and freed within the layer), BART's
+``lm_logits + final_logits_bias`` copy of the logits (made and freed at the head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vramplan.analytic import activations as act
+from vramplan.analytic.attention import mem_efficient_mask_row
+from vramplan.analytic.checkpointing import checkpoint_policy
+from vramplan.analytic.moment import K
+from vramplan.analytic.terms.base import Term
+from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
+from vramplan.spec.model import ModelSpec
+
+__all__ = ["ENCODER_DECODER_NOTE", "cross_tensors", "encoder_output", "encoder_saved", "encoder_sequence",
+           "encoder_tensors",
+           "relative", "source_len", "source_len_note", "t5_mlp_extra", "t5_norm_extra", "t5_stack"]
+
+ENCODER_DECODER_NOTE = ("encoder-decoder training (analytic/terms/encoder_decoder.py): the encoder's saved tensors "
+                        "over source_len tokens (seq_len when not set) alive to its backward, after the decoder's; "
+                        "the decoder over the seq_len target tokens with self- and cross-attention; T5's relative "
+                        "position bias is SDPA's mask (memory-efficient kernel); the encoder's own backward "
+                        "transients are not a moment of the step")
+
+
+def source_len_note(source: int | None, m: ModelSpec) -> list[str]:
+    """The assumption saying ``train.source_len`` is not read, for a model without an encoder stack (docs/conventions.md,
+    No silent inputs)."""
+    if source is None or m.encoder_decoder is not None:
+        return []
+    return [(f"train.source_len is not read: {m.name} has no encoder stack (the key is an encoder-decoder model's "
+             "source tokens)")]
+
+
+def relative(m: ModelSpec) -> bool:
+    """A relative position bias (T5, mT5, UMT5), not BART's learned positions."""
+    ed = m.encoder_decoder
+    return ed is not None and ed.relative_bias_layers != "none"
+
+
+def source_len(c: StepContext) -> int:
+    """S: ``train.source_len``, or ``seq_len`` when not given."""
+    return c.s.train.source_len or c.s.train.seq_len
+
+
+def _casts(ctx: act.ActContext) -> bool:
+    """Autocast makes a compute-dtype copy of an fp32 (residual-dtype) tensor for each consumer."""
+    return ctx.autocast and ctx.residual_bytes != ctx.compute_bytes
+
+
+def t5_stack(m: ModelSpec) -> bool:
+    """``m`` (an encoder-decoder model or its encoder's shape) is a T5 stack: T5LayerNorm, wi / wo feed-forward."""
+    return m.norm == "rms" and m.traits.fc_modules == ("wi", "wo")
+
+
+def t5_norm_extra(m: ModelSpec, ctx: act.ActContext) -> int:
+    """Per token, what a ``T5LayerNorm`` saves beyond ``activations.norm_saved_per_token``: it multiplies the input
+    itself, not its fp32 copy, by the fp32 ``rsqrt`` (``hidden_states * torch.rsqrt(variance + eps)``, modeling_t5.py
+    ``T5LayerNorm.forward``), so the product keeps the input beside the fp32 copy ``pow`` keeps, a second tensor
+    when the residual stream is not fp32 (r x h)."""
+    if not t5_stack(m) or ctx.residual_bytes == 4:
+        return 0
+    return ctx.residual_bytes * m.hidden_size
+
+
+def t5_mlp_extra(m: ModelSpec, ctx: act.ActContext, inter: int) -> int:
+    """Per token, what a T5 stack's (``m``: the model or its encoder's shape; T5's MLP is ``wi``/``wo``)
+    feed-forward saves beyond ``activations.mlp_tensors`` (module docstring): the dropout mask before ``wo`` (I),
+    and for ReLU, whose output ``mlp_tensors`` counts once as fc2's input too, wo's own input (c x I) when wo
+    records its input (trained, or adapted)."""
+    if not t5_stack(m) or not (ctx.dropout and m.hidden_dropout > 0):
+        return 0
+    wo_saves = not ctx.frozen_base or "wo" in ctx.lora_targets
+    own_input = ctx.compute_bytes * inter if (not m.mlp_gated and m.hidden_act == "relu" and wo_saves) else 0
+    # gated-gelu under autocast: NewGELUActivation's torch.pow is on autocast's fp32 list, so the activation's
+    # output, which ``hidden_gelu * hidden_linear`` keeps, is fp32, not the compute dtype mlp_tensors counts
+    fp32_gelu = (4 - ctx.ew) * inter if (m.mlp_gated and m.hidden_act == "gelu_new" and ctx.autocast) else 0
+    return inter + own_input + fp32_gelu
+
+
+def _bias_masks(ctx: act.ActContext, heads: int, n: int, layers: int, causal: bool, trained: bool) -> int:
+    """The position-bias masks one stack's kernels keep over n tokens per sample (module docstring): per layer the
+    mask the kernel takes, in the compute dtype, padded to a row of a multiple of 8 keys (a new tensor in every
+    layer: the encoder's is the contiguous copy, or the autocast copy, of the permuted lookup,
+    ``create_position_bias_mask``; the decoder's is ``torch.where``'s output, or its copy); the bias itself is kept
+    by nothing (the embedding's backward needs only the bucket indices) and freed when the stack returns.  The
+    decoder's ``where`` keeps its bool condition (T x T) when the bias takes a gradient (the table trained)."""
+    kept = heads * n * mem_efficient_mask_row(n) * ctx.compute_bytes
+    condition = n * n if (causal and trained) else 0
+    return layers * (kept + condition)
+
+
+def _bias_tables(m: ModelSpec, layers: int) -> int:
+    """The layers of a stack that look the bias up in a table of their own (``EncoderDecoderSpec
+    .relative_bias_layers``)."""
+    ed = m.encoder_decoder
+    return layers if ed is not None and ed.relative_bias_layers == "every" else 1
+
+
+def encoder_tensors(c: StepContext) -> tuple[int, ...]:
+    """The encoder stack's saved tensors over the micro-batch's source tokens, in bytes, in the forward's order:
+    the embedding's, each layer's (or, with full checkpointing, each layer's input), the final norm's."""
+    return c.memo("encoder_decoder_encoder", lambda: _encoder(c))
+
+
+def _encoder(c: StepContext) -> tuple[int, ...]:
+    m = c.m
+    ed = m.encoder_decoder
+    if ed is None or not c.rp.has_embedding:
+        return ()
+    enc = ed.encoder
+    s = source_len(c)
+    tokens = c.s.train.micro_batch_size * s
+    ctx = replace(c.act, seq_len=s)
+    r, h = ctx.residual_bytes, m.hidden_size
+    drop = 1 if (ctx.dropout and m.hidden_dropout > 0) else 0
+    out = [drop * h * tokens]  # the embedding dropout's mask
+    if not relative(m):
+        # BART: layernorm_embedding's input and statistics
+        out.append(act.norm_saved_per_token(enc, ctx) * tokens)
+    full = checkpoint_policy(c.s) == "full"
+    layer = [t.nbytes * t.copies * tokens for t in act.layer_tensors(enc, enc.layers[0], ctx)]
+    layer.append((t5_mlp_extra(enc, ctx, enc.intermediate_size) + 2 * t5_norm_extra(enc, ctx)) * tokens)
+    per_layer = [r * h * tokens] if full else layer
+    first = list(per_layer)
+    if c.peft is not None and not full:
+        # the frozen embedding's output requires no grad: the first layer's input norm (layer_tensors' first
+        # record) records nothing (analytic/terms/frozen_prefix.py)
+        first[0] -= act.norm_saved_per_token(enc, ctx) * tokens
+    out += first + per_layer * (enc.num_layers - 1)
+    if relative(m):
+        heads = enc.num_attention_heads
+        bias_bytes = c.pol.param_bytes if c.peft is None else c.pol.frozen_param_bytes
+        # the int64 bucket indices, kept by the bias embedding's backward when the table is trained: the first
+        # layer's (T5, mT5), every layer's (UMT5: a table per self-attention, modeling_umt5.py UMT5Attention)
+        out.append(8 * s * s * _bias_tables(m, enc.num_layers) if c.peft is None else 0)
+        if full:
+            out.append(heads * s * s * bias_bytes)  # the bias, held by every checkpointed block's arguments
+        else:
+            out.append(_bias_masks(ctx, heads, s, enc.num_layers, False, c.peft is None))
+        # the final norm, and the dropout after it
+        out += [(act.norm_saved_per_token(enc, ctx) + t5_norm_extra(enc, ctx)) * tokens, drop * h * tokens]
+    return tuple(x for x in out if x) * c.in_flight
+
+
+def encoder_output(c: StepContext) -> tuple[int, bool]:
+    """The encoder's last hidden state [b, S, h] in the residual dtype, and whether the backward keeps it (the
+    decoder layers' k and v save it themselves: no autocast copy, or full checkpointing, whose blocks hold it in
+    their arguments); otherwise it is the model output's ``encoder_last_hidden_state``, dropped with the output
+    before the backward."""
+    if c.m.encoder_decoder is None or not c.rp.has_embedding:
+        return 0, False
+    tokens = c.s.train.micro_batch_size * source_len(c)
+    kept = checkpoint_policy(c.s) == "full" or not _casts(c.act)
+    return c.act.residual_bytes * c.m.hidden_size * tokens, kept
+
+
+def cross_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
+    """What each decoder layer's cross-attention saves, in bytes (part "attention"), and T5's decoder
+    self-attention bias masks and feed-forward extras (module docstring)."""
+    return c.memo("encoder_decoder_cross", lambda: _cross(c))
+
+
+def _cross(c: StepContext) -> tuple[act.SavedTensor, ...]:
+    m, ctx = c.m, c.act
+    ed = m.encoder_decoder
+    if ed is None:
+        return ()
+    b, t, s = c.s.train.micro_batch_size, c.s.train.seq_len, source_len(c)
+    cb, h = ctx.compute_bytes, m.hidden_size
+    heads = ed.cross_attention_heads
+    qw = heads * m.head_dim
+    drop = 1 if (ctx.dropout and m.hidden_dropout > 0) else 0
+    trained = not ctx.frozen_base
+    # the cross-attention's norm; T5's three norms' inputs (t5_norm_extra)
+    per_target = act.norm_saved_per_token(m, ctx) + 3 * t5_norm_extra(m, ctx)
+    in_b = act._norm_out_bytes(m.norm, ctx)
+    if trained or "q" in ctx.lora_targets or "q_proj" in ctx.lora_targets:
+        per_target += cb * h if (ctx.autocast and in_b != cb) else 0
+    # q, the kernel's output (o's input) and fp32 logsumexp
+    per_target += 2 * cb * qw + 4 * heads + drop * h
+    per_source = 2 * cb * qw  # k and v, which the kernel keeps
+    if _casts(ctx):
+        per_source += 2 * cb * h  # k's and v's autocast copies of the fp32 encoder output
+    out = [act.SavedTensor("cross_attention.per_target", per_target * b * t),
+           act.SavedTensor("cross_attention.per_source", per_source * b * s)]
+    if relative(m):
+        # the decoder's causal position-bias masks
+        out.append(act.SavedTensor("self_attention.bias_mask", _bias_masks(ctx, m.num_attention_heads, t, 1, True,
+                                                                            c.peft is None)))
+        if s % 8:
+            # the kernel's padded copy of the shared zero bias, per layer (a row of S keys, not a multiple of 8)
+            out.append(act.SavedTensor("cross_attention.bias_padded", heads * t * mem_efficient_mask_row(s) * cb))
+        out.append(act.SavedTensor("mlp.t5_extra", t5_mlp_extra(m, ctx, m.intermediate_size) * b * t, 1, "mlp"))
+    return tuple(x for x in out if x.nbytes)
+
+
+def _decoder_shared(c: StepContext) -> int:
+    """T5's decoder tensors shared by its layers: the bucket indices, the cross-attention's zero bias, the final
+    norm's input (``t5_norm_extra``)."""
+    ed = c.m.encoder_decoder
+    if ed is None or not relative(c.m):
+        return 0
+    t, s = c.s.train.seq_len, source_len(c)
+    shared = (8 * t * t * _bias_tables(c.m, c.m.num_layers) if c.peft is None else 0)
+    shared += ed.cross_attention_heads * t * s * c.act.compute_bytes
+    return shared + t5_norm_extra(c.m, c.act) * c.s.train.micro_batch_size * t
+
+
+def encoder_sequence(c: StepContext) -> tuple[tuple[int, bool], ...]:
+    """``encoder_saved``'s tensors as (bytes, freed before the backward), in the order the forward makes them, for
+    the allocator's event stream (analytic/events.py, beside a vision tower's); empty for another model."""
+    if c.m.encoder_decoder is None or not c.rp.has_embedding:
+        return ()
+    nbytes, kept = encoder_output(c)
+    out = [(n, False) for n in encoder_tensors(c)] + [(nbytes, not kept), (_decoder_shared(c), False)]
+    return tuple(x for x in out if x[0])
+
+
+def encoder_saved(c: StepContext) -> list[Term]:
+    """The encoder stack's saved tensors, from the forward's start to the encoder's backward; the encoder output
+    (kept by the decoder's k and v, or held by the model output to the loss); T5's shared biases: the decoder's
+    first layer's bucket indices and the cross-attention's zero bias."""
+    if c.m.encoder_decoder is None or not c.rp.has_embedding:
+        return []
+    out = []
+    tensors = encoder_tensors(c)
+    if tensors:
+        out.append(Term(K.SAVED, sum(tensors), FORWARD, TIED_EMBEDDING, "saved.encoder", tensors=tensors))
+    nbytes, kept = encoder_output(c)
+    out.append(Term(K.SAVED, nbytes, FORWARD, TIED_EMBEDDING if kept else LOSS, "saved.encoder_output"))
+    if shared := _decoder_shared(c):
+        out.append(Term(K.SAVED, shared, FORWARD, TIED_EMBEDDING, "saved.decoder_bias"))
+    return out
