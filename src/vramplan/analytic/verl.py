@@ -83,8 +83,8 @@ def _pick(given: _T | None, default: _T) -> _T:
 
 
 def verl_setup(s: Scenario) -> VerlSetup:
-    """The settings verl runs ``s`` with (``log_prob_micro_batch_size_per_gpu`` null reads as 1 here: ``verl_problems``
-    refuses it first)."""
+    """The settings verl runs ``s`` with (``log_prob_micro_batch_size_per_gpu`` null reads as 1 here, and the
+    reference's null as the rollout's: ``verl_problems`` refuses both first)."""
     v, ro = s.rl.verl, s.rl.rollout
     row = verl_defaults(v.release)
     log_prob = v.log_prob_micro_batch_size_per_gpu or 1
@@ -172,6 +172,15 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         no("rl.verl.log_prob_micro_batch_size_per_gpu", "is required: verl refuses to start without it when dynamic "
            "batching is off ('Please set at least one of actor_rollout_ref.rollout.log_prob_micro_batch_size or "
            "..._per_gpu', ray_trainer.py check_mutually_exclusive)", "set it, e.g. to train.micro_batch_size")
+    if (s.rl.reference_model == "separate" and v.ref_log_prob_micro_batch_size_per_gpu is None
+            and not v.use_dynamic_bsz):
+        # with a reference policy (use_kl_loss / use_kl_in_reward) RayPPOTrainer._validate_config checks the ref
+        # section too, and ref.log_prob_micro_batch_size_per_gpu is null in verl's config (v0.4.1 ray_trainer.py
+        # lines 408-410, ppo_trainer.yaml line 352; v0.5.0 ray_trainer.py lines 467-469, ref/ref.yaml line 13)
+        no("rl.verl.ref_log_prob_micro_batch_size_per_gpu", "is required with the reference loaded: verl refuses to "
+           "start without it when dynamic batching is off ('Please set at least one of actor_rollout_ref.ref."
+           "log_prob_micro_batch_size or ..._per_gpu', ray_trainer.py check_mutually_exclusive)",
+           "set it, e.g. to rl.verl.log_prob_micro_batch_size_per_gpu")
     strategy_why = {"fsdp2": "FSDP2 (fully_shard: per-parameter DTensor shards; the reference offloaded only with "
                     "ref.fsdp_config.param_offload, CPUOffloadPolicy) is not modelled",
                     "megatron": "verl's Megatron backend (megatron_workers.py: Megatron-LM's distributed optimizer, "
