@@ -261,3 +261,14 @@ def _without_states(mo: Any) -> Any:
     out = mo.copy(mo.phase)
     out.parts.pop(K.OPTIMIZER_STATES.part, None)  # optimizer_offload: the AdamW states in host memory
     return out
+
+
+def test_engine_takes_vllm_s_default_max_num_seqs() -> None:
+    # verl v0.4.1 / v0.5.0 vllm_rollout_spmd.py builds LLM(...) without max_num_seqs (rollout.max_num_seqs: 1024 in
+    # the config is not passed), so vLLM's default applies: at 0.11 (_set_default_args, rule v1-70gib-not-a100)
+    # 256 sequences on an A100 (its exception to the >= 70 GiB rule) and 1,024 on an H100
+    a100 = _parts(_scenario())[2]
+    assert a100.decision.max_num_seqs == 256 and a100.decision.max_num_batched_tokens == 8192
+    h100 = _scenario()
+    h100["hardware"] = {"gpu": "H100", "num_gpus": 2}
+    assert _parts(h100)[2].decision.max_num_seqs == 1024

@@ -122,13 +122,16 @@ def policy_scenario(s: Scenario) -> Scenario:
 def rollout_scenario(s: Scenario) -> Scenario:
     """The engine ``vLLMRollout.__init__`` builds, as a ``task: serve`` scenario of the same model and GPU:
     ``LLM(tensor_parallel_size, dtype=bfloat16 (rollout.dtype), enforce_eager, gpu_memory_utilization,
-    max_model_len = prompt_length + response_length, max_num_seqs, max_num_batched_tokens, enable_sleep_mode=True)``."""
+    max_model_len = prompt_length + response_length, max_num_batched_tokens, enable_sleep_mode=True)``: no
+    ``max_num_seqs`` (``vllm_rollout_spmd.py`` ``LLM(...)``, v0.4.1 line 149, v0.5.0 line 165, passes none; the
+    config's ``rollout.max_num_seqs`` is not read there), so vLLM's default at ``rl.rollout.vllm_version`` on this GPU
+    applies."""
     v, hw = verl_setup(s), s.hardware
     return Scenario(
         model=s.model, task="serve",
         hardware=Hardware(gpu=hw.gpu, capacity_gib=hw.capacity_gib, cuda_module_loading=hw.cuda_module_loading,
                           memory_in_use_gib=hw.memory_in_use_gib, num_gpus=v.tensor_parallel),
-        serve=Serve(dtype="bf16", gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.row.max_num_seqs,
+        serve=Serve(dtype="bf16", gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=None,
                     max_num_batched_tokens=v.row.max_num_batched_tokens, max_model_len=v.prompt + v.response,
                     cuda_graphs=not v.enforce_eager, vllm_version=s.rl.rollout.vllm_version),
         parallel=Parallel(tp=v.tensor_parallel), software=s.software,
@@ -332,7 +335,8 @@ def verl_assumptions(s: Scenario) -> list[str]:
             "not loaded (use_kl_loss and use_kl_in_reward false, verl's defaults)")),
         (f"verl rollout: vLLM with gpu_memory_utilization {v.gpu_memory_utilization}, tensor_model_parallel_size "
          f"{v.tensor_parallel}, enforce_eager {v.enforce_eager}, max_model_len {v.prompt + v.response} (prompt + "
-         f"response), max_num_seqs {v.row.max_num_seqs}, max_num_batched_tokens {v.row.max_num_batched_tokens}; "
+         f"response), max_num_seqs vLLM's default (rollout.max_num_seqs is not passed to LLM), "
+         f"max_num_batched_tokens {v.row.max_num_batched_tokens}; "
          + (f"sleep level {v.sleep_level} between rollouts (weights to host memory, KV cache freed)" if v.sleep_level
             else "awake in every phase (free_cache_engine false)")),
         ("verl weight sync: the actor's fp32 shards and one more copy of them (SHARDED_STATE_DICT's clones), with the "
