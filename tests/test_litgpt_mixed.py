@@ -102,3 +102,14 @@ def test_llama2_7b_default_precision_runs_out_of_memory_on_40gb() -> None:
     assert report.verdict == "DOES NOT FIT"
     doc["train"]["precision"] = "bf16-true"
     assert estimate(doc).verdict == "FITS"
+
+
+def test_checkpointed_layers_hold_only_their_recomputed_copies() -> None:
+    # a checkpointed forward saves nothing (torch.utils.checkpoint), and the frozen linears' copies are not
+    # cached, so each is freed after its matmul: no forward-to-loss row; the recomputation casts the layer again
+    # and its matmuls save the copies until the layer's backward: 724,992 x 2 B = 1,449,984 B per layer
+    tr = _step("lightning", "bf16-mixed", gradient_checkpointing="full")
+    assert _terms(tr, "casts.layer") == []
+    assert _terms(tr, "casts.recomputed") == [1_449_984, 1_449_984]
+    # the head is outside the checkpointed blocks: its chunk copies stay (3 x 256,000 x 2 B)
+    assert _terms(tr, "casts.head_chunks_frozen") == [1_536_000]

@@ -77,3 +77,23 @@ def test_completed_targets_keeps_what_is_given() -> None:
     assert completed_targets("all-linear", ("query_key_value",)) == "all-linear"
     assert completed_targets(None, default_lora_targets("gpt2")) == ["c_attn"]
     assert completed_targets(None, default_lora_targets("no_such_type")) == ["q_proj", "v_proj"]
+
+
+def test_the_table_holds_every_peft_row_but_gemma4s_expression() -> None:
+    # peft 0.21.2 peft/utils/constants.py: 41 rows, one of them (gemma4) a regular expression string
+    constants = pytest.importorskip("peft.utils.constants")
+    rows = constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    assert set(rows) - set(peft_targets._LORA_TARGETS) == {k for k, v in rows.items() if isinstance(v, str)}
+
+
+def test_bert_null_takes_peft_s_query_value_row() -> None:
+    # peft 0.21.2 maps "bert" to ["query", "value"]: PEFT completes the targets, nothing to refuse.
+    # BERT-large: hidden 1024, 24 layers, rank 8: query and value each 8 x (1024 + 1024) = 16,384 adapter
+    # parameters, 32,768 per layer, 786,432 in all; AdamW's two fp32 moments: 786,432 x 8 = 6,291,456 B
+    r = resolve(_doc("google-bert/bert-large-uncased"))
+    assert r.scenario.train.peft is not None and r.scenario.train.peft.target_modules == ["query", "value"]
+    assert any("PEFT's default for model type 'bert', query, value" in a for a in r.assumptions)
+    named = estimate(_doc("google-bert/bert-large-uncased", target_modules=["query", "value"]))
+    default = estimate(_doc("google-bert/bert-large-uncased"))
+    assert default.per_gpu.breakdown["optimizer_states"] == 6_291_456
+    assert default.per_gpu.breakdown == named.per_gpu.breakdown

@@ -9,10 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vramplan.catalog.models import load_model
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.serve.sglang import decide_sglang
-from vramplan.serve.sglang_options import DP_RULES, SPEC_RULES, dp_rule_for, headroom_tokens, spec_rule_for
+from vramplan.serve.sglang_options import (
+    DP_RULES,
+    SPEC_RULES,
+    dp_rule_for,
+    headroom_tokens,
+    model_draft,
+    spec_rule_for,
+)
 
 FREE = 84_467_326_648  # H100-SXM free at start: 85,017,755,648 - CUDA context 550,429,000 (tests/test_serve_sglang.py)
 W = 16_127_631_360  # Llama-3.1-8B bf16 + its fp32 rotary cache
@@ -255,3 +263,16 @@ def test_dp_attention_groups_of_two_ranks() -> None:
     assert d.weights_bytes - plain.weights_bytes == 274_726_912
     assert d.chunked_prefill_size == 8192 // 2
     assert any("dp 2 of tp 4" in a and "groups of 2 rank(s)" in a for a in d.assumptions)
+
+
+def test_eagle3_head_keeps_its_own_lm_head() -> None:
+    # speculative/eagle_worker.py: an EAGLE head takes the target's embedding and LM head (set_embed_and_head), an
+    # EAGLE-3 head the embedding only (set_embed: "most cases EAGLE3 models don't share lm_head").  TinyLlama as the
+    # head, tp 1, bf16: 1,100,048,384 parameters x 2 B = 2,200,096,768 B loaded; embedding and untied head
+    # 32,000 x 2,048 x 2 B = 131,072,000 B each
+    head = load_model("TinyLlama/TinyLlama-1.1B-Chat-v1.0")
+    eagle, eagle3 = model_draft(head, 1, 2, 2, "eagle"), model_draft(head, 1, 2, 2, "eagle3")
+    assert eagle.load_bytes == eagle3.load_bytes == 2_200_096_768
+    assert eagle.resident_bytes == 2_200_096_768 - 2 * 131_072_000 == 1_937_952_768
+    assert eagle3.resident_bytes == 2_200_096_768 - 131_072_000 == 2_069_024_768
+    assert model_draft(head, 1, 2, 2, "draft").resident_bytes == 2_200_096_768

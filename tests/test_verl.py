@@ -49,7 +49,7 @@ def _parts(sc: dict[str, Any]) -> tuple[Resolved, TrainResult, RolloutMemory]:
 
 @pytest.fixture(scope="module")
 def base() -> tuple[Report, Resolved, TrainResult, RolloutMemory]:
-    sc = _with(_scenario(), reference_model="separate")
+    sc = _with(_scenario(ref_log_prob_micro_batch_size_per_gpu=2), reference_model="separate")
     return (estimate(sc), *_parts(sc))
 
 
@@ -180,6 +180,9 @@ def test_free_cache_engine_off_keeps_the_engine_awake() -> None:
     ({}, {"beta": 0.04}, "rl.beta"),
     ({}, {"rollout": {"gpu_memory_utilization": 0.6}}, "rl.rollout.gpu_memory_utilization"),
     ({}, {"reference_model": "shared"}, "rl.reference_model"),
+    # v0.4.1 / v0.5.0 ray_trainer.py: with a reference policy the ref section's micro-batch is checked too (null
+    # in verl's config): "Please set at least one of 'actor_rollout_ref.ref.log_prob_micro_batch_size' or ..."
+    ({}, {"reference_model": "separate"}, "rl.verl.ref_log_prob_micro_batch_size_per_gpu"),
 ])
 def test_refused_with_the_reason(keys: dict[str, Any], rl: dict[str, Any], where: str) -> None:
     with pytest.raises(ScenarioError) as err:
@@ -258,3 +261,14 @@ def _without_states(mo: Any) -> Any:
     out = mo.copy(mo.phase)
     out.parts.pop(K.OPTIMIZER_STATES.part, None)  # optimizer_offload: the AdamW states in host memory
     return out
+
+
+def test_engine_takes_vllm_s_default_max_num_seqs() -> None:
+    # verl v0.4.1 / v0.5.0 vllm_rollout_spmd.py builds LLM(...) without max_num_seqs (rollout.max_num_seqs: 1024 in
+    # the config is not passed), so vLLM's default applies: at 0.11 (_set_default_args, rule v1-70gib-not-a100)
+    # 256 sequences on an A100 (its exception to the >= 70 GiB rule) and 1,024 on an H100
+    a100 = _parts(_scenario())[2]
+    assert a100.decision.max_num_seqs == 256 and a100.decision.max_num_batched_tokens == 8192
+    h100 = _scenario()
+    h100["hardware"] = {"gpu": "H100", "num_gpus": 2}
+    assert _parts(h100)[2].decision.max_num_seqs == 1024

@@ -302,7 +302,8 @@ def _verl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     tr = train_step(pr)
     assert tr.context is not None and tr.layout is not None  # one pipeline stage (verl_problems refuses pp > 1)
     actor = between_steps(tr.terms, "rollout").get(K.PARAMETERS)
-    settings = (f"max_num_seqs {v.row.max_num_seqs}, max_num_batched_tokens {v.row.max_num_batched_tokens}, "
+    settings = (f"max_num_seqs vLLM's default (verl passes none), max_num_batched_tokens "
+                f"{v.row.max_num_batched_tokens}, "
                 f"max_model_len {v.prompt + v.response} (prompt + response), tensor_model_parallel_size "
                 f"{v.tensor_parallel}, enforce_eager {v.enforce_eager}, dtype bfloat16")
     # init_model builds the actor (offloaded at once with param_offload; AdamW's states come at the first step),

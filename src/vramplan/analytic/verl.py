@@ -83,8 +83,8 @@ def _pick(given: _T | None, default: _T) -> _T:
 
 
 def verl_setup(s: Scenario) -> VerlSetup:
-    """The settings verl runs ``s`` with (``log_prob_micro_batch_size_per_gpu`` null reads as 1 here: ``verl_problems``
-    refuses it first)."""
+    """The settings verl runs ``s`` with (``log_prob_micro_batch_size_per_gpu`` null reads as 1 here, and the
+    reference's null as the rollout's: ``verl_problems`` refuses both first)."""
     v, ro = s.rl.verl, s.rl.rollout
     row = verl_defaults(v.release)
     log_prob = v.log_prob_micro_batch_size_per_gpu or 1
@@ -122,13 +122,16 @@ def policy_scenario(s: Scenario) -> Scenario:
 def rollout_scenario(s: Scenario) -> Scenario:
     """The engine ``vLLMRollout.__init__`` builds, as a ``task: serve`` scenario of the same model and GPU:
     ``LLM(tensor_parallel_size, dtype=bfloat16 (rollout.dtype), enforce_eager, gpu_memory_utilization,
-    max_model_len = prompt_length + response_length, max_num_seqs, max_num_batched_tokens, enable_sleep_mode=True)``."""
+    max_model_len = prompt_length + response_length, max_num_batched_tokens, enable_sleep_mode=True)``: no
+    ``max_num_seqs`` (``vllm_rollout_spmd.py`` ``LLM(...)``, v0.4.1 line 149, v0.5.0 line 165, passes none; the
+    config's ``rollout.max_num_seqs`` is not read there), so vLLM's default at ``rl.rollout.vllm_version`` on this GPU
+    applies."""
     v, hw = verl_setup(s), s.hardware
     return Scenario(
         model=s.model, task="serve",
         hardware=Hardware(gpu=hw.gpu, capacity_gib=hw.capacity_gib, cuda_module_loading=hw.cuda_module_loading,
                           memory_in_use_gib=hw.memory_in_use_gib, num_gpus=v.tensor_parallel),
-        serve=Serve(dtype="bf16", gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.row.max_num_seqs,
+        serve=Serve(dtype="bf16", gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=None,
                     max_num_batched_tokens=v.row.max_num_batched_tokens, max_model_len=v.prompt + v.response,
                     cuda_graphs=not v.enforce_eager, vllm_version=s.rl.rollout.vllm_version),
         parallel=Parallel(tp=v.tensor_parallel), software=s.software,
@@ -172,6 +175,15 @@ def _setup_problems(s: Scenario) -> list[Problem]:
         no("rl.verl.log_prob_micro_batch_size_per_gpu", "is required: verl refuses to start without it when dynamic "
            "batching is off ('Please set at least one of actor_rollout_ref.rollout.log_prob_micro_batch_size or "
            "..._per_gpu', ray_trainer.py check_mutually_exclusive)", "set it, e.g. to train.micro_batch_size")
+    if (s.rl.reference_model == "separate" and v.ref_log_prob_micro_batch_size_per_gpu is None
+            and not v.use_dynamic_bsz):
+        # with a reference policy (use_kl_loss / use_kl_in_reward) RayPPOTrainer._validate_config checks the ref
+        # section too, and ref.log_prob_micro_batch_size_per_gpu is null in verl's config (v0.4.1 ray_trainer.py
+        # lines 408-410, ppo_trainer.yaml line 352; v0.5.0 ray_trainer.py lines 467-469, ref/ref.yaml line 13)
+        no("rl.verl.ref_log_prob_micro_batch_size_per_gpu", "is required with the reference loaded: verl refuses to "
+           "start without it when dynamic batching is off ('Please set at least one of actor_rollout_ref.ref."
+           "log_prob_micro_batch_size or ..._per_gpu', ray_trainer.py check_mutually_exclusive)",
+           "set it, e.g. to rl.verl.log_prob_micro_batch_size_per_gpu")
     strategy_why = {"fsdp2": "FSDP2 (fully_shard: per-parameter DTensor shards; the reference offloaded only with "
                     "ref.fsdp_config.param_offload, CPUOffloadPolicy) is not modelled",
                     "megatron": "verl's Megatron backend (megatron_workers.py: Megatron-LM's distributed optimizer, "
@@ -323,7 +335,8 @@ def verl_assumptions(s: Scenario) -> list[str]:
             "not loaded (use_kl_loss and use_kl_in_reward false, verl's defaults)")),
         (f"verl rollout: vLLM with gpu_memory_utilization {v.gpu_memory_utilization}, tensor_model_parallel_size "
          f"{v.tensor_parallel}, enforce_eager {v.enforce_eager}, max_model_len {v.prompt + v.response} (prompt + "
-         f"response), max_num_seqs {v.row.max_num_seqs}, max_num_batched_tokens {v.row.max_num_batched_tokens}; "
+         f"response), max_num_seqs vLLM's default (rollout.max_num_seqs is not passed to LLM), "
+         f"max_num_batched_tokens {v.row.max_num_batched_tokens}; "
          + (f"sleep level {v.sleep_level} between rollouts (weights to host memory, KV cache freed)" if v.sleep_level
             else "awake in every phase (free_cache_engine false)")),
         ("verl weight sync: the actor's fp32 shards and one more copy of them (SHARDED_STATE_DICT's clones), with the "

@@ -3,9 +3,9 @@
 ``LoraConfig(target_modules=None)`` is completed by ``peft.tuners.tuners_utils.BaseTuner._prepare_adapter_config``
 from ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING[model_config["model_type"]]``; a model type absent from
 that table raises ``ValueError("Please specify `target_modules` in `peft_config`")``.  The rows below are that
-table as peft 0.21.2 ships it (``peft/utils/constants.py``), restricted to the decoder and encoder-decoder
-language models a scenario can name (the encoder-only and vision rows are left out; Gemma 4's row is a regular
-expression over a multimodal wrapper and is left out too).
+table as peft 0.21.2 ships it (``peft/utils/constants.py``), every row but Gemma 4's, which is a regular
+expression over a multimodal wrapper (no family here has that model type).  The encoder-only rows (BERT and its
+kin: ``query``, ``value``) are kept: a BERT scenario is estimated, and PEFT completes its targets.
 
 So a scenario that names no targets gets the modules PEFT itself would adapt: Falcon, GPT-NeoX and BLOOM their
 fused ``query_key_value``, GPT-2 its ``c_attn``, Phi-2 ``q_proj``, ``v_proj``, ``fc1`` and ``fc2`` (its MLP too),
@@ -20,17 +20,25 @@ __all__ = ["PEFT_RELEASE", "UNMAPPED_FALLBACK", "completed_targets", "default_lo
 
 PEFT_RELEASE = "0.21.2"
 
-# peft 0.21.2 peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING (lines 67-108)
+# peft 0.21.2 peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING (lines 67-108), but gemma4
 _LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "t5": ("q", "v"),
     "mt5": ("q", "v"),
     "bart": ("q_proj", "v_proj"),
     "gpt2": ("c_attn",),
     "bloom": ("query_key_value",),
+    "blip-2": ("q", "v", "q_proj", "v_proj"),
     "opt": ("q_proj", "v_proj"),
     "gptj": ("q_proj", "v_proj"),
     "gpt_neox": ("query_key_value",),
     "gpt_neo": ("q_proj", "v_proj"),
+    "bert": ("query", "value"),
+    "roberta": ("query", "value"),
+    "xlm-roberta": ("query", "value"),
+    "electra": ("query", "value"),
+    "deberta-v2": ("query_proj", "value_proj"),
+    "deberta": ("in_proj",),
+    "layoutlm": ("query", "value"),
     "llama": ("q_proj", "v_proj"),
     "llama4": ("q_proj", "v_proj"),
     "chatglm": ("query_key_value",),

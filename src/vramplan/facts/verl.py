@@ -18,6 +18,8 @@ Sources (identical at v0.4.1 and v0.5.0 unless named; v0.4.1's trainer config is
 * ``rollout.gpu_memory_utilization: 0.5``, ``enforce_eager: True``, ``free_cache_engine: True``,
   ``tensor_model_parallel_size: 2``, ``max_num_batched_tokens: 8192``, ``max_num_seqs: 1024``: ppo_trainer.yaml
   lines 413, 419, 422, 432, 435, 441 (v0.4.1); ``rollout/rollout.yaml`` lines 29, 35, 38, 41, 44, 50 (v0.5.0);
+  ``max_num_seqs`` is not passed on: ``vllm_rollout_spmd.py`` ``vLLMRollout.__init__`` builds ``LLM(...)`` without it
+  (v0.4.1 line 149, v0.5.0 line 165), so vLLM's own default applies (analytic/verl.py ``rollout_scenario``);
 * what ``gpu_memory_utilization`` means: verl passes it to ``vllm.LLM`` unchanged (``vllm_rollout_spmd.py``), and its
   ``docs/examples/config.rst`` says "For vLLM v0.7.0 and later: The fraction of **total** GPU memory to be used for
   the vLLM instance" (line 313 at v0.4.1, 331 at v0.5.0); vLLM's own budget rule at ``rl.rollout.vllm_version`` decides what that
@@ -75,7 +77,7 @@ class VerlDefaults:
     enforce_eager: bool = True
     free_cache_engine: bool = True
     max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 1024
+    max_num_seqs: int = 1024  # in the config, but not passed to vllm.LLM (module docstring)
     enable_gradient_checkpointing: bool = True
     use_remove_padding: bool = False
     entropy_coeff: float = 0.0

@@ -282,13 +282,16 @@ def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quan
 def model_draft(draft: ModelSpec, tp: int, dense_bytes: int, kv_elem_bytes: int, method: str) -> DraftSizing:
     """A draft model or EAGLE head read from its config: all its parameters at the model dtype (unquantized), its
     decoder layers for the KV pool (the draft worker's cell: ``kv_heads // tp x head_dim x layers x 2 x elem``).
-    An EAGLE / EAGLE-3 head shares the target's embedding and head once started (``set_embed_and_head``); a
+    An EAGLE head shares the target's embedding and head once started (``set_embed_and_head``); an EAGLE-3 head
+    shares the embedding only and keeps its own LM head (``speculative/eagle_worker.py``: "most cases EAGLE3 models
+    don't share lm_head", ``set_embed``; a config with ``load_lm_head_from_target`` shares both, not read here); a
     STANDALONE draft keeps its own."""
     rp = rank_params(draft, tp, 1, 1, 0, None)
     load = weights_bytes(rp, dense_bytes, "none")
     shared = 0
     if method != "draft":
-        shared = sum(-(-p.numel // tp) * p.count for p in draft.params if p.role in ("embedding", "lm_head"))
+        roles = ("embedding",) if method == "eagle3" else ("embedding", "lm_head")
+        shared = sum(-(-p.numel // tp) * p.count for p in draft.params if p.role in roles)
     if draft.mla is not None:
         cell = (draft.mla.kv_lora_rank + draft.mla.qk_rope_head_dim) * draft.num_layers * kv_elem_bytes
     else:

@@ -179,7 +179,7 @@ def torchtitan_fsdp2(s: Scenario) -> bool:
 
 def with_verl_defaults(s: Scenario) -> Scenario:
     """``s`` (framework verl) with verl's defaults at ``rl.verl.release`` in its null keys (facts/verl.py);
-    ``log_prob_micro_batch_size_per_gpu`` stays null (verl refuses it) and the reference's falls back to it."""
+    ``log_prob_micro_batch_size_per_gpu`` and the reference's stay null (verl refuses them null)."""
     v = s.rl.verl
     row = verl_defaults(v.release)
     given = v.model_dump()

@@ -1044,7 +1044,8 @@ class Verl(_Strict):
     without dynamic batching (``check_mutually_exclusive``)."""
 
     ref_log_prob_micro_batch_size_per_gpu: int | None = Field(None, ge=1, le=1_000_000)
-    """``ref.log_prob_micro_batch_size_per_gpu``; null: ``log_prob_micro_batch_size_per_gpu``."""
+    """``ref.log_prob_micro_batch_size_per_gpu``: sequences per forward of the reference's log-probabilities; null is
+    refused with ``rl.reference_model: separate``, as verl refuses it without dynamic batching."""
 
     use_dynamic_bsz: bool = False
     """``actor.use_dynamic_bsz`` (micro-batches packed up to ``ppo_max_token_len_per_gpu`` tokens): true is refused

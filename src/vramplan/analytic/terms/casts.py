@@ -38,7 +38,8 @@ FROZEN_CAST_NOTE = (
     "no init dtype), so the frozen base is held in fp32 (4 B per weight) and autocast casts each frozen linear's "
     "weight to the half dtype at every use without caching it (torch caches only leaves that require grad); the "
     "matmul saves that copy to compute its input's gradient, so every decoder linear's half copy lives from its "
-    "forward to its layer's backward, and the LM head's once per 128-token chunk (lm_head_chunk_size=128). The "
+    "forward (under checkpointing, its recomputation) to its layer's backward, and the LM head's once per 128-token "
+    "chunk (lm_head_chunk_size=128). The "
     "first layer's first projection, whose input needs no gradient, saves none but is counted (a bound of one "
     "projection); the adapters' own cached copies are not counted (lit-gpt 8641822 and litgpt v0.3.1-v0.5.13 "
     "finetune/lora.py; lightning 71aed75-2.4.0 plugins/precision/amp.py, precision.py)")
@@ -90,7 +91,10 @@ def layer_casts(c: StepContext) -> list[Term]:
         full_ckpt = checkpointed_layer(c.s, j)
         down = m.hidden_size * ceil_div(ls.intermediate_size, tp) * wcb if per_layer and not ls.moe else 0
         at_mlp, done = mlp(j), layer_done(j)
-        rows.append((per_layer, FORWARD, LOSS if full_ckpt else done, "casts.layer", j))
+        if not (frozen and full_ckpt):
+            # a checkpointed forward saves nothing, so the frozen linears' uncached copies are freed after each
+            # matmul (torch.utils.checkpoint); only the recomputation's, below, live to the layer's backward
+            rows.append((per_layer, FORWARD, LOSS if full_ckpt else done, "casts.layer", j))
         if full_ckpt:
             rows.append((per_layer, at_mlp, done, "casts.recomputed", j))
         rows.append((-down, at_mlp, done, "casts.freed_down_projection", j))
