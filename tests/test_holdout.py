@@ -29,6 +29,15 @@ def _urls(text: str) -> set[str]:
     return {u.rstrip(".,;:") for u in _URL.findall(text)}
 
 
+# a file of a GitHub repository at any ref: github.com/OWNER/REPO/blob/REF/PATH -> github.com/OWNER/REPO/PATH
+_BLOB = re.compile(r"^https?://github\.com/([^/]+)/([^/]+)/(?:blob|tree|raw)/[^/]+/(.+?)(?:#.*)?$")
+
+
+def _repo_files(urls: set[str]) -> set[str]:
+    """The repository files among ``urls`` with the commit or tag dropped: the same page at two refs is one source."""
+    return {f"{m[1]}/{m[2]}/{m[3]}".lower() for u in urls if (m := _BLOB.match(u))}
+
+
 def _holdout() -> Dataset:
     return load_dataset(HOLDOUT)
 
@@ -84,6 +93,8 @@ def test_no_holdout_source_is_used_by_the_published_set() -> None:
     holdout_urls = set().union(*(_urls(e.citation) for e in holdout.entries))
     assert holdout_urls, "the holdout cites no URL"
     assert not holdout_urls & published_urls
+    # nor the same repository file at another commit (Lit-GPT's tutorials/finetune_lora.md at 0cc02afa and v0.4.0)
+    assert not _repo_files(holdout_urls) & _repo_files(published_urls)
     # nor as a substring (a published citation with a suffix or an anchor)
     for url in holdout_urls:
         assert url not in published_text, url
