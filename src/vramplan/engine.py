@@ -25,7 +25,7 @@ from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generat
 from vramplan.analytic.lifecycle.ppo import ppo_job
 from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps, first_step
-from vramplan.analytic.moment import K, Key, Moment
+from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
@@ -251,17 +251,6 @@ def _ppo_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                    reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
 
 
-def _without(mo: Moment, *keys: Key) -> Moment:
-    """``mo`` with the rows of ``keys`` dropped (a templated key's whole part: the optimizer's states)."""
-    out = mo.copy(mo.phase)
-    for key in keys:
-        if key.templated:
-            out.parts.pop(key.part, None)
-        else:
-            out.parts.get(key.part, {}).pop(key.name(), None)
-    return out
-
-
 def _verl_phases(tr: TrainResult, v: verl.VerlSetup, ro: RolloutMemory, asleep: Moment) -> list[PhasePeak]:
     """verl's iteration (analytic/verl.py): weight sync, rollout, scoring, reference scoring, over what each phase
     keeps of the actor (its shards unless ``param_offload`` outside the phases that load them, the optimizer's
@@ -269,15 +258,16 @@ def _verl_phases(tr: TrainResult, v: verl.VerlSetup, ro: RolloutMemory, asleep: 
     c, lay = tr.context, tr.layout
     assert c is not None and lay is not None
     states = () if not v.optimizer_offload else (K.OPTIMIZER_STATES,)
-    loaded = _without(between_steps(tr.terms, "weight sync"), *states)
-    away = _without(loaded, *((K.PARAMETERS,) if v.param_offload else ()))
+    loaded = between_steps(tr.terms, "weight sync").without(*states)
+    away = loaded.without(*((K.PARAMETERS,) if v.param_offload else ()))
     sync = _plus(loaded.copy("weight sync"), asleep).add(K.STATE_DICT_SHARDS, loaded.get(K.PARAMETERS))
     # the state dict is built while the engine sleeps; then its weights wake and the parameters go in one at a time
     building, feeding = verl.state_dict_bytes(c), ro.weights - ro.training_bytes["weights"]
-    if building > feeding + verl.sync_gather_bytes(c):
+    gather = verl.sync_gather_bytes(c)
+    if building > feeding + gather:
         sync.add(K.STATE_DICT_UNSHARDED, building)
     else:
-        sync.add(K.ROLLOUT_WEIGHTS, feeding).add(K.SYNC_PARAMETER, verl.sync_gather_bytes(c))
+        sync.add(K.ROLLOUT_WEIGHTS, feeding).add(K.SYNC_PARAMETER, gather)
     rollout = away.copy("rollout").add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
     rollout.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)
     scoring = _plus(loaded.copy("scoring"), asleep).add(K.GATHERED, lay.gathered)

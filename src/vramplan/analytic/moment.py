@@ -331,6 +331,16 @@ class Moment:
     def copy(self, phase: str) -> Moment:
         return Moment(phase, {k: dict(v) for k, v in self.parts.items()})
 
+    def without(self, *keys: Key) -> Moment:
+        """A copy with the rows of ``keys`` dropped (a templated key's whole part: the optimizer's states)."""
+        out = self.copy(self.phase)
+        for key in keys:
+            if key.templated:
+                out.parts.pop(key.part, None)
+            else:
+                out.parts.get(key.part, {}).pop(key.name(), None)
+        return out
+
     @property
     def total(self) -> int:
         return sum(map(sum, map(dict.values, self.parts.values())))

@@ -42,10 +42,7 @@ def first_step(moments: Sequence[Moment], states_bytes: int) -> Moment:
     if not totals:
         return Moment("first step")
     best = moments[totals.index(max(totals))]
-    out = best.copy("first step")
-    if best.phase != "optimizer":
-        out.parts.pop(K.OPTIMIZER_STATES.part, None)
-    return out
+    return (best if best.phase == "optimizer" else best.without(K.OPTIMIZER_STATES)).copy("first step")
 
 
 def device_states_bytes(terms: Sequence[Term]) -> int:
