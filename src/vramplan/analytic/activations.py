@@ -431,8 +431,14 @@ def _softmax_bytes(m: ModelSpec, ctx: ActContext) -> int:
     ``softmax(combined_logits, dtype=combined_logits.dtype)``: ``torch.cat`` is on autocast's
     promote-to-widest list, so the probabilities are fp32 when the sinks are (trainable fp32 parameters
     under mixed precision, which ``residual_bytes`` shares with the embeddings) and in the compute dtype
-    otherwise (bf16-true, or a frozen bf16 base).
+    otherwise (bf16-true, or a frozen bf16 base).  GPT-2 (``softmax(attn_weights, dim=-1)``) and Falcon
+    (``softmax(..., dtype=hidden_states.dtype)``, hidden_states the LayerNorm's output), ``Traits.
+    eager_softmax_compute_dtype``: fp32 under autocast (softmax and layer_norm are on its fp32 list), else the
+    compute dtype (transformers 5.24 modeling_gpt2.py ``eager_attention_forward``, modeling_falcon.py
+    ``FalconAttention.forward``).
     """
+    if m.traits.eager_softmax_compute_dtype and not ctx.autocast:
+        return ctx.compute_bytes
     if not m.attention_sinks:
         return 4
     return max(ctx.compute_bytes, ctx.residual_bytes) if ctx.autocast else ctx.compute_bytes
@@ -513,22 +519,27 @@ def _sdpa_math_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: 
                        s_keys: int) -> list[SavedTensor]:
     """SDPA's math backend (attention.cpp ``_scaled_dot_product_attention_math``), per token.
 
-    Half inputs are upcast to fp32 (``allowFP16BF16ReductionMathSDP`` is off by default); the
-    scaled query, the scaled transposed keys, the fp32 softmax output and the fp32 values are
-    saved by the two matmuls.  Keys and values with fewer heads than the query are broadcast by
-    ``matmul``, which copies them to every head for its batched GEMM.
+    Half inputs are upcast to fp32 (``allowFP16BF16ReductionMathSDP`` is off by default; ``.to`` saves
+    nothing), the query and the transposed keys are scaled (new tensors) and two matmuls run around
+    ``_safe_softmax``.  FalconAttention (``Traits.mqa_sdpa_math``) hands over one K/V head, which ``matmul``
+    broadcasts: its ``_matmul_impl`` expands the operand to every head and reshapes ``[b, heads, ...]`` to
+    ``[b * heads, ...]`` for ``bmm``, which saves both operands.  That reshape is a view while the
+    micro-batch is 1 (a size-1 dimension takes no part in the strides, so the stride-0 head dimension
+    merges), and a copy to every head otherwise (``ctx.gqa_repeat``, analytic/attention.py
+    ``mqa_kv_copied``).  Saved: the fp32 scaled query (its view, or at b > 1 its copy: Falcon's query is a
+    transposed view whose heads do not merge with the batch), the fp32 scaled keys and fp32 values (one head,
+    or copied to every head), the fp32 softmax output.  The model's own q, k, v are saved by nothing (RoPE's
+    products save cos and sin only).  Traced on the meta device with transformers 5.24 (Falcon-7B, bf16,
+    LoRA on query_key_value, 256 tokens): 4 x 4,544 + 4 x 64 + 4 x 64 + 4 x 71 x 256 B per token at b = 1,
+    3 x 4 x 4,544 + 4 x 71 x 256 at b = 2; within 516 B of an H100's measured saved activations
+    (benchmarks/gpu/h100-2026-11-26, falcon7b-lora-r16).
     """
-    c = ctx.compute_bytes
     if not m.traits.mqa_sdpa_math:
         return _sdpa_math_gqa_tensors(m, ctx, heads, qw, s_keys)
-    kv = qw if kvw != qw else kvw
-    # q, k, v as the model hands them over (its own tensors)
-    out = [_T("attention.q", c * qw), _T("attention.k", c * kvw), _T("attention.v", c * kvw)]
-    # scaled q, scaled k^T (per head), v (per head), fp32; the _safe_softmax output, fp32
-    out += [_T("attention.math_q_scaled", 4 * qw), _T("attention.math_k_scaled", 4 * kv),
-            _T("attention.math_v_fp32", 4 * kv), _T("attention.softmax", 4 * heads * s_keys)]
-    if ctx.dropout and m.attention_dropout > 0:
-        out += [_T("attention.probs_dropout_mask", heads * s_keys), _T("attention.dropped_probs", 4 * heads * s_keys)]
+    kv = qw if ctx.gqa_repeat else kvw
+    out = [_T("attention.math_q_scaled", 4 * qw), _T("attention.math_k_scaled", 4 * kv),
+           _T("attention.math_v_fp32", 4 * kv), _T("attention.softmax", 4 * heads * s_keys)]
+    # no dropout: FalconAttention's rotary path passes ``dropout_p=0.0`` to SDPA whatever attention_dropout says
     return out
 
 

@@ -12,7 +12,8 @@ from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["BF16_MATH_NOTE", "MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "bf16_math_fallback",
-           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "mem_efficient_mask_row", "resolve_attention"]
+           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "mem_efficient_mask_row", "mqa_kv_copied",
+           "resolve_attention"]
 
 # transformers passes ``enable_gqa=True`` to SDPA instead of repeating K/V (integrations/sdpa_attention.py
 # ``use_gqa_in_sdpa``: torch >= 2.5 and no attention mask) from 4.54.0; read off the 4.53.0 and 4.54.0 wheels
@@ -107,6 +108,20 @@ def gqa_math_note(s: Scenario) -> str:
             "from torch 2.14 the memory-efficient kernel takes grouped K/V and saves none)")
 
 
+def mqa_kv_copied(s: Scenario, m: ModelSpec) -> bool:
+    """Whether FalconAttention's one K/V head (``Traits.mqa_sdpa_math``) is copied to every query head.
+
+    Falcon does not repeat K/V: ``query @ key.transpose(-1, -2)`` and ``scores @ value`` (eager, or SDPA's math
+    kernel on the fp32 copies) broadcast the one head.  ``matmul`` on 4-D operands (aten LinearAlgebra.cpp
+    ``_matmul_impl``) expands each to the common batch shape and reshapes ``[b, heads, ...]`` to
+    ``[b * heads, ...]`` for ``bmm``: with b = 1 the size-1 batch dimension takes no part in the strides and the
+    stride-0 head dimension becomes the batch, a view of the one head; with b > 1 the two do not merge and
+    ``reshape`` copies the head to every query head.  ``bmm`` saves what it is given: one head, or the copy.
+    """
+    return m.num_kv_heads < m.num_attention_heads and (
+        m.num_kv_heads > 1 or (s.train.micro_batch_size if s.task == "train" else s.inference.batch_size) > 1)
+
+
 def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
                       gpu: GpuSpec | None = None) -> tuple[str, bool]:
     """The kernel that runs, and whether K/V are repeated to every query head.
@@ -118,13 +133,15 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     """
     want = s.train.attention if s.task == "train" else s.inference.attention
     if want == "eager" or falls_back_to_eager(want, m, s.software.transformers_version):
+        if m.traits.mqa_sdpa_math:
+            return "eager", mqa_kv_copied(s, m)
         return "eager", m.num_kv_heads < m.num_attention_heads
     if want == "flash":
         return "flash", False
     if m.traits.mqa_sdpa_math and m.num_kv_heads == 1 < m.num_attention_heads:
         # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
         # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
-        return "math", False
+        return "math", mqa_kv_copied(s, m)
     if gqa_math_fallback(s, m, pol.compute_bytes, gpu) or (
             pol.compute_bytes == 2 and bf16_math_fallback(pol.half, gpu)):
         return "math", False

@@ -6,6 +6,8 @@ new_decoder_architecture False, multi_query True; hidden size as ``hidden_size``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob
 from vramplan.spec.model import ModelSpec, Traits
 
@@ -30,14 +32,19 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     inter = int(cfg.get("ffn_hidden_size") or 4 * h)
     bias = bool(cfg.get("bias", False))
     L = tuple(range(n_layers))
+    parallel = bool(cfg.get("parallel_attn", True))
+    two_norms = new_arch and int(cfg.get("num_ln_in_parallel_attn") or 2) == 2
+    # FalconDecoderLayer (transformers 5.24): a parallel block with one norm hands its output to both the
+    # attention and the MLP (``mlp_layernorm_out = attention_layernorm_out``), one tensor saved for both
+    traits = replace(TRAITS, shared_norm_output=True) if parallel and not two_norms else TRAITS
     p = Params()
     p.add("word_embeddings.weight", vocab * h, "embedding", tp="vocab")
-    if new_arch and int(cfg.get("num_ln_in_parallel_attn") or 2) == 2:
+    if two_norms:
         p.norm("h.ln_attn", h, L, True)
         p.norm("h.ln_mlp", h, L, True)
     else:
         p.norm("h.input_layernorm", h, L, True)
-        if not bool(cfg.get("parallel_attn", True)):
+        if not parallel:
             p.norm("h.post_attention_layernorm", h, L, True)
     p.linear("h.self_attention.query_key_value", h, (n_heads + 2 * n_kv) * hd, L, bias, "column")
     p.linear("h.self_attention.dense", h, h, L, bias, "row")
@@ -50,9 +57,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     return build_spec(cfg, name, model_type, p, hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads,
                       num_kv_heads=n_kv, vocab_size=vocab, intermediate_size=inter, hidden_act="gelu",
                       position="alibi" if cfg.get("alibi") else "rope", tie_word_embeddings=tied,
-                      parallel_residual=bool(cfg.get("parallel_attn", True)),
+                      parallel_residual=parallel,
                       attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=prob(cfg, "hidden_dropout"),
-                      max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)), traits=TRAITS)
+                      max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)), traits=traits)
 
 
 FALCON = Family(build, "modeling_falcon.py", (("hidden_size", "n_embed"), ("num_attention_heads",), ("vocab_size",)))
