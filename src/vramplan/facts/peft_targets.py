@@ -11,12 +11,14 @@ So a scenario that names no targets gets the modules PEFT itself would adapt: Fa
 fused ``query_key_value``, GPT-2 its ``c_attn``, Phi-2 ``q_proj``, ``v_proj``, ``fc1`` and ``fc2`` (its MLP too),
 T5 ``q`` and ``v``.  A model type PEFT has no default for keeps ``q_proj``/``v_proj`` where the model has them,
 stated as an assumption (PEFT would raise: the real script must have named its targets), and is refused where
-it has not.
+it has not.  Lit-GPT and torchtune adapt their own modules: ``LITGPT_LORA_DEFAULT`` and ``TORCHTUNE_LORA_RECIPE``
+below (spec/load.py ``lora_targets_for``).
 """
 
 from __future__ import annotations
 
-__all__ = ["PEFT_RELEASE", "UNMAPPED_FALLBACK", "completed_targets", "default_lora_targets"]
+__all__ = ["LITGPT_LORA_DEFAULT", "LITGPT_LORA_SOURCE", "PEFT_RELEASE", "TORCHTUNE_LORA_RECIPE",
+           "TORCHTUNE_LORA_SOURCE", "UNMAPPED_FALLBACK", "completed_targets", "default_lora_targets"]
 
 PEFT_RELEASE = "0.21.2"
 
@@ -65,6 +67,27 @@ _LORA_TARGETS: dict[str, tuple[str, ...]] = {
 
 # what a model type without a PEFT default keeps, where the model has these modules (stated as an assumption)
 UNMAPPED_FALLBACK: tuple[str, ...] = ("q_proj", "v_proj")
+
+
+# Frameworks with LoRA of their own: PEFT's table above does not apply to them.
+#
+# Lit-GPT (framework: lightning): ``finetune/lora.py`` defaults lora_query=True, lora_key=False, lora_value=True,
+# lora_projection=False, lora_mlp=False, lora_head=False (lit-gpt 8641822 lines 49-54, module-level settings;
+# litgpt v0.3.1 ``setup`` lines 50-55 and v0.5.13 lines 59-64, the same defaults): the query and the value parts of
+# its fused ``attn.attn`` (``LoRAQKVLinear`` with ``enable_lora=(True, False, True)``), which transformers' layout
+# names q_proj and v_proj where a model has them.
+LITGPT_LORA_DEFAULT: tuple[str, ...] = ("q_proj", "v_proj")
+LITGPT_LORA_SOURCE = ("Lit-GPT's finetune/lora.py defaults lora_query and lora_value (lit-gpt 8641822; litgpt v0.3.1 "
+                      "to v0.5.13)")
+# torchtune: every LoRA model builder takes ``lora_attn_modules: List[LORA_ATTN_MODULES]`` with no default (53
+# builders under torchtune/models at v0.6.1, e.g. llama3_1/_model_builders.py ``lora_llama3_1_8b`` line 85), so a
+# recipe config always names them; 89 of the 91 LoRA configs at v0.6.1 name ['q_proj', 'v_proj', 'output_proj'] with
+# ``apply_lora_to_mlp: True`` (e.g. recipes/configs/llama3_1/8B_lora_single_device.yaml lines 24-25): transformers'
+# names q_proj, v_proj, o_proj and the MLP's gate_proj, up_proj, down_proj (torchtune's w1, w3, w2).
+TORCHTUNE_LORA_RECIPE: tuple[str, ...] = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TORCHTUNE_LORA_SOURCE = ("torchtune's LoRA builders take lora_attn_modules with no default (v0.6.1 "
+                         "torchtune/models/*/_model_builders.py); its recipe configs name "
+                         "['q_proj', 'v_proj', 'output_proj'] with apply_lora_to_mlp: True")
 
 
 def default_lora_targets(model_type: str) -> tuple[str, ...] | None:

@@ -19,7 +19,11 @@ from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
 from vramplan.facts.peft_targets import (
+    LITGPT_LORA_DEFAULT,
+    LITGPT_LORA_SOURCE,
     PEFT_RELEASE,
+    TORCHTUNE_LORA_RECIPE,
+    TORCHTUNE_LORA_SOURCE,
     UNMAPPED_FALLBACK,
     completed_targets,
 )
@@ -566,10 +570,20 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
     """``train.peft.target_modules: null`` completed as PEFT completes ``LoraConfig(target_modules=None)``: the
     model type's row of ``facts/peft_targets.py`` (peft ``_prepare_adapter_config``).  A model type PEFT has no
     row for makes PEFT raise ("Please specify `target_modules` in `peft_config`"): q_proj, v_proj are assumed
-    where the model has both, stated; otherwise refused.  Returns the scenario, the assumptions, the problems."""
+    where the model has both, stated; otherwise refused.  Under Lit-GPT (``framework: lightning``) its own default
+    (``_litgpt_targets``); torchtune has none (its builders require ``lora_attn_modules``): refused.  Returns the
+    scenario, the assumptions, the problems."""
     peft = s.train.peft if s.task == "train" else None
     if peft is None or peft.target_modules is not None:
         return s, [], []
+    fw = s.effective_framework
+    if fw == "torchtune":
+        return s, [], [Problem("train.peft.target_modules", f"is null under torchtune, which has no default: "
+                               f"{TORCHTUNE_LORA_SOURCE}", "name them, e.g. target_modules: "
+                               f"[{', '.join(_present(TORCHTUNE_LORA_RECIPE, m) or ('q_proj', 'v_proj'))}] "
+                               "(the recipe configs' choice, in transformers' module names)")]
+    if fw == "lightning":
+        return _litgpt_targets(s, m, peft)
     mapped = m.peft_default_targets
     notes: list[str] = []
     if mapped is None:
@@ -589,6 +603,28 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
                      f"(peft {PEFT_RELEASE} TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)")
     peft = peft.model_copy(update={"target_modules": list(mapped)})
     return s.model_copy(update={"train": s.train.model_copy(update={"peft": peft})}), notes, []
+
+
+def _present(names: tuple[str, ...], m: ModelSpec) -> tuple[str, ...]:
+    """Those of ``names`` that are modules of ``m``."""
+    paths = _module_paths(m)
+    return tuple(n for n in names if _target_matches(n, paths))
+
+
+def _litgpt_targets(s: Scenario, m: ModelSpec, peft: Peft) -> tuple[Scenario, list[str], list[Problem]]:
+    """``target_modules: null`` under Lit-GPT: its own defaults, the query and the value (facts/peft_targets.py
+    ``LITGPT_LORA_DEFAULT``), named q_proj and v_proj where the model has them.  A model whose transformers layout fuses
+    them with the key (Falcon's query_key_value, GPT-2's c_attn) cannot be given the query and value parts alone
+    here: refused, naming the fused module (which also adapts the key, Lit-GPT's lora_key)."""
+    if len(_present(LITGPT_LORA_DEFAULT, m)) < len(LITGPT_LORA_DEFAULT):
+        fused = ", ".join(m.traits.qkv_modules)
+        return s, [], [Problem("train.peft.target_modules", f"is null under Lit-GPT, whose default adapts the query "
+                               f"and value parts of its fused qkv ({LITGPT_LORA_SOURCE}); {m.name} has no q_proj and "
+                               f"v_proj to name them by, its attention input projection is {fused}",
+                               f"name target_modules: [{fused}] (the key too, as lora_key: true would)")]
+    peft = peft.model_copy(update={"target_modules": list(LITGPT_LORA_DEFAULT)})
+    note = f"LoRA targets: Lit-GPT's default, {', '.join(LITGPT_LORA_DEFAULT)} ({LITGPT_LORA_SOURCE})"
+    return s.model_copy(update={"train": s.train.model_copy(update={"peft": peft})}), [note], []
 
 
 def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:

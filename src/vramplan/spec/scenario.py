@@ -122,7 +122,8 @@ class Peft(_Strict):
     """Module names that get adapters (peft's ``target_modules``), or all-linear; on the command line a
     comma-separated list.  null: PEFT's default for the model type (``LoraConfig(target_modules=None)``;
     facts/peft_targets.py), e.g. q_proj, v_proj on Llama, query_key_value on Falcon; where PEFT has none,
-    q_proj, v_proj as an assumption.
+    q_proj, v_proj as an assumption.  Under framework lightning, Lit-GPT's own default (the query and the value:
+    q_proj, v_proj); under torchtune, whose builders require lora_attn_modules, null is refused.
 
     On transformers 5 MoE models, expert names become adapters on the fused expert parameters
     (docs/conventions.md, LoRA on MoE experts)."""
