@@ -46,7 +46,9 @@ BASES: dict[str, dict[str, Any]] = {
     "lightning": {"model": MODEL, "task": "train", "hardware": HW, "framework": "lightning",
                   "train": {"peft": {"method": "qlora"}, "quantization": "nf4", "precision": "bf16-true"}},
     "torchtune": {"model": MODEL, "task": "train", "hardware": HW, "framework": "torchtune",
-                  "train": {"peft": {"method": "qlora"}, "quantization": "nf4-dq", "precision": "bf16-true"}},
+                  # torchtune's LoRA builders require lora_attn_modules: null targets are refused there
+                  "train": {"peft": {"method": "qlora", "target_modules": ["q_proj", "v_proj"]},
+                            "quantization": "nf4-dq", "precision": "bf16-true"}},
     "zero3": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"zero_stage": 3}},
     "torchtitan": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
                    "framework": "torchtitan", "parallel": {"fsdp": "full_shard"}},
