@@ -18,6 +18,10 @@ already on the GPU are not taken from it; they must leave ``gpu_memory_utilizati
 ``init_device`` refuses to start ("Free memory on device ... is less than desired GPU memory
 utilization").  The older rules count the whole device's usage and are refused.
 
+The engine loads the checkpoint as stored: a pre-quantized policy (``quantization_config``: fp8, MXFP4, AWQ, ...)
+keeps its format in vLLM although the trainer holds it dequantized (spec/load.py ``checkpoint_quantization_for``,
+as for ``task: serve``); a format ``task: serve`` cannot estimate is refused.
+
 Between rollouts (TRL: after ``llm.generate``) the engine keeps, without sleep mode, its weights, KV
 cache, CUDA graphs and non-torch memory; the profile-sized activation blocks are cached by the shared
 caching allocator and reused by the training step.  With sleep mode (``vllm_enable_sleep_mode``) TRL calls
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.serve.vllm import VllmDecision, behaviour, decide
-from vramplan.spec.load import Resolved
+from vramplan.spec.load import Resolved, checkpoint_quantization_for
 from vramplan.spec.scenario import Hardware, Scenario, Serve
 from vramplan.units import GiB
 
@@ -115,6 +119,12 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int,
                       f"the whole device's usage ({row.budget.replace('_', ' ')} rule): a colocated engine beside "
                       "the trainer's tensors is not modelled for it", "use rl.rollout.vllm_version >= 0.9.1")
     rs, sleep = (rollout_scenario(r.scenario), ro.sleep_mode) if built is None else built[:2]
+    # the engine reads the checkpoint's quantization_config (vLLM ModelConfig ``_verify_quantization``) whatever the
+    # trainer made of it (an fp8 or MXFP4 policy is trained dequantized): it holds the weights as stored
+    rs, stored, problems = checkpoint_quantization_for(rs, r.model)
+    if problems:
+        raise ScenarioError([Problem(p.where, f"the colocated vLLM engine loads the checkpoint as stored: {p.message}",
+                                     f"{p.hint}; or use rl.rollout.colocate: false") for p in problems])
     gpu = r.gpu
     if charges_trainer:
         gpu = replace(gpu, total_memory_bytes=gpu.total_memory_bytes - trainer_bytes_at_start,
@@ -145,6 +155,7 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int,
          2: f"{method} rollout: sleep level 2 between rollouts (TRL's llm.sleep(level=2)): weights and KV cache "
             "discarded; CUDA graphs and non-torch memory stay"}[sleep],
     ]
+    notes += [f"{method} rollout engine: {n}" for n in stored]
     if problem:
         notes.append(f"{method} rollout: vLLM would not start: {problem}")
     return RolloutMemory(
