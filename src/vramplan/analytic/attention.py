@@ -11,9 +11,20 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["BF16_MATH_NOTE", "MEM_EFFICIENT_GQA_TORCH", "TRANSFORMERS_ENABLE_GQA", "bf16_math_fallback",
-           "falls_back_to_eager", "gqa_math_fallback", "gqa_math_note", "mem_efficient_mask_row", "mqa_kv_copied",
-           "resolve_attention"]
+__all__ = [
+    "BF16_MATH_NOTE",
+    "MEM_EFFICIENT_GQA_TORCH",
+    "MQA_MATH_NOTE",
+    "TRANSFORMERS_ENABLE_GQA",
+    "bf16_math_fallback",
+    "falls_back_to_eager",
+    "gqa_math_fallback",
+    "gqa_math_note",
+    "mem_efficient_mask_row",
+    "mqa_kv_copied",
+    "mqa_math",
+    "resolve_attention",
+]
 
 # transformers passes ``enable_gqa=True`` to SDPA instead of repeating K/V (integrations/sdpa_attention.py
 # ``use_gqa_in_sdpa``: torch >= 2.5 and no attention mask) from 4.54.0; read off the 4.53.0 and 4.54.0 wheels
@@ -108,6 +119,17 @@ def gqa_math_note(s: Scenario) -> str:
             "from torch 2.14 the memory-efficient kernel takes grouped K/V and saves none)")
 
 
+def mqa_math(m: ModelSpec) -> bool:
+    """FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need equal head
+    counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math, training or not."""
+    return m.traits.mqa_sdpa_math and m.num_kv_heads == 1 < m.num_attention_heads
+
+
+MQA_MATH_NOTE = ("one K/V head handed to SDPA without enable_gqa (FalconAttention, multi_query): no fused kernel "
+                 "takes unequal head counts, so SDPA runs its math kernel, which holds the s x s scores and their "
+                 "softmax in fp32")
+
+
 def mqa_kv_copied(s: Scenario, m: ModelSpec) -> bool:
     """Whether FalconAttention's one K/V head (``Traits.mqa_sdpa_math``) is copied to every query head.
 
@@ -138,9 +160,7 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
         return "eager", m.num_kv_heads < m.num_attention_heads
     if want == "flash":
         return "flash", False
-    if m.traits.mqa_sdpa_math and m.num_kv_heads == 1 < m.num_attention_heads:
-        # FalconAttention (multi_query) hands SDPA one K/V head without enable_gqa; the fused kernels need
-        # equal head counts then (sdp_utils_cpp.h check_batch_size_and_num_heads_dense), so SDPA runs math
+    if mqa_math(m):
         return "math", mqa_kv_copied(s, m)
     if gqa_math_fallback(s, m, pol.compute_bytes, gpu) or (
             pol.compute_bytes == 2 and bf16_math_fallback(pol.half, gpu)):

@@ -70,11 +70,13 @@ from dataclasses import dataclass
 
 from vramplan.analytic.attention import (
     BF16_MATH_NOTE,
+    MQA_MATH_NOTE,
     bf16_math_fallback,
     falls_back_to_eager,
     gqa_math_fallback,
     gqa_math_note,
     mem_efficient_mask_row,
+    mqa_math,
 )
 from vramplan.analytic.cross_attention import (
     CrossImages,
@@ -471,6 +473,18 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         # the decoder layer binds the returned probabilities (``hidden_states, _ = self.self_attn(...)``)
         # until it returns, and the model's forward keeps the masks: both are alive through the MLP
         mlp += batch * heads * prompt * prompt * c + masks
+    elif attention == "math" and mqa_math(m):
+        # FalconAttention's one K/V head on SDPA's math kernel (analytic/attention.py ``mqa_math``), at the softmax:
+        # the layer input, the LayerNorm's output and the rotated query (2h + q, compute dtype); the fused
+        # query_key_value output, which ``fused_qkv`` keeps until the attention returns (q + 2kv); the kernel's
+        # fp32 copies of q, k, v (4q + 8kv: ``.to(kFloat)``, C++ locals alive to its end) and its scaled query
+        # (4q; the scaled keys and their per-head copy are freed by the first matmul); the fp32 scores and the
+        # softmax output with one byte per score more below the dispatcher (9 b heads p^2, as the grouped case
+        # measured); the model's boolean causal mask [p, p] and SDPA's conversion of it to the query dtype,
+        # expanded to the batch (p^2 + b p^2 c).  Traced on the meta device (transformers 5.24 Falcon-7B):
+        # every tensor but the one byte per score
+        attn = (2 * h + q + q + 2 * kv) * t * c + (8 * q + 8 * kv) * t + 9 * batch * heads * prompt * prompt
+        attn += prompt * prompt + batch * prompt * prompt * c
     elif attention == "math":
         # SDPA's math kernel on grouped K/V (analytic/attention.py ``gqa_math_fallback``), at its softmax: the
         # layer input, the normalised input and the rotated queries (2h + q, compute dtype); the fp32 scaled
@@ -538,7 +552,7 @@ class GenerateCall:
         # a family without an SDPA path falls back to eager attention (transformers' ``_supports_sdpa``)
         attention: str = "eager" if inf.attention == "eager" or falls_back_to_eager(inf.attention, m, s.software.transformers_version) else inf.attention
         if attention == "sdpa" and (gqa_math_fallback(s, m, dtype_bits(inf.dtype) // 8, r.gpu)
-                                    or bf16_math_fallback(inf.dtype, r.gpu)):
+                                    or bf16_math_fallback(inf.dtype, r.gpu) or mqa_math(m)):
             attention = "math"
         return cls(
             r=r, rp=rank_params(m, s.parallel.tp, 1, s.parallel.ep, 0, None), c=dtype_bits(inf.dtype) // 8,
@@ -962,8 +976,10 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
 
 def _math_notes(g: GenerateCall) -> list[str]:
     """Why SDPA runs its math kernel, when it does (analytic/attention.py)."""
-    if g.attention != "math" or g.m.traits.mqa_sdpa_math:
+    if g.attention != "math":
         return []
+    if mqa_math(g.m):
+        return [MQA_MATH_NOTE]
     if bf16_math_fallback(g.r.scenario.inference.dtype, g.r.gpu):
         return [BF16_MATH_NOTE]
     return [gqa_math_note(g.r.scenario)]
