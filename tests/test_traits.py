@@ -155,6 +155,7 @@ def test_traits_reproduce_the_former_model_type_tables() -> None:
         t, mt = m.traits, m.family
         assert (mt in _NO_SDPA) == ("sdpa" not in t.attention_kernels), entry.id
         assert (mt == "falcon") == t.mqa_sdpa_math, entry.id
+        assert (mt == "falcon") == t.eager_probs_kept_by_loop, entry.id
         assert (m.final_logit_softcapping is not None) == (mt == "gemma2" and
                                                            entry.config.get("final_logit_softcapping") is not None)
         assert _DYNAMIC_CACHE_SINCE.get(mt, (4, 42)) == t.dynamic_cache_since, entry.id

@@ -461,7 +461,17 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     s = r.scenario
     grouped = s.software.fused_moe_experts and not quantized_expert_loop(m, s.inference.quantization)
     mlp = (hidden_kept * h + _mlp_width(m, tp, grouped)) * t * c
-    if attention == "eager":
+    if attention == "eager" and m.traits.eager_probs_kept_by_loop:
+        # Falcon (``Traits.eager_probs_kept_by_loop``), at the softmax: the layer input, the LayerNorm's output and the
+        # rotated query (2h + q); the fused query_key_value output, which ``fused_qkv`` keeps (q + 2kv); no K/V
+        # repeat (matmul broadcasts the one head; its per-head copy at b > 1 is freed inside the matmul); per score,
+        # the raw scores (bound), their masked copy, the softmax output and the previous block's probabilities,
+        # kept by the model's loop: 4 c.  Through the MLP the block's own probabilities and the previous block's
+        # (2 c per score).  Traced on the meta device (transformers 5.24 Falcon-7B, tests/test_falcon_mqa_saved.py)
+        masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * prompt * c
+        attn = (2 * h + 2 * q + 2 * kv) * t * c + 4 * batch * heads * prompt * prompt * c + masks
+        mlp += 2 * batch * heads * prompt * prompt * c + masks
+    elif attention == "eager":
         qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
         repeat = 2 * q if kv_heads < heads else 0
         attn = (2 * h + qkv + repeat) * t * c

@@ -201,6 +201,10 @@ class Traits:
     # one shared K/V head handed to SDPA without ``enable_gqa`` (FalconAttention with multi_query): the fused
     # kernels need equal head counts (sdp_utils_cpp.h ``check_batch_size_and_num_heads_dense``), so SDPA runs math
     mqa_sdpa_math: bool = False
+    # inference, eager: the attention keeps its raw scores bound while the softmax runs over their masked copy, and
+    # the model's layer loop keeps the previous block's returned probabilities (``outputs``) through the next block
+    # (FalconAttention.forward ``attention_scores``, FalconModel.forward ``outputs = block(...)``, transformers 5.24)
+    eager_probs_kept_by_loop: bool = False
     # eager attention soft-caps the scores with tanh (Gemma 2 ``attn_logit_softcapping``): tanh saves its output
     attn_logit_softcap: bool = False
     # eager softmax in the compute dtype, no ``dtype=torch.float32`` (GPT-2 ``eager_attention_forward``, Falcon)

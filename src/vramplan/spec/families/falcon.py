@@ -15,7 +15,7 @@ from vramplan.spec.model import ModelSpec, Traits
 # compute dtype; the fused query_key_value's value is not kept as a view of the fused output; DynamicCache
 # from 4.45
 TRAITS = Traits(loss_function_since=(4, 49), qkv_modules=("query_key_value",), out_proj_module="dense", mqa_sdpa_math=True,
-                eager_softmax_compute_dtype=True, dynamic_cache_since=(4, 45))
+                eager_softmax_compute_dtype=True, eager_probs_kept_by_loop=True, dynamic_cache_since=(4, 45))
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
