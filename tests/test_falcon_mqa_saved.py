@@ -170,3 +170,15 @@ def test_falcon_prefill_equals_the_trace(attention: str, b: int, p: int) -> None
     events, marks, *_ = apply_parallel(r, st)
     traced = peak_of(events, marks).raw_bytes + (b * 4 * p * p if attention == "sdpa" else 0)
     assert abs(rep.per_gpu.peak_allocated_bytes / traced - 1) < 0.001, (rep.per_gpu.peak_allocated_bytes, traced)
+
+
+@pytest.mark.parametrize(("b", "k_bytes"), [(1, 512), (2, 2048)])
+def test_one_kv_head_through_repeat_kv_is_a_view_at_micro_batch_1(b: int, k_bytes: int) -> None:
+    # Gemma-3-1B: 4 query heads and 1 K/V head of 256.  repeat_kv's expand + reshape merges a size-1 K/V-head
+    # dimension into a stride-0 view, and the matmul's [b, heads] reshape is a view at b = 1: eager attention saves
+    # the one head, 2 x 256 = 512 B per token for the keys (and the values); at b = 2 the matmul copies them to every
+    # head, 2 x 4 x 256 = 2,048.  (Traced on a shrunken Gemma 3, 4 heads and 1 K/V head: the layer's saved bytes
+    # moved by 2 x (256 - 64) x 2 = 768 B per token to the trace's at b = 1, unchanged at b = 2.)
+    kernel, copied, t, _ = _layer(_doc(model="google/gemma-3-1b-pt", b=b, attention="eager", peft=None))
+    assert (kernel, copied) == ("eager", b > 1)
+    assert t["attention.k"] == t["attention.v"] == k_bytes

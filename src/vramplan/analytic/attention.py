@@ -131,10 +131,14 @@ MQA_MATH_NOTE = ("one K/V head handed to SDPA without enable_gqa (FalconAttentio
 
 
 def mqa_kv_copied(s: Scenario, m: ModelSpec) -> bool:
-    """Whether FalconAttention's one K/V head (``Traits.mqa_sdpa_math``) is copied to every query head.
+    """Whether eager attention's (or Falcon's math kernel's) K/V end up copied to every query head in what the two
+    matmuls save.
 
-    Falcon does not repeat K/V: ``query @ key.transpose(-1, -2)`` and ``scores @ value`` (eager, or SDPA's math
-    kernel on the fp32 copies) broadcast the one head.  ``matmul`` on 4-D operands (aten LinearAlgebra.cpp
+    Grouped K/V (more than one K/V head) are copied by transformers' ``repeat_kv`` (``expand`` then ``reshape``:
+    the K/V-head and repeat dimensions do not merge).  One K/V head is not copied by it: the size-1 K/V-head
+    dimension takes no part in the strides, so ``repeat_kv`` returns a stride-0 view; Falcon does not repeat at all.
+    ``query @ key.transpose(-1, -2)`` and ``scores @ value`` (eager, or SDPA's math kernel on the fp32 copies)
+    then broadcast the one head.  ``matmul`` on 4-D operands (aten LinearAlgebra.cpp
     ``_matmul_impl``) expands each to the common batch shape and reshapes ``[b, heads, ...]`` to
     ``[b * heads, ...]`` for ``bmm``: with b = 1 the size-1 batch dimension takes no part in the strides and the
     stride-0 head dimension becomes the batch, a view of the one head; with b > 1 the two do not merge and
@@ -155,9 +159,7 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     """
     want = s.train.attention if s.task == "train" else s.inference.attention
     if want == "eager" or falls_back_to_eager(want, m, s.software.transformers_version):
-        if m.traits.mqa_sdpa_math:
-            return "eager", mqa_kv_copied(s, m)
-        return "eager", m.num_kv_heads < m.num_attention_heads
+        return "eager", mqa_kv_copied(s, m)
     if want == "flash":
         return "flash", False
     if mqa_math(m):
