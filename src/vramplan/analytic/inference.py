@@ -447,7 +447,7 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
       the decoder layer keeps bound to ``_``, and the 4-D mask (b p^2 c), kept by the model;
     * attention, eager: the layer input and normalised input (2h), the rotated queries (q, or the
       fused c_attn output q + 2kv for GPT-2), ``repeat_kv``'s copies of K and V to every query head
-      (2q) when kv heads < heads, the 4-D additive mask (b p^2 c) and the scores
+      (2q) when 1 < kv heads < heads (one K/V head: ``repeat_kv`` returns a stride-0 view, no copy), the 4-D additive mask (b p^2 c) and the scores
       (b heads p^2 ``softmax_bytes_per_score``).
     """
     m = r.model
@@ -473,7 +473,7 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         mlp += 2 * batch * heads * prompt * prompt * c + masks
     elif attention == "eager":
         qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
-        repeat = 2 * q if kv_heads < heads else 0
+        repeat = 2 * q if 1 < kv_heads < heads else 0
         attn = (2 * h + qkv + repeat) * t * c
         attn += batch * heads * prompt * prompt * softmax_bytes_per_score(m, r.scenario.inference.dtype)
         # the 4-D additive causal masks, one per kind the layers use (gpt-oss, Gemma 2/3: sliding and full,
