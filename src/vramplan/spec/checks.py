@@ -35,7 +35,7 @@ from vramplan.spec.defaults import (
 )
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import AudioSpec, ModelSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = [
@@ -317,14 +317,27 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     if version is not None and version < (5, 0):
         refuse("software.transformers", f"its training step is modelled on transformers 5.24, not "
                f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later")
+    audio = ed.audio
+    if audio is not None and t.source_len not in (None, audio.encoder_frames):
+        refuse("train.source_len", _audio_length(audio, t.source_len), f"drop train.source_len (the model's "
+               f"{audio.encoder_frames:,}), and cut or pad the audio to 30 s as the feature extractor does")
     if m.position == "learned":
-        # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2
-        for key, n, stack in (("train.source_len", t.source_len or t.seq_len, "encoder"),
-                              ("train.seq_len", t.seq_len, "decoder")):
+        # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2; Whisper's decoder:
+        # max_target_positions rows (its encoder's length is the model's own, checked above)
+        source = (("train.source_len", t.source_len or t.seq_len, "encoder"),) if audio is None else ()
+        for key, n, stack in (*source, ("train.seq_len", t.seq_len, "decoder")):
             if n > m.max_position_embeddings:
                 refuse(key, f"its {stack} has learned positions for {m.max_position_embeddings:,} tokens, not {n:,}",
                        f"set {key} to {m.max_position_embeddings:,} or less")
     return out
+
+
+def _audio_length(audio: AudioSpec, n: int | None) -> str:
+    """Why a speech encoder takes no other source length than its own (``encoder_decoder_problems``)."""
+    return (f"its encoder runs over {audio.encoder_frames:,} positions, not {n:,}: WhisperEncoder.forward raises a "
+            f"ValueError for input_features of other than {audio.input_frames:,} frames (30 s of audio: "
+            "WhisperFeatureExtractor pads or cuts every clip to 480,000 samples at 16 kHz), transformers 5.24 "
+            "models/whisper/modeling_whisper.py")
 
 
 def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
@@ -352,11 +365,23 @@ def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) ->
     if version is not None and version < (5, 0):
         out.append(Problem("software.transformers", what + f"its generate is modelled on transformers 5.24, not "
                            f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later"))
+    audio = ed.audio
+    if audio is not None and "prompt_len" in inf.model_fields_set and inf.prompt_len != audio.encoder_frames:
+        out.append(Problem("inference.prompt_len", what + _audio_length(audio, inf.prompt_len),
+                           f"drop inference.prompt_len (the model's {audio.encoder_frames:,})"))
+    if audio is not None and inf.new_tokens + 1 > m.max_position_embeddings:
+        # WhisperGenerationMixin._set_max_new_tokens_and_length: max_new_tokens + the decoder_input_ids' length (at
+        # least decoder_start_token_id) above max_target_positions raises a ValueError (generation_whisper.py, 5.24)
+        out.append(Problem("inference.new_tokens", what + f"Whisper's generate raises a ValueError for {inf.new_tokens:,} "
+                           f"new tokens after decoder_start_token_id: the decoder has {m.max_position_embeddings} "
+                           "positions (max_target_positions)",
+                           f"set inference.new_tokens to {m.max_position_embeddings - 1} or less"))
     if m.position == "learned":
         # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2; a longer source or target
-        # indexes past the table
-        for key, n, stack in (("inference.prompt_len", inf.prompt_len, "encoder"),
-                              ("inference.new_tokens", inf.new_tokens, "decoder")):
+        # indexes past the table; Whisper's decoder: max_target_positions rows (decoder_start_token_id and the
+        # new tokens but the last), its encoder's length the model's own
+        source = (("inference.prompt_len", inf.prompt_len, "encoder"),) if audio is None else ()
+        for key, n, stack in (*source, ("inference.new_tokens", inf.new_tokens, "decoder")):
             if n > m.max_position_embeddings:
                 out.append(Problem(key, what + f"its {stack} has learned positions for {m.max_position_embeddings:,} "
                                    f"tokens, not {n:,}", f"set {key} to {m.max_position_embeddings:,} or less"))

@@ -391,8 +391,9 @@ class AudioSpec:
 
 @dataclass(frozen=True)
 class EncoderDecoderSpec:
-    """An encoder-decoder model (T5, BART): an encoder stack over the source sequence and a decoder stack over the
-    target, each decoder layer with self-attention, cross-attention over the encoder's output, and an MLP.
+    """An encoder-decoder model (T5, BART, Whisper): an encoder stack over the source sequence and a decoder stack
+    over the target, each decoder layer with self-attention, cross-attention over the encoder's output, and an MLP.
+    ``audio``: a speech encoder's front end (Whisper), whose source is log-mel features, not tokens.
 
     ``ModelSpec``'s own shape fields (``num_layers``, ``num_attention_heads``, ``intermediate_size``, ``layers``)
     describe the decoder stack, whose self-attention is what a generate's cache grows with; ``encoder`` is the
@@ -411,6 +412,8 @@ class EncoderDecoderSpec:
     relative_attention_num_buckets: int = 0
     source: str = ""
     notes: tuple[str, ...] = ()
+    # BART's ``final_logits_bias`` buffer, added into a new logits tensor (``lm_logits + self.final_logits_bias``)
+    final_logits_bias: bool = False
     # a speech encoder's convolutional front end over log-mel features (Whisper), None for a token encoder
     audio: AudioSpec | None = None
     # parameters the model itself leaves frozen (``requires_grad_(False)`` in its ``__init__``: Whisper's sinusoidal
