@@ -46,8 +46,10 @@ of the dtype, D decoder layers.
 
 Whisper (``EncoderDecoderSpec.audio``; ``models/whisper/modeling_whisper.py``, ``generation_whisper.py``): the
 source is the caller's ``input_features``, b x mel_bins x F log-mel frames in the dtype (F = 3,000: 30 s of audio,
-the only length ``WhisperEncoder.forward`` takes), held by the caller for the whole call (``ENCODER_INPUT``); the
-encoder runs over S = F / 2 positions (``max_source_positions``), so ``inference.prompt_len`` is not read.
+the only length ``WhisperEncoder.forward`` takes), held by the caller for the whole call, and generate's copy of them
+(``WhisperGenerationMixin._get_input_segment``: ``torch.cat`` of each sequence's 3,000-frame slice, the segment the
+loop decodes, held to the call's end): 2 b mel_bins F c (``ENCODER_INPUT``); the encoder runs over S = F / 2
+positions (``max_source_positions``), so ``inference.prompt_len`` is not read.
 
 * **Front end** (``WhisperEncoder.forward``: ``inputs_embeds = gelu(conv1(input_features))`` then
   ``gelu(conv2(inputs_embeds))``): while the first GELU runs, conv1's output and the GELU's (2 x b F h c); while
@@ -60,9 +62,10 @@ encoder runs over S = F / 2 positions (``max_source_positions``), so ``inference
   output and its transposed contiguous copy (``sdpa_attention_forward``): 2h + 5q; at ``out_proj``: 3h + 4q; in the
   MLP, the layer input, the attention sublayer's sum (the MLP's residual), its normalised copy, ``fc1``'s output and
   the GELU's: 3h + 2I; at ``fc2``: 3h + I.
-* **Decoder step**: ``inputs_embeds`` (the token embedding, kept through the loop; the learned position row is a
-  view of the table, ``WhisperPositionalEmbedding.forward``), the layer input, the self-attention sublayer's sum, its
-  normalised copy and the cross-attention's query: 4h + q per sequence.  No ``final_logits_bias``.
+* **Decoder step**: ``inputs_embeds`` (the token embedding) and ``positions`` (``WhisperDecoder.forward`` always
+  builds ``position_ids``, so ``WhisperPositionalEmbedding.forward`` indexes the table: a copy, [b, 1, h]), both kept
+  through the loop, the layer input, the self-attention sublayer's sum, its normalised copy and the
+  cross-attention's query: 5h + q per sequence.  No ``final_logits_bias``.
 * The decoder starts from ``decoder_start_token_id`` alone, as ``WhisperGenerationMixin.generate`` builds its
   ``init_tokens`` for a generation config without language and task tables (a model made from its config); a
   checkpoint's generation_config.json forcing language, task and no-timestamps tokens starts from up to 4 tokens
@@ -179,8 +182,8 @@ def decoder_step_bytes(m: ModelSpec, b: int, s: int, c: int) -> int:
     assert ed is not None
     h, q = m.hidden_size, ed.cross_attention_heads * m.head_dim
     if ed.audio is not None:
-        # Whisper's pre-norm decoder layer (module docstring)
-        return b * (4 * h + q) * c
+        # Whisper's pre-norm decoder layer and its kept embeddings and positions (module docstring)
+        return b * (5 * h + q) * c
     if _relative(m):
         return b * (4 * h + q) * c + ed.cross_attention_heads * (s + 1) * c
     return b * (3 * h + q) * c + h * c
@@ -198,11 +201,12 @@ def encoder_decoder_cache_note(m: ModelSpec, c: int) -> str | None:
 
 
 def audio_input_bytes(m: ModelSpec, b: int, c: int) -> int:
-    """A speech encoder's ``input_features`` (b x mel_bins x frames in the dtype), 0 for a token encoder."""
+    """A speech encoder's ``input_features`` (b x mel_bins x frames in the dtype) and generate's segment copy of them
+    (module docstring), 0 for a token encoder."""
     ed = m.encoder_decoder
     if ed is None or ed.audio is None:
         return 0
-    return b * ed.audio.mel_bins * ed.audio.input_frames * c
+    return 2 * b * ed.audio.mel_bins * ed.audio.input_frames * c
 
 
 def front_end_bytes(m: ModelSpec, b: int, c: int) -> int:
@@ -277,7 +281,8 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
                                      "for an encoder-decoder model", "set inference.dtype: fp16")])
     m, b, n, c = g.m, g.batch, g.new, g.c
     s = source_tokens(m, g.prompt)
-    # the caller's features, held for the whole call (the prompts' own: beam search repeats the encoder output)
+    # the caller's features and generate's copy, held for the whole call (the prompts' own: beam search repeats the
+    # encoder output)
     features = audio_input_bytes(m, g.sequences, c)
     weights, _ = weights_term(g)
     cublas = cublas_workspace_bytes(g.r.gpu, handles=1)
@@ -335,7 +340,8 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
         notes[0] = notes[0].replace(f"over the {s:,} source tokens (prompt_len)", f"over the {s:,} positions of "
                                     f"{a.input_frames:,} log-mel frames (30 s of audio; prompt_len is not read)")
         notes[3] = (f"input_features of {a.mel_bins} x {a.input_frames:,} per sequence in "
-                    f"{r.scenario.inference.dtype} ({features:,} B), held by the caller for the whole call; the "
+                    f"{r.scenario.inference.dtype}, held by the caller for the whole call, with generate's segment copy "
+                    f"(WhisperGenerationMixin._get_input_segment): {features:,} B; the "
                     "convolutions' cuDNN workspace is not counted; the decoder starts from decoder_start_token_id "
                     "alone (a generation_config.json forcing language, task and no-timestamps tokens starts from up "
                     "to 4, a few KiB more)")
