@@ -35,6 +35,11 @@ def test_adapter_count_equals_transformers_module(row) -> None:  # type: ignore[
         cls = transformers.AutoModelForMaskedLM if spec.model_type == "bert" else transformers.AutoModelForCausalLM
         if spec.vision is not None:  # the whole vision-language model: tower, projector and language model
             cls = transformers.AutoModelForImageTextToText
+        if spec.encoder_decoder is not None:
+            # the class Seq2SeqTrainer fine-tunes: WhisperForConditionalGeneration for a speech encoder (the
+            # convolutional front end over log-mel features), ...ForConditionalGeneration of T5 and BART otherwise
+            audio = spec.encoder_decoder.audio is not None
+            cls = transformers.AutoModelForSpeechSeq2Seq if audio else transformers.AutoModelForSeq2SeqLM
         with torch.device("meta"):
             module = cls.from_config(cfg)
     counted = sum(p.numel() for p in module.parameters())

@@ -43,6 +43,33 @@ of the dtype, D decoder layers.
   layer of the first step holds its projections beside their copies (2 b S q c more).
 * **Logits**: the last position's (``logits_bytes``: the head's output, its fp32 copy, the sampling warpers);
   BART adds ``final_logits_bias`` into a new tensor (b V c more).
+
+Whisper (``EncoderDecoderSpec.audio``; ``models/whisper/modeling_whisper.py``, ``generation_whisper.py``): the
+source is the caller's ``input_features``, b x mel_bins x F log-mel frames in the dtype (F = 3,000: 30 s of audio,
+the only length ``WhisperEncoder.forward`` takes), held by the caller for the whole call, and generate's copy of them
+(``WhisperGenerationMixin._get_input_segment``: ``torch.cat`` of each sequence's 3,000-frame slice, the segment the
+loop decodes, held to the call's end): 2 b mel_bins F c (``ENCODER_INPUT``); the encoder runs over S = F / 2
+positions (``max_source_positions``), so ``inference.prompt_len`` is not read.
+
+* **Front end** (``WhisperEncoder.forward``: ``inputs_embeds = gelu(conv1(input_features))`` then
+  ``gelu(conv2(inputs_embeds))``): while the first GELU runs, conv1's output and the GELU's (2 x b F h c); while
+  the second runs, the first GELU's output (still bound to ``inputs_embeds``), conv2's output and the GELU's
+  (b F h c + 2 b S h c): 4 b S h c either way.  The convolutions' cuDNN workspace is not modelled (stated).
+* **Kept through the layers**: ``inputs_embeds`` (b S h c) and ``all_positions`` (int64, S); the positions' lookup
+  [S, h] is added and freed before the first layer.
+* **Running layer** (pre-norm ``WhisperEncoderLayer``, per source token): the layer input (the caller's
+  ``hidden_states``), the normalised input, q, k, v (each a contiguous copy, bound to the attention's end), SDPA's
+  output and its transposed contiguous copy (``sdpa_attention_forward``): 2h + 5q; at ``out_proj``: 3h + 4q; in the
+  MLP, the layer input, the attention sublayer's sum (the MLP's residual), its normalised copy, ``fc1``'s output and
+  the GELU's: 3h + 2I; at ``fc2``: 3h + I.
+* **Decoder step**: ``inputs_embeds`` (the token embedding) and ``positions`` (``WhisperDecoder.forward`` always
+  builds ``position_ids``, so ``WhisperPositionalEmbedding.forward`` indexes the table: a copy, [b, 1, h]), both kept
+  through the loop, the layer input, the self-attention sublayer's sum, its normalised copy and the
+  cross-attention's query: 5h + q per sequence.  No ``final_logits_bias``.
+* The decoder starts from ``decoder_start_token_id`` alone, as ``WhisperGenerationMixin.generate`` builds its
+  ``init_tokens`` for a generation config without language and task tables (a model made from its config); a
+  checkpoint's generation_config.json forcing language, task and no-timestamps tokens starts from up to 4 tokens
+  (stated).
 """
 
 from __future__ import annotations
@@ -81,10 +108,12 @@ def _relative(m: ModelSpec) -> bool:
 
 def encoder_kept_bytes(m: ModelSpec, b: int, s: int, c: int) -> int:
     """What the encoder stack keeps through its layers: ``inputs_embeds`` (b S h c), BART's positions (b S h c),
-    T5's position bias (heads x S^2 x c)."""
+    T5's position bias (heads x S^2 x c), Whisper's int64 ``all_positions`` (8 S)."""
     ed = m.encoder_decoder
     assert ed is not None
     embeds = b * s * m.hidden_size * c
+    if ed.audio is not None:
+        return embeds + 8 * s
     if _relative(m):
         return embeds + ed.encoder.num_attention_heads * s * s * c
     return 2 * embeds
@@ -105,6 +134,9 @@ def encoder_layer_bytes(m: ModelSpec, b: int, s: int, c: int) -> int:
     enc, t = ed.encoder, b * s
     h, i = m.hidden_size, enc.intermediate_size
     q = enc.num_attention_heads * enc.head_dim
+    if ed.audio is not None:
+        # pre-norm WhisperEncoderLayer (module docstring)
+        return t * c * max(2 * h + 5 * q, 3 * h + 4 * q, 3 * h + 2 * i, 3 * h + i)
     if not _relative(m):
         return t * c * max(2 * h + 4 * q, 2 * h + 2 * i, 3 * h + i)
     # from the second layer on the layer input is a tensor of its own (the first layer's is inputs_embeds)
@@ -149,6 +181,9 @@ def decoder_step_bytes(m: ModelSpec, b: int, s: int, c: int) -> int:
     ed = m.encoder_decoder
     assert ed is not None
     h, q = m.hidden_size, ed.cross_attention_heads * m.head_dim
+    if ed.audio is not None:
+        # Whisper's pre-norm decoder layer and its kept embeddings and positions (module docstring)
+        return b * (5 * h + q) * c
     if _relative(m):
         return b * (4 * h + q) * c + ed.cross_attention_heads * (s + 1) * c
     return b * (3 * h + q) * c + h * c
@@ -165,9 +200,36 @@ def encoder_decoder_cache_note(m: ModelSpec, c: int) -> str | None:
             f"kept by generate, {m.hidden_size * c:,} B per source token and sequence (analytic/encoder_decoder.py)")
 
 
+def audio_input_bytes(m: ModelSpec, b: int, c: int) -> int:
+    """A speech encoder's ``input_features`` (b x mel_bins x frames in the dtype) and generate's segment copy of them
+    (module docstring), 0 for a token encoder."""
+    ed = m.encoder_decoder
+    if ed is None or ed.audio is None:
+        return 0
+    return 2 * b * ed.audio.mel_bins * ed.audio.input_frames * c
+
+
+def front_end_bytes(m: ModelSpec, b: int, c: int) -> int:
+    """A speech encoder's convolutional front end at its peak (module docstring): 4 b S h c over its S positions
+    (the first GELU's input and output over 2S frames, or that output beside conv2's output and its GELU's)."""
+    ed = m.encoder_decoder
+    if ed is None or ed.audio is None:
+        return 0
+    frames = ed.audio.input_frames // ed.audio.conv_strides[0]
+    after = ed.audio.encoder_frames
+    return b * m.hidden_size * c * max(2 * frames, frames + 2 * after)
+
+
+def source_tokens(m: ModelSpec, prompt: int) -> int:
+    """S: the encoder's positions, ``prompt_len`` for a token encoder, the model's own for a speech encoder."""
+    ed = m.encoder_decoder
+    return ed.audio.encoder_frames if ed is not None and ed.audio is not None else prompt
+
+
 def _logits(m: ModelSpec, b: int, c: int) -> int:
     """``logits_bytes``, and BART's ``lm_logits + final_logits_bias`` (a new b x V tensor in the dtype)."""
-    bias = b * m.vocab_size * c if not _relative(m) else 0
+    ed = m.encoder_decoder
+    bias = b * m.vocab_size * c if ed is not None and ed.final_logits_bias else 0
     return logits_bytes(m, b, c, 1) + bias
 
 
@@ -175,14 +237,17 @@ def _encoder_moments(g: GenerateCall, weights: int, cublas: int) -> list[Moment]
     """The encoder's running layer with the kept embeddings (and T5's bias), and T5's bias being built.  The encoder
     runs over the prompts before beam search repeats its output (``GenerationMixin.generate`` calls
     ``_prepare_encoder_decoder_kwargs_for_generation`` before ``_expand_inputs_for_generation``)."""
-    m, b, s, c = g.m, g.sequences, g.prompt, g.c
+    m, b, c = g.m, g.sequences, g.c
+    s = source_tokens(m, g.prompt)
     out = []
-    for kept, layer in ((encoder_kept_bytes(m, b, s, c), encoder_layer_bytes(m, b, s, c)),
+    for kept, layer in ((0, front_end_bytes(m, b, c)),
+                        (encoder_kept_bytes(m, b, s, c), encoder_layer_bytes(m, b, s, c)),
                         (b * s * m.hidden_size * c, bucket_bytes(m, b, s, c))):
         if layer == 0:
             continue
         mo = Moment("encoder")
         mo.add(K.PARAMETERS, weights)
+        mo.add(K.ENCODER_INPUT, audio_input_bytes(m, b, c))
         mo.add(K.ENCODER_KEPT, kept)
         mo.add(K.ENCODER_LAYER, layer)
         mo.add(K.CUBLAS, cublas)
@@ -198,7 +263,8 @@ def _expand_moment(g: GenerateCall, weights: int, cublas: int) -> list[Moment]:
         return []
     mo = Moment("encoder")
     mo.add(K.PARAMETERS, weights)
-    mo.add(K.ENCODER_OUTPUT_EXPAND, (g.sequences + g.batch) * g.prompt * g.m.hidden_size * g.c)
+    mo.add(K.ENCODER_INPUT, audio_input_bytes(g.m, g.sequences, g.c))
+    mo.add(K.ENCODER_OUTPUT_EXPAND, (g.sequences + g.batch) * source_tokens(g.m, g.prompt) * g.m.hidden_size * g.c)
     mo.add(K.CUBLAS, cublas)
     return [mo]
 
@@ -213,7 +279,11 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
         raise ScenarioError([Problem("inference.dtype", f"{g.m.name} under SDPA runs its math kernel here "
                                      f"({r.scenario.inference.dtype} on {r.gpu.name}), whose scores are not modelled "
                                      "for an encoder-decoder model", "set inference.dtype: fp16")])
-    m, b, s, n, c = g.m, g.batch, g.prompt, g.new, g.c
+    m, b, n, c = g.m, g.batch, g.new, g.c
+    s = source_tokens(m, g.prompt)
+    # the caller's features and generate's copy, held for the whole call (the prompts' own: beam search repeats the
+    # encoder output)
+    features = audio_input_bytes(m, g.sequences, c)
     weights, _ = weights_term(g)
     cublas = cublas_workspace_bytes(g.r.gpu, handles=1)
     enc_out = b * s * m.hidden_size * c
@@ -230,6 +300,7 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
     for extra in (write, ((K.LAST_LOGITS, logits),)):
         mo = Moment("prefill")
         mo.add(K.PARAMETERS, weights)
+        mo.add(K.ENCODER_INPUT, features)
         mo.add(K.ENCODER_OUTPUT, enc_out)
         mo.add(K.KV_CROSS_ENCODER, cross)
         mo.add(K.KV_ALL, cache_bytes(m, b, 1, c, 1, "auto", prefill=False))
@@ -242,6 +313,7 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
     if n >= 2:
         last = Moment("decode")
         last.add(K.PARAMETERS, weights)
+        last.add(K.ENCODER_INPUT, features)
         last.add(K.ENCODER_OUTPUT, enc_out)
         last.add(K.KV_CROSS_ENCODER, cross)
         last.add(K.KV_ALL, cache_bytes(m, b, n, c, 1, "auto", prefill=False))
@@ -263,5 +335,15 @@ def encoder_decoder_step(r: Resolved) -> InferenceResult:
         "prompts of equal length (no padding mask)",
         PACKED_NOTE,
     ]
+    if ed.audio is not None:
+        a = ed.audio
+        notes[0] = notes[0].replace(f"over the {s:,} source tokens (prompt_len)", f"over the {s:,} positions of "
+                                    f"{a.input_frames:,} log-mel frames (30 s of audio; prompt_len is not read)")
+        notes[3] = (f"input_features of {a.mel_bins} x {a.input_frames:,} per sequence in "
+                    f"{r.scenario.inference.dtype}, held by the caller for the whole call, with generate's segment copy "
+                    f"(WhisperGenerationMixin._get_input_segment): {features:,} B; the "
+                    "convolutions' cuDNN workspace is not counted; the decoder starts from decoder_start_token_id "
+                    "alone (a generation_config.json forcing language, task and no-timestamps tokens starts from up "
+                    "to 4, a few KiB more)")
     self_final = cache_bytes(m, b, n, c, 1, "auto", prefill=False)
     return InferenceResult(moments, peak, notes, cross, self_final + cross)

@@ -102,6 +102,9 @@ class K:
                       "the relative position bias) kept through the stack's layers")
     ENCODER_LAYER = _k("activations", "encoder running layer",
                        "an encoder-decoder model's largest encoder layer's live tensors over the source tokens")
+    ENCODER_INPUT = _k("activations", "input features (generate's input)",
+                       "a speech encoder's log-mel input_features, held by the caller, and generate's "
+                       "segment copy of them, for the whole call")
     ENCODER_OUTPUT = _k("activations", "encoder output (kept by generate)",
                         "an encoder-decoder model's encoder output, kept in generate's model_kwargs for the whole call")
     DECODER_STEP = _k("activations", "decoder layer (one token per sequence)",

@@ -47,7 +47,7 @@ from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
 from vramplan.analytic.terms.context import shards, stages, step_policy
-from vramplan.analytic.terms.encoder_decoder import ENCODER_DECODER_NOTE, source_len_note
+from vramplan.analytic.terms.encoder_decoder import encoder_decoder_notes, source_len_note
 from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
@@ -305,7 +305,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         f"attention kernel: {attention} (as PyTorch SDPA would dispatch on the GPU)",
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
         _loss_assumption(s, m, fw),
-        *([ENCODER_DECODER_NOTE] if m.encoder_decoder is not None else source_len_note(t.source_len, m)),
+        *(encoder_decoder_notes(m) if m.encoder_decoder is not None else source_len_note(t.source_len, m)),
         *([PACKING_NOTE] if t.packing else []),
         *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
         *([TORCHAO_OFFLOAD_NOTE] if t.torchao_cpu_offload != "none" else []),

@@ -35,7 +35,7 @@ from vramplan.spec.defaults import (
 )
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import AudioSpec, ModelSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = [
@@ -238,7 +238,7 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     BART), refused rather than answered as a decoder-only model of the decoder stack.
 
     * Training (``analytic/terms/encoder_decoder.py``) is estimated for transformers 5.24's SFT step under SDPA,
-      full or LoRA fine-tuning of unquantized weights, no or full checkpointing, DDP only; other
+      full or LoRA fine-tuning of unquantized weights, no or full checkpointing, DDP or DeepSpeed ZeRO-2; other
       settings are refused (``_encoder_decoder_train_problems``).
     * Inference (``analytic/encoder_decoder.py``) is estimated under SDPA on one GPU, unquantized, with the cache in
       the model's dtype, for transformers' own generate from 5.0; other settings are refused, and so is a T5 whose
@@ -270,7 +270,7 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     """The training settings ``analytic/terms/encoder_decoder.py`` does not model (``encoder_decoder_problems``): the
     step is the Trainer's (hf-trainer, accelerate or plain PyTorch) SFT step of transformers 5.24's
     ``...ForConditionalGeneration`` under SDPA, with or without full checkpointing, full or LoRA fine-tuning of
-    unquantized weights, DDP data parallelism only."""
+    unquantized weights, DDP data parallelism or DeepSpeed ZeRO-2."""
     t, par = s.train, s.parallel
     ed = m.encoder_decoder
     assert ed is not None
@@ -286,17 +286,26 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     if max(par.tp, par.pp, par.cp, par.ep) > 1:
         refuse("parallel", "its training step is modelled with data parallelism only (no tensor, pipeline, context "
                "or expert parallel plan for its encoder and decoder stacks)", "set parallel.tp, pp, cp and ep to 1")
-    if par.fsdp != "none" or par.zero_stage > 0:
+    if par.fsdp != "none" or par.zero_stage == 3:
         # the sharding terms group parameters by decoder layer index (analytic/terms/sharding.py), which would put
         # encoder layer j in decoder layer j's unit; FSDP2's fully_shard per block also fails on T5's shared
         # embedding, tied across the stacks (transformers 5.24: "shared with a parameter already managed by
         # another FSDP group")
-        refuse("parallel.fsdp" if par.fsdp != "none" else "parallel.zero_stage", "FSDP and DeepSpeed ZeRO are not "
-               "modelled for it (its encoder's layers are not units of their own)", "use DDP (parallel.fsdp: none, "
-               "zero_stage: 0)")
-    elif s.effective_framework not in ("hf-trainer", "accelerate", "plain"):
+        refuse("parallel.fsdp" if par.fsdp != "none" else "parallel.zero_stage", "FSDP and DeepSpeed ZeRO-3 are not "
+               "modelled for it (its encoder's layers are not units of their own)", "use DeepSpeed ZeRO-2 "
+               "(parallel.zero_stage: 2) or DDP (parallel.fsdp: none, zero_stage: 0)")
+    elif par.zero_stage == 1:
+        # ZeRO-2 partitions the gradients as they are reduced, whatever the layer (within 0.7% of the trace for
+        # whisper-tiny, whisper-base, t5-small and bart-base, tests/test_encdec_train.py); ZeRO-1 keeps every full
+        # gradient to the step's end, and bart-base's trace then peaks at the head's backward with the tied
+        # embedding's gradient beside the logits' gradients, 4% above the analytic step
+        refuse("parallel.zero_stage", "DeepSpeed ZeRO-1 is not modelled for it (its full gradients' order across "
+               "the two stacks and the tied embedding is not checked)", "use DeepSpeed ZeRO-2 (parallel.zero_stage: "
+               "2) or DDP (zero_stage: 0)")
+    elif s.effective_framework not in ("hf-trainer", "accelerate", "plain") and not (
+            s.effective_framework == "deepspeed" and par.zero_stage == 2):
         refuse("framework", f"{s.effective_framework} is not modelled for it (transformers' own model under the "
-               "Trainer, accelerate or plain PyTorch is)", "use framework: hf-trainer")
+               "Trainer, accelerate, DeepSpeed ZeRO-2 or plain PyTorch is)", "use framework: hf-trainer")
     if t.objective != "sft":
         refuse("train.objective", f"objective {t.objective} is not modelled for it (the seq2seq loss over the "
                "target is)", "set train.objective: sft")
@@ -317,14 +326,27 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     if version is not None and version < (5, 0):
         refuse("software.transformers", f"its training step is modelled on transformers 5.24, not "
                f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later")
+    audio = ed.audio
+    if audio is not None and t.source_len not in (None, audio.encoder_frames):
+        refuse("train.source_len", _audio_length(audio, t.source_len), f"drop train.source_len (the model's "
+               f"{audio.encoder_frames:,}), and cut or pad the audio to 30 s as the feature extractor does")
     if m.position == "learned":
-        # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2
-        for key, n, stack in (("train.source_len", t.source_len or t.seq_len, "encoder"),
-                              ("train.seq_len", t.seq_len, "decoder")):
+        # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2; Whisper's decoder:
+        # max_target_positions rows (its encoder's length is the model's own, checked above)
+        source = (("train.source_len", t.source_len or t.seq_len, "encoder"),) if audio is None else ()
+        for key, n, stack in (*source, ("train.seq_len", t.seq_len, "decoder")):
             if n > m.max_position_embeddings:
                 refuse(key, f"its {stack} has learned positions for {m.max_position_embeddings:,} tokens, not {n:,}",
                        f"set {key} to {m.max_position_embeddings:,} or less")
     return out
+
+
+def _audio_length(audio: AudioSpec, n: int | None) -> str:
+    """Why a speech encoder takes no other source length than its own (``encoder_decoder_problems``)."""
+    return (f"its encoder runs over {audio.encoder_frames:,} positions, not {n:,}: WhisperEncoder.forward raises a "
+            f"ValueError for input_features of other than {audio.input_frames:,} frames (30 s of audio: "
+            "WhisperFeatureExtractor pads or cuts every clip to 480,000 samples at 16 kHz), transformers 5.24 "
+            "models/whisper/modeling_whisper.py")
 
 
 def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
@@ -352,11 +374,23 @@ def _encoder_decoder_inference_problems(s: Scenario, m: ModelSpec, what: str) ->
     if version is not None and version < (5, 0):
         out.append(Problem("software.transformers", what + f"its generate is modelled on transformers 5.24, not "
                            f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later"))
+    audio = ed.audio
+    if audio is not None and "prompt_len" in inf.model_fields_set and inf.prompt_len != audio.encoder_frames:
+        out.append(Problem("inference.prompt_len", what + _audio_length(audio, inf.prompt_len),
+                           f"drop inference.prompt_len (the model's {audio.encoder_frames:,})"))
+    if audio is not None and inf.new_tokens + 1 > m.max_position_embeddings:
+        # WhisperGenerationMixin._set_max_new_tokens_and_length: max_new_tokens + the decoder_input_ids' length (at
+        # least decoder_start_token_id) above max_target_positions raises a ValueError (generation_whisper.py, 5.24)
+        out.append(Problem("inference.new_tokens", what + f"Whisper's generate raises a ValueError for {inf.new_tokens:,} "
+                           f"new tokens after decoder_start_token_id: the decoder has {m.max_position_embeddings} "
+                           "positions (max_target_positions)",
+                           f"set inference.new_tokens to {m.max_position_embeddings - 1} or less"))
     if m.position == "learned":
         # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows, ids offset by 2; a longer source or target
-        # indexes past the table
-        for key, n, stack in (("inference.prompt_len", inf.prompt_len, "encoder"),
-                              ("inference.new_tokens", inf.new_tokens, "decoder")):
+        # indexes past the table; Whisper's decoder: max_target_positions rows (decoder_start_token_id and the
+        # new tokens but the last), its encoder's length the model's own
+        source = (("inference.prompt_len", inf.prompt_len, "encoder"),) if audio is None else ()
+        for key, n, stack in (*source, ("inference.new_tokens", inf.new_tokens, "decoder")):
             if n > m.max_position_embeddings:
                 out.append(Problem(key, what + f"its {stack} has learned positions for {m.max_position_embeddings:,} "
                                    f"tokens, not {n:,}", f"set {key} to {m.max_position_embeddings:,} or less"))

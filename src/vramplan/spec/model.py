@@ -371,9 +371,33 @@ class VisionSpec:
 
 
 @dataclass(frozen=True)
+class AudioSpec:
+    """A speech encoder's front end (Whisper, transformers 5.24 ``models/whisper/modeling_whisper.py``
+    ``WhisperEncoder``): ``input_features`` of ``mel_bins`` x ``input_frames`` log-mel values per sample (the feature
+    extractor's 30 s of audio: ``WhisperFeatureExtractor`` pads or cuts every clip to ``n_samples`` = 480,000 at 16 kHz,
+    3,000 frames of hop 160), then ``conv1`` (``nn.Conv1d(mel_bins, d_model, kernel 3, padding 1)``) and ``conv2``
+    (``nn.Conv1d(d_model, d_model, kernel 3, stride 2, padding 1)``), each followed by a GELU, give the encoder its
+    ``input_frames // 2`` positions (``max_source_positions``).  ``WhisperEncoder.forward`` raises a ValueError for any
+    other length ("Whisper expects the mel input features to be of length ...")."""
+
+    mel_bins: int
+    input_frames: int
+    conv_strides: tuple[int, ...] = (1, 2)
+
+    @property
+    def encoder_frames(self) -> int:
+        """The encoder's positions: ``input_frames`` over the convolutions' strides."""
+        n = self.input_frames
+        for stride in self.conv_strides:
+            n //= stride
+        return n
+
+
+@dataclass(frozen=True)
 class EncoderDecoderSpec:
-    """An encoder-decoder model (T5, BART): an encoder stack over the source sequence and a decoder stack over the
-    target, each decoder layer with self-attention, cross-attention over the encoder's output, and an MLP.
+    """An encoder-decoder model (T5, BART, Whisper): an encoder stack over the source sequence and a decoder stack
+    over the target, each decoder layer with self-attention, cross-attention over the encoder's output, and an MLP.
+    ``audio``: a speech encoder's front end (Whisper), whose source is log-mel features, not tokens.
 
     ``ModelSpec``'s own shape fields (``num_layers``, ``num_attention_heads``, ``intermediate_size``, ``layers``)
     describe the decoder stack, whose self-attention is what a generate's cache grows with; ``encoder`` is the
@@ -392,6 +416,13 @@ class EncoderDecoderSpec:
     relative_attention_num_buckets: int = 0
     source: str = ""
     notes: tuple[str, ...] = ()
+    # BART's ``final_logits_bias`` buffer, added into a new logits tensor (``lm_logits + self.final_logits_bias``)
+    final_logits_bias: bool = False
+    # a speech encoder's convolutional front end over log-mel features (Whisper), None for a token encoder
+    audio: AudioSpec | None = None
+    # parameters the model itself leaves frozen (``requires_grad_(False)`` in its ``__init__``: Whisper's sinusoidal
+    # encoder positions), which full fine-tuning gives no gradient and no optimizer state
+    frozen_params: tuple[str, ...] = ()
 
     @property
     def encoder_layers(self) -> int:

@@ -343,6 +343,7 @@ class Train(_Strict):
 
     source_len: int | None = Field(None, ge=1, le=100_000_000)
     """Source tokens per sample of an encoder-decoder model (T5, BART): the encoder's ``input_ids``; null: seq_len.
+    A speech encoder (Whisper) runs over its own positions (1,500 for 30 s of audio): null or that value.
     seq_len is then the target: the decoder's tokens, its ``labels`` (the decoder's inputs are the labels shifted
     right, ``T5ForConditionalGeneration._shift_right`` / ``shift_tokens_right``), over which the loss and the
     logits run.  Ignored for another model.
@@ -390,7 +391,8 @@ class Inference(_Strict):
     """Sequences generated at once."""
 
     prompt_len: int = Field(512, ge=1, le=100_000_000)
-    """Prompt tokens per sequence (an encoder-decoder model, T5 or BART: the encoder's source tokens)."""
+    """Prompt tokens per sequence (an encoder-decoder model, T5 or BART: the encoder's source tokens; Whisper: not
+    read, its encoder's own positions, 1,500 for 30 s of audio, or refused when set to another value)."""
 
     new_tokens: int = Field(512, ge=0, le=100_000_000)
     """Generated tokens per sequence: the last decode step's cache holds prompt_len + new_tokens - 1 tokens (an

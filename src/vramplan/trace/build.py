@@ -202,7 +202,7 @@ def _silence() -> None:
 
 def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: bool = False) -> Built:
     """The scenario's model on ``device`` (``meta`` for tracing; ``cpu`` for a real reference run)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     from transformers.utils import logging as hf_logging
 
     _silence()
@@ -251,6 +251,10 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
                 # an encoder-decoder model (T5, BART) as its ...ForConditionalGeneration (auto/modeling_auto.py
                 # MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES), the class Seq2SeqTrainer fine-tunes
                 auto: Any = AutoModelForSeq2SeqLM if r.model.encoder_decoder is not None else AutoModelForCausalLM
+                if r.model.encoder_decoder is not None and r.model.encoder_decoder.audio is not None:
+                    # a speech encoder (Whisper): MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES, the class the speech
+                    # recognition fine-tuning examples train with Seq2SeqTrainer
+                    auto = AutoModelForSpeechSeq2Seq
                 factory: Any = auto.from_config
                 model = factory(config, dtype=dtype, attn_implementation=impl)
             except ValueError as exc:
@@ -387,8 +391,13 @@ def _apply_peft(r: Resolved, model: torch.nn.Module, quant: str) -> torch.nn.Mod
         v4 = aliases if per_expert else {b: a for a, b in aliases.items()}
         target = [v4.get(n, n) for n in target]
     lora: Any = LoraConfig
+    # a speech encoder (Whisper) as PEFT's Whisper examples wrap it, without a task type (the plain PeftModel, whose
+    # forward passes input_features through; PeftModelForCausalLM's passes an input_ids=None that
+    # WhisperForConditionalGeneration.forward hands its decoder a second time)
+    ed = r.model.encoder_decoder
+    task = None if ed is not None and ed.audio is not None else "CAUSAL_LM"
     cfg = lora(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=target,
-               use_dora=p.method == "dora", bias="none", task_type="CAUSAL_LM")
+               use_dora=p.method == "dora", bias="none", task_type=task)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -238,6 +238,15 @@ def _inputs(r: Resolved, built: Built, device: str, batch: int, seq: int) -> tor
     return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.long).to(device)
 
 
+def _features(built: Built, device: str, batch: int, mels: int, frames: int) -> torch.Tensor:
+    """Dummy log-mel ``input_features`` for a speech encoder, in the model's parameter dtype."""
+    dtype = next(built.model.parameters()).dtype
+    if device == "meta":
+        return torch.zeros((batch, mels, frames), dtype=dtype, device=device)
+    g = torch.Generator().manual_seed(0)
+    return torch.randn((batch, mels, frames), generator=g).to(device=device, dtype=dtype)
+
+
 def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 world: FsdpWorld | None = None, tensor: TpWorld | None = None) -> StepTrace:
     """Trace one steady-state training step on ``device`` (meta: no memory; cpu: a real step).
@@ -262,7 +271,14 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
         # an encoder-decoder model: the encoder's source ids (source_len) and the decoder's labels (seq_len), from
         # which the model makes the decoder's inputs (T5ForConditionalGeneration._shift_right, BART's
         # shift_tokens_right: transformers 5.24)
-        ids = _inputs(r, built, device, t.micro_batch_size, t.source_len or t.seq_len)
+        audio = r.model.encoder_decoder.audio
+        if audio is not None:
+            # a speech encoder (Whisper): the feature extractor's log-mel input_features, b x mel_bins x frames, in
+            # the parameters' dtype (the residual stream's)
+            ids = _features(built, device, t.micro_batch_size, audio.mel_bins, audio.input_frames)
+            source_key = "input_features"
+        else:
+            ids = _inputs(r, built, device, t.micro_batch_size, t.source_len or t.seq_len)
         labels = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
         # the decoder's inputs, made from the labels by the collator (transformers 5.24 data/data_collator.py
         # DataCollatorForSeq2Seq: model.prepare_decoder_input_ids_from_labels), so the config's
@@ -272,6 +288,8 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
         decoder_ids = None
         ids = _inputs(r, built, device, t.micro_batch_size, t.seq_len)
         labels = ids.clone()
+    if r.model.encoder_decoder is None or r.model.encoder_decoder.audio is None:
+        source_key = "input_ids"
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     notes = list(built.notes)
@@ -368,7 +386,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 tracker.mark("forward")
                 with tracker.category("activations"):
                     loss = _forward_loss(model, ids, labels, pol.autocast_dtype, framework, tracker, scope, release,
-                                         decoder_ids)
+                                         decoder_ids, source_key)
                 _classify_forward(tracker)
                 phase[0] = "backward"
                 tracker.mark("backward")
@@ -477,11 +495,12 @@ def _release_loss(out: Any, labels: torch.Tensor, release: LossRelease) -> torch
 
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,
                   framework: str, tracker: Tracker, scope: Scope, release: LossRelease = "padded",
-                  decoder_ids: torch.Tensor | None = None) -> torch.Tensor:
+                  decoder_ids: torch.Tensor | None = None, source_key: str = "input_ids") -> torch.Tensor:
     ctx = cuda.autocast(autocast) if autocast is not None else contextlib.nullcontext()
     with ctx:
         if decoder_ids is not None:
-            out = model(input_ids=ids, decoder_input_ids=decoder_ids, labels=labels, use_cache=False)
+            # the encoder's input: token ids, or a speech encoder's input_features
+            out = model(**{source_key: ids}, decoder_input_ids=decoder_ids, labels=labels, use_cache=False)
         elif release == "padded":
             out = model(input_ids=ids, labels=labels, use_cache=False)
         else:

@@ -237,9 +237,14 @@ class StepContext:
     @cached_property
     def frozen_prefixes(self) -> tuple[str, ...]:
         """Name prefixes of the parameters full fine-tuning leaves frozen: a vision-language model's tower and
-        projector with ``train.freeze_vision_tower`` (requires_grad False: no gradient, no optimizer state)."""
+        projector with ``train.freeze_vision_tower`` (requires_grad False: no gradient, no optimizer state); the
+        parameters an encoder-decoder model freezes itself (``EncoderDecoderSpec.frozen_params``)."""
         v = self.m.vision
-        return v.param_prefixes if v is not None and self.peft is None and self.s.train.freeze_vision_tower else ()
+        if v is not None and self.peft is None and self.s.train.freeze_vision_tower:
+            return v.param_prefixes
+        # the parameters the model itself freezes (Whisper's sinusoidal encoder positions)
+        ed = self.m.encoder_decoder
+        return ed.frozen_params if ed is not None and self.peft is None else ()
 
     @property
     def trainable(self) -> int:

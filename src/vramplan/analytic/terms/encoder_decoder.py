@@ -41,6 +41,18 @@ seq_len = T.  What an encoder-decoder model adds:
 * **The loss** (terms/loss.py, ``analytic/logits.py`` ``unshifted_no_upcast``): ``CrossEntropyLoss`` on the logits
   in their own dtype, the labels not shifted.
 
+Whisper (``EncoderDecoderSpec.audio``, ``models/whisper/modeling_whisper.py``): the source is the batch's
+``input_features`` (b x mel_bins x F log-mel frames, F = 3,000: 30 s of audio, the only length ``WhisperEncoder``
+takes), in the residual dtype, and the encoder runs over S = F / 2 positions (``train.source_len`` is the model's
+own; another value is refused).  The front end (``gelu(conv1(x))``, ``gelu(conv2(...))``), while its convolutions
+are trained, saves conv1's input (the features, and under autocast their compute-dtype copy: c x mel_bins x F),
+conv1's output (the GELU's input, c x F x h), the first GELU's output (conv2's input, c x F x h) and conv2's output
+(the second GELU's input, c x S x h); the positions' sum and the dropout (0.0 in every published config) save
+nothing more.  The layers are pre-norm (``activations.layer_tensors`` of the encoder's shape), followed by the
+stack's final ``layer_norm``; no embedding LayerNorm.  The frozen sinusoidal positions (``embed_positions``,
+``requires_grad_(False)``) take no gradient and no optimizer state (``EncoderDecoderSpec.frozen_params``).  The
+features are counted as saved to the encoder's backward (the batch holds them to the step's end: a few MiB).
+
 Not modelled, stated in the assumptions: the encoder's own backward (its layers' gradients while the decoder's are
 all there: the peak is at the forward's end or at the decoder's backward for the shapes checked against the trace),
 T5's fp16 clamps (``torch.clamp`` in ``T5Block.forward``: made and freed within the layer), BART's
@@ -60,15 +72,49 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["ENCODER_DECODER_NOTE", "cross_tensors", "encoder_output", "encoder_saved", "encoder_sequence",
-           "encoder_tensors",
-           "relative", "source_len", "source_len_note", "t5_mlp_extra", "t5_norm_extra", "t5_stack"]
+__all__ = [
+    "AUDIO_NOTE",
+    "ENCODER_DECODER_NOTE",
+    "cross_tensors",
+    "encoder_decoder_notes",
+    "encoder_output",
+    "encoder_saved",
+    "encoder_sequence",
+    "encoder_tensors",
+    "relative",
+    "source_len",
+    "source_len_note",
+    "t5_mlp_extra",
+    "t5_norm_extra",
+    "t5_stack",
+]
 
 ENCODER_DECODER_NOTE = ("encoder-decoder training (analytic/terms/encoder_decoder.py): the encoder's saved tensors "
                         "over source_len tokens (seq_len when not set) alive to its backward, after the decoder's; "
                         "the decoder over the seq_len target tokens with self- and cross-attention; T5's relative "
                         "position bias is SDPA's mask (memory-efficient kernel); the encoder's own backward "
                         "transients are not a moment of the step")
+
+
+AUDIO_NOTE = ("a speech encoder (analytic/terms/encoder_decoder.py): the batch's input_features, {mels} x {frames:,} "
+              "log-mel frames per sample (30 s of audio) in the residual dtype, counted to the encoder's backward; the "
+              "front end's saved convolution inputs and GELU inputs; the encoder over its {positions:,} positions "
+              "(train.source_len is the model's own); its frozen sinusoidal positions take no gradient or optimizer "
+              "state; the autocast copies of the convolution weights are not counted; WhisperForConditionalGeneration "
+              "computes its loss as BART does (CrossEntropyLoss on lm_logits)")
+
+
+def encoder_decoder_notes(m: ModelSpec) -> list[str]:
+    """The assumptions an encoder-decoder model's training step adds (none for another model)."""
+    ed = m.encoder_decoder
+    if ed is None:
+        return []
+    if ed.audio is None:
+        return [ENCODER_DECODER_NOTE]
+    a = ed.audio
+    return [ENCODER_DECODER_NOTE.replace("over source_len tokens (seq_len when not set)",
+                                         f"over its {a.encoder_frames:,} positions"),
+            AUDIO_NOTE.format(mels=a.mel_bins, frames=a.input_frames, positions=a.encoder_frames)]
 
 
 def source_len_note(source: int | None, m: ModelSpec) -> list[str]:
@@ -87,8 +133,28 @@ def relative(m: ModelSpec) -> bool:
 
 
 def source_len(c: StepContext) -> int:
-    """S: ``train.source_len``, or ``seq_len`` when not given."""
+    """S: ``train.source_len``, or ``seq_len`` when not given; a speech encoder's own positions."""
+    ed = c.m.encoder_decoder
+    if ed is not None and ed.audio is not None:
+        return ed.audio.encoder_frames
     return c.s.train.source_len or c.s.train.seq_len
+
+
+def front_end_saved(c: StepContext, ctx: act.ActContext) -> list[int]:
+    """A speech encoder's front end, per micro-batch (module docstring): the features, their autocast copy,
+    conv1's output, the first GELU's, conv2's output; the features alone while the convolutions are frozen."""
+    ed = c.m.encoder_decoder
+    if ed is None or ed.audio is None:
+        return []
+    a, b, h, cb = ed.audio, c.s.train.micro_batch_size, c.m.hidden_size, ctx.compute_bytes
+    features = b * a.mel_bins * a.input_frames
+    out = [ctx.residual_bytes * features]
+    if c.peft is not None:
+        return out  # nothing in the front end requires grad: autograd records nothing
+    frames = a.input_frames // a.conv_strides[0]
+    if _casts(ctx):
+        out.append(cb * features)
+    return out + [cb * b * frames * h, cb * b * frames * h, cb * b * a.encoder_frames * h]
 
 
 def _casts(ctx: act.ActContext) -> bool:
@@ -162,8 +228,8 @@ def _encoder(c: StepContext) -> tuple[int, ...]:
     ctx = replace(c.act, seq_len=s)
     r, h = ctx.residual_bytes, m.hidden_size
     drop = 1 if (ctx.dropout and m.hidden_dropout > 0) else 0
-    out = [drop * h * tokens]  # the embedding dropout's mask
-    if not relative(m):
+    out = [*front_end_saved(c, ctx), drop * h * tokens]  # the front end (Whisper), the embedding dropout's mask
+    if not relative(m) and ed.audio is None:
         # BART: layernorm_embedding's input and statistics
         out.append(act.norm_saved_per_token(enc, ctx) * tokens)
     full = checkpoint_policy(c.s) == "full"
@@ -188,19 +254,43 @@ def _encoder(c: StepContext) -> tuple[int, ...]:
             out.append(_bias_masks(ctx, heads, s, enc.num_layers, False, c.peft is None))
         # the final norm, and the dropout after it
         out += [(act.norm_saved_per_token(enc, ctx) + t5_norm_extra(enc, ctx)) * tokens, drop * h * tokens]
+    if ed.audio is not None:
+        out.append(act.norm_saved_per_token(enc, ctx) * tokens)  # WhisperEncoder's final layer_norm
     return tuple(x for x in out if x) * c.in_flight
 
 
+def _output_bytes(m: ModelSpec, ctx: act.ActContext) -> int:
+    """The bytes per element of the encoder's last hidden state: its last norm's output, fp32 for a LayerNorm under
+    autocast (``layer_norm`` is on autocast's fp32 list: BART's and Whisper's last ``LayerNorm``), the residual
+    stream's dtype for ``T5LayerNorm`` (which casts back to its weight's dtype)."""
+    ed = m.encoder_decoder
+    assert ed is not None
+    return act._norm_out_bytes(ed.encoder.norm, ctx)
+
+
+def _output_casts(c: StepContext) -> int:
+    """How many of a decoder layer's k and v projections of the encoder output save an autocast copy of it: each
+    trained projection, or adapted one (LoRA's ``lora_A`` input), when the output is not in the compute dtype."""
+    ctx = c.act
+    if not ctx.autocast or _output_bytes(c.m, ctx) == ctx.compute_bytes:
+        return 0
+    if not ctx.frozen_base:
+        return 2
+    names = ("k", "v") if c.m.traits.qkv_modules == ("q", "k", "v") else ("k_proj", "v_proj")
+    return sum(n in ctx.lora_targets for n in names)
+
+
 def encoder_output(c: StepContext) -> tuple[int, bool]:
-    """The encoder's last hidden state [b, S, h] in the residual dtype, and whether the backward keeps it (the
-    decoder layers' k and v save it themselves: no autocast copy, or full checkpointing, whose blocks hold it in
-    their arguments); otherwise it is the model output's ``encoder_last_hidden_state``, dropped with the output
-    before the backward."""
+    """The encoder's last hidden state [b, S, h] in its last norm's dtype (``_output_bytes``), and whether the
+    backward keeps it (the decoder layers' k and v save it themselves: no autocast copy, or full checkpointing, whose
+    blocks hold it in their arguments); otherwise it is the model output's ``encoder_last_hidden_state``, dropped
+    with the output before the backward."""
     if c.m.encoder_decoder is None or not c.rp.has_embedding:
         return 0, False
     tokens = c.s.train.micro_batch_size * source_len(c)
-    kept = checkpoint_policy(c.s) == "full" or not _casts(c.act)
-    return c.act.residual_bytes * c.m.hidden_size * tokens, kept
+    out_b = _output_bytes(c.m, c.act)
+    kept = checkpoint_policy(c.s) == "full" or not (c.act.autocast and out_b != c.act.compute_bytes)
+    return out_b * c.m.hidden_size * tokens, kept
 
 
 def cross_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
@@ -228,8 +318,8 @@ def _cross(c: StepContext) -> tuple[act.SavedTensor, ...]:
     # q, the kernel's output (o's input) and fp32 logsumexp
     per_target += 2 * cb * qw + 4 * heads + drop * h
     per_source = 2 * cb * qw  # k and v, which the kernel keeps
-    if _casts(ctx):
-        per_source += 2 * cb * h  # k's and v's autocast copies of the fp32 encoder output
+    # k's and v's (or their adapters') autocast copies of the fp32 encoder output
+    per_source += _output_casts(c) * cb * h
     out = [act.SavedTensor("cross_attention.per_target", per_target * b * t),
            act.SavedTensor("cross_attention.per_source", per_source * b * s)]
     if relative(m):

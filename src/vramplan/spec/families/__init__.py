@@ -40,6 +40,7 @@ from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.starcoder2 import STARCODER2
 from vramplan.spec.families.t5 import MT5, T5, UMT5
+from vramplan.spec.families.whisper import WHISPER
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
 
@@ -60,6 +61,8 @@ FAMILIES: dict[str, Family] = {
     "nemotron_h": NEMOTRON_H,
     # encoder-decoder: an encoder stack and a decoder stack with cross-attention (ModelSpec.encoder_decoder)
     "t5": T5, "mt5": MT5, "umt5": UMT5, "bart": BART,
+    # a speech encoder (log-mel features through two convolutions) and a text decoder (EncoderDecoderSpec.audio)
+    "whisper": WHISPER,
 }
 
 

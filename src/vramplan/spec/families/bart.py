@@ -76,7 +76,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                          num_attention_heads=h_enc, num_kv_heads=h_enc, intermediate_size=int(c["encoder_ffn_dim"]),
                          encoder_only=True, **common)  # type: ignore[arg-type]
     ed = EncoderDecoderSpec(encoder=encoder, encoder_prefix="model.encoder.", decoder_prefix="model.decoder.",
-                            cross_attention_heads=h_dec, source=SOURCE, notes=notes)
+                            cross_attention_heads=h_dec, source=SOURCE, notes=notes,
+                            final_logits_bias=True)
     return build_spec(cfg, name, model_type, p, hidden_size=d, num_layers=n_dec, num_attention_heads=h_dec,
                       num_kv_heads=h_dec, intermediate_size=int(c["decoder_ffn_dim"]), notes=notes,
                       encoder_decoder=ed, **common)  # type: ignore[arg-type]
