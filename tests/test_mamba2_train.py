@@ -144,9 +144,59 @@ def test_what_training_does_not_estimate_is_refused(extra: dict[str, object], wh
     assert where in str(exc.value)
 
 
-def test_nemotron_h_training_is_refused() -> None:
+def _hybrid_testers() -> dict[str, dict[str, Any]]:
+    import test_families_granitemoehybrid as gmh
     import test_families_nemotron_h as nh
 
+    return {"bamba": CONFIG, "granitemoehybrid": gmh.TESTER, "granitemoehybrid-moe": gmh.MOE_TESTER,
+            "nemotron_h": nh.TESTER}
+
+
+@pytest.mark.parametrize(("model", "precision", "checkpointing", "low"), [
+    ("granitemoehybrid", "bf16-mixed", "none", 0.99), ("granitemoehybrid-moe", "bf16-true", "none", 0.99),
+    ("nemotron_h", "bf16-true", "none", 0.99), ("nemotron_h", "bf16-mixed", "none", 0.99),
+    ("nemotron_h", "bf16-mixed", "full", 0.96)])
+def test_other_hybrids_agree_with_the_traced_engine(model: str, precision: str, checkpointing: str,
+                                                     low: float) -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"task": "train", "model": _hybrid_testers()[model], "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 2, "seq_len": 100, "precision": precision, "optimizer": "adamw",
+                     "gradient_checkpointing": checkpointing}}
+    a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    # the same stated tolerance as Bamba's (test_train_step_agrees_with_the_traced_engine)
+    assert low < a / t <= 1.0
+
+
+def test_nemotron_h_mlp_block_by_hand() -> None:
+    import test_families_nemotron_h as nh
+    from vramplan.analytic import activations as act
+
+    m = model_from_config(nh.TESTER)
+    ls = m.layers[1]  # "-": one norm, then up_proj, relu2, down_proj (h 32, I 64)
+    assert m.mamba is not None and ls.index in m.mamba.ffn_only_layers
+    mixed = act.ActContext(compute_bytes=2, residual_bytes=4, linear_input_bytes=2, autocast=True, attention="flash",
+                           gqa_repeat=False, seq_len=100)
+    # NemotronHRMSNorm multiplies the weight in fp32 (norm "rms_fp32"): x.to(fp32) 4h (the fp32 residual itself),
+    # the fp32 normalized tensor 4h, rsqrt 4: 8*32 + 4 = 260 B per token
+    assert act.norm_saved_per_token(m, mixed) == 260
+    # up_proj input (autocast's bf16 cast) 2*32 = 64; relu output 2*64 = 128 and pow's fp32 copy of it (square is
+    # on autocast's fp32 list) 4*64 = 256; down_proj input (autocast's cast of the fp32 square) 2*64 = 128:
+    # 576 B per token
+    assert act.total_bytes(act.mlp_tensors(m, ls, mixed)) == 576
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "falcon_mamba"])
+def test_pure_state_space_models_are_refused_with_their_mixer(model_type: str) -> None:
+    from vramplan.facts.state_space import UNBUILT_STATE_SPACE
+
+    row = UNBUILT_STATE_SPACE[model_type]
+    # the row's source names a module transformers ships (the mixer it would have to model)
+    transformers = pytest.importorskip("transformers")
+    module = row.source.split()[2]
+    assert (Path(transformers.__file__).parent / module).is_file()
     with pytest.raises(ScenarioError) as exc:
-        estimate({"task": "train", "model": nh.TESTER, "hardware": {"gpu": "A100-80GB"}, "train": {"seq_len": 64}})
-    assert "alone behind one norm" in str(exc.value)
+        model_from_config({"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100})
+    assert "state-space model without attention" in str(exc.value) and row.mixer in str(exc.value)
+    assert "bamba" in str(exc.value)

@@ -433,13 +433,6 @@ def _hybrid_train_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem
     norm and MLP)."""
     t, par = s.train, s.parallel
     out: list[Problem] = []
-    if any(not ls.moe and ls.intermediate_size == 0 for ls in m.layers):
-        # Nemotron-H's single-purpose blocks (one norm, then a mixer, an attention or an MLP)
-        out.append(Problem("task", f"{what}; training memory is not estimated for a model whose blocks hold a "
-                           "mixer, an attention or an MLP alone behind one norm (the saved-tensor terms count a "
-                           "norm, a mixer or attention, a norm and an MLP in every layer)",
-                           "use task inference (transformers generate), which is estimated"))
-        return out
     if t.peft is not None:
         out.append(Problem("train.peft", f"{what}; training it with adapters is not estimated: which of a frozen "
                            "mixer's tensors are still saved below and above the adapters is not modelled",
