@@ -200,3 +200,28 @@ def test_pure_state_space_models_are_refused_with_their_mixer(model_type: str) -
         model_from_config({"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100})
     assert "state-space model without attention" in str(exc.value) and row.mixer in str(exc.value)
     assert "bamba" in str(exc.value)
+
+
+def test_plan_searches_only_the_estimated_hybrid_setups() -> None:
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    # 1 and 2 GPUs: the search would otherwise try tensor parallelism, adapters and fp8 on H100, all refused for
+    # a hybrid's training (spec/checks.py), and one refused candidate would end the plan with an error
+    res = CliRunner().invoke(app, ["plan", "--model", str(TESTER), "--gpu", "H100", "--task", "train",
+                                   "--seq-len", "512", "--global-batch", "8", "--num-gpus", "1-2"])
+    assert res.exit_code == 0, res.output
+    assert "DDP" in res.output
+
+
+def test_deepspeed_zero_trains_a_hybrid() -> None:
+    doc = {"task": "train", "model": CONFIG, "framework": "deepspeed", "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+           "parallel": {"zero_stage": 2}, "train": {"seq_len": 64, "precision": "bf16-mixed"}}
+    single = {**doc, "framework": "hf-trainer", "hardware": {"gpu": "A100-80GB"}, "parallel": {},
+              "train": {"seq_len": 64, "precision": "bf16-true"}}
+    # ZeRO shards states, not activations, and DeepSpeed's bf16 runs the bf16 module without autocast: the layers'
+    # saved tensors are those of a single GPU in bf16-true
+    a = estimate(doc).per_gpu.breakdown_detail["activations"]
+    b = estimate(single).per_gpu.breakdown_detail["activations"]
+    assert a["saved by layers"] == b["saved by layers"] > 0

@@ -388,7 +388,7 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for a hybrid attention + Mamba2 model (``ModelSpec.mamba``), refused rather
     than answered as if every layer were attention.
 
-    * Training is estimated for full fine-tuning (SFT) with transformers' Trainer or Accelerate, without or with
+    * Training is estimated for full fine-tuning (SFT) with transformers' Trainer, Accelerate or DeepSpeed, without or with
       full activation checkpointing, on one GPU's shard of the batch (no tensor, context or pipeline parallelism):
       the mixers' saved tensors of transformers' torch path (analytic/terms/mamba2.py); the rest is refused
       (``_hybrid_train_problems``).
@@ -441,9 +441,10 @@ def _hybrid_train_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem
         out.append(Problem("train.objective", f"{what}; only supervised fine-tuning is estimated for it (the "
                            f"{t.objective} trainer's extra forwards and generation are not modelled for mixers)",
                            "set train.objective: sft"))
-    if s.effective_framework not in ("hf-trainer", "accelerate"):
+    if s.effective_framework not in ("hf-trainer", "accelerate", "deepspeed"):
         out.append(Problem("framework", f"{what}; training it with {s.effective_framework} is not estimated "
-                           "(transformers' BambaMixer torch path is what is modelled)", "set framework: hf-trainer"))
+                           "(transformers' mixer, run by the Trainer, Accelerate or DeepSpeed, is what is modelled)",
+                           "set framework: hf-trainer"))
     if checkpointing(s) not in ("none", "full"):
         out.append(Problem("train.gradient_checkpointing", f"{what}; {checkpointing(s)} checkpointing is not "
                            "estimated for it (the mixer has no attention core to recompute alone)",
