@@ -20,6 +20,8 @@ from vramplan.catalog.models import load_model
 from vramplan.errors import ScenarioError
 from vramplan.spec.hf_config import model_from_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 HERE = Path(__file__).resolve().parent
 TESTER = HERE / "data" / "bamba-tester" / "config.json"
 CONFIG: dict[str, Any] = json.loads(TESTER.read_text())
@@ -45,6 +47,24 @@ def test_mixer_saved_by_hand() -> None:
     # (+1,024); states 28,672 (-28,672); C_times_states 12,288 (-12,288)
     # 1,159,776 - 12,800 - 24,576 - 196,608 - 98,304 + 1,024 - 28,672 - 12,288 = 787,552
     assert total_bytes(mixer_saved_tensors(ms, 32, 2, True, 2, 40)) == 787_552
+
+
+def test_bamba_9b_mixer_layer_by_hand() -> None:
+    from test_families_hybrid import BAMBA_9B_SHAPE
+
+    ms = model_from_config(BAMBA_9B_SHAPE).mamba
+    assert ms is not None
+    # Bamba-9B's shape: h 4096, I 8192, H 128 heads of 64, n 128, 1 group, conv_dim 8448, k 4, chunk 256 (BambaConfig's
+    # default); one sequence of 4,096 tokens under bf16-mixed (c = e = 2): T = P = 4096, nc 16, N = 128*128 = 16,384
+    # in_proj input 4096*4096*2 = 33,554,432; conv input 4096*8448*2 = 69,206,016; conv output 4099*8448*2 = 69,256,704
+    # dt 12*4096*128 = 6,291,456; A 8*128 = 1,024; x fp32 4*4096*8192 = 134,217,728; D_residual x 134,217,728
+    # x copies 2*2*4096*8192 = 134,217,728; B, C 4*4096*16,384 + 4*2*4096*16,384 = 805,306,368
+    # L 4*4096*256*128 = 536,870,912 + G, M's copy 2*2*4096*256*128 = 536,870,912 -> 1,073,741,824
+    # decays 2*4*4096*128 = 4,194,304; masks 2*256^2 + 2*17^2 = 131,650; decay_chunk (4 + 2)*128*17^2 = 221,952
+    # states 2*33*8192*128 = 69,206,016; C_times_states 2*4096*8192 = 67,108,864; output 4*4096*8192 = 134,217,728
+    # gated norm 4*134,217,728 + rsqrt 4*4096 = 536,887,296; out_proj input 2*4096*8192 = 67,108,864
+    # total 3,339,087,682 B: 3.3 GB per mixer layer, the scan's P x l x H and B, C repeated to 128 heads the most
+    assert total_bytes(mixer_saved_tensors(ms, 4096, 2, True, 1, 4096)) == 3_339_087_682
 
 
 def _graph_saved(config: dict[str, Any], mode: str, batch: int, seq: int) -> int:
@@ -128,8 +148,6 @@ def test_train_report_states_the_torch_path() -> None:
     rep = estimate(doc)
     assert any("torch path" in a and "mamba_split_conv1d_scan_combined" in a for a in rep.assumptions)
 
-
-sys.path.insert(0, str(HERE))
 
 
 @pytest.mark.parametrize(("extra", "where"), [
