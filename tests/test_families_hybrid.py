@@ -97,7 +97,7 @@ def test_inference_report_holds_the_state_and_the_attention_kv() -> None:
 
 
 @pytest.mark.parametrize(("extra", "where"), [
-    ({"task": "train"}, "training memory is not estimated"),
+    ({"task": "train", "train": {"peft": {"method": "lora", "rank": 8}}}, "training it with adapters is not estimated"),
     ({"task": "serve", "serve": {"engine": "sglang"}}, "serving it with sglang is not estimated"),
     ({"task": "inference", "parallel": {"tp": 2}, "hardware": {"gpu": "A100-80GB", "num_gpus": 2}},
      "tensor parallelism is not estimated"),

@@ -318,6 +318,11 @@ def _act_saved(act: str, ctx: ActContext) -> tuple[int, int]:
         return (12 + c, 4) if ctx.autocast else (4 * c, c)
     if act == "quick_gelu":
         return 2 * c, c
+    if act == "relu2" and ctx.autocast:
+        # ReLUSquaredActivation (transformers activations.py): relu saves its output (c); ``torch.square`` is
+        # ``pow(x, 2)``, on autocast's fp32 list, so it saves an fp32 copy of that output (4) and returns fp32
+        # (Nemotron-H's MLP blocks; without autocast pow saves the relu output itself)
+        return c + 4, 4
     return c, c  # silu/gelu/gelu_pytorch_tanh/relu: one saved tensor (input or output)
 
 

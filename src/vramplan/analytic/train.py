@@ -51,6 +51,7 @@ from vramplan.analytic.terms.encoder_decoder import encoder_decoder_notes, sourc
 from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
+from vramplan.analytic.terms.mamba2 import mixer_train_notes
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
@@ -313,6 +314,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),
+        *mixer_train_notes(m),
     ]
     for target in unmatched_lora_targets(t.peft, m):
         # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)

@@ -195,7 +195,14 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
     ds_opt, fsdp_opt, titan_opt = "adamw", "adamw-fused", "adamw-fused"
     if job.optimizer is not None:
         full_opts, peft_opts, ds_opt, fsdp_opt, titan_opt = _forced(job.optimizer)
+    # a hybrid Mamba2 model's training is estimated for full fine-tuning in half or fp32 precision on one GPU's
+    # whole sequences (spec/checks.py ``_hybrid_train_problems``): the other setups are not searched
+    hybrid = m.mamba is not None
+    if hybrid:
+        precs = [p for p in precs if not p.startswith("fp8")]
     for tp, pp in parallel_shapes(m, n, gpus_per_node):
+        if hybrid and (tp, pp) != (1, 1):
+            continue
         dp = n // (tp * pp)
         if batch % dp:
             continue
@@ -229,7 +236,7 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                                             ("full_shard", "optimizer+params")) if fsdp_opt else ():
                                 yield from make(framework="accelerate", precision=prec, optimizer=fsdp_opt,
                                                 checkpointing=ck, attention=a, fsdp=fs, offload=off)
-            for method in job.peft_methods():
+            for method in () if hybrid else job.peft_methods():
                 for prec in half_mixed:
                     for a in attn:
                         for ck in ckpts:

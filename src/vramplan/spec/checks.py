@@ -422,9 +422,10 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for a hybrid attention + Mamba2 model (``ModelSpec.mamba``), refused rather
     than answered as if every layer were attention.
 
-    * Training: the saved activations of a Mamba2 mixer (the in_proj output, the causal convolution's input and
-      output, the chunked scan's fp32 intermediates in ``mamba2_chunk_scan`` (torch path) or what ``mamba_chunk_scan_combined``
-      keeps for its backward) are not modelled as terms.
+    * Training is estimated for full fine-tuning (SFT) with transformers' Trainer, Accelerate or DeepSpeed, without or with
+      full activation checkpointing, on one GPU's shard of the batch (no tensor, context or pipeline parallelism):
+      the mixers' saved tensors of transformers' torch path (analytic/terms/mamba2.py); the rest is refused
+      (``_hybrid_train_problems``).
     * Serving with SGLang or llama.cpp: they keep the mixers' state in their own pools (SGLang's
       ``MambaPool`` beside its token pool, llama.cpp's recurrent-state cells), not modelled.  vLLM is modelled
       (``serve/mamba_pages.py``: ``MambaSpec`` state pages, the attention block raised to hold one, the groups;
@@ -439,10 +440,7 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
             f"{m.num_layers - len(m.mamba.layers) - len(m.mamba.ffn_only_layers)} attention layers")
     if s.task == "train":
-        return [Problem("task", f"{what}; training memory is not estimated for it: the Mamba2 mixers' saved "
-                        "activations (in_proj output, convolution input and output, the chunked scan's "
-                        "intermediates) are not modelled", "use task inference (transformers generate), which "
-                        "is estimated")]
+        return _hybrid_train_problems(s, m, what)
     if s.task == "serve":
         if s.serve.engine == "vllm":
             return []
@@ -461,6 +459,46 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
     return []
+
+
+def _hybrid_train_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
+    """What training of a hybrid Mamba2 model does not estimate (analytic/terms/mamba2.py models the mixers'
+    saved tensors of transformers' torch path for a full fine-tune, per decoder layer of norm, mixer or attention,
+    norm and MLP)."""
+    t, par = s.train, s.parallel
+    out: list[Problem] = []
+    if t.peft is not None:
+        out.append(Problem("train.peft", f"{what}; training it with adapters is not estimated: which of a frozen "
+                           "mixer's tensors are still saved below and above the adapters is not modelled",
+                           "drop train.peft (full fine-tuning is estimated)"))
+    if t.objective != "sft":
+        out.append(Problem("train.objective", f"{what}; only supervised fine-tuning is estimated for it (the "
+                           f"{t.objective} trainer's extra forwards and generation are not modelled for mixers)",
+                           "set train.objective: sft"))
+    if s.effective_framework not in ("hf-trainer", "accelerate", "deepspeed"):
+        out.append(Problem("framework", f"{what}; training it with {s.effective_framework} is not estimated "
+                           "(transformers' mixer, run by the Trainer, Accelerate or DeepSpeed, is what is modelled)",
+                           "set framework: hf-trainer"))
+    if checkpointing(s) not in ("none", "full"):
+        out.append(Problem("train.gradient_checkpointing", f"{what}; {checkpointing(s)} checkpointing is not "
+                           "estimated for it (the mixer has no attention core to recompute alone)",
+                           "set train.gradient_checkpointing to none or full"))
+    for path, value, fix in (("parallel.tp", par.tp, "set parallel.tp to 1"),
+                             ("parallel.cp", par.cp, "set parallel.cp to 1"),
+                             ("parallel.pp", par.pp, "set parallel.pp to 1")):
+        if value > 1:
+            out.append(Problem(path, f"{what}; training it with {path} {value} is not estimated (the mixers' "
+                               "saved tensors are modelled on whole sequences on one GPU)", fix))
+    if t.liger_kernels:
+        out.append(Problem("train.liger_kernels", f"{what}; Liger-Kernel has no patch for it (its norms and MLP "
+                           "would stay transformers')", "set train.liger_kernels: false"))
+    if t.activation_offload != "none":
+        out.append(Problem("train.activation_offload", f"{what}; offloading its saved activations is not "
+                           "estimated", "set train.activation_offload: none"))
+    if t.precision in ("fp8-mixed", "fp8-torchao"):
+        out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated for it (fp8 "
+                           "linears in the mixers are not modelled)", "use bf16-mixed or bf16-true"))
+    return out
 
 
 def section_conflicts(paths: dict[str, str], task: str) -> list[Problem]:

@@ -23,6 +23,7 @@ from vramplan.analytic.terms import cross_attention as cross
 from vramplan.analytic.terms import encoder_decoder as encdec
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
+from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.units import ceil_div
 
@@ -77,13 +78,20 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
     policy = checkpoint_policy(c.s)
     m, ctx, selective = c.m, c.act, policy in ("attention-core", "op-sac")
     kept_per_token = act.op_sac_saved_per_token if policy == "op-sac" else act.selective_saved_per_token
-    kinds: dict[tuple[bool, int, int | None, bool], _PerToken] = {}
+    kinds: dict[tuple[bool, int, int | None, bool, bool, bool], _PerToken] = {}
     out = []
     for ls in c.layer_specs:
-        kind = (ls.moe, ls.intermediate_size, ls.sliding_window, cross.cross_layer(c, ls))
+        kind = (ls.moe, ls.intermediate_size, ls.sliding_window, cross.cross_layer(c, ls), _mixer_layer(m, ls),
+                _ffn_only_layer(m, ls))
         v = kinds.get(kind)
         if v is None and kind[3]:
             v = kinds[kind] = _cross_per_token(c, ls)
+        elif v is None and kind[4]:
+            v = kinds[kind] = _mixer_per_token(c, ls)
+        elif v is None and kind[5]:
+            v = kinds[kind] = _ffn_only_per_token(c, ls)
+        elif v is None and m.mamba is not None and not _has_mlp(ls):
+            v = kinds[kind] = _attention_only_per_token(c, ls)
         elif v is None:
             tensors = tuple(act.layer_tensors(m, ls, ctx))
             v = kinds[kind] = _PerToken(
@@ -108,6 +116,71 @@ def _cross_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
     return _PerToken(act.total_bytes(tensors), tensors, 0,
                      (act.backward_transients_per_token(m, ls, ctx)[0], cross.cross_text_transient(m, ctx)),
                      mlp_part, act.freed_before_mlp_backward_per_token(m, ls, ctx))
+
+
+def _mixer_layer(m: ModelSpec, ls: LayerSpec) -> bool:
+    """Whether ``ls`` holds a Mamba2 mixer in the attention's place (``ModelSpec.mamba``)."""
+    return m.mamba is not None and ls.index in m.mamba.layers
+
+
+def _ffn_only_layer(m: ModelSpec, ls: LayerSpec) -> bool:
+    """Whether ``ls`` is a hybrid's MLP-only block (Nemotron-H's "-": one norm, then the MLP)."""
+    return m.mamba is not None and ls.index in m.mamba.ffn_only_layers
+
+
+def _has_mlp(ls: LayerSpec) -> bool:
+    return ls.moe or ls.intermediate_size > 0
+
+
+def _mixer_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
+    """A hybrid model's mixer layer, per token, without its mixer: the input norm, the post-mixer norm and the MLP
+    (as an attention layer has them), or the input norm alone in a block that holds the mixer alone (Nemotron-H's
+    "M", ``LayerSpec.intermediate_size`` 0); the mixer's own tensors are not per token (its scan pads every
+    sequence to a whole chunk) and are added per layer (``_full_saved``, analytic/terms/mamba2.py).  Before the
+    mixer's backward the MLP's and the post-mixer norm's saved tensors are released; the mixer's backward holds
+    the incoming and outgoing residual gradients (``2 r h``) beside what its own backward makes (not counted: see
+    the assumption the report states)."""
+    m, ctx = c.m, c.act
+    if not _has_mlp(ls):
+        norm = act.norm_saved_per_token(m, ctx)
+        return _PerToken(norm, (act.SavedTensor("norm.input", norm),), 0, (0, 2 * ctx.residual_bytes * m.hidden_size),
+                         0, 0)
+    norms = act.norm_tensors(m, ctx)
+    tensors = tuple([t for t in norms if t.part == "attention"] + [t for t in norms if t.part == "mlp"]
+                    + act.mlp_tensors(m, ls, ctx))
+    mlp_part = act.norm_saved_per_token(m, ctx) + act.mlp_saved(m, ls, ctx)
+    return _PerToken(act.total_bytes(tensors), tensors, 0,
+                     (act.backward_transients_per_token(m, ls, ctx)[0], 2 * ctx.residual_bytes * m.hidden_size),
+                     mlp_part, act.freed_before_mlp_backward_per_token(m, ls, ctx))
+
+
+def _ffn_only_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
+    """A hybrid's MLP-only block (Nemotron-H's "-"): its norm and its MLP, both freed by the MLP's backward, which
+    is the block's whole backward (no attention part: nothing released before one, no attention transient)."""
+    m, ctx = c.m, c.act
+    norm = act.norm_saved_per_token(m, ctx)
+    tensors = (act.SavedTensor("norm.input", norm, 1, "mlp"), *act.mlp_tensors(m, ls, ctx))
+    return _PerToken(act.total_bytes(tensors), tensors, 0, (act.backward_transients_per_token(m, ls, ctx)[0], 0),
+                     0, act.freed_before_mlp_backward_per_token(m, ls, ctx))
+
+
+def _attention_only_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
+    """A hybrid's attention-only block (Nemotron-H's "*": one norm, then the attention, no MLP)."""
+    m, ctx = c.m, c.act
+    norm = act.norm_saved_per_token(m, ctx)
+    tensors = (act.SavedTensor("norm.input", norm), *act.attention_tensors(m, ls, ctx))
+    return _PerToken(act.total_bytes(tensors), tensors, 0, (0, act.backward_transients_per_token(m, ls, ctx)[1]),
+                     0, 0)
+
+
+def _mixer_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
+    """One mixer layer's saved tensors for the micro-batch (analytic/terms/mamba2.py); none without mixers."""
+    ms = c.m.mamba
+    if ms is None:
+        return ()
+    t = c.s.train
+    return c.memo("mixer_tensors", lambda: mixer_saved_tensors(ms, c.m.hidden_size, c.act.compute_bytes,
+                                                                c.act.autocast, t.micro_batch_size, t.seq_len))
 
 
 def _cross_vision(c: StepContext) -> tuple[int, tuple[act.SavedTensor, ...], int]:
@@ -152,6 +225,12 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         ed = act.total_bytes(ed_tensors)
         full = [f + ed for f in full]
         tensors = [ts + ed_tensors for ts in tensors]
+    mixer = _mixer_tensors(c)
+    if mixer:
+        for j, ls in enumerate(c.layer_specs):
+            if _mixer_layer(m, ls):
+                full[j] += act.total_bytes(mixer)
+                tensors[j] = tensors[j] + mixer
     vis, vis_tensors, _ = _cross_vision(c)
     if vis:
         for j, ls in enumerate(c.layer_specs):

@@ -81,7 +81,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
         p.lm_head("lm_head", vocab, h)
     spec = build_spec(cfg, name, model_type, p, hidden_size=h, num_layers=n_layers, num_attention_heads=n_heads,
                       num_kv_heads=n_kv, head_dim=hd, vocab_size=vocab, intermediate_size=inter,
-                      hidden_act=str(cfg.get("mlp_hidden_act", "relu2")), mlp_gated=False, norm="rms",
+                      hidden_act=str(cfg.get("mlp_hidden_act", "relu2")), mlp_gated=False, norm="rms_fp32",
                       position="none", tie_word_embeddings=tied, attention_dropout=prob(cfg, "attention_dropout"),
                       hidden_dropout=0.0, max_position_embeddings=int(get(cfg, "max_position_embeddings", default=4096)),
                       mamba=ms)

@@ -1,0 +1,117 @@
+"""What a Mamba2 mixer layer saves for its backward in training, tensor by tensor (bytes for one micro-batch).
+
+Modelled: transformers 5.24's torch path of the mixer (``BambaMixer.forward`` in ``models/bamba/modeling_bamba.py``
+with ``causal_conv1d_fn`` and ``mamba2_chunk_scan``), which is what runs without the ``mamba-ssm`` and
+``causal-conv1d`` packages and without ``use_kernels=True``: ``mamba2_split_conv1d_scan_combined`` is decorated
+with ``use_kernel_func_from_hub_with_fallback`` and returns None when no kernel is found, so ``forward`` falls
+through to the torch code (``# Only kernels can use this shortcircuit, fallback to normal torch otherwise``).
+The fused path (mamba-ssm's ``mamba_split_conv1d_scan_combined``, ``MambaSplitConv1dScanCombinedFn`` in
+``mamba_ssm/ops/triton/ssd_combined.py``) saves only ``zxbcdt``, the conv weight and bias, ``dt``, ``A``, ``D``,
+the RMSNorm and out_proj weights and recomputes the rest in its backward: it is *not* what is modelled here, and a
+scenario cannot select it (vramplan has no option for it); the report says so as an assumption.
+
+Every record below is made in the mixer's forward and freed at the end of the layer's backward (part
+"attention": the mixer takes the attention's place in its decoder layer).  Notation: ``b`` sequences of ``s``
+tokens, ``T = b s``; the chunk ``l`` (``mamba_chunk_size``), each sequence padded to ``S' = ceil(s / l) l``
+(``pad_tensor_by_size``), ``P = b S'``, ``nc = S' / l`` chunks; ``H`` heads of ``d`` channels, ``I = H d``; ``g``
+groups of state size ``n``, B and C repeated to every head (``N = H n``); ``conv_dim = I + 2 g n``, ``k`` =
+``mamba_d_conv``; ``c``: bytes of the compute dtype; fp32 is 4 B.  Autograd's saved tensors follow
+``tools/autograd/derivatives.yaml`` (mm saves its input; mul saves both operands that need it; exp and rsqrt
+their result; silu, softplus, clamp and pow their input; masked_fill its mask; einsum runs as bmm on
+contiguous copies of its operands, each copy saved).
+
+* ``in_proj`` input: ``T h c``.
+* the causal convolution's input: without autocast, a view of the ``in_proj`` output, whose whole storage stays:
+  ``T (I + conv_dim + H) c``; under autocast the fp32 copy ``.to(weight.dtype)`` is cast back by conv1d (on
+  autocast's lower-precision list): ``T conv_dim c``.
+* the convolution's output, ``s + k - 1`` positions long (``padding = k - 1``, sliced to ``s``; SiLU saves the
+  slice, which keeps the storage): ``b (s + k - 1) conv_dim c``.
+* ``dt``: ``dt + dt_bias`` saved by softplus, softplus's output by clamp, and ``dt.float()`` by the two
+  multiplications that discretize x and A: ``12 T H`` bytes in every precision (bf16: 2 + 2 + 4 + 4; fp32 or
+  autocast, where softplus runs in fp32: 4 + 4 + 4, both ``.float()`` being the clamp output).
+* ``A = -exp(A_log.float())``: the exp's result and A, ``8 H`` (per layer, not per token).
+* the scan, in fp32 but for its einsums: they run as bmm, which autocast casts to the compute dtype (its
+  lower-precision list), so under autocast their saved copies and their outputs (G, the states,
+  ``C_times_states``) take ``e = c`` bytes an element, else ``e = 4``.  ``hidden_states.float()`` (``4 T I``; with fp32 compute it is the SiLU output itself,
+  ``4 T conv_dim``, since x is a split view of it), the padded x of ``D_residual`` (``4 P I``), the
+  discretized x copied by two einsums (``2 x 4 P I``), B padded (saved by ``B * decay_states``) and the copies
+  of B and C made by the einsums for G, the states and ``C_times_states`` (``5 x 4 P N``), ``L = exp(segment_sum
+  (A))``, ``G`` and M's copy for ``Y_diag`` (``3 x 4 P l H``), ``decay_states`` and ``state_decay_out``
+  (``2 x 4 P H``), ``segment_sum``'s two boolean masks of each call (``2 l^2 + 2 (nc + 1)^2``), ``decay_chunk``
+  (``4 b H (nc + 1)^2``), the concatenated states and the chunk-start states copied by their einsums
+  (``4 b (nc + 1) I n + 4 b nc I n``), ``C_times_states`` (``4 P I``) and the scan's output, whose padded
+  storage the slice keeps (``4 P I``).
+* the gated RMSNorm, in fp32 (the scan's output is fp32): ``gate.float()`` (``4 T I``; none with fp32 compute,
+  where it is a view of the ``in_proj`` output), its SiLU, the gated product, the normalized product (``4 T I``
+  each), ``rsqrt`` per group (``4 T g``).
+* ``out_proj`` input: the norm's output cast to the layer's dtype, or autocast's cast: ``T I c``.
+
+Autocast's casts of the weights (``in_proj``, ``conv1d``, ``out_proj``) are the weight-cast terms'
+(analytic/terms/casts.py), not the mixer's.
+
+The sum equals the saved tensors that autograd's graph holds after a ``BambaMixer`` forward on the meta device,
+storage by storage, at every shape the tests try (``tests/test_mamba2_train.py``), provided ``H > 1`` (with one
+head the einsums' copies of x would be views).
+"""
+
+from __future__ import annotations
+
+from vramplan.analytic.activations import SavedTensor
+from vramplan.spec.model import MambaSpec, ModelSpec
+from vramplan.units import ceil_div
+
+__all__ = ["mixer_saved_tensors", "mixer_train_notes"]
+
+FP32 = 4
+
+
+def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batch: int,
+                        seq: int) -> tuple[SavedTensor, ...]:
+    """One Mamba2 mixer layer's saved tensors for ``batch`` sequences of ``seq`` tokens (module docstring), in
+    bytes; ``c``: bytes of the compute dtype; ``autocast``: mixed precision (fp32 weights under autocast)."""
+    t = batch * seq
+    chunk = ms.chunk_size
+    padded = ceil_div(seq, chunk) * chunk
+    p, nc = batch * padded, padded // chunk
+    heads, inter, n, conv = ms.n_heads, ms.intermediate_size, ms.state_size, ms.conv_dim
+    rep = heads * n  # B and C repeated to every head
+    fp32_compute = c == FP32 and not autocast
+    e = c if autocast else FP32  # the einsums' bmm operands and outputs: autocast casts them to the compute dtype
+    rows = [
+        ("mixer.in_proj_input", t * hidden * c),
+        ("mixer.conv_input", t * (conv if autocast else inter + conv + heads) * c),
+        ("mixer.conv_output", batch * (seq + ms.conv_kernel - 1) * conv * c),
+        ("mixer.dt", 12 * t * heads),
+        ("mixer.A", 2 * FP32 * heads),
+        ("scan.x_fp32", FP32 * t * (conv if fp32_compute else inter)),
+        ("scan.x_padded_D_residual", FP32 * p * inter),
+        ("scan.x_einsum_copies", 2 * e * p * inter),
+        ("scan.B_C", FP32 * p * rep + 4 * e * p * rep),
+        ("scan.L_G_M", FP32 * p * chunk * heads + 2 * e * p * chunk * heads),
+        ("scan.decays", 2 * FP32 * p * heads),
+        ("scan.masks", 2 * chunk * chunk + 2 * (nc + 1) ** 2),
+        ("scan.decay_chunk", (FP32 + (e if autocast else 0)) * batch * heads * (nc + 1) ** 2),
+        ("scan.states", e * batch * (2 * nc + 1) * inter * n),
+        ("scan.C_times_states", e * p * inter),
+        ("scan.output", FP32 * p * inter),
+        ("norm.gate_fp32", 0 if fp32_compute else FP32 * t * inter),
+        ("norm.gated", 3 * FP32 * t * inter),
+        ("norm.rsqrt", FP32 * t * ms.n_groups),
+        ("mixer.out_proj_input", t * inter * c),
+    ]
+    return tuple(SavedTensor(name, nbytes) for name, nbytes in rows if nbytes)
+
+
+def mixer_train_notes(m: ModelSpec) -> list[str]:
+    """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers)."""
+    ms = m.mamba
+    if ms is None:
+        return []
+    torch_path = (f"{len(ms.layers)} of {m.num_layers} layers are Mamba2 mixers, run by transformers 5.24's torch path "
+            "(mamba2_chunk_scan: the mamba-ssm and causal-conv1d packages absent, use_kernels off); their saved "
+            "tensors are that path's (the fused mamba_split_conv1d_scan_combined kernel would save only its "
+            "inputs and weights and recompute the rest: less memory, not modelled)")
+    gradients = ("not modelled: the gradients a mixer's backward makes inside the chunked scan (counted: the incoming "
+            "and outgoing residual gradients only); with full checkpointing the peak falls in that backward and is "
+            "under the traced engine's by up to 4% on transformers' Bamba test configuration")
+    return [torch_path, gradients]
