@@ -21,7 +21,9 @@ The fields (docs/serving.md, "vLLM by release"):
     CUDA context, NCCL and the non-torch increase all come out of the budget.
   - ``profiled_increase`` (V0 0.6.5-0.7.3 ``memory_profiling``; V1 from 0.9.1): ``total x util -
     (weights + torch peak increase + non-torch increase)`` measured from a snapshot taken after the
-    CUDA context and NCCL started: those two are outside the budget.
+    CUDA context started: the context is outside the budget.  NCCL's and the all-reduce buffers are
+    created after that snapshot up to 0.10.x (in the non-torch increase, inside the budget) and before
+    it from 0.11.0 (outside): ``facts/vllm_tp_comm.py`` ``COMM_OUTSIDE_FROM``.
 
 * ``batch_defaults``: ``max_num_batched_tokens`` / ``max_num_seqs`` when ``vllm serve`` is given none
   (``vllm/config.py`` ``SchedulerConfig`` for V0, ``EngineArgs._set_default_args_v1`` for V1):
