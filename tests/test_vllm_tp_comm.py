@@ -88,3 +88,13 @@ def test_nccl_high_end_makes_a_tight_start_a_may_not_start() -> None:
     tight = next(u / 1000 for u in range(990, 800, -1) if 0 < room_at(u / 1000) < 167_772_160)
     d = decide(resolve(_doc("L4", 2, "0.14", cuda_graphs=False, gpu_memory_utilization=tight)), "0.14")
     assert d.starts and d.may_not_start and "NCCL's buffers may take up to 0.16 GiB more" in d.start_risk
+
+
+def test_free_memory_check_counts_the_buffers_from_0_11() -> None:
+    # from 0.11.0 the snapshot follows the communicators: free at start = total - context - NCCL - all-reduce
+    # buffers (L4, tp 2: 25,165,824 B); a utilisation of 0.99 asks for more than that
+    d = decide(resolve(_doc("L4", 2, "0.14", gpu_memory_utilization=0.99)), "0.14")
+    free = d.total_memory_bytes - d.cuda_context_bytes - d.nccl_bytes - 25_165_824
+    without = free + 25_165_824
+    assert f"{free / 2**30:.2f}" != f"{without / 2**30:.2f}"  # the check can tell them apart
+    assert not d.starts and f"Free memory on device ({free / 2**30:.2f}/" in d.problem

@@ -11,7 +11,8 @@ The decision of the V1 releases from 0.9.1 (V0 from 0.6.5 is the same sum), foll
 ``vllm/utils/mem_utils.py`` (``memory_profiling``):
 
 1. After the CUDA context and NCCL are initialised, a snapshot is taken and
-   ``requested = gpu_memory_utilization * total_memory``.  If less than that is free,
+   ``requested = gpu_memory_utilization * total_memory`` (from 0.11.0; 0.9.1-0.10.x take it before
+   NCCL and the all-reduce buffers, which then come out of the budget: ``facts/vllm_tp_comm.py``).  If less than that is free,
    start-up fails ("Free memory on device ... is less than desired GPU memory utilization").
 2. The weights are loaded (``model_memory_usage``): parameters in their stored formats
    plus the rotary cos/sin cache (``max_position_embeddings x rotary_dim`` in the model
