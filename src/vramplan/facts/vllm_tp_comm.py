@@ -11,6 +11,9 @@ memory snapshot that ``gpu_memory_utilization`` is measured from:
   (``vllm/v1/worker/gpu_worker.py`` ``Worker.init_device``: ``self.init_snapshot = MemorySnapshot()`` at line 163 of
   0.10.0, ``init_worker_distributed_environment(...)`` at line 181): the snapshot is taken first, so NCCL's and the
   all-reduce buffers appear in the profile's non-torch increase and are taken from the budget;
+  V1's ``memory_profiling`` (0.9.1-0.10.x) counts the non-torch increase and the torch peak from after the
+  weights load, so custom all-reduce's torch-allocated ``rank_data`` is seen by neither and stays outside; V0's
+  (0.6.5-0.7.3 ``vllm/utils.py``: used - baseline - weights - the profile's torch change) counts it;
 * from 0.11.0 (``gpu_worker.py`` 0.11.0 line 169 ``init_worker_distributed_environment``, line 182 the snapshot;
   0.14.0: "Initialize the distributed environment BEFORE taking memory snapshot", the same at 0.19.0, 0.24.0, 0.28.0,
   0.33.0): they are created first and sit outside the budget, like the CUDA context (``COMM_OUTSIDE_FROM``).
@@ -50,7 +53,7 @@ from __future__ import annotations
 
 from vramplan.units import MiB
 
-__all__ = ["COMM_OUTSIDE_FROM", "CUSTOM_AR_BIG_BUFFER_FROM", "CUSTOM_AR_WORLD_SIZES", "NCCL_LL128_BUFFSIZE_BYTES",
+__all__ = ["COMM_OUTSIDE_FROM", "CUSTOM_AR_BIG_BUFFER_FROM", "CUSTOM_AR_RANK_DATA_BYTES", "CUSTOM_AR_WORLD_SIZES", "NCCL_LL128_BUFFSIZE_BYTES",
            "NCCL_LL_BUFFSIZE_BYTES", "NCCL_MAX_CHANNELS", "NCCL_SIMPLE_BUFFSIZE_BYTES", "SYMM_MEM_DEFAULT_FROM",
            "SYMM_MEM_MAX_BYTES", "TP_COMM_READ_AT", "TP_COMM_SOURCES", "custom_all_reduce_bytes", "custom_all_reduce_on",
            "nccl_high_bytes", "symm_mem_bytes"]
@@ -63,7 +66,7 @@ TP_COMM_READ_AT: tuple[Release, ...] = ((0, 6, 3), (0, 6, 6), (0, 8, 0), (0, 9, 
 COMM_OUTSIDE_FROM: Release = (0, 11, 0)
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
 _CUSTOM_AR_MAX_BYTES = 8192 * 1024  # CustomAllreduce.__init__ max_size default
-_CUSTOM_AR_RANK_DATA_BYTES = 8 * 1024 * 1024
+CUSTOM_AR_RANK_DATA_BYTES = 8 * 1024 * 1024
 CUSTOM_AR_BIG_BUFFER_FROM: Release = (0, 28, 0)
 _CUSTOM_AR_BIG_BUFFER_BYTES = 16 * 1024 * 1024  # max(8 MiB, all-gather 2 MiB, reduce-scatter 16 MiB), 0.28.0 on
 SYMM_MEM_DEFAULT_FROM: Release = (0, 11, 0)
@@ -108,7 +111,7 @@ def custom_all_reduce_bytes(rel: Release, tp: int, nvlink: bool) -> int:
     if not custom_all_reduce_on(tp, nvlink):
         return 0
     buffer = _CUSTOM_AR_BIG_BUFFER_BYTES if rel >= CUSTOM_AR_BIG_BUFFER_FROM else _CUSTOM_AR_MAX_BYTES
-    return _CUSTOM_AR_MAX_BYTES + buffer + _CUSTOM_AR_RANK_DATA_BYTES
+    return _CUSTOM_AR_MAX_BYTES + buffer + CUSTOM_AR_RANK_DATA_BYTES
 
 
 def symm_mem_bytes(rel: Release, tp: int, capability: str | None) -> int:

@@ -78,12 +78,15 @@ from vramplan.facts.vllm_releases import (
 )
 from vramplan.facts.vllm_tp_comm import (
     COMM_OUTSIDE_FROM,
+    CUSTOM_AR_RANK_DATA_BYTES,
     custom_all_reduce_bytes,
+    custom_all_reduce_on,
     nccl_high_bytes,
     symm_mem_bytes,
 )
 from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
 from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
+from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
@@ -955,7 +958,9 @@ def _charged(rule: str, context: int, nccl: int, others: int = 0, comm: int = 0,
     ``peak_memory = total_gpu_memory - free_gpu_memory`` less torch's share); ``free_delta`` what appeared after the
     first snapshot (NCCL and the all-reduce buffers; what others held at the worker's start is in that snapshot);
     ``profiled_increase`` the communicators' buffers when they are created after the snapshot (before 0.11.0:
-    facts/vllm_tp_comm.py ``COMM_OUTSIDE_FROM``), else none."""
+    facts/vllm_tp_comm.py ``COMM_OUTSIDE_FROM``), else none.  The caller leaves out of ``comm`` what V1's
+    ``memory_profiling`` does not see: custom all-reduce's torch-allocated ``rank_data``, neither a non-torch
+    increase nor in the profile's torch peak (counted from after the weights load), so outside the budget."""
     if rule == "peak_plus_non_torch":
         return context + nccl + comm + others
     if rule == "free_delta" or not comm_outside:
@@ -985,12 +990,19 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=graphs.bytes if graphs else 0, subtracted=subtract, cudagraphs=graphs,
-        context=context, nccl=nccl, charged=_charged(row.budget, context, nccl, others, comm, comm_outside),
+        context=context, nccl=nccl,
+        charged=_charged(row.budget, context, nccl, others,
+                         comm - (_custom_ar_torch_bytes(tp, r.gpu) if row.engine == "v1" else 0), comm_outside),
         comm=comm, comm_high_extra=comm_high_extra, comm_outside=comm_outside,
         extra_weights=(opt.lora if row.lora_in_budget else 0) + opt.draft_weights, offloaded=opt.offloaded,
         explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
         **_speculative_terms(r, beh, opt, batched, requests, seqs, sampler),
     )
+
+
+def _custom_ar_torch_bytes(tp: int, gpu: GpuSpec) -> int:
+    """Custom all-reduce's ``rank_data``, the one buffer of it torch allocates (facts/vllm_tp_comm.py)."""
+    return CUSTOM_AR_RANK_DATA_BYTES if custom_all_reduce_on(tp, gpu.interconnect.startswith("nvlink")) else 0
 
 
 def _tp_comm(r: Resolved, beh: VllmBehaviour, nccl: int) -> tuple[int, int, bool]:
@@ -1216,7 +1228,8 @@ def _graphs_note(b: _Budget, tp: int = 1) -> str:
 def _tp_comm_note(b: _Budget, version: str) -> str:
     """The tp > 1 assumption: the communicators' buffers, where they sit, and NCCL's band."""
     where = ("created before the memory snapshot, outside gpu_memory_utilization" if b.comm_outside else
-             "created after the memory snapshot, so vLLM takes them from the KV budget (non-torch increase)")
+             "created after the memory snapshot, so vLLM takes them from the KV budget (non-torch increase; V1: "
+             "all but custom all-reduce's torch-allocated 8 MiB rank_data)")
     return (f"tp > 1, vLLM {version}: NCCL {b.nccl / GiB:.2f} GiB (16 channels x 2 x NCCL_BUFFSIZE 4 MiB) and "
             f"all-reduce buffers {b.comm / GiB:.2f} GiB (custom all-reduce: 8 MiB meta + IPC buffer + 8 MiB "
             "rank_data, CustomAllreduce.__init__; torch symmetric memory SYMM_MEM_ALL_REDUCE_MAX_SIZES on compute "
