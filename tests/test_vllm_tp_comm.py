@@ -34,6 +34,14 @@ def test_custom_all_reduce_buffers() -> None:
     assert not custom_all_reduce_on(4, nvlink=False) and custom_all_reduce_on(4, nvlink=True)
     assert custom_all_reduce_bytes((0, 14, 0), 4, nvlink=False) == 0
     assert custom_all_reduce_bytes((0, 14, 0), 3, nvlink=True) == 0
+    # symmetric memory on (0.11.0 on, 9.0, NVLink): max_size = min(256 KiB, 8 MiB) at 8 GPUs:
+    # 262,144 + 262,144 + 8,388,608 = 8,912,896 B; at 2 GPUs min(64 MiB, 8 MiB) keeps 25,165,824 B
+    assert custom_all_reduce_bytes((0, 14, 0), 8, nvlink=True, capability="9.0") == 8_912_896
+    assert custom_all_reduce_bytes((0, 14, 0), 2, nvlink=True, capability="9.0") == 25_165_824
+    # before 0.11.0 symmetric memory is off by default: 8 MiB
+    assert custom_all_reduce_bytes((0, 10, 2), 8, nvlink=True, capability="9.0") == 25_165_824
+    # 0.28.0: the IPC buffer is at least 16 MiB: 262,144 + 16,777,216 + 8,388,608 = 25,427,968 B
+    assert custom_all_reduce_bytes((0, 28, 0), 8, nvlink=True, capability="9.0") == 25_427_968
 
 
 def test_symmetric_memory_by_release_and_capability() -> None:

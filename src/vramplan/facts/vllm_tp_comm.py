@@ -25,7 +25,10 @@ The buffers (per TP rank):
   ``create_shared_buffer(max_size)`` (cudaMalloc'd, IPC-shared; 0.6.3: two torch tensors of the same sizes) and
   ``rank_data = torch.empty(8 * 1024 * 1024)``, the table of registered graph-buffer pointers.  From 0.28.0 the IPC
   buffer is ``max(max_size, max_all_gather_size, max_reduce_scatter_size)`` = max(8, 2, 16) MiB = 16 MiB
-  (``_DEFAULT_REDUCE_SCATTER_MAX_SIZE = 16 * 1024 * 1024``).  ``ops.meta_size()`` (the C++ ``Signal`` struct, a few KiB)
+  (``_DEFAULT_REDUCE_SCATTER_MAX_SIZE = 16 * 1024 * 1024``).  With the symmetric-memory communicator enabled,
+  ``max_size`` is ``min(CUSTOM_ALL_REDUCE_MAX_SIZES[capability][world_size], max_size)`` (9.0: 64, 32 MiB,
+  512, 256 KiB at 2, 4, 6, 8 GPUs; 10.0: 2, 2, 1, 1 MiB); the 10.3 row (0.19.0 on) is not applied (8 MiB, the
+  larger).  ``ops.meta_size()`` (the C++ ``Signal`` struct, a few KiB)
   is not counted.  Enabled for world sizes 2, 4, 6, 8 within one node; above 2 GPUs only when fully connected by
   NVLink ("Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs"), and only when the
   P2P check passes (``_can_p2p``), which a plan cannot see: for two PCIe GPUs the buffers are counted (the larger
@@ -78,6 +81,12 @@ SYMM_MEM_MAX_BYTES: dict[str, dict[int, int]] = {
     "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
     "10.3": {2: 4 * MiB, 4: 32 * MiB, 6: 32 * MiB, 8: 64 * MiB},
 }
+# all_reduce_utils.py CUSTOM_ALL_REDUCE_MAX_SIZES (0.11.0, 0.14.0): custom all-reduce's max_size is the smaller of
+# this and 8 MiB when the symmetric-memory communicator is enabled (CustomAllreduce.__init__ symm_mem_enabled)
+_CUSTOM_AR_SYMM_MAX_BYTES: dict[str, dict[int, int]] = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4},
+    "10.0": {2: 2 * MiB, 4: 2 * MiB, 6: MiB, 8: MiB},
+}
 NCCL_MAX_CHANNELS = 32  # NCCL src/include/device.h MAXCHANNELS
 NCCL_SIMPLE_BUFFSIZE_BYTES = 1 << 22  # src/init.cc DEFAULT_BUFFSIZE
 NCCL_LL_BUFFSIZE_BYTES = 8 * 512 * 8 * 16  # DEFAULT_LL_BUFFSIZE: lines/thread x threads x steps x sizeof(ncclLLFifoLine)
@@ -104,14 +113,20 @@ def custom_all_reduce_on(tp: int, nvlink: bool) -> bool:
     return tp in CUSTOM_AR_WORLD_SIZES and (tp == 2 or nvlink)
 
 
-def custom_all_reduce_bytes(rel: Release, tp: int, nvlink: bool) -> int:
+def custom_all_reduce_bytes(rel: Release, tp: int, nvlink: bool, capability: str | None = None) -> int:
     """The custom all-reduce's device buffers on one rank: meta (max_size) + IPC buffer + rank_data (module docstring).
 
-    0.11-0.27, 2 GPUs: 8 MiB + 8 MiB + 8 MiB = 25,165,824 B; from 0.28.0: 8 + 16 + 8 MiB = 33,554,432 B."""
+    0.11-0.27, 2 GPUs: 8 MiB + 8 MiB + 8 MiB = 25,165,824 B; from 0.28.0: 8 + 16 + 8 MiB = 33,554,432 B.  With the
+    symmetric-memory communicator enabled (0.11.0 on, a listed capability, NVLink assumed to give it multicast)
+    max_size is min(CUSTOM_ALL_REDUCE_MAX_SIZES, 8 MiB): H100 at 8 GPUs under 0.14, 256 KiB + 256 KiB + 8 MiB =
+    8,912,896 B."""
     if not custom_all_reduce_on(tp, nvlink):
         return 0
-    buffer = _CUSTOM_AR_BIG_BUFFER_BYTES if rel >= CUSTOM_AR_BIG_BUFFER_FROM else _CUSTOM_AR_MAX_BYTES
-    return _CUSTOM_AR_MAX_BYTES + buffer + CUSTOM_AR_RANK_DATA_BYTES
+    max_size = _CUSTOM_AR_MAX_BYTES
+    if nvlink and symm_mem_bytes(rel, tp, capability) and capability in _CUSTOM_AR_SYMM_MAX_BYTES:
+        max_size = min(_CUSTOM_AR_SYMM_MAX_BYTES[capability][tp], max_size)
+    buffer = max(max_size, _CUSTOM_AR_BIG_BUFFER_BYTES) if rel >= CUSTOM_AR_BIG_BUFFER_FROM else max_size
+    return max_size + buffer + CUSTOM_AR_RANK_DATA_BYTES
 
 
 def symm_mem_bytes(rel: Release, tp: int, capability: str | None) -> int:

@@ -1016,7 +1016,8 @@ def _tp_comm(r: Resolved, beh: VllmBehaviour, nccl: int) -> tuple[int, int, bool
         return 0, 0, True
     rel = parse_release(beh.version)
     nvlink = r.gpu.interconnect.startswith("nvlink")
-    comm = custom_all_reduce_bytes(rel, tp, nvlink) + symm_mem_bytes(rel, tp, r.gpu.compute_capability or None)
+    cap = r.gpu.compute_capability or None
+    comm = custom_all_reduce_bytes(rel, tp, nvlink, cap) + symm_mem_bytes(rel, tp, cap)
     return comm, max(0, nccl_high_bytes(nvlink) - nccl), rel >= COMM_OUTSIDE_FROM
 
 
