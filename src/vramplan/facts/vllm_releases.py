@@ -21,7 +21,9 @@ The fields (docs/serving.md, "vLLM by release"):
     CUDA context, NCCL and the non-torch increase all come out of the budget.
   - ``profiled_increase`` (V0 0.6.5-0.7.3 ``memory_profiling``; V1 from 0.9.1): ``total x util -
     (weights + torch peak increase + non-torch increase)`` measured from a snapshot taken after the
-    CUDA context and NCCL started: those two are outside the budget.
+    CUDA context started: the context is outside the budget.  NCCL's and the all-reduce buffers are
+    created after that snapshot up to 0.10.x (in the non-torch increase, inside the budget) and before
+    it from 0.11.0 (outside): ``facts/vllm_tp_comm.py`` ``COMM_OUTSIDE_FROM``.
 
 * ``batch_defaults``: ``max_num_batched_tokens`` / ``max_num_seqs`` when ``vllm serve`` is given none
   (``vllm/config.py`` ``SchedulerConfig`` for V0, ``EngineArgs._set_default_args_v1`` for V1):
@@ -88,7 +90,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED",
-           "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "MLLAMA_SERVED", "MLLAMA_SOURCES",
+           "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "MLLAMA_SERVED",
+           "MLLAMA_SOURCES", "MXFP4_FIRST", "MXFP4_HOPPER_SOURCES", "MXFP4_HOPPER_SWIZZLE_FROM",
            "NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule",
            "VllmRelease", "mamba_hybrid_rule", "parse_release", "release_row", "release_text"]
 
@@ -379,6 +382,23 @@ MLLAMA_SOURCES = ("vllm-project/vllm PR #8811 (mllama added, 2024-09-25) and iss
                   ("vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: "
                    "'MllamaForConditionalGeneration': '0.10.2'"))
 NEWEST: Release = (0, 33, 0)  # the newest vLLM release on PyPI when this table was written
+# MXFP4 MoE experts (gpt-oss): quantization/mxfp4.py first in 0.10.1 (absent from 0.10.0).  On Hopper (9.0) the
+# Triton backend swizzles them for triton_kernels, and the swizzled scales are a second copy beside the loaded ones
+# (serve/vllm.py ``hopper_swizzle_bytes``), from the release whose plain install takes that path:
+MXFP4_FIRST: Release = (0, 10, 1)
+MXFP4_HOPPER_SWIZZLE_FROM: Release = (0, 12, 0)
+MXFP4_HOPPER_SOURCES = (
+    ("0.10.1 vllm/model_executor/layers/quantization/mxfp4.py Mxfp4MoEMethod._should_use_marlin: Marlin on Hopper "
+     "without triton_kernels or below torch 2.8.0; the wheel requires torch==2.7.1 (METADATA): Marlin"),
+    ("0.11.0 vllm/utils/__init__.py has_triton_kernels: _has_module('triton_kernels'), not a dependency of the wheel "
+     "(METADATA: torch==2.8.0, no triton_kernels); where installed, quantization/utils/mxfp4_utils.py _swizzle_mxfp4 "
+     "keeps StridedLayout below torch 2.8.1 (StridedLayout.swizzle_data returns the data: no copy)"),
+    ("0.12.0 vllm/third_party/triton_kernels vendored; vllm/utils/import_utils.py has_triton_kernels: "
+     "triton_kernels or vllm.third_party.triton_kernels; torch 2.9: _swizzle_mxfp4 takes HopperMXValueLayout and "
+     "HopperMXScaleLayout (the same at 0.14.0, 0.14.1, 0.17.0, 0.20.0, 0.24.0, 0.28.0, 0.33.0)"),
+    ("0.12.0-0.17.0 quantization/mxfp4.py process_weights_after_loading (TRITON): del layer.w13_weight / w2_weight, "
+     "the scales kept; 0.20.0-0.33.0 fused_moe/oracle/mxfp4.py: the same"),
+)
 
 _RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post\d+|rc\d+)?$")
 

@@ -146,8 +146,9 @@ def _vllm(r: Resolved, version: str | None, subtract_cudagraphs: bool) -> ServeR
         peak.add(K.PROFILE_FORWARD, forward)
     peak.add(K.CUBLAS, d.cublas_workspace_bytes)
     peak.add(K.CUDA_GRAPHS, d.cudagraph_bytes)
+    # communication: NCCL's buffers and, at tp > 1, the all-reduce buffers (facts/vllm_tp_comm.py)
     outside = {"cuda_context": d.cuda_context_bytes, "workspaces": d.non_torch_bytes,
-               "communication": d.nccl_bytes, "managed": 0}
+               "communication": d.nccl_bytes + d.tp_comm_bytes, "managed": 0}
     assumptions = list(d.assumptions)
     if d.problem:
         assumptions.insert(0, f"vLLM would not start: {d.problem}" + (f" (change {d.fix})" if d.fix else ""))

@@ -11,7 +11,8 @@ The decision of the V1 releases from 0.9.1 (V0 from 0.6.5 is the same sum), foll
 ``vllm/utils/mem_utils.py`` (``memory_profiling``):
 
 1. After the CUDA context and NCCL are initialised, a snapshot is taken and
-   ``requested = gpu_memory_utilization * total_memory``.  If less than that is free,
+   ``requested = gpu_memory_utilization * total_memory`` (from 0.11.0; 0.9.1-0.10.x take it before
+   NCCL and the all-reduce buffers, which then come out of the budget: ``facts/vllm_tp_comm.py``).  If less than that is free,
    start-up fails ("Free memory on device ... is less than desired GPU memory utilization").
 2. The weights are loaded (``model_memory_usage``): parameters in their stored formats
    plus the rotary cos/sin cache (``max_position_embeddings x rotary_dim`` in the model
@@ -62,6 +63,7 @@ from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_REMOVED,
     MAMBA_SSM_DTYPE_DEFAULT,
     MAMBA_SSM_DTYPE_FROM_CONFIG,
+    MXFP4_HOPPER_SWIZZLE_FROM,
     NEWEST,
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
@@ -74,8 +76,17 @@ from vramplan.facts.vllm_releases import (
     release_row,
     release_text,
 )
+from vramplan.facts.vllm_tp_comm import (
+    COMM_OUTSIDE_FROM,
+    CUSTOM_AR_RANK_DATA_BYTES,
+    custom_all_reduce_bytes,
+    custom_all_reduce_on,
+    nccl_high_bytes,
+    symm_mem_bytes,
+)
 from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
 from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
+from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
@@ -90,7 +101,7 @@ __all__ = [
     "decide",
     "default_batch_limits",
     "forward_peak_bytes",
-    "hopper_swizzle_padding_bytes",
+    "hopper_swizzle_bytes",
     "kv_groups",
     "lora_slot_bytes",
     "multimodal_architecture",
@@ -231,7 +242,7 @@ def serve_weights_bytes(r: Resolved) -> tuple[int, int]:
     rp = rank_params(m, s.parallel.tp, s.parallel.pp, s.parallel.ep, 0, None)
     params = weights_bytes(rp, c, s.serve.quantization)
     if s.serve.quantization == "mxfp4":
-        params += mxfp4_layout_bytes(r, rp)
+        params += mxfp4_layout_bytes(r, rp) + hopper_swizzle_bytes(r)
     if s.serve.quantization != "none" and (fmt := quant_format(s.serve.quantization)).per_output_bits:
         # AutoGPTQ writes an fp16 bias for every quantized linear; vLLM's model loaders skip a bias the model does
         # not declare ("Skip loading extra bias for GPTQ models", models/llama.py load_weights), and the biases a
@@ -281,28 +292,39 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     return ceil_div(m.moe.num_experts, par.ep) * moe_layers * each - counted
 
 
-# triton_kernels' Hopper layouts, applied by vLLM's _swizzle_mxfp4 (quantization/utils/mxfp4_utils.py, commit 01b817d)
-# on compute capability 9.0 with torch >= 2.8.1 (below it: StridedLayout, no swizzle), num_warps 8 (non-batched MoE):
-# the scales' rows to 2 x num_warps x 2 x 8 = 256, their columns to 2 (hopper_scale.py SWIZZLE_ALIGN_M/K, triton
-# commit 14dd7a1, and the earlier HopperMXScaleLayout); the packed weights' rows to 64 and columns to 256 in newer
-# triton_kernels (hopper_value.py HopperMXValueLayoutTransformation._padded_shape, triton commit 000df03)
-_HOPPER_SCALE_ROWS, _HOPPER_SCALE_COLS, _HOPPER_VALUE_ROWS, _HOPPER_VALUE_COLS = 256, 2, 64, 256
+# triton_kernels' Hopper layouts as vLLM vendors them from 0.12.0 (vllm/third_party/triton_kernels, triton v3.5.0's;
+# read at 0.12.0, 0.14.0, 0.14.1, 0.17.0, 0.20.0, 0.24.0, 0.28.0, 0.33.0), applied by _swizzle_mxfp4 on compute
+# capability 9.0 with torch >= 2.8.1, num_warps 8: tensor_details/layout_details/hopper_scale.py HopperMXScaleLayout
+# pads the scales' rows to SWIZZLE_ALIGN_M = 2 x num_warps x 2 x 8 = 256 and their columns to SWIZZLE_ALIGN_K = 2;
+# hopper_value.py HopperMXValueLayout.swizzle_data pads the packed weights' rows to 1 x 2 x 4 x 2 x 1 = 16 and columns
+# to 4 x 2 x 4 x 1 x 1 = 32 (mma_version 3)
+_HOPPER_SCALE_ROWS, _HOPPER_SCALE_COLS, _HOPPER_VALUE_ROWS, _HOPPER_VALUE_COLS = 256, 2, 16, 32
 
 
-def hopper_swizzle_padding_bytes(r: Resolved) -> int:
-    """Bytes by which triton_kernels' Hopper layouts may enlarge vLLM's MXFP4 experts on this rank (0 off Hopper or
-    without MXFP4 experts): not counted in the weights, since the vLLM release that ships the padded value layout is
-    not established, but stated and checked against the KV pool (``_swizzle_risk``).
+def hopper_swizzle_bytes(r: Resolved) -> int:
+    """What vLLM's Triton MXFP4 backend adds to the experts on Hopper from 0.12.0 (0 before, off compute capability
+    9.0 or without MXFP4 experts), counted in the weights (``serve_weights_bytes``): the swizzled scales are a new
+    tensor beside the loaded ones, which stay registered (quantization/mxfp4.py ``process_weights_after_loading``,
+    TRITON branch: ``del layer.w13_weight`` / ``w2_weight`` only, ``layer.w13_weight_scale`` kept, 0.12.0-0.17.0;
+    0.20.0-0.33.0 fused_moe/oracle/mxfp4.py ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` and mxfp4.py
+    ``self.w13_precision_config = w13_scale`` without ``replace_parameter`` of the scales), and the packed weights
+    are padded in place of the loaded ones (facts/vllm_releases.py ``MXFP4_HOPPER_SWIZZLE_FROM``).
 
-    Each expert's w13 is a (K = hidden, N = 2 I) matmul and w2 a (K = I, N = hidden) one; vLLM transposes both so that
-    the MX axis K is the rows: K / 2 packed bytes by N, scales N by K / 32 after the layout's transpose.
-    gpt-oss-120b, one GPU (h 2880, I 2880): w13 1,440 x 5,760 -> 1,472 x 5,888 (+372,736) and scales 5,760 x 90 ->
-    5,888 x 90 (+11,520); w2 1,440 x 2,880 -> 1,472 x 3,072 (+374,784) and 2,880 x 90 -> 3,072 x 90 (+17,280):
-    776,320 B per expert x 128 experts x 36 layers = 3,577,282,560 B (3.33 GiB).
+    Each expert's w13 is a (K = hidden, N = 2 I) matmul and w2 a (K = I, N = hidden) one; after the layouts' transpose
+    the packed weights are N by K / 2 and the scales N by K / 32.  gpt-oss-120b, one H100 (h 2880, I 2880): scale
+    copies 5,888 x 90 + 3,072 x 90 = 806,400 B per expert and no weight padding (5,760 and 2,880 are multiples of 16,
+    1,440 of 32), x 128 experts x 36 layers = 3,715,891,200 B (3.46 GiB): 60.86 + 3.46 = 64.32 GiB against the 64.38 GiB
+    vLLM 0.14.1 printed ("Model loading took 64.38 GiB", "Using Triton backend": vllm-project/vllm#33155).
     """
     s, m = r.scenario, r.model
-    major = (r.gpu.compute_capability or "").partition(".")[0]
-    if s.serve.quantization != "mxfp4" or m.moe is None or major != "9":
+    if s.serve.quantization != "mxfp4" or m.moe is None or (r.gpu.compute_capability or "") != "9.0":
+        return 0
+    if s.effective_framework != "vllm":
+        return 0
+    try:
+        if parse_release(s.serve.vllm_version) < MXFP4_HOPPER_SWIZZLE_FROM:
+            return 0
+    except ValueError:  # refused by ``behaviour`` with the accepted range
         return 0
     par = s.parallel
     local = ceil_div(m.moe.expert_intermediate_size, par.tp) if par.ep == 1 else m.moe.expert_intermediate_size
@@ -310,28 +332,12 @@ def hopper_swizzle_padding_bytes(r: Resolved) -> int:
     block = quant_format("mxfp4").scales.size
     extra = 0
     for k, n in ((h, 2 * inter), (inter, h)):
-        rows, scale_cols = k // 2, k // block
-        extra += round_up(rows, _HOPPER_VALUE_ROWS) * round_up(n, _HOPPER_VALUE_COLS) - rows * n
-        extra += round_up(n, _HOPPER_SCALE_ROWS) * round_up(scale_cols, _HOPPER_SCALE_COLS) - n * scale_cols
+        packed, scale_cols = k // 2, k // block
+        extra += round_up(n, _HOPPER_VALUE_ROWS) * round_up(packed, _HOPPER_VALUE_COLS) - n * packed
+        extra += round_up(n, _HOPPER_SCALE_ROWS) * round_up(scale_cols, _HOPPER_SCALE_COLS)
     rp = rank_params(m, par.tp, par.pp, par.ep, 0, None)
     moe_layers = sum(1 for i in rp.layers if m.layers[i].moe)
     return ceil_div(m.moe.num_experts, par.ep) * moe_layers * extra
-
-
-def _swizzle_risk(r: Resolved, kv: _Blocks, max_len: int) -> tuple[str, str]:
-    """("may not start", fix) when the Hopper swizzle's padding (``hopper_swizzle_padding_bytes``) would leave less
-    KV cache than one ``max_model_len`` request needs; ("", "") otherwise, and when ``serve.kv_cache_memory_bytes``
-    fixes the pool (the padding then adds to the device's use instead of shrinking the pool)."""
-    pad = hopper_swizzle_padding_bytes(r)
-    if not pad or r.scenario.serve.kv_cache_memory_bytes is not None or kv.kv_bytes - pad >= kv.needed:
-        return "", ""
-    message = (f"vLLM may not start: on Hopper with torch >= 2.8.1 vLLM swizzles the MXFP4 experts for triton_kernels "
-               f"(quantization/utils/mxfp4_utils.py _swizzle_mxfp4), whose Hopper layouts pad them by up to "
-               f"{pad / GiB:.2f} GiB (scale rows to 256; packed weights to 64 x 256 in newer triton_kernels), which "
-               f"would leave {max(0, kv.kv_bytes - pad) / GiB:.2f} GiB of KV cache for a {max_len}-token request that "
-               f"needs {kv.needed / GiB:.2f} GiB (vLLM 0.14.1 printed 'Model loading took 64.38 GiB' for gpt-oss-120b on "
-               "an H100: vllm-project/vllm#33155)")
-    return message, "a lower serve.max_model_len, a higher serve.gpu_memory_utilization, or parallel.tp: 2"
 
 
 def _mlp_width_per_token(m: ModelSpec, tp: int) -> int:
@@ -573,6 +579,9 @@ class VllmDecision:
     cudagraph_graphs: int = 0  # graphs captured (piecewise pieces counted one by one)
     start_risk: str = ""  # "may not start": the graphs' band outgrows the room outside gpu_memory_utilization
     start_risk_fix: str = ""
+    tp_comm_bytes: int = 0  # tp > 1: custom all-reduce and symmetric-memory buffers (facts/vllm_tp_comm.py)
+    tp_comm_bytes_high: int = 0  # tp > 1: those plus NCCL's buffers up to their band's high end, beyond nccl_bytes
+    tp_comm_outside_budget: bool = True  # the communicators are created before the memory snapshot (0.11.0 on)
 
     @property
     def may_not_start(self) -> bool:
@@ -582,7 +591,8 @@ class VllmDecision:
     @property
     def device_used_bytes(self) -> int:
         """What nvidia-smi shows once serving: context, NCCL, the budget's contents, graphs."""
-        return (self.cuda_context_bytes + self.nccl_bytes + self.weights_bytes + self.activation_peak_bytes
+        return (self.cuda_context_bytes + self.nccl_bytes + self.tp_comm_bytes + self.weights_bytes
+                + self.activation_peak_bytes
                 + self.non_torch_bytes + self.kv_cache_bytes + self.cudagraph_bytes
                 + (self.lora_bytes if self.lora_outside_budget else 0) + self.speculative_buffers_bytes)
 
@@ -631,6 +641,9 @@ class VllmDecision:
     def _graph_keys(self) -> dict[str, object]:
         """The captured graphs' keys (their band, pool and sizes) and the start-up risk they carry."""
         keys: dict[str, object] = {"may_not_start": self.may_not_start}
+        if self.tp > 1:
+            keys.update({"tp_comm_bytes": self.tp_comm_bytes, "tp_comm_bytes_high": self.tp_comm_bytes_high,
+                         "tp_comm_outside_budget": self.tp_comm_outside_budget})
         if self.start_risk:
             keys["start_risk"], keys["start_risk_fix"] = self.start_risk, self.start_risk_fix
         if self.cudagraph_capture_sizes:
@@ -903,6 +916,9 @@ class _Budget:
     context: int
     nccl: int
     charged: int = 0  # CUDA context / NCCL bytes the release's rule takes from the budget (``budget``)
+    comm: int = 0  # tp > 1: custom all-reduce and symmetric-memory buffers (facts/vllm_tp_comm.py)
+    comm_high_extra: int = 0  # tp > 1: NCCL buffers up to the band's high end beyond ``nccl``, outside the budget
+    comm_outside: bool = True  # the communicators are created before the memory snapshot (0.11.0 on)
     extra_weights: int = 0  # LoRA slots and the speculative proposer, loaded with the model
     offloaded: int = 0  # weights kept in host memory (cpu_offload_gb)
     explicit_kv: int | None = None  # kv_cache_memory_bytes: the KV budget, the utilisation rule skipped
@@ -935,13 +951,21 @@ class _Budget:
         return self.requested - self.non_kv - (self.graphs if self.subtracted else 0)
 
 
-def _charged(rule: str, context: int, nccl: int, others: int = 0) -> int:
-    """What of the CUDA context, NCCL's buffers and other processes' memory the release's budget rule takes
-    from the budget (``facts/vllm_releases.py``): ``peak_plus_non_torch`` counts every non-torch byte on the
-    device, other processes' too (vLLM 0.6.4 ``Worker.determine_num_available_blocks``: ``peak_memory =
-    total_gpu_memory - free_gpu_memory`` less torch's share); ``free_delta`` what appeared after the first
-    snapshot (NCCL; what others held at the worker's start is in that snapshot), ``profiled_increase`` none."""
-    return {"peak_plus_non_torch": context + nccl + others, "free_delta": nccl}.get(rule, 0)
+def _charged(rule: str, context: int, nccl: int, others: int = 0, comm: int = 0, comm_outside: bool = True) -> int:
+    """What of the CUDA context, NCCL's buffers, the all-reduce buffers (``comm``) and other processes' memory the
+    release's budget rule takes from the budget (``facts/vllm_releases.py``): ``peak_plus_non_torch`` counts every
+    non-torch byte on the device, other processes' too (vLLM 0.6.4 ``Worker.determine_num_available_blocks``:
+    ``peak_memory = total_gpu_memory - free_gpu_memory`` less torch's share); ``free_delta`` what appeared after the
+    first snapshot (NCCL and the all-reduce buffers; what others held at the worker's start is in that snapshot);
+    ``profiled_increase`` the communicators' buffers when they are created after the snapshot (before 0.11.0:
+    facts/vllm_tp_comm.py ``COMM_OUTSIDE_FROM``), else none.  The caller leaves out of ``comm`` what V1's
+    ``memory_profiling`` does not see: custom all-reduce's torch-allocated ``rank_data``, neither a non-torch
+    increase nor in the profile's torch peak (counted from after the weights load), so outside the budget."""
+    if rule == "peak_plus_non_torch":
+        return context + nccl + comm + others
+    if rule == "free_delta" or not comm_outside:
+        return nccl + comm
+    return 0
 
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
@@ -951,6 +975,7 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     params, rotary = serve_weights_bytes(r)
     row = beh.rules
     context, nccl = cuda_context_bytes(gpu), nccl_bytes(1) if tp > 1 else 0
+    comm, comm_high_extra, comm_outside = _tp_comm(r, beh, nccl)
     # an explicit KV budget skips the profiling, and with it the graphs' estimate: they are captured outside it
     # (vllm/v1/worker/gpu_worker.py Worker.determine_available_memory returns kv_cache_memory_bytes first, 0.20-0.33)
     subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs and sv.kv_cache_memory_bytes is None
@@ -965,11 +990,35 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=graphs.bytes if graphs else 0, subtracted=subtract, cudagraphs=graphs,
-        context=context, nccl=nccl, charged=_charged(row.budget, context, nccl, others),
+        context=context, nccl=nccl,
+        charged=_charged(row.budget, context, nccl, others,
+                         comm - (_custom_ar_torch_bytes(tp, r.gpu) if row.engine == "v1" else 0), comm_outside),
+        comm=comm, comm_high_extra=comm_high_extra, comm_outside=comm_outside,
         extra_weights=(opt.lora if row.lora_in_budget else 0) + opt.draft_weights, offloaded=opt.offloaded,
         explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
         **_speculative_terms(r, beh, opt, batched, requests, seqs, sampler),
     )
+
+
+def _custom_ar_torch_bytes(tp: int, gpu: GpuSpec) -> int:
+    """Custom all-reduce's ``rank_data``, the one buffer of it torch allocates (facts/vllm_tp_comm.py)."""
+    return CUSTOM_AR_RANK_DATA_BYTES if custom_all_reduce_on(tp, gpu.interconnect.startswith("nvlink")) else 0
+
+
+def _tp_comm(r: Resolved, beh: VllmBehaviour, nccl: int) -> tuple[int, int, bool]:
+    """(all-reduce buffers, NCCL bytes from the point up to the band's high end, created before the snapshot) on one
+    TP rank (facts/vllm_tp_comm.py); (0, 0, True) at tp = 1.
+
+    H100 SXM (NVLink, 9.0), tp 2, vLLM 0.14: custom all-reduce 8 + 8 + 8 MiB = 25,165,824 B and symmetric memory
+    64 MiB = 67,108,864 B: 92,274,688 B; NCCL's high end 616,562,688 B less the point 134,217,728 B = 482,344,960 B."""
+    tp = r.scenario.parallel.tp
+    if tp == 1:
+        return 0, 0, True
+    rel = parse_release(beh.version)
+    nvlink = r.gpu.interconnect.startswith("nvlink")
+    cap = r.gpu.compute_capability or None
+    comm = custom_all_reduce_bytes(rel, tp, nvlink, cap) + symm_mem_bytes(rel, tp, cap)
+    return comm, max(0, nccl_high_bytes(nvlink) - nccl), rel >= COMM_OUTSIDE_FROM
 
 
 def _cudagraphs(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int, opt: _Options) -> CudagraphEstimate:
@@ -1111,7 +1160,7 @@ def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tupl
 def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[str, str]:
     """vLLM's start-up error and the option to change, or ("", "") when it starts."""
     util, total, requested, available = r.scenario.serve.gpu_memory_utilization, b.total, b.requested, b.available
-    free_at_start = total - b.context - b.nccl - b.others
+    free_at_start = total - b.context - b.nccl - b.others - (b.comm if b.comm_outside else 0)
     if free_at_start < requested:
         return ((f"Free memory on device ({free_at_start / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than "
                  f"desired GPU memory utilization ({util}, {requested / GiB:.2f} GiB). "
@@ -1130,7 +1179,8 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
                  f"({available / GiB:.2f} GiB). {est}Try increasing `gpu_memory_utilization` or decreasing "
                  "`max_model_len` when initializing the engine."),
                 f"serve.max_model_len <= {fits_len}" if fits_len else "raise serve.gpu_memory_utilization")
-    outside = b.context + b.nccl + b.others - b.charged + (0 if b.subtracted else b.graphs) + b.lora_outside
+    outside = (b.context + b.nccl + b.comm + b.others - b.charged + (0 if b.subtracted else b.graphs)
+               + b.lora_outside)
     if b.explicit_kv is not None and b.non_kv + b.explicit_kv + outside > total:
         room = total - b.non_kv - outside
         return ((f"CUDA out of memory allocating the KV cache: kv_cache_memory_bytes ({b.explicit_kv / GiB:.2f} GiB) "
@@ -1140,10 +1190,12 @@ def _start_problem(r: Resolved, b: _Budget, kv: _Blocks, max_len: int) -> tuple[
     if requested + outside > total:
         ctx, comm, graphs = b.context, b.nccl, b.graphs
         # the fix leaves room for the graphs' high bound, so that following it gives a start, not a "may not"
-        room = total - ctx - comm - _graphs_outside(b, high=True) - b.others
+        room = (total - ctx - comm - _graphs_outside(b, high=True) - b.others
+                - (b.comm if b.comm_outside else 0) - b.comm_high_extra)
         others = f", other processes {b.others / GiB:.2f} GiB" if b.others else ""
+        ar = f", all-reduce buffers {b.comm / GiB:.2f} GiB" if b.comm else ""
         return ((f"vLLM starts, but memory outside gpu_memory_utilization (CUDA context {ctx / GiB:.2f} GiB, "
-                 f"NCCL {comm / GiB:.2f} GiB, CUDA graphs {graphs / GiB:.2f} GiB{others}) does not fit in the "
+                 f"NCCL {comm / GiB:.2f} GiB{ar}, CUDA graphs {graphs / GiB:.2f} GiB{others}) does not fit in the "
                  f"{(total - requested) / GiB:.2f} GiB left: CUDA graph capture runs out of memory."),
                 f"serve.gpu_memory_utilization <= {max(0.0, int(room / total * 100) / 100):.2f} or --enforce-eager")
     return "", ""
@@ -1165,34 +1217,62 @@ def _graphs_note(b: _Budget, tp: int = 1) -> str:
              "stands in for it" if b.subtracted else
              "captured after the KV cache is allocated, outside gpu_memory_utilization")
     read = "" if g.exact else "; this release's capture code was not read, the nearest earlier rule is assumed"
-    comm = ("; tp > 1: the all-reduce kernels are among each segment's, and custom all-reduce registers the graphs' "
-            "buffers by IPC handles of the peers' memory (vllm/distributed/device_communicators/custom_all_reduce.py "
-            "register_graph_buffers, into its 8 MiB rank_data allocated at start-up): no further device memory "
-            "is assumed" if tp > 1 else "")
+    comm = ("; tp > 1: the graphs capture the all-reduces too, each rank its own: the all-reduce kernels are among "
+            "each segment's and their outputs in the pool; custom all-reduce registers the graphs' buffers by IPC "
+            "handles of the peers' memory (vllm/distributed/device_communicators/custom_all_reduce.py "
+            "register_graph_buffers, into its 8 MiB rank_data allocated at start-up), which maps the peers' memory "
+            "and allocates none; NCCL's buffers that the captured collectives connect are in NCCL's band (tp > 1 "
+            "assumption)" if tp > 1 else "")
     return f"{g.describe()}; {where}{read}{comm}"
 
 
+def _tp_comm_note(b: _Budget, version: str) -> str:
+    """The tp > 1 assumption: the communicators' buffers, where they sit, and NCCL's band."""
+    where = ("created before the memory snapshot, outside gpu_memory_utilization" if b.comm_outside else
+             "created after the memory snapshot, so vLLM takes them from the KV budget (non-torch increase; V1: "
+             "all but custom all-reduce's torch-allocated 8 MiB rank_data)")
+    return (f"tp > 1, vLLM {version}: NCCL {b.nccl / GiB:.2f} GiB (16 channels x 2 x NCCL_BUFFSIZE 4 MiB) and "
+            f"all-reduce buffers {b.comm / GiB:.2f} GiB (custom all-reduce: 8 MiB meta + IPC buffer + 8 MiB "
+            "rank_data, CustomAllreduce.__init__; torch symmetric memory SYMM_MEM_ALL_REDUCE_MAX_SIZES on compute "
+            f"capability 9.0/10.0 from 0.11.0), {where} (vllm/v1/worker/gpu_worker.py Worker.init_device, "
+            "facts/vllm_tp_comm.py); NCCL's buffers depend on its version and the topology: up to "
+            f"{b.comm_high_extra / GiB:.2f} GiB more (every protocol on NCCL's 32 channels, connected at first use "
+            "after the profile run, NCCL_RUNTIME_CONNECT) is the band's high end, which the start-up verdict uses; "
+            "custom all-reduce assumes the GPUs pass vLLM's P2P check")
+
+
 def _start_risk(r: Resolved, b: _Budget) -> tuple[str, str]:
-    """("may not start" message, fix) when vLLM starts by the point estimate but the graphs' band does not fit in
-    the room left outside gpu_memory_utilization: the graphs are captured after the KV cache is allocated
-    (V0 ``capture_model``, V1 ``Worker.compile_or_warm_up_model``), so a capture that outgrows the room runs out of
-    memory at start-up.  ("", "") otherwise, and when the release subtracts its estimate from the KV budget."""
-    g = b.cudagraphs
-    if g is None or b.subtracted:
+    """("may not start" message, fix) when vLLM starts by the point estimate but the high ends of what is allocated
+    after the KV cache do not fit in the room left outside gpu_memory_utilization: the graphs' band (captured after
+    the KV cache is allocated: V0 ``capture_model``, V1 ``Worker.compile_or_warm_up_model``) and, at tp > 1, NCCL's
+    buffers connected after the profile run up to their band's high end (facts/vllm_tp_comm.py ``nccl_high_bytes``).
+    ("", "") otherwise; the graphs do not count when the release subtracts their estimate from the KV budget."""
+    g = None if b.subtracted else b.cudagraphs
+    if g is None and not b.comm_high_extra:
         return "", ""
-    rest = b.context + b.nccl + b.others - b.charged + b.lora_outside
+    rest = b.context + b.nccl + b.comm + b.others - b.charged + b.lora_outside
     kv_side = b.non_kv + b.explicit_kv if b.explicit_kv is not None else b.requested
     room = b.total - kv_side - rest
-    if g.high_bytes <= room:
+    need = (g.high_bytes if g is not None else 0) + b.comm_high_extra
+    if need <= room:
         return "", ""
-    message = (f"vLLM may not start: its CUDA graphs are captured after the KV cache and need "
-               f"{g.low_bytes / GiB:.2f} to {g.high_bytes / GiB:.2f} GiB ({g.bytes / GiB:.2f} GiB expected), while "
-               f"{room / GiB:.2f} GiB is left outside gpu_memory_utilization: the capture may run out of memory")
-    if b.explicit_kv is not None:
-        lower = f"serve.kv_cache_memory_bytes <= {max(0, b.explicit_kv - (g.high_bytes - room))}"
+    nccl = (f"NCCL's buffers may take up to {b.comm_high_extra / GiB:.2f} GiB more than the "
+            f"{b.nccl / GiB:.2f} GiB assumed (every protocol on 32 channels, connected after the profile run)")
+    if g is not None:
+        message = (f"vLLM may not start: its CUDA graphs are captured after the KV cache and need "
+                   f"{g.low_bytes / GiB:.2f} to {g.high_bytes / GiB:.2f} GiB ({g.bytes / GiB:.2f} GiB expected)"
+                   f"{', and ' + nccl if b.comm_high_extra else ''}, while {room / GiB:.2f} GiB is left outside "
+                   f"gpu_memory_utilization: the capture may run out of memory")
     else:
-        util = max(0.0, int((b.requested - (g.high_bytes - room)) / b.total * 100) / 100)
+        message = (f"vLLM may not start: {nccl}, while {room / GiB:.2f} GiB is left outside "
+                   "gpu_memory_utilization: an all-reduce may run out of memory")
+    if b.explicit_kv is not None:
+        lower = f"serve.kv_cache_memory_bytes <= {max(0, b.explicit_kv - (need - room))}"
+    else:
+        util = max(0.0, int((b.requested - (need - room)) / b.total * 100) / 100)
         lower = f"serve.gpu_memory_utilization <= {util:.2f}"
+    if g is None:
+        return message, f"{lower}, or NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS set lower"
     # V0 sizes its captures by max_num_seqs alone; V1 also takes compilation_config.cudagraph_capture_sizes
     option = "" if g.rule.sizes == "v0" else f", or vLLM's cudagraph_capture_sizes below {g.largest}"
     return message, (f"{lower}, or serve.cuda_graphs: false (--enforce-eager), or fewer capture sizes (a lower "
@@ -1212,14 +1292,16 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
         f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
         (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
-        f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {b.context / GiB:.2f} GiB and NCCL buffers are outside "
-        "the budget"),
+        f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {b.context / GiB:.2f} GiB "
+        f"{'and NCCL buffers are' if b.comm_outside else 'is'} outside the budget"),
         "CUDA graphs: not captured (eager)" if b.cudagraphs is None else _graphs_note(b, tp),
         "attention workspace is not profiled by vLLM (attention is skipped in the profile run)",
     ]
     if not beh.exact:
         assumptions.insert(1, f"vLLM {beh.version}: its source was not read; the rules of vLLM {row.name}, the "
                               "nearest earlier modelled release, are assumed to hold")
+    if tp > 1:
+        assumptions.append(_tp_comm_note(b, beh.version))
     if b.charged:
         assumptions.append(f"vLLM {beh.version} takes {b.charged / GiB:.2f} GiB of CUDA context and NCCL buffers from "
                            f"the budget ({row.budget.replace('_', ' ')} rule, facts/vllm_releases.py)")
@@ -1273,8 +1355,6 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid, version)
     problem, fix = _start_problem(r, b, kv, max_len)
     risk, risk_fix = ("", "") if problem else _start_risk(r, b)
-    if not problem and not risk:
-        risk, risk_fix = _swizzle_risk(r, kv, max_len)
     g = b.cudagraphs
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
@@ -1300,6 +1380,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         cudagraph_bytes_low=g.low_bytes if g else 0, cudagraph_bytes_high=g.high_bytes if g else 0,
         cudagraph_pool_bytes=g.pool_bytes if g else 0, cudagraph_capture_sizes=g.sizes if g else (),
         cudagraph_graphs=g.graphs if g else 0, start_risk=risk, start_risk_fix=risk_fix,
+        tp_comm_bytes=b.comm, tp_comm_bytes_high=b.comm + b.comm_high_extra, tp_comm_outside_budget=b.comm_outside,
     )
 
 

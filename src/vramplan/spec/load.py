@@ -393,31 +393,25 @@ def _capability(cc: str) -> tuple[int, int] | None:
     return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else None
 
 
-# Newer triton_kernels pad the swizzled MXFP4 weights on Hopper: HopperMXValueLayoutTransformation._padded_shape
-# rounds the packed matrix to 64 rows and 256 columns (align_m, align_k = 64, 256 when the MX axis is the row axis;
-# triton-lang/triton python/triton_kernels/triton_kernels/tensor_details/layout_details/hopper_value.py, commit
-# 000df03) and the scale layout rounds its rows to 2 x num_warps x 2 x 8 = 256 (hopper_scale.py).  gpt-oss-120b, one
-# GPU: w13 packed 1,440 x 5,760 -> 1,472 x 5,888 and w2 1,440 x 2,880 -> 1,472 x 3,072, +747,520 B per expert, and
-# +28,800 B of scales: 4,608 experts x 776,320 = 3,577,282,560 B (3.33 GiB; serve/vllm.py
-# hopper_swizzle_padding_bytes, which also checks it against the KV pool).  vLLM 0.14.1 on an H100 printed "Model
-# loading took 64.38 GiB" (vllm-project/vllm#33155, "Using Triton backend") where the unpadded layout gives 60.86 GiB,
-# and the same user's v0.11.2 started (vLLM's _swizzle_mxfp4 keeps the unswizzled StridedLayout on Hopper below
-# torch 2.8.1).  Which vLLM release first ships such a triton_kernels (vLLM pinned
-# triton_kernels v3.5.0 in PR #27370, October 2025, and vendors it since) is not established here, so the padding
-# is stated, not counted, and the serving estimate checks it against the KV pool (serve/vllm.py _swizzle_risk).
+# vLLM's Triton MXFP4 backend on Hopper keeps the loaded scales and adds the swizzled copy that triton_kernels'
+# HopperMXScaleLayout makes (rows padded to 256), from 0.12.0, the first release whose plain install takes that path
+# (facts/vllm_releases.py MXFP4_HOPPER_SWIZZLE_FROM, MXFP4_HOPPER_SOURCES): counted in the weights by serve/vllm.py
+# hopper_swizzle_bytes, 3.46 GiB for gpt-oss-120b on one H100 (vLLM 0.14.1 printed "Model loading took 64.38 GiB",
+# 64.32 GiB here: vllm-project/vllm#33155).
 HOPPER_SWIZZLE_NOTE = (
-    "mxfp4 on Hopper: triton_kernels' layouts, which vLLM applies with torch >= 2.8.1, pad the swizzled experts "
-    "(hopper_scale.py: scale rows to 256; newer hopper_value.py _padded_shape: packed rows to 64, columns to 256), "
-    "3.33 GiB for gpt-oss-120b on one GPU; not counted in the weights, since the vLLM release that first ships the "
-    "padded value layout is not established (vLLM 0.14.1 on an H100 printed 'Model loading took 64.38 GiB' against "
-    "60.86 GiB estimated here: vllm-project/vllm#33155), but checked against the KV pool: a start risk when it would "
-    "leave less than one max_model_len request")
+    "mxfp4 on Hopper, vLLM >= 0.12.0: the Triton backend swizzles the experts for its vendored triton_kernels "
+    "(quantization/utils/mxfp4_utils.py _swizzle_mxfp4) and keeps the loaded scales beside the swizzled copy, whose "
+    "rows HopperMXScaleLayout pads to 256 (3.46 GiB for gpt-oss-120b on one GPU), counted in the weights; before "
+    "0.12.0 a plain install runs Marlin or, with triton_kernels installed apart, keeps the unswizzled layout below "
+    "torch 2.8.1 (0.10.x pins torch 2.7.1, 0.11.x torch 2.8.0): no copy. A triton_kernels installed in site-packages "
+    "takes precedence over the vendored one (vllm/utils/import_utils.py import_triton_kernels); newer ones pad the "
+    "packed weights further (hopper_value.py _padded_shape: rows to 64, columns to 256), which is not modelled")
 
 
 def _hopper_swizzle_note(cap: tuple[int, int] | None) -> list[str]:
-    """The Hopper-only padding of newer triton_kernels' MXFP4 layout (``HOPPER_SWIZZLE_NOTE``); Blackwell's layouts
-    differ and are not covered by it."""
-    return [HOPPER_SWIZZLE_NOTE] if cap is not None and cap[0] == 9 else []
+    """The Hopper-only copy of vLLM's swizzled MXFP4 scales (``HOPPER_SWIZZLE_NOTE``); Blackwell's default backend
+    is FlashInfer's, not covered by it."""
+    return [HOPPER_SWIZZLE_NOTE] if cap == (9, 0) else []
 
 
 def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
@@ -433,10 +427,11 @@ def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
     if cap is not None and cap < (8, 0):
         return ["not modelled: vLLM refuses MXFP4 below compute capability 8.0 (Mxfp4Config.get_min_capability)"]
     if cap is None or (9, 0) <= cap < (11, 0):
-        return [("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on compute capability "
+        return ([("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on compute capability "
                  "9.x and 10.x with triton_kernels and no FlashInfer MXFP4 variable) keeps the experts as stored, "
                  "each expert's intermediate slice padded to a multiple of 64 and the expert biases converted to "
-                 "fp32; the triton_kernels swizzle is assumed to keep the byte count")] + _hopper_swizzle_note(cap)
+                 "fp32; off Hopper the triton_kernels swizzle is assumed to keep the byte count")]
+                + _hopper_swizzle_note(cap))
     return [("mxfp4: vLLM's Marlin MoE backend (quantization/mxfp4.py get_mxfp4_backend on this GPU) pads the "
              "hidden size to a multiple of 256 and each expert's intermediate slice to 128, repacks the payload "
              "(prepare_moe_fp4_layer_for_marlin), keeps one byte per scale and casts the biases to the model dtype")]
