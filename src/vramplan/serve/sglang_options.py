@@ -49,11 +49,15 @@ __all__ = [
     "DP_RULES",
     "SGLANG_ALGORITHM",
     "SPEC_RULES",
+    "TOPK_RULES",
     "DpRule",
+    "DraftShape",
     "DraftSizing",
     "SpecRule",
+    "TopkRule",
     "dp_attention_problems",
     "dp_rule_for",
+    "draft_shape",
     "headroom_tokens",
     "model_draft",
     "mtp_draft",
@@ -174,6 +178,104 @@ def headroom_tokens(rule: SpecRule, max_num_reqs: int, steps: int, topk: int, dr
     if rule.pool == "draft_headroom":
         return max_num_reqs * steps + 100
     return 0
+
+
+@dataclass(frozen=True)
+class TopkRule:
+    """What one range of releases does with ``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens``
+    (``server_args.py``, later ``arg_groups/speculative_hook.py``).
+
+    ``paged``: topk > 1 with page_size > 1 is set back to topk 1 (``to_one``), accepted, or ``raises`` a
+    ValueError unless ``--attention-backend`` is one of ``backends``; ``forced``: at topk 1 the draft tokens are
+    set to steps + 1 ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when
+    speculative_eagle_topk == 1")."""
+
+    release: str
+    paged: Literal["to_one", "accepted", "raises"]
+    backends: tuple[str, ...]
+    forced: bool
+    sources: tuple[str, ...]
+
+
+TOPK_RULES: tuple[TopkRule, ...] = (
+    TopkRule(release="0.4.5", paged="to_one", backends=(), forced=False,
+             sources=(("0.4.5 wheel, server_args.py:353-355: 'if self.page_size > 1 and self.speculative_eagle_topk > "
+                       "1: self.speculative_eagle_topk = 1' ('speculative_eagle_topk is changed to 1 when page_size "
+                       "> 1'); the draft tokens are kept as given"),)),
+    TopkRule(release="0.4.6", paged="to_one", backends=(), forced=True,
+             sources=(("0.4.6 wheel, server_args.py:342 (topk to 1 with pages) and :350-355 (num_draft_tokens = "
+                       "steps + 1 at topk 1); the same in 0.4.7 (:458, :466) and 0.4.8 (:487, :494)"),)),
+    TopkRule(release="0.4.9", paged="accepted", backends=(), forced=True,
+             sources=(("0.4.9 wheel, server_args.py:503-510: the topk-1 adjustment only, no page check; the same in "
+                       "0.4.10 (:533) and 0.5.1 (:671)"),)),
+    TopkRule(release="0.5.2", paged="raises", backends=("flashinfer",), forced=True,
+             sources=(("0.5.2 wheel, server_args.py:784-791: ValueError('speculative_eagle_topk > 1 with page_size > 1 "
+                       "is unstable and produces incorrect results for paged attention backends. This combination "
+                       "is only supported for the 'flashinfer' backend.') unless attention_backend == 'flashinfer'; "
+                       "the same in 0.5.3 (:1119)"),)),
+    TopkRule(release="0.5.6", paged="raises", backends=("flashinfer", "fa3"), forced=True,
+             sources=(("0.5.6 wheel, server_args.py:1755: attention_backend not in ['flashinfer', 'fa3'] raises; the "
+                       "same in 0.5.7 (:2084), 0.5.9 (:2455), 0.5.10 (:3083-3090) and 0.5.12 (:3840); 0.5.4 and 0.5.5 "
+                       "were not read and follow the 0.5.2 row"),)),
+    TopkRule(release="0.5.13", paged="raises", backends=("flashinfer", "fa3", "triton"), forced=True,
+             sources=(("0.5.13 wheel, arg_groups/speculative_hook.py:376-383: _PAGE_TREE_SPEC_BACKENDS = ('flashinfer', "
+                       "'fa3', 'triton'); the same in 0.5.14 (:395) and 0.5.23 (:1274)"),)),
+)
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens`` as the release runs them, and a note
+    where it changed what was given ("" if nothing)."""
+
+    topk: int
+    draft_tokens: int
+    note: str = ""
+
+
+def draft_shape(release: tuple[int, int, int], method: str, steps: int, topk: int, draft_tokens: int | None,
+                page: int) -> DraftShape:
+    """The topk and draft tokens of ``method`` at ``release`` (``TOPK_RULES``); refuses what SGLang refuses and
+    what was not read.  NGRAM takes its breadth from ``--speculative-ngram-max-bfs-breadth`` and 12 draft tokens
+    by default (server_args.py 0.5.3: speculative_ngram_max_match_window_size = 12; 0.5.10: 12)."""
+    if method == "ngram":
+        if topk != 1:
+            raise ScenarioError([Problem("serve.speculative.eagle_topk", "SGLang's NGRAM sets the topk to "
+                                         "--speculative-ngram-max-bfs-breadth: --speculative-eagle-topk is not read",
+                                         "remove serve.speculative.eagle_topk (ngram)")])
+        return DraftShape(1, draft_tokens or 12)
+    rows = [t for t in TOPK_RULES if _v(t.release) <= release]
+    if not rows:
+        if topk != 1 or draft_tokens is not None:
+            raise ScenarioError([Problem("serve.speculative.eagle_topk" if topk != 1 else
+                                         "serve.speculative.num_draft_tokens",
+                                         "SGLang 0.4.3-0.4.4 was not read for the topk and draft tokens (its draft "
+                                         "pool adds max_num_reqs x steps + 100 whatever they are)",
+                                         "use serve.sglang_version >= 0.4.5, or topk 1 and no num_draft_tokens")])
+        return DraftShape(1, steps + 1)
+    rule, note = rows[-1], ""
+    if topk > 1 and page > 1:
+        if rule.paged == "to_one":
+            topk, note = 1, (f"--speculative-eagle-topk set to 1 because page_size > 1 (SGLang {rule.release} "
+                             "server_args.py)")
+        elif rule.paged == "raises":
+            raise ScenarioError([Problem("serve.speculative.eagle_topk", "SGLang raises 'speculative_eagle_topk > 1 "
+                                         "with page_size > 1' unless --attention-backend is one of "
+                                         f"{', '.join(rule.backends)} (server_args.py, {rule.release} on); the "
+                                         "attention backend is not an input here",
+                                         "use eagle_topk 1, or serve.page_size 1")])
+    if topk > 1 and draft_tokens is None:
+        raise ScenarioError([Problem("serve.speculative.num_draft_tokens", "with eagle_topk > 1 SGLang needs "
+                                     "--speculative-num-draft-tokens (its automatic choice applies only when no "
+                                     "steps are given)", "give serve.speculative.num_draft_tokens, e.g. "
+                                     f"{steps * topk + 1} (steps x topk + 1, every drafted token)")])
+    if topk == 1 and (draft_tokens is None or rule.forced):
+        if draft_tokens is not None and draft_tokens != steps + 1:
+            adjusted = (f"--speculative-num-draft-tokens {draft_tokens} adjusted to steps + 1 = {steps + 1} at topk 1 "
+                        f"(SGLang {rule.release} server_args.py)")
+            note = f"{note}; {adjusted}" if note else adjusted
+        return DraftShape(1, steps + 1, note)
+    return DraftShape(topk, draft_tokens or steps + 1, note)
 
 
 @dataclass(frozen=True)
