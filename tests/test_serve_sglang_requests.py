@@ -11,7 +11,13 @@ from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.serve.sglang import decide_sglang
 from vramplan.serve.sglang_options import TOPK_RULES, draft_shape
-from vramplan.serve.sglang_requests import REQ_RULES, captured_graph_bs, estimated_reqs, req_rule_for, request_pool
+from vramplan.serve.sglang_requests import (
+    REQ_RULES,
+    captured_graph_bs,
+    estimated_reqs,
+    req_rule_for,
+    request_pool,
+)
 
 CTX = 131_072  # Llama-3.1-8B's context
 EAGLE = {"method": "eagle", "model": "lmsys/sglang-EAGLE-LLaMA3-Instruct-8B", "num_speculative_tokens": 3}
