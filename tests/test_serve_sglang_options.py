@@ -199,7 +199,9 @@ def test_dp_attention_large_graph_bs_reserve() -> None:
     ({"sglang_version": "0.4.8", "dp_attention": 3}, "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention",
      "tp_size % dp_size"),
     ({"sglang_version": "0.5.3", "dp_attention": 2, "speculative": {"method": "ngram"}},
-     "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention", "together with DP attention"),
+     "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention", "ngram speculative decoding does not support dp"),
+    ({"sglang_version": "0.5.3", "dp_attention": 2, "speculative": EAGLE}, "deepseek-ai/DeepSeek-V2-Lite", 2,
+     "serve.dp_attention", "EAGLE head under DP attention is not modelled"),
     ({"sglang_version": "0.4.0", "dp_attention": 2}, "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention",
      "0.4.0"),
 ])
@@ -277,3 +279,44 @@ def test_eagle3_head_keeps_its_own_lm_head() -> None:
     assert eagle.resident_bytes == 2_200_096_768 - 2 * 131_072_000 == 1_937_952_768
     assert eagle3.resident_bytes == 2_200_096_768 - 131_072_000 == 2_069_024_768
     assert model_draft(head, 1, 2, 2, "draft").resident_bytes == 2_200_096_768
+
+
+def test_mtp_with_dp_attention_deepseek_v3() -> None:
+    def run(release: str, dp: int) -> Any:
+        return decide_sglang(resolve(doc("deepseek-ai/DeepSeek-V3", "H200", 8, sglang_version=release, dp_attention=dp,
+                                         quantization="fp8-block",
+                                         speculative={"method": "mtp", "num_speculative_tokens": 3})))
+
+    plain, dp8, old, dp4 = run("0.4.8", 1), run("0.4.8", 8), run("0.4.5", 8), run("0.5.10", 4)
+    assert dp8.starts and dp8.speculative_algorithm == "NEXTN" and dp8.dp_attention == 8
+    # the NEXTN layer's attention whole on every rank at dp = tp = 8: q_b_proj 1,536 x 24,576 + kv_b_proj 512 x 32,768
+    # + o_proj 16,384 x 7,168 = 171,966,464 fp8 bytes, of which a rank held 1/8 (21,495,808): 150,470,656 B more;
+    # their 128 x 128 block scales (4 B each): (12 x 192 - 12 x 24) + (4 x 256 - 4 x 32) + (128 x 56 - 16 x 56) =
+    # 2,016 + 896 + 6,272 = 9,184 blocks = 36,736 B more
+    assert dp8.draft_weights_bytes - plain.draft_weights_bytes == 150_470_656 + 36_736
+    # groups of two ranks at dp 4 (0.5.10): 171,966,464 x (1/2 - 1/8) = 64,487,424 B and (1,152 - 288) + (512 - 128)
+    # + (3,584 - 896) = 3,936 blocks = 15,744 B
+    assert dp4.draft_weights_bytes - run("0.5.10", 1).draft_weights_bytes == 64_487_424 + 15_744
+    # the MLA cell: (512 + 64) x 61 layers x 2 B = 70,272 B per token at any attention tp; 0.4.8's shared pool adds
+    # 48 x (3 + 4) + 100 = 436 tokens
+    assert dp8.cell_size_bytes == 70_272 and dp8.speculative_headroom_tokens == 436
+
+    def copies(d: Any) -> int:
+        # what the draft holds while loaded beyond its resident weights: its own embedding and head copies
+        return d.outside_fraction_bytes - d.speculative_headroom_tokens * d.cell_size_bytes - d.draft_kv_bytes \
+            - d.draft_weights_bytes
+
+    # 0.4.8: the embedding copy replicated (129,280 x 7,168 x 2 B = 1,853,358,080), the head over tp 8
+    # (16,160 x 7,168 x 2 = 231,669,760): 2,085,027,840 B
+    assert copies(dp8) == 2_085_027_840
+    # 0.4.5-0.4.7: the head a ReplicatedLinear under DP attention too: 2 x 1,853,358,080 = 3,706,716,160 B
+    assert copies(old) == 3_706_716_160
+    # 0.5.10, dp 4: the embedding over the attention group of 2 (64,640 x 7,168 x 2 = 926,679,040) + the head
+    # 231,669,760 = 1,158,348,800 B
+    assert copies(dp4) == 1_158_348_800
+    # 48 running requests divided among the DP ranks: 0.4.5 min(48 // 8, 49 rows) = 6; 0.5.10 min(48 // 4, 2048) = 12
+    assert (old.max_running_requests, old.req_to_token_rows) == (6, 49)
+    assert (dp4.max_running_requests, dp4.req_to_token_rows) == (12, 12)
+    # both reserves in the default fraction at 0.4.8: 2 GiB (speculative) + 4 GiB (DP attention) over plain's 2
+    assert dp8.reserved_heuristic_bytes is not None and plain.reserved_heuristic_bytes is not None
+    assert dp8.reserved_heuristic_bytes - plain.reserved_heuristic_bytes == 4 * 2**30

@@ -62,6 +62,7 @@ from vramplan.serve.sglang_options import (
     headroom_tokens,
     model_draft,
     mtp_draft,
+    nextn_dp_rule_for,
     spec_rule_for,
 )
 from vramplan.serve.sglang_requests import RequestPool, captured_graph_bs, req_rule_for, request_pool
@@ -717,8 +718,11 @@ class _Options:
     given_shape: bool = False  # serve.speculative gave eagle_topk or num_draft_tokens
 
 
-def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRule) -> DraftSizing | None:
-    """The draft worker of ``method`` (None: its config could not be read, where the release does not need it)."""
+def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRule, dp_rule: DpRule | None = None,
+                  dp: int = 1, release: tuple[int, int, int] = (0, 5, 3)) -> DraftSizing | None:
+    """The draft worker of ``method`` (None: its config could not be read, where the release does not need it).
+    Under DP attention (``dp_rule``) DeepSeek's NEXTN layer is placed as the target's (``_dp_model``), its embedding
+    copy as the target's embedding and its head copy by ``NEXTN_DP_RULES``; its cell is the target's at tp / dp."""
     s, m = r.scenario, r.model
     tp, c, elem = s.parallel.tp, dtype_bits(s.serve.dtype) // 8, _kv_elem_bytes(r)
     spec = s.serve.speculative
@@ -729,8 +733,14 @@ def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRu
             raise ScenarioError([Problem("serve.speculative.method", f"{m.name} has no MTP layers "
                                          "(num_nextn_predict_layers) for SGLang's NEXTN draft",
                                          "use method eagle, eagle3, draft or ngram")])
-        return mtp_draft(m, nextn, tp, s.parallel.ep, c, s.serve.quantization, cell_size_bytes(m, tp, elem)
-                         // m.num_layers, tp)
+        if dp_rule is None:
+            return mtp_draft(m, nextn, tp, s.parallel.ep, c, s.serve.quantization, cell_size_bytes(m, tp, elem)
+                             // m.num_layers, tp)
+        head = nextn_dp_rule_for(release)
+        assert head is not None  # refused before 0.4.5 (dp_attention_problems)
+        splits = {"replicated": 1, "attn_tp": tp // dp, "tp": tp}
+        return mtp_draft(_dp_model(m, dp_rule, tp, dp), nextn, tp, s.parallel.ep, c, s.serve.quantization,
+                         cell_size_bytes(m, tp // dp, elem) // m.num_layers, splits[dp_rule.embed], splits[head.head])
     if not spec.model:
         raise ScenarioError([Problem("serve.speculative.model", f"speculative method {method!r} needs a model",
                                      "give serve.speculative.model (SGLang's --speculative-draft-model-path)")])
@@ -757,18 +767,14 @@ def _options(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object]) -> _Opti
     if dp_rule is not None:
         archs = cfg.get("architectures")
         problems += dp_attention_problems(r.model, archs if isinstance(archs, list) else [], tp, sv.dp_attention,
-                                          dp_rule, spec.method if spec else None)
-        if spec is not None and spec.method != "draft":
-            problems.append(Problem("serve.dp_attention", "speculative decoding together with DP attention is "
-                                    "not modelled (the draft worker's placement under DP attention was not read)",
-                                    "remove serve.speculative or serve.dp_attention"))
+                                          dp_rule, spec.method if spec else None, v)
     if problems:
         raise ScenarioError(problems)
     if spec is None or rule is None:
         return _Options(dp=sv.dp_attention, dp_rule=dp_rule)
     shape = draft_shape(v, spec.method, spec.num_speculative_tokens, spec.eagle_topk, spec.num_draft_tokens,
                         sv.page_size or 1)
-    draft = None if spec.method == "ngram" else _draft_sizing(r, spec.method, cfg, rule)
+    draft = None if spec.method == "ngram" else _draft_sizing(r, spec.method, cfg, rule, dp_rule, sv.dp_attention, v)
     return _Options(rule, spec.method, spec.num_speculative_tokens, draft, sv.dp_attention, dp_rule, shape,
                     spec.eagle_topk != 1 or spec.num_draft_tokens is not None)
 

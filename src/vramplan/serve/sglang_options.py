@@ -47,12 +47,14 @@ from vramplan.units import GiB
 __all__ = [
     "DP_ATTENTION_ARCHS",
     "DP_RULES",
+    "NEXTN_DP_RULES",
     "SGLANG_ALGORITHM",
     "SPEC_RULES",
     "TOPK_RULES",
     "DpRule",
     "DraftShape",
     "DraftSizing",
+    "NextnDpRule",
     "SpecRule",
     "TopkRule",
     "dp_attention_problems",
@@ -61,6 +63,7 @@ __all__ = [
     "headroom_tokens",
     "model_draft",
     "mtp_draft",
+    "nextn_dp_rule_for",
     "spec_rule_for",
 ]
 
@@ -321,12 +324,43 @@ def dp_rule_for(release: tuple[int, int, int]) -> DpRule:
     return rows[-1]
 
 
+@dataclass(frozen=True)
+class NextnDpRule:
+    """How one range of releases places DeepSeek's NEXTN (MTP) draft under DP attention (``models/deepseek_nextn.py``):
+    its decoder layer is the target's (``DeepseekV2DecoderLayer``: attention over the attention group), its
+    ``embed_tokens`` follows the target's embedding (``DP_RULES``), and its ``shared_head.head`` is ``head``:
+    ``replicated`` (``ReplicatedLinear``) or ``tp`` (``ParallelLMHead`` over the tensor-parallel group,
+    ``enable_dp_lm_head`` off)."""
+
+    release: str
+    head: Literal["replicated", "tp"]
+    sources: tuple[str, ...]
+
+
+NEXTN_DP_RULES: tuple[NextnDpRule, ...] = (
+    NextnDpRule(release="0.4.5", head="replicated",
+                sources=(("0.4.5 wheel, models/deepseek_nextn.py:67 VocabParallelEmbedding(enable_tp=not "
+                          "enable_dp_attention) and :135-141 'if global_server_args_dict[\"enable_dp_attention\"]: "
+                          "self.lm_head = ReplicatedLinear(hidden_size, vocab_size)'; the same in 0.4.6 (:151) and "
+                          "0.4.7 (:132)"),)),
+    NextnDpRule(release="0.4.8", head="tp",
+                sources=(("0.4.8 wheel, models/deepseek_nextn.py:141-146 ParallelLMHead(vocab_size, hidden_size, "
+                          "use_attn_tp_group=enable_dp_lm_head) only; the same in 0.5.3 (:150), 0.5.7 (:220), 0.5.10, "
+                          "0.5.14 (:310, embedding **get_embedding_tp_kwargs()) and 0.5.23 (:294)"),)),
+)
+
+
+def nextn_dp_rule_for(release: tuple[int, int, int]) -> NextnDpRule | None:
+    rows = [n for n in NEXTN_DP_RULES if _v(n.release) <= release]
+    return rows[-1] if rows else None
+
+
 # architectures whose placement under DP attention was read (models/deepseek_v2.py serves all three)
 DP_ATTENTION_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
 def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule: DpRule,
-                          method: str | None) -> list[Problem]:
+                          method: str | None, release: tuple[int, int, int] = (0, 5, 3)) -> list[Problem]:
     """Why DP attention at ``dp`` cannot be answered for this model and tp (SGLang's own asserts, and what is not
     modelled)."""
     out: list[Problem] = []
@@ -344,6 +378,18 @@ def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule
     if method == "draft":
         out.append(Problem("serve.dp_attention", "SGLang: 'Currently standalone speculative decoding does not "
                            "support dp attention.' (server_args.py, 0.5.3 on)", "remove one of the two"))
+    elif method == "ngram":
+        out.append(Problem("serve.dp_attention", "SGLang: 'Currently ngram speculative decoding does not support dp "
+                           "attention.' (server_args.py:1160 at 0.5.3; arg_groups/speculative_hook.py:1370 at 0.5.23)",
+                           "remove one of the two"))
+    elif method in ("eagle", "eagle3"):
+        out.append(Problem("serve.dp_attention", "an EAGLE head under DP attention is not modelled: its decoder layer "
+                           "is llama.py's, whose attention is not split over the attention group (models/llama.py reads "
+                           "no get_attention_tp_size at 0.5.10), so where its weights and KV sit was not established",
+                           "use method mtp (DeepSeek's NEXTN layers, modelled), or remove serve.dp_attention"))
+    elif method == "mtp" and nextn_dp_rule_for(release) is None:
+        out.append(Problem("serve.dp_attention", "MTP (NEXTN) with DP attention was not read before SGLang 0.4.5",
+                           "use serve.sglang_version >= 0.4.5"))
     return out
 
 
@@ -365,16 +411,18 @@ class DraftSizing:
 
 
 def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quant: str, target_cell_per_layer: int,
-              embed_split: int) -> DraftSizing:
+              embed_split: int, head_split: int | None = None) -> DraftSizing:
     """DeepSeek's NEXTN draft (``models/deepseek_nextn.py``): ``nextn`` decoder layers shaped like the target's
     last, ``eh_proj`` (nn.Linear 2h -> h, replicated), ``enorm``, ``hnorm`` and the shared head's norm, and its own
-    ``embed_tokens`` and ``shared_head.head`` (vocab x h each, split over ``embed_split`` ranks, in the model dtype)
-    until ``set_embed_and_head`` replaces them."""
+    ``embed_tokens`` and ``shared_head.head`` (vocab x h each, split over ``embed_split`` and ``head_split`` ranks
+    -- the latter ``embed_split`` when None --, in the model dtype) until ``set_embed_and_head`` replaces them.
+    Under DP attention ``m`` is the model as placed there (its attention over the attention group)."""
     rp = rank_params(m, tp, m.num_layers, ep, m.num_layers - 1, None)
     layer = weights_bytes(rp, dense_bytes, quant) - rp.outside_layers * dense_bytes
     h = m.hidden_size
     resident = nextn * (layer + (2 * h * h + 3 * h) * dense_bytes)
-    copies = 2 * -(-m.vocab_size // embed_split) * h * dense_bytes
+    head_split = embed_split if head_split is None else head_split
+    copies = (-(-m.vocab_size // embed_split) + -(-m.vocab_size // head_split)) * h * dense_bytes
     return DraftSizing(nextn, target_cell_per_layer * nextn, resident, resident + copies,
                        (f"MTP draft: {nextn} NEXTN layer(s) shaped like the target's last decoder layer, eh_proj and "
                         f"norms ({resident / GiB:.2f} GiB); its own embedding and head copies "
