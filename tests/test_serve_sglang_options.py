@@ -320,3 +320,31 @@ def test_mtp_with_dp_attention_deepseek_v3() -> None:
     # both reserves in the default fraction at 0.4.8: 2 GiB (speculative) + 4 GiB (DP attention) over plain's 2
     assert dp8.reserved_heuristic_bytes is not None and plain.reserved_heuristic_bytes is not None
     assert dp8.reserved_heuristic_bytes - plain.reserved_heuristic_bytes == 4 * 2**30
+
+
+def test_dp_attention_qwen3_moe() -> None:
+    def run(release: str, dp: int = 1, tp: int = 4) -> Any:
+        return decide_sglang(resolve(doc("Qwen/Qwen3-30B-A3B", tp=tp, sglang_version=release, dp_attention=dp)))
+
+    for release, embed_extra in (("0.5.8", 466_747_392), ("0.5.10", 155_582_464)):
+        d, plain = run(release, 2), run(release)
+        # attention per layer: q 2,048 x 4,096 + k, v 2,048 x 512 each + o 4,096 x 2,048 = 18,874,368 x 48 layers =
+        # 905,969,664, held 1/2 over the attention group of tp 4 / dp 2 instead of 1/4: 226,492,416 x 2 B more =
+        # 452,984,832 B; the embedding 151,936 x 2,048 = 311,164,928: replicated to 0.5.8 (3/4 more: 233,373,696 x 2 B
+        # = 466,747,392), over the attention group of 2 from 0.5.9 (1/4 more: 77,791,232 x 2 B = 155,582,464)
+        assert d.weights_bytes - plain.weights_bytes == 452_984_832 + embed_extra, release
+        # the KV cell at attention tp 2: 4 KV heads // 2 x 128 x 48 layers x 2 x 2 B = 49,152 B (24,576 at tp 4)
+        assert (d.cell_size_bytes, plain.cell_size_bytes) == (49_152, 24_576)
+        # chunked prefill 8,192 // 2; the reserve adds graph_bs 512 x dp 2 x 3 MiB + 512 x 2 x 1.5 (graph_bs > 300)
+        # = 4,608 MiB, less 0.5.10's piecewise graphs (58 sizes x 8 = 464 MiB), off under DP attention
+        assert d.chunked_prefill_size == 4096 and d.starts
+        assert d.reserved_heuristic_bytes is not None and plain.reserved_heuristic_bytes is not None
+        extra_mib = 4608 - (464 if release == "0.5.10" else 0)
+        assert d.reserved_heuristic_bytes - plain.reserved_heuristic_bytes == extra_mib * 2**20, release
+    # 0.4.6 splits no Qwen-MoE attention over the attention group
+    with pytest.raises(ScenarioError, match="before 0.4.7, the first release read"):
+        run("0.4.6", 2)
+    # attention groups of 8 ranks over 4 KV heads (tp 16, dp 2) would replicate heads inside a group: refused
+    with pytest.raises(ScenarioError, match="replicate KV heads"):
+        decide_sglang(resolve({**doc("Qwen/Qwen3-30B-A3B", tp=16, sglang_version="0.5.10", dp_attention=2),
+                               "hardware": {"gpu": "H100-SXM", "num_gpus": 16, "gpus_per_node": 8}}))

@@ -762,12 +762,13 @@ def _options(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object]) -> _Opti
     v = _parse(sv.sglang_version) or (0, 0, 0)
     spec = sv.speculative
     rule = spec_rule_for(v, spec.method) if spec is not None else None
-    dp_rule = dp_rule_for(v) if sv.dp_attention > 1 else None
+    raw_archs = cfg.get("architectures")
+    archs = [str(a) for a in raw_archs] if isinstance(raw_archs, list) else []
+    dp_rule = dp_rule_for(v, archs) if sv.dp_attention > 1 else None
     problems: list[Problem] = []
     if dp_rule is not None:
-        archs = cfg.get("architectures")
-        problems += dp_attention_problems(r.model, archs if isinstance(archs, list) else [], tp, sv.dp_attention,
-                                          dp_rule, spec.method if spec else None, v)
+        problems += dp_attention_problems(r.model, archs, tp, sv.dp_attention, dp_rule,
+                                          spec.method if spec else None, v)
     if problems:
         raise ScenarioError(problems)
     if spec is None or rule is None:
@@ -788,7 +789,7 @@ def _over_group(p: ParamGroup, dp: int) -> ParamGroup:
 
 
 def _dp_model(m: ModelSpec, rule: DpRule, tp: int, dp: int) -> ModelSpec:
-    """The model as DeepSeek's code places it under DP attention: the attention projections split over the
+    """The model as DeepSeek's and Qwen-MoE's code place it under DP attention: the attention projections split over the
     attention group of tp / dp ranks (whole on every rank at dp = tp), the embedding and LM head replicated or split
     as the release does (``DP_RULES``); the rest as without DP attention."""
     whole = {"embedding": rule.embed == "replicated", "lm_head": rule.lm_head == "replicated"}
@@ -985,7 +986,7 @@ def _option_notes(o: _Options, d: SglangDecision, profile_cell: int, graphs: boo
 # (serve/sglang_options.py DP_RULES; PR #7054: 4 GiB more reserved at 0.4.8 to 0.5.2).
 _DP_ATTENTION_NOT_MODELLED = (
     "DP attention (--enable-dp-attention) off: this is the pool without it (serve.dp_attention sets it; modelled for "
-    "DeepSeek-V2/V3). With it each rank runs attention at tp / dp, each DP rank keeps its own pool for its "
+    "DeepSeek-V2/V3 and Qwen2/Qwen3-MoE). With it each rank runs attention at tp / dp, each DP rank keeps its own pool for its "
     "own requests, chunked prefill is divided and the default fraction reserves more")
 
 

@@ -30,7 +30,15 @@ the request table and the headroom.  The default fraction keeps more out for the
 (``layers/dp_attention.py`` ``compute_dp_attention_world_info``), so a GQA cell counts ``kv_heads // (tp / dp)``
 heads (``get_num_kv_heads(get_attention_tp_size())``; an MLA cell is the same latent at any tp) and each rank holds
 ``dp / tp`` of the attention weights; each DP group runs its own scheduler and pool.  The placement of the other
-weights is model code: it is read here for DeepSeek's ``models/deepseek_v2.py`` only (``DP_RULES``).
+weights is model code: it is read here for DeepSeek's ``models/deepseek_v2.py`` (``DP_RULES``, its NEXTN draft
+``NEXTN_DP_RULES``) and Qwen's ``models/qwen2_moe.py`` / ``qwen3_moe.py`` (``QWEN_MOE_DP_RULES``); other models are
+refused (``models/llama.py``, for one, splits its attention over every tp rank).  With speculative decoding, DeepSeek's
+MTP draft is modelled; SGLang refuses STANDALONE and NGRAM with DP attention; an EAGLE head (llama.py's layer) is
+refused here.
+
+**Topk and draft tokens** (``TOPK_RULES``): ``--speculative-eagle-topk`` enters the 0.4.5-0.5.6 headroom
+(``steps x topk + num_draft_tokens`` per request) and ``--speculative-num-draft-tokens`` widens the request table
+(0.5.1 on, ``serve/sglang_requests.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +54,14 @@ from vramplan.units import GiB
 
 __all__ = [
     "DP_ATTENTION_ARCHS",
+    "DP_FAMILIES",
     "DP_RULES",
     "NEXTN_DP_RULES",
+    "QWEN_MOE_DP_RULES",
     "SGLANG_ALGORITHM",
     "SPEC_RULES",
     "TOPK_RULES",
+    "DpFamily",
     "DpRule",
     "DraftShape",
     "DraftSizing",
@@ -58,6 +69,7 @@ __all__ = [
     "SpecRule",
     "TopkRule",
     "dp_attention_problems",
+    "dp_family",
     "dp_rule_for",
     "draft_shape",
     "headroom_tokens",
@@ -316,11 +328,55 @@ DP_RULES: tuple[DpRule, ...] = (
 )
 
 
-def dp_rule_for(release: tuple[int, int, int]) -> DpRule:
-    rows = [d for d in DP_RULES if _v(d.release) <= release]
+# Qwen2-MoE and Qwen3-MoE (models/qwen2_moe.py, models/qwen3_moe.py; Qwen3MoeModel is a Qwen2MoeModel, its
+# embedding the same): attention over the attention group from 0.4.7, the MoE and LM head as without DP attention
+QWEN_MOE_DP_RULES: tuple[DpRule, ...] = (
+    DpRule(release="0.4.7", dp_is_tp=False, chunk_by_dp=True, embed="replicated", lm_head="tp",
+           sources=(("0.4.7 wheel: models/qwen2_moe.py:211 and qwen3_moe.py:362 attn_tp_size = get_attention_tp_size() "
+                     "(heads and KV heads split over the attention group); qwen2_moe.py:403 VocabParallelEmbedding("
+                     "enable_tp=not enable_dp_attention) (replicated); :499 and qwen3_moe.py:686 ParallelLMHead("
+                     "use_attn_tp_group=enable_dp_lm_head) (over tp); 0.4.6 splits no attention over the group; the "
+                     "same in 0.4.8 to 0.5.8 (qwen2_moe.py:570 at 0.5.8)"),)),
+    DpRule(release="0.5.9", dp_is_tp=False, chunk_by_dp=True, embed="attn_tp", lm_head="tp",
+           sources=(("0.5.9 wheel, models/qwen2_moe.py:574 VocabParallelEmbedding(use_attn_tp_group="
+                     "is_dp_attention_enabled()); the same in 0.5.10, 0.5.14 (:832; attention at get_parallel()."
+                     "attn_tp_size, qwen3_moe.py:461) and 0.5.23 (:1115, qwen3_moe.py:502)"),)),
+)
+
+
+@dataclass(frozen=True)
+class DpFamily:
+    """Models whose placement under DP attention was read: their architectures, rule table and name; ``mla``: the
+    table holds for the MLA variant only."""
+
+    name: str
+    archs: tuple[str, ...]
+    rules: tuple[DpRule, ...]
+    mla: bool
+
+
+DP_FAMILIES: tuple[DpFamily, ...] = (
+    DpFamily("DeepSeek-V2/V3", ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"), DP_RULES, True),
+    DpFamily("Qwen2-MoE/Qwen3-MoE", ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"), QWEN_MOE_DP_RULES, False),
+)
+
+
+def dp_family(archs: list[str]) -> DpFamily | None:
+    return next((f for f in DP_FAMILIES if any(a in f.archs for a in archs)), None)
+
+
+def dp_rule_for(release: tuple[int, int, int], archs: list[str] | None = None) -> DpRule:
+    """The DP attention rule of ``release`` for the family of ``archs`` (DeepSeek's when none is recognised:
+    ``dp_attention_problems`` refuses an unread family)."""
+    family = dp_family(archs or []) or DP_FAMILIES[0]
+    rows = [d for d in family.rules if _v(d.release) <= release]
     if not rows:
-        raise ScenarioError([Problem("serve.dp_attention", "SGLang 0.4.0 was not read for DP attention",
-                                     "use serve.sglang_version >= 0.4.1")])
+        first = family.rules[0].release
+        given = ".".join(str(x) for x in release)
+        raise ScenarioError([Problem("serve.dp_attention", f"SGLang {given} is before {first}, the first release read "
+                                     f"for DP attention on {family.name}" + (" (0.4.6 splits no Qwen-MoE attention over the attention "
+                                                            "group)" if family is not DP_FAMILIES[0] else ""),
+                                     f"use serve.sglang_version >= {first}")])
     return rows[-1]
 
 
@@ -355,8 +411,8 @@ def nextn_dp_rule_for(release: tuple[int, int, int]) -> NextnDpRule | None:
     return rows[-1] if rows else None
 
 
-# architectures whose placement under DP attention was read (models/deepseek_v2.py serves all three)
-DP_ATTENTION_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+# architectures whose placement under DP attention was read (DP_FAMILIES)
+DP_ATTENTION_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule: DpRule,
@@ -364,10 +420,17 @@ def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule
     """Why DP attention at ``dp`` cannot be answered for this model and tp (SGLang's own asserts, and what is not
     modelled)."""
     out: list[Problem] = []
-    if not any(a in DP_ATTENTION_ARCHS for a in archs) or m.mla is None:
-        out.append(Problem("serve.dp_attention", "DP attention is modelled for DeepSeek-V2/V3 (MLA) only: where "
-                           "SGLang places the other models' embedding, MLP and head under it was not read",
-                           "remove serve.dp_attention (or use a DeepSeek-V2/V3 model)"))
+    family = dp_family(archs)
+    if family is None or (family.mla and m.mla is None):
+        out.append(Problem("serve.dp_attention", "DP attention is modelled for "
+                           + " and ".join(f.name for f in DP_FAMILIES) + " only: where SGLang places the other "
+                           "models' attention, embedding and head under it was not read (models/llama.py, for one, "
+                           "splits its attention over all tp ranks)",
+                           "remove serve.dp_attention (or use a DeepSeek-V2/V3 or Qwen-MoE model)"))
+    elif m.mla is None and not tp % dp and m.num_kv_heads < tp // dp:
+        out.append(Problem("serve.dp_attention", f"attention groups of {tp // dp} ranks over {m.num_kv_heads} KV heads "
+                           "replicate KV heads inside the group, not modelled under DP attention",
+                           f"choose serve.dp_attention >= {tp // m.num_kv_heads if m.num_kv_heads else tp}"))
     if tp % dp or dp > tp:
         out.append(Problem("serve.dp_attention", f"SGLang asserts tp_size % dp_size == 0 (tp {tp}, dp {dp})",
                            "choose serve.dp_attention dividing parallel.tp"))

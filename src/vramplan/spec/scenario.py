@@ -653,7 +653,7 @@ class Serve(_Strict):
 
     dp_attention: int = Field(1, ge=1, le=1024)
     """SGLang's DP attention (engine sglang): --enable-dp-attention with --dp-size N; 1: off.  Modelled for
-    DeepSeek-V2/V3, N dividing parallel.tp (serve/sglang_options.py)."""
+    DeepSeek-V2/V3 and Qwen2/Qwen3-MoE, N dividing parallel.tp (serve/sglang_options.py)."""
 
 
 class DeepSpeedZero(_Strict):
