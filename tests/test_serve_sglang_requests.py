@@ -188,3 +188,21 @@ def test_topk_is_an_sglang_option() -> None:
     with pytest.raises(ScenarioError) as e:
         resolve(bad)
     assert "serve.speculative.eagle_topk" in str(e.value) and "serve.speculative.num_draft_tokens" in str(e.value)
+
+
+def test_given_limit_below_the_dp_size() -> None:
+    # one request given over 2 DP ranks: 1 // 2 = 0 each until 0.5.22 (start-up asserts), max(1, 0) = 1 from 0.5.23
+    assert request_pool(rule("0.5.22"), 10_000, 10_000, 10_000, CTX, 1, 2, None).running == 0
+    assert request_pool(rule("0.5.23"), 10_000, 10_000, 10_000, CTX, 1, 2, None).running == 1
+    assert rule("0.5.23").at_least_one and not rule("0.5.22").at_least_one
+
+    def run(release: str) -> Any:
+        return decide_sglang(resolve({"model": "deepseek-ai/DeepSeek-V2-Lite", "task": "serve",
+                                      "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"tp": 2},
+                                      "serve": {"engine": "sglang", "sglang_version": release, "dp_attention": 2,
+                                                "max_running_requests": 1}}))
+
+    old, new = run("0.5.22"), run("0.5.23")
+    assert not old.starts and old.problem.startswith("max_running_request is zero")
+    assert "serve.max_running_requests" in old.fix
+    assert new.starts and new.max_running_requests == 1 and new.req_to_token_rows == 1

@@ -897,6 +897,12 @@ def decide_sglang(r: Resolved) -> SglangDecision:
         target_extra = headroom * cell if o.spec.pool == "shared_headroom" else 0
         outside = target_extra + draft_kv + (o.draft.load_bytes if o.draft else 0)
     problem, fix = _problem(free, loaded, tokens, req_bytes, reserve, cell, page)
+    if not problem and running <= 0:
+        # managers/tp_worker.py (0.4.7 on): assert self.max_running_requests > 0
+        problem = "max_running_request is zero (an assertion in tp_worker.py)"
+        fix = (f"raise serve.max_running_requests to at least serve.dp_attention ({o.dp}): each DP rank gets "
+               f"{given_reqs} // {o.dp} = 0 requests" if given_reqs and given_reqs < o.dp else
+               "raise serve.mem_fraction_static (half the pool is under one token)")
     if not problem and outside and req_bytes + outside > reserve:
         problem = (f"CUDA out of memory loading the draft worker: it needs {outside / GiB:.2f} GiB (weights, KV pool"
                    f"{', headroom' if headroom else ''}) beside the {req_bytes / GiB:.2f} GiB request table in the "

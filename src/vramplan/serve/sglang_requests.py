@@ -16,6 +16,9 @@ How the three figures are set changed four times (``REQ_RULES``):
   estimated)``; else ``min(estimated, capacity // 2)``; the table has that many rows and the scheduler runs that
   many (a small pool gets a smaller table, a given limit above the estimate is lowered to it).
 * 0.5.14: a given limit is capped by ``capacity // 2`` instead of the estimate.
+* 0.5.23: a given limit below the DP size leaves each DP rank one request (``max(1, given // dp)``); before, it
+  leaves none and start-up fails on ``assert max_running_requests > 0, "max_running_request is zero"``
+  (``managers/tp_worker.py``, 0.4.7 on).
 
 The CUDA graphs of the decode batch are captured only for batch sizes up to the table's rows
 (``model_executor/cuda_graph_runner.py`` ``get_batch_sizes_to_capture``: ``bs <= req_to_token_pool.size``, the
@@ -52,6 +55,7 @@ class ReqRule:
     draft_width: bool
     resolve: Resolve
     sources: tuple[str, ...]
+    at_least_one: bool = False  # a given limit leaves every DP rank at least one request
 
 
 REQ_RULES: tuple[ReqRule, ...] = (
@@ -78,9 +82,12 @@ REQ_RULES: tuple[ReqRule, ...] = (
                       "The same in 0.5.11, 0.5.12 and 0.5.13"),)),
     ReqRule(release="0.5.14", extra_row=False, draft_width=True, resolve="capacity_cap",
             sources=(("0.5.14 wheel, model_executor/model_runner_kv_cache_mixin.py:981 _resolve_max_num_reqs: "
-                      "given: min(max_running_requests // dp_size, token_capacity // 2); 0.5.23 wheel, "
-                      "mem_cache/kv_cache_configurator.py:3119 resolve_max_num_reqs: the same with max(1, given // "
-                      "attn_dp_size); allocation_sizing.py:96 keeps the row width 4 + num_draft_tokens"),)),
+                      "given: min(max_running_requests // dp_size, token_capacity // 2); the same in 0.5.18 and "
+                      "0.5.20 (mem_cache/kv_cache_configurator.py:1882, :2272), 0.5.21 (:2301) and 0.5.22 (:2809)"),)),
+    ReqRule(release="0.5.23", extra_row=False, draft_width=True, resolve="capacity_cap", at_least_one=True,
+            sources=(("0.5.23 wheel, mem_cache/kv_cache_configurator.py:3128 resolve_max_num_reqs: requested_per_worker "
+                      "= max(1, max_running_requests // attn_dp_size); allocation_sizing.py:96 keeps the row width 4 + "
+                      "num_draft_tokens"),)),
 )
 
 
@@ -128,7 +135,8 @@ def request_pool(rule: ReqRule, profiled: int, capacity: int, pool_tokens: int, 
     if given is None:
         n = min(estimated, capacity // 2)
     else:
-        n = min(given // dp, estimated if rule.resolve == "estimated_cap" else capacity // 2)
+        per_rank = max(1, given // dp) if rule.at_least_one else given // dp
+        n = min(per_rank, estimated if rule.resolve == "estimated_cap" else capacity // 2)
     return RequestPool(n, n, width, n)
 
 
