@@ -348,3 +348,16 @@ def test_dp_attention_qwen3_moe() -> None:
     with pytest.raises(ScenarioError, match="replicate KV heads"):
         decide_sglang(resolve({**doc("Qwen/Qwen3-30B-A3B", tp=16, sglang_version="0.5.10", dp_attention=2),
                                "hardware": {"gpu": "H100-SXM", "num_gpus": 16, "gpus_per_node": 8}}))
+
+
+def test_dp_family_and_nextn_rows() -> None:
+    from vramplan.serve.sglang_options import NEXTN_DP_RULES, QWEN_MOE_DP_RULES, dp_family, nextn_dp_rule_for
+
+    # every row names the wheel and the file and line it was read at
+    assert all("wheel" in r.sources[0] and ".py:" in r.sources[0] for r in (*QWEN_MOE_DP_RULES, *NEXTN_DP_RULES))
+    qwen = ["Qwen3MoeForCausalLM"]
+    assert dp_family(qwen) is not None and dp_family(["LlamaForCausalLM"]) is None
+    assert dp_rule_for((0, 5, 8), qwen).embed == "replicated" and dp_rule_for((0, 5, 9), qwen).embed == "attn_tp"
+    assert dp_rule_for((0, 5, 8)).embed == "attn_tp"  # DeepSeek's table: 0.5.8 already splits it
+    head = {v: getattr(nextn_dp_rule_for(v), "head", None) for v in ((0, 4, 3), (0, 4, 7), (0, 4, 8), (0, 5, 23))}
+    assert head == {(0, 4, 3): None, (0, 4, 7): "replicated", (0, 4, 8): "tp", (0, 5, 23): "tp"}
