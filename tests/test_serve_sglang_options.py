@@ -65,8 +65,9 @@ def test_eagle_048_shared_pool_with_headroom() -> None:
     assert int((FREE * 0.848 - W) // CELL) == 423_436
     assert d.speculative_headroom_tokens == 436 and d.max_total_num_tokens == 423_872
     assert d.max_num_reqs == 48 and d.max_running_requests == 48 and d.speculative_algorithm == "EAGLE"
-    # request table (48 + 1) x (131,072 + 4) x 4 B = 25,690,896 B
-    assert d.req_to_token_bytes == 25_690_896
+    # request table 48 rows (0.4.7 on: size=max_num_reqs) x (131,072 + 4) x 4 B = 25,166,592 B (0.4.8 has no
+    # draft-token columns yet)
+    assert d.req_to_token_bytes == 25_166_592
     # the head's config is not in the catalog: its weights and pool are stated, not counted; the headroom's
     # 436 x 131,072 B is taken from the reserve
     assert d.draft_weights_bytes == 0 and d.outside_fraction_bytes == 436 * CELL
@@ -198,7 +199,9 @@ def test_dp_attention_large_graph_bs_reserve() -> None:
     ({"sglang_version": "0.4.8", "dp_attention": 3}, "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention",
      "tp_size % dp_size"),
     ({"sglang_version": "0.5.3", "dp_attention": 2, "speculative": {"method": "ngram"}},
-     "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention", "together with DP attention"),
+     "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention", "ngram speculative decoding does not support dp"),
+    ({"sglang_version": "0.5.3", "dp_attention": 2, "speculative": EAGLE}, "deepseek-ai/DeepSeek-V2-Lite", 2,
+     "serve.dp_attention", "EAGLE head under DP attention is not modelled"),
     ({"sglang_version": "0.4.0", "dp_attention": 2}, "deepseek-ai/DeepSeek-V2-Lite", 2, "serve.dp_attention",
      "0.4.0"),
 ])
@@ -276,3 +279,85 @@ def test_eagle3_head_keeps_its_own_lm_head() -> None:
     assert eagle.resident_bytes == 2_200_096_768 - 2 * 131_072_000 == 1_937_952_768
     assert eagle3.resident_bytes == 2_200_096_768 - 131_072_000 == 2_069_024_768
     assert model_draft(head, 1, 2, 2, "draft").resident_bytes == 2_200_096_768
+
+
+def test_mtp_with_dp_attention_deepseek_v3() -> None:
+    def run(release: str, dp: int) -> Any:
+        return decide_sglang(resolve(doc("deepseek-ai/DeepSeek-V3", "H200", 8, sglang_version=release, dp_attention=dp,
+                                         quantization="fp8-block",
+                                         speculative={"method": "mtp", "num_speculative_tokens": 3})))
+
+    plain, dp8, old, dp4 = run("0.4.8", 1), run("0.4.8", 8), run("0.4.5", 8), run("0.5.10", 4)
+    assert dp8.starts and dp8.speculative_algorithm == "NEXTN" and dp8.dp_attention == 8
+    # the NEXTN layer's attention whole on every rank at dp = tp = 8: q_b_proj 1,536 x 24,576 + kv_b_proj 512 x 32,768
+    # + o_proj 16,384 x 7,168 = 171,966,464 fp8 bytes, of which a rank held 1/8 (21,495,808): 150,470,656 B more;
+    # their 128 x 128 block scales (4 B each): (12 x 192 - 12 x 24) + (4 x 256 - 4 x 32) + (128 x 56 - 16 x 56) =
+    # 2,016 + 896 + 6,272 = 9,184 blocks = 36,736 B more
+    assert dp8.draft_weights_bytes - plain.draft_weights_bytes == 150_470_656 + 36_736
+    # groups of two ranks at dp 4 (0.5.10): 171,966,464 x (1/2 - 1/8) = 64,487,424 B and (1,152 - 288) + (512 - 128)
+    # + (3,584 - 896) = 3,936 blocks = 15,744 B
+    assert dp4.draft_weights_bytes - run("0.5.10", 1).draft_weights_bytes == 64_487_424 + 15_744
+    # the MLA cell: (512 + 64) x 61 layers x 2 B = 70,272 B per token at any attention tp; 0.4.8's shared pool adds
+    # 48 x (3 + 4) + 100 = 436 tokens
+    assert dp8.cell_size_bytes == 70_272 and dp8.speculative_headroom_tokens == 436
+
+    def copies(d: Any) -> int:
+        # what the draft holds while loaded beyond its resident weights: its own embedding and head copies
+        return d.outside_fraction_bytes - d.speculative_headroom_tokens * d.cell_size_bytes - d.draft_kv_bytes \
+            - d.draft_weights_bytes
+
+    # 0.4.8: the embedding copy replicated (129,280 x 7,168 x 2 B = 1,853,358,080), the head over tp 8
+    # (16,160 x 7,168 x 2 = 231,669,760): 2,085,027,840 B
+    assert copies(dp8) == 2_085_027_840
+    # 0.4.5-0.4.7: the head a ReplicatedLinear under DP attention too: 2 x 1,853,358,080 = 3,706,716,160 B
+    assert copies(old) == 3_706_716_160
+    # 0.5.10, dp 4: the embedding over the attention group of 2 (64,640 x 7,168 x 2 = 926,679,040) + the head
+    # 231,669,760 = 1,158,348,800 B
+    assert copies(dp4) == 1_158_348_800
+    # 48 running requests divided among the DP ranks: 0.4.5 min(48 // 8, 49 rows) = 6; 0.5.10 min(48 // 4, 2048) = 12
+    assert (old.max_running_requests, old.req_to_token_rows) == (6, 49)
+    assert (dp4.max_running_requests, dp4.req_to_token_rows) == (12, 12)
+    # both reserves in the default fraction at 0.4.8: 2 GiB (speculative) + 4 GiB (DP attention) over plain's 2
+    assert dp8.reserved_heuristic_bytes is not None and plain.reserved_heuristic_bytes is not None
+    assert dp8.reserved_heuristic_bytes - plain.reserved_heuristic_bytes == 4 * 2**30
+
+
+def test_dp_attention_qwen3_moe() -> None:
+    def run(release: str, dp: int = 1, tp: int = 4) -> Any:
+        return decide_sglang(resolve(doc("Qwen/Qwen3-30B-A3B", tp=tp, sglang_version=release, dp_attention=dp)))
+
+    for release, embed_extra in (("0.5.8", 466_747_392), ("0.5.10", 155_582_464)):
+        d, plain = run(release, 2), run(release)
+        # attention per layer: q 2,048 x 4,096 + k, v 2,048 x 512 each + o 4,096 x 2,048 = 18,874,368 x 48 layers =
+        # 905,969,664, held 1/2 over the attention group of tp 4 / dp 2 instead of 1/4: 226,492,416 x 2 B more =
+        # 452,984,832 B; the embedding 151,936 x 2,048 = 311,164,928: replicated to 0.5.8 (3/4 more: 233,373,696 x 2 B
+        # = 466,747,392), over the attention group of 2 from 0.5.9 (1/4 more: 77,791,232 x 2 B = 155,582,464)
+        assert d.weights_bytes - plain.weights_bytes == 452_984_832 + embed_extra, release
+        # the KV cell at attention tp 2: 4 KV heads // 2 x 128 x 48 layers x 2 x 2 B = 49,152 B (24,576 at tp 4)
+        assert (d.cell_size_bytes, plain.cell_size_bytes) == (49_152, 24_576)
+        # chunked prefill 8,192 // 2; the reserve adds graph_bs 512 x dp 2 x 3 MiB + 512 x 2 x 1.5 (graph_bs > 300)
+        # = 4,608 MiB, less 0.5.10's piecewise graphs (58 sizes x 8 = 464 MiB), off under DP attention
+        assert d.chunked_prefill_size == 4096 and d.starts
+        assert d.reserved_heuristic_bytes is not None and plain.reserved_heuristic_bytes is not None
+        extra_mib = 4608 - (464 if release == "0.5.10" else 0)
+        assert d.reserved_heuristic_bytes - plain.reserved_heuristic_bytes == extra_mib * 2**20, release
+    # 0.4.6 splits no Qwen-MoE attention over the attention group
+    with pytest.raises(ScenarioError, match="before 0.4.7, the first release read"):
+        run("0.4.6", 2)
+    # attention groups of 8 ranks over 4 KV heads (tp 16, dp 2) would replicate heads inside a group: refused
+    with pytest.raises(ScenarioError, match="replicate KV heads"):
+        decide_sglang(resolve({**doc("Qwen/Qwen3-30B-A3B", tp=16, sglang_version="0.5.10", dp_attention=2),
+                               "hardware": {"gpu": "H100-SXM", "num_gpus": 16, "gpus_per_node": 8}}))
+
+
+def test_dp_family_and_nextn_rows() -> None:
+    from vramplan.serve.sglang_options import NEXTN_DP_RULES, QWEN_MOE_DP_RULES, dp_family, nextn_dp_rule_for
+
+    # every row names the wheel and the file and line it was read at
+    assert all("wheel" in r.sources[0] and ".py:" in r.sources[0] for r in (*QWEN_MOE_DP_RULES, *NEXTN_DP_RULES))
+    qwen = ["Qwen3MoeForCausalLM"]
+    assert dp_family(qwen) is not None and dp_family(["LlamaForCausalLM"]) is None
+    assert dp_rule_for((0, 5, 8), qwen).embed == "replicated" and dp_rule_for((0, 5, 9), qwen).embed == "attn_tp"
+    assert dp_rule_for((0, 5, 8)).embed == "attn_tp"  # DeepSeek's table: 0.5.8 already splits it
+    head = {v: getattr(nextn_dp_rule_for(v), "head", None) for v in ((0, 4, 3), (0, 4, 7), (0, 4, 8), (0, 5, 23))}
+    assert head == {(0, 4, 3): None, (0, 4, 7): "replicated", (0, 4, 8): "tp", (0, 5, 23): "tp"}

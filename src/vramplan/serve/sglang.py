@@ -22,9 +22,10 @@ this respect from 0.4.0 to 0.5.x):
    start-up fails with ``RuntimeError("Not enough memory. Please try to increase
    --mem-fraction-static.")``.
 5. ``max_num_reqs = min(max(int(tokens / context_len * 512), 2048), 4096)`` sizes the
-   ``ReqToTokenPool`` (``(max_num_reqs + 1) x (context_len + 4)`` int32, allocated from the
-   reserve), and the scheduler runs at most ``min(tokens // 2, max_num_reqs)`` requests
-   (``tp_worker.py``).  A request may hold up to ``min(context_len, tokens) - 1`` input
+   ``ReqToTokenPool`` (``(max_num_reqs + 1) x (context_len + 4)`` int32 before 0.4.7, allocated from the
+   reserve), and the scheduler runs at most ``min(tokens // 2, rows)`` requests
+   (``tp_worker.py``); 0.5.10's ``_resolve_max_num_reqs`` caps the table itself by ``tokens // 2``
+   (``serve/sglang_requests.py`` ``REQ_RULES``, by release).  A request may hold up to ``min(context_len, tokens) - 1`` input
    tokens (``scheduler.py``, ``max_req_input_len``): SGLang starts even when one request of
    ``context_len`` does not fit.
 6. The radix (prefix) cache keeps evicted sequences' pages in the same pool: it has no memory
@@ -52,15 +53,19 @@ from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.serve.sglang_options import (
     SGLANG_ALGORITHM,
     DpRule,
+    DraftShape,
     DraftSizing,
     SpecRule,
     dp_attention_problems,
     dp_rule_for,
+    draft_shape,
     headroom_tokens,
     model_draft,
     mtp_draft,
+    nextn_dp_rule_for,
     spec_rule_for,
 )
+from vramplan.serve.sglang_requests import RequestPool, captured_graph_bs, req_rule_for, request_pool
 from vramplan.serve.vllm import multimodal_architecture, serve_weights_bytes
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, ParamGroup
@@ -566,6 +571,9 @@ class SglangDecision:
     draft_kv_bytes: int = 0  # and bytes (0 where the draft's config could not be read)
     outside_fraction_bytes: int = 0  # the draft worker's (and the headroom's) bytes taken from the reserve
     dp_attention: int = 1  # --dp-size with --enable-dp-attention (1: off)
+    req_to_token_rows: int = 0  # the request table's rows (serve/sglang_requests.py)
+    req_to_token_width: int = 0  # and its columns: context_len + 4 (+ the draft tokens, 0.5.1 on)
+    cuda_graph_captured_bs: int = 0  # the largest decode batch captured: cuda_graph_max_bs, or the table's rows
 
     @property
     def num_pages(self) -> int:
@@ -623,6 +631,8 @@ class SglangDecision:
                 "draft_kv_bytes": self.draft_kv_bytes, "outside_fraction_bytes": self.outside_fraction_bytes}
                if self.speculative_algorithm else {}),
             **({"dp_attention": self.dp_attention} if self.dp_attention > 1 else {}),
+            **({"cuda_graph_captured_bs": self.cuda_graph_captured_bs}
+               if self.cuda_graph_captured_bs < self.cuda_graph_max_bs else {}),
         }
 
 
@@ -704,10 +714,15 @@ class _Options:
     draft: DraftSizing | None = None
     dp: int = 1
     dp_rule: DpRule | None = None
+    shape: DraftShape | None = None  # --speculative-eagle-topk and --speculative-num-draft-tokens as run
+    given_shape: bool = False  # serve.speculative gave eagle_topk or num_draft_tokens
 
 
-def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRule) -> DraftSizing | None:
-    """The draft worker of ``method`` (None: its config could not be read, where the release does not need it)."""
+def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRule, dp_rule: DpRule | None = None,
+                  dp: int = 1, release: tuple[int, int, int] = (0, 5, 3)) -> DraftSizing | None:
+    """The draft worker of ``method`` (None: its config could not be read, where the release does not need it).
+    Under DP attention (``dp_rule``) DeepSeek's NEXTN layer is placed as the target's (``_dp_model``), its embedding
+    copy as the target's embedding and its head copy by ``NEXTN_DP_RULES``; its cell is the target's at tp / dp."""
     s, m = r.scenario, r.model
     tp, c, elem = s.parallel.tp, dtype_bits(s.serve.dtype) // 8, _kv_elem_bytes(r)
     spec = s.serve.speculative
@@ -718,8 +733,14 @@ def _draft_sizing(r: Resolved, method: str, cfg: dict[str, object], rule: SpecRu
             raise ScenarioError([Problem("serve.speculative.method", f"{m.name} has no MTP layers "
                                          "(num_nextn_predict_layers) for SGLang's NEXTN draft",
                                          "use method eagle, eagle3, draft or ngram")])
-        return mtp_draft(m, nextn, tp, s.parallel.ep, c, s.serve.quantization, cell_size_bytes(m, tp, elem)
-                         // m.num_layers, tp)
+        if dp_rule is None:
+            return mtp_draft(m, nextn, tp, s.parallel.ep, c, s.serve.quantization, cell_size_bytes(m, tp, elem)
+                             // m.num_layers, tp)
+        head = nextn_dp_rule_for(release)
+        assert head is not None  # refused before 0.4.5 (dp_attention_problems)
+        splits = {"replicated": 1, "attn_tp": tp // dp, "tp": tp}
+        return mtp_draft(_dp_model(m, dp_rule, tp, dp), nextn, tp, s.parallel.ep, c, s.serve.quantization,
+                         cell_size_bytes(m, tp // dp, elem) // m.num_layers, splits[dp_rule.embed], splits[head.head])
     if not spec.model:
         raise ScenarioError([Problem("serve.speculative.model", f"speculative method {method!r} needs a model",
                                      "give serve.speculative.model (SGLang's --speculative-draft-model-path)")])
@@ -741,22 +762,22 @@ def _options(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object]) -> _Opti
     v = _parse(sv.sglang_version) or (0, 0, 0)
     spec = sv.speculative
     rule = spec_rule_for(v, spec.method) if spec is not None else None
-    dp_rule = dp_rule_for(v) if sv.dp_attention > 1 else None
+    raw_archs = cfg.get("architectures")
+    archs = [str(a) for a in raw_archs] if isinstance(raw_archs, list) else []
+    dp_rule = dp_rule_for(v, archs) if sv.dp_attention > 1 else None
     problems: list[Problem] = []
     if dp_rule is not None:
-        archs = cfg.get("architectures")
-        problems += dp_attention_problems(r.model, archs if isinstance(archs, list) else [], tp, sv.dp_attention,
-                                          dp_rule, spec.method if spec else None)
-        if spec is not None and spec.method != "draft":
-            problems.append(Problem("serve.dp_attention", "speculative decoding together with DP attention is "
-                                    "not modelled (the draft worker's placement under DP attention was not read)",
-                                    "remove serve.speculative or serve.dp_attention"))
+        problems += dp_attention_problems(r.model, archs, tp, sv.dp_attention, dp_rule,
+                                          spec.method if spec else None, v)
     if problems:
         raise ScenarioError(problems)
     if spec is None or rule is None:
         return _Options(dp=sv.dp_attention, dp_rule=dp_rule)
-    draft = None if spec.method == "ngram" else _draft_sizing(r, spec.method, cfg, rule)
-    return _Options(rule, spec.method, spec.num_speculative_tokens, draft, sv.dp_attention, dp_rule)
+    shape = draft_shape(v, spec.method, spec.num_speculative_tokens, spec.eagle_topk, spec.num_draft_tokens,
+                        sv.page_size or 1)
+    draft = None if spec.method == "ngram" else _draft_sizing(r, spec.method, cfg, rule, dp_rule, sv.dp_attention, v)
+    return _Options(rule, spec.method, spec.num_speculative_tokens, draft, sv.dp_attention, dp_rule, shape,
+                    spec.eagle_topk != 1 or spec.num_draft_tokens is not None)
 
 
 def _over_group(p: ParamGroup, dp: int) -> ParamGroup:
@@ -768,7 +789,7 @@ def _over_group(p: ParamGroup, dp: int) -> ParamGroup:
 
 
 def _dp_model(m: ModelSpec, rule: DpRule, tp: int, dp: int) -> ModelSpec:
-    """The model as DeepSeek's code places it under DP attention: the attention projections split over the
+    """The model as DeepSeek's and Qwen-MoE's code place it under DP attention: the attention projections split over the
     attention group of tp / dp ranks (whole on every rank at dp = tp), the embedding and LM head replicated or split
     as the release does (``DP_RULES``); the rest as without DP attention."""
     whole = {"embedding": rule.embed == "replicated", "lm_head": rule.lm_head == "replicated"}
@@ -789,8 +810,8 @@ def _spec_pools(o: _Options, tokens: int, max_num_reqs: int, cell: int, page: in
     """(target tokens, headroom tokens, draft pool tokens, draft pool bytes) of the release's pool rule."""
     if o.spec is None or o.method == "ngram":
         return tokens, 0, 0, 0
-    # --speculative-eagle-topk 1, so --speculative-num-draft-tokens = steps + 1 (server_args.py adjusts it)
-    head = headroom_tokens(o.spec, max_num_reqs, o.steps, 1, o.steps + 1)
+    shape = o.shape or DraftShape(1, o.steps + 1)
+    head = headroom_tokens(o.spec, max_num_reqs, o.steps, shape.topk, shape.draft_tokens)
     target = tokens + head if o.spec.pool == "shared_headroom" else tokens
     draft_tokens = (tokens + head) // page * page if o.spec.pool == "draft_headroom" else target // page * page
     draft_cell = o.draft.cell_bytes if o.draft is not None else 0
@@ -842,21 +863,32 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     loaded = w + (o.draft.load_bytes if scaled and o.draft else 0)
     # profile_max_num_token, in SGLang's own GiB floats: rest = avail - total * (1 - fraction)
     rest_gib = (free - loaded) / GiB - free / GiB * (1 - st.mem_fraction_static) - mm_reserve / GiB
-    tokens = max(0, int(rest_gib * GiB // profile_cell)) if loaded <= free else 0
-    if o.spec is None:
-        tokens = tokens // page * page  # (with speculative decoding the headroom is added before the rounding)
+    profiled = max(0, int(rest_gib * GiB // profile_cell)) if loaded <= free else 0
+    tokens = profiled // page * page
     context_len = sv.max_model_len or m.max_position_embeddings
     default_reqs = o.spec.running_default if o.spec is not None else None
     given_reqs = sv.max_running_requests or default_reqs
-    max_num_reqs = given_reqs or min(max(int(tokens / context_len * 512), 2048), 4096)
-    tokens, headroom, draft_tokens, draft_kv = _spec_pools(o, tokens, max_num_reqs, cell, page)
+    # the request table and the running limit (serve/sglang_requests.py REQ_RULES); before 0.5.10 its size is read
+    # from the profiled tokens, before the speculative headroom (0.4.5-0.5.6) and the page rounding
+    req_rule = req_rule_for(_parse(sv.sglang_version) or (0, 0, 0))
+    shape = o.shape if o.spec is not None else None
+    capacity = tokens  # the page-aligned capacity 0.5.10 on reads
+
+    def pool_of(pool_tokens: int) -> RequestPool:
+        return request_pool(req_rule, profiled, capacity, pool_tokens, context_len, given_reqs, o.dp,
+                            shape.draft_tokens if shape else None)
+
+    max_num_reqs = pool_of(tokens).max_num_reqs
+    if o.spec is not None:
+        # with speculative decoding the headroom is added before the page rounding
+        tokens, headroom, draft_tokens, draft_kv = _spec_pools(o, profiled, max_num_reqs, cell, page)
+    else:
+        headroom, draft_tokens, draft_kv = 0, 0, 0
     if scaled and o.draft:
         draft_kv = draft_tokens * o.draft.cell_bytes
-    # tp_worker.py: min(tokens // 2, req_to_token_pool.size), the pool holding max_num_reqs + 1 rows (logs print
-    # max_running_requests=2049 for 2048); a given max_running_requests (or speculative decoding's default 48)
-    # is divided among the DP attention groups
-    running = given_reqs // o.dp if given_reqs else min(tokens // 2, max_num_reqs + 1)
-    req_bytes = (max_num_reqs + 1) * (context_len + 4) * 4
+    reqs = pool_of(tokens)
+    running, req_bytes = reqs.running, reqs.table_bytes
+    graph_bs_captured = captured_graph_bs(st.cuda_graph_max_bs, reqs.rows)
     reserve = free - int(free * st.mem_fraction_static)
     # before 0.5.14 the draft worker loads its weights and pool after the target's pool, from the reserve, and the
     # shared pool's headroom (0.4.5-0.5.6) is allocated past the budget
@@ -865,6 +897,12 @@ def decide_sglang(r: Resolved) -> SglangDecision:
         target_extra = headroom * cell if o.spec.pool == "shared_headroom" else 0
         outside = target_extra + draft_kv + (o.draft.load_bytes if o.draft else 0)
     problem, fix = _problem(free, loaded, tokens, req_bytes, reserve, cell, page)
+    if not problem and running <= 0:
+        # managers/tp_worker.py (0.4.7 on): assert self.max_running_requests > 0
+        problem = "max_running_request is zero (an assertion in tp_worker.py)"
+        fix = (f"raise serve.max_running_requests to at least serve.dp_attention ({o.dp}): each DP rank gets "
+               f"{given_reqs} // {o.dp} = 0 requests" if given_reqs and given_reqs < o.dp else
+               "raise serve.mem_fraction_static (half the pool is under one token)")
     if not problem and outside and req_bytes + outside > reserve:
         problem = (f"CUDA out of memory loading the draft worker: it needs {outside / GiB:.2f} GiB (weights, KV pool"
                    f"{', headroom' if headroom else ''}) beside the {req_bytes / GiB:.2f} GiB request table in the "
@@ -888,11 +926,12 @@ def decide_sglang(r: Resolved) -> SglangDecision:
         req_to_token_bytes=req_bytes, reserve_bytes=reserve, chunked_prefill_size=st.chunked_prefill_size,
         cuda_graph_max_bs=st.cuda_graph_max_bs, max_req_input_len=max(0, min(context_len, tokens) - 1),
         max_concurrency=tokens / context_len if context_len else 0.0, starts=not problem, problem=problem, fix=fix,
+        req_to_token_rows=reqs.rows, req_to_token_width=reqs.width, cuda_graph_captured_bs=graph_bs_captured,
         speculative_algorithm=SGLANG_ALGORITHM[o.method] if o.spec else "", speculative_headroom_tokens=headroom,
         draft_weights_bytes=o.draft.resident_bytes if o.draft else 0, draft_kv_tokens=draft_tokens,
         draft_kv_bytes=draft_kv, outside_fraction_bytes=outside, dp_attention=o.dp,
     )
-    dec.assumptions = _assumptions(r, dec, beh, rule_st) + _option_notes(o, dec, profile_cell)
+    dec.assumptions = _assumptions(r, dec, beh, rule_st) + _option_notes(o, dec, profile_cell, sv.cuda_graphs)
     if vlm_note:
         dec.assumptions.insert(2, vlm_note)
     if mm_reserve:
@@ -901,7 +940,7 @@ def decide_sglang(r: Resolved) -> SglangDecision:
     return dec
 
 
-def _option_notes(o: _Options, d: SglangDecision, profile_cell: int) -> list[str]:
+def _option_notes(o: _Options, d: SglangDecision, profile_cell: int, graphs: bool = True) -> list[str]:
     out: list[str] = []
     if o.spec is not None:
         pool = {"draft_headroom": "the target keeps the profiled tokens; the draft's pool adds max_num_reqs x steps "
@@ -912,9 +951,26 @@ def _option_notes(o: _Options, d: SglangDecision, profile_cell: int) -> list[str
                 "shared": "target and draft pools hold the same tokens",
                 "cell_scaled": (f"the draft's KV layers join the cell ({d.cell_size_bytes:,} -> {profile_cell:,} B per "
                                 "token) and its weights are loaded before the pool is sized")}[o.spec.pool]
-        out.append(f"speculative decoding ({d.speculative_algorithm}, SGLang {o.spec.release} rule): {pool}; "
-                   f"--speculative-num-steps {o.steps}, --speculative-eagle-topk 1, --speculative-num-draft-tokens "
-                   f"{o.steps + 1} assumed (serve.speculative.num_speculative_tokens is the steps)")
+        shape = o.shape or DraftShape(1, o.steps + 1)
+        if o.given_shape:
+            out.append(f"speculative decoding ({d.speculative_algorithm}, SGLang {o.spec.release} rule): {pool}; "
+                       f"--speculative-num-steps {o.steps}, --speculative-eagle-topk {shape.topk}, "
+                       f"--speculative-num-draft-tokens {shape.draft_tokens} (serve.speculative)")
+        else:
+            out.append(f"speculative decoding ({d.speculative_algorithm}, SGLang {o.spec.release} rule): {pool}; "
+                       f"--speculative-num-steps {o.steps}, --speculative-eagle-topk 1, --speculative-num-draft-tokens "
+                       f"{shape.draft_tokens} assumed (serve.speculative.num_speculative_tokens is the steps)")
+        if shape.note:
+            out.append(shape.note)
+        if d.req_to_token_width > d.context_len + 4:
+            out.append(f"request table rows {d.context_len:,} + 4 + {shape.draft_tokens} draft tokens wide (SGLang 0.5.1 "
+                       "on: extra_max_context_len)")
+        if o.method != "ngram" and graphs:
+            reserve = (f"the default fraction keeps {o.spec.reserve_for(o.method)} MiB for 'draft models and cuda "
+                       "graphs'" if o.spec.reserve_for(o.method) else "no reserve of its own in the default fraction")
+            out.append(f"the draft worker's CUDA graphs (draft decode, batch sizes up to {d.cuda_graph_captured_bs} x "
+                       f"topk {shape.topk}, and draft extend, {shape.draft_tokens} tokens a request) are captured after "
+                       f"the pools, from the reserve; their memory is not modelled ({reserve})")
         if o.spec.prefill_unchunked:
             out.append("chunked prefill (chunked_prefill_size -1) and the radix cache are off with EAGLE at this "
                        "release")
@@ -936,7 +992,7 @@ def _option_notes(o: _Options, d: SglangDecision, profile_cell: int) -> list[str
 # (serve/sglang_options.py DP_RULES; PR #7054: 4 GiB more reserved at 0.4.8 to 0.5.2).
 _DP_ATTENTION_NOT_MODELLED = (
     "DP attention (--enable-dp-attention) off: this is the pool without it (serve.dp_attention sets it; modelled for "
-    "DeepSeek-V2/V3). With it each rank runs attention at tp / dp, each DP rank keeps its own pool for its "
+    "DeepSeek-V2/V3 and Qwen2/Qwen3-MoE). With it each rank runs attention at tp / dp, each DP rank keeps its own pool for its "
     "own requests, chunked prefill is divided and the default fraction reserves more")
 
 
@@ -964,6 +1020,9 @@ def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Setti
                    "swa_full_tokens_ratio, is not modelled; SGLang disables it for Gemma-2/3 and gpt-oss)")
     if d.tp > 1 and (m.moe is not None or m.mla is not None) and d.dp_attention == 1:
         out.append(_DP_ATTENTION_NOT_MODELLED)
+    if d.cuda_graph_captured_bs < d.cuda_graph_max_bs and r.scenario.serve.cuda_graphs:
+        out.append(f"decode CUDA graphs captured up to batch {d.cuda_graph_captured_bs}, the request table's rows "
+                   f"(cuda_graph_max_bs {d.cuda_graph_max_bs}; cuda_graph_runner.py get_batch_sizes_to_capture)")
     if d.starts and d.max_req_input_len + 1 < d.context_len:
         out.append(f"one request of context_len {d.context_len:,} does not fit the pool: SGLang starts and caps "
                    f"input at {d.max_req_input_len:,} tokens")

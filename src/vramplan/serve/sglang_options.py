@@ -30,7 +30,15 @@ the request table and the headroom.  The default fraction keeps more out for the
 (``layers/dp_attention.py`` ``compute_dp_attention_world_info``), so a GQA cell counts ``kv_heads // (tp / dp)``
 heads (``get_num_kv_heads(get_attention_tp_size())``; an MLA cell is the same latent at any tp) and each rank holds
 ``dp / tp`` of the attention weights; each DP group runs its own scheduler and pool.  The placement of the other
-weights is model code: it is read here for DeepSeek's ``models/deepseek_v2.py`` only (``DP_RULES``).
+weights is model code: it is read here for DeepSeek's ``models/deepseek_v2.py`` (``DP_RULES``, its NEXTN draft
+``NEXTN_DP_RULES``) and Qwen's ``models/qwen2_moe.py`` / ``qwen3_moe.py`` (``QWEN_MOE_DP_RULES``); other models are
+refused (``models/llama.py``, for one, splits its attention over every tp rank).  With speculative decoding, DeepSeek's
+MTP draft is modelled; SGLang refuses STANDALONE and NGRAM with DP attention; an EAGLE head (llama.py's layer) is
+refused here.
+
+**Topk and draft tokens** (``TOPK_RULES``): ``--speculative-eagle-topk`` enters the 0.4.5-0.5.6 headroom
+(``steps x topk + num_draft_tokens`` per request) and ``--speculative-num-draft-tokens`` widens the request table
+(0.5.1 on, ``serve/sglang_requests.py``).
 """
 
 from __future__ import annotations
@@ -46,17 +54,28 @@ from vramplan.units import GiB
 
 __all__ = [
     "DP_ATTENTION_ARCHS",
+    "DP_FAMILIES",
     "DP_RULES",
+    "NEXTN_DP_RULES",
+    "QWEN_MOE_DP_RULES",
     "SGLANG_ALGORITHM",
     "SPEC_RULES",
+    "TOPK_RULES",
+    "DpFamily",
     "DpRule",
+    "DraftShape",
     "DraftSizing",
+    "NextnDpRule",
     "SpecRule",
+    "TopkRule",
     "dp_attention_problems",
+    "dp_family",
     "dp_rule_for",
+    "draft_shape",
     "headroom_tokens",
     "model_draft",
     "mtp_draft",
+    "nextn_dp_rule_for",
     "spec_rule_for",
 ]
 
@@ -177,6 +196,104 @@ def headroom_tokens(rule: SpecRule, max_num_reqs: int, steps: int, topk: int, dr
 
 
 @dataclass(frozen=True)
+class TopkRule:
+    """What one range of releases does with ``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens``
+    (``server_args.py``, later ``arg_groups/speculative_hook.py``).
+
+    ``paged``: topk > 1 with page_size > 1 is set back to topk 1 (``to_one``), accepted, or ``raises`` a
+    ValueError unless ``--attention-backend`` is one of ``backends``; ``forced``: at topk 1 the draft tokens are
+    set to steps + 1 ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when
+    speculative_eagle_topk == 1")."""
+
+    release: str
+    paged: Literal["to_one", "accepted", "raises"]
+    backends: tuple[str, ...]
+    forced: bool
+    sources: tuple[str, ...]
+
+
+TOPK_RULES: tuple[TopkRule, ...] = (
+    TopkRule(release="0.4.5", paged="to_one", backends=(), forced=False,
+             sources=(("0.4.5 wheel, server_args.py:353-355: 'if self.page_size > 1 and self.speculative_eagle_topk > "
+                       "1: self.speculative_eagle_topk = 1' ('speculative_eagle_topk is changed to 1 when page_size "
+                       "> 1'); the draft tokens are kept as given"),)),
+    TopkRule(release="0.4.6", paged="to_one", backends=(), forced=True,
+             sources=(("0.4.6 wheel, server_args.py:342 (topk to 1 with pages) and :350-355 (num_draft_tokens = "
+                       "steps + 1 at topk 1); the same in 0.4.7 (:458, :466) and 0.4.8 (:487, :494)"),)),
+    TopkRule(release="0.4.9", paged="accepted", backends=(), forced=True,
+             sources=(("0.4.9 wheel, server_args.py:503-510: the topk-1 adjustment only, no page check; the same in "
+                       "0.4.10 (:533) and 0.5.1 (:671)"),)),
+    TopkRule(release="0.5.2", paged="raises", backends=("flashinfer",), forced=True,
+             sources=(("0.5.2 wheel, server_args.py:784-791: ValueError('speculative_eagle_topk > 1 with page_size > 1 "
+                       "is unstable and produces incorrect results for paged attention backends. This combination "
+                       "is only supported for the 'flashinfer' backend.') unless attention_backend == 'flashinfer'; "
+                       "the same in 0.5.3 (:1119)"),)),
+    TopkRule(release="0.5.6", paged="raises", backends=("flashinfer", "fa3"), forced=True,
+             sources=(("0.5.6 wheel, server_args.py:1755: attention_backend not in ['flashinfer', 'fa3'] raises; the "
+                       "same in 0.5.7 (:2084), 0.5.9 (:2455), 0.5.10 (:3083-3090) and 0.5.12 (:3840); 0.5.4 and 0.5.5 "
+                       "were not read and follow the 0.5.2 row"),)),
+    TopkRule(release="0.5.13", paged="raises", backends=("flashinfer", "fa3", "triton"), forced=True,
+             sources=(("0.5.13 wheel, arg_groups/speculative_hook.py:376-383: _PAGE_TREE_SPEC_BACKENDS = ('flashinfer', "
+                       "'fa3', 'triton'); the same in 0.5.14 (:395) and 0.5.23 (:1274)"),)),
+)
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens`` as the release runs them, and a note
+    where it changed what was given ("" if nothing)."""
+
+    topk: int
+    draft_tokens: int
+    note: str = ""
+
+
+def draft_shape(release: tuple[int, int, int], method: str, steps: int, topk: int, draft_tokens: int | None,
+                page: int) -> DraftShape:
+    """The topk and draft tokens of ``method`` at ``release`` (``TOPK_RULES``); refuses what SGLang refuses and
+    what was not read.  NGRAM takes its breadth from ``--speculative-ngram-max-bfs-breadth`` and 12 draft tokens
+    by default (server_args.py 0.5.3: speculative_ngram_max_match_window_size = 12; 0.5.10: 12)."""
+    if method == "ngram":
+        if topk != 1:
+            raise ScenarioError([Problem("serve.speculative.eagle_topk", "SGLang's NGRAM sets the topk to "
+                                         "--speculative-ngram-max-bfs-breadth: --speculative-eagle-topk is not read",
+                                         "remove serve.speculative.eagle_topk (ngram)")])
+        return DraftShape(1, draft_tokens or 12)
+    rows = [t for t in TOPK_RULES if _v(t.release) <= release]
+    if not rows:
+        if topk != 1 or draft_tokens is not None:
+            raise ScenarioError([Problem("serve.speculative.eagle_topk" if topk != 1 else
+                                         "serve.speculative.num_draft_tokens",
+                                         "SGLang 0.4.3-0.4.4 was not read for the topk and draft tokens (its draft "
+                                         "pool adds max_num_reqs x steps + 100 whatever they are)",
+                                         "use serve.sglang_version >= 0.4.5, or topk 1 and no num_draft_tokens")])
+        return DraftShape(1, steps + 1)
+    rule, note = rows[-1], ""
+    if topk > 1 and page > 1:
+        if rule.paged == "to_one":
+            topk, note = 1, (f"--speculative-eagle-topk set to 1 because page_size > 1 (SGLang {rule.release} "
+                             "server_args.py)")
+        elif rule.paged == "raises":
+            raise ScenarioError([Problem("serve.speculative.eagle_topk", "SGLang raises 'speculative_eagle_topk > 1 "
+                                         "with page_size > 1' unless --attention-backend is one of "
+                                         f"{', '.join(rule.backends)} (server_args.py, {rule.release} on); the "
+                                         "attention backend is not an input here",
+                                         "use eagle_topk 1, or serve.page_size 1")])
+    if topk > 1 and draft_tokens is None:
+        raise ScenarioError([Problem("serve.speculative.num_draft_tokens", "with eagle_topk > 1 SGLang needs "
+                                     "--speculative-num-draft-tokens (its automatic choice applies only when no "
+                                     "steps are given)", "give serve.speculative.num_draft_tokens, e.g. "
+                                     f"{steps * topk + 1} (steps x topk + 1, every drafted token)")])
+    if topk == 1 and (draft_tokens is None or rule.forced):
+        if draft_tokens is not None and draft_tokens != steps + 1:
+            adjusted = (f"--speculative-num-draft-tokens {draft_tokens} adjusted to steps + 1 = {steps + 1} at topk 1 "
+                        f"(SGLang {rule.release} server_args.py)")
+            note = f"{note}; {adjusted}" if note else adjusted
+        return DraftShape(1, steps + 1, note)
+    return DraftShape(topk, draft_tokens or steps + 1, note)
+
+
+@dataclass(frozen=True)
 class DpRule:
     """How one range of releases places DeepSeek's weights under DP attention (``models/deepseek_v2.py``).
 
@@ -211,27 +328,109 @@ DP_RULES: tuple[DpRule, ...] = (
 )
 
 
-def dp_rule_for(release: tuple[int, int, int]) -> DpRule:
-    rows = [d for d in DP_RULES if _v(d.release) <= release]
+# Qwen2-MoE and Qwen3-MoE (models/qwen2_moe.py, models/qwen3_moe.py; Qwen3MoeModel is a Qwen2MoeModel, its
+# embedding the same): attention over the attention group from 0.4.7, the MoE and LM head as without DP attention
+QWEN_MOE_DP_RULES: tuple[DpRule, ...] = (
+    DpRule(release="0.4.7", dp_is_tp=False, chunk_by_dp=True, embed="replicated", lm_head="tp",
+           sources=(("0.4.7 wheel: models/qwen2_moe.py:211 and qwen3_moe.py:362 attn_tp_size = get_attention_tp_size() "
+                     "(heads and KV heads split over the attention group); qwen2_moe.py:403 VocabParallelEmbedding("
+                     "enable_tp=not enable_dp_attention) (replicated); :499 and qwen3_moe.py:686 ParallelLMHead("
+                     "use_attn_tp_group=enable_dp_lm_head) (over tp); 0.4.6 splits no attention over the group; the "
+                     "same in 0.4.8 to 0.5.8 (qwen2_moe.py:570 at 0.5.8)"),)),
+    DpRule(release="0.5.9", dp_is_tp=False, chunk_by_dp=True, embed="attn_tp", lm_head="tp",
+           sources=(("0.5.9 wheel, models/qwen2_moe.py:574 VocabParallelEmbedding(use_attn_tp_group="
+                     "is_dp_attention_enabled()); the same in 0.5.10, 0.5.14 (:832; attention at get_parallel()."
+                     "attn_tp_size, qwen3_moe.py:461) and 0.5.23 (:1115, qwen3_moe.py:502)"),)),
+)
+
+
+@dataclass(frozen=True)
+class DpFamily:
+    """Models whose placement under DP attention was read: their architectures, rule table and name; ``mla``: the
+    table holds for the MLA variant only."""
+
+    name: str
+    archs: tuple[str, ...]
+    rules: tuple[DpRule, ...]
+    mla: bool
+
+
+DP_FAMILIES: tuple[DpFamily, ...] = (
+    DpFamily("DeepSeek-V2/V3", ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"), DP_RULES, True),
+    DpFamily("Qwen2-MoE/Qwen3-MoE", ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"), QWEN_MOE_DP_RULES, False),
+)
+
+
+def dp_family(archs: list[str]) -> DpFamily | None:
+    return next((f for f in DP_FAMILIES if any(a in f.archs for a in archs)), None)
+
+
+def dp_rule_for(release: tuple[int, int, int], archs: list[str] | None = None) -> DpRule:
+    """The DP attention rule of ``release`` for the family of ``archs`` (DeepSeek's when none is recognised:
+    ``dp_attention_problems`` refuses an unread family)."""
+    family = dp_family(archs or []) or DP_FAMILIES[0]
+    rows = [d for d in family.rules if _v(d.release) <= release]
     if not rows:
-        raise ScenarioError([Problem("serve.dp_attention", "SGLang 0.4.0 was not read for DP attention",
-                                     "use serve.sglang_version >= 0.4.1")])
+        first = family.rules[0].release
+        given = ".".join(str(x) for x in release)
+        raise ScenarioError([Problem("serve.dp_attention", f"SGLang {given} is before {first}, the first release read "
+                                     f"for DP attention on {family.name}" + (" (0.4.6 splits no Qwen-MoE attention over the attention "
+                                                            "group)" if family is not DP_FAMILIES[0] else ""),
+                                     f"use serve.sglang_version >= {first}")])
     return rows[-1]
 
 
-# architectures whose placement under DP attention was read (models/deepseek_v2.py serves all three)
-DP_ATTENTION_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+@dataclass(frozen=True)
+class NextnDpRule:
+    """How one range of releases places DeepSeek's NEXTN (MTP) draft under DP attention (``models/deepseek_nextn.py``):
+    its decoder layer is the target's (``DeepseekV2DecoderLayer``: attention over the attention group), its
+    ``embed_tokens`` follows the target's embedding (``DP_RULES``), and its ``shared_head.head`` is ``head``:
+    ``replicated`` (``ReplicatedLinear``) or ``tp`` (``ParallelLMHead`` over the tensor-parallel group,
+    ``enable_dp_lm_head`` off)."""
+
+    release: str
+    head: Literal["replicated", "tp"]
+    sources: tuple[str, ...]
+
+
+NEXTN_DP_RULES: tuple[NextnDpRule, ...] = (
+    NextnDpRule(release="0.4.5", head="replicated",
+                sources=(("0.4.5 wheel, models/deepseek_nextn.py:67 VocabParallelEmbedding(enable_tp=not "
+                          "enable_dp_attention) and :135-141 'if global_server_args_dict[\"enable_dp_attention\"]: "
+                          "self.lm_head = ReplicatedLinear(hidden_size, vocab_size)'; the same in 0.4.6 (:151) and "
+                          "0.4.7 (:132)"),)),
+    NextnDpRule(release="0.4.8", head="tp",
+                sources=(("0.4.8 wheel, models/deepseek_nextn.py:141-146 ParallelLMHead(vocab_size, hidden_size, "
+                          "use_attn_tp_group=enable_dp_lm_head) only; the same in 0.5.3 (:150), 0.5.7 (:220), 0.5.10, "
+                          "0.5.14 (:310, embedding **get_embedding_tp_kwargs()) and 0.5.23 (:294)"),)),
+)
+
+
+def nextn_dp_rule_for(release: tuple[int, int, int]) -> NextnDpRule | None:
+    rows = [n for n in NEXTN_DP_RULES if _v(n.release) <= release]
+    return rows[-1] if rows else None
+
+
+# architectures whose placement under DP attention was read (DP_FAMILIES)
+DP_ATTENTION_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule: DpRule,
-                          method: str | None) -> list[Problem]:
+                          method: str | None, release: tuple[int, int, int] = (0, 5, 3)) -> list[Problem]:
     """Why DP attention at ``dp`` cannot be answered for this model and tp (SGLang's own asserts, and what is not
     modelled)."""
     out: list[Problem] = []
-    if not any(a in DP_ATTENTION_ARCHS for a in archs) or m.mla is None:
-        out.append(Problem("serve.dp_attention", "DP attention is modelled for DeepSeek-V2/V3 (MLA) only: where "
-                           "SGLang places the other models' embedding, MLP and head under it was not read",
-                           "remove serve.dp_attention (or use a DeepSeek-V2/V3 model)"))
+    family = dp_family(archs)
+    if family is None or (family.mla and m.mla is None):
+        out.append(Problem("serve.dp_attention", "DP attention is modelled for "
+                           + " and ".join(f.name for f in DP_FAMILIES) + " only: where SGLang places the other "
+                           "models' attention, embedding and head under it was not read (models/llama.py, for one, "
+                           "splits its attention over all tp ranks)",
+                           "remove serve.dp_attention (or use a DeepSeek-V2/V3 or Qwen-MoE model)"))
+    elif m.mla is None and not tp % dp and m.num_kv_heads < tp // dp:
+        out.append(Problem("serve.dp_attention", f"attention groups of {tp // dp} ranks over {m.num_kv_heads} KV heads "
+                           "replicate KV heads inside the group, not modelled under DP attention",
+                           f"choose serve.dp_attention >= {tp // m.num_kv_heads if m.num_kv_heads else tp}"))
     if tp % dp or dp > tp:
         out.append(Problem("serve.dp_attention", f"SGLang asserts tp_size % dp_size == 0 (tp {tp}, dp {dp})",
                            "choose serve.dp_attention dividing parallel.tp"))
@@ -242,6 +441,18 @@ def dp_attention_problems(m: ModelSpec, archs: list[str], tp: int, dp: int, rule
     if method == "draft":
         out.append(Problem("serve.dp_attention", "SGLang: 'Currently standalone speculative decoding does not "
                            "support dp attention.' (server_args.py, 0.5.3 on)", "remove one of the two"))
+    elif method == "ngram":
+        out.append(Problem("serve.dp_attention", "SGLang: 'Currently ngram speculative decoding does not support dp "
+                           "attention.' (server_args.py:1160 at 0.5.3; arg_groups/speculative_hook.py:1370 at 0.5.23)",
+                           "remove one of the two"))
+    elif method in ("eagle", "eagle3"):
+        out.append(Problem("serve.dp_attention", "an EAGLE head under DP attention is not modelled: its decoder layer "
+                           "is llama.py's, whose attention is not split over the attention group (models/llama.py reads "
+                           "no get_attention_tp_size at 0.5.10), so where its weights and KV sit was not established",
+                           "use method mtp (DeepSeek's NEXTN layers, modelled), or remove serve.dp_attention"))
+    elif method == "mtp" and nextn_dp_rule_for(release) is None:
+        out.append(Problem("serve.dp_attention", "MTP (NEXTN) with DP attention was not read before SGLang 0.4.5",
+                           "use serve.sglang_version >= 0.4.5"))
     return out
 
 
@@ -263,16 +474,18 @@ class DraftSizing:
 
 
 def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quant: str, target_cell_per_layer: int,
-              embed_split: int) -> DraftSizing:
+              embed_split: int, head_split: int | None = None) -> DraftSizing:
     """DeepSeek's NEXTN draft (``models/deepseek_nextn.py``): ``nextn`` decoder layers shaped like the target's
     last, ``eh_proj`` (nn.Linear 2h -> h, replicated), ``enorm``, ``hnorm`` and the shared head's norm, and its own
-    ``embed_tokens`` and ``shared_head.head`` (vocab x h each, split over ``embed_split`` ranks, in the model dtype)
-    until ``set_embed_and_head`` replaces them."""
+    ``embed_tokens`` and ``shared_head.head`` (vocab x h each, split over ``embed_split`` and ``head_split`` ranks
+    -- the latter ``embed_split`` when None --, in the model dtype) until ``set_embed_and_head`` replaces them.
+    Under DP attention ``m`` is the model as placed there (its attention over the attention group)."""
     rp = rank_params(m, tp, m.num_layers, ep, m.num_layers - 1, None)
     layer = weights_bytes(rp, dense_bytes, quant) - rp.outside_layers * dense_bytes
     h = m.hidden_size
     resident = nextn * (layer + (2 * h * h + 3 * h) * dense_bytes)
-    copies = 2 * -(-m.vocab_size // embed_split) * h * dense_bytes
+    head_split = embed_split if head_split is None else head_split
+    copies = (-(-m.vocab_size // embed_split) + -(-m.vocab_size // head_split)) * h * dense_bytes
     return DraftSizing(nextn, target_cell_per_layer * nextn, resident, resident + copies,
                        (f"MTP draft: {nextn} NEXTN layer(s) shaped like the target's last decoder layer, eh_proj and "
                         f"norms ({resident / GiB:.2f} GiB); its own embedding and head copies "

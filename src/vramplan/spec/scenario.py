@@ -456,8 +456,8 @@ class Inference(_Strict):
 class Speculative(_Strict):
     """Speculative decoding: vLLM's ``--speculative-config`` (a proposer whose weights and KV layers join the
     engine's), or SGLang's ``--speculative-algorithm`` (engine sglang: eagle, eagle3, mtp -- NEXTN --, draft --
-    STANDALONE -- or ngram; num_speculative_tokens is --speculative-num-steps, with --speculative-eagle-topk 1;
-    serve/sglang_options.py)."""
+    STANDALONE -- or ngram; num_speculative_tokens is --speculative-num-steps, eagle_topk and num_draft_tokens
+    --speculative-eagle-topk and --speculative-num-draft-tokens; serve/sglang_options.py)."""
 
     method: Literal["draft", "eagle", "eagle3", "mtp", "ngram"]
     """Proposer: a draft model, an EAGLE or EAGLE-3 head, the model's MTP layers, or n-gram lookup (no GPU
@@ -468,6 +468,14 @@ class Speculative(_Strict):
 
     num_speculative_tokens: int = Field(1, ge=1, le=64)
     """Tokens proposed per step."""
+
+    eagle_topk: int = Field(1, ge=1, le=64)
+    """Draft branches kept per step (SGLang's --speculative-eagle-topk; engine sglang, methods eagle, eagle3, mtp
+    and draft): above 1 it needs num_draft_tokens."""
+
+    num_draft_tokens: int | None = Field(None, ge=1, le=1024)
+    """Draft tokens verified per request and step (SGLang's --speculative-num-draft-tokens; engine sglang); null:
+    num_speculative_tokens + 1 at eagle_topk 1 (SGLang sets it so), 12 for ngram (SGLang's default)."""
 
 
 # Options one serving engine has and the other does not, with the other engine's option for the same thing
@@ -504,6 +512,11 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
             out.append(("serve.speculative", "is an option of vLLM and SGLang, not of engine llamacpp",
                         "remove it; llama.cpp's draft model (-md) is not modelled"))
         return out
+    if sv.engine == "vllm" and sv.speculative is not None:
+        for key in sorted(changed_fields(sv.speculative, {"eagle_topk": "", "num_draft_tokens": ""})):
+            flag = f"--speculative-{key.replace('_', '-')}"
+            out.append((f"serve.speculative.{key}", f"is an option of SGLang ({flag}), not of engine vllm",
+                        "remove it; vLLM's proposer takes num_speculative_tokens only"))
     wrong, name = (VLLM_ONLY_OPTIONS, "SGLang") if sv.engine == "sglang" else (SGLANG_ONLY_OPTIONS, "vLLM")
     given = set(changed_fields(sv, wrong))
     for key in sorted(given):
@@ -643,7 +656,7 @@ class Serve(_Strict):
 
     dp_attention: int = Field(1, ge=1, le=1024)
     """SGLang's DP attention (engine sglang): --enable-dp-attention with --dp-size N; 1: off.  Modelled for
-    DeepSeek-V2/V3, N dividing parallel.tp (serve/sglang_options.py)."""
+    DeepSeek-V2/V3 and Qwen2/Qwen3-MoE, N dividing parallel.tp (serve/sglang_options.py)."""
 
 
 class DeepSpeedZero(_Strict):
