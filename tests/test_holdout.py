@@ -48,7 +48,8 @@ def _by_id(entry_id: str) -> Entry:
 
 # batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries;
 # batch 3 (collected 2026-11-26, after its own comment line): 20 entries; batch 4 (likewise): 36 entries;
-# batch 5 (likewise): 55 entries; batch 6 (likewise): 54 entries; batch 7 (likewise): 41 entries
+# batch 5 (likewise): 55 entries; batch 6 (likewise): 54 entries; batch 7 (likewise): 41 entries;
+# batch 8 (likewise): 36 entries
 BATCH1_ENTRIES = 36
 BATCH2_ENTRIES = 26
 BATCH3_ENTRIES = 20
@@ -56,14 +57,16 @@ BATCH4_ENTRIES = 36
 BATCH5_ENTRIES = 55
 BATCH6_ENTRIES = 54
 BATCH7_ENTRIES = 41
+BATCH8_ENTRIES = 36
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
 BATCH5_MARK = "# ---- batch 5, collected 2026-11-26, scored once before engine changes"
 BATCH6_MARK = "# ---- batch 6, collected 2026-11-26, scored once before engine changes"
 BATCH7_MARK = "# ---- batch 7, collected 2026-11-26, scored once before engine changes"
+BATCH8_MARK = "# ---- batch 8, collected 2026-11-26, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
-               + BATCH7_ENTRIES)
+               + BATCH7_ENTRIES + BATCH8_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -217,13 +220,14 @@ BATCHES = [
     (BATCH4_MARK, BATCH5_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES, BATCH4_ENTRIES, 10, True),
     (BATCH5_MARK, BATCH6_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES, BATCH5_ENTRIES, 10,
      True),
-    (BATCH6_MARK, BATCH7_MARK, ALL_ENTRIES - BATCH6_ENTRIES - BATCH7_ENTRIES, BATCH6_ENTRIES, 10, True),
-    (BATCH7_MARK, None, ALL_ENTRIES - BATCH7_ENTRIES, BATCH7_ENTRIES, 10, True),
+    (BATCH6_MARK, BATCH7_MARK, ALL_ENTRIES - BATCH6_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES, BATCH6_ENTRIES, 10, True),
+    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES, BATCH7_ENTRIES, 10, True),
+    (BATCH8_MARK, None, ALL_ENTRIES - BATCH8_ENTRIES, BATCH8_ENTRIES, 10, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
-                         ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7"])
+                         ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
