@@ -151,8 +151,11 @@ def has_speed_figures(g: GpuSpec) -> bool:
 
 
 def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptions: PerfAssumptions,
-                 task: str) -> PlanContext:
-    """Resolve the model and GPU once (with the estimator's own checks and suggestions)."""
+                 task: str, job_keys: dict[str, Any] | None = None) -> PlanContext:
+    """Resolve the model and GPU once (with the estimator's own checks and suggestions).
+
+    ``job_keys``: the job's own section (``{"train": {"seq_len": ...}}``), so that the checks see the job's length
+    and not the schema's default (an encoder-decoder decoder with 448 learned positions was refused at 2,048)."""
     if not 0.0 <= margin < 0.9:
         raise ScenarioError([Problem("--margin", f"{margin} is outside [0, 0.9)",
                                      "give the fraction of capacity to keep free, e.g. 0.1")])
@@ -160,7 +163,7 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
         raise ScenarioError([Problem("--mfu", f"{assumptions.mfu} is outside (0, 1]", "e.g. 0.4")])
     if min(assumptions.inter_node_bytes_per_s, assumptions.host_memory_bytes_per_s) <= 0:
         raise ScenarioError([Problem("--inter-node-gbps", "bandwidths must be positive", "e.g. 25 (GB/s per GPU)")])
-    r = resolve({"model": model, "task": task, "hardware": {"gpu": gpu, "num_gpus": 1}})
+    r = resolve({"model": model, "task": task, "hardware": {"gpu": gpu, "num_gpus": 1}, **(job_keys or {})})
     g = r.gpu
     if not has_speed_figures(g):
         raise ScenarioError([Problem("--gpu", f"{g.name} has no speed figures in the GPU catalog",

@@ -53,6 +53,10 @@ class _Stats:
     estimated_fit: int = 0
     pruned: int = 0
     host_rejected: int = 0
+    # setups the estimator refuses for this model (e.g. FSDP for an encoder-decoder model): skipped, counted, and
+    # the first refusal kept so that the plan says why (and raises it when every setup was refused)
+    refused: int = 0
+    first_refusal: ScenarioError | None = None
 
 
 @dataclass
@@ -108,10 +112,15 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
         if fam in families and not exhaustive:
             st.pruned += 1
             continue
-        if ctx.lower_bound(s) > usable:
-            st.bound_rejected += 1
+        try:
+            if ctx.lower_bound(s) > usable:
+                st.bound_rejected += 1
+                continue
+            rep = ctx.estimate(s, reserved="packed")
+        except ScenarioError as e:
+            st.refused += 1
+            st.first_refusal = st.first_refusal or e
             continue
-        rep = ctx.estimate(s, reserved="packed")
         st.estimated += 1
         # the band's high bound grows with the reserved bytes, so the packing's never exceeds the replay's
         if rep.per_gpu.device_used_bytes > usable or not band_fits(rep):
@@ -125,6 +134,14 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             continue
         st.estimated_fit += 1
         if fam in families:
+            continue
+        try:
+            # the fast path above builds the scenario without the estimator's checks; the document a setup is
+            # shown with goes through all of them (``_ranked``), so a setup they refuse is not chosen
+            ctx.verify(s, rep)
+        except ScenarioError as e:
+            st.refused += 1
+            st.first_refusal = st.first_refusal or e
             continue
         families.add(fam)
         found.append(_Found(s, t, rep))
@@ -221,7 +238,9 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
     if gpus_per_node < 1:
         raise ScenarioError([Problem("--gpus-per-node", f"{gpus_per_node} is below 1", "")])
     task = "train" if isinstance(job, TrainJob) else "serve"
-    ctx = make_context(model, gpu, margin, assumptions, task)
+    job_keys = ({"train": {"seq_len": job.seq_len}} if isinstance(job, TrainJob)
+                else {"serve": {"max_model_len": job.max_model_len}})
+    ctx = make_context(model, gpu, margin, assumptions, task, job_keys)
     if task == "serve" and ctx.model.mamba is not None:
         # the decode step time (plan/steptime/serve.py) reads every layer's KV cache and attends in every layer;
         # a hybrid model's mixers read a fixed state instead, which is not modelled there
@@ -246,6 +265,12 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         for n in counts:
             setups = list(train_candidates(ctx.model, ctx.gpu, n, job, gpus_per_node))
             per_count[n] = _walk_train(ctx, setups, top, st, exhaustive, host_limit)
+        if st.first_refusal is not None:
+            if not st.estimated:  # every setup refused: the refusal is the answer
+                raise st.first_refusal
+            notes.append(f"{st.refused:,} setups were not searched: the estimator refuses them for "
+                         f"{ctx.model.name} ({st.first_refusal.problems[0].where}: "
+                         f"{st.first_refusal.problems[0].message.rsplit(', but ', 1)[-1]})")
     else:
         if job.max_model_len < 1 or job.concurrency < 1:
             raise ScenarioError([Problem("serve job", "max_model_len and concurrency must be at least 1",
