@@ -27,7 +27,7 @@ from vramplan.facts.torchtune import torchao_nf4_bytes, torchao_nf4_dequant_peak
 TINY: dict[str, Any] = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,
                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
 QLORA: dict[str, Any] = {"seq_len": 128, "micro_batch_size": 1, "precision": "bf16-true",
-                         "peft": {"method": "qlora"}, "quantization": "nf4-dq"}
+                         "peft": {"method": "qlora", "target_modules": ["q_proj", "v_proj"]}, "quantization": "nf4-dq"}
 
 
 def _doc(framework: str, train: dict[str, Any] | None = None, software: dict[str, Any] | None = None,

@@ -431,6 +431,38 @@ def bnb_dequant_bytes(largest: int, quant: str, state_dtype: str, compute_dtype:
     return largest * q
 
 
+def _falcon_eager_prefill(m: ModelSpec, t: int, h: int, q: int, kv: int, batch: int, heads: int, prompt: int,
+                          c: int) -> tuple[int, int]:
+    """Falcon's eager prefill layer (``Traits.eager_probs_kept_by_loop``): the attention's bytes, and what the MLP's
+    moment holds more."""
+    # Falcon (``Traits.eager_probs_kept_by_loop``), at the softmax: the layer input, the LayerNorm's output and the
+    # rotated query (2h + q); the fused query_key_value output, which ``fused_qkv`` keeps (q + 2kv); no K/V
+    # repeat (matmul broadcasts the one head; its per-head copy at b > 1 is freed inside the matmul); per score,
+    # the raw scores (bound), their masked copy, the softmax output and the previous block's probabilities,
+    # kept by the model's loop: 4 c.  Through the MLP the block's own probabilities and the previous block's
+    # (2 c per score).  Traced on the meta device (transformers 5.24 Falcon-7B, tests/test_falcon_mqa_saved.py)
+    masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * prompt * c
+    attn = (2 * h + 2 * q + 2 * kv) * t * c + 4 * batch * heads * prompt * prompt * c + masks
+    extra = 2 * batch * heads * prompt * prompt * c + masks
+    return attn, extra
+
+
+def _mqa_math_prefill(t: int, h: int, q: int, kv: int, batch: int, heads: int, prompt: int, c: int) -> int:
+    """Falcon's one K/V head on SDPA's math kernel during prefill: the attention's bytes."""
+    # FalconAttention's one K/V head on SDPA's math kernel (analytic/attention.py ``mqa_math``), at the softmax:
+    # the layer input, the LayerNorm's output and the rotated query (2h + q, compute dtype); the fused
+    # query_key_value output, which ``fused_qkv`` keeps until the attention returns (q + 2kv); the kernel's
+    # fp32 copies of q, k, v (4q + 8kv: ``.to(kFloat)``, C++ locals alive to its end) and its scaled query
+    # (4q; the scaled keys and their per-head copy are freed by the first matmul); the fp32 scores and the
+    # softmax output with one byte per score more below the dispatcher (9 b heads p^2, as the grouped case
+    # measured); the model's boolean causal mask [p, p] and SDPA's conversion of it to the query dtype,
+    # expanded to the batch (p^2 + b p^2 c).  Traced on the meta device (transformers 5.24 Falcon-7B):
+    # every tensor but the one byte per score
+    attn = (2 * h + q + q + 2 * kv) * t * c + (8 * q + 8 * kv) * t + 9 * batch * heads * prompt * prompt
+    attn += prompt * prompt + batch * prompt * prompt * c
+    return attn
+
+
 def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
     """The running layer's own live tensors during prefill (beyond the shared ones, weights, cache, logits).
 
@@ -462,15 +494,8 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     grouped = s.software.fused_moe_experts and not quantized_expert_loop(m, s.inference.quantization)
     mlp = (hidden_kept * h + _mlp_width(m, tp, grouped)) * t * c
     if attention == "eager" and m.traits.eager_probs_kept_by_loop:
-        # Falcon (``Traits.eager_probs_kept_by_loop``), at the softmax: the layer input, the LayerNorm's output and the
-        # rotated query (2h + q); the fused query_key_value output, which ``fused_qkv`` keeps (q + 2kv); no K/V
-        # repeat (matmul broadcasts the one head; its per-head copy at b > 1 is freed inside the matmul); per score,
-        # the raw scores (bound), their masked copy, the softmax output and the previous block's probabilities,
-        # kept by the model's loop: 4 c.  Through the MLP the block's own probabilities and the previous block's
-        # (2 c per score).  Traced on the meta device (transformers 5.24 Falcon-7B, tests/test_falcon_mqa_saved.py)
-        masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * prompt * c
-        attn = (2 * h + 2 * q + 2 * kv) * t * c + 4 * batch * heads * prompt * prompt * c + masks
-        mlp += 2 * batch * heads * prompt * prompt * c + masks
+        attn, extra = _falcon_eager_prefill(m, t, h, q, kv, batch, heads, prompt, c)
+        mlp += extra
     elif attention == "eager":
         qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
         repeat = 2 * q if 1 < kv_heads < heads else 0
@@ -484,17 +509,7 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         # until it returns, and the model's forward keeps the masks: both are alive through the MLP
         mlp += batch * heads * prompt * prompt * c + masks
     elif attention == "math" and mqa_math(m):
-        # FalconAttention's one K/V head on SDPA's math kernel (analytic/attention.py ``mqa_math``), at the softmax:
-        # the layer input, the LayerNorm's output and the rotated query (2h + q, compute dtype); the fused
-        # query_key_value output, which ``fused_qkv`` keeps until the attention returns (q + 2kv); the kernel's
-        # fp32 copies of q, k, v (4q + 8kv: ``.to(kFloat)``, C++ locals alive to its end) and its scaled query
-        # (4q; the scaled keys and their per-head copy are freed by the first matmul); the fp32 scores and the
-        # softmax output with one byte per score more below the dispatcher (9 b heads p^2, as the grouped case
-        # measured); the model's boolean causal mask [p, p] and SDPA's conversion of it to the query dtype,
-        # expanded to the batch (p^2 + b p^2 c).  Traced on the meta device (transformers 5.24 Falcon-7B):
-        # every tensor but the one byte per score
-        attn = (2 * h + q + q + 2 * kv) * t * c + (8 * q + 8 * kv) * t + 9 * batch * heads * prompt * prompt
-        attn += prompt * prompt + batch * prompt * prompt * c
+        attn = _mqa_math_prefill(t, h, q, kv, batch, heads, prompt, c)
     elif attention == "math":
         # SDPA's math kernel on grouped K/V (analytic/attention.py ``gqa_math_fallback``), at its softmax: the
         # layer input, the normalised input and the rotated queries (2h + q, compute dtype); the fp32 scaled

@@ -15,6 +15,7 @@ analytic/activations.py: computed once per stage and read by the saved-tensor an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
@@ -226,18 +227,22 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         full = [f + ed for f in full]
         tensors = [ts + ed_tensors for ts in tensors]
     mixer = _mixer_tensors(c)
-    if mixer:
-        for j, ls in enumerate(c.layer_specs):
-            if _mixer_layer(m, ls):
-                full[j] += act.total_bytes(mixer)
-                tensors[j] = tensors[j] + mixer
+    _add_to_layers(c, full, tensors, lambda ls: _mixer_layer(m, ls), act.total_bytes(mixer), mixer)
     vis, vis_tensors, _ = _cross_vision(c)
-    if vis:
-        for j, ls in enumerate(c.layer_specs):
-            if cross.cross_layer(c, ls):
-                full[j] += vis
-                tensors[j] = tensors[j] + vis_tensors
+    _add_to_layers(c, full, tensors, lambda ls: cross.cross_layer(c, ls), vis, vis_tensors)
     return full, dora, wx, tensors
+
+
+def _add_to_layers(c: StepContext, full: list[int], tensors: list[tuple[act.SavedTensor, ...]],
+                   which: Callable[[LayerSpec], bool], nbytes: int, extra: tuple[act.SavedTensor, ...]) -> None:
+    """Adds ``extra`` (``nbytes``) to the saved bytes and records of the layers ``which`` marks (a hybrid's mixer
+    layers, a vision model's cross-attention layers), in place."""
+    if not nbytes:
+        return
+    for j, ls in enumerate(c.layer_specs):
+        if which(ls):
+            full[j] += nbytes
+            tensors[j] = tensors[j] + extra
 
 
 def _dora_tensors(scaled: int, identity: int) -> tuple[act.SavedTensor, ...]:
