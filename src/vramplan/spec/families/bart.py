@@ -36,17 +36,27 @@ def _stack(p: Params, stack: str, d: int, ffn: int, max_pos: int, layers: tuple[
     if not tied:
         p.add(f"model.{stack}.embed_tokens.weight", vocab * d, "embedding", tp="vocab")
     p.add(f"model.{stack}.embed_positions.weight", (max_pos + 2) * d, "position")
+    bart_layers(p, stack, d, ffn, layers, cross)
+    p.norm(f"model.{stack}.layernorm_embedding", d, (), True)
+
+
+def bart_layers(p: Params, stack: str, d: int, ffn: int, layers: tuple[int, ...], cross: bool,
+                k_bias: bool = True) -> None:
+    """One stack's layers, ``model.{stack}.layers.*`` with the layer index dropped, in BartEncoderLayer's /
+    BartDecoderLayer's order: self-attention (and cross-attention in the decoder), each with its LayerNorm, then
+    fc1, fc2 and the final LayerNorm.  Whisper's layers are BART's (modeling_whisper.py, "Copied from
+    transformers.models.bart") with ``k_proj`` built without a bias (``k_bias=False``)."""
     pre = f"model.{stack}.layers"
     sublayers = (("self_attn", "self_attn_layer_norm"), ("encoder_attn", "encoder_attn_layer_norm"))
     for attn, norm in sublayers if cross else sublayers[:1]:
-        for m in ("k_proj", "v_proj", "q_proj"):
-            p.linear(f"{pre}.{attn}.{m}", d, d, layers, True, "column")
+        p.linear(f"{pre}.{attn}.k_proj", d, d, layers, k_bias, "column")
+        p.linear(f"{pre}.{attn}.v_proj", d, d, layers, True, "column")
+        p.linear(f"{pre}.{attn}.q_proj", d, d, layers, True, "column")
         p.linear(f"{pre}.{attn}.out_proj", d, d, layers, True, "row")
         p.norm(f"{pre}.{norm}", d, layers, True)
     p.linear(f"{pre}.fc1", d, ffn, layers, True, "column")
     p.linear(f"{pre}.fc2", ffn, d, layers, True, "row")
     p.norm(f"{pre}.final_layer_norm", d, layers, True)
-    p.norm(f"model.{stack}.layernorm_embedding", d, (), True)
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:

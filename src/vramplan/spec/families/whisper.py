@@ -22,6 +22,7 @@ source and 448 target positions, GELU, no dropout.
 
 from __future__ import annotations
 
+from vramplan.spec.families.bart import bart_layers
 from vramplan.spec.families.base import Config, Family, Params, build_spec, prob
 from vramplan.spec.families.t5 import positive_sizes
 from vramplan.spec.model import AudioSpec, EncoderDecoderSpec, ModelSpec, Traits
@@ -45,19 +46,8 @@ FROZEN = ("model.encoder.embed_positions.weight",)
 
 
 def _layers(p: Params, stack: str, d: int, ffn: int, layers: tuple[int, ...], cross: bool) -> None:
-    """One stack's layers, ``model.{stack}.layers.*`` with the layer index dropped, in WhisperEncoderLayer's /
-    WhisperDecoderLayer's order."""
-    pre = f"model.{stack}.layers"
-    sublayers = (("self_attn", "self_attn_layer_norm"), ("encoder_attn", "encoder_attn_layer_norm"))
-    for attn, norm in sublayers if cross else sublayers[:1]:
-        p.linear(f"{pre}.{attn}.k_proj", d, d, layers, False, "column")
-        p.linear(f"{pre}.{attn}.v_proj", d, d, layers, True, "column")
-        p.linear(f"{pre}.{attn}.q_proj", d, d, layers, True, "column")
-        p.linear(f"{pre}.{attn}.out_proj", d, d, layers, True, "row")
-        p.norm(f"{pre}.{norm}", d, layers, True)
-    p.linear(f"{pre}.fc1", d, ffn, layers, True, "column")
-    p.linear(f"{pre}.fc2", ffn, d, layers, True, "row")
-    p.norm(f"{pre}.final_layer_norm", d, layers, True)
+    """One stack's layers (BART's, ``k_proj`` without a bias: WhisperAttention) and the stack's final LayerNorm."""
+    bart_layers(p, stack, d, ffn, layers, cross, k_bias=False)
     p.norm(f"model.{stack}.layer_norm", d, (), True)
 
 
