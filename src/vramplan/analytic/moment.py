@@ -124,7 +124,8 @@ class K:
     SSM_STATE = _k("kv_cache", "Mamba2 convolution and SSM state",
                    "a hybrid model's mixer layers' fixed-size state per sequence (transformers' LinearAttentionLayer)")
     REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
-                      "SGLang's ReqToTokenPool: (max_num_reqs + 1) x (context_len + 4) int32 slot indices")
+                      "SGLang's ReqToTokenPool: max_num_reqs rows (one more before 0.4.7) x (context_len + 4) int32 slot "
+                      "indices (wider rows with speculative decoding from 0.5.1; serve/sglang_requests.py)")
     DRAFT_KV = _k("kv_cache", "speculative draft KV pool",
                   "SGLang's draft worker's own KV pool (EAGLE head, MTP layer or draft model), as many tokens as the "
                   "target's")

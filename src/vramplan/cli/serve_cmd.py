@@ -188,7 +188,7 @@ def _render_sglang(d: Any) -> None:
     t.add_section()
     t.add_row("reserve", _gib(d.reserve_bytes), "activations, CUDA graphs, request-to-token table")
     t.add_row("  request-to-token table", _gib(d.req_to_token_bytes),
-              f"({d.max_num_reqs:,} + 1) x (context_len + 4) x 4 B")
+              f"{d.req_to_token_rows:,} rows x {d.req_to_token_width:,} slots x 4 B")
     t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]", "activations and CUDA graphs apart")
     _console().print(t)
     _console().print(f"max_total_num_tokens {d.max_total_num_tokens:,} · max_running_requests "
