@@ -41,3 +41,32 @@ def assert_equals_meta_module(spec: Any, cfg: dict[str, Any], **tower: str) -> N
     theirs = tower_totals(module, **tower)
     assert spec.vision is not None
     assert {p.name: p.total for p in spec.params if p.name.startswith(spec.vision.param_prefixes)} == theirs
+
+
+def generate_phase_peaks(model: Any, inputs: dict[str, Any], n: int, cross_write_bytes: int) -> tuple[int, int, int]:
+    """An encoder-decoder model's ``generate(**inputs)`` of ``n`` tokens on the CPU, counted storage by storage
+    (trace/tracker.py) beyond the weights, buffers and the caller's inputs: (the encoder's peak, the first decoder
+    step's peak up to its last cross-attention write -- the last ``torch.cat`` of ``cross_write_bytes`` --, the peak
+    of the decoder steps)."""
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.tracker import Tracker
+
+    encoder = model.get_encoder()
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        encoder.register_forward_pre_hook(lambda *a: tr.mark("encoder"))
+        encoder.register_forward_hook(lambda *a: tr.mark("decode"))
+        model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    start = {name: i for i, name in tr.marks}
+    live, peaks = 0, [0, 0, 0]
+    writes = [i for i, e in enumerate(tr.events) if e.op == "aten.cat.default" and e.nbytes == cross_write_bytes]
+    for i, e in enumerate(tr.events):
+        live += e.nbytes
+        if i >= start["decode"]:
+            peaks[2] = max(peaks[2], live)
+            if i <= writes[-1]:
+                peaks[1] = max(peaks[1], live)
+        elif i >= start["encoder"]:
+            peaks[0] = max(peaks[0], live)
+    return peaks[0] - base, peaks[1] - base, peaks[2] - base

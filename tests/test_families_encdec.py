@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module
+from meta_build import generate_phase_peaks, meta_module
 from vramplan.analytic.moment import K
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
@@ -229,7 +229,6 @@ def _tracked(raw: dict[str, Any], b: int, s: int, n: int, dtype: str) -> tuple[i
     up to its last cross-attention write, the peak of the decoder steps)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from vramplan.trace.tracker import Tracker
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -237,28 +236,10 @@ def _tracked(raw: dict[str, Any], b: int, s: int, n: int, dtype: str) -> tuple[i
                                                              attn_implementation="sdpa").eval()
     model = model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     ids = torch.randint(5, 400, (b, s))
-    encoder = model.get_encoder()
-    with torch.no_grad(), Tracker() as tr:
-        tr.track([*model.parameters(), *model.buffers(), ids], "weights")
-        base = tr.live_bytes
-        encoder.register_forward_pre_hook(lambda *a: tr.mark("encoder"))
-        encoder.register_forward_hook(lambda *a: tr.mark("decode"))
-        model.generate(input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    start = {name: i for i, name in tr.marks}
-    live, peaks = 0, [0, 0, 0]
     q = model.config.d_model if raw["model_type"] == "bart" else raw["num_heads"] * raw["d_kv"]
-    # the first step's last cross-attention write: the last torch.cat of b x S x q x 4 bytes
     c = 4 if dtype == "fp32" else 2
-    writes = [i for i, e in enumerate(tr.events) if e.op == "aten.cat.default" and e.nbytes == b * s * q * c]
-    for i, e in enumerate(tr.events):
-        live += e.nbytes
-        if i >= start["decode"]:
-            peaks[2] = max(peaks[2], live)
-            if i <= writes[-1]:
-                peaks[1] = max(peaks[1], live)
-        elif i >= start["encoder"]:
-            peaks[0] = max(peaks[0], live)
-    return peaks[0] - base, peaks[1] - base, peaks[2] - base
+    # the first step's last cross-attention write: b x S x q x c bytes
+    return generate_phase_peaks(model, {"input_ids": ids}, n, b * s * q * c)
 
 
 @pytest.mark.parametrize(("raw", "b", "s", "dtype", "extra_encoder", "extra_first"), [

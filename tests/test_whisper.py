@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from meta_build import generate_phase_peaks
 from vramplan.analytic.attention import resolve_attention
 from vramplan.analytic.encoder_decoder import (
     audio_input_bytes,
@@ -166,7 +167,6 @@ def _tracked(raw: dict[str, Any], b: int, n: int, dtype: str) -> tuple[int, int,
     first decoder step's peak up to its last cross-attention write, the peak of the decoder steps)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from vramplan.trace.tracker import Tracker
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -176,27 +176,9 @@ def _tracked(raw: dict[str, Any], b: int, n: int, dtype: str) -> tuple[int, int,
     model = model.to(dt)
     s = raw["max_source_positions"]
     features = torch.randn(b, raw["num_mel_bins"], 2 * s).to(dt)
-    encoder = model.get_encoder()
-    with torch.no_grad(), Tracker() as tr:
-        tr.track([*model.parameters(), *model.buffers(), features], "weights")
-        base = tr.live_bytes
-        encoder.register_forward_pre_hook(lambda *a: tr.mark("encoder"))
-        encoder.register_forward_hook(lambda *a: tr.mark("decode"))
-        model.generate(input_features=features, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    start = {name: i for i, name in tr.marks}
-    live, peaks = 0, [0, 0, 0]
     c = 4 if dtype == "fp32" else 2
-    # the first step's last cross-attention write: the last torch.cat of b x S x d_model x c bytes
-    writes = [i for i, e in enumerate(tr.events) if e.op == "aten.cat.default" and e.nbytes == b * s * raw["d_model"] * c]
-    for i, e in enumerate(tr.events):
-        live += e.nbytes
-        if i >= start["decode"]:
-            peaks[2] = max(peaks[2], live)
-            if i <= writes[-1]:
-                peaks[1] = max(peaks[1], live)
-        elif i >= start["encoder"]:
-            peaks[0] = max(peaks[0], live)
-    return peaks[0] - base, peaks[1] - base, peaks[2] - base
+    # the first step's last cross-attention write: b x S x d_model x c bytes
+    return generate_phase_peaks(model, {"input_features": features}, n, b * s * raw["d_model"] * c)
 
 
 @pytest.mark.parametrize(("raw", "b", "dtype"), [

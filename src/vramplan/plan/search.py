@@ -58,6 +58,10 @@ class _Stats:
     refused: int = 0
     first_refusal: ScenarioError | None = None
 
+    def refuse(self, e: ScenarioError) -> None:
+        self.refused += 1
+        self.first_refusal = self.first_refusal or e
+
 
 @dataclass
 class _Found:
@@ -118,8 +122,7 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
                 continue
             rep = ctx.estimate(s, reserved="packed")
         except ScenarioError as e:
-            st.refused += 1
-            st.first_refusal = st.first_refusal or e
+            st.refuse(e)
             continue
         st.estimated += 1
         # the band's high bound grows with the reserved bytes, so the packing's never exceeds the replay's
@@ -140,8 +143,7 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             # shown with goes through all of them (``_ranked``), so a setup they refuse is not chosen
             ctx.verify(s, rep)
         except ScenarioError as e:
-            st.refused += 1
-            st.first_refusal = st.first_refusal or e
+            st.refuse(e)
             continue
         families.add(fam)
         found.append(_Found(s, t, rep))

@@ -40,6 +40,13 @@ def _stack(p: Params, stack: str, d: int, ffn: int, max_pos: int, layers: tuple[
     p.norm(f"model.{stack}.layernorm_embedding", d, (), True)
 
 
+def heads_divide(d: int, *heads: int) -> None:
+    """BartAttention.__init__ (and WhisperAttention's, copied from it): "embed_dim must be divisible by num_heads"."""
+    for h in heads:
+        if d % h:
+            raise ValueError(f"d_model {d} is not divisible by {h} heads")
+
+
 def bart_layers(p: Params, stack: str, d: int, ffn: int, layers: tuple[int, ...], cross: bool,
                 k_bias: bool = True) -> None:
     """One stack's layers, ``model.{stack}.layers.*`` with the layer index dropped, in BartEncoderLayer's /
@@ -65,10 +72,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     d, vocab, max_pos = int(c["d_model"]), int(c["vocab_size"]), int(c["max_position_embeddings"])
     n_enc, n_dec = int(c["encoder_layers"]), int(c["decoder_layers"])
     h_enc, h_dec = int(c["encoder_attention_heads"]), int(c["decoder_attention_heads"])
-    for heads in (h_enc, h_dec):
-        if d % heads:
-            # BartAttention.__init__: "embed_dim must be divisible by num_heads"
-            raise ValueError(f"d_model {d} is not divisible by {heads} heads")
+    heads_divide(d, h_enc, h_dec)
     tied = bool(c.get("tie_word_embeddings", True))
     p = Params()
     p.add("model.shared.weight", vocab * d, "embedding", tp="vocab")

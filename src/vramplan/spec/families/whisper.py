@@ -22,7 +22,7 @@ source and 448 target positions, GELU, no dropout.
 
 from __future__ import annotations
 
-from vramplan.spec.families.bart import bart_layers
+from vramplan.spec.families.bart import bart_layers, heads_divide
 from vramplan.spec.families.base import Config, Family, Params, build_spec, prob
 from vramplan.spec.families.t5 import positive_sizes
 from vramplan.spec.model import AudioSpec, EncoderDecoderSpec, ModelSpec, Traits
@@ -58,10 +58,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     src, tgt = int(c["max_source_positions"]), int(c["max_target_positions"])
     n_enc, n_dec = int(c["encoder_layers"]), int(c["decoder_layers"])
     h_enc, h_dec = int(c["encoder_attention_heads"]), int(c["decoder_attention_heads"])
-    for heads in (h_enc, h_dec):
-        if d % heads:
-            # WhisperAttention.__init__: "embed_dim must be divisible by num_heads"
-            raise ValueError(f"d_model {d} is not divisible by {heads} heads")
+    heads_divide(d, h_enc, h_dec)
     tied = bool(c.get("tie_word_embeddings", True))
     p = Params()
     p.add("model.encoder.conv1.weight", d * mels * _KERNEL, "other")
