@@ -310,6 +310,20 @@ def test_options_llama_cpp_lacks_are_refused(gguf: dict[str, Any], serve: dict[s
         estimate(doc)
 
 
+def test_a_pre_quantized_hub_checkpoint_does_not_decide_the_gguf_weights() -> None:
+    # DeepSeek-V3's config.json declares block-wise fp8 (quantization_config); llama.cpp loads a GGUF file, so the
+    # Q4_K_M file type decides the weights and the checkpoint's format is only named (it was refused before)
+    doc = {**_scenario({"quant": "Q4_K_M", "n_gpu_layers": 0}), "model": "deepseek-ai/DeepSeek-V3"}
+    rep = estimate(doc)
+    assert rep.serve.engine == "llamacpp"
+    assert any("not used by llama.cpp" in a for a in rep.assumptions)
+    # a model without a quantization_config gets no such note
+    assert not any("not used by llama.cpp" in a for a in estimate(_scenario({"quant": "Q4_K_M"})).assumptions)
+    # a quantization the scenario itself names is still refused
+    with pytest.raises(ScenarioError, match="GGUF tensors"):
+        estimate({**doc, "serve": {**doc["serve"], "quantization": "fp8"}})
+
+
 def test_stray_gguf_is_refused_for_the_other_engines() -> None:
     # SGLang goes through its own start-up model (serve/sglang.py), not llama.cpp's
     assert estimate({**_scenario({}), "serve": {"engine": "sglang"}}).serve.engine == "sglang"

@@ -982,6 +982,13 @@ def checkpoint_quantization_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, li
     cq = m.checkpoint_quant
     if cq is None:
         return s, [], []
+    if s.task == "serve" and s.serve.engine == "llamacpp":
+        # llama.cpp never reads the Hub checkpoint: it loads a GGUF file, whose tensor types (serve.gguf.quant, or
+        # the file's header with serve.gguf.file) decide the weights (serve/llamacpp.py _tensors), so the Hub
+        # config's quantization_config does not apply; a scenario's own serve.quantization stays refused there
+        note = (f"{m.name}'s config.json declares {cq.description} (quantization_config): not used by llama.cpp, "
+                "which reads the GGUF file's tensor types")
+        return s, [note], []
     section = s.task
     current: str = getattr(s, section).quantization
     said = f"{m.name}'s config.json declares {cq.description} (quantization_config)"
