@@ -731,7 +731,9 @@ class Parallel(_Strict):
 
     pp_schedule: PipelineScheduleName = "1f1b"
     """Pipeline schedule with pp > 1 (facts/pipeline_schedules.py): 1f1b, gpipe (every micro-batch of the step in
-    flight), interleaved-1f1b (pp_virtual_stages model chunks per rank); the zero-bubble rows are refused."""
+    flight), interleaved-1f1b (pp_virtual_stages model chunks per rank), interleaved-zero-bubble (ZB1P: split
+    backward, each chunk's saved tensors and op gradients held until its weight pass); zbv-zero-bubble and
+    dualpipev are refused (V-shaped chunk layout)."""
 
     pp_virtual_stages: int = Field(1, ge=1, le=64)
     """Model chunks per pipeline rank (virtual stages) of a multi-stage schedule: rank r holds chunks r, r + pp, ...
