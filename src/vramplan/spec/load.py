@@ -500,7 +500,32 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                            f"use a seq_len multiple of {par.cp}"))
     if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep:
         out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts", ""))
+    out.extend(_capacity_problems(s, m))
     return out
+
+
+def _capacity_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """``parallel.moe_expert_capacity_factor`` and ``moe_pad_to_capacity``: modelled for full fine-tuning of an
+    MoE model through transformers >= 5's grouped experts, without tensor parallelism (analytic/moe_capacity.py)."""
+    par, key = s.parallel, "parallel.moe_expert_capacity_factor"
+    if par.moe_pad_to_capacity and par.moe_expert_capacity_factor is None:
+        return [Problem("parallel.moe_pad_to_capacity", "padding to capacity needs a capacity (Megatron-LM: "
+                        "moe_pad_expert_input_to_capacity is effective only after moe_expert_capacity_factor is set)",
+                        "set parallel.moe_expert_capacity_factor, or moe_pad_to_capacity: false")]
+    if par.moe_expert_capacity_factor is None:
+        return []
+    why = ""
+    if m.moe is None:
+        why = f"{m.family} has no routed experts"
+    elif s.task != "train":
+        why = "the capacity sizes the training step's routed rows only"
+    elif s.train.peft is not None or not s.software.fused_moe_experts:
+        why = ("the routed rows are modelled through transformers >= 5's grouped experts under full fine-tuning "
+               "(not per-expert linears or adapters)")
+    elif par.tp > 1:
+        why = f"with tp={par.tp} the tokens each router sees are not modelled"
+    return [Problem(key, f"moe_expert_capacity_factor: {why}", "leave parallel.moe_expert_capacity_factor unset "
+                    "(dropless, balanced routing)")] if why else []
 
 
 def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

@@ -718,6 +718,16 @@ class Parallel(_Strict):
     ep: int = Field(1, ge=1, le=1024)
     """Expert-parallel degree (mixture-of-experts models)."""
 
+    moe_expert_capacity_factor: float | None = Field(None, ge=1, le=64)
+    """Expert capacity factor f (Megatron-LM ``moe_expert_capacity_factor``, DeepSpeed-MoE ``capacity_factor``):
+    each expert takes at most C = ceil(T x top_k x f / experts) of a rank's T routed tokens, so a rank's experts
+    hold at most experts x min(C, T) routed rows (analytic/moe_capacity.py); null: dropless, routing perfectly
+    balanced (T x top_k rows)."""
+
+    moe_pad_to_capacity: bool = False
+    """Pad every expert's input to its capacity (Megatron-LM ``moe_pad_expert_input_to_capacity``): the rows are
+    exactly experts x min(C, T); needs moe_expert_capacity_factor."""
+
     sequence_parallel: bool = False
     """Megatron sequence parallelism with tp: the norm and residual tensors are split over the tp ranks too
     (arXiv 2205.05198 sec. 4.2.2)."""
