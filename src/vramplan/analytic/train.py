@@ -238,6 +238,12 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     first = in_flight_chunks(row, par.pp, 0, v, m)
     note = (f"pipeline schedule {row.name} as torch's {row.torch_class} runs it: {first} chunk-micro-batches of "
             f"activations in flight on the first rank ({row.source})")
+    if row.in_flight == "split":
+        note += ("; each chunk-micro-batch's saved tensors are held to its weight-gradient pass (W), and from its "
+                 "input-gradient pass (I) to W also the gradients into its parameter-consuming ops (linears, norms, "
+                 "the head) and its received output gradients (torch _backward.py stage_backward_input, stage.py "
+                 "backward_state; analytic/zero_bubble.py); the first stage runs its whole backward at W; the "
+                 "walked micro-batch's own backward is timed as a full backward")
     if v == 1:
         return [note]
     layout = (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
