@@ -79,6 +79,8 @@ def test_balanced_assumption_stated_under_ep() -> None:
     ({**_doc(moe_expert_capacity_factor=1.5), "train": {"peft": {"method": "lora"}}},
      "parallel.moe_expert_capacity_factor", "grouped experts"),
     (_doc(moe_expert_capacity_factor=1.5, tp=2, ep=4), "parallel.moe_expert_capacity_factor", "tp=2"),
+    ({**_doc(moe_expert_capacity_factor=1.5), "train": {"gradient_checkpointing": "attention-core"}},
+     "parallel.moe_expert_capacity_factor", "attention-core"),
 ])
 def test_refusals(doc: dict[str, Any], field: str, words: str) -> None:
     with pytest.raises(ScenarioError) as e:
@@ -89,3 +91,15 @@ def test_refusals(doc: dict[str, Any], field: str, words: str) -> None:
 def test_factor_below_one_is_refused() -> None:
     with pytest.raises(ScenarioError, match="moe_expert_capacity_factor"):
         resolve(_doc(moe_expert_capacity_factor=0.5))
+
+
+def test_full_checkpointing_keeps_only_the_inputs() -> None:
+    # full checkpointing keeps each layer's input only: the extra rows are recomputed in the backward, so the
+    # kept bytes do not move, and the recomputed layer (``full``) carries the 536,870,912 extra bytes
+    from vramplan.analytic.terms.layers import layer_activations
+    ck = {"gradient_checkpointing": "full", "micro_batch_size": 1, "seq_len": 4096, "precision": "bf16-mixed"}
+    base = layer_activations(StepContext(resolve({**_doc(), "train": ck}), 0, "flash", False))
+    cap = layer_activations(StepContext(resolve({**_doc(moe_expert_capacity_factor=1.25, moe_pad_to_capacity=True),
+                                                 "train": ck}), 0, "flash", False))
+    assert cap.kept == base.kept
+    assert [a - b for a, b in zip(cap.full, base.full, strict=True)] == [536_870_912] * len(base.full)

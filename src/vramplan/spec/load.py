@@ -524,6 +524,9 @@ def _capacity_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                "(not per-expert linears or adapters)")
     elif par.tp > 1:
         why = f"with tp={par.tp} the tokens each router sees are not modelled"
+    elif checkpointing(s) not in ("none", "full"):
+        why = (f"under gradient_checkpointing {checkpointing(s)} which of the extra rows' tensors stay saved is not "
+               "modelled (none and full are)")
     return [Problem(key, f"moe_expert_capacity_factor: {why}", "leave parallel.moe_expert_capacity_factor unset "
                     "(dropless, balanced routing)")] if why else []
 
@@ -585,6 +588,14 @@ def _split_backward_problems(s: Scenario, m: ModelSpec, name: str) -> list[Probl
                            f"set train.gradient_checkpointing: none, or {fix}"))
     # routed experts and routers (their tokens depend on the routing), norms narrower than the hidden size
     # (per-head q/k norms), other tensors (convolutions, state-space parameters)
+    if s.train.activation_offload != "none":
+        out.append(Problem("parallel.pp_schedule", f"{name} with activation_offload {s.train.activation_offload}: "
+                           "what the offload hooks hold between the I pass (retain_graph=True) and the W pass is not "
+                           "modelled", f"set train.activation_offload: none, or {fix}"))
+    if s.train.loss != "standard" or s.train.liger_kernels:
+        out.append(Problem("parallel.pp_schedule", f"{name} with a fused loss or Liger's kernels: their autograd "
+                           "functions replace the linear and norm ops whose output gradients are held from I to W",
+                           f"set train.loss: standard and liger_kernels: false, or {fix}"))
     odd = [p.name for p in m.params
            if p.role in ("expert", "router", "other") or (p.role == "norm" and p.numel != m.hidden_size)]
     if odd:
