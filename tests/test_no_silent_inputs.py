@@ -77,7 +77,7 @@ NOT_AUDITED = {"model": "the model under estimate: every other figure is its", "
 # Values of free-form fields (strings, lists) and numbers where the generic choice says nothing: a release that
 # gates a modelled behaviour, a catalog name, a llama.cpp batch below the micro-batch.
 VALUES: dict[str, list[Any]] = {
-    "hardware.gpu": ["A100-80GB"],
+    "hardware.gpu": ["A100-80GB"], "parallel.moe_expert_capacity_factor": [1.25],
     "train.peft.target_modules": ["all-linear", ["q_proj", "k_proj", "v_proj", "o_proj"]],
     "serve.vllm_version": ["0.19"], "rl.rollout.vllm_version": ["0.19"], "serve.sglang_version": ["0.4.6"],
     "serve.gguf.quant": ["Q8_0"], "serve.gguf.cache_type_k": ["q8_0"], "serve.gguf.cache_type_v": ["q8_0"],

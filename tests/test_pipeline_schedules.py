@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramplan.analytic.layout import stage_layers
+from vramplan.analytic.layout import chunk_layers, stage_layers
 from vramplan.analytic.terms import StepContext, step_terms
 from vramplan.analytic.train import train_step
 from vramplan.catalog.resolve import resolve
@@ -34,10 +34,11 @@ from vramplan.facts.pipeline_schedules import (
     peak_saved_bytes,
     pipeline_schedule,
     pipeline_schedule_names,
+    rank_actions,
 )
 from vramplan.plan.steptime.pipeline import pipeline_bubble_seconds, pipeline_slots
 
-ONE, GPIPE, IL = (pipeline_schedule(n) for n in ("1f1b", "gpipe", "interleaved-1f1b"))
+ONE, GPIPE, IL, ZB = (pipeline_schedule(n) for n in ("1f1b", "gpipe", "interleaved-1f1b", "interleaved-zero-bubble"))
 
 
 @pytest.mark.parametrize(("row", "pp", "v", "expected"), [
@@ -134,13 +135,78 @@ def test_first_rank_order_gpipe_interleaved_1f1b(pp: int, m: int, v: int) -> Non
     assert gpipe >= inter >= one
 
 
-def test_zero_bubble_rows_refuse() -> None:
+def test_v_shaped_rows_refuse() -> None:
     for row in PIPELINE_SCHEDULES:
         if row.in_flight is None:
-            assert "retain_graph=True" in row.refusal
-            with pytest.raises(ValueError, match="W pass"):
+            assert row.style == "v" and "V-shaped" in row.refusal
+            with pytest.raises(ValueError, match="V-shaped"):
                 in_flight_chunks(row, 4, 0, 2, 8)
     assert {"zbv-zero-bubble", "interleaved-zero-bubble", "dualpipev"} <= set(pipeline_schedule_names())
+    assert ZB.in_flight == "split" and not ZB.refusal
+
+
+def test_zero_bubble_walk_by_hand() -> None:
+    # pp 2, v 2, m 2: rounds max(1, 2 // 2) = 1, per_round 2; warmup = min((v - 1) per_round + (pp - 1 - r), 4):
+    # rank 0: 3 -> F0 F0 F1 | F1 I1 W1 | I1 W1 | I0 W0 | I0 W0 (W as soon as op - warmup >= 0)
+    # rank 1: 2 -> F0 F0 | F1 I1 | F1 I1 W1 | I0 W1 | I0 W0 | W0 (W once op - warmup >= 1)
+    assert rank_actions(ZB, 2, 1, 2, 2) == [("F", 0), ("F", 0), ("F", 1), ("I", 1), ("F", 1), ("I", 1), ("W", 1),
+                                             ("I", 0), ("W", 1), ("I", 0), ("W", 0), ("W", 0)]
+    # rank 0, saved (a, b) = (100, 10), held (x, y) = (1, 1000): a, 2a, 2a+b, 2a+2b, 2a+2b+y = 1220 (peak), ...
+    assert peak_saved_bytes(ZB, 2, 0, 2, 2, (100, 10), (1, 1000)) == 1220
+    # rank 1, saved (10, 100), held (1, 1000): ... F1 I1 -> 20 + 200 + 2000 = 2220 (two I passes of chunk 1 wait)
+    assert peak_saved_bytes(ZB, 2, 1, 2, 2, (10, 100), (1, 1000)) == 2220
+    # counts: rank 0 peaks at 4 chunk-micro-batches; pp 4, v 2, m 8: warmup 4 + (3 - r), then F I W: 8 on each rank
+    assert in_flight_chunks(ZB, 2, 0, 2, 2) == 4
+    assert [in_flight_chunks(ZB, 4, r, 2, 8) for r in range(4)] == [8, 8, 8, 8]
+
+
+@pytest.mark.parametrize(("pp", "v"), [(2, 2), (4, 2), (3, 3), (8, 2)])
+def test_zero_bubble_order_is_torchs(pp: int, v: int) -> None:
+    """The rank's F, I, W order equals torch's ``ScheduleInterleavedZeroBubble._calculate_single_rank_operations``
+    (idle slots dropped; ``_add_bubbles_to_actions`` only inserts idle slots)."""
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining import schedules
+    kind = {schedules._ComputationType.FORWARD: "F", schedules._ComputationType.BACKWARD_INPUT: "I",
+            schedules._ComputationType.BACKWARD_WEIGHT: "W"}
+    for m in range(1, 3 * pp + 1):
+        rounds, per_round = interleaved_rounds(pp, m)
+        if m % rounds:
+            continue
+        fake = SimpleNamespace(n_local_stages=v, microbatches_per_round=per_round, pp_group_size=pp,
+                               _n_microbatches=m)
+        for rank in range(pp):
+            ops = schedules.ScheduleInterleavedZeroBubble._calculate_single_rank_operations(fake, rank)
+            assert rank_actions(ZB, pp, rank, v, m) == [(kind[a.computation_type], a.stage_index // pp)
+                                                         for a in ops if a is not None]
+
+
+def test_zero_bubble_held_bytes_by_hand() -> None:
+    # GPT-2 (h 768, vocab 50,257), torchtitan bf16 (FSDP2 mixed precision: compute and residual 2 B, no autocast),
+    # 1,024 tokens, pp 2, v 2: 12 layers in 4 chunks of 3.  Per layer per token: linears c_attn 2,304 + c_proj 768
+    # + c_fc 3,072 + c_proj 768 = 6,912, norms ln_1 + ln_2 = 1,536 -> 8,448 elements.
+    # rank 0: chunk 0 (stage 0) keeps only its output gradient: 768 x 1,024 x 2 = 1,572,864;
+    #         chunk 2 (middle): (3 x 8,448 + 768) x 1,024 x 2 = 26,112 x 2,048 = 53,477,376
+    # rank 1: chunk 1 (middle) the same; chunk 3 (last): 3 x 8,448 + vocab 50,257 + ln_f 768 = 76,369 x 2,048
+    #         = 156,403,712
+    r = resolve(_doc(2, "interleaved-zero-bubble", 2, m=2))
+    c0, c1 = StepContext(r, 0, "flash", False), StepContext(r, 1, "flash", False)
+    assert c0.held_until_weight_pass(chunk_layers(12, 2, 0, 2)) == [1_572_864, 53_477_376]
+    assert c1.held_until_weight_pass(chunk_layers(12, 2, 1, 2)) == [53_477_376, 156_403_712]
+    # rank 1's in-flight term: the walk's peak (2a + 2b + 2y above, a = b = one chunk's saved bytes, y =
+    # 156,403,712) less the walked micro-batch over the rank's two chunks (k = a + b): 2 (a + b) + 2 y - k = k + 2 y
+    in_flight, k = _in_flight_term(_doc(2, "interleaved-zero-bubble", 2, m=2), 1)
+    assert in_flight == k + 2 * 156_403_712
+
+
+def test_zero_bubble_holds_more_than_interleaved_on_the_last_rank() -> None:
+    # the last rank: interleaved 1F1B keeps 5 chunk-micro-batches (pp 4, v 2, m 8); ZB1P 8, and the I passes'
+    # gradients (the logits' among them)
+    zb, k = _in_flight_term(_doc(4, "interleaved-zero-bubble", 2), 3)
+    il, k_il = _in_flight_term(_doc(4, "interleaved-1f1b", 2), 3)
+    assert k == k_il and zb > il
+    res = train_step(resolve(_doc(4, "interleaved-zero-bubble", 2)))
+    assert any(a.startswith("pipeline schedule interleaved-zero-bubble") and ": 8 chunk-micro-batches" in a
+               for a in res.assumptions)
 
 
 def test_stage_layers_under_virtual_stages() -> None:
@@ -226,8 +292,15 @@ def test_interleaved_layout_moves_layers_not_the_embedding() -> None:
 
 
 @pytest.mark.parametrize(("doc", "field", "words"), [
-    (_doc(4, "zbv-zero-bubble", 2), "parallel.pp_schedule", "retain_graph"),
-    (_doc(4, "interleaved-zero-bubble", 2), "parallel.pp_schedule", "not modelled"),
+    (_doc(4, "zbv-zero-bubble", 2), "parallel.pp_schedule", "V-shaped"),
+    (_doc(4, "dualpipev", 2), "parallel.pp_schedule", "not modelled"),
+    (_doc(4, "interleaved-zero-bubble", 2, tp=2), "parallel.pp_schedule", "without tensor parallelism"),
+    (_doc(4, "interleaved-zero-bubble", 2, m=9), "train.grad_accum_steps", "multiple of its 2 rounds"),
+    ({**_doc(4, "interleaved-zero-bubble", 2), "train": {"gradient_checkpointing": "full"}}, "parallel.pp_schedule",
+     "gradient_checkpointing full"),
+    ({**_doc(4, "interleaved-zero-bubble", 2), "train": {"loss": "chunked"}}, "parallel.pp_schedule", "fused loss"),
+    ({**_doc(4, "interleaved-zero-bubble", 2), "model": "Qwen/Qwen3-0.6B"}, "parallel.pp_schedule",
+     "per-head norms"),
     (_doc(1, "gpipe"), "parallel.pp_schedule", "pp > 1"),
     (_doc(4, "interleaved-1f1b", 1), "parallel.pp_virtual_stages", ">= 2"),
     (_doc(4, "1f1b", 2), "parallel.pp_virtual_stages", "runs 1 model chunks"),
@@ -292,5 +365,10 @@ def test_cli_flags_set_the_schedule() -> None:
     # pp 4, v 2, m 8, rank 0: 11 chunk-micro-batches (module docstring)
     assert any(a.startswith("pipeline schedule interleaved-1f1b") and ": 11 chunk-micro-batches" in a
                for a in doc["assumptions"])
+    zb = CliRunner().invoke(app, [*base, "--pp-schedule", "interleaved-zero-bubble", "--pp-virtual-stages", "2"],
+                            env=env)
+    assert zb.exit_code in (0, 1), zb.stdout + zb.stderr
+    # pp 4, v 2, m 8: 8 chunk-micro-batches on the first rank (test_zero_bubble_walk_by_hand)
+    assert any(": 8 chunk-micro-batches" in a for a in json.loads(zb.stdout)["assumptions"])
     bad = CliRunner().invoke(app, [*base, "--pp-schedule", "zbv-zero-bubble", "--pp-virtual-stages", "2"], env=env)
-    assert bad.exit_code == 2 and "retain_graph=True" in bad.stdout + bad.stderr
+    assert bad.exit_code == 2 and "V-shaped" in bad.stdout + bad.stderr

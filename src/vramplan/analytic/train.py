@@ -40,6 +40,7 @@ from vramplan.analytic.float8 import float8_assumptions
 from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import TORCHTUNE_LOSS_NOTES, family_loss_release, loss_release_note
+from vramplan.analytic.moe_capacity import expert_capacity, routed_rows
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy, litgpt_fp32_base
@@ -59,6 +60,7 @@ from vramplan.spec.defaults import torchtitan_fsdp2
 from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
+from vramplan.units import ceil_div
 
 __all__ = ["TrainResult", "shards", "stage_timeline", "train_step"]
 
@@ -236,6 +238,12 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     first = in_flight_chunks(row, par.pp, 0, v, m)
     note = (f"pipeline schedule {row.name} as torch's {row.torch_class} runs it: {first} chunk-micro-batches of "
             f"activations in flight on the first rank ({row.source})")
+    if row.in_flight == "split":
+        note += ("; each chunk-micro-batch's saved tensors are held to its weight-gradient pass (W), and from its "
+                 "input-gradient pass (I) to W also the gradients into its parameter-consuming ops (linears, norms, "
+                 "the head) and its received output gradients (torch _backward.py stage_backward_input, stage.py "
+                 "backward_state; analytic/zero_bubble.py); the first stage runs its whole backward at W; the "
+                 "walked micro-batch's own backward is timed as a full backward")
     if v == 1:
         return [note]
     layout = (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
@@ -282,6 +290,28 @@ def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
              "(set software.bitsandbytes for older versions, which kept it)")]
 
 
+def _routing_assumptions(s: Scenario, m: ModelSpec) -> list[str]:
+    """The routed rows a rank's experts hold (analytic/moe_capacity.py): balanced without a capacity factor (said
+    under expert parallelism, where the dispatch gathers other ranks' tokens), else the capacity's rows."""
+    par = s.parallel
+    if m.moe is None:
+        return []
+    tokens = ceil_div(s.train.micro_batch_size * s.train.seq_len, par.cp)
+    k, e, f = m.moe.top_k, m.moe.num_experts, par.moe_expert_capacity_factor
+    if f is None:
+        if par.ep == 1:
+            return []
+        return [(f"expert parallelism (ep {par.ep}): dropless routing assumed perfectly balanced, each rank's experts "
+                 f"holding {tokens} x {k} routed rows per micro-batch; set parallel.moe_expert_capacity_factor to "
+                 "size them at the experts' capacity")]
+    rows = routed_rows(tokens, k, e, par.ep, f, par.moe_pad_to_capacity)
+    how = ("padded to capacity: exactly" if par.moe_pad_to_capacity else
+           "tokens beyond capacity dropped: at most")
+    return [(f"expert capacity factor {f} (Megatron-LM get_capacity): C = ceil({tokens} x {k} / {e} x {f}) = "
+            f"{expert_capacity(tokens, k, e, f)} rows per expert, {how} {rows} routed rows on a rank per micro-batch "
+            f"against {tokens * k} balanced; the experts' backward temporaries are counted at the balanced rows")]
+
+
 def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
     """DeepSpeed's ZeRO settings and buffers, and torchtitan's FSDP2 units."""
     out = deepspeed_assumptions(s, m.hidden_size)
@@ -326,6 +356,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
     out += _sharding_assumptions(s, m, fw)
+    out += _routing_assumptions(s, m)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:

@@ -27,22 +27,35 @@ and ``v`` chunks per rank, counted in chunk-micro-batches (one micro-batch's sav
   rank's layers: Megatron's pp x (1 + (pp - 1) / (pp x v)) = 4 x 11/8 = 5.5 (the same where
   ``per_round = pp``; torch's count is used where they differ, e.g. m not a multiple of pp).
 
-The zero-bubble schedules (``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``,
-``ScheduleDualPipeV``) split each backward into an input-gradient pass (B) and a weight-gradient pass
-(W).  torch's ``stage_backward_input`` (``torch/distributed/pipelining/_backward.py``) runs B with
-``retain_graph=True``, so every saved tensor of the chunk stays until its W pass, and also keeps, per
-parameter group that ``get_param_groups`` finds in the autograd graph, the gradients flowing into that
-group's intermediate nodes (``param_group["grads"]``) until W; ``PipelineStage.backward_one_chunk`` (stage.py)
-also keeps the chunk's received output gradients in ``backward_state`` until then, and on stage 0 skips B and runs
-the whole backward at W time.  Which nodes those are depends on the
-graph autograd records for the model (the reverse-graph closure of ``get_param_groups``), not on the
-schedule's arithmetic, so these rows carry no in-flight rule and the engine refuses them (``refusal``).
-Their warmups, for the record: ``ScheduleInterleavedZeroBubble`` runs ``_get_warmup_ops(multiply_factor=1)`` =
-``min((v - 1) x per_round + (pp - 1 - r), m x v)`` forwards, then B passes whose W passes trail by ``r``
-micro-batches (``num_1f1b_microbatches = rank``); ``ScheduleZBVZeroBubble`` (v = 2, chunks r and 2 pp - 1 - r)
-runs ``2 (pp - r) - 1`` chunk-0 forwards, ``r`` (chunk-1, chunk-0) forward pairs, then ``pp - r`` chunk-1
-F, B, W triples before its steady phase; in the cooldown the W passes of ``r`` micro-batches of each chunk
-wait behind their B passes.
+* ``interleaved-zero-bubble`` (``ScheduleInterleavedZeroBubble``, arXiv 2401.10241 ZB1P): split backward
+  (``split`` rule below).  ``_calculate_single_rank_operations`` takes ``_get_warmup_ops(multiply_factor=1)`` =
+  ``min((v - 1) x per_round + (pp - 1 - r), m x v)`` warmup forwards; ``_get_1f1b_rank_ops(...,
+  num_1f1b_microbatches=rank, enable_zero_bubble=True)`` then appends, per step, a forward, an input-gradient
+  pass (I) and, once ``op - warmup >= rank``, the W pass of the oldest I; the cooldown appends I (+ W) and the
+  W passes left over come last.  ``_add_bubbles_to_actions`` only inserts idle slots, so the rank's order of
+  actions is this one (``_zb1p_order``).
+
+The zero-bubble schedules split each backward into an input-gradient pass (I, torch's ``BACKWARD_INPUT``) and a
+weight-gradient pass (W).  What a chunk-micro-batch holds between them (``split`` rule, ``split_peak_bytes``):
+torch's ``stage_backward_input`` (``torch/distributed/pipelining/_backward.py``) runs I with
+``retain_graph=True``, so every saved tensor of the chunk stays until its W pass; a pre-hook on each
+"intermediate" (the autograd node where a parameter's reverse closure meets the inputs' closure,
+``get_param_groups``: the node of the op that consumes the parameter) keeps the gradient flowing into it
+(``param_group["grads"]``), i.e. one tensor of that op's output size per parameter-consuming op; and
+``PipelineStage.backward_one_chunk`` (stage.py) keeps the chunk's received output gradients in
+``backward_state`` until W.  W (``stage_backward_weight``) frees all of it.  The first stage (stage index 0)
+skips I and runs the whole backward at W time (``backward_one_chunk``: ``if not self.is_first``), so it holds
+its saved tensors and received output gradients until W and no intermediate gradients.  A full backward (B)
+frees the chunk's saved tensors at once.  The byte sizes per chunk are the engine's
+(``analytic/zero_bubble.py``).
+
+Refused, for the layout: ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` place chunks V-shaped (rank r holds
+stages r and 2 pp - 1 - r, so the first rank holds both the embedding and the head; torch
+``generate_stage_to_rank_mapping(style="v")``), which the engine's layer split (``analytic/layout.py
+chunk_layers``, loop style) does not lay out.  Their orders, for the record: ``ScheduleZBVZeroBubble`` runs
+``2 (pp - r) - 1`` chunk-0 forwards, ``r`` (chunk-1, chunk-0) forward pairs, then ``pp - r`` chunk-1 F, I, W
+triples before its steady phase; in the cooldown the W passes of ``r`` micro-batches of each chunk wait behind
+their I passes.
 """
 
 from __future__ import annotations
@@ -54,9 +67,9 @@ from typing import Literal
 from vramplan.facts import row_named
 
 __all__ = ["PIPELINE_SCHEDULES", "PipelineSchedule", "in_flight_chunks", "interleaved_rounds", "peak_saved_bytes",
-           "pipeline_schedule", "pipeline_schedule_names"]
+           "pipeline_schedule", "pipeline_schedule_names", "rank_actions", "split_peak_bytes"]
 
-InFlightRule = Literal["1f1b", "all", "interleaved"]
+InFlightRule = Literal["1f1b", "all", "interleaved", "split"]
 
 
 @dataclass(frozen=True)
@@ -81,9 +94,9 @@ class PipelineSchedule:
     refusal: str = ""
 
 
-_ZB_REFUSAL = ("its B pass (torch stage_backward_input, retain_graph=True) keeps each chunk's saved tensors and "
-               "the gradients at the intermediates get_param_groups finds in the autograd graph until the W pass; "
-               "those intermediates depend on the recorded graph, so the held bytes are not modelled")
+_V_REFUSAL = ("its chunks are laid out V-shaped (torch generate_stage_to_rank_mapping style v: rank r holds stages r "
+              "and 2 pp - 1 - r, the first rank both the embedding and the head), which the layer split (loop style: "
+              "rank r holds chunks r, r + pp, ...) does not lay out")
 
 PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = (
     PipelineSchedule("1f1b", "Schedule1F1B", "1F1B", False, 1, 1, "loop", "1f1b",
@@ -95,12 +108,14 @@ PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = (
                      "arXiv 2104.04473 sec. 2.2.2; torch 2.13 ScheduleInterleaved1F1B, _get_warmup_ops "
                      "(multiply_factor=2) and _get_1f1b_rank_ops"),
     PipelineSchedule("interleaved-zero-bubble", "ScheduleInterleavedZeroBubble", "InterleavedZeroBubble", True, 2,
-                     None, "loop", None, "arXiv 2401.10241 (ZB1P); torch 2.13 ScheduleInterleavedZeroBubble",
-                     _ZB_REFUSAL),
+                     None, "loop", "split",
+                     "arXiv 2401.10241 (ZB1P); torch 2.13 ScheduleInterleavedZeroBubble._calculate_single_rank_operations"
+                     " (_get_warmup_ops multiply_factor=1, _get_1f1b_rank_ops enable_zero_bubble); _backward.py "
+                     "stage_backward_input retain_graph=True"),
     PipelineSchedule("zbv-zero-bubble", "ScheduleZBVZeroBubble", "ZBVZeroBubble", True, 2, 2, "v", None,
-                     "arXiv 2401.10241 sec. 6; torch 2.13 ScheduleZBVZeroBubble", _ZB_REFUSAL),
+                     "arXiv 2401.10241 sec. 6; torch 2.13 ScheduleZBVZeroBubble", _V_REFUSAL),
     PipelineSchedule("dualpipev", "ScheduleDualPipeV", "DualPipeV", True, 2, 2, "v", None,
-                     "arXiv 2412.19437 (DualPipe); torch 2.13 ScheduleDualPipeV", _ZB_REFUSAL),
+                     "arXiv 2412.19437 (DualPipe); torch 2.13 ScheduleDualPipeV", _V_REFUSAL),
 )
 
 
@@ -129,6 +144,8 @@ def in_flight_chunks(row: PipelineSchedule, pp: int, rank: int, virtual: int, m:
     ([4, 3, 2, 1], 8)
     >>> [in_flight_chunks(il, 4, r, 2, 8) for r in range(4)]
     [11, 9, 7, 5]
+    >>> [in_flight_chunks(pipeline_schedule("interleaved-zero-bubble"), 4, r, 2, 8) for r in range(4)]
+    [8, 8, 8, 8]
     """
     if row.in_flight is None:
         raise ValueError(f"pipeline schedule {row.name}: {row.refusal}")
@@ -138,6 +155,8 @@ def in_flight_chunks(row: PipelineSchedule, pp: int, rank: int, virtual: int, m:
         return min(m, pp - rank)
     if row.in_flight == "all":
         return m * virtual
+    if row.in_flight == "split":
+        return split_peak_bytes(rank_actions(row, pp, rank, virtual, m), (1,) * virtual, (0,) * virtual)
     _, per_round = interleaved_rounds(pp, m)
     total = m * virtual
     warmup = min((virtual - 1) * per_round + 2 * (pp - 1 - rank), total)
@@ -160,12 +179,65 @@ def _interleaved_order(pp: int, rank: int, virtual: int, m: int) -> list[tuple[i
     return out
 
 
+def _zb1p_order(pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int]]:
+    """Rank ``rank``'s compute actions under ``ScheduleInterleavedZeroBubble`` as (F | I | W, local chunk), idle
+    slots left out: torch 2.13 ``_get_1f1b_rank_ops(enable_zero_bubble=True, num_1f1b_microbatches=rank)`` with
+    ``_get_warmup_ops(multiply_factor=1)`` warmup forwards (module docstring)."""
+    _, per_round = interleaved_rounds(pp, m)
+    total = m * virtual
+    warmup = min((virtual - 1) * per_round + (pp - 1 - rank), total)
+
+    def backward_chunk(op: int) -> int:
+        return virtual - 1 - ((op - warmup) // per_round) % virtual
+
+    out: list[tuple[str, int]] = []
+    backward_ops: list[int] = []
+    for op in range(total + warmup):  # warmup forwards, total - warmup (F, I[, W]) steps, warmup (I[, W]) steps
+        if op < total:
+            out.append(("F", (op // per_round) % virtual))
+        if op >= warmup:
+            out.append(("I", backward_chunk(op)))
+            backward_ops.append(op)
+            if op - warmup >= rank:  # the W of the oldest I not yet weighted
+                out.append(("W", backward_chunk(backward_ops[sum(a == "W" for a, _ in out)])))
+    done = sum(a == "W" for a, _ in out)
+    out.extend(("W", backward_chunk(op)) for op in backward_ops[done:])
+    return out
+
+
+def rank_actions(row: PipelineSchedule, pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int]]:
+    """Rank ``rank``'s compute actions of a ``split`` schedule in torch's order: (F | I | W | B, local chunk)."""
+    if row.in_flight != "split":
+        raise ValueError(f"pipeline schedule {row.name} has no split backward")
+    return _zb1p_order(pp, rank, virtual, m)
+
+
+def split_peak_bytes(actions: Sequence[tuple[str, int]], saved: Sequence[int], held: Sequence[int]) -> int:
+    """The most bytes a rank holds at once walking ``actions`` (``rank_actions``): F adds the chunk's saved bytes
+    ``saved[k]``; I adds what the chunk keeps until W, ``held[k]`` (the intermediates' gradients and the received
+    output gradients, module docstring); W frees both; a full backward B frees the saved bytes.
+
+    Hand walk, one chunk, actions F F I F W I W W... : saved 10, held 3:
+    F 10, F 20, I 23, F 33 (peak), W 20, ...
+
+    >>> split_peak_bytes([("F", 0), ("F", 0), ("I", 0), ("F", 0), ("W", 0), ("I", 0), ("W", 0)], (10,), (3,))
+    33
+    """
+    alive = peak = 0
+    for kind, k in actions:
+        alive += {"F": saved[k], "I": held[k], "W": -saved[k] - held[k], "B": -saved[k]}[kind]
+        peak = max(peak, alive)
+    return peak
+
+
 def peak_saved_bytes(row: PipelineSchedule, pp: int, rank: int, virtual: int, m: int,
-                     chunk_bytes: Sequence[int]) -> int:
+                     chunk_bytes: Sequence[int], held_bytes: Sequence[int] = ()) -> int:
     """The most saved-activation bytes rank ``rank`` holds at once, ``chunk_bytes[k]`` being one micro-batch's
     saved bytes of its local chunk ``k``: 1F1B ``min(m, pp - r)`` micro-batches, GPipe ``m``; interleaved 1F1B
     walks torch's action order, adding a chunk's bytes at each forward and taking them off at its backward,
     so chunks of unequal layers count at their own size.  With equal chunks it is ``in_flight_chunks`` x a chunk.
+    A ``split`` schedule walks torch's F, I, W order with ``held_bytes[k]`` kept from a chunk's I to its W
+    (``split_peak_bytes``; none given: 0).
 
     12 layers, pp 4, v 2, m 8, rank 0: chunks of 2 and 1 layers (1 byte a layer); warmup 10 forwards (chunk 0 for
     ops 0-3 and 8-9, chunk 1 for 4-7): 6 x 2 + 4 x 1 = 16; op 11's forward (chunk 0) after op 10's backward
@@ -176,6 +248,8 @@ def peak_saved_bytes(row: PipelineSchedule, pp: int, rank: int, virtual: int, m:
     """
     if row.in_flight is None:
         raise ValueError(f"pipeline schedule {row.name}: {row.refusal}")
+    if pp > 1 and row.in_flight == "split":
+        return split_peak_bytes(rank_actions(row, pp, rank, virtual, m), chunk_bytes, held_bytes or (0,) * virtual)
     if pp == 1 or row.in_flight != "interleaved":
         return in_flight_chunks(row, pp, rank, virtual, m) * sum(chunk_bytes) // virtual
     alive = peak = 0

@@ -25,7 +25,7 @@ pp schedule         with pp > 1: 1F1B, and interleaved 1F1B with 2 model chunks 
                     micro-batch count (a multiple of its max(1, m // pp) rounds): it trades more
                     activations in flight for a bubble of (pp - 1) / v slots.  GPipe holds every
                     micro-batch's activations with 1F1B's bubble, so it never beats 1F1B and is not
-                    searched; the zero-bubble schedules are not modelled (facts/pipeline_schedules.py)
+                    searched; the zero-bubble schedules are not searched (facts/pipeline_schedules.py)
 micro-batch         every divisor of the per-rank batch up to ``max_micro_batch``, with
                     gradient accumulation making up the global batch exactly
 PEFT                LoRA (bf16 base) and QLoRA (NF4 + double quantization) with DDP, and on more than one

@@ -500,7 +500,35 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                            f"use a seq_len multiple of {par.cp}"))
     if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep:
         out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts", ""))
+    out.extend(_capacity_problems(s, m))
     return out
+
+
+def _capacity_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """``parallel.moe_expert_capacity_factor`` and ``moe_pad_to_capacity``: modelled for full fine-tuning of an
+    MoE model through transformers >= 5's grouped experts, without tensor parallelism (analytic/moe_capacity.py)."""
+    par, key = s.parallel, "parallel.moe_expert_capacity_factor"
+    if par.moe_pad_to_capacity and par.moe_expert_capacity_factor is None:
+        return [Problem("parallel.moe_pad_to_capacity", "padding to capacity needs a capacity (Megatron-LM: "
+                        "moe_pad_expert_input_to_capacity is effective only after moe_expert_capacity_factor is set)",
+                        "set parallel.moe_expert_capacity_factor, or moe_pad_to_capacity: false")]
+    if par.moe_expert_capacity_factor is None:
+        return []
+    why = ""
+    if m.moe is None:
+        why = f"{m.family} has no routed experts"
+    elif s.task != "train":
+        why = "the capacity sizes the training step's routed rows only"
+    elif s.train.peft is not None or not s.software.fused_moe_experts:
+        why = ("the routed rows are modelled through transformers >= 5's grouped experts under full fine-tuning "
+               "(not per-expert linears or adapters)")
+    elif par.tp > 1:
+        why = f"with tp={par.tp} the tokens each router sees are not modelled"
+    elif checkpointing(s) not in ("none", "full"):
+        why = (f"under gradient_checkpointing {checkpointing(s)} which of the extra rows' tensors stay saved is not "
+               "modelled (none and full are)")
+    return [Problem(key, f"moe_expert_capacity_factor: {why}", "leave parallel.moe_expert_capacity_factor unset "
+                    "(dropless, balanced routing)")] if why else []
 
 
 def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -525,7 +553,7 @@ def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("parallel.pp_virtual_stages", f"pp x pp_virtual_stages = {par.pp * v} chunks exceed the "
                            f"{m.num_layers} layers", "lower pp_virtual_stages"))
     g = s.train.grad_accum_steps
-    if row.in_flight == "interleaved" and g % interleaved_rounds(par.pp, g)[0]:
+    if row.in_flight in ("interleaved", "split") and g % interleaved_rounds(par.pp, g)[0]:
         rounds = interleaved_rounds(par.pp, g)[0]
         out.append(Problem("train.grad_accum_steps", f"{row.torch_class} needs the {g} micro-batches to be a multiple "
                            f"of its {rounds} rounds (max(1, m // pp))", f"use grad_accum_steps a multiple of {par.pp}"))
@@ -536,6 +564,44 @@ def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if m.vision is not None:
         out.append(Problem("parallel.pp_schedule", "a vision tower's activations are modelled under 1f1b only",
                            "use pp_schedule: 1f1b"))
+    if row.in_flight == "split":
+        out.extend(_split_backward_problems(s, m, row.name))
+    return out
+
+
+def _split_backward_problems(s: Scenario, m: ModelSpec, name: str) -> list[Problem]:
+    """A zero-bubble schedule holds, from each input-gradient pass to its weight-gradient pass, the gradient into
+    every parameter-consuming op (analytic/zero_bubble.py): modelled for full fine-tuning of dense decoders
+    without tensor parallelism or activation checkpointing."""
+    out: list[Problem] = []
+    fix = "use pp_schedule: interleaved-1f1b"
+    if s.train.peft is not None:
+        out.append(Problem("parallel.pp_schedule", f"{name} with PEFT: the adapters' ops and the frozen base's "
+                           "graph are not in the held-gradient model (full fine-tuning only)", fix))
+    if s.parallel.tp > 1:
+        out.append(Problem("parallel.pp_schedule", f"{name} with tp={s.parallel.tp}: the held gradients are "
+                           "modelled without tensor parallelism", f"set parallel.tp: 1, or {fix}"))
+    if checkpointing(s) != "none":
+        out.append(Problem("parallel.pp_schedule", f"{name} with gradient_checkpointing "
+                           f"{checkpointing(s)}: what the recomputation keeps between the I pass "
+                           "(retain_graph=True) and the W pass is not modelled",
+                           f"set train.gradient_checkpointing: none, or {fix}"))
+    # routed experts and routers (their tokens depend on the routing), norms narrower than the hidden size
+    # (per-head q/k norms), other tensors (convolutions, state-space parameters)
+    if s.train.activation_offload != "none":
+        out.append(Problem("parallel.pp_schedule", f"{name} with activation_offload {s.train.activation_offload}: "
+                           "what the offload hooks hold between the I pass (retain_graph=True) and the W pass is not "
+                           "modelled", f"set train.activation_offload: none, or {fix}"))
+    if s.train.loss != "standard" or s.train.liger_kernels:
+        out.append(Problem("parallel.pp_schedule", f"{name} with a fused loss or Liger's kernels: their autograd "
+                           "functions replace the linear and norm ops whose output gradients are held from I to W",
+                           f"set train.loss: standard and liger_kernels: false, or {fix}"))
+    odd = [p.name for p in m.params
+           if p.role in ("expert", "router", "other") or (p.role == "norm" and p.numel != m.hidden_size)]
+    if odd:
+        out.append(Problem("parallel.pp_schedule", f"{name}: the output sizes of the ops consuming {odd[0]}"
+                           f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''} (routed experts, routers, "
+                           "per-head norms, other tensors) are not modelled", fix))
     return out
 
 

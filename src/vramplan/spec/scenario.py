@@ -718,6 +718,16 @@ class Parallel(_Strict):
     ep: int = Field(1, ge=1, le=1024)
     """Expert-parallel degree (mixture-of-experts models)."""
 
+    moe_expert_capacity_factor: float | None = Field(None, ge=1, le=64)
+    """Expert capacity factor f (Megatron-LM ``moe_expert_capacity_factor``, DeepSpeed-MoE ``capacity_factor``):
+    each expert takes at most C = ceil(T x top_k x f / experts) of a rank's T routed tokens, so a rank's experts
+    hold at most experts x min(C, T) routed rows (analytic/moe_capacity.py); null: dropless, routing perfectly
+    balanced (T x top_k rows)."""
+
+    moe_pad_to_capacity: bool = False
+    """Pad every expert's input to its capacity (Megatron-LM ``moe_pad_expert_input_to_capacity``): the rows are
+    exactly experts x min(C, T); needs moe_expert_capacity_factor."""
+
     sequence_parallel: bool = False
     """Megatron sequence parallelism with tp: the norm and residual tensors are split over the tp ranks too
     (arXiv 2205.05198 sec. 4.2.2)."""
@@ -731,7 +741,9 @@ class Parallel(_Strict):
 
     pp_schedule: PipelineScheduleName = "1f1b"
     """Pipeline schedule with pp > 1 (facts/pipeline_schedules.py): 1f1b, gpipe (every micro-batch of the step in
-    flight), interleaved-1f1b (pp_virtual_stages model chunks per rank); the zero-bubble rows are refused."""
+    flight), interleaved-1f1b (pp_virtual_stages model chunks per rank), interleaved-zero-bubble (ZB1P: split
+    backward, each chunk's saved tensors and op gradients held until its weight pass); zbv-zero-bubble and
+    dualpipev are refused (V-shaped chunk layout)."""
 
     pp_virtual_stages: int = Field(1, ge=1, le=64)
     """Model chunks per pipeline rank (virtual stages) of a multi-stage schedule: rank r holds chunks r, r + pp, ...

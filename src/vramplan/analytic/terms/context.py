@@ -21,6 +21,7 @@ from vramplan.analytic.layout import (
     rank_params,
 )
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, litgpt_fp32_base, policy
+from vramplan.analytic.zero_bubble import held_until_weight_pass
 from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
 from vramplan.spec.defaults import fsdp_group
 from vramplan.spec.gpu import GpuSpec
@@ -293,9 +294,19 @@ class StepContext:
         position = {layer: j for j, layer in enumerate(self.rp.layers)}
         chunks = chunk_layers(self.m.num_layers, self.pp, self.stage, self.virtual)
         chunk_bytes = [sum(kept[position[i]] for i in chunk) for chunk in chunks]
-        peak = peak_saved_bytes(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps, chunk_bytes)
+        peak = peak_saved_bytes(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps, chunk_bytes,
+                                self.held_until_weight_pass(chunks) if row.in_flight == "split" else ())
         # GPipe's later backwards: the first micro-batch's saved tensors are gone
         return peak - total - (total if self.gpipe_later else 0)
+
+    def held_until_weight_pass(self, chunks: Sequence[Sequence[int]]) -> list[int]:
+        """Per local chunk (loop layout: chunk ``stage + k pp``), the bytes one micro-batch keeps from its
+        input-gradient pass to its weight-gradient pass under a zero-bubble schedule (analytic/zero_bubble.py)."""
+        pol, last = self.pol, self.pp * self.virtual - 1
+        residual = _residual_bytes(pol, self.peft is not None, self.kbit)
+        return [held_until_weight_pass(self.m, layers, self.tokens, pol.compute_bytes, residual, pol.autocast,
+                                       first=self.stage + k * self.pp == 0, last=self.stage + k * self.pp == last)
+                for k, layers in enumerate(chunks)]
 
     @property
     def in_backward(self) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_input_bytes, checkpointed_layer
+from vramplan.analytic.moe_capacity import routed_rows
 from vramplan.analytic.terms import cross_attention as cross
 from vramplan.analytic.terms import encoder_decoder as encdec
 from vramplan.analytic.terms.context import StepContext
@@ -230,7 +231,22 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
     _add_to_layers(c, full, tensors, lambda ls: _mixer_layer(m, ls), act.total_bytes(mixer), mixer)
     vis, vis_tensors, _ = _cross_vision(c)
     _add_to_layers(c, full, tensors, lambda ls: cross.cross_layer(c, ls), vis, vis_tensors)
+    cap = capacity_rows_bytes(c)
+    _add_to_layers(c, full, tensors, lambda ls: ls.moe, cap,
+                   (act.SavedTensor("mlp.experts.capacity_rows", cap, 1, "mlp"),))
     return full, dora, wx, tensors
+
+
+def capacity_rows_bytes(c: StepContext) -> int:
+    """Per MoE layer, the saved bytes of the routed rows an expert capacity adds beyond the balanced T x top_k
+    (analytic/moe_capacity.py ``routed_rows``), each row saving what transformers >= 5's grouped experts save
+    per routed token (activations.py ``grouped_experts_saved``); 0 without ``parallel.moe_expert_capacity_factor``."""
+    par, moe = c.s.parallel, c.m.moe
+    if moe is None or par.moe_expert_capacity_factor is None:
+        return 0
+    rows = routed_rows(c.tokens, moe.top_k, moe.num_experts, par.ep, par.moe_expert_capacity_factor,
+                       par.moe_pad_to_capacity)
+    return (rows - c.tokens * moe.top_k) * act.grouped_experts_saved(c.m, c.act)
 
 
 def _add_to_layers(c: StepContext, full: list[int], tensors: list[tuple[act.SavedTensor, ...]],
