@@ -134,6 +134,8 @@ class ActContext:
     kbit_saves_input: bool = False
     # train.liger_kernels: Liger-Kernel's RMSNorm and SwiGLU replace transformers' (``liger_saved`` below)
     liger: bool = False
+    # the norms' weights as the forward sees them (4: fp32; 2: a half model, a frozen half base)
+    norm_weight_bytes: int = 4
 
     @property
     def ew(self) -> int:
@@ -1073,6 +1075,36 @@ def _sliced(tensors: list[SavedTensor], tp: int) -> list[SavedTensor]:
     last = out[-1]
     out[-1] = last._replace(nbytes=last.nbytes + total - total_bytes(out))
     return out
+
+
+def norm_weight_tensors(m: ModelSpec, ctx: ActContext, layer: Iterable[SavedTensor]) -> list[SavedTensor]:
+    """The fp32 tensors made from a norm's weight that its product keeps for the input's gradient, one record per
+    norm call of the layer (``layer``: the layer's per-token records, whose norms are named ``norm.*``,
+    ``attention.q_norm`` and ``attention.k_norm``), in bytes per layer whatever the tokens.
+
+    * "layer_fp32" (CohereLayerNorm, modeling_cohere.py line 64) and the norms with ``Traits.norm_weight_to_fp32``
+      (NemotronHRMSNorm, modeling_nemotron_h.py line 633): ``self.weight.to(torch.float32) * hidden_states``: a
+      copy when the weight is half (``norm_weight_bytes`` 2), saved the same way; an fp32 weight is its own
+      ``.to`` (no copy, nothing new saved);
+    * other norms multiply by the weight itself (a parameter: no new storage).
+
+    Width: the hidden size for the layer's own norms; a q/k norm's weight (``RMSNorm(head_dim)`` in Gemma 3,
+    ``(heads, head_dim)`` in Cohere), read from the model's parameters.
+    """
+    cast = (m.norm == "layer_fp32" or m.traits.norm_weight_to_fp32) and ctx.norm_weight_bytes < 4
+    if not cast:
+        return []
+    width = {p.module: p.numel for p in m.params if p.role == "norm" and p.layer_span}
+    out = []
+    for t in layer:
+        if t.name.startswith("norm."):
+            n = m.hidden_size * t.copies
+        elif t.name in ("attention.q_norm", "attention.k_norm"):
+            n = width.get(t.name.split(".")[1], 0)
+        else:
+            continue
+        out.append(SavedTensor(t.name + ".weight_fp32", 4 * n, 1, t.part))
+    return [t for t in out if t.nbytes]
 
 
 def layer_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[SavedTensor]:
