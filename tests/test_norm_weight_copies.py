@@ -1,5 +1,6 @@
 """The norms' fp32 weight tensors that the product keeps for its input's gradient (analytic/activations.py
-``norm_weight_tensors``): Nemotron-H's and Cohere's ``self.weight.to(torch.float32)`` (transformers 5.24
+``norm_weight_tensors``): Gemma's ``1.0 + self.weight.float()`` (transformers 5.24 modeling_gemma3.py line 132),
+Nemotron-H's and Cohere's ``self.weight.to(torch.float32)`` (transformers 5.24
 modeling_nemotron_h.py line 633, modeling_cohere.py line 64).  Bytes per layer, whatever the tokens; the per-token
 part of the same norms is in test_saved_norms.py.
 """
@@ -29,6 +30,19 @@ def _nemotron() -> ModelSpec:
     import test_families_nemotron_h as nh
 
     return model_from_config(nh.TESTER)
+
+
+def test_gemma3_1b_by_hand() -> None:
+    m = resolve({"model": "google/gemma-3-1b-pt", "hardware": {"gpu": "h100"}}).model
+    assert (m.hidden_size, m.head_dim) == (1152, 256)
+    w = _weights(m, _CTX)
+    # four sandwich norms of h 1,152: (1 + w.float()) is fp32, 4 x 1,152 = 4,608 B each; q/k norms RMSNorm(head_dim
+    # 256): 4 x 256 = 1,024 B each; 4 x 4,608 + 2 x 1,024 = 20,480 B per layer
+    assert w == {"norm.input.weight_fp32": 4_608, "norm.post_attention.weight_fp32": 4_608,
+                 "norm.pre_feedforward.weight_fp32": 4_608, "norm.post_feedforward.weight_fp32": 4_608,
+                 "attention.q_norm.weight_fp32": 1_024, "attention.k_norm.weight_fp32": 1_024}
+    # the sum is a new tensor whatever the weight's dtype: fp32 weights (mixed precision) keep it as well
+    assert sum(_weights(m, replace(_CTX, norm_weight_bytes=4)).values()) == 20_480
 
 
 def test_weight_to_fp32_copies_only_a_half_weight() -> None:
@@ -83,14 +97,16 @@ def _layer_bytes(doc: dict[str, Any], layer: int) -> tuple[int, int]:
     return inside, layer_activations(res.context).full[layer]
 
 
-@pytest.mark.parametrize("model", ["cohere", "nemotron_h"])
+@pytest.mark.parametrize("model", ["gemma3", "cohere", "nemotron_h"])
 def test_layer_saved_bytes_equal_the_trace(model: str) -> None:
     import test_families_nemotron_h as nh
 
-    cfg = {"cohere": lambda: shrink(catalog_config("CohereForAI/aya-23-8B"), vocab=2048),
+    cfg = {"gemma3": lambda: shrink(catalog_config("google/gemma-3-1b-pt"), vocab=2048),
+           "cohere": lambda: shrink(catalog_config("CohereForAI/aya-23-8B"), vocab=2048),
            "nemotron_h": lambda: nh.TESTER}[model]()
     doc = {"model": cfg, "hardware": {"gpu": "a100"},
            "train": {"micro_batch_size": 1, "seq_len": 64, "precision": "bf16-true"}}
     traced, analytic = _layer_bytes(doc, 1)
-    # without the weight tensors the analytic engine was under by Command-R's 4 x 256 = 1,024 B, Nemotron-H's MLP block 4 x 32 = 128 B
+    # without the weight tensors the analytic engine was under by Gemma 3's 4 x 4 x 256 + 2 x 4 x 64 = 4,608 B,
+    # Command-R's 4 x 256 = 1,024 B, Nemotron-H's MLP block 4 x 32 = 128 B
     assert analytic == traced

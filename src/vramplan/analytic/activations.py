@@ -1082,6 +1082,10 @@ def norm_weight_tensors(m: ModelSpec, ctx: ActContext, layer: Iterable[SavedTens
     norm call of the layer (``layer``: the layer's per-token records, whose norms are named ``norm.*``,
     ``attention.q_norm`` and ``attention.k_norm``), in bytes per layer whatever the tokens.
 
+    * "gemma_rms" (transformers 5.24 modeling_gemma3.py line 132, modeling_gemma2.py line 62, modeling_gemma.py
+      line 77): ``output * (1.0 + self.weight.float())``: the sum is a new fp32 tensor of the weight's width
+      whatever the weight's dtype, saved by the multiplication for ``output``'s gradient (``1.0 + w`` and the
+      ``.float()`` copy of a half weight before it are the add's inputs, not saved);
     * "layer_fp32" (CohereLayerNorm, modeling_cohere.py line 64) and the norms with ``Traits.norm_weight_to_fp32``
       (NemotronHRMSNorm, modeling_nemotron_h.py line 633): ``self.weight.to(torch.float32) * hidden_states``: a
       copy when the weight is half (``norm_weight_bytes`` 2), saved the same way; an fp32 weight is its own
@@ -1089,10 +1093,12 @@ def norm_weight_tensors(m: ModelSpec, ctx: ActContext, layer: Iterable[SavedTens
     * other norms multiply by the weight itself (a parameter: no new storage).
 
     Width: the hidden size for the layer's own norms; a q/k norm's weight (``RMSNorm(head_dim)`` in Gemma 3,
-    ``(heads, head_dim)`` in Cohere), read from the model's parameters.
+    ``(heads, head_dim)`` in Cohere), read from the model's parameters.  Checked against the trace of the real
+    modules: Gemma 3 shrunk to h 256 (head_dim 64) keeps 4 x 1,024 + 2 x 256 = 4,608 B per layer this way, and
+    Gemma-3-1B (h 1,152, head_dim 256) 4 x 4,608 + 2 x 1,024 = 20,480 B.
     """
     cast = (m.norm == "layer_fp32" or m.traits.norm_weight_to_fp32) and ctx.norm_weight_bytes < 4
-    if not cast:
+    if not (cast or m.norm == "gemma_rms"):
         return []
     width = {p.module: p.numel for p in m.params if p.role == "norm" and p.layer_span}
     out = []
