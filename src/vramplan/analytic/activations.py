@@ -360,9 +360,11 @@ def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[S
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
-        # q, k, v as the kernel saves them (no GQA repeat); the output (o_proj's input is a view of it: HF
+        # q, k, v as the kernel saves them (no GQA repeat, except Lit-GPT's copy to every query head:
+        # analytic/attention.py ``litgpt_kv_repeated``); the output (o_proj's input is a view of it: HF
         # transposes a BSHD buffer); the logsumexp, fp32 per head and query
-        out += [_T("attention.q", c * qw), _T("attention.k", c * kvw), _T("attention.v", c * kvw),
+        kv_saved = qw if ctx.gqa_repeat else kvw
+        out += [_T("attention.q", c * qw), _T("attention.k", c * kv_saved), _T("attention.v", c * kv_saved),
                 _T("attention.output", c * qw), _T("attention.logsumexp", 4 * heads)]
         if ctx.frozen_base:
             out += _adapter_input_tensors("attention.o_proj", qw, (o_name,), c, ctx)
@@ -1237,7 +1239,10 @@ def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContex
     # returns a and b): only the product's gradient is a new intermediate-size tensor
     mlp = 2 * r * h + (1 if ctx.liger and not layer.moe else 3) * ew * inter
     qw = heads * m.head_dim
-    attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
+    # K/V copied to every query head before a fused kernel (Lit-GPT, ``ctx.gqa_repeat``): its dK and dV are as wide
+    # as the copies, summed into the K/V heads' gradients after the kernel
+    kv = qw if ctx.gqa_repeat and ctx.attention in ("flash", "efficient") else m.kv_width
+    attn = 2 * r * h + c * (2 * qw + 2 * kv) + 4 * qw
     if ctx.attention in ("eager", "math"):
         attn += (4 + c) * heads * ctx.seq_len
     return mlp, attn
