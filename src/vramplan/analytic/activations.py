@@ -368,12 +368,14 @@ def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[S
                 _T("attention.output", c * qw), _T("attention.logsumexp", 4 * heads)]
         if ctx.frozen_base:
             out += _adapter_input_tensors("attention.o_proj", qw, (o_name,), c, ctx)
-        if ctx.sdpa and ((window and ctx.seq_len >= window) or m.traits.sdpa_mask_always):
+        # (transformers' modeling code: Lit-GPT's own attention, ``ctx.gqa_repeat`` under a fused kernel, passes no
+        # mask in training and has copied K/V already)
+        if ctx.sdpa and ((window and ctx.seq_len >= window) or (m.traits.sdpa_mask_always and not ctx.gqa_repeat)):
             # transformers builds an explicit sliding-window mask once the sequence reaches the window (and a
             # prefix LM's on every forward, Traits.sdpa_mask_always);
             # SDPA then runs the memory-efficient kernel, which keeps the mask (converted to the query
             # dtype, [b, 1, s, s]), and transformers repeats K/V to every head (no enable_gqa with a mask)
-            out += [_T("attention.window_mask", c * ctx.seq_len), _T("attention.kv_repeated", c * (qw - kvw), 2)]
+            out += [_T("attention.window_mask", c * ctx.seq_len), _T("attention.kv_repeated", c * (qw - kv_saved), 2)]
     elif ctx.attention == "math":
         out += _sdpa_math_tensors(m, ctx, heads, qw, kvw, s_keys)
         out += _out_proj_input_tensors(qw, o_name, ctx)
@@ -1328,7 +1330,7 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective", "attention-core", "op-sac"):
         kinds = len({ls.sliding_window for ls in m.layers}) or 1
         out += kinds * c * ctx.seq_len
-    elif m.traits.sdpa_mask_always and ctx.sdpa and checkpointing in ("full", "selective", "attention-core", "op-sac"):
+    elif m.traits.sdpa_mask_always and ctx.sdpa and not ctx.gqa_repeat and checkpointing in ("full", "selective", "attention-core", "op-sac"):
         # the checkpointed layers keep their inputs, the prefix LM's boolean mask among them (one byte per key)
         out += ctx.seq_len
     if m.traits.embedding_dropout and ctx.dropout and m.hidden_dropout > 0:
