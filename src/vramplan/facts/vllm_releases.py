@@ -407,7 +407,8 @@ def mxfp4_triton_installed(version: str | None) -> bool:
     """Whether a plain install of vLLM ``version`` has the triton_kernels module its Triton MXFP4 backend needs on
     Hopper and Blackwell (``MXFP4_HOPPER_SOURCES``): 0.10.1-0.11.x do not (0.11.0 quantization/mxfp4.py
     ``get_mxfp4_backend`` lines 94-102: no ``triton_kernels`` module, capability below 9 or torch below 2.8.0 ->
-    MARLIN; triton_kernels is in neither wheel's requirements nor 0.11.0's CUDA Dockerfile); from 0.12.0 it is vendored.
+    MARLIN; 0.10.2 the same, lines 89-94; triton_kernels is in neither release's CUDA requirements nor Dockerfile);
+    from 0.12.0 it is vendored.
     No release given, or one vramplan refuses (answered elsewhere with the accepted range): taken as the newest."""
     if not version:
         return True
