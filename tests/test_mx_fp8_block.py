@@ -20,7 +20,7 @@ from vramplan.errors import ScenarioError
 from vramplan.export.vllm import vllm_engine_args
 from vramplan.facts.quantization import quant_format
 from vramplan.plan.setup import ServeSetup
-from vramplan.serve.vllm import mxfp4_layout_bytes, serve_weights_bytes
+from vramplan.serve.vllm import hopper_swizzle_bytes, mxfp4_layout_bytes, serve_weights_bytes
 
 # gpt-oss-20b: 24 layers x 32 experts x (gate 2880 -> 2880, up 2880 -> 2880, down 2880 -> 2880)
 OSS20_EXPERT = 24 * 32 * 3 * 2880 * 2880  # 19,110,297,600 weights stored as MXFP4
@@ -68,10 +68,17 @@ def test_gpt_oss_20b_inference_weights_as_stored() -> None:
 def test_gpt_oss_20b_serves_on_one_h100() -> None:
     doc = {"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "H100-SXM"}}
     params, _rotary = serve_weights_bytes(resolve(doc))
-    assert params == OSS20_CHECKPOINT + 2 * OSS20_BIASES  # vLLM Triton backend: w13_bias / w2_bias in fp32
+    # the default vLLM (0.11) has no triton_kernels on a plain install: Marlin, 1,177,984 B per expert more than the
+    # Triton layout (fp32 biases) x 768 experts = 904,691,712 B (serve/vllm.py mxfp4_layout_bytes)
+    assert params == OSS20_CHECKPOINT + 2 * OSS20_BIASES + 904_691_712
     rep = estimate(doc)
     assert rep.fits and rep.serve is not None and rep.serve.num_gpu_blocks > 0
-    assert any("Triton MoE backend" in a for a in rep.assumptions)
+    assert any("Marlin MoE backend" in a for a in rep.assumptions)
+    # from 0.12 (vendored triton_kernels): Triton, w13_bias / w2_bias in fp32, plus the swizzled scale copy
+    doc14 = {**doc, "serve": {"vllm_version": "0.14"}}
+    r14 = resolve(doc14)
+    assert serve_weights_bytes(r14)[0] == OSS20_CHECKPOINT + 2 * OSS20_BIASES + hopper_swizzle_bytes(r14)
+    assert any("Triton MoE backend" in a for a in estimate(doc14).assumptions)
     assert not any(a.startswith("not modelled: vLLM pads") for a in rep.assumptions)  # 2880 = 45 x 64
     setup = ServeSetup(num_gpus=1, tp=1, max_model_len=131_072, max_num_seqs=16, quantization="mxfp4")
     assert vllm_engine_args(setup, "openai/gpt-oss-20b")["quantization"] == "mxfp4"
@@ -84,14 +91,16 @@ def test_vllm_pads_the_expert_slices_at_tp_2() -> None:
     # scales [2880, 46] = 2,252,160 B and fp32 biases w13 [2 x 1472] + w2 [2880] = 23,296 B: 6,779,776 B; the
     # row counts 2 x 1440 x 1530 + 2880 x (720 + 45) = 6,609,600 B and half of the 8,640 biases (split by tp)
     # in fp32, 17,280 B: 6,626,880 B.  152,896 B more per expert x 32 x 24 layers = 117,424,128 B
+    # (vLLM 0.14: the Triton backend; the swizzled scale copy is serve/vllm.py hopper_swizzle_bytes')
     doc = {"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
-           "parallel": {"tp": 2}}
+           "parallel": {"tp": 2}, "serve": {"vllm_version": "0.14"}}
     r = resolve(doc)
     params, _ = serve_weights_bytes(r)
     rp = rank_params(r.model, 2, 1, 1, 0, None)
     assert mxfp4_layout_bytes(r, rp) == 152_896 * 32 * 24 == 117_424_128
-    assert params == _rank_weights(r, tp=2) + 117_424_128
-    one = resolve({"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "H100-SXM"}})
+    assert params == _rank_weights(r, tp=2) + 117_424_128 + hopper_swizzle_bytes(r)
+    one = resolve({"model": "openai/gpt-oss-20b", "task": "serve", "hardware": {"gpu": "H100-SXM"},
+                   "serve": {"vllm_version": "0.14"}})
     assert mxfp4_layout_bytes(one, rank_params(one.model, 1, 1, 1, 0, None)) == 0  # 2880 = 45 x 64
 
 

@@ -36,11 +36,15 @@ def test_the_engine_holds_the_checkpoint_as_stored(model: str) -> None:
 
 def test_gpt_oss_20b_engine_weights_by_hand() -> None:
     # 24 layers x 32 experts x (2880 x 5760 + 2880 x 2880) = 19,110,297,600 expert weights at 4 bits + one E8M0 scale
-    # per 32 (17/32 B each): 10,152,345,600 B; the other 1,804,459,584 parameters in bf16: 3,608,919,168 B; on an H200
-    # vLLM's Triton MXFP4 path keeps the experts' biases, 24 x 32 x (5760 + 2880) = 6,635,520, in fp32 (2 B more
-    # each: 13,271,040, serve/vllm.py mxfp4_layout_bytes) and the rotary cache is 131,072 positions x 64 x 2 B =
-    # 16,777,216: 13,791,313,024 B.  bf16 for everything (the engine before) is 2 x 20,914,757,184 + 16,777,216.
+    # per 32 (17/32 B each): 10,152,345,600 B; the other 1,804,459,584 parameters in bf16: 3,608,919,168 B; vLLM's
+    # Triton MXFP4 layout would keep the experts' biases, 24 x 32 x (5760 + 2880) = 6,635,520, in fp32 (2 B more
+    # each: 13,271,040), but the rollout's vLLM (0.11, a plain install without triton_kernels) runs Marlin on an H200,
+    # 1,177,984 B per expert more than Triton's layout (serve/vllm.py mxfp4_layout_bytes: I 2,880 -> 2,944, h 2,880
+    # -> 3,072, bf16 biases; 14,431,744 - 13,253,760), x 768 experts = 904,691,712 B; the rotary cache is 131,072
+    # positions x 64 x 2 B = 16,777,216: 14,696,004,736 B.  bf16 for everything (the engine before) is
+    # 2 x 20,914,757,184 + 16,777,216.
     r = resolve(_grpo("openai/gpt-oss-20b"))
     ro = rollout_memory(r, 0, 0)
     assert r.model.num_parameters == 20_914_757_184
-    assert ro.weights == 10_152_345_600 + 3_608_919_168 + 13_271_040 + 16_777_216 == 13_791_313_024
+    assert 10_152_345_600 + 3_608_919_168 + 13_271_040 + 904_691_712 + 16_777_216 == 14_696_004_736
+    assert ro.weights == 14_696_004_736

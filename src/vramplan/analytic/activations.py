@@ -134,6 +134,8 @@ class ActContext:
     kbit_saves_input: bool = False
     # train.liger_kernels: Liger-Kernel's RMSNorm and SwiGLU replace transformers' (``liger_saved`` below)
     liger: bool = False
+    # the norms' weights as the forward sees them (4: fp32; 2: a half model, a frozen half base)
+    norm_weight_bytes: int = 4
 
     @property
     def ew(self) -> int:
@@ -358,18 +360,22 @@ def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[S
     window = layer.sliding_window
     s_keys = min(ctx.seq_len, window) if (window and ctx.attention in ("flash",)) else ctx.seq_len
     if ctx.attention in ("flash", "efficient"):
-        # q, k, v as the kernel saves them (no GQA repeat); the output (o_proj's input is a view of it: HF
+        # q, k, v as the kernel saves them (no GQA repeat, except Lit-GPT's copy to every query head:
+        # analytic/attention.py ``litgpt_kv_repeated``); the output (o_proj's input is a view of it: HF
         # transposes a BSHD buffer); the logsumexp, fp32 per head and query
-        out += [_T("attention.q", c * qw), _T("attention.k", c * kvw), _T("attention.v", c * kvw),
+        kv_saved = qw if ctx.gqa_repeat else kvw
+        out += [_T("attention.q", c * qw), _T("attention.k", c * kv_saved), _T("attention.v", c * kv_saved),
                 _T("attention.output", c * qw), _T("attention.logsumexp", 4 * heads)]
         if ctx.frozen_base:
             out += _adapter_input_tensors("attention.o_proj", qw, (o_name,), c, ctx)
-        if ctx.sdpa and ((window and ctx.seq_len >= window) or m.traits.sdpa_mask_always):
+        # (transformers' modeling code: Lit-GPT's own attention, ``ctx.gqa_repeat`` under a fused kernel, passes no
+        # mask in training and has copied K/V already)
+        if ctx.sdpa and ((window and ctx.seq_len >= window) or (m.traits.sdpa_mask_always and not ctx.gqa_repeat)):
             # transformers builds an explicit sliding-window mask once the sequence reaches the window (and a
             # prefix LM's on every forward, Traits.sdpa_mask_always);
             # SDPA then runs the memory-efficient kernel, which keeps the mask (converted to the query
             # dtype, [b, 1, s, s]), and transformers repeats K/V to every head (no enable_gqa with a mask)
-            out += [_T("attention.window_mask", c * ctx.seq_len), _T("attention.kv_repeated", c * (qw - kvw), 2)]
+            out += [_T("attention.window_mask", c * ctx.seq_len), _T("attention.kv_repeated", c * (qw - kv_saved), 2)]
     elif ctx.attention == "math":
         out += _sdpa_math_tensors(m, ctx, heads, qw, kvw, s_keys)
         out += _out_proj_input_tensors(qw, o_name, ctx)
@@ -1080,6 +1086,42 @@ def _sliced(tensors: list[SavedTensor], tp: int) -> list[SavedTensor]:
     return out
 
 
+def norm_weight_tensors(m: ModelSpec, ctx: ActContext, layer: Iterable[SavedTensor]) -> list[SavedTensor]:
+    """The fp32 tensors made from a norm's weight that its product keeps for the input's gradient, one record per
+    norm call of the layer (``layer``: the layer's per-token records, whose norms are named ``norm.*``,
+    ``attention.q_norm`` and ``attention.k_norm``), in bytes per layer whatever the tokens.
+
+    * "gemma_rms" (transformers 5.24 modeling_gemma3.py line 132, modeling_gemma2.py line 62, modeling_gemma.py
+      line 77): ``output * (1.0 + self.weight.float())``: the sum is a new fp32 tensor of the weight's width
+      whatever the weight's dtype, saved by the multiplication for ``output``'s gradient (``1.0 + w`` and the
+      ``.float()`` copy of a half weight before it are the add's inputs, not saved);
+    * "layer_fp32" (CohereLayerNorm, modeling_cohere.py line 64) and the norms with ``Traits.norm_weight_to_fp32``
+      (NemotronHRMSNorm, modeling_nemotron_h.py line 633): ``self.weight.to(torch.float32) * hidden_states``: a
+      copy when the weight is half (``norm_weight_bytes`` 2), saved the same way; an fp32 weight is its own
+      ``.to`` (no copy, nothing new saved);
+    * other norms multiply by the weight itself (a parameter: no new storage).
+
+    Width: the hidden size for the layer's own norms; a q/k norm's weight (``RMSNorm(head_dim)`` in Gemma 3,
+    ``(heads, head_dim)`` in Cohere), read from the model's parameters.  Checked against the trace of the real
+    modules: Gemma 3 shrunk to h 256 (head_dim 64) keeps 4 x 1,024 + 2 x 256 = 4,608 B per layer this way, and
+    Gemma-3-1B (h 1,152, head_dim 256) 4 x 4,608 + 2 x 1,024 = 20,480 B.
+    """
+    cast = (m.norm == "layer_fp32" or m.traits.norm_weight_to_fp32) and ctx.norm_weight_bytes < 4
+    if not (cast or m.norm == "gemma_rms"):
+        return []
+    width = {p.module: p.numel for p in m.params if p.role == "norm" and p.layer_span}
+    out = []
+    for t in layer:
+        if t.name.startswith("norm."):
+            n = m.hidden_size * t.copies
+        elif t.name in ("attention.q_norm", "attention.k_norm"):
+            n = width.get(t.name.split(".")[1], 0)
+        else:
+            continue
+        out.append(SavedTensor(t.name + ".weight_fp32", 4 * n, 1, t.part))
+    return [t for t in out if t.nbytes]
+
+
 def layer_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[SavedTensor]:
     """Everything one layer saves for backward, per token on this GPU, record by record: the attention part
     (its norm, the attention) then the MLP part (its norm, the MLP), each in the order the forward makes
@@ -1204,7 +1246,10 @@ def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContex
     # returns a and b): only the product's gradient is a new intermediate-size tensor
     mlp = 2 * r * h + (1 if ctx.liger and not layer.moe else 3) * ew * inter
     qw = heads * m.head_dim
-    attn = 2 * r * h + c * (2 * qw + 2 * m.kv_width) + 4 * qw
+    # K/V copied to every query head before a fused kernel (Lit-GPT, ``ctx.gqa_repeat``): its dK and dV are as wide
+    # as the copies, summed into the K/V heads' gradients after the kernel
+    kv = qw if ctx.gqa_repeat and ctx.attention in ("flash", "efficient") else m.kv_width
+    attn = 2 * r * h + c * (2 * qw + 2 * kv) + 4 * qw
     if ctx.attention in ("eager", "math"):
         attn += (4 + c) * heads * ctx.seq_len
     return mlp, attn
@@ -1290,7 +1335,7 @@ def shared_saved_per_token(m: ModelSpec, ctx: ActContext, checkpointing: str = "
     if ctx.attention in ("eager", "math") and checkpointing in ("full", "selective", "attention-core", "op-sac"):
         kinds = len({ls.sliding_window for ls in m.layers}) or 1
         out += kinds * c * ctx.seq_len
-    elif m.traits.sdpa_mask_always and ctx.sdpa and checkpointing in ("full", "selective", "attention-core", "op-sac"):
+    elif m.traits.sdpa_mask_always and ctx.sdpa and not ctx.gqa_repeat and checkpointing in ("full", "selective", "attention-core", "op-sac"):
         # the checkpointed layers keep their inputs, the prefix LM's boolean mask among them (one byte per key)
         out += ctx.seq_len
     if m.traits.embedding_dropout and ctx.dropout and m.hidden_dropout > 0:

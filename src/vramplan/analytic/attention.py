@@ -20,6 +20,7 @@ __all__ = [
     "falls_back_to_eager",
     "gqa_math_fallback",
     "gqa_math_note",
+    "litgpt_kv_repeated",
     "mem_efficient_mask_row",
     "mqa_kv_copied",
     "mqa_math",
@@ -148,6 +149,25 @@ def mqa_kv_copied(s: Scenario, m: ModelSpec) -> bool:
         m.num_kv_heads > 1 or (s.train.micro_batch_size if s.task == "train" else s.inference.batch_size) > 1)
 
 
+def litgpt_kv_repeated(s: Scenario, m: ModelSpec) -> bool:
+    """Whether Lit-GPT's ``CausalSelfAttention`` (``framework: lightning``) copies K/V to every query head before SDPA
+    in a training step, for a model with fewer K/V heads than query heads.
+
+    lit-gpt 9053b8f8 (2023-08-16) to 50b1974b~1, lit_gpt/model.py: ``if self.config.n_query_groups != 1:
+    k = k.expand(B, n_query_groups, q_per_kv, T, head_size)`` then ``k = k.reshape(B, -1, T, head_size)`` (v alike):
+    the group and repeat dimensions do not merge, so ``reshape`` copies (at 8641822, the commit of the resource
+    tables, lines 208-215).  From 50b1974b (2023-10-24; every tagged release, v0.3.1 on) the condition is
+    ``n_query_groups != n_head and (input_pos is None or n_query_groups != 1)``, so a training step (no
+    ``input_pos``) copies one K/V head too; from fabf765b (v0.5.5) the copy is ``repeat_interleave(q_per_kv, dim=1)``
+    (litgpt/model.py v0.5.9 lines 441-444), the same bytes.  SDPA then gets equal head counts and no mask
+    (``is_causal=mask is None``, v0.5.9 line 493): flash where it runs, else the memory-efficient kernel, each
+    saving the copied K/V.  One K/V head before 50b1974b is not expanded (SDPA's math kernel, as transformers'
+    Falcon); vramplan follows the tagged releases there (no Lit-GPT release field).
+    """
+    return (s.task == "train" and s.effective_framework == "lightning" and s.train.attention == "sdpa"
+            and m.mla is None and m.num_kv_heads < m.num_attention_heads)
+
+
 def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
                       gpu: GpuSpec | None = None) -> tuple[str, bool]:
     """The kernel that runs, and whether K/V are repeated to every query head.
@@ -158,6 +178,11 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     K/V to every query head (transformers' ``repeat_kv``).
     """
     want = s.train.attention if s.task == "train" else s.inference.attention
+    if litgpt_kv_repeated(s, m):
+        # Lit-GPT's own attention: K/V copied to every query head, SDPA on equal heads without a mask
+        if pol.compute_bytes == 2 and bf16_math_fallback(pol.half, gpu):
+            return "math", False
+        return ("flash" if _flash_runs(m, pol.compute_bytes, _capability(gpu)) else "efficient"), True
     if want == "eager" or falls_back_to_eager(want, m, s.software.transformers_version):
         return "eager", mqa_kv_copied(s, m)
     if want == "flash":

@@ -93,7 +93,8 @@ __all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFI
            "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "MLLAMA_SERVED",
            "MLLAMA_SOURCES", "MXFP4_FIRST", "MXFP4_HOPPER_SOURCES", "MXFP4_HOPPER_SWIZZLE_FROM",
            "NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule",
-           "VllmRelease", "mamba_hybrid_rule", "parse_release", "release_row", "release_text"]
+           "VllmRelease", "mamba_hybrid_rule", "mxfp4_triton_installed", "parse_release", "release_row",
+           "release_text"]
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
@@ -399,6 +400,23 @@ MXFP4_HOPPER_SOURCES = (
     ("0.12.0-0.17.0 quantization/mxfp4.py process_weights_after_loading (TRITON): del layer.w13_weight / w2_weight, "
      "the scales kept; 0.20.0-0.33.0 fused_moe/oracle/mxfp4.py: the same"),
 )
+
+
+
+def mxfp4_triton_installed(version: str | None) -> bool:
+    """Whether a plain install of vLLM ``version`` has the triton_kernels module its Triton MXFP4 backend needs on
+    Hopper and Blackwell (``MXFP4_HOPPER_SOURCES``): 0.10.1-0.11.x do not (0.11.0 quantization/mxfp4.py
+    ``get_mxfp4_backend`` lines 94-102: no ``triton_kernels`` module, capability below 9 or torch below 2.8.0 ->
+    MARLIN; 0.10.2 the same, lines 89-94; triton_kernels is in neither release's CUDA requirements nor Dockerfile);
+    from 0.12.0 it is vendored.
+    No release given, or one vramplan refuses (answered elsewhere with the accepted range): taken as the newest."""
+    if not version:
+        return True
+    try:
+        return parse_release(version) >= MXFP4_HOPPER_SWIZZLE_FROM
+    except ValueError:
+        return True
+
 
 _RELEASE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post\d+|rc\d+)?$")
 

@@ -72,6 +72,7 @@ from vramplan.facts.vllm_releases import (
     MambaHybridRule,
     VllmRelease,
     mamba_hybrid_rule,
+    mxfp4_triton_installed,
     parse_release,
     release_row,
     release_text,
@@ -268,7 +269,8 @@ def _mxfp4_expert_bytes(h: int, inter: int, bias_bytes: int) -> int:
 
 def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     """vLLM's MXFP4 experts on this rank minus what ``weights_bytes`` counts for them (the row's bytes and
-    fp32 biases): the backend's padding and bias dtype, chosen by the GPU's compute capability.
+    fp32 biases): the backend's padding and bias dtype, chosen by the GPU's compute capability and, on Hopper and
+    Blackwell, by the release (Marlin before 0.12.0: facts/vllm_releases.py ``mxfp4_triton_installed``).
 
     gpt-oss-20b, tp 1: 2880 is a multiple of 64, so 0 on an H100 (Triton); on an A100 (Marlin) each expert
     is 2 x 2944 x (1536 + 96) + 3072 x (1472 + 92) + 2 x (5888 + 3072) = 14,431,744 B against the row's
@@ -282,7 +284,9 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     counted += rp.expert_bias * DTYPE_BITS[mx.expert_bias_dtype or "fp32"] // 8
     local = ceil_div(m.moe.expert_intermediate_size, par.tp) if par.ep == 1 else m.moe.expert_intermediate_size
     major, _, minor = (r.gpu.compute_capability or "9.0").partition(".")
-    triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0)
+    # Marlin on a plain install before 0.12.0, which lacks triton_kernels (facts/vllm_releases.py mxfp4_triton_installed)
+    triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0) and (
+        r.scenario.effective_framework != "vllm" or mxfp4_triton_installed(r.scenario.serve.vllm_version))
     if triton:
         each = _mxfp4_expert_bytes(m.hidden_size, round_up(local, _TRITON_PAD), 4)
     else:

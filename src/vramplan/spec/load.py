@@ -36,6 +36,7 @@ from vramplan.facts.torchtune import (
     TORCHTUNE_PRECISIONS,
     TORCHTUNE_QUANTIZATION,
 )
+from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
@@ -414,8 +415,9 @@ def _hopper_swizzle_note(cap: tuple[int, int] | None) -> list[str]:
     return [HOPPER_SWIZZLE_NOTE] if cap == (9, 0) else []
 
 
-def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
-    """What transformers (inference) or vLLM (serve) does with MXFP4 experts on a GPU of capability ``cap``."""
+def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None, triton: bool = True) -> list[str]:
+    """What transformers (inference) or vLLM (serve) does with MXFP4 experts on a GPU of capability ``cap``;
+    ``triton``: the vLLM release's plain install has triton_kernels (facts/vllm_releases.py ``mxfp4_triton_installed``)."""
     if task == "inference":
         out = [("mxfp4: transformers keeps the experts as stored (Mxfp4GptOssExperts: uint8 blocks and E8M0 "
                "scales, expert biases in fp32), which needs triton >= 3.4, the kernels package and compute "
@@ -426,13 +428,14 @@ def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None) -> list[str]:
         return out
     if cap is not None and cap < (8, 0):
         return ["not modelled: vLLM refuses MXFP4 below compute capability 8.0 (Mxfp4Config.get_min_capability)"]
-    if cap is None or (9, 0) <= cap < (11, 0):
+    if triton and (cap is None or (9, 0) <= cap < (11, 0)):
         return ([("mxfp4: vLLM's Triton MoE backend (quantization/mxfp4.py get_mxfp4_backend on compute capability "
                  "9.x and 10.x with triton_kernels and no FlashInfer MXFP4 variable) keeps the experts as stored, "
                  "each expert's intermediate slice padded to a multiple of 64 and the expert biases converted to "
                  "fp32; off Hopper the triton_kernels swizzle is assumed to keep the byte count")]
                 + _hopper_swizzle_note(cap))
-    return [("mxfp4: vLLM's Marlin MoE backend (quantization/mxfp4.py get_mxfp4_backend on this GPU) pads the "
+    return [("mxfp4: vLLM's Marlin MoE backend (quantization/mxfp4.py get_mxfp4_backend on this GPU, or on any GPU "
+             "before 0.12.0, whose plain install has no triton_kernels) pads the "
              "hidden size to a multiple of 256 and each expert's intermediate slice to 128, repacks the payload "
              "(prepare_moe_fp4_layer_for_marlin), keeps one byte per scale and casts the biases to the model dtype")]
 
@@ -445,7 +448,8 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     q: str = getattr(s, s.task).quantization
     cap = _capability(compute_capability)
     if q == "mxfp4":
-        return _mxfp4_assumptions(s.task, cap)
+        triton = s.task != "serve" or s.effective_framework != "vllm" or mxfp4_triton_installed(s.serve.vllm_version)
+        return _mxfp4_assumptions(s.task, cap, triton)
     if s.task == "inference" and q != "none" and (note := quant_format(q).inference_note):
         return [note.format(name=q)]
     if q.startswith("ct-") and s.task == "inference":

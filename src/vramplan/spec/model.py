@@ -221,6 +221,11 @@ class Traits:
     # ``q_proj``'s output) rather than each head (Qwen3, Gemma 3: ``RMSNorm(head_dim)``), so they keep one
     # row statistic per token instead of one per head (analytic/activations.py ``qk_norm_tensors``)
     qk_norm_full_width: bool = False
+    # the norm casts its weight to fp32 before the product (NemotronHRMSNorm, modeling_nemotron_h.py 5.24 line
+    # 633: ``(self.weight.to(torch.float32) * hidden_states).to(input_dtype)``): a half weight is copied once per
+    # call and the product keeps the copy for its input's gradient (analytic/activations.py ``norm_weight_tensors``);
+    # gpt-oss's and OLMo-2's ``self.weight * hidden_states`` (the same norm kind, "rms_fp32") keep the weight itself
+    norm_weight_to_fp32: bool = False
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)

@@ -355,4 +355,6 @@ class StepContext:
             kbit_saves_input=(peft is not None and quant in BNB_4BIT_FORMATS
                               and s.software.bnb_4bit_saves_input and self.framework != "torchtune"),
             liger=s.train.liger_kernels,
+            # prepare_model_for_kbit_training casts the non-quantized parameters, the norms among them, to fp32
+            norm_weight_bytes=4 if self.kbit else pol.param_bytes if peft is None else pol.frozen_param_bytes,
         )

@@ -10,6 +10,8 @@ from vramplan.spec.defaults import checkpointing
 
 __all__ = ["frozen_prefix"]
 
+_INPUT_NORM_WEIGHT = "norm.input.weight_fp32"
+
 
 def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExperts | None,
                   tensors: list[tuple[act.SavedTensor, ...]]) -> set[int]:
@@ -34,8 +36,11 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
         dropped = act.frozen_input_eager_dropped(m, ls, ctx) if attn_adapted else frozenset()
         unsaved = act.frozen_input_eager_unsaved(m, ls, ctx) if attn_adapted else 0
         if attn_adapted and not m.parallel_residual:
+            # the input norm records nothing: neither its per-token tensors nor its weight's fp32 tensor
+            # (act.norm_weight_tensors), which the product keeps only for an input that requires grad
+            weight = sum(t.total for t in tensors[j] if t.name == _INPUT_NORM_WEIGHT)
             norm = act.norm_saved_per_token(m, ctx) * tokens
-            full[j] -= min(full[j], norm + unsaved * tokens)
+            full[j] -= min(full[j], norm + weight + unsaved * tokens)
             tensors[j] = _first_adapted_tensors(tensors[j], norm, dropped)
             break
         mlp, mlp_live = act.frozen_input_mlp(m, ls, ctx)
@@ -58,7 +63,7 @@ def _first_adapted_tensors(layer: tuple[act.SavedTensor, ...], norm: int,
     (``norm`` bytes less), and eager attention drops what only frozen inputs needed (``dropped``)."""
     out = []
     for t in layer:
-        if t.name in dropped:
+        if t.name in dropped or t.name == _INPUT_NORM_WEIGHT:
             continue
         if t.name == "norm.input":
             t = t._replace(nbytes=t.nbytes - norm)

@@ -207,6 +207,14 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         if id(v) not in made:
             made[id(v)] = act.scaled(v.tensors, tokens)
     tensors = [made[id(v)] for v in per_token]
+    # the norms' fp32 weight tensors, per layer whatever the tokens (act.norm_weight_tensors)
+    weights: dict[int, tuple[act.SavedTensor, ...]] = {}
+    for v in per_token:
+        if id(v) not in weights:
+            weights[id(v)] = tuple(act.norm_weight_tensors(m, ctx, v.tensors))
+    if any(weights.values()):
+        full = [f + act.total_bytes(weights[id(v)]) for f, v in zip(full, per_token, strict=True)]
+        tensors = [ts + weights[id(v)] for ts, v in zip(tensors, per_token, strict=True)]
     dora = 0
     if peft is not None and peft.method == "dora":
         per_tok, const = _dora_saved(m, lt.linear, peft.rank, pol.compute_bytes if pol.autocast else 4, c.tp)

@@ -37,6 +37,14 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     # FalconDecoderLayer (transformers 5.24): a parallel block with one norm hands its output to both the
     # attention and the MLP (``mlp_layernorm_out = attention_layernorm_out``), one tensor saved for both
     traits = replace(TRAITS, shared_norm_output=True) if parallel and not two_norms else TRAITS
+    if new_arch and not cfg.get("alibi"):
+        # the new decoder architecture's grouped K/V (Falcon-40B, Falcon-180B), transformers 5.24 modeling_falcon.py:
+        # ``_split_heads`` broadcasts each group's key and value to its query heads and ``flatten(2, 3)`` copies them
+        # (lines 258-263: the group and repeat dimensions do not merge), and ``FalconModel.forward`` always
+        # materializes the causal mask (``create_causal_mask(..., allow_is_causal_skip=False)``, lines 753-761), so
+        # SDPA gets equal head counts and a mask: the memory-efficient kernel, which keeps the mask converted to the
+        # query dtype per layer -- the rule of ``Traits.sdpa_mask_always``
+        traits = replace(traits, sdpa_mask_always=True)
     p = Params()
     p.add("word_embeddings.weight", vocab * h, "embedding", tp="vocab")
     if two_norms:

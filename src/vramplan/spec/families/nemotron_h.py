@@ -87,7 +87,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       mamba=ms)
     # only the MLP blocks hold an MLP
     mlp = frozenset(ms.ffn_only_layers)
-    return replace(spec, layers=tuple(replace(ls, intermediate_size=ls.intermediate_size if ls.index in mlp else 0)
+    return replace(spec, traits=replace(spec.traits, norm_weight_to_fp32=True),
+                   layers=tuple(replace(ls, intermediate_size=ls.intermediate_size if ls.index in mlp else 0)
                                       for ls in spec.layers))
 
 
