@@ -272,9 +272,10 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     fp32 biases): the backend's padding and bias dtype, chosen by the GPU's compute capability and, on Hopper and
     Blackwell, by the release (Marlin before 0.12.0: facts/vllm_releases.py ``mxfp4_triton_installed``).
 
-    gpt-oss-20b, tp 1: 2880 is a multiple of 64, so 0 on an H100 (Triton); on an A100 (Marlin) each expert
-    is 2 x 2944 x (1536 + 96) + 3072 x (1472 + 92) + 2 x (5888 + 3072) = 14,431,744 B against the row's
-    2 x 2880 x 1530 + 2880 x 1530 + 4 x 8640 = 13,253,760 B: 1,177,984 B more x 768 experts = 904,691,712 B.
+    gpt-oss-20b, tp 1: 2880 is a multiple of 64, so 0 on an H100 from vLLM 0.12.0 (Triton); on an A100, or on an
+    H100 before 0.12.0 (Marlin), each expert is 2 x 2944 x (1536 + 96) + 3072 x (1472 + 92) + 2 x (5888 + 3072)
+    = 14,431,744 B against the row's 2 x 2880 x 1530 + 2880 x 1530 + 4 x 8640 = 13,253,760 B: 1,177,984 B more
+    x 768 experts = 904,691,712 B.
     """
     m, par = r.model, r.scenario.parallel
     if m.moe is None:
