@@ -292,6 +292,9 @@ def _compute(c: StepContext) -> LayerActivations:
     ckpt = checkpoint_policy(c.s)
     full, dora, wx, tensors = _full_saved(c)
     per_token = _per_token(c)
+    # what _full_saved adds beyond the per-token records (DoRA's outputs, LoRA on fused experts, a hybrid's mixer,
+    # cross-attention, the norms' fp32 weight copies, capacity rows): none of it is the attention core
+    extras = [f - v.saved * tokens for f, v in zip(full, per_token, strict=True)]
     attention_idle = frozen_prefix(c, full, dora, wx, tensors)  # layers whose attention records nothing
     host = 0
     checkpointed = (False,) * len(specs)
@@ -305,7 +308,10 @@ def _compute(c: StepContext) -> LayerActivations:
         kept = [on_device if checkpointed[j] else full[j] for j in range(len(specs))]
         host = on_host * sum(checkpointed)
     elif ckpt in ("attention-core", "op-sac"):
-        kept = [v.selective * tokens for v in per_token]
+        # the selective policies recompute inside the attention core (Megatron) or the ops their list leaves out
+        # (torchtitan's op-level SAC); the extras are outside both and stay saved (an upper bound under op-SAC,
+        # whose list may also drop some of them); never above what the layer saves without a policy
+        kept = [min(full[j], v.selective * tokens + extras[j]) for j, v in enumerate(per_token)]
     else:
         kept = list(full)
     transients = [v.transients for v in per_token]
