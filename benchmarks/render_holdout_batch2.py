@@ -10,7 +10,8 @@ batch's line (or the end of the file).
     PYTHONPATH=src python benchmarks/render_holdout_batch2.py benchmarks/data/holdout_batch3_before.json --batch 3
 
 Several JSON files are put together in order (``merge``), e.g. the earlier batches' last scoring and a new batch's
-files scored one by one; ``--drop ID`` leaves an entry out (a measurement collected twice).
+files scored one by one; ``--drop ID`` leaves an entry out (a measurement collected twice); an id in two files keeps
+the later file's score (an entry corrected before any engine change and scored again).
 """
 
 from __future__ import annotations
@@ -135,8 +136,16 @@ def render(result: ValidationResult, ids: Sequence[str], n: int = 2) -> str:
 
 def merge(results: Sequence[ValidationResult], drop: Sequence[str] = ()) -> ValidationResult:
     """Entries scored in several runs (e.g. the earlier batches' last scoring and a new batch's files scored one by
-    one), put together in that order with their summaries recomputed; ``drop``: ids left out (a duplicate)."""
-    entries = [e for r in results for e in r.entries if e.id not in set(drop)]
+    one), put together in that order with their summaries recomputed; ``drop``: ids left out (a duplicate).  An id
+    scored in two files keeps the later file's score, in the earlier one's place (an entry corrected before any engine
+    change and scored again on the same engines)."""
+    last = {e.id: e for r in results for e in r.entries if e.id not in set(drop)}
+    entries, seen = [], set()
+    for r in results:
+        for e in r.entries:
+            if e.id in last and e.id not in seen:
+                seen.add(e.id)
+                entries.append(last[e.id])
     engines = [p.key for p in results[0].predictors if p.kind == "engine"]
     return summarize_run(" + ".join(r.dataset for r in results), entries, engines)
 

@@ -49,7 +49,7 @@ def _by_id(entry_id: str) -> Entry:
 # batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries;
 # batch 3 (collected 2026-11-26, after its own comment line): 20 entries; batch 4 (likewise): 36 entries;
 # batch 5 (likewise): 55 entries; batch 6 (likewise): 54 entries; batch 7 (likewise): 41 entries;
-# batch 8 (likewise): 36 entries
+# batch 8 (likewise): 36 entries; batch 9 (likewise): 30 entries
 BATCH1_ENTRIES = 36
 BATCH2_ENTRIES = 26
 BATCH3_ENTRIES = 20
@@ -58,6 +58,7 @@ BATCH5_ENTRIES = 55
 BATCH6_ENTRIES = 54
 BATCH7_ENTRIES = 41
 BATCH8_ENTRIES = 36
+BATCH9_ENTRIES = 30
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -65,8 +66,9 @@ BATCH5_MARK = "# ---- batch 5, collected 2026-11-26, scored once before engine c
 BATCH6_MARK = "# ---- batch 6, collected 2026-11-26, scored once before engine changes"
 BATCH7_MARK = "# ---- batch 7, collected 2026-11-26, scored once before engine changes"
 BATCH8_MARK = "# ---- batch 8, collected 2026-11-26, scored once before engine changes"
+BATCH9_MARK = "# ---- batch 9, collected 2026-11-26, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
-               + BATCH7_ENTRIES + BATCH8_ENTRIES)
+               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -212,6 +214,21 @@ def test_batch5_worked_back_settings_are_not_compared() -> None:
     assert _by_id("llamasharp1099-qwen25-3b-q8-4080s-ctx4096-compute").compares_bytes
 
 
+def test_batch9_figures_converted_to_bytes() -> None:
+    # ollama's llama.cpp prints MiB to 2 decimals: 8376.27 x 2^20 = 8,783,155,691.5 -> 8,783,155,692
+    assert _by_id("ollama3390-deepseek-v2-lite-q4_0-ctx2048-rx6800xt-model-buffer").measured.bytes == 8_783_155_692
+    # vLLM 0.27.1 pool: Qwen3-235B-A22B at TP 4, 94 layers x (4 KV heads / 4) x 128 x 2 (K, V) x 2 B = 48,128 B per
+    # token; 621,392 tokens x 48,128 = 29,906,354,176
+    assert _by_id("kubesimplify-vllm0271-qwen3-235b-fp8-tp4-rtxpro6000-kv").measured.bytes == 29_906_354_176
+    # SGLang: Qwen3-14B at TP 4, 40 layers x (8 KV heads / 4) x 128 x 2 x 2 B = 40,960 B per token;
+    # 298,447 x 40,960 = 12,224,389,120 (K alone 6,112,194,560 B = 5.69 GiB, as printed)
+    assert _by_id("sglangperf-qwen3-14b-tp4-4090-mfs080-kv").measured.bytes == 12_224_389_120
+    # bitsandbytes' benchmark divides by 1024**2: 11609.8 x 2^20 = 12,173,757,644.8 -> 12,173,757,645
+    assert _by_id("bnb-optbench-qwen3-06b-fp32-adamw-b2-s128-a100").measured.bytes == 12_173_757_645
+    # torchao's tutorial prints max_memory_reserved() / 1e9: 8.91 GB = 8,910,000,000 B
+    assert _by_id("torchao-serving-phi4mini-bf16-gen-p17-n128-h100").measured.bytes == 8_910_000_000
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -220,14 +237,16 @@ BATCHES = [
     (BATCH4_MARK, BATCH5_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES, BATCH4_ENTRIES, 10, True),
     (BATCH5_MARK, BATCH6_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES, BATCH5_ENTRIES, 10,
      True),
-    (BATCH6_MARK, BATCH7_MARK, ALL_ENTRIES - BATCH6_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES, BATCH6_ENTRIES, 10, True),
-    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES, BATCH7_ENTRIES, 10, True),
-    (BATCH8_MARK, None, ALL_ENTRIES - BATCH8_ENTRIES, BATCH8_ENTRIES, 10, True),
+    (BATCH6_MARK, BATCH7_MARK, ALL_ENTRIES - BATCH6_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES,
+     BATCH6_ENTRIES, 10, True),
+    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES, BATCH7_ENTRIES, 10, True),
+    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES, BATCH8_ENTRIES, 10, True),
+    (BATCH9_MARK, None, ALL_ENTRIES - BATCH9_ENTRIES, BATCH9_ENTRIES, 10, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
-                         ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8"])
+                         ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
