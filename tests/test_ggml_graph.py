@@ -111,7 +111,8 @@ def test_the_buffer_lies_between_the_largest_tensor_and_the_sum(ops: list[tuple[
 def test_build_rows_and_the_nearest_earlier() -> None:
     assert parse_build("b3410") == parse_build("3410") == parse_build("b3410 (b3283448)") == 3410
     assert parse_build("latest") is None
-    assert llamacpp_build("b6327") == (LLAMACPP_BUILDS[-1], "")
+    assert llamacpp_build("b7377") == (LLAMACPP_BUILDS[-1], "")
+    assert llamacpp_build("b6327")[0].build == 6327 and not llamacpp_build("b7376")[0].output_first
     row, note = llamacpp_build("b5000")
     assert row.build == 3410 and "nearest earlier" in note
     row, note = llamacpp_build("b2000")
@@ -134,8 +135,8 @@ def test_the_build_sets_the_flash_attention_default_and_the_kv_padding() -> None
     # b3410, -fa off by default: 4000 cells (a multiple of 32); 32 layers x 2 x 1024 x 2 B x 4000 = 524,288,000 B
     assert (old.flash_attn, old.kv_size, old.kv_bytes, old.llamacpp_build) == (False, 4000, 524_288_000, "b3410")
     new = decide(resolve(_scenario({})))
-    # the newest row (b6327): -fa auto, on for a CUDA GPU, and 256-cell padding with it: 4096 cells
-    assert (new.flash_attn, new.kv_size, new.llamacpp_build) == (True, 4096, "b6327")
+    # the newest row (b7377, b6327's -fa auto): on for a CUDA GPU, and 256-cell padding with it: 4096 cells
+    assert (new.flash_attn, new.kv_size, new.llamacpp_build) == (True, 4096, "b7377")
     assert any("-fa default is auto" in a for a in new.assumptions)
     off = decide(resolve(_scenario({"flash_attn": False})))
     assert (off.flash_attn, off.kv_size) == (False, 4000)
@@ -143,3 +144,41 @@ def test_the_build_sets_the_flash_attention_default_and_the_kv_padding() -> None
     assert between.llamacpp_build == "b3410" and any("nearest earlier" in a for a in between.assumptions)
     with pytest.raises(ScenarioError, match="llamacpp_build"):
         decide(resolve(_scenario({"llamacpp_build": "newest"})))
+
+
+# Llama-3.1-8B in Q4_K_M (catalog tensor list, CUDA alloc sizes): a layer with attn_v and ffn_down in Q6_K (layers 0-3,
+# 6, 9, ..., 27-31: llama_tensor_get_type's use_more_bits) is H = 2 x 9,437,184 (q, o Q4_K) + 2,359,296 (k Q4_K)
+# + 3,440,640 (v Q6_K) + 2 x 16,384 (norms) + 2 x 33,030,144 (gate, up Q4_K) + 48,168,960 (down Q6_K) = 138,936,320;
+# the others have v 2,359,296 and down 33,030,144 in Q4_K: L = 122,716,160. Output 430,940,160 (Q6_K) + norm 16,384.
+H, L, OUT = 138_936_320, 122_716_160, 430_940_160 + 16_384
+
+
+def _offload(build: str, ngl: int) -> Any:
+    return decide(resolve(_scenario({"llamacpp_build": build, "n_gpu_layers": ngl}, 4096)))
+
+
+@pytest.mark.parametrize(("build", "ngl", "slots", "model_bytes", "kv_layers", "log"), [
+    # before #18148: i_gpu_start = max(32 - ngl, 0), the output only when ngl > 32
+    ("b3410", 1, 1, H, 1, ["offloading 1 repeating layers to GPU"]),  # layer 31
+    ("b3410", 16, 16, 8 * H + 8 * L, 16, ["offloading 16 repeating layers to GPU"]),  # layers 16-31: 8 H, 8 L
+    ("b3410", 32, 32, 16 * H + 16 * L, 32, ["offloading 32 repeating layers to GPU"]),  # the output on the host
+    ("b3410", 33, 33, 16 * H + 16 * L + OUT, 32,
+     ["offloading 32 repeating layers to GPU", "offloading output layer to GPU"]),
+    ("b6327", 16, 16, 8 * H + 8 * L, 16, ["offloading 16 repeating layers to GPU"]),
+    # from #18148: i_gpu_start = max(33 - ngl, 0), the output first; the log counts it out of min(ngl, 32)
+    ("b7377", 1, 1, OUT, 0, ["offloading output layer to GPU", "offloading 0 repeating layers to GPU"]),
+    ("b7377", 16, 16, 8 * H + 7 * L + OUT, 15,  # layers 17-31: 8 H, 7 L
+     ["offloading output layer to GPU", "offloading 15 repeating layers to GPU"]),
+    ("b7377", 32, 32, 15 * H + 16 * L + OUT, 31,  # layers 1-31 (layer 0, an H, on the host)
+     ["offloading output layer to GPU", "offloading 31 repeating layers to GPU"]),
+    ("b7377", 33, 33, 16 * H + 16 * L + OUT, 32,
+     ["offloading output layer to GPU", "offloading 31 repeating layers to GPU"]),
+])
+def test_the_build_sets_the_offload_order(build: str, ngl: int, slots: int, model_bytes: int, kv_layers: int,
+                                          log: list[str]) -> None:
+    d = _offload(build, ngl)
+    assert (d.gpu_slots, d.model_buffer_bytes) == (slots, model_bytes)
+    # per-layer KV on the layer's device: 2 x 1024 (8 heads x 128) f16 x 4096 cells = 16 MiB a layer
+    assert d.kv_bytes == kv_layers * 2 * 1024 * 2 * 4096
+    assert [x.removeprefix("load_tensors: ") for x in d.log_lines()[:len(log)]] == log
+    assert d.log_lines()[len(log)] == f"load_tensors: offloaded {slots}/33 layers to GPU"

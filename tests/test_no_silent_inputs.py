@@ -133,7 +133,7 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "named checkpoint's weights and KV layers (the proposer note names the method)",
     ("vllm-draft", "serve.speculative.method", "'eagle3'"): "as eagle: the named checkpoint's weights and KV layers",
     ("inference.quantization", "'fp4'"): "bitsandbytes fp4 and nf4 store the same 4-bit codes and one absmax per 64",
-    ("serve.gguf.flash_attn", "True"): "the newest modelled build's default is auto, on for a CUDA GPU (b6327)",
+    ("serve.gguf.flash_attn", "True"): "the newest modelled build's default is auto, on for a CUDA GPU (b6327 on)",
     ("rl.reference_model", "'none'"): "null resolves to none when beta is 0 (TRL GRPOTrainer.__init__)",
     ("train.gradient_checkpointing", "'full'"): "left out under a TRL objective it is TRL's default, "
     "gradient_checkpointing=True (spec/defaults.py; the note says so)",

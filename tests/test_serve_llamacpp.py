@@ -27,6 +27,7 @@ from vramplan.facts.gguf import (
     tensor_bytes,
     use_more_bits,
 )
+from vramplan.facts.llamacpp_builds import llamacpp_build
 from vramplan.serve.gguf import model_tensors, read_gguf
 from vramplan.serve.llamacpp import Hparams, compute_buffer_bytes, decide, kv_cache_bytes, split_weights
 from vramplan.units import MiB
@@ -198,6 +199,11 @@ def test_n_gpu_layers_offloads_from_the_last_slot(tmp_path: Path) -> None:
     assert split_weights(g.tensors, 2, 1)[:2] == (output, 2 * layer + 544_000)
     assert split_weights(g.tensors, 2, 2)[0] == layer + output
     assert split_weights(g.tensors, 2, 99)[2] == 3
+    # before ggml-org/llama.cpp#18148 (b3410): i_gpu_start = max(n_layer - ngl, 0), the output only when ngl > 2
+    old = llamacpp_build("b3410")[0]
+    assert split_weights(g.tensors, 2, 1, old)[:2] == (layer, layer + 2 * 544_000 + 2048)
+    assert split_weights(g.tensors, 2, 2, old)[0] == 2 * layer
+    assert split_weights(g.tensors, 2, 3, old)[0] == 2 * layer + output
 
 
 HOSTILE: dict[str, bytes] = {

@@ -16,6 +16,12 @@ builds:
 * ``set_rows``: the cache stores are ``ggml_set_rows`` with index inputs the GPU graph copies in (without
   flash attention one index per value of V: ``n_tokens x n_embd_v_gqa`` x 8 bytes), not ``ggml_cpy``.
 * ``reserve``: the function that reserves the compute buffer and prints "CUDA0 compute buffer size".
+* ``output_first``: the order ``-ngl`` offloads in (``load_tensors``).  Before
+  https://github.com/ggml-org/llama.cpp/pull/18148 ("llama: offload output layer to GPU first", 2025-12-17)
+  ``i_gpu_start = max(n_layer - n_gpu_layers, 0)``: the repeating layers from the last one, the output only
+  when ``n_gpu_layers > n_layer``; from it ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``: the output
+  first, then the repeating layers from the last one.  Both keep ``act_gpu_layers = min(n_gpu_layers,
+  n_layer + 1)`` and put slot ``il`` on the CPU when ``il < i_gpu_start || il - i_gpu_start >= act_gpu_layers``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,29 @@ class LlamaCppBuild:
     set_rows: bool  # the KV stores are ggml_set_rows with I64 index inputs (split inputs of the GPU graph)
     reserve: str
     sources: tuple[str, ...]
+    output_first: bool = False  # -ngl offloads the output layer before the repeating layers (ggml-org/llama.cpp#18148)
     checked_by: tuple[str, ...] = ()  # validation/published.yaml sources that check the row
+
+    def gpu_start(self, n_layer: int, n_gpu_layers: int) -> int:
+        """``i_gpu_start`` of ``load_tensors``: the first slot (0..n_layer, n_layer the output) on the GPU."""
+        return max(n_layer + (1 if self.output_first else 0) - n_gpu_layers, 0)
+
+    def on_gpu(self, slot: int, n_layer: int, n_gpu_layers: int) -> bool:
+        """Slot ``slot`` (a repeating layer, or ``n_layer``: the output) is on the GPU for ``-ngl n_gpu_layers``."""
+        start, act = self.gpu_start(n_layer, n_gpu_layers), min(n_gpu_layers, n_layer + 1)
+        return start <= slot < start + act
+
+    def offload_log(self, n_layer: int, n_gpu_layers: int) -> list[str]:
+        """The "offloading ..." lines ``load_tensors`` prints (before the "offloaded N/M layers" line)."""
+        n_gpu = min(n_gpu_layers, n_layer)
+        if not self.output_first:  # "output layer" only when n_gpu_layers > n_layer
+            return ([f"offloading {n_gpu} repeating layers to GPU"] +
+                    (["offloading output layer to GPU"] if n_gpu_layers > n_layer else []))
+        # from #18148: the output is counted out of min(n_gpu_layers, n_layer), so -ngl n_layer + 1 prints one
+        # repeating layer fewer than it offloads (the log's arithmetic, not the placement)
+        if n_gpu <= 0:
+            return ["offloading 0 repeating layers to GPU"]
+        return ["offloading output layer to GPU", f"offloading {n_gpu - 1} repeating layers to GPU"]
 
     def kv_cells(self, n_ctx: int, flash_attn: bool) -> int:
         pad = self.kv_pad_flash if flash_attn else self.kv_pad
@@ -75,6 +103,24 @@ LLAMACPP_BUILDS: tuple[LlamaCppBuild, ...] = (
              "the transposed V of -fa off)"),
             ("ggml/src/ggml-alloc.c: chunked ggml_dyn_tallocr, one chunk for a CUDA buffer (max size SIZE_MAX): the "
             "same best fit as before"),
+            "src/llama-model.cpp load_tensors: i_gpu_start = max(n_layer - n_gpu_layers, 0) (before #18148)",
+        ),
+    ),
+    LlamaCppBuild(
+        build=7377, date="2025-12-17", kv_pad=32, kv_pad_flash=256, kq_mask_pad=64, flash_attn_default="auto", set_rows=True,
+        reserve="llama_context::sched_reserve (src/llama-context.cpp)", output_first=True,
+        sources=(
+            ("ggml-org/llama.cpp#18148 'llama: offload output layer to GPU first' (JohannesGaessler, 2025-12-17, "
+             "fixes #18119): src/llama-model.cpp load_tensors i_gpu_start = max(int(hparams.n_layer) + 1 - "
+             "n_gpu_layers, 0); the log prints 'offloading output layer to GPU' first, then "
+             "min(n_gpu_layers, n_layer) - 1 repeating layers"),
+            ("the build number is a bracket, not the merge commit's count: b7376 predates the merge "
+             "(xorbitsai/xllamacpp#99 'Update llama cpp to b7376', 2025-12-13) and b9527 has the new order "
+             "(ggml-org/llama.cpp#24183, 2026-06-05: 'offloading output layer to GPU' before 'offloading 64 "
+             "repeating layers'); the row starts at b7377, the end of the bracket that puts the output (the "
+             "largest tensor) on the GPU for the builds in doubt"),
+            ("every other rule is b6327's, read again at the same files; not in this row: the 256-cell n_ctx "
+             "padding without flash attention of #16812 / #17046 (docs/serving.md)"),
         ),
     ),
 )

@@ -4,10 +4,14 @@ Modelled at llama.cpp's source of build 3410 (``src/llama.cpp``) and of 2025-202
 ``src/llama-kv-cache.cpp``, ``src/llama-context.cpp``, ``src/llama-graph.cpp``), ``ggml/src/ggml-alloc.c``,
 one CUDA device:
 
-1. **Weights** (``load_tensors``).  The repeating layers are offloaded from the last:
-   ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``, ``act_gpu_layers = min(n_gpu_layers, n_layer + 1)``;
-   slot ``il`` (0..n_layer, slot n_layer being the output) is on the GPU when
-   ``i_gpu_start <= il < i_gpu_start + act_gpu_layers``.  The input layer (token embeddings) always stays
+1. **Weights** (``load_tensors``).  ``act_gpu_layers = min(n_gpu_layers, n_layer + 1)``; slot ``il``
+   (0..n_layer, slot n_layer being the output) is on the GPU when
+   ``i_gpu_start <= il < i_gpu_start + act_gpu_layers``.  The order is the build's
+   (``facts/llamacpp_builds.py`` ``output_first``): before ggml-org/llama.cpp#18148
+   ``i_gpu_start = max(n_layer - n_gpu_layers, 0)``, the repeating layers from the last one and the output
+   only when ``n_gpu_layers > n_layer``; from it ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``, the
+   output first, then the repeating layers from the last one.  The KV cache of a layer and its part of the
+   compute graph follow the layer's device.  The input layer (token embeddings) always stays
    on the CPU ("there is very little benefit to offloading the input layer", ``dev_input``); a model without
    an ``output.weight`` reads the token embeddings a second time as its output (``TENSOR_DUPLICATED``), on
    the output's device.  "CUDA0 model buffer size" is the sum of those tensors' bytes, each padded to the
@@ -42,7 +46,7 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.gguf import FILE_TYPES, MIX_ASSUMPTIONS, GgmlType, file_type, ggml_type, row_bytes
-from vramplan.facts.llamacpp_builds import LlamaCppBuild, llamacpp_build
+from vramplan.facts.llamacpp_builds import LLAMACPP_BUILDS, LlamaCppBuild, llamacpp_build
 from vramplan.monotone import largest_true
 from vramplan.serve.ggml_graph import GraphShape, gallocr_max_size, reserve_nodes
 from vramplan.serve.gguf import GgufFile, GgufTensor, model_tensors, read_gguf
@@ -127,10 +131,6 @@ def hparams_of_model(r: Resolved) -> Hparams:
     )
 
 
-def _on_gpu(slot: int, n_layer: int, ngl: int) -> bool:
-    start = max(n_layer + 1 - ngl, 0)
-    act = min(ngl, n_layer + 1)
-    return start <= slot < start + act
 
 
 def _alloc_size(t: GgufTensor) -> int:
@@ -141,15 +141,17 @@ def _alloc_size(t: GgufTensor) -> int:
     return round_up(size, CUDA_ALIGNMENT)
 
 
-def split_weights(tensors: list[GgufTensor], n_layer: int, ngl: int) -> tuple[int, int, int]:
-    """(GPU model buffer bytes, host bytes, GPU slots) for ``n_gpu_layers = ngl`` (module docstring, 1)."""
+def split_weights(tensors: list[GgufTensor], n_layer: int, ngl: int,
+                  build: LlamaCppBuild = LLAMACPP_BUILDS[-1]) -> tuple[int, int, int]:
+    """(GPU model buffer bytes, host bytes, GPU slots) for ``n_gpu_layers = ngl`` in ``build``'s offload order
+    (module docstring, 1)."""
     gpu = host = 0
     has_output = any(t.name == "output.weight" for t in tensors)
-    out_gpu = _on_gpu(n_layer, n_layer, ngl)
+    out_gpu = build.on_gpu(n_layer, n_layer, ngl)
     for t in tensors:
         layer = t.layer
         if layer is not None:
-            on = _on_gpu(layer, n_layer, ngl)
+            on = build.on_gpu(layer, n_layer, ngl)
         elif t.name.startswith(("token_embd", "token_types", "position_embd")):
             on = False  # dev_input
             if t.name == "token_embd.weight" and not has_output and out_gpu:
@@ -160,7 +162,7 @@ def split_weights(tensors: list[GgufTensor], n_layer: int, ngl: int) -> tuple[in
             gpu += _alloc_size(t)
         else:
             host += t.nbytes
-    slots = sum(1 for s in range(n_layer + 1) if _on_gpu(s, n_layer, ngl))
+    slots = sum(1 for s in range(n_layer + 1) if build.on_gpu(s, n_layer, ngl))
     return gpu, host, slots
 
 
@@ -235,7 +237,10 @@ class LlamaCppDecision:
         """llama.cpp's own start-up lines with vramplan's numbers, to compare with a real log."""
         def mib(n: int) -> str:
             return f"{n / MiB:8.2f} MiB"
+        ngl = self.n_layer + 1 if self.n_gpu_layers < 0 else self.n_gpu_layers
+        row, _ = llamacpp_build(self.llamacpp_build or None)
         out = [
+            *(f"load_tensors: {line}" for line in row.offload_log(self.n_layer, ngl)),
             f"load_tensors: offloaded {self.gpu_slots}/{self.n_layer + 1} layers to GPU",
             f"load_tensors:        CUDA0 model buffer size = {mib(self.model_buffer_bytes)}",
             f"load_tensors:   CPU_Mapped model buffer size = {mib(self.host_weights_bytes)}",
@@ -362,9 +367,9 @@ def decide(r: Resolved) -> LlamaCppDecision:
         raise _refuse("serve.gguf.cache_type_v", "V cache quantization requires flash_attn (llama.cpp refuses to "
                       "create the context)", "set serve.gguf.flash_attn true or serve.gguf.cache_type_v f16")
     ngl = h.n_layer + 1 if g.n_gpu_layers < 0 else g.n_gpu_layers
-    model_buf, host_w, slots = split_weights(tensors, h.n_layer, ngl)
-    layers_gpu = sum(1 for il in range(h.n_layer) if _on_gpu(il, h.n_layer, ngl))
-    out_gpu = _on_gpu(h.n_layer, h.n_layer, ngl)
+    model_buf, host_w, slots = split_weights(tensors, h.n_layer, ngl, rules.build)
+    layers_gpu = sum(1 for il in range(h.n_layer) if rules.build.on_gpu(il, h.n_layer, ngl))
+    out_gpu = rules.build.on_gpu(h.n_layer, h.n_layer, ngl)
     n_ctx = sv.max_model_len or h.n_ctx_train
     kv_size = rules.build.kv_cells(n_ctx, rules.flash)
     k, v = kv_cache_bytes(h, kv_size, layers_gpu, tk, tv)
@@ -384,7 +389,9 @@ def decide(r: Resolved) -> LlamaCppDecision:
                "lower serve.gguf.n_gpu_layers (keep layers on the host) or choose a smaller serve.gguf.quant")
     assumptions = [
         (f"llama.cpp: {source}, file type {ftype}; n_gpu_layers {g.n_gpu_layers} -> {slots}/{h.n_layer + 1} slots on "
-        "the GPU (the last layers first, then the output; token embeddings stay on the host)"),
+        + ("the GPU (the output first, then the last layers; token embeddings stay on the host)"
+           if rules.build.output_first else
+           "the GPU (the last layers first, then the output; token embeddings stay on the host)")),
         *notes,
         *_build_notes(rules, g),
         (f"KV cache: {kv_size} cells (n_ctx {n_ctx} rounded up to "
