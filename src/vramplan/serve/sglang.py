@@ -642,7 +642,7 @@ def _refusals(r: Resolved) -> list[Problem]:
     problems: list[Problem] = []
     if s.parallel.pp > 1:
         problems.append(Problem("parallel.pp", "pipeline parallelism is not modelled for SGLang",
-                                "use parallel.tp, or engine vllm"))
+                                "use parallel.tp instead of parallel.pp"))
     if s.serve.max_model_len and s.serve.max_model_len > r.model.max_position_embeddings:
         # model_config.py: "User-specified context_length (...) is greater than the derived context_length (...)"
         # is a ValueError unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1

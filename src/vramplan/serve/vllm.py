@@ -1350,6 +1350,13 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring)."""
     beh = behaviour(version)
     sv = r.scenario.serve
+    par = r.scenario.parallel
+    if par.pp > 1:
+        # the weights would follow rank_params' stage 0 while the KV pool is sized for every layer, the last stage's
+        # lm_head is not counted and the ranks' block counts are not combined: refused rather than answered wrongly
+        raise _refuse("parallel.pp", f"pipeline parallelism (pp {par.pp}) is not modelled for vLLM: the per-stage "
+                      "KV pool, the last stage's LM head and how the stages' block counts combine are not modelled",
+                      f"use tensor parallelism instead: parallel.tp {par.tp * par.pp}, parallel.pp 1")
     hybrid = _hybrid_rule(r, version)
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
