@@ -193,6 +193,20 @@ def test_pipeline_parallel_is_refused_with_the_tp_setting() -> None:
     assert p.where == "parallel.pp" and "not modelled for vLLM" in p.message and "parallel.tp 2" in p.hint
 
 
+def test_expert_parallel_is_tp_or_nothing() -> None:
+    # vLLM's expert group is TP x DP (FusedMoEParallelConfig.make); without data parallelism ep is 1 or tp:
+    # tp 2, ep 4 on 2 GPUs is refused with ep 2 as the setting that works; tp 2, ep 2 is estimated
+    d = _serve("Qwen/Qwen3-30B-A3B", "H100", 0.9, 8192)
+    d["hardware"]["num_gpus"] = 2
+    d["parallel"] = {"tp": 2, "ep": 4}
+    with pytest.raises(ScenarioError) as exc:
+        decide(resolve(d))
+    p = exc.value.problems[0]
+    assert p.where == "parallel.ep" and "parallel.ep 2" in p.hint
+    d["parallel"] = {"tp": 2, "ep": 2}
+    assert decide(resolve(d)).num_gpu_blocks > 0
+
+
 def test_unknown_version_is_bad_input() -> None:
     # every release from 0.6 to 0.33 is modelled (facts/vllm_releases.py); 0.5 is older: refused with the nearest
     with pytest.raises(ScenarioError, match=r"nearest is 0\.6\.0"):

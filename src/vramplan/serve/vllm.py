@@ -1357,6 +1357,13 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         raise _refuse("parallel.pp", f"pipeline parallelism (pp {par.pp}) is not modelled for vLLM: the per-stage "
                       "KV pool, the last stage's LM head and how the stages' block counts combine are not modelled",
                       f"use tensor parallelism instead: parallel.tp {par.tp * par.pp}, parallel.pp 1")
+    if par.ep not in (1, par.tp):
+        # vLLM has no expert-parallel size of its own: --enable-expert-parallel makes the experts' group the whole
+        # TP x DP group (model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make: ep_size =
+        # dp_size * tp_size), and data parallelism is not a serve key here, so ep is 1 or tp
+        raise _refuse("parallel.ep", f"vLLM's expert parallel size is tensor x data parallel; with parallel.tp "
+                      f"{par.tp} (no data parallelism modelled) it is {par.tp}, not {par.ep}",
+                      f"set parallel.ep {par.tp} (--enable-expert-parallel) or 1")
     hybrid = _hybrid_rule(r, version)
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
