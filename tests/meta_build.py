@@ -70,3 +70,18 @@ def generate_phase_peaks(model: Any, inputs: dict[str, Any], n: int, cross_write
         elif i >= start["encoder"]:
             peaks[0] = max(peaks[0], live)
     return peaks[0] - base, peaks[1] - base, peaks[2] - base
+
+
+def live_at_backward(st: Any) -> list[Any]:
+    """The trace's allocation events still alive when the backward starts (``StepTrace.marks`` names the phase):
+    what the forward saved for the backward, each event with its module, category and bytes."""
+    start = next(seq for seq, phase in st.marks if phase == "backward")
+    live: dict[int, Any] = {}
+    for ev in st.events:
+        if ev.seq >= start:
+            break
+        if ev.nbytes > 0:
+            live[ev.storage_id] = ev
+        else:
+            live.pop(ev.storage_id, None)
+    return list(live.values())

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from meta_build import live_at_backward
 from vramplan.analytic import activations as act
 from vramplan.analytic.attention import resolve_attention
 from vramplan.analytic.terms.context import StepContext, step_policy
@@ -117,17 +118,8 @@ def test_falcon_layer_saved_equals_the_trace(attention: str, b: int, precision: 
     doc = _doc(model=cfg, b=b, seq=128, attention=attention, precision=precision, peft=peft)
     _, _, _, analytic = _layer(doc)
     _, st = trace(resolve(doc))
-    start = {ph: seq for seq, ph in st.marks}["backward"]
-    live: dict[int, Any] = {}
-    for ev in st.events:
-        if ev.seq >= start:
-            break
-        if ev.nbytes > 0:
-            live[ev.storage_id] = ev
-        else:
-            live.pop(ev.storage_id, None)
     # layer 1's own tensors and its output (the next layer's input, which the analytic layer counts as its input)
-    traced = sum(e.nbytes for e in live.values() if e.category == "activations" and ".h.1" in e.module)
+    traced = sum(e.nbytes for e in live_at_backward(st) if e.category == "activations" and ".h.1" in e.module)
     assert traced == analytic * b * 128, (traced / (b * 128), analytic)
 
 

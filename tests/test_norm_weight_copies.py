@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from meta_build import live_at_backward
 from vramplan.analytic import activations as act
 from vramplan.catalog.resolve import resolve
 from vramplan.spec.hf_config import model_from_config
@@ -81,17 +82,7 @@ def _layer_bytes(doc: dict[str, Any], layer: int) -> tuple[int, int]:
     from vramplan.trace.step import trace_train
 
     r = resolve(doc)
-    st = trace_train(r)
-    backward = next(seq for seq, phase in st.marks if phase == "backward")
-    live: dict[int, Any] = {}
-    for e in st.events:
-        if e.seq >= backward:
-            break
-        if e.nbytes > 0:
-            live[e.storage_id] = e
-        else:
-            live.pop(e.storage_id, None)
-    inside = sum(e.nbytes for e in live.values() if f".layers.{layer}." in f".{e.module}.")
+    inside = sum(e.nbytes for e in live_at_backward(trace_train(r)) if f".layers.{layer}." in f".{e.module}.")
     res = train_step(r)
     assert res.context is not None
     return inside, layer_activations(res.context).full[layer]
