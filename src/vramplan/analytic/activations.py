@@ -905,11 +905,6 @@ def _expert_inter(m: ModelSpec, ctx: ActContext) -> int:
 
 
 def grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
-    """Per routed row: what transformers >= 5's grouped experts save (``_grouped_experts_tensors``)."""
-    return _grouped_experts_saved(m, ctx)
-
-
-def _grouped_experts_saved(m: ModelSpec, ctx: ActContext) -> int:
     """Per routed token: what transformers >= 5's grouped experts save (``_grouped_experts_tensors``)."""
     return total_bytes(_grouped_experts_tensors(m, ctx))
 

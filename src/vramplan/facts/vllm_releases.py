@@ -402,7 +402,6 @@ MXFP4_HOPPER_SOURCES = (
 )
 
 
-
 def mxfp4_triton_installed(version: str | None) -> bool:
     """Whether a plain install of vLLM ``version`` has the triton_kernels module its Triton MXFP4 backend needs on
     Hopper and Blackwell (``MXFP4_HOPPER_SOURCES``): 0.10.1-0.11.x do not (0.11.0 quantization/mxfp4.py

@@ -131,8 +131,6 @@ def hparams_of_model(r: Resolved) -> Hparams:
     )
 
 
-
-
 def _alloc_size(t: GgufTensor) -> int:
     """``ggml_backend_cuda_buffer_type_get_alloc_size``, then the buffer's alignment."""
     size = t.nbytes
@@ -387,11 +385,10 @@ def decide(r: Resolved) -> LlamaCppDecision:
                    f"compute {compute / MiB:.2f} MiB + CUDA context {ctx / MiB:.0f} MiB > {cap / MiB:.0f} MiB)")
         fix = (f"serve.max_model_len <= {fits_ctx}" if fits_ctx >= 256 else
                "lower serve.gguf.n_gpu_layers (keep layers on the host) or choose a smaller serve.gguf.quant")
+    order = "the output first, then the last layers" if rules.build.output_first else "the last layers first, then the output"
     assumptions = [
         (f"llama.cpp: {source}, file type {ftype}; n_gpu_layers {g.n_gpu_layers} -> {slots}/{h.n_layer + 1} slots on "
-        + ("the GPU (the output first, then the last layers; token embeddings stay on the host)"
-           if rules.build.output_first else
-           "the GPU (the last layers first, then the output; token embeddings stay on the host)")),
+         f"the GPU ({order}; token embeddings stay on the host)"),
         *notes,
         *_build_notes(rules, g),
         (f"KV cache: {kv_size} cells (n_ctx {n_ctx} rounded up to "

@@ -72,7 +72,6 @@ from vramplan.facts.vllm_releases import (
     MambaHybridRule,
     VllmRelease,
     mamba_hybrid_rule,
-    mxfp4_triton_installed,
     parse_release,
     release_row,
     release_text,
@@ -88,7 +87,7 @@ from vramplan.facts.vllm_tp_comm import (
 from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
 from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.load import Resolved
+from vramplan.spec.load import Resolved, vllm_mxfp4_triton
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
 
@@ -285,9 +284,8 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     counted += rp.expert_bias * DTYPE_BITS[mx.expert_bias_dtype or "fp32"] // 8
     local = ceil_div(m.moe.expert_intermediate_size, par.tp) if par.ep == 1 else m.moe.expert_intermediate_size
     major, _, minor = (r.gpu.compute_capability or "9.0").partition(".")
-    # Marlin on a plain install before 0.12.0, which lacks triton_kernels (facts/vllm_releases.py mxfp4_triton_installed)
-    triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0) and (
-        r.scenario.effective_framework != "vllm" or mxfp4_triton_installed(r.scenario.serve.vllm_version))
+    # Marlin on a plain install before 0.12.0, which lacks triton_kernels (spec/load.py vllm_mxfp4_triton)
+    triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0) and vllm_mxfp4_triton(r.scenario)
     if triton:
         each = _mxfp4_expert_bytes(m.hidden_size, round_up(local, _TRITON_PAD), 4)
     else:

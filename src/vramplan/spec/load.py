@@ -415,6 +415,13 @@ def _hopper_swizzle_note(cap: tuple[int, int] | None) -> list[str]:
     return [HOPPER_SWIZZLE_NOTE] if cap == (9, 0) else []
 
 
+def vllm_mxfp4_triton(s: Scenario) -> bool:
+    """Whether vLLM's Triton MXFP4 backend is there for this scenario: any engine but vLLM's start-up (transformers,
+    a rollout under TRL) is taken as today's; a vLLM release's plain install has triton_kernels from 0.12.0 on
+    (facts/vllm_releases.py ``mxfp4_triton_installed``)."""
+    return s.effective_framework != "vllm" or mxfp4_triton_installed(s.serve.vllm_version)
+
+
 def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None, triton: bool = True) -> list[str]:
     """What transformers (inference) or vLLM (serve) does with MXFP4 experts on a GPU of capability ``cap``;
     ``triton``: the vLLM release's plain install has triton_kernels (facts/vllm_releases.py ``mxfp4_triton_installed``)."""
@@ -448,8 +455,7 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     q: str = getattr(s, s.task).quantization
     cap = _capability(compute_capability)
     if q == "mxfp4":
-        triton = s.task != "serve" or s.effective_framework != "vllm" or mxfp4_triton_installed(s.serve.vllm_version)
-        return _mxfp4_assumptions(s.task, cap, triton)
+        return _mxfp4_assumptions(s.task, cap, vllm_mxfp4_triton(s))
     if s.task == "inference" and q != "none" and (note := quant_format(q).inference_note):
         return [note.format(name=q)]
     if q.startswith("ct-") and s.task == "inference":
@@ -590,8 +596,6 @@ def _split_backward_problems(s: Scenario, m: ModelSpec, name: str) -> list[Probl
                            f"{checkpointing(s)}: what the recomputation keeps between the I pass "
                            "(retain_graph=True) and the W pass is not modelled",
                            f"set train.gradient_checkpointing: none, or {fix}"))
-    # routed experts and routers (their tokens depend on the routing), norms narrower than the hidden size
-    # (per-head q/k norms), other tensors (convolutions, state-space parameters)
     if s.train.activation_offload != "none":
         out.append(Problem("parallel.pp_schedule", f"{name} with activation_offload {s.train.activation_offload}: "
                            "what the offload hooks hold between the I pass (retain_graph=True) and the W pass is not "
@@ -600,6 +604,8 @@ def _split_backward_problems(s: Scenario, m: ModelSpec, name: str) -> list[Probl
         out.append(Problem("parallel.pp_schedule", f"{name} with a fused loss or Liger's kernels: their autograd "
                            "functions replace the linear and norm ops whose output gradients are held from I to W",
                            f"set train.loss: standard and liger_kernels: false, or {fix}"))
+    # routed experts and routers (their tokens depend on the routing), norms narrower than the hidden size
+    # (per-head q/k norms), other tensors (convolutions, state-space parameters)
     odd = [p.name for p in m.params
            if p.role in ("expert", "router", "other") or (p.role == "norm" and p.numel != m.hidden_size)]
     if odd:
