@@ -94,7 +94,7 @@ def test_gpt_oss_experts_and_router_per_token() -> None:
     ctx = _ctx(expert_bytes=4)
     # per routed token: gathered input 4h, gate/up output 8I, clamped gate, sigmoid, glu, up + 1, product
     # 5 x 4I, down output 4h: 4 x (2 x 2880 + 7 x 2880) = 103,680 B
-    assert act._grouped_experts_saved(m, ctx) == 103_680
+    assert act.grouped_experts_saved(m, ctx) == 103_680
     # router: top-k's int64 indices and the softmax over the k values (bf16): (8 + 2) x 4 = 40 B
     assert act._router_saved(m, ctx) == 40
     # the router's input copy (2 x 2880) + 40 + 4 x 103,680
