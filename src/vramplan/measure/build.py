@@ -250,7 +250,13 @@ def make_optimizer(name: str, model: Any, device_type: str) -> tuple[Any, str | 
     module, _, cls_name = construct.path.rpartition(".")
     cls: Any = getattr(importlib.import_module(module), cls_name)
     note = construct.note_off_cuda if device_type != "cuda" else None
-    return cls(groups, lr=lr, **dict(construct.kwargs)), note
+    optimizer = cls(groups, lr=lr, **dict(construct.kwargs))
+    if callable(getattr(optimizer, "train", None)):
+        # schedule-free optimizers step only in train mode (schedulefree's step raises "Optimizer was not in
+        # train mode"); transformers' Trainer calls optimizer.train() before training for the same reason
+        # (trainer.py: `if hasattr(self.optimizer, "train") and callable(self.optimizer.train)`)
+        optimizer.train()
+    return optimizer, note
 
 
 def _apply_peft(model: Any, r: Resolved, adapter_fp32: bool) -> Any:
