@@ -230,6 +230,20 @@ H100C_SCENARIOS: list[tuple[str, list[str]]] = [
 ]
 
 
+# A seventh list (``--set h100d``), written after ``h100c``'s two Bamba scenarios ran out of memory (transformers 5.17's
+# torch Mamba2 scan materializes its broadcast products; facts/state_space.py) and after that was modelled, before it
+# ran: the 5.17 path at sizes the engine says fit (``software.transformers`` 5.17 given, as the device runs it), and
+# ``h100c``'s two Bamba scenarios again under transformers 5.24 (carried as a wheel), the release whose einsum scan
+# the engine models when ``software.transformers`` is unset.
+H100D_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("bamba-synth-gen-b2-p1024-tf517", ["--model", "benchmarks/gpu/configs/bamba-synthetic-2b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "2", "--prompt-len", "1024", "--new-tokens", "32", "--transformers-version", "5.17"]),
+    ("bamba-synth-full-s1024-tf517", ["--model", "benchmarks/gpu/configs/bamba-synthetic-2b.json", "--task", "train", "--precision", "bf16-true", "--optimizer", "adamw", "--micro-batch-size", "1", "--seq-len", "1024", "--transformers-version", "5.17"]),
+]
+H100D_TF524_SCENARIOS: list[tuple[str, list[str]]] = [
+    (sid + "-tf524", flags) for sid, flags in H100C_SCENARIOS if sid.startswith("bamba-")
+]
+
+
 def _estimate_bytes(flags: list[str], gpu: str = GPU) -> int:
     """The analytic estimate of the process's device memory (nvidia-smi), for scheduling only."""
     p = subprocess.run([*CLI, "estimate", *flags, "--gpu", gpu, "--json"], check=False, capture_output=True, text=True, timeout=120)
@@ -270,7 +284,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--set", choices=("first", "check", "check2", "h100", "h100b", "h100c"), default="first", help="which scenario list")
+    ap.add_argument("--set", choices=("first", "check", "check2", "h100", "h100b", "h100c", "h100d", "h100d-tf524"), default="first", help="which scenario list")
     ap.add_argument("--gpu", default=GPU, help="catalog GPU the scheduler estimates with (H200, H100)")
     ap.add_argument("--capacity-gib", type=float, default=139.0, help="what the running estimates may add up to")
     ap.add_argument("--timeout", type=int, default=240)
@@ -281,7 +295,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "env.json").write_text(json.dumps(_env(), indent=1))
     chosen = {"first": SCENARIOS, "check": CHECK_SCENARIOS, "check2": CHECK2_SCENARIOS, "h100": H100_SCENARIOS,
-              "h100b": H100B_SCENARIOS, "h100c": H100C_SCENARIOS}[args.set]
+              "h100b": H100B_SCENARIOS, "h100c": H100C_SCENARIOS, "h100d": H100D_SCENARIOS, "h100d-tf524": H100D_TF524_SCENARIOS}[args.set]
     todo = [(sid, flags) for sid, flags in chosen if not args.only or sid in args.only]
     sized = [(sid, flags, _estimate_bytes(flags, args.gpu)) for sid, flags in todo]
     capacity_bytes = int(args.capacity_gib * 2**30)

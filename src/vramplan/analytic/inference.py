@@ -104,9 +104,11 @@ from vramplan.analytic.ssm_state import (
     ssm_state_bytes,
     ssm_state_layer_bytes,
 )
+from vramplan.analytic.terms.mamba2 import broadcast_product_bytes
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.state_space import mamba2_scan_broadcasts
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
@@ -747,7 +749,13 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     """
     m, b, p, c = g.m, g.batch, g.prompt, g.c
     # a hybrid model's running layer is its attention layer's or its Mamba2 mixer's, the larger
-    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention), mixer_prefill_bytes(m, b, p, c))
+    mixer = mixer_prefill_bytes(m, b, p, c)
+    if m.mamba is not None and mamba2_scan_broadcasts(g.r.scenario.software.transformers_version):
+        # before transformers 5.18 the scan also materializes its broadcast products, the largest while the scan's
+        # other locals live (analytic/terms/mamba2.py ``broadcast_product_bytes``): counted over the locals at the
+        # scan's end, a bound from above (some of them are made after the largest product is freed)
+        mixer += broadcast_product_bytes(m.mamba, b, p)
+    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention), mixer)
     ci = g.cross()
     if ci is not None:
         layer = max(layer, _cross_running(g, ci, layer))
@@ -990,6 +998,14 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     scan = ("the mixers run transformers' torch scan (mamba2_chunk_scan, as without the mamba-ssm package and use_kernels=True): "
             f"the prefill's running mixer holds its fp32 chunk tensors (chunk {ms.chunk_size}), a decode step's "
             "mixer its state update's temporaries (mamba2_selective_state_update)")
+    version = g.r.scenario.software.transformers
+    if mamba2_scan_broadcasts(g.r.scenario.software.transformers_version):
+        scan += (f"; transformers {version} (before 5.18) materializes the scan's broadcast products, the largest "
+                 f"{broadcast_product_bytes(ms, g.batch, g.prompt):,} B in fp32, counted at the prefill")
+    elif version is None:
+        scan += ("; the einsum scan of transformers 5.18 and later (before 5.18 the scan materializes broadcast "
+                 f"products, {broadcast_product_bytes(ms, g.batch, g.prompt):,} B here: set software.transformers "
+                 "for an older release)")
     # the traced engine sees the scan's einsums make transient copies that these terms leave out: the analytic
     # peak is up to 5% below the trace's on transformers' Bamba test shapes (tests/test_families_hybrid.py), and no
     # published hybrid measurement checks it yet, so it is stated as not modelled (the band widens)

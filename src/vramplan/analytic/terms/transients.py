@@ -17,10 +17,12 @@ from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
+from vramplan.analytic.terms.mamba2 import broadcast_product_bytes
 from vramplan.analytic.timeline import Loc, attention, layer_done, mlp
+from vramplan.facts.state_space import mamba2_scan_broadcasts
 from vramplan.facts.torchtune import torchao_nf4_dequant_peak_bytes
 
-__all__ = ["TORCHTUNE_NF4_NOTE", "layer_backward", "nf4_dequant"]
+__all__ = ["TORCHTUNE_NF4_NOTE", "layer_backward", "mixer_scan_products", "nf4_dequant"]
 
 TORCHTUNE_NF4_NOTE = (
     "torchtune QLoRA: base linears in torchao's NF4Tensor (4-bit codes, an int8 scaler per 64 weights, a bf16 factor "
@@ -54,4 +56,26 @@ def nf4_dequant(c: StepContext) -> list[Term]:
         return []
     nbytes = torchao_nf4_dequant_peak_bytes(c.rp.largest_linear)
     rows = [(nbytes, mlp(j), attention(j), "transient.nf4_dequant", j) for j in range(len(c.layer_specs) - 1, -1, -1)]
+    return device_terms(K.LAYER_BACKWARD, rows)
+
+
+def mixer_scan_products(c: StepContext) -> list[Term]:
+    """transformers before 5.18 (``software.transformers``; facts/state_space.py ``mamba2_scan_broadcasts``): each
+    Mamba2 mixer's backward meets its scan's largest broadcast product twice.  ``(C[..., None, :, :] * B[:, :,
+    None]).sum(-1)`` and its like are a ``mul`` whose two inputs are broadcast; autograd's ``MulBackward0`` returns
+    both input gradients at the product's full shape (``grad * other``, ``grad * self``: derivatives.yaml
+    ``mul_tensor_backward``) and the engine reduces each to its input's shape only after the node returns
+    (engine.cpp ``validate_outputs``: ``reduce_grad``), so two full-size fp32 gradients are alive together
+    (analytic/terms/mamba2.py ``broadcast_product_bytes``).  At each mixer layer's attention point (the mixer takes
+    the attention's place), as a bound of that moment, not an allocation (the event stream does not read it).  The
+    forward's one product per layer (or the recomputation's, under checkpointing) is half of it and comes with
+    fewer gradients alive."""
+    ms = c.m.mamba
+    if ms is None or not mamba2_scan_broadcasts(c.s.software.transformers_version):
+        return []
+    t = c.s.train
+    nbytes = 2 * broadcast_product_bytes(ms, t.micro_batch_size, t.seq_len)
+    layers = set(ms.layers)
+    rows = [(nbytes, attention(j), layer_done(j), "transient.mamba2_scan_products", j)
+            for j in range(len(c.layer_specs) - 1, -1, -1) if j in layers]
     return device_terms(K.LAYER_BACKWARD, rows)
