@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,16 @@ def _predict(flags: list[str], gpu: str, engine: str) -> dict[str, int] | None:
     return {k: int(pg[k]) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes")}
 
 
+def _verdict(flags: list[str], gpu: str) -> str:
+    """The analytic engine's verdict for a scenario that failed on the GPU (FITS would be a false fit)."""
+    p = subprocess.run([*CLI, "estimate", *flags, "--gpu", gpu, "--json"], check=False, capture_output=True, text=True)
+    try:
+        doc = json.loads(p.stdout)
+        return f"{doc['verdict']}, peak allocated {int(doc['per_gpu']['peak_allocated_bytes']) / GiB:.2f} GiB"
+    except (ValueError, KeyError):
+        return "no estimate"
+
+
 def _err(pred: int | None, meas: int | None) -> float | None:
     return None if not pred or not meas else (pred - meas) / meas
 
@@ -62,7 +73,11 @@ def main() -> int:
         d = json.loads(line)
         r = d["result"]
         if not r:
-            rows.append({"id": d["id"], "error": d["stderr_tail"][-200:]})
+            tail = " ".join(d["stderr_tail"].split())
+            oom = re.search(r"CUDA out of memory\. Tried to allocate [0-9.]+ [GM]iB", tail)
+            error = oom.group(0) if oom else tail[-160:].replace("|", "/")
+            verdict = _verdict([*d["flags"], *software_flags(env)], args.gpu)
+            rows.append({"id": d["id"], "error": f"{error}; analytic now: {verdict}"})
             continue
         meas = {"peak_allocated_bytes": r["peak_allocated_bytes"], "peak_reserved_bytes": r["peak_reserved_bytes"],
                 "device_used_bytes": r["device_used_bytes"]}

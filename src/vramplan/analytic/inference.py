@@ -99,16 +99,16 @@ from vramplan.analytic.layout import (
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.ssm_state import (
+    broadcast_product_bytes,
     mixer_decode_bytes,
     mixer_prefill_bytes,
     ssm_state_bytes,
     ssm_state_layer_bytes,
 )
-from vramplan.analytic.terms.mamba2 import broadcast_product_bytes
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
-from vramplan.facts.state_space import mamba2_scan_broadcasts
+from vramplan.facts.transformers import mamba2_scan_broadcasts
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
@@ -752,7 +752,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     mixer = mixer_prefill_bytes(m, b, p, c)
     if m.mamba is not None and mamba2_scan_broadcasts(g.r.scenario.software.transformers_version):
         # before transformers 5.18 the scan also materializes its broadcast products, the largest while the scan's
-        # other locals live (analytic/terms/mamba2.py ``broadcast_product_bytes``): counted over the locals at the
+        # other locals live (analytic/ssm_state.py ``broadcast_product_bytes``): counted over the locals at the
         # scan's end, a bound from above (some of them are made after the largest product is freed)
         mixer += broadcast_product_bytes(m.mamba, b, p)
     layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention), mixer)

@@ -41,10 +41,10 @@ transformers' Bamba test configuration, tests/data/bamba-tester).
 
 from __future__ import annotations
 
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["mixer_decode_bytes", "mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes",
+__all__ = ["broadcast_product_bytes", "mixer_decode_bytes", "mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes",
            "ssm_state_note"]
 
 FP32_BYTES = 4
@@ -81,6 +81,25 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
     fp32 = batch * FP32_BYTES * (padded * (6 * inter + 3 * h * n + 3 * ms.chunk_size * h)
                                  + (chunks + 1) * inter * n)
     return half + fp32
+
+
+def broadcast_product_bytes(ms: MambaSpec, batch: int, seq: int) -> int:
+    """The largest fp32 product transformers before 5.18 materializes in one Mamba2 scan over ``batch`` sequences of
+    ``seq`` tokens (facts/state_space.py ``MAMBA2_SCAN_EINSUM_RELEASE``); with ``P = batch x padded tokens``, chunk
+    ``l``, ``H`` heads of ``d`` channels (``I = H d``), state ``n`` (B and C repeated to every head) and ``nc`` chunks:
+    ``C * B`` for G, ``P l H n``; ``M * x`` for Y_diag, ``P l I``; ``B_decay * x`` for the chunk states and
+    ``C * states`` for C_times_states, ``P I n`` each; ``decay_chunk * states`` for the inter-chunk recurrence,
+    ``batch (nc + 1)^2 I n``; 4 B an element (B, C and x are ``.float()`` copies, so autocast does not reach them).
+
+    Worked example, the synthetic Bamba of benchmarks/gpu/configs (64 heads of 64, state 128, chunk 256) at 8 x 2,048
+    tokens: P = 16,384; G's product 16,384 x 256 x 64 x 128 x 4 = 137,438,953,472 B (the 128 GiB the H100 was asked
+    for), Y_diag's 16,384 x 256 x 4,096 x 4 = 68,719,476,736 B, the states' 16,384 x 4,096 x 128 x 4 =
+    34,359,738,368 B, the recurrence's 8 x 81 x 4,096 x 128 x 4 = 1,358,954,496 B: the largest is G's."""
+    chunk = ms.chunk_size
+    padded = ceil_div(seq, chunk) * chunk
+    p, nc = batch * padded, padded // chunk
+    inter, n = ms.intermediate_size, ms.state_size
+    return FP32_BYTES * max(p * chunk * ms.n_heads * n, p * chunk * inter, p * inter * n, batch * (nc + 1) ** 2 * inter * n)
 
 
 def ssm_state_note(m: ModelSpec, c: int) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["MAMBA2_SCAN_EINSUM_RELEASE", "UNBUILT_STATE_SPACE", "UnbuiltFamily", "mamba2_scan_broadcasts"]
+__all__ = ["UNBUILT_STATE_SPACE", "UnbuiltFamily"]
 
 
 class UnbuiltFamily(NamedTuple):
@@ -30,26 +30,3 @@ UNBUILT_STATE_SPACE: dict[str, UnbuiltFamily] = {r.model_type: r for r in (
                   "transformers 5.24 models/falcon_mamba/modeling_falcon_mamba.py FalconMambaMixer, "
                   "mamba_selective_scan"),
 )}
-
-
-# The first transformers release whose torch Mamba2 scan (``mamba2_chunk_scan``, shared by bamba, falcon_h1,
-# granitemoehybrid, mamba2, nemotron_h and zamba2) contracts with ``torch.einsum``.  Before it (read in the 5.17.0
-# wheel, ``models/bamba/modeling_bamba.py``) the scan multiplies broadcast views and sums the product:
-# ``G = (C[:, :, :, None, :, :] * B[:, :, None, :, :, :]).sum(dim=-1)``, ``Y_diag = (M[..., None] *
-# hidden_states[:, :, None]).sum(dim=3)``, ``states = (B_decay[..., None, :] * hidden_states[..., None]).sum(dim=2)``,
-# ``new_states = (decay_chunk[..., None, None] * states[:, :, None, ...]).sum(dim=1)`` and ``C_times_states = C[...,
-# None, :] * states[:, :, None, ...]``, each product a full fp32 tensor of the broadcast shape (5.18.0's wheel has the
-# einsums; 5.17.0, 5.18.0, 5.19.0, 5.20.0, 5.22.0, 5.23.0 and 5.24.0 read).  Measured on an H100 (torch 2.11,
-# transformers 5.17.0, benchmarks/gpu/h100-2026-11-27): a synthetic Bamba at 8 x 2,048 prompt tokens asked for the
-# G product's 8 x 8 x 256 x 256 x 64 x 128 x 4 B = 128 GiB.
-MAMBA2_SCAN_EINSUM_RELEASE: tuple[int, int, int] = (5, 18, 0)
-
-
-def mamba2_scan_broadcasts(transformers_version: tuple[int, ...] | None) -> bool:
-    """Whether the torch Mamba2 scan of that transformers release materializes its broadcast products (before
-    5.18.0); False when the release is unset (the current release's einsum scan is modelled).
-
-    >>> mamba2_scan_broadcasts((5, 17, 0)), mamba2_scan_broadcasts((5, 18, 0)), mamba2_scan_broadcasts(None)
-    (True, False, False)
-    """
-    return transformers_version is not None and tuple(transformers_version) < MAMBA2_SCAN_EINSUM_RELEASE

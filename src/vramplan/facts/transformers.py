@@ -13,7 +13,7 @@ import json
 from functools import cache
 from importlib import resources
 
-__all__ = ["first_release", "release_tuple"]
+__all__ = ["MAMBA2_SCAN_EINSUM_RELEASE", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
 
 
 @cache
@@ -43,3 +43,29 @@ def first_release(model_type: str) -> str | None:
     if not isinstance(found, str) or found == doc["oldest_release_read"]:
         return None
     return found
+
+
+# The first transformers release whose torch Mamba2 scan (``mamba2_chunk_scan``, shared by bamba, falcon_h1,
+# granitemoehybrid, mamba2, nemotron_h and zamba2) contracts with ``torch.einsum``.  Before it (read in the 5.17.0
+# wheel, ``models/bamba/modeling_bamba.py``) the scan multiplies broadcast views and sums the product:
+# ``G = (C[:, :, :, None, :, :] * B[:, :, None, :, :, :]).sum(dim=-1)``, ``Y_diag = (M[..., None] *
+# hidden_states[:, :, None]).sum(dim=3)``, ``states = (B_decay[..., None, :] * hidden_states[..., None]).sum(dim=2)``,
+# ``new_states = (decay_chunk[..., None, None] * states[:, :, None, ...]).sum(dim=1)`` and ``C_times_states = C[...,
+# None, :] * states[:, :, None, ...]``, each product a full fp32 tensor of the broadcast shape (the 5.18.0, 5.19.0,
+# 5.20.0, 5.22.0, 5.23.0 and 5.24.0 wheels have the einsums).  Measured on an H100 (torch 2.11, transformers 5.17.0,
+# benchmarks/gpu/h100-2026-11-27): a synthetic Bamba at 8 x 2,048 prompt tokens asked for G's product,
+# 8 x 8 x 256 x 256 x 64 x 128 x 4 B = 128 GiB.
+MAMBA2_SCAN_EINSUM_RELEASE: tuple[int, int, int] = (5, 18, 0)
+
+
+def mamba2_scan_broadcasts(transformers_version: tuple[int, ...] | None) -> bool:
+    """Whether the torch Mamba2 scan of that transformers release materializes its broadcast products (before
+    5.18.0); False when the release is unset (the current release's einsum scan is modelled).
+
+    >>> mamba2_scan_broadcasts((5, 17)), mamba2_scan_broadcasts((5, 18)), mamba2_scan_broadcasts(None)
+    (True, False, False)
+    """
+    if transformers_version is None:
+        return False
+    padded = tuple((list(transformers_version) + [0, 0, 0])[:3])  # "5.18" is (5, 18): the same release as 5.18.0
+    return padded < MAMBA2_SCAN_EINSUM_RELEASE

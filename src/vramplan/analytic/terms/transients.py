@@ -14,13 +14,13 @@ the attention point 160; not split, the MLP point shows 100 + (160 - 100) = 160.
 from __future__ import annotations
 
 from vramplan.analytic.moment import K
+from vramplan.analytic.ssm_state import broadcast_product_bytes
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.terms.mamba2 import broadcast_product_bytes
 from vramplan.analytic.timeline import Loc, attention, layer_done, mlp
-from vramplan.facts.state_space import mamba2_scan_broadcasts
 from vramplan.facts.torchtune import torchao_nf4_dequant_peak_bytes
+from vramplan.facts.transformers import mamba2_scan_broadcasts
 
 __all__ = ["TORCHTUNE_NF4_NOTE", "layer_backward", "mixer_scan_products", "nf4_dequant"]
 
@@ -66,7 +66,7 @@ def mixer_scan_products(c: StepContext) -> list[Term]:
     both input gradients at the product's full shape (``grad * other``, ``grad * self``: derivatives.yaml
     ``mul_tensor_backward``) and the engine reduces each to its input's shape only after the node returns
     (engine.cpp ``validate_outputs``: ``reduce_grad``), so two full-size fp32 gradients are alive together
-    (analytic/terms/mamba2.py ``broadcast_product_bytes``).  At each mixer layer's attention point (the mixer takes
+    (analytic/ssm_state.py ``broadcast_product_bytes``).  At each mixer layer's attention point (the mixer takes
     the attention's place), as a bound of that moment, not an allocation (the event stream does not read it).  The
     forward's one product per layer (or the recomputation's, under checkpointing) is half of it and comes with
     fewer gradients alive."""
