@@ -59,6 +59,7 @@ BATCH6_ENTRIES = 54
 BATCH7_ENTRIES = 41
 BATCH8_ENTRIES = 36
 BATCH9_ENTRIES = 30
+BATCH10_ENTRIES = 18
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -67,8 +68,9 @@ BATCH6_MARK = "# ---- batch 6, collected 2026-11-26, scored once before engine c
 BATCH7_MARK = "# ---- batch 7, collected 2026-11-26, scored once before engine changes"
 BATCH8_MARK = "# ---- batch 8, collected 2026-11-26, scored once before engine changes"
 BATCH9_MARK = "# ---- batch 9, collected 2026-11-26, scored once before engine changes"
+BATCH10_MARK = "# ---- batch 10, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
-               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES)
+               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -229,6 +231,19 @@ def test_batch9_figures_converted_to_bytes() -> None:
     assert _by_id("torchao-serving-phi4mini-bf16-gen-p17-n128-h100").measured.bytes == 8_910_000_000
 
 
+def test_batch10_figures_converted_to_bytes() -> None:
+    # torch.cuda.memory_reserved() / 1024**3 printed to 4 decimals: 26.2617 x 2^30 = 28,198,285,658.9 -> 28,198,285,659
+    assert _by_id("rasbt-gpt2-124m-fp32-eager-b8-s1024-a100-baseline").measured.bytes == 28_198_285_659
+    # torchtitan logs max_memory_reserved in GiB: 49.58 x 2^30 = 53,236,119,633.9 -> 53,236,119,634
+    assert _by_id("tt996-llama3-8b-fsdp8-b1-s8192-opsac-baseline-h100").measured.bytes == 53_236_119_634
+    # vLLM 0.27.1's pool: Qwen3-8B, 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 147,456 B per token;
+    # 45,088 tokens x 147,456 = 6,648,496,128 (6.19 GiB, as printed)
+    assert _by_id("ryangu-vllm0271-qwen3-8b-gb10-u020-kv").measured.bytes == 6_648_496_128
+    # an OOM entry carries the GPU's capacity: H100 SXM 80 GB, 85,017,755,648 B (the catalog's total_memory)
+    oom = _by_id("axolotl2412-smollm2-1.7b-full-s16384-packed-nogc-adamw8bit-1xh100-oom")
+    assert oom.measured.bytes == 85_017_755_648 and oom.outcome == "oom"
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -237,16 +252,19 @@ BATCHES = [
     (BATCH4_MARK, BATCH5_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES, BATCH4_ENTRIES, 10, True),
     (BATCH5_MARK, BATCH6_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES, BATCH5_ENTRIES, 10,
      True),
-    (BATCH6_MARK, BATCH7_MARK, ALL_ENTRIES - BATCH6_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES,
-     BATCH6_ENTRIES, 10, True),
-    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES, BATCH7_ENTRIES, 10, True),
-    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES, BATCH8_ENTRIES, 10, True),
-    (BATCH9_MARK, None, ALL_ENTRIES - BATCH9_ENTRIES, BATCH9_ENTRIES, 10, True),
+    (BATCH6_MARK, BATCH7_MARK, ALL_ENTRIES - BATCH6_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES
+     - BATCH10_ENTRIES, BATCH6_ENTRIES, 10, True),
+    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES,
+     BATCH7_ENTRIES, 10, True),
+    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES, BATCH8_ENTRIES, 10, True),
+    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES, BATCH9_ENTRIES, 10, True),
+    (BATCH10_MARK, None, ALL_ENTRIES - BATCH10_ENTRIES, BATCH10_ENTRIES, 7, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
-                         ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9"])
+                         ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
+                              "batch10"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
