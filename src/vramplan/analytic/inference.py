@@ -754,8 +754,8 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     embeds = kept_embeddings_bytes(m, b, p, c)
     rope = rope_bytes(m, p, c)
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
-    # head runs on the last position
-    final_hidden = b * p * m.hidden_size * c
+    # head runs on the last position; in fp32 under residual_in_fp32 (the final norm's fp32 input promotes its product)
+    final_hidden = b * p * m.hidden_size * (4 if m.traits.residual_in_fp32 else c)
     prefill_logits = t.logits
     if g.lit:
         # Lit-GPT's ``GPT.forward`` returns ``lm_head(x)`` for every prompt position (b p V c); ``sample``
@@ -982,6 +982,8 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     ms = g.m.mamba
     if ms is None:
         return []
+    if ms.kind == "mamba1":
+        return _mamba1_notes(g)
     conv, ssm = ssm_state_layer_bytes(g.m, g.c)
     state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
              f"sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
@@ -996,7 +998,36 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     copies = ("not modelled: the transient copies the Mamba2 scan's einsums make at prefill (the traced engine, "
               "which sees them, is up to 5% higher on transformers' Bamba test shapes); no published measurement "
               "of a hybrid model checks this estimate yet")
-    return [state, scan, copies]
+    return [state, scan, copies, *_residual_note(g)]
+
+
+def _residual_note(g: GenerateCall) -> list[str]:
+    """What ``residual_in_fp32`` keeps in fp32 (none without it)."""
+    if not g.m.traits.residual_in_fp32:
+        return []
+    note = ("residual_in_fp32: the residual stream between blocks is fp32, counted in the final hidden states "
+            "(the running mixer's terms count the mixer's own tensors, not its block's input and output)")
+    return [note]
+
+
+def _mamba1_notes(g: GenerateCall) -> list[str]:
+    """What a Mamba-1 model's estimate assumes of its mixers (analytic/ssm_state.py)."""
+    ms = g.m.mamba
+    assert ms is not None
+    conv, ssm = ssm_state_layer_bytes(g.m, g.c)
+    state = (f"{len(ms.layers)} Mamba mixer layers without a KV cache: each keeps per sequence a convolution state of "
+             f"{ms.intermediate_size} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an fp32 SSM state of "
+             f"{ms.intermediate_size} x {ms.state_size} ({ssm:,} B), transformers 5.24's LinearAttentionLayer")
+    scan = ("the mixers run transformers' torch scan (mamba_selective_scan's recurrent loop, as without the "
+            "mamba-ssm package and use_kernels=True): the prefill's running mixer holds its fp32 discretized A, B and "
+            "B x (prompt x intermediate x state each), a decode step's mixer its state update's fp32 temporaries")
+    copies = ("not modelled: transient copies made inside the scan's operations; no published measurement of a "
+              "Mamba model checks this estimate yet")
+    notes = [state, scan, copies]
+    if ms.bc_dt_norms:
+        notes.append(f"FalconMamba's dt, B and C norms hold their weights as non-persistent buffers "
+                     f"({ms.intermediate_size + 2 * ms.state_size} elements per layer), not counted in the weights")
+    return notes + _residual_note(g)
 
 
 def _math_notes(g: GenerateCall) -> list[str]:

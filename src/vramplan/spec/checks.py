@@ -437,6 +437,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     if m.mamba is None:
         return []
+    if len(m.mamba.layers) == m.num_layers:
+        return _state_space_problems(s, m)
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
             f"{m.num_layers - len(m.mamba.layers) - len(m.mamba.ffn_only_layers)} attention layers")
     if s.task == "train":
@@ -455,6 +457,44 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         # with only full attention layers"
         return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
                         "other than full-attention layers", "use kv_cache_dtype: auto")]
+    if s.effective_framework == "lightning":
+        return [Problem("framework", f"{what}; Lit-GPT ships no such model",
+                        "use the transformers framework for inference")]
+    return []
+
+
+def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a model whose every layer is a mixer (``mamba2``, ``mamba``,
+    ``falcon_mamba``): inference with transformers' ``generate`` is estimated (the mixers' state per sequence and their
+    torch scans, ``analytic/ssm_state.py``); the rest is refused.
+
+    * Training: the saved tensors of these blocks under ``residual_in_fp32`` (a norm over an fp32 residual stream
+      with a cast per block, logits upcast by ``.float()`` in ``forward``) and, for Mamba-1, of ``mamba_selective_scan``'s
+      recurrent loop (one ``intermediate x state`` fp32 state kept per token for the backward) are not modelled.
+    * Serving: vLLM lays out an attention-free model's state without attention blocks to raise and pad
+      (``serve/mamba_pages.py`` models the hybrid layout only); SGLang's and llama.cpp's state pools are not modelled.
+    * Inference: tensor parallelism (no ``base_model_tp_plan`` for these classes), a quantized cache
+      (``QuantizedCache`` refuses models with other than full-attention layers, cache_utils.py 5.24), Lit-GPT (it
+      ships none of these models).
+    """
+    kind = "Mamba2" if m.mamba is not None and m.mamba.kind == "mamba2" else "Mamba"
+    what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
+    if s.task == "train":
+        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its blocks (the fp32 "
+                        "residual stream of residual_in_fp32, the mixer's scan"
+                        + (", mamba_selective_scan's per-token states" if kind == "Mamba" else "")
+                        + ") are not modelled", "estimate inference (task: inference) for this model, or train a "
+                        "hybrid with Mamba2 mixers (bamba, granitemoehybrid, nemotron_h), which is estimated")]
+    if s.task == "serve":
+        return [Problem("serve.engine", f"{what}; serving it is not estimated: {s.serve.engine}'s layout of the "
+                        "mixers' state without attention layers is not modelled (vLLM's hybrid layout is)",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    if s.parallel.tp > 1:
+        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (its transformers "
+                        "configuration has no base_model_tp_plan)", "set parallel.tp to 1")]
+    if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
+        return [Problem("inference.kv_cache_dtype", f"{what}; it has no KV cache, and transformers' QuantizedCache "
+                        "refuses models with other than full-attention layers", "use kv_cache_dtype: auto")]
     if s.effective_framework == "lightning":
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
