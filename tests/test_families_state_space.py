@@ -25,16 +25,21 @@ MAMBA_TESTER: dict[str, Any] = {
     "time_step_rank": 8}
 FALCON_TESTER = {**MAMBA_TESTER, "model_type": "falcon_mamba"}
 
-# Mamba2Config's defaults are Mamba-Codestral-7B's shape (configuration_mamba2.py 5.24: vocab 32768, hidden 4096,
-# 64 layers, 128 heads of 64, 8 groups, state 128, expand 2, conv 4, untied); its config.json could not be read
-# verbatim here, so these are test inputs, not catalog rows
+# mistralai/Mamba-Codestral-7B-v0.1's config.json shape keys as public code quotes it (transformers_version
+# 4.44.0.dev0; also Mamba2Config's defaults); the Hub file itself could not be read here, so a test input, not a
+# catalog row
 CODESTRAL: dict[str, Any] = {"model_type": "mamba2", "vocab_size": 32768, "hidden_size": 4096,
-                             "num_hidden_layers": 64}
-# falcon-mamba-7b as its model card describes it (64 layers, hidden 4096, state 16, 65,024-token vocabulary,
-# expand 2, dt rank 256, lm_head untied); published count 7.27B
+                             "num_hidden_layers": 64, "num_heads": 128, "head_dim": 64, "n_groups": 8,
+                             "state_size": 128, "expand": 2, "conv_kernel": 4, "chunk_size": 256,
+                             "intermediate_size": 8192, "tie_word_embeddings": False, "use_bias": False,
+                             "use_conv_bias": True, "residual_in_fp32": True}
+# tiiuae/falcon-mamba-7b's config.json shape keys as public code quotes it (transformers_version 4.43.0.dev0; the Hub
+# file itself could not be read here, so a test input, not a catalog row): expand 16 beside intermediate_size 8192,
+# which transformers 5.24 keeps (the config's own key wins over expand x hidden); published count 7.27B
 FALCON_7B: dict[str, Any] = {"model_type": "falcon_mamba", "vocab_size": 65024, "hidden_size": 4096,
-                             "num_hidden_layers": 64, "state_size": 16, "expand": 2, "time_step_rank": 256,
-                             "tie_word_embeddings": False}
+                             "num_hidden_layers": 64, "state_size": 16, "expand": 16, "intermediate_size": 8192,
+                             "conv_kernel": 4, "time_step_rank": 256, "tie_word_embeddings": False,
+                             "use_bias": False, "use_conv_bias": True, "residual_in_fp32": True}
 # mamba-2.8b-hf: hidden 2560, 64 layers, vocab 50280, state 16, tied (MambaConfig's default)
 MAMBA_2_8B: dict[str, Any] = {"model_type": "mamba", "vocab_size": 50280, "hidden_size": 2560,
                               "num_hidden_layers": 64}
@@ -90,6 +95,16 @@ def test_mamba_tester_count_by_hand() -> None:
         assert m.mamba.ssm_state_elements == 64 * 16
     assert model_from_config(FALCON_TESTER).mamba.bc_dt_norms  # type: ignore[union-attr]
     assert not model_from_config(MAMBA_TESTER).mamba.bc_dt_norms  # type: ignore[union-attr]
+
+
+def test_intermediate_size_from_the_config_else_expand() -> None:
+    # no intermediate_size: expand 3 x hidden 32 = 96; with one: the config's 48, as transformers 5.24 builds it
+    for cfg, inter in (({**MAMBA_TESTER, "expand": 3}, 96), ({**MAMBA_TESTER, "expand": 3, "intermediate_size": 48}, 48)):
+        m = model_from_config(cfg)
+        assert m.mamba is not None and m.mamba.intermediate_size == inter
+        # in_proj 32 x 2I
+        assert next(p for p in m.params if p.name == "layers.mixer.in_proj.weight").numel == 32 * 2 * inter
+        assert m.num_parameters == _meta_count(cfg)
 
 
 def test_time_step_rank_auto_is_ceil_hidden_over_16() -> None:
@@ -206,3 +221,27 @@ def test_inconsistent_mamba2_heads_are_refused() -> None:
     # 8 x 4 = 32 != expand 2 x hidden 32 = 64 (Mamba2Config.validate_architecture)
     with pytest.raises(VramplanError, match="num_heads x head_dim"):
         model_from_config({**MAMBA2_TESTER, "head_dim": 4})
+
+
+def test_plan_trains_mamba2_only_where_residual_in_fp32_is_modelled(tmp_path: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    def plan(config: dict[str, Any]) -> str:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        res = CliRunner().invoke(app, ["plan", "--model", str(path), "--gpu", "H100", "--task", "train",
+                                       "--seq-len", "512", "--global-batch", "8", "--num-gpus", "1-2"],
+                                 env={"COLUMNS": "250"})  # one table row per line, whatever the terminal
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    # FSDP's MixedPrecision and DeepSpeed's half module run bf16-mixed with a half-dtype residual stream: refused
+    # under residual_in_fp32 (left out of the search), estimated without it
+    on, off = plan(MAMBA2_TESTER), plan({**MAMBA2_TESTER, "residual_in_fp32": False})
+    assert "single GPU, bf16-mixed" in on
+    assert "FSDP full_shard, bf16-mixed" not in on and "ZeRO-1, bf16-mixed" not in on
+    assert "FSDP full_shard, bf16-mixed" in off and "ZeRO-1, bf16-mixed" in off

@@ -3,8 +3,8 @@
 
 ``MambaModel`` holds ``embeddings``, ``num_hidden_layers`` blocks (``MambaBlock``: one ``MambaRMSNorm`` ``norm`` and
 one ``MambaMixer`` ``mixer``) and ``norm_f``; ``MambaForCausalLM`` adds ``lm_head``, tied to ``backbone.embeddings``
-when ``tie_word_embeddings`` (``_tied_weights_keys``).  ``MambaMixer.__init__``, with ``I = expand x hidden_size``
-(``MambaConfig.__post_init__`` sets ``intermediate_size`` so, whatever the config holds), ``n = state_size``,
+when ``tie_word_embeddings`` (``_tied_weights_keys``).  ``MambaMixer.__init__``, with ``I = intermediate_size``
+(the config's own where it has one, else ``expand x hidden_size``: ``mixer_spec``), ``n = state_size``,
 ``r = time_step_rank`` (``"auto"``: ``ceil(hidden_size / 16)``) and ``k = conv_kernel``:
 
 * ``conv1d``: depthwise ``nn.Conv1d(I, I, k, groups=I)``, weight ``[I, 1, k]``, bias ``[I]`` when ``use_conv_bias``;
@@ -42,7 +42,10 @@ def time_step_rank(cfg: Config, h: int) -> int:
 
 def mixer_spec(cfg: Config, h: int, n_layers: int, bc_dt_norms: bool) -> MambaSpec:
     """The Mamba-1 mixers' shape (``MambaSpec.kind`` "mamba1": one head of width 1 per channel, no groups)."""
-    inter = int(get(cfg, "expand", default=2)) * h
+    # MambaConfig.__post_init__ sets intermediate_size = expand x hidden_size, then PreTrainedConfig.__post_init__
+    # sets the config's other keys: a config.json's own intermediate_size wins (falcon-mamba-7b's says 8192 beside an
+    # expand of 16; MambaMixer reads config.intermediate_size)
+    inter = int(cfg.get("intermediate_size") or int(get(cfg, "expand", default=2)) * h)
     return MambaSpec(layers=tuple(range(n_layers)), n_heads=inter, head_dim=1, n_groups=0,
                      state_size=int(get(cfg, "state_size", default=16)),
                      conv_kernel=int(get(cfg, "conv_kernel", default=4)), intermediate_size=inter, chunk_size=1,

@@ -24,9 +24,10 @@ from vramplan.spec.families.bamba import mixer
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, required
 from vramplan.spec.model import MambaSpec, ModelSpec
 
-# Mamba2Config has no max_position_embeddings: the model has no position embeddings and no context limit of its own;
-# ModelSpec's field is set to this bound (vramplan's largest size, spec/hf_config.py MAX_SIZE), which no estimate of
-# these models reads (serving, the one task that takes its default length from it, is refused: spec/checks.py)
+# Mamba2Config (and MambaConfig) has no max_position_embeddings: the model has no position embeddings and no context
+# limit of its own; ModelSpec's field is set to this bound (vramplan's largest size, spec/hf_config.py MAX_SIZE).  No
+# memory term reads it; the longest-prompt searches stop there (plan/solvers.py: "longest prompt" answers at most
+# 2^20 tokens) and serving, which takes its default length from it, is refused (spec/checks.py)
 MAX_POSITIONS = 1 << 20
 
 
