@@ -217,6 +217,13 @@ def test_mamba2_train_step_agrees_with_the_traced_engine(changes: dict[str, Any]
     assert low < a / t <= 1.0
 
 
+@pytest.mark.parametrize("key", ["use_mambapy", "use_falcon_mambapy"])
+def test_mambapy_scan_is_refused(key: str) -> None:
+    with pytest.raises(VramplanError, match="use_mambapy"):
+        model_from_config({**FALCON_TESTER, key: True})
+    assert model_from_config({**FALCON_TESTER, key: False}).num_parameters == 35_360
+
+
 def test_inconsistent_mamba2_heads_are_refused() -> None:
     # 8 x 4 = 32 != expand 2 x hidden 32 = 64 (Mamba2Config.validate_architecture)
     with pytest.raises(VramplanError, match="num_heads x head_dim"):

@@ -53,6 +53,11 @@ def mixer_spec(cfg: Config, h: int, n_layers: int, bc_dt_norms: bool) -> MambaSp
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
+    if cfg.get("use_mambapy") or cfg.get("use_falcon_mambapy"):
+        # mamba_selective_scan: with use_mambapy and the mambapy package, pscan over the whole sequence replaces the
+        # recurrent loop whose tensors analytic/ssm_state.py counts (FalconMambaConfig reads use_falcon_mambapy too)
+        raise ValueError(f"a {model_type} config with use_mambapy (mambapy's parallel scan) is not modelled: the "
+                         "torch recurrent loop is (set use_mambapy: false)")
     h, n_layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
     # FalconMambaMixer's norms on dt, B and C (no parameters: their weights are non-persistent buffers)
     ms = mixer_spec(cfg, h, n_layers, model_type == "falcon_mamba")
