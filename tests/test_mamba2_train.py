@@ -205,21 +205,6 @@ def test_nemotron_h_mlp_block_by_hand() -> None:
     assert act.total_bytes(act.mlp_tensors(m, ls, mixed)) == 576
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "falcon_mamba"])
-def test_pure_state_space_models_are_refused_with_their_mixer(model_type: str) -> None:
-    from vramplan.facts.state_space import UNBUILT_STATE_SPACE
-
-    row = UNBUILT_STATE_SPACE[model_type]
-    # the row's source names a module transformers ships (the mixer it would have to model)
-    transformers = pytest.importorskip("transformers")
-    module = row.source.split()[2]
-    assert (Path(transformers.__file__).parent / module).is_file()
-    with pytest.raises(ScenarioError) as exc:
-        model_from_config({"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100})
-    assert "state-space model without attention" in str(exc.value) and row.mixer in str(exc.value)
-    assert "bamba" in str(exc.value)
-
-
 def test_plan_searches_only_the_estimated_hybrid_setups() -> None:
     from typer.testing import CliRunner
 

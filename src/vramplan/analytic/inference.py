@@ -750,7 +750,8 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     m, b, p, c = g.m, g.batch, g.prompt, g.c
     # a hybrid model's running layer is its attention layer's or its Mamba2 mixer's, the larger
     mixer = mixer_prefill_bytes(m, b, p, c)
-    if m.mamba is not None and mamba2_scan_broadcasts(g.r.scenario.software.transformers_version):
+    if (m.mamba is not None and m.mamba.kind == "mamba2"
+            and mamba2_scan_broadcasts(g.r.scenario.software.transformers_version)):
         # before transformers 5.18 the scan also materializes its broadcast products, the largest while the scan's
         # other locals live (analytic/ssm_state.py ``broadcast_product_bytes``): counted over the locals at the
         # scan's end, a bound from above (some of them are made after the largest product is freed)
@@ -762,8 +763,8 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     embeds = kept_embeddings_bytes(m, b, p, c)
     rope = rope_bytes(m, p, c)
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
-    # head runs on the last position
-    final_hidden = b * p * m.hidden_size * c
+    # head runs on the last position; in fp32 under residual_in_fp32 (the final norm's fp32 input promotes its product)
+    final_hidden = b * p * m.hidden_size * (4 if m.traits.residual_in_fp32 else c)
     prefill_logits = t.logits
     if g.lit:
         # Lit-GPT's ``GPT.forward`` returns ``lm_head(x)`` for every prompt position (b p V c); ``sample``
@@ -990,6 +991,8 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     ms = g.m.mamba
     if ms is None:
         return []
+    if ms.kind == "mamba1":
+        return _mamba1_notes(g)
     conv, ssm = ssm_state_layer_bytes(g.m, g.c)
     state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
              f"sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
@@ -1007,12 +1010,42 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
                  f"products, {broadcast_product_bytes(ms, g.batch, g.prompt):,} B here: set software.transformers "
                  "for an older release)")
     # the traced engine sees the scan's einsums make transient copies that these terms leave out: the analytic
-    # peak is up to 5% below the trace's on transformers' Bamba test shapes (tests/test_families_hybrid.py), and no
-    # published hybrid measurement checks it yet, so it is stated as not modelled (the band widens)
+    # peak is up to 5% below the trace's on transformers' Bamba test shapes (tests/test_families_hybrid.py); on an
+    # H100 (transformers 5.24, a synthetic Bamba, 8 x 2,048 prompt tokens) the peak was 1.8% under
+    # (benchmarks/gpu/h100-2026-11-27d-tf524), so it is stated as not modelled (the band widens)
     copies = ("not modelled: the transient copies the Mamba2 scan's einsums make at prefill (the traced engine, "
-              "which sees them, is up to 5% higher on transformers' Bamba test shapes); no published measurement "
-              "of a hybrid model checks this estimate yet")
-    return [state, scan, copies]
+              "which sees them, is up to 5% higher on transformers' Bamba test shapes; a synthetic Bamba's generate "
+              "on an H100 under transformers 5.24 peaked 1.8% above this estimate)")
+    return [state, scan, copies, *_residual_note(g)]
+
+
+def _residual_note(g: GenerateCall) -> list[str]:
+    """What ``residual_in_fp32`` keeps in fp32 (none without it)."""
+    if not g.m.traits.residual_in_fp32:
+        return []
+    note = ("residual_in_fp32: the residual stream between blocks is fp32, counted in the final hidden states "
+            "(the running mixer's terms count the mixer's own tensors, not its block's input and output)")
+    return [note]
+
+
+def _mamba1_notes(g: GenerateCall) -> list[str]:
+    """What a Mamba-1 model's estimate assumes of its mixers (analytic/ssm_state.py)."""
+    ms = g.m.mamba
+    assert ms is not None
+    conv, ssm = ssm_state_layer_bytes(g.m, g.c)
+    state = (f"{len(ms.layers)} Mamba mixer layers without a KV cache: each keeps per sequence a convolution state of "
+             f"{ms.intermediate_size} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an fp32 SSM state of "
+             f"{ms.intermediate_size} x {ms.state_size} ({ssm:,} B), transformers 5.24's LinearAttentionLayer")
+    scan = ("the mixers run transformers' torch scan (mamba_selective_scan's recurrent loop, as without the "
+            "mamba-ssm package and use_kernels=True): the prefill's running mixer holds its fp32 discretized A, B and "
+            "B x (prompt x intermediate x state each), a decode step's mixer its state update's fp32 temporaries")
+    copies = ("not modelled: transient copies made inside the scan's operations; no published measurement of a "
+              "Mamba model checks this estimate yet")
+    notes = [state, scan, copies]
+    if ms.bc_dt_norms:
+        notes.append(f"FalconMamba's dt, B and C norms hold their weights as non-persistent buffers "
+                     f"({ms.intermediate_size + 2 * ms.state_size} elements per layer), not counted in the weights")
+    return notes + _residual_note(g)
 
 
 def _math_notes(g: GenerateCall) -> list[str]:

@@ -1,4 +1,5 @@
-"""A hybrid model's Mamba2 mixers at inference: their fixed-size state per sequence and their prefill temporaries.
+"""A model's Mamba2 or Mamba mixers at inference (a hybrid's, or every layer of a pure state-space model): their
+fixed-size state per sequence and their prefill temporaries.
 
 **State (transformers 5.24, ``cache_utils.py`` ``LinearAttentionLayer``).**  ``BambaModel.forward`` builds a
 ``DynamicCache(config=...)`` whose mixer layers (``layer_types`` "linear_attention") are ``LinearAttentionLayer``s.
@@ -37,6 +38,31 @@ the padded ``D_residual``, the discretized ``hidden_states``, ``Y_diag``, ``C_ti
 H)``), the causal convolution's output (``(p + d_conv - 1) x conv_dim``) and its activation (``p x conv_dim``).
 The einsums' own transient copies are not counted (the traced engine sees them: about a tenth more on
 transformers' Bamba test configuration, tests/data/bamba-tester).
+
+**Mamba-1 mixers (``MambaSpec.kind`` "mamba1": ``mamba``, ``falcon_mamba``; transformers 5.24
+``modeling_mamba.py``).**  The same ``LinearAttentionLayer`` keeps per layer and sequence the convolution state
+``I x d_conv`` in the compute dtype (``update_conv_state`` with ``conv_kernel_size=self.conv_kernel_size``) and the
+recurrent state ``I x n`` in fp32: ``mamba_selective_scan``'s loop starts from a compute-dtype zero state and each
+step's ``discrete_A[:, :, i] * ssm_state + deltaB_u[:, :, i]`` is fp32 (``discrete_A`` is ``exp`` of the fp32 A times
+the fp32 ``dt``), and ``update_recurrent_state`` initializes the cache's tensor from that final state.
+
+Prefill (``mamba_selective_scan``'s torch recurrent loop: the hub kernel only under ``use_kernels=True`` or with
+the ``mamba_ssm`` package, ``use_mambapy`` False by default, ``use_associative_scan`` only while compiling).  With
+``b`` sequences of ``p`` tokens, ``I`` channels, ``n`` states, dt rank ``r`` and compute dtype ``c`` bytes, at the scan's
+last two operations (``scan_output + hidden_states * D`` in fp32, then ``* F.silu(z)``) it holds in fp32
+``discrete_A``, ``discrete_B`` and ``deltaB_u`` (``b p I n`` each: 3) and ``dt`` (``b p I``), plus ``12 + 2c`` bytes per
+``b p I`` element for the list of per-step outputs (``c``), the running ``scan_output`` (``4``), the product or
+``silu(z)`` beside it (``4 + c`` at the larger of the two) and the result (``4``); the mixer keeps meanwhile the
+``in_proj`` output (``b p 2I``), the activated convolution (``b p I``), the ``x_proj`` output (``b p (r + 2n)``) and the
+``dt_proj`` product (``b p I``) in the compute dtype (B and C are views of the ``x_proj`` output, which they keep
+whole); FalconMamba rebinds dt, B and C to their normalized copies, which frees the ``x_proj`` output (and the
+normalized dt once ``dt_proj`` has read it): ``b p 2n`` there instead of ``b p (r + 2n)``.  Worked example,
+falcon-mamba-7b's shape (hidden 4096, I = 8192, n = 16, r = 256), b = 1, p = 1000, bf16: 3 x 1000 x 8192 x 16 x 4
+= 1,572,864,000; 1000 x 8192 x (4 + 12 + 4) = 163,840,000; 1000 x 2 x (4 x 8192 + 2 x 16) = 65,600,000;
+1,802,304,000 B.
+
+Decode (``mamba_selective_state_update``): ``dA``, ``dB`` and ``dBx`` in fp32 (dt and B are cast by ``.float()``),
+``state * dA`` and the new state: 20 bytes per element of the ``I x n`` state.
 """
 
 from __future__ import annotations
@@ -73,6 +99,8 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
     ms = m.mamba
     if ms is None:
         return 0
+    if ms.kind == "mamba1":
+        return _mamba1_prefill_bytes(ms, batch, prompt, c)
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
     h, inter, n = ms.n_heads, ms.intermediate_size, ms.state_size
     half = batch * c * (prompt * (inter + ms.conv_dim + h) + (prompt + ms.conv_kernel - 1) * ms.conv_dim
@@ -85,7 +113,7 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
 
 def broadcast_product_bytes(ms: MambaSpec, batch: int, seq: int) -> int:
     """The largest fp32 product transformers before 5.18 materializes in one Mamba2 scan over ``batch`` sequences of
-    ``seq`` tokens (facts/state_space.py ``MAMBA2_SCAN_EINSUM_RELEASE``); with ``P = batch x padded tokens``, chunk
+    ``seq`` tokens (facts/transformers.py ``MAMBA2_SCAN_EINSUM_RELEASE``); with ``P = batch x padded tokens``, chunk
     ``l``, ``H`` heads of ``d`` channels (``I = H d``), state ``n`` (B and C repeated to every head) and ``nc`` chunks:
     ``C * B`` for G, ``P l H n``; ``M * x`` for Y_diag, ``P l I``; ``B_decay * x`` for the chunk states and
     ``C * states`` for C_times_states, ``P I n`` each; ``decay_chunk * states`` for the inter-chunk recurrence,
@@ -102,11 +130,20 @@ def broadcast_product_bytes(ms: MambaSpec, batch: int, seq: int) -> int:
     return FP32_BYTES * max(p * chunk * ms.n_heads * n, p * chunk * inter, p * inter * n, batch * (nc + 1) ** 2 * inter * n)
 
 
+def _mamba1_prefill_bytes(ms: MambaSpec, batch: int, prompt: int, c: int) -> int:
+    """A Mamba-1 mixer's live tensors at the end of ``mamba_selective_scan`` (module docstring)."""
+    inter, n, r = ms.intermediate_size, ms.state_size, ms.time_step_rank
+    scan = 3 * inter * n * FP32_BYTES + inter * (FP32_BYTES + 12 + 2 * c)
+    held = c * (4 * inter + 2 * n + (0 if ms.bc_dt_norms else r))
+    return batch * prompt * (scan + held)
+
+
 def ssm_state_note(m: ModelSpec, c: int) -> str | None:
     """What a KV-cache table leaves out for a hybrid model: its mixers' state per sequence (None without mixers)."""
     if m.mamba is None:
         return None
-    return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of Mamba2 convolution and SSM state in "
+    kind = "Mamba2" if m.mamba.kind == "mamba2" else "Mamba"
+    return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of {kind} convolution and SSM state in "
             f"{len(m.mamba.layers)} mixer layers (no KV cache there), whatever the sequence length")
 
 
@@ -114,4 +151,6 @@ def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
     """One mixer layer's single-token state update at its peak (module docstring); 0 without mixers."""
     if m.mamba is None:
         return 0
+    if m.mamba.kind == "mamba1":
+        return batch * m.mamba.ssm_state_elements * 5 * FP32_BYTES
     return batch * m.mamba.ssm_state_elements * (3 * FP32_BYTES + 2 * c)

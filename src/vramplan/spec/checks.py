@@ -437,6 +437,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     if m.mamba is None:
         return []
+    if len(m.mamba.layers) == m.num_layers:
+        return _state_space_problems(s, m)
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
             f"{m.num_layers - len(m.mamba.layers) - len(m.mamba.ffn_only_layers)} attention layers")
     if s.task == "train":
@@ -459,6 +461,67 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
     return []
+
+
+def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a model whose every layer is a mixer (``mamba2``, ``mamba``,
+    ``falcon_mamba``): inference with transformers' ``generate`` is estimated (the mixers' state per sequence and their
+    torch scans, ``analytic/ssm_state.py``); the rest is refused.
+
+    * Training of Mamba2 (``mamba2``) is estimated as a hybrid's mixer blocks are (``_hybrid_train_problems``: the
+      Mamba2 mixer's saved tensors of transformers' torch path, ``analytic/terms/mamba2.py``; one norm per block, no
+      MLP), where the residual stream is fp32 anyway or ``residual_in_fp32`` is off (``_half_residual_problems``).
+    * Training of Mamba-1 (``mamba``, ``falcon_mamba``): the saved tensors of ``mamba_selective_scan``'s recurrent
+      loop (one ``intermediate x state`` fp32 state kept per token for the backward) are not modelled.
+    * Serving: vLLM lays out an attention-free model's state without attention blocks to raise and pad
+      (``serve/mamba_pages.py`` models the hybrid layout only); SGLang's and llama.cpp's state pools are not modelled.
+    * Inference: tensor parallelism (no ``base_model_tp_plan`` for these classes), a quantized cache
+      (``QuantizedCache`` refuses models with other than full-attention layers, cache_utils.py 5.24), Lit-GPT (it
+      ships none of these models).
+    """
+    kind = "Mamba2" if m.mamba is not None and m.mamba.kind == "mamba2" else "Mamba"
+    what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
+    if s.task == "train" and kind == "Mamba2":
+        return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
+    if s.task == "train":
+        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its mixer's torch scan "
+                        "(mamba_selective_scan's recurrent loop, one intermediate x state fp32 state per token) are not "
+                        "modelled", "estimate inference (task: inference) for this model, or train a model with "
+                        "Mamba2 mixers (mamba2, bamba, granitemoehybrid, nemotron_h), which is estimated")]
+    if s.task == "serve":
+        return [Problem("serve.engine", f"{what}; serving it is not estimated: {s.serve.engine}'s layout of the "
+                        "mixers' state without attention layers is not modelled (vLLM's hybrid layout is)",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    if s.parallel.tp > 1:
+        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (its transformers "
+                        "configuration has no base_model_tp_plan)", "set parallel.tp to 1")]
+    if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
+        return [Problem("inference.kv_cache_dtype", f"{what}; it has no KV cache, and transformers' QuantizedCache "
+                        "refuses models with other than full-attention layers", "use kv_cache_dtype: auto")]
+    if s.effective_framework == "lightning":
+        return [Problem("framework", f"{what}; Lit-GPT ships no such model",
+                        "use the transformers framework for inference")]
+    return []
+
+
+def _half_residual_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
+    """Training under ``residual_in_fp32`` where the residual stream would otherwise be in the half dtype
+    (``facts/precisions.py``: the ``*-true`` precisions, DeepSpeed's half module, FSDP's MixedPrecision): the blocks
+    then turn it into fp32 from the first block on (``Mamba2Block.forward``), which the activation terms, one residual
+    dtype for every layer, do not model.  Under fp32, or a mixed precision with autocast over fp32 weights, the
+    residual stream is fp32 already and the cast changes nothing."""
+    if not m.traits.residual_in_fp32:
+        return []
+    t = s.train
+    autocast = (t.precision in ("bf16-mixed", "fp16-mixed") and s.effective_framework != "deepspeed"
+                and s.parallel.fsdp == "none")
+    if t.precision == "fp32" or autocast:
+        return []
+    return [Problem("train.precision", f"{what}; with residual_in_fp32 its residual stream is fp32 from the first "
+                    f"block on, which is not estimated with {t.precision} under {s.effective_framework}"
+                    + (" with FSDP" if s.parallel.fsdp != "none" else "") + " (a half-dtype residual stream)",
+                    "use bf16-mixed with the Trainer or Accelerate without FSDP (autocast over fp32 weights, whose "
+                    "residual stream is fp32 already), or a config with residual_in_fp32: false")]
 
 
 def _hybrid_train_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:

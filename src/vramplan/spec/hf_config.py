@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramplan.errors import Problem, ScenarioError
-from vramplan.facts.state_space import UNBUILT_STATE_SPACE
 from vramplan.spec.families import FAMILIES, Family, flatten_text_config
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.vision_quant import with_tower_quantization
@@ -37,12 +36,6 @@ def _family(cfg: Mapping[str, Any], where: str) -> tuple[str, Family]:
     if not isinstance(model_type, str):
         raise ScenarioError([Problem(where, "config.json has no 'model_type'", f"add one of: {', '.join(supported)}")])
     fam = FAMILIES.get(model_type)
-    if fam is None and model_type in UNBUILT_STATE_SPACE:
-        row = UNBUILT_STATE_SPACE[model_type]
-        raise ScenarioError([Problem(where, f"model_type {model_type!r} is a state-space model without attention "
-                                     f"that vramplan does not build: its {row.mixer} is not modelled",
-                                     "the hybrids with Mamba2 mixers are estimated: bamba, granitemoehybrid, "
-                                     "nemotron_h")])
     if fam is None:
         from vramplan.errors import suggest
 

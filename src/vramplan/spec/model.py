@@ -150,6 +150,14 @@ class MambaSpec:
     ffn_only_layers: tuple[int, ...] = ()
     # the config's ``mamba_ssm_cache_dtype`` (Nemotron-H's config.json), which vLLM reads for some families
     ssm_cache_dtype: str | None = None
+    # "mamba2": the Mamba2 mixer above; "mamba1": Mamba's ``MambaMixer`` (``modeling_mamba.py``, 5.24), one state of
+    # ``state_size`` per channel (written here as ``intermediate_size`` heads of ``head_dim`` 1 in ``n_groups`` 0, so
+    # that ``conv_dim`` is ``intermediate_size`` and ``ssm_state_elements`` is ``intermediate_size x state_size``)
+    kind: Literal["mamba2", "mamba1"] = "mamba2"
+    time_step_rank: int = 0  # Mamba-1's ``x_proj`` -> ``dt_proj`` rank (unused by the Mamba2 mixer)
+    # FalconMamba's weightless RMS norms on dt's low-rank input, B and C (``FalconMambaMixer.dt_layernorm``,
+    # ``b_layernorm``, ``c_layernorm``): three more tensors of the mixer at the prefill
+    bc_dt_norms: bool = False
 
     @property
     def conv_dim(self) -> int:
@@ -226,6 +234,10 @@ class Traits:
     # call and the product keeps the copy for its input's gradient (analytic/activations.py ``norm_weight_tensors``);
     # gpt-oss's and OLMo-2's ``self.weight * hidden_states`` (the same norm kind, "rms_fp32") keep the weight itself
     norm_weight_to_fp32: bool = False
+    # ``residual_in_fp32`` (Mamba2Block, MambaBlock, FalconMambaBlock: ``residual = residual.to(torch.float32)``
+    # before ``residual + mixer(...)``, transformers 5.24): the residual stream between blocks, and so the final
+    # norm's output (``weight * hidden_states.to(input_dtype)`` with an fp32 input), is fp32 whatever the weights' dtype
+    residual_in_fp32: bool = False
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)

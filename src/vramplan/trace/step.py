@@ -655,28 +655,39 @@ def _is_mixer(config: Any, index: int) -> bool:
     return _layer_type(config, index) == "linear_attention"
 
 
-def _mixer_shape(config: Any) -> tuple[int, int, int, int, int, int]:
-    """(intermediate, heads, head_dim, d_state, d_conv, groups) under Bamba's and GraniteMoeHybrid's config names
-    (``mamba_*``) or Nemotron-H's (``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``conv_kernel``,
-    ``n_groups``; intermediate = heads x head_dim)."""
+def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
+    """(convolution channels, d_conv, the SSM state's shape per sequence) under each family's config names: Bamba's and
+    GraniteMoeHybrid's (``mamba_*``), Nemotron-H's (``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``,
+    ``conv_kernel``, ``n_groups``; intermediate = heads x head_dim), Mamba2's (``num_heads``, ``head_dim``,
+    ``state_size``, ``conv_kernel``, ``n_groups``, intermediate = ``expand`` x hidden) and Mamba-1's (``MambaConfig``,
+    ``FalconMambaConfig``: ``intermediate_size`` channels of ``state_size`` states, no heads or groups)."""
     if hasattr(config, "mamba_n_heads"):
-        return (int(config.mamba_expand) * int(config.hidden_size), int(config.mamba_n_heads),
-                int(config.mamba_d_head), int(config.mamba_d_state), int(config.mamba_d_conv),
-                int(config.mamba_n_groups))
-    heads, head_dim = int(config.mamba_num_heads), int(config.mamba_head_dim)
-    return (heads * head_dim, heads, head_dim, int(config.ssm_state_size), int(config.conv_kernel),
-            int(config.n_groups))
+        inter, heads, head_dim = (int(config.mamba_expand) * int(config.hidden_size), int(config.mamba_n_heads),
+                                  int(config.mamba_d_head))
+        state, kernel, groups = int(config.mamba_d_state), int(config.mamba_d_conv), int(config.mamba_n_groups)
+    elif hasattr(config, "mamba_num_heads"):
+        heads, head_dim = int(config.mamba_num_heads), int(config.mamba_head_dim)
+        inter, state, kernel, groups = (heads * head_dim, int(config.ssm_state_size), int(config.conv_kernel),
+                                        int(config.n_groups))
+    elif hasattr(config, "n_groups"):
+        heads, head_dim = int(config.num_heads), int(config.head_dim)
+        inter, state, kernel, groups = (int(config.expand) * int(config.hidden_size), int(config.state_size),
+                                        int(config.conv_kernel), int(config.n_groups))
+    else:
+        inter, state = int(config.intermediate_size), int(config.state_size)
+        return inter, int(config.conv_kernel), (inter, state)
+    return inter + 2 * groups * state, kernel, (heads, head_dim, state)
 
 
 def _fill_mixer_state(cache: Any, config: Any, index: int, batch: int, dtype: torch.dtype, device: str) -> None:
     """A mixer layer's state as the prefill leaves it, through the cache's own ``update_conv_state`` and
     ``update_recurrent_state`` (transformers 5.24 ``LinearAttentionLayer``): the convolution state
     (batch, conv_dim, d_conv) in the model dtype and the fp32 SSM state (batch, heads, head_dim, d_state)
-    that ``mamba2_chunk_scan`` (torch path) returns (``modeling_bamba.py``)."""
-    inter, heads, head_dim, state, kernel, groups = _mixer_shape(config)
-    conv_dim = inter + 2 * groups * state
+    that ``mamba2_chunk_scan`` (torch path) returns (``modeling_bamba.py``), or (batch, intermediate, d_state)
+    that ``mamba_selective_scan`` returns (``modeling_mamba.py``)."""
+    conv_dim, kernel, ssm_shape = _mixer_shape(config)
     conv = torch.empty((batch, conv_dim, kernel), dtype=dtype, device=device)
-    ssm = torch.empty((batch, heads, head_dim, state), dtype=torch.float32, device=device)
+    ssm = torch.empty((batch, *ssm_shape), dtype=torch.float32, device=device)
     if device != "meta":
         conv.zero_()
         ssm.zero_()
@@ -690,6 +701,10 @@ def _kv_shapes(model: torch.nn.Module, tp: int = 1) -> list[tuple[int, int, int,
     cfg: Any = model.config
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     n_layers = int(text.num_hidden_layers)
+    if getattr(text, "num_attention_heads", None) is None:
+        # a model without attention (Mamba2Config, MambaConfig): every layer is a mixer, nothing to cache as K/V
+        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        return [(0, 0, 0, dtype)] * n_layers
     heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
     kdim = vdim = head_dim

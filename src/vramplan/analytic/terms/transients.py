@@ -60,7 +60,7 @@ def nf4_dequant(c: StepContext) -> list[Term]:
 
 
 def mixer_scan_products(c: StepContext) -> list[Term]:
-    """transformers before 5.18 (``software.transformers``; facts/state_space.py ``mamba2_scan_broadcasts``): each
+    """transformers before 5.18 (``software.transformers``; facts/transformers.py ``mamba2_scan_broadcasts``): each
     Mamba2 mixer's backward meets its scan's largest broadcast product twice.  ``(C[..., None, :, :] * B[:, :,
     None]).sum(-1)`` and its like are a ``mul`` whose two inputs are broadcast; autograd's ``MulBackward0`` returns
     both input gradients at the product's full shape (``grad * other``, ``grad * self``: derivatives.yaml
@@ -71,7 +71,7 @@ def mixer_scan_products(c: StepContext) -> list[Term]:
     forward's one product per layer (or the recomputation's, under checkpointing) is half of it and comes with
     fewer gradients alive."""
     ms = c.m.mamba
-    if ms is None or not mamba2_scan_broadcasts(c.s.software.transformers_version):
+    if ms is None or ms.kind != "mamba2" or not mamba2_scan_broadcasts(c.s.software.transformers_version):
         return []
     t = c.s.train
     nbytes = 2 * broadcast_product_bytes(ms, t.micro_batch_size, t.seq_len)

@@ -28,6 +28,8 @@ from vramplan.spec.families.internvl import INTERNVL
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
+from vramplan.spec.families.mamba import FALCON_MAMBA, MAMBA
+from vramplan.spec.families.mamba2 import MAMBA2
 from vramplan.spec.families.mistral3 import MISTRAL3
 from vramplan.spec.families.mllama import MLLAMA
 from vramplan.spec.families.nemotron_h import NEMOTRON_H
@@ -59,6 +61,8 @@ FAMILIES: dict[str, Family] = {
     "bamba": BAMBA,
     "granitemoehybrid": GRANITEMOEHYBRID,
     "nemotron_h": NEMOTRON_H,
+    # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
+    "mamba2": MAMBA2, "mamba": MAMBA, "falcon_mamba": FALCON_MAMBA,
     # encoder-decoder: an encoder stack and a decoder stack with cross-attention (ModelSpec.encoder_decoder)
     "t5": T5, "mt5": MT5, "umt5": UMT5, "bart": BART,
     # a speech encoder (log-mel features through two convolutions) and a text decoder (EncoderDecoderSpec.audio)
