@@ -118,3 +118,20 @@ def test_measured_on_h100_within_4_percent_allocated(folder: str, version: str |
         assert abs(predicted - measured) / measured < 0.04, (row["id"], predicted, measured)
         if version:  # the older path is bounded from above: never under
             assert predicted >= measured
+
+
+def test_measure_refuses_a_hybrid_shrunk_to_its_mixers() -> None:
+    """--layers 2 keeps none of the synthetic Bamba's attention layers (5, 11, 17, 23): generate cannot run there
+    (transformers' cache reads its length from an attention layer), so measure refuses before building it."""
+    from vramplan.errors import ScenarioError
+    from vramplan.measure.config import shrink
+
+    doc = {"model": SYNTH, "task": "inference", "hardware": {"gpu": "H100"}}
+    with pytest.raises(ScenarioError) as err:
+        shrink(doc, layers=2)
+    text = str(err.value)
+    assert "bamba-synthetic-2b" in text and "use --layers 6 or more" in text
+    kept = shrink(doc, layers=6)["model"]
+    assert kept["attn_layer_indices"] == [5] and kept["num_hidden_layers"] == 6
+    # a training step needs no cache: shrinking to mixers alone is allowed there
+    assert shrink({**doc, "task": "train"}, layers=2)["model"]["attn_layer_indices"] == []

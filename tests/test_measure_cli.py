@@ -87,3 +87,22 @@ def test_parse_bytes() -> None:
     assert parse_bytes("8GB") == 8 * 10**9
     assert parse_bytes("7.5 GiB") == int(7.5 * 2**30)
     assert parse_bytes("512mib") == 512 * 2**20
+
+
+@pytest.mark.parametrize(("exc", "expected"), [
+    (RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB\nmore text"), "RuntimeError: CUDA out of memory."),
+    (ValueError("`get_seq_length` can only be called on Attention layers"), "ValueError: `get_seq_length`"),
+])
+def test_a_failing_step_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, exc: Exception, expected: str) -> None:
+    """The real step raising (an out-of-memory error, the model code refusing its inputs) is the run's failure, not
+    the scenario's: one line naming the exception (its first line only), exit status 1, no traceback."""
+    import vramplan.measure.run as run_mod
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(run_mod, "measure", boom)
+    res = runner.invoke(app, ["measure", "--model", "gpt2", "--task", "train", "--gpu", "T4", "--device", "cpu"], env=ENV)
+    assert res.exit_code == 1
+    assert f"error: the measured step failed: {expected}" in res.output
+    assert "Traceback" not in res.output and "more text" not in res.output

@@ -82,7 +82,9 @@ def _from_path(path: Path, where: str) -> ModelSpec:
     cfg = parse_text(read_bounded_text(file, where), ".json", where, str(file))
     if not isinstance(cfg, dict):
         raise ScenarioError([Problem(where, f"{file} is not a JSON object", "give a valid config.json")])
-    return model_from_config(cfg, name=str(cfg.get("_name_or_path") or file.parent.name or file.stem), where=where)
+    # a config.json is named by its folder (a Hub snapshot's or a model directory's); any other file by its own name
+    named = (file.parent.name if file.name == "config.json" else file.stem) or file.stem
+    return model_from_config(cfg, name=str(cfg.get("_name_or_path") or named), where=where)
 
 
 def load_model(model: str | dict[str, Any], where: str = "model", offline: bool = False) -> ModelSpec:

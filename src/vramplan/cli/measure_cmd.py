@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vramplan.cli.common import fail, progress, scenario_document
@@ -127,6 +128,16 @@ def register(app: typer.Typer) -> None:
                               max_cpu_bytes=limit, warmup=warmup)
         except VramplanError as exc:
             fail(exc, given)
+        except Exception as exc:  # noqa: BLE001 - the real step raised (a CUDA OOM, the model code refusing its inputs)
+            # the run itself failed, not the scenario: one line naming the exception, exit status 1, no traceback
+            first = (str(exc).strip().splitlines() or [""])[0]
+            oom = type(exc).__name__ == "OutOfMemoryError"
+            hint = ("the job does not fit as run: compare with `vramplan estimate` on the same scenario, or shrink it "
+                    "(--layers, --seq-len, --batch-size)" if oom else
+                    "the installed torch/transformers could not run this scenario's step; `vramplan estimate` needs neither")
+            Console(stderr=True).print(f"[red]error:[/] the measured step failed: {escape(type(exc).__name__)}: "
+                                       f"{escape(first)} ({hint})", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
         if as_json:
             sys.stdout.write(json.dumps(res.to_json_dict(), indent=2) + "\n")
             return

@@ -84,12 +84,35 @@ def _shrink_layers(cfg: dict[str, Any], layers: int, where: str) -> dict[str, An
     for key, value in list(part.items()):
         if isinstance(value, list) and len(value) == old and key not in _LAYER_KEYS:
             part[key] = value[:layers]  # layer_types, per-layer window sizes, ...
-    if isinstance(part.get("mlp_only_layers"), list):
-        part["mlp_only_layers"] = [i for i in part["mlp_only_layers"] if isinstance(i, int) and i < layers]
+    for key in ("attn_layer_indices", "mlp_only_layers"):  # Bamba's attention layers, Qwen-MoE's dense ones
+        if isinstance(part.get(key), list):
+            part[key] = [i for i in part[key] if isinstance(i, int) and i < layers]
+    pattern = part.get("hybrid_override_pattern")  # Nemotron-H: one character a layer ("M", "*", "-")
+    if isinstance(pattern, str) and len(pattern) == old:
+        part["hybrid_override_pattern"] = pattern[:layers]
     for key in ("first_k_dense_replace", "max_window_layers"):
         if isinstance(part.get(key), int) and part[key] > layers:
             part[key] = layers
     return out
+
+
+def attention_left(cfg: Mapping[str, Any], old: Mapping[str, Any]) -> tuple[bool, int | None]:
+    """Whether a shrunk hybrid config keeps an attention layer, and the fewest layers that would (None when the
+    original has none either); (True, None) for a model that is not a hybrid.  transformers' generate reads the
+    cache's length from an attention layer (``Cache.get_seq_length``: "can only be called on Attention layers"), so
+    a hybrid cut to its mixer layers cannot generate."""
+    part, full = _text_part(dict(cfg)), _text_part(dict(old))
+    if isinstance(full.get("attn_layer_indices"), list):
+        first = min((i for i in full["attn_layer_indices"] if isinstance(i, int)), default=None)
+        return bool(part.get("attn_layer_indices")), None if first is None else first + 1
+    pattern = full.get("hybrid_override_pattern")
+    if isinstance(pattern, str):
+        return "*" in str(part.get("hybrid_override_pattern", "")), pattern.find("*") + 1 or None
+    types = full.get("layer_types")
+    if isinstance(types, list) and "mamba" in types:
+        kept = part.get("layer_types") or []
+        return "attention" in kept, (types.index("attention") + 1) if "attention" in types else None
+    return True, None
 
 
 def shrink(
@@ -132,7 +155,13 @@ def shrink(
             from vramplan.catalog import load_model
 
             name = load_model(model).name
-        cfg = _shrink_layers(cfg, layers, "model")
+        full, cfg = cfg, _shrink_layers(cfg, layers, "model")
+        kept, fewest = attention_left(cfg, full)
+        if not kept and out.get("task") == "inference":
+            raise ScenarioError([Problem(
+                "--layers", f"{layers} layers of {name} are all state-space mixers; transformers' generate needs an "
+                "attention layer (its cache reads the sequence length from one)",
+                f"use --layers {fewest} or more" if fewest else "measure a training step, or without --layers")])
         cfg["_name_or_path"] = f"{name} [{layers} layers]"
         out["model"] = cfg
     for section, key, value in (("train", "seq_len", seq_len), ("train", "micro_batch_size", micro_batch_size),
