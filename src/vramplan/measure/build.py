@@ -119,6 +119,11 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
         elif construct is not None and not _has(construct.package):
             out.append(Problem("train.optimizer", f"{t.optimizer} needs {construct.package}",
                                f"`pip install {construct.package}`, or set train.optimizer: adamw"))
+        if t.torch_compile:
+            out.append(Problem("train.torch_compile", "measure runs the eager step; a compiled model's memory "
+                               "(inductor's fusions, the partitioner's saved set) is not what it would measure",
+                               "set train.torch_compile: false, or measure inside your compiled run with the "
+                               "callbacks (docs/measure.md)"))
         policy = checkpoint_policy(s)
         if policy == "op-sac" or t.checkpoint_every_n_layers > 1 or t.deepspeed_checkpointing != "none":
             out.append(Problem("train.gradient_checkpointing", "torchtitan's op-level and every-n-th-layer "

@@ -1107,6 +1107,10 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         out.append(f"not modelled: software.transformers {s.software.transformers} for a {s.train.objective} step "
                    "(TRL's log-probabilities are read at the transformers its releases require; only the MoE expert "
                    "layout follows this release)")
+    if s.task == "train" and s.train.torch_compile:
+        out.append("not modelled: train.torch_compile (the eager step's saved tensors are counted; inductor's "
+                   "fusions and min-cut partitioner usually save fewer and recompute the rest, so the activations "
+                   "are likely overestimated)")
     if s.task == "train" and fw == "torchtune" and s.train.peft is not None and s.train.quantization != "none":
         out += _torchtune_partial_quant(s)
     if s.task == "inference" and s.parallel.pp > 1:

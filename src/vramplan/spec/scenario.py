@@ -300,6 +300,14 @@ class Train(_Strict):
     tensors are packed (``max_fwd_stash_size=5``); in the backward a tensor brought back stays until the next
     autograd node's comes (docs/conventions.md, Activation offloading)."""
 
+    torch_compile: bool = False
+    """The model compiled with ``torch.compile`` (inductor), as transformers' ``TrainingArguments(torch_compile=
+    True)``, torchtitan's ``compile`` and Lightning's ``torch.compile(model)`` do.  Not modelled: the estimate
+    counts the eager step (each autograd node's saved tensors); inductor fuses elementwise ops and its min-cut
+    partitioner (torch/_functorch/partitioners.py ``min_cut_rematerialization_partition``) chooses what the
+    forward saves and recomputes the rest in the backward, so a compiled step usually holds fewer activations
+    than the eager one.  Stated as an assumption, and the band widens."""
+
     optimizer_in_backward: bool = False
     """The optimizer step fused into the backward (torchtune's ``optimizer_in_bwd: True``): one optimizer per
     parameter, stepped by a post-accumulate-grad hook as soon as that parameter's gradient is made, which is
