@@ -437,6 +437,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     if m.mamba is None:
         return []
+    if m.mamba.parallel_attention:
+        return _parallel_hybrid_problems(s, m)
     if len(m.mamba.layers) == m.num_layers:
         return _state_space_problems(s, m)
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
@@ -457,6 +459,44 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         # with only full attention layers"
         return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
                         "other than full-attention layers", "use kv_cache_dtype: auto")]
+    if s.effective_framework == "lightning":
+        return [Problem("framework", f"{what}; Lit-GPT ships no such model",
+                        "use the transformers framework for inference")]
+    return []
+
+
+def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a model whose every layer runs attention and a Mamba2 mixer side by side
+    (``MambaSpec.parallel_attention``, ``falcon_h1``): inference with transformers' ``generate`` is estimated (every
+    layer's KV cache, ``analytic/kv_cache.py``, and its mixer state, ``analytic/ssm_state.py``: transformers 5.24's
+    ``LinearAttentionAndFullAttentionLayer`` holds both; the prefill's running layer, the mixer's tensors or the
+    attention's beside the mixer's output); the rest is refused.
+
+    * Training: the layer's saved tensors (the attention's and the mixer's on one normalized input, with the muP
+      multipliers' copies and the ``mup_vector`` product) are not modelled.
+    * Serving: no engine's layout of a layer that holds both a KV cache and a mixer state is modelled
+      (``serve/mamba_pages.py`` lays out hybrids whose mixer layers hold no attention).
+    * Inference: tensor parallelism (``FalconH1Config.base_model_tp_plan`` shards only ``embed_tokens``), a quantized
+      cache (``QuantizedCache`` refuses layer types other than "full_attention", cache_utils.py 5.24; Falcon-H1's are
+      "hybrid"), Lit-GPT (it ships no such model).
+    """
+    what = (f"{m.name} runs attention and a Mamba2 mixer side by side in each of its {m.num_layers} layers "
+            "(a KV cache and a mixer state in every layer)")
+    if s.task == "train":
+        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of a layer holding both "
+                        "(the attention's and the mixer's on one normalized input, the muP multipliers' products) are "
+                        "not modelled", "estimate inference (task: inference) with transformers' generate, which is "
+                        "estimated, or train a hybrid whose layers hold either (bamba, granitemoehybrid, nemotron_h)")]
+    if s.task == "serve":
+        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
+                        "layout of layers holding both a KV cache and a mixer state is not modelled",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    if s.parallel.tp > 1:
+        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (its configuration's "
+                        "base_model_tp_plan shards only embed_tokens)", "set parallel.tp to 1")]
+    if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
+        return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
+                        "other than full-attention layers (these are 'hybrid')", "use kv_cache_dtype: auto")]
     if s.effective_framework == "lightning":
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
