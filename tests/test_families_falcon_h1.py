@@ -149,3 +149,22 @@ def test_transformers_before_5_18_broadcast_products_reach_its_mixers() -> None:
     extra = broadcast_product_bytes(m.mamba, 4, 512)
     assert extra == 13_381_632
     assert (estimate(old).per_gpu.peak_allocated_bytes - estimate(doc).per_gpu.peak_allocated_bytes) == extra
+
+
+def test_kv_command_counts_every_layer_and_its_mixer_state(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    path = Path(str(tmp_path)) / "config.json"
+    path.write_text(json.dumps(SMALL))
+    res = CliRunner().invoke(app, ["kv", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    # 2 layers of 2 x 2 x 24 x 2 = 192 B per token; 2 mixers of 1,024 conv + 3,072 SSM = 4,096 B per sequence
+    assert (doc["bytes_per_token"], doc["layers"], doc["ssm_state_bytes_per_sequence"]) == (384, 2, 8_192)
+    res = CliRunner().invoke(app, ["kv", str(path)], env={"COLUMNS": "200"})
+    assert "beside the KV cache of the same layers" in res.output
