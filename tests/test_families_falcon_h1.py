@@ -98,7 +98,9 @@ def test_traced_generate_agrees_with_the_analytic_engine(prompt: int) -> None:
 
 
 @pytest.mark.parametrize(("extra", "where"), [
-    ({"task": "train"}, "training it is not estimated"),
+    ({"task": "train", "train": {"precision": "bf16-mixed"}}, "bf16-mixed training is not estimated"),
+    ({"task": "train", "train": {"precision": "bf16-true", "peft": {"method": "lora", "rank": 8}}},
+     "training it with adapters is not estimated"),
     ({"task": "serve", "serve": {"engine": "vllm"}}, "serving it with vllm is not estimated"),
     ({"task": "inference", "parallel": {"tp": 2}, "hardware": {"gpu": "A100-80GB", "num_gpus": 2}},
      "tensor parallelism is not estimated"),
@@ -168,3 +170,103 @@ def test_kv_command_counts_every_layer_and_its_mixer_state(tmp_path: object) -> 
     assert (doc["bytes_per_token"], doc["layers"], doc["ssm_state_bytes_per_sequence"]) == (384, 2, 8_192)
     res = CliRunner().invoke(app, ["kv", str(path)], env={"COLUMNS": "200"})
     assert "beside the KV cache of the same layers" in res.output
+
+
+def _mixer_graph_saved(config: dict[str, object], mode: str, batch: int, seq: int) -> int:
+    """Bytes of the storages autograd's graph saves after one ``FalconH1Mixer`` forward on the meta device, less the
+    parameters, the ``mup_vector`` buffer and the 0-dim wrapped Python numbers (8 B each, host memory on a GPU)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer, compute_mup_vector
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.AutoConfig.for_model(**config)
+    weights = torch.bfloat16 if mode == "bf16" else torch.float32
+    with torch.device("meta"):
+        mixer = FalconH1Mixer(cfg, 0)
+        # FalconH1Model.__init__ registers the buffer in every mixer
+        mixer.register_buffer("mup_vector", compute_mup_vector(cfg).to("meta"), persistent=False)
+        mixer = mixer.to(weights)
+    mixer.train()
+    held = {id(p.untyped_storage()) for p in (*mixer.parameters(), *mixer.buffers())}
+    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
+    out = mixer(x)
+    saved: dict[int, int] = {}
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            value = getattr(node, attr)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor) and t.dim() and id(t.untyped_storage()) not in held:
+                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return sum(saved.values())
+
+
+def test_mixer_without_gated_norm_by_hand() -> None:
+    from vramplan.analytic.activations import total_bytes
+    from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
+
+    gated, plain = model_from_config(SMALL).mamba, model_from_config({**SMALL, "mamba_rms_norm": False}).mamba
+    assert gated is not None and plain is not None and gated.gated_norm and not plain.gated_norm
+    # b 2, s 40, bf16: T 80, I 96, 2 groups; the gated norm's records, gate.float() 4 x 80 x 96 = 30,720, SiLU,
+    # product and normalized 3 x 30,720 = 92,160, rsqrt 4 x 80 x 2 = 640 (123,520), give way to SiLU's bf16 output
+    # 80 x 96 x 2 = 15,360: 108,160 less
+    diff = total_bytes(mixer_saved_tensors(gated, 64, 2, False, 2, 40)) - total_bytes(
+        mixer_saved_tensors(plain, 64, 2, False, 2, 40))
+    assert diff == 108_160
+
+
+@pytest.mark.parametrize(("mode", "norm"), [("bf16", True), ("bf16", False), ("fp32", True), ("fp32", False)])
+def test_mixer_saved_equals_the_autograd_graph(mode: str, norm: bool) -> None:
+    from vramplan.analytic.activations import total_bytes
+    from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
+
+    config = {**SMALL, "mamba_rms_norm": norm}
+    ms = model_from_config(config).mamba
+    assert ms is not None
+    c = 4 if mode == "fp32" else 2
+    # exact, storage by storage: the muP products (ssm_in_multiplier, mup_vector) save nothing of their own
+    assert _mixer_graph_saved(config, mode, 2, 40) == total_bytes(mixer_saved_tensors(ms, 64, c, False, 2, 40))
+
+
+@pytest.mark.parametrize(("norm", "precision", "checkpointing", "low", "high"), [
+    (True, "bf16-true", "none", 0.99, 1.0), (False, "bf16-true", "none", 0.99, 1.0),
+    (False, "bf16-true", "full", 0.99, 1.0),
+    # fp32: 1.8% above the traced engine, the peak falling at another moment of the backward (Bamba's tester is
+    # 0.5% above under fp32 too); its cause is not identified
+    (False, "fp32", "none", 1.0, 1.02)])
+def test_train_step_agrees_with_the_traced_engine(norm: bool, precision: str, checkpointing: str, low: float,
+                                                   high: float) -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"task": "train", "model": {**SMALL, "mamba_rms_norm": norm}, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 2, "seq_len": 100, "precision": precision, "optimizer": "adamw",
+                     "gradient_checkpointing": checkpointing}}
+    a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    # bf16-true: 0.15% to 0.55% under (the mixer's backward gradients inside the scan are not modelled, as Bamba's)
+    assert low < a / t <= high
+
+
+def test_transformers_before_5_18_broadcast_products_reach_its_training() -> None:
+    from vramplan.analytic.ssm_state import broadcast_product_bytes
+
+    doc = {"task": "train", "model": SMALL, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 2, "seq_len": 100, "precision": "bf16-true", "optimizer": "adamw"}}
+    old = {**doc, "software": {"transformers": "5.17.0"}}
+    m = model_from_config(SMALL)
+    assert m.mamba is not None
+    # each mixer's backward holds two full-size gradients of its largest product (analytic/terms/transients.py
+    # mixer_scan_products): P = 2 x 112 = 224, chunk 16, I = 96, state 8, 7 chunks a sequence: Y_diag's
+    # 224 x 16 x 96 x 4 = 1,376,256 B is the largest (G 458,752; the states 688,128; the recurrence 2 x 8^2 x 96 x 8 x
+    # 4 = 393,216), twice 2,752,512 B
+    assert 2 * broadcast_product_bytes(m.mamba, 2, 100) == 2_752_512
+    diff = estimate(old).per_gpu.peak_allocated_bytes - estimate(doc).per_gpu.peak_allocated_bytes
+    assert 0 < diff <= 2_752_512

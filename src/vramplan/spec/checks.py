@@ -472,8 +472,10 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     ``LinearAttentionAndFullAttentionLayer`` holds both; the prefill's running layer, the mixer's tensors or the
     attention's beside the mixer's output); the rest is refused.
 
-    * Training: the layer's saved tensors (the attention's and the mixer's on one normalized input, with the muP
-      multipliers' copies and the ``mup_vector`` product) are not modelled.
+    * Training is estimated as a hybrid's is (``_hybrid_train_problems``), each layer saving an attention layer's
+      tensors and its mixer's (analytic/terms/mamba2.py), where no autocast runs (``*-true`` precisions, fp32,
+      DeepSpeed's half module): under autocast the mixer's ``in_proj`` output times its fp32 ``mup_vector`` buffer is
+      an fp32 product, and FSDP's MixedPrecision casts buffers by its own rule; neither is modelled.
     * Serving: no engine's layout of a layer that holds both a KV cache and a mixer state is modelled
       (``serve/mamba_pages.py`` lays out hybrids whose mixer layers hold no attention).
     * Inference: tensor parallelism (``FalconH1Config.base_model_tp_plan`` shards only ``embed_tokens``), a quantized
@@ -483,10 +485,16 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     what = (f"{m.name} runs attention and a Mamba2 mixer side by side in each of its {m.num_layers} layers "
             "(a KV cache and a mixer state in every layer)")
     if s.task == "train":
-        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of a layer holding both "
-                        "(the attention's and the mixer's on one normalized input, the muP multipliers' products) are "
-                        "not modelled", "estimate inference (task: inference) with transformers' generate, which is "
-                        "estimated, or train a hybrid whose layers hold either (bamba, granitemoehybrid, nemotron_h)")]
+        t = s.train
+        mixed = t.precision in ("bf16-mixed", "fp16-mixed") and s.effective_framework != "deepspeed"
+        out = _hybrid_train_problems(s, m, what)
+        if mixed:
+            out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated for it: under "
+                               "autocast (or FSDP's MixedPrecision) each mixer multiplies its half in_proj output by "
+                               "its fp32 mup_vector buffer, an fp32 product whose records are not modelled",
+                               f"set train.precision: {t.precision.replace('mixed', 'true')} (half weights, no "
+                               "autocast), which is estimated"))
+        return out
     if s.task == "serve":
         return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
                         "layout of layers holding both a KV cache and a mixer state is not modelled",

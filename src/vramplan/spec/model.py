@@ -162,6 +162,9 @@ class MambaSpec:
     # (Falcon-H1: ``FalconH1DecoderLayer`` holds ``mamba`` and ``self_attn`` and sums their scaled outputs,
     # modeling_falcon_h1.py, transformers 5.24); False: a mixer layer holds the mixer in the attention's place
     parallel_attention: bool = False
+    # the mixer's gated RMSNorm before ``out_proj`` (Bamba, Nemotron-H, Mamba2); False: ``scan_output * silu(gate)``
+    # instead (FalconH1Mixer without ``mamba_rms_norm``: ``self.norm`` is ``nn.Identity``, modeling_falcon_h1.py 5.24)
+    gated_norm: bool = True
 
     @property
     def conv_dim(self) -> int:

@@ -49,7 +49,8 @@ def mamba_spec(cfg: Config, h: int, n_layers: int) -> MambaSpec:
                      n_groups=int(get(cfg, "mamba_n_groups", default=1)),
                      state_size=int(get(cfg, "mamba_d_state", default=256)),
                      conv_kernel=int(get(cfg, "mamba_d_conv", default=4)), intermediate_size=inter,
-                     chunk_size=int(get(cfg, "mamba_chunk_size", default=256)), parallel_attention=True)
+                     chunk_size=int(get(cfg, "mamba_chunk_size", default=256)), parallel_attention=True,
+                     gated_norm=bool(get(cfg, "mamba_rms_norm", default=False)))
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
@@ -69,7 +70,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     p.linear("layers.feed_forward.down_proj", inter, h, layers, mlp_bias, "row")
     mixer(p, ms, h, bool(get(cfg, "mamba_conv_bias", default=True)), bool(get(cfg, "mamba_proj_bias", default=False)),
           out_bias=bool(get(cfg, "projectors_bias", default=False)),
-          gated_norm=bool(get(cfg, "mamba_rms_norm", default=False)))
+          gated_norm=ms.gated_norm)
     p.attention("layers.self_attn", h, n_heads, n_kv, hd, layers, bool(cfg.get("attention_bias", False)), "o_proj")
     p.norm("layers.input_layernorm", h, layers, False)
     p.norm("layers.pre_ff_layernorm", h, layers, False)
