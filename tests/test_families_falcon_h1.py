@@ -270,3 +270,21 @@ def test_transformers_before_5_18_broadcast_products_reach_its_training() -> Non
     assert 2 * broadcast_product_bytes(m.mamba, 2, 100) == 2_752_512
     diff = estimate(old).per_gpu.peak_allocated_bytes - estimate(doc).per_gpu.peak_allocated_bytes
     assert 0 < diff <= 2_752_512
+
+
+def test_plan_searches_only_the_estimated_setups(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    path = Path(str(tmp_path)) / "config.json"
+    path.write_text(json.dumps(SMALL))
+    # the schema's default precision (bf16-mixed) is refused for its training under the Trainer or FSDP: the search
+    # leaves those setups out (a refused candidate would end the plan with an error) and keeps DeepSpeed's
+    res = CliRunner().invoke(app, ["plan", "--model", str(path), "--gpu", "H100", "--task", "train", "--seq-len",
+                                   "512", "--global-batch", "8", "--num-gpus", "1-2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "DeepSpeed" in res.output
