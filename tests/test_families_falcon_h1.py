@@ -288,3 +288,19 @@ def test_plan_searches_only_the_estimated_setups(tmp_path: object) -> None:
                                    "512", "--global-batch", "8", "--num-gpus", "1-2", "--json"])
     assert res.exit_code == 0, res.output
     assert "DeepSpeed" in res.output
+
+
+def test_traced_decode_cache_holds_both_states_in_every_layer() -> None:
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.step import _filled_cache
+    from vramplan.trace.tracker import Tracker
+
+    model = meta_module(dict(SMALL), "AutoModelForCausalLM").to(torch.bfloat16)
+    with Tracker() as tr:
+        cache = _filled_cache(model, tr, 3, 10, "meta")
+    for layer in cache.layers:
+        # 3 sequences x 2 KV heads x 10 tokens x 24; conv (3, 128, 4) bf16 (mamba_d_ssm 96 + 2 x 2 x 8); fp32 SSM
+        # (3, 4 heads, 24, 8)
+        assert tuple(layer.keys.shape) == (3, 2, 10, 24)
+        assert tuple(layer.conv_states[0].shape) == (3, 128, 4)
+        assert tuple(layer.recurrent_states[0].shape) == (3, 4, 24, 8)
