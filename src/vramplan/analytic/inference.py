@@ -756,7 +756,8 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         # other locals live (analytic/ssm_state.py ``broadcast_product_bytes``): counted over the locals at the
         # scan's end, a bound from above (some of them are made after the largest product is freed)
         mixer += broadcast_product_bytes(m.mamba, b, p)
-    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention), mixer)
+    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention) + parallel_mixer_kept_bytes(m, b, p, c),
+                mixer + parallel_mixer_input_bytes(m, b, p, c))
     ci = g.cross()
     if ci is not None:
         layer = max(layer, _cross_running(g, ci, layer))
@@ -790,6 +791,27 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     pre.add(K.BEAM_STATE, t.beam_prefill)
     pre.add(K.CUBLAS, t.cublas)
     return pre
+
+
+def parallel_mixer_kept_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """What a layer that runs attention beside its mixer (``MambaSpec.parallel_attention``) holds beyond an attention
+    layer's tensors, from its attention to its end: ``FalconH1DecoderLayer.forward`` (transformers 5.24) keeps the
+    mixer's scaled output bound to ``mamba_hidden_states`` until it returns, and hands the attention
+    ``hidden_states * attention_in_multiplier`` (a new tensor, alive until the attention returns), whose place
+    ``attention_hidden_states`` (bound until the layer returns) takes through the post-attention norm and the MLP:
+    ``2 b p h c`` in every phase of the attention layer's count (``prefill_layer_bytes``); 0 for other models."""
+    if m.mamba is None or not m.mamba.parallel_attention:
+        return 0
+    return 2 * batch * prompt * m.hidden_size * c
+
+
+def parallel_mixer_input_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """The layer's tensors beside its mixer's while the mixer of a parallel layer runs: the layer's input (the
+    residual) and its normalized input, which the attention reads after the mixer (``2 b p h c``); 0 for other
+    models (whose running mixer's terms count the mixer's own tensors only)."""
+    if m.mamba is None or not m.mamba.parallel_attention:
+        return 0
+    return 2 * batch * prompt * m.hidden_size * c
 
 
 def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
@@ -994,10 +1016,17 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     if ms.kind == "mamba1":
         return _mamba1_notes(g)
     conv, ssm = ssm_state_layer_bytes(g.m, g.c)
-    state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
-             f"sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
-             f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B), transformers 5.24's "
-             "LinearAttentionLayer; the KV cache counts the attention layers only")
+    held = (f"a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
+            f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B)")
+    if ms.parallel_attention:
+        state = (f"each of the {g.m.num_layers} layers runs attention and a Mamba2 mixer side by side and keeps both "
+                 f"its KV cache and, per sequence, {held} (transformers 5.24's LinearAttentionAndFullAttentionLayer); "
+                 "the prefill's running layer holds the mixer's tensors, or the attention's beside the mixer's output "
+                 "and the attention's scaled input")
+    else:
+        state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
+                 f"sequence {held}, transformers 5.24's LinearAttentionLayer; the KV cache counts the attention "
+                 "layers only")
     scan = ("the mixers run transformers' torch scan (mamba2_chunk_scan, as without the mamba-ssm package and use_kernels=True): "
             f"the prefill's running mixer holds its fp32 chunk tensors (chunk {ms.chunk_size}), a decode step's "
             "mixer its state update's temporaries (mamba2_selective_state_update)")
@@ -1016,7 +1045,14 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
     copies = ("not modelled: the transient copies the Mamba2 scan's einsums make at prefill (the traced engine, "
               "which sees them, is up to 5% higher on transformers' Bamba test shapes; a synthetic Bamba's generate "
               "on an H100 under transformers 5.24 peaked 1.8% above this estimate)")
-    return [state, scan, copies, *_residual_note(g)]
+    parallel = []
+    if ms.parallel_attention:
+        width = 2 * ms.intermediate_size + 2 * ms.n_groups * ms.state_size + ms.n_heads
+        parallel = [(f"not counted: each mixer's non-persistent mup_vector buffer ({width:,} elements a layer, "
+                    "FalconH1Model.__init__), the LM head's multiplied copy of the logits (lm_head_multiplier, one "
+                    "row per sequence at each step) and the muP multipliers' short-lived copies inside the layer "
+                    "(the key's, the MLP gate's and down projection's, the mixer's scaled input before in_proj)")]
+    return [state, scan, copies, *parallel, *_residual_note(g)]
 
 
 def _residual_note(g: GenerateCall) -> list[str]:

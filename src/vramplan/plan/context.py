@@ -163,7 +163,17 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
         raise ScenarioError([Problem("--mfu", f"{assumptions.mfu} is outside (0, 1]", "e.g. 0.4")])
     if min(assumptions.inter_node_bytes_per_s, assumptions.host_memory_bytes_per_s) <= 0:
         raise ScenarioError([Problem("--inter-node-gbps", "bandwidths must be positive", "e.g. 25 (GB/s per GPU)")])
-    r = resolve({"model": model, "task": task, "hardware": {"gpu": gpu, "num_gpus": 1}, **(job_keys or {})})
+    doc = {"model": model, "task": task, "hardware": {"gpu": gpu, "num_gpus": 1}, **(job_keys or {})}
+    try:
+        r = resolve(doc)
+    except ScenarioError as exc:
+        if task != "train" or not all(p.where == "train.precision" for p in exc.problems):
+            raise
+        # a model whose training the schema's default precision (bf16-mixed) refuses (a parallel hybrid under
+        # autocast, spec/checks.py ``_parallel_hybrid_problems``): the context reads only the model and the GPU, and
+        # every searched setup sets its own precision (plan/space.py leaves out the refused ones)
+        train = doc.get("train")
+        r = resolve({**doc, "train": {**(train if isinstance(train, dict) else {}), "precision": "fp32"}})
     g = r.gpu
     if not has_speed_figures(g):
         raise ScenarioError([Problem("--gpu", f"{g.name} has no speed figures in the GPU catalog",

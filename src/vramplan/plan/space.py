@@ -200,6 +200,9 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
     hybrid = m.mamba is not None
     if hybrid:
         precs = [p for p in precs if not p.startswith("fp8")]
+    # a parallel hybrid (MambaSpec.parallel_attention) trains without autocast only: a mixed precision is searched
+    # under DeepSpeed alone, whose half module runs no autocast (spec/checks.py ``_parallel_hybrid_problems``)
+    no_autocast = m.mamba is not None and m.mamba.parallel_attention
     for tp, pp in parallel_shapes(m, n, gpus_per_node):
         if hybrid and (tp, pp) != (1, 1):
             continue
@@ -222,9 +225,10 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
         if tp == 1 and pp == 1:
             if job.full_ft_allowed():
                 for prec in precs:
+                    autocast = no_autocast and prec.endswith("-mixed")
                     for a in attn:
                         for ck in ckpts:
-                            for opt in full_opts:
+                            for opt in () if autocast else full_opts:
                                 yield from make(framework="hf-trainer", precision=prec, optimizer=opt,
                                                 checkpointing=ck, attention=a)
                             for z in (1, 2, 3) if ds_opt else ():
@@ -233,7 +237,7 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                                     yield from make(framework="deepspeed", precision=prec, optimizer=ds_opt,
                                                     checkpointing=ck, attention=a, zero_stage=z, offload=off)
                             for fs, off in (("full_shard", "none"), ("shard_grad_op", "none"),
-                                            ("full_shard", "optimizer+params")) if fsdp_opt else ():
+                                            ("full_shard", "optimizer+params")) if fsdp_opt and not autocast else ():
                                 yield from make(framework="accelerate", precision=prec, optimizer=fsdp_opt,
                                                 checkpointing=ck, attention=a, fsdp=fs, offload=off)
             for method in () if hybrid else job.peft_methods():

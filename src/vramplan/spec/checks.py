@@ -437,6 +437,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     if m.mamba is None:
         return []
+    if m.mamba.parallel_attention:
+        return _parallel_hybrid_problems(s, m)
     if len(m.mamba.layers) == m.num_layers:
         return _state_space_problems(s, m)
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
@@ -457,6 +459,52 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         # with only full attention layers"
         return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
                         "other than full-attention layers", "use kv_cache_dtype: auto")]
+    if s.effective_framework == "lightning":
+        return [Problem("framework", f"{what}; Lit-GPT ships no such model",
+                        "use the transformers framework for inference")]
+    return []
+
+
+def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a model whose every layer runs attention and a Mamba2 mixer side by side
+    (``MambaSpec.parallel_attention``, ``falcon_h1``): inference with transformers' ``generate`` is estimated (every
+    layer's KV cache, ``analytic/kv_cache.py``, and its mixer state, ``analytic/ssm_state.py``: transformers 5.24's
+    ``LinearAttentionAndFullAttentionLayer`` holds both; the prefill's running layer, the mixer's tensors or the
+    attention's beside the mixer's output); the rest is refused.
+
+    * Training is estimated as a hybrid's is (``_hybrid_train_problems``), each layer saving an attention layer's
+      tensors and its mixer's (analytic/terms/mamba2.py), where no autocast runs (``*-true`` precisions, fp32,
+      DeepSpeed's half module): under autocast the mixer's ``in_proj`` output times its fp32 ``mup_vector`` buffer is
+      an fp32 product, and FSDP's MixedPrecision casts buffers by its own rule; neither is modelled.
+    * Serving: no engine's layout of a layer that holds both a KV cache and a mixer state is modelled
+      (``serve/mamba_pages.py`` lays out hybrids whose mixer layers hold no attention).
+    * Inference: tensor parallelism (``FalconH1Config.base_model_tp_plan`` shards only ``embed_tokens``), a quantized
+      cache (``QuantizedCache`` refuses layer types other than "full_attention", cache_utils.py 5.24; Falcon-H1's are
+      "hybrid"), Lit-GPT (it ships no such model).
+    """
+    what = (f"{m.name} runs attention and a Mamba2 mixer side by side in each of its {m.num_layers} layers "
+            "(a KV cache and a mixer state in every layer)")
+    if s.task == "train":
+        t = s.train
+        mixed = t.precision in ("bf16-mixed", "fp16-mixed") and s.effective_framework != "deepspeed"
+        out = _hybrid_train_problems(s, m, what)
+        if mixed:
+            out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated for it: under "
+                               "autocast (or FSDP's MixedPrecision) each mixer multiplies its half in_proj output by "
+                               "its fp32 mup_vector buffer, an fp32 product whose records are not modelled",
+                               f"set train.precision: {t.precision.replace('mixed', 'true')} (half weights, no "
+                               "autocast), which is estimated"))
+        return out
+    if s.task == "serve":
+        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
+                        "layout of layers holding both a KV cache and a mixer state is not modelled",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    if s.parallel.tp > 1:
+        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (its configuration's "
+                        "base_model_tp_plan shards only embed_tokens)", "set parallel.tp to 1")]
+    if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
+        return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
+                        "other than full-attention layers (these are 'hybrid')", "use kv_cache_dtype: auto")]
     if s.effective_framework == "lightning":
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]

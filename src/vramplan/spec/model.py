@@ -158,6 +158,13 @@ class MambaSpec:
     # FalconMamba's weightless RMS norms on dt's low-rank input, B and C (``FalconMambaMixer.dt_layernorm``,
     # ``b_layernorm``, ``c_layernorm``): three more tensors of the mixer at the prefill
     bc_dt_norms: bool = False
+    # every mixer layer also runs attention beside its mixer, on the same normalized input, and keeps a KV cache
+    # (Falcon-H1: ``FalconH1DecoderLayer`` holds ``mamba`` and ``self_attn`` and sums their scaled outputs,
+    # modeling_falcon_h1.py, transformers 5.24); False: a mixer layer holds the mixer in the attention's place
+    parallel_attention: bool = False
+    # the mixer's gated RMSNorm before ``out_proj`` (Bamba, Nemotron-H, Mamba2); False: ``scan_output * silu(gate)``
+    # instead (FalconH1Mixer without ``mamba_rms_norm``: ``self.norm`` is ``nn.Identity``, modeling_falcon_h1.py 5.24)
+    gated_norm: bool = True
 
     @property
     def conv_dim(self) -> int:

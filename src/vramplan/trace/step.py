@@ -632,9 +632,9 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
             if device != "meta":
                 k.zero_()
                 v.zero_()
-            if _is_mixer(config, i):
+            if _is_mixer(config, i) or _layer_type(config, i) == HYBRID_TYPE:
                 _fill_mixer_state(cache, config, i, batch, dtype, device)
-            else:
+            if not _is_mixer(config, i):
                 cache.update(k, v, i)
             del k, v
     return cache
@@ -643,6 +643,9 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
 # layers that keep nothing in the cache: transformers' DynamicCache makes them "dummy" layers (cache_utils.py
 # get_layer_types_and_kwargs: "moe" or "mlp" layer types, Nemotron-H's MLP blocks)
 NO_CACHE_TYPES = frozenset({"mlp", "moe"})
+# a layer that keeps both a KV cache and a mixer state (Falcon-H1's ``layers_block_type``: "hybrid", transformers 5.24
+# cache_utils.py ``LinearAttentionAndFullAttentionLayer``)
+HYBRID_TYPE = "hybrid"
 
 
 def _layer_type(config: Any, index: int) -> str:
@@ -662,8 +665,10 @@ def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
     ``state_size``, ``conv_kernel``, ``n_groups``, intermediate = ``expand`` x hidden) and Mamba-1's (``MambaConfig``,
     ``FalconMambaConfig``: ``intermediate_size`` channels of ``state_size`` states, no heads or groups)."""
     if hasattr(config, "mamba_n_heads"):
-        inter, heads, head_dim = (int(config.mamba_expand) * int(config.hidden_size), int(config.mamba_n_heads),
-                                  int(config.mamba_d_head))
+        # Falcon-H1's mixer width is ``mamba_d_ssm`` where set (FalconH1Mixer.__init__)
+        d_ssm = getattr(config, "mamba_d_ssm", None)
+        inter = int(config.mamba_expand) * int(config.hidden_size) if d_ssm is None else int(d_ssm)
+        heads, head_dim = int(config.mamba_n_heads), int(config.mamba_d_head)
         state, kernel, groups = int(config.mamba_d_state), int(config.mamba_d_conv), int(config.mamba_n_groups)
     elif hasattr(config, "mamba_num_heads"):
         heads, head_dim = int(config.mamba_num_heads), int(config.mamba_head_dim)

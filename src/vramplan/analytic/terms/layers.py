@@ -121,7 +121,14 @@ def _cross_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
 
 
 def _mixer_layer(m: ModelSpec, ls: LayerSpec) -> bool:
-    """Whether ``ls`` holds a Mamba2 mixer in the attention's place (``ModelSpec.mamba``)."""
+    """Whether ``ls`` holds a Mamba2 mixer in the attention's place (``ModelSpec.mamba``); a layer that runs its
+    attention beside its mixer (``MambaSpec.parallel_attention``) is an attention layer with the mixer's records
+    added (``_has_mixer``)."""
+    return m.mamba is not None and not m.mamba.parallel_attention and ls.index in m.mamba.layers
+
+
+def _has_mixer(m: ModelSpec, ls: LayerSpec) -> bool:
+    """Whether ``ls`` holds a Mamba2 mixer, in the attention's place or beside it."""
     return m.mamba is not None and ls.index in m.mamba.layers
 
 
@@ -236,7 +243,7 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         full = [f + ed for f in full]
         tensors = [ts + ed_tensors for ts in tensors]
     mixer = _mixer_tensors(c)
-    _add_to_layers(c, full, tensors, lambda ls: _mixer_layer(m, ls), act.total_bytes(mixer), mixer)
+    _add_to_layers(c, full, tensors, lambda ls: _has_mixer(m, ls), act.total_bytes(mixer), mixer)
     vis, vis_tensors, _ = _cross_vision(c)
     _add_to_layers(c, full, tensors, lambda ls: cross.cross_layer(c, ls), vis, vis_tensors)
     cap = capacity_rows_bytes(c)

@@ -44,7 +44,16 @@ contiguous copies of its operands, each copy saved).
 * the gated RMSNorm, in fp32 (the scan's output is fp32): ``gate.float()`` (``4 T I``; none with fp32 compute,
   where it is a view of the ``in_proj`` output), its SiLU, the gated product, the normalized product (``4 T I``
   each), ``rsqrt`` per group (``4 T g``).
+* without the gated norm (``MambaSpec.gated_norm`` False, ``FalconH1Mixer`` without ``mamba_rms_norm``):
+  ``scan_output * silu(gate)`` saves the scan's output (counted above) and SiLU's output in the compute dtype
+  (``T I c``); SiLU's input, the gate, is a view of the ``in_proj`` output (counted).
 * ``out_proj`` input: the norm's output cast to the layer's dtype, or autocast's cast: ``T I c``.
+
+Falcon-H1's mixer (``FalconH1Mixer``) also scales its input by ``ssm_in_multiplier`` (a Python float: the product
+saves nothing, and is the ``in_proj`` input counted above) and multiplies ``in_proj``'s output by its ``mup_vector``
+buffer (no gradient: the product saves only the buffer, and takes the output's place); with half weights and
+without autocast that product has the output's size and dtype, so the records are the same.  Under autocast it is
+fp32 (a half output times an fp32 buffer), which is not modelled (spec/checks.py refuses it).
 
 Autocast's casts of the weights (``in_proj``, ``conv1d``, ``out_proj``) are the weight-cast terms'
 (analytic/terms/casts.py), not the mixer's.
@@ -94,9 +103,10 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
         ("scan.states", e * batch * (2 * nc + 1) * inter * n),
         ("scan.C_times_states", e * p * inter),
         ("scan.output", FP32 * p * inter),
-        ("norm.gate_fp32", 0 if fp32_compute else FP32 * t * inter),
-        ("norm.gated", 3 * FP32 * t * inter),
-        ("norm.rsqrt", FP32 * t * ms.n_groups),
+        ("norm.gate_fp32", 0 if fp32_compute or not ms.gated_norm else FP32 * t * inter),
+        ("norm.gated", 3 * FP32 * t * inter if ms.gated_norm else 0),
+        ("norm.rsqrt", FP32 * t * ms.n_groups if ms.gated_norm else 0),
+        ("gate.silu", 0 if ms.gated_norm else t * inter * c),
         ("mixer.out_proj_input", t * inter * c),
     ]
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows if nbytes)
@@ -107,7 +117,8 @@ def mixer_train_notes(m: ModelSpec) -> list[str]:
     ms = m.mamba
     if ms is None:
         return []
-    torch_path = (f"{len(ms.layers)} of {m.num_layers} layers are Mamba2 mixers, run by transformers 5.24's torch path "
+    where = " beside each layer's attention" if ms.parallel_attention else ""
+    torch_path = (f"{len(ms.layers)} of {m.num_layers} layers are Mamba2 mixers{where}, run by transformers 5.24's torch path "
             "(mamba2_chunk_scan: the mamba-ssm and causal-conv1d packages absent, use_kernels off); their saved "
             "tensors are that path's (the fused mamba_split_conv1d_scan_combined kernel would save only its "
             "inputs and weights and recompute the rest: less memory, not modelled)")

@@ -18,6 +18,7 @@ from vramplan.spec.families.base import KEY_ALIASES, Family
 from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
 from vramplan.spec.families.falcon import FALCON
+from vramplan.spec.families.falcon_h1 import FALCON_H1
 from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLELM
 from vramplan.spec.families.gemma3 import GEMMA3
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
@@ -61,6 +62,8 @@ FAMILIES: dict[str, Family] = {
     "bamba": BAMBA,
     "granitemoehybrid": GRANITEMOEHYBRID,
     "nemotron_h": NEMOTRON_H,
+    # attention and a Mamba2 mixer side by side in every layer (MambaSpec.parallel_attention)
+    "falcon_h1": FALCON_H1,
     # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
     "mamba2": MAMBA2, "mamba": MAMBA, "falcon_mamba": FALCON_MAMBA,
     # encoder-decoder: an encoder stack and a decoder stack with cross-attention (ModelSpec.encoder_decoder)

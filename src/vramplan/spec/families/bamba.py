@@ -35,8 +35,11 @@ def mamba_spec(cfg: Config, h: int, n_layers: int) -> MambaSpec:
                      chunk_size=int(get(cfg, "mamba_chunk_size", default=256)))
 
 
-def mixer(p: Params, ms: MambaSpec, h: int, conv_bias: bool, proj_bias: bool, prefix: str = "layers.mamba") -> None:
-    """``BambaMixer.__init__``'s tensors, in its order, under ``prefix`` (Nemotron-H names its mixer ``mixer``)."""
+def mixer(p: Params, ms: MambaSpec, h: int, conv_bias: bool, proj_bias: bool, prefix: str = "layers.mamba",
+          out_bias: bool | None = None, gated_norm: bool = True) -> None:
+    """``BambaMixer.__init__``'s tensors, in its order, under ``prefix`` (Nemotron-H names its mixer ``mixer``).
+    ``out_bias``: ``out_proj``'s bias where a config sets it apart from ``in_proj``'s (Falcon-H1's
+    ``projectors_bias``); ``gated_norm`` False: no ``norm`` (Falcon-H1 without ``mamba_rms_norm``: ``nn.Identity``)."""
     L = ms.layers
     # depthwise: weight [conv_dim, 1, d_conv]
     p.add(f"{prefix}.conv1d.weight", ms.conv_dim * ms.conv_kernel, "other", L)
@@ -45,9 +48,10 @@ def mixer(p: Params, ms: MambaSpec, h: int, conv_bias: bool, proj_bias: bool, pr
     p.linear(f"{prefix}.in_proj", h, ms.intermediate_size + ms.conv_dim + ms.n_heads, L, proj_bias, "column")
     for name in ("dt_bias", "A_log"):
         p.add(f"{prefix}.{name}", ms.n_heads, "other", L)
-    p.add(f"{prefix}.norm.weight", ms.intermediate_size, "norm", L)
+    if gated_norm:
+        p.add(f"{prefix}.norm.weight", ms.intermediate_size, "norm", L)
     p.add(f"{prefix}.D", ms.n_heads, "other", L)
-    p.linear(f"{prefix}.out_proj", ms.intermediate_size, h, L, proj_bias, "row")
+    p.linear(f"{prefix}.out_proj", ms.intermediate_size, h, L, proj_bias if out_bias is None else out_bias, "row")
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
