@@ -247,6 +247,10 @@ class Traits:
     # the routed experts were ``nn.Linear`` modules in transformers 4.x (bitsandbytes converts them, peft's
     # ``all-linear`` adapts them); gpt-oss keeps fused, biased parameters in every release
     experts_are_linears: bool = True
+    # the routed experts are ``view``-slices of 2-D [experts x I, h] parameters run in an eager loop in every
+    # release (DBRX's ``DbrxExperts.forward``), never transformers 5's grouped experts: generate counts the loop
+    # (analytic/inference.py), training is refused (spec/checks.py ``expert_loop_problems``)
+    sliced_expert_loop: bool = False
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False
