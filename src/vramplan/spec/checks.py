@@ -40,7 +40,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "expert_loop_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "expert_loop_problems", "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
     "unused_settings",
 ]
 
@@ -86,7 +86,20 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m) \
-        + expert_loop_problems(s, m) + litgpt_problems(s)
+        + expert_loop_problems(s, m) + fp32_router_weight_problems(s, m) + litgpt_problems(s)
+
+
+def fp32_router_weight_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Half-precision training of a model whose router weight transformers builds in fp32 (``Traits.fp32_router_weight``:
+    HunYuan-MoE, transformers 5.24 ``HunYuanMoEV1Gate``: ``nn.Linear(..., dtype=torch.float32)``, then
+    ``hidden_states.float()`` before it), refused: its fp32 weight, gradient and optimizer state among half ones,
+    and the fp32 input copy the linear saves, are not modelled.  Under autocast (bf16-mixed, fp16-mixed) every weight
+    is fp32 and the linear saves its half-precision cast of the input, as any router's: estimated."""
+    if s.task != "train" or not m.traits.fp32_router_weight or s.train.precision not in ("bf16-true", "fp16-true"):
+        return []
+    return [Problem("train.precision", f"{m.name}'s router weight is built in fp32 (HunYuanMoEV1Gate) and runs on an "
+                    f"fp32 copy of its input; {s.train.precision} training, with that fp32 weight among half ones, is "
+                    "not estimated", "use bf16-mixed (fp32 weights under autocast), which is estimated")]
 
 
 def expert_loop_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
