@@ -106,3 +106,22 @@ def test_dbrx_config_typed_for_transformers() -> None:
     # other families are left as they are
     llama = {"model_type": "llama", "rms_norm_eps": 1, "hidden_size": 8}
     assert typed_for_transformers(llama) == llama
+
+
+def test_dbrx_shrinks_and_is_not_traced_on_the_meta_device() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+    from vramplan.trace.shrink import catalog_config, shrink
+
+    small = shrink(catalog_config(ID), vocab=2048)
+    # d_model 256, 4 heads of 64 and 48 / 8 = 6 query heads per KV head kept: max(1, 4 // 6) = 1 KV head;
+    # ffn_hidden_size 10752 * 256 / 6144 = 448; 8 experts, top-2
+    m = model_from_config(small)
+    assert (m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.num_layers) == (256, 4, 1, 2)
+    assert m.moe is not None and (m.moe.num_experts, m.moe.top_k, m.moe.expert_intermediate_size) == (8, 2, 448)
+    doc = {"model": small, "task": "inference", "hardware": {"gpu": "a100"},
+           "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 4}}
+    with pytest.raises(ScenarioError) as exc:
+        traced(doc)
+    assert "DbrxExperts" in str(exc.value) and "--engine analytic" in str(exc.value)

@@ -170,3 +170,36 @@ def test_hunyuan_half_precision_training_is_refused(precision: str, refused: boo
         assert "train.precision" in str(exc.value) and "HunYuanMoEV1Gate" in str(exc.value)
     else:
         assert estimate(doc).fits
+
+
+SMALL: dict[str, Any] = {"model_type": "hunyuan_v1_moe", "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 192,
+                         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
+                         "num_experts": 8, "moe_topk": 2, "tie_word_embeddings": True}
+
+
+def test_hunyuan_training_step_matches_trace() -> None:
+    # bf16 mixed precision, SDPA: the analytic peak within 0.5% of the traced one (measured -0.09%, as Qwen3-MoE's
+    # at the same sizes)
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"model": SMALL, "hardware": {"gpu": "h100"},
+           "train": {"micro_batch_size": 2, "seq_len": 512, "attention": "sdpa"}}
+    a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    assert abs(a / t - 1) < 0.005
+
+
+@pytest.mark.xfail(strict=True, reason="generate's prefill is not reconciled: the analytic peak reads -15.8% of the "
+                   "traced one here (-0.19% at Hunyuan-A13B, batch 1 x 2048, of which 16,793,600 B are weights: the "
+                   "fp32 gate.wg); unverified candidates: HunYuanMoEV1Moe computes shared_mlp before the routed experts "
+                   "and keeps its output through them, and the gate's fp32 copy of its input")
+def test_hunyuan_prefill_matches_trace() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"model": SMALL, "task": "inference", "hardware": {"gpu": "a100"},
+           "inference": {"batch_size": 4, "prompt_len": 512, "new_tokens": 16, "attention": "sdpa"}}
+    a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    assert abs(a / t - 1) < 0.03
