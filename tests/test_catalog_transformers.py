@@ -8,6 +8,7 @@ import warnings
 import pytest
 
 from vramplan.catalog.models import list_models
+from vramplan.spec.families import typed_for_transformers
 from vramplan.spec.hf_config import model_from_config
 
 torch = pytest.importorskip("torch")
@@ -31,7 +32,8 @@ def test_adapter_count_equals_transformers_module(row) -> None:  # type: ignore[
     transformers.logging.set_verbosity_error()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**dict(row.config))
+        # (DBRX's published integer moe_normalize_expert_weights as the float its strict config class takes)
+        cfg = transformers.AutoConfig.for_model(**typed_for_transformers(row.config))
         cls = transformers.AutoModelForMaskedLM if spec.model_type == "bert" else transformers.AutoModelForCausalLM
         if spec.vision is not None:  # the whole vision-language model: tower, projector and language model
             cls = transformers.AutoModelForImageTextToText

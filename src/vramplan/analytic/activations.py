@@ -406,7 +406,10 @@ def qk_norm_tensors(m: ModelSpec, ctx: ActContext, heads: int, qw: int, kvw: int
     if kind == "layer_fp32":
         # CohereLayerNorm over (heads, head_dim), the layer's norm kind (see ``_norm_saved``): 12 B, 8 frozen
         per = 8 if ctx.frozen_base else 12
-    elif kind in ("gemma_rms", "rms_fp32"):
+    elif kind in ("gemma_rms", "rms_fp32") or (m.traits.qk_norm_after_rope and ctx.autocast):
+        # (HunYuan under autocast: q_proj's half output times the fp32 cos/sin is fp32 before the norm, whose
+        # input, kept by its pow and rsqrt multiply, and fp32 normalized tensor, kept by the weight's multiply,
+        # are 4 + 4 B per element)
         per = 4 if ctx.frozen_base else 8
     else:
         per = 4 if ctx.frozen_base else 4 + c

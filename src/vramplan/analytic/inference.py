@@ -493,7 +493,9 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     kv = kv_heads * m.head_dim if m.mla is None else ceil_div(m.kv_width, tp)
     hidden_kept = m.traits.hidden_kept_through_mlp
     s = r.scenario
-    grouped = s.software.fused_moe_experts and not quantized_expert_loop(m, s.inference.quantization)
+    # DBRX's experts loop over their slices in every release (Traits.sliced_expert_loop)
+    grouped = (s.software.fused_moe_experts and not quantized_expert_loop(m, s.inference.quantization)
+               and not m.traits.sliced_expert_loop)
     mlp = (hidden_kept * h + _mlp_width(m, tp, grouped)) * t * c
     if attention == "eager" and m.traits.eager_probs_kept_by_loop:
         attn, extra = _falcon_eager_prefill(m, t, h, q, kv, batch, heads, prompt, c)

@@ -40,7 +40,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "expert_loop_problems", "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
     "unused_settings",
 ]
 
@@ -86,7 +86,38 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m) \
-        + litgpt_problems(s)
+        + expert_loop_problems(s, m) + fp32_router_weight_problems(s, m) + litgpt_problems(s)
+
+
+def fp32_router_weight_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Half-precision training of a model whose router weight transformers builds in fp32 (``Traits.fp32_router_weight``:
+    HunYuan-MoE, transformers 5.24 ``HunYuanMoEV1Gate``: ``nn.Linear(..., dtype=torch.float32)``, then
+    ``hidden_states.float()`` before it), refused: its fp32 weight, gradient and optimizer state among half ones,
+    and the fp32 input copy the linear saves, are not modelled.  Under autocast (bf16-mixed, fp16-mixed) every weight
+    is fp32 and the linear saves its half-precision cast of the input, as any router's: estimated."""
+    if s.task != "train" or not m.traits.fp32_router_weight or s.train.precision not in ("bf16-true", "fp16-true"):
+        return []
+    return [Problem("train.precision", f"{m.name}'s router weight is built in fp32 (HunYuanMoEV1Gate) and runs on an "
+                    f"fp32 copy of its input; {s.train.precision} training, with that fp32 weight among half ones, is "
+                    "not estimated", "use bf16-mixed (fp32 weights under autocast), which is estimated")]
+
+
+def expert_loop_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Training a model whose experts are slices of 2-D parameters run in an eager loop (``Traits.sliced_expert_loop``:
+    DBRX, transformers 5.24 ``modeling_dbrx.py`` ``DbrxExperts.forward``), refused rather than answered with the
+    grouped experts' saved tensors.  Under autocast with fp32 hidden states the loop's ``index_add_`` refuses the
+    half-precision expert output (torch: "index_add_(): self (Float) and source (BFloat16) must have the same
+    scalar type"), so mixed-precision training does not run; half-precision training runs, but what the loop
+    over ``view``-slices, the clamped fused q/k/v (``ClampBackward1`` keeps its input) and the router's p-norm
+    save is not modelled.  Its parameters, generate and serving are estimated."""
+    if s.task != "train" or not m.traits.sliced_expert_loop:
+        return []
+    return [Problem("task", f"{m.name}'s experts are slices of 2-D parameters run in an eager loop "
+                    "(DbrxExperts); training it is not estimated: under mixed precision transformers' loop fails "
+                    "(index_add_ of half-precision expert outputs into fp32 hidden states), and the loop's saved "
+                    "tensors in half precision are not modelled",
+                    "estimate task: inference (Hugging Face generate) or task: serve; the parameter count is "
+                    "vramplan.spec.hf_config.model_from_config(config).num_parameters")]
 
 
 _NO_TASK = ("no serving is estimated for a cross-attention vision model yet; its parameters are "

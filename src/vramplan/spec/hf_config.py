@@ -27,7 +27,7 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 MAX_SIZE = 1 << 20
 # sizes that must be positive integers, under every family's spelling
 _POSITIVE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
-             "n_embd", "n_layer", "n_head")
+             "n_embd", "n_layer", "n_head", "d_model", "n_layers", "n_heads")
 
 
 def _family(cfg: Mapping[str, Any], where: str) -> tuple[str, Family]:

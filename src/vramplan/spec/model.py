@@ -252,6 +252,11 @@ class Traits:
     # one norm feeds attention and MLP in parallel and its output is saved once for both (phi, Command-R,
     # StableLM's parallel variant)
     shared_norm_output: bool = False
+    # the q/k norms run after RoPE (HunYuanMoEV1Attention: ``apply_rotary_pos_emb``, then query_layernorm and
+    # key_layernorm): under autocast the rotation by the fp32 cos/sin yields fp32 q and k, which the norm keeps
+    # as its input (no copy) and normalizes in fp32 for its weight's gradient (analytic/activations.py
+    # ``qk_norm_tensors``)
+    qk_norm_after_rope: bool = False
     # ---- mixture of experts ----
     router_topk_first: bool = False  # ``GptOssTopKRouter``: top-k on the logits, then a k-wide softmax
     clamped_glu_experts: bool = False  # ``GptOssExperts._apply_gate``: clamped gate/up, sigmoid gating
@@ -260,12 +265,20 @@ class Traits:
     sparsemixer_router: bool = False
     # the router runs in fp32 with autocast disabled (Ernie4_5_MoeTopKRouter: ``F.linear(x.float(), W.float())``)
     fp32_router: bool = False
+    # the router's weight is built in fp32 whatever the model's dtype (HunYuanMoEV1Gate: ``nn.Linear(...,
+    # dtype=torch.float32)``, then ``hidden_states.float()`` when it is): half-precision training, whose fp32 input
+    # copy and weight are not modelled, is refused (spec/checks.py ``fp32_router_weight_problems``)
+    fp32_router_weight: bool = False
     # PhiMoE multiplies the MoE input in place by uniform noise in training, in the block and again in the
     # router (``hidden_states *= torch.empty_like(...).uniform_(...)``), when input_jitter_noise > 0
     moe_input_jitter: bool = False
     # the routed experts were ``nn.Linear`` modules in transformers 4.x (bitsandbytes converts them, peft's
     # ``all-linear`` adapts them); gpt-oss keeps fused, biased parameters in every release
     experts_are_linears: bool = True
+    # the routed experts are ``view``-slices of 2-D [experts x I, h] parameters run in an eager loop in every
+    # release (DBRX's ``DbrxExperts.forward``), never transformers 5's grouped experts: generate counts the loop
+    # (analytic/inference.py), training is refused (spec/checks.py ``expert_loop_problems``)
+    sliced_expert_loop: bool = False
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False

@@ -239,6 +239,13 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         # fp8, block-wise fp8 and MXFP4 kernels are not emulated, so they are refused before building the model
         raise ScenarioError([Problem("inference.quantization", f"{quant} weights are not traced",
                                      "use --engine analytic for GPTQ/AWQ/fp8/fp8-block/MXFP4/compressed-tensors checkpoints")])
+    if r.model.traits.sliced_expert_loop and device == "meta":
+        # DbrxExperts.forward picks each expert's tokens with torch.where / nonzero on the routing, which has no
+        # data-independent meta implementation (torch: "The register_meta function for torch.nonzero() raises
+        # unimplemented by default")
+        raise ScenarioError([Problem("model", f"{r.model.name}'s experts loop over the tokens each one is routed "
+                                     "(DbrxExperts: torch.where on the routing), which the meta device cannot run: "
+                                     "it is not traced", "use --engine analytic")])
     if r.model.traits.attn_logit_softcap and attention == "sdpa":
         raise ScenarioError([Problem(
             "train.attention" if task == "train" else "inference.attention",

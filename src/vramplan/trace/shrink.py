@@ -67,6 +67,8 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
         if c.get("n_inner"):
             c["n_inner"] = _mult(c["n_inner"] * hidden / old_h)
         return c
+    if "d_model" in c and isinstance(c.get("ffn_config"), dict):  # DBRX's spelling (DbrxConfig.attribute_map)
+        return _shrink_dbrx(c, hidden, layers, vocab, head_dim, experts)
     old_h = c["hidden_size"]
     old_heads = c["num_attention_heads"]
     heads = max(2, hidden // head_dim)
@@ -114,4 +116,21 @@ def shrink(config: dict[str, Any], hidden: int = 256, layers: int = 2, vocab: in
     if "sliding_window_pattern" in c:  # Gemma 3: five local layers, then one global
         c["sliding_window_pattern"] = min(int(c.get("sliding_window_pattern", 6)), layers)
         c.pop("layer_types", None)
+    return c
+
+
+def _shrink_dbrx(c: dict[str, Any], hidden: int, layers: int, vocab: int, head_dim: int,
+                 experts: int) -> dict[str, Any]:
+    """DBRX (configuration_dbrx.py): d_model/n_layers/n_heads outside, kv_n_heads in ``attn_config`` and the
+    experts' sizes in ``ffn_config``; the GQA ratio and the experts' width ratio kept."""
+    old_h, old_heads = int(c["d_model"]), int(c["n_heads"])
+    heads = max(2, hidden // head_dim)
+    attn, ffn = dict(c.get("attn_config") or {}), dict(c["ffn_config"])
+    ratio = max(1, old_heads // max(1, int(attn.get("kv_n_heads", 1))))
+    attn["kv_n_heads"] = max(1, heads // ratio)
+    ffn["ffn_hidden_size"] = _mult(int(ffn.get("ffn_hidden_size", 3584)) * hidden / old_h)
+    ffn["moe_num_experts"] = min(int(ffn.get("moe_num_experts", 4)), experts)
+    ffn["moe_top_k"] = min(2, int(ffn.get("moe_top_k", 1)))
+    c.update(d_model=hidden, n_layers=layers, n_heads=heads, vocab_size=vocab, attn_config=attn, ffn_config=ffn,
+             max_seq_len=max(int(c.get("max_seq_len") or 2048), 4096))
     return c

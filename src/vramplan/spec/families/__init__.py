@@ -17,6 +17,7 @@ from vramplan.spec.families.bart import BART
 from vramplan.spec.families.base import KEY_ALIASES, Family
 from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
+from vramplan.spec.families.dbrx import DBRX
 from vramplan.spec.families.falcon import FALCON
 from vramplan.spec.families.falcon_h1 import FALCON_H1
 from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLELM
@@ -45,13 +46,16 @@ from vramplan.spec.families.starcoder2 import STARCODER2
 from vramplan.spec.families.t5 import MT5, T5, UMT5
 from vramplan.spec.families.whisper import WHISPER
 
-__all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config"]
+__all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config",
+           "typed_for_transformers"]
 
 FAMILIES: dict[str, Family] = {
     **LLAMA_FAMILIES,
     "gpt2": GPT2, "gpt_bigcode": GPT_BIGCODE, "gptj": GPTJ, "gpt_neox": GPT_NEOX, "falcon": FALCON,
     "bloom": BLOOM, "opt": OPT, "bert": BERT, "phi": PHI, "starcoder2": STARCODER2,
     "stablelm": STABLELM, "cohere": COHERE, "olmo": OLMO, "cohere2": COHERE2,
+    # nested attn_config / ffn_config, fused Wqkv, experts as 2-D parameters (training refused: spec/checks.py)
+    "dbrx": DBRX,
     # vision-language: the outer config with its vision_config (flatten_text_config keeps it whole)
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3, "idefics3": IDEFICS3, "smolvlm": SMOLVLM,
@@ -132,6 +136,26 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for k in fam.drop_null_keys:
             if k in out and out[k] is None:
                 out.pop(k)
+    return typed_for_transformers(out)
+
+
+def typed_for_transformers(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``cfg`` with its family's ``float_keys`` written as floats (1 -> 1.0), as the family's strict
+    transformers configuration class takes them; nested dictionaries on the way are copied, not changed."""
+    out = dict(cfg)
+    fam = FAMILIES.get(str(out.get("model_type")))
+    for path in fam.float_keys if fam is not None else ():
+        *outer, last = path.split(".")
+        node = out
+        for k in outer:
+            sub = node.get(k)
+            if not isinstance(sub, Mapping):
+                break
+            node[k] = node = dict(sub)
+        else:
+            value = node.get(last)
+            if isinstance(value, int) and not isinstance(value, bool):
+                node[last] = float(value)
     return out
 
 

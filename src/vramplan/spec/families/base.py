@@ -385,6 +385,7 @@ class Family:
     ``transformers_model_type``: the transformers ``model_type`` whose configuration and causal-LM classes
     build this family (None: its own); the traced engine and ``measure`` instantiate that class.
     ``drop_null_keys``: keys a config may hold as null that the transformers configuration class rejects.
+    ``float_keys``: keys whose integer value the transformers configuration class rejects as not a float.
     ``torchtitan_model``: torchtitan's name for the family where torchtitan ships it (its ``torchtitan/models/``).
     ``text_model_type``: a vision-language family's language model (``transformers_config`` builds it alone).
     """
@@ -395,6 +396,9 @@ class Family:
                                              ("vocab_size",))
     transformers_model_type: str | None = None
     drop_null_keys: tuple[str, ...] = ()
+    # keys (dotted: a nested sub-config's) whose published integer the configuration class types as float and
+    # refuses (DbrxFFNConfig's strict moe_normalize_expert_weights: float | None against the published 1)
+    float_keys: tuple[str, ...] = ()
     torchtitan_model: str | None = None
     # a vision-language family: the ``model_type`` of its language model, which the traced engine and
     # ``measure`` build alone from ``text_config`` (``transformers_config``)

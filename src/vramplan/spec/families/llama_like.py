@@ -9,11 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, key, prob
 from vramplan.spec.model import MLASpec, ModelSpec, MoESpec, Norm, Traits
 
 Sliding = Literal["uniform", "alternate", "every_nth", "from_layer", "nope_layers", "pattern"]
-MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer", "ernie"]
+MoEKind = Literal["", "mixtral", "qwen", "deepseek", "gpt_oss", "every_layer", "ernie", "hunyuan"]
 # Mixtral's expert linears in transformers 4.x (``MixtralBlockSparseTop2MLP``: w2(act(w1(x)) * w3(x))), the names
 # peft's conversion maps for Mixtral (``_MOE_TARGET_MODULE_MAPPING["mixtral"]``): a scenario may spell them either way
 MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -28,6 +29,8 @@ class Variant:
     qkv_bias_only: bool = False  # hard-coded q/k/v biases and no o_proj bias (Qwen2Attention)
     qk_norm: Literal["", "head", "full"] = ""  # q/k RMSNorm over head_dim (Qwen3, Gemma 3) or the full width (OLMo-2)
     qk_norm_key: str = ""  # the config key that switches the q/k norm on ("": always; GLM-4-MoE's use_qk_norm)
+    # the q/k norms' module names (HunYuan's query_layernorm/key_layernorm, applied after RoPE: the same saved bytes)
+    qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")
     o_bias: bool = True  # attention_bias reaches o_proj too (False: q/k/v only, Glm4MoeAttention)
     o_bias_key: str = ""  # o_proj's bias has its own key (Seed-OSS attention_out_bias, default False)
     attention_bias_default: bool = False  # configuration default of attention_bias (Seed-OSS: True)
@@ -57,6 +60,7 @@ class Variant:
     correction_bias_path: str = ""  # the router's submodule holding it (ERNIE: "moe_statics.")
     bias_key: str = ""  # one key for every linear's bias (ERNIE use_bias: attention, MLPs and the LM head)
     router_name: str = "gate"
+    shared_name: str = "shared_experts"  # the shared expert MLP's module (HunYuan: shared_mlp)
     fused_expert_names: tuple[str, str] | None = None
     traits: Traits = field(default_factory=Traits)
 
@@ -142,6 +146,12 @@ VARIANTS: dict[str, Variant] = {
     "ernie4_5_moe": Variant("modeling_ernie4_5_moe.py", tied_default=True, moe="ernie", score_correction_bias=True,
                             correction_bias_path="moe_statics.", bias_key="use_bias",
                             traits=Traits(fp32_router=True, peft_converts_experts=True)),
+    # HunYuan-MoE (Hunyuan-A13B): q/k RMSNorm per head after RoPE (query_layernorm/key_layernorm, built whatever
+    # use_qk_norm says), routed experts and a shared_mlp of intermediate_size in every layer, the gate's nn.Linear
+    # named wg (built in fp32: ``nn.Linear(..., dtype=torch.float32)``) with a fp32 softmax, top-k, renormalized
+    "hunyuan_v1_moe": Variant("modeling_hunyuan_v1_moe.py", qk_norm="head",
+                              qk_norm_names=("query_layernorm", "key_layernorm"), moe="hunyuan", router_name="gate.wg",
+                              shared_name="shared_mlp", traits=Traits(fp32_router_weight=True, qk_norm_after_rope=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
@@ -202,8 +212,8 @@ def _attention(p: Params, cfg: Config, v: Variant, d: _Dims) -> MLASpec | None:
         p.norm("layers.self_attn.q_norm", d.n_heads * hd, L, False)
         p.norm("layers.self_attn.k_norm", d.n_kv * hd, L, False)
     elif v.qk_norm == "head":
-        p.norm("layers.self_attn.q_norm", hd, L, False)
-        p.norm("layers.self_attn.k_norm", hd, L, False)
+        p.norm(f"layers.self_attn.{v.qk_norm_names[0]}", hd, L, False)
+        p.norm(f"layers.self_attn.{v.qk_norm_names[1]}", hd, L, False)
     if v.sinks:
         p.add("layers.self_attn.sinks", d.n_heads, "other", L)
     return None
@@ -264,8 +274,43 @@ def _ernie_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
     return MoESpec(e, k, ei, ns, ns * ei), sparse
 
 
+def _per_layer(cfg: Config, name: str, default: int, n: int) -> int:
+    """HunYuan's ``moe_topk`` (and the remote code's per-layer lists): one int, or a list of n equal ones."""
+    value = cfg.get(name, default)
+    values = value if isinstance(value, list) else [value]
+    if len(set(values)) != 1 or (isinstance(value, list) and len(values) != n):
+        raise ScenarioError([Problem(f"model.{name}", f"{name} {value!r} differs between layers (or does not give one "
+                                     f"value per layer of {n}); per-layer MoE sizes are not modelled",
+                                     f"give {name} as one integer")])
+    return int(values[0])
+
+
+def _hunyuan_moe(cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec, set[int]]:
+    """HunYuan-MoE (transformers 5.24 modeling_hunyuan_v1_moe.py): every layer holds ``num_experts`` routed experts
+    (HunYuanMoEV1Experts: ``config.num_local_experts``, attribute_map -> num_experts, default 1) and one
+    ``shared_mlp``, both of ``intermediate_size``; the gate picks ``moe_topk`` (an int or a per-layer list,
+    HunYuanMoEV1Gate reads ``config.moe_topk[layer_idx]``).  The remote code's ``moe_intermediate_size`` and
+    ``num_shared_expert`` lists are not read by transformers: a value other than what transformers builds is refused."""
+    n = len(d.layers)
+    experts = cfg.get("num_experts", 1)
+    if isinstance(experts, list):
+        # HunYuanMoEV1Experts builds torch.empty(config.num_local_experts, 2 I, h): a list does not build
+        raise ScenarioError([Problem("model.num_experts", f"num_experts {experts!r} is a list; transformers 5.24's "
+                                     "HunYuanMoEV1Experts builds its stack from one number of experts",
+                                     "give num_experts as one integer")])
+    e, k = int(experts), _per_layer(cfg, "moe_topk", 1, n)
+    for name, built in (("moe_intermediate_size", d.inter), ("num_shared_expert", 1)):
+        if name in cfg and _per_layer(cfg, name, built, n) != built:
+            raise ScenarioError([Problem(f"model.{name}", f"{name} {cfg[name]!r}, but transformers 5.24 builds "
+                                         f"{'experts and a shared MLP of intermediate_size' if built == d.inter else 'one shared MLP'} "
+                                         f"({built}) and does not read {name}",
+                                         f"set {name} to {built}, or use a model transformers builds as published")])
+    return MoESpec(e, k, d.inter, 1, d.inter), set(d.layers)
+
+
 _MOE_READERS: dict[str, MoEReader] = {"mixtral": _mixtral_moe, "qwen": _qwen_moe, "deepseek": _deepseek_moe,
-                                      "gpt_oss": _gpt_oss_moe, "every_layer": _every_layer_moe, "ernie": _ernie_moe}
+                                      "gpt_oss": _gpt_oss_moe, "every_layer": _every_layer_moe, "ernie": _ernie_moe,
+                                      "hunyuan": _hunyuan_moe}
 
 
 def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, set[int]]:
@@ -300,9 +345,10 @@ def _mlp(p: Params, cfg: Config, v: Variant, d: _Dims) -> tuple[MoESpec | None, 
     if moe.shared_intermediate_size:
         si = moe.shared_intermediate_size
         sb = mlp_bias if v.bias_key else False  # ERNIE: use_bias reaches the shared experts too
-        p.linear("layers.mlp.shared_experts.gate_proj", h, si, on, sb, "column")
-        p.linear("layers.mlp.shared_experts.up_proj", h, si, on, sb, "column")
-        p.linear("layers.mlp.shared_experts.down_proj", si, h, on, sb, "row")
+        shared = f"layers.mlp.{v.shared_name}"
+        p.linear(f"{shared}.gate_proj", h, si, on, sb, "column")
+        p.linear(f"{shared}.up_proj", h, si, on, sb, "column")
+        p.linear(f"{shared}.down_proj", si, h, on, sb, "row")
         if v.shared_expert_gate:
             p.linear("layers.mlp.shared_expert_gate", h, 1, on, False, "replicated", role="router")
     return moe, sparse
@@ -409,5 +455,9 @@ def family(variant: Variant, **fields: Any) -> Family:
 LLAMA_FAMILIES: dict[str, Family] = {mt: family(v) for mt, v in VARIANTS.items()}
 # torchtitan ships Llama 3 (torchtitan/models/llama3)
 LLAMA_FAMILIES["llama"] = family(VARIANTS["llama"], torchtitan_model="llama3")
+# HunYuanMoEV1Attention reads config.head_dim, which HunYuanMoEV1Config leaves None when absent (then head_dim**-0.5
+# fails): a config without it (the remote code's spells it attention_head_dim) does not build in transformers 5.24
+LLAMA_FAMILIES["hunyuan_v1_moe"] = family(VARIANTS["hunyuan_v1_moe"], required=(
+    ("hidden_size",), ("num_hidden_layers",), ("num_attention_heads",), ("vocab_size",), ("head_dim",)))
 # Gemma3TextConfig rejects a null rope_scaling that multimodal checkpoints write into text_config
 LLAMA_FAMILIES["gemma3_text"] = family(VARIANTS["gemma3_text"], drop_null_keys=("rope_scaling",))
