@@ -1113,6 +1113,12 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
                    "are likely overestimated)")
     if s.task == "train" and fw == "torchtune" and s.train.peft is not None and s.train.quantization != "none":
         out += _torchtune_partial_quant(s)
+    if s.task == "inference" and m.traits.fp32_router_weight:
+        # HunYuan-MoE's generate: the traced engine (transformers' own module on the meta device) holds more at the
+        # prefill than the analytic terms (tests/test_families_hunyuan.py test_hunyuan_prefill_matches_trace, xfail)
+        out.append("not modelled: generate's prefill of a model whose router weight is fp32 (HunYuan-MoE's gate.wg): "
+                   "the fp32 gate weight and what the MoE block keeps through the routed experts (the shared MLP's "
+                   "output, the gate's fp32 input copy); the traced engine is up to 16% higher in the non-weight bytes")
     if s.task == "inference" and s.parallel.pp > 1:
         out.append(f"not modelled: parallel.pp {s.parallel.pp} for task inference (generate's layers split over GPUs, "
                    "as device_map='auto' does): every GPU is counted with the whole model")
