@@ -181,18 +181,6 @@ def test_max_model_len_beyond_the_model_is_bad_input() -> None:
         decide(resolve(_serve("meta-llama/Llama-2-7b-hf", "H100", 0.9, 8192)))
 
 
-def test_pipeline_parallel_is_refused_with_the_tp_setting() -> None:
-    # parallel.pp 2 with tp 1 on 2 GPUs: vLLM's per-stage KV pool is not modelled, so the estimate is refused and
-    # the hint names the same GPU count as tensor parallelism: tp 1 x pp 2 = tp 2
-    d = _serve("meta-llama/Llama-3.1-8B", "H100", 0.9, 8192)
-    d["parallel"] = {"tp": 1, "pp": 2}
-    d["hardware"]["num_gpus"] = 2
-    with pytest.raises(ScenarioError) as exc:
-        decide(resolve(d))
-    p = exc.value.problems[0]
-    assert p.where == "parallel.pp" and "not modelled for vLLM" in p.message and "parallel.tp 2" in p.hint
-
-
 def test_expert_parallel_is_tp_or_nothing() -> None:
     # vLLM's expert group is TP x DP (FusedMoEParallelConfig.make); without data parallelism ep is 1 or tp:
     # tp 2, ep 4 on 2 GPUs is refused with ep 2 as the setting that works; tp 2, ep 2 is estimated

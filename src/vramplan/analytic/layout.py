@@ -300,11 +300,15 @@ class _Tally:
 
 
 def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
-                lt: LoraTargets | None = None, frozen: tuple[str, ...] = (), virtual: int = 1) -> RankParams:
+                lt: LoraTargets | None = None, frozen: tuple[str, ...] = (), virtual: int = 1,
+                layers: tuple[int, ...] | None = None) -> RankParams:
     """``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``); ``frozen``: name prefixes
     of parameters that full fine-tuning leaves frozen (``RankParams.frozen``); ``virtual``: model chunks per rank
-    (``stage_layers``; the embedding is in chunk 0 on rank 0, the head in the last chunk, on rank pp - 1)."""
-    layers = stage_layers(model.num_layers, pp, stage, virtual)
+    (``stage_layers``; the embedding is in chunk 0 on rank 0, the head in the last chunk, on rank pp - 1);
+    ``layers``: the stage's layers where an engine splits them its own way (vLLM's ``get_pp_indices``), else
+    ``stage_layers``."""
+    if layers is None:
+        layers = stage_layers(model.num_layers, pp, stage, virtual)
     lset = set(layers)
     first, last = stage == 0, stage == pp - 1
     if lt is None:

@@ -98,16 +98,20 @@ def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[s
     doc = _merge(base, over)
     if "model" not in doc:
         raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
-    if "num_gpus" not in doc.get("hardware", {}) and doc.get("parallel", {}).get("tp"):
-        doc.setdefault("hardware", {})["num_gpus"] = doc["parallel"]["tp"]
+    par = doc.get("parallel", {})
+    if "num_gpus" not in doc.get("hardware", {}) and (par.get("tp") or par.get("pp")):
+        # one engine: tensor x pipeline parallel GPUs (each may be absent: 1)
+        doc.setdefault("hardware", {})["num_gpus"] = (par.get("tp") or 1) * (par.get("pp") or 1)
     return doc
 
 
 # ---------------------------------------------------------------------------- serve
 
 
-SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "hardware.memory_in_use_gib", "parallel.tp", "serve", "offline"],
-                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count when not given."},
+SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "hardware.memory_in_use_gib", "parallel.tp",
+                              "parallel.pp", "serve", "offline"],
+                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count (x pp) when not given.",
+                                    "parallel.pp": "vLLM's pipeline_parallel_size; the report shows every stage."},
                              renamed={"serve.engine": "engine"})
 
 
@@ -237,6 +241,7 @@ def _render_serve(d: Any) -> None:
     verdict = ("[bold red]WILL NOT START[/]" if not d.starts else "[bold yellow]MAY NOT START[/]"
                if d.may_not_start else "[bold green]STARTS[/]")
     _console().print(f"[bold]{d.model}[/] · vLLM {d.version} (V1) · {d.gpu} · tp={d.tp} · "
+               + (f"pp={d.pp} (stage {d.binding_stage} shown, the binding one) · " if d.stages else "") +
                f"max_model_len {d.max_model_len:,} · utilisation {d.gpu_memory_utilization}")
     t = _start_table("vLLM", d.total_memory_bytes, d.in_use_by_others_bytes)
     t.add_row("requested", _gib(d.requested_bytes), f"{d.gpu_memory_utilization} x total")
@@ -261,7 +266,23 @@ def _render_serve(d: Any) -> None:
     _console().print(f"num_gpu_blocks {d.num_gpu_blocks:,} · GPU KV cache size {d.kv_cache_tokens:,} tokens · "
                f"maximum concurrency for {d.max_model_len:,} tokens per request {d.max_concurrency:.2f}x · "
                f"largest max_model_len that fits {d.max_model_len_that_fits:,}")
+    if d.stages:
+        _console().print(_stage_table(d))
     _print_outcome(verdict, d)
+
+
+def _stage_table(d: Any) -> Table:
+    """vLLM's pipeline ranks: each one's layers, weights, profile peak, KV budget and blocks; the engine keeps the
+    fewest (the binding stage's)."""
+    t = Table(title="pipeline stages (the engine keeps the fewest blocks)", title_justify="left")
+    for name in ("stage", "layers", "weights GiB", "activation GiB", "KV budget GiB", "own blocks", "KV GiB"):
+        t.add_column(name, justify="left" if name == "stage" else "right")
+    for st in d.stages:
+        mark = " (binding)" if st.stage == d.binding_stage else ""
+        t.add_row(f"{st.stage}{mark}", f"{st.first_layer}-{st.first_layer + st.layers - 1}", _gib(st.weights_bytes),
+                  _gib(st.activation_peak_bytes), _gib(st.available_kv_bytes), f"{st.own_blocks:,}",
+                  _gib(st.kv_cache_bytes))
+    return t
 
 
 # ---------------------------------------------------------------------------- kv

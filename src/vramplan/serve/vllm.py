@@ -38,6 +38,9 @@ The decision of the V1 releases from 0.9.1 (V0 from 0.6.5 is the same sum), foll
    start-up fails with the needed and available GiB and a binary-searched estimate of the
    largest ``max_model_len`` that fits.
 
+Pipeline parallelism (V1): every rank runs steps 1-5 over its own layers (``pp_stage_layers``) and the engine keeps
+the fewest blocks of any rank (``decide``; docs/serving.md).
+
 Worked example (vLLM 0.19.0 log, Llama-3.1-8B on an H100, utilisation 0.95): requested
 0.95 * 79.19 GiB = 75.23 GiB; weights 14.99 GiB; torch peak 1.89 GiB; non-torch 0.25 GiB;
 KV 58.11 GiB; page 16 * 4,096 B = 65,536 B, 32 layers -> 2 MiB per block -> 29,751 blocks
@@ -47,7 +50,7 @@ KV 58.11 GiB; page 16 * 4,096 B = 65,536 B, 32 layers -> 2 MiB per block -> 29,7
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vramplan.analytic.kv_cache import KVSpec, kv_spec
@@ -97,6 +100,7 @@ __all__ = [
     "KVGroup",
     "VllmBehaviour",
     "VllmDecision",
+    "VllmStage",
     "behaviour",
     "decide",
     "default_batch_limits",
@@ -105,6 +109,7 @@ __all__ = [
     "kv_groups",
     "lora_slot_bytes",
     "multimodal_architecture",
+    "pp_stage_layers",
     "proposer_buffer_bytes",
     "proposer_forward_peak_bytes",
     "rejection_sampler_peak_bytes",
@@ -235,14 +240,45 @@ def rotary_cache_bytes(m: ModelSpec, dtype_bytes: int) -> int:
     return m.max_position_embeddings * rot * dtype_bytes
 
 
-def serve_weights_bytes(r: Resolved) -> tuple[int, int]:
-    """(parameters on one rank in their stored format, rotary cache) as vLLM counts weights."""
+def pp_stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, ...]:
+    """The decoder layers vLLM gives pipeline rank ``stage`` of ``pp`` (``vllm/distributed/utils.py``
+    ``get_pp_indices``, ``VLLM_PP_LAYER_PARTITION`` unset): ``num_layers // pp`` each, and the remainder one
+    layer each to the ranks before the last, from the second-to-last backwards (``partitions[-i] += 1`` for
+    ``i`` in ``2 .. remainder + 1``), so neither the first rank (the embedding) nor the last (the final norm and
+    the LM head) takes one while pp > 2 and the remainder is at most pp - 2.
+
+    >>> [len(pp_stage_layers(61, 4, s)) for s in range(4)], [len(pp_stage_layers(94, 4, s)) for s in range(4)]
+    ([15, 15, 16, 15], [23, 24, 24, 23])
+    """
+    base, rest = divmod(num_layers, pp)
+    sizes = [base] * pp
+    for i in range(2, rest + 2):
+        sizes[-i] += 1
+    start = sum(sizes[:stage])
+    return tuple(range(start, start + sizes[stage]))
+
+
+def _tied_head_elements(r: Resolved) -> int:
+    """Elements of the word embeddings a last pipeline rank holds again as its LM head when the model ties them
+    (vllm/model_executor/models/llama.py ``LlamaModel.__init__``: ``embed_tokens`` is built on the first rank "or
+    (config.tie_word_embeddings and get_pp_group().is_last_rank)", and ``lm_head.tie_weights(embed_tokens)``;
+    the parameter list counts tied weights once, at the embedding)."""
+    return ceil_div(r.model.vocab_size, r.scenario.parallel.tp) * r.model.hidden_size
+
+
+def serve_weights_bytes(r: Resolved, stage: int | None = None) -> tuple[int, int]:
+    """(parameters on one rank in their stored format, rotary cache) as vLLM counts weights.  ``stage``: the
+    pipeline rank with vLLM's layer split (``pp_stage_layers``); None: rank 0 of ``rank_params``' split."""
     s, m = r.scenario, r.model
     c = dtype_bits(s.serve.dtype) // 8
-    rp = rank_params(m, s.parallel.tp, s.parallel.pp, s.parallel.ep, 0, None)
+    pp = s.parallel.pp
+    layers = None if stage is None else pp_stage_layers(m.num_layers, pp, stage)
+    rp = rank_params(m, s.parallel.tp, pp, s.parallel.ep, stage or 0, None, layers=layers)
     params = weights_bytes(rp, c, s.serve.quantization)
+    if stage is not None and pp > 1 and stage == pp - 1 and m.tie_word_embeddings:
+        params += _tied_head_elements(r) * c
     if s.serve.quantization == "mxfp4":
-        params += mxfp4_layout_bytes(r, rp) + hopper_swizzle_bytes(r)
+        params += mxfp4_layout_bytes(r, rp) + hopper_swizzle_bytes(r, rp.layers)
     if s.serve.quantization != "none" and (fmt := quant_format(s.serve.quantization)).per_output_bits:
         # AutoGPTQ writes an fp16 bias for every quantized linear; vLLM's model loaders skip a bias the model does
         # not declare ("Skip loading extra bias for GPTQ models", models/llama.py load_weights), and the biases a
@@ -304,7 +340,7 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
 _HOPPER_SCALE_ROWS, _HOPPER_SCALE_COLS, _HOPPER_VALUE_ROWS, _HOPPER_VALUE_COLS = 256, 2, 16, 32
 
 
-def hopper_swizzle_bytes(r: Resolved) -> int:
+def hopper_swizzle_bytes(r: Resolved, layers: tuple[int, ...] | None = None) -> int:
     """What vLLM's Triton MXFP4 backend adds to the experts on Hopper from 0.12.0 (0 before, off compute capability
     9.0 or without MXFP4 experts), counted in the weights (``serve_weights_bytes``): the swizzled scales are a new
     tensor beside the loaded ones, which stay registered (quantization/mxfp4.py ``process_weights_after_loading``,
@@ -338,8 +374,8 @@ def hopper_swizzle_bytes(r: Resolved) -> int:
         packed, scale_cols = k // 2, k // block
         extra += round_up(n, _HOPPER_VALUE_ROWS) * round_up(packed, _HOPPER_VALUE_COLS) - n * packed
         extra += round_up(n, _HOPPER_SCALE_ROWS) * round_up(scale_cols, _HOPPER_SCALE_COLS)
-    rp = rank_params(m, par.tp, par.pp, par.ep, 0, None)
-    moe_layers = sum(1 for i in rp.layers if m.layers[i].moe)
+    held = layers if layers is not None else rank_params(m, par.tp, par.pp, par.ep, 0, None).layers
+    moe_layers = sum(1 for i in held if m.layers[i].moe)
     return ceil_div(m.moe.num_experts, par.ep) * moe_layers * extra
 
 
@@ -519,6 +555,30 @@ def _blocks_per_request(groups: list[KVGroup], block_size: int, max_len: int, ba
     return total
 
 
+@dataclass(frozen=True)
+class VllmStage:
+    """One pipeline rank of a vLLM engine with pp > 1 (``decide``)."""
+
+    stage: int
+    first_layer: int
+    layers: int  # decoder layers on this rank (vLLM's get_pp_indices)
+    weights_bytes: int
+    activation_peak_bytes: int
+    non_kv_bytes: int
+    available_kv_bytes: int  # this rank's KV budget
+    own_blocks: int  # the blocks its budget holds
+    kv_cache_bytes: int  # what it allocates: the engine's blocks (the fewest of any rank) x page x its layers
+    cudagraph_bytes: int
+    nccl_bytes: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"stage": self.stage, "first_layer": self.first_layer, "layers": self.layers,
+                "weights_bytes": self.weights_bytes, "activation_peak_bytes": self.activation_peak_bytes,
+                "non_kv_bytes": self.non_kv_bytes, "available_kv_bytes": self.available_kv_bytes,
+                "own_blocks": self.own_blocks, "kv_cache_bytes": self.kv_cache_bytes,
+                "cudagraph_bytes": self.cudagraph_bytes, "nccl_bytes": self.nccl_bytes}
+
+
 @dataclass
 class VllmDecision:
     """Every number vLLM computes at start-up, and whether it starts."""
@@ -585,6 +645,9 @@ class VllmDecision:
     tp_comm_bytes: int = 0  # tp > 1: custom all-reduce and symmetric-memory buffers (facts/vllm_tp_comm.py)
     tp_comm_bytes_high: int = 0  # tp > 1: those plus NCCL's buffers up to their band's high end, beyond nccl_bytes
     tp_comm_outside_budget: bool = True  # the communicators are created before the memory snapshot (0.11.0 on)
+    pp: int = 1  # pipeline-parallel size; the figures above are the binding stage's when pp > 1
+    stages: tuple[VllmStage, ...] = ()  # pp > 1: every pipeline rank
+    binding_stage: int = 0  # pp > 1: the rank with the fewest blocks of its own
 
     @property
     def may_not_start(self) -> bool:
@@ -639,6 +702,8 @@ class VllmDecision:
             "problem": self.problem, "fix": self.fix, "device_used_bytes": self.device_used_bytes,
             **({"in_use_by_others_bytes": self.in_use_by_others_bytes} if self.in_use_by_others_bytes else {}),
             "assumptions": list(self.assumptions), **self._option_keys(), **self._graph_keys(),
+            **({"pp": self.pp, "binding_stage": self.binding_stage, "stages": [st.to_dict() for st in self.stages]}
+               if self.stages else {}),
         }
 
     def _graph_keys(self) -> dict[str, object]:
@@ -972,12 +1037,16 @@ def _charged(rule: str, context: int, nccl: int, others: int = 0, comm: int = 0,
 
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
-            opt: _Options, sampler: str, seqs: int = 0) -> _Budget:
-    sv, m, gpu, tp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp
+            opt: _Options, sampler: str, seqs: int = 0, stage: int = 0) -> _Budget:
+    """One GPU's budget; ``stage``: its pipeline rank (pp > 1: ``pp_stage_layers``' layers, the intermediate
+    tensors on every rank but the first, the sampler on the last only: ``_stage_activations``)."""
+    sv, m, gpu, tp, pp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp, r.scenario.parallel.pp
     c = dtype_bits(sv.dtype) // 8
-    params, rotary = serve_weights_bytes(r)
+    params, rotary = serve_weights_bytes(r, stage)
     row = beh.rules
-    context, nccl = cuda_context_bytes(gpu), nccl_bytes(1) if tp > 1 else 0
+    # one NCCL communicator per group of more than one rank: the tensor-parallel group and the pipeline group
+    # (vllm/distributed/parallel_state.py initialize_model_parallel, a PyNcclCommunicator each)
+    context, nccl = cuda_context_bytes(gpu), nccl_bytes((tp > 1) + (pp > 1))
     comm, comm_high_extra, comm_outside = _tp_comm(r, beh, nccl)
     # an explicit KV budget skips the profiling, and with it the graphs' estimate: they are captured outside it
     # (vllm/v1/worker/gpu_worker.py Worker.determine_available_memory returns kv_cache_memory_bytes first, 0.20-0.33)
@@ -985,11 +1054,13 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     # gpu_memory_utilization is a fraction of the device's whole memory (``init_snapshot.total_memory``),
     # whatever other processes hold of it
     total, others = gpu.device_total_bytes, gpu.in_use_by_others_bytes
-    graphs = _cudagraphs(r, beh, batched, seqs, opt) if sv.cuda_graphs else None
+    layers = len(pp_stage_layers(m.num_layers, pp, stage))
+    graphs = _cudagraphs(r, beh, batched, seqs, opt, layers) if sv.cuda_graphs else None
+    forward = forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled)
     return _Budget(
         total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
-        params=params, rotary=rotary, forward=forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled),
-        sampler=sampler_peak_bytes(m, batched, requests, c, sampler),
+        params=params, rotary=rotary, forward=forward + (_intermediate_bytes(m, batched, c) if stage > 0 else 0),
+        sampler=sampler_peak_bytes(m, batched, requests, c, sampler) if stage == pp - 1 else 0,
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=graphs.bytes if graphs else 0, subtracted=subtract, cudagraphs=graphs,
@@ -1001,6 +1072,16 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
         explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
         **_speculative_terms(r, beh, opt, batched, requests, seqs, sampler),
     )
+
+
+def _intermediate_bytes(m: ModelSpec, batched: int, dtype_bytes: int) -> int:
+    """The buffers a pipeline rank after the first receives the previous rank's output in, allocated in the
+    profile run and kept (vllm/v1/worker/gpu_model_runner.py ``_dummy_run``: ``self.intermediate_tensors =
+    self.model.make_empty_intermediate_tensors(batch_size=self.max_num_tokens, ...)`` when not
+    ``get_pp_group().is_first_rank``): "hidden_states" and "residual", each max_num_batched_tokens x h in the
+    model dtype (``make_empty_intermediate_tensors_factory``).  Qwen3-235B-A22B (h 4096), 8192 tokens, bf16:
+    2 x 8192 x 4096 x 2 B = 134,217,728 B."""
+    return 2 * batched * m.hidden_size * dtype_bytes
 
 
 def _custom_ar_torch_bytes(tp: int, gpu: GpuSpec) -> int:
@@ -1024,17 +1105,18 @@ def _tp_comm(r: Resolved, beh: VllmBehaviour, nccl: int) -> tuple[int, int, bool
     return comm, max(0, nccl_high_bytes(nvlink) - nccl), rel >= COMM_OUTSIDE_FROM
 
 
-def _cudagraphs(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int, opt: _Options) -> CudagraphEstimate:
+def _cudagraphs(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int, opt: _Options,
+                layers: int) -> CudagraphEstimate:
     """The graphs vLLM captures on one GPU (serve/cudagraphs.py): the pool is the largest size's decode forward
     peak, as the profile run's forward (compiled in V1, eager in V0) over that many tokens; with speculative
     decoding a decode step carries 1 + num_speculative_tokens tokens per sequence, and a proposer with layers is
-    captured beside the target."""
-    m, tp, pp, spec = r.model, r.scenario.parallel.tp, r.scenario.parallel.pp, r.scenario.serve.speculative
+    captured beside the target.  ``layers``: the decoder layers on this GPU (its pipeline stage's)."""
+    m, tp, spec = r.model, r.scenario.parallel.tp, r.scenario.serve.speculative
     c = dtype_bits(r.scenario.serve.dtype) // 8
     compiled = beh.rules.profile_compiled
     blackwell = (r.gpu.compute_capability or "").startswith("10.")
     query_len = 1 + (spec.num_speculative_tokens if spec is not None else 0)
-    return cudagraph_estimate(parse_release(beh.version), seqs, batched, ceil_div(len(m.layers), pp),
+    return cudagraph_estimate(parse_release(beh.version), seqs, batched, layers,
                               lambda tokens: forward_peak_bytes(m, tokens, c, tp, compiled), blackwell, query_len,
                               opt.draft_layers)
 
@@ -1142,11 +1224,15 @@ def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridR
 
 
 def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tuple[int, ...] = (),
-            hybrid: MambaHybridRule | None = None, version: str = DEFAULT_VERSION) -> _Blocks:
+            hybrid: MambaHybridRule | None = None, version: str = DEFAULT_VERSION,
+            layers: tuple[int, ...] | None = None) -> _Blocks:
+    """``layers``: a pipeline stage's layers (their KV cache only, ``pp_stage_layers``); None: all."""
     if hybrid is not None:
         return _hybrid_blocks(r, available, max_len, hybrid, version)
     sv, m = r.scenario.serve, r.model
     spec = kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp)
+    if layers is not None:
+        spec = replace(spec, layers=tuple(spec.layers[i] for i in layers))
     groups, size = kv_groups(spec)
     page = sv.block_size * spec.uniform_layer_bytes_per_token
     size, page = _with_draft(size, page, sv.block_size, draft)
@@ -1349,12 +1435,6 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     beh = behaviour(version)
     sv = r.scenario.serve
     par = r.scenario.parallel
-    if par.pp > 1:
-        # the weights would follow rank_params' stage 0 while the KV pool is sized for every layer, the last stage's
-        # lm_head is not counted and the ranks' block counts are not combined: refused rather than answered wrongly
-        raise _refuse("parallel.pp", f"pipeline parallelism (pp {par.pp}) is not modelled for vLLM: the per-stage "
-                      "KV pool, the last stage's LM head and how the stages' block counts combine are not modelled",
-                      f"use tensor parallelism instead: parallel.tp {par.tp * par.pp}, parallel.pp 1")
     if par.ep not in (1, par.tp):
         # vLLM has no expert-parallel size of its own: --enable-expert-parallel makes the experts' group the whole
         # TP x DP group (model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make: ep_size =
@@ -1368,10 +1448,33 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     opt = _options(r, beh.rules, version, serve_weights_bytes(r)[0])
     _check_sampler(r, beh.rules, version)
     sampler = sampler_class(beh.rules, sampler_path(beh.rules, sv.vllm_sampler))
-    b = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs)
-    kv = _blocks(r, b.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid, version)
-    problem, fix = _start_problem(r, b, kv, max_len)
-    risk, risk_fix = ("", "") if problem else _start_risk(r, b)
+    if par.pp > 1:
+        _check_pipeline(r, beh.rules, version)
+    # each pipeline rank profiles and sizes its KV pool on its own (one rank when pp = 1); the engine keeps the
+    # fewest blocks of any rank (vllm/v1/core/kv_cache_utils.py get_kv_cache_configs: "Change the num_blocks of
+    # each rank to the smallest among all ranks"; unify_kv_cache_configs before 0.11)
+    ranks: list[tuple[_Budget, _Blocks]] = []
+    for stage in range(par.pp):
+        sb = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs, stage)
+        layers = pp_stage_layers(r.model.num_layers, par.pp, stage) if par.pp > 1 else None
+        ranks.append((sb, _blocks(r, sb.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid,
+                                  version, layers)))
+    binding = min(range(par.pp), key=lambda i: ranks[i][1].blocks)
+    b, kv = ranks[binding]
+    problem, fix = "", ""
+    for stage, (sb, skv) in enumerate(ranks):
+        problem, fix = _start_problem(r, sb, skv, max_len)
+        if problem:
+            problem = f"pipeline stage {stage}: {problem}" if par.pp > 1 else problem
+            break
+    risk, risk_fix = "", ""
+    for stage, (sb, _) in enumerate(ranks):
+        risk, risk_fix = ("", "") if problem else _start_risk(r, sb)
+        if risk:
+            risk = f"pipeline stage {stage}: {risk}" if par.pp > 1 else risk
+            break
+    stages = tuple(_stage_row(pp_stage_layers(r.model.num_layers, par.pp, stage), stage, sb, skv, kv.blocks)
+                   for stage, (sb, skv) in enumerate(ranks)) if par.pp > 1 else ()
     g = b.cudagraphs
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
@@ -1384,10 +1487,11 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         available_kv_bytes=b.available, kv_spec=kv.spec, block_size=kv.block_size or sv.block_size, page_bytes=kv.page,
         groups=kv.groups, layers_per_group=kv.size, num_gpu_blocks=kv.blocks, kv_cache_bytes=kv.kv_bytes,
         kv_cache_tokens=kv.tokens, max_model_len=max_len, blocks_per_request=kv.per_request,
-        needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency, max_model_len_that_fits=kv.fits_len,
+        needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency,
+        max_model_len_that_fits=min(skv.fits_len for _, skv in ranks),
         starts=not problem, problem=problem, fix=fix,
         assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
-                     + _hybrid_notes(r, kv, hybrid, version)),
+                     + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
@@ -1398,7 +1502,65 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         cudagraph_pool_bytes=g.pool_bytes if g else 0, cudagraph_capture_sizes=g.sizes if g else (),
         cudagraph_graphs=g.graphs if g else 0, start_risk=risk, start_risk_fix=risk_fix,
         tp_comm_bytes=b.comm, tp_comm_bytes_high=b.comm + b.comm_high_extra, tp_comm_outside_budget=b.comm_outside,
+        pp=par.pp, stages=stages, binding_stage=binding,
     )
+
+
+def _stage_row(layers: tuple[int, ...], stage: int, b: _Budget, kv: _Blocks, blocks: int) -> VllmStage:
+    """One pipeline rank's figures, its KV pool cut to the engine's ``blocks`` (the fewest of any rank)."""
+    return VllmStage(stage=stage, first_layer=layers[0], layers=len(layers), weights_bytes=b.weights,
+                     activation_peak_bytes=b.activations, non_kv_bytes=b.non_kv, available_kv_bytes=b.available,
+                     own_blocks=kv.blocks, kv_cache_bytes=blocks * kv.page * kv.size,
+                     cudagraph_bytes=b.graphs, nccl_bytes=b.nccl)
+
+
+def _check_pipeline(r: Resolved, row: VllmRelease, version: str) -> None:
+    """Refuse what pipeline parallelism is not modelled with (ScenarioError naming the option to change)."""
+    m, sv, pp = r.model, r.scenario.serve, r.scenario.parallel.pp
+    spec = kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8, r.scenario.parallel.tp)
+    single = f"parallel.pp 1 (or parallel.tp {r.scenario.parallel.tp * pp}, parallel.pp 1)"
+    v0 = (f"vLLM {version} runs the V0 engine, whose pipeline-parallel start-up (the executor's "
+          "determine_num_available_blocks) is not modelled")
+    groups = (f"pipeline parallelism with {m.name}'s several KV-cache groups (sliding-window or Mamba2 layers: vLLM "
+              "groups the whole model's layers and projects the groups onto each rank) is not modelled")
+    spec_what = "speculative decoding with pipeline parallelism (the proposer on the last rank) is not modelled"
+    problems = [
+        (pp > m.num_layers, "parallel.pp", f"pp {pp} is more than the model's {m.num_layers} layers",
+         f"set parallel.pp <= {m.num_layers}"),
+        (row.engine != "v1", "serve.vllm_version", v0,
+         f"use a V1 release (from {next(x.name for x in VLLM_RELEASES if x.engine == 'v1')})"),
+        (m.mamba is not None or len(kv_groups(spec)[0]) > 1 or len(spec.layers) != m.num_layers, "parallel.pp",
+         groups, f"use {single}"),
+        (sv.speculative is not None, "serve.speculative", spec_what, "remove serve.speculative or set parallel.pp 1"),
+        (bool(sv.max_loras), "serve.max_loras", "LoRA slots with pipeline parallelism are not modelled",
+         "set serve.max_loras: 0 or parallel.pp 1"),
+        (sv.cpu_offload_gb > 0, "serve.cpu_offload_gb", "cpu_offload_gb with pipeline parallelism is not modelled",
+         "set serve.cpu_offload_gb: 0 or parallel.pp 1"),
+    ]
+    for bad, where, what, fix in problems:
+        if bad:
+            raise _refuse(where, what, fix)
+
+
+def _pipeline_notes(stages: tuple[VllmStage, ...], binding: int) -> list[str]:
+    """What the report says of the pipeline ranks (none at pp = 1)."""
+    if not stages:
+        return []
+    rows = "; ".join(f"stage {s.stage}: {s.layers} layers, weights {s.weights_bytes / GiB:.2f} GiB, activation peak "
+                     f"{s.activation_peak_bytes / GiB:.2f} GiB, KV budget {s.available_kv_bytes / GiB:.2f} GiB, "
+                     f"{s.own_blocks:,} blocks of its own" for s in stages)
+    return [(f"pipeline parallelism, {len(stages)} stages split as vLLM's get_pp_indices (VLLM_PP_LAYER_PARTITION "
+             f"unset): {rows}; the engine keeps the fewest blocks, stage {binding}'s (the binding stage, whose figures "
+             "this report shows), on every rank (vllm/v1/core/kv_cache_utils.py get_kv_cache_configs)"),
+            ("pipeline parallelism: the embedding on the first stage, the final norm and LM head on the last "
+             "(PPMissingLayer elsewhere; with tied embeddings the last stage holds the embedding again as its head); "
+             "every stage after the first keeps the intermediate tensors it receives (hidden states and residual, "
+             "max_num_batched_tokens x h each) from the profile run; only the last stage runs the dummy sampler "
+             "(gpu_model_runner.py profile_run: get_pp_group().is_last_rank); every stage holds the rotary cache and "
+             "one NCCL communicator for the pipeline group; assumed: the forward pass peaks per layer as without "
+             "pipeline parallelism, the non-torch increase is the one measured at the same tp without pipeline "
+             "parallelism, and "
+             "each stage captures its CUDA graphs over its own layers")]
 
 
 _HYBRID_RANGE = f"{release_text(MAMBA_HYBRID_FIRST)} to 0.25"
