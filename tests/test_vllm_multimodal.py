@@ -101,3 +101,19 @@ def test_family_without_checkpoint_pixels_not_modelled() -> None:
     # a tower whose processor's max_pixels is not known (LLaVA, Gemma 3, mllama adapters set none)
     assert not mm_profile_modelled((0, 8, 2), replace(m, vision=replace(m.vision, checkpoint_max_pixels=0)))
     assert not mm_profile_modelled((0, 8, 2), replace(m, vision=None))
+
+
+def test_report_states_the_profile_instead_of_not_modelled() -> None:
+    from vramplan.engine import estimate
+
+    modelled, unread = estimate(_resolved()), estimate(_resolved(version="0.11"))
+    assert not [a for a in modelled.assumptions if a.startswith("not modelled:") and "encoder" in a]
+    assert [a for a in modelled.assumptions if a.startswith("multimodal profile run (vLLM 0.8.2")]
+    assert [a for a in unread.assumptions if a.startswith("not modelled: vLLM's encoder cache")]
+
+
+def test_limit_on_a_text_model_is_stated() -> None:
+    text = {k: v for k, v in QWEN25_VL_7B.items() if k != "vision_config"}
+    d = decide(_resolved(model={**text, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}), "0.8.2")
+    assert d.mm_profile is None
+    assert "serve.limit_mm_per_prompt changes nothing: the model has no multimodal encoder" in d.assumptions

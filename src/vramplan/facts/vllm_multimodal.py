@@ -32,7 +32,7 @@ Before 0.8.0 (the V0 engine) the encoder ran inside the dummy sequences' forward
 from __future__ import annotations
 
 __all__ = ["MAX_FRAMES_PER_VIDEO", "MM_LIMIT_DEFAULT", "MM_PROFILE_FROM", "MM_PROFILE_READ_AT", "MM_PROFILE_SOURCES",
-           "MM_PROFILE_UNTIL", "QWEN_VL_CHECKPOINT_MAX_PIXELS"]
+           "MM_PROFILE_UNTIL", "QWEN_VL_CHECKPOINT_MAX_PIXELS", "mm_profile_read"]
 
 Release = tuple[int, int, int]
 
@@ -56,3 +56,10 @@ MM_PROFILE_SOURCES: tuple[str, ...] = (
     "vllm/model_executor/models/qwen2_vl.py Qwen2VLProcessingInfo (0.8.0, 0.8.2)",
     "vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionTransformer.forward (0.8.2)",
 )
+
+
+def mm_profile_read(release: Release, checkpoint_max_pixels: int) -> bool:
+    """Whether vLLM ``release``'s multimodal profile run is modelled for a tower whose released checkpoints'
+    ``max_pixels`` is ``checkpoint_max_pixels`` (0: not known): a release from ``MM_PROFILE_FROM`` up to
+    ``MM_PROFILE_UNTIL`` and a known ``max_pixels``."""
+    return MM_PROFILE_FROM <= release < MM_PROFILE_UNTIL and checkpoint_max_pixels > 0

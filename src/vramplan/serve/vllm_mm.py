@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from vramplan.facts.vllm_multimodal import (
     MAX_FRAMES_PER_VIDEO,
     MM_LIMIT_DEFAULT,
-    MM_PROFILE_FROM,
-    MM_PROFILE_UNTIL,
+    mm_profile_read,
 )
 from vramplan.facts.vllm_releases import Release
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -72,8 +71,7 @@ class MmProfile:
 def mm_profile_modelled(release: Release, m: ModelSpec) -> bool:
     """Whether the profile run of this release and model is modelled (facts/vllm_multimodal.py)."""
     v = m.vision
-    return (MM_PROFILE_FROM <= release < MM_PROFILE_UNTIL and v is not None and v.checkpoint_max_pixels > 0
-            and v.tower is not None)
+    return v is not None and v.tower is not None and mm_profile_read(release, v.checkpoint_max_pixels)
 
 
 def qwen_vl_item(v: VisionSpec) -> tuple[int, int]:
