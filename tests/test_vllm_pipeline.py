@@ -135,3 +135,16 @@ def test_cli_pp_sets_the_gpus_and_prints_every_stage() -> None:
         snap.write_text(table)
     assert table == snap.read_text()
     assert "pp=2 (stage 1 shown, the binding one)" in lines[0]
+
+
+def test_pipeline_with_a_vision_encoder_is_refused() -> None:
+    """Which pipeline rank holds a vision tower and profiles the encoder is not modelled: refused, naming pp."""
+    import pytest as _pytest
+
+    from vramplan.engine import estimate as _estimate
+    from vramplan.errors import ScenarioError as _ScenarioError
+
+    with _pytest.raises(_ScenarioError) as err:
+        _estimate({"model": "Qwen/Qwen2.5-VL-7B-Instruct", "task": "serve", "hardware": {"gpu": "H100", "num_gpus": 2},
+                   "parallel": {"pp": 2}})
+    assert "vision encoder" in str(err.value) and "parallel.pp" in str(err.value)

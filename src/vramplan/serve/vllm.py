@@ -60,6 +60,7 @@ from vramplan.analytic.weights import weights_bytes
 from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM
 from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_FIRST,
     MAMBA_HYBRID_PREFIX_CACHING_FROM,
@@ -89,6 +90,7 @@ from vramplan.facts.vllm_tp_comm import (
 )
 from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
 from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
+from vramplan.serve.vllm_mm import MmProfile, mm_profile, mm_profile_modelled
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, vllm_mxfp4_triton
 from vramplan.spec.model import ModelSpec
@@ -648,6 +650,7 @@ class VllmDecision:
     pp: int = 1  # pipeline-parallel size; the figures above are the binding stage's when pp > 1
     stages: tuple[VllmStage, ...] = ()  # pp > 1: every pipeline rank
     binding_stage: int = 0  # pp > 1: the rank with the fewest blocks of its own
+    mm_profile: MmProfile | None = None  # a multimodal model: the encoder's part of the profile run (serve/vllm_mm.py)
 
     @property
     def may_not_start(self) -> bool:
@@ -743,6 +746,11 @@ class VllmDecision:
             keys["host_weights_bytes"] = self.cpu_offload_bytes
         if self.kv_cache_memory_bytes is not None:
             keys["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.mm_profile is not None:
+            mm = self.mm_profile
+            keys.update({"encoder_budget_tokens": mm.budget_tokens, "encoder_profile_items": mm.items,
+                         "encoder_profile_modality": mm.modality, "encoder_tokens_per_item": mm.tokens_per_item,
+                         "encoder_outputs_bytes": mm.output_bytes, "profile_encoder_peak_bytes": mm.encoder_peak_bytes})
         if self.mamba_layers:
             keys["mamba_layers"] = self.mamba_layers
             keys["mamba_state_page_bytes"] = self.mamba_state_page_bytes
@@ -996,6 +1004,7 @@ class _Budget:
     proposer_peak: int = 0  # the proposer's forward in the dummy run (draft model, EAGLE head)
     proposer_buffers: int = 0  # the proposer's persistent buffers (in "weights + non-torch", not in the weights)
     cudagraphs: CudagraphEstimate | None = None  # the captured graphs (serve/cudagraphs.py); None: eager
+    mm: MmProfile | None = None  # a multimodal model's encoder profile (serve/vllm_mm.py)
 
     @property
     def weights(self) -> int:
@@ -1004,8 +1013,13 @@ class _Budget:
     @property
     def activations(self) -> int:
         """vLLM's "torch peak memory increase": the larger of the forward, the sampler and (speculative
-        decoding) the proposer's forward or the rejection sampler, plus cuBLAS'."""
-        return max(self.forward, self.sampler, self.rejection_peak, self.proposer_peak) + self.cublas
+        decoding) the proposer's forward or the rejection sampler, plus cuBLAS'.  A multimodal model's encoder
+        outputs are alive through them, and its encoder's forward on the dummy items is a moment of its own
+        (``GPUModelRunner.profile_run``, serve/vllm_mm.py)."""
+        lm = max(self.forward, self.sampler, self.rejection_peak, self.proposer_peak)
+        if self.mm is not None:
+            lm = max(self.mm.encoder_peak_bytes, lm + self.mm.output_bytes)
+        return lm + self.cublas
 
     @property
     def non_kv(self) -> int:
@@ -1070,7 +1084,7 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
         comm=comm, comm_high_extra=comm_high_extra, comm_outside=comm_outside,
         extra_weights=(opt.lora if row.lora_in_budget else 0) + opt.draft_weights, offloaded=opt.offloaded,
         explicit_kv=sv.kv_cache_memory_bytes, lora_outside=0 if row.lora_in_budget else opt.lora,
-        **_speculative_terms(r, beh, opt, batched, requests, seqs, sampler),
+        **_speculative_terms(r, beh, opt, batched, requests, seqs, sampler), mm=_mm_profile(r, beh, batched, seqs),
     )
 
 
@@ -1082,6 +1096,15 @@ def _intermediate_bytes(m: ModelSpec, batched: int, dtype_bytes: int) -> int:
     model dtype (``make_empty_intermediate_tensors_factory``).  Qwen3-235B-A22B (h 4096), 8192 tokens, bf16:
     2 x 8192 x 4096 x 2 B = 134,217,728 B."""
     return 2 * batched * m.hidden_size * dtype_bytes
+
+
+def _mm_profile(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int) -> MmProfile | None:
+    """The encoder's part of the profile run where it is modelled (serve/vllm_mm.py ``mm_profile_modelled``)."""
+    if not mm_profile_modelled(parse_release(beh.version), r.model):
+        return None
+    sv = r.scenario.serve
+    max_len = sv.max_model_len or r.model.max_position_embeddings
+    return mm_profile(r.model, max_len, batched, seqs, dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt)
 
 
 def _custom_ar_torch_bytes(tp: int, gpu: GpuSpec) -> int:
@@ -1397,19 +1420,50 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
     if kv.spec.has_sliding:
         assumptions.append(f"hybrid KV cache manager: {len(kv.groups)} groups of {kv.size} layers "
                            "(sliding-window layers keep only their window)")
-    multimodal = multimodal_architecture(r)
-    if multimodal:
-        # a family adapter with a vision tower (spec/families/gemma3.py, qwen2_5_vl.py) puts the tower's weights
-        # in the parameter count; any other multimodal config is flattened to its language model
-        counted = ("the encoder's weights are counted (the vision tower), its profile run and cache are not"
-                   if r.model.vision is not None else "only the language model is counted here")
-        assumptions.append(
-            f"not modelled: the multimodal encoder of {multimodal}: vLLM loads its weights with the language model "
-            "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
-            "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0), both taken from the "
-            f"KV budget; {counted}, so the KV pool is overestimated (limit the "
-            "modalities to 0 with --limit-mm-per-prompt to serve text only)")
+    assumptions += _mm_notes(r, beh, b)
     return assumptions
+
+
+def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
+    """The multimodal encoder's profile run as modelled (serve/vllm_mm.py), or why it is not."""
+    sv = r.scenario.serve
+    limit = sv.limit_mm_per_prompt
+    if b.mm is not None:
+        mm, c = b.mm, dtype_bits(sv.dtype) // 8
+        lm = max(b.forward, b.sampler, b.rejection_peak, b.proposer_peak) + mm.output_bytes
+        moment = "the encoder's forward" if mm.encoder_peak_bytes > lm else "the language model's dummy batch"
+        frames = f" ({mm.frames} frames)" if mm.modality == "video" else ""
+        note = (f"multimodal profile run (vLLM {beh.version}, facts/vllm_multimodal.py): encoder budget "
+                f"{mm.budget_tokens:,} tokens, {mm.items} {mm.modality} item(s) of {mm.tokens_per_item:,} tokens"
+                f"{frames} and {mm.patches_per_item:,} patches each (max_pixels "
+                f"{r.model.vision.checkpoint_max_pixels if r.model.vision else 0:,} of the released "
+                f"preprocessor_config.json, not read; limit_mm_per_prompt "
+                f"{limit if limit is not None else 'not set: 1'} per modality); the encoder's forward peaks at "
+                f"{mm.encoder_peak_bytes / GiB:.2f} GiB ({mm.patches:,} patches x ({mm.held_per_patch:,} B held + "
+                f"max(attention {mm.attention_per_patch:,} B, MLP {mm.mlp_per_patch:,} B)), a bound without the "
+                f"attention kernel's workspace); its outputs, {mm.output_bytes / GiB:.2f} GiB "
+                f"({mm.items} x {mm.tokens_per_item:,} x {r.model.hidden_size} x {c} B), stay alive through the "
+                f"language model's dummy batch; the profile peaks in {moment}")
+        if r.scenario.parallel.tp > 1:
+            note += "; tp > 1: the whole tower's working set is taken on each rank (its split is not modelled)"
+        return [note]
+    multimodal = multimodal_architecture(r)
+    if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM:
+        return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, vLLM profiles no "
+                 "encoder (\"Encoder cache will not be initialized\")")]
+    if not multimodal:
+        return ([] if limit is None else
+                ["serve.limit_mm_per_prompt changes nothing: the model has no multimodal encoder"])
+    # a family adapter with a vision tower (spec/families/gemma3.py, qwen2_5_vl.py) puts the tower's weights
+    # in the parameter count; any other multimodal config is flattened to its language model
+    counted = ("the encoder's weights are counted (the vision tower), its profile run and cache are not"
+               if r.model.vision is not None else "only the language model is counted here")
+    return [
+        (f"not modelled: the multimodal encoder of {multimodal}: vLLM loads its weights with the language model "
+        "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
+        "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0), both taken from the "
+        f"KV budget; {counted}, so the KV pool is overestimated (limit the "
+        "modalities to 0 with --limit-mm-per-prompt to serve text only)")]
 
 
 def multimodal_architecture(r: Resolved) -> str:
@@ -1503,6 +1557,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         cudagraph_graphs=g.graphs if g else 0, start_risk=risk, start_risk_fix=risk_fix,
         tp_comm_bytes=b.comm, tp_comm_bytes_high=b.comm + b.comm_high_extra, tp_comm_outside_budget=b.comm_outside,
         pp=par.pp, stages=stages, binding_stage=binding,
+        mm_profile=b.mm,
     )
 
 
@@ -1536,6 +1591,9 @@ def _check_pipeline(r: Resolved, row: VllmRelease, version: str) -> None:
          "set serve.max_loras: 0 or parallel.pp 1"),
         (sv.cpu_offload_gb > 0, "serve.cpu_offload_gb", "cpu_offload_gb with pipeline parallelism is not modelled",
          "set serve.cpu_offload_gb: 0 or parallel.pp 1"),
+        (m.vision is not None, "parallel.pp", (f"pipeline parallelism with {m.name}'s vision encoder (which rank "
+                                               "holds the tower and profiles the encoder) is not modelled"),
+         f"use {single}"),
     ]
     for bad, where, what, fix in problems:
         if bad:

@@ -335,6 +335,10 @@ class VisionSpec:
     # ``smart_resize``) rather than to ``image_size`` (Gemma 3); ``image_size`` is then the largest image's side
     min_pixels: int = 0
     max_pixels: int = 0
+    # max_pixels as the family's released checkpoints write it in preprocessor_config.json (not read), which vLLM's
+    # dummy image of the most features follows (facts/vllm_multimodal.py; Qwen2-VL, Qwen2.5-VL: 12,845,056); 0:
+    # not known, vLLM's multimodal profile run is then not modelled
+    checkpoint_max_pixels: int = 0
     # what the tower saves per patch after its last layer, as (kind, elements) with kind "norm" (that many
     # norms of the tower's kind), "residual" or "compute" (elements in that dtype): Gemma 3's post-layernorm
     # and average pool's input, Qwen2.5-VL's merger norm and MLP inputs

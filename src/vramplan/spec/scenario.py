@@ -492,7 +492,7 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "gpu_memory_utilization": "mem_fraction_static", "block_size": "page_size",
     "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
-    "max_lora_rank": "", "vllm_sampler": "",
+    "max_lora_rank": "", "vllm_sampler": "", "limit_mm_per_prompt": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
@@ -661,6 +661,10 @@ class Serve(_Strict):
     """Top-k/top-p path of vLLM's profile-run sampling: auto is a plain pip install's (PyTorch's sort before 0.24,
     FlashInfer from 0.24); flashinfer as the vllm/vllm-openai image takes it for 0.8-0.11 (flashinfer installed)
     or with VLLM_USE_FLASHINFER_SAMPLER=1; native with VLLM_USE_FLASHINFER_SAMPLER=0 (docs/serving.md)."""
+
+    limit_mm_per_prompt: int | None = Field(None, ge=0, le=1_000_000)
+    """Items of each modality (image, video) per prompt (vLLM's --limit-mm-per-prompt, one count for both); it
+    sizes the encoder's dummy items of vLLM's profile run (serve/vllm_mm.py); 0 serves text only; null: vLLM's 1."""
 
     dp_attention: int = Field(1, ge=1, le=1024)
     """SGLang's DP attention (engine sglang): --enable-dp-attention with --dp-size N; 1: off.  Modelled for

@@ -15,6 +15,8 @@ import math
 
 from vramplan.errors import Problem
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.vllm_multimodal import mm_profile_read
+from vramplan.facts.vllm_releases import parse_release
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
 from vramplan.spec.vision_quant import tower_quantized_linears, transformers_unmatched
@@ -297,8 +299,10 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "with dummy images); its activations are not in the estimate, as no SGLang activation is")
         return out
     if s.task == "serve":
-        out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
-                   "vision-language model (the estimate is the language model's start-up)")
+        if not mm_profile_read(parse_release(s.serve.vllm_version), v.checkpoint_max_pixels):
+            # modelled (serve/vllm_mm.py): the serving report states the profile run instead
+            out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
+                       "vision-language model (the estimate is the language model's start-up)")
         if s.parallel.tp > 1 and v.linears:
             # vLLM's towers and projectors shard their linears over the tensor-parallel group in most families and
             # releases (mm_encoder_tp_mode "weights", the default from 0.10: QKVParallelLinear / ColumnParallelLinear

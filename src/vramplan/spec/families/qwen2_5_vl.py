@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from vramplan.facts.vllm_multimodal import QWEN_VL_CHECKPOINT_MAX_PIXELS
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer, non_null
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
@@ -120,7 +121,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         source="transformers 5.24 Qwen2VLImageProcessor smart_resize and Qwen2_5_VLPatchMerger",
                         param_prefixes=("visual.",), tower=tower, num_channels=t["channels"],
                         temporal_patch_size=t["temporal"], merge_size=t["merge"], min_pixels=MIN_PIXELS,
-                        max_pixels=MAX_PIXELS,
+                        max_pixels=MAX_PIXELS, checkpoint_max_pixels=QWEN_VL_CHECKPOINT_MAX_PIXELS,
                         # the merger: ln_q, then mlp.0's input, the GELU's input and mlp.2's input, each 4d per
                         # merged token (d per patch) in the compute dtype
                         head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=_notes(vc, t),

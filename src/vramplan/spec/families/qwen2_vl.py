@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from vramplan.facts.vllm_multimodal import QWEN_VL_CHECKPOINT_MAX_PIXELS
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get
 from vramplan.spec.families.qwen2_5_vl import MAX_PIXELS, MIN_PIXELS, merger_params, qwen_vl_start
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
@@ -78,7 +79,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         source="transformers 5.24 Qwen2VLImageProcessor smart_resize and Qwen2-VL's PatchMerger",
                         param_prefixes=("visual.",), tower=tower, num_channels=t["channels"],
                         temporal_patch_size=t["temporal"], merge_size=t["merge"], min_pixels=MIN_PIXELS,
-                        max_pixels=MAX_PIXELS,
+                        max_pixels=MAX_PIXELS, checkpoint_max_pixels=QWEN_VL_CHECKPOINT_MAX_PIXELS,
                         # the merger: ln_q (a LayerNorm), then mlp.0's input, the GELU's input and mlp.2's input,
                         # each 4d per merged token (d per patch) in the compute dtype (as Qwen2.5-VL)
                         head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=(_NOTE,),
