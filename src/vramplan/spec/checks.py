@@ -530,16 +530,9 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
                         "layout of layers holding both a KV cache and a mixer state is not modelled",
                         "estimate inference (task: inference) with transformers' generate, which is estimated")]
-    if s.parallel.tp > 1:
-        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (its configuration's "
-                        "base_model_tp_plan shards only embed_tokens)", "set parallel.tp to 1")]
-    if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
-        return [Problem("inference.kv_cache_dtype", f"{what}; transformers' QuantizedCache refuses models with "
-                        "other than full-attention layers (these are 'hybrid')", "use kv_cache_dtype: auto")]
-    if s.effective_framework == "lightning":
-        return [Problem("framework", f"{what}; Lit-GPT ships no such model",
-                        "use the transformers framework for inference")]
-    return []
+    return _generate_limits(s, what, "its configuration's base_model_tp_plan shards only embed_tokens",
+                            "transformers' QuantizedCache refuses models with other than full-attention layers "
+                            "(these are 'hybrid')")
 
 
 def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -571,12 +564,19 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("serve.engine", f"{what}; serving it is not estimated: {s.serve.engine}'s layout of the "
                         "mixers' state without attention layers is not modelled (vLLM's hybrid layout is)",
                         "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    return _generate_limits(s, what, "its transformers configuration has no base_model_tp_plan",
+                            "it has no KV cache, and transformers' QuantizedCache refuses models with other than "
+                            "full-attention layers")
+
+
+def _generate_limits(s: Scenario, what: str, tp_why: str, cache_why: str) -> list[Problem]:
+    """The first of what transformers' generate of a mixer model is not estimated with: tensor parallelism, a
+    quantized cache, Lit-GPT (which ships no such model)."""
     if s.parallel.tp > 1:
-        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it (its transformers "
-                        "configuration has no base_model_tp_plan)", "set parallel.tp to 1")]
+        return [Problem("parallel.tp", f"{what}; tensor parallelism is not estimated for it ({tp_why})",
+                        "set parallel.tp to 1")]
     if s.inference.kv_cache_dtype not in ("auto", s.inference.dtype):
-        return [Problem("inference.kv_cache_dtype", f"{what}; it has no KV cache, and transformers' QuantizedCache "
-                        "refuses models with other than full-attention layers", "use kv_cache_dtype: auto")]
+        return [Problem("inference.kv_cache_dtype", f"{what}; {cache_why}", "use kv_cache_dtype: auto")]
     if s.effective_framework == "lightning":
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
