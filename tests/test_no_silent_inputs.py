@@ -79,6 +79,7 @@ NOT_AUDITED = {"model": "the model under estimate: every other figure is its", "
 VALUES: dict[str, list[Any]] = {
     "hardware.gpu": ["A100-80GB"], "parallel.moe_expert_capacity_factor": [1.25],
     "train.peft.target_modules": ["all-linear", ["q_proj", "k_proj", "v_proj", "o_proj"]],
+    "serve.cudagraph_capture_sizes": [[1, 2, 4, 8]],
     "serve.vllm_version": ["0.19"], "rl.rollout.vllm_version": ["0.19"], "serve.sglang_version": ["0.4.6"],
     "serve.gguf.quant": ["Q8_0"], "serve.gguf.cache_type_k": ["q8_0"], "serve.gguf.cache_type_v": ["q8_0"],
     "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256], "lifecycle.eval_seq_len": [8192],

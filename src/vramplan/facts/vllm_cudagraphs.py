@@ -37,6 +37,21 @@ PyPI, as ``facts/vllm_releases.py``):
   The bytes per segment are not fitted: ``GRAPH_LOGS`` holds vLLM's own printed figures for known
   configurations, and each gives the bytes per segment it implies; the lowest and highest bound the band
   (``SEGMENT_BYTES_LOW``, ``SEGMENT_BYTES_HIGH``) and the report's point is their middle.
+* **The user's sizes and modes.**  ``--cudagraph-capture-sizes`` (``CompilationConfig.cudagraph_capture_sizes``,
+  every V1 release; ``serve.cudagraph_capture_sizes``) is the exact list: 0.8.0-0.11.x take it as given
+  (``CompilationConfig.init_with_cudagraph_sizes``: de-duplicated, nothing dropped), from 0.12.0 the sizes
+  above ``max_num_batched_tokens`` are dropped (``VllmConfig._set_cudagraph_sizes``: ``[i for i in
+  dedup_sizes if i <= max_num_tokens]``).  The largest size (``serve.max_cudagraph_capture_size``) is
+  ``--cuda-graph-sizes N`` with one value in 0.9.0-0.11.x (``[1, 2, 4] + range(8, N + 1, 8)``, then no larger
+  than ``max_num_batched_tokens``: 1, 2 and 4 even for N below 4) and ``--max-cudagraph-capture-size`` from 0.12.0, which replaces only the
+  default maximum: the grid (steps of 8 to 256, then 16), ``max_num_batched_tokens`` appended from 0.21.0 when
+  within it; neither the Blackwell ceiling, the speculative query length nor 0.31.0's ``max_num_seqs`` append
+  applies (they shape the default maximum only: ``uniform_decode_sizes`` is "Populated only when the default is
+  computed here").  ``--compilation-config '{"cudagraph_mode": ...}'`` (0.11.0 on, ``CUDAGraphMode``;
+  ``serve.cudagraph_mode``): ``GPUModelRunner.capture_model`` captures the mixed-batch graphs of every size in
+  ``mixed_mode()`` and, when the mode is a pair (``separate_routine``), FULL decode graphs for the uniform
+  decode sizes: PIECEWISE is piecewise graphs only, FULL one whole-model graph per size, FULL_DECODE_ONLY
+  whole-model graphs for the decode sizes only, NONE no graph (the model is still compiled).
 * **vLLM's own word.**  0.6.0-0.6.3 print "CUDA graphs can take additional 1~3 GiB memory per GPU"
   (``capture_model``); for those releases the band's high end is at least 3 GiB.
 """
@@ -48,13 +63,40 @@ from typing import Literal
 
 from vramplan.units import GiB
 
-__all__ = ["CUDAGRAPH_RULES", "GRAPH_LOGS", "SEGMENT_BYTES_HIGH", "SEGMENT_BYTES_LOW", "SEGMENT_BYTES_POINT",
-           "CaptureSizes", "CudagraphRule", "GraphLog", "GraphModes", "capture_sizes", "cudagraph_rule",
-           "graph_segments", "log_segment_bytes"]
+__all__ = [
+    "CUDAGRAPH_RULES",
+    "GRAPH_LOGS",
+    "SEGMENT_BYTES_HIGH",
+    "SEGMENT_BYTES_LOW",
+    "SEGMENT_BYTES_POINT",
+    "USER_MAX_FROM",
+    "USER_MODES",
+    "USER_MODE_FROM",
+    "USER_SIZES_FILTERED_FROM",
+    "USER_SIZES_FROM",
+    "CaptureSizes",
+    "CudagraphRule",
+    "GraphLog",
+    "GraphModes",
+    "capture_sizes",
+    "cudagraph_rule",
+    "graph_segments",
+    "log_segment_bytes",
+    "user_capture_sizes",
+]
 
 Release = tuple[int, int, int]
 CaptureSizes = Literal["v0", "v1-512", "v1-2x-8", "v1-2x-16"]
-GraphModes = Literal["full", "piecewise", "full_and_piecewise"]
+GraphModes = Literal["full", "piecewise", "full_and_piecewise", "full_decode_only"]
+# serve.cudagraph_mode (vLLM's CUDAGraphMode names, 0.11.0 vllm/config/compilation.py) -> the modes counted here;
+# NONE captures nothing and is handled by the caller
+USER_MODES: dict[str, GraphModes] = {"PIECEWISE": "piecewise", "FULL": "full", "FULL_DECODE_ONLY": "full_decode_only",
+                                     "FULL_AND_PIECEWISE": "full_and_piecewise"}
+# the first release of each option of the user's (module docstring)
+USER_SIZES_FROM: Release = (0, 8, 0)  # CompilationConfig.cudagraph_capture_sizes under V1
+USER_MAX_FROM: Release = (0, 9, 0)  # SchedulerConfig.cuda_graph_sizes (one value); --max-cudagraph-capture-size 0.12.0
+USER_MODE_FROM: Release = (0, 11, 0)  # CompilationConfig.cudagraph_mode
+USER_SIZES_FILTERED_FROM: Release = (0, 12, 0)  # explicit sizes above max_num_batched_tokens dropped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,18 +201,47 @@ def capture_sizes(rule: CudagraphRule, max_num_seqs: int, max_num_batched_tokens
     return tuple(sorted(set(sizes)))
 
 
+def user_capture_sizes(rule: CudagraphRule, release: Release, max_num_batched_tokens: int,
+                       explicit: tuple[int, ...] | None = None, max_size: int | None = None) -> tuple[int, ...]:
+    """The sizes captured when the user names them (``explicit``) or their maximum (``max_size``), as the
+    release builds the list (module docstring, "The user's sizes and modes").
+
+    0.11.0, --cuda-graph-sizes 64, 8192 tokens: 1, 2, 4, 8..64: 11 sizes.  0.19.0, --max-cudagraph-capture-size
+    300, 8192 tokens: 1, 2, 4, 8..248 (31), 256, 272, 288: 37 sizes.  0.21.0, max 300, 256 tokens: 1, 2, 4,
+    8..248, then 256 appended (256 <= 300): 35 sizes."""
+    if explicit is not None:
+        dedup = sorted(set(explicit))
+        if release >= USER_SIZES_FILTERED_FROM:
+            dedup = [x for x in dedup if x <= max_num_batched_tokens]
+        return tuple(dedup)
+    if max_size is None:
+        raise ValueError("user_capture_sizes needs explicit sizes or a maximum")
+    if rule.sizes in ("v1-512", "v1-2x-8"):  # --cuda-graph-sizes N: [1, 2, 4] + range(8, N + 1, 8)
+        return tuple(x for x in [1, 2, 4, *range(8, max_size + 1, 8)] if x <= max_num_batched_tokens)
+    top = min(max_size, max_num_batched_tokens)
+    sizes = [x for x in (1, 2, 4) if x <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
+    if rule.append_batched and max_num_batched_tokens <= max_size:
+        sizes.append(max_num_batched_tokens)
+    return tuple(sorted(set(sizes)))
+
+
 def graph_segments(rule: CudagraphRule, sizes: tuple[int, ...], layers: int, max_num_seqs: int,
-                   query_len: int = 1, draft_layers: int = 0) -> tuple[int, int]:
+                   query_len: int = 1, draft_layers: int = 0, modes: GraphModes | None = None) -> tuple[int, int]:
     """(graphs captured, segments): piecewise graphs are layers + 1 per size; a whole-model graph (V0's, and the
     FULL decode graphs of sizes from query_len to max_num_seqs x query_len from 0.11.0) is one graph of layers + 1
     segments.  A V1 speculative proposer with layers of its own (``draft_layers``) is captured piecewise at the same
     sizes (vllm/v1/spec_decode/llm_base_proposer.py ``initialize_cudagraph_keys``: "Only supports PIECEWISE
-    cudagraphs", read in 0.29.0)."""
+    cudagraphs", read in 0.29.0).  ``modes``: the user's ``cudagraph_mode`` (``USER_MODES``), else the rule's;
+    full_decode_only is the FULL decode graphs alone."""
     pieces = layers + 1
-    if rule.modes == "full":
+    mode = modes or rule.modes
+    if mode == "full":
         return len(sizes), len(sizes) * pieces
     q = query_len if rule.spec_query else 1
-    full = sum(1 for x in sizes if q <= x <= max_num_seqs * q) if rule.modes == "full_and_piecewise" else 0
+    decode = sum(1 for x in sizes if q <= x <= max_num_seqs * q)
+    if mode == "full_decode_only":
+        return decode, decode * pieces
+    full = decode if mode == "full_and_piecewise" else 0
     drafts = len(sizes) * (draft_layers + 1) if draft_layers else 0
     return len(sizes) * pieces + full + drafts, (len(sizes) + full) * pieces + drafts
 

@@ -25,10 +25,13 @@ from vramplan.facts.vllm_cudagraphs import (
     SEGMENT_BYTES_HIGH,
     SEGMENT_BYTES_LOW,
     SEGMENT_BYTES_POINT,
+    USER_MODES,
     CudagraphRule,
+    GraphModes,
     capture_sizes,
     cudagraph_rule,
     graph_segments,
+    user_capture_sizes,
 )
 from vramplan.units import GiB
 
@@ -48,6 +51,8 @@ class CudagraphEstimate:
     bytes: int
     low_bytes: int
     high_bytes: int
+    modes: GraphModes  # the modes captured: the user's cudagraph_mode, else the release's
+    user_sizes: bool = False  # the sizes come from serve.cudagraph_capture_sizes or max_cudagraph_capture_size
 
     @property
     def largest(self) -> int:
@@ -58,7 +63,13 @@ class CudagraphEstimate:
         modes = {"full": "one whole-model graph per size (V0, decode only)",
                  "piecewise": "layers + 1 piecewise graphs per size",
                  "full_and_piecewise": ("layers + 1 piecewise graphs per size and a FULL decode graph per size up "
-                                        "to max_num_seqs")}[self.rule.modes]
+                                        "to max_num_seqs"),
+                 "full_decode_only": "a FULL decode graph per size up to max_num_seqs, none for mixed batches",
+                 }[self.modes]
+        if self.modes != self.rule.modes:
+            modes += ", serve.cudagraph_mode"
+        if self.user_sizes:
+            modes += ", the sizes serve.cudagraph_capture_sizes / max_cudagraph_capture_size give"
         statement = ("; the band's high end is vLLM's own warning, 'CUDA graphs can take additional 1~3 GiB "
                      "memory per GPU'" if self.rule.statement_bytes and self.high_bytes == self.rule.statement_bytes
                      else "")
@@ -73,17 +84,26 @@ class CudagraphEstimate:
 
 def cudagraph_estimate(release: tuple[int, int, int], max_num_seqs: int, max_num_batched_tokens: int, layers: int,
                        pool: Callable[[int], int], blackwell: bool = False, query_len: int = 1,
-                       draft_layers: int = 0) -> CudagraphEstimate:
+                       draft_layers: int = 0, explicit_sizes: tuple[int, ...] | None = None,
+                       max_size: int | None = None, mode: str | None = None) -> CudagraphEstimate:
     """The graphs' memory for a release and its limits (module docstring).  ``pool(tokens)`` is the forward
     peak over ``tokens`` tokens, taken at the largest captured size; ``query_len`` is 1 + num_speculative_tokens,
-    ``draft_layers`` a speculative proposer's own layers (its piecewise graphs join the count)."""
+    ``draft_layers`` a speculative proposer's own layers (its piecewise graphs join the count).  ``explicit_sizes``,
+    ``max_size`` and ``mode`` are the user's (``serve.cudagraph_capture_sizes``, ``max_cudagraph_capture_size``,
+    ``cudagraph_mode`` other than NONE; the caller checks the release has them)."""
     rule, exact = cudagraph_rule(release)
-    sizes = capture_sizes(rule, max_num_seqs, max_num_batched_tokens, blackwell, query_len)
+    user = explicit_sizes is not None or max_size is not None
+    sizes = (user_capture_sizes(rule, release, max_num_batched_tokens, explicit_sizes, max_size) if user
+             else capture_sizes(rule, max_num_seqs, max_num_batched_tokens, blackwell, query_len))
+    modes = USER_MODES[mode] if mode is not None else rule.modes
     graphs, segments = graph_segments(rule, sizes, layers, max_num_seqs, query_len,
-                                      draft_layers if rule.modes != "full" else 0)
-    pool_bytes = pool(sizes[-1]) if sizes else 0
+                                      draft_layers if modes != "full" else 0, modes)
+    q = query_len if rule.spec_query else 1
+    # the pool holds the largest captured size's forward; FULL_DECODE_ONLY captures the decode sizes alone
+    captured = [x for x in sizes if q <= x <= max_num_seqs * q] if modes == "full_decode_only" else list(sizes)
+    pool_bytes = pool(captured[-1]) if captured else 0
     high = pool_bytes + segments * SEGMENT_BYTES_HIGH
     return CudagraphEstimate(
         rule=rule, exact=exact, sizes=sizes, graphs=graphs, segments=segments, pool_bytes=pool_bytes,
         bytes=pool_bytes + segments * SEGMENT_BYTES_POINT, low_bytes=pool_bytes + segments * SEGMENT_BYTES_LOW,
-        high_bytes=max(high, rule.statement_bytes))
+        high_bytes=max(high, rule.statement_bytes), modes=modes, user_sizes=user)

@@ -60,6 +60,7 @@ from vramplan.analytic.weights import weights_bytes
 from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.vllm_cudagraphs import USER_MAX_FROM, USER_MODE_FROM
 from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM
 from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_FIRST,
@@ -924,6 +925,55 @@ def _draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, ModelS
                              "start-up memory"), draft
 
 
+def _cudagraph_option_notes(r: Resolved, row: VllmRelease, version: str) -> list[str]:
+    """Check ``serve.cudagraph_capture_sizes``, ``max_cudagraph_capture_size`` and ``cudagraph_mode`` against the
+    release (facts/vllm_cudagraphs.py, "The user's sizes and modes"); the report's note, or a ScenarioError."""
+    sv = r.scenario.serve
+    sizes, top, mode = sv.cudagraph_capture_sizes, sv.max_cudagraph_capture_size, sv.cudagraph_mode
+    given = ([k for k, v in (("cudagraph_capture_sizes", sizes), ("max_cudagraph_capture_size", top)) if v is not None]
+             + (["cudagraph_mode"] if mode != "auto" else []))
+    if not given:
+        return []
+    where = f"serve.{given[0]}"
+    if not sv.cuda_graphs:
+        raise _refuse(where, f"{where} is read only with CUDA graphs, and serve.cuda_graphs is false (--enforce-eager)",
+                      f"remove {where}, or set serve.cuda_graphs: true")
+    rel = parse_release(version)
+    if row.engine != "v1":
+        first_v1 = next(x.name for x in VLLM_RELEASES if x.engine == "v1")
+        raise _refuse(where, f"vLLM {version} runs the V0 engine, whose graph sizes follow max_num_seqs; {where} is "
+                      "modelled for the V1 engine", f"use serve.vllm_version >= {first_v1}, or remove {where}")
+    if top is not None and rel < USER_MAX_FROM:
+        raise _refuse("serve.max_cudagraph_capture_size", f"vLLM {version} has no option for the largest capture size "
+                      "(--cuda-graph-sizes N came in 0.9.0, --max-cudagraph-capture-size in 0.12.0)",
+                      "use serve.cudagraph_capture_sizes (the exact list), or serve.vllm_version >= 0.9")
+    if mode != "auto" and rel < USER_MODE_FROM:
+        raise _refuse("serve.cudagraph_mode", f"vLLM {version} has no cudagraph_mode (CUDAGraphMode came in 0.11.0; "
+                      "0.10's full_cuda_graph is not modelled)", "use serve.vllm_version >= 0.11, or remove serve.cudagraph_mode")
+    if sizes is not None and top is not None:
+        raise _refuse("serve.max_cudagraph_capture_size", "serve.cudagraph_capture_sizes and "
+                      "max_cudagraph_capture_size are both given (vLLM 0.12+ raises 'customized "
+                      "max_cudagraph_capture_size ... should be consistent with the max value of cudagraph_capture_sizes' "
+                      "unless they agree; before 0.12 the list wins)", "give one of them")
+    if sizes is not None and (not sizes or min(sizes) < 1):
+        raise _refuse("serve.cudagraph_capture_sizes", f"capture sizes must be positive and at least one ({sizes})",
+                      "give sizes such as 1,2,4,8,16")
+    if mode == "NONE" and (sizes is not None or top is not None):
+        raise _refuse(where, "serve.cudagraph_mode NONE captures no graph, so capture sizes have no effect",
+                      "remove the capture sizes, or choose another serve.cudagraph_mode")
+    if mode in ("FULL", "FULL_DECODE_ONLY") and sv.speculative is not None and sv.speculative.method != "ngram":
+        raise _refuse("serve.cudagraph_mode", f"a speculative proposer under cudagraph_mode {mode} is not modelled "
+                      "(its graphs are piecewise only: vllm/v1/spec_decode initialize_cudagraph_keys)",
+                      "use cudagraph_mode PIECEWISE or FULL_AND_PIECEWISE (auto), or method ngram")
+    if mode == "NONE":
+        return [("serve.cudagraph_mode NONE: no CUDA graph is captured; the model is still compiled (the profile run's "
+                "forward as compiled)")]
+    told = ", ".join(f"serve.{k} {getattr(sv, k)}" for k in given)
+    return [(f"CUDA graphs as given ({told}; facts/vllm_cudagraphs.py, the user's sizes and modes of vLLM "
+            f"{version}); an attention backend without full-graph support would capture fewer graphs "
+            "(vLLM downgrades the mode with a warning): not modelled")]
+
+
 def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Options:
     """Check the options against the release and size them (ScenarioError for a bad combination)."""
     sv, m, tp = r.scenario.serve, r.model, r.scenario.parallel.tp
@@ -935,6 +985,7 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                           f"use serve.vllm_version >= {first} or remove serve.kv_cache_memory_bytes")
         notes.append(f"kv_cache_memory_bytes: the KV cache gets {sv.kv_cache_memory_bytes / GiB:.2f} GiB as given; "
                      "gpu_memory_utilization does not size it (the profile run still runs)")
+    notes += _cudagraph_option_notes(r, row, version)
     offloaded = min(params, int(sv.cpu_offload_gb * GiB))
     if offloaded:
         notes.append(f"cpu_offload_gb: {offloaded / GiB:.2f} GiB of weights in pinned host memory, streamed to the GPU "
@@ -1064,12 +1115,13 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     comm, comm_high_extra, comm_outside = _tp_comm(r, beh, nccl)
     # an explicit KV budget skips the profiling, and with it the graphs' estimate: they are captured outside it
     # (vllm/v1/worker/gpu_worker.py Worker.determine_available_memory returns kv_cache_memory_bytes first, 0.20-0.33)
-    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and sv.cuda_graphs and sv.kv_cache_memory_bytes is None
+    captures = sv.cuda_graphs and sv.cudagraph_mode != "NONE"  # NONE: compiled, no graph
+    subtract = (subtract_cudagraphs or row.cudagraph_subtracted) and captures and sv.kv_cache_memory_bytes is None
     # gpu_memory_utilization is a fraction of the device's whole memory (``init_snapshot.total_memory``),
     # whatever other processes hold of it
     total, others = gpu.device_total_bytes, gpu.in_use_by_others_bytes
     layers = len(pp_stage_layers(m.num_layers, pp, stage))
-    graphs = _cudagraphs(r, beh, batched, seqs, opt, layers) if sv.cuda_graphs else None
+    graphs = _cudagraphs(r, beh, batched, seqs, opt, layers) if captures else None
     forward = forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled)
     return _Budget(
         total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
@@ -1139,9 +1191,12 @@ def _cudagraphs(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int, opt: _
     compiled = beh.rules.profile_compiled
     blackwell = (r.gpu.compute_capability or "").startswith("10.")
     query_len = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+    sv = r.scenario.serve
+    explicit = tuple(sv.cudagraph_capture_sizes) if sv.cudagraph_capture_sizes is not None else None
     return cudagraph_estimate(parse_release(beh.version), seqs, batched, layers,
                               lambda tokens: forward_peak_bytes(m, tokens, c, tp, compiled), blackwell, query_len,
-                              opt.draft_layers)
+                              opt.draft_layers, explicit, sv.max_cudagraph_capture_size,
+                              None if sv.cudagraph_mode == "auto" else sv.cudagraph_mode)
 
 
 def _speculative_terms(r: Resolved, beh: VllmBehaviour, opt: _Options, batched: int, requests: int,

@@ -492,7 +492,8 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "gpu_memory_utilization": "mem_fraction_static", "block_size": "page_size",
     "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
-    "max_lora_rank": "", "vllm_sampler": "", "limit_mm_per_prompt": "",
+    "max_lora_rank": "", "vllm_sampler": "", "limit_mm_per_prompt": "", "cudagraph_capture_sizes": "cuda_graph_max_bs",
+    "max_cudagraph_capture_size": "cuda_graph_max_bs", "cudagraph_mode": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
@@ -611,6 +612,19 @@ class Serve(_Strict):
 
     cuda_graphs: bool = True
     """vLLM captures CUDA graphs; false is --enforce-eager (no graph memory)."""
+
+    cudagraph_capture_sizes: list[int] | None = None
+    """Batch sizes vLLM captures CUDA graphs for (--cudagraph-capture-sizes, CompilationConfig.cudagraph_capture_sizes;
+    V1 releases, 0.8 on): the exact list, from 0.12 without the sizes above max_num_batched_tokens; null: the
+    release's default list (facts/vllm_cudagraphs.py)."""
+
+    max_cudagraph_capture_size: int | None = Field(None, ge=1, le=1_000_000)
+    """Largest batch size vLLM captures (--max-cudagraph-capture-size from 0.12, --cuda-graph-sizes N in
+    0.9-0.11): the release's grid up to it; null: the release's default maximum (min(2 x max_num_seqs, 512))."""
+
+    cudagraph_mode: Literal["auto", "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] = "auto"
+    """vLLM's CUDAGraphMode (--compilation-config '{"cudagraph_mode": ...}', 0.11 on): which graphs are captured;
+    auto: the release's default (FULL_AND_PIECEWISE from 0.11); NONE: no graph, the model still compiled."""
 
     vllm_version: VllmVersion = "0.11"
     """vLLM release modelled, any from 0.6 to 0.33 ("0.11", "0.10.2"); its start-up rules come from
