@@ -631,6 +631,8 @@ class VllmDecision:
     speculative_weights_bytes: int = 0  # the proposer's weights, inside weights_bytes
     cpu_offload_bytes: int = 0  # weights in host memory, outside weights_bytes
     kv_cache_memory_bytes: int | None = None  # the explicit KV budget given, if any
+    host_swap_bytes: int = 0  # V0's pinned CPU KV cache (--swap-space), host RAM per GPU
+    host_lora_cache_bytes: int = 0  # the host LRU of max_cpu_loras adapters at max_lora_rank: an upper bound
     lora_outside_budget: bool = False  # the release leaves the LoRA slots outside gpu_memory_utilization
     in_use_by_others_bytes: int = 0  # hardware.memory_in_use_gib: other processes' share of total_memory_bytes
     rejection_sampler_peak_bytes: int = 0  # speculative decoding: the rejection sampler's dummy run
@@ -747,6 +749,10 @@ class VllmDecision:
             keys["host_weights_bytes"] = self.cpu_offload_bytes
         if self.kv_cache_memory_bytes is not None:
             keys["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.host_swap_bytes:
+            keys["host_swap_bytes"] = self.host_swap_bytes
+        if self.host_lora_cache_bytes:
+            keys["host_lora_cache_bytes"] = self.host_lora_cache_bytes
         if self.mm_profile is not None:
             mm = self.mm_profile
             keys.update({"encoder_budget_tokens": mm.budget_tokens, "encoder_profile_items": mm.items,
@@ -801,6 +807,7 @@ class _Options:
 
     offloaded: int = 0
     lora: int = 0
+    host_lora: int = 0  # max_cpu_loras adapters in host RAM (an upper bound)
     draft_weights: int = 0
     draft_layer_bytes_per_token: tuple[int, ...] = ()  # the proposer's KV layers, bytes per token each
     notes: tuple[str, ...] = ()
@@ -974,6 +981,60 @@ def _cudagraph_option_notes(r: Resolved, row: VllmRelease, version: str) -> list
             "(vLLM downgrades the mode with a warning): not modelled")]
 
 
+# the first release without --swap-space (CacheConfig.swap_space: 0.15.1, 0.16.0 and 0.17.0 have it, 0.18.0 has not)
+SWAP_SPACE_GONE = (0, 18, 0)
+SWAP_SPACE_DEFAULT_GIB = 4  # CacheConfig.swap_space default (0.6.0-0.15.1)
+
+
+def _swap_space_notes(r: Resolved, row: VllmRelease, version: str) -> list[str]:
+    """``serve.swap_space_gib`` against the release: V0 allocates it (``host_swap_bytes``), V1 does not."""
+    sv = r.scenario.serve
+    if sv.swap_space_gib is not None and parse_release(version) >= SWAP_SPACE_GONE:
+        raise _refuse("serve.swap_space_gib", f"vLLM {version} has no --swap-space (CacheConfig.swap_space is gone "
+                      f"from {'.'.join(map(str, SWAP_SPACE_GONE))}; V1 recomputes preempted requests)",
+                      "remove serve.swap_space_gib, or use an earlier serve.vllm_version")
+    if row.engine == "v0":
+        gib = SWAP_SPACE_DEFAULT_GIB if sv.swap_space_gib is None else sv.swap_space_gib
+        return [(f"serve.swap_space_gib {gib:g} (--swap-space): pinned host RAM per GPU for swapped-out KV blocks "
+                 "(V0 CacheEngine's CPU cache; host_swap_bytes), none of it on the GPU")]
+    if sv.swap_space_gib is not None:
+        return [(f"serve.swap_space_gib {sv.swap_space_gib:g}: the V1 engine of vLLM {version} allocates no swap "
+                 "space (it recomputes preempted requests); it only checks that swap x tp stays under 70% of host RAM "
+                 "(CacheConfig.verify_with_parallel_config)")]
+    return []
+
+
+def _host_swap_bytes(r: Resolved, row: VllmRelease, block_bytes: int) -> int:
+    """V0's CPU cache: ``num_cpu_blocks = int(swap_space_bytes // cache_block_size)`` blocks of every layer
+    (vllm/worker/worker.py ``determine_num_available_blocks``, 0.6-0.7), pinned host memory.  Llama-3.1-8B, block
+    16, bf16: a block is 16 x 131,072 B = 2,097,152 B; 4 GiB holds 2,048 blocks = 4 GiB."""
+    if row.engine != "v0" or block_bytes <= 0:
+        return 0
+    sv = r.scenario.serve
+    gib = SWAP_SPACE_DEFAULT_GIB if sv.swap_space_gib is None else sv.swap_space_gib
+    return int(gib * GiB) // block_bytes * block_bytes
+
+
+def _host_lora_bytes(r: Resolved, row: VllmRelease, version: str, notes: list[str]) -> int:
+    """``serve.max_cpu_loras``: vLLM's host LRU of adapters (``LoRAConfig.max_cpu_loras``, default max_loras;
+    ``vllm/lora/worker_manager.py`` ``LRUCacheWorkerLoRAManager``: adapters loaded to the CPU, whole in each
+    worker).  Bounded by that many adapters of max_lora_rank on every linear (``lora_slot_bytes`` at tp 1)."""
+    sv, m = r.scenario.serve, r.model
+    if sv.max_cpu_loras is None:
+        return 0
+    if not sv.max_loras:
+        raise _refuse("serve.max_cpu_loras", "serve.max_cpu_loras is read only with LoRA serving (max_loras 0)",
+                      "set serve.max_loras >= 1, or remove serve.max_cpu_loras")
+    if sv.max_cpu_loras < sv.max_loras:
+        raise _refuse("serve.max_cpu_loras", f"vLLM raises 'max_cpu_loras ({sv.max_cpu_loras}) must be >= max_loras "
+                      f"({sv.max_loras})' (vllm/config/lora.py)", f"set serve.max_cpu_loras >= {sv.max_loras}")
+    host = lora_slot_bytes(m, sv.max_lora_rank, sv.max_cpu_loras, 1, dtype_bits(sv.dtype) // 8)
+    notes.append(f"serve.max_cpu_loras {sv.max_cpu_loras}: up to {host / GiB:.2f} GiB of host RAM per GPU worker "
+                 f"(that many adapters of rank {sv.max_lora_rank} on every linear, whole in each worker; an adapter "
+                 "of lower rank or fewer modules takes less); host_lora_cache_bytes")
+    return host
+
+
 def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Options:
     """Check the options against the release and size them (ScenarioError for a bad combination)."""
     sv, m, tp = r.scenario.serve, r.model, r.scenario.parallel.tp
@@ -1005,6 +1066,8 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                      f"; vLLM {version} allocates them after measuring the weights and before profiling, so they "
                      "are outside gpu_memory_utilization and do not shrink the KV cache "
                      "(facts/vllm_releases.py lora_in_budget)"))
+    host_lora = _host_lora_bytes(r, row, version, notes)
+    notes += _swap_space_notes(r, row, version)
     draft, draft_layers, draft_model = 0, tuple[int, ...](), None
     if sv.speculative is not None:
         draft, draft_layers, note, draft_model = _draft(r, version)
@@ -1020,7 +1083,7 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                          "decode sizes), while the sizes counted here are the grid scaled by the query length "
                          "(facts/vllm_cudagraphs.py), so the estimate it subtracts from the KV budget differs")
     modelled = sv.speculative is not None and speculative_profile_modelled(version)
-    return _Options(offloaded=offloaded, lora=lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
+    return _Options(offloaded=offloaded, lora=lora, host_lora=host_lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
                     notes=tuple(notes), draft_model=draft_model if modelled else None,
                     draft_is_model=sv.speculative is not None and sv.speculative.method == "draft",
                     speculative_profile=modelled, draft_layers=len(draft_model.layers) if draft_model else 0)
@@ -1612,7 +1675,8 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         cudagraph_graphs=g.graphs if g else 0, start_risk=risk, start_risk_fix=risk_fix,
         tp_comm_bytes=b.comm, tp_comm_bytes_high=b.comm + b.comm_high_extra, tp_comm_outside_budget=b.comm_outside,
         pp=par.pp, stages=stages, binding_stage=binding,
-        mm_profile=b.mm,
+        mm_profile=b.mm, host_swap_bytes=_host_swap_bytes(r, beh.rules, kv.page * kv.size),
+        host_lora_cache_bytes=opt.host_lora,
     )
 
 

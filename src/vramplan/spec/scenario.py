@@ -493,7 +493,7 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "max_num_seqs": "max_running_requests", "max_num_batched_tokens": "chunked_prefill_size",
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
     "max_lora_rank": "", "vllm_sampler": "", "limit_mm_per_prompt": "", "cudagraph_capture_sizes": "cuda_graph_max_bs",
-    "max_cudagraph_capture_size": "cuda_graph_max_bs", "cudagraph_mode": "",
+    "max_cudagraph_capture_size": "cuda_graph_max_bs", "cudagraph_mode": "", "max_cpu_loras": "", "swap_space_gib": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
@@ -642,6 +642,14 @@ class Serve(_Strict):
 
     max_lora_rank: int = Field(16, ge=1, le=4096)
     """Largest LoRA rank served (vLLM --max-lora-rank); one of vLLM's allowed ranks."""
+
+    max_cpu_loras: int | None = Field(None, ge=1, le=1_000_000)
+    """LoRA adapters vLLM keeps in host memory (--max-cpu-loras), at least max_loras; null: max_loras.  Host
+    RAM, bounded by that many adapters of max_lora_rank on every linear (an adapter's own rank is not known)."""
+
+    swap_space_gib: float | None = Field(None, ge=0, le=1 << 20)
+    """GiB of pinned host memory per GPU for preempted KV blocks (vLLM --swap-space; null: vLLM's 4).  The V0
+    engine allocates it; V1 allocates none (it recomputes preempted requests); the option is gone from 0.18."""
 
     speculative: Speculative | None = None
     """Speculative decoding: method, model, num_speculative_tokens; null: off."""
