@@ -1,0 +1,112 @@
+"""Llama 4 (``llama4_text`` and ``llama4``, transformers 5.24 ``modeling_llama4.py``): tensors counted by hand and
+against ``Llama4ForCausalLM`` / ``Llama4ForConditionalGeneration`` built on the meta device, from small synthetic
+configs (no verbatim Scout or Maverick config.json is in the catalog); the tasks whose mechanisms are not modelled
+refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vramplan.engine import estimate
+from vramplan.errors import ScenarioError
+from vramplan.spec.families.llama4 import moe_layers
+from vramplan.spec.hf_config import SUPPORTED_MODEL_TYPES, model_from_config
+
+# Maverick's shape in small: MoE on every other layer (interleave_moe_layer_step 2), chunked RoPE layers
+TEXT: dict[str, Any] = {"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 32,
+                        "intermediate_size_mlp": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100, "num_local_experts": 4,
+                        "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "attention_chunk_size": 8}
+VISION: dict[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+                          "vision_output_dim": 48, "image_size": 56, "patch_size": 14, "projector_input_dim": 48,
+                          "projector_output_dim": 48, "pixel_shuffle_ratio": 0.5}
+MULTI: dict[str, Any] = {"model_type": "llama4", "text_config": TEXT, "vision_config": VISION}
+
+
+def test_llama4_is_supported() -> None:
+    assert {"llama4", "llama4_text"} <= set(SUPPORTED_MODEL_TYPES)
+
+
+def test_moe_layers_follow_the_interleave_step() -> None:
+    # Llama4TextConfig: range(step - 1, n, step); Scout's step 1 -> every layer, Maverick's step 2 -> 1, 3, 5, ...
+    assert moe_layers({"interleave_moe_layer_step": 1}, 4) == {0, 1, 2, 3}
+    assert moe_layers({"interleave_moe_layer_step": 2}, 48) == set(range(1, 48, 2))
+    assert moe_layers({"moe_layers": [0, 5], "interleave_moe_layer_step": 2}, 6) == {0, 5}  # the list wins
+
+
+def test_llama4_text_count_by_hand() -> None:
+    # h 64, 4 layers, 4 heads x 16 (kv 2), V 100, 4 experts of I 32, dense layers of intermediate_size_mlp 96;
+    # interleave_moe_layer_step 2: MoE on layers 1 and 3, dense on 0 and 2
+    # embed_tokens + lm_head (untied) 2 * 100 * 64 = 12,800
+    # attention q 64*64 + k 64*32 + v 64*32 + o 64*64 = 12,288, x 4 = 49,152 (the L2 q/k norm has no weight)
+    # norms 2 * 64 * 4 + final 64 = 576
+    # dense MLP 3 * 64 * 96 = 18,432, x 2 = 36,864
+    # MoE router 64*4 = 256 + experts gate_up 4*64*64 = 16,384 + down 4*32*64 = 8,192 + shared 3*64*32 = 6,144
+    #   = 30,976, x 2 = 61,952
+    # total 12,800 + 49,152 + 576 + 36,864 + 61,952 = 161,344
+    m = model_from_config(TEXT)
+    assert m.num_parameters == 161_344
+    assert [la.moe for la in m.layers] == [False, True, False, True]
+    assert [la.intermediate_size for la in m.layers] == [96, 0, 96, 0]
+    assert m.moe is not None and (m.moe.num_experts, m.moe.top_k, m.moe.shared_intermediate_size) == (4, 1, 32)
+    # default no_rope_layers: layer 3 (every 4th) is NoPE and global, layers 0-2 chunked
+    assert m.traits.experts_run_every_token and m.traits.attention_chunk_size == 8
+
+
+def test_llama4_vision_count_by_hand() -> None:
+    # tower d 32, I 128, 2 layers, patch 14 over a 56 image (16 patches + class token), 3 channels:
+    # patch_embedding.linear 3*14*14*32 = 18,816; class_embedding 32; positional_embedding_vlm 17*32 = 544;
+    # layernorm_pre/post 4*32 = 128
+    # layer: q/k/v/o 4*(32*32 + 32) = 4,224; fc1 32*128 + 128 = 4,224; fc2 128*32 + 32 = 4,128; two LayerNorms 128
+    #   = 12,704, x 2 = 25,408
+    # vision_adapter.mlp fc1 128*48 = 6,144, fc2 48*48 = 2,304; multi_modal_projector.linear_1 48*64 = 3,072
+    # total 18,816 + 32 + 544 + 128 + 25,408 + 6,144 + 2,304 + 3,072 = 56,448; with the text 161,344 -> 217,792
+    m = model_from_config(MULTI)
+    assert m.vision_parameters == 56_448
+    assert m.num_parameters == 217_792
+    assert m.traits.image_path_unmodelled
+
+
+def test_llama4_counts_match_transformers_on_meta() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    text = {k: v for k, v in TEXT.items() if k != "model_type"}
+    with torch.device("meta"):
+        causal = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**text))
+        multi = transformers.Llama4ForConditionalGeneration(
+            transformers.Llama4Config(text_config=TEXT, vision_config=VISION))
+    assert sum(p.numel() for p in causal.parameters()) == model_from_config(TEXT).num_parameters
+    assert sum(p.numel() for p in multi.parameters()) == model_from_config(MULTI).num_parameters
+
+
+def _doc(model: dict[str, Any], task: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {"model": model, "task": task, "hardware": {"gpu": "H100-80GB"}}
+    if task == "inference":
+        doc["inference"] = {"batch_size": 1, "prompt_len": 64, "new_tokens": 4, "dtype": "bf16"}
+    elif task == "train":
+        doc["train"] = {"micro_batch_size": 1, "seq_len": 64}
+    else:
+        doc["serve"] = {"max_model_len": 64}
+    return doc
+
+
+@pytest.mark.parametrize("task", ["train", "inference"])
+def test_experts_on_every_token_are_refused(task: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        estimate(_doc(TEXT, task))
+    assert "Llama4TextMoe" in str(exc.value) and "task: serve" in str(exc.value)
+
+
+def test_chunked_attention_serving_is_refused() -> None:
+    with pytest.raises(ScenarioError) as exc:
+        estimate(_doc(TEXT, "serve"))
+    assert "ChunkedLocalAttentionSpec" in str(exc.value) and "chunks of 8 tokens" in str(exc.value)
+
+
+@pytest.mark.parametrize("task", ["train", "inference", "serve"])
+def test_multimodal_tasks_are_refused(task: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        estimate(_doc(MULTI, task))
+    assert "image path" in str(exc.value) and "56,448" in str(exc.value)
