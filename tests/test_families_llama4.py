@@ -103,6 +103,7 @@ def test_chunked_attention_serving_is_refused() -> None:
     with pytest.raises(ScenarioError) as exc:
         estimate(_doc(TEXT, "serve"))
     assert "ChunkedLocalAttentionSpec" in str(exc.value) and "chunks of 8 tokens" in str(exc.value)
+    assert "attention_chunk_size to null" in str(exc.value)
 
 
 @pytest.mark.parametrize("task", ["train", "inference", "serve"])
@@ -110,3 +111,13 @@ def test_multimodal_tasks_are_refused(task: str) -> None:
     with pytest.raises(ScenarioError) as exc:
         estimate(_doc(MULTI, task))
     assert "image path" in str(exc.value) and "56,448" in str(exc.value)
+
+
+def test_serving_without_chunks_holds_full_pages() -> None:
+    # attention_chunk_size null (the refusal's nearest setting): Llama4TextConfig.layer_types all "full_attention",
+    # and every layer's vLLM page is full: 2 (K, V) x 4 layers x 2 kv heads x 16 head_dim x 2 B = 512 B per token
+    r = estimate(_doc({**TEXT, "attention_chunk_size": None}, "serve"))
+    assert r.serve is not None and r.serve.kv_cache_tokens > 0
+    assert r.serve.kv_cache_bytes == 512 * r.serve.kv_cache_tokens
+    # the weights: 161,344 parameters x 2 B (bf16) = 322,688
+    assert r.per_gpu.breakdown_detail["weights"]["parameters"] == 322_688

@@ -145,11 +145,18 @@ def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "estimate task: serve (vLLM runs the routed experts on their top-k tokens, FusedMoE); "
                         + _PARAMETERS_ONLY)]
     if t.attention_chunk_size and s.task == "serve":
+        # vLLM (vllm/v1/kv_cache_interface.py): with the hybrid KV cache manager, ChunkedLocalAttentionSpec holds
+        # min(chunk + max_num_batched_tokens, max_model_len) tokens per request; without it (vllm/config/vllm.py:
+        # disabled for chunked local attention unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, whose
+        # default PR #21761 set off and PR #29627 turned on) every layer is a FullAttentionSpec of max_model_len
         return [Problem("task", f"{m.name}'s RoPE layers attend within chunks of {t.attention_chunk_size} tokens "
-                        "(attention_chunk_size); vLLM's KV cache for them (ChunkedLocalAttentionSpec, or full pages "
-                        "where the hybrid KV cache manager is off) is not modelled, so serving is not estimated",
-                        "set attention_chunk_size to null in the config to estimate every layer with full attention "
-                        "(an upper bound on the chunked layers' cache); " + _PARAMETERS_ONLY)]
+                        "(attention_chunk_size); which KV pages vLLM gives them depends on its hybrid KV cache manager "
+                        "(ChunkedLocalAttentionSpec when on, full pages when off: "
+                        "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, default off from vLLM PR #21761, on from "
+                        "PR #29627), which is not modelled per release, so serving is not estimated",
+                        "set attention_chunk_size to null in the config: every layer then holds full pages, what vLLM "
+                        "allocates with the hybrid KV cache manager off (an upper bound with it on); "
+                        + _PARAMETERS_ONLY)]
     return []
 
 
