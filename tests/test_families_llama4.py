@@ -96,7 +96,7 @@ def _doc(model: dict[str, Any], task: str) -> dict[str, Any]:
 def test_experts_on_every_token_are_refused(task: str) -> None:
     with pytest.raises(ScenarioError) as exc:
         estimate(_doc(TEXT, task))
-    assert "Llama4TextMoe" in str(exc.value) and "task: serve" in str(exc.value)
+    assert "Llama4TextMoe" in str(exc.value) and "--engine trace" in str(exc.value) and "task: serve" in str(exc.value)
 
 
 def test_chunked_attention_serving_is_refused() -> None:
@@ -121,3 +121,22 @@ def test_serving_without_chunks_holds_full_pages() -> None:
     assert r.serve.kv_cache_bytes == 512 * r.serve.kv_cache_tokens
     # the weights: 161,344 parameters x 2 B (bf16) = 322,688
     assert r.per_gpu.breakdown_detail["weights"]["parameters"] == 322_688
+
+
+def test_the_traced_engine_runs_a_training_step() -> None:
+    # the analytic engine refuses training (experts on every token); the traced engine runs transformers' own
+    # Llama4ForCausalLM forward and backward: every parameter once in fp32 (4 B), its gradient (4 B) and AdamW's two
+    # moments (8 B): 161,344 x 4 = 645,376 B of weights
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.catalog.resolve import resolve
+    from vramplan.trace.engine import trace
+
+    doc = {"model": TEXT, "hardware": {"gpu": "h100"}, "train": {"micro_batch_size": 1, "seq_len": 64}}
+    r, st = trace(resolve(doc))
+    def total(category: str) -> int:
+        return sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == category)
+    assert r.model.num_parameters == 161_344
+    assert total("weights") == 645_376
+    assert total("gradients") == 645_376 and total("optimizer_states") == 2 * 645_376
+    assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]

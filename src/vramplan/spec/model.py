@@ -282,8 +282,8 @@ class Traits:
     # every routed expert runs every token, each token pre-scaled by its router score (0 for the experts it did not
     # pick): Llama4TextMoe.forward (transformers 5.24 modeling_llama4.py) repeats the hidden states num_experts times
     # and runs Llama4TextExperts' batched matmuls over all of them, so its saved and transient tensors are
-    # num_experts x tokens wide, not top_k x tokens; training and generate are refused (spec/checks.py
-    # ``unmodelled_layer_problems``)
+    # num_experts x tokens wide, not top_k x tokens; the analytic engine refuses training and generate (engine.py,
+    # spec/checks.py ``every_token_expert_problems``), the traced engine runs them
     experts_run_every_token: bool = False
     # chunked local attention (Llama 4's ``attention_chunk_size`` on its RoPE layers): a block-diagonal causal mask
     # whose cache vLLM keeps as ``ChunkedLocalAttentionSpec`` (chunk + scheduled tokens, no window offset block)
