@@ -140,3 +140,39 @@ def test_the_traced_engine_runs_a_training_step() -> None:
     assert total("weights") == 645_376
     assert total("gradients") == 645_376 and total("optimizer_states") == 2 * 645_376
     assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]
+
+
+# Llama4TextConfig's defaults are Scout's language model (configuration_llama4.py: checkpoint
+# meta-llama/Llama-4-Scout-17B-16E); Maverick's differs by 128 experts on every other layer and no q/k norm (the
+# shape named in modeling_llama4.py's comments: "the 128E model interleaves dense / sparse", "does not use qk_norm").
+# Shapes, not catalog rows: no verbatim config.json was read from a cited source.
+SCOUT: dict[str, Any] = {"model_type": "llama4_text"}
+MAVERICK: dict[str, Any] = {"model_type": "llama4_text", "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                            "use_qk_norm": False}
+
+
+def test_scout_and_maverick_shapes_by_hand() -> None:
+    # h 5120, 48 layers, 40 heads x 128 (kv 8), V 202,048, experts of I 8192, dense MLPs of 16,384:
+    # embed_tokens + lm_head 2 * 202,048 * 5120 = 2,068,971,520; final norm 5,120
+    # attention q 5120^2 + k, v 5120 * 1024 each + o 5120^2 = 62,914,560, + two norms 10,240 = 62,924,800 a layer
+    # Scout, 16 experts on every layer: router 5120 * 16 = 81,920, gate_up 16 * 5120 * 16,384 = 1,342,177,280,
+    #   down 16 * 8192 * 5120 = 671,088,640, shared 3 * 5120 * 8192 = 125,829,120 -> 2,139,176,960;
+    #   48 * (62,924,800 + 2,139,176,960) = 105,700,884,480; + 2,068,971,520 + 5,120 = 107,769,861,120
+    assert model_from_config(SCOUT).num_parameters == 107_769_861_120
+    # Maverick, 128 experts on the 24 odd layers: router 655,360 + gate_up 10,737,418,240 + down 5,368,709,120 +
+    #   shared 125,829,120 = 16,232,611,840, x 24 = 389,582,684,160; dense 3 * 5120 * 16,384 = 251,658,240, x 24 =
+    #   6,039,797,760; attention and norms 48 * 62,924,800 = 3,020,390,400;
+    #   + 2,068,971,520 + 5,120 = 400,711,848,960 (the "400B total" of its name)
+    m = model_from_config(MAVERICK)
+    assert m.num_parameters == 400_711_848_960
+    assert sum(la.moe for la in m.layers) == 24 and m.layers[1].moe and not m.layers[0].moe
+
+
+@pytest.mark.parametrize("cfg", [SCOUT, MAVERICK], ids=["scout", "maverick"])
+def test_scout_and_maverick_shapes_match_transformers_on_meta(cfg: dict[str, Any]) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
+            **{k: v for k, v in cfg.items() if k != "model_type"}))
+    assert sum(p.numel() for p in model.parameters()) == model_from_config(cfg).num_parameters
