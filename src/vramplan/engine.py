@@ -36,7 +36,12 @@ from vramplan.report.band import with_band
 from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.rollout import RolloutMemory, rollout_memory
-from vramplan.spec.checks import capability_notes, ignored_sections, unused_settings
+from vramplan.spec.checks import (
+    capability_notes,
+    every_token_expert_problems,
+    ignored_sections,
+    unused_settings,
+)
 from vramplan.spec.defaults import expandable_segments, rollout_engine
 from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
@@ -464,6 +469,9 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
 
 def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel) -> Report:
     r = source if isinstance(source, Resolved) else resolve(source)
+    refused = every_token_expert_problems(r.scenario, r.model)
+    if refused:
+        raise ScenarioError(refused)
     choice = cuda_context_for(r.gpu)
     ctx = choice.bytes
     task = r.scenario.task

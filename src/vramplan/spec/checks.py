@@ -40,7 +40,9 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems", "expert_loop_problems", "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
+    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems",
+    "every_token_expert_problems", "expert_loop_problems", "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
+    "unmodelled_layer_problems",
     "unused_settings",
 ]
 
@@ -86,7 +88,8 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m) \
-        + expert_loop_problems(s, m) + fp32_router_weight_problems(s, m) + litgpt_problems(s)
+        + expert_loop_problems(s, m) + fp32_router_weight_problems(s, m) + litgpt_problems(s) \
+        + unmodelled_layer_problems(s, m)
 
 
 def fp32_router_weight_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -118,6 +121,51 @@ def expert_loop_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                     "tensors in half precision are not modelled",
                     "estimate task: inference (Hugging Face generate) or task: serve; the parameter count is "
                     "vramplan.spec.hf_config.model_from_config(config).num_parameters")]
+
+
+_PARAMETERS_ONLY = "the parameter count is vramplan.spec.hf_config.model_from_config(config).num_parameters"
+
+
+def every_token_expert_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """The analytic engine's refusal of training and generate for a model whose experts run every token
+    (``Traits.experts_run_every_token``: Llama 4's ``Llama4TextMoe``): its MoE terms count top-k x tokens.  The traced
+    engine runs transformers' own forward (the repeat over the experts included) and is not refused."""
+    if not m.traits.experts_run_every_token or s.task not in ("train", "inference"):
+        return []
+    return [Problem("task", f"{m.name}'s MoE layers run every routed expert on every token (Llama4TextMoe.forward "
+                    "repeats the hidden states num_experts times, each scaled by its router score, 0 for an expert not "
+                    "picked): the saved and transient tensors, num_experts x tokens wide, are not in the analytic "
+                    f"engine's terms, so task {s.task} is not estimated by it",
+                    "use --engine trace (it runs transformers' own forward), or task: serve (vLLM runs the routed "
+                    "experts on their top-k tokens, FusedMoE); " + _PARAMETERS_ONLY)]
+
+
+def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Tasks whose memory depends on a mechanism vramplan does not model, refused by every engine (Llama 4,
+    transformers 5.24 ``modeling_llama4.py``; its experts that run every token are refused by the analytic engine
+    alone, ``every_token_expert_problems``): chunked local attention's cache (``Traits.attention_chunk_size``: serving) and an image path of tiles and pixel
+    shuffle (``Traits.image_path_unmodelled``: every task).  Its parameters are counted."""
+    t = m.traits
+    if t.image_path_unmodelled:
+        return [Problem("model", f"{m.name}'s image path (the processor's tiles, the vision tower's pixel shuffle and "
+                        "vision adapter, Llama4VisionModel) is not modelled; its vision tower and projector parameters "
+                        f"are counted ({m.vision_parameters:,}), but no task is estimated for it",
+                        f"{_PARAMETERS_ONLY}; its text_config alone (model_type llama4_text) is estimated where the "
+                        "language model's mechanisms are modelled")]
+    if t.attention_chunk_size and s.task == "serve":
+        # vLLM (vllm/v1/kv_cache_interface.py): with the hybrid KV cache manager, ChunkedLocalAttentionSpec holds
+        # min(chunk + max_num_batched_tokens, max_model_len) tokens per request; without it (vllm/config/vllm.py:
+        # disabled for chunked local attention unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, whose
+        # default PR #21761 set off and PR #29627 turned on) every layer is a FullAttentionSpec of max_model_len
+        return [Problem("task", f"{m.name}'s RoPE layers attend within chunks of {t.attention_chunk_size} tokens "
+                        "(attention_chunk_size); which KV pages vLLM gives them depends on its hybrid KV cache manager "
+                        "(ChunkedLocalAttentionSpec when on, full pages when off: "
+                        "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, default off from vLLM PR #21761, on from "
+                        "PR #29627), which is not modelled per release, so serving is not estimated",
+                        "set attention_chunk_size to null in the config: every layer then holds full pages, what vLLM "
+                        "allocates with the hybrid KV cache manager off (an upper bound with it on); "
+                        + _PARAMETERS_ONLY)]
+    return []
 
 
 _NO_TASK = ("no serving is estimated for a cross-attention vision model yet; its parameters are "

@@ -279,6 +279,20 @@ class Traits:
     # release (DBRX's ``DbrxExperts.forward``), never transformers 5's grouped experts: generate counts the loop
     # (analytic/inference.py), training is refused (spec/checks.py ``expert_loop_problems``)
     sliced_expert_loop: bool = False
+    # every routed expert runs every token, each token pre-scaled by its router score (0 for the experts it did not
+    # pick): Llama4TextMoe.forward (transformers 5.24 modeling_llama4.py) repeats the hidden states num_experts times
+    # and runs Llama4TextExperts' batched matmuls over all of them, so its saved and transient tensors are
+    # num_experts x tokens wide, not top_k x tokens; the analytic engine refuses training and generate (engine.py,
+    # spec/checks.py ``every_token_expert_problems``), the traced engine runs them
+    experts_run_every_token: bool = False
+    # chunked local attention (Llama 4's ``attention_chunk_size`` on its RoPE layers): a block-diagonal causal mask
+    # whose cache vLLM keeps as ``ChunkedLocalAttentionSpec`` (chunk + scheduled tokens, no window offset block)
+    # and transformers 5.24 as a ``DynamicSlidingWindowLayer`` of the chunk; neither is modelled, and serving is
+    # refused (spec/checks.py ``unmodelled_layer_problems``); 0: none
+    attention_chunk_size: int = 0
+    # the image path is not modelled (Llama 4's tiles, pixel shuffle and vision adapter): the tower's and projector's
+    # parameters are counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``)
+    image_path_unmodelled: bool = False
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False

@@ -27,6 +27,7 @@ from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.granitemoehybrid import GRANITEMOEHYBRID
 from vramplan.spec.families.idefics3 import IDEFICS3, SMOLVLM
 from vramplan.spec.families.internvl import INTERNVL
+from vramplan.spec.families.llama4 import LLAMA4, LLAMA4_TEXT
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
@@ -62,6 +63,9 @@ FAMILIES: dict[str, Family] = {
     "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE, "internvl": INTERNVL,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
+    # Llama 4: experts run on every token, chunked local attention, a tiled image path: parameters counted, the
+    # tasks that depend on those refused (spec/checks.py unmodelled_layer_problems)
+    "llama4_text": LLAMA4_TEXT, "llama4": LLAMA4,
     # hybrid: Mamba2 mixers beside attention layers (ModelSpec.mamba)
     "bamba": BAMBA,
     "granitemoehybrid": GRANITEMOEHYBRID,
