@@ -160,6 +160,15 @@ def test_new_gpu_rows_resolve(name: str, row: str) -> None:
     assert resolve_gpu(name).name == row
 
 
+def test_rtx_5060_ti_total_is_the_cited_printout() -> None:
+    # deviceQuery's cudaDeviceProp.totalGlobalMem for 'NVIDIA GeForce RTX 5060 Ti' (Jumperkables/cuda-benchmarking):
+    # 16,617,897,984 bytes = 16 GiB (17,179,869,184) - 561,971,200 (535.9 MiB); above 8 GiB, so the 16 GB card, and
+    # above the 16,000,000,000 the derived rule would give.
+    g = resolve_gpu("RTX 5060 Ti 16GB")
+    assert g.total_memory_bytes == 16_617_897_984 == 2**34 - 561_971_200
+    assert g.total_memory_bytes > g.nominal_memory_bytes
+
+
 def test_derived_totals_are_the_marketed_decimal_capacity() -> None:
     # a row without a published torch total_memory says so (total_memory_derived) and holds x * 10^9 bytes:
     # RTX 5080 "16 GB" -> 16,000,000,000, below 16 GiB = 17,179,869,184 less any driver reserve

@@ -210,3 +210,17 @@ def test_names_are_unique_across_rows() -> None:
         for name in {row.id, row.id.split("/")[-1], *row.aliases}:
             key = name.strip().lower()
             assert owner.setdefault(key, row.id) == row.id, (name, owner[key], row.id)
+
+
+def test_state_space_rows_count_by_hand() -> None:
+    # falcon-mamba-7b: h 4096, intermediate 8192, state 16, dt_rank 256, conv 4, vocab 65024, 64 layers, untied.
+    # Per layer: in_proj 4096 x 16384 = 67,108,864; conv1d 8192 x 4 + bias 8192 = 40,960; x_proj 8192 x (256 + 32)
+    # = 2,359,296; dt_proj 256 x 8192 + bias 8192 = 2,105,344; A_log 8192 x 16 = 131,072; D 8192; out_proj
+    # 8192 x 4096 = 33,554,432; norm 4096 -> 105,312,256 x 64 = 6,739,984,384; + embeddings and head
+    # 2 x 65024 x 4096 = 532,676,608; + final norm 4096 = 7,272,665,088.
+    assert load_model("tiiuae/falcon-mamba-7b").num_parameters == 7_272_665_088
+    # Mamba-Codestral-7B (mamba2): h 4096, intermediate 8192, 128 heads, 8 groups, state 128, conv 4, vocab 32768.
+    # Per layer: in_proj 4096 x (2 x 8192 + 2 x 8 x 128 + 128 = 18,560) = 76,021,760; conv1d over 8192 + 2,048 =
+    # 10,240 channels x 4 + bias = 51,200; dt_bias, A_log, D 3 x 128 = 384; gated norm 8192; out_proj 33,554,432;
+    # norm 4096 -> 109,640,064 x 64 = 7,016,964,096; + 2 x 32768 x 4096 = 268,435,456; + 4096 = 7,285,403,648.
+    assert load_model("mistralai/Mamba-Codestral-7B-v0.1").num_parameters == 7_285_403_648
