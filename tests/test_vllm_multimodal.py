@@ -89,9 +89,9 @@ def test_encoder_moment_sets_the_peak_for_a_long_video() -> None:
     d = decide(_resolved(version="0.11.0", limit=None), "0.11.0")
     assert d.mm_profile is not None
     # 0.11.0: 128,000 tokens of room (no image subtracted): 7 temporal patches fit, 14 frames (the cap, 14); encoded
-    # for max_model_len too: 7 x 65,536 = 458,752 patches x (7,216 + max(33,600, 28,200)) = 18,724,421,632 B, above
+    # for max_model_len too: 7 x 65,536 = 458,752 patches x (4,864 + max(51,520, 33,320)) = 25,866,272,768 B, above
     # the language model's moment
-    assert d.mm_profile.encoder_peak_bytes == 458_752 * 40_816 == 18_724_421_632
+    assert d.mm_profile.encoder_peak_bytes == 458_752 * 56_384 == 25_866_272_768
     assert d.activation_peak_bytes == d.mm_profile.encoder_peak_bytes + d.cublas_workspace_bytes
 
 
@@ -231,7 +231,18 @@ def test_every_row_read_and_sourced(row: Any) -> None:
     assert mm_profile_rule(row.first) == (row, True)
 
 
+def test_row_0110_tower_by_patch() -> None:
+    mm = _mm("0.11.0", 128000, 16384, 1024, 1)
+    # held: 1,176 float32 pixels x 4 + 40 x 4 (rotary) = 4,864 B (the bf16 copy freed by the patch embedding);
+    # attention: 12 x 1,280 x 2 (residual, norm1, qkv 3d, q k v 3d, cat(q, k) 2d, rotated 2d) + 16 x 1,280 (float32
+    # input and output of 2d) + 4 x 80 (cos, sin) = 30,720 + 20,480 + 320 = 51,520 B;
+    # MLP: (5 x 1,280 + 3 x 3,420) x 2 = 33,320 B
+    assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 51_520, 33_320)
+
+
 def test_unread_tower_path_widens_the_band() -> None:
     d = decide(_resolved(version="0.33.0"), "0.33.0")
     assert any(a.startswith("not modelled: the vision tower's attention path of vLLM 0.33.0") for a in d.assumptions)
-    assert not any(a.startswith("not modelled: the vision tower") for a in decide(_resolved(version="0.10.1"), "0.10.1").assumptions)
+    for version in ("0.10.1", "0.11.0"):
+        d = decide(_resolved(version=version), version)
+        assert not any(a.startswith("not modelled: the vision tower") for a in d.assumptions)

@@ -56,8 +56,12 @@ read in the wheels of the releases in its ``read_at`` (``pip download vllm==X --
   with the xformers backend in 0.8.x; 0.9.1-0.10.x call vllm_flash_attn's Triton ``apply_rotary_emb`` on CUDA
   (``t.float()``, ``cos``/``sin`` of ``hd / 2``, ``torch.empty_like`` output, ``.type_as(t)``), the attention itself
   still xformers (``get_vit_attn_backend``: FLASH_ATTN only with the flash-attn package; xformers is a dependency of
-  the wheel).  From 0.11.0 the tower's attention takes q and k through one concatenated rotary and a backend chosen
-  by the platform: not read, the 0.10.x bytes per patch are assumed (the report says so and widens the band).
+  the wheel).  0.11.0 (``Qwen2_5_VisionAttention.forward``, ``Qwen2VisionAttention.forward``) rotates
+  ``torch.cat([q, k])`` at once (the concatenation stays alive beside the rotated copy), the backend is vllm_flash_attn
+  on an sm80+ GPU (``CudaPlatform.get_vit_attn_backend``), the pixels go to the dtype inside the tower
+  (``x.to(dtype)``, freed by the patch embedding) and Qwen2.5-VL's block keeps its input and the attention's output
+  through the MLP (``norm2(x, residual=x_attn)``).  0.12.0 on the attention was rewritten (``qk_reshaped``,
+  ``MMEncoderAttention``): not read, 0.11.0's bytes per patch are assumed (the report says so and widens the band).
 
 0.9.0 was not read: the 0.8.x row is assumed for it (the nearest earlier).  Before 0.8.0 (the V0 engine) the encoder
 ran inside the dummy sequences' forward (``vllm/worker/model_runner.py`` ``profile_run``): not read here.
@@ -98,8 +102,10 @@ class MmProfileRule:
     expand: Literal["none", "budget", "item"]
     tie: Literal["first", "name"]  # the modality a tie of tokens per item goes to: the first listed (image) or by name
     image_size: Literal["smart_resize", "factor"]  # how the image of the most features is found
-    # the tower's rotary embedding: PyTorch's (0.8.x) or vllm_flash_attn's Triton kernel; "unread": not read (0.11.0 on)
-    rotary: Literal["torch", "triton", "unread"]
+    # the tower's forward by patch: PyTorch's rotary (0.8.x), vllm_flash_attn's Triton rotary on q and k (0.9.1-0.10.x),
+    # the Triton rotary on q and k concatenated, without the dtype copy of the pixels (0.11.0); "unread": not read
+    # (0.12.0 on: 0.11.0's assumed)
+    tower: Literal["torch", "triton", "concat", "unread"]
     sources: tuple[str, ...]
 
 
@@ -110,33 +116,33 @@ MM_PROFILE_RULES: tuple[MmProfileRule, ...] = (
     MmProfileRule(
         first=(0, 8, 0), read_at=((0, 8, 0), (0, 8, 2)), token_counts="limits", dummy_seq="batched",
         dummy_counts="limits", items="cdiv", max_frames=16, expand="none", tie="first", image_size="smart_resize",
-        rotary="torch",
+        tower="torch",
         sources=(f"{_RUNNER} (0.8.2 lines 1419-1507)", "vllm/inputs/registry.py dummy_data_for_profiling (0.8.2)",
                  "vllm/v1/core/encoder_cache_manager.py _compute_encoder_budget_multimodal (0.8.0, 0.8.2)",
                  f"{_QWEN} get_num_frames_with_most_features (0.8.2)",
                  "vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionTransformer.forward (0.8.2)")),
     MmProfileRule(
         first=(0, 9, 1), read_at=((0, 9, 1),), token_counts="one", dummy_seq="batched", dummy_counts="no-image",
-        items="cdiv", max_frames=16, expand="none", tie="first", image_size="smart_resize", rotary="triton",
+        items="cdiv", max_frames=16, expand="none", tie="first", image_size="smart_resize", tower="triton",
         sources=(f"{_RUNNER} (0.9.1): get_decoder_dummy_data(seq_len=self.max_num_tokens, mm_counts={{modality: 1}})",
                  "vllm/multimodal/registry.py get_max_tokens_per_item_by_modality (0.9.1): {modality: 1}",
                  "vllm/model_executor/models/qwen2_vl.py apply_rotary_pos_emb_vision (0.9.1): vllm_flash_attn rotary")),
     MmProfileRule(
         first=(0, 10, 0), read_at=((0, 10, 0),), token_counts="one", dummy_seq="item", dummy_counts="no-image",
-        items="floor", max_frames=16, expand="none", tie="first", image_size="smart_resize", rotary="triton",
+        items="floor", max_frames=16, expand="none", tie="first", image_size="smart_resize", tower="triton",
         sources=((f"{_RUNNER} (0.10.0): encoder_budget // max_tokens_per_mm_item, max(1, ...), "
                  "get_decoder_dummy_data(seq_len=max_tokens_per_mm_item)"),)),
     MmProfileRule(
         first=(0, 10, 1), read_at=((0, 10, 1), (0, 10, 2)), token_counts="one", dummy_seq="batched",
         dummy_counts="no-image", items="budget", max_frames=16, expand="none", tie="first", image_size="smart_resize",
-        rotary="triton",
+        tower="triton",
         sources=("vllm/v1/worker/utils.py MultiModalBudget.get_max_items (0.10.1, 0.10.2)",
                  ("vllm/v1/worker/gpu_model_runner.py GPUModelRunner._get_mm_dummy_batch (0.10.1): "
                  "seq_len=self.max_num_tokens"))),
     MmProfileRule(
         first=(0, 11, 0), read_at=((0, 11, 0),), token_counts="no-image", dummy_seq="max_model_len",
         dummy_counts="no-image", items="budget", max_frames=14, expand="budget", tie="first", image_size="smart_resize",
-        rotary="unread",
+        tower="concat",
         sources=(f"{_RUNNER} (0.11.0): expanded = output.new_zeros((encoder_budget, hidden))",
                  f"{_QWEN} get_num_frames_with_most_features, _MAX_FRAMES_PER_VIDEO = 14 (0.11.0)",
                  ("vllm/v1/worker/gpu_model_runner.py GPUModelRunner._get_mm_dummy_batch (0.11.0): "
@@ -144,23 +150,23 @@ MM_PROFILE_RULES: tuple[MmProfileRule, ...] = (
     MmProfileRule(
         first=(0, 12, 0), read_at=((0, 12, 0),), token_counts="no-image", dummy_seq="max_model_len",
         dummy_counts="no-image", items="budget", max_frames=14, expand="item", tie="first", image_size="smart_resize",
-        rotary="unread",
+        tower="unread",
         sources=(f"{_RUNNER} (0.12.0): new_zeros((max_mm_tokens_per_item, hidden))",)),
     MmProfileRule(
         first=(0, 13, 0), read_at=((0, 13, 0), (0, 14, 0), (0, 15, 0)), token_counts="no-image",
         dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14, expand="item", tie="first",
-        image_size="factor", rotary="unread",
+        image_size="factor", tower="unread",
         sources=(f"{_QWEN} get_image_size_with_most_features (0.13.0, 0.14.0, 0.15.0): closest_factor_pair",)),
     MmProfileRule(
         first=(0, 16, 0), read_at=((0, 16, 0),), token_counts="no-image", dummy_seq="max_model_len",
         dummy_counts="no-image", items="budget", max_frames=14, expand="none", tie="first", image_size="factor",
-        rotary="unread",
+        tower="unread",
         sources=(f"{_RUNNER} (0.16.0): self.encoder_cache[f\"tmp_{{i}}\"] = output",
                  "vllm/multimodal/encoder_budget.py MultiModalBudget (0.16.0)")),
     MmProfileRule(
         first=(0, 17, 0), read_at=((0, 17, 0), (0, 19, 0), (0, 20, 0), (0, 24, 0), (0, 28, 0), (0, 33, 0)),
         token_counts="no-image", dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14,
-        expand="none", tie="name", image_size="factor", rotary="unread",
+        expand="none", tie="name", image_size="factor", tower="unread",
         sources=(("vllm/multimodal/encoder_budget.py MultiModalBudget.get_modality_with_max_tokens (0.17.0-0.33.0): "
                  "key=lambda x: (x[1], x[0])"),)),
 )

@@ -1456,10 +1456,10 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
         if r.scenario.parallel.tp > 1:
             note += "; tp > 1: the whole tower's working set is taken on each rank (its split is not modelled)"
         notes = [note]
-        if rule is not None and rule.rotary == "unread":
-            notes.append(f"not modelled: the vision tower's attention path of vLLM {beh.version} (from 0.11.0 q and k "
-                         "take one concatenated rotary and the backend is the platform's choice; not read): its "
-                         "bytes per patch are assumed as read at 0.10.x (facts/vllm_multimodal.py)")
+        if rule is not None and rule.tower == "unread":
+            notes.append(f"not modelled: the vision tower's attention path of vLLM {beh.version} (rewritten in 0.12.0: "
+                         "qk_reshaped and MMEncoderAttention; not read): its bytes per patch are assumed as read at "
+                         "0.11.0 (facts/vllm_multimodal.py)")
         return notes
     multimodal = multimodal_architecture(r)
     if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM:

@@ -21,10 +21,13 @@ width ``I``, ``c`` bytes of the model's dtype; vLLM 0.8.2 ``qwen2_5_vl.py`` / ``
     ``hd``): ``8 d c + 16 d + 12 hd`` bytes;
   - 0.9.1-0.10.x, vllm_flash_attn's Triton kernel (``t.float()`` and the ``empty_like`` output, float32 of d each,
     ``cos`` and ``sin`` of ``hd / 2`` float32, then ``.type_as(t)``, d in the dtype): ``9 d c + 8 d + 4 hd`` bytes;
-    from 0.11.0 not read, the same assumed;
+  - 0.11.0, the same kernel on ``torch.cat([q, k])`` (2d, alive beside its rotated copy, 2d): ``12 d c + 16 d + 4 hd``
+    bytes, the pixels' dtype copy no longer held (``x.to(dtype)`` is freed by the patch embedding); from 0.12.0 not
+    read, the same assumed;
 
 * the MLP's moment: residual and ``norm2``'s output (2d), then gated (Qwen2.5-VL: the activated gate, the up
-  projection and their product, 3I, with the down projection's output d): ``(3 d + 3 I) c``; plain (Qwen2-VL:
+  projection and their product, 3I, with the down projection's output d): ``(3 d + 3 I) c``, from 0.11.0 ``(5 d +
+  3 I) c`` (the block's input and the attention's output stay alive beside ``norm2``'s fused outputs); plain (Qwen2-VL:
   fc1's output, QuickGELU's native ``x * sigmoid(1.702 x)``: the scaled copy and the sigmoid, 3I): ``(2 d + 3 I) c``.
 
 The encoder moment is ``N x (held + max(attention, MLP))``: a bound in that the attention kernel's own workspace,
@@ -187,12 +190,21 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
     d, i, c = v.hidden_size, v.intermediate_size, dtype_bytes
     hd = d // v.num_attention_heads
     pixels = v.num_channels * temporal * v.patch_size * v.patch_size
-    held = pixels * _F32 + pixels * c + hd // 2 * _F32
-    if rule.rotary == "torch":
-        attention = 8 * d * c + 4 * d * _F32 + 3 * hd * _F32
+    if rule.tower in ("torch", "triton"):
+        held = pixels * _F32 + pixels * c + hd // 2 * _F32
+        mlp = (3 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
     else:
+        # 0.11.0: the dtype copy of the pixels is freed by the patch embedding; Qwen2.5-VL's block keeps its input
+        # and the attention's output beside norm2's two outputs through the MLP
+        held = pixels * _F32 + hd // 2 * _F32
+        mlp = (5 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
+    if rule.tower == "torch":
+        attention = 8 * d * c + 4 * d * _F32 + 3 * hd * _F32
+    elif rule.tower == "triton":
         attention = 9 * d * c + 2 * d * _F32 + hd * _F32
-    mlp = (3 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
+    else:
+        # q and k concatenated (2d) and rotated together: float32 input and output of 2d each, the rotated copy 2d
+        attention = 12 * d * c + 4 * d * _F32 + hd * _F32
     n = items * patches
     rows = _kept_rows(rule, encoded, tokens, budget)
     return MmProfile(modality=modality, tokens_per_item=tokens, patches_per_item=patches, frames=item_frames,
