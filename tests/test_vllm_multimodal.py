@@ -198,9 +198,9 @@ def test_row_0120_outputs_scattered_into_the_item() -> None:
     # 0.12.0: zeros of the tokens per item (16,384), as many as the output's rows: nothing scattered
     assert _mm("0.12.0", 20000, 40000, 4, 2).output_bytes == 2 * 16_384 * 3_584 * 2 == 234_881_024
     rule = mm_profile_rule((0, 12, 0))[0]
-    # an output of 100 rows for an item of 200 tokens, budget 300: 100 + 200 kept (0.11.0: 100 + 300; 0.16.0: 100)
+    # an output of 100 rows for an item of 200 tokens, budget 300: 100 + 200 kept (0.11.0: 100 + 300; 0.13.0: 100)
     assert (_kept_rows(rule, 100, 200, 300), _kept_rows(mm_profile_rule((0, 11, 0))[0], 100, 200, 300),
-            _kept_rows(mm_profile_rule((0, 16, 0))[0], 100, 200, 300)) == (300, 400, 100)
+            _kept_rows(mm_profile_rule((0, 13, 0))[0], 100, 200, 300)) == (300, 400, 100)
 
 
 def test_row_0130_image_by_factor_pair() -> None:
@@ -214,8 +214,9 @@ def test_row_0130_image_by_factor_pair() -> None:
     assert qwen_vl_item(_resolved().model.vision, "factor") == (65_536, 16_384)
 
 
-def test_row_0160_outputs_kept_as_they_are() -> None:
-    assert _mm("0.16.0", 20000, 40000, 4, 2).output_bytes == 234_881_024
+def test_row_0130_outputs_kept_as_they_are() -> None:
+    # 0.13.0-0.16.0: each output in the cache as encoded, 2 x 16,384 x 3,584 x 2 B
+    assert _mm("0.16.0", 20000, 40000, 4, 2).output_bytes == _mm("0.13.0", 20000, 40000, 4, 2).output_bytes == 234_881_024
 
 
 def test_row_0170_tie_goes_to_the_video() -> None:

@@ -43,8 +43,8 @@ read in the wheels of the releases in its ``read_at`` (``pip download vllm==X --
   max_model_len // tokens))`` and the items ``max(1, min(budget // tokens, max_num_seqs x per prompt))`` (chunked
   prefill on, V1's default);
 * the outputs kept: all items' embeddings (``encoder_cache["tmp"]``); 0.11.0 first scatters each into zeros of
-  ``encoder_budget`` rows when its rows are fewer, 0.12.0-0.15.x into zeros of the modality's tokens per item (the
-  loop variable ``output`` keeps the encoder's own outputs alive beside them, a view of one tensor); 0.16.0 on keeps
+  ``encoder_budget`` rows when its rows are fewer, 0.12.0 into zeros of the modality's tokens per item (the loop
+  variable ``output`` keeps the encoder's own outputs alive beside them, a view of one tensor); 0.13.0 on keeps
   each output as it is (``encoder_cache[f"tmp_{i}"]``);
 * the modality of the most tokens: the first listed wins a tie (image) up to 0.16.x; 0.17.0 on ``max(..., key=lambda
   x: (x[1], x[0]))``, the later name (video);
@@ -153,16 +153,12 @@ MM_PROFILE_RULES: tuple[MmProfileRule, ...] = (
         tower="unread",
         sources=(f"{_RUNNER} (0.12.0): new_zeros((max_mm_tokens_per_item, hidden))",)),
     MmProfileRule(
-        first=(0, 13, 0), read_at=((0, 13, 0), (0, 14, 0), (0, 15, 0)), token_counts="no-image",
-        dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14, expand="item", tie="first",
+        first=(0, 13, 0), read_at=((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 16, 0)), token_counts="no-image",
+        dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14, expand="none", tie="first",
         image_size="factor", tower="unread",
-        sources=(f"{_QWEN} get_image_size_with_most_features (0.13.0, 0.14.0, 0.15.0): closest_factor_pair",)),
-    MmProfileRule(
-        first=(0, 16, 0), read_at=((0, 16, 0),), token_counts="no-image", dummy_seq="max_model_len",
-        dummy_counts="no-image", items="budget", max_frames=14, expand="none", tie="first", image_size="factor",
-        tower="unread",
-        sources=(f"{_RUNNER} (0.16.0): self.encoder_cache[f\"tmp_{{i}}\"] = output",
-                 "vllm/multimodal/encoder_budget.py MultiModalBudget (0.16.0)")),
+        sources=(f"{_QWEN} get_image_size_with_most_features (0.13.0-0.16.0): closest_factor_pair",
+                 f"{_RUNNER} (0.13.0-0.16.0): self.encoder_cache[f\"tmp_{{i}}\"] = output",
+                 "vllm/multimodal/encoder_budget.py MultiModalBudget (0.16.0; vllm/v1/worker/utils.py before)")),
     MmProfileRule(
         first=(0, 17, 0), read_at=((0, 17, 0), (0, 19, 0), (0, 20, 0), (0, 24, 0), (0, 28, 0), (0, 33, 0)),
         token_counts="no-image", dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14,

@@ -152,7 +152,7 @@ def _items(rule: MmProfileRule, budget: int, tokens: int, max_num_seqs: int, per
 
 def _kept_rows(rule: MmProfileRule, encoded: int, tokens: int, budget: int) -> int:
     """Rows of the model's hidden size kept per item: the encoder's output, plus the zeros it is scattered into
-    where the release does so (0.11.0: the budget's rows; 0.12.0-0.15.x: the tokens per item) and the output has
+    where the release does so (0.11.0: the budget's rows; 0.12.0: the tokens per item) and the output has
     fewer rows; the output stays alive beside them (the loop variable keeps a view of it)."""
     target = {"budget": budget, "item": tokens}.get(rule.expand, 0)
     return encoded + (target if encoded < target else 0)
