@@ -1,6 +1,6 @@
 """vLLM's multimodal profile run by release, as data (serve/vllm_mm.py applies it).
 
-Read in the wheels of vLLM 0.8.0 and 0.8.2 (``pip download vllm==X --no-deps``):
+The 0.8.x row, read in the wheels of vLLM 0.8.0 and 0.8.2 (``pip download vllm==X --no-deps``):
 
 * ``vllm/v1/worker/gpu_model_runner.py`` ``GPUModelRunner.profile_run`` (0.8.2 lines 1419-1507): for a multimodal
   model, before the language model's dummy batch, the modality whose item has the most tokens
@@ -25,41 +25,169 @@ Read in the wheels of vLLM 0.8.0 and 0.8.2 (``pip download vllm==X --no-deps``):
   shared by ``limit_per_prompt["video"]`` videos, at most ``_MAX_FRAMES_PER_VIDEO`` 16 and at least 1
   (``get_num_frames_with_most_features``); frames are padded to an even count, two a temporal patch.
 
-Before 0.8.0 (the V0 engine) the encoder ran inside the dummy sequences' forward (``vllm/worker/model_runner.py``
-``profile_run``); that path, and releases after 0.8.x (whose profile run was rewritten), are not read here.
+From 0.9.1 on the rules changed release by release; ``MM_PROFILE_RULES`` below holds one row per change, each
+read in the wheels of the releases in its ``read_at`` (``pip download vllm==X --no-deps``):
+
+* what the registry counts as an item's tokens (the budget's and the modality's): 0.9.1-0.10.x build the dummy data of
+  one item per modality (``MultiModalProfiler.get_mm_max_tokens(seq_len, {modality: 1 ...})``, registry.py), so a
+  video's frames fill ``max_model_len`` less one image's tokens; 0.11.0 on, ``get_num_frames_with_most_features``
+  subtracts no image (qwen2_vl.py) and ``_MAX_FRAMES_PER_VIDEO`` is 14;
+* the dummy item that is encoded (``_get_mm_dummy_batch``; 0.8.x ``dummy_data_for_profiling``): built for a sequence
+  of ``max_num_batched_tokens`` (``self.max_num_tokens``) with the limits per prompt (0.8.x) or one item (0.9.1,
+  0.10.1-0.10.x), of the item's own tokens (0.10.0) or of ``max_model_len`` (0.11.0 on).  A video item can then be
+  shorter than the tokens it was counted with: 0.8.2 with the default limit of 1 on a 16,384-token batch encodes a
+  1-frame video (16,384 - 16,384 tokens of room: 0 frames, at least 1);
+* the number of items: ``min(cdiv(budget, tokens), max_num_seqs x limit)`` (0.8.0-0.9.x),
+  ``max(1, min(budget // tokens, max_num_seqs x limit))`` (0.10.0), ``MultiModalBudget.get_max_items`` (0.10.1 on,
+  v1/worker/utils.py, vllm/multimodal/encoder_budget.py from 0.16.0): the per-prompt count is ``max(1, min(limit,
+  max_model_len // tokens))`` and the items ``max(1, min(budget // tokens, max_num_seqs x per prompt))`` (chunked
+  prefill on, V1's default);
+* the outputs kept: all items' embeddings (``encoder_cache["tmp"]``); 0.11.0 first scatters each into zeros of
+  ``encoder_budget`` rows when its rows are fewer, 0.12.0 into zeros of the modality's tokens per item (the loop
+  variable ``output`` keeps the encoder's own outputs alive beside them, a view of one tensor); 0.13.0 on keeps
+  each output as it is (``encoder_cache[f"tmp_{i}"]``);
+* the modality of the most tokens: the first listed wins a tie (image) up to 0.16.x; 0.17.0 on ``max(..., key=lambda
+  x: (x[1], x[0]))``, the later name (video);
+* the image of the most features: ``smart_resize`` of a 9,999,999-pixel square up to 0.12.x; 0.13.0 on the factor
+  pair of ``max_pixels // (patch x merge)^2`` merged tokens closest to a square whose sides differ at most 200-fold
+  (``get_image_size_with_most_features``; ``image_processor.max_pixels`` or ``size["longest_edge"]``, the checkpoint's
+  ``max_pixels`` as transformers' Qwen2-VL image processor keeps it);
+* the tower's rotary embedding (qwen2_vl.py ``apply_rotary_pos_emb_vision``): PyTorch's ``apply_rotary_emb_torch``
+  with the xformers backend in 0.8.x; 0.9.1-0.10.x call vllm_flash_attn's Triton ``apply_rotary_emb`` on CUDA
+  (``t.float()``, ``cos``/``sin`` of ``hd / 2``, ``torch.empty_like`` output, ``.type_as(t)``), the attention itself
+  still xformers (``get_vit_attn_backend``: FLASH_ATTN only with the flash-attn package; xformers is a dependency of
+  the wheel).  0.11.0 (``Qwen2_5_VisionAttention.forward``, ``Qwen2VisionAttention.forward``) rotates
+  ``torch.cat([q, k])`` at once (the concatenation stays alive beside the rotated copy), the backend is vllm_flash_attn
+  on an sm80+ GPU (``CudaPlatform.get_vit_attn_backend``), the pixels go to the dtype inside the tower
+  (``x.to(dtype)``, freed by the patch embedding) and Qwen2.5-VL's block keeps its input and the attention's output
+  through the MLP (``norm2(x, residual=x_attn)``).  0.12.0 on the attention was rewritten (``qk_reshaped``,
+  ``MMEncoderAttention``): not read, 0.11.0's bytes per patch are assumed (the report says so and widens the band).
+
+0.9.0 was not read: the 0.8.x row is assumed for it (the nearest earlier).  Before 0.8.0 (the V0 engine) the encoder
+ran inside the dummy sequences' forward (``vllm/worker/model_runner.py`` ``profile_run``): not read here.
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_FRAMES_PER_VIDEO", "MM_LIMIT_DEFAULT", "MM_PROFILE_FROM", "MM_PROFILE_READ_AT", "MM_PROFILE_SOURCES",
-           "MM_PROFILE_UNTIL", "QWEN_VL_CHECKPOINT_MAX_PIXELS", "mm_profile_read"]
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["MM_LIMIT_DEFAULT", "MM_PROFILE_FROM", "MM_PROFILE_RULES", "MM_PROFILE_SOURCES", "QWEN_VL_CHECKPOINT_MAX_PIXELS",
+           "MmProfileRule", "mm_profile_read", "mm_profile_rule"]
 
 Release = tuple[int, int, int]
 
-# the releases whose profile run was read and follows the rules above
-MM_PROFILE_READ_AT: tuple[str, ...] = ("0.8.0", "0.8.2")
-# the first release modelled and the first that is not (0.9.0 on: not read)
-MM_PROFILE_FROM: Release = (0, 8, 0)
-MM_PROFILE_UNTIL: Release = (0, 9, 0)
+# What of the limits per prompt a count uses: every modality's limit, one item of each, or no image (videos only)
+Counts = Literal["limits", "one", "no-image"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MmProfileRule:
+    """One row: vLLM's multimodal profile run from release ``first`` on (module docstring)."""
+
+    first: Release
+    read_at: tuple[Release, ...]
+    # the counts a video's frames are fitted with when its tokens per item are counted (images subtracted from
+    # max_model_len, videos sharing it): "limits" (0.8.x), "one" (1 image, 1 video), "no-image" (1 video, no image)
+    token_counts: Counts
+    # the sequence the encoded dummy item is built for: max_num_batched_tokens, the item's own tokens, max_model_len
+    dummy_seq: Literal["batched", "item", "max_model_len"]
+    # the counts the encoded dummy item is built with: "limits" (0.8.x) or the modality alone ("no-image")
+    dummy_counts: Counts
+    # how many items: "cdiv" min(cdiv(budget, t), seqs x limit); "floor" max(1, min(budget // t, seqs x limit));
+    # "budget" MultiModalBudget.get_max_items (per prompt max(1, min(limit, max_model_len // t)))
+    items: Literal["cdiv", "floor", "budget"]
+    max_frames: int  # qwen2_vl.py _MAX_FRAMES_PER_VIDEO
+    # outputs scattered into zeros of the encoder budget's rows, of the tokens per item, or kept as they are
+    expand: Literal["none", "budget", "item"]
+    tie: Literal["first", "name"]  # the modality a tie of tokens per item goes to: the first listed (image) or by name
+    image_size: Literal["smart_resize", "factor"]  # how the image of the most features is found
+    # the tower's forward by patch: PyTorch's rotary (0.8.x), vllm_flash_attn's Triton rotary on q and k (0.9.1-0.10.x),
+    # the Triton rotary on q and k concatenated, without the dtype copy of the pixels (0.11.0); "unread": not read
+    # (0.12.0 on: 0.11.0's assumed)
+    tower: Literal["torch", "triton", "concat", "unread"]
+    sources: tuple[str, ...]
+
+
+_RUNNER = "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run"
+_QWEN = "vllm/model_executor/models/qwen2_vl.py Qwen2VLProcessingInfo"
+
+MM_PROFILE_RULES: tuple[MmProfileRule, ...] = (
+    MmProfileRule(
+        first=(0, 8, 0), read_at=((0, 8, 0), (0, 8, 2)), token_counts="limits", dummy_seq="batched",
+        dummy_counts="limits", items="cdiv", max_frames=16, expand="none", tie="first", image_size="smart_resize",
+        tower="torch",
+        sources=(f"{_RUNNER} (0.8.2 lines 1419-1507)", "vllm/inputs/registry.py dummy_data_for_profiling (0.8.2)",
+                 "vllm/v1/core/encoder_cache_manager.py _compute_encoder_budget_multimodal (0.8.0, 0.8.2)",
+                 f"{_QWEN} get_num_frames_with_most_features (0.8.2)",
+                 "vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionTransformer.forward (0.8.2)")),
+    MmProfileRule(
+        first=(0, 9, 1), read_at=((0, 9, 1),), token_counts="one", dummy_seq="batched", dummy_counts="no-image",
+        items="cdiv", max_frames=16, expand="none", tie="first", image_size="smart_resize", tower="triton",
+        sources=(f"{_RUNNER} (0.9.1): get_decoder_dummy_data(seq_len=self.max_num_tokens, mm_counts={{modality: 1}})",
+                 "vllm/multimodal/registry.py get_max_tokens_per_item_by_modality (0.9.1): {modality: 1}",
+                 "vllm/model_executor/models/qwen2_vl.py apply_rotary_pos_emb_vision (0.9.1): vllm_flash_attn rotary")),
+    MmProfileRule(
+        first=(0, 10, 0), read_at=((0, 10, 0),), token_counts="one", dummy_seq="item", dummy_counts="no-image",
+        items="floor", max_frames=16, expand="none", tie="first", image_size="smart_resize", tower="triton",
+        sources=((f"{_RUNNER} (0.10.0): encoder_budget // max_tokens_per_mm_item, max(1, ...), "
+                 "get_decoder_dummy_data(seq_len=max_tokens_per_mm_item)"),)),
+    MmProfileRule(
+        first=(0, 10, 1), read_at=((0, 10, 1), (0, 10, 2)), token_counts="one", dummy_seq="batched",
+        dummy_counts="no-image", items="budget", max_frames=16, expand="none", tie="first", image_size="smart_resize",
+        tower="triton",
+        sources=("vllm/v1/worker/utils.py MultiModalBudget.get_max_items (0.10.1, 0.10.2)",
+                 ("vllm/v1/worker/gpu_model_runner.py GPUModelRunner._get_mm_dummy_batch (0.10.1): "
+                 "seq_len=self.max_num_tokens"))),
+    MmProfileRule(
+        first=(0, 11, 0), read_at=((0, 11, 0),), token_counts="no-image", dummy_seq="max_model_len",
+        dummy_counts="no-image", items="budget", max_frames=14, expand="budget", tie="first", image_size="smart_resize",
+        tower="concat",
+        sources=(f"{_RUNNER} (0.11.0): expanded = output.new_zeros((encoder_budget, hidden))",
+                 f"{_QWEN} get_num_frames_with_most_features, _MAX_FRAMES_PER_VIDEO = 14 (0.11.0)",
+                 ("vllm/v1/worker/gpu_model_runner.py GPUModelRunner._get_mm_dummy_batch (0.11.0): "
+                 "seq_len=self.max_model_len"))),
+    MmProfileRule(
+        first=(0, 12, 0), read_at=((0, 12, 0),), token_counts="no-image", dummy_seq="max_model_len",
+        dummy_counts="no-image", items="budget", max_frames=14, expand="item", tie="first", image_size="smart_resize",
+        tower="unread",
+        sources=(f"{_RUNNER} (0.12.0): new_zeros((max_mm_tokens_per_item, hidden))",)),
+    MmProfileRule(
+        first=(0, 13, 0), read_at=((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 16, 0)), token_counts="no-image",
+        dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14, expand="none", tie="first",
+        image_size="factor", tower="unread",
+        sources=(f"{_QWEN} get_image_size_with_most_features (0.13.0-0.16.0): closest_factor_pair",
+                 f"{_RUNNER} (0.13.0-0.16.0): self.encoder_cache[f\"tmp_{{i}}\"] = output",
+                 "vllm/multimodal/encoder_budget.py MultiModalBudget (0.16.0; vllm/v1/worker/utils.py before)")),
+    MmProfileRule(
+        first=(0, 17, 0), read_at=((0, 17, 0), (0, 19, 0), (0, 20, 0), (0, 24, 0), (0, 28, 0), (0, 33, 0)),
+        token_counts="no-image", dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14,
+        expand="none", tie="name", image_size="factor", tower="unread",
+        sources=(("vllm/multimodal/encoder_budget.py MultiModalBudget.get_modality_with_max_tokens (0.17.0-0.33.0): "
+                 "key=lambda x: (x[1], x[0])"),)),
+)
+
+# the first release modelled (V1 by default)
+MM_PROFILE_FROM: Release = MM_PROFILE_RULES[0].first
 # vllm/config.py MultiModalConfig.get_limit_per_prompt: "If not set by the user, this defaults to `1`."
 MM_LIMIT_DEFAULT = 1
-# vllm/model_executor/models/qwen2_vl.py _MAX_FRAMES_PER_VIDEO (0.8.0, 0.8.2)
-MAX_FRAMES_PER_VIDEO = 16
 # max_pixels in preprocessor_config.json of the Qwen2-VL and Qwen2.5-VL Instruct releases (3,584 x 3,584 =
 # 12,845,056; the processor's own default is 28 x 28 x 1280 = 1,003,520).  vLLM 0.8.2 logged an encoder budget
 # of 16,384 tokens for Qwen2.5-VL-7B-Instruct (QwenLM/Qwen3-VL issue 1057): (3,584 / 14)^2 / 4 = 16,384.
 QWEN_VL_CHECKPOINT_MAX_PIXELS = 12_845_056
 
-MM_PROFILE_SOURCES: tuple[str, ...] = (
-    "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run (0.8.0, 0.8.2)",
-    "vllm/v1/core/encoder_cache_manager.py _compute_encoder_budget_multimodal (0.8.0, 0.8.2)",
-    "vllm/model_executor/models/qwen2_vl.py Qwen2VLProcessingInfo (0.8.0, 0.8.2)",
-    "vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionTransformer.forward (0.8.2)",
-)
+MM_PROFILE_SOURCES: tuple[str, ...] = tuple(src for row in MM_PROFILE_RULES for src in row.sources)
+
+
+def mm_profile_rule(release: Release) -> tuple[MmProfileRule, bool]:
+    """The row for ``release`` (the last whose ``first`` is not after it) and whether that release was read
+    (False: the nearest earlier row is assumed).  ``release`` must be from ``MM_PROFILE_FROM`` on."""
+    row = [r for r in MM_PROFILE_RULES if r.first <= release][-1]
+    return row, release in row.read_at
 
 
 def mm_profile_read(release: Release, checkpoint_max_pixels: int) -> bool:
     """Whether vLLM ``release``'s multimodal profile run is modelled for a tower whose released checkpoints'
-    ``max_pixels`` is ``checkpoint_max_pixels`` (0: not known): a release from ``MM_PROFILE_FROM`` up to
-    ``MM_PROFILE_UNTIL`` and a known ``max_pixels``."""
-    return MM_PROFILE_FROM <= release < MM_PROFILE_UNTIL and checkpoint_max_pixels > 0
+    ``max_pixels`` is ``checkpoint_max_pixels`` (0: not known): a V1 release from ``MM_PROFILE_FROM`` on and a known
+    ``max_pixels``."""
+    return release >= MM_PROFILE_FROM and checkpoint_max_pixels > 0

@@ -1219,7 +1219,8 @@ def _mm_profile(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int) -> MmP
         return None
     sv = r.scenario.serve
     max_len = sv.max_model_len or r.model.max_position_embeddings
-    return mm_profile(r.model, max_len, batched, seqs, dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt)
+    return mm_profile(r.model, max_len, batched, seqs, dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
+                      parse_release(beh.version))
 
 
 def _custom_ar_torch_bytes(tp: int, gpu: GpuSpec) -> int:
@@ -1550,8 +1551,16 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
         mm, c = b.mm, dtype_bits(sv.dtype) // 8
         lm = max(b.forward, b.sampler, b.rejection_peak, b.proposer_peak) + mm.output_bytes
         moment = "the encoder's forward" if mm.encoder_peak_bytes > lm else "the language model's dummy batch"
-        frames = f" ({mm.frames} frames)" if mm.modality == "video" else ""
-        note = (f"multimodal profile run (vLLM {beh.version}, facts/vllm_multimodal.py): encoder budget "
+        frames = (f" (encoded as {mm.frames} frame(s), {mm.encoded_tokens_per_item:,} tokens: the dummy video is built "
+                  f"for a shorter sequence)" if mm.encoded_tokens_per_item < mm.tokens_per_item
+                  else f" ({mm.frames} frames)" if mm.modality == "video" else "")
+        rule = mm.rule
+        first = ".".join(map(str, rule.first)) if rule is not None else beh.version
+        read = "" if mm.exact else f", this release not read: the rules from {first} on (the nearest earlier) are assumed"
+        kept = mm.items * mm.encoded_tokens_per_item * r.model.hidden_size * c
+        zeros = (f", with the zeros each is scattered into ({(mm.output_bytes - kept) / GiB:.2f} GiB more)"
+                 if mm.output_bytes > kept else "")
+        note = (f"multimodal profile run (vLLM {beh.version}, facts/vllm_multimodal.py{read}): encoder budget "
                 f"{mm.budget_tokens:,} tokens, {mm.items} {mm.modality} item(s) of {mm.tokens_per_item:,} tokens"
                 f"{frames} and {mm.patches_per_item:,} patches each (max_pixels "
                 f"{r.model.vision.checkpoint_max_pixels if r.model.vision else 0:,} of the released "
@@ -1559,12 +1568,17 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
                 f"{limit if limit is not None else 'not set: 1'} per modality); the encoder's forward peaks at "
                 f"{mm.encoder_peak_bytes / GiB:.2f} GiB ({mm.patches:,} patches x ({mm.held_per_patch:,} B held + "
                 f"max(attention {mm.attention_per_patch:,} B, MLP {mm.mlp_per_patch:,} B)), a bound without the "
-                f"attention kernel's workspace); its outputs, {mm.output_bytes / GiB:.2f} GiB "
-                f"({mm.items} x {mm.tokens_per_item:,} x {r.model.hidden_size} x {c} B), stay alive through the "
-                f"language model's dummy batch; the profile peaks in {moment}")
+                f"attention kernel's workspace); its outputs, {kept / GiB:.2f} GiB "
+                f"({mm.items} x {mm.encoded_tokens_per_item:,} x {r.model.hidden_size} x {c} B){zeros}, stay alive "
+                f"through the language model's dummy batch; the profile peaks in {moment}")
         if r.scenario.parallel.tp > 1:
             note += "; tp > 1: the whole tower's working set is taken on each rank (its split is not modelled)"
-        return [note]
+        notes = [note]
+        if rule is not None and rule.tower == "unread":
+            notes.append(f"not modelled: the vision tower's attention path of vLLM {beh.version} (rewritten in 0.12.0: "
+                         "qk_reshaped and MMEncoderAttention; not read): its bytes per patch are assumed as read at "
+                         "0.11.0 (facts/vllm_multimodal.py)")
+        return notes
     multimodal = multimodal_architecture(r)
     if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM:
         return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, vLLM profiles no "

@@ -1,6 +1,6 @@
-"""vLLM's multimodal profile run (V1, 0.8.x): the encoder-cache budget, the dummy items of the maximum feature size,
-the vision encoder's forward peak on them and the encoder outputs kept through the language model's dummy batch
-(facts/vllm_multimodal.py has the rules and their source).
+"""vLLM's multimodal profile run (V1, 0.8.0 on, by release): the encoder-cache budget, the dummy items of the maximum
+feature size, the vision encoder's forward peak on them and the encoder outputs kept through the language model's
+dummy batch (facts/vllm_multimodal.py has the rules by release and their source).
 
 Modelled for a tower whose processor resizes with ``smart_resize`` under the checkpoint's ``max_pixels``
 (``VisionSpec.checkpoint_max_pixels``: Qwen2-VL, Qwen2.5-VL); any other multimodal model keeps the "not modelled"
@@ -14,26 +14,36 @@ width ``I``, ``c`` bytes of the model's dtype; vLLM 0.8.2 ``qwen2_5_vl.py`` / ``
   ``pixel_values.type(self.visual.dtype)``), the 2-D rotary table (``hd / 2`` float32);
 * attention's moment (``VisionAttention.forward``, the xformers path of a plain install: ``get_vit_attn_backend``
   takes FLASH_ATTN only when the flash-attn package is installed): the block's input (the residual) and
-  ``norm1``'s output (d each), the qkv output (3d), the contiguous q, k, v copies (3d), then the torch rotary
-  of q (``apply_rotary_pos_emb_vision``: ``t.float()``, ``x * cos``, ``rotate_half(x)`` and its product with
-  ``sin``, four float32 tensors of d) with ``cos``, ``sin`` and their two repeats (float32, ``hd / 2`` and ``hd``):
-  ``8 d c + 16 d + 12 hd`` bytes;
+  ``norm1``'s output (d each), the qkv output (3d), the contiguous q, k, v copies (3d), then the rotary of q or k:
+
+  - 0.8.x, PyTorch's (``apply_rotary_pos_emb_vision``: ``t.float()``, ``x * cos``, ``rotate_half(x)`` and its product
+    with ``sin``, four float32 tensors of d) with ``cos``, ``sin`` and their two repeats (float32, ``hd / 2`` and
+    ``hd``): ``8 d c + 16 d + 12 hd`` bytes;
+  - 0.9.1-0.10.x, vllm_flash_attn's Triton kernel (``t.float()`` and the ``empty_like`` output, float32 of d each,
+    ``cos`` and ``sin`` of ``hd / 2`` float32, then ``.type_as(t)``, d in the dtype): ``9 d c + 8 d + 4 hd`` bytes;
+  - 0.11.0, the same kernel on ``torch.cat([q, k])`` (2d, alive beside its rotated copy, 2d): ``12 d c + 16 d + 4 hd``
+    bytes, the pixels' dtype copy no longer held (``x.to(dtype)`` is freed by the patch embedding); from 0.12.0 not
+    read, the same assumed;
+
 * the MLP's moment: residual and ``norm2``'s output (2d), then gated (Qwen2.5-VL: the activated gate, the up
-  projection and their product, 3I, with the down projection's output d): ``(3 d + 3 I) c``; plain (Qwen2-VL:
+  projection and their product, 3I, with the down projection's output d): ``(3 d + 3 I) c``, from 0.11.0 ``(5 d +
+  3 I) c`` (the block's input and the attention's output stay alive beside ``norm2``'s fused outputs); plain (Qwen2-VL:
   fc1's output, QuickGELU's native ``x * sigmoid(1.702 x)``: the scaled copy and the sigmoid, 3I): ``(2 d + 3 I) c``.
 
-The encoder moment is ``N x (held + max(attention, MLP))``: a bound in that the xformers kernel's own workspace,
+The encoder moment is ``N x (held + max(attention, MLP))``: a bound in that the attention kernel's own workspace,
 the window reordering's copies and the merger (smaller: N d at most) are left out.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vramplan.facts.vllm_multimodal import (
-    MAX_FRAMES_PER_VIDEO,
     MM_LIMIT_DEFAULT,
+    MmProfileRule,
     mm_profile_read,
+    mm_profile_rule,
 )
 from vramplan.facts.vllm_releases import Release
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -42,8 +52,10 @@ from vramplan.units import ceil_div
 
 __all__ = ["MmProfile", "mm_profile", "mm_profile_modelled", "qwen_vl_item"]
 
-# get_image_size_with_most_features: smart_resize of a square this many pixels a side
+# get_image_size_with_most_features: smart_resize of a square this many pixels a side (up to 0.12.x)
 _HUGE_SIDE = 9_999_999
+# get_image_size_with_most_features (0.13.0 on): the factor pair's sides differ at most this many times
+_MAX_ASPECT = 200
 _F32 = 4
 
 
@@ -52,16 +64,19 @@ class MmProfile:
     """What vLLM's V1 profile run does for a multimodal model before the language model's dummy batch."""
 
     modality: str  # "image" or "video": the modality of the most tokens per item
-    tokens_per_item: int  # the item's tokens in the language model's sequence (after the merge)
-    patches_per_item: int  # the tower's tokens per item
-    frames: int  # video frames per item (1 for an image)
+    tokens_per_item: int  # the item's tokens in the language model's sequence (after the merge), as counted
+    patches_per_item: int  # the tower's tokens per encoded item
+    frames: int  # video frames per encoded item (1 for an image)
     budget_tokens: int  # "Encoder cache will be initialized with a budget of N tokens"
     items: int  # "... and profiled with M image items"
-    output_bytes: int  # the encoder outputs kept: items x tokens x LM hidden x dtype bytes
+    output_bytes: int  # the encoder outputs kept (with the zeros they are scattered into, where the release does)
     encoder_peak_bytes: int  # the tower's forward peak over all items at once
     held_per_patch: int  # bytes a patch holds through every block (pixel values, rotary table)
     attention_per_patch: int  # bytes a patch holds at attention's moment
     mlp_per_patch: int  # bytes a patch holds at the MLP's moment
+    encoded_tokens_per_item: int = 0  # the encoded item's output rows (fewer than tokens_per_item for a short video)
+    rule: MmProfileRule | None = None  # the release's row (facts/vllm_multimodal.py)
+    exact: bool = True  # the release's own source was read (False: the nearest earlier row)
 
     @property
     def patches(self) -> int:
@@ -74,25 +89,49 @@ def mm_profile_modelled(release: Release, m: ModelSpec) -> bool:
     return v is not None and v.tower is not None and mm_profile_read(release, v.checkpoint_max_pixels)
 
 
-def qwen_vl_item(v: VisionSpec) -> tuple[int, int]:
-    """(patches, tokens) of the image with the most features: ``smart_resize`` of a 9,999,999-pixel square under
-    ``checkpoint_max_pixels``, factor patch x merge.  Qwen2.5-VL-7B: 3,584 x 3,584, (3,584 / 14)^2 = 65,536
-    patches, / 4 = 16,384 tokens."""
+def _closest_factor_pair(n: int) -> tuple[int, int]:
+    """qwen2_vl.py ``closest_factor_pair`` (0.13.0 on): the divisor pair of ``n`` closest to a square, smaller first."""
+    d = math.isqrt(n)
+    while n % d:
+        d -= 1
+    return d, n // d
+
+
+def qwen_vl_item(v: VisionSpec, image_size: str = "smart_resize") -> tuple[int, int]:
+    """(patches, tokens) of the image with the most features.  ``smart_resize`` (up to 0.12.x): a 9,999,999-pixel
+    square under ``checkpoint_max_pixels``, factor patch x merge.  Qwen2.5-VL-7B: 3,584 x 3,584, (3,584 / 14)^2 =
+    65,536 patches, / 4 = 16,384 tokens.  ``factor`` (0.13.0 on): ``max_pixels // (patch x merge)^2`` merged tokens
+    as the factor pair closest to a square with sides at most 200-fold apart, fewer tokens until one is found; the
+    image of those sides is left as it is by ``smart_resize`` (multiples of the factor, within max_pixels)."""
     factor = v.patch_size * v.merge_size
+    if image_size == "factor":
+        tokens = max(v.checkpoint_max_pixels // (factor * factor), 1)
+        while tokens > 1:
+            lo, hi = _closest_factor_pair(tokens)
+            if hi / lo <= _MAX_ASPECT:
+                break
+            tokens -= 1
+        return tokens * v.merge_size * v.merge_size, tokens
     h, w = smart_resize(_HUGE_SIDE, _HUGE_SIDE, factor, v.min_pixels, v.checkpoint_max_pixels)
     patches = (h // v.patch_size) * (w // v.patch_size)
     return patches, patches // (v.merge_size * v.merge_size)
 
 
-def _video_frames(tokens_per_frame: int, temporal: int, seq_len: int, images: int, videos: int) -> int:
+def _video_frames(tokens_per_frame: int, temporal: int, seq_len: int, images: int, videos: int,
+                  max_frames: int) -> int:
     """``get_num_frames_with_most_features``: the frames of the largest size that fit in ``seq_len`` less the images'
     tokens (``_get_max_video_frames``: the most frames whose tokens stay within it), shared by ``videos``, at most
-    16 and at least 1."""
+    ``max_frames`` and at least 1."""
     room = seq_len - tokens_per_frame * images
     total = 0
     while _video_grid_t(total + 1, temporal) * tokens_per_frame <= room:
         total += 1
-    return max(min(total // max(videos, 1), MAX_FRAMES_PER_VIDEO), 1)
+    return max(min(total // max(videos, 1), max_frames), 1)
+
+
+def _counts(kind: str, limit: int) -> tuple[int, int]:
+    """(images subtracted, videos sharing the room) of a count kind (facts/vllm_multimodal.py ``Counts``)."""
+    return {"limits": (limit, limit), "one": (1, 1)}.get(kind, (0, 1))
 
 
 def _video_grid_t(frames: int, temporal: int) -> int:
@@ -101,35 +140,75 @@ def _video_grid_t(frames: int, temporal: int) -> int:
     return max((frames + frames % temporal) // temporal, 1)
 
 
+def _items(rule: MmProfileRule, budget: int, tokens: int, max_num_seqs: int, per_prompt: int, max_model_len: int) -> int:
+    """The items profiled (facts/vllm_multimodal.py ``MmProfileRule.items``)."""
+    if rule.items == "cdiv":
+        return min(ceil_div(budget, tokens), max_num_seqs * per_prompt)
+    if rule.items == "floor":
+        return max(1, min(budget // tokens, max_num_seqs * per_prompt))
+    prompt = max(1, min(per_prompt, max_model_len // tokens))
+    return max(1, min(budget // tokens, max_num_seqs * prompt))
+
+
+def _kept_rows(rule: MmProfileRule, encoded: int, tokens: int, budget: int) -> int:
+    """Rows of the model's hidden size kept per item: the encoder's output, plus the zeros it is scattered into
+    where the release does so (0.11.0: the budget's rows; 0.12.0: the tokens per item) and the output has
+    fewer rows; the output stays alive beside them (the loop variable keeps a view of it)."""
+    target = {"budget": budget, "item": tokens}.get(rule.expand, 0)
+    return encoded + (target if encoded < target else 0)
+
+
 def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, max_num_seqs: int, dtype_bytes: int,
-               limit: int | None) -> MmProfile | None:
-    """The profile run's multimodal part for ``m`` (``mm_profile_modelled``); None when ``limit`` is 0 (vLLM:
-    "All non-text modalities ... disabled via limit_mm_per_prompt. Encoder cache will not be initialized")."""
+               limit: int | None, release: Release = (0, 8, 2)) -> MmProfile | None:
+    """The profile run's multimodal part for ``m`` at vLLM ``release`` (``mm_profile_modelled``); None when ``limit``
+    is 0 (vLLM: "All non-text modalities ... disabled via limit_mm_per_prompt. Encoder cache will not be
+    initialized")."""
     v = m.vision
     assert v is not None and v.tower is not None
+    rule, exact = mm_profile_rule(release)
     per_prompt = MM_LIMIT_DEFAULT if limit is None else limit
     if per_prompt == 0:
         return None
-    patches_img, tokens_img = qwen_vl_item(v)
+    patches_img, tokens_img = qwen_vl_item(v, rule.image_size)
     temporal = max(v.temporal_patch_size, 1)
-    frames = _video_frames(tokens_img, temporal, max_model_len, per_prompt, per_prompt)
-    grid_t = _video_grid_t(frames, temporal)
-    # the registry's dict lists image first and max() keeps the first of equals
-    if grid_t * tokens_img > tokens_img:
-        modality, tokens, patches, item_frames = "video", grid_t * tokens_img, grid_t * patches_img, frames
+    frames = _video_frames(tokens_img, temporal, max_model_len, *_counts(rule.token_counts, per_prompt),
+                           rule.max_frames)
+    video_tokens = _video_grid_t(frames, temporal) * tokens_img
+    # the registry's dict lists image first: max() keeps the first of equals up to 0.16.x, the later name from 0.17.0
+    if video_tokens > tokens_img or (video_tokens == tokens_img and rule.tie == "name"):
+        modality, tokens = "video", video_tokens
+        seq = {"batched": max_num_batched_tokens, "item": tokens}.get(rule.dummy_seq, max_model_len)
+        item_frames = _video_frames(tokens_img, temporal, seq, *_counts(rule.dummy_counts, per_prompt),
+                                    rule.max_frames)
+        grid_t = _video_grid_t(item_frames, temporal)
+        encoded, patches = grid_t * tokens_img, grid_t * patches_img
     else:
-        modality, tokens, patches, item_frames = "image", tokens_img, patches_img, 1
+        modality, tokens, encoded, patches, item_frames = "image", tokens_img, tokens_img, patches_img, 1
     # encoder_compute_budget and encoder_cache_size are both max(max_num_batched_tokens, tokens)
     budget = max(max_num_batched_tokens, tokens)
-    items = min(ceil_div(budget, tokens), max_num_seqs * per_prompt)
+    items = _items(rule, budget, tokens, max_num_seqs, per_prompt, max_model_len)
     d, i, c = v.hidden_size, v.intermediate_size, dtype_bytes
     hd = d // v.num_attention_heads
     pixels = v.num_channels * temporal * v.patch_size * v.patch_size
-    held = pixels * _F32 + pixels * c + hd // 2 * _F32
-    attention = 8 * d * c + 4 * d * _F32 + 3 * hd * _F32
-    mlp = (3 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
+    if rule.tower in ("torch", "triton"):
+        held = pixels * _F32 + pixels * c + hd // 2 * _F32
+        mlp = (3 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
+    else:
+        # 0.11.0: the dtype copy of the pixels is freed by the patch embedding; Qwen2.5-VL's block keeps its input
+        # and the attention's output beside norm2's two outputs through the MLP
+        held = pixels * _F32 + hd // 2 * _F32
+        mlp = (5 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
+    if rule.tower == "torch":
+        attention = 8 * d * c + 4 * d * _F32 + 3 * hd * _F32
+    elif rule.tower == "triton":
+        attention = 9 * d * c + 2 * d * _F32 + hd * _F32
+    else:
+        # q and k concatenated (2d) and rotated together: float32 input and output of 2d each, the rotated copy 2d
+        attention = 12 * d * c + 4 * d * _F32 + hd * _F32
     n = items * patches
+    rows = _kept_rows(rule, encoded, tokens, budget)
     return MmProfile(modality=modality, tokens_per_item=tokens, patches_per_item=patches, frames=item_frames,
-                     budget_tokens=budget, items=items, output_bytes=items * tokens * m.hidden_size * c,
+                     budget_tokens=budget, items=items, output_bytes=items * rows * m.hidden_size * c,
                      encoder_peak_bytes=n * (held + max(attention, mlp)), held_per_patch=held,
-                     attention_per_patch=attention, mlp_per_patch=mlp)
+                     attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=encoded, rule=rule,
+                     exact=exact)
