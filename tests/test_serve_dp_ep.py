@@ -10,7 +10,9 @@ import pytest
 
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
+from vramplan.serve.llamacpp import decide as decide_llamacpp
 from vramplan.serve.sglang import decide_sglang
+from vramplan.serve.sglang_options import mtp_draft
 from vramplan.serve.vllm import (
     FUSED_MOE_CHUNK_TOKENS,
     decide,
@@ -175,3 +177,21 @@ def test_sglang_dp_and_dp_attention_are_one_option() -> None:
     with pytest.raises(ScenarioError) as e:
         decide_sglang(resolve(doc))
     assert any(p.where == "serve.dp" and "SGLang has one --dp-size" in p.message for p in e.value.problems)
+
+
+def test_llamacpp_has_no_expert_parallel() -> None:
+    doc = {"model": MIXTRAL, "task": "serve", "hardware": {"gpu": "H100"}, "parallel": {"ep": 2},
+           "serve": {"engine": "llamacpp", "gguf": {"quant": "Q4_K_M"}, "max_model_len": 4096}}
+    with pytest.raises(ScenarioError) as e:
+        decide_llamacpp(resolve(doc))
+    assert e.value.problems[0].where == "parallel.ep" and "no expert parallelism" in e.value.problems[0].message
+
+
+def test_sglang_mtp_draft_splits_its_experts_like_the_target() -> None:
+    # SGLang's NEXTN layer (shaped like the target's last) under --ep-size at tp 4: each GPU holds 8 / ep experts,
+    # each split over tp / ep ranks: ep 1: 8 x 176,160,768 / 4 = 352,321,536 elements, ep 2: 4 x 176,160,768 / 2 =
+    # 352,321,536, ep 4: 2 x 176,160,768 = 352,321,536 -- the same; whole experts at ep 2 (4 x 176,160,768, what
+    # rank_params does by default at ep > 1) would be twice that
+    m = resolve(_serve(MIXTRAL)).model
+    sizes = [mtp_draft(m, 1, 4, ep, 2, "none", 0, 4).resident_bytes for ep in (1, 2, 4)]
+    assert sizes[0] == sizes[1] == sizes[2]
