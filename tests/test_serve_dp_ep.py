@@ -195,3 +195,12 @@ def test_sglang_mtp_draft_splits_its_experts_like_the_target() -> None:
     m = resolve(_serve(MIXTRAL)).model
     sizes = [mtp_draft(m, 1, 4, ep, 2, "none", 0, 4).resident_bytes for ep in (1, 2, 4)]
     assert sizes[0] == sizes[1] == sizes[2]
+
+
+def test_vllm_v0_has_no_data_parallel_engine_cores() -> None:
+    doc = _serve(LLAMA, dp=2)
+    doc["serve"]["vllm_version"] = "0.6.3"  # a V0 release (facts/vllm_releases.py)
+    with pytest.raises(ScenarioError) as e:
+        decide(resolve(doc), version="0.6.3")
+    p = e.value.problems[0]
+    assert p.where == "serve.dp" and "V0 engine" in p.message and "use a V1 release" in p.hint

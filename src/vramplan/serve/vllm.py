@@ -1552,13 +1552,18 @@ def multimodal_architecture(r: Resolved) -> str:
     return next((a for a in archs if a.endswith("ForConditionalGeneration")), "")
 
 
-def _check_data_expert_parallel(r: Resolved) -> None:
+def _check_data_expert_parallel(r: Resolved, beh: VllmBehaviour) -> None:
     """vLLM's expert parallel size is not an option of its own: --enable-expert-parallel makes the experts' group
     the whole tp x dp group (0.11.0 model_executor/layers/fused_moe/config.py ``FusedMoEParallelConfig.make``:
     ``ep_size = tp_size`` after ``flatten_tp_across_dp`` set ``tp_size = dp_size * tp_size``), so parallel.ep
     is 1 or tp x serve.dp; hardware.num_gpus, where given, must hold the dp x tp x pp GPUs."""
     par, sv = r.scenario.parallel, r.scenario.serve
     group = par.tp * sv.dp
+    if sv.dp > 1 and beh.rules.engine != "v1":
+        first = next(x.name for x in VLLM_RELEASES if x.engine == "v1")
+        raise _refuse("serve.dp", f"vLLM {beh.version} runs the V0 engine; data-parallel serving "
+                      "(--data-parallel-size, one engine core per DP rank) is modelled for the V1 engine, read at 0.11.0",
+                      f"use a V1 release (from {first}), or serve.dp 1 with separate vllm serve replicas")
     if par.ep not in (1, group):
         raise _refuse("parallel.ep", f"vLLM's expert parallel size is tensor x data parallel (--enable-expert-parallel"
                       f" spreads the experts over every GPU of the tp x dp group): parallel.tp {par.tp} x serve.dp "
@@ -1577,6 +1582,9 @@ def _data_expert_notes(r: Resolved, concurrency: float) -> list[str]:
     par, sv, m = r.scenario.parallel, r.scenario.serve, r.model
     out: list[str] = []
     ep, expert_tp = moe_split(r)
+    if (sv.dp > 1 or ep > 1) and m.moe is not None and r.scenario.serve.vllm_version.split(".")[:2] != ["0", "11"]:
+        out.append("the MoE layers' data/expert-parallel split (FusedMoEParallelConfig.make, determine_expert_map, the "
+                   "DP dispatch) was read at vLLM 0.11.0 and is assumed for this release")
     if sv.dp > 1:
         out.append(f"data parallel (--data-parallel-size {sv.dp}): {sv.dp} engine cores, each on its own "
                    f"{par.tp * par.pp} GPU(s) profiling and sizing its own KV pool; the figures are one GPU's, and "
@@ -1614,7 +1622,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     beh = behaviour(version)
     sv = r.scenario.serve
     par = r.scenario.parallel
-    _check_data_expert_parallel(r)
+    _check_data_expert_parallel(r, beh)
     hybrid = _hybrid_rule(r, version)
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
