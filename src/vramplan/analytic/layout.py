@@ -80,22 +80,37 @@ class RankParams:
     tower_linear_shapes: tuple[tuple[int, int, int], ...] = ()
 
 
-def split_on_rank(p: ParamGroup, tp: int, ep: int) -> int:
-    """Elements of one instance of ``p`` held by one tensor-parallel rank."""
+def expert_split(tp: int, ep: int, expert_tp: int | None) -> int:
+    """Ranks one routed expert's intermediate dimension is split over: ``expert_tp`` where an engine sets it
+    (vLLM with data parallelism: tp x dp; SGLang's moe_tp_size: tp / ep), else tp without expert parallelism
+    and 1 (whole experts) with it."""
+    if expert_tp is not None:
+        return expert_tp
+    return tp if ep == 1 else 1
+
+
+def split_on_rank(p: ParamGroup, tp: int, ep: int, expert_tp: int | None = None) -> int:
+    """Elements of one instance of ``p`` held by one tensor-parallel rank (``expert_tp``: ``expert_split``)."""
     if p.tp in ("column", "row", "vocab"):
         return ceil_div(p.numel, tp)
-    if p.tp == "expert" and ep == 1:
-        return ceil_div(p.numel, tp)  # without expert parallelism each expert is split like a dense MLP
+    if p.tp == "expert":
+        # without expert parallelism each expert is split like a dense MLP; with it each rank holds whole ones
+        return ceil_div(p.numel, expert_split(tp, ep, expert_tp))
     return p.numel
 
 
-def local_features(p: ParamGroup, tp: int, ep: int) -> tuple[int, int]:
+def local_features(p: ParamGroup, tp: int, ep: int, expert_tp: int | None = None) -> tuple[int, int]:
     """(in, out) features of one instance of the linear ``p`` on one tensor-parallel rank: a column-parallel
-    (and vocabulary-parallel) matrix splits its outputs, a row-parallel one its inputs; routed experts without
-    expert parallelism split like the dense MLP (vLLM ``FusedMoE``: ``w13`` column-, ``w2`` row-parallel)."""
-    if p.tp in ("column", "vocab") or (p.tp == "expert" and ep == 1 and p.module != "down_proj"):
+    (and vocabulary-parallel) matrix splits its outputs, a row-parallel one its inputs; routed experts split like
+    the dense MLP over ``expert_split`` ranks (vLLM ``FusedMoE``: ``w13`` column-, ``w2`` row-parallel)."""
+    if p.tp == "expert":
+        et = expert_split(tp, ep, expert_tp)
+        if p.module != "down_proj":
+            return p.in_features, ceil_div(p.out_features, et)
+        return ceil_div(p.in_features, et), p.out_features
+    if p.tp in ("column", "vocab"):
         return p.in_features, ceil_div(p.out_features, tp)
-    if p.tp == "row" or (p.tp == "expert" and ep == 1):
+    if p.tp == "row":
         return ceil_div(p.in_features, tp), p.out_features
     return p.in_features, p.out_features
 
@@ -279,7 +294,7 @@ class _Tally:
         for i in on:
             into[i] = into.get(i, 0) + share
 
-    def base(self, p: ParamGroup, each: int, n_inst: int, tp: int, ep: int = 1) -> None:
+    def base(self, p: ParamGroup, each: int, n_inst: int, tp: int, ep: int = 1, expert_tp: int | None = None) -> None:
         size = each * n_inst
         self.total += size
         if p.decays:
@@ -290,7 +305,7 @@ class _Tally:
             self.linear += size
             self.outs += (ceil_div(p.out_features, tp) if p.tp in ("column", "vocab") else p.out_features) * n_inst
             self.largest = max(self.largest, each)
-            self.shapes.append((p.role, *local_features(p, tp, ep), each, n_inst))
+            self.shapes.append((p.role, *local_features(p, tp, ep, expert_tp), each, n_inst))
         elif p.role == "bias" and p.tp == "expert":
             self.expert_bias += size
         if p.layer_span:
@@ -301,8 +316,9 @@ class _Tally:
 
 def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
                 lt: LoraTargets | None = None, frozen: tuple[str, ...] = (), virtual: int = 1,
-                layers: tuple[int, ...] | None = None) -> RankParams:
-    """``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``); ``frozen``: name prefixes
+                layers: tuple[int, ...] | None = None, expert_tp: int | None = None) -> RankParams:
+    """``expert_tp``: the ranks a routed expert's intermediate dimension is split over (``expert_split``; None:
+    tp without expert parallelism, 1 with it); ``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``); ``frozen``: name prefixes
     of parameters that full fine-tuning leaves frozen (``RankParams.frozen``); ``virtual``: model chunks per rank
     (``stage_layers``; the embedding is in chunk 0 on rank 0, the head in the last chunk, on rank pp - 1);
     ``layers``: the stage's layers where an engine splits them its own way (vLLM's ``get_pp_indices``), else
@@ -322,9 +338,9 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
         n_inst = count_on_rank(p, lset, ep)
         if n_inst == 0:
             continue
-        t.base(p, split_on_rank(p, tp, ep), n_inst, tp, ep)
+        t.base(p, split_on_rank(p, tp, ep, expert_tp), n_inst, tp, ep, expert_tp)
         if frozen and p.name.startswith(frozen):
-            size = split_on_rank(p, tp, ep) * n_inst
+            size = split_on_rank(p, tp, ep, expert_tp) * n_inst
             t.frozen += size
             t.frozen_decay += size if p.decays else 0
         if peft is None or not p.in_features:

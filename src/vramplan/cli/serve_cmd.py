@@ -99,9 +99,10 @@ def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[s
     if "model" not in doc:
         raise ScenarioError([Problem("model", "no model given", "pass a scenario file or --model")])
     par = doc.get("parallel", {})
-    if "num_gpus" not in doc.get("hardware", {}) and (par.get("tp") or par.get("pp")):
-        # one engine: tensor x pipeline parallel GPUs (each may be absent: 1)
-        doc.setdefault("hardware", {})["num_gpus"] = (par.get("tp") or 1) * (par.get("pp") or 1)
+    dp = (doc.get("serve") or {}).get("dp") or 1
+    if "num_gpus" not in doc.get("hardware", {}) and (par.get("tp") or par.get("pp") or dp > 1):
+        # one engine: tensor x pipeline parallel GPUs (each may be absent: 1), times the data-parallel replicas
+        doc.setdefault("hardware", {})["num_gpus"] = (par.get("tp") or 1) * (par.get("pp") or 1) * dp
     return doc
 
 
@@ -109,9 +110,11 @@ def _scenario(scenario: Path | None, task: str, flags: dict[str, Any]) -> dict[s
 
 
 SERVE_FLAGS = scenario_flags(["model", "hardware.gpu", "hardware.capacity_gib", "hardware.memory_in_use_gib", "parallel.tp",
-                              "parallel.pp", "serve", "offline"],
-                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count (x pp) when not given.",
-                                    "parallel.pp": "vLLM's pipeline_parallel_size; the report shows every stage."},
+                              "parallel.pp", "parallel.ep", "serve", "offline"],
+                             notes={"parallel.tp": "vLLM's tensor_parallel_size; the GPU count (x pp x dp) when not given.",
+                                    "parallel.pp": "vLLM's pipeline_parallel_size; the report shows every stage.",
+                                    "parallel.ep": ("vLLM --enable-expert-parallel: tp x serve.dp; SGLang --ep-size, "
+                                                    "dividing tp.")},
                              renamed={"serve.engine": "engine"})
 
 

@@ -267,6 +267,9 @@ def _refuse(where: str, message: str, hint: str) -> ScenarioError:
 def _check(r: Resolved) -> None:
     """Options llama.cpp does not have."""
     sv, par = r.scenario.serve, r.scenario.parallel
+    if par.ep > 1:
+        raise _refuse("parallel.ep", "llama.cpp has no expert parallelism: every expert of a layer sits on the GPU "
+                      "that holds the layer", "set parallel.ep 1")
     if par.tp > 1 or par.pp > 1 or r.scenario.hardware.num_gpus > 1:
         raise _refuse("parallel.tp", "llama.cpp's memory is modelled on one GPU (its --split-mode layer/row over "
                       "several GPUs is not modelled)", "use one GPU: parallel.tp 1, hardware.num_gpus 1")

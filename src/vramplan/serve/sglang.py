@@ -765,7 +765,7 @@ def _options(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object]) -> _Opti
     raw_archs = cfg.get("architectures")
     archs = [str(a) for a in raw_archs] if isinstance(raw_archs, list) else []
     dp_rule = dp_rule_for(v, archs) if sv.dp_attention > 1 else None
-    problems: list[Problem] = []
+    problems = _data_expert_problems(r, v)
     if dp_rule is not None:
         problems += dp_attention_problems(r.model, archs, tp, sv.dp_attention, dp_rule,
                                           spec.method if spec else None, v)
@@ -778,6 +778,55 @@ def _options(r: Resolved, beh: SglangBehaviour, cfg: dict[str, object]) -> _Opti
     draft = None if spec.method == "ngram" else _draft_sizing(r, spec.method, cfg, rule, dp_rule, sv.dp_attention, v)
     return _Options(rule, spec.method, spec.num_speculative_tokens, draft, sv.dp_attention, dp_rule, shape,
                     spec.eagle_topk != 1 or spec.num_draft_tokens is not None)
+
+
+# SGLang releases whose expert parallelism was read: 0.4.6 (--enable-ep-moe sets ep_size = tp_size, server_args.py
+# __post_init__; EPMoE holds num_experts // tp_size whole experts, layers/moe/ep_moe/layer.py) and 0.5.3
+# (--ep-size / --expert-parallel-size / --ep, any divisor of tp: distributed/parallel_state.py moe_tp_size =
+# tensor_model_parallel_size // moe_ep_size, each expert split over the moe_tp ranks, fused_moe_triton/layer.py)
+_EP_IS_TP_FROM, _EP_DIVIDES_TP_FROM = (0, 4, 6), (0, 5, 3)
+
+
+def _data_expert_problems(r: Resolved, v: tuple[int, ...]) -> list[Problem]:
+    """serve.dp and parallel.ep as SGLang has them (``_EP_IS_TP_FROM``, ``_EP_DIVIDES_TP_FROM``)."""
+    sv, par = r.scenario.serve, r.scenario.parallel
+    out: list[Problem] = []
+    if sv.dp > 1 and sv.dp_attention > 1:
+        out.append(Problem("serve.dp", "SGLang has one --dp-size: serve.dp_attention is --dp-size with "
+                           "--enable-dp-attention (ranks inside the tp group), serve.dp is --dp-size without it "
+                           "(replicas on their own GPUs)", "set one of serve.dp and serve.dp_attention, the other 1"))
+    if par.ep > 1:
+        given = sv.sglang_version
+        if v < _EP_IS_TP_FROM:
+            out.append(Problem("parallel.ep", f"SGLang {given}'s expert parallelism was not read (read: 0.4.6, "
+                               "--enable-ep-moe, and 0.5.3, --ep-size)", "set serve.sglang_version 0.4.6 or later"))
+        elif par.ep > par.tp or par.tp % par.ep:
+            out.append(Problem("parallel.ep", f"SGLang's expert-parallel group lies inside the tensor-parallel group "
+                               f"(moe_tp_size = tp // ep): ep {par.ep} must divide tp {par.tp}",
+                               f"set parallel.ep {par.tp} or a divisor of it"))
+        elif par.ep != par.tp and v < _EP_DIVIDES_TP_FROM:
+            out.append(Problem("parallel.ep", f"SGLang 0.4.6's --enable-ep-moe sets ep_size = tp_size; an ep below tp "
+                               f"was read at 0.5.3 only (SGLang {given} given)",
+                               f"set parallel.ep {par.tp}, or serve.sglang_version 0.5.3 or later"))
+    return out
+
+
+def _data_expert_notes(r: Resolved) -> list[str]:
+    """What serve.dp and parallel.ep change under SGLang, said in the report."""
+    sv, par, m = r.scenario.serve, r.scenario.parallel, r.model
+    out: list[str] = []
+    if sv.dp > 1:
+        out.append(f"--dp-size {sv.dp} without DP attention: {sv.dp} replicas, each a tp {par.tp} x pp {par.pp} "
+                   "group on its own GPUs (managers/data_parallel_controller.py: base_gpu_id += tp_size x pp_size); "
+                   "each sizes its own pool exactly as with serve.dp 1, and max_running_requests is not divided "
+                   f"(tp_worker.py: only with --enable-dp-attention): {sv.dp} x these tokens across the replicas")
+    if par.ep > 1 and m.moe is not None:
+        out.append(f"expert parallel --ep-size {par.ep}: {m.moe.num_experts // par.ep} whole experts per MoE layer on "
+                   f"each GPU, each split over tp / ep = {par.tp // par.ep} rank(s) in its intermediate dimension "
+                   "(moe_tp_size, distributed/parallel_state.py)"
+                   + ("; the MoE expert and tensor groups' own NCCL communicators are not counted"
+                      if par.ep < par.tp else ""))
+    return out
 
 
 def _over_group(p: ParamGroup, dp: int) -> ParamGroup:
@@ -1020,6 +1069,7 @@ def _assumptions(r: Resolved, d: SglangDecision, beh: SglangBehaviour, st: Setti
                    "swa_full_tokens_ratio, is not modelled; SGLang disables it for Gemma-2/3 and gpt-oss)")
     if d.tp > 1 and (m.moe is not None or m.mla is not None) and d.dp_attention == 1:
         out.append(_DP_ATTENTION_NOT_MODELLED)
+    out += _data_expert_notes(r)
     if d.cuda_graph_captured_bs < d.cuda_graph_max_bs and r.scenario.serve.cuda_graphs:
         out.append(f"decode CUDA graphs captured up to batch {d.cuda_graph_captured_bs}, the request table's rows "
                    f"(cuda_graph_max_bs {d.cuda_graph_max_bs}; cuda_graph_runner.py get_batch_sizes_to_capture)")

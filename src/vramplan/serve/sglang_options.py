@@ -479,8 +479,9 @@ def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quan
     last, ``eh_proj`` (nn.Linear 2h -> h, replicated), ``enorm``, ``hnorm`` and the shared head's norm, and its own
     ``embed_tokens`` and ``shared_head.head`` (vocab x h each, split over ``embed_split`` and ``head_split`` ranks
     -- the latter ``embed_split`` when None --, in the model dtype) until ``set_embed_and_head`` replaces them.
-    Under DP attention ``m`` is the model as placed there (its attention over the attention group)."""
-    rp = rank_params(m, tp, m.num_layers, ep, m.num_layers - 1, None)
+    Under DP attention ``m`` is the model as placed there (its attention over the attention group).  With --ep-size
+    ``ep`` each expert is split over tp / ep ranks (moe_tp_size, serve/vllm.py ``moe_split``)."""
+    rp = rank_params(m, tp, m.num_layers, ep, m.num_layers - 1, None, expert_tp=max(1, tp // ep))
     layer = weights_bytes(rp, dense_bytes, quant) - rp.outside_layers * dense_bytes
     h = m.hidden_size
     resident = nextn * (layer + (2 * h * h + 3 * h) * dense_bytes)

@@ -269,6 +269,25 @@ def _tied_head_elements(r: Resolved) -> int:
     return ceil_div(r.model.vocab_size, r.scenario.parallel.tp) * r.model.hidden_size
 
 
+def moe_split(r: Resolved) -> tuple[int, int]:
+    """(expert-parallel ranks, ranks each routed expert's intermediate dimension is split over) of the serving
+    engine's MoE layers, for one GPU of a tp x dp job.
+
+    vLLM (0.11.0 model_executor/layers/fused_moe/config.py ``FusedMoEParallelConfig.make``): the MoE layers see
+    ``dp_size x tp_size`` devices (``flatten_tp_across_dp``); without --enable-expert-parallel every expert is
+    split over all of them (``tp_size = dp_size x tp_size``, ep 1), with it each device holds whole experts
+    (``ep_size = tp_size`` flattened, MoE tp 1); ``parallel.ep`` is 1 or tp x serve.dp (refused otherwise,
+    ``decide``).  SGLang (0.5.3 distributed/parallel_state.py ``initialize_model_parallel``: ``moe_tp_size =
+    tensor_model_parallel_size // moe_ep_size``): --ep-size experts groups inside the tp group, each expert split
+    over tp / ep ranks; its --dp-size replicas (and DP attention's ranks) do not enter the MoE layers' split."""
+    par, sv = r.scenario.parallel, r.scenario.serve
+    if sv.engine == "sglang":
+        return par.ep, max(1, par.tp // par.ep)
+    if par.ep > 1:
+        return par.tp * sv.dp, 1
+    return 1, par.tp * sv.dp
+
+
 def serve_weights_bytes(r: Resolved, stage: int | None = None) -> tuple[int, int]:
     """(parameters on one rank in their stored format, rotary cache) as vLLM counts weights.  ``stage``: the
     pipeline rank with vLLM's layer split (``pp_stage_layers``); None: rank 0 of ``rank_params``' split."""
@@ -276,7 +295,8 @@ def serve_weights_bytes(r: Resolved, stage: int | None = None) -> tuple[int, int
     c = dtype_bits(s.serve.dtype) // 8
     pp = s.parallel.pp
     layers = None if stage is None else pp_stage_layers(m.num_layers, pp, stage)
-    rp = rank_params(m, s.parallel.tp, pp, s.parallel.ep, stage or 0, None, layers=layers)
+    ep, expert_tp = moe_split(r)
+    rp = rank_params(m, s.parallel.tp, pp, ep, stage or 0, None, layers=layers, expert_tp=expert_tp)
     params = weights_bytes(rp, c, s.serve.quantization)
     if stage is not None and pp > 1 and stage == pp - 1 and m.tie_word_embeddings:
         params += _tied_head_elements(r) * c
@@ -315,13 +335,14 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     = 14,431,744 B against the row's 2 x 2880 x 1530 + 2880 x 1530 + 4 x 8640 = 13,253,760 B: 1,177,984 B more
     x 768 experts = 904,691,712 B.
     """
-    m, par = r.model, r.scenario.parallel
+    m = r.model
     if m.moe is None:
         return 0
     mx = quant_format("mxfp4")
     counted = sum(mx.matrix_bytes(i, o) * n for role, i, o, _, n in rp.linear_shapes if role == "expert")
     counted += rp.expert_bias * DTYPE_BITS[mx.expert_bias_dtype or "fp32"] // 8
-    local = ceil_div(m.moe.expert_intermediate_size, par.tp) if par.ep == 1 else m.moe.expert_intermediate_size
+    ep, expert_tp = moe_split(r)
+    local = ceil_div(m.moe.expert_intermediate_size, expert_tp)
     major, _, minor = (r.gpu.compute_capability or "9.0").partition(".")
     # Marlin on a plain install before 0.12.0, which lacks triton_kernels (spec/load.py vllm_mxfp4_triton)
     triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0) and vllm_mxfp4_triton(r.scenario)
@@ -331,7 +352,7 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
         each = _mxfp4_expert_bytes(round_up(m.hidden_size, _MARLIN_HIDDEN_PAD), round_up(local, _MARLIN_PAD),
                                    dtype_bits(r.scenario.serve.dtype) // 8)
     moe_layers = sum(1 for i in rp.layers if m.layers[i].moe)
-    return ceil_div(m.moe.num_experts, par.ep) * moe_layers * each - counted
+    return ceil_div(m.moe.num_experts, ep) * moe_layers * each - counted
 
 
 # triton_kernels' Hopper layouts as vLLM vendors them from 0.12.0 (vllm/third_party/triton_kernels, triton v3.5.0's;
@@ -369,7 +390,8 @@ def hopper_swizzle_bytes(r: Resolved, layers: tuple[int, ...] | None = None) -> 
     except ValueError:  # refused by ``behaviour`` with the accepted range
         return 0
     par = s.parallel
-    local = ceil_div(m.moe.expert_intermediate_size, par.tp) if par.ep == 1 else m.moe.expert_intermediate_size
+    ep, expert_tp = moe_split(r)
+    local = ceil_div(m.moe.expert_intermediate_size, expert_tp)
     inter, h = round_up(local, _TRITON_PAD), m.hidden_size
     block = quant_format("mxfp4").scales.size
     extra = 0
@@ -379,29 +401,56 @@ def hopper_swizzle_bytes(r: Resolved, layers: tuple[int, ...] | None = None) -> 
         extra += round_up(n, _HOPPER_SCALE_ROWS) * round_up(scale_cols, _HOPPER_SCALE_COLS)
     held = layers if layers is not None else rank_params(m, par.tp, par.pp, par.ep, 0, None).layers
     moe_layers = sum(1 for i in held if m.layers[i].moe)
-    return ceil_div(m.moe.num_experts, par.ep) * moe_layers * extra
+    return ceil_div(m.moe.num_experts, ep) * moe_layers * extra
 
 
-def _mlp_width_per_token(m: ModelSpec, tp: int) -> int:
+# vLLM 0.11.0 envs.py: VLLM_FUSED_MOE_CHUNK_SIZE defaults to 32768; fused_moe.py fused_experts_impl sizes its
+# intermediate caches for M = min(num_tokens, CHUNK_SIZE) tokens and loops over the chunks
+FUSED_MOE_CHUNK_TOKENS = 32768
+
+
+def _mlp_width_per_token(m: ModelSpec, tp: int, moe_tp: int | None = None) -> int:
     """Elements alive per token inside the MLP at its peak, on one rank.
 
     Dense gated MLP (vLLM ``MergedColumnParallelLinear`` + ``SiluAndMul``): the gate_up
     output (2I) and the activated product (I) coexist: 3I.  Fused MoE
     (``fused_moe`` intermediate caches): per routed copy of a token, the w13 output
     (2I_e, sharing its buffer with the w2 output h) and the activation (I_e), plus the
-    router logits (one per expert).
+    router logits (one per expert); I_e is the expert's slice over ``moe_tp`` ranks (``moe_split``: tp x dp
+    without expert parallelism, 1 with it; None: tp).
     """
     if m.moe is not None:
-        ie = ceil_div(m.moe.expert_intermediate_size, tp)
-        routed = m.moe.top_k * (max(2 * ie, m.hidden_size) + ie) + m.moe.num_experts
-        shared = 3 * ceil_div(m.moe.shared_intermediate_size, tp)
-        return max(routed, shared)
+        return max(_routed_width(m, tp if moe_tp is None else moe_tp), 3 * ceil_div(m.moe.shared_intermediate_size, tp))
     inter = max(ls.intermediate_size for ls in m.layers)
     i = ceil_div(inter, tp)
     return 3 * i if m.mlp_gated else 2 * i
 
 
-def forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, compiled: bool) -> int:
+def _routed_width(m: ModelSpec, moe_tp: int) -> int:
+    """Elements of the fused-MoE caches per token (``_mlp_width_per_token``)."""
+    assert m.moe is not None
+    ie = ceil_div(m.moe.expert_intermediate_size, moe_tp)
+    return m.moe.top_k * (max(2 * ie, m.hidden_size) + ie) + m.moe.num_experts
+
+
+def _moe_gathered_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, moe_tp: int, dp: int) -> int:
+    """The MoE layer's peak over its own MLP width when ``dp`` > 1 data-parallel engines share the MoE layers
+    (vLLM 0.11.0 fused_moe/layer.py ``forward_impl``: ``do_naive_dispatch_combine`` when ``dp_size > 1``, and
+    ``get_ep_group().dispatch`` all-gathers every DP rank's hidden states and router logits, all2all.py
+    ``AgRsAll2AllManager.dispatch``, the default VLLM_ALL2ALL_BACKEND allgather_reducescatter, or the naive
+    manager's multicast): the profile runs every rank at ``tokens``, so the experts see dp x tokens rows: the
+    gathered hidden states (h each) and the fused caches of min(dp x tokens, ``FUSED_MOE_CHUNK_TOKENS``) rows.
+    The shared experts run on the rank's own tokens.  Elements per local token are not enough here: the
+    chunk cap bounds the gathered rows, so this returns bytes."""
+    assert m.moe is not None
+    gathered = dp * tokens
+    routed = (_routed_width(m, moe_tp) * min(gathered, FUSED_MOE_CHUNK_TOKENS) + gathered * m.hidden_size)
+    shared = 3 * ceil_div(m.moe.shared_intermediate_size, tp) * tokens
+    return max(routed, shared) * dtype_bytes
+
+
+def forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, compiled: bool,
+                       moe_tp: int | None = None, dp: int = 1) -> int:
     """Peak of the profile run's forward pass over ``tokens`` tokens (attention skipped).
 
     Per token: the MLP's intermediates (``_mlp_width_per_token``) plus hidden-size tensors.
@@ -412,7 +461,13 @@ def forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, com
     (4 * 4096 + 3 * 11008) * 8192 * 2 B = 0.754 GiB; vLLM 0.19.0 printed 0.77 GiB.
     """
     hidden = (4 if compiled else 2) * m.hidden_size
-    width = _mlp_width_per_token(m, tp)
+    if m.moe is not None and dp > 1:
+        # data-parallel engines: the MoE layers see every DP rank's tokens (``_moe_gathered_bytes``)
+        mlp = _moe_gathered_bytes(m, tokens, dtype_bytes, tp, tp * dp if moe_tp is None else moe_tp, dp)
+        if m.mamba is not None:
+            mlp = max(mlp, mixer_profile_width(m.mamba) * tokens * dtype_bytes)
+        return hidden * tokens * dtype_bytes + mlp
+    width = _mlp_width_per_token(m, tp, moe_tp)
     if m.mamba is not None:
         # a hybrid model's mixer layers peak on their own tensors (serve/mamba_pages.py mixer_profile_width)
         width = max(width, mixer_profile_width(m.mamba))
@@ -654,6 +709,8 @@ class VllmDecision:
     stages: tuple[VllmStage, ...] = ()  # pp > 1: every pipeline rank
     binding_stage: int = 0  # pp > 1: the rank with the fewest blocks of its own
     mm_profile: MmProfile | None = None  # a multimodal model: the encoder's part of the profile run (serve/vllm_mm.py)
+    dp: int = 1  # --data-parallel-size: engine cores, each with its own tp x pp GPUs and KV pool
+    ep: int = 1  # the MoE layers' expert-parallel ranks (moe_split): 1, or tp x dp with --enable-expert-parallel
 
     @property
     def may_not_start(self) -> bool:
@@ -710,6 +767,9 @@ class VllmDecision:
             "assumptions": list(self.assumptions), **self._option_keys(), **self._graph_keys(),
             **({"pp": self.pp, "binding_stage": self.binding_stage, "stages": [st.to_dict() for st in self.stages]}
                if self.stages else {}),
+            **({"dp": self.dp, "max_concurrency_all_dp_ranks": round(self.max_concurrency * self.dp, 4)}
+               if self.dp > 1 else {}),
+            **({"ep": self.ep} if self.ep > 1 else {}),
         }
 
     def _graph_keys(self) -> dict[str, object]:
@@ -1174,7 +1234,11 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     row = beh.rules
     # one NCCL communicator per group of more than one rank: the tensor-parallel group and the pipeline group
     # (vllm/distributed/parallel_state.py initialize_model_parallel, a PyNcclCommunicator each)
-    context, nccl = cuda_context_bytes(gpu), nccl_bytes((tp > 1) + (pp > 1))
+    # data parallelism adds the expert-parallel group's communicator (dp x tp ranks) that the MoE layers' dispatch
+    # and combine run on (vLLM 0.11.0 distributed/parallel_state.py initialize_model_parallel ``_EP``); a dense
+    # model's DP ranks only exchange token counts (on the CPU group, forward_context.py DPMetadata)
+    context = cuda_context_bytes(gpu)
+    nccl = nccl_bytes((tp > 1) + (pp > 1) + (sv.dp > 1 and m.moe is not None))
     comm, comm_high_extra, comm_outside = _tp_comm(r, beh, nccl)
     # an explicit KV budget skips the profiling, and with it the graphs' estimate: they are captured outside it
     # (vllm/v1/worker/gpu_worker.py Worker.determine_available_memory returns kv_cache_memory_bytes first, 0.20-0.33)
@@ -1185,7 +1249,9 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     total, others = gpu.device_total_bytes, gpu.in_use_by_others_bytes
     layers = len(pp_stage_layers(m.num_layers, pp, stage))
     graphs = _cudagraphs(r, beh, batched, seqs, opt, layers) if captures else None
-    forward = forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled)
+    _, moe_tp = moe_split(r)
+    forward = forward_peak_bytes(m, batched, c, tp, compiled=sv.cuda_graphs and row.profile_compiled,
+                                 moe_tp=moe_tp, dp=sv.dp)
     return _Budget(
         total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
         params=params, rotary=rotary, forward=forward + (_intermediate_bytes(m, batched, c) if stage > 0 else 0),
@@ -1257,9 +1323,10 @@ def _cudagraphs(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int, opt: _
     query_len = 1 + (spec.num_speculative_tokens if spec is not None else 0)
     sv = r.scenario.serve
     explicit = tuple(sv.cudagraph_capture_sizes) if sv.cudagraph_capture_sizes is not None else None
+    _, moe_tp = moe_split(r)
     return cudagraph_estimate(parse_release(beh.version), seqs, batched, layers,
-                              lambda tokens: forward_peak_bytes(m, tokens, c, tp, compiled), blackwell, query_len,
-                              opt.draft_layers, explicit, sv.max_cudagraph_capture_size,
+                              lambda tokens: forward_peak_bytes(m, tokens, c, tp, compiled, moe_tp, sv.dp), blackwell,
+                              query_len, opt.draft_layers, explicit, sv.max_cudagraph_capture_size,
                               None if sv.cudagraph_mode == "auto" else sv.cudagraph_mode)
 
 
@@ -1615,19 +1682,77 @@ def multimodal_architecture(r: Resolved) -> str:
     return next((a for a in archs if a.endswith("ForConditionalGeneration")), "")
 
 
+def _check_data_expert_parallel(r: Resolved, beh: VllmBehaviour) -> None:
+    """vLLM's expert parallel size is not an option of its own: --enable-expert-parallel makes the experts' group
+    the whole tp x dp group (0.11.0 model_executor/layers/fused_moe/config.py ``FusedMoEParallelConfig.make``:
+    ``ep_size = tp_size`` after ``flatten_tp_across_dp`` set ``tp_size = dp_size * tp_size``), so parallel.ep
+    is 1 or tp x serve.dp; hardware.num_gpus, where given, must hold the dp x tp x pp GPUs."""
+    par, sv = r.scenario.parallel, r.scenario.serve
+    group = par.tp * sv.dp
+    if sv.dp > 1 and beh.rules.engine != "v1":
+        first = next(x.name for x in VLLM_RELEASES if x.engine == "v1")
+        raise _refuse("serve.dp", f"vLLM {beh.version} runs the V0 engine; data-parallel serving "
+                      "(--data-parallel-size, one engine core per DP rank) is modelled for the V1 engine, read at 0.11.0",
+                      f"use a V1 release (from {first}), or serve.dp 1 with separate vllm serve replicas")
+    if par.ep not in (1, group):
+        raise _refuse("parallel.ep", f"vLLM's expert parallel size is tensor x data parallel (--enable-expert-parallel"
+                      f" spreads the experts over every GPU of the tp x dp group): parallel.tp {par.tp} x serve.dp "
+                      f"{sv.dp} = {group}, not {par.ep}",
+                      f"set parallel.ep {group} (--enable-expert-parallel) or 1 (experts split over the {group} "
+                      "GPU(s) in their intermediate dimension)")
+    world = group * par.pp
+    if sv.dp > 1 and 1 < r.scenario.hardware.num_gpus < world:
+        raise _refuse("hardware.num_gpus", f"serve.dp {sv.dp} x parallel.tp {par.tp} x parallel.pp {par.pp} needs "
+                      f"{world} GPUs, hardware.num_gpus is {r.scenario.hardware.num_gpus}",
+                      f"set hardware.num_gpus {world}, or lower serve.dp")
+
+
+def _data_expert_notes(r: Resolved, concurrency: float) -> list[str]:
+    """What data and expert parallelism change, said in the report (``moe_split``)."""
+    par, sv, m = r.scenario.parallel, r.scenario.serve, r.model
+    out: list[str] = []
+    ep, expert_tp = moe_split(r)
+    if (sv.dp > 1 or ep > 1) and m.moe is not None and r.scenario.serve.vllm_version.split(".")[:2] != ["0", "11"]:
+        out.append("the MoE layers' data/expert-parallel split (FusedMoEParallelConfig.make, determine_expert_map, the "
+                   "DP dispatch) was read at vLLM 0.11.0 and is assumed for this release")
+    if sv.dp > 1:
+        out.append(f"data parallel (--data-parallel-size {sv.dp}): {sv.dp} engine cores, each on its own "
+                   f"{par.tp * par.pp} GPU(s) profiling and sizing its own KV pool; the figures are one GPU's, and "
+                   f"the {sv.dp} ranks together hold {sv.dp} x these blocks: maximum concurrency "
+                   f"{concurrency:.2f}x per rank, {concurrency * sv.dp:.2f}x across the DP ranks")
+        if m.moe is None:
+            out.append("dense model: the DP ranks share no layer, each is a full copy at tensor parallel "
+                       f"{par.tp} (attention and MLP as with serve.dp 1)")
+        else:
+            out.append(f"MoE layers across the DP ranks: the profile run's experts see dp x tokens rows (every "
+                       f"rank's hidden states all-gathered, fused_moe/layer.py forward_impl dispatch; fused caches "
+                       f"of at most {FUSED_MOE_CHUNK_TOKENS} rows, VLLM_FUSED_MOE_CHUNK_SIZE's default at 0.11.0); "
+                       "one more NCCL communicator (the expert-parallel group); attention, embedding and head stay "
+                       f"at tensor parallel {par.tp} within each rank")
+    if m.moe is not None and (ep > 1 or expert_tp != par.tp):
+        if ep > 1:
+            per, extra = divmod(m.moe.num_experts, ep)
+            held = f"{per + 1} on ranks 0-{extra - 1}, {per} on the others" if extra else f"{per} on every rank"
+            out.append(f"expert parallel (--enable-expert-parallel): {m.moe.num_experts} whole experts per MoE layer "
+                       f"over {ep} ranks (fused_moe/layer.py determine_expert_map, linear placement: {held}); "
+                       f"this GPU is counted with {-(-m.moe.num_experts // ep)}, the largest rank's"
+                       + ("; a GPU with fewer experts has that much more free memory: within one engine core the "
+                          "pool takes the fewest blocks of its ranks (v1/core/kv_cache_utils.py "
+                          "get_kv_cache_configs), while another DP rank's pool may be larger than this one"
+                          if extra else ""))
+        else:
+            out.append(f"MoE experts split in their intermediate dimension over tp x dp = {expert_tp} GPUs "
+                       "(FusedMoEParallelConfig.make without --enable-expert-parallel)")
+    return out
+
+
 def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
            subtract_cudagraphs: bool = False) -> VllmDecision:
     """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring)."""
     beh = behaviour(version)
     sv = r.scenario.serve
     par = r.scenario.parallel
-    if par.ep not in (1, par.tp):
-        # vLLM has no expert-parallel size of its own: --enable-expert-parallel makes the experts' group the whole
-        # TP x DP group (model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make: ep_size =
-        # dp_size * tp_size), and data parallelism is not a serve key here, so ep is 1 or tp
-        raise _refuse("parallel.ep", f"vLLM's expert parallel size is tensor x data parallel; with parallel.tp "
-                      f"{par.tp} (no data parallelism modelled) it is {par.tp}, not {par.ep}",
-                      f"set parallel.ep {par.tp} (--enable-expert-parallel) or 1")
+    _check_data_expert_parallel(r, beh)
     hybrid = _hybrid_rule(r, version)
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
@@ -1677,7 +1802,8 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         max_model_len_that_fits=min(skv.fits_len for _, skv in ranks),
         starts=not problem, problem=problem, fix=fix,
         assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
-                     + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)),
+                     + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)
+                     + _data_expert_notes(r, kv.concurrency)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
@@ -1688,7 +1814,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         cudagraph_pool_bytes=g.pool_bytes if g else 0, cudagraph_capture_sizes=g.sizes if g else (),
         cudagraph_graphs=g.graphs if g else 0, start_risk=risk, start_risk_fix=risk_fix,
         tp_comm_bytes=b.comm, tp_comm_bytes_high=b.comm + b.comm_high_extra, tp_comm_outside_budget=b.comm_outside,
-        pp=par.pp, stages=stages, binding_stage=binding,
+        pp=par.pp, stages=stages, binding_stage=binding, dp=sv.dp, ep=moe_split(r)[0],
         mm_profile=b.mm, host_swap_bytes=_host_swap_bytes(r, beh.rules, kv.page * kv.size),
         host_lora_cache_bytes=opt.host_lora,
     )

@@ -949,8 +949,9 @@ def _unused_serve(s: Scenario) -> list[str]:
 
 def _replicas(s: Scenario) -> list[str]:
     """Generate and serving with more GPUs than one model's tp x pp: each group runs its own copy."""
-    group = s.parallel.tp * s.parallel.pp
+    group = s.parallel.tp * s.parallel.pp * (s.serve.dp if s.task == "serve" else 1)
     if s.task == "train" or s.hardware.num_gpus <= group:
         return []
-    return [(f"hardware.num_gpus {s.hardware.num_gpus} with tp x pp = {group}: each group of {group} GPU(s) runs its "
+    named = "tp x pp x serve.dp" if s.task == "serve" and s.serve.dp > 1 else "tp x pp"
+    return [(f"hardware.num_gpus {s.hardware.num_gpus} with {named} = {group}: each group of {group} GPU(s) runs its "
              "own copy of the model (data parallel); the figures are per GPU")]

@@ -508,8 +508,14 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if par.cp > 1 and s.task == "train" and s.train.seq_len % par.cp:
         out.append(Problem("train.seq_len", f"seq_len={s.train.seq_len} is not divisible by cp={par.cp}",
                            f"use a seq_len multiple of {par.cp}"))
-    if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep:
-        out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts", ""))
+    # vLLM's expert map gives the first num_experts % ep ranks one more expert (fused_moe/layer.py
+    # determine_expert_map, 0.11.0), modelled by the largest rank (serve/vllm.py moe_split); SGLang asserts
+    # num_experts % moe_ep_size == 0 (0.5.3 fused_moe_triton/layer.py FusedMoE.__init__), training splits evenly
+    uneven_ok = s.task == "serve" and s.effective_framework == "vllm" and s.serve.engine == "vllm"
+    if m.moe is not None and par.ep > 1 and m.moe.num_experts % par.ep and not uneven_ok:
+        fits = [d for d in range(2, par.ep + 1) if m.moe.num_experts % d == 0]
+        out.append(Problem("parallel.ep", f"ep={par.ep} does not divide {m.moe.num_experts} experts",
+                           f"choose an ep dividing {m.moe.num_experts}" + (f", e.g. {fits[-1]}" if fits else "")))
     out.extend(_capacity_problems(s, m))
     return out
 

@@ -516,6 +516,11 @@ def engine_option_problems(sv: Serve) -> list[tuple[str, str, str]]:
                 out.append((f"serve.{key}", f"is an option of {other}, not of engine llamacpp",
                             ("remove it; llama.cpp allocates what the model, n_ctx (serve.max_model_len) and "
                             "serve.gguf need, with no budget of its own")))
+        if sv.dp > 1:
+            # vLLM's --data-parallel-size and SGLang's --dp-size; llama-server has no data-parallel option
+            out.append(("serve.dp", ("is an option of vLLM and SGLang (data-parallel engine replicas), not of "
+                                     "engine llamacpp"),
+                        "remove it (serve.dp 1); several llama-server processes are each one GPU's estimate"))
         if sv.speculative is not None:
             # an option of vLLM and SGLang both; llama-server's draft model (-md) is not modelled
             out.append(("serve.speculative", "is an option of vLLM and SGLang, not of engine llamacpp",
@@ -687,6 +692,11 @@ class Serve(_Strict):
     limit_mm_per_prompt: int | None = Field(None, ge=0, le=1_000_000)
     """Items of each modality (image, video) per prompt (vLLM's --limit-mm-per-prompt, one count for both); it
     sizes the encoder's dummy items of vLLM's profile run (serve/vllm_mm.py); 0 serves text only; null: vLLM's 1."""
+
+    dp: int = Field(1, ge=1, le=1024)
+    """Data-parallel engine replicas (vLLM --data-parallel-size, SGLang --dp-size without DP attention), each on its
+    own tp x pp GPUs with its own KV pool; the figures stay one GPU's.  vLLM's MoE layers span the dp x tp GPUs:
+    experts split over them, or whole experts with parallel.ep = tp x dp (--enable-expert-parallel); 1: off."""
 
     dp_attention: int = Field(1, ge=1, le=1024)
     """SGLang's DP attention (engine sglang): --enable-dp-attention with --dp-size N; 1: off.  Modelled for
