@@ -49,7 +49,8 @@ def _by_id(entry_id: str) -> Entry:
 # batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries;
 # batch 3 (collected 2026-11-26, after its own comment line): 20 entries; batch 4 (likewise): 36 entries;
 # batch 5 (likewise): 55 entries; batch 6 (likewise): 54 entries; batch 7 (likewise): 41 entries;
-# batch 8 (likewise): 36 entries; batch 9 (likewise): 30 entries
+# batch 8 (likewise): 36 entries; batch 9 (likewise): 30 entries; batch 10 (likewise): 18 entries;
+# batch 11 (likewise): 32 entries
 BATCH1_ENTRIES = 36
 BATCH2_ENTRIES = 26
 BATCH3_ENTRIES = 20
@@ -60,6 +61,7 @@ BATCH7_ENTRIES = 41
 BATCH8_ENTRIES = 36
 BATCH9_ENTRIES = 30
 BATCH10_ENTRIES = 18
+BATCH11_ENTRIES = 32
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -69,8 +71,9 @@ BATCH7_MARK = "# ---- batch 7, collected 2026-11-26, scored once before engine c
 BATCH8_MARK = "# ---- batch 8, collected 2026-11-26, scored once before engine changes"
 BATCH9_MARK = "# ---- batch 9, collected 2026-11-26, scored once before engine changes"
 BATCH10_MARK = "# ---- batch 10, collected 2026-11-27, scored once before engine changes"
+BATCH11_MARK = "# ---- batch 11, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
-               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES)
+               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -244,6 +247,19 @@ def test_batch10_figures_converted_to_bytes() -> None:
     assert oom.measured.bytes == 85_017_755_648 and oom.outcome == "oom"
 
 
+def test_batch11_figures_converted_to_bytes() -> None:
+    # the per-rank reserved peaks are printed in MiB: 34,278 x 2^20 = 35,943,088,128
+    assert _by_id("gpjt-llama3-8b-full-z3-fp16-b1-s512-8gpu-reserved").measured.bytes == 35_943_088_128
+    # vLLM 0.19.0's pool in tokens: Qwen3-32B, 64 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 262,144 B per token;
+    # 39,200 tokens x 262,144 = 10,276,044,800 (9.57 GiB, as printed)
+    assert _by_id("cssnoeasy-vllm0190-qwen3-32b-bf16-a100pcie-len8192-u090-eager-kv").measured.bytes == 10_276_044_800
+    # llama.cpp prints MiB: 1024.00 x 2^20 = 1,073,741,824
+    assert _by_id("llamacpprs-llama2-7b-q4km-ctx2048-3090-kv-buffer").measured.bytes == 1_073_741_824
+    # an OOM entry carries the GPU's capacity: RTX 4090, 25,386,352,640 B (the catalog's total_memory)
+    oom = _by_id("sglang9506-qwen3-30b-a3b-gptq-int4-4090-mf060-oom")
+    assert oom.measured.bytes == 25_386_352_640 and oom.outcome == "oom"
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -252,19 +268,22 @@ BATCHES = [
     (BATCH4_MARK, BATCH5_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES, BATCH4_ENTRIES, 10, True),
     (BATCH5_MARK, BATCH6_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES, BATCH5_ENTRIES, 10,
      True),
-    (BATCH6_MARK, BATCH7_MARK, ALL_ENTRIES - BATCH6_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES
-     - BATCH10_ENTRIES, BATCH6_ENTRIES, 10, True),
-    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES,
-     BATCH7_ENTRIES, 10, True),
-    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES, BATCH8_ENTRIES, 10, True),
-    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES, BATCH9_ENTRIES, 10, True),
-    (BATCH10_MARK, None, ALL_ENTRIES - BATCH10_ENTRIES, BATCH10_ENTRIES, 7, True),
+    (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
+     BATCH6_ENTRIES, 10, True),
+    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
+     - BATCH11_ENTRIES, BATCH7_ENTRIES, 10, True),
+    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES,
+     BATCH8_ENTRIES, 10, True),
+    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES, BATCH9_ENTRIES, 10,
+     True),
+    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES, BATCH10_ENTRIES, 7, True),
+    (BATCH11_MARK, None, ALL_ENTRIES - BATCH11_ENTRIES, BATCH11_ENTRIES, 13, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
                          ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10"])
+                              "batch10", "batch11"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
