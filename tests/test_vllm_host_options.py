@@ -61,3 +61,27 @@ def test_bad_max_cpu_loras_is_refused(serve: dict[str, Any], says: str) -> None:
         _decide("0.19", **serve)
     p = e.value.problems[0]
     assert p.where == "serve.max_cpu_loras" and says in p.message
+
+
+def test_sleep_mode_keeps_what_the_allocator_does_not_tag_by_hand() -> None:
+    # level 1: CuMemAllocator unmaps the "weights" (copied to the host) and "kv_cache" allocations; everything else
+    # nvidia-smi shows stays: device_used - weights - kv_cache
+    d = _decide("0.19", sleep_level=1)
+    plain = _decide("0.19")
+    assert d.kv_cache_bytes == plain.kv_cache_bytes  # start-up is unchanged
+    assert d.asleep_device_bytes == plain.device_used_bytes - plain.weights_bytes - plain.kv_cache_bytes
+    assert d.asleep_host_bytes == plain.weights_bytes
+    # level 2: both discarded; the model's buffers (its rotary cos/sin cache, the report's rotary_cache_bytes:
+    # 33,554,432 B for Llama-3.1-8B under 0.19) are copied to the host
+    d2 = _decide("0.19", sleep_level=2)
+    assert d2.asleep_device_bytes == d.asleep_device_bytes
+    assert d2.asleep_host_bytes == plain.rotary_cache_bytes == 33_554_432
+    keys = d2.to_dict()
+    assert keys["sleep_level"] == 2 and keys["asleep_host_bytes"] == plain.rotary_cache_bytes
+    assert "asleep_device_bytes" not in plain.to_dict()
+
+
+def test_sleep_mode_before_the_read_releases_is_refused() -> None:
+    with pytest.raises(ScenarioError) as e:
+        _decide("0.8.5", sleep_level=1)
+    assert e.value.problems[0].where == "serve.sleep_level" and "0.9.0" in e.value.problems[0].message

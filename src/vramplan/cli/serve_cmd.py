@@ -263,6 +263,15 @@ def _render_serve(d: Any) -> None:
         0 if d.cudagraph_subtracted else d.cudagraph_bytes)), "CUDA context, NCCL, CUDA graphs"
               + (f" ({graphs_how})" if graphs_how and not d.cudagraph_subtracted else ""))
     t.add_row("[bold]device used[/]", f"[bold]{_gib(d.device_used_bytes)}[/]", "as nvidia-smi shows")
+    host = [(n, b) for n, b in (("weights (cpu_offload_gb)", d.cpu_offload_bytes), ("swap space", d.host_swap_bytes),
+                                ("LoRA adapters (max_cpu_loras, at most)", d.host_lora_cache_bytes)) if b]
+    for name, b in host:
+        t.add_row(f"on the host: {name}", _gib(b), "host RAM per GPU")
+    if d.sleep_level:
+        t.add_row(f"asleep (level {d.sleep_level}): on the GPU", _gib(d.asleep_device_bytes),
+                  "device used - weights - KV cache")
+        t.add_row(f"asleep (level {d.sleep_level}): on the host", _gib(d.asleep_host_bytes),
+                  "the weights" if d.sleep_level == 1 else "the model's buffers")
     _console().print(t)
     _console().print(f"KV: {d.kv_spec.describe()}; page {d.page_bytes:,} B x {d.layers_per_group} layers"
                f"{f' x {len(d.groups)} groups' if len(d.groups) > 1 else ''}")

@@ -688,6 +688,7 @@ class VllmDecision:
     kv_cache_memory_bytes: int | None = None  # the explicit KV budget given, if any
     host_swap_bytes: int = 0  # V0's pinned CPU KV cache (--swap-space), host RAM per GPU
     host_lora_cache_bytes: int = 0  # the host LRU of max_cpu_loras adapters at max_lora_rank: an upper bound
+    sleep_level: int = 0  # serve.sleep_level: the figures while the engine sleeps (asleep_*_bytes)
     lora_outside_budget: bool = False  # the release leaves the LoRA slots outside gpu_memory_utilization
     in_use_by_others_bytes: int = 0  # hardware.memory_in_use_gib: other processes' share of total_memory_bytes
     rejection_sampler_peak_bytes: int = 0  # speculative decoding: the rejection sampler's dummy run
@@ -724,6 +725,20 @@ class VllmDecision:
                 + self.activation_peak_bytes
                 + self.non_torch_bytes + self.kv_cache_bytes + self.cudagraph_bytes
                 + (self.lora_bytes if self.lora_outside_budget else 0) + self.speculative_buffers_bytes)
+
+    @property
+    def asleep_device_bytes(self) -> int:
+        """What stays on the GPU while the engine sleeps (``serve.sleep_level`` 1 or 2): everything but the
+        allocations vLLM's ``CuMemAllocator`` tags "weights" and "kv_cache", which ``sleep`` unmaps (level 1 after
+        copying the weights to the host): the CUDA context, NCCL, non-torch memory, the CUDA graphs and the torch
+        allocator's cached activations stay (vllm/v1/worker/gpu_worker.py ``Worker.sleep``, 0.9.0 and 0.33.0)."""
+        return self.device_used_bytes - self.weights_bytes - self.kv_cache_bytes if self.sleep_level else 0
+
+    @property
+    def asleep_host_bytes(self) -> int:
+        """Host RAM the sleeping engine holds: level 1 the weights (``offload_tags=("weights",)``), level 2 the
+        model's buffers (``buffer.cpu().clone()`` before discarding them: the rotary cache)."""
+        return {1: self.weights_bytes, 2: self.rotary_cache_bytes}.get(self.sleep_level, 0)
 
     def log_lines(self) -> list[str]:
         """The start-up lines vLLM would print, for comparison with a real log."""
@@ -813,6 +828,9 @@ class VllmDecision:
             keys["host_swap_bytes"] = self.host_swap_bytes
         if self.host_lora_cache_bytes:
             keys["host_lora_cache_bytes"] = self.host_lora_cache_bytes
+        if self.sleep_level:
+            keys.update({"sleep_level": self.sleep_level, "asleep_device_bytes": self.asleep_device_bytes,
+                         "asleep_host_bytes": self.asleep_host_bytes})
         if self.mm_profile is not None:
             mm = self.mm_profile
             keys.update({"encoder_budget_tokens": mm.budget_tokens, "encoder_profile_items": mm.items,
@@ -1075,6 +1093,24 @@ def _host_swap_bytes(r: Resolved, row: VllmRelease, block_bytes: int) -> int:
     return int(gib * GiB) // block_bytes * block_bytes
 
 
+SLEEP_MODE_FROM = (0, 9, 0)  # the first release whose Worker.sleep was read (V1); 0.33.0 read too
+
+
+def _sleep_notes(r: Resolved, row: VllmRelease, version: str) -> list[str]:
+    """``serve.sleep_level`` against the release: V1 from 0.9.0 (``Worker.sleep`` read in 0.9.0 and 0.33.0)."""
+    level = r.scenario.serve.sleep_level
+    if not level:
+        return []
+    if row.engine != "v1" or parse_release(version) < SLEEP_MODE_FROM:
+        raise _refuse("serve.sleep_level", f"vLLM {version}'s sleep mode was not read (V1 Worker.sleep read from "
+                      f"{'.'.join(map(str, SLEEP_MODE_FROM))})", "use serve.vllm_version >= 0.9, or serve.sleep_level 0")
+    what = ("weights copied to host RAM, KV cache discarded" if level == 1 else
+            "weights and KV cache discarded, the model's buffers copied to host RAM")
+    return [(f"serve.sleep_level {level}: start-up memory as without sleep mode; while asleep ({what}) the CUDA context, "
+            "NCCL, non-torch memory, CUDA graphs and the torch allocator's cached blocks stay on the GPU "
+            "(asleep_device_bytes, asleep_host_bytes; CuMemAllocator.sleep)")]
+
+
 def _host_lora_bytes(r: Resolved, row: VllmRelease, version: str, notes: list[str]) -> int:
     """``serve.max_cpu_loras``: vLLM's host LRU of adapters (``LoRAConfig.max_cpu_loras``, default max_loras;
     ``vllm/lora/worker_manager.py`` ``LRUCacheWorkerLoRAManager``: adapters loaded to the CPU, whole in each
@@ -1128,6 +1164,7 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                      "(facts/vllm_releases.py lora_in_budget)"))
     host_lora = _host_lora_bytes(r, row, version, notes)
     notes += _swap_space_notes(r, row, version)
+    notes += _sleep_notes(r, row, version)
     draft, draft_layers, draft_model = 0, tuple[int, ...](), None
     if sv.speculative is not None:
         draft, draft_layers, note, draft_model = _draft(r, version)
@@ -1816,7 +1853,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         tp_comm_bytes=b.comm, tp_comm_bytes_high=b.comm + b.comm_high_extra, tp_comm_outside_budget=b.comm_outside,
         pp=par.pp, stages=stages, binding_stage=binding, dp=sv.dp, ep=moe_split(r)[0],
         mm_profile=b.mm, host_swap_bytes=_host_swap_bytes(r, beh.rules, kv.page * kv.size),
-        host_lora_cache_bytes=opt.host_lora,
+        host_lora_cache_bytes=opt.host_lora, sleep_level=sv.sleep_level,
     )
 
 

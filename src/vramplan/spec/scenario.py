@@ -494,6 +494,7 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
     "max_lora_rank": "", "vllm_sampler": "", "limit_mm_per_prompt": "", "cudagraph_capture_sizes": "cuda_graph_max_bs",
     "max_cudagraph_capture_size": "cuda_graph_max_bs", "cudagraph_mode": "", "max_cpu_loras": "", "swap_space_gib": "",
+    "sleep_level": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
@@ -651,6 +652,11 @@ class Serve(_Strict):
     max_cpu_loras: int | None = Field(None, ge=1, le=1_000_000)
     """LoRA adapters vLLM keeps in host memory (--max-cpu-loras), at least max_loras; null: max_loras.  Host
     RAM, bounded by that many adapters of max_lora_rank on every linear (an adapter's own rank is not known)."""
+
+    sleep_level: Literal[0, 1, 2] = 0
+    """vLLM sleep mode (--enable-sleep-mode, then llm.sleep(level)): what the engine keeps while it sleeps; 1 moves
+    the weights to host RAM and discards the KV cache, 2 discards both (its buffers copied to the host); 0: off.
+    Start-up memory is unchanged (V1 releases, read in 0.9.0 and 0.33.0)."""
 
     swap_space_gib: float | None = Field(None, ge=0, le=1 << 20)
     """GiB of pinned host memory per GPU for preempted KV blocks (vLLM --swap-space; null: vLLM's 4).  The V0
