@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -87,6 +87,21 @@ def _from_path(path: Path, where: str) -> ModelSpec:
     return model_from_config(cfg, name=str(cfg.get("_name_or_path") or named), where=where)
 
 
+def _text_part_of_multimodal(config: dict[str, Any], spec: ModelSpec) -> str:
+    """A catalog row whose config is a multimodal checkpoint's language model alone (a ``*_text`` model type under
+    a ``*ForConditionalGeneration`` architecture, as the Gemma 3 ``-pt`` rows are written): ``from_pretrained`` of
+    that checkpoint also loads its vision tower and projector, which the row does not describe.  Said, never
+    dropped silently (the band widens)."""
+    archs = [str(a) for a in config.get("architectures") or []]
+    multimodal = next((a for a in archs if a.endswith("ForConditionalGeneration")), "")
+    if not (multimodal and str(config.get("model_type", "")).endswith("_text") and spec.vision_parameters == 0):
+        return ""
+    return (f"not modelled: {spec.name}'s checkpoint is a {multimodal} (a vision-language model) and its catalog "
+            "row describes the language model only: the vision tower and multi-modal projector the checkpoint holds "
+            "are not counted (Gemma 3's SigLIP tower and projector are about 0.42 B parameters; a row with the "
+            "checkpoint's vision_config, such as google/gemma-3-4b-it, counts them)")
+
+
 def load_model(model: str | dict[str, Any], where: str = "model", offline: bool = False) -> ModelSpec:
     """Resolve any accepted spelling of a model to a ``ModelSpec``: a catalog id or alias, a local config.json
     (file or folder), an inline mapping, then a Hugging Face Hub id ``owner/name[@revision]`` read through the
@@ -98,7 +113,9 @@ def load_model(model: str | dict[str, Any], where: str = "model", offline: bool 
     if key is not None:
         m = by_id[key]
         spec = model_from_config(m.config, name=m.id, where=where)
-        return _with_source(spec, m.source)
+        spec = _with_source(spec, m.source)
+        dropped = _text_part_of_multimodal(m.config, spec)
+        return replace(spec, source_notes=(*spec.source_notes, dropped)) if dropped else spec
     path = Path(model).expanduser()
     try:
         exists = len(model) <= MAX_PATH_CHARS and path.exists()
