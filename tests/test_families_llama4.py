@@ -99,11 +99,26 @@ def test_experts_on_every_token_are_refused(task: str) -> None:
     assert "Llama4TextMoe" in str(exc.value) and "--engine trace" in str(exc.value) and "task: serve" in str(exc.value)
 
 
-def test_chunked_attention_serving_is_refused() -> None:
+def test_chunked_attention_serving_before_0_11_is_refused() -> None:
+    # vLLM 0.10.0 keeps its hybrid KV cache manager on for chunked local attention (ChunkedLocalAttentionSpec):
+    # not modelled, refused
+    doc = {**_doc(TEXT, "serve"), "serve": {"vllm_version": "0.10"}}
     with pytest.raises(ScenarioError) as exc:
-        estimate(_doc(TEXT, "serve"))
+        estimate(doc)
     assert "ChunkedLocalAttentionSpec" in str(exc.value) and "chunks of 8 tokens" in str(exc.value)
     assert "attention_chunk_size to null" in str(exc.value)
+
+
+def test_chunked_attention_from_0_11_holds_full_pages_as_stated() -> None:
+    # vLLM 0.11.0-0.33.0 disable the hybrid KV cache manager for chunked local attention (unless
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1) and turn every ChunkedLocalAttentionSpec into a
+    # FullAttentionSpec: the same 512 B per token as with attention_chunk_size null
+    for version in ("0.11", "0.33"):
+        r = estimate({**_doc(TEXT, "serve"), "serve": {"vllm_version": version}})
+        assert r.serve is not None and r.serve.kv_cache_bytes == 512 * r.serve.kv_cache_tokens
+        assert any("disables its hybrid KV cache manager" in a for a in r.assumptions)
+        plain = estimate({**_doc({**TEXT, "attention_chunk_size": None}, "serve"), "serve": {"vllm_version": version}})
+        assert plain.serve is not None and r.serve.kv_cache_bytes == plain.serve.kv_cache_bytes
 
 
 @pytest.mark.parametrize("task", ["train", "inference", "serve"])

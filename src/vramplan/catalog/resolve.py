@@ -16,7 +16,7 @@ from vramplan.catalog.gpus import resolve_gpu
 from vramplan.catalog.hub import checkpoint_notes
 from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
-from vramplan.spec.checks import capability_problems, contradictions
+from vramplan.spec.checks import capability_problems, chunked_attention_notes, contradictions
 from vramplan.spec.defaults import with_served_dtype, with_trainer_defaults
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import (
@@ -87,6 +87,7 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         notes += checkpoint_notes(model)
         notes += quant_format_assumptions(scenario, model, gpu.compute_capability if gpu is not None else "")
         notes += unmodelled_inputs(scenario, model)
+        notes += chunked_attention_notes(scenario, model)
         problems.extend(quant_problems)
         problems.extend(cross_check(scenario, model))
         problems.extend(contradictions(scenario, model))

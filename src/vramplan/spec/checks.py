@@ -40,10 +40,10 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "contradictions", "cross_attention_problems", "encoder_decoder_problems",
-    "every_token_expert_problems", "expert_loop_problems", "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems", "section_conflicts",
-    "unmodelled_layer_problems",
-    "unused_settings",
+    "capability_problems", "chunked_attention_as_full", "chunked_attention_notes", "contradictions",
+    "cross_attention_problems", "encoder_decoder_problems", "every_token_expert_problems", "expert_loop_problems",
+    "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems",
+    "section_conflicts", "unmodelled_layer_problems", "unused_settings",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
@@ -140,6 +140,34 @@ def every_token_expert_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                     "experts on their top-k tokens, FusedMoE); " + _PARAMETERS_ONLY)]
 
 
+# vLLM disables its hybrid KV cache manager for a model with chunked local attention unless
+# VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set (vllm/config: VllmConfig.__post_init__, read in 0.11.0,
+# 0.12.0, 0.15.1, 0.18.0, 0.21.0 and 0.33.0; 0.10.0 disables it only beside EAGLE), and
+# ``unify_hybrid_kv_cache_specs`` (vllm/v1/core/kv_cache_utils.py) turns every ChunkedLocalAttentionSpec into a
+# FullAttentionSpec: each layer holds full pages
+CHUNKED_AS_FULL_FROM = (0, 11, 0)
+
+
+def chunked_attention_as_full(s: Scenario) -> bool:
+    """vLLM serving from 0.11.0: chunked local attention layers hold full pages (``CHUNKED_AS_FULL_FROM``)."""
+    if not (s.task == "serve" and s.serve.engine == "vllm"):
+        return False
+    try:
+        return parse_release(s.serve.vllm_version) >= CHUNKED_AS_FULL_FROM
+    except ValueError:
+        return False
+
+
+def chunked_attention_notes(s: Scenario, m: ModelSpec) -> list[str]:
+    """The assumption a served model with chunked local attention carries where it is estimated."""
+    if not (m.traits.attention_chunk_size and chunked_attention_as_full(s)):
+        return []
+    return [(f"chunked local attention ({m.traits.attention_chunk_size}-token chunks on the RoPE layers): vLLM "
+            f"{s.serve.vllm_version} disables its hybrid KV cache manager for it unless "
+            "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (not assumed), so every layer holds full pages of "
+            "max_model_len (unify_hybrid_kv_cache_specs: ChunkedLocalAttentionSpec -> FullAttentionSpec)")]
+
+
 def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Tasks whose memory depends on a mechanism vramplan does not model, refused by every engine (Llama 4,
     transformers 5.24 ``modeling_llama4.py``; its experts that run every token are refused by the analytic engine
@@ -152,19 +180,18 @@ def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         f"are counted ({m.vision_parameters:,}), but no task is estimated for it",
                         f"{_PARAMETERS_ONLY}; its text_config alone (model_type llama4_text) is estimated where the "
                         "language model's mechanisms are modelled")]
-    if t.attention_chunk_size and s.task == "serve":
-        # vLLM (vllm/v1/kv_cache_interface.py): with the hybrid KV cache manager, ChunkedLocalAttentionSpec holds
-        # min(chunk + max_num_batched_tokens, max_model_len) tokens per request; without it (vllm/config/vllm.py:
-        # disabled for chunked local attention unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, whose
-        # default PR #21761 set off and PR #29627 turned on) every layer is a FullAttentionSpec of max_model_len
+    if t.attention_chunk_size and s.task == "serve" and not chunked_attention_as_full(s):
+        # vLLM 0.10.x keeps the hybrid KV cache manager on for it (ChunkedLocalAttentionSpec: min(chunk +
+        # max_num_batched_tokens, max_model_len) tokens per request, vllm/v1/kv_cache_interface.py), not modelled;
+        # SGLang's and llama.cpp's layouts of it were not read
+        where = (f"vLLM {s.serve.vllm_version}, which keeps its hybrid KV cache manager on for it "
+                 "(ChunkedLocalAttentionSpec, not modelled)" if s.serve.engine == "vllm"
+                 else f"engine {s.serve.engine}, whose cache layout for it was not read")
         return [Problem("task", f"{m.name}'s RoPE layers attend within chunks of {t.attention_chunk_size} tokens "
-                        "(attention_chunk_size); which KV pages vLLM gives them depends on its hybrid KV cache manager "
-                        "(ChunkedLocalAttentionSpec when on, full pages when off: "
-                        "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, default off from vLLM PR #21761, on from "
-                        "PR #29627), which is not modelled per release, so serving is not estimated",
-                        "set attention_chunk_size to null in the config: every layer then holds full pages, what vLLM "
-                        "allocates with the hybrid KV cache manager off (an upper bound with it on); "
-                        + _PARAMETERS_ONLY)]
+                        f"(attention_chunk_size), served here by {where}",
+                        "use serve.engine vllm with serve.vllm_version >= 0.11 (full pages on every layer), or set "
+                        "attention_chunk_size to null in the config (every layer then holds full pages, an upper "
+                        "bound); " + _PARAMETERS_ONLY)]
     return []
 
 
