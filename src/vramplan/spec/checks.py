@@ -558,7 +558,9 @@ def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
       vLLM's Mamba-1 pages (``mamba1_state_shape``) and SGLang's and llama.cpp's state pools are not modelled.
     * Inference: tensor parallelism (``JambaConfig.base_model_tp_plan`` shards only the experts), a quantized cache
       (``QuantizedCache`` refuses models with other than full-attention layers, cache_utils.py 5.24), Lit-GPT (it
-      ships no such model).
+      ships no such model), and transformers 4.x: its ``HybridMambaAttentionDynamicCache`` (modeling_jamba.py, e.g.
+      at commit 008f5c8c) preallocates every mixer's convolution and SSM state in the model dtype, where 5.24's
+      ``LinearAttentionLayer`` keeps the SSM state in fp32, and its mixer's ``slow_forward`` is other code.
     """
     if s.task == "train":
         return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its Mamba mixer's torch "
@@ -570,6 +572,12 @@ def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
                         "layout of Mamba-1 mixer state (vLLM's mamba1_state_shape pages, SGLang's and llama.cpp's "
                         "state pools) is not modelled (vLLM's layout of Mamba2 hybrids is)",
                         "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "
+                        f"modeling_jamba.py (DynamicCache's LinearAttentionLayer, an fp32 SSM state), not "
+                        f"{s.software.transformers} (HybridMambaAttentionDynamicCache, its states in the model dtype)",
+                        "drop software.transformers, or set it to 5.0 or later")]
     return _generate_limits(s, what, "its configuration's base_model_tp_plan shards only the experts",
                             "transformers' QuantizedCache refuses models with other than full-attention layers")
 
