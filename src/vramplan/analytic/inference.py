@@ -1080,7 +1080,7 @@ def _mamba1_notes(g: GenerateCall) -> list[str]:
     copies = ("not modelled: transient copies made inside the scan's operations; no published measurement of a "
               "Mamba model checks this estimate yet")
     notes = [state, scan, copies]
-    if ms.bc_dt_norms:
+    if ms.bc_dt_norms and not ms.bc_dt_norm_params:
         notes.append(f"FalconMamba's dt, B and C norms hold their weights as non-persistent buffers "
                      f"({ms.intermediate_size + 2 * ms.state_size} elements per layer), not counted in the weights")
     return notes + _residual_note(g)

@@ -547,8 +547,11 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return _parallel_hybrid_problems(s, m)
     if len(m.mamba.layers) == m.num_layers:
         return _state_space_problems(s, m)
-    what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} Mamba2 mixer layers and "
+    kind = "Mamba2" if m.mamba.kind == "mamba2" else "Mamba"
+    what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} {kind} mixer layers and "
             f"{m.num_layers - len(m.mamba.layers) - len(m.mamba.ffn_only_layers)} attention layers")
+    if m.mamba.kind == "mamba1":
+        return _mamba1_hybrid_problems(s, what)
     if s.task == "train":
         return _hybrid_train_problems(s, m, what)
     if s.task == "serve":
@@ -569,6 +572,41 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
     return []
+
+
+def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
+    """What vramplan does not estimate for a hybrid of Mamba-1 mixers and attention (``MambaSpec.kind`` "mamba1",
+    ``jamba``): inference with transformers' ``generate`` is estimated (the attention layers' KV cache,
+    ``analytic/kv_cache.py``, and the mixers' state and torch scan, ``analytic/ssm_state.py``'s Mamba-1 terms); the
+    rest is refused.
+
+    * Training: the saved tensors of ``mamba_selective_scan``'s recurrent loop are not modelled (as for ``mamba``).
+    * Serving: ``serve/mamba_pages.py`` lays out Mamba2 state pages (``MambaStateShapeCalculator.mamba2_state_shape``);
+      vLLM's Mamba-1 pages (``mamba1_state_shape``) and SGLang's and llama.cpp's state pools are not modelled.
+    * Inference: tensor parallelism (``JambaConfig.base_model_tp_plan`` shards only the experts), a quantized cache
+      (``QuantizedCache`` refuses models with other than full-attention layers, cache_utils.py 5.24), Lit-GPT (it
+      ships no such model), and transformers 4.x: its ``HybridMambaAttentionDynamicCache`` (modeling_jamba.py, e.g.
+      at commit 008f5c8c) preallocates every mixer's convolution and SSM state in the model dtype, where 5.24's
+      ``LinearAttentionLayer`` keeps the SSM state in fp32, and its mixer's ``slow_forward`` is other code.
+    """
+    if s.task == "train":
+        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its Mamba mixer's torch "
+                        "scan (mamba_selective_scan's recurrent loop, one intermediate x state fp32 state per token) "
+                        "are not modelled", "estimate inference (task: inference) for this model, or train a model "
+                        "with Mamba2 mixers (bamba, granitemoehybrid, nemotron_h), which is estimated")]
+    if s.task == "serve":
+        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
+                        "layout of Mamba-1 mixer state (vLLM's mamba1_state_shape pages, SGLang's and llama.cpp's "
+                        "state pools) is not modelled (vLLM's layout of Mamba2 hybrids is)",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "
+                        f"modeling_jamba.py (DynamicCache's LinearAttentionLayer, an fp32 SSM state), not "
+                        f"{s.software.transformers} (HybridMambaAttentionDynamicCache, its states in the model dtype)",
+                        "drop software.transformers, or set it to 5.0 or later")]
+    return _generate_limits(s, what, "its configuration's base_model_tp_plan shards only the experts",
+                            "transformers' QuantizedCache refuses models with other than full-attention layers")
 
 
 def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

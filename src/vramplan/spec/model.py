@@ -158,6 +158,9 @@ class MambaSpec:
     # FalconMamba's weightless RMS norms on dt's low-rank input, B and C (``FalconMambaMixer.dt_layernorm``,
     # ``b_layernorm``, ``c_layernorm``): three more tensors of the mixer at the prefill
     bc_dt_norms: bool = False
+    # those norms hold their weights as parameters (Jamba's ``JambaRMSNorm`` ``dt_layernorm``, ``b_layernorm``,
+    # ``c_layernorm``, modeling_jamba.py 5.24, counted among the weights); False: FalconMamba's weightless norms
+    bc_dt_norm_params: bool = False
     # every mixer layer also runs attention beside its mixer, on the same normalized input, and keeps a KV cache
     # (Falcon-H1: ``FalconH1DecoderLayer`` holds ``mamba`` and ``self_attn`` and sums their scaled outputs,
     # modeling_falcon_h1.py, transformers 5.24); False: a mixer layer holds the mixer in the attention's place

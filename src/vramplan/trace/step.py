@@ -663,7 +663,8 @@ def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
     GraniteMoeHybrid's (``mamba_*``), Nemotron-H's (``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``,
     ``conv_kernel``, ``n_groups``; intermediate = heads x head_dim), Mamba2's (``num_heads``, ``head_dim``,
     ``state_size``, ``conv_kernel``, ``n_groups``, intermediate = ``expand`` x hidden) and Mamba-1's (``MambaConfig``,
-    ``FalconMambaConfig``: ``intermediate_size`` channels of ``state_size`` states, no heads or groups)."""
+    ``FalconMambaConfig``: ``intermediate_size`` channels of ``state_size`` states, no heads or groups; ``JambaConfig``:
+    ``mamba_expand x hidden_size`` channels of ``mamba_d_state``)."""
     if hasattr(config, "mamba_n_heads"):
         # Falcon-H1's mixer width is ``mamba_d_ssm`` where set (FalconH1Mixer.__init__)
         d_ssm = getattr(config, "mamba_d_ssm", None)
@@ -678,6 +679,11 @@ def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
         heads, head_dim = int(config.num_heads), int(config.head_dim)
         inter, state, kernel, groups = (int(config.expand) * int(config.hidden_size), int(config.state_size),
                                         int(config.conv_kernel), int(config.n_groups))
+    elif hasattr(config, "mamba_dt_rank"):
+        # Jamba's Mamba-1 mixer (JambaMambaMixer: mamba_expand x hidden channels of mamba_d_state states; the config's
+        # intermediate_size is the MLP's)
+        inter, state = int(config.mamba_expand) * int(config.hidden_size), int(config.mamba_d_state)
+        return inter, int(config.mamba_d_conv), (inter, state)
     else:
         inter, state = int(config.intermediate_size), int(config.state_size)
         return inter, int(config.conv_kernel), (inter, state)

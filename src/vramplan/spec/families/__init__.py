@@ -27,6 +27,7 @@ from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.granitemoehybrid import GRANITEMOEHYBRID
 from vramplan.spec.families.idefics3 import IDEFICS3, SMOLVLM
 from vramplan.spec.families.internvl import INTERNVL
+from vramplan.spec.families.jamba import JAMBA
 from vramplan.spec.families.llama4 import LLAMA4, LLAMA4_TEXT
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
@@ -72,6 +73,8 @@ FAMILIES: dict[str, Family] = {
     "nemotron_h": NEMOTRON_H,
     # attention and a Mamba2 mixer side by side in every layer (MambaSpec.parallel_attention)
     "falcon_h1": FALCON_H1,
+    # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
+    "jamba": JAMBA,
     # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
     "mamba2": MAMBA2, "mamba": MAMBA, "falcon_mamba": FALCON_MAMBA,
     # encoder-decoder: an encoder stack and a decoder stack with cross-attention (ModelSpec.encoder_decoder)
