@@ -27,7 +27,8 @@ width ``I``, ``c`` bytes of the model's dtype; vLLM 0.8.2 ``qwen2_5_vl.py`` / ``
     held instead of the float32 table), flash attention's reshapes views: at the output projection the residual,
     ``norm1``'s output, qkv (3d), the rotated q and k (2d), the attention's output and the projection's (d each),
     ``9 d c``, plus the 2d that q and k are joined in (Qwen2-VL's ``torch.cat``; Qwen2.5-VL's
-    ``qk_reshaped.contiguous()`` from 0.15.1, a view of qkv in 0.12.0): ``11 d c`` (Qwen2.5-VL 0.12.0: ``9 d c``);
+    ``qk_reshaped.contiguous()`` from 0.15.0, a view of qkv in 0.12.0-0.14.x): ``11 d c`` (Qwen2.5-VL 0.12.0-0.14.x:
+    ``9 d c``);
 
 * the MLP's moment: residual and ``norm2``'s output (2d), then gated (Qwen2.5-VL: the activated gate, the up
   projection and their product, 3I, with the down projection's output d): ``(3 d + 3 I) c``, from 0.11.0 ``(5 d +
@@ -216,8 +217,8 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
         attention = 12 * d * c + 4 * d * _F32 + hd * _F32
     else:
         # at the output projection: residual, norm1's output, qkv (3d), q and k rotated (2d), the attention's output
-        # and the projection's (d each), plus Qwen2-VL's torch.cat([q, k]) or Qwen2.5-VL's contiguous copy (0.15.1
-        # on) of 2d; Qwen2.5-VL (the gated MLP's tower) rotates a view of qkv in 0.12.0
+        # and the projection's (d each), plus Qwen2-VL's torch.cat([q, k]) or Qwen2.5-VL's contiguous copy (0.15.0
+        # on) of 2d; Qwen2.5-VL (the gated MLP's tower) rotates a view of qkv in 0.12.0-0.14.x
         joined = 0 if rule.tower == "view" and v.tower.mlp_gated else 2 * d
         attention = (9 * d + joined) * c
     n = items * patches
