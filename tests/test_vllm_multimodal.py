@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,9 +243,44 @@ def test_row_0110_tower_by_patch() -> None:
     assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 51_520, 33_320)
 
 
-def test_unread_tower_path_widens_the_band() -> None:
-    d = decide(_resolved(version="0.33.0"), "0.33.0")
-    assert any(a.startswith("not modelled: the vision tower's attention path of vLLM 0.33.0") for a in d.assumptions)
-    for version in ("0.10.1", "0.11.0"):
-        d = decide(_resolved(version=version), version)
-        assert not any(a.startswith("not modelled: the vision tower") for a in d.assumptions)
+def test_row_0120_tower_rotates_a_view_in_the_dtype() -> None:
+    mm = _mm("0.12.0", 128000, 16384, 1024, 1)
+    # held: 1,176 float32 pixels x 4 + cos and sin of 40 each in bf16 (80 x 2) = 4,704 + 160 = 4,864 B;
+    # attention at the projection: residual, norm1, qkv 3d, q and k rotated (a view of qkv, 2d), the attention's
+    # output and the projection's (d each) = 9 x 1,280 x 2 = 23,040 B; MLP (5 x 1,280 + 3 x 3,420) x 2 = 33,320 B
+    assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 23_040, 33_320)
+    # one 14-frame video of 114,688 tokens, 7 x 65,536 = 458,752 patches: 458,752 x (4,864 + max(23,040, 33,320)) =
+    # 458,752 x 38,184 = 17,516,986,368 B (0.11.0: 458,752 x (4,864 + 51,520) = 25,866,272,768 B)
+    assert (mm.items, mm.patches) == (1, 458_752)
+    assert mm.encoder_peak_bytes == 17_516_986_368
+
+
+def test_row_0150_tower_copies_q_and_k_contiguous() -> None:
+    # 0.13.0 and 0.14.0 rotate the view still (ApplyRotaryEmb on qk_reshaped as it is): 9 x 1,280 x 2 = 23,040 B
+    assert _mm("0.14.0", 128000, 16384, 1024, 1).attention_per_patch == 23_040
+    for version in ("0.15.0", "0.21.0"):
+        mm = _mm(version, 128000, 16384, 1024, 1)
+        # qk_reshaped.contiguous() adds 2d: 11 x 1,280 x 2 = 28,160 B, still below the MLP's 33,320 B
+        assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 28_160, 33_320)
+
+
+def test_qwen2_vl_tower_joins_q_and_k_by_cat_from_0120() -> None:
+    cfg = json.loads((Path(__file__).resolve().parent / "data" / "qwen2-vl-2b-shape" / "config.json").read_text())
+    m = _resolved(model=cfg).model
+    for version in ("0.12.0", "0.21.0"):
+        mm = mm_profile(m, 32768, 16384, 256, 2, 1, parse_release(version))
+        assert mm is not None
+        # d 1,280, I = 4 x 1,280 = 5,120: held 4,704 + 80 x 2 = 4,864 B; attention 9d + torch.cat([q, k]) 2d =
+        # 11 x 1,280 x 2 = 28,160 B; MLP (2 x 1,280 + 3 x 5,120) x 2 = 35,840 B
+        assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 28_160, 35_840)
+
+
+@pytest.mark.parametrize(("version", "read"), [("0.11.0", True), ("0.12.0", True), ("0.13.0", True),
+                                               ("0.14.0", True), ("0.15.0", True), ("0.15.1", True),
+                                               ("0.21.0", True), ("0.24.0", False), ("0.33.0", False)])
+def test_unread_tower_widens_the_band(version: str, read: bool) -> None:
+    d = decide(_resolved(version=version), version)
+    notes = [a for a in d.assumptions if a.startswith("not modelled: the vision tower's forward")]
+    assert bool(notes) is not read
+    if version == "0.33.0":
+        assert "assumed as read at 0.15.0, 0.15.1, 0.16.0, 0.17.0, 0.18.0, 0.21.0 " in notes[0]

@@ -60,8 +60,20 @@ read in the wheels of the releases in its ``read_at`` (``pip download vllm==X --
   ``torch.cat([q, k])`` at once (the concatenation stays alive beside the rotated copy), the backend is vllm_flash_attn
   on an sm80+ GPU (``CudaPlatform.get_vit_attn_backend``), the pixels go to the dtype inside the tower
   (``x.to(dtype)``, freed by the patch embedding) and Qwen2.5-VL's block keeps its input and the attention's output
-  through the MLP (``norm2(x, residual=x_attn)``).  0.12.0 on the attention was rewritten (``qk_reshaped``,
-  ``MMEncoderAttention``): not read, 0.11.0's bytes per patch are assumed (the report says so and widens the band).
+  through the MLP (``norm2(x, residual=x_attn)``).  0.12.0 rewrote it (``tower`` "view"): the rotary table is
+  built once per forward from ``get_rope(..., dtype=torch.get_default_dtype())`` (the model's dtype while loading),
+  ``cos`` and ``sin`` of ``hd / 2`` each held through every block; ``apply_rotary_pos_emb_vision`` dispatches to
+  vllm_flash_attn's Triton ``apply_rotary_emb`` on CUDA, which asserts ``x.dtype == cos.dtype`` (no float32 copy)
+  and writes ``torch.empty_like(x)``; Qwen2.5-VL rotates ``qk_reshaped``, a view of the qkv output (2d rotated),
+  Qwen2-VL ``torch.cat([q, k])`` (2d, alive beside the rotated 2d); the default backend on an sm80+ GPU is
+  FLASH_ATTN (``CudaPlatform.get_vit_attn_backend``), whose q, k, v and output reshapes are views for one batch
+  row; ``compile_mm_encoder`` is False by default (``config/compilation.py``), the tower runs eagerly.  0.13.0 and
+  0.14.0 call ``ApplyRotaryEmb(enforce_enable=True)`` (``forward_cuda``: the same kernel, ``enable_fp32_compute``
+  False) and ``MMEncoderAttention`` (views, ``vit_flash_attn_wrapper``) on the same view.  0.15.0 on (``tower``
+  "copy"): Qwen2.5-VL copies ``qk_reshaped.contiguous()`` before rotating it, the rest as 0.13.0 (read at 0.15.0,
+  0.15.1, 0.16.0, 0.17.0, 0.18.0, 0.21.0; after 0.21.0 not read, 0.21.0's assumed: 0.31.0 and 0.33.0 keep the
+  same attention forward but normalize the pixels on the device by default for Qwen-VL, ``mm_device_do_normalize``
+  with ``supports_mm_device_do_normalize = True``, whose input dtype is not read).
 
 0.9.0 was not read: the 0.8.x row is assumed for it (the nearest earlier).  Before 0.8.0 (the V0 engine) the encoder
 ran inside the dummy sequences' forward (``vllm/worker/model_runner.py`` ``profile_run``): not read here.
@@ -103,10 +115,17 @@ class MmProfileRule:
     tie: Literal["first", "name"]  # the modality a tie of tokens per item goes to: the first listed (image) or by name
     image_size: Literal["smart_resize", "factor"]  # how the image of the most features is found
     # the tower's forward by patch: PyTorch's rotary (0.8.x), vllm_flash_attn's Triton rotary on q and k (0.9.1-0.10.x),
-    # the Triton rotary on q and k concatenated, without the dtype copy of the pixels (0.11.0); "unread": not read
-    # (0.12.0 on: 0.11.0's assumed)
-    tower: Literal["torch", "triton", "concat", "unread"]
+    # the Triton rotary on q and k concatenated, without the dtype copy of the pixels (0.11.0); the rotary in the
+    # model's dtype on a view of the qkv output (Qwen2.5-VL) or a concatenation (Qwen2-VL), cos and sin in the dtype
+    # (0.12.0-0.14.x: "view"); Qwen2.5-VL's q and k copied contiguous first (0.15.0 on: "copy")
+    tower: Literal["torch", "triton", "concat", "view", "copy"]
     sources: tuple[str, ...]
+    # the releases at which the tower's forward was read (None: the same as read_at)
+    tower_read_at: tuple[Release, ...] | None = None
+
+    def tower_read(self, release: Release) -> bool:
+        """Whether the vision tower's forward was read at ``release`` (False: this row's tower is assumed)."""
+        return release in (self.read_at if self.tower_read_at is None else self.tower_read_at)
 
 
 _RUNNER = "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run"
@@ -150,21 +169,42 @@ MM_PROFILE_RULES: tuple[MmProfileRule, ...] = (
     MmProfileRule(
         first=(0, 12, 0), read_at=((0, 12, 0),), token_counts="no-image", dummy_seq="max_model_len",
         dummy_counts="no-image", items="budget", max_frames=14, expand="item", tie="first", image_size="smart_resize",
-        tower="unread",
-        sources=(f"{_RUNNER} (0.12.0): new_zeros((max_mm_tokens_per_item, hidden))",)),
+        tower="view",
+        sources=(f"{_RUNNER} (0.12.0): new_zeros((max_mm_tokens_per_item, hidden))",
+                 ("vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionAttention.forward (0.12.0 lines 358-425): "
+                  "qk_reshaped = einops.rearrange(qk, ...), apply_rotary_pos_emb_vision"),
+                 "vllm/model_executor/models/qwen2_vl.py Qwen2VisionAttention.forward (0.12.0): torch.cat([q, k])",
+                 ("vllm/vllm_flash_attn/ops/triton/rotary.py apply_rotary (0.12.0): x.dtype == cos.dtype, "
+                  "torch.empty_like(x)"),
+                 "vllm/platforms/cuda.py CudaPlatform.get_vit_attn_backend (0.12.0): FLASH_ATTN on sm80+",
+                 "vllm/config/compilation.py CompilationConfig.compile_mm_encoder = False (0.12.0-0.33.0)")),
     MmProfileRule(
-        first=(0, 13, 0), read_at=((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 16, 0)), token_counts="no-image",
+        first=(0, 13, 0), read_at=((0, 13, 0), (0, 14, 0)), token_counts="no-image",
         dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14, expand="none", tie="first",
-        image_size="factor", tower="unread",
+        image_size="factor", tower="view",
         sources=(f"{_QWEN} get_image_size_with_most_features (0.13.0-0.16.0): closest_factor_pair",
                  f"{_RUNNER} (0.13.0-0.16.0): self.encoder_cache[f\"tmp_{{i}}\"] = output",
-                 "vllm/multimodal/encoder_budget.py MultiModalBudget (0.16.0; vllm/v1/worker/utils.py before)")),
+                 ("vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionAttention.forward (0.13.0, 0.14.0): qk_reshaped "
+                  "rotated as it is by ApplyRotaryEmb(enforce_enable=True), MMEncoderAttention._forward_fa"))),
+    MmProfileRule(
+        first=(0, 15, 0), read_at=((0, 15, 0), (0, 15, 1), (0, 16, 0)), token_counts="no-image",
+        dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14, expand="none", tie="first",
+        image_size="factor", tower="copy",
+        sources=("vllm/multimodal/encoder_budget.py MultiModalBudget (0.16.0; vllm/v1/worker/utils.py before)",
+                 f"{_RUNNER} (0.15.1): as 0.15.0 and 0.16.0",
+                 ("vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionAttention.forward (0.15.0-0.33.0): "
+                  "qk_reshaped = qk_reshaped.contiguous(), ApplyRotaryEmb(enforce_enable=True), MMEncoderAttention"),
+                 ("vllm/model_executor/layers/rotary_embedding/common.py ApplyRotaryEmb.forward_cuda (0.15.0-0.33.0): "
+                  "vllm_flash_attn apply_rotary_emb, enable_fp32_compute False"))),
     MmProfileRule(
         first=(0, 17, 0), read_at=((0, 17, 0), (0, 19, 0), (0, 20, 0), (0, 24, 0), (0, 28, 0), (0, 33, 0)),
         token_counts="no-image", dummy_seq="max_model_len", dummy_counts="no-image", items="budget", max_frames=14,
-        expand="none", tie="name", image_size="factor", tower="unread",
+        expand="none", tie="name", image_size="factor", tower="copy",
+        tower_read_at=((0, 17, 0), (0, 18, 0), (0, 21, 0)),
         sources=(("vllm/multimodal/encoder_budget.py MultiModalBudget.get_modality_with_max_tokens (0.17.0-0.33.0): "
-                 "key=lambda x: (x[1], x[0])"),)),
+                 "key=lambda x: (x[1], x[0])"),
+                 ("vllm/model_executor/layers/attention/mm_encoder_attention.py MMEncoderAttention._forward_fa "
+                  "(0.21.0): views, vit_flash_attn_wrapper"))),
 )
 
 # the first release modelled (V1 by default)

@@ -61,7 +61,7 @@ from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_cudagraphs import USER_MAX_FROM, USER_MODE_FROM
-from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM
+from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM, MM_PROFILE_RULES
 from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_FIRST,
     MAMBA_HYBRID_PREFIX_CACHING_FROM,
@@ -1678,10 +1678,12 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
         if r.scenario.parallel.tp > 1:
             note += "; tp > 1: the whole tower's working set is taken on each rank (its split is not modelled)"
         notes = [note]
-        if rule is not None and rule.tower == "unread":
-            notes.append(f"not modelled: the vision tower's attention path of vLLM {beh.version} (rewritten in 0.12.0: "
-                         "qk_reshaped and MMEncoderAttention; not read): its bytes per patch are assumed as read at "
-                         "0.11.0 (facts/vllm_multimodal.py)")
+        if rule is not None and not rule.tower_read(parse_release(beh.version)):
+            tower_at = [r for row in MM_PROFILE_RULES if row.tower == rule.tower and row.first <= rule.first
+                        for r in (row.read_at if row.tower_read_at is None else row.tower_read_at)]
+            at = ", ".join(".".join(map(str, r)) for r in tower_at) or "no release"
+            notes.append(f"not modelled: the vision tower's forward of vLLM {beh.version} (not read): its bytes per "
+                         f"patch are assumed as read at {at} (facts/vllm_multimodal.py, tower '{rule.tower}')")
         return notes
     multimodal = multimodal_architecture(r)
     if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM:

@@ -22,12 +22,18 @@ width ``I``, ``c`` bytes of the model's dtype; vLLM 0.8.2 ``qwen2_5_vl.py`` / ``
   - 0.9.1-0.10.x, vllm_flash_attn's Triton kernel (``t.float()`` and the ``empty_like`` output, float32 of d each,
     ``cos`` and ``sin`` of ``hd / 2`` float32, then ``.type_as(t)``, d in the dtype): ``9 d c + 8 d + 4 hd`` bytes;
   - 0.11.0, the same kernel on ``torch.cat([q, k])`` (2d, alive beside its rotated copy, 2d): ``12 d c + 16 d + 4 hd``
-    bytes, the pixels' dtype copy no longer held (``x.to(dtype)`` is freed by the patch embedding); from 0.12.0 not
-    read, the same assumed;
+    bytes, the pixels' dtype copy no longer held (``x.to(dtype)`` is freed by the patch embedding);
+  - 0.12.0 on, the kernel in the model's dtype (``cos`` and ``sin`` of ``hd / 2`` each in it, built once: ``hd c``
+    held instead of the float32 table), flash attention's reshapes views: at the output projection the residual,
+    ``norm1``'s output, qkv (3d), the rotated q and k (2d), the attention's output and the projection's (d each),
+    ``9 d c``, plus the 2d that q and k are joined in (Qwen2-VL's ``torch.cat``; Qwen2.5-VL's
+    ``qk_reshaped.contiguous()`` from 0.15.0, a view of qkv in 0.12.0-0.14.x): ``11 d c`` (Qwen2.5-VL 0.12.0-0.14.x:
+    ``9 d c``);
 
 * the MLP's moment: residual and ``norm2``'s output (2d), then gated (Qwen2.5-VL: the activated gate, the up
   projection and their product, 3I, with the down projection's output d): ``(3 d + 3 I) c``, from 0.11.0 ``(5 d +
-  3 I) c`` (the block's input and the attention's output stay alive beside ``norm2``'s fused outputs); plain (Qwen2-VL:
+  3 I) c`` (the block's input and the attention's output stay alive beside ``norm2``'s fused outputs; the same from
+  0.12.0 on); plain (Qwen2-VL:
   fc1's output, QuickGELU's native ``x * sigmoid(1.702 x)``: the scaled copy and the sigmoid, 3I): ``(2 d + 3 I) c``.
 
 The encoder moment is ``N x (held + max(attention, MLP))``: a bound in that the attention kernel's own workspace,
@@ -193,6 +199,10 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
     if rule.tower in ("torch", "triton"):
         held = pixels * _F32 + pixels * c + hd // 2 * _F32
         mlp = (3 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
+    elif rule.tower in ("view", "copy"):
+        # 0.12.0 on: cos and sin (hd / 2 each) in the model's dtype, built once and held through every block
+        held = pixels * _F32 + hd * c
+        mlp = (5 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
     else:
         # 0.11.0: the dtype copy of the pixels is freed by the patch embedding; Qwen2.5-VL's block keeps its input
         # and the attention's output beside norm2's two outputs through the MLP
@@ -202,9 +212,15 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
         attention = 8 * d * c + 4 * d * _F32 + 3 * hd * _F32
     elif rule.tower == "triton":
         attention = 9 * d * c + 2 * d * _F32 + hd * _F32
-    else:
+    elif rule.tower == "concat":
         # q and k concatenated (2d) and rotated together: float32 input and output of 2d each, the rotated copy 2d
         attention = 12 * d * c + 4 * d * _F32 + hd * _F32
+    else:
+        # at the output projection: residual, norm1's output, qkv (3d), q and k rotated (2d), the attention's output
+        # and the projection's (d each), plus Qwen2-VL's torch.cat([q, k]) or Qwen2.5-VL's contiguous copy (0.15.0
+        # on) of 2d; Qwen2.5-VL (the gated MLP's tower) rotates a view of qkv in 0.12.0-0.14.x
+        joined = 0 if rule.tower == "view" and v.tower.mlp_gated else 2 * d
+        attention = (9 * d + joined) * c
     n = items * patches
     rows = _kept_rows(rule, encoded, tokens, budget)
     return MmProfile(modality=modality, tokens_per_item=tokens, patches_per_item=patches, frames=item_frames,
