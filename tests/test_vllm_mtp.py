@@ -128,3 +128,26 @@ def test_two_mtp_layers_and_num_speculative_tokens() -> None:
     # 3 > n_predict 2 and not a multiple: vLLM's ValueError
     with pytest.raises(ScenarioError, match="divisible by n_predict=2"):
         _decide(cfg, "0.17.0", spec={"method": "mtp", "num_speculative_tokens": 3}, quantization="fp8-block")
+
+
+def test_mtp_layer_graphs_join_the_capture_count() -> None:
+    sizes = {"cudagraph_capture_sizes": [1, 2, 4, 8], "quantization": "fp8-block"}
+    ngram = _decide(DSV3, "0.17.0", spec={"method": "ngram", "num_speculative_tokens": 1}, **sizes)
+    mtp = _decide(DSV3, "0.17.0", spec=MTP, **sizes)
+    # the same sizes and query length (1 + 1); the MTP layer is captured piecewise at each of the 4 sizes:
+    # 4 x (1 layer + 1) = 8 graphs more (facts/vllm_cudagraphs.py graph_segments, ``drafts``)
+    assert mtp.cudagraph_capture_sizes == ngram.cudagraph_capture_sizes == (1, 2, 4, 8)
+    assert mtp.cudagraph_graphs - ngram.cudagraph_graphs == 8
+
+
+def test_expert_parallel_places_the_mtp_experts_as_the_targets() -> None:
+    doc = _doc(DSV3, "0.17.0", spec=MTP, quantization="fp8-block")
+    doc["parallel"] = {"tp": 8, "ep": 8}
+    d = decide(resolve(doc), version="0.17.0")
+    m = resolve(doc).model
+    # --enable-expert-parallel: each of the 8 GPUs holds 256 / 8 = 32 whole experts (moe_split: ep 8, expert tp 1)
+    assert d.speculative_weights_bytes == mtp_layer_bytes(m, 8, 8, 1, 2, "fp8-block")
+    # the same bytes as every expert split 8 ways (2048 / 8 = 256 rows, a multiple of the 128 x 128 scale blocks):
+    # 32 x 3 x 7168 x 2048 = 256 x 3 x 7168 x 256 elements; a double split (ep 8 and expert tp 8) would be 1/8 of it
+    assert d.speculative_weights_bytes == _decide(DSV3, "0.17.0", spec=MTP, quantization="fp8-block").speculative_weights_bytes
+    assert mtp_layer_bytes(m, 8, 8, 8, 2, "fp8-block") < d.speculative_weights_bytes
