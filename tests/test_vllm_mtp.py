@@ -151,3 +151,13 @@ def test_expert_parallel_places_the_mtp_experts_as_the_targets() -> None:
     # 32 x 3 x 7168 x 2048 = 256 x 3 x 7168 x 256 elements; a double split (ep 8 and expert tp 8) would be 1/8 of it
     assert d.speculative_weights_bytes == _decide(DSV3, "0.17.0", spec=MTP, quantization="fp8-block").speculative_weights_bytes
     assert mtp_layer_bytes(m, 8, 8, 8, 2, "fp8-block") < d.speculative_weights_bytes
+
+
+def test_model_runner_v2_is_stated_where_it_is_the_default() -> None:
+    # 0.31.0 defaults to Model Runner V2 (facts/vllm_mtp.py RUNNER_V2_DEFAULT_READ_AT); 0.17.0 does not
+    note = next(a for a in _decide(DSV3, "0.31.0", spec=MTP, quantization="fp8-block").assumptions
+                if a.startswith("speculative mtp"))
+    assert "Model Runner V2" in note
+    note = next(a for a in _decide(DSV3, "0.17.0", spec=MTP, quantization="fp8-block").assumptions
+                if a.startswith("speculative mtp"))
+    assert "Model Runner V2" not in note

@@ -61,7 +61,13 @@ from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_cudagraphs import USER_MAX_FROM, USER_MODE_FROM
-from vramplan.facts.vllm_mtp import MTP_HEAD_SHARED_FROM, MTP_METHOD_FROM, VLLM_MTP_ARCHS, mtp_arch
+from vramplan.facts.vllm_mtp import (
+    MTP_HEAD_SHARED_FROM,
+    MTP_METHOD_FROM,
+    RUNNER_V2_DEFAULT_READ_AT,
+    VLLM_MTP_ARCHS,
+    mtp_arch,
+)
 from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM
 from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_FIRST,
@@ -1038,6 +1044,9 @@ def _mtp_draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, Mo
     read = speculative_profile_modelled(version)
     profile = ("its profile run (the MTP layer's forward, rejection sampler) and buffers are sized from vLLM's source "
                "(see below)" if read else "its profile run is assumed to peak below the target's")
+    if rel >= RUNNER_V2_DEFAULT_READ_AT:
+        profile += (f" (vLLM {version} runs Model Runner V2 by default where it supports the setup; its MTP "
+                    "speculator's profile run was not read: the V1 runner's EagleProposer is assumed)")
     note = (f"speculative mtp proposer ({arch.draft}, the target's own {nextn} MTP layer(s), num_nextn_predict_layers): "
             f"{weights / GiB:.2f} GiB of weights, each layer a decoder layer shaped like the target's last (stored "
             f"as the target's, {sv.quantization}) with eh_proj and norms ({layers_bytes / GiB:.2f} GiB); {head_note}; "
