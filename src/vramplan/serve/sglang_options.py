@@ -75,6 +75,7 @@ __all__ = [
     "headroom_tokens",
     "model_draft",
     "mtp_draft",
+    "mtp_layer_bytes",
     "nextn_dp_rule_for",
     "spec_rule_for",
 ]
@@ -473,6 +474,19 @@ class DraftSizing:
     note: str
 
 
+def mtp_layer_bytes(m: ModelSpec, tp: int, ep: int, expert_tp: int, dense_bytes: int, quant: str) -> int:
+    """One multi-token-prediction layer on one rank, as SGLang's NEXTN draft (``models/deepseek_nextn.py``) and
+    vLLM's MTP proposer (``model_executor/models/deepseek_mtp.py`` / ``glm4_moe_mtp.py``
+    ``*MultiTokenPredictorLayer``) build it: a decoder layer shaped like the target's last (its MoE included,
+    stored as the target's, ``quant``), ``eh_proj`` (nn.Linear 2h -> h, replicated, in the model dtype) and three
+    RMSNorms (``enorm``, ``hnorm`` and the shared head's ``norm``); without the embedding and head copies (their
+    fate differs by engine and release).  ``expert_tp``: the ranks a routed expert is split over (``moe_split``)."""
+    rp = rank_params(m, tp, m.num_layers, ep, m.num_layers - 1, None, expert_tp=expert_tp)
+    layer = weights_bytes(rp, dense_bytes, quant) - rp.outside_layers * dense_bytes
+    h = m.hidden_size
+    return layer + (2 * h * h + 3 * h) * dense_bytes
+
+
 def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quant: str, target_cell_per_layer: int,
               embed_split: int, head_split: int | None = None) -> DraftSizing:
     """DeepSeek's NEXTN draft (``models/deepseek_nextn.py``): ``nextn`` decoder layers shaped like the target's
@@ -481,10 +495,8 @@ def mtp_draft(m: ModelSpec, nextn: int, tp: int, ep: int, dense_bytes: int, quan
     -- the latter ``embed_split`` when None --, in the model dtype) until ``set_embed_and_head`` replaces them.
     Under DP attention ``m`` is the model as placed there (its attention over the attention group).  With --ep-size
     ``ep`` each expert is split over tp / ep ranks (moe_tp_size, serve/vllm.py ``moe_split``)."""
-    rp = rank_params(m, tp, m.num_layers, ep, m.num_layers - 1, None, expert_tp=max(1, tp // ep))
-    layer = weights_bytes(rp, dense_bytes, quant) - rp.outside_layers * dense_bytes
     h = m.hidden_size
-    resident = nextn * (layer + (2 * h * h + 3 * h) * dense_bytes)
+    resident = nextn * mtp_layer_bytes(m, tp, ep, max(1, tp // ep), dense_bytes, quant)
     head_split = embed_split if head_split is None else head_split
     copies = (-(-m.vocab_size // embed_split) + -(-m.vocab_size // head_split)) * h * dense_bytes
     return DraftSizing(nextn, target_cell_per_layer * nextn, resident, resident + copies,

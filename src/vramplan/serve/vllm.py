@@ -61,6 +61,13 @@ from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_cudagraphs import USER_MAX_FROM, USER_MODE_FROM
+from vramplan.facts.vllm_mtp import (
+    MTP_HEAD_SHARED_FROM,
+    MTP_METHOD_FROM,
+    RUNNER_V2_DEFAULT_READ_AT,
+    VLLM_MTP_ARCHS,
+    mtp_arch,
+)
 from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM, MM_PROFILE_RULES
 from vramplan.facts.vllm_releases import (
     MAMBA_HYBRID_FIRST,
@@ -91,6 +98,7 @@ from vramplan.facts.vllm_tp_comm import (
 )
 from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
 from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
+from vramplan.serve.sglang_options import mtp_layer_bytes
 from vramplan.serve.vllm_mm import MmProfile, mm_profile, mm_profile_modelled
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, vllm_mxfp4_triton
@@ -521,6 +529,21 @@ def proposer_forward_peak_bytes(target: ModelSpec, draft: ModelSpec, tokens: int
     return tokens * target.hidden_size * dtype_bytes + forward_peak_bytes(draft, tokens, dtype_bytes, tp, compiled)
 
 
+def mtp_forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, compiled: bool,
+                           moe_tp: int | None = None, dp: int = 1) -> int:
+    """Peak of an MTP proposer's forward in the profile run (``drafter.dummy_run``, the EAGLE path): the target's
+    output (tokens x h) held, and the larger of the MTP layer's prologue and its decoder layer.  The prologue
+    (``DeepSeekMultiTokenPredictorLayer.forward``) holds per token the embedding, its masked copy, ``enorm`` and
+    ``hnorm`` outputs (h each), their ``cat`` (2h) and ``eh_proj``'s output (h): 6h; the decoder layer is one of
+    the target's (``forward_peak_bytes``, its MoE width), which for DeepSeek and GLM-4.5 is the larger.
+    DeepSeek-V3 (h 7168, 8 of 256 experts of 2048), tp 8, 2048 tokens, bf16, compiled: layer (4 x 7168 +
+    8 x (max(2 x 256, 7168) + 256) + 256) x 2048 x 2 = (28,672 + 59,648) x 4096 = 361,758,720; held
+    2048 x 7168 x 2 = 29,360,128; 391,118,848 B."""
+    prologue = 6 * m.hidden_size * tokens * dtype_bytes
+    layer = forward_peak_bytes(m, tokens, dtype_bytes, tp, compiled, moe_tp, dp)
+    return tokens * m.hidden_size * dtype_bytes + max(prologue, layer)
+
+
 def proposer_buffer_bytes(draft: ModelSpec, tokens: int, seqs: int, dtype_bytes: int, draft_model: bool) -> int:
     """The proposer's persistent device buffers (``SpecDecodeBaseProposer.__init__``), allocated with the model
     runner before the weights are measured, so in vLLM's "weights + non-torch" (``total_consumed``), not in
@@ -893,6 +916,7 @@ class _Options:
     draft_is_model: bool = False  # method draft (a separate model, no hidden states passed)
     speculative_profile: bool = False  # the release's rejection-sampler dummy run is modelled
     draft_layers: int = 0  # the proposer's own layers (draft model, EAGLE head): its graphs are captured too
+    mtp_layers: int = 0  # method mtp: the target's MTP layers (the proposer's model is the target itself)
 
 
 def _refuse(where: str, message: str, fix: str) -> ScenarioError:
@@ -980,6 +1004,75 @@ def speculative_profile_modelled(version: str) -> bool:
     return parse_release(version) >= SPECULATIVE_PROFILE_FROM
 
 
+def _mtp_draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, ModelSpec | None]:
+    """vLLM's MTP proposer (facts/vllm_mtp.py): the target's ``num_nextn_predict_layers`` MTP layers, each a
+    decoder layer shaped like the target's last with ``eh_proj`` and three norms (``mtp_layer_bytes``, shared with
+    SGLang's NEXTN draft), its attention a KV layer of the target's size; the embedding is the target's, and each
+    layer's ``shared_head.head`` too from 0.16.0 (before, ``ceil(vocab / tp) x h`` in the model dtype each stays).
+    DeepSeek-V3, tp 8, fp8-block, bf16, 0.17.0: one MTP layer; the model returned is the target, whose layer
+    shapes the proposer's forward (``_speculative_terms``)."""
+    sv, m, par = r.scenario.serve, r.model, r.scenario.parallel
+    spec = sv.speculative
+    assert spec is not None
+    rel = parse_release(version)
+    first = ".".join(map(str, MTP_METHOD_FROM))
+    if rel < MTP_METHOD_FROM:
+        raise _refuse("serve.speculative.method", f"vLLM {version}'s MTP proposer (method 'deepseek_mtp' in 0.9-0.10) "
+                      f"is not modelled: vLLM's method 'mtp' was read from {first} (facts/vllm_mtp.py)",
+                      f"use serve.vllm_version >= {first}")
+    if spec.model:
+        raise _refuse("serve.speculative.model", "vLLM's method 'mtp' reads the target's own MTP layers (the "
+                      "speculative model defaults to the target); a separate MTP checkpoint is not modelled",
+                      "remove serve.speculative.model")
+    if par.pp > 1:
+        raise _refuse("serve.speculative.method", "an MTP proposer with pipeline parallelism is not modelled (vLLM "
+                      "then loads the proposer's embedding separately, EagleProposer._maybe_share_embeddings)",
+                      "use parallel.pp 1")
+    try:
+        cfg = model_config(r.scenario.model, offline=True)
+    except (VramplanError, OSError):
+        cfg = {}
+    archs = cfg.get("architectures") or []
+    arch = mtp_arch(archs[0]) if isinstance(archs, list) and archs else None
+    nextn = cfg.get("num_nextn_predict_layers")
+    if not isinstance(nextn, int) or nextn < 1 or arch is None:
+        known = ", ".join(a.architecture for a in VLLM_MTP_ARCHS)
+        what = ("has no MTP layers (num_nextn_predict_layers)" if not isinstance(nextn, int) or nextn < 1 else
+                f"is a {archs[0]}, whose MTP layers are not modelled for vLLM")
+        raise _refuse("serve.speculative.method", f"{m.name} {what}; vLLM's MTP proposer is modelled for {known}",
+                      "use method eagle, eagle3, draft or ngram, or a model with MTP layers such as "
+                      "deepseek-ai/DeepSeek-V3")
+    k = spec.num_speculative_tokens
+    if k > nextn and k % nextn:
+        raise _refuse("serve.speculative.num_speculative_tokens", f"vLLM raises 'num_speculative_tokens:{k} must be "
+                      f"divisible by n_predict={nextn}' (vllm/config/speculative.py, MTP layer reuse)",
+                      f"use a multiple of {nextn}, or at most {nextn}")
+    c, tp = dtype_bits(sv.dtype) // 8, par.tp
+    ep, expert_tp = moe_split(r)
+    layers_bytes = nextn * mtp_layer_bytes(m, tp, ep, expert_tp, c, sv.quantization)
+    heads = 0 if rel >= MTP_HEAD_SHARED_FROM else nextn * ceil_div(m.vocab_size, tp) * m.hidden_size * c
+    weights = layers_bytes + heads
+    tspec = kv_spec(m, sv.kv_cache_dtype, c, tp)
+    layers = (tspec.layer_bytes_per_token(tspec.layers[-1]),) * nextn
+    shared_from = ".".join(map(str, MTP_HEAD_SHARED_FROM))
+    head_note = (f"the embedding and LM head are the target's (EagleProposer shares both from {shared_from}; the "
+                 "copies it loads are freed before the weights are measured)" if not heads else
+                 f"the embedding is the target's; each layer keeps its own shared_head.head ({heads / GiB:.2f} GiB: "
+                 f"vLLM {version} does not replace it by the target's, which it does from {shared_from})")
+    read = speculative_profile_modelled(version)
+    profile = ("its profile run (the MTP layer's forward, rejection sampler) and buffers are sized from vLLM's source "
+               "(see below)" if read else "its profile run is assumed to peak below the target's")
+    if rel >= RUNNER_V2_DEFAULT_READ_AT:
+        profile += (f" (vLLM {version} runs Model Runner V2 by default where it supports the setup; its MTP "
+                    "speculator's profile run was not read: the V1 runner's EagleProposer is assumed)")
+    note = (f"speculative mtp proposer ({arch.draft}, the target's own {nextn} MTP layer(s), num_nextn_predict_layers): "
+            f"{weights / GiB:.2f} GiB of weights, each layer a decoder layer shaped like the target's last (stored "
+            f"as the target's, {sv.quantization}) with eh_proj and norms ({layers_bytes / GiB:.2f} GiB); {head_note}; "
+            f"the rotary cache is the target's; {nextn} KV layer(s) of the target's size in the same block pool; "
+            f"{profile}; num_speculative_tokens {k} changes no start-up memory (above {nextn} the layers run again)")
+    return weights, layers, note, m
+
+
 def _draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, ModelSpec | None]:
     """(weights, KV bytes per token of each layer, note, model) of a draft model or EAGLE head from the catalog."""
     sv = r.scenario.serve
@@ -988,8 +1081,7 @@ def _draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, ModelS
     if spec.method == "ngram":
         return 0, (), "speculative n-gram proposer: no GPU weights, no KV layers (it matches the prompt on the host)", None
     if spec.method == "mtp":
-        raise _refuse("serve.speculative.method", "speculative method 'mtp' (the model's own multi-token-prediction "
-                      "layers) is not modelled yet", "use draft, eagle, eagle3 or ngram")
+        return _mtp_draft(r, version)
     if not spec.model:
         raise _refuse("serve.speculative.model", f"speculative method {spec.method!r} needs a model",
                       "give serve.speculative.model as a catalog name (vramplan models)")
@@ -1180,10 +1272,12 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                          "decode sizes), while the sizes counted here are the grid scaled by the query length "
                          "(facts/vllm_cudagraphs.py), so the estimate it subtracts from the KV budget differs")
     modelled = sv.speculative is not None and speculative_profile_modelled(version)
+    mtp = sv.speculative is not None and sv.speculative.method == "mtp"
     return _Options(offloaded=offloaded, lora=lora, host_lora=host_lora, draft_weights=draft, draft_layer_bytes_per_token=draft_layers,
                     notes=tuple(notes), draft_model=draft_model if modelled else None,
                     draft_is_model=sv.speculative is not None and sv.speculative.method == "draft",
-                    speculative_profile=modelled, draft_layers=len(draft_model.layers) if draft_model else 0)
+                    speculative_profile=modelled, draft_layers=len(draft_layers) if mtp else
+                    len(draft_model.layers) if draft_model else 0, mtp_layers=len(draft_layers) if mtp else 0)
 
 
 @dataclass(frozen=True)
@@ -1379,7 +1473,11 @@ def _speculative_terms(r: Resolved, beh: VllmBehaviour, opt: _Options, batched: 
     terms = {"rejection_peak": rejection_sampler_peak_bytes(m, batched, requests, c, sampler)}
     if opt.draft_model is not None:
         compiled = sv.cuda_graphs and beh.rules.profile_compiled
-        terms["proposer_peak"] = proposer_forward_peak_bytes(m, opt.draft_model, batched, c, tp, compiled)
+        if opt.mtp_layers:
+            _, moe_tp = moe_split(r)
+            terms["proposer_peak"] = mtp_forward_peak_bytes(m, batched, c, tp, compiled, moe_tp, sv.dp)
+        else:
+            terms["proposer_peak"] = proposer_forward_peak_bytes(m, opt.draft_model, batched, c, tp, compiled)
         terms["proposer_buffers"] = proposer_buffer_bytes(opt.draft_model, batched, seqs, c, opt.draft_is_model)
     return terms
 
