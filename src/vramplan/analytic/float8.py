@@ -34,11 +34,11 @@ __all__ = [
     "converts_head",
     "float8_assumptions",
     "float8_on",
+    "head_backward_bytes",
+    "layer_cast_peaks",
     "low_precision_linears",
     "mx_assumptions",
     "mx_on",
-    "head_backward_bytes",
-    "layer_cast_peaks",
 ]
 
 # eager hp -> float8 cast (float8_training_tensor.py _ToFloat8ConstrFunc.forward, float8_utils.to_fp8_saturated):

@@ -18,6 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.facts.mx_training import BLOCK_SIZE as MX_BLOCK
+from vramplan.facts.mx_training import NVFP4_REFUSAL
 from vramplan.facts.peft_targets import (
     LITGPT_LORA_DEFAULT,
     LITGPT_LORA_SOURCE,
@@ -27,8 +29,6 @@ from vramplan.facts.peft_targets import (
     UNMAPPED_FALLBACK,
     completed_targets,
 )
-from vramplan.facts.mx_training import BLOCK_SIZE as MX_BLOCK
-from vramplan.facts.mx_training import NVFP4_REFUSAL
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.torchtune import (
@@ -45,7 +45,14 @@ from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
-from vramplan.spec.scenario import Float8Training, MXTraining, Peft, Scenario, TrainQuant, engine_option_problems
+from vramplan.spec.scenario import (
+    Float8Training,
+    MXTraining,
+    Peft,
+    Scenario,
+    TrainQuant,
+    engine_option_problems,
+)
 from vramplan.spec.vision import image_problems, vision_notes
 from vramplan.spec.vision_quant import tower_quant_problems
 
