@@ -47,7 +47,10 @@ config as ``config.mxfp8_dim1_cast_kernel_choice``, an attribute ``MXLinearConfi
 is ``mxfp8_cast_kernel_choice``): the recipe's dim1 kernel runs.  The dim0 cast needs the last dimension a multiple
 of 32 (``to_mx``: "must be divisible by block_size"); the CUDA dim1 cast both dimensions (``mxfp8_quantize_cuda``:
 "rows must be a multiple of 32").  torchtitan HEAD (b5bcd76, 2026) converts with
-``torchao.prototype.moe_training.mxfp8_linear.MXFP8Linear`` instead, absent from torchao 0.14.1.
+``torchao.prototype.moe_training.mxfp8_linear.MXFP8Linear`` instead, absent from torchao 0.14.1: its
+``MXFP8LinearConverter`` raises ValueError unless ``has_cuda_capability(10, 0)`` and swaps every ``Linear.Config``
+whose name contains one of its ``fqns`` (all of them, the head included, when ``fqns`` is empty), with no
+dimension filter; that layout is not modelled.
 
 NVFP4: torchao v0.14.1 has no NVFP4 training linear.  ``mx_formats`` offers ``NVFP4InferenceConfig`` (inference)
 and ``prototype/qat/nvfp4.py`` ``NVFP4FakeQuantizedLinear`` (quantization-aware training: NVFP4 forward, a bf16
