@@ -247,3 +247,20 @@ def test_torchao_emulated_backward_matches() -> None:
     peak, end = _peak_of(lambda: y.backward(g))
     assert peak == backward_peak_bytes(32, 64, 32, EMULATED) + 32 * 64 * 2 == 42_176
     assert end == 2 * 32 * 64 * 2
+
+
+def test_linears_of_16_but_not_32_are_refused(tmp_path: Any) -> None:
+    # hidden 48 = 3 x 16: torchtitan's filter converts the 48 x 48 projections (multiples of 16), but torchao's
+    # MX casts block them by 32 (48 / 32 is not whole): refused, naming them
+    import json
+
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 48,
+           "intermediate_size": 128, "num_attention_heads": 3, "num_key_value_heads": 1, "vocab_size": 1024,
+           "max_position_embeddings": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ScenarioError) as e:
+        estimate(_doc(model=str(tmp_path)))
+    hit = [p for p in e.value.problems if p.where == "train.precision"]
+    assert hit and "not of 32" in hit[0].message and "q_proj" in hit[0].message, e.value.problems
+    # the same model in bf16: nothing to refuse
+    assert estimate(_doc("bf16-mixed", model=str(tmp_path))).per_gpu.breakdown["weights"] > 0
