@@ -157,7 +157,8 @@ def test_help_shows_the_description_and_choices() -> None:
     assert "train: Base-weight quantization under training" in text and "inference/serve: Weight quantization" in text
     assert "Choices: 0 | 1 | 2 | 3." in text  # zero_stage: a Literal of ints
     trace = _help("trace")
-    assert "Choices: fp32 | fp16-mixed | bf16-mixed | bf16-true | fp16-true | fp8-mixed | fp8-torchao." in trace
+    assert ("Choices: fp32 | fp16-mixed | bf16-mixed | bf16-true | fp16-true | fp8-mixed | fp8-torchao | "
+            "mxfp8-torchao.") in trace
     assert "--bitsandbytes" not in trace  # the trace runs the installed libraries
     plan = _help("plan")
     assert "train: Adapter rank r" in plan and "The planner's default: 16." in plan

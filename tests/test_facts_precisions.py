@@ -21,9 +21,10 @@ _FAMILY_DOC = {
 
 def _doc(row: PrecisionConvention) -> dict[str, object]:
     extra = _FAMILY_DOC[row.family]
-    if row.precision == "fp8-torchao":  # torchao float8 is modelled as torchtitan's converter
+    if row.precision in ("fp8-torchao", "mxfp8-torchao"):  # torchao's training is modelled as torchtitan's converter
         extra = {**extra, "framework": "torchtitan"}
-    hw = {"gpu": "H100-SXM", **extra.get("hardware", {})}  # type: ignore[dict-item]
+    # MXFP8 needs compute capability 10.0 (torchtitan's MXLinearConverter)
+    hw = {"gpu": "B200" if row.precision == "mxfp8-torchao" else "H100-SXM", **extra.get("hardware", {})}  # type: ignore[dict-item]
     return {"model": "gpt2", "hardware": hw, "framework": extra["framework"], "parallel": extra.get("parallel", {}),
             "train": {"micro_batch_size": 1, "seq_len": 128, "precision": row.precision}}
 
@@ -33,11 +34,13 @@ def test_every_precision_of_the_schema_has_a_row_for_every_family() -> None:
     for prec in precisions:
         # fp8-torchao is modelled under torchtitan only (its FSDP row): the other families are refused
         # before a row is looked up (spec/load.py _float8_problems)
-        for family in (("fsdp",) if prec == "fp8-torchao" else ("autocast", "fsdp", "deepspeed")):
+        # (mxfp8-torchao likewise, spec/load.py _mx_problems)
+        for family in (("fsdp",) if prec in ("fp8-torchao", "mxfp8-torchao") else ("autocast", "fsdp", "deepspeed")):
             assert isinstance(precision_policy(prec, family), PrecisionPolicy)
-    with pytest.raises(KeyError):
-        precision_policy("fp8-torchao", "autocast")
-    assert len({(r.precision, r.family) for r in PRECISIONS}) == len(PRECISIONS) == 13
+    for prec in ("fp8-torchao", "mxfp8-torchao"):
+        with pytest.raises(KeyError):
+            precision_policy(prec, "autocast")
+    assert len({(r.precision, r.family) for r in PRECISIONS}) == len(PRECISIONS) == 14
 
 
 @pytest.mark.parametrize("row", PRECISIONS, ids=lambda r: f"{r.precision}/{r.family}")
@@ -52,7 +55,7 @@ def test_every_row_is_picked_and_estimated(row: PrecisionConvention) -> None:
     # measure: the dtypes it builds with, or its refusal (fp8 needs Transformer Engine)
     from vramplan.measure.build import precision_dtypes
 
-    if row.precision in ("fp8-mixed", "fp8-torchao"):
+    if row.precision in ("fp8-mixed", "fp8-torchao", "mxfp8-torchao"):
         from vramplan.catalog.resolve import resolve
         from vramplan.measure.build import unsupported
 

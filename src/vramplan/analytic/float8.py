@@ -20,7 +20,9 @@ W = 32 x 16 = 512): the casts' instants of ``backward_peak_bytes`` are 9 x 64 = 
 
 from __future__ import annotations
 
+from vramplan.analytic import mx
 from vramplan.facts.float8_training import DIM_MULTIPLE, Float8RecipeFacts, Granularity, float8_recipe
+from vramplan.facts.mx_training import mx_recipe
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div
@@ -34,6 +36,9 @@ __all__ = [
     "float8_on",
     "head_backward_bytes",
     "layer_cast_peaks",
+    "low_precision_linears",
+    "mx_assumptions",
+    "mx_on",
 ]
 
 # eager hp -> float8 cast (float8_training_tensor.py _ToFloat8ConstrFunc.forward, float8_utils.to_fp8_saturated):
@@ -46,10 +51,21 @@ def float8_on(s: Scenario) -> bool:
     return s.task == "train" and s.train.precision == "fp8-torchao"
 
 
+def mx_on(s: Scenario) -> bool:
+    """torchao MXFP8 training (analytic/mx.py): the same converted linears, MX casts in their backward."""
+    return s.task == "train" and s.train.precision == "mxfp8-torchao"
+
+
+def low_precision_linears(s: Scenario) -> bool:
+    """torchao swaps the large linears (float8 or MXFP8): their backward casts are terms (terms/float8.py)."""
+    return float8_on(s) or mx_on(s)
+
+
 def converts_head(s: Scenario) -> bool:
-    """The LM head is converted: ``train.float8.convert_lm_head``, else the framework's default (torchtitan's
-    Llama 3 train configs filter ``output``; plain ``convert_to_float8_training`` converts it)."""
-    given = s.train.float8.convert_lm_head
+    """The LM head is converted: ``train.float8.convert_lm_head`` (``train.mx.convert_lm_head`` with MXFP8), else
+    the framework's default (torchtitan's Llama 3 train configs and its ``[mx]`` section filter ``output``; plain
+    ``convert_to_float8_training`` converts it)."""
+    given = s.train.mx.convert_lm_head if mx_on(s) else s.train.float8.convert_lm_head
     return given if given is not None else s.effective_framework != "torchtitan"
 
 
@@ -117,12 +133,11 @@ def converted_layer_linears(m: ModelSpec, layer: int, tp: int) -> list[tuple[boo
 
 
 def layer_cast_peaks(s: Scenario, m: ModelSpec, layer: int, tp: int, tokens: int) -> tuple[int, int]:
-    """(MLP part, attention part): the largest converted linear's backward float8 peak in each part of the layer."""
-    recipe = float8_recipe(s.train.float8.recipe_name)
-    gathered = s.train.float8.enable_fsdp_float8_all_gather
+    """(MLP part, attention part): the largest converted linear's backward float8 (or MX) peak in each part of the
+    layer."""
     mlp = attn = 0
     for in_mlp, fan_in, fan_out in converted_layer_linears(m, layer, tp):
-        b = backward_peak_bytes(tokens, fan_in, fan_out, recipe, gathered)
+        b = _linear_peak(s, tokens, fan_in, fan_out, gathered=True)
         if in_mlp:
             mlp = max(mlp, b)
         else:
@@ -130,17 +145,25 @@ def layer_cast_peaks(s: Scenario, m: ModelSpec, layer: int, tp: int, tokens: int
     return mlp, attn
 
 
+def _linear_peak(s: Scenario, tokens: int, fan_in: int, fan_out: int, gathered: bool) -> int:
+    """One converted linear's backward peak under the scenario's recipe (``gathered``: its weight may be gathered
+    in float8, as the decoder's are and a tied head's is not)."""
+    if mx_on(s):
+        return mx.backward_peak_bytes(tokens, fan_in, fan_out, mx_recipe(s.train.mx.recipe_name))
+    f8 = s.train.float8
+    return backward_peak_bytes(tokens, fan_in, fan_out, float8_recipe(f8.recipe_name),
+                               gathered and f8.enable_fsdp_float8_all_gather)
+
+
 def head_backward_bytes(s: Scenario, m: ModelSpec, tp: int, tokens: int) -> int:
-    """The converted LM head's backward float8 peak (0 when it is not converted or not a multiple of 16)."""
+    """The converted LM head's backward float8 (or MX) peak (0 when it is not converted or not a multiple of 16)."""
     head = next((p for p in m.params if p.role == "lm_head"), None)
     # a tied head is still an nn.Linear (its weight the embedding's): hidden -> vocab
     fan_in, fan_out = (head.in_features, head.out_features) if head is not None else (
         (m.hidden_size, m.vocab_size) if m.tie_word_embeddings else (0, 0))
     if not (fan_in and converts_head(s)) or fan_in % DIM_MULTIPLE or fan_out % DIM_MULTIPLE:
         return 0
-    recipe = float8_recipe(s.train.float8.recipe_name)
-    return backward_peak_bytes(tokens, fan_in, ceil_div(fan_out, tp), recipe,
-                               s.train.float8.enable_fsdp_float8_all_gather and head is not None)
+    return _linear_peak(s, tokens, fan_in, ceil_div(fan_out, tp), gathered=head is not None)
 
 
 def float8_assumptions(s: Scenario) -> list[str]:
@@ -170,3 +193,25 @@ def float8_assumptions(s: Scenario) -> list[str]:
         out.append("not modelled: torchtitan's float8 tensor parallelism (Float8ColwiseParallel / "
                    "Float8RowwiseParallel) all-gathers the sequence-parallel input in float8; it is counted as bf16")
     return out
+
+
+def mx_assumptions(s: Scenario) -> list[str]:
+    """What the estimate of a torchao MXFP8 step takes as given, each with its source."""
+    if not mx_on(s):
+        return []
+    recipe = mx_recipe(s.train.mx.recipe_name)
+    head = "converted" if converts_head(s) else "left in bf16 (torchtitan's filter_fqns default [\"output\"])"
+    dim1 = ("the CUDA dim1 cast kernel writes only its output" if recipe.dim1_cast == "cuda" else
+            "the TORCH dim1 casts cast a transposed bf16 copy")
+    return [
+        f"torchao MXFP8 training (torchao v0.14.1 MXLinear, recipe {recipe.name}: e4m3 elements, one e8m0 scale per 32): "
+        "each decoder nn.Linear with both dimensions multiples of 16 is converted; routed experts and routers are not; "
+        "the LM head is " + head,
+        ("torchao MXFP8: a converted linear saves its bf16 input and its weight, as nn.Linear does (mx_mm saves "
+         "input_hp, weight_hp): saved activations and all-gathers as bf16-mixed"),
+        (f"torchao MXFP8 casts run eagerly (the dim0 cast holds 12 B per element at its peak: the fp32 copy, the scaled "
+         f"data and its clamp; {dim1}); torch.compile, which torchtitan recommends, fuses them into fewer bytes: this is "
+         "an upper bound for a compiled step"),
+        ("torchao MXFP8: the forward's casts (freed as each linear returns) and the allocator's fragmentation around the "
+         "backward's casts are not counted (the allocator replay does not allocate them)"),
+    ]

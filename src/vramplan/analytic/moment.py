@@ -133,6 +133,8 @@ class K:
     CASTS = _k("temporaries", "autocast weight copies", "half-precision copies autocast makes of fp32 weights")
     FLOAT8_CASTS = _k("temporaries", "float8 casts (torchao)",
                       "a converted linear's float8 casts and operand copies in its backward (torchao float8 training)")
+    MX_CASTS = _k("temporaries", "MXFP8 casts (torchao)",
+                  "a converted linear's MX casts and scale layouts in its backward (torchao MXFP8 training)")
     FLOAT8_SCALES = _k("weights", "float8 weight scales (torchao)",
                        "one fp32 scale per converted weight, precomputed after the optimizer step")
     LOSS_FORWARD = _k("temporaries", "logits and loss", "logits and the loss's tensors at the forward's end")

@@ -36,7 +36,7 @@ from vramplan.analytic.attention import (
 from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.deepspeed import deepspeed_assumptions
 from vramplan.analytic.events import StepLayout, build_layout
-from vramplan.analytic.float8 import float8_assumptions
+from vramplan.analytic.float8 import float8_assumptions, mx_assumptions
 from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import TORCHTUNE_LOSS_NOTES, family_loss_release, loss_release_note
@@ -355,6 +355,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     out += _kbit_input_assumptions(s, fw)
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)
+    out += mx_assumptions(s)
     out += _sharding_assumptions(s, m, fw)
     out += _routing_assumptions(s, m)
     if ckpt_note := policy_assumption(s):

@@ -74,6 +74,9 @@ RENAMED: dict[str, str] = {
     "software.torchtune": "torchtune_version",
     # torchao float8 training's recipe (train.float8): "--recipe-name" alone would not say which recipe
     "train.float8.recipe_name": "float8_recipe",
+    # torchao MXFP8 training (train.mx): its leaves are float8's too
+    "train.mx.recipe_name": "mx_recipe",
+    "train.mx.convert_lm_head": "mx_convert_lm_head",
     # torchtitan's own names are too long for an 80-120 column help table (rich cuts them): shorter, same prefix
     "train.float8.precompute_float8_dynamic_scale_for_fsdp": "float8_precompute_scale",
     "train.float8.force_recompute_fp8_weight_in_bwd": "float8_force_recompute",

@@ -11,7 +11,8 @@ pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkp
 ``[checkpoint]`` enable_checkpoint, ``[validation]`` enabled/local_batch_size/seq_len/steps; with
 ``precision: fp8-torchao`` ``[model]`` converters = ["float8"] and ``[float8]`` (``Float8``: recipe_name,
 enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp, force_recompute_fp8_weight_in_bwd,
-filter_fqns).
+filter_fqns); with ``precision: mxfp8-torchao`` ``[model]`` converters = ["mx"] and ``[mx]`` (``MX``: recipe_name,
+mxfp8_dim1_cast_kernel_choice, filter_fqns).
 ``JOB_CONFIG_KEYS`` lists them for the tests (torchtitan itself is not a dependency).
 
 Batch semantics: ``local_batch_size`` is per data-parallel rank per optimizer step; without
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.errors import Problem, ScenarioError
 from vramplan.export.lifecycle import ResolvedLifecycle, resolve_lifecycle
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.facts.pipeline_schedules import pipeline_schedule
@@ -57,6 +59,7 @@ JOB_CONFIG_KEYS: dict[str, frozenset[str]] = {
     "float8": frozenset({"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
                          "force_recompute_fp8_weight_in_bwd", "recipe_name", "filter_fqns", "emulate",
                          "moe_fqns_prototype"}),
+    "mx": frozenset({"mxfp8_dim1_cast_kernel_choice", "recipe_name", "filter_fqns"}),
 }
 
 # torchtitan's own model names and flavors for the catalog models it ships (llama3 "8B"/"70B"/"405B")
@@ -90,6 +93,8 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
     model = _model_section(family, layers, hidden)
     if s.precision == "fp8-torchao":
         model["converters"] = ["float8"]
+    if s.precision == "mxfp8-torchao":
+        model["converters"] = ["mx"]
     return {
         "job": {"description": f"vramplan plan: {s.label()}"},
         "model": model,
@@ -102,6 +107,7 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
         "activation_checkpoint": {"mode": "full" if s.checkpointing == "full" else "none"},
         **_lifecycle_sections(s, lifecycle or resolve_lifecycle(s)),
         **_float8_section(s),
+        **_mx_section(s),
     }
 
 
@@ -122,6 +128,24 @@ def _float8_section(s: TrainSetup) -> dict[str, dict[str, Any]]:
     else:
         out["recipe_name"] = f8.recipe_name
     return {"float8": out}
+
+
+def _mx_section(s: TrainSetup) -> dict[str, dict[str, Any]]:
+    """``[mx]`` for ``precision: mxfp8-torchao``.  At the cited commit ``MXConverter`` maps ``recipe_name`` "mxfp8"
+    (its only value) to torchao's mxfp8_cublas (``NAME_MAP``) and sets the dim1 cast kernel from
+    ``mxfp8_dim1_cast_kernel_choice`` (default "triton"): "cuda" is written, the kernel of mxfp8_cublas as the
+    estimate models it.  mxfp8_cublas_rceil and mxfp8_emulated have no ``[mx]`` value there (torchtitan f7a56e60 on,
+    ``[quantize.linear.mx]``, takes any torchao recipe name): refused.  ``filter_fqns`` = ["output"] unless the head
+    is converted (the section's default)."""
+    if s.precision != "mxfp8-torchao":
+        return {}
+    mx = s.train.mx
+    if mx.recipe_name != "mxfp8_cublas":
+        raise ScenarioError([Problem("train.mx.recipe_name", f"torchtitan's [mx] section (commit 000204a4) offers "
+                                     f"recipe_name mxfp8 (torchao mxfp8_cublas) only, not {mx.recipe_name}",
+                                     "set train.mx.recipe_name: mxfp8_cublas to export")])
+    return {"mx": {"recipe_name": "mxfp8", "mxfp8_dim1_cast_kernel_choice": "cuda",
+                   "filter_fqns": [] if mx.convert_lm_head else ["output"]}}
 
 
 def _pipeline_keys(s: TrainSetup, layers: int) -> dict[str, Any]:

@@ -22,7 +22,9 @@ each linear weight, and linear inputs saved in fp8 for the backward pass.
 converter): one row, for the FSDP family, equal to bf16-mixed's, because a converted linear saves its bf16 input
 and its weight as ``nn.Linear`` does and keeps no float8 copy between the forward and the backward
 (facts/float8_training.py); its casts and its float8 all-gather are terms (analytic/float8.py).  The other
-families are refused (spec/load.py): torchtitan is the framework modelled.
+families are refused (spec/load.py): torchtitan is the framework modelled.  ``mxfp8-torchao`` (torchao's MXFP8
+training, torchtitan's ``mx`` converter) is the same row for the same reason: ``mx_mm`` saves the bf16 input and
+weight (facts/mx_training.py); its casts are terms (analytic/mx.py).
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ PRECISIONS: tuple[PrecisionConvention, ...] = (
     *_mixed("fp8-mixed", "bf16", fp8=True),
     # torchao float8 under FSDP2 / torchtitan: bf16-mixed's FSDP row (what is saved is unchanged)
     PrecisionConvention(precision="fp8-torchao", family="fsdp", convention=_STATES, policy=PrecisionPolicy(
+        param_bytes=4, frozen_param_bytes=2, grad_bytes=4, master_bytes=0, compute_bytes=2, residual_bytes=2,
+        autocast=False, weight_cast_bytes=0, linear_input_bytes=2, half="bf16")),
+    # torchao MXFP8 under FSDP2 / torchtitan: the same (mx_mm saves input_hp and weight_hp; no MX all-gather)
+    PrecisionConvention(precision="mxfp8-torchao", family="fsdp", convention=_STATES, policy=PrecisionPolicy(
         param_bytes=4, frozen_param_bytes=2, grad_bytes=4, master_bytes=0, compute_bytes=2, residual_bytes=2,
         autocast=False, weight_cast_bytes=0, linear_input_bytes=2, half="bf16")),
 )

@@ -101,6 +101,9 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
         if t.precision == "fp8-torchao":
             out.append(Problem("train.precision", "fp8-torchao needs torchao's float8 kernels on an sm89+ GPU",
                                "measure bf16-mixed instead"))
+        if t.precision == "mxfp8-torchao":
+            out.append(Problem("train.precision", "mxfp8-torchao needs torchao's MX kernels on a compute-capability-10 "
+                               "GPU", "measure bf16-mixed instead"))
         if t.quantization != "none" or (t.peft is not None and t.peft.method == "qlora"):
             out.append(Problem("train.quantization", f"quantized base weights ({t.quantization}) need bitsandbytes "
                                "on CUDA; measure builds dense random weights",

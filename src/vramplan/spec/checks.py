@@ -16,6 +16,7 @@ import math
 from pydantic import BaseModel
 
 from vramplan.errors import Problem
+from vramplan.facts.mx_training import MIN_CAPABILITY as MX_MIN_CAPABILITY
 from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import first_release, release_tuple
 from vramplan.facts.vllm_releases import (
@@ -750,7 +751,7 @@ def _hybrid_train_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem
     if t.activation_offload != "none":
         out.append(Problem("train.activation_offload", f"{what}; offloading its saved activations is not "
                            "estimated", "set train.activation_offload: none"))
-    if t.precision in ("fp8-mixed", "fp8-torchao"):
+    if t.precision in ("fp8-mixed", "fp8-torchao", "mxfp8-torchao"):
         out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated for it (fp8 "
                            "linears in the mixers are not modelled)", "use bf16-mixed or bf16-true"))
     return out
@@ -832,12 +833,38 @@ def capability_problems(s: Scenario, gpu: GpuSpec) -> list[Problem]:
                    f"compute capability {gpu.compute_capability}) lacks",
                    "use a Hopper/Ada or newer GPU (hardware.gpu), or a 16-bit setting")
            for setting, archs in _fp8_uses(s) if arch not in archs]
+    out += _mx_capability_problems(s, gpu)
     # a value, not the key's presence: the default auto is resolved to fp16 there (served_dtype), so only a bf16
     # given is refused, as vLLM refuses --dtype bfloat16 there (_check_if_gpu_supports_dtype, 0.8.5 and 0.9.0)
     if s.task == "serve" and s.serve.engine != "llamacpp" and arch in PRE_AMPERE and s.serve.dtype == "bf16":
         out.append(Problem("serve.dtype", f"vLLM refuses bf16 on {gpu.name} (compute capability "
                            f"{gpu.compute_capability} < 8.0)", "set serve.dtype: fp16 (the same bytes) or auto"))
     return out
+
+
+def _cuda_capability(text: str) -> tuple[int, int] | None:
+    """``"10.0"`` as (10, 0); None for a ROCm ``gfx`` name or an unknown one."""
+    major, _, minor = text.partition(".")
+    return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else None
+
+
+def _mx_capability_problems(s: Scenario, gpu: GpuSpec) -> list[Problem]:
+    """torchao MXFP8 training below compute capability 10.0: torchtitan's ``MXLinearConverter`` asserts
+    ``has_cuda_capability(10, 0)`` ("MXFP8 is only supported on SM100 or architectures"); torchao 0.14.1 builds its
+    ``mxfp8_cuda`` cast kernel only for SM100 and its cuBLAS MX gemm is Blackwell's (facts/mx_training.py).  The
+    nearest working setting on an fp8 GPU is torchao float8 training."""
+    if not (s.task == "train" and s.train.precision == "mxfp8-torchao"):
+        return []
+    cap = _cuda_capability(gpu.compute_capability)
+    if cap is not None and cap >= MX_MIN_CAPABILITY:
+        return []
+    need = ".".join(map(str, MX_MIN_CAPABILITY))
+    nearest = ("set train.precision: fp8-torchao (torchao float8 training, compute capability 8.9 and up)"
+               if gpu.architecture in FP8_COMPUTE_ARCHITECTURES else "set train.precision: bf16-mixed")
+    return [Problem("train.precision", f"mxfp8-torchao (torchao MXFP8 training) needs an NVIDIA GPU of compute "
+                    f"capability {need} or above (torchtitan MXLinearConverter: has_cuda_capability(10, 0)), which "
+                    f"{gpu.name} ({gpu.architecture}, compute capability {gpu.compute_capability}) is not",
+                    f"{nearest}, or use a B200/B100 (hardware.gpu)")]
 
 
 def capability_notes(s: Scenario, gpu: GpuSpec) -> list[str]:

@@ -18,6 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.facts.mx_training import BLOCK_SIZE as MX_BLOCK
+from vramplan.facts.mx_training import NVFP4_REFUSAL
 from vramplan.facts.peft_targets import (
     LITGPT_LORA_DEFAULT,
     LITGPT_LORA_SOURCE,
@@ -43,7 +45,14 @@ from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import CheckpointQuant, ModelSpec
-from vramplan.spec.scenario import Float8Training, Peft, Scenario, TrainQuant, engine_option_problems
+from vramplan.spec.scenario import (
+    Float8Training,
+    MXTraining,
+    Peft,
+    Scenario,
+    TrainQuant,
+    engine_option_problems,
+)
 from vramplan.spec.vision import image_problems, vision_notes
 from vramplan.spec.vision_quant import tower_quant_problems
 
@@ -273,6 +282,10 @@ def parse_scenario(data: dict[str, Any] | Scenario) -> Scenario:
                 close = suggest(key, names)
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
                 problems.append(Problem(where, "unknown key", hint))
+            elif err["type"] == "literal_error" and where == "train.precision" and "nvfp4" in str(err.get("input")).lower():
+                problems.append(Problem(where, f"{err.get('input')!r} is not modelled: {NVFP4_REFUSAL}",
+                                        "set train.precision: mxfp8-torchao (MXFP8 training, compute capability 10.0 "
+                                        "and up) or fp8-torchao"))
             elif err["type"] == "literal_error":
                 allowed = err.get("ctx", {}).get("expected", "")
                 close = suggest(str(err.get("input")), [a.strip(" '") for a in str(allowed).replace(" or ", ",").split(",")])
@@ -981,9 +994,60 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         if t.torchao_cpu_offload != "none":
             out += torchao_offload_problems(s)
         out += _float8_problems(s)
+        out += _mx_problems(s, m)
         if m.encoder_only and t.attention == "flash":
             out.append(Problem("train.attention", "flash-attention 2 is not available for encoder models here",
                                "use sdpa"))
+    return out
+
+
+def _mx_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """torchao MXFP8 training (``precision: mxfp8-torchao``, ``train.mx``): what torchtitan's ``mx`` converter and
+    torchao's MX casts refuse, and what is not modelled (docs/conventions.md, torchao MXFP8).  The GPU's compute
+    capability is checked with the GPU (spec/checks.py ``capability_problems``)."""
+    t = s.train
+    if t.precision != "mxfp8-torchao":
+        if t.mx != MXTraining():
+            return [Problem("train.mx", "train.mx is read only with train.precision: mxfp8-torchao",
+                            "set train.precision: mxfp8-torchao, or remove train.mx")]
+        return []
+    out: list[Problem] = []
+    if s.effective_framework != "torchtitan":
+        out.append(Problem("train.precision", f"mxfp8-torchao is modelled as torchtitan's mx converter, not under "
+                           f"framework {s.effective_framework}", "set framework: torchtitan (or use bf16-mixed)"))
+    if t.peft is not None or t.objective != "sft":
+        out.append(Problem("train.precision", "mxfp8-torchao is modelled for full fine-tuning (objective sft) only",
+                           "remove train.peft / set objective: sft, or use bf16-mixed"))
+    tokens = t.micro_batch_size * t.seq_len // s.parallel.cp
+    if tokens % MX_BLOCK:
+        # mx_mm.backward casts grad_output and the input along dim1, in blocks of 32 tokens: mxfp8_quantize_cuda
+        # asserts "rows must be a multiple of 32", to_mx "must be divisible by block_size"
+        out.append(Problem("train.seq_len", f"MXFP8 casts the gradients in blocks of {MX_BLOCK} tokens: "
+                           f"micro_batch_size x seq_len{' / cp' if s.parallel.cp > 1 else ''} = {tokens} is not a "
+                           f"multiple of {MX_BLOCK} (torchao to_mx, mxfp8_quantize_cuda)",
+                           f"set seq_len to a multiple of {MX_BLOCK}"))
+    odd = _mx_odd_linears(s, m)
+    if odd:
+        # torchtitan converts any nn.Linear with dimensions multiples of 16; torchao's MX casts need 32
+        out.append(Problem("train.precision", f"mxfp8-torchao: torchtitan converts {', '.join(odd)}, whose dimensions "
+                           f"on a rank are multiples of 16 but not of {MX_BLOCK}, which torchao's MX casts need "
+                           "(to_mx: 'must be divisible by block_size')", "use fp8-torchao or bf16-mixed"))
+    return out
+
+
+def _mx_odd_linears(s: Scenario, m: ModelSpec) -> list[str]:
+    """The linears torchtitan's filter converts (both dimensions multiples of 16) whose local dimensions are not
+    multiples of the MX block (32): the decoder's, and the head when ``train.mx.convert_lm_head`` is true."""
+    tp = s.parallel.tp
+    out = []
+    for p in m.params:
+        convert = p.role == "linear" or (p.role == "lm_head" and s.train.mx.convert_lm_head)
+        if not (convert and p.in_features and p.in_features % 16 == 0 and p.out_features % 16 == 0):
+            continue
+        fan_in = p.in_features // tp if p.tp == "row" else p.in_features
+        fan_out = p.out_features // tp if p.tp == "column" or p.role == "lm_head" else p.out_features
+        if fan_in % MX_BLOCK or fan_out % MX_BLOCK:
+            out.append(p.name)
     return out
 
 

@@ -20,7 +20,8 @@ from vramplan.spec.fields import changed_fields
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq",
                     "torchtune", "litgpt", "verl"]
-Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao"]
+Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao",
+                    "mxfp8-torchao"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
 Optimizer = Annotated[str, Choices("optimizer", optimizer_names), OneOf(optimizer_names)]
 Checkpointing = Literal["none", "full", "selective", "attention-core", "op-sac"]
@@ -60,6 +61,7 @@ RolloutEngine = Literal["vllm", "hf-generate"]
 AutoAwqLoop = Literal["forward", "generate"]
 ReferenceModel = Literal["none", "shared", "separate"]
 Float8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]
+MXRecipe = Literal["mxfp8_cublas", "mxfp8_cublas_rceil", "mxfp8_emulated"]
 
 
 class _Strict(BaseModel):
@@ -166,6 +168,22 @@ class Float8Training(_Strict):
     without a filter converts every ``nn.Linear`` whose dimensions are multiples of 16)."""
 
 
+class MXTraining(_Strict):
+    """torchao MXFP8 training (``train.precision: mxfp8-torchao``): the ``MXLinearConfig`` recipe torchtitan's
+    ``mx`` converter swaps each ``nn.Linear`` with (torchtitan ``MXLinearConverter``, commit f7a56e60; torchao
+    v0.14.1 ``torchao/prototype/mx_formats/config.py``).  Read only with that precision (docs/conventions.md,
+    torchao MXFP8)."""
+
+    recipe_name: MXRecipe = "mxfp8_cublas"
+    """MX recipe (e4m3 elements, one e8m0 scale per 32): mxfp8_cublas (cuBLAS MX gemm, CUDA dim1 cast kernel; torchtitan's
+    default), mxfp8_cublas_rceil (the same with RCEIL scales) or mxfp8_emulated (bf16 gemm on dequantized operands,
+    eager dim1 casts of transposed copies).  torchao ``MXLinearConfig.from_recipe_name``."""
+
+    convert_lm_head: bool | None = None
+    """Whether the LM head is converted too; null: torchtitan's default, false (its ``filter_fqns`` default is
+    ``["output"]``)."""
+
+
 class Train(_Strict):
     """One training step: forward, loss, backward, optimizer step."""
 
@@ -182,8 +200,9 @@ class Train(_Strict):
     precision: Precision = "bf16-mixed"
     """Training precision: fp32; autocast mixed precision with fp32 weights (bf16-mixed, fp16-mixed); true half
     precision with no fp32 copy (bf16-true, fp16-true); fp8-mixed as Transformer Engine; fp8-torchao as torchao's
-    float8 training (``convert_to_float8_training``, torchtitan's ``float8`` converter), set by ``train.float8``.
-    MXFP8 and NVFP4 training (torchtitan's ``mx`` and ``nvfp4`` converters) are not modelled.
+    float8 training (``convert_to_float8_training``, torchtitan's ``float8`` converter), set by ``train.float8``;
+    mxfp8-torchao as torchao's MXFP8 training (torchtitan's ``mx`` converter, compute capability 10.0 and up), set by
+    ``train.mx``.  NVFP4 training is refused: torchao 0.14.1 has none.
 
     Bytes per parameter follow the framework's convention (docs/conventions.md, Model states;
     vramplan.analytic.precision)."""
@@ -348,6 +367,9 @@ class Train(_Strict):
 
     float8: Float8Training = Field(default_factory=Float8Training)
     """torchao float8 training settings, read with ``precision: fp8-torchao`` (``Float8Training``)."""
+
+    mx: MXTraining = Field(default_factory=MXTraining)
+    """torchao MXFP8 training settings, read with ``precision: mxfp8-torchao`` (``MXTraining``)."""
 
     source_len: int | None = Field(None, ge=1, le=100_000_000)
     """Source tokens per sample of an encoder-decoder model (T5, BART): the encoder's ``input_ids``; null: seq_len.

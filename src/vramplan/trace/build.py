@@ -75,6 +75,10 @@ def trace_policy(r: Resolved, fsdp2: bool = False) -> Policy:
         # torchao's Float8Linear is not installed beside vramplan, and its _scaled_mm has no meta/CPU kernel
         raise ScenarioError([Problem("train.precision", "fp8-torchao (torchao float8 training) is not traced",
                                      "use --engine analytic for fp8-torchao, or trace bf16-mixed")])
+    if prec == "mxfp8-torchao":
+        # torchao's MXLinear is not installed beside vramplan; its cuBLAS MX gemm and cast kernels are SM100 kernels
+        raise ScenarioError([Problem("train.precision", "mxfp8-torchao (torchao MXFP8 training) is not traced",
+                                     "use --engine analytic for mxfp8-torchao, or trace bf16-mixed")])
     if fsdp2 and s.effective_framework != "deepspeed":
         # fp32 sharded parameters, half all-gathered copies (MixedPrecisionPolicy.param_dtype); accelerate
         # also wraps the forward in autocast (Accelerator.native_amp is set for FSDP too)

@@ -69,7 +69,7 @@ def fsdp_traced(r: Resolved) -> bool:
         return False
     if s.train.peft is not None and s.train.quantization != "none":
         return False  # bitsandbytes' packed uint8 weights: accelerate leaves them out of sharding
-    if s.train.precision in ("fp8-mixed", "fp8-torchao"):
+    if s.train.precision in ("fp8-mixed", "fp8-torchao", "mxfp8-torchao"):
         return False
     return par.fsdp in SHARDED or (par.fsdp == "none" and par.zero_stage >= 3)
 
