@@ -678,6 +678,15 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("serve.engine", f"{what}; serving it is not estimated: {s.serve.engine}'s layout of the "
                         "mixers' state without attention layers is not modelled (vLLM's hybrid layout is)",
                         "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    version = s.software.transformers_version
+    if kind == "Mamba" and version is not None and version < (5, 0):
+        # transformers 4.x (cache_utils.py / modeling_mamba.py MambaCache): conv_states [batch, intermediate,
+        # conv_kernel] and ssm_states [batch, intermediate, state] both zeros in the model dtype, preallocated for
+        # the batch; 5.24's DynamicCache holds an fp32 SSM state and conv_kernel - 1 columns
+        return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24 (an fp32 SSM "
+                        f"state and conv_kernel - 1 convolution columns per mixer), not {s.software.transformers} "
+                        "(MambaCache: both states in the model dtype, conv_kernel columns)",
+                        "drop software.transformers, or set it to 5.0 or later")]
     return _generate_limits(s, what, "its transformers configuration has no base_model_tp_plan",
                             "it has no KV cache, and transformers' QuantizedCache refuses models with other than "
                             "full-attention layers")
