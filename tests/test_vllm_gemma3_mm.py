@@ -129,7 +129,7 @@ def test_release_between_rows_takes_the_nearest_earlier() -> None:
 
 
 @pytest.mark.parametrize(("version", "read"), [("0.9.0", True), ("0.11.0", True), ("0.14.0", True),
-                                               ("0.19.0", False), ("0.33.0", True)])
+                                               ("0.19.0", False), ("0.26.0", True), ("0.33.0", True)])
 def test_unread_tower_is_stated(version: str, read: bool) -> None:
     d = decide(_resolved(version=version), version)
     notes = [a for a in d.assumptions if a.startswith("not modelled: the vision tower's forward")]

@@ -239,7 +239,8 @@ def mm_profile_read(release: Release, checkpoint_max_pixels: int, fixed_image: b
 
 # -- Gemma 3 (Gemma3ForConditionalGeneration) --------------------------------------------------------------------
 #
-# vllm/model_executor/models/gemma3_mm.py, read at 0.9.0, 0.10.0, 0.11.0, 0.12.0, 0.13.0, 0.21.0 and 0.33.0:
+# vllm/model_executor/models/gemma3_mm.py, read at 0.9.0, 0.10.0, 0.11.0, 0.12.0, 0.13.0, 0.21.0 and 0.33.0 (compared at
+# 0.14.0-0.18.0, 0.22.0-0.32.0: ``get_num_crops`` 0 without pan-and-scan, no ``get_mm_max_tokens_per_item``):
 #
 # * ``Gemma3ProcessingInfo.get_supported_mm_limits``: ``{"image": None}``; ``get_num_crops`` returns 0 unless
 #   ``do_pan_and_scan`` (off by default in the processor), so every image, the dummy one of
@@ -271,7 +272,8 @@ def mm_profile_read(release: Release, checkpoint_max_pixels: int, fixed_image: b
 #   ``MMEncoderAttention._forward_fa``); the MLP's moment: input, the residual, ``layer_norm2``'s output, fc1's output
 #   and the activation's (I each): (3 d + 2 I) c.  ``compile_mm_encoder`` False: eager.  The tower was read at 0.9.0,
 #   0.10.0, 0.11.0, 0.21.0; ``SiglipAttention.forward``, ``SiglipEncoderLayer.forward``, ``SiglipMLP.forward`` and
-#   ``SiglipEncoder.forward`` compared unchanged (but for a docstring) at 0.12.0-0.18.0, 0.31.0, 0.33.0.  For
+#   ``SiglipEncoder.forward`` compared unchanged (but for a docstring) at 0.12.0-0.18.0, 0.22.0-0.33.0 (0.19.0 and
+#   0.20.0 not read: the 0.13.0 row is assumed for them, and said so).  For
 #   Gemma 3's SigLIP (d 1,152, I 4,304) the MLP's moment is the larger whatever the backend does with q, k and v:
 #   copying all three contiguous would make attention's 10 d = 11,520 elements, below 3 d + 2 I = 12,064.
 #
@@ -298,8 +300,10 @@ class Gemma3MmRow:
 
 _G3 = "vllm/model_executor/models/gemma3_mm.py"
 _SIGLIP = "vllm/model_executor/models/siglip.py SiglipEncoder.forward, SiglipEncoderLayer.forward, SiglipMLP.forward"
-_TOWER_SAME = ((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 15, 1), (0, 16, 0), (0, 17, 0), (0, 18, 0), (0, 21, 0),
-               (0, 31, 0), (0, 33, 0))
+# 0.13.0 on: the registry's count and siglip.py's forward read or compared unchanged at these releases
+_G3_LATER = ((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 15, 1), (0, 16, 0), (0, 17, 0), (0, 18, 0), (0, 21, 0), (0, 22, 0),
+             (0, 23, 0), (0, 24, 0), (0, 25, 0), (0, 26, 0), (0, 27, 0), (0, 28, 0), (0, 29, 0), (0, 30, 0), (0, 31, 0),
+             (0, 32, 0), (0, 33, 0))
 
 GEMMA3_MM_ROWS: tuple[Gemma3MmRow, ...] = (
     Gemma3MmRow(
@@ -320,11 +324,10 @@ GEMMA3_MM_ROWS: tuple[Gemma3MmRow, ...] = (
                  f"{_G3} _apply_token_matches (0.11.0): vocab[\"\\n\\n\"] one token",
                  "vllm/platforms/cuda.py CudaPlatform.get_vit_attn_backend (0.11.0): FLASH_ATTN on sm80+")),
     Gemma3MmRow(
-        first=(0, 13, 0), read_at=((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 15, 1), (0, 16, 0), (0, 17, 0), (0, 18, 0),
-                                   (0, 21, 0), (0, 31, 0), (0, 33, 0)),
-        item_tokens="embeds", pixels="dtype", tower_read_at=_TOWER_SAME,
+        first=(0, 13, 0), read_at=_G3_LATER, item_tokens="embeds", pixels="dtype", tower_read_at=_G3_LATER,
         sources=("vllm/multimodal/profiling.py get_mm_max_tokens: get_num_embeds (0.13.0, 0.14.0)",
-                 "vllm/multimodal/encoder_budget.py: get_num_embeds (0.16.0-0.33.0; 0.15.x registry.py)",
+                 "vllm/multimodal/encoder_budget.py: get_num_embeds (0.16.0-0.18.0, 0.21.0-0.33.0; 0.15.x registry.py)",
+                 "vllm/multimodal/processing/context.py _postprocess_output: floats to the model's dtype (0.21.0-0.33.0)",
                  ("vllm/model_executor/layers/attention/mm_encoder_attention.py MMEncoderAttention._forward_fa "
                   "(0.21.0): views"))),
 )
