@@ -95,11 +95,22 @@ def test_limit_zero_disables_the_encoder() -> None:
     assert mm_profile(r.model, 32768, 8192, 256, 2, 0, (0, 21, 0)) is None
 
 
-def test_before_090_not_modelled() -> None:
+def test_row_082_features_scattered_and_limit_one() -> None:
+    mm = _mm("0.8.2")
+    # get_num_image_tokens: <start_of_image> + 256 + <end_of_image> = 258 (the "\n\n" tokens stripped); items
+    # min(cdiv(8,192, 258) = 32, 256 x 1) = 32; outputs scattered into 258 NaN rows each: 32 x 258 x 2,560 x 2 =
+    # 42,270,720 B; float32 pixels: held 2,352 + 2,304 = 4,656 B
+    assert (mm.tokens_per_item, mm.items, mm.encoded_tokens_per_item, mm.held_per_patch) == (258, 32, 258, 4_656)
+    assert mm.output_bytes == 42_270_720
+    assert _mm("0.8.2", seqs=8).items == 8  # min(32, 8 x 1): the limit of 1 when not set
+    assert _mm("0.9.0", seqs=8).items == 32  # min(32, 8 x 999)
+
+
+def test_before_082_not_modelled() -> None:
     m = _resolved().model
-    assert not mm_profile_modelled((0, 8, 2), m) and mm_profile_modelled((0, 9, 0), m)
-    assert not mm_profile_read((0, 8, 2), 0, True) and mm_profile_read((0, 9, 0), 0, True)
-    d = decide(_resolved(version="0.8.2"), "0.8.2")
+    assert not mm_profile_modelled((0, 8, 1), m) and mm_profile_modelled((0, 8, 2), m)
+    assert not mm_profile_read((0, 8, 1), 0, True) and mm_profile_read((0, 8, 2), 0, True)
+    d = decide(_resolved(version="0.8.0"), "0.8.0")
     assert d.mm_profile is None
     assert any(a.startswith("not modelled: the multimodal encoder of Gemma3ForConditionalGeneration")
                for a in d.assumptions)
@@ -128,7 +139,7 @@ def test_release_between_rows_takes_the_nearest_earlier() -> None:
     assert any("this release not read: the rules from 0.10.0 on" in a for a in d.assumptions)
 
 
-@pytest.mark.parametrize(("version", "read"), [("0.9.0", True), ("0.11.0", True), ("0.14.0", True),
+@pytest.mark.parametrize(("version", "read"), [("0.8.2", True), ("0.8.4", False), ("0.9.0", True), ("0.11.0", True), ("0.14.0", True),
                                                ("0.19.0", False), ("0.26.0", True), ("0.33.0", True)])
 def test_unread_tower_is_stated(version: str, read: bool) -> None:
     d = decide(_resolved(version=version), version)

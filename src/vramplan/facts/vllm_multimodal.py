@@ -239,7 +239,7 @@ def mm_profile_read(release: Release, checkpoint_max_pixels: int, fixed_image: b
 
 # -- Gemma 3 (Gemma3ForConditionalGeneration) --------------------------------------------------------------------
 #
-# vllm/model_executor/models/gemma3_mm.py, read at 0.9.0, 0.10.0, 0.11.0, 0.12.0, 0.13.0, 0.21.0 and 0.33.0 (compared at
+# vllm/model_executor/models/gemma3_mm.py, read at 0.8.2 (below), 0.9.0, 0.10.0, 0.11.0, 0.12.0, 0.13.0, 0.21.0 and 0.33.0 (compared at
 # 0.14.0-0.18.0, 0.22.0-0.32.0: ``get_num_crops`` 0 without pan-and-scan, no ``get_mm_max_tokens_per_item``):
 #
 # * ``Gemma3ProcessingInfo.get_supported_mm_limits``: ``{"image": None}``; ``get_num_crops`` returns 0 unless
@@ -277,6 +277,11 @@ def mm_profile_read(release: Release, checkpoint_max_pixels: int, fixed_image: b
 #   Gemma 3's SigLIP (d 1,152, I 4,304) the MLP's moment is the larger whatever the backend does with q, k and v:
 #   copying all three contiguous would make attention's 10 d = 11,520 elements, below 3 d + 2 I = 12,064.
 #
+# vLLM 0.8.2 (read in its wheel) counts an item as ``get_num_image_tokens``, the tokens of the placeholder stripped
+# of its newlines (<start_of_image>, 256 image tokens, <end_of_image>: 258), and ``get_multimodal_embeddings``
+# scatters each item's 256 outputs into a NaN-filled tensor of those 258 rows (``scatter_patch_features``), which is
+# what the runner keeps; the limit is 1 when not set.  0.8.0 and 0.8.1 were not read: not modelled.
+#
 # The runner's part (the number of items, the outputs kept and scattered into zeros) is ``MM_PROFILE_RULES``'s row of
 # the release (read in the runner, the same for every model); 0.9.0's runner (``profile_run``: ``cdiv(encoder_budget,
 # max_tokens_per_mm_item)``, one item of the modality, ``encoder_cache["tmp"]``) agrees with the 0.8.x row.
@@ -292,10 +297,12 @@ class Gemma3MmRow:
     first: Release
     read_at: tuple[Release, ...]  # releases whose gemma3_mm.py and registry were read
     # what the encoder budget counts per item: the embeddings or the whole placeholder (begin/end of image, newlines)
-    item_tokens: Literal["embeds", "placeholder"]
+    # ("features": the placeholder less its two "\n\n" tokens, into whose rows the outputs are scattered, 0.8.x)
+    item_tokens: Literal["embeds", "placeholder", "features"]
     pixels: Literal["float32", "dtype"]  # the pixel values as they reach the tower
     tower_read_at: tuple[Release, ...]  # releases whose siglip.py forward was read or compared unchanged
     sources: tuple[str, ...]
+    limit_default: int = MM_LIMIT_DEFAULT_V1  # limit_mm_per_prompt when not set
 
 
 _G3 = "vllm/model_executor/models/gemma3_mm.py"
@@ -306,6 +313,15 @@ _G3_LATER = ((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 15, 1), (0, 16, 0), (0, 17,
              (0, 32, 0), (0, 33, 0))
 
 GEMMA3_MM_ROWS: tuple[Gemma3MmRow, ...] = (
+    Gemma3MmRow(
+        first=(0, 8, 2), read_at=((0, 8, 2),), item_tokens="features", pixels="float32", tower_read_at=((0, 8, 2),),
+        limit_default=MM_LIMIT_DEFAULT,
+        sources=((f"{_G3} Gemma3ProcessingInfo.get_mm_max_tokens_per_item -> get_max_image_tokens -> "
+                  "get_num_image_tokens (0.8.2): len(encode_tokens(repl_full.strip(\"\\n\"))), 258"),
+                 (f"{_G3} Gemma3ForConditionalGeneration.get_multimodal_embeddings (0.8.2): scatter_patch_features "
+                  "into new_full((num_embeds, hidden), nan)"),
+                 "vllm/config.py MultiModalConfig.get_limit_per_prompt (0.8.2): limit_per_prompt.get(modality, 1)",
+                 f"{_SIGLIP} (0.8.2): hidden_states = residual + hidden_states; MultiHeadAttention xformers")),
     Gemma3MmRow(
         first=(0, 9, 0), read_at=((0, 9, 0),), item_tokens="embeds", pixels="float32", tower_read_at=((0, 9, 0),),
         sources=(f"{_G3} Gemma3ProcessingInfo.get_num_crops, get_image_repl, get_supported_mm_limits (0.9.0)",

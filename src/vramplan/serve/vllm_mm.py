@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 from vramplan.facts.vllm_multimodal import (
     MM_LIMIT_DEFAULT,
-    MM_LIMIT_DEFAULT_V1,
     Gemma3MmRow,
     MmProfileRule,
     gemma3_mm_row,
@@ -87,7 +86,7 @@ class MmProfile:
     rule: MmProfileRule | None = None  # the release's row (facts/vllm_multimodal.py)
     exact: bool = True  # the release's own source was read (False: the nearest earlier row)
     # a fixed-size image tower (Gemma 3): its row (facts/vllm_multimodal.py GEMMA3_MM_ROWS) and the per-prompt limit
-    # taken when none is given (vLLM V1's 999)
+    # taken when none is given (999 from 0.9.0, 1 in 0.8.x)
     fixed: Gemma3MmRow | None = None
     limit_default: int = MM_LIMIT_DEFAULT
 
@@ -246,7 +245,8 @@ def _fixed_image_profile(m: ModelSpec, v: VisionSpec, rule: MmProfileRule, max_m
                          release: Release) -> MmProfile | None:
     """Gemma 3's profile run (facts/vllm_multimodal.py ``GEMMA3_MM_ROWS``; the runner's part from ``rule``): one
     ``image_size`` square an item (pan-and-scan off), ``patches_per_image`` patches, ``tokens_per_image`` embeddings;
-    the budget counts the embeddings, or the whole placeholder (``image_wrap_tokens`` more) in 0.11.0-0.12.x.
+    the budget counts the embeddings, or the whole placeholder (``image_wrap_tokens`` more) in 0.11.0-0.12.x, or in
+    0.8.x the placeholder less its two newline tokens, whose rows the outputs are scattered into and kept.
 
     Per patch (``d`` the tower's width, ``I`` its MLP width, ``c`` the dtype's bytes; siglip.py): held through every
     layer, the pixel values (``C x P^2``, float32 in 0.9.0, in the dtype from 0.10.0) and the embeddings (d); the
@@ -256,11 +256,16 @@ def _fixed_image_profile(m: ModelSpec, v: VisionSpec, rule: MmProfileRule, max_m
     attention 7 x 1,152 x 2 = 16,128 B, MLP (3,456 + 8,608) x 2 = 24,128 B: 27,608 B a patch.  The projector after
     the tower (the tower's output, its norm and the pooled 1/16) is smaller and left out."""
     row, exact = gemma3_mm_row(release)
-    per_prompt = MM_LIMIT_DEFAULT_V1 if limit is None else limit
+    per_prompt = row.limit_default if limit is None else limit
     if per_prompt == 0:
         return None
     embeds = v.tokens_per_image
-    tokens = embeds + (v.image_wrap_tokens if row.item_tokens == "placeholder" else 0)
+    # the placeholder's wrap tokens: all of them (0.11.0-0.12.x), or all but the two "\n\n" tokens stripped from it
+    # (0.8.x), into whose rows the 256 outputs are scattered (scatter_patch_features: the rows kept)
+    wrap = {"placeholder": v.image_wrap_tokens, "features": max(v.image_wrap_tokens - 2, 0)}.get(row.item_tokens, 0)
+    tokens = embeds + wrap
+    if row.item_tokens == "features":
+        embeds = tokens
     budget = max(max_num_batched_tokens, tokens)
     items = _items(rule, budget, tokens, max_num_seqs, per_prompt, max_model_len)
     d, i, c = v.hidden_size, v.intermediate_size, dtype_bytes
@@ -273,4 +278,4 @@ def _fixed_image_profile(m: ModelSpec, v: VisionSpec, rule: MmProfileRule, max_m
                      budget_tokens=budget, items=items, output_bytes=items * rows * m.hidden_size * c,
                      encoder_peak_bytes=items * patches * (held + max(attention, mlp)), held_per_patch=held,
                      attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=embeds, rule=rule,
-                     exact=exact, fixed=row, limit_default=MM_LIMIT_DEFAULT_V1)
+                     exact=exact, fixed=row, limit_default=row.limit_default)
