@@ -117,7 +117,8 @@ def test_release_between_rows_takes_the_nearest_earlier() -> None:
 def test_family_without_checkpoint_pixels_not_modelled() -> None:
     m = _resolved().model
     assert mm_profile_modelled((0, 8, 2), m)
-    # a tower whose processor's max_pixels is not known (LLaVA, Gemma 3, mllama adapters set none)
+    # a tower whose processor's max_pixels is not known (LLaVA and mllama adapters set none; Gemma 3 takes
+    # fixed_image_profile instead, tests/test_vllm_gemma3_mm.py)
     assert not mm_profile_modelled((0, 8, 2), replace(m, vision=replace(m.vision, checkpoint_max_pixels=0)))
     assert not mm_profile_modelled((0, 8, 2), replace(m, vision=None))
 

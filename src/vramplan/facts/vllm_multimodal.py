@@ -75,7 +75,7 @@ read in the wheels of the releases in its ``read_at`` (``pip download vllm==X --
   same attention forward but normalize the pixels on the device by default for Qwen-VL, ``mm_device_do_normalize``
   with ``supports_mm_device_do_normalize = True``, whose input dtype is not read).
 
-0.9.0 was not read: the 0.8.x row is assumed for it (the nearest earlier).  Before 0.8.0 (the V0 engine) the encoder
+0.9.0 was not read for Qwen-VL: the 0.8.x row is assumed for it (the nearest earlier).  Before 0.8.0 (the V0 engine) the encoder
 ran inside the dummy sequences' forward (``vllm/worker/model_runner.py`` ``profile_run``): not read here.
 """
 
@@ -84,8 +84,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MM_LIMIT_DEFAULT", "MM_PROFILE_FROM", "MM_PROFILE_RULES", "MM_PROFILE_SOURCES", "QWEN_VL_CHECKPOINT_MAX_PIXELS",
-           "MmProfileRule", "mm_profile_read", "mm_profile_rule"]
+__all__ = ["GEMMA3_MM_FROM", "GEMMA3_MM_ROWS", "GEMMA3_MM_SOURCES", "MM_LIMIT_DEFAULT", "MM_LIMIT_DEFAULT_V1",
+           "MM_PROFILE_FROM", "MM_PROFILE_RULES", "MM_PROFILE_SOURCES", "QWEN_VL_CHECKPOINT_MAX_PIXELS", "Gemma3MmRow",
+           "MmProfileRule", "gemma3_mm_row", "mm_profile_read", "mm_profile_rule"]
 
 Release = tuple[int, int, int]
 
@@ -226,8 +227,133 @@ def mm_profile_rule(release: Release) -> tuple[MmProfileRule, bool]:
     return row, release in row.read_at
 
 
-def mm_profile_read(release: Release, checkpoint_max_pixels: int) -> bool:
+def mm_profile_read(release: Release, checkpoint_max_pixels: int, fixed_image: bool = False) -> bool:
     """Whether vLLM ``release``'s multimodal profile run is modelled for a tower whose released checkpoints'
     ``max_pixels`` is ``checkpoint_max_pixels`` (0: not known): a V1 release from ``MM_PROFILE_FROM`` on and a known
-    ``max_pixels``."""
+    ``max_pixels``; for a tower fed one fixed-size image (``fixed_image``: Gemma 3's SigLIP), a release from
+    ``GEMMA3_MM_FROM`` on (``GEMMA3_MM_ROWS``)."""
+    if fixed_image:
+        return release >= GEMMA3_MM_FROM
     return release >= MM_PROFILE_FROM and checkpoint_max_pixels > 0
+
+
+# -- Gemma 3 (Gemma3ForConditionalGeneration) --------------------------------------------------------------------
+#
+# vllm/model_executor/models/gemma3_mm.py, read at 0.8.2 (below), 0.9.0, 0.10.0, 0.11.0, 0.12.0, 0.13.0, 0.21.0 and 0.33.0 (compared at
+# 0.14.0-0.18.0, 0.22.0-0.32.0: ``get_num_crops`` 0 without pan-and-scan, no ``get_mm_max_tokens_per_item``):
+#
+# * ``Gemma3ProcessingInfo.get_supported_mm_limits``: ``{"image": None}``; ``get_num_crops`` returns 0 unless
+#   ``do_pan_and_scan`` (off by default in the processor), so every image, the dummy one of
+#   ``get_image_size_with_most_features`` too (50 x 50 max_num_crops up to 0.12.x, image_size x image_size
+#   max_num_crops later), is resized to one ``image_size`` square: 896 / 14 = 64, 64^2 = 4,096 patches, pooled to
+#   ``image_seq_length`` 256 embeddings; ``Gemma3DummyInputsBuilder.get_dummy_mm_data`` ignores ``seq_len``.
+# * ``get_image_repl``: the placeholder is ``processor.full_image_sequence`` ("\n\n" <start_of_image> 256 x
+#   <image_soft_token> <end_of_image> "\n\n"; "\n\n" is one token, ``vocab["\n\n"]`` in ``_apply_token_matches``),
+#   260 tokens of which the 256 image tokens are embeddings (``PromptUpdateDetails.select_token_id``).
+# * what the budget counts per item (vllm/multimodal/registry.py ``get_max_tokens_per_item_by_modality``): the
+#   embeddings (``get_num_embeds``, 256) in 0.9.0-0.10.x (``profiler.get_mm_max_tokens``); the whole placeholder
+#   (``get_mm_max_contiguous_tokens``, ``item.length``, 260) in 0.11.0-0.12.x; the embeddings again from 0.13.0
+#   (profiling.py ``get_mm_max_tokens``, 0.15.0 registry.py, 0.16.0 on encoder_budget.py ``get_num_embeds``).
+# * the V1 default of ``limit_mm_per_prompt`` (config ``MultiModalConfig.get_limit_per_prompt``): 999 per modality
+#   (0.9.0-0.10.x ``999 if envs.VLLM_USE_V1 else 1``; 0.12.0 on "Unspecified modality is set to 999 by default").
+# * the encoder path (``_process_image_input``): ``vision_tower(pixel_values)`` (siglip.py ``SiglipVisionModel``),
+#   then ``multi_modal_projector`` (avg pool 4 x 4, ``mm_soft_emb_norm``, the projection to the text width),
+#   ``image_embeds.split(num_patches)``: one output of 256 rows of the text width an item.
+# * the pixels: 0.9.0 passes the processor's float32 (``SiglipVisionEmbeddings.forward`` copies them to the dtype,
+#   freed by the patch embedding); from 0.10.0 the processor context casts every floating output to the model's dtype
+#   (0.10.0 inputs/registry.py ``maybe_cast_dtype``, 0.11.0 multimodal/processing.py and 0.21.0
+#   processing/context.py ``_postprocess_output``).
+# * the tower's forward by patch (siglip.py ``SiglipEncoder.forward``, ``SiglipEncoderLayer.forward``, ``SiglipMLP``;
+#   the same code 0.10.0-0.33.0, 0.9.0 adds the residual out of place): the embeddings are held through every layer
+#   (``hidden_states_pool = [inputs_embeds]`` and the caller's local), the block's input by the loop; attention's
+#   moment: input, ``layer_norm1``'s output, qkv (3d), the attention's output and ``out_proj``'s (d each), 7 d c (q,
+#   k, v are ``chunk`` views, reshaped as views by the vision attention: xformers in 0.9.0 (``MultiHeadAttention``
+#   maps FLASH_ATTN to XFORMERS), FLASH_ATTN on sm80/sm90 from 0.11.0 (``get_vit_attn_backend``; head 72), 0.21.0
+#   ``MMEncoderAttention._forward_fa``); the MLP's moment: input, the residual, ``layer_norm2``'s output, fc1's output
+#   and the activation's (I each): (3 d + 2 I) c.  ``compile_mm_encoder`` False: eager.  The tower was read at 0.9.0,
+#   0.10.0, 0.11.0, 0.21.0; ``SiglipAttention.forward``, ``SiglipEncoderLayer.forward``, ``SiglipMLP.forward`` and
+#   ``SiglipEncoder.forward`` compared unchanged (but for a docstring) at 0.12.0-0.18.0, 0.22.0-0.33.0 (0.19.0 and
+#   0.20.0 not read: the 0.13.0 row is assumed for them, and said so).  For
+#   Gemma 3's SigLIP (d 1,152, I 4,304) the MLP's moment is the larger whatever the backend does with q, k and v:
+#   copying all three contiguous would make attention's 10 d = 11,520 elements, below 3 d + 2 I = 12,064.
+#
+# vLLM 0.8.2 (read in its wheel) counts an item as ``get_num_image_tokens``, the tokens of the placeholder stripped
+# of its newlines (<start_of_image>, 256 image tokens, <end_of_image>: 258), and ``get_multimodal_embeddings``
+# scatters each item's 256 outputs into a NaN-filled tensor of those 258 rows (``scatter_patch_features``), which is
+# what the runner keeps; the limit is 1 when not set.  0.8.0 and 0.8.1 were not read: not modelled.
+#
+# The runner's part (the number of items, the outputs kept and scattered into zeros) is ``MM_PROFILE_RULES``'s row of
+# the release (read in the runner, the same for every model); 0.9.0's runner (``profile_run``: ``cdiv(encoder_budget,
+# max_tokens_per_mm_item)``, one item of the modality, ``encoder_cache["tmp"]``) agrees with the 0.8.x row.
+
+# the V1 default of limit_mm_per_prompt (0.9.0-0.33.0, above); MM_LIMIT_DEFAULT is the 0.8.x value
+MM_LIMIT_DEFAULT_V1 = 999
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemma3MmRow:
+    """One row: what of vLLM's profile run is Gemma 3's own, from release ``first`` on (comment above)."""
+
+    first: Release
+    read_at: tuple[Release, ...]  # releases whose gemma3_mm.py and registry were read
+    # what the encoder budget counts per item: the embeddings or the whole placeholder (begin/end of image, newlines)
+    # ("features": the placeholder less its two "\n\n" tokens, into whose rows the outputs are scattered, 0.8.x)
+    item_tokens: Literal["embeds", "placeholder", "features"]
+    pixels: Literal["float32", "dtype"]  # the pixel values as they reach the tower
+    tower_read_at: tuple[Release, ...]  # releases whose siglip.py forward was read or compared unchanged
+    sources: tuple[str, ...]
+    limit_default: int = MM_LIMIT_DEFAULT_V1  # limit_mm_per_prompt when not set
+
+
+_G3 = "vllm/model_executor/models/gemma3_mm.py"
+_SIGLIP = "vllm/model_executor/models/siglip.py SiglipEncoder.forward, SiglipEncoderLayer.forward, SiglipMLP.forward"
+# 0.13.0 on: the registry's count and siglip.py's forward read or compared unchanged at these releases
+_G3_LATER = ((0, 13, 0), (0, 14, 0), (0, 15, 0), (0, 15, 1), (0, 16, 0), (0, 17, 0), (0, 18, 0), (0, 21, 0), (0, 22, 0),
+             (0, 23, 0), (0, 24, 0), (0, 25, 0), (0, 26, 0), (0, 27, 0), (0, 28, 0), (0, 29, 0), (0, 30, 0), (0, 31, 0),
+             (0, 32, 0), (0, 33, 0))
+
+GEMMA3_MM_ROWS: tuple[Gemma3MmRow, ...] = (
+    Gemma3MmRow(
+        first=(0, 8, 2), read_at=((0, 8, 2),), item_tokens="features", pixels="float32", tower_read_at=((0, 8, 2),),
+        limit_default=MM_LIMIT_DEFAULT,
+        sources=((f"{_G3} Gemma3ProcessingInfo.get_mm_max_tokens_per_item -> get_max_image_tokens -> "
+                  "get_num_image_tokens (0.8.2): len(encode_tokens(repl_full.strip(\"\\n\"))), 258"),
+                 (f"{_G3} Gemma3ForConditionalGeneration.get_multimodal_embeddings (0.8.2): scatter_patch_features "
+                  "into new_full((num_embeds, hidden), nan)"),
+                 "vllm/config.py MultiModalConfig.get_limit_per_prompt (0.8.2): limit_per_prompt.get(modality, 1)",
+                 f"{_SIGLIP} (0.8.2): hidden_states = residual + hidden_states; MultiHeadAttention xformers")),
+    Gemma3MmRow(
+        first=(0, 9, 0), read_at=((0, 9, 0),), item_tokens="embeds", pixels="float32", tower_read_at=((0, 9, 0),),
+        sources=(f"{_G3} Gemma3ProcessingInfo.get_num_crops, get_image_repl, get_supported_mm_limits (0.9.0)",
+                 "vllm/multimodal/profiling.py MultiModalProfiler.get_mm_max_tokens: get_num_embeds (0.9.0)",
+                 "vllm/config.py MultiModalConfig.get_limit_per_prompt: 999 if envs.VLLM_USE_V1 (0.9.0)",
+                 f"{_SIGLIP} (0.9.0): hidden_states = residual + hidden_states")),
+    Gemma3MmRow(
+        first=(0, 10, 0), read_at=((0, 10, 0),), item_tokens="embeds", pixels="dtype", tower_read_at=((0, 10, 0),),
+        sources=("vllm/inputs/registry.py InputProcessingContext.call_hf_processor maybe_cast_dtype (0.10.0)",
+                 f"{_SIGLIP} (0.10.0-0.33.0): hidden_states += residual")),
+    Gemma3MmRow(
+        first=(0, 11, 0), read_at=((0, 11, 0), (0, 12, 0)), item_tokens="placeholder", pixels="dtype",
+        tower_read_at=((0, 11, 0), (0, 12, 0)),
+        sources=(("vllm/multimodal/registry.py get_max_tokens_per_item_by_modality (0.11.0, 0.12.0): "
+                  "profiler.get_mm_max_contiguous_tokens (item.length)"),
+                 f"{_G3} _apply_token_matches (0.11.0): vocab[\"\\n\\n\"] one token",
+                 "vllm/platforms/cuda.py CudaPlatform.get_vit_attn_backend (0.11.0): FLASH_ATTN on sm80+")),
+    Gemma3MmRow(
+        first=(0, 13, 0), read_at=_G3_LATER, item_tokens="embeds", pixels="dtype", tower_read_at=_G3_LATER,
+        sources=("vllm/multimodal/profiling.py get_mm_max_tokens: get_num_embeds (0.13.0, 0.14.0)",
+                 "vllm/multimodal/encoder_budget.py: get_num_embeds (0.16.0-0.18.0, 0.21.0-0.33.0; 0.15.x registry.py)",
+                 "vllm/multimodal/processing/context.py _postprocess_output: floats to the model's dtype (0.21.0-0.33.0)",
+                 ("vllm/model_executor/layers/attention/mm_encoder_attention.py MMEncoderAttention._forward_fa "
+                  "(0.21.0): views"))),
+)
+
+GEMMA3_MM_FROM: Release = GEMMA3_MM_ROWS[0].first
+GEMMA3_MM_SOURCES: tuple[str, ...] = tuple(src for row in GEMMA3_MM_ROWS for src in row.sources)
+
+
+def gemma3_mm_row(release: Release) -> tuple[Gemma3MmRow, bool]:
+    """Gemma 3's row for ``release`` (from ``GEMMA3_MM_FROM`` on) and whether that release was read (False: the
+    nearest earlier row is assumed)."""
+    row = [r for r in GEMMA3_MM_ROWS if r.first <= release][-1]
+    return row, release in row.read_at

@@ -1754,20 +1754,29 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
         lm = max(b.forward, b.sampler, b.rejection_peak, b.proposer_peak) + mm.output_bytes
         moment = "the encoder's forward" if mm.encoder_peak_bytes > lm else "the language model's dummy batch"
         frames = (f" (encoded as {mm.frames} frame(s), {mm.encoded_tokens_per_item:,} tokens: the dummy video is built "
-                  f"for a shorter sequence)" if mm.encoded_tokens_per_item < mm.tokens_per_item
+                  f"for a shorter sequence)" if mm.encoded_tokens_per_item < mm.tokens_per_item and mm.fixed is None
                   else f" ({mm.frames} frames)" if mm.modality == "video" else "")
+        if mm.fixed is not None and mm.encoded_tokens_per_item < mm.tokens_per_item:
+            frames = (f" (the whole placeholder: {mm.encoded_tokens_per_item:,} embeddings and "
+                      f"{mm.tokens_per_item - mm.encoded_tokens_per_item} begin/end-of-image and newline tokens)")
         rule = mm.rule
         first = ".".join(map(str, rule.first)) if rule is not None else beh.version
+        if mm.fixed is not None:
+            first = ".".join(map(str, mm.fixed.first))
+        vision = r.model.vision
+        size = (f"one {vision.image_size} x {vision.image_size} image an item, pan-and-scan off (the processor's "
+                "default; --mm-processor-kwargs not modelled)" if vision is not None and vision.fixed_image_profile
+                else f"max_pixels {vision.checkpoint_max_pixels if vision else 0:,} of the released "
+                     "preprocessor_config.json, not read")
         read = "" if mm.exact else f", this release not read: the rules from {first} on (the nearest earlier) are assumed"
         kept = mm.items * mm.encoded_tokens_per_item * r.model.hidden_size * c
         zeros = (f", with the zeros each is scattered into ({(mm.output_bytes - kept) / GiB:.2f} GiB more)"
                  if mm.output_bytes > kept else "")
         note = (f"multimodal profile run (vLLM {beh.version}, facts/vllm_multimodal.py{read}): encoder budget "
                 f"{mm.budget_tokens:,} tokens, {mm.items} {mm.modality} item(s) of {mm.tokens_per_item:,} tokens"
-                f"{frames} and {mm.patches_per_item:,} patches each (max_pixels "
-                f"{r.model.vision.checkpoint_max_pixels if r.model.vision else 0:,} of the released "
-                f"preprocessor_config.json, not read; limit_mm_per_prompt "
-                f"{limit if limit is not None else 'not set: 1'} per modality); the encoder's forward peaks at "
+                f"{frames} and {mm.patches_per_item:,} patches each ({size}; limit_mm_per_prompt "
+                f"{limit if limit is not None else f'not set: {mm.limit_default}'} per modality); the encoder's "
+                "forward peaks at "
                 f"{mm.encoder_peak_bytes / GiB:.2f} GiB ({mm.patches:,} patches x ({mm.held_per_patch:,} B held + "
                 f"max(attention {mm.attention_per_patch:,} B, MLP {mm.mlp_per_patch:,} B)), a bound without the "
                 f"attention kernel's workspace); its outputs, {kept / GiB:.2f} GiB "
@@ -1776,7 +1785,12 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
         if r.scenario.parallel.tp > 1:
             note += "; tp > 1: the whole tower's working set is taken on each rank (its split is not modelled)"
         notes = [note]
-        if rule is not None and not rule.tower_read(parse_release(beh.version)):
+        if mm.fixed is not None:
+            if parse_release(beh.version) not in mm.fixed.tower_read_at:
+                at = ", ".join(".".join(map(str, x)) for x in mm.fixed.tower_read_at)
+                notes.append(f"not modelled: the vision tower's forward of vLLM {beh.version} (not read): its bytes "
+                             f"per patch are assumed as read at {at} (facts/vllm_multimodal.py GEMMA3_MM_ROWS)")
+        elif rule is not None and not rule.tower_read(parse_release(beh.version)):
             tower_at = [r for row in MM_PROFILE_RULES if row.tower == rule.tower and row.first <= rule.first
                         for r in (row.read_at if row.tower_read_at is None else row.tower_read_at)]
             at = ", ".join(".".join(map(str, r)) for r in tower_at) or "no release"

@@ -47,7 +47,9 @@ from dataclasses import dataclass
 
 from vramplan.facts.vllm_multimodal import (
     MM_LIMIT_DEFAULT,
+    Gemma3MmRow,
     MmProfileRule,
+    gemma3_mm_row,
     mm_profile_read,
     mm_profile_rule,
 )
@@ -83,6 +85,10 @@ class MmProfile:
     encoded_tokens_per_item: int = 0  # the encoded item's output rows (fewer than tokens_per_item for a short video)
     rule: MmProfileRule | None = None  # the release's row (facts/vllm_multimodal.py)
     exact: bool = True  # the release's own source was read (False: the nearest earlier row)
+    # a fixed-size image tower (Gemma 3): its row (facts/vllm_multimodal.py GEMMA3_MM_ROWS) and the per-prompt limit
+    # taken when none is given (999 from 0.9.0, 1 in 0.8.x)
+    fixed: Gemma3MmRow | None = None
+    limit_default: int = MM_LIMIT_DEFAULT
 
     @property
     def patches(self) -> int:
@@ -92,7 +98,8 @@ class MmProfile:
 def mm_profile_modelled(release: Release, m: ModelSpec) -> bool:
     """Whether the profile run of this release and model is modelled (facts/vllm_multimodal.py)."""
     v = m.vision
-    return v is not None and v.tower is not None and mm_profile_read(release, v.checkpoint_max_pixels)
+    return v is not None and v.tower is not None and mm_profile_read(release, v.checkpoint_max_pixels,
+                                                                      v.fixed_image_profile)
 
 
 def _closest_factor_pair(n: int) -> tuple[int, int]:
@@ -172,6 +179,9 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
     v = m.vision
     assert v is not None and v.tower is not None
     rule, exact = mm_profile_rule(release)
+    if v.fixed_image_profile:
+        return _fixed_image_profile(m, v, rule, max_model_len, max_num_batched_tokens, max_num_seqs, dtype_bytes,
+                                    limit, release)
     per_prompt = MM_LIMIT_DEFAULT if limit is None else limit
     if per_prompt == 0:
         return None
@@ -228,3 +238,44 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
                      encoder_peak_bytes=n * (held + max(attention, mlp)), held_per_patch=held,
                      attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=encoded, rule=rule,
                      exact=exact)
+
+
+def _fixed_image_profile(m: ModelSpec, v: VisionSpec, rule: MmProfileRule, max_model_len: int,
+                         max_num_batched_tokens: int, max_num_seqs: int, dtype_bytes: int, limit: int | None,
+                         release: Release) -> MmProfile | None:
+    """Gemma 3's profile run (facts/vllm_multimodal.py ``GEMMA3_MM_ROWS``; the runner's part from ``rule``): one
+    ``image_size`` square an item (pan-and-scan off), ``patches_per_image`` patches, ``tokens_per_image`` embeddings;
+    the budget counts the embeddings, or the whole placeholder (``image_wrap_tokens`` more) in 0.11.0-0.12.x, or in
+    0.8.x the placeholder less its two newline tokens, whose rows the outputs are scattered into and kept.
+
+    Per patch (``d`` the tower's width, ``I`` its MLP width, ``c`` the dtype's bytes; siglip.py): held through every
+    layer, the pixel values (``C x P^2``, float32 in 0.9.0, in the dtype from 0.10.0) and the embeddings (d); the
+    attention's moment 7 d c (the block's input, ``layer_norm1``'s output, qkv 3d, the attention's and
+    ``out_proj``'s outputs), the MLP's (3 d + 2 I) c (input, residual, ``layer_norm2``'s output, fc1's output and its
+    activation).  Gemma 3 4B (d 1,152, I 4,304, bf16): held 3 x 14 x 14 x 2 + 1,152 x 2 = 1,176 + 2,304 = 3,480 B,
+    attention 7 x 1,152 x 2 = 16,128 B, MLP (3,456 + 8,608) x 2 = 24,128 B: 27,608 B a patch.  The projector after
+    the tower (the tower's output, its norm and the pooled 1/16) is smaller and left out."""
+    row, exact = gemma3_mm_row(release)
+    per_prompt = row.limit_default if limit is None else limit
+    if per_prompt == 0:
+        return None
+    embeds = v.tokens_per_image
+    # the placeholder's wrap tokens: all of them (0.11.0-0.12.x), or all but the two "\n\n" tokens stripped from it
+    # (0.8.x), into whose rows the 256 outputs are scattered (scatter_patch_features: the rows kept)
+    wrap = {"placeholder": v.image_wrap_tokens, "features": max(v.image_wrap_tokens - 2, 0)}.get(row.item_tokens, 0)
+    tokens = embeds + wrap
+    if row.item_tokens == "features":
+        embeds = tokens
+    budget = max(max_num_batched_tokens, tokens)
+    items = _items(rule, budget, tokens, max_num_seqs, per_prompt, max_model_len)
+    d, i, c = v.hidden_size, v.intermediate_size, dtype_bytes
+    pixels = v.num_channels * v.patch_size * v.patch_size * (_F32 if row.pixels == "float32" else c)
+    held = pixels + d * c
+    attention, mlp = 7 * d * c, (3 * d + 2 * i) * c
+    patches = v.patches_per_image
+    rows = _kept_rows(rule, embeds, tokens, budget)
+    return MmProfile(modality="image", tokens_per_item=tokens, patches_per_item=patches, frames=1,
+                     budget_tokens=budget, items=items, output_bytes=items * rows * m.hidden_size * c,
+                     encoder_peak_bytes=items * patches * (held + max(attention, mlp)), held_per_patch=held,
+                     attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=embeds, rule=rule,
+                     exact=exact, fixed=row, limit_default=row.limit_default)

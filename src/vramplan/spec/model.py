@@ -356,6 +356,13 @@ class VisionSpec:
     # dummy image of the most features follows (facts/vllm_multimodal.py; Qwen2-VL, Qwen2.5-VL: 12,845,056); 0:
     # not known, vLLM's multimodal profile run is then not modelled
     checkpoint_max_pixels: int = 0
+    # the processor resizes every image to one ``image_size`` square (Gemma 3's, pan-and-scan off by default), so
+    # vLLM's dummy image of the most features is one such square: its profile run is modelled from the rows of
+    # facts/vllm_multimodal.py ``GEMMA3_MM_ROWS``
+    fixed_image_profile: bool = False
+    # tokens the processor writes around each image's ``tokens_per_image`` (Gemma 3's full_image_sequence: "\n\n",
+    # <start_of_image>, <end_of_image>, "\n\n": 4), counted by vLLM 0.11.0-0.12.x's encoder budget
+    image_wrap_tokens: int = 0
     # what the tower saves per patch after its last layer, as (kind, elements) with kind "norm" (that many
     # norms of the tower's kind), "residual" or "compute" (elements in that dtype): Gemma 3's post-layernorm
     # and average pool's input, Qwen2.5-VL's merger norm and MLP inputs

@@ -299,7 +299,8 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "with dummy images); its activations are not in the estimate, as no SGLang activation is")
         return out
     if s.task == "serve":
-        if not mm_profile_read(parse_release(s.serve.vllm_version), v.checkpoint_max_pixels):
+        if not mm_profile_read(parse_release(s.serve.vllm_version), v.checkpoint_max_pixels,
+                               v.fixed_image_profile):
             # modelled (serve/vllm_mm.py): the serving report states the profile run instead
             out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                        "vision-language model (the estimate is the language model's start-up)")

@@ -154,7 +154,10 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                                "and Gemma3Processor (image_seq_length 256)",
                         tower=tower_layer_spec(t, str(vc["hidden_act"]), name), num_channels=t["channels"],
                         # post_layernorm, then AvgPool2d saves its input (the norm's output, residual dtype)
-                        head_saved_per_patch=(("norm", 1), ("residual", t["d"])), linears=tuple(p.vision_linears))
+                        head_saved_per_patch=(("norm", 1), ("residual", t["d"])), linears=tuple(p.vision_linears),
+                        # Gemma3Processor's full_image_sequence: "\n\n" <start_of_image> ... <end_of_image> "\n\n"
+                        # ("\n\n" one token: vLLM gemma3_mm.py vocab["\n\n"]); pan-and-scan off by default
+                        fixed_image_profile=True, image_wrap_tokens=4)
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 
