@@ -79,11 +79,15 @@ from vramplan.facts.vllm_releases import (
     NEWEST,
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
+    V2_GUMBEL_BLOCK,
+    V2_GUMBEL_BYTES_PER_BLOCK,
     VLLM_RELEASES,
     BatchDefaults,
     MambaHybridRule,
+    ModelRunnerRule,
     VllmRelease,
     mamba_hybrid_rule,
+    model_runner_rule,
     parse_release,
     release_row,
     release_text,
@@ -103,7 +107,7 @@ from vramplan.serve.vllm_mm import MmProfile, mm_profile, mm_profile_modelled
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, vllm_mxfp4_triton
 from vramplan.spec.model import ModelSpec
-from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
+from vramplan.units import DTYPE_BITS, GiB, MiB, ceil_div, dtype_bits, round_up
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -493,6 +497,21 @@ def sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: in
     per_entry = dtype_bytes + SAMPLER_EXTRA_BYTES[sampler]
     hidden = (tokens + 2 * requests) * m.hidden_size * dtype_bytes
     return requests * m.vocab_size * per_entry + hidden
+
+
+def v2_sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: int, fp32_copy: bool) -> int:
+    """Peak of Model Runner V2's dummy sampler run (``vllm/v1/worker/gpu/model_runner.py`` ``_dummy_sampler_run``,
+    0.22.0-0.32.0): the dummy requests keep the sampling states' defaults (temperature 0, top_k = vocab, top_p = 1),
+    so no top-k/top-p runs.  Alive: the forward output (tokens x h) and its last-token rows (requests x h: no random
+    replacement as V1 has), the logits in the model dtype, their fp32 copy where the release makes one
+    (``facts/vllm_releases.py`` ``ModelRunnerRule.sampler``), and ``gumbel_sample``'s per-block partials (an int64
+    argmax and an fp32 max per request and block of 1024 entries).  Check, Qwen3-0.6B (h 1024, vocab 151,936), 8192
+    tokens, 1024 requests, bf16, fp32 copy: 1024 x 151,936 x (2 + 4) = 933,494,784 + 1024 x 149 x 12 = 1,830,912 +
+    (8192 + 1024) x 1024 x 2 = 18,874,368: 954,200,064 B."""
+    per_entry = dtype_bytes + (4 if fp32_copy else 0)
+    blocks = ceil_div(m.vocab_size, V2_GUMBEL_BLOCK)
+    hidden = (tokens + requests) * m.hidden_size * dtype_bytes
+    return requests * m.vocab_size * per_entry + requests * blocks * V2_GUMBEL_BYTES_PER_BLOCK + hidden
 
 
 def rejection_sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: int, sampler: str) -> int:
@@ -999,6 +1018,93 @@ def _draft_rotary_bytes(target: ModelSpec, draft: ModelSpec, dtype_bytes: int) -
     return rotary_cache_bytes(draft, dtype_bytes)
 
 
+def _architectures(r: Resolved) -> tuple[str, ...]:
+    """The ``architectures`` of the model's config.json (vLLM's ``ModelConfig.architectures``); () if unreadable."""
+    try:
+        cfg = model_config(r.scenario.model, offline=True)
+    except (VramplanError, OSError):
+        return ()
+    return tuple(a for a in cfg.get("architectures") or [] if isinstance(a, str))
+
+
+def model_runner(r: Resolved, version: str, draft: ModelSpec | None = None) -> tuple[ModelRunnerRule | None, str]:
+    """Which model runner ``vllm serve`` of ``version`` runs for the scenario on CUDA: (the release's Model Runner V2
+    row, or None for the V1 ``GPUModelRunner``; the reason, "" before V2 could be a default).  The rule of
+    ``VllmConfig.use_v2_model_runner`` (facts/vllm_releases.py ``MODEL_RUNNER_RULES``), with
+    ``VLLM_USE_V2_MODEL_RUNNER`` unset; ``draft`` is the proposer's model (a heterogeneous vocabulary keeps V1 from
+    0.32.0)."""
+    rule = model_runner_rule(version)
+    if rule is None:
+        return None, ""
+    m, sv, pp = r.model, r.scenario.serve, r.scenario.parallel.pp
+    archs = _architectures(r)
+    arch = archs[0] if archs else "this model"
+    listed = any(a in rule.architectures for a in archs)
+    moe, hybrid = m.moe is not None, m.mamba is not None
+    quantized = sv.quantization != "none" or m.checkpoint_quantization is not None
+    default = {"listed-dense": listed and not moe and not quantized, "listed": listed,
+               "dense-or-listed": listed or not moe, "all": True}[rule.models]
+    why_not = ""
+    if hybrid and not rule.hybrid_v2:
+        why_not = "a hybrid attention + Mamba model"
+    elif not default:
+        why_not = {"listed-dense": "not a listed dense unquantized architecture",
+                   "listed": "not a listed architecture",
+                   "dense-or-listed": "a MoE model of an architecture not listed"}[rule.models]
+    spec = sv.speculative
+    if not why_not and spec is not None:
+        if spec.method not in rule.speculative:
+            why_not = f"speculative method {spec.method!r} is not supported by V2"
+        elif spec.method == "eagle3" and pp > 1 and not rule.eagle3_pp:
+            why_not = "EAGLE3 with pipeline parallelism is not supported by V2"
+        elif rule.draft_same_vocab and draft is not None and draft.vocab_size != m.vocab_size:
+            why_not = "a draft model of another vocabulary is not supported by V2"
+    where = "VllmConfig.use_v2_model_runner, facts/vllm_releases.py MODEL_RUNNER_RULES"
+    if why_not:
+        return None, (f"model runner: V1 (vLLM {version} defaults to Model Runner V2 only where it applies; {arch}: " \
+                     f"{why_not}; {where})")
+    return rule, f"model runner: V2 (vLLM {version} defaults to Model Runner V2 for {arch}; {where})"
+
+
+def v2_input_buffer_bytes(tokens: int, seqs: int) -> int:
+    """Model Runner V2's persistent input buffers on the device (``vllm/v1/worker/gpu/input_batch.py``
+    ``InputBuffers.__init__``, 0.29.0): input_ids int32, positions int64 and is_padding bool per batched token (13 B),
+    query_start_loc int32 (seqs + 1), seq_lens and dcp_local_seq_lens int32 per sequence.  8192 tokens, 1024
+    sequences: 8192 x 13 + 1025 x 4 + 2 x 1024 x 4 = 106,496 + 4,100 + 8,192 = 118,788 B."""
+    return tokens * (4 + 8 + 1) + (seqs + 1) * 4 + 2 * seqs * 4
+
+
+def _runner_notes(r: Resolved, runner: ModelRunnerRule | None, why: str, b: _Budget, batched: int,
+                  seqs: int) -> list[str]:
+    """What the decision says of the model runner, and what of Model Runner V2 is not modelled (widens the band)."""
+    if not why:
+        return []
+    notes = [why]
+    if runner is None:
+        return notes
+    notes.append("Model Runner V2's profile run forwards the same max_num_batched_tokens over min(tokens, max_num_seqs) "
+                 "dummy requests as V1 (vllm/v1/worker/gpu/model_runner.py _dummy_run, profile_run): the forward "
+                 "peak is V1's")
+    if runner.sampler == "warmup-pass":
+        notes.append("not modelled: Model Runner V2's second dummy sampler pass (SamplingParams.for_sampler_warmup: "
+                     "fp32 logits, penalties, logit bias, top-k/top-p, logprobs, watermarking); the V1 sampler's "
+                     "bytes are used in its place")
+    else:
+        copy = "and their fp32 copy " if runner.sampler == "fp32-copy" else ""
+        notes.append(f"Model Runner V2's dummy sampler run: logits {copy}with the sampling defaults (no top-k/top-p), "
+                     f"{b.sampler / GiB:.2f} GiB (serve/vllm.py v2_sampler_peak_bytes)")
+    notes.append(f"Model Runner V2's persistent input buffers ({v2_input_buffer_bytes(batched, seqs) / MiB:.2f} MiB, "
+                 "input_batch.py InputBuffers) are not counted, as V1's are not")
+    if b.cudagraphs is not None:
+        notes.append("not modelled: Model Runner V2's CUDA-graph estimate (vllm/v1/worker/gpu/cudagraph_utils.py "
+                     "profile_cudagraph_memory: piecewise graphs measured in full, full graphs extrapolated from "
+                     "samples); V1's estimate is used")
+    if r.scenario.serve.speculative is not None:
+        notes.append("not modelled: Model Runner V2's speculator in the profile run (vllm/v1/worker/gpu/spec_decode); "
+                     "V1's proposer and rejection-sampler terms are used")
+    return notes
+
+
 def speculative_profile_modelled(version: str) -> bool:
     """Whether the proposer's profile-run terms of ``version`` were read (``SPECULATIVE_PROFILE_FROM`` on)."""
     return parse_release(version) >= SPECULATIVE_PROFILE_FROM
@@ -1356,7 +1462,8 @@ def _charged(rule: str, context: int, nccl: int, others: int = 0, comm: int = 0,
 
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
-            opt: _Options, sampler: str, seqs: int = 0, stage: int = 0) -> _Budget:
+            opt: _Options, sampler: str, seqs: int = 0, stage: int = 0,
+            runner: ModelRunnerRule | None = None) -> _Budget:
     """One GPU's budget; ``stage``: its pipeline rank (pp > 1: ``pp_stage_layers``' layers, the intermediate
     tensors on every rank but the first, the sampler on the last only: ``_stage_activations``)."""
     sv, m, gpu, tp, pp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp, r.scenario.parallel.pp
@@ -1386,7 +1493,10 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     return _Budget(
         total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
         params=params, rotary=rotary, forward=forward + (_intermediate_bytes(m, batched, c) if stage > 0 else 0),
-        sampler=sampler_peak_bytes(m, batched, requests, c, sampler) if stage == pp - 1 else 0,
+        sampler=(0 if stage != pp - 1 else
+                 v2_sampler_peak_bytes(m, batched, requests, c, runner.sampler == "fp32-copy")
+                 if runner is not None and runner.sampler != "warmup-pass" else
+                 sampler_peak_bytes(m, batched, requests, c, sampler)),
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=graphs.bytes if graphs else 0, subtracted=subtract, cudagraphs=graphs,
@@ -1901,9 +2011,10 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     # each pipeline rank profiles and sizes its KV pool on its own (one rank when pp = 1); the engine keeps the
     # fewest blocks of any rank (vllm/v1/core/kv_cache_utils.py get_kv_cache_configs: "Change the num_blocks of
     # each rank to the smallest among all ranks"; unify_kv_cache_configs before 0.11)
+    runner, runner_why = model_runner(r, version, opt.draft_model)
     ranks: list[tuple[_Budget, _Blocks]] = []
     for stage in range(par.pp):
-        sb = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs, stage)
+        sb = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs, stage, runner)
         layers = pp_stage_layers(r.model.num_layers, par.pp, stage) if par.pp > 1 else None
         ranks.append((sb, _blocks(r, sb.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid,
                                   version, layers)))
@@ -1940,7 +2051,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         starts=not problem, problem=problem, fix=fix,
         assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
                      + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)
-                     + _data_expert_notes(r, kv.concurrency)),
+                     + _data_expert_notes(r, kv.concurrency) + _runner_notes(r, runner, runner_why, ranks[-1][0], batched, seqs)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
