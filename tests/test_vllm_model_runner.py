@@ -19,7 +19,13 @@ from vramplan.facts.vllm_releases import (
     NEWEST,
     model_runner_rule,
 )
-from vramplan.serve.vllm import decide, model_runner, sampler_peak_bytes, v2_input_buffer_bytes, v2_sampler_peak_bytes
+from vramplan.serve.vllm import (
+    decide,
+    model_runner,
+    sampler_peak_bytes,
+    v2_input_buffer_bytes,
+    v2_sampler_peak_bytes,
+)
 
 LLAMA = "meta-llama/Llama-3.1-8B"  # LlamaForCausalLM, dense
 QWEN3 = "Qwen/Qwen3-8B"  # Qwen3ForCausalLM, dense
@@ -128,6 +134,10 @@ def test_v2_notes_widen_only_where_not_modelled() -> None:
     assert not [a for a in eager.assumptions if a.startswith("not modelled: Model Runner V2")]
     assert [a for a in graphs.assumptions if a.startswith("not modelled: Model Runner V2's CUDA-graph estimate")]
     assert any(a.startswith("model runner: V2 (vLLM 0.29.0") for a in eager.assumptions)
+    # the first line no longer names a top-k/top-p path the V2 profile run does not take
+    assert eager.assumptions[0] == ("vLLM V1 engine, behaviour of vLLM 0.29.0 (Model Runner V2: no top-k/top-p in the "
+                                    "profile run's sampling)")
+    assert "flashinfer top-k/top-p sampler" in decide(resolve(_doc("0.33.0")), version="0.33.0").assumptions[0]
 
 
 def test_v2_input_buffers_hand_computed() -> None:

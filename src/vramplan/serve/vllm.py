@@ -1823,15 +1823,17 @@ def _start_risk(r: Resolved, b: _Budget) -> tuple[str, str]:
 
 
 def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Blocks, batched: int,
-                          requests: int) -> list[str]:
+                          requests: int, runner: ModelRunnerRule | None = None) -> list[str]:
     sv, tp = r.scenario.serve, r.scenario.parallel.tp
     # either limit given (a null is vLLM's default; a saved scenario carries the nulls)
     given = sv.max_num_batched_tokens is not None or sv.max_num_seqs is not None
     row = beh.rules
     sampler = sampler_class(row, sampler_path(row, sv.vllm_sampler))
+    sampling = (f"{sampler} top-k/top-p sampler in the profile run{_sampler_note(row, sv.vllm_sampler)}"
+                if runner is None or runner.sampler == "warmup-pass" else
+                "Model Runner V2: no top-k/top-p in the profile run's sampling")
     assumptions = [
-        (f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({sampler} top-k/top-p sampler in "
-         f"the profile run{_sampler_note(row, sv.vllm_sampler)})"),
+        f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({sampling})",
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
         f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
         (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
@@ -2049,7 +2051,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency,
         max_model_len_that_fits=min(skv.fits_len for _, skv in ranks),
         starts=not problem, problem=problem, fix=fix,
-        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
+        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests, runner) + list(opt.notes) + _speculative_notes(b)
                      + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)
                      + _data_expert_notes(r, kv.concurrency) + _runner_notes(r, runner, runner_why, ranks[-1][0], batched, seqs)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
