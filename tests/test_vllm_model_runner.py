@@ -143,3 +143,13 @@ def test_v2_notes_widen_only_where_not_modelled() -> None:
 def test_v2_input_buffers_hand_computed() -> None:
     # 8,192 x 13 + 1,025 x 4 + 2 x 1,024 x 4 = 106,496 + 4,100 + 8,192 = 118,788
     assert v2_input_buffer_bytes(8192, 1024) == 118_788
+
+
+def test_rocm_runner_choice_is_stated_not_modelled() -> None:
+    # vllm/config/vllm.py 0.29.0 line 71: ROCM_DEFAULT_MRV1_ARCHITECTURES keeps V1 on ROCm for some architectures
+    doc = _doc("0.29.0", QWEN3)
+    doc["hardware"] = {"gpu": "MI300X"}
+    d = decide(resolve(doc), version="0.29.0")
+    assert "not modelled: the model runner vLLM picks on AMD GPUs (the rule above is CUDA's; ROCm defaults some " \
+           "architectures to V1)" in d.assumptions
+    assert not [a for a in decide(resolve(_doc("0.29.0", QWEN3)), version="0.29.0").assumptions if "AMD" in a]

@@ -64,7 +64,6 @@ from vramplan.facts.vllm_cudagraphs import USER_MAX_FROM, USER_MODE_FROM
 from vramplan.facts.vllm_mtp import (
     MTP_HEAD_SHARED_FROM,
     MTP_METHOD_FROM,
-    RUNNER_V2_DEFAULT_READ_AT,
     VLLM_MTP_ARCHS,
     mtp_arch,
 )
@@ -1080,6 +1079,10 @@ def _runner_notes(r: Resolved, runner: ModelRunnerRule | None, why: str, b: _Bud
     if not why:
         return []
     notes = [why]
+    if r.gpu.vendor != "nvidia":
+        # vllm/config/vllm.py (0.28.0 on): ROCm keeps V1 for ROCM_DEFAULT_MRV1_ARCHITECTURES, a rule not read here
+        notes.append(f"not modelled: the model runner vLLM picks on {r.gpu.vendor.upper()} GPUs (the rule above is CUDA's; "
+                     "ROCm defaults some architectures to V1)")
     if runner is None:
         return notes
     notes.append("Model Runner V2's profile run forwards the same max_num_batched_tokens over min(tokens, max_num_seqs) "
@@ -1168,9 +1171,9 @@ def _mtp_draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, Mo
     read = speculative_profile_modelled(version)
     profile = ("its profile run (the MTP layer's forward, rejection sampler) and buffers are sized from vLLM's source "
                "(see below)" if read else "its profile run is assumed to peak below the target's")
-    if rel >= RUNNER_V2_DEFAULT_READ_AT:
-        profile += (f" (vLLM {version} runs Model Runner V2 by default where it supports the setup; its MTP "
-                    "speculator's profile run was not read: the V1 runner's EagleProposer is assumed)")
+    if model_runner(r, version)[0] is not None:
+        profile += (f" (vLLM {version} runs Model Runner V2 for this setup, facts/vllm_releases.py MODEL_RUNNER_RULES; "
+                    "its MTP speculator's profile run was not read: the V1 runner's EagleProposer is assumed)")
     note = (f"speculative mtp proposer ({arch.draft}, the target's own {nextn} MTP layer(s), num_nextn_predict_layers): "
             f"{weights / GiB:.2f} GiB of weights, each layer a decoder layer shaped like the target's last (stored "
             f"as the target's, {sv.quantization}) with eh_proj and norms ({layers_bytes / GiB:.2f} GiB); {head_note}; "
