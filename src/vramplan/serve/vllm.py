@@ -1102,6 +1102,9 @@ def _runner_notes(r: Resolved, runner: ModelRunnerRule | None, why: str, b: _Bud
         notes.append("not modelled: Model Runner V2's CUDA-graph estimate (vllm/v1/worker/gpu/cudagraph_utils.py "
                      "profile_cudagraph_memory: piecewise graphs measured in full, full graphs extrapolated from "
                      "samples); V1's estimate is used")
+    if b.mm is not None:
+        notes.append("not modelled: Model Runner V2's encoder profile (vllm/v1/worker/gpu/model_runner.py profile_run: "
+                     "encoder_runner.profile_encoder_cache); V1's encoder terms are used")
     if r.scenario.serve.speculative is not None:
         notes.append("not modelled: Model Runner V2's speculator in the profile run (vllm/v1/worker/gpu/spec_decode); "
                      "V1's proposer and rejection-sampler terms are used")
