@@ -154,10 +154,12 @@ def test_expert_parallel_places_the_mtp_experts_as_the_targets() -> None:
 
 
 def test_model_runner_v2_is_stated_where_it_is_the_default() -> None:
-    # 0.31.0 defaults to Model Runner V2 (facts/vllm_mtp.py RUNNER_V2_DEFAULT_READ_AT); 0.17.0 does not
+    # 0.31.0 runs Model Runner V2 for DeepSeek-V3 with MTP (facts/vllm_releases.py MODEL_RUNNER_RULES: every model
+    # from 0.29.0, mtp a V2 method); 0.28.0 keeps V1 (a MoE architecture not listed); 0.17.0 has no V2 default
     note = next(a for a in _decide(DSV3, "0.31.0", spec=MTP, quantization="fp8-block").assumptions
                 if a.startswith("speculative mtp"))
     assert "Model Runner V2" in note
-    note = next(a for a in _decide(DSV3, "0.17.0", spec=MTP, quantization="fp8-block").assumptions
-                if a.startswith("speculative mtp"))
-    assert "Model Runner V2" not in note
+    for version in ("0.17.0", "0.28.0"):
+        note = next(a for a in _decide(DSV3, version, spec=MTP, quantization="fp8-block").assumptions
+                    if a.startswith("speculative mtp"))
+        assert "Model Runner V2" not in note, version

@@ -285,3 +285,12 @@ def test_unread_tower_widens_the_band(version: str, read: bool) -> None:
     assert bool(notes) is not read
     if version == "0.33.0":
         assert "assumed as read at 0.15.0, 0.15.1, 0.16.0, 0.17.0, 0.18.0, 0.21.0 " in notes[0]
+
+
+def test_model_runner_v2_encoder_profile_is_stated_not_modelled() -> None:
+    # Qwen2.5-VL-7B (Qwen2_5_VLForConditionalGeneration, dense): V1 at 0.24.0 (not a listed architecture), Model Runner
+    # V2 from 0.25.0 (any non-MoE model: facts/vllm_releases.py MODEL_RUNNER_RULES), whose encoder profile is not read
+    note = "not modelled: Model Runner V2's encoder profile"
+    v1, v2 = (decide(_resolved(v), version=v) for v in ("0.24.0", "0.25.0"))
+    assert not [a for a in v1.assumptions if a.startswith(note)]
+    assert [a for a in v2.assumptions if a.startswith(note)]

@@ -75,10 +75,15 @@ def test_draft_model_row_terms_at_0_29() -> None:
     # (4 x 4096 + 3 x 12,288) x 2048 x 2 = 218,103,808
     assert spec.forward_peak_bytes == 218_103_808 and spec.sampler_peak_bytes == 291_143_680
     assert spec.activation_peak_bytes - spec.cublas_workspace_bytes == 602_308_608
+    # the plain engine runs Model Runner V2 at 0.29.0 (the draft method keeps V1: facts/vllm_releases.py
+    # MODEL_RUNNER_RULES), whose dummy sampler holds 128 x 151,936 x 2 = 38,895,616 + gumbel 128 x 149 x 12 = 228,864
+    # + (2048 + 128) x 4096 x 2 = 17,825,792 -> 56,950,272, below its forward's 218,103,808
+    assert plain.sampler_peak_bytes == 56_950_272
+    assert plain.activation_peak_bytes - plain.cublas_workspace_bytes == 218_103_808
     # the KV budget loses the proposer's weights (Qwen3-0.6B shares the target's rotary cache: head size 128 and
-    # 40,960 positions in both), its buffers and 602,308,608 - 291,143,680 = 311,164,928 of peak
+    # 40,960 positions in both), its buffers and 602,308,608 - 218,103,808 = 384,204,800 of peak
     assert spec.speculative_weights_bytes == spec.weights_bytes - plain.weights_bytes
-    lost = spec.speculative_weights_bytes + 8_442_368 + 311_164_928
+    lost = spec.speculative_weights_bytes + 8_442_368 + 384_204_800
     # and more CUDA-graph memory (0.29.0 subtracts its estimate; facts/vllm_cudagraphs.py, 0.13.0 rule), 36 layers:
     #   plain: max min(128 x 2, 512, 2048) = 256 -> 35 sizes, FULL decode 19 (<= 128): (35 + 19) x 37 = 1,998
     #     segments; pool (4 x 4096 + 3 x 12,288) x 256 x 2 = 27,262,976 + 1,998 x 204,111 = 435,076,754
@@ -107,20 +112,24 @@ def test_releases_before_0_17_keep_the_stated_assumption() -> None:
 def test_ngram_pays_the_rejection_sampler_at_vllm_serve_defaults() -> None:
     # an n-gram proposer has no weights, but _dummy_sampler_run still runs the rejection sampler.  Llama-3.1-8B on
     # an H100 (>= 70 GiB: 8192 tokens, 1024 sequences): 1024 x 128,256 = 131,334,144 entries x 30 B = 3,940,024,320
-    # + (8192 + 2048) x 4096 x 2 = 83,886,080 -> 4,023,910,400; the plain sampler 131,334,144 x 14 + 83,886,080 =
-    # 1,922,564,096; the KV budget loses 4,023,910,400 - 1,922,564,096 = 2,101,346,304 B (1.96 GiB)
+    # + (8192 + 2048) x 4096 x 2 = 83,886,080 -> 4,023,910,400.  The plain engine runs Model Runner V2 at 0.29.0
+    # (ngram keeps V1: "Model Runner V2 does not yet support ngram/ngram_gpu speculative decoding"), whose sampler
+    # holds 131,334,144 x 2 + gumbel 1024 x 126 x 12 = 1,548,288 + (8192 + 1024) x 4096 x 2 = 75,497,472 ->
+    # 339,714,048, below its forward's (4 x 4096 + 3 x 14,336) x 8192 x 2 = 973,078,528; the KV budget loses
+    # 4,023,910,400 - 973,078,528 = 3,050,831,872 B (2.84 GiB)
     doc = {"model": LLAMA, "task": "serve", "hardware": {"gpu": "H100"},
            "serve": {"max_model_len": 16384, "gpu_memory_utilization": 0.9, "vllm_version": "0.29.0"}}
     plain = decide(resolve(doc), version="0.29.0")
     doc["serve"] = {**doc["serve"], "speculative": {"method": "ngram", "num_speculative_tokens": 4}}
     ngram = decide(resolve(doc), version="0.29.0")
     assert (plain.max_num_batched_tokens, plain.max_num_seqs) == (8192, 1024)
-    assert plain.sampler_peak_bytes == 1_922_564_096
+    assert plain.sampler_peak_bytes == 339_714_048
+    assert plain.activation_peak_bytes - plain.cublas_workspace_bytes == 973_078_528
     assert ngram.to_dict()["profile_rejection_sampler_peak_bytes"] == 4_023_910_400
     # and its CUDA graphs (facts/vllm_cudagraphs.py): a decode step of 1 + 4 tokens leaves the FULL decode graphs
     # of sizes 1, 2 and 4 out (sizes from 5 to 1024 x 5), 3 x 33 = 99 segments x 204,111 B = 20,206,989 fewer
     assert plain.cudagraph_bytes - ngram.cudagraph_bytes == 20_206_989
-    assert plain.available_kv_bytes - ngram.available_kv_bytes == 2_101_346_304 - 20_206_989
+    assert plain.available_kv_bytes - ngram.available_kv_bytes == 3_050_831_872 - 20_206_989
     assert "speculative_buffers_bytes" not in ngram.to_dict()  # the n-gram proposer runs on the host
 
 

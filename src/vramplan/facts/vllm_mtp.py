@@ -25,8 +25,9 @@ Read in vLLM's source as shipped in the release wheels (0.9.0, 0.10.0, 0.11.0, 0
   heads stay: 0.11.0-0.15.1 set ``self.model.lm_head``, which the MTP model does not read (``compute_logits`` uses
   ``shared_head.head``).  The replaced copies are freed before "Model loading took" is measured
   (``DeviceMemoryProfiler`` -> ``get_current_memory_usage``: ``torch.cuda.empty_cache()``).
-* Model Runner V2.  0.31.0 and 0.33.0 run it by default where it supports the configuration
-  (``config/vllm.py`` ``use_v2_model_runner``; 0.21.0 only with VLLM_USE_V2_MODEL_RUNNER=1).  Its loader shares
+* Model Runner V2.  vLLM runs it by default from 0.22.0 for the models and options of
+  ``facts/vllm_releases.py`` ``MODEL_RUNNER_RULES`` (``config/vllm.py`` ``use_v2_model_runner``; every model it
+  supports from 0.29.0, MTP among its speculative methods from 0.22.0).  Its loader shares
   the embedding and every ``shared_head.head`` alike (0.33.0 ``v1/worker/gpu/spec_decode/eagle/utils.py``
   ``maybe_share_target_embed``, ``load_eagle_model``: "MTP layers route logits through layer.shared_head.head");
   its MTP speculator's profile run and buffers (``v1/worker/gpu/spec_decode/mtp``) were not read: those of the V1
@@ -41,8 +42,6 @@ from vramplan.facts.vllm_releases import Release
 
 MTP_METHOD_FROM: Release = (0, 11, 0)  # method "mtp" (0.11.0 vllm/config/speculative.py SpeculativeMethod)
 MTP_HEAD_SHARED_FROM: Release = (0, 16, 0)  # shared_head.head replaced by the target's (0.16.0 eagle.py)
-# Model Runner V2 on by default (0.31.0 config/vllm.py use_v2_model_runner; off in 0.21.0, releases between not read)
-RUNNER_V2_DEFAULT_READ_AT: Release = (0, 31, 0)
 
 
 @dataclass(frozen=True)

@@ -91,9 +91,9 @@ from typing import Literal
 
 __all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED",
            "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "MLLAMA_SERVED",
-           "MLLAMA_SOURCES", "MXFP4_FIRST", "MXFP4_HOPPER_SOURCES", "MXFP4_HOPPER_SWIZZLE_FROM",
+           "MLLAMA_SOURCES", "MODEL_RUNNER_RULES", "MODEL_RUNNER_V2_FIRST", "MXFP4_FIRST", "MXFP4_HOPPER_SOURCES", "MXFP4_HOPPER_SWIZZLE_FROM",
            "NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule",
-           "VllmRelease", "mamba_hybrid_rule", "mxfp4_triton_installed", "parse_release", "release_row",
+           "ModelRunnerRule", "VllmRelease", "mamba_hybrid_rule", "model_runner_rule", "mxfp4_triton_installed", "parse_release", "release_row",
            "release_text"]
 
 Release = tuple[int, int, int]
@@ -580,3 +580,148 @@ def mamba_hybrid_rule(text: str) -> MambaHybridRule | None:
     if rel < MAMBA_HYBRID_FIRST or rel >= MAMBA_HYBRID_PREFIX_CACHING_FROM:
         return None
     return [r for r in MAMBA_HYBRID_RULES if r.first <= rel][-1]
+
+
+# Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``) by release: when ``vllm serve`` runs it instead of the V1
+# ``GPUModelRunner`` on CUDA, and what its profile run's sampler holds (serve/vllm.py ``model_runner``).  Read in each
+# release's wheel: ``VllmConfig.use_v2_model_runner`` (vllm/config/vllm.py) with ``_is_default_v2_model_runner_model``
+# and ``_get_v2_model_runner_unsupported_features``; ``VLLM_USE_V2_MODEL_RUNNER`` (vllm/envs.py) set overrides it.
+# 0.12.0-0.21.0 leave it off (envs.py ``VLLM_USE_V2_MODEL_RUNNER: bool = False``; 0.21.0 line 251); 0.22.0 turns the
+# default to None, where the property decides.
+#
+# * ``models``: which models default to V2 (before the unsupported features are checked):
+#   ``listed-dense`` (0.22-0.23): an architecture in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``, not MoE, not quantized
+#   (``return not model_config.is_moe and not model_config.is_quantized``); ``listed`` (0.24): a listed architecture;
+#   ``dense-or-listed`` (0.25-0.28): a listed architecture or any non-MoE model (``... or not model_config.is_moe``),
+#   never a hybrid (0.25-0.26: ``is_hybrid`` -> False; 0.27-0.28: unless listed, and no listed architecture is a
+#   hybrid vramplan serves: hybrids from 0.26 are refused, MAMBA_HYBRID_PREFIX_CACHING_FROM) or attention-free; ``all``
+#   (0.29 on): every model, the check of ``_is_default_v2_model_runner_model`` gone (ROCm keeps V1 for a list).
+# * ``architectures``: ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` of the release.
+# * ``hybrid_v2``: a hybrid attention + Mamba model can run V2 (0.22: "hybrid/mamba models" is an unsupported feature;
+#   0.23-0.28 never default (not listed / ``is_hybrid``); 0.29 on: yes).
+# * ``speculative``: the vramplan ``serve.speculative.method`` values V2 runs (vLLM's "draft_model" is ``draft``):
+#   eagle, eagle3, mtp through 0.30 (0.30 lists "draft_model" and "ngram" as unsupported), draft from 0.31 (ngram
+#   still listed), ngram from 0.32 (only "suffix", "medusa", "mlp_speculator", "custom_class" listed).
+# * ``eagle3_pp``: EAGLE3 with pipeline parallelism runs V2 (0.22-0.29: "EAGLE3 with pipeline parallelism" listed).
+# * ``draft_same_vocab``: 0.32 on: "heterogeneous-vocabulary draft models" fall back to V1.
+# * ``sampler``: what ``GPUModelRunner._dummy_sampler_run`` (v1/worker/gpu/model_runner.py) holds beyond the logits
+#   in the model dtype.  The dummy requests keep the sampling states' defaults (``SamplingStates.__init__``, sample/
+#   states.py: top_k = vocab, top_p = 1.0), so top-k/top-p is skipped ("the sampler may skip top_k, top_p, and
+#   logprobs", 0.22.0-0.32.0) and ``gumbel_sample`` (sample/gumbel.py) runs on blocks of 1024 entries:
+#   ``fp32-copy``: ``apply_sampling_params`` copies the logits to fp32 first (``torch.empty_like(logits,
+#   dtype=torch.float32).copy_(logits)``, 0.22.0-0.25.0 sample/sampler.py); ``in-place``: no copy (0.26.0: "the
+#   input dtype is kept and mutated in place"; 0.27.0 ``_requires_logits_processing``, 0.28.0-0.32.0 ``if not
+#   np.any(self.needs_logits_processing[idx_mapping_np]): return logits``: False for the dummy slots);
+#   ``warmup-pass``: 0.33.0 runs a second pass with ``SamplingParams.for_sampler_warmup()`` (penalties, logit bias,
+#   bad words, top-k 50, top-p, min-p, logprobs 5, watermarking: "the profiled peak must too" pay the fp32 pipeline),
+#   not read term by term here.
+RunnerModels = Literal["listed-dense", "listed", "dense-or-listed", "all"]
+V2Sampler = Literal["fp32-copy", "in-place", "warmup-pass"]
+_V2_ARCHS_025 = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM"})
+_V2_ARCHS_026 = _V2_ARCHS_025 | {"InklingForCausalLM", "InklingForConditionalGeneration",
+                                 "LongcatFlashNgramForCausalLM"}
+_V2_ARCHS_027 = _V2_ARCHS_026 | {"KimiK3ForConditionalGeneration"}
+_V2_SPEC = frozenset({"eagle", "eagle3", "mtp"})
+V2_GUMBEL_BLOCK = 1024  # sample/gumbel.py gumbel_sample BLOCK_SIZE (0.22.0-0.33.0)
+# per (request, block of 1024 entries): local_argmax int64 8 + local_max fp32 4 (``use_fp64_gumbel`` off by default)
+V2_GUMBEL_BYTES_PER_BLOCK = 12
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRunnerRule:
+    first: Release
+    read_at: tuple[Release, ...]
+    models: RunnerModels
+    architectures: frozenset[str]
+    hybrid_v2: bool
+    speculative: frozenset[str]
+    eagle3_pp: bool
+    draft_same_vocab: bool
+    sampler: V2Sampler
+    sources: tuple[str, ...]
+
+
+_CFG = "vllm/config/vllm.py VllmConfig.use_v2_model_runner"
+MODEL_RUNNER_V2_FIRST: Release = (0, 22, 0)
+MODEL_RUNNER_RULES: tuple[ModelRunnerRule, ...] = (
+    ModelRunnerRule(
+        first=(0, 22, 0), read_at=((0, 22, 0),), models="listed-dense", architectures=frozenset({"Qwen3ForCausalLM"}),
+        hybrid_v2=False, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="fp32-copy",
+        sources=("0.22.0 vllm/envs.py VLLM_USE_V2_MODEL_RUNNER: bool | None = None (line 264)",
+                 (f"0.22.0 {_CFG}; _is_default_v2_model_runner_model: not is_moe and not is_quantized; "
+                 "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset({'Qwen3ForCausalLM'}) (line 69)"),
+                 "0.22.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: fp32 copy (line 133)")),
+    ModelRunnerRule(
+        first=(0, 23, 0), read_at=((0, 23, 0),), models="listed-dense",
+        architectures=frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
+        hybrid_v2=False, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="fp32-copy",
+        sources=(f"0.23.0 {_CFG} (line 519); DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES (line 69)",
+                 "0.23.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: fp32 copy (line 144)")),
+    ModelRunnerRule(
+        first=(0, 24, 0), read_at=((0, 24, 0),), models="listed",
+        architectures=_V2_ARCHS_025 | {"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"},
+        hybrid_v2=False, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="fp32-copy",
+        sources=((f"0.24.0 {_CFG}; _is_default_v2_model_runner_model (line 550): any listed architecture "
+                 "(DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, line 68)"),
+                 "0.24.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: fp32 copy (line 157)")),
+    ModelRunnerRule(
+        first=(0, 25, 0), read_at=((0, 25, 0),), models="dense-or-listed", architectures=_V2_ARCHS_025,
+        hybrid_v2=False, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="fp32-copy",
+        sources=((f"0.25.0 {_CFG}; _is_default_v2_model_runner_model: is_hybrid or is_attention_free -> False; "
+                 "listed architecture or not is_moe"),
+                 "0.25.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: fp32 copy (line 157)")),
+    ModelRunnerRule(
+        first=(0, 26, 0), read_at=((0, 26, 0),), models="dense-or-listed", architectures=_V2_ARCHS_026,
+        hybrid_v2=False, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="in-place",
+        sources=(f"0.26.0 {_CFG} (line 550); _is_default_v2_model_runner_model (line 605)",
+                 "0.26.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: no fp32 copy (line 152)")),
+    ModelRunnerRule(
+        first=(0, 27, 0), read_at=((0, 27, 0),), models="dense-or-listed", architectures=_V2_ARCHS_027,
+        hybrid_v2=False, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="in-place",
+        sources=(f"0.27.0 {_CFG} (line 578); _is_default_v2_model_runner_model (line 637): a hybrid only if listed",
+                 ("0.27.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: the fp32 copy (line 159) only "
+                 "if _requires_logits_processing (line 200), False for the dummy slots (temperature 0, top_k = "
+                 "vocab, top_p = 1: buffer_utils.py UvaBackedTensor torch.zeros, states.py fills)"))),
+    ModelRunnerRule(
+        first=(0, 28, 0), read_at=((0, 28, 0),), models="dense-or-listed",
+        architectures=_V2_ARCHS_027 | {"DeepseekV4ForCausalLM"},
+        hybrid_v2=False, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="in-place",
+        sources=(f"0.28.0 {_CFG}; default_v2_model_runner_architectures (line 84)",
+                 ("0.28.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: needs_logits_processing "
+                 "(line 192)"))),
+    ModelRunnerRule(
+        first=(0, 29, 0), read_at=((0, 29, 0),), models="all", architectures=frozenset(),
+        hybrid_v2=True, speculative=_V2_SPEC, eagle3_pp=False, draft_same_vocab=False, sampler="in-place",
+        sources=(f"0.29.0 {_CFG} (line 645): no model check on CUDA; _get_v2_model_runner_unsupported_features",
+                 "0.29.0 vllm/v1/worker/gpu/sample/sampler.py apply_sampling_params: needs_logits_processing")),
+    ModelRunnerRule(
+        first=(0, 30, 0), read_at=((0, 30, 0),), models="all", architectures=frozenset(),
+        hybrid_v2=True, speculative=_V2_SPEC, eagle3_pp=True, draft_same_vocab=False, sampler="in-place",
+        sources=(f"0.30.0 {_CFG} (line 675); unsupported: 'draft_model', 'ngram' methods; no EAGLE3 + pp line",)),
+    ModelRunnerRule(
+        first=(0, 31, 0), read_at=((0, 31, 0),), models="all", architectures=frozenset(),
+        hybrid_v2=True, speculative=_V2_SPEC | {"draft"}, eagle3_pp=True, draft_same_vocab=False, sampler="in-place",
+        sources=((f"0.31.0 {_CFG} (lines 701-759); unsupported methods: ngram, ngram_gpu, suffix, medusa, "
+                 "mlp_speculator, custom_class"),)),
+    ModelRunnerRule(
+        first=(0, 32, 0), read_at=((0, 32, 0),), models="all", architectures=frozenset(),
+        hybrid_v2=True, speculative=_V2_SPEC | {"draft", "ngram"}, eagle3_pp=True, draft_same_vocab=True,
+        sampler="in-place",
+        sources=((f"0.32.0 {_CFG} (line 703); unsupported: suffix, medusa, mlp_speculator, custom_class, "
+                 "heterogeneous-vocabulary draft models"),
+                 "0.32.0 vllm/v1/worker/gpu/model_runner.py _dummy_sampler_run: one pass on the default states")),
+    ModelRunnerRule(
+        first=(0, 33, 0), read_at=((0, 33, 0),), models="all", architectures=frozenset(),
+        hybrid_v2=True, speculative=_V2_SPEC | {"draft", "ngram"}, eagle3_pp=True, draft_same_vocab=True,
+        sampler="warmup-pass",
+        sources=(f"0.33.0 {_CFG} (line 731); unsupported methods: suffix, custom_class",
+                 ("0.33.0 vllm/v1/worker/gpu/model_runner.py _dummy_sampler_run (line 993): a second pass with "
+                 "SamplingParams.for_sampler_warmup()"))),
+)
+
+
+def model_runner_rule(version: str) -> ModelRunnerRule | None:
+    """The Model Runner V2 row of a release (None before ``MODEL_RUNNER_V2_FIRST``: V1 always)."""
+    rel = parse_release(version)
+    rows = [r for r in MODEL_RUNNER_RULES if r.first <= rel]
+    return rows[-1] if rows else None

@@ -64,7 +64,6 @@ from vramplan.facts.vllm_cudagraphs import USER_MAX_FROM, USER_MODE_FROM
 from vramplan.facts.vllm_mtp import (
     MTP_HEAD_SHARED_FROM,
     MTP_METHOD_FROM,
-    RUNNER_V2_DEFAULT_READ_AT,
     VLLM_MTP_ARCHS,
     mtp_arch,
 )
@@ -79,11 +78,15 @@ from vramplan.facts.vllm_releases import (
     NEWEST,
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
+    V2_GUMBEL_BLOCK,
+    V2_GUMBEL_BYTES_PER_BLOCK,
     VLLM_RELEASES,
     BatchDefaults,
     MambaHybridRule,
+    ModelRunnerRule,
     VllmRelease,
     mamba_hybrid_rule,
+    model_runner_rule,
     parse_release,
     release_row,
     release_text,
@@ -103,7 +106,7 @@ from vramplan.serve.vllm_mm import MmProfile, mm_profile, mm_profile_modelled
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, vllm_mxfp4_triton
 from vramplan.spec.model import ModelSpec
-from vramplan.units import DTYPE_BITS, GiB, ceil_div, dtype_bits, round_up
+from vramplan.units import DTYPE_BITS, GiB, MiB, ceil_div, dtype_bits, round_up
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -493,6 +496,21 @@ def sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: in
     per_entry = dtype_bytes + SAMPLER_EXTRA_BYTES[sampler]
     hidden = (tokens + 2 * requests) * m.hidden_size * dtype_bytes
     return requests * m.vocab_size * per_entry + hidden
+
+
+def v2_sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: int, fp32_copy: bool) -> int:
+    """Peak of Model Runner V2's dummy sampler run (``vllm/v1/worker/gpu/model_runner.py`` ``_dummy_sampler_run``,
+    0.22.0-0.32.0): the dummy requests keep the sampling states' defaults (temperature 0, top_k = vocab, top_p = 1),
+    so no top-k/top-p runs.  Alive: the forward output (tokens x h) and its last-token rows (requests x h: no random
+    replacement as V1 has), the logits in the model dtype, their fp32 copy where the release makes one
+    (``facts/vllm_releases.py`` ``ModelRunnerRule.sampler``), and ``gumbel_sample``'s per-block partials (an int64
+    argmax and an fp32 max per request and block of 1024 entries).  Check, Qwen3-0.6B (h 1024, vocab 151,936), 8192
+    tokens, 1024 requests, bf16, fp32 copy: 1024 x 151,936 x (2 + 4) = 933,494,784 + 1024 x 149 x 12 = 1,830,912 +
+    (8192 + 1024) x 1024 x 2 = 18,874,368: 954,200,064 B."""
+    per_entry = dtype_bytes + (4 if fp32_copy else 0)
+    blocks = ceil_div(m.vocab_size, V2_GUMBEL_BLOCK)
+    hidden = (tokens + requests) * m.hidden_size * dtype_bytes
+    return requests * m.vocab_size * per_entry + requests * blocks * V2_GUMBEL_BYTES_PER_BLOCK + hidden
 
 
 def rejection_sampler_peak_bytes(m: ModelSpec, tokens: int, requests: int, dtype_bytes: int, sampler: str) -> int:
@@ -999,6 +1017,100 @@ def _draft_rotary_bytes(target: ModelSpec, draft: ModelSpec, dtype_bytes: int) -
     return rotary_cache_bytes(draft, dtype_bytes)
 
 
+def _architectures(r: Resolved) -> tuple[str, ...]:
+    """The ``architectures`` of the model's config.json (vLLM's ``ModelConfig.architectures``); () if unreadable."""
+    try:
+        cfg = model_config(r.scenario.model, offline=True)
+    except (VramplanError, OSError):
+        return ()
+    return tuple(a for a in cfg.get("architectures") or [] if isinstance(a, str))
+
+
+def model_runner(r: Resolved, version: str, draft: ModelSpec | None = None) -> tuple[ModelRunnerRule | None, str]:
+    """Which model runner ``vllm serve`` of ``version`` runs for the scenario on CUDA: (the release's Model Runner V2
+    row, or None for the V1 ``GPUModelRunner``; the reason, "" before V2 could be a default).  The rule of
+    ``VllmConfig.use_v2_model_runner`` (facts/vllm_releases.py ``MODEL_RUNNER_RULES``), with
+    ``VLLM_USE_V2_MODEL_RUNNER`` unset; ``draft`` is the proposer's model (a heterogeneous vocabulary keeps V1 from
+    0.32.0)."""
+    rule = model_runner_rule(version)
+    if rule is None:
+        return None, ""
+    m, sv, pp = r.model, r.scenario.serve, r.scenario.parallel.pp
+    archs = _architectures(r)
+    arch = archs[0] if archs else "this model"
+    listed = any(a in rule.architectures for a in archs)
+    moe, hybrid = m.moe is not None, m.mamba is not None
+    quantized = sv.quantization != "none" or m.checkpoint_quantization is not None
+    default = {"listed-dense": listed and not moe and not quantized, "listed": listed,
+               "dense-or-listed": listed or not moe, "all": True}[rule.models]
+    why_not = ""
+    if hybrid and not rule.hybrid_v2:
+        why_not = "a hybrid attention + Mamba model"
+    elif not default:
+        why_not = {"listed-dense": "not a listed dense unquantized architecture",
+                   "listed": "not a listed architecture",
+                   "dense-or-listed": "a MoE model of an architecture not listed"}[rule.models]
+    spec = sv.speculative
+    if not why_not and spec is not None:
+        if spec.method not in rule.speculative:
+            why_not = f"speculative method {spec.method!r} is not supported by V2"
+        elif spec.method == "eagle3" and pp > 1 and not rule.eagle3_pp:
+            why_not = "EAGLE3 with pipeline parallelism is not supported by V2"
+        elif rule.draft_same_vocab and draft is not None and draft.vocab_size != m.vocab_size:
+            why_not = "a draft model of another vocabulary is not supported by V2"
+    where = "VllmConfig.use_v2_model_runner, facts/vllm_releases.py MODEL_RUNNER_RULES"
+    if why_not:
+        return None, (f"model runner: V1 (vLLM {version} defaults to Model Runner V2 only where it applies; {arch}: " \
+                     f"{why_not}; {where})")
+    return rule, f"model runner: V2 (vLLM {version} defaults to Model Runner V2 for {arch}; {where})"
+
+
+def v2_input_buffer_bytes(tokens: int, seqs: int) -> int:
+    """Model Runner V2's persistent input buffers on the device (``vllm/v1/worker/gpu/input_batch.py``
+    ``InputBuffers.__init__``, 0.29.0): input_ids int32, positions int64 and is_padding bool per batched token (13 B),
+    query_start_loc int32 (seqs + 1), seq_lens and dcp_local_seq_lens int32 per sequence.  8192 tokens, 1024
+    sequences: 8192 x 13 + 1025 x 4 + 2 x 1024 x 4 = 106,496 + 4,100 + 8,192 = 118,788 B."""
+    return tokens * (4 + 8 + 1) + (seqs + 1) * 4 + 2 * seqs * 4
+
+
+def _runner_notes(r: Resolved, runner: ModelRunnerRule | None, why: str, b: _Budget, batched: int,
+                  seqs: int) -> list[str]:
+    """What the decision says of the model runner, and what of Model Runner V2 is not modelled (widens the band)."""
+    if not why:
+        return []
+    notes = [why]
+    if r.gpu.vendor != "nvidia":
+        # vllm/config/vllm.py (0.28.0 on): ROCm keeps V1 for ROCM_DEFAULT_MRV1_ARCHITECTURES, a rule not read here
+        notes.append(f"not modelled: the model runner vLLM picks on {r.gpu.vendor.upper()} GPUs (the rule above is CUDA's; "
+                     "ROCm defaults some architectures to V1)")
+    if runner is None:
+        return notes
+    notes.append("Model Runner V2's profile run forwards the same max_num_batched_tokens over min(tokens, max_num_seqs) "
+                 "dummy requests as V1 (vllm/v1/worker/gpu/model_runner.py _dummy_run, profile_run): the forward "
+                 "peak is V1's")
+    if runner.sampler == "warmup-pass":
+        notes.append("not modelled: Model Runner V2's second dummy sampler pass (SamplingParams.for_sampler_warmup: "
+                     "fp32 logits, penalties, logit bias, top-k/top-p, logprobs, watermarking); the V1 sampler's "
+                     "bytes are used in its place")
+    else:
+        copy = "and their fp32 copy " if runner.sampler == "fp32-copy" else ""
+        notes.append(f"Model Runner V2's dummy sampler run: logits {copy}with the sampling defaults (no top-k/top-p), "
+                     f"{b.sampler / GiB:.2f} GiB (serve/vllm.py v2_sampler_peak_bytes)")
+    notes.append(f"Model Runner V2's persistent input buffers ({v2_input_buffer_bytes(batched, seqs) / MiB:.2f} MiB, "
+                 "input_batch.py InputBuffers) are not counted, as V1's are not")
+    if b.cudagraphs is not None:
+        notes.append("not modelled: Model Runner V2's CUDA-graph estimate (vllm/v1/worker/gpu/cudagraph_utils.py "
+                     "profile_cudagraph_memory: piecewise graphs measured in full, full graphs extrapolated from "
+                     "samples); V1's estimate is used")
+    if b.mm is not None:
+        notes.append("not modelled: Model Runner V2's encoder profile (vllm/v1/worker/gpu/model_runner.py profile_run: "
+                     "encoder_runner.profile_encoder_cache); V1's encoder terms are used")
+    if r.scenario.serve.speculative is not None:
+        notes.append("not modelled: Model Runner V2's speculator in the profile run (vllm/v1/worker/gpu/spec_decode); "
+                     "V1's proposer and rejection-sampler terms are used")
+    return notes
+
+
 def speculative_profile_modelled(version: str) -> bool:
     """Whether the proposer's profile-run terms of ``version`` were read (``SPECULATIVE_PROFILE_FROM`` on)."""
     return parse_release(version) >= SPECULATIVE_PROFILE_FROM
@@ -1062,9 +1174,9 @@ def _mtp_draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, Mo
     read = speculative_profile_modelled(version)
     profile = ("its profile run (the MTP layer's forward, rejection sampler) and buffers are sized from vLLM's source "
                "(see below)" if read else "its profile run is assumed to peak below the target's")
-    if rel >= RUNNER_V2_DEFAULT_READ_AT:
-        profile += (f" (vLLM {version} runs Model Runner V2 by default where it supports the setup; its MTP "
-                    "speculator's profile run was not read: the V1 runner's EagleProposer is assumed)")
+    if model_runner(r, version)[0] is not None:
+        profile += (f" (vLLM {version} runs Model Runner V2 for this setup, facts/vllm_releases.py MODEL_RUNNER_RULES; "
+                    "its MTP speculator's profile run was not read: the V1 runner's EagleProposer is assumed)")
     note = (f"speculative mtp proposer ({arch.draft}, the target's own {nextn} MTP layer(s), num_nextn_predict_layers): "
             f"{weights / GiB:.2f} GiB of weights, each layer a decoder layer shaped like the target's last (stored "
             f"as the target's, {sv.quantization}) with eh_proj and norms ({layers_bytes / GiB:.2f} GiB); {head_note}; "
@@ -1356,7 +1468,8 @@ def _charged(rule: str, context: int, nccl: int, others: int = 0, comm: int = 0,
 
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
-            opt: _Options, sampler: str, seqs: int = 0, stage: int = 0) -> _Budget:
+            opt: _Options, sampler: str, seqs: int = 0, stage: int = 0,
+            runner: ModelRunnerRule | None = None) -> _Budget:
     """One GPU's budget; ``stage``: its pipeline rank (pp > 1: ``pp_stage_layers``' layers, the intermediate
     tensors on every rank but the first, the sampler on the last only: ``_stage_activations``)."""
     sv, m, gpu, tp, pp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp, r.scenario.parallel.pp
@@ -1386,7 +1499,10 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     return _Budget(
         total=total, requested=int(total * sv.gpu_memory_utilization), others=others,
         params=params, rotary=rotary, forward=forward + (_intermediate_bytes(m, batched, c) if stage > 0 else 0),
-        sampler=sampler_peak_bytes(m, batched, requests, c, sampler) if stage == pp - 1 else 0,
+        sampler=(0 if stage != pp - 1 else
+                 v2_sampler_peak_bytes(m, batched, requests, c, runner.sampler == "fp32-copy")
+                 if runner is not None and runner.sampler != "warmup-pass" else
+                 sampler_peak_bytes(m, batched, requests, c, sampler)),
         cublas=cublas_workspace_bytes(gpu, handles=1),
         non_torch=beh.non_torch_tp1_bytes if tp == 1 else beh.non_torch_tp_bytes,
         graphs=graphs.bytes if graphs else 0, subtracted=subtract, cudagraphs=graphs,
@@ -1713,15 +1829,17 @@ def _start_risk(r: Resolved, b: _Budget) -> tuple[str, str]:
 
 
 def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Blocks, batched: int,
-                          requests: int) -> list[str]:
+                          requests: int, runner: ModelRunnerRule | None = None) -> list[str]:
     sv, tp = r.scenario.serve, r.scenario.parallel.tp
     # either limit given (a null is vLLM's default; a saved scenario carries the nulls)
     given = sv.max_num_batched_tokens is not None or sv.max_num_seqs is not None
     row = beh.rules
     sampler = sampler_class(row, sampler_path(row, sv.vllm_sampler))
+    sampling = (f"{sampler} top-k/top-p sampler in the profile run{_sampler_note(row, sv.vllm_sampler)}"
+                if runner is None or runner.sampler == "warmup-pass" else
+                "Model Runner V2: no top-k/top-p in the profile run's sampling")
     assumptions = [
-        (f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({sampler} top-k/top-p sampler in "
-         f"the profile run{_sampler_note(row, sv.vllm_sampler)})"),
+        f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({sampling})",
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
         f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
         (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
@@ -1915,9 +2033,10 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     # each pipeline rank profiles and sizes its KV pool on its own (one rank when pp = 1); the engine keeps the
     # fewest blocks of any rank (vllm/v1/core/kv_cache_utils.py get_kv_cache_configs: "Change the num_blocks of
     # each rank to the smallest among all ranks"; unify_kv_cache_configs before 0.11)
+    runner, runner_why = model_runner(r, version, opt.draft_model)
     ranks: list[tuple[_Budget, _Blocks]] = []
     for stage in range(par.pp):
-        sb = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs, stage)
+        sb = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs, stage, runner)
         layers = pp_stage_layers(r.model.num_layers, par.pp, stage) if par.pp > 1 else None
         ranks.append((sb, _blocks(r, sb.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid,
                                   version, layers)))
@@ -1952,9 +2071,9 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency,
         max_model_len_that_fits=min(skv.fits_len for _, skv in ranks),
         starts=not problem, problem=problem, fix=fix,
-        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
+        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests, runner) + list(opt.notes) + _speculative_notes(b)
                      + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)
-                     + _data_expert_notes(r, kv.concurrency)),
+                     + _data_expert_notes(r, kv.concurrency) + _runner_notes(r, runner, runner_why, ranks[-1][0], batched, seqs)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
