@@ -164,3 +164,30 @@ def test_other_engines_are_refused(model: Any, engine: str) -> None:
     with pytest.raises(ScenarioError) as exc:
         estimate(doc)
     assert exc.value.problems[0].where == "serve.engine"
+
+
+@pytest.mark.parametrize(("version", "serve", "starts"), [
+    # 0.21 on, FULL graphs (auto: FULL_AND_PIECEWISE): max_num_seqs 1,024 (vllm serve's default on an H100) above the
+    # 538 state blocks -> "max_num_seqs (1024) exceeds available Mamba cache blocks (538)"
+    ("0.21", {}, False),
+    ("0.21", {"max_num_seqs": 538}, True),  # 538 <= 538 blocks
+    ("0.21", {"cuda_graphs": False}, True),  # no graph captured: no check
+    ("0.21", {"cudagraph_mode": "PIECEWISE"}, True),  # no FULL graph: no check
+    ("0.17", {}, True),  # before 0.18 neither the cap nor the check
+])
+def test_max_num_seqs_above_the_state_blocks(version: str, serve: dict[str, Any], starts: bool) -> None:
+    d = decide(resolve(_doc(FALCON_MAMBA, version, kv_cache_memory_bytes=KV_10_GIB, **serve)), version=version)
+    assert d.num_gpu_blocks == 538 and d.starts is starts
+    if not starts:
+        assert "max_num_seqs (1024) exceeds available Mamba cache blocks (538)" in d.problem
+        assert d.fix == "serve.max_num_seqs <= 538"
+
+
+def test_capture_sizes_capped_or_not_read() -> None:
+    # 100 pages of every layer: 100 x 64 x 311,296 = 1,992,294,400 B -> 100 blocks, below the largest capture size 512
+    d = decide(resolve(_doc(FALCON_MAMBA, "0.18", kv_cache_memory_bytes=1_992_294_400)), version="0.18")
+    assert d.num_gpu_blocks == 100 and d.starts
+    assert any("caps the CUDA graph capture sizes to the 100 state blocks" in a for a in d.assumptions)
+    # 0.19-0.20 were not read: stated, not applied
+    d = decide(resolve(_doc(FALCON_MAMBA, "0.19", kv_cache_memory_bytes=KV_10_GIB)), version="0.19")
+    assert any(a.startswith("not read: whether vLLM 0.19 caps") for a in d.assumptions) and d.starts

@@ -89,12 +89,13 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA1_V1_FROM", "MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM",
-           "MAMBA_HYBRID_REMOVED", "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG",
-           "MLLAMA_SERVED", "MLLAMA_SOURCES", "MXFP4_FIRST", "MXFP4_HOPPER_SOURCES", "MXFP4_HOPPER_SWIZZLE_FROM",
-           "NEWEST", "OLDEST", "STATE_SPACE_V1_FROM", "VLLM_RELEASES", "BatchDefaults", "Budget",
-           "FlashinferSampler", "MambaHybridRule", "VllmRelease", "mamba_hybrid_rule", "mxfp4_triton_installed",
-           "parse_release", "release_row", "release_text"]
+__all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA1_V1_FROM", "MAMBA_CAPTURE_CAP_FROM", "MAMBA_HYBRID_FIRST",
+           "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED", "MAMBA_HYBRID_RULES", "MAMBA_SEQS_CHECK_FROM",
+           "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "MLLAMA_SERVED", "MLLAMA_SOURCES",
+           "MXFP4_FIRST", "MXFP4_HOPPER_SOURCES", "MXFP4_HOPPER_SWIZZLE_FROM", "NEWEST", "OLDEST",
+           "STATE_SPACE_V1_FROM", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule",
+           "VllmRelease", "mamba_hybrid_rule", "mxfp4_triton_installed", "parse_release", "release_row",
+           "release_text"]
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
@@ -592,6 +593,15 @@ MAMBA_SSM_DTYPE_DEFAULT = "float16"
 # attention-free models there was not read beyond the prefix-caching default).
 MAMBA1_V1_FROM: Release = (0, 11, 0)
 STATE_SPACE_V1_FROM: Release = (0, 11, 0)
+
+# Models with mixers (``MambaSpec`` layers) under FULL CUDA graphs (the default FULL_AND_PIECEWISE): each decode
+# request needs one state block.  0.18.0 caps the capture sizes to the blocks (vllm/config/compilation.py
+# ``adjust_cudagraph_sizes_for_mamba_cache``, called from gpu_model_runner.py); 0.21.0 and 0.26.0 instead raise
+# "max_num_seqs (N) exceeds available Mamba cache blocks (B)" (``CompilationConfig`` ... ``max_num_reqs >
+# kv_cache_config.num_blocks``, outside the profiling pass); 0.17.0 and earlier do neither.  0.19.x-0.20.x were not
+# read (the report says so).
+MAMBA_CAPTURE_CAP_FROM: Release = (0, 18, 0)
+MAMBA_SEQS_CHECK_FROM: Release = (0, 21, 0)
 
 
 def mamba_hybrid_rule(text: str) -> MambaHybridRule | None:

@@ -71,9 +71,11 @@ from vramplan.facts.vllm_mtp import (
 from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM, MM_PROFILE_RULES
 from vramplan.facts.vllm_releases import (
     MAMBA1_V1_FROM,
+    MAMBA_CAPTURE_CAP_FROM,
     MAMBA_HYBRID_FIRST,
     MAMBA_HYBRID_PREFIX_CACHING_FROM,
     MAMBA_HYBRID_REMOVED,
+    MAMBA_SEQS_CHECK_FROM,
     MAMBA_SSM_DTYPE_DEFAULT,
     MAMBA_SSM_DTYPE_FROM_CONFIG,
     MXFP4_HOPPER_SWIZZLE_FROM,
@@ -1938,6 +1940,8 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         if problem:
             problem = f"pipeline stage {stage}: {problem}" if par.pp > 1 else problem
             break
+    if not problem and hybrid is not None:
+        problem, fix = _mamba_seqs_problem(r, kv, seqs, version)
     risk, risk_fix = "", ""
     for stage, (sb, _) in enumerate(ranks):
         risk, risk_fix = ("", "") if problem else _start_risk(r, sb)
@@ -1962,7 +1966,10 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         max_model_len_that_fits=min(skv.fits_len for _, skv in ranks),
         starts=not problem, problem=problem, fix=fix,
         assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests) + list(opt.notes) + _speculative_notes(b)
-                     + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)
+                     + _hybrid_notes(r, kv, hybrid, version)
+                     + (_mamba_capture_notes(r, kv, version, max(g.sizes) if g and g.sizes else 0, seqs)
+                        if hybrid is not None else [])
+                     + _pipeline_notes(stages, binding)
                      + _data_expert_notes(r, kv.concurrency)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
@@ -2109,6 +2116,40 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
                       "takes the tokenizer_config's model_max_length, else 2048, and vramplan does not read the "
                       "tokenizer_config", "set serve.max_model_len (vLLM's --max-model-len)")
     return rule
+
+
+def _full_graphs(r: Resolved) -> bool:
+    """Whether vLLM captures FULL graphs: cudagraph_mode auto is FULL_AND_PIECEWISE for a model with mixers
+    (``MambaModelConfig``)."""
+    sv = r.scenario.serve
+    return sv.cuda_graphs and sv.cudagraph_mode not in ("NONE", "PIECEWISE")
+
+
+def _mamba_seqs_problem(r: Resolved, kv: _Blocks, seqs: int, version: str) -> tuple[str, str]:
+    """0.21.0 on: under FULL graphs a model with mixers needs a state block per decode request, and vLLM refuses
+    ``max_num_seqs`` above the blocks (``facts/vllm_releases.py`` ``MAMBA_SEQS_CHECK_FROM``)."""
+    if parse_release(version) < MAMBA_SEQS_CHECK_FROM or not _full_graphs(r) or seqs <= kv.blocks or not kv.blocks:
+        return "", ""
+    return ((f"max_num_seqs ({seqs}) exceeds available Mamba cache blocks ({kv.blocks}). Each decode sequence requires "
+             "one Mamba cache block, so CUDA graph capture cannot proceed. Please lower max_num_seqs to at most "
+             f"{kv.blocks} or increase gpu_memory_utilization."), f"serve.max_num_seqs <= {kv.blocks}")
+
+
+def _mamba_capture_notes(r: Resolved, kv: _Blocks, version: str, top: int, seqs: int) -> list[str]:
+    """What FULL graphs do beside fewer state blocks than the largest capture size ``top`` (0.18.0) or than
+    ``max_num_seqs`` (0.21.0 on, ``_mamba_seqs_problem``), in the releases where the check above does not apply."""
+    rel = parse_release(version)
+    if (r.model.mamba is None or not _full_graphs(r) or rel < MAMBA_CAPTURE_CAP_FROM or rel >= MAMBA_SEQS_CHECK_FROM
+            or kv.blocks >= max(top, seqs)):
+        return []
+    if rel < (0, 19, 0):
+        if kv.blocks >= top:
+            return []
+        return [(f"vLLM {version} caps the CUDA graph capture sizes to the {kv.blocks} state blocks where they are "
+                 "fewer than the largest size (vllm/config/compilation.py adjust_cudagraph_sizes_for_mamba_cache); the "
+                 "graph estimate keeps the uncapped sizes")]
+    return [(f"not read: whether vLLM {version} caps the CUDA graph capture sizes to the {kv.blocks} state blocks "
+             "(0.18.0) or refuses max_num_seqs above them (0.21.0); neither is applied")]
 
 
 def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, version: str) -> list[str]:
