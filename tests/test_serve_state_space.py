@@ -191,3 +191,22 @@ def test_capture_sizes_capped_or_not_read() -> None:
     # 0.19-0.20 were not read: stated, not applied
     d = decide(resolve(_doc(FALCON_MAMBA, "0.19", kv_cache_memory_bytes=KV_10_GIB)), version="0.19")
     assert any(a.startswith("not read: whether vLLM 0.19 caps") for a in d.assumptions) and d.starts
+
+
+def test_the_planner_and_kv_count_refuse_a_state_space_model(tmp_path: Any) -> None:
+    # the planner's decode step time attends in every layer; `vramplan kv --budget-gb` counts attention pages only
+    import json
+
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+    from vramplan.plan import ServeJob, plan
+
+    with pytest.raises(ScenarioError, match="decode step time of its mixers is not modelled"):
+        plan(FALCON_MAMBA, "H100", 1, ServeJob(max_model_len=8192))
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "mamba", "vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 3,
+                               "state_size": 16, "time_step_rank": 8}))
+    env = {"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+    res = CliRunner().invoke(app, ["kv", str(cfg), "--budget-gb", "10", "--json"], env=env)
+    assert res.exit_code != 0 and "--budget-gb" in res.stderr
