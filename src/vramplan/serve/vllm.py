@@ -2085,8 +2085,9 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
                    "MambaCacheManager), which is not modelled")
         elif rel < first:
             why = (f"vLLM {version}'s serving of such a model was not read: it is modelled from "
-                   f"{release_text(first)} (facts/vllm_releases.py MAMBA1_V1_FROM, STATE_SPACE_V1_FROM; vLLM "
-                   "0.10.0's JambaForCausalLM is SupportsV0Only)")
+                   f"{release_text(first)} (facts/vllm_releases.py "
+                   + ("MAMBA1_V1_FROM; vLLM 0.10.0's JambaForCausalLM is SupportsV0Only)" if attention else
+                      "STATE_SPACE_V1_FROM)"))
         elif attention:
             why = (f"vLLM {version} turns prefix caching on for hybrid models by default (from "
                    f"{release_text(MAMBA_HYBRID_PREFIX_CACHING_FROM)}: ModelConfig.is_prefix_caching_supported), so "
