@@ -126,7 +126,7 @@ def test_traced_generate_agrees_with_the_analytic_engine(prompt: int) -> None:
 
 @pytest.mark.parametrize(("doc", "path"), [
     ({"task": "train", "train": {"micro_batch_size": 1, "seq_len": 128}}, "task"),
-    ({"task": "serve"}, "serve.engine"),
+    # vLLM is modelled from 0.11.0 (tests/test_serve_state_space.py); SGLang's state pool is not
     ({"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
     ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
     ({"task": "inference", "inference": {"kv_cache_dtype": "int8"}}, "inference.kv_cache_dtype"),

@@ -182,8 +182,11 @@ def test_residual_in_fp32_keeps_the_final_hidden_states_in_fp32() -> None:
 @pytest.mark.parametrize(("model", "doc", "path"), [
     (MAMBA_TESTER, {"task": "train", "train": {"micro_batch_size": 1, "seq_len": 128}}, "task"),
     (FALCON_TESTER, {"task": "train", "train": {"micro_batch_size": 1, "seq_len": 128}}, "task"),
-    (MAMBA2_TESTER, {"task": "serve"}, "serve.engine"),
-    (MAMBA_TESTER, {"task": "serve"}, "serve.engine"),
+    # vLLM is modelled (tests/test_serve_state_space.py); SGLang's and llama.cpp's state pools are not
+    (MAMBA2_TESTER, {"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
+    (MAMBA_TESTER, {"task": "serve", "serve": {"engine": "llamacpp"}}, "serve.engine"),
+    # vLLM takes the tokenizer_config's length (else 2048) for a config without one: not read, so asked for
+    (MAMBA_TESTER, {"task": "serve"}, "serve.max_model_len"),
     (MAMBA2_TESTER, {"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
     (MAMBA_TESTER, {"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
     # transformers 4.x's MambaCache (both states in the model dtype, conv_kernel columns) is not 5.24's cache

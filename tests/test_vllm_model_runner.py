@@ -132,7 +132,11 @@ def test_v2_notes_widen_only_where_not_modelled() -> None:
     eager = decide(resolve(_doc("0.29.0", QWEN3, cuda_graphs=False)), version="0.29.0")
     graphs = decide(resolve(_doc("0.29.0", QWEN3)), version="0.29.0")
     assert not [a for a in eager.assumptions if a.startswith("not modelled: Model Runner V2")]
-    assert [a for a in graphs.assumptions if a.startswith("not modelled: Model Runner V2's CUDA-graph estimate")]
+    # V2's graphs are stated with the graph term's own band, not as an unmodelled input (which would widen the whole
+    # band to the widest class for every default 0.22+ server)
+    assert not [a for a in graphs.assumptions if a.startswith("not modelled: Model Runner V2")]
+    stated = [a for a in graphs.assumptions if a.startswith("Model Runner V2 captures and estimates its CUDA graphs")]
+    assert stated and f"{graphs.cudagraph_bytes / 2**30:.2f} GiB" in stated[0]
     assert any(a.startswith("model runner: V2 (vLLM 0.29.0") for a in eager.assumptions)
     # the first line no longer names a top-k/top-p path the V2 profile run does not take
     assert eager.assumptions[0] == ("vLLM V1 engine, behaviour of vLLM 0.29.0 (Model Runner V2: no top-k/top-p in the "

@@ -571,8 +571,8 @@ def _capacity_from_vllm(model: str | None, gpu: str | None, tp: int | None, util
     d = decide(resolve(doc))
     if d.mamba_layers:
         # the simulation pages tokens only; a hybrid model's pool also holds one state page per request and mixer group
-        raise ScenarioError([Problem("--model", f"{d.model} is a hybrid attention + Mamba2 model: the simulation does "
-                                     "not model its state pages", "give --capacity-tokens, or simulate an "
+        raise ScenarioError([Problem("--model", f"{d.model} has Mamba mixer layers: the simulation does not model "
+                                     "their state pages", "give --capacity-tokens, or simulate an "
                                      "attention-only model")])
     if not d.starts:
         raise ScenarioError([Problem("--model", d.problem, d.fix)])

@@ -89,12 +89,41 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["AUTO_DTYPE_FALLBACK_FROM", "MAMBA_HYBRID_FIRST", "MAMBA_HYBRID_PREFIX_CACHING_FROM", "MAMBA_HYBRID_REMOVED",
-           "MAMBA_HYBRID_RULES", "MAMBA_SSM_DTYPE_DEFAULT", "MAMBA_SSM_DTYPE_FROM_CONFIG", "MLLAMA_SERVED",
-           "MLLAMA_SOURCES", "MODEL_RUNNER_RULES", "MODEL_RUNNER_V2_FIRST", "MXFP4_FIRST", "MXFP4_HOPPER_SOURCES", "MXFP4_HOPPER_SWIZZLE_FROM",
-           "NEWEST", "OLDEST", "VLLM_RELEASES", "BatchDefaults", "Budget", "FlashinferSampler", "MambaHybridRule",
-           "ModelRunnerRule", "VllmRelease", "mamba_hybrid_rule", "model_runner_rule", "mxfp4_triton_installed", "parse_release", "release_row",
-           "release_text"]
+__all__ = [
+    "AUTO_DTYPE_FALLBACK_FROM",
+    "MAMBA1_V1_FROM",
+    "MAMBA_CAPTURE_CAP_FROM",
+    "MAMBA_HYBRID_FIRST",
+    "MAMBA_HYBRID_PREFIX_CACHING_FROM",
+    "MAMBA_HYBRID_REMOVED",
+    "MAMBA_HYBRID_RULES",
+    "MAMBA_SEQS_CHECK_FROM",
+    "MAMBA_SSM_DTYPE_DEFAULT",
+    "MAMBA_SSM_DTYPE_FROM_CONFIG",
+    "MLLAMA_SERVED",
+    "MLLAMA_SOURCES",
+    "MODEL_RUNNER_RULES",
+    "MODEL_RUNNER_V2_FIRST",
+    "MXFP4_FIRST",
+    "MXFP4_HOPPER_SOURCES",
+    "MXFP4_HOPPER_SWIZZLE_FROM",
+    "NEWEST",
+    "OLDEST",
+    "STATE_SPACE_V1_FROM",
+    "VLLM_RELEASES",
+    "BatchDefaults",
+    "Budget",
+    "FlashinferSampler",
+    "MambaHybridRule",
+    "ModelRunnerRule",
+    "VllmRelease",
+    "mamba_hybrid_rule",
+    "model_runner_rule",
+    "mxfp4_triton_installed",
+    "parse_release",
+    "release_row",
+    "release_text",
+]
 
 Release = tuple[int, int, int]
 Budget = Literal["free_delta", "peak_plus_non_torch", "profiled_increase"]
@@ -571,6 +600,36 @@ MAMBA_HYBRID_REMOVED: dict[str, Release] = {"bamba": (0, 24, 0)}
 # to the config's mamba_ssm_cache_dtype, or float16 where the config has none; before, "auto" is the model dtype.
 MAMBA_SSM_DTYPE_FROM_CONFIG: dict[str, Release] = {"nemotron_h": (0, 13, 0)}
 MAMBA_SSM_DTYPE_DEFAULT = "float16"
+
+
+# Mamba-1 mixers (``MambaSpec.kind`` "mamba1") and attention-free models (every layer a mixer) in V1, read in the source
+# of 0.11.0 to 0.18.0 (each minor), 0.21.0 and 0.26.0 (and 0.10.0 for Jamba):
+#
+# * Jamba: 0.10.0's ``JambaForCausalLM`` is ``SupportsV0Only`` (vllm/model_executor/models/jamba.py); 0.11.0 drops
+#   it (V1 only from then on: V0 is gone).  0.10.1 and 0.10.2 were not read, so Jamba is served from 0.11.0.
+# * ``mamba``, ``falcon_mamba``, ``mamba2`` (``MambaForCausalLM``, ``FalconMambaForCausalLM``,
+#   ``Mamba2ForCausalLM``): 0.11.0 maps them to ``MambaModelConfig`` (vllm/model_executor/models/config.py
+#   ``MODELS_CONFIG_MAP``), which turns prefix caching off; 0.12.0-0.26.0 leave it off by default
+#   (vllm/config/model.py ``is_prefix_caching_supported``: "Attention free models do not support prefix caching")
+#   and set ``mamba_block_size = max_model_len``.  0.10.x was not read for them.  Every layer's ``MambaSpec`` is the
+#   same, so ``get_kv_cache_groups`` makes one group of all layers (``is_kv_cache_spec_uniform``): a request takes
+#   one block, ``num_blocks = available // page // layers``.
+# * Both: the state dtypes are ``MambaStateDtypeCalculator.mamba1_state_dtype`` = ``_mamba_state_dtype``, Mamba2's
+#   rule ("auto": the model dtype for both states), and the shape ``mamba1_state_shape``: conv ``(d_conv - 1) x
+#   intermediate``, SSM ``intermediate x d_state`` (vllm/model_executor/layers/mamba/mamba_utils.py).
+# Releases after 0.25.x are refused as for the hybrids (MAMBA_HYBRID_PREFIX_CACHING_FROM; the layout of
+# attention-free models there was not read beyond the prefix-caching default).
+MAMBA1_V1_FROM: Release = (0, 11, 0)
+STATE_SPACE_V1_FROM: Release = (0, 11, 0)
+
+# Models with mixers (``MambaSpec`` layers) under FULL CUDA graphs (the default FULL_AND_PIECEWISE): each decode
+# request needs one state block.  0.18.0 caps the capture sizes to the blocks (vllm/config/compilation.py
+# ``adjust_cudagraph_sizes_for_mamba_cache``, called from gpu_model_runner.py); 0.21.0 and 0.26.0 instead raise
+# "max_num_seqs (N) exceeds available Mamba cache blocks (B)" (``CompilationConfig`` ... ``max_num_reqs >
+# kv_cache_config.num_blocks``, outside the profiling pass); 0.17.0 and earlier do neither.  0.19.x-0.20.x were not
+# read (the report says so).
+MAMBA_CAPTURE_CAP_FROM: Release = (0, 18, 0)
+MAMBA_SEQS_CHECK_FROM: Release = (0, 21, 0)
 
 
 def mamba_hybrid_rule(text: str) -> MambaHybridRule | None:

@@ -246,8 +246,8 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
     if task == "serve" and ctx.model.mamba is not None:
         # the decode step time (plan/steptime/serve.py) reads every layer's KV cache and attends in every layer;
         # a hybrid model's mixers read a fixed state instead, which is not modelled there
-        raise ScenarioError([Problem("--model", f"{ctx.model.name} is a hybrid attention + Mamba2 model: the decode "
-                                     "step time of its mixers is not modelled, so serving setups are not ranked",
+        raise ScenarioError([Problem("--model", f"{ctx.model.name} has Mamba mixer layers (a hybrid or a "
+                                     "state-space model): the decode step time of its mixers is not modelled, so serving setups are not ranked",
                                      "estimate one setup with task serve (vramplan serve), which is modelled")])
     st = _Stats()
     per_count: dict[int, list[_Found]] = {}

@@ -1,12 +1,15 @@
-"""vLLM's KV cache for a hybrid attention + Mamba2 model (``ModelSpec.mamba``): the mixers' state pages beside the
-attention blocks, as the V1 engine lays them out from 0.10.2 to 0.25.x (``facts/vllm_releases.py``
-``MAMBA_HYBRID_RULES``; the release rules are cited there).
+"""vLLM's KV cache for a hybrid attention + Mamba2 or Mamba-1 model (``ModelSpec.mamba``): the mixers' state pages
+beside the attention blocks, as the V1 engine lays them out from 0.10.2 (Mamba-1: 0.11.0) to 0.25.x
+(``facts/vllm_releases.py`` ``MAMBA_HYBRID_RULES``, ``MAMBA1_V1_FROM``; the release rules are cited there); and a model
+without attention, whose layers form one group of state pages (``state_space_layout``).
 
 1. **The state page** (``MambaSpec.page_size_bytes``, vllm/v1/kv_cache_interface.py): one mixer layer's state for
    one request, the convolution state ``(d_conv - 1) x conv_dim`` plus the SSM state ``n_heads x head_dim x
    d_state`` (``MambaStateShapeCalculator.mamba2_state_shape``, vllm/model_executor/layers/mamba/mamba_utils.py),
    both in the model dtype: ``mamba_cache_dtype`` and ``mamba_ssm_cache_dtype`` default to "auto", the model dtype
-   for the first and the first's dtype for the second (``MambaStateDtypeCalculator._mamba_state_dtype``).
+   for the first and the first's dtype for the second (``MambaStateDtypeCalculator._mamba_state_dtype``).  Mamba-1
+   (``mamba1_state_shape``, ``mamba1_state_dtype``: the same dtype rule): ``(d_conv - 1) x intermediate`` and
+   ``intermediate x d_state``, which ``MambaSpec`` writes as ``intermediate`` heads of width 1 without groups.
 2. **The attention block** is raised until one attention page (``block_size x`` the layer's K and V bytes per
    token) holds a state page, in multiples of the kernel alignment (16), and the state page is padded to it
    (``mamba_page_size_padded``): every layer's page has the same size.
@@ -30,7 +33,7 @@ from vramplan.facts.vllm_releases import MambaHybridRule
 from vramplan.spec.model import MambaSpec
 from vramplan.units import ceil_div
 
-__all__ = ["HybridLayout", "hybrid_layout", "mamba_state_page_bytes", "mixer_profile_width"]
+__all__ = ["HybridLayout", "hybrid_layout", "mamba_state_page_bytes", "mixer_profile_width", "state_space_layout"]
 
 KERNEL_ALIGNMENT = 16  # FlashAttention / FlashInfer: block sizes in multiples of 16 (``MultipleOf(16)``)
 
@@ -42,11 +45,21 @@ def mamba_state_page_bytes(ms: MambaSpec, dtype_bytes: int, ssm_bytes: int | Non
     return (ms.conv_kernel - 1) * ms.conv_dim * dtype_bytes + ms.ssm_state_elements * ssm
 
 
-def mixer_profile_width(ms: MambaSpec) -> int:
+def mixer_profile_width(ms: MambaSpec, hidden: int = 0) -> int:
     """Elements per token alive in a mixer layer during the profile run (no attention metadata: the mixer skips
-    the scan, ``MambaMixer2.forward_cuda`` "profile run"): the ``in_proj`` output (gate, x|B|C and dt:
-    ``intermediate + conv_dim + n_heads``), the contiguous copy of x|B|C (``conv_dim``) and the gated norm's output
-    (``intermediate``)."""
+    the scan).
+
+    * Mamba2 (``MambaMixer2.forward_cuda`` "profile run"): the ``in_proj`` output (gate, x|B|C and dt:
+      ``intermediate + conv_dim + n_heads``), the contiguous copy of x|B|C (``conv_dim``) and the gated norm's output
+      (``intermediate``).
+    * Mamba-1 (``MambaMixer.forward_cuda``, vllm/model_executor/layers/mamba/mamba_mixer.py, "V1 profile run", the
+      same from 0.11.0 to 0.26.0): the ``in_proj`` output (x and gate, ``2 x intermediate``), the contiguous copy of x
+      (``intermediate``) and ``out_proj``'s result (``hidden``), returned beside the decoder layer's ``output =
+      torch.empty_like(hidden_states)`` (``hidden``; mamba.py and jamba.py), which the profile run leaves unwritten:
+      ``3 x intermediate + 2 x hidden``.
+    """
+    if ms.kind == "mamba1":
+        return 3 * ms.intermediate_size + 2 * hidden
     return 2 * ms.intermediate_size + 2 * ms.conv_dim + ms.n_heads
 
 
@@ -81,6 +94,22 @@ class HybridLayout:
         if rule.needed == "first_group":
             return self.group_size * self.page * (1 if self.first_is_mamba else attention)
         return self.group_size * self.page * self.blocks_per_request(max_len)
+
+
+def state_space_layout(ms: MambaSpec, dtype_bytes: int, max_len: int, ssm_bytes: int | None = None) -> HybridLayout:
+    """The layout of a model whose every layer is a mixer (``mamba``, ``falcon_mamba``, ``mamba2``): every layer's
+    ``MambaSpec`` is the same, so ``get_kv_cache_groups`` (vllm/v1/core/kv_cache_utils.py) makes one group of all
+    layers (``is_kv_cache_spec_uniform``); the page is the state page, unpadded (``mamba_page_size_padded`` is set
+    only beside attention); the block is ``mamba_block_size = max_model_len`` (``MambaModelConfig``, 0.12.0 on; the
+    runner's ``block_size=max_model_len`` in 0.11.0), so a request takes one block.
+
+    Worked example, Falcon-Mamba-7B in bf16 (64 layers, intermediate 8192, d_state 16, d_conv 4): state page
+    3 x 8192 x 2 + 8192 x 16 x 2 = 49,152 + 262,144 = 311,296 B; one group of 64 layers; ``num_blocks = available //
+    311,296 // 64``."""
+    state = mamba_state_page_bytes(ms, dtype_bytes, ssm_bytes)
+    n = len(ms.layers)
+    return HybridLayout(block_size=max_len, page=state, state_page=state, attention_layers=0, mamba_layers=n,
+                        group_size=n, attention_groups=0, mamba_groups=1, first_is_mamba=True)
 
 
 def _block_size(rule: MambaHybridRule, asked: int, state_page: int, attention_per_token: int, align: int) -> int:

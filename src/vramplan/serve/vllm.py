@@ -69,21 +69,26 @@ from vramplan.facts.vllm_mtp import (
 )
 from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM, MM_PROFILE_RULES
 from vramplan.facts.vllm_releases import (
+    MAMBA1_V1_FROM,
+    MAMBA_CAPTURE_CAP_FROM,
     MAMBA_HYBRID_FIRST,
     MAMBA_HYBRID_PREFIX_CACHING_FROM,
     MAMBA_HYBRID_REMOVED,
+    MAMBA_SEQS_CHECK_FROM,
     MAMBA_SSM_DTYPE_DEFAULT,
     MAMBA_SSM_DTYPE_FROM_CONFIG,
     MXFP4_HOPPER_SWIZZLE_FROM,
     NEWEST,
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
+    STATE_SPACE_V1_FROM,
     V2_GUMBEL_BLOCK,
     V2_GUMBEL_BYTES_PER_BLOCK,
     VLLM_RELEASES,
     BatchDefaults,
     MambaHybridRule,
     ModelRunnerRule,
+    Release,
     VllmRelease,
     mamba_hybrid_rule,
     model_runner_rule,
@@ -100,7 +105,7 @@ from vramplan.facts.vllm_tp_comm import (
     symm_mem_bytes,
 )
 from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
-from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width
+from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width, state_space_layout
 from vramplan.serve.sglang_options import mtp_layer_bytes
 from vramplan.serve.vllm_mm import MmProfile, mm_profile, mm_profile_modelled
 from vramplan.spec.gpu import GpuSpec
@@ -476,12 +481,12 @@ def forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, com
         # data-parallel engines: the MoE layers see every DP rank's tokens (``_moe_gathered_bytes``)
         mlp = _moe_gathered_bytes(m, tokens, dtype_bytes, tp, tp * dp if moe_tp is None else moe_tp, dp)
         if m.mamba is not None:
-            mlp = max(mlp, mixer_profile_width(m.mamba) * tokens * dtype_bytes)
+            mlp = max(mlp, mixer_profile_width(m.mamba, m.hidden_size) * tokens * dtype_bytes)
         return hidden * tokens * dtype_bytes + mlp
     width = _mlp_width_per_token(m, tp, moe_tp)
     if m.mamba is not None:
         # a hybrid model's mixer layers peak on their own tensors (serve/mamba_pages.py mixer_profile_width)
-        width = max(width, mixer_profile_width(m.mamba))
+        width = max(width, mixer_profile_width(m.mamba, m.hidden_size))
     return (hidden + width) * tokens * dtype_bytes
 
 
@@ -1099,9 +1104,14 @@ def _runner_notes(r: Resolved, runner: ModelRunnerRule | None, why: str, b: _Bud
     notes.append(f"Model Runner V2's persistent input buffers ({v2_input_buffer_bytes(batched, seqs) / MiB:.2f} MiB, "
                  "input_batch.py InputBuffers) are not counted, as V1's are not")
     if b.cudagraphs is not None:
-        notes.append("not modelled: Model Runner V2's CUDA-graph estimate (vllm/v1/worker/gpu/cudagraph_utils.py "
-                     "profile_cudagraph_memory: piecewise graphs measured in full, full graphs extrapolated from "
-                     "samples); V1's estimate is used")
+        # stated, not widened to the widest class: what is uncertain is bounded by the graphs' own term, which is
+        # small beside the budget (a whole-band widening would call every default 0.22+ server MAY NOT FIT)
+        g = b.cudagraphs
+        notes.append(f"Model Runner V2 captures and estimates its CUDA graphs by its own code "
+                     "(vllm/v1/worker/gpu/cudagraph_utils.py profile_cudagraph_memory: piecewise graphs measured in full, "
+                     "full graphs extrapolated from samples), whose capture sizes and modes were not read: the graphs "
+                     f"are counted by V1's capture mechanism, {g.bytes / GiB:.2f} GiB (band {g.low_bytes / GiB:.2f} to "
+                     f"{g.high_bytes / GiB:.2f}); the KV pool moves by at most about that term if V2 captures otherwise")
     if b.mm is not None:
         notes.append("not modelled: Model Runner V2's encoder profile (vllm/v1/worker/gpu/model_runner.py profile_run: "
                      "encoder_runner.profile_encoder_cache); V1's encoder terms are used")
@@ -1664,6 +1674,8 @@ def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridR
     assert m.mamba is not None
     c = dtype_bits(sv.dtype) // 8
     spec = kv_spec(m, sv.kv_cache_dtype, c, r.scenario.parallel.tp)
+    if not spec.layers:
+        return _state_space_blocks(r, spec, available, max_len, rule, version)
     align = 32 if rule.blackwell_head256 and m.head_dim == 256 and (r.gpu.compute_capability or "").startswith("10.") else 16
     lay = hybrid_layout(m.mamba, len(spec.layers), spec.uniform_layer_bytes_per_token, c, sv.block_size, rule, align,
                         _ssm_bytes(m, version))
@@ -1681,6 +1693,24 @@ def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridR
                    per_request=per_req, needed=lay.needed(max_len, rule),
                    fits_len=_largest_by(lambda n: lay.needed(n, rule) <= avail, m.max_position_embeddings),
                    block_size=lay.block_size, hybrid=lay)
+
+
+def _state_space_blocks(r: Resolved, spec: KVSpec, available: int, max_len: int, rule: MambaHybridRule,
+                        version: str) -> _Blocks:
+    """Step 5 for a model whose every layer is a mixer: one group of every layer, the state page, one block per
+    request of ``max_model_len`` tokens (``serve/mamba_pages.py`` ``state_space_layout``)."""
+    m = r.model
+    assert m.mamba is not None
+    lay = state_space_layout(m.mamba, dtype_bits(r.scenario.serve.dtype) // 8, max_len, _ssm_bytes(m, version))
+    blocks = max(0, available // lay.page // lay.group_size)
+    # "GPU KV cache size": num_blocks // 1 group x min block size (max_model_len), or from 0.24.0
+    # int(max_concurrency x max_model_len) with max_concurrency = num_blocks / 1: the same tokens either way
+    tokens = blocks * max_len
+    needed = lay.needed(max_len, rule)  # every rule: the layers' pages for one request, group_size x page
+    return _Blocks(spec=spec, groups=[KVGroup("mamba", None, lay.group_size)], size=lay.group_size, page=lay.page,
+                   blocks=blocks, tokens=tokens, per_request=1, needed=needed,
+                   fits_len=m.max_position_embeddings if needed <= max(available, 0) else 0,
+                   block_size=max_len, hybrid=lay)
 
 
 def _blocks(r: Resolved, available: int, batched: int, max_len: int, draft: tuple[int, ...] = (),
@@ -2048,6 +2078,8 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         if problem:
             problem = f"pipeline stage {stage}: {problem}" if par.pp > 1 else problem
             break
+    if not problem and hybrid is not None:
+        problem, fix = _mamba_seqs_problem(r, kv, seqs, version)
     risk, risk_fix = "", ""
     for stage, (sb, _) in enumerate(ranks):
         risk, risk_fix = ("", "") if problem else _start_risk(r, sb)
@@ -2071,8 +2103,11 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency,
         max_model_len_that_fits=min(skv.fits_len for _, skv in ranks),
         starts=not problem, problem=problem, fix=fix,
-        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests, runner) + list(opt.notes) + _speculative_notes(b)
-                     + _hybrid_notes(r, kv, hybrid, version) + _pipeline_notes(stages, binding)
+        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests, runner) + list(opt.notes)
+                     + _speculative_notes(b) + _hybrid_notes(r, kv, hybrid, version)
+                     + (_mamba_capture_notes(r, kv, version, max(g.sizes) if g and g.sizes else 0, seqs)
+                        if hybrid is not None else [])
+                     + _pipeline_notes(stages, binding)
                      + _data_expert_notes(r, kv.concurrency) + _runner_notes(r, runner, runner_why, ranks[-1][0], batched, seqs)),
         lora_bytes=opt.lora, speculative_weights_bytes=opt.draft_weights, cpu_offload_bytes=opt.offloaded,
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
@@ -2153,73 +2188,157 @@ def _pipeline_notes(stages: tuple[VllmStage, ...], binding: int) -> list[str]:
 _HYBRID_RANGE = f"{release_text(MAMBA_HYBRID_FIRST)} to 0.25"
 
 
+def _mamba_first(m: ModelSpec, attention: bool) -> Release:
+    """The first release whose V1 serving of ``m``'s mixers is modelled (``facts/vllm_releases.py``)."""
+    assert m.mamba is not None
+    first = MAMBA_HYBRID_FIRST if attention else max(MAMBA_HYBRID_FIRST, STATE_SPACE_V1_FROM)
+    return max(first, MAMBA1_V1_FROM) if m.mamba.kind == "mamba1" else first
+
+
+def _mamba_what(m: ModelSpec, attention: bool) -> str:
+    assert m.mamba is not None
+    kind = "Mamba2" if m.mamba.kind == "mamba2" else "Mamba"
+    return (f"a hybrid attention + {kind} model" if attention else
+            f"a state-space model ({len(m.mamba.layers)} {kind} mixer layers, no attention)")
+
+
 def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
-    """The hybrid-model row for a model with Mamba2 mixers (None for any other model); a ScenarioError where vLLM
-    does not serve it as modelled (``facts/vllm_releases.py`` ``MAMBA_HYBRID_RULES``) or an option is not
-    modelled beside the mixers' state."""
+    """The hybrid-model row for a model with Mamba2 or Mamba-1 mixers, beside attention or alone (None for any other
+    model); a ScenarioError where vLLM does not serve it as modelled (``facts/vllm_releases.py``
+    ``MAMBA_HYBRID_RULES``, ``MAMBA1_V1_FROM``, ``STATE_SPACE_V1_FROM``) or an option is not modelled beside the
+    mixers' state."""
     m, sv = r.model, r.scenario.serve
     if m.mamba is None:
         return None
+    attention = bool(kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8).layers)
+    what = _mamba_what(m, attention)
+    first = _mamba_first(m, attention)
+    span = f"{release_text(first)} to 0.25"
     rule = mamba_hybrid_rule(version)
-    if rule is None:
-        rel = parse_release(version)
-        why = (f"vLLM {version} runs hybrid Mamba models on its V0 engine (0.10.0-0.10.1 fall back to V0 for a model "
-               "with inner state, vllm/engine/arg_utils.py _is_v1_supported_oracle; V0's MambaCacheManager), which "
-               "is not modelled" if rel < MAMBA_HYBRID_FIRST else
-               f"vLLM {version} turns prefix caching on for hybrid models by default (from "
-               f"{release_text(MAMBA_HYBRID_PREFIX_CACHING_FROM)}: ModelConfig.is_prefix_caching_supported), so the "
-               "mixers keep state pages per block (mamba_cache_mode 'all' or 'align'), which is not modelled")
-        raise _refuse("serve.vllm_version", f"{m.name} is a hybrid attention + Mamba2 model; {why}",
-                      f"use serve.vllm_version from {_HYBRID_RANGE}")
+    rel = parse_release(version)
+    if rule is None or rel < first:
+        if rel < MAMBA_HYBRID_FIRST:
+            why = (f"vLLM {version} runs hybrid Mamba models on its V0 engine (0.10.0-0.10.1 fall back to V0 for a "
+                   "model with inner state, vllm/engine/arg_utils.py _is_v1_supported_oracle; V0's "
+                   "MambaCacheManager), which is not modelled")
+        elif rel < first:
+            why = (f"vLLM {version}'s serving of such a model was not read: it is modelled from "
+                   f"{release_text(first)} (facts/vllm_releases.py "
+                   + ("MAMBA1_V1_FROM; vLLM 0.10.0's JambaForCausalLM is SupportsV0Only)" if attention else
+                      "STATE_SPACE_V1_FROM)"))
+        elif attention:
+            why = (f"vLLM {version} turns prefix caching on for hybrid models by default (from "
+                   f"{release_text(MAMBA_HYBRID_PREFIX_CACHING_FROM)}: ModelConfig.is_prefix_caching_supported), so "
+                   "the mixers keep state pages per block (mamba_cache_mode 'all' or 'align'), which is not modelled")
+        else:
+            why = (f"vLLM {version}'s layout of attention-free models was not read beyond 0.25 (facts/vllm_releases.py "
+                   "STATE_SPACE_V1_FROM)")
+        raise _refuse("serve.vllm_version", f"{m.name} is {what}; {why}", f"use serve.vllm_version from {span}")
     removed = MAMBA_HYBRID_REMOVED.get(m.model_type)
     if removed is not None and parse_release(version) >= removed:
         raise _refuse("serve.vllm_version", f"vLLM {version} no longer serves {m.model_type} models (removed in "
                       f"{release_text(removed)}: vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
-                      f"use serve.vllm_version from {release_text(MAMBA_HYBRID_FIRST)} below {release_text(removed)}")
+                      f"use serve.vllm_version from {release_text(first)} below {release_text(removed)}")
     problems = [(r.scenario.parallel.tp > 1, "parallel.tp", ("tensor parallelism (the mixers' heads and groups split "
                  "over ranks, MambaStateShapeCalculator.extra_groups_for_head_shards)"), "set parallel.tp to 1"),
                 (sv.quantization != "none", "serve.quantization", "quantized weights", "use serve.quantization: none"),
                 (bool(sv.max_loras), "serve.max_loras", "LoRA slots", "set serve.max_loras: 0"),
                 (sv.speculative is not None, "serve.speculative", ("speculative decoding (the mixers' extra state "
                  "blocks, MambaSpec.num_speculative_blocks)"), "remove serve.speculative")]
-    for bad, where, what, fix in problems:
+    for bad, where, text, fix in problems:
         if bad:
-            raise _refuse(where, f"{what} for a hybrid attention + Mamba2 model ({m.name}) are not modelled", fix)
-    if not kv_spec(m, sv.kv_cache_dtype, dtype_bits(sv.dtype) // 8).layers:
-        raise _refuse("model", f"{m.name} has no attention layer: an attention-free model's cache is not modelled",
-                      "use a hybrid model with attention layers")
+            raise _refuse(where, f"{text} for {what} ({m.name}) are not modelled", fix)
+    if not attention and not sv.max_model_len:
+        # vllm/config/model.py _get_and_verify_max_len: no length key in config.json -> the tokenizer_config's
+        # model_max_length where it has one, else 2048 ("Assuming the model's maximum length is 2048")
+        raise _refuse("serve.max_model_len", f"{m.name} is {what}: its config.json has no maximum length, so vLLM "
+                      "takes the tokenizer_config's model_max_length, else 2048, and vramplan does not read the "
+                      "tokenizer_config", "set serve.max_model_len (vLLM's --max-model-len)")
     return rule
 
 
+def _full_graphs(r: Resolved) -> bool:
+    """Whether vLLM captures FULL graphs: cudagraph_mode auto is FULL_AND_PIECEWISE for a model with mixers
+    (``MambaModelConfig``)."""
+    sv = r.scenario.serve
+    return sv.cuda_graphs and sv.cudagraph_mode not in ("NONE", "PIECEWISE")
+
+
+def _mamba_seqs_problem(r: Resolved, kv: _Blocks, seqs: int, version: str) -> tuple[str, str]:
+    """0.21.0 on: under FULL graphs a model with mixers needs a state block per decode request, and vLLM refuses
+    ``max_num_seqs`` above the blocks (``facts/vllm_releases.py`` ``MAMBA_SEQS_CHECK_FROM``)."""
+    if parse_release(version) < MAMBA_SEQS_CHECK_FROM or not _full_graphs(r) or seqs <= kv.blocks or not kv.blocks:
+        return "", ""
+    return ((f"max_num_seqs ({seqs}) exceeds available Mamba cache blocks ({kv.blocks}). Each decode sequence requires "
+             "one Mamba cache block, so CUDA graph capture cannot proceed. Please lower max_num_seqs to at most "
+             f"{kv.blocks} or increase gpu_memory_utilization."), f"serve.max_num_seqs <= {kv.blocks}")
+
+
+def _mamba_capture_notes(r: Resolved, kv: _Blocks, version: str, top: int, seqs: int) -> list[str]:
+    """What FULL graphs do beside fewer state blocks than the largest capture size ``top`` (0.18.0) or than
+    ``max_num_seqs`` (0.21.0 on, ``_mamba_seqs_problem``), in the releases where the check above does not apply."""
+    rel = parse_release(version)
+    if (r.model.mamba is None or not _full_graphs(r) or rel < MAMBA_CAPTURE_CAP_FROM or rel >= MAMBA_SEQS_CHECK_FROM
+            or kv.blocks >= max(top, seqs)):
+        return []
+    if rel < (0, 19, 0):
+        if kv.blocks >= top:
+            return []
+        return [(f"vLLM {version} caps the CUDA graph capture sizes to the {kv.blocks} state blocks where they are "
+                 "fewer than the largest size (vllm/config/compilation.py adjust_cudagraph_sizes_for_mamba_cache); the "
+                 "graph estimate keeps the uncapped sizes")]
+    return [(f"not read: whether vLLM {version} caps the CUDA graph capture sizes to the {kv.blocks} state blocks "
+             "(0.18.0) or refuses max_num_seqs above them (0.21.0); neither is applied")]
+
+
 def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, version: str) -> list[str]:
-    """What the report says of a hybrid model's layout (``serve/mamba_pages.py``)."""
+    """What the report says of a hybrid or state-space model's layout (``serve/mamba_pages.py``)."""
     lay = kv.hybrid
     if lay is None or rule is None:
         return []
-    raised = (f"raised from {r.scenario.serve.block_size} to {lay.block_size} tokens"
-              if lay.block_size != r.scenario.serve.block_size else f"kept at {lay.block_size} tokens")
-    pad = lay.page - lay.state_page
-    ssm_bytes = _ssm_bytes(r.model, version)
+    m = r.model
+    assert m.mamba is not None
+    mamba1 = m.mamba.kind == "mamba1"
+    kind = "Mamba" if mamba1 else "Mamba2"
+    shape = ("convolution state (d_conv - 1) x intermediate and SSM state intermediate x d_state "
+             "(MambaStateShapeCalculator.mamba1_state_shape)" if mamba1 else
+             "convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x d_state")
+    ssm_bytes = _ssm_bytes(m, version)
     ssm = ("both in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'" if ssm_bytes is None else
            f"the SSM state in {ssm_bytes} B per element: the config's mamba_ssm_cache_dtype, else "
            f"{MAMBA_SSM_DTYPE_DEFAULT} (MAMBA_SSM_DTYPE_FROM_CONFIG)")
-    return [(f"hybrid attention + Mamba2 model: {lay.mamba_layers} mixer layers keep one state page per request "
-            f"({lay.state_page:,} B: convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x "
-            f"d_state, {ssm}), padded by {pad:,} B "
+    profile = ("the profile run's mixer layers skip the scan (MambaMixer.forward_cuda 'V1 profile run': in_proj, "
+               "a contiguous copy of x, out_proj)" if mamba1 else
+               "the profile run's mixer layers skip the scan (MambaMixer2.forward_cuda 'profile run')")
+    which = "hybrid" if lay.attention_layers else "state-space"
+    graphs = (f"not modelled: the memory of the FULL_AND_PIECEWISE CUDA graphs vLLM captures for a {which} model "
+              "(MambaModelConfig; the mixer layers' pieces are counted as attention layers' are, with bytes per segment "
+              f"printed for attention-only models), and no published start-up log of a {which} model checks this "
+              "estimate yet")
+    if lay.attention_layers == 0:
+        return [(f"state-space model: its {lay.mamba_layers} {kind} mixer layers form one KV-cache group "
+                 f"(vllm/v1/core/kv_cache_utils.py get_kv_cache_groups: every layer's MambaSpec is the same); a page is "
+                 f"one layer's state for one request ({lay.state_page:,} B: {shape}, {ssm}), the block is "
+                 f"max_model_len ({lay.block_size} tokens: mamba_block_size), so a request takes one block; prefix "
+                 "caching off (vLLM's default for attention-free models in these releases)"),
+                profile, graphs]
+    raised = (f"raised from {r.scenario.serve.block_size} to {lay.block_size} tokens"
+              if lay.block_size != r.scenario.serve.block_size else f"kept at {lay.block_size} tokens")
+    pad = lay.page - lay.state_page
+    rotary = ("Jamba's attention layers take no rotary embedding" if mamba1 else
+              "the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ reads "
+              "attn_rotary_emb from config.json instead, head_dim where it is absent)")
+    return [(f"hybrid attention + {kind} model: {lay.mamba_layers} mixer layers keep one state page per request "
+            f"({lay.state_page:,} B: {shape}, {ssm}), padded by {pad:,} B "
             f"to the attention page; the attention block is {raised} so that a page holds it (rules of vLLM "
             f"{release_text(rule.first)}, facts/vllm_releases.py MAMBA_HYBRID_RULES); {lay.attention_groups} attention "
             f"and {lay.mamba_groups} mixer groups of {lay.group_size} layers; prefix caching off (vLLM's default for "
             "hybrid models in these releases)"),
-            ("hybrid model: the attention backend is assumed to take blocks in multiples of 16 (FlashAttention, "
-             "FlashInfer); the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ "
-             "reads attn_rotary_emb from config.json instead, head_dim where it is absent); the profile run's mixer "
-             "layers skip the scan (MambaMixer2.forward_cuda 'profile run')"),
+            (f"hybrid model: the attention backend is assumed to take blocks in multiples of 16 (FlashAttention, "
+             f"FlashInfer); {rotary}; {profile}"),
             # no published start-up log of a hybrid model checks this estimate, and the per-segment bytes were printed
             # for attention-only models: stated as not modelled, so the band widens (report/band.py)
-            ("not modelled: the memory of the FULL_AND_PIECEWISE CUDA graphs vLLM captures for a hybrid model "
-             "(MambaModelConfig; the mixer layers' pieces are counted as attention layers' are, with bytes per segment "
-             "printed for attention-only models), and no published start-up log of a hybrid model checks this "
-             "estimate yet")]
+            graphs]
 
 
 def _speculative_notes(b: _Budget) -> list[str]:

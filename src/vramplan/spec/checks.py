@@ -582,8 +582,9 @@ def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
     rest is refused.
 
     * Training: the saved tensors of ``mamba_selective_scan``'s recurrent loop are not modelled (as for ``mamba``).
-    * Serving: ``serve/mamba_pages.py`` lays out Mamba2 state pages (``MambaStateShapeCalculator.mamba2_state_shape``);
-      vLLM's Mamba-1 pages (``mamba1_state_shape``) and SGLang's and llama.cpp's state pools are not modelled.
+    * Serving with vLLM is modelled (``serve/mamba_pages.py``: the Mamba-1 state page, ``mamba1_state_shape``, in the
+      hybrid layout; ``serve/vllm.py`` ``_hybrid_rule`` refuses the releases and options it does not model); SGLang's
+      and llama.cpp's state pools are not modelled.
     * Inference: tensor parallelism (``JambaConfig.base_model_tp_plan`` shards only the experts), a quantized cache
       (``QuantizedCache`` refuses models with other than full-attention layers, cache_utils.py 5.24), Lit-GPT (it
       ships no such model), and transformers 4.x: its ``HybridMambaAttentionDynamicCache`` (modeling_jamba.py, e.g.
@@ -596,10 +597,11 @@ def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
                         "are not modelled", "estimate inference (task: inference) for this model, or train a model "
                         "with Mamba2 mixers (bamba, granitemoehybrid, nemotron_h), which is estimated")]
     if s.task == "serve":
+        if s.serve.engine == "vllm":
+            return []
         return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
-                        "layout of Mamba-1 mixer state (vLLM's mamba1_state_shape pages, SGLang's and llama.cpp's "
-                        "state pools) is not modelled (vLLM's layout of Mamba2 hybrids is)",
-                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+                        "state pool for its Mamba-1 mixers is not modelled",
+                        "use serve.engine vllm, which is estimated")]
     version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "
@@ -659,8 +661,8 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       MLP), where the residual stream is fp32 anyway or ``residual_in_fp32`` is off (``_half_residual_problems``).
     * Training of Mamba-1 (``mamba``, ``falcon_mamba``): the saved tensors of ``mamba_selective_scan``'s recurrent
       loop (one ``intermediate x state`` fp32 state kept per token for the backward) are not modelled.
-    * Serving: vLLM lays out an attention-free model's state without attention blocks to raise and pad
-      (``serve/mamba_pages.py`` models the hybrid layout only); SGLang's and llama.cpp's state pools are not modelled.
+    * Serving with vLLM is modelled (``serve/mamba_pages.py`` ``state_space_layout``: one group of every layer, the
+      state page, one block per request); SGLang's and llama.cpp's state pools are not modelled.
     * Inference: tensor parallelism (no ``base_model_tp_plan`` for these classes), a quantized cache
       (``QuantizedCache`` refuses models with other than full-attention layers, cache_utils.py 5.24), Lit-GPT (it
       ships none of these models).
@@ -675,9 +677,11 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "modelled", "estimate inference (task: inference) for this model, or train a model with "
                         "Mamba2 mixers (mamba2, bamba, granitemoehybrid, nemotron_h), which is estimated")]
     if s.task == "serve":
+        if s.serve.engine == "vllm":
+            return []
         return [Problem("serve.engine", f"{what}; serving it is not estimated: {s.serve.engine}'s layout of the "
-                        "mixers' state without attention layers is not modelled (vLLM's hybrid layout is)",
-                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+                        "mixers' state without attention layers is not modelled",
+                        "use serve.engine vllm, which is estimated")]
     version = s.software.transformers_version
     if kind == "Mamba" and version is not None and version < (5, 0):
         # transformers 4.x (cache_utils.py / modeling_mamba.py MambaCache): conv_states [batch, intermediate,
