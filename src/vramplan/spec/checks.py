@@ -591,17 +591,8 @@ def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
       at commit 008f5c8c) preallocates every mixer's convolution and SSM state in the model dtype, where 5.24's
       ``LinearAttentionLayer`` keeps the SSM state in fp32, and its mixer's ``slow_forward`` is other code.
     """
-    if s.task == "train":
-        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its Mamba mixer's torch "
-                        "scan (mamba_selective_scan's recurrent loop, one intermediate x state fp32 state per token) "
-                        "are not modelled", "estimate inference (task: inference) for this model, or train a model "
-                        "with Mamba2 mixers (bamba, granitemoehybrid, nemotron_h), which is estimated")]
-    if s.task == "serve":
-        if s.serve.engine == "vllm":
-            return []
-        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
-                        "state pool for its Mamba-1 mixers is not modelled",
-                        "use serve.engine vllm, which is estimated")]
+    if s.task in ("train", "serve"):
+        return _mamba1_train_serve_problems(s, what)
     version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "
@@ -651,6 +642,21 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                             "(these are 'hybrid')")
 
 
+def _mamba1_train_serve_problems(s: Scenario, what: str) -> list[Problem]:
+    """Training a model with Mamba-1 mixers (the torch scan's per-token states are not modelled) and serving it with
+    an engine other than vLLM (whose state pages are modelled: serve/mamba_pages.py), refused alike for the pure
+    models and for Jamba."""
+    if s.task == "train":
+        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its Mamba mixer's torch "
+                        "scan (mamba_selective_scan's recurrent loop, one intermediate x state fp32 state per token) "
+                        "are not modelled", "estimate inference (task: inference) for this model, or train a model "
+                        "with Mamba2 mixers (mamba2, bamba, granitemoehybrid, nemotron_h), which is estimated")]
+    if s.serve.engine == "vllm":
+        return []
+    return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's state "
+                    "pool for Mamba mixers is not modelled", "use serve.engine vllm, which is estimated")]
+
+
 def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for a model whose every layer is a mixer (``mamba2``, ``mamba``,
     ``falcon_mamba``): inference with transformers' ``generate`` is estimated (the mixers' state per sequence and their
@@ -671,17 +677,8 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
     if s.task == "train" and kind == "Mamba2":
         return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
-    if s.task == "train":
-        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its mixer's torch scan "
-                        "(mamba_selective_scan's recurrent loop, one intermediate x state fp32 state per token) are not "
-                        "modelled", "estimate inference (task: inference) for this model, or train a model with "
-                        "Mamba2 mixers (mamba2, bamba, granitemoehybrid, nemotron_h), which is estimated")]
-    if s.task == "serve":
-        if s.serve.engine == "vllm":
-            return []
-        return [Problem("serve.engine", f"{what}; serving it is not estimated: {s.serve.engine}'s layout of the "
-                        "mixers' state without attention layers is not modelled",
-                        "use serve.engine vllm, which is estimated")]
+    if s.task in ("train", "serve"):
+        return _mamba1_train_serve_problems(s, what)
     version = s.software.transformers_version
     if kind == "Mamba" and version is not None and version < (5, 0):
         # transformers 4.x (cache_utils.py / modeling_mamba.py MambaCache): conv_states [batch, intermediate,

@@ -1001,23 +1001,31 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out
 
 
+def _converter_section_problems(s: Scenario, precision: str, section: str, section_set: bool,
+                                converter: str) -> list[Problem]:
+    """What torchao's converter precisions (``fp8-torchao``, ``mxfp8-torchao``) share: their ``train.<section>`` is
+    read only with the precision; with it, only torchtitan's converter and full fine-tuning are modelled."""
+    if s.train.precision != precision:
+        return ([Problem(f"train.{section}", f"train.{section} is read only with train.precision: {precision}",
+                         f"set train.precision: {precision}, or remove train.{section}")] if section_set else [])
+    out: list[Problem] = []
+    if s.effective_framework != "torchtitan":
+        out.append(Problem("train.precision", f"{precision} is modelled as torchtitan's {converter} converter, not "
+                           f"under framework {s.effective_framework}", "set framework: torchtitan (or use bf16-mixed)"))
+    if s.train.peft is not None or s.train.objective != "sft":
+        out.append(Problem("train.precision", f"{precision} is modelled for full fine-tuning (objective sft) only",
+                           "remove train.peft / set objective: sft, or use bf16-mixed"))
+    return out
+
+
 def _mx_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """torchao MXFP8 training (``precision: mxfp8-torchao``, ``train.mx``): what torchtitan's ``mx`` converter and
     torchao's MX casts refuse, and what is not modelled (docs/conventions.md, torchao MXFP8).  The GPU's compute
     capability is checked with the GPU (spec/checks.py ``capability_problems``)."""
     t = s.train
     if t.precision != "mxfp8-torchao":
-        if t.mx != MXTraining():
-            return [Problem("train.mx", "train.mx is read only with train.precision: mxfp8-torchao",
-                            "set train.precision: mxfp8-torchao, or remove train.mx")]
-        return []
-    out: list[Problem] = []
-    if s.effective_framework != "torchtitan":
-        out.append(Problem("train.precision", f"mxfp8-torchao is modelled as torchtitan's mx converter, not under "
-                           f"framework {s.effective_framework}", "set framework: torchtitan (or use bf16-mixed)"))
-    if t.peft is not None or t.objective != "sft":
-        out.append(Problem("train.precision", "mxfp8-torchao is modelled for full fine-tuning (objective sft) only",
-                           "remove train.peft / set objective: sft, or use bf16-mixed"))
+        return _converter_section_problems(s, "mxfp8-torchao", "mx", t.mx != MXTraining(), "mx")
+    out = _converter_section_problems(s, "mxfp8-torchao", "mx", False, "mx")
     tokens = t.micro_batch_size * t.seq_len // s.parallel.cp
     if tokens % MX_BLOCK:
         # mx_mm.backward casts grad_output and the input along dim1, in blocks of 32 tokens: mxfp8_quantize_cuda
@@ -1056,17 +1064,8 @@ def _float8_problems(s: Scenario) -> list[Problem]:
     ``Float8LinearConfig`` refuse, and what is not modelled (docs/conventions.md, torchao float8)."""
     t, f8 = s.train, s.train.float8
     if t.precision != "fp8-torchao":
-        if f8 != Float8Training():
-            return [Problem("train.float8", "train.float8 is read only with train.precision: fp8-torchao",
-                            "set train.precision: fp8-torchao, or remove train.float8")]
-        return []
-    out: list[Problem] = []
-    if s.effective_framework != "torchtitan":
-        out.append(Problem("train.precision", f"fp8-torchao is modelled as torchtitan's float8 converter, not under "
-                           f"framework {s.effective_framework}", "set framework: torchtitan (or use bf16-mixed)"))
-    if t.peft is not None or t.objective != "sft":
-        out.append(Problem("train.precision", "fp8-torchao is modelled for full fine-tuning (objective sft) only",
-                           "remove train.peft / set objective: sft, or use bf16-mixed"))
+        return _converter_section_problems(s, "fp8-torchao", "float8", f8 != Float8Training(), "float8")
+    out = _converter_section_problems(s, "fp8-torchao", "float8", False, "float8")
     if f8.enable_fsdp_float8_all_gather and f8.recipe_name != "tensorwise":
         # torchao config.py Float8LinearConfig.__post_init__: "enable_fsdp_float8_all_gather only supports
         # tensorwise scaling granularity"; torchtitan asserts it is not combined with recipe_name

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob, required
+from vramplan.spec.families.mamba import mamba1_mixer_params
 from vramplan.spec.model import MambaSpec, ModelSpec, MoESpec, Traits
 
 
@@ -93,15 +94,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     p = Params()
     p.add("embed_tokens.weight", vocab * h, "embedding", tp="vocab")
     p.attention("layers.self_attn", h, n_heads, n_kv, hd, attn, False, "o_proj")
-    p.add("layers.mamba.conv1d.weight", mi * k, "other", mixers)
-    if bool(get(cfg, "mamba_conv_bias", default=True)):
-        p.add("layers.mamba.conv1d.bias", mi, "bias", mixers)
-    p.linear("layers.mamba.in_proj", h, 2 * mi, mixers, proj_bias, "column")
-    p.linear("layers.mamba.x_proj", mi, r + 2 * n, mixers, False, "replicated")
-    p.linear("layers.mamba.dt_proj", r, mi, mixers, True, "replicated")
-    p.add("layers.mamba.A_log", mi * n, "other", mixers)
-    p.add("layers.mamba.D", mi, "other", mixers)
-    p.linear("layers.mamba.out_proj", mi, h, mixers, proj_bias, "row")
+    mamba1_mixer_params(p, "layers.mamba", h, mi, k, r, n, mixers, bool(get(cfg, "mamba_conv_bias", default=True)),
+                        proj_bias)
     p.norm("layers.mamba.dt_layernorm", r, mixers, False)
     p.norm("layers.mamba.b_layernorm", n, mixers, False)
     p.norm("layers.mamba.c_layernorm", n, mixers, False)

@@ -52,6 +52,22 @@ def mixer_spec(cfg: Config, h: int, n_layers: int, bc_dt_norms: bool) -> MambaSp
                      kind="mamba1", time_step_rank=time_step_rank(cfg, h), bc_dt_norms=bc_dt_norms)
 
 
+
+def mamba1_mixer_params(p: Params, prefix: str, h: int, inter: int, conv_kernel: int, dt_rank: int, state: int,
+                        layers: tuple[int, ...], conv_bias: bool, proj_bias: bool) -> None:
+    """A Mamba-1 mixer's tensors (transformers 5.24 ``MambaMixer``, and Jamba's, which holds the same ones):
+    conv1d over the inner width, in_proj to twice it, x_proj to dt rank + 2 x state, dt_proj back, A_log, D,
+    out_proj."""
+    p.add(f"{prefix}.conv1d.weight", inter * conv_kernel, "other", layers)
+    if conv_bias:
+        p.add(f"{prefix}.conv1d.bias", inter, "bias", layers)
+    p.linear(f"{prefix}.in_proj", h, 2 * inter, layers, proj_bias, "column")
+    p.linear(f"{prefix}.x_proj", inter, dt_rank + 2 * state, layers, False, "replicated")
+    p.linear(f"{prefix}.dt_proj", dt_rank, inter, layers, True, "replicated")
+    p.add(f"{prefix}.A_log", inter * state, "other", layers)
+    p.add(f"{prefix}.D", inter, "other", layers)
+    p.linear(f"{prefix}.out_proj", inter, h, layers, proj_bias, "row")
+
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     if cfg.get("use_mambapy") or cfg.get("use_falcon_mambapy"):
         # mamba_selective_scan: with use_mambapy and the mambapy package, pscan over the whole sequence replaces the
@@ -66,15 +82,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     p = Params()
     p.add("embeddings.weight", vocab * h, "embedding", tp="vocab")
     p.norm("layers.norm", h, layers, False)
-    p.add("layers.mixer.conv1d.weight", inter * ms.conv_kernel, "other", layers)
-    if bool(get(cfg, "use_conv_bias", default=True)):
-        p.add("layers.mixer.conv1d.bias", inter, "bias", layers)
-    p.linear("layers.mixer.in_proj", h, 2 * inter, layers, use_bias, "column")
-    p.linear("layers.mixer.x_proj", inter, r + 2 * n, layers, False, "replicated")
-    p.linear("layers.mixer.dt_proj", r, inter, layers, True, "replicated")
-    p.add("layers.mixer.A_log", inter * n, "other", layers)
-    p.add("layers.mixer.D", inter, "other", layers)
-    p.linear("layers.mixer.out_proj", inter, h, layers, use_bias, "row")
+    mamba1_mixer_params(p, "layers.mixer", h, inter, ms.conv_kernel, r, n, layers,
+                        bool(get(cfg, "use_conv_bias", default=True)), use_bias)
     p.norm("norm_f", h, (), False)
     tied = bool(cfg.get("tie_word_embeddings", True))
     if not tied:
