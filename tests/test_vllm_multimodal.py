@@ -294,3 +294,21 @@ def test_model_runner_v2_encoder_profile_is_stated_not_modelled() -> None:
     v1, v2 = (decide(_resolved(v), version=v) for v in ("0.24.0", "0.25.0"))
     assert not [a for a in v1.assumptions if a.startswith(note)]
     assert [a for a in v2.assumptions if a.startswith(note)]
+
+
+def test_unset_limit_is_one_in_0_8_and_999_under_v1() -> None:
+    # MultiModalConfig.get_limit_per_prompt: 0.8.2 "defaults to `1`"; 0.9.0 and 0.11.0 "999 if envs.VLLM_USE_V1
+    # else 1".  0.9.0 (the 0.8.x runner rows): the image (16,384 tokens) is the item, and cdiv(65,536, 16,384) = 4
+    # items are capped by max_num_seqs 1 x the limit: 4 with the unset limit (999), 1 with limit 1
+    m = _resolved().model
+    for version, default in (("0.8.2", 1), ("0.9.0", 999), ("0.11.0", 999)):
+        rel = parse_release(version)
+        unset = mm_profile(m, 32768, 65536, 1, 2, None, rel)
+        given = mm_profile(m, 32768, 65536, 1, 2, default, rel)
+        assert unset is not None and given is not None and unset.items == given.items
+        assert unset.limit_default == default
+    one = mm_profile(m, 32768, 65536, 1, 2, 1, parse_release("0.9.0"))
+    many = mm_profile(m, 32768, 65536, 1, 2, None, parse_release("0.9.0"))
+    assert one is not None and many is not None
+    assert many.modality == "image" and many.tokens_per_item == 16384
+    assert (many.items, one.items) == (4, 1)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from vramplan.facts.vllm_multimodal import (
     MM_LIMIT_DEFAULT,
+    MM_LIMIT_DEFAULT_V1,
     Gemma3MmRow,
     MmProfileRule,
     gemma3_mm_row,
@@ -94,6 +95,8 @@ class MmProfile:
     def patches(self) -> int:
         return self.items * self.patches_per_item
 
+
+V1_LIMIT_FROM: Release = (0, 9, 0)  # the first release whose unset limit_mm_per_prompt is 999 (V1)
 
 def mm_profile_modelled(release: Release, m: ModelSpec) -> bool:
     """Whether the profile run of this release and model is modelled (facts/vllm_multimodal.py)."""
@@ -182,7 +185,10 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
     if v.fixed_image_profile:
         return _fixed_image_profile(m, v, rule, max_model_len, max_num_batched_tokens, max_num_seqs, dtype_bytes,
                                     limit, release)
-    per_prompt = MM_LIMIT_DEFAULT if limit is None else limit
+    # limit_mm_per_prompt unset: 1 in 0.8.x (MultiModalConfig.get_limit_per_prompt, "this defaults to `1`"), 999 under
+    # V1 from 0.9.0 ("999 if envs.VLLM_USE_V1 else 1", read in 0.9.0 and 0.11.0)
+    default = MM_LIMIT_DEFAULT if release < V1_LIMIT_FROM else MM_LIMIT_DEFAULT_V1
+    per_prompt = default if limit is None else limit
     if per_prompt == 0:
         return None
     patches_img, tokens_img = qwen_vl_item(v, rule.image_size)
@@ -237,7 +243,7 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
                      budget_tokens=budget, items=items, output_bytes=items * rows * m.hidden_size * c,
                      encoder_peak_bytes=n * (held + max(attention, mlp)), held_per_patch=held,
                      attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=encoded, rule=rule,
-                     exact=exact)
+                     exact=exact, limit_default=default)
 
 
 def _fixed_image_profile(m: ModelSpec, v: VisionSpec, rule: MmProfileRule, max_model_len: int,
