@@ -91,9 +91,9 @@ def test_encoder_moment_sets_the_peak_for_a_long_video() -> None:
     d = decide(_resolved(version="0.11.0", limit=None), "0.11.0")
     assert d.mm_profile is not None
     # 0.11.0: 128,000 tokens of room (no image subtracted): 7 temporal patches fit, 14 frames (the cap, 14); encoded
-    # for max_model_len too: 7 x 65,536 = 458,752 patches x (4,864 + max(51,520, 33,320)) = 25,866,272,768 B, above
-    # the language model's moment
-    assert d.mm_profile.encoder_peak_bytes == 458_752 * 56_384 == 25_866_272_768
+    # for max_model_len too: 7 x 65,536 = 458,752 patches x (2,512 + max(51,520, 33,320)) = 24,787,288,064 B (the
+    # pixels in bf16, cast by the processor from 0.10.0), above the language model's moment
+    assert d.mm_profile.encoder_peak_bytes == 458_752 * 54_032 == 24_787_288_064
     assert d.activation_peak_bytes == d.mm_profile.encoder_peak_bytes + d.cublas_workspace_bytes
 
 
@@ -237,23 +237,23 @@ def test_every_row_read_and_sourced(row: Any) -> None:
 
 def test_row_0110_tower_by_patch() -> None:
     mm = _mm("0.11.0", 128000, 16384, 1024, 1)
-    # held: 1,176 float32 pixels x 4 + 40 x 4 (rotary) = 4,864 B (the bf16 copy freed by the patch embedding);
+    # held: 1,176 pixels in bf16 (cast by the processor from 0.10.0) x 2 + 40 x 4 (rotary) = 2,512 B;
     # attention: 12 x 1,280 x 2 (residual, norm1, qkv 3d, q k v 3d, cat(q, k) 2d, rotated 2d) + 16 x 1,280 (float32
     # input and output of 2d) + 4 x 80 (cos, sin) = 30,720 + 20,480 + 320 = 51,520 B;
     # MLP: (5 x 1,280 + 3 x 3,420) x 2 = 33,320 B
-    assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 51_520, 33_320)
+    assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (2_512, 51_520, 33_320)
 
 
 def test_row_0120_tower_rotates_a_view_in_the_dtype() -> None:
     mm = _mm("0.12.0", 128000, 16384, 1024, 1)
-    # held: 1,176 float32 pixels x 4 + cos and sin of 40 each in bf16 (80 x 2) = 4,704 + 160 = 4,864 B;
+    # held: 1,176 pixels in bf16 x 2 + cos and sin of 40 each in bf16 (80 x 2) = 2,352 + 160 = 2,512 B;
     # attention at the projection: residual, norm1, qkv 3d, q and k rotated (a view of qkv, 2d), the attention's
     # output and the projection's (d each) = 9 x 1,280 x 2 = 23,040 B; MLP (5 x 1,280 + 3 x 3,420) x 2 = 33,320 B
-    assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 23_040, 33_320)
-    # one 14-frame video of 114,688 tokens, 7 x 65,536 = 458,752 patches: 458,752 x (4,864 + max(23,040, 33,320)) =
-    # 458,752 x 38,184 = 17,516,986,368 B (0.11.0: 458,752 x (4,864 + 51,520) = 25,866,272,768 B)
+    assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (2_512, 23_040, 33_320)
+    # one 14-frame video of 114,688 tokens, 7 x 65,536 = 458,752 patches: 458,752 x (2,512 + max(23,040, 33,320)) =
+    # 458,752 x 35,832 = 16,438,001,664 B (0.11.0: 458,752 x (2,512 + 51,520) = 24,787,288,064 B)
     assert (mm.items, mm.patches) == (1, 458_752)
-    assert mm.encoder_peak_bytes == 17_516_986_368
+    assert mm.encoder_peak_bytes == 16_438_001_664
 
 
 def test_row_0150_tower_copies_q_and_k_contiguous() -> None:
@@ -262,7 +262,7 @@ def test_row_0150_tower_copies_q_and_k_contiguous() -> None:
     for version in ("0.15.0", "0.21.0"):
         mm = _mm(version, 128000, 16384, 1024, 1)
         # qk_reshaped.contiguous() adds 2d: 11 x 1,280 x 2 = 28,160 B, still below the MLP's 33,320 B
-        assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 28_160, 33_320)
+        assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (2_512, 28_160, 33_320)
 
 
 def test_qwen2_vl_tower_joins_q_and_k_by_cat_from_0120() -> None:
@@ -271,9 +271,9 @@ def test_qwen2_vl_tower_joins_q_and_k_by_cat_from_0120() -> None:
     for version in ("0.12.0", "0.21.0"):
         mm = mm_profile(m, 32768, 16384, 256, 2, 1, parse_release(version))
         assert mm is not None
-        # d 1,280, I = 4 x 1,280 = 5,120: held 4,704 + 80 x 2 = 4,864 B; attention 9d + torch.cat([q, k]) 2d =
+        # d 1,280, I = 4 x 1,280 = 5,120: held 1,176 x 2 + 80 x 2 = 2,512 B; attention 9d + torch.cat([q, k]) 2d =
         # 11 x 1,280 x 2 = 28,160 B; MLP (2 x 1,280 + 3 x 5,120) x 2 = 35,840 B
-        assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (4_864, 28_160, 35_840)
+        assert (mm.held_per_patch, mm.attention_per_patch, mm.mlp_per_patch) == (2_512, 28_160, 35_840)
 
 
 @pytest.mark.parametrize(("version", "read"), [("0.11.0", True), ("0.12.0", True), ("0.13.0", True),

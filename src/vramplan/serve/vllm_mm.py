@@ -97,6 +97,7 @@ class MmProfile:
 
 
 V1_LIMIT_FROM: Release = (0, 9, 0)  # the first release whose unset limit_mm_per_prompt is 999 (V1)
+PIXELS_IN_DTYPE_FROM: Release = (0, 10, 0)  # the processor's float outputs cast to the model dtype (0.9.0: not)
 
 def mm_profile_modelled(release: Release, m: ModelSpec) -> bool:
     """Whether the profile run of this release and model is modelled (facts/vllm_multimodal.py)."""
@@ -212,17 +213,22 @@ def mm_profile(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, ma
     d, i, c = v.hidden_size, v.intermediate_size, dtype_bytes
     hd = d // v.num_attention_heads
     pixels = v.num_channels * temporal * v.patch_size * v.patch_size
+    # the pixel values reach the tower in float32 up to 0.9.x and in the model dtype from 0.10.0 (0.10.0
+    # inputs/registry.py maybe_cast_dtype, 0.11.0 multimodal/processing.py _postprocess_output: floating tensors
+    # .to(model_config.dtype)); then the patch embedding's .to(dtype) makes no copy
+    pix = c if release >= PIXELS_IN_DTYPE_FROM else _F32
+    copy = pixels * c if pix == _F32 else 0
     if rule.tower in ("torch", "triton"):
-        held = pixels * _F32 + pixels * c + hd // 2 * _F32
+        held = pixels * pix + copy + hd // 2 * _F32
         mlp = (3 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
     elif rule.tower in ("view", "copy"):
         # 0.12.0 on: cos and sin (hd / 2 each) in the model's dtype, built once and held through every block
-        held = pixels * _F32 + hd * c
+        held = pixels * pix + hd * c
         mlp = (5 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
     else:
         # 0.11.0: the dtype copy of the pixels is freed by the patch embedding; Qwen2.5-VL's block keeps its input
         # and the attention's output beside norm2's two outputs through the MLP
-        held = pixels * _F32 + hd // 2 * _F32
+        held = pixels * pix + hd // 2 * _F32
         mlp = (5 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
     if rule.tower == "torch":
         attention = 8 * d * c + 4 * d * _F32 + 3 * hd * _F32
