@@ -73,7 +73,6 @@ __all__ = [
     "USER_MODES",
     "USER_MODE_FROM",
     "USER_SIZES_FILTERED_FROM",
-    "USER_SIZES_FROM",
     "CaptureSizes",
     "CudagraphRule",
     "GraphLog",
@@ -93,7 +92,6 @@ GraphModes = Literal["full", "piecewise", "full_and_piecewise", "full_decode_onl
 USER_MODES: dict[str, GraphModes] = {"PIECEWISE": "piecewise", "FULL": "full", "FULL_DECODE_ONLY": "full_decode_only",
                                      "FULL_AND_PIECEWISE": "full_and_piecewise"}
 # the first release of each option of the user's (module docstring)
-USER_SIZES_FROM: Release = (0, 8, 0)  # CompilationConfig.cudagraph_capture_sizes under V1
 USER_MAX_FROM: Release = (0, 9, 0)  # SchedulerConfig.cuda_graph_sizes (one value); --max-cudagraph-capture-size 0.12.0
 USER_MODE_FROM: Release = (0, 11, 0)  # CompilationConfig.cudagraph_mode
 USER_SIZES_FILTERED_FROM: Release = (0, 12, 0)  # explicit sizes above max_num_batched_tokens dropped

@@ -1278,6 +1278,12 @@ SWAP_SPACE_GONE = (0, 18, 0)
 SWAP_SPACE_DEFAULT_GIB = 4  # CacheConfig.swap_space default (0.6.0-0.15.1)
 
 
+def _swap_gib(r: Resolved) -> float:
+    """``serve.swap_space_gib``, or vLLM's default where it is not given."""
+    given = r.scenario.serve.swap_space_gib
+    return SWAP_SPACE_DEFAULT_GIB if given is None else given
+
+
 def _swap_space_notes(r: Resolved, row: VllmRelease, version: str) -> list[str]:
     """``serve.swap_space_gib`` against the release: V0 allocates it (``host_swap_bytes``), V1 does not."""
     sv = r.scenario.serve
@@ -1286,7 +1292,7 @@ def _swap_space_notes(r: Resolved, row: VllmRelease, version: str) -> list[str]:
                       f"from {'.'.join(map(str, SWAP_SPACE_GONE))}; V1 recomputes preempted requests)",
                       "remove serve.swap_space_gib, or use an earlier serve.vllm_version")
     if row.engine == "v0":
-        gib = SWAP_SPACE_DEFAULT_GIB if sv.swap_space_gib is None else sv.swap_space_gib
+        gib = _swap_gib(r)
         return [(f"serve.swap_space_gib {gib:g} (--swap-space): pinned host RAM per GPU for swapped-out KV blocks "
                  "(V0 CacheEngine's CPU cache; host_swap_bytes), none of it on the GPU")]
     if sv.swap_space_gib is not None:
@@ -1302,9 +1308,7 @@ def _host_swap_bytes(r: Resolved, row: VllmRelease, block_bytes: int) -> int:
     16, bf16: a block is 16 x 131,072 B = 2,097,152 B; 4 GiB holds 2,048 blocks = 4 GiB."""
     if row.engine != "v0" or block_bytes <= 0:
         return 0
-    sv = r.scenario.serve
-    gib = SWAP_SPACE_DEFAULT_GIB if sv.swap_space_gib is None else sv.swap_space_gib
-    return int(gib * GiB) // block_bytes * block_bytes
+    return int(_swap_gib(r) * GiB) // block_bytes * block_bytes
 
 
 SLEEP_MODE_FROM = (0, 9, 0)  # the first release whose Worker.sleep was read (V1); 0.33.0 read too
