@@ -283,3 +283,26 @@ def test_full_checkpointing_keeps_less_than_none() -> None:
     none = measure(train_doc(TINY_LLAMA, **kw), device="cpu")
     full = measure(train_doc(TINY_LLAMA, gradient_checkpointing="full", **kw), device="cpu")
     assert full.phases["forward"] < none.phases["forward"]
+
+
+@pytest.mark.parametrize(("train_keys", "where", "words"), [
+    # the estimate would count Liger's fused head, CCE's log-sum-exp or torchtune's chunks while the step ran
+    # transformers' own loss: each is refused rather than measured as something else
+    ({"loss": "liger-fused-linear-ce"}, "train.loss", "liger-kernel package on a GPU (this run is on the CPU)"),
+    ({"liger_kernels": True}, "train.liger_kernels", "liger-kernel package on a GPU"),
+    ({"loss": "cut-cross-entropy"}, "train.loss", "cut-cross-entropy needs its own training loop"),
+    ({"loss": "chunked", "framework": "plain"}, "train.loss", "chunked needs its own training loop"),
+    ({"packing": True, "attention": "flash"}, "train.packing", "padded rows"),
+    ({"activation_offload": "cpu", "gradient_checkpointing": "full"}, "train.activation_offload",
+     "activation offloading"),
+])
+def test_inputs_measure_does_not_run_are_refused(train_keys: dict[str, object], where: str, words: str) -> None:
+    doc = train_doc(TINY_LLAMA)
+    train_keys = dict(train_keys)  # the parameter is shared by reruns
+    framework = train_keys.pop("framework", None)
+    if framework is not None:
+        doc["framework"] = framework  # torchtune's chunked loss is refused under hf-trainer by the validator
+    doc["train"].update(train_keys)
+    with pytest.raises(ScenarioError) as info:
+        measure(doc, device="cpu")
+    assert any(p.where == where and words in p.message for p in info.value.problems), info.value.problems

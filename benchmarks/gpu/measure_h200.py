@@ -188,6 +188,27 @@ H100_SCENARIOS: list[tuple[str, list[str]]] = [
 SAFETY = 1.3
 
 
+# An eighth list (``--set h100e``), written before it ran, with nothing changed in the engines for it: Liger-Kernel's
+# fused linear cross-entropy and its RMSNorm/SwiGLU/RoPE kernels (liger-kernel 0.8.2 carried as a wheel; measure
+# patches the model instance as TRL's use_liger_kernel does), torchao's 8-bit, 4-bit and fp8 AdamW (torchao 0.14.1
+# carried), and the state-space families' generate on transformers 5.17's torch path: Falcon-Mamba (Mamba-1),
+# Mamba-Codestral (Mamba2, the broadcast scan of releases before 5.18) and a synthetic Jamba
+# (``benchmarks/gpu/configs/jamba-synthetic-3b.json``, not a released checkpoint).
+H100E_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("llama32-1b-liger-flce-s4096", ["--model", "meta-llama/Llama-3.2-1B", "--task", "train", "--precision", "bf16-mixed", "--optimizer", "adamw", "--micro-batch-size", "4", "--seq-len", "4096", "--loss", "liger-fused-linear-ce"]),
+    ("qwen25-15b-liger-all-s4096", ["--model", "Qwen/Qwen2.5-1.5B", "--task", "train", "--precision", "bf16-true", "--optimizer", "adamw", "--micro-batch-size", "4", "--seq-len", "4096", "--loss", "liger-fused-linear-ce", "--liger-kernels"]),
+    ("llama31-8b-lora-gc-liger-flce", ["--model", "meta-llama/Llama-3.1-8B", "--task", "train", "--precision", "bf16-true", "--peft", "lora", "--lora-rank", "16", "--gradient-checkpointing", "full", "--micro-batch-size", "8", "--seq-len", "4096", "--loss", "liger-fused-linear-ce"]),
+    ("qwen3-4b-lora-liger-kernels", ["--model", "Qwen/Qwen3-4B", "--task", "train", "--precision", "bf16-true", "--peft", "lora", "--lora-rank", "16", "--micro-batch-size", "4", "--seq-len", "2048", "--liger-kernels"]),
+    ("mistral7b-lora-liger-all", ["--model", "mistralai/Mistral-7B-v0.3", "--task", "train", "--precision", "bf16-true", "--peft", "lora", "--lora-rank", "16", "--micro-batch-size", "2", "--seq-len", "4096", "--liger-kernels", "--loss", "liger-fused-linear-ce"]),
+    ("qwen25-15b-torchao-adamw8bit", ["--model", "Qwen/Qwen2.5-1.5B", "--task", "train", "--precision", "bf16-true", "--optimizer", "adamw-8bit-torchao", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("llama32-1b-torchao-adamw4bit", ["--model", "meta-llama/Llama-3.2-1B", "--task", "train", "--precision", "bf16-mixed", "--optimizer", "adamw-4bit", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("qwen3-06b-torchao-adamwfp8", ["--model", "Qwen/Qwen3-0.6B", "--task", "train", "--precision", "bf16-true", "--optimizer", "adamw-fp8", "--micro-batch-size", "4", "--seq-len", "2048"]),
+    ("falcon-mamba-7b-gen-b4-tf517", ["--model", "tiiuae/falcon-mamba-7b", "--task", "inference", "--dtype", "bf16", "--batch-size", "4", "--prompt-len", "2048", "--new-tokens", "32", "--transformers-version", "5.17"]),
+    ("mamba-codestral-gen-b2-tf517", ["--model", "mistralai/Mamba-Codestral-7B-v0.1", "--task", "inference", "--dtype", "bf16", "--batch-size", "2", "--prompt-len", "1024", "--new-tokens", "32", "--transformers-version", "5.17"]),
+    ("jamba-synth-gen-b4-tf517", ["--model", "benchmarks/gpu/configs/jamba-synthetic-3b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "4", "--prompt-len", "2048", "--new-tokens", "32", "--transformers-version", "5.17"]),
+]
+
+
 # A fifth list (``--set h100b``), written after the h100 run and before it ran, with nothing changed in the engines:
 # bitsandbytes' 8-bit and paged 8-bit AdamW (bitsandbytes 0.50.2 carried as a wheel), long-context LoRA, LoRA on
 # every linear, MLA (DeepSeek-V2-Lite) and Gemma 3's sliding layers at generate, beam search with a sliding window,
@@ -284,7 +305,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--set", choices=("first", "check", "check2", "h100", "h100b", "h100c", "h100d", "h100d-tf524"), default="first", help="which scenario list")
+    ap.add_argument("--set", choices=("first", "check", "check2", "h100", "h100b", "h100c", "h100d", "h100d-tf524", "h100e"), default="first", help="which scenario list")
     ap.add_argument("--gpu", default=GPU, help="catalog GPU the scheduler estimates with (H200, H100)")
     ap.add_argument("--capacity-gib", type=float, default=139.0, help="what the running estimates may add up to")
     ap.add_argument("--timeout", type=int, default=240)
@@ -295,7 +316,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "env.json").write_text(json.dumps(_env(), indent=1))
     chosen = {"first": SCENARIOS, "check": CHECK_SCENARIOS, "check2": CHECK2_SCENARIOS, "h100": H100_SCENARIOS,
-              "h100b": H100B_SCENARIOS, "h100c": H100C_SCENARIOS, "h100d": H100D_SCENARIOS, "h100d-tf524": H100D_TF524_SCENARIOS}[args.set]
+              "h100b": H100B_SCENARIOS, "h100c": H100C_SCENARIOS, "h100d": H100D_SCENARIOS, "h100d-tf524": H100D_TF524_SCENARIOS,
+              "h100e": H100E_SCENARIOS}[args.set]
     todo = [(sid, flags) for sid, flags in chosen if not args.only or sid in args.only]
     sized = [(sid, flags, _estimate_bytes(flags, args.gpu)) for sid, flags in todo]
     capacity_bytes = int(args.capacity_gib * 2**30)

@@ -127,6 +127,28 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
                                "(inductor's fusions, the partitioner's saved set) is not what it would measure",
                                "set train.torch_compile: false, or measure inside your compiled run with the "
                                "callbacks (docs/measure.md)"))
+        if t.loss in ("cut-cross-entropy", "chunked"):
+            out.append(Problem("train.loss", f"measure runs transformers' own loss or Liger's fused linear "
+                               f"cross-entropy; {t.loss} needs its own training loop (ml-cross-entropy's patch, "
+                               "torchtune's recipe)", "measure inside that loop with the callbacks "
+                               "(docs/measure.md), or set train.loss: standard"))
+        if t.loss == "liger-fused-linear-ce" or t.liger_kernels:
+            # Liger's kernels are triton programs: CUDA (or ROCm) only
+            if device_type != "cuda" or not _has("liger_kernel"):
+                which = "train.loss" if t.loss == "liger-fused-linear-ce" else "train.liger_kernels"
+                out.append(Problem(which, "Liger-Kernel's triton kernels need the liger-kernel package on a GPU"
+                                   + ("" if device_type == "cuda" else " (this run is on the CPU)"),
+                                   "run on a CUDA machine with `pip install liger-kernel`, or set train.loss: "
+                                   "standard and train.liger_kernels: false"))
+        if t.packing:
+            out.append(Problem("train.packing", "measure feeds padded rows of seq_len tokens; packed rows need "
+                               "flash-attention's variable-length kernel and a collator's position_ids",
+                               "measure inside your packed run with the callbacks (docs/measure.md), or set "
+                               "train.packing: false"))
+        if t.activation_offload != "none":
+            out.append(Problem("train.activation_offload", "measure runs the step without torchtune's / TRL's "
+                               "activation offloading context", "measure inside that run with the callbacks "
+                               "(docs/measure.md), or set train.activation_offload: none"))
         policy = checkpoint_policy(s)
         if policy == "op-sac" or t.checkpoint_every_n_layers > 1 or t.deepspeed_checkpointing != "none":
             out.append(Problem("train.gradient_checkpointing", "torchtitan's op-level and every-n-th-layer "
@@ -287,6 +309,26 @@ def _apply_peft(model: Any, r: Resolved, adapter_fp32: bool) -> Any:
                                      f"this model's linear modules: {', '.join(names) or 'none'}; or all-linear")]) from None
 
 
+def _apply_liger(model: Any, fused_loss: bool, kernels: bool) -> str:
+    """Patch ``model`` with Liger-Kernel as ``apply_liger_kernel_to_<model_type>(model=...)`` does, before PEFT
+    wraps it (TRL's ``use_liger_kernel`` calls ``_apply_liger_kernel_to_instance`` on the base model the same way).
+
+    liger-kernel v0.8.2 ``transformers/monkey_patch.py``: with ``fused_linear_cross_entropy`` the instance's
+    forward becomes ``lce_forward``, which in training skips the logits and runs the fused head + loss; with
+    ``rms_norm`` / ``swiglu`` / ``rope`` the instance's norms and MLPs are patched and the module's
+    ``apply_rotary_pos_emb`` replaced."""
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
+
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise ScenarioError([Problem("train.liger_kernels", f"liger-kernel has no patch for model type "
+                                     f"{model_type!r}", "set train.loss: standard and train.liger_kernels: false")])
+    _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=fused_loss, cross_entropy=False,
+                                    rms_norm=kernels, swiglu=kernels, rope=kernels)
+    parts = (["fused linear cross-entropy"] if fused_loss else []) + (["RMSNorm, SwiGLU, RoPE"] if kernels else [])
+    return "Liger-Kernel applied to the model instance: " + ", ".join(parts)
+
+
 def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0) -> Built:
     """Build the scenario's model (random weights) and optimizer on ``device``."""
     import torch
@@ -336,6 +378,8 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
         notes.append("gradient checkpointing: the recomputed layer's tensors are created in the backward pass "
                      "and shown as temporaries (backward); the estimate counts them as activations, so compare "
                      "the sum of the two")
+    if train and (s.train.loss == "liger-fused-linear-ce" or s.train.liger_kernels):
+        notes.append(_apply_liger(model, s.train.loss == "liger-fused-linear-ce", s.train.liger_kernels))
     if peft is not None:
         # the analytic engine's adapter dtype (analytic/precision.py: adapter_bytes), so that a measurement
         # compares like with like: fp32 with peft >= 0.12, the base dtype with older peft or LitGPT's -true
