@@ -132,14 +132,14 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
                                f"cross-entropy; {t.loss} needs its own training loop (ml-cross-entropy's patch, "
                                "torchtune's recipe)", "measure inside that loop with the callbacks "
                                "(docs/measure.md), or set train.loss: standard"))
-        if t.loss == "liger-fused-linear-ce" or t.liger_kernels:
-            # Liger's kernels are triton programs: CUDA (or ROCm) only
-            if device_type != "cuda" or not _has("liger_kernel"):
-                which = "train.loss" if t.loss == "liger-fused-linear-ce" else "train.liger_kernels"
-                out.append(Problem(which, "Liger-Kernel's triton kernels need the liger-kernel package on a GPU"
-                                   + ("" if device_type == "cuda" else " (this run is on the CPU)"),
-                                   "run on a CUDA machine with `pip install liger-kernel`, or set train.loss: "
-                                   "standard and train.liger_kernels: false"))
+        # Liger's kernels are triton programs: CUDA (or ROCm) only
+        liger = t.loss == "liger-fused-linear-ce" or t.liger_kernels
+        if liger and (device_type != "cuda" or not _has("liger_kernel")):
+            which = "train.loss" if t.loss == "liger-fused-linear-ce" else "train.liger_kernels"
+            out.append(Problem(which, "Liger-Kernel's triton kernels need the liger-kernel package on a GPU"
+                               + ("" if device_type == "cuda" else " (this run is on the CPU)"),
+                               "run on a CUDA machine with `pip install liger-kernel`, or set train.loss: "
+                               "standard and train.liger_kernels: false"))
         if t.packing:
             out.append(Problem("train.packing", "measure feeds padded rows of seq_len tokens; packed rows need "
                                "flash-attention's variable-length kernel and a collator's position_ids",
@@ -317,7 +317,10 @@ def _apply_liger(model: Any, fused_loss: bool, kernels: bool) -> str:
     forward becomes ``lce_forward``, which in training skips the logits and runs the fused head + loss; with
     ``rms_norm`` / ``swiglu`` / ``rope`` the instance's norms and MLPs are patched and the module's
     ``apply_rotary_pos_emb`` replaced."""
-    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
+    from liger_kernel.transformers.monkey_patch import (
+        MODEL_TYPE_TO_APPLY_LIGER_FN,
+        _apply_liger_kernel_to_instance,
+    )
 
     model_type = getattr(model.config, "model_type", None)
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
