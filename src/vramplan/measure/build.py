@@ -317,7 +317,7 @@ def _apply_liger(model: Any, fused_loss: bool, kernels: bool) -> str:
     forward becomes ``lce_forward``, which in training skips the logits and runs the fused head + loss; with
     ``rms_norm`` / ``swiglu`` / ``rope`` the instance's norms and MLPs are patched and the module's
     ``apply_rotary_pos_emb`` replaced."""
-    from liger_kernel.transformers.monkey_patch import (
+    from liger_kernel.transformers.monkey_patch import (  # type: ignore[import-not-found,unused-ignore]
         MODEL_TYPE_TO_APPLY_LIGER_FN,
         _apply_liger_kernel_to_instance,
     )
