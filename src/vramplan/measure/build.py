@@ -350,6 +350,10 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
         base, autocast = s.inference.dtype, None
         want_attention = s.inference.attention
     impl, note = attention_impl(want_attention, device.type)
+    if m.mamba is not None and len(m.mamba.layers) == m.num_layers:
+        # no attention layer to choose a kernel for, and transformers' Mamba classes (MambaForCausalLM,
+        # FalconMambaForCausalLM, Mamba2ForCausalLM) refuse attn_implementation="sdpa" (no _supports_sdpa)
+        impl, note = "eager", None
     if note:
         notes.append(note)
     torch.manual_seed(seed)
