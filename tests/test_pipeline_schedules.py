@@ -495,6 +495,16 @@ def test_torchtitan_export_names_the_schedule() -> None:
     assert par("interleaved-1f1b", 4)["pipeline_parallel_layers_per_stage"] == 4
     with pytest.raises(ValueError, match="no pipeline_parallel_layers_per_stage"):
         par("interleaved-1f1b", 3)  # 32 / 6 is not whole
+    # the V schedules: torchtitan's default of 2 chunks per rank, its stage_ids_this_rank style "v" for them
+    for name, torchtitan in (("zbv-zero-bubble", "ZBVZeroBubble"), ("dualpipev", "DualPipeV")):
+        v_keys = par(name, 2)
+        assert v_keys["pipeline_parallel_schedule"] == torchtitan and "pipeline_parallel_layers_per_stage" not in v_keys
+
+
+def test_rows_name_torchs_classes() -> None:
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    for row in PIPELINE_SCHEDULES:  # get_schedule_class reads the torchtitan name case-insensitively
+        assert schedules.get_schedule_class(row.torchtitan).__name__ == row.torch_class
 
 
 def test_cli_flags_set_the_schedule() -> None:

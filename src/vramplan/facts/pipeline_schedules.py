@@ -301,7 +301,8 @@ def _dualpipev_order(pp: int, rank: int, m: int) -> list[tuple[str, int]]:
 
 
 def rank_actions(row: PipelineSchedule, pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int]]:
-    """Rank ``rank``'s compute actions of a ``split`` schedule in torch's order: (F | I | W | B, local chunk)."""
+    """Rank ``rank``'s compute actions of a ``split`` schedule in torch's order: (F | I | W | B, local chunk; loop
+    layout: chunk k is stage ``rank + k pp``, V layout: 0 is stage ``rank``, 1 stage ``2 pp - 1 - rank``)."""
     if row.in_flight != "split":
         raise ValueError(f"pipeline schedule {row.name} has no split backward")
     if row.name == "zbv-zero-bubble":
