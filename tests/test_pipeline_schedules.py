@@ -10,10 +10,13 @@ Hand counts use m = 8 micro-batches (``train.grad_accum_steps``), pp 2 and 4, v 
   + 2 (pp - 1 - r), m v); peak = warmup + 1 (in chunk-micro-batches).
   pp 4: rounds 2, per_round 4: warmup 4 + 6, 4 + 4, 4 + 2, 4 + 0 = 10, 8, 6, 4 -> 11, 9, 7, 5.
   pp 2: rounds 4, per_round 2: warmup 2 + 2, 2 + 0 = 4, 2 -> 5, 3.
+* zbv-zero-bubble, dualpipev (V layout, 2 chunks per rank): torch's action lists walked in the comment above
+  ``test_v_schedules_in_flight_by_hand``: 2 pp and 2 pp + 1 on every rank.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramplan.analytic.layout import chunk_layers, stage_layers
+from vramplan.analytic.layout import chunk_layers, chunk_stages, rank_params, stage_layers
 from vramplan.analytic.terms import StepContext, step_terms
 from vramplan.analytic.train import train_step
 from vramplan.catalog.resolve import resolve
@@ -39,6 +42,7 @@ from vramplan.facts.pipeline_schedules import (
 from vramplan.plan.steptime.pipeline import pipeline_bubble_seconds, pipeline_slots
 
 ONE, GPIPE, IL, ZB = (pipeline_schedule(n) for n in ("1f1b", "gpipe", "interleaved-1f1b", "interleaved-zero-bubble"))
+ZBV, DPV = pipeline_schedule("zbv-zero-bubble"), pipeline_schedule("dualpipev")
 
 
 @pytest.mark.parametrize(("row", "pp", "v", "expected"), [
@@ -135,14 +139,14 @@ def test_first_rank_order_gpipe_interleaved_1f1b(pp: int, m: int, v: int) -> Non
     assert gpipe >= inter >= one
 
 
-def test_v_shaped_rows_refuse() -> None:
-    for row in PIPELINE_SCHEDULES:
-        if row.in_flight is None:
-            assert row.style == "v" and "V-shaped" in row.refusal
-            with pytest.raises(ValueError, match="V-shaped"):
-                in_flight_chunks(row, 4, 0, 2, 8)
+def test_a_row_without_a_rule_refuses() -> None:
+    # every row is modelled; a row without an in-flight rule would raise with its refusal
+    assert all(row.in_flight is not None for row in PIPELINE_SCHEDULES)
+    unmodelled = replace(ZBV, in_flight=None, refusal="not laid out")
+    with pytest.raises(ValueError, match="not laid out"):
+        in_flight_chunks(unmodelled, 4, 0, 2, 8)
     assert {"zbv-zero-bubble", "interleaved-zero-bubble", "dualpipev"} <= set(pipeline_schedule_names())
-    assert ZB.in_flight == "split" and not ZB.refusal
+    assert ZB.in_flight == ZBV.in_flight == DPV.in_flight == "split" and ZBV.style == DPV.style == "v"
 
 
 def test_zero_bubble_walk_by_hand() -> None:
@@ -207,6 +211,148 @@ def test_zero_bubble_holds_more_than_interleaved_on_the_last_rank() -> None:
     res = train_step(resolve(_doc(4, "interleaved-zero-bubble", 2)))
     assert any(a.startswith("pipeline schedule interleaved-zero-bubble") and ": 8 chunk-micro-batches" in a
                for a in res.assumptions)
+
+
+# V schedules, local chunk 0 = stage r, chunk 1 = stage 2 pp - 1 - r.  Each rank's actions (idle slots left out) as
+# torch 2.13 lists them (ScheduleZBVZeroBubble / ScheduleDualPipeV ._calculate_single_rank_operations; ZBV plans
+# max(2 pp - 1, m) micro-batches; DualPipeV's OVERLAP_F_B (F, B) spelt as its sub-actions, the forward first),
+# each followed by the chunk-micro-batches whose saved tensors the rank then holds: F adds one, I keeps it (until
+# its W), W and a full backward B take one off.
+# ZBV, pp 4, m 8:
+#  r0: F0 1, F0 2, F0 3, F0 4, F0 5, F0 6, F0 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F1 8, I1 8,
+#      W1 7, F0 8, I0 8, W0 7, F1 8, I1 8, W1 7, I0 7, W0 6, F1 7, I1 7, W1 6, I0 6, W0 5, F1 6, I1 6, W1 5, I0 5,
+#      W0 4, F1 5, I1 5, W1 4, I0 4, W0 3, I0 3, W0 2, I0 2, W0 1, I0 1, W0 0 -> peak 8
+#  r1: F0 1, F0 2, F0 3, F0 4, F0 5, F1 6, F0 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F0 8, I0 8,
+#      W0 7, F1 8, I1 8, W1 7, F0 8, I0 8, W0 7, F1 8, I1 8, W1 7, I0 7, W0 6, F1 7, I1 7, W1 6, I0 6, W0 5, F1 6,
+#      I1 6, W1 5, I0 5, I1 5, I0 5, W0 4, I0 4, W0 3, I0 3, W0 2, W1 1, W0 0 -> peak 8
+#  r2: F0 1, F0 2, F0 3, F1 4, F0 5, F1 6, F0 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F0 8, I0 8, W0 7, F1 8, I1 8,
+#      W1 7, F0 8, I0 8, W0 7, F1 8, I1 8, W1 7, F0 8, I0 8, W0 7, F1 8, I1 8, W1 7, I0 7, W0 6, F1 7, I1 7, W1 6,
+#      I0 6, I1 6, I0 6, I1 6, I0 6, W0 5, I0 5, W0 4, W1 3, W1 2, W0 1, W0 0 -> peak 8
+#  r3: F0 1, F1 2, F0 3, F1 4, F0 5, F1 6, F0 7, F1 8, I1 8, W1 7, F0 8, I0 8, W0 7, F1 8, I1 8, W1 7, F0 8, I0 8,
+#      W0 7, F1 8, I1 8, W1 7, F0 8, I0 8, W0 7, F1 8, I1 8, W1 7, F0 8, I0 8, W0 7, F1 8, I1 8, W1 7, I0 7, I1 7,
+#      I0 7, I1 7, I0 7, I1 7, I0 7, W0 6, W1 5, W1 4, W1 3, W0 2, W0 1, W0 0 -> peak 8
+# ZBV, pp 2, m 4:
+#  r0: F0 1, F0 2, F0 3, F1 4, I1 4, W1 3, F1 4, I1 4, W1 3, F0 4, I0 4, W0 3, F1 4, I1 4, W1 3, I0 3, W0 2, F1 3,
+#      I1 3, W1 2, I0 2, W0 1, I0 1, W0 0 -> peak 4
+#  r1: F0 1, F1 2, F0 3, F1 4, I1 4, W1 3, F0 4, I0 4, W0 3, F1 4, I1 4, W1 3, F0 4, I0 4, W0 3, F1 4, I1 4, W1 3,
+#      I0 3, I1 3, I0 3, W0 2, W1 1, W0 0 -> peak 4
+# DualPipeV, pp 4, m 8:
+#  r0: F0 1, F0 2, F0 3, F0 4, F0 5, F0 6, F0 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F1 8, F0 9,
+#      B1 8, F1 9, B0 8, B1 7, F1 8, B0 7, B1 6, F1 7, B0 6, B1 5, F1 6, B0 5, B1 4, I0 4, W0 3, I0 3, W0 2, I0 2,
+#      W0 1, I0 1, W0 0 -> peak 9
+#  r1: F0 1, F0 2, F0 3, F0 4, F0 5, F1 6, F0 7, F1 8, I1 8, W1 7, F1 8, I1 8, W1 7, F1 8, F0 9, B1 8, F1 9, B0 8,
+#      F0 9, B1 8, F1 9, B0 8, B1 7, F1 8, B0 7, B1 6, F1 7, B0 6, B1 5, B0 4, I1 4, I0 4, W1 3, I0 3, W0 2, I0 2,
+#      W0 1, W0 0 -> peak 9
+#  r2: F0 1, F0 2, F0 3, F1 4, F0 5, F1 6, F0 7, F1 8, I1 8, W1 7, F1 8, F0 9, B1 8, F1 9, B0 8, F0 9, B1 8, F1 9,
+#      B0 8, F0 9, B1 8, F1 9, B0 8, B1 7, F1 8, B0 7, B1 6, B0 5, B1 4, I0 4, I1 4, I0 4, W0 3, I0 3, W1 2, W0 1,
+#      W0 0 -> peak 9
+#  r3: F0 1, F1 2, F0 3, F1 4, F0 5, F1 6, F0 7, F1 8, F0 9, B1 8, F1 9, B0 8, F0 9, B1 8, F1 9, B0 8, F0 9, B1 8,
+#      F1 9, B0 8, F0 9, B1 8, F1 9, B0 8, B1 7, B0 6, B1 5, B0 4, I1 4, I0 4, I1 4, I0 4, W1 3, W0 2, W1 1, W0 0
+#      -> peak 9
+# DualPipeV, pp 2, m 4:
+#  r0: F0 1, F0 2, F0 3, F1 4, I1 4, W1 3, F1 4, F0 5, B1 4, F1 5, B0 4, B1 3, F1 4, B0 3, B1 2, I0 2, W0 1, I0 1,
+#      W0 0 -> peak 5
+#  r1: F0 1, F1 2, F0 3, F1 4, F0 5, B1 4, F1 5, B0 4, F0 5, B1 4, F1 5, B0 4, B1 3, B0 2, I1 2, I0 2, W1 1, W0 0
+#      -> peak 5
+@pytest.mark.parametrize(("row", "pp", "m", "expected"), [
+    (ZBV, 4, 8, [8, 8, 8, 8]), (ZBV, 2, 4, [4, 4]), (DPV, 4, 8, [9, 9, 9, 9]), (DPV, 2, 4, [5, 5])])
+def test_v_schedules_in_flight_by_hand(row: Any, pp: int, m: int, expected: list[int]) -> None:
+    assert [in_flight_chunks(row, pp, r, 2, m) for r in range(pp)] == expected
+
+
+def test_v_schedule_orders_by_hand() -> None:
+    def spell(actions: list[tuple[str, int]]) -> str:
+        return " ".join(f"{a}{c}" for a, c in actions)
+
+    assert spell(rank_actions(ZBV, 2, 0, 2, 4)) == ("F0 F0 F0 F1 I1 W1 F1 I1 W1 F0 I0 W0 F1 I1 W1 I0 W0 F1 I1 W1 "
+                                                     "I0 W0 I0 W0")
+    assert spell(rank_actions(ZBV, 2, 1, 2, 4)) == ("F0 F1 F0 F1 I1 W1 F0 I0 W0 F1 I1 W1 F0 I0 W0 F1 I1 W1 I0 I1 "
+                                                     "I0 W0 W1 W0")
+    assert spell(rank_actions(DPV, 2, 0, 2, 4)) == "F0 F0 F0 F1 I1 W1 F1 F0 B1 F1 B0 B1 F1 B0 B1 I0 W0 I0 W0"
+    assert spell(rank_actions(DPV, 2, 1, 2, 4)) == "F0 F1 F0 F1 F0 B1 F1 B0 F0 B1 F1 B0 B1 B0 I1 I0 W1 W0"
+    # ZBV with fewer micro-batches than 2 pp - 1: torch plans 3 (pp 2) and blanks micro-batch 2's actions
+    assert spell(rank_actions(ZBV, 2, 0, 2, 2)) == "F0 F0 F1 I1 W1 F1 I1 W1 I0 W0 I0 W0"
+
+
+def _torch_v_actions(cls_name: str, pp: int, rank: int, m: int) -> list[tuple[str, int]]:
+    """torch's own action list of a V schedule for one rank, OVERLAP_F_B spelt as its sub-actions in order, as
+    (F | I | W | B, local chunk: 0 for stage ``rank``, 1 for stage 2 pp - 1 - rank)."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    ct = schedules._ComputationType
+    kind = {ct.FORWARD: "F", ct.BACKWARD_INPUT: "I", ct.BACKWARD_WEIGHT: "W", ct.FULL_BACKWARD: "B"}
+    fake = SimpleNamespace(pp_group_size=pp, num_stages=2 * pp, _n_microbatches=m)
+    out = []
+    for a in getattr(schedules, cls_name)._calculate_single_rank_operations(fake, rank):
+        if a is None:
+            continue
+        for sub in a.sub_actions if a.computation_type == ct.OVERLAP_F_B else (a,):
+            assert sub.stage_index in chunk_stages(pp, rank, 2, "v")
+            out.append((kind[sub.computation_type], chunk_stages(pp, rank, 2, "v").index(sub.stage_index)))
+    return out
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 8])
+def test_v_schedule_orders_are_torchs(pp: int) -> None:
+    for m in range(1, 4 * pp + 3):
+        for rank in range(pp):
+            assert rank_actions(ZBV, pp, rank, 2, m) == _torch_v_actions("ScheduleZBVZeroBubble", pp, rank, m)
+            if m >= 2 * pp:  # torch's DualPipeV refuses fewer
+                assert rank_actions(DPV, pp, rank, 2, m) == _torch_v_actions("ScheduleDualPipeV", pp, rank, m)
+
+
+def test_v_stage_mapping_is_torchs() -> None:
+    utils = pytest.importorskip("torch.distributed.pipelining._utils")
+    for pp in (2, 4, 8):
+        mapping = utils.generate_rank_to_stage_mapping(pp, 2 * pp, style="v")
+        assert all(tuple(mapping[r]) == chunk_stages(pp, r, 2, "v") for r in range(pp))
+
+
+def test_v_layer_split_32_layers_pp_4() -> None:
+    # 32 layers over pp 4 x 2 = 8 chunks of 4: stage s holds layers 4 s .. 4 s + 3; rank r holds stages r and 7 - r
+    assert [chunk_layers(32, 4, r, 2, "v") for r in range(4)] == [
+        ((0, 1, 2, 3), (28, 29, 30, 31)), ((4, 5, 6, 7), (24, 25, 26, 27)),
+        ((8, 9, 10, 11), (20, 21, 22, 23)), ((12, 13, 14, 15), (16, 17, 18, 19))]
+    assert stage_layers(32, 4, 3, 2, "v") == tuple(range(12, 20))
+    # 10 layers over 4 chunks: 3, 3, 2, 2; pp 2 V: rank 0 stages 0 and 3 (0-2, 8-9), rank 1 stages 1 and 2
+    assert chunk_layers(10, 2, 0, 2, "v") == ((0, 1, 2), (8, 9)) and stage_layers(10, 2, 1, 2, "v") == (3, 4, 5, 6, 7)
+
+
+def test_v_layout_puts_embedding_and_head_on_rank_0() -> None:
+    # GPT-2, pp 2, V: rank 0 holds layers 0-2 and 9-11, the embeddings (wte 50,257 x 768 = 38,597,376, wpe 1,024 x
+    # 768 = 786,432), ln_f (768 + 768) and the tied head; rank 1 layers 3-8 and nothing outside the layers
+    r = resolve(_doc(2, "zbv-zero-bubble", 2, m=4))
+    c0, c1 = StepContext(r, 0, "flash", False), StepContext(r, 1, "flash", False)
+    assert c0.rp.layers == (0, 1, 2, 9, 10, 11) and c0.rp.has_embedding and c0.rp.has_lm_head and c0.last
+    assert c1.rp.layers == (3, 4, 5, 6, 7, 8) and not (c1.rp.has_embedding or c1.rp.has_lm_head or c1.last)
+    assert c0.rp.outside_layers == 38_597_376 + 786_432 + 1_536 and c1.rp.outside_layers == 0
+    assert c0.rp.total - c1.rp.total == c0.rp.outside_layers  # the same 6 layers' worth on each
+    loop = rank_params(r.model, 1, 2, 1, 1, None, virtual=2)
+    assert loop.has_lm_head and not rank_params(r.model, 1, 2, 1, 1, None, virtual=2, style="v").has_lm_head
+
+
+def test_v_schedule_estimate_end_to_end() -> None:
+    # GPT-2, torchtitan bf16, 1,024 tokens, pp 2, m 4, ZBV: 4 chunks of 3 layers, each chunk's saved bytes a = k / 2
+    # (k: the rank's 6 layers, one micro-batch).  Held from I to W (test_zero_bubble_held_bytes_by_hand's sizes):
+    # rank 0 chunk 0 (stage 0) x = 1,572,864, chunk 1 (stage 3, the head) y = 156,403,712; rank 1 both chunks
+    # (stages 1, 2) h = 53,477,376.
+    # rank 0 walk (test_v_schedules_in_flight_by_hand): F0 F0 F0 F1 = 4a, I1 -> 4a + y, the peak (later steps reach
+    # 4a + x or 4a + y at most); in flight = 4a + y - k = k + y.
+    # rank 1: ... F1 I1 -> 4a + h; the cooldown I0 I1 I0 -> 3a + 3h, lower as a = 137,035,776 > 2h = 106,954,752;
+    # in flight = 4a + h - k = k + h.
+    doc = _doc(2, "zbv-zero-bubble", 2, m=4)
+    in0, k0 = _in_flight_term(doc, 0)
+    in1, k1 = _in_flight_term(doc, 1)
+    assert k0 == k1 == 2 * 137_035_776
+    assert in0 == k0 + 156_403_712 and in1 == k1 + 53_477_376
+    res = train_step(resolve(doc))
+    # rank 0 (the head's logits and loss, the embedding) is the reported GPU; every rank was estimated
+    assert res.context.stage == 0
+    assert any(a.startswith("pipeline schedule zbv-zero-bubble") and ": 4 chunk-micro-batches" in a
+               for a in res.assumptions)
+    assert any("rank r holding chunks r and 3 - r" in a for a in res.assumptions)
+    dual = train_step(resolve(_doc(2, "dualpipev", 2, m=4)))
+    # DualPipeV rank 0: F0 F0 F0 F1 = 4a, I1 -> 4a + y (then W1 F1 F0 = 5a, B1 4a, F1 5a: 5a < 4a + y as a < y)
+    assert dual.context.stage == 0 and _in_flight_term(_doc(2, "dualpipev", 2, m=4), 0)[0] == k0 + 156_403_712
 
 
 def test_stage_layers_under_virtual_stages() -> None:
@@ -292,8 +438,11 @@ def test_interleaved_layout_moves_layers_not_the_embedding() -> None:
 
 
 @pytest.mark.parametrize(("doc", "field", "words"), [
-    (_doc(4, "zbv-zero-bubble", 2), "parallel.pp_schedule", "V-shaped"),
-    (_doc(4, "dualpipev", 2), "parallel.pp_schedule", "not modelled"),
+    (_doc(4, "dualpipev", 2, m=7), "train.grad_accum_steps", "at least as many micro-batches as stages"),
+    (_doc(4, "zbv-zero-bubble", 3), "parallel.pp_virtual_stages", "runs 2 model chunks per rank, not 3"),
+    (_doc(4, "zbv-zero-bubble", 2, tp=2), "parallel.pp_schedule", "without tensor parallelism"),
+    ({**_doc(4, "dualpipev", 2), "train": {"gradient_checkpointing": "full"}}, "parallel.pp_schedule",
+     "gradient_checkpointing full"),
     (_doc(4, "interleaved-zero-bubble", 2, tp=2), "parallel.pp_schedule", "without tensor parallelism"),
     (_doc(4, "interleaved-zero-bubble", 2, m=9), "train.grad_accum_steps", "multiple of its 2 rounds"),
     ({**_doc(4, "interleaved-zero-bubble", 2), "train": {"gradient_checkpointing": "full"}}, "parallel.pp_schedule",
@@ -346,6 +495,16 @@ def test_torchtitan_export_names_the_schedule() -> None:
     assert par("interleaved-1f1b", 4)["pipeline_parallel_layers_per_stage"] == 4
     with pytest.raises(ValueError, match="no pipeline_parallel_layers_per_stage"):
         par("interleaved-1f1b", 3)  # 32 / 6 is not whole
+    # the V schedules: torchtitan's default of 2 chunks per rank, its stage_ids_this_rank style "v" for them
+    for name, torchtitan in (("zbv-zero-bubble", "ZBVZeroBubble"), ("dualpipev", "DualPipeV")):
+        v_keys = par(name, 2)
+        assert v_keys["pipeline_parallel_schedule"] == torchtitan and "pipeline_parallel_layers_per_stage" not in v_keys
+
+
+def test_rows_name_torchs_classes() -> None:
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    for row in PIPELINE_SCHEDULES:  # get_schedule_class reads the torchtitan name case-insensitively
+        assert schedules.get_schedule_class(row.torchtitan).__name__ == row.torch_class
 
 
 def test_cli_flags_set_the_schedule() -> None:
@@ -370,5 +529,12 @@ def test_cli_flags_set_the_schedule() -> None:
     assert zb.exit_code in (0, 1), zb.stdout + zb.stderr
     # pp 4, v 2, m 8: 8 chunk-micro-batches on the first rank (test_zero_bubble_walk_by_hand)
     assert any(": 8 chunk-micro-batches" in a for a in json.loads(zb.stdout)["assumptions"])
-    bad = CliRunner().invoke(app, [*base, "--pp-schedule", "zbv-zero-bubble", "--pp-virtual-stages", "2"], env=env)
-    assert bad.exit_code == 2 and "V-shaped" in bad.stdout + bad.stderr
+    zbv = CliRunner().invoke(app, [*base, "--pp-schedule", "zbv-zero-bubble", "--pp-virtual-stages", "2"], env=env)
+    assert zbv.exit_code in (0, 1), zbv.stdout + zbv.stderr
+    # pp 4, m 8: 2 pp = 8 chunk-micro-batches on rank 0 (test_v_schedules_in_flight_by_hand)
+    assert any(a.startswith("pipeline schedule zbv-zero-bubble") and ": 8 chunk-micro-batches" in a
+               for a in json.loads(zbv.stdout)["assumptions"])
+    # DualPipeV needs m >= 2 pp = 8 micro-batches (ScheduleDualPipeV.__init__): 7 are refused
+    bad = CliRunner().invoke(app, [*base[:-3], "--grad-accum-steps", "7", "--json", "--pp-schedule", "dualpipev",
+                                   "--pp-virtual-stages", "2"], env=env)
+    assert bad.exit_code == 2 and "at least as many micro-batches" in bad.stdout + bad.stderr

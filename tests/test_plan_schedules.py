@@ -37,6 +37,10 @@ def test_interleaved_takes_multiples_of_its_rounds() -> None:
     assert _schedule_takes("interleaved-1f1b", 4, 10)  # rounds 2: 10 % 2 = 0
     assert not _schedule_takes("interleaved-1f1b", 4, 9)  # rounds 2: 9 % 2 = 1
     assert _schedule_takes("1f1b", 4, 9)  # 1F1B takes any count
+    assert not _schedule_takes("interleaved-zero-bubble", 4, 9)  # the same rounds as ScheduleInterleaved1F1B
+    # ScheduleDualPipeV.__init__: at least 2 pp micro-batches; ScheduleZBVZeroBubble takes any count
+    assert _schedule_takes("dualpipev", 4, 8) and not _schedule_takes("dualpipev", 4, 7)
+    assert _schedule_takes("zbv-zero-bubble", 4, 3)
 
 
 def test_every_interleaved_candidate_is_a_valid_scenario() -> None:

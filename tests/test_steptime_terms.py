@@ -158,6 +158,23 @@ def test_offload_cpu_step_and_pipeline_bubble() -> None:
                                                                              "communication_s")), tp.total_s)
 
 
+def test_v_schedule_step_time() -> None:
+    # Llama-2-7B (32 equal layers), pp 4, 2 chunks per rank: interleaved 1F1B's slowest rank is rank 3 (layers
+    # 12-15 and 28-31, and the head); ZB-V's and DualPipeV's rank 0 (layers 0-3 and 28-31, and the head): the same
+    # 8 layers + head, so the same compute; both bubbles are taken as (pp - 1) / v = 1.5 slots of 8 + 1.5 = 9.5
+    params = 6_738_415_616
+    base = {"framework": "torchtitan", "pp": 4, "num_gpus": 4, "micro_batch_size": 1, "grad_accum_steps": 8,
+            "seq_len": 1024, "pp_virtual_stages": 2}
+    inter = train_step_time(_setup(pp_schedule="interleaved-1f1b", **base), LLAMA2_7B, A100, NO_LAT, HF_MIXED, params)
+    for name in ("zbv-zero-bubble", "dualpipev"):
+        setup = _setup(pp_schedule=name, **base)
+        assert setup.parallel.pp_schedule == name and setup.parallel.pp_virtual_stages == 2
+        t = train_step_time(setup, LLAMA2_7B, A100, NO_LAT, HF_MIXED, params)
+        assert t.compute_s == pytest.approx(inter.compute_s) and t.total_s == pytest.approx(inter.total_s)
+        slot = (t.total_s - t.optimizer_step_s) / 9.5
+        assert t.pp_bubble_s == pytest.approx(1.5 * slot)
+
+
 def test_decode_worked_example() -> None:
     """Llama-3-8B bf16 on one H100, 64 sequences at half of 8192 tokens (module docstring)."""
     m = load_model("meta-llama/Meta-Llama-3-8B")

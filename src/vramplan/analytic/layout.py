@@ -5,7 +5,9 @@ split their output features, row-parallel linears their input features, norms ar
 replicated, embeddings and the LM head are split along the vocabulary.  Pipeline
 stage 0 holds the embedding and the first L/pp layers; the last stage holds the
 LM head; with v virtual stages (an interleaved schedule) rank r holds the chunks r, r + pp, ...
-of L/(pp x v) layers each (``stage_layers``).  Expert parallelism divides each MoE layer's experts by ``ep``.
+of L/(pp x v) layers each (``stage_layers``, style "loop"); under a V schedule (style "v", 2 chunks
+per rank) rank r holds chunks r and 2 pp - 1 - r, so rank 0 holds the embedding, the final norm and the
+LM head (``chunk_stages``).  Expert parallelism divides each MoE layer's experts by ``ep``.
 
 Everything here is a parameter *count*; bytes are applied by the term modules.
 """
@@ -126,27 +128,51 @@ def count_on_rank(p: ParamGroup, layers: set[int], ep: int) -> int:
     return per_layer * held
 
 
-def stage_layers(num_layers: int, pp: int, stage: int, virtual: int = 1) -> tuple[int, ...]:
+def stage_layers(num_layers: int, pp: int, stage: int, virtual: int = 1, style: str = "loop") -> tuple[int, ...]:
     """Layers of one pipeline rank: an even split over ``pp x virtual`` chunks, the first chunks taking the
-    remainder; with ``virtual`` chunks per rank (an interleaved schedule) rank ``stage`` holds chunks ``stage,
-    stage + pp, ...`` (torchtitan ``stage_ids_this_rank``, style "loop").
+    remainder; with ``virtual`` chunks per rank rank ``stage`` holds the chunks ``chunk_stages`` names.
 
-    >>> stage_layers(8, 2, 0), stage_layers(8, 2, 0, 2), stage_layers(8, 2, 1, 2)
-    ((0, 1, 2, 3), (0, 1, 4, 5), (2, 3, 6, 7))
+    >>> stage_layers(8, 2, 0), stage_layers(8, 2, 0, 2), stage_layers(8, 2, 1, 2), stage_layers(8, 2, 0, 2, "v")
+    ((0, 1, 2, 3), (0, 1, 4, 5), (2, 3, 6, 7), (0, 1, 6, 7))
     """
-    return tuple(i for chunk in chunk_layers(num_layers, pp, stage, virtual) for i in chunk)
+    return tuple(i for chunk in chunk_layers(num_layers, pp, stage, virtual, style) for i in chunk)
 
 
-def chunk_layers(num_layers: int, pp: int, stage: int, virtual: int = 1) -> tuple[tuple[int, ...], ...]:
-    """The layers of each of rank ``stage``'s ``virtual`` model chunks, in local order (chunk ``stage + k pp``).
+def chunk_stages(pp: int, stage: int, virtual: int = 1, style: str = "loop") -> tuple[int, ...]:
+    """The pipeline stages (global chunk indices) rank ``stage`` holds, in local order: style "loop" (torchtitan
+    ``stage_ids_this_rank``; torch ``generate_stage_to_rank_mapping(style="loop")``) ``stage, stage + pp, ...``;
+    style "v" (``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``: 2 chunks per rank) ``stage`` and
+    ``2 pp - 1 - stage`` (``generate_stage_to_rank_mapping(style="v")`` walks the ranks 0 .. pp - 1, then back).
 
-    >>> chunk_layers(12, 4, 0, 2), chunk_layers(12, 4, 3, 2)
-    (((0, 1), (8,)), ((6, 7), (11,)))
+    >>> chunk_stages(4, 0, 2), chunk_stages(4, 0, 2, "v"), chunk_stages(4, 3, 2, "v")
+    ((0, 4), (0, 7), (3, 4))
+    """
+    if style == "v":
+        if virtual != 2:
+            raise ValueError(f"a V layout holds 2 chunks per rank, not {virtual}")
+        return stage, 2 * pp - 1 - stage
+    return tuple(range(stage, pp * virtual, pp))
+
+
+def head_stage(pp: int, style: str = "loop") -> int:
+    """The rank holding the last pipeline stage (the final norm, the LM head and the loss): pp - 1, or 0 in a V."""
+    return 0 if style == "v" else pp - 1
+
+
+def chunk_layers(num_layers: int, pp: int, stage: int, virtual: int = 1,
+                 style: str = "loop") -> tuple[tuple[int, ...], ...]:
+    """The layers of each of rank ``stage``'s ``virtual`` model chunks, in local order (``chunk_stages``).
+
+    32 layers, pp 4, V (8 chunks of 4): rank 0 chunks 0 and 7, layers 0-3 and 28-31; rank 3 chunks 3 and 4,
+    layers 12-15 and 16-19.
+
+    >>> chunk_layers(12, 4, 0, 2), chunk_layers(12, 4, 3, 2), chunk_layers(12, 4, 0, 2, "v")
+    (((0, 1), (8,)), ((6, 7), (11,)), ((0, 1), (11,)))
     """
     chunks = pp * virtual
     base, extra = divmod(num_layers, chunks)
     out: list[tuple[int, ...]] = []
-    for chunk in range(stage, chunks, pp):
+    for chunk in chunk_stages(pp, stage, virtual, style):
         start = chunk * base + min(chunk, extra)
         out.append(tuple(range(start, start + base + (1 if chunk < extra else 0))))
     return tuple(out)
@@ -316,17 +342,19 @@ class _Tally:
 
 def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
                 lt: LoraTargets | None = None, frozen: tuple[str, ...] = (), virtual: int = 1,
-                layers: tuple[int, ...] | None = None, expert_tp: int | None = None) -> RankParams:
+                layers: tuple[int, ...] | None = None, expert_tp: int | None = None,
+                style: str = "loop") -> RankParams:
     """``expert_tp``: the ranks a routed expert's intermediate dimension is split over (``expert_split``; None:
     tp without expert parallelism, 1 with it); ``lt``: the resolved adapter targets (default: ``lora_targets(peft, model)``); ``frozen``: name prefixes
     of parameters that full fine-tuning leaves frozen (``RankParams.frozen``); ``virtual``: model chunks per rank
-    (``stage_layers``; the embedding is in chunk 0 on rank 0, the head in the last chunk, on rank pp - 1);
+    (``stage_layers``; the embedding is in chunk 0 on rank 0, the head in the last chunk, on rank pp - 1, or on
+    rank 0 under ``style`` "v": ``head_stage``);
     ``layers``: the stage's layers where an engine splits them its own way (vLLM's ``get_pp_indices``), else
     ``stage_layers``."""
     if layers is None:
-        layers = stage_layers(model.num_layers, pp, stage, virtual)
+        layers = stage_layers(model.num_layers, pp, stage, virtual, style)
     lset = set(layers)
-    first, last = stage == 0, stage == pp - 1
+    first, last = stage == 0, stage == head_stage(pp, style)
     if lt is None:
         lt = lora_targets(peft, model)
     t = _Tally(layers)

@@ -47,7 +47,7 @@ from vramplan.analytic.precision import PrecisionPolicy, litgpt_fp32_base
 from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
-from vramplan.analytic.terms.context import shards, stages, step_policy
+from vramplan.analytic.terms.context import layout_style, shards, stages, step_policy
 from vramplan.analytic.terms.encoder_decoder import encoder_decoder_notes, source_len_note
 from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
@@ -115,7 +115,7 @@ def train_step(r: Resolved) -> TrainResult:
     s, m = r.scenario, r.model
     attention, repeat = resolve_attention(s, m, step_policy(s), r.gpu)
     results: list[TrainResult] = []
-    for stage in stages(s.parallel.pp):
+    for stage in stages(s.parallel.pp, layout_style(s)):
         for c in _walks(r, stage, attention, repeat):
             terms = step_terms(c)
             moments, totals = sweep_totals(terms, stage_timeline(c))
@@ -246,8 +246,11 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
                  "walked micro-batch's own backward is timed as a full backward")
     if v == 1:
         return [note]
+    held = (f"chunks r and {2 * par.pp - 1} - r (torch generate_stage_to_rank_mapping style v: rank 0 holds the "
+            "embedding, the final norm and the head; every rank estimated, the highest reported"
+            if row.style == "v" else f"chunks r, r + {par.pp}, ... (torchtitan stage_ids_this_rank, style loop")
     layout = (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
-              f"chunks r, r + {par.pp}, ... (torchtitan stage_ids_this_rank, style loop; torchtitan's own split "
+              f"{held}; torchtitan's own split "
               "counts the embedding and the head as one layer each: its first and last chunks hold one layer "
               "fewer); each chunk's saved activations counted at its own layers' bytes, in torch's action order")
     return [note, layout]

@@ -49,13 +49,24 @@ its saved tensors and received output gradients until W and no intermediate grad
 frees the chunk's saved tensors at once.  The byte sizes per chunk are the engine's
 (``analytic/zero_bubble.py``).
 
-Refused, for the layout: ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` place chunks V-shaped (rank r holds
-stages r and 2 pp - 1 - r, so the first rank holds both the embedding and the head; torch
-``generate_stage_to_rank_mapping(style="v")``), which the engine's layer split (``analytic/layout.py
-chunk_layers``, loop style) does not lay out.  Their orders, for the record: ``ScheduleZBVZeroBubble`` runs
-``2 (pp - r) - 1`` chunk-0 forwards, ``r`` (chunk-1, chunk-0) forward pairs, then ``pp - r`` chunk-1 F, I, W
-triples before its steady phase; in the cooldown the W passes of ``r`` micro-batches of each chunk wait behind
-their I passes.
+* ``zbv-zero-bubble`` (``ScheduleZBVZeroBubble``, arXiv 2401.10241 sec. 6, ZB-V) and ``dualpipev``
+  (``ScheduleDualPipeV``, arXiv 2412.19437's DualPipe folded into a V): ``split`` rule, 2 chunks per rank laid out
+  V-shaped (``style`` "v", torch ``generate_stage_to_rank_mapping(style="v")``): rank r holds stages r (local chunk
+  0) and 2 pp - 1 - r (local chunk 1), so rank 0 holds the first stage (the embedding) and the last (the final norm
+  and the head) (analytic/layout.py ``chunk_stages``).  ``ScheduleZBVZeroBubble._calculate_single_rank_operations``
+  (``_zbv_order``) plans ``max(2 pp - 1, m)`` micro-batches, blanking those past m: ``2 (pp - r) - 1`` chunk-0
+  forwards, ``r`` (chunk-1, chunk-0) forward pairs, ``pp - r`` chunk-1 (F, I, W) triples, then the stable phase
+  ([F0,] I0, W0, F1, I1, W1), then ``r`` (I0, I1) pairs whose W passes wait, ``pp - r`` (I0, W0) pairs and the W
+  passes left (chunk 1's, then chunk 0's).  In chunk-micro-batches: 2 pp on every rank (pp 4, m 8: 8, 8, 8, 8).
+  ``ScheduleDualPipeV._calculate_single_rank_operations`` (``_dualpipev_order``; torch requires m >= 2 pp) splits
+  the backward only outside its main phase: steps 1-3 run ``2 (pp - r - 1)`` F0, ``r + 1`` (F0, F1) pairs and
+  ``pp - r - 1`` (I1, W, F1); the main step runs ``m - 2 pp + r + 1`` times the overlapped (F0, B1) and (F1, B0)
+  (``OVERLAP_F_B``, whose sub-actions ``_PipelineScheduleRuntime._step_microbatches`` runs one after the other,
+  forward first: modelled as the forward then the full backward B); step 5 ``pp - r - 1`` (B1, F1, B0); step 6
+  ``r + 1`` (B1, B0) turning into I passes from its middle on; steps 7-8 the queued W passes (the oldest I's, either
+  chunk) and the last B0/I0.  In chunk-micro-batches: 2 pp + 1 on every rank (pp 4, m 8: 9, 9, 9, 9).  Modelled is
+  this built-in run; a function a trainer registers for ``OVERLAP_F_B`` (``register_custom_function``) to run the
+  two at once is not.
 """
 
 from __future__ import annotations
@@ -94,10 +105,6 @@ class PipelineSchedule:
     refusal: str = ""
 
 
-_V_REFUSAL = ("its chunks are laid out V-shaped (torch generate_stage_to_rank_mapping style v: rank r holds stages r "
-              "and 2 pp - 1 - r, the first rank both the embedding and the head), which the layer split (loop style: "
-              "rank r holds chunks r, r + pp, ...) does not lay out")
-
 PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = (
     PipelineSchedule("1f1b", "Schedule1F1B", "1F1B", False, 1, 1, "loop", "1f1b",
                      "arXiv 2104.04473 sec. 2.2; torch 2.13 Schedule1F1B warmup_chunks = min(m, pp - stage)"),
@@ -112,10 +119,12 @@ PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = (
                      "arXiv 2401.10241 (ZB1P); torch 2.13 ScheduleInterleavedZeroBubble._calculate_single_rank_operations"
                      " (_get_warmup_ops multiply_factor=1, _get_1f1b_rank_ops enable_zero_bubble); _backward.py "
                      "stage_backward_input retain_graph=True"),
-    PipelineSchedule("zbv-zero-bubble", "ScheduleZBVZeroBubble", "ZBVZeroBubble", True, 2, 2, "v", None,
-                     "arXiv 2401.10241 sec. 6; torch 2.13 ScheduleZBVZeroBubble", _V_REFUSAL),
-    PipelineSchedule("dualpipev", "ScheduleDualPipeV", "DualPipeV", True, 2, 2, "v", None,
-                     "arXiv 2412.19437 (DualPipe); torch 2.13 ScheduleDualPipeV", _V_REFUSAL),
+    PipelineSchedule("zbv-zero-bubble", "ScheduleZBVZeroBubble", "ZBVZeroBubble", True, 2, 2, "v", "split",
+                     "arXiv 2401.10241 sec. 6 (ZB-V); torch 2.13 ScheduleZBVZeroBubble._calculate_single_rank_operations"
+                     ", generate_stage_to_rank_mapping(style=v); _backward.py stage_backward_input retain_graph=True"),
+    PipelineSchedule("dualpipev", "ScheduleDualPipeV", "DualPipeV", True, 2, 2, "v", "split",
+                     "arXiv 2412.19437 (DualPipe); torch 2.13 ScheduleDualPipeV._calculate_single_rank_operations "
+                     "(OVERLAP_F_B run as forward then full backward), generate_stage_to_rank_mapping(style=v)"),
 )
 
 
@@ -146,6 +155,8 @@ def in_flight_chunks(row: PipelineSchedule, pp: int, rank: int, virtual: int, m:
     [11, 9, 7, 5]
     >>> [in_flight_chunks(pipeline_schedule("interleaved-zero-bubble"), 4, r, 2, 8) for r in range(4)]
     [8, 8, 8, 8]
+    >>> [[in_flight_chunks(pipeline_schedule(n), 4, r, 2, 8) for r in range(4)] for n in ("zbv-zero-bubble", "dualpipev")]
+    [[8, 8, 8, 8], [9, 9, 9, 9]]
     """
     if row.in_flight is None:
         raise ValueError(f"pipeline schedule {row.name}: {row.refusal}")
@@ -205,10 +216,99 @@ def _zb1p_order(pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int
     return out
 
 
+def _zbv_order(pp: int, rank: int, m: int) -> list[tuple[str, int]]:
+    """Rank ``rank``'s compute actions under ``ScheduleZBVZeroBubble`` as (F | I | W, local chunk: 0 is stage
+    ``rank``, 1 is stage ``2 pp - 1 - rank``), in torch 2.13's ``ScheduleZBVZeroBubble.
+    _calculate_single_rank_operations`` order: it plans ``max(2 pp - 1, m)`` micro-batches and blanks the actions
+    of those past ``m`` (left out here, as the idle slots)."""
+    n = max(2 * pp - 1, m)
+    ops: list[tuple[str, int, int]] = []  # (action, local chunk, micro-batch)
+    f, b = [0, 0], [0, 0]
+
+    def run(kind: str, chunk: int, count: list[int]) -> None:
+        ops.append((kind, chunk, count[chunk]))
+        count[chunk] += 1
+
+    for _ in range(2 * (pp - rank) - 1):  # warmup_n1: chunk-0 forwards
+        run("F", 0, f)
+    for _ in range(rank):  # warmup_n2: (chunk-1, chunk-0) forward pairs
+        run("F", 1, f)
+        run("F", 0, f)
+    for _ in range(pp - rank):  # warmup_n3: chunk-1 F, I, W
+        run("F", 1, f)
+        ops += [("I", 1, b[1]), ("W", 1, b[1])]
+        b[1] += 1
+    while f[1] < f[0] or f[0] < n:  # stable phase: [F0,] I0, W0, F1, I1, W1
+        if f[0] < n:
+            run("F", 0, f)
+        ops += [("I", 0, b[0]), ("W", 0, b[0])]
+        b[0] += 1
+        run("F", 1, f)
+        ops += [("I", 1, b[1]), ("W", 1, b[1])]
+        b[1] += 1
+    w = list(b)
+    for _ in range(rank):  # cooldown_n1: I0, I1, their W passes deferred
+        run("I", 0, b)
+        run("I", 1, b)
+    for _ in range(pp - rank):  # cooldown_n2: I0 and the oldest deferred W0
+        run("I", 0, b)
+        run("W", 0, w)
+    ops += [("W", 1, mb) for mb in range(w[1], b[1])] + [("W", 0, mb) for mb in range(w[0], b[0])]
+    return [(kind, chunk) for kind, chunk, mb in ops if mb < m]
+
+
+def _dualpipev_order(pp: int, rank: int, m: int) -> list[tuple[str, int]]:
+    """Rank ``rank``'s compute actions under ``ScheduleDualPipeV`` as (F | I | W | B, local chunk: 0 is stage
+    ``rank``, 1 is stage ``2 pp - 1 - rank``), in torch 2.13's ``ScheduleDualPipeV._calculate_single_rank_operations``
+    order (torch requires ``m >= 2 pp``).  An ``OVERLAP_F_B`` action is its two sub-actions, the forward then the
+    full backward: ``_PipelineScheduleRuntime._step_microbatches`` runs ``for sub_a in action.sub_actions:
+    _perform_action(sub_a)`` one after the other.  A W pass is the oldest pending I's (``weight_queue``), which may
+    be of either chunk."""
+    ops: list[tuple[str, int]] = []
+    pending: list[int] = []  # chunks of the I passes whose W has not run, oldest first
+
+    def backward(chunk: int, split: bool) -> None:
+        ops.append(("I" if split else "B", chunk))
+        if split:
+            pending.append(chunk)
+
+    def weight() -> None:
+        if pending:
+            ops.append(("W", pending.pop(0)))
+
+    ops += [("F", 0)] * (2 * (pp - rank - 1))  # step 1: F0
+    ops += [("F", 0), ("F", 1)] * (rank + 1)  # step 2: F0 F1
+    for _ in range(pp - rank - 1):  # step 3: I1 W F1
+        backward(1, True)
+        weight()
+        ops.append(("F", 1))
+    for _ in range(m - 2 * pp + rank + 1):  # step 4: (F0, B1) (F1, B0); the last rank's first F0, B1 not overlapped
+        ops += [("F", 0), ("B", 1), ("F", 1), ("B", 0)]
+    for _ in range(pp - rank - 1):  # step 5: B1 (F1, B0)
+        ops += [("B", 1), ("F", 1), ("B", 0)]
+    split = False
+    for i in range(rank + 1):  # step 6: B1 B0, I passes from the middle on
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        backward(1, split)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        backward(0, split)
+    for _ in range(pp - rank - 1):  # step 7: W B0
+        weight()
+        backward(0, split)
+    for _ in range(rank + 1):  # step 8: W
+        weight()
+    return ops
+
+
 def rank_actions(row: PipelineSchedule, pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int]]:
-    """Rank ``rank``'s compute actions of a ``split`` schedule in torch's order: (F | I | W | B, local chunk)."""
+    """Rank ``rank``'s compute actions of a ``split`` schedule in torch's order: (F | I | W | B, local chunk; loop
+    layout: chunk k is stage ``rank + k pp``, V layout: 0 is stage ``rank``, 1 stage ``2 pp - 1 - rank``)."""
     if row.in_flight != "split":
         raise ValueError(f"pipeline schedule {row.name} has no split backward")
+    if row.name == "zbv-zero-bubble":
+        return _zbv_order(pp, rank, m)
+    if row.name == "dualpipev":
+        return _dualpipev_order(pp, rank, m)
     return _zb1p_order(pp, rank, virtual, m)
 
 

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.optimizers import optimizer_facts, planner_optimizers
-from vramplan.facts.pipeline_schedules import interleaved_rounds
+from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
@@ -274,9 +274,13 @@ def _pp_schedules(m: ModelSpec, pp: int) -> list[dict[str, Any]]:
 
 
 def _schedule_takes(schedule: str, pp: int, micro_batches: int) -> bool:
-    """Whether torch's schedule class accepts ``micro_batches`` per step: ScheduleInterleaved1F1B raises unless
-    they are a multiple of its rounds (``interleaved_rounds``; spec/load.py checks the same for a scenario)."""
-    if schedule != "interleaved-1f1b":
+    """Whether torch's schedule class accepts ``micro_batches`` per step: ScheduleInterleaved1F1B and
+    ScheduleInterleavedZeroBubble raise unless they are a multiple of their rounds (``interleaved_rounds``),
+    ScheduleDualPipeV unless they are at least its 2 pp stages (spec/load.py checks the same for a scenario)."""
+    row = pipeline_schedule(schedule)
+    if row.name == "dualpipev":
+        return micro_batches >= 2 * pp
+    if row.style != "loop" or row.in_flight not in ("interleaved", "split"):
         return True
     return micro_batches % interleaved_rounds(pp, micro_batches)[0] == 0
 

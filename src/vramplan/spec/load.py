@@ -571,9 +571,6 @@ def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if row.name == "1f1b" and v == 1:
         return []
     out: list[Problem] = []
-    if row.in_flight is None:
-        out.append(Problem("parallel.pp_schedule", f"{row.name} ({row.torch_class}) is not modelled: {row.refusal}",
-                           "use pp_schedule: 1f1b, gpipe or interleaved-1f1b"))
     if par.pp == 1 or s.task != "train":
         out.append(Problem("parallel.pp_schedule", "a pipeline schedule applies to training with pp > 1",
                            "set parallel.pp > 1 and task: train, or leave pp_schedule: 1f1b"))
@@ -585,7 +582,11 @@ def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("parallel.pp_virtual_stages", f"pp x pp_virtual_stages = {par.pp * v} chunks exceed the "
                            f"{m.num_layers} layers", "lower pp_virtual_stages"))
     g = s.train.grad_accum_steps
-    if row.in_flight in ("interleaved", "split") and g % interleaved_rounds(par.pp, g)[0]:
+    if row.name == "dualpipev" and par.pp > 1 and g < 2 * par.pp:
+        out.append(Problem("train.grad_accum_steps", f"{row.torch_class} needs at least as many micro-batches as "
+                           f"stages (ScheduleDualPipeV.__init__): {g} < {2 * par.pp}",
+                           f"use grad_accum_steps >= {2 * par.pp}, or pp_schedule: zbv-zero-bubble"))
+    if row.style == "loop" and row.in_flight in ("interleaved", "split") and g % interleaved_rounds(par.pp, g)[0]:
         rounds = interleaved_rounds(par.pp, g)[0]
         out.append(Problem("train.grad_accum_steps", f"{row.torch_class} needs the {g} micro-batches to be a multiple "
                            f"of its {rounds} rounds (max(1, m // pp))", f"use grad_accum_steps a multiple of {par.pp}"))

@@ -814,12 +814,14 @@ class Parallel(_Strict):
     pp_schedule: PipelineScheduleName = "1f1b"
     """Pipeline schedule with pp > 1 (facts/pipeline_schedules.py): 1f1b, gpipe (every micro-batch of the step in
     flight), interleaved-1f1b (pp_virtual_stages model chunks per rank), interleaved-zero-bubble (ZB1P: split
-    backward, each chunk's saved tensors and op gradients held until its weight pass); zbv-zero-bubble and
-    dualpipev are refused (V-shaped chunk layout)."""
+    backward, each chunk's saved tensors and op gradients held until its weight pass), zbv-zero-bubble (ZB-V) and
+    dualpipev (2 chunks per rank laid out V-shaped: rank r holds stages r and 2 pp - 1 - r, rank 0 the embedding
+    and the head; dualpipev needs grad_accum_steps >= 2 pp)."""
 
     pp_virtual_stages: int = Field(1, ge=1, le=64)
     """Model chunks per pipeline rank (virtual stages) of a multi-stage schedule: rank r holds chunks r, r + pp, ...
-    of layers / (pp x pp_virtual_stages) layers each; 1 for 1f1b and gpipe."""
+    of layers / (pp x pp_virtual_stages) layers each (zbv-zero-bubble and dualpipev: 2, chunks r and
+    2 pp - 1 - r); 1 for 1f1b and gpipe."""
 
     deepspeed: DeepSpeedZero | None = None
     """DeepSpeed ZeRO's bucket and live-parameter settings (zero_stage 1-3 without fsdp); null: the framework's

@@ -105,11 +105,11 @@ def static_by_stage(r: Resolved) -> list[tuple[int, int]]:
     cuBLAS workspaces, DDP buckets) and the managed (paged) optimizer states.  It needs no activation:
     ``static_terms`` runs only the resident term functions."""
     from vramplan.analytic.attention import resolve_attention
-    from vramplan.analytic.terms.context import stages, step_policy
+    from vramplan.analytic.terms.context import layout_style, stages, step_policy
 
     attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario), r.gpu)
     out = []
-    for stage in stages(r.scenario.parallel.pp):
+    for stage in stages(r.scenario.parallel.pp, layout_style(r.scenario)):
         device = managed = 0
         for t in static_terms(StepContext(r, stage, attention, repeat)):
             if t.where == "device":

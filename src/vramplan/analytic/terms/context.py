@@ -16,6 +16,8 @@ from vramplan.analytic.layout import (
     LoraTargets,
     RankParams,
     chunk_layers,
+    chunk_stages,
+    head_stage,
     lora_targets,
     quantized_expert_loop,
     rank_params,
@@ -30,7 +32,7 @@ from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario
 from vramplan.units import ceil_div
 
-__all__ = ["StepContext", "communicators", "shards", "stages", "step_policy"]
+__all__ = ["StepContext", "communicators", "layout_style", "shards", "stages", "step_policy"]
 
 # the frameworks that load a k-bit base through peft.prepare_model_for_kbit_training
 KBIT_PREPARED = ("hf-trainer", "accelerate", "plain")
@@ -56,9 +58,17 @@ def communicators(s: Scenario) -> int:
     return (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
 
 
-def stages(pp: int) -> list[int]:
-    """The pipeline stages worth estimating: the first (most micro-batches in flight) and the last (the head)."""
-    return [0] if pp == 1 else [0, pp - 1]
+def stages(pp: int, style: str = "loop") -> list[int]:
+    """The pipeline ranks worth estimating: the first (most micro-batches in flight) and the last (the head); under
+    a V schedule every rank (rank 0 holds the embedding and the head; the in-flight walk differs by rank)."""
+    if pp == 1:
+        return [0]
+    return list(range(pp)) if style == "v" else [0, pp - 1]
+
+
+def layout_style(s: Scenario) -> str:
+    """The chunk layout of ``s``'s pipeline schedule (facts/pipeline_schedules.py ``style``): "loop" or "v"."""
+    return pipeline_schedule(s.parallel.pp_schedule).style if s.parallel.pp > 1 else "loop"
 
 
 def step_policy(s: Scenario) -> PrecisionPolicy:
@@ -100,7 +110,7 @@ _LAYOUTS_KEPT = 256
 
 
 def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft | None,
-                 lt: LoraTargets, frozen: tuple[str, ...] = (), virtual: int = 1) -> RankParams:
+                 lt: LoraTargets, frozen: tuple[str, ...] = (), virtual: int = 1, style: str = "loop") -> RankParams:
     """``layout.rank_params``, computed once per model and layout (an immutable record)."""
     mine = _RANK_PARAMS.get(id(m))
     if mine is None or mine[0] is not m:
@@ -108,13 +118,13 @@ def _rank_params(m: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: Peft
             _RANK_PARAMS.clear()
         mine = _RANK_PARAMS[id(m)] = (m, {})
     layouts = mine[1]
-    key = (tp, pp, ep, stage, id(peft), lt, frozen, virtual)
+    key = (tp, pp, ep, stage, id(peft), lt, frozen, virtual, style)
     hit = layouts.get(key)
     if hit is not None and hit[0] is peft:
         return hit[1]
     if len(layouts) >= _LAYOUTS_KEPT:
         layouts.clear()
-    rp = rank_params(m, tp, pp, ep, stage, peft, lt, frozen, virtual)
+    rp = rank_params(m, tp, pp, ep, stage, peft, lt, frozen, virtual, style=style)
     layouts[key] = (peft, rp)
     return rp
 
@@ -205,8 +215,13 @@ class StepContext:
 
     @property
     def last(self) -> bool:
-        """This stage holds the LM head (and the loss)."""
-        return self.stage == self.pp - 1
+        """This stage holds the LM head (and the loss): the last rank, or rank 0 under a V schedule."""
+        return self.stage == head_stage(self.pp, self.style)
+
+    @cached_property
+    def style(self) -> str:
+        """The chunk layout of the pipeline schedule (``layout_style``)."""
+        return layout_style(self.s)
 
     @cached_property
     def litgpt_head(self) -> int:
@@ -233,7 +248,7 @@ class StepContext:
     @cached_property
     def rp(self) -> RankParams:
         return _rank_params(self.m, self.tp, self.pp, self.ep, self.stage, self.peft, self.lt, self.frozen_prefixes,
-                            self.virtual)
+                            self.virtual, self.style)
 
     @cached_property
     def frozen_prefixes(self) -> tuple[str, ...]:
@@ -292,7 +307,7 @@ class StepContext:
             return 0
         row = pipeline_schedule(self.s.parallel.pp_schedule)
         position = {layer: j for j, layer in enumerate(self.rp.layers)}
-        chunks = chunk_layers(self.m.num_layers, self.pp, self.stage, self.virtual)
+        chunks = chunk_layers(self.m.num_layers, self.pp, self.stage, self.virtual, self.style)
         chunk_bytes = [sum(kept[position[i]] for i in chunk) for chunk in chunks]
         peak = peak_saved_bytes(row, self.pp, self.stage, self.virtual, self.s.train.grad_accum_steps, chunk_bytes,
                                 self.held_until_weight_pass(chunks) if row.in_flight == "split" else ())
@@ -300,12 +315,14 @@ class StepContext:
         return peak - total - (total if self.gpipe_later else 0)
 
     def held_until_weight_pass(self, chunks: Sequence[Sequence[int]]) -> list[int]:
-        """Per local chunk (loop layout: chunk ``stage + k pp``), the bytes one micro-batch keeps from its
-        input-gradient pass to its weight-gradient pass under a zero-bubble schedule (analytic/zero_bubble.py)."""
+        """Per local chunk (the pipeline stage ``chunk_stages`` names: loop ``stage + k pp``, V ``stage`` and
+        ``2 pp - 1 - stage``), the bytes one micro-batch keeps from its input-gradient pass to its weight-gradient
+        pass under a zero-bubble schedule (analytic/zero_bubble.py)."""
         pol, last = self.pol, self.pp * self.virtual - 1
         residual = _residual_bytes(pol, self.peft is not None, self.kbit)
+        ids = chunk_stages(self.pp, self.stage, self.virtual, self.style)
         return [held_until_weight_pass(self.m, layers, self.tokens, pol.compute_bytes, residual, pol.autocast,
-                                       first=self.stage + k * self.pp == 0, last=self.stage + k * self.pp == last)
+                                       first=ids[k] == 0, last=ids[k] == last)
                 for k, layers in enumerate(chunks)]
 
     @property

@@ -8,7 +8,9 @@ activations forward and their gradients back: tokens x hidden x compute bytes ea
 Interleaved 1F1B with v model chunks per rank (sec. 2.2.2) shrinks the bubble to (p-1)/v slots
 (each chunk's forward and backward take 1/v of a micro-batch slot) and multiplies the boundary
 sends by v (every chunk boundary on the rank sends and receives).  GPipe's bubble equals 1F1B's
-(sec. 2.2.1).  The schedule's row (facts/pipeline_schedules.py) says whether it has chunks.
+(sec. 2.2.1).  The schedule's row (facts/pipeline_schedules.py) says whether it has chunks.  The
+zero-bubble schedules (ZB1P, ZB-V, DualPipeV) are timed with the same (p-1)/v bubble: their own
+(the W passes filling idle slots, DualPipeV's overlapped forward and backward) is not modelled.
 
 Worked example: p = 4, m = 8, 1.0 s per micro-batch slot -> (8 + 3) * 1.0 = 11 s, of which
 the bubble is 3 s; interleaved with v = 2: 8 + 3/2 = 9.5 s, the bubble 1.5 s.

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from vramplan.analytic.layout import stage_layers
+from vramplan.analytic.layout import head_stage, stage_layers
 from vramplan.analytic.precision import PrecisionPolicy
 from vramplan.facts.pipeline_schedules import pipeline_schedule
 from vramplan.plan.setup import TrainSetup
@@ -82,9 +82,10 @@ def peak_flops_per_s(gpu: GpuSpec, dtype: str) -> float:
 
 @lru_cache(maxsize=4096)
 def _stage_sums(f: ModelFacts, pp: int, stage: int, seq_len: int, skips: bool,
-                virtual: int = 1) -> tuple[int, float, float]:
-    """(layers, active matmul parameters, keys per query summed over layers) of one pipeline stage."""
-    layers = stage_layers(f.num_layers, pp, stage, virtual)
+                virtual: int = 1, style: str = "loop") -> tuple[int, float, float]:
+    """(layers, active matmul parameters, keys per query summed over layers) of one pipeline stage (``style``: the
+    chunk layout, analytic/layout.py ``chunk_stages``)."""
+    layers = stage_layers(f.num_layers, pp, stage, virtual, style)
     mm = sum(f.layer_matmul_params[i] for i in layers)
     keys = sum(fl.keys_per_query(seq_len, f.windows[i], skips) for i in layers)
     return len(layers), mm, keys
@@ -99,7 +100,11 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     """Step time of ``s``; ``trainable`` = parameters the optimizer updates (adapters under PEFT)."""
     tp, pp, dp, g = s.tp, s.pp, s.dp, s.grad_accum_steps
     # model chunks per rank of an interleaved schedule (facts/pipeline_schedules.py; pipeline.py)
-    v = s.parallel.pp_virtual_stages if pp > 1 and pipeline_schedule(s.parallel.pp_schedule).multi_stage else 1
+    row = pipeline_schedule(s.parallel.pp_schedule)
+    v = s.parallel.pp_virtual_stages if pp > 1 and row.multi_stage else 1
+    # a V schedule (zbv-zero-bubble, dualpipev) puts rank r's chunks at r and 2 pp - 1 - r, the head on rank 0; its
+    # bubble is taken as interleaved 1F1B's (p - 1) / v slots (pipeline.py), its own not modelled
+    style = row.style if pp > 1 else "loop"
     tokens = s.micro_batch_size * s.seq_len
     kernel = "eager" if s.attention == "eager" else "flash"
     skips = kernel != "eager" and not f.encoder_only
@@ -113,8 +118,8 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     slowest = -1.0
     stage_layer_count = 0
     for stage in range(pp):
-        layers, mm, keys = _stage_sums(f, pp, stage, s.seq_len, skips, v)
-        head = f.head_matmul_params if stage == pp - 1 else 0
+        layers, mm, keys = _stage_sums(f, pp, stage, s.seq_len, skips, v, style)
+        head = f.head_matmul_params if stage == head_stage(pp, style) else 0
         attn = fl.attention_forward_flops(f.attn_width, keys, tokens)  # summed over the stage's layers
         lora = lora_params * layers / f.num_layers
         first = (fl.matmul_forward_flops(mm + head, tokens) + fl.matmul_backward_flops(mm + head, tokens, not frozen)
