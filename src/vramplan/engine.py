@@ -27,6 +27,7 @@ from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps, first_step
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
+from vramplan.analytic.ssm_state import split_product_excess_bytes
 from vramplan.analytic.train import TrainResult, train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
@@ -80,11 +81,19 @@ def _report(r: Resolved, peak: Moment, moments: list[Moment], outside: dict[str,
     phases: dict[str, int] = {}
     for mo in moments:
         phases[mo.phase] = max(phases.get(mo.phase, 0), mo.total)
+    excess = split_product_excess_bytes(r.scenario, r.model)
+    if excess:
+        assumptions = [*assumptions, (
+            f"reserved bytes: the caching allocator may split the freed segment of the Mamba2 scan's broadcast "
+            f"product (transformers before 5.18) with tensors that outlive the layer, and the next layer's product "
+            f"({excess:,} B) then needs a segment of its own: the high bounds of reserved and device-used bytes add "
+            "it (analytic/ssm_state.py split_product_excess_bytes; an H100 run of Mamba-Codestral-7B ran out of "
+            "memory this way, benchmarks/gpu/h100-2026-11-27e)")]
     per_gpu = PerGpu(
         capacity_bytes=capacity, peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
         device_used_bytes=used, headroom_bytes=capacity - used, peak_phase=peak.phase, breakdown=breakdown,
         breakdown_detail={k: dict(v) for k, v in peak.parts.items()}, outside_allocator=outside, phases=phases,
-        lifecycle=lifecycle[0], lifecycle_peak_phase=lifecycle[1],
+        lifecycle=lifecycle[0], lifecycle_peak_phase=lifecycle[1], reserved_excess_high_bytes=excess,
     )
     assumptions = [*r.assumptions, *assumptions, cuda_context_for(r.gpu, at_start=context_at_start(r)).assumption(),
                    *capability_notes(r.scenario, r.gpu), *ignored_sections(r.scenario),

@@ -67,11 +67,20 @@ Decode (``mamba_selective_state_update``): ``dA``, ``dB`` and ``dBx`` in fp32 (d
 
 from __future__ import annotations
 
+from vramplan.facts.transformers import mamba2_scan_broadcasts
 from vramplan.spec.model import MambaSpec, ModelSpec
+from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div
 
-__all__ = ["broadcast_product_bytes", "mixer_decode_bytes", "mixer_prefill_bytes", "ssm_state_bytes", "ssm_state_layer_bytes",
-           "ssm_state_note"]
+__all__ = [
+    "broadcast_product_bytes",
+    "mixer_decode_bytes",
+    "mixer_prefill_bytes",
+    "split_product_excess_bytes",
+    "ssm_state_bytes",
+    "ssm_state_layer_bytes",
+    "ssm_state_note",
+]
 
 FP32_BYTES = 4
 
@@ -128,6 +137,31 @@ def broadcast_product_bytes(ms: MambaSpec, batch: int, seq: int) -> int:
     p, nc = batch * padded, padded // chunk
     inter, n = ms.intermediate_size, ms.state_size
     return FP32_BYTES * max(p * chunk * ms.n_heads * n, p * chunk * inter, p * inter * n, batch * (nc + 1) ** 2 * inter * n)
+
+
+def split_product_excess_bytes(s: Scenario, m: ModelSpec) -> int:
+    """Cached bytes beyond the reserved estimate that a Mamba2 scan of transformers before 5.18 can leave: one
+    largest broadcast product (``broadcast_product_bytes``), the bound ``PerGpu.reserved_excess_high_bytes``.
+
+    The caching allocator serves a request from the smallest cached free block that holds it and splits that block
+    (c10/cuda/CUDACachingAllocator.cpp ``get_free_block``, ``should_split``; no ``max_split_size`` by default).  Once
+    a layer's product is freed, its segment is the only large free block, so the scan's later tensors (the sums,
+    the chunk states, the mixer's output) are carved from it; one that outlives the layer keeps the segment from
+    merging back whole, and the next layer's product of the same size needs a segment of its own.  Whether that
+    happens depends on the order of the tensors' sizes, which the reserved estimate does not replay for this scan:
+    the point estimate keeps the reused segment, the high bound adds one product.  Seen on an H100 (torch 2.11,
+    transformers 5.17, Mamba-Codestral-7B, 2 x 1,024-token prompts, benchmarks/gpu/h100-2026-11-27e): the second
+    layer's 32 GiB request failed with 14.58 GiB allocated and 32.20 GiB cached; a synthetic Bamba at the same
+    shape (benchmarks/gpu/h100-2026-11-27d) reused its segment (reserved 1% above allocated).  Training (the
+    backward's products) follows the same rule.  0 for other models, releases and tasks."""
+    ms = m.mamba
+    if ms is None or ms.kind != "mamba2" or not mamba2_scan_broadcasts(s.software.transformers_version):
+        return 0
+    if s.task == "train":
+        return broadcast_product_bytes(ms, s.train.micro_batch_size, s.train.seq_len)
+    if s.task == "inference":
+        return broadcast_product_bytes(ms, s.inference.batch_size * s.inference.num_beams, s.inference.prompt_len)
+    return 0
 
 
 def _mamba1_prefill_bytes(ms: MambaSpec, batch: int, prompt: int, c: int) -> int:

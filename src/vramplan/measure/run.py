@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -336,12 +337,15 @@ def _run_inference(r: Any, built: Built, memory: DeviceMemory | None, seed: int)
 
                 cache.update = update  # type: ignore[method-assign]
                 keep.append(cache)
+                # Mamba, FalconMamba and Mamba2 before transformers 5.18 take their own cache (cache_params) and
+                # refuse past_key_values in generate's model_kwargs: let generate build theirs
+                given = ({"past_key_values": cache}
+                         if "past_key_values" in inspect.signature(model.forward).parameters else {})
                 if inf.new_tokens == 0:
-                    model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True,
-                          logits_to_keep=1)
+                    model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **given)
                 else:
                     keep.append(model.generate(
-                        ids, attention_mask=mask, past_key_values=cache, max_new_tokens=inf.new_tokens,
+                        ids, attention_mask=mask, max_new_tokens=inf.new_tokens, **given,
                         min_new_tokens=inf.new_tokens, do_sample=False, use_cache=True,
                         num_beams=inf.num_beams, pad_token_id=0))
         gc.collect()

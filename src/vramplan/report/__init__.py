@@ -44,6 +44,10 @@ class PerGpu(BaseModel):
     peak_reserved_bytes_high: int | None = None
     device_used_bytes_low: int | None = None
     device_used_bytes_high: int | None = None
+    # cached bytes the caching allocator may keep beyond peak_reserved_bytes by a stated mechanism that the
+    # reserved estimate does not follow (analytic/ssm_state.py ``split_product_excess_bytes``): added to the high
+    # bounds of reserved and device-used bytes, not to the point estimate
+    reserved_excess_high_bytes: int = 0
     # training: each phase of the job (load, peft preparation, first step, training step, evaluation,
     # checkpoint save; docs/lifecycle.md) -> allocated_bytes, reserved_bytes, device_used_bytes at its peak;
     # the peak_* figures above are the maxima over them

@@ -318,7 +318,7 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
     u_lo, u_hi = band_bounds(rest, qs["device_used"][0])
     # reserved holds the allocated blocks, and device used = reserved + memory outside the allocator
     # (Report.check): a high bound below what those identities imply would contradict the others
-    r_hi = max(r_hi, a_hi)
+    r_hi = max(r_hi, a_hi, pg.peak_reserved_bytes + pg.reserved_excess_high_bytes)
     u_hi = max(u_hi, r_hi + rest - pg.peak_reserved_bytes)
     u_lo, u_hi = (fill(u_lo), fill(u_hi)) if managed else (u_lo, u_hi)
     per_gpu = pg.model_copy(update={
