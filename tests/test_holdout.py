@@ -62,6 +62,7 @@ BATCH8_ENTRIES = 36
 BATCH9_ENTRIES = 30
 BATCH10_ENTRIES = 18
 BATCH11_ENTRIES = 32
+BATCH12_ENTRIES = 21
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -72,8 +73,10 @@ BATCH8_MARK = "# ---- batch 8, collected 2026-11-26, scored once before engine c
 BATCH9_MARK = "# ---- batch 9, collected 2026-11-26, scored once before engine changes"
 BATCH10_MARK = "# ---- batch 10, collected 2026-11-27, scored once before engine changes"
 BATCH11_MARK = "# ---- batch 11, collected 2026-11-27, scored once before engine changes"
+BATCH12_MARK = "# ---- batch 12, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
-               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES)
+               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES
+               + BATCH12_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -260,6 +263,21 @@ def test_batch11_figures_converted_to_bytes() -> None:
     assert oom.measured.bytes == 25_386_352_640 and oom.outcome == "oom"
 
 
+def test_batch12_figures_converted_to_bytes() -> None:
+    # vLLM's blocks: Llama-3.2-3B in fp16, 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 114,688 B a token, x 16 a
+    # block = 1,835,008; 3,637 blocks x 1,835,008 = 6,673,924,096
+    assert _by_id("hfcookbook-sdk-llama32-3b-t4-v082-u089-kv").measured.bytes == 6_673_924_096
+    # Llama-2-7B: 32 x 32 x 128 x 2 x 2 = 524,288 B a token, 8,388,608 a block; 7,191 x 8,388,608 = 60,322,480,128
+    assert _by_id("giae550-llama2-7b-lora4-h100-v081-kv").measured.bytes == 60_322_480_128
+    # Qwen3-8B: 36 x 8 x 128 x 2 x 2 = 147,456 B a token; 89,040 tokens x 147,456 = 13,129,482,240
+    assert _by_id("distserving-qwen3-8b-rtx5090-v0240-u092-32k-kv").measured.bytes == 13_129_482_240
+    # nvidia-smi prints MiB: 29,914 x 2^20 = 31,367,102,464
+    assert _by_id("distserving-qwen3-8b-rtx5090-v0240-u092-32k-nvsmi").measured.bytes == 31_367_102_464
+    # an OOM entry carries the GPU's capacity: A100 40GB, 42,298,834,944 B (the catalog's total_memory)
+    oom = _by_id("liger311-llama3-8b-full-sft-bf16-adamw-b2-s512-1gpu-a100-40gb-oom")
+    assert oom.measured.bytes == 42_298_834_944 and oom.outcome == "oom"
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -271,19 +289,21 @@ BATCHES = [
     (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
      BATCH6_ENTRIES, 10, True),
     (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
-     - BATCH11_ENTRIES, BATCH7_ENTRIES, 10, True),
-    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES,
-     BATCH8_ENTRIES, 10, True),
-    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES, BATCH9_ENTRIES, 10,
+     - BATCH11_ENTRIES - BATCH12_ENTRIES, BATCH7_ENTRIES, 10, True),
+    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES
+     - BATCH12_ENTRIES, BATCH8_ENTRIES, 10, True),
+    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES,
+     BATCH9_ENTRIES, 10, True),
+    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES, BATCH10_ENTRIES, 7,
      True),
-    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES, BATCH10_ENTRIES, 7, True),
-    (BATCH11_MARK, None, ALL_ENTRIES - BATCH11_ENTRIES, BATCH11_ENTRIES, 13, True),
+    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES, BATCH11_ENTRIES, 13, True),
+    (BATCH12_MARK, None, ALL_ENTRIES - BATCH12_ENTRIES, BATCH12_ENTRIES, 11, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
                          ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10", "batch11"])
+                              "batch10", "batch11", "batch12"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
