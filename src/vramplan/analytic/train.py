@@ -210,6 +210,9 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     if m.encoder_decoder is not None:
         return ENCODER_DECODER_LOSS_NOTE
     release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
+    if fw == "megatron" and not m.encoder_only:
+        other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
+        return MEGATRON_LOSS_NOTE if other is None else f"{MEGATRON_LOSS_NOTE}; {other}"
     if fw == "torchtune" and not m.encoder_only:
         tune = f"loss as torchtune {sw.torchtune or '0.6.1'} computes it: {TORCHTUNE_LOSS_NOTES[release]}"
         other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
@@ -218,6 +221,15 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     # the text of the reports before software.transformers reached the loss (kept byte-identical; the labels
     # are padded from 4.49, analytic/logits.py)
     return note or "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)"
+
+
+MEGATRON_STEADY_NOTE = ("steady-state step: optimizer states exist; the gradients are Megatron-Core's grad buffer, "
+                        "allocated when the model is wrapped and zeroed, not freed, between steps "
+                        "(core_v0.15.0 megatron/core/distributed/param_and_grad_buffer.py lines 722-727, 752)")
+MEGATRON_LOSS_NOTE = ("not modelled: Megatron-Core's vocab_parallel_cross_entropy as such (core_v0.15.0 "
+                      "megatron/core/tensor_parallel/cross_entropy.py lines 28, 65, 187: an fp32 copy of this rank's "
+                      "vocabulary shard of the logits, exponentiated in place and saved); the loss is counted as the "
+                      "fp32-logits row of transformers >= 4.49, over the same vocabulary shard")
 
 
 def eager_fallback_note(m: ModelSpec) -> str:
@@ -340,7 +352,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         *([PACKING_NOTE] if t.packing else []),
         *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
         *([TORCHAO_OFFLOAD_NOTE] if t.torchao_cpu_offload != "none" else []),
-        IN_BACKWARD_NOTE if t.optimizer_in_backward else
+        IN_BACKWARD_NOTE if t.optimizer_in_backward else MEGATRON_STEADY_NOTE if fw == "megatron" else
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),

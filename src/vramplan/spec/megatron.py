@@ -1,0 +1,104 @@
+"""What framework megatron (Megatron-LM training its own GPT model with Megatron-Core) can mean, and the refusals of
+what it cannot (facts/megatron.py names the release read).
+
+Modelled: task train, objective sft (pretraining or supervised fine-tuning: the same step), full training (no
+adapters), ``--bf16`` (``precision: bf16-mixed``) or fp32, ``--optimizer adam`` (``adamw-fused``: Transformer Engine's
+FusedAdam) or ``sgd`` (``sgd-momentum``), tensor, sequence, pipeline (1f1b), context and expert parallelism, the
+distributed optimizer (``parallel.megatron.use_distributed_optimizer``) and these recompute settings:
+
+* ``gradient_checkpointing: selective`` (or ``attention-core``): ``--recompute-granularity selective`` with the default
+  ``--recompute-modules core_attn``, Korthikanti et al.'s selective recompute (arXiv 2205.05198 sec. 5);
+* ``gradient_checkpointing: full``: ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``
+  (each layer keeps its input and is recomputed alone in its backward);
+* ``none``: no ``--recompute-*`` argument.
+
+Refused: ``--recompute-method uniform`` with more than one layer per unit and ``--recompute-method block`` (a unit of
+n layers recomputed at once, or only the first n layers of a stage: ``checkpoint_every_n_layers`` is torchtitan's every
+n-th layer, another layout), adapters and quantized bases, other precisions and optimizers, the losses and kernels of
+other libraries, ZeRO / FSDP / offload (Megatron's own sharding is the distributed optimizer), and tasks other than
+train.
+"""
+
+from __future__ import annotations
+
+from vramplan.errors import Problem
+from vramplan.facts.megatron import MEGATRON_OPTIMIZERS, MEGATRON_PRECISIONS, READ_AT
+from vramplan.spec.defaults import checkpointing
+from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Scenario
+
+__all__ = ["megatron_problems"]
+
+_TRAIN_ONLY = "use task: train (Megatron-LM's pretrain_gpt.py), or another framework (framework: vllm / hf-trainer)"
+
+
+def megatron_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """The refusals of a framework megatron scenario (module docstring), and of ``parallel.megatron`` elsewhere."""
+    if s.effective_framework != "megatron":
+        if s.parallel.megatron is not None:
+            return [Problem("parallel.megatron", f"Megatron-Core's settings are read only under framework megatron "
+                            f"(here {s.effective_framework})", "set framework: megatron, or remove parallel.megatron")]
+        return []
+    if s.task != "train":
+        return [Problem("framework", f"framework megatron is modelled for task train only (Megatron-LM's training "
+                        f"step, read at {READ_AT}); task {s.task} is not", _TRAIN_ONLY)]
+    return [*_train_refusals(s), *_parallel_refusals(s), *_checkpointing_refusals(s)]
+
+
+def _train_refusals(s: Scenario) -> list[Problem]:
+    t, out = s.train, []
+    if t.peft is not None:
+        out.append(Problem("train.peft", "framework megatron trains every parameter here: Megatron-LM's "
+                           "pretrain_gpt.py has no adapters (NeMo's PEFT is another framework)",
+                           "remove train.peft, or use framework: hf-trainer"))
+    if t.objective != "sft":
+        out.append(Problem("train.objective", f"objective {t.objective} is not a Megatron-LM training step here "
+                           "(pretraining or SFT: objective sft)", "use objective: sft, or framework: hf-trainer (TRL)"))
+    if t.precision not in MEGATRON_PRECISIONS:
+        out.append(Problem("train.precision", f"framework megatron is modelled with --bf16 (bf16-mixed: bf16 "
+                           f"parameters, fp32 grad buffer and main parameters) or fp32; {t.precision} is not one of "
+                           "them (--fp16's fp32 copies of the main gradients, Transformer Engine's fp8 and the other "
+                           "libraries' precisions are not modelled)", "use precision: bf16-mixed or fp32"))
+    if t.optimizer not in MEGATRON_OPTIMIZERS:
+        names = ", ".join(f"{k} (--optimizer {v})" for k, v in MEGATRON_OPTIMIZERS.items())
+        out.append(Problem("train.optimizer", f"Megatron-LM's --optimizer runs Transformer Engine's FusedAdam or "
+                           f"FusedSGD (megatron/core/optimizer/__init__.py); {t.optimizer} is not one of them: "
+                           f"{names}", "use optimizer: adamw-fused (Megatron's adam), or framework: hf-trainer"))
+    others = [(name, on) for name, on in (
+        ("train.loss", t.loss != "standard"), ("train.liger_kernels", t.liger_kernels),
+        ("train.packing", t.packing), ("train.activation_offload", t.activation_offload != "none"),
+        ("train.torch_compile", t.torch_compile), ("train.optimizer_in_backward", t.optimizer_in_backward),
+        ("train.torchao_cpu_offload", t.torchao_cpu_offload != "none"), ("train.attention", t.attention == "eager"),
+        ("train.deepspeed_checkpointing", t.deepspeed_checkpointing != "none")) if on]
+    for name, _ in others:
+        out.append(Problem(name, f"{name} is another library's option; framework megatron runs Megatron-Core's own "
+                           "GPT model, loss (vocabulary-parallel cross-entropy) and fused attention",
+                           f"leave {name} at its default, or use another framework (framework: hf-trainer)"))
+    return out
+
+
+def _parallel_refusals(s: Scenario) -> list[Problem]:
+    par, out = s.parallel, []
+    for name, on in (("parallel.zero_stage", par.zero_stage != 0), ("parallel.fsdp", par.fsdp != "none"),
+                     ("parallel.offload", par.offload != "none"), ("parallel.deepspeed", par.deepspeed is not None)):
+        if on:
+            out.append(Problem(name, f"framework megatron shards with its distributed optimizer, not DeepSpeed's ZeRO "
+                               f"or PyTorch FSDP ({name} is not read)", f"remove {name}; set "
+                               "parallel.megatron.use_distributed_optimizer: true for Megatron's ZeRO-1 layout"))
+    return out
+
+
+def _checkpointing_refusals(s: Scenario) -> list[Problem]:
+    t, g = s.train, checkpointing(s)
+    out = []
+    if g == "op-sac":
+        out.append(Problem("train.gradient_checkpointing", "op-sac is torchtitan's op-level selective checkpointing; "
+                           "Megatron-LM's selective recompute is core_attn (gradient_checkpointing: selective)",
+                           "use gradient_checkpointing: selective, full or none"))
+    if t.checkpoint_every_n_layers > 1:
+        out.append(Problem("train.checkpoint_every_n_layers", f"Megatron-LM's --recompute-method uniform with "
+                           f"--recompute-num-layers {t.checkpoint_every_n_layers} recomputes units of that many layers "
+                           "at once, and block only the first n layers of a stage; neither is modelled (this field is "
+                           "torchtitan's every n-th layer)", "use checkpoint_every_n_layers: 1 (--recompute-method "
+                           "uniform --recompute-num-layers 1)"))
+    return out
