@@ -184,3 +184,18 @@ def test_argument_rows_are_flags(arg: Any) -> None:
     # each row: a Megatron-LM flag (lower-case words joined by '-') at a line of arguments.py (3,000-odd lines)
     assert re.fullmatch(r"--[a-z0-9]+(-[a-z0-9]+)*", arg.flag)
     assert 1 < arg.line < 4000
+
+
+def test_trace_refuses_megatron() -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.build import trace_policy
+
+    with pytest.raises(ScenarioError, match="not traced"):
+        trace_policy(resolve(Scenario.model_validate(_doc())))
+
+
+def test_measure_refuses_megatron() -> None:
+    from vramplan.measure.build import unsupported
+
+    problems = unsupported(resolve(Scenario.model_validate(_doc(gpus=1))), "cuda")
+    assert any(p.where == "framework" and "megatron" in p.message for p in problems)
