@@ -199,3 +199,28 @@ def test_measure_refuses_megatron() -> None:
 
     problems = unsupported(resolve(Scenario.model_validate(_doc(gpus=1))), "cuda")
     assert any(p.where == "framework" and "megatron" in p.message for p in problems)
+
+
+def _pp_doc(schedule: str, accum: int) -> dict[str, Any]:
+    return {**_doc(gpus=4, grad_accum_steps=accum),
+            "parallel": {"pp": 4, "pp_schedule": schedule, "pp_virtual_stages": 2 if schedule != "1f1b" else 1}}
+
+
+def test_interleaved_schedule_megatron_warmup() -> None:
+    # pp 4, v 2, M 8 micro-batches, rank 0: Megatron's warmup 2 x (4 - 1 - 0) + (2 - 1) x 4 = 10 forwards, the 11th
+    # before the first backward: 11 chunk-micro-batches in flight (schedules.py lines 728-729)
+    rep = estimate(_pp_doc("interleaved-1f1b", 8)).to_json_dict()
+    assert any("as Megatron-Core runs it: 11 chunk-micro-batches" in a for a in rep["assumptions"])
+    args = megatron_arguments(Scenario.model_validate(_pp_doc("interleaved-1f1b", 8)))
+    assert args[args.index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
+    assert args[args.index("--pipeline-model-parallel-size") + 1] == "4"
+
+
+@pytest.mark.parametrize(("schedule", "accum", "where"), [
+    ("gpipe", 8, "parallel.pp_schedule"),
+    ("interleaved-1f1b", 6, "train.grad_accum_steps"),  # 6 is not a multiple of pp 4 (schedules.py lines 975-990)
+])
+def test_schedules_megatron_does_not_run(schedule: str, accum: int, where: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        estimate(_pp_doc(schedule, accum))
+    assert any(p.where == where for p in exc.value.problems), [p.where for p in exc.value.problems]

@@ -248,6 +248,16 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     row = pipeline_schedule(par.pp_schedule)
     m, v = s.train.grad_accum_steps, par.pp_virtual_stages
     first = in_flight_chunks(row, par.pp, 0, v, m)
+    if s.effective_framework == "megatron":
+        # spec/megatron.py megatron_schedule_problems: interleaved-1f1b only, M a multiple of pp
+        return [(f"pipeline schedule {row.name} as Megatron-Core runs it: {first} chunk-micro-batches of activations "
+                f"in flight on the first rank, 2 (pp - 1) + (v - 1) pp warmup forwards and one more (core_v0.15.0 "
+                "megatron/core/pipeline_parallel/schedules.py get_pp_rank_microbatches, lines 728-729; the count of "
+                f"torch's {row.torch_class} for micro-batches a multiple of pp)"),
+                (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
+                f"chunks r, r + {par.pp}, ... (Megatron-Core's virtual pipeline: model chunk i of rank r is virtual "
+                "stage i x pp + r, get_transformer_layer_offset); each chunk's saved activations counted at its own "
+                "layers' bytes")]
     note = (f"pipeline schedule {row.name} as torch's {row.torch_class} runs it: {first} chunk-micro-batches of "
             f"activations in flight on the first rank ({row.source})")
     if row.in_flight == "split":

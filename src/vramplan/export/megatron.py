@@ -5,7 +5,8 @@ The flags are Megatron-LM's own, each a row of facts/megatron.py ``ARGUMENTS`` (
 that table (Megatron-LM itself needs torch and its CUDA extensions to import, so its parser is not run).
 
 What is written: the parallel degrees (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-``--context-parallel-size``, ``--expert-model-parallel-size``), ``--sequence-parallel`` (with tp > 1 only:
+``--context-parallel-size``, ``--expert-model-parallel-size``), ``--num-virtual-stages-per-pipeline-rank`` for
+``pp_schedule: interleaved-1f1b``, ``--sequence-parallel`` (with tp > 1 only:
 ``validate_args`` turns it off at tp 1), ``--use-distributed-optimizer``, the batch (``--micro-batch-size``,
 ``--global-batch-size`` = micro-batch x accumulation steps x data-parallel degree, ``--seq-length``), ``--bf16``
 for ``bf16-mixed`` (nothing for fp32), ``--optimizer``, and the recompute settings
@@ -51,6 +52,8 @@ def megatron_arguments(s: Scenario) -> list[str]:
     dp = s.data_parallel_degree
     args = ["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp),
             "--context-parallel-size", str(par.cp), "--expert-model-parallel-size", str(par.ep)]
+    if par.pp_schedule == "interleaved-1f1b":
+        args += ["--num-virtual-stages-per-pipeline-rank", str(par.pp_virtual_stages)]
     if par.sequence_parallel and par.tp > 1:
         args.append("--sequence-parallel")
     if megatron_distributed_optimizer(s):

@@ -61,6 +61,7 @@ ARGUMENTS: tuple[MegatronArgument, ...] = (
     MegatronArgument(flag="--tensor-model-parallel-size", line=2561),
     MegatronArgument(flag="--pipeline-model-parallel-size", line=2563),
     MegatronArgument(flag="--num-layers-per-virtual-pipeline-stage", line=2584),
+    MegatronArgument(flag="--num-virtual-stages-per-pipeline-rank", line=2586),
     MegatronArgument(flag="--use-distributed-optimizer", line=2658),
     MegatronArgument(flag="--context-parallel-size", line=2704),
     MegatronArgument(flag="--seq-length", line=2850),

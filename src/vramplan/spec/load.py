@@ -44,7 +44,7 @@ from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.megatron import megatron_problems
+from vramplan.spec.megatron import megatron_problems, megatron_schedule_problems
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import (
     Float8Training,
@@ -590,7 +590,9 @@ def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         rounds = interleaved_rounds(par.pp, g)[0]
         out.append(Problem("train.grad_accum_steps", f"{row.torch_class} needs the {g} micro-batches to be a multiple "
                            f"of its {rounds} rounds (max(1, m // pp))", f"use grad_accum_steps a multiple of {par.pp}"))
-    if s.effective_framework not in ("torchtitan", "plain"):
+    if s.effective_framework == "megatron":
+        out += megatron_schedule_problems(s)
+    elif s.effective_framework not in ("torchtitan", "plain"):
         out.append(Problem("parallel.pp_schedule", f"pp_schedule picks a torch.distributed.pipelining schedule, which "
                            f"torchtitan (or a plain script) runs; {s.effective_framework} is modelled with 1f1b only",
                            "use framework: torchtitan, or pp_schedule: 1f1b"))

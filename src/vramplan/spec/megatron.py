@@ -4,7 +4,8 @@ what it cannot (facts/megatron.py names the release read).
 Modelled: task train, objective sft (pretraining or supervised fine-tuning: the same step), full training (no
 adapters), ``--bf16`` (``precision: bf16-mixed``) or fp32, ``--optimizer adam`` (``adamw-fused``: Transformer Engine's
 FusedAdam) or ``sgd`` (``sgd-momentum``), tensor, sequence, pipeline (1f1b), context and expert parallelism, the
-distributed optimizer (``parallel.megatron.use_distributed_optimizer``) and these recompute settings:
+distributed optimizer (``parallel.megatron.use_distributed_optimizer``), Megatron's interleaved schedule
+(``megatron_schedule_problems``) and these recompute settings:
 
 * ``gradient_checkpointing: selective`` (or ``attention-core``): ``--recompute-granularity selective`` with the default
   ``--recompute-modules core_attn``, Korthikanti et al.'s selective recompute (arXiv 2205.05198 sec. 5);
@@ -27,7 +28,7 @@ from vramplan.spec.defaults import checkpointing
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["megatron_problems"]
+__all__ = ["megatron_problems", "megatron_schedule_problems"]
 
 _TRAIN_ONLY = "use task: train (Megatron-LM's pretrain_gpt.py), or another framework (framework: vllm / hf-trainer)"
 
@@ -102,3 +103,25 @@ def _checkpointing_refusals(s: Scenario) -> list[Problem]:
                            "torchtitan's every n-th layer)", "use checkpoint_every_n_layers: 1 (--recompute-method "
                            "uniform --recompute-num-layers 1)"))
     return out
+
+
+def megatron_schedule_problems(s: Scenario) -> list[Problem]:
+    """A pipeline schedule other than 1f1b under framework megatron (pp > 1): Megatron's interleaved 1F1B
+    (``--num-virtual-stages-per-pipeline-rank``, arguments.py line 2586) is modelled, the others refused.
+
+    Megatron-Core's interleaved schedule (core_v0.15.0 megatron/core/pipeline_parallel/schedules.py
+    ``get_pp_rank_microbatches``, lines 728-729) runs ``2 (pp - 1 - rank) + (v - 1) g`` warmup forwards, g the
+    micro-batch group ``microbatch_group_size_per_vp_stage``, pp by default (model_parallel_config.py lines 395-396),
+    and needs the micro-batches M >= g with M mod g = 0 (schedules.py lines 975-990).  Where M is a multiple of pp,
+    torch's ``ScheduleInterleaved1F1B`` warmup (facts/pipeline_schedules.py: ``(v - 1) x per_round + 2 (pp - 1 -
+    rank)``, per_round = M // (M // pp) = pp) is the same count, so the engine's interleaved row holds."""
+    par, m = s.parallel, s.train.grad_accum_steps
+    if par.pp_schedule != "interleaved-1f1b":
+        return [Problem("parallel.pp_schedule", f"framework megatron runs 1F1B, or its interleaved 1F1B with virtual "
+                        f"stages; {par.pp_schedule} is not a Megatron-LM schedule here",
+                        "use pp_schedule: 1f1b or interleaved-1f1b")]
+    if m < par.pp or m % par.pp:
+        return [Problem("train.grad_accum_steps", f"Megatron-LM's interleaved schedule needs the micro-batches per "
+                        f"step ({m}) to be a multiple of pp = {par.pp} (schedules.py: microbatch_group_size_per_vp_stage"
+                        " defaults to pp)", f"use grad_accum_steps a multiple of {par.pp}")]
+    return []
