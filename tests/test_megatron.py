@@ -224,3 +224,19 @@ def test_schedules_megatron_does_not_run(schedule: str, accum: int, where: str) 
     with pytest.raises(ScenarioError) as exc:
         estimate(_pp_doc(schedule, accum))
     assert any(p.where == where for p in exc.value.problems), [p.where for p in exc.value.problems]
+
+
+def test_encoder_model_refused() -> None:
+    doc = {**_doc(gpus=1), "model": "google-bert/bert-large-uncased"}
+    with pytest.raises(ScenarioError) as exc:
+        estimate(doc)
+    assert any(p.where == "model" and "encoder-only" in p.message for p in exc.value.problems)
+
+
+def test_moe_dispatcher_said_not_modelled() -> None:
+    doc = {**_doc(gpus=8), "model": "mistralai/Mixtral-8x7B-v0.1", "parallel": {"ep": 8, "megatron": {
+        "use_distributed_optimizer": True}}}
+    rep = estimate(doc).to_json_dict()
+    assert any(a.startswith("not modelled: Megatron-Core's MoE token dispatcher") for a in rep["assumptions"])
+    dense = estimate(_doc()).to_json_dict()
+    assert not any("MoE token dispatcher" in a for a in dense["assumptions"])

@@ -44,7 +44,7 @@ from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.megatron import megatron_problems, megatron_schedule_problems
+from vramplan.spec.megatron import megatron_problems, megatron_schedule_problems, megatron_unmodelled
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import (
     Float8Training,
@@ -1172,10 +1172,7 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
     if s.task == "inference" and fw in ("torchtitan", "deepspeed", "torchtune", "verl"):
         out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
-    if s.task == "train" and fw == "megatron":
-        out.append("not modelled: the load and checkpoint-save phases of Megatron-LM's own checkpointing "
-                   "(megatron/training/checkpointing.py); the lifecycle phases are estimated by the Hugging Face "
-                   "path's rules")
+    out += megatron_unmodelled(s, m)
     if s.task == "train" and s.train.precision == "fp8-mixed" and s.train.peft is not None:
         # precision.py's fp8 row (an fp8 copy of each linear weight, fp8 saved inputs) is applied to the trained
         # linears of a full fine-tuning only; a frozen base under adapters is counted as bf16-mixed

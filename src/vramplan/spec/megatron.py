@@ -28,7 +28,7 @@ from vramplan.spec.defaults import checkpointing
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["megatron_problems", "megatron_schedule_problems"]
+__all__ = ["megatron_problems", "megatron_schedule_problems", "megatron_unmodelled"]
 
 _TRAIN_ONLY = "use task: train (Megatron-LM's pretrain_gpt.py), or another framework (framework: vllm / hf-trainer)"
 
@@ -43,7 +43,32 @@ def megatron_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.task != "train":
         return [Problem("framework", f"framework megatron is modelled for task train only (Megatron-LM's training "
                         f"step, read at {READ_AT}); task {s.task} is not", _TRAIN_ONLY)]
-    return [*_train_refusals(s), *_parallel_refusals(s), *_checkpointing_refusals(s)]
+    return [*_model_refusals(m), *_train_refusals(s), *_parallel_refusals(s), *_checkpointing_refusals(s)]
+
+
+def _model_refusals(m: ModelSpec) -> list[Problem]:
+    """Megatron-Core's GPTModel is a decoder-only text transformer: an encoder, an encoder-decoder or a vision
+    tower is another of its models (BERT, T5, LLaVA), not modelled here."""
+    kind = ("an encoder-only" if m.encoder_only else "an encoder-decoder" if m.encoder_decoder is not None else
+            "a vision-language" if m.vision is not None else "")
+    if not kind:
+        return []
+    return [Problem("model", f"{m.name} is {kind} model; framework megatron is modelled for Megatron-Core's GPT "
+                    "(decoder-only text) model", "use a decoder-only text model, or framework: hf-trainer")]
+
+
+def megatron_unmodelled(s: Scenario, m: ModelSpec) -> list[str]:
+    """What a framework megatron estimate counts with the engine's own rules, said (``not modelled: ``)."""
+    if s.effective_framework != "megatron" or s.task != "train":
+        return []
+    out = [("not modelled: the load and checkpoint-save phases of Megatron-LM's own checkpointing "
+           "(megatron/training/checkpointing.py); the lifecycle phases are estimated by the Hugging Face path's rules")]
+    if any(ls.moe for ls in m.layers):
+        out.append("not modelled: Megatron-Core's MoE token dispatcher and grouped expert GEMMs "
+                   "(megatron/core/transformer/moe); the routed experts are counted as the engine's MoE layers")
+    if m.mamba is not None:
+        out.append("not modelled: Megatron-Core's MambaModel; the Mamba mixers are counted as transformers' layers")
+    return out
 
 
 def _train_refusals(s: Scenario) -> list[Problem]:
