@@ -42,8 +42,9 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
-           "expandable_segments", "fsdp_group", "megatron_distributed_optimizer", "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype",
-           "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults", "with_verl_defaults"]
+           "expandable_segments", "fsdp_group", "megatron_distributed_optimizer", "num_generations", "ppo_beta_default",
+           "rollout_engine", "served_dtype", "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults",
+           "with_verl_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
 PRE_AMPERE = frozenset({"pascal", "volta", "turing"})

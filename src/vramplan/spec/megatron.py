@@ -147,6 +147,6 @@ def megatron_schedule_problems(s: Scenario) -> list[Problem]:
                         "use pp_schedule: 1f1b or interleaved-1f1b")]
     if m < par.pp or m % par.pp:
         return [Problem("train.grad_accum_steps", f"Megatron-LM's interleaved schedule needs the micro-batches per "
-                        f"step ({m}) to be a multiple of pp = {par.pp} (schedules.py: microbatch_group_size_per_vp_stage"
-                        " defaults to pp)", f"use grad_accum_steps a multiple of {par.pp}")]
+                        f"step ({m}) to be a multiple of pp = {par.pp} (schedules.py: "
+                        "microbatch_group_size_per_vp_stage defaults to pp)", f"use grad_accum_steps a multiple of {par.pp}")]
     return []
