@@ -58,7 +58,7 @@ FACES: dict[str, list[str]] = {
         "accelerate_config", "bnb_config_kwargs", "deepspeed_config", "export_files", "lora_config_kwargs",
         "model_init_kwargs", "setup_of", "to_toml", "torchtitan_config", "training_arguments_kwargs",
         "vllm_command", "vllm_engine_args", "write_export",
-        "LaunchModel", "ResolvedLifecycle", "launch_model", "resolve_lifecycle", "trl_sft_config",
+        "LaunchModel", "ResolvedLifecycle", "launch_model", "resolve_lifecycle", "trl_sft_config", "megatron_arguments",
     ],
     "vramplan.validate": [
         "COMPARED_FIELD", "Dataset", "EngineFn", "Entry", "EntryResult", "Measured", "Prediction",

@@ -16,6 +16,7 @@ _FAMILY_DOC = {
     "fsdp": {"framework": "accelerate", "parallel": {"fsdp": "full_shard"}, "hardware": {"num_gpus": 2}},
     "deepspeed": {"framework": "deepspeed", "parallel": {"zero_stage": 1}, "hardware": {"num_gpus": 2}},
     "any": {"framework": "hf-trainer"},
+    "megatron": {"framework": "megatron", "train": {"optimizer": "adamw-fused"}},
 }
 
 
@@ -26,7 +27,7 @@ def _doc(row: PrecisionConvention) -> dict[str, object]:
     # MXFP8 needs compute capability 10.0 (torchtitan's MXLinearConverter)
     hw = {"gpu": "B200" if row.precision == "mxfp8-torchao" else "H100-SXM", **extra.get("hardware", {})}  # type: ignore[dict-item]
     return {"model": "gpt2", "hardware": hw, "framework": extra["framework"], "parallel": extra.get("parallel", {}),
-            "train": {"micro_batch_size": 1, "seq_len": 128, "precision": row.precision}}
+            "train": {"micro_batch_size": 1, "seq_len": 128, "precision": row.precision, **extra.get("train", {})}}
 
 
 def test_every_precision_of_the_schema_has_a_row_for_every_family() -> None:
@@ -40,7 +41,12 @@ def test_every_precision_of_the_schema_has_a_row_for_every_family() -> None:
     for prec in ("fp8-torchao", "mxfp8-torchao"):
         with pytest.raises(KeyError):
             precision_policy(prec, "autocast")
-    assert len({(r.precision, r.family) for r in PRECISIONS}) == len(PRECISIONS) == 14
+    # framework megatron: bf16-mixed only (--bf16); fp32 takes the any row, the rest are refused (spec/megatron.py)
+    assert precision_policy("bf16-mixed", "megatron").grad_bytes == 4
+    for prec in ("fp16-mixed", "fp8-mixed"):
+        with pytest.raises(KeyError):
+            precision_policy(prec, "megatron")
+    assert len({(r.precision, r.family) for r in PRECISIONS}) == len(PRECISIONS) == 15
 
 
 @pytest.mark.parametrize("row", PRECISIONS, ids=lambda r: f"{r.precision}/{r.family}")

@@ -52,6 +52,10 @@ BASES: dict[str, dict[str, Any]] = {
     "zero3": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2}, "parallel": {"zero_stage": 3}},
     "torchtitan": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
                    "framework": "torchtitan", "parallel": {"fsdp": "full_shard"}},
+    # Megatron-LM: its optimizer is Transformer Engine's FusedAdam (adamw-fused); two GPUs so that the distributed
+    # optimizer shards
+    "megatron": {"model": MODEL, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 2},
+                 "framework": "megatron", "train": {"optimizer": "adamw-fused"}},
     "dpo": {"model": MODEL, "task": "train", "hardware": HW, "train": {"peft": {"method": "lora"}, "objective": "dpo"}},
     "ppo": {"model": MODEL, "task": "train", "hardware": HW,
             "train": {"objective": "ppo", "precision": "bf16-true", "grad_accum_steps": 2}},
@@ -128,6 +132,10 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "runtime/zero/config.py): the value equals it",
     ("zero3", "train.grad_accum_steps", "2"): "DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the "
     "optimizer's __init__ (stage3.py grad_partitions_flat_buffer): resident from the forward whatever the accumulation",
+    ("megatron", "parallel.megatron.use_distributed_optimizer", "False"): "null resolves to false, Megatron-LM's "
+    "default (--use-distributed-optimizer is a store_true flag; spec/defaults.py megatron_distributed_optimizer)",
+    ("megatron", "train.grad_accum_steps", "2"): "Megatron-Core's grad buffer is resident from the forward whatever "
+    "the accumulation: every micro-batch adds into the same main_grad views (param_and_grad_buffer.py)",
     ("lifecycle.eval_generate_tokens", "4"): "Lit-GPT's generate_example sizes its KV cache by max_seq_length, "
     "not by the tokens generated (analytic/lifecycle/evaluation.py _generation_bytes)",
     ("vllm-draft", "serve.speculative.method", "'eagle'"): "vLLM loads a draft model and an EAGLE head alike, as the "

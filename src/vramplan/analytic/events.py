@@ -61,7 +61,7 @@ from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.cross_attention import cross_sequence
 from vramplan.analytic.terms.encoder_decoder import encoder_sequence
-from vramplan.analytic.terms.gradients import zero3_flat_gradients
+from vramplan.analytic.terms.gradients import gradients_from_start
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.analytic.timeline import FORWARD
@@ -778,7 +778,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         shared=b.get("saved.shared", 0), head_saved=b.get("saved.head", 0),
         head_cast=b.get("casts.head", 0) + b.get("casts.head_kbit", 0), logits=logits,
         logits_fp32=logits_fp32, log_probs=log_probs,
-        grads_during_forward=c.grads_during_fwd or zero3_flat_gradients(c), has_head=c.last,
+        grads_during_forward=gradients_from_start(c), has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=extra, kernel_loss=_kernel_loss_tensors(terms),
         offload_inputs=c.s.train.activation_offload == "cpu",
         vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c))

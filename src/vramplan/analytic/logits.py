@@ -79,7 +79,7 @@ def family_loss_release(version: tuple[int, ...] | None, traits: Traits, framewo
     torchtune's recipes follow its release (``torchtune_loss_release``)."""
     if framework == "torchtune" and not encoder_only:
         return torchtune_loss_release(torchtune)
-    if framework in ("torchtitan", "lightning", "torchtune") or encoder_only:
+    if framework in ("torchtitan", "lightning", "torchtune", "megatron") or encoder_only:
         return "padded"
     return loss_release(version, traits.upcasts_all_logits, traits.loss_function_since)
 
@@ -115,7 +115,7 @@ def loss_release_note(release: LossRelease, version: str | None, family: str, fr
     """The assumption naming the loss code modelled (None with no ``software.transformers``)."""
     if version is None:
         return None
-    if framework in ("torchtitan", "lightning", "torchtune") or encoder_only:
+    if framework in ("torchtitan", "lightning", "torchtune", "megatron") or encoder_only:
         whose = f"{framework} runs its own model and loss" if not encoder_only else "an encoder's masked-LM loss"
         return f"not modelled: software.transformers {version} for the training loss ({whose})"
     code = {

@@ -29,10 +29,13 @@ __all__ = ["PrecisionPolicy", "adapter_bytes", "framework_family", "litgpt_fp32_
 
 def framework_family(s: Scenario) -> FrameworkFamily:
     """The precision family of the framework that runs ``s`` (``facts/precisions.py``): DeepSpeed's
-    half module with fp32 masters; FSDP's MixedPrecision (any FSDP sharding, torchtitan); else autocast."""
+    half module with fp32 masters; Megatron-Core's bf16 module with an fp32 grad buffer and fp32 masters; FSDP's
+    MixedPrecision (any FSDP sharding, torchtitan); else autocast."""
     framework = s.effective_framework
     if framework == "deepspeed":
         return "deepspeed"
+    if framework == "megatron":
+        return "megatron"
     if s.parallel.fsdp != "none" or framework == "torchtitan":
         return "fsdp"
     return "autocast"

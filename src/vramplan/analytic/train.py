@@ -210,6 +210,9 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     if m.encoder_decoder is not None:
         return ENCODER_DECODER_LOSS_NOTE
     release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
+    if fw == "megatron" and not m.encoder_only:
+        other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
+        return MEGATRON_LOSS_NOTE if other is None else f"{MEGATRON_LOSS_NOTE}; {other}"
     if fw == "torchtune" and not m.encoder_only:
         tune = f"loss as torchtune {sw.torchtune or '0.6.1'} computes it: {TORCHTUNE_LOSS_NOTES[release]}"
         other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
@@ -218,6 +221,15 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     # the text of the reports before software.transformers reached the loss (kept byte-identical; the labels
     # are padded from 4.49, analytic/logits.py)
     return note or "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)"
+
+
+MEGATRON_STEADY_NOTE = ("steady-state step: optimizer states exist; the gradients are Megatron-Core's grad buffer, "
+                        "allocated when the model is wrapped and zeroed, not freed, between steps "
+                        "(core_v0.15.0 megatron/core/distributed/param_and_grad_buffer.py lines 722-727, 752)")
+MEGATRON_LOSS_NOTE = ("not modelled: Megatron-Core's vocab_parallel_cross_entropy as such (core_v0.15.0 "
+                      "megatron/core/tensor_parallel/cross_entropy.py lines 28, 65, 187: an fp32 copy of this rank's "
+                      "vocabulary shard of the logits, exponentiated in place and saved); the loss is counted as the "
+                      "fp32-logits row of transformers >= 4.49, over the same vocabulary shard")
 
 
 def eager_fallback_note(m: ModelSpec) -> str:
@@ -236,6 +248,16 @@ def _pipeline_schedule_notes(s: Scenario) -> list[str]:
     row = pipeline_schedule(par.pp_schedule)
     m, v = s.train.grad_accum_steps, par.pp_virtual_stages
     first = in_flight_chunks(row, par.pp, 0, v, m)
+    if s.effective_framework == "megatron":
+        # spec/megatron.py megatron_schedule_problems: interleaved-1f1b only, M a multiple of pp
+        return [(f"pipeline schedule {row.name} as Megatron-Core runs it: {first} chunk-micro-batches of activations "
+                f"in flight on the first rank, 2 (pp - 1) + (v - 1) pp warmup forwards and one more (core_v0.15.0 "
+                "megatron/core/pipeline_parallel/schedules.py get_pp_rank_microbatches, lines 728-729; the count of "
+                f"torch's {row.torch_class} for micro-batches a multiple of pp)"),
+                (f"{v} model chunks per rank of an even split of the layers over {par.pp * v} chunks, rank r holding "
+                f"chunks r, r + {par.pp}, ... (Megatron-Core's virtual pipeline: model chunk i of rank r is virtual "
+                "stage i x pp + r, get_transformer_layer_offset); each chunk's saved activations counted at its own "
+                "layers' bytes")]
     note = (f"pipeline schedule {row.name} as torch's {row.torch_class} runs it: {first} chunk-micro-batches of "
             f"activations in flight on the first rank ({row.source})")
     if row.in_flight == "split":
@@ -343,7 +365,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         *([PACKING_NOTE] if t.packing else []),
         *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
         *([TORCHAO_OFFLOAD_NOTE] if t.torchao_cpu_offload != "none" else []),
-        IN_BACKWARD_NOTE if t.optimizer_in_backward else
+        IN_BACKWARD_NOTE if t.optimizer_in_backward else MEGATRON_STEADY_NOTE if fw == "megatron" else
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),

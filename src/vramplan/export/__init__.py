@@ -3,7 +3,8 @@
 ``export_files(result)`` returns ``{file name: text}`` for the chosen setup of a plan (or any
 ranked setup): a DeepSpeed JSON, Accelerate YAML (FSDP or DeepSpeed or DDP), Hugging Face
 ``TrainingArguments`` / ``from_pretrained`` / ``LoraConfig`` / ``BitsAndBytesConfig`` keyword
-arguments as JSON, TRL's ``trl sft`` YAML, a torchtitan TOML, or vLLM engine arguments and a ``vllm serve``
+arguments as JSON, TRL's ``trl sft`` YAML, a torchtitan TOML, Megatron-LM's command-line arguments for a framework
+megatron scenario (``megatron_arguments``, not a planned setup: the planner does not search framework megatron), or vLLM engine arguments and a ``vllm serve``
 script -- each where the setup can run on that engine -- plus the scenario (``vramplan estimate`` reproduces
 the memory figures from it) and a short launch README.  Launch files name the model by its Hub id
 (``hub.py``) and carry the scenario's lifecycle settings (``lifecycle.py``).  ``write_export(result, directory)`` writes them.
@@ -28,6 +29,7 @@ from vramplan.export.hf import (
 )
 from vramplan.export.hub import LaunchModel, launch_model
 from vramplan.export.lifecycle import ResolvedLifecycle, lifecycle_of, resolve_lifecycle
+from vramplan.export.megatron import megatron_arguments
 from vramplan.export.readme import launch_readme
 from vramplan.export.torchtitan import to_toml, torchtitan_config
 from vramplan.export.trl_sft import trl_sft_config
@@ -44,6 +46,7 @@ __all__ = [
     "export_files",
     "launch_model",
     "lora_config_kwargs",
+    "megatron_arguments",
     "model_init_kwargs",
     "resolve_lifecycle",
     "setup_of",

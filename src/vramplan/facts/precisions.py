@@ -13,6 +13,9 @@ Framework families (``analytic/precision.py`` ``framework_family``):
   all-gathered copies (counted as all-gather buffers), fp32 gradients, no autocast.
 * ``deepspeed``: the engine casts the module to half and owns fp32 masters (ZeRO paper, arXiv 1910.02054
   sec. 3.1: 2 + 2 + 12 = 16 B/parameter).
+* ``megatron``: Megatron-Core with ``--bf16``: bf16 parameters, gradients in DDP's fp32 grad buffer
+  (``accumulate_allreduce_grads_in_fp32``, set by ``--bf16``), fp32 main parameters held by the optimizer
+  (facts/megatron.py; docs/source/api-guide/dist_optimizer.md: 2 + 4 + 12 = 18 B/parameter).
 * ``any``: the row holds for every framework (``fp32``, ``*-true``).
 
 ``fp8-mixed`` follows Transformer Engine: the mixed-precision row of the family plus an fp8 copy of
@@ -35,7 +38,7 @@ from typing import Literal
 __all__ = ["PRECISIONS", "FrameworkFamily", "PrecisionConvention", "PrecisionPolicy", "precision_names",
            "precision_policy"]
 
-FrameworkFamily = Literal["any", "autocast", "fsdp", "deepspeed"]
+FrameworkFamily = Literal["any", "autocast", "fsdp", "deepspeed", "megatron"]
 
 _STATES = "docs/conventions.md#model-states-bytes-per-trainable-parameter"
 
@@ -100,6 +103,11 @@ PRECISIONS: tuple[PrecisionConvention, ...] = (
     _true("bf16-true", "bf16"),
     _true("fp16-true", "fp16"),
     *_mixed("fp8-mixed", "bf16", fp8=True),
+    # Megatron-Core --bf16: bf16 parameters and activations (the residual stream in the parameters' dtype without
+    # --fp32-residual-connection), fp32 grad buffer, fp32 main parameters (facts/megatron.py)
+    PrecisionConvention(precision="bf16-mixed", family="megatron", convention=_STATES, policy=PrecisionPolicy(
+        param_bytes=2, frozen_param_bytes=2, grad_bytes=4, master_bytes=4, compute_bytes=2, residual_bytes=2,
+        autocast=False, weight_cast_bytes=0, linear_input_bytes=2, half="bf16")),
     # torchao float8 under FSDP2 / torchtitan: bf16-mixed's FSDP row (what is saved is unchanged)
     PrecisionConvention(precision="fp8-torchao", family="fsdp", convention=_STATES, policy=PrecisionPolicy(
         param_bytes=4, frozen_param_bytes=2, grad_bytes=4, master_bytes=0, compute_bytes=2, residual_bytes=2,

@@ -42,8 +42,9 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scenario
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
-           "expandable_segments", "fsdp_group", "num_generations", "ppo_beta_default", "rollout_engine", "served_dtype",
-           "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults", "with_verl_defaults"]
+           "expandable_segments", "fsdp_group", "megatron_distributed_optimizer", "num_generations", "ppo_beta_default",
+           "rollout_engine", "served_dtype", "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults",
+           "with_verl_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
 PRE_AMPERE = frozenset({"pascal", "volta", "turing"})
@@ -164,6 +165,13 @@ def expandable_segments(s: Scenario) -> bool:
 def fsdp_group(s: Scenario, dp: int) -> int:
     """The ranks one FSDP unit is sharded over: the data-parallel degree, within a node under hybrid_shard."""
     return max(1, min(dp, s.hardware.gpus_per_node)) if s.parallel.fsdp == "hybrid_shard" else dp
+
+
+def megatron_distributed_optimizer(s: Scenario) -> bool:
+    """``parallel.megatron.use_distributed_optimizer``, or Megatron-LM's default: false (``--use-distributed-optimizer``
+    is a ``store_true`` flag, arguments.py line 2658 at core_v0.15.0; facts/megatron.py)."""
+    given = s.parallel.megatron.use_distributed_optimizer if s.parallel.megatron is not None else None
+    return bool(given)
 
 
 def torchtitan_fsdp2(s: Scenario) -> bool:

@@ -44,6 +44,7 @@ from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.megatron import megatron_problems, megatron_schedule_problems, megatron_unmodelled
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import (
     Float8Training,
@@ -314,7 +315,7 @@ def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
     return [*_parallel_problems(s, m), *_schedule_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
             *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m), *_serve_format_problems(s),
-            *autoawq_problems(s, m), *tower_quant_problems(s, m)]
+            *autoawq_problems(s, m), *tower_quant_problems(s, m), *megatron_problems(s, m)]
 
 
 def _serve_format_problems(s: Scenario) -> list[Problem]:
@@ -590,7 +591,9 @@ def _schedule_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         rounds = interleaved_rounds(par.pp, g)[0]
         out.append(Problem("train.grad_accum_steps", f"{row.torch_class} needs the {g} micro-batches to be a multiple "
                            f"of its {rounds} rounds (max(1, m // pp))", f"use grad_accum_steps a multiple of {par.pp}"))
-    if s.effective_framework not in ("torchtitan", "plain"):
+    if s.effective_framework == "megatron":
+        out += megatron_schedule_problems(s)
+    elif s.effective_framework not in ("torchtitan", "plain"):
         out.append(Problem("parallel.pp_schedule", f"pp_schedule picks a torch.distributed.pipelining schedule, which "
                            f"torchtitan (or a plain script) runs; {s.effective_framework} is modelled with 1f1b only",
                            "use framework: torchtitan, or pp_schedule: 1f1b"))
@@ -748,6 +751,8 @@ def _checkpointing_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Policies a framework cannot run, and op-level SAC where its saved outputs are not modelled."""
     t, fw, g = s.train, s.effective_framework, checkpointing(s)
     out: list[Problem] = []
+    if fw == "megatron":
+        return out  # spec/megatron.py: Megatron-LM's own recompute options
     if t.checkpoint_every_n_layers > 1 and (g != "full" or fw not in _OWN_CHECKPOINTING):
         out.append(Problem("train.checkpoint_every_n_layers",
                            f"checkpointing every {t.checkpoint_every_n_layers}-th layer needs gradient_checkpointing: "
@@ -1168,6 +1173,7 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
     if s.task == "inference" and fw in ("torchtitan", "deepspeed", "torchtune", "verl"):
         out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
+    out += megatron_unmodelled(s, m)
     if s.task == "train" and s.train.precision == "fp8-mixed" and s.train.peft is not None:
         # precision.py's fp8 row (an fp8 copy of each linear weight, fp8 saved inputs) is applied to the trained
         # linears of a full fine-tuning only; a frozen base under adapters is counted as bf16-mixed

@@ -19,7 +19,7 @@ from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq",
-                    "torchtune", "litgpt", "verl"]
+                    "torchtune", "litgpt", "verl", "megatron"]
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao",
                     "mxfp8-torchao"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
@@ -767,6 +767,18 @@ class DeepSpeedZero(_Strict):
     else false)."""
 
 
+class MegatronDdp(_Strict):
+    """Megatron-Core's data-parallel settings of a framework megatron run, as Megatron-LM's command-line arguments
+    name them (megatron/training/arguments.py at core_v0.15.0); a null field takes Megatron-LM's default."""
+
+    use_distributed_optimizer: bool | None = None
+    """Megatron's distributed optimizer (``--use-distributed-optimizer``): the fp32 main parameters and Adam's two
+    moments sharded over the data-parallel ranks, the bf16 parameters and the fp32 gradient buffer whole on each
+    (``megatron/core/optimizer/distrib_optimizer.py``; the ZeRO-1 layout, 6 + 12/dp bytes per parameter with bf16
+    against 18: docs/source/api-guide/dist_optimizer.md).  null: Megatron-LM's default, false (a ``store_true``
+    flag, arguments.py line 2658)."""
+
+
 class Parallel(_Strict):
     """How the job is split over its GPUs (degrees, docs/glossary.md)."""
 
@@ -826,6 +838,9 @@ class Parallel(_Strict):
     deepspeed: DeepSpeedZero | None = None
     """DeepSpeed ZeRO's bucket and live-parameter settings (zero_stage 1-3 without fsdp); null: the framework's
     defaults for every one."""
+
+    megatron: MegatronDdp | None = None
+    """Megatron-Core's data-parallel settings (framework megatron); null: Megatron-LM's defaults for every one."""
 
 
 class Lifecycle(_Strict):
@@ -1245,7 +1260,8 @@ class Scenario(_Strict):
     """Whose memory conventions apply (docs/conventions.md); null: vllm for serve, deepspeed with a ZeRO stage,
     else hf-trainer.  litgpt is Lit-GPT's scripts, the conventions framework lightning has always meant here;
     torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype); verl is
-    verl's FSDP + vLLM hybrid engine for train.objective grpo (``rl.verl``, docs/rl.md)."""
+    verl's FSDP + vLLM hybrid engine for train.objective grpo (``rl.verl``, docs/rl.md); megatron is Megatron-LM
+    training its own GPT model with Megatron-Core (``parallel.megatron``, docs/conventions.md)."""
 
     train: Train = Field(default_factory=Train)
     """The training step (task train)."""

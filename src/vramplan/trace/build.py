@@ -58,6 +58,11 @@ def trace_policy(r: Resolved, fsdp2: bool = False) -> Policy:
     """The dtypes of the step; ``fsdp2``: the model is wrapped by ``fully_shard`` (trace/fsdp.py)."""
     s = r.scenario
     prec = s.train.precision
+    if s.effective_framework == "megatron":
+        # Megatron-LM runs Megatron-Core's GPT model (megatron/core/models/gpt) and its own DDP grad buffer and
+        # distributed optimizer, not transformers' modeling code under torch's DDP, which is what the trace runs
+        raise ScenarioError([Problem("framework", "Megatron-Core's own model and grad buffer are not traced (the trace "
+                                     "runs transformers' modeling code)", "use --engine analytic for framework megatron")])
     if s.effective_framework == "torchtune":
         # torchtune runs its own model classes (torchtune.modules.TransformerDecoder, torchao NF4Tensor weights),
         # not transformers' modeling code, which is what the trace runs

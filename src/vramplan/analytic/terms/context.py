@@ -25,7 +25,7 @@ from vramplan.analytic.layout import (
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, litgpt_fp32_base, policy
 from vramplan.analytic.zero_bubble import held_until_weight_pass
 from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
-from vramplan.spec.defaults import fsdp_group
+from vramplan.spec.defaults import fsdp_group, megatron_distributed_optimizer
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import LayerSpec, ModelSpec
@@ -47,6 +47,10 @@ def shards(s: Scenario, dp: int) -> tuple[int, int, int]:
         return group, group, group
     if fsdp == "shard_grad_op":
         return group, group, 1
+    if s.effective_framework == "megatron":
+        # --use-distributed-optimizer shards the fp32 main parameters and Adam's moments only (the ZeRO-1 layout,
+        # distrib_optimizer.py); the bf16 parameters and the fp32 grad buffer stay whole (facts/megatron.py)
+        return (dp if megatron_distributed_optimizer(s) else 1, 1, 1)
     z = par.zero_stage
     return (dp if z >= 1 else 1, dp if z >= 2 else 1, dp if z >= 3 else 1)
 

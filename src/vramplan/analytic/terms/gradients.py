@@ -23,9 +23,10 @@ from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
 
-__all__ = ["REDUCE_BYTES", "embedding_gradient_bytes", "fsdp2_reduce_scatter", "gradients", "has_root_reduce_point",
-           "has_tied_embedding_backward", "layer_gradient_bytes", "replicated_embedding", "tied_embedding",
-           "total_gradient_bytes", "unsharded_gradients", "zero3_flat_gradients"]
+__all__ = ["REDUCE_BYTES", "embedding_gradient_bytes", "fsdp2_reduce_scatter", "gradients", "gradients_from_start",
+           "has_root_reduce_point", "has_tied_embedding_backward", "layer_gradient_bytes", "megatron_grad_buffer",
+           "replicated_embedding", "tied_embedding", "total_gradient_bytes", "unsharded_gradients",
+           "zero3_flat_gradients"]
 
 # torchtitan's reduce dtype: ``training.mixed_precision_reduce``, default "float32", the only choice
 # (torchtitan/config_manager.py at commit 9dec370), passed to ``MixedPrecisionPolicy(reduce_dtype=...)``
@@ -45,6 +46,20 @@ def zero3_flat_gradients(c: StepContext) -> bool:
     ``DeepSpeedZeroOptimizer_Stage3.__init__`` (deepspeed 0.19.8 runtime/zero/stage3.py
     ``grad_partitions_flat_buffer = torch.zeros(sum(p.partition_numel() ...))``), alive for the whole step."""
     return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3 and c.shards[2] > 1
+
+
+def megatron_grad_buffer(c: StepContext) -> bool:
+    """Megatron-Core's DDP: every parameter's ``main_grad`` is a view of one grad buffer, a ``torch.zeros`` made when
+    the model is wrapped and zeroed, never freed, between steps (core_v0.15.0
+    megatron/core/distributed/param_and_grad_buffer.py lines 722-727, 752; facts/megatron.py): all of it exists
+    from the forward on."""
+    return c.framework == "megatron"
+
+
+def gradients_from_start(c: StepContext) -> bool:
+    """Every gradient exists from the forward on: kept from an earlier micro-batch, DeepSpeed ZeRO-3's flat
+    partition, or Megatron-Core's grad buffer."""
+    return c.grads_during_fwd or zero3_flat_gradients(c) or megatron_grad_buffer(c)
 
 
 def total_gradient_bytes(c: StepContext) -> int:
@@ -94,7 +109,7 @@ def gradients(c: StepContext) -> list[Term]:
     embed = embedding_gradient_bytes(c, outside)
     # DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the optimizer's __init__ (stage3.py
     # grad_partitions_flat_buffer): alive from the forward on, like gradients kept from an earlier micro-batch
-    gdf, n = c.grads_during_fwd or zero3_flat_gradients(c), len(per_layer)
+    gdf, n = gradients_from_start(c), len(per_layer)
     # torchtitan: the root unit's sharded gradients are its reduce-scatter's output, after the embedding's
     # backward (fsdp2_reduce_scatter); they exist at the optimizer step only
     head_born: Loc = STEP if fsdp2_root_unit(c) and not split_units(c) else mlp(n - 1)

@@ -69,7 +69,8 @@ def step_temporary(c: StepContext) -> list[Term]:
     if c.offload_opt or c.in_backward or c.torchao_offload:
         return []
     out = [Term(K.OPTIMIZER_STEP, optimizer_cost_of(c).step_temporary_bytes, STEP, END, "optimizer.step")]
-    if c.pol.master_bytes:
-        # DeepSpeed builds an fp32 copy of the gradient partition for the optimizer step
+    if c.pol.master_bytes and c.pol.grad_bytes < 4:
+        # DeepSpeed builds an fp32 copy of the gradient partition for the optimizer step; Megatron-Core's gradients
+        # are fp32 already and its main gradients views of them (distrib_optimizer.py line 2396: .float() of fp32)
         out.append(Term(K.OPTIMIZER_STEP, c.trainable_shard * 4, STEP, END, "optimizer.step.fp32_gradients"))
     return out

@@ -61,6 +61,7 @@ def workspaces(c: StepContext) -> list[Term]:
 def ddp_buckets(c: StepContext) -> list[Term]:
     """DDP's reducer allocates its flat buckets when the model is wrapped and keeps them: resident always."""
     par = c.s.parallel
-    used = c.framework != "deepspeed" and par.zero_stage == 0 and par.fsdp == "none"
+    # Megatron-Core reduces from its grad buffer, the gradients themselves (terms/gradients.py megatron_grad_buffer)
+    used = c.framework not in ("deepspeed", "megatron") and par.zero_stage == 0 and par.fsdp == "none"
     nbytes = ddp_bucket_bytes(c.trainable, c.pol.grad_bytes, c.s.data_parallel_degree) if used else 0
     return [resident(K.DDP_BUCKETS, nbytes, "ddp")]
