@@ -21,6 +21,7 @@ from vramplan.analytic.logits import (
     loss_bytes,
 )
 from vramplan.analytic.moment import K
+from vramplan.analytic.openrlhf import marks_openrlhf_loss, openrlhf_loss_tensors
 from vramplan.analytic.orpo import orpo_loss_tensors
 from vramplan.analytic.ppo import ppo_loss_tensors
 from vramplan.analytic.precision import framework_family
@@ -130,6 +131,9 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
     if t.objective in ("grpo", "rloo", "dpo", "kto") and uses_fused_head(c.s):
         return _fused_head_loss_tensors(c)
+    if marks_openrlhf_loss(c.s):
+        # OpenRLHF's Actor.forward: fp32 logits over every position, flash-attn's cross-entropy (analytic/openrlhf.py)
+        return openrlhf_loss_tensors(t.micro_batch_size, t.seq_len, vocab, cb)
     if t.objective == "ppo":
         # TRL's PPO policy loss: the head on every position, the response's log-probs per sequence (analytic/ppo.py)
         ro = c.s.rl.rollout
