@@ -384,7 +384,7 @@ def _openrlhf_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
                 f"{o.tensor_parallel}, enforce_eager {o.enforce_eager}, dtype bfloat16")
     built = (openrlhf.rollout_scenario(s), o.sleep_level, settings)
     # create_vllm_engines runs first in train(): the engines start before the actor and the reference load
-    ro = rollout_memory(pr, 0, ctx, "OpenRLHF", built)
+    ro = rollout_memory(pr, 0, ctx, "OpenRLHF", built, usage="llm")
     colocated = ro if o.colocate_all else None
     asleep = _rl_extra(0, colocated) if colocated is not None else Moment("")
     ref_gpus = s.hardware.num_gpus

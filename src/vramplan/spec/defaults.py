@@ -20,6 +20,11 @@ Under ``framework: verl`` the nulls are verl's (``with_verl_defaults``, facts/ve
 (``enable_gradient_checkpointing: true``), the response ``max_response_length`` 512, the engine vllm, and every
 ``rl.verl`` key at the release's value; ``rl.beta`` and ``num_generations`` stay null (verl reads neither here).
 
+Under ``framework: openrlhf`` the nulls are OpenRLHF's (``with_openrlhf_defaults``, facts/openrlhf.py): gradient
+checkpointing none (``--gradient_checkpointing`` false), ``rl.reference_model`` separate (``--init_kl_coef`` 0.01),
+``advantage_estimator`` group_norm, and every other ``rl.openrlhf`` key at the release's value but ``bf16`` and
+``vllm_num_engines`` (their defaults are refused); TRL's rollout keys stay as given.
+
 ``with_trainer_defaults`` fills each null with that value (``catalog.resolve`` calls it), so the estimate, and the
 report's ``scenario``, hold the resolved values: a report's scenario estimated again resolves to itself.  A value
 given equal to the default means the same as leaving it out: no check reads whether a key was present.
