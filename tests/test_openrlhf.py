@@ -137,8 +137,11 @@ def test_colocated_phases(colocated: tuple[Report, TrainResult, RolloutMemory]) 
     # OpenRLHF passes neither batch limit to vllm.LLM: the offline LLM class's V1 defaults on an H100 (>= 70 GiB,
     # not an A100), 16,384 tokens and 1,024 sequences (vLLM _set_default_args_v1)
     assert (d.max_num_batched_tokens, d.max_num_seqs) == (16_384, 1_024)
-    # host: the fp32 master and Adam's two states over the shard (12 P / 8 = 11,423,424,768) and the engine's weights
-    assert rep.host.offloaded_bytes == 11_423_424_768 + ro.weights
+    # host: the fp32 master and Adam's two states over the shard (12 P / 8 = 11,423,424,768), the gradient buffer
+    # and the engine's weights
+    kept = between_steps(tr.terms, "rollout")
+    assert kept.get(K.MASTER) + sum(kept.parts[K.OPTIMIZER_STATES.part].values()) == 11_423_424_768
+    assert rep.host.offloaded_bytes == 11_423_424_768 + kept.get(K.DS_REDUCE_BUCKETS) + ro.weights
 
 
 def test_apart_phases() -> None:
@@ -171,6 +174,7 @@ def test_report_scenario_estimates_again_to_itself(colocated: tuple[Report, Trai
     ({"vllm_num_engines": 8, "packing_samples": True}, {}, {}, "rl.openrlhf.packing_samples"),
     ({"vllm_num_engines": 8, "colocate_actor_ref": True, "ref_reward_offload": True}, {}, {},
      "rl.openrlhf.ref_reward_offload"),
+    ({"vllm_num_engines": 8, "ref_reward_offload": True}, {}, {}, "rl.openrlhf.ref_reward_offload"),
     ({"vllm_num_engines": 8, "deepspeed_enable_sleep": True}, {}, {}, "rl.openrlhf.deepspeed_enable_sleep"),
     ({"vllm_num_engines": 8}, {"beta": 0.04}, {}, "rl.beta"),
     ({"vllm_num_engines": 8}, {"reference_model": "shared"}, {}, "rl.reference_model"),
@@ -195,3 +199,23 @@ def test_openrlhf_block_unused_elsewhere_is_said() -> None:
     s = Scenario.model_validate({"model": "Qwen/Qwen2.5-7B", "train": {"objective": "grpo"},
                                  "rl": {"openrlhf": {"zero_stage": 3}}})
     assert any(n.startswith("rl.openrlhf set but not used") for n in ignored_sections(s))
+
+
+def test_engine_awake_without_vllm_enable_sleep(colocated: tuple[Report, TrainResult, RolloutMemory]) -> None:
+    rep, _, ro = colocated
+    awake = estimate(_scenario(**{**COLOCATED, "vllm_enable_sleep": False}))
+    # the engine keeps its weights and KV cache through the update, and nothing goes to host memory for it
+    assert _phase(awake, "training step") - _phase(rep, "training step") == ro.weights + ro.kv_cache
+    assert _phase(awake, "scoring") - _phase(rep, "scoring") == ro.weights + ro.kv_cache
+    assert rep.host.offloaded_bytes - awake.host.offloaded_bytes == ro.weights
+
+
+def test_deepspeed_sleep_moves_the_states_out_of_the_other_phases(
+        colocated: tuple[Report, TrainResult, RolloutMemory]) -> None:
+    rep, tr, _ = colocated
+    awake = estimate(_scenario(**{**COLOCATED, "deepspeed_enable_sleep": False}))
+    kept = between_steps(tr.terms, "rollout")
+    moved = kept.get(K.MASTER) + sum(kept.parts[K.OPTIMIZER_STATES.part].values()) + kept.get(K.DS_REDUCE_BUCKETS)
+    for phase in ("rollout", "scoring", "reference scoring", "weight sync"):
+        assert _phase(awake, phase) - _phase(rep, phase) == moved
+    assert _phase(awake, "training step") == _phase(rep, "training step")

@@ -402,8 +402,8 @@ def _openrlhf_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     top = max(phases, key=lambda p: (p.moment.total, p is steady))
     used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
     between = between_steps(tr.terms, "rollout")
-    offloaded = (between.get(K.MASTER) + sum(between.parts.get(K.OPTIMIZER_STATES.part, {}).values())
-                 if o.states_offloaded else 0)
+    offloaded = (between.get(K.MASTER) + between.get(K.DS_REDUCE_BUCKETS)
+                 + sum(between.parts.get(K.OPTIMIZER_STATES.part, {}).values()) if o.states_offloaded else 0)
     ref_host = 2 * tr.context.rp.total // ref_gpus if o.reference and o.ref_offload and o.zero_stage == 3 else 0
     host = Host(offloaded_bytes=tr.host_bytes + offloaded + ref_host + (ro.host_bytes if colocated else 0))
     actor_notes = [n.replace("framework behaviour: deepspeed", "framework behaviour: OpenRLHF (the actor's update as "

@@ -225,7 +225,7 @@ def _setup_problems(s: Scenario, o: OpenRlhfSetup) -> list[Problem]:
     if o.packing:
         no("rl.openrlhf.packing_samples", "packed samples (flash-attn varlen over the unpadded tokens) are not "
            "modelled", "leave it out (OpenRLHF's default false)")
-    if o.ref_offload and o.zero_stage != 3 and o.ref_on_actor_gpu:
+    if o.ref_offload and o.zero_stage != 3 and o.reference:
         no("rl.openrlhf.ref_reward_offload", "offloads the reference's parameters through ZeRO-3's offload_param; "
            "with zero_stage below 3 the reference is a stage-0 engine, whose offload is not modelled",
            "use zero_stage 3 or leave ref_reward_offload out")
@@ -356,7 +356,7 @@ def openrlhf_assumptions(s: Scenario) -> list[str]:
         (f"OpenRLHF scoring: the actor's and the reference's log-probs in micro-batches of {o.micro_rollout}, padded: "
          "the half logits over every position with their fp32 copy"),
         ("OpenRLHF: one CUDA context per process on a GPU (actor, reference, vLLM engine); the reference's and the "
-         "engines' NCCL buffers, the reward (assumed from a remote reward function, --remote_rm_url: no reward model "
+         "engines' NCCL buffers, the weight-sync group's on rank 0 (NCCL broadcast when not colocated), the reward (assumed from a remote reward function, --remote_rm_url: no reward model "
          "on the GPUs), the Ray object store and the job's load and checkpoint phases are not modelled; every "
          "sequence at the longest prompt and response"),
     ]
