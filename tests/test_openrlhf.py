@@ -97,8 +97,19 @@ def test_defaults_are_filled_into_the_echo() -> None:
 def test_loss_tensors_by_hand() -> None:
     # b = 4, S = 2,048: L = 4 x 2,048 x 152,064 = 1,245,708,288 elements; the fp32 logits saved by flash-attn's
     # cross_entropy_loss 4 L; the bf16 logits beside them at the cast 2 L; the backward's fresh fp32 gradient 4 L
+    # with its bf16 cast 2 L (ToCopyBackward), the held fp32 logits still alive
     lt = openrlhf.openrlhf_loss_tensors(4, 2048, V, 2)
-    assert (lt.saved, lt.forward_extra, lt.backward_extra) == (4_982_833_152, 2_491_416_576, 4_982_833_152)
+    assert (lt.saved, lt.forward_extra, lt.backward_extra) == (4_982_833_152, 2_491_416_576, 7_474_249_728)
+
+
+def test_output_logits_held_through_the_optimizer_step(colocated: tuple[Report, TrainResult, RolloutMemory]) -> None:
+    _, tr, _ = colocated
+    # training_step's output keeps the fp32 logits (4 L = 4,982,833,152 B) through the backward and the optimizer
+    # step, not between steps
+    opt = [mo for mo in tr.moments if mo.phase == "optimizer"]
+    assert opt and opt[-1].get(K.OUTPUT_LOGITS_HELD) == 4_982_833_152
+    assert tr.moments[0].get(K.OUTPUT_LOGITS_HELD) == 0
+    assert between_steps(tr.terms, "rollout").get(K.OUTPUT_LOGITS_HELD) == 0
 
 
 def test_colocated_pieces_by_hand(colocated: tuple[Report, TrainResult, RolloutMemory]) -> None:

@@ -229,6 +229,10 @@ class K:
                         "the largest parameter gathered (ZeRO-3) and cloned (CUDA IPC) in bf16")
     STATE_DICT_UNSHARDED = _k("temporaries", "units unsharded for the state dict (weight sync)",
                               "verl: SHARDED_STATE_DICT's fp32 unsharded root unit, with a layer unit or a clone")
+    # OpenRLHF (framework: openrlhf; analytic/openrlhf.py)
+    OUTPUT_LOGITS_HELD = _k("temporaries", "output logits held (OpenRLHF)",
+                            "OpenRLHF: Actor.forward's fp32 logits, held by training_step's output through the "
+                            "backward and the optimizer step")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "

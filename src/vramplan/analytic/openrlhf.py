@@ -271,15 +271,20 @@ def openrlhf_loss_tensors(micro_batch: int, tokens: int, vocab: int, logits_byte
     (``L = b S V`` elements, S = prompt + response, in the compute dtype c), ``output["logits"].to(torch.float32)``
     (line 171: the fp32 copy, 4 L bytes, made while the half logits are alive, which are freed once the dict entry
     is replaced), then ``log_probs_from_logits``: flash-attn's ``cross_entropy_loss`` (flash-attn 2.8.3 in
-    ``requirements.txt``) on ``logits.reshape(-1, V)`` (a view) saves the fp32 logits for its backward and returns
-    per-token numbers.  Backward: ``cross_entropy_loss``'s ``inplace_backward=False`` writes the gradient into a new
-    fp32 tensor (4 L) beside the saved logits; then ``ToCopyBackward`` casts it to c (c L) after the saved logits are
-    released.  So saved = 4 L, forward_extra = c L, backward_extra = 4 L (8 L > 4 L + c L).
+    ``requirements.txt``) on ``logits.reshape(-1, V)`` (a view) saves the fp32 logits for its backward
+    (``ctx.save_for_backward(logits, lse, labels)``) and returns per-token numbers.  ``ActorPPOTrainer.training_step``
+    keeps ``output`` (so the fp32 logits) until it returns, after ``strategy.backward`` and ``optimizer_step``.
+    Backward: ``cross_entropy_loss``'s ``inplace_backward=False`` writes the gradient into a new fp32 tensor
+    (``dlogits = ... torch.empty_like(logits)``, flash-attn ``flash_attn/ops/triton/cross_entropy.py``
+    ``CrossEntropyLoss.backward``, 4 L); ``ToCopyBackward`` then casts it to c (c L) while the held logits and the
+    fp32 gradient are alive.  So saved = 4 L, forward_extra = c L, backward_extra = 4 L + c L; after the head's
+    backward the 4 L held by ``output`` stay to the step's end (analytic/terms/loss.py ``kernel_loss``).
 
     Example (Qwen2.5-7B: V = 152,064; b = 1, S = 2,048, bf16): L = 311,427,072; saved 1,245,708,288 B; forward
-    extra 622,854,144 B; backward extra 1,245,708,288 B."""
+    extra 622,854,144 B; backward extra 1,868,562,432 B."""
     logits = micro_batch * tokens * vocab
-    return KernelLossTensors(saved=4 * logits, forward_extra=logits_bytes * logits, backward_extra=4 * logits)
+    return KernelLossTensors(saved=4 * logits, forward_extra=logits_bytes * logits,
+                             backward_extra=(4 + logits_bytes) * logits)
 
 
 def log_prob_forward_bytes(c: StepContext, lay: StepLayout, micro_batch: int, tokens: int) -> int:
@@ -341,7 +346,8 @@ def openrlhf_assumptions(s: Scenario) -> list[str]:
          f"+ {o.response} response tokens as DeepSpeed ZeRO-{o.zero_stage} (bf16, fp32 master, "
          + ("DeepSpeedCPUAdam with its states in host memory" if o.adam_offload else "FusedAdam")
          + "), flash_attention_2; the loss as Actor.forward: the logits over every position in bf16, their fp32 "
-         "copy saved by flash-attn's cross_entropy_loss, a fresh fp32 gradient in its backward; no entropy "
+         "copy saved by flash-attn's cross_entropy_loss and held by training_step's output to the step's end, a fresh "
+         "fp32 gradient and its bf16 cast in its backward; no entropy "
          "(entropy_loss_coef None)"),
         (f"OpenRLHF: vLLM engines {o.engines} x tensor parallel {o.tensor_parallel} {where}, "
          f"gpu_memory_utilization {o.gpu_memory_utilization}, enforce_eager {o.enforce_eager}, max_model_len "

@@ -29,7 +29,7 @@ from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.casts import reference_casts_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import FORWARD, LOSS, mlp
+from vramplan.analytic.timeline import END, FORWARD, LOSS, mlp
 from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
@@ -218,10 +218,16 @@ def kernel_loss(c: StepContext) -> list[Term]:
     temporaries at the forward's end and its backward buffers at the loss's backward.  Named apart from the
     standard loss's terms: the allocator's event stream reads their tensors as (kept, temporary)."""
     kt = kernel_loss_tensors(c)
-    return [Term(K.LOSS_FORWARD, kt.forward_peak, FORWARD, LOSS, "logits.kernel_loss",
-                 tensors=(kt.saved, kt.forward_extra)),
-            Term(K.LOSS_BACKWARD, kt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.kernel_loss_gradients",
-                 tensors=(kt.saved, kt.backward_extra))]
+    last = mlp(len(c.layer_specs) - 1)
+    terms = [Term(K.LOSS_FORWARD, kt.forward_peak, FORWARD, LOSS, "logits.kernel_loss",
+                  tensors=(kt.saved, kt.forward_extra)),
+             Term(K.LOSS_BACKWARD, kt.backward_peak, LOSS, last, "logits.kernel_loss_gradients",
+                  tensors=(kt.saved, kt.backward_extra))]
+    if marks_openrlhf_loss(c.s):
+        # OpenRLHF's training_step keeps ``output`` (its fp32 logits) until it returns: through the rest of the
+        # backward and the optimizer step (analytic/openrlhf.py openrlhf_loss_tensors)
+        terms.append(Term(K.OUTPUT_LOGITS_HELD, kt.saved, last, END, "logits.openrlhf_output_held"))
+    return terms
 
 
 def layer_forward(c: StepContext) -> list[Term]:
