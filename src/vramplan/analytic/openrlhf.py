@@ -339,6 +339,7 @@ def openrlhf_assumptions(s: Scenario) -> list[str]:
     ref = ("not built (init_kl_coef 0)" if not o.reference else
            ("on the actor's GPUs" if o.ref_on_actor_gpu else "on GPUs of its own (noted below)")
            + (f", DeepSpeed eval engine stage {3 if o.zero_stage == 3 else 0}"
+              + (" (its shard only: ZeRO-3's persistent small parameters not counted)" if o.zero_stage == 3 else "")
               + (" with its parameters in host memory (ref_reward_offload)" if o.ref_offload else "")))
     return out + [
         (f"OpenRLHF v{o.row.release} (Ray, DeepSpeed, vLLM; facts/openrlhf.py), advantage_estimator {o.estimator} "
