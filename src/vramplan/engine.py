@@ -15,12 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.analytic import dpo, kto, orpo, ppo, rloo, verl
+from vramplan.analytic import dpo, kto, openrlhf, orpo, ppo, rloo, verl
 from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
 from vramplan.analytic.autoawq import autoawq_step
 from vramplan.analytic.generate import generate_step
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
-from vramplan.analytic.lifecycle import LIFECYCLE_ORDER, VERL_ORDER, PhasePeak, job_lifecycle, packed_reserved
+from vramplan.analytic.lifecycle import (
+    LIFECYCLE_ORDER,
+    OPENRLHF_ORDER,
+    VERL_ORDER,
+    PhasePeak,
+    job_lifecycle,
+    packed_reserved,
+)
 from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
 from vramplan.analytic.lifecycle.ppo import ppo_job
 from vramplan.analytic.lifecycle.scoring import scoring_phase
@@ -336,6 +343,96 @@ def _verl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     return rep if ro.starts else rep.model_copy(update={"fits": False})
 
 
+def _openrlhf_phases(tr: TrainResult, o: openrlhf.OpenRlhfSetup, ro: RolloutMemory | None, ref: Moment,
+                     asleep: Moment) -> list[PhasePeak]:
+    """OpenRLHF's iteration on an actor GPU (analytic/openrlhf.py): rollout, scoring, reference scoring and weight
+    sync over what the actor keeps there (its states in host memory under ``deepspeed_enable_sleep``), the
+    reference's parameters when on this GPU (``ref``) and the engine when colocated (``asleep``: what it keeps while
+    it sleeps, or all of it awake)."""
+    c, lay = tr.context, tr.layout
+    assert c is not None and lay is not None
+    away = between_steps(tr.terms, "rollout")
+    if o.states_offloaded:
+        # offload_deepspeed_states: optim_states, hp_params, contiguous_grad_buffer, lp_grads
+        away = away.without(K.OPTIMIZER_STATES, K.MASTER, K.DS_REDUCE_BUCKETS)
+    rollout = _plus(away, ref)
+    if ro is not None:
+        rollout.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
+        rollout.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)
+    tokens = o.prompt + o.response
+    forward = openrlhf.log_prob_forward_bytes(c, lay, o.micro_rollout, tokens)
+    gathered = lay.gathered if o.zero_stage == 3 else 0
+    scoring = _plus(_plus(away.copy("scoring"), ref), asleep).add(K.GATHERED, gathered)
+    scoring.add(K.SCORING_FORWARD, forward)
+    phases = [PhasePeak(mo.phase, mo, packed_reserved(mo)) for mo in (rollout, scoring)]
+    if o.ref_on_actor_gpu:
+        # the reference's own process: a ZeRO-3 engine gathers one layer at a time in bf16, like the actor's
+        ref_scoring = _plus(_plus(away.copy("reference scoring"), ref), asleep).add(K.GATHERED, gathered)
+        ref_scoring.add(K.SCORING_FORWARD, forward)
+        phases.append(PhasePeak(ref_scoring.phase, ref_scoring, packed_reserved(ref_scoring)))
+    # _broadcast_to_vllm: the engines woken whole (wake_up()), one parameter gathered and / or cloned at a time
+    sync = _plus(away.copy("weight sync"), ref).add(K.SYNC_PARAMETER, openrlhf.sync_bytes(c, o))
+    if ro is not None:
+        sync.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache).add(K.ROLLOUT_OTHER, ro.other)
+    phases.append(PhasePeak(sync.phase, sync, packed_reserved(sync)))
+    return phases
+
+
+def _openrlhf_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+    """An OpenRLHF GRPO job (framework: openrlhf, analytic/openrlhf.py) on one of the actor's GPUs: the actor's
+    DeepSpeed update as the training step, the rollout, scorings and weight sync as phases of their own."""
+    s = r.scenario
+    if problems := openrlhf.openrlhf_problems(s):
+        raise ScenarioError(problems)
+    o = openrlhf.openrlhf_setup(s)
+    pr = Resolved(openrlhf.policy_scenario(s), r.model, r.gpu, r.assumptions)
+    tr = train_step(pr)
+    assert tr.context is not None and tr.layout is not None  # one pipeline stage (the problems refuse pp > 1)
+    settings = (f"max_num_seqs and max_num_batched_tokens vLLM's defaults (OpenRLHF passes neither), max_model_len "
+                f"{o.prompt + o.response} (prompt_max_len + generate_max_len), tensor_parallel_size "
+                f"{o.tensor_parallel}, enforce_eager {o.enforce_eager}, dtype bfloat16")
+    built = (openrlhf.rollout_scenario(s), o.sleep_level, settings)
+    # create_vllm_engines runs first in train(): the engines start before the actor and the reference load
+    ro = rollout_memory(pr, 0, ctx, "OpenRLHF", built, usage="llm")
+    colocated = ro if o.colocate_all else None
+    asleep = _rl_extra(0, colocated) if colocated is not None else Moment("")
+    ref_gpus = s.hardware.num_gpus
+    ref = Moment("").add(K.REFERENCE_WEIGHTS, openrlhf.reference_bytes(tr.context, o, ref_gpus)
+                         if o.ref_on_actor_gpu else 0)
+    extra = _plus(asleep, ref)
+    processes = 1 + (1 if o.ref_on_actor_gpu else 0) + (1 if o.colocate_all else 0)
+    outside = {"cuda_context": ctx * processes, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
+               "managed": tr.managed_bytes}
+    res_bytes, how = _step_reserved(pr, tr, {**outside, "openrlhf": extra.total}, reserved)
+    steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + extra.total)
+    phases = sorted([steady, *_openrlhf_phases(tr, o, colocated, ref, asleep)],
+                    key=lambda p: OPENRLHF_ORDER.index(p.name))
+    table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
+    top = max(phases, key=lambda p: (p.moment.total, p is steady))
+    used = max(phases, key=lambda p: (table[p.name]["device_used_bytes"], p is steady))
+    between = between_steps(tr.terms, "rollout")
+    offloaded = (between.get(K.MASTER) + between.get(K.DS_REDUCE_BUCKETS)
+                 + sum(between.parts.get(K.OPTIMIZER_STATES.part, {}).values()) if o.states_offloaded else 0)
+    ref_host = 2 * tr.context.rp.total // ref_gpus if o.reference and o.ref_offload and o.zero_stage == 3 else 0
+    host = Host(offloaded_bytes=tr.host_bytes + offloaded + ref_host + (ro.host_bytes if colocated else 0))
+    actor_notes = [n.replace("framework behaviour: deepspeed", "framework behaviour: OpenRLHF (the actor's update as "
+                             "a DeepSpeed ZeRO step)") for n in tr.assumptions if "TRL v1.12.0's PPOTrainer" not in n]
+    notes = [*actor_notes, how, *openrlhf.openrlhf_assumptions(s)]
+    if not o.colocate_all:
+        notes.append(f"OpenRLHF engine GPU (not this one): about {ro.generating_bytes / GiB:.2f} GiB while generating "
+                     f"(weights, KV cache, profile peak, CUDA graphs and non-torch) beside its CUDA context")
+    if o.reference and not o.ref_on_actor_gpu:
+        c = tr.context
+        own = openrlhf.reference_bytes(c, o, ref_gpus) + openrlhf.log_prob_forward_bytes(
+            c, tr.layout, o.micro_rollout, o.prompt + o.response) + (tr.layout.gathered if o.zero_stage == 3 else 0)
+        notes.append(f"OpenRLHF reference GPU (not this one): about {own / GiB:.2f} GiB at its scoring forward "
+                     "(its parameters, a gathered layer at ZeRO-3, the forward's logits)")
+    notes += ro.assumptions
+    rep = _report(r, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
+                  reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))
+    return rep if ro.starts else rep.model_copy(update={"fits": False})
+
+
 @dataclass(frozen=True)
 class _Preference:
     """A preference trainer's pieces (TRL's DPOTrainer, analytic/dpo.py; KTOTrainer, analytic/kto.py; ORPOTrainer,
@@ -487,6 +584,8 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     if task == "train":
         if r.scenario.effective_framework == "verl":
             return with_band(_verl_train(r, reserved, ctx))
+        if r.scenario.effective_framework == "openrlhf":
+            return with_band(_openrlhf_train(r, reserved, ctx))
         if r.scenario.train.objective == "dpo":
             return with_band(_dpo_train(r, reserved, ctx))
         if r.scenario.train.objective in ("kto", "orpo"):

@@ -225,9 +225,14 @@ class K:
     STATE_DICT_SHARDS = _k("weights", "state dict shard copies (weight sync)",
                            "verl: the clones of the actor's fp32 shards SHARDED_STATE_DICT makes for the weight sync")
     SYNC_PARAMETER = _k("temporaries", "full parameter gathered (weight sync)",
-                        "verl: one parameter gathered whole in fp32 (full_tensor) for vLLM's load_weights")
+                        "verl: one parameter gathered whole in fp32 (full_tensor) for vLLM's load_weights; OpenRLHF: "
+                        "the largest parameter gathered (ZeRO-3) and cloned (CUDA IPC) in bf16")
     STATE_DICT_UNSHARDED = _k("temporaries", "units unsharded for the state dict (weight sync)",
                               "verl: SHARDED_STATE_DICT's fp32 unsharded root unit, with a layer unit or a clone")
+    # OpenRLHF (framework: openrlhf; analytic/openrlhf.py)
+    OUTPUT_LOGITS_HELD = _k("temporaries", "output logits held (OpenRLHF)",
+                            "OpenRLHF: Actor.forward's fp32 logits, held by training_step's output through the "
+                            "backward and the optimizer step")
     # other
     CUBLAS = _k("other", "cuBLAS workspaces",
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "
@@ -287,8 +292,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("checkpoint save", "building the checkpoint's state dict"),
     Phase("rollout", "RL post-training: the colocated engine generating the completions, between two steps"),
     Phase("scoring", "RL post-training: no-grad forwards for the old and reference log-probabilities"),
-    Phase("weight sync", "RL post-training (verl): the actor's weights copied into the woken rollout engine"),
-    Phase("reference scoring", "RL post-training (verl): the reference model's no-grad log-probability forwards"),
+    Phase("weight sync", "RL post-training (verl, OpenRLHF): the actor's weights copied into the woken rollout engine"),
+    Phase("reference scoring", "RL post-training (verl, OpenRLHF): the reference model's no-grad log-probability "
+          "forwards"),
     Phase("warm-up", "a benchmark's warm-up matmul after loading (AutoAWQ examples/benchmark.py)"),
 )
 _PHASE_NAMES = frozenset(p.name for p in PHASES)

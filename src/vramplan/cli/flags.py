@@ -99,6 +99,26 @@ RENAMED: dict[str, str] = {
     "rl.verl.entropy_coeff": "verl_entropy_coeff",
     "rl.verl.strategy": "verl_strategy",
     "rl.verl.rollout_name": "verl_rollout_name",
+    # OpenRLHF's options (rl.openrlhf) behind one prefix; the long ones shortened
+    "rl.openrlhf.release": "openrlhf_release",
+    "rl.openrlhf.advantage_estimator": "openrlhf_advantage_estimator",
+    "rl.openrlhf.zero_stage": "openrlhf_zero_stage",
+    "rl.openrlhf.bf16": "openrlhf_bf16",
+    "rl.openrlhf.adam_offload": "openrlhf_adam_offload",
+    "rl.openrlhf.colocate_all_models": "openrlhf_colocate_all_models",
+    "rl.openrlhf.colocate_actor_ref": "openrlhf_colocate_actor_ref",
+    "rl.openrlhf.ref_reward_offload": "openrlhf_ref_reward_offload",
+    "rl.openrlhf.deepspeed_enable_sleep": "openrlhf_deepspeed_sleep",
+    "rl.openrlhf.vllm_num_engines": "openrlhf_vllm_num_engines",
+    "rl.openrlhf.vllm_tensor_parallel_size": "openrlhf_vllm_tp",
+    "rl.openrlhf.vllm_gpu_memory_utilization": "openrlhf_vllm_gpu_mem_util",
+    "rl.openrlhf.vllm_enable_sleep": "openrlhf_vllm_enable_sleep",
+    "rl.openrlhf.enforce_eager": "openrlhf_enforce_eager",
+    "rl.openrlhf.micro_train_batch_size": "openrlhf_micro_train_bs",
+    "rl.openrlhf.micro_rollout_batch_size": "openrlhf_micro_rollout_bs",
+    "rl.openrlhf.prompt_max_len": "openrlhf_prompt_max_len",
+    "rl.openrlhf.generate_max_len": "openrlhf_generate_max_len",
+    "rl.openrlhf.packing_samples": "openrlhf_packing_samples",
 }
 
 # Sections that belong to one task: a leaf name they share is one option (see the module docstring).

@@ -101,13 +101,15 @@ def _refuse(where: str, message: str, fix: str) -> ScenarioError:
 
 
 def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int, method: str = "GRPO",
-                   built: tuple[Scenario, int, str] | None = None) -> RolloutMemory:
+                   built: tuple[Scenario, int, str] | None = None, usage: str = "serve") -> RolloutMemory:
     """The colocated engine of the GRPO scenario ``r`` (its policy scenario), started when the trainer holds
     ``trainer_bytes_at_start`` on the GPU beside the CUDA context (``context_bytes``, shared by the process); ``method``
     names the trainer (GRPO, or RLOO: TRL v1.16.0's RLOOTrainer builds the same VLLMGeneration).
 
     ``built``: another trainer's engine (verl's ``vLLMRollout``, analytic/verl.py) as its serve scenario, its sleep
-    level between rollouts and the sentence that says who built it with which settings; null: TRL's."""
+    level between rollouts and the sentence that says who built it with which settings; null: TRL's.  ``usage``:
+    whose batch defaults vLLM applies where the builder passes none (serve/vllm.py ``default_batch_limits``):
+    ``vllm serve``'s, or, with any other word, the offline ``LLM`` class's (OpenRLHF passes neither limit)."""
     ro = r.scenario.rl.rollout
     row = behaviour(ro.vllm_version).rules
     # verl's engine on a V1 release before 0.9.1 (verl v0.4.1 / v0.5.0 pin vllm<=0.8.5): its budget rule charges
@@ -129,7 +131,7 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int,
     if charges_trainer:
         gpu = replace(gpu, total_memory_bytes=gpu.total_memory_bytes - trainer_bytes_at_start,
                       in_use_by_others_bytes=gpu.in_use_by_others_bytes + trainer_bytes_at_start)
-    d = decide(Resolved(rs, r.model, gpu, ()), ro.vllm_version, usage="serve")
+    d = decide(Resolved(rs, r.model, gpu, ()), ro.vllm_version, usage=usage)
     total, requested = d.total_memory_bytes, d.requested_bytes
     # under charges_trainer the trainer's bytes are in d.in_use_by_others_bytes (and decide's own start check)
     free = total - context_bytes - (0 if charges_trainer else trainer_bytes_at_start) - d.in_use_by_others_bytes
@@ -141,7 +143,8 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int,
                    f"{method + 'Trainer' if built is None else method} starts vLLM")
     trl_settings = (f"max_num_seqs {d.max_num_seqs}, max_num_batched_tokens {d.max_num_batched_tokens}, max_model_len "
                     f"{d.max_model_len} (the model's: TRL's vllm_max_model_length default), dtype bf16 assumed")
-    builder, settings = ("TRL VLLMGeneration", trl_settings) if built is None else ("verl vLLMRollout", built[2])
+    builders = {"verl": "verl vLLMRollout", "OpenRLHF": "OpenRLHF LLMRayActor"}
+    builder, settings = ("TRL VLLMGeneration", trl_settings) if built is None else (builders[method], built[2])
     notes = [
         (f"{method} rollout: vLLM {d.version} colocated ({builder}): gpu_memory_utilization "
          f"{d.gpu_memory_utilization} of {total / GiB:.2f} GiB = {requested / GiB:.2f} GiB for weights "

@@ -1863,7 +1863,7 @@ def _start_risk(r: Resolved, b: _Budget) -> tuple[str, str]:
 
 
 def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Blocks, batched: int,
-                          requests: int, runner: ModelRunnerRule | None = None) -> list[str]:
+                          requests: int, runner: ModelRunnerRule | None = None, usage: str = "serve") -> list[str]:
     sv, tp = r.scenario.serve, r.scenario.parallel.tp
     # either limit given (a null is vLLM's default; a saved scenario carries the nulls)
     given = sv.max_num_batched_tokens is not None or sv.max_num_seqs is not None
@@ -1875,7 +1875,7 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
     assumptions = [
         f"vLLM {row.engine.upper()} engine, behaviour of vLLM {beh.version} ({sampling})",
         (f"profile run: {batched} batched tokens, {requests} dummy requests "
-        f"({'defaults of vllm serve on this GPU' if not given else 'as given'})"),
+        f"({('defaults of vllm serve' if usage == 'serve' else 'the LLM class defaults') + ' on this GPU' if not given else 'as given'})"),
         (f"non-torch increase {b.non_torch / GiB:.2f} GiB as printed by vLLM {row.non_torch_release} on H100 "
         f"({'tp=1' if tp == 1 else 'tp>1'}); CUDA context {b.context / GiB:.2f} GiB "
         f"{'and NCCL buffers are' if b.comm_outside else 'is'} outside the budget"),
@@ -2107,7 +2107,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         needed_kv_bytes=kv.needed, max_concurrency=kv.concurrency,
         max_model_len_that_fits=min(skv.fits_len for _, skv in ranks),
         starts=not problem, problem=problem, fix=fix,
-        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests, runner) + list(opt.notes)
+        assumptions=(_decision_assumptions(r, beh, b, kv, batched, requests, runner, usage) + list(opt.notes)
                      + _speculative_notes(b) + _hybrid_notes(r, kv, hybrid, version)
                      + (_mamba_capture_notes(r, kv, version, max(g.sizes) if g and g.sizes else 0, seqs)
                         if hybrid is not None else [])

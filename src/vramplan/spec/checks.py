@@ -804,6 +804,11 @@ def ignored_sections(s: Scenario) -> list[str]:
     trains_rl = s.task == "train" and s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo", "ppo")
     if "verl" in rl and trains_rl and s.effective_framework != "verl":
         out.append("rl.verl set but not used: verl's hybrid-engine keys are read only with framework verl (docs/rl.md)")
+    if "openrlhf" in rl and trains_rl and s.effective_framework != "openrlhf":
+        out.append("rl.openrlhf set but not used: OpenRLHF's keys are read only with framework openrlhf (docs/rl.md)")
+    if trains_rl and s.effective_framework == "openrlhf" and (trl_only := [k for k in rl if k in _TRL_ONLY_RL_KEYS]):
+        shown = ", ".join(f"rl.{k}" for k in trl_only)
+        out.append(f"{shown} set but not used: TRL's trainer settings, not read under framework openrlhf")
     if trains_rl and s.effective_framework == "verl" and (trl_only := [k for k in rl if k in _TRL_ONLY_RL_KEYS]):
         # analytic/verl.py models verl's GRPO: no DPO precompute, no PPO reward or value model
         shown = ", ".join(f"rl.{k}" for k in trl_only)

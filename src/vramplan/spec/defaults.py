@@ -20,6 +20,11 @@ Under ``framework: verl`` the nulls are verl's (``with_verl_defaults``, facts/ve
 (``enable_gradient_checkpointing: true``), the response ``max_response_length`` 512, the engine vllm, and every
 ``rl.verl`` key at the release's value; ``rl.beta`` and ``num_generations`` stay null (verl reads neither here).
 
+Under ``framework: openrlhf`` the nulls are OpenRLHF's (``with_openrlhf_defaults``, facts/openrlhf.py): gradient
+checkpointing none (``--gradient_checkpointing`` false), ``rl.reference_model`` separate (``--init_kl_coef`` 0.01),
+``advantage_estimator`` group_norm, and every other ``rl.openrlhf`` key at the release's value but ``bf16`` and
+``vllm_num_engines`` (their defaults are refused); TRL's rollout keys stay as given.
+
 ``with_trainer_defaults`` fills each null with that value (``catalog.resolve`` calls it), so the estimate, and the
 report's ``scenario``, hold the resolved values: a report's scenario estimated again resolves to itself.  A value
 given equal to the default means the same as leaving it out: no check reads whether a key was present.
@@ -27,6 +32,7 @@ given equal to the default means the same as leaving it out: no check reads whet
 
 from __future__ import annotations
 
+from vramplan.facts.openrlhf import openrlhf_defaults
 from vramplan.facts.trl import (
     GRPO_BETA,
     GRPO_NUM_GENERATIONS,
@@ -43,7 +49,8 @@ from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scen
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
            "expandable_segments", "fsdp_group", "megatron_distributed_optimizer", "num_generations", "ppo_beta_default",
-           "rollout_engine", "served_dtype", "torchtitan_fsdp2", "with_served_dtype", "with_trainer_defaults",
+           "rollout_engine", "served_dtype", "torchtitan_fsdp2", "with_openrlhf_defaults", "with_served_dtype",
+           "with_trainer_defaults",
            "with_verl_defaults"]
 
 # GPU architectures below compute capability 8.0: no bf16 (vLLM's CudaPlatform.supported_dtypes: fp16, fp32)
@@ -114,6 +121,8 @@ def with_trainer_defaults(s: Scenario) -> Scenario:
     """``s`` with every null trainer default resolved (the module docstring); ``s`` itself when none is null."""
     if s.framework == "verl":
         return with_verl_defaults(s)
+    if s.framework == "openrlhf":
+        return with_openrlhf_defaults(s)
     t, rl, ro = s.train, s.rl, s.rl.rollout
     generations_null = ro.num_generations is None and s.train.objective != "ppo"
     if None not in (t.gradient_checkpointing, rl.beta, ro.max_completion_len, ro.engine) and not generations_null:
@@ -203,3 +212,30 @@ def with_verl_defaults(s: Scenario) -> Scenario:
                                     "engine": ro.engine or "vllm"})
     return s.model_copy(update={"train": t.model_copy(update={"gradient_checkpointing": ckpt}),
                                 "rl": s.rl.model_copy(update={"rollout": rollout, "verl": filled})})
+
+
+def with_openrlhf_defaults(s: Scenario) -> Scenario:
+    """``s`` (framework openrlhf) with OpenRLHF's defaults at ``rl.openrlhf.release`` in its null keys
+    (facts/openrlhf.py): ``advantage_estimator`` null is group_norm (GRPO's; OpenRLHF's own gae needs a critic),
+    ``rl.reference_model`` null is separate (``--init_kl_coef`` 0.01 > 0), gradient checkpointing null is
+    ``--gradient_checkpointing``'s false; ``vllm_num_engines`` and ``bf16`` stay as given (their defaults, no engine
+    and fp32, are refused).  The rollout's TRL keys stay as given (OpenRLHF reads its own)."""
+    o = s.rl.openrlhf
+    row = openrlhf_defaults(o.release)
+    given = o.model_dump()
+    fill = {"release": row.release, "advantage_estimator": "group_norm", "zero_stage": row.zero_stage,
+            "adam_offload": row.adam_offload, "colocate_all_models": row.colocate_all_models,
+            "colocate_actor_ref": row.colocate_actor_ref, "ref_reward_offload": row.ref_reward_offload,
+            "deepspeed_enable_sleep": row.deepspeed_enable_sleep,
+            "vllm_tensor_parallel_size": row.vllm_tensor_parallel_size,
+            "vllm_gpu_memory_utilization": row.vllm_gpu_memory_utilization,
+            "vllm_enable_sleep": row.vllm_enable_sleep, "enforce_eager": row.enforce_eager,
+            "micro_train_batch_size": row.micro_train_batch_size,
+            "micro_rollout_batch_size": row.micro_rollout_batch_size, "prompt_max_len": row.prompt_max_len,
+            "generate_max_len": row.generate_max_len, "packing_samples": row.packing_samples}
+    filled = o.model_copy(update={k: x for k, x in fill.items() if given[k] is None})
+    t = s.train
+    ckpt = t.gradient_checkpointing or ("full" if row.gradient_checkpointing else "none")
+    return s.model_copy(update={"train": t.model_copy(update={"gradient_checkpointing": ckpt}),
+                                "rl": s.rl.model_copy(update={"reference_model": s.rl.reference_model or "separate",
+                                                              "openrlhf": filled})})

@@ -1171,7 +1171,7 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
     fw, out = s.effective_framework, []
     if s.task == "serve" and fw != "vllm":
         out.append(f"not modelled: framework {fw} for task serve (a vLLM engine's start-up is what is estimated)")
-    if s.task == "inference" and fw in ("torchtitan", "deepspeed", "torchtune", "verl"):
+    if s.task == "inference" and fw in ("torchtitan", "deepspeed", "torchtune", "verl", "openrlhf"):
         out.append(f"not modelled: framework {fw} for task inference (Hugging Face generate is what is estimated)")
     out += megatron_unmodelled(s, m)
     if s.task == "train" and s.train.precision == "fp8-mixed" and s.train.peft is not None:

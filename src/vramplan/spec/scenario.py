@@ -19,7 +19,7 @@ from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq",
-                    "torchtune", "litgpt", "verl", "megatron"]
+                    "torchtune", "litgpt", "verl", "megatron", "openrlhf"]
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao",
                     "mxfp8-torchao"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
@@ -1181,6 +1181,86 @@ class Verl(_Strict):
     """``rollout.name``: vllm is modelled; sglang and hf are refused (not modelled); null: vllm."""
 
 
+class OpenRlhf(_Strict):
+    """OpenRLHF's Ray layout (``framework: openrlhf``, train.objective grpo: a critic-free advantage estimator):
+    its own option names (``openrlhf/cli/train_ppo_ray.py``); a null field takes OpenRLHF's default at ``release``
+    (facts/openrlhf.py, with each default's line).  ``hardware.num_gpus`` is the actor's GPUs
+    (``actor_num_nodes x actor_num_gpus_per_node``), ``train.gradient_checkpointing`` null is
+    ``--gradient_checkpointing``'s false, ``rl.reference_model`` null or separate is ``--init_kl_coef`` above 0
+    (OpenRLHF's 0.01) and none is 0, and ``rl.rollout.vllm_version`` the vLLM release (docs/rl.md, OpenRLHF)."""
+
+    release: Literal["0.8.11"] | None = None
+    """OpenRLHF release whose defaults and code are followed (0.8.11 read); null: 0.8.11."""
+
+    advantage_estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm",
+                                 "dr_grpo"] | None = None
+    """``--advantage_estimator``: the critic-free ones (group_norm, dr_grpo, rloo, reinforce, reinforce_baseline)
+    are modelled under train.objective grpo (they differ in the advantages' arithmetic on a few numbers per
+    sequence); gae (OpenRLHF's default: PPO with a critic model) is refused (not modelled); null: group_norm."""
+
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    """``--zero_stage``: the actor's DeepSpeed ZeRO stage; the reference runs stage 3 when it is 3, else a whole
+    copy (stage 0); null: 2."""
+
+    bf16: bool | None = None
+    """``--bf16``: the models loaded in bf16 and DeepSpeed's bf16 mode; false (fp32 models and training) is refused
+    (not modelled); null: OpenRLHF's false, refused: set true."""
+
+    adam_offload: bool | None = None
+    """``--adam_offload``: the actor's Adam states in host memory (DeepSpeedCPUAdam, ZeRO offload_optimizer cpu);
+    null: false."""
+
+    colocate_all_models: bool | None = None
+    """``--colocate_all_models``: the actor, the reference and the vLLM engines on the same GPUs (requires
+    vllm_num_engines x vllm_tensor_parallel_size = hardware.num_gpus); null: false."""
+
+    colocate_actor_ref: bool | None = None
+    """``--colocate_actor_ref``: the reference on the actor's GPUs; null: false (its own GPUs)."""
+
+    ref_reward_offload: bool | None = None
+    """``--ref_reward_offload``: the reference's parameters in host memory (ZeRO-3 offload_param: with zero_stage 3
+    only, refused below); null: false."""
+
+    deepspeed_enable_sleep: bool | None = None
+    """``--deepspeed_enable_sleep``: the actor's optimizer states, fp32 master and gradient buffers in host memory
+    outside its training step (offload_deepspeed_states); null: false."""
+
+    vllm_num_engines: int | None = Field(None, ge=0, le=1_000_000)
+    """``--vllm_num_engines``: vLLM engines generating the rollouts; null or 0 (OpenRLHF's default: no engine) is
+    refused (generation without vLLM is not modelled)."""
+
+    vllm_tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
+    """``--vllm_tensor_parallel_size``: each engine's weights and KV cache split over this many GPUs; null: 1."""
+
+    vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """``--vllm_gpu_memory_utilization``, passed to ``vllm.LLM`` unchanged (vLLM's meaning at
+    ``rl.rollout.vllm_version``); null: 0.95."""
+
+    vllm_enable_sleep: bool | None = None
+    """``--vllm_enable_sleep``: the engines asleep (level 1: weights to host memory, KV cache freed) outside the
+    generation and the weight sync; read only with colocate_all_models (OpenRLHF resets it otherwise); null: false."""
+
+    enforce_eager: bool | None = None
+    """``--enforce_eager``: no CUDA graphs in vLLM; null: false."""
+
+    micro_train_batch_size: int | None = Field(None, ge=1, le=1_000_000)
+    """``--micro_train_batch_size``: sequences per actor forward and backward; null: 4."""
+
+    micro_rollout_batch_size: int | None = Field(None, ge=1, le=1_000_000)
+    """``--micro_rollout_batch_size``: sequences per no-grad forward of the actor's and the reference's
+    log-probabilities; null: 8."""
+
+    prompt_max_len: int | None = Field(None, ge=1, le=100_000_000)
+    """``--prompt_max_len``: tokens of a prompt; null: 1024."""
+
+    generate_max_len: int | None = Field(None, ge=1, le=100_000_000)
+    """``--generate_max_len``: tokens generated per response; null: 1024."""
+
+    packing_samples: bool | None = None
+    """``--packing_samples`` (sequences packed without padding, flash-attn varlen): true is refused (not
+    modelled); null: false."""
+
+
 class Rl(_Strict):
     """Reinforcement-learning post-training (train.objective: grpo, rloo or ppo): the reference model and the rollout."""
 
@@ -1242,6 +1322,9 @@ class Rl(_Strict):
     verl: Verl = Field(default_factory=Verl)
     """verl's hybrid-engine settings (``framework: verl``)."""
 
+    openrlhf: OpenRlhf = Field(default_factory=OpenRlhf)
+    """OpenRLHF's Ray layout settings (``framework: openrlhf``)."""
+
 
 class Scenario(_Strict):
     """A validated scenario.  ``model`` is a catalog id/alias, a path, or an inline config mapping."""
@@ -1261,7 +1344,8 @@ class Scenario(_Strict):
     else hf-trainer.  litgpt is Lit-GPT's scripts, the conventions framework lightning has always meant here;
     torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype); verl is
     verl's FSDP + vLLM hybrid engine for train.objective grpo (``rl.verl``, docs/rl.md); megatron is Megatron-LM
-    training its own GPT model with Megatron-Core (``parallel.megatron``, docs/conventions.md)."""
+    training its own GPT model with Megatron-Core (``parallel.megatron``, docs/conventions.md); openrlhf is OpenRLHF's
+    DeepSpeed + vLLM Ray layout for train.objective grpo (``rl.openrlhf``, docs/rl.md)."""
 
     train: Train = Field(default_factory=Train)
     """The training step (task train)."""

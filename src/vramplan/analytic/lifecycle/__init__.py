@@ -41,7 +41,7 @@ from vramplan.spec.defaults import expandable_segments
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Lifecycle
 
-__all__ = ["LIFECYCLE_ORDER", "VERL_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
+__all__ = ["LIFECYCLE_ORDER", "OPENRLHF_ORDER", "VERL_ORDER", "JobLifecycle", "PhasePeak", "job_lifecycle", "packed_reserved"]
 
 # the report's lifecycle phases, in the order a job runs them (the steady step's name is "training step")
 LIFECYCLE_ORDER = ("load", "peft preparation", "first step", "rollout", "scoring", "training step", "evaluation",
@@ -49,6 +49,8 @@ LIFECYCLE_ORDER = ("load", "peft preparation", "first step", "rollout", "scoring
 # verl's phases (analytic/verl.py) in the order an iteration runs them; the names appended above, so the order of
 # the phases every other job reports stays as it was
 VERL_ORDER = ("weight sync", "rollout", "scoring", "reference scoring", "training step")
+# OpenRLHF's (analytic/openrlhf.py): the experience first, then the update, then the weights to the engines
+OPENRLHF_ORDER = ("rollout", "scoring", "reference scoring", "training step", "weight sync")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from vramplan.analytic.logits import (
     loss_bytes,
 )
 from vramplan.analytic.moment import K
+from vramplan.analytic.openrlhf import marks_openrlhf_loss, openrlhf_loss_tensors
 from vramplan.analytic.orpo import orpo_loss_tensors
 from vramplan.analytic.ppo import ppo_loss_tensors
 from vramplan.analytic.precision import framework_family
@@ -28,7 +29,7 @@ from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.casts import reference_casts_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import FORWARD, LOSS, mlp
+from vramplan.analytic.timeline import END, FORWARD, LOSS, mlp
 from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
@@ -130,6 +131,9 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
     if t.objective in ("grpo", "rloo", "dpo", "kto") and uses_fused_head(c.s):
         return _fused_head_loss_tensors(c)
+    if marks_openrlhf_loss(c.s):
+        # OpenRLHF's Actor.forward: fp32 logits over every position, flash-attn's cross-entropy (analytic/openrlhf.py)
+        return openrlhf_loss_tensors(t.micro_batch_size, t.seq_len, vocab, cb)
     if t.objective == "ppo":
         # TRL's PPO policy loss: the head on every position, the response's log-probs per sequence (analytic/ppo.py)
         ro = c.s.rl.rollout
@@ -214,10 +218,16 @@ def kernel_loss(c: StepContext) -> list[Term]:
     temporaries at the forward's end and its backward buffers at the loss's backward.  Named apart from the
     standard loss's terms: the allocator's event stream reads their tensors as (kept, temporary)."""
     kt = kernel_loss_tensors(c)
-    return [Term(K.LOSS_FORWARD, kt.forward_peak, FORWARD, LOSS, "logits.kernel_loss",
-                 tensors=(kt.saved, kt.forward_extra)),
-            Term(K.LOSS_BACKWARD, kt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.kernel_loss_gradients",
-                 tensors=(kt.saved, kt.backward_extra))]
+    last = mlp(len(c.layer_specs) - 1)
+    terms = [Term(K.LOSS_FORWARD, kt.forward_peak, FORWARD, LOSS, "logits.kernel_loss",
+                  tensors=(kt.saved, kt.forward_extra)),
+             Term(K.LOSS_BACKWARD, kt.backward_peak, LOSS, last, "logits.kernel_loss_gradients",
+                  tensors=(kt.saved, kt.backward_extra))]
+    if marks_openrlhf_loss(c.s):
+        # OpenRLHF's training_step keeps ``output`` (its fp32 logits) until it returns: through the rest of the
+        # backward and the optimizer step (analytic/openrlhf.py openrlhf_loss_tensors)
+        terms.append(Term(K.OUTPUT_LOGITS_HELD, kt.saved, last, END, "logits.openrlhf_output_held"))
+    return terms
 
 
 def layer_forward(c: StepContext) -> list[Term]:
