@@ -603,9 +603,12 @@ def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     what = _linear_mixer_what(m)
     if s.task == "serve":
+        # vLLM ships Qwen3NextForCausalLM and Lfm2ForCausalLM from 0.11.0 (model_executor/models/qwen3_next.py,
+        # lfm2.py, read in the 0.11.0-0.33.0 wheels); their state pages are not laid out here
         return [Problem("task", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's state pages "
-                        "for these layers are not modelled", "estimate inference (task: inference) with "
-                        "transformers' generate, or training, with --engine trace; " + _PARAMETERS_ONLY)]
+                        "for these layers (vLLM runs such models from 0.11.0) are not modelled",
+                        "estimate inference (task: inference) with transformers' generate, or training, with "
+                        "--engine trace; " + _PARAMETERS_ONLY)]
     version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; it is modelled on transformers 5.24 (DynamicCache's "
