@@ -1,6 +1,7 @@
 """LFM2 (``lfm2``, transformers ``modeling_lfm2.py``): gated short-convolution blocks beside grouped-query attention.
 Tensors counted by hand and on transformers' meta device, the convolution state by hand and against transformers' own
-cache after a prefill, the traced engine's training step and generate, and what is not modelled refused."""
+cache after a prefill, generate by the analytic engine against the traced engine's, the traced training step, and
+what is not modelled refused."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import pytest
 
 from vramplan import estimate
 from vramplan.analytic.kv_cache import kv_bytes_per_token
-from vramplan.analytic.ssm_state import mixer_decode_bytes, ssm_state_bytes, ssm_state_note
+from vramplan.analytic.ssm_state import (
+    mixer_decode_bytes,
+    mixer_prefill_bytes,
+    ssm_state_bytes,
+    ssm_state_note,
+)
 from vramplan.errors import VramplanError
 from vramplan.spec.families.lfm2 import ff_width
 from vramplan.spec.hf_config import model_from_config
@@ -115,8 +121,10 @@ def test_state_by_hand() -> None:
     assert kv_bytes_per_token(m, 2) == 12_288
     note = ssm_state_note(m, 2)
     assert note is not None and "122,880 B per sequence of short-convolution convolution state" in note
-    with pytest.raises(ValueError, match="short-convolution"):
-        mixer_decode_bytes(m, 1, 2)
+    # the running block at the prefill, 1 sequence of 1,000 tokens: 2,048 x (8 x 1,000 + 3 - 1) x 2 B = 32,776,192
+    assert mixer_prefill_bytes(m, 1, 1000, 2) == 32_776_192
+    # a decode step's block: 2,048 x (3 + 7) x 2 B = 40,960 per sequence
+    assert mixer_decode_bytes(m, 1, 2) == 40_960
 
 
 def test_state_equals_transformers_cache_after_a_prefill() -> None:
@@ -154,17 +162,39 @@ def test_traced_training_step_holds_the_adapters_parameters() -> None:
     assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]
 
 
-def test_traced_generate_runs_and_the_analytic_engine_refuses_it() -> None:
+# a tester whose convolution blocks outweigh its MLPs (block_ff_dim 24 -> int(2 x 24 / 3) = 16 channels), so that the
+# prefill's running layer is a convolution block
+CONV_HEAVY: dict[str, Any] = {**TESTER, "vocab_size": 512, "hidden_size": 256, "block_ff_dim": 24}
+
+
+@pytest.mark.parametrize(("shape", "prompt", "low", "high"), [
+    # the MLP phase of an attention layer is the running layer: within 0.2% (8,762,432 against 8,775,680 B at 100)
+    (TESTER, 100, 0.99, 1.0),
+    (TESTER, 200, 0.99, 1.0),
+    # a convolution block is: the analytic engine counts every attention layer's prompt KV while an earlier block runs
+    # (an upper bound): 11,883,520 against 11,786,752 B at 100 tokens, 13,035,520 against 12,838,912 at 200
+    (CONV_HEAVY, 100, 1.0, 1.01),
+    (CONV_HEAVY, 200, 1.0, 1.02),
+])
+def test_traced_generate_agrees_with_the_analytic_engine(shape: dict[str, Any], prompt: int, low: float,
+                                                        high: float) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from vramplan.trace.engine import estimate as traced
 
-    doc = {"task": "inference", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
-           "inference": {"batch_size": 2, "prompt_len": 64, "new_tokens": 4}}
-    t = traced(doc)
-    m = model_from_config(TESTER)
-    assert t.per_gpu.peak_allocated_bytes > 2 * m.num_parameters + 2 * 64 * kv_bytes_per_token(m, 2) \
-        + ssm_state_bytes(m, 2, 2)
+    doc = {"task": "inference", "model": shape, "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 2, "prompt_len": prompt, "new_tokens": 10}}
+    a, t = estimate(doc), traced(doc)
+    assert low < a.per_gpu.peak_allocated_bytes / t.per_gpu.peak_allocated_bytes < high
+    assert any("gated short-convolution blocks without a KV cache" in x for x in a.assumptions)
+    if shape is CONV_HEAVY:
+        # the running block, 2 x 256 x (8 x prompt + 2) x 2 B (821,248 B at 100 tokens)
+        assert a.per_gpu.breakdown_detail["activations"]["running layer"] == 2 * 256 * (8 * prompt + 2) * 2
+
+
+def test_the_analytic_engine_refuses_training() -> None:
+    doc = {"task": "train", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 1, "seq_len": 64}}
     with pytest.raises(VramplanError) as exc:
         estimate(doc)
     assert "--engine trace" in str(exc.value) and "2 gated short-convolution layers" in str(exc.value)

@@ -84,7 +84,19 @@ sequence only the convolution state ``hidden x conv_L_cache`` of ``B * x`` (``Lf
 LFM2-1.2B's shape (hidden 2,048, ``conv_L_cache`` 3, 10 convolution blocks), bf16: 2,048 x 3 x 2 B = 12,288 B per
 layer, 122,880 B per sequence.
 
-The prefill and decode temporaries of these two kinds are not modelled (``mixer_prefill_bytes`` and
+Prefill (``Lfm2ShortConv.forward``, transformers' torch ``causal_conv1d_fn``: the ``causal-conv1d`` package and hub
+kernels are not used unless installed or asked for; generate's all-ones mask makes ``create_recurrent_attention_mask``
+return None, so no masked copy).  With ``b`` sequences of ``p`` tokens, ``h`` channels, ``k = conv_L_cache`` and the
+compute dtype's ``c`` bytes, the block holds at once its input (the residual, ``b p h``) and ``operator_norm``'s output
+(``b p h``), ``in_proj``'s output ``BCx`` (``3 b p h``; B, C and x are views of it, alive to the block's end), the
+convolution's padded output (``b h (p + k - 1)``; ``B * x`` is freed once the convolution returns, the cache keeping a
+copy of its last ``k`` columns), ``y = C * conv`` and its contiguous transpose (``b p h`` each) and then ``out_proj``'s
+output in ``y``'s place: ``b c h (8 p + k - 1)``, this block's running-layer term.  Decode
+(``causal_conv1d_update``): ``BCx`` (``3 h``), ``B * x`` (``h``), the state and the token concatenated (``(k + 1) h``)
+and the convolution's output (``2 h``), then ``y``, its copy and ``out_proj``'s output: ``b c h (k + 7)`` at most.
+Both agree with the traced engine (``tests/test_families_lfm2.py``).
+
+The Gated DeltaNet's prefill and decode temporaries are not modelled (``mixer_prefill_bytes`` and
 ``mixer_decode_bytes`` refuse them; the analytic engine refuses their generate: spec/checks.py
 ``linear_mixer_analytic_problems``).
 """
@@ -126,6 +138,8 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
     _scan_modelled(ms)
     if ms.kind == "mamba1":
         return _mamba1_prefill_bytes(ms, batch, prompt, c)
+    if ms.kind == "short_conv":
+        return batch * c * ms.intermediate_size * (8 * prompt + ms.conv_kernel - 1)
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
     h, inter, n = ms.n_heads, ms.intermediate_size, ms.state_size
     half = batch * c * (prompt * (inter + ms.conv_dim + h) + (prompt + ms.conv_kernel - 1) * ms.conv_dim
@@ -169,7 +183,7 @@ _KIND_NAMES = {"mamba2": "Mamba2", "mamba1": "Mamba", "gated_deltanet": "Gated D
 
 def _scan_modelled(ms: MambaSpec) -> None:
     """Refuse the prefill and decode terms of the mixer kinds whose temporaries are not modelled (module docstring)."""
-    if ms.kind in ("gated_deltanet", "short_conv"):
+    if ms.kind == "gated_deltanet":
         raise ValueError(f"the prefill and decode temporaries of {_KIND_NAMES[ms.kind]} layers are not modelled")
 
 
@@ -189,6 +203,8 @@ def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
     if m.mamba is None:
         return 0
     _scan_modelled(m.mamba)
+    if m.mamba.kind == "short_conv":
+        return batch * c * m.mamba.intermediate_size * (m.mamba.conv_kernel + 7)
     if m.mamba.kind == "mamba1":
         return batch * m.mamba.ssm_state_elements * 5 * FP32_BYTES
     return batch * m.mamba.ssm_state_elements * (3 * FP32_BYTES + 2 * c)

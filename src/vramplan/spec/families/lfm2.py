@@ -18,7 +18,8 @@ Layer ``i`` is a convolution block where ``layer_types[i] == "conv"`` and attent
   null) rounded up to a multiple of ``block_multiple_of``.
 
 The convolution blocks keep a convolution state in place of a KV cache: ``ModelSpec.mamba`` with ``MambaSpec.kind``
-"short_conv" (``conv_L_cache`` columns of ``hidden`` channels, no recurrent state).
+"short_conv" (``conv_L_cache`` columns of ``hidden`` channels, no recurrent state; its generate's terms:
+``analytic/ssm_state.py``).
 
 ``configuration_lfm2.py`` defaults: vocab 65536, hidden 2560, intermediate 12288, 32 layers, 32 heads, 8 KV heads,
 max_position_embeddings 128000, tie_word_embeddings True, conv_bias False, conv_L_cache 3, block_multiple_of 256,
