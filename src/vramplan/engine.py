@@ -48,6 +48,7 @@ from vramplan.spec.checks import (
     capability_notes,
     every_token_expert_problems,
     ignored_sections,
+    linear_mixer_analytic_problems,
     unused_settings,
 )
 from vramplan.spec.defaults import expandable_segments, rollout_engine
@@ -575,7 +576,7 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
 
 def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel) -> Report:
     r = source if isinstance(source, Resolved) else resolve(source)
-    refused = every_token_expert_problems(r.scenario, r.model)
+    refused = every_token_expert_problems(r.scenario, r.model) + linear_mixer_analytic_problems(r.scenario, r.model)
     if refused:
         raise ScenarioError(refused)
     choice = cuda_context_for(r.gpu)

@@ -1017,6 +1017,14 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
         return []
     if ms.kind == "mamba1":
         return _mamba1_notes(g)
+    if ms.kind == "short_conv":
+        conv, _ = ssm_state_layer_bytes(g.m, g.c)
+        return [(f"{len(ms.layers)} of {g.m.num_layers} layers are gated short-convolution blocks without a KV cache: "
+                 f"each keeps per sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B "
+                 f"({conv:,} B), transformers 5.24's LinearAttentionLayer; the KV cache counts the attention layers "
+                 "only; the blocks run transformers' torch causal_conv1d_fn / causal_conv1d_update (as without the "
+                 "causal-conv1d package and use_kernels=True), the prefill's running block holding its input, "
+                 "in_proj's output, the padded convolution and the gated product (analytic/ssm_state.py)")]
     conv, ssm = ssm_state_layer_bytes(g.m, g.c)
     held = (f"a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
             f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B)")

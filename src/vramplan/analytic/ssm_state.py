@@ -63,6 +63,42 @@ falcon-mamba-7b's shape (hidden 4096, I = 8192, n = 16, r = 256), b = 1, p = 100
 
 Decode (``mamba_selective_state_update``): ``dA``, ``dB`` and ``dBx`` in fp32 (dt and B are cast by ``.float()``),
 ``state * dA`` and the new state: 20 bytes per element of the ``I x n`` state.
+
+**Gated DeltaNet layers (``MambaSpec.kind`` "gated_deltanet": ``qwen3_next``, transformers 5.24
+``modeling_qwen3_next.py``).**  The same ``LinearAttentionLayer`` keeps per layer and sequence the convolution state
+``conv_dim x linear_conv_kernel_dim`` (``conv_dim = 2 key_dim + value_dim``: ``update_conv_state`` with
+``conv_kernel_size=self.conv_kernel_size``) in the dtype of ``in_proj_qkvz``'s output, the compute dtype, and the
+recurrent state ``linear_num_value_heads x linear_key_head_dim x linear_value_head_dim`` in fp32:
+``torch_chunk_gated_delta_rule`` casts query, key, value, beta and the decay to fp32 and its ``last_recurrent_state``
+(``torch.zeros(recurrent_state_shape, dtype=new_values.dtype)``, then updated in fp32) is what
+``update_recurrent_state`` initializes the cache's tensor from.  Worked example, Qwen3-Next-80B-A3B's shape (16 key
+heads and 32 value heads of 128; kernel 4; 36 linear-attention layers), bf16: conv_dim = 2 x 2,048 + 4,096 = 8,192;
+conv state 8,192 x 4 x 2 B = 65,536 B; recurrent state 32 x 128 x 128 x 4 B = 2,097,152 B; per sequence 36 x
+2,162,688 = 77,856,768 B, whatever its length.  (With the ``fla`` package installed, or hub kernels asked for,
+``use_kernel_func_from_hub_with_fallback`` runs fla's ``chunk_gated_delta_rule`` instead; its state is the same
+shape, its temporaries are other.)
+
+**Short-convolution blocks (``MambaSpec.kind`` "short_conv": ``lfm2``, ``modeling_lfm2.py`` 5.24).**  Per layer and
+sequence only the convolution state ``hidden x conv_L_cache`` of ``B * x`` (``Lfm2ShortConv.forward``:
+``update_conv_state`` with ``conv_kernel_size=self.conv_kernel_size``), in the compute dtype; no recurrent state.
+LFM2-1.2B's shape (hidden 2,048, ``conv_L_cache`` 3, 10 convolution blocks), bf16: 2,048 x 3 x 2 B = 12,288 B per
+layer, 122,880 B per sequence.
+
+Prefill (``Lfm2ShortConv.forward``, transformers' torch ``causal_conv1d_fn``: the ``causal-conv1d`` package and hub
+kernels are not used unless installed or asked for; generate's all-ones mask makes ``create_recurrent_attention_mask``
+return None, so no masked copy).  With ``b`` sequences of ``p`` tokens, ``h`` channels, ``k = conv_L_cache`` and the
+compute dtype's ``c`` bytes, the block holds at once its input (the residual, ``b p h``) and ``operator_norm``'s output
+(``b p h``), ``in_proj``'s output ``BCx`` (``3 b p h``; B, C and x are views of it, alive to the block's end), the
+convolution's padded output (``b h (p + k - 1)``; ``B * x`` is freed once the convolution returns, the cache keeping a
+copy of its last ``k`` columns), ``y = C * conv`` and its contiguous transpose (``b p h`` each) and then ``out_proj``'s
+output in ``y``'s place: ``b c h (8 p + k - 1)``, this block's running-layer term.  Decode
+(``causal_conv1d_update``): ``BCx`` (``3 h``), ``B * x`` (``h``), the state and the token concatenated (``(k + 1) h``)
+and the convolution's output (``2 h``), then ``y``, its copy and ``out_proj``'s output: ``b c h (k + 7)`` at most.
+Both agree with the traced engine (``tests/test_families_lfm2.py``).
+
+The Gated DeltaNet's prefill and decode temporaries are not modelled (``mixer_prefill_bytes`` and
+``mixer_decode_bytes`` refuse them; the analytic engine refuses their generate: spec/checks.py
+``linear_mixer_analytic_problems``).
 """
 
 from __future__ import annotations
@@ -108,8 +144,11 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
     ms = m.mamba
     if ms is None:
         return 0
+    _scan_modelled(ms)
     if ms.kind == "mamba1":
         return _mamba1_prefill_bytes(ms, batch, prompt, c)
+    if ms.kind == "short_conv":
+        return batch * c * ms.intermediate_size * (8 * prompt + ms.conv_kernel - 1)
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
     h, inter, n = ms.n_heads, ms.intermediate_size, ms.state_size
     half = batch * c * (prompt * (inter + ms.conv_dim + h) + (prompt + ms.conv_kernel - 1) * ms.conv_dim
@@ -172,13 +211,24 @@ def _mamba1_prefill_bytes(ms: MambaSpec, batch: int, prompt: int, c: int) -> int
     return batch * prompt * (scan + held)
 
 
+_KIND_NAMES = {"mamba2": "Mamba2", "mamba1": "Mamba", "gated_deltanet": "Gated DeltaNet",
+               "short_conv": "short-convolution"}
+
+
+def _scan_modelled(ms: MambaSpec) -> None:
+    """Refuse the prefill and decode terms of the mixer kinds whose temporaries are not modelled (module docstring)."""
+    if ms.kind == "gated_deltanet":
+        raise ValueError(f"the prefill and decode temporaries of {_KIND_NAMES[ms.kind]} layers are not modelled")
+
+
 def ssm_state_note(m: ModelSpec, c: int) -> str | None:
     """What a KV-cache table leaves out for a hybrid model: its mixers' state per sequence (None without mixers)."""
     if m.mamba is None:
         return None
-    kind = "Mamba2" if m.mamba.kind == "mamba2" else "Mamba"
+    kind = _KIND_NAMES[m.mamba.kind]
     where = ("beside the KV cache of the same layers" if m.mamba.parallel_attention else "no KV cache there")
-    return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of {kind} convolution and SSM state in "
+    state = "convolution and SSM state" if m.mamba.ssm_state_elements else "convolution state"
+    return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of {kind} {state} in "
             f"{len(m.mamba.layers)} mixer layers ({where}), whatever the sequence length")
 
 
@@ -186,6 +236,9 @@ def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
     """One mixer layer's single-token state update at its peak (module docstring); 0 without mixers."""
     if m.mamba is None:
         return 0
+    _scan_modelled(m.mamba)
+    if m.mamba.kind == "short_conv":
+        return batch * c * m.mamba.intermediate_size * (m.mamba.conv_kernel + 7)
     if m.mamba.kind == "mamba1":
         return batch * m.mamba.ssm_state_elements * 5 * FP32_BYTES
     return batch * m.mamba.ssm_state_elements * (3 * FP32_BYTES + 2 * c)

@@ -43,8 +43,8 @@ __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
     "capability_problems", "chunked_attention_as_full", "chunked_attention_notes", "contradictions",
     "cross_attention_problems", "encoder_decoder_problems", "every_token_expert_problems", "expert_loop_problems",
-    "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "litgpt_problems", "number_problems",
-    "section_conflicts", "unmodelled_layer_problems", "unused_settings",
+    "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "linear_mixer_analytic_problems",
+    "litgpt_problems", "number_problems", "section_conflicts", "unmodelled_layer_problems", "unused_settings",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
@@ -544,6 +544,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     if m.mamba is None:
         return []
+    if m.mamba.kind in LINEAR_MIXER_KINDS:
+        return _linear_mixer_problems(s, m)
     if m.mamba.parallel_attention:
         return _parallel_hybrid_problems(s, m)
     if len(m.mamba.layers) == m.num_layers:
@@ -573,6 +575,64 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("framework", f"{what}; Lit-GPT ships no such model",
                         "use the transformers framework for inference")]
     return []
+
+
+# MambaSpec kinds whose layers the analytic engine has no terms for (their state is counted: analytic/ssm_state.py)
+LINEAR_MIXER_KINDS = {"gated_deltanet": "Gated DeltaNet linear-attention", "short_conv": "gated short-convolution"}
+
+
+def _linear_mixer_what(m: ModelSpec) -> str:
+    ms = m.mamba
+    assert ms is not None
+    return (f"{m.name} is a hybrid of {len(ms.layers)} {LINEAR_MIXER_KINDS[ms.kind]} layers and "
+            f"{m.num_layers - len(ms.layers)} attention layers")
+
+
+def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a hybrid of Gated DeltaNet or gated short-convolution layers and attention
+    (``MambaSpec.kind`` "gated_deltanet": ``qwen3_next``; "short_conv": ``lfm2``), for every engine; the analytic
+    engine's own refusal is ``linear_mixer_analytic_problems``.
+
+    * Serving: vLLM's and SGLang's state pools for these layers (vLLM's ``MambaSpec`` pages of the gated delta net's
+      and the short convolution's state shapes) are not modelled; llama.cpp's recurrent cells neither.
+    * transformers 4.x: its ``Qwen3NextDynamicCache`` and ``Lfm2HybridConvCache`` preallocate other shapes and dtypes
+      than 5.24's ``LinearAttentionLayer`` (cache_utils.py), whose state the traced engine's decode step fills.
+    * Inference: tensor parallelism (the configuration classes' ``base_model_tp_plan`` was not followed for these
+      layers), a quantized cache (``QuantizedCache`` refuses models with other than full-attention layers,
+      cache_utils.py 5.24), Lit-GPT (it ships no such model).
+    """
+    what = _linear_mixer_what(m)
+    if s.task == "serve":
+        # vLLM ships Qwen3NextForCausalLM and Lfm2ForCausalLM from 0.11.0 (model_executor/models/qwen3_next.py,
+        # lfm2.py, read in the 0.11.0-0.33.0 wheels); their state pages are not laid out here
+        return [Problem("task", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's state pages "
+                        "for these layers (vLLM runs such models from 0.11.0) are not modelled",
+                        "estimate inference (task: inference) with transformers' generate, or training, with "
+                        "--engine trace; " + _PARAMETERS_ONLY)]
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        return [Problem("software.transformers", f"{what}; it is modelled on transformers 5.24 (DynamicCache's "
+                        f"LinearAttentionLayer), not {s.software.transformers} (its own hybrid cache class)",
+                        "drop software.transformers, or set it to 5.0 or later")]
+    if s.task == "train":
+        return []
+    return _generate_limits(s, what, "the layers' tensor-parallel plan is not modelled",
+                            "transformers' QuantizedCache refuses models with other than full-attention layers")
+
+
+def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """The analytic engine's refusal of training for a hybrid of Gated DeltaNet or gated short-convolution layers
+    (``LINEAR_MIXER_KINDS``: their saved tensors, ``torch_chunk_gated_delta_rule``'s chunked fp32 products and the
+    short convolution's gates, are not in its terms), and of the Gated DeltaNet's generate (its chunked rule's
+    prefill temporaries).  Their state per sequence, and the short convolution's prefill and decode, are
+    (``analytic/ssm_state.py``); the traced engine runs transformers' own forward and is not refused."""
+    if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task not in ("train", "inference"):
+        return []
+    if s.task == "inference" and m.mamba.kind == "short_conv":
+        return []
+    return [Problem("task", f"{_linear_mixer_what(m)}; the saved and transient tensors of those layers are not in "
+                    f"the analytic engine's terms, so task {s.task} is not estimated by it",
+                    "use --engine trace (it runs transformers' own forward on the meta device); " + _PARAMETERS_ONLY)]
 
 
 def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:

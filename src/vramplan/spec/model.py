@@ -153,7 +153,14 @@ class MambaSpec:
     # "mamba2": the Mamba2 mixer above; "mamba1": Mamba's ``MambaMixer`` (``modeling_mamba.py``, 5.24), one state of
     # ``state_size`` per channel (written here as ``intermediate_size`` heads of ``head_dim`` 1 in ``n_groups`` 0, so
     # that ``conv_dim`` is ``intermediate_size`` and ``ssm_state_elements`` is ``intermediate_size x state_size``)
-    kind: Literal["mamba2", "mamba1"] = "mamba2"
+    # "gated_deltanet": Qwen3-Next's ``Qwen3NextGatedDeltaNet`` (``modeling_qwen3_next.py``, 5.24): the convolution over
+    # ``conv_dim = 2 key_dim + value_dim`` channels (``intermediate_size`` here, ``n_groups`` 0) and ``n_heads`` value
+    # heads of ``head_dim`` by ``state_size`` (the key head dim) fp32 recurrent state each; "short_conv": LFM2's
+    # ``Lfm2ShortConv`` (``modeling_lfm2.py``, 5.24), a gated depthwise convolution over ``intermediate_size`` (the hidden
+    # size) channels and no recurrent state (``n_heads`` 0)
+    kind: Literal["mamba2", "mamba1", "gated_deltanet", "short_conv"] = "mamba2"
+    # Gated DeltaNet: ``linear_num_key_heads`` (the query/key heads that value heads share; unused by the other kinds)
+    key_heads: int = 0
     time_step_rank: int = 0  # Mamba-1's ``x_proj`` -> ``dt_proj`` rank (unused by the Mamba2 mixer)
     # FalconMamba's weightless RMS norms on dt's low-rank input, B and C (``FalconMambaMixer.dt_layernorm``,
     # ``b_layernorm``, ``c_layernorm``): three more tensors of the mixer at the prefill

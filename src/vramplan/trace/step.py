@@ -654,8 +654,9 @@ def _layer_type(config: Any, index: int) -> str:
 
 
 def _is_mixer(config: Any, index: int) -> bool:
-    """A hybrid model's Mamba2 mixer layer (``layer_types`` "linear_attention", as ``BambaConfig`` names them)."""
-    return _layer_type(config, index) == "linear_attention"
+    """A hybrid model's mixer layer (``layer_types`` "linear_attention", as ``BambaConfig`` and ``Qwen3NextConfig``
+    name them, or "conv", LFM2's short-convolution blocks: cache_utils.py 5.24 makes both a ``LinearAttentionLayer``)."""
+    return _layer_type(config, index) in ("linear_attention", "conv")
 
 
 def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
@@ -665,6 +666,15 @@ def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
     ``state_size``, ``conv_kernel``, ``n_groups``, intermediate = ``expand`` x hidden) and Mamba-1's (``MambaConfig``,
     ``FalconMambaConfig``: ``intermediate_size`` channels of ``state_size`` states, no heads or groups; ``JambaConfig``:
     ``mamba_expand x hidden_size`` channels of ``mamba_d_state``)."""
+    if hasattr(config, "linear_num_value_heads"):
+        # Qwen3-Next's Gated DeltaNet (Qwen3NextGatedDeltaNet: conv over 2 key_dim + value_dim channels; the chunked
+        # rule's fp32 last_recurrent_state [batch, num_v_heads, k_head_dim, v_head_dim])
+        nk, nv = int(config.linear_num_key_heads), int(config.linear_num_value_heads)
+        dk, dv = int(config.linear_key_head_dim), int(config.linear_value_head_dim)
+        return 2 * nk * dk + nv * dv, int(config.linear_conv_kernel_dim), (nv, dk, dv)
+    if hasattr(config, "conv_L_cache"):
+        # LFM2's short convolution (Lfm2ShortConv: B * x over hidden channels, conv_L_cache columns; no recurrent state)
+        return int(config.hidden_size), int(config.conv_L_cache), ()
     if hasattr(config, "mamba_n_heads"):
         # Falcon-H1's mixer width is ``mamba_d_ssm`` where set (FalconH1Mixer.__init__)
         d_ssm = getattr(config, "mamba_d_ssm", None)
@@ -698,13 +708,17 @@ def _fill_mixer_state(cache: Any, config: Any, index: int, batch: int, dtype: to
     that ``mamba_selective_scan`` returns (``modeling_mamba.py``)."""
     conv_dim, kernel, ssm_shape = _mixer_shape(config)
     conv = torch.empty((batch, conv_dim, kernel), dtype=dtype, device=device)
-    ssm = torch.empty((batch, *ssm_shape), dtype=torch.float32, device=device)
     if device != "meta":
         conv.zero_()
-        ssm.zero_()
     cache.update_conv_state(conv, index, conv_kernel_size=kernel)
+    del conv
+    if not ssm_shape:
+        return  # LFM2's short convolution keeps no recurrent state
+    ssm = torch.empty((batch, *ssm_shape), dtype=torch.float32, device=device)
+    if device != "meta":
+        ssm.zero_()
     cache.update_recurrent_state(ssm, index)
-    del conv, ssm
+    del ssm
 
 
 def _kv_shapes(model: torch.nn.Module, tp: int = 1) -> list[tuple[int, int, int, torch.dtype]]:

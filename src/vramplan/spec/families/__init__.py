@@ -28,6 +28,7 @@ from vramplan.spec.families.granitemoehybrid import GRANITEMOEHYBRID
 from vramplan.spec.families.idefics3 import IDEFICS3, SMOLVLM
 from vramplan.spec.families.internvl import INTERNVL
 from vramplan.spec.families.jamba import JAMBA
+from vramplan.spec.families.lfm2 import LFM2
 from vramplan.spec.families.llama4 import LLAMA4, LLAMA4_TEXT
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import LLAVA
@@ -43,6 +44,7 @@ from vramplan.spec.families.paligemma import PALIGEMMA
 from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
+from vramplan.spec.families.qwen3_next import QWEN3_NEXT
 from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.starcoder2 import STARCODER2
 from vramplan.spec.families.t5 import MT5, T5, UMT5
@@ -75,6 +77,11 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": FALCON_H1,
     # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
     "jamba": JAMBA,
+    # hybrid: Gated DeltaNet linear-attention layers beside gated full attention, experts with a shared expert
+    # (MambaSpec.kind "gated_deltanet")
+    "qwen3_next": QWEN3_NEXT,
+    # hybrid: gated short-convolution blocks beside grouped-query attention (MambaSpec.kind "short_conv")
+    "lfm2": LFM2,
     # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
     "mamba2": MAMBA2, "mamba": MAMBA, "falcon_mamba": FALCON_MAMBA,
     # encoder-decoder: an encoder stack and a decoder stack with cross-attention (ModelSpec.encoder_decoder)

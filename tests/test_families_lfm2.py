@@ -1,0 +1,221 @@
+"""LFM2 (``lfm2``, transformers ``modeling_lfm2.py``): gated short-convolution blocks beside grouped-query attention.
+Tensors counted by hand and on transformers' meta device, the convolution state by hand and against transformers' own
+cache after a prefill, generate by the analytic engine against the traced engine's, the traced training step, and
+what is not modelled refused."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from vramplan import estimate
+from vramplan.analytic.kv_cache import kv_bytes_per_token
+from vramplan.analytic.ssm_state import (
+    mixer_decode_bytes,
+    mixer_prefill_bytes,
+    ssm_state_bytes,
+    ssm_state_note,
+)
+from vramplan.errors import VramplanError
+from vramplan.spec.families.lfm2 import ff_width
+from vramplan.spec.hf_config import model_from_config
+
+# A test input, not a released checkpoint: attention at layers 1 and 3 (full_attn_idxs), convolution at 0 and 2;
+# block_ff_dim 96 -> int(2 x 96 / 3) = 64, a multiple of 16 already; tied embeddings (the default)
+TESTER: dict[str, Any] = {
+    "model_type": "lfm2", "vocab_size": 99, "hidden_size": 32, "block_ff_dim": 96, "block_multiple_of": 16,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "full_attn_idxs": [1, 3]}
+
+# LiquidAI/LFM2-1.2B's published shape (its config.json's size keys, as public copies quote them; not read verbatim
+# from the Hub, so a test input and no catalog row)
+LFM2_1_2B: dict[str, Any] = {
+    "model_type": "lfm2", "vocab_size": 65536, "hidden_size": 2048, "block_ff_dim": 12288, "block_multiple_of": 256,
+    "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "conv_L_cache": 3,
+    "conv_bias": False, "max_position_embeddings": 128000, "torch_dtype": "bfloat16"}
+
+
+def _meta_count(shape: dict[str, Any]) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**shape)
+        with torch.device("meta"):
+            module = transformers.AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_tester_count_by_hand() -> None:
+    # embed 99 x 32 = 3,168 (tied: no lm_head); embedding_norm 32; every layer's two norms 2 x 32 x 4 = 256
+    # attention (layers 1, 3; head_dim 8): q 32 x 32 = 1,024; k 32 x 16 = 512; v 512; out_proj 1,024; q/k layernorms
+    #   16 -> 3,088, x 2 = 6,176
+    # convolution (layers 0, 2; conv_L_cache 3): conv 32 x 3 = 96; in_proj 32 x 96 = 3,072; out_proj 1,024 -> 4,192,
+    #   x 2 = 8,384
+    # feed_forward (every layer, width 64): 3 x 32 x 64 = 6,144, x 4 = 24,576
+    # 3,168 + 32 + 256 + 6,176 + 8,384 + 24,576 = 42,592
+    m = model_from_config(TESTER)
+    assert m.num_parameters == 42_592
+    assert m.mamba is not None and m.mamba.layers == (0, 2) and m.mamba.kind == "short_conv"
+    assert (m.mamba.conv_dim, m.mamba.ssm_state_elements) == (32, 0)
+    assert m.intermediate_size == 64 and m.tie_word_embeddings
+    # KV cache of the two attention layers only: 2 x 2 x 2 KV heads x 8 x 2 B = 128 B per token
+    assert kv_bytes_per_token(m, 2) == 128
+
+
+@pytest.mark.parametrize(("cfg", "width"), [
+    # int(2 x 12,288 / 3) = 8,192, x 1.0, a multiple of 256 already
+    ({"block_ff_dim": 12288}, 8192),
+    # block_ff_dim replaces intermediate_size (Lfm2Config.__post_init__)
+    ({"intermediate_size": 8192, "block_ff_dim": 12288}, 8192),
+    # int(2 x 100 / 3) = 66; x 1.5 = 99; rounded up to 256 -> 256
+    ({"intermediate_size": 100, "block_ffn_dim_multiplier": 1.5}, 256),
+    # a null multiplier: the two thirds alone (int(2 x 100 / 3) = 66)
+    ({"intermediate_size": 100, "block_ffn_dim_multiplier": None}, 66),
+    ({"intermediate_size": 100, "block_auto_adjust_ff_dim": False}, 100),
+])
+def test_ff_width(cfg: dict[str, Any], width: int) -> None:
+    assert ff_width(cfg) == width
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    # no auto-adjust, conv bias, kernel 4, untied (the checkpoints' tie_embedding alias), MHA, explicit layer types
+    {"block_ff_dim": None, "intermediate_size": 96, "block_auto_adjust_ff_dim": False, "conv_bias": True,
+     "conv_L_cache": 4, "num_key_value_heads": 4, "tie_embedding": False, "full_attn_idxs": None,
+     "layer_types": ["conv", "full_attention", "conv", "conv"]},
+    # a multiplier that rounds up, a head_dim of its own, every layer attention (full_attn_idxs absent)
+    {"block_ffn_dim_multiplier": 1.5, "head_dim": 16, "full_attn_idxs": None},
+])
+def test_tester_matches_transformers_meta_module(changes: dict[str, Any]) -> None:
+    shape = {k: v for k, v in {**TESTER, **changes}.items() if v is not None}
+    assert model_from_config(shape).num_parameters == _meta_count(shape)
+
+
+def test_every_layer_attention_is_no_hybrid() -> None:
+    m = model_from_config({k: v for k, v in TESTER.items() if k != "full_attn_idxs"})
+    assert m.mamba is None
+
+
+def test_1_2b_shape_against_meta_module_and_by_hand() -> None:
+    # embed 65,536 x 2,048 = 134,217,728 (tied); embedding_norm 2,048; norms 2 x 2,048 x 16 = 65,536
+    # attention (6 layers, head_dim 64): q 2,048^2 = 4,194,304; k, v 2 x 2,048 x 512 = 2,097,152; out_proj 4,194,304;
+    #   q/k layernorms 128 -> 10,485,888, x 6 = 62,915,328
+    # convolution (10 layers): conv 2,048 x 3 = 6,144; in_proj 2,048 x 6,144 = 12,582,912; out_proj 4,194,304
+    #   -> 16,783,360, x 10 = 167,833,600
+    # feed_forward (16 layers, width 8,192): 3 x 2,048 x 8,192 = 50,331,648, x 16 = 805,306,368
+    # 134,217,728 + 2,048 + 65,536 + 62,915,328 + 167,833,600 + 805,306,368 = 1,170,340,608 (the model card's "1.2B")
+    m = model_from_config(LFM2_1_2B)
+    assert m.num_parameters == 1_170_340_608
+    assert m.num_parameters == _meta_count(LFM2_1_2B)
+
+
+def test_state_by_hand() -> None:
+    m = model_from_config(LFM2_1_2B)
+    # bf16: 2,048 x 3 x 2 B = 12,288 per convolution block, x 10 = 122,880 per sequence; 4 sequences 491,520
+    assert ssm_state_bytes(m, 4, 2) == 491_520
+    # KV: 6 attention layers x 2 x 8 KV heads x 64 x 2 B = 12,288 B per token
+    assert kv_bytes_per_token(m, 2) == 12_288
+    note = ssm_state_note(m, 2)
+    assert note is not None and "122,880 B per sequence of short-convolution convolution state" in note
+    # the running block at the prefill, 1 sequence of 1,000 tokens: 2,048 x (8 x 1,000 + 3 - 1) x 2 B = 32,776,192
+    assert mixer_prefill_bytes(m, 1, 1000, 2) == 32_776_192
+    # a decode step's block: 2,048 x (3 + 7) x 2 B = 40,960 per sequence
+    assert mixer_decode_bytes(m, 1, 2) == 40_960
+
+
+def test_state_equals_transformers_cache_after_a_prefill() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**TESTER))
+        module = module.to(torch.bfloat16)
+        with torch.no_grad():
+            cache = module(torch.randint(0, 99, (2, 10)), use_cache=True).past_key_values
+    state = sum(t.numel() * t.element_size() for layer in cache.layers
+                for t in (*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values())
+                if isinstance(t, torch.Tensor))
+    # 2 convolution blocks x 2 sequences x 32 x 3 x 2 B = 768
+    assert state == ssm_state_bytes(model_from_config(TESTER), 2, 2) == 768
+
+
+def test_traced_training_step_holds_the_adapters_parameters() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.catalog.resolve import resolve
+    from vramplan.trace.engine import trace
+
+    doc = {"model": TESTER, "hardware": {"gpu": "A100-80GB"}, "train": {"micro_batch_size": 1, "seq_len": 64}}
+    r, st = trace(resolve(doc))
+    weights = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "weights")
+    grads = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "gradients")
+    states = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "optimizer_states")
+    # bf16-mixed: fp32 parameters (42,592 x 4 = 170,368 B; the tied head once), fp32 gradients, AdamW's two moments
+    assert weights == grads == 4 * r.model.num_parameters == 170_368
+    assert states == 2 * weights
+    assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]
+
+
+# a tester whose convolution blocks outweigh its MLPs (block_ff_dim 24 -> int(2 x 24 / 3) = 16 channels), so that the
+# prefill's running layer is a convolution block
+CONV_HEAVY: dict[str, Any] = {**TESTER, "vocab_size": 512, "hidden_size": 256, "block_ff_dim": 24}
+
+
+@pytest.mark.parametrize(("shape", "prompt", "low", "high"), [
+    # the MLP phase of an attention layer is the running layer: within 0.2% (8,762,432 against 8,775,680 B at 100)
+    (TESTER, 100, 0.99, 1.0),
+    (TESTER, 200, 0.99, 1.0),
+    # a convolution block is: the analytic engine counts every attention layer's prompt KV while an earlier block runs
+    # (an upper bound): 11,883,520 against 11,786,752 B at 100 tokens, 13,035,520 against 12,838,912 at 200
+    (CONV_HEAVY, 100, 1.0, 1.01),
+    (CONV_HEAVY, 200, 1.0, 1.02),
+])
+def test_traced_generate_agrees_with_the_analytic_engine(shape: dict[str, Any], prompt: int, low: float,
+                                                        high: float) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"task": "inference", "model": shape, "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 2, "prompt_len": prompt, "new_tokens": 10}}
+    a, t = estimate(doc), traced(doc)
+    assert low < a.per_gpu.peak_allocated_bytes / t.per_gpu.peak_allocated_bytes < high
+    assert any("gated short-convolution blocks without a KV cache" in x for x in a.assumptions)
+    if shape is CONV_HEAVY:
+        # the running block, 2 x 256 x (8 x prompt + 2) x 2 B (821,248 B at 100 tokens)
+        assert a.per_gpu.breakdown_detail["activations"]["running layer"] == 2 * 256 * (8 * prompt + 2) * 2
+
+
+def test_the_analytic_engine_refuses_training() -> None:
+    doc = {"task": "train", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 1, "seq_len": 64}}
+    with pytest.raises(VramplanError) as exc:
+        estimate(doc)
+    assert "--engine trace" in str(exc.value) and "2 gated short-convolution layers" in str(exc.value)
+
+
+@pytest.mark.parametrize(("doc", "path"), [
+    ({"task": "train", "train": {"micro_batch_size": 1, "seq_len": 128}}, "task"),
+    ({"task": "serve"}, "task"),
+    ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
+    ({"task": "inference", "inference": {"kv_cache_dtype": "int8"}}, "inference.kv_cache_dtype"),
+    # transformers 4.x's Lfm2HybridConvCache is other code
+    ({"task": "inference", "software": {"transformers": "4.57.0"}}, "software.transformers"),
+])
+def test_what_is_not_modelled_is_refused(doc: dict[str, Any], path: str) -> None:
+    with pytest.raises(VramplanError) as exc:
+        estimate({**doc, "model": TESTER, "hardware": {"gpu": "A100-80GB"}})
+    text = str(exc.value)
+    assert path in text and "hybrid of 2 gated short-convolution layers and 2 attention layers" in text
+
+
+def test_layer_types_of_another_length_are_refused() -> None:
+    with pytest.raises((VramplanError, ValueError)) as exc:
+        model_from_config({**TESTER, "layer_types": ["conv", "full_attention"]})
+    assert "must list 4 entries" in str(exc.value)

@@ -1,0 +1,193 @@
+"""Qwen3-Next (``qwen3_next``, transformers ``modeling_qwen3_next.py``): Gated DeltaNet linear-attention layers beside
+gated full attention, experts with a gated shared expert.  Tensors counted by hand and on transformers' meta device,
+the linear-attention state by hand and against transformers' own cache after a prefill, the traced engine's training
+step and generate, and what is not modelled refused."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from vramplan import estimate
+from vramplan.analytic.kv_cache import kv_bytes_per_token
+from vramplan.analytic.ssm_state import mixer_prefill_bytes, ssm_state_bytes, ssm_state_note
+from vramplan.errors import VramplanError
+from vramplan.spec.hf_config import model_from_config
+
+# A test input, not a released checkpoint: layers 0-2 Gated DeltaNet, 3 full attention (full_attention_interval 4);
+# experts at 0, 2, 3, a dense MLP at 1 (mlp_only_layers)
+TESTER: dict[str, Any] = {
+    "model_type": "qwen3_next", "vocab_size": 99, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
+    "mlp_only_layers": [1]}
+
+# Qwen3-Next-80B-A3B's published shape (its config.json's size keys, as public copies quote them; not read verbatim
+# from the Hub, so a test input and no catalog row)
+QWEN3_NEXT_80B: dict[str, Any] = {
+    "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120,
+    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "num_experts": 512, "num_experts_per_tok": 10,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "tie_word_embeddings": False, "partial_rotary_factor": 0.25,
+    "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}
+
+
+def _meta_count(shape: dict[str, Any]) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**shape)
+        with torch.device("meta"):
+            module = transformers.AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_tester_count_by_hand() -> None:
+    # embed 99 x 32 = 3,168; lm_head 3,168; final norm 32; every layer's two norms 2 x 32 x 4 = 256
+    # Gated DeltaNet (layers 0-2; key_dim 2 x 8 = 16, value_dim 4 x 8 = 32, conv_dim 2 x 16 + 32 = 64): conv1d 64 x 4
+    #   = 256; in_proj_qkvz 32 x (32 + 64) = 3,072; in_proj_ba 32 x 8 = 256; dt_bias 4; A_log 4; norm 8; out_proj
+    #   32 x 32 = 1,024 -> 4,624, x 3 = 13,872
+    # attention (layer 3, head_dim 8): q_proj 32 x 2 x 32 = 2,048; k 32 x 16 = 512; v 512; o 32 x 32 = 1,024; q/k
+    #   norms 16 -> 4,112
+    # MoE (layers 0, 2, 3): gate 4 x 32 = 128; gate_up 4 x 32 x 32 = 4,096; down 4 x 16 x 32 = 2,048; shared expert
+    #   3 x 32 x 24 = 2,304; shared_expert_gate 32 -> 8,608, x 3 = 25,824
+    # dense MLP (layer 1): 3 x 32 x 64 = 6,144
+    # 6,336 + 32 + 256 + 13,872 + 4,112 + 25,824 + 6,144 = 56,576
+    m = model_from_config(TESTER)
+    assert m.num_parameters == 56_576
+    assert m.mamba is not None and m.mamba.layers == (0, 1, 2) and m.mamba.kind == "gated_deltanet"
+    assert (m.mamba.conv_dim, m.mamba.ssm_state_elements) == (64, 4 * 8 * 8)
+    assert [ls.moe for ls in m.layers] == [True, False, True, True]
+    assert m.moe is not None and (m.moe.num_experts, m.moe.top_k, m.moe.shared_intermediate_size) == (4, 2, 24)
+    assert m.partial_rotary_factor == 0.25
+    # KV cache of the one attention layer only: 2 x 2 KV heads x 8 x 2 B = 64 B per token
+    assert kv_bytes_per_token(m, 2) == 64
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    # attention bias, tied embeddings, experts every other layer, explicit layer types, one expert group width
+    {"attention_bias": True, "tie_word_embeddings": True, "decoder_sparse_step": 2, "mlp_only_layers": [],
+     "layer_types": ["full_attention", "linear_attention", "full_attention", "linear_attention"]},
+    # every layer Gated DeltaNet and dense (no experts, no attention), value heads equal to key heads
+    {"num_experts": 0, "linear_num_value_heads": 2, "layer_types": ["linear_attention"] * 4},
+])
+def test_tester_matches_transformers_meta_module(changes: dict[str, Any]) -> None:
+    shape = {**TESTER, **changes}
+    assert model_from_config(shape).num_parameters == _meta_count(shape)
+
+
+def test_80b_shape_against_meta_module_and_by_hand() -> None:
+    # embed and lm_head 2 x 151,936 x 2,048 = 622,329,856; final norm 2,048; norms 2 x 2,048 x 48 = 196,608
+    # Gated DeltaNet (36 layers; key_dim 2,048, value_dim 4,096, conv_dim 8,192): conv1d 32,768; in_proj_qkvz
+    #   2,048 x 12,288 = 25,165,824; in_proj_ba 2,048 x 64 = 131,072; dt_bias 32; A_log 32; norm 128; out_proj
+    #   4,096 x 2,048 = 8,388,608 -> 33,718,464, x 36 = 1,213,864,704
+    # attention (12 layers): q_proj 2,048 x 8,192 = 16,777,216; k, v 2 x 1,048,576; o 8,388,608; norms 512
+    #   -> 27,263,488, x 12 = 327,161,856
+    # MoE (48 layers): gate 1,048,576; gate_up 512 x 1,024 x 2,048 = 1,073,741,824; down 536,870,912; shared
+    #   3 x 2,048 x 512 = 3,145,728; shared_expert_gate 2,048 -> 1,614,809,088, x 48 = 77,510,836,224
+    # 622,329,856 + 2,048 + 196,608 + 1,213,864,704 + 327,161,856 + 77,510,836,224 = 79,674,391,296 (the model
+    # card's "80B"; the checkpoint's mtp.* layers are not built by transformers and not counted)
+    m = model_from_config(QWEN3_NEXT_80B)
+    assert m.num_parameters == 79_674_391_296
+    assert m.num_parameters == _meta_count(QWEN3_NEXT_80B)
+    assert m.mamba is not None and len(m.mamba.layers) == 36
+
+
+def test_state_by_hand() -> None:
+    m = model_from_config(QWEN3_NEXT_80B)
+    # bf16: conv 8,192 x 4 x 2 = 65,536; recurrent 32 x 128 x 128 x 4 = 2,097,152; 2,162,688 per layer, x 36 =
+    # 77,856,768 per sequence; 2 sequences 155,713,536
+    assert ssm_state_bytes(m, 2, 2) == 155_713_536
+    # KV: 12 attention layers x 2 x 2 KV heads x 256 x 2 B = 24,576 B per token
+    assert kv_bytes_per_token(m, 2) == 24_576
+    note = ssm_state_note(m, 2)
+    assert note is not None and "77,856,768 B per sequence of Gated DeltaNet convolution and SSM state" in note
+    # the chunked rule's temporaries are not modelled: refused, never answered with Mamba2's
+    with pytest.raises(ValueError, match="Gated DeltaNet"):
+        mixer_prefill_bytes(m, 1, 100, 2)
+
+
+def test_state_equals_transformers_cache_after_a_prefill() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**TESTER))
+        module = module.to(torch.bfloat16)
+        with torch.no_grad():
+            cache = module(torch.randint(0, 99, (2, 10)), use_cache=True).past_key_values
+    state = sum(t.numel() * t.element_size() for layer in cache.layers
+                for t in (*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values())
+                if isinstance(t, torch.Tensor))
+    # 3 layers x 2 sequences x (64 x 4 x 2 B + 4 x 8 x 8 x 4 B) = 3 x 2 x 1,536 = 9,216
+    assert state == ssm_state_bytes(model_from_config(TESTER), 2, 2) == 9_216
+
+
+def test_traced_training_step_holds_the_adapters_parameters() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.catalog.resolve import resolve
+    from vramplan.trace.engine import trace
+
+    doc = {"model": TESTER, "hardware": {"gpu": "A100-80GB"}, "train": {"micro_batch_size": 1, "seq_len": 64}}
+    r, st = trace(resolve(doc))
+    weights = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "weights")
+    grads = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "gradients")
+    states = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "optimizer_states")
+    # bf16-mixed: fp32 parameters (56,576 x 4 = 226,304 B), fp32 gradients, AdamW's two fp32 moments
+    assert weights == grads == 4 * r.model.num_parameters == 226_304
+    assert states == 2 * weights
+    assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]
+
+
+def test_traced_generate_runs_and_the_analytic_engine_refuses_it() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"task": "inference", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 2, "prompt_len": 64, "new_tokens": 4}}
+    t = traced(doc)
+    # at least the weights (bf16: 56,576 x 2 B), the KV cache of the prompt and the linear-attention state
+    m = model_from_config(TESTER)
+    assert t.per_gpu.peak_allocated_bytes > 2 * m.num_parameters + 2 * 64 * kv_bytes_per_token(m, 2) \
+        + ssm_state_bytes(m, 2, 2)
+    with pytest.raises(VramplanError) as exc:
+        estimate(doc)
+    assert "--engine trace" in str(exc.value) and "3 Gated DeltaNet linear-attention layers" in str(exc.value)
+
+
+@pytest.mark.parametrize(("doc", "path"), [
+    ({"task": "train", "train": {"micro_batch_size": 1, "seq_len": 128}}, "task"),
+    ({"task": "serve"}, "task"),
+    ({"task": "serve", "serve": {"engine": "sglang"}}, "task"),
+    ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
+    ({"task": "inference", "inference": {"kv_cache_dtype": "int8"}}, "inference.kv_cache_dtype"),
+    # transformers 4.57's Qwen3NextDynamicCache is other code
+    ({"task": "inference", "software": {"transformers": "4.57.0"}}, "software.transformers"),
+])
+def test_what_is_not_modelled_is_refused(doc: dict[str, Any], path: str) -> None:
+    with pytest.raises(VramplanError) as exc:
+        estimate({**doc, "model": TESTER, "hardware": {"gpu": "A100-80GB"}})
+    text = str(exc.value)
+    assert path in text and "hybrid of 3 Gated DeltaNet linear-attention layers and 1 attention layers" in text
+
+
+@pytest.mark.parametrize(("changes", "needle"), [
+    ({"linear_num_value_heads": 3}, "multiple of linear_num_key_heads"),
+    ({"layer_types": ["linear_attention"] * 3}, "must list 4 entries"),
+])
+def test_unmodelled_configs_are_refused(changes: dict[str, Any], needle: str) -> None:
+    with pytest.raises((VramplanError, ValueError)) as exc:
+        model_from_config({**TESTER, **changes})
+    assert needle in str(exc.value)
