@@ -23,7 +23,11 @@ BUFFERS_COUNTED = {"deepseek-ai/DeepSeek-V3": 58 * 256,
                    # GLM-4.5-Air's router keeps the same bias as a buffer (Glm4MoeTopkRouter): 45 MoE layers x 128
                    "zai-org/GLM-4.5-Air": 45 * 128,
                    # DeepSeek-R1 has DeepSeek-V3's architecture: the same 58 MoE layers x 256 experts
-                   "deepseek-ai/DeepSeek-R1": 58 * 256}
+                   "deepseek-ai/DeepSeek-R1": 58 * 256,
+                   # DeepSeek-V3.1: the same architecture again
+                   "deepseek-ai/DeepSeek-V3.1": 58 * 256,
+                   # GLM-4.5: 92 layers, the first 3 dense, 89 MoE layers x 160 routed experts
+                   "zai-org/GLM-4.5": 89 * 160}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])

@@ -143,7 +143,13 @@ _DYNAMIC_CACHE_SINCE = {"falcon": (4, 45), "gpt_neox": (4, 45), "bloom": (4, 44)
 _FLOAT_LOGITS = {"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "olmo", "phi", "phi3", "qwen2",
                  "qwen2_moe", "starcoder2",
                  # Qwen2.5-VL's language model is the qwen2 adapter's, with its traits
-                 "qwen2_5_vl"}
+                 "qwen2_5_vl",
+                 # LLaVA's and Llama 3.2 Vision's language models are the llama adapter's (text_config model_type
+                 # llama; mllama_text_config), with its traits: LlavaForConditionalGeneration held an
+                 # AutoModelForCausalLM (LlamaForCausalLM) as its language_model before the LlavaModel refactor,
+                 # and transformers 5.24 MllamaForCausalLM.forward still upcasts the whole output
+                 # (modeling_mllama.py:1255 ``self.lm_head(hidden_states).float()``)
+                 "llava", "mllama"}
 _COMPUTE_DTYPE_SOFTMAX = {"gpt2", "falcon"}
 _HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5}
 
