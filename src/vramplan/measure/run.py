@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -339,8 +338,9 @@ def _run_inference(r: Any, built: Built, memory: DeviceMemory | None, seed: int)
                 keep.append(cache)
                 # Mamba, FalconMamba and Mamba2 before transformers 5.18 take their own cache (cache_params) and
                 # refuse past_key_values in generate's model_kwargs: let generate build theirs
-                given = ({"past_key_values": cache}
-                         if "past_key_values" in inspect.signature(model.forward).parameters else {})
+                m = r.model
+                given = ({} if m.mamba is not None and len(m.mamba.layers) == m.num_layers
+                         else {"past_key_values": cache})
                 if inf.new_tokens == 0:
                     model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **given)
                 else:
