@@ -310,7 +310,7 @@ def _apply_peft(model: Any, r: Resolved, adapter_fp32: bool) -> Any:
 
 
 def _apply_liger(model: Any, fused_loss: bool, kernels: bool) -> str:
-    """Patch ``model`` with Liger-Kernel as ``apply_liger_kernel_to_llama(model=...) and its siblings`` does, before PEFT
+    """Patch ``model`` with Liger-Kernel as ``apply_liger_kernel_to_llama(model=...)`` and its siblings do, before PEFT
     wraps it (TRL's ``use_liger_kernel`` calls ``_apply_liger_kernel_to_instance`` on the base model the same way).
 
     liger-kernel v0.8.2 ``transformers/monkey_patch.py``: with ``fused_linear_cross_entropy`` the instance's
