@@ -323,3 +323,13 @@ def test_attention_free_model_generates() -> None:
     r = measure(doc, device="cpu")
     err = {row.part: row.relative_error for row in r.rows}["peak allocated"]
     assert err is not None and abs(err) < 0.05
+
+
+def test_torchtune_recipes_are_not_measured_as_transformers_steps() -> None:
+    # framework torchtune means torchtune's own model and recipe (adapters in the model's dtype, torchao NF4),
+    # which measure's transformers step is not
+    doc = train_doc(TINY_LLAMA)
+    doc["framework"] = "torchtune"
+    with pytest.raises(ScenarioError) as info:
+        measure(doc, device="cpu")
+    assert any(p.where == "framework" and "not torchtune" in p.message for p in info.value.problems)

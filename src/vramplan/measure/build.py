@@ -90,7 +90,7 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
         out.append(Problem("parallel", "ZeRO/FSDP/offload need a distributed launch; measure runs one process",
                            "set parallel.zero_stage: 0, fsdp: none, offload: none"))
     fw = s.framework
-    if fw in ("deepspeed", "torchtitan", "vllm", "megatron"):
+    if fw in ("deepspeed", "torchtitan", "vllm", "megatron", "torchtune", "verl", "openrlhf"):
         out.append(Problem("framework", f"measure runs a plain PyTorch / Hugging Face step, not {fw}",
                            "set framework: hf-trainer (or plain, accelerate, lightning)"))
     if s.task == "train":
