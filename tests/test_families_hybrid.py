@@ -160,3 +160,23 @@ def test_mixer_decode_update_by_hand() -> None:
     assert decode.parts["temporaries"]["Mamba2 state update (one mixer layer)"] == 32_768
     assert "cache growth (torch.cat of one layer)" not in decode.parts["temporaries"]
     assert decode.parts["kv_cache"]["Mamba2 convolution and SSM state"] == 19_456
+
+
+def test_bamba_without_attention_layers_counts_no_attention() -> None:
+    # attn_layer_indices empty: every layer is a Mamba2 mixer; the attention projections must count zero times,
+    # not once (an empty layer tuple means a global tensor to Params.add)
+    import json
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.spec.hf_config import model_from_config
+
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/gpu/configs/bamba-synthetic-2b.json")
+                     .read_text(encoding="utf-8"))
+    cfg.update(attn_layer_indices=[], num_hidden_layers=2)
+    spec = model_from_config(cfg, name="bamba-no-attention")
+    built = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")}
+    with torch.device("meta"):
+        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**built))
+    assert spec.num_parameters == sum(p.numel() for p in module.parameters()) == 677_704_576

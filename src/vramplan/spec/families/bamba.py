@@ -72,7 +72,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     p.norm("layers.input_layernorm", h, all_layers, False)
     p.norm("layers.pre_ff_layernorm", h, all_layers, False)
     mixer(p, ms, h, bool(get(cfg, "mamba_conv_bias", default=True)), bool(get(cfg, "mamba_proj_bias", default=False)))
-    p.attention("layers.self_attn", h, n_heads, n_kv, hd, attn, bool(cfg.get("attention_bias", False)), "o_proj")
+    if attn:  # Params.add reads an empty layer tuple as one global tensor: a config with no attention layer has none
+        p.attention("layers.self_attn", h, n_heads, n_kv, hd, attn, bool(cfg.get("attention_bias", False)), "o_proj")
     p.norm("final_layernorm", h, (), False)
     tied = bool(cfg.get("tie_word_embeddings", False))
     if not tied:
