@@ -215,3 +215,25 @@ def test_generate_against_transformers_on_the_cpu(raw: dict[str, Any], b: int, d
     assert first - total(write) == 48 + 9 * 8 * b
     # every later step is covered: the last step's moment is an upper bound (top-k/top-p sampling assumed)
     assert max(modelled["prefill"], modelled["decode"]) + 48 + 9 * 8 * b >= decode
+
+
+def test_published_whisper_large_v3_fine_tune() -> None:
+    # validation/published.yaml hfdisc150-whisper-large-v3-full-fp16-a100-bs2-nvsmi: full fine-tuning of
+    # whisper-large-v3 (1,543,490,560 parameters) at batch 2 on an A100, "Max GPU memory consumption was 32GB"
+    # (32 x 2^30 = 34,359,738,368 B).  The estimate adds Adam's states, the checkpointed activations, the CUDA context
+    # and the caching allocator's rounding to the weights and gradients below, and lands within 5% below the reading
+    from pathlib import Path
+
+    import yaml
+
+    rows = yaml.safe_load((Path(__file__).resolve().parents[1] / "validation/published.yaml").read_text("utf-8"))
+    (row,) = [r for r in rows if r["id"] == "hfdisc150-whisper-large-v3-full-fp16-a100-bs2-nvsmi"]
+    assert row["measured"]["bytes"] == 34_359_738_368
+    rep = estimate(row["scenario"])
+    assert rep.model["parameters"] == 1_543_490_560
+    # fp32 weights 1,543,490,560 x 4 = 6,173,962,240; the encoder's sinusoidal positions (1,500 x 1,280 = 1,920,000,
+    # requires_grad False in WhisperEncoder) get no gradient: (1,543,490,560 - 1,920,000) x 4 = 6,166,282,240
+    assert rep.per_gpu.breakdown["weights"] == 6_173_962_240
+    assert rep.per_gpu.breakdown["gradients"] == 6_166_282_240
+    err = (rep.per_gpu.device_used_bytes - 34_359_738_368) / 34_359_738_368
+    assert -0.05 < err < 0.0
