@@ -168,6 +168,10 @@ class MambaSpec:
     # the mixer's gated RMSNorm before ``out_proj`` (Bamba, Nemotron-H, Mamba2); False: ``scan_output * silu(gate)``
     # instead (FalconH1Mixer without ``mamba_rms_norm``: ``self.norm`` is ``nn.Identity``, modeling_falcon_h1.py 5.24)
     gated_norm: bool = True
+    # mixer layers that also run a shared transformer block ahead of their mixer and keep its KV cache beside the
+    # mixer's state (Zamba2's "hybrid" layers: ``Zamba2HybridLayer`` runs ``shared_transformer`` then ``mamba_decoder``,
+    # and transformers 5.24's cache gives such a layer a ``LinearAttentionAndFullAttentionLayer``, cache_utils.py)
+    shared_attention_layers: tuple[int, ...] = ()
 
     @property
     def conv_dim(self) -> int:

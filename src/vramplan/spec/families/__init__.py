@@ -47,6 +47,7 @@ from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.starcoder2 import STARCODER2
 from vramplan.spec.families.t5 import MT5, T5, UMT5
 from vramplan.spec.families.whisper import WHISPER
+from vramplan.spec.families.zamba2 import ZAMBA2
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config",
            "typed_for_transformers"]
@@ -73,6 +74,8 @@ FAMILIES: dict[str, Family] = {
     "nemotron_h": NEMOTRON_H,
     # attention and a Mamba2 mixer side by side in every layer (MambaSpec.parallel_attention)
     "falcon_h1": FALCON_H1,
+    # a Mamba2 mixer in every layer, shared transformer blocks run ahead of the mixer in some (MambaSpec.shared_attention_layers)
+    "zamba2": ZAMBA2,
     # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
     "jamba": JAMBA,
     # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
