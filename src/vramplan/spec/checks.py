@@ -173,8 +173,12 @@ def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Tasks whose memory depends on a mechanism vramplan does not model, refused by every engine (Llama 4,
     transformers 5.24 ``modeling_llama4.py``; its experts that run every token are refused by the analytic engine
     alone, ``every_token_expert_problems``): chunked local attention's cache (``Traits.attention_chunk_size``: serving) and an image path of tiles and pixel
-    shuffle (``Traits.image_path_unmodelled``: every task).  Its parameters are counted."""
+    shuffle (``Traits.image_path_unmodelled``: every task); a layer mechanism named in ``Traits.unmodelled_mixer``
+    (RecurrentGemma's RG-LRU blocks: every task).  Their parameters are counted."""
     t = m.traits
+    if t.unmodelled_mixer:
+        return [Problem("model", f"{m.name}: {t.unmodelled_mixer}; its parameters are counted "
+                        f"({m.num_parameters:,}), but no task is estimated for it", _PARAMETERS_ONLY)]
     if t.image_path_unmodelled:
         return [Problem("model", f"{m.name}'s image path (the processor's tiles, the vision tower's pixel shuffle and "
                         "vision adapter, Llama4VisionModel) is not modelled; its vision tower and projector parameters "

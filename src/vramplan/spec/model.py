@@ -300,6 +300,9 @@ class Traits:
     # the image path is not modelled (Llama 4's tiles, pixel shuffle and vision adapter): the tower's and projector's
     # parameters are counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``)
     image_path_unmodelled: bool = False
+    # a layer mechanism that is not modelled (RecurrentGemma's RG-LRU recurrent blocks), named: the parameters are
+    # counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``); "": none
+    unmodelled_mixer: str = ""
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False

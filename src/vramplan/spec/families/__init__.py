@@ -44,6 +44,7 @@ from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
+from vramplan.spec.families.recurrent_gemma import RECURRENT_GEMMA
 from vramplan.spec.families.starcoder2 import STARCODER2
 from vramplan.spec.families.t5 import MT5, T5, UMT5
 from vramplan.spec.families.whisper import WHISPER
@@ -76,6 +77,9 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": FALCON_H1,
     # a Mamba2 mixer in every layer, shared transformer blocks run ahead of the mixer in some (MambaSpec.shared_attention_layers)
     "zamba2": ZAMBA2,
+    # RG-LRU recurrent blocks and local attention (Griffin): parameters counted, every task refused
+    # (Traits.unmodelled_mixer, spec/checks.py unmodelled_layer_problems)
+    "recurrent_gemma": RECURRENT_GEMMA,
     # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
     "jamba": JAMBA,
     # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
