@@ -34,6 +34,7 @@ from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
 from vramplan.spec.families.mamba import FALCON_MAMBA, MAMBA
 from vramplan.spec.families.mamba2 import MAMBA2
+from vramplan.spec.families.minimax import MINIMAX
 from vramplan.spec.families.mistral3 import MISTRAL3
 from vramplan.spec.families.mllama import MLLAMA
 from vramplan.spec.families.nemotron_h import NEMOTRON_H
@@ -80,6 +81,8 @@ FAMILIES: dict[str, Family] = {
     # RG-LRU recurrent blocks and local attention (Griffin): parameters counted, every task refused
     # (Traits.unmodelled_mixer, spec/checks.py unmodelled_layer_problems)
     "recurrent_gemma": RECURRENT_GEMMA,
+    # lightning (linear) attention interleaved with softmax attention, MoE: parameters counted, every task refused
+    "minimax": MINIMAX,
     # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
     "jamba": JAMBA,
     # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
