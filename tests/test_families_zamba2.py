@@ -17,7 +17,7 @@ from vramplan.analytic.inference import (
     shared_block_output_bytes,
 )
 from vramplan.analytic.kv_cache import kv_bytes_per_token
-from vramplan.analytic.ssm_state import ssm_state_bytes
+from vramplan.analytic.ssm_state import ssm_state_bytes, ssm_state_note
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
 
@@ -95,6 +95,9 @@ def test_kv_cache_and_mixer_state() -> None:
     assert kv_bytes_per_token(m, 2) == 768
     # every layer keeps a mixer state: conv 80 x 4 x 2 B = 640, SSM 4 x 16 x 8 x 4 B = 2,048 -> 2,688, x 6 = 16,128
     assert ssm_state_bytes(m, 1, 2) == 16_128
+    assert ssm_state_note(m, 2) == ("plus 16,128 B per sequence of Mamba2 convolution and SSM state in 6 mixer layers "
+                                    "(beside the KV cache of the 3 that run a shared block), whatever the sequence "
+                                    "length")
 
 
 @pytest.mark.parametrize("prompt", [100, 200])

@@ -1052,6 +1052,13 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
                  f"its KV cache and, per sequence, {held} (transformers 5.24's LinearAttentionAndFullAttentionLayer); "
                  "the prefill's running layer holds the mixer's tensors, or the attention's beside the mixer's output "
                  "and the attention's scaled input")
+    elif ms.shared_attention_layers:
+        state = (f"each of the {g.m.num_layers} layers runs a Mamba2 mixer and keeps per sequence {held} "
+                 f"(transformers 5.24's LinearAttentionLayer); {len(ms.shared_attention_layers)} of them first run a "
+                 "shared transformer block and keep its KV cache too (LinearAttentionAndFullAttentionLayer); the "
+                 "prefill's running layer holds the mixer's tensors beside the block's output, or the block's "
+                 "(its 2 x hidden normalized input or its adapter's gate_up sum, a bound from above), and the model "
+                 "keeps a clone of the embeddings for its blocks")
     else:
         state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
                  f"sequence {held}, transformers 5.24's LinearAttentionLayer; the KV cache counts the attention "

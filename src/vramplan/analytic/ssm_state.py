@@ -143,7 +143,9 @@ def ssm_state_note(m: ModelSpec, c: int) -> str | None:
     if m.mamba is None:
         return None
     kind = "Mamba2" if m.mamba.kind == "mamba2" else "Mamba"
-    where = ("beside the KV cache of the same layers" if m.mamba.parallel_attention else "no KV cache there")
+    where = ("beside the KV cache of the same layers" if m.mamba.parallel_attention
+             else f"beside the KV cache of the {len(m.mamba.shared_attention_layers)} that run a shared block"
+             if m.mamba.shared_attention_layers else "no KV cache there")
     return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of {kind} convolution and SSM state in "
             f"{len(m.mamba.layers)} mixer layers ({where}), whatever the sequence length")
 
