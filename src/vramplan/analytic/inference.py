@@ -321,6 +321,10 @@ def kept_embeddings_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
     = 67,108,864 B.
     """
     out = batch * prompt * m.hidden_size * c
+    if m.mamba is not None and m.mamba.shared_attention_layers:
+        # Zamba2Model.forward also keeps ``original_hidden_states = torch.clone(inputs_embeds)`` for its shared
+        # blocks' input (modeling_zamba2.py, transformers 5.24): a second b p h c
+        out *= 2
     if m.position == "learned":
         out += prompt * m.hidden_size * c
     return out
@@ -758,8 +762,9 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         # other locals live (analytic/ssm_state.py ``broadcast_product_bytes``): counted over the locals at the
         # scan's end, a bound from above (some of them are made after the largest product is freed)
         mixer += broadcast_product_bytes(m.mamba, b, p)
-    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention) + parallel_mixer_kept_bytes(m, b, p, c),
-                mixer + parallel_mixer_input_bytes(m, b, p, c))
+    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention) + parallel_mixer_kept_bytes(m, b, p, c)
+                + shared_block_extra_bytes(m, b, p, c),
+                mixer + parallel_mixer_input_bytes(m, b, p, c) + shared_block_output_bytes(m, b, p, c))
     ci = g.cross()
     if ci is not None:
         layer = max(layer, _cross_running(g, ci, layer))
@@ -814,6 +819,28 @@ def parallel_mixer_input_bytes(m: ModelSpec, batch: int, prompt: int, c: int) ->
     if m.mamba is None or not m.mamba.parallel_attention:
         return 0
     return 2 * batch * prompt * m.hidden_size * c
+
+
+def shared_block_extra_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """What a shared transformer block run ahead of a mixer (``MambaSpec.shared_attention_layers``, Zamba2) holds
+    beyond an attention layer's tensors (``prefill_layer_bytes``), the larger of its two phases, a bound from above
+    (transformers 5.24 ``modeling_zamba2.py``): ``Zamba2AttentionDecoderLayer.forward`` normalizes the concatenation of
+    the layer's input with the embeddings, ``2 h`` wide where a Llama layer's normalized input is ``h`` (``+ h``, the
+    concatenation itself freed when its normalized copy is rebound); ``Zamba2MLP.forward`` adds the layer's adapter
+    output to ``gate_up_proj``'s (``gate_up_state + adapter(hidden_state)``): both ``2 I`` wide and their sum, where
+    Llama's MLP holds its gate and up projections (``+ 2 I``).  0 for other models."""
+    if m.mamba is None or not m.mamba.shared_attention_layers:
+        return 0
+    return batch * prompt * max(m.hidden_size, 2 * m.intermediate_size) * c
+
+
+def shared_block_output_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """The shared block's output that a Zamba2 hybrid layer holds while its mixer runs: ``Zamba2HybridLayer.forward``
+    binds ``transformer_hidden_states`` (the per-layer ``linear``'s output, ``b p h``) until ``mamba_decoder``
+    returns; 0 for other models."""
+    if m.mamba is None or not m.mamba.shared_attention_layers:
+        return 0
+    return batch * prompt * m.hidden_size * c
 
 
 def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
@@ -1033,6 +1060,13 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
                  f"its KV cache and, per sequence, {held} (transformers 5.24's LinearAttentionAndFullAttentionLayer); "
                  "the prefill's running layer holds the mixer's tensors, or the attention's beside the mixer's output "
                  "and the attention's scaled input")
+    elif ms.shared_attention_layers:
+        state = (f"each of the {g.m.num_layers} layers runs a Mamba2 mixer and keeps per sequence {held} "
+                 f"(transformers 5.24's LinearAttentionLayer); {len(ms.shared_attention_layers)} of them first run a "
+                 "shared transformer block and keep its KV cache too (LinearAttentionAndFullAttentionLayer); the "
+                 "prefill's running layer holds the mixer's tensors beside the block's output, or the block's "
+                 "(its 2 x hidden normalized input or its adapter's gate_up sum, a bound from above), and the model "
+                 "keeps a clone of the embeddings for its blocks")
     else:
         state = (f"{len(ms.layers)} of {g.m.num_layers} layers are Mamba2 mixers without a KV cache: each keeps per "
                  f"sequence {held}, transformers 5.24's LinearAttentionLayer; the KV cache counts the attention "

@@ -162,12 +162,14 @@ def kv_spec(m: ModelSpec, kv_dtype: str = "auto", model_dtype_bytes: int = 2, tp
 def attention_layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
     """The decoder layers that keep a KV cache of the text tokens: all of them, less a hybrid model's Mamba2 mixer
     layers (``ModelSpec.mamba``), which keep a fixed-size state instead (``analytic/ssm_state.py``), unless their
-    attention runs beside the mixer (``MambaSpec.parallel_attention``, Falcon-H1: both caches in every layer), and its
+    attention runs beside the mixer (``MambaSpec.parallel_attention``, Falcon-H1: both caches in every layer) or ahead of
+    it (``MambaSpec.shared_attention_layers``, Zamba2's hybrid layers), and its
     MLP-only layers (``MambaSpec.ffn_only_layers``), and a
     cross-attention model's cross-attention layers, which cache the images' positions instead
     (``analytic/cross_attention.py``)."""
     ms = m.mamba
-    mixers = () if ms is None or ms.parallel_attention else ms.layers
+    mixers = () if ms is None or ms.parallel_attention else tuple(i for i in ms.layers
+                                                                    if i not in ms.shared_attention_layers)
     skipped = frozenset((*mixers, *ms.ffn_only_layers) if ms is not None else ())
     if m.vision is not None and m.vision.cross_attention_tokens_per_image:
         skipped |= frozenset(m.vision.cross_attention_layers)

@@ -173,8 +173,12 @@ def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Tasks whose memory depends on a mechanism vramplan does not model, refused by every engine (Llama 4,
     transformers 5.24 ``modeling_llama4.py``; its experts that run every token are refused by the analytic engine
     alone, ``every_token_expert_problems``): chunked local attention's cache (``Traits.attention_chunk_size``: serving) and an image path of tiles and pixel
-    shuffle (``Traits.image_path_unmodelled``: every task).  Its parameters are counted."""
+    shuffle (``Traits.image_path_unmodelled``: every task); a layer mechanism named in ``Traits.unmodelled_mixer``
+    (RecurrentGemma's RG-LRU blocks: every task).  Their parameters are counted."""
     t = m.traits
+    if t.unmodelled_mixer:
+        return [Problem("model", f"{m.name}: {t.unmodelled_mixer}; its parameters are counted "
+                        f"({m.num_parameters:,}), but no task is estimated for it", _PARAMETERS_ONLY)]
     if t.image_path_unmodelled:
         return [Problem("model", f"{m.name}'s image path (the processor's tiles, the vision tower's pixel shuffle and "
                         "vision adapter, Llama4VisionModel) is not modelled; its vision tower and projector parameters "
@@ -548,6 +552,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return _linear_mixer_problems(s, m)
     if m.mamba.parallel_attention:
         return _parallel_hybrid_problems(s, m)
+    if m.mamba.shared_attention_layers:
+        return _shared_block_problems(s, m)
     if len(m.mamba.layers) == m.num_layers:
         return _state_space_problems(s, m)
     kind = "Mamba2" if m.mamba.kind == "mamba2" else "Mamba"
@@ -700,6 +706,47 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return _generate_limits(s, what, "its configuration's base_model_tp_plan shards only embed_tokens",
                             "transformers' QuantizedCache refuses models with other than full-attention layers "
                             "(these are 'hybrid')")
+
+
+def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for a model of Mamba2 layers with shared transformer blocks run ahead of the
+    mixer in some of them (``MambaSpec.shared_attention_layers``, ``zamba2``): inference with transformers' ``generate``
+    is estimated (the hybrid layers' KV cache and every layer's mixer state: transformers 5.24 gives a "hybrid" layer a
+    ``LinearAttentionAndFullAttentionLayer``; the prefill's running layer, ``analytic/inference.py``
+    ``shared_block_extra_bytes``); the rest is refused.
+
+    * Training: the shared block's saved tensors (the concatenated ``2 x hidden`` input, the per-invocation adapters,
+      one block's weights reused by several layers) are not modelled.
+    * Serving: no engine's layout of layers holding both a KV cache and a mixer state is modelled
+      (``serve/mamba_pages.py`` lays out hybrids whose mixer layers hold no attention).
+    * Inference: tensor parallelism (``Zamba2Config`` has no ``base_model_tp_plan``), a quantized cache
+      (``QuantizedCache`` refuses layer types other than "full_attention", cache_utils.py 5.24), Lit-GPT (it ships no
+      such model), and transformers 4.x, whose ``Zamba2HybridDynamicCache`` (modeling_zamba2.py before 5.0) preallocates
+      every layer's convolution and SSM state in the model dtype, where 5.24's ``LinearAttentionLayer`` keeps the SSM
+      state in fp32.
+    """
+    ms = m.mamba
+    assert ms is not None
+    what = (f"{m.name} runs a Mamba2 mixer in each of its {m.num_layers} layers and a shared transformer block "
+            f"ahead of the mixer in {len(ms.shared_attention_layers)} of them")
+    if s.task == "train":
+        return [Problem("task", f"{what}; training it is not estimated: the shared blocks' saved tensors (their "
+                        "2 x hidden concatenated input, the per-layer adapters) are not modelled",
+                        "estimate inference (task: inference) for this model, or train a hybrid whose training is "
+                        "estimated (bamba, granitemoehybrid, nemotron_h)")]
+    if s.task == "serve":
+        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
+                        "layout of layers holding both a KV cache and a mixer state is not modelled",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "
+                        f"modeling_zamba2.py (DynamicCache's hybrid layers, an fp32 SSM state), not "
+                        f"{s.software.transformers} (Zamba2HybridDynamicCache, its states in the model dtype)",
+                        "drop software.transformers, or set it to 5.0 or later")]
+    return _generate_limits(s, what, "its transformers configuration has no base_model_tp_plan",
+                            "transformers' QuantizedCache refuses models with other than full-attention layers "
+                            "(these are 'hybrid' and 'linear_attention')")
 
 
 def _mamba1_train_serve_problems(s: Scenario, what: str) -> list[Problem]:

@@ -175,6 +175,10 @@ class MambaSpec:
     # the mixer's gated RMSNorm before ``out_proj`` (Bamba, Nemotron-H, Mamba2); False: ``scan_output * silu(gate)``
     # instead (FalconH1Mixer without ``mamba_rms_norm``: ``self.norm`` is ``nn.Identity``, modeling_falcon_h1.py 5.24)
     gated_norm: bool = True
+    # mixer layers that also run a shared transformer block ahead of their mixer and keep its KV cache beside the
+    # mixer's state (Zamba2's "hybrid" layers: ``Zamba2HybridLayer`` runs ``shared_transformer`` then ``mamba_decoder``,
+    # and transformers 5.24's cache gives such a layer a ``LinearAttentionAndFullAttentionLayer``, cache_utils.py)
+    shared_attention_layers: tuple[int, ...] = ()
 
     @property
     def conv_dim(self) -> int:
@@ -303,6 +307,9 @@ class Traits:
     # the image path is not modelled (Llama 4's tiles, pixel shuffle and vision adapter): the tower's and projector's
     # parameters are counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``)
     image_path_unmodelled: bool = False
+    # a layer mechanism that is not modelled (RecurrentGemma's RG-LRU recurrent blocks), named: the parameters are
+    # counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``); "": none
+    unmodelled_mixer: str = ""
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False

@@ -662,7 +662,8 @@ def _is_mixer(config: Any, index: int) -> bool:
 def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
     """(convolution channels, d_conv, the SSM state's shape per sequence) under each family's config names: Bamba's and
     GraniteMoeHybrid's (``mamba_*``), Nemotron-H's (``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``,
-    ``conv_kernel``, ``n_groups``; intermediate = heads x head_dim), Mamba2's (``num_heads``, ``head_dim``,
+    ``conv_kernel``, ``n_groups``; intermediate = heads x head_dim), Zamba2's (``n_mamba_heads``, ``mamba_headdim``,
+    ``mamba_ngroups``), Mamba2's (``num_heads``, ``head_dim``,
     ``state_size``, ``conv_kernel``, ``n_groups``, intermediate = ``expand`` x hidden) and Mamba-1's (``MambaConfig``,
     ``FalconMambaConfig``: ``intermediate_size`` channels of ``state_size`` states, no heads or groups; ``JambaConfig``:
     ``mamba_expand x hidden_size`` channels of ``mamba_d_state``)."""
@@ -681,6 +682,11 @@ def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
         inter = int(config.mamba_expand) * int(config.hidden_size) if d_ssm is None else int(d_ssm)
         heads, head_dim = int(config.mamba_n_heads), int(config.mamba_d_head)
         state, kernel, groups = int(config.mamba_d_state), int(config.mamba_d_conv), int(config.mamba_n_groups)
+    elif hasattr(config, "n_mamba_heads"):
+        # Zamba2's (Zamba2MambaMixer: mamba_expand x hidden channels in n_mamba_heads heads of mamba_headdim)
+        heads, head_dim = int(config.n_mamba_heads), int(config.mamba_headdim)
+        inter, state, kernel, groups = (int(config.mamba_expand) * int(config.hidden_size), int(config.mamba_d_state),
+                                        int(config.mamba_d_conv), int(config.mamba_ngroups))
     elif hasattr(config, "mamba_num_heads"):
         heads, head_dim = int(config.mamba_num_heads), int(config.mamba_head_dim)
         inter, state, kernel, groups = (heads * head_dim, int(config.ssm_state_size), int(config.conv_kernel),

@@ -35,6 +35,7 @@ from vramplan.spec.families.llava import LLAVA
 from vramplan.spec.families.llava_next import LLAVA_NEXT
 from vramplan.spec.families.mamba import FALCON_MAMBA, MAMBA
 from vramplan.spec.families.mamba2 import MAMBA2
+from vramplan.spec.families.minimax import MINIMAX
 from vramplan.spec.families.mistral3 import MISTRAL3
 from vramplan.spec.families.mllama import MLLAMA
 from vramplan.spec.families.nemotron_h import NEMOTRON_H
@@ -46,9 +47,11 @@ from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.qwen3_next import QWEN3_NEXT
 from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
+from vramplan.spec.families.recurrent_gemma import RECURRENT_GEMMA
 from vramplan.spec.families.starcoder2 import STARCODER2
 from vramplan.spec.families.t5 import MT5, T5, UMT5
 from vramplan.spec.families.whisper import WHISPER
+from vramplan.spec.families.zamba2 import ZAMBA2
 
 __all__ = ["FAMILIES", "KEY_ALIASES", "Family", "flatten_text_config", "torchtitan_model", "transformers_config",
            "typed_for_transformers"]
@@ -75,6 +78,13 @@ FAMILIES: dict[str, Family] = {
     "nemotron_h": NEMOTRON_H,
     # attention and a Mamba2 mixer side by side in every layer (MambaSpec.parallel_attention)
     "falcon_h1": FALCON_H1,
+    # a Mamba2 mixer in every layer, shared transformer blocks run ahead of the mixer in some (MambaSpec.shared_attention_layers)
+    "zamba2": ZAMBA2,
+    # RG-LRU recurrent blocks and local attention (Griffin): parameters counted, every task refused
+    # (Traits.unmodelled_mixer, spec/checks.py unmodelled_layer_problems)
+    "recurrent_gemma": RECURRENT_GEMMA,
+    # lightning (linear) attention interleaved with softmax attention, MoE: parameters counted, every task refused
+    "minimax": MINIMAX,
     # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
     "jamba": JAMBA,
     # hybrid: Gated DeltaNet linear-attention layers beside gated full attention, experts with a shared expert
