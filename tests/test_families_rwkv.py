@@ -97,6 +97,23 @@ def test_state_and_terms_by_hand() -> None:
     # fp32: current_key.float() is no copy (9 fp32 step tensors): 768 x (24 + 36) + 768 x 4 = 49,152; the feed-forward
     # 4 x 9,216 = 36,864
     assert mixer_decode_bytes(m, 1, 4) == 49_152
+    # 4 sequences: transformers' step broadcasts to 4 positions of 4 sequences, a prefill block at 4 tokens,
+    # (7 x 768 + 2 x 3,072) x 4 x 4 x 2 = 368,640, above the one-position step 4 x 768 x 52 + 1,536 = 161,280
+    assert mixer_decode_bytes(m, 4, 2) == 368_640
+
+
+def test_a_multi_sequence_decode_step_broadcasts_in_transformers() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**TESTER)).eval()
+        with torch.no_grad():
+            state = module(torch.randint(0, 99, (3, 5)), use_cache=True).state
+            logits = module(torch.randint(0, 99, (3, 1)), state=state, use_cache=True).logits
+    # the 2-D shift state times the (1, 1, h) mix broadcasts against the (3, 1, h) token: 3 positions per sequence
+    assert tuple(logits.shape) == (3, 3, 99)
 
 
 def test_state_equals_transformers_state_after_a_prefill() -> None:
@@ -158,7 +175,7 @@ def test_traced_lora_adapts_the_default_targets() -> None:
     assert grads == 20_480
 
 
-@pytest.mark.parametrize(("prompt", "batch"), [(100, 2), (200, 2), (50, 4)])
+@pytest.mark.parametrize(("prompt", "batch"), [(100, 2), (200, 2), (50, 4), (4, 16)])
 def test_traced_generate_agrees_with_the_analytic_engine(prompt: int, batch: int) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
@@ -172,11 +189,12 @@ def test_traced_generate_agrees_with_the_analytic_engine(prompt: int, batch: int
     st = trace_inference(resolve(doc))
     traced = peak_of(st.events, st.marks).phases
     # the trace rounds every block to 512 B (the 37 vectors of 32 bf16 weights: 37 x 448 = 16,576 B more); within
-    # 0.3% at both moments
+    # 0.3% below at the prefill; the decode step of 16 sequences (a block of 16 broadcast positions) 0.4% above
     for phase in ("prefill", "decode"):
-        assert 0.997 < a.per_gpu.phases[phase] / traced[phase] <= 1.0
-    # the running block: 2 sequences x 100 tokens x 2 B x (7 x 32 + 2 x 128) = 192,000 B at 100 tokens
-    assert a.per_gpu.breakdown_detail["activations"]["running layer"] == batch * prompt * 2 * (7 * 32 + 2 * 128)
+        assert 0.997 < a.per_gpu.phases[phase] / traced[phase] < 1.005
+    if prompt > batch:
+        # the prefill peaks, its running block 2 sequences x 100 tokens x 2 B x (7 x 32 + 2 x 128) = 192,000 B at 100
+        assert a.per_gpu.breakdown_detail["activations"]["running layer"] == batch * prompt * 2 * (7 * 32 + 2 * 128)
     assert any("RWKV-4 blocks without a KV cache" in x for x in a.assumptions)
 
 

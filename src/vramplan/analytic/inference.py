@@ -1110,7 +1110,9 @@ def _rwkv_notes(g: GenerateCall) -> list[str]:
              f"and maximum of {ms.n_heads} in fp32 ({ssm:,} B)"),
             ("the blocks run transformers' torch wkv loop (rwkv_linear_attention_cpu, as without the hub kernel, "
              "which needs the kernels package and ninja): the prefill's running block holds its input, the mixed "
-             "and projected key, value and receptance and the feed-forward's squared ReLU (analytic/ssm_state.py)"),
+             "and projected key, value and receptance and the feed-forward's squared ReLU (analytic/ssm_state.py); "
+             "with more than one sequence its one-token decode step broadcasts the 2-D shift state to one position per "
+             "sequence (logits of batch x batch rows), counted as a prefill block of batch positions"),
             ("not counted: time_decay and time_first stay fp32 when the model is loaded in a half dtype "
              f"(_keep_in_fp32_modules), {2 * g.m.hidden_size * g.m.num_layers:,} elements counted in "
              "the model's dtype")]

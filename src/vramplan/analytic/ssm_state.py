@@ -126,9 +126,15 @@ beside its input (bound to the model's ``hidden_states``):
   input: ``(9 h + I) u``; the larger (``(7 h + 2 I) u`` for RWKV-4's ``I = 4 h``) is the block's peak whenever ``p``
   is more than a few tokens.
 
-Decode (one token, ``state`` given: the shift reads the state, no copy) holds ``b h`` tensors only: the wkv step's
-input, ``ln1``'s output, key, value, receptance and the output (``6 c``) with up to 10 fp32 step tensors (``40``, ``36``
-when ``c`` is 4) and ``-exp(time_decay)``, or the feed-forward's ``8 h + I`` in ``c``: the larger.
+Decode (one token, ``state`` given: the shift reads the state, no copy) holds, for one sequence, ``h``-wide tensors
+only: the wkv step's input, ``ln1``'s output, key, value, receptance and the output (``6 c``) with up to 10 fp32 step
+tensors (``40``, ``36`` when ``c`` is 4) and ``-exp(time_decay)``, or the feed-forward's ``8 h + I`` in ``c``: the
+larger.  With ``b > 1`` sequences the step broadcasts: ``extract_key_value`` reads the shift state as a 2-D
+``state[1][:, :, layer]`` (``b x h``), and ``hidden * time_mix_key + shifted * (1 - time_mix_key)`` of a ``(b, 1, h)``
+and a ``(1, b, h)`` tensor is ``(b, b, h)``: the wkv loop runs ``b`` positions, the block's output and every later block
+are ``b`` positions wide (the logits too, of which generate reads the last row; seen on transformers 5.24's CPU module,
+a 3-sequence step returning ``(3, 3, vocab)`` logits).  The step's block is then counted as a prefill block of ``b``
+positions, the larger of the two.
 
 The Gated DeltaNet's prefill and decode temporaries are not modelled (``mixer_prefill_bytes`` and
 ``mixer_decode_bytes`` refuse them; the analytic engine refuses their generate: spec/checks.py
@@ -265,9 +271,11 @@ def rwkv_block_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> i
 
 
 def rwkv_block_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
-    """An RWKV-4 block's live tensors at its peak in a decode step (module docstring)."""
+    """An RWKV-4 block's live tensors at its peak in a decode step (module docstring): with more than one sequence,
+    the step's broadcast makes it a block of ``batch`` positions (``rwkv_block_prefill_bytes`` at ``batch`` tokens)."""
     h, inter = m.hidden_size, m.intermediate_size
-    return max(batch * h * (6 * c + _wkv_step_bytes(c, prefill=False)) + h * c, batch * c * (8 * h + inter))
+    one = max(batch * h * (6 * c + _wkv_step_bytes(c, prefill=False)) + h * c, batch * c * (8 * h + inter))
+    return max(one, rwkv_block_prefill_bytes(m, batch, batch, c)) if batch > 1 else one
 
 
 _KIND_NAMES = {"mamba2": "Mamba2", "mamba1": "Mamba", "gated_deltanet": "Gated DeltaNet",
