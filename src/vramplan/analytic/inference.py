@@ -762,9 +762,13 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         # other locals live (analytic/ssm_state.py ``broadcast_product_bytes``): counted over the locals at the
         # scan's end, a bound from above (some of them are made after the largest product is freed)
         mixer += broadcast_product_bytes(m.mamba, b, p)
-    layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention) + parallel_mixer_kept_bytes(m, b, p, c)
-                + shared_block_extra_bytes(m, b, p, c),
-                mixer + parallel_mixer_input_bytes(m, b, p, c) + shared_block_output_bytes(m, b, p, c))
+    if m.mamba is not None and m.mamba.kind == "rwkv4":
+        # an RWKV-4 block's term is the whole block's, its input included (analytic/ssm_state.py): no attention layer
+        layer = mixer
+    else:
+        layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention) + parallel_mixer_kept_bytes(m, b, p, c)
+                    + shared_block_extra_bytes(m, b, p, c),
+                    mixer + parallel_mixer_input_bytes(m, b, p, c) + shared_block_output_bytes(m, b, p, c))
     ci = g.cross()
     if ci is not None:
         layer = max(layer, _cross_running(g, ci, layer))
@@ -1044,6 +1048,8 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
         return []
     if ms.kind == "mamba1":
         return _mamba1_notes(g)
+    if ms.kind == "rwkv4":
+        return _rwkv_notes(g)
     if ms.kind == "short_conv":
         conv, _ = ssm_state_layer_bytes(g.m, g.c)
         return [(f"{len(ms.layers)} of {g.m.num_layers} layers are gated short-convolution blocks without a KV cache: "
@@ -1126,6 +1132,24 @@ def _mamba1_notes(g: GenerateCall) -> list[str]:
         notes.append(f"FalconMamba's dt, B and C norms hold their weights as non-persistent buffers "
                      f"({ms.intermediate_size + 2 * ms.state_size} elements per layer), not counted in the weights")
     return notes + _residual_note(g)
+
+
+def _rwkv_notes(g: GenerateCall) -> list[str]:
+    """What an RWKV-4 model's estimate assumes (analytic/ssm_state.py)."""
+    ms = g.m.mamba
+    assert ms is not None
+    conv, ssm = ssm_state_layer_bytes(g.m, g.c)
+    return [(f"{len(ms.layers)} RWKV-4 blocks without a KV cache: RwkvModel's state keeps per layer and sequence two "
+             f"token-shift vectors of {ms.intermediate_size} in {g.c} B ({conv:,} B) and the wkv numerator, denominator "
+             f"and maximum of {ms.n_heads} in fp32 ({ssm:,} B)"),
+            ("the blocks run transformers' torch wkv loop (rwkv_linear_attention_cpu, as without the hub kernel, "
+             "which needs the kernels package and ninja): the prefill's running block holds its input, the mixed "
+             "and projected key, value and receptance and the feed-forward's squared ReLU (analytic/ssm_state.py); "
+             "with more than one sequence its one-token decode step broadcasts the 2-D shift state to one position per "
+             "sequence (logits of batch x batch rows), counted as a prefill block of batch positions"),
+            ("not counted: time_decay and time_first stay fp32 when the model is loaded in a half dtype "
+             f"(_keep_in_fp32_modules), {2 * g.m.hidden_size * g.m.num_layers:,} elements counted in "
+             "the model's dtype")]
 
 
 def _math_notes(g: GenerateCall) -> list[str]:

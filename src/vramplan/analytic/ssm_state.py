@@ -96,6 +96,46 @@ output in ``y``'s place: ``b c h (8 p + k - 1)``, this block's running-layer ter
 and the convolution's output (``2 h``), then ``y``, its copy and ``out_proj``'s output: ``b c h (k + 7)`` at most.
 Both agree with the traced engine (``tests/test_families_lfm2.py``).
 
+**RWKV-4 blocks (``MambaSpec.kind`` "rwkv4": ``rwkv``, ``modeling_rwkv.py`` 5.24).**  ``RwkvModel.forward`` with
+``use_cache`` makes ``state``: five tensors of ``batch x hidden x layers``, the first two (each layer's last
+feed-forward and attention input, the token shift) in ``inputs_embeds``' dtype, the compute dtype, the other three
+(the wkv numerator, denominator and running maximum) in fp32: ``h (2 c + 12)`` bytes per layer and sequence, written as
+a "convolution" state of ``h x 2`` and an "SSM" state of ``h x 1 x 3`` (``spec/families/rwkv.py`` ``state_spec``).
+RWKV-4-169M's shape (hidden 768, 12 layers), bf16: 768 x 16 = 12,288 B per layer, 147,456 B per sequence.
+
+Prefill (transformers' torch path: ``rwkv_linear_attention`` runs ``rwkv_linear_attention_cpu`` whenever the hub
+kernel is not loaded, which needs the ``kernels`` package and ninja, or the tensors are not on CUDA).  With ``b``
+sequences of ``p`` tokens, ``h`` channels (``attention_hidden_size`` = ``h``: other values are refused), ``I`` =
+``intermediate_size`` and ``c`` bytes of the compute dtype (``u = b p c`` a tensor of one width), the block holds
+beside its input (bound to the model's ``hidden_states``):
+
+* attention (``RwkvSelfAttention``): ``ln1``'s output, the token-shifted copy (``time_shift``) and the three mixed
+  inputs with the two products of the third mix (``extract_key_value``), or after the projections key, value,
+  receptance, ``sigmoid``'s input and output: ``8 h u`` at most with the input; at the end, key, value, receptance,
+  the wkv output, ``receptance * rwkv`` and ``output``'s result: ``8 h u`` again;
+* inside the wkv loop (``rwkv_linear_attention_cpu``), beside the input, ``ln1``'s output, key, value, receptance and
+  the output buffer (``6 h u``), ``-exp(time_decay)`` (``h c``) and per step ``b h``-wide fp32 tensors: the previous
+  step's ``current_key`` (a ``.float()`` copy unless ``c`` is 4), ``max_for_output``, ``e1``, ``e2``, ``numerator``,
+  ``denominator``, ``max_state``, ``num_state`` and ``den_state`` (9), and at the ``num_state`` update the next
+  ``max_for_state`` and its two products and their sum (4): ``b h (52 or 48)`` bytes;
+* feed-forward (``RwkvFeedForward``), with the block's input, the attention's output (bound to ``attention`` until the
+  block returns), the residual sum and ``ln2``'s output (``4 h u``): the shifted copy and the mixed key and
+  receptance inputs (``3 h u``) with, at ``torch.square(torch.relu(self.key(key)))``, the ReLU's output and its square
+  (``2 I u``; the projection's output is freed once the ReLU returns): ``(7 h + 2 I) u``; later the square (``I``),
+  ``value``'s output and ``receptance``'s projection and ``sigmoid`` beside the shifted copy and the mixed receptance
+  input: ``(9 h + I) u``; the larger (``(7 h + 2 I) u`` for RWKV-4's ``I = 4 h``) is the block's peak whenever ``p``
+  is more than a few tokens.
+
+Decode (one token, ``state`` given: the shift reads the state, no copy) holds, for one sequence, ``h``-wide tensors
+only: the wkv step's input, ``ln1``'s output, key, value, receptance and the output (``6 c``) with up to 10 fp32 step
+tensors (``40``, ``36`` when ``c`` is 4) and ``-exp(time_decay)``, or the feed-forward's ``8 h + I`` in ``c``: the
+larger.  With ``b > 1`` sequences the step broadcasts: ``extract_key_value`` reads the shift state as a 2-D
+``state[1][:, :, layer]`` (``b x h``), and ``hidden * time_mix_key + shifted * (1 - time_mix_key)`` of a ``(b, 1, h)``
+and a ``(1, b, h)`` tensor is ``(b, b, h)``: the wkv loop runs ``b`` positions, the block's output and every later block
+are ``b`` positions wide (the logits too, of which generate reads the last row; seen on transformers 5.24's CPU module,
+a 3-sequence step returning ``(3, 3, vocab)`` logits).  The step's block is then counted as a prefill block of ``b``
+positions, the larger of the two.
+
 The Gated DeltaNet's prefill and decode temporaries are not modelled (``mixer_prefill_bytes`` and
 ``mixer_decode_bytes`` refuse them; the analytic engine refuses their generate: spec/checks.py
 ``linear_mixer_analytic_problems``).
@@ -112,6 +152,8 @@ __all__ = [
     "broadcast_product_bytes",
     "mixer_decode_bytes",
     "mixer_prefill_bytes",
+    "rwkv_block_decode_bytes",
+    "rwkv_block_prefill_bytes",
     "split_product_excess_bytes",
     "ssm_state_bytes",
     "ssm_state_layer_bytes",
@@ -149,6 +191,8 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
         return _mamba1_prefill_bytes(ms, batch, prompt, c)
     if ms.kind == "short_conv":
         return batch * c * ms.intermediate_size * (8 * prompt + ms.conv_kernel - 1)
+    if ms.kind == "rwkv4":
+        return rwkv_block_prefill_bytes(m, batch, prompt, c)
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
     h, inter, n = ms.n_heads, ms.intermediate_size, ms.state_size
     half = batch * c * (prompt * (inter + ms.conv_dim + h) + (prompt + ms.conv_kernel - 1) * ms.conv_dim
@@ -211,8 +255,31 @@ def _mamba1_prefill_bytes(ms: MambaSpec, batch: int, prompt: int, c: int) -> int
     return batch * prompt * (scan + held)
 
 
+def _wkv_step_bytes(c: int, prefill: bool) -> int:
+    """Bytes per ``b h`` element of the wkv loop's fp32 step tensors at their peak (module docstring): 13 in a prefill
+    step (the previous step's 9 and the ``num_state`` update's 4), 10 in the one decode step; one fewer where the
+    compute dtype is fp32 (``current_key.float()`` is then no copy)."""
+    return FP32_BYTES * ((13 if prefill else 10) - (1 if c == FP32_BYTES else 0))
+
+
+def rwkv_block_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """An RWKV-4 block's live tensors at its peak during the prefill, its input included (module docstring)."""
+    h, inter = m.hidden_size, m.intermediate_size
+    u = batch * prompt * c
+    loop = 6 * h * u + h * c + batch * h * _wkv_step_bytes(c, prefill=True)
+    return max(8 * h * u, loop, (7 * h + 2 * inter) * u, (9 * h + inter) * u)
+
+
+def rwkv_block_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """An RWKV-4 block's live tensors at its peak in a decode step (module docstring): with more than one sequence,
+    the step's broadcast makes it a block of ``batch`` positions (``rwkv_block_prefill_bytes`` at ``batch`` tokens)."""
+    h, inter = m.hidden_size, m.intermediate_size
+    one = max(batch * h * (6 * c + _wkv_step_bytes(c, prefill=False)) + h * c, batch * c * (8 * h + inter))
+    return max(one, rwkv_block_prefill_bytes(m, batch, batch, c)) if batch > 1 else one
+
+
 _KIND_NAMES = {"mamba2": "Mamba2", "mamba1": "Mamba", "gated_deltanet": "Gated DeltaNet",
-               "short_conv": "short-convolution"}
+               "short_conv": "short-convolution", "rwkv4": "RWKV-4"}
 
 
 def _scan_modelled(ms: MambaSpec) -> None:
@@ -241,6 +308,8 @@ def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
     _scan_modelled(m.mamba)
     if m.mamba.kind == "short_conv":
         return batch * c * m.mamba.intermediate_size * (m.mamba.conv_kernel + 7)
+    if m.mamba.kind == "rwkv4":
+        return rwkv_block_decode_bytes(m, batch, c)
     if m.mamba.kind == "mamba1":
         return batch * m.mamba.ssm_state_elements * 5 * FP32_BYTES
     return batch * m.mamba.ssm_state_elements * (3 * FP32_BYTES + 2 * c)

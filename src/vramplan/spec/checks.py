@@ -548,6 +548,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     if m.mamba is None:
         return []
+    if m.mamba.kind == "rwkv4":
+        return _rwkv_problems(s, m)
     if m.mamba.kind in LINEAR_MIXER_KINDS:
         return _linear_mixer_problems(s, m)
     if m.mamba.parallel_attention:
@@ -632,6 +634,13 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     short convolution's gates, are not in its terms), and of the Gated DeltaNet's generate (its chunked rule's
     prefill temporaries).  Their state per sequence, and the short convolution's prefill and decode, are
     (``analytic/ssm_state.py``); the traced engine runs transformers' own forward and is not refused."""
+    if m.mamba is not None and m.mamba.kind == "rwkv4" and s.task == "train":
+        return [Problem("task", f"{_rwkv_what(m)}; training it is not estimated by the analytic engine: autograd "
+                        "saves the torch wkv loop's tensors of every token (rwkv_linear_attention_cpu runs one "
+                        "iteration per token, each saving its batch x hidden fp32 products for the backward; the "
+                        "CUDA kernel, when loaded, saves other tensors), which its terms do not count",
+                        "use --engine trace (it runs transformers' own forward and backward on the meta device); "
+                        + _PARAMETERS_ONLY)]
     if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task not in ("train", "inference"):
         return []
     if s.task == "inference" and m.mamba.kind == "short_conv":
@@ -639,6 +648,38 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return [Problem("task", f"{_linear_mixer_what(m)}; the saved and transient tensors of those layers are not in "
                     f"the analytic engine's terms, so task {s.task} is not estimated by it",
                     "use --engine trace (it runs transformers' own forward on the meta device); " + _PARAMETERS_ONLY)]
+
+
+def _rwkv_what(m: ModelSpec) -> str:
+    return f"{m.name} is an RWKV-4 model ({m.num_layers} time-mixing and channel-mixing blocks, no attention)"
+
+
+def _rwkv_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for RWKV-4 (``MambaSpec.kind`` "rwkv4", ``rwkv``), for every engine; the
+    analytic engine's refusal of training is in ``linear_mixer_analytic_problems``.
+
+    * Serving: vLLM has no RWKV model class (the feature request vllm-project/vllm#3583 was closed without one, a
+      maintainer moving it to the backlog in 2025-08; RWKV-7 support is proposed in the open #48686, which adds
+      ``RWKV7ForCausalLM`` to the registry), and SGLang's and llama.cpp's state pools for it are not modelled.
+    * Inference: tensor parallelism (``RwkvConfig`` has no ``base_model_tp_plan``), a quantized cache (the state is
+      no KV cache: transformers' ``QuantizedCache`` does not reach it), Lit-GPT (it ships no RWKV model).
+    * transformers 4.x is not modelled (its ``modeling_rwkv.py`` builds the same state, but was not read here).
+    """
+    what = _rwkv_what(m)
+    if s.task == "serve":
+        return [Problem("task", f"{what}; serving it with {s.serve.engine} is not estimated: vLLM has no RWKV model "
+                        "class (vllm-project/vllm#3583; serving would need one, with state pages for its recurrent "
+                        "state), and the other engines' state pools for it are not modelled",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated; "
+                        + _PARAMETERS_ONLY)]
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        return [Problem("software.transformers", f"{what}; it is modelled on transformers 5.24's modeling_rwkv.py, "
+                        f"not {s.software.transformers}", "drop software.transformers, or set it to 5.0 or later")]
+    if s.task == "train":
+        return []
+    return _generate_limits(s, what, "RwkvConfig has no base_model_tp_plan",
+                            "its state is no KV cache, which transformers' QuantizedCache would hold")
 
 
 def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:

@@ -499,9 +499,10 @@ def _parallel_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if n % mp:
         out.append(Problem("parallel", f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide num_gpus = {n}",
                            f"use num_gpus a multiple of {mp}, or lower tp/pp/cp"))
-    # an attention-free Mamba-1 model (mamba, falcon_mamba) has no heads to split: its adapter's one "head" is a
-    # placeholder, and spec/checks.py refuses tp > 1 for it with the mixer's own reason
-    mamba1_only = m.mamba is not None and m.mamba.kind == "mamba1" and len(m.mamba.layers) == m.num_layers
+    # an attention-free Mamba-1 or RWKV-4 model (mamba, falcon_mamba, rwkv) has no heads to split: its adapter's one
+    # "head" is a placeholder, and spec/checks.py refuses tp > 1 for it with the mixer's own reason
+    mamba1_only = (m.mamba is not None and m.mamba.kind in ("mamba1", "rwkv4")
+                   and len(m.mamba.layers) == m.num_layers)
     if m.num_attention_heads % par.tp and not mamba1_only:
         ok = [d for d in range(1, m.num_attention_heads + 1) if m.num_attention_heads % d == 0 and d <= max(n, 1)]
         out.append(Problem("parallel.tp", f"tp={par.tp} does not divide the {m.num_attention_heads} attention heads",

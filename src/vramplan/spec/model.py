@@ -157,8 +157,10 @@ class MambaSpec:
     # ``conv_dim = 2 key_dim + value_dim`` channels (``intermediate_size`` here, ``n_groups`` 0) and ``n_heads`` value
     # heads of ``head_dim`` by ``state_size`` (the key head dim) fp32 recurrent state each; "short_conv": LFM2's
     # ``Lfm2ShortConv`` (``modeling_lfm2.py``, 5.24), a gated depthwise convolution over ``intermediate_size`` (the hidden
-    # size) channels and no recurrent state (``n_heads`` 0)
-    kind: Literal["mamba2", "mamba1", "gated_deltanet", "short_conv"] = "mamba2"
+    # size) channels and no recurrent state (``n_heads`` 0); "rwkv4": RWKV-4's ``state`` (``modeling_rwkv.py``, 5.24),
+    # per layer two token-shift vectors of the hidden size in the compute dtype (``intermediate_size`` h, ``conv_kernel``
+    # 2) and the wkv numerator, denominator and maximum in fp32 (``h`` heads of width 1, ``state_size`` 3)
+    kind: Literal["mamba2", "mamba1", "gated_deltanet", "short_conv", "rwkv4"] = "mamba2"
     # Gated DeltaNet: ``linear_num_key_heads`` (the query/key heads that value heads share; unused by the other kinds)
     key_heads: int = 0
     time_step_rank: int = 0  # Mamba-1's ``x_proj`` -> ``dt_proj`` rank (unused by the Mamba2 mixer)
@@ -259,6 +261,10 @@ class Traits:
     # before ``residual + mixer(...)``, transformers 5.24): the residual stream between blocks, and so the final
     # norm's output (``weight * hidden_states.to(input_dtype)`` with an fp32 input), is fp32 whatever the weights' dtype
     residual_in_fp32: bool = False
+    # the forward takes and returns its recurrent state as its own ``state`` argument, not through
+    # ``past_key_values`` (RwkvForCausalLM, modeling_rwkv.py 5.24: ``state`` in, ``out.state`` back): the traced
+    # engine's decode step passes the filled state there (trace/step.py)
+    state_argument: bool = False
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)

@@ -586,7 +586,19 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             for layer in getattr(cache, "layers", []):
                 tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache", "KV cache")
             del cache
-            if n > 0:
+            if n > 0 and r.model.traits.state_argument:
+                tracker.mark("decode-setup")
+                state = _filled_state(model, tracker, b, device)
+                phase[0] = "decode"
+                tracker.mark("decode")
+                with tracker.category("activations"):
+                    out = model(input_ids=nxt[:, None], state=state, use_cache=True, logits_to_keep=1)
+                    logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                    del out
+                    nxt = torch.argmax(logits, dim=-1)
+                    del logits
+                del state
+            elif n > 0:
                 tracker.mark("decode-setup")
                 total = p + n - 1
                 ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
@@ -612,6 +624,18 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
     notes = list(built.notes) + (tensor.notes if tensor is not None else [])
     return StepTrace(list(tracker.events), list(tracker.marks), 0, notes, cuda.sdpa_choices(),
                      tracker.peak_bytes, tensor_parallel=tp)
+
+
+def _filled_state(model: Any, tracker: Tracker, batch: int, device: str) -> list[torch.Tensor]:
+    """A recurrent ``state`` argument as the prefill leaves it (``Traits.state_argument``): RwkvModel.forward's five
+    ``batch x hidden_size x num_hidden_layers`` tensors, the first two in the embeddings' dtype, the others fp32
+    (modeling_rwkv.py 5.24)."""
+    config: Any = model.config
+    shape = (batch, int(config.hidden_size), int(config.num_hidden_layers))
+    dtype = model.get_input_embeddings().weight.dtype
+    with tracker.category("kv_cache"):
+        state = [torch.zeros(shape, dtype=dtype if i <= 1 else torch.float32, device=device) for i in range(5)]
+    return state
 
 
 def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str,

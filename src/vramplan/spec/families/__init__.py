@@ -48,6 +48,7 @@ from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.qwen3_next import QWEN3_NEXT
 from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.recurrent_gemma import RECURRENT_GEMMA
+from vramplan.spec.families.rwkv import RWKV
 from vramplan.spec.families.starcoder2 import STARCODER2
 from vramplan.spec.families.t5 import MT5, T5, UMT5
 from vramplan.spec.families.whisper import WHISPER
@@ -94,6 +95,9 @@ FAMILIES: dict[str, Family] = {
     "lfm2": LFM2,
     # state-space: a mixer in every layer, no attention, no MLP (ModelSpec.mamba covering every layer)
     "mamba2": MAMBA2, "mamba": MAMBA, "falcon_mamba": FALCON_MAMBA,
+    # attention-free: RWKV-4's time-mixing wkv recurrence and channel-mixing feed-forward in every block, its state
+    # passed as ``state`` (MambaSpec.kind "rwkv4", Traits.state_argument)
+    "rwkv": RWKV,
     # encoder-decoder: an encoder stack and a decoder stack with cross-attention (ModelSpec.encoder_decoder)
     "t5": T5, "mt5": MT5, "umt5": UMT5, "bart": BART,
     # a speech encoder (log-mel features through two convolutions) and a text decoder (EncoderDecoderSpec.audio)
