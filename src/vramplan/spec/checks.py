@@ -577,7 +577,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return []
 
 
-# MambaSpec kinds whose layers the analytic engine has no terms for (their state is counted: analytic/ssm_state.py)
+# MambaSpec kinds whose layers' training the analytic engine has no terms for (their state and generate are counted:
+# analytic/ssm_state.py)
 LINEAR_MIXER_KINDS = {"gated_deltanet": "Gated DeltaNet linear-attention", "short_conv": "gated short-convolution"}
 
 
@@ -623,12 +624,11 @@ def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """The analytic engine's refusal of training for a hybrid of Gated DeltaNet or gated short-convolution layers
     (``LINEAR_MIXER_KINDS``: their saved tensors, ``torch_chunk_gated_delta_rule``'s chunked fp32 products and the
-    short convolution's gates, are not in its terms), and of the Gated DeltaNet's generate (its chunked rule's
-    prefill temporaries).  Their state per sequence, and the short convolution's prefill and decode, are
-    (``analytic/ssm_state.py``); the traced engine runs transformers' own forward and is not refused."""
+    short convolution's gates, are not in its terms).  Their state per sequence and their generate's prefill and decode
+    tensors are (``analytic/ssm_state.py``); the traced engine runs transformers' own forward and is not refused."""
     if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task not in ("train", "inference"):
         return []
-    if s.task == "inference" and m.mamba.kind == "short_conv":
+    if s.task == "inference":
         return []
     return [Problem("task", f"{_linear_mixer_what(m)}; the saved and transient tensors of those layers are not in "
                     f"the analytic engine's terms, so task {s.task} is not estimated by it",
