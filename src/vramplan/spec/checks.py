@@ -577,8 +577,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return []
 
 
-# MambaSpec kinds whose layers' training the analytic engine has no terms for (their state and generate are counted:
-# analytic/ssm_state.py)
+# MambaSpec kinds that are neither Mamba kind (their state and generate: analytic/ssm_state.py; the short convolution's
+# training: analytic/terms/mamba2.py)
 LINEAR_MIXER_KINDS = {"gated_deltanet": "Gated DeltaNet linear-attention", "short_conv": "gated short-convolution"}
 
 
@@ -622,14 +622,17 @@ def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 
 def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """The analytic engine's refusal of training for a hybrid of Gated DeltaNet or gated short-convolution layers
-    (``LINEAR_MIXER_KINDS``: their saved tensors, ``torch_chunk_gated_delta_rule``'s chunked fp32 products and the
-    short convolution's gates, are not in its terms).  Their state per sequence and their generate's prefill and decode
-    tensors are (``analytic/ssm_state.py``); the traced engine runs transformers' own forward and is not refused."""
+    """The analytic engine's refusal of training for a hybrid of Gated DeltaNet layers (``torch_chunk_gated_delta_rule``'s
+    saved chunked fp32 products are not in its terms), and its limits on a hybrid of gated short-convolution layers'
+    training (``_hybrid_train_problems``: the block's saved tensors are ``analytic/terms/mamba2.py``
+    ``short_conv_saved_tensors``).  Both kinds' state per sequence and generate's prefill and decode tensors are
+    modelled (``analytic/ssm_state.py``); the traced engine runs transformers' own forward and is not refused."""
     if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task not in ("train", "inference"):
         return []
     if s.task == "inference":
         return []
+    if m.mamba.kind == "short_conv":
+        return _hybrid_train_problems(s, m, _linear_mixer_what(m))
     return [Problem("task", f"{_linear_mixer_what(m)}; the saved and transient tensors of those layers are not in "
                     f"the analytic engine's terms, so task {s.task} is not estimated by it",
                     "use --engine trace (it runs transformers' own forward on the meta device); " + _PARAMETERS_ONLY)]
