@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from vramplan import estimate
+from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.inference import inference_step
 from vramplan.analytic.kv_cache import kv_bytes_per_token
 from vramplan.analytic.ssm_state import (
@@ -20,6 +21,7 @@ from vramplan.analytic.ssm_state import (
     ssm_state_bytes,
     ssm_state_note,
 )
+from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
@@ -212,12 +214,105 @@ def test_traced_generate_agrees_with_the_analytic_engine(shape: dict[str, Any], 
     assert any("Gated DeltaNet linear attention without a KV cache" in x for x in a.assumptions)
 
 
-def test_the_analytic_engine_refuses_training() -> None:
+def test_gated_deltanet_saved_by_hand() -> None:
+    ms = model_from_config(TESTER).mamba
+    assert ms is not None
+    # h 32; 2 key heads and 4 value heads of 8 (K 16, V 32, C 64), k 4; 2 sequences of 100 tokens in bf16: T 200,
+    # P 128, 2 chunks of 64, B = 2 x 4 = 8 head rows
+    # in_proj input 200 x 32 x 2 = 12,800; conv input 200 x 64 x 2 = 25,600; conv output 2 x 103 x 64 x 2 = 26,368;
+    # beta 200 x 4 x 2 = 1,600; softplus 2 x 200 x 4 x 4 = 6,400; A 2 x 4 x 4 = 32
+    # the rule: l2norm 2 x 200 x 4 x (8 + 1) x 4 = 57,600; 6 x 8 x 128 x 8 x 4 = 196,608; 3 x 8 x 128 x 8 x 4 =
+    #   98,304; 5 x 8 x 128 x 64 x 4 = 1,310,720; 4 x 8 x 128 x 4 = 16,384; states 8 x 2 x (64 + 1) x 4 = 4,160; mask
+    #   and scale 4,096 + 8
+    # gated norm: 3 x 200 x 32 x 4 + 200 x 4 x 4 = 80,000; weighted 2 x 200 x 32 x 2 = 25,600; out_proj 12,800
+    # 1,879,080
+    assert total_bytes(mixer_saved_tensors(ms, 32, 2, False, 2, 100)) == 1_879_080
+
+
+def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
+    """Bytes of the storages autograd's graph saves after one ``Qwen3NextGatedDeltaNet`` forward (parameters
+    excluded)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**shape)
+        weights = torch.bfloat16 if mode == "bf16" else torch.float32
+        with torch.device("meta"):
+            layer = Qwen3NextGatedDeltaNet(cfg, 0).to(weights)
+        layer.train()
+        params = {id(p.untyped_storage()) for p in layer.parameters()}
+        x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
+        out = layer(x)
+    saved: dict[int, int] = {}
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            value = getattr(node, attr)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in params:
+                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return sum(saved.values())
+
+
+# key heads of 12, value heads of 8 and hidden 40: every dimension of the records differs
+UNEVEN: dict[str, Any] = {**TESTER, "hidden_size": 40, "linear_key_head_dim": 12, "linear_value_head_dim": 8}
+
+
+@pytest.mark.parametrize(("shape", "mode", "batch", "seq"), [
+    (TESTER, "bf16", 2, 100), (UNEVEN, "bf16", 2, 100), (UNEVEN, "fp32", 2, 100), (UNEVEN, "bf16", 1, 64),
+    (UNEVEN, "bf16", 3, 150),
+    # value heads equal to key heads: in fp32 the norm's gate is a view of in_proj_qkvz's output
+    (EQUAL_HEADS, "fp32", 2, 100), (EQUAL_HEADS, "bf16", 2, 100)])
+def test_gated_deltanet_saved_equals_the_autograd_graph(shape: dict[str, Any], mode: str, batch: int,
+                                                        seq: int) -> None:
+    ms = model_from_config(shape).mamba
+    assert ms is not None
+    c = 4 if mode == "fp32" else 2
+    # exact: storage by storage
+    assert _graph_saved(shape, mode, batch, seq) == total_bytes(
+        mixer_saved_tensors(ms, shape["hidden_size"], c, False, batch, seq))
+
+
+@pytest.mark.parametrize(("shape", "precision", "checkpointing", "low"), [
+    (TESTER, "bf16-true", "none", 0.985), (TESTER, "fp32", "none", 0.985), (TESTER, "bf16-true", "full", 0.97),
+    (WIDE_HEADS, "bf16-true", "none", 0.985), (EQUAL_HEADS, "fp32", "full", 0.97)])
+def test_train_step_agrees_with_the_traced_engine(shape: dict[str, Any], precision: str, checkpointing: str,
+                                                  low: float) -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"task": "train", "model": shape, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 2, "seq_len": 100, "precision": precision, "optimizer": "adamw",
+                     "gradient_checkpointing": checkpointing}}
+    a, t = estimate(doc), traced(doc)
+    # stated tolerance, as for the Mamba2 hybrids (tests/test_mamba2_train.py): the saved tensors are autograd's
+    # exactly (above), the gradients the chunked rule's backward makes are not counted (an assumption the report
+    # states), so the analytic peak is below the traced one: by 0.1-0.6% without checkpointing on these testers
+    # (24,506,744 against 24,647,168 B for the tester in bf16-true), by 1.2-2.8% with full checkpointing, where the peak
+    # is in a recomputed layer's backward (19,652,004 against 20,199,936 B)
+    assert low < a.per_gpu.peak_allocated_bytes / t.per_gpu.peak_allocated_bytes <= 1.0
+    assert any("Gated DeltaNet linear attention, run by transformers" in x for x in a.assumptions)
+
+
+@pytest.mark.parametrize(("train", "path"), [
+    ({"precision": "bf16-mixed"}, "train.precision"), ({"peft": {"method": "lora", "rank": 8}}, "train.peft")])
+def test_the_analytic_engine_refuses_what_training_does_not_model(train: dict[str, Any], path: str) -> None:
     doc = {"task": "train", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
-           "train": {"micro_batch_size": 1, "seq_len": 64}}
+           "train": {"micro_batch_size": 1, "seq_len": 64, **train}}
     with pytest.raises(VramplanError) as exc:
         estimate(doc)
-    assert "--engine trace" in str(exc.value) and "3 Gated DeltaNet linear-attention layers" in str(exc.value)
+    assert path in str(exc.value) and "3 Gated DeltaNet linear-attention layers" in str(exc.value)
 
 
 @pytest.mark.parametrize(("doc", "path"), [

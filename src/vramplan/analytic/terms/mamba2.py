@@ -67,6 +67,7 @@ head the einsums' copies of x would be views).
 from __future__ import annotations
 
 from vramplan.analytic.activations import SavedTensor
+from vramplan.analytic.terms.gated_deltanet import gated_deltanet_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
@@ -81,6 +82,8 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
     bytes; ``c``: bytes of the compute dtype; ``autocast``: mixed precision (fp32 weights under autocast)."""
     if ms.kind == "short_conv":
         return short_conv_saved_tensors(ms, c, batch, seq)
+    if ms.kind == "gated_deltanet" and not autocast:
+        return gated_deltanet_saved_tensors(ms, hidden, c, batch, seq)
     if ms.kind != "mamba2":
         raise ValueError(f"the saved tensors of {ms.kind} layers are not modelled")
     t = batch * seq
@@ -148,6 +151,14 @@ def mixer_train_notes(m: ModelSpec) -> list[str]:
     ms = m.mamba
     if ms is None:
         return []
+    if ms.kind == "gated_deltanet":
+        return [(f"{len(ms.layers)} of {m.num_layers} layers are Gated DeltaNet linear attention, run by transformers "
+                 "5.24's torch torch_chunk_gated_delta_rule and causal_conv1d_fn (the fla and causal-conv1d packages "
+                 "absent, use_kernels off); each saves its projections' inputs, the convolution's input and output, "
+                 "the chunked rule's fp32 chunk tensors and every chunk's incoming state "
+                 "(analytic/terms/gated_deltanet.py)"),
+                ("not modelled: the gradients a Gated DeltaNet layer's backward makes inside the chunked rule "
+                 "(counted: the incoming and outgoing residual gradients only)")]
     if ms.kind == "short_conv":
         return [(f"{len(ms.layers)} of {m.num_layers} layers are gated short-convolution blocks, run by transformers "
                  "5.24's torch causal_conv1d_fn (the causal-conv1d package absent, use_kernels off); each saves "
