@@ -1058,6 +1058,17 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
                  "only; the blocks run transformers' torch causal_conv1d_fn / causal_conv1d_update (as without the "
                  "causal-conv1d package and use_kernels=True), the prefill's running block holding its input, "
                  "in_proj's output, the padded convolution and the gated product (analytic/ssm_state.py)")]
+    if ms.kind == "gated_deltanet":
+        conv, ssm = ssm_state_layer_bytes(g.m, g.c)
+        return [(f"{len(ms.layers)} of {g.m.num_layers} layers are Gated DeltaNet linear attention without a KV cache: "
+                 f"each keeps per sequence a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B "
+                 f"({conv:,} B) and an fp32 recurrent state of {ms.n_heads} x {ms.state_size} x {ms.head_dim} "
+                 f"({ssm:,} B), transformers 5.24's LinearAttentionLayer; the KV cache counts the attention layers "
+                 "only; the layers run transformers' torch torch_chunk_gated_delta_rule / "
+                 "torch_recurrent_gated_delta_rule and causal_conv1d_fn / causal_conv1d_update (as without the fla "
+                 "and causal-conv1d packages and use_kernels=True), the prefill's running layer holding the chunked "
+                 f"rule's fp32 chunk tensors (chunk {ms.chunk_size}), a decode step's its state update's three fp32 "
+                 "copies of the state (analytic/ssm_state.py)")]
     conv, ssm = ssm_state_layer_bytes(g.m, g.c)
     held = (f"a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
             f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B)")

@@ -139,6 +139,48 @@ positions, the larger of the two.
 The Gated DeltaNet's prefill and decode temporaries are not modelled (``mixer_prefill_bytes`` and
 ``mixer_decode_bytes`` refuse them; the analytic engine refuses their generate: spec/checks.py
 ``linear_mixer_analytic_problems``).
+Gated DeltaNet prefill (``Qwen3NextGatedDeltaNet.forward`` on transformers' torch fallbacks: ``causal_conv1d_fn`` and
+``torch_chunk_gated_delta_rule``, as without the ``fla`` and ``causal-conv1d`` packages and ``use_kernels=True``;
+generate's all-ones mask makes ``create_recurrent_attention_mask`` return None).  With ``b`` sequences of ``p`` tokens
+padded to ``P = ceil(p / l) l`` (``l`` = 64, the rule's default ``chunk_size``), ``nk`` key heads and ``nv`` value
+heads of ``dk`` and ``dv`` (``K = nk dk``, ``V = nv dv``, ``C = 2 K + V``) and the compute dtype's ``c`` bytes:
+
+* held by the layer through the rule, in the compute dtype, per token: the decoder layer's residual and normalized
+  input (``2 h``), ``in_proj_qkvz``'s output (``2 K + 2 V``, bound until the forward returns; ``z`` is a view of it) and
+  ``in_proj_ba``'s (``2 nv``), where ``nv > nk`` the copies ``fix_query_key_value_ordering``'s reshapes make of ``z``,
+  ``b`` and ``a`` (``V + 2 nv``; its value copy and the query and key copies of ``reshape(b, p, -1)`` die when the
+  split of the convolution rebinds them), the activated convolution (``C``; query, key and value are views of it;
+  the concatenated input and the padded ``F.conv1d`` output are gone by then) and ``beta`` (``nv``); in fp32 the decay
+  ``g`` (``nv``);
+* in the rule, fp32 elements per sequence and value head: the padded query, key and value (``P (2 dk + dv)``; the
+  head-repeated and unpadded copies are rebound away), beta, decay and their cumulative sum (``3 P``), ``k_beta`` and
+  ``v_beta`` (``P (dk + dv)``), the pairwise decays and the UT system (``2 P l``): ``first = P (3 dk + 2 dv + 3 + 2 l)``,
+  with the intra-chunk ``query @ key^T`` and its product beside it (``first + 2 P l``, the peak where ``l`` outweighs
+  the head dims); then ``base = first + P (l + 2 dk + 2 dv) + dk dv`` (the intra-chunk attention, the decayed
+  ``k_beta``, ``new_values``, ``k_cumdecay``, the zero state and ``core_attn_out``), at the decayed key's product
+  ``base + P (dk + 1)`` (its exponent and the new key beside the old), in the chunk loop ``base + P / l + max(4 l dv,
+  2 l dv + 3 dk dv)`` (the last ``v_new`` and inter-chunk read stay bound, beside one chunk's product and sum, or the
+  state's decayed copy, update and sum), and at the return ``base + P / l + 2 l dv + P dv``: ``core_attn_out`` is
+  ``zeros_like`` of ``solve_triangular``'s output, whose matrices are column-major, so its reshape to
+  ``(b, nv, P, dv)`` is a copy beside the old one (the compute-dtype output ``b p V c`` comes once the old one is
+  freed); the bool ``strictly_upper_mask`` (``l^2`` bytes) throughout;
+* after the rule, its output (``b p V c``) and ``Qwen3NextRMSNormGated``'s fp32 copies (``c + 8`` bytes an element at
+  most), smaller than the rule's.
+
+The running layer is the held tensors plus the largest of those moments.  Worked example, Qwen3-Next-80B-A3B's shape
+(h 2,048, 16 key and 32 value heads of 128: K 2,048, V 4,096, C 8,192), bf16, 1 sequence of 1,000 tokens (P 1,024, 16
+chunks): held 1,000 x (2 x (4,096 + 4,096 + 8,192 + 64 + 4,160 + 8,192 + 32) + 4 x 32) = 57,792,000 B; first 1,024 x
+771 = 789,504; base 789,504 + 1,024 x 576 + 16,384 = 1,395,712; the return's 1,395,712 + 16 + 16,384 + 131,072 =
+1,543,184 elements, the largest (the decayed key's 1,527,808, the loop's 1,461,264, the intra-chunk product's
+920,576), x 32 heads x 4 B = 197,527,552, with the mask 197,531,648; the layer 255,323,648 B.
+
+Gated DeltaNet decode (``causal_conv1d_update``, ``torch_recurrent_gated_delta_rule``): the held tensors above for one
+token; in fp32 the decay ``g``, the rule's query and key repeated to every value head, value, beta, decay and output
+(``nv + 2 nv dk + 2 V + 2 nv``); and, at ``last_recurrent_state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)``, three
+state-sized fp32 tensors beside the cache's (``initial_state.to(value)`` returns the cache's own tensor; its decayed
+copy, the outer product and the sum; ``update_recurrent_state`` then copies the sum into the cache).  80B's shape, bf16:
+2 x 28,832 + 4 x 16,480 + 12 x 524,288 = 6,415,040 B per sequence.  Both agree with the traced engine
+(``tests/test_families_qwen3_next.py``).
 """
 
 from __future__ import annotations
@@ -193,6 +235,8 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
         return batch * c * ms.intermediate_size * (8 * prompt + ms.conv_kernel - 1)
     if ms.kind == "rwkv4":
         return rwkv_block_prefill_bytes(m, batch, prompt, c)
+    if ms.kind == "gated_deltanet":
+        return _gated_deltanet_prefill_bytes(m, batch, prompt, c)
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
     h, inter, n = ms.n_heads, ms.intermediate_size, ms.state_size
     half = batch * c * (prompt * (inter + ms.conv_dim + h) + (prompt + ms.conv_kernel - 1) * ms.conv_dim
@@ -283,9 +327,60 @@ _KIND_NAMES = {"mamba2": "Mamba2", "mamba1": "Mamba", "gated_deltanet": "Gated D
 
 
 def _scan_modelled(ms: MambaSpec) -> None:
-    """Refuse the prefill and decode terms of the mixer kinds whose temporaries are not modelled (module docstring)."""
-    if ms.kind == "gated_deltanet":
-        raise ValueError(f"the prefill and decode temporaries of {_KIND_NAMES[ms.kind]} layers are not modelled")
+    """Refuse the prefill and decode terms of the mixer kinds whose temporaries are not modelled (module docstring);
+    every kind's are."""
+    if ms.kind not in _KIND_NAMES:
+        raise ValueError(f"the prefill and decode temporaries of {ms.kind} layers are not modelled")
+
+
+def _gated_deltanet_held_elements(m: ModelSpec) -> int:
+    """Compute-dtype elements per token that a Gated DeltaNet layer holds from its convolution to its end (module
+    docstring): the residual and normalized input, ``in_proj_qkvz``'s and ``in_proj_ba``'s outputs, the reordered
+    ``z``, ``b`` and ``a`` where value heads share key heads (their reshapes copy), the activated convolution and
+    ``beta``."""
+    ms = m.mamba
+    assert ms is not None
+    nv, key_dim, value_dim = ms.n_heads, ms.key_heads * ms.state_size, ms.n_heads * ms.head_dim
+    shared = value_dim + 2 * nv if nv > ms.key_heads else 0
+    return 2 * m.hidden_size + 2 * key_dim + 2 * value_dim + 2 * nv + ms.conv_dim + nv + shared
+
+
+def _gated_deltanet_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """A Gated DeltaNet layer's live tensors at its prefill's peak, inside ``torch_chunk_gated_delta_rule`` (module
+    docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    nv, dk, dv, chunk = ms.n_heads, ms.state_size, ms.head_dim, ms.chunk_size
+    padded = ceil_div(prompt, chunk) * chunk
+    # fp32 elements per sequence and value head (module docstring): the padded query, key, value, beta, decay, their
+    # cumulative sum, k_beta, v_beta and the pairwise decays and UT system, ``P (3 dk + 2 dv + 3 + 2 l)``; at the
+    # intra-chunk product its matmul and product beside them (2 P l); from the scan's setup on (``base``) the
+    # intra-chunk attention, the decayed k_beta, new_values, k_cumdecay, the zero state and output
+    first = padded * (3 * dk + 2 * dv + 3 + 2 * chunk)
+    base = first + padded * (chunk + 2 * dk + 2 * dv) + dk * dv
+    rebind = padded * (dk + 1)  # the decayed key's exponent and product beside the old key
+    chunks = padded // chunk  # chunk_decay
+    loop = chunks + max(4 * chunk * dv, 2 * chunk * dv + 3 * dk * dv)  # one chunk's products, or the state's update
+    mask = chunk * chunk  # strictly_upper_mask, bool, once
+    scan = batch * nv * FP32_BYTES * max(first + 2 * padded * chunk, base + rebind, base + loop) + mask
+    # the output reshaped at the return: a copy (new_values, and so zeros_like's output, have column-major matrices,
+    # solve_triangular's layout), beside the old one, the last chunk's v_new and inter-chunk read
+    end = batch * nv * FP32_BYTES * (base + chunks + 2 * chunk * dv + padded * dv) + mask
+    # after the scan: its output and the gated norm's fp32 copies (c + 8 bytes an element at most)
+    norm = batch * prompt * nv * dv * (2 * c + 8)
+    held = batch * prompt * (c * _gated_deltanet_held_elements(m) + FP32_BYTES * nv)
+    return held + max(scan, end, norm)
+
+
+def _gated_deltanet_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """One Gated DeltaNet layer's decode step at its peak, ``torch_recurrent_gated_delta_rule``'s state update (module
+    docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    nv, dk, value_dim = ms.n_heads, ms.state_size, ms.n_heads * ms.head_dim
+    # fp32: the decay g; the rule's query, key (repeated to the value heads), value, beta, decay and output
+    fp32 = nv + 2 * nv * dk + 2 * value_dim + 2 * nv
+    return batch * (c * _gated_deltanet_held_elements(m) + FP32_BYTES * (fp32 + 3 * ms.ssm_state_elements))
 
 
 def ssm_state_note(m: ModelSpec, c: int) -> str | None:
@@ -310,6 +405,8 @@ def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
         return batch * c * m.mamba.intermediate_size * (m.mamba.conv_kernel + 7)
     if m.mamba.kind == "rwkv4":
         return rwkv_block_decode_bytes(m, batch, c)
+    if m.mamba.kind == "gated_deltanet":
+        return _gated_deltanet_decode_bytes(m, batch, c)
     if m.mamba.kind == "mamba1":
         return batch * m.mamba.ssm_state_elements * 5 * FP32_BYTES
     return batch * m.mamba.ssm_state_elements * (3 * FP32_BYTES + 2 * c)

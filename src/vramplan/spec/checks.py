@@ -585,7 +585,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return []
 
 
-# MambaSpec kinds whose layers the analytic engine has no terms for (their state is counted: analytic/ssm_state.py)
+# MambaSpec kinds that are neither Mamba kind (their state and generate: analytic/ssm_state.py; the short convolution's
+# training: analytic/terms/mamba2.py)
 LINEAR_MIXER_KINDS = {"gated_deltanet": "Gated DeltaNet linear-attention", "short_conv": "gated short-convolution"}
 
 
@@ -629,11 +630,12 @@ def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 
 def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """The analytic engine's refusal of training for a hybrid of Gated DeltaNet or gated short-convolution layers
-    (``LINEAR_MIXER_KINDS``: their saved tensors, ``torch_chunk_gated_delta_rule``'s chunked fp32 products and the
-    short convolution's gates, are not in its terms), and of the Gated DeltaNet's generate (its chunked rule's
-    prefill temporaries).  Their state per sequence, and the short convolution's prefill and decode, are
-    (``analytic/ssm_state.py``); the traced engine runs transformers' own forward and is not refused."""
+    """The analytic engine's limits on training a hybrid of Gated DeltaNet or gated short-convolution layers: those of
+    the Mamba2 hybrids (``_hybrid_train_problems``), and for the Gated DeltaNet autocast (``bf16-mixed``,
+    ``fp16-mixed`` outside DeepSpeed), whose per-chunk half copies of the rule's matmul operands are not in its terms
+    (``analytic/terms/gated_deltanet.py`` counts the other precisions').  Both kinds' state per sequence and
+    generate's prefill and decode tensors are modelled (``analytic/ssm_state.py``), the short convolution's saved
+    tensors too (``analytic/terms/mamba2.py``); the traced engine runs transformers' own forward and is not refused."""
     if m.mamba is not None and m.mamba.kind == "rwkv4" and s.task == "train":
         return [Problem("task", f"{_rwkv_what(m)}; training it is not estimated by the analytic engine: autograd "
                         "saves the torch wkv loop's tensors of every token (rwkv_linear_attention_cpu runs one "
@@ -641,13 +643,20 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "CUDA kernel, when loaded, saves other tensors), which its terms do not count",
                         "use --engine trace (it runs transformers' own forward and backward on the meta device); "
                         + _PARAMETERS_ONLY)]
-    if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task not in ("train", "inference"):
+    if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task != "train":
         return []
-    if s.task == "inference" and m.mamba.kind == "short_conv":
-        return []
-    return [Problem("task", f"{_linear_mixer_what(m)}; the saved and transient tensors of those layers are not in "
-                    f"the analytic engine's terms, so task {s.task} is not estimated by it",
-                    "use --engine trace (it runs transformers' own forward on the meta device); " + _PARAMETERS_ONLY)]
+    what = _linear_mixer_what(m)
+    out = _hybrid_train_problems(s, m, what)
+    t = s.train
+    if (m.mamba.kind == "gated_deltanet" and t.precision in ("bf16-mixed", "fp16-mixed")
+            and s.effective_framework != "deepspeed"):
+        # under autocast the rule's matmuls run as bf16 bmm on cast copies (saved instead of the fp32 operands), per
+        # chunk: other records, not modelled (analytic/terms/gated_deltanet.py)
+        out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated by the analytic engine "
+                           "for it: under autocast the chunked delta rule's matmuls save half-precision copies of "
+                           "their fp32 operands, per chunk, which are not modelled",
+                           "set train.precision: bf16-true (or fp32), or use --engine trace"))
+    return out
 
 
 def _rwkv_what(m: ModelSpec) -> str:

@@ -1,4 +1,5 @@
-"""What a Mamba2 mixer layer saves for its backward in training, tensor by tensor (bytes for one micro-batch).
+"""What a Mamba2 mixer layer saves for its backward in training, tensor by tensor (bytes for one micro-batch); an LFM2
+gated short-convolution block's in ``short_conv_saved_tensors``.
 
 Modelled: transformers 5.24's torch path of the mixer (``BambaMixer.forward`` in ``models/bamba/modeling_bamba.py``
 with ``causal_conv1d_fn`` and ``mamba2_chunk_scan``), which is what runs without the ``mamba-ssm`` and
@@ -66,6 +67,7 @@ head the einsums' copies of x would be views).
 from __future__ import annotations
 
 from vramplan.analytic.activations import SavedTensor
+from vramplan.analytic.terms.gated_deltanet import gated_deltanet_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
@@ -78,6 +80,12 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
                         seq: int) -> tuple[SavedTensor, ...]:
     """One Mamba2 mixer layer's saved tensors for ``batch`` sequences of ``seq`` tokens (module docstring), in
     bytes; ``c``: bytes of the compute dtype; ``autocast``: mixed precision (fp32 weights under autocast)."""
+    if ms.kind == "short_conv":
+        return short_conv_saved_tensors(ms, c, batch, seq)
+    if ms.kind == "gated_deltanet" and not autocast:
+        return gated_deltanet_saved_tensors(ms, hidden, c, batch, seq)
+    if ms.kind != "mamba2":
+        raise ValueError(f"the saved tensors of {ms.kind} layers are not modelled")
     t = batch * seq
     chunk = ms.chunk_size
     padded = ceil_div(seq, chunk) * chunk
@@ -112,11 +120,50 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows if nbytes)
 
 
+def short_conv_saved_tensors(ms: MambaSpec, c: int, batch: int, seq: int) -> tuple[SavedTensor, ...]:
+    """One LFM2 convolution block's saved tensors (``Lfm2ShortConv.forward``, ``modeling_lfm2.py`` 5.24, without a
+    cache: transformers' torch ``causal_conv1d_fn``), ``h`` channels, ``k = conv_L_cache``, ``T = b s`` tokens:
+
+    * ``in_proj``'s input (mm saves it): ``T h c``;
+    * ``BCx``, ``in_proj``'s output, whose views B, C and x the products ``B * x`` and ``C * conv`` save: ``3 T h c``;
+    * the convolution's input (``F.conv1d`` saves input and weight): without autocast ``B * x`` itself (its
+      ``.to(weight.dtype)`` is a no-op), under autocast the fp32 ``.to(weight.dtype)`` copy cast back to the compute
+      dtype by conv1d (on autocast's lower-precision list; the fp32 copy is saved by nothing): ``T h c`` either way;
+    * the convolution's output, ``s + k - 1`` positions long (``padding = k - 1``, sliced to ``s``; the product with
+      C saves the slice, which keeps the storage): ``b (s + k - 1) h c``;
+    * ``out_proj``'s input, the contiguous transpose of ``C * conv``: ``T h c``.
+
+    In all ``c h b (7 s + k - 1)`` bytes.  Autocast's copies of the weights are the weight-cast terms'.  Equal to
+    autograd's graph on the meta device (tests/test_families_lfm2.py)."""
+    t, h = batch * seq, ms.intermediate_size
+    rows = [
+        ("conv_block.in_proj_input", t * h * c),
+        ("conv_block.BCx", 3 * t * h * c),
+        ("conv_block.conv_input", t * h * c),
+        ("conv_block.conv_output", batch * (seq + ms.conv_kernel - 1) * h * c),
+        ("conv_block.out_proj_input", t * h * c),
+    ]
+    return tuple(SavedTensor(name, nbytes) for name, nbytes in rows)
+
+
 def mixer_train_notes(m: ModelSpec) -> list[str]:
     """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers)."""
     ms = m.mamba
     if ms is None:
         return []
+    if ms.kind == "gated_deltanet":
+        return [(f"{len(ms.layers)} of {m.num_layers} layers are Gated DeltaNet linear attention, run by transformers "
+                 "5.24's torch torch_chunk_gated_delta_rule and causal_conv1d_fn (the fla and causal-conv1d packages "
+                 "absent, use_kernels off); each saves its projections' inputs, the convolution's input and output, "
+                 "the chunked rule's fp32 chunk tensors and every chunk's incoming state "
+                 "(analytic/terms/gated_deltanet.py)"),
+                ("not modelled: the gradients a Gated DeltaNet layer's backward makes inside the chunked rule "
+                 "(counted: the incoming and outgoing residual gradients only)")]
+    if ms.kind == "short_conv":
+        return [(f"{len(ms.layers)} of {m.num_layers} layers are gated short-convolution blocks, run by transformers "
+                 "5.24's torch causal_conv1d_fn (the causal-conv1d package absent, use_kernels off); each saves "
+                 "in_proj's input and output, the convolution's input and padded output and out_proj's input "
+                 "(analytic/terms/mamba2.py short_conv_saved_tensors)")]
     where = " beside each layer's attention" if ms.parallel_attention else ""
     torch_path = (f"{len(ms.layers)} of {m.num_layers} layers are Mamba2 mixers{where}, run by transformers 5.24's torch path "
             "(mamba2_chunk_scan: the mamba-ssm and causal-conv1d packages absent, use_kernels off); their saved "

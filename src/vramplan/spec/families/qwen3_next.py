@@ -148,12 +148,14 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     rope = cfg.get("rope_parameters")
     partial = float(get(rope if isinstance(rope, dict) else {}, "partial_rotary_factor",
                         default=get(cfg, "partial_rotary_factor", default=0.25)))
+    # Qwen3NextRMSNorm (the layers' norms, the final norm, q_norm and k_norm) normalizes x.float() and multiplies by
+    # 1 + weight in fp32 before casting back: Gemma's form (norm "gemma_rms")
     # Qwen3NextExperts: fused gate_up_proj / down_proj parameters, not nn.Linear modules
     traits = Traits(experts_are_linears=False) if moe else Traits()
     return build_spec(cfg, name, model_type, p, moe_layers=frozenset(moe_layers), moe=moe, hidden_size=h,
                       num_layers=n_layers, num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=hd,
                       vocab_size=vocab, intermediate_size=inter, hidden_act=str(cfg.get("hidden_act", "silu")),
-                      mlp_gated=True, norm="rms", position="rope", qk_norm=True, tie_word_embeddings=tied,
+                      mlp_gated=True, norm="gemma_rms", position="rope", qk_norm=True, tie_word_embeddings=tied,
                       attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
                       max_position_embeddings=int(get(cfg, "max_position_embeddings", default=32768)), mamba=ms if ms.layers else None,
                       partial_rotary_factor=partial, traits=traits)
