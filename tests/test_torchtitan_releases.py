@@ -211,3 +211,32 @@ def test_torchtitan_parses_the_export(release: str, s: TrainSetup) -> None:
             assert getattr(node, key) == value, (section, key)
     converter = row.float8_converter if s.precision == "fp8-torchao" else row.mx_converter
     assert job.model.converters == [converter]
+
+
+# --- the release through the planner: `plan --torchtitan-version` (or a scenario file's software.torchtitan)
+
+def test_plan_document_carries_the_release() -> None:
+    from vramplan.plan.context import make_context
+    from vramplan.plan.steptime import DEFAULT_ASSUMPTIONS
+
+    setup = TrainSetup(framework="torchtitan", num_gpus=8, fsdp="full_shard")
+    ctx = make_context("gpt2", "A100-80GB", 0.1, DEFAULT_ASSUMPTIONS, "train",
+                       {"train": {"seq_len": 1024}, "software": {"torchtitan": "0.1.0"}})
+    # the export reads it from the setup's scenario mapping, and the estimate from the same scenario
+    assert ctx.document(setup)["software"] == {"torchtitan": "0.1.0"}
+    assert ctx.scenario(setup).software.torchtitan == "0.1.0"
+    plain = make_context("gpt2", "A100-80GB", 0.1, DEFAULT_ASSUMPTIONS, "train", {"train": {"seq_len": 1024}})
+    assert "software" not in plain.document(setup)
+
+
+def test_plan_refuses_an_unknown_release_before_searching(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from vramplan.cli.main import app
+
+    res = CliRunner().invoke(app, ["plan", "--model", "gpt2", "--gpu", "A100-80GB", "--num-gpus", "1", "--seq-len",
+                                   "1024", "--global-batch", "8", "--torchtitan-version", "0.3",
+                                   "--export", str(tmp_path / "out")])
+    assert res.exit_code != 0
+    assert "--torchtitan-version" in res.output and "0.1.0, 0.2.0, 0.2.1, 0.2.2" in res.output
+    assert not (tmp_path / "out").exists()
