@@ -40,7 +40,7 @@ from vramplan.export import (
     vllm_engine_args,
     write_export,
 )
-from vramplan.export.torchtitan import JOB_CONFIG_KEYS
+from vramplan.export.torchtitan import JOB_CONFIG_KEYS, job_config_tables
 from vramplan.export.trl_sft import MODEL_CONFIG_FIELDS, SFT_CONFIG_FIELDS
 from vramplan.export.vllm import DTYPE_CHOICES, ENGINE_ARGS_FIELDS, KV_CACHE_DTYPE_CHOICES
 from vramplan.plan import ServeJob, ServeSetup, TrainJob, TrainSetup, plan
@@ -279,7 +279,7 @@ def test_torchtitan_toml_matches_job_config(s: TrainSetup) -> None:
     text = to_toml(cfg, header="fragment")
     back = tomllib.loads(text)
     assert back == cfg  # values round-trip
-    for section, table in back.items():
+    for section, table in job_config_tables(back):
         assert section in JOB_CONFIG_KEYS and set(table) <= JOB_CONFIG_KEYS[section], section
     t, par = back["training"], back["parallelism"]
     assert (back["model"]["name"], back["model"]["flavor"]) == ("llama3", "8B")
@@ -622,9 +622,9 @@ def test_export_carries_the_scenarios_lifecycle_and_packing(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("fields", "checkpoint", "validation"), [
-    ({}, {"enable_checkpoint": True}, {"enabled": False}),
+    ({}, {"enable": True}, {"enable": False}),
     ({"checkpoint_save": False, "evaluation": True, "eval_batches": 20},
-     {"enable_checkpoint": False}, {"enabled": True, "local_batch_size": 1, "seq_len": 2048, "steps": 20}),
+     {"enable": False}, {"enable": True, "local_batch_size": 1, "seq_len": 2048, "steps": 20}),
 ])
 def test_lifecycle_torchtitan_sections(fields: dict[str, Any], checkpoint: dict[str, Any],
                                        validation: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from vramplan.analytic.terms import StepContext, bytes_of, static_bytes, step_te
 from vramplan.analytic.timeline import LOSS, attention, layer_done, mlp
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
-from vramplan.export.torchtitan import JOB_CONFIG_KEYS, to_toml, torchtitan_config
+from vramplan.export.torchtitan import JOB_CONFIG_KEYS, job_config_tables, to_toml, torchtitan_config
 from vramplan.facts.float8_training import SAVED_FOR_BACKWARD, float8_recipe
 from vramplan.plan.setup import TrainSetup
 from vramplan.spec.scenario import Float8Training, Train
@@ -158,17 +158,17 @@ def test_torchtitan_export_writes_the_float8_converter() -> None:
                             "llama", 32, 4096)
     back = tomllib.loads(to_toml(cfg))
     assert back == cfg
-    for section, table in back.items():
+    for section, table in job_config_tables(back):
         assert set(table) <= JOB_CONFIG_KEYS[section], section
-    assert back["model"]["converters"] == ["float8"]
+    # the default layout, torchtitan v0.2.2 (facts/torchtitan_releases.py; v0.1.0: tests/test_torchtitan_releases.py)
+    assert back["model"]["converters"] == ["quantize.linear.float8"]
     # tensorwise is torchtitan's recipe_name unset (a recipe_name refuses the all-gather); the head filtered
-    assert back["float8"] == {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
-                              "precompute_float8_dynamic_scale_for_fsdp": True,
-                              "force_recompute_fp8_weight_in_bwd": False}
+    assert back["quantize"]["linear"]["float8"] == {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+                                                    "precompute_float8_dynamic_scale_for_fsdp": True}
     rowwise = torchtitan_config(_setup(recipe_name="rowwise"), "llama", 32, 4096)
-    assert rowwise["float8"] == {"filter_fqns": ["output"], "recipe_name": "rowwise"}
+    assert rowwise["quantize"]["linear"]["float8"] == {"filter_fqns": ["output"], "recipe_name": "rowwise"}
     plain = torchtitan_config(TrainSetup(framework="torchtitan", num_gpus=8, fsdp="full_shard"), "llama", 32, 4096)
-    assert "float8" not in plain and "converters" not in plain["model"]
+    assert "quantize" not in plain and "converters" not in plain["model"]
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])

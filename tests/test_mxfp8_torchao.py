@@ -22,7 +22,7 @@ from vramplan.analytic.terms import StepContext, bytes_of, step_terms
 from vramplan.analytic.timeline import LOSS, attention, layer_done, mlp
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
-from vramplan.export.torchtitan import JOB_CONFIG_KEYS, to_toml, torchtitan_config
+from vramplan.export.torchtitan import JOB_CONFIG_KEYS, job_config_tables, to_toml, torchtitan_config
 from vramplan.facts.mx_training import MX_RECIPES, SAVED_FOR_BACKWARD, mx_recipe
 from vramplan.plan.setup import TrainSetup
 from vramplan.spec.scenario import MXTraining, Train
@@ -185,14 +185,17 @@ def test_torchtitan_export_writes_the_mx_converter() -> None:
     cfg = torchtitan_config(_setup(), "llama", 32, 4096)
     back = tomllib.loads(to_toml(cfg))
     assert back == cfg
-    for section, table in back.items():
+    for section, table in job_config_tables(back):
         assert set(table) <= JOB_CONFIG_KEYS[section], section
-    assert back["model"]["converters"] == ["mx"]
-    # torchtitan 000204a4 MX: recipe_name "mxfp8" is torchao's mxfp8_cublas (NAME_MAP); the CUDA dim1 kernel
-    assert back["mx"] == {"recipe_name": "mxfp8", "mxfp8_dim1_cast_kernel_choice": "cuda", "filter_fqns": ["output"]}
-    assert torchtitan_config(_setup(convert_lm_head=True), "llama", 32, 4096)["mx"]["filter_fqns"] == []
+    # the default layout, torchtitan v0.2.2 MXLinear: torchao's recipe name as it is; the recipe's CUDA dim1 kernel
+    assert back["model"]["converters"] == ["quantize.linear.mx"]
+    assert back["quantize"]["linear"]["mx"] == {"recipe_name": "mxfp8_cublas", "mxfp8_dim1_cast_kernel_choice": "cuda",
+                                                "filter_fqns": ["output"]}
+    head = torchtitan_config(_setup(convert_lm_head=True), "llama", 32, 4096)
+    assert head["quantize"]["linear"]["mx"]["filter_fqns"] == []
+    # v0.1.0's [mx] offers "mxfp8" (mxfp8_cublas) only
     with pytest.raises(ScenarioError, match="mxfp8_cublas_rceil"):
-        torchtitan_config(_setup(recipe_name="mxfp8_cublas_rceil"), "llama", 32, 4096)
+        torchtitan_config(_setup(recipe_name="mxfp8_cublas_rceil"), "llama", 32, 4096, release="0.1.0")
 
 
 def _peak_of(fn: Any) -> tuple[int, int]:

@@ -23,11 +23,13 @@ Opt = typer.Option
 # global batch, the search limits) are written by hand below.
 PLAN_FLAGS = scenario_flags(
     ["model", "hardware.gpu", "hardware.gpus_per_node", "train.seq_len", "train.peft.rank", "train.peft.alpha",
-     "serve.max_model_len", "train.optimizer"],
+     "serve.max_model_len", "train.optimizer", "software.torchtitan"],
     notes={"train.peft.rank": "The planner's default: 16.", "train.peft.alpha": "The planner's default: 32.",
            "serve.max_model_len": "Required with --task serve.",
            "train.optimizer": "The planner's default: its own rows (AdamW fused, bitsandbytes 8-bit and paged "
-                              "AdamW); a name searches only that optimizer."})
+                              "AdamW); a name searches only that optimizer.",
+           "software.torchtitan": "torchtitan setups are estimated for it and torchtitan.toml is written in its "
+                                  "layout (unset: the newest read)."})
 PEFT_CHOICES = ("none", "allow", "only", "lora", "qlora")
 # solve takes a whole scenario, so every scenario field is an option, as for estimate
 SOLVE_FLAGS = scenario_flags([""])
@@ -50,6 +52,18 @@ def _flag_problems(given: Given) -> list[Problem]:
         parse_scenario(doc)
     except ScenarioError as exc:
         return list(exc.problems)
+    return []
+
+
+def _titan_release_problems(release: str) -> list[Problem]:
+    """A torchtitan release the export has no job-config layout for, refused before the search."""
+    from vramplan.errors import Problem
+    from vramplan.facts.torchtitan_releases import torchtitan_release
+
+    try:
+        torchtitan_release(release)
+    except ValueError as exc:
+        return [Problem("--torchtitan-version", str(exc), "name one of them, or leave it out for the newest")]
     return []
 
 
@@ -103,6 +117,8 @@ def _from_scenario(path: Path) -> dict[str, Any]:
                                          f"remove {k} to plan without it, or check the setup with `vramplan estimate`")
                                  for k, v in unsearched])
         out["seq_len"] = t.seq_len
+        if sc.software.torchtitan is not None:
+            out["torchtitan_version"] = sc.software.torchtitan
         out["global_batch"] = t.micro_batch_size * t.grad_accum_steps * sc.data_parallel_degree
         if t.peft is not None:
             out["peft"] = "qlora" if t.peft.method == "qlora" else "lora"
@@ -304,6 +320,8 @@ def register(app: typer.Typer) -> None:
             if t == "serve" and opts.get("max_model_len") is None:
                 problems.append(Problem("--max-model-len", "no max_model_len given", "pass --max-model-len TOKENS"))
             problems += _flag_problems(given)
+            if export is not None and opts.get("torchtitan_version") is not None:
+                problems += _titan_release_problems(str(opts["torchtitan_version"]))
             problems += _plan_bounds(margin, top, mfu, inter_node_gbps, host_memory_gib, max_micro_batch,
                                      global_batch, global_batch_tokens, concurrency)
             problems += _count_problems(opts.get("num_gpus"))
@@ -315,7 +333,7 @@ def register(app: typer.Typer) -> None:
                                global_batch_tokens=global_batch_tokens, peft=p,
                                lora_rank=int(opts.get("lora_rank") or 16), lora_alpha=float(opts.get("lora_alpha") or 32),
                                allow_pure_bf16=allow_pure_bf16, max_micro_batch=max_micro_batch,
-                               optimizer=opts.get("optimizer"))
+                               optimizer=opts.get("optimizer"), torchtitan=opts.get("torchtitan_version"))
             else:
                 job = ServeJob(max_model_len=int(opts["max_model_len"]), concurrency=int(opts.get("concurrency") or 1),
                                allow_quantization=allow_quantization)

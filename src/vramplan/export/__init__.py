@@ -31,6 +31,7 @@ from vramplan.export.hub import LaunchModel, launch_model
 from vramplan.export.lifecycle import ResolvedLifecycle, lifecycle_of, resolve_lifecycle
 from vramplan.export.megatron import megatron_arguments
 from vramplan.export.readme import launch_readme
+from vramplan.export.torchtitan import release_of as _titan_release
 from vramplan.export.torchtitan import to_toml, torchtitan_config
 from vramplan.export.trl_sft import trl_sft_config
 from vramplan.export.vllm import vllm_command, vllm_engine_args
@@ -116,8 +117,11 @@ def _train_files(ranked: RankedSetup, s: TrainSetup, model: LaunchModel, files: 
         _refuse_titan(loss, packing, offload)
     if s.framework == "torchtitan" or (s.framework == "accelerate" and s.peft is None and s.fsdp == "full_shard"
                                        and not titan_unset):
-        cfg = torchtitan_config(s, *_family_layers_hidden(ranked), lifecycle=lc)
-        files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config")
+        # the layout of the release software.torchtitan names (unset: the newest read)
+        release = _titan_release((ranked.scenario.get("software") or {}).get("torchtitan")).release
+        cfg = torchtitan_config(s, *_family_layers_hidden(ranked), lifecycle=lc, release=release)
+        files["torchtitan.toml"] = to_toml(cfg, header="vramplan plan: merge into your torchtitan job config "
+                                                       f"(torchtitan {release} layout)")
 
 
 def _loss_arguments(loss: str, packing: bool, liger_kernels: bool = False, offload: bool = False) -> dict[str, Any]:

@@ -1,19 +1,19 @@
 """A torchtitan job-config TOML fragment for a torchtitan (FSDP2 + TP + PP) or FSDP setup.
 
-Sections and keys are those of torchtitan's ``JobConfig`` dataclasses (pytorch/torchtitan
-``torchtitan/config/job_config.py``, commit 000204a4a8bf3d0f31adc44fc29855fbb6ea13d8): ``[model]``
-name/flavor, ``[optimizer]`` name/implementation, ``[training]`` local_batch_size,
-global_batch_size, seq_len, enable_cpu_offload, mixed_precision_param/reduce, ``[parallelism]``
-data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
+Sections and keys are those of the ``JobConfig`` dataclasses of the torchtitan release ``software.torchtitan`` names
+(facts/torchtitan_releases.py: one row per tagged release read, v0.1.0 to v0.2.2; unset: the newest, v0.2.2; any
+other release is refused with the list): ``[model]`` name/flavor, ``[optimizer]`` name/implementation,
+``[training]`` local_batch_size, global_batch_size, seq_len, enable_cpu_offload, mixed_precision_param/reduce,
+``[parallelism]`` data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
 tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule (the row of
 facts/pipeline_schedules.py), pipeline_parallel_layers_per_stage (virtual stages other than 2),
-pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkpoint]`` mode,
-``[checkpoint]`` enable_checkpoint, ``[validation]`` enabled/local_batch_size/seq_len/steps; with
-``precision: fp8-torchao`` ``[model]`` converters = ["float8"] and ``[float8]`` (``Float8``: recipe_name,
-enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp, force_recompute_fp8_weight_in_bwd,
-filter_fqns); with ``precision: mxfp8-torchao`` ``[model]`` converters = ["mx"] and ``[mx]`` (``MX``: recipe_name,
-mxfp8_dim1_cast_kernel_choice, filter_fqns).
-``JOB_CONFIG_KEYS`` lists them for the tests (torchtitan itself is not a dependency).
+pipeline_parallel_microbatch_size, context_parallel_degree, ``[activation_checkpoint]`` mode, ``[checkpoint]``
+enable (v0.1.0: enable_checkpoint), ``[validation]`` enable/local_batch_size/seq_len/steps (v0.2.0 on; v0.1.0 has
+no such section); with ``precision: fp8-torchao`` ``[model]`` converters = [the release's float8 converter] and
+its float8 section (v0.2.x ``[quantize.linear.float8]``, ``Float8Linear``; v0.1.0 ``[float8]``, ``Float8``); with
+``precision: mxfp8-torchao`` converters = [the MX converter] and its MX section (v0.2.x ``[quantize.linear.mx]``,
+``MXLinear``; v0.1.0 ``[mx]``, ``MX``).  ``JOB_CONFIG_KEYS`` (the default release's) and the rows' ``sections``
+list the keys for the tests (torchtitan itself is not a dependency); ``job_config_tables`` walks a config's tables.
 
 Batch semantics: ``local_batch_size`` is per data-parallel rank per optimizer step; without
 pipelining torchtitan accumulates ``global / (local x dp)`` micro-batches, so local = micro-batch;
@@ -23,44 +23,22 @@ pipeline micro-batches, so local = micro-batch x accumulation.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from vramplan.errors import Problem, ScenarioError
 from vramplan.export.lifecycle import ResolvedLifecycle, resolve_lifecycle
+from vramplan.facts.mx_training import mx_recipe
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.facts.pipeline_schedules import pipeline_schedule
+from vramplan.facts.torchtitan_releases import TorchtitanRelease, torchtitan_release
 from vramplan.plan.setup import TrainSetup
 from vramplan.spec.families import torchtitan_model
 
-__all__ = ["JOB_CONFIG_KEYS", "to_toml", "torchtitan_config"]
+__all__ = ["JOB_CONFIG_KEYS", "job_config_tables", "release_of", "to_toml", "torchtitan_config"]
 
-JOB_CONFIG_KEYS: dict[str, frozenset[str]] = {
-    "job": frozenset({"config_file", "dump_folder", "description", "use_for_integration_test", "print_args"}),
-    "model": frozenset({"name", "flavor", "tokenizer_path", "converters", "print_after_conversion"}),
-    "optimizer": frozenset({"name", "lr", "beta1", "beta2", "eps", "weight_decay", "implementation",
-                            "early_step_in_backward"}),
-    "training": frozenset({"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len",
-                           "max_norm", "steps", "enable_cpu_offload", "mixed_precision_param",
-                           "mixed_precision_reduce", "compile", "gc_freq", "gc_debug", "seed", "deterministic"}),
-    "parallelism": frozenset({
-        "data_parallel_replicate_degree", "enable_compiled_autograd", "data_parallel_shard_degree",
-        "fsdp_reshard_after_forward", "tensor_parallel_degree", "disable_loss_parallel",
-        "enable_async_tensor_parallel", "pipeline_parallel_degree", "pipeline_parallel_split_points",
-        "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
-        "pipeline_parallel_microbatch_size", "context_parallel_degree", "context_parallel_rotate_method",
-        "expert_parallel_degree"}),
-    "activation_checkpoint": frozenset({"mode", "selective_ac_option",
-                                        "per_op_sac_force_recompute_mm_shapes_by_fqns"}),
-    "checkpoint": frozenset({"enable_checkpoint", "folder", "initial_load_path", "initial_load_model_only", "interval",
-                             "last_save_model_only", "export_dtype", "create_seed_checkpoint", "async_mode",
-                             "keep_latest_k", "load_step", "exclude_from_loading", "enable_first_step_checkpoint",
-                             "last_save_in_hf"}),
-    "validation": frozenset({"enabled", "dataset", "dataset_path", "local_batch_size", "seq_len", "freq", "steps"}),
-    "float8": frozenset({"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
-                         "force_recompute_fp8_weight_in_bwd", "recipe_name", "filter_fqns", "emulate",
-                         "moe_fqns_prototype"}),
-    "mx": frozenset({"mxfp8_dim1_cast_kernel_choice", "recipe_name", "filter_fqns"}),
-}
+# the default release's sections and keys (facts/torchtitan_releases.py)
+JOB_CONFIG_KEYS: dict[str, frozenset[str]] = torchtitan_release(None).sections
 
 # torchtitan's own model names and flavors for the catalog models it ships (llama3 "8B"/"70B"/"405B")
 _LLAMA3_FLAVORS = {(32, 4096): "8B", (80, 8192): "70B", (126, 16384): "405B"}
@@ -73,12 +51,24 @@ def _model_section(family: str, layers: int, hidden: int) -> dict[str, Any]:
     return {"name": family, "flavor": f"{layers}L-{hidden}h"}
 
 
+def release_of(release: str | None) -> TorchtitanRelease:
+    """The layout ``software.torchtitan`` names (None: the newest read); a release not read is refused."""
+    try:
+        return torchtitan_release(release)
+    except ValueError as exc:
+        raise ScenarioError([Problem("software.torchtitan", str(exc), "set software.torchtitan to one of them, or "
+                                     f"leave it out for {torchtitan_release(None).release}")]) from exc
+
+
 def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
-                      lifecycle: ResolvedLifecycle | None = None) -> dict[str, dict[str, Any]]:
+                      lifecycle: ResolvedLifecycle | None = None, release: str | None = None) -> dict[str, Any]:
     """torchtitan's job config for ``s``; ``family``: the model's config.json family (``ModelSpec.family``);
-    ``lifecycle``: the evaluation and checkpoint settings the estimate took (``_lifecycle_sections``)."""
+    ``lifecycle``: the evaluation and checkpoint settings the estimate took (``_lifecycle_sections``);
+    ``release``: the torchtitan release whose layout is written (``software.torchtitan``; None: the newest read).
+    Nested sections (``quantize.linear.float8``) are nested tables, as ``tomllib`` reads them back."""
     if s.framework not in ("torchtitan", "accelerate") or s.peft is not None or s.fsdp == "shard_grad_op":
         raise ValueError("torchtitan runs full fine-tuning with FSDP (full_shard), TP and PP")
+    rel = release_of(release)
     titan_optim = optimizer_facts(s.optimizer).torchtitan
     if titan_optim is None:
         raise ValueError(f"optimizer {s.optimizer!r} has no torchtitan [optimizer] name (facts/optimizers.py)")
@@ -92,10 +82,10 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
         par.update(_pipeline_keys(s, layers))
     model = _model_section(family, layers, hidden)
     if s.precision == "fp8-torchao":
-        model["converters"] = ["float8"]
+        model["converters"] = [rel.float8_converter]
     if s.precision == "mxfp8-torchao":
-        model["converters"] = ["mx"]
-    return {
+        model["converters"] = [rel.mx_converter]
+    flat = {
         "job": {"description": f"vramplan plan: {s.label()}"},
         "model": model,
         "optimizer": {"name": titan_optim[0], "implementation": titan_optim[1]},
@@ -105,47 +95,85 @@ def torchtitan_config(s: TrainSetup, family: str, layers: int, hidden: int,
                      "mixed_precision_reduce": "float32"},
         "parallelism": par,
         "activation_checkpoint": {"mode": "full" if s.checkpointing == "full" else "none"},
-        **_lifecycle_sections(s, lifecycle or resolve_lifecycle(s)),
-        **_float8_section(s),
-        **_mx_section(s),
+        **_lifecycle_sections(s, lifecycle or resolve_lifecycle(s), rel),
+        **_float8_section(s, rel),
+        **_mx_section(s, rel),
     }
+    out: dict[str, Any] = {}
+    for section, table in flat.items():
+        *parents, leaf = section.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = table
+    return out
 
 
-def _float8_section(s: TrainSetup) -> dict[str, dict[str, Any]]:
-    """``[float8]`` for ``precision: fp8-torchao``.  At the cited commit ``Float8Converter`` builds
-    ``Float8LinearConfig()`` (tensorwise) when ``recipe_name`` is unset and asserts that a ``recipe_name`` comes
-    without ``enable_fsdp_float8_all_gather`` and ``force_recompute_fp8_weight_in_bwd``: tensorwise is written as
-    no ``recipe_name``.  ``filter_fqns`` = ["output"] unless the head is converted (its Llama 3 configs' value)."""
+def job_config_tables(doc: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """(dotted section, its keys that are not tables) for each table of a job config, e.g.
+    ``("quantize.linear.float8", {...})``; a table holding only tables (``quantize``) is not listed."""
+    for name, table in doc.items():
+        section = prefix + name
+        leaves = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        if leaves or not table:
+            yield section, leaves
+        yield from job_config_tables({k: v for k, v in table.items() if isinstance(v, dict)}, section + ".")
+
+
+def _float8_section(s: TrainSetup, rel: TorchtitanRelease) -> dict[str, dict[str, Any]]:
+    """The release's float8 section for ``precision: fp8-torchao``.  ``Float8Converter`` (v0.1.0) and
+    ``Float8LinearConverter`` (v0.2.x) build ``Float8LinearConfig()`` (tensorwise) when ``recipe_name`` is unset and
+    assert that a ``recipe_name`` comes without ``enable_fsdp_float8_all_gather`` (and, v0.1.0,
+    ``force_recompute_fp8_weight_in_bwd``): tensorwise is written as no ``recipe_name``.  v0.2.x has no
+    ``force_recompute_fp8_weight_in_bwd`` (``Float8Linear``): set true, it is refused there (it has no effect in
+    torchao, scenario.py ``Float8Training``).  ``filter_fqns`` = ["output"] unless the head is converted (its Llama 3
+    configs' value)."""
     if s.precision != "fp8-torchao":
         return {}
     f8 = s.train.float8
     head = f8.convert_lm_head if f8.convert_lm_head is not None else s.framework != "torchtitan"
     out: dict[str, Any] = {"filter_fqns": [] if head else ["output"]}
+    keys = rel.sections[rel.float8_section]
+    recompute = "force_recompute_fp8_weight_in_bwd"
+    if f8.force_recompute_fp8_weight_in_bwd and recompute not in keys:
+        raise ScenarioError([Problem("train.float8.force_recompute_fp8_weight_in_bwd", f"torchtitan {rel.release}'s "
+                                     f"[{rel.float8_section}] has no {recompute} ({rel.config_file} Float8Linear)",
+                                     "drop it (torchao ignores it: it adds nothing to the estimate), or set "
+                                     "software.torchtitan: 0.1.0")])
     if f8.recipe_name == "tensorwise":
         out.update(enable_fsdp_float8_all_gather=f8.enable_fsdp_float8_all_gather,
-                   precompute_float8_dynamic_scale_for_fsdp=f8.precompute_float8_dynamic_scale_for_fsdp,
-                   force_recompute_fp8_weight_in_bwd=f8.force_recompute_fp8_weight_in_bwd)
+                   precompute_float8_dynamic_scale_for_fsdp=f8.precompute_float8_dynamic_scale_for_fsdp)
+        if recompute in keys:
+            out[recompute] = f8.force_recompute_fp8_weight_in_bwd
     else:
         out["recipe_name"] = f8.recipe_name
-    return {"float8": out}
+    return {rel.float8_section: out}
 
 
-def _mx_section(s: TrainSetup) -> dict[str, dict[str, Any]]:
-    """``[mx]`` for ``precision: mxfp8-torchao``.  At the cited commit ``MXConverter`` maps ``recipe_name`` "mxfp8"
-    (its only value) to torchao's mxfp8_cublas (``NAME_MAP``) and sets the dim1 cast kernel from
-    ``mxfp8_dim1_cast_kernel_choice`` (default "triton"): "cuda" is written, the kernel of mxfp8_cublas as the
-    estimate models it.  mxfp8_cublas_rceil and mxfp8_emulated have no ``[mx]`` value there (torchtitan f7a56e60 on,
-    ``[quantize.linear.mx]``, takes any torchao recipe name): refused.  ``filter_fqns`` = ["output"] unless the head
-    is converted (the section's default)."""
+def _mx_section(s: TrainSetup, rel: TorchtitanRelease) -> dict[str, dict[str, Any]]:
+    """The release's MX section for ``precision: mxfp8-torchao``.  v0.2.x ``MXLinearConverter`` passes
+    ``recipe_name`` to torchao's ``MXLinearConfig.from_recipe_name`` as it is (every ``train.mx.recipe_name``);
+    v0.1.0 ``MXConverter`` maps "mxfp8", its only value, to mxfp8_cublas (``NAME_MAP``): mxfp8_cublas_rceil and
+    mxfp8_emulated are refused there.  v0.2.x's ``mxfp8_dim1_cast_kernel_choice`` is written as the recipe's dim1
+    kernel ("cuda"; "torch" for mxfp8_emulated), the kernel the estimate models (the converter sets it as an
+    attribute torchao v0.14.1 does not read, facts/mx_training.py); v0.1.0's ``use_fp8_dim1_cast_triton_kernel``
+    (triton or torch) has no value for the CUDA kernel and is left out (likewise not read).  ``filter_fqns`` =
+    ["output"] unless the head is converted (the section's default)."""
     if s.precision != "mxfp8-torchao":
         return {}
     mx = s.train.mx
-    if mx.recipe_name != "mxfp8_cublas":
-        raise ScenarioError([Problem("train.mx.recipe_name", f"torchtitan's [mx] section (commit 000204a4) offers "
-                                     f"recipe_name mxfp8 (torchao mxfp8_cublas) only, not {mx.recipe_name}",
-                                     "set train.mx.recipe_name: mxfp8_cublas to export")])
-    return {"mx": {"recipe_name": "mxfp8", "mxfp8_dim1_cast_kernel_choice": "cuda",
-                   "filter_fqns": [] if mx.convert_lm_head else ["output"]}}
+    values = rel.mx_recipe_values
+    if values is not None and mx.recipe_name not in values:
+        offered = ", ".join(f"{v} (torchao {k})" for k, v in values.items())
+        raise ScenarioError([Problem("train.mx.recipe_name", f"torchtitan {rel.release}'s [{rel.mx_section}] "
+                                     f"recipe_name offers {offered} only, not {mx.recipe_name}",
+                                     f"set train.mx.recipe_name: {next(iter(values))} to export, or "
+                                     "software.torchtitan: 0.2.0 or later")])
+    out: dict[str, Any] = {"recipe_name": mx.recipe_name if values is None else values[mx.recipe_name]}
+    if rel.mx_kernel_key is not None:
+        out[rel.mx_kernel_key] = mx_recipe(mx.recipe_name).dim1_cast
+    out["filter_fqns"] = [] if mx.convert_lm_head else ["output"]
+    return {rel.mx_section: out}
 
 
 def _pipeline_keys(s: TrainSetup, layers: int) -> dict[str, Any]:
@@ -154,10 +182,10 @@ def _pipeline_keys(s: TrainSetup, layers: int) -> dict[str, Any]:
     multi-stage default of 2, ``pipeline_parallel_layers_per_stage``.
 
     torchtitan counts the embedding and the head as one layer each (``pipeline_parallel_first_stage_less_layers``
-    and ``..._last_stage_less_layers``, default 1): at the cited commit ``distributed/pipeline.py``
+    and ``..._last_stage_less_layers``, default 1): at v0.1.0 ``distributed/pipeline.py``
     ``generate_split_points`` needs (layers + 2) divisible by pp and gives ((layers + 2) / pp) / layers_per_stage
-    stages per rank; at b5bcd76 ``distributed/pipeline_parallel.py`` makes ceil((layers + 2) / layers_per_stage)
-    stages.  layers_per_stage = (layers + 2) / (pp x v) gives v on both; without the key a multi-stage schedule
+    stages per rank; from v0.2.0 (and at b5bcd76) ``distributed/pipeline_parallel.py`` makes
+    ceil((layers + 2) / layers_per_stage) stages.  layers_per_stage = (layers + 2) / (pp x v) gives v on both; without the key a multi-stage schedule
     runs 2 per rank.  Examples: 30 layers, pp 2, v 4: 32 / 8 = 4 layers per stage; 32 layers, pp 2, v 4: 34 / 8 is
     not whole, refused."""
     par = s.parallel
@@ -174,13 +202,21 @@ def _pipeline_keys(s: TrainSetup, layers: int) -> dict[str, Any]:
     return out
 
 
-def _lifecycle_sections(s: TrainSetup, lc: ResolvedLifecycle) -> dict[str, dict[str, Any]]:
-    """``[checkpoint] enable_checkpoint`` (off by default in torchtitan; its saves are torch DCP, each rank its
-    shard: the estimate's sharded save) and ``[validation]`` ``enabled``, ``local_batch_size`` (the evaluation
-    batch), ``seq_len`` and ``steps`` (batches per evaluation), as that commit's ``Checkpoint`` and
-    ``Validation`` dataclasses name them."""
-    out: dict[str, dict[str, Any]] = {"checkpoint": {"enable_checkpoint": lc.checkpoint_save}}
-    out["validation"] = {"enabled": lc.evaluation}
+def _lifecycle_sections(s: TrainSetup, lc: ResolvedLifecycle, rel: TorchtitanRelease) -> dict[str, dict[str, Any]]:
+    """``[checkpoint]`` enable (v0.1.0: enable_checkpoint; off by default in torchtitan; its saves are torch DCP,
+    each rank its shard: the estimate's sharded save) and ``[validation]`` ``enable``, ``local_batch_size`` (the
+    evaluation batch), ``seq_len`` and ``steps`` (batches per evaluation), as the release's ``Checkpoint`` and
+    ``Validation`` dataclasses name them.  v0.1.0 has no ``[validation]``: no section without evaluation, a
+    refusal with it."""
+    out: dict[str, dict[str, Any]] = {"checkpoint": {rel.checkpoint_enable: lc.checkpoint_save}}
+    if rel.validation_enable is None:
+        if lc.evaluation:
+            raise ScenarioError([Problem("software.torchtitan", f"torchtitan {rel.release}'s job config has no "
+                                         f"[validation] section ({rel.config_file} JobConfig): the evaluation the "
+                                         "estimate takes cannot be set", "set software.torchtitan: 0.2.0 or later, "
+                                         "or lifecycle.evaluation: false")])
+        return out
+    out["validation"] = {rel.validation_enable: lc.evaluation}
     if lc.evaluation:
         out["validation"].update({"local_batch_size": lc.eval_batch_size, "seq_len": s.seq_len,
                                   "steps": lc.eval_batches})
@@ -199,10 +235,11 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-def to_toml(doc: dict[str, dict[str, Any]], header: str = "") -> str:
-    """Tables of scalars and lists as TOML (what ``tomllib`` reads back unchanged)."""
+def to_toml(doc: dict[str, Any], header: str = "") -> str:
+    """Tables of scalars and lists, nested tables as dotted headers (``[quantize.linear.float8]``), as TOML (what
+    ``tomllib`` reads back unchanged)."""
     lines = [f"# {line}" for line in header.splitlines()] if header else []
-    for section, table in doc.items():
+    for section, table in job_config_tables(doc):
         if lines:
             lines.append("")
         lines.append(f"[{section}]")

@@ -70,7 +70,13 @@ class PlanContext:
                                     "hardware": hw})
 
     def document(self, s: TrainSetup | ServeSetup) -> dict[str, Any]:
-        return s.to_document(self.model_ref, self.gpu.name)
+        """The setup's scenario mapping, with the job's ``software`` releases a training setup was estimated with
+        (``software.torchtitan``, which the torchtitan export also reads)."""
+        doc = s.to_document(self.model_ref, self.gpu.name)
+        software = self.base.software.model_dump(exclude_unset=True)
+        if software and isinstance(s, TrainSetup):
+            doc["software"] = software
+        return doc
 
     # ---- cached facts ------------------------------------------------------
     def policy(self, s: TrainSetup) -> PrecisionPolicy:

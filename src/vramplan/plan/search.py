@@ -240,8 +240,10 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
     if gpus_per_node < 1:
         raise ScenarioError([Problem("--gpus-per-node", f"{gpus_per_node} is below 1", "")])
     task = "train" if isinstance(job, TrainJob) else "serve"
-    job_keys = ({"train": {"seq_len": job.seq_len}} if isinstance(job, TrainJob)
-                else {"serve": {"max_model_len": job.max_model_len}})
+    job_keys: dict[str, Any] = ({"train": {"seq_len": job.seq_len}} if isinstance(job, TrainJob)
+                                else {"serve": {"max_model_len": job.max_model_len}})
+    if isinstance(job, TrainJob) and job.torchtitan is not None:
+        job_keys["software"] = {"torchtitan": job.torchtitan}
     ctx = make_context(model, gpu, margin, assumptions, task, job_keys)
     if task == "serve" and ctx.model.mamba is not None:
         # the decode step time (plan/steptime/serve.py) reads every layer's KV cache and attends in every layer;

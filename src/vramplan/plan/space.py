@@ -82,6 +82,9 @@ class TrainJob:
     allow_pure_bf16: bool = False
     max_micro_batch: int = 64
     optimizer: str | None = None  # a ``train.optimizer`` row: only it is searched (None: the rows' ``planner``)
+    # ``software.torchtitan``: the release torchtitan setups are estimated and exported for (None: the scenario's
+    # default; the export writes the newest job-config layout read, facts/torchtitan_releases.py)
+    torchtitan: str | None = None
 
     def sequences(self) -> int:
         """Global batch in sequences (validated)."""

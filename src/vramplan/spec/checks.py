@@ -1157,7 +1157,7 @@ def _unused_software(s: Scenario) -> list[str]:
     if sw.torchtitan is not None and not torchtitan_fsdp2(s):
         out += _noted("software", ["torchtitan"], "only torchtitan's FSDP units depend on it (framework torchtitan, "
                       "parallel.fsdp full_shard or hybrid_shard over more than one GPU, one pipeline stage, no PEFT "
-                      "or offload)")
+                      "or offload); --export's torchtitan.toml takes its job-config layout")
     tune = s.task == "train" and s.effective_framework == "torchtune"
     if sw.torchtune is not None and not tune:
         out += _noted("software", ["torchtune"], "it is read only with task train under framework torchtune")

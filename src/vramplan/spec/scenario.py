@@ -144,8 +144,8 @@ class Float8Training(_Strict):
     """Scaling recipe: tensorwise (``Float8LinearConfig()``: one scale per tensor, e4m3 input and weight, e5m2
     gradient), rowwise (one scale per row, e4m3 throughout) or rowwise_with_gw_hp (rowwise, the weight gradient in
     high precision).  torchao ``Float8LinearConfig.from_recipe_name``; tensorwise is torchao's default and
-    torchtitan's when ``recipe_name`` is unset (commit 000204a4, the one the job-config export follows; torchtitan
-    b5bcd76, 2026, offers only the rowwise recipes, rowwise by default, and no float8 all-gather)."""
+    torchtitan's when ``recipe_name`` is unset (v0.1.0 to v0.2.2, the releases the job-config export writes;
+    torchtitan b5bcd76, 2026, offers only the rowwise recipes, rowwise by default, and no float8 all-gather)."""
 
     enable_fsdp_float8_all_gather: bool = False
     """FSDP2 all-gathers the converted weights in float8 (cast before the all-gather): 1 byte per element in the
@@ -1018,7 +1018,9 @@ class Software(_Strict):
     backward (parallelize_llama.py at commit 9dec370); from v0.2.0 (commit 83e6941, July 2025) the embedding is a
     unit resharded after forward and ``[norm, output]`` one kept from its forward to its backward, every block
     resharded (an untied model; a tied one keeps the three in one unit, as before).  None: the v0.1 layout, the one
-    the published torchtitan measurements ran (analytic/terms/sharding.py; the report says so)."""
+    the published torchtitan measurements ran (analytic/terms/sharding.py; the report says so).  ``--export`` writes
+    torchtitan.toml in this release's job-config layout (facts/torchtitan_releases.py: 0.1.0, 0.2.0, 0.2.1, 0.2.2;
+    None: 0.2.2, the newest read; another release is refused)."""
 
     @property
     def torchtitan_split_units(self) -> bool:
