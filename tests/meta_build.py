@@ -21,6 +21,12 @@ def meta_module(cfg: dict[str, Any], auto: str = "AutoModelForImageTextToText") 
             return getattr(transformers, auto).from_config(config)
 
 
+def meta_causal_lm_count(cfg: dict[str, Any]) -> int:
+    """Parameters of transformers' ``AutoModelForCausalLM`` for ``cfg`` built on the meta device; skips without torch."""
+    module = meta_module(cfg, auto="AutoModelForCausalLM")
+    return sum(p.numel() for p in module.parameters())
+
+
 def tower_totals(module: Any, language_model: str = "model.language_model.", only: str = "model.") -> dict[str, int]:
     """Parameters of the module outside its language model, summed per name with the layer indices dropped
     (``vision_tower.encoder.layers.self_attn.q_proj.weight``): the tower and projector rows the adapters list.

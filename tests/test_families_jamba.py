@@ -4,11 +4,11 @@ hand, generate estimated (analytic against traced), and what is not modelled ref
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
 
+from meta_build import meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic.kv_cache import kv_bytes_per_token
 from vramplan.analytic.ssm_state import mixer_decode_bytes, mixer_prefill_bytes, ssm_state_bytes
@@ -34,16 +34,8 @@ JAMBA_V01: dict[str, Any] = {
     "torch_dtype": "bfloat16"}
 
 
-def _meta_count(shape: dict[str, Any]) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**shape)
-        with torch.device("meta"):
-            module = transformers.AutoModelForCausalLM.from_config(cfg)
-    return sum(p.numel() for p in module.parameters())
+def _meta_count(cfg: dict[str, Any]) -> int:
+    return meta_causal_lm_count(cfg)
 
 
 def test_tester_count_by_hand() -> None:

@@ -4,11 +4,11 @@ memory is not modelled)."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
 
+from meta_build import meta_causal_lm_count
 from vramplan import estimate
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
@@ -27,15 +27,7 @@ R2B: dict[str, Any] = {
 
 
 def _meta_count(cfg: dict[str, Any]) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformers.AutoConfig.for_model(**cfg)
-        with torch.device("meta"):
-            module = transformers.AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in module.parameters())
+    return meta_causal_lm_count(cfg)
 
 
 def test_tester_count_by_hand() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from meta_build import meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic.ssm_state import (
     mixer_decode_bytes,
@@ -35,16 +36,8 @@ def _shape(size: str) -> dict[str, Any]:
             "context_length": 1024}
 
 
-def _meta_count(shape: dict[str, Any]) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**shape)
-        with torch.device("meta"):
-            module = transformers.AutoModelForCausalLM.from_config(cfg)
-    return sum(p.numel() for p in module.parameters())
+def _meta_count(cfg: dict[str, Any]) -> int:
+    return meta_causal_lm_count(cfg)
 
 
 def test_tester_count_by_hand() -> None:

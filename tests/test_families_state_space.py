@@ -5,11 +5,11 @@ and what is refused."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
 
+from meta_build import meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic.kv_cache import kv_bytes_per_token
 from vramplan.analytic.ssm_state import mixer_decode_bytes, mixer_prefill_bytes, ssm_state_bytes
@@ -46,15 +46,7 @@ MAMBA_2_8B: dict[str, Any] = {"model_type": "mamba", "vocab_size": 50280, "hidde
 
 
 def _meta_count(cfg: dict[str, Any]) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tc = transformers.AutoConfig.for_model(**cfg)
-        with torch.device("meta"):
-            module = transformers.AutoModelForCausalLM.from_config(tc)
-    return sum(p.numel() for p in module.parameters())
+    return meta_causal_lm_count(cfg)
 
 
 def test_mamba2_tester_count_by_hand() -> None:
