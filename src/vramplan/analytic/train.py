@@ -400,6 +400,14 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                        "LM head) to fp32")
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:
             out.append(LITGPT_HEAD_NOTE)
+    out += _moe_assumptions(s, m)
+    return out
+
+
+def _moe_assumptions(s: Scenario, m: ModelSpec) -> list[str]:
+    """How a MoE model's experts are held and run in the step (none for a dense model)."""
+    t = s.train
+    out: list[str] = []
     if m.moe is not None:
         if t.peft is not None and quantized_expert_loop(m, t.quantization):
             out.append("MoE experts quantized per expert by bitsandbytes and run one expert at a time, as "
