@@ -196,4 +196,19 @@ def test_band_is_ordered_and_grows_with_sequences(seqs: int, tokens: int, releas
     assert est.pool_bytes == est.largest * 1000
     if release.sizes != "v0":  # V1 never captures beyond max_num_batched_tokens
         assert est.largest <= tokens
+    if release.append_seqs and seqs in est.sizes and seqs not in more.sizes:
+        # 0.31+ appends max_num_seqs to the sizes when it is not one of them: one sequence more can capture one graph
+        # fewer (test_appended_sequence_count_can_shrink_the_graphs)
+        return
     assert more.bytes >= est.bytes and more.segments >= est.segments
+
+
+def test_appended_sequence_count_can_shrink_the_graphs() -> None:
+    # vLLM 0.31 VllmConfig._set_cudagraph_sizes appends max_num_seqs to the capture sizes when it is within the
+    # maximum and not among them: 3 sequences over 4 batched tokens capture 1, 2, 4 and the appended 3; 4 sequences
+    # capture 1, 2, 4 only, one graph fewer
+    (rule,) = [r for r in CUDAGRAPH_RULES if r.first == (0, 31, 0)]
+    three = cudagraph_estimate(rule.first, 3, 4, 1, lambda n: n * 1000)
+    four = cudagraph_estimate(rule.first, 4, 4, 1, lambda n: n * 1000)
+    assert 3 in three.sizes and 3 not in four.sizes and set(four.sizes) <= set(three.sizes)
+    assert four.graphs < three.graphs and four.bytes < three.bytes
