@@ -27,6 +27,29 @@ def meta_causal_lm_count(cfg: dict[str, Any]) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def prefill_state_bytes(cfg: dict[str, Any], batch: int, tokens: int) -> int:
+    """Bytes of the convolution and recurrent states in transformers' own cache after a real bf16 prefill of
+    ``batch`` x ``tokens`` random ids on the CPU; skips without torch."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        module = module.to(torch.bfloat16)
+        with torch.no_grad():
+            cache = module(torch.randint(0, int(cfg["vocab_size"]), (batch, tokens)), use_cache=True).past_key_values
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in (*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values())
+               if isinstance(t, torch.Tensor))
+
+
+def category_bytes(events: Any, category: str) -> int:
+    """Bytes a trace's events allocate (positive events) in ``category``."""
+    return sum(e.nbytes for e in events if e.nbytes > 0 and e.category == category)
+
+
 def tower_totals(module: Any, language_model: str = "model.language_model.", only: str = "model.") -> dict[str, int]:
     """Parameters of the module outside its language model, summed per name with the layer indices dropped
     (``vision_tower.encoder.layers.self_attn.q_proj.weight``): the tower and projector rows the adapters list.

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_causal_lm_count
+from meta_build import category_bytes, meta_causal_lm_count, prefill_state_bytes
 from vramplan import estimate
 from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.kv_cache import kv_bytes_per_token
@@ -125,19 +125,7 @@ def test_state_by_hand() -> None:
 
 
 def test_state_equals_transformers_cache_after_a_prefill() -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**TESTER))
-        module = module.to(torch.bfloat16)
-        with torch.no_grad():
-            cache = module(torch.randint(0, 99, (2, 10)), use_cache=True).past_key_values
-    state = sum(t.numel() * t.element_size() for layer in cache.layers
-                for t in (*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values())
-                if isinstance(t, torch.Tensor))
+    state = prefill_state_bytes(TESTER, 2, 10)
     # 2 convolution blocks x 2 sequences x 32 x 3 x 2 B = 768
     assert state == ssm_state_bytes(model_from_config(TESTER), 2, 2) == 768
 
@@ -150,9 +138,9 @@ def test_traced_training_step_holds_the_adapters_parameters() -> None:
 
     doc = {"model": TESTER, "hardware": {"gpu": "A100-80GB"}, "train": {"micro_batch_size": 1, "seq_len": 64}}
     r, st = trace(resolve(doc))
-    weights = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "weights")
-    grads = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "gradients")
-    states = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "optimizer_states")
+    weights = category_bytes(st.events, "weights")
+    grads = category_bytes(st.events, "gradients")
+    states = category_bytes(st.events, "optimizer_states")
     # bf16-mixed: fp32 parameters (42,592 x 4 = 170,368 B; the tied head once), fp32 gradients, AdamW's two moments
     assert weights == grads == 4 * r.model.num_parameters == 170_368
     assert states == 2 * weights

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_causal_lm_count
+from meta_build import category_bytes, meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic.ssm_state import (
     mixer_decode_bytes,
@@ -135,9 +135,9 @@ def test_traced_training_step_holds_the_adapters_parameters() -> None:
     shape = {**TESTER, "num_hidden_layers": 2}
     doc = {"model": shape, "hardware": {"gpu": "A100-80GB"}, "train": {"micro_batch_size": 1, "seq_len": 16}}
     r, st = trace(resolve(doc))
-    weights = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "weights")
-    grads = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "gradients")
-    states = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "optimizer_states")
+    weights = category_bytes(st.events, "weights")
+    grads = category_bytes(st.events, "gradients")
+    states = category_bytes(st.events, "optimizer_states")
     # bf16-mixed: fp32 parameters (47,456 - 13,664 = 33,792 for two blocks; x 4 = 135,168 B), fp32 gradients, AdamW's
     # two moments
     assert weights == grads == 4 * r.model.num_parameters == 135_168
@@ -161,7 +161,7 @@ def test_traced_lora_adapts_the_default_targets() -> None:
     # facts/peft_targets.py "rwkv": key, value, receptance, output match both the attention's and the feed-forward's
     assert adapted == {"key.attention", "value.attention", "receptance.attention", "output.attention",
                        "key.feed_forward", "value.feed_forward", "receptance.feed_forward"}
-    grads = sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == "gradients")
+    grads = category_bytes(st.events, "gradients")
     # rank 4, fp32 A and B: per block the attention's four linears 4 x 4 x (32 + 32) = 1,024 elements; the
     # feed-forward's key 4 x (32 + 128) = 640, receptance 4 x 64 = 256, value 640 -> 2,560 a block, x 2 = 5,120
     # elements, 20,480 B
