@@ -72,6 +72,10 @@ def test_plan_from_a_scenario_file_and_export(tmp_path: Path) -> None:
     assert doc["job"]["seq_len"] == 4096 and doc["job"]["global_batch_sequences"] == 8
     names = {Path(p).name for p in doc["exported"]}
     assert "README.md" in names and (tmp_path / "cfg" / "README.md").exists()
+    # the file's optimizer: adamw is carried (torch's foreach AdamW), which torchtitan does not run: the Accelerate
+    # FSDP setup is exported without torchtitan's job config (the export raised ValueError here before)
+    assert doc["chosen"]["report"]["scenario"]["train"]["optimizer"] == "adamw"
+    assert "accelerate_config.yaml" in names and "torchtitan.toml" not in names
 
 
 @pytest.mark.parametrize(("field", "value"), [("loss", "chunked"), ("liger_kernels", True), ("packing", True),
@@ -89,6 +93,44 @@ def test_plan_refuses_techniques_it_does_not_search(tmp_path: Path, field: str, 
     del doc["train"][field]
     path.write_text(json.dumps(doc))
     assert run("plan", str(path), "--json")[0] == 0
+
+
+@pytest.mark.parametrize(("path", "value"), [("lifecycle.evaluation", True), ("lifecycle.checkpoint_save", False),
+                                             ("hardware.capacity_gib", 40), ("train.torch_compile", True)])
+def test_plan_refuses_a_job_setting_it_does_not_carry(tmp_path: Path, path: str, value: object) -> None:
+    """A lifecycle phase, a capacity override or torch.compile define another job than the one plan searches:
+    before, plan dropped them without a word (cli/plan_cmd.py read six fields of the file).  Refused, naming the
+    field; without it the same file plans."""
+    block, key = path.split(".")
+    doc: dict[str, object] = {"model": "meta-llama/Llama-3.2-1B", "task": "train",
+                              "hardware": {"gpu": "H100", "num_gpus": 1}, "train": {"seq_len": 1024}}
+    doc.setdefault(block, {})[key] = value  # type: ignore[index]
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(doc))
+    code, out, err = run("plan", str(f))
+    assert code == 2 and path in out + err and "does not search or carry it" in out + err
+    del doc[block][key]  # type: ignore[attr-defined]
+    f.write_text(json.dumps(doc))
+    assert run("plan", str(f), "--json")[0] == 0
+
+
+def test_plan_says_which_file_settings_it_replaces_and_keeps_the_optimizer(tmp_path: Path) -> None:
+    """The knobs plan chooses itself are named in its notes; the optimizer row is carried (the chosen setup uses
+    it); a block of another task is said to be unused."""
+    doc = {"model": "meta-llama/Llama-3.2-1B", "task": "train", "hardware": {"gpu": "H100", "num_gpus": 1},
+           "framework": "deepspeed", "train": {"seq_len": 1024, "precision": "fp32", "optimizer": "adamw-8bit"},
+           "parallel": {"zero_stage": 2}, "serve": {"max_model_len": 4096}}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(doc))
+    code, out, _ = run("plan", str(f), "--json")
+    assert code == 0
+    res = json.loads(out)
+    notes = res["notes"]
+    for path in ("framework", "train.precision", "parallel.zero_stage"):
+        assert any(f"scenario's {path} = " in n and "is not kept" in n for n in notes), path
+    assert "the scenario's serve block is not used by a train plan" in notes
+    assert not any("train.optimizer" in n for n in notes)
+    assert res["chosen"]["report"]["scenario"]["train"]["optimizer"] == "adamw-8bit"
 
 
 def test_plan_serve() -> None:

@@ -71,60 +71,14 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f}"
 
 
-def _from_scenario(path: Path) -> dict[str, Any]:
-    """Planning inputs taken from a scenario file: model, GPU, count, task and the job's size."""
-    from vramplan.errors import Problem, ScenarioError
-    from vramplan.spec.fields import changed_fields
+def _from_scenario(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Planning inputs taken from a scenario file (plan/scenario_inputs.py: each field carried, replaced with a
+    note, or refused) and the notes."""
+    from vramplan.plan.scenario_inputs import plan_inputs
     from vramplan.spec.load import parse_scenario, read_document
 
-    sc = parse_scenario(read_document(path))
-    if sc.task == "inference":
-        raise ScenarioError([Problem("task", "the scenario has task: inference, but plan searches training (train) "
-                                     "and vLLM serving (serve) setups",
-                                     "use `vramplan generate` for Hugging Face generate, or set task: train or serve")])
-    if sc.hardware.memory_in_use_gib:
-        # the search reserves --margin of each GPU for what the estimate does not know; other processes' memory
-        # is planned through it rather than dropped
-        raise ScenarioError([Problem("hardware.memory_in_use_gib", f"is {sc.hardware.memory_in_use_gib:g} GiB in the "
-                                     "scenario, but plan reserves memory for other processes through --margin",
-                                     "remove it and raise --margin by its share of the GPU's capacity "
-                                     "(e.g. 1.5 GiB of 24 GiB: --margin 0.17)")])
-    out: dict[str, Any] = {"model": sc.model, "gpu": sc.hardware.gpu, "num_gpus": str(sc.hardware.num_gpus),
-                           "task": "serve" if sc.task == "serve" else "train",
-                           "gpus_per_node": sc.hardware.gpus_per_node}
-    if sc.task == "serve":
-        out["max_model_len"] = sc.serve.max_model_len
-        # a scenario that leaves max_num_seqs to vLLM plans 256 sequences at once (the schema's default before
-        # null came to mean vLLM's own per-release default)
-        out["concurrency"] = sc.serve.max_num_seqs or 256
-    else:
-        t = sc.train
-        if t.objective != "sft":
-            # the search builds supervised fine-tuning steps; a post-training job (its reference model and
-            # rollout engine) is another job, refused rather than planned as SFT
-            raise ScenarioError([Problem("train.objective", f"is {t.objective!r} in the scenario, but plan searches "
-                                         "supervised fine-tuning (sft) setups only (no reference model, no rollout "
-                                         "engine)", "check the setup with `vramplan estimate`, or remove "
-                                         "train.objective to plan the SFT job")])
-        # techniques the search does not try (docs/planning.md): planning the job without them would answer
-        # for another job, so they are refused rather than dropped
-        unsearched = [(f"train.{k}", getattr(t, k)) for k in changed_fields(
-            t, ("loss", "liger_kernels", "packing", "activation_offload", "optimizer_in_backward", "torchao_cpu_offload"))]
-        if unsearched:
-            raise ScenarioError([Problem(k, f"is {v!r} in the scenario, but plan does not search it (it plans the "
-                                         "standard loss, no Liger kernels, no packing, no activation offload, the "
-                                         "optimizer step after the backward and no torchao CPU offload)",
-                                         f"remove {k} to plan without it, or check the setup with `vramplan estimate`")
-                                 for k, v in unsearched])
-        out["seq_len"] = t.seq_len
-        if sc.software.torchtitan is not None:
-            out["torchtitan_version"] = sc.software.torchtitan
-        out["global_batch"] = t.micro_batch_size * t.grad_accum_steps * sc.data_parallel_degree
-        if t.peft is not None:
-            out["peft"] = "qlora" if t.peft.method == "qlora" else "lora"
-            out["lora_rank"] = t.peft.rank
-            out["lora_alpha"] = t.peft.alpha
-    return out
+    got = plan_inputs(parse_scenario(read_document(path)))
+    return got.values, got.notes
 
 
 # The most GPU counts one plan searches: each count is a full search (issue 19: 1-100000 ran for minutes with
@@ -294,7 +248,7 @@ def register(app: typer.Typer) -> None:
         from vramplan.plan.steptime import PerfAssumptions
 
         try:
-            base = _from_scenario(scenario) if scenario is not None else {}
+            base, file_notes = _from_scenario(scenario) if scenario is not None else ({}, [])
             flags = {**given.values, "num_gpus": num_gpus, "task": task, "global_batch": global_batch, "peft": peft,
                      "concurrency": concurrency}
             opts = {**base, **{k: v for k, v in flags.items() if v is not None}}
@@ -341,7 +295,7 @@ def register(app: typer.Typer) -> None:
             with progress("searching setups", quiet=as_json):
                 res = run_plan(opts["model"], str(opts["gpu"]), opts.get("num_gpus") or "1", job, margin=margin,
                                top=top, assumptions=assumptions, gpus_per_node=int(opts.get("gpus_per_node") or 8),
-                               host_memory_gib=host_memory_gib)
+                               host_memory_gib=host_memory_gib, preface_notes=file_notes)
             written: list[Path] = []
             if export is not None:
                 from vramplan.export import write_export

@@ -35,6 +35,7 @@ from vramplan.export.torchtitan import release_of as _titan_release
 from vramplan.export.torchtitan import to_toml, torchtitan_config
 from vramplan.export.trl_sft import trl_sft_config
 from vramplan.export.vllm import vllm_command, vllm_engine_args
+from vramplan.facts.optimizers import optimizer_facts
 from vramplan.plan.result import PlanResult, RankedSetup
 from vramplan.plan.setup import ServeSetup, TrainSetup
 
@@ -115,8 +116,11 @@ def _train_files(ranked: RankedSetup, s: TrainSetup, model: LaunchModel, files: 
     titan_unset = packing or offload or loss != "standard"
     if s.framework == "torchtitan" and titan_unset:
         _refuse_titan(loss, packing, offload)
+    # an Accelerate FSDP setup gets torchtitan's job config beside its own only where torchtitan runs the same
+    # optimizer (a row with a torchtitan [optimizer] name: torch's foreach AdamW, for one, has none)
+    titan_optim = optimizer_facts(s.optimizer).torchtitan is not None
     if s.framework == "torchtitan" or (s.framework == "accelerate" and s.peft is None and s.fsdp == "full_shard"
-                                       and not titan_unset):
+                                       and not titan_unset and titan_optim):
         # the layout of the release software.torchtitan names (unset: the newest read)
         release = _titan_release((ranked.scenario.get("software") or {}).get("torchtitan")).release
         cfg = torchtitan_config(s, *_family_layers_hidden(ranked), lifecycle=lc, release=release)

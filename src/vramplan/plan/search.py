@@ -226,12 +226,13 @@ def _margin_text(task: str, margin: float, ctx: PlanContext) -> str:
 def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[int], job: TrainJob | ServeJob,
          margin: float = DEFAULT_MARGIN, top: int = DEFAULT_TOP, assumptions: PerfAssumptions = DEFAULT_ASSUMPTIONS,
          gpus_per_node: int = 8, host_memory_gib: float | None = None, explain: bool = True,
-         exhaustive: bool = False) -> PlanResult:
+         exhaustive: bool = False, preface_notes: Sequence[str] = ()) -> PlanResult:
     """The fastest setups of ``job`` that fit ``num_gpus`` x ``gpu`` with ``margin`` of capacity to spare.
 
     ``num_gpus`` may be one count, a range ``"1-8"`` or a list; the answer ranks setups over all
     of them by predicted step time (training) or generated tokens per second (serving).
     ``host_memory_gib``: host RAM per node available for offload (None: not checked, but reported).
+    ``preface_notes``: the caller's notes, first in the result's (a scenario file's fields the search replaced).
     """
     t0 = time.perf_counter()
     counts = parse_gpu_counts(num_gpus)
@@ -253,7 +254,7 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
                                      "estimate one setup with task serve (vramplan serve), which is modelled")])
     st = _Stats()
     per_count: dict[int, list[_Found]] = {}
-    notes: list[str] = []
+    notes: list[str] = list(preface_notes)
     host_limit = int(host_memory_gib * GiB) if host_memory_gib is not None else None
     if host_memory_gib is not None and host_memory_gib <= 0:
         raise ScenarioError([Problem("--host-memory-gib", f"{host_memory_gib} is not a memory size",
