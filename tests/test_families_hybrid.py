@@ -91,7 +91,7 @@ def test_inference_report_holds_the_state_and_the_attention_kv() -> None:
                     "inference": {"batch_size": 2, "prompt_len": 100, "new_tokens": 10}})
     pre = rep.per_gpu.breakdown_detail["kv_cache"]
     # prompt KV 25,600 B (above); state: 2 layers * 2 sequences * (96*4*2 + 16*4*16*4) = 4 * 4,864 = 19,456 B
-    assert pre == {"prompt": 25_600, "Mamba2 convolution and SSM state": 19_456}
+    assert pre == {"prompt": 25_600, "mixer state (convolution and recurrent)": 19_456}
     assert rep.per_gpu.breakdown_detail["activations"]["running layer"] == 1_934_208
     assert any("Mamba2 mixers without a KV cache" in a for a in rep.assumptions)
 
@@ -157,9 +157,9 @@ def test_mixer_decode_update_by_hand() -> None:
     ir = inference_step(resolve({"task": "inference", "model": TESTER, "hardware": {"gpu": "A100-80GB"},
                                  "inference": {"batch_size": 2, "prompt_len": 100, "new_tokens": 10}}))
     (decode,) = [mo for mo in ir.moments if mo.phase == "decode"]
-    assert decode.parts["temporaries"]["Mamba2 state update (one mixer layer)"] == 32_768
+    assert decode.parts["temporaries"]["mixer state update (one layer)"] == 32_768
     assert "cache growth (torch.cat of one layer)" not in decode.parts["temporaries"]
-    assert decode.parts["kv_cache"]["Mamba2 convolution and SSM state"] == 19_456
+    assert decode.parts["kv_cache"]["mixer state (convolution and recurrent)"] == 19_456
 
 
 def test_bamba_without_attention_layers_counts_no_attention() -> None:

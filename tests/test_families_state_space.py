@@ -265,3 +265,16 @@ def test_tp_on_a_mamba1_model_is_refused_for_its_mixer_not_for_heads(task: str) 
         estimate(doc)
     text = str(exc.value)
     assert "attention heads" not in text and "state-space model" in text
+
+
+def test_an_attention_free_model_states_no_kv_cache_and_no_attention_kernel() -> None:
+    """Falcon-Mamba has no attention layer: generate makes the model's own cache of mixer states, so the report
+    must not say "attention: sdpa", "DynamicCache" or an empty "KV cache MHA ()" (it did before); a model with
+    attention keeps those words."""
+    notes = estimate({"model": "tiiuae/falcon-mamba-7b", "task": "inference", "hardware": {"gpu": "H100"}}).assumptions
+    text = " ".join(notes)
+    assert "no attention layers: no KV cache" in text and "attention: none;" in text
+    assert "DynamicCache:" not in text and "attention: sdpa" not in text and "KV cache MHA" not in text
+    dense = " ".join(estimate({"model": "meta-llama/Llama-3.2-1B", "task": "inference",
+                               "hardware": {"gpu": "H100"}}).assumptions)
+    assert "attention: sdpa" in dense and "DynamicCache" in dense

@@ -88,7 +88,7 @@ from vramplan.analytic.cross_attention import (
     vision_model_bytes,
 )
 from vramplan.analytic.generate_replay import applies, cached_excess, growth_note
-from vramplan.analytic.kv_cache import kv_elem_bytes, kv_spec
+from vramplan.analytic.kv_cache import attention_layers, kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
     BNB_FORMATS,
@@ -1021,7 +1021,7 @@ PACKED_NOTE = ("reserved bytes: the peak's tensors packed into empty allocator s
                "generate is; the traced engine replays every call)")
 
 
-def _runner_note(g: GenerateCall) -> str:
+def _runner_note(g: GenerateCall, attention_free: bool = False) -> str:
     """Which generate loop runs, and what its release keeps alive."""
     if g.lit:
         runner = ("Lit-GPT generate (its own GPT): its own LM head, KV cache preallocated for prompt + new "
@@ -1031,11 +1031,16 @@ def _runner_note(g: GenerateCall) -> str:
                        "from fp16")
         return runner
     version = g.r.scenario.software.transformers
+    if attention_free:
+        # generate makes the model's own cache (MambaCache in 4.x, the mixer layers' LinearAttentionLayer in 5.x)
+        cache = "the model's own cache of mixer states (no attention layer, no DynamicCache)"
     if version is None:
-        return "Hugging Face generate (transformers 5.x) with DynamicCache: per-layer tensors grown by torch.cat"
+        return ("Hugging Face generate (transformers 5.x) with "
+                + (cache if attention_free else "DynamicCache: per-layer tensors grown by torch.cat"))
     gen = g.gen
     return (f"Hugging Face generate of transformers {version}: "
-            + ("the legacy cache tuple (the previous step's cache alive while the next is built)"
+            + (cache if attention_free else
+               "the legacy cache tuple (the previous step's cache alive while the next is built)"
                if gen.legacy_cache else "DynamicCache (per-layer tensors grown by torch.cat)")
             + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
                if gen.all_logits else ""))
@@ -1186,12 +1191,17 @@ def inference_assumptions(g: GenerateCall, kv_final: int) -> list[str]:
         logits_note = ("logits of every prompt position" if g.gen.all_logits
                        else "logits for the last position only (logits_to_keep=1), copied to fp32")
     quant = inf.quantization
+    attention_free = not g.lit and not attention_layers(g.m)
+    if attention_free:
+        # a state-space model (Mamba, Falcon-Mamba, RWKV): generate makes the model's own cache of mixer states
+        # (hybrid_notes), no DynamicCache and no attention kernel runs
+        cache_note = "no attention layers: no KV cache (each mixer layer's state above instead)"
     return [
         *hybrid_notes(g),
-        _runner_note(g),
+        _runner_note(g, attention_free),
         f"weights in {inf.dtype}" + (f", linear weights quantized as {quant}" if quant != "none" else ""),
         cache_note,
-        f"attention: {g.attention}; {logits_note}",
+        (f"attention: none; {logits_note}" if attention_free else f"attention: {g.attention}; {logits_note}"),
         ("sampling with top-k/top-p warpers (greedy decoding needs about 26 B less per vocabulary entry and row)"
          if g.beams == 1 else beam_note(g)),
         "prompts of equal length (no padding mask)",

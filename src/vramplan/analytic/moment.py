@@ -121,8 +121,10 @@ class K:
     KV_CROSS_ENCODER = _k("kv_cache", "cross-attention keys and values (encoder output)",
                           "an encoder-decoder model's decoder layers' keys and values of the encoder output, written "
                           "once at the first decoder step (EncoderDecoderCache.cross_attention_cache)")
-    SSM_STATE = _k("kv_cache", "Mamba2 convolution and SSM state",
-                   "a hybrid model's mixer layers' fixed-size state per sequence (transformers' LinearAttentionLayer)")
+    SSM_STATE = _k("kv_cache", "mixer state (convolution and recurrent)",
+                   "a state-space or hybrid model's mixer layers' fixed-size state per sequence (Mamba/Mamba2 "
+                   "convolution and SSM state, Gated DeltaNet, short convolution or RWKV state; transformers' "
+                   "LinearAttentionLayer)")
     REQ_TO_TOKEN = _k("kv_cache", "request-to-token table",
                       "SGLang's ReqToTokenPool: max_num_reqs rows (one more before 0.4.7) x (context_len + 4) int32 slot "
                       "indices (wider rows with speculative decoding from 0.5.1; serve/sglang_requests.py)")
@@ -167,8 +169,8 @@ class K:
     CROSS_KV_WRITE = _k("temporaries", "cross-attention keys and values being cached (one layer)",
                         "an encoder-decoder model's k and v projections of the encoder output beside their cached "
                         "copies, in the last decoder layer of the first step")
-    MIXER_STATE_UPDATE = _k("temporaries", "Mamba2 state update (one mixer layer)",
-                            "a hybrid model's single-token state update in one mixer layer at decode")
+    MIXER_STATE_UPDATE = _k("temporaries", "mixer state update (one layer)",
+                            "a state-space or hybrid model's single-token state update in one mixer layer at decode")
     PREV_PROMPT_LOGITS = _k("temporaries", "prompt logits (previous step's outputs)",
                             "the prefill's logits, kept through the first decode step (transformers < 4.42)")
     # the job's phases around the step (analytic/lifecycle)
