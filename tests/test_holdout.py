@@ -63,6 +63,7 @@ BATCH9_ENTRIES = 30
 BATCH10_ENTRIES = 18
 BATCH11_ENTRIES = 32
 BATCH12_ENTRIES = 21
+BATCH13_ENTRIES = 16
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -74,9 +75,10 @@ BATCH9_MARK = "# ---- batch 9, collected 2026-11-26, scored once before engine c
 BATCH10_MARK = "# ---- batch 10, collected 2026-11-27, scored once before engine changes"
 BATCH11_MARK = "# ---- batch 11, collected 2026-11-27, scored once before engine changes"
 BATCH12_MARK = "# ---- batch 12, collected 2026-11-27, scored once before engine changes"
+BATCH13_MARK = "# ---- batch 13, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
                + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES
-               + BATCH12_ENTRIES)
+               + BATCH12_ENTRIES + BATCH13_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -278,6 +280,19 @@ def test_batch12_figures_converted_to_bytes() -> None:
     assert oom.measured.bytes == 42_298_834_944 and oom.outcome == "oom"
 
 
+def test_batch13_figures_converted_to_bytes() -> None:
+    # vLLM's pool in tokens: Qwen2.5-7B, 28 layers x 4 KV heads x 128 x 2 (K, V) x 2 B = 57,344 B a token;
+    # 444,592 tokens x 57,344 = 25,494,683,648
+    assert _by_id("ddiiwoong-vllm0085-qwen25-7b-bf16-ctx32768-l40s-kv").measured.bytes == 25_494_683_648
+    # OPT-125m: 12 x 12 heads x 64 x 2 x 2 = 36,864 B a token; 547,744 x 36,864 = 20,192,034,816
+    assert _by_id("ddiiwoong-vllm0090-opt125m-ctx2048-a10g-kv").measured.bytes == 20_192_034_816
+    # vLLM's "Model loading took 14.2488 GiB": 14.2488 x 2^30 = 15,299,532,502.2 -> 15,299,532,502
+    assert _by_id("ddiiwoong-vllm0085-qwen25-7b-bf16-ctx32768-l40s-weights").measured.bytes == 15_299_532_502
+    # an OOM entry carries the GPU's capacity: A800 80GB, 85,173,731,328 B (the catalog's total_memory)
+    oom = _by_id("limo-10-qwen25-32b-full-sft-z3-fa2-bs1-s32768-8xa800-oom")
+    assert oom.measured.bytes == 85_173_731_328 and oom.outcome == "oom"
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -289,21 +304,25 @@ BATCHES = [
     (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
      BATCH6_ENTRIES, 10, True),
     (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
-     - BATCH11_ENTRIES - BATCH12_ENTRIES, BATCH7_ENTRIES, 10, True),
+     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH7_ENTRIES, 10, True),
     (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES
-     - BATCH12_ENTRIES, BATCH8_ENTRIES, 10, True),
-    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES,
+     - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH8_ENTRIES, 10, True),
+    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES
+     - BATCH13_ENTRIES,
      BATCH9_ENTRIES, 10, True),
-    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES, BATCH10_ENTRIES, 7,
+    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES,
+     BATCH10_ENTRIES, 7,
      True),
-    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES, BATCH11_ENTRIES, 13, True),
-    (BATCH12_MARK, None, ALL_ENTRIES - BATCH12_ENTRIES, BATCH12_ENTRIES, 11, True),
+    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH11_ENTRIES,
+     13, True),
+    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH12_ENTRIES, 11, True),
+    (BATCH13_MARK, None, ALL_ENTRIES - BATCH13_ENTRIES, BATCH13_ENTRIES, 8, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
                          ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10", "batch11", "batch12"])
+                              "batch10", "batch11", "batch12", "batch13"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
