@@ -2342,7 +2342,8 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
                             "(MambaStateShapeCalculator.short_conv_state_shape)")}.get(
         m.mamba.kind, "convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x d_state")
     ssm_bytes = _ssm_bytes(m, version)
-    ssm = ("both in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'" if ssm_bytes is None else
+    ssm = ("in the model dtype, mamba_cache_dtype 'auto'" if m.mamba.kind == "short_conv" else
+           "both in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'" if ssm_bytes is None else
            f"the SSM state in {ssm_bytes} B per element: the config's mamba_ssm_cache_dtype, else "
            f"{MAMBA_SSM_DTYPE_DEFAULT} (MAMBA_SSM_DTYPE_FROM_CONFIG)")
     profile = {"mamba1": ("the profile run's mixer layers skip the scan (MambaMixer.forward_cuda 'V1 profile run': "
@@ -2367,6 +2368,7 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
     raised = (f"raised from {r.scenario.serve.block_size} to {lay.block_size} tokens"
               if lay.block_size != r.scenario.serve.block_size else f"kept at {lay.block_size} tokens")
     pad = lay.page - lay.state_page
+    shared: list[str] = []
     if mamba1:
         rotary = "Jamba's attention layers take no rotary embedding"
     elif m.mamba.kind in _MIXER_NAMES or m.mamba.shared_attention_layers:
@@ -2376,10 +2378,12 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
                   "attn_rotary_emb from config.json instead, head_dim where it is absent)")
     if m.mamba.shared_attention_layers:
         # Zamba2HybridLayer's shared block (zamba2.py): its q/k/v and gate_up adapters' outputs are added in the
-        # compiled graph; only the MLP's width (3 x intermediate) is counted
-        rotary += ("; Zamba2's shared transformer blocks (one Attention and KV cache per hybrid layer, the first "
-                   "groups) are counted at their MLP's width: their adapters' outputs (up to 2 x intermediate more per "
-                   "token where not fused) are not modelled")
+        # compiled graph; only the MLP's width (3 x intermediate) is counted; Zamba2Model.forward keeps
+        # original_hidden_states = torch.clone(hidden_states) for every hybrid layer (zamba2.py:756 at 0.11.0)
+        shared = [("not modelled: in the profile run, Zamba2's shared transformer blocks (one Attention and KV cache "
+                   "per hybrid layer, the first group) are counted at their MLP's width; their adapters' outputs (up "
+                   "to 2 x intermediate more per token where not fused) and the model's clone of the embeddings "
+                   "(hidden per token, original_hidden_states) are not")]
     return [(f"hybrid attention + {kind} model: {lay.mamba_layers} mixer layers keep one state page per request "
             f"({lay.state_page:,} B: {shape}, {ssm}), padded by {pad:,} B "
             f"to the attention page; the attention block is {raised} so that a page holds it (rules of vLLM "
@@ -2390,7 +2394,7 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
              f"FlashInfer); {rotary}; {profile}"),
             # no published start-up log of a hybrid model checks this estimate, and the per-segment bytes were printed
             # for attention-only models: stated as not modelled, so the band widens (report/band.py)
-            graphs]
+            graphs, *shared]
 
 
 def _speculative_notes(b: _Budget) -> list[str]:
