@@ -16,7 +16,7 @@ from test_families_zamba2 import SECOND as ZAMBA2_GROUPED_KV
 from test_families_zamba2 import TESTER as ZAMBA2_TESTER
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
-from vramplan.errors import ScenarioError
+from vramplan.errors import ScenarioError, VramplanError
 from vramplan.facts.vllm_releases import (
     LINEAR_MIXER_PROFILE_READ_BEFORE,
     LINEAR_MIXER_V1_FROM,
@@ -163,6 +163,14 @@ def test_what_is_not_modelled_is_refused(model: dict[str, Any], version: str, wh
     with pytest.raises(ScenarioError) as err:
         estimate(_doc(model, version))
     assert str(err.value).startswith(where) and text in str(err.value)
+
+
+def test_lfm2_conv_dim_other_than_hidden_is_refused() -> None:
+    # vLLM sizes the state from config.json's conv_dim, transformers from hidden_size: the released configs agree
+    assert model_from_config({**LFM2_1_2B, "conv_dim": 2048, "conv_dim_out": 2048}).mamba == model_from_config(
+        LFM2_1_2B).mamba
+    with pytest.raises(VramplanError, match="conv_dim \\(1024\\) differs from hidden_size \\(2048\\)"):
+        model_from_config({**LFM2_1_2B, "conv_dim": 1024})
 
 
 @pytest.mark.parametrize("model", [QWEN3_NEXT_80B, LFM2_1_2B, ZAMBA2_TESTER])

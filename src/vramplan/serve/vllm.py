@@ -2338,8 +2338,8 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
              "gated_deltanet": ("convolution state (linear_conv_kernel_dim - 1) x (2 key_dim + value_dim) and "
                                 "recurrent state value heads x key head dim x value head dim "
                                 "(MambaStateShapeCalculator.gated_delta_net_state_shape)"),
-             "short_conv": ("convolution state (conv_L_cache - 1) x conv_dim, no recurrent state "
-                            "(MambaStateShapeCalculator.short_conv_state_shape)")}.get(
+             "short_conv": ("convolution state (conv_L_cache - 1) x conv_dim (config.json's conv_dim, the hidden "
+                            "size), no recurrent state (MambaStateShapeCalculator.short_conv_state_shape)")}.get(
         m.mamba.kind, "convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x d_state")
     ssm_bytes = _ssm_bytes(m, version)
     ssm = ("in the model dtype, mamba_cache_dtype 'auto'" if m.mamba.kind == "short_conv" else
