@@ -269,7 +269,8 @@ def test_the_analytic_engine_refuses_what_hybrid_training_does_not_model() -> No
 
 
 @pytest.mark.parametrize(("doc", "path"), [
-    ({"task": "serve"}, "task"),
+    # vLLM serving is estimated (tests/test_serve_linear_mixers.py); the other engines' state pools are not modelled
+    ({"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
     ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
     ({"task": "inference", "inference": {"kv_cache_dtype": "int8"}}, "inference.kv_cache_dtype"),
     # transformers 4.x's Lfm2HybridConvCache is other code

@@ -297,8 +297,9 @@ def test_the_analytic_engine_refuses_what_training_does_not_model(train: dict[st
 
 
 @pytest.mark.parametrize(("doc", "path"), [
-    ({"task": "serve"}, "task"),
-    ({"task": "serve", "serve": {"engine": "sglang"}}, "task"),
+    # vLLM serving is estimated (tests/test_serve_linear_mixers.py); the other engines' state pools are not modelled
+    ({"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
+    ({"task": "serve", "serve": {"engine": "llamacpp"}}, "serve.engine"),
     ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
     ({"task": "inference", "inference": {"kv_cache_dtype": "int8"}}, "inference.kv_cache_dtype"),
     # transformers 4.57's Qwen3NextDynamicCache is other code

@@ -116,7 +116,8 @@ def test_shared_block_terms_of_the_prefill() -> None:
 
 @pytest.mark.parametrize(("doc", "path"), [
     ({"task": "train", "train": {"seq_len": 128}}, "training it is not estimated"),
-    ({"task": "serve"}, "the engine's layout of layers holding both"),
+    # vLLM serving is estimated (tests/test_serve_linear_mixers.py); the other engines' state pools are not modelled
+    ({"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
     ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
     ({"task": "inference", "software": {"transformers": "4.57.0"}}, "software.transformers"),
     ({"task": "inference", "inference": {"kv_cache_dtype": "fp8"}}, "inference.kv_cache_dtype"),

@@ -91,6 +91,8 @@ from typing import Literal
 
 __all__ = [
     "AUTO_DTYPE_FALLBACK_FROM",
+    "LINEAR_MIXER_PROFILE_READ_BEFORE",
+    "LINEAR_MIXER_V1_FROM",
     "MAMBA1_V1_FROM",
     "MAMBA_CAPTURE_CAP_FROM",
     "MAMBA_HYBRID_FIRST",
@@ -621,6 +623,32 @@ MAMBA_SSM_DTYPE_DEFAULT = "float16"
 # attention-free models there was not read beyond the prefix-caching default).
 MAMBA1_V1_FROM: Release = (0, 11, 0)
 STATE_SPACE_V1_FROM: Release = (0, 11, 0)
+
+# Hybrid families whose mixers are neither Mamba kind, by ``MambaSpec.kind``: the first release that serves them (the
+# model class in vllm/model_executor/models/registry.py, read in the 0.10.0-0.10.2 wheels), and the first release whose
+# profile run of the mixer was not read (None: every release the hybrid rules cover).  Each family's state page is the
+# same in 0.10.2-0.24.0 (vllm/model_executor/layers/mamba/mamba_utils.py, read in 0.10.2, 0.13.0, 0.17.0, 0.20.0,
+# 0.24.0: the shapes change orientation only; every dtype "auto" is the model dtype):
+#
+# * "gated_deltanet" (Qwen3-Next): ``Qwen3NextForCausalLM`` is first registered in 0.10.2 ("Qwen3NextForCausalLM":
+#   ("qwen3_next", ...), registry.py:77; absent in 0.10.1).  State: ``gated_delta_net_state_shape``
+#   (mamba_utils.py:177-202 at 0.10.2) conv ``(linear_conv_kernel_dim - 1 + num_spec) x (2 nk dk + nv dv)``, temporal
+#   ``nv x dk x dv``; ``gated_delta_net_state_dtype`` (mamba_utils.py:73-80): both ``mamba_cache_dtype`` or the model
+#   dtype (0.17.0 on: the temporal one ``mamba_ssm_cache_dtype``, "auto": the same).  Profile run: 0.10.2-0.11.x run the
+#   whole layer in the custom op ``gdn_attention``, whose ``_forward`` returns at "V1 profile run" before ``in_proj``
+#   (qwen3_next.py:403-405 at 0.10.2); 0.12.0 moves ``in_proj_qkvz``, ``in_proj_ba``, the concatenated qkv, a zeroed
+#   ``core_attn_out`` and the gated norm outside it (qwen3_next.py:433-488 at 0.12.0), into the compiled graph: those
+#   tensors' lifetimes there were not read.
+# * "short_conv" (LFM2): ``Lfm2ForCausalLM`` is first registered in 0.10.2 (registry.py:101; absent in 0.10.1).
+#   State: ``short_conv_state_shape`` (mamba_utils.py:150-162 at 0.10.2) ``(conv_L_cache - 1) x conv_dim``,
+#   ``short_conv_state_dtype`` (mamba_utils.py:63-71) the model dtype.  Profile run (``ShortConv.forward_cuda`` "V1
+#   profile run", vllm/model_executor/layers/mamba/short_conv.py:131-143 at 0.10.2, the same branch at 0.24.0:141-146):
+#   ``in_proj``'s B|C|x, ``B x x`` made contiguous, ``C x Bx`` and ``out_proj``'s result, all inside the custom op
+#   ``short_conv``.
+# * Zamba2's Mamba2 layers (kind "mamba2" with ``shared_attention_layers``) are served from MAMBA_HYBRID_FIRST:
+#   ``Zamba2ForCausalLM`` is ``IsHybrid`` from 0.10.0 (zamba2.py:834), which 0.10.0-0.10.1 run on V0.
+LINEAR_MIXER_V1_FROM: dict[str, Release] = {"gated_deltanet": (0, 10, 2), "short_conv": (0, 10, 2)}
+LINEAR_MIXER_PROFILE_READ_BEFORE: dict[str, Release | None] = {"gated_deltanet": (0, 12, 0), "short_conv": None}
 
 # Models with mixers (``MambaSpec`` layers) under FULL CUDA graphs (the default FULL_AND_PIECEWISE): each decode
 # request needs one state block.  0.18.0 caps the capture sizes to the blocks (vllm/config/compilation.py

@@ -69,6 +69,8 @@ from vramplan.facts.vllm_mtp import (
 )
 from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM, MM_PROFILE_RULES
 from vramplan.facts.vllm_releases import (
+    LINEAR_MIXER_PROFILE_READ_BEFORE,
+    LINEAR_MIXER_V1_FROM,
     MAMBA1_V1_FROM,
     MAMBA_CAPTURE_CAP_FROM,
     MAMBA_HYBRID_FIRST,
@@ -2196,14 +2198,24 @@ def _mamba_first(m: ModelSpec, attention: bool) -> Release:
     """The first release whose V1 serving of ``m``'s mixers is modelled (``facts/vllm_releases.py``)."""
     assert m.mamba is not None
     first = MAMBA_HYBRID_FIRST if attention else max(MAMBA_HYBRID_FIRST, STATE_SPACE_V1_FROM)
+    first = max(first, LINEAR_MIXER_V1_FROM.get(m.mamba.kind, first))
     return max(first, MAMBA1_V1_FROM) if m.mamba.kind == "mamba1" else first
 
 
+# the mixers of the kinds that are neither Mamba's, as the reports name them
+_MIXER_NAMES = {"gated_deltanet": "Gated DeltaNet linear-attention", "short_conv": "gated short-convolution"}
+
+
 def _mamba_what(m: ModelSpec, attention: bool) -> str:
-    assert m.mamba is not None
-    kind = "Mamba2" if m.mamba.kind == "mamba2" else "Mamba"
+    ms = m.mamba
+    assert ms is not None
+    if ms.kind in _MIXER_NAMES:
+        return f"a hybrid attention + {_MIXER_NAMES[ms.kind]} model"
+    kind = "Mamba2" if ms.kind == "mamba2" else "Mamba"
+    if ms.shared_attention_layers:
+        return f"a hybrid Mamba2 model with shared attention blocks in {len(ms.shared_attention_layers)} layers"
     return (f"a hybrid attention + {kind} model" if attention else
-            f"a state-space model ({len(m.mamba.layers)} {kind} mixer layers, no attention)")
+            f"a state-space model ({len(ms.layers)} {kind} mixer layers, no attention)")
 
 
 def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
@@ -2221,7 +2233,11 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
     rule = mamba_hybrid_rule(version)
     rel = parse_release(version)
     if rule is None or rel < first:
-        if rel < MAMBA_HYBRID_FIRST:
+        if m.mamba.kind in LINEAR_MIXER_V1_FROM and rel < first:
+            why = (f"vLLM {version} has no model class for it (the {_MIXER_NAMES[m.mamba.kind]} family's class is "
+                   f"first registered in {release_text(first)}: vllm/model_executor/models/registry.py; "
+                   "facts/vllm_releases.py LINEAR_MIXER_V1_FROM)")
+        elif rel < MAMBA_HYBRID_FIRST:
             why = (f"vLLM {version} runs hybrid Mamba models on its V0 engine (0.10.0-0.10.1 fall back to V0 for a "
                    "model with inner state, vllm/engine/arg_utils.py _is_v1_supported_oracle; V0's "
                    "MambaCacheManager), which is not modelled")
@@ -2238,6 +2254,19 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
             why = (f"vLLM {version}'s layout of attention-free models was not read beyond 0.25 (facts/vllm_releases.py "
                    "STATE_SPACE_V1_FROM)")
         raise _refuse("serve.vllm_version", f"{m.name} is {what}; {why}", f"use serve.vllm_version from {span}")
+    unread = LINEAR_MIXER_PROFILE_READ_BEFORE.get(m.mamba.kind)
+    if unread is not None and rel >= unread:
+        raise _refuse("serve.vllm_version", f"{m.name} is {what}; from vLLM {release_text(unread)} its profile run "
+                      "computes the Gated DeltaNet layers' input projections, concatenated q|k|v, zeroed core output "
+                      "and gated norm in the compiled graph (qwen3_next.py Qwen3NextGatedDeltaNet.forward), whose "
+                      "tensors' lifetimes were not read (facts/vllm_releases.py LINEAR_MIXER_PROFILE_READ_BEFORE)",
+                      f"use serve.vllm_version from {release_text(first)} below {release_text(unread)} (e.g. 0.11.0)")
+    if m.mamba.shared_attention_layers and m.num_kv_heads != m.num_attention_heads:
+        # Zamba2Attention builds qkv_proj and each Attention with num_attention_heads KV heads (zamba2.py:149-177 at
+        # 0.10.2), while the block size is sized from the config's num_key_value_heads (get_num_kv_heads)
+        raise _refuse("model", f"{m.name} is {what} with {m.num_kv_heads} KV heads of {m.num_attention_heads} heads: "
+                      "vLLM's Zamba2Attention has as many KV heads as heads (zamba2.py), so such a checkpoint does not "
+                      "load there", "use a Zamba2 config whose num_key_value_heads equals num_attention_heads")
     removed = MAMBA_HYBRID_REMOVED.get(m.model_type)
     if removed is not None and parse_release(version) >= removed:
         raise _refuse("serve.vllm_version", f"vLLM {version} no longer serves {m.model_type} models (removed in "
@@ -2303,17 +2332,27 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
     m = r.model
     assert m.mamba is not None
     mamba1 = m.mamba.kind == "mamba1"
-    kind = "Mamba" if mamba1 else "Mamba2"
-    shape = ("convolution state (d_conv - 1) x intermediate and SSM state intermediate x d_state "
-             "(MambaStateShapeCalculator.mamba1_state_shape)" if mamba1 else
-             "convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x d_state")
+    kind = _MIXER_NAMES.get(m.mamba.kind, "Mamba" if mamba1 else "Mamba2")
+    shape = {"mamba1": ("convolution state (d_conv - 1) x intermediate and SSM state intermediate x d_state "
+                        "(MambaStateShapeCalculator.mamba1_state_shape)"),
+             "gated_deltanet": ("convolution state (linear_conv_kernel_dim - 1) x (2 key_dim + value_dim) and "
+                                "recurrent state value heads x key head dim x value head dim "
+                                "(MambaStateShapeCalculator.gated_delta_net_state_shape)"),
+             "short_conv": ("convolution state (conv_L_cache - 1) x conv_dim (config.json's conv_dim, the hidden "
+                            "size), no recurrent state (MambaStateShapeCalculator.short_conv_state_shape)")}.get(
+        m.mamba.kind, "convolution state (d_conv - 1) x conv_dim and SSM state heads x head_dim x d_state")
     ssm_bytes = _ssm_bytes(m, version)
-    ssm = ("both in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'" if ssm_bytes is None else
+    ssm = ("in the model dtype, mamba_cache_dtype 'auto'" if m.mamba.kind == "short_conv" else
+           "both in the model dtype, mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'" if ssm_bytes is None else
            f"the SSM state in {ssm_bytes} B per element: the config's mamba_ssm_cache_dtype, else "
            f"{MAMBA_SSM_DTYPE_DEFAULT} (MAMBA_SSM_DTYPE_FROM_CONFIG)")
-    profile = ("the profile run's mixer layers skip the scan (MambaMixer.forward_cuda 'V1 profile run': in_proj, "
-               "a contiguous copy of x, out_proj)" if mamba1 else
-               "the profile run's mixer layers skip the scan (MambaMixer2.forward_cuda 'profile run')")
+    profile = {"mamba1": ("the profile run's mixer layers skip the scan (MambaMixer.forward_cuda 'V1 profile run': "
+                          "in_proj, a contiguous copy of x, out_proj)"),
+               "gated_deltanet": ("the profile run's Gated DeltaNet layers return before their input projection "
+                                  "(gdn_attention 'V1 profile run')"),
+               "short_conv": ("the profile run's convolution layers skip the convolution (ShortConv.forward_cuda "
+                              "'V1 profile run': in_proj, B x x, C x Bx, out_proj)")}.get(
+        m.mamba.kind, "the profile run's mixer layers skip the scan (MambaMixer2.forward_cuda 'profile run')")
     which = "hybrid" if lay.attention_layers else "state-space"
     graphs = (f"not modelled: the memory of the FULL_AND_PIECEWISE CUDA graphs vLLM captures for a {which} model "
               "(MambaModelConfig; the mixer layers' pieces are counted as attention layers' are, with bytes per segment "
@@ -2329,9 +2368,22 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
     raised = (f"raised from {r.scenario.serve.block_size} to {lay.block_size} tokens"
               if lay.block_size != r.scenario.serve.block_size else f"kept at {lay.block_size} tokens")
     pad = lay.page - lay.state_page
-    rotary = ("Jamba's attention layers take no rotary embedding" if mamba1 else
-              "the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ reads "
-              "attn_rotary_emb from config.json instead, head_dim where it is absent)")
+    shared: list[str] = []
+    if mamba1:
+        rotary = "Jamba's attention layers take no rotary embedding"
+    elif m.mamba.kind in _MIXER_NAMES or m.mamba.shared_attention_layers:
+        rotary = "the rotary cache rotates partial_rotary_factor x head_dim of max_position_embeddings positions"
+    else:
+        rotary = ("the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ reads "
+                  "attn_rotary_emb from config.json instead, head_dim where it is absent)")
+    if m.mamba.shared_attention_layers:
+        # Zamba2HybridLayer's shared block (zamba2.py): its q/k/v and gate_up adapters' outputs are added in the
+        # compiled graph; only the MLP's width (3 x intermediate) is counted; Zamba2Model.forward keeps
+        # original_hidden_states = torch.clone(hidden_states) for every hybrid layer (zamba2.py:756 at 0.11.0)
+        shared = [("not modelled: in the profile run, Zamba2's shared transformer blocks (one Attention and KV cache "
+                   "per hybrid layer, the first group) are counted at their MLP's width; their adapters' outputs (up "
+                   "to 2 x intermediate more per token where not fused) and the model's clone of the embeddings "
+                   "(hidden per token, original_hidden_states) are not")]
     return [(f"hybrid attention + {kind} model: {lay.mamba_layers} mixer layers keep one state page per request "
             f"({lay.state_page:,} B: {shape}, {ssm}), padded by {pad:,} B "
             f"to the attention page; the attention block is {raised} so that a page holds it (rules of vLLM "
@@ -2342,7 +2394,7 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
              f"FlashInfer); {rotary}; {profile}"),
             # no published start-up log of a hybrid model checks this estimate, and the per-segment bytes were printed
             # for attention-only models: stated as not modelled, so the band widens (report/band.py)
-            graphs]
+            graphs, *shared]
 
 
 def _speculative_notes(b: _Budget) -> list[str]:

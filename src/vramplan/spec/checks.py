@@ -602,8 +602,9 @@ def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     (``MambaSpec.kind`` "gated_deltanet": ``qwen3_next``; "short_conv": ``lfm2``), for every engine; the analytic
     engine's own refusal is ``linear_mixer_analytic_problems``.
 
-    * Serving: vLLM's and SGLang's state pools for these layers (vLLM's ``MambaSpec`` pages of the gated delta net's
-      and the short convolution's state shapes) are not modelled; llama.cpp's recurrent cells neither.
+    * Serving with vLLM is modelled (``serve/mamba_pages.py``: the gated delta net's and the short convolution's state
+      pages in the hybrid layout; ``serve/vllm.py`` ``_hybrid_rule`` refuses the releases and options it does not
+      model); SGLang's state pool and llama.cpp's recurrent cells are not modelled.
     * transformers 4.x: its ``Qwen3NextDynamicCache`` and ``Lfm2HybridConvCache`` preallocate other shapes and dtypes
       than 5.24's ``LinearAttentionLayer`` (cache_utils.py), whose state the traced engine's decode step fills.
     * Inference: tensor parallelism (the configuration classes' ``base_model_tp_plan`` was not followed for these
@@ -612,12 +613,14 @@ def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     what = _linear_mixer_what(m)
     if s.task == "serve":
-        # vLLM ships Qwen3NextForCausalLM and Lfm2ForCausalLM from 0.11.0 (model_executor/models/qwen3_next.py,
-        # lfm2.py, read in the 0.11.0-0.33.0 wheels); their state pages are not laid out here
-        return [Problem("task", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's state pages "
-                        "for these layers (vLLM runs such models from 0.11.0) are not modelled",
-                        "estimate inference (task: inference) with transformers' generate, or training, with "
-                        "--engine trace; " + _PARAMETERS_ONLY)]
+        # vLLM ships Qwen3NextForCausalLM and Lfm2ForCausalLM from 0.10.2: their state pages are laid out by
+        # serve/mamba_pages.py, the releases checked by serve/vllm.py _hybrid_rule (facts/vllm_releases.py
+        # LINEAR_MIXER_V1_FROM)
+        if s.serve.engine == "vllm":
+            return []
+        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: its pool for "
+                        "these layers' state (SGLang's MambaPool beside the token pool, llama.cpp's recurrent-state "
+                        "cells) is not modelled", "use serve.engine vllm, which is estimated")]
     version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; it is modelled on transformers 5.24 (DynamicCache's "
@@ -767,8 +770,8 @@ def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
     * Training: the shared block's saved tensors (the concatenated ``2 x hidden`` input, the per-invocation adapters,
       one block's weights reused by several layers) are not modelled.
-    * Serving: no engine's layout of layers holding both a KV cache and a mixer state is modelled
-      (``serve/mamba_pages.py`` lays out hybrids whose mixer layers hold no attention).
+    * Serving with vLLM is modelled (``serve/mamba_pages.py``: vLLM gives each hybrid layer's shared block its own
+      ``Attention``, laid out beside every layer's Mamba2 state page); SGLang's and llama.cpp's state pools are not.
     * Inference: tensor parallelism (``Zamba2Config`` has no ``base_model_tp_plan``), a quantized cache
       (``QuantizedCache`` refuses layer types other than "full_attention", cache_utils.py 5.24), Lit-GPT (it ships no
       such model), and transformers 4.x, whose ``Zamba2HybridDynamicCache`` (modeling_zamba2.py before 5.0) preallocates
@@ -785,9 +788,13 @@ def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "estimate inference (task: inference) for this model, or train a hybrid whose training is "
                         "estimated (bamba, granitemoehybrid, nemotron_h)")]
     if s.task == "serve":
-        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's "
-                        "layout of layers holding both a KV cache and a mixer state is not modelled",
-                        "estimate inference (task: inference) with transformers' generate, which is estimated")]
+        # vLLM gives each hybrid layer's shared block its own Attention (zamba2.py Zamba2Attention.dpa_list): attention
+        # layers beside the mixers, laid out by serve/mamba_pages.py
+        if s.serve.engine == "vllm":
+            return []
+        return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: its pool for "
+                        "the mixers' state (SGLang's MambaPool, llama.cpp's recurrent-state cells) beside the shared "
+                        "blocks' KV cache is not modelled", "use serve.engine vllm, which is estimated")]
     version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "

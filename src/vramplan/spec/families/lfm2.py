@@ -69,6 +69,12 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     conv = tuple(i for i, t in enumerate(types) if t == "conv")
     attn = tuple(i for i, t in enumerate(types) if t != "conv")
     all_layers = tuple(range(n_layers))
+    for key in ("conv_dim", "conv_dim_out"):
+        if key in cfg and int(cfg[key]) != h:
+            # transformers 5.24's Lfm2ShortConv convolves hidden_size channels, vLLM's ShortConv config.conv_dim
+            # (lfm2.py:266 at 0.10.2); the released configs set both to hidden_size
+            raise ValueError(f"an lfm2 config's {key} ({cfg[key]}) differs from hidden_size ({h}): transformers' "
+                             "Lfm2ShortConv convolves hidden_size channels, so such a checkpoint is not modelled")
     k = int(get(cfg, "conv_L_cache", default=3))
     bias = bool(cfg.get("conv_bias", False))
     # no recurrent state: n_heads 0; the convolution runs over the hidden size's channels (no groups)
