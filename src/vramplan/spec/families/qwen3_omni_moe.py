@@ -81,10 +81,7 @@ _CODE2WAV_DEFAULTS: dict[str, Any] = {"codebook_size": 2048, "hidden_size": 1024
 # the three releases' preprocessor_config.json (Qwen2VLImageProcessor): min_pixels 3,136, max_pixels 12,845,056
 MIN_PIXELS, MAX_PIXELS = 3_136, 12_845_056
 # what the Thinker's text generate does not run, with the modules' parameter-name prefixes
-HELD = (("audio_tower.", "the audio encoder (no audio input is modelled)"),
-        ("talker.", "the talker (speech generation: Qwen3OmniMoeForConditionalGeneration.generate with "
-                    "return_audio, modeling:4089-4090)"),
-        ("code2wav.", "Code2Wav (the codec-to-waveform decoder)"))
+HELD = (("audio_tower.", "the audio encoder"), ("talker.", "the talker"), ("code2wav.", "Code2Wav"))
 
 
 def _sub(cfg: Config, key: str, defaults: Config) -> dict[str, Any]:
@@ -295,8 +292,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                        attention_dropout=0.0, hidden_dropout=0.0, max_position_embeddings=patches,
                        encoder_only=True, traits=TOWER_TRAITS)
     mergers = 1 + t["deep"]
-    notes = ["Qwen3-Omni's 2-D rotary tables and the bilinear interpolation of pos_embed to each image's grid are "
-             "not counted"]
+    notes = [("Qwen3-Omni's 2-D rotary tables and the bilinear interpolation of pos_embed to each image's grid are "
+             "not counted")]
     if t["deep"]:
         notes.append(f"the {t['deep']} DeepStack mergers' saved tensors are counted as the final merger's; their "
                      "outputs, added to the image tokens' hidden states after the first decoder layers, are held "
