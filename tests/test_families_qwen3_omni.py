@@ -223,3 +223,11 @@ def test_speech_output_is_said_only_with_the_talker() -> None:
     assert "not modelled: speech output" in said and "return_audio=False" in said
     said = " ".join(resolve(_doc("inference", THINKING, batch_size=1, prompt_len=128, new_tokens=8)).assumptions)
     assert "speech output" not in said
+
+
+def test_quantized_held_modules_are_said() -> None:
+    said = " ".join(resolve(_doc("inference", batch_size=1, prompt_len=128, new_tokens=8,
+                                 quantization="int8")).assumptions)
+    assert "not modelled: inference.quantization int8 of the held modules' nn.Linear weights" in said
+    said = " ".join(resolve(_doc("inference", batch_size=1, prompt_len=128, new_tokens=8)).assumptions)
+    assert "held modules' nn.Linear" not in said

@@ -131,6 +131,10 @@ def held_module_notes(s: Scenario, m: ModelSpec) -> list[str]:
            "their weights, not their activations; generate is the Thinker's text generate (as model.thinker.generate or generate(return_audio=False)), its "
            "prompt's logits computed at every position (Qwen3OmniMoeThinkerForConditionalGeneration.forward takes no "
            "logits_to_keep)")]
+    if s.inference.quantization != "none":
+        # transformers' quantizers replace every nn.Linear outside modules_to_not_convert, the held modules' too
+        out.append(f"not modelled: inference.quantization {s.inference.quantization} of the held modules' nn.Linear "
+                   "weights: they are counted in the model's dtype (an overestimate)")
     if any(prefix == "talker." for prefix, _ in m.traits.held_modules):
         out.append("not modelled: speech output. With the talker built (enable_audio_output), "
                    "Qwen3OmniMoeForConditionalGeneration.generate defaults to return_audio=True (transformers 5.24 "
