@@ -318,7 +318,7 @@ class Traits:
     unmodelled_mixer: str = ""
     # modules the model builds and holds beside its language model and vision tower that no estimated task runs, as
     # (parameter-name prefix, what it is) pairs (Qwen3-Omni's audio encoder, talker and Code2Wav,
-    # modeling_qwen3_omni_moe.py): their weights are counted, training and serving are refused and generate runs
+    # modeling_qwen3_omni_moe.py): their weights are counted, full fine-tuning and serving are refused, generate and PEFT training run
     # the language model alone (spec/checks.py ``held_module_problems``, ``held_module_notes``); (): none
     held_modules: tuple[tuple[str, str], ...] = ()
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters

@@ -166,9 +166,11 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
     if held := r.model.traits.held_modules:
         # Qwen3-Omni: transformers_config builds the Thinker's language model alone (Family.nested_config)
         count = sum(p.total for p in r.model.params if p.name.startswith(tuple(prefix for prefix, _ in held)))
-        out.append(f"not modelled: {', '.join(what for _, what in held)} ({count:,} parameters) and the logits of "
-                   "every prompt position: the traced engine builds the language model alone as a causal LM, whose "
-                   "generate computes the last position's logits only (the analytic engine counts both)")
+        logits = (" and the logits of every prompt position" if s.task == "inference" else "")
+        out.append(f"not modelled: {', '.join(what for _, what in held)} ({count:,} parameters){logits}: the traced "
+                   "engine builds the language model alone as a causal LM"
+                   + (", whose generate computes the last position's logits only" if logits else "")
+                   + " (the analytic engine counts " + ("both)" if logits else "their weights)"))
     out.extend(st.notes)
     out.extend(notes)
     if s.task == "train":

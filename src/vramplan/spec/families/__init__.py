@@ -70,7 +70,8 @@ FAMILIES: dict[str, Family] = {
     "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3, "idefics3": IDEFICS3, "smolvlm": SMOLVLM,
     "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE, "internvl": INTERNVL,
     # a Thinker (language model, vision tower, audio encoder) and, with enable_audio_output, a talker and Code2Wav
-    # held beside it: the Thinker's generate estimated, training and serving refused (Traits.held_modules)
+    # held beside it: the Thinker's generate and PEFT training estimated, full fine-tuning and serving refused
+    # (Traits.held_modules)
     "qwen3_omni_moe": QWEN3_OMNI_MOE,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,

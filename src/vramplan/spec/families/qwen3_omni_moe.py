@@ -28,9 +28,9 @@ set (``enable_talker``); the -Thinking and -Captioner releases set it False and 
   (no q/k norm), a code embedding of ``codebook_size x num_quantizers`` rows, ConvNeXt upsampling blocks and a
   SnakeBeta convolutional decoder.
 
-What is estimated: the Thinker's text (and image) generate, its language model as Qwen3-MoE's terms and its vision
-tower as Qwen3-VL's (``VisionSpec``); the audio encoder, the talker and Code2Wav are held weights only
-(``Traits.held_modules``: training and serving refused, ``spec/checks.py::held_module_problems``).
+What is estimated: the Thinker's text (and image) generate and PEFT training, its language model as Qwen3-MoE's
+terms and its vision tower as Qwen3-VL's (``VisionSpec``); the audio encoder, the talker and Code2Wav are held weights
+only (``Traits.held_modules``: full fine-tuning and serving refused, ``spec/checks.py::held_module_problems``).
 
 Image tokens: ``Qwen2VLImageProcessor`` with the three releases' ``preprocessor_config.json`` values (patch 16, merge 2,
 ``min_pixels`` 3,136 and ``max_pixels`` 12,845,056; that file is not read here) resizes each image with
