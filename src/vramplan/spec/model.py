@@ -331,9 +331,9 @@ class Traits:
     # ---- generate (transformers releases) ----
     dynamic_cache_since: tuple[int, int] = (4, 42)  # first release whose ``generate`` updates a DynamicCache
     upcasts_all_logits: bool = False  # the 4.44 causal-LM head did ``logits.float()`` on the whole output
-    # the forward takes no ``logits_to_keep`` and runs its head on every position in every release (Qwen3-Omni's
-    # Thinker, transformers 5.24 modeling_qwen3_omni_moe.py:2223-2244, 2313): generate's prefill computes the whole
-    # prompt's logits (analytic/inference.py ``generate_behaviour``)
+    # the forward takes no ``logits_to_keep`` and runs its head on every position (Qwen3-Omni's Thinker, transformers
+    # 5.24 modeling_qwen3_omni_moe.py:2223-2244, 2313; applied to every release, earlier ones not read): generate's
+    # prefill computes the whole prompt's logits (analytic/inference.py ``generate_behaviour``)
     head_on_every_position: bool = False
     # first release whose causal-LM forward calls ``self.loss_function`` (loss_utils ``ForCausalLMLoss``) instead
     # of its own ``CrossEntropyLoss`` (4.46 for Llama and its kin; 4.49 for GPT-2, GPT-J, GPT-NeoX, Falcon,
