@@ -41,6 +41,10 @@ def test_adapter_count_equals_transformers_module(row) -> None:  # type: ignore[
         cls = transformers.AutoModelForMaskedLM if spec.model_type == "bert" else transformers.AutoModelForCausalLM
         if spec.vision is not None:  # the whole vision-language model: tower, projector and language model
             cls = transformers.AutoModelForImageTextToText
+        if spec.traits.held_modules:
+            # modules held beside the language model and the tower (Qwen3-Omni's audio encoder, talker and Code2Wav):
+            # the class that builds them all, Qwen3OmniMoeForConditionalGeneration (MODEL_FOR_MULTIMODAL_LM_MAPPING)
+            cls = transformers.AutoModelForMultimodalLM
         if spec.encoder_decoder is not None:
             # the class Seq2SeqTrainer fine-tunes: WhisperForConditionalGeneration for a speech encoder (the
             # convolutional front end over log-mel features), ...ForConditionalGeneration of T5 and BART otherwise

@@ -188,8 +188,8 @@ def generate_behaviour(traits: Traits, version: tuple[int, ...] | None) -> Gener
     False
     """
     if version is None:
-        return GenerateBehaviour(False, False, False, False)
-    all_logits = version < LOGITS_TO_KEEP_SINCE
+        return GenerateBehaviour(False, False, traits.head_on_every_position, False)
+    all_logits = version < LOGITS_TO_KEEP_SINCE or traits.head_on_every_position
     return GenerateBehaviour(
         legacy_cache=version < traits.dynamic_cache_since,
         keeps_outputs=version < DEL_OUTPUTS_SINCE,

@@ -43,7 +43,7 @@ __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
     "capability_problems", "chunked_attention_as_full", "chunked_attention_notes", "contradictions",
     "cross_attention_problems", "encoder_decoder_problems", "every_token_expert_problems", "expert_loop_problems",
-    "fp32_router_weight_problems", "hybrid_problems", "ignored_sections", "linear_mixer_analytic_problems",
+    "fp32_router_weight_problems", "held_module_notes", "held_module_problems", "hybrid_problems", "ignored_sections", "linear_mixer_analytic_problems",
     "litgpt_problems", "number_problems", "section_conflicts", "unmodelled_layer_problems", "unused_settings",
 ]
 
@@ -90,7 +90,71 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m) \
         + expert_loop_problems(s, m) + fp32_router_weight_problems(s, m) + litgpt_problems(s) \
-        + unmodelled_layer_problems(s, m)
+        + unmodelled_layer_problems(s, m) + held_module_problems(s, m)
+
+
+def _held(m: ModelSpec) -> tuple[str, int]:
+    """The held modules in words and their parameters."""
+    held = m.traits.held_modules
+    count = sum(p.total for p in m.params if p.name.startswith(tuple(prefix for prefix, _ in held)))
+    names = [what for _, what in held]
+    return (", ".join(names[:-1]) + " and " if len(names) > 1 else "") + names[-1], count
+
+
+def held_module_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Full fine-tuning and serving of a model that holds modules beside its language model and vision tower which no
+    estimated task runs (``Traits.held_modules``: Qwen3-Omni's audio encoder, and with ``enable_audio_output`` its
+    talker and Code2Wav, transformers 5.24 modeling_qwen3_omni_moe.py).  Generate and PEFT training of the language
+    model are estimated (``held_module_notes``)."""
+    if not m.traits.held_modules or s.task == "inference" or (s.task == "train" and s.train.peft is not None):
+        return []
+    what, count = _held(m)
+    if s.task == "train":
+        return [Problem("train.peft", f"full fine-tuning of {m.name} is not modelled: it holds {what} ({count:,} "
+                        "parameters) beside its language model and vision tower, which a text-and-image step never "
+                        "runs: they would be counted with gradients and optimizer states that AdamW never creates "
+                        "for them (no gradient reaches them), and whether a script freezes them is not known",
+                        "set train.peft (LoRA, DoRA or QLoRA on the Thinker's language model), or estimate task: "
+                        "inference")]
+    return [Problem("task", f"serving {m.name} is not modelled: its serving engines run the Thinker, the talker and "
+                    f"Code2Wav as separate stages, and the model holds {what} ({count:,} parameters) beside its "
+                    "language model; vramplan's vLLM, SGLang and llama.cpp layouts were not read for it",
+                    "estimate task: inference (Hugging Face generate of the Thinker)")]
+
+
+def held_module_notes(s: Scenario, m: ModelSpec) -> list[str]:
+    """What a generate or PEFT training estimate of a model with held modules counts and leaves out
+    (``held_module_problems``)."""
+    if not m.traits.held_modules or s.task not in ("inference", "train"):
+        return []
+    what, count = _held(m)
+    if s.task == "train":
+        out = [(f"held, not run: {what} ({count:,} parameters; no audio input is modelled): frozen under PEFT, the "
+                "analytic engine counts their weights, not their activations; the step is the Thinker's text (and "
+                "image) forward and backward"),
+               ("not modelled: adapters PEFT would place on the held modules' linears whose names match "
+                "target_modules (the audio encoder's q_proj, k_proj, v_proj, the talker's and Code2Wav's attention "
+                "and MLP projections): their fp32 adapter weights are not counted; they get no gradient and no optimizer "
+                "state, as those modules do not run")]
+        if s.train.quantization != "none":
+            out.append(f"not modelled: train.quantization {s.train.quantization} of the held modules' nn.Linear "
+                       "weights: they are counted in the model's dtype (an overestimate)")
+        return out
+    out = [(f"held, not run: {what} ({count:,} parameters; no audio input is modelled): the analytic engine counts "
+           "their weights, not their activations; generate is the Thinker's text generate (as model.thinker.generate "
+           "or generate(return_audio=False)), its prompt's logits computed at every position "
+           "(Qwen3OmniMoeThinkerForConditionalGeneration.forward takes no logits_to_keep)")]
+    if s.inference.quantization != "none":
+        # transformers' quantizers replace every nn.Linear outside modules_to_not_convert, the held modules' too
+        out.append(f"not modelled: inference.quantization {s.inference.quantization} of the held modules' nn.Linear "
+                   "weights: they are counted in the model's dtype (an overestimate)")
+    if any(prefix == "talker." for prefix, _ in m.traits.held_modules):
+        out.append("not modelled: speech output. With the talker built (enable_audio_output), "
+                   "Qwen3OmniMoeForConditionalGeneration.generate defaults to return_audio=True (transformers 5.24 "
+                   "modeling_qwen3_omni_moe.py:4088-4089, 4099-4121): the Thinker then also keeps every step's hidden "
+                   "states (output_hidden_states, :4154) and the talker's and Code2Wav's generate follow; pass "
+                   "return_audio=False for the estimate to hold")
+    return out
 
 
 def fp32_router_weight_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

@@ -40,6 +40,7 @@ from vramplan.facts.torchtune import (
 )
 from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
+from vramplan.spec.checks import held_module_notes
 from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
@@ -1203,7 +1204,7 @@ def unmodelled_inputs(s: Scenario, m: ModelSpec) -> list[str]:
         out.append(f"not modelled: parallel.pp {s.parallel.pp} for task inference (generate's layers split over GPUs, "
                    "as device_map='auto' does): every GPU is counted with the whole model")
     # parallel.ep on a dense model is a contradiction, refused before this (spec/checks.py contradictions)
-    return out + vision_notes(s, m)
+    return out + vision_notes(s, m) + held_module_notes(s, m)
 
 
 def _checkpoint_problem(s: Scenario, m: ModelSpec, cq: CheckpointQuant, said: str) -> Problem | None:

@@ -316,6 +316,11 @@ class Traits:
     # a layer mechanism that is not modelled (RecurrentGemma's RG-LRU recurrent blocks), named: the parameters are
     # counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``); "": none
     unmodelled_mixer: str = ""
+    # modules the model builds and holds beside its language model and vision tower that no estimated task runs, as
+    # (parameter-name prefix, what it is) pairs (Qwen3-Omni's audio encoder, talker and Code2Wav,
+    # modeling_qwen3_omni_moe.py): their weights are counted, full fine-tuning and serving are refused, generate and PEFT training run
+    # the language model alone (spec/checks.py ``held_module_problems``, ``held_module_notes``); (): none
+    held_modules: tuple[tuple[str, str], ...] = ()
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False
@@ -326,6 +331,10 @@ class Traits:
     # ---- generate (transformers releases) ----
     dynamic_cache_since: tuple[int, int] = (4, 42)  # first release whose ``generate`` updates a DynamicCache
     upcasts_all_logits: bool = False  # the 4.44 causal-LM head did ``logits.float()`` on the whole output
+    # the forward takes no ``logits_to_keep`` and runs its head on every position (Qwen3-Omni's Thinker, transformers
+    # 5.24 modeling_qwen3_omni_moe.py:2223-2244, 2313; applied to every release, earlier ones not read): generate's
+    # prefill computes the whole prompt's logits (analytic/inference.py ``generate_behaviour``)
+    head_on_every_position: bool = False
     # first release whose causal-LM forward calls ``self.loss_function`` (loss_utils ``ForCausalLMLoss``) instead
     # of its own ``CrossEntropyLoss`` (4.46 for Llama and its kin; 4.49 for GPT-2, GPT-J, GPT-NeoX, Falcon,
     # BLOOM, OPT: their 4.48 modeling files still shift and call CrossEntropyLoss), analytic/logits.py

@@ -234,7 +234,7 @@ def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         f"{m.vision.images_refused}", "set images_per_sample: 0 (the language model alone)")]
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm or internvl)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, qwen3_omni_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm or internvl)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)

@@ -163,6 +163,14 @@ def _assumptions(r: Resolved, st: StepTrace, notes: list[str]) -> list[str]:
         out.append(f"not modelled: the vision tower and projector ({r.model.vision_parameters:,} parameters) and "
                    "the images: the traced engine builds and traces the language model alone (the vision tower's "
                    "weights and activations in this report's assumptions are the analytic engine's)")
+    if held := r.model.traits.held_modules:
+        # Qwen3-Omni: transformers_config builds the Thinker's language model alone (Family.nested_config)
+        count = sum(p.total for p in r.model.params if p.name.startswith(tuple(prefix for prefix, _ in held)))
+        logits = (" and the logits of every prompt position" if s.task == "inference" else "")
+        out.append(f"not modelled: {', '.join(what for _, what in held)} ({count:,} parameters){logits}: the traced "
+                   "engine builds the language model alone as a causal LM"
+                   + (", whose generate computes the last position's logits only" if logits else "")
+                   + " (the analytic engine counts " + ("both)" if logits else "their weights)"))
     out.extend(st.notes)
     out.extend(notes)
     if s.task == "train":

@@ -14,7 +14,7 @@ from typing import Any
 
 from vramplan.spec.families.bamba import BAMBA
 from vramplan.spec.families.bart import BART
-from vramplan.spec.families.base import KEY_ALIASES, Family
+from vramplan.spec.families.base import KEY_ALIASES, Family, inherit_outer
 from vramplan.spec.families.bert import BERT
 from vramplan.spec.families.bloom import BLOOM
 from vramplan.spec.families.dbrx import DBRX
@@ -46,6 +46,7 @@ from vramplan.spec.families.phi import PHI
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.qwen3_next import QWEN3_NEXT
+from vramplan.spec.families.qwen3_omni_moe import QWEN3_OMNI_MOE
 from vramplan.spec.families.qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
 from vramplan.spec.families.recurrent_gemma import RECURRENT_GEMMA
 from vramplan.spec.families.rwkv import RWKV
@@ -68,6 +69,10 @@ FAMILIES: dict[str, Family] = {
     "gemma3": GEMMA3, "qwen2_5_vl": QWEN2_5_VL, "llava": LLAVA, "qwen2_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT, "paligemma": PALIGEMMA, "mistral3": MISTRAL3, "idefics3": IDEFICS3, "smolvlm": SMOLVLM,
     "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE, "internvl": INTERNVL,
+    # a Thinker (language model, vision tower, audio encoder) and, with enable_audio_output, a talker and Code2Wav
+    # held beside it: the Thinker's generate and PEFT training estimated, full fine-tuning and serving refused
+    # (Traits.held_modules)
+    "qwen3_omni_moe": QWEN3_OMNI_MOE,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
     # Llama 4: experts run on every token, chunked local attention, a tiled image path: parameters counted, the
@@ -135,6 +140,9 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     multimodal config, the ``model_type`` of the transformers classes that build the family
     (``Family.transformers_model_type``), without the null keys its configuration class rejects."""
     outer = FAMILIES.get(str(cfg.get("model_type")))
+    if outer is not None and outer.nested_config and isinstance(cfg.get(outer.nested_config), Mapping):
+        # Qwen3-Omni: the Thinker's config holds text_config and vision_config; its dtype is the checkpoint's
+        cfg = {**inherit_outer(dict(cfg[outer.nested_config]), cfg), "model_type": cfg["model_type"]}
     if (outer is not None and outer.text_model_type and isinstance(cfg.get("vision_config"), Mapping)
             and isinstance(cfg.get("text_config"), Mapping)):
         # PaliGemma's outer config holds a hidden_size of its own (PaliGemmaConfig.hidden_size) beside text_config

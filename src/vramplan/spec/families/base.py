@@ -403,6 +403,9 @@ class Family:
     # a vision-language family: the ``model_type`` of its language model, which the traced engine and
     # ``measure`` build alone from ``text_config`` (``transformers_config``)
     text_model_type: str | None = None
+    # the key of the sub-config that holds ``text_config`` and ``vision_config`` where they are nested one level down
+    # (Qwen3-Omni's ``thinker_config``): ``transformers_config`` builds that sub-config's language model
+    nested_config: str | None = None
 
 
 def required(*keys: str) -> tuple[tuple[str, ...], ...]:
