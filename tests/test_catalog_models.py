@@ -224,3 +224,22 @@ def test_state_space_rows_count_by_hand() -> None:
     # 10,240 channels x 4 + bias = 51,200; dt_bias, A_log, D 3 x 128 = 384; gated norm 8192; out_proj 33,554,432;
     # norm 4096 -> 109,640,064 x 64 = 7,016,964,096; + 2 x 32768 x 4096 = 268,435,456; + 4096 = 7,285,403,648.
     assert load_model("mistralai/Mamba-Codestral-7B-v0.1").num_parameters == 7_285_403_648
+
+
+def test_encoder_decoder_and_mamba_rows_count_by_hand() -> None:
+    # google-t5/t5-small (tied head): shared 32128 x 512 = 16,449,536. Encoder layer: q, k, v, o 4 x 512^2 =
+    # 1,048,576; wi 512 x 2048 + wo 2048 x 512 = 2,097,152; two norms 1,024 -> 3,146,752 x 6 = 18,880,512; + relative
+    # bias 32 x 8 = 256 + final norm 512 = 18,881,280. Decoder layer adds cross-attention 1,048,576 and a norm 512 ->
+    # 4,195,840 x 6 = 25,175,040 + 256 + 512 = 25,175,808. 16,449,536 + 18,881,280 + 25,175,808 = 60,506,624.
+    assert load_model("google-t5/t5-small").num_parameters == 60_506_624
+    # facebook/bart-base (tied head, final_logits_bias a buffer): shared 50265 x 768 = 38,603,520. Per stack: positions
+    # (1024 + 2) x 768 = 787,968 and layernorm_embedding 1,536. Encoder layer: attention 4 x (768^2 + 768) = 2,362,368,
+    # fc1 768 x 3072 + 3072 = 2,362,368, fc2 3072 x 768 + 768 = 2,360,064, two norms 3,072 -> 7,087,872 x 6 =
+    # 42,527,232; encoder 43,316,736. Decoder layer adds cross-attention 2,362,368 and a norm 1,536 -> 9,451,776 x 6
+    # = 56,710,656; decoder 57,500,160. 38,603,520 + 43,316,736 + 57,500,160 = 139,420,416.
+    assert load_model("facebook/bart-base").num_parameters == 139_420_416
+    # state-spaces/mamba-130m-hf (tied head): h 768, intermediate 1536, state 16, dt rank 48, conv 4, vocab 50280.
+    # Per block: in_proj 768 x 3072 = 2,359,296; conv1d 1536 x 4 + 1536 = 7,680; x_proj 1536 x (48 + 32) = 122,880;
+    # dt_proj 48 x 1536 + 1536 = 75,264; A_log 1536 x 16 = 24,576; D 1536; out_proj 1536 x 768 = 1,179,648; norm 768
+    # -> 3,771,648 x 24 = 90,519,552; + embeddings 50280 x 768 = 38,615,040; + final norm 768 = 129,135,360.
+    assert load_model("state-spaces/mamba-130m-hf").num_parameters == 129_135_360

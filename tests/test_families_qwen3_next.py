@@ -23,6 +23,7 @@ from vramplan.analytic.ssm_state import (
     ssm_state_note,
 )
 from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
+from vramplan.catalog.models import load_model
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
@@ -36,8 +37,8 @@ TESTER: dict[str, Any] = {
     "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
     "mlp_only_layers": [1]}
 
-# Qwen3-Next-80B-A3B's published shape (its config.json's size keys, as public copies quote them; not read verbatim
-# from the Hub, so a test input and no catalog row)
+# Qwen3-Next-80B-A3B's published shape (its config.json's size keys, as public copies quote them); the catalog row
+# Qwen/Qwen3-Next-80B-A3B-Thinking holds a verbatim copy of that config.json (its notes name the copy)
 QWEN3_NEXT_80B: dict[str, Any] = {
     "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120,
     "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
@@ -102,6 +103,10 @@ def test_80b_shape_against_meta_module_and_by_hand() -> None:
     assert m.num_parameters == 79_674_391_296
     assert m.num_parameters == _meta_count(QWEN3_NEXT_80B)
     assert m.mamba is not None and len(m.mamba.layers) == 36
+    # the catalog row's config.json has these size keys: the same 79,674,391,296 and the same 36 mixer layers
+    row = load_model("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    assert row.num_parameters == 79_674_391_296
+    assert row.mamba is not None and row.mamba.layers == m.mamba.layers
 
 
 def test_state_by_hand() -> None:

@@ -349,6 +349,10 @@ def test_an_uploaded_config_is_bounded_in_size(client: TestClient) -> None:
 
     layers = max(int(c.config.get("num_hidden_layers") or c.config.get("n_layer") or 0) for c in list_models())
     assert 10 * layers <= SIZE_LIMITS["num_hidden_layers"]
+    # and the most experts (Qwen3-Next-80B-A3B's 512: 10 x 512 = 5,120)
+    keys = ("num_local_experts", "n_routed_experts", "num_experts")
+    experts = max(int(c.config.get(k) or 0) for c in list_models() for k in keys)
+    assert experts == 512 and all(10 * experts <= SIZE_LIMITS[k] for k in keys)
 
 
 def test_limits_and_malformed_bodies(client: TestClient) -> None:

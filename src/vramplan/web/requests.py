@@ -30,10 +30,10 @@ def _catalog_names() -> dict[str, str]:
 
 # A request limit, not a model fact: the engine's work grows with the layer and expert counts of a
 # config (one set of records and allocator events per layer), so an uploaded config.json may not ask for
-# more than ten times the largest in the catalog (Llama-3.1-405B: 126 layers; DeepSeek-V3: 256 routed
+# more than ten times the largest in the catalog (Llama-3.1-405B: 126 layers; Qwen3-Next-80B-A3B: 512 routed
 # experts), which keeps a request inside the time limit and an abandoned one short.
 SIZE_LIMITS = {"num_hidden_layers": 1280, "n_layer": 1280, "num_layers": 1280, "n_layers": 1280,
-               "num_local_experts": 2560, "n_routed_experts": 2560, "num_experts": 2560}
+               "num_local_experts": 5120, "n_routed_experts": 5120, "num_experts": 5120}
 
 
 def _check_sizes(cfg: dict[str, Any], where: str) -> None:
