@@ -153,6 +153,10 @@ _FLOAT_LOGITS = {"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "ol
                  # PaliGemmaForConditionalGeneration held an AutoModelForCausalLM (GemmaForCausalLM, whose 4.44 head
                  # upcast the whole output) as its language_model before the PaliGemmaModel refactor
                  "paligemma",
+                 # Mistral 3's language model is the mistral adapter's (text_config model_type mistral), with its
+                 # traits: Mistral3ForConditionalGeneration (transformers 4.50) held an AutoModelForCausalLM
+                 # (MistralForCausalLM) as its language_model, as LLaVA did, before the Mistral3Model refactor
+                 "mistral3",
                  # LLaVA's and Llama 3.2 Vision's language models are the llama adapter's (text_config model_type
                  # llama; mllama_text_config), with its traits: LlavaForConditionalGeneration held an
                  # AutoModelForCausalLM (LlamaForCausalLM) as its language_model before the LlavaModel refactor,
