@@ -145,6 +145,18 @@ _FLOAT_LOGITS = {"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "ol
                  "qwen2_moe", "starcoder2",
                  # Qwen2.5-VL's language model is the qwen2 adapter's, with its traits
                  "qwen2_5_vl",
+                 # so is Qwen2-VL's (the legacy outer keys are a qwen2 text config): Qwen2VLForConditionalGeneration
+                 # .forward upcast the whole output when labels are given (transformers 4.45-4.47
+                 # modeling_qwen2_vl.py ``logits = logits.float()`` under ``if labels is not None``)
+                 "qwen2_vl",
+                 # PaliGemma's language model is the gemma adapter's (text_config model_type gemma), with its traits:
+                 # PaliGemmaForConditionalGeneration held an AutoModelForCausalLM (GemmaForCausalLM, whose 4.44 head
+                 # upcast the whole output) as its language_model before the PaliGemmaModel refactor
+                 "paligemma",
+                 # Mistral 3's language model is the mistral adapter's (text_config model_type mistral), with its
+                 # traits: Mistral3ForConditionalGeneration (transformers 4.50) held an AutoModelForCausalLM
+                 # (MistralForCausalLM) as its language_model, as LLaVA did, before the Mistral3Model refactor
+                 "mistral3",
                  # LLaVA's and Llama 3.2 Vision's language models are the llama adapter's (text_config model_type
                  # llama; mllama_text_config), with its traits: LlavaForConditionalGeneration held an
                  # AutoModelForCausalLM (LlamaForCausalLM) as its language_model before the LlavaModel refactor,
