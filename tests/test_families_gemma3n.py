@@ -151,9 +151,83 @@ def test_intermediate_size_list_checked(inter: list[int], match: str) -> None:
     {"task": "inference"},
     {"task": "train", "train": {"seq_len": 128}},
     {"task": "train", "train": {"seq_len": 128, "peft": {"method": "lora"}}},
-    {"task": "serve"},
 ])
-def test_every_task_is_refused(doc: dict[str, Any]) -> None:
-    with pytest.raises(VramplanError, match=r"AltUp streams .* are not modelled; its parameters are counted "
-                       r"\(58,176\)"):
+def test_analytic_engine_refuses_and_names_the_traced_engine(doc: dict[str, Any]) -> None:
+    with pytest.raises(VramplanError, match=r"AltUp streams .* are not among the analytic engine's terms, so task "
+                       r"\w+ is not estimated by the analytic engine.*use --engine trace"):
         estimate({"model": TESTER, "hardware": {"gpu": "H100"}, **doc})
+
+
+def test_serving_refused() -> None:
+    with pytest.raises(VramplanError, match="no serving engine's layout of it was read"):
+        estimate({"model": TESTER, "hardware": {"gpu": "H100"}, "task": "serve"})
+
+
+@pytest.mark.parametrize("doc", [{"task": "inference"}, {"task": "train", "train": {"seq_len": 128}}, {"task": "serve"}])
+def test_multimodal_every_task_refused(doc: dict[str, Any]) -> None:
+    with pytest.raises(VramplanError, match=r"vision tower and conformer audio tower are not modelled.*text_config "
+                       r"alone \(model_type gemma3n_text\) is estimated with --engine trace; its parameters are "
+                       r"counted \(294,533,282\)"):
+        estimate({"model": MULTIMODAL, "hardware": {"gpu": "H100"}, **doc})
+
+
+GENERATE = {"model": TESTER, "hardware": {"gpu": "H100"}, "task": "inference",
+            "inference": {"prompt_len": 32, "new_tokens": 4, "batch_size": 2}}
+
+
+def _before(st: Any, phase: str) -> list[Any]:
+    """The trace's allocation events before the mark ``phase``."""
+    start = next(seq for seq, ph in st.marks if ph == phase)
+    return [e for e in st.events if e.seq < start]
+
+
+def test_trace_prefill_holds_the_per_layer_inputs_and_altup_streams() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import trace
+
+    _, st = trace(GENERATE)
+    events = [e for e in _before(st, "decode-setup") if e.nbytes > 0]
+    # the per-layer inputs (Gemma3nTextModel.get_per_layer_inputs and project_per_layer_inputs, modeling_gemma3n.py:1738 and :1747): batch 2 x prompt 32 x
+    # 5 layers x 4 = 1,280 elements, bf16: 2,560 bytes each for the embedding lookup and the projection's matmul
+    assert [e.nbytes for e in events if e.module == "model.embed_tokens_per_layer" and e.op == "aten.embedding.default"
+            ] == [2_560]
+    assert [e.nbytes for e in events if e.module == "model.per_layer_model_projection"] == [2_560]
+    # AltUp's streams, stacked twice (modeling_gemma3n.py:1694, the embeddings and altup_num_inputs - 1 projections
+    # before the layers; :1729, the unembedded streams after them): 3 x 2 x 32 x 32 elements, bf16 = 12,288 bytes each
+    assert [e.nbytes for e in events if e.module == "model" and e.op == "aten.stack.default"] == [12_288, 12_288]
+
+
+def test_trace_decode_cache_holds_only_the_layers_that_store_one() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import trace
+
+    _, st = trace(GENERATE)
+    live: dict[int, Any] = {}
+    for e in _before(st, "decode"):
+        if e.nbytes > 0:
+            live[e.storage_id] = e
+        else:
+            live.pop(e.storage_id, None)
+    kv = sorted(e.nbytes for e in live.values() if e.category == "kv_cache")
+    # layers 0-2 compute their own K/V (3 and 4 reuse 2's and 1's: DummyLayer in the cache); each holds K and V of
+    # 2 sequences x 2 KV heads x (32 + 4 - 1) tokens x 8, bf16 = 2,240 bytes (the sliding layers' cat result, a view of
+    # which the window keeps); the two sliding layers' _sliding_window_tensor, int64 (cache_utils.py:208, :220)
+    assert kv == [8, 8] + [2_240] * 6
+    assert sum(kv) == 3 * 2 * 2_240 + 2 * 8 == 13_456
+
+
+def test_trace_training_holds_every_parameter() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import trace
+
+    _, st = trace({"model": TESTER, "hardware": {"gpu": "H100"}, "train": {"micro_batch_size": 1, "seq_len": 32}})
+    # fp32 parameters under bf16-mixed: 4 x 58,176 bytes; as many gradient bytes; AdamW's two fp32 states
+    def total(category: str) -> int:
+        return sum(e.nbytes for e in st.events if e.nbytes > 0 and e.category == category)
+
+    assert total("weights") == total("gradients") == 4 * 58_176
+    assert total("optimizer_states") == 8 * 58_176
+    assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]

@@ -42,10 +42,13 @@ The multimodal model (``Gemma3nModel``, :1912-1925) adds:
   ``vocab_size`` x its width), ``hard_embedding_norm``, ``soft_embedding_norm``, ``embedding_projection`` (its
   width -> text h), ``embedding_post_projection_norm`` without a weight.
 
-Only the parameters are modelled.  AltUp runs every layer over ``altup_num_inputs`` copies of the residual stream,
-the per-layer embeddings add a ``L x p`` input per token, the KV-shared layers keep the earlier layers' full K/V
-alive (``shared_kv_states``), LAuReL and the activation-sparsity top-k add tensors of their own: none of these is
-among the memory terms, so every task is refused (``Traits.unmodelled_mixer``).
+AltUp runs every layer over ``altup_num_inputs`` copies of the residual stream, the per-layer embeddings add a
+``L x p`` input per token (kept through the forward), the KV-shared layers read the earlier layers' full K/V
+(``shared_kv_states``) and write no cache, LAuReL and the activation-sparsity top-k add tensors of their own: none of
+these is among the analytic engine's terms, so it refuses training and generate (``Traits.analytic_unmodelled``); the
+traced engine runs transformers' own forward (``Gemma3nForCausalLM``; its decode step's cache holds the layers that
+store one, trace/step.py ``_reads_shared_cache``).  Serving is refused.  The multimodal model's every task is refused
+(``Traits.unmodelled_mixer``): the traced engine would build its language model alone.
 """
 
 from __future__ import annotations
@@ -68,10 +71,14 @@ from vramplan.spec.model import ModelSpec
 
 __all__ = ["GEMMA3N", "GEMMA3N_TEXT", "kv_sharing_modes", "mobilenetv5_300m_enc_tensors"]
 
-UNMODELLED = ("its AltUp streams (altup_num_inputs copies of the residual stream through every layer), per-layer "
-              "embeddings (embed_tokens_per_layer, per_layer_model_projection), KV-cache sharing across the last "
-              "num_kv_shared_layers layers (shared_kv_states), LAuReL blocks and activation-sparsity top-k "
-              "(transformers 5.24 modeling_gemma3n.py) are not modelled")
+ANALYTIC_UNMODELLED = ("its AltUp streams (altup_num_inputs copies of the residual stream through every layer), "
+                       "per-layer inputs (embed_tokens_per_layer, per_layer_model_projection), KV-shared layers (the "
+                       "last num_kv_shared_layers read earlier layers' K/V, shared_kv_states), LAuReL blocks and "
+                       "activation-sparsity top-k (transformers 5.24 modeling_gemma3n.py) are not among the analytic "
+                       "engine's terms")
+UNMODELLED = ("its MobileNetV5 vision tower and conformer audio tower are not modelled beside a language model whose "
+              "AltUp streams, per-layer inputs and KV-shared layers only the traced engine runs (it builds the language "
+              "model alone); its text_config alone (model_type gemma3n_text) is estimated with --engine trace")
 
 # Gemma3nTextConfig defaults (configuration_gemma3n.py:95-126), the E4B shape
 _TEXT_DEFAULTS: dict[str, Any] = {
@@ -189,7 +196,7 @@ def build_text(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       sandwich_norms=True, attention_dropout=prob(c, "attention_dropout"), hidden_dropout=0.0,
                       max_position_embeddings=int(c["max_position_embeddings"]),
                       final_logit_softcapping=c.get("final_logit_softcapping"))
-    return replace(spec, traits=replace(spec.traits, unmodelled_mixer=UNMODELLED))
+    return replace(spec, traits=replace(spec.traits, analytic_unmodelled=ANALYTIC_UNMODELLED))
 
 
 # timm 1.0 mobilenetv5.py ``_gen_mobilenet_v5`` arch_def of every variant but "mobilenetv5_base" (the one
@@ -310,7 +317,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     h = text.hidden_size
     _embedder(p, "embed_vision", int(vc["vocab_size"]), int(vc["hidden_size"]), h)
     _embedder(p, "embed_audio", int(ac["vocab_size"]), d_audio, h)
-    return replace(text, model_type=model_type, params=text.params + tuple(p.rows))
+    return replace(text, model_type=model_type, params=text.params + tuple(p.rows),
+                   traits=replace(text.traits, unmodelled_mixer=UNMODELLED))
 
 
 GEMMA3N_TEXT = Family(build_text, "modeling_gemma3n.py", required=())
