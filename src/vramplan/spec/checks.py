@@ -149,7 +149,7 @@ def analytic_unmodelled_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if not m.traits.analytic_unmodelled or s.task not in ("train", "inference"):
         return []
     return [Problem("task", f"{m.name}: {m.traits.analytic_unmodelled}, so task {s.task} is not estimated by the "
-                    "analytic engine", "use --engine trace (it runs transformers' own forward); " + _PARAMETERS_ONLY)]
+                    "analytic engine", "use --engine trace, which runs transformers' own forward; " + _PARAMETERS_ONLY)]
 
 
 # vLLM disables its hybrid KV cache manager for a model with chunked local attention unless
