@@ -12,7 +12,7 @@ from meta_build import meta_causal_lm_count, meta_module
 from vramplan import estimate
 from vramplan.catalog.models import load_model
 from vramplan.errors import ScenarioError, VramplanError
-from vramplan.spec.families.gemma3n import kv_sharing_modes, mobilenetv5_300m_enc_tensors
+from vramplan.spec.families.gemma3n import kv_sharing_modes, layer_types, mobilenetv5_300m_enc_tensors
 from vramplan.spec.hf_config import model_from_config
 
 LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention"]
@@ -59,7 +59,13 @@ def test_kv_sharing_modes_as_transformers() -> None:
     assert kv_sharing_modes(LAYER_TYPES, 0) == [None] * 5
     with pytest.raises(ValueError, match="layer types producing a cache"):
         kv_sharing_modes(["sliding_attention"] * 4 + ["full_attention"], 1)
+    # E4B (35 layers, every fifth full, 15 shared): layers 0-19 keep a cache, 18 (sliding) and 19 (full) store theirs
+    # for layers 20-34
+    e4b = kv_sharing_modes(layer_types({}, 35), 15)
+    assert [i for i, mode in enumerate(e4b) if mode != "reuse"] == list(range(20))
+    assert [i for i, mode in enumerate(e4b) if mode == "store"] == [18, 19]
     transformers = pytest.importorskip("transformers")
+    assert transformers.Gemma3nTextConfig().kv_sharing_modes == e4b
     cfg = transformers.Gemma3nTextConfig(**{k: v for k, v in TESTER.items() if k != "model_type"})
     assert cfg.kv_sharing_modes == kv_sharing_modes(LAYER_TYPES, 2)
 

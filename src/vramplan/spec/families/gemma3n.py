@@ -69,7 +69,7 @@ from vramplan.spec.families.base import (
 )
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["GEMMA3N", "GEMMA3N_TEXT", "kv_sharing_modes", "mobilenetv5_300m_enc_tensors"]
+__all__ = ["GEMMA3N", "GEMMA3N_TEXT", "kv_sharing_modes", "layer_types", "mobilenetv5_300m_enc_tensors"]
 
 ANALYTIC_UNMODELLED = ("its AltUp streams (altup_num_inputs copies of the residual stream through every layer), "
                        "per-layer inputs (embed_tokens_per_layer, per_layer_model_projection), KV-shared layers (the "
