@@ -45,6 +45,7 @@ from vramplan.serve.llamacpp import LlamaCppDecision
 from vramplan.serve.report import ServeResult, serve
 from vramplan.serve.rollout import RolloutMemory, rollout_memory
 from vramplan.spec.checks import (
+    analytic_unmodelled_problems,
     capability_notes,
     every_token_expert_problems,
     ignored_sections,
@@ -576,7 +577,8 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
 
 def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel) -> Report:
     r = source if isinstance(source, Resolved) else resolve(source)
-    refused = every_token_expert_problems(r.scenario, r.model) + linear_mixer_analytic_problems(r.scenario, r.model)
+    refused = (every_token_expert_problems(r.scenario, r.model) + linear_mixer_analytic_problems(r.scenario, r.model)
+               + analytic_unmodelled_problems(r.scenario, r.model))
     if refused:
         raise ScenarioError(refused)
     choice = cuda_context_for(r.gpu)

@@ -40,11 +40,12 @@ from vramplan.spec.model import AudioSpec, ModelSpec
 from vramplan.spec.scenario import Scenario
 
 __all__ = [
-    "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES", "capability_notes",
-    "capability_problems", "chunked_attention_as_full", "chunked_attention_notes", "contradictions",
-    "cross_attention_problems", "encoder_decoder_problems", "every_token_expert_problems", "expert_loop_problems",
-    "fp32_router_weight_problems", "held_module_notes", "held_module_problems", "hybrid_problems", "ignored_sections", "linear_mixer_analytic_problems",
-    "litgpt_problems", "number_problems", "section_conflicts", "unmodelled_layer_problems", "unused_settings",
+    "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES",
+    "analytic_unmodelled_problems", "capability_notes", "capability_problems", "chunked_attention_as_full",
+    "chunked_attention_notes", "contradictions", "cross_attention_problems", "encoder_decoder_problems",
+    "every_token_expert_problems", "expert_loop_problems", "fp32_router_weight_problems", "held_module_notes",
+    "held_module_problems", "hybrid_problems", "ignored_sections", "linear_mixer_analytic_problems", "litgpt_problems",
+    "number_problems", "section_conflicts", "unmodelled_layer_problems", "unused_settings",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer
@@ -205,6 +206,16 @@ def every_token_expert_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                     "experts on their top-k tokens, FusedMoE); " + _PARAMETERS_ONLY)]
 
 
+def analytic_unmodelled_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """The analytic engine's refusal of training and generate for a model whose layers run a mechanism its terms
+    leave out (``Traits.analytic_unmodelled``: Gemma 3n's AltUp streams, per-layer inputs and KV-shared layers).  The
+    traced engine runs transformers' own forward and is not refused."""
+    if not m.traits.analytic_unmodelled or s.task not in ("train", "inference"):
+        return []
+    return [Problem("task", f"{m.name}: {m.traits.analytic_unmodelled}, so task {s.task} is not estimated by the "
+                    "analytic engine", "use --engine trace, which runs transformers' own forward; " + _PARAMETERS_ONLY)]
+
+
 # vLLM disables its hybrid KV cache manager for a model with chunked local attention unless
 # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set (vllm/config: VllmConfig.__post_init__, read in 0.11.0,
 # 0.12.0, 0.15.1, 0.18.0, 0.21.0 and 0.33.0; 0.10.0 disables it only beside EAGLE), and
@@ -249,6 +260,11 @@ def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         f"are counted ({m.vision_parameters:,}), but no task is estimated for it",
                         f"{_PARAMETERS_ONLY}; its text_config alone (model_type llama4_text) is estimated where the "
                         "language model's mechanisms are modelled")]
+    if t.analytic_unmodelled and s.task == "serve":
+        return [Problem("task", f"{m.name}: {t.analytic_unmodelled}; no serving engine's layout of it was read (vLLM's, "
+                        "SGLang's or llama.cpp's), so serving is not estimated",
+                        "use task: inference with --engine trace (Hugging Face generate through transformers' own "
+                        "forward); " + _PARAMETERS_ONLY)]
     if t.attention_chunk_size and s.task == "serve" and not chunked_attention_as_full(s):
         # vLLM 0.10.x keeps the hybrid KV cache manager on for it (ChunkedLocalAttentionSpec: min(chunk +
         # max_num_batched_tokens, max_model_len) tokens per request, vllm/v1/kv_cache_interface.py), not modelled;

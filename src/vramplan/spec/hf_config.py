@@ -52,14 +52,26 @@ def _check(cfg: Mapping[str, Any], model_type: str, fam: Family, where: str) -> 
             [Problem(where, f"config.json of model_type {model_type!r} lacks required key(s) {', '.join(missing)}",
                      "give a complete config.json as the model's Hugging Face repository has it")]
         )
-    bad = [k for k in _POSITIVE if k in cfg and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] <= 0)]
+    bad = [k for k in _POSITIVE if k in cfg and not all(_positive(v) for v in _sizes(k, cfg[k]))]
     if bad:
         raise ScenarioError([Problem(f"{where}.{k}", f"must be a positive integer, got {cfg[k]!r}",
                                      "fix the config.json") for k in bad])
-    huge = [k for k in _POSITIVE if k in cfg and cfg[k] > MAX_SIZE]
+    huge = [k for k in _POSITIVE if k in cfg and max(_sizes(k, cfg[k])) > MAX_SIZE]
     if huge:
-        raise ScenarioError([Problem(f"{where}.{k}", f"{cfg[k]:,} is beyond any model's size (at most {MAX_SIZE:,})",
-                                     "fix the config.json") for k in huge])
+        raise ScenarioError([Problem(f"{where}.{k}", f"{max(_sizes(k, cfg[k])):,} is beyond any model's size (at most "
+                                     f"{MAX_SIZE:,})", "fix the config.json") for k in huge])
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _sizes(key: str, value: Any) -> list[Any]:
+    """The sizes a key holds: Gemma 3n's ``intermediate_size`` may be a non-empty list, one width per layer
+    (``Gemma3nTextConfig``, transformers 5.24 configuration_gemma3n.py:97 and :129-138)."""
+    if key == "intermediate_size" and isinstance(value, list) and value:
+        return value
+    return [value]
 
 
 def model_from_config(config: Mapping[str, Any], name: str = "custom", where: str = "model") -> ModelSpec:

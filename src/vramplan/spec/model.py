@@ -321,6 +321,11 @@ class Traits:
     # modeling_qwen3_omni_moe.py): their weights are counted, full fine-tuning and serving are refused, generate and PEFT training run
     # the language model alone (spec/checks.py ``held_module_problems``, ``held_module_notes``); (): none
     held_modules: tuple[tuple[str, str], ...] = ()
+    # layer mechanisms the analytic engine's terms leave out, named (Gemma 3n's AltUp streams, per-layer inputs, KV
+    # reads across layers): the analytic engine refuses training and generate (engine.py, spec/checks.py
+    # ``analytic_unmodelled_problems``), the traced engine runs transformers' own forward, serving is refused
+    # (``unmodelled_layer_problems``); "": none
+    analytic_unmodelled: str = ""
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False

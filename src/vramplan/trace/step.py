@@ -649,7 +649,7 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
     shapes = _kv_shapes(model, tp)
     with tracker.category("kv_cache"):
         for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
-            if _layer_type(config, i) in NO_CACHE_TYPES:
+            if _layer_type(config, i) in NO_CACHE_TYPES or _reads_shared_cache(cache, i):
                 continue
             k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
             v = torch.empty((batch, heads, tokens, vdim), dtype=dtype, device=device)
@@ -662,6 +662,14 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
                 cache.update(k, v, i)
             del k, v
     return cache
+
+
+def _reads_shared_cache(cache: Any, index: int) -> bool:
+    """A layer the cache holds nothing for because it reads another layer's K/V: transformers 5.24 cache_utils.py
+    ``DummyLayer`` ("shared-cache layers that consume cache produced by other layers": Gemma 3n's last
+    ``num_kv_shared_layers``, whose ``Gemma3nTextAttention`` never calls ``cache.update``)."""
+    layers = getattr(cache, "layers", ())
+    return index < len(layers) and type(layers[index]).__name__ == "DummyLayer"
 
 
 # layers that keep nothing in the cache: transformers' DynamicCache makes them "dummy" layers (cache_utils.py

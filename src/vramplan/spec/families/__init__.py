@@ -22,6 +22,7 @@ from vramplan.spec.families.falcon import FALCON
 from vramplan.spec.families.falcon_h1 import FALCON_H1
 from vramplan.spec.families.gated_layernorm import COHERE, COHERE2, OLMO, STABLELM
 from vramplan.spec.families.gemma3 import GEMMA3
+from vramplan.spec.families.gemma3n import GEMMA3N, GEMMA3N_TEXT
 from vramplan.spec.families.gpt2 import GPT2, GPT_BIGCODE
 from vramplan.spec.families.gptj import GPTJ
 from vramplan.spec.families.granitemoehybrid import GRANITEMOEHYBRID
@@ -91,6 +92,9 @@ FAMILIES: dict[str, Family] = {
     "recurrent_gemma": RECURRENT_GEMMA,
     # lightning (linear) attention interleaved with softmax attention, MoE: parameters counted, every task refused
     "minimax": MINIMAX,
+    # Gemma 3n: AltUp streams, per-layer embeddings, KV-cache sharing, LAuReL, a MobileNetV5 vision tower and a
+    # conformer audio tower: parameters counted, every task refused (Traits.unmodelled_mixer)
+    "gemma3n_text": GEMMA3N_TEXT, "gemma3n": GEMMA3N,
     # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
     "jamba": JAMBA,
     # hybrid: Gated DeltaNet linear-attention layers beside gated full attention, experts with a shared expert
