@@ -453,6 +453,10 @@ class VisionSpec:
     # what each tower layer saves per tower token besides the decoder layer's terms, as head_saved_per_patch's
     # (kind, elements): InternViT's layer scales (lambda_1, lambda_2) keep the sublayers' outputs
     layer_saved_per_token: tuple[tuple[str, int], ...] = ()
+    # Phi-4-multimodal (Phi4MultimodalImageProcessor.dynamic_preprocess): each image resized onto a grid of
+    # ceil(side / image_size) crops a side, at most dynamic_hd crops (else the closest aspect ratio of at most that
+    # many), each through the tower with the whole image at image_size besides (spec/vision.py phi4_hd_crops); 0: not
+    dynamic_hd: int = 0
 
 
 @dataclass(frozen=True)

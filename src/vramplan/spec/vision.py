@@ -23,7 +23,7 @@ from vramplan.spec.vision_quant import tower_quantized_linears, transformers_unm
 from vramplan.units import GiB
 
 __all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
-           "images_per_sample", "internvl_tiles", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
+           "images_per_sample", "internvl_tiles", "phi4_hd_crops", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -114,11 +114,28 @@ def internvl_tiles(v: VisionSpec, side: int) -> int:
     return n + 1 if n > 1 else 1
 
 
+def phi4_hd_crops(v: VisionSpec, side: int | None) -> int:
+    """Crops a side of a ``side`` x ``side`` image under ``Phi4MultimodalImageProcessor`` (transformers 5.24
+    ``image_processing_phi4_multimodal.py`` ``dynamic_preprocess``, l.79-108): ceil(side / image_size) a side while
+    that grid holds at most ``dynamic_hd`` crops; past it ``find_closest_aspect_ratio`` keeps the square grids' last
+    (a tie on the ratio moves to the larger grid while the image's area exceeds half of it, which every square grid
+    up to the largest does here: side > image_size x k).  A square image fills its grid exactly (no padding, the
+    attention mask all ones).  None: the largest grid."""
+    largest = math.isqrt(v.dynamic_hd)
+    if side is None:
+        return largest
+    c = -(-side // v.image_size)
+    return c if c * c <= v.dynamic_hd else largest
+
+
 def image_tiles(v: VisionSpec, size: int | None) -> int:
     """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), Idefics3's tiles and
     whole image (``VisionSpec.fixed_tiles``), InternVL's tiles and thumbnail (``internvl_tiles``), else 1."""
     if v.max_tiles > 1:
         return internvl_tiles(v, size or v.max_tiles * v.image_size)
+    if v.dynamic_hd:
+        # Phi-4-multimodal: the whole image and its crops (image_processing_phi4_multimodal.py l.224)
+        return 1 + phi4_hd_crops(v, size) ** 2
     return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else (v.fixed_tiles or 1)
 
 
@@ -139,6 +156,12 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
         # InternVL: each tile's patches through the tower, image_seq_length tokens per tile and <img>, </img>
         tiles = image_tiles(v, size)
         return tiles * v.patches_per_image, tiles * (v.tokens_per_image - 2) + 2
+    if v.dynamic_hd:
+        # Phi-4-multimodal: (1 + c^2) passes of image_size; tokens: the global image's and the crops' pooled patches,
+        # one separator per pooled row of each and the global separator (spec/families/phi4_multimodal.py hd_tokens)
+        c = phi4_hd_crops(v, size)
+        pooled = (v.image_size // v.patch_size + 1) // v.merge_size
+        return (1 + c * c) * v.patches_per_image, pooled * pooled + pooled + 1 + (c * pooled) ** 2 + c * pooled
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
