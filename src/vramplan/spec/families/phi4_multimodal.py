@@ -47,9 +47,10 @@ tower's ``hidden_states[feature_layer]`` (-2: the last layer's output is not use
 square of patches (``image_token_compression``, l.489-505).  ``dynamic_hd`` is in ``preprocessor_config.json``,
 which is not read: the class default is assumed and said (spec/vision.py ``phi4_hd_crops``).
 
-Audio input is not modelled (``spec/checks.py`` refuses nothing for it: vramplan has no audio input field for a
-decoder-only model); the audio encoder's and its projectors' parameters are held with the vision tower's
-(``VisionSpec.param_prefixes`` "embed_tokens_extend."), frozen with it, and run for no image.
+Audio input is not modelled: a scenario of this model is text and images (no audio field), said in every report
+(``VisionSpec.param_note``); the audio encoder's and its projectors' parameters are held with the vision tower's
+(``VisionSpec.param_prefixes`` "embed_tokens_extend."), frozen with it, and run for no image.  A trained tower
+(``VisionSpec.train_refused``) and serving (``VisionSpec.serve_refused``) are refused (spec/vision.py).
 """
 
 from __future__ import annotations
@@ -227,20 +228,45 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                                "num_img_tokens) and Phi4MultimodalImageEmbedding.forward",
                         param_prefixes=("embed_tokens_extend.",), tower=tower_layer_spec(t, act, name),
                         num_channels=t["channels"], merge_size=2, dynamic_hd=DYNAMIC_HD, unused_layers=unused,
-                        images_refused=refused, notes=_notes(p, t, unused), linears=tuple(p.vision_linears))
-    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
+                        images_refused=refused, notes=_notes(t, unused), linears=tuple(p.vision_linears),
+                        train_refused=_TRAIN_REFUSED, serve_refused=_SERVE_REFUSED,
+                        # get_img_features asks the tower for hidden_states[feature_layer] (l.480-483): capture_outputs
+                        # keeps that one state (utils/output_capturing.py selected_hidden_states) through the later
+                        # layers, the post_layernorm and the pooling head
+                        kept_hidden_states=int(unused > 0), param_note=_held(p))
+    # the class came in transformers 4.50, after the causal-LM heads stopped upcasting every logit (logits.float(),
+    # Traits.upcasts_all_logits, 4.44); Phi4MultimodalForCausalLM.forward computes lm_head's logits in the model dtype
+    # (l.1656-1658)
+    traits = replace(text.traits, upcasts_all_logits=False)
+    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision, traits=traits)
 
 
-def _notes(p: Params, t: dict[str, int], unused: int) -> tuple[str, ...]:
+# a trained tower: the audio encoder and the unused projector pairs get no gradient without audio (AdamW keeps no state
+# for them), the unused last tower layer, post_layernorm and pooling head save tensors no gradient reaches, and the
+# crops' tensors of a batch are padded to its largest image's crops (image_processing_phi4_multimodal.py l.232-236)
+_TRAIN_REFUSED = ("the SigLIP tower's unused last layer and pooling head, its padded crops and the audio encoder "
+                  "(no gradient without audio) make a trained tower's gradients, optimizer states and saved tensors "
+                  "unlike any modelled tower")
+# serving: vLLM's profiling run encodes dummy images and audio of its encoder budget, and the model is served with the
+# original checkpoint's vision and speech LoRA adapters (LoRA requests): neither is modelled for this model
+_SERVE_REFUSED = ("vLLM's profiling run of dummy images and audio through its encoders and the vision and speech LoRA "
+                  "adapters it serves the model with are not modelled")
+
+
+def _held(p: Params) -> str:
     audio = sum(r.total for r in p.rows if r.name.startswith(AUDIO_PREFIX))
-    held = (f"the vision tower's parameters include the audio encoder and its two projector pairs ({audio:,}), held "
-            "and frozen with it; audio input is not modelled (no audio field), and the original checkpoint's vision "
-            "and speech LoRA adapters are not in transformers' module (PEFT loads them: not counted)")
+    return (f"the vision tower's parameters include the audio encoder and its two projector pairs ({audio:,}), held "
+            "with it (frozen in training); audio input is not modelled (no audio field), and the original "
+            "checkpoint's vision and speech LoRA adapters are not in transformers' module (PEFT loads them: not "
+            "counted)")
+
+
+def _notes(t: dict[str, int], unused: int) -> tuple[str, ...]:
     crops = (f"each image through the tower as the whole image at {t['image']} and up to {DYNAMIC_HD} crops "
              "(Phi4MultimodalImageProcessor.dynamic_hd, the class default; preprocessor_config.json is not read)")
     tail = (f"the tower's last {unused} layer(s), post_layernorm and attention-pooling head run but their output is "
             "not used (feature_layer); their transients are bounded by a tower layer's")
-    return held, crops, tail
+    return (crops, tail) if unused else (crops,)
 
 
 PHI4_MULTIMODAL = Family(build, "modeling_phi4_multimodal.py", required=(("vision_config",), ("audio_config",)),
