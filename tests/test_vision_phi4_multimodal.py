@@ -174,8 +174,11 @@ def test_serving_and_a_trained_tower_are_refused_lora_and_a_frozen_tower_estimat
         resolve(_doc("serve"))
     with pytest.raises(ScenarioError, match="freeze_vision_tower"):
         resolve(_doc("train", micro_batch_size=1, seq_len=2048, images_per_sample=1, image_size=896))
+    # PEFT has no default targets for phi4_multimodal (nor phi3): the towers' q_proj/v_proj do not stand for them
+    with pytest.raises(ScenarioError, match="no default LoRA targets for model type 'phi4_multimodal'"):
+        resolve(_doc("train", micro_batch_size=1, seq_len=2048, peft={"method": "lora"}))
     lora = resolve(_doc("train", micro_batch_size=1, seq_len=2048, images_per_sample=1, image_size=896,
-                        peft={"method": "lora"}))
+                        peft={"method": "lora", "target_modules": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}))
     frozen = resolve(_doc("train", micro_batch_size=1, seq_len=2048, images_per_sample=1, image_size=896,
                           freeze_vision_tower=True))
     for r in (lora, frozen):

@@ -3,7 +3,7 @@
 
 transformers 5.24 ``models/phi4_multimodal/modeling_phi4_multimodal.py``:
 
-- the language model is Phi-3's (``Phi4MultimodalModel``, l.1463-1481: ``embed_tokens``, ``layers`` of
+- the language model is Phi-3's (``Phi4MultimodalModel``, l.1463-1480: ``embed_tokens``, ``layers`` of
   ``Phi4MultimodalDecoderLayer`` with the fused ``self_attn.qkv_proj`` and ``mlp.gate_up_proj``, l.1130-1131 and
   l.1232-1233, ``norm``; ``Phi4MultimodalForCausalLM.lm_head``, l.1584, tied to ``embed_tokens`` with
   ``tie_word_embeddings``, ``_tied_weights_keys`` l.1575): built here by the ``phi3`` adapter from the outer keys;
@@ -25,7 +25,7 @@ transformers 5.24 ``models/phi4_multimodal/modeling_phi4_multimodal.py``:
   ``dw_sep_conv_1d.dw_conv`` Conv1d(d_audio, d_audio x multiplier, kernel, groups=d_audio) and ``pw_conv``
   Conv1d(that, depthwise_separable_out_channel, 1), ``ext_pw_conv_1d`` Conv1d(d_audio, ext_pw_out_channel, 1),
   l.659-709), ``layer_norm_att`` and ``layer_norm``; the mean/variance normalisation's ``global_mean`` and
-  ``global_invstd`` are buffers, l.831-836) and two projector pairs, ``up_proj_for_speech``/``down_proj_for_speech``
+  ``global_invstd`` are buffers, l.831-838) and two projector pairs, ``up_proj_for_speech``/``down_proj_for_speech``
   and ``up_proj_for_vision_speech``/``down_proj_for_vision_speech`` (d_audio x downsample_rate -> d -> d).
 
 The original checkpoint's vision and speech LoRA adapters are not in the module: the conversion drops every
@@ -41,10 +41,10 @@ crops (else the closest aspect ratio of at most that many); ``_preprocess`` (l.1
 before them (1 + crops tower passes of (448 / 14)^2 = 1,024 patches) and counts ``num_img_tokens`` = 256 + 1 +
 the crops' pooled patches + one separator per pooled row + 16 (l.216-222): the global image's 16 x 16 pooled
 patches with a separator column, the ``global_img_feature_extensor``, and the crops' (16 c) x (16 c) patches with a
-separator column (``Phi4MultimodalImageEmbedding.forward``, l.512-555).  ``Phi4MultimodalProcessor`` writes that
+separator column (``Phi4MultimodalImageEmbedding.forward``, l.523-570).  ``Phi4MultimodalProcessor`` writes that
 many image tokens (``replace_image_token``, processing_phi4_multimodal.py l.42-44).  ``get_img_features`` takes the
 tower's ``hidden_states[feature_layer]`` (-2: the last layer's output is not used) and average-pools each 2 x 2
-square of patches (``image_token_compression``, l.489-505).  ``dynamic_hd`` is in ``preprocessor_config.json``,
+square of patches (``image_token_compression``, l.479-497).  ``dynamic_hd`` is in ``preprocessor_config.json``,
 which is not read: the class default is assumed and said (spec/vision.py ``phi4_hd_crops``).
 
 Audio input is not modelled: a scenario of this model is text and images (no audio field), said in every report
@@ -210,7 +210,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     crop = int(vc["crop_size"])
     per_side = t["image"] // t["patch"]
     # get_img_features reshapes each pass's patches to a square and a reflection pad makes an odd side even
-    # before the 2 x 2 average pool (l.465-470, l.497-503); the processor crops at crop_size (its size 448)
+    # before the 2 x 2 average pool (l.465-470, l.491-493); the processor crops at crop_size (its size 448)
     pooled = (per_side + per_side % 2) // 2
     refused = ""
     if crop != t["image"]:
