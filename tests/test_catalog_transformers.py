@@ -44,7 +44,9 @@ def test_adapter_count_equals_transformers_module(row) -> None:  # type: ignore[
         # (DBRX's published integer moe_normalize_expert_weights as the float its strict config class takes)
         cfg = transformers.AutoConfig.for_model(**typed_for_transformers(row.config))
         cls = transformers.AutoModelForMaskedLM if spec.model_type == "bert" else transformers.AutoModelForCausalLM
-        if spec.vision is not None:  # the whole vision-language model: tower, projector and language model
+        if spec.vision is not None and type(cfg) in transformers.AutoModelForImageTextToText._model_mapping:
+            # the whole vision-language model: tower, projector and language model (Phi-4-multimodal's whole model is
+            # the causal LM class itself: Phi4MultimodalForCausalLM, modeling_auto.py's causal-LM mapping)
             cls = transformers.AutoModelForImageTextToText
         if spec.traits.held_modules:
             # modules held beside the language model and the tower (Qwen3-Omni's audio encoder, talker and Code2Wav):

@@ -686,7 +686,11 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
     mapped = m.peft_default_targets
     notes: list[str] = []
     if mapped is None:
-        paths = _module_paths(m)
+        # the language model's modules: a tower's q_proj/v_proj (Phi-4-multimodal's SigLIP and audio encoder beside a
+        # fused qkv_proj) are never adapted here (spec/model.py VisionSpec), so they cannot stand for the fallback
+        tower = m.vision.param_prefixes if m.vision is not None else ()
+        paths = frozenset(p.name.rsplit(".", 1)[0] for p in m.params
+                          if "." in p.name and not (tower and p.name.startswith(tower)))
         if not all(_target_matches(t, paths) for t in UNMAPPED_FALLBACK):
             leaves = sorted({p.module for p in m.params if p.role in ("linear", "expert", "router")})
             return s, [], [Problem("train.peft.target_modules",

@@ -467,6 +467,20 @@ class VisionSpec:
     # what each tower layer saves per tower token besides the decoder layer's terms, as head_saved_per_patch's
     # (kind, elements): InternViT's layer scales (lambda_1, lambda_2) keep the sublayers' outputs
     layer_saved_per_token: tuple[tuple[str, int], ...] = ()
+    # Phi-4-multimodal (Phi4MultimodalImageProcessor.dynamic_preprocess): each image resized onto a grid of
+    # ceil(side / image_size) crops a side, at most dynamic_hd crops (else the closest aspect ratio of at most that
+    # many), each through the tower with the whole image at image_size besides (spec/vision.py phi4_hd_crops); 0: not
+    dynamic_hd: int = 0
+    # tower hidden states kept per tower token while its later layers run (Phi-4-multimodal: the feature layer's
+    # output, selected by capture_outputs' integer output_hidden_states, alive through the unused last layer: 1)
+    kept_hidden_states: int = 0
+    # what the tower's parameters hold besides the tower and the projector, said in every report (Phi-4-multimodal:
+    # its audio encoder); "": nothing
+    param_note: str = ""
+    # why a trained tower (full fine-tuning without train.freeze_vision_tower) is not modelled, refused; "": it is
+    train_refused: str = ""
+    # why serving the model is not modelled, refused; "": it is
+    serve_refused: str = ""
 
 
 @dataclass(frozen=True)

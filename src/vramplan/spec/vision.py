@@ -23,7 +23,7 @@ from vramplan.spec.vision_quant import tower_quantized_linears, transformers_unm
 from vramplan.units import GiB
 
 __all__ = ["anyres_grid", "cross_attention_notes", "image_grid", "image_problems", "image_size", "image_tiles", "image_tokens",
-           "images_per_sample", "internvl_tiles", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
+           "images_per_sample", "internvl_tiles", "phi4_hd_crops", "pixtral_grid", "select_best_resolution", "smart_resize", "tower_held", "vision_notes"]
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -114,11 +114,28 @@ def internvl_tiles(v: VisionSpec, side: int) -> int:
     return n + 1 if n > 1 else 1
 
 
+def phi4_hd_crops(v: VisionSpec, side: int | None) -> int:
+    """Crops a side of a ``side`` x ``side`` image under ``Phi4MultimodalImageProcessor`` (transformers 5.24
+    ``image_processing_phi4_multimodal.py`` ``dynamic_preprocess``, l.79-108): ceil(side / image_size) a side while
+    that grid holds at most ``dynamic_hd`` crops; past it ``find_closest_aspect_ratio`` keeps the square grids' last
+    (a tie on the ratio moves to the larger grid while the image's area exceeds half of it, which every square grid
+    up to the largest does here: side > image_size x k).  A square image fills its grid exactly (no padding, the
+    attention mask all ones).  None: the largest grid."""
+    largest = math.isqrt(v.dynamic_hd)
+    if side is None:
+        return largest
+    c = -(-side // v.image_size)
+    return c if c * c <= v.dynamic_hd else largest
+
+
 def image_tiles(v: VisionSpec, size: int | None) -> int:
     """Tower passes per image: LLaVA-NeXT's anyres tiles and base image (``anyres_grid``), Idefics3's tiles and
     whole image (``VisionSpec.fixed_tiles``), InternVL's tiles and thumbnail (``internvl_tiles``), else 1."""
     if v.max_tiles > 1:
         return internvl_tiles(v, size or v.max_tiles * v.image_size)
+    if v.dynamic_hd:
+        # Phi-4-multimodal: the whole image and its crops (image_processing_phi4_multimodal.py l.224)
+        return 1 + phi4_hd_crops(v, size) ** 2
     return anyres_grid(v, size or v.image_size)[0] if v.grid_pinpoints else (v.fixed_tiles or 1)
 
 
@@ -139,6 +156,12 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
         # InternVL: each tile's patches through the tower, image_seq_length tokens per tile and <img>, </img>
         tiles = image_tiles(v, size)
         return tiles * v.patches_per_image, tiles * (v.tokens_per_image - 2) + 2
+    if v.dynamic_hd:
+        # Phi-4-multimodal: (1 + c^2) passes of image_size; tokens: the global image's and the crops' pooled patches,
+        # one separator per pooled row of each and the global separator (spec/families/phi4_multimodal.py hd_tokens)
+        c = phi4_hd_crops(v, size)
+        pooled = (v.image_size // v.patch_size + 1) // v.merge_size
+        return (1 + c * c) * v.patches_per_image, pooled * pooled + pooled + 1 + (c * pooled) ** 2 + c * pooled
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
@@ -216,16 +239,32 @@ def _block_mask_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                     f"set {s.task}.attention: sdpa or flash (both modelled), or {s.task}.images_per_sample: 0")]
 
 
+def _unmodelled_task_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """Serving (``VisionSpec.serve_refused``) or training the tower (``VisionSpec.train_refused``: full fine-tuning
+    without ``freeze_vision_tower``) where the adapter says why it is not modelled."""
+    v = m.vision
+    if v is None:
+        return []
+    if s.task == "serve" and v.serve_refused:
+        return [Problem("task", f"serving {m.name} is not modelled: {v.serve_refused}",
+                        "estimate task: inference (Hugging Face generate, modelled with images) instead")]
+    if s.task == "train" and v.train_refused and s.train.peft is None and not s.train.freeze_vision_tower:
+        return [Problem("train.freeze_vision_tower", f"training {m.name}'s vision tower is not modelled: "
+                        f"{v.train_refused}", "set train.freeze_vision_tower: true (the language model trained, the "
+                        "towers frozen) or train.peft (LoRA on the language model)")]
+    return []
+
+
 def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Images for a model without a vision tower; more image tokens than the sequence holds; a prefix LM's
     attention other than eager; a packed tower's block mask."""
-    prefix = _prefix_lm_problems(s, m) + _block_mask_problems(s, m)
+    prefix = _prefix_lm_problems(s, m) + _block_mask_problems(s, m) + _unmodelled_task_problems(s, m)
     if prefix:
         return prefix
     n = images_per_sample(s)
     if s.task == "train" and s.train.freeze_vision_tower and m.vision is None:
         return [Problem("train.freeze_vision_tower", f"{m.name} has no vision tower to freeze",
-                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm or internvl)")]
+                        "set freeze_vision_tower: false, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm, internvl or phi4_multimodal)")]
     if n == 0:
         return []
     where = f"{s.task}.images_per_sample"
@@ -234,7 +273,7 @@ def image_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         f"{m.vision.images_refused}", "set images_per_sample: 0 (the language model alone)")]
     if m.vision is None:
         return [Problem(where, f"{n} image(s) per sequence, but {m.name} has no vision tower",
-                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, qwen3_omni_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm or internvl)")]
+                        "set images_per_sample: 0, or name a vision-language model (model_type gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, qwen3_omni_moe, llava, llava_next, paligemma, mistral3, idefics3, smolvlm, internvl or phi4_multimodal)")]
     length, name = (s.train.seq_len, "train.seq_len") if s.task == "train" else (s.inference.prompt_len,
                                                                                   "inference.prompt_len")
     tokens = image_tokens(s, m)
@@ -267,6 +306,12 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"{max(1, tiles - 1)} tile(s) of {v.image_size} x {v.image_size} (between {v.min_tiles} and "
                  f"{v.max_tiles}){', and a thumbnail' if tiles > 1 else ''}: {tiles} tower passes"
                  f"{'' if image_size(s) else '; image_size not given: the largest grid'}")
+    elif v.dynamic_hd:
+        side = image_size(s) or math.isqrt(v.dynamic_hd) * v.image_size
+        shape = (f"a {side} x {side} image resized onto {tiles - 1} crop(s) of {v.image_size} x {v.image_size} "
+                 f"(Phi4MultimodalImageProcessor.dynamic_preprocess, at most {v.dynamic_hd}), and the whole image at "
+                 f"{v.image_size} x {v.image_size}: {tiles} tower passes, each 2 x 2 average-pooled"
+                 f"{'' if image_size(s) else '; image_size not given: the largest grid'}")
     elif v.fixed_tiles > 1:
         shape = (f"every square image rescaled to a fixed longest edge and cut into {tiles - 1} tiles of "
                  f"{v.image_size} x {v.image_size}, and the whole image at {v.image_size} x {v.image_size}: {tiles} "
@@ -286,7 +331,7 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
     first = (f"vision tower: {m.vision_parameters:,} parameters (tower and projector), {tower_held(s, m)}; each image is {tokens:,} image tokens of the language model's sequence and "
              f"{patches:,} patches of {v.patch_size} x {v.patch_size} ({shape}){cls} through {v.num_layers} "
              "tower layers")
-    out = [first, *_tower_dequant_note(s, m)]
+    out = [first, *([v.param_note] if v.param_note else []), *_tower_dequant_note(s, m)]
     if s.task != "serve" and (unmatched := transformers_unmatched(m)):
         out.append(f"not modelled: transformers 5.24 matches the skip entries {unmatched} from a module name's start "
                    "or as its suffix (should_convert_module), so they do not reach the tower's modules under their 5.x "

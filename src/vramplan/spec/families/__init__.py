@@ -44,6 +44,7 @@ from vramplan.spec.families.neox import GPT_NEOX
 from vramplan.spec.families.opt import OPT
 from vramplan.spec.families.paligemma import PALIGEMMA
 from vramplan.spec.families.phi import PHI
+from vramplan.spec.families.phi4_multimodal import PHI4_MULTIMODAL
 from vramplan.spec.families.qwen2_5_vl import QWEN2_5_VL
 from vramplan.spec.families.qwen2_vl import QWEN2_VL
 from vramplan.spec.families.qwen3_next import QWEN3_NEXT
@@ -74,6 +75,9 @@ FAMILIES: dict[str, Family] = {
     # held beside it: the Thinker's generate and PEFT training estimated, full fine-tuning and serving refused
     # (Traits.held_modules)
     "qwen3_omni_moe": QWEN3_OMNI_MOE,
+    # Phi-4-multimodal: a Phi-3 language model, a SigLIP tower with dynamic crops and a conformer audio encoder in
+    # embed_tokens_extend (audio input not modelled)
+    "phi4_multimodal": PHI4_MULTIMODAL,
     # cross-attention to the image (Llama 3.2 Vision): parameters only, every task refused (spec/checks.py)
     "mllama": MLLAMA,
     # Llama 4: experts run on every token, chunked local attention, a tiled image path: parameters counted, the
@@ -154,7 +158,8 @@ def transformers_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out = flatten_text_config(cfg, default_type="gemma3_text")
     if outer is not None and outer.text_model_type and isinstance(cfg.get("vision_config"), Mapping):
         # a vision-language model's language model alone (the traced engine's report says the tower is not traced)
-        out = {k: v for k, v in out.items() if k not in ("vision_config", "text_config")}
+        # (and Phi-4-multimodal's audio_config)
+        out = {k: v for k, v in out.items() if k not in ("vision_config", "text_config", "audio_config")}
         # the text config's own model_type where it names a text family (LLaVA's language model may be a Llama,
         # a Mistral, a Qwen2), else the family's (Qwen2.5-VL's "qwen2_5_vl_text" is built as qwen2; a text_config
         # without one, left to its configuration class's defaults, is the family's too, not flatten_text_config's
