@@ -147,7 +147,7 @@ def test_saved_activations_and_states_are_bf16_mixed_ones() -> None:
     (_doc("bf16-mixed", mx={"recipe_name": "mxfp8_cublas_rceil"}), "train.mx", "mxfp8-torchao"),
     # 1 x 48 tokens: the dim1 casts block the tokens by 32
     (_doc(train={"seq_len": 48}), "train.seq_len", "multiple of 32"),
-    # NVFP4 training is not in torchao 0.14.1
+    # NVFP4 training is in neither torchao 0.14.1 nor 0.16.0
     (_doc("nvfp4-torchao"), "train.precision", "mxfp8-torchao"),
 ])
 def test_refusals(doc: dict[str, Any], where: str, fix: str) -> None:
@@ -158,8 +158,18 @@ def test_refusals(doc: dict[str, Any], where: str, fix: str) -> None:
 
 
 def test_nvfp4_refusal_names_what_torchao_has() -> None:
-    with pytest.raises(ScenarioError, match="NVFP4 training is not in torchao 0.14.1"):
+    with pytest.raises(ScenarioError, match="NVFP4 training is not modelled: torchao 0.14.1 and 0.16.0"):
         estimate(_doc("nvfp4"))
+
+
+def test_nvfp4_refusal_names_the_stacks_checked() -> None:
+    # the refusal names both stacks read, the releases and what is missing from each
+    with pytest.raises(ScenarioError) as e:
+        estimate(_doc("nvfp4-te"))
+    msg = " ".join(p.message for p in e.value.problems if p.where == "train.precision")
+    for part in ("torchao 0.14.1 and 0.16.0", "moe_training.nvfp4_training", "Transformer Engine 2.8+",
+                 "NVFP4BlockScaling", "Megatron-Core is modelled with --bf16 or fp32 only"):
+        assert part in msg, msg
 
 
 def test_blackwell_gpus_run_it() -> None:

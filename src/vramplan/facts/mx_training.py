@@ -52,10 +52,30 @@ of 32 (``to_mx``: "must be divisible by block_size"); the CUDA dim1 cast both di
 whose name contains one of its ``fqns`` (all of them, the head included, when ``fqns`` is empty), with no
 dimension filter; that layout is not modelled.
 
-NVFP4: torchao v0.14.1 has no NVFP4 training linear.  ``mx_formats`` offers ``NVFP4InferenceConfig`` (inference)
-and ``prototype/qat/nvfp4.py`` ``NVFP4FakeQuantizedLinear`` (quantization-aware training: NVFP4 forward, a bf16
-backward on dequantized copies); torchtitan's ``nvfp4`` converter (commit bcc0929, 2026) imports
-``torchao.prototype.moe_training.nvfp4_training``, which 0.14.1 does not have.  ``NVFP4_REFUSAL`` says so.
+NVFP4 (e2m1 elements packed two per byte, one e4m3 scale per 16 elements, one fp32 per-tensor scale) training is
+refused, ``NVFP4_REFUSAL``; the stacks read:
+
+* torchao v0.14.1 and v0.16.0 have no NVFP4 training linear.  ``mx_formats`` offers NVFP4 inference (v0.14.1
+  ``NVFP4InferenceConfig``; v0.16.0 ``NVFP4DynamicActivationNVFP4WeightConfig``, ``NVFP4WeightOnlyConfig``) and
+  ``prototype/qat/nvfp4.py`` ``NVFP4FakeQuantizedLinear`` (quantization-aware training: the forward saves the
+  NVFP4 input and weight, ``ctx.save_for_backward(_input, weight)``, and the backward dequantizes both and runs
+  two bf16 ``torch.mm``); neither release has ``prototype/moe_training/nvfp4_training`` (v0.16.0's
+  ``moe_training`` holds ``scaled_grouped_mm.py``, ``tensor.py``, ``conversion_utils.py``, ``kernels``, ``ep``),
+  which torchtitan's ``nvfp4`` converter (commit bcc0929, 2026) imports (later torchao source has it:
+  ``NVFP4TrainingConfig``, ``NVFP4Linear``);
+* Transformer Engine has the ``NVFP4BlockScaling`` recipe from v2.8 (absent from v2.7;
+  ``transformer_engine/common/recipe/__init__.py``): the input quantized with a random Hadamard transform on its
+  columnwise copy, the weight with 16 x 16 (2D) blocks, the gradient with the Hadamard transform and stochastic
+  rounding.  ``pytorch/tensor/nvfp4_tensor.py`` ``NVFP4Quantizer.make_empty``: rowwise data ``uint8`` of shape
+  (M, K / 2), scales ``uint8`` (M rounded up to 128, ceil(K / 16) rounded up to 4), one fp32 amax; the columnwise
+  copy the same on the transposed shape.  ``pytorch/module/linear.py`` ``_Linear.forward`` keeps only the
+  input's columnwise copy for the backward (``update_usage(rowwise_usage=False, columnwise_usage=True)``) and the
+  weight's quantized copy with its columnwise usage added, plus the bf16 weight
+  (``prepare_for_saving(saved_inputmat, weightmat, weight, bias)``); the weight copy is cached across
+  micro-batches under ``cache_name="weight"`` when ``is_first_microbatch`` is given.  The trainers that drive it
+  (Megatron-Core's ``--fp4-format e2m1 --fp4-recipe nvfp4``) are not
+  modelled in NVFP4: Megatron-Core is modelled with ``--bf16`` or fp32 only (spec/megatron.py), and the Transformer
+  Engine rows of the precision table (``fp8-mixed``) count whole bytes per element.
 """
 
 from __future__ import annotations
@@ -78,9 +98,11 @@ CAST_PEAK_PER_ELEMENT = 12
 # torchtitan MXLinearConverter: has_cuda_capability(10, 0)
 MIN_CAPABILITY = (10, 0)
 
-NVFP4_REFUSAL = ("NVFP4 training is not in torchao 0.14.1: it has NVFP4 inference (NVFP4InferenceConfig) and NVFP4 "
-                 "quantization-aware training whose backward is bf16 (prototype/qat/nvfp4.py), and torchtitan's nvfp4 "
-                 "converter needs torchao.prototype.moe_training.nvfp4_training, a later torchao")
+NVFP4_REFUSAL = ("NVFP4 training is not modelled: torchao 0.14.1 and 0.16.0 have no NVFP4 training linear (NVFP4 "
+                 "inference, and quantization-aware training whose backward is bf16, prototype/qat/nvfp4.py), and "
+                 "torchtitan's nvfp4 converter needs torchao.prototype.moe_training.nvfp4_training, in neither release; "
+                 "Transformer Engine 2.8+ has NVFP4BlockScaling (Megatron-Core's --fp4-recipe nvfp4), but Megatron-Core "
+                 "is modelled with --bf16 or fp32 only")
 
 Gemm = Literal["cublas", "emulated"]
 Dim1Cast = Literal["cuda", "torch"]

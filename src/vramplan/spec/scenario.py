@@ -202,7 +202,8 @@ class Train(_Strict):
     precision with no fp32 copy (bf16-true, fp16-true); fp8-mixed as Transformer Engine; fp8-torchao as torchao's
     float8 training (``convert_to_float8_training``, torchtitan's ``float8`` converter), set by ``train.float8``;
     mxfp8-torchao as torchao's MXFP8 training (torchtitan's ``mx`` converter, compute capability 10.0 and up), set by
-    ``train.mx``.  NVFP4 training is refused: torchao 0.14.1 has none.
+    ``train.mx``.  NVFP4 training is refused: torchao 0.14.1 and 0.16.0 have none, and Transformer Engine's
+    NVFP4BlockScaling (2.8+) runs under Megatron-Core, modelled with --bf16 or fp32 only (facts/mx_training.py).
 
     Bytes per parameter follow the framework's convention (docs/conventions.md, Model states;
     vramplan.analytic.precision)."""
