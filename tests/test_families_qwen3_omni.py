@@ -265,3 +265,27 @@ def test_lora_adapters_by_hand() -> None:
 
     r = resolve(_doc("train", micro_batch_size=1, seq_len=1024, peft={"method": "lora", "rank": 8}))
     assert rank_params(r.model, 1, 1, 1, 0, r.scenario.train.peft).lora == 48 * 8 * (6144 + 2560) == 3_342_336
+
+
+def test_plan_finds_lora_setups_and_states_full_fine_tuning_refused() -> None:
+    """The planner resolved the model with the schema's defaults (full fine-tuning), which the held talker refuses,
+    so every plan of Qwen3-Omni was refused, LoRA included.  Now LoRA setups are planned, and a full fine-tuning
+    search fits nothing and its notes give the estimator's refusal."""
+    from vramplan.plan import TrainJob, plan
+
+    res = plan("Qwen/Qwen3-Omni-30B-A3B-Instruct", "H200", 1, TrainJob(seq_len=1024, global_batch=1, peft="lora"))
+    assert res.fits and res.chosen is not None and res.chosen.setup["peft"] is not None
+    full = plan("Qwen/Qwen3-Omni-30B-A3B-Instruct", "H200", 1, TrainJob(seq_len=1024, global_batch=1, peft="none"))
+    assert not full.fits
+    assert any("not searched: the estimator refuses them" in n and "train.peft" in n for n in full.notes)
+
+
+@pytest.mark.parametrize("experts", [0, 4])
+def test_a_nested_moe_with_fewer_experts_than_it_routes_to_is_refused(experts: int) -> None:
+    """A nested language model with no routed experts (thinker_config.text_config.num_experts: 0) raised
+    ZeroDivisionError in num_active_parameters (a traceback, exit 1); top_k 8 of 4 experts is refused alike."""
+    cfg = model_config("Qwen/Qwen3-Omni-30B-A3B-Instruct")
+    text = {**cfg["thinker_config"]["text_config"], "num_experts": experts}
+    bad = {**cfg, "thinker_config": {**cfg["thinker_config"], "text_config": text}}
+    with pytest.raises(ScenarioError, match="1 <= top_k <= the expert count"):
+        model_from_config(bad)

@@ -133,6 +133,42 @@ def test_plan_says_which_file_settings_it_replaces_and_keeps_the_optimizer(tmp_p
     assert res["chosen"]["report"]["scenario"]["train"]["optimizer"] == "adamw-8bit"
 
 
+@pytest.mark.parametrize("peft", [{}, {"method": "lora"}, {"rank": 8}])
+def test_plan_carries_a_peft_block_set_with_defaults(tmp_path: Path, peft: dict[str, object]) -> None:
+    """``peft: {}`` is LoRA with the schema's rank and alpha: planned as LoRA, not refused as an unknown field and
+    not planned as full fine-tuning."""
+    doc = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "hardware": {"gpu": "A10G"},
+           "train": {"seq_len": 512, "peft": peft}}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(doc))
+    code, out, _ = run("plan", str(f), "--json")
+    assert code == 0
+    res = json.loads(out)
+    assert res["chosen"]["report"]["scenario"]["train"]["peft"]["method"] == "lora"
+    # the file's block carries the schema's rank (8), not the planner's own default for --peft (16)
+    assert res["chosen"]["report"]["scenario"]["train"]["peft"]["rank"] == peft.get("rank", 8)
+
+
+def test_plan_refuses_an_adapter_method_it_does_not_search(tmp_path: Path) -> None:
+    """DoRA was planned as LoRA without a word (about 10% less than DoRA's estimate on SmolLM2-135M)."""
+    doc = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "hardware": {"gpu": "A10G"},
+           "train": {"seq_len": 512, "peft": {"method": "dora"}}}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(doc))
+    code, out, err = run("plan", str(f))
+    assert code == 2 and "train.peft.method" in out + err and "plan searches LoRA and QLoRA" in out + err
+
+
+def test_plan_of_an_inline_model_says_nothing_about_its_block(tmp_path: Path) -> None:
+    doc = {"model": {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
+                     "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 32000},
+           "hardware": {"gpu": "A10G"}, "train": {"seq_len": 512}}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(doc))
+    code, out, _ = run("plan", str(f), "--json")
+    assert code == 0 and not any("model" in n and "not used" in n for n in json.loads(out)["notes"])
+
+
 def test_plan_serve() -> None:
     code, out, _ = run("plan", "--task", "serve", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu", "H100-SXM",
                        "--num-gpus", "2", "--max-model-len", "8192", "--concurrency", "64", "--json")

@@ -179,3 +179,13 @@ def test_other_engines_are_refused(model: dict[str, Any], engine: str) -> None:
     with pytest.raises(ScenarioError) as err:
         estimate({"model": model, "task": "serve", "hardware": {"gpu": "H100"}, "serve": {"engine": engine}})
     assert str(err.value).startswith("serve.engine") and "use serve.engine vllm" in str(err.value)
+
+
+def test_a_hybrid_class_without_attention_layers_is_refused() -> None:
+    """vLLM runs Lfm2ForCausalLM as a hybrid whatever its layers: the state page is padded to an attention block
+    (0.11.0 vllm/config/__init__.py:641), so an LFM2 config with no attention layer was estimated with an unpadded
+    page, about 4 x too many blocks; no released checkpoint has no attention layer, so it is refused."""
+    no_attention = {**LFM2_1_2B, "full_attn_idxs": []}
+    with pytest.raises(ScenarioError, match="with no attention layer: vLLM sizes its state pages"):
+        resolve(_doc(no_attention, "0.11.0"))
+    resolve(_doc(LFM2_1_2B, "0.11.0"))  # the released shape is served

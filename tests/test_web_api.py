@@ -3,6 +3,8 @@ field's message for bad input (never a 500), no server file read from a request,
 
 from __future__ import annotations
 
+import copy
+
 import io
 import json
 import math
@@ -353,6 +355,13 @@ def test_an_uploaded_config_is_bounded_in_size(client: TestClient) -> None:
     keys = ("num_local_experts", "n_routed_experts", "num_experts")
     experts = max(int(c.config.get(k) or 0) for c in list_models() for k in keys)
     assert experts == 512 and all(10 * experts <= SIZE_LIMITS[k] for k in keys)
+    # a nested language model (Qwen3-Omni's thinker_config.text_config) is bounded as the top level is: it was not
+    (omni,) = [m for m in list_models() if m.id == "Qwen/Qwen3-Omni-30B-A3B-Instruct"]
+    cfg = copy.deepcopy(omni.config)
+    cfg["thinker_config"]["text_config"]["num_hidden_layers"] = 100_000
+    r = client.post("/api/estimate", json={"model": cfg, "hardware": {"gpu": "H200"}})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["where"] == "model.thinker_config.text_config.num_hidden_layers"
 
 
 def test_limits_and_malformed_bodies(client: TestClient) -> None:

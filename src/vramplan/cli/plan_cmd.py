@@ -295,7 +295,8 @@ def register(app: typer.Typer) -> None:
             with progress("searching setups", quiet=as_json):
                 res = run_plan(opts["model"], str(opts["gpu"]), opts.get("num_gpus") or "1", job, margin=margin,
                                top=top, assumptions=assumptions, gpus_per_node=int(opts.get("gpus_per_node") or 8),
-                               host_memory_gib=host_memory_gib, preface_notes=file_notes)
+                               host_memory_gib=host_memory_gib, preface_notes=file_notes,
+                               offline=bool(opts.get("offline")))
             written: list[Path] = []
             if export is not None:
                 from vramplan.export import write_export

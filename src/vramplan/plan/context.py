@@ -173,13 +173,21 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
     try:
         r = resolve(doc)
     except ScenarioError as exc:
-        if task != "train" or not all(p.where == "train.precision" for p in exc.problems):
+        wheres = {p.where for p in exc.problems}
+        if task != "train" or not wheres <= {"train.precision", "train.peft"}:
             raise
-        # a model whose training the schema's default precision (bf16-mixed) refuses (a parallel hybrid under
-        # autocast, spec/checks.py ``_parallel_hybrid_problems``): the context reads only the model and the GPU, and
-        # every searched setup sets its own precision (plan/space.py leaves out the refused ones)
+        # a model whose training the schema's defaults refuse: the default precision (bf16-mixed) for a parallel
+        # hybrid under autocast (spec/checks.py ``_parallel_hybrid_problems``), full fine-tuning for a model that
+        # holds modules no step runs (Qwen3-Omni's talker, ``held_module_problems``).  The context reads only the
+        # model and the GPU, and every searched setup sets its own precision and PEFT method (the estimator refuses
+        # the setups it does not model, and the plan's notes count them)
         train = doc.get("train")
-        r = resolve({**doc, "train": {**(train if isinstance(train, dict) else {}), "precision": "fp32"}})
+        fixed = {**(train if isinstance(train, dict) else {})}
+        if "train.precision" in wheres:
+            fixed["precision"] = "fp32"
+        if "train.peft" in wheres:
+            fixed["peft"] = {"method": "lora"}
+        r = resolve({**doc, "train": fixed})
     g = r.gpu
     if not has_speed_figures(g):
         raise ScenarioError([Problem("--gpu", f"{g.name} has no speed figures in the GPU catalog",

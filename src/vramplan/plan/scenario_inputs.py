@@ -3,8 +3,9 @@
 A scenario names one setup; the planner searches setups.  Every field the file sets (every value other than the
 schema's default, ``model_dump(exclude_defaults=True)``) is one of:
 
-* **carried** into the search: the model, the GPUs, the job's size (sequence length, global batch, the LoRA rank
-  and alpha), the optimizer row, the torchtitan release; or for serving the context length and concurrency;
+* **carried** into the search: the model, the GPUs, the job's size (sequence length, global batch, the LoRA or
+  QLoRA method, rank and alpha; another adapter method is refused), the optimizer row, the torchtitan release,
+  ``offline``; or for serving the context length and concurrency;
 * **replaced** by the search, and said so in the plan's notes: the knobs the planner chooses itself (framework,
   precision, checkpointing, attention, sharding and offload, parallel degrees, the pipeline schedule, LoRA target
   modules and the 4-bit format; for serving the tensor-parallel degree, dtypes and vLLM's engine settings), and the
@@ -35,9 +36,11 @@ TRAIN_CARRIED = frozenset({*_COMMON_CARRIED, "train.seq_len", "train.micro_batch
 TRAIN_SEARCHED = ("framework", "train.precision", "train.gradient_checkpointing", "train.checkpoint_every_n_layers",
                   "train.deepspeed_checkpointing", "train.attention", "train.quantization", "train.peft.target_modules",
                   "train.peft.dropout", "parallel.", "software.")
+# the adapter methods the search builds (plan/space.py); DoRA and the others would be planned as LoRA
+PLANNED_PEFT = ("lora", "qlora")
 SERVE_CARRIED = frozenset({*_COMMON_CARRIED, "serve.max_model_len", "serve.max_num_seqs"})
 # the serving search chooses tp, the weights' and the cache's dtype, and plans vLLM's defaults for the rest
-SERVE_SEARCHED = ("parallel.tp", "serve.dtype", "serve.quantization", "serve.kv_cache_dtype",
+SERVE_SEARCHED = ("framework", "parallel.tp", "serve.dtype", "serve.quantization", "serve.kv_cache_dtype",
                   "serve.max_num_batched_tokens", "serve.block_size", "serve.gpu_memory_utilization",
                   "serve.cuda_graphs", "serve.cudagraph_capture_sizes", "serve.max_cudagraph_capture_size",
                   "serve.cudagraph_mode", "serve.vllm_version", "serve.vllm_sampler", "software.")
@@ -102,7 +105,14 @@ def plan_inputs(sc: Scenario) -> PlanInputs:
     unused: list[str] = []
     for path, value in set_fields(sc):
         block = path.split(".")[0]
-        if path in carried:
+        if path == "train.peft.method" and value not in PLANNED_PEFT:
+            problems.append(Problem(path, f"is {value!r} in the scenario, but plan searches LoRA and QLoRA adapters "
+                                    f"only ({', '.join(PLANNED_PEFT)})", "check the setup with `vramplan estimate`, or "
+                                    "set train.peft.method: lora to plan the LoRA job"))
+            continue
+        # the model (a name or an inline config.json), and a block set with its defaults only (``peft: {}``: LoRA
+        # with the schema's rank and alpha) are carried
+        if path in carried or block == "model" or (value == {} and any(c.startswith(path + ".") for c in carried)):
             continue
         if block not in TASK_BLOCKS[sc.task]:
             if block not in unused:
@@ -116,7 +126,7 @@ def plan_inputs(sc: Scenario) -> PlanInputs:
         raise ScenarioError(problems)
     notes += [f"the scenario's {b} block is not used by a {sc.task} plan" for b in unused]
     out: dict[str, Any] = {"model": sc.model, "gpu": sc.hardware.gpu, "num_gpus": str(sc.hardware.num_gpus),
-                           "task": sc.task, "gpus_per_node": sc.hardware.gpus_per_node}
+                           "task": sc.task, "gpus_per_node": sc.hardware.gpus_per_node, "offline": sc.offline}
     if sc.task == "serve":
         out["max_model_len"] = sc.serve.max_model_len
         # a scenario that leaves max_num_seqs to vLLM plans 256 sequences at once (the schema's default before

@@ -226,13 +226,14 @@ def _margin_text(task: str, margin: float, ctx: PlanContext) -> str:
 def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[int], job: TrainJob | ServeJob,
          margin: float = DEFAULT_MARGIN, top: int = DEFAULT_TOP, assumptions: PerfAssumptions = DEFAULT_ASSUMPTIONS,
          gpus_per_node: int = 8, host_memory_gib: float | None = None, explain: bool = True,
-         exhaustive: bool = False, preface_notes: Sequence[str] = ()) -> PlanResult:
+         exhaustive: bool = False, preface_notes: Sequence[str] = (), offline: bool = False) -> PlanResult:
     """The fastest setups of ``job`` that fit ``num_gpus`` x ``gpu`` with ``margin`` of capacity to spare.
 
     ``num_gpus`` may be one count, a range ``"1-8"`` or a list; the answer ranks setups over all
     of them by predicted step time (training) or generated tokens per second (serving).
     ``host_memory_gib``: host RAM per node available for offload (None: not checked, but reported).
     ``preface_notes``: the caller's notes, first in the result's (a scenario file's fields the search replaced).
+    ``offline``: resolve a Hub id from the local cache only (the scenario's ``offline``, as HF_HUB_OFFLINE=1 does).
     """
     t0 = time.perf_counter()
     counts = parse_gpu_counts(num_gpus)
@@ -245,6 +246,8 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
                                 else {"serve": {"max_model_len": job.max_model_len}})
     if isinstance(job, TrainJob) and job.torchtitan is not None:
         job_keys["software"] = {"torchtitan": job.torchtitan}
+    if offline:
+        job_keys["offline"] = True
     ctx = make_context(model, gpu, margin, assumptions, task, job_keys)
     if task == "serve" and ctx.model.mamba is not None:
         # the decode step time (plan/steptime/serve.py) reads every layer's KV cache and attends in every layer;
@@ -320,7 +323,7 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         result = explain_result(ctx, job, counts, result, gpus_per_node)
         if result.suggestions:
             kw = {"margin": margin, "assumptions": assumptions, "gpus_per_node": gpus_per_node,
-                  "host_memory_gib": host_memory_gib}
+                  "host_memory_gib": host_memory_gib, "offline": offline}
             result = _verified(result, model, ctx.gpu.name, counts, job, kw)
     return result
 

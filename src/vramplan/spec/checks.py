@@ -697,6 +697,15 @@ def _linear_mixer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         # serve/mamba_pages.py, the releases checked by serve/vllm.py _hybrid_rule (facts/vllm_releases.py
         # LINEAR_MIXER_V1_FROM)
         if s.serve.engine == "vllm":
+            if m.mamba is not None and len(m.mamba.layers) >= m.num_layers:
+                # vLLM runs Qwen3NextForCausalLM and Lfm2ForCausalLM as hybrids (IsHybrid) whatever the layer mix:
+                # its page sizing pads the state page to an attention block (0.11.0 vllm/config/__init__.py:641,
+                # model_executor/models/config.py:344-394), which a model without attention layers has none of; no
+                # released checkpoint is such a model
+                return [Problem("model", f"{what}, with no attention layer: vLLM sizes its state pages from the "
+                                "attention layers of these hybrid classes, which this config has none of (no released "
+                                "checkpoint is such a model), so its pool is not estimated",
+                                "give the model's published config.json, whose attention layers vLLM pages")]
             return []
         return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: its pool for "
                         "these layers' state (SGLang's MambaPool beside the token pool, llama.cpp's recurrent-state "

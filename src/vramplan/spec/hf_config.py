@@ -81,10 +81,18 @@ def model_from_config(config: Mapping[str, Any], name: str = "custom", where: st
         model_type, fam = _family(cfg, where)
         _check(cfg, model_type, fam, where)
         # which of a vision tower's linears the checkpoint stores quantized (spec/vision_quant.py)
-        return with_tower_quantization(fam.build(cfg, model_type, name))
+        spec = with_tower_quantization(fam.build(cfg, model_type, name))
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
         # a config.json is untrusted input: a field of the wrong type or value that an adapter cannot read
         # (``attention_dropout: ":"``, a list where a size goes) is the user's problem to fix, not a crash
         raise ScenarioError([Problem(where, f"config.json has a value the {config.get('model_type')!s} adapter "
                                      f"cannot read ({type(exc).__name__}: {str(exc)[:200]})",
                                      "give the config.json as the model's Hugging Face repository has it")]) from None
+    if spec.moe is not None and not 1 <= spec.moe.top_k <= spec.moe.num_experts:
+        # every MoE term divides by the expert count or picks top_k of them (``num_active_parameters``); a nested
+        # config (Qwen3-Omni's thinker_config.text_config) reaches here past the top level's checks
+        raise ScenarioError([Problem(where, f"config.json has {spec.moe.num_experts} routed experts with "
+                                     f"{spec.moe.top_k} chosen per token: a mixture-of-experts model needs at least "
+                                     "one expert and 1 <= top_k <= the expert count",
+                                     "give the config.json as the model's Hugging Face repository has it")])
+    return spec

@@ -36,14 +36,24 @@ SIZE_LIMITS = {"num_hidden_layers": 1280, "n_layer": 1280, "num_layers": 1280, "
                "num_local_experts": 5120, "n_routed_experts": 5120, "num_experts": 5120}
 
 
+def _sections(cfg: dict[str, Any], where: str, depth: int = 3) -> list[tuple[str, dict[str, Any]]]:
+    """The config and every nested ``*_config`` mapping under it (a VLM's ``text_config``, Qwen3-Omni's
+    ``thinker_config.text_config`` and ``talker_config``), each with its dotted place."""
+    out = [(where, cfg)]
+    if depth > 0:
+        for k, v in cfg.items():
+            if k.endswith("_config") and isinstance(v, dict):
+                out += _sections(v, f"{where}.{k}", depth - 1)
+    return out
+
+
 def _check_sizes(cfg: dict[str, Any], where: str) -> None:
     problems = []
-    text = cfg.get("text_config")
-    for section in (cfg, text if isinstance(text, dict) else {}):
+    for place, section in _sections(cfg, where):
         for key, limit in SIZE_LIMITS.items():
             v = section.get(key)
             if isinstance(v, int) and v > limit:
-                problems.append(Problem(f"{where}.{key}", f"{v:,} is more than this server estimates ({limit:,})",
+                problems.append(Problem(f"{place}.{key}", f"{v:,} is more than this server estimates ({limit:,})",
                                         "run `vramplan estimate` locally for such a model"))
     if problems:
         raise ScenarioError(problems)
