@@ -215,3 +215,11 @@ def test_estimator_default_follows_the_objective() -> None:
     # --advantage_estimator gae (line 384) under ppo; group_norm under grpo
     assert resolve(_scenario(**APART)).scenario.rl.openrlhf.advantage_estimator == "gae"
     assert resolve(_scenario("grpo", **APART)).scenario.rl.openrlhf.advantage_estimator == "group_norm"
+
+
+def test_report_scenario_estimates_again_to_itself(
+        colocated: tuple[Report, TrainResult, RolloutMemory, CriticStep]) -> None:
+    from vramplan.spec.scenario import Scenario
+
+    rep = colocated[0]
+    assert estimate(Scenario.model_validate(rep.scenario)).per_gpu.lifecycle == rep.per_gpu.lifecycle
