@@ -223,3 +223,19 @@ def test_report_scenario_estimates_again_to_itself(
 
     rep = colocated[0]
     assert estimate(Scenario.model_validate(rep.scenario)).per_gpu.lifecycle == rep.per_gpu.lifecycle
+
+
+def test_critic_defaults_of_the_release_read() -> None:
+    from vramplan.facts.openrlhf import openrlhf_defaults
+
+    # train_ppo_ray.py v0.8.11: --colocate_critic_reward false (line 211), --advantage_estimator gae (384)
+    row = openrlhf_defaults("0.8.11")
+    assert (row.colocate_critic_reward, row.advantage_estimator) == (False, "gae")
+    # null colocate_critic_reward is filled into the echo
+    assert resolve(_scenario(**APART)).scenario.rl.openrlhf.colocate_critic_reward is False
+
+
+def test_value_model_given_as_the_policy_is_the_default() -> None:
+    sc = _scenario(**COLOCATED)
+    given = {**sc, "rl": {**sc["rl"], "value_model": M}}
+    assert estimate(given).per_gpu.lifecycle == estimate(sc).per_gpu.lifecycle
