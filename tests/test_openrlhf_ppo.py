@@ -239,3 +239,21 @@ def test_value_model_given_as_the_policy_is_the_default() -> None:
     sc = _scenario(**COLOCATED)
     given = {**sc, "rl": {**sc["rl"], "value_model": M}}
     assert estimate(given).per_gpu.lifecycle == estimate(sc).per_gpu.lifecycle
+
+
+def test_tied_head_critic() -> None:
+    # Qwen2.5-0.5B ties its head to the embedding (494,032,768 parameters, the embedding counted once): the critic
+    # keeps the embedding and adds the value head, 494,032,768 + 896 = 494,033,664; the tied head's gradient
+    # contribution to the embedding's is the actor's only
+    q = "Qwen/Qwen2.5-0.5B"
+    sc = {"model": q, "framework": "openrlhf", "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+          "train": {"objective": "ppo"}, "rl": {"reward_model": q, "rollout": {"vllm_version": "0.10.2"},
+                                                "openrlhf": {"bf16": True, "vllm_num_engines": 2}}}
+    r = resolve(sc)
+    pr = Resolved(openrlhf.policy_scenario(r.scenario), r.model, r.gpu, r.assumptions)
+    tr, cs = train_step(pr), critic_step(pr)
+    assert tr.context is not None and openrlhf.critic_params(tr.context) == 494_033_664
+    # ZeRO-2: the critic's whole bf16 parameters, 2 x 494,033,664
+    assert cs.resident.get(K.CRITIC_WEIGHTS) == 988_067_328
+    assert max(mo.get(K.TIED_EMBEDDING) for mo in tr.moments) > 0
+    assert max(mo.get(K.TIED_EMBEDDING) for mo in cs.moments) == 0

@@ -13,9 +13,9 @@ Its step is computed as the actor's model's DeepSpeed step with a plain loss (ob
 tensors): every tensor sized by the parameters (the half parameters' shard, the fp32 master, AdamW's two states, the
 gradient partition) scaled by the critic's parameters over the policy's (``critic_params / P``: every parameter has
 the same dtype and state layout), the LM head's logits and loss tensors left out (a value head's ``b S`` numbers
-instead), the rest (saved activations, layer temporaries, DeepSpeed's fixed reduce buckets, a gathered unit at
-ZeRO-3, cuBLAS workspaces) as computed.  Each row is relabelled as the critic's so that it adds to, not merges
-with, the actor's rows of the same name.
+instead; with a tied head, its gradient's contribution to the embedding's too), the rest (saved activations, layer
+temporaries, DeepSpeed's fixed reduce buckets, a gathered unit at ZeRO-3, cuBLAS workspaces) as computed.  Each row
+is relabelled as the critic's so that it adds to, not merges with, the actor's rows of the same name.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ _SCALED: dict[tuple[str, str], Key] = {
 _KEPT: dict[tuple[str, str], Key] = {
     (K.DS_REDUCE_BUCKETS.part, K.DS_REDUCE_BUCKETS.label): K.CRITIC_GRADIENTS,
 }
-# the LM head's loss tensors, absent from a value model's step
-_DROPPED = frozenset((k.part, k.label) for k in (K.LOSS_FORWARD, K.LOSS_BACKWARD))
+# the LM head's loss tensors and, with a tied head, its gradient's contribution to the embedding's: absent from a
+# value model's step (no LM head)
+_DROPPED = frozenset((k.part, k.label) for k in (K.LOSS_FORWARD, K.LOSS_BACKWARD, K.TIED_EMBEDDING))
 
 
 @dataclass(frozen=True)
