@@ -192,7 +192,7 @@ def test_report_scenario_estimates_again_to_itself(colocated: tuple[Report, Trai
     ({"vllm_num_engines": 8}, {"rollout": {"gpu_memory_utilization": 0.6}}, {}, "rl.rollout.gpu_memory_utilization"),
     ({"vllm_num_engines": 8}, {"rollout": {"max_prompt_len": 256}}, {}, "rl.rollout.max_prompt_len"),
     ({"vllm_num_engines": 8}, {}, {"micro_batch_size": 2}, "train.micro_batch_size"),
-    ({"vllm_num_engines": 8}, {}, {"objective": "ppo"}, "train.objective"),
+    ({"vllm_num_engines": 8}, {}, {"objective": "dpo"}, "train.objective"),
     ({"vllm_num_engines": 8}, {}, {"peft": {"method": "lora"}}, "train.peft"),
 ])
 def test_refused_with_the_reason(keys: dict[str, Any], rl: dict[str, Any], train: dict[str, Any], where: str) -> None:

@@ -29,6 +29,7 @@ from vramplan.analytic.lifecycle import (
     packed_reserved,
 )
 from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
+from vramplan.analytic.lifecycle.openrlhf import CriticStep, critic_step
 from vramplan.analytic.lifecycle.ppo import ppo_job
 from vramplan.analytic.lifecycle.scoring import scoring_phase
 from vramplan.analytic.lifecycle.steps import between_steps, first_step
@@ -345,44 +346,116 @@ def _verl_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     return rep if ro.starts else rep.model_copy(update={"fits": False})
 
 
-def _openrlhf_phases(tr: TrainResult, o: openrlhf.OpenRlhfSetup, ro: RolloutMemory | None, ref: Moment,
+@dataclass(frozen=True)
+class _OpenRlhfGuests:
+    """What OpenRLHF's other models keep on an actor GPU between their uses (analytic/openrlhf.py): the reference's
+    parameters, the reward model's, the critic's engine (its states out under ``deepspeed_enable_sleep``), and the
+    critic's step when colocated (None otherwise)."""
+
+    ref: Moment
+    reward: Moment
+    critic: Moment
+    critic_step: CriticStep | None
+
+    @property
+    def all(self) -> Moment:
+        return _plus(_plus(self.ref, self.reward), self.critic)
+
+
+def _openrlhf_phases(tr: TrainResult, o: openrlhf.OpenRlhfSetup, ro: RolloutMemory | None, g: _OpenRlhfGuests,
                      asleep: Moment) -> list[PhasePeak]:
-    """OpenRLHF's iteration on an actor GPU (analytic/openrlhf.py): rollout, scoring, reference scoring and weight
-    sync over what the actor keeps there (its states in host memory under ``deepspeed_enable_sleep``), the
-    reference's parameters when on this GPU (``ref``) and the engine when colocated (``asleep``: what it keeps while
-    it sleeps, or all of it awake)."""
+    """OpenRLHF's iteration on an actor GPU (analytic/openrlhf.py): rollout, the reward model's, the actor's, the
+    critic's and the reference's scorings, the critic's update and the weight sync over what the actor keeps there
+    (its states in host memory under ``deepspeed_enable_sleep``), the other models' parameters when on this GPU
+    (``g``) and the engine when colocated (``asleep``: what it keeps while it sleeps, or all of it awake)."""
     c, lay = tr.context, tr.layout
     assert c is not None and lay is not None
     away = between_steps(tr.terms, "rollout")
     if o.states_offloaded:
         # offload_deepspeed_states: optim_states, hp_params, contiguous_grad_buffer, lp_grads
         away = away.without(K.OPTIMIZER_STATES, K.MASTER, K.DS_REDUCE_BUCKETS)
-    rollout = _plus(away, ref)
+    guests = g.all
+    rollout = _plus(away, guests)
     if ro is not None:
         rollout.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache)
         rollout.add(K.ROLLOUT_ACTIVATIONS, ro.activations).add(K.ROLLOUT_OTHER, ro.other)
     tokens = o.prompt + o.response
     forward = openrlhf.log_prob_forward_bytes(c, lay, o.micro_rollout, tokens)
     gathered = lay.gathered if o.zero_stage == 3 else 0
-    scoring = _plus(_plus(away.copy("scoring"), ref), asleep).add(K.GATHERED, gathered)
+    scoring = _plus(_plus(away.copy("scoring"), guests), asleep).add(K.GATHERED, gathered)
     scoring.add(K.SCORING_FORWARD, forward)
     phases = [PhasePeak(mo.phase, mo, packed_reserved(mo)) for mo in (rollout, scoring)]
     if o.ref_on_actor_gpu:
         # the reference's own process: a ZeRO-3 engine gathers one layer at a time in bf16, like the actor's
-        ref_scoring = _plus(_plus(away.copy("reference scoring"), ref), asleep).add(K.GATHERED, gathered)
+        ref_scoring = _plus(_plus(away.copy("reference scoring"), guests), asleep).add(K.GATHERED, gathered)
         ref_scoring.add(K.SCORING_FORWARD, forward)
         phases.append(PhasePeak(ref_scoring.phase, ref_scoring, packed_reserved(ref_scoring)))
+    # the reward model's and the critic's forwards (make_experience): a value head, no logits
+    for name, here, response in (("reward scoring", o.reward_on_actor_gpu, 0),
+                                 ("critic scoring", o.critic_on_actor_gpu, o.response)):
+        if here:
+            mo = _plus(_plus(away.copy(name), guests), asleep).add(K.GATHERED, gathered)
+            mo.add(K.CRITIC_FORWARD, openrlhf.value_forward_bytes(c, lay, o.micro_rollout, tokens, response))
+            phases.append(PhasePeak(name, mo, packed_reserved(mo)))
+    if g.critic_step is not None:
+        # ppo_train: the critic's fit (its states reloaded) before the actor's, awaited under colocate_all_models
+        beside = _plus(_plus(away.copy("critic training step"), _plus(g.ref, g.reward)), asleep)
+        step = max((_plus(beside, mo) for mo in g.critic_step.moments), key=lambda mo: mo.total)
+        phases.append(PhasePeak(step.phase, step, packed_reserved(step)))
     # _broadcast_to_vllm: the engines woken whole (wake_up()), one parameter gathered and / or cloned at a time
-    sync = _plus(away.copy("weight sync"), ref).add(K.SYNC_PARAMETER, openrlhf.sync_bytes(c, o))
+    sync = _plus(away.copy("weight sync"), guests).add(K.SYNC_PARAMETER, openrlhf.sync_bytes(c, o))
     if ro is not None:
         sync.add(K.ROLLOUT_WEIGHTS, ro.weights).add(K.ROLLOUT_KV, ro.kv_cache).add(K.ROLLOUT_OTHER, ro.other)
     phases.append(PhasePeak(sync.phase, sync, packed_reserved(sync)))
     return phases
 
 
+def _openrlhf_guests(pr: Resolved, tr: TrainResult, o: openrlhf.OpenRlhfSetup) -> tuple[_OpenRlhfGuests,
+                                                                                        CriticStep | None]:
+    """The other models' residents on an actor GPU, and the critic's step wherever it runs (None without one)."""
+    c = tr.context
+    assert c is not None
+    n = pr.scenario.hardware.num_gpus
+    cs = critic_step(pr) if o.critic else None
+    ref = Moment("").add(K.REFERENCE_WEIGHTS, openrlhf.reference_bytes(c, o, n) if o.ref_on_actor_gpu else 0)
+    reward = Moment("").add(K.REWARD_WEIGHTS, openrlhf.reward_bytes(c, o, n) if o.reward_on_actor_gpu else 0)
+    critic = Moment("")
+    if cs is not None and o.critic_on_actor_gpu:
+        critic = (cs.resident.without(K.CRITIC_OPTIMIZER, K.CRITIC_MASTER, K.CRITIC_GRADIENTS)
+                  if o.states_offloaded else cs.resident)
+    return _OpenRlhfGuests(ref, reward, critic, cs if o.critic_on_actor_gpu else None), cs
+
+
+def _openrlhf_apart_notes(tr: TrainResult, o: openrlhf.OpenRlhfSetup, cs: CriticStep | None, n: int) -> list[str]:
+    """The critic's and the reward model's GPUs when not the actor's (``colocate_all_models`` false)."""
+    c, lay = tr.context, tr.layout
+    assert c is not None and lay is not None
+    gathered = lay.gathered if o.zero_stage == 3 else 0
+    tokens = o.prompt + o.response
+    reward = openrlhf.reward_bytes(c, o, n)
+    reward_scoring = reward + gathered + openrlhf.value_forward_bytes(c, lay, o.micro_rollout, tokens, 0)
+    notes = []
+    if cs is not None and not o.colocate_all:
+        kept = cs.resident.total - (cs.offloadable if o.states_offloaded else 0)
+        scoring = kept + gathered + openrlhf.value_forward_bytes(c, lay, o.micro_rollout, tokens, o.response)
+        training = max(mo.total for mo in cs.moments)
+        shared = o.reward and o.colocate_critic_reward
+        if shared:
+            scoring, training = max(scoring + reward, kept + reward_scoring), training + reward
+        notes.append(f"OpenRLHF critic GPU (not this one): about {training / GiB:.2f} GiB at its training step, "
+                     f"{scoring / GiB:.2f} GiB at its scorings (its DeepSpeed engine"
+                     + (", the reward model's parameters and forward (colocate_critic_reward)" if shared else "")
+                     + ") beside its CUDA context")
+    if o.reward and not o.colocate_all and not (cs is not None and o.colocate_critic_reward):
+        notes.append(f"OpenRLHF reward model GPU (not this one): about {reward_scoring / GiB:.2f} GiB at its scoring "
+                     "forward (its parameters, a gathered layer at ZeRO-3, the forward's tensors)")
+    return notes
+
+
 def _openrlhf_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
-    """An OpenRLHF GRPO job (framework: openrlhf, analytic/openrlhf.py) on one of the actor's GPUs: the actor's
-    DeepSpeed update as the training step, the rollout, scorings and weight sync as phases of their own."""
+    """An OpenRLHF GRPO or PPO job (framework: openrlhf, analytic/openrlhf.py) on one of the actor's GPUs: the
+    actor's DeepSpeed update as the training step, the rollout, scorings, the critic's update and the weight sync as
+    phases of their own."""
     s = r.scenario
     if problems := openrlhf.openrlhf_problems(s):
         raise ScenarioError(problems)
@@ -399,15 +472,15 @@ def _openrlhf_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     colocated = ro if o.colocate_all else None
     asleep = _rl_extra(0, colocated) if colocated is not None else Moment("")
     ref_gpus = s.hardware.num_gpus
-    ref = Moment("").add(K.REFERENCE_WEIGHTS, openrlhf.reference_bytes(tr.context, o, ref_gpus)
-                         if o.ref_on_actor_gpu else 0)
-    extra = _plus(asleep, ref)
-    processes = 1 + (1 if o.ref_on_actor_gpu else 0) + (1 if o.colocate_all else 0)
+    guests, cs = _openrlhf_guests(pr, tr, o)
+    extra = _plus(asleep, guests.all)
+    processes = (1 + (1 if o.ref_on_actor_gpu else 0) + (1 if o.colocate_all else 0)
+                 + (1 if o.critic_on_actor_gpu else 0) + (1 if o.reward_on_actor_gpu else 0))
     outside = {"cuda_context": ctx * processes, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
                "managed": tr.managed_bytes}
     res_bytes, how = _step_reserved(pr, tr, {**outside, "openrlhf": extra.total}, reserved)
     steady = PhasePeak("training step", _plus(tr.peak, extra), res_bytes + extra.total)
-    phases = sorted([steady, *_openrlhf_phases(tr, o, colocated, ref, asleep)],
+    phases = sorted([steady, *_openrlhf_phases(tr, o, colocated, guests, asleep)],
                     key=lambda p: OPENRLHF_ORDER.index(p.name))
     table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
     top = max(phases, key=lambda p: (p.moment.total, p is steady))
@@ -416,6 +489,11 @@ def _openrlhf_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
     offloaded = (between.get(K.MASTER) + between.get(K.DS_REDUCE_BUCKETS)
                  + sum(between.parts.get(K.OPTIMIZER_STATES.part, {}).values()) if o.states_offloaded else 0)
     ref_host = 2 * tr.context.rp.total // ref_gpus if o.reference and o.ref_offload and o.zero_stage == 3 else 0
+    # the critic's and the reward model's host bytes when their processes share this GPU
+    if guests.critic_step is not None:
+        ref_host += guests.critic_step.host + (guests.critic_step.offloadable if o.states_offloaded else 0)
+    if o.reward_on_actor_gpu and o.ref_offload and o.zero_stage == 3:
+        ref_host += 2 * openrlhf.critic_params(tr.context) // ref_gpus
     host = Host(offloaded_bytes=tr.host_bytes + offloaded + ref_host + (ro.host_bytes if colocated else 0))
     actor_notes = [n.replace("framework behaviour: deepspeed", "framework behaviour: OpenRLHF (the actor's update as "
                              "a DeepSpeed ZeRO step)") for n in tr.assumptions if "TRL v1.12.0's PPOTrainer" not in n]
@@ -429,6 +507,7 @@ def _openrlhf_train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
             c, tr.layout, o.micro_rollout, o.prompt + o.response) + (tr.layout.gathered if o.zero_stage == 3 else 0)
         notes.append(f"OpenRLHF reference GPU (not this one): about {own / GiB:.2f} GiB at its scoring forward "
                      "(its parameters, a gathered layer at ZeRO-3, the forward's logits)")
+    notes += _openrlhf_apart_notes(tr, o, cs, ref_gpus)
     notes += ro.assumptions
     rep = _report(r, top.moment, [_plus(mo, extra) for mo in tr.moments], outside, host, ServeBlock(), notes,
                   reserved=max(p.reserved_bytes for p in phases), lifecycle=(table, used.name))

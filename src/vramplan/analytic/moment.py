@@ -232,6 +232,14 @@ class K:
     STATE_DICT_UNSHARDED = _k("temporaries", "units unsharded for the state dict (weight sync)",
                               "verl: SHARDED_STATE_DICT's fp32 unsharded root unit, with a layer unit or a clone")
     # OpenRLHF (framework: openrlhf; analytic/openrlhf.py)
+    CRITIC_WEIGHTS = _k("weights", "critic", "OpenRLHF's critic (value model) parameters on this GPU (its shard)")
+    CRITIC_GRADIENTS = _k("gradients", "critic", "the critic's gradients and DeepSpeed reduce buckets (OpenRLHF)")
+    CRITIC_OPTIMIZER = _k("optimizer_states", "critic", "the critic's AdamW states (OpenRLHF)")
+    CRITIC_MASTER = _k("master_weights", "critic", "the critic's fp32 master parameters (OpenRLHF)")
+    CRITIC_ACTIVATIONS = _k("activations", "critic (saved)", "what the critic's forward saved for its backward "
+                            "(OpenRLHF)")
+    CRITIC_FORWARD = _k("temporaries", "critic or reward forward (no grad)",
+                        "OpenRLHF: one no-grad forward of the critic or the reward model (no logits: a value head)")
     OUTPUT_LOGITS_HELD = _k("temporaries", "output logits held (OpenRLHF)",
                             "OpenRLHF: Actor.forward's fp32 logits, held by training_step's output through the "
                             "backward and the optimizer step")
@@ -297,6 +305,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("weight sync", "RL post-training (verl, OpenRLHF): the actor's weights copied into the woken rollout engine"),
     Phase("reference scoring", "RL post-training (verl, OpenRLHF): the reference model's no-grad log-probability "
           "forwards"),
+    Phase("reward scoring", "RL post-training (OpenRLHF): the reward model's no-grad forwards"),
+    Phase("critic scoring", "RL post-training (OpenRLHF PPO): the critic's no-grad value forwards"),
+    Phase("critic training step", "RL post-training (OpenRLHF PPO): the critic's DeepSpeed update"),
     Phase("warm-up", "a benchmark's warm-up matmul after loading (AutoAWQ examples/benchmark.py)"),
 )
 _PHASE_NAMES = frozenset(p.name for p in PHASES)

@@ -1,5 +1,5 @@
-"""OpenRLHF's Ray layout (``framework: openrlhf``, ``train.objective: grpo``): what lives on each actor GPU in each
-phase.
+"""OpenRLHF's Ray layout (``framework: openrlhf``; ``train.objective: grpo``, or ``ppo`` with a critic): what lives
+on each actor GPU in each phase.
 
 Read at OpenRLHF v0.8.11 (tag ``v0.8.11``; defaults in facts/openrlhf.py): ``openrlhf/cli/train_ppo_ray.py``
 ``train``, ``openrlhf/trainer/ray/ppo_actor.py`` ``PolicyModelActor`` / ``ActorPPOTrainer``,
@@ -20,6 +20,18 @@ process (its own CUDA context).  An iteration runs, in order:
   ZeRO-3 (``GatheredParameters``, one at a time) and, colocated, cloned for its CUDA IPC handle
   (``weight = param.data.clone()``); broadcast over NCCL from rank 0 otherwise).
 
+With ``advantage_estimator: gae`` (train.objective ppo) a critic (``openrlhf/trainer/ray/ppo_critic.py``
+``CriticModelActor``) and, without ``--remote_rm_url``, a reward model (``launcher.py`` ``RewardModelActor``, under
+every estimator) run as Ray actors too: both ``get_llm_for_sequence_regression`` (``openrlhf/models/model.py`` line
+20: ``AutoModel``'s base and ``nn.Linear(hidden_size, 1, bias=False)``, lines 174 and 238, no LM head), the critic
+a DeepSpeed training engine of its own (the actor's ``get_ds_train_config``, line 180; its own ``create_optimizer``,
+line 196), the reward model an eval engine as the reference.  ``make_experience`` (``experience_maker.py`` lines
+541-596) runs the reward model's forward, then the actor's, the critic's, the reference's, each synchronised with
+an ``empty_cache`` when colocated; ``ppo_train`` (``ppo_trainer.py`` lines 119-152) fits the critic first (waited
+for under ``colocate_all_models``, its states reloaded and offloaded around it under ``deepspeed_enable_sleep``),
+then the actor.  With ``colocate_all_models`` both share the actor's GPUs; else their own (``colocate_critic_reward``:
+the same ones), noted in the report.
+
 The actor step is vramplan's DeepSpeed ZeRO step (framework deepspeed: bf16 half parameters, fp32 master and Adam
 states, ``FusedAdam``, or ``DeepSpeedCPUAdam`` with ``offload_optimizer: cpu`` under ``adam_offload``) with the loss
 of ``Actor.forward`` (``openrlhf_loss_tensors``).
@@ -31,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from vramplan.analytic.logits import KernelLossTensors
+from vramplan.analytic.ppo import value_params
 from vramplan.errors import Problem
 from vramplan.facts.openrlhf import CRITIC_FREE, VLLM_PIN, OpenRlhfDefaults, openrlhf_defaults
 from vramplan.facts.vllm_releases import parse_release, release_text
@@ -41,8 +54,9 @@ if TYPE_CHECKING:  # analytic/terms/loss.py imports this module while the terms 
     from vramplan.analytic.events import StepLayout
     from vramplan.analytic.terms.context import StepContext
 
-__all__ = ["OpenRlhfSetup", "log_prob_forward_bytes", "marks_openrlhf_loss", "openrlhf_assumptions", "openrlhf_loss_tensors",
-           "openrlhf_problems", "openrlhf_setup", "policy_scenario", "reference_bytes", "rollout_scenario", "sync_bytes"]
+__all__ = ["OpenRlhfSetup", "critic_params", "eval_engine_bytes", "log_prob_forward_bytes", "marks_openrlhf_loss",
+           "openrlhf_assumptions", "openrlhf_loss_tensors", "openrlhf_problems", "openrlhf_setup", "policy_scenario",
+           "reference_bytes", "reward_bytes", "rollout_scenario", "sync_bytes", "value_forward_bytes"]
 
 _T = TypeVar("_T", bool, float, int)
 
@@ -71,6 +85,9 @@ class OpenRlhfSetup:
     response: int
     reference: bool
     packing: bool
+    critic: bool
+    reward: bool
+    colocate_critic_reward: bool
 
     @property
     def sleep_level(self) -> int:
@@ -83,6 +100,17 @@ class OpenRlhfSetup:
         """The reference's process on the actor's GPUs: ``colocate_all_models`` or ``colocate_actor_ref`` share
         the actor's placement group (``train``: ``pg`` for both groups)."""
         return self.reference and (self.colocate_all or self.colocate_actor_ref)
+
+    @property
+    def critic_on_actor_gpu(self) -> bool:
+        """The critic's process on the actor's GPUs: ``colocate_all_models`` keeps the actor's placement group for
+        the critic and the reward model (``train``: ``pg = None`` only without it)."""
+        return self.critic and self.colocate_all
+
+    @property
+    def reward_on_actor_gpu(self) -> bool:
+        """The reward model's process on the actor's GPUs (``colocate_all_models``, as the critic's)."""
+        return self.reward and self.colocate_all
 
     @property
     def states_offloaded(self) -> bool:
@@ -121,6 +149,11 @@ def openrlhf_setup(s: Scenario) -> OpenRlhfSetup:
         response=_pick(o.generate_max_len, row.generate_max_len),
         reference=s.rl.reference_model != "none",
         packing=_pick(o.packing_samples, row.packing_samples),
+        # train_ppo_ray.py: critic_pretrain None for every estimator but gae (line 481)
+        critic=(o.advantage_estimator or "group_norm") == "gae",
+        # a RewardModelActor group unless --remote_rm_url (line 125)
+        reward=s.rl.reward_model is not None,
+        colocate_critic_reward=_pick(o.colocate_critic_reward, row.colocate_critic_reward),
     )
 
 
@@ -203,13 +236,20 @@ def _setup_problems(s: Scenario, o: OpenRlhfSetup) -> list[Problem]:
     def no(where: str, what: str, fix: str) -> None:
         out.append(Problem(where, what, fix))
 
-    if s.train.objective != "grpo":
-        no("train.objective", f"{s.train.objective} under framework openrlhf is not modelled (the critic-free "
-           "estimators' actor, reference and vLLM engines are; PPO's gae adds a critic model)",
-           "use train.objective: grpo")
-    if o.estimator not in CRITIC_FREE:
-        no("rl.openrlhf.advantage_estimator", "gae (PPO) builds a critic model (CriticModelActor, its own DeepSpeed "
-           "training engine) that is not modelled", "use group_norm, dr_grpo, rloo, reinforce or reinforce_baseline")
+    if s.train.objective not in ("grpo", "ppo"):
+        no("train.objective", f"{s.train.objective} under framework openrlhf is not modelled (train_ppo_ray.py: "
+           "grpo, a critic-free advantage estimator, or ppo, gae with a critic, are)", "use train.objective: grpo or ppo")
+    elif s.train.objective == "grpo" and o.estimator not in CRITIC_FREE:
+        no("rl.openrlhf.advantage_estimator", "gae builds a critic model (CriticModelActor): PPO, not a critic-free "
+           "estimator", "set train.objective: ppo, or use group_norm, dr_grpo, rloo, reinforce or reinforce_baseline")
+    elif s.train.objective == "ppo" and o.estimator in CRITIC_FREE:
+        no("rl.openrlhf.advantage_estimator", f"{o.estimator} builds no critic (train_ppo_ray.py sets critic_pretrain "
+           "None): a critic-free estimator, not PPO with a critic", "set train.objective: grpo, or use gae")
+    for key, given in (("reward_model", s.rl.reward_model), ("value_model", s.rl.value_model)):
+        if given is not None and given != s.model:
+            no(f"rl.{key}", f"is {given!r}: a {'critic' if key == 'value_model' else 'reward model'} of another "
+               "architecture than the policy's is not modelled (get_llm_for_sequence_regression: that model's base "
+               "and a value head)", f"leave rl.{key} out or set it to the policy's model {s.model!r}")
     if not o.bf16:
         no("rl.openrlhf.bf16", "is false (OpenRLHF's default): fp32 models (torch_dtype auto) and DeepSpeed without "
            "bf16 are not modelled", "set rl.openrlhf.bf16: true (--bf16)")
@@ -225,9 +265,9 @@ def _setup_problems(s: Scenario, o: OpenRlhfSetup) -> list[Problem]:
     if o.packing:
         no("rl.openrlhf.packing_samples", "packed samples (flash-attn varlen over the unpadded tokens) are not "
            "modelled", "leave it out (OpenRLHF's default false)")
-    if o.ref_offload and o.zero_stage != 3 and o.reference:
-        no("rl.openrlhf.ref_reward_offload", "offloads the reference's parameters through ZeRO-3's offload_param; "
-           "with zero_stage below 3 the reference is a stage-0 engine, whose offload is not modelled",
+    if o.ref_offload and o.zero_stage != 3 and (o.reference or o.reward):
+        no("rl.openrlhf.ref_reward_offload", "offloads the reference's and the reward model's parameters through "
+           "ZeRO-3's offload_param; with zero_stage below 3 they are stage-0 engines, whose offload is not modelled",
            "use zero_stage 3 or leave ref_reward_offload out")
     if o.deepspeed_sleep and not o.colocate_all:
         no("rl.openrlhf.deepspeed_enable_sleep", "without colocate_all_models is not modelled (the option is meant "
@@ -313,14 +353,80 @@ def sync_bytes(c: StepContext, o: OpenRlhfSetup) -> int:
     return largest * ((1 if o.zero_stage == 3 else 0) + (1 if o.colocate_all else 0))
 
 
-def reference_bytes(c: StepContext, o: OpenRlhfSetup, gpus: int) -> int:
-    """The reference's bf16 parameters resident on one of its GPUs: its DeepSpeed eval engine is stage 3 when
-    ``zero_stage`` is 3 (a shard, ``2 P / N``; nothing with ``ref_reward_offload``), else stage 0 (``2 P``)."""
-    if not o.reference:
-        return 0
+def eval_engine_bytes(o: OpenRlhfSetup, params: int, gpus: int) -> int:
+    """An eval engine's bf16 parameters resident on one of its GPUs (the reference's, the reward model's):
+    ``get_ds_eval_config(offload=ref_reward_offload)`` is stage 3 when ``zero_stage`` is 3 (a shard, ``2 P / N``;
+    nothing with ``ref_reward_offload``), else stage 0 (``2 P``)."""
     if o.zero_stage == 3:
-        return 0 if o.ref_offload else 2 * c.rp.total // gpus
-    return 2 * c.rp.total
+        return 0 if o.ref_offload else 2 * params // gpus
+    return 2 * params
+
+
+def reference_bytes(c: StepContext, o: OpenRlhfSetup, gpus: int) -> int:
+    """The reference's bf16 parameters resident on one of its GPUs (``eval_engine_bytes`` of the policy's P)."""
+    return eval_engine_bytes(o, c.rp.total, gpus) if o.reference else 0
+
+
+def critic_params(c: StepContext) -> int:
+    """The critic's (and the reward model's) parameters: the policy's without an untied LM head, with the value head
+    (``nn.Linear(hidden_size, 1, bias=False)``: H), analytic/ppo.py ``value_params``.
+
+    Example (Llama-3-8B: 8,030,261,248 parameters, untied head 128,256 x 4,096 = 525,336,576, H = 4,096):
+    7,504,928,768."""
+    return value_params(c.rp.total, c.rp.lm_head, c.m.hidden_size)
+
+
+def reward_bytes(c: StepContext, o: OpenRlhfSetup, gpus: int) -> int:
+    """The reward model's bf16 parameters on one of its GPUs (``RewardModelActor``: an eval engine)."""
+    return eval_engine_bytes(o, critic_params(c), gpus) if o.reward else 0
+
+
+def value_forward_bytes(c: StepContext, lay: StepLayout, micro_batch: int, tokens: int, response: int) -> int:
+    """One no-grad forward of the critic (``CriticModelActor.forward``) or the reward model (``RewardModelActor.
+    forward``) on ``micro_batch`` sequences of ``tokens`` tokens: the residual stream in and out of a layer
+    (``2 b S H``, the residual dtype) with, if larger, one MLP's tensors (``log_prob_forward_bytes`` without the
+    LM head) or the value head's output (``b S`` in the compute dtype) with the critic's masked fp32 values
+    (``values[:, -R:] * action_mask.float()``: the mask's fp32 copy and the product, ``2 x 4 b R``).
+
+    Worked example (Llama-3-8B: H = 4,096, I = 14,336; b = 8, S = 2,048, bf16): MLP 16,384 x 14,336 x 2 x 3 =
+    1,409,286,144; residual 2 x 16,384 x 4,096 x 2 = 268,435,456: 1,677,721,600 B."""
+    b = micro_batch * tokens
+    cb = lay.compute_bytes
+    mlp = b * lay.inter * cb * (3 if lay.gated else 2)
+    values = b * cb + 8 * micro_batch * response
+    return 2 * b * lay.hidden * lay.residual_bytes + max(mlp, values)
+
+
+def _critic_reward_assumptions(s: Scenario, o: OpenRlhfSetup) -> list[str]:
+    """The critic's and the reward model's lines of the report."""
+    out = []
+    where = "on the actor's GPUs (colocate_all_models)" if o.colocate_all else (
+        "on GPUs of their own, shared by the two (colocate_critic_reward; noted below)" if o.colocate_critic_reward
+        and o.critic and o.reward else "on GPUs of its own (noted below)")
+    stage = 3 if o.zero_stage == 3 else 0
+    if o.reward:
+        out.append(f"OpenRLHF: the reward model (--reward_pretrain {s.rl.reward_model}) {where}: the policy's "
+                   f"architecture with a value head instead of the LM head, a DeepSpeed eval engine stage {stage}"
+                   + (" with its parameters in host memory (ref_reward_offload)" if o.ref_offload and stage == 3
+                      else "") + "; its forwards in micro-batches of micro_rollout_batch_size, padded")
+    if o.critic:
+        pretrain = s.rl.value_model or (s.rl.reward_model if o.reward else s.model)
+        out.append(f"OpenRLHF: the critic (--critic_pretrain {pretrain}) {where}: the policy's architecture with a "
+                   f"value head, its own DeepSpeed ZeRO-{o.zero_stage} training engine ("
+                   + ("DeepSpeedCPUAdam, states in host memory" if o.adam_offload else "FusedAdam")
+                   + f") on micro_train_batch_size = {o.micro_train} sequences, gradient checkpointing as the "
+                   "actor's; its step is the actor's model's step (objective sft) with the parameters, fp32 master, "
+                   "Adam states and gradient partitions scaled by the critic's parameters over the policy's, the LM "
+                   "head's logits and loss left out (a value head: b S numbers), the gathered units (ZeRO-3) as the "
+                   "policy's"
+                   + ("; its states in host memory outside its update (deepspeed_enable_sleep)"
+                      if o.states_offloaded else ""))
+    if o.colocate_critic_reward and (o.colocate_all or not (o.critic and o.reward)):
+        out.append("OpenRLHF: rl.openrlhf.colocate_critic_reward not read: it places a critic and a reward model "
+                   "together on GPUs of their own (train_ppo_ray.py line 102), "
+                   + ("which colocate_all_models already puts on the actor's" if o.colocate_all
+                      else "and this job has not both"))
+    return out
 
 
 def openrlhf_assumptions(s: Scenario) -> list[str]:
@@ -341,9 +447,10 @@ def openrlhf_assumptions(s: Scenario) -> list[str]:
            + (f", DeepSpeed eval engine stage {3 if o.zero_stage == 3 else 0}"
               + (" (its shard only: ZeRO-3's persistent small parameters not counted)" if o.zero_stage == 3 else "")
               + (" with its parameters in host memory (ref_reward_offload)" if o.ref_offload else "")))
+    out += _critic_reward_assumptions(s, o)
     return out + [
         (f"OpenRLHF v{o.row.release} (Ray, DeepSpeed, vLLM; facts/openrlhf.py), advantage_estimator {o.estimator} "
-         f"(no critic): the actor's update on micro_train_batch_size = {o.micro_train} sequences of {o.prompt} prompt "
+         f"({'a critic: below' if o.critic else 'no critic'}): the actor's update on micro_train_batch_size = {o.micro_train} sequences of {o.prompt} prompt "
          f"+ {o.response} response tokens as DeepSpeed ZeRO-{o.zero_stage} (bf16, fp32 master, "
          + ("DeepSpeedCPUAdam with its states in host memory" if o.adam_offload else "FusedAdam")
          + "), flash_attention_2; the loss as Actor.forward: the logits over every position in bf16, their fp32 "
@@ -362,8 +469,13 @@ def openrlhf_assumptions(s: Scenario) -> list[str]:
                          "the actor's states on the GPU in every phase")),
         (f"OpenRLHF scoring: the actor's and the reference's log-probs in micro-batches of {o.micro_rollout}, padded: "
          "the half logits over every position with their fp32 copy"),
-        ("OpenRLHF: one CUDA context per process on a GPU (actor, reference, vLLM engine); the reference's and the "
-         "engines' NCCL buffers, the weight-sync group's on rank 0 (NCCL broadcast when not colocated), the reward (assumed from a remote reward function, --remote_rm_url: no reward model "
-         "on the GPUs), the Ray object store and the job's load and checkpoint phases are not modelled; every "
+        ("OpenRLHF: one CUDA context per process on a GPU (actor, reference, vLLM engine"
+         + (", critic" if o.critic_on_actor_gpu else "") + (", reward model" if o.reward_on_actor_gpu else "")
+         + "); the reference's and the "
+         "engines' NCCL buffers, the weight-sync group's on rank 0 (NCCL broadcast when not colocated), "
+         + ("the critic's NCCL buffers, " if o.critic else "")
+         + ("the reward model's NCCL buffers, " if o.reward else
+            "the reward (assumed from a remote reward function, --remote_rm_url: no reward model on the GPUs), ")
+         + "the Ray object store and the job's load and checkpoint phases are not modelled; every "
          "sequence at the longest prompt and response"),
     ]

@@ -107,6 +107,7 @@ RENAMED: dict[str, str] = {
     "rl.openrlhf.adam_offload": "openrlhf_adam_offload",
     "rl.openrlhf.colocate_all_models": "openrlhf_colocate_all_models",
     "rl.openrlhf.colocate_actor_ref": "openrlhf_colocate_actor_ref",
+    "rl.openrlhf.colocate_critic_reward": "openrlhf_critic_reward",
     "rl.openrlhf.ref_reward_offload": "openrlhf_ref_reward_offload",
     "rl.openrlhf.deepspeed_enable_sleep": "openrlhf_deepspeed_sleep",
     "rl.openrlhf.vllm_num_engines": "openrlhf_vllm_num_engines",

@@ -14,15 +14,28 @@ Sources (v0.8.11, ``openrlhf/cli/train_ppo_ray.py`` unless named; line of the ``
 * ``--zero_stage`` 2 (line 272), ``--gradient_checkpointing`` false (273), ``--bf16`` false (275),
   ``--adam_offload`` false (280), ``--attn_implementation`` flash_attention_2 (283), ``--deepspeed_enable_sleep``
   false (294), ``--packing_samples`` false (302);
-* ``--colocate_actor_ref`` false (200), ``--colocate_all_models`` false (217), ``--ref_reward_offload`` false
-  (419), ``--init_kl_coef`` 0.01 (361: above 0 the reference model is built, ``train`` ``ref_model =
+* ``--colocate_actor_ref`` false (200), ``--colocate_critic_reward`` false (211), ``--colocate_all_models`` false
+  (217), ``--ref_reward_offload`` false (419), ``--init_kl_coef`` 0.01 (361: above 0 the reference model is built, ``train`` ``ref_model =
   RayActorGroup(...)`` unless ``args.init_kl_coef <= 0``);
 * ``--vllm_num_engines`` None (225: no vLLM engine), ``--vllm_tensor_parallel_size`` 1 (228), ``--enforce_eager``
   false (236), ``--vllm_enable_sleep`` false (238; set back to false without ``--colocate_all_models``),
   ``--vllm_gpu_memory_utilization`` 0.95 (244);
 * ``--micro_rollout_batch_size`` 8 (323), ``--prompt_max_len`` 1024 (325), ``--generate_max_len`` 1024 (326),
   ``--micro_train_batch_size`` 4 (338), ``--n_samples_per_prompt`` 1 (352), ``--advantage_estimator`` gae (384:
-  gae builds a critic, the others do not: ``args.critic_pretrain = None`` for them);
+  gae builds a critic, the others do not: ``args.critic_pretrain = None`` for them, line 481);
+* the critic and the reward model (``train``): ``--reward_pretrain`` None (415) and ``--remote_rm_url`` None (416):
+  without a remote reward a ``RewardModelActor`` group is built (line 125); ``--critic_pretrain`` None (417) is,
+  under gae, the reward model's path, or the policy's with ``--remote_rm_url`` (lines 482-486); both are
+  ``get_llm_for_sequence_regression`` (``openrlhf/models/model.py`` line 20): the base model (``AutoModel``) and a
+  ``nn.Linear(hidden_size, 1, bias=False)`` value head (lines 174, 238), no LM head.  The critic is a DeepSpeed
+  training engine of its own (``openrlhf/trainer/ray/ppo_critic.py`` ``CriticModelActor``: ``ds_config=
+  strategy.get_ds_train_config(is_actor=False)`` line 180, the actor's ZeRO stage and ``adam_offload``;
+  ``create_optimizer`` line 196; ``offload_states`` under ``deepspeed_enable_sleep`` lines 227-228), the reward
+  model an eval engine like the reference (``openrlhf/trainer/ray/launcher.py`` ``RewardModelActor``,
+  ``get_ds_eval_config(offload=ref_reward_offload)`` line 157).  Placement (``train`` lines 98-136): with
+  ``colocate_all_models`` both share the actor's placement group (0.2 GPU each), else a group of their own,
+  shared by the two with ``colocate_critic_reward``, each of ``critic_num_gpus_per_node`` /
+  ``reward_num_gpus_per_node`` GPUs (8, lines 197, 209);
 * the engine's ``max_model_len`` = ``prompt_max_len + generate_max_len`` (``train``), ``dtype="bfloat16"``,
   ``enable_sleep_mode=vllm_enable_sleep`` (``openrlhf/trainer/ray/vllm_engine.py`` ``create_vllm_engines``); its
   ``sleep`` is ``llm.sleep(level=1)`` (``LLMRayActor.sleep(self, level=1)``) and ``wake_up`` wakes everything;
@@ -68,6 +81,7 @@ class OpenRlhfDefaults:
     deepspeed_enable_sleep: bool = False
     packing_samples: bool = False
     colocate_actor_ref: bool = False
+    colocate_critic_reward: bool = False
     colocate_all_models: bool = False
     ref_reward_offload: bool = False
     init_kl_coef: float = 0.01

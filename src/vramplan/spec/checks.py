@@ -1035,6 +1035,9 @@ def section_conflicts(paths: dict[str, str], task: str) -> list[Problem]:
 # the rl keys only PPO reads (spec/scenario.py Rl; analytic/ppo.py)
 _PPO_ONLY_RL_KEYS = frozenset({"reward_model", "value_model", "num_mini_batches", "rollout_forward_batch_size"})
 _TRL_ONLY_RL_KEYS = _PPO_ONLY_RL_KEYS | {"precompute_ref_log_probs"}
+# the rl keys OpenRLHF reads under every estimator (--reward_pretrain; analytic/openrlhf.py); value_model
+# (--critic_pretrain) under ppo only
+_OPENRLHF_RL_KEYS = frozenset({"reward_model"})
 
 
 def ignored_sections(s: Scenario) -> list[str]:
@@ -1050,16 +1053,20 @@ def ignored_sections(s: Scenario) -> list[str]:
         shown = ", ".join(f"rl.{k}" for k in rl)
         out.append(f"{shown} set but not used: the rl section is read only with task train and "
                    "train.objective: grpo, rloo or ppo (dpo, kto and orpo read rl.reference_model)")
-    elif s.train.objective != "ppo" and (ppo_only := [k for k in rl if k in _PPO_ONLY_RL_KEYS]):
+    elif s.train.objective != "ppo" and (ppo_only := [k for k in rl if k in _PPO_ONLY_RL_KEYS - (
+            _OPENRLHF_RL_KEYS if s.effective_framework == "openrlhf" else frozenset())]):
         # TRL's PPOTrainer settings (analytic/ppo.py): the other trainers have no reward or value model on the GPU
+        # (OpenRLHF builds its reward model under every estimator: analytic/openrlhf.py)
         shown = ", ".join(f"rl.{k}" for k in ppo_only)
-        out.append(f"{shown} set but not used: read only with train.objective: ppo (TRL's PPOTrainer)")
+        out.append(f"{shown} set but not used: read only with train.objective: ppo (TRL's PPOTrainer, OpenRLHF's "
+                   "critic)")
     trains_rl = s.task == "train" and s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo", "ppo")
     if "verl" in rl and trains_rl and s.effective_framework != "verl":
         out.append("rl.verl set but not used: verl's hybrid-engine keys are read only with framework verl (docs/rl.md)")
     if "openrlhf" in rl and trains_rl and s.effective_framework != "openrlhf":
         out.append("rl.openrlhf set but not used: OpenRLHF's keys are read only with framework openrlhf (docs/rl.md)")
-    if trains_rl and s.effective_framework == "openrlhf" and (trl_only := [k for k in rl if k in _TRL_ONLY_RL_KEYS]):
+    if trains_rl and s.effective_framework == "openrlhf" and (
+            trl_only := [k for k in rl if k in _TRL_ONLY_RL_KEYS - _OPENRLHF_RL_KEYS - {"value_model"}]):
         shown = ", ".join(f"rl.{k}" for k in trl_only)
         out.append(f"{shown} set but not used: TRL's trainer settings, not read under framework openrlhf")
     if trains_rl and s.effective_framework == "verl" and (trl_only := [k for k in rl if k in _TRL_ONLY_RL_KEYS]):

@@ -22,8 +22,8 @@ Under ``framework: verl`` the nulls are verl's (``with_verl_defaults``, facts/ve
 
 Under ``framework: openrlhf`` the nulls are OpenRLHF's (``with_openrlhf_defaults``, facts/openrlhf.py): gradient
 checkpointing none (``--gradient_checkpointing`` false), ``rl.reference_model`` separate (``--init_kl_coef`` 0.01),
-``advantage_estimator`` group_norm, and every other ``rl.openrlhf`` key at the release's value but ``bf16`` and
-``vllm_num_engines`` (their defaults are refused); TRL's rollout keys stay as given.
+``advantage_estimator`` group_norm (gae under ppo), and every other ``rl.openrlhf`` key at the release's value but
+``bf16`` and ``vllm_num_engines`` (their defaults are refused); TRL's rollout keys stay as given.
 
 ``with_trainer_defaults`` fills each null with that value (``catalog.resolve`` calls it), so the estimate, and the
 report's ``scenario``, hold the resolved values: a report's scenario estimated again resolves to itself.  A value
@@ -216,16 +216,18 @@ def with_verl_defaults(s: Scenario) -> Scenario:
 
 def with_openrlhf_defaults(s: Scenario) -> Scenario:
     """``s`` (framework openrlhf) with OpenRLHF's defaults at ``rl.openrlhf.release`` in its null keys
-    (facts/openrlhf.py): ``advantage_estimator`` null is group_norm (GRPO's; OpenRLHF's own gae needs a critic),
+    (facts/openrlhf.py): ``advantage_estimator`` null is group_norm under grpo, gae (OpenRLHF's own) under ppo,
     ``rl.reference_model`` null is separate (``--init_kl_coef`` 0.01 > 0), gradient checkpointing null is
     ``--gradient_checkpointing``'s false; ``vllm_num_engines`` and ``bf16`` stay as given (their defaults, no engine
     and fp32, are refused).  The rollout's TRL keys stay as given (OpenRLHF reads its own)."""
     o = s.rl.openrlhf
     row = openrlhf_defaults(o.release)
     given = o.model_dump()
-    fill = {"release": row.release, "advantage_estimator": "group_norm", "zero_stage": row.zero_stage,
+    estimator = row.advantage_estimator if s.train.objective == "ppo" else "group_norm"
+    fill = {"release": row.release, "advantage_estimator": estimator, "zero_stage": row.zero_stage,
             "adam_offload": row.adam_offload, "colocate_all_models": row.colocate_all_models,
-            "colocate_actor_ref": row.colocate_actor_ref, "ref_reward_offload": row.ref_reward_offload,
+            "colocate_actor_ref": row.colocate_actor_ref, "colocate_critic_reward": row.colocate_critic_reward,
+            "ref_reward_offload": row.ref_reward_offload,
             "deepspeed_enable_sleep": row.deepspeed_enable_sleep,
             "vllm_tensor_parallel_size": row.vllm_tensor_parallel_size,
             "vllm_gpu_memory_utilization": row.vllm_gpu_memory_utilization,

@@ -1185,12 +1185,15 @@ class Verl(_Strict):
 
 
 class OpenRlhf(_Strict):
-    """OpenRLHF's Ray layout (``framework: openrlhf``, train.objective grpo: a critic-free advantage estimator):
-    its own option names (``openrlhf/cli/train_ppo_ray.py``); a null field takes OpenRLHF's default at ``release``
-    (facts/openrlhf.py, with each default's line).  ``hardware.num_gpus`` is the actor's GPUs
-    (``actor_num_nodes x actor_num_gpus_per_node``), ``train.gradient_checkpointing`` null is
-    ``--gradient_checkpointing``'s false, ``rl.reference_model`` null or separate is ``--init_kl_coef`` above 0
-    (OpenRLHF's 0.01) and none is 0, and ``rl.rollout.vllm_version`` the vLLM release (docs/rl.md, OpenRLHF)."""
+    """OpenRLHF's Ray layout (``framework: openrlhf``; train.objective grpo: a critic-free advantage estimator,
+    train.objective ppo: gae with a critic): its own option names (``openrlhf/cli/train_ppo_ray.py``); a null field
+    takes OpenRLHF's default at ``release`` (facts/openrlhf.py, with each default's line).  ``hardware.num_gpus`` is
+    the actor's GPUs (``actor_num_nodes x actor_num_gpus_per_node``; the critic's and the reward model's groups are
+    taken as as many), ``train.gradient_checkpointing`` null is ``--gradient_checkpointing``'s false,
+    ``rl.reference_model`` null or separate is ``--init_kl_coef`` above 0 (OpenRLHF's 0.01) and none is 0,
+    ``rl.reward_model`` null is ``--remote_rm_url`` (no reward model on the GPUs) and the model's id is
+    ``--reward_pretrain``, ``rl.value_model`` the ``--critic_pretrain``, and ``rl.rollout.vllm_version`` the vLLM
+    release (docs/rl.md, OpenRLHF)."""
 
     release: Literal["0.8.11"] | None = None
     """OpenRLHF release whose defaults and code are followed (0.8.11 read); null: 0.8.11."""
@@ -1198,8 +1201,9 @@ class OpenRlhf(_Strict):
     advantage_estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm",
                                  "dr_grpo"] | None = None
     """``--advantage_estimator``: the critic-free ones (group_norm, dr_grpo, rloo, reinforce, reinforce_baseline)
-    are modelled under train.objective grpo (they differ in the advantages' arithmetic on a few numbers per
-    sequence); gae (OpenRLHF's default: PPO with a critic model) is refused (not modelled); null: group_norm."""
+    under train.objective grpo (they differ in the advantages' arithmetic on a few numbers per sequence), gae
+    (OpenRLHF's default: PPO with a critic model, ``CriticModelActor``) under train.objective ppo; null: group_norm
+    under grpo, gae under ppo."""
 
     zero_stage: Literal[0, 1, 2, 3] | None = None
     """``--zero_stage``: the actor's DeepSpeed ZeRO stage; the reference runs stage 3 when it is 3, else a whole
@@ -1220,13 +1224,17 @@ class OpenRlhf(_Strict):
     colocate_actor_ref: bool | None = None
     """``--colocate_actor_ref``: the reference on the actor's GPUs; null: false (its own GPUs)."""
 
+    colocate_critic_reward: bool | None = None
+    """``--colocate_critic_reward``: the critic and the reward model on the same GPUs of their own (read with a
+    critic and without colocate_all_models, which puts both on the actor's GPUs); null: false."""
+
     ref_reward_offload: bool | None = None
-    """``--ref_reward_offload``: the reference's parameters in host memory (ZeRO-3 offload_param: with zero_stage 3
-    only, refused below); null: false."""
+    """``--ref_reward_offload``: the reference's and the reward model's parameters in host memory (ZeRO-3
+    offload_param: with zero_stage 3 only, refused below); null: false."""
 
     deepspeed_enable_sleep: bool | None = None
-    """``--deepspeed_enable_sleep``: the actor's optimizer states, fp32 master and gradient buffers in host memory
-    outside its training step (offload_deepspeed_states); null: false."""
+    """``--deepspeed_enable_sleep``: the actor's (and the critic's) optimizer states, fp32 master and gradient
+    buffers in host memory outside its training step (offload_deepspeed_states); null: false."""
 
     vllm_num_engines: int | None = Field(None, ge=0, le=1_000_000)
     """``--vllm_num_engines``: vLLM engines generating the rollouts; null or 0 (OpenRLHF's default: no engine) is
@@ -1247,11 +1255,11 @@ class OpenRlhf(_Strict):
     """``--enforce_eager``: no CUDA graphs in vLLM; null: false."""
 
     micro_train_batch_size: int | None = Field(None, ge=1, le=1_000_000)
-    """``--micro_train_batch_size``: sequences per actor forward and backward; null: 4."""
+    """``--micro_train_batch_size``: sequences per actor (and critic) forward and backward; null: 4."""
 
     micro_rollout_batch_size: int | None = Field(None, ge=1, le=1_000_000)
     """``--micro_rollout_batch_size``: sequences per no-grad forward of the actor's and the reference's
-    log-probabilities; null: 8."""
+    log-probabilities (and the critic's values, the reward model's rewards); null: 8."""
 
     prompt_max_len: int | None = Field(None, ge=1, le=100_000_000)
     """``--prompt_max_len``: tokens of a prompt; null: 1024."""
@@ -1298,14 +1306,17 @@ class Rl(_Strict):
     """PPO: the reward model (TRL ``PPOConfig.reward_model_path``, loaded as ``AutoModelForSequenceClassification``
     with ``num_labels=1``).  null or the scenario's ``model``: a model of the policy's architecture with a one-output
     score head instead of the LM head (TRL's examples train the reward model from the SFT policy); another id is
-    refused (not modelled yet).
+    refused (not modelled yet).  Under framework openrlhf (any objective): ``--reward_pretrain``, a
+    ``RewardModelActor`` on the GPUs (the model's id; another is refused); null is ``--remote_rm_url`` (a reward
+    function outside the GPUs).
 
     TRL v1.12.0 ``trl/experimental/ppo/ppo_trainer.py`` ``PPOTrainer.__init__`` (``self.reward_model.to(device)``)."""
 
     value_model: str | None = None
     """PPO: the value model, trained with the policy (TRL's ``value_model``, usually loaded from the reward model's
     path).  null or the scenario's ``model``: the policy's architecture with a one-output score head; another id is
-    refused (not modelled yet).
+    refused (not modelled yet).  Under framework openrlhf (train.objective ppo): ``--critic_pretrain``, the same
+    rule (OpenRLHF's null: the reward model's path, else the policy's).
 
     TRL v1.12.0 ``PolicyAndValueWrapper(policy, value_model)``: one optimizer over both models' parameters."""
 
@@ -1348,7 +1359,7 @@ class Scenario(_Strict):
     torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype); verl is
     verl's FSDP + vLLM hybrid engine for train.objective grpo (``rl.verl``, docs/rl.md); megatron is Megatron-LM
     training its own GPT model with Megatron-Core (``parallel.megatron``, docs/conventions.md); openrlhf is OpenRLHF's
-    DeepSpeed + vLLM Ray layout for train.objective grpo (``rl.openrlhf``, docs/rl.md)."""
+    DeepSpeed + vLLM Ray layout for train.objective grpo or ppo (``rl.openrlhf``, docs/rl.md)."""
 
     train: Train = Field(default_factory=Train)
     """The training step (task train)."""

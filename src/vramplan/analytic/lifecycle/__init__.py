@@ -50,7 +50,10 @@ LIFECYCLE_ORDER = ("load", "peft preparation", "first step", "rollout", "scoring
 # the phases every other job reports stays as it was
 VERL_ORDER = ("weight sync", "rollout", "scoring", "reference scoring", "training step")
 # OpenRLHF's (analytic/openrlhf.py): the experience first, then the update, then the weights to the engines
-OPENRLHF_ORDER = ("rollout", "scoring", "reference scoring", "training step", "weight sync")
+# (ppo_trainer.py ppo_train: the critic's fit before the actor's; experience_maker.py make_experience: reward, actor,
+# critic, reference)
+OPENRLHF_ORDER = ("rollout", "reward scoring", "scoring", "critic scoring", "reference scoring",
+                  "critic training step", "training step", "weight sync")
 
 
 @dataclass(frozen=True)
