@@ -4,7 +4,6 @@ field's message for bad input (never a 500), no server file read from a request,
 from __future__ import annotations
 
 import copy
-
 import io
 import json
 import math
