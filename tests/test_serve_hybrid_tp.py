@@ -20,7 +20,7 @@ from vramplan.analytic.layout import rank_params
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
 from vramplan.errors import ScenarioError
-from vramplan.facts.vllm_releases import MAMBA_HYBRID_RULES, MIXER_TP_SHARDED
+from vramplan.facts.vllm_releases import MAMBA_HYBRID_RULES, MIXER_TP_SHARDED, SHARED_BLOCK_TP_SHARDED_LISTS
 from vramplan.serve.mamba_pages import (
     extra_groups_for_head_shards,
     hybrid_layout,
@@ -44,6 +44,13 @@ def _doc(model: Any, tp: int, version: str = "0.11", max_len: int = 8192, **serv
 
 def _decide(model: Any, tp: int, version: str = "0.11", max_len: int = 8192) -> Any:
     return decide(resolve(_doc(model, tp, version, max_len, kv_cache_memory_bytes=KV_10_GIB)), version=version)
+
+
+def test_the_shared_block_row_names_zamba2s_adapter_lists() -> None:
+    # the row's lists are the adapters transformers' Zamba2 builds (with use_shared_attention_adapter), held whole
+    m = model_from_config({**ZAMBA2_DEFAULTS, "use_shared_attention_adapter": True})
+    lists = {part for p in m.params if p.tp == "replicated" for part in p.name.split(".") if part.endswith("_list")}
+    assert lists == SHARED_BLOCK_TP_SHARDED_LISTS
 
 
 @pytest.mark.parametrize(("kind", "config", "prefix"), [
@@ -181,6 +188,25 @@ def test_jamba_and_lfm2_at_tp_2() -> None:
     assert mixer_profile_width(lfm2, 2048, 2) == 9216
 
 
+def test_zamba2_at_tp_2_by_hand() -> None:
+    m = model_from_config(ZAMBA2_DEFAULTS)
+    ms = m.mamba
+    assert ms is not None
+    # one group, tp 2: one extra group, conv_dim 5,120 + 2 x 2 x 64 = 5,376, 2,688 per rank: 3 x 2,688 x 2 = 16,128; SSM
+    # 8 / 2 = 4 heads x 640 x 64 x 2 = 327,680 -> 343,808 B
+    assert mamba_state_page_bytes(ms, 2, tp=2) == 343_808
+    d = _decide(ZAMBA2_DEFAULTS, 2, max_len=4096)
+    # 32 / 2 = 16 KV heads x 160 x 2 x 2 = 10,240 B per token: block 16 x cdiv(343,808, 163,840) = 48, page 491,520;
+    # 10,737,418,240 // 491,520 = 21,845; // 9 = 2,427 blocks; 2,427 // 7 groups x 48 = 346 x 48 = 16,608 tokens
+    assert (d.block_size, d.page_bytes, d.num_gpu_blocks, d.kv_cache_tokens) == (48, 491_520, 2427, 16_608)
+    # weights per mixer: in_proj 2,560 x (5,120 + 5,376 + 8) / 2 = 13,445,120 against 2,560 x 10,376 / 2 = 13,281,280
+    # (+163,840); conv1d 5,376 x 4 / 2 = 10,752 against 20,992 (-10,240), its bias 2,688 against 5,248 (-2,560);
+    # A_log, D, dt_bias 4 against 8 (-12); norm 2,560 against 5,120 (-2,560): +148,468 x 54 mixers = +8,017,272;
+    # the gate_up adapters (9 of each, Zamba2LoRA: A and B column-parallel) 2,560 x 128 and 128 x 20,480 halved:
+    # -9 x (163,840 + 1,310,720) = -13,271,040; the per-layer linear stays whole (ReplicatedLinear)
+    assert mixer_weights_tp_delta(m, 2, tuple(range(54))) == 8_017_272 - 13_271_040
+
+
 def test_state_space_models_at_tp_2() -> None:
     # Mamba-Codestral-7B: 8 groups, tp 2: (8,192 + 2 x 8 x 128) / 2 = 5,120 channels: 3 x 5,120 x 2 = 30,720; 64 x 64 x
     # 128 x 2 = 1,048,576 -> 1,079,296 B, one group of 64 layers, the page unpadded
@@ -195,11 +221,17 @@ def test_the_report_says_what_each_rank_keeps() -> None:
     assert "tensor parallel 2: each rank keeps its share of every mixer's state" in text
     assert "its 1 B/C group(s) become 2" in text and "max(1, KV heads / tp)" in text
     assert "tensor parallel" not in " ".join(estimate(_doc(BAMBA_9B, 1)).assumptions)
+    assert "replicated" not in text  # 8 KV heads over 2 ranks split evenly
+    # Qwen3-Next at tp 4: 2 KV heads of 256 over 4 ranks, each holds one whole; the dense split counts K and V at 1/4:
+    # 12 layers x 2 x (256 x 2,048 - 2 x 256 x 2,048 / 4) x 2 B = 12 x 2 x 262,144 x 2 = 12,582,912 B left out
+    q = " ".join(estimate(_doc(QWEN3_NEXT_80B, 4)).assumptions)
+    assert "one of the 2 KV heads whole, replicated" in q and "12,582,912 B per rank short" in q
 
 
 @pytest.mark.parametrize(("model", "tp", "text", "fix"), [
-    # Zamba2's shared blocks were not read at tp > 1
-    (ZAMBA2_DEFAULTS, 2, "shared transformer blocks", "set parallel.tp to 1"),
+    # Zamba2LoRA.A is a ColumnParallelLinear of the adapter's rank: 100 over 8 ranks does not split, over 4 it does
+    ({**ZAMBA2_DEFAULTS, "adapter_rank": 100}, 8, "its adapters' rank 100 does not split over tp 8",
+     "use parallel.tp 4"),
     # MambaMixer2 asserts one group or a multiple of tp
     ({**BAMBA_9B, "mamba_n_groups": 3}, 2, "its 3 groups are neither 1 nor a multiple of tp 2", "use parallel.tp 1"),
     (CODESTRAL, 16, "its 8 groups are neither 1 nor a multiple of tp 16", "use parallel.tp 8"),

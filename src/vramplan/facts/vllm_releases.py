@@ -112,6 +112,7 @@ __all__ = [
     "MXFP4_HOPPER_SWIZZLE_FROM",
     "NEWEST",
     "OLDEST",
+    "SHARED_BLOCK_TP_SHARDED_LISTS",
     "STATE_SPACE_V1_FROM",
     "VLLM_RELEASES",
     "BatchDefaults",
@@ -675,6 +676,13 @@ MIXER_TP_SHARDED: dict[str, frozenset[str]] = {
     "gated_deltanet": frozenset({"conv1d", "A_log", "dt_bias"}),
     "short_conv": frozenset({"conv"}),
 }
+# Zamba2's shared transformer blocks (``MambaSpec.shared_attention_layers``): their adapters' two matrices
+# (``Zamba2LoRA``: ``A`` a ColumnParallelLinear of the rank with ``gather_output=True``, ``B`` a (Merged)ColumnParallel-
+# Linear of the output, vllm/model_executor/models/zamba2.py:69-83 at 0.11.0, :76-86 at 0.10.2, :78-91 at 0.24.0), which
+# transformers' ``linear_*_adapter_list`` and ``gate_up_proj_adapter_list`` hold whole: each rank holds ``1 / tp`` of
+# both; the per-layer ``linear`` is a ``ReplicatedLinear`` (zamba2.py:583), whole as in transformers.
+SHARED_BLOCK_TP_SHARDED_LISTS: frozenset[str] = frozenset({"linear_q_adapter_list", "linear_k_adapter_list",
+                                                           "linear_v_adapter_list", "gate_up_proj_adapter_list"})
 
 # Models with mixers (``MambaSpec`` layers) under FULL CUDA graphs (the default FULL_AND_PIECEWISE): each decode
 # request needs one state block.  0.18.0 caps the capture sizes to the blocks (vllm/config/compilation.py

@@ -255,7 +255,8 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         raise ScenarioError([Problem("--model", f"{ctx.model.name} has {len(ms.layers)} {mixer_name(ms.kind)} mixer "
                                      f"layers ({what} model): the decode step time of its mixers is not modelled, so "
                                      "serving setups are not ranked",
-                                     "estimate each setup with `vramplan serve` (vLLM; tensor parallelism included)")])
+                                     "estimate each setup with vramplan serve --tp N: vLLM serving is estimated, "
+                                     "tensor parallelism included")])
     st = _Stats()
     per_count: dict[int, list[_Found]] = {}
     notes: list[str] = list(preface_notes)

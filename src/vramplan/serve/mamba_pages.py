@@ -66,7 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.analytic.layout import count_on_rank, split_on_rank
-from vramplan.facts.vllm_releases import MIXER_TP_SHARDED, MambaHybridRule
+from vramplan.facts.vllm_releases import MIXER_TP_SHARDED, SHARED_BLOCK_TP_SHARDED_LISTS, MambaHybridRule
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
@@ -124,6 +124,16 @@ def mixer_tp_problem(ms: MambaSpec, tp: int) -> str:
     return ""
 
 
+def shared_block_tp_problem(m: ModelSpec, tp: int) -> str:
+    """Why vLLM cannot shard Zamba2's shared blocks' adapters over ``tp`` ranks ("" where it can): ``Zamba2LoRA.A`` is
+    a ColumnParallelLinear of the adapter's rank, whose ``divide`` asserts an exact split."""
+    ranks = {p.out_features for p in m.params
+             if SHARED_BLOCK_TP_SHARDED_LISTS & set(p.name.split(".")) and p.name.endswith(".0.weight")}
+    uneven = sorted(r for r in ranks if r % tp)
+    return f"its adapters' rank {uneven[0]} does not split over tp {tp} (Zamba2LoRA's ColumnParallelLinear)" if uneven \
+        else ""
+
+
 def _rank_conv_dim(ms: MambaSpec, tp: int) -> int:
     """One rank's convolution channels: ``conv_dim`` with the extra groups, over tp (``mamba2_state_shape``:
     ``divide(intermediate + 2 (n_groups + extra) state, tp)``; the other kinds' ``divide(conv_dim, tp)``)."""
@@ -172,7 +182,9 @@ def mixer_weights_tp_delta(m: ModelSpec, tp: int, layers: tuple[int, ...]) -> in
         if not n:
             continue
         dense = split_on_rank(p, tp, 1)
-        if extra and p.module in ("in_proj", "conv1d"):
+        if ms.shared_attention_layers and SHARED_BLOCK_TP_SHARDED_LISTS & set(path):
+            delta += (p.numel // tp - dense) * n  # Zamba2's adapters (facts/vllm_releases.py)
+        elif extra and p.module in ("in_proj", "conv1d"):
             rows = ms.intermediate_size + ms.conv_dim + ms.n_heads if p.module == "in_proj" else ms.conv_dim
             delta += (p.numel // rows * (rows + 2 * extra * ms.state_size) // tp - dense) * n
         elif p.module in sharded:

@@ -114,6 +114,7 @@ from vramplan.serve.mamba_pages import (
     mixer_profile_width,
     mixer_tp_problem,
     mixer_weights_tp_delta,
+    shared_block_tp_problem,
     state_space_layout,
 )
 from vramplan.serve.sglang_options import mtp_layer_bytes
@@ -2305,21 +2306,23 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
 
 
 def _mixer_tp_check(r: Resolved, what: str, tp: int) -> None:
-    """A ScenarioError where tensor parallelism of a model with mixers is not modelled: Zamba2's shared transformer
-    blocks (their adapters and ``linear`` projections, zamba2.py) and Falcon-H1's parallel attention and muP multipliers
-    (falcon_h1.py) were not read at tp > 1; an uneven split is refused by vLLM itself (``mixer_tp_problem``)."""
+    """A ScenarioError where tensor parallelism of a model with mixers is not modelled: Falcon-H1's parallel attention
+    and muP multipliers (falcon_h1.py) were not read at tp > 1 (its serving is refused before: spec/checks.py); an
+    uneven split is refused by vLLM itself (``mixer_tp_problem``, ``shared_block_tp_problem``)."""
     m = r.model
     assert m.mamba is not None
-    unread = ("its shared transformer blocks (Zamba2's adapters and per-layer linear projections)"
-              if m.mamba.shared_attention_layers else
-              "its attention beside the mixer in every layer (Falcon-H1's FalconH1ParallelHybrid, muP multipliers)"
-              if m.mamba.parallel_attention else "")
-    if unread:
-        raise _refuse("parallel.tp", f"tensor parallelism for {what} ({m.name}) is not modelled: how vLLM shards "
-                      f"{unread} over the ranks was not read", "set parallel.tp to 1")
-    problem = mixer_tp_problem(m.mamba, tp)
+    if m.mamba.parallel_attention:
+        raise _refuse("parallel.tp", f"tensor parallelism for {what} ({m.name}) is not modelled: how vLLM shards its "
+                      "attention beside the mixer in every layer (Falcon-H1's FalconH1ParallelHybrid, muP multipliers) "
+                      "over the ranks was not read", "set parallel.tp to 1")
+    ms = m.mamba
+
+    def problem_at(t: int) -> str:
+        return mixer_tp_problem(ms, t) or (shared_block_tp_problem(m, t) if ms.shared_attention_layers else "")
+
+    problem = problem_at(tp)
     if problem:
-        below = max(t for t in range(1, tp) if not mixer_tp_problem(m.mamba, t))
+        below = max(t for t in range(1, tp) if not problem_at(t))
         raise _refuse("parallel.tp", f"vLLM cannot shard the mixers of {m.name} ({what}) over {tp} ranks: {problem}",
                       f"use parallel.tp {below} (the largest below {tp} that splits the mixers)")
 
@@ -2358,8 +2361,9 @@ def _mamba_capture_notes(r: Resolved, kv: _Blocks, version: str, top: int, seqs:
              "(0.18.0) or refuses max_num_seqs above them (0.21.0); neither is applied")]
 
 
-def _tp_note(r: Resolved, attention: bool) -> list[str]:
-    """What a model with mixers keeps per rank under tensor parallelism (``serve/mamba_pages.py``)."""
+def _tp_note(r: Resolved, attention_layers: int) -> list[str]:
+    """What a model with mixers keeps per rank under tensor parallelism (``serve/mamba_pages.py``); where tp exceeds
+    the KV heads, the K and V weights vLLM's ``QKVParallelLinear`` replicates beyond the dense split's ``1 / tp``."""
     m = r.model
     assert m.mamba is not None
     tp = r.scenario.parallel.tp
@@ -2368,7 +2372,15 @@ def _tp_note(r: Resolved, attention: bool) -> list[str]:
     extra = extra_groups_for_head_shards(m.mamba.n_groups, tp) if m.mamba.kind == "mamba2" else 0
     copied = (f"; its {m.mamba.n_groups} B/C group(s) become {m.mamba.n_groups + extra}, every rank holding the group "
               "of its heads (extra_groups_for_head_shards), in the state and in in_proj and conv1d" if extra else "")
-    heads = "; the attention layers keep max(1, KV heads / tp) heads per rank" if attention else ""
+    heads = "; the attention layers keep max(1, KV heads / tp) heads per rank" if attention_layers else ""
+    if attention_layers and m.num_kv_heads < tp:
+        # QKVParallelLinear: num_kv_head_replicas = tp // total_num_kv_heads, one whole KV head per rank
+        whole = m.head_dim * m.hidden_size
+        left = attention_layers * 2 * (whole - ceil_div(m.num_kv_heads * whole, tp)) * (dtype_bits(r.scenario.serve.dtype)
+                                                                                        // 8)
+        heads += (f" (each rank holds one of the {m.num_kv_heads} KV heads whole, replicated; the weights count the K "
+                  f"and V projections at 1/{tp} as for dense models, {left:,} B per rank short of vLLM's "
+                  "QKVParallelLinear over the attention layers)")
     return [(f"tensor parallel {tp}: each rank keeps its share of every mixer's state (heads and convolution channels "
              f"/ {tp}: MambaStateShapeCalculator, mamba_utils.py){copied}; the mixers' weights are split as vLLM's "
              f"column- and row-parallel mixer layers split them (facts/vllm_releases.py MIXER_TP_SHARDED){heads}")]
@@ -2409,7 +2421,7 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
               f"printed for attention-only models), and no published start-up log of a {which} model checks this "
               "estimate yet")
     if lay.attention_layers == 0:
-        return [*_tp_note(r, False), (f"state-space model: its {lay.mamba_layers} {kind} mixer layers form one KV-cache group "
+        return [*_tp_note(r, 0), (f"state-space model: its {lay.mamba_layers} {kind} mixer layers form one KV-cache group "
                  f"(vllm/v1/core/kv_cache_utils.py get_kv_cache_groups: every layer's MambaSpec is the same); a page is "
                  f"one layer's state for one request ({lay.state_page:,} B: {shape}, {ssm}), the block is "
                  f"max_model_len ({lay.block_size} tokens: mamba_block_size), so a request takes one block; prefix "
@@ -2426,7 +2438,7 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
     else:
         rotary = ("the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ reads "
                   "attn_rotary_emb from config.json instead, head_dim where it is absent)")
-    shared = _tp_note(r, True)
+    shared = _tp_note(r, lay.attention_layers)
     if m.mamba.shared_attention_layers:
         # Zamba2HybridLayer's shared block (zamba2.py): its q/k/v and gate_up adapters' outputs are added in the
         # compiled graph; only the MLP's width (3 x intermediate) is counted; Zamba2Model.forward keeps
