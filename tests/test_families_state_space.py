@@ -253,14 +253,20 @@ def test_plan_trains_mamba2_only_where_residual_in_fp32_is_modelled(tmp_path: An
     assert "FSDP full_shard, bf16-mixed" in off and "ZeRO-1, bf16-mixed" in off
 
 
-@pytest.mark.parametrize("task", ["inference", "serve", "train"])
+def test_tp_on_a_mamba1_model_is_served_with_vllm() -> None:
+    # vLLM splits the Mamba-1 mixer's channels over the ranks (tests/test_serve_hybrid_tp.py); the adapter's one
+    # placeholder head is not "the 1 attention heads" that tp 2 would not divide
+    doc: dict[str, Any] = {"model": MAMBA_TESTER, "task": "serve", "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
+                           "parallel": {"tp": 2}, "serve": {"max_model_len": 2048}}
+    assert any(a.startswith("tensor parallel 2: each rank keeps its share") for a in estimate(doc).assumptions)
+
+
+@pytest.mark.parametrize("task", ["inference", "train"])
 def test_tp_on_a_mamba1_model_is_refused_for_its_mixer_not_for_heads(task: str) -> None:
     # an attention-free Mamba-1 model has no heads: the refusal gives the mixer's reason alone (the adapter's one
     # placeholder head is not "the 1 attention heads" that tp 2 would not divide)
     doc: dict[str, Any] = {"model": MAMBA_TESTER, "task": task, "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
                            "parallel": {"tp": 2}}
-    if task == "serve":
-        doc["serve"] = {"max_model_len": 2048}
     with pytest.raises(VramplanError) as exc:
         estimate(doc)
     text = str(exc.value)

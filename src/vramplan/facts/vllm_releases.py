@@ -102,6 +102,7 @@ __all__ = [
     "MAMBA_SEQS_CHECK_FROM",
     "MAMBA_SSM_DTYPE_DEFAULT",
     "MAMBA_SSM_DTYPE_FROM_CONFIG",
+    "MIXER_TP_SHARDED",
     "MLLAMA_SERVED",
     "MLLAMA_SOURCES",
     "MODEL_RUNNER_RULES",
@@ -111,6 +112,7 @@ __all__ = [
     "MXFP4_HOPPER_SWIZZLE_FROM",
     "NEWEST",
     "OLDEST",
+    "SHARED_BLOCK_TP_SHARDED_LISTS",
     "STATE_SPACE_V1_FROM",
     "VLLM_RELEASES",
     "BatchDefaults",
@@ -649,6 +651,38 @@ STATE_SPACE_V1_FROM: Release = (0, 11, 0)
 #   ``Zamba2ForCausalLM`` is ``IsHybrid`` from 0.10.0 (zamba2.py:834), which 0.10.0-0.10.1 run on V0.
 LINEAR_MIXER_V1_FROM: dict[str, Release] = {"gated_deltanet": (0, 10, 2), "short_conv": (0, 10, 2)}
 LINEAR_MIXER_PROFILE_READ_BEFORE: dict[str, Release | None] = {"gated_deltanet": (0, 12, 0), "short_conv": None}
+
+# Tensor parallelism of the mixers (``MambaSpec.kind``): the mixer tensors that vLLM shards over the tp ranks while
+# transformers' modules (whose names the model's parameters keep) hold them whole, read in 0.10.2, 0.11.0 and 0.24.0
+# (the layers' constructors are the same in the three; Gated DeltaNet in 0.10.2 and 0.11.0, the releases it is modelled
+# in).  Column- and row-parallel projections (``in_proj``, ``in_proj_qkvz``, ``in_proj_ba``, ``out_proj``) are split
+# already as the dense layers are; Mamba2's ``in_proj`` and ``conv1d`` also carry the extra groups
+# (``serve/mamba_pages.py`` ``extra_groups_for_head_shards``).  What stays whole on every rank: Jamba's
+# ``dt_layernorm``, ``b_layernorm``, ``c_layernorm`` (``RMSNorm`` of time_step_rank and state_size,
+# mamba_mixer.py:130-147 at 0.11.0) and Qwen3-Next's ``norm`` (``RMSNormGated(head_v_dim)``, qwen3_next.py:294).
+#
+# * mamba2 (``MambaMixer2.__init__``, vllm/model_executor/layers/mamba/mamba_mixer2.py:289-447 at 0.11.0):
+#   ``conv1d`` a (Merged)ColumnParallelLinear over conv_dim, ``A``/``D``/``dt_bias`` ``num_heads // tp_size``,
+#   ``norm`` ``Mixer2RMSNormGated`` of ``intermediate_size // tp_size`` (``per_rank_hidden_size``).
+# * mamba1 (``MambaMixer.__init__``, mamba_mixer.py:72-128 at 0.11.0): ``conv1d`` ColumnParallelLinear,
+#   ``x_proj`` RowParallelLinear (its input split), ``dt_proj`` ColumnParallelLinear (weight and bias),
+#   ``A`` ``intermediate_size // tp_size`` x state, ``D`` ``intermediate_size // tp_size``.
+# * gated_deltanet (``Qwen3NextGatedDeltaNet.__init__``, vllm/model_executor/models/qwen3_next.py:236-292 at 0.11.0):
+#   ``conv1d`` ColumnParallelLinear over conv_dim, ``dt_bias`` and ``A_log`` ``num_v_heads // tp_size``.
+# * short_conv (``ShortConv.__init__``, mamba/short_conv.py:46-69 at 0.11.0): ``conv`` ColumnParallelLinear.
+MIXER_TP_SHARDED: dict[str, frozenset[str]] = {
+    "mamba2": frozenset({"conv1d", "A_log", "D", "dt_bias", "norm"}),
+    "mamba1": frozenset({"conv1d", "x_proj", "dt_proj", "A_log", "D"}),
+    "gated_deltanet": frozenset({"conv1d", "A_log", "dt_bias"}),
+    "short_conv": frozenset({"conv"}),
+}
+# Zamba2's shared transformer blocks (``MambaSpec.shared_attention_layers``): their adapters' two matrices
+# (``Zamba2LoRA``: ``A`` a ColumnParallelLinear of the rank with ``gather_output=True``, ``B`` a (Merged)ColumnParallel-
+# Linear of the output, vllm/model_executor/models/zamba2.py:69-83 at 0.11.0, :76-86 at 0.10.2, :78-91 at 0.24.0), which
+# transformers' ``linear_*_adapter_list`` and ``gate_up_proj_adapter_list`` hold whole: each rank holds ``1 / tp`` of
+# both; the per-layer ``linear`` is a ``ReplicatedLinear`` (zamba2.py:583), whole as in transformers.
+SHARED_BLOCK_TP_SHARDED_LISTS: frozenset[str] = frozenset({"linear_q_adapter_list", "linear_k_adapter_list",
+                                                           "linear_v_adapter_list", "gate_up_proj_adapter_list"})
 
 # Models with mixers (``MambaSpec`` layers) under FULL CUDA graphs (the default FULL_AND_PIECEWISE): each decode
 # request needs one state block.  0.18.0 caps the capture sizes to the blocks (vllm/config/compilation.py

@@ -37,6 +37,7 @@ from vramplan.plan.steptime import (
     decode_step_time,
 )
 from vramplan.report import Report
+from vramplan.serve.mamba_pages import mixer_name
 from vramplan.units import GiB
 
 __all__ = ["DEFAULT_TOP", "parse_gpu_counts", "plan"]
@@ -252,9 +253,13 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
     if task == "serve" and ctx.model.mamba is not None:
         # the decode step time (plan/steptime/serve.py) reads every layer's KV cache and attends in every layer;
         # a hybrid model's mixers read a fixed state instead, which is not modelled there
-        raise ScenarioError([Problem("--model", f"{ctx.model.name} has Mamba mixer layers (a hybrid or a "
-                                     "state-space model): the decode step time of its mixers is not modelled, so serving setups are not ranked",
-                                     "estimate one setup with task serve (vramplan serve), which is modelled")])
+        ms = ctx.model.mamba
+        what = "a hybrid" if ctx.model.num_layers > len(ms.layers) or ms.parallel_attention else "a state-space"
+        raise ScenarioError([Problem("--model", f"{ctx.model.name} has {len(ms.layers)} {mixer_name(ms.kind)} mixer "
+                                     f"layers ({what} model): the decode step time of its mixers is not modelled, so "
+                                     "serving setups are not ranked",
+                                     "estimate each setup with vramplan serve --tp N: vLLM serving is estimated, "
+                                     "tensor parallelism included")])
     st = _Stats()
     per_count: dict[int, list[_Found]] = {}
     notes: list[str] = list(preface_notes)

@@ -107,7 +107,16 @@ from vramplan.facts.vllm_tp_comm import (
     symm_mem_bytes,
 )
 from vramplan.serve.cudagraphs import CudagraphEstimate, cudagraph_estimate
-from vramplan.serve.mamba_pages import HybridLayout, hybrid_layout, mixer_profile_width, state_space_layout
+from vramplan.serve.mamba_pages import (
+    HybridLayout,
+    extra_groups_for_head_shards,
+    hybrid_layout,
+    mixer_profile_width,
+    mixer_tp_problem,
+    mixer_weights_tp_delta,
+    shared_block_tp_problem,
+    state_space_layout,
+)
 from vramplan.serve.sglang_options import mtp_layer_bytes
 from vramplan.serve.vllm_mm import MmProfile, mm_profile, mm_profile_modelled
 from vramplan.spec.gpu import GpuSpec
@@ -316,6 +325,10 @@ def serve_weights_bytes(r: Resolved, stage: int | None = None) -> tuple[int, int
     ep, expert_tp = moe_split(r)
     rp = rank_params(m, s.parallel.tp, pp, ep, stage or 0, None, layers=layers, expert_tp=expert_tp)
     params = weights_bytes(rp, c, s.serve.quantization)
+    if m.mamba is not None and s.parallel.tp > 1:
+        # vLLM's mixers shard tensors transformers' keep whole, and copy Mamba2's extra groups to every rank
+        # (serve/mamba_pages.py mixer_weights_tp_delta; quantization is refused beside mixers)
+        params += mixer_weights_tp_delta(m, s.parallel.tp, rp.layers) * c
     if stage is not None and pp > 1 and stage == pp - 1 and m.tie_word_embeddings:
         params += _tied_head_elements(r) * c
     if s.serve.quantization == "mxfp4":
@@ -483,12 +496,12 @@ def forward_peak_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, com
         # data-parallel engines: the MoE layers see every DP rank's tokens (``_moe_gathered_bytes``)
         mlp = _moe_gathered_bytes(m, tokens, dtype_bytes, tp, tp * dp if moe_tp is None else moe_tp, dp)
         if m.mamba is not None:
-            mlp = max(mlp, mixer_profile_width(m.mamba, m.hidden_size) * tokens * dtype_bytes)
+            mlp = max(mlp, mixer_profile_width(m.mamba, m.hidden_size, tp) * tokens * dtype_bytes)
         return hidden * tokens * dtype_bytes + mlp
     width = _mlp_width_per_token(m, tp, moe_tp)
     if m.mamba is not None:
         # a hybrid model's mixer layers peak on their own tensors (serve/mamba_pages.py mixer_profile_width)
-        width = max(width, mixer_profile_width(m.mamba, m.hidden_size))
+        width = max(width, mixer_profile_width(m.mamba, m.hidden_size, tp))
     return (hidden + width) * tokens * dtype_bytes
 
 
@@ -1684,7 +1697,7 @@ def _hybrid_blocks(r: Resolved, available: int, max_len: int, rule: MambaHybridR
         return _state_space_blocks(r, spec, available, max_len, rule, version)
     align = 32 if rule.blackwell_head256 and m.head_dim == 256 and (r.gpu.compute_capability or "").startswith("10.") else 16
     lay = hybrid_layout(m.mamba, len(spec.layers), spec.uniform_layer_bytes_per_token, c, sv.block_size, rule, align,
-                        _ssm_bytes(m, version))
+                        _ssm_bytes(m, version), r.scenario.parallel.tp)
     groups = ([KVGroup("full", None, lay.group_size)] * lay.attention_groups
               + [KVGroup("mamba", None, lay.group_size)] * lay.mamba_groups)
     blocks = max(0, available // lay.page // lay.group_size)
@@ -1707,7 +1720,8 @@ def _state_space_blocks(r: Resolved, spec: KVSpec, available: int, max_len: int,
     request of ``max_model_len`` tokens (``serve/mamba_pages.py`` ``state_space_layout``)."""
     m = r.model
     assert m.mamba is not None
-    lay = state_space_layout(m.mamba, dtype_bits(r.scenario.serve.dtype) // 8, max_len, _ssm_bytes(m, version))
+    lay = state_space_layout(m.mamba, dtype_bits(r.scenario.serve.dtype) // 8, max_len, _ssm_bytes(m, version),
+                             r.scenario.parallel.tp)
     blocks = max(0, available // lay.page // lay.group_size)
     # "GPU KV cache size": num_blocks // 1 group x min block size (max_model_len), or from 0.24.0
     # int(max_concurrency x max_model_len) with max_concurrency = num_blocks / 1: the same tokens either way
@@ -2272,9 +2286,10 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
         raise _refuse("serve.vllm_version", f"vLLM {version} no longer serves {m.model_type} models (removed in "
                       f"{release_text(removed)}: vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
                       f"use serve.vllm_version from {release_text(first)} below {release_text(removed)}")
-    problems = [(r.scenario.parallel.tp > 1, "parallel.tp", ("tensor parallelism (the mixers' heads and groups split "
-                 "over ranks, MambaStateShapeCalculator.extra_groups_for_head_shards)"), "set parallel.tp to 1"),
-                (sv.quantization != "none", "serve.quantization", "quantized weights", "use serve.quantization: none"),
+    tp = r.scenario.parallel.tp
+    if tp > 1:
+        _mixer_tp_check(r, what, tp)
+    problems = [(sv.quantization != "none", "serve.quantization", "quantized weights", "use serve.quantization: none"),
                 (bool(sv.max_loras), "serve.max_loras", "LoRA slots", "set serve.max_loras: 0"),
                 (sv.speculative is not None, "serve.speculative", ("speculative decoding (the mixers' extra state "
                  "blocks, MambaSpec.num_speculative_blocks)"), "remove serve.speculative")]
@@ -2288,6 +2303,28 @@ def _hybrid_rule(r: Resolved, version: str) -> MambaHybridRule | None:
                       "takes the tokenizer_config's model_max_length, else 2048, and vramplan does not read the "
                       "tokenizer_config", "set serve.max_model_len (vLLM's --max-model-len)")
     return rule
+
+
+def _mixer_tp_check(r: Resolved, what: str, tp: int) -> None:
+    """A ScenarioError where tensor parallelism of a model with mixers is not modelled: Falcon-H1's parallel attention
+    and muP multipliers (falcon_h1.py) were not read at tp > 1 (its serving is refused before: spec/checks.py); an
+    uneven split is refused by vLLM itself (``mixer_tp_problem``, ``shared_block_tp_problem``)."""
+    m = r.model
+    assert m.mamba is not None
+    if m.mamba.parallel_attention:
+        raise _refuse("parallel.tp", f"tensor parallelism for {what} ({m.name}) is not modelled: how vLLM shards its "
+                      "attention beside the mixer in every layer (Falcon-H1's FalconH1ParallelHybrid, muP multipliers) "
+                      "over the ranks was not read", "set parallel.tp to 1")
+    ms = m.mamba
+
+    def problem_at(t: int) -> str:
+        return mixer_tp_problem(ms, t) or (shared_block_tp_problem(m, t) if ms.shared_attention_layers else "")
+
+    problem = problem_at(tp)
+    if problem:
+        below = max(t for t in range(1, tp) if not problem_at(t))
+        raise _refuse("parallel.tp", f"vLLM cannot shard the mixers of {m.name} ({what}) over {tp} ranks: {problem}",
+                      f"use parallel.tp {below} (the largest below {tp} that splits the mixers)")
 
 
 def _full_graphs(r: Resolved) -> bool:
@@ -2322,6 +2359,31 @@ def _mamba_capture_notes(r: Resolved, kv: _Blocks, version: str, top: int, seqs:
                  "graph estimate keeps the uncapped sizes")]
     return [(f"not read: whether vLLM {version} caps the CUDA graph capture sizes to the {kv.blocks} state blocks "
              "(0.18.0) or refuses max_num_seqs above them (0.21.0); neither is applied")]
+
+
+def _tp_note(r: Resolved, attention_layers: int) -> list[str]:
+    """What a model with mixers keeps per rank under tensor parallelism (``serve/mamba_pages.py``); where tp exceeds
+    the KV heads, the K and V weights vLLM's ``QKVParallelLinear`` replicates beyond the dense split's ``1 / tp``."""
+    m = r.model
+    assert m.mamba is not None
+    tp = r.scenario.parallel.tp
+    if tp == 1:
+        return []
+    extra = extra_groups_for_head_shards(m.mamba.n_groups, tp) if m.mamba.kind == "mamba2" else 0
+    copied = (f"; its {m.mamba.n_groups} B/C group(s) become {m.mamba.n_groups + extra}, every rank holding the group "
+              "of its heads (extra_groups_for_head_shards), in the state and in in_proj and conv1d" if extra else "")
+    heads = "; the attention layers keep max(1, KV heads / tp) heads per rank" if attention_layers else ""
+    if attention_layers and m.num_kv_heads < tp:
+        # QKVParallelLinear: num_kv_head_replicas = tp // total_num_kv_heads, one whole KV head per rank
+        whole = m.head_dim * m.hidden_size
+        left = attention_layers * 2 * (whole - ceil_div(m.num_kv_heads * whole, tp)) * (dtype_bits(r.scenario.serve.dtype)
+                                                                                        // 8)
+        heads += (f" (each rank holds one of the {m.num_kv_heads} KV heads whole, replicated; the weights count the K "
+                  f"and V projections at 1/{tp} as for dense models, {left:,} B per rank short of vLLM's "
+                  "QKVParallelLinear over the attention layers)")
+    return [(f"tensor parallel {tp}: each rank keeps its share of every mixer's state (heads and convolution channels "
+             f"/ {tp}: MambaStateShapeCalculator, mamba_utils.py){copied}; the mixers' weights are split as vLLM's "
+             f"column- and row-parallel mixer layers split them (facts/vllm_releases.py MIXER_TP_SHARDED){heads}")]
 
 
 def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, version: str) -> list[str]:
@@ -2359,7 +2421,7 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
               f"printed for attention-only models), and no published start-up log of a {which} model checks this "
               "estimate yet")
     if lay.attention_layers == 0:
-        return [(f"state-space model: its {lay.mamba_layers} {kind} mixer layers form one KV-cache group "
+        return [*_tp_note(r, 0), (f"state-space model: its {lay.mamba_layers} {kind} mixer layers form one KV-cache group "
                  f"(vllm/v1/core/kv_cache_utils.py get_kv_cache_groups: every layer's MambaSpec is the same); a page is "
                  f"one layer's state for one request ({lay.state_page:,} B: {shape}, {ssm}), the block is "
                  f"max_model_len ({lay.block_size} tokens: mamba_block_size), so a request takes one block; prefix "
@@ -2376,11 +2438,12 @@ def _hybrid_notes(r: Resolved, kv: _Blocks, rule: MambaHybridRule | None, versio
     else:
         rotary = ("the rotary cache rotates partial_rotary_factor x head_dim (BambaConfig's 0.5; vLLM 0.13+ reads "
                   "attn_rotary_emb from config.json instead, head_dim where it is absent)")
+    shared = _tp_note(r, lay.attention_layers)
     if m.mamba.shared_attention_layers:
         # Zamba2HybridLayer's shared block (zamba2.py): its q/k/v and gate_up adapters' outputs are added in the
         # compiled graph; only the MLP's width (3 x intermediate) is counted; Zamba2Model.forward keeps
         # original_hidden_states = torch.clone(hidden_states) for every hybrid layer (zamba2.py:756 at 0.11.0)
-        shared = [("not modelled: in the profile run, Zamba2's shared transformer blocks (one Attention and KV cache "
+        shared += [("not modelled: in the profile run, Zamba2's shared transformer blocks (one Attention and KV cache "
                    "per hybrid layer, the first group) are counted at their MLP's width; their adapters' outputs (up "
                    "to 2 x intermediate more per token where not fused) and the model's clone of the embeddings "
                    "(hidden per token, original_hidden_states) are not")]
