@@ -225,7 +225,8 @@ def test_the_report_says_what_each_rank_keeps() -> None:
     # Qwen3-Next at tp 4: 2 KV heads of 256 over 4 ranks, each holds one whole; the dense split counts K and V at 1/4:
     # 12 layers x 2 x (256 x 2,048 - 2 x 256 x 2,048 / 4) x 2 B = 12 x 2 x 262,144 x 2 = 12,582,912 B left out
     q = " ".join(estimate(_doc(QWEN3_NEXT_80B, 4)).assumptions)
-    assert "one of the 2 KV heads whole, replicated" in q and "12,582,912 B per rank short" in q
+    assert "one of the 2 KV heads whole, replicated by vLLM's QKVParallelLinear" in q
+    assert "12,582,912 B per rank more than the dense split's 1/4, counted in the weights" in q
 
 
 @pytest.mark.parametrize(("model", "tp", "text", "fix"), [

@@ -815,6 +815,12 @@ def _data_expert_notes(r: Resolved) -> list[str]:
     """What serve.dp and parallel.ep change under SGLang, said in the report."""
     sv, par, m = r.scenario.serve, r.scenario.parallel, r.model
     out: list[str] = []
+    attn_tp = par.tp // sv.dp if sv.dp_attention else par.tp
+    if m.mla is None and m.mamba is None and 0 < m.num_kv_heads < attn_tp:
+        # sglang/srt/layers/linear.py QKVParallelLinear: num_kv_head_replicas = attn_tp_size / total_num_kv_heads
+        out.append(f"not modelled: attention tensor parallel {attn_tp} over {m.num_kv_heads} KV heads replicates them "
+                   "(SGLang's QKVParallelLinear: one whole K and V head per rank); the weights count the K and V "
+                   f"projections at 1/{attn_tp}")
     if sv.dp > 1:
         out.append(f"--dp-size {sv.dp} without DP attention: {sv.dp} replicas, each a tp {par.tp} x pp {par.pp} "
                    "group on its own GPUs (managers/data_parallel_controller.py: base_gpu_id += tp_size x pp_size); "

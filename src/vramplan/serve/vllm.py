@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from vramplan.analytic.kv_cache import KVSpec, kv_spec
+from vramplan.analytic.kv_cache import KVSpec, attention_layers, kv_spec
 from vramplan.analytic.layout import RankParams, rank_params
 from vramplan.analytic.overhead import cublas_workspace_bytes, cuda_context_bytes, nccl_bytes
 from vramplan.analytic.weights import weights_bytes
@@ -331,6 +331,10 @@ def serve_weights_bytes(r: Resolved, stage: int | None = None) -> tuple[int, int
         params += mixer_weights_tp_delta(m, s.parallel.tp, rp.layers) * c
     if stage is not None and pp > 1 and stage == pp - 1 and m.tie_word_embeddings:
         params += _tied_head_elements(r) * c
+    if s.serve.engine == "vllm" and s.serve.quantization in KV_REPLICA_BYTES:
+        # (SGLang's QKVParallelLinear replicates alike, over its attention tp, tp / dp under dp attention: not added
+        # there, and its report says so: serve/sglang.py _data_expert_notes)
+        params += replicated_kv_elements(m, s.parallel.tp, rp.layers) * KV_REPLICA_BYTES[s.serve.quantization](c)
     if s.serve.quantization == "mxfp4":
         params += mxfp4_layout_bytes(r, rp) + hopper_swizzle_bytes(r, rp.layers)
     if s.serve.quantization != "none" and (fmt := quant_format(s.serve.quantization)).per_output_bits:
@@ -340,6 +344,49 @@ def serve_weights_bytes(r: Resolved, stage: int | None = None) -> tuple[int, int
         params -= sum(ceil_div(o * fmt.per_output_bits, 8) * n for role, _, o, _, n in rp.linear_shapes
                       if role in fmt.quantized_roles)
     return params, rotary_cache_bytes(m, c)
+
+
+# Bytes per element of the K and V projections' replicated heads, by the weights' format: unquantized in the serving
+# dtype, fp8 one byte (per-tensor scales aside).  Other formats' packed codes and group scales per replicated head
+# were not derived: their reports say the replication is not added (``replicated_kv_note``).
+KV_REPLICA_BYTES: dict[str, Callable[[int], int]] = {"none": lambda c: c, "fp8": lambda c: 1}
+
+
+def replicated_kv_elements(m: ModelSpec, tp: int, layers: tuple[int, ...]) -> int:
+    """K and V weight elements one rank holds beyond the dense split's ``1 / tp`` when tp exceeds the KV heads.
+
+    vLLM's ``QKVParallelLinear`` (vllm/model_executor/layers/linear.py:938 at 0.10.0, :904 at 0.11.0, :1068 at 0.33.0,
+    ``__init__``: ``if tp_size >=
+    self.total_num_kv_heads: self.num_kv_heads = 1; self.num_kv_head_replicas = divide(tp_size,
+    self.total_num_kv_heads)``; the same from 0.2 to 0.33) gives every rank ``max(1, kv_heads / tp)`` whole KV heads:
+    with 4 KV heads at tp 8 each rank holds one K head and one V head (``head_dim x hidden`` each), twice the
+    ``4 / 8`` of a head the column split gives.  Per attention layer among ``layers``:
+    ``2 x head_dim x hidden x (max(1, kv // tp) - kv / tp)`` (the dense split rounds up; the K and V biases, of
+    ``head_dim`` per head where a model has them, are left out).  Zero for tp <= KV heads and for MLA (one latent
+    projection, replicated in full already: ``ReplicatedLinear`` for ``kv_a_proj_with_mqa``)."""
+    kv = m.num_kv_heads
+    if m.mla is not None or kv <= 0 or tp <= kv:
+        return 0
+    keep = frozenset(layers)
+    att = sum(1 for layer in attention_layers(m) if layer.index in keep)
+    whole = m.head_dim * m.hidden_size
+    return att * 2 * (max(1, kv // tp) * whole - ceil_div(kv * whole, tp))
+
+
+def replicated_kv_notes(r: Resolved) -> list[str]:
+    """What the weights say of the K and V heads a dense (attention-only) model's ranks replicate when tp exceeds its
+    KV heads (``replicated_kv_elements``); a model with mixers says it in its own tensor-parallel note."""
+    m, tp, quant = r.model, r.scenario.parallel.tp, r.scenario.serve.quantization
+    if m.mamba is not None or m.mla is not None or m.num_kv_heads <= 0 or tp <= m.num_kv_heads:
+        return []
+    if quant not in KV_REPLICA_BYTES:
+        return [(f"not modelled: tensor parallel {tp} over {m.num_kv_heads} KV heads replicates them (vLLM's "
+                 f"QKVParallelLinear: one whole KV head per rank), whose {quant} codes and scales per replicated head "
+                 "are not added to the weights")]
+    elems = replicated_kv_elements(m, tp, tuple(layer.index for layer in m.layers))
+    return [(f"tensor parallel {tp} over {m.num_kv_heads} KV heads: each rank holds max(1, {m.num_kv_heads} // {tp}) "
+             f"whole K and V heads (vLLM's QKVParallelLinear replicates them), {elems:,} elements more than the "
+             "dense split's 1/tp, counted in the weights")]
 
 
 # Mxfp4MoEMethod.create_weights (vLLM quantization/mxfp4.py, commit 007d500): the Triton backend (compute
@@ -1376,6 +1423,7 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
         notes.append(f"kv_cache_memory_bytes: the KV cache gets {sv.kv_cache_memory_bytes / GiB:.2f} GiB as given; "
                      "gpu_memory_utilization does not size it (the profile run still runs)")
     notes += _cudagraph_option_notes(r, row, version)
+    notes += replicated_kv_notes(r)
     offloaded = min(params, int(sv.cpu_offload_gb * GiB))
     if offloaded:
         notes.append(f"cpu_offload_gb: {offloaded / GiB:.2f} GiB of weights in pinned host memory, streamed to the GPU "
@@ -2378,9 +2426,8 @@ def _tp_note(r: Resolved, attention_layers: int) -> list[str]:
         whole = m.head_dim * m.hidden_size
         left = attention_layers * 2 * (whole - ceil_div(m.num_kv_heads * whole, tp)) * (dtype_bits(r.scenario.serve.dtype)
                                                                                         // 8)
-        heads += (f" (each rank holds one of the {m.num_kv_heads} KV heads whole, replicated; the weights count the K "
-                  f"and V projections at 1/{tp} as for dense models, {left:,} B per rank short of vLLM's "
-                  "QKVParallelLinear over the attention layers)")
+        heads += (f" (each rank holds one of the {m.num_kv_heads} KV heads whole, replicated by vLLM's "
+                  f"QKVParallelLinear: {left:,} B per rank more than the dense split's 1/{tp}, counted in the weights)")
     return [(f"tensor parallel {tp}: each rank keeps its share of every mixer's state (heads and convolution channels "
              f"/ {tp}: MambaStateShapeCalculator, mamba_utils.py){copied}; the mixers' weights are split as vLLM's "
              f"column- and row-parallel mixer layers split them (facts/vllm_releases.py MIXER_TP_SHARDED){heads}")]
