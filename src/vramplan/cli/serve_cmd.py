@@ -571,9 +571,9 @@ def _capacity_from_vllm(model: str | None, gpu: str | None, tp: int | None, util
     d = decide(resolve(doc))
     if d.mamba_layers:
         # the simulation pages tokens only; a hybrid model's pool also holds one state page per request and mixer group
-        raise ScenarioError([Problem("--model", f"{d.model} has Mamba mixer layers: the simulation does not model "
-                                     "their state pages", "give --capacity-tokens, or simulate an "
-                                     "attention-only model")])
+        raise ScenarioError([Problem("--model", f"{d.model} has {d.mamba_layers} mixer layers (Mamba, Gated DeltaNet "
+                                     "or short convolution) whose state pages the simulation does not model",
+                                     "give --capacity-tokens, or simulate an attention-only model")])
     if not d.starts:
         raise ScenarioError([Problem("--model", d.problem, d.fix)])
     return d.num_gpu_blocks * block, f"vLLM {d.version}: {d.num_gpu_blocks:,} blocks for {d.model} on {d.gpu}"
