@@ -64,6 +64,7 @@ BATCH10_ENTRIES = 18
 BATCH11_ENTRIES = 32
 BATCH12_ENTRIES = 21
 BATCH13_ENTRIES = 16
+BATCH14_ENTRIES = 27
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -76,9 +77,10 @@ BATCH10_MARK = "# ---- batch 10, collected 2026-11-27, scored once before engine
 BATCH11_MARK = "# ---- batch 11, collected 2026-11-27, scored once before engine changes"
 BATCH12_MARK = "# ---- batch 12, collected 2026-11-27, scored once before engine changes"
 BATCH13_MARK = "# ---- batch 13, collected 2026-11-27, scored once before engine changes"
+BATCH14_MARK = "# ---- batch 14, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
                + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES
-               + BATCH12_ENTRIES + BATCH13_ENTRIES)
+               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -293,6 +295,16 @@ def test_batch13_figures_converted_to_bytes() -> None:
     assert oom.measured.bytes == 85_173_731_328 and oom.outcome == "oom"
 
 
+def test_batch14_figures_converted_to_bytes() -> None:
+    # torch.cuda.max_memory_allocated() / 2**20 printed as 10585.814453125 MiB: x 2^20 = 11,100,030,976
+    assert _by_id("fitcheck-qwen25-7b-qlora-r16-s1024-b1-sdpa-t4").measured.bytes == 11_100_030_976
+    # Lit-GPT's generate prints "Memory used: 14.50 GB" from max_memory_allocated / 1e9: 14,500,000,000
+    assert _by_id("litgpt-quantize-falcon7b-bf16-new256-a100-40gb").measured.bytes == 14_500_000_000
+    # an OOM entry carries the GPU's capacity: A100 40GB, 42,298,834,944 B (the catalog's total_memory)
+    oom = _by_id("litgpt-issue781-mistral-7b-lora-bf16true-mb4-a100-40gb-oom")
+    assert oom.measured.bytes == 42_298_834_944 and oom.outcome == "oom"
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -304,25 +316,27 @@ BATCHES = [
     (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
      BATCH6_ENTRIES, 10, True),
     (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
-     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH7_ENTRIES, 10, True),
+     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH7_ENTRIES, 10, True),
     (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES
-     - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH8_ENTRIES, 10, True),
+     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH8_ENTRIES, 10, True),
     (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES
-     - BATCH13_ENTRIES,
+     - BATCH13_ENTRIES - BATCH14_ENTRIES,
      BATCH9_ENTRIES, 10, True),
-    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES,
+    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES,
      BATCH10_ENTRIES, 7,
      True),
-    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH11_ENTRIES,
+    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH11_ENTRIES,
      13, True),
-    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES, BATCH12_ENTRIES, 11, True),
-    (BATCH13_MARK, None, ALL_ENTRIES - BATCH13_ENTRIES, BATCH13_ENTRIES, 8, True),
+    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH12_ENTRIES,
+     11, True),
+    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH13_ENTRIES, 8, True),
+    (BATCH14_MARK, None, ALL_ENTRIES - BATCH14_ENTRIES, BATCH14_ENTRIES, 7, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
                          ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10", "batch11", "batch12", "batch13"])
+                              "batch10", "batch11", "batch12", "batch13", "batch14"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
