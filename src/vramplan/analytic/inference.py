@@ -1055,6 +1055,18 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
         return _mamba1_notes(g)
     if ms.kind == "rwkv4":
         return _rwkv_notes(g)
+    if ms.kind == "rg_lru":
+        conv, ssm = ssm_state_layer_bytes(g.m, g.c)
+        window = max((ls.sliding_window or 0) for ls in g.m.layers)
+        return [(f"{len(ms.layers)} of {g.m.num_layers} layers are RG-LRU recurrent blocks without a KV cache: each "
+                 f"keeps per sequence, on the module (not in the cache), conv1d_state of {ms.conv_dim} x "
+                 f"{ms.conv_kernel - 1} in {g.c} B ({conv:,} B; a view of {ms.conv_kernel} columns from the first "
+                 f"decode step on) and the RG-LRU's fp32 recurrent_states of {ms.conv_dim} ({ssm:,} B); the "
+                 f"{g.m.num_layers - len(ms.layers)} local attention blocks keep keys and values of at most their "
+                 f"{window}-token window (DynamicSlidingWindowLayer)"),
+                ("the RG-LRU runs transformers' _rnn_scan, a Python loop over the tokens: the prefill's running block "
+                 "holds its two branches, the padded convolution's output and the RG-LRU's gates and products "
+                 "(analytic/ssm_state.py)")]
     if ms.kind == "short_conv":
         conv, _ = ssm_state_layer_bytes(g.m, g.c)
         return [(f"{len(ms.layers)} of {g.m.num_layers} layers are gated short-convolution blocks without a KV cache: "

@@ -136,6 +136,39 @@ are ``b`` positions wide (the logits too, of which generate reads the last row; 
 a 3-sequence step returning ``(3, 3, vocab)`` logits).  The step's block is then counted as a prefill block of ``b``
 positions, the larger of the two.
 
+**RecurrentGemma's RG-LRU blocks (``MambaSpec.kind`` "rg_lru": ``recurrent_gemma``, ``modeling_recurrent_gemma.py``
+5.24).**  The state is on the modules, not in the cache: ``RecurrentGemmaRecurrentBlock.forward`` (lines 432-451)
+makes, with ``use_cache``, ``conv1d_state`` and ``rg_lru.recurrent_states`` for the batch when they are unset or of
+another batch (``_setup_cache``, lines 463-466, does the same when the model's forward gets no cache).  After the
+prefill ``conv1d_state`` is ``F.pad(x_branch, (conv1d_width - seq_len - 1, 0))`` (line 445): the last ``w - 1`` columns
+of ``linear_x``'s output, ``L x (w - 1)`` in the compute dtype (``L`` = ``lru_width``, ``w`` = ``conv1d_width``), and
+``recurrent_states`` the scan's last fp32 state, ``L`` (line 441, ``acc_dtype`` float32 of ``_rnn_scan``):
+``L ((w - 1) c + 4)`` bytes per block and sequence.  recurrentgemma-2b's shape (L 2,560, w 4, 18 recurrent blocks),
+bf16: 2,560 x (3 x 2 + 4) = 25,600 B a block, 460,800 B per sequence.  Its 8 local attention blocks keep keys and
+values in the ``DynamicCache``'s ``DynamicSlidingWindowLayer`` (the config's ``layer_types`` names them
+"sliding_attention", ``attention_window_size`` the window; analytic/kv_cache.py): 2 x 1 KV head x 256 x 2 B = 1,024 B
+a block and token up to the window, 8,192 B per token for the 8.
+
+A decode step (lines 447-451) concatenates ``conv1d_state`` with the token (``L x w``), multiplies it by the kernel
+(``L x w``) and keeps ``conv_state[:, :, 1:]``, a view: from the first decode step on every block's ``conv1d_state``
+holds ``L x w`` elements, ``b L c`` more per block than after the prefill; with the step's ``L``-wide tensors (the two
+branches, the RG-LRU's gates and products, at most 14 in the compute dtype and 3 fp32 vectors) and the layer's input
+and normalized input: ``b (c (2 h + (2 w + 14) L) + 12 L)`` for the running block, plus ``b L c`` per recurrent block.
+
+Prefill: with ``b`` sequences of ``p`` tokens (``u = b p c``), the running block holds the decoder layer's input and
+normalized input (``2 h u``: ``RecurrentGemmaDecoderLayer.forward`` binds ``raw_activations`` and
+``inputs_normalized``), ``y_branch`` (``L u``) and ``conv_1d``'s output of ``p + w - 1`` columns (``padding = w - 1``,
+sliced ``[..., :seq_len]`` as a view: ``b L (p + w - 1) c``); ``linear_x``'s output is freed once the slice rebinds
+``x_branch``.  ``RecurrentGemmaRglru.forward`` (lines 301-339) then makes, each ``L u``: the reshaped input (a copy:
+the transposed slice is not contiguous), the recurrent gate's ``baddbmm`` output ``res`` (the input gate's is freed
+when ``res`` is rebound), ``input_gate``, ``recurrent_gate`` (its ``exp``), ``log_recurrent_gate``, ``a_square``,
+``gated_inputs``, ``multiplier`` and ``normalized_x`` (9); ``_rnn_scan`` (lines 342-389) adds ``recurrent_gate * ~reset``
+and ``contextualized_states`` (2): ``(2 h + 12 L) u + b L (p + w - 1) c``, with the loop's fp32 step vectors (the
+state, the gate's fp32 copy, their product and the sum: ``16 b L``).  The block's branches after the RG-LRU
+(``x_branch * y_branch``, ``linear_out``) and the MLP (``RecurrentGemmaMlp``, with four hidden-sized tensors kept:
+``Traits.hidden_kept_through_mlp``) are smaller at RecurrentGemma's widths; the MLP's term is the attention layers'
+(analytic/inference.py ``prefill_layer_bytes``), the larger of the two is the running layer.
+
 The Gated DeltaNet's prefill and decode temporaries are not modelled (``mixer_prefill_bytes`` and
 ``mixer_decode_bytes`` refuse them; the analytic engine refuses their generate: spec/checks.py
 ``linear_mixer_analytic_problems``).
@@ -194,6 +227,8 @@ __all__ = [
     "broadcast_product_bytes",
     "mixer_decode_bytes",
     "mixer_prefill_bytes",
+    "rg_lru_decode_bytes",
+    "rg_lru_prefill_bytes",
     "rwkv_block_decode_bytes",
     "rwkv_block_prefill_bytes",
     "split_product_excess_bytes",
@@ -211,6 +246,9 @@ def ssm_state_layer_bytes(m: ModelSpec, c: int) -> tuple[int, int]:
     ms = m.mamba
     if ms is None:
         return 0, 0
+    if ms.kind == "rg_lru":
+        # conv1d_state after the prefill: the last conv1d_width - 1 columns (module docstring)
+        return ms.conv_dim * (ms.conv_kernel - 1) * c, ms.ssm_state_elements * FP32_BYTES
     return ms.conv_dim * ms.conv_kernel * c, ms.ssm_state_elements * FP32_BYTES
 
 
@@ -235,6 +273,8 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
         return batch * c * ms.intermediate_size * (8 * prompt + ms.conv_kernel - 1)
     if ms.kind == "rwkv4":
         return rwkv_block_prefill_bytes(m, batch, prompt, c)
+    if ms.kind == "rg_lru":
+        return rg_lru_prefill_bytes(m, batch, prompt, c)
     if ms.kind == "gated_deltanet":
         return _gated_deltanet_prefill_bytes(m, batch, prompt, c)
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
@@ -322,8 +362,28 @@ def rwkv_block_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
     return max(one, rwkv_block_prefill_bytes(m, batch, batch, c)) if batch > 1 else one
 
 
+def rg_lru_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """A RecurrentGemma recurrent block's live tensors at its prefill's peak, in ``_rnn_scan``, the decoder layer's
+    input and normalized input included (module docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    lru, w = ms.intermediate_size, ms.conv_kernel
+    return (batch * c * ((2 * m.hidden_size + 12 * lru) * prompt + lru * (prompt + w - 1))
+            + batch * lru * 4 * FP32_BYTES)
+
+
+def rg_lru_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """A RecurrentGemma recurrent block's decode step at its peak, and the column every block's ``conv1d_state``
+    view gains from the first decode step on (module docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    lru, w = ms.intermediate_size, ms.conv_kernel
+    step = batch * (c * (2 * m.hidden_size + (2 * w + 14) * lru) + 3 * FP32_BYTES * lru)
+    return step + len(ms.layers) * batch * lru * c
+
+
 _KIND_NAMES = {"mamba2": "Mamba2", "mamba1": "Mamba", "gated_deltanet": "Gated DeltaNet",
-               "short_conv": "short-convolution", "rwkv4": "RWKV-4"}
+               "short_conv": "short-convolution", "rwkv4": "RWKV-4", "rg_lru": "RG-LRU"}
 
 
 def _scan_modelled(ms: MambaSpec) -> None:
@@ -405,6 +465,8 @@ def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
         return batch * c * m.mamba.intermediate_size * (m.mamba.conv_kernel + 7)
     if m.mamba.kind == "rwkv4":
         return rwkv_block_decode_bytes(m, batch, c)
+    if m.mamba.kind == "rg_lru":
+        return rg_lru_decode_bytes(m, batch, c)
     if m.mamba.kind == "gated_deltanet":
         return _gated_deltanet_decode_bytes(m, batch, c)
     if m.mamba.kind == "mamba1":

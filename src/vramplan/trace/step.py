@@ -585,6 +585,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 del logits
             for layer in getattr(cache, "layers", []):
                 tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache", "KV cache")
+            _relabel_module_state(model, tracker, r.model.traits.module_state)
             del cache
             if n > 0 and r.model.traits.state_argument:
                 tracker.mark("decode-setup")
@@ -602,7 +603,8 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 tracker.mark("decode-setup")
                 total = p + n - 1
                 ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
-                cache = _filled_cache(model, tracker, b, total, device, tp)
+                cache = _filled_cache(model, tracker, b, total, device, tp,
+                                      mixer_state=not r.model.traits.module_state)
                 phase[0] = "decode"
                 tracker.mark("decode")
                 with tracker.category("activations"):
@@ -612,6 +614,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                     for layer in getattr(cache, "layers", []):
                         tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache",
                                         "KV cache")
+                    _relabel_module_state(model, tracker, r.model.traits.module_state)
                     logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
                     del out
                     nxt = torch.argmax(logits, dim=-1)
@@ -638,10 +641,20 @@ def _filled_state(model: Any, tracker: Tracker, batch: int, device: str) -> list
     return state
 
 
+def _relabel_module_state(model: torch.nn.Module, tracker: Tracker, names: tuple[str, ...]) -> None:
+    """The recurrent state a model keeps on its modules (``Traits.module_state``: RecurrentGemma's ``conv1d_state``
+    and ``recurrent_states``, made by the prefill) counted as the cache, as the cache layers' keys and values are."""
+    if not names:
+        return
+    held = [getattr(mod, name, None) for mod in model.modules() for name in names]
+    tracker.relabel([t for t in held if isinstance(t, torch.Tensor)], "kv_cache", "recurrent state")
+
+
 def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str,
-                  tp: int = 1) -> Any:
+                  tp: int = 1, mixer_state: bool = True) -> Any:
     """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``; under
-    tensor parallelism each rank caches its own KV heads (the k/v projections are colwise)."""
+    tensor parallelism each rank caches its own KV heads (the k/v projections are colwise).  ``mixer_state``
+    False: the mixer layers' state is on the modules (``Traits.module_state``), none is put in the cache."""
     from transformers import DynamicCache
 
     config: Any = model.config
@@ -656,7 +669,7 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
             if device != "meta":
                 k.zero_()
                 v.zero_()
-            if _is_mixer(config, i) or _layer_type(config, i) == HYBRID_TYPE:
+            if mixer_state and (_is_mixer(config, i) or _layer_type(config, i) == HYBRID_TYPE):
                 _fill_mixer_state(cache, config, i, batch, dtype, device)
             if not _is_mixer(config, i):
                 cache.update(k, v, i)

@@ -81,8 +81,8 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": FALCON_H1,
     # a Mamba2 mixer in every layer, shared transformer blocks run ahead of the mixer in some (MambaSpec.shared_attention_layers)
     "zamba2": ZAMBA2,
-    # RG-LRU recurrent blocks and local attention (Griffin): parameters counted, every task refused
-    # (Traits.unmodelled_mixer, spec/checks.py unmodelled_layer_problems)
+    # RG-LRU recurrent blocks and local attention (Griffin): their state on the modules (MambaSpec.kind "rg_lru",
+    # Traits.module_state); generate estimated, training and serving refused (spec/checks.py _rg_lru_problems)
     "recurrent_gemma": RECURRENT_GEMMA,
     # lightning (linear) attention interleaved with softmax attention, MoE: parameters counted, every task refused
     "minimax": MINIMAX,
