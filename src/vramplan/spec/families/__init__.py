@@ -84,7 +84,8 @@ FAMILIES: dict[str, Family] = {
     # RG-LRU recurrent blocks and local attention (Griffin): their state on the modules (MambaSpec.kind "rg_lru",
     # Traits.module_state); generate estimated, training and serving refused (spec/checks.py _rg_lru_problems)
     "recurrent_gemma": RECURRENT_GEMMA,
-    # lightning (linear) attention interleaved with softmax attention, MoE: parameters counted, every task refused
+    # lightning (linear) attention interleaved with softmax attention, MoE: its state in MiniMaxCache (MambaSpec.kind
+    # "lightning", Traits.cache_class); generate estimated, training and serving refused (spec/checks.py _lightning_problems)
     "minimax": MINIMAX,
     # hybrid: Mamba-1 mixers beside attention layers, dense and mixture-of-experts MLPs (MambaSpec.kind "mamba1")
     "jamba": JAMBA,
