@@ -17,6 +17,7 @@ from vramplan.analytic.ssm_state import (
     mixer_prefill_bytes,
     ssm_state_bytes,
     ssm_state_layer_bytes,
+    ssm_state_note,
 )
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
@@ -82,6 +83,8 @@ def test_text_01_state_buffers_and_prefill_by_hand() -> None:
     assert kv_bytes_per_token(m, 2) == 40_960
     # decay buffers: 64 x (1 + 2 x 256 + 256^2) x 2 B = 8,454,272 a layer, x 70 = 591,799,040
     assert mixer_buffer_bytes(m, 2) == 591_799_040
+    note = ssm_state_note(m, 2)
+    assert note is not None and "146,800,640 B per sequence of lightning attention recurrent state in 70" in note
     # one sequence of 4,096 tokens, bf16 (u = 8,192, q = 8,192, h = 6,144): 2 h u = 100,663,296; the norm 4 q u +
     # 8 p q = 268,435,456 + 268,435,456, with the last block's locals 64 x 2 x (256^2 + 4 x 256 x 128 + 128^2) =
     # 27,262,976 -> 564,133,888 (above 6 q u + those and the loop's 4 q u + 128 x 278,528 = 304,087,040)

@@ -534,7 +534,8 @@ def ssm_state_note(m: ModelSpec, c: int) -> str | None:
     where = ("beside the KV cache of the same layers" if m.mamba.parallel_attention
              else f"beside the KV cache of the {len(m.mamba.shared_attention_layers)} that run a shared block"
              if m.mamba.shared_attention_layers else "no KV cache there")
-    state = "convolution and SSM state" if m.mamba.ssm_state_elements else "convolution state"
+    state = ("convolution and SSM state" if m.mamba.ssm_state_elements and m.mamba.conv_dim else
+             "recurrent state" if m.mamba.ssm_state_elements else "convolution state")
     return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of {kind} {state} in "
             f"{len(m.mamba.layers)} mixer layers ({where}), whatever the sequence length")
 

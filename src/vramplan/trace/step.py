@@ -675,17 +675,18 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
         for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
             if _layer_type(config, i) in NO_CACHE_TYPES:
                 continue
+            if mixer_state and hasattr(cache, "set_linear_cache") and _is_mixer(config, i):
+                _fill_linear_cache(cache, config, i, batch, dtype, device)
+            elif mixer_state and (_is_mixer(config, i) or _layer_type(config, i) == HYBRID_TYPE):
+                _fill_mixer_state(cache, config, i, batch, dtype, device)
+            if _is_mixer(config, i):
+                continue  # a mixer layer keeps no keys or values: none are made for it
             k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
             v = torch.empty((batch, heads, tokens, vdim), dtype=dtype, device=device)
             if device != "meta":
                 k.zero_()
                 v.zero_()
-            if mixer_state and hasattr(cache, "set_linear_cache") and _is_mixer(config, i):
-                _fill_linear_cache(cache, config, i, batch, dtype, device)
-            elif mixer_state and (_is_mixer(config, i) or _layer_type(config, i) == HYBRID_TYPE):
-                _fill_mixer_state(cache, config, i, batch, dtype, device)
-            if not _is_mixer(config, i):
-                cache.update(k, v, i)
+            cache.update(k, v, i)
             del k, v
     return cache
 
