@@ -1,15 +1,23 @@
 """RecurrentGemma (``recurrent_gemma``, transformers ``modeling_recurrent_gemma.py``): RG-LRU recurrent blocks and local
-attention, its parameters counted by hand and on transformers' meta device; every task refused (the recurrent blocks'
-memory is not modelled)."""
+attention, its parameters counted by hand and on transformers' meta device; generate's state (on the modules) and prefill
+by hand, against a real CPU prefill and the traced engine; training and serving refused."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 
 from meta_build import meta_causal_lm_count
 from vramplan import estimate
+from vramplan.analytic.kv_cache import kv_bytes_per_token
+from vramplan.analytic.ssm_state import (
+    mixer_decode_bytes,
+    mixer_prefill_bytes,
+    ssm_state_bytes,
+    ssm_state_layer_bytes,
+)
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
 
@@ -69,12 +77,106 @@ def test_2b_shape_count() -> None:
     assert model_from_config(R2B).num_parameters == 2_682_862_080
 
 
-@pytest.mark.parametrize("doc", [
-    {"task": "inference"},
-    {"task": "train", "train": {"seq_len": 128}},
-    {"task": "serve"},
+# a larger tester whose recurrent blocks outweigh the cuBLAS workspace: hidden 256, lru 384, 5 layers, window 64
+MID: dict[str, Any] = {**TESTER, "hidden_size": 256, "lru_width": 384, "intermediate_size": 768, "vocab_size": 512,
+                       "attention_window_size": 64}
+
+
+def test_state_by_hand() -> None:
+    m = model_from_config(R2B)
+    assert m.mamba is not None and m.mamba.kind == "rg_lru" and len(m.mamba.layers) == 18
+    # conv1d_state 2,560 x (4 - 1) x 2 B = 15,360; recurrent_states 2,560 x 4 B = 10,240 -> 25,600 a block
+    assert ssm_state_layer_bytes(m, 2) == (15_360, 10_240)
+    # x 18 blocks = 460,800 B per sequence; 4 sequences 1,843,200
+    assert ssm_state_bytes(m, 4, 2) == 1_843_200
+    # the 8 local attention blocks: 2 x 1 KV head x 256 x 2 B = 1,024 B a block and token, 8,192 for the 8
+    assert kv_bytes_per_token(m, 2) == 8_192
+
+
+def _module_state_after_a_prefill(cfg: dict[str, Any], batch: int, tokens: int) -> int:
+    """Bytes of the recurrent blocks' conv1d_state and recurrent_states after a real bf16 prefill on the CPU."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        module = module.to(torch.bfloat16)
+        with torch.no_grad():
+            module(torch.randint(0, int(cfg["vocab_size"]), (batch, tokens)), use_cache=True)
+    held = [getattr(mod, name, None) for mod in module.modules() for name in ("conv1d_state", "recurrent_states")]
+    return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+
+
+def test_state_equals_the_modules_after_a_prefill() -> None:
+    # 4 blocks x 2 sequences x 48 x (3 x 2 + 4) B = 3,840
+    state = _module_state_after_a_prefill(TESTER, 2, 10)
+    assert state == ssm_state_bytes(model_from_config(TESTER), 2, 2) == 3_840
+
+
+def test_prefill_and_decode_blocks_by_hand() -> None:
+    m = model_from_config(R2B)
+    # 2 sequences of 512 tokens, bf16: (2 x 2,560 + 12 x 2,560) x 512 = 18,350,080 elements a sequence, the padded
+    # convolution 2,560 x (512 + 3) = 1,318,400 -> x 2 x 2 B = 78,673,920; the scan's fp32 steps 2 x 2,560 x 16 =
+    # 81,920 -> 78,755,840
+    assert mixer_prefill_bytes(m, 2, 512, 2) == 78_755_840
+    # a decode step, 1 sequence: 2 x (2 x 2,560 + (8 + 14) x 2,560) + 12 x 2,560 = 153,600; every block's extra
+    # column 18 x 2,560 x 2 = 92,160 -> 245,760
+    assert mixer_decode_bytes(m, 1, 2) == 245_760
+
+
+def test_generate_running_layer_is_the_recurrent_block() -> None:
+    doc = {"task": "inference", "model": R2B, "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 2, "prompt_len": 512, "new_tokens": 16}}
+    e = estimate(doc)
+    assert e.per_gpu.breakdown_detail["activations"]["running layer"] == 78_755_840
+    # 2 x 460,800 of state; the prompt's keys and values: 2 x 512 x 8,192 = 8,388,608
+    assert e.per_gpu.breakdown_detail["kv_cache"] == {"prompt": 8_388_608,
+                                                      "mixer state (convolution and recurrent)": 921_600}
+    assert any("18 of 26 layers are RG-LRU recurrent blocks" in x for x in e.assumptions)
+
+
+@pytest.mark.parametrize(("batch", "prompt", "new"), [
+    # the prefill's running block peaks: 17,485,312 against 17,481,216 B at 100 tokens (the prompt past the window)
+    (2, 100, 10),
+    (4, 200, 10),
+    (2, 32, 20),
 ])
-def test_every_task_is_refused(doc: dict[str, Any]) -> None:
-    with pytest.raises(VramplanError, match="RG-LRU recurrent blocks .* are not modelled; its parameters are counted "
-                       r"\(54,880\)"):
+def test_traced_generate_agrees_with_the_analytic_engine(batch: int, prompt: int, new: int) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"task": "inference", "model": MID, "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": batch, "prompt_len": prompt, "new_tokens": new}}
+    a, t = estimate(doc), traced(doc)
+    assert 0.995 < a.per_gpu.peak_allocated_bytes / t.per_gpu.peak_allocated_bytes < 1.005
+    # the traced engine counts the modules' state as the cache: per block, after the prefill conv1d_state 384 x 3 x 2 B
+    # and recurrent_states 384 x 4 B, after the decode step conv1d_state's view of 384 x 4 x 2 B and recurrent_states
+    # 384 x 4 B (a view of the step's fp32 output): 4 blocks x batch x 384 x (6 + 4 + 8 + 4) B
+    events = _trace_events(doc)
+    held = sum(e.nbytes for e in events if e.nbytes > 0 and e.category == "kv_cache" and e.op == "recurrent state")
+    assert held == 4 * batch * 384 * 22
+
+
+def _trace_events(doc: dict[str, Any]) -> Any:
+    from vramplan.catalog.resolve import resolve
+    from vramplan.trace.engine import trace
+
+    _, st = trace(resolve(doc))
+    return st.events
+
+
+@pytest.mark.parametrize(("doc", "match"), [
+    ({"task": "train", "train": {"seq_len": 128}},
+     r"training is not estimated: the RG-LRU's recurrence runs as a Python loop over the tokens \(_rnn_scan\)"),
+    ({"task": "serve"}, "serving it with vllm is not estimated"),
+    ({"task": "inference", "parallel": {"tp": 2}, "hardware": {"gpu": "H100", "num_gpus": 2}},
+     "tensor parallelism is not estimated for it"),
+    ({"task": "inference", "software": {"transformers": "4.46"}}, "modelled on transformers 5.24"),
+])
+def test_refused(doc: dict[str, Any], match: str) -> None:
+    with pytest.raises(VramplanError, match="RecurrentGemma \\(Griffin\\) model of 4 RG-LRU recurrent blocks and 1 "
+                       "local attention blocks; .*" + match):
         estimate({"model": TESTER, "hardware": {"gpu": "H100"}, **doc})

@@ -100,6 +100,7 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.ssm_state import (
     broadcast_product_bytes,
+    mixer_buffer_bytes,
     mixer_decode_bytes,
     mixer_prefill_bytes,
     ssm_state_bytes,
@@ -787,6 +788,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     pre.add(K.KV_PROMPT, t.kv_prompt)
     # every mixer's state, as after the last mixer layer (an upper bound while an earlier layer runs)
     pre.add(K.SSM_STATE, t.ssm_state)
+    pre.add(K.MIXER_BUFFERS, mixer_buffer_bytes(m, c))
     _add_cross_kept(g, t, pre, p)
     if embeds + rope + layer >= final_hidden + prefill_logits + t.prompt_logits_peak:
         pre.add(K.INPUTS_EMBEDS, embeds)
@@ -879,6 +881,7 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
         mo.add(K.CROSS_MASK, ci.batch * ci.vision_tokens * g.c)
         mo.add(K.IMAGE_INPUTS, _image_inputs(ci, tokens))
     mo.add(K.SSM_STATE, t.ssm_state)
+    mo.add(K.MIXER_BUFFERS, mixer_buffer_bytes(g.m, g.c))
     mo.add(K.PREV_PROMPT_LOGITS, prompt_logits)
     mo.add(K.LAST_LOGITS, t.logits)
     mo.add(K.BEAM_STATE, t.beam_decode)
@@ -1057,6 +1060,26 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
         return _mamba1_notes(g)
     if ms.kind == "rwkv4":
         return _rwkv_notes(g)
+    if ms.kind == "rg_lru":
+        conv, ssm = ssm_state_layer_bytes(g.m, g.c)
+        window = max((ls.sliding_window or 0) for ls in g.m.layers)
+        return [(f"{len(ms.layers)} of {g.m.num_layers} layers are RG-LRU recurrent blocks without a KV cache: each "
+                 f"keeps per sequence, on the module (not in the cache), conv1d_state of {ms.conv_dim} x "
+                 f"{ms.conv_kernel - 1} in {g.c} B ({conv:,} B; a view of {ms.conv_kernel} columns from the first "
+                 f"decode step on) and the RG-LRU's fp32 recurrent_states of {ms.conv_dim} ({ssm:,} B); the "
+                 f"{g.m.num_layers - len(ms.layers)} local attention blocks keep keys and values of at most their "
+                 f"{window}-token window (DynamicSlidingWindowLayer)"),
+                ("the RG-LRU runs transformers' _rnn_scan, a Python loop over the tokens: the prefill's running block "
+                 "holds its two branches, the padded convolution's output and the RG-LRU's gates and products "
+                 "(analytic/ssm_state.py)")]
+    if ms.kind == "lightning":
+        _, linear = ssm_state_layer_bytes(g.m, g.c)
+        return [(f"{len(ms.layers)} of {g.m.num_layers} layers are lightning (linear) attention without a KV cache: "
+                 f"each keeps per sequence a state of {ms.n_heads} x {ms.head_dim} x {ms.head_dim} in {g.c} B "
+                 f"({linear:,} B) in MiniMaxCache.linear_cache; the KV cache counts the softmax attention layers only"),
+                (f"the lightning layers' prefill runs block-wise (block_size {ms.chunk_size}): the running layer holds "
+                 "the activated qkv projection, the blocks' outputs, their concatenation and the fp32 RMSNorm "
+                 "(analytic/ssm_state.py)")]
     if ms.kind == "short_conv":
         conv, _ = ssm_state_layer_bytes(g.m, g.c)
         return [(f"{len(ms.layers)} of {g.m.num_layers} layers are gated short-convolution blocks without a KV cache: "

@@ -248,6 +248,9 @@ class K:
                 "cuBLAS workspaces, one per handle (analytic/overhead.py); allocated through the caching "
                 "allocator on CUDA, absent on a CPU", cuda_only=True)
     CUDA_GRAPHS = _k("other", "CUDA graphs", "memory of vLLM's captured CUDA graphs")
+    MIXER_BUFFERS = _k("other", "lightning attention decay buffers",
+                       "MiniMax's lightning attention layers' registered decay factors (slope_rate, query_decay, "
+                       "key_decay, diagonal_decay) in the model's dtype (analytic/ssm_state.py)")
     PROPOSER_BUFFERS = _k("other", "speculative proposer buffers",
                           "the proposer's persistent input buffers, sized by max_num_batched_tokens")
     # llama.cpp (serve/llamacpp.py)

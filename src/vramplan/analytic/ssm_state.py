@@ -136,6 +136,80 @@ are ``b`` positions wide (the logits too, of which generate reads the last row; 
 a 3-sequence step returning ``(3, 3, vocab)`` logits).  The step's block is then counted as a prefill block of ``b``
 positions, the larger of the two.
 
+**RecurrentGemma's RG-LRU blocks (``MambaSpec.kind`` "rg_lru": ``recurrent_gemma``, ``modeling_recurrent_gemma.py``
+5.24).**  The state is on the modules, not in the cache: ``RecurrentGemmaRecurrentBlock.forward`` (lines 432-451)
+makes, with ``use_cache``, ``conv1d_state`` and ``rg_lru.recurrent_states`` for the batch when they are unset or of
+another batch (``_setup_cache``, lines 463-466, does the same when the model's forward gets no cache).  After the
+prefill ``conv1d_state`` is ``F.pad(x_branch, (conv1d_width - seq_len - 1, 0))`` (line 445): the last ``w - 1`` columns
+of ``linear_x``'s output, ``L x (w - 1)`` in the compute dtype (``L`` = ``lru_width``, ``w`` = ``conv1d_width``), and
+``recurrent_states`` the scan's last fp32 state, ``L`` (line 441, ``acc_dtype`` float32 of ``_rnn_scan``):
+``L ((w - 1) c + 4)`` bytes per block and sequence.  recurrentgemma-2b's shape (L 2,560, w 4, 18 recurrent blocks),
+bf16: 2,560 x (3 x 2 + 4) = 25,600 B a block, 460,800 B per sequence.  Its 8 local attention blocks keep keys and
+values in the ``DynamicCache``'s ``DynamicSlidingWindowLayer`` (the config's ``layer_types`` names them
+"sliding_attention", ``attention_window_size`` the window; analytic/kv_cache.py): 2 x 1 KV head x 256 x 2 B = 1,024 B
+a block and token up to the window, 8,192 B per token for the 8.
+
+A decode step (lines 447-451) concatenates ``conv1d_state`` with the token (``L x w``), multiplies it by the kernel
+(``L x w``) and keeps ``conv_state[:, :, 1:]``, a view: from the first decode step on every block's ``conv1d_state``
+holds ``L x w`` elements, ``b L c`` more per block than after the prefill; with the step's ``L``-wide tensors (the two
+branches, the RG-LRU's gates and products, at most 14 in the compute dtype and 3 fp32 vectors) and the layer's input
+and normalized input: ``b (c (2 h + (2 w + 14) L) + 12 L)`` for the running block, plus ``b L c`` per recurrent block.
+
+Prefill: with ``b`` sequences of ``p`` tokens (``u = b p c``), the running block holds the decoder layer's input and
+normalized input (``2 h u``: ``RecurrentGemmaDecoderLayer.forward`` binds ``raw_activations`` and
+``inputs_normalized``), ``y_branch`` (``L u``) and ``conv_1d``'s output of ``p + w - 1`` columns (``padding = w - 1``,
+sliced ``[..., :seq_len]`` as a view: ``b L (p + w - 1) c``); ``linear_x``'s output is freed once the slice rebinds
+``x_branch``.  ``RecurrentGemmaRglru.forward`` (lines 301-339) then makes, each ``L u``: the reshaped input (a copy:
+the transposed slice is not contiguous), the recurrent gate's ``baddbmm`` output ``res`` (the input gate's is freed
+when ``res`` is rebound), ``input_gate``, ``recurrent_gate`` (its ``exp``), ``log_recurrent_gate``, ``a_square``,
+``gated_inputs``, ``multiplier`` and ``normalized_x`` (9); ``_rnn_scan`` (lines 342-389) adds ``recurrent_gate * ~reset``
+and ``contextualized_states`` (2): ``(2 h + 12 L) u + b L (p + w - 1) c``, with the loop's fp32 step vectors (the
+state, the gate's fp32 copy, their product and the sum: ``16 b L``).  The block's branches after the RG-LRU
+(``x_branch * y_branch``, ``linear_out``) and the MLP (``RecurrentGemmaMlp``, with four hidden-sized tensors kept:
+``Traits.hidden_kept_through_mlp``) are smaller at RecurrentGemma's widths; the MLP's term is the attention layers'
+(analytic/inference.py ``prefill_layer_bytes``), the larger of the two is the running layer.
+
+**MiniMax's lightning attention (``MambaSpec.kind`` "lightning": ``minimax``, ``modeling_minimax.py`` 5.24).**  The
+model's forward makes its own ``MiniMaxCache`` (lines 652-657; any other cache class is refused): a ``DynamicCache``
+for the softmax layers' keys and values and a list ``linear_cache`` that ``set_linear_cache`` fills (line 271) with each
+lightning layer's ``attn_weights_inter``, ``[batch, heads, head_dim, head_dim]`` in ``value_states``' dtype (the zeros
+of lines 204-211, then ``attn_weights_inter * block_decay + next_attn_weights_inter``; the decay buffers are built in
+the model's dtype): ``H D^2 c`` bytes per layer and sequence.  A shape of MiniMax-Text-01's size (64 heads of 128, 70
+lightning layers of 80), bf16: 64 x 128 x 128 x 2 = 2,097,152 B a layer, 146,800,640 B per sequence, beside the 10
+softmax layers' 2 x 8 x 128 x 2 x 10 = 40,960 B a token.
+
+Prefill (``MiniMaxLightningAttention.forward``, lines 177-273, ``B`` = ``block_size``, ``q = H D``, ``u = b p c``):
+the decoder layer holds its input (bound to the model loop's ``hidden_states``) and the normalized input
+(``residual``): ``2 h u``; the layer holds ``qkv_states`` (``act_fn`` of ``qkv_proj``'s output, ``3 q u``; query, key
+and value are views of it) to its end, and at the peak the largest of:
+
+* ``act_fn``'s input and output: ``6 q u``;
+* the block loop (``B'`` = ``min(B, p)``): the list of the blocks' outputs (up to ``q u``) and, per block, at the
+  state's update (``attn_weights_inter * block_decay + next_attn_weights_inter``) the old state, its decayed copy,
+  the next block's ``K^T V`` and the new state beside the block's scores and its intra and inter outputs
+  (``4 D^2 + B'^2 + 3 B' D`` a head and sequence, the state itself counted with the cache's), or at the intra-block
+  product the previous block's ``K^T V`` and outputs beside the scores, their decayed copy and the value's contiguous
+  copy that ``matmul`` makes of the strided split (``2 D^2 + 2 B'^2 + 4 B' D``): ``4 q u + b H c max(3 D^2 + B'^2 +
+  3 B' D, D^2 + 2 B'^2 + 4 B' D)``;
+* after the loop its last block's locals stay bound to the layer's end (``attn_weights_intra``, the intra, inter and
+  summed outputs and ``next_attn_weights_inter``: ``b H c (B_l^2 + 4 B_l D + D^2)``, ``B_l`` the last block's size)
+  beside ``torch.cat`` of the list and the reshape of its transpose (a copy): ``5 q u``; the RMSNorm ``norm`` over
+  ``q`` (its input ``q u``, the fp32 copy and the normalized fp32 product, ``8 b p q`` for a half input, ``5 q u`` in
+  fp32 where the copy is the input): ``4 q u + 8 b p q``; ``sigmoid(output_gate(hidden_states)) * attn_output``:
+  ``6 q u``.
+
+Against the traced engine on a lightning-heavy tester (hidden 256, 8 heads of 64, block 64; tests/
+test_families_minimax.py) the analytic figure is 0.1-1.0% above (single-block prompts the most).
+
+The layer also registers its decay factors as buffers in the model's dtype (lines 143-149, ``decay_factors``):
+``slope_rate`` ``[H, 1, 1]``, ``query_decay`` and ``key_decay`` ``[H, B, 1]`` and ``diagonal_decay`` ``[1, H, B, B]``:
+``H (1 + 2 B + B^2) c`` bytes a layer (``mixer_buffer_bytes``), 8,454,272 B at 64 heads and ``B`` 256 in bf16,
+591,799,040 B for 70 layers.
+
+A decode step (lines 233-245, one token): the cache's state, ``ratio * attn_weights_inter``, the token's ``K^T V``
+and their sum (``3 b H D^2 c`` beyond the state, which the cache holds until ``set_linear_cache`` replaces it), with
+the layer's ``b (2 h + 6 q) c`` at most.
+
 The Gated DeltaNet's prefill and decode temporaries are not modelled (``mixer_prefill_bytes`` and
 ``mixer_decode_bytes`` refuse them; the analytic engine refuses their generate: spec/checks.py
 ``linear_mixer_analytic_problems``).
@@ -192,8 +266,13 @@ from vramplan.units import ceil_div
 
 __all__ = [
     "broadcast_product_bytes",
+    "lightning_decode_bytes",
+    "lightning_prefill_bytes",
+    "mixer_buffer_bytes",
     "mixer_decode_bytes",
     "mixer_prefill_bytes",
+    "rg_lru_decode_bytes",
+    "rg_lru_prefill_bytes",
     "rwkv_block_decode_bytes",
     "rwkv_block_prefill_bytes",
     "split_product_excess_bytes",
@@ -211,6 +290,12 @@ def ssm_state_layer_bytes(m: ModelSpec, c: int) -> tuple[int, int]:
     ms = m.mamba
     if ms is None:
         return 0, 0
+    if ms.kind == "lightning":
+        # MiniMaxCache.linear_cache: heads x head_dim x head_dim in the compute dtype, no convolution (module docstring)
+        return 0, ms.ssm_state_elements * c
+    if ms.kind == "rg_lru":
+        # conv1d_state after the prefill: the last conv1d_width - 1 columns (module docstring)
+        return ms.conv_dim * (ms.conv_kernel - 1) * c, ms.ssm_state_elements * FP32_BYTES
     return ms.conv_dim * ms.conv_kernel * c, ms.ssm_state_elements * FP32_BYTES
 
 
@@ -235,6 +320,10 @@ def mixer_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
         return batch * c * ms.intermediate_size * (8 * prompt + ms.conv_kernel - 1)
     if ms.kind == "rwkv4":
         return rwkv_block_prefill_bytes(m, batch, prompt, c)
+    if ms.kind == "rg_lru":
+        return rg_lru_prefill_bytes(m, batch, prompt, c)
+    if ms.kind == "lightning":
+        return lightning_prefill_bytes(m, batch, prompt, c)
     if ms.kind == "gated_deltanet":
         return _gated_deltanet_prefill_bytes(m, batch, prompt, c)
     padded = ceil_div(prompt, ms.chunk_size) * ms.chunk_size
@@ -322,8 +411,62 @@ def rwkv_block_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
     return max(one, rwkv_block_prefill_bytes(m, batch, batch, c)) if batch > 1 else one
 
 
+def rg_lru_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """A RecurrentGemma recurrent block's live tensors at its prefill's peak, in ``_rnn_scan``, the decoder layer's
+    input and normalized input included (module docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    lru, w = ms.intermediate_size, ms.conv_kernel
+    return (batch * c * ((2 * m.hidden_size + 12 * lru) * prompt + lru * (prompt + w - 1))
+            + batch * lru * 4 * FP32_BYTES)
+
+
+def rg_lru_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """A RecurrentGemma recurrent block's decode step at its peak, and the column every block's ``conv1d_state``
+    view gains from the first decode step on (module docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    lru, w = ms.intermediate_size, ms.conv_kernel
+    step = batch * (c * (2 * m.hidden_size + (2 * w + 14) * lru) + 3 * FP32_BYTES * lru)
+    return step + len(ms.layers) * batch * lru * c
+
+
+def lightning_prefill_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
+    """A MiniMax lightning attention layer's live tensors at its prefill's peak beyond its state, the decoder layer's
+    input and normalized input included (module docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    heads, d, blk = ms.n_heads, ms.head_dim, ms.chunk_size
+    q, u, first = heads * d, batch * prompt * c, min(blk, prompt)
+    last = prompt - (ceil_div(prompt, blk) - 1) * blk
+    per_block = max(3 * d * d + first * first + 3 * first * d, d * d + 2 * first * first + 4 * first * d)
+    loop = 4 * q * u + batch * heads * c * per_block
+    left = batch * heads * c * (last * last + 4 * last * d + d * d)
+    norm = 5 * q * u if c == FP32_BYTES else 4 * q * u + 2 * FP32_BYTES * batch * prompt * q
+    return 2 * m.hidden_size * u + max(6 * q * u, loop, max(norm, 6 * q * u) + left)
+
+
+def mixer_buffer_bytes(m: ModelSpec, c: int) -> int:
+    """The lightning attention layers' registered decay buffers (module docstring): per layer ``slope_rate``
+    (``H``), ``query_decay`` and ``key_decay`` (``H x B`` each) and ``diagonal_decay`` (``H x B x B``) in the model's
+    dtype; 0 for the other kinds, whose buffers are not counted."""
+    ms = m.mamba
+    if ms is None or ms.kind != "lightning":
+        return 0
+    blk = ms.chunk_size
+    return len(ms.layers) * ms.n_heads * (1 + 2 * blk + blk * blk) * c
+
+
+def lightning_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
+    """A MiniMax lightning attention layer's decode step beyond its state (module docstring)."""
+    ms = m.mamba
+    assert ms is not None
+    return batch * c * (3 * ms.ssm_state_elements + 2 * m.hidden_size + 6 * ms.n_heads * ms.head_dim)
+
+
 _KIND_NAMES = {"mamba2": "Mamba2", "mamba1": "Mamba", "gated_deltanet": "Gated DeltaNet",
-               "short_conv": "short-convolution", "rwkv4": "RWKV-4"}
+               "short_conv": "short-convolution", "rwkv4": "RWKV-4", "rg_lru": "RG-LRU",
+               "lightning": "lightning attention"}
 
 
 def _scan_modelled(ms: MambaSpec) -> None:
@@ -391,7 +534,8 @@ def ssm_state_note(m: ModelSpec, c: int) -> str | None:
     where = ("beside the KV cache of the same layers" if m.mamba.parallel_attention
              else f"beside the KV cache of the {len(m.mamba.shared_attention_layers)} that run a shared block"
              if m.mamba.shared_attention_layers else "no KV cache there")
-    state = "convolution and SSM state" if m.mamba.ssm_state_elements else "convolution state"
+    state = ("convolution and SSM state" if m.mamba.ssm_state_elements and m.mamba.conv_dim else
+             "recurrent state" if m.mamba.ssm_state_elements else "convolution state")
     return (f"plus {ssm_state_bytes(m, 1, c):,} B per sequence of {kind} {state} in "
             f"{len(m.mamba.layers)} mixer layers ({where}), whatever the sequence length")
 
@@ -405,6 +549,10 @@ def mixer_decode_bytes(m: ModelSpec, batch: int, c: int) -> int:
         return batch * c * m.mamba.intermediate_size * (m.mamba.conv_kernel + 7)
     if m.mamba.kind == "rwkv4":
         return rwkv_block_decode_bytes(m, batch, c)
+    if m.mamba.kind == "rg_lru":
+        return rg_lru_decode_bytes(m, batch, c)
+    if m.mamba.kind == "lightning":
+        return lightning_decode_bytes(m, batch, c)
     if m.mamba.kind == "gated_deltanet":
         return _gated_deltanet_decode_bytes(m, batch, c)
     if m.mamba.kind == "mamba1":

@@ -249,7 +249,7 @@ def unmodelled_layer_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     transformers 5.24 ``modeling_llama4.py``; its experts that run every token are refused by the analytic engine
     alone, ``every_token_expert_problems``): chunked local attention's cache (``Traits.attention_chunk_size``: serving) and an image path of tiles and pixel
     shuffle (``Traits.image_path_unmodelled``: every task); a layer mechanism named in ``Traits.unmodelled_mixer``
-    (RecurrentGemma's RG-LRU blocks: every task).  Their parameters are counted."""
+    (every task; no family sets it at present).  Their parameters are counted."""
     t = m.traits
     if t.unmodelled_mixer:
         return [Problem("model", f"{m.name}: {t.unmodelled_mixer}; its parameters are counted "
@@ -630,6 +630,10 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return []
     if m.mamba.kind == "rwkv4":
         return _rwkv_problems(s, m)
+    if m.mamba.kind == "rg_lru":
+        return _rg_lru_problems(s, m)
+    if m.mamba.kind == "lightning":
+        return _lightning_problems(s, m)
     if m.mamba.kind in LINEAR_MIXER_KINDS:
         return _linear_mixer_problems(s, m)
     if m.mamba.parallel_attention:
@@ -781,6 +785,76 @@ def _rwkv_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return []
     return _generate_limits(s, what, "RwkvConfig has no base_model_tp_plan",
                             "its state is no KV cache, which transformers' QuantizedCache would hold")
+
+
+def _rg_lru_what(m: ModelSpec) -> str:
+    ms = m.mamba
+    assert ms is not None
+    return (f"{m.name} is a RecurrentGemma (Griffin) model of {len(ms.layers)} RG-LRU recurrent blocks and "
+            f"{m.num_layers - len(ms.layers)} local attention blocks")
+
+
+def _rg_lru_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for RecurrentGemma (``MambaSpec.kind`` "rg_lru", ``recurrent_gemma``), for every
+    engine: inference with transformers' ``generate`` is estimated (analytic/ssm_state.py: the blocks' state on the
+    modules, the RG-LRU's prefill tensors; the local attention's windowed cache); the rest is refused.
+
+    * Training: the RG-LRU's ``_rnn_scan`` is a Python loop over the tokens whose per-step tensors autograd saves,
+      and ``SqrtBoundDerivative`` saves its own input: not modelled.
+    * Serving: no engine's layout of its recurrent state (pages, pools) was read, so none is modelled.
+    * Inference: tensor parallelism (``RecurrentGemmaConfig`` has no ``base_model_tp_plan``), a quantized cache (the
+      recurrent state is on the modules, where transformers' ``QuantizedCache`` does not reach, and it refuses
+      models with other than full-attention layers, cache_utils.py 5.24), Lit-GPT (it ships no such model), and
+      transformers 4.x (its ``modeling_recurrent_gemma.py`` was not read).
+    """
+    what = _rg_lru_what(m)
+    if s.task in ("train", "serve"):
+        doing = "training" if s.task == "train" else f"serving it with {s.serve.engine}"
+        why = ("the RG-LRU's recurrence runs as a Python loop over the tokens (_rnn_scan), whose per-step tensors "
+               "autograd saves, which is not modelled" if s.task == "train" else
+               "no serving engine's state pool for its recurrent blocks is modelled")
+        return [Problem("task", f"{what}; {doing} is not estimated: {why}",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated; "
+                        + _PARAMETERS_ONLY)]
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        return [Problem("software.transformers", f"{what}; it is modelled on transformers 5.24's "
+                        f"modeling_recurrent_gemma.py, not {s.software.transformers}",
+                        "drop software.transformers, or set it to 5.0 or later")]
+    return _generate_limits(s, what, "RecurrentGemmaConfig has no base_model_tp_plan",
+                            "its recurrent state is on the modules, and transformers' QuantizedCache refuses "
+                            "models with other than full-attention layers")
+
+
+def _lightning_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """What vramplan does not estimate for MiniMax (``MambaSpec.kind`` "lightning", ``minimax``), for every engine:
+    inference with transformers' ``generate`` is estimated (analytic/ssm_state.py: the lightning attention's state in
+    ``MiniMaxCache`` and its block-wise prefill; the softmax layers' KV cache); the rest is refused.
+
+    * Training: the block-wise prefill's per-block products that autograd saves are not modelled.
+    * Serving: no engine's layout of the lightning attention's state was read.
+    * Inference: tensor parallelism (``MiniMaxConfig.base_model_tp_plan`` shards the softmax layers' projections and
+      the experts, not ``qkv_proj``, ``output_gate`` or ``out_proj``; not modelled), a quantized cache
+      (``MiniMaxCache`` is its own class, which transformers' ``QuantizedCache`` would replace and the model's forward
+      refuses), Lit-GPT (it ships no such model), transformers 4.x (not read).
+    """
+    ms = m.mamba
+    assert ms is not None
+    what = (f"{m.name} is a hybrid of {len(ms.layers)} lightning (linear) attention layers and "
+            f"{m.num_layers - len(ms.layers)} softmax attention layers")
+    if s.task in ("train", "serve"):
+        doing = "training" if s.task == "train" else f"serving it with {s.serve.engine}"
+        why = ("the lightning attention's block-wise products that autograd saves are not modelled" if s.task == "train"
+               else "no serving engine's layout of the lightning attention's state is modelled")
+        return [Problem("task", f"{what}; {doing} is not estimated: {why}",
+                        "estimate inference (task: inference) with transformers' generate, which is estimated; "
+                        + _PARAMETERS_ONLY)]
+    version = s.software.transformers_version
+    if version is not None and version < (5, 0):
+        return [Problem("software.transformers", f"{what}; it is modelled on transformers 5.24's modeling_minimax.py, "
+                        f"not {s.software.transformers}", "drop software.transformers, or set it to 5.0 or later")]
+    return _generate_limits(s, what, "the lightning layers' projections are not in MiniMaxConfig's base_model_tp_plan",
+                            "the model's forward takes no cache but its own MiniMaxCache")
 
 
 def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:

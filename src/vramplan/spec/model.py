@@ -159,8 +159,14 @@ class MambaSpec:
     # ``Lfm2ShortConv`` (``modeling_lfm2.py``, 5.24), a gated depthwise convolution over ``intermediate_size`` (the hidden
     # size) channels and no recurrent state (``n_heads`` 0); "rwkv4": RWKV-4's ``state`` (``modeling_rwkv.py``, 5.24),
     # per layer two token-shift vectors of the hidden size in the compute dtype (``intermediate_size`` h, ``conv_kernel``
-    # 2) and the wkv numerator, denominator and maximum in fp32 (``h`` heads of width 1, ``state_size`` 3)
-    kind: Literal["mamba2", "mamba1", "gated_deltanet", "short_conv", "rwkv4"] = "mamba2"
+    # 2) and the wkv numerator, denominator and maximum in fp32 (``h`` heads of width 1, ``state_size`` 3); "rg_lru":
+    # RecurrentGemma's ``RecurrentGemmaRecurrentBlock`` (``modeling_recurrent_gemma.py``, 5.24), its state on the module:
+    # ``conv1d_state`` of ``intermediate_size`` (``lru_width``) channels by ``conv_kernel - 1`` taps in the compute
+    # dtype and the RG-LRU's fp32 ``recurrent_states`` (``lru_width`` heads of width 1, ``state_size`` 1)
+    # "lightning": MiniMax's ``MiniMaxLightningAttention`` (``modeling_minimax.py``, 5.24), no convolution
+    # (``intermediate_size`` 0) and per layer ``n_heads`` states of ``head_dim x state_size`` (both the head dim) in the
+    # compute dtype (``MiniMaxCache.linear_cache``), its prefill run block-wise over ``chunk_size`` (``block_size``)
+    kind: Literal["mamba2", "mamba1", "gated_deltanet", "short_conv", "rwkv4", "rg_lru", "lightning"] = "mamba2"
     # Gated DeltaNet: ``linear_num_key_heads`` (the query/key heads that value heads share; unused by the other kinds)
     key_heads: int = 0
     time_step_rank: int = 0  # Mamba-1's ``x_proj`` -> ``dt_proj`` rank (unused by the Mamba2 mixer)
@@ -265,6 +271,16 @@ class Traits:
     # ``past_key_values`` (RwkvForCausalLM, modeling_rwkv.py 5.24: ``state`` in, ``out.state`` back): the traced
     # engine's decode step passes the filled state there (trace/step.py)
     state_argument: bool = False
+    # the recurrent state is kept on the modules, not in the cache: attributes of these names hold it after the prefill
+    # (RecurrentGemma: ``RecurrentGemmaRecurrentBlock.conv1d_state`` and ``RecurrentGemmaRglru.recurrent_states``,
+    # modeling_recurrent_gemma.py 5.24 lines 299, 413, 434-451): the traced engine counts them as the cache and fills
+    # no cache state for those layers (trace/step.py)
+    module_state: tuple[str, ...] = ()
+    # the model's forward refuses any cache but its own class, from its modeling module (MiniMax:
+    # ``MiniMaxModel.forward`` raises unless ``cache`` is a ``MiniMaxCache``, modeling_minimax.py 5.24 lines 652-657):
+    # the traced engine makes one of that class, and fills its ``set_linear_cache`` for the mixer layers (trace/step.py);
+    # "": transformers' DynamicCache
+    cache_class: str = ""
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)
@@ -313,7 +329,7 @@ class Traits:
     # the image path is not modelled (Llama 4's tiles, pixel shuffle and vision adapter): the tower's and projector's
     # parameters are counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``)
     image_path_unmodelled: bool = False
-    # a layer mechanism that is not modelled (RecurrentGemma's RG-LRU recurrent blocks), named: the parameters are
+    # a layer mechanism that is not modelled, named (no family sets it at present): the parameters are
     # counted, every task is refused (spec/checks.py ``unmodelled_layer_problems``); "": none
     unmodelled_mixer: str = ""
     # modules the model builds and holds beside its language model and vision tower that no estimated task runs, as

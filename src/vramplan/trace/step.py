@@ -539,8 +539,6 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
     (built through the cache's own ``update``), which is the cache size at the last step; the
     cache's ``torch.cat`` growth, the last-token logits and their fp32 copy are traced as they run.
     """
-    from transformers import DynamicCache
-
     s = r.scenario
     inf = s.inference
     if inf.kv_cache_dtype not in ("auto", inf.dtype):
@@ -575,8 +573,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.track(ids, "other", "input ids")
             phase[0] = "prefill"
             tracker.mark("prefill")
-            config: Any = model.config
-            cache = DynamicCache(config=config)
+            cache = _new_cache(model, r.model.traits.cache_class)
             with tracker.category("activations"):
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
@@ -585,6 +582,8 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 del logits
             for layer in getattr(cache, "layers", []):
                 tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache", "KV cache")
+            tracker.relabel(list(getattr(cache, "linear_cache", [])), "kv_cache", "linear attention state")
+            _relabel_module_state(model, tracker, r.model.traits.module_state)
             del cache
             if n > 0 and r.model.traits.state_argument:
                 tracker.mark("decode-setup")
@@ -602,7 +601,9 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 tracker.mark("decode-setup")
                 total = p + n - 1
                 ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
-                cache = _filled_cache(model, tracker, b, total, device, tp)
+                cache = _filled_cache(model, tracker, b, total, device, tp,
+                                      mixer_state=not r.model.traits.module_state,
+                                      cache_class=r.model.traits.cache_class)
                 phase[0] = "decode"
                 tracker.mark("decode")
                 with tracker.category("activations"):
@@ -612,6 +613,8 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                     for layer in getattr(cache, "layers", []):
                         tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache",
                                         "KV cache")
+                    tracker.relabel(list(getattr(cache, "linear_cache", [])), "kv_cache", "linear attention state")
+                    _relabel_module_state(model, tracker, r.model.traits.module_state)
                     logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
                     del out
                     nxt = torch.argmax(logits, dim=-1)
@@ -638,28 +641,52 @@ def _filled_state(model: Any, tracker: Tracker, batch: int, device: str) -> list
     return state
 
 
-def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str,
-                  tp: int = 1) -> Any:
-    """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``; under
-    tensor parallelism each rank caches its own KV heads (the k/v projections are colwise)."""
+def _relabel_module_state(model: torch.nn.Module, tracker: Tracker, names: tuple[str, ...]) -> None:
+    """The recurrent state a model keeps on its modules (``Traits.module_state``: RecurrentGemma's ``conv1d_state``
+    and ``recurrent_states``, made by the prefill) counted as the cache, as the cache layers' keys and values are."""
+    if not names:
+        return
+    held = [getattr(mod, name, None) for mod in model.modules() for name in names]
+    tracker.relabel([t for t in held if isinstance(t, torch.Tensor)], "kv_cache", "recurrent state")
+
+
+def _new_cache(model: torch.nn.Module, cache_class: str) -> Any:
+    """An empty cache for ``generate``: transformers' ``DynamicCache`` for the model's config, or the class of the
+    model's own modeling module that its forward requires (``Traits.cache_class``: ``MiniMaxCache()``)."""
+    if cache_class:
+        import sys
+
+        return getattr(sys.modules[type(model).__module__], cache_class)()
     from transformers import DynamicCache
 
     config: Any = model.config
-    cache = DynamicCache(config=config)
+    return DynamicCache(config=config)
+
+
+def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str,
+                  tp: int = 1, mixer_state: bool = True, cache_class: str = "") -> Any:
+    """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``; under
+    tensor parallelism each rank caches its own KV heads (the k/v projections are colwise).  ``mixer_state``
+    False: the mixer layers' state is on the modules (``Traits.module_state``), none is put in the cache."""
+    config: Any = model.config
+    cache = _new_cache(model, cache_class)
     shapes = _kv_shapes(model, tp)
     with tracker.category("kv_cache"):
         for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
             if _layer_type(config, i) in NO_CACHE_TYPES or _reads_shared_cache(cache, i):
                 continue
+            if mixer_state and hasattr(cache, "set_linear_cache") and _is_mixer(config, i):
+                _fill_linear_cache(cache, config, i, batch, dtype, device)
+            elif mixer_state and (_is_mixer(config, i) or _layer_type(config, i) == HYBRID_TYPE):
+                _fill_mixer_state(cache, config, i, batch, dtype, device)
+            if _is_mixer(config, i):
+                continue  # a mixer layer keeps no keys or values: none are made for it
             k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
             v = torch.empty((batch, heads, tokens, vdim), dtype=dtype, device=device)
             if device != "meta":
                 k.zero_()
                 v.zero_()
-            if _is_mixer(config, i) or _layer_type(config, i) == HYBRID_TYPE:
-                _fill_mixer_state(cache, config, i, batch, dtype, device)
-            if not _is_mixer(config, i):
-                cache.update(k, v, i)
+            cache.update(k, v, i)
             del k, v
     return cache
 
@@ -736,6 +763,18 @@ def _mixer_shape(config: Any) -> tuple[int, int, tuple[int, ...]]:
         inter, state = int(config.intermediate_size), int(config.state_size)
         return inter, int(config.conv_kernel), (inter, state)
     return inter + 2 * groups * state, kernel, (heads, head_dim, state)
+
+
+def _fill_linear_cache(cache: Any, config: Any, index: int, batch: int, dtype: torch.dtype, device: str) -> None:
+    """A lightning attention layer's state as the prefill leaves it (``MiniMaxCache.set_linear_cache``,
+    modeling_minimax.py 5.24): ``[batch, heads, head_dim, head_dim]`` in the value states' dtype, the model's."""
+    heads = int(config.num_attention_heads)
+    hd = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
+    state = torch.empty((batch, heads, hd, hd), dtype=dtype, device=device)
+    if device != "meta":
+        state.zero_()
+    cache.set_linear_cache(index, state)
+    del state
 
 
 def _fill_mixer_state(cache: Any, config: Any, index: int, batch: int, dtype: torch.dtype, device: str) -> None:

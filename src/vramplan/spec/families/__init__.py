@@ -91,10 +91,11 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": FALCON_H1,
     # a Mamba2 mixer in every layer, shared transformer blocks run ahead of the mixer in some (MambaSpec.shared_attention_layers)
     "zamba2": ZAMBA2,
-    # RG-LRU recurrent blocks and local attention (Griffin): parameters counted, every task refused
-    # (Traits.unmodelled_mixer, spec/checks.py unmodelled_layer_problems)
+    # RG-LRU recurrent blocks and local attention (Griffin): their state on the modules (MambaSpec.kind "rg_lru",
+    # Traits.module_state); generate estimated, training and serving refused (spec/checks.py _rg_lru_problems)
     "recurrent_gemma": RECURRENT_GEMMA,
-    # lightning (linear) attention interleaved with softmax attention, MoE: parameters counted, every task refused
+    # lightning (linear) attention interleaved with softmax attention, MoE: its state in MiniMaxCache (MambaSpec.kind
+    # "lightning", Traits.cache_class); generate estimated, training and serving refused (spec/checks.py _lightning_problems)
     "minimax": MINIMAX,
     # Gemma 3n: AltUp streams, per-layer embeddings, KV-cache sharing, LAuReL, a MobileNetV5 vision tower and a
     # conformer audio tower: parameters counted, every task refused (Traits.unmodelled_mixer)

@@ -13,9 +13,13 @@ intermediate]``).  Its ``self_attn`` is chosen by ``layer_types``:
 
 Then ``norm`` and an untied ``lm_head`` (``tie_word_embeddings`` default False).
 
-Only the parameters are modelled: the lightning attention's state (``MiniMaxCache``'s per-layer
-``[batch, heads, head_dim, head_dim]`` linear-attention state) and its block-wise prefill are not, so every task is
-refused (``Traits.unmodelled_mixer``).
+The lightning attention layers keep no KV cache but a state per layer in ``MiniMaxCache.linear_cache``
+(``[batch, heads, head_dim, head_dim]`` in ``value_states``' dtype, the compute dtype: lines 204-211, 271):
+``ModelSpec.mamba`` of ``MambaSpec.kind`` "lightning" (analytic/ssm_state.py counts it and the block-wise prefill);
+the model's forward takes no other cache class (``Traits.cache_class``).  Through its MLP the decoder layer keeps two
+hidden-sized tensors, its input and the normalized input (``residual`` is rebound to ``post_attention_layernorm``'s
+output, lines 565-577: ``Traits.hidden_kept_through_mlp`` 2).  Generate is estimated; training and serving
+are refused (spec/checks.py ``_lightning_problems``).
 
 ``configuration_minimax.py`` defaults: vocab 32000, hidden 4096, intermediate 14336, 32 layers alternating full and
 linear attention from a full one (``__post_init__``), 32 heads, 8 KV heads, head_dim = hidden / heads, 8 experts, 2
@@ -27,10 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob, required
-from vramplan.spec.model import ModelSpec, MoESpec
-
-UNMODELLED = ("its lightning (linear) attention layers (MiniMaxLightningAttention: a heads x head_dim x head_dim state "
-              "per layer in MiniMaxCache, a block-wise prefill) are not modelled")
+from vramplan.spec.model import MambaSpec, ModelSpec, MoESpec
 
 
 def layer_types(cfg: Config, n_layers: int) -> list[str]:
@@ -78,7 +79,11 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       mlp_gated=True, norm="rms", position="rope", tie_word_embeddings=tied,
                       attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
                       max_position_embeddings=int(get(cfg, "max_position_embeddings", default=4096 * 32)))
-    return replace(spec, traits=replace(spec.traits, experts_are_linears=False, unmodelled_mixer=UNMODELLED))
+    state = MambaSpec(layers=linear, n_heads=n_heads, head_dim=hd, n_groups=0, state_size=hd, conv_kernel=0,
+                      intermediate_size=0, chunk_size=int(get(cfg, "block_size", default=256)), kind="lightning")
+    return replace(spec, mamba=state if linear else None,
+                   traits=replace(spec.traits, experts_are_linears=False, cache_class="MiniMaxCache",
+                                                 hidden_kept_through_mlp=2))
 
 
 MINIMAX = Family(build, "modeling_minimax.py", required=required("hidden_size", "num_attention_heads", "vocab_size"))

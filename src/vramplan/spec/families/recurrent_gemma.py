@@ -16,9 +16,12 @@ recurrent, attention) over the layers:
 
 Then ``final_norm`` and the ``lm_head`` tied to the embeddings when ``tie_word_embeddings`` (default True).
 
-Only the parameters are modelled: the recurrent blocks keep their state on the modules (``conv1d_state``,
-``rg_lru.recurrent_states``) and run the RG-LRU as a Python loop over the tokens (``_rnn_scan``), whose memory at
-generate and in training is not modelled, so every task is refused (``Traits.unmodelled_mixer``).
+The recurrent blocks keep their state on the modules (``conv1d_state``, ``rg_lru.recurrent_states``: lines 413,
+434-451), not in the cache: ``ModelSpec.mamba`` of ``MambaSpec.kind`` "rg_lru" (analytic/ssm_state.py counts it and the
+prefill's ``_rnn_scan``) and ``Traits.module_state`` (the traced engine counts those attributes as the cache).  The
+decoder layer keeps four hidden-sized tensors through its MLP (``raw_activations``, ``inputs_normalized``,
+``residual`` and the normalized MLP input, lines 511-529: ``Traits.hidden_kept_through_mlp`` 4).  Generate is
+estimated; training and serving are refused (spec/checks.py ``_rg_lru_problems``).
 
 ``configuration_recurrent_gemma.py`` defaults: 26 layers, vocab 256000, hidden 2560, intermediate 7680, 10 heads,
 lru_width = hidden, attention_window_size 2048, conv1d_width 4, num_key_value_heads = heads, attention_bias False,
@@ -30,10 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob, required
-from vramplan.spec.model import ModelSpec
-
-UNMODELLED = ("its RG-LRU recurrent blocks (state held on the modules, conv1d_state and rg_lru.recurrent_states; the "
-              "recurrence run as a Python loop over the tokens, _rnn_scan) are not modelled")
+from vramplan.spec.model import MambaSpec, ModelSpec
 
 
 def block_types(cfg: Config, n_layers: int) -> list[str]:
@@ -86,7 +86,11 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       hidden_act=str(cfg.get("hidden_activation", "gelu_pytorch_tanh")), mlp_gated=True, norm="rms",
                       position="rope", tie_word_embeddings=tied, attention_dropout=prob(cfg, "attention_dropout"),
                       hidden_dropout=0.0, max_position_embeddings=window)
-    return replace(spec, traits=replace(spec.traits, unmodelled_mixer=UNMODELLED))
+    state = MambaSpec(layers=rec, n_heads=lru, head_dim=1, n_groups=0, state_size=1, conv_kernel=width,
+                      intermediate_size=lru, chunk_size=1, kind="rg_lru")
+    return replace(spec, mamba=state if rec else None,
+                   traits=replace(spec.traits, module_state=("conv1d_state", "recurrent_states"),
+                                                 hidden_kept_through_mlp=4))
 
 
 RECURRENT_GEMMA = Family(build, "modeling_recurrent_gemma.py",
