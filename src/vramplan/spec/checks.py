@@ -208,12 +208,16 @@ def every_token_expert_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 def analytic_unmodelled_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """The analytic engine's refusal of training and generate for a model whose layers run a mechanism its terms
-    leave out (``Traits.analytic_unmodelled``: Gemma 3n's AltUp streams, per-layer inputs and KV-shared layers).  The
-    traced engine runs transformers' own forward and is not refused."""
-    if not m.traits.analytic_unmodelled or s.task not in ("train", "inference"):
+    leave out (``Traits.analytic_unmodelled``: Gemma 3n's AltUp streams, per-layer inputs and KV-shared layers), or of
+    training alone where its generate is modelled (``Traits.analytic_generate``).  The traced engine runs
+    transformers' own forward and is not refused."""
+    refused = ("train",) if m.traits.analytic_generate else ("train", "inference")
+    if not m.traits.analytic_unmodelled or s.task not in refused:
         return []
+    also = "; task inference (generate) is estimated by the analytic engine" if m.traits.analytic_generate else ""
     return [Problem("task", f"{m.name}: {m.traits.analytic_unmodelled}, so task {s.task} is not estimated by the "
-                    "analytic engine", "use --engine trace, which runs transformers' own forward; " + _PARAMETERS_ONLY)]
+                    "analytic engine", "use --engine trace, which runs transformers' own forward" + also + "; "
+                    + _PARAMETERS_ONLY)]
 
 
 # vLLM disables its hybrid KV cache manager for a model with chunked local attention unless
