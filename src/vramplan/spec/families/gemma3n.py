@@ -44,11 +44,14 @@ The multimodal model (``Gemma3nModel``, :1912-1925) adds:
 
 AltUp runs every layer over ``altup_num_inputs`` copies of the residual stream, the per-layer embeddings add a
 ``L x p`` input per token (kept through the forward), the KV-shared layers read the earlier layers' full K/V
-(``shared_kv_states``) and write no cache, LAuReL and the activation-sparsity top-k add tensors of their own: none of
-these is among the analytic engine's terms, so it refuses training and generate (``Traits.analytic_unmodelled``); the
-traced engine runs transformers' own forward (``Gemma3nForCausalLM``; its decode step's cache holds the layers that
-store one, trace/step.py ``_reads_shared_cache``).  Serving is refused.  The multimodal model's every task is refused
-(``Traits.unmodelled_mixer``): the traced engine would build its language model alone.
+(``shared_kv_states``) and write no cache, LAuReL and the activation-sparsity top-k add tensors of their own.  The
+adapter records them as data (``ModelSpec.altup``: ``AltUpSpec``; ``ModelSpec.kv_reuse_layers``; one MLP width per
+layer in ``layers``), from which the analytic engine estimates generate (``analytic/altup.py``,
+``analytic/kv_cache.py attention_layers``); its training terms (what each layer saves for the backward) do not hold
+them, so the analytic engine refuses training (``Traits.analytic_unmodelled``, ``Traits.analytic_generate``).  The
+traced engine runs transformers' own forward for both (``Gemma3nForCausalLM``; its decode step's cache holds the
+layers that store one, trace/step.py ``_reads_shared_cache``).  Serving is refused.  The multimodal model's every task
+is refused (``Traits.unmodelled_mixer``): the traced engine would build its language model alone.
 """
 
 from __future__ import annotations
@@ -82,9 +85,9 @@ UNMODELLED = ("its AltUp streams (altup_num_inputs copies of the residual stream
                        "last num_kv_shared_layers read earlier layers' K/V, shared_kv_states), LAuReL blocks and "
                        "activation-sparsity top-k (transformers 5.24 modeling_gemma3n.py) are not among the analytic "
                        "engine's terms")
-UNMODELLED = ("its MobileNetV5 vision tower and conformer audio tower are not modelled beside a language model whose "
-              "AltUp streams, per-layer inputs and KV-shared layers only the traced engine runs (it builds the language "
-              "model alone); its text_config alone (model_type gemma3n_text) is estimated with --engine trace")
+UNMODELLED = ("its MobileNetV5 vision tower and conformer audio tower are not modelled (the traced engine would build "
+              "the language model alone); its text_config alone (model_type gemma3n_text) is estimated: generate by "
+              "either engine, training with --engine trace")
 
 # Gemma3nTextConfig defaults (configuration_gemma3n.py:95-126), the E4B shape
 _TEXT_DEFAULTS: dict[str, Any] = {
