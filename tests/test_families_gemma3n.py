@@ -357,3 +357,10 @@ def test_e4b_prefill_activations_by_hand() -> None:
            "inference": {"prompt_len": 1024, "new_tokens": 16, "batch_size": 2}}
     act = _parts(estimate(doc))["activations"]
     assert act == 8_388_608 + 33_554_432 + 36_700_160 + 2_097_152 + 1_048_576 + 394_264_576 == 476_053_504
+
+
+def test_analytic_generate_under_tensor_parallelism_refused() -> None:
+    doc = {**GENERATE, "hardware": {"gpu": "H100", "num_gpus": 2}, "parallel": {"tp": 2}}
+    with pytest.raises(VramplanError, match=r"parallel.tp.*is 2: .*generate under tensor parallelism is not "
+                       r"modelled.*set parallel.tp: 1"):
+        estimate(doc)
