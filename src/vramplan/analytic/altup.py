@@ -45,7 +45,12 @@ Under eager attention the model's 4-D additive masks (one per layer kind) are al
 layer's attention probabilities (b heads p^2 c, bound to ``_``) in every moment after its attention
 (``eager_kept_bytes``); the SDPA mask above is then not made.
 
-The largest of these is the running layer.  Per-token row statistics (the norms' mean squares, AltUp's router
+The largest of these is the running layer.  Two moments of the model's forward outside the layers stay below it, so
+they are not counted: the per-layer inputs' preparation (the embedding lookup and the projection, L P c each, and the
+projection norm's fp32 tensors, 8 L P, beside ``inputs_embeds``: E4B 111,616 B per token against the running layer's
+230,912 in the kept terms' company) and the unembedding after the loop (:1718-1731: the last layer's streams, n - 1 new
+projections and their stack, about (3 n + 2) h c beside the embeddings and per-layer inputs, below the (3 n + 8) h c
+that the running layer's MLP moment alone keeps with them).  Per-token row statistics (the norms' mean squares, AltUp's router
 outputs, the top-k's mean and deviation: a few values per token) are left out.  E4B (h 2048, n 4, I 16,384, L 35,
 P 256), 2 x 1,024 tokens, bf16: the MLP moment, (15 x 2,048 + 4 x 16,384) x 2,048 x 2 = 394,264,576 B; the kept
 per-layer inputs 35 x 256 x 2,048 x 2 = 36,700,160 B and AltUp's expansion 4 x 2,048 x 2,048 x 2 = 33,554,432 B.
