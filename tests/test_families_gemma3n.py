@@ -154,13 +154,14 @@ def test_intermediate_size_list_checked(inter: list[int], match: str) -> None:
 
 
 @pytest.mark.parametrize("doc", [
-    {"task": "inference"},
     {"task": "train", "train": {"seq_len": 128}},
     {"task": "train", "train": {"seq_len": 128, "peft": {"method": "lora"}}},
 ])
-def test_analytic_engine_refuses_and_names_the_traced_engine(doc: dict[str, Any]) -> None:
-    with pytest.raises(VramplanError, match=r"AltUp streams .* are not among the analytic engine's terms, so task "
-                       r"\w+ is not estimated by the analytic engine.*use --engine trace"):
+def test_analytic_engine_refuses_training_and_names_the_traced_engine(doc: dict[str, Any]) -> None:
+    with pytest.raises(VramplanError, match=r"AltUp streams .* are among the analytic engine's generate terms "
+                       r"\(analytic/altup.py\) but not its training terms .*, so task train is not estimated by the "
+                       r"analytic engine.*use --engine trace.*task inference \(generate\) is estimated by the analytic "
+                       r"engine"):
         estimate({"model": TESTER, "hardware": {"gpu": "H100"}, **doc})
 
 
@@ -172,7 +173,8 @@ def test_serving_refused() -> None:
 @pytest.mark.parametrize("doc", [{"task": "inference"}, {"task": "train", "train": {"seq_len": 128}}, {"task": "serve"}])
 def test_multimodal_every_task_refused(doc: dict[str, Any]) -> None:
     with pytest.raises(VramplanError, match=r"vision tower and conformer audio tower are not modelled.*text_config "
-                       r"alone \(model_type gemma3n_text\) is estimated with --engine trace; its parameters are "
+                       r"alone \(model_type gemma3n_text\) is estimated: generate by either engine, training with --engine "
+                       r"trace; its parameters are "
                        r"counted \(294,533,282\)"):
         estimate({"model": MULTIMODAL, "hardware": {"gpu": "H100"}, **doc})
 
@@ -237,3 +239,128 @@ def test_trace_training_holds_every_parameter() -> None:
     assert total("weights") == total("gradients") == 4 * 58_176
     assert total("optimizer_states") == 8 * 58_176
     assert [ph for _, ph in st.marks] == ["forward", "backward", "optimizer", "end"]
+
+
+# ---- the analytic engine's generate (analytic/altup.py) -------------------------------------------------------------
+
+def _e4b_text() -> dict[str, Any]:
+    """google/gemma-3n-E4B-it's catalog row's text_config (the E4B language model)."""
+    import json
+    from pathlib import Path
+
+    row = Path(__file__).parent.parent / "src/vramplan/catalog/models/google__gemma-3n-e4b-it.json"
+    return dict(json.loads(row.read_text())["config"]["text_config"])
+
+
+def test_spec_records_altup_kv_reuse_and_widths() -> None:
+    m = model_from_config({**TESTER, "intermediate_size": [64, 48, 64, 32, 64]})
+    assert m.altup is not None
+    assert (m.altup.num_inputs, m.altup.per_layer_input_width, m.altup.laurel_rank) == (3, 4, 6)
+    assert m.altup.sparse_layers == (0,)  # activation_sparsity_pattern [0.95, 0, 0, 0, 0]
+    assert m.kv_reuse_layers == (3, 4)  # kv_sharing_modes: [None, store, store, reuse, reuse]
+    assert [ls.intermediate_size for ls in m.layers] == [64, 48, 64, 32, 64]
+    # the default pattern (configuration_gemma3n.py:145-149): the first 10 layers sparse when there are more than 10
+    e4b = model_from_config({"model_type": "gemma3n_text"})
+    assert e4b.altup is not None and e4b.altup.sparse_layers == tuple(range(10))
+    assert e4b.kv_reuse_layers == tuple(range(20, 35))
+    with pytest.raises(ScenarioError, match="activation_sparsity_pattern must be a list"):
+        model_from_config({**TESTER, "activation_sparsity_pattern": 0.95})
+
+
+def test_analytic_kv_cache_only_layers_with_their_own_kv() -> None:
+    from vramplan.analytic.kv_cache import attention_layers, kv_spec
+
+    m = model_from_config(TESTER)
+    assert [ls.index for ls in attention_layers(m)] == [0, 1, 2]
+    # E4B: 20 layers cache (16 sliding of window 512, 4 full), each 2 x 2 heads x 256 x 2 B = 2,048 B per token
+    spec = kv_spec(model_from_config(_e4b_text()), "auto", 2)
+    assert len(spec.layers) == 20 and sum(1 for la in spec.layers if la.window == 512) == 16
+    assert spec.bytes_per_token == 20 * 2_048
+
+
+def test_analytic_generate_small_config_by_hand() -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.catalog.resolve import resolve
+
+    report = estimate(GENERATE)
+    detail = report.to_json_dict()
+    detail = detail.get("per_gpu", detail)["breakdown_detail"]
+    assert report.to_json_dict().get("per_gpu", report.to_json_dict())["peak_phase"] == "prefill"
+    # T = 2 x 32 = 64 tokens, h 32, n 3, L 5, P 4, I 64, bf16 (c 2): h T c = 4,096 B
+    # KV at prefill: layers 0-2 (3 and 4 reuse), K and V of 2 x 2 heads x 32 tokens x 8 x 2 B = 2,048 B each:
+    #   3 x 2 x 2,048 = 12,288
+    assert detail["kv_cache"] == {"prompt": 12_288}
+    act = detail["activations"]
+    assert act["inputs_embeds (kept by the decoder's forward)"] == 4_096
+    assert act["per-layer inputs (kept by the decoder's forward)"] == 64 * 5 * 4 * 2 == 2_560
+    assert act["AltUp projections (kept by the decoder's forward)"] == 3 * 4_096 == 12_288
+    # RoPE: one cos/sin pair per layer type (sliding and full), 2 x 2 x 32 positions x head_dim 8 x 2 B
+    assert act["RoPE cos/sin"] == 2 * 2 * 32 * 8 * 2 == 2_048
+    # the sliding layers' boolean mask [1, 1, 32, 32]: the prompt (32) reaches the window (16)
+    assert act["sliding-window mask (SDPA)"] == 32 * 32 == 1_024
+    # the running layer, its moments: predict 3n = 9 x 4,096 = 36,864; MLP ((2n + 7) h + 4I) T c = (13 x 32 + 256) x
+    # 128 = 86,016; post-feed-forward norm 13 x 4,096 + 8 x 32 x 64 = 69,632; correct (4n + 9) = 21 x 4,096 = 86,016;
+    # clone and scale (3n + 11) = 20 x 4,096 = 81,920; the per-layer projection's norm (3n + 10) = 19 x 4,096 +
+    # 16,384 = 94,208 (the largest: the 4I MLP is only 2h wide here); attention below them
+    assert act["running layer"] == 94_208
+    assert sum(act.values()) == 4_096 + 2_560 + 12_288 + 2_048 + 1_024 + 94_208 == 116_224
+    # the cache at the last step: 32 + 4 - 1 = 35 tokens; the sliding layers 0 and 2 keep their window (16), the full
+    # layer 1 all 35: (16 + 16 + 35) x 2 (K, V) x 2 sequences x 2 heads x 8 x 2 B = 67 x 128 = 8,576
+    assert inference_step(resolve(GENERATE)).final_cache_bytes == 8_576
+
+
+def _parts(report: Any) -> dict[str, int]:
+    d = report.to_json_dict()
+    g = d.get("per_gpu", d)
+    return {"peak": g["peak_allocated_bytes"], "activations": g["breakdown"]["activations"],
+            "kv_cache": g["breakdown"]["kv_cache"], "phase": g["peak_phase"]}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_analytic_generate_agrees_with_trace_small(attention: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {**GENERATE, "inference": {**GENERATE["inference"], "attention": attention}}
+    a, t = _parts(estimate(doc)), _parts(traced(doc))
+    assert a["phase"] == t["phase"] == "prefill"
+    assert a["kv_cache"] == t["kv_cache"] == 12_288
+    # the trace rounds every tensor up to 512 B (the small config's many tiny ones): within 3 %
+    assert abs(a["activations"] - t["activations"]) <= 0.03 * t["activations"]
+    assert abs(a["peak"] - t["peak"]) <= 0.01 * t["peak"]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_analytic_generate_agrees_with_trace_e4b(attention: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"model": _e4b_text(), "hardware": {"gpu": "H100"}, "task": "inference",
+           "inference": {"prompt_len": 1024, "new_tokens": 16, "batch_size": 2, "attention": attention}}
+    a, t = _parts(estimate(doc)), _parts(traced(doc))
+    assert a["phase"] == t["phase"] == "prefill"
+    # 20 caching layers x K and V x 2 x 2 heads x 1,024 x 256 x 2 B = 83,886,080
+    assert a["kv_cache"] == t["kv_cache"] == 83_886_080
+    # SDPA: analytic 476,053,504 against the trace's 476,078,080 (the trace adds per-token row statistics)
+    assert abs(a["activations"] - t["activations"]) <= 0.001 * t["activations"]
+    assert abs(a["peak"] - t["peak"]) <= 0.001 * t["peak"]
+
+
+def test_e4b_prefill_activations_by_hand() -> None:
+    # E4B text, 2 x 1,024 tokens, bf16, SDPA: h T c = 2,048 x 2,048 x 2 = 8,388,608 B
+    # inputs_embeds 8,388,608; AltUp projections 4 x 8,388,608 = 33,554,432; per-layer inputs 2,048 x 35 x 256 x 2 =
+    # 36,700,160; RoPE 2 types x 2 x 1,024 x 256 x 2 = 2,097,152; the sliding mask 1,024^2 = 1,048,576; the running
+    # layer's MLP moment (15 x 2,048 + 4 x 16,384) x 2,048 x 2 = 394,264,576
+    doc = {"model": _e4b_text(), "hardware": {"gpu": "H100"}, "task": "inference",
+           "inference": {"prompt_len": 1024, "new_tokens": 16, "batch_size": 2}}
+    act = _parts(estimate(doc))["activations"]
+    assert act == 8_388_608 + 33_554_432 + 36_700_160 + 2_097_152 + 1_048_576 + 394_264_576 == 476_053_504
+
+
+def test_analytic_generate_under_tensor_parallelism_refused() -> None:
+    doc = {**GENERATE, "hardware": {"gpu": "H100", "num_gpus": 2}, "parallel": {"tp": 2}}
+    with pytest.raises(VramplanError, match=r"parallel.tp.*is 2: .*generate under tensor parallelism is not "
+                       r"modelled.*set parallel.tp: 1"):
+        estimate(doc)

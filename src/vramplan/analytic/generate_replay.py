@@ -18,7 +18,7 @@ replay's simplified layer is not a second estimate of them) and takes from the r
 excess, ``peak reserved - peak allocated`` of the replay (``fragmentation_bytes``).
 
 What is replayed is a dense decoder with full or sliding-window attention layers; a mixture of experts,
-a hybrid (Mamba) model, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
+a hybrid (Mamba) model, Gemma 3n's AltUp layers, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
 preallocated cache and transformers' legacy (< 4.42) cache are not, and ``applies`` says so.
 """
 
@@ -53,7 +53,8 @@ def applies(g: GenerateCall) -> bool:
     return (not g.lit and not g.gen.legacy_cache and g.tp == 1 and m.moe is None and m.mamba is None
             and m.mla is None and s.inference.quantization == "none" and s.inference.images_per_sample == 0
             and not (m.vision is not None and m.vision.cross_attention_layers) and g.attention in ("sdpa", "flash") and g.new >= 2
-            and g.beams == 1)  # beam search's reorder_cache copies are not in the replayed stream
+            and g.beams == 1  # beam search's reorder_cache copies are not in the replayed stream
+            and m.altup is None and not m.kv_reuse_layers)  # Gemma 3n's layers are not the replayed layer
 
 
 def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:

@@ -68,6 +68,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramplan.analytic.altup import (
+    altup_expansion_bytes,
+    altup_layer_bytes,
+    eager_kept_bytes,
+    per_layer_inputs_bytes,
+    sliding_sdpa_mask_bytes,
+)
 from vramplan.analytic.attention import (
     BF16_MATH_NOTE,
     MQA_MATH_NOTE,
@@ -775,6 +782,18 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         layer = max(layer, _cross_running(g, ci, layer))
     embeds = kept_embeddings_bytes(m, b, p, c)
     rope = rope_bytes(m, p, c)
+    kept = {}
+    if m.altup is not None:
+        # Gemma 3n (analytic/altup.py): its running layer holds AltUp's streams, and the model's forward keeps the
+        # per-layer inputs, AltUp's projections, one cos/sin pair per layer type (modeling_gemma3n.py:1697) and,
+        # under SDPA, the sliding layers' mask
+        eager = (eager_kept_bytes(m, b, p, c, ceil_div(m.num_attention_heads, g.tp)) if g.attention == "eager"
+                 else (0, 0))
+        layer = altup_layer_bytes(m, b, p, c, prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention), eager)
+        rope *= len({ls.sliding_window for ls in m.layers})
+        kept = {K.PER_LAYER_INPUTS: per_layer_inputs_bytes(m, b, p, c),
+                K.ALTUP_EXPANSION: altup_expansion_bytes(m, b, p, c),
+                K.SLIDING_MASK: sliding_sdpa_mask_bytes(m, p, g.attention)}
     # after the decoder's forward returns, its outputs keep the final hidden states (b p h c) while the LM
     # head runs on the last position; in fp32 under residual_in_fp32 (the final norm's fp32 input promotes its product)
     final_hidden = b * p * m.hidden_size * (4 if m.traits.residual_in_fp32 else c)
@@ -790,9 +809,11 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     pre.add(K.SSM_STATE, t.ssm_state)
     pre.add(K.MIXER_BUFFERS, mixer_buffer_bytes(m, c))
     _add_cross_kept(g, t, pre, p)
-    if embeds + rope + layer >= final_hidden + prefill_logits + t.prompt_logits_peak:
+    if embeds + rope + sum(kept.values()) + layer >= final_hidden + prefill_logits + t.prompt_logits_peak:
         pre.add(K.INPUTS_EMBEDS, embeds)
         pre.add(K.ROPE, rope)
+        for key, nbytes in kept.items():
+            pre.add(key, nbytes)
         pre.add(K.RUNNING_LAYER, layer)
     else:
         pre.add(K.FINAL_HIDDEN, final_hidden)

@@ -17,6 +17,8 @@ per KV head: ``2 * kv_heads * head_dim * bytes`` (the 2 is K and V).  Summed ove
   tokens; hybrid models alternate them with full-attention layers.
 * Hybrid attention + Mamba2 models (Bamba) cache K and V only in their attention layers; the mixer
   layers keep a fixed-size convolution and SSM state per sequence (``analytic/ssm_state.py``).
+* Gemma 3n's last ``num_kv_shared_layers`` layers read the K/V of the last earlier layer of their type and
+  cache nothing (``ModelSpec.kv_reuse_layers``): E4B caches 20 of its 35 layers (16 sliding, 4 full).
 
 KV dtypes: ``fp16``/``bf16`` 2 B per element; ``fp8`` (e4m3/e5m2) 1 B with per-tensor
 scales (a few bytes per layer, ignored); ``int8`` 1 B plus one fp32 scale per token and
@@ -166,13 +168,16 @@ def attention_layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
     it (``MambaSpec.shared_attention_layers``, Zamba2's hybrid layers), and its
     MLP-only layers (``MambaSpec.ffn_only_layers``), and a
     cross-attention model's cross-attention layers, which cache the images' positions instead
-    (``analytic/cross_attention.py``)."""
+    (``analytic/cross_attention.py``), and the layers that read an earlier layer's keys and values
+    (``ModelSpec.kv_reuse_layers``, Gemma 3n's KV-shared layers: ``Gemma3nTextAttention.forward``, transformers 5.24
+    modeling_gemma3n.py:1209-1223, takes ``shared_kv_states[self.layer_type]`` and calls no ``cache.update``)."""
     ms = m.mamba
     mixers = () if ms is None or ms.parallel_attention else tuple(i for i in ms.layers
                                                                     if i not in ms.shared_attention_layers)
     skipped = frozenset((*mixers, *ms.ffn_only_layers) if ms is not None else ())
     if m.vision is not None and m.vision.cross_attention_tokens_per_image:
         skipped |= frozenset(m.vision.cross_attention_layers)
+    skipped |= frozenset(m.kv_reuse_layers)
     if not skipped:
         return m.layers
     return tuple(ls for ls in m.layers if ls.index not in skipped)

@@ -86,6 +86,15 @@ class K:
                        "the embedding output, kept by the decoder's forward during prefill")
     ROPE = _k("activations", "RoPE cos/sin", "the rotary embedding's cos/sin for the prompt")
     RUNNING_LAYER = _k("activations", "running layer", "the largest layer's live tensors during prefill")
+    PER_LAYER_INPUTS = _k("activations", "per-layer inputs (kept by the decoder's forward)",
+                          "Gemma 3n's per-layer inputs [batch, prompt, layers, hidden_size_per_layer_input], kept "
+                          "through the prefill's layers")
+    ALTUP_EXPANSION = _k("activations", "AltUp projections (kept by the decoder's forward)",
+                         "Gemma 3n's altup_num_inputs - 1 projected copies of the embeddings (and the last raw "
+                         "projection), bound until the prefill's layer loop ends")
+    SLIDING_MASK = _k("activations", "sliding-window mask (SDPA)",
+                      "the sliding layers' boolean [1, 1, prompt, prompt] mask SDPA receives once the prompt reaches "
+                      "the window, kept through the prefill's layers")
     FINAL_HIDDEN = _k("activations", "final hidden states", "the last layer's output before the LM head")
     VISION_TOWER = _k("activations", "vision tower",
                       "a vision-language model's vision tower running its largest layer over the prompt's images")

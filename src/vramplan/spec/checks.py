@@ -208,12 +208,24 @@ def every_token_expert_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 def analytic_unmodelled_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """The analytic engine's refusal of training and generate for a model whose layers run a mechanism its terms
-    leave out (``Traits.analytic_unmodelled``: Gemma 3n's AltUp streams, per-layer inputs and KV-shared layers).  The
-    traced engine runs transformers' own forward and is not refused."""
-    if not m.traits.analytic_unmodelled or s.task not in ("train", "inference"):
+    leave out (``Traits.analytic_unmodelled``: Gemma 3n's AltUp streams, per-layer inputs and KV-shared layers), or of
+    training alone where its generate is modelled (``Traits.analytic_generate``).  The traced engine runs
+    transformers' own forward and is not refused."""
+    refused = ("train",) if m.traits.analytic_generate else ("train", "inference")
+    if m.traits.analytic_unmodelled and s.task == "inference" and s.parallel.tp > 1:
+        # Gemma3nTextConfig.base_model_tp_plan (transformers 5.24 configuration_gemma3n.py:77-88) names the decoder
+        # layers' attention and MLP only: how the per-layer embeddings, AltUp's projections and the tied head sit on
+        # the ranks was not read (and the traced engine's tensor-parallel run of it stops at the tied lm_head)
+        return [Problem("parallel.tp", f"is {s.parallel.tp}: {m.name}'s generate under tensor parallelism is not "
+                        "modelled (its tp plan covers the decoder layers' attention and MLP; the per-layer embeddings, "
+                        "AltUp's projections and the tied head outside it were not read)",
+                        "set parallel.tp: 1 (generate on one GPU is estimated)")]
+    if not m.traits.analytic_unmodelled or s.task not in refused:
         return []
+    also = "; task inference (generate) is estimated by the analytic engine" if m.traits.analytic_generate else ""
     return [Problem("task", f"{m.name}: {m.traits.analytic_unmodelled}, so task {s.task} is not estimated by the "
-                    "analytic engine", "use --engine trace, which runs transformers' own forward; " + _PARAMETERS_ONLY)]
+                    "analytic engine", "use --engine trace, which runs transformers' own forward" + also + "; "
+                    + _PARAMETERS_ONLY)]
 
 
 # vLLM disables its hybrid KV cache manager for a model with chunked local attention unless

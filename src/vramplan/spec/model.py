@@ -210,6 +210,26 @@ class LayerSpec:
 
 
 @dataclass(frozen=True)
+class AltUpSpec:
+    """Gemma 3n's layer mechanisms beside attention and the MLP (transformers 5.24 ``modeling_gemma3n.py``), read by
+    the analytic generate (``analytic/altup.py``).
+
+    ``num_inputs``: AltUp's streams (``altup_num_inputs``): the residual stream runs as ``num_inputs`` stacked copies
+    ``[num_inputs, batch, seq, hidden]`` through every layer (``Gemma3nTextModel.forward``, :1694).
+    ``per_layer_input_width``: ``hidden_size_per_layer_input``, each layer's slice of the per-layer inputs
+    ``[batch, seq, layers, width]`` (``get_per_layer_inputs``, ``project_per_layer_inputs``, :1734-1769).
+    ``laurel_rank``: LAuReL's low-rank branch (``Gemma3nTextLaurelBlock``, :920-935).
+    ``sparse_layers``: the layers whose MLP gate runs through the Gaussian top-k (``activation_sparsity_pattern``
+    above 0, ``Gemma3nTextMLP._gaussian_topk``, :955-974).
+    """
+
+    num_inputs: int
+    per_layer_input_width: int
+    laurel_rank: int
+    sparse_layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Traits:
     """Run-time behaviour of a family that the engines need, set only by the family's adapter.
 
@@ -342,6 +362,9 @@ class Traits:
     # ``analytic_unmodelled_problems``), the traced engine runs transformers' own forward, serving is refused
     # (``unmodelled_layer_problems``); "": none
     analytic_unmodelled: str = ""
+    # ... but its generate is among the analytic engine's terms (Gemma 3n: analytic/altup.py, ModelSpec.altup and
+    # kv_reuse_layers), so only training is refused there
+    analytic_generate: bool = False
     # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
     # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
     peft_converts_experts: bool = False
@@ -607,6 +630,12 @@ class ModelSpec:
     partial_rotary_factor: float = 1.0
     # an encoder-decoder model's encoder stack and cross-attention (None: a decoder-only or encoder-only model)
     encoder_decoder: EncoderDecoderSpec | None = None
+    # Gemma 3n's AltUp streams, per-layer inputs and LAuReL (None: none of them)
+    altup: AltUpSpec | None = None
+    # the layers that read an earlier layer's keys and values and write no cache of their own (Gemma 3n's last
+    # ``num_kv_shared_layers``: ``Gemma3nTextConfig.kv_sharing_modes`` "reuse"); analytic/kv_cache.py
+    # ``attention_layers`` leaves them out
+    kv_reuse_layers: tuple[int, ...] = ()
 
     @property
     def family(self) -> str:

@@ -44,11 +44,14 @@ The multimodal model (``Gemma3nModel``, :1912-1925) adds:
 
 AltUp runs every layer over ``altup_num_inputs`` copies of the residual stream, the per-layer embeddings add a
 ``L x p`` input per token (kept through the forward), the KV-shared layers read the earlier layers' full K/V
-(``shared_kv_states``) and write no cache, LAuReL and the activation-sparsity top-k add tensors of their own: none of
-these is among the analytic engine's terms, so it refuses training and generate (``Traits.analytic_unmodelled``); the
-traced engine runs transformers' own forward (``Gemma3nForCausalLM``; its decode step's cache holds the layers that
-store one, trace/step.py ``_reads_shared_cache``).  Serving is refused.  The multimodal model's every task is refused
-(``Traits.unmodelled_mixer``): the traced engine would build its language model alone.
+(``shared_kv_states``) and write no cache, LAuReL and the activation-sparsity top-k add tensors of their own.  The
+adapter records them as data (``ModelSpec.altup``: ``AltUpSpec``; ``ModelSpec.kv_reuse_layers``; one MLP width per
+layer in ``layers``), from which the analytic engine estimates generate (``analytic/altup.py``,
+``analytic/kv_cache.py attention_layers``); its training terms (what each layer saves for the backward) do not hold
+them, so the analytic engine refuses training (``Traits.analytic_unmodelled``, ``Traits.analytic_generate``).  The
+traced engine runs transformers' own forward for both (``Gemma3nForCausalLM``; its decode step's cache holds the
+layers that store one, trace/step.py ``_reads_shared_cache``).  Serving is refused.  The multimodal model's every task
+is refused (``Traits.unmodelled_mixer``): the traced engine would build its language model alone.
 """
 
 from __future__ import annotations
@@ -67,18 +70,24 @@ from vramplan.spec.families.base import (
     non_null,
     prob,
 )
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import AltUpSpec, ModelSpec
 
 __all__ = ["GEMMA3N", "GEMMA3N_TEXT", "kv_sharing_modes", "layer_types", "mobilenetv5_300m_enc_tensors"]
 
 ANALYTIC_UNMODELLED = ("its AltUp streams (altup_num_inputs copies of the residual stream through every layer), "
                        "per-layer inputs (embed_tokens_per_layer, per_layer_model_projection), KV-shared layers (the "
                        "last num_kv_shared_layers read earlier layers' K/V, shared_kv_states), LAuReL blocks and "
+                       "activation-sparsity top-k (transformers 5.24 modeling_gemma3n.py) are among the analytic "
+                       "engine's generate terms (analytic/altup.py) but not its training terms (what each layer saves "
+                       "for the backward)")
+UNMODELLED = ("its AltUp streams (altup_num_inputs copies of the residual stream through every layer), "
+                       "per-layer inputs (embed_tokens_per_layer, per_layer_model_projection), KV-shared layers (the "
+                       "last num_kv_shared_layers read earlier layers' K/V, shared_kv_states), LAuReL blocks and "
                        "activation-sparsity top-k (transformers 5.24 modeling_gemma3n.py) are not among the analytic "
                        "engine's terms")
-UNMODELLED = ("its MobileNetV5 vision tower and conformer audio tower are not modelled beside a language model whose "
-              "AltUp streams, per-layer inputs and KV-shared layers only the traced engine runs (it builds the language "
-              "model alone); its text_config alone (model_type gemma3n_text) is estimated with --engine trace")
+UNMODELLED = ("its MobileNetV5 vision tower and conformer audio tower are not modelled (the traced engine would build "
+              "the language model alone); its text_config alone (model_type gemma3n_text) is estimated: generate by "
+              "either engine, training with --engine trace")
 
 # Gemma3nTextConfig defaults (configuration_gemma3n.py:95-126), the E4B shape
 _TEXT_DEFAULTS: dict[str, Any] = {
@@ -142,7 +151,10 @@ def build_text(cfg: Config, model_type: str, name: str) -> ModelSpec:
     modes = kv_sharing_modes(types, int(c["num_kv_shared_layers"]))
     widths = _widths(c, n)
     sparsity = c.get("activation_sparsity_pattern")
-    if isinstance(sparsity, (list, tuple)) and len(sparsity) != n:  # configuration_gemma3n.py:151-155
+    if sparsity is not None and not isinstance(sparsity, (list, tuple)):  # its len() (configuration_gemma3n.py:151)
+        raise ValueError(f"activation_sparsity_pattern must be a list of one value per layer ({n} layers), "
+                         f"not {sparsity!r}")
+    if sparsity is not None and len(sparsity) != n:  # configuration_gemma3n.py:151-155
         raise ValueError(f"activation_sparsity_pattern must have one value per layer: {n} layers, {len(sparsity)}")
     every = tuple(range(n))
     own = tuple(i for i in every if modes[i] != "reuse")
@@ -196,7 +208,15 @@ def build_text(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       sandwich_norms=True, attention_dropout=prob(c, "attention_dropout"), hidden_dropout=0.0,
                       max_position_embeddings=int(c["max_position_embeddings"]),
                       final_logit_softcapping=c.get("final_logit_softcapping"))
-    return replace(spec, traits=replace(spec.traits, analytic_unmodelled=ANALYTIC_UNMODELLED))
+    if sparsity is None:  # Gemma3nTextConfig.__post_init__ (configuration_gemma3n.py:145-149): the first 10 layers
+        sparse = tuple(range(10)) if n > 10 else ()
+    else:
+        sparse = tuple(i for i in every if float(sparsity[i]) > 0.0)
+    # MatFormer: one MLP width per layer (Gemma3nTextMLP, modeling_gemma3n.py:943)
+    layers = tuple(replace(ls, intermediate_size=widths[ls.index]) for ls in spec.layers)
+    altup = AltUpSpec(num_inputs=n_alt, per_layer_input_width=p_in, laurel_rank=rank, sparse_layers=sparse)
+    return replace(spec, layers=layers, altup=altup, kv_reuse_layers=tuple(i for i in every if modes[i] == "reuse"),
+                   traits=replace(spec.traits, analytic_unmodelled=ANALYTIC_UNMODELLED, analytic_generate=True))
 
 
 # timm 1.0 mobilenetv5.py ``_gen_mobilenet_v5`` arch_def of every variant but "mobilenetv5_base" (the one
