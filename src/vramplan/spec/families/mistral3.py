@@ -46,12 +46,13 @@ from vramplan.spec.families.base import (
     Params,
     build_spec,
     get,
+    held_tower_states,
     inherit_outer,
     non_null,
     square_side,
 )
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
-from vramplan.spec.families.llava import feature_layers
+from vramplan.spec.families.llava import feature_layers, selected_layers
 from vramplan.spec.model import ModelSpec, VisionSpec
 
 __all__ = ["MISTRAL3"]
@@ -158,7 +159,13 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # linear_2's inputs (2 d_text), each spread over the merge^2 patches
                         head_saved_per_patch=(("norm", 1), ("compute", d), ("compute", d // per_merge),
                                               ("compute", 2 * d_text // per_merge)),
-                        unused_layers=unused, notes=_notes(unused), linears=tuple(p.vision_linears))
+                        unused_layers=unused, notes=_notes(unused), linears=tuple(p.vision_linears),
+                        # PixtralVisionModel.forward binds ln_pre's output (patch_embeds) through the transformer's
+                        # layers, and get_image_features' select_hidden_states keeps vision_feature_layer's state;
+                        # besides, patch_embeds_list holds views of patch_conv's output (modeling_pixtral.py
+                        # l.416-420) through the whole tower: one state more
+                        kept_hidden_states=1 + held_tower_states(t["layers"],
+                                                                 selected_layers({"vision_feature_layer": sel})))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 
