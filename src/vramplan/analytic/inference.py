@@ -913,8 +913,10 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     # (CLIP's, VisionSpec.extra_tokens)
     tiles = image_tiles(v, inf.image_size)
     layer = images * tiles * prefill_layer_bytes(tower, 1, patches // tiles + v.extra_tokens, g.c, 1, g.attention)
-    # a selected hidden state kept while the tower's later layers run (VisionSpec.kept_hidden_states)
+    # hidden states held while the tower's last layer runs (VisionSpec.kept_hidden_states: the encoder's input, a
+    # selected state) and Qwen3-VL's DeepStack features (VisionSpec.kept_merged_elements)
     layer += v.kept_hidden_states * images * (patches + tiles * v.extra_tokens) * v.hidden_size * g.c
+    layer += v.kept_merged_elements * images * (patches // v.merge_size ** 2) * g.c
     if v.block_mask_unless_flash and inf.attention == "sdpa":
         # Pixtral packs the batch's images into one sequence under a block-diagonal mask in the model's dtype, kept
         # through the tower's layers (generate_block_attention_mask), and SDPA's memory-efficient kernel takes a

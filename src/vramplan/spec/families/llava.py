@@ -37,8 +37,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import (OUTER_KEYS, Config, Family, Params, get, held_tower_states, inherit_outer,
-                                          non_null)
+from vramplan.spec.families.base import (
+    OUTER_KEYS,
+    Config,
+    Family,
+    Params,
+    get,
+    held_tower_states,
+    inherit_outer,
+    non_null,
+)
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec, vit_encoder_layers
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
