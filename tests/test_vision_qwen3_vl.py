@@ -112,9 +112,11 @@ def test_prefill_vision_moment_by_hand() -> None:
     # 2 images of 784 patches, bf16; the running layer is the MLP moment: input, residual and normalised input
     # (3 x 1024 x 2 B = 6,144) and linear_fc1's output and the GELU's (2 x 4096 x 2 B = 16,384) -> 22,528 per patch;
     # pixel values 784 x 3 x 2 x 16^2 x 2 B = 2,408,448 per image; the DeepStack features of blocks 5, 11 and 17,
-    # alive through the last block: 3 x 2560 x 2 B = 15,360 per merged token, 784 / 4 = 196 of them
+    # alive through the last block: 3 x 2560 x 2 B = 15,360 per merged token, 784 / 4 = 196 of them; held through
+    # the blocks per patch: pos_embeds, cos and sin (head_dim 1024 / 16) and the 4 interpolation weights in fp32,
+    # (1024 + 2 x 64 + 4) x 4 = 4,624, and 2 position ids and 4 interpolation indices in int64, 6 x 8 = 48 -> 4,672
     assert r.model.vision is not None and r.model.vision.kept_merged_elements == 3 * 2560
-    assert vision.get(K.VISION_TOWER) == 2 * (784 * 22_528 + 2_408_448 + 196 * 15_360) == 46_161_920
+    assert vision.get(K.VISION_TOWER) == 2 * (784 * (22_528 + 4_672) + 2_408_448 + 196 * 15_360) == 53_487_616
 
 
 def _small(deep: list[int]) -> dict[str, Any]:
@@ -163,6 +165,38 @@ def _tracked_blocks(cfg: dict[str, Any]) -> int:
         if start["blocks"] <= i < start["after"]:
             peak = max(peak, live)
     return peak - base
+
+
+def test_tensors_held_through_the_blocks_equal_a_tracked_forward() -> None:
+    """What transformers' own forward holds as the first block starts (trace/tracker.py, bf16 on the CPU): the
+    prompt's embeddings (212 x 256 x 2 B = 108,544), the block's input (784 x 128 x 2 B = 200,704) and
+    ``VisionSpec.held_per_patch`` over 784 patches: pos_embeds, cos, sin (head_dim 128 / 4 = 32) and 4 weights in
+    fp32, (128 + 64 + 4) x 4 = 784, and 6 int64 ids and indices, 48 -> 832 B a patch, 652,288."""
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.tracker import Tracker
+
+    cfg = _small([])
+    v = model_from_config(cfg, name="small").vision
+    assert v is not None and v.held_per_patch == (("fp32", 128 + 64 + 4), ("int64", 6))
+    module = meta_module(cfg)
+    cls, config = type(module), module.config
+    torch.manual_seed(0)
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "sdpa"
+    model = cls(config).to(torch.bfloat16).eval()
+    ids = torch.randint(3, 900, (1, 196 + 16))
+    ids[:, 4:4 + 196] = 1000
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(784, 3 * 2 * 16 * 16, dtype=torch.bfloat16),
+              "image_grid_thw": torch.tensor([[1, 28, 28]]), "mm_token_type_ids": (ids == 1000).long()}
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        model.model.visual.blocks[0].register_forward_pre_hook(lambda *a: tr.mark("blocks"))
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    start = {name: i for i, name in tr.marks}["blocks"]
+    live = sum(e.nbytes for e in tr.events[:start])
+    # measured 8 B more: cu_seqlens (int32, 2 entries)
+    assert 0 <= live - base - (108_544 + 200_704 + 652_288) <= 8
 
 
 def test_deepstack_features_in_the_vision_moment_equal_a_tracked_forward() -> None:

@@ -917,6 +917,8 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     # selected state) and Qwen3-VL's DeepStack features (VisionSpec.kept_merged_elements)
     layer += v.kept_hidden_states * images * (patches + tiles * v.extra_tokens) * v.hidden_size * g.c
     layer += v.kept_merged_elements * images * (patches // v.merge_size ** 2) * g.c
+    # the rotary tables and interpolated positions bound through the blocks (VisionSpec.held_per_patch)
+    layer += sum(n * {"fp32": 4, "int64": 8}.get(kind, g.c) for kind, n in v.held_per_patch) * images * patches
     if v.block_mask_unless_flash and inf.attention == "sdpa":
         # Pixtral packs the batch's images into one sequence under a block-diagonal mask in the model's dtype, kept
         # through the tower's layers (generate_block_attention_mask), and SDPA's memory-efficient kernel takes a

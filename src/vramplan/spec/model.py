@@ -479,6 +479,11 @@ class VisionSpec:
     # runs besides its hidden states (Qwen3-VL: the DeepStack mergers' outputs of the blocks before the last,
     # out_hidden_size each, appended to deepstack_feature_lists)
     kept_merged_elements: int = 0
+    # what the vision model's forward holds per tower patch through all its blocks besides hidden states, as (kind,
+    # elements) with kind "compute" (the compute dtype), "fp32" or "int64": the 2-D rotary tables cos and sin
+    # (Pixtral's in the compute dtype, Qwen2-VL's to Qwen3-VL's in fp32), their int64 (row, column) position ids, and
+    # Qwen3-VL's interpolated pos_embeds (fp32) with its four int64 indices and fp32 weights a patch
+    held_per_patch: tuple[tuple[str, int], ...] = ()
     # what the tower's parameters hold besides the tower and the projector, said in every report (Phi-4-multimodal:
     # its audio encoder); "": nothing
     param_note: str = ""

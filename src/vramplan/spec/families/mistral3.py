@@ -102,7 +102,7 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
     for name in ("attention_norm", "ffn_norm"):
         p.add(f"{layer}.{name}.weight", d, "norm", per_layer=n)
     return {"d": d, "i": i, "layers": n, "heads": heads, "patch": patch, "channels": ch,
-            "image": square_side(get(vc, "image_size"))}
+            "image": square_side(get(vc, "image_size")), "head_dim": d // heads}
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
@@ -165,7 +165,11 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # besides, patch_embeds_list holds views of patch_conv's output (modeling_pixtral.py
                         # l.416-420) through the whole tower: one state more
                         kept_hidden_states=1 + held_tower_states(t["layers"],
-                                                                 selected_layers({"vision_feature_layer": sel})))
+                                                                 selected_layers({"vision_feature_layer": sel})),
+                        # the rotary cos and sin in the compute dtype (PixtralRotaryEmbedding: .to(x.dtype); head_dim
+                        # d / heads, PixtralVisionConfig.__post_init__) and their
+                        # int64 (row, column) position ids, bound through the layers (l.426-436)
+                        held_per_patch=(("compute", 2 * t["head_dim"]), ("int64", 2)))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

@@ -292,8 +292,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                        attention_dropout=0.0, hidden_dropout=0.0, max_position_embeddings=patches,
                        encoder_only=True, traits=TOWER_TRAITS)
     mergers = 1 + t["deep"]
-    notes = [("Qwen3-Omni's 2-D rotary tables and the bilinear interpolation of pos_embed to each image's grid are "
-             "not counted")]
+    notes = [("the bilinear interpolation of Qwen3-Omni's pos_embed to each image's grid is not counted; its fp32 "
+              "result and the 2-D rotary tables (fp32), held through the blocks, are counted in generate's vision "
+              "moment, not in training")]
     if t["deep"]:
         notes.append(f"the {t['deep']} DeepStack mergers' saved tensors are counted as the final merger's; their "
                      "outputs are counted while the tower's last block runs; added to the image tokens' hidden "
@@ -313,7 +314,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         head_saved_per_patch=(("norm", mergers), ("compute", 3 * t["d"] * mergers)),
                         notes=tuple(notes), linears=tuple(p.vision_linears),
                         # the DeepStack features of the blocks before the last, alive through it (modeling:1211-1224)
-                        kept_merged_elements=t["kept"])
+                        kept_merged_elements=t["kept"],
+                        # pos_embeds and the rotary cos and sin, fp32, bound through the blocks (modeling:1203-1206)
+                        held_per_patch=(("fp32", t["d"] + 2 * t["d"] // t["heads"] + 4), ("int64", 2 + 4)))
     held = HELD if audio_output else HELD[:1]
     # Qwen3OmniMoeThinkerForConditionalGeneration.forward takes no logits_to_keep (modeling:2223-2244) and runs
     # lm_head on every position (modeling:2313): generate's prefill computes the prompt's logits

@@ -120,8 +120,9 @@ def deepstack_kept(deep: list[int], layers: int, out: int) -> int:
 
 
 def _notes(t: dict[str, int]) -> tuple[str, ...]:
-    out = [("Qwen3-VL's 2-D rotary tables and the bilinear interpolation of pos_embed to each image's grid (four "
-            "gathered rows per patch, forward transients) are not counted")]
+    out = [("the bilinear interpolation of Qwen3-VL's pos_embed to each image's grid (four gathered rows per patch, "
+            "forward transients) is not counted; its fp32 result and the 2-D rotary tables (fp32), held through the "
+            "blocks, are counted in generate's vision moment, not in training")]
     if t["deep"]:
         out.append(f"the {t['deep']} DeepStack mergers' saved tensors are counted as the final merger's; their "
                    "outputs are counted while the tower's last block runs; added to the image tokens' hidden states "
@@ -158,7 +159,11 @@ def _build(cfg: Config, model_type: str, name: str, kind: str, defaults: Config)
                         # each merger (the final one and the DeepStack ones): its norm, then linear_fc1's input,
                         # the GELU's input and linear_fc2's input, each 4d per merged token (d per patch)
                         head_saved_per_patch=(("norm", mergers), ("compute", 3 * t["d"] * mergers)),
-                        notes=_notes(t), linears=tuple(p.vision_linears), kept_merged_elements=t["kept"])
+                        notes=_notes(t), linears=tuple(p.vision_linears), kept_merged_elements=t["kept"],
+                        # the forward binds pos_embeds (fp32: the bf16 rows times fp32 interpolation weights) and the
+                        # rotary cos and sin, fp32 [patches, head_dim] each, through the blocks (l.694-697), with the
+                        # int64 position ids [patches, 2] and interpolation indices [patches, 4] and fp32 weights
+                        held_per_patch=(("fp32", t["d"] + 2 * t["d"] // t["heads"] + 4), ("int64", 2 + 4)))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 
