@@ -897,7 +897,10 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     are transformer blocks: its running layer is ``prefill_layer_bytes`` of the tower's layer shape
     (``VisionSpec.tower``) over batch x images x patches tokens, with the pixel values (compute dtype) alive.
     Nothing of the prompt's cache exists yet.  The tower's attention runs within each image; with eager
-    attention the running layer's s x s terms are those of one image's patches.
+    attention the running layer's s x s terms are those of one image's patches.  While the tower's last layer runs
+    its forward holds more than that layer's tensors: the encoder's input and any selected hidden state
+    (``VisionSpec.kept_hidden_states``), Qwen3-VL's DeepStack features (``kept_merged_elements``), the rotary tables
+    and interpolated positions (``held_per_patch``).
     """
     from dataclasses import replace as _replace
 
