@@ -182,8 +182,12 @@ def test_image_prefill_moment_by_hand() -> None:
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
     # the running layer is the MLP moment: input, residual and normalised input (3 x 1152 x 2 B = 6,912) and
     # linear_fc1's output and the GELU's (2 x 4304 x 2 B = 17,216) -> 24,128 per patch; pixel values 784 x 3 x 2 x
-    # 16^2 x 2 B = 2,408,448 per image; 2 images: 2 x (18,916,352 + 2,408,448)
-    assert vision.get(K.VISION_TOWER) == 2 * (784 * 24_128 + 2_408_448) == 42_649_600
+    # 16^2 x 2 B = 2,408,448 per image; the DeepStack features of blocks 8, 16 and 24 alive through the last (26):
+    # 3 x 2048 x 2 B = 12,288 per token, 196 tokens = 2,408,448; held through the blocks per patch: pos_embeds, cos
+    # and sin (head_dim 1152 / 16 = 72) and 4 interpolation weights in fp32, (1152 + 144 + 4) x 4 = 5,200, and 6 int64
+    # position ids and indices, 48 -> 5,248; 2 images: 2 x (784 x (24,128 + 5,248) + 2,408,448 + 2,408,448)
+    assert r.model.vision.kept_merged_elements == 3 * 2048
+    assert vision.get(K.VISION_TOWER) == 2 * (784 * (24_128 + 5_248) + 2_408_448 + 196 * 12_288) == 55_695_360
 
 
 def test_generate_analytic_matches_trace() -> None:

@@ -294,8 +294,9 @@ def test_inference_vision_encoder_moment_by_hand() -> None:
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
     # 8 prompts x 2 images = 16 images of 4096 patches, bf16; SigLIP's running layer is its MLP moment: the
     # layer input, the residual, the normalised input (3 x 1152) and fc1's and GELU's outputs (2 x 4304):
-    # 4096 x 12,064 x 2 = 98,828,288 per image; pixel values 4096 x 3 x 14^2 x 2 = 4,816,896 per image
-    assert vision.get(K.VISION_TOWER) == 16 * (98_828_288 + 4_816_896) == 1_658_322_944
+    # 4096 x 12,064 x 2 = 98,828,288 per image; the embeddings' output, bound in SiglipVisionTransformer.forward
+    # through the layers, 4096 x 1152 x 2 = 9,437,184; pixel values 4096 x 3 x 14^2 x 2 = 4,816,896 per image
+    assert vision.get(K.VISION_TOWER) == 16 * (98_828_288 + 9_437_184 + 4_816_896) == 1_809_317_888
     assert vision.get(K.KV_PROMPT) == 0  # the prompt's cache is not built yet
 
 

@@ -178,5 +178,81 @@ def test_prefill_vision_moment_by_hand() -> None:
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
     # 8 images of 577 tokens, bf16; CLIP's running layer is its MLP moment: the layer input, the residual, the
     # normalised input (3 x 1024) and quick_gelu's three 4096-wide tensors (fc1's output, the sigmoid and the
-    # product) -> 2 x (3,072 + 12,288) = 30,720 per token, x 577 = 17,725,440; pixels 576 x 3 x 14^2 x 2 = 677,376
-    assert vision.get(K.VISION_TOWER) == 8 * (17_725_440 + 677_376) == 147_222_528
+    # product) -> 2 x (3,072 + 12,288) = 30,720 per token; the encoder's input (pre_layrnorm's output), bound in
+    # CLIPVisionTransformer.forward through the 24 layers: 1024 x 2 = 2,048 more (the selected state -2 is the last
+    # layer's input, bound anyway) -> 32,768 x 577 = 18,907,136; pixels 576 x 3 x 14^2 x 2 = 677,376
+    assert r.model.vision is not None and r.model.vision.kept_hidden_states == 1
+    assert vision.get(K.VISION_TOWER) == 8 * (18_907_136 + 677_376) == 156_676_096
+
+
+def test_held_tower_states_by_hand() -> None:
+    # TINY's 6 SigLIP layers, vision_feature_layer [-2, -5]: hidden states 5 (the last layer's input, bound by the
+    # encoder's loop) and 2 (layer 1's output, alive through layers 2-5 beside the loop's): the encoder's input and
+    # state 2 -> 2
+    tiny = model_from_config(_cfg(TINY), name="tiny").vision
+    assert tiny is not None and tiny.kept_hidden_states == 2
+    # -1 and -2 select the last layer's output and input, 0 the encoder's input: none is more than the one; -3 is
+    # state 4, -4 state 3; [-3, 4] names state 4 twice
+    for sel, kept in ((-1, 1), (-2, 1), (0, 1), (-3, 2), ([-3, -4, 1], 4), ([-3, 4], 2)):
+        v = model_from_config({**_cfg(TINY), "vision_feature_layer": sel}, name="tiny").vision
+        assert v is not None and v.kept_hidden_states == kept, sel
+
+
+# a small LLaVA for a real forward on the CPU: CLIP at its real 336 pixels and patch 14 (577 tokens), narrower layers
+SMALL: dict[str, Any] = {"model_type": "llava", "image_token_id": 1000, "vision_feature_layer": -2,
+                         "vision_feature_select_strategy": "default", "torch_dtype": "bfloat16",
+                         "text_config": {"model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
+                                         "intermediate_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4,
+                                         "num_key_value_heads": 2},
+                         "vision_config": {"model_type": "clip_vision_model", "hidden_size": 256,
+                                           "intermediate_size": 1024, "num_hidden_layers": 3, "num_attention_heads": 4,
+                                           "image_size": 336, "patch_size": 14, "projection_dim": 256}}
+
+
+def _tracked_tower(cfg: dict[str, Any], images: int, tokens: int, side: int, image_id: int) -> int:
+    """Peak bytes beyond the weights and inputs while the vision tower runs, in a bf16 CPU forward of transformers'
+    own LlavaForConditionalGeneration (trace/tracker.py), with bf16 pixel values (an input: in the base)."""
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.tracker import Tracker
+
+    module = meta_module(cfg)
+    cls, config = type(module), module.config
+    torch.manual_seed(0)
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "sdpa"
+    model = cls(config).to(torch.bfloat16).eval()
+    ids = torch.randint(3, 900, (images, tokens + 16))
+    ids[:, 4:4 + tokens] = image_id
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(images, 3, side, side, dtype=torch.bfloat16)}
+    tower = model.model.vision_tower
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        tower.register_forward_pre_hook(lambda *a: tr.mark("tower"))
+        tower.register_forward_hook(lambda *a: tr.mark("after"))
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    start = {name: i for i, name in tr.marks}
+    live, peak = 0, 0
+    for i, e in enumerate(tr.events):
+        live += e.nbytes
+        if start["tower"] <= i < start["after"]:
+            peak = max(peak, live)
+    return peak - base
+
+
+@pytest.mark.parametrize(("cfg", "tokens", "side", "image_id"),
+                         [(SMALL, 576, 336, 1000), ({**_cfg(TINY), "image_token_index": 999}, 196, 224, 999)], ids=["clip", "siglip-two-layers"])
+def test_prefill_vision_moment_equals_a_tracked_forward(cfg: dict[str, Any], tokens: int, side: int,
+                                                        image_id: int) -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.moment import K
+
+    tracked = _tracked_tower(cfg, 2, tokens, side, image_id)
+    r = resolve({"model": cfg, "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+                 "inference": {"batch_size": 2, "prompt_len": tokens + 16, "images_per_sample": 1,
+                               "attention": "sdpa", "new_tokens": 1}})
+    (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
+    analytic = vision.get(K.VISION_TOWER) + vision.get(K.INPUTS_EMBEDS)
+    # the analytic moment counts the pixel values (bf16) the tracked forward holds as an input
+    pixels = 2 * 3 * side * side * 2
+    assert tracked + pixels == analytic

@@ -106,9 +106,10 @@ def test_prefill_vision_moment_by_hand() -> None:
 
     r = resolve(_doc("inference", batch_size=2, prompt_len=4096, images_per_sample=1))
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
-    # 2 images x 5 passes of 577 tokens: the running layer 30,720 x 577 = 17,725,440 and each pass's pixels
-    # 3 x 336^2 x 2 = 677,376 (tests/test_vision_llava.py)
-    assert vision.get(K.VISION_TOWER) == 10 * (17_725_440 + 677_376) == 184_028_160
+    # 2 images x 5 passes of 577 tokens: the running layer 30,720 and the encoder's input bound through the layers
+    # 2,048 per token, (30,720 + 2,048) x 577 = 18,907,136, and each pass's pixels 3 x 336^2 x 2 = 677,376
+    # (tests/test_vision_llava.py)
+    assert vision.get(K.VISION_TOWER) == 10 * (18_907_136 + 677_376) == 195_845_120
     assert any("cut into 4 tiles of 336 x 336" in a for a in r.assumptions)
 
 

@@ -228,14 +228,18 @@ def test_prefill_vision_moment_by_hand() -> None:
     r = resolve(_doc("inference", batch_size=1, prompt_len=4096, images_per_sample=1, attention="flash"))
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
     # 12,100 patches, bf16: the running layer's MLP moment, the layer input, the residual, the normalised input and
-    # the gated MLP's three 4096-wide tensors, 2 x (3 x 1024 + 3 x 4096) = 30,720 per patch; pixels 2 x 3 x 196
-    assert vision.get(K.VISION_TOWER) == (30_720 + 1_176) * 12_100 == 385_941_600
+    # the gated MLP's three 4096-wide tensors, 2 x (3 x 1024 + 3 x 4096) = 30,720 per patch; ln_pre's output, bound
+    # in PixtralVisionModel.forward through the layers (vision_feature_layer -1: no state more), and patch_conv's
+    # output, held by patch_embeds_list's views, 2 x 2 x 1024 = 4,096; the rotary cos and sin (head_dim 1024 / 16)
+    # 2 x 64 x 2 = 256 and their int64 positions 2 x 8 = 16; pixels 2 x 3 x 196 = 1,176
+    assert r.model.vision is not None and r.model.vision.kept_hidden_states == 2
+    assert vision.get(K.VISION_TOWER) == (30_720 + 4_096 + 272 + 1_176) * 12_100 == 438_794_400
     assert any("longest_edge (preprocessor_config.json, not read)" in a for a in r.assumptions)
     # under SDPA the packed block mask in bf16, 2 x 12,100^2 = 292,820,000, and the kernel's padded copy (12,100
     # keys unaligned) 2 x 12,100 x 12,104 = 292,916,800
     r = resolve(_doc("inference", batch_size=1, prompt_len=4096, images_per_sample=1, attention="sdpa"))
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
-    assert vision.get(K.VISION_TOWER) == 385_941_600 + 292_820_000 + 292_916_800
+    assert vision.get(K.VISION_TOWER) == 438_794_400 + 292_820_000 + 292_916_800
 
 
 def test_transformers_packs_the_images_under_a_block_mask() -> None:
@@ -259,3 +263,58 @@ def test_transformers_packs_the_images_under_a_block_mask() -> None:
     with mock.patch("torch.nn.functional.scaled_dot_product_attention", record):
         tower(torch.randn(2, 3, 56, 56), image_sizes=[(56, 56), (28, 56)])
     assert calls == [((1, 2, 24, 16), (1, 1, 24, 24))]
+
+
+# a small Mistral 3 for a real forward on the CPU: a Pixtral tower of 3 layers at 224 pixels, patch 14 (256 patches)
+TRACKED: dict[str, Any] = {"model_type": "mistral3", "image_token_index": 1000, "vision_feature_layer": -1,
+                           "spatial_merge_size": 2, "torch_dtype": "bfloat16",
+                           "text_config": {"model_type": "mistral", "vocab_size": 1024, "hidden_size": 256,
+                                           "intermediate_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4,
+                                           "num_key_value_heads": 2, "head_dim": 64},
+                           "vision_config": {"model_type": "pixtral", "hidden_size": 128, "intermediate_size": 512,
+                                             "num_hidden_layers": 3, "num_attention_heads": 4, "head_dim": 32,
+                                             "image_size": 224, "patch_size": 14}}
+
+
+def test_prefill_vision_moment_equals_a_tracked_forward() -> None:
+    """The vision moment against the peak while transformers' own tower runs in a bf16 CPU forward (trace/
+    tracker.py), the bf16 pixel values an input (in the base): the analytic moment counts them."""
+    torch = pytest.importorskip("torch")
+    from meta_build import meta_module
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.moment import K
+    from vramplan.trace.tracker import Tracker
+
+    module = meta_module(TRACKED)
+    cls, config = type(module), module.config
+    torch.manual_seed(0)
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "sdpa"
+    model = cls(config).to(torch.bfloat16).eval()
+    # 8 x 8 merged patches: 64 [IMG] tokens among (8 + 1) x 8 = 72 image tokens
+    ids = torch.randint(3, 900, (1, 72 + 16))
+    ids[:, 4:4 + 64] = 1000
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(1, 3, 224, 224, dtype=torch.bfloat16),
+              "image_sizes": torch.tensor([[224, 224]])}
+    tower = model.model.vision_tower
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        tower.register_forward_pre_hook(lambda *a: tr.mark("tower"))
+        tower.register_forward_hook(lambda *a: tr.mark("after"))
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    start = {name: i for i, name in tr.marks}
+    live, peak = 0, 0
+    for i, e in enumerate(tr.events):
+        live += e.nbytes
+        if start["tower"] <= i < start["after"]:
+            peak = max(peak, live)
+    tracked = peak - base + 3 * 224 * 224 * 2
+    r = resolve({"model": TRACKED, "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+                 "inference": {"batch_size": 1, "prompt_len": 72 + 16, "images_per_sample": 1, "attention": "sdpa",
+                               "new_tokens": 1}})
+    (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
+    analytic = vision.get(K.VISION_TOWER) + vision.get(K.INPUTS_EMBEDS)
+    # measured 256 B under, one byte a patch; without patch_conv's held output 65,536 B more, without the rotary
+    # tables and positions 256 x 144 = 36,864 more
+    assert 0 <= tracked - analytic <= 256

@@ -99,11 +99,15 @@ def test_prefill_vision_moment_by_hand() -> None:
     r = resolve(_doc("inference", batch_size=1, prompt_len=2048, images_per_sample=1, image_size=896, new_tokens=8))
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
     # 5 passes of 1,024 patches, bf16: the running layer's MLP moment, input, residual and normalised input
-    # (3 x 1152 x 2 B = 6,912) and fc1's and the GELU's outputs (2 x 4304 x 2 B = 17,216), with the feature layer's
-    # output kept (1152 x 2 B = 2,304) -> 26,432 B per patch; the pixel values in bf16 5 x 3 x 448^2 x 2 B = 6,021,120
+    # (3 x 1152 x 2 B = 6,912) and fc1's and the GELU's outputs (2 x 4304 x 2 B = 17,216), with the encoder's input
+    # (the embeddings' output) held through the later layers (1152 x 2 B = 2,304; the feature layer's output at -2 is
+    # the last layer's input) -> 26,432 B per patch; the pixel values in bf16 5 x 3 x 448^2 x 2 B = 6,021,120
     assert vision.get(K.VISION_TOWER) == 5 * 1024 * 26_432 + 6_021_120 == 141_352_960
     # the prompt's embeddings, 2048 x 3072 x 2 B
     assert vision.get(K.INPUTS_EMBEDS) == 2048 * 3072 * 2
+    # the encoder's input is held at any feature layer: ODD's 2 layers at -1 (nothing unused) hold it too
+    odd = model_from_config(ODD, name="odd").vision
+    assert odd is not None and odd.unused_layers == 0 and odd.kept_hidden_states == 1
 
 
 # a small Phi-4-multimodal for a real forward on the CPU: the tower and pixel values at their real 448 x 448 and 14

@@ -92,5 +92,6 @@ def test_prefill_vision_moment_by_hand() -> None:
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
     # 2 images of 1024 patches, bf16; the running layer is the MLP moment: input, residual and normalised input
     # (3 x 1280) and quick_gelu's three 5120-wide tensors -> 2 x (3,840 + 15,360) = 38,400 per patch; pixel values
-    # 1024 x 3 x 2 x 14^2 x 2 = 2,408,448 per image
-    assert vision.get(K.VISION_TOWER) == 2 * (1024 * 38_400 + 2_408_448) == 83_460_096
+    # 1024 x 3 x 2 x 14^2 x 2 = 2,408,448 per image; the rotary cos and sin (head_dim 1280 / 16 = 80) in fp32,
+    # 2 x 80 x 4 = 640, and the int64 (row, column) position ids, 16, held through the blocks -> 656 per patch
+    assert vision.get(K.VISION_TOWER) == 2 * (1024 * (38_400 + 656) + 2_408_448) == 84_803_584

@@ -111,8 +111,111 @@ def test_prefill_vision_moment_by_hand() -> None:
     (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
     # 2 images of 784 patches, bf16; the running layer is the MLP moment: input, residual and normalised input
     # (3 x 1024 x 2 B = 6,144) and linear_fc1's output and the GELU's (2 x 4096 x 2 B = 16,384) -> 22,528 per patch;
-    # pixel values 784 x 3 x 2 x 16^2 x 2 B = 2,408,448 per image
-    assert vision.get(K.VISION_TOWER) == 2 * (784 * 22_528 + 2_408_448) == 40_140_800
+    # pixel values 784 x 3 x 2 x 16^2 x 2 B = 2,408,448 per image; the DeepStack features of blocks 5, 11 and 17,
+    # alive through the last block: 3 x 2560 x 2 B = 15,360 per merged token, 784 / 4 = 196 of them; held through
+    # the blocks per patch: pos_embeds, cos and sin (head_dim 1024 / 16) and the 4 interpolation weights in fp32,
+    # (1024 + 2 x 64 + 4) x 4 = 4,624, and 2 position ids and 4 interpolation indices in int64, 6 x 8 = 48 -> 4,672
+    assert r.model.vision is not None and r.model.vision.kept_merged_elements == 3 * 2560
+    assert vision.get(K.VISION_TOWER) == 2 * (784 * (22_528 + 4_672) + 2_408_448 + 196 * 15_360) == 53_487_616
+
+
+def _small(deep: list[int]) -> dict[str, Any]:
+    """A small Qwen3-VL for a real forward on the CPU: 4 blocks of 128, patch 16, merge 2, out_hidden_size 256."""
+    return {"model_type": "qwen3_vl", "image_token_id": 1000, "video_token_id": 1001, "vision_start_token_id": 1002,
+            "vision_end_token_id": 1003, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+            "text_config": {"model_type": "qwen3_vl_text", "vocab_size": 1024, "hidden_size": 256,
+                            "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "head_dim": 64,
+                            "rope_scaling": {"mrope_interleaved": True, "mrope_section": [12, 10, 10],
+                                             "rope_type": "default"}},
+            "vision_config": {"model_type": "qwen3_vl", "deepstack_visual_indexes": deep, "depth": 4,
+                              "hidden_act": "gelu_pytorch_tanh", "hidden_size": 128, "in_channels": 3,
+                              "intermediate_size": 512, "num_heads": 4, "num_position_embeddings": 2304,
+                              "out_hidden_size": 256, "patch_size": 16, "spatial_merge_size": 2,
+                              "temporal_patch_size": 2}}
+
+
+def _tracked_blocks(cfg: dict[str, Any]) -> int:
+    """Peak bytes beyond the weights and inputs while the tower's blocks run, in a bf16 CPU forward of transformers'
+    own Qwen3VLForConditionalGeneration (trace/tracker.py) over one 448 x 448 image (28 x 28 patches)."""
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.tracker import Tracker
+
+    module = meta_module(cfg)
+    cls, config = type(module), module.config
+    torch.manual_seed(0)
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "sdpa"
+    model = cls(config).to(torch.bfloat16).eval()
+    ids = torch.randint(3, 900, (1, 196 + 16))
+    ids[:, 4:4 + 196] = 1000
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(784, 3 * 2 * 16 * 16, dtype=torch.bfloat16),
+              "image_grid_thw": torch.tensor([[1, 28, 28]]), "mm_token_type_ids": (ids == 1000).long()}
+    blocks = model.model.visual.blocks
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        blocks[0].register_forward_pre_hook(lambda *a: tr.mark("blocks"))
+        blocks[-1].register_forward_hook(lambda *a: tr.mark("after"))
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    start = {name: i for i, name in tr.marks}
+    live, peak = 0, 0
+    for i, e in enumerate(tr.events):
+        live += e.nbytes
+        if start["blocks"] <= i < start["after"]:
+            peak = max(peak, live)
+    return peak - base
+
+
+def test_tensors_held_through_the_blocks_equal_a_tracked_forward() -> None:
+    """What transformers' own forward holds as the first block starts (trace/tracker.py, bf16 on the CPU): the
+    prompt's embeddings (212 x 256 x 2 B = 108,544), the block's input (784 x 128 x 2 B = 200,704) and
+    ``VisionSpec.held_per_patch`` over 784 patches: pos_embeds, cos, sin (head_dim 128 / 4 = 32) and 4 weights in
+    fp32, (128 + 64 + 4) x 4 = 784, and 6 int64 ids and indices, 48 -> 832 B a patch, 652,288."""
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.tracker import Tracker
+
+    cfg = _small([])
+    v = model_from_config(cfg, name="small").vision
+    assert v is not None and v.held_per_patch == (("fp32", 128 + 64 + 4), ("int64", 6))
+    module = meta_module(cfg)
+    cls, config = type(module), module.config
+    torch.manual_seed(0)
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "sdpa"
+    model = cls(config).to(torch.bfloat16).eval()
+    ids = torch.randint(3, 900, (1, 196 + 16))
+    ids[:, 4:4 + 196] = 1000
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(784, 3 * 2 * 16 * 16, dtype=torch.bfloat16),
+              "image_grid_thw": torch.tensor([[1, 28, 28]]), "mm_token_type_ids": (ids == 1000).long()}
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        model.model.visual.blocks[0].register_forward_pre_hook(lambda *a: tr.mark("blocks"))
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    start = {name: i for i, name in tr.marks}["blocks"]
+    live = sum(e.nbytes for e in tr.events[:start])
+    # measured 8 B more: cu_seqlens (int32, 2 entries)
+    assert 0 <= live - base - (108_544 + 200_704 + 652_288) <= 8
+
+
+def test_deepstack_features_in_the_vision_moment_equal_a_tracked_forward() -> None:
+    from vramplan.analytic.inference import inference_step
+    from vramplan.analytic.moment import K
+
+    def analytic(deep: list[int]) -> int:
+        r = resolve({"model": _small(deep), "hardware": {"gpu": "H100-80GB"}, "task": "inference",
+                     "inference": {"batch_size": 1, "prompt_len": 196 + 16, "images_per_sample": 1,
+                                   "attention": "sdpa", "new_tokens": 1, "image_size": 448}})
+        (vision,) = [mo for mo in inference_step(r).moments if mo.get(K.VISION_TOWER)]
+        return vision.get(K.VISION_TOWER)
+
+    # DeepStack after blocks 0 and 1 (alive through the last block) and 3 (the last: made after it): 2 x 256 x 2 B
+    # per merged token, 196 of them = 200,704, what transformers' own forward holds more than without DeepStack
+    # (the rest of the blocks' moment is not compared here)
+    more = 2 * 256 * 2 * 196
+    assert analytic([0, 1, 3]) - analytic([]) == more == 200_704
+    assert _tracked_blocks(_small([0, 1, 3])) - _tracked_blocks(_small([])) == more
 
 
 def test_kv_cache_holds_the_image_tokens() -> None:

@@ -921,7 +921,10 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     are transformer blocks: its running layer is ``prefill_layer_bytes`` of the tower's layer shape
     (``VisionSpec.tower``) over batch x images x patches tokens, with the pixel values (compute dtype) alive.
     Nothing of the prompt's cache exists yet.  The tower's attention runs within each image; with eager
-    attention the running layer's s x s terms are those of one image's patches.
+    attention the running layer's s x s terms are those of one image's patches.  While the tower's last layer runs
+    its forward holds more than that layer's tensors: the encoder's input and any selected hidden state
+    (``VisionSpec.kept_hidden_states``), Qwen3-VL's DeepStack features (``kept_merged_elements``), the rotary tables
+    and interpolated positions (``held_per_patch``).
     """
     from dataclasses import replace as _replace
 
@@ -937,8 +940,12 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     # (CLIP's, VisionSpec.extra_tokens)
     tiles = image_tiles(v, inf.image_size)
     layer = images * tiles * prefill_layer_bytes(tower, 1, patches // tiles + v.extra_tokens, g.c, 1, g.attention)
-    # a selected hidden state kept while the tower's later layers run (VisionSpec.kept_hidden_states)
+    # hidden states held while the tower's last layer runs (VisionSpec.kept_hidden_states: the encoder's input, a
+    # selected state) and Qwen3-VL's DeepStack features (VisionSpec.kept_merged_elements)
     layer += v.kept_hidden_states * images * (patches + tiles * v.extra_tokens) * v.hidden_size * g.c
+    layer += v.kept_merged_elements * images * (patches // v.merge_size ** 2) * g.c
+    # the rotary tables and interpolated positions bound through the blocks (VisionSpec.held_per_patch)
+    layer += sum(n * {"fp32": 4, "int64": 8}.get(kind, g.c) for kind, n in v.held_per_patch) * images * patches
     if v.block_mask_unless_flash and inf.attention == "sdpa":
         # Pixtral packs the batch's images into one sequence under a block-diagonal mask in the model's dtype, kept
         # through the tower's layers (generate_block_attention_mask), and SDPA's memory-efficient kernel takes a

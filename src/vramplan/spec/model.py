@@ -510,9 +510,19 @@ class VisionSpec:
     # ceil(side / image_size) crops a side, at most dynamic_hd crops (else the closest aspect ratio of at most that
     # many), each through the tower with the whole image at image_size besides (spec/vision.py phi4_hd_crops); 0: not
     dynamic_hd: int = 0
-    # tower hidden states kept per tower token while its later layers run (Phi-4-multimodal: the feature layer's
-    # output, selected by capture_outputs' integer output_hidden_states, alive through the unused last layer: 1)
+    # tower hidden states alive per tower token besides the running layer's own while the tower's last layer runs
+    # (spec/families/base.py held_tower_states: the encoder's input, bound in the vision model's forward, and any
+    # selected hidden state before the last layer's input; Pixtral's patch_conv output besides: 2)
     kept_hidden_states: int = 0
+    # elements per merged image token (patches / merge_size^2) kept in the compute dtype while the tower's last layer
+    # runs besides its hidden states (Qwen3-VL: the DeepStack mergers' outputs of the blocks before the last,
+    # out_hidden_size each, appended to deepstack_feature_lists)
+    kept_merged_elements: int = 0
+    # what the vision model's forward holds per tower patch through all its blocks besides hidden states, as (kind,
+    # elements) with kind "compute" (the compute dtype), "fp32" or "int64": the 2-D rotary tables cos and sin
+    # (Pixtral's in the compute dtype, Qwen2-VL's to Qwen3-VL's in fp32), their int64 (row, column) position ids, and
+    # Qwen3-VL's interpolated pos_embeds (fp32) with its four int64 indices and fp32 weights a patch
+    held_per_patch: tuple[tuple[str, int], ...] = ()
     # what the tower's parameters hold besides the tower and the projector, said in every report (Phi-4-multimodal:
     # its audio encoder); "": nothing
     param_note: str = ""

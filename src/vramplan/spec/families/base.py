@@ -51,6 +51,23 @@ def non_null(sub: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in dict(sub or {}).items() if v is not None}
 
 
+def held_tower_states(layers: int, selected: tuple[int, ...] = ()) -> int:
+    """Tower hidden states alive per tower token beyond the running layer's own while a ViT tower's last layer runs
+    (``VisionSpec.kept_hidden_states``), for a tower whose forward hands its embeddings to an encoder that loops
+    over the layers (``hidden_states = encoder_layer(hidden_states, ...)``).
+
+    transformers 5.24: the vision model's forward keeps the encoder's input bound (``CLIPVisionTransformer.forward``
+    ``hidden_states``, ``CLIPEncoder.forward`` ``inputs_embeds``) through every layer, one state beyond the running
+    layer's input from the second layer on.  ``selected``: the hidden-state indices (negative from the end of the
+    ``layers + 1``) the model asks ``capture_outputs`` for (``select_hidden_states``: only those are kept,
+    utils/output_capturing.py ``install_output_capuring_hook``); index 0 is the encoder's input and index
+    ``layers - 1`` the last layer's input, both alive anyway; each index in between is one state more."""
+    if layers < 2:
+        return 0
+    picks = {k if k >= 0 else layers + 1 + k for k in selected}
+    return 1 + sum(1 for j in picks if 1 <= j <= layers - 2)
+
+
 def square_side(v: Any) -> int:
     """An ``image_size`` / ``patch_size`` (vision configs accept an int or a square pair)."""
     if isinstance(v, (list, tuple)):

@@ -43,6 +43,7 @@ from vramplan.spec.families.base import (
     Params,
     build_spec,
     get,
+    held_tower_states,
     inherit_outer,
     non_null,
     square_side,
@@ -157,7 +158,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         head_saved_per_patch=(("norm", 1), ("residual", t["d"])), linears=tuple(p.vision_linears),
                         # Gemma3Processor's full_image_sequence: "\n\n" <start_of_image> ... <end_of_image> "\n\n"
                         # ("\n\n" one token: vLLM gemma3_mm.py vocab["\n\n"]); pan-and-scan off by default
-                        fixed_image_profile=True, image_wrap_tokens=4)
+                        fixed_image_profile=True, image_wrap_tokens=4,
+                        # SiglipVisionTransformer.forward binds the embeddings' output through the encoder's layers
+                        kept_hidden_states=held_tower_states(t["layers"]))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

@@ -37,7 +37,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, non_null
+from vramplan.spec.families.base import Config, Family, Params, held_tower_states, non_null
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.families.llava import llava_text_config
@@ -114,7 +114,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # post_layernorm, then modality_projection.proj saves its input: the pixel-shuffled norm
                         # output in the compute dtype, d x scale^2 per token = d per patch
                         head_saved_per_patch=(("norm", 1), ("compute", t["d"])),
-                        notes=(_assumed(t["image"]),), linears=tuple(p.vision_linears))
+                        notes=(_assumed(t["image"]),), linears=tuple(p.vision_linears),
+                        # Idefics3VisionTransformer.forward binds the embeddings' output through the encoder's layers
+                        kept_hidden_states=held_tower_states(t["layers"]))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

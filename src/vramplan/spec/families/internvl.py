@@ -44,12 +44,13 @@ from vramplan.spec.families.base import (
     Params,
     build_spec,
     get,
+    held_tower_states,
     inherit_outer,
     non_null,
     square_side,
 )
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
-from vramplan.spec.families.llava import feature_layers
+from vramplan.spec.families.llava import feature_layers, selected_layers
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
 __all__ = ["INTERNVL"]
@@ -189,7 +190,10 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # autocast cast of its output, then the activation's and linear_2's inputs, d_text each per
                         # token (merge^2 patches)
                         head_saved_per_patch=(("norm", 1), ("cast", d), ("compute", 2 * d_text // (merge * merge))),
-                        unused_layers=unused, notes=_notes(t, tiles), linears=tuple(p.vision_linears))
+                        unused_layers=unused, notes=_notes(t, tiles), linears=tuple(p.vision_linears),
+                        # InternVLVisionModel.forward binds the embeddings' output through the encoder's layers, and
+                        # get_image_features' select_hidden_states keeps vision_feature_layer's state
+                        kept_hidden_states=held_tower_states(t["layers"], selected_layers({"vision_feature_layer": sel})))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

@@ -37,12 +37,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import OUTER_KEYS, Config, Family, Params, get, inherit_outer, non_null
+from vramplan.spec.families.base import (
+    OUTER_KEYS,
+    Config,
+    Family,
+    Params,
+    get,
+    held_tower_states,
+    inherit_outer,
+    non_null,
+)
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec, vit_encoder_layers
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
 
-__all__ = ["LLAVA", "clip_tower", "feature_layers", "llava_spec", "llava_text_config"]
+__all__ = ["LLAVA", "clip_tower", "feature_layers", "llava_spec", "llava_text_config", "selected_layers"]
 
 # LlamaConfig defaults (transformers 5.24 configuration_llama.py), LlavaConfig's default text model, for the keys
 # a sparse text_config leaves out (llava-hf/llava-1.5-7b-hf's names only max_position_embeddings, rms_norm_eps,
@@ -106,6 +115,13 @@ def feature_layers(cfg: Config, layers: int) -> tuple[int, int]:
     if not picks or min(used) < 0 or max(used) > layers:
         raise ValueError(f"vision_feature_layer {sel!r} is outside the tower's {layers} layers")
     return len(picks), layers - max(used)
+
+
+def selected_layers(cfg: Config, default: int = -2) -> tuple[int, ...]:
+    """The hidden-state indices ``vision_feature_layer`` names (one or a list), as ``select_hidden_states`` hands them
+    to the tower's ``capture_outputs``."""
+    sel = cfg.get("vision_feature_layer", default)
+    return tuple(int(x) for x in (sel if isinstance(sel, (list, tuple)) else [sel]))
 
 
 def _vision_config(cfg: Config) -> tuple[dict[str, Any], bool]:
@@ -175,6 +191,10 @@ def llava_spec(cfg: Config, model_type: str, name: str, anyres: tuple[tuple[int,
                         stem_saved_per_token=(("norm", 1),) if clip else (),
                         head_saved_per_token=(("cast", t["d"] * feats), ("compute", 2 * d_text)),
                         unused_layers=unused, notes=_notes(unused, clip),
+                        # the encoder's input (pre_layrnorm's output, or SigLIP's embeddings) bound in the vision
+                        # model's forward through every layer, and any selected state before the last layer's input
+                        # (get_image_features' select_hidden_states)
+                        kept_hidden_states=held_tower_states(t["layers"], selected_layers(cfg)),
                         # post_layernorm on the last layer's class token (the pooled output nothing uses)
                         unused_saved_per_image=(("norm", 1),) if clip else (), linears=tuple(p.vision_linears))
     if anyres:

@@ -46,12 +46,13 @@ from vramplan.spec.families.base import (
     Params,
     build_spec,
     get,
+    held_tower_states,
     inherit_outer,
     non_null,
     square_side,
 )
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
-from vramplan.spec.families.llava import feature_layers
+from vramplan.spec.families.llava import feature_layers, selected_layers
 from vramplan.spec.model import ModelSpec, VisionSpec
 
 __all__ = ["MISTRAL3"]
@@ -101,7 +102,7 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
     for name in ("attention_norm", "ffn_norm"):
         p.add(f"{layer}.{name}.weight", d, "norm", per_layer=n)
     return {"d": d, "i": i, "layers": n, "heads": heads, "patch": patch, "channels": ch,
-            "image": square_side(get(vc, "image_size"))}
+            "image": square_side(get(vc, "image_size")), "head_dim": d // heads}
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
@@ -158,7 +159,17 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # linear_2's inputs (2 d_text), each spread over the merge^2 patches
                         head_saved_per_patch=(("norm", 1), ("compute", d), ("compute", d // per_merge),
                                               ("compute", 2 * d_text // per_merge)),
-                        unused_layers=unused, notes=_notes(unused), linears=tuple(p.vision_linears))
+                        unused_layers=unused, notes=_notes(unused), linears=tuple(p.vision_linears),
+                        # PixtralVisionModel.forward binds ln_pre's output (patch_embeds) through the transformer's
+                        # layers, and get_image_features' select_hidden_states keeps vision_feature_layer's state;
+                        # besides, patch_embeds_list holds views of patch_conv's output (modeling_pixtral.py
+                        # l.416-420) through the whole tower: one state more
+                        kept_hidden_states=1 + held_tower_states(t["layers"],
+                                                                 selected_layers({"vision_feature_layer": sel})),
+                        # the rotary cos and sin in the compute dtype (PixtralRotaryEmbedding: .to(x.dtype); head_dim
+                        # d / heads, PixtralVisionConfig.__post_init__) and their
+                        # int64 (row, column) position ids, bound through the layers (l.426-436)
+                        held_per_patch=(("compute", 2 * t["head_dim"]), ("int64", 2)))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.spec.families.base import Config, Family, Params, inherit_outer, non_null
+from vramplan.spec.families.base import Config, Family, Params, held_tower_states, inherit_outer, non_null
 from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -100,7 +100,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # post_layernorm, then the projector's nn.Linear saves its input: the norm's output in the
                         # compute dtype (autocast's cast, or the bf16 output itself)
                         head_saved_per_patch=(("norm", 1), ("compute", t["d"])),
-                        notes=_notes(bool(vc["vision_use_head"])), prefix_lm=True, linears=tuple(p.vision_linears))
+                        notes=_notes(bool(vc["vision_use_head"])), prefix_lm=True, linears=tuple(p.vision_linears),
+                        # SiglipVisionTransformer.forward binds the embeddings' output through the encoder's layers
+                        kept_hidden_states=held_tower_states(t["layers"]))
     # every forward hands the language model's attention a 4-D mask (module docstring): SDPA's memory-efficient
     # kernel with the mask and repeated K/V (analytic/activations.py, analytic/inference.py)
     traits = replace(text.traits, sdpa_mask_always=True)

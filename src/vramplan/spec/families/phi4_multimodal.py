@@ -65,6 +65,7 @@ from vramplan.spec.families.base import (
     Family,
     Params,
     get,
+    held_tower_states,
     inherit_outer,
     non_null,
     square_side,
@@ -230,10 +231,10 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         num_channels=t["channels"], merge_size=2, dynamic_hd=DYNAMIC_HD, unused_layers=unused,
                         images_refused=refused, notes=_notes(t, unused), linears=tuple(p.vision_linears),
                         train_refused=_TRAIN_REFUSED, serve_refused=_SERVE_REFUSED,
-                        # get_img_features asks the tower for hidden_states[feature_layer] (l.480-483): capture_outputs
-                        # keeps that one state (utils/output_capturing.py selected_hidden_states) through the later
-                        # layers, the post_layernorm and the pooling head
-                        kept_hidden_states=int(unused > 0), param_note=_held(p))
+                        # Phi4MultimodalVisionModel.forward binds the embeddings' output through the encoder's
+                        # layers; get_img_features asks the tower for hidden_states[feature_layer] (l.480-483), which
+                        # capture_outputs keeps (utils/output_capturing.py), the last layer's input at -2
+                        kept_hidden_states=held_tower_states(t["layers"], (layer,)), param_note=_held(p))
     # the class came in transformers 4.50, after the causal-LM heads stopped upcasting every logit (logits.float(),
     # Traits.upcasts_all_logits, 4.44); Phi4MultimodalForCausalLM.forward computes lm_head's logits in the model dtype
     # (l.1656-1658)

@@ -78,7 +78,8 @@ def _notes(vc: Config, t: dict[str, int]) -> tuple[str, ...]:
     note = (f"Qwen2.5-VL's window attention (every block but {full} attends within {side} x {side}-patch windows) "
             "is counted as attention over the whole image: the flash and memory-efficient kernels save the same "
             "tensors per patch either way (eager's scores are over-counted); the per-window outputs' "
-            "concatenation, the window reordering and the 2-D rotary tables are not counted")
+            "concatenation and the window reordering are not counted; the 2-D rotary tables (fp32) are counted in "
+            "generate's vision moment, not in training")
     return (note,)
 
 
@@ -125,6 +126,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # the merger: ln_q, then mlp.0's input, the GELU's input and mlp.2's input, each 4d per
                         # merged token (d per patch) in the compute dtype
                         head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=_notes(vc, t),
+                        # the forward binds the window-ordered rotary cos and sin, fp32 [patches, head_dim] each
+                        # (Qwen2_5_VLVisionRotaryEmbedding), through the blocks
+                        held_per_patch=(("fp32", 2 * t["d"] // t["heads"]), ("int64", 2)),
                         linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 

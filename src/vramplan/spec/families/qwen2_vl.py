@@ -62,7 +62,8 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
             "temporal": t, "merge": merge}
 
 
-_NOTE = ("Qwen2-VL's 2-D rotary tables (cos and sin per patch, made once before the blocks) are not counted")
+_NOTE = ("Qwen2-VL's 2-D rotary tables (cos and sin per patch in fp32, made once before the blocks) are counted in "
+         "generate's vision moment, not in training")
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
@@ -83,6 +84,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # the merger: ln_q (a LayerNorm), then mlp.0's input, the GELU's input and mlp.2's input,
                         # each 4d per merged token (d per patch) in the compute dtype (as Qwen2.5-VL)
                         head_saved_per_patch=(("norm", 1), ("compute", 3 * t["d"])), notes=(_NOTE,),
+                        # Qwen2VisionTransformerPretrainedModel.forward binds the rotary cos and sin, fp32 [patches,
+                        # head_dim] each (Qwen2VLVisionRotaryEmbedding: .float() frequencies), through the blocks
+                        held_per_patch=(("fp32", 2 * t["d"] // t["heads"]), ("int64", 2)),
                         linears=tuple(p.vision_linears))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 

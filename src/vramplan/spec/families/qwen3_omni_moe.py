@@ -44,7 +44,7 @@ from typing import Any
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, inherit_outer, non_null
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
-from vramplan.spec.families.qwen3_vl import TOWER_TRAITS
+from vramplan.spec.families.qwen3_vl import TOWER_TRAITS, deepstack_kept
 from vramplan.spec.model import ModelSpec, VisionSpec
 
 __all__ = ["QWEN3_OMNI_MOE"]
@@ -129,7 +129,7 @@ def _vision(p: Params, vc: Config) -> dict[str, int]:
         p.vision_linear(f"visual.blocks.{name}", fan_in, fan_out, per_layer=n)
     _merger(p, "visual.merger", wide, out, d)
     return {"d": d, "i": i, "layers": n, "heads": int(get(vc, "num_heads")), "channels": ch, "patch": patch,
-            "temporal": t, "merge": merge, "deep": len(deep)}
+            "temporal": t, "merge": merge, "deep": len(deep), "kept": deepstack_kept(deep, n, out)}
 
 
 def _audio(p: Params, ac: Config) -> None:
@@ -292,12 +292,14 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                        attention_dropout=0.0, hidden_dropout=0.0, max_position_embeddings=patches,
                        encoder_only=True, traits=TOWER_TRAITS)
     mergers = 1 + t["deep"]
-    notes = [("Qwen3-Omni's 2-D rotary tables and the bilinear interpolation of pos_embed to each image's grid are "
-             "not counted")]
+    notes = [("the bilinear interpolation of Qwen3-Omni's pos_embed to each image's grid is not counted; its fp32 "
+              "result and the 2-D rotary tables (fp32), held through the blocks, are counted in generate's vision "
+              "moment, not in training")]
     if t["deep"]:
         notes.append(f"the {t['deep']} DeepStack mergers' saved tensors are counted as the final merger's; their "
-                     "outputs, added to the image tokens' hidden states after the first decoder layers, are held "
-                     "through the language model's forward: not counted")
+                     "outputs are counted while the tower's last block runs; added to the image tokens' hidden "
+                     "states after the first decoder layers, they are held through the language model's forward: "
+                     "not counted there")
     vision = VisionSpec(hidden_size=t["d"], num_layers=t["layers"], num_attention_heads=t["heads"],
                         intermediate_size=t["i"], image_size=side, patch_size=t["patch"], patches_per_image=patches,
                         tokens_per_image=patches // (t["merge"] ** 2), hidden_act=act,
@@ -310,7 +312,11 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # each merger: its ln_q, then mlp.0's input, the GELU's input and mlp.2's input, each 4d per
                         # merged token (d per patch), as Qwen3-VL's
                         head_saved_per_patch=(("norm", mergers), ("compute", 3 * t["d"] * mergers)),
-                        notes=tuple(notes), linears=tuple(p.vision_linears))
+                        notes=tuple(notes), linears=tuple(p.vision_linears),
+                        # the DeepStack features of the blocks before the last, alive through it (modeling:1211-1224)
+                        kept_merged_elements=t["kept"],
+                        # pos_embeds and the rotary cos and sin, fp32, bound through the blocks (modeling:1203-1206)
+                        held_per_patch=(("fp32", t["d"] + 2 * t["d"] // t["heads"] + 4), ("int64", 2 + 4)))
     held = HELD if audio_output else HELD[:1]
     # Qwen3OmniMoeThinkerForConditionalGeneration.forward takes no logits_to_keep (modeling:2223-2244) and runs
     # lm_head on every position (modeling:2313): generate's prefill computes the prompt's logits

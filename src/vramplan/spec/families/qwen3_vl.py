@@ -38,7 +38,7 @@ from vramplan.spec.families.base import Config, Family, Params, build_spec, get,
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, Traits, VisionSpec
 
-__all__ = ["QWEN3_VL", "QWEN3_VL_MOE"]
+__all__ = ["QWEN3_VL", "QWEN3_VL_MOE", "deepstack_kept"]
 
 # Qwen3VLVisionConfig defaults (transformers 5.24 configuration_qwen3_vl.py; Qwen3VLMoeVisionConfig's are the same)
 _VISION_DEFAULTS: dict[str, Any] = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
@@ -108,17 +108,27 @@ def _tower(p: Params, vc: Config) -> dict[str, int]:
     if deep:
         _merger(p, "visual.deepstack_merger_list", d, wide, out, wide, count=len(deep))
     return {"d": d, "i": i, "layers": n, "heads": int(get(vc, "num_heads")), "channels": ch, "patch": patch,
-            "temporal": t, "merge": merge, "deep": len(deep)}
+            "temporal": t, "merge": merge, "deep": len(deep), "kept": deepstack_kept(deep, n, out)}
+
+
+def deepstack_kept(deep: list[int], layers: int, out: int) -> int:
+    """Elements per merged token of the DeepStack features alive while the tower's last block runs
+    (``VisionSpec.kept_merged_elements``): the vision model's forward appends each ``deepstack_visual_indexes`` block's
+    merger output ([tokens, out_hidden_size]) to ``deepstack_feature_lists`` and returns the list, so those of the
+    blocks before the last are alive through it (transformers 5.24 modeling_qwen3_vl.py l.702-722)."""
+    return out * sum(1 for x in set(deep) if x < layers - 1)
 
 
 def _notes(t: dict[str, int]) -> tuple[str, ...]:
-    out = [("Qwen3-VL's 2-D rotary tables and the bilinear interpolation of pos_embed to each image's grid (four "
-            "gathered rows per patch, forward transients) are not counted")]
+    out = [("the bilinear interpolation of Qwen3-VL's pos_embed to each image's grid (four gathered rows per patch, "
+            "forward transients) is not counted; its fp32 result and the 2-D rotary tables (fp32), held through the "
+            "blocks, are counted in generate's vision moment, not in training")]
     if t["deep"]:
         out.append(f"the {t['deep']} DeepStack mergers' saved tensors are counted as the final merger's; their "
-                   "outputs, added to the image tokens' hidden states after the first decoder layers "
-                   "(Qwen3VLTextModel._deepstack_process: a clone of the hidden states and an indexed add), are "
-                   "held through the language model's forward and its clones are transient: not counted")
+                   "outputs are counted while the tower's last block runs; added to the image tokens' hidden states "
+                   "after the first decoder layers (Qwen3VLTextModel._deepstack_process: a clone of the hidden "
+                   "states and an indexed add), they are held through the language model's forward and its clones "
+                   "are transient: not counted there")
     return tuple(out)
 
 
@@ -149,7 +159,11 @@ def _build(cfg: Config, model_type: str, name: str, kind: str, defaults: Config)
                         # each merger (the final one and the DeepStack ones): its norm, then linear_fc1's input,
                         # the GELU's input and linear_fc2's input, each 4d per merged token (d per patch)
                         head_saved_per_patch=(("norm", mergers), ("compute", 3 * t["d"] * mergers)),
-                        notes=_notes(t), linears=tuple(p.vision_linears))
+                        notes=_notes(t), linears=tuple(p.vision_linears), kept_merged_elements=t["kept"],
+                        # the forward binds pos_embeds (fp32: the bf16 rows times fp32 interpolation weights) and the
+                        # rotary cos and sin, fp32 [patches, head_dim] each, through the blocks (l.694-697), with the
+                        # int64 position ids [patches, 2] and interpolation indices [patches, 4] and fp32 weights
+                        held_per_patch=(("fp32", t["d"] + 2 * t["d"] // t["heads"] + 4), ("int64", 2 + 4)))
     return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
 
 
