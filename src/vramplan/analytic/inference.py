@@ -187,8 +187,9 @@ def generate_behaviour(traits: Traits, version: tuple[int, ...] | None) -> Gener
     >>> generate_behaviour(Traits(), None).legacy_cache
     False
     >>> late = Traits(upcasts_all_logits=True, logits_to_keep_since=(5, 0), float_logits_before=(4, 46))
-    >>> generate_behaviour(late, (4, 45)).float_logits, generate_behaviour(late, (4, 46))[2:]
-    (True, (True, False))
+    >>> b45, b46 = generate_behaviour(late, (4, 45)), generate_behaviour(late, (4, 46))
+    >>> (b45.all_logits, b45.float_logits), (b46.all_logits, b46.float_logits)
+    ((True, True), (True, False))
     """
     if version is None:
         return GenerateBehaviour(False, False, traits.head_on_every_position, False)
