@@ -95,3 +95,29 @@ def test_prefill_vision_moment_by_hand() -> None:
     # 1024 x 3 x 2 x 14^2 x 2 = 2,408,448 per image; the rotary cos and sin (head_dim 1280 / 16 = 80) in fp32,
     # 2 x 80 x 4 = 640, and the int64 (row, column) position ids, 16, held through the blocks -> 656 per patch
     assert vision.get(K.VISION_TOWER) == 2 * (1024 * (38_400 + 656) + 2_408_448) == 84_803_584
+
+
+@pytest.mark.parametrize(("release", "per_position_bytes"), [("4.45", 2 + 4), ("4.46", 2), ("4.53", 2), ("5.0", 0)])
+def test_prefill_logits_of_every_position_before_logits_to_keep(release: str, per_position_bytes: int) -> None:
+    """Qwen2VLForConditionalGeneration.forward took no logits_to_keep before transformers 5.0 (none in
+    modeling_qwen2_vl.py 4.45-4.57): generate's prefill runs the head on all 6,144 prompt positions, and 4.45 also
+    upcast them to fp32 (``logits = logits.float()`` at :1720; 4.46 casts only with labels).  The prefill's
+    temporaries hold those logits: 6,144 x 152,064 x 2 B = 1,868,562,432 (bf16), + x 4 B = 3,737,124,864 (the fp32
+    copy, alive with the bf16 one during the cast) at 4.45; from 5.0 the head runs on the last position only."""
+    from vramplan import estimate
+
+    sc = {"model": "Qwen/Qwen2-VL-7B-Instruct", "task": "inference", "hardware": {"gpu": "A100-80GB"},
+          "inference": {"batch_size": 1, "prompt_len": 6144, "new_tokens": 16}, "software": {"transformers": release}}
+    temporaries = estimate(sc).per_gpu.breakdown.get("temporaries", 0)
+    logits = 6144 * 152_064 * per_position_bytes
+    # the rest of the temporaries at the peak: the last position's logits handled by the sampler (a few MB at most)
+    assert logits <= temporaries <= logits + 8 * 2**20
+
+
+def test_qwen2_5_vl_took_logits_to_keep_from_4_54() -> None:
+    """Qwen2.5-VL: none in modeling_qwen2_5_vl.py 4.49-4.53, 4.54 takes it; bf16 (the fp32 cast only with labels)."""
+    from vramplan.analytic.inference import generate_behaviour
+
+    traits = resolve({"model": "Qwen/Qwen2.5-VL-7B-Instruct", "hardware": {"gpu": "A100-80GB"}}).model.traits
+    assert generate_behaviour(traits, (4, 53)).all_logits and not generate_behaviour(traits, (4, 53)).float_logits
+    assert not generate_behaviour(traits, (4, 54)).all_logits

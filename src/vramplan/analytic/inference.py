@@ -194,15 +194,23 @@ def generate_behaviour(traits: Traits, version: tuple[int, ...] | None) -> Gener
     GenerateBehaviour(legacy_cache=True, keeps_outputs=True, all_logits=True, float_logits=True)
     >>> generate_behaviour(Traits(), None).legacy_cache
     False
+    >>> late = Traits(upcasts_all_logits=True, logits_to_keep_since=(5, 0), float_logits_before=(4, 46))
+    >>> b45, b46 = generate_behaviour(late, (4, 45)), generate_behaviour(late, (4, 46))
+    >>> (b45.all_logits, b45.float_logits), (b46.all_logits, b46.float_logits)
+    ((True, True), (True, False))
     """
     if version is None:
         return GenerateBehaviour(False, False, traits.head_on_every_position, False)
-    all_logits = version < LOGITS_TO_KEEP_SINCE or traits.head_on_every_position
+    # ``LOGITS_TO_KEEP_SINCE`` for most families; a family whose forward took it later says so
+    # (``Traits.logits_to_keep_since``: Qwen2-VL 5.0, Qwen2.5-VL 4.54)
+    since = max(LOGITS_TO_KEEP_SINCE, traits.logits_to_keep_since)
+    all_logits = version < since or traits.head_on_every_position
     return GenerateBehaviour(
         legacy_cache=version < traits.dynamic_cache_since,
         keeps_outputs=version < DEL_OUTPUTS_SINCE,
         all_logits=all_logits,
-        float_logits=all_logits and traits.upcasts_all_logits,
+        float_logits=(all_logits and traits.upcasts_all_logits
+                      and version < max(LOGITS_TO_KEEP_SINCE, traits.float_logits_before)),
     )
 
 

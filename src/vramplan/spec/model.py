@@ -379,6 +379,15 @@ class Traits:
     # 5.24 modeling_qwen3_omni_moe.py:2223-2244, 2313; applied to every release, earlier ones not read): generate's
     # prefill computes the whole prompt's logits (analytic/inference.py ``generate_behaviour``)
     head_on_every_position: bool = False
+    # first release whose causal-LM forward takes ``(num_)logits_to_keep``, so that generate's prefill runs the head on
+    # the last position only (4.45 for Llama and its kin: analytic/inference.py ``LOGITS_TO_KEEP_SINCE``); before it
+    # the prefill computes every prompt position's logits.  Qwen2-VL: 5.0 (modeling_qwen2_vl.py has no
+    # logits_to_keep from 4.45 to 4.57, 5.0 takes it), Qwen2.5-VL: 4.54 (none in 4.49-4.53)
+    logits_to_keep_since: tuple[int, int] = (4, 45)
+    # the release from which the head no longer upcasts every position's logits to fp32 at inference (the 4.44
+    # causal-LM head's ``logits.float()``, ``upcasts_all_logits``); Qwen2-VL's 4.45 forward still did
+    # (modeling_qwen2_vl.py:1720 at 4.45.0), 4.46 casts only with labels
+    float_logits_before: tuple[int, int] = (4, 45)
     # first release whose causal-LM forward calls ``self.loss_function`` (loss_utils ``ForCausalLMLoss``) instead
     # of its own ``CrossEntropyLoss`` (4.46 for Llama and its kin; 4.49 for GPT-2, GPT-J, GPT-NeoX, Falcon,
     # BLOOM, OPT: their 4.48 modeling files still shift and call CrossEntropyLoss), analytic/logits.py

@@ -130,7 +130,10 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # (Qwen2_5_VLVisionRotaryEmbedding), through the blocks
                         held_per_patch=(("fp32", 2 * t["d"] // t["heads"]), ("int64", 2)),
                         linears=tuple(p.vision_linears))
-    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
+    # generate's prefill ran the head on every prompt position before the forward took logits_to_keep
+    # (modeling_qwen2_5_vl.py: none in 4.49-4.53, 4.54 takes it); bf16, the fp32 cast only with labels
+    traits = replace(text.traits, logits_to_keep_since=(4, 54))
+    return replace(text, model_type=model_type, traits=traits, params=text.params + tuple(p.rows), vision=vision)
 
 
 QWEN2_5_VL = Family(build, "modeling_qwen2_5_vl.py", required=(("vision_config",),), text_model_type="qwen2")

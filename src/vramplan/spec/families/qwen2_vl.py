@@ -88,7 +88,11 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # head_dim] each (Qwen2VLVisionRotaryEmbedding: .float() frequencies), through the blocks
                         held_per_patch=(("fp32", 2 * t["d"] // t["heads"]), ("int64", 2)),
                         linears=tuple(p.vision_linears))
-    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
+    # generate's prefill ran the head on every prompt position before the forward took logits_to_keep
+    # (modeling_qwen2_vl.py: none in 4.45-4.57, 5.0 takes it), in fp32 at 4.45 (:1720, ``logits.float()``; 4.46
+    # casts only with labels)
+    traits = replace(text.traits, logits_to_keep_since=(5, 0), float_logits_before=(4, 46))
+    return replace(text, model_type=model_type, traits=traits, params=text.params + tuple(p.rows), vision=vision)
 
 
 QWEN2_VL = Family(build, "modeling_qwen2_vl.py", required=(("vision_config",),), text_model_type="qwen2")
