@@ -1087,15 +1087,11 @@ def _runner_note(g: GenerateCall, attention_free: bool = False) -> str:
                if gen.all_logits else ""))
 
 
-def hybrid_notes(g: GenerateCall) -> list[str]:
-    """What a hybrid model's estimate assumes of its Mamba2 mixers (none for an attention-only model)."""
+def _mixer_kind_notes(g: GenerateCall) -> list[str] | None:
+    """The state and prefill notes of the mixer kinds other than Mamba2 (RG-LRU, lightning attention, gated short
+    convolution, Gated DeltaNet); None for Mamba2's, which ``hybrid_notes`` writes."""
     ms = g.m.mamba
-    if ms is None:
-        return []
-    if ms.kind == "mamba1":
-        return _mamba1_notes(g)
-    if ms.kind == "rwkv4":
-        return _rwkv_notes(g)
+    assert ms is not None
     if ms.kind == "rg_lru":
         conv, ssm = ssm_state_layer_bytes(g.m, g.c)
         window = max((ls.sliding_window or 0) for ls in g.m.layers)
@@ -1135,6 +1131,21 @@ def hybrid_notes(g: GenerateCall) -> list[str]:
                  "and causal-conv1d packages and use_kernels=True), the prefill's running layer holding the chunked "
                  f"rule's fp32 chunk tensors (chunk {ms.chunk_size}), a decode step's its state update's three fp32 "
                  "copies of the state (analytic/ssm_state.py)")]
+    return None
+
+
+def hybrid_notes(g: GenerateCall) -> list[str]:
+    """What a hybrid model's estimate assumes of its Mamba2 mixers (none for an attention-only model)."""
+    ms = g.m.mamba
+    if ms is None:
+        return []
+    if ms.kind == "mamba1":
+        return _mamba1_notes(g)
+    if ms.kind == "rwkv4":
+        return _rwkv_notes(g)
+    kind_notes = _mixer_kind_notes(g)
+    if kind_notes is not None:
+        return kind_notes
     conv, ssm = ssm_state_layer_bytes(g.m, g.c)
     held = (f"a convolution state of {ms.conv_dim} x {ms.conv_kernel} in {g.c} B ({conv:,} B) and an "
             f"fp32 SSM state of {ms.n_heads} x {ms.head_dim} x {ms.state_size} ({ssm:,} B)")
