@@ -27,9 +27,9 @@ def meta_causal_lm_count(cfg: dict[str, Any]) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def prefill_state_bytes(cfg: dict[str, Any], batch: int, tokens: int) -> int:
-    """Bytes of the convolution and recurrent states in transformers' own cache after a real bf16 prefill of
-    ``batch`` x ``tokens`` random ids on the CPU; skips without torch."""
+def bf16_prefill(cfg: dict[str, Any], batch: int, tokens: int) -> tuple[Any, Any]:
+    """(the module, its output) after a real bf16 prefill of ``batch`` x ``tokens`` random ids on the CPU through
+    transformers' ``AutoModelForCausalLM`` for ``cfg``; skips without torch."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
@@ -39,7 +39,15 @@ def prefill_state_bytes(cfg: dict[str, Any], batch: int, tokens: int) -> int:
         module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
         module = module.to(torch.bfloat16)
         with torch.no_grad():
-            cache = module(torch.randint(0, int(cfg["vocab_size"]), (batch, tokens)), use_cache=True).past_key_values
+            out = module(torch.randint(0, int(cfg["vocab_size"]), (batch, tokens)), use_cache=True)
+    return module, out
+
+
+def prefill_state_bytes(cfg: dict[str, Any], batch: int, tokens: int) -> int:
+    """Bytes of the convolution and recurrent states in transformers' own cache after a real bf16 prefill of
+    ``batch`` x ``tokens`` random ids on the CPU; skips without torch."""
+    torch = pytest.importorskip("torch")
+    cache = bf16_prefill(cfg, batch, tokens)[1].past_key_values
     return sum(t.numel() * t.element_size() for layer in cache.layers
                for t in (*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values())
                if isinstance(t, torch.Tensor))
@@ -114,3 +122,25 @@ def live_at_backward(st: Any) -> list[Any]:
         else:
             live.pop(ev.storage_id, None)
     return list(live.values())
+
+
+def tracked_peak(model: Any, inputs: dict[str, Any], first: Any, last: Any | None = None) -> int:
+    """Peak bytes beyond the weights, buffers and inputs while ``first`` runs (from ``first``'s forward to the end
+    of ``last``'s, ``last`` defaulting to ``first``), in one forward of ``model(**inputs, use_cache=True,
+    logits_to_keep=1)`` under the traced engine's allocation tracker (trace/tracker.py); skips without torch."""
+    torch = pytest.importorskip("torch")
+    from vramplan.trace.tracker import Tracker
+
+    with torch.no_grad(), Tracker() as tr:
+        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
+        base = tr.live_bytes
+        first.register_forward_pre_hook(lambda *a: tr.mark("start"))
+        (last if last is not None else first).register_forward_hook(lambda *a: tr.mark("end"))
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    marks = {name: i for i, name in tr.marks}
+    live, peak = 0, 0
+    for i, e in enumerate(tr.events):
+        live += e.nbytes
+        if marks["start"] <= i < marks["end"]:
+            peak = max(peak, live)
+    return peak - base

@@ -4,12 +4,11 @@ by hand, against a real CPU prefill and the traced engine; training and serving 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
 
-from meta_build import meta_causal_lm_count
+from meta_build import bf16_prefill, meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic.kv_cache import kv_bytes_per_token
 from vramplan.analytic.ssm_state import (
@@ -96,15 +95,7 @@ def test_state_by_hand() -> None:
 def _module_state_after_a_prefill(cfg: dict[str, Any], batch: int, tokens: int) -> int:
     """Bytes of the recurrent blocks' conv1d_state and recurrent_states after a real bf16 prefill on the CPU."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-        module = module.to(torch.bfloat16)
-        with torch.no_grad():
-            module(torch.randint(0, int(cfg["vocab_size"]), (batch, tokens)), use_cache=True)
+    module = bf16_prefill(cfg, batch, tokens)[0]
     held = [getattr(mod, name, None) for mod in module.modules() for name in ("conv1d_state", "recurrent_states")]
     return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module, tower_totals
+from meta_build import meta_module, tower_totals, tracked_peak
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.spec.families import transformers_config
@@ -213,7 +213,6 @@ def _tracked_tower(cfg: dict[str, Any], images: int, tokens: int, side: int, ima
     """Peak bytes beyond the weights and inputs while the vision tower runs, in a bf16 CPU forward of transformers'
     own LlavaForConditionalGeneration (trace/tracker.py), with bf16 pixel values (an input: in the base)."""
     torch = pytest.importorskip("torch")
-    from vramplan.trace.tracker import Tracker
 
     module = meta_module(cfg)
     cls, config = type(module), module.config
@@ -224,20 +223,7 @@ def _tracked_tower(cfg: dict[str, Any], images: int, tokens: int, side: int, ima
     ids = torch.randint(3, 900, (images, tokens + 16))
     ids[:, 4:4 + tokens] = image_id
     inputs = {"input_ids": ids, "pixel_values": torch.randn(images, 3, side, side, dtype=torch.bfloat16)}
-    tower = model.model.vision_tower
-    with torch.no_grad(), Tracker() as tr:
-        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
-        base = tr.live_bytes
-        tower.register_forward_pre_hook(lambda *a: tr.mark("tower"))
-        tower.register_forward_hook(lambda *a: tr.mark("after"))
-        model(**inputs, use_cache=True, logits_to_keep=1)
-    start = {name: i for i, name in tr.marks}
-    live, peak = 0, 0
-    for i, e in enumerate(tr.events):
-        live += e.nbytes
-        if start["tower"] <= i < start["after"]:
-            peak = max(peak, live)
-    return peak - base
+    return tracked_peak(model, inputs, model.model.vision_tower)
 
 
 @pytest.mark.parametrize(("cfg", "tokens", "side", "image_id"),

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import assert_equals_meta_module
+from meta_build import assert_equals_meta_module, tracked_peak
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.spec.families import transformers_config
@@ -283,7 +283,6 @@ def test_prefill_vision_moment_equals_a_tracked_forward() -> None:
     from meta_build import meta_module
     from vramplan.analytic.inference import inference_step
     from vramplan.analytic.moment import K
-    from vramplan.trace.tracker import Tracker
 
     module = meta_module(TRACKED)
     cls, config = type(module), module.config
@@ -296,20 +295,7 @@ def test_prefill_vision_moment_equals_a_tracked_forward() -> None:
     ids[:, 4:4 + 64] = 1000
     inputs = {"input_ids": ids, "pixel_values": torch.randn(1, 3, 224, 224, dtype=torch.bfloat16),
               "image_sizes": torch.tensor([[224, 224]])}
-    tower = model.model.vision_tower
-    with torch.no_grad(), Tracker() as tr:
-        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
-        base = tr.live_bytes
-        tower.register_forward_pre_hook(lambda *a: tr.mark("tower"))
-        tower.register_forward_hook(lambda *a: tr.mark("after"))
-        model(**inputs, use_cache=True, logits_to_keep=1)
-    start = {name: i for i, name in tr.marks}
-    live, peak = 0, 0
-    for i, e in enumerate(tr.events):
-        live += e.nbytes
-        if start["tower"] <= i < start["after"]:
-            peak = max(peak, live)
-    tracked = peak - base + 3 * 224 * 224 * 2
+    tracked = tracked_peak(model, inputs, model.model.vision_tower) + 3 * 224 * 224 * 2
     r = resolve({"model": TRACKED, "hardware": {"gpu": "H100-80GB"}, "task": "inference",
                  "inference": {"batch_size": 1, "prompt_len": 72 + 16, "images_per_sample": 1, "attention": "sdpa",
                                "new_tokens": 1}})

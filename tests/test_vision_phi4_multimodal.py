@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_module, tower_totals
+from meta_build import meta_module, tower_totals, tracked_peak
 from vramplan.catalog.models import list_models
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
@@ -129,7 +129,6 @@ def _tracked_image_encoding(side: int) -> int:
     own module (trace/tracker.py), with the inputs Phi4MultimodalImageProcessor makes for one square ``side`` image
     (a multiple of 448: c x c crops and the whole image, all patches valid; l.224-244)."""
     torch = pytest.importorskip("torch")
-    from vramplan.trace.tracker import Tracker
 
     module = meta_module(SMALL, auto="AutoModelForCausalLM")
     cls, config = type(module), module.config
@@ -142,20 +141,7 @@ def _tracked_image_encoding(side: int) -> int:
     ids[0, 4:4 + tokens] = 1000
     inputs = {"input_ids": ids, "image_pixel_values": torch.randn(1, 1 + c * c, 3, 448, 448),
               "image_sizes": torch.tensor([[side, side]]), "image_attention_mask": torch.ones(1, 1 + c * c, 32, 32)}
-    embed = model.model.embed_tokens_extend.image_embed
-    with torch.no_grad(), Tracker() as tr:
-        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
-        base = tr.live_bytes
-        embed.register_forward_pre_hook(lambda *a: tr.mark("image"))
-        embed.register_forward_hook(lambda *a: tr.mark("after"))
-        model(**inputs, use_cache=True, logits_to_keep=1)
-    start = {name: i for i, name in tr.marks}
-    live, peak = 0, 0
-    for i, e in enumerate(tr.events):
-        live += e.nbytes
-        if start["image"] <= i < start["after"]:
-            peak = max(peak, live)
-    return peak - base
+    return tracked_peak(model, inputs, model.model.embed_tokens_extend.image_embed)
 
 
 @pytest.mark.parametrize("side", [448, 896])

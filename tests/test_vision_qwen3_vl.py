@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import assert_equals_meta_module, meta_module
+from meta_build import assert_equals_meta_module, meta_module, tracked_peak
 from vramplan.catalog.resolve import resolve
 from vramplan.spec.hf_config import model_from_config
 from vramplan.spec.vision import image_grid, image_tokens
@@ -135,12 +135,10 @@ def _small(deep: list[int]) -> dict[str, Any]:
                               "temporal_patch_size": 2}}
 
 
-def _tracked_blocks(cfg: dict[str, Any]) -> int:
-    """Peak bytes beyond the weights and inputs while the tower's blocks run, in a bf16 CPU forward of transformers'
-    own Qwen3VLForConditionalGeneration (trace/tracker.py) over one 448 x 448 image (28 x 28 patches)."""
+def _bf16_model_and_image(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """transformers' own Qwen3VLForConditionalGeneration for ``cfg`` in bf16 under SDPA, and the inputs of one
+    448 x 448 image (28 x 28 patches) in a 212-token prompt."""
     torch = pytest.importorskip("torch")
-    from vramplan.trace.tracker import Tracker
-
     module = meta_module(cfg)
     cls, config = type(module), module.config
     torch.manual_seed(0)
@@ -151,20 +149,15 @@ def _tracked_blocks(cfg: dict[str, Any]) -> int:
     ids[:, 4:4 + 196] = 1000
     inputs = {"input_ids": ids, "pixel_values": torch.randn(784, 3 * 2 * 16 * 16, dtype=torch.bfloat16),
               "image_grid_thw": torch.tensor([[1, 28, 28]]), "mm_token_type_ids": (ids == 1000).long()}
+    return model, inputs
+
+
+def _tracked_blocks(cfg: dict[str, Any]) -> int:
+    """Peak bytes beyond the weights and inputs while the tower's blocks run, in a bf16 CPU forward of transformers'
+    own Qwen3VLForConditionalGeneration (trace/tracker.py) over one 448 x 448 image (28 x 28 patches)."""
+    model, inputs = _bf16_model_and_image(cfg)
     blocks = model.model.visual.blocks
-    with torch.no_grad(), Tracker() as tr:
-        tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
-        base = tr.live_bytes
-        blocks[0].register_forward_pre_hook(lambda *a: tr.mark("blocks"))
-        blocks[-1].register_forward_hook(lambda *a: tr.mark("after"))
-        model(**inputs, use_cache=True, logits_to_keep=1)
-    start = {name: i for i, name in tr.marks}
-    live, peak = 0, 0
-    for i, e in enumerate(tr.events):
-        live += e.nbytes
-        if start["blocks"] <= i < start["after"]:
-            peak = max(peak, live)
-    return peak - base
+    return tracked_peak(model, inputs, blocks[0], blocks[-1])
 
 
 def test_tensors_held_through_the_blocks_equal_a_tracked_forward() -> None:
@@ -178,16 +171,7 @@ def test_tensors_held_through_the_blocks_equal_a_tracked_forward() -> None:
     cfg = _small([])
     v = model_from_config(cfg, name="small").vision
     assert v is not None and v.held_per_patch == (("fp32", 128 + 64 + 4), ("int64", 6))
-    module = meta_module(cfg)
-    cls, config = type(module), module.config
-    torch.manual_seed(0)
-    for c in (config, config.vision_config, config.text_config):
-        c._attn_implementation = "sdpa"
-    model = cls(config).to(torch.bfloat16).eval()
-    ids = torch.randint(3, 900, (1, 196 + 16))
-    ids[:, 4:4 + 196] = 1000
-    inputs = {"input_ids": ids, "pixel_values": torch.randn(784, 3 * 2 * 16 * 16, dtype=torch.bfloat16),
-              "image_grid_thw": torch.tensor([[1, 28, 28]]), "mm_token_type_ids": (ids == 1000).long()}
+    model, inputs = _bf16_model_and_image(cfg)
     with torch.no_grad(), Tracker() as tr:
         tr.track([*model.parameters(), *model.buffers(), *inputs.values()], "weights")
         base = tr.live_bytes
