@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import category_bytes, meta_causal_lm_count
+from meta_build import bf16_prefill, category_bytes, meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic.ssm_state import (
     mixer_decode_bytes,
@@ -111,15 +111,7 @@ def test_a_multi_sequence_decode_step_broadcasts_in_transformers() -> None:
 
 def test_state_equals_transformers_state_after_a_prefill() -> None:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**TESTER))
-        module = module.to(torch.bfloat16).eval()
-        with torch.no_grad():
-            state = module(torch.randint(0, 99, (2, 10)), use_cache=True).state
+    state = bf16_prefill(TESTER, 2, 10)[1].state
     assert [t.dtype for t in state] == [torch.bfloat16] * 2 + [torch.float32] * 3
     held = sum(t.numel() * t.element_size() for t in state)
     # 2 sequences x 3 layers x 32 x (2 x 2 + 3 x 4) = 3,072

@@ -2423,9 +2423,8 @@ def _tp_note(r: Resolved, attention_layers: int) -> list[str]:
     heads = "; the attention layers keep max(1, KV heads / tp) heads per rank" if attention_layers else ""
     if attention_layers and m.num_kv_heads < tp:
         # QKVParallelLinear: num_kv_head_replicas = tp // total_num_kv_heads, one whole KV head per rank
-        whole = m.head_dim * m.hidden_size
-        left = attention_layers * 2 * (whole - ceil_div(m.num_kv_heads * whole, tp)) * (dtype_bits(r.scenario.serve.dtype)
-                                                                                        // 8)
+        left = (replicated_kv_elements(m, tp, tuple(layer.index for layer in m.layers))
+                * (dtype_bits(r.scenario.serve.dtype) // 8))
         heads += (f" (each rank holds one of the {m.num_kv_heads} KV heads whole, replicated by vLLM's "
                   f"QKVParallelLinear: {left:,} B per rank more than the dense split's 1/{tp}, counted in the weights)")
     return [(f"tensor parallel {tp}: each rank keeps its share of every mixer's state (heads and convolution channels "
