@@ -208,6 +208,26 @@ H100E_SCENARIOS: list[tuple[str, list[str]]] = [
     ("jamba-synth-gen-b4-tf517", ["--model", "benchmarks/gpu/configs/jamba-synthetic-3b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "4", "--prompt-len", "2048", "--new-tokens", "32", "--transformers-version", "5.17"]),
 ]
 
+# A tenth list (``--set h100f``), written at the commit that added it, before it ran, with nothing changed in the engines
+# for it: families added since ``h100e`` and never measured on a GPU (LFM2's short convolutions, MiniMax's lightning
+# attention with its own cache class, Qwen3-Next's gated DeltaNet on transformers' torch fallback, RecurrentGemma's
+# RG-LRU, Gemma 3n's AltUp text model, Zamba2's shared blocks on the 5.17 Mamba2 scan), LFM2 and Qwen3-Next training,
+# and ``h100e``'s unrun Falcon-Mamba.  The configs are synthetic (``configs/*-synthetic-*.json``: transformers 5.24's
+# config classes, shrunk where named) except Gemma 3n's, the catalog row's ``text_config``.
+_F = "benchmarks/gpu/configs/"
+_TF517 = ["--transformers-version", "5.17"]
+H100F_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("lfm2-synth-gen-b8-p4096", ["--model", _F + "lfm2-synthetic-1b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "8", "--prompt-len", "4096", "--new-tokens", "64", *_TF517]),
+    ("lfm2-synth-full-bf16true", ["--model", _F + "lfm2-synthetic-1b.json", "--task", "train", "--precision", "bf16-true", "--optimizer", "adamw", "--micro-batch-size", "4", "--seq-len", "2048", *_TF517]),
+    ("minimax-synth-gen-b8-p4096", ["--model", _F + "minimax-synthetic-2b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "8", "--prompt-len", "4096", "--new-tokens", "32", *_TF517]),
+    ("qwen3next-synth-gen-b4-p4096", ["--model", _F + "qwen3next-synthetic-3b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "4", "--prompt-len", "4096", "--new-tokens", "32", *_TF517]),
+    ("qwen3next-synth-full-bf16true", ["--model", _F + "qwen3next-synthetic-3b.json", "--task", "train", "--precision", "bf16-true", "--optimizer", "adamw", "--micro-batch-size", "2", "--seq-len", "2048", *_TF517]),
+    ("recurrentgemma-synth-gen-b8", ["--model", _F + "recurrentgemma-synthetic-2b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "8", "--prompt-len", "2048", "--new-tokens", "64", *_TF517]),
+    ("gemma3n-e4b-text-gen-b4", ["--model", _F + "gemma3n-e4b-text.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "4", "--prompt-len", "2048", "--new-tokens", "32", *_TF517]),
+    ("zamba2-synth-gen-b2-p1024-tf517", ["--model", _F + "zamba2-synthetic-2b.json", "--task", "inference", "--dtype", "bf16", "--batch-size", "2", "--prompt-len", "1024", "--new-tokens", "32", *_TF517]),
+    *[(sid, flags) for sid, flags in H100E_SCENARIOS if sid == "falcon-mamba-7b-gen-b4-tf517"],
+]
+
 
 # A fifth list (``--set h100b``), written after the h100 run and before it ran, with nothing changed in the engines:
 # bitsandbytes' 8-bit and paged 8-bit AdamW (bitsandbytes 0.50.2 carried as a wheel), long-context LoRA, LoRA on
@@ -305,7 +325,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--set", choices=("first", "check", "check2", "h100", "h100b", "h100c", "h100d", "h100d-tf524", "h100e"), default="first", help="which scenario list")
+    ap.add_argument("--set", choices=("first", "check", "check2", "h100", "h100b", "h100c", "h100d", "h100d-tf524", "h100e", "h100f"), default="first", help="which scenario list")
     ap.add_argument("--gpu", default=GPU, help="catalog GPU the scheduler estimates with (H200, H100)")
     ap.add_argument("--capacity-gib", type=float, default=139.0, help="what the running estimates may add up to")
     ap.add_argument("--timeout", type=int, default=240)
@@ -317,7 +337,7 @@ def main() -> int:
     (args.out / "env.json").write_text(json.dumps(_env(), indent=1))
     chosen = {"first": SCENARIOS, "check": CHECK_SCENARIOS, "check2": CHECK2_SCENARIOS, "h100": H100_SCENARIOS,
               "h100b": H100B_SCENARIOS, "h100c": H100C_SCENARIOS, "h100d": H100D_SCENARIOS, "h100d-tf524": H100D_TF524_SCENARIOS,
-              "h100e": H100E_SCENARIOS}[args.set]
+              "h100e": H100E_SCENARIOS, "h100f": H100F_SCENARIOS}[args.set]
     todo = [(sid, flags) for sid, flags in chosen if not args.only or sid in args.only]
     sized = [(sid, flags, _estimate_bytes(flags, args.gpu)) for sid, flags in todo]
     capacity_bytes = int(args.capacity_gib * 2**30)

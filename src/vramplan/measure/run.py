@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,7 +328,11 @@ def _run_inference(r: Any, built: Built, memory: DeviceMemory | None, seed: int)
             else:
                 from transformers import DynamicCache
 
-                cache = DynamicCache(config=model.config)
+                # a family whose forward takes only its own cache class gets one (Traits.cache_class: MiniMax's
+                # MiniMaxCache; its model raises on a DynamicCache, modeling_minimax.py 5.24 lines 652-657)
+                own = r.model.traits.cache_class
+                cache = (getattr(sys.modules[type(model).__module__], own)() if own
+                         else DynamicCache(config=model.config))
                 original = cache.update
 
                 def update(*args: Any, **kwargs: Any) -> Any:
