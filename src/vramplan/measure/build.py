@@ -412,6 +412,9 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
             notes.append(f"dropout p={dropout:g}: the CPU saves each dropout mask in the input's dtype "
                          "(CUDA's fused kernel saves a 1-byte mask), so CPU activations are larger")
     vocab = int(getattr(model.config, "vocab_size", 0) or m.vocab_size)
+    # Gemma 3n's per-layer embeddings cover only the first vocab_size_per_layer_input ids (262,144 of 262,400;
+    # Gemma3nTextScaledWordEmbedding in modeling_gemma3n.py): random ids above it index out of bounds on CUDA
+    vocab = min(vocab, int(getattr(model.config, "vocab_size_per_layer_input", 0) or vocab))
     return Built(model=model, optimizer=optimizer, scaler=scaler,
                  autocast_dtype=_torch_dtype(autocast) if autocast else None, device=device, vocab_size=vocab,
                  encoder_only=m.encoder_only, optimizer_name=opt_name, notes=notes)
