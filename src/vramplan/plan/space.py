@@ -25,7 +25,8 @@ pp schedule         with pp > 1: 1F1B, and interleaved 1F1B with 2 model chunks 
                     micro-batch count (a multiple of its max(1, m // pp) rounds): it trades more
                     activations in flight for a bubble of (pp - 1) / v slots.  GPipe holds every
                     micro-batch's activations with 1F1B's bubble, so it never beats 1F1B and is not
-                    searched; the zero-bubble schedules are not searched (facts/pipeline_schedules.py)
+                    searched.  The zero-bubble schedules (ZB1P interleaved, ZB-V, DualPipeV) at 2 chunks per
+                    rank, timed by walking torch's action order (steptime/pipeline.py)
 micro-batch         every divisor of the per-rank batch up to ``max_micro_batch``, with
                     gradient accumulation making up the global batch exactly
 PEFT                LoRA (bf16 base) and QLoRA (NF4 + double quantization) with DDP, and on more than one
@@ -49,6 +50,7 @@ from vramplan.facts.optimizers import optimizer_facts, planner_optimizers
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.load import split_backward_unmodelled_params
 from vramplan.spec.model import ModelSpec
 
 __all__ = [
@@ -258,21 +260,29 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                 if prec == "bf16-true":
                     continue  # torchtitan trains with fp32 sharded parameters (mixed_precision_param bfloat16)
                 for ck in ckpts:
-                    for sched in _pp_schedules(m, pp):
+                    for sched in _pp_schedules(m, pp, split=tp == 1 and ck == "none"):
                         yield from make(framework="torchtitan", precision=prec, optimizer=titan_opt, checkpointing=ck,
                                         attention="sdpa", fsdp="full_shard" if dp > 1 else "none", **sched)
 
 
-def _pp_schedules(m: ModelSpec, pp: int) -> list[dict[str, Any]]:
+def _pp_schedules(m: ModelSpec, pp: int, split: bool = True) -> list[dict[str, Any]]:
     """The pipeline schedules searched at ``pp`` stages, as setup keywords (none for the default 1F1B, so its
     setups and documents are those of a plan that searched no schedule): interleaved 1F1B with v = 2 chunks
-    per rank where pp x 2 chunks fit in the layers, and v = 4 where the layers split evenly into pp x 4."""
+    per rank where pp x 2 chunks fit in the layers, and v = 4 where the layers split evenly into pp x 4; with
+    ``split`` (no tensor parallelism, no checkpointing: what the estimator models for them, spec/load.py
+    ``_split_backward_problems``) and a model whose held gradients are modelled, the split-backward schedules."""
     if pp == 1 or m.vision is not None:  # a vision tower's activations are modelled under 1F1B only (spec/load.py)
         return [{}]
     out: list[dict[str, Any]] = [{}]
     for v in (2, 4):
         if pp * v <= m.num_layers and (v == 2 or m.num_layers % (pp * v) == 0):
             out.append({"pp_schedule": "interleaved-1f1b", "pp_virtual_stages": v})
+    if split and pp * 2 <= m.num_layers and not split_backward_unmodelled_params(m):
+        # the split-backward schedules at 2 chunks per rank (ZB-V and DualPipeV take exactly 2): their W passes fill
+        # most of the bubble (steptime/pipeline.py), their saved activations are walked in torch's order
+        # (facts/pipeline_schedules.py)
+        out.extend({"pp_schedule": name, "pp_virtual_stages": 2}
+                   for name in ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev"))
     return out
 
 

@@ -632,15 +632,20 @@ def _split_backward_problems(s: Scenario, m: ModelSpec, name: str) -> list[Probl
         out.append(Problem("parallel.pp_schedule", f"{name} with a fused loss or Liger's kernels: their autograd "
                            "functions replace the linear and norm ops whose output gradients are held from I to W",
                            f"set train.loss: standard and liger_kernels: false, or {fix}"))
-    # routed experts and routers (their tokens depend on the routing), norms narrower than the hidden size
-    # (per-head q/k norms), other tensors (convolutions, state-space parameters)
-    odd = [p.name for p in m.params
-           if p.role in ("expert", "router", "other") or (p.role == "norm" and p.numel != m.hidden_size)]
+    odd = split_backward_unmodelled_params(m)
     if odd:
         out.append(Problem("parallel.pp_schedule", f"{name}: the output sizes of the ops consuming {odd[0]}"
                            f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''} (routed experts, routers, "
                            "per-head norms, other tensors) are not modelled", fix))
     return out
+
+
+def split_backward_unmodelled_params(m: ModelSpec) -> list[str]:
+    """Parameters whose consuming ops' held output gradients a zero-bubble schedule's model lacks: routed experts
+    and routers (their tokens depend on the routing), norms narrower than the hidden size (per-head q/k norms),
+    other tensors (convolutions, state-space parameters)."""
+    return [p.name for p in m.params
+            if p.role in ("expert", "router", "other") or (p.role == "norm" and p.numel != m.hidden_size)]
 
 
 def _module_paths(m: ModelSpec) -> frozenset[str]:

@@ -42,7 +42,12 @@ from vramplan.plan.steptime import memory_bound as mb
 from vramplan.plan.steptime.assumptions import PerfAssumptions
 from vramplan.plan.steptime.facts import ModelFacts
 from vramplan.plan.steptime.offload import cpu_optimizer_seconds, host_link_seconds
-from vramplan.plan.steptime.pipeline import pipeline_bubble_seconds, pipeline_slots, stage_boundary_bytes
+from vramplan.plan.steptime.pipeline import (
+    pipeline_bubble_seconds,
+    pipeline_slots,
+    split_bubble_slots,
+    stage_boundary_bytes,
+)
 from vramplan.spec.gpu import GpuSpec
 from vramplan.units import ceil_div
 
@@ -102,8 +107,8 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     # model chunks per rank of an interleaved schedule (facts/pipeline_schedules.py; pipeline.py)
     row = pipeline_schedule(s.parallel.pp_schedule)
     v = s.parallel.pp_virtual_stages if pp > 1 and row.multi_stage else 1
-    # a V schedule (zbv-zero-bubble, dualpipev) puts rank r's chunks at r and 2 pp - 1 - r, the head on rank 0; its
-    # bubble is taken as interleaved 1F1B's (p - 1) / v slots (pipeline.py), its own not modelled
+    # a V schedule (zbv-zero-bubble, dualpipev) puts rank r's chunks at r and 2 pp - 1 - r, the head on rank 0; the
+    # split-backward schedules' bubble is the walk of their actions (pipeline.py split_bubble_slots)
     style = row.style if pp > 1 else "loop"
     tokens = s.micro_batch_size * s.seq_len
     kernel = "eager" if s.attention == "eager" else "flash"
@@ -115,6 +120,7 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
 
     # ---- compute per micro-step, slowest stage ----
     t_first = t_re = 0.0
+    t_fwd = t_wgrad = 0.0  # the slowest stage's forward and weight-gradient shares (split schedules' walk)
     slowest = -1.0
     stage_layer_count = 0
     for stage in range(pp):
@@ -138,6 +144,11 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
             again_s += mb.hbm_seconds(q * dequant, hbm) if full_ckpt else 0.0
         if first_s + again_s > slowest:
             slowest, t_first, t_re, stage_layer_count = first_s + again_s, first_s, again_s, layers
+            # forward: the matmuls', attention's and the adapters'; weight gradients: 2 FLOPs per trainable weight and
+            # token (flops.matmul_backward_flops) and the adapters' 2 of their 6; the rest of the step is the input
+            # gradient's (with any recomputation, which runs before it)
+            t_fwd = (fl.matmul_forward_flops(mm + head, tokens) + attn + 2.0 * lora * tokens) / tp / rate
+            t_wgrad = ((0.0 if frozen else 2.0 * (mm + head) * tokens) + 2.0 * lora * tokens) / tp / rate
     t_c = t_first + t_re
 
     # ---- tensor and pipeline parallel, per micro-step ----
@@ -202,8 +213,12 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
 
     exposed_micro = max(0.0, max(dp_micro, host_micro) - t_c)
     t_micro = t_c + t_tp + t_p2p + exposed_micro
-    slots = pipeline_slots(g, pp, v)
-    bubble = pipeline_bubble_seconds(t_micro, pp, v)
+    if pp > 1 and row.in_flight == "split":
+        bubble_slots = split_bubble_slots(row.name, pp, v, g, t_fwd, max(0.0, t_c - t_fwd - t_wgrad), t_wgrad)
+        slots, bubble = g + bubble_slots, bubble_slots * t_micro
+    else:
+        bubble_slots = (pp - 1) / v
+        slots, bubble = pipeline_slots(g, pp, v), pipeline_bubble_seconds(t_micro, pp, v)
     dp_step_exposed = max(0.0, dp_step - t_c) + after_step
 
     # ---- optimizer step on the GPU ----
@@ -217,7 +232,7 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     dp_exposed = g * (exposed_micro if dp_micro >= host_micro else 0.0) + dp_step_exposed
     host_exposed = g * (exposed_micro if host_micro > dp_micro else 0.0) + host_step
     total = slots * t_micro + dp_step_exposed + opt_s + host_step + cpu_opt
-    communication = g * (t_tp + t_p2p + exposed_micro) + (pp - 1) / v * (t_tp + t_p2p + exposed_micro) + \
+    communication = g * (t_tp + t_p2p + exposed_micro) + bubble_slots * (t_tp + t_p2p + exposed_micro) + \
         dp_step_exposed + host_step
     return StepTime(
         compute_s=g * t_first, recompute_s=g * t_re, tp_comm_s=g * t_tp, pp_p2p_s=g * t_p2p, pp_bubble_s=bubble,
