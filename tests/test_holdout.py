@@ -65,6 +65,7 @@ BATCH11_ENTRIES = 32
 BATCH12_ENTRIES = 21
 BATCH13_ENTRIES = 16
 BATCH14_ENTRIES = 26
+BATCH15_ENTRIES = 23
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -78,9 +79,10 @@ BATCH11_MARK = "# ---- batch 11, collected 2026-11-27, scored once before engine
 BATCH12_MARK = "# ---- batch 12, collected 2026-11-27, scored once before engine changes"
 BATCH13_MARK = "# ---- batch 13, collected 2026-11-27, scored once before engine changes"
 BATCH14_MARK = "# ---- batch 14, collected 2026-11-27, scored once before engine changes"
+BATCH15_MARK = "# ---- batch 15, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
                + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES
-               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES)
+               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES + BATCH15_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -305,6 +307,13 @@ def test_batch14_figures_converted_to_bytes() -> None:
     assert oom.measured.bytes == 42_298_834_944 and oom.outcome == "oom"
 
 
+def test_batch15_figures_converted_to_bytes() -> None:
+    # Liger-Kernel's chart labels torch.cuda.max_memory_allocated in MiB: 51154.27 x 2^20 = 53,639,139,819.52 -> 53,639,139,820
+    assert _by_id("ligerhf-qwen2-7b-full-fsdp4-bf16-adamw-gc-b32-s512-nolig-4xa100-80gb").measured.bytes == 53_639_139_820
+    # vLLM's "Model loading took 7.1550 GiB": 7.1550 x 2^30 = 7,682,622,750.72 -> 7,682,622,751
+    assert _by_id("ray-vlm-batch-qwen25vl-3b-l4-vllm0110-len8192-weights").measured.bytes == 7_682_622_751
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -316,27 +325,28 @@ BATCHES = [
     (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
      BATCH6_ENTRIES, 10, True),
     (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
-     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH7_ENTRIES, 10, True),
+     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH7_ENTRIES, 10, True),
     (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES
-     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH8_ENTRIES, 10, True),
+     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH8_ENTRIES, 10, True),
     (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES
-     - BATCH13_ENTRIES - BATCH14_ENTRIES,
+     - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES,
      BATCH9_ENTRIES, 10, True),
-    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES,
+    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES,
      BATCH10_ENTRIES, 7,
      True),
-    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH11_ENTRIES,
+    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH11_ENTRIES,
      13, True),
-    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH12_ENTRIES,
+    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH12_ENTRIES,
      11, True),
-    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES, BATCH13_ENTRIES, 8, True),
-    (BATCH14_MARK, None, ALL_ENTRIES - BATCH14_ENTRIES, BATCH14_ENTRIES, 7, True),
+    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH13_ENTRIES, 8, True),
+    (BATCH14_MARK, BATCH15_MARK, ALL_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH14_ENTRIES, 7, True),
+    (BATCH15_MARK, None, ALL_ENTRIES - BATCH15_ENTRIES, BATCH15_ENTRIES, 9, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
                          ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10", "batch11", "batch12", "batch13", "batch14"])
+                              "batch10", "batch11", "batch12", "batch13", "batch14", "batch15"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
