@@ -105,3 +105,64 @@ def test_filled_cache_equals_a_real_generate(cfg: dict[str, Any]) -> None:
         for cache in (real, traced):
             model(input_ids=nxt, past_key_values=cache, position_ids=pos, use_cache=True, logits_to_keep=1)
     assert [_storage_bytes(layer) for layer in traced.layers] == [_storage_bytes(layer) for layer in real.layers]
+
+
+def _call(cfg: dict[str, Any], batch: int, prompt: int, new: int) -> Any:
+    from vramplan.analytic.inference import GenerateCall
+    from vramplan.catalog.resolve import resolve
+
+    return GenerateCall.of(resolve({"model": dict(cfg), "task": "inference", "hardware": {"gpu": "H100"},
+                                    "inference": {"batch_size": batch, "prompt_len": prompt, "new_tokens": new,
+                                                  "dtype": "bf16"}}))
+
+
+def test_analytic_cache_growth_of_sliding_layers_by_hand() -> None:
+    from vramplan.analytic.inference import cache_growth_bytes
+
+    # a layer caches 1 KV head x 32 x 2 B x 2 (K and V) = 128 B a token and sequence.  Mistral (every layer
+    # sliding, window 8), 2 sequences, the step to 24 tokens: the old K and V of min(23, 8) = 8 tokens, held while
+    # the new ones are made: 2 x 8 x 128 = 2,048 B (no full-attention layer: its half would be 0)
+    assert cache_growth_bytes(_call(MISTRAL, 2, 20, 5), 24) == 2_048
+    # Gemma 2 (sliding and full): a full layer's keys, 2 x 24 x 128 / 2 = 3,072 B, exceed the sliding layer's 2,048
+    assert cache_growth_bytes(_call(GEMMA2, 2, 20, 5), 24) == 3_072
+    # 6 tokens, under the window: full 2 x 6 x 64 = 768 B; sliding 2 x min(5, 8) x 128 = 1,280 B, the larger
+    assert cache_growth_bytes(_call(GEMMA2, 2, 3, 4), 6) == 1_280
+
+
+@pytest.mark.parametrize(("cfg", "layer"), [(MISTRAL, 0), (GEMMA2, 0), (GEMMA2, 1)],
+                         ids=["mistral-sliding", "gemma2-sliding", "gemma2-full"])
+def test_analytic_cache_growth_equals_a_real_update(cfg: dict[str, Any], layer: int) -> None:
+    """The bytes one layer's ``update`` holds beyond its cache at a decode step, measured on the cache a real bf16
+    ``generate`` of 2 x 20 + 5 tokens leaves (24 tokens), are what ``cache_growth_bytes`` counts for that kind of
+    layer (the step to 25 tokens; a full layer's count rounds its one-token values up to the keys' half)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.analytic.inference import cache_growth_bytes
+    from vramplan.trace.tracker import Tracker
+
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        model = model.to(torch.bfloat16).eval()
+        with torch.no_grad():
+            out = model.generate(torch.randint(1, 128, (2, 20)), max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                                 pad_token_id=0, return_dict_in_generate=True)
+    cache_layer = out.past_key_values.layers[layer]
+    key, value = (torch.zeros((2, 1, 1, 32), dtype=torch.bfloat16) for _ in range(2))
+    with Tracker() as tr:
+        tr.track([cache_layer.keys, cache_layer.values], "kv_cache")
+        held = tr.live_bytes
+        cache_layer.update(key, value)
+    extra = tr.peak_bytes - held
+    if cache_layer.is_sliding:
+        # the old 8-token K and V (2,048 B) beside the new ones: exactly the sliding count, Mistral's whole growth
+        assert extra == 2 * 8 * 128 == 2_048  # 2 sequences x 8 tokens x 128 B (K and V)
+        if cfg is MISTRAL:
+            assert cache_growth_bytes(_call(cfg, 2, 20, 6), 25) == extra
+    else:
+        # at the values' cat: the new 25-token keys (2 x 25 x 32 x 2 B = 3,200 B; the old ones are freed) and the new
+        # values beside the old, one token more (2 x 32 x 2 B = 128 B); counted as the keys' half, 2 x 25 x 64 = 3,200 B
+        assert extra == 3_200 + 128
+        assert cache_growth_bytes(_call(cfg, 2, 20, 6), 25) == 3_200
