@@ -19,6 +19,9 @@ _COMMON = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_
 GEMMA2 = {"model_type": "gemma2", "num_hidden_layers": 4, **_COMMON}  # layer_types: sliding, full, sliding, full
 GEMMA3 = {"model_type": "gemma3_text", "num_hidden_layers": 4, "sliding_window_pattern": 2, **_COMMON}
 MISTRAL = {"model_type": "mistral", "num_hidden_layers": 3, **_COMMON}  # every layer sliding (no layer_types)
+COHERE2 = {"model_type": "cohere2", "num_hidden_layers": 4, "sliding_window_pattern": 2, **_COMMON}
+# Qwen2's window from layer max_window_layers on: full, full, sliding, sliding
+QWEN2 = {"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": True, "max_window_layers": 2, **_COMMON}
 
 
 def _storage_bytes(layer: Any) -> int:
@@ -70,7 +73,8 @@ def test_sequence_shorter_than_the_window_is_held_whole() -> None:
     assert all(_storage_bytes(layer) == 1_920 and layer.keys.shape[2] == 5 for layer in cache.layers)
 
 
-@pytest.mark.parametrize("cfg", [GEMMA2, GEMMA3, MISTRAL], ids=["gemma2", "gemma3", "mistral"])
+@pytest.mark.parametrize("cfg", [GEMMA2, GEMMA3, MISTRAL, COHERE2, QWEN2],
+                         ids=["gemma2", "gemma3", "mistral", "cohere2", "qwen2"])
 def test_filled_cache_equals_a_real_generate(cfg: dict[str, Any]) -> None:
     """A real bf16 ``generate`` of 2 x 20 prompt tokens and 5 new ones on the CPU leaves 24 tokens in its cache:
     every layer's storage there equals the traced engine's filled cache of 24 tokens after a 20-token prompt,
