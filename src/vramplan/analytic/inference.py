@@ -34,7 +34,9 @@ the prefill makes the first new token and each decode step feeds the previous on
 * the cache of all tokens (sliding layers: their window);
 * cache growth: ``DynamicLayer.update`` does ``self.keys = torch.cat([self.keys, k])``,
   so the old and the new key tensor of one layer coexist (then the same for values):
-  one layer's K at full length is transient;
+  one layer's K at full length is transient; ``DynamicSlidingWindowLayer.update`` makes both
+  new tensors before it drops either old one: a sliding layer's K and V at its window
+  (``cache_growth_bytes``), the larger of the two;
 * the last-token logits, their fp32 copy and the sampling temporaries as above.
 
 Older transformers releases (``software.transformers``; :class:`GenerateBehaviour`):
@@ -879,10 +881,21 @@ def shared_block_output_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> 
 
 
 def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
-    """One full-attention layer's keys (then values), old and new together during ``torch.cat``."""
+    """The larger of a full-attention layer's keys (then values), old and new together during ``torch.cat``, and a
+    sliding layer's old keys and values, held until both new ones exist.
+
+    transformers 5.24 cache_utils.py: ``DynamicLayer.update`` (:136-137) rebinds ``self.keys`` before it concatenates
+    the values, so one half of a full layer (its keys) is held twice; ``DynamicSlidingWindowLayer.update``
+    (:242-247) makes ``full_key_states`` and ``full_value_states`` before it rebinds either, so the old storage of
+    both, ``min(tokens - 1, window)`` tokens, stays alive beside the new.  Mistral-7B's window 4096, 32 sequences
+    at 8,192 tokens: 32 x 4,096 x 2 x 8 heads x 128 x 2 B = 536,870,912 B, where no layer of full attention adds
+    anything.
+    """
     spec = kv_spec(g.m, g.kv_dtype, g.c, g.tp)
     full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None), default=0)
-    return g.batch * tokens * full_layer // 2
+    sliding = max((min(tokens - 1, la.window) * spec.layer_bytes_per_token(la) for la in spec.layers if la.window),
+                  default=0)
+    return max(g.batch * tokens * full_layer // 2, g.batch * sliding)
 
 
 def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt_logits: int) -> Moment:

@@ -172,7 +172,8 @@ class K:
                                "beam search: the encoder output and its copy repeated num_beams times, together")
     DEQUANT = _k("temporaries", "dequantized weight", "one quantized weight dequantized for its matmul")
     CACHE_GROWTH = _k("temporaries", "cache growth (torch.cat of one layer)",
-                      "one layer's keys (then values), old and new together, while the cache grows")
+                      "one layer's keys (then values), old and new together, while the cache grows (a sliding "
+                      "layer: its keys and values)")
     CROSS_LAYER_DECODE = _k("temporaries", "cross-attention layer (decode)",
                             "a cross-attention layer's cached keys and values repeated to every head at a decode step")
     CROSS_KV_WRITE = _k("temporaries", "cross-attention keys and values being cached (one layer)",

@@ -535,8 +535,8 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
     """Trace ``generate``'s two peaks: the prefill and the last decode step (greedy, DynamicCache).
 
     The prefill runs the prompt through the model (``logits_to_keep=1``) with an empty cache.  The
-    decode step runs one token against a cache already holding ``prompt + new_tokens - 1`` tokens
-    (built through the cache's own ``update``), which is the cache size at the last step; the
+    decode step runs one token against a cache already holding ``prompt + new_tokens - 1`` tokens, each
+    layer's storage as transformers leaves it (``_filled_cache``), which is the cache at the last step; the
     cache's ``torch.cat`` growth, the last-token logits and their fp32 copy are traced as they run.
     """
     s = r.scenario
@@ -603,7 +603,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
                 cache = _filled_cache(model, tracker, b, total, device, tp,
                                       mixer_state=not r.model.traits.module_state,
-                                      cache_class=r.model.traits.cache_class)
+                                      cache_class=r.model.traits.cache_class, prompt=p)
                 phase[0] = "decode"
                 tracker.mark("decode")
                 with tracker.category("activations"):
@@ -664,13 +664,16 @@ def _new_cache(model: torch.nn.Module, cache_class: str) -> Any:
 
 
 def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: int, device: str,
-                  tp: int = 1, mixer_state: bool = True, cache_class: str = "") -> Any:
-    """A DynamicCache holding ``tokens`` tokens per layer, filled through its own ``update``; under
-    tensor parallelism each rank caches its own KV heads (the k/v projections are colwise).  ``mixer_state``
-    False: the mixer layers' state is on the modules (``Traits.module_state``), none is put in the cache."""
+                  tp: int = 1, mixer_state: bool = True, cache_class: str = "", prompt: int | None = None) -> Any:
+    """A DynamicCache holding ``tokens`` tokens per layer as ``generate`` leaves it after a prefill of ``prompt``
+    tokens (None: ``tokens``) and one decode step per further token, each layer's K/V storage as transformers
+    keeps it (``_fill_kv``); under tensor parallelism each rank caches its own KV heads (the k/v projections are
+    colwise).  ``mixer_state`` False: the mixer layers' state is on the modules (``Traits.module_state``), none is
+    put in the cache."""
     config: Any = model.config
     cache = _new_cache(model, cache_class)
     shapes = _kv_shapes(model, tp)
+    decoded = prompt is not None and tokens > prompt
     with tracker.category("kv_cache"):
         for i, (heads, kdim, vdim, dtype) in enumerate(shapes):
             if _layer_type(config, i) in NO_CACHE_TYPES or _reads_shared_cache(cache, i):
@@ -681,14 +684,60 @@ def _filled_cache(model: torch.nn.Module, tracker: Tracker, batch: int, tokens: 
                 _fill_mixer_state(cache, config, i, batch, dtype, device)
             if _is_mixer(config, i):
                 continue  # a mixer layer keeps no keys or values: none are made for it
-            k = torch.empty((batch, heads, tokens, kdim), dtype=dtype, device=device)
-            v = torch.empty((batch, heads, tokens, vdim), dtype=dtype, device=device)
-            if device != "meta":
-                k.zero_()
-                v.zero_()
-            cache.update(k, v, i)
-            del k, v
+            _fill_kv(cache, i, (batch, heads, kdim, vdim), dtype, device, tokens, decoded)
     return cache
+
+
+def held_tokens(tokens: int, window: int | None, decoded: bool) -> tuple[int, int]:
+    """(tokens of storage, tokens the cache's view shows) of one layer's keys (and values) holding ``tokens``
+    tokens, ``window`` the layer's sliding window (None: full attention), ``decoded`` whether a decode step has
+    run since the prefill.
+
+    transformers 5.24 cache_utils.py: ``DynamicLayer.update`` (:136) keeps ``torch.cat([self.keys, key_states])``,
+    every token; ``DynamicSlidingWindowLayer.update`` (:242-249) keeps ``full_key_states[:, :, -sliding_window + 1:,
+    :]``, a view of the last window - 1 tokens that keeps the whole concatenation's storage alive.  After the
+    prefill that storage is the prompt's; after a decode step it is the view of at most window - 1 tokens plus
+    the new one: at most ``window`` tokens.  Window 8: a 20-token prefill holds (20, 7); 4 decode steps later
+    (24 tokens) the storage is min(24, 8) = 8 tokens, the view 7.
+
+    >>> held_tokens(24, None, True), held_tokens(20, 8, False), held_tokens(24, 8, True), held_tokens(5, 8, True)
+    ((24, 24), (20, 7), (8, 7), (5, 5))
+    """
+    if window is None:
+        return tokens, tokens
+    shown = min(tokens, window - 1)
+    return (min(tokens, window) if decoded else tokens), shown
+
+
+def _fill_kv(cache: Any, index: int, dims: tuple[int, int, int, int], dtype: torch.dtype, device: str,
+             tokens: int, decoded: bool) -> None:
+    """One layer's keys and values of ``tokens`` tokens, allocated once at the size transformers' layer keeps
+    (``held_tokens``).  A ``DynamicLayer`` (or a sliding one) is initialised by the cache's own ``update`` with
+    no token, then given the tensors: filling it through ``update`` would ``torch.cat`` a copy of each while the
+    filled tensor is alive (one layer's K/V twice, more than the decode step itself holds) and, for a sliding
+    layer, keep the whole sequence's storage under its window's view.  Another cache's layer (``Traits.
+    cache_class``) is filled through its ``update``."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    batch, heads, kdim, vdim = dims
+    layers = getattr(cache, "layers", ())
+    layer: Any = layers[index] if index < len(layers) else None
+    direct = isinstance(layer, DynamicLayer) and type(layer).update in (DynamicLayer.update,
+                                                                        DynamicSlidingWindowLayer.update)
+    window = int(layer.sliding_window) if direct and getattr(layer, "is_sliding", False) else None
+    held, shown = held_tokens(tokens, window, decoded) if direct else (tokens, tokens)
+    k = torch.empty((batch, heads, held, kdim), dtype=dtype, device=device)
+    v = torch.empty((batch, heads, held, vdim), dtype=dtype, device=device)
+    if device != "meta":
+        k.zero_()
+        v.zero_()
+    if not direct:
+        cache.update(k, v, index)
+        return
+    cache.update(k[:, :, :0], v[:, :, :0], index)  # lazy initialisation, nothing cached
+    layer.keys, layer.values = k[:, :, held - shown:], v[:, :, held - shown:]
+    if window is not None:
+        layer.cumulative_length = tokens
 
 
 def _reads_shared_cache(cache: Any, index: int) -> bool:
