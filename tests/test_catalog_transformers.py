@@ -27,7 +27,11 @@ BUFFERS_COUNTED = {"deepseek-ai/DeepSeek-V3": 58 * 256,
                    # DeepSeek-V3.1: the same architecture again
                    "deepseek-ai/DeepSeek-V3.1": 58 * 256,
                    # GLM-4.5: 92 layers, the first 3 dense, 89 MoE layers x 160 routed experts
-                   "zai-org/GLM-4.5": 89 * 160}
+                   "zai-org/GLM-4.5": 89 * 160,
+                   # GLM-4.7: GLM-4.5's layers (92, the first 3 dense) and experts (160), longer positions only
+                   "zai-org/GLM-4.7": 89 * 160,
+                   # INTELLECT-3-Base: GLM-4.5-Air's shapes, 45 MoE layers x 128 routed experts
+                   "PrimeIntellect/INTELLECT-3-Base": 45 * 128}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
