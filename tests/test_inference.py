@@ -114,11 +114,13 @@ def test_one_new_token_is_the_prefill_alone() -> None:
 def test_generate_behaviour_by_release() -> None:
     # Llama: DynamicCache from 4.42, logits of the last position only from 4.45
     llama, gpt2 = load_model("meta-llama/Llama-2-7b-hf").traits, load_model("gpt2").traits
-    assert generate_behaviour(llama, (4, 41, 2)) == GenerateBehaviour(True, True, True, True)
-    assert generate_behaviour(llama, (4, 42)) == GenerateBehaviour(False, False, True, True)
-    assert generate_behaviour(llama, (4, 45)) == GenerateBehaviour(False, False, False, False)
+    # (before 4.56 a sliding layer's DynamicCache kept every token, "all": no sliding layer here, so no effect)
+    assert generate_behaviour(llama, (4, 41, 2)) == GenerateBehaviour(True, True, True, True, "all")
+    assert generate_behaviour(llama, (4, 42)) == GenerateBehaviour(False, False, True, True, "all")
+    assert generate_behaviour(llama, (4, 45)) == GenerateBehaviour(False, False, False, False, "all")
+    assert generate_behaviour(llama, (4, 56)) == GenerateBehaviour(False, False, False, False, "window")
     # GPT-2 kept the legacy tuple until 4.52 and never upcast its logits
-    assert generate_behaviour(gpt2, (4, 51)) == GenerateBehaviour(True, False, False, False)
+    assert generate_behaviour(gpt2, (4, 51)) == GenerateBehaviour(True, False, False, False, "all")
     assert not generate_behaviour(gpt2, (4, 52)).legacy_cache
     assert generate_behaviour(gpt2, None) == GenerateBehaviour(False, False, False, False)
 

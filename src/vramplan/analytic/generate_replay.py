@@ -54,7 +54,9 @@ def applies(g: GenerateCall) -> bool:
             and m.mla is None and s.inference.quantization == "none" and s.inference.images_per_sample == 0
             and not (m.vision is not None and m.vision.cross_attention_layers) and g.attention in ("sdpa", "flash") and g.new >= 2
             and g.beams == 1  # beam search's reorder_cache copies are not in the replayed stream
-            and m.altup is None and not m.kv_reuse_layers)  # Gemma 3n's layers are not the replayed layer
+            and m.altup is None and not m.kv_reuse_layers  # Gemma 3n's layers are not the replayed layer
+            # the replayed sliding layer is 4.56's DynamicSlidingWindowLayer (not an earlier release's cache)
+            and (g.gen.sliding_cache == "window" or not any(ls.sliding_window for ls in m.layers)))
 
 
 def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:

@@ -69,6 +69,7 @@ place them.  The solvers for the largest batch and the longest prompt that fit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from vramplan.analytic.altup import (
     altup_expansion_bytes,
@@ -177,6 +178,14 @@ BEAM_EXTRA_BYTES_PER_ENTRY = 4
 DEL_OUTPUTS_SINCE = (4, 42)
 # ``num_logits_to_keep=1`` at prefill (PR #31292, generation/utils.py 4.45.0)
 LOGITS_TO_KEEP_SINCE = (4, 45)
+# the first release whose ``DynamicCache`` keeps a sliding layer's window only (``DynamicSlidingWindowLayer``,
+# transformers PR #40039: cache_utils.py 4.56.0:165; 4.55.4's ``DynamicCache`` has one ``torch.cat``-grown tensor
+# per layer holding every token) and that ignores a checkpoint's ``cache_implementation: "hybrid"`` (generation/utils.py
+# 4.56.0:1728-1732: "prior to this PR, models with sliding window attention were forced to have
+# cache_implementation='hybrid' (the static sliding window cache)")
+SLIDING_WINDOW_CACHE_SINCE = (4, 56)
+
+SlidingCache = Literal["window", "all", "static"]
 
 @dataclass(frozen=True)
 class GenerateBehaviour:
@@ -186,6 +195,11 @@ class GenerateBehaviour:
     keeps_outputs: bool     # the previous step's outputs (the prompt's logits) alive through the next forward
     all_logits: bool        # the prefill computes the logits of every prompt position
     float_logits: bool      # ... and upcasts them all to fp32
+    # what a sliding-window layer's cache holds: its window ("window", DynamicSlidingWindowLayer), every token
+    # ("all", the DynamicCache of releases before 4.56), or a HybridCache allocated before the prefill for the
+    # prompt and new tokens, the window on sliding layers ("static", before 4.56 for checkpoints whose
+    # generation_config.json names cache_implementation "hybrid": ``Traits.static_hybrid_cache_before``)
+    sliding_cache: SlidingCache = "window"
 
 
 def generate_behaviour(traits: Traits, version: tuple[int, ...] | None) -> GenerateBehaviour:
@@ -193,7 +207,9 @@ def generate_behaviour(traits: Traits, version: tuple[int, ...] | None) -> Gener
 
     >>> from vramplan.spec.model import Traits
     >>> generate_behaviour(Traits(upcasts_all_logits=True), (4, 32))
-    GenerateBehaviour(legacy_cache=True, keeps_outputs=True, all_logits=True, float_logits=True)
+    GenerateBehaviour(legacy_cache=True, keeps_outputs=True, all_logits=True, float_logits=True, sliding_cache='all')
+    >>> [generate_behaviour(Traits(static_hybrid_cache_before=(4, 56)), v).sliding_cache for v in ((4, 50), (4, 56))]
+    ['static', 'window']
     >>> generate_behaviour(Traits(), None).legacy_cache
     False
     >>> late = Traits(upcasts_all_logits=True, logits_to_keep_since=(5, 0), float_logits_before=(4, 46))
@@ -207,8 +223,12 @@ def generate_behaviour(traits: Traits, version: tuple[int, ...] | None) -> Gener
     # (``Traits.logits_to_keep_since``: Qwen2-VL 5.0, Qwen2.5-VL 4.54)
     since = max(LOGITS_TO_KEEP_SINCE, traits.logits_to_keep_since)
     all_logits = version < since or traits.head_on_every_position
+    static = bool(traits.static_hybrid_cache_before) and version < traits.static_hybrid_cache_before
+    sliding: SlidingCache = ("static" if static else "all" if version < SLIDING_WINDOW_CACHE_SINCE else "window")
     return GenerateBehaviour(
-        legacy_cache=version < traits.dynamic_cache_since,
+        sliding_cache=sliding,
+        # a HybridCache is built by generate (or the model's forward) whatever the release's default cache
+        legacy_cache=not static and version < traits.dynamic_cache_since,
         keeps_outputs=version < DEL_OUTPUTS_SINCE,
         all_logits=all_logits,
         float_logits=(all_logits and traits.upcasts_all_logits
@@ -227,16 +247,29 @@ class InferenceResult:
     fragmentation_bytes: int = 0
 
 
-def cache_bytes(m: ModelSpec, batch: int, tokens: int, c: int, tp: int, kv_dtype: str, prefill: bool) -> int:
+def cache_bytes(m: ModelSpec, batch: int, tokens: int, c: int, tp: int, kv_dtype: str, prefill: bool,
+                sliding: SlidingCache = "window") -> int:
     """DynamicCache bytes for ``batch`` sequences of ``tokens`` tokens on one rank.
 
     Full-attention layers hold every token.  Sliding layers hold their window at decode, but
-    during prefill the view keeps the whole prompt's storage alive.
+    during prefill the view keeps the whole prompt's storage alive; before transformers 4.56 (``sliding`` "all")
+    they held every token like the others.  A HybridCache (``sliding`` "static") is allocated before the prefill
+    for ``tokens`` = prompt + new tokens on full layers and ``min(window, tokens)`` on sliding ones
+    (``HybridCache.__init__``, cache_utils.py 4.50.0: ``sliding_window_max_cache_len``), whatever the step.
+
+    Gemma 2 2B (26 layers, 13 sliding with a 4,096 window, 4 KV heads x 256, bf16: 4,096 B per token and layer),
+    one sequence, 2,048 prompt + 8,192 new tokens, "static": 13 x 10,240 x 4,096 + 13 x 4,096 x 4,096 =
+    763,363,328 B from the prefill on.
     """
     spec = kv_spec(m, kv_dtype, c, tp)
     total = 0
     for la in spec.layers:
-        held = tokens if (la.window is None or prefill) else min(tokens, la.window)
+        if la.window is None:
+            held = tokens
+        elif sliding == "static":
+            held = min(tokens, la.window)
+        else:
+            held = tokens if (prefill or sliding == "all") else min(tokens, la.window)
         total += held * spec.layer_bytes_per_token(la)
     return total * batch
 
@@ -487,7 +520,8 @@ def _mqa_math_prefill(t: int, h: int, q: int, kv: int, batch: int, heads: int, p
     return attn
 
 
-def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str) -> int:
+def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str,
+                        keys: int | None = None) -> int:
     """The running layer's own live tensors during prefill (beyond the shared ones, weights, cache, logits).
 
     Per token (h hidden, q the query width, kv the key/value width on this rank):
@@ -505,6 +539,12 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
       fused c_attn output q + 2kv for GPT-2), ``repeat_kv``'s copies of K and V to every query head
       (2q) when 1 < kv heads < heads (one K/V head: ``repeat_kv`` returns a stride-0 view, no copy), the 4-D additive mask (b p^2 c) and the scores
       (b heads p^2 ``softmax_bytes_per_score``).
+
+    ``keys``: the key length of eager attention's scores and masks (default the prompt); a preallocated
+    HybridCache (transformers < 4.56, ``GenerateBehaviour.sliding_cache`` "static") hands the prefill's attention
+    its whole buffer, prompt + new tokens (``HybridCache.update`` returns ``k_out`` of ``max_cache_len``;
+    ``Gemma2Attention.forward`` slices the mask to ``key_states.shape[-2]``, modeling_gemma2.py 4.45.0), so the
+    scores are b heads p (p + n).
     """
     m = r.model
     t = batch * prompt
@@ -526,14 +566,15 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
         repeat = 2 * q if 1 < kv_heads < heads else 0
         attn = (2 * h + qkv + repeat) * t * c
-        attn += batch * heads * prompt * prompt * softmax_bytes_per_score(m, r.scenario.inference.dtype)
+        k = prompt if keys is None else keys
+        attn += batch * heads * prompt * k * softmax_bytes_per_score(m, r.scenario.inference.dtype)
         # the 4-D additive causal masks, one per kind the layers use (gpt-oss, Gemma 2/3: sliding and full,
         # masking_utils via ``causal_mask_mapping``), all built before the first layer
-        masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * prompt * c
+        masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * k * c
         attn += masks
         # the decoder layer binds the returned probabilities (``hidden_states, _ = self.self_attn(...)``)
         # until it returns, and the model's forward keeps the masks: both are alive through the MLP
-        mlp += batch * heads * prompt * prompt * c + masks
+        mlp += batch * heads * prompt * k * c + masks
     elif attention == "math" and mqa_math(m):
         attn = _mqa_math_prefill(t, h, q, kv, batch, heads, prompt, c)
     elif attention == "math":
@@ -636,8 +677,13 @@ class GenerateCall:
         return cross_images(self.m, self.batch, self.r.scenario.inference.images_per_sample)
 
     def cache(self, tokens: int, prefill: bool) -> int:
-        """transformers' ``DynamicCache`` of the batch at ``tokens`` tokens (``cache_bytes``)."""
-        return cache_bytes(self.m, self.batch, tokens, self.c, self.tp, self.kv_dtype, prefill)
+        """transformers' ``DynamicCache`` of the batch at ``tokens`` tokens (``cache_bytes``); a release's
+        HybridCache holds the whole call's tokens from the start (``GenerateBehaviour.sliding_cache``)."""
+        mode = self.gen.sliding_cache if any(ls.sliding_window for ls in self.m.layers) else "window"
+        if mode == "static":
+            return cache_bytes(self.m, self.batch, self.prompt + self.new, self.c, self.tp, self.kv_dtype, False,
+                               "static")
+        return cache_bytes(self.m, self.batch, tokens, self.c, self.tp, self.kv_dtype, prefill, mode)
 
 
 @dataclass(frozen=True)
@@ -784,7 +830,10 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         # an RWKV-4 block's term is the whole block's, its input included (analytic/ssm_state.py): no attention layer
         layer = mixer
     else:
-        layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention) + parallel_mixer_kept_bytes(m, b, p, c)
+        # a release's preallocated HybridCache gives the prefill's attention every key slot (``prefill_layer_bytes``)
+        static = g.gen.sliding_cache == "static" and any(ls.sliding_window for ls in m.layers)
+        keys = p + g.new if static else None
+        layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention, keys) + parallel_mixer_kept_bytes(m, b, p, c)
                     + shared_block_extra_bytes(m, b, p, c),
                     mixer + parallel_mixer_input_bytes(m, b, p, c) + shared_block_output_bytes(m, b, p, c))
     ci = g.cross()
@@ -892,9 +941,14 @@ def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
     anything.
     """
     spec = kv_spec(g.m, g.kv_dtype, g.c, g.tp)
-    full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None), default=0)
-    sliding = max((min(tokens - 1, la.window) * spec.layer_bytes_per_token(la) for la in spec.layers if la.window),
-                  default=0)
+    mode = g.gen.sliding_cache
+    if mode == "static" and any(la.window for la in spec.layers):
+        return 0  # a HybridCache's update writes in place (index_copy_ into its preallocated tensors)
+    # before 4.56 (``mode`` "all") a sliding layer is a DynamicCache layer like the others
+    full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None or mode == "all"),
+                     default=0)
+    sliding = max((min(tokens - 1, la.window) * spec.layer_bytes_per_token(la) for la in spec.layers
+                   if la.window and mode != "all"), default=0)
     return max(g.batch * tokens * full_layer // 2, g.batch * sliding)
 
 
@@ -1092,10 +1146,18 @@ def _runner_note(g: GenerateCall, attention_free: bool = False) -> str:
         return ("Hugging Face generate (transformers 5.x) with "
                 + (cache if attention_free else "DynamicCache: per-layer tensors grown by torch.cat"))
     gen = g.gen
+    sliding = any(ls.sliding_window for ls in g.m.layers)
     return (f"Hugging Face generate of transformers {version}: "
             + (cache if attention_free else
                "the legacy cache tuple (the previous step's cache alive while the next is built)"
-               if gen.legacy_cache else "DynamicCache (per-layer tensors grown by torch.cat)")
+               if gen.legacy_cache else
+               (f"HybridCache allocated before the prefill for all {g.prompt + g.new:,} tokens (the window on sliding "
+                "layers), as the checkpoint's generation_config.json names cache_implementation 'hybrid' and "
+                "releases before 4.56 honour it (generation/utils.py 4.56.0:1728-1732)")
+               if sliding and gen.sliding_cache == "static" else
+               ("DynamicCache (per-layer tensors grown by torch.cat; before 4.56 a sliding-window layer keeps every "
+                "token, DynamicSlidingWindowLayer came in 4.56.0)")
+               if sliding and gen.sliding_cache == "all" else "DynamicCache (per-layer tensors grown by torch.cat)")
             + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
                if gen.all_logits else ""))
 

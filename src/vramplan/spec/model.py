@@ -384,6 +384,12 @@ class Traits:
     # the prefill computes every prompt position's logits.  Qwen2-VL: 5.0 (modeling_qwen2_vl.py has no
     # logits_to_keep from 4.45 to 4.57, 5.0 takes it), Qwen2.5-VL: 4.54 (none in 4.49-4.53)
     logits_to_keep_since: tuple[int, int] = (4, 45)
+    # the release from which generate stops honouring the checkpoint's generation_config.json ``cache_implementation:
+    # "hybrid"`` (a HybridCache allocated before the prefill for prompt + new tokens, the window on sliding layers:
+    # analytic/inference.py ``SLIDING_WINDOW_CACHE_SINCE``); () for checkpoints that name no such cache.  Gemma 2 and
+    # Gemma 3 release theirs with it (generation_config.json of google/gemma-2-* and google/gemma-3-*: "cache_implementation":
+    # "hybrid"; Gemma2Model.forward builds a HybridCache itself when given none, modeling_gemma2.py 4.45.0:840)
+    static_hybrid_cache_before: tuple[int, ...] = ()
     # the release from which the head no longer upcasts every position's logits to fp32 at inference (the 4.44
     # causal-LM head's ``logits.float()``, ``upcasts_all_logits``); Qwen2-VL's 4.45 forward still did
     # (modeling_qwen2_vl.py:1720 at 4.45.0), 4.46 casts only with labels

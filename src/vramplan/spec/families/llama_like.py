@@ -84,9 +84,10 @@ VARIANTS: dict[str, Variant] = {
     "gemma2": Variant("modeling_gemma2.py", tied_default=True, norm="gemma_rms", sandwich_norms=True,
                       sliding="alternate", final_logit_softcap=True,
                       traits=Traits(upcasts_all_logits=True, attn_logit_softcap=True, dynamic_cache_since=(4, 44),
-                                    sdpa_dropped_in=(5, 21))),
+                                    sdpa_dropped_in=(5, 21), static_hybrid_cache_before=(4, 56))),
     "gemma3_text": Variant("modeling_gemma3.py", tied_default=True, norm="gemma_rms", qk_norm="head",
-                           sandwich_norms=True, sliding="every_nth"),
+                           sandwich_norms=True, sliding="every_nth",
+                           traits=Traits(static_hybrid_cache_before=(4, 56))),
     # fused qkv_proj and gate_up_proj; q and k are rotated into new tensors while v stays a view of qkv_proj's output
     "phi3": Variant("modeling_phi3.py", sliding_default=True, traits=Traits(
         qkv_modules=("qkv_proj",), fused_qkv_view=True, fused_gate_up=True, upcasts_all_logits=True)),
