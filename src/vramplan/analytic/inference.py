@@ -591,6 +591,11 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
         attn = (3 * h + 3 * q) * t * c
+        if keys is not None and attention == "sdpa":
+            # over a HybridCache the model builds one 4-D mask of every slot (Gemma2Model._update_causal_mask,
+            # modeling_gemma2.py 4.45.0:939-952: target_length = past_key_values.get_max_length()), kept for all layers
+            attn += batch * prompt * keys * c
+            mlp += batch * prompt * keys * c
         if m.traits.sdpa_mask_always:
             # a mask on every forward (PaliGemma's prefix LM): K and V repeated to every head (2q), the boolean
             # [b, 1, p, p] mask the model keeps for all layers and its copy in the query dtype SDPA makes for the
