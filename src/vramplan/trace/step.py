@@ -532,7 +532,7 @@ def _classify_forward(tracker: Tracker) -> None:
 
 def trace_inference(r: Resolved, device: str = "meta", built: Built | None = None,
                     tensor: TpWorld | None = None) -> StepTrace:
-    """Trace ``generate``'s two peaks: the prefill and the last decode step (greedy, DynamicCache).
+    """Trace ``generate``'s two peaks: the prefill and, from 2 new tokens on, the last decode step (greedy, DynamicCache).
 
     The prefill runs the prompt through the model (``logits_to_keep=1``) with an empty cache.  The
     decode step runs one token against a cache already holding ``prompt + new_tokens - 1`` tokens, each
@@ -585,7 +585,9 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.relabel(list(getattr(cache, "linear_cache", [])), "kv_cache", "linear attention state")
             _relabel_module_state(model, tracker, r.model.traits.module_state)
             del cache
-            if n > 0 and r.model.traits.state_argument:
+            # generate's first new token comes from the prefill: a decode step runs only from the second on
+            # (the analytic engine has no decode moment below 2 new tokens either)
+            if n > 1 and r.model.traits.state_argument:
                 tracker.mark("decode-setup")
                 state = _filled_state(model, tracker, b, device)
                 phase[0] = "decode"
@@ -597,10 +599,10 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                     nxt = torch.argmax(logits, dim=-1)
                     del logits
                 del state
-            elif n > 0:
+            elif n > 1:
                 tracker.mark("decode-setup")
                 total = p + n - 1
-                ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1) if n > 1 else ids
+                ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1)
                 cache = _filled_cache(model, tracker, b, total, device, tp,
                                       mixer_state=not r.model.traits.module_state,
                                       cache_class=r.model.traits.cache_class, prompt=p)
