@@ -29,14 +29,20 @@ def _doc(model: str, release: str | None, prompt: int, new: int, attention: str 
 
 
 def test_gemma2_hybrid_cache_before_4_56_by_hand() -> None:
-    # 2,048 prompt + 8,192 new = 10,240 slots on full layers, the 4,096 window on sliding ones, from the prefill on:
-    # 13 x 10,240 x 4,096 + 13 x 4,096 x 4,096 = 545,259,520 + 218,103,808 = 763,363,328 B
-    static = 13 * 10_240 * GEMMA2_LAYER_TOKEN + 13 * 4_096 * GEMMA2_LAYER_TOKEN
-    assert static == 763_363_328
+    # 4.50: max_cache_length = max_length - 1 (generation/utils.py 4.50.0:2188): 2,048 prompt + 8,192 new - 1 =
+    # 10,239 slots on full layers, the 4,096 window on sliding ones, from the prefill on:
+    # 13 x 10,239 x 4,096 + 13 x 4,096 x 4,096 = 545,206,272 + 218,103,808 = 763,310,080 B
+    static = 13 * 10_239 * GEMMA2_LAYER_TOKEN + 13 * 4_096 * GEMMA2_LAYER_TOKEN
+    assert static == 763_310_080
     g = GenerateCall.of(resolve(_doc("google/gemma-2-2b", "4.50", 2048, 8192)))
-    assert g.gen.sliding_cache == "static"
+    assert g.gen.sliding_cache == "static" and g.static_slots == 10_239
     assert g.cache(2048, prefill=True) == static == g.cache(6000, prefill=False)
-    assert cache_growth_bytes(g, 6000) == 0  # index_copy_ into the preallocated tensors
+    # full layers are written in place; a sliding layer's _sliding_update gathers its window into new k_out and
+    # v_out (cache_utils.py 4.50.0:1741-1743): 4,096 x 4,096 = 16,777,216 B per sequence
+    assert cache_growth_bytes(g, 6000) == 4096 * GEMMA2_LAYER_TOKEN == 16_777_216
+    # 4.45 (before 4.49): max_length slots, 10,240: 13 x 10,240 x 4,096 + 218,103,808 = 763,363,328 B
+    g45 = GenerateCall.of(resolve(_doc("google/gemma-2-2b", "4.45", 2048, 8192)))
+    assert g45.cache(2048, prefill=True) == 13 * 10_240 * GEMMA2_LAYER_TOKEN + 218_103_808 == 763_363_328
     # 4.56: DynamicCache with DynamicSlidingWindowLayer: the prefill holds the prompt on all 26 layers,
     # 26 x 2,048 x 4,096 = 218,103,808 B
     g56 = GenerateCall.of(resolve(_doc("google/gemma-2-2b", "4.56", 2048, 8192)))
@@ -45,12 +51,12 @@ def test_gemma2_hybrid_cache_before_4_56_by_hand() -> None:
 
 
 def test_gemma2_static_cache_prefill_scores_span_every_slot() -> None:
-    # eager attention over the HybridCache: the full layers' keys are the 10,240 slots, so the prefill's scores are
-    # 2,048 x 10,240 per head, five times the 2,048 x 2,048 of a DynamicCache: the running layer grows
+    # eager attention over the HybridCache: the full layers' keys are the 10,239 slots, so the prefill's scores are
+    # 2,048 x 10,239 per head, five times the 2,048 x 2,048 of a DynamicCache: the running layer grows
     old = estimate(resolve(_doc("google/gemma-2-2b", "4.50", 2048, 8192, attention="eager")))
     new = estimate(resolve(_doc("google/gemma-2-2b", "4.56", 2048, 8192, attention="eager")))
-    # scores alone, 8 heads x 2,048 x (10,240 - 2,048) more keys x 4 B (fp32 softmax) = 536,870,912 B more
-    assert old.per_gpu.peak_allocated_bytes - new.per_gpu.peak_allocated_bytes > 536_870_912
+    # scores alone, 8 heads x 2,048 x (10,239 - 2,048) more keys x 4 B (fp32 softmax) = 536,805,376 B more
+    assert old.per_gpu.peak_allocated_bytes - new.per_gpu.peak_allocated_bytes > 536_805_376
     assert any("HybridCache allocated before the prefill" in a for a in old.assumptions)
 
 
@@ -77,3 +83,11 @@ def test_models_without_sliding_layers_are_unchanged() -> None:
     a = GenerateCall.of(resolve(_doc("meta-llama/Meta-Llama-3-8B", "4.50", 1024, 64)))
     b = GenerateCall.of(resolve(_doc("meta-llama/Meta-Llama-3-8B", "4.56", 1024, 64)))
     assert a.cache(1087, prefill=False) == b.cache(1087, prefill=False)
+
+
+def test_cohere2_config_default_hybrid_cache_before_4_53() -> None:
+    # Cohere2Config defaulted cache_implementation "hybrid" through 4.52; from 4.53 the checkpoint decides (not read)
+    doc = _doc("CohereForAI/c4ai-command-r7b-12-2024", "4.50", 8192, 64)
+    assert GenerateCall.of(resolve(doc)).gen.sliding_cache == "static"
+    doc["software"] = {"transformers": "4.53"}
+    assert GenerateCall.of(resolve(doc)).gen.sliding_cache == "all"

@@ -254,8 +254,9 @@ def cache_bytes(m: ModelSpec, batch: int, tokens: int, c: int, tp: int, kv_dtype
     Full-attention layers hold every token.  Sliding layers hold their window at decode, but
     during prefill the view keeps the whole prompt's storage alive; before transformers 4.56 (``sliding`` "all")
     they held every token like the others.  A HybridCache (``sliding`` "static") is allocated before the prefill
-    for ``tokens`` = prompt + new tokens on full layers and ``min(window, tokens)`` on sliding ones
-    (``HybridCache.__init__``, cache_utils.py 4.50.0: ``sliding_window_max_cache_len``), whatever the step.
+    for ``tokens`` slots on full layers and ``min(window, tokens)`` on sliding ones (``HybridCache.__init__``,
+    cache_utils.py 4.50.0:1711: ``max_cache_len = min(self.config.sliding_window, max_cache_len)`` for a sliding
+    layer), whatever the step.
 
     Gemma 2 2B (26 layers, 13 sliding with a 4,096 window, 4 KV heads x 256, bf16: 4,096 B per token and layer),
     one sequence, 2,048 prompt + 8,192 new tokens, "static": 13 x 10,240 x 4,096 + 13 x 4,096 x 4,096 =
@@ -565,8 +566,9 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
     elif attention == "eager":
         qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
         repeat = 2 * q if 1 < kv_heads < heads else 0
-        attn = (2 * h + qkv + repeat) * t * c
         k = prompt if keys is None else keys
+        # repeat_kv copies every key slot the cache hands back (a HybridCache's whole buffer)
+        attn = (2 * h + qkv) * t * c + repeat * batch * k * c
         attn += batch * heads * prompt * k * softmax_bytes_per_score(m, r.scenario.inference.dtype)
         # the 4-D additive causal masks, one per kind the layers use (gpt-oss, Gemma 2/3: sliding and full,
         # masking_utils via ``causal_mask_mapping``), all built before the first layer
@@ -593,8 +595,9 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         attn = (3 * h + 3 * q) * t * c
         if keys is not None and attention == "sdpa":
             # over a HybridCache the model builds one 4-D mask of every slot (Gemma2Model._update_causal_mask,
-            # modeling_gemma2.py 4.45.0:939-952: target_length = past_key_values.get_max_length()), kept for all layers
-            attn += batch * prompt * keys * c
+            # modeling_gemma2.py 4.45.0:939-952: target_length = past_key_values.get_max_length()), kept for all
+            # layers; with a mask the SDPA path's repeat_kv copies K and V to every query head over every slot
+            attn += batch * prompt * keys * c + (2 * q * batch * keys * c if 1 < kv_heads < heads else 0)
             mlp += batch * prompt * keys * c
         if m.traits.sdpa_mask_always:
             # a mask on every forward (PaliGemma's prefix LM): K and V repeated to every head (2q), the boolean
@@ -681,12 +684,19 @@ class GenerateCall:
         """The call's images through a cross-attention model's vision model (None: no such model or no image)."""
         return cross_images(self.m, self.batch, self.r.scenario.inference.images_per_sample)
 
+    @property
+    def static_slots(self) -> int:
+        """A HybridCache's slots per sequence: ``max_length - 1`` from 4.49 (``max_cache_length =
+        generation_config.max_length - 1``, generation/utils.py 4.50.0:2188), ``max_length`` before."""
+        v = self.r.scenario.software.transformers_version
+        return self.prompt + self.new - (1 if v is not None and v >= (4, 49) else 0)
+
     def cache(self, tokens: int, prefill: bool) -> int:
         """transformers' ``DynamicCache`` of the batch at ``tokens`` tokens (``cache_bytes``); a release's
-        HybridCache holds the whole call's tokens from the start (``GenerateBehaviour.sliding_cache``)."""
+        HybridCache holds the whole call's slots from the start (``GenerateBehaviour.sliding_cache``)."""
         mode = self.gen.sliding_cache if any(ls.sliding_window for ls in self.m.layers) else "window"
         if mode == "static":
-            return cache_bytes(self.m, self.batch, self.prompt + self.new, self.c, self.tp, self.kv_dtype, False,
+            return cache_bytes(self.m, self.batch, self.static_slots, self.c, self.tp, self.kv_dtype, False,
                                "static")
         return cache_bytes(self.m, self.batch, tokens, self.c, self.tp, self.kv_dtype, prefill, mode)
 
@@ -837,7 +847,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     else:
         # a release's preallocated HybridCache gives the prefill's attention every key slot (``prefill_layer_bytes``)
         static = g.gen.sliding_cache == "static" and any(ls.sliding_window for ls in m.layers)
-        keys = p + g.new if static else None
+        keys = g.static_slots if static else None
         layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention, keys) + parallel_mixer_kept_bytes(m, b, p, c)
                     + shared_block_extra_bytes(m, b, p, c),
                     mixer + parallel_mixer_input_bytes(m, b, p, c) + shared_block_output_bytes(m, b, p, c))
@@ -948,7 +958,11 @@ def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
     spec = kv_spec(g.m, g.kv_dtype, g.c, g.tp)
     mode = g.gen.sliding_cache
     if mode == "static" and any(la.window for la in spec.layers):
-        return 0  # a HybridCache's update writes in place (index_copy_ into its preallocated tensors)
+        # a HybridCache's full layers are written in place; a sliding layer's ``_sliding_update`` gathers its
+        # window into new ``k_out`` and ``v_out`` (``k_out[:, :, indices]``, cache_utils.py 4.50.0:1741-1743), which
+        # the attention uses: one sliding layer's window of keys and values beside the cache
+        return max(g.batch * min(la.window, g.static_slots) * spec.layer_bytes_per_token(la)
+                   for la in spec.layers if la.window)
     # before 4.56 (``mode`` "all") a sliding layer is a DynamicCache layer like the others
     full_layer = max((spec.layer_bytes_per_token(la) for la in spec.layers if la.window is None or mode == "all"),
                      default=0)
@@ -1156,9 +1170,10 @@ def _runner_note(g: GenerateCall, attention_free: bool = False) -> str:
             + (cache if attention_free else
                "the legacy cache tuple (the previous step's cache alive while the next is built)"
                if gen.legacy_cache else
-               (f"HybridCache allocated before the prefill for all {g.prompt + g.new:,} tokens (the window on sliding "
-                "layers), as the checkpoint's generation_config.json names cache_implementation 'hybrid' and "
-                "releases before 4.56 honour it (generation/utils.py 4.56.0:1728-1732)")
+               (f"HybridCache allocated before the prefill for {g.static_slots:,} slots (the window on sliding "
+                "layers), as the checkpoint's generation_config.json (or the config class's default) names "
+                "cache_implementation 'hybrid' and releases before 4.56 honour it (generation/utils.py "
+                "4.56.0:1728-1732); the 4-D masks over it are counted as one, per release not read")
                if sliding and gen.sliding_cache == "static" else
                ("DynamicCache (per-layer tensors grown by torch.cat; before 4.56 a sliding-window layer keeps every "
                 "token, DynamicSlidingWindowLayer came in 4.56.0)")

@@ -41,8 +41,11 @@ VARIANTS: dict[str, Variant] = {
                         Traits(hidden_kept_through_mlp=5)),
     "cohere": Variant("layer_fp32", True, False, 22528, 8192, "use_qk_norm", ("q_norm", "k_norm"), True,
                       Traits(shared_norm_output=True, upcasts_all_logits=True)),
+    # Cohere2Config defaulted cache_implementation="hybrid" from its first release (4.48) through 4.52, which generate
+    # honoured (and Cohere2Model.forward built a HybridCache when given none, modeling_cohere2.py 4.50.0:600); from
+    # 4.53 it is the checkpoint's generation_config.json, not read: the DynamicCache of those releases is assumed
     "cohere2": Variant("layer_fp32", True, False, 22528, 8192, "", ("q_norm", "k_norm"), True,
-                       Traits(shared_norm_output=True)),
+                       Traits(shared_norm_output=True, static_hybrid_cache_before=(4, 53))),
     "olmo": Variant("layer_nonparam", False, False, 11008, 2048, "use_qk_norm", ("q_norm", "k_norm"), False,
                     Traits(upcasts_all_logits=True)),
 }
