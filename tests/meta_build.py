@@ -144,3 +144,22 @@ def tracked_peak(model: Any, inputs: dict[str, Any], first: Any, last: Any | Non
         if marks["start"] <= i < marks["end"]:
             peak = max(peak, live)
     return peak - base
+
+
+def bf16_generate(cfg: dict[str, Any], batch: int, prompt: int, new: int) -> tuple[Any, Any]:
+    """(the module, generate's output with ``return_dict_in_generate``) after a real bf16 greedy ``generate`` of
+    ``batch`` x ``prompt`` random ids (1-127) and exactly ``new`` tokens on the CPU through transformers'
+    ``AutoModelForCausalLM`` for ``cfg``; skips without torch."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        module = module.to(torch.bfloat16).eval()
+        ids = torch.randint(1, 128, (batch, prompt))
+        with torch.no_grad():
+            out = module.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                                  return_dict_in_generate=True)
+    return module, out

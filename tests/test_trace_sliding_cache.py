@@ -4,12 +4,11 @@ hand and against a real ``generate`` of tiny models on the CPU, and the analytic
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
 
-from meta_build import meta_module
+from meta_build import bf16_generate, meta_module
 from vramplan.analytic.inference import cache_bytes
 from vramplan.spec.hf_config import model_from_config
 
@@ -80,18 +79,8 @@ def test_filled_cache_equals_a_real_generate(cfg: dict[str, Any]) -> None:
     every layer's storage there equals the traced engine's filled cache of 24 tokens after a 20-token prompt,
     and one decode step run on each cache leaves the same storage again."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
     batch, prompt, new = 2, 20, 5
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-        model = model.to(torch.bfloat16).eval()
-        ids = torch.randint(1, 128, (batch, prompt))
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
-                                 return_dict_in_generate=True)
+    model, out = bf16_generate(cfg, batch, prompt, new)
     real = out.past_key_values
     traced, _ = _filled(cfg, batch, prompt + new - 1, prompt, device="cpu", model=model)
     assert any(layer.is_sliding for layer in real.layers)
@@ -140,19 +129,10 @@ def test_analytic_cache_growth_equals_a_real_update(cfg: dict[str, Any], layer: 
     ``generate`` of 2 x 20 + 5 tokens leaves (24 tokens), are what ``cache_growth_bytes`` counts for that kind of
     layer (the step to 25 tokens; a full layer's count rounds its one-token values up to the keys' half)."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     from vramplan.analytic.inference import cache_growth_bytes
     from vramplan.trace.tracker import Tracker
 
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-        model = model.to(torch.bfloat16).eval()
-        with torch.no_grad():
-            out = model.generate(torch.randint(1, 128, (2, 20)), max_new_tokens=5, min_new_tokens=5, do_sample=False,
-                                 pad_token_id=0, return_dict_in_generate=True)
+    _, out = bf16_generate(cfg, 2, 20, 5)
     cache_layer = out.past_key_values.layers[layer]
     key, value = (torch.zeros((2, 1, 1, 32), dtype=torch.bfloat16) for _ in range(2))
     with Tracker() as tr:
