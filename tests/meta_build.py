@@ -27,9 +27,9 @@ def meta_causal_lm_count(cfg: dict[str, Any]) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def bf16_prefill(cfg: dict[str, Any], batch: int, tokens: int) -> tuple[Any, Any]:
-    """(the module, its output) after a real bf16 prefill of ``batch`` x ``tokens`` random ids on the CPU through
-    transformers' ``AutoModelForCausalLM`` for ``cfg``; skips without torch."""
+def _bf16_module(cfg: dict[str, Any]) -> Any:
+    """transformers' ``AutoModelForCausalLM`` for ``cfg`` with random weights (seed 0) in bf16 on the CPU; skips
+    without torch."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
@@ -37,9 +37,18 @@ def bf16_prefill(cfg: dict[str, Any], batch: int, tokens: int) -> tuple[Any, Any
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
         module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-        module = module.to(torch.bfloat16)
-        with torch.no_grad():
-            out = module(torch.randint(0, int(cfg["vocab_size"]), (batch, tokens)), use_cache=True)
+    return module.to(torch.bfloat16)
+
+
+def bf16_prefill(cfg: dict[str, Any], batch: int, tokens: int) -> tuple[Any, Any]:
+    """(the module, its output) after a real bf16 prefill of ``batch`` x ``tokens`` random ids on the CPU through
+    transformers' ``AutoModelForCausalLM`` for ``cfg``; skips without torch."""
+    import torch
+
+    module = _bf16_module(cfg)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        out = module(torch.randint(0, int(cfg["vocab_size"]), (batch, tokens)), use_cache=True)
     return module, out
 
 
@@ -150,16 +159,12 @@ def bf16_generate(cfg: dict[str, Any], batch: int, prompt: int, new: int) -> tup
     """(the module, generate's output with ``return_dict_in_generate``) after a real bf16 greedy ``generate`` of
     ``batch`` x ``prompt`` random ids (1-127) and exactly ``new`` tokens on the CPU through transformers'
     ``AutoModelForCausalLM`` for ``cfg``; skips without torch."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
+    import torch
+
+    module = _bf16_module(cfg).eval()
+    with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-        module = module.to(torch.bfloat16).eval()
         ids = torch.randint(1, 128, (batch, prompt))
-        with torch.no_grad():
-            out = module.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
-                                  return_dict_in_generate=True)
+        out = module.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                              return_dict_in_generate=True)
     return module, out
