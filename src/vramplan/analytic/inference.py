@@ -541,11 +541,8 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
       (2q) when 1 < kv heads < heads (one K/V head: ``repeat_kv`` returns a stride-0 view, no copy), the 4-D additive mask (b p^2 c) and the scores
       (b heads p^2 ``softmax_bytes_per_score``).
 
-    ``keys``: the key length of eager attention's scores and masks (default the prompt); a preallocated
-    HybridCache (transformers < 4.56, ``GenerateBehaviour.sliding_cache`` "static") hands the prefill's attention
-    its whole buffer, prompt + new tokens (``HybridCache.update`` returns ``k_out`` of ``max_cache_len``;
-    ``Gemma2Attention.forward`` slices the mask to ``key_states.shape[-2]``, modeling_gemma2.py 4.45.0), so the
-    scores are b heads p (p + n).
+    ``keys``: the key slots (default the prompt); a HybridCache (< 4.56, ``GenerateBehaviour.sliding_cache``
+    "static") hands the attention its whole buffer (``HybridCache.update`` returns ``k_out`` of ``max_cache_len``).
     """
     m = r.model
     t = batch * prompt
@@ -564,19 +561,8 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         attn, extra = _falcon_eager_prefill(m, t, h, q, kv, batch, heads, prompt, c)
         mlp += extra
     elif attention == "eager":
-        qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
-        repeat = 2 * q if 1 < kv_heads < heads else 0
-        k = prompt if keys is None else keys
-        # repeat_kv copies every key slot the cache hands back (a HybridCache's whole buffer)
-        attn = (2 * h + qkv) * t * c + repeat * batch * k * c
-        attn += batch * heads * prompt * k * softmax_bytes_per_score(m, r.scenario.inference.dtype)
-        # the 4-D additive causal masks, one per kind the layers use (gpt-oss, Gemma 2/3: sliding and full,
-        # masking_utils via ``causal_mask_mapping``), all built before the first layer
-        masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * k * c
-        attn += masks
-        # the decoder layer binds the returned probabilities (``hidden_states, _ = self.self_attn(...)``)
-        # until it returns, and the model's forward keeps the masks: both are alive through the MLP
-        mlp += batch * heads * prompt * k * c + masks
+        attn, kept = _eager_prefill(r, batch, prompt, prompt if keys is None else keys, c, (h, q, kv, heads, kv_heads))
+        mlp += kept
     elif attention == "math" and mqa_math(m):
         attn = _mqa_math_prefill(t, h, q, kv, batch, heads, prompt, c)
     elif attention == "math":
@@ -899,6 +885,27 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
     pre.add(K.BEAM_STATE, t.beam_prefill)
     pre.add(K.CUBLAS, t.cublas)
     return pre
+
+
+def _eager_prefill(r: Resolved, batch: int, prompt: int, keys: int, c: int,
+                   widths: tuple[int, int, int, int, int]) -> tuple[int, int]:
+    """Eager attention's running tensors at prefill and what the MLP's moment keeps of them (``prefill_layer_bytes``):
+    (attention, kept), ``widths`` = (hidden, q width, kv width, heads, kv heads) on this rank, ``keys`` the key slots
+    the cache hands back (the prompt, or a HybridCache's whole buffer)."""
+    m = r.model
+    h, q, kv, heads, kv_heads = widths
+    t = batch * prompt
+    qkv = (q + 2 * kv) if m.traits.keeps_attn_output else q
+    repeat = 2 * q if 1 < kv_heads < heads else 0
+    # repeat_kv copies every key slot the cache hands back
+    attn = (2 * h + qkv) * t * c + repeat * batch * keys * c
+    attn += batch * heads * prompt * keys * softmax_bytes_per_score(m, r.scenario.inference.dtype)
+    # the 4-D additive causal masks, one per kind the layers use (gpt-oss, Gemma 2/3: sliding and full,
+    # masking_utils via ``causal_mask_mapping``), all built before the first layer
+    masks = len({ls.sliding_window for ls in m.layers}) * batch * prompt * keys * c
+    # the decoder layer binds the returned probabilities (``hidden_states, _ = self.self_attn(...)``)
+    # until it returns, and the model's forward keeps the masks: both are alive through the MLP
+    return attn + masks, batch * heads * prompt * keys * c + masks
 
 
 def parallel_mixer_kept_bytes(m: ModelSpec, batch: int, prompt: int, c: int) -> int:
