@@ -220,12 +220,13 @@ def test_trace_decode_cache_holds_only_the_layers_that_store_one() -> None:
             live.pop(e.storage_id, None)
     kv = sorted(e.nbytes for e in live.values() if e.category == "kv_cache")
     # layers 0-2 compute their own K/V (3 and 4 reuse 2's and 1's: DummyLayer in the cache). The full layer 1 holds K
-    # and V of 2 sequences x 2 KV heads x (32 + 4 - 1) tokens x 8, bf16 = 2,240 bytes each; the sliding layers 0 and 2
-    # the previous decode step's cat of their 15-token view and the new token, min(35, 16) = 16 tokens: 2 x 2 x 16 x
+    # and V of 2 sequences x 2 KV heads x (32 + 4 - 2) tokens x 8, bf16 = 2,176 bytes each (the last of the 3 decode
+    # steps runs against the 34 tokens the first two left); the sliding layers 0 and 2
+    # the previous decode step's cat of their 15-token view and the new token, min(34, 16) = 16 tokens: 2 x 2 x 16 x
     # 8 x 2 B = 1,024 bytes each (DynamicSlidingWindowLayer.update, cache_utils.py:242-249); the two sliding layers'
     # _sliding_window_tensor, int64 (cache_utils.py:208, :220)
-    assert kv == [8, 8] + [1_024] * 4 + [2_240] * 2
-    assert sum(kv) == 2 * 2 * 1_024 + 2 * 2_240 + 2 * 8 == 8_592
+    assert kv == [8, 8] + [1_024] * 4 + [2_176] * 2
+    assert sum(kv) == 2 * 2 * 1_024 + 2 * 2_176 + 2 * 8 == 8_464
 
 
 def test_trace_training_holds_every_parameter() -> None:

@@ -535,7 +535,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
     """Trace ``generate``'s two peaks: the prefill and, from 2 new tokens on, the last decode step (greedy, DynamicCache).
 
     The prefill runs the prompt through the model (``logits_to_keep=1``) with an empty cache.  The
-    decode step runs one token against a cache already holding ``prompt + new_tokens - 1`` tokens, each
+    decode step runs one token against a cache already holding ``prompt + new_tokens - 2`` tokens, each
     layer's storage as transformers leaves it (``_filled_cache``), which is the cache at the last step; the
     cache's ``torch.cat`` growth, the last-token logits and their fp32 copy are traced as they run.
     """
@@ -601,7 +601,9 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 del state
             elif n > 1:
                 tracker.mark("decode-setup")
-                total = p + n - 1
+                # the last of generate's n - 1 decode steps runs against the p + n - 2 tokens the earlier steps left
+                # and brings the cache to p + n - 1, as the analytic engine's last decode moment
+                total = p + n - 2
                 ids = torch.cat([ids, nxt[:, None].expand(b, n - 1)], dim=-1)
                 cache = _filled_cache(model, tracker, b, total, device, tp,
                                       mixer_state=not r.model.traits.module_state,
