@@ -56,7 +56,7 @@ def applies(g: GenerateCall) -> bool:
             and g.beams == 1  # beam search's reorder_cache copies are not in the replayed stream
             and m.altup is None and not m.kv_reuse_layers  # Gemma 3n's layers are not the replayed layer
             # the replayed sliding layer is 4.56's DynamicSlidingWindowLayer (not an earlier release's cache)
-            and (g.gen.sliding_cache == "window" or not any(ls.sliding_window for ls in m.layers)))
+            and g.sliding_cache == "window")
 
 
 def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:

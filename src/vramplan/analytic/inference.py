@@ -677,10 +677,16 @@ class GenerateCall:
         v = self.r.scenario.software.transformers_version
         return self.prompt + self.new - (1 if v is not None and v >= (4, 49) else 0)
 
+    @property
+    def sliding_cache(self) -> SlidingCache:
+        """The release's ``GenerateBehaviour.sliding_cache`` for a model with sliding-window layers; "window" (no
+        difference between releases) for one without."""
+        return self.gen.sliding_cache if any(ls.sliding_window for ls in self.m.layers) else "window"
+
     def cache(self, tokens: int, prefill: bool) -> int:
         """transformers' ``DynamicCache`` of the batch at ``tokens`` tokens (``cache_bytes``); a release's
-        HybridCache holds the whole call's slots from the start (``GenerateBehaviour.sliding_cache``)."""
-        mode = self.gen.sliding_cache if any(ls.sliding_window for ls in self.m.layers) else "window"
+        HybridCache holds the whole call's slots from the start (``sliding_cache``)."""
+        mode = self.sliding_cache
         if mode == "static":
             return cache_bytes(self.m, self.batch, self.static_slots, self.c, self.tp, self.kv_dtype, False,
                                "static")
@@ -832,8 +838,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         layer = mixer
     else:
         # a release's preallocated HybridCache gives the prefill's attention every key slot (``prefill_layer_bytes``)
-        static = g.gen.sliding_cache == "static" and any(ls.sliding_window for ls in m.layers)
-        keys = g.static_slots if static else None
+        keys = g.static_slots if g.sliding_cache == "static" else None
         layer = max(prefill_layer_bytes(g.r, b, p, c, g.tp, g.attention, keys) + parallel_mixer_kept_bytes(m, b, p, c)
                     + shared_block_extra_bytes(m, b, p, c),
                     mixer + parallel_mixer_input_bytes(m, b, p, c) + shared_block_output_bytes(m, b, p, c))
@@ -963,8 +968,8 @@ def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
     anything.
     """
     spec = kv_spec(g.m, g.kv_dtype, g.c, g.tp)
-    mode = g.gen.sliding_cache
-    if mode == "static" and any(la.window for la in spec.layers):
+    mode = g.sliding_cache
+    if mode == "static":
         # a HybridCache's full layers are written in place; a sliding layer's ``_sliding_update`` gathers its
         # window into new ``k_out`` and ``v_out`` (``k_out[:, :, indices]``, cache_utils.py 4.50.0:1741-1743), which
         # the attention uses: one sliding layer's window of keys and values beside the cache
@@ -1172,7 +1177,6 @@ def _runner_note(g: GenerateCall, attention_free: bool = False) -> str:
         return ("Hugging Face generate (transformers 5.x) with "
                 + (cache if attention_free else "DynamicCache: per-layer tensors grown by torch.cat"))
     gen = g.gen
-    sliding = any(ls.sliding_window for ls in g.m.layers)
     return (f"Hugging Face generate of transformers {version}: "
             + (cache if attention_free else
                "the legacy cache tuple (the previous step's cache alive while the next is built)"
@@ -1181,10 +1185,10 @@ def _runner_note(g: GenerateCall, attention_free: bool = False) -> str:
                 "layers), as the checkpoint's generation_config.json (or the config class's default) names "
                 "cache_implementation 'hybrid' and releases before 4.56 honour it (generation/utils.py "
                 "4.56.0:1728-1732); the 4-D masks over it are counted as one, per release not read")
-               if sliding and gen.sliding_cache == "static" else
+               if g.sliding_cache == "static" else
                ("DynamicCache (per-layer tensors grown by torch.cat; before 4.56 a sliding-window layer keeps every "
                 "token, DynamicSlidingWindowLayer came in 4.56.0)")
-               if sliding and gen.sliding_cache == "all" else "DynamicCache (per-layer tensors grown by torch.cat)")
+               if g.sliding_cache == "all" else "DynamicCache (per-layer tensors grown by torch.cat)")
             + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
                if gen.all_logits else ""))
 
