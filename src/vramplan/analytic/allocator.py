@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vramplan.alloc import AllocEvent, replay, replay_parts
+from vramplan.alloc import replay_compact, replay_parts
 from vramplan.alloc.rules import (
     K_LARGE_BUFFER as LARGE_SEGMENT,
 )
@@ -71,13 +71,15 @@ def allocated_bytes_for(nbytes: int) -> int:
 
 def reserved_for(tensor_sizes: list[tuple[int, int]], expandable_segments: bool = False) -> int:
     """Reserved bytes for ``(size, count)`` tensors alive together, allocated largest first."""
-    events: list[AllocEvent] = []
-    bid = 0
-    for size, count in sorted(tensor_sizes, key=lambda sc: -sc[0]):
-        for _ in range(count):
-            events.append(AllocEvent(bid, max(size, 1)))
-            bid += 1
-    return replay(events, expandable_segments=expandable_segments).final_reserved_bytes
+    return _reserved_for(tuple(sorted(tensor_sizes, key=lambda sc: -sc[0])), expandable_segments)
+
+
+# the planner estimates many setups whose peaks hold the same tensors (setups that differ only in step
+# time): the packing is a pure function of the sorted sizes
+@lru_cache(maxsize=4096)
+def _reserved_for(ordered: tuple[tuple[int, int], ...], expandable_segments: bool) -> int:
+    stream = [max(size, 1) for size, count in ordered for _ in range(count)]
+    return replay_compact(stream, expandable_segments).final_reserved_bytes
 
 
 # ------------------------------------------------------------------------------------------------
