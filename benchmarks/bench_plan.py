@@ -12,6 +12,10 @@ predicted step were already found, so it cannot enter the answer).  The exhausti
 checks the memory of every candidate (bound or full estimate) and skips nothing, is timed too, and
 so is the full estimate on its own.
 
+The search is timed by the wall clock and by the process's CPU time (``time.process_time``, median
+of the 5 runs): on a shared machine the wall clock also counts the time other processes held the
+cores, the CPU time does not; the first line gives the load average when the run started.
+
 Run: ``python benchmarks/bench_plan.py`` (writes ``benchmarks/bench_plan.txt``).
 """
 
@@ -35,7 +39,9 @@ def main() -> None:
     from vramplan.plan.space import train_candidates
     from vramplan.plan.steptime import DEFAULT_ASSUMPTIONS
 
-    lines: list[str] = [f"python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}", ""]
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines: list[str] = [(f"python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}, "
+                        f"load average at start {load}"), ""]
 
     def say(text: str) -> None:
         print(text)
@@ -55,18 +61,22 @@ def main() -> None:
     ]
     say("search (median of 5; explain=False: the search alone)")
     say(f"{'case':52s} {'cands':>6s} {'bound':>6s} {'estim':>6s} {'pruned':>6s} {'ms':>7s} {'cands/s':>9s}"
-        f"   exhaustive: {'estim':>6s} {'ms':>7s} {'cands/s':>9s}")
+        f" {'cpu ms':>7s} {'cands/cpu-s':>11s}   exhaustive: {'estim':>6s} {'ms':>7s} {'cands/s':>9s}")
     for name, model, gpu, counts, job in cases:
         plan(model, gpu, counts, job, explain=False)  # warm caches (catalog, model specs)
-        runs = []
+        runs, cpu = [], []
         for _ in range(5):
+            c0 = time.process_time()
             r = plan(model, gpu, counts, job, explain=False)
+            cpu.append(time.process_time() - c0)
             runs.append(r.stats)
         st = sorted(runs, key=lambda s: s.seconds)[2]
+        cpu_s = statistics.median(cpu)
         ex = sorted((plan(model, gpu, counts, job, explain=False, exhaustive=True).stats for _ in range(3)),
                     key=lambda s: s.seconds)[1]
         say(f"{name:52s} {st.candidates:6d} {st.bound_rejected:6d} {st.estimated:6d} {st.pruned:6d} "
-            f"{st.seconds * 1e3:7.1f} {st.candidates_per_s:9,.0f}   {'':11s} {ex.estimated:6d} "
+            f"{st.seconds * 1e3:7.1f} {st.candidates_per_s:9,.0f} {cpu_s * 1e3:7.1f} {st.candidates / cpu_s:11,.0f}"
+            f"   {'':11s} {ex.estimated:6d} "
             f"{ex.seconds * 1e3:7.1f} {ex.candidates_per_s:9,.0f}")
 
     say("")
