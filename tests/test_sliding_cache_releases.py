@@ -91,3 +91,16 @@ def test_cohere2_config_default_hybrid_cache_before_4_53() -> None:
     assert GenerateCall.of(resolve(doc)).gen.sliding_cache == "static"
     doc["software"] = {"transformers": "4.53"}
     assert GenerateCall.of(resolve(doc)).gen.sliding_cache == "all"
+
+
+def test_cohere2_4_53_to_4_55_states_the_dynamic_cache_it_assumes() -> None:
+    # from 4.53 Cohere2's config class no longer names the HybridCache: the checkpoint's generation_config.json would
+    # decide, which is not read, so the report says the DynamicCache is assumed; 4.50 (the config's own default) and
+    # 4.56 (generate no longer honours "hybrid") need no such assumption, nor does Mistral (no HybridCache ever)
+    def says(model: str, release: str) -> bool:
+        rep = estimate(_doc(model, release, 1024, 16))
+        return any("would run a HybridCache" in a for a in rep.assumptions)
+
+    cohere = "CohereForAI/c4ai-command-r7b-12-2024"
+    assert [says(cohere, v) for v in ("4.50", "4.53", "4.55", "4.56")] == [False, True, True, False]
+    assert not says("mistralai/Mistral-7B-v0.1", "4.53")

@@ -1187,10 +1187,22 @@ def _runner_note(g: GenerateCall, attention_free: bool = False) -> str:
                 "4.56.0:1728-1732); the 4-D masks over it are counted as one, per release not read")
                if g.sliding_cache == "static" else
                ("DynamicCache (per-layer tensors grown by torch.cat; before 4.56 a sliding-window layer keeps every "
-                "token, DynamicSlidingWindowLayer came in 4.56.0)")
+                "token, DynamicSlidingWindowLayer came in 4.56.0)" + _hybrid_config_note(g))
                if g.sliding_cache == "all" else "DynamicCache (per-layer tensors grown by torch.cat)")
             + ("; logits of every prompt position at prefill" + (", upcast to fp32" if gen.float_logits else "")
                if gen.all_logits else ""))
+
+
+def _hybrid_config_note(g: GenerateCall) -> str:
+    """Where a family's config class stopped naming the HybridCache before 4.56 (``Traits.static_hybrid_cache_before``:
+    Cohere2 from 4.53), the checkpoint's generation_config.json decides and is not read: say the DynamicCache is
+    assumed."""
+    before, version = g.m.traits.static_hybrid_cache_before, g.r.scenario.software.transformers_version
+    if not before or version is None or version < before:
+        return ""
+    return (f"; assumed: from {'.'.join(map(str, before))} its config class no longer names cache_implementation "
+            "'hybrid', and a checkpoint whose generation_config.json does would run a HybridCache preallocated for "
+            "the whole call (not read)")
 
 
 def _mixer_kind_notes(g: GenerateCall) -> list[str] | None:
