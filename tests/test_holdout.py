@@ -66,6 +66,7 @@ BATCH12_ENTRIES = 21
 BATCH13_ENTRIES = 16
 BATCH14_ENTRIES = 26
 BATCH15_ENTRIES = 23
+BATCH16_ENTRIES = 26
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -80,9 +81,10 @@ BATCH12_MARK = "# ---- batch 12, collected 2026-11-27, scored once before engine
 BATCH13_MARK = "# ---- batch 13, collected 2026-11-27, scored once before engine changes"
 BATCH14_MARK = "# ---- batch 14, collected 2026-11-27, scored once before engine changes"
 BATCH15_MARK = "# ---- batch 15, collected 2026-11-27, scored once before engine changes"
+BATCH16_MARK = "# ---- batch 16, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
                + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES
-               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES + BATCH15_ENTRIES)
+               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES + BATCH15_ENTRIES + BATCH16_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -314,6 +316,19 @@ def test_batch15_figures_converted_to_bytes() -> None:
     assert _by_id("ray-vlm-batch-qwen25vl-3b-l4-vllm0110-len8192-weights").measured.bytes == 7_682_622_751
 
 
+def test_batch16_figures_converted_to_bytes() -> None:
+    # vLLM 0.6.4's "kv_cache_size=110.52GiB": 110.52 x 2^30 = 118,669,946,388.48 -> 118,669,946,388
+    assert _by_id("vllm10702-llama31-70b-tp8-h200-v064-u095-len131072-kv").measured.bytes == 118_669_946_388
+    # vLLM's "Model loading took 13.1664 GB" (GiB: memory_profiling divides by 2^30): 13.1664 x 2^30 =
+    # 14,137,314,351.51 -> 14,137,314,352
+    assert _by_id("vllm16378-gemma3-27b-tp4-a100-40gb-v080-v0-len65536-weights").measured.bytes == 14_137_314_352
+    # llama.cpp's "CUDA0 model buffer size = 10750.86 MiB": 10,750.86 x 2^20 = 11,273,093,775.36 -> 11,273,093,775
+    assert _by_id("llamacpp13729-qwen3-30b-a3b-q4km-ngl30-4080s-b5466-model-buffer").measured.bytes == 11_273_093_775
+    # an OOM entry carries the GPU's capacity: RTX 3090, 25,286,672,384 B (the catalog's total_memory)
+    oom = _by_id("subgraphrag19-llama31-8b-rtx3090-vllm055-len131072-fails")
+    assert oom.measured.bytes == 25_286_672_384 and oom.outcome == "oom"
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -325,28 +340,29 @@ BATCHES = [
     (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
      BATCH6_ENTRIES, 10, True),
     (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
-     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH7_ENTRIES, 10, True),
+     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH7_ENTRIES, 10, True),
     (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES
-     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH8_ENTRIES, 10, True),
+     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH8_ENTRIES, 10, True),
     (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES
-     - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES,
+     - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES,
      BATCH9_ENTRIES, 10, True),
-    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES,
+    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES,
      BATCH10_ENTRIES, 7,
      True),
-    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH11_ENTRIES,
+    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH11_ENTRIES,
      13, True),
-    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH12_ENTRIES,
+    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH12_ENTRIES,
      11, True),
-    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH13_ENTRIES, 8, True),
-    (BATCH14_MARK, BATCH15_MARK, ALL_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES, BATCH14_ENTRIES, 7, True),
-    (BATCH15_MARK, None, ALL_ENTRIES - BATCH15_ENTRIES, BATCH15_ENTRIES, 9, True),
+    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH13_ENTRIES, 8, True),
+    (BATCH14_MARK, BATCH15_MARK, ALL_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH14_ENTRIES, 7, True),
+    (BATCH15_MARK, BATCH16_MARK, ALL_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH15_ENTRIES, 9, True),
+    (BATCH16_MARK, None, ALL_ENTRIES - BATCH16_ENTRIES, BATCH16_ENTRIES, 17, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
                          ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10", "batch11", "batch12", "batch13", "batch14", "batch15"])
+                              "batch10", "batch11", "batch12", "batch13", "batch14", "batch15", "batch16"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
