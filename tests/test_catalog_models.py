@@ -243,3 +243,19 @@ def test_encoder_decoder_and_mamba_rows_count_by_hand() -> None:
     # dt_proj 48 x 1536 + 1536 = 75,264; A_log 1536 x 16 = 24,576; D 1536; out_proj 1536 x 768 = 1,179,648; norm 768
     # -> 3,771,648 x 24 = 90,519,552; + embeddings 50280 x 768 = 38,615,040; + final norm 768 = 129,135,360.
     assert load_model("state-spaces/mamba-130m-hf").num_parameters == 129_135_360
+
+
+def test_qwen3_vl_8b_row_counts_by_hand() -> None:
+    # Qwen/Qwen3-VL-8B-Instruct (config.json as kohya-ss/musubi-tuner vendors it), untied head:
+    # language model: embed and head 2 x 151,936 x 4,096 = 1,244,659,712; per layer q/o 2 x 4,096^2 = 33,554,432,
+    # k/v 2 x 4,096 x 1,024 = 8,388,608, q/k norms 256, MLP 3 x 4,096 x 12,288 = 150,994,944, norms 8,192
+    # -> 192,946,432 x 36 = 6,946,071,552; final norm 4,096 -> 8,190,735,360.
+    # tower: patch_embed 1,152 x 3 x 2 x 16 x 16 + 1,152 = 1,770,624; pos_embed 2,304 x 1,152 = 2,654,208;
+    # per block norms 4,608 + qkv 3,984,768 + proj 1,328,256 + fc1 4,962,512 + fc2 4,959,360 = 15,239,504, x 27 =
+    # 411,466,608; merger 2,304 + 21,238,272 + 18,878,464 = 40,119,040; 3 DeepStack mergers (norm over 4,608)
+    # 3 x 40,125,952 = 120,377,856 -> 576,388,336.
+    m = load_model("qwen3-vl-8b")
+    assert m.name == "Qwen/Qwen3-VL-8B-Instruct"
+    assert m.vision_parameters == 576_388_336
+    assert m.num_parameters - m.vision_parameters == 8_190_735_360
+    assert m.num_parameters == 8_767_123_696
