@@ -21,6 +21,7 @@ from vramplan.analytic.inference import (
 )
 from vramplan.analytic.kv_cache import kv_bytes_per_token
 from vramplan.analytic.ssm_state import ssm_state_bytes, ssm_state_note
+from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
 from vramplan.analytic.terms.shared_block import shared_block_attention_tensors, shared_block_mlp_tensors
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
@@ -185,6 +186,14 @@ def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
             pe = rope(x, torch.arange(seq, device="meta")[None]) if cfg.use_mem_rope else None
             skip |= {id(t.untyped_storage()) for t in pe or ()}
             out = linear(block(x, emb, layer_idx=first, attention_mask=None, position_embeddings=pe))
+    return _walk(out, skip, ("_saved_mat2",))  # mm's second operand: a (cast) weight
+
+
+def _walk(out: Any, skip: set[int], drop: tuple[str, ...] = ()) -> int:
+    """The bytes of the storages autograd's graph behind ``out`` saves, those in ``skip`` and attributes ``drop``
+    left out."""
+    import torch
+
     saved: dict[int, int] = {}
     stack, seen = [out.grad_fn], set()
     while stack:
@@ -193,7 +202,7 @@ def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
             continue
         seen.add(node)
         for attr in dir(node):
-            if not attr.startswith("_saved_") or attr == "_saved_mat2":  # mm's second operand: a (cast) weight
+            if not attr.startswith("_saved_") or attr in drop:
                 continue
             value = getattr(node, attr)
             for t in value if isinstance(value, tuple) else (value,):
@@ -201,6 +210,35 @@ def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
                     saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
         stack.extend(n for n, _ in node.next_functions)
     return sum(saved.values())
+
+
+@pytest.mark.parametrize(("shape", "mode", "batch", "seq"), [
+    (TESTER, "bf16", 2, 40), (TESTER, "fp32", 2, 40), (SECOND, "bf16", 1, 70)])
+def test_mixer_saved_equals_the_autograd_graph(shape: dict[str, Any], mode: str, batch: int, seq: int) -> None:
+    # Zamba2MambaMixer (modeling_zamba2.py line 646) saves what BambaMixer does (analytic/terms/mamba2.py), storage by
+    # storage (its gated norm's rsqrt per mamba_ngroups group included)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.zamba2.modeling_zamba2 import Zamba2MambaMixer
+
+    from vramplan.trace import cuda
+
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**shape)
+    weights = torch.bfloat16 if mode == "bf16" else torch.float32
+    with torch.device("meta"):
+        mixer = Zamba2MambaMixer(cfg, layer_idx=0).to(weights)
+    mixer.train()
+    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
+    with cuda.cuda_behaviour(cuda.CudaSpec()):
+        out = mixer(x)
+    ms = model_from_config(shape).mamba
+    assert ms is not None
+    analytic = act.total_bytes(mixer_saved_tensors(ms, shape["hidden_size"], 4 if mode == "fp32" else 2, False,
+                                                   batch, seq))
+    assert _walk(out, {id(p.untyped_storage()) for p in mixer.parameters()}) == analytic
 
 
 @pytest.mark.parametrize(("shape", "mode", "batch", "seq"), [
