@@ -653,6 +653,12 @@ def _gated_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext, name: s
     return out
 
 
+def gated_mlp_tensors(m: ModelSpec, inter: int, ctx: ActContext, mods: tuple[str, ...]) -> list[SavedTensor]:
+    """A gated MLP of ``inter`` intermediate width after one of the model's norms, whose input ``mods`` read (one
+    cast copy each under autocast), per token (Zamba2's shared block: analytic/terms/shared_block.py)."""
+    return _gated_tensors(m, ceil_div(inter, ctx.tp), _norm_out_bytes(m.norm, ctx), ctx, "mlp", mods)
+
+
 def _fc_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext) -> list[SavedTensor]:
     """A non-gated MLP (fc1, activation, fc2), per token."""
     c = ctx.compute_bytes

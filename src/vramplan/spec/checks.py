@@ -938,13 +938,16 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for a model of Mamba2 layers with shared transformer blocks run ahead of the
-    mixer in some of them (``MambaSpec.shared_attention_layers``, ``zamba2``): inference with transformers' ``generate``
-    is estimated (the hybrid layers' KV cache and every layer's mixer state: transformers 5.24 gives a "hybrid" layer a
+    mixer in some of them (``MambaSpec.shared_attention_layers``, ``zamba2``): training and inference with
+    transformers' ``generate`` are estimated (the hybrid layers' KV cache and every layer's mixer state: transformers 5.24 gives a "hybrid" layer a
     ``LinearAttentionAndFullAttentionLayer``; the prefill's running layer, ``analytic/inference.py``
     ``shared_block_extra_bytes``); the rest is refused.
 
-    * Training: the shared block's saved tensors (the concatenated ``2 x hidden`` input, the per-invocation adapters,
-      one block's weights reused by several layers) are not modelled.
+    * Training is estimated as the Mamba2 hybrids' is (``_hybrid_train_problems``: full fine-tuning, no or full
+      checkpointing, one GPU's shard of the batch), each hybrid layer adding its shared block's saved tensors (the
+      ``2 x hidden`` norm and attention input, the adapters' rank outputs, the MLP, the per-layer ``linear``'s input:
+      analytic/terms/shared_block.py); adapters (``train.peft``), selective checkpointing, parallelism inside the
+      model and transformers 4.x are refused.
     * Serving with vLLM is modelled (``serve/mamba_pages.py``: vLLM gives each hybrid layer's shared block its own
       ``Attention``, laid out beside every layer's Mamba2 state page); SGLang's and llama.cpp's state pools are not.
     * Inference: tensor parallelism (``Zamba2Config`` has no ``base_model_tp_plan``), a quantized cache
@@ -957,11 +960,13 @@ def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     assert ms is not None
     what = (f"{m.name} runs a Mamba2 mixer in each of its {m.num_layers} layers and a shared transformer block "
             f"ahead of the mixer in {len(ms.shared_attention_layers)} of them")
+    version = s.software.transformers_version
     if s.task == "train":
-        return [Problem("task", f"{what}; training it is not estimated: the shared blocks' saved tensors (their "
-                        "2 x hidden concatenated input, the per-layer adapters) are not modelled",
-                        "estimate inference (task: inference) for this model, or train a hybrid whose training is "
-                        "estimated (bamba, granitemoehybrid, nemotron_h)")]
+        if version is not None and version < (5, 0):
+            return [Problem("software.transformers", f"{what}; its training is modelled on transformers 5.24's "
+                            f"modeling_zamba2.py, not {s.software.transformers}",
+                            "drop software.transformers, or set it to 5.0 or later")]
+        return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
     if s.task == "serve":
         # vLLM gives each hybrid layer's shared block its own Attention (zamba2.py Zamba2Attention.dpa_list): attention
         # layers beside the mixers, laid out by serve/mamba_pages.py
@@ -970,7 +975,6 @@ def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
         return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: its pool for "
                         "the mixers' state (SGLang's MambaPool, llama.cpp's recurrent-state cells) beside the shared "
                         "blocks' KV cache is not modelled", "use serve.engine vllm, which is estimated")]
-    version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "
                         f"modeling_zamba2.py (DynamicCache's hybrid layers, an fp32 SSM state), not "

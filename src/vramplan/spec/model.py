@@ -187,6 +187,11 @@ class MambaSpec:
     # mixer's state (Zamba2's "hybrid" layers: ``Zamba2HybridLayer`` runs ``shared_transformer`` then ``mamba_decoder``,
     # and transformers 5.24's cache gives such a layer a ``LinearAttentionAndFullAttentionLayer``, cache_utils.py)
     shared_attention_layers: tuple[int, ...] = ()
+    # the shared block's per-layer low-rank adapters (Zamba2: ``Zamba2MLP.gate_up_proj_adapter_list`` always,
+    # ``Zamba2Attention.linear_q/k/v_adapter_list`` with ``use_shared_attention_adapter``), their rank
+    # (``adapter_rank``): what a training step saves of them (analytic/terms/shared_block.py)
+    shared_adapter_rank: int = 0
+    shared_attention_adapters: bool = False
 
     @property
     def conv_dim(self) -> int:

@@ -16,7 +16,7 @@ analytic/activations.py: computed once per stage and read by the saved-tensor an
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.checkpointing import checkpoint_policy, checkpointed_input_bytes, checkpointed_layer
@@ -26,6 +26,11 @@ from vramplan.analytic.terms import encoder_decoder as encdec
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
+from vramplan.analytic.terms.shared_block import (
+    checkpoint_embeddings_per_token,
+    shared_block_attention_tensors,
+    shared_block_mlp_tensors,
+)
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.units import ceil_div
 
@@ -150,6 +155,8 @@ def _mixer_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
     the incoming and outgoing residual gradients (``2 r h``) beside what its own backward makes (not counted: see
     the assumption the report states)."""
     m, ctx = c.m, c.act
+    if m.mamba is not None and ls.index in m.mamba.shared_attention_layers:
+        return _shared_block_per_token(c, ls)
     if not _has_mlp(ls):
         norm = act.norm_saved_per_token(m, ctx)
         return _PerToken(norm, (act.SavedTensor("norm.input", norm),), 0, (0, 2 * ctx.residual_bytes * m.hidden_size),
@@ -160,6 +167,25 @@ def _mixer_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
     mlp_part = act.norm_saved_per_token(m, ctx) + act.mlp_saved(m, ls, ctx)
     return _PerToken(act.total_bytes(tensors), tensors, 0,
                      (act.backward_transients_per_token(m, ls, ctx)[0], 2 * ctx.residual_bytes * m.hidden_size),
+                     mlp_part, act.freed_before_mlp_backward_per_token(m, ls, ctx))
+
+
+def _shared_block_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
+    """A Zamba2 hybrid layer, per token, without its mixer (analytic/terms/shared_block.py): the shared block's
+    attention part (its ``2 h`` norm, the attention, the q/k/v adapters), then its MLP part, the per-layer
+    ``linear``'s input and the mixer's ``input_layernorm`` (part "mlp": with the mixer's records, freed before the
+    shared attention's backward, which ends the layer's).  Transients: the larger of the mixer's residual gradients
+    (``2 r h``) and the shared MLP's backward; then the shared attention's backward over its ``2 h`` input."""
+    m, ctx = c.m, c.act
+    norm = act.norm_saved_per_token(m, ctx)
+    attn = shared_block_attention_tensors(m, ls, ctx)
+    mlp = [*shared_block_mlp_tensors(m, ls, ctx), act.SavedTensor("norm.input", norm, 1, "mlp")]
+    tensors = tuple(attn + mlp)
+    mlp_part = act.total_bytes(mlp)
+    wide = replace(m, hidden_size=2 * m.hidden_size)
+    mlp_tr, _ = act.backward_transients_per_token(m, ls, ctx)
+    _, attn_tr = act.backward_transients_per_token(wide, ls, ctx)
+    return _PerToken(act.total_bytes(tensors), tensors, 0, (max(mlp_tr, 2 * ctx.residual_bytes * m.hidden_size), attn_tr),
                      mlp_part, act.freed_before_mlp_backward_per_token(m, ls, ctx))
 
 
@@ -243,7 +269,13 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         full = [f + ed for f in full]
         tensors = [ts + ed_tensors for ts in tensors]
     mixer = _mixer_tensors(c)
-    _add_to_layers(c, full, tensors, lambda ls: _has_mixer(m, ls), act.total_bytes(mixer), mixer)
+    shared = m.mamba.shared_attention_layers if m.mamba is not None else ()
+    _add_to_layers(c, full, tensors, lambda ls: _has_mixer(m, ls) and ls.index not in shared, act.total_bytes(mixer),
+                   mixer)
+    # a Zamba2 hybrid layer's mixer runs after its shared block: its backward comes first, its records freed before
+    # the shared block's attention backward (analytic/terms/shared_block.py)
+    _add_to_layers(c, full, tensors, lambda ls: ls.index in shared, act.total_bytes(mixer),
+                   tuple(t._replace(part="mlp") for t in mixer))
     vis, vis_tensors, _ = _cross_vision(c)
     _add_to_layers(c, full, tensors, lambda ls: cross.cross_layer(c, ls), vis, vis_tensors)
     cap = capacity_rows_bytes(c)
@@ -329,6 +361,10 @@ def _compute(c: StepContext) -> LayerActivations:
         attn_transient = [t + (vis_transient if cross.cross_layer(c, ls) else 0) for t, ls in zip(attn_transient, specs, strict=True)]
     # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
     released = [v.released * tokens for v in per_token]
+    if m.mamba is not None and m.mamba.shared_attention_layers:
+        # a Zamba2 hybrid layer's mixer records, freed with its shared MLP's before the shared attention's backward
+        mixer = act.total_bytes(_mixer_tensors(c))
+        released = [x + (mixer if ls.index in m.mamba.shared_attention_layers else 0) for x, ls in zip(released, specs, strict=True)]
     mlp_released = [v.mlp_released * tokens for v in per_token]
     if wx is not None and c.lt.experts_wrapped:
         for j, ls in enumerate(specs):
@@ -336,6 +372,9 @@ def _compute(c: StepContext) -> LayerActivations:
                 mlp_transient[j], mlp_released[j] = act.wrapped_experts_backward(
                     m, wx, ctx, tokens, mlp_transient[j], mlp_released[j])
     shared = act.shared_saved_per_token(m, ctx, ckpt, attention_recorded=len(attention_idle) < len(specs)) * tokens
+    if ckpt == "full":
+        # Zamba2: the embeddings' clone, an input of every checkpointed hybrid layer (analytic/terms/shared_block.py)
+        shared += checkpoint_embeddings_per_token(m, ctx) * tokens
     return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
                             tuple(released), tuple(mlp_released), shared, host, tuple(tensors), checkpointed)
 

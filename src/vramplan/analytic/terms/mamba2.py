@@ -172,4 +172,12 @@ def mixer_train_notes(m: ModelSpec) -> list[str]:
     gradients = ("not modelled: the gradients a mixer's backward makes inside the chunked scan (counted: the incoming "
             "and outgoing residual gradients only); with full checkpointing the peak falls in that backward and is "
             "under the traced engine's by up to 4% on transformers' Bamba test configuration")
+    if ms.shared_attention_layers:
+        rank = f"rank-{ms.shared_adapter_rank} adapters on q/k/v and" if ms.shared_attention_adapters else "a rank-" + \
+            f"{ms.shared_adapter_rank} adapter on"
+        return [torch_path, (f"{len(ms.shared_attention_layers)} of them first run a shared transformer block "
+                             "(transformers 5.24's Zamba2AttentionDecoderLayer, the shared weights' gradients summed "
+                             f"over their layers): each saves its 2 x hidden norm and attention input, {rank} the "
+                             "MLP's gate_up, the MLP and the per-layer linear's input "
+                             "(analytic/terms/shared_block.py)"), gradients]
     return [torch_path, gradients]

@@ -72,9 +72,11 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                    n_groups=int(get(cfg, "mamba_ngroups", default=1)),
                    state_size=int(get(cfg, "mamba_d_state", default=64)),
                    conv_kernel=int(get(cfg, "mamba_d_conv", default=4)), intermediate_size=m_inter,
-                   chunk_size=int(get(cfg, "chunk_size", default=256)), shared_attention_layers=hybrid)
+                   chunk_size=int(get(cfg, "chunk_size", default=256)), shared_attention_layers=hybrid,
+                   shared_adapter_rank=int(get(cfg, "adapter_rank", default=128)),
+                   shared_attention_adapters=bool(get(cfg, "use_shared_attention_adapter", default=False)))
     bias = bool(get(cfg, "add_bias_linear", default=False))
-    rank = int(get(cfg, "adapter_rank", default=128))
+    rank = ms.shared_adapter_rank
     n_mem = int(get(cfg, "num_mem_blocks", default=1))
     tied = bool(cfg.get("tie_word_embeddings", True))
     # the blocks the model holds: the first num_mem_blocks hybrid layers' (the later ones tie to them), unless the
@@ -94,7 +96,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     # adapters: block b (hybrid layers b, b + n_mem, ...) holds one per hybrid layer it serves; tied, the model holds
     # each once (one per hybrid layer), untied every copy of block b holds all of block b's
     adapted = [(hybrid[b::n_mem], 1 if tied else len(hybrid[b::n_mem])) for b in range(min(n_mem, len(hybrid)))]
-    if bool(get(cfg, "use_shared_attention_adapter", default=False)):
+    if ms.shared_attention_adapters:
         for proj in ("q", "k", "v"):
             for span, per in adapted:
                 p.linear(f"{st}.self_attn.linear_{proj}_adapter_list.0", attn_h, rank, span, False, "replicated",
