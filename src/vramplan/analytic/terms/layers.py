@@ -268,6 +268,18 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
         ed = act.total_bytes(ed_tensors)
         full = [f + ed for f in full]
         tensors = [ts + ed_tensors for ts in tensors]
+    _add_mixer_records(c, full, tensors)
+    vis, vis_tensors, _ = _cross_vision(c)
+    _add_to_layers(c, full, tensors, lambda ls: cross.cross_layer(c, ls), vis, vis_tensors)
+    cap = capacity_rows_bytes(c)
+    _add_to_layers(c, full, tensors, lambda ls: ls.moe, cap,
+                   (act.SavedTensor("mlp.experts.capacity_rows", cap, 1, "mlp"),))
+    return full, dora, wx, tensors
+
+
+def _add_mixer_records(c: StepContext, full: list[int], tensors: list[tuple[act.SavedTensor, ...]]) -> None:
+    """A hybrid's mixer records, added in place to the layers that run a mixer (``_full_saved``)."""
+    m = c.m
     mixer = _mixer_tensors(c)
     shared = m.mamba.shared_attention_layers if m.mamba is not None else ()
     _add_to_layers(c, full, tensors, lambda ls: _has_mixer(m, ls) and ls.index not in shared, act.total_bytes(mixer),
@@ -276,12 +288,6 @@ def _full_saved(c: StepContext) -> tuple[list[int], int, act.WrappedExperts | No
     # the shared block's attention backward (analytic/terms/shared_block.py)
     _add_to_layers(c, full, tensors, lambda ls: ls.index in shared, act.total_bytes(mixer),
                    tuple(t._replace(part="mlp") for t in mixer))
-    vis, vis_tensors, _ = _cross_vision(c)
-    _add_to_layers(c, full, tensors, lambda ls: cross.cross_layer(c, ls), vis, vis_tensors)
-    cap = capacity_rows_bytes(c)
-    _add_to_layers(c, full, tensors, lambda ls: ls.moe, cap,
-                   (act.SavedTensor("mlp.experts.capacity_rows", cap, 1, "mlp"),))
-    return full, dora, wx, tensors
 
 
 def capacity_rows_bytes(c: StepContext) -> int:
@@ -360,11 +366,7 @@ def _compute(c: StepContext) -> LayerActivations:
     if vis_transient:
         attn_transient = [t + (vis_transient if cross.cross_layer(c, ls) else 0) for t, ls in zip(attn_transient, specs, strict=True)]
     # with full checkpointing the layer is recomputed whole, so its MLP part is in ``full``
-    released = [v.released * tokens for v in per_token]
-    if m.mamba is not None and m.mamba.shared_attention_layers:
-        # a Zamba2 hybrid layer's mixer records, freed with its shared MLP's before the shared attention's backward
-        mixer = act.total_bytes(_mixer_tensors(c))
-        released = [x + (mixer if ls.index in m.mamba.shared_attention_layers else 0) for x, ls in zip(released, specs, strict=True)]
+    released = _released(c, per_token)
     mlp_released = [v.mlp_released * tokens for v in per_token]
     if wx is not None and c.lt.experts_wrapped:
         for j, ls in enumerate(specs):
@@ -377,6 +379,18 @@ def _compute(c: StepContext) -> LayerActivations:
         shared += checkpoint_embeddings_per_token(m, ctx) * tokens
     return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
                             tuple(released), tuple(mlp_released), shared, host, tuple(tensors), checkpointed)
+
+
+def _released(c: StepContext, per_token: list[_PerToken]) -> list[int]:
+    """Each layer's records released by its MLP's backward (``_compute``)."""
+    m, tokens = c.m, c.tokens
+    released = [v.released * tokens for v in per_token]
+    if m.mamba is not None and m.mamba.shared_attention_layers:
+        # a Zamba2 hybrid layer's mixer records, freed with its shared MLP's before the shared attention's backward
+        mixer = act.total_bytes(_mixer_tensors(c))
+        shared = m.mamba.shared_attention_layers
+        released = [x + (mixer if ls.index in shared else 0) for x, ls in zip(released, c.layer_specs, strict=True)]
+    return released
 
 
 def _dora_saved(m: ModelSpec, tgt: frozenset[str], rank: int, x_bytes: int, tp: int) -> tuple[int, int]:
