@@ -208,3 +208,11 @@ def test_lfm2_reserved_agrees_with_the_traced_engine(hidden: int, layer_types: l
     a, t = estimate(doc).per_gpu, traced(doc).per_gpu
     assert a.peak_reserved_bytes - a.peak_allocated_bytes > 16 * 2**20
     assert abs(a.peak_reserved_bytes - t.peak_reserved_bytes) <= 2 * 2**20
+
+
+def test_a_mixer_kind_not_replayed_is_refused_by_the_stream() -> None:
+    g = GenerateCall.of(resolve({"model": "benchmarks/gpu/configs/qwen3next-synthetic-3b.json", "task": "inference",
+                                 "hardware": {"gpu": "H100"},
+                                 "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 4}}))
+    with pytest.raises(ValueError, match="gated_deltanet layers are not replayed"):
+        generate_stream(g, [])

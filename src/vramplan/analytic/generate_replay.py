@@ -17,8 +17,16 @@ rules (``vramplan.alloc.replay_compact``).  The engine keeps its own count of th
 replay's simplified layer is not a second estimate of them) and takes from the replay only the cached
 excess, ``peak reserved - peak allocated`` of the replay (``fragmentation_bytes``).
 
-What is replayed is a dense decoder with full or sliding-window attention layers; a mixture of experts,
-a hybrid (Mamba) model, Gemma 3n's AltUp layers, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
+A hybrid whose mixer kind is in ``REPLAYED_MIXERS`` (LFM2's gated short convolution) is replayed too: its
+convolution blocks (``_short_conv_layer``) and its attention layers (``_layer`` with ``hybrid``) are written as
+transformers 5.24's ``modeling_lfm2.py`` and ``cache_utils.py`` make them, op by op as the traced engine records
+them (q/k norms, a ``torch.cat`` copy at every cache update, the prefill included, no copy of SDPA's output, the
+layer's input held by the model's loop to the layer's end, the cuBLAS workspace), and the convolution state made
+once beside the attention layers' growing cache.  On LFM2's H100 run (benchmarks/gpu/h100-2026-11-27f) the replay's
+excess is 828,176,384 B, the traced engine's 829,977,600 B, and the reserved bytes -1.8% from the measured.
+
+What is replayed is a dense decoder with full or sliding-window attention layers, or LFM2; a mixture of experts,
+another hybrid (Mamba2, Mamba, gated DeltaNet, lightning attention, RG-LRU, RWKV), Gemma 3n's AltUp layers, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
 preallocated cache and transformers' legacy (< 4.42) cache are not, and ``applies`` says so.
 """
 
@@ -254,6 +262,8 @@ def _any_layer(st: AllocStream, g: GenerateCall, i: int, tokens: int, res: int, 
     in ``keys[i]`` (``values[i]`` unused), an attention layer's keys and values in both; returns its output."""
     ms = g.m.mamba
     if ms is not None and i in ms.layers:
+        if ms.kind not in REPLAYED_MIXERS:
+            raise ValueError(f"{ms.kind} layers are not replayed (REPLAYED_MIXERS: {', '.join(REPLAYED_MIXERS)})")
         out, keys[i] = _short_conv_layer(st, g, tokens, res, keys[i])
         return out
     out, keys[i], values[i] = _layer(st, g, tokens, res, keys[i], values[i], length, hybrid=ms is not None)
