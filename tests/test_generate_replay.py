@@ -110,3 +110,109 @@ def test_growth_late_in_the_call_is_stated_and_widens_the_band() -> None:
     assert not any(a.startswith("not modelled") for a in flat.assumptions)
     assert (grows.band["classes"]["reserved"]["factor_high"]
             > flat.band["classes"]["reserved"]["factor_high"])
+
+
+# LFM2 (gated short-convolution blocks beside attention), tests/test_families_lfm2.py's tester: hidden 32, MLP width
+# int(2 x 96 / 3) = 64, 4 layers (convolution at 0 and 2, attention at 1 and 3), 4 query heads and 2 K/V heads of 8,
+# conv_L_cache 3 (the config's default), vocabulary 99, tied embeddings
+LFM2_TESTER: dict[str, Any] = {
+    "model_type": "lfm2", "vocab_size": 99, "hidden_size": 32, "block_ff_dim": 96, "block_multiple_of": 16,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "full_attn_idxs": [1, 3]}
+
+
+def _lfm2_call(**inf: Any) -> GenerateCall:
+    return GenerateCall.of(resolve({"model": LFM2_TESTER, "task": "inference", "hardware": {"gpu": "H100"},
+                                    "inference": {"batch_size": 2, "prompt_len": 10, "new_tokens": 4, "dtype": "bf16",
+                                                  **inf}}))
+
+
+def test_lfm2_generate_is_replayed_other_hybrids_are_not() -> None:
+    assert applies(_lfm2_call())
+    assert not applies(_lfm2_call(attention="eager"))
+    qwen3next = GenerateCall.of(resolve({"model": "benchmarks/gpu/configs/qwen3next-synthetic-3b.json",
+                                         "task": "inference", "hardware": {"gpu": "H100"},
+                                         "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 4}}))
+    assert not applies(qwen3next) and cached_excess(qwen3next).bytes == 0
+
+
+def test_lfm2_conv_block_prefill_events_by_hand() -> None:
+    # batch 2, prompt 10, bf16 (c = 2): 20 rows of 32.  operator_norm: the fp32 copy 20 x 32 x 4 = 2,560 (id 0),
+    # pow(2) (1) freed, the normalised product (2), the copy freed, the cast 20 x 32 x 2 = 1,280 (3), the weight's
+    # product (4), then the cast and the product freed; in_proj's BCx 20 x 96 x 2 = 3,840 (5); B * x 1,280 (6); the
+    # cache's zeros 2 x 32 x 3 x 2 = 384 (7); the padded convolution 2 x 32 x (10 + 2) x 2 = 1,536 (8), B * x freed;
+    # y = C * conv 1,280 (9); out_proj 1,280 (10); y, the convolution, BCx and the norm's output freed; the residual sum
+    # 1,280 (11), out_proj's output freed
+    from vramplan.analytic.generate_replay import _short_conv_layer
+    from vramplan.analytic.stream import AllocStream
+
+    st = AllocStream()
+    _, state = _short_conv_layer(st, _lfm2_call(), 20, -1, -1)
+    assert state == 7
+    assert st.events[:22] == [2560, 2560, -2, 2560, -1, 1280, 1280, -4, -3,
+                              3840, 1280, 384, 1536, -7, 1280, 1280, -10, -9, -6, -5, 1280, -11]
+
+
+def test_lfm2_conv_block_decode_events_by_hand() -> None:
+    # one token of 2 sequences: the norm as above over 2 rows (256 fp32, 128 bf16); BCx 2 x 96 x 2 = 384 (5); B * x
+    # 128 (6); causal_conv1d_update's cat of the state and the token 2 x 32 x (3 + 1) x 2 = 512 (7); its convolution
+    # 2 x 32 x 2 x 2 = 256 (8), the cat freed at its return, then B * x; y 128 (9), out_proj 128 (10); no new state
+    from vramplan.analytic.generate_replay import _short_conv_layer
+    from vramplan.analytic.stream import AllocStream
+
+    st = AllocStream()
+    _, state = _short_conv_layer(st, _lfm2_call(), 2, -1, 99)
+    assert state == 99
+    assert st.events[9:20] == [384, 128, 512, 256, -8, -7, 128, 128, -10, -9, -6]
+
+
+def test_lfm2_stream_leaves_the_weights_workspace_inputs_caches_and_scores() -> None:
+    # batch 2, prompt 10, 4 new tokens (3 decode steps, the cache ends at 13 tokens), bf16.  Alive after the stream:
+    # the weights; the cuBLAS workspace (33,554,432 B on an H100, the traced engine's); the prompt's embeddings
+    # 2 x 10 x 32 x 2 = 1,280; RoPE cos and sin 2 x 10 x 8 x 2 = 320; the attention layers' caches, each prefill and
+    # step a torch.cat copy, 2 layers x 2 (K, V) x 2 x 13 x 16 x 2 = 3,328; the convolution states 2 layers x 2 x 32
+    # x 3 x 2 = 768; the last fp32 scores 2 x 99 x 4 = 792
+    g = _lfm2_call()
+    weights = weight_tensors(g)
+    assert sum(weights) == 2 * g.m.num_parameters
+    events = generate_stream(g, weights)
+    assert _live_after(events) == sum(weights) + 33_554_432 + 1_280 + 320 + 3_328 + 768 + 792
+    freed = [-e - 1 for e in events if e < 0]
+    assert len(freed) == len(set(freed))
+
+
+LFM2_SYNTH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "configs" / "lfm2-synthetic-1b.json"
+
+
+@pytest.mark.parametrize(("hidden", "layer_types", "batch", "prompt", "new"), [
+    (512, ["conv", "full_attention", "conv", "full_attention"], 4, 1024, 8),
+    (1024, ["conv", "conv", "full_attention", "conv"], 2, 2048, 8),
+    (512, ["conv", "full_attention", "conv", "full_attention"], 8, 512, 20),
+])
+def test_lfm2_reserved_agrees_with_the_traced_engine(hidden: int, layer_types: list[str], batch: int, prompt: int,
+                                                     new: int) -> None:
+    """Reserved bytes of the analytic engine (live peak + the replay's cached excess) against the traced engine's
+    (every real call replayed) on small LFM2 shapes (the H100 run's synthetic config, narrowed): within 2 MiB, the
+    small pool's segment, where the traced engine's sub-MiB tensors that the replay leaves out (the norms' row
+    statistics, position ids, the RoPE tables' intermediates) are carved (1,050,112 B apart on the first and third
+    shapes, 768 B on the second); the cached excess itself is 17 to 40 MB there, so a packed-only estimate fails."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    cfg = {**json.loads(LFM2_SYNTH.read_text()), "hidden_size": hidden, "num_hidden_layers": len(layer_types),
+           "layer_types": layer_types, "intermediate_size": 3 * hidden, "vocab_size": 4096,
+           "num_attention_heads": hidden // 64, "num_key_value_heads": max(1, hidden // 256)}
+    doc = {"task": "inference", "model": cfg, "hardware": {"gpu": "H100"},
+           "inference": {"batch_size": batch, "prompt_len": prompt, "new_tokens": new, "dtype": "bf16"},
+           "software": {"transformers": "5.17", "torch": "2.11"}}
+    a, t = estimate(doc).per_gpu, traced(doc).per_gpu
+    assert a.peak_reserved_bytes - a.peak_allocated_bytes > 16 * 2**20
+    assert abs(a.peak_reserved_bytes - t.peak_reserved_bytes) <= 2 * 2**20
+
+
+def test_a_mixer_kind_not_replayed_is_refused_by_the_stream() -> None:
+    g = GenerateCall.of(resolve({"model": "benchmarks/gpu/configs/qwen3next-synthetic-3b.json", "task": "inference",
+                                 "hardware": {"gpu": "H100"},
+                                 "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 4}}))
+    with pytest.raises(ValueError, match="gated_deltanet layers are not replayed"):
+        generate_stream(g, [])

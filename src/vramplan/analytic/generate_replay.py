@@ -17,8 +17,16 @@ rules (``vramplan.alloc.replay_compact``).  The engine keeps its own count of th
 replay's simplified layer is not a second estimate of them) and takes from the replay only the cached
 excess, ``peak reserved - peak allocated`` of the replay (``fragmentation_bytes``).
 
-What is replayed is a dense decoder with full or sliding-window attention layers; a mixture of experts,
-a hybrid (Mamba) model, Gemma 3n's AltUp layers, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
+A hybrid whose mixer kind is in ``REPLAYED_MIXERS`` (LFM2's gated short convolution) is replayed too: its
+convolution blocks (``_short_conv_layer``) and its attention layers (``_layer`` with ``hybrid``) are written as
+transformers 5.24's ``modeling_lfm2.py`` and ``cache_utils.py`` make them, op by op as the traced engine records
+them (q/k norms, a ``torch.cat`` copy at every cache update, the prefill included, no copy of SDPA's output, the
+layer's input held by the model's loop to the layer's end, the cuBLAS workspace), and the convolution state made
+once beside the attention layers' growing cache.  On LFM2's H100 run (benchmarks/gpu/h100-2026-11-27f) the replay's
+excess is 828,176,384 B, the traced engine's 829,977,600 B, and the reserved bytes -1.8% from the measured.
+
+What is replayed is a dense decoder with full or sliding-window attention layers, or LFM2; a mixture of experts,
+another hybrid (Mamba2, Mamba, gated DeltaNet, lightning attention, RG-LRU, RWKV), Gemma 3n's AltUp layers, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
 preallocated cache and transformers' legacy (< 4.42) cache are not, and ``applies`` says so.
 """
 
@@ -28,13 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vramplan.alloc import replay_compact
-from vramplan.analytic.layout import rank_tensors
+from vramplan.analytic.layout import count_on_rank, rank_tensors, split_on_rank
+from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.stream import AllocStream
 
 if TYPE_CHECKING:
     from vramplan.analytic.inference import GenerateCall
 
-__all__ = ["REPLAYED_DECODE_STEPS", "CachedExcess", "applies", "cached_excess",
+__all__ = ["REPLAYED_DECODE_STEPS", "REPLAYED_MIXERS", "CachedExcess", "applies", "cached_excess",
            "generate_stream", "growth_note", "weight_tensors"]
 
 # Decode steps replayed.  The cached excess is set by the prefill's holes and by each step's reallocation of
@@ -47,10 +56,17 @@ __all__ = ["REPLAYED_DECODE_STEPS", "CachedExcess", "applies", "cached_excess",
 REPLAYED_DECODE_STEPS = 64
 
 
+# The mixer kinds (``MambaSpec.kind``) whose layers are replayed beside attention layers: LFM2's gated short
+# convolution (``_short_conv_layer``).  Other hybrids (Mamba2, Gated DeltaNet, lightning attention, RG-LRU, Mamba-1,
+# RWKV-4) are not, and their reports say the cached excess is not replayed.
+REPLAYED_MIXERS = ("short_conv",)
+
+
 def applies(g: GenerateCall) -> bool:
     """True for the calls the replay describes (module docstring)."""
     m, s = g.m, g.r.scenario
-    return (not g.lit and not g.gen.legacy_cache and g.tp == 1 and m.moe is None and m.mamba is None
+    return (not g.lit and not g.gen.legacy_cache and g.tp == 1 and m.moe is None
+            and (m.mamba is None or m.mamba.kind in REPLAYED_MIXERS)
             and m.mla is None and s.inference.quantization == "none" and s.inference.images_per_sample == 0
             and not (m.vision is not None and m.vision.cross_attention_layers) and g.attention in ("sdpa", "flash") and g.new >= 2
             and g.beams == 1  # beam search's reorder_cache copies are not in the replayed stream
@@ -59,9 +75,13 @@ def applies(g: GenerateCall) -> bool:
             and g.sliding_cache == "window")
 
 
-def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:
+def _rms_norm(st: AllocStream, tokens: int, h: int, c: int, hybrid: bool = False) -> int:
     """``LlamaRMSNorm``: the fp32 copy, ``pow(2)`` (freed after the mean), the normalised fp32 product, its
-    cast back and the weight's product; returns the output's id.  In fp32 the ``.to`` calls are no-ops."""
+    cast back and the weight's product; returns the output's id.  In fp32 the ``.to`` calls are no-ops.
+
+    ``hybrid`` (``_layer``): the normalised product stays bound to ``hidden_states`` until the return
+    (``return self.weight * hidden_states.to(input_dtype)``, ``Lfm2RMSNorm``), so it is freed after the weight's
+    product, as the traced engine records; the dense replay frees it before."""
     if c == 4:
         st.free(st.alloc(tokens * h * 4))  # pow(2)
         return st.alloc(tokens * h * 4)
@@ -70,6 +90,10 @@ def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:
     normed = st.alloc(tokens * h * 4)
     st.free(h32)
     cast = st.alloc(tokens * h * c)
+    if hybrid:
+        out = st.alloc(tokens * h * c)
+        st.free_all((cast, normed))
+        return out
     st.free(normed)
     out = st.alloc(tokens * h * c)
     st.free(cast)
@@ -90,36 +114,91 @@ def _rotate(st: AllocStream, nbytes: int) -> int:
     return out
 
 
-def _layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: int, keys: int
-           ) -> tuple[int, int, int]:
+def _layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: int, keys: int,
+           hybrid: bool = False) -> tuple[int, int, int]:
     """One decoder layer over ``tokens`` rows; ``keys`` the cache's length after it (the prefill's: the prompt).
-    Returns (the layer's output, the cache's keys, its values)."""
+    Returns (the layer's output, the cache's keys, its values).
+
+    ``hybrid``: an attention layer of a hybrid model (LFM2's ``Lfm2Attention``, ``modeling_lfm2.py`` 5.24), written
+    as the release runs it and as the traced engine records it, where the dense replay (False) keeps the
+    simplified layer its streams were checked with against the H200 runs:
+
+    * with ``qk_norm`` the query's and the key's projections each go through an RMSNorm over the head dim before
+      the rotation (``self.q_layernorm(self.q_proj(hidden_states).view(...))``), the projection freed once the
+      norm returns, and the value's projection comes after them;
+    * ``DynamicLayer.update`` (``cache_utils.py`` 5.24 lines 113-137) concatenates at every update, the first one
+      included (``lazy_initialization`` makes empty tensors, then ``self.keys = torch.cat([self.keys,
+      key_states], dim=-2)``): the prefill's keys and values are copies, and the rotated key and the value are
+      freed once ``update`` returns, after both concatenations;
+    * SDPA's output (flash and memory-efficient kernels) is laid out as ``(b, p, heads, d)``, so that
+      ``attn_output.transpose(1, 2)``'s ``reshape(...).contiguous()`` copies nothing; the rotated query and that
+      output are freed when the attention returns, after ``out_proj``, and the norm's output with them."""
     m, c, b = g.m, g.c, g.batch
     h, d = m.hidden_size, m.head_dim
     q, kv = m.num_attention_heads * d, m.num_kv_heads * d
-    inter = max(ls.intermediate_size for ls in m.layers)
-    normed = _rms_norm(st, tokens, h, c)
-    qq, kk, vv = st.alloc(tokens * q * c), st.alloc(tokens * kv * c), st.alloc(tokens * kv * c)
-    q_rot = _rotate(st, tokens * q * c)
-    st.free(qq)
-    k_rot = _rotate(st, tokens * kv * c)
-    st.free(kk)
-    if k_old < 0:
-        keys_id, values_id = k_rot, vv  # the first update stores the tensors themselves
+    normed = _rms_norm(st, tokens, h, c, hybrid)
+    if hybrid and m.qk_norm:
+        raw = st.alloc(tokens * q * c)
+        qq = _rms_norm(st, tokens * m.num_attention_heads, d, c, hybrid)
+        st.free(raw)
+        raw = st.alloc(tokens * kv * c)
+        kk = _rms_norm(st, tokens * m.num_kv_heads, d, c, hybrid)
+        st.free(raw)
+        vv = st.alloc(tokens * kv * c)
     else:
-        keys_id = st.alloc(b * keys * kv * c)  # torch.cat([old, new], dim=-2)
-        st.free_all((k_old, k_rot))
+        qq, kk, vv = st.alloc(tokens * q * c), st.alloc(tokens * kv * c), st.alloc(tokens * kv * c)
+    if hybrid:
+        # apply_rotary_pos_emb rotates both before the attention rebinds its query and key
+        q_rot = _rotate(st, tokens * q * c)
+        k_rot = _rotate(st, tokens * kv * c)
+        st.free_all((qq, kk))
+    else:
+        q_rot = _rotate(st, tokens * q * c)
+        st.free(qq)
+        k_rot = _rotate(st, tokens * kv * c)
+        st.free(kk)
+    if hybrid:
+        keys_id = st.alloc(b * keys * kv * c)  # torch.cat([self.keys, key_states], dim=-2)
+        st.free(k_old)
         values_id = st.alloc(b * keys * kv * c)
-        st.free_all((v_old, vv))
-    out = st.alloc(tokens * q * c)
-    st.free(q_rot)
-    contiguous = st.alloc(tokens * q * c)  # attn_output.transpose(1, 2).contiguous()
-    st.free(out)
-    o = st.alloc(tokens * h * c)
-    st.free_all((contiguous, normed))
+        st.free(v_old)
+        st.free_all((k_rot, vv))
+        out = st.alloc(tokens * q * c)  # SDPA's output
+        o = st.alloc(tokens * h * c)  # out_proj
+        st.free_all((q_rot, out, normed))
+    else:
+        if k_old < 0:
+            keys_id, values_id = k_rot, vv  # the first update stores the tensors themselves
+        else:
+            keys_id = st.alloc(b * keys * kv * c)  # torch.cat([old, new], dim=-2)
+            st.free_all((k_old, k_rot))
+            values_id = st.alloc(b * keys * kv * c)
+            st.free_all((v_old, vv))
+        out = st.alloc(tokens * q * c)
+        st.free(q_rot)
+        contiguous = st.alloc(tokens * q * c)  # attn_output.transpose(1, 2).contiguous()
+        st.free(out)
+        o = st.alloc(tokens * h * c)
+        st.free_all((contiguous, normed))
     mid = st.alloc(tokens * h * c)  # residual + attention
-    st.free_all((o, res))
-    normed2 = _rms_norm(st, tokens, h, c)
+    if not hybrid:
+        st.free_all((o, res))
+        return _mlp_half(st, g, tokens, mid), keys_id, values_id
+    # the model's loop holds the layer's input (``hidden_states = decoder_layer(hidden_states, ...)``,
+    # ``Lfm2Model.forward``) until the layer returns
+    st.free(o)
+    new = _mlp_half(st, g, tokens, mid, hybrid=True)
+    st.free(res)
+    return new, keys_id, values_id
+
+
+def _mlp_half(st: AllocStream, g: GenerateCall, tokens: int, mid: int, hybrid: bool = False) -> int:
+    """The layer's second half after ``mid`` (its input plus the mixer's output): the norm, the (gated) MLP and
+    the residual sum; returns the layer's output.  ``hybrid``: the norm as ``_rms_norm`` writes it for one."""
+    m, c = g.m, g.c
+    h = m.hidden_size
+    inter = max(ls.intermediate_size for ls in m.layers)
+    normed2 = _rms_norm(st, tokens, h, c, hybrid)
     if m.mlp_gated:
         gate = st.alloc(tokens * inter * c)
         act = st.alloc(tokens * inter * c)
@@ -135,7 +214,60 @@ def _layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, k_old: int, 
     st.free_all((prod, normed2))
     new = st.alloc(tokens * h * c)  # residual + MLP
     st.free_all((down, mid))
-    return new, keys_id, values_id
+    return new
+
+
+def _short_conv_layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, state: int) -> tuple[int, int]:
+    """An LFM2 convolution block over ``tokens`` rows (``Lfm2DecoderLayer`` with ``Lfm2ShortConv``,
+    ``modeling_lfm2.py`` 5.24, its torch ``causal_conv1d_fn``/``causal_conv1d_update``); ``state`` the layer's
+    convolution state (-1 at the prefill, which makes it).  Returns (the layer's output, the state).
+
+    Prefill: ``operator_norm``; ``in_proj``'s output ``BCx`` (3 h a row; B, C and x are its views); ``B * x``;
+    ``update_conv_state``'s lazy ``torch.zeros`` of ``b x h x conv_L_cache`` (kept: the cache's tensor, filled by
+    ``copy_``; the prompt is returned as it is); ``F.conv1d``'s padded output ``b x h x (p + k - 1)``, after which
+    ``B * x`` is unbound; ``y = C * conv`` (the elementwise product takes the layout of ``C``, a view of
+    ``BCx.transpose(-1, -2)``, so that ``y.transpose(-1, -2).contiguous()`` copies nothing: the traced engine sees
+    no copy there), ``out_proj``'s output (``y`` freed); at the return the convolution's output and ``BCx``, then
+    the norm's output.  Decode: ``causal_conv1d_update`` concatenates the state and the token (``b x h x (k + 1)``), copies
+    its last ``k`` columns into the state and convolves it (``b x h x 2``), the concatenation freed at its
+    return."""
+    m, c, b = g.m, g.c, g.batch
+    ms = m.mamba
+    assert ms is not None
+    h, k = m.hidden_size, ms.conv_kernel
+    normed = _rms_norm(st, tokens, h, c, hybrid=True)
+    bcx = st.alloc(tokens * 3 * h * c)
+    bx = st.alloc(tokens * h * c)
+    if state < 0:
+        state = st.alloc(b * h * k * c)  # LinearAttentionLayer.lazy_initialization's zeros
+        conv = st.alloc(b * h * (tokens // b + k - 1) * c)
+    else:
+        cat = st.alloc(b * h * (k + 1) * c)  # torch.cat([conv_state, hidden_states], dim=-1)
+        conv = st.alloc(b * h * 2 * c)
+        st.free(cat)
+    st.free(bx)
+    y = st.alloc(tokens * h * c)  # C * hidden_states, laid out as C (b, p, h): the transpose is contiguous
+    out = st.alloc(tokens * h * c)  # out_proj
+    st.free_all((y, conv, bcx, normed))
+    mid = st.alloc(tokens * h * c)  # hidden_states + residual
+    st.free(out)
+    new = _mlp_half(st, g, tokens, mid, hybrid=True)
+    st.free(res)  # the model's loop held the layer's input (``_layer``)
+    return new, state
+
+
+def _any_layer(st: AllocStream, g: GenerateCall, i: int, tokens: int, res: int, keys: list[int],
+               values: list[int], length: int) -> int:
+    """Layer ``i`` over ``tokens`` rows, the cache ``length`` tokens long after it: a mixer layer's state is held
+    in ``keys[i]`` (``values[i]`` unused), an attention layer's keys and values in both; returns its output."""
+    ms = g.m.mamba
+    if ms is not None and i in ms.layers:
+        if ms.kind not in REPLAYED_MIXERS:
+            raise ValueError(f"{ms.kind} layers are not replayed (REPLAYED_MIXERS: {', '.join(REPLAYED_MIXERS)})")
+        out, keys[i] = _short_conv_layer(st, g, tokens, res, keys[i])
+        return out
+    out, keys[i], values[i] = _layer(st, g, tokens, res, keys[i], values[i], length, hybrid=ms is not None)
+    return out
 
 
 def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = None) -> list[int]:
@@ -146,6 +278,10 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
     st = AllocStream()
     for nbytes in weights:
         st.alloc(nbytes)
+    if m.mamba is not None:
+        # the first matmul's cuBLAS workspace, taken from the caching allocator (``getCUDABlasLtWorkspace``) and
+        # kept: the traced engine records it before the embedding; the dense replay leaves it out
+        st.alloc(cublas_workspace_bytes(g.r.gpu, handles=1))
     h, vocab = m.hidden_size, m.vocab_size
     embeds = st.alloc(b * p * h * c)  # inputs_embeds, kept by the decoder's forward
     st.alloc(p * m.head_dim * c)  # RoPE cos
@@ -154,9 +290,8 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
     values = [-1] * len(m.layers)
     res = embeds
     for i in range(len(m.layers)):
-        out, keys[i], values[i] = _layer(st, g, b * p, -1 if res == embeds else res, -1, -1, p)
-        res = out
-    final = _rms_norm(st, b * p, h, c)
+        res = _any_layer(st, g, i, b * p, -1 if res == embeds else res, keys, values, p)
+    final = _rms_norm(st, b * p, h, c, m.mamba is not None)
     st.free(res)
     logits = st.alloc(b * vocab * c)  # logits_to_keep=1
     scores = st.alloc(b * vocab * 4)  # generate's fp32 copy of the last position's logits
@@ -165,9 +300,8 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
     for step in range(1, last + 1):
         x = st.alloc(b * h * c)
         for i in range(len(m.layers)):
-            x_new, keys[i], values[i] = _layer(st, g, b, x, keys[i], values[i], p + step)
-            x = x_new
-        final = _rms_norm(st, b, h, c)
+            x = _any_layer(st, g, i, b, x, keys, values, p + step)
+        final = _rms_norm(st, b, h, c, m.mamba is not None)
         st.free(x)
         logits = st.alloc(b * vocab * c)
         new_scores = st.alloc(b * vocab * 4)
@@ -180,6 +314,16 @@ def weight_tensors(g: GenerateCall) -> list[int]:
     """Bytes of each parameter tensor in the order ``from_config``/``from_pretrained`` builds them: the
     embedding, each layer's tensors, then the rest (final norm, an untied head)."""
     inner, outside = rank_tensors(g.m, g.rp, g.tp)
+    if g.m.mamba is not None:
+        # a hybrid's layers differ (a mixer layer holds no attention projections): each layer's own tensors
+        lset = set(g.rp.layers)
+        per_layer: list[int] = []
+        for i in g.rp.layers:
+            for prm in g.m.params:
+                if prm.layer_span and i in prm.layer_span:
+                    each = count_on_rank(prm, lset, 1) // max(1, sum(map(lset.__contains__, prm.layer_span)))
+                    per_layer += [split_on_rank(prm, g.tp, 1) * g.c] * each
+        return [n * g.c for n in outside[:1]] + per_layer + [n * g.c for n in outside[1:]]
     return ([n * g.c for n in outside[:1]] + [n * g.c for n, _ in inner] * len(g.rp.layers)
             + [n * g.c for n in outside[1:]])
 
