@@ -20,7 +20,7 @@ from vramplan.catalog.resolve import resolve
 from vramplan.errors import ScenarioError
 from vramplan.facts.vllm_multimodal import MM_V0_RULES, mm_v0_read, mm_v0_rule
 from vramplan.serve.vllm import decide
-from vramplan.serve.vllm_mm import MmProfile, mm_profile_v0, mm_v0_modelled
+from vramplan.serve.vllm_mm import MmProfile, encoder_bound, mm_profile_v0, mm_v0_modelled
 
 PER_PATCH = 49_136
 PIXELS_F32 = 4_704
@@ -189,3 +189,51 @@ def test_v0_row_is_sourced_and_read_within_its_range(row: Any) -> None:
     later = [r.first for r in MM_V0_RULES if r.first > row.first]
     assert row.sources and all(row.first <= at < (later[0] if later else (0, 8, 0)) for at in row.read_at)
     assert all(at in row.read_at for at in row.tower_read_at)
+
+
+# ---- a multimodal combination that is not modelled: stated, with the KV band lowered by a derived bound ----
+
+
+def test_encoder_bound_arithmetic() -> None:
+    m = _model()
+    # V1: item max(32,768, 1,225) = 32,768 tokens; budget max(16,384, 32,768) = 32,768; + one item: 65,536 tokens;
+    # patches 65,536 x 4,900 / 1,225 = 262,144; per patch (serve/vllm_mm.py encoder_bound) held 1,176 x 6 + 80 x 4 +
+    # 1,280 x 2 = 9,936 B, attention 12 x 1,280 x 2 + 16 x 1,280 + 12 x 80 = 52,160 B (MLP 33,320 B): 62,096 B;
+    # 262,144 x 62,096 = 16,278,093,824 B; outputs 2 x 65,536 x 3,584 x 2 = 939,524,096 B
+    b = encoder_bound(m, 32768, 16384, 2, None, v0=False)
+    assert b is not None
+    assert (b.tokens, b.patches, b.per_patch) == (65_536, 262_144, 62_096)
+    assert (b.encoder_bytes, b.output_bytes) == (16_278_093_824, 939_524_096)
+    # V0, limit 1 (unset): 32,768 + 2 x 1 x 32,768 = 98,304 tokens, 393,216 patches
+    v0 = encoder_bound(m, 32768, 16384, 2, None, v0=True)
+    assert v0 is not None and (v0.tokens, v0.patches) == (98_304, 393_216)
+    zero = encoder_bound(m, 32768, 16384, 2, 0, v0=True)
+    assert zero is not None and zero.bytes == 0
+
+
+def test_unmodelled_combination_states_it_and_widens_the_kv_band() -> None:
+    from vramplan.engine import estimate
+    from vramplan.report.band import band_bounds
+
+    # Qwen2.5-VL at vLLM 0.7.0 (V0; vLLM had no Qwen2.5-VL before 0.7.2): not modelled
+    sv = {"max_model_len": 32768, "max_num_seqs": 256, "max_num_batched_tokens": 32768, "dtype": "bf16",
+          "vllm_version": "0.7.0"}
+    r = resolve({"model": QWEN25_VL_7B, "task": "serve", "hardware": {"gpu": "H100-SXM"}, "framework": "vllm",
+                 "serve": sv})
+    assert not mm_v0_modelled((0, 7, 0), r.model)
+    d = decide(r, "0.7.0")
+    assert d.mm_profile is None
+    # V0 bound: max(32,768, 32,768) + 2 x 32,768 = 98,304 tokens: 24,417,140,736 + 2 x 98,304 x 3,584 x 2 =
+    # 24,417,140,736 + 1,409,286,144 = 25,826,426,880 B
+    assert d.encoder_bound_bytes == 25_826_426_880
+    notes = [a for a in d.assumptions if a.startswith("not modelled: the multimodal encoder")]
+    assert notes and "an upper bound of what the profile run takes, 24.05 GiB" in notes[0]
+    rep = estimate(r)
+    kv = rep.serve.kv_cache_bytes
+    # the report's KV class (the widest of the calibration: "not modelled" widens it, report/band.py)
+    q = rep.band["classes"]["kv_cache"]["log_quantile"]
+    assert any(a.startswith("band widened to the widest class") for a in rep.assumptions)
+    # that class's low end alone would be kv x e^-q; the bound takes it to (kv - bound) x e^-q
+    # (the band key's quantile is rounded to 6 decimals: equal to a millionth)
+    assert rep.serve.kv_cache_bytes_low == pytest.approx(band_bounds(max(kv - 25_826_426_880, 0), q)[0], rel=1e-6)
+    assert rep.serve.kv_cache_bytes_low < band_bounds(kv, q)[0]

@@ -119,8 +119,10 @@ from vramplan.serve.mamba_pages import (
 )
 from vramplan.serve.sglang_options import mtp_layer_bytes
 from vramplan.serve.vllm_mm import (
+    EncoderBound,
     MmProfile,
     MmV0Batch,
+    encoder_bound,
     mm_profile,
     mm_profile_modelled,
     mm_profile_v0,
@@ -825,6 +827,9 @@ class VllmDecision:
     stages: tuple[VllmStage, ...] = ()  # pp > 1: every pipeline rank
     binding_stage: int = 0  # pp > 1: the rank with the fewest blocks of its own
     mm_profile: MmProfile | None = None  # a multimodal model: the encoder's part of the profile run (serve/vllm_mm.py)
+    # a multimodal model whose profile run is not modelled: an upper bound of what it takes from the KV pool
+    # (serve/vllm_mm.py encoder_bound), by which the KV band's low end is lowered (report/band.py)
+    encoder_bound_bytes: int = 0
     dp: int = 1  # --data-parallel-size: engine cores, each with its own tp x pp GPUs and KV pool
     ep: int = 1  # the MoE layers' expert-parallel ranks (moe_split): 1, or tp x dp with --enable-expert-parallel
 
@@ -946,6 +951,8 @@ class VllmDecision:
         if self.sleep_level:
             keys.update({"sleep_level": self.sleep_level, "asleep_device_bytes": self.asleep_device_bytes,
                          "asleep_host_bytes": self.asleep_host_bytes})
+        if self.encoder_bound_bytes:
+            keys["encoder_bound_bytes"] = self.encoder_bound_bytes
         if self.mm_profile is not None:
             mm = self.mm_profile
             keys.update({"encoder_budget_tokens": mm.budget_tokens, "encoder_profile_items": mm.items,
@@ -2042,12 +2049,30 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> list
     # in the parameter count; any other multimodal config is flattened to its language model
     counted = ("the encoder's weights are counted (the vision tower), its profile run and cache are not"
                if r.model.vision is not None else "only the language model is counted here")
+    bound = _mm_bound(r, beh, b, batched)
+    widened = ("; no bound can be derived without the tower's shape: the KV band is widened to the calibration's "
+               "widest class only" if bound is None else
+               f"; an upper bound of what the profile run takes, {bound.bytes / GiB:.2f} GiB (at most "
+               f"{bound.tokens:,} tokens of items, {bound.patches:,} patches x {bound.per_patch:,} B, the largest "
+               "working set a patch of the towers read holds, plus twice their rows of outputs: serve/vllm_mm.py "
+               "encoder_bound), lowers the KV band's low end")
     return [
         (f"not modelled: the multimodal encoder of {multimodal}: vLLM loads its weights with the language model "
         "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
-        "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0), both taken from the "
-        f"KV budget; {counted}, so the KV pool is overestimated (limit the "
+        "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0; the V0 engine's "
+        "vllm/worker/model_runner.py _dummy_run, in its dummy sequences), both taken from the "
+        f"KV budget; {counted}, so the KV pool is overestimated{widened} (limit the "
         "modalities to 0 with --limit-mm-per-prompt to serve text only)")]
+
+
+def _mm_bound(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> EncoderBound | None:
+    """The encoder's upper bound (serve/vllm_mm.py ``encoder_bound``) of a multimodal model whose profile run is
+    not modelled; None where it is modelled or the model has no multimodal encoder."""
+    if b.mm is not None or mm_v0_modelled(parse_release(beh.version), r.model) or not multimodal_architecture(r):
+        return None
+    sv = r.scenario.serve
+    return encoder_bound(r.model, sv.max_model_len or r.model.max_position_embeddings, batched,
+                         dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt, beh.rules.engine == "v0")
 
 
 def _mm_v0_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, mm: MmProfile, v0: MmV0Batch,
@@ -2234,6 +2259,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     stages = tuple(_stage_row(pp_stage_layers(r.model.num_layers, par.pp, stage), stage, sb, skv, kv.blocks)
                    for stage, (sb, skv) in enumerate(ranks)) if par.pp > 1 else ()
     g = b.cudagraphs
+    bound = _mm_bound(r, beh, b, batched)
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
         total_memory_bytes=b.total, gpu_memory_utilization=sv.gpu_memory_utilization, requested_bytes=b.requested,
@@ -2258,6 +2284,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
         proposer_forward_peak_bytes=b.proposer_peak, speculative_buffers_bytes=b.proposer_buffers,
+        encoder_bound_bytes=bound.bytes if bound is not None else 0,
         mamba_state_page_bytes=kv.hybrid.state_page if kv.hybrid else 0,
         mamba_layers=kv.hybrid.mamba_layers if kv.hybrid else 0,
         cudagraph_bytes_low=g.low_bytes if g else 0, cudagraph_bytes_high=g.high_bytes if g else 0,

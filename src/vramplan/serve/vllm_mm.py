@@ -63,7 +63,7 @@ from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.vision import smart_resize
 from vramplan.units import ceil_div
 
-__all__ = ["MmProfile", "MmV0Batch", "mm_profile", "mm_profile_modelled", "mm_profile_v0", "mm_v0_modelled",
+__all__ = ["EncoderBound", "MmProfile", "MmV0Batch", "encoder_bound", "mm_profile", "mm_profile_modelled", "mm_profile_v0", "mm_v0_modelled",
            "qwen_vl_item"]
 
 # get_image_size_with_most_features: smart_resize of a square this many pixels a side (up to 0.12.x)
@@ -455,3 +455,59 @@ def mm_profile_v0(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int,
                      output_bytes=kept, encoder_peak_bytes=max(img_moment, vid_moment), held_per_patch=held,
                      attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=tokens_img,
                      rule=None, exact=exact, limit_default=MM_LIMIT_DEFAULT, v0=batch)
+
+
+@dataclass(frozen=True)
+class EncoderBound:
+    """An upper bound of what an unmodelled multimodal profile run takes from the KV pool (``encoder_bound``)."""
+
+    tokens: int  # the items' tokens in the language model's sequence the profile can encode at most
+    patches: int  # the tower's patches of those tokens
+    per_patch: int  # bytes a patch can hold at the tower's peak
+    encoder_bytes: int  # patches x per_patch
+    output_bytes: int  # the outputs kept, with zeros of as many rows scattered into
+
+    @property
+    def bytes(self) -> int:
+        return self.encoder_bytes + self.output_bytes
+
+
+def encoder_bound(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, dtype_bytes: int,
+                  limit: int | None, v0: bool) -> EncoderBound | None:
+    """An upper bound of the encoder's part of a profile run that is not modelled (None: no tower in the spec, so
+    none can be derived; a zero bound when ``limit`` is 0, every modality disabled).
+
+    * tokens: an item is assumed to hold at most ``T = max(max_model_len, tokens_per_image)`` tokens (the registry
+      sizes a video to ``max_model_len`` and an image to the processor's largest); V1 encodes ``cdiv(budget, T)``
+      items at most, ``budget = max(max_num_batched_tokens, T)``: at most ``budget + T`` tokens; V0's dummy
+      sequences share ``max_num_batched_tokens``, but a prompt too long for its share keeps its items in some releases
+      (0.6.6): at most ``max(max_num_batched_tokens, T) + 2 x limit x T`` (an image and a video modality);
+    * patches: tokens x ``(patches_per_image + extra_tokens) / tokens_per_image`` (the spec's image; assumed the same
+      ratio for every item of the model);
+    * per patch, the largest of the towers read (module docstring; siglip.py): the pixel values in float32 with
+      their copy in the dtype, the rotary table (hd float32) and the embeddings (d) held; attention the larger of
+      0.11.0's concatenated rotary ``12 d c + 16 d + 12 hd`` and the copies ``11 d c``; the gated MLP's ``(5 d + 3 I) c``
+      (above a plain MLP's ``(3 d + 2 I) c``);
+    * outputs: twice the tokens' rows of the language model's width (0.11.0 scatters into zeros of the budget).
+
+    Qwen2.5-VL-7B (d 1,280, hd 80, I 3,420, 1,176 pixel values, bf16): held 1,176 x 6 + 80 x 4 + 1,280 x 2 = 9,936 B;
+    attention 12 x 1,280 x 2 + 16 x 1,280 + 12 x 80 = 52,160 B; MLP (6,400 + 10,260) x 2 = 33,320 B: 62,096 B."""
+    v = m.vision
+    if v is None or v.tower is None or v.tokens_per_image <= 0:
+        return None
+    per_prompt = (MM_LIMIT_DEFAULT if v0 else MM_LIMIT_DEFAULT_V1) if limit is None else limit
+    if per_prompt == 0:
+        return EncoderBound(0, 0, 0, 0, 0)
+    item = max(max_model_len, v.tokens_per_image)
+    budget = max(max_num_batched_tokens, item)
+    tokens = budget + (2 * per_prompt * item if v0 else item)
+    patches = ceil_div(tokens * (v.patches_per_image + v.extra_tokens), v.tokens_per_image)
+    d, i, c = v.hidden_size, v.intermediate_size, dtype_bytes
+    hd = d // max(v.num_attention_heads, 1)
+    pixels = v.num_channels * max(v.temporal_patch_size, 1) * v.patch_size * v.patch_size
+    held = pixels * (_F32 + c) + hd * _F32 + d * c
+    attention = max(12 * d * c + 16 * d + 12 * hd, 11 * d * c)
+    mlp = max((5 * d + 3 * i) * c, (3 * d + 2 * i) * c)
+    per_patch = held + max(attention, mlp)
+    return EncoderBound(tokens=tokens, patches=patches, per_patch=per_patch, encoder_bytes=patches * per_patch,
+                        output_bytes=2 * tokens * m.hidden_size * c)
