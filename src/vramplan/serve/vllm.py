@@ -1623,6 +1623,8 @@ def _mm_profile(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int) -> MmP
     sv = r.scenario.serve
     max_len = sv.max_model_len or r.model.max_position_embeddings
     release = parse_release(beh.version)
+    if _v0_fallback(r, beh):
+        return None  # V0's dummy batch under a V1 release: not modelled (_mm_notes, _mm_bound)
     if mm_v0_modelled(release, r.model):
         return mm_profile_v0(r.model, max_len, batched, seqs, dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
                              release)
@@ -2035,11 +2037,12 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> list
                          f"patch are assumed as read at {at} (facts/vllm_multimodal.py, tower '{rule.tower}')")
         return notes
     multimodal = multimodal_architecture(r)
+    fallback = _v0_fallback(r, beh)
     if multimodal and limit == 0 and mm_v0_modelled(parse_release(beh.version), r.model):
         return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, the registry counts no "
                  "multimodal token and vLLM's V0 dummy sequences carry no item (vllm/worker/model_runner.py "
                  "_dummy_run): the profile run encodes nothing")]
-    if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM:
+    if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM and not fallback:
         return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, vLLM profiles no "
                  "encoder (\"Encoder cache will not be initialized\")")]
     if not multimodal:
@@ -2061,8 +2064,28 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> list
         "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
         "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0; the V0 engine's "
         "vllm/worker/model_runner.py _dummy_run, in its dummy sequences), both taken from the "
-        f"KV budget; {counted}, so the KV pool is overestimated{widened} (limit the "
+        f"KV budget; {counted}, so the KV pool is overestimated{widened}"
+        + (f"; {fallback}, whose dummy batch is not modelled for this release (the rest of the estimate is V1's)"
+           if fallback else "") + " (limit the "
         "modalities to 0 with --limit-mm-per-prompt to serve text only)")]
+
+
+# vllm/engine/arg_utils.py EngineArgs._is_v1_supported_oracle: "Compute Capability < 8.0" falls back to V0 (0.8.0
+# line 1475, 0.9.1 line 1305, 0.10.0 line 1350, 0.10.1 line 1403; gone in 0.10.2)
+V0_FALLBACK_CC_UNTIL: tuple[int, int, int] = (0, 10, 2)
+
+
+def _v0_fallback(r: Resolved, beh: VllmBehaviour) -> str:
+    """Why a V1 release runs this multimodal model on its V0 engine ("" when it does not): a GPU of compute
+    capability below 8.0 from 0.8.0 to 0.10.1 (``V0_FALLBACK_CC_UNTIL``).  Only read for the multimodal profile run
+    (the rest of the estimate is V1's, said so)."""
+    release, cc = parse_release(beh.version), r.gpu.compute_capability or ""
+    if beh.rules.engine != "v1" or release >= V0_FALLBACK_CC_UNTIL or not cc or int(cc.partition(".")[0]) >= 8:
+        return ""
+    if not multimodal_architecture(r):
+        return ""
+    return (f"vLLM {beh.version} falls back to its V0 engine on a GPU of compute capability {cc} (< 8.0: "
+            "vllm/engine/arg_utils.py _is_v1_supported_oracle, read at 0.8.0, 0.9.1, 0.10.0, 0.10.1)")
 
 
 def _mm_bound(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> EncoderBound | None:
@@ -2072,7 +2095,8 @@ def _mm_bound(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> Enco
         return None
     sv = r.scenario.serve
     return encoder_bound(r.model, sv.max_model_len or r.model.max_position_embeddings, batched,
-                         dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt, beh.rules.engine == "v0")
+                         dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
+                         beh.rules.engine == "v0" or bool(_v0_fallback(r, beh)))
 
 
 def _mm_v0_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, mm: MmProfile, v0: MmV0Batch,
