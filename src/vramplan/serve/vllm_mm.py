@@ -426,9 +426,10 @@ def mm_profile_v0(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int,
             grid_t = _v0_video_grid_t(rule, tokens_img, seq_len, per_prompt, per_prompt)
         prompt = per_prompt * tokens_img + n_vid * grid_t * tokens_img + (2 if rule.dummy == "registry" else 0)
         longest = max(longest, prompt)
-        tokens += count * max(seq_len, prompt)
         if rule.dummy == "profiler" and prompt > seq_len:
-            continue  # "total_len > seq_len and not envs.VLLM_USE_V1": a text-only sequence
+            tokens += count * seq_len
+            continue  # "total_len > seq_len and not envs.VLLM_USE_V1": a text-only sequence of seq_len tokens
+        tokens += count * max(seq_len, prompt)
         with_items += count
         images += count * per_prompt
         img_patches += count * per_prompt * patches_img
