@@ -97,9 +97,10 @@ def test_encoder_moment_sets_the_peak_for_a_long_video() -> None:
     assert d.activation_peak_bytes == d.mm_profile.encoder_peak_bytes + d.cublas_workspace_bytes
 
 
-@pytest.mark.parametrize("version", ["0.7.3"])
+@pytest.mark.parametrize("version", ["0.7.0"])
 def test_release_not_read_keeps_the_assumption(version: str) -> None:
-    # V0 (before 0.8.0): its profile run was not read
+    # V0 before 0.7.2 had no Qwen2.5-VL (qwen2_5_vl.py): its profile run is not modelled (tests/test_vllm_mm_v0.py has
+    # the V0 releases that are)
     d = decide(_resolved(version=version), version)
     assert d.mm_profile is None
     assert any(a.startswith("not modelled: the multimodal encoder of Qwen2_5_VLForConditionalGeneration") for a in
@@ -126,7 +127,7 @@ def test_family_without_checkpoint_pixels_not_modelled() -> None:
 def test_report_states_the_profile_instead_of_not_modelled() -> None:
     from vramplan.engine import estimate
 
-    modelled, unread = estimate(_resolved()), estimate(_resolved(version="0.7.3"))
+    modelled, unread = estimate(_resolved()), estimate(_resolved(version="0.7.0"))
     assert not [a for a in modelled.assumptions if a.startswith("not modelled:") and "encoder" in a]
     assert [a for a in modelled.assumptions if a.startswith("multimodal profile run (vLLM 0.8.2")]
     assert [a for a in unread.assumptions if a.startswith("not modelled: vLLM's encoder cache")]

@@ -697,4 +697,4 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
     rep = _report(r, sr.peak, sr.moments, sr.outside, Host(), block, sr.assumptions, reserved=sr.peak.total)
     # a server that refuses to start does not fit, whatever the byte count says
     rep = rep if sr.starts else rep.model_copy(update={"fits": False})
-    return with_band(rep, blocks_per_request=sr.blocks_per_request)
+    return with_band(rep, blocks_per_request=sr.blocks_per_request, kv_unmodelled_bytes=sr.kv_unmodelled_bytes)

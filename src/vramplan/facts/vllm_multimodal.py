@@ -76,7 +76,45 @@ read in the wheels of the releases in its ``read_at`` (``pip download vllm==X --
   with ``supports_mm_device_do_normalize = True``, whose input dtype is not read).
 
 0.9.0 was not read for Qwen-VL: the 0.8.x row is assumed for it (the nearest earlier).  Before 0.8.0 (the V0 engine) the encoder
-ran inside the dummy sequences' forward (``vllm/worker/model_runner.py`` ``profile_run``): not read here.
+runs inside the dummy sequences' forward: ``MM_V0_RULES`` below.
+
+The V0 engine (``V0_MM_RULES``, every release before 0.8.0; 0.8.x under ``VLLM_USE_V1=0`` is the 0.7.3 row, its
+``model_runner.py`` and ``multimodal/profiling.py`` read at 0.8.0, but the scenario has no switch for it), read in the
+wheels of 0.6.3, 0.6.5, 0.6.6, 0.7.0, 0.7.2 and 0.7.3:
+
+* ``vllm/worker/model_runner.py`` ``ModelRunner.profile_run`` / ``_dummy_run`` (0.6.6 lines 1268-1296, 0.7.3 lines
+  1279-1303, 0.8.0 lines 1287-1310; 0.6.3 lines 1242-1266): ``max_mm_tokens = mm_registry.get_max_multimodal_tokens(model_config)``, the sum
+  over the modalities of ``limit_per_prompt x max tokens per item``; when positive, ``max_num_seqs = min(max_num_seqs,
+  max_num_batched_tokens // max_mm_tokens)``, at least 1; sequence ``i`` gets ``max_num_batched_tokens //
+  max_num_seqs`` tokens, one more while ``i < max_num_batched_tokens % max_num_seqs``, and the dummy data of
+  ``dummy_data_for_profiling(model_config, seq_len, mm_registry)``; the whole batch runs in one forward;
+* the per-item maxima the registry sums: 0.6.x ``get_max_qwen2_vl_mm_tokens`` (one image; a "video" of one temporal
+  patch, the same tokens); 0.7.x ``Qwen2VLProcessingInfo.get_mm_max_tokens_per_item(max_model_len)`` (the image, and
+  the video of as many frames as fit in ``max_model_len`` less the images' tokens, as the V1 0.8.x row);
+* the dummy data of one sequence: 0.6.3 and 0.6.5 ``qwen2_vl.py`` ``dummy_data_for_qwen2_vl`` (``limit["image"]``
+  images, no video, ``max_pixels`` capped at 1280 x 28 x 28 = 1,003,520 by ``_get_max_image_info`` and
+  ``min_pixels`` raised to 28 x 28; a ``RuntimeError`` "Qwen2-VL cannot process N images in a prompt" when the
+  sequence is shorter than their tokens + 2, or than ``max(limit["video"] // 2, 1)`` temporal patches + 2);
+  0.6.6 ``Qwen2VLMultiModalProcessor._get_dummy_mm_inputs`` through ``multimodal/processing.py``
+  ``BaseMultiModalProcessor.get_dummy_data`` (``limit["image"]`` images at the checkpoint's ``max_pixels``, no
+  video; a sequence too short only logs a warning and keeps its items); 0.7.x ``multimodal/profiling.py``
+  ``MultiModalProfiler.get_dummy_data`` (0.8.0 ``get_decoder_dummy_data``) with ``Qwen2VLDummyInputsBuilder``
+  (also Qwen2.5-VL's): ``limit["image"]`` images and ``limit["video"]`` videos whose frames fit in the sequence less
+  the images (``get_num_frames_with_most_features(seq_len)``), and none of them at all when the prompt is longer
+  than the sequence ("total_len > seq_len and not envs.VLLM_USE_V1": the sequence is text only);
+* the frames of a video: 0.7.3 pads an odd count (``padded_num_frames``, as the V1 rows); 0.7.0 and 0.7.2 count
+  ``max(frames // 2, 1)`` temporal patches and round an odd count above 1 up ("Temporary workaround for
+  transformers issue 35412"), so a video can take one temporal patch more than its room;
+* the forward (``Qwen2VLForConditionalGeneration.forward``): the tower runs on all the batch's images at once
+  (``pixel_values`` concatenated over the sequences, float32 as the processor gave them, held in the model's kwargs
+  through the whole forward), then on all its videos; 0.7.x (``get_input_embeddings_v0``) builds ``inputs_embeds``
+  of every token of the batch first, keeps the images' outputs (``image_embeds``, a local) through the videos' and
+  frees them before the language model; 0.6.3 builds ``inputs_embeds`` first too, but its ``image_embeds`` is a
+  local of ``forward``, alive through the language model; 0.6.5 and 0.6.6 encode first
+  (``get_multimodal_embeddings``), build ``inputs_embeds`` after and keep the outputs through the language model.
+  The tower's forward itself was compared at 0.7.0, 0.7.2 and 0.7.3 with 0.8.0's (the xformers path and the PyTorch
+  rotary unchanged: the ``torch`` row's bytes per patch); 0.6.x's (the qkv split and the backend's choice differ) was
+  not read for its bytes: the same are assumed, and said so.
 """
 
 from __future__ import annotations
@@ -85,8 +123,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["GEMMA3_MM_FROM", "GEMMA3_MM_ROWS", "GEMMA3_MM_SOURCES", "MM_LIMIT_DEFAULT", "MM_LIMIT_DEFAULT_V1",
-           "MM_PROFILE_FROM", "MM_PROFILE_RULES", "MM_PROFILE_SOURCES", "QWEN_VL_CHECKPOINT_MAX_PIXELS", "Gemma3MmRow",
-           "MmProfileRule", "gemma3_mm_row", "mm_profile_read", "mm_profile_rule"]
+           "MM_PROFILE_FROM", "MM_PROFILE_RULES", "MM_PROFILE_SOURCES", "MM_V0_FROM", "MM_V0_RULES", "MM_V0_SOURCES",
+           "QWEN_VL_CHECKPOINT_MAX_PIXELS", "Gemma3MmRow", "MmProfileRule", "MmV0Rule", "gemma3_mm_row",
+           "mm_profile_read", "mm_profile_rule", "mm_v0_read", "mm_v0_rule"]
 
 Release = tuple[int, int, int]
 
@@ -235,6 +274,99 @@ def mm_profile_read(release: Release, checkpoint_max_pixels: int, fixed_image: b
     if fixed_image:
         return release >= GEMMA3_MM_FROM
     return release >= MM_PROFILE_FROM and checkpoint_max_pixels > 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class MmV0Rule:
+    """One row of the V0 engine's multimodal profile run for Qwen2-VL and Qwen2.5-VL (module docstring)."""
+
+    first: Release
+    read_at: tuple[Release, ...]
+    # the dummy data of a sequence: dummy_data_for_qwen2_vl (images, capped max_pixels, RuntimeError when too short),
+    # the 0.6.6 processor (images, kept when too short), the 0.7.x profiler (images and videos, none when too short)
+    dummy: Literal["registry", "processor", "profiler"]
+    # how a video's frames are counted: one temporal patch whatever the limit (0.6.x), rounded up to even with
+    # max(frames // 2, 1) temporal patches (0.7.0-0.7.2), padded (0.7.3)
+    frames: Literal["one", "even", "pad"]
+    max_pixels_cap: int  # the cap on the checkpoint's max_pixels (0: none)
+    max_frames: int  # qwen2_vl.py _MAX_FRAMES_PER_VIDEO
+    # whether inputs_embeds (every token of the batch) is built before the tower runs (0.6.3, 0.7.x) or after
+    # (0.6.5-0.6.6: get_multimodal_embeddings first)
+    embeds_first: bool
+    # whether the tower's outputs stay alive through the language model (a local of forward: 0.6.x) or are freed
+    # with get_input_embeddings_v0 (0.7.x)
+    outputs_kept: bool
+    sources: tuple[str, ...]
+    # the first release with Qwen2.5-VL (qwen2_5_vl.py; 0.7.2)
+    qwen2_5_from: Release = (0, 7, 2)
+    # releases whose vision tower's forward was read or compared (the others assume the 0.8.x "torch" row's bytes)
+    tower_read_at: tuple[Release, ...] = ()
+
+
+_V0_RUNNER = "vllm/worker/model_runner.py ModelRunner._dummy_run"
+# 1280 x 28 x 28: qwen2_vl.py _get_max_image_info, 0.6.3 and 0.6.5
+_V0_PIXEL_CAP = 1_003_520
+
+MM_V0_RULES: tuple[MmV0Rule, ...] = (
+    MmV0Rule(
+        first=(0, 6, 1), read_at=((0, 6, 3),), dummy="registry", frames="one", max_pixels_cap=_V0_PIXEL_CAP,
+        max_frames=1, embeds_first=True, outputs_kept=True,
+        sources=(f"{_V0_RUNNER} (0.6.3 lines 1242-1266): max_num_batched_tokens // max_mm_tokens sequences",
+                 ("vllm/model_executor/models/qwen2_vl.py dummy_data_for_qwen2_vl, _get_max_image_info (0.6.3 lines "
+                  "658-730): min(max_pixels, 1280 * 28 * 28), RuntimeError when seq_len < tokens + 2"),
+                 ("vllm/model_executor/models/qwen2_vl.py Qwen2VLForConditionalGeneration.forward (0.6.3 lines "
+                  "1061-1099): embed_tokens, then _process_image_input, image_embeds a local through self.model"))),
+    MmV0Rule(
+        first=(0, 6, 5), read_at=((0, 6, 5),), dummy="registry", frames="one", max_pixels_cap=_V0_PIXEL_CAP,
+        max_frames=1, embeds_first=False, outputs_kept=True,
+        sources=(f"{_V0_RUNNER} (0.6.5 lines 1268-1292)",
+                 ("vllm/model_executor/models/qwen2_vl.py dummy_data_for_qwen2_vl, _get_max_image_info (0.6.5 lines "
+                  "756-850)"),
+                 ("vllm/model_executor/models/qwen2_vl.py Qwen2VLForConditionalGeneration.forward (0.6.5 line 1358): "
+                  "multimodal_embeddings = self.get_multimodal_embeddings(**kwargs) first, a local through the model"))),
+    MmV0Rule(
+        first=(0, 6, 6), read_at=((0, 6, 6),), dummy="processor", frames="one", max_pixels_cap=0, max_frames=1,
+        embeds_first=False, outputs_kept=True,
+        sources=(f"{_V0_RUNNER} (0.6.6 lines 1270-1296)",
+                 "vllm/model_executor/models/qwen2_vl.py Qwen2VLMultiModalProcessor._get_dummy_mm_inputs (0.6.6 847-873)",
+                 "vllm/multimodal/processing.py BaseMultiModalProcessor.get_dummy_data (0.6.6 lines 848-893): a warning")),
+    MmV0Rule(
+        first=(0, 7, 0), read_at=((0, 7, 0), (0, 7, 2)), dummy="profiler", frames="even", max_pixels_cap=0,
+        max_frames=16, embeds_first=True, outputs_kept=False, tower_read_at=((0, 7, 0), (0, 7, 2)),
+        sources=(f"{_V0_RUNNER} (0.7.0, 0.7.2 lines 1279-1303)",
+                 "vllm/multimodal/profiling.py MultiModalProfiler.get_dummy_data (0.7.0 line 183, 0.7.2 line 186)",
+                 ("vllm/model_executor/models/qwen2_vl.py Qwen2VLProcessingInfo.get_num_frames_with_most_features "
+                  "(0.7.0 line 874, 0.7.2 line 880): an odd count above 1 rounded up"))),
+    MmV0Rule(
+        first=(0, 7, 3), read_at=((0, 7, 3),), dummy="profiler", frames="pad", max_pixels_cap=0, max_frames=16,
+        embeds_first=True, outputs_kept=False, tower_read_at=((0, 7, 3),),
+        sources=(f"{_V0_RUNNER} (0.7.3 lines 1279-1303; 0.8.0 lines 1287-1310 the same)",
+                 "vllm/multimodal/profiling.py MultiModalProfiler.get_dummy_data (0.7.3; 0.8.0 get_decoder_dummy_data)",
+                 "vllm/model_executor/models/qwen2_vl.py Qwen2VLForConditionalGeneration.get_input_embeddings_v0 (0.7.3)",
+                 "vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VLForConditionalGeneration.forward (0.7.3 line 1012)")),
+)
+
+MM_V0_FROM: Release = MM_V0_RULES[0].first
+MM_V0_SOURCES: tuple[str, ...] = tuple(src for row in MM_V0_RULES for src in row.sources)
+
+
+def mm_v0_rule(release: Release) -> tuple[MmV0Rule, bool] | None:
+    """The V0 row for ``release`` (before ``MM_PROFILE_FROM``; None before ``MM_V0_FROM``) and whether that
+    release was read (False: the nearest earlier row is assumed)."""
+    rows = [r for r in MM_V0_RULES if r.first <= release]
+    if not rows or release >= MM_PROFILE_FROM:
+        return None
+    return rows[-1], release in rows[-1].read_at
+
+
+def mm_v0_read(release: Release, checkpoint_max_pixels: int, fixed_image: bool = False, gated: bool = False) -> bool:
+    """Whether the V0 engine's profile run of ``release`` is modelled for a Qwen2-VL-style tower (``MM_V0_RULES``):
+    a known ``checkpoint_max_pixels``, not a fixed-size image, a release from ``MM_V0_FROM`` to before
+    ``MM_PROFILE_FROM``; Qwen2.5-VL's tower (``gated``: its gated MLP) from the row's ``qwen2_5_from``."""
+    found = mm_v0_rule(release)
+    if found is None or fixed_image or checkpoint_max_pixels <= 0:
+        return False
+    return not gated or release >= found[0].qwen2_5_from
 
 
 # -- Gemma 3 (Gemma3ForConditionalGeneration) --------------------------------------------------------------------

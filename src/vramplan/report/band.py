@@ -295,11 +295,14 @@ def _describe(qs: dict[str, tuple[float, str]], cal: Calibration) -> dict[str, A
     }
 
 
-def with_band(report: Report, cal: Calibration | None = None, blocks_per_request: int = 0) -> Report:
+def with_band(report: Report, cal: Calibration | None = None, blocks_per_request: int = 0,
+              kv_unmodelled_bytes: int = 0) -> Report:
     """The report with its band keys (``*_low``/``*_high``), ``band`` (where they come from) and ``verdict``.
 
     ``blocks_per_request`` (serving) is the KV blocks one ``max_model_len`` request needs, to
-    count the requests the band's low KV pool still holds."""
+    count the requests the band's low KV pool still holds.  ``kv_unmodelled_bytes`` (serving): an upper bound of
+    what the KV pool may lose to a part of the start-up that is not modelled (serve/vllm_mm.py ``encoder_bound``):
+    the low end of the KV band is at most the band's low end of the pool less it (the blocks in proportion)."""
     cal = load_calibration() if cal is None else cal
     blocks_per_request = blocks_per_request or int(report.band.get("kv_blocks_per_request", 0))
     qs, notes = _quantiles(report, cal)
@@ -332,6 +335,10 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
         k_lo, k_hi = band_bounds(sv.kv_cache_bytes, qs["kv_cache"][0])
         # blocks scale with the pool (vLLM: available // page_bytes), requests with the blocks
         b_lo = math.floor(sv.num_gpu_blocks * math.exp(-qs["kv_cache"][0]))
+        if kv_unmodelled_bytes > 0 and sv.kv_cache_bytes > 0:
+            left = max(sv.kv_cache_bytes - kv_unmodelled_bytes, 0)
+            k_lo = min(k_lo, band_bounds(left, qs["kv_cache"][0])[0])
+            b_lo = min(b_lo, math.floor(sv.num_gpu_blocks * left / sv.kv_cache_bytes * math.exp(-qs["kv_cache"][0])))
         b_hi = math.floor(sv.num_gpu_blocks * math.exp(qs["kv_cache"][0]))
         c_lo = b_lo // blocks_per_request if blocks_per_request else 0
         c_hi = b_hi // blocks_per_request if blocks_per_request else 0

@@ -59,6 +59,9 @@ class ServeResult:
     # (vLLM: the CUDA-graph capture after the KV cache, serve/vllm.py _start_risk)
     start_risk: str = ""
     start_risk_fix: str = ""
+    # an upper bound of what the KV pool may lose to a part of the start-up that is not modelled (vLLM: a
+    # multimodal profile run, serve/vllm_mm.py encoder_bound): lowers the KV band's low end (report/band.py)
+    kv_unmodelled_bytes: int = 0
 
 
 def serve(r: Resolved, version: str | None = None, subtract_cudagraphs: bool = False) -> ServeResult:
@@ -161,7 +164,7 @@ def _vllm(r: Resolved, version: str | None, subtract_cudagraphs: bool) -> ServeR
         non_kv_bytes=d.non_kv_bytes, max_model_len=d.max_model_len, starts=d.starts, assumptions=assumptions,
         engine="vllm", weights_bytes=d.weights_bytes, kv_cache_tokens=d.kv_cache_tokens,
         blocks_per_request=d.blocks_per_request, problem=d.problem, fix=d.fix, start_risk=d.start_risk,
-        start_risk_fix=d.start_risk_fix,
+        start_risk_fix=d.start_risk_fix, kv_unmodelled_bytes=d.encoder_bound_bytes,
     )
 
 

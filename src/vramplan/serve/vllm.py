@@ -67,7 +67,7 @@ from vramplan.facts.vllm_mtp import (
     VLLM_MTP_ARCHS,
     mtp_arch,
 )
-from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM, MM_PROFILE_RULES
+from vramplan.facts.vllm_multimodal import MM_PROFILE_FROM, MM_PROFILE_RULES, MM_V0_RULES
 from vramplan.facts.vllm_releases import (
     LINEAR_MIXER_PROFILE_READ_BEFORE,
     LINEAR_MIXER_V1_FROM,
@@ -118,7 +118,16 @@ from vramplan.serve.mamba_pages import (
     state_space_layout,
 )
 from vramplan.serve.sglang_options import mtp_layer_bytes
-from vramplan.serve.vllm_mm import MmProfile, mm_profile, mm_profile_modelled
+from vramplan.serve.vllm_mm import (
+    EncoderBound,
+    MmProfile,
+    MmV0Batch,
+    encoder_bound,
+    mm_profile,
+    mm_profile_modelled,
+    mm_profile_v0,
+    mm_v0_modelled,
+)
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, vllm_mxfp4_triton
 from vramplan.spec.model import ModelSpec
@@ -818,6 +827,9 @@ class VllmDecision:
     stages: tuple[VllmStage, ...] = ()  # pp > 1: every pipeline rank
     binding_stage: int = 0  # pp > 1: the rank with the fewest blocks of its own
     mm_profile: MmProfile | None = None  # a multimodal model: the encoder's part of the profile run (serve/vllm_mm.py)
+    # a multimodal model whose profile run is not modelled: an upper bound of what it takes from the KV pool
+    # (serve/vllm_mm.py encoder_bound), by which the KV band's low end is lowered (report/band.py)
+    encoder_bound_bytes: int = 0
     dp: int = 1  # --data-parallel-size: engine cores, each with its own tp x pp GPUs and KV pool
     ep: int = 1  # the MoE layers' expert-parallel ranks (moe_split): 1, or tp x dp with --enable-expert-parallel
 
@@ -939,6 +951,8 @@ class VllmDecision:
         if self.sleep_level:
             keys.update({"sleep_level": self.sleep_level, "asleep_device_bytes": self.asleep_device_bytes,
                          "asleep_host_bytes": self.asleep_host_bytes})
+        if self.encoder_bound_bytes:
+            keys["encoder_bound_bytes"] = self.encoder_bound_bytes
         if self.mm_profile is not None:
             mm = self.mm_profile
             keys.update({"encoder_budget_tokens": mm.budget_tokens, "encoder_profile_items": mm.items,
@@ -1604,11 +1618,18 @@ def _intermediate_bytes(m: ModelSpec, batched: int, dtype_bytes: int) -> int:
 
 
 def _mm_profile(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int) -> MmProfile | None:
-    """The encoder's part of the profile run where it is modelled (serve/vllm_mm.py ``mm_profile_modelled``)."""
-    if not mm_profile_modelled(parse_release(beh.version), r.model):
-        return None
+    """The encoder's part of the profile run where it is modelled (serve/vllm_mm.py ``mm_profile_modelled``, V0's
+    ``mm_v0_modelled``)."""
     sv = r.scenario.serve
     max_len = sv.max_model_len or r.model.max_position_embeddings
+    release = parse_release(beh.version)
+    if _v0_fallback(r, beh):
+        return None  # V0's dummy batch under a V1 release: not modelled (_mm_notes, _mm_bound)
+    if mm_v0_modelled(release, r.model):
+        return mm_profile_v0(r.model, max_len, batched, seqs, dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
+                             release)
+    if not mm_profile_modelled(release, r.model):
+        return None
     return mm_profile(r.model, max_len, batched, seqs, dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
                       parse_release(beh.version))
 
@@ -1957,14 +1978,16 @@ def _decision_assumptions(r: Resolved, beh: VllmBehaviour, b: _Budget, kv: _Bloc
     if kv.spec.has_sliding:
         assumptions.append(f"hybrid KV cache manager: {len(kv.groups)} groups of {kv.size} layers "
                            "(sliding-window layers keep only their window)")
-    assumptions += _mm_notes(r, beh, b)
+    assumptions += _mm_notes(r, beh, b, batched)
     return assumptions
 
 
-def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
+def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> list[str]:
     """The multimodal encoder's profile run as modelled (serve/vllm_mm.py), or why it is not."""
     sv = r.scenario.serve
     limit = sv.limit_mm_per_prompt
+    if b.mm is not None and b.mm.v0 is not None:
+        return _mm_v0_notes(r, beh, b, b.mm, b.mm.v0, batched)
     if b.mm is not None:
         mm, c = b.mm, dtype_bits(sv.dtype) // 8
         lm = max(b.forward, b.sampler, b.rejection_peak, b.proposer_peak) + mm.output_bytes
@@ -2014,7 +2037,12 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
                          f"patch are assumed as read at {at} (facts/vllm_multimodal.py, tower '{rule.tower}')")
         return notes
     multimodal = multimodal_architecture(r)
-    if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM:
+    fallback = _v0_fallback(r, beh)
+    if multimodal and limit == 0 and mm_v0_modelled(parse_release(beh.version), r.model):
+        return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, the registry counts no "
+                 "multimodal token and vLLM's V0 dummy sequences carry no item (vllm/worker/model_runner.py "
+                 "_dummy_run): the profile run encodes nothing")]
+    if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM and not fallback:
         return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, vLLM profiles no "
                  "encoder (\"Encoder cache will not be initialized\")")]
     if not multimodal:
@@ -2024,12 +2052,110 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget) -> list[str]:
     # in the parameter count; any other multimodal config is flattened to its language model
     counted = ("the encoder's weights are counted (the vision tower), its profile run and cache are not"
                if r.model.vision is not None else "only the language model is counted here")
+    bound = _mm_bound(r, beh, b, batched)
+    widened = ("; no bound can be derived without the tower's shape: the KV band is widened to the calibration's "
+               "widest class only" if bound is None else
+               f"; an upper bound of what the profile run takes, {bound.bytes / GiB:.2f} GiB (at most "
+               f"{bound.tokens:,} tokens of items, {bound.patches:,} patches x {bound.per_patch:,} B, the largest "
+               "working set a patch of the towers read holds, plus twice their rows of outputs: serve/vllm_mm.py "
+               "encoder_bound), lowers the KV band's low end")
     return [
         (f"not modelled: the multimodal encoder of {multimodal}: vLLM loads its weights with the language model "
         "and its profile run first encodes the largest dummy image or video items of the encoder-cache budget "
-        "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0), both taken from the "
-        f"KV budget; {counted}, so the KV pool is overestimated (limit the "
+        "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0; the V0 engine's "
+        "vllm/worker/model_runner.py _dummy_run, in its dummy sequences), both taken from the "
+        f"KV budget; {counted}, so the KV pool is overestimated{widened}"
+        + (f"; {fallback}, whose dummy batch is not modelled for this release (the rest of the estimate is V1's)"
+           if fallback else "") + " (limit the "
         "modalities to 0 with --limit-mm-per-prompt to serve text only)")]
+
+
+# vllm/engine/arg_utils.py EngineArgs._is_v1_supported_oracle: "Compute Capability < 8.0" falls back to V0 (0.8.0
+# line 1475, 0.9.1 line 1305, 0.10.0 line 1350, 0.10.1 line 1403; gone in 0.10.2)
+V0_FALLBACK_CC_UNTIL: tuple[int, int, int] = (0, 10, 2)
+
+
+def _v0_fallback(r: Resolved, beh: VllmBehaviour) -> str:
+    """Why a V1 release runs this multimodal model on its V0 engine ("" when it does not): a GPU of compute
+    capability below 8.0 from 0.8.0 to 0.10.1 (``V0_FALLBACK_CC_UNTIL``).  Only read for the multimodal profile run
+    (the rest of the estimate is V1's, said so)."""
+    release, cc = parse_release(beh.version), r.gpu.compute_capability or ""
+    if beh.rules.engine != "v1" or release >= V0_FALLBACK_CC_UNTIL or not cc or int(cc.partition(".")[0]) >= 8:
+        return ""
+    if not multimodal_architecture(r):
+        return ""
+    return (f"vLLM {beh.version} falls back to its V0 engine on a GPU of compute capability {cc} (< 8.0: "
+            "vllm/engine/arg_utils.py _is_v1_supported_oracle, read at 0.8.0, 0.9.1, 0.10.0, 0.10.1)")
+
+
+def _mm_bound(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> EncoderBound | None:
+    """The encoder's upper bound (serve/vllm_mm.py ``encoder_bound``) of a multimodal model whose profile run is
+    not modelled; None where it is modelled or the model has no multimodal encoder."""
+    if b.mm is not None or mm_v0_modelled(parse_release(beh.version), r.model) or not multimodal_architecture(r):
+        return None
+    sv = r.scenario.serve
+    return encoder_bound(r.model, sv.max_model_len or r.model.max_position_embeddings, batched,
+                         dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
+                         beh.rules.engine == "v0" or bool(_v0_fallback(r, beh)))
+
+
+def _mm_v0_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, mm: MmProfile, v0: MmV0Batch,
+                 batched: int) -> list[str]:
+    """The V0 engine's multimodal profile run as modelled (serve/vllm_mm.py ``mm_profile_v0``)."""
+    sv = r.scenario.serve
+    limit = sv.limit_mm_per_prompt
+    lm = max(b.forward, b.sampler, b.rejection_peak, b.proposer_peak) + mm.output_bytes
+    moment = "the encoder's forward" if mm.encoder_peak_bytes > lm else "the language model's dummy batch"
+    first = ".".join(map(str, v0.rule.first))
+    read = "" if v0.exact else f", this release not read: the rules from {first} on (the nearest earlier) are assumed"
+    vision = r.model.vision
+    cap = (f", capped at {v0.rule.max_pixels_cap:,} by qwen2_vl.py _get_max_image_info" if v0.rule.max_pixels_cap
+           else "")
+    dropped = v0.seqs - v0.seqs_with_items
+    if v0.seqs_with_items == 0:
+        return [(f"multimodal profile run (vLLM {beh.version}, V0 engine, facts/vllm_multimodal.py MM_V0_RULES{read}): "
+                 f"the registry counts {v0.max_mm_tokens:,} multimodal tokens a prompt, so {v0.seqs} dummy "
+                 f"sequence(s) share {batched:,} tokens, each too short for its items (the longest prompt "
+                 f"{v0.longest_seq:,} tokens): vLLM drops them (\"The context length ... is too short to hold the "
+                 "multi-modal embeddings\", multimodal/profiling.py) and the profile run encodes nothing, so the KV "
+                 "pool leaves no room for the encoder; an image served later runs the tower outside the profile "
+                 "(raise max_num_batched_tokens to at least the longest prompt to have it profiled)")]
+    videos = (f" and {v0.videos} video(s) ({v0.video_tokens:,} tokens, {v0.video_patches:,} patches in all)"
+              if v0.videos else " (no dummy video)")
+    note = (f"multimodal profile run (vLLM {beh.version}, V0 engine, facts/vllm_multimodal.py MM_V0_RULES{read}): the "
+            f"registry counts {v0.max_mm_tokens:,} multimodal tokens a prompt, so {v0.seqs} dummy sequence(s) share "
+            f"{batched:,} tokens; {v0.seqs_with_items} of them carry "
+            f"{limit if limit is not None else f'(limit_mm_per_prompt not set) {mm.limit_default}'} image(s) of "
+            f"{mm.tokens_per_item:,} tokens and {mm.patches_per_item:,} patches each (max_pixels "
+            f"{vision.checkpoint_max_pixels if vision else 0:,} of the released preprocessor_config.json, not read"
+            f"{cap}){videos}"
+            + (f"; {dropped} sequence(s) too short for their items carry none (vLLM's warning \"The context length "
+               "... is too short to hold the multi-modal embeddings\")" if dropped else "")
+            + f"; the tower runs on all {v0.images} image(s) at once: {v0.image_moment_bytes / GiB:.2f} GiB "
+            f"({v0.image_patches:,} patches x ({mm.held_per_patch:,} B held + max(attention {mm.attention_per_patch:,} B, "
+            f"MLP {mm.mlp_per_patch:,} B))"
+            + (f" + inputs_embeds {v0.embeds_bytes / GiB:.2f} GiB" if v0.embeds_bytes else "")
+            + (" + the videos' float32 pixels" if v0.video_patches else "") + ")"
+            + (f", then on the {v0.videos} video(s): {v0.video_moment_bytes / GiB:.2f} GiB (with the images' pixels "
+               "and outputs)" if v0.video_patches else "")
+            + f", a bound without the attention kernel's workspace; {mm.output_bytes / GiB:.2f} GiB (the float32 pixel "
+            "values" + (" and the images' outputs" if v0.rule.outputs_kept else "")
+            + f") stay alive through the language model's dummy batch; the profile peaks in {moment}")
+    if v0.longest_seq > batched // max(v0.seqs, 1) + 1:
+        note += (f"; a dummy prompt of {v0.longest_seq:,} tokens is longer than its share (vLLM 0.6.6 logs a warning "
+                 "and keeps it)")
+    if r.scenario.parallel.tp > 1:
+        note += "; tp > 1: the whole tower's working set is taken on each rank (its split is not modelled)"
+    notes = [note]
+    if v0.longest_seq > batched // max(v0.seqs, 1) + 1:
+        notes.append(f"not modelled: the language model's dummy forward over the {v0.longest_seq:,}-token prompt "
+                     "beyond max_num_batched_tokens (the forward is taken over max_num_batched_tokens)")
+    release = parse_release(beh.version)
+    if release not in v0.rule.tower_read_at:
+        at = ", ".join(".".join(map(str, x)) for row in MM_V0_RULES for x in row.tower_read_at)
+        notes.append(f"not modelled: the vision tower's forward of vLLM {beh.version} (not read for its bytes): its "
+                     f"bytes per patch are assumed as read at {at} and 0.8.0 (facts/vllm_multimodal.py, tower 'torch')")
+    return notes
 
 
 def multimodal_architecture(r: Resolved) -> str:
@@ -2157,6 +2283,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
     stages = tuple(_stage_row(pp_stage_layers(r.model.num_layers, par.pp, stage), stage, sb, skv, kv.blocks)
                    for stage, (sb, skv) in enumerate(ranks)) if par.pp > 1 else ()
     g = b.cudagraphs
+    bound = _mm_bound(r, beh, b, batched)
     return VllmDecision(
         version=beh.version, model=r.model.name, gpu=r.gpu.name, tp=r.scenario.parallel.tp,
         total_memory_bytes=b.total, gpu_memory_utilization=sv.gpu_memory_utilization, requested_bytes=b.requested,
@@ -2181,6 +2308,7 @@ def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
         lora_outside_budget=b.lora_outside > 0, in_use_by_others_bytes=b.others,
         kv_cache_memory_bytes=sv.kv_cache_memory_bytes, rejection_sampler_peak_bytes=b.rejection_peak,
         proposer_forward_peak_bytes=b.proposer_peak, speculative_buffers_bytes=b.proposer_buffers,
+        encoder_bound_bytes=bound.bytes if bound is not None else 0,
         mamba_state_page_bytes=kv.hybrid.state_page if kv.hybrid else 0,
         mamba_layers=kv.hybrid.mamba_layers if kv.hybrid else 0,
         cudagraph_bytes_low=g.low_bytes if g else 0, cudagraph_bytes_high=g.high_bytes if g else 0,

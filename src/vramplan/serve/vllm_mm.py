@@ -43,23 +43,28 @@ the window reordering's copies and the merger (smaller: N d at most) are left ou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.vllm_multimodal import (
     MM_LIMIT_DEFAULT,
     MM_LIMIT_DEFAULT_V1,
     Gemma3MmRow,
     MmProfileRule,
+    MmV0Rule,
     gemma3_mm_row,
     mm_profile_read,
     mm_profile_rule,
+    mm_v0_read,
+    mm_v0_rule,
 )
 from vramplan.facts.vllm_releases import Release
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.vision import smart_resize
 from vramplan.units import ceil_div
 
-__all__ = ["MmProfile", "mm_profile", "mm_profile_modelled", "qwen_vl_item"]
+__all__ = ["EncoderBound", "MmProfile", "MmV0Batch", "encoder_bound", "mm_profile", "mm_profile_modelled", "mm_profile_v0", "mm_v0_modelled",
+           "qwen_vl_item"]
 
 # get_image_size_with_most_features: smart_resize of a square this many pixels a side (up to 0.12.x)
 _HUGE_SIDE = 9_999_999
@@ -90,10 +95,32 @@ class MmProfile:
     # taken when none is given (999 from 0.9.0, 1 in 0.8.x)
     fixed: Gemma3MmRow | None = None
     limit_default: int = MM_LIMIT_DEFAULT
+    # the V0 engine's dummy batch (mm_profile_v0); None under V1
+    v0: MmV0Batch | None = None
 
     @property
     def patches(self) -> int:
         return self.items * self.patches_per_item
+
+
+@dataclass(frozen=True)
+class MmV0Batch:
+    """The V0 engine's dummy batch (``mm_profile_v0``): its sequences, the items they carry and the moments."""
+
+    rule: MmV0Rule
+    exact: bool  # the release's own source was read (False: the nearest earlier row)
+    max_mm_tokens: int  # the registry's sum of limit x the most tokens an item, at max_model_len
+    seqs: int  # dummy sequences: max(1, min(max_num_seqs, max_num_batched_tokens // max_mm_tokens))
+    seqs_with_items: int  # those whose prompt holds their items (0.7.x drops them from a shorter sequence)
+    images: int  # image items over the batch
+    image_patches: int  # patches of all the batch's images
+    videos: int  # video items over the batch
+    video_patches: int  # patches of all the batch's videos
+    video_tokens: int  # the videos' tokens in the language model's sequence
+    embeds_bytes: int  # inputs_embeds of the batch's tokens, alive at the tower's moments where built first
+    image_moment_bytes: int  # the tower on every image, with what is alive beside it
+    video_moment_bytes: int  # the tower on every video, with what is alive beside it
+    longest_seq: int = 0  # the longest dummy prompt (0.6.6 keeps a prompt longer than its share)
 
 
 V1_LIMIT_FROM: Release = (0, 9, 0)  # the first release whose unset limit_mm_per_prompt is 999 (V1)
@@ -104,6 +131,16 @@ def mm_profile_modelled(release: Release, m: ModelSpec) -> bool:
     v = m.vision
     return v is not None and v.tower is not None and mm_profile_read(release, v.checkpoint_max_pixels,
                                                                       v.fixed_image_profile)
+
+
+def mm_v0_modelled(release: Release, m: ModelSpec) -> bool:
+    """Whether the V0 engine's profile run of this release and model is modelled (facts/vllm_multimodal.py
+    ``MM_V0_RULES``): a Qwen2-VL-style tower (``checkpoint_max_pixels`` known, not a fixed-size image) at a release
+    from ``MM_V0_FROM`` to before ``MM_PROFILE_FROM``, Qwen2.5-VL's (the gated MLP tower) from the row's
+    ``qwen2_5_from`` (vLLM had no Qwen2.5-VL before 0.7.2)."""
+    v = m.vision
+    return v is not None and v.tower is not None and mm_v0_read(release, v.checkpoint_max_pixels,
+                                                                v.fixed_image_profile, v.tower.mlp_gated)
 
 
 def _closest_factor_pair(n: int) -> tuple[int, int]:
@@ -132,6 +169,24 @@ def qwen_vl_item(v: VisionSpec, image_size: str = "smart_resize") -> tuple[int, 
     h, w = smart_resize(_HUGE_SIDE, _HUGE_SIDE, factor, v.min_pixels, v.checkpoint_max_pixels)
     patches = (h // v.patch_size) * (w // v.patch_size)
     return patches, patches // (v.merge_size * v.merge_size)
+
+
+def _v0_video_grid_t(rule: MmV0Rule, tokens_per_frame: int, seq_len: int, images: int, videos: int) -> int:
+    """Temporal patches of the dummy video of a V0 release in a sequence of ``seq_len`` (``images`` images and
+    ``videos`` videos a prompt): one (0.6.x, ``grid_t = max(count // 2, 1)`` of one video); 0.7.3 as V1's
+    ``_video_frames`` (padded frames); 0.7.0-0.7.2 the most frames whose ``max(frames // 2, 1)`` patches fit, shared,
+    at most 16, an odd count above 1 rounded up, then ``max(frames // 2, 1)``."""
+    if rule.frames == "one":
+        return 1
+    if rule.frames == "pad":
+        return _video_grid_t(_video_frames(tokens_per_frame, 2, seq_len, images, videos, rule.max_frames), 2)
+    room = seq_len - tokens_per_frame * images
+    total = 0
+    while max((total + 1) // 2, 1) * tokens_per_frame <= room:
+        total += 1
+    frames = min(max(total // max(videos, 1), 1), rule.max_frames)
+    frames += 1 if frames > 1 and frames % 2 else 0
+    return max(frames // 2, 1)
 
 
 def _video_frames(tokens_per_frame: int, temporal: int, seq_len: int, images: int, videos: int,
@@ -291,3 +346,169 @@ def _fixed_image_profile(m: ModelSpec, v: VisionSpec, rule: MmProfileRule, max_m
                      encoder_peak_bytes=items * patches * (held + max(attention, mlp)), held_per_patch=held,
                      attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=embeds, rule=rule,
                      exact=exact, fixed=row, limit_default=row.limit_default)
+
+
+def _tower_per_patch(v: VisionSpec, pix: int, c: int, tower: str) -> tuple[int, int, int]:
+    """(held, attention, MLP) bytes per patch of the tower rows ``torch`` and ``triton`` (module docstring), the pixel
+    values in ``pix`` bytes an element (float32: 4, with their copy in the dtype)."""
+    d, i = v.hidden_size, v.intermediate_size
+    hd = d // v.num_attention_heads
+    pixels = v.num_channels * max(v.temporal_patch_size, 1) * v.patch_size * v.patch_size
+    assert v.tower is not None
+    held = pixels * pix + (pixels * c if pix == _F32 else 0) + hd // 2 * _F32
+    mlp = (3 * d + 3 * i) * c if v.tower.mlp_gated else (2 * d + 3 * i) * c
+    attention = (8 * d * c + 4 * d * _F32 + 3 * hd * _F32 if tower == "torch"
+                 else 9 * d * c + 2 * d * _F32 + hd * _F32)
+    return held, attention, mlp
+
+
+def mm_profile_v0(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, max_num_seqs: int,
+                  dtype_bytes: int, limit: int | None, release: Release) -> MmProfile | None:
+    """The V0 engine's profile run for Qwen2-VL / Qwen2.5-VL at ``release`` (``mm_v0_modelled``; facts/vllm_multimodal.py
+    ``MM_V0_RULES``): ``max_num_seqs`` dummy sequences sharing ``max_num_batched_tokens``, each with ``limit`` images
+    (and from 0.7.0 ``limit`` videos) of the most features, all encoded in the one forward.  None when ``limit`` is 0
+    (the registry counts no multimodal token and the dummy prompts hold no item); a profile of no item (zero bytes)
+    when every sequence is too short for its items (0.7.x).
+
+    The moments (``c`` the dtype's bytes, ``h`` the language model's width; per patch as ``torch`` of the module
+    docstring, the pixels float32 as the processor gave them in every V0 release):
+
+    * the images': all images' patches x per patch, plus ``inputs_embeds`` (the batch's tokens x h x c) where it is
+      built first (0.6.3, 0.7.x), plus the videos' float32 pixel values (in the model's kwargs);
+    * the videos': all videos' patches x per patch, plus ``inputs_embeds``, the images' float32 pixel values and the
+      images' outputs (``image_embeds``: patches / merge^2 rows of h);
+    * the language model's dummy batch runs with every item's float32 pixel values alive, and in 0.6.x the images'
+      outputs (a local of ``forward``): ``output_bytes``.
+
+    0.6.3 and 0.6.5 raise "Qwen2-VL cannot process N images in a prompt" when a sequence is shorter than its
+    images' tokens + 2: refused here with the same words (ScenarioError)."""
+    v = m.vision
+    assert v is not None and v.tower is not None
+    found = mm_v0_rule(release)
+    assert found is not None
+    rule, exact = found
+    per_prompt = MM_LIMIT_DEFAULT if limit is None else limit
+    if per_prompt == 0:
+        return None
+    merge2 = v.merge_size * v.merge_size
+    if rule.max_pixels_cap:
+        capped = replace(v, checkpoint_max_pixels=min(v.checkpoint_max_pixels, rule.max_pixels_cap),
+                         min_pixels=max(v.min_pixels, 28 * 28))
+        patches_img, tokens_img = qwen_vl_item(capped)
+    else:
+        patches_img, tokens_img = qwen_vl_item(v)
+    # the registry's maximum per item at max_model_len, times the limit of each modality (image and video)
+    vid_max = _v0_video_grid_t(rule, tokens_img, max_model_len, per_prompt, per_prompt) * tokens_img
+    max_mm = per_prompt * tokens_img + per_prompt * vid_max
+    seqs = max(1, min(max_num_seqs, max_num_batched_tokens // max_mm))
+    base, extra = divmod(max_num_batched_tokens, seqs)
+    images = videos = img_patches = vid_patches = vid_tokens = with_items = longest = 0
+    tokens = 0
+    for seq_len, count in ((base + 1, extra), (base, seqs - extra)):
+        if count == 0:
+            continue
+        if rule.dummy == "registry":
+            need = max(per_prompt * tokens_img, max(per_prompt // 2, 1) * tokens_img)
+            if seq_len < need + 2:
+                raise ScenarioError([Problem(
+                    "serve.max_num_batched_tokens",
+                    f"vLLM {'.'.join(map(str, release))} cannot start: its profile run builds {seqs} dummy "
+                    f"sequence(s) of {seq_len:,} tokens, shorter than {per_prompt} image(s) of {tokens_img:,} tokens "
+                    f"+ 2 (qwen2_vl.py dummy_data_for_qwen2_vl: \"Qwen2-VL cannot process {per_prompt} images in a "
+                    "prompt\")",
+                    f"use serve.max_num_batched_tokens >= {seqs * (need + 2):,} or serve.max_num_seqs "
+                    f"<= {max(max_num_batched_tokens // (need + 2), 1)}, or a smaller serve.limit_mm_per_prompt")])
+            n_vid, grid_t = 0, 0
+        elif rule.dummy == "processor":
+            n_vid, grid_t = 0, 0
+        else:
+            n_vid = per_prompt
+            grid_t = _v0_video_grid_t(rule, tokens_img, seq_len, per_prompt, per_prompt)
+        prompt = per_prompt * tokens_img + n_vid * grid_t * tokens_img + (2 if rule.dummy == "registry" else 0)
+        longest = max(longest, prompt)
+        if rule.dummy == "profiler" and prompt > seq_len:
+            tokens += count * seq_len
+            continue  # "total_len > seq_len and not envs.VLLM_USE_V1": a text-only sequence of seq_len tokens
+        tokens += count * max(seq_len, prompt)
+        with_items += count
+        images += count * per_prompt
+        img_patches += count * per_prompt * patches_img
+        videos += count * n_vid
+        vid_patches += count * n_vid * grid_t * patches_img
+        vid_tokens += count * n_vid * grid_t * tokens_img
+    c = dtype_bytes
+    tower = "torch"
+    held, attention, mlp = _tower_per_patch(v, _F32, c, tower)
+    pixel_bytes = v.num_channels * max(v.temporal_patch_size, 1) * v.patch_size * v.patch_size * _F32
+    embeds = tokens * m.hidden_size * c if rule.embeds_first else 0
+    img_out = img_patches // merge2 * m.hidden_size * c
+    per_patch = held + max(attention, mlp)
+    img_moment = img_patches * per_patch + embeds + vid_patches * pixel_bytes
+    img_moment = img_moment if img_patches else 0
+    vid_moment = (vid_patches * per_patch + embeds + img_patches * pixel_bytes + img_out) if vid_patches else 0
+    kept = (img_patches + vid_patches) * pixel_bytes + (img_out if rule.outputs_kept else 0)
+    batch = MmV0Batch(rule=rule, exact=exact, max_mm_tokens=max_mm, seqs=seqs, seqs_with_items=with_items,
+                      images=images, image_patches=img_patches, videos=videos, video_patches=vid_patches,
+                      video_tokens=vid_tokens, embeds_bytes=embeds, image_moment_bytes=img_moment,
+                      video_moment_bytes=vid_moment, longest_seq=longest)
+    return MmProfile(modality="image+video" if videos else "image", tokens_per_item=tokens_img,
+                     patches_per_item=patches_img, frames=1, budget_tokens=max_mm, items=images + videos,
+                     output_bytes=kept, encoder_peak_bytes=max(img_moment, vid_moment), held_per_patch=held,
+                     attention_per_patch=attention, mlp_per_patch=mlp, encoded_tokens_per_item=tokens_img,
+                     rule=None, exact=exact, limit_default=MM_LIMIT_DEFAULT, v0=batch)
+
+
+@dataclass(frozen=True)
+class EncoderBound:
+    """An upper bound of what an unmodelled multimodal profile run takes from the KV pool (``encoder_bound``)."""
+
+    tokens: int  # the items' tokens in the language model's sequence the profile can encode at most
+    patches: int  # the tower's patches of those tokens
+    per_patch: int  # bytes a patch can hold at the tower's peak
+    encoder_bytes: int  # patches x per_patch
+    output_bytes: int  # the outputs kept, with zeros of as many rows scattered into
+
+    @property
+    def bytes(self) -> int:
+        return self.encoder_bytes + self.output_bytes
+
+
+def encoder_bound(m: ModelSpec, max_model_len: int, max_num_batched_tokens: int, dtype_bytes: int,
+                  limit: int | None, v0: bool) -> EncoderBound | None:
+    """An upper bound of the encoder's part of a profile run that is not modelled (None: no tower in the spec, so
+    none can be derived; a zero bound when ``limit`` is 0, every modality disabled).
+
+    * tokens: an item is assumed to hold at most ``T = max(max_model_len, tokens_per_image)`` tokens (the registry
+      sizes a video to ``max_model_len`` and an image to the processor's largest); V1 encodes ``cdiv(budget, T)``
+      items at most, ``budget = max(max_num_batched_tokens, T)``: at most ``budget + T`` tokens; V0's dummy
+      sequences share ``max_num_batched_tokens``, but a prompt too long for its share keeps its items in some releases
+      (0.6.6): at most ``max(max_num_batched_tokens, T) + 2 x limit x T`` (an image and a video modality);
+    * patches: tokens x ``(patches_per_image + extra_tokens) / tokens_per_image`` (the spec's image; assumed the same
+      ratio for every item of the model);
+    * per patch, the largest of the towers read (module docstring; siglip.py): the pixel values in float32 with
+      their copy in the dtype, the rotary table (hd float32) and the embeddings (d) held; attention the larger of
+      0.11.0's concatenated rotary ``12 d c + 16 d + 12 hd`` and the copies ``11 d c``; the gated MLP's ``(5 d + 3 I) c``
+      (above a plain MLP's ``(3 d + 2 I) c``);
+    * outputs: twice the tokens' rows of the language model's width (0.11.0 scatters into zeros of the budget).
+
+    Qwen2.5-VL-7B (d 1,280, hd 80, I 3,420, 1,176 pixel values, bf16): held 1,176 x 6 + 80 x 4 + 1,280 x 2 = 9,936 B;
+    attention 12 x 1,280 x 2 + 16 x 1,280 + 12 x 80 = 52,160 B; MLP (6,400 + 10,260) x 2 = 33,320 B: 62,096 B."""
+    v = m.vision
+    if v is None or v.tower is None or v.tokens_per_image <= 0:
+        return None
+    per_prompt = (MM_LIMIT_DEFAULT if v0 else MM_LIMIT_DEFAULT_V1) if limit is None else limit
+    if per_prompt == 0:
+        return EncoderBound(0, 0, 0, 0, 0)
+    item = max(max_model_len, v.tokens_per_image)
+    budget = max(max_num_batched_tokens, item)
+    tokens = budget + (2 * per_prompt * item if v0 else item)
+    patches = ceil_div(tokens * (v.patches_per_image + v.extra_tokens), v.tokens_per_image)
+    d, i, c = v.hidden_size, v.intermediate_size, dtype_bytes
+    hd = d // max(v.num_attention_heads, 1)
+    pixels = v.num_channels * max(v.temporal_patch_size, 1) * v.patch_size * v.patch_size
+    held = pixels * (_F32 + c) + hd * _F32 + d * c
+    attention = max(12 * d * c + 16 * d + 12 * hd, 11 * d * c)
+    mlp = max((5 * d + 3 * i) * c, (3 * d + 2 * i) * c)
+    per_patch = held + max(attention, mlp)
+    return EncoderBound(tokens=tokens, patches=patches, per_patch=per_patch, encoder_bytes=patches * per_patch,
+                        output_bytes=2 * tokens * m.hidden_size * c)

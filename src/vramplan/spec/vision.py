@@ -15,7 +15,7 @@ import math
 
 from vramplan.errors import Problem
 from vramplan.facts.quantization import quant_format
-from vramplan.facts.vllm_multimodal import mm_profile_read
+from vramplan.facts.vllm_multimodal import mm_profile_read, mm_v0_read
 from vramplan.facts.vllm_releases import parse_release
 from vramplan.spec.model import ModelSpec, VisionSpec
 from vramplan.spec.scenario import Scenario
@@ -344,8 +344,10 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                    "with dummy images); its activations are not in the estimate, as no SGLang activation is")
         return out
     if s.task == "serve":
-        if not mm_profile_read(parse_release(s.serve.vllm_version), v.checkpoint_max_pixels,
-                               v.fixed_image_profile):
+        release = parse_release(s.serve.vllm_version)
+        if not (mm_profile_read(release, v.checkpoint_max_pixels, v.fixed_image_profile)
+                or (v.tower is not None and mm_v0_read(release, v.checkpoint_max_pixels, v.fixed_image_profile,
+                                                       v.tower.mlp_gated))):
             # modelled (serve/vllm_mm.py): the serving report states the profile run instead
             out.append("not modelled: vLLM's encoder cache and the dummy images of its memory profiling run for a "
                        "vision-language model (the estimate is the language model's start-up)")
