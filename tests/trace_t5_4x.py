@@ -17,15 +17,15 @@ import contextlib, types
 from transformers.utils import generic
 if not hasattr(generic, "maybe_autocast"):
     generic.maybe_autocast = lambda *a, **k: contextlib.nullcontext()
-if "transformers.masking_utils" not in sys.modules:
-    try:
-        import transformers.masking_utils
-    except ImportError:
-        mu = types.ModuleType("transformers.masking_utils")
-        mu.find_packed_sequence_indices = lambda p: None
-        mu.fast_all = lambda t: True
-        sys.modules["transformers.masking_utils"] = mu
-        transformers.masking_utils = mu
+try:
+    import transformers.masking_utils as mu
+except ImportError:
+    mu = types.ModuleType("transformers.masking_utils")
+    sys.modules["transformers.masking_utils"] = mu
+    transformers.masking_utils = mu
+for name, stand_in in (("find_packed_sequence_indices", lambda p: None), ("fast_all", lambda t: True)):
+    if not hasattr(mu, name):
+        setattr(mu, name, stand_in)
 from vramplan.engine import estimate
 from vramplan.trace.engine import estimate as traced
 T5={"model_type": "t5", "d_model": 512, "d_ff": 2048, "num_layers": 6, "num_heads": 8,"d_kv": 64, "vocab_size": 32128, "feed_forward_proj": "relu"}

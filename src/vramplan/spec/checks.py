@@ -532,6 +532,14 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     if t.quantization != "none":
         refuse("train.quantization", f"{t.quantization} base weights are not modelled for it",
                "set train.quantization: none")
+    if t5_eager and ed.config_untied_head:
+        # transformers 4.x's T5Config keeps tie_word_embeddings as given: T5ForConditionalGeneration holds lm_head apart
+        # from shared and skips ``sequence_output * (self.model_dim**-0.5)`` (modeling_t5.py 4.46.3 l.1915-1918); the
+        # traced 4.46.3 step of flan-t5-base (b 2, 256 x 1024 tokens) is 3.4% above the tied estimate
+        refuse("software.transformers", f"its config says tie_word_embeddings: false, which transformers "
+               f"{s.software.transformers} honours (a separate lm_head of {m.vocab_size:,} x {m.hidden_size:,}) and "
+               "5.24 overrides (one tied tensor): the untied head of 4.x is not modelled",
+               "drop software.transformers (5.24 ties the head), or give a config with tie_word_embeddings: true")
     if t5_eager and checkpointing(s) != "none":
         # transformers 4.x's T5Stack hands every checkpointed block the [b, heads, n, n] sum of the bias and the mask
         # (position_bias, encoder_decoder_position_bias) as arguments: not checked against the trace
