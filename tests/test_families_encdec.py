@@ -92,6 +92,10 @@ def test_flan_t5_base_ties_the_head_as_transformers_5_24_does() -> None:
     assert m.mlp_gated and m.hidden_act == "gelu_new" and m.tie_word_embeddings
     assert not any(p.role == "lm_head" for p in m.params)
     assert any("T5Config.__post_init__ forces tie_word_embeddings = True" in n for n in m.notes)
+    # kept for transformers 4.x, which honours the key (spec/checks.py refuses it there)
+    assert m.encoder_decoder is not None and m.encoder_decoder.config_untied_head
+    tied = model_from_config({k: v for k, v in FLAN_T5_BASE.items() if k != "tie_word_embeddings"}, name="tied")
+    assert tied.encoder_decoder is not None and not tied.encoder_decoder.config_untied_head
 
 
 def test_umt5_holds_a_bias_table_in_every_self_attention() -> None:

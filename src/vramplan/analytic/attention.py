@@ -96,6 +96,11 @@ def falls_back_to_eager(want: str, m: ModelSpec, transformers: tuple[int, ...] |
     dropped = m.traits.sdpa_dropped_in
     if dropped is not None and (transformers is None or transformers >= dropped):
         return True
+    ed = m.encoder_decoder
+    if ed is not None and ed.relative_bias_layers != "none" and transformers is not None and transformers < (5, 0):
+        # T5, mT5, UMT5 before transformers 5.0: T5Attention.forward computes its scores itself and
+        # T5PreTrainedModel sets no _supports_sdpa (modeling_t5.py, 4.30.2 to 4.57.1)
+        return True
     return "sdpa" not in m.traits.attention_kernels
 
 

@@ -361,7 +361,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         f"attention kernel: {attention} (as PyTorch SDPA would dispatch on the GPU)",
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
         _loss_assumption(s, m, fw),
-        *(encoder_decoder_notes(m) if m.encoder_decoder is not None else source_len_note(t.source_len, m)),
+        *(encoder_decoder_notes(m, attention) if m.encoder_decoder is not None else source_len_note(t.source_len, m)),
         *([PACKING_NOTE] if t.packing else []),
         *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
         *([TORCHAO_OFFLOAD_NOTE] if t.torchao_cpu_offload != "none" else []),

@@ -441,7 +441,8 @@ def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     BART), refused rather than answered as a decoder-only model of the decoder stack.
 
     * Training (``analytic/terms/encoder_decoder.py``) is estimated for transformers 5.24's SFT step under SDPA,
-      full or LoRA fine-tuning of unquantized weights, no or full checkpointing, DDP or DeepSpeed ZeRO-2; other
+      full or LoRA fine-tuning of unquantized weights, no or full checkpointing, DDP or DeepSpeed ZeRO-2, and for
+      T5, mT5 and UMT5 also for transformers 4.x's step under its eager T5Attention without checkpointing; other
       settings are refused (``_encoder_decoder_train_problems``).
     * Inference (``analytic/encoder_decoder.py``) is estimated under SDPA on one GPU, unquantized, with the cache in
       the model's dtype, for transformers' own generate from 5.0; other settings are refused, and so is a T5 whose
@@ -473,7 +474,9 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     """The training settings ``analytic/terms/encoder_decoder.py`` does not model (``encoder_decoder_problems``): the
     step is the Trainer's (hf-trainer, accelerate or plain PyTorch) SFT step of transformers 5.24's
     ``...ForConditionalGeneration`` under SDPA, with or without full checkpointing, full or LoRA fine-tuning of
-    unquantized weights, DDP data parallelism or DeepSpeed ZeRO-2."""
+    unquantized weights, DDP data parallelism or DeepSpeed ZeRO-2; for a T5 stack (relative position bias) also
+    transformers 4.x's step, whose T5Attention is eager (no SDPA path up to 4.57.1; the default sdpa falls back to
+    it), without checkpointing."""
     t, par = s.train, s.parallel
     ed = m.encoder_decoder
     assert ed is not None
@@ -482,10 +485,20 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     def refuse(key: str, why: str, fix: str) -> None:
         out.append(Problem(key, what + why, fix))
 
-    if t.attention != "sdpa":
+    version = s.software.transformers_version
+    old = version is not None and version < (5, 0)
+    t5_eager = ed.relative_bias_layers != "none" and old
+    if t5_eager and t.attention not in ("sdpa", "eager"):
+        # transformers 4.x: T5Attention.forward computes its scores itself (modeling_t5.py, 4.30.2 to 4.57.1), and
+        # T5PreTrainedModel sets no _supports_sdpa: the default (sdpa) falls back to eager
+        refuse("train.attention", f"transformers {s.software.transformers}'s T5Attention has eager attention only, "
+               f"not {t.attention!r}", "set train.attention: eager")
+    elif t.attention != "sdpa" and not t5_eager:
         refuse("train.attention", f"its training step is modelled under SDPA only, not {t.attention!r} (eager's "
-               "scores are not terms for it; T5 has no flash attention: T5PreTrainedModel._supports_flash_attn = "
-               "False)", "set train.attention: sdpa")
+               "scores are modelled for transformers 4.x's T5Attention only: transformers 5's eager_attention_forward "
+               "keeps a softmax in the compute dtype, not checked; T5 has no flash attention: "
+               "T5PreTrainedModel._supports_flash_attn = False)",
+               "set train.attention: sdpa, or software.transformers to a 4.x release for a T5 model")
     if max(par.tp, par.pp, par.cp, par.ep) > 1:
         refuse("parallel", "its training step is modelled with data parallelism only (no tensor, pipeline, context "
                "or expert parallel plan for its encoder and decoder stacks)", "set parallel.tp, pp, cp and ep to 1")
@@ -519,16 +532,30 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     if t.quantization != "none":
         refuse("train.quantization", f"{t.quantization} base weights are not modelled for it",
                "set train.quantization: none")
-    if checkpointing(s) not in ("none", "full"):
+    if t5_eager and ed.config_untied_head:
+        # transformers 4.x's T5Config keeps tie_word_embeddings as given: T5ForConditionalGeneration holds lm_head apart
+        # from shared and skips ``sequence_output * (self.model_dim**-0.5)`` (modeling_t5.py 4.46.3 l.1915-1918); the
+        # traced 4.46.3 step of flan-t5-base (b 2, 256 x 1024 tokens) is 3.4% above the tied estimate
+        refuse("software.transformers", f"its config says tie_word_embeddings: false, which transformers "
+               f"{s.software.transformers} honours (a separate lm_head of {m.vocab_size:,} x {m.hidden_size:,}) and "
+               "5.24 overrides (one tied tensor): the untied head of 4.x is not modelled",
+               "drop software.transformers (5.24 ties the head), or give a config with tie_word_embeddings: true")
+    if t5_eager and checkpointing(s) != "none":
+        # transformers 4.x's T5Stack hands every checkpointed block the [b, heads, n, n] sum of the bias and the mask
+        # (position_bias, encoder_decoder_position_bias) as arguments: not checked against the trace
+        refuse("train.gradient_checkpointing", f"{checkpointing(s)} checkpointing is not modelled for it under "
+               f"transformers {s.software.transformers}'s eager T5Attention (none is)",
+               "set train.gradient_checkpointing: none, or drop software.transformers (5.24, SDPA)")
+    elif checkpointing(s) not in ("none", "full"):
         refuse("train.gradient_checkpointing", f"{checkpointing(s)} checkpointing is not modelled for its encoder "
                "(none and full are)", "set train.gradient_checkpointing: full or none")
     if t.activation_offload != "none" or t.torchao_cpu_offload != "none" or t.optimizer_in_backward:
         refuse("train", "activation offloading, torchao's CPU offload and the optimizer in the backward are not "
                "modelled for it", "drop them")
-    version = s.software.transformers_version
-    if version is not None and version < (5, 0):
-        refuse("software.transformers", f"its training step is modelled on transformers 5.24, not "
-               f"{s.software.transformers}", "drop software.transformers, or set it to 5.0 or later")
+    if old and not t5_eager:
+        refuse("software.transformers", f"its training step is modelled on transformers 5.24 (and, for T5, mT5 and "
+               f"UMT5, on 4.x's eager T5Attention), not {s.software.transformers}",
+               "drop software.transformers, or set it to 5.0 or later")
     audio = ed.audio
     if audio is not None and t.source_len not in (None, audio.encoder_frames):
         refuse("train.source_len", _audio_length(audio, t.source_len), f"drop train.source_len (the model's "

@@ -38,6 +38,21 @@ seq_len = T.  What an encoder-decoder model adds:
   (``hidden_states.to(self.wo.weight.dtype)``), so wo saves the dropout's output (or its autocast copy), not the
   activation's (ReLU: a second c x I tensor; gated: in place of the product, which nothing keeps); gated-gelu
   under autocast keeps an fp32 activation output (``NewGELUActivation``'s ``torch.pow`` is on autocast's fp32 list).
+* **transformers 4.x's eager T5Attention** (T5, mT5, UMT5 before 5.0, whose ``T5PreTrainedModel`` sets no
+  ``_supports_sdpa``: the default falls back to eager, ``attention.falls_back_to_eager``; modeling_t5.py 4.46.3
+  ``T5Attention.forward`` l.520-563, 4.30.2 l.530-572, 4.41.2 l.524-566, 4.51.3 l.527-570, 4.57.1 l.529-572; the same in
+  modeling_mt5.py / modeling_umt5.py): ``scores = torch.matmul(q, k.transpose(3, 2))`` (no scaling; saves q and
+  k), ``scores += position_bias_masked`` (in place on the matmul's output: saves nothing), ``softmax(scores.float(),
+  dim=-1)`` (saves its fp32 output; the ``.float()`` copy is an input it does not keep), ``.type_as(scores)`` (the
+  compute-dtype copy), ``dropout`` (a 1-byte mask and its output, which ``matmul(attn_weights, v)`` keeps with v,
+  in place of the cast copy), then ``o``'s input (the contiguous transpose): ``activations._eager_tensors`` per
+  self-attention, the same per cross-attention over the S keys (``cross_tensors``).  The bias is not a kernel's mask:
+  ``position_bias = compute_bias(...) + causal_mask`` ([b, heads, n, n]; the cross-attention's
+  ``torch.zeros((1, heads, T, S)) + encoder_extended_attention_mask``, [b, heads, T, S]) is made by the stack's first
+  layer, handed to the next ones through ``layer_outputs`` and kept by nothing autograd saves (``add`` and ``add_``
+  save no operand): it is freed when its stack returns, before the head, and is not a term (stated).  The bucket
+  indices stay (the embedding's backward).  The loss is 5.24's (``T5ForConditionalGeneration.forward`` 4.46.3
+  l.1924-1926: ``CrossEntropyLoss(ignore_index=-100)`` on ``lm_logits`` as they are, no upcast).
 * **The loss** (terms/loss.py, ``analytic/logits.py`` ``unshifted_no_upcast``): ``CrossEntropyLoss`` on the logits
   in their own dtype, the labels not shifted.
 
@@ -74,6 +89,7 @@ from vramplan.spec.model import ModelSpec
 
 __all__ = [
     "AUDIO_NOTE",
+    "EAGER_T5_NOTE",
     "ENCODER_DECODER_NOTE",
     "cross_tensors",
     "encoder_decoder_notes",
@@ -104,11 +120,21 @@ AUDIO_NOTE = ("a speech encoder (analytic/terms/encoder_decoder.py): the batch's
               "computes its loss as BART does (CrossEntropyLoss on lm_logits)")
 
 
-def encoder_decoder_notes(m: ModelSpec) -> list[str]:
-    """The assumptions an encoder-decoder model's training step adds (none for another model)."""
+EAGER_T5_NOTE = ("transformers 4.x's T5Attention is eager (analytic/terms/encoder_decoder.py): per self- and "
+                 "cross-attention its fp32 softmax output, the dropout's mask and output (or the compute-dtype copy) "
+                 "over the keys; the bias plus mask ([b, heads, n, n], one per stack and one for the cross-attention) "
+                 "lives through its stack's forward only and is not counted")
+
+
+def encoder_decoder_notes(m: ModelSpec, attention: str = "efficient") -> list[str]:
+    """The assumptions an encoder-decoder model's training step adds (none for another model); ``attention``: the
+    resolved kernel (eager: transformers 4.x's T5Attention)."""
     ed = m.encoder_decoder
     if ed is None:
         return []
+    if attention == "eager" and relative(m):
+        return [ENCODER_DECODER_NOTE.replace("is SDPA's mask (memory-efficient kernel)", "is added to eager "
+                                             "attention's scores"), EAGER_T5_NOTE]
     if ed.audio is None:
         return [ENCODER_DECODER_NOTE]
     a = ed.audio
@@ -250,7 +276,7 @@ def _encoder(c: StepContext) -> tuple[int, ...]:
         out.append(8 * s * s * _bias_tables(m, enc.num_layers) if c.peft is None else 0)
         if full:
             out.append(heads * s * s * bias_bytes)  # the bias, held by every checkpointed block's arguments
-        else:
+        elif ctx.attention != "eager":  # (eager: the bias is added to the scores, kept by nothing)
             out.append(_bias_masks(ctx, heads, s, enc.num_layers, False, c.peft is None))
         # the final norm, and the dropout after it
         out += [(act.norm_saved_per_token(enc, ctx) + t5_norm_extra(enc, ctx)) * tokens, drop * h * tokens]
@@ -315,20 +341,28 @@ def _cross(c: StepContext) -> tuple[act.SavedTensor, ...]:
     in_b = act._norm_out_bytes(m.norm, ctx)
     if trained or "q" in ctx.lora_targets or "q_proj" in ctx.lora_targets:
         per_target += cb * h if (ctx.autocast and in_b != cb) else 0
-    # q, the kernel's output (o's input) and fp32 logsumexp
-    per_target += 2 * cb * qw + 4 * heads + drop * h
-    per_source = 2 * cb * qw  # k and v, which the kernel keeps
+    eager = ctx.attention == "eager"
+    if eager:
+        # transformers 4.x's T5Attention over the S keys: q, the fp32 softmax output, the dropout's mask and output
+        # (or the compute-dtype copy), o's input (activations._eager_tensors, module docstring)
+        probs = [x for x in act._eager_tensors(m, ctx, heads, qw, qw, s) if x.name not in ("attention.k", "attention.v")]
+        per_target += act.total_bytes(probs) + cb * qw + drop * h
+    else:
+        # q, the kernel's output (o's input) and fp32 logsumexp
+        per_target += 2 * cb * qw + 4 * heads + drop * h
+    per_source = 2 * cb * qw  # k and v, which the kernel (the two matmuls) keeps
     # k's and v's (or their adapters') autocast copies of the fp32 encoder output
     per_source += _output_casts(c) * cb * h
     out = [act.SavedTensor("cross_attention.per_target", per_target * b * t),
            act.SavedTensor("cross_attention.per_source", per_source * b * s)]
-    if relative(m):
+    if relative(m) and not eager:
         # the decoder's causal position-bias masks
         out.append(act.SavedTensor("self_attention.bias_mask", _bias_masks(ctx, m.num_attention_heads, t, 1, True,
                                                                             c.peft is None)))
         if s % 8:
             # the kernel's padded copy of the shared zero bias, per layer (a row of S keys, not a multiple of 8)
             out.append(act.SavedTensor("cross_attention.bias_padded", heads * t * mem_efficient_mask_row(s) * cb))
+    if relative(m):
         out.append(act.SavedTensor("mlp.t5_extra", t5_mlp_extra(m, ctx, m.intermediate_size) * b * t, 1, "mlp"))
     return tuple(x for x in out if x.nbytes)
 
@@ -341,7 +375,8 @@ def _decoder_shared(c: StepContext) -> int:
         return 0
     t, s = c.s.train.seq_len, source_len(c)
     shared = (8 * t * t * _bias_tables(c.m, c.m.num_layers) if c.peft is None else 0)
-    shared += ed.cross_attention_heads * t * s * c.act.compute_bytes
+    if c.act.attention != "eager":  # (eager: the zero bias plus the mask lives through the decoder's forward only)
+        shared += ed.cross_attention_heads * t * s * c.act.compute_bytes
     return shared + t5_norm_extra(c.m, c.act) * c.s.train.micro_batch_size * t
 
 

@@ -106,7 +106,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                          intermediate_size=ff, encoder_only=True, **common)  # type: ignore[arg-type]
     ed = EncoderDecoderSpec(encoder=encoder, encoder_prefix="encoder.", decoder_prefix="decoder.",
                             cross_attention_heads=heads, relative_bias_layers="every" if every else "first",
-                            relative_attention_num_buckets=buckets, source=SOURCE, notes=tuple(notes))
+                            relative_attention_num_buckets=buckets, source=SOURCE, notes=tuple(notes),
+                            config_untied_head=cfg.get("tie_word_embeddings") is False)
     return build_spec(cfg, name, model_type, p, hidden_size=d, num_layers=n_dec, intermediate_size=ff,
                       notes=tuple(notes), encoder_decoder=ed, **common)  # type: ignore[arg-type]
 
