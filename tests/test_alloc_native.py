@@ -1,9 +1,10 @@
 """The C replay (alloc/_replay.c, alloc/native.py) against the reference model (alloc/caching.py).
 
 Two implementations of one model must agree statistic by statistic, out of memory included: the C
-replay, the fast path of the default configuration, and ``caching.CachingAllocator``, the
-method-by-method model of CUDACachingAllocator.cpp, which is also what runs where the C replay was not
-built (or with ``VRAMPLAN_NATIVE=0``).  The C replay holds no allocator number of its own: it receives
+replay, the fast path of the default configuration and of ``expandable_segments:True``, and
+``caching.CachingAllocator``, the method-by-method model of CUDACachingAllocator.cpp, which is also what
+runs where the C replay was not built (or with ``VRAMPLAN_NATIVE=0``).  Every comparison runs in both
+configurations (``EXPANDABLE``).  The C replay holds no allocator number of its own: it receives
 ``rules.py``'s values at import, which the tests here check too.
 """
 
@@ -24,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import vramplan.alloc
 from test_alloc_properties import OPS, to_compact, to_events
 from vramplan.alloc import Repeat, ReplayResult, expand, native, replay, replay_compact, replay_parts, rules
 from vramplan.units import MiB
@@ -32,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 needs_native = pytest.mark.skipif(native._MODULE is None, reason="the C replay was not built")
+# every comparison with the reference runs in the default configuration and with expandable_segments:True
+EXPANDABLE = pytest.mark.parametrize("expandable", [False, True], ids=["default", "expandable"])
 
 
 def _compiler() -> bool:
@@ -54,12 +58,12 @@ def python_replay() -> Iterator[None]:
         yield
 
 
-def _reference(parts: list[Any], capacity: int | None) -> ReplayResult:
+def _reference(parts: list[Any], capacity: int | None, expandable: bool = False) -> ReplayResult:
     """The reference model on the expanded stream (what ``replay_parts`` runs without the C replay)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VRAMPLAN_NATIVE", "0")
         assert not native.available()
-        return replay_parts(parts, capacity_bytes=capacity)
+        return replay_parts(parts, expandable, capacity_bytes=capacity)
 
 
 # ---------------------------------------------------------------------------- the rules, from rules.py
@@ -71,6 +75,7 @@ def test_rules_come_from_rules_py() -> None:
         "small_buffer": rules.K_SMALL_BUFFER, "large_buffer": rules.K_LARGE_BUFFER,
         "min_large_alloc": rules.K_MIN_LARGE_ALLOC, "round_large": rules.K_ROUND_LARGE,
         "segment_align": rules.SEGMENT_ALIGN, "address_base": rules.ADDRESS_BASE,
+        "small_page": rules.EXPANDABLE_SMALL_PAGE, "large_page": rules.EXPANDABLE_LARGE_PAGE,
     }
 
 
@@ -100,7 +105,11 @@ def test_c_replay_follows_the_rules_it_is_given() -> None:
     mod = native._MODULE
     assert mod is not None
     assert replay_compact([1500]).peak_allocated_bytes == 1536
+    # expandable: 5 MiB maps one 20 MiB large page; with 10 MiB pages it maps one 10 MiB page
+    assert replay_compact([5 * MiB], True).peak_reserved_bytes == 20 * MiB
     try:
+        mod.configure(**{**native.RULES, "large_page": 10 * MiB})
+        assert replay_compact([5 * MiB], True).peak_reserved_bytes == 10 * MiB
         mod.configure(**{**native.RULES, "min_block_size": 1024})
         assert replay_compact([1500]).peak_allocated_bytes == 2048
         with pytest.raises(ValueError, match="small_size must be > 0"):
@@ -111,6 +120,7 @@ def test_c_replay_follows_the_rules_it_is_given() -> None:
         mod.configure(**native.RULES)
     assert mod.rules() == native.RULES
     assert replay_compact([1500]).peak_allocated_bytes == 1536
+    assert replay_compact([5 * MiB], True).peak_reserved_bytes == 20 * MiB
 
 
 @needs_native
@@ -168,6 +178,66 @@ def test_out_of_memory_record() -> None:
 
 
 @needs_native
+def test_expandable_out_of_memory_record() -> None:
+    # capacity 60 MiB, expandable segments of 20 MiB large pages; a segment reserves
+    # round_up(60 + 60 / 8 = 67.5 MiB, 20 MiB) = 80 MiB of addresses.
+    # 25 MiB: a new segment, 2 pages mapped (40 MiB), split: 25 MiB handed out, 15 MiB cached.
+    # 30 MiB: no cached block fits; the unmapped [40, 80) MiB with the 15 MiB block before it holds 55 MiB;
+    #   15 MiB more rounds up to one 20 MiB page (40 + 20 = 60 <= 60): a 35 MiB block, split 30 + 5 MiB.
+    # 6 MiB: the 5 MiB block is too small; mapping one page more needs 80 MiB > 60 MiB; the retry unmaps
+    #   nothing (the 5 MiB block at [55, 60) MiB holds no whole page) and fails: out of memory at event 2
+    stream = [25 * MiB, 30 * MiB, 6 * MiB]
+    r = replay_compact(stream, True, capacity_bytes=60 * MiB)
+    assert r.expandable_segments and r.oom is not None
+    assert (r.oom.event_index, r.oom.block_id, r.oom.device_request_bytes) == (2, 2, 20 * MiB)
+    assert (r.oom.allocated_bytes, r.oom.reserved_bytes, r.oom.cached_released_bytes) == (55 * MiB, 60 * MiB, 0)
+    assert (r.oom.largest_free_block_bytes, r.num_device_allocs, r.num_alloc_retries) == (5 * MiB, 2, 1)
+    assert r.peak_segments == 1
+    assert r == _reference([stream], 60 * MiB, True)
+    # 25 MiB freed first: the retry unmaps its two pages (two device frees, the segment released), then maps
+    # 40 MiB for the 30 MiB request in a new segment; the last request then fits in the 10 MiB left cached
+    stream2 = [25 * MiB, -1, 30 * MiB, 6 * MiB]
+    r2 = replay_compact(stream2, True, capacity_bytes=60 * MiB)
+    assert r2 == _reference([stream2], 60 * MiB, True)
+    assert r2.oom is None and r2.final_reserved_bytes == 40 * MiB and r2.final_allocated_bytes == 36 * MiB
+
+
+@needs_native
+def test_expandable_runs_in_c_not_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # with the C replay available, expandable replays never build the reference CachingAllocator: it is
+    # replaced by one that fails, and replay_compact, replay_parts and the engine's replay still answer
+    # (and answer what the reference answered before)
+    from vramplan.analytic.allocator import train_reserved_bytes
+    from vramplan.analytic.train import train_step
+    from vramplan.catalog.resolve import resolve
+
+    stream = [25 * MiB, 30 * MiB, -1, 6 * MiB, 700 * 1024, -3]
+    parts: list[Any] = [stream[:2], Repeat([3 * MiB, -3], [0, 1], 4)]
+    want = (_reference([stream], None, True), _reference([stream], 60 * MiB, True), _reference(parts, None, True))
+    r = resolve(EXAMPLES / "llama3-8b-fsdp-8xh100.yaml")
+    layout = train_step(r).layout
+    engine = train_reserved_bytes.__wrapped__          # not the lru_cache: replay again
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VRAMPLAN_NATIVE", "0")
+        engine_want = engine(layout, True, r.gpu.total_memory_bytes)
+
+    class NoReference:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("the expandable replay fell back to the Python reference")
+
+    monkeypatch.setattr(vramplan.alloc, "CachingAllocator", NoReference)
+    assert native.available()
+    got = (replay_compact(stream, True), replay_compact(stream, True, capacity_bytes=60 * MiB),
+           replay_parts(parts, True))
+    assert got == want
+    assert all(g.expandable_segments for g in got)
+    assert engine(layout, True, r.gpu.total_memory_bytes) == engine_want
+    monkeypatch.setenv("VRAMPLAN_NATIVE", "0")
+    with pytest.raises(AssertionError, match="fell back"):
+        replay_compact(stream, True)
+
+
+@needs_native
 def test_bad_input() -> None:
     with pytest.raises(TypeError):
         native.replay_stream(["1"], None)  # type: ignore[list-item]
@@ -177,6 +247,8 @@ def test_bad_input() -> None:
         native.replay_stream([1], -5)
     with pytest.raises(ValueError, match="as many strides as events"):
         native.replay_parts([Repeat([1000, -1], [0], 3)], None)
+    with pytest.raises(ValueError, match="address_space must be >= 0"):
+        native._MODULE.replay([[1000]], -1, -5)  # type: ignore[union-attr]
 
 
 def test_repeat_windows_and_expand() -> None:
@@ -188,31 +260,34 @@ def test_repeat_windows_and_expand() -> None:
 
 
 @needs_native
-def test_runs_expand_in_c() -> None:
+@EXPANDABLE
+def test_runs_expand_in_c(expandable: bool) -> None:
     # window w frees w ids further on: [1000, -1], [1000, -2], [1000, -3] after a 3 MiB block (id 0)
     # frees ids 0, 1, 2 in turn; every free is matched, 4 allocations and 3 frees
     parts: list[Any] = [[3 * MiB], Repeat([1000, -1], [0, 1], 3)]
-    r = replay_parts(parts)
+    r = replay_parts(parts, expandable)
     assert (r.num_allocs, r.num_frees, r.unmatched_frees) == (4, 3, 0)
-    assert r == replay_compact(expand(parts)) == _reference(parts, None)
+    assert r == replay_compact(expand(parts), expandable) == _reference(parts, None, expandable)
 
 
 # ---------------------------------------------------------------------------- random programs
 
 @needs_native
+@EXPANDABLE
 @settings(max_examples=300, deadline=None)
 @given(OPS, st.one_of(st.none(), st.integers(0, 200 * MiB)), st.integers(0, 3))
-def test_equals_the_reference(ops: list[tuple[str, int]], capacity: int | None, extra: int) -> None:
+def test_equals_the_reference(expandable: bool, ops: list[tuple[str, int]], capacity: int | None,
+                              extra: int) -> None:
     events = to_events(ops)
     stream, ids = to_compact(events)
     stream = stream + [0] * extra + [-(len(ids) + 5)] * extra   # ignored zeros and unmatched frees
-    model = replay(events, capacity_bytes=capacity)
+    model = replay(events, expandable, capacity_bytes=capacity)
     if model.oom is not None:  # the failing block under its compact id (the allocation's ordinal)
         model = replace(model, oom=replace(model.oom, block_id=len(ids) if model.oom.block_id not in ids
                                            else ids[model.oom.block_id]))
     assert native.available()
-    ours = replay_compact(stream, capacity_bytes=capacity)
-    assert ours == _reference([stream], capacity)   # CachingAllocator.run_compact, zeros and unmatched included
+    ours = replay_compact(stream, expandable, capacity_bytes=capacity)
+    assert ours == _reference([stream], capacity, expandable)   # run_compact, zeros and unmatched included
     if model.oom is None:
         assert replace(ours, unmatched_frees=0) == model  # to_events makes no unmatched frees
     else:
@@ -278,14 +353,16 @@ def periodic_programs(draw: st.DrawFn) -> list[list[int] | Repeat]:
 
 
 @needs_native
+@EXPANDABLE
 @settings(max_examples=150, deadline=None)
 @given(periodic_programs(), st.one_of(st.none(), st.floats(0.3, 1.05)))
-def test_runs_equal_the_reference(parts: list[list[int] | Repeat], cap_share: float | None) -> None:
+def test_runs_equal_the_reference(expandable: bool, parts: list[list[int] | Repeat], cap_share: float | None) -> None:
     # the C replay expands each Repeat window by window itself; the reference replays the expanded stream
-    unlimited = _reference(list(parts), None)
+    unlimited = _reference(list(parts), None, expandable)
     cap = None if cap_share is None else int(unlimited.peak_reserved_bytes * cap_share)
-    assert replay_parts(parts, capacity_bytes=cap) == _reference(list(parts), cap)
-    assert replay_parts(parts, capacity_bytes=cap) == replay_compact(expand(parts), capacity_bytes=cap)
+    ours = replay_parts(parts, expandable, capacity_bytes=cap)
+    assert ours == _reference(list(parts), cap, expandable)
+    assert ours == replay_compact(expand(parts), expandable, capacity_bytes=cap)
 
 
 def _cells_program(n: int, lag: int, cell: int, temp: int, keep: int) -> list[list[int] | Repeat]:
@@ -304,16 +381,17 @@ def _cells_program(n: int, lag: int, cell: int, temp: int, keep: int) -> list[li
 
 
 @needs_native
+@EXPANDABLE
 @pytest.mark.parametrize("lag", [1, 2, 3])
-def test_layer_like_runs_equal_the_reference(lag: int) -> None:
+def test_layer_like_runs_equal_the_reference(lag: int, expandable: bool) -> None:
     # 40 windows of 64 MiB cells, 30 MiB temporaries and 12 MiB kept blocks: every window's 2 allocations
     # and 3 frees are matched; unlimited and at capacities that release cached segments or run out
     parts = _cells_program(40, lag, 64 * MiB, 30 * MiB, 12 * MiB)
-    plain = _reference(list(parts), None)
+    plain = _reference(list(parts), None, expandable)
     assert (plain.num_allocs, plain.num_frees, plain.unmatched_frees) == (41 + 2 * lag + 80, lag + 120, 0)
-    assert replay_parts(parts) == plain
+    assert replay_parts(parts, expandable) == plain
     for cap in (plain.peak_reserved_bytes, plain.peak_reserved_bytes * 9 // 10, plain.peak_reserved_bytes // 2):
-        assert replay_parts(parts, capacity_bytes=cap) == _reference(list(parts), cap)
+        assert replay_parts(parts, expandable, capacity_bytes=cap) == _reference(list(parts), cap, expandable)
 
 
 # ---------------------------------------------------------------------------- the analytic engine's streams
@@ -347,7 +425,8 @@ def _train_layouts() -> list[tuple[str, Any, int]]:
 
 
 @needs_native
-def test_engine_streams_equal_the_reference() -> None:
+@EXPANDABLE
+def test_engine_streams_equal_the_reference(expandable: bool) -> None:
     # every example's training stream and two MoE layouts, unlimited, at the device's memory and at
     # 100%, 80% and 50% of the unlimited peak (release-and-retry and out-of-memory paths)
     from vramplan.analytic.events import iter_run_parts, train_run_parts, train_run_stream
@@ -358,10 +437,10 @@ def test_engine_streams_equal_the_reference() -> None:
     for name, lay, device in layouts:
         parts = list(iter_run_parts(lay))
         assert expand(parts) == expand(train_run_parts(lay)) == train_run_stream(lay), name
-        plain = _reference(parts, None)
+        plain = _reference(parts, None, expandable)
         for cap in (None, device, plain.peak_reserved_bytes, plain.peak_reserved_bytes * 4 // 5,
                     plain.peak_reserved_bytes // 2):
-            ours = replay_parts(parts, capacity_bytes=cap)
-            assert ours == _reference(parts, cap), (name, cap)
+            ours = replay_parts(parts, expandable, capacity_bytes=cap)
+            assert ours == _reference(parts, cap, expandable), (name, cap)
             out_of_memory += ours.oom is not None
     assert out_of_memory > 0   # the out-of-memory path was compared too

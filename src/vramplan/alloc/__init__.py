@@ -14,9 +14,9 @@ capacity (to find the allocation that would run out of memory) and the
 
 The rules (``rules.py``, the only place their numbers are written) and the reference allocator
 (``caching.py``) follow ``c10/cuda/CUDACachingAllocator.cpp``; ``docs/allocator.md`` has them with
-worked examples.  Compact streams in the default configuration replay through the C replay
-(``native.py``, ``_replay.c``, configured from ``rules.py`` at import) where it was built, and through
-the reference otherwise.  One stream and one device are modelled.
+worked examples.  Compact streams, in the default configuration and with ``expandable_segments``,
+replay through the C replay (``native.py``, ``_replay.c``, configured from ``rules.py`` at import) where
+it was built, and through the reference otherwise.  One stream and one device are modelled.
 """
 
 from __future__ import annotations
@@ -191,15 +191,16 @@ def replay_compact(stream: Sequence[int], expandable_segments: bool = False, *,
 
     ``n > 0`` allocates ``n`` bytes as the next block id (ids count allocations from 0);
     ``n < 0`` frees block ``-n - 1``.  Same results as :func:`replay` on the equivalent
-    ``AllocEvent`` list, without the event objects: the default configuration runs through the C
-    replay (``native``) where it was built and ``VRAMPLAN_NATIVE`` is not ``0``; otherwise, and for
-    ``expandable_segments``, through the reference ``CachingAllocator.run_compact``.
+    ``AllocEvent`` list, without the event objects: the C replay (``native``) runs it, default
+    configuration or ``expandable_segments``, where it was built and ``VRAMPLAN_NATIVE`` is not ``0``;
+    otherwise the reference ``CachingAllocator.run_compact``.
 
     >>> replay_compact([3 * MiB, 1000, -1, -2]).peak_reserved_bytes == 20 * MiB + 2 * MiB
     True
     """
-    if not expandable_segments and native.available():
-        return _native_result(native.replay_stream(stream, capacity_bytes))
+    if native.available():
+        return _native_result(native.replay_stream(stream, capacity_bytes, expandable_segments),
+                              expandable_segments)
     alloc = CachingAllocator(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
     unmatched, oom = alloc.run_compact(stream)
     return _result(alloc, unmatched, oom)
@@ -209,24 +210,25 @@ def replay_parts(parts: Iterable[Sequence[int] | Repeat], expandable_segments: b
                  capacity_bytes: int | None = None) -> ReplayResult:
     """``replay_compact(expand(parts))``: literal event lists and ``Repeat`` runs of windows (block ids
     moved by constant strides from window to window).  The C replay (``native``) expands each run window
-    by window in C; otherwise (not built, ``VRAMPLAN_NATIVE=0``, or ``expandable_segments``) the
-    reference ``CachingAllocator`` replays the expanded stream.  Either way every event is replayed.
+    by window in C; otherwise (not built, or ``VRAMPLAN_NATIVE=0``) the reference ``CachingAllocator``
+    replays the expanded stream.  Either way every event is replayed.
 
     >>> replay_parts([[3 * MiB], Repeat([1000, -2], [0, 1], 3)]) == replay_compact([3 * MiB, 1000, -2, 1000, -3, 1000, -4])
     True
     """
-    if not expandable_segments and native.available():
-        return _native_result(native.replay_parts(parts, capacity_bytes))
+    if native.available():
+        return _native_result(native.replay_parts(parts, capacity_bytes, expandable_segments),
+                              expandable_segments)
     return replay_compact(expand(parts), expandable_segments, capacity_bytes=capacity_bytes)
 
 
-def _native_result(values: tuple[object, ...]) -> ReplayResult:
+def _native_result(values: tuple[object, ...], expandable_segments: bool) -> ReplayResult:
     """The C replay's statistics as a ``ReplayResult`` (the same as the reference's, field by field:
     ``tests/test_alloc_native.py``)."""
     fields = dict(zip(native.FIELDS, values, strict=True))
     oom = fields.pop("oom")
     info = OomInfo(**dict(zip(native.OOM_FIELDS, oom, strict=True))) if isinstance(oom, tuple) else None
-    return ReplayResult(**fields, oom=info)  # type: ignore[arg-type]
+    return ReplayResult(**fields, expandable_segments=expandable_segments, oom=info)  # type: ignore[arg-type]
 
 
 def _result(alloc: CachingAllocator, unmatched: int, oom: OomInfo | None) -> ReplayResult:

@@ -258,9 +258,9 @@ class CachingAllocator:
 
         ``stream`` holds ints: ``n > 0`` allocates ``n`` bytes as the next block id (0, 1, 2, ...
         in allocation order), ``n < 0`` frees block ``-n - 1``, ``0`` is ignored.  Event by event through
-        :meth:`malloc` and :meth:`free`.  ``replay_compact`` uses this for ``expandable_segments`` and,
-        where the C replay (``native``) was not built or ``VRAMPLAN_NATIVE=0``, for the default
-        configuration too; ``tests/test_alloc_native.py`` checks the C replay against it.
+        :meth:`malloc` and :meth:`free`.  ``replay_compact`` uses this where the C replay (``native``) was
+        not built or ``VRAMPLAN_NATIVE=0``; ``tests/test_alloc_native.py`` checks the C replay against it,
+        in the default configuration and with ``expandable_segments``.
         """
         live: list[Block | None] = []
         unmatched = 0

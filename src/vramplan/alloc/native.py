@@ -1,16 +1,18 @@
-"""The C replay of the default caching allocator (``_replay.c``), when it was built.
+"""The C replay of the caching allocator (``_replay.c``), when it was built.
 
 ``pip install`` compiles ``vramplan/alloc/_replay.c`` where a C compiler is available (setup.py marks
-the extension optional).  It is the fast path of the default configuration: the reference model
-``caching.CachingAllocator``, event by event, at about 0.1-0.6 µs an event instead of 1.3-2.7 µs
-(``benchmarks/bench_replay.txt``); a 70B ZeRO-3 training estimate replays about 21,000 events.  Where
-it is missing, or with ``VRAMPLAN_NATIVE=0`` in the environment, ``vramplan.alloc`` replays through the
-reference itself, whose results are the same (``tests/test_alloc_native.py`` compares the two statistic
-by statistic on random programs, runs of repeated windows and the analytic engine's streams).
+the extension optional).  It is the fast path of the default configuration and of
+``expandable_segments:True``: the reference model ``caching.CachingAllocator``, event by event, at about
+0.1-0.6 µs an event instead of 1.3-2.7 µs (``benchmarks/bench_replay.txt``); a 70B ZeRO-3 training
+estimate replays about 21,000 events.  Where it is missing, or with ``VRAMPLAN_NATIVE=0`` in the
+environment, ``vramplan.alloc`` replays through the reference itself, whose results are the same
+(``tests/test_alloc_native.py`` compares the two statistic by statistic, in both configurations, on
+random programs, runs of repeated windows and the analytic engine's streams).
 
 The C module holds no allocator number of its own: :func:`_load` hands it ``rules.py``'s values
 (``_replay.configure``) before anything can replay, so a rule changed in ``rules.py`` changes both
-models.
+models; an expandable segment's address range is ``rules.expandable_address_space(capacity)``, computed
+here for each replay.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ RULES: dict[str, int] = {
     "round_large": rules.K_ROUND_LARGE,
     "segment_align": rules.SEGMENT_ALIGN,
     "address_base": rules.ADDRESS_BASE,
+    "small_page": rules.EXPANDABLE_SMALL_PAGE,
+    "large_page": rules.EXPANDABLE_LARGE_PAGE,
 }
 
 # the fields of the tuple ``_replay.replay`` returns, in order (ReplayResult's names); the last is the
@@ -71,18 +75,23 @@ def available() -> bool:
     return _MODULE is not None and os.environ.get("VRAMPLAN_NATIVE", "1") != "0"
 
 
-def replay_stream(stream: Sequence[int], capacity_bytes: int | None) -> tuple[object, ...]:
+def replay_stream(stream: Sequence[int], capacity_bytes: int | None,
+                  expandable_segments: bool = False) -> tuple[object, ...]:
     """The C replay of a compact stream (``n > 0`` allocates ``n`` bytes as the next block id, ``n < 0``
     frees block ``-n - 1``): a tuple of ``FIELDS``.  Raises ``RuntimeError`` when it was not built."""
-    return replay_parts([stream], capacity_bytes)
+    return replay_parts([stream], capacity_bytes, expandable_segments)
 
 
-def replay_parts(parts: Iterable[Sequence[int] | Repeat], capacity_bytes: int | None) -> tuple[object, ...]:
-    """The C replay of ``compact.expand(parts)``; a ``Repeat`` run is expanded in C, window by window."""
+def replay_parts(parts: Iterable[Sequence[int] | Repeat], capacity_bytes: int | None,
+                 expandable_segments: bool = False) -> tuple[object, ...]:
+    """The C replay of ``compact.expand(parts)``; a ``Repeat`` run is expanded in C, window by window.
+    With ``expandable_segments`` each segment reserves ``rules.expandable_address_space(capacity_bytes)``
+    bytes of addresses, as in ``caching.CachingAllocator``."""
     if _MODULE is None:
         raise RuntimeError("vramplan.alloc._replay was not built (no C compiler at install time)")
     if capacity_bytes is not None and capacity_bytes < 0:
         raise ValueError("capacity_bytes must be >= 0")
     flat = [(p.events, p.strides, p.count) if isinstance(p, Repeat) else p for p in parts]
-    out: tuple[object, ...] = _MODULE.replay(flat, -1 if capacity_bytes is None else capacity_bytes)
+    space = rules.expandable_address_space(capacity_bytes) if expandable_segments else 0
+    out: tuple[object, ...] = _MODULE.replay(flat, -1 if capacity_bytes is None else capacity_bytes, space)
     return out
