@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
 from vramplan.alloc import AllocEvent, ReplayResult, replay
 from vramplan.alloc.caching import AllocatorOutOfMemory, CachingAllocator
+from vramplan.alloc.rules import round_size
 
 KiB, MiB = 2**10, 2**20
 
@@ -266,11 +266,21 @@ def random_events(n: int, seed: int, live_target: int = 2000) -> list[AllocEvent
     return out
 
 
-def test_replay_speed() -> None:
-    # 200,000 mixed events (512 B .. 256 MiB, ~2,000 live) in well under 2 s here; docs/allocator.md
-    # records the 1,000,000-event figure.
+def test_replay_of_a_long_stream_keeps_its_invariants() -> None:
+    # 200,000 mixed events (512 B .. 256 MiB, ~2,000 live) through both configurations; their speed is timed by
+    # benchmarks/bench_replay.py (docs/allocator.md), not here.  At the end the allocated bytes are the live blocks'
+    # rounded sizes (round_size, 512 B multiples; no block is split off the large pool's remainder below 1 MiB, so
+    # a block may hold more than its rounded size: at least, never less), and reserved bytes never fall below them.
     events = random_events(200_000, seed=1)
-    t0 = time.perf_counter()
-    replay(events)
-    replay(events, expandable_segments=True)
-    assert time.perf_counter() - t0 < 6.0
+    live: dict[int, int] = {}
+    for ev in events:
+        if ev.nbytes > 0:
+            live[ev.block_id] = ev.nbytes
+        else:
+            live.pop(ev.block_id, None)
+    rounded = sum(round_size(n) for n in live.values())
+    for expandable in (False, True):
+        r = replay(events, expandable_segments=expandable)
+        assert r.final_allocated_bytes >= rounded > 0
+        assert r.final_allocated_bytes - rounded < len(live) * 2 * 2**20  # at most a split remainder per block
+        assert r.peak_reserved_bytes >= r.peak_allocated_bytes >= r.final_allocated_bytes
