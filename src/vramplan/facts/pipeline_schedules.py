@@ -73,12 +73,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from vramplan.facts import row_named
 
 __all__ = ["PIPELINE_SCHEDULES", "PipelineSchedule", "in_flight_chunks", "interleaved_rounds", "peak_saved_bytes",
-           "pipeline_schedule", "pipeline_schedule_names", "rank_actions", "split_peak_bytes"]
+           "pipeline_schedule", "pipeline_schedule_names", "rank_action_order", "rank_actions", "split_peak_bytes"]
 
 InFlightRule = Literal["1f1b", "all", "interleaved", "split"]
 
@@ -167,7 +168,7 @@ def in_flight_chunks(row: PipelineSchedule, pp: int, rank: int, virtual: int, m:
     if row.in_flight == "all":
         return m * virtual
     if row.in_flight == "split":
-        return split_peak_bytes(rank_actions(row, pp, rank, virtual, m), (1,) * virtual, (0,) * virtual)
+        return split_peak_bytes(rank_action_order(row, pp, rank, virtual, m), (1,) * virtual, (0,) * virtual)
     _, per_round = interleaved_rounds(pp, m)
     total = m * virtual
     warmup = min((virtual - 1) * per_round + 2 * (pp - 1 - rank), total)
@@ -203,6 +204,7 @@ def _zb1p_order(pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int
 
     out: list[tuple[str, int]] = []
     backward_ops: list[int] = []
+    done = 0  # the W actions written so far
     for op in range(total + warmup):  # warmup forwards, total - warmup (F, I[, W]) steps, warmup (I[, W]) steps
         if op < total:
             out.append(("F", (op // per_round) % virtual))
@@ -210,8 +212,8 @@ def _zb1p_order(pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int
             out.append(("I", backward_chunk(op)))
             backward_ops.append(op)
             if op - warmup >= rank:  # the W of the oldest I not yet weighted
-                out.append(("W", backward_chunk(backward_ops[sum(a == "W" for a, _ in out)])))
-    done = sum(a == "W" for a, _ in out)
+                out.append(("W", backward_chunk(backward_ops[done])))
+                done += 1
     out.extend(("W", backward_chunk(op)) for op in backward_ops[done:])
     return out
 
@@ -303,13 +305,20 @@ def _dualpipev_order(pp: int, rank: int, m: int) -> list[tuple[str, int]]:
 def rank_actions(row: PipelineSchedule, pp: int, rank: int, virtual: int, m: int) -> list[tuple[str, int]]:
     """Rank ``rank``'s compute actions of a ``split`` schedule in torch's order: (F | I | W | B, local chunk; loop
     layout: chunk k is stage ``rank + k pp``, V layout: 0 is stage ``rank``, 1 stage ``2 pp - 1 - rank``)."""
+    return list(rank_action_order(row, pp, rank, virtual, m))
+
+
+# the planner times and sizes many setups of one (schedule, pp, v, micro-batches): the order is built once
+@lru_cache(maxsize=1024)
+def rank_action_order(row: PipelineSchedule, pp: int, rank: int, virtual: int, m: int) -> tuple[tuple[str, int], ...]:
+    """``rank_actions`` as a tuple, built once per argument set."""
     if row.in_flight != "split":
         raise ValueError(f"pipeline schedule {row.name} has no split backward")
     if row.name == "zbv-zero-bubble":
-        return _zbv_order(pp, rank, m)
+        return tuple(_zbv_order(pp, rank, m))
     if row.name == "dualpipev":
-        return _dualpipev_order(pp, rank, m)
-    return _zb1p_order(pp, rank, virtual, m)
+        return tuple(_dualpipev_order(pp, rank, m))
+    return tuple(_zb1p_order(pp, rank, virtual, m))
 
 
 def split_peak_bytes(actions: Sequence[tuple[str, int]], saved: Sequence[int], held: Sequence[int]) -> int:
@@ -349,7 +358,7 @@ def peak_saved_bytes(row: PipelineSchedule, pp: int, rank: int, virtual: int, m:
     if row.in_flight is None:
         raise ValueError(f"pipeline schedule {row.name}: {row.refusal}")
     if pp > 1 and row.in_flight == "split":
-        return split_peak_bytes(rank_actions(row, pp, rank, virtual, m), chunk_bytes, held_bytes or (0,) * virtual)
+        return split_peak_bytes(rank_action_order(row, pp, rank, virtual, m), chunk_bytes, held_bytes or (0,) * virtual)
     if pp == 1 or row.in_flight != "interleaved":
         return in_flight_chunks(row, pp, rank, virtual, m) * sum(chunk_bytes) // virtual
     alive = peak = 0

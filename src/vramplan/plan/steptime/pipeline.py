@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vramplan.facts.pipeline_schedules import pipeline_schedule, rank_actions
+from vramplan.facts.pipeline_schedules import pipeline_schedule, rank_action_order
 
 __all__ = ["pipeline_bubble_seconds", "pipeline_slots", "split_bubble_slots", "split_schedule_makespan",
            "stage_boundary_bytes"]
@@ -79,7 +79,7 @@ def split_schedule_makespan(schedule: str, pp: int, virtual: int, micro_batches:
     """
     row = pipeline_schedule(schedule)
     last = pp * virtual - 1
-    acts = [rank_actions(row, pp, r, virtual, micro_batches) for r in range(pp)]
+    acts = [rank_action_order(row, pp, r, virtual, micro_batches) for r in range(pp)]
     done: dict[tuple[str, int, int], float] = {}  # (F | G (input gradient) | W, stage, micro-batch) -> finish time
     pos, free = [0] * pp, [0.0] * pp
     seen: list[dict[tuple[str, int], int]] = [{} for _ in range(pp)]
