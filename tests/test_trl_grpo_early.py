@@ -155,7 +155,7 @@ def test_grpo_config_defaults_by_release() -> None:
 
 
 def test_beta_default_loads_a_reference_before_0_19() -> None:
-    doc = {k: v for k, v in _at(GRPO, "0.18.2").items()}
+    doc = {k: v for k, v in _at(GRPO, "0.17.0").items()}
     doc["rl"] = {"rollout": {"colocate": False, "max_completion_len": 256}}
     rep = estimate(doc)
     assert rep.scenario["rl"]["beta"] == 0.04
@@ -187,6 +187,26 @@ def test_modelled_from_0_15() -> None:
     rep = estimate(_at(GRPO, "0.15.0"))
     assert any(a.startswith("GRPO (TRL v0.15.0 GRPOTrainer)") and "no temperature division" in a
                for a in rep.assumptions)
+
+
+@pytest.mark.parametrize(("trl", "beta", "refused"), [
+    ("0.17.0", 0.04, False), ("0.18.0", 0.04, True), ("0.18.2", None, True), ("0.18.2", 0.0, False),
+    ("0.19.0", 0.04, False), ("0.19.1", None, False),
+])
+def test_reference_inside_the_step_at_0_18_is_refused(trl: str, beta: float | None, refused: bool) -> None:
+    # 0.18.x: _compute_loss runs the reference's no-grad forward over the policy's graph when beta != 0 (0.04 its
+    # default); 0.17 and 0.19 score it before the step
+    doc = _at(GRPO, trl)
+    if beta is None:
+        del doc["rl"]["beta"]
+    else:
+        doc["rl"]["beta"] = beta
+    if not refused:
+        estimate(doc)
+        return
+    with pytest.raises(ScenarioError) as exc:
+        estimate(doc)
+    assert any(p.where == "rl.beta" and "_compute_loss" in p.message for p in exc.value.problems)
 
 
 @pytest.mark.parametrize(("trl", "refused"), [("0.15.2", True), ("0.17.0", True), ("0.18.0", False),

@@ -37,6 +37,7 @@ from vramplan.facts.trl import (
     DEFAULT_TRL_RELEASE,
     GRPO_COLOCATE_FIRST,
     GRPO_EARLY_ROWS,
+    GRPO_REFERENCE_IN_STEP,
     LOG_PROB_ROWS,
     READ_AT,
     GrpoEarlyRow,
@@ -170,21 +171,29 @@ def release_problems(s: Scenario, method: str, fixed: str | None = None) -> list
 
 
 def _early_problems(s: Scenario, given: str, row: GrpoEarlyRow) -> list[Problem]:
-    """``software.trl`` before v1.9.0 under GRPO (facts/trl.py ``GRPO_EARLY_ROWS``): a release not modelled, or the
-    colocated vLLM engine before GRPOConfig had ``vllm_mode`` (v0.18.0)."""
+    """``software.trl`` before v1.9.0 under GRPO (facts/trl.py ``GRPO_EARLY_ROWS``): a release not modelled, a
+    reference forward inside the step (v0.18.x with beta != 0), or the colocated vLLM engine before GRPOConfig had
+    ``vllm_mode`` (v0.18.0)."""
     first = release_text(GRPO_EARLY_ROWS[1].first)
     if not row.modelled:
         return [Problem("software.trl", f"is {given}, but GRPOTrainer is modelled from TRL v{first} on; before it "
                         f"({row.sources}) the step differs and is not modelled",
                         f"set software.trl: {first} or later")]
+    v = (*(s.software.trl_version or ()), 0, 0, 0)[:3]
+    out: list[Problem] = []
+    if GRPO_REFERENCE_IN_STEP[0] <= v < GRPO_REFERENCE_IN_STEP[1] and defaults.beta(s) != 0.0:
+        out.append(Problem("rl.beta", f"is {defaults.beta(s)} (GRPOConfig's default 0.04 before v0.19.0), and TRL "
+                           f"v{given}'s GRPOTrainer runs the reference's forward inside _compute_loss, over the policy's "
+                           "graph (facts/trl.py GRPO_REFERENCE_IN_STEP), which is not modelled",
+                           "set rl.beta: 0, or software.trl: 0.17.0 or 0.19.0 (the reference scored before the step)"))
     colocated = defaults.rollout_engine(s) == "vllm" and s.rl.rollout.colocate
-    if colocated and s.software.trl_version is not None and (
-            (*s.software.trl_version, 0, 0, 0)[:3] < GRPO_COLOCATE_FIRST):
-        return [Problem("rl.rollout.colocate", f"is true, but TRL v{given}'s GRPOTrainer has no colocated vLLM engine "
-                        "(GRPOConfig.vllm_mode from v0.18.0; before it vLLM runs on vllm_device, another GPU by "
-                        "default, or as a server: facts/trl.py GRPO_COLOCATE_FIRST)",
-                        "set rl.rollout.colocate: false, or software.trl: 0.18.0 or later")]
-    return []
+    if colocated and v < GRPO_COLOCATE_FIRST:
+        out.append(Problem("rl.rollout.colocate", f"is true, but TRL v{given}'s GRPOTrainer has no colocated vLLM "
+                           "engine (GRPOConfig.vllm_mode from v0.18.0; before it vLLM runs on vllm_device, the next "
+                           "GPU, or cuda:0 shared by a single process, not modelled, or as a server: facts/trl.py "
+                           "GRPO_COLOCATE_FIRST)",
+                           "set rl.rollout.colocate: false, or software.trl: 0.18.0 or later"))
+    return out
 
 
 def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str = "") -> list[Problem]:

@@ -115,9 +115,15 @@ GRPO_NUM_GENERATIONS = 8
 # model when beta == 0.0: grpo_trainer.py:566)
 GRPO_BETA_ROWS: tuple[tuple[tuple[int, int, int], float], ...] = (((0, 15, 0), 0.04), ((0, 19, 0), GRPO_BETA))
 # GRPOConfig.vllm_mode ("server" or "colocate": a vLLM engine inside the training process) first ships in 0.18
-# (trl 0.18.2 grpo_config.py:332); before it vLLM runs on ``vllm_device`` (0.15-0.16, another GPU by default) or as
-# a server (0.17.0 grpo_config.py:417-460: vllm_device deprecated, "start a vLLM server")
+# (trl 0.18.2 grpo_config.py:332); before it vLLM runs on ``vllm_device`` (0.15.2 grpo_trainer.py:374-379: "auto" is
+# the next GPU, cuda:0 shared when a single process trains) or, from 0.16.0, as a server (0.16.1 grpo_config.py:331,
+# 0.17.0 :417-460: vllm_device deprecated, "start a vLLM server")
 GRPO_COLOCATE_FIRST = (0, 18, 0)
+# the releases whose GRPOTrainer._compute_loss runs the reference's no-grad forward inside the training step, after the
+# policy's forward and over its graph (trl 0.18.0 and 0.18.1 grpo_trainer.py:1338-1343, 0.18.2 :1346-1351, ``if
+# self.beta != 0.0``); every other modelled release does it in _prepare_inputs / _generate_and_score_completions (0.15.2
+# :587, 0.17.0 :1014, 0.19.0 :1216, 0.19.1 :1224, 1.0.0 :1918).  Not modelled: refused when beta != 0
+GRPO_REFERENCE_IN_STEP: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 18, 0), (0, 19, 0))
 # RLOOConfig (v1.16.0, trl/trainer/rloo_config.py): beta=0.05, num_generations=2, max_completion_length=512
 RLOO_BETA = 0.05
 RLOO_NUM_GENERATIONS = 2
@@ -179,7 +185,8 @@ GRPO_EARLY_ROWS: tuple[GrpoEarlyRow, ...] = (
 )
 
 # the releases whose wheels were read for GRPO_EARLY_ROWS
-GRPO_EARLY_READ_AT: tuple[str, ...] = ("0.14.0", "0.15.2", "0.16.1", "0.17.0", "0.18.2", "0.19.1", "0.20.0", "0.21.0",
+GRPO_EARLY_READ_AT: tuple[str, ...] = ("0.14.0", "0.15.2", "0.16.1", "0.17.0", "0.18.0", "0.18.1", "0.18.2", "0.19.0",
+                                       "0.19.1", "0.20.0", "0.21.0",
                                        "0.22.2", "0.23.1", "0.24.0", "0.25.1", "0.26.2", "0.27.0", "0.28.0", "0.29.0",
                                        "1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.4.0", "1.5.0", "1.6.0", "1.7.0", "1.8.0")
 
