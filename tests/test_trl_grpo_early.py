@@ -130,16 +130,38 @@ def test_the_step_takes_the_release_rule(trl: str | None, record: int) -> None:
     ("0.29.0", 1_247_090_688),
 ])
 def test_scoring_head_by_release(trl: str, head: int) -> None:
-    base = estimate(_at(GRPO, "1.9.0")).per_gpu.lifecycle["scoring"]["allocated_bytes"]
-    got = estimate(_at(GRPO, trl)).per_gpu.lifecycle["scoring"]["allocated_bytes"]
-    assert got - base == head - 702_552_064
+    # beta 0.04: the reference is scored at every release (the same second copy resident at each)
+    def scoring(at: str) -> int:
+        doc = _at(GRPO, at)
+        doc["rl"]["beta"] = 0.04
+        value: int = estimate(doc).per_gpu.lifecycle["scoring"]["allocated_bytes"]
+        return value
+    assert scoring(trl) - scoring("1.9.0") == head - 702_552_064
 
 
-def test_scoring_with_the_colocated_engine_at_0_19() -> None:
-    # v1.9.0's scoring with the engine between rollouts: 32,110,964,468 (tests/test_trl_release.py); at v0.19.1 the
-    # head holds X instead of one sequence's C V: + 622,329,856 - 77,791,232 = 32,655,503,092
-    doc = {**_at(GRPO, "0.19.1"), "rl": {"beta": 0.0, "rollout": {"max_completion_len": 256}}}
+def test_scoring_with_the_colocated_engine_at_0_23() -> None:
+    # v1.9.0's scoring with the engine between rollouts: 32,110,964,468 (tests/test_trl_release.py); at v0.23.1 (the
+    # old log-probabilities always scored with vLLM, as at v1.9.0) the head holds X instead of one sequence's C V:
+    # + 622,329,856 - 77,791,232 = 32,655,503,092
+    doc = {**_at(GRPO, "0.23.1"), "rl": {"beta": 0.0, "rollout": {"max_completion_len": 256}}}
     assert estimate(doc).per_gpu.lifecycle["scoring"]["allocated_bytes"] == 32_655_503_092
+
+
+@pytest.mark.parametrize(("trl", "forward"), [("0.15.2", False), ("0.19.1", False), ("0.22.2", False),
+                                              ("0.23.1", True), ("1.9.0", True)])
+def test_no_scoring_forward_before_0_23_with_beta_0(trl: str, forward: bool) -> None:
+    # before v0.23.0, beta 0 and GRPOConfig's defaults: neither the reference nor the old log-probabilities are
+    # computed; the phase is what stays between steps.  v1.9.0's forward: the residual in and out 44,040,192 + the
+    # head 702,552,064 = 746,592,256; v0.23's head 1,247,090,688 + 44,040,192 = 1,291,130,880
+    base = estimate(_at(GRPO, "1.9.0")).per_gpu.lifecycle["scoring"]["allocated_bytes"]
+    rep = estimate(_at(GRPO, trl))
+    got = rep.per_gpu.lifecycle["scoring"]["allocated_bytes"]
+    stated = any(a.startswith(f"GRPO scoring (TRL v{trl}): no forward") for a in rep.assumptions)
+    if forward:
+        # 1,291,130,880 - 746,592,256 = 544,538,624 above v1.9.0's at v0.23.1
+        assert got - base == {"0.23.1": 544_538_624, "1.9.0": 0}[trl] and not stated
+    else:
+        assert got == base - 746_592_256 and stated
 
 
 def test_grpo_config_defaults_by_release() -> None:

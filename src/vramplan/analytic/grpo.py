@@ -37,6 +37,7 @@ from vramplan.facts.trl import (
     DEFAULT_TRL_RELEASE,
     GRPO_COLOCATE_FIRST,
     GRPO_EARLY_ROWS,
+    GRPO_OLD_LOGPS_ALWAYS,
     GRPO_REFERENCE_IN_STEP,
     LOG_PROB_ROWS,
     READ_AT,
@@ -50,8 +51,9 @@ from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "checkpointing_notes", "completion_len", "grpo_assumptions",
-           "grpo_fused_loss_tensors", "grpo_loss_tensors", "grpo_problems", "policy_scenario", "reference_kind",
-           "release_notes", "release_problems", "sequence_len", "trainer_problems", "trl_release", "uses_fused_head"]
+           "grpo_fused_loss_tensors", "grpo_loss_tensors", "grpo_problems", "policy_scenario", "quotient_copy",
+           "reference_kind", "release_notes", "release_problems", "scores_nothing", "sequence_len",
+           "trainer_problems", "trl_release", "uses_fused_head"]
 
 TRL_RELEASE = "1.9.0"
 # trl/trainer/utils.py entropy_from_logits(logits, chunk_size=128): rows of the flattened logits per chunk
@@ -127,6 +129,14 @@ def quotient_copy(s: Scenario) -> bool:
     ``logits = logits / self.temperature``, facts/trl.py ``GRPO_EARLY_ROWS``)."""
     row = grpo_early_row(s.software.trl_version) if s.train.objective == "grpo" else None
     return row is not None and row.temperature_copy
+
+
+def scores_nothing(s: Scenario) -> bool:
+    """Whether GRPO's scoring runs no forward: before TRL v0.23.0 with beta 0 (no reference) the old log-probabilities
+    are computed only when num_iterations > 1 or the generation batch spans more than one optimizer step, neither of
+    which the scenario can say (GRPOConfig's defaults assumed: facts/trl.py ``GRPO_OLD_LOGPS_ALWAYS``)."""
+    row = grpo_early_row(s.software.trl_version) if s.train.objective == "grpo" else None
+    return row is not None and row.first < GRPO_OLD_LOGPS_ALWAYS and defaults.beta(s) == 0.0
 
 
 def release_notes(s: Scenario, method: str) -> list[str]:
@@ -422,6 +432,10 @@ def grpo_assumptions(s: Scenario, method: str = "GRPO") -> list[str]:
         out.append(f"{method} weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
                    "counted (one linear's weight, small beside the rollout phase's engine)")
     out += release_notes(s, method)
+    if scores_nothing(s):
+        out.append(f"{method} scoring (TRL v{trl_release(s)}): no forward (beta 0: no reference; the old "
+                   "log-probabilities only with num_iterations > 1 or steps_per_generation > gradient_accumulation_steps,"
+                   " GRPOConfig's defaults 1 and equal assumed)")
     if early is not None and defaults.rollout_engine(s) == "hf-generate":
         out.append(f"{method}: the hf-generate rollout as read at TRL v1.9.0 (model.generate in the trainer) is "
                    f"assumed for v{trl_release(s)}")

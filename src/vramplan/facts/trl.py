@@ -123,6 +123,15 @@ GRPO_COLOCATE_FIRST = (0, 18, 0)
 # policy's forward and over its graph (trl 0.18.0 and 0.18.1 grpo_trainer.py:1338-1343, 0.18.2 :1346-1351, ``if
 # self.beta != 0.0``); every other modelled release does it in _prepare_inputs / _generate_and_score_completions (0.15.2
 # :587, 0.17.0 :1014, 0.19.0 :1216, 0.19.1 :1224, 1.0.0 :1918).  Not modelled: refused when beta != 0
+# the first release whose _generate_and_score_completions always computes the old log-probabilities with vLLM
+# (trl 0.23.1 grpo_trainer.py:1369-1370 ``or (self.use_vllm and self.vllm_importance_sampling_correction)``, the
+# latter default=True: grpo_config.py:601-602).  Before it the old ones are computed only when the samples can come
+# from an earlier policy (0.16.1 :743 and 0.17.0 :1004 ``if self.num_iterations > 1``; 0.19.1 :1214 ``or
+# steps_per_generation > gradient_accumulation_steps``; 0.20.0 :1619 and 0.22.2 :1331 ``gradient_accumulation_steps %
+# (steps_per_generation x num_iterations) != 0``; 0.15.2 has none), never at GRPOConfig's defaults (num_iterations
+# 1, steps_per_generation = gradient_accumulation_steps), and the reference ones only with beta != 0: with beta 0
+# no scoring forward runs
+GRPO_OLD_LOGPS_ALWAYS = (0, 23, 0)
 GRPO_REFERENCE_IN_STEP: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 18, 0), (0, 19, 0))
 # RLOOConfig (v1.16.0, trl/trainer/rloo_config.py): beta=0.05, num_generations=2, max_completion_length=512
 RLOO_BETA = 0.05
