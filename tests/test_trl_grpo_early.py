@@ -242,3 +242,19 @@ def test_colocated_vllm_from_0_18(trl: str, refused: bool) -> None:
     with pytest.raises(ScenarioError) as exc:
         estimate(doc)
     assert any(p.where == "rl.rollout.colocate" for p in exc.value.problems)
+
+
+@pytest.mark.parametrize(("trl", "sleep", "refused"), [
+    ("0.22.2", 2, True), ("0.22.2", 0, False), ("0.23.1", 1, False), ("0.24.0", 2, True), ("0.25.1", 2, False),
+    ("0.25.1", 1, True), ("1.8.0", 2, False),
+])
+def test_sleep_mode_by_release(trl: str, sleep: int, refused: bool) -> None:
+    # vllm_enable_sleep_mode from 0.23.0; llm.sleep(level=1) at 0.23-0.24, level=2 from 0.25.0 (as at v1.9.0)
+    doc = _at(GRPO, trl)
+    doc["rl"]["rollout"].update({"colocate": True, "sleep_mode": sleep})
+    if not refused:
+        estimate(doc)
+        return
+    with pytest.raises(ScenarioError) as exc:
+        estimate(doc)
+    assert any(p.where == "rl.rollout.sleep_mode" for p in exc.value.problems)

@@ -39,6 +39,7 @@ from vramplan.facts.trl import (
     GRPO_EARLY_ROWS,
     GRPO_OLD_LOGPS_ALWAYS,
     GRPO_REFERENCE_IN_STEP,
+    GRPO_SLEEP_LEVEL_ROWS,
     LOG_PROB_ROWS,
     READ_AT,
     GrpoEarlyRow,
@@ -197,6 +198,12 @@ def _early_problems(s: Scenario, given: str, row: GrpoEarlyRow) -> list[Problem]
                            "graph (facts/trl.py GRPO_REFERENCE_IN_STEP), which is not modelled",
                            "set rl.beta: 0, or software.trl: 0.17.0 or 0.19.0 (the reference scored before the step)"))
     colocated = defaults.rollout_engine(s) == "vllm" and s.rl.rollout.colocate
+    level = [lv for first, lv in GRPO_SLEEP_LEVEL_ROWS if first <= v][-1]
+    if colocated and s.rl.rollout.sleep_mode and s.rl.rollout.sleep_mode != level:
+        what = (f"asks for level {level} (llm.sleep(level={level}))" if level else "has no vllm_enable_sleep_mode "
+                "(from v0.23.0)")
+        out.append(Problem("rl.rollout.sleep_mode", f"is {s.rl.rollout.sleep_mode}, but TRL v{given}'s GRPOTrainer "
+                           f"{what}: facts/trl.py GRPO_SLEEP_LEVEL_ROWS", f"set rl.rollout.sleep_mode: {level}"))
     if colocated and v < GRPO_COLOCATE_FIRST:
         out.append(Problem("rl.rollout.colocate", f"is true, but TRL v{given}'s GRPOTrainer has no colocated vLLM "
                            "engine (GRPOConfig.vllm_mode from v0.18.0; before it vLLM runs on vllm_device, the next "

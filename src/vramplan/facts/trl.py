@@ -132,6 +132,10 @@ GRPO_COLOCATE_FIRST = (0, 18, 0)
 # 1, steps_per_generation = gradient_accumulation_steps), and the reference ones only with beta != 0: with beta 0
 # no scoring forward runs
 GRPO_OLD_LOGPS_ALWAYS = (0, 23, 0)
+# GRPOConfig.vllm_enable_sleep_mode first ships in 0.23 (trl 0.23.1 and 0.24.0 grpo_config.py:424); the sleep level
+# GRPOTrainer asks for by release: 1 at 0.23-0.24 (0.23.1 grpo_trainer.py:542 and 0.24.0 :550 ``self.llm.sleep(
+# level=1)``), 2 from 0.25 (0.25.1 :616 ``level=2``; 0.29.0 and 1.0.0 generation/vllm_generation.py:388 and :360)
+GRPO_SLEEP_LEVEL_ROWS: tuple[tuple[tuple[int, int, int], int], ...] = (((0, 0, 0), 0), ((0, 23, 0), 1), ((0, 25, 0), 2))
 GRPO_REFERENCE_IN_STEP: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 18, 0), (0, 19, 0))
 # RLOOConfig (v1.16.0, trl/trainer/rloo_config.py): beta=0.05, num_generations=2, max_completion_length=512
 RLOO_BETA = 0.05
