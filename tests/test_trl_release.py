@@ -163,7 +163,7 @@ def test_grpo_completion_default_by_release(trl: str | None, completion: int) ->
 
 
 @pytest.mark.parametrize(("doc", "trl"), [
-    (DPO, "1.14.0"), (DPO, "1.14.3"), (DPO, "1.8.0"), (DPO, "0.19"), (GRPO, "1.14.0"), (GRPO, "1.2"),
+    (DPO, "1.14.0"), (DPO, "1.14.3"), (DPO, "1.8.0"), (DPO, "0.19"), (GRPO, "1.14.0"), (GRPO, "0.14.0"),
     ({**DPO, "train": {**DPO["train"], "objective": "kto", "micro_batch_size": 4}}, "1.15.0"),
     ({**DPO, "train": {**DPO["train"], "objective": "orpo"}}, "1.9.0"),
 ])

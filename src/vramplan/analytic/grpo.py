@@ -20,7 +20,10 @@ The rollout engine's memory (vLLM, colocated) is ``serve/rollout.py``; ``engine.
 
 By TRL release (``software.trl``, facts/trl.py ``LOG_PROB_ROWS``): up to v1.13 as above; v1.14 (TRL's Triton
 log-prob kernel over the logits) refused; from v1.15.0 the fused LM head (``add_fused_lm_head``,
-analytic/fused_head.py; ``grpo_fused_loss_tensors``).  Unset: v1.9.0.
+analytic/fused_head.py; ``grpo_fused_loss_tensors``).  Unset: v1.9.0.  Before v1.9.0 (facts/trl.py
+``GRPO_EARLY_ROWS``, docs/rl.md "GRPO before v1.9.0"): v1.0-v1.8 as v1.9; v0.15.0-v0.29.x the logits with
+their differences (``grpo_loss_tensors``, ``quotient_copy``) and GRPOConfig's defaults of the release; v0.14.x and
+a colocated vLLM engine before v0.18.0 refused (``_early_problems``).
 """
 
 from __future__ import annotations
@@ -32,8 +35,15 @@ from vramplan.analytic.logits import KernelLossTensors
 from vramplan.errors import Problem
 from vramplan.facts.trl import (
     DEFAULT_TRL_RELEASE,
+    GRPO_COLOCATE_FIRST,
+    GRPO_EARLY_ROWS,
+    GRPO_OLD_LOGPS_ALWAYS,
+    GRPO_REFERENCE_IN_STEP,
+    GRPO_SLEEP_LEVEL_ROWS,
     LOG_PROB_ROWS,
     READ_AT,
+    GrpoEarlyRow,
+    grpo_early_row,
     log_prob_row,
     release_text,
 )
@@ -42,8 +52,9 @@ from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["ENTROPY_CHUNK_ROWS", "TRL_RELEASE", "checkpointing_notes", "completion_len", "grpo_assumptions",
-           "grpo_fused_loss_tensors", "grpo_loss_tensors", "grpo_problems", "policy_scenario", "reference_kind",
-           "release_notes", "release_problems", "sequence_len", "trainer_problems", "trl_release", "uses_fused_head"]
+           "grpo_fused_loss_tensors", "grpo_loss_tensors", "grpo_problems", "policy_scenario", "quotient_copy",
+           "reference_kind", "release_notes", "release_problems", "scores_nothing", "sequence_len",
+           "trainer_problems", "trl_release", "uses_fused_head"]
 
 TRL_RELEASE = "1.9.0"
 # trl/trainer/utils.py entropy_from_logits(logits, chunk_size=128): rows of the flattened logits per chunk
@@ -114,6 +125,21 @@ def uses_fused_head(s: Scenario) -> bool:
     return row is not None and row.path == "fused-head"
 
 
+def quotient_copy(s: Scenario) -> bool:
+    """Whether GRPO's log-probabilities divide the logits by the temperature out of place (TRL v0.16.0-v0.29.x:
+    ``logits = logits / self.temperature``, facts/trl.py ``GRPO_EARLY_ROWS``)."""
+    row = grpo_early_row(s.software.trl_version) if s.train.objective == "grpo" else None
+    return row is not None and row.temperature_copy
+
+
+def scores_nothing(s: Scenario) -> bool:
+    """Whether GRPO's scoring runs no forward: before TRL v0.23.0 with beta 0 (no reference) the old log-probabilities
+    are computed only when num_iterations > 1 or the generation batch spans more than one optimizer step, neither of
+    which the scenario can say (GRPOConfig's defaults assumed: facts/trl.py ``GRPO_OLD_LOGPS_ALWAYS``)."""
+    row = grpo_early_row(s.software.trl_version) if s.train.objective == "grpo" else None
+    return row is not None and row.first < GRPO_OLD_LOGPS_ALWAYS and defaults.beta(s) == 0.0
+
+
 def release_notes(s: Scenario, method: str) -> list[str]:
     """The report's line for a ``software.trl`` newer than every release read (facts/trl.py ``READ_AT``): the last
     row's path is assumed to hold; none otherwise."""
@@ -139,6 +165,9 @@ def release_problems(s: Scenario, method: str, fixed: str | None = None) -> list
             return []
         return [Problem("software.trl", f"is {given}, but {method}Trainer is modelled at TRL v{fixed} only",
                         f"set software.trl: {fixed} or leave it out")]
+    early = grpo_early_row(v) if method == "GRPO" else None
+    if early is not None:
+        return _early_problems(s, given, early)
     row = log_prob_row(v)
     if row is None:
         return [Problem("software.trl", f"is {given}, but {method}Trainer is modelled from TRL v{READ_AT[0]} on "
@@ -150,6 +179,38 @@ def release_problems(s: Scenario, method: str, fixed: str | None = None) -> list
                         f"Triton kernel over the logits ({row.sources}), which is not modelled",
                         f"set software.trl: {release_text(later.first)} (the fused LM head) or 1.13.0 (the logits)")]
     return []
+
+
+def _early_problems(s: Scenario, given: str, row: GrpoEarlyRow) -> list[Problem]:
+    """``software.trl`` before v1.9.0 under GRPO (facts/trl.py ``GRPO_EARLY_ROWS``): a release not modelled, a
+    reference forward inside the step (v0.18.x with beta != 0), or the colocated vLLM engine before GRPOConfig had
+    ``vllm_mode`` (v0.18.0)."""
+    first = release_text(GRPO_EARLY_ROWS[1].first)
+    if not row.modelled:
+        return [Problem("software.trl", f"is {given}, but GRPOTrainer is modelled from TRL v{first} on; before it "
+                        f"({row.sources}) the step differs and is not modelled",
+                        f"set software.trl: {first} or later")]
+    v = (*(s.software.trl_version or ()), 0, 0, 0)[:3]
+    out: list[Problem] = []
+    if GRPO_REFERENCE_IN_STEP[0] <= v < GRPO_REFERENCE_IN_STEP[1] and defaults.beta(s) != 0.0:
+        out.append(Problem("rl.beta", f"is {defaults.beta(s)} (GRPOConfig's default 0.04 before v0.19.0), and TRL "
+                           f"v{given}'s GRPOTrainer runs the reference's forward inside _compute_loss, over the policy's "
+                           "graph (facts/trl.py GRPO_REFERENCE_IN_STEP), which is not modelled",
+                           "set rl.beta: 0, or software.trl: 0.17.0 or 0.19.0 (the reference scored before the step)"))
+    colocated = defaults.rollout_engine(s) == "vllm" and s.rl.rollout.colocate
+    level = [lv for first, lv in GRPO_SLEEP_LEVEL_ROWS if first <= v][-1]
+    if colocated and s.rl.rollout.sleep_mode and s.rl.rollout.sleep_mode != level:
+        what = (f"asks for level {level} (llm.sleep(level={level}))" if level else "has no vllm_enable_sleep_mode "
+                "(from v0.23.0)")
+        out.append(Problem("rl.rollout.sleep_mode", f"is {s.rl.rollout.sleep_mode}, but TRL v{given}'s GRPOTrainer "
+                           f"{what}: facts/trl.py GRPO_SLEEP_LEVEL_ROWS", f"set rl.rollout.sleep_mode: {level}"))
+    if colocated and v < GRPO_COLOCATE_FIRST:
+        out.append(Problem("rl.rollout.colocate", f"is true, but TRL v{given}'s GRPOTrainer has no colocated vLLM "
+                           "engine (GRPOConfig.vllm_mode from v0.18.0; before it vLLM runs on vllm_device, the next "
+                           "GPU, or cuda:0 shared by a single process, not modelled, or as a server: facts/trl.py "
+                           "GRPO_COLOCATE_FIRST)",
+                           "set rl.rollout.colocate: false, or software.trl: 0.18.0 or later"))
+    return out
 
 
 def trainer_problems(s: Scenario, method: str, sharded: str, parallel_also: str = "") -> list[Problem]:
@@ -246,7 +307,8 @@ def grpo_problems(s: Scenario, method: str = "GRPO") -> list[Problem]:
     return _setup_problems(s, method) + _reference_problems(s, method)
 
 
-def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_bytes: int) -> KernelLossTensors:
+def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_bytes: int,
+                      early: GrpoEarlyRow | None = None) -> KernelLossTensors:
     """The GRPO loss's tensors for ``micro_batch`` completions of ``completion`` tokens (``vocab`` on this rank,
     the logits in ``logits_bytes`` per element), as (saved to the backward, forward extra, backward extra).
 
@@ -266,12 +328,28 @@ def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_byte
     the ``b (C + 1) V`` gradient of the logits, and one row's gather and log_softmax gradients (``2 C V``)
     live at once: counted as two full logits gradients and the row's two.
 
-    Worked example (Qwen2.5-0.5B, V = 151,936, b = 8, C = 256, bf16): L = 8 x 257 x 151,936 x 2 =
+    Worked example at v1.9.0 (Qwen2.5-0.5B, V = 151,936, b = 8, C = 256, bf16): L = 8 x 257 x 151,936 x 2 =
     624,760,832 B; saved = 8 x 256 x 151,936 x 2 = 622,329,856 B; forward extra = L + 622,329,856 (copy) +
     3 x 128 x 151,936 x 2 = 1,363,777,536 B; backward extra = 2 L + 2 x 256 x 151,936 x 2 = 1,405,104,128 B.
+
+    Before v1.0.0 (``early``, facts/trl.py ``GRPO_EARLY_ROWS``): v0.16.0-v0.29.x divide out of place (``logits =
+    logits / self.temperature``): the quotient ``X = b C V`` (contiguous) is made while the head's ``L`` is live, then
+    ``L`` is dropped (the slices' and the division's backward save no tensor); ``selective_log_softmax`` runs on
+    ``X`` (half: saves its ``b C V`` outputs; fp32: ``logsumexp`` saves ``X``).  The forward's peak is the larger of
+    the division (``L + X``, nothing saved yet) and the end (``X``, what is saved, the entropy's temporaries: none
+    before v0.20.0, one sequence's three ``C V`` at v0.20-v0.22, 3 x 128 V chunks of the contiguous ``X`` with no
+    reshape copy from v0.23.0).  v0.15.x has no division and no entropy: the head's ``L`` stays, as at v1.9.0 less the
+    entropies.  The backward is bounded as at v1.9.0 (the division's gradient, ``b C V``, arrives while the
+    accumulated ``b C V`` one is live: two of them, within the two logits gradients counted).
+
+    Worked example at v0.16.0 (the same Qwen2.5-0.5B, b = 8, C = 256, bf16): saved = 622,329,856 B as above;
+    forward extra = max(L, X + 0) = 624,760,832 B; at v0.20.0 forward extra = max(L, X + 3 x 256 x 151,936 x 2 =
+    622,329,856 + 233,373,696) = 855,703,552 B; at v0.23.0 max(L, X + 116,686,848) = 739,016,704 B.
     """
     b, c, v, e = micro_batch, completion, vocab, logits_bytes
     logits = b * (c + 1) * v * e
+    if early is not None and early.first < (1, 0, 0):
+        return _early_loss_tensors(b, c, v, e, early)
     rows = min(ENTROPY_CHUNK_ROWS, b * c)
     entropy = (b * c * v * e if b > 1 else 0) + 3 * rows * v * e
     if e < 4:
@@ -280,6 +358,24 @@ def grpo_loss_tensors(micro_batch: int, completion: int, vocab: int, logits_byte
         saved, row_temp = logits, c * v * e  # logsumexp keeps the logits; one sequence's exp at a time
     forward_extra = (0 if e == 4 else logits) + entropy + row_temp
     return KernelLossTensors(saved=saved, forward_extra=forward_extra, backward_extra=2 * logits + 2 * c * v * e)
+
+
+def _early_loss_tensors(b: int, c: int, v: int, e: int, early: GrpoEarlyRow) -> KernelLossTensors:
+    """``grpo_loss_tensors`` before v1.0.0 (its docstring)."""
+    logits, quotient = b * (c + 1) * v * e, b * c * v * e
+    entropy = {"none": 0, "per-sequence": 3 * c * v * e,
+               "chunked": 3 * min(ENTROPY_CHUNK_ROWS, b * c) * v * e}[early.entropy]
+    backward = 2 * logits + 2 * c * v * e
+    if not early.temperature_copy:
+        # v0.15.x: the logits stay live to the end; half: the per-sequence log_softmax outputs saved; fp32: logsumexp
+        # keeps the logits and one sequence's exp lives at a time
+        if e < 4:
+            return KernelLossTensors(saved=quotient, forward_extra=logits + entropy, backward_extra=backward)
+        return KernelLossTensors(saved=logits, forward_extra=entropy + c * v * e, backward_extra=backward)
+    # the quotient X (b C V) is what is saved (half: as log_softmax outputs of its size; fp32: X itself for logsumexp)
+    row_temp = c * v * e if e == 4 else 0
+    end = (quotient if e < 4 else 0) + entropy + row_temp
+    return KernelLossTensors(saved=quotient, forward_extra=max(logits, end), backward_extra=backward)
 
 
 def grpo_fused_loss_tensors(micro_batch: int, prompt: int, completion: int, vocab: int, hidden: int,
@@ -313,6 +409,16 @@ def grpo_assumptions(s: Scenario, method: str = "GRPO") -> list[str]:
            "(selective_log_softmax), entropies under no_grad")
     scored = ("the fused head's gathered hidden states, statistics and tiles" if fused else
               "the logits over the completion and one sequence's log_softmax")
+    early = grpo_early_row(s.software.trl_version) if method == "GRPO" else None
+    if early is not None and early.first < (1, 0, 0):
+        entropies = {"none": "no entropies", "per-sequence": "entropies under no_grad one sequence at a time",
+                     "chunked": "entropies under no_grad in chunks of 128 rows"}[early.entropy]
+        division = ("logits / temperature copied out of place (the completion's b C V quotient)"
+                    if early.temperature_copy else "no temperature division")
+        how = (f"logits over the completion only (logits_to_keep), {division}, log-probabilities per sequence "
+               f"(selective_log_softmax), {entropies}")
+        if early.temperature_copy:
+            scored = "the logits over the completion and their quotient by the temperature"
     out = [
         (f"{method} (TRL v{trl_release(s)} {method}Trainer): the policy step on micro_batch_size = {s.train.micro_batch_size} "
          f"completions of {ro.max_prompt_len} prompt + {completion_len(s)} completion tokens; {how}"),
@@ -333,6 +439,13 @@ def grpo_assumptions(s: Scenario, method: str = "GRPO") -> list[str]:
         out.append(f"{method} weight sync under PEFT: merge_adapter's one-linear-at-a-time delta temporaries are not "
                    "counted (one linear's weight, small beside the rollout phase's engine)")
     out += release_notes(s, method)
+    if scores_nothing(s):
+        out.append(f"{method} scoring (TRL v{trl_release(s)}): no forward (beta 0: no reference; the old "
+                   "log-probabilities only with num_iterations > 1 or steps_per_generation > gradient_accumulation_steps,"
+                   " GRPOConfig's defaults 1 and equal assumed)")
+    if early is not None and defaults.rollout_engine(s) == "hf-generate":
+        out.append(f"{method}: the hf-generate rollout as read at TRL v1.9.0 (model.generate in the trainer) is "
+                   f"assumed for v{trl_release(s)}")
     return out + checkpointing_notes(s, method)
 
 

@@ -5,7 +5,9 @@ Every row was read from TRL's source as shipped in the release's wheel on PyPI (
 --no-deps``): 1.9.0, 1.10.0, 1.11.0, 1.12.0, 1.13.0, 1.14.0, 1.15.0 and 1.16.0 (``READ_AT``).  DPO and GRPO
 changed at the same two releases, so one table serves both.  ``analytic/dpo.py`` and ``analytic/grpo.py`` read
 the row of ``software.trl`` (``log_prob_row``); a release after the last one read takes the last row and the
-report says so.
+report says so.  GRPOTrainer before 1.9.0 (0.14.0-1.8.0 read: ``GRPO_EARLY_READ_AT``) has its own rows
+(``GRPO_EARLY_ROWS``: 0.15.0 on modelled, 0.14.x refused) and GRPOConfig's defaults by release (``GRPO_BETA_ROWS``,
+``GRADIENT_CHECKPOINTING_ROWS``, ``COMPLETION_DEFAULT_ROWS``, ``GRPO_COLOCATE_FIRST``); DPO before 1.9.0 is refused.
 
 The paths (``LogProbPath``):
 
@@ -28,10 +30,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["COMPLETION_DEFAULT_ROWS", "DEFAULT_TRL_RELEASE", "GRADIENT_CHECKPOINTING_ROWS", "GRPO_BETA",
-           "GRPO_NUM_GENERATIONS", "LOG_PROB_ROWS", "PPO_RELEASE", "PPO_RESPONSE_LENGTH", "PPO_ROWS", "READ_AT", "RLOO_BETA",
-           "RLOO_MAX_COMPLETION", "RLOO_NUM_GENERATIONS", "LogProbPath", "LogProbRow", "PpoRow",
-           "gradient_checkpointing_default", "grpo_completion_default", "log_prob_row", "ppo_row", "release_text"]
+__all__ = [
+    "COMPLETION_DEFAULT_ROWS",
+    "DEFAULT_TRL_RELEASE",
+    "GRADIENT_CHECKPOINTING_ROWS",
+    "GRPO_BETA",
+    "GRPO_BETA_ROWS",
+    "GRPO_COLOCATE_FIRST",
+    "GRPO_EARLY_READ_AT",
+    "GRPO_EARLY_ROWS",
+    "GRPO_NUM_GENERATIONS",
+    "LOG_PROB_ROWS",
+    "PPO_RELEASE",
+    "PPO_RESPONSE_LENGTH",
+    "PPO_ROWS",
+    "READ_AT",
+    "RLOO_BETA",
+    "RLOO_MAX_COMPLETION",
+    "RLOO_NUM_GENERATIONS",
+    "GrpoEarlyRow",
+    "LogProbPath",
+    "LogProbRow",
+    "PpoRow",
+    "gradient_checkpointing_default",
+    "grpo_beta_default",
+    "grpo_completion_default",
+    "grpo_early_row",
+    "log_prob_row",
+    "ppo_row",
+    "release_text",
+]
 
 LogProbPath = Literal["logits", "triton-logits", "fused-head"]
 
@@ -64,16 +92,51 @@ LOG_PROB_ROWS: tuple[LogProbRow, ...] = (
 
 # GRPOConfig.max_completion_length's default by release (trl/trainer/grpo_config.py): 256 at 1.9.0, 512 from 1.10.0
 # (read in every wheel of READ_AT); each holds from its release until the next row's
-COMPLETION_DEFAULT_ROWS: tuple[tuple[tuple[int, int, int], int], ...] = (((1, 9, 0), 256), ((1, 10, 0), 512))
+# (GRPOConfig before 1.9.0: 256 in every wheel of GRPO_EARLY_READ_AT, e.g. trl 0.15.2 grpo_config.py:149, 0.19.1, 1.8.0)
+COMPLETION_DEFAULT_ROWS: tuple[tuple[tuple[int, int, int], int], ...] = (
+    ((0, 15, 0), 256), ((1, 10, 0), 512))
 
 # _BaseConfig.gradient_checkpointing's default by release (trl/trainer/base_config.py: ``default=True``, "Enable
 # gradient checkpointing to trade compute for memory"): DPOConfig, GRPOConfig, KTOConfig, RLOOConfig and
 # trl.experimental.orpo's ORPOConfig subclass _BaseConfig and none overrides the field; read in every wheel of READ_AT
-GRADIENT_CHECKPOINTING_ROWS: tuple[tuple[tuple[int, int, int], bool], ...] = (((1, 9, 0), True),)
+# Before 1.9.0 only GRPOTrainer is modelled (GRPO_EARLY_ROWS), so the earlier rows are GRPOConfig's: up to 0.21.x it
+# declares no gradient_checkpointing and inherits transformers' TrainingArguments default (False); 0.22.0 overrides
+# it (trl 0.22.2 grpo_config.py:247 ``gradient_checkpointing: bool = field(default=True``; 0.28.0 grpo_config.py:328);
+# from 0.29.0 GRPOConfig subclasses BaseConfig (trl 0.29.0 base_config.py:61, default=True)
+GRADIENT_CHECKPOINTING_ROWS: tuple[tuple[tuple[int, int, int], bool], ...] = (
+    ((0, 15, 0), False), ((0, 22, 0), True), ((1, 9, 0), True))
 
-# GRPOConfig (v1.9.0 and later, trl/trainer/grpo_config.py): beta=0.0, num_generations=8
+# GRPOConfig (v1.9.0 and later, trl/trainer/grpo_config.py): beta=0.0, num_generations=8 (num_generations=8 in every
+# wheel of GRPO_EARLY_READ_AT too: trl 0.15.2 grpo_config.py:138)
 GRPO_BETA = 0.0
 GRPO_NUM_GENERATIONS = 8
+# GRPOConfig.beta's default by release: 0.04 up to 0.18.x (trl 0.15.2, 0.16.1, 0.17.0 grpo_config.py:307, 0.18.2
+# grpo_config.py:390), 0.0 from 0.19.0 (trl 0.19.1 grpo_config.py:412; GRPOTrainer.__init__ loads no reference
+# model when beta == 0.0: grpo_trainer.py:566)
+GRPO_BETA_ROWS: tuple[tuple[tuple[int, int, int], float], ...] = (((0, 15, 0), 0.04), ((0, 19, 0), GRPO_BETA))
+# GRPOConfig.vllm_mode ("server" or "colocate": a vLLM engine inside the training process) first ships in 0.18
+# (trl 0.18.2 grpo_config.py:332); before it vLLM runs on ``vllm_device`` (0.15.2 grpo_trainer.py:374-379: "auto" is
+# the next GPU, cuda:0 shared when a single process trains) or, from 0.16.0, as a server (0.16.1 grpo_config.py:331,
+# 0.17.0 :417-460: vllm_device deprecated, "start a vLLM server")
+GRPO_COLOCATE_FIRST = (0, 18, 0)
+# the releases whose GRPOTrainer._compute_loss runs the reference's no-grad forward inside the training step, after the
+# policy's forward and over its graph (trl 0.18.0 and 0.18.1 grpo_trainer.py:1338-1343, 0.18.2 :1346-1351, ``if
+# self.beta != 0.0``); every other modelled release does it in _prepare_inputs / _generate_and_score_completions (0.15.2
+# :587, 0.17.0 :1014, 0.19.0 :1216, 0.19.1 :1224, 1.0.0 :1918).  Not modelled: refused when beta != 0
+# the first release whose _generate_and_score_completions always computes the old log-probabilities with vLLM
+# (trl 0.23.1 grpo_trainer.py:1369-1370 ``or (self.use_vllm and self.vllm_importance_sampling_correction)``, the
+# latter default=True: grpo_config.py:601-602).  Before it the old ones are computed only when the samples can come
+# from an earlier policy (0.16.1 :743 and 0.17.0 :1004 ``if self.num_iterations > 1``; 0.19.1 :1214 ``or
+# steps_per_generation > gradient_accumulation_steps``; 0.20.0 :1619 and 0.22.2 :1331 ``gradient_accumulation_steps %
+# (steps_per_generation x num_iterations) != 0``; 0.15.2 has none), never at GRPOConfig's defaults (num_iterations
+# 1, steps_per_generation = gradient_accumulation_steps), and the reference ones only with beta != 0: with beta 0
+# no scoring forward runs
+GRPO_OLD_LOGPS_ALWAYS = (0, 23, 0)
+# GRPOConfig.vllm_enable_sleep_mode first ships in 0.23 (trl 0.23.1 and 0.24.0 grpo_config.py:424); the sleep level
+# GRPOTrainer asks for by release: 1 at 0.23-0.24 (0.23.1 grpo_trainer.py:542 and 0.24.0 :550 ``self.llm.sleep(
+# level=1)``), 2 from 0.25 (0.25.1 :616 ``level=2``; 0.29.0 and 1.0.0 generation/vllm_generation.py:388 and :360)
+GRPO_SLEEP_LEVEL_ROWS: tuple[tuple[tuple[int, int, int], int], ...] = (((0, 0, 0), 0), ((0, 23, 0), 1), ((0, 25, 0), 2))
+GRPO_REFERENCE_IN_STEP: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 18, 0), (0, 19, 0))
 # RLOOConfig (v1.16.0, trl/trainer/rloo_config.py): beta=0.05, num_generations=2, max_completion_length=512
 RLOO_BETA = 0.05
 RLOO_NUM_GENERATIONS = 2
@@ -85,6 +148,77 @@ READ_AT: tuple[str, ...] = ("1.9.0", "1.10.0", "1.11.0", "1.12.0", "1.13.0", "1.
 # software.trl unset: DPO and GRPO as TRL v1.9.0, the release their modules were read at first and their reports
 # have always stated; a newer default would move every DPO and GRPO estimate without the scenario saying so
 DEFAULT_TRL_RELEASE = "1.9.0"
+
+
+@dataclass(frozen=True)
+class GrpoEarlyRow:
+    """GRPOTrainer's log-probabilities before v1.9.0 (the logits path of ``LOG_PROB_ROWS``'s first row, with these
+    differences), from ``first`` until the next row's release.
+
+    ``temperature_copy``: ``logits = logits / self.temperature`` makes a new ``b C V`` tensor, the model's
+    ``b (C + 1) V`` output dropped after it (v1.0.0 on: ``logits.div_``, in place); ``entropy``: what the training
+    step's ``entropy_from_logits`` (under ``no_grad``) holds: none (no entropies), one sequence's ``log_softmax``,
+    ``exp`` and product (``chunk_size=1`` over the batch: 3 C V), or chunks of 128 flattened rows (3 x 128 V, with
+    ``reshape``'s copy of a non-contiguous slice, as at v1.9.0)."""
+
+    first: tuple[int, int, int]
+    modelled: bool
+    temperature_copy: bool
+    entropy: Literal["none", "per-sequence", "chunked"]
+    sources: str
+
+
+# Read in the wheels of GRPO_EARLY_READ_AT (pip download trl==X --no-deps); the line numbers are those wheels'.
+# Every modelled row: per_device_train_batch_size counted in completions (RepeatRandomSampler / RepeatSampler, the
+# global batch divisible by num_generations), logits_to_keep = C + 1, utils.py selective_log_softmax (the same code
+# from 0.15.2 to 1.9.0: half logits one log_softmax per sequence, fp32 ones logsumexp), the old and reference
+# log-probabilities as no-grad forwards of per_device_train_batch_size completions in _prepare_inputs /
+# _generate_and_score_completions.
+GRPO_EARLY_ROWS: tuple[GrpoEarlyRow, ...] = (
+    GrpoEarlyRow((0, 0, 0), False, False, "none",
+                 "trl 0.14.0 grpo_trainer.py:370-451 compute_loss: generates, then the reference's forward inside "
+                 "compute_loss over the policy's live graph, per_device_train_batch_size counted in prompts (each "
+                 "repeated num_generations times, :417), log_softmax per sequence without selective_log_softmax"),
+    GrpoEarlyRow((0, 15, 0), True, False, "none",
+                 "trl 0.15.2 grpo_trainer.py:478-487 _get_per_token_logps (logits_to_keep + 1, no temperature, "
+                 "selective_log_softmax); :585-592 the reference under inference_mode in _prepare_inputs"),
+    GrpoEarlyRow((0, 16, 0), True, True, "none",
+                 "trl 0.16.1 grpo_trainer.py:598, 0.17.0 :832, 0.18.2 :862, 0.19.1 :872 "
+                 "``logits = logits / self.temperature``"),
+    GrpoEarlyRow((0, 20, 0), True, True, "per-sequence",
+                 "trl 0.20.0 grpo_trainer.py:1119 (logits / temperature), :1126-1127 and :1832 (compute_entropy=True: "
+                 "entropy_from_logits under no_grad), utils.py:1464-1489 entropy_from_logits(chunk_size=1); "
+                 "0.22.2 grpo_trainer.py:820, utils.py:1476-1500"),
+    GrpoEarlyRow((0, 23, 0), True, True, "chunked",
+                 "trl 0.23.1 grpo_trainer.py:832, :840, utils.py:1480-1514 entropy_from_logits(chunk_size=128) over "
+                 "logits.reshape(-1, V) (a view of the contiguous quotient); 0.25.1 :910, 0.29.0 :1078"),
+    GrpoEarlyRow((1, 0, 0), True, False, "chunked",
+                 "trl 1.0.0 grpo_trainer.py:1063-1075 (logits.div_(self.temperature), in place, as at 1.9.0); "
+                 "1.1.0-1.8.0 the same"),
+)
+
+# the releases whose wheels were read for GRPO_EARLY_ROWS
+GRPO_EARLY_READ_AT: tuple[str, ...] = ("0.14.0", "0.15.2", "0.16.1", "0.17.0", "0.18.0", "0.18.1", "0.18.2", "0.19.0",
+                                       "0.19.1", "0.20.0", "0.21.0",
+                                       "0.22.2", "0.23.1", "0.24.0", "0.25.1", "0.26.2", "0.27.0", "0.28.0", "0.29.0",
+                                       "1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.4.0", "1.5.0", "1.6.0", "1.7.0", "1.8.0")
+
+
+def grpo_early_row(version: tuple[int, ...] | None) -> GrpoEarlyRow | None:
+    """GRPOTrainer's row before v1.9.0 (``GRPO_EARLY_ROWS``); None from v1.9.0 (``LOG_PROB_ROWS``) or unset."""
+    if version is None:
+        return None
+    v = (*version, 0, 0, 0)[:3]
+    if v >= LOG_PROB_ROWS[0].first:
+        return None
+    return [r for r in GRPO_EARLY_ROWS if r.first <= v][-1]
+
+
+def grpo_beta_default(version: tuple[int, ...] | None) -> float:
+    """``GRPOConfig.beta``'s default at ``version`` (None: ``DEFAULT_TRL_RELEASE``): ``GRPO_BETA_ROWS``."""
+    v = (*(version or (1, 9, 0)), 0, 0, 0)[:3]
+    rows = [b for first, b in GRPO_BETA_ROWS if first <= v]
+    return rows[-1] if rows else GRPO_BETA_ROWS[0][1]
 
 
 def release_text(version: tuple[int, ...]) -> str:

@@ -3,15 +3,16 @@
 A few scenario fields are null in the schema because their default depends on what runs (docs/rl.md):
 
 * ``train.gradient_checkpointing``: TRL's trainer configs turn checkpointing on (``_BaseConfig.gradient_checkpointing
-  = True``, facts/trl.py ``GRADIENT_CHECKPOINTING_ROWS``) under a post-training objective (dpo, kto, orpo, grpo,
-  rloo); PPO's trainer replaces the Trainer's loop and never calls ``gradient_checkpointing_enable`` (trl 1.12.0
+  = True``, facts/trl.py ``GRADIENT_CHECKPOINTING_ROWS``: GRPOConfig before v0.22.0 inherits TrainingArguments'
+  False) under a post-training objective (dpo, kto, orpo, grpo, rloo); PPO's trainer replaces the Trainer's loop and never calls ``gradient_checkpointing_enable`` (trl 1.12.0
   experimental/ppo/ppo_trainer.py), so ppo resolves to none, as the HF Trainer's
   ``TrainingArguments.gradient_checkpointing`` (False) does for every other objective;
 * ``serve.dtype``: auto is ``vllm serve --dtype auto``, resolved with the GPU (``served_dtype``, which needs the
   GPU and so is applied by ``catalog.resolve`` once the GPU is known: ``with_served_dtype``);
 * ``rl.beta``, ``rl.rollout.num_generations``, ``rl.rollout.max_completion_len``: RLOOConfig's 0.05, 2 and 512
-  (TRL v1.16.0) under ``train.objective: rloo``, else GRPOConfig's 0.0, 8 and its ``max_completion_length`` at
-  ``software.trl`` (256 at v1.9.0, 512 from v1.10.0: facts/trl.py ``COMPLETION_DEFAULT_ROWS``); under ppo the
+  (TRL v1.16.0) under ``train.objective: rloo``, else GRPOConfig's beta (0.04 before v0.19.0, 0.0 from it: facts/trl.py
+  ``GRPO_BETA_ROWS``), 8 and its ``max_completion_length`` at ``software.trl`` (256 up to v1.9.x, 512 from v1.10.0:
+  facts/trl.py ``COMPLETION_DEFAULT_ROWS``); under ppo the
   completion is PPOConfig's ``response_length`` 53 (facts/trl.py ``PPO_RESPONSE_LENGTH``);
 * ``rl.rollout.engine``: hf-generate under ppo (TRL 1.12.0 ``PPOTrainer`` generates with the policy's ``generate``
   in ``batch_generation`` and has no vLLM path), vllm under every other objective.
@@ -41,6 +42,7 @@ from vramplan.facts.trl import (
     RLOO_MAX_COMPLETION,
     RLOO_NUM_GENERATIONS,
     gradient_checkpointing_default,
+    grpo_beta_default,
     grpo_completion_default,
 )
 from vramplan.facts.verl import verl_defaults
@@ -82,11 +84,12 @@ def ppo_beta_default() -> float:
 
 
 def beta(s: Scenario) -> float:
-    """``rl.beta``, or the trainer's default (RLOOConfig's 0.05, GRPOConfig's 0.0; under ppo ``ppo_beta_default``)."""
+    """``rl.beta``, or the trainer's default (RLOOConfig's 0.05, GRPOConfig's at ``software.trl``: 0.04 before
+    v0.19.0, 0.0 from it, facts/trl.py ``GRPO_BETA_ROWS``; under ppo ``ppo_beta_default``)."""
     given = s.rl.beta
     if given is not None:
         return given
-    return RLOO_BETA if s.train.objective == "rloo" else GRPO_BETA
+    return RLOO_BETA if s.train.objective == "rloo" else grpo_beta_default(s.software.trl_version)
 
 
 def num_generations(s: Scenario) -> int:

@@ -981,7 +981,9 @@ class Software(_Strict):
     TRL 1.15.0 patches DPOTrainer's and GRPOTrainer's models with ``add_fused_lm_head`` (``trl/trainer/utils.py``),
     which never makes the ``(batch, seq_len, vocab)`` logits; 1.9-1.13 compute ``selective_log_softmax`` over the
     model's logits; 1.14 runs TRL's Triton log-prob kernel over them (refused: not modelled); earlier releases are
-    refused (facts/trl.py).  None: DPO and GRPO as TRL v1.9.0 (their reports before this key), KTO and ORPO as
+    refused for DPO; GRPO is modelled from 0.15.0 (facts/trl.py ``GRPO_EARLY_ROWS``: 0.16-0.29 divide the logits by
+    the temperature out of place; GRPOConfig's beta 0.04 before 0.19 and gradient checkpointing off before 0.22; no
+    colocated vLLM before 0.18), 0.14.x refused.  None: DPO and GRPO as TRL v1.9.0 (their reports before this key), KTO and ORPO as
     v1.16.0, the releases each module was read at (the report names it).  PPO: v1.12.0 only (trl.experimental.ppo,
     removed in 1.13.0; facts/trl.py ``PPO_ROWS``), also when None."""
 
@@ -1279,7 +1281,8 @@ class Rl(_Strict):
     """KL coefficient (TRL ``beta``, default 0.0 since TRL 0.19; RLOO's 0.05): with 0 no reference model is loaded.
 
     null: the trainer's default, RLOOConfig's 0.05 under ``train.objective: rloo`` (TRL v1.16.0: a reference model
-    is loaded), else GRPOConfig's 0.0 (spec/defaults.py).
+    is loaded), else GRPOConfig's at ``software.trl``: 0.04 before TRL 0.19.0, 0.0 from it (spec/defaults.py,
+    facts/trl.py ``GRPO_BETA_ROWS``).
 
     TRL v1.9.0 ``GRPOTrainer.__init__``: ``if self.beta == 0.0: self.ref_model = None``."""
 

@@ -14,7 +14,10 @@ the reference model (or the policy with its adapters disabled) the reference one
 
 From TRL v1.15.0 (``software.trl``, facts/trl.py) the same forwards run TRL's fused LM head (``fused_lm_head=True``,
 analytic/fused_head.py): the head's share is the gathered hidden states of the ``b C`` completion positions, the
-kernel's seven fp32 statistics and its tiles, no logits.
+kernel's seven fp32 statistics and its tiles, no logits.  From v0.16.0 to v0.29.x (facts/trl.py ``GRPO_EARLY_ROWS``)
+``logits = logits / self.temperature`` makes the ``b C V`` quotient while the logits live (then drops them): the
+head's share is ``b (C + 1) V + b C V``; v0.15.x divides nothing (as above).  Before v0.23.0 with beta 0 no scoring
+forward runs at GRPOConfig's defaults (analytic/grpo.py ``scores_nothing``): the phase is what stays between steps.
 
 Nothing is saved for a backward.  The phase runs at the start of a step, after the previous step's
 ``zero_grad``: over what the trainer keeps between steps, the reference model, and what the engine holds
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from vramplan.analytic.events import StepLayout
 from vramplan.analytic.fused_head import fused_forward_bytes
-from vramplan.analytic.grpo import uses_fused_head
+from vramplan.analytic.grpo import quotient_copy, scores_nothing, uses_fused_head
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.loss import fused_head_dtypes
@@ -38,6 +41,8 @@ __all__ = ["scoring_forward_bytes", "scoring_phase"]
 def scoring_forward_bytes(c: StepContext, lay: StepLayout) -> int:
     """One no-grad scoring forward's largest live tensors (module docstring)."""
     t, ro = c.s.train, c.s.rl.rollout
+    if scores_nothing(c.s):
+        return 0
     b, comp = t.micro_batch_size, completion_len(c.s)
     tokens = ceil_div(b * (ro.max_prompt_len + comp), c.s.parallel.cp)
     vocab, cb = c.m.vocab_size, lay.compute_bytes
@@ -45,6 +50,9 @@ def scoring_forward_bytes(c: StepContext, lay: StepLayout) -> int:
         head = 0
     elif uses_fused_head(c.s):
         head = fused_forward_bytes(b * comp, c.m.hidden_size, *fused_head_dtypes(c))
+    elif quotient_copy(c.s):
+        # v0.16.0-v0.29.x: logits / temperature makes the b C V quotient while the head's logits live
+        head = b * (comp + 1) * vocab * cb + b * comp * vocab * cb
     else:
         head = b * (comp + 1) * vocab * cb + comp * vocab * cb
     mlp = tokens * lay.inter * cb * (3 if lay.gated else 2)

@@ -30,6 +30,7 @@ from vramplan.analytic.terms.casts import reference_casts_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import END, FORWARD, LOSS, mlp
+from vramplan.facts.trl import grpo_early_row
 from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
@@ -140,7 +141,8 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         return ppo_loss_tensors(t.micro_batch_size, ro.max_prompt_len, completion_len(c.s), vocab, cb)
     if t.objective == "grpo":
         # TRL's GRPO loss: the head on the completion's positions only (analytic/grpo.py grpo_loss_tensors)
-        return grpo_loss_tensors(t.micro_batch_size, completion_len(c.s), vocab, cb)
+        return grpo_loss_tensors(t.micro_batch_size, completion_len(c.s), vocab, cb,
+                                 grpo_early_row(c.s.software.trl_version))
     if t.objective == "dpo":
         # TRL's DPO loss: the head on every position, then the reference's no-grad forward (analytic/dpo.py)
         casts = reference_casts_bytes(c) if dpo_reference_kind(c.s) == "separate" else 0
