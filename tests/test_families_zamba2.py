@@ -287,6 +287,11 @@ def test_train_step_agrees_with_the_traced_engine(shape: dict[str, Any], precisi
     ({"task": "train", "train": {"seq_len": 128, "gradient_checkpointing": "selective"}},
      "train.gradient_checkpointing"),
     ({"task": "train", "train": {"seq_len": 128}, "parallel": {"tp": 2}}, "parallel.tp"),
+    # each hybrid layer's tied copy of the shared block would be gathered where it runs (not modelled)
+    ({"task": "train", "train": {"seq_len": 128}, "hardware": {"gpu": "H100", "num_gpus": 2},
+      "parallel": {"fsdp": "full_shard"}}, "parallel.fsdp"),
+    ({"task": "train", "train": {"seq_len": 128}, "hardware": {"gpu": "H100", "num_gpus": 2},
+      "parallel": {"zero_stage": 3}, "framework": "deepspeed"}, "parallel.zero_stage"),
     # vLLM serving is estimated (tests/test_serve_linear_mixers.py); the other engines' state pools are not modelled
     ({"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
     ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),
@@ -295,7 +300,7 @@ def test_train_step_agrees_with_the_traced_engine(shape: dict[str, Any], precisi
 ])
 def test_what_is_not_modelled_is_refused(doc: dict[str, Any], path: str) -> None:
     with pytest.raises(VramplanError) as err:
-        estimate({"model": TESTER, "hardware": {"gpu": "H100"}, **doc})
+        estimate({"model": TESTER, "hardware": {"gpu": "H100"}, **doc})  # a doc's hardware replaces this one
     assert path in str(err.value)
 
 

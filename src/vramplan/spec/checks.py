@@ -974,7 +974,8 @@ def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
       checkpointing, one GPU's shard of the batch), each hybrid layer adding its shared block's saved tensors (the
       ``2 x hidden`` norm and attention input, the adapters' rank outputs, the MLP, the per-layer ``linear``'s input:
       analytic/terms/shared_block.py); adapters (``train.peft``), selective checkpointing, parallelism inside the
-      model and transformers 4.x are refused.
+      model, sharded weights (FSDP, ZeRO-3: each hybrid layer's tied copy of the shared block) and transformers 4.x
+      are refused.
     * Serving with vLLM is modelled (``serve/mamba_pages.py``: vLLM gives each hybrid layer's shared block its own
       ``Attention``, laid out beside every layer's Mamba2 state page); SGLang's and llama.cpp's state pools are not.
     * Inference: tensor parallelism (``Zamba2Config`` has no ``base_model_tp_plan``), a quantized cache
@@ -993,7 +994,17 @@ def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             return [Problem("software.transformers", f"{what}; its training is modelled on transformers 5.24's "
                             f"modeling_zamba2.py, not {s.software.transformers}",
                             "drop software.transformers, or set it to 5.0 or later")]
-        return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
+        sharded: list[Problem] = []
+        if s.parallel.fsdp != "none" or s.parallel.zero_stage == 3:
+            # every hybrid layer holds its own copy of the shared block, its weights tied to the first
+            # num_mem_blocks' (modeling_zamba2.py 5.24 Zamba2Model.__init__ / _tied_weights_keys): a sharded run
+            # gathers them at each hybrid layer, where the spec counts them once (not modelled, not checked)
+            sharded = [Problem("parallel.fsdp" if s.parallel.fsdp != "none" else "parallel.zero_stage",
+                               f"{what}; training it with its weights sharded (FSDP, DeepSpeed ZeRO-3) is not "
+                               "estimated: each hybrid layer's tied copy of the shared block would be gathered where "
+                               "it runs, which is not modelled", "use DDP or DeepSpeed ZeRO-1/2 "
+                               "(parallel.fsdp: none, zero_stage at most 2)")]
+        return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what) + sharded
     if s.task == "serve":
         # vLLM gives each hybrid layer's shared block its own Attention (zamba2.py Zamba2Attention.dpa_list): attention
         # layers beside the mixers, laid out by serve/mamba_pages.py
