@@ -213,7 +213,7 @@ def test_encoder_bound_arithmetic() -> None:
 
 def test_unmodelled_combination_states_it_and_widens_the_kv_band() -> None:
     from vramplan.engine import estimate
-    from vramplan.report.band import band_bounds
+    from vramplan.report.band import band_bounds, with_band
 
     # Qwen2.5-VL at vLLM 0.7.0 (V0; vLLM had no Qwen2.5-VL before 0.7.2): not modelled
     sv = {"max_model_len": 32768, "max_num_seqs": 256, "max_num_batched_tokens": 32768, "dtype": "bf16",
@@ -237,6 +237,10 @@ def test_unmodelled_combination_states_it_and_widens_the_kv_band() -> None:
     # (the band key's quantile is rounded to 6 decimals: equal to a millionth)
     assert rep.serve.kv_cache_bytes_low == pytest.approx(band_bounds(max(kv - 25_826_426_880, 0), q)[0], rel=1e-6)
     assert rep.serve.kv_cache_bytes_low < band_bounds(kv, q)[0]
+    # the bound travels with the report: banding it again (as a validation run does with a held-out calibration)
+    # keeps the widened low end
+    assert rep.band["kv_unmodelled_bytes"] == 25_826_426_880
+    assert with_band(rep).serve.kv_cache_bytes_low == rep.serve.kv_cache_bytes_low
 
 
 def test_v1_release_falling_back_to_v0_is_not_modelled_and_bounded() -> None:

@@ -304,7 +304,9 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
     what the KV pool may lose to a part of the start-up that is not modelled (serve/vllm_mm.py ``encoder_bound``):
     the low end of the KV band is at most the band's low end of the pool less it (the blocks in proportion)."""
     cal = load_calibration() if cal is None else cal
+    # a report banded before (a validation run re-bands it with a held-out calibration) keeps both serving inputs
     blocks_per_request = blocks_per_request or int(report.band.get("kv_blocks_per_request", 0))
+    kv_unmodelled_bytes = kv_unmodelled_bytes or int(report.band.get("kv_unmodelled_bytes", 0))
     qs, notes = _quantiles(report, cal)
     pg = report.per_gpu
     a_lo, a_hi = band_bounds(pg.peak_allocated_bytes, qs["allocated"][0])
@@ -352,6 +354,8 @@ def with_band(report: Report, cal: Calibration | None = None, blocks_per_request
     described = _describe(qs, cal)
     if blocks_per_request:
         described["kv_blocks_per_request"] = blocks_per_request
+    if kv_unmodelled_bytes:
+        described["kv_unmodelled_bytes"] = kv_unmodelled_bytes
     update: dict[str, Any] = {"per_gpu": per_gpu, "serve": serve, "verdict": verdict, "band": described}
     if notes and notes[0] not in report.assumptions:  # only reports with inputs not modelled gain one
         update["assumptions"] = [*report.assumptions, *notes]
