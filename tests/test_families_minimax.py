@@ -1,15 +1,19 @@
 """MiniMax-Text-01 (``minimax``, transformers ``modeling_minimax.py``): lightning (linear) attention layers interleaved
 with softmax attention, mixture-of-experts MLPs; its parameters counted by hand and on transformers' meta device;
-generate's lightning state, buffers and prefill by hand and against the traced engine; training and serving refused."""
+generate's lightning state, buffers and prefill by hand and against the traced engine; the lightning layers' saved
+tensors in training by hand and against autograd's graph, the training step against the traced engine; serving
+refused."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 
 from meta_build import meta_causal_lm_count
 from vramplan import estimate
+from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.kv_cache import kv_bytes_per_token
 from vramplan.analytic.ssm_state import (
     mixer_buffer_bytes,
@@ -19,6 +23,7 @@ from vramplan.analytic.ssm_state import (
     ssm_state_layer_bytes,
     ssm_state_note,
 )
+from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
 from vramplan.errors import VramplanError
 from vramplan.spec.hf_config import model_from_config
 
@@ -136,8 +141,18 @@ def test_traced_generate_agrees_with_the_analytic_engine(shape: dict[str, Any], 
 
 
 @pytest.mark.parametrize(("doc", "match"), [
-    ({"task": "train", "train": {"seq_len": 128}}, "training is not estimated"),
     ({"task": "serve"}, "serving it with vllm is not estimated"),
+    ({"task": "train", "train": {"seq_len": 128, "peft": {"method": "lora", "rank": 8}}},
+     "training it with adapters is not estimated"),
+    ({"task": "train", "train": {"seq_len": 128, "gradient_checkpointing": "selective"}},
+     "selective checkpointing is not estimated"),
+    ({"task": "train", "train": {"seq_len": 128}, "parallel": {"tp": 2}, "hardware": {"gpu": "H100", "num_gpus": 2}},
+     "parallel.tp 2 is not estimated"),
+    ({"task": "train", "train": {"seq_len": 128}, "software": {"transformers": "4.57.0"}},
+     "modelled on transformers 5.24"),
+    # the analytic engine's own refusal: autocast's half copies in the block loop (the traced engine runs it)
+    ({"task": "train", "train": {"seq_len": 128, "precision": "bf16-mixed"}},
+     "bf16-mixed training is not estimated by the analytic engine"),
     ({"task": "inference", "parallel": {"tp": 2}, "hardware": {"gpu": "H100", "num_gpus": 2}},
      "tensor parallelism is not estimated for it"),
     ({"task": "inference", "inference": {"kv_cache_dtype": "fp8"}}, "its own MiniMaxCache"),
@@ -152,3 +167,109 @@ def test_a_layer_list_that_disagrees_with_the_layer_count_is_refused() -> None:
     with pytest.raises(VramplanError, match="layer_types names 4 layers"):
         model_from_config({**TESTER, "num_hidden_layers": 3,
                            "layer_types": ["full_attention", "linear_attention"] * 2})
+
+
+def test_lightning_saved_by_hand() -> None:
+    ms = model_from_config(TESTER).mamba
+    assert ms is not None
+    # h 32, 4 heads of 8 (D 32), block 16; 2 sequences of 40 tokens in bf16: T 80, 3 blocks (16, 16, 8); a head row of
+    #   every sequence 4 x 2 x 2 = 16 B an element
+    # qkv_proj's input 80 x 32 x 2 = 5,120; SiLU's input 3 x 80 x 32 x 2 = 15,360
+    # matmul's copies of q, k, v (3 x 40 a sequence) and of v for the next state (blocks 1-2: 32): 16 x 8 x 152 = 19,456
+    # scores 16 x (16^2 + 16^2 + 8^2) = 9,216; decayed query (blocks 2-3: 24 tokens) 16 x 8 x 24 = 3,072; decayed key
+    #   (blocks 1-2: 32) 16 x 8 x 32 = 4,096; states 3 x 16 x 8^2 = 3,072; block_decay (block 2) 4 x 2 = 8
+    # norm: fp32 input and inverse norms 80 x 32 x 4 + 80 x 4 = 10,560; normalized, output, sigmoid, out_proj's input
+    #   4 x 80 x 32 x 2 = 20,480
+    # 90,440
+    assert total_bytes(mixer_saved_tensors(ms, 32, 2, False, 2, 40)) == 90_440
+    # one sequence: q, k and v fold into bmm's batch as views of SiLU's output, kept whole: 3 x 40 x 32 x 2 = 7,680
+    # in place of the copies; 2,560 + 7,680 + 7,680 + 8 x (576 + 8 x 24 + 8 x 32 + 3 x 64) + 8 + 5,280 + 10,240 = 43,176
+    assert total_bytes(mixer_saved_tensors(ms, 32, 2, False, 1, 40)) == 43_176
+    # whole blocks grow the records linearly: per 16 tokens of 2 sequences, 20,608 B outside the loop (in_proj input
+    # 2,048, SiLU input 6,144, norm 4,096 + 128, four 2,048 B tensors) and a block's 17,408 (scores 4,096, q, k, v
+    # and v again 8,192, decayed query and key 4,096, state 1,024); a lone block, first and last, saves no decayed
+    # query (first) and no decayed key or v again (last): 6,144 less; each middle block adds an 8 B block_decay
+    one = 20_608 + 17_408 - 6_144
+    assert [total_bytes(mixer_saved_tensors(ms, 32, 2, False, 2, s)) for s in (16, 32, 48)] == [
+        one, one + 20_608 + 17_408, one + 2 * (20_608 + 17_408) + 8] == [31_872, 69_888, 107_912]
+
+
+def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
+    """Bytes of the storages autograd's graph saves after one ``MiniMaxLightningAttention`` forward without a cache
+    (parameters and the decay buffers excluded: resident)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**shape)
+        weights = torch.bfloat16 if mode == "bf16" else torch.float32
+        with torch.device("meta"):
+            layer = MiniMaxLightningAttention(cfg, 1).to(weights)
+        layer.train()
+        resident = {id(p.untyped_storage()) for p in [*layer.parameters(), *layer.buffers()]}
+        x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
+        out, _ = layer(x, None, None)
+    saved: dict[int, int] = {}
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            value = getattr(node, attr)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in resident:
+                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return sum(saved.values())
+
+
+# every dimension differs: hidden 40, 4 heads of 12, block 8; one head
+UNEVEN: dict[str, Any] = {**TESTER, "hidden_size": 40, "head_dim": 12, "block_size": 8}
+ONE_HEAD: dict[str, Any] = {**TESTER, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 8}
+
+
+@pytest.mark.parametrize(("shape", "mode", "batch", "seq"), [
+    (TESTER, "bf16", 2, 16), (TESTER, "bf16", 2, 48), (TESTER, "bf16", 2, 40), (TESTER, "fp32", 2, 40),
+    (TESTER, "bf16", 1, 40), (TESTER, "fp32", 1, 100), (TESTER, "bf16", 3, 7), (UNEVEN, "bf16", 3, 50),
+    (ONE_HEAD, "bf16", 2, 40)])
+def test_lightning_saved_equals_the_autograd_graph(shape: dict[str, Any], mode: str, batch: int, seq: int) -> None:
+    ms = model_from_config(shape).mamba
+    assert ms is not None
+    c = 4 if mode == "fp32" else 2
+    # exact: storage by storage
+    assert _graph_saved(shape, mode, batch, seq) == total_bytes(
+        mixer_saved_tensors(ms, shape["hidden_size"], c, False, batch, seq))
+
+
+@pytest.mark.parametrize(("shape", "precision", "checkpointing", "batch", "seq", "low", "high"), [
+    (TESTER, "bf16-true", "none", 2, 100, 0.99, 1.0), (TESTER, "fp32", "none", 2, 100, 0.99, 1.0),
+    (TESTER, "bf16-true", "full", 2, 100, 0.98, 1.0), (MOE, "bf16-true", "none", 2, 300, 0.99, 1.0),
+    (MOE, "bf16-true", "full", 2, 300, 0.95, 1.0), (LIGHT, "bf16-true", "none", 2, 300, 0.99, 1.0),
+    (LIGHT, "bf16-true", "full", 2, 300, 0.92, 1.0), (LIGHT, "fp32", "full", 1, 200, 0.99, 1.0),
+    (TESTER, "fp32", "full", 2, 100, 1.0, 1.01)])
+def test_train_step_agrees_with_the_traced_engine(shape: dict[str, Any], precision: str, checkpointing: str,
+                                                  batch: int, seq: int, low: float, high: float) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {"task": "train", "model": shape, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": batch, "seq_len": seq, "precision": precision, "optimizer": "adamw",
+                     "gradient_checkpointing": checkpointing}}
+    a, t = estimate(doc), traced(doc)
+    # stated tolerance: the saved tensors are autograd's exactly (above); the gradients the block loop's backward
+    # makes (each block's query, key and value gradients, scattered into full-length tensors by the slices' backward
+    # and summed, then concatenated for qkv_proj) are not counted (an assumption the report states).  Without
+    # checkpointing the peak is past them: under the traced peak by 0.4-0.8% (19,584,208 against 19,704,832 B for
+    # the tester in bf16-true).  With full checkpointing the peak is in a recomputed layer's backward: under by 0.9%
+    # (tester), 3.4% (MOE) and 6.5% (LIGHT, whose lightning layers dominate: 47,510,546 against 50,822,656 B); in
+    # fp32 the tester is over by 0.8% (19,673,120 against 19,520,000 B) and LIGHT under by 0.4%
+    assert low < a.per_gpu.peak_allocated_bytes / t.per_gpu.peak_allocated_bytes < high
+    assert any("lightning (linear) attention, run by transformers" in x for x in a.assumptions)

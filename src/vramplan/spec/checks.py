@@ -770,7 +770,9 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     ``fp16-mixed`` outside DeepSpeed), whose per-chunk half copies of the rule's matmul operands are not in its terms
     (``analytic/terms/gated_deltanet.py`` counts the other precisions').  Both kinds' state per sequence and
     generate's prefill and decode tensors are modelled (``analytic/ssm_state.py``), the short convolution's saved
-    tensors too (``analytic/terms/mamba2.py``); the traced engine runs transformers' own forward and is not refused."""
+    tensors too (``analytic/terms/mamba2.py``); the traced engine runs transformers' own forward and is not refused.
+    MiniMax's lightning attention (``_lightning_problems`` holds its other limits): autocast is refused, as for the
+    Gated DeltaNet (``analytic/terms/lightning.py`` counts the other precisions')."""
     if m.mamba is not None and m.mamba.kind == "rwkv4" and s.task == "train":
         return [Problem("task", f"{_rwkv_what(m)}; training it is not estimated by the analytic engine: autograd "
                         "saves the torch wkv loop's tensors of every token (rwkv_linear_attention_cpu runs one "
@@ -778,6 +780,17 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         "CUDA kernel, when loaded, saves other tensors), which its terms do not count",
                         "use --engine trace (it runs transformers' own forward and backward on the meta device); "
                         + _PARAMETERS_ONLY)]
+    if m.mamba is not None and m.mamba.kind == "lightning" and s.task == "train":
+        t = s.train
+        if t.precision in ("bf16-mixed", "fp16-mixed") and s.effective_framework != "deepspeed":
+            # under autocast the half query and key meet fp32 decay buffers: the products are fp32 and every matmul
+            # saves half casts of them, per block; other records, not modelled (analytic/terms/lightning.py)
+            return [Problem("train.precision", f"{_lightning_what(m)}; {t.precision} training is not estimated by the "
+                            "analytic engine for it: under autocast the block loop's products of half activations and "
+                            "fp32 decay factors are fp32, and its matmuls save half-precision copies of them, per "
+                            "block, which are not modelled",
+                            "set train.precision: bf16-true (or fp32), or use --engine trace")]
+        return []
     if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task != "train":
         return []
     what = _linear_mixer_what(m)
@@ -865,33 +878,40 @@ def _rg_lru_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                             "models with other than full-attention layers")
 
 
+def _lightning_what(m: ModelSpec) -> str:
+    ms = m.mamba
+    assert ms is not None
+    return (f"{m.name} is a hybrid of {len(ms.layers)} lightning (linear) attention layers and "
+            f"{m.num_layers - len(ms.layers)} softmax attention layers")
+
+
 def _lightning_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for MiniMax (``MambaSpec.kind`` "lightning", ``minimax``), for every engine:
     inference with transformers' ``generate`` is estimated (analytic/ssm_state.py: the lightning attention's state in
     ``MiniMaxCache`` and its block-wise prefill; the softmax layers' KV cache); the rest is refused.
 
-    * Training: the block-wise prefill's per-block products that autograd saves are not modelled.
+    * Training: a full fine-tune with transformers' block-wise loop is estimated (analytic/terms/lightning.py: its
+      saved tensors per block; the traced engine runs it) within the Mamba2 hybrids' limits (``_hybrid_train_problems``:
+      no adapters, sft, the Trainer, Accelerate or DeepSpeed, no or full checkpointing, no tp / cp / pp); the analytic
+      engine refuses autocast (``linear_mixer_analytic_problems``).
     * Serving: no engine's layout of the lightning attention's state was read.
     * Inference: tensor parallelism (``MiniMaxConfig.base_model_tp_plan`` shards the softmax layers' projections and
       the experts, not ``qkv_proj``, ``output_gate`` or ``out_proj``; not modelled), a quantized cache
       (``MiniMaxCache`` is its own class, which transformers' ``QuantizedCache`` would replace and the model's forward
       refuses), Lit-GPT (it ships no such model), transformers 4.x (not read).
     """
-    ms = m.mamba
-    assert ms is not None
-    what = (f"{m.name} is a hybrid of {len(ms.layers)} lightning (linear) attention layers and "
-            f"{m.num_layers - len(ms.layers)} softmax attention layers")
-    if s.task in ("train", "serve"):
-        doing = "training" if s.task == "train" else f"serving it with {s.serve.engine}"
-        why = ("the lightning attention's block-wise products that autograd saves are not modelled" if s.task == "train"
-               else "no serving engine's layout of the lightning attention's state is modelled")
-        return [Problem("task", f"{what}; {doing} is not estimated: {why}",
+    what = _lightning_what(m)
+    if s.task == "serve":
+        return [Problem("task", f"{what}; serving it with {s.serve.engine} is not estimated: no serving engine's "
+                        "layout of the lightning attention's state is modelled",
                         "estimate inference (task: inference) with transformers' generate, which is estimated; "
                         + _PARAMETERS_ONLY)]
     version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; it is modelled on transformers 5.24's modeling_minimax.py, "
                         f"not {s.software.transformers}", "drop software.transformers, or set it to 5.0 or later")]
+    if s.task == "train":
+        return _hybrid_train_problems(s, m, what)
     return _generate_limits(s, what, "the lightning layers' projections are not in MiniMaxConfig's base_model_tp_plan",
                             "the model's forward takes no cache but its own MiniMaxCache")
 

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from vramplan.analytic.activations import SavedTensor
 from vramplan.analytic.terms.gated_deltanet import gated_deltanet_saved_tensors
+from vramplan.analytic.terms.lightning import lightning_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
@@ -84,6 +85,8 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
         return short_conv_saved_tensors(ms, c, batch, seq)
     if ms.kind == "gated_deltanet" and not autocast:
         return gated_deltanet_saved_tensors(ms, hidden, c, batch, seq)
+    if ms.kind == "lightning" and not autocast:
+        return lightning_saved_tensors(ms, hidden, c, batch, seq)
     if ms.kind != "mamba2":
         raise ValueError(f"the saved tensors of {ms.kind} layers are not modelled")
     t = batch * seq
@@ -158,6 +161,14 @@ def mixer_train_notes(m: ModelSpec) -> list[str]:
                  "the chunked rule's fp32 chunk tensors and every chunk's incoming state "
                  "(analytic/terms/gated_deltanet.py)"),
                 ("not modelled: the gradients a Gated DeltaNet layer's backward makes inside the chunked rule "
+                 "(counted: the incoming and outgoing residual gradients only)")]
+    if ms.kind == "lightning":
+        return [(f"{len(ms.layers)} of {m.num_layers} layers are lightning (linear) attention, run by transformers "
+                 "5.24's block-wise loop (MiniMaxLightningAttention.forward without a cache); each saves its "
+                 "projections' inputs, every block's decayed scores, decayed query and key, the contiguous copies "
+                 "matmul makes of the strided query, key and value, every block's incoming state, and the output "
+                 "norm's and gate's tensors (analytic/terms/lightning.py)"),
+                ("not modelled: the gradients a lightning attention layer's backward makes inside its block loop "
                  "(counted: the incoming and outgoing residual gradients only)")]
     if ms.kind == "short_conv":
         return [(f"{len(ms.layers)} of {m.num_layers} layers are gated short-convolution blocks, run by transformers "

@@ -18,8 +18,9 @@ The lightning attention layers keep no KV cache but a state per layer in ``MiniM
 ``ModelSpec.mamba`` of ``MambaSpec.kind`` "lightning" (analytic/ssm_state.py counts it and the block-wise prefill);
 the model's forward takes no other cache class (``Traits.cache_class``).  Through its MLP the decoder layer keeps two
 hidden-sized tensors, its input and the normalized input (``residual`` is rebound to ``post_attention_layernorm``'s
-output, lines 565-577: ``Traits.hidden_kept_through_mlp`` 2).  Generate is estimated; training and serving
-are refused (spec/checks.py ``_lightning_problems``).
+output, lines 565-577: ``Traits.hidden_kept_through_mlp`` 2).  Generate is estimated; so is a full fine-tune
+(the lightning layers' saved tensors: analytic/terms/lightning.py); serving and the rest are refused (spec/checks.py
+``_lightning_problems``).
 
 ``configuration_minimax.py`` defaults: vocab 32000, hidden 4096, intermediate 14336, 32 layers alternating full and
 linear attention from a full one (``__post_init__``), 32 heads, 8 KV heads, head_dim = hidden / heads, 8 experts, 2
