@@ -150,6 +150,8 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "gradient_checkpointing=False, spec/defaults.py)",
     ("software.expandable_segments", "False"): "null resolves to false outside a torchtitan training job (PyTorch's "
     "default; spec/defaults.py expandable_segments): the value equals it",
+    ("serve.vllm_engine", "'v1'"): "VLLM_USE_V1=1 is what auto runs at the bases' vLLM 0.11 (V1 from 0.8.0, no V0 "
+    "fallback after 0.10.1: facts/vllm_releases.py V0_FALLBACK_UNTIL); tests/test_vllm_v0_fallback.py",
     ("serve.dtype", "'bf16'"): "auto resolves to bf16 from compute capability 8.0 (vLLM's --dtype auto), and is "
     "bf16 where no engine reads it (llama.cpp: the GGUF file's types; spec/defaults.py)",
     ("rl.beta", "1.0"): "under PEFT the reference is the policy with its adapters disabled, no second copy, and its "

@@ -253,9 +253,16 @@ def test_lora_slots_outside_the_budget_in_v0_0_6_5_to_0_7_3() -> None:
     # V0 0.6.5-0.7.3 measures the weights before create_lora_manager and the profile's torch increase from its first
     # snapshot: the slots are in neither term, so the KV pool is that of the plain engine (vllm issue #14450); V1
     # (0.8.0 on) and V0 0.6.4 take them from the budget. Llama-3.1-8B, 4 slots of rank 64: 4 x 4 x 83,886,080 B.
+    # 0.8.0 runs LoRA on its V0 engine unless VLLM_USE_V1=1 (arg_utils.py 0.8.0:1586, tests/test_vllm_v0_fallback.py):
+    # 0.7.3's rules, the slots outside (compared with the plain engine forced to V0, as the LoRA one runs); with
+    # serve.vllm_engine v1 they are inside.
     slots = 83_886_080 * 4 * 4
-    for version, inside in (("0.6.4", True), ("0.6.5", False), ("0.7.3", False), ("0.8.0", True), ("0.11", True)):
-        plain, lora = _decide(version), _decide(version, max_loras=4, max_lora_rank=64)
+    for version, inside, engine, plain_engine in (
+            ("0.6.4", True, "auto", "auto"), ("0.6.5", False, "auto", "auto"), ("0.7.3", False, "auto", "auto"),
+            ("0.8.0", False, "auto", "v0"), ("0.8.0", True, "v1", "v1"), ("0.8.5", True, "auto", "auto"),
+            ("0.11", True, "auto", "auto")):
+        plain = _decide(version, vllm_engine=plain_engine)
+        lora = _decide(version, max_loras=4, max_lora_rank=64, vllm_engine=engine)
         assert lora.to_dict()["lora_bytes"] == slots
         if inside:
             assert lora.weights_bytes - plain.weights_bytes == slots

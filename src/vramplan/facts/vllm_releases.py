@@ -114,12 +114,18 @@ __all__ = [
     "OLDEST",
     "SHARED_BLOCK_TP_SHARDED_LISTS",
     "STATE_SPACE_V1_FROM",
+    "V0_ENGINE_STANDIN",
+    "V0_ENGINE_UNTIL",
+    "V0_FALLBACK_RULES",
+    "V0_FALLBACK_UNTIL",
     "VLLM_RELEASES",
     "BatchDefaults",
     "Budget",
     "FlashinferSampler",
     "MambaHybridRule",
     "ModelRunnerRule",
+    "V0FallbackCause",
+    "V0FallbackRule",
     "VllmRelease",
     "mamba_hybrid_rule",
     "model_runner_rule",
@@ -127,6 +133,7 @@ __all__ = [
     "parse_release",
     "release_row",
     "release_text",
+    "v0_fallback_rule",
 ]
 
 Release = tuple[int, int, int]
@@ -846,3 +853,77 @@ def model_runner_rule(version: str) -> ModelRunnerRule | None:
     rel = parse_release(version)
     rows = [r for r in MODEL_RUNNER_RULES if r.first <= rel]
     return rows[-1] if rows else None
+
+
+# --- The V0 fallback of 0.8.0-0.10.1 ---------------------------------------------------------------------------
+# vllm/engine/arg_utils.py ``EngineArgs.create_engine_config``: ``if try_v1 and self._is_v1_supported_oracle(...)``
+# else V0.  With VLLM_USE_V1 unset, ``_is_v1_supported_oracle`` returns False (the V0 engine) on a feature the V1
+# engine lacks (``_raise_or_fallback``; with VLLM_USE_V1=1 set it raises NotImplementedError instead) or has only as
+# an experiment (``_warn_or_fallback``: V0 unless VLLM_USE_V1=1 is set).  The oracle is gone in 0.10.2, whose
+# create_engine_config no longer falls back (``V0_FALLBACK_UNTIL``).  Only the causes a scenario can express are
+# listed: the GPU's compute capability, serve.kv_cache_dtype, serve.cpu_offload_gb, an fp32 serve.dtype
+# (``V1_SUPPORTED_DTYPES``: bf16 and fp16, to 0.9.x), bitsandbytes weights (``V1_UNSUPPORTED_QUANT``, 0.8.0), LoRA and
+# pipeline parallelism.
+V0FallbackCause = Literal["cc", "kv_fp8", "cpu_offload", "dtype", "bnb", "lora", "pp"]
+V0_FALLBACK_UNTIL: Release = (0, 10, 2)
+# VLLM_USE_V1=0 runs V0 up to 0.10.2 (whose vllm/worker/worker.py determine_available_kv_cache_memory keeps the
+# memory_profiling rule); 0.11.0 ships no vllm/worker/worker.py
+V0_ENGINE_UNTIL: Release = (0, 11, 0)
+# The V0 engine 0.8.0-0.10.1 ship runs the rules of the 0.6.5 row (read at 0.7.3): vllm/worker/worker.py
+# Worker.determine_num_available_blocks is the same text at 0.7.3, 0.8.0 and 0.10.1 (memory_profiling,
+# profiled_increase); vllm/config.py VllmConfig._set_cudagraph_sizes' ``if not envs.VLLM_USE_V1`` branch captures
+# [1, 2, 4] + 8i up to the first size >= max_num_seqs (0.8.0, as 0.7.3's _BATCH_SIZES_TO_CAPTURE); SchedulerConfig
+# gives 2048 tokens under chunked prefill (0.8.0 config.py _DEFAULT_MAX_NUM_BATCHED_TOKENS, 0.10.1
+# config/scheduler.py DEFAULT_MAX_NUM_BATCHED_TOKENS) and EngineArgs._set_default_args_v0 turns chunked prefill on
+# above 32K tokens (0.8.0, 0.9.1, 0.10.1).
+V0_ENGINE_STANDIN = "0.7.3"
+
+
+@dataclass(frozen=True, kw_only=True)
+class V0FallbackRule:
+    """The causes of the V0 fallback from release ``first`` on (until the next row or ``V0_FALLBACK_UNTIL``).
+
+    ``lines``: (cause, line of vllm/engine/arg_utils.py at ``read_at[0]``) where the oracle tests it;
+    ``fp8_v1_cc``: the compute-capability majors (or "major.minor") on which an fp8 KV cache stays on V1."""
+
+    first: Release
+    read_at: tuple[Release, ...]
+    lines: tuple[tuple[V0FallbackCause, int], ...]
+    fp8_v1_cc: tuple[str, ...] = ()
+    source: str
+
+
+V0_FALLBACK_RULES: tuple[V0FallbackRule, ...] = (
+    V0FallbackRule(
+        first=(0, 8, 0), read_at=((0, 8, 0),),
+        lines=(("cc", 1475), ("kv_fp8", 1481), ("cpu_offload", 1493), ("dtype", 1500), ("bnb", 1508), ("lora", 1586),
+               ("pp", 1590)),
+        source=("0.8.0 _is_v1_supported_oracle: 'Compute Capability < 8.0'; 'No Fp8 KV cache so far' (any "
+                "kv_cache_dtype but auto); 'No CPU offloading yet'; V1_SUPPORTED_DTYPES bf16, fp16; "
+                "V1_UNSUPPORTED_QUANT bitsandbytes, gguf; LoRA and PP through _warn_or_fallback")),
+    V0FallbackRule(
+        first=(0, 8, 5), read_at=((0, 8, 5),), lines=(("cc", 1354), ("kv_fp8", 1371), ("dtype", 1384)),
+        fp8_v1_cc=("9",),
+        source=("0.8.5 _is_v1_supported_oracle: 'Compute Capability < 8.0'; an fp8 KV cache stays on V1 only where "
+                "FlashAttention supports it (vllm/attention/utils/fa_utils.py flash_attn_supports_fp8: FA 3 and "
+                "compute capability 9.x); V1_SUPPORTED_DTYPES bf16, fp16; V1_UNSUPPORTED_QUANT gguf only")),
+    V0FallbackRule(
+        first=(0, 9, 1), read_at=((0, 9, 1),), lines=(("cc", 1305), ("kv_fp8", 1324), ("dtype", 1343)),
+        fp8_v1_cc=("9",),
+        source="0.9.1 _is_v1_supported_oracle: as 0.8.5 (fa_utils.py flash_attn_supports_fp8: FA 3 and 9.x)"),
+    V0FallbackRule(
+        first=(0, 10, 0), read_at=((0, 10, 0),), lines=(("cc", 1350), ("kv_fp8", 1359)), fp8_v1_cc=("9", "10.0"),
+        source=("0.10.0 _is_v1_supported_oracle: 'Compute Capability < 8.0'; kv_cache_dtype through "
+                "vllm/platforms/cuda.py is_kv_cache_dtype_supported: compute capability 10.0, or fp8 with "
+                "FlashAttention 3 on 9.x; no dtype check)")),
+    V0FallbackRule(
+        first=(0, 10, 1), read_at=((0, 10, 1),), lines=(("cc", 1403), ("kv_fp8", 1412)), fp8_v1_cc=("9", "10.0"),
+        source="0.10.1 _is_v1_supported_oracle: as 0.10.0"),
+)
+
+
+def v0_fallback_rule(release: Release) -> V0FallbackRule | None:
+    """The row of ``V0_FALLBACK_RULES`` for a release (None outside 0.8.0-0.10.1)."""
+    if release >= V0_FALLBACK_UNTIL or release < V0_FALLBACK_RULES[0].first:
+        return None
+    return [row for row in V0_FALLBACK_RULES if row.first <= release][-1]

@@ -84,6 +84,8 @@ from vramplan.facts.vllm_releases import (
     OLDEST,
     SPECULATIVE_PROFILE_FROM,
     STATE_SPACE_V1_FROM,
+    V0_ENGINE_STANDIN,
+    V0_ENGINE_UNTIL,
     V2_GUMBEL_BLOCK,
     V2_GUMBEL_BYTES_PER_BLOCK,
     VLLM_RELEASES,
@@ -91,12 +93,14 @@ from vramplan.facts.vllm_releases import (
     MambaHybridRule,
     ModelRunnerRule,
     Release,
+    V0FallbackCause,
     VllmRelease,
     mamba_hybrid_rule,
     model_runner_rule,
     parse_release,
     release_row,
     release_text,
+    v0_fallback_rule,
 )
 from vramplan.facts.vllm_tp_comm import (
     COMM_OUTSIDE_FROM,
@@ -143,6 +147,7 @@ __all__ = [
     "behaviour",
     "decide",
     "default_batch_limits",
+    "engine_choice",
     "forward_peak_bytes",
     "hopper_swizzle_bytes",
     "kv_groups",
@@ -157,6 +162,7 @@ __all__ = [
     "sampler_path",
     "sampler_peak_bytes",
     "serve_weights_bytes",
+    "v0_fallback_causes",
 ]
 
 
@@ -1623,8 +1629,6 @@ def _mm_profile(r: Resolved, beh: VllmBehaviour, batched: int, seqs: int) -> MmP
     sv = r.scenario.serve
     max_len = sv.max_model_len or r.model.max_position_embeddings
     release = parse_release(beh.version)
-    if _v0_fallback(r, beh):
-        return None  # V0's dummy batch under a V1 release: not modelled (_mm_notes, _mm_bound)
     if mm_v0_modelled(release, r.model):
         return mm_profile_v0(r.model, max_len, batched, seqs, dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
                              release)
@@ -2037,12 +2041,11 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> list
                          f"patch are assumed as read at {at} (facts/vllm_multimodal.py, tower '{rule.tower}')")
         return notes
     multimodal = multimodal_architecture(r)
-    fallback = _v0_fallback(r, beh)
     if multimodal and limit == 0 and mm_v0_modelled(parse_release(beh.version), r.model):
         return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, the registry counts no "
                  "multimodal token and vLLM's V0 dummy sequences carry no item (vllm/worker/model_runner.py "
                  "_dummy_run): the profile run encodes nothing")]
-    if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM and not fallback:
+    if multimodal and limit == 0 and parse_release(beh.version) >= MM_PROFILE_FROM:
         return [(f"serve.limit_mm_per_prompt 0: every modality of {multimodal} is disabled, vLLM profiles no "
                  "encoder (\"Encoder cache will not be initialized\")")]
     if not multimodal:
@@ -2065,27 +2068,8 @@ def _mm_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> list
         "(vllm/v1/worker/gpu_model_runner.py GPUModelRunner.profile_run, 0.8.0-0.33.0; the V0 engine's "
         "vllm/worker/model_runner.py _dummy_run, in its dummy sequences), both taken from the "
         f"KV budget; {counted}, so the KV pool is overestimated{widened}"
-        + (f"; {fallback}, whose dummy batch is not modelled for this release (the rest of the estimate is V1's)"
-           if fallback else "") + " (limit the "
+        + " (limit the "
         "modalities to 0 with --limit-mm-per-prompt to serve text only)")]
-
-
-# vllm/engine/arg_utils.py EngineArgs._is_v1_supported_oracle: "Compute Capability < 8.0" falls back to V0 (0.8.0
-# line 1475, 0.9.1 line 1305, 0.10.0 line 1350, 0.10.1 line 1403; gone in 0.10.2)
-V0_FALLBACK_CC_UNTIL: tuple[int, int, int] = (0, 10, 2)
-
-
-def _v0_fallback(r: Resolved, beh: VllmBehaviour) -> str:
-    """Why a V1 release runs this multimodal model on its V0 engine ("" when it does not): a GPU of compute
-    capability below 8.0 from 0.8.0 to 0.10.1 (``V0_FALLBACK_CC_UNTIL``).  Only read for the multimodal profile run
-    (the rest of the estimate is V1's, said so)."""
-    release, cc = parse_release(beh.version), r.gpu.compute_capability or ""
-    if beh.rules.engine != "v1" or release >= V0_FALLBACK_CC_UNTIL or not cc or int(cc.partition(".")[0]) >= 8:
-        return ""
-    if not multimodal_architecture(r):
-        return ""
-    return (f"vLLM {beh.version} falls back to its V0 engine on a GPU of compute capability {cc} (< 8.0: "
-            "vllm/engine/arg_utils.py _is_v1_supported_oracle, read at 0.8.0, 0.9.1, 0.10.0, 0.10.1)")
 
 
 def _mm_bound(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> EncoderBound | None:
@@ -2096,7 +2080,7 @@ def _mm_bound(r: Resolved, beh: VllmBehaviour, b: _Budget, batched: int) -> Enco
     sv = r.scenario.serve
     return encoder_bound(r.model, sv.max_model_len or r.model.max_position_embeddings, batched,
                          dtype_bits(sv.dtype) // 8, sv.limit_mm_per_prompt,
-                         beh.rules.engine == "v0" or bool(_v0_fallback(r, beh)))
+                         beh.rules.engine == "v0")
 
 
 def _mm_v0_notes(r: Resolved, beh: VllmBehaviour, b: _Budget, mm: MmProfile, v0: MmV0Batch,
@@ -2239,9 +2223,111 @@ def _data_expert_notes(r: Resolved, concurrency: float) -> list[str]:
     return out
 
 
+# _is_v1_supported_oracle's causes that raise NotImplementedError under VLLM_USE_V1=1 (``_raise_or_fallback``); LoRA
+# and pipeline parallelism in 0.8.0 go through ``_warn_or_fallback`` (V1 with a warning under VLLM_USE_V1=1)
+_RAISING_CAUSES = frozenset({"cc", "kv_fp8", "cpu_offload", "dtype", "bnb"})
+
+
+def v0_fallback_causes(r: Resolved, version: str) -> list[tuple[V0FallbackCause, str]]:
+    """(cause, why) for each setting of the scenario on which a V1 release of 0.8.0-0.10.1 falls back to its V0
+    engine (``facts/vllm_releases.py`` ``V0_FALLBACK_RULES``); [] outside that range or when none holds.
+
+    vLLM 0.8.5 on a T4 (compute capability 7.5): [("cc", "on this GPU (compute capability 7.5 < 8.0,
+    vllm/engine/arg_utils.py 0.8.5:1354)")]."""
+    rule = v0_fallback_rule(parse_release(version))
+    if rule is None:
+        return []
+    sv, cc = r.scenario.serve, r.gpu.compute_capability or ""
+    major = cc.partition(".")[0]
+    read = release_text(rule.read_at[0])
+    lines = dict(rule.lines)
+
+    def cite(cause: V0FallbackCause) -> str:
+        return f"vllm/engine/arg_utils.py {read}:{lines[cause]}"
+
+    out: list[tuple[V0FallbackCause, str]] = []
+    if major.isdigit() and int(major) < 8:
+        out.append(("cc", f"on this GPU (compute capability {cc} < 8.0, {cite('cc')})"))
+    if sv.kv_cache_dtype == "fp8" and not rule.fp8_v1_cc:
+        out.append(("kv_fp8", f"with kv_cache_dtype fp8 (no fp8 KV cache on V1, {cite('kv_fp8')})"))
+    elif sv.kv_cache_dtype == "fp8" and cc and major not in rule.fp8_v1_cc and cc not in rule.fp8_v1_cc:
+        out.append(("kv_fp8", (f"with kv_cache_dtype fp8 (V1 holds an fp8 KV cache only at compute capability "
+                              f"{' or '.join(c if '.' in c else c + '.x' for c in rule.fp8_v1_cc)}, this GPU's is "
+                              f"{cc}: {cite('kv_fp8')})")))
+    if "cpu_offload" in lines and sv.cpu_offload_gb > 0:
+        out.append(("cpu_offload", (f"with cpu_offload_gb {sv.cpu_offload_gb:g} (no CPU offloading on V1, "
+                                   f"{cite('cpu_offload')})")))
+    if "dtype" in lines and sv.dtype == "fp32":
+        out.append(("dtype", f"with dtype fp32 (V1 runs bf16 and fp16 only, {cite('dtype')})"))
+    if "bnb" in lines and sv.quantization != "none" and quant_format(sv.quantization).library == "bitsandbytes":
+        out.append(("bnb", f"with bitsandbytes weights ({sv.quantization}: not on V1, {cite('bnb')})"))
+    if "lora" in lines and sv.max_loras > 0:
+        out.append(("lora", (f"with LoRA (max_loras {sv.max_loras}: experimental on V1 unless VLLM_USE_V1=1, "
+                            f"{cite('lora')})")))
+    if "pp" in lines and r.scenario.parallel.pp > 1:
+        out.append(("pp", (f"with pipeline parallelism (pp {r.scenario.parallel.pp}: experimental on V1 unless "
+                          f"VLLM_USE_V1=1, {cite('pp')})")))
+    if out and parse_release(version) not in rule.read_at:
+        out[-1] = (out[-1][0], out[-1][1] + f"; {version} not read: the oracle of {read} is assumed")
+    return out
+
+
+def engine_choice(r: Resolved, version: str) -> tuple[Literal["v0", "v1"], str]:
+    """(the engine vLLM ``version`` runs for this scenario, why it is not the release's default: "" when it is).
+
+    ``serve.vllm_engine`` auto: the release's engine (``facts/vllm_releases.py`` ``engine``), with the V0
+    fallback of 0.8.0-0.10.1 (``v0_fallback_causes``); v0 (VLLM_USE_V1=0) up to the last release with a V0 engine
+    (``V0_ENGINE_UNTIL``); v1 (VLLM_USE_V1=1) from 0.8.0, refused where vLLM raises instead of falling back."""
+    row = behaviour(version).rules
+    choice = r.scenario.serve.vllm_engine
+    causes = v0_fallback_causes(r, version) if row.engine == "v1" else []
+    first_v1 = next(x.name for x in VLLM_RELEASES if x.engine == "v1")
+    if choice == "v1":
+        if row.engine != "v1":
+            raise _refuse("serve.vllm_engine", f"vLLM {version} runs the V0 engine; its V1 engine (VLLM_USE_V1=1, "
+                          "an alpha before 0.8.0) is not modelled",
+                          f"use serve.vllm_engine: auto, or serve.vllm_version >= {first_v1}")
+        raising = [why for cause, why in causes if cause in _RAISING_CAUSES]
+        if raising:
+            raise _refuse("serve.vllm_engine", f"vLLM {version} with VLLM_USE_V1=1 raises NotImplementedError "
+                          f"(arg_utils.py _raise_or_fallback) {'; '.join(raising)}",
+                          "use serve.vllm_engine: auto (the V0 engine), or change the setting named")
+        return "v1", ""
+    if choice == "v0":
+        if row.engine == "v0":
+            return "v0", ""
+        if parse_release(version) >= V0_ENGINE_UNTIL:
+            raise _refuse("serve.vllm_engine", f"vLLM {version} has no V0 engine (vllm/worker/worker.py is gone "
+                          f"from {release_text(V0_ENGINE_UNTIL)})",
+                          "use serve.vllm_engine: auto, or a serve.vllm_version up to 0.10.2")
+        return "v0", f"serve.vllm_engine v0: vLLM {version} runs its V0 engine (VLLM_USE_V1=0)"
+    if causes:
+        return "v0", f"vLLM {version} falls back to the V0 engine " + "; ".join(why for _, why in causes)
+    return row.engine, ""
+
+
 def decide(r: Resolved, version: str = DEFAULT_VERSION, usage: str = "serve",
            subtract_cudagraphs: bool = False) -> VllmDecision:
-    """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring)."""
+    """vLLM's start-up decision for a resolved ``task: serve`` scenario on one GPU of the job (module docstring).
+
+    A V1 release that runs its V0 engine (``engine_choice``) is decided by the rules of ``V0_ENGINE_STANDIN``
+    (0.7.3), which its V0 code follows (``facts/vllm_releases.py``), and says so first among its assumptions."""
+    _, why = engine_choice(r, version)
+    if not why:
+        return _decide(r, version, usage, subtract_cudagraphs)
+    try:
+        d = _decide(r, V0_ENGINE_STANDIN, usage, subtract_cudagraphs)
+    except ScenarioError as exc:
+        raise ScenarioError([Problem(p.where, f"{why}, modelled by the V0 rules of vLLM {V0_ENGINE_STANDIN}: "
+                                     f"{p.message}", p.hint) for p in exc.problems]) from exc
+    note = (f"{why}; its V0 engine follows the rules of vLLM {V0_ENGINE_STANDIN} (vllm/worker/worker.py "
+            "Worker.determine_num_available_blocks, the V0 CUDA-graph sizes of VllmConfig._set_cudagraph_sizes and "
+            "SchedulerConfig's defaults read alike at 0.7.3, 0.8.0 and 0.10.1): the profile run, sampler, graphs and "
+            f"blocks below are vLLM {V0_ENGINE_STANDIN}'s")
+    return replace(d, version=version, assumptions=[note, *d.assumptions])
+
+
+def _decide(r: Resolved, version: str, usage: str, subtract_cudagraphs: bool) -> VllmDecision:
     beh = behaviour(version)
     sv = r.scenario.serve
     par = r.scenario.parallel

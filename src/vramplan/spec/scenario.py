@@ -517,7 +517,7 @@ VLLM_ONLY_OPTIONS: dict[str, str] = {
     "vllm_version": "sglang_version", "kv_cache_memory_bytes": "", "cpu_offload_gb": "", "max_loras": "",
     "max_lora_rank": "", "vllm_sampler": "", "limit_mm_per_prompt": "", "cudagraph_capture_sizes": "cuda_graph_max_bs",
     "max_cudagraph_capture_size": "cuda_graph_max_bs", "cudagraph_mode": "", "max_cpu_loras": "", "swap_space_gib": "",
-    "sleep_level": "",
+    "sleep_level": "", "vllm_engine": "",
 }
 SGLANG_ONLY_OPTIONS: dict[str, str] = {
     "mem_fraction_static": "gpu_memory_utilization", "page_size": "block_size",
@@ -717,6 +717,15 @@ class Serve(_Strict):
     """Top-k/top-p path of vLLM's profile-run sampling: auto is a plain pip install's (PyTorch's sort before 0.24,
     FlashInfer from 0.24); flashinfer as the vllm/vllm-openai image takes it for 0.8-0.11 (flashinfer installed)
     or with VLLM_USE_FLASHINFER_SAMPLER=1; native with VLLM_USE_FLASHINFER_SAMPLER=0 (docs/serving.md)."""
+
+    vllm_engine: Literal["auto", "v0", "v1"] = "auto"
+    """vLLM's engine (VLLM_USE_V1): auto is the release's own choice: V0 before 0.8.0, V1 from 0.8.0, except
+    that 0.8.0-0.10.1 fall back to V0 on a GPU of compute capability below 8.0, on an fp8 KV cache FlashAttention
+    cannot hold, on dtype fp32 before 0.10.0, and in 0.8.x before 0.8.5 also with cpu_offload_gb, bitsandbytes weights,
+    LoRA or pipeline parallelism
+    (vllm/engine/arg_utils.py _is_v1_supported_oracle, facts/vllm_releases.py V0_FALLBACK_RULES); v0 is
+    VLLM_USE_V1=0 (0.8.0-0.10.2; the V0 engine is gone in 0.11.0), v1 VLLM_USE_V1=1 (from 0.8.0; refused where
+    vLLM raises instead of falling back).  docs/serving.md, "The V0 fallback"."""
 
     limit_mm_per_prompt: int | None = Field(None, ge=0, le=1_000_000)
     """Items of each modality (image, video) per prompt (vLLM's --limit-mm-per-prompt, one count for both); it
