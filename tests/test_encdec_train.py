@@ -339,6 +339,8 @@ def test_eager_4x_agrees_with_the_trace(model: dict[str, Any], train: dict[str, 
                           json.dumps(train)], capture_output=True, text=True, env=env, timeout=600, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["transformers"].startswith("4.")
+    # the release's own model has the spec's parameters (an untied config: lm_head held apart)
+    assert got["parameters"] == got["spec_parameters"]
     a, t = got["analytic"], got["traced"]
     assert abs(a - t) / t < 0.03, (a, t)
 
