@@ -1,5 +1,6 @@
 """Run in a subprocess by tests/test_encdec_train.py with an unpacked transformers 4.x first on sys.path: the analytic
-and the traced peak of a T5 step under that release's eager T5Attention, printed as JSON.  transformers 4.x takes
+and the traced peak of a T5 step under that release's eager T5Attention, and the parameters of its model against the
+spec's, printed as JSON.  transformers 4.x takes
 ``torch_dtype``, not ``dtype``, and lacks transformers 5's ``maybe_autocast`` and ``masking_utils`` patch points
 (trace/step.py), so stand-ins are put there (4.x's T5 calls neither)."""
 # ruff: noqa
@@ -33,4 +34,13 @@ d={"model":T5,"hardware":{"gpu":"H100-80GB"},"task":"train","software":{"transfo
 d["model"] = json.loads(sys.argv[1])
 d["train"].update(json.loads(sys.argv[2]))
 a=estimate(d).per_gpu.peak_allocated_bytes; t=traced(d); 
-print(json.dumps({"transformers": transformers.__version__, "analytic": a, "traced": t.per_gpu.peak_allocated_bytes}))
+# the release's own model on the meta device: its parameters (``parameters()`` counts a tied tensor once) against the
+# spec's for this release (spec/families/t5.py untied_head)
+import torch
+from transformers import AutoConfig
+from vramplan.catalog.resolve import resolve
+with torch.device("meta"):
+    built = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model(**d["model"]))
+params = sum(p.numel() for p in built.parameters())
+print(json.dumps({"transformers": transformers.__version__, "analytic": a, "traced": t.per_gpu.peak_allocated_bytes,
+                  "parameters": params, "spec_parameters": resolve(d).model.num_parameters}))

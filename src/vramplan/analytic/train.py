@@ -208,7 +208,11 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
         return OBJECTIVE_LOSS_NOTES[s.train.objective]
     sw = s.software
     if m.encoder_decoder is not None:
-        return ENCODER_DECODER_LOSS_NOTE
+        # the release whose step is modelled: 5.24's, or a 4.x one's (T5's eager step; BART and Whisper are refused
+        # there), whose loss is the same (modeling_t5.py 4.46.3 l.1924-1926)
+        v = sw.transformers_version
+        release = f"transformers {sw.transformers}" if v is not None and v < (5, 0) else "transformers 5.24"
+        return ENCODER_DECODER_LOSS_NOTE.replace("transformers 5.24", release)
     release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
     if fw == "megatron" and not m.encoder_only:
         other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)

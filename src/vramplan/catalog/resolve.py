@@ -18,6 +18,7 @@ from vramplan.catalog.models import load_model
 from vramplan.errors import Problem, ScenarioError
 from vramplan.spec.checks import capability_problems, chunked_attention_notes, contradictions
 from vramplan.spec.defaults import with_served_dtype, with_trainer_defaults
+from vramplan.spec.families.t5 import untied_head
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import (
     Resolved,
@@ -56,6 +57,8 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
     gpu: GpuSpec | None = None
     try:
         model = load_model(scenario.model, offline=scenario.offline)
+        # a T5 config with tie_word_embeddings: false builds a separate lm_head on transformers 4.x (5.x ties it)
+        model = untied_head(model, scenario.software.transformers_version)
     except ScenarioError as exc:
         problems.extend(exc.problems)
     hw = scenario.hardware

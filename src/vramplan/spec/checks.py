@@ -476,7 +476,8 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     ``...ForConditionalGeneration`` under SDPA, with or without full checkpointing, full or LoRA fine-tuning of
     unquantized weights, DDP data parallelism or DeepSpeed ZeRO-2; for a T5 stack (relative position bias) also
     transformers 4.x's step, whose T5Attention is eager (no SDPA path up to 4.57.1; the default sdpa falls back to
-    it), without checkpointing."""
+    it), without checkpointing, with the separate lm_head 4.x keeps for a config saying tie_word_embeddings: false
+    (spec/families/t5.py ``untied_head``)."""
     t, par = s.train, s.parallel
     ed = m.encoder_decoder
     assert ed is not None
@@ -532,17 +533,12 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
     if t.quantization != "none":
         refuse("train.quantization", f"{t.quantization} base weights are not modelled for it",
                "set train.quantization: none")
-    if t5_eager and ed.config_untied_head:
-        # transformers 4.x's T5Config keeps tie_word_embeddings as given: T5ForConditionalGeneration holds lm_head apart
-        # from shared and skips ``sequence_output * (self.model_dim**-0.5)`` (modeling_t5.py 4.46.3 l.1915-1918); the
-        # traced 4.46.3 step of flan-t5-base (b 2, 256 x 1024 tokens) is 3.4% above the tied estimate
-        refuse("software.transformers", f"its config says tie_word_embeddings: false, which transformers "
-               f"{s.software.transformers} honours (a separate lm_head of {m.vocab_size:,} x {m.hidden_size:,}) and "
-               "5.24 overrides (one tied tensor): the untied head of 4.x is not modelled",
-               "drop software.transformers (5.24 ties the head), or give a config with tie_word_embeddings: true")
     if t5_eager and checkpointing(s) != "none":
         # transformers 4.x's T5Stack hands every checkpointed block the [b, heads, n, n] sum of the bias and the mask
-        # (position_bias, encoder_decoder_position_bias) as arguments: not checked against the trace
+        # (position_bias, encoder_decoder_position_bias) as arguments (modeling_t5.py 4.46.3 l.1106-1121), and
+        # each encoder block recomputes its eager scores in the encoder's backward, which the analytic step holds
+        # no moment of: the traced 4.46.3 step of t5-small (b 8, 64 x 1,024 tokens) is 47% above the full-
+        # checkpointing estimate, umt5-small's (b 4, 128 x 512) 6% below it
         refuse("train.gradient_checkpointing", f"{checkpointing(s)} checkpointing is not modelled for it under "
                f"transformers {s.software.transformers}'s eager T5Attention (none is)",
                "set train.gradient_checkpointing: none, or drop software.transformers (5.24, SDPA)")

@@ -600,7 +600,7 @@ class EncoderDecoderSpec:
     notes: tuple[str, ...] = ()
     # a T5 checkpoint whose config.json says ``tie_word_embeddings: false`` (T5 v1.1, Flan-T5, mT5, UMT5): transformers
     # 5.24 ties the head anyway (spec/families/t5.py); 4.x honours the key (a separate lm_head, no rescaling of the
-    # decoder output), which is not modelled (spec/checks.py ``_encoder_decoder_train_problems``)
+    # decoder output): ``spec/families/t5.py`` ``untied_head`` gives that model for a 4.x scenario
     config_untied_head: bool = False
     # BART's ``final_logits_bias`` buffer, added into a new logits tensor (``lm_logits + self.final_logits_bias``)
     final_logits_bias: bool = False

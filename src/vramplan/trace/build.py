@@ -191,11 +191,24 @@ def attn_implementation(attention: str, checkpointing: str = "none") -> str:
     return attention
 
 
-def _supports_sdpa(config: Any) -> bool:
-    """Whether the causal-LM class of ``config`` runs SDPA attention (``PreTrainedModel._supports_sdpa``)."""
-    from transformers import AutoModelForCausalLM
+def _auto_class(r: Resolved) -> Any:
+    """The transformers auto class that builds ``r``'s model: an encoder-decoder model (T5, BART) as its
+    ...ForConditionalGeneration (auto/modeling_auto.py MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, the class
+    Seq2SeqTrainer fine-tunes), a speech encoder (Whisper) by MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES (the class the
+    speech recognition fine-tuning examples train with Seq2SeqTrainer), another model as its causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
 
-    mapping: Any = getattr(AutoModelForCausalLM, "_model_mapping", None)
+    ed = r.model.encoder_decoder
+    if ed is None:
+        return AutoModelForCausalLM
+    return AutoModelForSpeechSeq2Seq if ed.audio is not None else AutoModelForSeq2SeqLM
+
+
+def _supports_sdpa(config: Any, auto: Any) -> bool:
+    """Whether the class ``auto`` (``_auto_class``) builds for ``config`` runs SDPA attention
+    (``PreTrainedModel._supports_sdpa``; transformers 4.x's default is False: its T5 has no SDPA path, and asking
+    for it by name raises a ValueError, ``_check_and_enable_sdpa(hard_check_only=True)``)."""
+    mapping: Any = getattr(auto, "_model_mapping", None)
     try:
         cls = mapping[type(config)] if mapping is not None else None
     except KeyError:
@@ -211,7 +224,6 @@ def _silence() -> None:
 
 def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: bool = False) -> Built:
     """The scenario's model on ``device`` (``meta`` for tracing; ``cpu`` for a real reference run)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     from transformers.utils import logging as hf_logging
 
     _silence()
@@ -221,7 +233,8 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
     attention = s.train.attention if task == "train" else s.inference.attention
     config = _hf_config(r, attention)
     notes: list[str] = []
-    if attention == "sdpa" and not _supports_sdpa(config):
+    auto = _auto_class(r)
+    if attention == "sdpa" and not _supports_sdpa(config, auto):
         # transformers' default (``get_correct_attn_implementation``: "Sdpa is the default, so we try it and
         # fallback to eager otherwise when not possible"); gpt-oss's attention sinks have no SDPA path
         attention = "eager"
@@ -264,13 +277,6 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
         warnings.simplefilter("ignore")
         with torch.device(device):
             try:
-                # an encoder-decoder model (T5, BART) as its ...ForConditionalGeneration (auto/modeling_auto.py
-                # MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES), the class Seq2SeqTrainer fine-tunes
-                auto: Any = AutoModelForSeq2SeqLM if r.model.encoder_decoder is not None else AutoModelForCausalLM
-                if r.model.encoder_decoder is not None and r.model.encoder_decoder.audio is not None:
-                    # a speech encoder (Whisper): MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES, the class the speech
-                    # recognition fine-tuning examples train with Seq2SeqTrainer
-                    auto = AutoModelForSpeechSeq2Seq
                 factory: Any = auto.from_config
                 model = factory(config, dtype=dtype, attn_implementation=impl)
             except ValueError as exc:

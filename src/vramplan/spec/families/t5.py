@@ -17,14 +17,22 @@ one embedding (``shared``), each block a pre-norm residual of sublayers (``layer
   (``_tied_weights_keys``) even for a v1.1 checkpoint whose config says ``tie_word_embeddings: false``; that
   checkpoint's separate ``lm_head`` tensor is then not held apart (stated in the spec's notes), and the decoder's
   output is not rescaled by ``d_model ** -0.5`` (``scale_decoder_outputs``).
+* transformers 4.x keeps the key as given (``T5Config.__init__``, 4.30.2 to 4.57.1): with
+  ``tie_word_embeddings: false`` ``T5ForConditionalGeneration`` holds ``lm_head`` apart from ``shared`` and projects
+  the decoder output as it is (``if self.config.tie_word_embeddings: sequence_output = sequence_output *
+  (self.model_dim**-0.5)``, modeling_t5.py 4.46.3 l.1915-1918; modeling_mt5.py, modeling_umt5.py alike):
+  ``untied_head`` gives that model, a separate ``lm_head.weight`` of vocab x d_model (its gradient and optimizer
+  states follow from the parameter row), for a scenario on a 4.x release (catalog/resolve.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vramplan.spec.families.base import Config, Family, Params, build_spec, prob, required
 from vramplan.spec.model import EncoderDecoderSpec, ModelSpec, Traits
 
-__all__ = ["MAX_SIZE", "MT5", "T5", "UMT5", "positive_sizes"]
+__all__ = ["MAX_SIZE", "MT5", "T5", "UMT5", "positive_sizes", "untied_head"]
 
 # T5Attention's projections are q, k, v, o (the names PEFT's target_modules match: "q", "v"); T5DenseActDense's
 # are wi and wo; T5Stack drops the embeddings' output (``self.dropout(inputs_embeds)``, dropout_rate)
@@ -110,6 +118,24 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                             config_untied_head=cfg.get("tie_word_embeddings") is False)
     return build_spec(cfg, name, model_type, p, hidden_size=d, num_layers=n_dec, intermediate_size=ff,
                       notes=tuple(notes), encoder_decoder=ed, **common)  # type: ignore[arg-type]
+
+
+def untied_head(m: ModelSpec, transformers_version: tuple[int, ...] | None) -> ModelSpec:
+    """``m`` as ``transformers_version`` builds it: on a 4.x release a config saying ``tie_word_embeddings: false``
+    (``EncoderDecoderSpec.config_untied_head``) gives a separate ``lm_head`` (module docstring), so the spec holds its
+    parameter row and ``tie_word_embeddings`` False; otherwise ``m`` itself (5.x ties the head)."""
+    ed = m.encoder_decoder
+    if ed is None or not ed.config_untied_head or transformers_version is None or transformers_version >= (5, 0):
+        return m
+    p = Params()
+    p.lm_head("lm_head", m.vocab_size, m.hidden_size)
+    note = (f"the checkpoint's config says tie_word_embeddings: false, which transformers 4.x's {type_name(m.model_type)} "
+            f"keeps: a separate lm_head of {m.vocab_size:,} x {m.hidden_size:,} (its own gradient and optimizer states), "
+            "and the decoder output projected without the d_model ** -0.5 rescale")
+    untied = tuple(n for n in m.notes if "tie_word_embeddings: false" not in n) + (note,)
+    return replace(m, params=m.params + tuple(p.rows), tie_word_embeddings=False, notes=untied,
+                   encoder_decoder=replace(ed, notes=tuple(n for n in ed.notes if "tie_word_embeddings: false"
+                                                           not in n) + (note,)))
 
 
 def type_name(model_type: str) -> str:
