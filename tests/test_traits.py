@@ -51,6 +51,8 @@ def test_every_registered_family_names_its_modeling_file() -> None:
 def test_traits_are_set_by_the_adapters() -> None:
     phi3 = load_model("microsoft/Phi-3-mini-4k-instruct")
     assert phi3.traits.fused_gate_up and phi3.traits.qkv_modules == ("qkv_proj",)
+    # modeling_phi3.py 5.24 line 184: q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)
+    assert phi3.traits.rotary_cat_copy
     oss = load_model("openai/gpt-oss-20b")
     assert "sdpa" not in oss.traits.attention_kernels and not oss.traits.experts_are_linears
     mixtral = load_model("mistralai/Mixtral-8x7B-v0.1")

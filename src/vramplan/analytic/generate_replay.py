@@ -11,19 +11,26 @@ reserved bytes), which packing the peak's tensors into empty segments does not s
 
 This module writes the call's allocations in the order transformers 5's decoder layer makes them
 (``LlamaDecoderLayer``/``LlamaRMSNorm``/``apply_rotary_pos_emb``/``sdpa_attention_forward``/``LlamaMLP``: the
-fp32 upcast, the rotary products, the cache update, the attention output's contiguous copy, the gated MLP),
-for the prefill over the whole prompt and for every decode step, and replays them through the allocator's
-rules (``vramplan.alloc.replay_compact``).  The engine keeps its own count of the live bytes (the
-replay's simplified layer is not a second estimate of them) and takes from the replay only the cached
-excess, ``peak reserved - peak allocated`` of the replay (``fragmentation_bytes``).
+fp32 upcast, the rotary products, the cache update, SDPA's output, the gated MLP), op by op as the traced engine
+records them (``_layer``), for the prefill over the whole prompt and for every decode step, and replays them through
+the allocator's rules (``vramplan.alloc.replay_compact``).  The engine keeps its own count of the live bytes (the
+replay's simplified layer is not a second estimate of them) and takes from the replay only the cached excess,
+``peak reserved - peak allocated`` of the replay (``fragmentation_bytes``).
 
 A hybrid whose mixer kind is in ``REPLAYED_MIXERS`` (LFM2's gated short convolution) is replayed too: its
-convolution blocks (``_short_conv_layer``) and its attention layers (``_layer`` with ``hybrid``) are written as
-transformers 5.24's ``modeling_lfm2.py`` and ``cache_utils.py`` make them, op by op as the traced engine records
-them (q/k norms, a ``torch.cat`` copy at every cache update, the prefill included, no copy of SDPA's output, the
-layer's input held by the model's loop to the layer's end, the cuBLAS workspace), and the convolution state made
-once beside the attention layers' growing cache.  On LFM2's H100 run (benchmarks/gpu/h100-2026-11-27f) the replay's
-excess is 828,176,384 B, the traced engine's 829,977,600 B, and the reserved bytes -1.8% from the measured.
+convolution blocks (``_short_conv_layer``) beside its attention layers (``_layer``), as transformers 5.24's
+``modeling_lfm2.py`` and ``cache_utils.py`` make them, and the convolution state made once beside the attention
+layers' growing cache.  On LFM2's H100 run (benchmarks/gpu/h100-2026-11-27f) the replayed reserved bytes are -1.8%
+from the measured.  The dense decoders' attention layers were written until 2026-11-27 in a simplified order (the
+first cache update storing the new tensors, a copy of SDPA's output, the norm's fp32 product freed before the
+weight's product, the layer's input freed after the attention, no cuBLAS workspace, separate projections for
+Phi-3's fused ones); in the release's order the 21 replayed generate runs recorded on H100/H200 are 2.1% from the
+measured reserved bytes on average (4.0% before), the worst -12.0% (OLMo 2, whose post-norm layer is not the replayed
+one; -21.9% before, SmolLM2-1.7B batch 64).  Still simplified: Gemma 2/3's sandwich norms and fp32 weight product
+(written as Llama's norms: modelling them moved Gemma 3 1B from -1.8% to -4.7% and the Gemma 2 calls not at all),
+OLMo 2's post-norms, OPT's LayerNorm and learned positions, a sliding layer's cache (replayed as growing with every
+token, where ``DynamicSlidingWindowLayer`` keeps at most the window: no measured call moved with it), and the
+prompt's embeddings and RoPE tables (kept for the whole call, where the forward frees them at its return).
 
 What is replayed is a dense decoder with full or sliding-window attention layers, or LFM2; a mixture of experts,
 another hybrid (Mamba2, Mamba, gated DeltaNet, lightning attention, RG-LRU, RWKV), Gemma 3n's AltUp layers, a vision tower's images, quantized weights, tensor parallelism, Lit-GPT's
@@ -75,13 +82,12 @@ def applies(g: GenerateCall) -> bool:
             and g.sliding_cache == "window")
 
 
-def _rms_norm(st: AllocStream, tokens: int, h: int, c: int, hybrid: bool = False) -> int:
-    """``LlamaRMSNorm``: the fp32 copy, ``pow(2)`` (freed after the mean), the normalised fp32 product, its
-    cast back and the weight's product; returns the output's id.  In fp32 the ``.to`` calls are no-ops.
-
-    ``hybrid`` (``_layer``): the normalised product stays bound to ``hidden_states`` until the return
-    (``return self.weight * hidden_states.to(input_dtype)``, ``Lfm2RMSNorm``), so it is freed after the weight's
-    product, as the traced engine records; the dense replay frees it before."""
+def _rms_norm(st: AllocStream, tokens: int, h: int, c: int) -> int:
+    """``LlamaRMSNorm`` (``modeling_llama.py`` 5.24 lines 63-67): the fp32 copy, ``pow(2)`` (freed after the mean),
+    the normalised fp32 product, its cast back and the weight's product; returns the output's id.  The normalised
+    product stays bound to ``hidden_states`` until the return (``return self.weight * hidden_states.to(input_dtype)``),
+    so it is freed with the cast after the weight's product, as the traced engine records.  In fp32 the ``.to``
+    calls are no-ops."""
     if c == 4:
         st.free(st.alloc(tokens * h * 4))  # pow(2)
         return st.alloc(tokens * h * 4)
@@ -90,19 +96,15 @@ def _rms_norm(st: AllocStream, tokens: int, h: int, c: int, hybrid: bool = False
     normed = st.alloc(tokens * h * 4)
     st.free(h32)
     cast = st.alloc(tokens * h * c)
-    if hybrid:
-        out = st.alloc(tokens * h * c)
-        st.free_all((cast, normed))
-        return out
-    st.free(normed)
     out = st.alloc(tokens * h * c)
-    st.free(cast)
+    st.free_all((cast, normed))
     return out
 
 
-def _rotate(st: AllocStream, nbytes: int) -> int:
+def _rotate(st: AllocStream, nbytes: int, cat_copy: bool = False) -> int:
     """``apply_rotary_pos_emb`` on one of q/k: ``x * cos``, ``rotate_half`` (a negated half and a cat),
-    ``* sin`` and the sum; returns the rotated tensor's id (the input is freed by the caller)."""
+    ``* sin`` and the sum; returns the rotated tensor's id (the input is freed by the caller).  ``cat_copy``
+    (``Traits.rotary_cat_copy``): the sum concatenated with the passed-through part, a copy, the sum then freed."""
     a = st.alloc(nbytes)
     neg = st.alloc(nbytes // 2)
     cat = st.alloc(nbytes)
@@ -111,95 +113,90 @@ def _rotate(st: AllocStream, nbytes: int) -> int:
     st.free(cat)
     out = st.alloc(nbytes)
     st.free_all((a, b))
+    if cat_copy:
+        embed = st.alloc(nbytes)
+        st.free(out)
+        return embed
     return out
 
 
-def _layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: int, keys: int,
-           hybrid: bool = False) -> tuple[int, int, int]:
-    """One decoder layer over ``tokens`` rows; ``keys`` the cache's length after it (the prefill's: the prompt).
+def _layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, k_old: int, v_old: int,
+           keys: int) -> tuple[int, int, int]:
+    """One attention layer over ``tokens`` rows; ``keys`` the cache's length after it (the prefill's: the prompt).
     Returns (the layer's output, the cache's keys, its values).
 
-    ``hybrid``: an attention layer of a hybrid model (LFM2's ``Lfm2Attention``, ``modeling_lfm2.py`` 5.24), written
-    as the release runs it and as the traced engine records it, where the dense replay (False) keeps the
-    simplified layer its streams were checked with against the H200 runs:
+    Written as transformers 5.24 runs ``LlamaDecoderLayer``/``LlamaAttention`` (``modeling_llama.py``), LFM2's
+    ``Lfm2Attention`` and Phi-3's ``Phi3Attention``/``Phi3MLP``, op by op as the traced engine records them:
 
-    * with ``qk_norm`` the query's and the key's projections each go through an RMSNorm over the head dim before
-      the rotation (``self.q_layernorm(self.q_proj(hidden_states).view(...))``), the projection freed once the
-      norm returns, and the value's projection comes after them;
+    * the projections: q, k and v each (with ``qk_norm`` the query's and the key's each go through an RMSNorm over
+      the head dim before the rotation, the projection freed once the norm returns, and the value's comes after
+      them); a fused projection (``Traits.fused_qkv_view``, Phi-3's ``qkv_proj``) is one tensor whose q, k and v
+      are views, bound to ``qkv`` until the attention returns;
+    * ``apply_rotary_pos_emb`` rotates both q and k before the attention rebinds its query and key
+      (``query_states, key_states = apply_rotary_pos_emb(...)``, line 249), so both projections are freed after
+      both rotations;
     * ``DynamicLayer.update`` (``cache_utils.py`` 5.24 lines 113-137) concatenates at every update, the first one
       included (``lazy_initialization`` makes empty tensors, then ``self.keys = torch.cat([self.keys,
-      key_states], dim=-2)``): the prefill's keys and values are copies, and the rotated key and the value are
-      freed once ``update`` returns, after both concatenations;
+      key_states], dim=-2)``): the prefill's keys and values are copies, each old tensor freed as its new one is
+      bound, and the rotated key and the value freed once ``update`` returns, after both concatenations;
     * SDPA's output (flash and memory-efficient kernels) is laid out as ``(b, p, heads, d)``, so that
-      ``attn_output.transpose(1, 2)``'s ``reshape(...).contiguous()`` copies nothing; the rotated query and that
-      output are freed when the attention returns, after ``out_proj``, and the norm's output with them."""
+      ``attn_output.transpose(1, 2).contiguous()`` (``integrations/sdpa_attention.py`` 5.24 line 195) copies
+      nothing; the rotated query and that output are freed when the attention returns, after ``o_proj``, and the
+      norm's output with them (``hidden_states`` is rebound to the attention's output, line 299) and ``qkv`` with them;
+    * the model's loop holds the layer's input (``hidden_states = decoder_layer(hidden_states, ...)``, line 394)
+      until the layer returns, past ``residual = hidden_states`` (line 311)."""
     m, c, b = g.m, g.c, g.batch
     h, d = m.hidden_size, m.head_dim
     q, kv = m.num_attention_heads * d, m.num_kv_heads * d
-    normed = _rms_norm(st, tokens, h, c, hybrid)
-    if hybrid and m.qk_norm:
+    normed = _rms_norm(st, tokens, h, c)
+    qkv = -1
+    if m.traits.fused_qkv_view:
+        qkv = st.alloc(tokens * (q + 2 * kv) * c)  # q, k and v are its views
+        qq = kk = vv = -1
+    elif m.qk_norm:
         raw = st.alloc(tokens * q * c)
-        qq = _rms_norm(st, tokens * m.num_attention_heads, d, c, hybrid)
+        qq = _rms_norm(st, tokens * m.num_attention_heads, d, c)
         st.free(raw)
         raw = st.alloc(tokens * kv * c)
-        kk = _rms_norm(st, tokens * m.num_kv_heads, d, c, hybrid)
+        kk = _rms_norm(st, tokens * m.num_kv_heads, d, c)
         st.free(raw)
         vv = st.alloc(tokens * kv * c)
     else:
         qq, kk, vv = st.alloc(tokens * q * c), st.alloc(tokens * kv * c), st.alloc(tokens * kv * c)
-    if hybrid:
-        # apply_rotary_pos_emb rotates both before the attention rebinds its query and key
-        q_rot = _rotate(st, tokens * q * c)
-        k_rot = _rotate(st, tokens * kv * c)
-        st.free_all((qq, kk))
-    else:
-        q_rot = _rotate(st, tokens * q * c)
-        st.free(qq)
-        k_rot = _rotate(st, tokens * kv * c)
-        st.free(kk)
-    if hybrid:
-        keys_id = st.alloc(b * keys * kv * c)  # torch.cat([self.keys, key_states], dim=-2)
-        st.free(k_old)
-        values_id = st.alloc(b * keys * kv * c)
-        st.free(v_old)
-        st.free_all((k_rot, vv))
-        out = st.alloc(tokens * q * c)  # SDPA's output
-        o = st.alloc(tokens * h * c)  # out_proj
-        st.free_all((q_rot, out, normed))
-    else:
-        if k_old < 0:
-            keys_id, values_id = k_rot, vv  # the first update stores the tensors themselves
-        else:
-            keys_id = st.alloc(b * keys * kv * c)  # torch.cat([old, new], dim=-2)
-            st.free_all((k_old, k_rot))
-            values_id = st.alloc(b * keys * kv * c)
-            st.free_all((v_old, vv))
-        out = st.alloc(tokens * q * c)
-        st.free(q_rot)
-        contiguous = st.alloc(tokens * q * c)  # attn_output.transpose(1, 2).contiguous()
-        st.free(out)
-        o = st.alloc(tokens * h * c)
-        st.free_all((contiguous, normed))
+    q_rot = _rotate(st, tokens * q * c, m.traits.rotary_cat_copy)
+    k_rot = _rotate(st, tokens * kv * c, m.traits.rotary_cat_copy)
+    st.free_all((qq, kk))
+    keys_id = st.alloc(b * keys * kv * c)  # torch.cat([self.keys, key_states], dim=-2)
+    st.free(k_old)
+    values_id = st.alloc(b * keys * kv * c)
+    st.free(v_old)
+    st.free_all((k_rot, vv))
+    out = st.alloc(tokens * q * c)  # SDPA's output
+    o = st.alloc(tokens * h * c)  # o_proj
+    st.free_all((out, qkv, q_rot, normed))
     mid = st.alloc(tokens * h * c)  # residual + attention
-    if not hybrid:
-        st.free_all((o, res))
-        return _mlp_half(st, g, tokens, mid), keys_id, values_id
-    # the model's loop holds the layer's input (``hidden_states = decoder_layer(hidden_states, ...)``,
-    # ``Lfm2Model.forward``) until the layer returns
     st.free(o)
-    new = _mlp_half(st, g, tokens, mid, hybrid=True)
+    new = _mlp_half(st, g, tokens, mid)
     st.free(res)
     return new, keys_id, values_id
 
 
-def _mlp_half(st: AllocStream, g: GenerateCall, tokens: int, mid: int, hybrid: bool = False) -> int:
+def _mlp_half(st: AllocStream, g: GenerateCall, tokens: int, mid: int) -> int:
     """The layer's second half after ``mid`` (its input plus the mixer's output): the norm, the (gated) MLP and
-    the residual sum; returns the layer's output.  ``hybrid``: the norm as ``_rms_norm`` writes it for one."""
+    the residual sum; returns the layer's output.  A fused ``gate_up_proj`` (``Traits.fused_gate_up``,
+    ``Phi3MLP.forward``, ``modeling_phi3.py`` 5.24 lines 59-64): its output (twice the width; ``gate`` and ``up`` its
+    views, bound until the return), the activation of ``gate``, the product (the activation freed), ``down_proj``."""
     m, c = g.m, g.c
     h = m.hidden_size
     inter = max(ls.intermediate_size for ls in m.layers)
-    normed2 = _rms_norm(st, tokens, h, c, hybrid)
-    if m.mlp_gated:
+    normed2 = _rms_norm(st, tokens, h, c)
+    held = -1
+    if m.mlp_gated and m.traits.fused_gate_up:
+        held = st.alloc(tokens * 2 * inter * c)  # gate_up_proj
+        act = st.alloc(tokens * inter * c)
+        prod = st.alloc(tokens * inter * c)
+        st.free(act)
+    elif m.mlp_gated:
         gate = st.alloc(tokens * inter * c)
         act = st.alloc(tokens * inter * c)
         st.free(gate)
@@ -211,7 +208,7 @@ def _mlp_half(st: AllocStream, g: GenerateCall, tokens: int, mid: int, hybrid: b
         prod = st.alloc(tokens * inter * c)
         st.free(fc)
     down = st.alloc(tokens * h * c)
-    st.free_all((prod, normed2))
+    st.free_all((prod, held, normed2))
     new = st.alloc(tokens * h * c)  # residual + MLP
     st.free_all((down, mid))
     return new
@@ -235,7 +232,7 @@ def _short_conv_layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, s
     ms = m.mamba
     assert ms is not None
     h, k = m.hidden_size, ms.conv_kernel
-    normed = _rms_norm(st, tokens, h, c, hybrid=True)
+    normed = _rms_norm(st, tokens, h, c)
     bcx = st.alloc(tokens * 3 * h * c)
     bx = st.alloc(tokens * h * c)
     if state < 0:
@@ -251,7 +248,7 @@ def _short_conv_layer(st: AllocStream, g: GenerateCall, tokens: int, res: int, s
     st.free_all((y, conv, bcx, normed))
     mid = st.alloc(tokens * h * c)  # hidden_states + residual
     st.free(out)
-    new = _mlp_half(st, g, tokens, mid, hybrid=True)
+    new = _mlp_half(st, g, tokens, mid)
     st.free(res)  # the model's loop held the layer's input (``_layer``)
     return new, state
 
@@ -266,7 +263,7 @@ def _any_layer(st: AllocStream, g: GenerateCall, i: int, tokens: int, res: int, 
             raise ValueError(f"{ms.kind} layers are not replayed (REPLAYED_MIXERS: {', '.join(REPLAYED_MIXERS)})")
         out, keys[i] = _short_conv_layer(st, g, tokens, res, keys[i])
         return out
-    out, keys[i], values[i] = _layer(st, g, tokens, res, keys[i], values[i], length, hybrid=ms is not None)
+    out, keys[i], values[i] = _layer(st, g, tokens, res, keys[i], values[i], length)
     return out
 
 
@@ -278,10 +275,9 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
     st = AllocStream()
     for nbytes in weights:
         st.alloc(nbytes)
-    if m.mamba is not None:
-        # the first matmul's cuBLAS workspace, taken from the caching allocator (``getCUDABlasLtWorkspace``) and
-        # kept: the traced engine records it before the embedding; the dense replay leaves it out
-        st.alloc(cublas_workspace_bytes(g.r.gpu, handles=1))
+    # the first matmul's cuBLAS workspace, taken from the caching allocator (``getCUDABlasLtWorkspace``) and
+    # kept: the traced engine records it before the embedding
+    st.alloc(cublas_workspace_bytes(g.r.gpu, handles=1))
     h, vocab = m.hidden_size, m.vocab_size
     embeds = st.alloc(b * p * h * c)  # inputs_embeds, kept by the decoder's forward
     st.alloc(p * m.head_dim * c)  # RoPE cos
@@ -291,7 +287,7 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
     res = embeds
     for i in range(len(m.layers)):
         res = _any_layer(st, g, i, b * p, -1 if res == embeds else res, keys, values, p)
-    final = _rms_norm(st, b * p, h, c, m.mamba is not None)
+    final = _rms_norm(st, b * p, h, c)
     st.free(res)
     logits = st.alloc(b * vocab * c)  # logits_to_keep=1
     scores = st.alloc(b * vocab * 4)  # generate's fp32 copy of the last position's logits
@@ -301,7 +297,7 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
         x = st.alloc(b * h * c)
         for i in range(len(m.layers)):
             x = _any_layer(st, g, i, b, x, keys, values, p + step)
-        final = _rms_norm(st, b, h, c, m.mamba is not None)
+        final = _rms_norm(st, b, h, c)
         st.free(x)
         logits = st.alloc(b * vocab * c)
         new_scores = st.alloc(b * vocab * 4)
@@ -360,8 +356,8 @@ def cached_excess(g: GenerateCall) -> CachedExcess:
 
 def growth_note(growth_bytes: int) -> str:
     """The report's statement when the excess still grows late in the call (``CachedExcess.late_growth_bytes``):
-    the one such call measured was under-predicted, so the band is widened."""
+    the excess past the replayed steps is an extrapolation, so the band is widened."""
     return (f"not modelled: the allocator's cached excess still grows in the second half of the decode steps "
-            f"({growth_bytes / 2**30:.2f} GiB); the one such call measured (SmolLM2-1.7B, batch 64, 128 new tokens, "
-            "benchmarks/gpu/README.md) kept 28% more reserved than this estimate, whose per-step small tensors are "
-            "simplified")
+            f"({growth_bytes / 2**30:.2f} GiB), continued to the last step as it grew there; the one such call "
+            "measured (SmolLM2-1.7B, batch 64, 128 new tokens, benchmarks/gpu/README.md) kept 1.0% less reserved "
+            "than this estimate (22% more with the replay's former simplified layer)")

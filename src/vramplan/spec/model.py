@@ -307,6 +307,10 @@ class Traits:
     # "": transformers' DynamicCache
     cache_class: str = ""
     fused_gate_up: bool = False  # one ``gate_up_proj`` instead of ``gate_proj`` and ``up_proj`` (phi3)
+    # ``apply_rotary_pos_emb`` splits each head into its rotated and its passed-through part and concatenates them back
+    # (``torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)``, ``modeling_phi3.py`` 5.24 line
+    # 184): a copy of the rotated query and key, made even when nothing passes through (phi3)
+    rotary_cat_copy: bool = False
     fc_modules: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h")  # a non-gated MLP's two linears
     # bitsandbytes' fc1 returns the (fp32) hidden states' dtype and the activation runs in it (phi, StarCoder2)
     fc_act_in_output_dtype: bool = False

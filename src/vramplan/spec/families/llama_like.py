@@ -88,9 +88,11 @@ VARIANTS: dict[str, Variant] = {
     "gemma3_text": Variant("modeling_gemma3.py", tied_default=True, norm="gemma_rms", qk_norm="head",
                            sandwich_norms=True, sliding="every_nth",
                            traits=Traits(static_hybrid_cache_before=(4, 56))),
-    # fused qkv_proj and gate_up_proj; q and k are rotated into new tensors while v stays a view of qkv_proj's output
+    # fused qkv_proj and gate_up_proj; q and k are rotated into new tensors (the rotation's result concatenated with
+    # the passed-through part, a copy) while v stays a view of qkv_proj's output
     "phi3": Variant("modeling_phi3.py", sliding_default=True, traits=Traits(
-        qkv_modules=("qkv_proj",), fused_qkv_view=True, fused_gate_up=True, upcasts_all_logits=True)),
+        qkv_modules=("qkv_proj",), fused_qkv_view=True, fused_gate_up=True, upcasts_all_logits=True,
+        rotary_cat_copy=True)),
     "mixtral": Variant("modeling_mixtral.py", moe="mixtral", sliding_default=True, traits=Traits(
         upcasts_all_logits=True, peft_converts_experts=True,
         expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()))),
