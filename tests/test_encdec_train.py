@@ -251,6 +251,11 @@ def test_eager_4x_refusals() -> None:
         resolve(_doc(BART_BASE) | four)
     assert any(p.where == "software.transformers" for p in err.value.problems)
     resolve(_doc(T5_SMALL, attention="eager") | four)  # accepted
+    # releases before the earliest read (4.30.2) are refused; 4.30 itself is the first accepted
+    with pytest.raises(ScenarioError) as err:
+        resolve(_doc(T5_SMALL) | {"software": {"transformers": "4.29.2"}})
+    assert any(p.where == "software.transformers" and "4.30 to 4.57" in p.message for p in err.value.problems)
+    resolve(_doc(T5_SMALL) | {"software": {"transformers": "4.30.0"}})
     # a config saying tie_word_embeddings: false: 4.x holds lm_head apart (5.24 ties it), estimated
     resolve(_doc(UMT5_SMALL) | four)
     resolve(_doc(UMT5_TIED) | four)
@@ -377,3 +382,19 @@ def test_the_loss_assumption_names_the_release_modelled() -> None:
     old = loss_note(_doc(T5_SMALL, **shape) | {"software": {"transformers": "4.46.3"}})
     assert "transformers 4.46.3)" in old and "5.24" not in old
     assert "transformers 5.24)" in loss_note(_doc(T5_SMALL, **shape) | {"software": {"transformers": "5.2.0"}})
+
+
+def test_mt5_without_the_key_is_untied_on_4x() -> None:
+    # MT5Config.__init__ defaults tie_word_embeddings to False in 4.x (configuration_mt5.py 4.46.3 and 4.57.1 l.100),
+    # so an mT5 config that names no tie is built with a separate lm_head there; T5Config and UMT5Config default to
+    # True.  umt5-small's shape as mT5: the head is 256,384 x 512 = 131,268,608 parameters
+    four = {"software": {"transformers": "4.46.3"}}
+    mt5 = {k: v for k, v in UMT5_TIED.items()} | {"model_type": "mt5"}
+    untied = resolve(_doc(mt5) | four).model
+    tied = resolve(_doc(mt5 | {"tie_word_embeddings": True}) | four).model
+    assert not untied.tie_word_embeddings and tied.tie_word_embeddings
+    assert untied.num_parameters - tied.num_parameters == mt5["vocab_size"] * 512 == 131_268_608
+    # a T5 config without the key stays tied on 4.x, and 5.x ties every one
+    assert resolve(_doc({k: v for k, v in T5_SMALL.items() if k != "tie_word_embeddings"}) | four).model \
+        .tie_word_embeddings
+    assert resolve(_doc(mt5)).model.tie_word_embeddings

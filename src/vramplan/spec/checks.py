@@ -436,6 +436,10 @@ _ENC_DEC_COUNTED = ("its parameters are vramplan.spec.hf_config.model_from_confi
                     "(.encoder_parameters for the encoder stack)")
 
 
+# the earliest transformers release whose T5 training step (eager T5Attention) was read (analytic/terms/encoder_decoder.py)
+T5_4X_READ_SINCE = (4, 30)
+
+
 def encoder_decoder_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """What vramplan does not estimate for an encoder-decoder model (``ModelSpec.encoder_decoder``: T5, mT5, UMT5,
     BART), refused rather than answered as a decoder-only model of the decoder stack.
@@ -552,6 +556,11 @@ def _encoder_decoder_train_problems(s: Scenario, m: ModelSpec, what: str) -> lis
         refuse("software.transformers", f"its training step is modelled on transformers 5.24 (and, for T5, mT5 and "
                f"UMT5, on 4.x's eager T5Attention), not {s.software.transformers}",
                "drop software.transformers, or set it to 5.0 or later")
+    elif t5_eager and version is not None and version < T5_4X_READ_SINCE:
+        # modeling_t5.py was read at 4.30.2, 4.36.2, 4.41.2, 4.46.3, 4.51.3 and 4.57.1; earlier releases were not
+        refuse("software.transformers", f"its 4.x training step is modelled on the T5Attention of transformers 4.30 to "
+               f"4.57 (the releases read), not {s.software.transformers}",
+               "set software.transformers to 4.30 or later")
     audio = ed.audio
     if audio is not None and t.source_len not in (None, audio.encoder_frames):
         refuse("train.source_len", _audio_length(audio, t.source_len), f"drop train.source_len (the model's "

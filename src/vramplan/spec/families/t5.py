@@ -27,7 +27,9 @@ one embedding (``shared``), each block a pre-norm residual of sublayers (``layer
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, prob, required
 from vramplan.spec.model import EncoderDecoderSpec, ModelSpec, Traits
@@ -102,8 +104,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
         p.add(f"{stack}.block.layer.0.SelfAttention.relative_attention_bias.weight", buckets * heads, "position",
               bias_layers)
     notes: list[str] = []
-    if cfg.get("tie_word_embeddings") is False:
-        notes.append(f"the checkpoint's config says tie_word_embeddings: false (a separate lm_head of {vocab:,} x "
+    if _untied_in_4x(cfg, model_type):
+        notes.append(f"the checkpoint's config gives tie_word_embeddings: false (mT5: also when it names none, "
+                     f"MT5Config's 4.x default; a separate lm_head of {vocab:,} x "
                      f"{d:,}); transformers 5.24's {type_name(model_type)}.__post_init__ forces tie_word_embeddings = "
                      "True, so lm_head.weight is shared.weight and one tensor is held")
     common = {"num_attention_heads": heads, "num_kv_heads": heads, "head_dim": head_dim, "vocab_size": vocab,
@@ -115,9 +118,16 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     ed = EncoderDecoderSpec(encoder=encoder, encoder_prefix="encoder.", decoder_prefix="decoder.",
                             cross_attention_heads=heads, relative_bias_layers="every" if every else "first",
                             relative_attention_num_buckets=buckets, source=SOURCE, notes=tuple(notes),
-                            config_untied_head=cfg.get("tie_word_embeddings") is False)
+                            config_untied_head=_untied_in_4x(cfg, model_type))
     return build_spec(cfg, name, model_type, p, hidden_size=d, num_layers=n_dec, intermediate_size=ff,
                       notes=tuple(notes), encoder_decoder=ed, **common)  # type: ignore[arg-type]
+
+
+def _untied_in_4x(cfg: Mapping[str, Any], model_type: str) -> bool:
+    """Whether transformers 4.x builds a separate ``lm_head``: the config's ``tie_word_embeddings``, or when it has
+    none the 4.x configuration class's default: False for ``MT5Config`` (configuration_mt5.py 4.46.3 and 4.57.1
+    l.100), True for ``T5Config`` and ``UMT5Config``."""
+    return not cfg.get("tie_word_embeddings", model_type != "mt5")
 
 
 def untied_head(m: ModelSpec, transformers_version: tuple[int, ...] | None) -> ModelSpec:
@@ -129,7 +139,8 @@ def untied_head(m: ModelSpec, transformers_version: tuple[int, ...] | None) -> M
         return m
     p = Params()
     p.lm_head("lm_head", m.vocab_size, m.hidden_size)
-    note = (f"the checkpoint's config says tie_word_embeddings: false, which transformers 4.x's {type_name(m.model_type)} "
+    note = (f"the checkpoint's config gives tie_word_embeddings: false (mT5: also when it names none, MT5Config's "
+            f"4.x default), which transformers 4.x's {type_name(m.model_type)} "
             f"keeps: a separate lm_head of {m.vocab_size:,} x {m.hidden_size:,} (its own gradient and optimizer states), "
             "and the decoder output projected without the d_model ** -0.5 rescale")
     untied = tuple(n for n in m.notes if "tie_word_embeddings: false" not in n) + (note,)
