@@ -168,3 +168,27 @@ def bf16_generate(cfg: dict[str, Any], batch: int, prompt: int, new: int) -> tup
         out = module.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
                               return_dict_in_generate=True)
     return module, out
+
+
+def graph_saved_storages(out: Any, skip: set[int], drop: tuple[str, ...] = (), nonscalar: bool = False) -> dict[int, int]:
+    """The storages autograd's graph behind ``out`` saves (``_saved_*`` attributes of every node), by storage id with
+    their bytes; storages in ``skip`` (parameters, buffers: resident), attributes in ``drop`` and, with
+    ``nonscalar``, 0-d tensors left out."""
+    import torch
+
+    saved: dict[int, int] = {}
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_") or attr in drop:
+                continue
+            value = getattr(node, attr)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor) and (t.dim() or not nonscalar) and id(t.untyped_storage()) not in skip:
+                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return saved

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from meta_build import meta_module
+from meta_build import graph_saved_storages, meta_module
 from vramplan import estimate
 from vramplan.analytic.inference import parallel_mixer_input_bytes, parallel_mixer_kept_bytes
 from vramplan.analytic.kv_cache import attention_layers, kv_bytes_per_token
@@ -191,21 +191,7 @@ def _mixer_graph_saved(config: dict[str, object], mode: str, batch: int, seq: in
     held = {id(p.untyped_storage()) for p in (*mixer.parameters(), *mixer.buffers())}
     x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
     out = mixer(x)
-    saved: dict[int, int] = {}
-    stack, seen = [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for attr in dir(node):
-            if not attr.startswith("_saved_"):
-                continue
-            value = getattr(node, attr)
-            for t in value if isinstance(value, tuple) else (value,):
-                if isinstance(t, torch.Tensor) and t.dim() and id(t.untyped_storage()) not in held:
-                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
-        stack.extend(n for n, _ in node.next_functions)
+    saved = graph_saved_storages(out, held, nonscalar=True)
     return sum(saved.values())
 
 

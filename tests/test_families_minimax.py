@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_causal_lm_count
+from meta_build import graph_saved_storages, meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.kv_cache import kv_bytes_per_token
@@ -212,21 +212,7 @@ def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
         resident = {id(p.untyped_storage()) for p in [*layer.parameters(), *layer.buffers()]}
         x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
         out, _ = layer(x, None, None)
-    saved: dict[int, int] = {}
-    stack, seen = [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for attr in dir(node):
-            if not attr.startswith("_saved_"):
-                continue
-            value = getattr(node, attr)
-            for t in value if isinstance(value, tuple) else (value,):
-                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in resident:
-                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
-        stack.extend(n for n, _ in node.next_functions)
+    saved = graph_saved_storages(out, resident)
     return sum(saved.values())
 
 

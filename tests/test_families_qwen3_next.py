@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import category_bytes, meta_causal_lm_count, prefill_state_bytes
+from meta_build import category_bytes, graph_saved_storages, meta_causal_lm_count, prefill_state_bytes
 from vramplan import estimate
 from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.inference import inference_step
@@ -233,21 +233,7 @@ def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
         params = {id(p.untyped_storage()) for p in layer.parameters()}
         x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
         out = layer(x)
-    saved: dict[int, int] = {}
-    stack, seen = [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for attr in dir(node):
-            if not attr.startswith("_saved_"):
-                continue
-            value = getattr(node, attr)
-            for t in value if isinstance(value, tuple) else (value,):
-                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in params:
-                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
-        stack.extend(n for n, _ in node.next_functions)
+    saved = graph_saved_storages(out, params)
     return sum(saved.values())
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from meta_build import meta_causal_lm_count
+from meta_build import graph_saved_storages, meta_causal_lm_count
 from vramplan import estimate
 from vramplan.analytic import activations as act
 from vramplan.analytic.inference import (
@@ -192,24 +192,7 @@ def _graph_saved(shape: dict[str, Any], mode: str, batch: int, seq: int) -> int:
 def _walk(out: Any, skip: set[int], drop: tuple[str, ...] = ()) -> int:
     """The bytes of the storages autograd's graph behind ``out`` saves, those in ``skip`` and attributes ``drop``
     left out."""
-    import torch
-
-    saved: dict[int, int] = {}
-    stack, seen = [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for attr in dir(node):
-            if not attr.startswith("_saved_") or attr in drop:
-                continue
-            value = getattr(node, attr)
-            for t in value if isinstance(value, tuple) else (value,):
-                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in skip:
-                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
-        stack.extend(n for n, _ in node.next_functions)
-    return sum(saved.values())
+    return sum(graph_saved_storages(out, skip, drop).values())
 
 
 @pytest.mark.parametrize(("shape", "mode", "batch", "seq"), [

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from meta_build import graph_saved_storages
 from vramplan import estimate
 from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
@@ -89,21 +90,7 @@ def _graph_saved(config: dict[str, Any], mode: str, batch: int, seq: int) -> int
         region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
         with region:
             out = mixer(x)
-    saved: dict[int, int] = {}
-    stack, seen = [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for attr in dir(node):
-            if not attr.startswith("_saved_"):
-                continue
-            value = getattr(node, attr)
-            for t in value if isinstance(value, tuple) else (value,):
-                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in params:
-                    saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
-        stack.extend(n for n, _ in node.next_functions)
+    saved = graph_saved_storages(out, params)
     return sum(saved.values())
 
 
