@@ -89,7 +89,7 @@ VALUES: dict[str, list[Any]] = {
     "serve.gguf.llamacpp_build": ["b3410"], "serve.gguf.n_batch": [256], "lifecycle.eval_seq_len": [8192],
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
-    "software.autoawq": ["0.2.0"], "software.torchtune": ["0.2.1"], "software.torchtitan": ["0.2.0"],
+    "software.autoawq": ["0.2.0"], "software.accelerate": ["0.29.0"], "software.torchtune": ["0.2.1"], "software.torchtitan": ["0.2.0"],
     "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
     "rl.value_model": ["meta-llama/Llama-3.2-1B"],
     # null means the trainer's default (spec/defaults.py): a value on each side of GRPOConfig's
@@ -185,6 +185,11 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "(spec/scenario.py Software.torch); Llama 2 7B has no grouped K/V and flash runs on an H100",
     ("serve.speculative.num_speculative_tokens", "2"): "changes no start-up memory (the proposer note says so)",
     ("parallel.fsdp", "'hybrid_shard'"): "shards within a node: with every GPU in one node it is full_shard",
+    "train.trainer_mixed_precision": "read only for half-precision weights (bf16-true, fp16-true) of a full fine-tune "
+    "under FSDP with hf-trainer or accelerate, which no base is (spec/load.py fsdp_upcast_for; "
+    "tests/test_accelerate_fsdp_upcast.py)",
+    "software.accelerate": "gates accelerate's FSDP upcast of half-precision weights (0.30.0 on), which no base "
+    "trains (tests/test_accelerate_fsdp_upcast.py)",
     "train.peft.alpha": "scales the adapter update; no tensor depends on it (peft LoraLayer.scaling)",
     "hardware.gpus_per_node": "read by hybrid_shard (shards within a node) and the planner's inter-node links; no base "
     "shards hybrid across nodes",

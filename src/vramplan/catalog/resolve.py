@@ -23,6 +23,7 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import (
     Resolved,
     checkpoint_quantization_for,
+    fsdp_upcast_for,
     cross_check,
     lora_targets_for,
     parse_scenario,
@@ -86,6 +87,8 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         # target_modules: null as PEFT completes it for the model type (facts/peft_targets.py)
         scenario, target_notes, target_problems = lora_targets_for(scenario, model)
         notes += target_notes
+        scenario, upcast_notes = fsdp_upcast_for(scenario)
+        notes += upcast_notes
         quant_problems += target_problems
         notes += checkpoint_notes(model)
         notes += quant_format_assumptions(scenario, model, gpu.compute_capability if gpu is not None else "")

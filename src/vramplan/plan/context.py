@@ -28,7 +28,7 @@ from vramplan.plan.setup import ServeSetup, TrainSetup
 from vramplan.plan.steptime import ModelFacts, PerfAssumptions, StepTime, model_facts, train_step_time
 from vramplan.report import Report
 from vramplan.spec.gpu import GpuSpec
-from vramplan.spec.load import Resolved, checkpoint_quantization_for
+from vramplan.spec.load import Resolved, checkpoint_quantization_for, fsdp_upcast_for
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
@@ -128,6 +128,8 @@ class PlanContext:
         scn = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
         # a pre-quantized checkpoint decides the weights' format, as in ``resolve``
         scn, notes, problems = checkpoint_quantization_for(scn, self.model)
+        scn, upcast = fsdp_upcast_for(scn)  # accelerate's FSDP upcast of half weights, as in ``resolve``
+        notes += upcast
         if problems:
             raise ScenarioError(problems)
         return estimate(Resolved(scn, self.model, self.gpu, tuple(notes)), reserved=reserved)

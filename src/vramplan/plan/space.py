@@ -241,8 +241,11 @@ def train_candidates(m: ModelSpec, gpu: GpuSpec, n: int, job: TrainJob, gpus_per
                                 for off in offloads:
                                     yield from make(framework="deepspeed", precision=prec, optimizer=ds_opt,
                                                     checkpointing=ck, attention=a, zero_stage=z, offload=off)
+                            # bf16-true under accelerate's FSDP is upcast to fp32 parameters (spec/load.py
+                            # fsdp_upcast_for): bf16-mixed's setup, already searched
                             for fs, off in (("full_shard", "none"), ("shard_grad_op", "none"),
-                                            ("full_shard", "optimizer+params")) if fsdp_opt and not autocast else ():
+                                            ("full_shard", "optimizer+params")) if (fsdp_opt and not autocast
+                                                                                    and prec != "bf16-true") else ():
                                 yield from make(framework="accelerate", precision=prec, optimizer=fsdp_opt,
                                                 checkpointing=ck, attention=a, fsdp=fs, offload=off)
             for method in () if hybrid else job.peft_methods():

@@ -38,6 +38,7 @@ from vramplan.facts.torchtune import (
     TORCHTUNE_PRECISIONS,
     TORCHTUNE_QUANTIZATION,
 )
+from vramplan.facts.accelerate import FSDP_UPCAST_RELEASE, FSDP_UPCAST_SOURCE
 from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.checks import held_module_notes
@@ -60,7 +61,7 @@ from vramplan.spec.vision_quant import tower_quant_problems
 
 __all__ = [
     "HOPPER_SWIZZLE_NOTE", "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING",
-    "MAX_PATH_CHARS", "MAX_VALUES", "Resolved", "checkpoint_quantization_for", "cross_check", "in_backward_problems",
+    "MAX_PATH_CHARS", "MAX_VALUES", "Resolved", "checkpoint_quantization_for", "cross_check", "fsdp_upcast_for", "in_backward_problems",
     "lora_targets_for", "parse_scenario",
     "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "torchao_offload_problems",
     "unmatched_lora_targets", "unmodelled_inputs",
@@ -711,6 +712,30 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
                      f"(peft {PEFT_RELEASE} TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)")
     peft = peft.model_copy(update={"target_modules": list(mapped)})
     return s.model_copy(update={"train": s.train.model_copy(update={"peft": peft})}), notes, []
+
+
+def fsdp_upcast_for(s: Scenario) -> tuple[Scenario, list[str]]:
+    """A half-precision full fine-tune (bf16-true, fp16-true) under the HF Trainer or accelerate with FSDP and the
+    Trainer's ``--bf16``/``--fp16`` (``train.trainer_mixed_precision``, null: on) runs with fp32 trainable parameters:
+    accelerate from 0.30 upcasts them (facts/accelerate.py), so its gradients and AdamW moments are fp32 too and the
+    step is bf16-mixed's (fp16-mixed's) under FSDP.  Returns the scenario estimated (its precision the mixed one) and
+    the assumption that says so; ``s`` itself where the upcast does not apply."""
+    if s.task != "train" or s.effective_framework not in ("hf-trainer", "accelerate") or s.parallel.fsdp == "none":
+        return s, []
+    t = s.train
+    if t.precision not in ("bf16-true", "fp16-true") or t.peft is not None or t.trainer_mixed_precision is False:
+        return s, []
+    v = s.software.accelerate_version
+    if v is not None and v < FSDP_UPCAST_RELEASE:
+        return s, []
+    half = t.precision.removesuffix("-true")
+    mixed = f"{half}-mixed"
+    said = "accelerate " + (s.software.accelerate or "from 0.30 (software.accelerate not given)")
+    note = (f"train.precision {t.precision} under FSDP with the Trainer's --{half} (train.trainer_mixed_precision): {said} upcasts the "
+            f"trainable parameters to fp32 ({FSDP_UPCAST_SOURCE}), so the run is estimated as {mixed}: fp32 sharded "
+            f"parameters, gradients and AdamW moments, {half} all-gathered copies; set "
+            "train.trainer_mixed_precision: false for a run without the flag (mixed_precision no)")
+    return s.model_copy(update={"train": t.model_copy(update={"precision": mixed})}), [note]
 
 
 def _present(names: tuple[str, ...], m: ModelSpec) -> tuple[str, ...]:

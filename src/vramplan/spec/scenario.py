@@ -208,6 +208,20 @@ class Train(_Strict):
     Bytes per parameter follow the framework's convention (docs/conventions.md, Model states;
     vramplan.analytic.precision)."""
 
+    trainer_mixed_precision: bool | None = None
+    """With half-precision weights (bf16-true, fp16-true) under framework hf-trainer or accelerate with FSDP: whether
+    the run also passes the Trainer's ``--bf16``/``--fp16`` (accelerate's ``mixed_precision``), as ``vramplan
+    export`` writes it; accelerate 0.30.0 and later then upcast the trainable parameters to fp32, so the run is
+    bf16-mixed (fp16-mixed) in memory.
+
+    ``Accelerator.prepare_model`` (accelerate PR #2674, first released in v0.30.0) upcasts every FSDP unit's
+    trainable flat parameter that is not fp32 to fp32 "if mixed precision is set" ("Upcasted low precision parameters
+    in ... because mixed precision turned on in FSDP"), to hold master weights as DeepSpeed does; FSDP2
+    (``fsdp2_prepare_model``) upcasts the trainable parameters the same way.  The gradients and AdamW's moments then
+    take fp32 too: 16 B per trainable parameter, sharded, instead of 8.  null: true (the common recipe: a bf16
+    checkpoint with ``--bf16``); false: ``mixed_precision: no`` (half weights, gradients and moments).  Other
+    frameworks, no FSDP, PEFT (adapters are fp32 from peft 0.12) and fp32/``*-mixed`` precisions ignore it."""
+
     optimizer: Optimizer = "adamw"
     """Optimizer whose states, and step temporaries, are counted (adamw is torch's foreach AdamW: one
     state-sized temporary in step(); adamw-fused avoids it; docs/conventions.md)."""
@@ -960,6 +974,15 @@ class Software(_Strict):
     ``self.to(weight.device, dtype=weight.dtype)`` when the weight is a float); PR huggingface/peft#1706
     (merged May 2024, after the 0.11 releases: PR #1874 says so) made get_peft_model upcast fp16/bf16
     adapters to fp32 (``autocast_adapter_dtype=True``), released in 0.12.0."""
+
+    accelerate: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """accelerate release of an hf-trainer or accelerate run, e.g. 0.28.0; from 0.30 FSDP with mixed precision
+    upcasts half-precision trainable parameters to fp32 (``train.trainer_mixed_precision``).  None: a release from
+    0.30 on (the report says so)."""
+
+    @property
+    def accelerate_version(self) -> tuple[int, ...] | None:
+        return _version(self.accelerate)
 
     transformers: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
     """transformers release of the run, e.g. 4.46; before 5 MoE experts are per-expert linears, generate

@@ -1,0 +1,85 @@
+"""accelerate's FSDP upcast: half-precision trainable weights under FSDP with the Trainer's --bf16 are held in fp32.
+
+accelerate >= 0.30.0 ``Accelerator.prepare_model`` (PR huggingface/accelerate#2674) upcasts each FSDP unit's
+trainable flat parameter to fp32 when mixed precision is set; FSDP2's ``fsdp2_prepare_model`` does the same
+(facts/accelerate.py).  The gradients (a gradient has its parameter's dtype) and AdamW's moments follow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vramplan import estimate
+from vramplan.catalog.resolve import resolve
+from vramplan.facts.accelerate import FSDP_UPCAST_RELEASE
+
+# Llama-2-7B: 6,738,415,616 parameters (the catalog's count, transformers' module on the meta device)
+P = 6_738_415_616
+
+
+def _doc(**train: Any) -> dict[str, Any]:
+    software = train.pop("software", {})
+    framework = train.pop("framework", "hf-trainer")
+    parallel = train.pop("parallel", {"fsdp": "full_shard"})
+    return {"model": "meta-llama/Llama-2-7b-hf", "hardware": {"gpu": "A100-80GB", "num_gpus": 4},
+            "framework": framework, "parallel": parallel, "software": software,
+            "train": {"micro_batch_size": 1, "seq_len": 512, "precision": "bf16-true",
+                      "gradient_checkpointing": "full", **train}}
+
+
+def test_upcast_doubles_sharded_gradients_and_moments() -> None:
+    up = estimate(_doc()).per_gpu.breakdown
+    # fp32 gradients sharded over 4 ranks: P x 4 B / 4 = 6,738,415,616; AdamW's two fp32 moments: P x 8 / 4
+    assert up["gradients"] == P * 4 // 4 == 6_738_415_616
+    assert up["optimizer_states"] == P * 8 // 4 == 13_476_831_232
+    off = estimate(_doc(trainer_mixed_precision=False)).per_gpu.breakdown
+    # mixed_precision "no": bf16 gradients P x 2 / 4 = 3,369,207,808; bf16 moments P x 4 / 4
+    assert off["gradients"] == P * 2 // 4 == 3_369_207_808
+    assert off["optimizer_states"] == P * 4 // 4 == 6_738_415_616
+    # the sharded fp32 parameters: P x 4 / 4 more than the bf16 shard (P x 2 / 4) in the weights term
+    assert up["weights"] - off["weights"] == P * 2 // 4
+
+
+def test_the_report_says_so_and_holds_the_precision_that_runs() -> None:
+    rep = estimate(_doc(framework="accelerate"))
+    assert rep.scenario["train"]["precision"] == "bf16-mixed"
+    assert any("upcasts the trainable parameters to fp32" in a and "0.30" in a for a in rep.assumptions)
+    # the report's scenario resolves to itself
+    assert resolve(rep.scenario).scenario.train.precision == "bf16-mixed"
+    fp16 = estimate({**_doc(precision="fp16-true"), "hardware": {"gpu": "V100-32GB", "num_gpus": 4}})
+    assert fp16.scenario["train"]["precision"] == "fp16-mixed"
+
+
+@pytest.mark.parametrize("case", [
+    {"trainer_mixed_precision": False},                                         # mixed_precision "no"
+    {"software": {"accelerate": "0.29.3"}},                                     # before PR #2674
+    {"parallel": {"fsdp": "none"}},                                             # no FSDP unit to upcast
+    {"framework": "deepspeed", "parallel": {"zero_stage": 3}},                  # DeepSpeed's own fp32 masters
+    {"framework": "plain"},                                                     # a loop without accelerate
+    {"precision": "bf16-mixed"},                                                # already fp32 weights
+    {"peft": {"method": "lora", "rank": 8, "target_modules": ["q_proj", "v_proj"]}},  # fp32 adapters already
+], ids=["flag-off", "accelerate-0.29", "no-fsdp", "deepspeed", "plain", "mixed", "peft"])
+def test_where_it_does_not_apply(case: dict[str, Any]) -> None:
+    doc = _doc(**dict(case))
+    r = resolve(doc)
+    assert r.scenario.train.precision == doc["train"]["precision"]
+    assert not any("upcasts the trainable parameters" in n for n in r.assumptions)
+
+
+def test_release_boundary_is_the_first_tag_with_the_upcast() -> None:
+    assert FSDP_UPCAST_RELEASE == (0, 30, 0)
+    r = resolve(_doc(software={"accelerate": "0.30.0"}))
+    assert r.scenario.train.precision == "bf16-mixed"
+
+
+def test_both_engines_see_the_upcast() -> None:
+    pytest.importorskip("torch")
+    from vramplan.validate.runner import default_engines
+
+    engines = default_engines("all")
+    r = resolve(_doc(seq_len=128))
+    a, t = engines["analytic"](r), engines["trace"](r)
+    for key in ("gradients", "optimizer_states"):
+        assert a.per_gpu.breakdown[key] == t.per_gpu.breakdown[key], key
