@@ -23,8 +23,8 @@ from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import (
     Resolved,
     checkpoint_quantization_for,
-    fsdp_upcast_for,
     cross_check,
+    fsdp_upcast_for,
     lora_targets_for,
     parse_scenario,
     quant_format_assumptions,

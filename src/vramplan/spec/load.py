@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
+from vramplan.facts.accelerate import FSDP_UPCAST_RELEASE, FSDP_UPCAST_SOURCE
 from vramplan.facts.mx_training import BLOCK_SIZE as MX_BLOCK
 from vramplan.facts.mx_training import NVFP4_REFUSAL
 from vramplan.facts.peft_targets import (
@@ -38,7 +39,6 @@ from vramplan.facts.torchtune import (
     TORCHTUNE_PRECISIONS,
     TORCHTUNE_QUANTIZATION,
 )
-from vramplan.facts.accelerate import FSDP_UPCAST_RELEASE, FSDP_UPCAST_SOURCE
 from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.checks import held_module_notes
