@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LLAMACPP_BUILDS", "LlamaCppBuild", "llamacpp_build", "parse_build"]
+__all__ = ["LLAMACPP_BUILDS", "MLA_CACHE_FROM", "MLA_CACHE_SOURCES", "MLA_V_LESS_FROM", "LlamaCppBuild", "llamacpp_build",
+           "mla_cache_layout", "parse_build"]
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,31 @@ def llamacpp_build(text: str | None) -> tuple[LlamaCppBuild, str]:
     row = earlier[-1]
     note = "" if row.build == n else f"llama.cpp b{n} uses the rules of b{row.build}, the nearest earlier modelled build"
     return row, note
+
+
+# DeepSeek's multi-head latent attention (llama.cpp architecture deepseek2: DeepSeek-V2/V3/R1, Kimi-K2) in the KV
+# cache, by build.  The build number is the commit count (cmake/build-info.cmake); each boundary is its merge commit's.
+MLA_CACHE_FROM = 5137
+MLA_V_LESS_FROM = 7832
+MLA_CACHE_SOURCES: tuple[str, ...] = (
+    ("before b5137 (src/llama.cpp llama_kv_cache_init at a097415, b4333; src/llama-kv-cache.cpp at eccc7a1, b5136): "
+     "K rows of n_head_kv x n_embd_head_k and V rows of n_head_kv x n_embd_head_v, from the GGUF's "
+     "attention.key_length = qk_nope + qk_rope (192) and value_length = v_head_dim (128), head_count_kv = "
+     "num_key_value_heads (128 for V3): the multi-head layout (ggml-org/llama.cpp#10981 prints n_embd_k_gqa = 24576, "
+     "n_embd_v_gqa = 16384)"),
+    ("b5137 (ggml-org/llama.cpp#12801, commit daa4228, 2025-04-15, 'DeepSeek V2/V3 MLA implementation'): "
+     "convert_hf_to_gguf.py writes num_key_value_heads 1, key_length kv_lora_rank + qk_rope (576), value_length "
+     "kv_lora_rank (512) and the _mla keys; such a file caches one 576-wide K row and one 512-wide V row per token "
+     "and layer (is_mla); a file converted before, without the _mla keys, keeps the multi-head layout"),
+    ("b7832 (ggml-org/llama.cpp#19067, commit d9c6ce4, 2026-01-25, 'kv-cache : support V-less cache'): "
+     "src/llama-kv-cache.cpp has_v = !is_mla: no V tensor, V is a view of K's first 512 columns"),
+)
+
+
+def mla_cache_layout(build: int, mla_file: bool = True) -> str:
+    """How build ``build`` caches an MLA model: ``"mha"`` (K n_head x (nope + rope), V n_head x v_head_dim),
+    ``"mla"`` (one 576-wide K and one 512-wide V row per token and layer) or ``"mla-k"`` (the K row only).
+    ``mla_file``: the GGUF was converted with the _mla keys (b5137 or later)."""
+    if build < MLA_CACHE_FROM or not mla_file:
+        return "mha"
+    return "mla" if build < MLA_V_LESS_FROM else "mla-k"

@@ -46,12 +46,21 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.gguf import FILE_TYPES, MIX_ASSUMPTIONS, GgmlType, file_type, ggml_type, row_bytes
-from vramplan.facts.llamacpp_builds import LLAMACPP_BUILDS, LlamaCppBuild, llamacpp_build
+from vramplan.facts.llamacpp_builds import (
+    LLAMACPP_BUILDS,
+    MLA_CACHE_FROM,
+    MLA_V_LESS_FROM,
+    LlamaCppBuild,
+    llamacpp_build,
+    mla_cache_layout,
+    parse_build,
+)
 from vramplan.monotone import largest_true
 from vramplan.serve.ggml_graph import GraphShape, gallocr_max_size, reserve_nodes
 from vramplan.serve.gguf import GgufFile, GgufTensor, model_tensors, read_gguf
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.load import Resolved
+from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Gguf, Serve
 from vramplan.units import MiB, round_up
 
@@ -89,6 +98,7 @@ class Hparams:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     gated: bool = True  # a gated MLP (ffn_gate): gate and up products, then their product
+    v_cache: bool = True  # a V tensor is allocated (False: an MLA file from b7832, V a view of K)
 
 def _meta_int(g: GgufFile, key: str, default: int | None = None) -> int:
     v = g.arch_value(key, default)
@@ -100,8 +110,8 @@ def _meta_int(g: GgufFile, key: str, default: int | None = None) -> int:
     return v
 
 
-def hparams_of_file(g: GgufFile) -> Hparams:
-    """The hyperparameters llama.cpp reads from a GGUF file's metadata (``llm_load_hparams``)."""
+def hparams_of_file(g: GgufFile, build: int = LLAMACPP_BUILDS[-1].build) -> Hparams:
+    """The hyperparameters llama.cpp ``build`` reads from a GGUF file's metadata (``llm_load_hparams``)."""
     if not g.architecture:
         raise ScenarioError([Problem("serve.gguf.file", f"{g.path}: no general.architecture",
                                      "give a llama.cpp GGUF model file")])
@@ -110,8 +120,12 @@ def hparams_of_file(g: GgufFile) -> Hparams:
     head_k = _meta_int(g, "attention.key_length", n_embd // max(1, n_head))
     vocab = g.arch_value("vocab_size") or g.array_lengths.get("tokenizer.ggml.tokens") or next(
         (t.shape[1] for t in g.tensors if t.name in ("output.weight", "token_embd.weight") and len(t.shape) > 1), 0)
+    # an MLA file (deepseek2 converted from b5137 on) names the decompressed head sizes in the _mla keys
+    # (llama_hparams::is_mla: both non-zero); from b7832 its V is a view of K (facts/llamacpp_builds.py)
+    mla_file = bool(_meta_int(g, "attention.key_length_mla", 0) and _meta_int(g, "attention.value_length_mla", 0))
     return Hparams(
         arch=g.architecture, n_layer=_meta_int(g, "block_count"), n_embd=n_embd, n_head=n_head, n_head_kv=n_kv,
+        v_cache=mla_cache_layout(build, mla_file) != "mla-k",
         head_k=head_k, head_v=_meta_int(g, "attention.value_length", head_k), n_vocab=int(vocab),
         n_ctx_train=_meta_int(g, "context_length", 0), n_ff=_meta_int(g, "feed_forward_length", 0),
         n_expert=_meta_int(g, "expert_count", 0), n_expert_used=_meta_int(g, "expert_used_count", 0),
@@ -120,11 +134,39 @@ def hparams_of_file(g: GgufFile) -> Hparams:
     )
 
 
-def hparams_of_model(r: Resolved) -> Hparams:
+def _mla_heads(m: ModelSpec, build: int) -> tuple[int, int, int, bool]:
+    """(n_head_kv, head_k, head_v, V allocated) of ``m``'s cache in ``build``: an MLA model (llama.cpp's deepseek2)
+    converted by the same build (facts/llamacpp_builds.py ``mla_cache_layout``); else the model's own heads."""
+    a = m.mla
+    if a is None:
+        return m.num_kv_heads, m.head_dim, m.head_dim, True
+    layout = mla_cache_layout(build)
+    if layout == "mha":
+        return m.num_attention_heads, a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim, True
+    return 1, a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank, layout == "mla"
+
+
+def mla_cache_note(m: ModelSpec, build: int) -> list[str]:
+    """The assumption that names an MLA model's cache layout at ``build``."""
+    if m.mla is None:
+        return []
+    n_kv, hk, hv, _ = _mla_heads(m, build)
+    layout = mla_cache_layout(build)
+    said = {"mha": f"the multi-head layout before b{MLA_CACHE_FROM}: K {n_kv} x {hk}, V {n_kv} x {hv} per token and layer",
+            "mla": (f"MLA from b{MLA_CACHE_FROM} (ggml-org/llama.cpp#12801), the GGUF assumed converted by it: one K "
+                    f"row of {hk} and one V row of {hv} per token and layer; a file converted before keeps the "
+                    "multi-head layout"),
+            "mla-k": (f"MLA without a V tensor from b{MLA_V_LESS_FROM} (ggml-org/llama.cpp#19067): one K row of {hk} "
+                      "per token and layer, V a view of it; the GGUF assumed converted from b5137 on")}[layout]
+    return [f"KV cache of {m.name} (llama.cpp deepseek2) at b{build}: {said}"]
+
+
+def hparams_of_model(r: Resolved, build: int = LLAMACPP_BUILDS[-1].build) -> Hparams:
     m = r.model
+    n_kv, head_k, head_v, has_v = _mla_heads(m, build)
     return Hparams(
         arch=m.model_type, n_layer=m.num_layers, n_embd=m.hidden_size, n_head=m.num_attention_heads,
-        n_head_kv=m.num_kv_heads, head_k=m.head_dim, head_v=m.head_dim, n_vocab=m.vocab_size,
+        n_head_kv=n_kv, head_k=head_k, head_v=head_v, v_cache=has_v, n_vocab=m.vocab_size,
         n_ctx_train=m.max_position_embeddings, n_ff=max((ls.intermediate_size for ls in m.layers), default=0),
         n_expert=m.moe.num_experts if m.moe else 0, n_expert_used=m.moe.top_k if m.moe else 0,
         n_ff_exp=m.moe.expert_intermediate_size if m.moe else 0, gated=m.mlp_gated,
@@ -167,7 +209,7 @@ def split_weights(tensors: list[GgufTensor], n_layer: int, ngl: int,
 def kv_cache_bytes(h: Hparams, cells: int, layers: int, type_k: GgmlType, type_v: GgmlType) -> tuple[int, int]:
     """(K bytes, V bytes) of ``layers`` layers holding ``cells`` cells (module docstring, 2)."""
     k = row_bytes(type_k, h.n_head_kv * h.head_k) * cells * layers
-    v = row_bytes(type_v, h.n_head_kv * h.head_v) * cells * layers
+    v = row_bytes(type_v, h.n_head_kv * h.head_v) * cells * layers if h.v_cache else 0
     return k, v
 
 
@@ -282,11 +324,11 @@ def _check(r: Resolved) -> None:
                       "remove serve.quantization; choose serve.gguf.quant (Q4_K_M, Q8_0, ...)")
 
 
-def _tensors(r: Resolved) -> tuple[list[GgufTensor], Hparams, str, str, list[str]]:
+def _tensors(r: Resolved, build: int) -> tuple[list[GgufTensor], Hparams, str, str, list[str]]:
     g = r.scenario.serve.gguf
     if g.file:
         f = read_gguf(g.file)
-        h = hparams_of_file(f)
+        h = hparams_of_file(f, build)
         return f.tensors, h, f"file {g.file}", f.file_type or "unknown", [(f"weights: the tensors of {g.file} (GGUF v{f.version}, "
                                                     f"{len(f.tensors)} tensors, architecture {h.arch})")]
     ftype = file_type(g.quant)
@@ -294,7 +336,9 @@ def _tensors(r: Resolved) -> tuple[list[GgufTensor], Hparams, str, str, list[str
         raise _refuse("serve.gguf.quant", f"unknown GGUF file type {g.quant!r}", f"choose one of {', '.join(FILE_TYPES)}")
     notes = [(f"weights: {r.model.name} as llama-quantize {ftype.name} would write it (no file given: the tensor list "
              "from the catalog model, each tensor's type from the file type's rules)"), *MIX_ASSUMPTIONS]
-    return model_tensors(r.model, ftype.name), hparams_of_model(r), f"catalog model in {ftype.name}", ftype.name, notes
+    notes += mla_cache_note(r.model, build)
+    return (model_tensors(r.model, ftype.name), hparams_of_model(r, build), f"catalog model in {ftype.name}", ftype.name,
+            notes)
 
 
 def _cache_type(name: str, where: str, h: Hparams) -> GgmlType:
@@ -327,6 +371,7 @@ class _Rules:
     build: LlamaCppBuild
     note: str
     flash: bool
+    number: int  # the build asked for (null: the newest row's), for behaviour tabled apart from the rows
 
 
 def _rules(g: Gguf) -> _Rules:
@@ -337,7 +382,8 @@ def _rules(g: Gguf) -> _Rules:
     except ValueError as e:
         raise _refuse("serve.gguf.llamacpp_build", str(e), "give a build number such as b3410 or 6327") from None
     flash = g.flash_attn if g.flash_attn is not None else row.flash_attn_default == "auto"
-    return _Rules(row, note, flash)
+    number = parse_build(g.llamacpp_build) if g.llamacpp_build is not None else None
+    return _Rules(row, note, flash, number if number is not None else row.build)
 
 
 def uses_other_engine(r: Resolved) -> bool:
@@ -361,8 +407,8 @@ def decide(r: Resolved) -> LlamaCppDecision:
                       "remove serve.gguf, or set serve.engine: llamacpp")
     _check(r)
     sv, g = r.scenario.serve, r.scenario.serve.gguf
-    tensors, h, source, ftype, notes = _tensors(r)
     rules = _rules(g)
+    tensors, h, source, ftype, notes = _tensors(r, rules.number)
     tk, tv = _cache_type(g.cache_type_k, "serve.gguf.cache_type_k", h), _cache_type(g.cache_type_v, "serve.gguf.cache_type_v", h)
     if tv.block > 1 and not rules.flash:
         raise _refuse("serve.gguf.cache_type_v", "V cache quantization requires flash_attn (llama.cpp refuses to "
