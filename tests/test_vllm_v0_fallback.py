@@ -155,3 +155,24 @@ def test_fallback_onto_a_v0_refusal_says_why() -> None:
         decide(_r("A10G", "0.8.0", pp=2), "0.8.0")
     assert exc.value.problems[0].message.startswith("vLLM 0.8.0 falls back to the V0 engine with pipeline "
                                                     "parallelism (pp 2")
+
+
+def test_colocated_rollout_takes_the_budget_rule_of_the_engine_that_runs() -> None:
+    # TRL GRPO with a colocated vLLM 0.8.5 on a T4: the release's V1 engine charges gpu_memory_utilization with the
+    # whole device's usage (peak plus non-torch, refused beside a trainer), but on compute capability 7.5 vLLM runs
+    # its V0 engine, whose rule (0.7.3's profiled increase) is modelled: estimated, and the fallback is stated
+    from vramplan import estimate
+
+    doc: dict[str, Any] = {
+        "model": "Qwen/Qwen2.5-0.5B-Instruct", "task": "train", "hardware": {"gpu": "T4"},
+        "train": {"objective": "grpo", "precision": "fp16-mixed", "peft": {"method": "lora"}, "micro_batch_size": 8},
+        "rl": {"rollout": {"engine": "vllm", "colocate": True, "vllm_version": "0.8.5",
+                           "gpu_memory_utilization": 0.3}},
+        "software": {"trl": "0.19.0"}}
+    rep = estimate(doc)
+    assert any("falls back to the V0 engine" in a and "0.7.3" in a for a in rep.assumptions)
+    # on an A100 the same release runs V1 and stays refused
+    doc["hardware"] = {"gpu": "A100-80GB"}
+    doc["train"]["precision"] = "bf16-mixed"
+    with pytest.raises(ScenarioError, match="peak plus non torch"):
+        estimate(doc)

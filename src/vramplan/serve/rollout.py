@@ -35,7 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from vramplan.errors import Problem, ScenarioError
-from vramplan.serve.vllm import VllmDecision, behaviour, decide
+from vramplan.facts.vllm_releases import V0_ENGINE_STANDIN
+from vramplan.serve.vllm import VllmDecision, behaviour, decide, engine_choice
 from vramplan.spec.load import Resolved, checkpoint_quantization_for
 from vramplan.spec.scenario import Hardware, Scenario, Serve
 from vramplan.units import GiB
@@ -111,7 +112,18 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int,
     whose batch defaults vLLM applies where the builder passes none (serve/vllm.py ``default_batch_limits``):
     ``vllm serve``'s, or, with any other word, the offline ``LLM`` class's (OpenRLHF passes neither limit)."""
     ro = r.scenario.rl.rollout
-    row = behaviour(ro.vllm_version).rules
+    rs, sleep = (rollout_scenario(r.scenario), ro.sleep_mode) if built is None else built[:2]
+    # the engine reads the checkpoint's quantization_config (vLLM ModelConfig ``_verify_quantization``) whatever the
+    # trainer made of it (an fp8 or MXFP4 policy is trained dequantized): it holds the weights as stored
+    rs, stored, problems = checkpoint_quantization_for(rs, r.model)
+    if problems:
+        raise ScenarioError([Problem(p.where, f"the colocated vLLM engine loads the checkpoint as stored: {p.message}",
+                                     f"{p.hint}; or use rl.rollout.colocate: false") for p in problems])
+    # the budget rule of the engine that runs: a V1 release of 0.8.0-0.10.1 that falls back to V0 (a GPU before
+    # compute capability 8.0, an fp8 KV cache ...: serve/vllm.py engine_choice) sizes its pool by V0's rule
+    engine, _ = engine_choice(Resolved(rs, r.model, r.gpu, ()), ro.vllm_version)
+    release_row = behaviour(ro.vllm_version).rules
+    row = behaviour(V0_ENGINE_STANDIN).rules if engine == "v0" and release_row.engine == "v1" else release_row
     # verl's engine on a V1 release before 0.9.1 (verl v0.4.1 / v0.5.0 pin vllm<=0.8.5): its budget rule charges
     # torch's allocated peak and every non-torch byte, so the trainer's tensors in the same process come out of
     # gpu_memory_utilization x total, as another process's would (serve/vllm.py _charged): counted as such
@@ -120,13 +132,6 @@ def rollout_memory(r: Resolved, trainer_bytes_at_start: int, context_bytes: int,
         raise _refuse("rl.rollout.vllm_version", f"vLLM {ro.vllm_version} charges gpu_memory_utilization with "
                       f"the whole device's usage ({row.budget.replace('_', ' ')} rule): a colocated engine beside "
                       "the trainer's tensors is not modelled for it", "use rl.rollout.vllm_version >= 0.9.1")
-    rs, sleep = (rollout_scenario(r.scenario), ro.sleep_mode) if built is None else built[:2]
-    # the engine reads the checkpoint's quantization_config (vLLM ModelConfig ``_verify_quantization``) whatever the
-    # trainer made of it (an fp8 or MXFP4 policy is trained dequantized): it holds the weights as stored
-    rs, stored, problems = checkpoint_quantization_for(rs, r.model)
-    if problems:
-        raise ScenarioError([Problem(p.where, f"the colocated vLLM engine loads the checkpoint as stored: {p.message}",
-                                     f"{p.hint}; or use rl.rollout.colocate: false") for p in problems])
     gpu = r.gpu
     if charges_trainer:
         gpu = replace(gpu, total_memory_bytes=gpu.total_memory_bytes - trainer_bytes_at_start,
