@@ -75,10 +75,18 @@ def test_sharded_persistent_bytes_are_the_dim0_shards(world: int) -> None:
 
 
 def test_bf16_true_shards_in_half() -> None:
-    _, st = trace(_scenario(4, {"precision": "bf16-true"}))
+    # without the Trainer's --bf16 (accelerate's mixed_precision "no") nothing is upcast
+    _, st = trace(_scenario(4, {"precision": "bf16-true", "trainer_mixed_precision": False}))
     # 2753792 / 4 * 2 bytes = 1376896 of parameters, 2 * that of AdamW states
     assert _persistent(st, "weights") == 1376896
     assert _persistent(st, "optimizer_states") == 2 * 1376896
+
+
+def test_bf16_true_with_the_trainer_flag_is_upcast_to_fp32() -> None:
+    # accelerate >= 0.30 upcasts the trainable flat parameters under FSDP with --bf16 (spec/load.py fsdp_upcast_for):
+    # AdamW's two fp32 moments, 2753792 / 4 * 8 bytes = 5507584, twice the bf16-true figure above
+    _, st = trace(_scenario(4, {"precision": "bf16-true"}))
+    assert _persistent(st, "optimizer_states") == 2753792 // 4 * 8 == 5507584
 
 
 def test_lora_shards_the_frozen_base_too() -> None:
