@@ -67,6 +67,7 @@ BATCH13_ENTRIES = 16
 BATCH14_ENTRIES = 26
 BATCH15_ENTRIES = 23
 BATCH16_ENTRIES = 26
+BATCH17_ENTRIES = 15
 BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
 BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
 BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
@@ -82,9 +83,11 @@ BATCH13_MARK = "# ---- batch 13, collected 2026-11-27, scored once before engine
 BATCH14_MARK = "# ---- batch 14, collected 2026-11-27, scored once before engine changes"
 BATCH15_MARK = "# ---- batch 15, collected 2026-11-27, scored once before engine changes"
 BATCH16_MARK = "# ---- batch 16, collected 2026-11-27, scored once before engine changes"
+BATCH17_MARK = "# ---- batch 17, collected 2026-11-27, scored once before engine changes"
 ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
                + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES
-               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES + BATCH15_ENTRIES + BATCH16_ENTRIES)
+               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES + BATCH15_ENTRIES + BATCH16_ENTRIES
+               + BATCH17_ENTRIES)
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -329,6 +332,16 @@ def test_batch16_figures_converted_to_bytes() -> None:
     assert oom.measured.bytes == 25_286_672_384 and oom.outcome == "oom"
 
 
+def test_batch17_figures_converted_to_bytes() -> None:
+    # vLLM's "Model loading took 8.8011 GiB": 8.8011 x 2^30 = 9,450,109,167.2 -> 9,450,109,167
+    assert _by_id("gpustack4660-qwen3-8b-fp8-4090-vllm0130-u050-weights").measured.bytes == 9_450_109_167
+    # an OOM entry carries the GPU's capacity: A100 40GB, 42,298,834,944 B (the catalog's total_memory); with
+    # capacity_gib 11.61: 11.61 x 2^30 = 12,466,142,576.6 -> 12,466,142,576
+    oom = _by_id("litgpt553-llama2-7b-lora-r8-qv-s2048-b1-bf16mixed-a100-40gb-oom")
+    assert oom.measured.bytes == 42_298_834_944 and oom.outcome == "oom"
+    assert _by_id("olmocr424-olmocr2-7b-fp8-vllm0112-rtx4070s-len16384-oom").measured.bytes == 12_466_142_576
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too: batch 2 was checked by source only)
 BATCHES = [
@@ -340,29 +353,31 @@ BATCHES = [
     (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
      BATCH6_ENTRIES, 10, True),
     (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
-     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH7_ENTRIES, 10, True),
+     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH7_ENTRIES, 10, True),
     (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES
-     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH8_ENTRIES, 10, True),
+     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH8_ENTRIES, 10, True),
     (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES
-     - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES,
+     - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES,
      BATCH9_ENTRIES, 10, True),
-    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES,
+    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES,
      BATCH10_ENTRIES, 7,
      True),
-    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH11_ENTRIES,
+    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH11_ENTRIES,
      13, True),
-    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH12_ENTRIES,
+    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH12_ENTRIES,
      11, True),
-    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH13_ENTRIES, 8, True),
-    (BATCH14_MARK, BATCH15_MARK, ALL_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH14_ENTRIES, 7, True),
-    (BATCH15_MARK, BATCH16_MARK, ALL_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES, BATCH15_ENTRIES, 9, True),
-    (BATCH16_MARK, None, ALL_ENTRIES - BATCH16_ENTRIES, BATCH16_ENTRIES, 17, True),
+    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH13_ENTRIES, 8, True),
+    (BATCH14_MARK, BATCH15_MARK, ALL_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH14_ENTRIES, 7, True),
+    (BATCH15_MARK, BATCH16_MARK, ALL_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH15_ENTRIES, 9, True),
+    (BATCH16_MARK, BATCH17_MARK, ALL_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES, BATCH16_ENTRIES, 17, True),
+    (BATCH17_MARK, None, ALL_ENTRIES - BATCH17_ENTRIES, BATCH17_ENTRIES, 11, True),
 ]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
                          ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10", "batch11", "batch12", "batch13", "batch14", "batch15", "batch16"])
+                              "batch10", "batch11", "batch12", "batch13", "batch14", "batch15", "batch16",
+                              "batch17"])
 def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
     text = HOLDOUT.read_text(encoding="utf-8")
