@@ -55,17 +55,38 @@ def test_the_report_says_so_and_holds_the_precision_that_runs() -> None:
 @pytest.mark.parametrize("case", [
     {"trainer_mixed_precision": False},                                         # mixed_precision "no"
     {"software": {"accelerate": "0.29.3"}},                                     # before PR #2674
+    {"software": {"transformers": "4.29.2"}},                                   # the Trainer wrapped FSDP itself
+    {"framework": "accelerate", "software": {"accelerate": "1.13.0"}},          # FSDP2 of 1.13 casts nothing
     {"parallel": {"fsdp": "none"}},                                             # no FSDP unit to upcast
     {"framework": "deepspeed", "parallel": {"zero_stage": 3}},                  # DeepSpeed's own fp32 masters
     {"framework": "plain"},                                                     # a loop without accelerate
-    {"precision": "bf16-mixed"},                                                # already fp32 weights
     {"peft": {"method": "lora", "rank": 8, "target_modules": ["q_proj", "v_proj"]}},  # fp32 adapters already
-], ids=["flag-off", "accelerate-0.29", "no-fsdp", "deepspeed", "plain", "mixed", "peft"])
+], ids=["flag-off", "accelerate-0.29", "transformers-4.29", "fsdp2-1.13", "no-fsdp", "deepspeed", "plain", "peft"])
 def test_where_it_does_not_apply(case: dict[str, Any]) -> None:
     doc = _doc(**dict(case))
     r = resolve(doc)
-    assert r.scenario.train.precision == doc["train"]["precision"]
+    assert r.scenario.train.precision == "bf16-true"
     assert not any("upcasts the trainable parameters" in n for n in r.assumptions)
+
+
+def test_the_fsdp1_boundaries_hold_under_the_trainer() -> None:
+    # the Trainer through accelerate from transformers 4.30, accelerate from 0.30.0; FSDP1 upcasts at 1.13 too
+    for software in ({"transformers": "4.30.0"}, {"accelerate": "1.13.0"}, {"accelerate": "0.30.0"}):
+        assert resolve(_doc(software=software)).scenario.train.precision == "bf16-mixed", software
+
+
+def test_peft_under_accelerate_fsdp2_on_1_6_to_1_12_is_stated_not_modelled() -> None:
+    # fsdp2_prepare_model of accelerate 1.6-1.12 runs model.to(torch.float32): the frozen base too, not modelled;
+    # the note starts with "not modelled: ", which widens the band (report/band.py)
+    peft = {"method": "lora", "rank": 8, "target_modules": ["q_proj", "v_proj"]}
+    doc = _doc(framework="accelerate", precision="bf16-mixed", peft=peft, software={"accelerate": "1.10.0"})
+    rep = estimate(doc)
+    assert any(a.startswith("not modelled: accelerate 1.10.0's FSDP2") for a in rep.assumptions)
+    assert any(a.startswith("band widened to the widest class") for a in rep.assumptions)
+    quiet = estimate(_doc(framework="accelerate", precision="bf16-mixed", peft=peft, software={"accelerate": "1.14.0"}))
+    assert not any("FSDP2" in a and "frozen base" in a for a in quiet.assumptions)
+    # the widened band's high factor is the calibration's widest class, above the PEFT class's own
+    assert rep.band["classes"]["device_used"]["factor_high"] > quiet.band["classes"]["device_used"]["factor_high"]
 
 
 def test_release_boundary_is_the_first_tag_with_the_upcast() -> None:
@@ -79,7 +100,9 @@ def test_both_engines_see_the_upcast() -> None:
     from vramplan.validate.runner import default_engines
 
     engines = default_engines("all")
-    r = resolve(_doc(seq_len=128))
-    a, t = engines["analytic"](r), engines["trace"](r)
-    for key in ("gradients", "optimizer_states"):
-        assert a.per_gpu.breakdown[key] == t.per_gpu.breakdown[key], key
+    up, off = resolve(_doc(seq_len=128)), resolve(_doc(seq_len=128, trainer_mixed_precision=False))
+    for name in ("analytic", "trace"):
+        a, b = engines[name](up).per_gpu.breakdown, engines[name](off).per_gpu.breakdown
+        # fp32 moments over 4 ranks: P x 8 / 4, against P x 4 / 4 without the upcast
+        assert a["optimizer_states"] == P * 8 // 4 and b["optimizer_states"] == P * 4 // 4, name
+        assert a["gradients"] == P * 4 // 4 and b["gradients"] == P * 2 // 4, name

@@ -77,3 +77,16 @@ def test_a_file_with_the_mla_keys(tmp_path: Path) -> None:
     del meta["llama.attention.key_length_mla"]
     p.write_bytes(gguf_bytes(meta, tiny_tensors()))
     assert decide(resolve(doc)).kv_v_bytes == 1024 * 2 * 128
+
+
+def test_flash_attention_is_forced_off_for_unequal_heads_before_b4987() -> None:
+    # DeepSeek-V2-Lite before b5137: K heads of 192, V heads of 128; llama.cpp before b4987 prints "flash_attn
+    # requires n_embd_head_k == n_embd_head_v - forcing off" and runs without it (so a quantized V cache is refused)
+    on = decide(resolve(_scn("deepseek-ai/DeepSeek-V2-Lite", "b4300", 4096, flash_attn=True)))
+    off = decide(resolve(_scn("deepseek-ai/DeepSeek-V2-Lite", "b4300", 4096)))
+    assert not on.flash_attn and on.compute_buffer_bytes == off.compute_buffer_bytes
+    assert any("forces it off" in a for a in on.assumptions)
+    with pytest.raises(Exception, match="V cache quantization requires flash_attn"):
+        decide(resolve(_scn("deepseek-ai/DeepSeek-V2-Lite", "b4300", 4096, flash_attn=True, cache_type_v="q8_0")))
+    # from b4987 the setting stands
+    assert decide(resolve(_scn("deepseek-ai/DeepSeek-V2-Lite", "b5000", 4096, flash_attn=True))).flash_attn

@@ -158,13 +158,14 @@ def test_fallback_onto_a_v0_refusal_says_why() -> None:
 
 
 def test_colocated_rollout_takes_the_budget_rule_of_the_engine_that_runs() -> None:
-    # TRL GRPO with a colocated vLLM 0.8.5 on a T4: the release's V1 engine charges gpu_memory_utilization with the
+    # TRL GRPO with a colocated vLLM 0.8.5 on a T4 (an fp16 checkpoint: vLLM before 0.9.0 refuses a bf16 one under the
+    # dtype auto TRL leaves it, spec/checks.py _half_serving_note): the release's V1 engine charges gpu_memory_utilization with the
     # whole device's usage (peak plus non-torch, refused beside a trainer), but on compute capability 7.5 vLLM runs
     # its V0 engine, whose rule (0.7.3's profiled increase) is modelled: estimated, and the fallback is stated
     from vramplan import estimate
 
     doc: dict[str, Any] = {
-        "model": "Qwen/Qwen2.5-0.5B-Instruct", "task": "train", "hardware": {"gpu": "T4"},
+        "model": "facebook/opt-125m", "task": "train", "hardware": {"gpu": "T4"},
         "train": {"objective": "grpo", "precision": "fp16-mixed", "peft": {"method": "lora"}, "micro_batch_size": 8},
         "rl": {"rollout": {"engine": "vllm", "colocate": True, "vllm_version": "0.8.5",
                            "gpu_memory_utilization": 0.3}},

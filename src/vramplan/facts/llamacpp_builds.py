@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LLAMACPP_BUILDS", "MLA_CACHE_FROM", "MLA_CACHE_SOURCES", "MLA_V_LESS_FROM", "LlamaCppBuild", "llamacpp_build",
+__all__ = ["FLASH_UNEQUAL_HEADS_FROM", "LLAMACPP_BUILDS", "MLA_CACHE_FROM", "MLA_CACHE_SOURCES", "MLA_V_LESS_FROM", "LlamaCppBuild", "llamacpp_build",
            "mla_cache_layout", "parse_build"]
 
 
@@ -154,6 +154,9 @@ def llamacpp_build(text: str | None) -> tuple[LlamaCppBuild, str]:
 # cache, by build.  The build number is the commit count (cmake/build-info.cmake); each boundary is its merge commit's.
 MLA_CACHE_FROM = 5137
 MLA_V_LESS_FROM = 7832
+# before b4987 the context forces flash attention off when K and V heads differ (src/llama.cpp at c392e50:
+# "flash_attn requires n_embd_head_k == n_embd_head_v - forcing off"; lifted by ggml-org/llama.cpp#12612, b4987)
+FLASH_UNEQUAL_HEADS_FROM = 4987
 MLA_CACHE_SOURCES: tuple[str, ...] = (
     ("before b5137 (src/llama.cpp llama_kv_cache_init at a097415, b4333; src/llama-kv-cache.cpp at eccc7a1, b5136): "
      "K rows of n_head_kv x n_embd_head_k and V rows of n_head_kv x n_embd_head_v, from the GGUF's "

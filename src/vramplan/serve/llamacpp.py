@@ -39,7 +39,7 @@ other live tensors: 560.00 MiB, as an ollama 0.5.4 log prints it (validation/pub
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramplan.analytic.moment import K, Moment
@@ -47,6 +47,7 @@ from vramplan.analytic.overhead import cuda_context_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.gguf import FILE_TYPES, MIX_ASSUMPTIONS, GgmlType, file_type, ggml_type, row_bytes
 from vramplan.facts.llamacpp_builds import (
+    FLASH_UNEQUAL_HEADS_FROM,
     LLAMACPP_BUILDS,
     MLA_CACHE_FROM,
     MLA_V_LESS_FROM,
@@ -409,6 +410,12 @@ def decide(r: Resolved) -> LlamaCppDecision:
     sv, g = r.scenario.serve, r.scenario.serve.gguf
     rules = _rules(g)
     tensors, h, source, ftype, notes = _tensors(r, rules.number)
+    if rules.flash and h.head_k != h.head_v and rules.number < FLASH_UNEQUAL_HEADS_FROM:
+        # llama.cpp forces flash attention off for unequal K and V heads before b4987 (DeepSeek's 192 / 128)
+        rules = replace(rules, flash=False)
+        notes.append(f"flash attention off: llama.cpp b{rules.number} forces it off when the K and V heads differ "
+                     f"({h.head_k} and {h.head_v}: 'flash_attn requires n_embd_head_k == n_embd_head_v - forcing "
+                     f"off'; allowed from b{FLASH_UNEQUAL_HEADS_FROM}, ggml-org/llama.cpp#12612)")
     tk, tv = _cache_type(g.cache_type_k, "serve.gguf.cache_type_k", h), _cache_type(g.cache_type_v, "serve.gguf.cache_type_v", h)
     if tv.block > 1 and not rules.flash:
         raise _refuse("serve.gguf.cache_type_v", "V cache quantization requires flash_attn (llama.cpp refuses to "

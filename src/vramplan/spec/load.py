@@ -18,7 +18,13 @@ import yaml
 from pydantic import ValidationError
 
 from vramplan.errors import Problem, ScenarioError, suggest
-from vramplan.facts.accelerate import FSDP_UPCAST_RELEASE, FSDP_UPCAST_SOURCE
+from vramplan.facts.accelerate import (
+    FSDP2_NO_UPCAST,
+    FSDP2_WHOLE_MODEL,
+    FSDP_UPCAST_RELEASE,
+    FSDP_UPCAST_SOURCE,
+    TRAINER_ACCELERATE_FSDP_SINCE,
+)
 from vramplan.facts.mx_training import BLOCK_SIZE as MX_BLOCK
 from vramplan.facts.mx_training import NVFP4_REFUSAL
 from vramplan.facts.peft_targets import (
@@ -718,22 +724,38 @@ def fsdp_upcast_for(s: Scenario) -> tuple[Scenario, list[str]]:
     """A half-precision full fine-tune (bf16-true, fp16-true) under the HF Trainer or accelerate with FSDP and the
     Trainer's ``--bf16``/``--fp16`` (``train.trainer_mixed_precision``, null: on) runs with fp32 trainable parameters:
     accelerate from 0.30 upcasts them (facts/accelerate.py), so its gradients and AdamW moments are fp32 too and the
-    step is bf16-mixed's (fp16-mixed's) under FSDP.  Returns the scenario estimated (its precision the mixed one) and
-    the assumption that says so; ``s`` itself where the upcast does not apply."""
-    if s.task != "train" or s.effective_framework not in ("hf-trainer", "accelerate") or s.parallel.fsdp == "none":
+    step is bf16-mixed's (fp16-mixed's) under FSDP.  Not before transformers 4.30 (the Trainer wrapped FSDP itself),
+    nor under framework accelerate (FSDP2, as ``vramplan export`` writes it) on accelerate 1.13.x, which casts nothing.
+    A PEFT run under framework accelerate on accelerate 1.6-1.12, whose FSDP2 casts the frozen base to fp32 as well,
+    is stated as not modelled (the band widens).  Returns the scenario estimated and its assumptions."""
+    fw = s.effective_framework
+    if s.task != "train" or fw not in ("hf-trainer", "accelerate") or s.parallel.fsdp == "none":
         return s, []
-    t = s.train
-    if t.precision not in ("bf16-true", "fp16-true") or t.peft is not None or t.trainer_mixed_precision is False:
+    t, av, tv = s.train, s.software.accelerate_version, s.software.transformers_version
+    if t.trainer_mixed_precision is False or (av is not None and av < FSDP_UPCAST_RELEASE):
         return s, []
-    v = s.software.accelerate_version
-    if v is not None and v < FSDP_UPCAST_RELEASE:
+    if fw == "hf-trainer" and tv is not None and tv < TRAINER_ACCELERATE_FSDP_SINCE:
+        return s, []
+    fsdp2 = fw == "accelerate"  # export/accelerate.py writes fsdp_version 2; the HF Trainer's default is FSDP1
+    if t.peft is not None:
+        if fsdp2 and av is not None and FSDP2_WHOLE_MODEL[0] <= av < FSDP2_WHOLE_MODEL[1]:
+            return s, [(f"not modelled: accelerate {s.software.accelerate}'s FSDP2 (fsdp2_prepare_model, "
+                        "1.6.0-1.12.0) casts the whole model to fp32 under mixed precision, the frozen base included; "
+                        "the estimate holds the frozen base in its loaded dtype (accelerate 1.14 casts the trainable "
+                        "parameters only)")]
+        return s, []
+    if t.precision not in ("bf16-true", "fp16-true"):
+        return s, []
+    if fsdp2 and av is not None and FSDP2_NO_UPCAST[0] <= av < FSDP2_NO_UPCAST[1]:
         return s, []
     half = t.precision.removesuffix("-true")
     mixed = f"{half}-mixed"
     said = "accelerate " + (s.software.accelerate or "from 0.30 (software.accelerate not given)")
-    note = (f"train.precision {t.precision} under FSDP with the Trainer's --{half} (train.trainer_mixed_precision): {said} upcasts the "
-            f"trainable parameters to fp32 ({FSDP_UPCAST_SOURCE}), so the run is estimated as {mixed}: fp32 sharded "
-            f"parameters, gradients and AdamW moments, {half} all-gathered copies; set "
+    note = (f"train.precision {t.precision} under FSDP with mixed precision {half} (the Trainer's --{half}, "
+            f"train.trainer_mixed_precision): {said} upcasts the trainable parameters to fp32 ({FSDP_UPCAST_SOURCE}), "
+            f"so the run is estimated as {mixed}: fp32 sharded parameters, gradients and AdamW moments, {half} "
+            f"all-gathered copies; the load phase is costed as {mixed}'s too, although from_pretrained loads "
+            f"{half} and the cast comes after sharding (its host RAM is over-stated by up to 2 B per parameter); set "
             "train.trainer_mixed_precision: false for a run without the flag (mixed_precision no)")
     return s.model_copy(update={"train": t.model_copy(update={"precision": mixed})}), [note]
 
