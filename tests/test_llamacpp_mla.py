@@ -73,6 +73,11 @@ def test_a_file_with_the_mla_keys(tmp_path: Path) -> None:
     doc["serve"]["gguf"]["llamacpp_build"] = "b7832"
     d = decide(resolve(doc))
     assert (d.kv_k_bytes, d.kv_v_bytes) == (1024 * 2 * 192, 0)
+    # an older build cannot load such a file: refused, naming the build that can
+    doc["serve"]["gguf"]["llamacpp_build"] = "b5000"
+    with pytest.raises(Exception, match="b5137 or later"):
+        decide(resolve(doc))
+    doc["serve"]["gguf"]["llamacpp_build"] = "b7832"
     # without the _mla keys (a file converted before b5137) the V tensor stays
     del meta["llama.attention.key_length_mla"]
     p.write_bytes(gguf_bytes(meta, tiny_tensors()))

@@ -100,6 +100,7 @@ class Hparams:
     n_ff_exp: int = 0
     gated: bool = True  # a gated MLP (ffn_gate): gate and up products, then their product
     v_cache: bool = True  # a V tensor is allocated (False: an MLA file from b7832, V a view of K)
+    mla_file: bool = False  # a GGUF converted with the _mla keys (deepseek2 from b5137 on)
 
 def _meta_int(g: GgufFile, key: str, default: int | None = None) -> int:
     v = g.arch_value(key, default)
@@ -126,7 +127,7 @@ def hparams_of_file(g: GgufFile, build: int = LLAMACPP_BUILDS[-1].build) -> Hpar
     mla_file = bool(_meta_int(g, "attention.key_length_mla", 0) and _meta_int(g, "attention.value_length_mla", 0))
     return Hparams(
         arch=g.architecture, n_layer=_meta_int(g, "block_count"), n_embd=n_embd, n_head=n_head, n_head_kv=n_kv,
-        v_cache=mla_cache_layout(build, mla_file) != "mla-k",
+        v_cache=mla_cache_layout(build, mla_file) != "mla-k", mla_file=mla_file,
         head_k=head_k, head_v=_meta_int(g, "attention.value_length", head_k), n_vocab=int(vocab),
         n_ctx_train=_meta_int(g, "context_length", 0), n_ff=_meta_int(g, "feed_forward_length", 0),
         n_expert=_meta_int(g, "expert_count", 0), n_expert_used=_meta_int(g, "expert_used_count", 0),
@@ -410,6 +411,10 @@ def decide(r: Resolved) -> LlamaCppDecision:
     sv, g = r.scenario.serve, r.scenario.serve.gguf
     rules = _rules(g)
     tensors, h, source, ftype, notes = _tensors(r, rules.number)
+    if h.mla_file and rules.number < MLA_CACHE_FROM:
+        raise _refuse("serve.gguf.llamacpp_build", f"{g.file} was converted with the _mla keys (attention.key_length_mla), "
+                      f"which llama.cpp reads from b{MLA_CACHE_FROM} on (ggml-org/llama.cpp#12801); b{rules.number} "
+                      "cannot load it", f"set serve.gguf.llamacpp_build to b{MLA_CACHE_FROM} or later")
     if rules.flash and h.head_k != h.head_v and rules.number < FLASH_UNEQUAL_HEADS_FROM:
         # llama.cpp forces flash attention off for unequal K and V heads before b4987 (DeepSeek's 192 / 128)
         rules = replace(rules, flash=False)
