@@ -84,6 +84,8 @@ RENAMED: dict[str, str] = {
     "parallel.deepspeed.stage3_param_persistence_threshold": "stage3_persistence_threshold",
     # "--torchtitan" alone would read as the framework
     "software.torchtitan": "torchtitan_version",
+    # "--accelerate" alone would read as the framework too
+    "software.accelerate": "accelerate_version",
     # verl's hybrid-engine keys (rl.verl) keep verl's names behind one prefix: some share serve's leaves
     "rl.verl.release": "verl_release",
     "rl.verl.param_offload": "verl_param_offload",
