@@ -106,3 +106,14 @@ def test_both_engines_see_the_upcast() -> None:
         # fp32 moments over 4 ranks: P x 8 / 4, against P x 4 / 4 without the upcast
         assert a["optimizer_states"] == P * 8 // 4 and b["optimizer_states"] == P * 4 // 4, name
         assert a["gradients"] == P * 4 // 4 and b["gradients"] == P * 2 // 4, name
+
+
+def test_the_keys_say_when_they_are_not_read() -> None:
+    # set outside a full fine-tune under FSDP with the Trainer or accelerate, each key is named as not used
+    ddp = estimate(_doc(parallel={"fsdp": "none"}, trainer_mixed_precision=False, software={"accelerate": "1.10.0"}))
+    assert any(a.startswith("train.trainer_mixed_precision set but not used") for a in ddp.assumptions)
+    assert any(a.startswith("software.accelerate set but not used") for a in ddp.assumptions)
+    # read where they apply: no such line (also after the rewrite to bf16-mixed, the flag set true)
+    fsdp = estimate(_doc(trainer_mixed_precision=True, software={"accelerate": "1.10.0"}))
+    assert fsdp.scenario["train"]["precision"] == "bf16-mixed"
+    assert not any("set but not used" in a and ("accelerate" in a or "trainer_mixed" in a) for a in fsdp.assumptions)

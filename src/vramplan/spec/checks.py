@@ -1226,10 +1226,26 @@ def ignored_sections(s: Scenario) -> list[str]:
         # analytic/verl.py models verl's GRPO: no DPO precompute, no PPO reward or value model
         shown = ", ".join(f"rl.{k}" for k in trl_only)
         out.append(f"{shown} set but not used: TRL's trainer settings, not read under framework verl")
+    out += _accelerate_unused(s)
     if s.software.trl is not None and not (s.task == "train" and s.train.objective != "sft"):
         # software.trl picks the post-training trainers' release (facts/trl.py); an SFT step is not TRL-specific
         out.append("software.trl set but not used: it is read only with task train and a post-training "
                    "train.objective (dpo, grpo, kto, orpo, ppo, rloo)")
+    return out
+
+
+def _accelerate_unused(s: Scenario) -> list[str]:
+    """``train.trainer_mixed_precision`` and ``software.accelerate`` are read only for a training job under FSDP with the
+    HF Trainer or accelerate (spec/load.py ``fsdp_upcast_for``); set anywhere else they change nothing, said so."""
+    under_fsdp = (s.task == "train" and s.effective_framework in ("hf-trainer", "accelerate")
+                  and s.parallel.fsdp != "none")
+    out: list[str] = []
+    if s.train.trainer_mixed_precision is not None and not (under_fsdp and s.train.peft is None):
+        out.append("train.trainer_mixed_precision set but not used: it is read only for a full fine-tune under FSDP "
+                   "with framework hf-trainer or accelerate (accelerate's upcast of half-precision weights)")
+    if s.software.accelerate is not None and not under_fsdp:
+        out.append("software.accelerate set but not used: it is read only for a training job under FSDP with "
+                   "framework hf-trainer or accelerate")
     return out
 
 
