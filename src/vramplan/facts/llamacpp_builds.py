@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FLASH_UNEQUAL_HEADS_FROM", "LLAMACPP_BUILDS", "MLA_CACHE_FROM", "MLA_CACHE_SOURCES", "MLA_V_LESS_FROM", "LlamaCppBuild", "llamacpp_build",
-           "mla_cache_layout", "parse_build"]
+__all__ = ["FLASH_UNEQUAL_HEADS_FROM", "LLAMACPP_BUILDS", "MLA_CACHE_FROM", "MLA_CACHE_SOURCES", "MLA_V_LESS_FROM",
+           "LlamaCppBuild", "llamacpp_build", "mla_cache_layout", "parse_build"]
 
 
 @dataclass(frozen=True)

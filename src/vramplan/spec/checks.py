@@ -1240,9 +1240,11 @@ def _accelerate_unused(s: Scenario) -> list[str]:
     under_fsdp = (s.task == "train" and s.effective_framework in ("hf-trainer", "accelerate")
                   and s.parallel.fsdp != "none")
     out: list[str] = []
-    if s.train.trainer_mixed_precision is not None and not (under_fsdp and s.train.peft is None):
-        out.append("train.trainer_mixed_precision set but not used: it is read only for a full fine-tune under FSDP "
-                   "with framework hf-trainer or accelerate (accelerate's upcast of half-precision weights)")
+    # PEFT reads it only under framework accelerate (FSDP2 of accelerate 1.6-1.12 casts the frozen base)
+    reads_flag = under_fsdp and (s.train.peft is None or s.effective_framework == "accelerate")
+    if s.train.trainer_mixed_precision is not None and not reads_flag:
+        out.append("train.trainer_mixed_precision set but not used: it is read only under FSDP with framework hf-trainer "
+                   "(a full fine-tune) or accelerate (accelerate's upcast of half-precision weights)")
     if s.software.accelerate is not None and not under_fsdp:
         out.append("software.accelerate set but not used: it is read only for a training job under FSDP with "
                    "framework hf-trainer or accelerate")

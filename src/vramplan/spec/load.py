@@ -67,8 +67,8 @@ from vramplan.spec.vision_quant import tower_quant_problems
 
 __all__ = [
     "HOPPER_SWIZZLE_NOTE", "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING",
-    "MAX_PATH_CHARS", "MAX_VALUES", "Resolved", "checkpoint_quantization_for", "cross_check", "fsdp_upcast_for", "in_backward_problems",
-    "lora_targets_for", "parse_scenario",
+    "MAX_PATH_CHARS", "MAX_VALUES", "Resolved", "checkpoint_quantization_for", "cross_check", "fsdp_upcast_for",
+    "in_backward_problems", "lora_targets_for", "parse_scenario",
     "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "torchao_offload_problems",
     "unmatched_lora_targets", "unmodelled_inputs",
 ]
