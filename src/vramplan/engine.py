@@ -147,10 +147,15 @@ def _step_reserved_by(r: Resolved, tr: TrainResult, outside: dict[str, int], res
     if reserved == "replay" and tr.layout is not None:
         # the packing is a floor: the tensors alive at the peak must fit in some segments
         reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
+        how = ("reserved bytes: the step's tensors replayed in order over two steps through "
+               "PyTorch's caching-allocator rules (fragmentation between phases counted)")
+        if tr.layout.grads_on_side_stream:
+            how += ("; torch FSDP makes the sharded gradients on its reduce-scatter stream, whose blocks the "
+                    "caching allocator never hands to the compute stream: the gradients are replayed as a pool of "
+                    "their own and the reserved bytes are the two pools' sum (analytic/terms/sharding.py "
+                    "grads_on_reduce_stream)")
         return (max(train_reserved_bytes(tr.layout, expandable_segments=expandable, capacity_bytes=reservable)[1],
-                    packed),
-                ("reserved bytes: the step's tensors replayed in order over two steps through "
-                "PyTorch's caching-allocator rules (fragmentation between phases counted)"))
+                    packed), how)
     return packed, ("reserved bytes: the tensors alive at the peak packed into empty allocator "
                     "segments (fragmentation left by earlier phases not counted)")
 

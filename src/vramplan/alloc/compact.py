@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Repeat", "expand"]
+__all__ = ["Repeat", "expand", "split_pools"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,34 @@ def expand(parts: Iterable[Sequence[int] | Repeat]) -> list[int]:
         else:
             out += part
     return out
+
+
+def split_pools(stream: Sequence[int], marked: Iterable[int]) -> tuple[list[int], list[int]]:
+    """A compact stream cut in two: the events of the blocks not in ``marked`` and those of the blocks in it,
+    each a compact stream of its own (ids renumbered from 0 in each, in allocation order).
+
+    PyTorch's caching allocator keeps the blocks of each CUDA stream apart: ``BlockComparatorSize`` orders a
+    pool by (stream, size, address) and ``get_free_block`` hands out only a cached block of the requesting
+    stream (``c10/cuda/CUDACachingAllocator.cpp``), and with ``expandable_segments`` each stream maps its own
+    segment.  Blocks allocated on a side stream (``marked``) are therefore replayed as an allocator of their own.
+
+    >>> split_pools([10, 20, -1, 30, -2, -3], {1})
+    ([10, -1, 30, -2], [20, -1])
+    """
+    side = set(marked)
+    main: list[int] = []
+    other: list[int] = []
+    where: dict[int, tuple[bool, int]] = {}
+    counts = [0, 0]
+    bid = 0
+    for x in stream:
+        if x > 0:
+            k = bid in side
+            where[bid] = (k, counts[k])
+            counts[k] += 1
+            bid += 1
+            (other if k else main).append(x)
+        elif x < 0:
+            k, i = where[-x - 1]
+            (other if k else main).append(-i - 1)
+    return main, other

@@ -40,7 +40,7 @@ from vramplan.alloc.rules import (
     K_SMALL_SIZE as SMALL_SIZE,
 )
 from vramplan.alloc.rules import allocation_size, is_small, round_size, should_split
-from vramplan.analytic.events import StepLayout, iter_run_parts
+from vramplan.analytic.events import StepLayout, iter_run_parts, train_run_pools
 
 __all__ = [
     "LARGE_SEGMENT", "MIN_LARGE_ALLOC", "ROUND_BYTES", "ROUND_LARGE", "SMALL_SEGMENT", "SMALL_SIZE",
@@ -82,6 +82,30 @@ def _reserved_for(ordered: tuple[tuple[int, int], ...], expandable_segments: boo
     return replay_compact(stream, expandable_segments).final_reserved_bytes
 
 
+def _pooled_reserved(layout: StepLayout, expandable_segments: bool, capacity_bytes: int | None) -> int:
+    """Reserved bytes of a step whose gradients are made on a side stream (torch FSDP's reduce-scatter stream,
+    ``terms/sharding.py grads_on_reduce_stream``): the compute stream's blocks and the gradients' replayed as two
+    allocators, the reserved bytes being their sum.
+
+    The caching allocator never hands a block to another stream, and without a failed ``cudaMalloc`` (or
+    ``empty_cache``) it never gives a segment back, so each pool's reserved bytes only grow and the process's peak
+    is the sum of the pools' peaks.  The gradients' pool is replayed first, without a capacity; the compute
+    stream's with what is left of it (a failed request there empties the compute pool's free segments and retries,
+    as ``release_cached_blocks`` would; the gradients' cached blocks, which it would empty too, are kept: an upper
+    bound).  Allocated bytes are the whole stream's (``train_reserved_bytes``).
+
+    Worked example (``tests/test_fsdp_grad_pool.py``): a 20 MiB activation freed, then a 20 MiB gradient: one
+    stream reuses the activation's segment (20 MiB reserved); on two streams the gradient opens its own (40 MiB)."""
+    main, side = train_run_pools(layout)
+    grads = replay_compact(side, expandable_segments)
+    left = None if capacity_bytes is None else max(0, capacity_bytes - grads.peak_reserved_bytes)
+    compute = replay_compact(main, expandable_segments, capacity_bytes=left)
+    if compute.oom is not None:
+        return grads.peak_reserved_bytes + max(compute.peak_reserved_bytes,
+                                               compute.oom.reserved_bytes + compute.oom.device_request_bytes)
+    return grads.peak_reserved_bytes + compute.peak_reserved_bytes
+
+
 # ------------------------------------------------------------------------------------------------
 # a training run's event stream (analytic/events.py) through the allocator model
 # ------------------------------------------------------------------------------------------------
@@ -108,6 +132,8 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
     """
     res = replay_parts(iter_run_parts(layout), expandable_segments=expandable_segments,
                        capacity_bytes=capacity_bytes)
+    if res.oom is None and layout.grads_on_side_stream:
+        return res.peak_allocated_bytes, _pooled_reserved(layout, expandable_segments, capacity_bytes)
     if res.oom is not None:
         # the request that failed after the allocator emptied its cache and retried: the step needs
         # at least what stayed reserved plus that request's segment, which exceeds the capacity

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramplan.alloc import AllocEvent
-from vramplan.alloc.compact import Repeat
+from vramplan.alloc.compact import Repeat, expand, split_pools
 from vramplan.analytic.activations import SavedTensor
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.layout import RankParams, rank_tensors
@@ -63,12 +63,14 @@ from vramplan.analytic.terms.cross_attention import cross_sequence
 from vramplan.analytic.terms.encoder_decoder import encoder_sequence
 from vramplan.analytic.terms.gradients import gradients_from_start
 from vramplan.analytic.terms.layers import layer_activations
+from vramplan.analytic.terms.sharding import grads_on_reduce_stream
 from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.analytic.timeline import FORWARD
 from vramplan.spec.defaults import checkpointing
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_stream"]
+__all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_pools",
+           "train_run_stream"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,9 @@ class StepLayout:
     # of ``gathered``, the bytes allocated when the backward reaches the layers instead of at the forward's start:
     # torchtitan's FSDP2 holds one block at the loss (up to v0.1) or none (from v0.2), terms/sharding.py ``gathered``
     gathered_late: int = 0
+    # torch FSDP (FSDP1 and FSDP2) makes each sharded gradient on its reduce-scatter stream, so the gradients are a
+    # pool of their own in the caching allocator (terms/sharding.py ``grads_on_reduce_stream``; ``train_run_pools``)
+    grads_on_side_stream: bool = False
 
 
 def split_exact(total: int, weights: Sequence[int]) -> list[int]:
@@ -559,6 +564,8 @@ def _optimizer(st: _Stream, lay: StepLayout, grads: list[int], states: list[int]
                n_layers: int) -> list[int]:
     """The optimizer step; returns the states (created here, per parameter, when ``states`` is None)."""
     tr = _trainable(lay, n_layers)
+    if lay.grads_on_side_stream:
+        st.marked.update(g for g in grads if g >= 0)   # every gradient of the step is freed here
     if states is None:
         states = _make_states(st, lay, tr)
     temps = st.alloc_all(_share(lay.step_temporary, tr, lay.trainable_total))
@@ -632,6 +639,18 @@ def _phases(st: _Stream, lay: StepLayout, n_layers: int | None) -> Iterator[None
     yield None
     _optimizer(st, lay, grads, states, n)
     yield None
+
+
+def train_run_pools(lay: StepLayout, n_layers: int | None = None) -> tuple[list[int], list[int]]:
+    """``train_run_stream`` cut by CUDA stream (``vramplan.alloc.compact.split_pools``): the compute stream's events,
+    and those of the gradients when ``lay.grads_on_side_stream`` (torch FSDP's reduce-scatter stream), each a compact
+    stream whose reserved bytes the caching allocator counts apart; the second is empty otherwise."""
+    st = _Stream(runs=True)
+    parts: list[list[int] | Repeat] = []
+    for _ in _phases(st, lay, n_layers):
+        parts += st.close()
+        st.parts = []
+    return split_pools(expand(parts), st.marked)
 
 
 def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:
@@ -780,7 +799,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         logits_fp32=logits_fp32, log_probs=log_probs,
         grads_during_forward=gradients_from_start(c), has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=extra, kernel_loss=_kernel_loss_tensors(terms),
-        offload_inputs=c.s.train.activation_offload == "cpu",
+        offload_inputs=c.s.train.activation_offload == "cpu", grads_on_side_stream=grads_on_reduce_stream(c),
         vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c))
         + tuple(n for n, _ in encoder_sequence(c)),
         vision_unused=tuple(u for _, u in tower_sequence(c)) + tuple(u for _, _, u in cross_sequence(c))

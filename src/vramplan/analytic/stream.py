@@ -19,15 +19,19 @@ class AllocStream:
     (PyTorch does not call the allocator for it): its id is -1 and freeing it does nothing.
 
     With ``runs``, :func:`_layers` writes a run of identical layers as one ``Repeat`` (its first window
-    literally, then the template and the id strides) into ``parts`` instead of every layer's events."""
+    literally, then the template and the id strides) into ``parts`` instead of every layer's events.
 
-    __slots__ = ("events", "next_id", "parts", "runs")
+    ``marked`` collects the ids of blocks that a side CUDA stream allocates (``vramplan.alloc.compact.split_pools``
+    replays them as a pool of their own)."""
+
+    __slots__ = ("events", "marked", "next_id", "parts", "runs")
 
     def __init__(self, runs: bool = False) -> None:
         self.events: list[int] = []
         self.next_id = 0
         self.runs = runs
         self.parts: list[list[int] | Repeat] = []
+        self.marked: set[int] = set()
 
     def close(self) -> list[list[int] | Repeat]:
         if self.events:

@@ -43,7 +43,8 @@ from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, mlp
 from vramplan.analytic.weights import weights_bytes
 from vramplan.spec.defaults import torchtitan_fsdp2
 
-__all__ = ["embedding_elements", "fsdp2_root_unit", "gathered", "gathered_bytes", "one_layer", "root_gathered",
+__all__ = ["embedding_elements", "fsdp2_root_unit", "gathered", "gathered_bytes", "grads_on_reduce_stream",
+           "one_layer", "root_gathered",
            "root_resharded", "split_units", "split_units_gathered"]
 
 
@@ -81,6 +82,27 @@ def fsdp2_root_unit(c: StepContext) -> bool:
     """torchtitan's FSDP2 layout (module docstring): blocks and a root unit, one pipeline stage, no PEFT or
     offload (torchtitan trains neither), parameters sharded (``full_shard`` or ``hybrid_shard``)."""
     return torchtitan_fsdp2(c.s) and bool(c.layer_specs)  # spec/defaults.py, which the report's notes read too
+
+
+def grads_on_reduce_stream(c: StepContext) -> bool:
+    """torch FSDP makes each sharded gradient on its reduce-scatter stream, so the caching allocator keeps the
+    gradients in blocks of that stream, which the compute stream's tensors never reuse (and the reverse).
+
+    FSDP2 (``_fully_shard/_fsdp_collectives.py`` ``foreach_reduce``, torch 2.4-2.13): ``reduce_output =
+    reduce_scatter_input.new_empty(...)`` inside ``with torch.cuda.stream(reduce_scatter_stream)``, and the sharded
+    ``.grad`` of each parameter is a view of it (``torch.as_strided``; a cast to the parameter dtype runs on that
+    stream too).  FSDP1 (``_runtime_utils.py``): ``_post_backward_hook`` runs ``_reduce_grad`` under
+    ``state._post_backward_stream``, where ``_get_reduce_scatter_tensors`` makes ``new_sharded_grad =
+    torch.empty_like(chunks[0])`` and ``_cast_grad_to_param_dtype`` its fp32 copy.  The allocator's pools are
+    ordered by (stream, size, address) and ``get_free_block`` returns only a block of the requesting stream
+    (``c10/cuda/CUDACachingAllocator.cpp``; with ``expandable_segments`` each stream maps its own segment), so a
+    gradient block freed at ``zero_grad`` serves the next step's gradients only, and the activations freed late
+    in the backward cannot hold gradients.  Applies when the gradients are sharded over more than one rank
+    (``no_shard`` and one rank all-reduce ``.grad`` in place, on the compute stream) and stay on the GPU (no
+    offload); DeepSpeed and Megatron-LM reduce into buffers of their own (not this)."""
+    par = c.s.parallel
+    return (par.fsdp in ("full_shard", "shard_grad_op", "hybrid_shard") and c.shards[1] > 1 and not c.offload_opt
+            and c.s.effective_framework not in ("deepspeed", "megatron", "openrlhf"))
 
 
 def split_units(c: StepContext) -> bool:

@@ -1,0 +1,125 @@
+"""torch FSDP's gradients on the reduce-scatter stream: a pool of their own in the caching allocator
+(analytic/terms/sharding.py ``grads_on_reduce_stream``, alloc/compact.py ``split_pools``, analytic/allocator.py
+``_pooled_reserved``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vramplan.alloc import replay_compact
+from vramplan.alloc.compact import split_pools
+from vramplan.analytic.allocator import train_reserved_bytes
+from vramplan.analytic.events import train_run_pools, train_run_stream
+from vramplan.analytic.train import train_step
+from vramplan.catalog.resolve import resolve
+from vramplan.engine import estimate
+from vramplan.units import MiB
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _fsdp(**over: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((EXAMPLES / "llama3-8b-fsdp-8xh100.yaml").read_text())
+    for key, value in over.items():
+        section, _, field = key.partition(".")
+        if field:
+            doc.setdefault(section, {})[field] = value
+        else:
+            doc[section] = value
+    return {**doc, "offline": True}
+
+
+def test_worked_example_one_stream_reuses_two_streams_do_not() -> None:
+    # a 20 MiB activation (block 0) freed, then a 20 MiB gradient (block 1): 20 MiB is above the 10 MiB small-segment
+    # limit, so each request opens a segment of its own rounded to 2 MiB = 20 MiB.  One stream: the gradient takes
+    # the cached block, 20 MiB reserved.  The gradient on its own stream: 20 + 20 = 40 MiB.
+    stream = [20 * MiB, -1, 20 * MiB, -2]
+    assert replay_compact(stream).peak_reserved_bytes == 20 * MiB
+    main, side = split_pools(stream, {1})
+    assert main == [20 * MiB, -1] and side == [20 * MiB, -1]
+    assert replay_compact(main).peak_reserved_bytes + replay_compact(side).peak_reserved_bytes == 40 * MiB
+
+
+events = st.lists(st.integers(1, 64 * MiB), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=events, data=st.data())
+def test_split_keeps_every_event_of_each_block(sizes: list[int], data: st.DataObject) -> None:
+    # allocate every size, then free them in a drawn order; a drawn set of blocks on the side stream
+    order = data.draw(st.permutations(range(len(sizes))))
+    stream = [*sizes, *(-i - 1 for i in order)]
+    marked = data.draw(st.sets(st.integers(0, len(sizes) - 1)))
+    main, side = split_pools(stream, marked)
+    assert sorted(x for x in side if x > 0) == sorted(sizes[i] for i in marked)
+    assert len(main) + len(side) == len(stream)
+    # each part is a well-formed compact stream: every free names a live block of its own part
+    for part in (main, side):
+        r = replay_compact(part)
+        assert r.unmatched_frees == 0 and r.final_allocated_bytes == 0
+    whole = replay_compact(stream)
+    if not marked:
+        assert main == stream and side == []
+    # at every event the requested bytes of the whole are those of the parts together, so the parts' peaks sum to at
+    # least the whole's (allocated bytes would not do: a block handed out whole depends on what else is cached)
+    assert replay_compact(main).peak_requested_bytes + replay_compact(side).peak_requested_bytes >= \
+        whole.peak_requested_bytes
+
+
+def test_fsdp_gradients_are_marked_and_their_pool_holds_them_all() -> None:
+    tr = train_step(resolve(_fsdp()))
+    lay = tr.layout
+    assert lay is not None and lay.grads_on_side_stream
+    main, side = train_run_pools(lay)
+    # the two parts are the whole stream's events
+    assert sorted(x for x in main + side if x > 0) == sorted(x for x in train_run_stream(lay) if x > 0)
+    # the gradient pool holds every sharded gradient of a step at the optimizer step: the layers' gradients and
+    # those outside them, as the layout gives them (the pool's peak rounds each block up to 512 B)
+    grads = sum(lt.grad for lt in lay.layers) + lay.grad_outside
+    peak = replay_compact(side).peak_allocated_bytes
+    blocks = sum(1 for x in side if x > 0) // 2   # two steps
+    assert grads <= peak <= grads + 512 * blocks
+
+
+def test_fsdp_reserved_is_the_sum_of_the_pools_and_allocated_is_unchanged() -> None:
+    tr = train_step(resolve(_fsdp()))
+    lay = tr.layout
+    assert lay is not None
+    one = replace(lay, grads_on_side_stream=False)
+    alloc_two, reserved_two = train_reserved_bytes(lay)
+    alloc_one, reserved_one = train_reserved_bytes(one)
+    assert alloc_two == alloc_one
+    main, side = train_run_pools(lay)
+    assert reserved_two == replay_compact(main).peak_reserved_bytes + replay_compact(side).peak_reserved_bytes
+    # the activations freed late in the backward held gradients on one stream; apart, the gradients need their own
+    # segments: more reserved
+    assert reserved_two > reserved_one
+
+
+def test_no_pool_where_gradients_stay_on_the_compute_stream() -> None:
+    # DeepSpeed ZeRO (its own reduction buffers), no_shard and one GPU (all-reduce in place), CPU offload
+    for doc in (
+        {**_fsdp(parallel={"zero_stage": 3}), "framework": "deepspeed"},
+        _fsdp(**{"parallel.fsdp": "no_shard"}),
+        _fsdp(**{"hardware.num_gpus": 1}),
+        _fsdp(**{"parallel.offload": "optimizer"}),
+    ):
+        lay = train_step(resolve(doc)).layout
+        assert lay is not None and not lay.grads_on_side_stream, doc
+
+
+def test_estimate_reports_the_pooled_reserved_bytes() -> None:
+    r = resolve(_fsdp())
+    rep = estimate(r)
+    tr = train_step(r)
+    assert tr.layout is not None
+    main, side = train_run_pools(tr.layout)
+    pooled = replay_compact(main).peak_reserved_bytes + replay_compact(side).peak_reserved_bytes
+    assert rep.per_gpu.peak_reserved_bytes >= pooled
+    assert any("reduce-scatter stream" in a for a in rep.assumptions)
