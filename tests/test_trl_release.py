@@ -182,11 +182,17 @@ def test_a_release_after_the_last_read_is_stated() -> None:
 
 
 def test_trl_release_without_a_post_training_objective_is_stated_not_used() -> None:
-    sft = {"model": "qwen2.5-0.5b", "hardware": {"gpu": "A100-80GB"}, "software": {"trl": "1.16.0"}}
+    # an SFT step under accelerate is not SFTTrainer's (under the HF Trainer it is: tests/test_trl_sft.py)
+    sft = {"model": "qwen2.5-0.5b", "hardware": {"gpu": "A100-80GB"}, "software": {"trl": "1.16.0"},
+           "framework": "accelerate"}
     rep = estimate(sft)
     assert any(a.startswith("software.trl set but not used") for a in rep.assumptions)
     # the SFT estimate itself is the same
     assert rep.per_gpu.peak_allocated_bytes == estimate({**sft, "software": {}}).per_gpu.peak_allocated_bytes
+    # the HF Trainer's SFT step reads it (TRL 1.16's fused head: no logits)
+    read = estimate({**sft, "framework": "hf-trainer"})
+    assert not any(a.startswith("software.trl set but not used") for a in read.assumptions)
+    assert any("SFTTrainer" in a for a in read.assumptions)
     assert not any(a.startswith("software.trl set but not used") for a in estimate(_at(DPO, "1.16.0")).assumptions)
 
 

@@ -55,6 +55,7 @@ from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.terms.mamba2 import mixer_train_notes
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
+from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.spec.defaults import torchtitan_fsdp2
 from vramplan.spec.load import Resolved, unmatched_lora_targets
@@ -206,6 +207,14 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
         return FUSED_HEAD_LOSS_NOTES[s.train.objective]
     if s.train.objective in OBJECTIVE_LOSS_NOTES:
         return OBJECTIVE_LOSS_NOTES[s.train.objective]
+    if trl_sft(s):
+        sft = sft_loss_note(s)
+        if sft_row(s).path != "logits":
+            return sft
+        other = loss_release_note(family_loss_release(s.software.transformers_version, m.traits, fw, m.encoder_only,
+                                                      s.software.torchtune_version),
+                                  s.software.transformers, m.family, fw, m.encoder_only)
+        return sft if other is None else f"{sft}; {other}"
     sw = s.software
     if m.encoder_decoder is not None:
         # the release whose step is modelled: 5.24's, or a 4.x one's (T5's eager step; BART and Whisper are refused

@@ -48,10 +48,13 @@ __all__ = [
     "RLOO_BETA",
     "RLOO_MAX_COMPLETION",
     "RLOO_NUM_GENERATIONS",
+    "SFT_LOSS_ROWS",
+    "SFT_READ_AT",
     "GrpoEarlyRow",
     "LogProbPath",
     "LogProbRow",
     "PpoRow",
+    "SftLossRow",
     "gradient_checkpointing_default",
     "grpo_beta_default",
     "grpo_completion_default",
@@ -59,6 +62,7 @@ __all__ = [
     "log_prob_row",
     "ppo_row",
     "release_text",
+    "sft_loss_row",
 ]
 
 LogProbPath = Literal["logits", "triton-logits", "fused-head"]
@@ -288,3 +292,78 @@ def ppo_row(version: tuple[int, ...] | None) -> PpoRow:
     """The PPO row of ``version`` (None: ``PPO_RELEASE``)."""
     v = (*(version or (1, 12, 0)), 0, 0, 0)[:3]
     return [r for r in PPO_ROWS if r.first <= v][-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# SFTTrainer.compute_loss by release: the vocabulary-sized tensors it adds to the model's loss, or the loss that
+# replaces the logits
+# ------------------------------------------------------------------------------------------------
+
+SftLossPath = Literal["logits", "chunked-nll", "fused-head"]
+
+
+@dataclass(frozen=True)
+class SftLossRow:
+    """From ``first`` until the next row's release, TRL's ``SFTTrainer.compute_loss`` (with its default ``loss_type``)
+    takes ``path``:
+
+    * ``logits``: the model's forward and loss as the HF Trainer's, then the token-accuracy (and entropy) metrics on
+      ``outputs.logits`` before the backward: ``copies`` shifted copies ``outputs.logits[..., :-1, :].contiguous()``
+      of ``b (s - 1) V`` elements in the logits' dtype alive together (a view, no copy, when b = 1: the slice of a
+      one-sequence tensor is already contiguous), ``gather``: ``accelerator.gather_for_metrics`` of that copy (the
+      world's copies on every rank), ``entropy_rows``: ``entropy_from_logits`` over one whole sequence at a time (its
+      ``log_softmax``, ``exp`` and product: 3 s V elements), before the copy;
+    * ``chunked-nll``: ``loss_type`` ``chunked_nll`` by default: the patched LM head projects the hidden states in
+      chunks of 256 positions under non-reentrant checkpointing and returns ``logits=None`` (no full logits);
+    * ``fused-head``: ``add_fused_lm_head(..., outputs=("log_probs", "entropy", "is_top1"))`` always, and
+      ``model(**inputs, fused_lm_head=True)`` (analytic/fused_head.py): no logits."""
+
+    first: tuple[int, int, int]
+    path: SftLossPath
+    copies: int
+    gather: bool
+    entropy_rows: bool
+    sources: str
+
+
+SFT_LOSS_ROWS: tuple[SftLossRow, ...] = (
+    SftLossRow((0, 9, 0), "logits", 0, False, False,
+               "trl v0.9.3-v0.14.0 trl/trainer/sft_trainer.py: no compute_loss override (the HF Trainer's)"),
+    SftLossRow((0, 15, 0), "logits", 1, True, False,
+               "trl v0.15.0 sft_trainer.py:444 shift_logits = outputs.logits[..., :-1, :].contiguous(); :448 "
+               "shift_logits = self.accelerator.gather_for_metrics(shift_logits)"),
+    SftLossRow((0, 15, 1), "logits", 1, False, False,
+               "trl v0.15.1 sft_trainer.py:470 (the copy; only the token counts gathered, v0.15.2:495-496), the same "
+               "line through v0.21.0:876"),
+    SftLossRow((0, 22, 0), "logits", 1, False, True,
+               "trl v0.22.0 sft_trainer.py:1048 entropy_from_logits(outputs.logits) under no_grad, utils.py:1476 "
+               "chunk_size=1 split along dim 0 (one sequence at a time); :1080 the copy"),
+    SftLossRow((0, 23, 0), "logits", 1, False, False,
+               "trl v0.23.0 utils.py:1480 entropy_from_logits chunk_size=128 rows of a reshape(-1, V) view; "
+               "sft_trainer.py:1154 the copy; the same pair through v1.2.0"),
+    SftLossRow((1, 3, 0), "logits", 2, False, False,
+               "trl v1.3.0 sft_trainer.py:1295 shift_logits = ...contiguous() for the entropy, still bound when :1349 "
+               "makes the accuracy's copy (two alive; removed by huggingface/trl#5897); v1.4.0:1618/1676, "
+               "v1.5.0:1624/1682"),
+    SftLossRow((1, 6, 0), "logits", 1, False, False,
+               "trl v1.6.0 sft_trainer.py:1668 shift_logits = outputs.logits[..., :-1, :] (a view), :1678 "
+               "entropy_from_logits, whose utils.py:508 reshape(-1, V) copies it"),
+    SftLossRow((1, 7, 0), "chunked-nll", 0, False, False,
+               "trl v1.7.0 sft_config.py:334-336 loss_type None -> 'chunked_nll' unless use_liger_kernel; "
+               "sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE = 256, torch.utils.checkpoint per chunk (use_reentrant="
+               "False), logits=None; the same through 1.14.0 (wheels)"),
+    SftLossRow((1, 15, 0), "fused-head", 0, False, False,
+               "trl 1.15.0 / 1.16.0 sft_trainer.py add_fused_lm_head(..., outputs=('log_probs', 'entropy', "
+               "'is_top1')) unconditionally in __init__ (1.16.0:1144-1147), compute_loss model(**inputs, "
+               "fused_lm_head=True) (1.16.0:1611)"),
+)
+# where SFT_LOSS_ROWS were read: the git tags v0.9.3-v1.9.0 of huggingface/trl, the PyPI wheels 1.10.0-1.16.0
+SFT_READ_AT = "v0.9.3-v1.9.0 (git tags), 1.10.0-1.16.0 (PyPI wheels)"
+
+
+def sft_loss_row(version: tuple[int, ...] | None) -> SftLossRow:
+    """SFTTrainer's row at ``version`` (None: ``DEFAULT_TRL_RELEASE``); a release before v0.9 takes the first row
+    (no ``compute_loss`` override either)."""
+    v = (*(version or tuple(int(x) for x in DEFAULT_TRL_RELEASE.split("."))), 0, 0, 0)[:3]
+    rows = [r for r in SFT_LOSS_ROWS if r.first <= v]
+    return rows[-1] if rows else SFT_LOSS_ROWS[0]

@@ -1227,10 +1227,13 @@ def ignored_sections(s: Scenario) -> list[str]:
         shown = ", ".join(f"rl.{k}" for k in trl_only)
         out.append(f"{shown} set but not used: TRL's trainer settings, not read under framework verl")
     out += _accelerate_unused(s)
-    if s.software.trl is not None and not (s.task == "train" and s.train.objective != "sft"):
-        # software.trl picks the post-training trainers' release (facts/trl.py); an SFT step is not TRL-specific
-        out.append("software.trl set but not used: it is read only with task train and a post-training "
-                   "train.objective (dpo, grpo, kto, orpo, ppo, rloo)")
+    sft_read = s.train.objective == "sft" and s.effective_framework == "hf-trainer" and s.train.loss == "standard"
+    if s.software.trl is not None and not (s.task == "train" and (s.train.objective != "sft" or sft_read)):
+        # software.trl picks the post-training trainers' release (facts/trl.py) and SFTTrainer's loss under the HF
+        # Trainer with the standard loss (analytic/trl_sft.py); anywhere else it changes nothing
+        out.append("software.trl set but not used: it is read only with task train, for a post-training "
+                   "train.objective (dpo, grpo, kto, orpo, ppo, rloo) or for SFTTrainer's loss (objective sft under "
+                   "framework hf-trainer with train.loss standard)")
     return out
 
 

@@ -1008,7 +1008,14 @@ class Software(_Strict):
     before 2.14, the one every published measurement to date ran (the report says so)."""
 
     trl: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
-    """TRL release of a post-training run (dpo, grpo), e.g. 1.16.0; from 1.15 their log-probs take TRL's fused head.
+    """TRL release of a post-training run (dpo, grpo) or of an SFTTrainer run (objective sft under the HF Trainer),
+    e.g. 1.16.0; from 1.15 their log-probs take TRL's fused head.
+
+    SFTTrainer (analytic/trl_sft.py, facts/trl.py ``SFT_LOSS_ROWS``): 0.15-1.6 copy the shifted logits for the token
+    accuracy after the loss (two copies in 1.3-1.5, gathered over the ranks in 0.15.0, the entropy per sequence in
+    0.22), 1.7-1.14 compute ``chunked_nll`` (the head in chunks of 256 positions, no logits), 1.15 on the fused head.
+    Unset: an SFT step is the HF Trainer's; leave it unset for trainers built on the HF Trainer alone (Axolotl's
+    AxolotlTrainer, LLaMA-Factory's CustomSeq2SeqTrainer), whose loss is the HF Trainer's whatever TRL is installed.
 
     TRL 1.15.0 patches DPOTrainer's and GRPOTrainer's models with ``add_fused_lm_head`` (``trl/trainer/utils.py``),
     which never makes the ``(batch, seq_len, vocab)`` logits; 1.9-1.13 compute ``selective_log_softmax`` over the

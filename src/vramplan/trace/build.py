@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 
 from vramplan.analytic.checkpointing import checkpoint_policy
+from vramplan.analytic.trl_sft import sft_row, trl_sft
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats, quant_format
@@ -68,6 +69,12 @@ def trace_policy(r: Resolved, fsdp2: bool = False) -> Policy:
         # not transformers' modeling code, which is what the trace runs
         raise ScenarioError([Problem("framework", "torchtune's own model is not traced (the trace runs "
                                      "transformers' modeling code)", "use --engine analytic for framework torchtune")])
+    if trl_sft(s) and sft_row(s).first >= (0, 15, 0):
+        # SFTTrainer's compute_loss from 0.15 (analytic/trl_sft.py): metric copies of the logits, or a chunked or fused
+        # head without them; the trace runs the HF Trainer's loss, which is TRL's only before 0.15
+        raise ScenarioError([Problem("software.trl", f"TRL {s.software.trl} SFTTrainer's loss is not traced (the trace "
+                                     "runs the HF Trainer's loss, TRL's only before 0.15)",
+                                     "use --engine analytic, or leave software.trl unset for the HF Trainer's step")])
     half = torch.float16 if prec.startswith("fp16") else (torch.float32 if prec == "fp32" else torch.bfloat16)
     if prec == "fp32":
         return Policy(torch.float32, torch.float32, None, False, torch.float32)

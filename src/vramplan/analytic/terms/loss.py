@@ -30,12 +30,19 @@ from vramplan.analytic.terms.casts import reference_casts_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import END, FORWARD, LOSS, mlp
+from vramplan.analytic.trl_sft import (
+    chunked_nll_loss_tensors,
+    metrics_extra_bytes,
+    sft_fused_loss_tensors,
+    sft_row,
+    trl_sft,
+)
 from vramplan.facts.trl import grpo_early_row
 from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
 __all__ = ["LITGPT_HEAD_NOTE", "fused_head_dtypes", "kernel_loss", "layer_forward", "litgpt_head_dequant",
-           "litgpt_head_dequant_bytes", "loss", "standard_loss_tensors"]
+           "litgpt_head_dequant_bytes", "loss", "standard_loss_tensors", "trl_sft_metrics"]
 
 LITGPT_HEAD_NOTE = (
     "Lit-GPT: its own LM head (an nn.Linear, held even where the checkpoint ties it) is quantized by Lightning's "
@@ -69,9 +76,32 @@ def loss(c: StepContext) -> list[Term]:
         return kernel_loss(c)
     if c.s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo", "ppo"):
         return kernel_loss(c)
+    if trl_sft(c.s) and sft_row(c.s).path != "logits":
+        return kernel_loss(c)   # TRL's SFTTrainer without logits (analytic/trl_sft.py)
     lt = standard_loss_tensors(c)
-    return [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
-            Term(K.LOSS_BACKWARD, lt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.loss_gradients")]
+    terms = [Term(K.LOSS_FORWARD, lt.forward_peak, FORWARD, LOSS, "logits.loss", tensors=lt.forward_tensors),
+             Term(K.LOSS_BACKWARD, lt.backward_peak, LOSS, mlp(len(c.layer_specs) - 1), "logits.loss_gradients")]
+    if trl_sft(c.s):
+        terms += trl_sft_metrics(c, lt)
+    return terms
+
+
+def trl_sft_metrics(c: StepContext, lt: LossTensors) -> list[Term]:
+    """TRL SFTTrainer's token-accuracy (and entropy) metrics on the logits after the loss, before the backward
+    (analytic/trl_sft.py ``metrics_extra_bytes``): what that moment holds beyond the loss's forward peak, a bound of
+    the loss moment (the event stream does not replay it).  ``outputs.logits`` is fp32 where the release's model
+    upcasts them in its forward (the ``shifted`` loss release), the compute dtype otherwise.
+
+    Worked example (tests/test_trl_sft.py): GPT-2 (V = 50,257) in fp32, b = 2 sequences of s = 128, trl 0.16: the
+    logits 4 x 256 V and the log-probs 4 x 256 V at the loss (no upcast copy: fp32), then the copy 4 x 2 x 127 V:
+    1,016 V = 51,061,112 B above the loss's peak."""
+    t, row = c.s.train, sft_row(c.s)
+    d = 4 if loss_release_of(c) == "shifted" else c.pol.compute_bytes
+    cp = c.s.parallel.cp
+    shifted = ceil_div(t.micro_batch_size * (t.seq_len - 1), cp)
+    extra = metrics_extra_bytes(lt, c.tokens, shifted, ceil_div(t.seq_len, cp), vocab_on_rank(c), d,
+                                t.micro_batch_size, c.s.data_parallel_degree, row)
+    return [Term(K.LOSS_FORWARD, extra, FORWARD, LOSS, "logits.trl_sft_metrics")] if extra else []
 
 
 def litgpt_head_dequant_bytes(c: StepContext) -> int:
@@ -130,6 +160,13 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     """The bytes of ``train.loss``'s kernel (analytic/logits.py) for this stage's head."""
     m, pol, t = c.m, c.pol, c.s.train
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
+    if trl_sft(c.s) and (row := sft_row(c.s)).path != "logits":
+        x, _, w = fused_head_dtypes(c)
+        shifted = ceil_div(t.micro_batch_size * (t.seq_len - 1), c.s.parallel.cp)
+        if row.path == "fused-head":
+            return sft_fused_loss_tensors(shifted, vocab, hidden, x, cb, w, c.peft is None)
+        fp32_copy = (c.s.software.trl_version or (1, 13, 0)) < (1, 13, 0)
+        return chunked_nll_loss_tensors(shifted, vocab, hidden, x, cb, w, c.peft is None, fp32_copy)
     if t.objective in ("grpo", "rloo", "dpo", "kto") and uses_fused_head(c.s):
         return _fused_head_loss_tensors(c)
     if marks_openrlhf_loss(c.s):
