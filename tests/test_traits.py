@@ -164,9 +164,15 @@ _FLOAT_LOGITS = {"cohere", "gemma", "gemma2", "llama", "mistral", "mixtral", "ol
                  # AutoModelForCausalLM (LlamaForCausalLM) as its language_model before the LlavaModel refactor,
                  # and transformers 5.24 MllamaForCausalLM.forward still upcasts the whole output
                  # (modeling_mllama.py:1255 ``self.lm_head(hidden_states).float()``)
-                 "llava", "mllama"}
+                 "llava", "mllama",
+                 # LLaVA-NeXT's language model is the same llama adapter's (spec/families/llava_next.py builds it with
+                 # llava_spec): LlavaNextForConditionalGeneration held an AutoModelForCausalLM as its language_model,
+                 # as LLaVA did, before the LlavaNextModel refactor
+                 "llava_next"}
 _COMPUTE_DTYPE_SOFTMAX = {"gpt2", "falcon"}
-_HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5}
+# RecurrentGemma's decoder layer keeps four hidden-sized tensors through its MLP (spec/families/recurrent_gemma.py:
+# raw_activations, inputs_normalized, residual and the normalized MLP input, modeling_recurrent_gemma.py 511-529)
+_HIDDEN_KEPT_THROUGH_MLP = {"gpt2": 4, "stablelm": 5, "recurrent_gemma": 4}
 
 
 def test_traits_reproduce_the_former_model_type_tables() -> None:
