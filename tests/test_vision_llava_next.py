@@ -148,3 +148,15 @@ def test_freeze_vision_tower_freezes_the_newline_too() -> None:
     attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario))
     # 7,063,431,168 parameters less the tower, the projector and image_newline (324,491,264): the language model
     assert StepContext(r, 0, attention, repeat).trainable == 7_063_431_168 - 324_491_264 == 6_738_939_904
+
+
+def test_sparse_mistral_text_config_takes_mistral_defaults() -> None:
+    # llava-v1.6-mistral-7b-hf's text_config names the model type, the vocabulary and a few keys but not hidden_size,
+    # the layers or the heads: MistralConfig's defaults fill them (4096 wide, 32 layers, 32 heads of which 8 KV heads,
+    # MLP 14,336), as transformers builds it
+    cfg = _cfg()
+    cfg["text_config"] = {"model_type": "mistral", "vocab_size": 32_064, "max_position_embeddings": 32_768,
+                          "rms_norm_eps": 1e-5, "sliding_window": None}
+    spec = model_from_config(cfg, name="llava-next-mistral")
+    assert spec.hidden_size == 4096 and spec.num_layers == 32 and spec.num_kv_heads == 8
+    assert spec.num_parameters == sum(p.numel() for p in meta_module(cfg).parameters())

@@ -67,15 +67,22 @@ _CLIP_DEFAULTS: dict[str, Any] = {"hidden_size": 1024, "intermediate_size": 4096
 _SIGLIP_DEFAULTS: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
                                     "num_attention_heads": 12, "num_channels": 3, "image_size": 224,
                                     "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True}
+# MistralConfig defaults (transformers 5.24 configuration_mistral.py lines 62-79), for a sparse mistral text_config
+# (llava-hf/llava-v1.6-mistral-7b-hf's names neither hidden_size nor the layer and head counts)
+_MISTRAL_DEFAULTS: dict[str, Any] = {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 14_336,
+                                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                     "hidden_act": "silu", "max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6,
+                                     "sliding_window": 4096, "tie_word_embeddings": False}
+_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {"llama": _LLAMA_DEFAULTS, "mistral": _MISTRAL_DEFAULTS}
 PREFIX = "vision_tower"
 
 
 def llava_text_config(cfg: Config) -> dict[str, Any]:
-    """The language model's keys: ``text_config`` (LlamaConfig's defaults under a llama one), inheriting the
-    outer tie/dtype/quantization keys."""
+    """The language model's keys: ``text_config`` (LlamaConfig's or MistralConfig's defaults under a llama or mistral
+    one, for the keys it leaves out), inheriting the outer tie/dtype/quantization keys."""
     inner = dict(cfg.get("text_config") or {})
     kind = str(inner.get("model_type") or "llama")
-    text = dict(_LLAMA_DEFAULTS) if kind == "llama" else {}
+    text = dict(_TEXT_DEFAULTS.get(kind, {}))
     text.update(non_null(inner))
     text["model_type"] = kind
     inherit_outer(text, cfg, ("tie_word_embeddings", *OUTER_KEYS))
