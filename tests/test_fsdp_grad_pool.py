@@ -52,12 +52,33 @@ events = st.lists(st.integers(1, 64 * MiB), min_size=1, max_size=40)
 @settings(max_examples=60, deadline=None)
 @given(sizes=events, data=st.data())
 def test_split_keeps_every_event_of_each_block(sizes: list[int], data: st.DataObject) -> None:
-    # allocate every size, then free them in a drawn order; a drawn set of blocks on the side stream
-    order = data.draw(st.permutations(range(len(sizes))))
-    stream = [*sizes, *(-i - 1 for i in order)]
+    # allocate every size, each free of a live block drawn after its allocation (interleaved); a drawn set of blocks
+    # on the side stream
+    stream: list[int] = []
+    live: list[int] = []
+    for i, size in enumerate(sizes):
+        stream.append(size)
+        live.append(i)
+        for b in data.draw(st.lists(st.sampled_from(live), unique=True)):
+            stream.append(-b - 1)
+            live.remove(b)
+    stream += [-b - 1 for b in live]
     marked = data.draw(st.sets(st.integers(0, len(sizes) - 1)))
     main, side = split_pools(stream, marked)
     assert sorted(x for x in side if x > 0) == sorted(sizes[i] for i in marked)
+    # each part's events are the whole stream's of its blocks, in order, ids renumbered by allocation order
+    for part, keep in ((main, lambda b: b not in marked), (side, lambda b: b in marked)):
+        ids = [i for i in range(len(sizes)) if keep(i)]
+        new_id = {b: k for k, b in enumerate(ids)}
+        expected, bid = [], 0
+        for x in stream:
+            if x > 0:
+                if keep(bid):
+                    expected.append(x)
+                bid += 1
+            elif keep(-x - 1):
+                expected.append(-new_id[-x - 1] - 1)
+        assert part == expected
     assert len(main) + len(side) == len(stream)
     # each part is a well-formed compact stream: every free names a live block of its own part
     for part in (main, side):
@@ -123,3 +144,42 @@ def test_estimate_reports_the_pooled_reserved_bytes() -> None:
     pooled = replay_compact(main).peak_reserved_bytes + replay_compact(side).peak_reserved_bytes
     assert rep.per_gpu.peak_reserved_bytes >= pooled
     assert any("reduce-scatter stream" in a for a in rep.assumptions)
+
+
+def test_every_step_marks_its_gradients() -> None:
+    # two steps: each makes (and frees at its optimizer step) every gradient, so the side stream allocates twice the
+    # gradient tensors of one backward; with gradient accumulation the second micro-batch's gradients are made at
+    # the first optimizer step (they exist through the second forward) and are marked too
+    for accum in (1, 2):
+        lay = train_step(resolve(_fsdp(**{"train.grad_accum_steps": accum}))).layout
+        assert lay is not None
+        _, side = train_run_pools(lay)
+        per_step = sum(1 for x in train_run_stream(replace(lay, grads_during_forward=False)) if x > 0)
+        one = [x for x in side if x > 0]
+        assert len(one) % 2 == 0
+        grads = sum(lt.grad for lt in lay.layers) + lay.grad_outside
+        # the side stream's allocations are two steps' gradients, each step's summing to the layout's gradients
+        assert sum(one) == 2 * grads, accum
+        assert per_step > len(one)
+
+
+def test_accumulated_gradients_reuse_the_first_steps_blocks() -> None:
+    # the gradients that gradient accumulation finds are made in the backward's order and sizes, so in their own pool
+    # they reuse the blocks the first step's gradients left: the pool reserves what one step's gradients need
+    one = train_step(resolve(_fsdp())).layout
+    two = train_step(resolve(_fsdp(**{"train.grad_accum_steps": 2}))).layout
+    assert one is not None and two is not None and two.grads_during_forward
+    assert replay_compact(train_run_pools(two)[1]).peak_reserved_bytes == \
+        replay_compact(train_run_pools(one)[1]).peak_reserved_bytes
+
+
+def test_capacity_caps_the_pools_sum() -> None:
+    # the pools' sum above the device: the real allocator releases every stream's free segments and retries; the
+    # single-stream replay fits, so the reserved bytes are the capacity
+    lay = train_step(resolve(_fsdp())).layout
+    assert lay is not None
+    _, one = train_reserved_bytes(replace(lay, grads_on_side_stream=False))
+    _, two = train_reserved_bytes(lay)
+    cap = (one + two) // 2
+    assert train_reserved_bytes(lay, capacity_bytes=cap)[1] == cap
+    assert train_reserved_bytes(lay, capacity_bytes=two + 1)[1] == two

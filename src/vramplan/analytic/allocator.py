@@ -89,21 +89,18 @@ def _pooled_reserved(layout: StepLayout, expandable_segments: bool, capacity_byt
 
     The caching allocator never hands a block to another stream, and without a failed ``cudaMalloc`` (or
     ``empty_cache``) it never gives a segment back, so each pool's reserved bytes only grow and the process's peak
-    is the sum of the pools' peaks.  The gradients' pool is replayed first, without a capacity; the compute
-    stream's with what is left of it (a failed request there empties the compute pool's free segments and retries,
-    as ``release_cached_blocks`` would; the gradients' cached blocks, which it would empty too, are kept: an upper
-    bound).  Allocated bytes are the whole stream's (``train_reserved_bytes``).
+    is the sum of the pools' peaks.  Where that sum passes ``capacity_bytes``, the real allocator's failed
+    ``cudaMalloc`` releases the free segments of every stream and retries (``release_cached_blocks``); the step's
+    single-stream replay with the capacity (``train_reserved_bytes``, which calls this only when it did not run out
+    of memory) shows the retry succeeds, so the reserved bytes are then the capacity: the allocator fills the device
+    before it gives cached segments back.  Allocated bytes are the whole stream's.
 
     Worked example (``tests/test_fsdp_grad_pool.py``): a 20 MiB activation freed, then a 20 MiB gradient: one
     stream reuses the activation's segment (20 MiB reserved); on two streams the gradient opens its own (40 MiB)."""
     main, side = train_run_pools(layout)
-    grads = replay_compact(side, expandable_segments)
-    left = None if capacity_bytes is None else max(0, capacity_bytes - grads.peak_reserved_bytes)
-    compute = replay_compact(main, expandable_segments, capacity_bytes=left)
-    if compute.oom is not None:
-        return grads.peak_reserved_bytes + max(compute.peak_reserved_bytes,
-                                               compute.oom.reserved_bytes + compute.oom.device_request_bytes)
-    return grads.peak_reserved_bytes + compute.peak_reserved_bytes
+    pooled = (replay_compact(side, expandable_segments).peak_reserved_bytes
+              + replay_compact(main, expandable_segments).peak_reserved_bytes)
+    return pooled if capacity_bytes is None else min(pooled, capacity_bytes)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -586,12 +586,15 @@ def _plans(lay: StepLayout) -> list[_LayerPlan]:
 
 
 def _grad_sizes(lay: StepLayout, n_layers: int) -> list[int]:
-    out: list[int] = []
-    for i in range(n_layers):
-        lt = lay.layers[i % len(lay.layers)]
-        out += split_exact(lt.grad, list(lt.linears) + list(lt.norms)) if lt.grad else []
-    if lay.grad_outside:
-        out.append(lay.grad_outside)
+    """The gradients a backward makes, in its order and sizes (``_pass``): the head's, each layer's from the last
+    (``_LayerPlan.grads``), the embedding's last; what gradient accumulation finds at the next micro-batch."""
+    plans = _plans(lay)
+    head = lay.grad_outside - lay.embed_grad
+    out: list[int] = [head] if head > 0 else []
+    for i in range(n_layers - 1, -1, -1):
+        out += plans[i % len(plans)].grads
+    if lay.embed_grad > 0:
+        out.append(lay.embed_grad)
     return out
 
 
