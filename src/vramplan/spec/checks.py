@@ -1054,9 +1054,10 @@ def _mamba1_train_serve_problems(s: Scenario, what: str) -> list[Problem]:
     models and for Jamba."""
     if s.task == "train":
         return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its Mamba mixer's torch "
-                        "scan (mamba_selective_scan's recurrent loop, one intermediate x state fp32 state per token) "
-                        "are not modelled", "estimate inference (task: inference) for this model, or train a model "
-                        "with Mamba2 mixers (mamba2, bamba, granitemoehybrid, nemotron_h), which is estimated")]
+                        "scan with the RMS norms on dt, B and C (FalconMamba's and Jamba's mixers) are not modelled",
+                        "estimate inference (task: inference) for this model, or train a Mamba model without them "
+                        "(mamba) or with Mamba2 mixers (mamba2, bamba, granitemoehybrid, nemotron_h), which are "
+                        "estimated")]
     if s.serve.engine == "vllm":
         return []
     return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's state "
@@ -1081,7 +1082,9 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     kind = "Mamba2" if m.mamba is not None and m.mamba.kind == "mamba2" else "Mamba"
     what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
-    if s.task == "train" and kind == "Mamba2":
+    if s.task == "train" and (kind == "Mamba2" or (m.mamba is not None and not m.mamba.bc_dt_norms)):
+        # Mamba-1 (``mamba``): transformers' torch scan, analytic/terms/mamba1.py; FalconMamba's norms on dt, B and C
+        # are not modelled (refused below)
         return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
     if s.task in ("train", "serve"):
         return _mamba1_train_serve_problems(s, what)

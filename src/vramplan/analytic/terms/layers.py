@@ -25,6 +25,7 @@ from vramplan.analytic.terms import cross_attention as cross
 from vramplan.analytic.terms import encoder_decoder as encdec
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
+from vramplan.analytic.terms.mamba1 import mamba1_scan_backward_per_token
 from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
 from vramplan.analytic.terms.shared_block import (
     checkpoint_embeddings_per_token,
@@ -159,8 +160,8 @@ def _mixer_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
         return _shared_block_per_token(c, ls)
     if not _has_mlp(ls):
         norm = act.norm_saved_per_token(m, ctx)
-        return _PerToken(norm, (act.SavedTensor("norm.input", norm),), 0, (0, 2 * ctx.residual_bytes * m.hidden_size),
-                         0, 0)
+        return _PerToken(norm, (act.SavedTensor("norm.input", norm),), 0,
+                         (0, 2 * ctx.residual_bytes * m.hidden_size + mamba1_scan_backward_per_token(m.mamba)), 0, 0)
     norms = act.norm_tensors(m, ctx)
     tensors = tuple([t for t in norms if t.part == "attention"] + [t for t in norms if t.part == "mlp"]
                     + act.mlp_tensors(m, ls, ctx))
@@ -214,8 +215,9 @@ def _mixer_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
     if ms is None:
         return ()
     t = c.s.train
+    half = t.precision in ("bf16-true", "fp16-true")
     return c.memo("mixer_tensors", lambda: mixer_saved_tensors(ms, c.m.hidden_size, c.act.compute_bytes,
-                                                                c.act.autocast, t.micro_batch_size, t.seq_len))
+                                                                c.act.autocast, t.micro_batch_size, t.seq_len, half))
 
 
 def _cross_vision(c: StepContext) -> tuple[int, tuple[act.SavedTensor, ...], int]:

@@ -45,8 +45,8 @@ autocast).
 
 Worked example, state-spaces/mamba-130m-hf (h 768, I 1,536, n 16, r 48, k 4), bf16 autocast, one sequence of 1,024
 tokens: discrete_A and discrete_B 2 x 4 x 1,024 x 1,536 x 16 = 201,326,592; the loop's states 1,536 x 16 x (2 x
-1,025 + 4 x 1,023) = 150,994,944; the rest 33,085,440 (tests/test_mamba1_train.py): 385,406,976 B per layer, 24
-layers 9.2 GB: the torch scan keeps about 376 KB per token and layer.
+1,025 + 4 x 1,023) = 150,945,792; the rest 49,193,984 (tests/test_mamba1_train.py): 401,466,368 B per layer, 24
+layers 9.6 GB, about 392 KB per token and layer.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from __future__ import annotations
 from vramplan.analytic.activations import SavedTensor
 from vramplan.spec.model import MambaSpec
 
-__all__ = ["mamba1_saved_tensors"]
+__all__ = ["mamba1_saved_tensors", "mamba1_scan_backward_per_token"]
 
 FP32 = 4
 
@@ -89,3 +89,17 @@ def mamba1_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, bat
         ("mixer.out_proj_input", t * inter * c),
     ]
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows if nbytes)
+
+
+def mamba1_scan_backward_per_token(ms: MambaSpec | None) -> int:
+    """Per token, what the recurrent loop's backward holds beside the saved tensors (0 but for a Mamba-1 mixer).
+
+    Every step reads ``discrete_A[:, :, i]`` and ``deltaB_u[:, :, i]``; the backward of each such select
+    (``select_backward``, ``derivatives.yaml``) allocates a zero tensor of the whole input, ``(b, I, s, n)`` fp32, and
+    writes the step's gradient into its slice, and the autograd engine sums a tensor's gradients in an input buffer
+    (the first kept, the next ones added into it).  So through the loop's backward the two buffers (the gradients of
+    ``discrete_A`` and of ``deltaB_u``) and one step's select output are alive: ``3 x 4 I n`` bytes per token.
+    Checked against the traced engine's step (tests/test_mamba1_train.py)."""
+    if ms is None or ms.kind != "mamba1" or ms.bc_dt_norms:
+        return 0
+    return 3 * FP32 * ms.intermediate_size * ms.state_size

@@ -69,6 +69,7 @@ from __future__ import annotations
 from vramplan.analytic.activations import SavedTensor
 from vramplan.analytic.terms.gated_deltanet import gated_deltanet_saved_tensors
 from vramplan.analytic.terms.lightning import lightning_saved_tensors
+from vramplan.analytic.terms.mamba1 import mamba1_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
@@ -78,9 +79,12 @@ FP32 = 4
 
 
 def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batch: int,
-                        seq: int) -> tuple[SavedTensor, ...]:
+                        seq: int, half_weights: bool = False) -> tuple[SavedTensor, ...]:
     """One Mamba2 mixer layer's saved tensors for ``batch`` sequences of ``seq`` tokens (module docstring), in
-    bytes; ``c``: bytes of the compute dtype; ``autocast``: mixed precision (fp32 weights under autocast)."""
+    bytes; ``c``: bytes of the compute dtype; ``autocast``: mixed precision (fp32 weights under autocast);
+    ``half_weights``: half parameters (Mamba-1's ``D.float()`` copies them, analytic/terms/mamba1.py)."""
+    if ms.kind == "mamba1" and not ms.bc_dt_norms:
+        return mamba1_saved_tensors(ms, hidden, c, autocast, batch, seq, half_weights)
     if ms.kind == "short_conv":
         return short_conv_saved_tensors(ms, c, batch, seq)
     if ms.kind == "gated_deltanet" and not autocast:
@@ -175,6 +179,15 @@ def mixer_train_notes(m: ModelSpec) -> list[str]:
                  "5.24's torch causal_conv1d_fn (the causal-conv1d package absent, use_kernels off); each saves "
                  "in_proj's input and output, the convolution's input and padded output and out_proj's input "
                  "(analytic/terms/mamba2.py short_conv_saved_tensors)")]
+    if ms.kind == "mamba1":
+        return [(f"{len(ms.layers)} of {m.num_layers} layers are Mamba mixers, run by transformers 5.24's torch path "
+                 "(mamba_selective_scan's recurrent loop: the mamba-ssm and causal-conv1d packages absent, use_kernels "
+                 "off); each saves its projections' inputs, the convolution's output, the discretized A and B "
+                 "(b s inner state fp32 each) and every token's fp32 state with its copy in the compute dtype "
+                 "(analytic/terms/mamba1.py); mamba-ssm's MambaInnerFn would save its inputs only and recompute the "
+                 "rest (far less memory, not modelled); the loop's backward holds the gradients of the discretized A "
+                 "and of deltaB_u (each b s inner state fp32, the autograd engine's sums of every step's "
+                 "select_backward) and one step's select output (analytic/terms/mamba1.py)")]
     where = " beside each layer's attention" if ms.parallel_attention else ""
     torch_path = (f"{len(ms.layers)} of {m.num_layers} layers are Mamba2 mixers{where}, run by transformers 5.24's torch path "
             "(mamba2_chunk_scan: the mamba-ssm and causal-conv1d packages absent, use_kernels off); their saved "
