@@ -40,10 +40,12 @@ def test_mamba_130m_layer_by_hand() -> None:
     assert total_bytes(mamba1_saved_tensors(ms, 768, 2, True, 1, 1024, False)) == 401_466_368
 
 
-def _graph_saved(config: dict[str, Any], mode: str, batch: int, seq: int) -> int:
-    """Bytes of the storages autograd's graph saves after one ``MambaMixer`` forward (parameters excluded)."""
+def _graph_saved(config: dict[str, Any], mode: str, batch: int, seq: int, family: str = "mamba") -> int:
+    """Bytes of the storages autograd's graph saves after one ``MambaMixer`` (or ``FalconMambaMixer``) forward
+    (parameters and buffers excluded)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
     from transformers.models.mamba.modeling_mamba import MambaMixer
 
     from meta_build import graph_saved_storages
@@ -55,9 +57,9 @@ def _graph_saved(config: dict[str, Any], mode: str, batch: int, seq: int) -> int
         cfg = transformers.AutoConfig.for_model(**config)
     weights = torch.bfloat16 if mode == "bf16" else torch.float32
     with torch.device("meta"):
-        mixer = MambaMixer(cfg, 0).to(weights)
+        mixer = (FalconMambaMixer if family == "falcon_mamba" else MambaMixer)(cfg, 0).to(weights)
     mixer.train()
-    params = {id(p.untyped_storage()) for p in mixer.parameters()}
+    params = {id(p.untyped_storage()) for p in [*mixer.parameters(), *mixer.buffers()]}
     x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
     with cuda.cuda_behaviour(cuda.CudaSpec()):
         region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
@@ -87,14 +89,16 @@ def test_mixer_saved_equals_the_autograd_graph(mode: str, changes: dict[str, int
 
 @pytest.mark.parametrize(("precision", "checkpointing"), [("fp32", "none"), ("bf16-mixed", "none"),
                                                           ("bf16-mixed", "full"), ("fp32", "full")])
-@pytest.mark.parametrize(("batch", "seq"), [(2, 128), (1, 200)])
-def test_train_step_against_the_traced_engine(precision: str, checkpointing: str, batch: int, seq: int) -> None:
+@pytest.mark.parametrize(("batch", "seq", "family"), [(2, 128, "mamba"), (1, 200, "mamba"), (2, 128, "falcon_mamba")])
+def test_train_step_against_the_traced_engine(precision: str, checkpointing: str, batch: int, seq: int,
+                                              family: str) -> None:
     pytest.importorskip("torch")
     from vramplan.trace.engine import estimate as traced
 
     # wide enough that the mixers dominate the step: h 128, I 256, n 16 (discrete_A alone 4 x 256 x 256 x 16 B = 4 MiB
     # per layer at 256 tokens)
-    model = {**CONFIG, "hidden_size": 128, "state_size": 16, "time_step_rank": 8, "residual_in_fp32": True}
+    model = {**CONFIG, "model_type": family, "hidden_size": 128, "state_size": 16, "time_step_rank": 8,
+             "residual_in_fp32": True}
     doc = {"task": "train", "model": model, "hardware": {"gpu": "A100-80GB"},
            "train": {"micro_batch_size": batch, "seq_len": seq, "precision": precision, "optimizer": "adamw",
                      "gradient_checkpointing": checkpointing}}
@@ -112,7 +116,25 @@ def test_train_report_states_the_torch_scan() -> None:
     assert any("mamba_selective_scan's recurrent loop" in a and "MambaInnerFn" in a for a in rep.assumptions)
 
 
-def test_falcon_mamba_training_stays_refused() -> None:
-    doc = {"task": "train", "model": "tiiuae/falcon-mamba-7b", "hardware": {"gpu": "H100-80GB"}}
-    with pytest.raises(ScenarioError, match="RMS norms on dt, B and C"):
-        estimate(doc)
+FALCON: dict[str, Any] = {**CONFIG, "model_type": "falcon_mamba"}
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp32", "mixed"])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 8), (2, 12)])
+def test_falcon_mamba_mixer_saved_equals_the_autograd_graph(mode: str, batch: int, seq: int) -> None:
+    # FalconMamba's weightless RMS norms on dt's input (r), B and C (n each): fp32 inputs (copies in half), an rsqrt
+    # per token each, normalized copies (time_step and C; B's fp32 copy is the scan's) instead of the x_proj output
+    ms = model_from_config(FALCON).mamba
+    assert ms is not None and ms.bc_dt_norms
+    c = 4 if mode == "fp32" else 2
+    analytic = total_bytes(mamba1_saved_tensors(ms, 32, c, mode == "mixed", batch, seq, mode == "bf16"))
+    casts = 2 * (32 * 2 * 64 + 64 * (2 + 16) + 2 * 64 + 64 * 32 + 64 * 4) if mode == "mixed" else 0
+    assert _graph_saved(FALCON, mode, batch, seq, "falcon_mamba") == analytic + casts
+
+
+def test_falcon_mamba_7b_trains_and_jamba_stays_refused() -> None:
+    doc = {"task": "train", "model": "tiiuae/falcon-mamba-7b", "hardware": {"gpu": "H100-80GB"},
+           "train": {"micro_batch_size": 1, "seq_len": 256, "precision": "bf16-mixed"}}
+    assert estimate(doc).per_gpu.peak_allocated_bytes > 0
+    with pytest.raises(ScenarioError, match="Jamba's Mamba mixers"):
+        estimate({**doc, "model": "FreedomIntelligence/Jamba-9B-Instruct"})

@@ -1053,10 +1053,10 @@ def _mamba1_train_serve_problems(s: Scenario, what: str) -> list[Problem]:
     an engine other than vLLM (whose state pages are modelled: serve/mamba_pages.py), refused alike for the pure
     models and for Jamba."""
     if s.task == "train":
-        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of its Mamba mixer's torch "
-                        "scan with the RMS norms on dt, B and C (FalconMamba's and Jamba's mixers) are not modelled",
-                        "estimate inference (task: inference) for this model, or train a Mamba model without them "
-                        "(mamba) or with Mamba2 mixers (mamba2, bamba, granitemoehybrid, nemotron_h), which are "
+        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of Jamba's Mamba mixers "
+                        "(their RMS norms on dt, B and C hold weights) inside its attention and MoE layers are not "
+                        "modelled", "estimate inference (task: inference) for this model, or train a pure Mamba model "
+                        "(mamba, falcon_mamba) or a Mamba2 hybrid (bamba, granitemoehybrid, nemotron_h), which are "
                         "estimated")]
     if s.serve.engine == "vllm":
         return []
@@ -1082,9 +1082,9 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     kind = "Mamba2" if m.mamba is not None and m.mamba.kind == "mamba2" else "Mamba"
     what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
-    if s.task == "train" and (kind == "Mamba2" or (m.mamba is not None and not m.mamba.bc_dt_norms)):
-        # Mamba-1 (``mamba``): transformers' torch scan, analytic/terms/mamba1.py; FalconMamba's norms on dt, B and C
-        # are not modelled (refused below)
+    if s.task == "train" and (kind == "Mamba2" or (m.mamba is not None and not m.mamba.bc_dt_norm_params)):
+        # Mamba-1 (``mamba``, ``falcon_mamba`` with its weightless norms on dt, B and C): transformers' torch scan,
+        # analytic/terms/mamba1.py
         return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
     if s.task in ("train", "serve"):
         return _mamba1_train_serve_problems(s, what)

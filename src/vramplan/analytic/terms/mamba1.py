@@ -67,6 +67,15 @@ def mamba1_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, bat
     t, inter, n, r, k = batch * seq, ms.intermediate_size, ms.state_size, ms.time_step_rank, ms.conv_kernel
     dt = FP32 if autocast else c
     half = c < FP32
+    if ms.bc_dt_norms:
+        # FalconMamba's weightless RMS norms on dt's input, B and C (module docstring): each saves its fp32 input
+        # (``x.float()``: a copy of the x_proj output's slice in half, the slice itself in fp32) and its rsqrt, and
+        # ``type_as`` makes the normalized copy the scan reads (in fp32 the product itself); in half, the normalized
+        # B is not saved (the scan saves its fp32 copy, ``scan.B_fp32``)
+        split = t * (r + 2 * n) * (FP32 if half else c)
+        proj = ("mixer.bc_dt_norms", split + 3 * FP32 * t + (t * (r + n) * c if half else t * (r + 2 * n) * FP32))
+    else:
+        proj = ("mixer.x_proj_output", t * (r + 2 * n) * c)
     states = batch * inter * n * ((c * (seq + 1) + FP32 * (seq - 1)) if half else FP32 * (seq + 1))
     rows = [
         ("mixer.in_proj_input", t * hidden * c),
@@ -75,7 +84,7 @@ def mamba1_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, bat
         ("mixer.conv_output", batch * inter * (seq + k - 1) * c),
         ("mixer.x_proj_input", t * inter * c if batch > 1 else 0),
         ("mixer.silu_output", t * inter * c),
-        ("mixer.x_proj_output", t * (r + 2 * n) * c),
+        proj,
         ("scan.dt", 2 * t * inter * dt),
         ("scan.A", 2 * inter * n * FP32),
         ("scan.discrete_A", FP32 * t * inter * n),
@@ -100,6 +109,6 @@ def mamba1_scan_backward_per_token(ms: MambaSpec | None) -> int:
     (the first kept, the next ones added into it).  So through the loop's backward the two buffers (the gradients of
     ``discrete_A`` and of ``deltaB_u``) and one step's select output are alive: ``3 x 4 I n`` bytes per token.
     Checked against the traced engine's step (tests/test_mamba1_train.py)."""
-    if ms is None or ms.kind != "mamba1" or ms.bc_dt_norms:
+    if ms is None or ms.kind != "mamba1" or ms.bc_dt_norm_params:
         return 0
     return 3 * FP32 * ms.intermediate_size * ms.state_size
