@@ -192,3 +192,31 @@ def graph_saved_storages(out: Any, skip: set[int], drop: tuple[str, ...] = (), n
                     saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
         stack.extend(n for n, _ in node.next_functions)
     return saved
+
+
+def mixer_graph_saved(make: Any, config: dict[str, Any], mode: str, batch: int, seq: int) -> int:
+    """Bytes of the storages autograd's graph saves after one forward of the mixer ``make(cfg, 0)`` built on the meta
+    device from ``config`` (parameters and buffers excluded): ``mode`` "bf16" (bf16 weights), "fp32", or "mixed"
+    (fp32 weights under bf16 autocast, as the traced engine emulates it); skips without torch."""
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vramplan.trace import cuda
+
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**config)
+    weights = torch.bfloat16 if mode == "bf16" else torch.float32
+    with torch.device("meta"):
+        mixer = make(cfg, 0).to(weights)
+    mixer.train()
+    held = {id(t.untyped_storage()) for t in [*mixer.parameters(), *mixer.buffers()]}
+    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
+    with cuda.cuda_behaviour(cuda.CudaSpec()):
+        region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
+        with region, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = mixer(x)
+    return sum(graph_saved_storages(out, held).values())

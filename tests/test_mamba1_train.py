@@ -4,9 +4,7 @@ traced engine; what stays refused."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,30 +41,13 @@ def test_mamba_130m_layer_by_hand() -> None:
 def _graph_saved(config: dict[str, Any], mode: str, batch: int, seq: int, family: str = "mamba") -> int:
     """Bytes of the storages autograd's graph saves after one ``MambaMixer`` (or ``FalconMambaMixer``) forward
     (parameters and buffers excluded)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
     from transformers.models.mamba.modeling_mamba import MambaMixer
 
-    from meta_build import graph_saved_storages
-    from vramplan.trace import cuda
+    from meta_build import mixer_graph_saved
 
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**config)
-    weights = torch.bfloat16 if mode == "bf16" else torch.float32
-    with torch.device("meta"):
-        mixer = (FalconMambaMixer if family == "falcon_mamba" else MambaMixer)(cfg, 0).to(weights)
-    mixer.train()
-    params = {id(p.untyped_storage()) for p in [*mixer.parameters(), *mixer.buffers()]}
-    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
-    with cuda.cuda_behaviour(cuda.CudaSpec()):
-        region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
-        with region, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = mixer(x)
-    return sum(graph_saved_storages(out, params).values())
+    return mixer_graph_saved(FalconMambaMixer if family == "falcon_mamba" else MambaMixer, config, mode, batch, seq)
 
 
 @pytest.mark.parametrize("mode", ["bf16", "fp32", "mixed"])

@@ -4,16 +4,14 @@ device, and the whole step against the traced engine; what is refused."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from meta_build import graph_saved_storages
+from meta_build import mixer_graph_saved
 from vramplan import estimate
 from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
@@ -70,28 +68,10 @@ def test_bamba_9b_mixer_layer_by_hand() -> None:
 
 def _graph_saved(config: dict[str, Any], mode: str, batch: int, seq: int) -> int:
     """Bytes of the storages autograd's graph saves after one ``BambaMixer`` forward (parameters excluded)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.models.bamba.modeling_bamba import BambaMixer
 
-    from vramplan.trace import cuda
-
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**config)
-    weights = torch.bfloat16 if mode == "bf16" else torch.float32
-    with torch.device("meta"):
-        mixer = BambaMixer(cfg, 0).to(weights)
-    mixer.train()
-    params = {id(p.untyped_storage()) for p in mixer.parameters()}
-    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
-    with cuda.cuda_behaviour(cuda.CudaSpec()):
-        region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
-        with region:
-            out = mixer(x)
-    saved = graph_saved_storages(out, params)
-    return sum(saved.values())
+    return mixer_graph_saved(BambaMixer, config, mode, batch, seq)
 
 
 @pytest.mark.parametrize(("mode", "changes", "batch", "seq"), [
