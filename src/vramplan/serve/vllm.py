@@ -61,6 +61,7 @@ from vramplan.catalog.models import load_model, model_config
 from vramplan.errors import Problem, ScenarioError, VramplanError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.vllm_cudagraphs import USER_MAX_FROM, USER_MODE_FROM
+from vramplan.facts.vllm_mla import ABSORB_FROM, ABSORB_UNTIL, KV_B_FP32_UNTIL
 from vramplan.facts.vllm_mtp import (
     MTP_HEAD_SHARED_FROM,
     MTP_METHOD_FROM,
@@ -359,6 +360,47 @@ def serve_weights_bytes(r: Resolved, stage: int | None = None) -> tuple[int, int
         params -= sum(ceil_div(o * fmt.per_output_bits, 8) * n for role, _, o, _, n in rp.linear_shapes
                       if role in fmt.quantized_roles)
     return params, rotary_cache_bytes(m, c)
+
+
+def mla_after_load_bytes(r: Resolved, layers: int) -> int:
+    """What vLLM's MLA attention keeps on one rank after loading the weights, over its ``layers`` (facts/vllm_mla.py):
+    ``serve.vllm_version`` as asked (a V1 release's V0 fallback runs the same code), heads split over tp.
+
+    0.7.1-0.7.3: ``W_QR`` s Rin N r, ``W_Q_UK`` Rin N L and ``W_UV_O`` N L H (one byte each element for an fp8
+    checkpoint, its fp32 scales left out; s otherwise), and a quantized ``kv_b_proj``'s dequantized copy L N (P + V)
+    (fp32 before 0.7.3, s after); from 0.8.0 only that copy.  Worked example, DeepSeek-Coder-V2-Lite (H 2,048, 16 heads,
+    L 512, P 128, r 64, V 128, no q_lora_rank) in fp16 on one GPU at 0.7.2: 2 x 2,048 x 16 x (64 + 512) + 2 x 16 x 512 x
+    2,048 = 71,303,168 B per layer, 27 layers 1,925,185,536 B (1.79 GiB)."""
+    m, sv = r.model, r.scenario.serve
+    a = m.mla
+    if a is None or sv.engine != "vllm" or layers <= 0:
+        return 0
+    v = parse_release(sv.vllm_version)
+    s = dtype_bits(sv.dtype) // 8
+    n = ceil_div(m.num_attention_heads, r.scenario.parallel.tp)
+    rin = a.q_lora_rank or m.hidden_size
+    quantized = sv.quantization != "none"
+    kv_b = a.kv_lora_rank * n * (a.qk_nope_head_dim + a.v_head_dim)
+    copy = kv_b * (4 if v < KV_B_FP32_UNTIL else s) if quantized else 0
+    if not (ABSORB_FROM <= v < ABSORB_UNTIL):
+        return layers * copy
+    absorbed = 1 if sv.quantization == "fp8" else s
+    per_layer = s * rin * n * a.qk_rope_head_dim + absorbed * (rin * n * a.kv_lora_rank + n * a.kv_lora_rank * m.hidden_size)
+    return layers * (per_layer + copy)
+
+
+def mla_after_load_notes(r: Resolved) -> list[str]:
+    """The report's line on ``mla_after_load_bytes`` (none without MLA or without bytes)."""
+    nbytes = mla_after_load_bytes(r, r.model.num_layers)
+    if not nbytes:
+        return []
+    v = parse_release(r.scenario.serve.vllm_version)
+    what = ("W_QR, and the absorbed W_Q_UK and W_UV_O (VLLM_MLA_PERFORM_MATRIX_ABSORPTION at its default 1)"
+            if ABSORB_FROM <= v < ABSORB_UNTIL else "no absorbed matrices (removed in 0.8.0)")
+    quant = (", and the quantized kv_b_proj's dequantized copy" if r.scenario.serve.quantization != "none" else "")
+    return [(f"vLLM {r.scenario.serve.vllm_version}'s MLA backend keeps {what}{quant} after loading the weights "
+             f"(process_weights_after_loading, inside the weights' profile): {nbytes / GiB:.2f} GiB over the model's "
+             f"layers, counted in the weights (facts/vllm_mla.py)")]
 
 
 # Bytes per element of the K and V projections' replicated heads, by the weights' format: unquantized in the serving
@@ -1444,6 +1486,7 @@ def _options(r: Resolved, row: VllmRelease, version: str, params: int) -> _Optio
                      "gpu_memory_utilization does not size it (the profile run still runs)")
     notes += _cudagraph_option_notes(r, row, version)
     notes += replicated_kv_notes(r)
+    notes += mla_after_load_notes(r)
     offloaded = min(params, int(sv.cpu_offload_gb * GiB))
     if offloaded:
         notes.append(f"cpu_offload_gb: {offloaded / GiB:.2f} GiB of weights in pinned host memory, streamed to the GPU "
@@ -1572,6 +1615,7 @@ def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtra
     sv, m, gpu, tp, pp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp, r.scenario.parallel.pp
     c = dtype_bits(sv.dtype) // 8
     params, rotary = serve_weights_bytes(r, stage)
+    params += mla_after_load_bytes(r, len(pp_stage_layers(m.num_layers, pp, stage)))
     row = beh.rules
     # one NCCL communicator per group of more than one rank: the tensor-parallel group and the pipeline group
     # (vllm/distributed/parallel_state.py initialize_model_parallel, a PyNcclCommunicator each)
