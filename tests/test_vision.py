@@ -238,13 +238,18 @@ def _row(model_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("size", "patches", "tokens"), [
-    # smart_resize, factor 28 (patch 14 x merge 2), min_pixels 3,136, max_pixels 1,003,520:
+    # smart_resize, factor 28 (patch 14 x merge 2), min_pixels 3,136; a given image capped at the released
+    # checkpoint's max_pixels 12,845,056 (preprocessor_config.json, which AutoProcessor.from_pretrained reads):
     (448, 1024, 256),    # 448 = 16 x 28 kept: (448 / 14)^2 = 1024 patches, / 4 = 256 tokens
     (224, 256, 64),      # 224 = 8 x 28: 16^2 = 256 patches, 64 tokens
-    (1024, 4900, 1225),  # round(1024 / 28) x 28 = 1036, 1036^2 > max_pixels: beta = 1024 / sqrt(1,003,520),
-                         #   floor(1024 / beta / 28) x 28 = 980: 70^2 = 4900 patches, 1225 tokens
+    (1024, 5476, 1369),  # round(1024 / 28) x 28 = 1036, 1036^2 = 1,073,296 under the cap: 74^2 = 5476 patches
+    (1680, 14400, 3600),  # 1680 = 60 x 28 kept (2,822,400 pixels): 120^2 = 14,400 patches, 3,600 tokens
+    (5000, 64516, 16129),  # round(5000 / 28) x 28 = 5012, 5012^2 > 12,845,056: beta = 5000 / sqrt(12,845,056),
+                           #   floor(5000 / beta / 28) x 28 = 3556: 254^2 = 64,516 patches, 16,129 tokens
     (30, 16, 4),         # 28^2 < min_pixels: beta = sqrt(3136 / 900), ceil(30 x beta / 28) x 28 = 56: 4^2, 4 tokens
-    (None, 4900, 1225),  # not given: the largest square, floor(sqrt(1,003,520) / 28) x 28 = 980
+    # not given: the processor class's default size, the largest square under its max_pixels 1,003,520,
+    # floor(sqrt(1,003,520) / 28) x 28 = 980
+    (None, 4900, 1225),
 ])
 def test_qwen2_5_vl_image_tokens_follow_smart_resize(size: int | None, patches: int, tokens: int) -> None:
     from vramplan.spec.vision import image_grid
@@ -313,3 +318,18 @@ def test_gemma3_tower_names_equal_transformers_module_on_the_meta_device() -> No
     ours = {p.name: p.total for p in m.params if p.name.startswith(m.vision.param_prefixes)}
     assert ours == theirs
     assert "vision_tower.embeddings.patch_embedding.weight" in ours
+
+
+def test_a_given_image_is_capped_at_the_checkpoint_max_pixels_and_the_report_says_so() -> None:
+    # Qwen2-VL-7B generate with one 1,680 x 1,680 image: 3,600 image tokens (not the class default's 1,225), and the
+    # report names the checkpoint's preprocessor_config.json; without image_size it names the larger images it allows
+    from vramplan.engine import estimate
+
+    doc = {"model": "Qwen/Qwen2-VL-7B-Instruct", "task": "inference", "hardware": {"gpu": "A100-80GB"},
+           "inference": {"batch_size": 1, "prompt_len": 3625, "new_tokens": 8, "images_per_sample": 1,
+                         "image_size": 1680}}
+    rep = estimate(doc)
+    assert any("max_pixels 12,845,056 of the released checkpoints' preprocessor_config.json" in a
+               for a in rep.assumptions)
+    rep = estimate({**doc, "inference": {**doc["inference"], "image_size": None, "prompt_len": 1300}})
+    assert any("lets images up to 12,845,056 pixels through: set image_size" in a for a in rep.assumptions)

@@ -165,9 +165,20 @@ def image_grid(v: VisionSpec, size: int | None) -> tuple[int, int]:
     if not v.max_pixels:
         return v.patches_per_image, v.tokens_per_image
     side = size or v.image_size
-    h, w = smart_resize(side, side, v.patch_size * v.merge_size, v.min_pixels, v.max_pixels)
+    # a given image is resized as the released checkpoint's processor does (its preprocessor_config.json max_pixels,
+    # which AutoProcessor.from_pretrained reads); without one, the processor class's default size stands
+    h, w = smart_resize(side, side, v.patch_size * v.merge_size, v.min_pixels, processor_max_pixels(v, size))
     patches = (h // v.patch_size) * (w // v.patch_size)
     return patches, patches // (v.merge_size * v.merge_size)
+
+
+def processor_max_pixels(v: VisionSpec, size: int | None) -> int:
+    """The ``max_pixels`` ``smart_resize`` caps a given image at: the released checkpoint's (``checkpoint_max_pixels``,
+    Qwen2-VL and Qwen2.5-VL Instruct: 12,845,056 in preprocessor_config.json) when known, else the processor class's;
+    without a given image (``size`` None) the class's (the model's default image, ``VisionSpec.image_size``)."""
+    if size and v.checkpoint_max_pixels:
+        return v.checkpoint_max_pixels
+    return v.max_pixels
 
 
 def image_size(s: Scenario) -> int | None:
@@ -323,8 +334,15 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                  f"[IMG_END]{'' if image_size(s) else '; image_size not given: the largest image'}")
     elif v.max_pixels:
         side = image_size(s) or v.image_size
+        cap = processor_max_pixels(v, image_size(s))
+        why = ("; image_size not given: the largest image of the processor class's default size"
+               + (f" (the released checkpoints' preprocessor_config.json lets images up to {v.checkpoint_max_pixels:,} "
+                  "pixels through: set image_size)" if v.checkpoint_max_pixels > v.max_pixels else "")
+               if not image_size(s) else
+               (" of the released checkpoints' preprocessor_config.json, which AutoProcessor.from_pretrained reads; the "
+                f"processor class's own default is {v.max_pixels:,}" if cap != v.max_pixels else ""))
         shape = (f"a {side} x {side} image resized by the processor's smart_resize (min_pixels {v.min_pixels:,}, "
-                 f"max_pixels {v.max_pixels:,}{'' if image_size(s) else '; image_size not given: the largest image'})")
+                 f"max_pixels {cap:,}{why})")
     else:
         shape = f"{v.image_size} x {v.image_size} (every image resized to it{'; image_size ignored' if image_size(s) else ''})"
     cls = f" and {tiles * v.extra_tokens} class token(s)" if v.extra_tokens else ""
