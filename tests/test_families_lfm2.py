@@ -6,13 +6,11 @@ is not modelled refused."""
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from typing import Any
 
 import pytest
 
-from meta_build import category_bytes, graph_saved_storages, meta_causal_lm_count, prefill_state_bytes
+from meta_build import category_bytes, meta_causal_lm_count, prefill_state_bytes
 from vramplan import estimate
 from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.kv_cache import kv_bytes_per_token
@@ -190,28 +188,12 @@ def test_conv_block_saved_by_hand() -> None:
 
 def _graph_saved(mode: str, batch: int, seq: int) -> int:
     """Bytes of the storages autograd's graph saves after one ``Lfm2ShortConv`` forward (parameters excluded)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
 
-    from vramplan.trace import cuda
+    from meta_build import mixer_graph_saved
 
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**TESTER)
-    weights = torch.bfloat16 if mode == "bf16" else torch.float32
-    with torch.device("meta"):
-        block = Lfm2ShortConv(cfg, 0).to(weights)
-    block.train()
-    params = {id(p.untyped_storage()) for p in block.parameters()}
-    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
-    with cuda.cuda_behaviour(cuda.CudaSpec()):
-        region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
-        with region:
-            out = block(x)
-    saved = graph_saved_storages(out, params)
-    return sum(saved.values())
+    return mixer_graph_saved(Lfm2ShortConv, TESTER, mode, batch, seq)
 
 
 @pytest.mark.parametrize(("mode", "batch", "seq"), [("bf16", 2, 40), ("fp32", 2, 40), ("mixed", 3, 100)])
