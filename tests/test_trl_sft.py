@@ -82,11 +82,11 @@ def test_chunked_nll_formula() -> None:
     # trainable head: saved 254 x 768 x 4 = 780,288; forward 4 x 254 x V x 4 = 204,244,448; backward that + the
     # chunk's logit gradient 254 x V x 4 = 51,061,112 + the head's fp32 gradient V x 768 x 4 = 154,389,504 + the
     # hidden gradient 780,288 = 410,475,352
-    kt = chunked_nll_loss_tensors(254, V, 768, 4, 4, 4, True, True)
+    kt = chunked_nll_loss_tensors(254, V, 768, 4, 4, True, True)
     assert (kt.saved, kt.forward_extra, kt.backward_extra) == (780_288, 204_244_448, 410_475_352)
     # a bf16 head before 1.13 is copied to fp32 for each chunk (V x 768 x 4); from 1.13 cast to the hidden dtype
-    assert chunked_nll_loss_tensors(254, V, 768, 4, 2, 2, True, True).forward_extra == 204_244_448 + V * 768 * 4
-    assert chunked_nll_loss_tensors(254, V, 768, 2, 2, 2, True, False).forward_extra == 204_244_448
+    assert chunked_nll_loss_tensors(254, V, 768, 4, 2, True, True).forward_extra == 204_244_448 + V * 768 * 4
+    assert chunked_nll_loss_tensors(254, V, 768, 2, 2, True, False).forward_extra == 204_244_448
 
 
 def test_chunked_and_fused_releases_drop_the_logits() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from vramplan.alloc import replay_compact, replay_parts
+from vramplan.alloc.compact import expand, split_pools
 from vramplan.alloc.rules import (
     K_LARGE_BUFFER as LARGE_SEGMENT,
 )
@@ -40,7 +41,7 @@ from vramplan.alloc.rules import (
     K_SMALL_SIZE as SMALL_SIZE,
 )
 from vramplan.alloc.rules import allocation_size, is_small, round_size, should_split
-from vramplan.analytic.events import StepLayout, iter_run_parts, train_run_pools
+from vramplan.analytic.events import StepLayout, iter_run_parts, train_run_parts_marked
 
 __all__ = [
     "LARGE_SEGMENT", "MIN_LARGE_ALLOC", "ROUND_BYTES", "ROUND_LARGE", "SMALL_SEGMENT", "SMALL_SIZE",
@@ -82,10 +83,10 @@ def _reserved_for(ordered: tuple[tuple[int, int], ...], expandable_segments: boo
     return replay_compact(stream, expandable_segments).final_reserved_bytes
 
 
-def _pooled_reserved(layout: StepLayout, expandable_segments: bool, capacity_bytes: int | None) -> int:
+def _pooled_reserved(main: list[int], side: list[int], expandable_segments: bool, capacity_bytes: int | None) -> int:
     """Reserved bytes of a step whose gradients are made on a side stream (torch FSDP's reduce-scatter stream,
-    ``terms/sharding.py grads_on_reduce_stream``): the compute stream's blocks and the gradients' replayed as two
-    allocators, the reserved bytes being their sum.
+    ``terms/sharding.py grads_on_reduce_stream``): the compute stream's blocks (``main``) and the gradients'
+    (``side``, ``vramplan.alloc.compact.split_pools``) replayed as two allocators, the reserved bytes being their sum.
 
     The caching allocator never hands a block to another stream, and without a failed ``cudaMalloc`` (or
     ``empty_cache``) it never gives a segment back, so each pool's reserved bytes only grow and the process's peak
@@ -97,7 +98,6 @@ def _pooled_reserved(layout: StepLayout, expandable_segments: bool, capacity_byt
 
     Worked example (``tests/test_fsdp_grad_pool.py``): a 20 MiB activation freed, then a 20 MiB gradient: one
     stream reuses the activation's segment (20 MiB reserved); on two streams the gradient opens its own (40 MiB)."""
-    main, side = train_run_pools(layout)
     pooled = (replay_compact(side, expandable_segments).peak_reserved_bytes
               + replay_compact(main, expandable_segments).peak_reserved_bytes)
     return pooled if capacity_bytes is None else min(pooled, capacity_bytes)
@@ -127,10 +127,16 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
     Results are cached per layout (a frozen dataclass), so repeated estimates of one scenario replay
     once.
     """
-    res = replay_parts(iter_run_parts(layout), expandable_segments=expandable_segments,
-                       capacity_bytes=capacity_bytes)
-    if res.oom is None and layout.grads_on_side_stream:
-        return res.peak_allocated_bytes, _pooled_reserved(layout, expandable_segments, capacity_bytes)
+    if layout.grads_on_side_stream:
+        # the stream is written once: its parts replay whole (allocated bytes, a failed request), then by pool
+        parts, marked = train_run_parts_marked(layout)
+        res = replay_parts(parts, expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
+        if res.oom is None:
+            main, side = split_pools(expand(parts), marked)
+            return res.peak_allocated_bytes, _pooled_reserved(main, side, expandable_segments, capacity_bytes)
+    else:
+        res = replay_parts(iter_run_parts(layout), expandable_segments=expandable_segments,
+                           capacity_bytes=capacity_bytes)
     if res.oom is not None:
         # the request that failed after the allocator emptied its cache and retried: the step needs
         # at least what stayed reserved plus that request's segment, which exceeds the capacity

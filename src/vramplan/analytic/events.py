@@ -69,8 +69,8 @@ from vramplan.analytic.timeline import FORWARD
 from vramplan.spec.defaults import checkpointing
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts", "train_run_pools",
-           "train_run_stream"]
+__all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts",
+           "train_run_parts_marked", "train_run_pools", "train_run_stream"]
 
 
 @dataclass(frozen=True)
@@ -585,10 +585,9 @@ def _plans(lay: StepLayout) -> list[_LayerPlan]:
     return out
 
 
-def _grad_sizes(lay: StepLayout, n_layers: int) -> list[int]:
+def _grad_sizes(lay: StepLayout, plans: list[_LayerPlan], n_layers: int) -> list[int]:
     """The gradients a backward makes, in its order and sizes (``_pass``): the head's, each layer's from the last
     (``_LayerPlan.grads``), the embedding's last; what gradient accumulation finds at the next micro-batch."""
-    plans = _plans(lay)
     head = lay.grad_outside - lay.embed_grad
     out: list[int] = [head] if head > 0 else []
     for i in range(n_layers - 1, -1, -1):
@@ -636,7 +635,7 @@ def _phases(st: _Stream, lay: StepLayout, n_layers: int | None) -> Iterator[None
     yield None
     states = _optimizer(st, lay, grads, None, n)
     if lay.grads_during_forward:
-        grads = st.alloc_all(_grad_sizes(lay, n))
+        grads = st.alloc_all(_grad_sizes(lay, plans, n))
     yield None
     _pass(st, lay, plans, grads, lay.grads_during_forward, n, ws)
     yield None
@@ -644,16 +643,23 @@ def _phases(st: _Stream, lay: StepLayout, n_layers: int | None) -> Iterator[None
     yield None
 
 
-def train_run_pools(lay: StepLayout, n_layers: int | None = None) -> tuple[list[int], list[int]]:
-    """``train_run_stream`` cut by CUDA stream (``vramplan.alloc.compact.split_pools``): the compute stream's events,
-    and those of the gradients when ``lay.grads_on_side_stream`` (torch FSDP's reduce-scatter stream), each a compact
-    stream whose reserved bytes the caching allocator counts apart; the second is empty otherwise."""
+def train_run_parts_marked(lay: StepLayout, n_layers: int | None = None) -> tuple[list[list[int] | Repeat], set[int]]:
+    """``train_run_parts`` and the ids of the blocks a side CUDA stream allocates (the gradients when
+    ``lay.grads_on_side_stream``: torch FSDP's reduce-scatter stream; none otherwise)."""
     st = _Stream(runs=True)
     parts: list[list[int] | Repeat] = []
     for _ in _phases(st, lay, n_layers):
         parts += st.close()
         st.parts = []
-    return split_pools(expand(parts), st.marked)
+    return parts, st.marked
+
+
+def train_run_pools(lay: StepLayout, n_layers: int | None = None) -> tuple[list[int], list[int]]:
+    """``train_run_stream`` cut by CUDA stream (``vramplan.alloc.compact.split_pools``): the compute stream's events,
+    and those of the gradients when ``lay.grads_on_side_stream`` (torch FSDP's reduce-scatter stream), each a compact
+    stream whose reserved bytes the caching allocator counts apart; the second is empty otherwise."""
+    parts, marked = train_run_parts_marked(lay, n_layers)
+    return split_pools(expand(parts), marked)
 
 
 def train_run_events(lay: StepLayout, n_layers: int | None = None) -> list[AllocEvent]:

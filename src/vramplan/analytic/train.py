@@ -207,30 +207,25 @@ def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
         return FUSED_HEAD_LOSS_NOTES[s.train.objective]
     if s.train.objective in OBJECTIVE_LOSS_NOTES:
         return OBJECTIVE_LOSS_NOTES[s.train.objective]
-    if trl_sft(s):
-        sft = sft_loss_note(s)
-        if sft_row(s).path != "logits":
-            return sft
-        other = loss_release_note(family_loss_release(s.software.transformers_version, m.traits, fw, m.encoder_only,
-                                                      s.software.torchtune_version),
-                                  s.software.transformers, m.family, fw, m.encoder_only)
-        return sft if other is None else f"{sft}; {other}"
+    if trl_sft(s) and sft_row(s).path != "logits":
+        return sft_loss_note(s)
     sw = s.software
+    release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
+    note = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
+    if trl_sft(s):
+        # SFTTrainer over the HF Trainer's loss (its logits rows): TRL's note, then the model release's own
+        return sft_loss_note(s) if note is None else f"{sft_loss_note(s)}; {note}"
     if m.encoder_decoder is not None:
         # the release whose step is modelled: 5.24's, or a 4.x one's (T5's eager step; BART and Whisper are refused
         # there), whose loss is the same (modeling_t5.py 4.46.3 l.1924-1926)
         v = sw.transformers_version
-        release = f"transformers {sw.transformers}" if v is not None and v < (5, 0) else "transformers 5.24"
-        return ENCODER_DECODER_LOSS_NOTE.replace("transformers 5.24", release)
-    release = family_loss_release(sw.transformers_version, m.traits, fw, m.encoder_only, sw.torchtune_version)
+        modelled = f"transformers {sw.transformers}" if v is not None and v < (5, 0) else "transformers 5.24"
+        return ENCODER_DECODER_LOSS_NOTE.replace("transformers 5.24", modelled)
     if fw == "megatron" and not m.encoder_only:
-        other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
-        return MEGATRON_LOSS_NOTE if other is None else f"{MEGATRON_LOSS_NOTE}; {other}"
+        return MEGATRON_LOSS_NOTE if note is None else f"{MEGATRON_LOSS_NOTE}; {note}"
     if fw == "torchtune" and not m.encoder_only:
         tune = f"loss as torchtune {sw.torchtune or '0.6.1'} computes it: {TORCHTUNE_LOSS_NOTES[release]}"
-        other = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
-        return tune if other is None else f"{tune}; {other}"
-    note = loss_release_note(release, sw.transformers, m.family, fw, m.encoder_only)
+        return tune if note is None else f"{tune}; {note}"
     # the text of the reports before software.transformers reached the loss (kept byte-identical; the labels
     # are padded from 4.49, analytic/logits.py)
     return note or "loss as transformers >= 4.46 computes it (fp32 logits, log_softmax saved)"

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from vramplan.analytic.fused_head import fused_loss_tensors
 from vramplan.analytic.logits import KernelLossTensors, LossTensors
-from vramplan.facts.trl import SFT_READ_AT, SftLossRow, release_text, sft_loss_row
+from vramplan.facts.trl import CHUNKED_NLL_CAST_FROM, SFT_READ_AT, SftLossRow, release_text, sft_loss_row
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["CHUNKED_NLL_ROWS", "SFT_FUSED_OUTPUT_BYTES", "chunked_nll_loss_tensors", "metrics_extra_bytes",
+__all__ = ["CHUNKED_NLL_ROWS", "SFT_FUSED_OUTPUT_BYTES", "chunked_nll_fp32_head", "chunked_nll_loss_tensors",
+           "metrics_extra_bytes",
            "sft_fused_loss_tensors", "sft_loss_note", "sft_row", "trl_sft"]
 
 # trl v1.7.0-1.14.0 sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE: positions per chunk of the patched LM head
@@ -43,6 +44,11 @@ def trl_sft(s: Scenario) -> bool:
 def sft_row(s: Scenario) -> SftLossRow:
     """The SFTTrainer row of ``software.trl``."""
     return sft_loss_row(s.software.trl_version)
+
+
+def chunked_nll_fp32_head(s: Scenario) -> bool:
+    """``chunked_nll`` copies the head to fp32 for each chunk before ``CHUNKED_NLL_CAST_FROM`` (facts/trl.py)."""
+    return (s.software.trl_version or CHUNKED_NLL_CAST_FROM) < CHUNKED_NLL_CAST_FROM
 
 
 def metrics_extra_bytes(lt: LossTensors, positions: int, shifted: int, sequence: int, vocab: int, logits_bytes: int,
@@ -65,8 +71,8 @@ def metrics_extra_bytes(lt: LossTensors, positions: int, shifted: int, sequence:
     return max(0, moment - lt.forward_peak)
 
 
-def chunked_nll_loss_tensors(shifted: int, vocab: int, hidden: int, hidden_bytes: int, compute_bytes: int,
-                             weight_bytes: int, head_trainable: bool, fp32_weight_copy: bool) -> KernelLossTensors:
+def chunked_nll_loss_tensors(shifted: int, vocab: int, hidden: int, hidden_bytes: int, weight_bytes: int,
+                             head_trainable: bool, fp32_weight_copy: bool) -> KernelLossTensors:
     """``loss_type='chunked_nll'`` (trl v1.7.0-1.14.0 ``_patch_chunked_ce_lm_head``): the head over the ``shifted`` =
     b (s - 1) positions in chunks of 256 under non-reentrant checkpointing, no logits returned, as (saved to the
     backward, forward extra, backward extra).
@@ -79,7 +85,8 @@ def chunked_nll_loss_tensors(shifted: int, vocab: int, hidden: int, hidden_bytes
     * backward, one chunk at a time: the chunk recomputed (the same transient), its logits' gradient (256 V 4), the
       weight copy's gradient in fp32 (V H 4, a trainable head) and the hidden states' gradient (b (s - 1) H 4).
 
-    Read from the source (the chunk's transient is a count of the tensors the code makes, not a measurement)."""
+    The chunk's logits are fp32 whatever the autocast dtype (``.float()``), so the compute dtype does not enter.  Read
+    from the source (the chunk's transient is a count of the tensors the code makes, not a measurement)."""
     chunk = min(shifted, CHUNKED_NLL_ROWS)
     if fp32_weight_copy:
         w_copy = vocab * hidden * 4 if weight_bytes != 4 else 0
@@ -89,7 +96,6 @@ def chunked_nll_loss_tensors(shifted: int, vocab: int, hidden: int, hidden_bytes
     saved = shifted * hidden * hidden_bytes
     grad_w = vocab * hidden * 4 if head_trainable else 0
     backward = transient + chunk * vocab * 4 + grad_w + shifted * hidden * 4
-    del compute_bytes  # the chunk's logits are fp32 whatever the autocast dtype (.float() / h.float() @ w.float())
     return KernelLossTensors(saved=saved, forward_extra=transient, backward_extra=backward)
 
 
@@ -104,7 +110,6 @@ def sft_fused_loss_tensors(shifted: int, vocab: int, hidden: int, hidden_bytes: 
 def sft_loss_note(s: Scenario) -> str:
     """The report's assumption for a TRL SFT job."""
     row = sft_row(s)
-    v = s.software.trl_version or (0, 0, 0)
     head = (f"loss as TRL {s.software.trl} SFTTrainer computes it (its row from {release_text(row.first)}, "
             f"facts/trl.py SFT_LOSS_ROWS, read at {SFT_READ_AT}; default loss_type")
     if row.path == "fused-head":
@@ -112,7 +117,8 @@ def sft_loss_note(s: Scenario) -> str:
                 "labelled positions in tiles of 4,096 x 32,768 and never makes the logits; every position assumed "
                 "labelled")
     if row.path == "chunked-nll":
-        copy = "an fp32 copy of the head's weight (w.float())" if v < (1, 13, 0) else "the head cast to the hidden dtype"
+        copy = ("an fp32 copy of the head's weight (w.float())" if chunked_nll_fp32_head(s)
+                else "the head cast to the hidden dtype")
         return (f"{head} chunked_nll): the LM head in chunks of 256 positions under checkpointing, no full logits; "
                 f"per chunk its fp32 logits, log-softmax and entropy terms and {copy}; loss_type='nll' or "
                 "use_liger_kernel is not read (set train.loss for Liger)")

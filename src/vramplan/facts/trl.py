@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "CHUNKED_NLL_CAST_FROM",
     "COMPLETION_DEFAULT_ROWS",
     "DEFAULT_TRL_RELEASE",
     "GRADIENT_CHECKPOINTING_ROWS",
@@ -357,6 +358,9 @@ SFT_LOSS_ROWS: tuple[SftLossRow, ...] = (
                "'is_top1')) unconditionally in __init__ (1.16.0:1144-1147), compute_loss model(**inputs, "
                "fused_lm_head=True) (1.16.0:1611)"),
 )
+# chunked_nll's matmul before this release: ``h.float() @ w.float().t()`` (an fp32 copy of the head per chunk; trl
+# v1.9.0 sft_trainer.py:101, 1.11.0:103); from it ``(h @ w.to(h.dtype).t()).float()`` (1.13.0 sft_trainer.py:105)
+CHUNKED_NLL_CAST_FROM = (1, 13, 0)
 # where SFT_LOSS_ROWS were read: the git tags v0.9.3-v1.9.0 of huggingface/trl, the PyPI wheels 1.10.0-1.16.0
 SFT_READ_AT = "v0.9.3-v1.9.0 (git tags), 1.10.0-1.16.0 (PyPI wheels)"
 

@@ -335,12 +335,16 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
     elif v.max_pixels:
         side = image_size(s) or v.image_size
         cap = processor_max_pixels(v, image_size(s))
-        why = ("; image_size not given: the largest image of the processor class's default size"
-               + (f" (the released checkpoints' preprocessor_config.json lets images up to {v.checkpoint_max_pixels:,} "
-                  "pixels through: set image_size)" if v.checkpoint_max_pixels > v.max_pixels else "")
-               if not image_size(s) else
-               (" of the released checkpoints' preprocessor_config.json, which AutoProcessor.from_pretrained reads; the "
-                f"processor class's own default is {v.max_pixels:,}" if cap != v.max_pixels else ""))
+        if not image_size(s):
+            why = "; image_size not given: the largest image of the processor class's default size"
+            if v.checkpoint_max_pixels > v.max_pixels:
+                why += (f" (the released checkpoints' preprocessor_config.json lets images up to "
+                        f"{v.checkpoint_max_pixels:,} pixels through: set image_size)")
+        elif cap != v.max_pixels:
+            why = (" of the released checkpoints' preprocessor_config.json, which AutoProcessor.from_pretrained reads; "
+                   f"the processor class's own default is {v.max_pixels:,}")
+        else:
+            why = ""
         shape = (f"a {side} x {side} image resized by the processor's smart_resize (min_pixels {v.min_pixels:,}, "
                  f"max_pixels {cap:,}{why})")
     else:

@@ -31,6 +31,7 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import END, FORWARD, LOSS, mlp
 from vramplan.analytic.trl_sft import (
+    chunked_nll_fp32_head,
     chunked_nll_loss_tensors,
     metrics_extra_bytes,
     sft_fused_loss_tensors,
@@ -42,7 +43,7 @@ from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
 __all__ = ["LITGPT_HEAD_NOTE", "fused_head_dtypes", "kernel_loss", "layer_forward", "litgpt_head_dequant",
-           "litgpt_head_dequant_bytes", "loss", "standard_loss_tensors", "trl_sft_metrics"]
+           "litgpt_head_dequant_bytes", "loss", "shifted_positions", "standard_loss_tensors", "trl_sft_metrics"]
 
 LITGPT_HEAD_NOTE = (
     "Lit-GPT: its own LM head (an nn.Linear, held even where the checkpoint ties it) is quantized by Lightning's "
@@ -57,6 +58,12 @@ def vocab_on_rank(c: StepContext) -> int:
     all-gathers them (layout.HF_TP_FRAMEWORKS)."""
     m = c.m
     return m.vocab_size if gathers_logits(c.framework, c.tp) else ceil_div(m.vocab_size, c.tp)
+
+
+def shifted_positions(c: StepContext) -> int:
+    """The positions a causal LM's loss scores on this rank: b (s - 1), split over the context-parallel ranks."""
+    t = c.s.train
+    return ceil_div(t.micro_batch_size * (t.seq_len - 1), c.s.parallel.cp)
 
 
 def loss_release_of(c: StepContext) -> LossRelease:
@@ -97,10 +104,8 @@ def trl_sft_metrics(c: StepContext, lt: LossTensors) -> list[Term]:
     1,016 V = 51,061,112 B above the loss's peak."""
     t, row = c.s.train, sft_row(c.s)
     d = 4 if loss_release_of(c) == "shifted" else c.pol.compute_bytes
-    cp = c.s.parallel.cp
-    shifted = ceil_div(t.micro_batch_size * (t.seq_len - 1), cp)
-    extra = metrics_extra_bytes(lt, c.tokens, shifted, ceil_div(t.seq_len, cp), vocab_on_rank(c), d,
-                                t.micro_batch_size, c.s.data_parallel_degree, row)
+    extra = metrics_extra_bytes(lt, c.tokens, shifted_positions(c), ceil_div(t.seq_len, c.s.parallel.cp),
+                                vocab_on_rank(c), d, t.micro_batch_size, c.s.data_parallel_degree, row)
     return [Term(K.LOSS_FORWARD, extra, FORWARD, LOSS, "logits.trl_sft_metrics")] if extra else []
 
 
@@ -152,7 +157,7 @@ def standard_loss_tensors(c: StepContext) -> LossTensors:
     # padded (current releases): forward_peak = c V + (4 V when c < 4) + saved log-probs (4 V, with Gemma 2's
     # soft-cap output); older releases copy the shifted logits over b (s - 1) tokens (analytic/logits.py)
     return loss_bytes(c.tokens, vocab_on_rank(c), cb, softcap=m.final_logit_softcapping is not None,
-                      release=loss_release_of(c), shifted_tokens=ceil_div(c.s.train.micro_batch_size * (c.s.train.seq_len - 1), c.s.parallel.cp),
+                      release=loss_release_of(c), shifted_tokens=shifted_positions(c),
                       autocast=c.pol.autocast)
 
 
@@ -162,11 +167,10 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
     if trl_sft(c.s) and (row := sft_row(c.s)).path != "logits":
         x, _, w = fused_head_dtypes(c)
-        shifted = ceil_div(t.micro_batch_size * (t.seq_len - 1), c.s.parallel.cp)
         if row.path == "fused-head":
-            return sft_fused_loss_tensors(shifted, vocab, hidden, x, cb, w, c.peft is None)
-        fp32_copy = (c.s.software.trl_version or (1, 13, 0)) < (1, 13, 0)
-        return chunked_nll_loss_tensors(shifted, vocab, hidden, x, cb, w, c.peft is None, fp32_copy)
+            return sft_fused_loss_tensors(shifted_positions(c), vocab, hidden, x, cb, w, c.peft is None)
+        return chunked_nll_loss_tensors(shifted_positions(c), vocab, hidden, x, w, c.peft is None,
+                                        chunked_nll_fp32_head(c.s))
     if t.objective in ("grpo", "rloo", "dpo", "kto") and uses_fused_head(c.s):
         return _fused_head_loss_tensors(c)
     if marks_openrlhf_loss(c.s):
