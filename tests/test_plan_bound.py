@@ -98,3 +98,37 @@ def test_setups_with_module_lists_are_bounded_apart() -> None:
         assert ctx.lower_bound(s) == static_bytes(Resolved(ctx.scenario(s), ctx.model, ctx.gpu)) + \
             cuda_context_bytes(ctx.gpu)
     assert ctx.lower_bound(qvo) > ctx.lower_bound(qv)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(MODELS), gpu=st.sampled_from(GPUS), n=st.sampled_from([1, 2, 8]),
+       seq=st.sampled_from([512, 4096]), data=st.data())
+def test_the_step_floor_is_the_steady_peak_and_never_exceeds_the_estimate(model: str, gpu: str, n: int, seq: int,
+                                                                          data: st.DataObject) -> None:
+    """The planner's second screen (engine.train_step_floor_bytes): the steady step's peak moment plus the bytes
+    outside the allocator, at or below the replayed estimate's device-used bytes, at or above the static bound."""
+    ctx = _ctx(model, gpu)
+    cands = list(train_candidates(ctx.model, ctx.gpu, n, TrainJob(seq_len=seq, global_batch=4 * n, peft="allow")))
+    for s in data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=6)):
+        floor = ctx.step_floor(s)
+        assert floor is not None
+        tr = train_step(Resolved(ctx.scenario(s), ctx.model, ctx.gpu))
+        rest = tr.peak.total + cuda_context_bytes(ctx.gpu) + nccl_bytes(tr.communicators)
+        assert floor == rest + min(tr.managed_bytes, max(0, ctx.gpu.total_memory_bytes - rest)), s.label()
+        for reserved in ("packed", "replay"):
+            assert floor <= ctx.estimate(s, reserved=reserved).per_gpu.device_used_bytes, s.label()
+        assert ctx.lower_bound(s) <= floor, s.label()
+
+
+def test_the_step_floor_answers_only_the_plain_step() -> None:
+    """Another objective runs other engines (DPO's reference forwards, GRPO's rollout): no floor, the estimate
+    decides."""
+    ctx = _ctx("Qwen/Qwen2.5-0.5B", "A100-80GB")
+    s = TrainSetup(framework="hf-trainer", num_gpus=1, micro_batch_size=1, grad_accum_steps=1, seq_len=1024,
+                   optimizer="adamw-fused", precision="bf16-mixed")
+    from vramplan.engine import train_step_floor_bytes
+
+    r = ctx._resolved(s)
+    assert train_step_floor_bytes(r) is not None
+    dpo = r.scenario.model_copy(update={"train": r.scenario.train.model_copy(update={"objective": "dpo"})})
+    assert train_step_floor_bytes(Resolved(dpo, r.model, r.gpu)) is None

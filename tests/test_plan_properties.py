@@ -125,3 +125,19 @@ def test_cheap_scenario_copies_equal_validated_documents(model: str, gpu: str, n
     cands = list(train_candidates(ctx.model, ctx.gpu, n, TrainJob(seq_len=1024, global_batch=4 * n, peft="allow")))
     for s in data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=10)):
         assert resolve(ctx.document(s)).scenario == ctx.scenario(s)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(MODELS), gpu=st.sampled_from(GPUS), counts=st.sampled_from(["1-4", "1,2,8", "2-9"]),
+       top=st.sampled_from([1, 3, 5]))
+def test_branch_and_bound_over_gpu_counts_equals_exhaustive(model: str, gpu: str, counts: str, top: int) -> None:
+    """The walk of a GPU count stops once its best is found and ``top`` setups of the counts walked before rank
+    ahead: the answer (the ``top`` fastest over every count) and each count's best are the exhaustive search's."""
+    job = TrainJob(seq_len=2048, global_batch=72)
+    fast = plan(model, gpu, counts, job, top=top, explain=False)
+    full = plan(model, gpu, counts, job, top=top, explain=False, exhaustive=True)
+    pick = [(r.label, r.step_time_s) for r in ([fast.chosen] if fast.chosen else []) + fast.runners_up]
+    ref = [(r.label, r.step_time_s) for r in ([full.chosen] if full.chosen else []) + full.runners_up]
+    assert pick == ref
+    assert fast.by_gpu_count == full.by_gpu_count
+    assert fast.stats.candidates == fast.stats.bound_rejected + fast.stats.estimated + fast.stats.pruned

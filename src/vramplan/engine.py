@@ -58,7 +58,7 @@ from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB
 
-__all__ = ["ReservedModel", "estimate"]
+__all__ = ["ReservedModel", "estimate", "train_step_floor_bytes"]
 
 
 def context_at_start(r: Resolved) -> bool:
@@ -638,6 +638,29 @@ def _llamacpp(r: Resolved, sr: ServeResult, d: LlamaCppDecision, ctx: int) -> Re
     rep = _report(r, sr.peak, sr.moments, outside, Host(offloaded_bytes=d.host_weights_bytes + d.kv_host_bytes),
                   block, sr.assumptions, reserved=sr.peak.total)
     return rep if d.starts else rep.model_copy(update={"fits": False})
+
+
+def train_step_floor_bytes(r: Resolved) -> int | None:
+    """A lower bound of a plain training job's ``device_used_bytes`` from its steady step alone (the planner's
+    second screen, after ``plan/bound.py``'s static terms); None for a job of another kind.
+
+    ``_train`` reports the maximum over the steady step and the job's other phases, with reserved bytes at least
+    the steady step's peak moment, and device-used bytes = reserved + what ``managed_in_capacity`` keeps of the
+    bytes outside the allocator, which grows with the reserved bytes; so the steady peak moment plus that is
+    never above the estimate's figure.  It skips the allocator model, the lifecycle phases, the report and the
+    band (about a third of an estimate's time).  Refuses what ``estimate`` refuses, with the same problems."""
+    s = r.scenario
+    if (s.task != "train" or s.effective_framework in ("verl", "openrlhf") or s.train.objective != "sft"):
+        return None
+    refused = (every_token_expert_problems(s, r.model) + linear_mixer_analytic_problems(s, r.model)
+               + analytic_unmodelled_problems(s, r.model))
+    if refused:
+        raise ScenarioError(refused)
+    tr = train_step(r, peak_only=True)
+    outside = {"cuda_context": cuda_context_for(r.gpu).bytes, "workspaces": 0,
+               "communication": nccl_bytes(tr.communicators), "managed": tr.managed_bytes}
+    kept, _ = managed_in_capacity(outside, tr.peak.total, r.gpu.total_memory_bytes)
+    return tr.peak.total + sum(kept.values())
 
 
 def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel = "replay") -> Report:

@@ -110,9 +110,12 @@ def _walks(r: Resolved, stage: int, attention: str, repeat: bool) -> list[StepCo
     return [first, StepContext(r, stage, attention, repeat, gpipe_later=True)]
 
 
-def train_step(r: Resolved) -> TrainResult:
+def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
     """One steady-state step on the GPU of each pipeline stage worth estimating; the stage with the
-    highest peak is the answer.  Each stage's terms (analytic/terms) are swept over its timeline."""
+    highest peak is the answer.  Each stage's terms (analytic/terms) are swept over its timeline.
+
+    ``peak_only``: the moments, the peak and the bytes by place only -- no event layout for the allocator
+    replay and no assumptions (the planner's screen, ``engine.train_step_floor_bytes``)."""
     s, m = r.scenario, r.model
     attention, repeat = resolve_attention(s, m, step_policy(s), r.gpu)
     results: list[TrainResult] = []
@@ -123,10 +126,12 @@ def train_step(r: Resolved) -> TrainResult:
             peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
             off = _elsewhere(terms)
             results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
-                                       build_layout(c, terms), terms, c))
+                                       None if peak_only else build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
     par = s.parallel
     best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
+    if peak_only:
+        return best
     c0 = StepContext(r, 0, attention, repeat)
     casts = [CAST_ASSUMPTION] if casts_apply(c0) else [FROZEN_CAST_NOTE] if frozen_casts_apply(c0) else []
     pol = step_policy(s)

@@ -20,7 +20,7 @@ from typing import Any
 from vramplan.analytic.layout import LoraTargets, lora_targets, rank_params
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.catalog.resolve import resolve
-from vramplan.engine import ReservedModel, estimate
+from vramplan.engine import ReservedModel, estimate, train_step_floor_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.bound import PER_BATCH, static_lower_bound_bytes
 from vramplan.plan.fit import usable_bytes
@@ -123,8 +123,8 @@ class PlanContext:
             got = self._bounds[key] = static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
         return got
 
-    def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
-        """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""
+    def _resolved(self, s: TrainSetup | ServeSetup) -> Resolved:
+        """The setup's scenario as ``resolve`` would finish it (without re-validating the whole document)."""
         scn = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
         # a pre-quantized checkpoint decides the weights' format, as in ``resolve``
         scn, notes, problems = checkpoint_quantization_for(scn, self.model)
@@ -132,7 +132,16 @@ class PlanContext:
         notes += upcast
         if problems:
             raise ScenarioError(problems)
-        return estimate(Resolved(scn, self.model, self.gpu, tuple(notes)), reserved=reserved)
+        return Resolved(scn, self.model, self.gpu, tuple(notes))
+
+    def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
+        """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""
+        return estimate(self._resolved(s), reserved=reserved)
+
+    def step_floor(self, s: TrainSetup) -> int | None:
+        """The steady step's lower bound of the estimate's device-used bytes (``engine.train_step_floor_bytes``;
+        None for a job the plain step does not answer)."""
+        return train_step_floor_bytes(self._resolved(s))
 
     def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
         """The setup's document through full validation (what ``vramplan estimate`` does).

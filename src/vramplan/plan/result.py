@@ -74,7 +74,8 @@ class GpuCountBest(_Frozen):
 
 class SearchStats(_Frozen):
     """How the search went.  Every candidate is enumerated and timed by the step-time model; its memory
-    is then decided by the lower bound, by a full estimate, or it is dropped by the branch-and-bound
+    is then decided by a lower bound (``bound_rejected``: the static terms', or the steady step's peak
+    moment's, both never above the estimate), by a full estimate, or it is dropped by the branch-and-bound
     rule (``pruned``: enough fitting setups with a shorter predicted step, or a faster member of its
     family, were already found, so it cannot enter the answer)."""
 

@@ -6,13 +6,17 @@ model (cheap), then visited in order of predicted step time:
 1. if a faster setup of the same *family* (same everything but the micro-batch split) already
    fits, it is skipped -- it cannot be its family's best;
 2. if the lower bound of its memory (``bound.py``: weights + optimizer states + masters + fixed
-   overheads, provably <= the estimate) exceeds the usable memory, it is rejected;
+   overheads, provably <= the estimate) exceeds the usable memory, it is rejected; so is it when
+   the steady step's peak moment with the bytes outside the allocator does
+   (``engine.train_step_floor_bytes``: also never above the estimate, at about a third of its cost);
 3. otherwise the analytic engine estimates it, first with the fast packed reserved bytes, then,
    if that fits, with the allocator replay; it fits when ``device_used <= (1 - margin) x capacity``
    and its verdict is ``FITS`` (the band's high bound within the capacity: ``fit.py``).
 
-The walk stops once ``top`` families fit: every remaining candidate has a predicted step time at
-least as long as the ``top``-th answer, so the ranking of the answer is exact with respect to the
+The walk of a GPU count stops once ``top`` families fit, or once it has found its count's best and
+``top`` setups found over all the counts walked so far rank before the candidate (the answer keeps
+the ``top`` fastest over every count and the best of each count): every remaining candidate has a
+predicted step time at least as long, so the ranking of the answer is exact with respect to the
 step-time model (``exhaustive=True`` estimates everything instead; tests check both agree).
 """
 
@@ -101,16 +105,28 @@ def _host_ok(report: Report, s: TrainSetup, host_limit_bytes: int | None) -> boo
     return report.host.offloaded_bytes * min(s.num_gpus, s.gpus_per_node) <= host_limit_bytes
 
 
+def _rank_key(t: StepTime, s: TrainSetup) -> tuple[float, int]:
+    """The order of the walk and of the answer: shorter predicted step first, then the larger micro-batch."""
+    return (t.total_s, -s.micro_batch_size)
+
+
 def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats, exhaustive: bool,
-                host_limit_bytes: int | None) -> list[_Found]:
+                host_limit_bytes: int | None, ahead: list[tuple[float, int]] | None = None) -> list[_Found]:
+    """The fitting setups of one GPU count, fastest first, at most ``top`` families.
+
+    ``ahead``: the rank keys of the setups found at the counts walked before (grown with this count's): once this
+    count has its best and ``top`` of them rank strictly before a candidate, neither it nor any after it can enter
+    the answer (the ``top`` fastest over all counts, and each count's best), so the walk stops there."""
     timed = [(ctx.step_time(s), s) for s in setups]
     st.candidates += len(timed)
-    timed.sort(key=lambda x: (x[0].total_s, -x[1].micro_batch_size))
+    timed.sort(key=lambda x: _rank_key(*x))
     usable = ctx.usable
     found: list[_Found] = []
     families: set[tuple[object, ...]] = set()
+    ahead = [] if ahead is None else ahead
     for i, (t, s) in enumerate(timed):
-        if not exhaustive and len(found) >= top:
+        if not exhaustive and (len(found) >= top or (
+                found and sum(k < _rank_key(t, s) for k in ahead) >= top)):
             st.pruned += len(timed) - i
             break
         fam = s.family()
@@ -119,6 +135,10 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             continue
         try:
             if ctx.lower_bound(s) > usable:
+                st.bound_rejected += 1
+                continue
+            floor = ctx.step_floor(s)
+            if floor is not None and floor > usable:
                 st.bound_rejected += 1
                 continue
             rep = ctx.estimate(s, reserved="packed")
@@ -148,6 +168,7 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             continue
         families.add(fam)
         found.append(_Found(s, t, rep))
+        ahead.append(_rank_key(t, s))
     return found
 
 
@@ -275,9 +296,10 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
             notes.append(f"seq_len {job.seq_len} exceeds the model's max_position_embeddings "
                          f"({ctx.model.max_position_embeddings}); memory is estimated as asked")
         notes.extend(batch_split_problems(ctx.model, counts, job, gpus_per_node))
+        ahead: list[tuple[float, int]] = []  # the rank keys found so far, over every count
         for n in counts:
             setups = list(train_candidates(ctx.model, ctx.gpu, n, job, gpus_per_node))
-            per_count[n] = _walk_train(ctx, setups, top, st, exhaustive, host_limit)
+            per_count[n] = _walk_train(ctx, setups, top, st, exhaustive, host_limit, ahead)
         if st.first_refusal is not None:
             if not st.estimated:  # every setup refused: the refusal is the answer
                 raise st.first_refusal

@@ -156,15 +156,16 @@ def _persists(c: StepContext, numel: int) -> bool:
 def retained_layers(c: StepContext) -> list[int]:
     """Elements of each layer kept gathered from its forward to its backward (reuse within the distance), less
     its persistent tensors (counted once in ``persistent``)."""
-    limit = settings(c).max_reuse_distance
-    return [sum(t for t, d in zip(ts, ds, strict=True) if d < limit and not _persists(c, t))
+    limit, threshold = settings(c).max_reuse_distance, settings(c).param_persistence_threshold
+    return [sum(t for t, d in zip(ts, ds, strict=True) if d < limit and t > threshold)
             for ts, ds in zip(layer_tensors(c), reuse_distances(c), strict=True)]
 
 
 def _persistent_elements(c: StepContext) -> int:
     """Elements of this rank's parameters at or under the persistence threshold (the adapters aside)."""
     rp = c.rp
-    out = sum(t for ts in layer_tensors(c) for t in ts if _persists(c, t))
+    threshold = settings(c).param_persistence_threshold  # ``_persists``, read once for the model's tensors
+    out = sum(t for ts in layer_tensors(c) for t in ts if t <= threshold)
     for p in c.m.params:
         if p.layer_span:
             continue
@@ -213,7 +214,8 @@ def zero3_gathered(c: StepContext) -> list[Term]:
     st = settings(c)
     tensors = layer_tensors(c)
     n = len(tensors)
-    largest = max((t for ts in tensors for t in ts if not _persists(c, t)), default=0)
+    threshold = st.param_persistence_threshold  # ``_persists``, read once
+    largest = max((t for ts in tensors for t in ts if t > threshold), default=0)
     head = _head_elements(c)
     retained = retained_layers(c)
     available = sum(retained)
