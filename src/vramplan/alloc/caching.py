@@ -18,8 +18,9 @@ function by function; the C++ names are given in each docstring.  What it keeps:
   small pool, 20 MiB for the large pool) at its end (``try_allocate_expandable_block``,
   ``map_block``), and on an out-of-memory retry unmaps every fully free page (``unmap_block``).
 
-What it leaves out (stated in docs/allocator.md): several streams and cross-stream frees
-(``record_stream`` events), CUDA-graph private pools, ``garbage_collection_threshold`` (off by
+What it leaves out (stated in docs/allocator.md): several streams in one replay (a side stream's blocks are
+replayed as an allocator of their own one level up: ``alloc/compact.py split_pools``, ``analytic/allocator.py
+_pooled_reserved``), cross-stream frees (``record_stream`` events), CUDA-graph private pools, ``garbage_collection_threshold`` (off by
 default and only active with ``set_per_process_memory_fraction``), free-memory callbacks, and
 the real addresses ``cudaMalloc`` returns (segments here get increasing addresses, which only
 matters for breaking ties between equal-size cached blocks).

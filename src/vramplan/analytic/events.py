@@ -210,7 +210,9 @@ def _layer_plan(lay: StepLayout, lt: LayerTerms) -> _LayerPlan:
     lin = lt.linears or (1,)
     casts = split_exact(lt.weight_cast, list(lin)) if lt.weight_cast else []
     params = list(reversed(lin)) + list(lt.norms)
-    grads = split_exact(lt.grad, params) if lt.grad else []
+    # torch FSDP makes a unit's gradients as one tensor (FSDP2's ``reduce_output``, each ``.grad`` a view of it;
+    # FSDP1's flat ``new_sharded_grad``): in their own pool (``grads_on_side_stream``) nothing else rounds with them
+    grads = ([lt.grad] if lay.grads_on_side_stream else split_exact(lt.grad, params)) if lt.grad else []
     fwd_temps = (4 * h, r * h, 4 * qw, 4 * qw, 4 * kvw, c * h, c * h)
     mlp_bwd = split_exact(lt.mlp_transient, [r * h, c * inter, c * inter, c * inter, r * h])
     attn_parts = [r * h, c * qw, c * kvw, c * kvw, 4 * qw, c * qw, r * h]

@@ -364,15 +364,6 @@ def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
         what = "adapters (train.peft)" if s.train.peft is not None else "CPU offload (FSDP2's CPUOffloadPolicy)"
         out.append(f"not modelled: torchtitan's FSDP2 units with {what}; the generic FSDP terms are counted instead "
                    "(no fp32 reduce-scatter input, two gathered units)")
-    par = s.parallel
-    if (par.fsdp != "none" and par.offload == "none" and fw not in ("deepspeed", "megatron", "openrlhf")
-            and s.train.peft is None and shards(s, s.data_parallel_degree)[1] <= 1):
-        # analytic/terms/sharding.py grads_on_reduce_stream keeps the gradients on the compute stream here; with
-        # adapters the gradients are the adapters' alone, too small for their own pool to matter
-        out.append("not modelled: torch FSDP with unsharded gradients (one rank, or no_shard) may still make them on a "
-                   "side stream (FSDP2's reduce-scatter stream even on one rank; FSDP1 no_shard's fp32 .grad under "
-                   "mixed precision on its post-backward stream), whose blocks the compute stream never reuses; the "
-                   "allocator replay keeps them in the compute stream's pool, so the reserved bytes may be under")
     return out
 
 

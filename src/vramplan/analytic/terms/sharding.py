@@ -42,10 +42,11 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, mlp
 from vramplan.analytic.weights import weights_bytes
 from vramplan.spec.defaults import torchtitan_fsdp2
+from vramplan.spec.scenario import Scenario
 
 __all__ = ["embedding_elements", "fsdp2_root_unit", "gathered", "gathered_bytes", "grads_on_reduce_stream",
            "one_layer", "root_gathered",
-           "root_resharded", "split_units", "split_units_gathered"]
+           "root_resharded", "split_units", "split_units_gathered", "torch_fsdp2"]
 
 
 def one_layer(rp: RankParams, params: int) -> RankParams:
@@ -84,25 +85,48 @@ def fsdp2_root_unit(c: StepContext) -> bool:
     return torchtitan_fsdp2(c.s) and bool(c.layer_specs)  # spec/defaults.py, which the report's notes read too
 
 
-def grads_on_reduce_stream(c: StepContext) -> bool:
-    """torch FSDP makes each sharded gradient on its reduce-scatter stream, so the caching allocator keeps the
-    gradients in blocks of that stream, which the compute stream's tensors never reuse (and the reverse).
+def torch_fsdp2(s: Scenario) -> bool:
+    """The job's torch FSDP is FSDP2 (``fully_shard``): framework accelerate as vramplan exports it
+    (``fsdp_version: 2``, export/accelerate.py), torchtitan, and torchtune from v0.3.0 (its distributed recipes
+    wrapped the model in FSDP1 before); the HF Trainer's default, Lightning / Lit-GPT and verl run FSDP1."""
+    fw = s.effective_framework
+    if fw == "torchtune":
+        v = s.software.torchtune_version
+        return v is None or v >= (0, 3)
+    return fw in ("accelerate", "torchtitan")
 
-    FSDP2 (``_fully_shard/_fsdp_collectives.py`` ``foreach_reduce``, torch 2.4-2.13): ``reduce_output =
-    reduce_scatter_input.new_empty(...)`` inside ``with torch.cuda.stream(reduce_scatter_stream)``, and the sharded
-    ``.grad`` of each parameter is a view of it (``torch.as_strided``; a cast to the parameter dtype runs on that
-    stream too).  FSDP1 (``_runtime_utils.py``): ``_post_backward_hook`` runs ``_reduce_grad`` under
-    ``state._post_backward_stream``, where ``_get_reduce_scatter_tensors`` makes ``new_sharded_grad =
-    torch.empty_like(chunks[0])`` and ``_cast_grad_to_param_dtype`` its fp32 copy.  The allocator's pools are
-    ordered by (stream, size, address) and ``get_free_block`` returns only a block of the requesting stream
-    (``c10/cuda/CUDACachingAllocator.cpp``; with ``expandable_segments`` each stream maps its own segment), so a
-    gradient block freed at ``zero_grad`` serves the next step's gradients only, and the activations freed late
-    in the backward cannot hold gradients.  Applies when the gradients are sharded over more than one rank
-    (``no_shard`` and one rank all-reduce ``.grad`` in place, on the compute stream) and stay on the GPU (no
-    offload); DeepSpeed and Megatron-LM reduce into buffers of their own (not this)."""
+
+def grads_on_reduce_stream(c: StepContext) -> bool:
+    """torch FSDP makes each final gradient on a side stream, so the caching allocator keeps the gradients in
+    blocks of that stream, which the compute stream's tensors never reuse (and the reverse).
+
+    FSDP2 (``_fully_shard/_fsdp_collectives.py`` ``foreach_reduce``, torch 2.13 :611-612): ``reduce_output`` is
+    allocated inside ``with device_handle.stream(reduce_scatter_stream)``, and the sharded ``.grad`` of each
+    parameter is a view of it (``torch.as_strided``, :704; a cast to the parameter dtype runs on the post-reduce
+    stream, :685-696).  ``foreach_reduce`` runs on one rank too (it copies into ``reduce_output`` there, :618-631),
+    so this holds whatever the number of ranks.  FSDP1 (``_runtime_utils.py``): ``_post_backward_hook`` runs
+    ``_reduce_grad`` under ``state._post_backward_stream`` (:755), where ``_get_reduce_scatter_tensors`` makes
+    ``new_sharded_grad = torch.empty_like(chunks[0])`` (:901) and ``_cast_grad_to_param_dtype`` its fp32 copy
+    (:1048).  Unsharded (``no_shard``, or one rank, which FSDP1 clamps to NO_SHARD, ``_init_utils.py`` :430),
+    ``_reduce_grad_no_shard`` all-reduces ``.grad`` in place on that stream and the gradient moves to a block of
+    it only when it is cast to the parameter dtype (:932-947, :1048-1053: "produced in the computation stream and
+    consumed here in the post-backward stream"): under mixed precision (fp32 parameters, half compute), not in
+    bf16-true or fp32.  Under HSDP the cast and accumulation run on the all-reduce stream (FSDP2 :652, FSDP1
+    :867-877): the final gradients are off the compute stream all the same, one side pool for them.
+
+    The allocator's pools are ordered by (stream, size, address) and ``get_free_block`` returns only a block of
+    the requesting stream (``c10/cuda/CUDACachingAllocator.cpp``; with ``expandable_segments`` each stream maps
+    its own segment), so a gradient block freed at ``zero_grad`` serves the next step's gradients only, and the
+    activations freed late in the backward cannot hold gradients.  Applies while the gradients stay on the GPU
+    (no offload); DeepSpeed and Megatron-LM reduce into buffers of their own (not this).  Not modelled: torch
+    2.4's FSDP2, which also allocated the reduce-scatter input on that stream (from 2.5 it is allocated before
+    the stream context), and a symmetric-memory reduce-scatter's private pool (opt-in)."""
     par = c.s.parallel
-    return (par.fsdp in ("full_shard", "shard_grad_op", "hybrid_shard") and c.shards[1] > 1 and not c.offload_opt
-            and c.s.effective_framework not in ("deepspeed", "megatron", "openrlhf"))
+    if par.fsdp == "none" or c.offload_opt or c.s.effective_framework in ("deepspeed", "megatron", "openrlhf"):
+        return False
+    if par.fsdp in ("full_shard", "shard_grad_op", "hybrid_shard") and c.shards[1] > 1:
+        return True
+    return torch_fsdp2(c.s) or c.pol.compute_bytes < c.pol.param_bytes
 
 
 def split_units(c: StepContext) -> bool:
