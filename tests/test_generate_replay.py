@@ -346,3 +346,27 @@ def test_a_mixer_kind_not_replayed_is_refused_by_the_stream() -> None:
                                  "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 4}}))
     with pytest.raises(ValueError, match="gated_deltanet layers are not replayed"):
         generate_stream(g, [])
+
+
+def test_a_remembered_replay_is_the_replay_of_the_same_stream() -> None:
+    """``_excess`` keeps each replay's result under everything the stream reads: calls that differ in one of them
+    (the GPU's cuBLAS workspace, the rows, the prompt, the new tokens, the model, the dtype) get their own replay,
+    equal to a fresh one; the same job on another GPU of the same workspace reuses it."""
+    from vramplan.analytic import generate_replay
+
+    docs = [_doc(), _doc(gpu="A10G"), _doc(gpu="H100-SXM"), _doc(batch_size=3), _doc(prompt_len=65),
+            _doc(new_tokens=9), _doc(model="Qwen/Qwen2.5-0.5B"), _doc(dtype="fp16"), _doc(gpu="L4")]
+    calls = [GenerateCall.of(resolve(d)) for d in docs]
+    generate_replay._EXCESS.clear()
+    warm = [cached_excess(g) for g in calls]
+    fresh = []
+    for g in calls:
+        generate_replay._EXCESS.clear()
+        fresh.append(cached_excess(g))
+    assert warm == fresh
+    # an H200 and an H100 take the same 32 MiB workspace (sm90): one replay serves both
+    generate_replay._EXCESS.clear()
+    cached_excess(calls[0])
+    n = len(generate_replay._EXCESS)
+    cached_excess(calls[2])
+    assert len(generate_replay._EXCESS) == n
