@@ -46,52 +46,39 @@ def _by_id(entry_id: str) -> Entry:
     return next(e for e in _holdout().entries if e.id == entry_id)
 
 
-# batch 1: 36 entries; batch 2 (collected 2026-11-26, after the comment line that marks it): 26 entries;
-# batch 3 (collected 2026-11-26, after its own comment line): 20 entries; batch 4 (likewise): 36 entries;
-# batch 5 (likewise): 55 entries; batch 6 (likewise): 54 entries; batch 7 (likewise): 41 entries;
-# batch 8 (likewise): 36 entries; batch 9 (likewise): 30 entries; batch 10 (likewise): 18 entries;
-# batch 11 (likewise): 32 entries
-BATCH1_ENTRIES = 36
-BATCH2_ENTRIES = 26
-BATCH3_ENTRIES = 20
-BATCH4_ENTRIES = 36
-BATCH5_ENTRIES = 55
-BATCH6_ENTRIES = 54
-BATCH7_ENTRIES = 41
-BATCH8_ENTRIES = 36
-BATCH9_ENTRIES = 30
-BATCH10_ENTRIES = 18
-BATCH11_ENTRIES = 32
-BATCH12_ENTRIES = 21
-BATCH13_ENTRIES = 16
-BATCH14_ENTRIES = 26
-BATCH15_ENTRIES = 23
-BATCH16_ENTRIES = 26
-BATCH17_ENTRIES = 15
-BATCH18_ENTRIES = 34
-BATCH19_ENTRIES = 13
-BATCH2_MARK = "# ---- batch 2, collected 2026-11-26, scored once before engine changes"
-BATCH3_MARK = "# ---- batch 3, collected 2026-11-26, not scored by the collector"
-BATCH4_MARK = "# ---- batch 4, collected 2026-11-26, scored once before engine changes"
-BATCH5_MARK = "# ---- batch 5, collected 2026-11-26, scored once before engine changes"
-BATCH6_MARK = "# ---- batch 6, collected 2026-11-26, scored once before engine changes"
-BATCH7_MARK = "# ---- batch 7, collected 2026-11-26, scored once before engine changes"
-BATCH8_MARK = "# ---- batch 8, collected 2026-11-26, scored once before engine changes"
-BATCH9_MARK = "# ---- batch 9, collected 2026-11-26, scored once before engine changes"
-BATCH10_MARK = "# ---- batch 10, collected 2026-11-27, scored once before engine changes"
-BATCH11_MARK = "# ---- batch 11, collected 2026-11-27, scored once before engine changes"
-BATCH12_MARK = "# ---- batch 12, collected 2026-11-27, scored once before engine changes"
-BATCH13_MARK = "# ---- batch 13, collected 2026-11-27, scored once before engine changes"
-BATCH14_MARK = "# ---- batch 14, collected 2026-11-27, scored once before engine changes"
-BATCH15_MARK = "# ---- batch 15, collected 2026-11-27, scored once before engine changes"
-BATCH16_MARK = "# ---- batch 16, collected 2026-11-27, scored once before engine changes"
-BATCH17_MARK = "# ---- batch 17, collected 2026-11-27, scored once before engine changes"
-BATCH18_MARK = "# ---- batch 18, collected 2026-11-27, scored once before engine changes"
-BATCH19_MARK = "# ---- batch 19, collected 2026-11-27, scored once before engine changes"
-ALL_ENTRIES = (BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES + BATCH6_ENTRIES
-               + BATCH7_ENTRIES + BATCH8_ENTRIES + BATCH9_ENTRIES + BATCH10_ENTRIES + BATCH11_ENTRIES
-               + BATCH12_ENTRIES + BATCH13_ENTRIES + BATCH14_ENTRIES + BATCH15_ENTRIES + BATCH16_ENTRIES
-               + BATCH17_ENTRIES + BATCH18_ENTRIES + BATCH19_ENTRIES)
+# Each batch of the file, in order: (its number, its entries, the date in its marker line, the marker's wording, its
+# least number of publications, whether its cited URLs must be new too: batch 2 was checked by source only).  Batch 1
+# has no marker line; each later batch follows a comment line "# ---- batch N, collected DATE, WORDING".
+_SCORED = "scored once before engine changes"
+BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
+    (1, 36, "", "", 0, False),
+    (2, 26, "2026-11-26", _SCORED, 6, False),
+    (3, 20, "2026-11-26", "not scored by the collector", 6, True),
+    (4, 36, "2026-11-26", _SCORED, 10, True),
+    (5, 55, "2026-11-26", _SCORED, 10, True),
+    (6, 54, "2026-11-26", _SCORED, 10, True),
+    (7, 41, "2026-11-26", _SCORED, 10, True),
+    (8, 36, "2026-11-26", _SCORED, 10, True),
+    (9, 30, "2026-11-26", _SCORED, 10, True),
+    (10, 18, "2026-11-27", _SCORED, 7, True),
+    (11, 32, "2026-11-27", _SCORED, 13, True),
+    (12, 21, "2026-11-27", _SCORED, 11, True),
+    (13, 16, "2026-11-27", _SCORED, 8, True),
+    (14, 26, "2026-11-27", _SCORED, 7, True),
+    (15, 23, "2026-11-27", _SCORED, 9, True),
+    (16, 26, "2026-11-27", _SCORED, 17, True),
+    (17, 15, "2026-11-27", _SCORED, 11, True),
+    (18, 34, "2026-11-27", _SCORED, 10, True),
+    (19, 13, "2026-11-27", _SCORED, 5, True),
+    (20, 25, "2026-11-28", _SCORED, 14, True),
+    (21, 25, "2026-11-28", _SCORED, 12, True),
+]
+ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
+
+
+def _mark(n: int) -> str | None:
+    row = next((r for r in BATCH_ROWS if r[0] == n), None)
+    return f"# ---- batch {n}, collected {row[2]}, {row[3]}" if row is not None and n > 1 else None
 
 
 def test_holdout_loads_with_the_dataset_loader() -> None:
@@ -361,46 +348,39 @@ def test_batch19_figures_converted_to_bytes() -> None:
     assert _by_id("ywh-c500-vllm0170-lfm25-12b-fp16-u070-len1024-eager-weights").measured.bytes == 2_362_232_012
 
 
+def test_batch20_figures_converted_to_bytes() -> None:
+    # vLLM 0.6's "Loading model weights took 5.7915 GB" (its GB is bytes / 2^30): 5.7915 x 2^30 = 6,218,575,773.7,
+    # entered rounded: 6,218,575,774
+    assert _by_id("b20h-tickertaka-vllm066-qwen25-3b-t4-eager-weights").measured.bytes == 6_218_575_774
+    # DeepSpeed's "MaxMemAllocated=54.06GB" (torch.cuda.max_memory_allocated() / 2^30): 54.06 x 2^30 =
+    # 58,046,483,005.4 -> 58,046,483,005
+    assert _by_id("b20g-ds4158-opt13b-dschat-step1-lora128-trainable-base-z0-fp16-b16-s512-maxalloc"
+                  ).measured.bytes == 58_046_483_005
+    # an OOM entry carries the GPU's capacity: V100 32GB, 34,072,559,616 B (the catalog's total_memory)
+    oom = _by_id("b20g-tf10754-gpt2-runclm-defaults-fp32-b8-s1024-v100-32-oom")
+    assert oom.measured.bytes == 34_072_559_616 and oom.outcome == "oom"
+
+
+def test_batch21_figures_converted_to_bytes() -> None:
+    # torchtitan's log "memory: 49.66GiB(52.28%)" (max_memory_reserved / 2^30): 49.66 x 2^30 = 53,322,018,979.8,
+    # entered rounded: 53,322,018,980
+    assert _by_id("b21j-tt1287-llama3-8b-fsdp8-bf16-opsac-mb1-s8192-h100-95gib").measured.bytes == 53_322_018_980
+    # an OOM entry carries the GPU's capacity: H100 80GB, 85,045,051,392 B (the catalog's H100-SXM total_memory)
+    oom = next(e for e in _holdout().entries if e.id.startswith("b21k-ulysses") and e.outcome == "oom")
+    assert oom.measured.bytes == resolve(oom.scenario).gpu.total_memory_bytes
+
+
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
-# URLs must be new too: batch 2 was checked by source only)
-BATCHES = [
-    (BATCH2_MARK, BATCH3_MARK, BATCH1_ENTRIES, BATCH2_ENTRIES, 6, False),
-    (BATCH3_MARK, BATCH4_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES, BATCH3_ENTRIES, 6, True),
-    (BATCH4_MARK, BATCH5_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES, BATCH4_ENTRIES, 10, True),
-    (BATCH5_MARK, BATCH6_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES, BATCH5_ENTRIES, 10,
-     True),
-    (BATCH6_MARK, BATCH7_MARK, BATCH1_ENTRIES + BATCH2_ENTRIES + BATCH3_ENTRIES + BATCH4_ENTRIES + BATCH5_ENTRIES,
-     BATCH6_ENTRIES, 10, True),
-    (BATCH7_MARK, BATCH8_MARK, ALL_ENTRIES - BATCH7_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES
-     - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH7_ENTRIES, 10, True),
-    (BATCH8_MARK, BATCH9_MARK, ALL_ENTRIES - BATCH8_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES
-     - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH8_ENTRIES, 10, True),
-    (BATCH9_MARK, BATCH10_MARK, ALL_ENTRIES - BATCH9_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES
-     - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES,
-     BATCH9_ENTRIES, 10, True),
-    (BATCH10_MARK, BATCH11_MARK, ALL_ENTRIES - BATCH10_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES,
-     BATCH10_ENTRIES, 7,
-     True),
-    (BATCH11_MARK, BATCH12_MARK, ALL_ENTRIES - BATCH11_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH11_ENTRIES,
-     13, True),
-    (BATCH12_MARK, BATCH13_MARK, ALL_ENTRIES - BATCH12_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH12_ENTRIES,
-     11, True),
-    (BATCH13_MARK, BATCH14_MARK, ALL_ENTRIES - BATCH13_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH13_ENTRIES, 8, True),
-    (BATCH14_MARK, BATCH15_MARK, ALL_ENTRIES - BATCH14_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH14_ENTRIES, 7, True),
-    (BATCH15_MARK, BATCH16_MARK, ALL_ENTRIES - BATCH15_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH15_ENTRIES, 9, True),
-    (BATCH16_MARK, BATCH17_MARK, ALL_ENTRIES - BATCH16_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH16_ENTRIES, 17, True),
-    (BATCH17_MARK, BATCH18_MARK, ALL_ENTRIES - BATCH17_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH17_ENTRIES, 11, True),
-    (BATCH18_MARK, BATCH19_MARK, ALL_ENTRIES - BATCH18_ENTRIES - BATCH19_ENTRIES, BATCH18_ENTRIES, 10, True),
-    (BATCH19_MARK, None, ALL_ENTRIES - BATCH19_ENTRIES, BATCH19_ENTRIES, 5, True),
-]
+# URLs must be new too), for every batch after the first
+BATCHES = [(_mark(n), _mark(n + 1), sum(r[1] for r in BATCH_ROWS[:i]), entries, publications, new_urls)
+           for i, (n, entries, _, _, publications, new_urls) in enumerate(BATCH_ROWS) if n > 1]
 
 
 @pytest.mark.parametrize(("mark", "next_mark", "before", "entries", "publications", "new_urls"), BATCHES,
-                         ids=["batch2", "batch3", "batch4", "batch5", "batch6", "batch7", "batch8", "batch9",
-                              "batch10", "batch11", "batch12", "batch13", "batch14", "batch15", "batch16",
-                              "batch17", "batch18", "batch19"])
-def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str, next_mark: str | None, before: int,
+                         ids=[f"batch{r[0]}" for r in BATCH_ROWS if r[0] > 1])
+def test_each_batch_follows_its_marker_and_brings_new_sources(mark: str | None, next_mark: str | None, before: int,
                                                               entries: int, publications: int, new_urls: bool) -> None:
+    assert mark is not None
     text = HOLDOUT.read_text(encoding="utf-8")
     head, sep, tail = text.partition(mark)
     assert sep, f"the comment line {mark!r} is missing"
