@@ -144,3 +144,15 @@ def test_patches_do_not_leak() -> None:
     assert funcol._maybe_wrap_tensor is wrap
     assert dispatch.redistribute_local_tensor is redistribute
     assert not dist.is_initialized()
+
+
+def test_a_model_tensor_parallelism_cannot_trace_is_refused_with_its_reason() -> None:
+    # a tied head under transformers 5.24's apply_tensor_parallelism: named_parameters() drops the tied
+    # 'lm_head.weight', so the plan's entry is looked up as a module and raises KeyError; the trace answers with a
+    # ScenarioError naming the model and the cause (the CLI exits 2 with it), never the library's traceback
+    cfg = shrink(catalog_config("meta-llama/Llama-3.2-1B"), vocab=2048, hidden=512)
+    assert cfg.get("tie_word_embeddings")
+    r = resolve({"model": cfg, "task": "inference", "hardware": {"gpu": "a100", "num_gpus": 2}, "parallel": {"tp": 2},
+                 "inference": {"batch_size": 1, "prompt_len": 8, "new_tokens": 4, "dtype": "bf16"}})
+    with pytest.raises(ScenarioError, match=r"tensor parallelism could not be traced .*KeyError: 'lm_head.weight'"):
+        trace(r)

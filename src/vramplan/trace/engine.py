@@ -101,10 +101,19 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
     if task == "train" and (problems := _untraced_train_options(r.scenario.train)):
         raise ScenarioError(problems)
     if tp_traced(r):
-        with tp_world(r) as tensor:
-            if task != "train":
-                return r, trace_inference(r, tensor=tensor)
-            return r, trace_train(r, tensor=tensor)
+        try:
+            with tp_world(r) as tensor:
+                if task != "train":
+                    return r, trace_inference(r, tensor=tensor)
+                return r, trace_train(r, tensor=tensor)
+        except (RuntimeError, KeyError, AssertionError, TypeError, NotImplementedError) as exc:
+            # the model's own code under DTensor on meta tensors can fail where the real run does not (transformers
+            # 5.24's apply_tensor_parallelism looks a tied head's weight up as a module: KeyError 'lm_head.weight';
+            # a quantized base's shards meet unsharded tensors): the trace answers with the reason, never a traceback
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            raise ScenarioError([Problem("parallel.tp", f"tensor parallelism could not be traced for {r.model.name} "
+                                         f"({type(exc).__name__}: {first})",
+                                         "use --engine analytic (tensor parallelism is estimated there)")]) from None
     if task != "train":
         return r, trace_inference(r)
     if fsdp_traced(r):
