@@ -281,7 +281,7 @@ def test_plan_finds_lora_setups_and_states_full_fine_tuning_refused() -> None:
     assert res.fits and res.chosen is not None and res.chosen.setup["peft"] is not None
     full = plan("Qwen/Qwen3-Omni-30B-A3B-Instruct", "H200", 1, TrainJob(seq_len=1024, global_batch=1, peft="none"))
     assert not full.fits
-    assert any("not searched: the estimator refuses them" in n and "train.peft" in n for n in full.notes)
+    assert any("were skipped: the estimator refuses them" in n and "train.peft" in n for n in full.notes)
 
 
 @pytest.mark.parametrize("experts", [0, 4])

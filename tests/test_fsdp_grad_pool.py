@@ -172,7 +172,20 @@ def test_a_units_gradients_are_one_block_in_their_pool() -> None:
     _, side = train_run_pools(lay)
     outside = (lay.grad_outside - lay.embed_grad > 0) + (lay.embed_grad > 0)
     assert sum(1 for x in side if x > 0) == 2 * (len(lay.layers) + outside)  # two steps
-    assert sorted(x for x in side if x > 0)[-len(lay.layers):] != []
+    # each layer's block is its unit's whole gradient shard: the layer terms' gradient bytes, in the backward's order
+    first_step = [x for x in side if x > 0][: len(lay.layers) + outside]
+    layer_blocks = [x for x in first_step if x not in (lay.grad_outside - lay.embed_grad, lay.embed_grad)]
+    assert layer_blocks == [lt.grad for lt in reversed(lay.layers)]
+
+
+def test_adapters_gradients_take_the_pool_too() -> None:
+    # LoRA under FSDP: FSDP2 reduces only the parameters that require grad, FSDP1 under PEFT's auto-wrap policy
+    # wraps the adapters as units of their own: the side pool holds the adapters' gradients, a few MiB
+    lay = train_step(resolve(_fsdp(**{"train.peft": {"method": "lora", "rank": 16}}))).layout
+    assert lay is not None and lay.grads_on_side_stream
+    _, side = train_run_pools(lay)
+    grads = sum(lt.grad for lt in lay.layers) + lay.grad_outside
+    assert 0 < grads == sum(x for x in side if x > 0) // 2 < 200 * MiB
 
 
 def test_estimate_reports_the_pooled_reserved_bytes() -> None:

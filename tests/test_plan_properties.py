@@ -140,4 +140,6 @@ def test_branch_and_bound_over_gpu_counts_equals_exhaustive(model: str, gpu: str
     ref = [(r.label, r.step_time_s) for r in ([full.chosen] if full.chosen else []) + full.runners_up]
     assert pick == ref
     assert fast.by_gpu_count == full.by_gpu_count
+    # the notes too, but the count of refused setups, which counts only those the walk reached
+    assert [n for n in fast.notes if "refuses them" not in n] == [n for n in full.notes if "refuses them" not in n]
     assert fast.stats.candidates == fast.stats.bound_rejected + fast.stats.estimated + fast.stats.pruned

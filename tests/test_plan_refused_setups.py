@@ -30,5 +30,5 @@ def test_refused_setups_are_skipped_and_counted() -> None:
     for s in [r.chosen, *r.runners_up]:
         assert s.setup["fsdp"] == "none" and s.setup["zero_stage"] in (0, 2), s.label
         resolve(s.scenario)  # raises ScenarioError if refused
-    note = next(n for n in r.notes if "not searched" in n)
+    note = next(n for n in r.notes if "the estimator refuses them" in n)
     assert "parallel.fsdp" in note and int(note.split(" ", 1)[0].replace(",", "")) > 0

@@ -656,7 +656,12 @@ def train_step_floor_bytes(r: Resolved) -> int | None:
                + analytic_unmodelled_problems(s, r.model))
     if refused:
         raise ScenarioError(refused)
-    tr = train_step(r, peak_only=True)
+    try:
+        tr = train_step(r, peak_only=True)
+    except (OverflowError, RecursionError) as exc:
+        # as ``estimate`` answers it: the package's error, not Python's
+        raise ScenarioError([Problem("scenario", f"sizes beyond what can be computed ({type(exc).__name__}: {exc})",
+                                     "check the model's config.json and the scenario's counts")]) from None
     outside = {"cuda_context": cuda_context_for(r.gpu).bytes, "workspaces": 0,
                "communication": nccl_bytes(tr.communicators), "managed": tr.managed_bytes}
     kept, _ = managed_in_capacity(outside, tr.peak.total, r.gpu.total_memory_bytes)

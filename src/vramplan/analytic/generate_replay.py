@@ -39,6 +39,7 @@ preallocated cache and transformers' legacy (< 4.42) cache are not, and ``applie
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -327,8 +328,9 @@ def weight_tensors(g: GenerateCall) -> list[int]:
 # The replays already made: the stream reads the model, the element size, the rows, the prompt, the steps, the
 # weight tensors, the GPU's cuBLAS workspace and the release's sliding-window cache, nothing else of the call
 # (``generate_stream``, ``_layer``), so calls that agree on these replay the same stream -- the same job on every
-# catalog GPU (plan/every_gpu.py), or a search that moves only the GPU count.  Bounded: cleared when full.
-_EXCESS: dict[tuple[object, ...], int] = {}
+# catalog GPU (plan/every_gpu.py), or a search that moves only the GPU count.  Bounded: the least recently used
+# result goes first.
+_EXCESS: OrderedDict[tuple[object, ...], int] = OrderedDict()
 _EXCESS_MAX = 256
 
 
@@ -339,9 +341,11 @@ def _excess(g: GenerateCall, weights: list[int], steps: int) -> int:
     if got is None:
         rr = replay_compact(generate_stream(g, weights, steps))
         got = max(0, rr.peak_reserved_bytes - rr.peak_allocated_bytes)
-        if len(_EXCESS) >= _EXCESS_MAX:
-            _EXCESS.clear()
         _EXCESS[key] = got
+        if len(_EXCESS) > _EXCESS_MAX:
+            _EXCESS.popitem(last=False)
+    else:
+        _EXCESS.move_to_end(key)
     return got
 
 

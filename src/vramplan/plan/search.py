@@ -303,7 +303,8 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         if st.first_refusal is not None:
             if not st.estimated:  # every setup refused: the refusal is the answer
                 raise st.first_refusal
-            notes.append(f"{st.refused:,} setups were not searched: the estimator refuses them for "
+            # counted among the setups the walk reached (those it pruned unseen are not estimated, so not counted)
+            notes.append(f"{st.refused:,} of the setups the search reached were skipped: the estimator refuses them for "
                          f"{ctx.model.name} ({st.first_refusal.problems[0].where}: "
                          f"{st.first_refusal.problems[0].message.rsplit(', but ', 1)[-1]})")
     else:

@@ -120,7 +120,11 @@ def grads_on_reduce_stream(c: StepContext) -> bool:
     activations freed late in the backward cannot hold gradients.  Applies while the gradients stay on the GPU
     (no offload); DeepSpeed and Megatron-LM reduce into buffers of their own (not this).  Not modelled: torch
     2.4's FSDP2, which also allocated the reduce-scatter input on that stream (from 2.5 it is allocated before
-    the stream context), and a symmetric-memory reduce-scatter's private pool (opt-in)."""
+    the stream context); a symmetric-memory reduce-scatter's private pool (opt-in); the half-precision block a unit
+    is reduced into before its cast to fp32 parameters (a reduce dtype below the parameter dtype: FSDP1's bf16
+    ``new_sharded_grad``, FSDP2's bf16 ``reduce_output``), and under gradient accumulation each micro-batch's fresh
+    one, which the side pool also caches (about 0.3 GiB for Llama 3.2 1B on one rank); a policy without a cast
+    (Lightning's bf16-true) with adapters, whose few MiB take the pool as well."""
     par = c.s.parallel
     if par.fsdp == "none" or c.offload_opt or c.s.effective_framework in ("deepspeed", "megatron", "openrlhf"):
         return False
