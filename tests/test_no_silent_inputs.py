@@ -121,13 +121,7 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("lifecycle.quantize_at_init", "True"): "null resolves to true under Lightning with a bitsandbytes 4-bit base",
     ("lightning", "framework", "'litgpt'"): "litgpt names Lit-GPT's conventions, which lightning has always meant "
     "(spec/scenario.py effective_framework)",
-    ("torchtune", "parallel.fsdp", "'full_shard'"): "shards over the data-parallel degree, one GPU in that base",
-    ("torchtune", "parallel.fsdp", "'shard_grad_op'"): "shards over the data-parallel degree, one GPU in that base",
-    ("torchtune", "parallel.fsdp", "'no_shard'"): "replicates over the data-parallel degree, one GPU in that base",
     ("lightning", "parallel.zero_stage", "3"): "shards over the data-parallel degree, one GPU in that base",
-    ("lightning", "parallel.fsdp", "'full_shard'"): "shards over the data-parallel degree, one GPU in that base",
-    ("lightning", "parallel.fsdp", "'shard_grad_op'"): "shards over the data-parallel degree, one GPU in that base",
-    ("lightning", "parallel.fsdp", "'no_shard'"): "replicates over the data-parallel degree, one GPU in that base",
     ("parallel.deepspeed.contiguous_gradients", "True"): "null resolves to true (DeepSpeed's default, "
     "runtime/zero/config.py): the value equals it",
     ("zero3", "train.grad_accum_steps", "2"): "DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the "
