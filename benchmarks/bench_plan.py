@@ -118,6 +118,26 @@ def main() -> None:
         subprocess.run(json_cmd, check=True, capture_output=True, env=env)
         walls.append(time.perf_counter() - t0)
     say(f"the same with --json: median {statistics.median(walls):.2f} s")
+
+    # the whole GPU catalog for one job (plan/every_gpu.py, the web page's "which GPUs fit" table): each example in
+    # a new process's first call (cold: nothing remembered) and again (warm)
+    from vramplan.plan.every_gpu import fit_on_every_gpu, smallest_fitting_counts
+
+    say("")
+    for ex in ("examples/llama3-8b-fsdp-8xh100.yaml", "examples/llama2-7b-inference-a100.yaml"):
+        path = str(ROOT / ex)
+        code = ("import time; from vramplan.plan.every_gpu import fit_on_every_gpu; t = time.perf_counter(); "
+                f"r = fit_on_every_gpu({path!r}); print(len(r), time.perf_counter() - t)")
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env).stdout
+        n, cold = out.split()
+        t0 = time.perf_counter()
+        fit_on_every_gpu(path)
+        warm = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        smallest_fitting_counts(path)
+        counts = time.perf_counter() - t0
+        say(f"every catalog GPU ({n}) for {ex}: {float(cold):.2f} s cold, {warm:.2f} s warm; smallest fitting count "
+            f"(1, 2, 4, 8) on each: {counts:.2f} s")
     OUT.write_text("\n".join(lines) + "\n")
 
 
