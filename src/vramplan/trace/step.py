@@ -530,6 +530,14 @@ def _classify_forward(tracker: Tracker) -> None:
             tracker.relabel_id(ev.storage_id, "temporaries")
 
 
+def _cache_keyword(model: Any) -> str:
+    """The forward's keyword for the cache: ``cache`` from transformers 5.2x (``past_key_values`` still works there
+    with a FutureWarning, which would reach the user's terminal), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def trace_inference(r: Resolved, device: str = "meta", built: Built | None = None,
                     tensor: TpWorld | None = None) -> StepTrace:
     """Trace ``generate``'s two peaks: the prefill and, from 2 new tokens on, the last decode step (greedy, DynamicCache).
@@ -575,7 +583,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.mark("prefill")
             cache = _new_cache(model, r.model.traits.cache_class)
             with tracker.category("activations"):
-                out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                out = model(input_ids=ids, **{_cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
                 logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
                 del out
                 nxt = torch.argmax(logits, dim=-1)
@@ -612,7 +620,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
                 tracker.mark("decode")
                 with tracker.category("activations"):
                     pos = torch.full((b, 1), total, dtype=torch.long, device=device)
-                    out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    out = model(input_ids=nxt[:, None], **{_cache_keyword(model): cache}, use_cache=True, logits_to_keep=1,
                                 position_ids=pos)
                     for layer in getattr(cache, "layers", []):
                         tracker.relabel([getattr(layer, "keys", None), getattr(layer, "values", None)], "kv_cache",
