@@ -93,10 +93,17 @@ def test_split_keeps_every_event_of_each_block(sizes: list[int], data: st.DataOb
         whole.peak_requested_bytes
 
 
+def _grads_only(doc: dict[str, Any]) -> Any:
+    """The step's layout without the reduce-dtype blocks (``test_reduce_outputs_are_blocks_of_the_pool`` has them):
+    the gradients alone on the side stream."""
+    lay = train_step(resolve(doc)).layout
+    assert lay is not None
+    return replace(lay, grad_reduce_ratio=(0, 1))
+
+
 def test_fsdp_gradients_are_marked_and_their_pool_holds_them_all() -> None:
-    tr = train_step(resolve(_fsdp()))
-    lay = tr.layout
-    assert lay is not None and lay.grads_on_side_stream
+    lay = _grads_only(_fsdp())
+    assert lay.grads_on_side_stream
     main, side = train_run_pools(lay)
     # the two parts are the whole stream's events
     assert sorted(x for x in main + side if x > 0) == sorted(x for x in train_run_stream(lay) if x > 0)
@@ -167,8 +174,7 @@ def test_unsharded_gradients_take_the_side_stream_where_torch_fsdp_makes_them_th
 def test_a_units_gradients_are_one_block_in_their_pool() -> None:
     # FSDP2's reduce_output per parameter group (each .grad a view of it), FSDP1's flat sharded gradient per unit:
     # the side stream allocates one block per layer a step, plus the head's and the embedding's
-    lay = train_step(resolve(_fsdp())).layout
-    assert lay is not None
+    lay = _grads_only(_fsdp())
     _, side = train_run_pools(lay)
     outside = (lay.grad_outside - lay.embed_grad > 0) + (lay.embed_grad > 0)
     assert sum(1 for x in side if x > 0) == 2 * (len(lay.layers) + outside)  # two steps
@@ -181,8 +187,8 @@ def test_a_units_gradients_are_one_block_in_their_pool() -> None:
 def test_adapters_gradients_take_the_pool_too() -> None:
     # LoRA under FSDP: FSDP2 reduces only the parameters that require grad, FSDP1 under PEFT's auto-wrap policy
     # wraps the adapters as units of their own: the side pool holds the adapters' gradients, a few MiB
-    lay = train_step(resolve(_fsdp(**{"train.peft": {"method": "lora", "rank": 16}}))).layout
-    assert lay is not None and lay.grads_on_side_stream
+    lay = _grads_only(_fsdp(**{"train.peft": {"method": "lora", "rank": 16}}))
+    assert lay.grads_on_side_stream
     _, side = train_run_pools(lay)
     grads = sum(lt.grad for lt in lay.layers) + lay.grad_outside
     assert 0 < grads == sum(x for x in side if x > 0) // 2 < 200 * MiB
@@ -204,8 +210,7 @@ def test_every_step_marks_its_gradients() -> None:
     # gradient tensors of one backward; with gradient accumulation the second micro-batch's gradients are made at
     # the first optimizer step (they exist through the second forward) and are marked too
     for accum in (1, 2):
-        lay = train_step(resolve(_fsdp(**{"train.grad_accum_steps": accum}))).layout
-        assert lay is not None
+        lay = _grads_only(_fsdp(**{"train.grad_accum_steps": accum}))
         _, side = train_run_pools(lay)
         per_step = sum(1 for x in train_run_stream(replace(lay, grads_during_forward=False)) if x > 0)
         one = [x for x in side if x > 0]
@@ -219,9 +224,9 @@ def test_every_step_marks_its_gradients() -> None:
 def test_accumulated_gradients_reuse_the_first_steps_blocks() -> None:
     # the gradients that gradient accumulation finds are made in the backward's order and sizes, so in their own pool
     # they reuse the blocks the first step's gradients left: the pool reserves what one step's gradients need
-    one = train_step(resolve(_fsdp())).layout
-    two = train_step(resolve(_fsdp(**{"train.grad_accum_steps": 2}))).layout
-    assert one is not None and two is not None and two.grads_during_forward
+    one = _grads_only(_fsdp())
+    two = _grads_only(_fsdp(**{"train.grad_accum_steps": 2}))
+    assert two.grads_during_forward
     assert replay_compact(train_run_pools(two)[1]).peak_reserved_bytes == \
         replay_compact(train_run_pools(one)[1]).peak_reserved_bytes
 
@@ -236,3 +241,27 @@ def test_capacity_caps_the_pools_sum() -> None:
     cap = (one + two) // 2
     assert train_reserved_bytes(lay, capacity_bytes=cap)[1] == cap
     assert train_reserved_bytes(lay, capacity_bytes=two + 1)[1] == two
+
+
+def test_reduce_outputs_are_blocks_of_the_pool() -> None:
+    # accelerate reduces in the mixed-precision dtype (set_mixed_precision: reduce_dtype = dtype): each unit's bf16
+    # reduce output is made on the side stream, the fp32 gradient cast from it, then the bf16 block freed. A step
+    # allocates two blocks per unit there; at the embedding's (the last unit) every other gradient is alive beside its
+    # reduce output, half its bytes; the pool reserves more than the gradients alone
+    lay = train_step(resolve(_fsdp())).layout
+    assert lay is not None and lay.grad_reduce_ratio == (2, 4)
+    _, side = train_run_pools(lay)
+    outside = (lay.grad_outside - lay.embed_grad > 0) + (lay.embed_grad > 0)
+    assert sum(1 for x in side if x > 0) == 2 * 2 * (len(lay.layers) + outside)
+    grads = sum(lt.grad for lt in lay.layers) + lay.grad_outside
+    assert replay_compact(side).peak_allocated_bytes >= grads + lay.embed_grad // 2
+    alone = replace(lay, grad_reduce_ratio=(0, 1))
+    assert replay_compact(side).peak_reserved_bytes > replay_compact(train_run_pools(alone)[1]).peak_reserved_bytes
+    # one rank under the HF Trainer's FSDP1 (accelerate's MixedPrecision(bf16, bf16, bf16)): the same blocks
+    one = train_step(resolve({**_fsdp(**{"hardware.num_gpus": 1}), "framework": "hf-trainer"})).layout
+    assert one is not None and one.grad_reduce_ratio == (2, 4)
+    # torchtitan reduces in fp32 (no cast); a plain script's reduce dtype is not known: no such block
+    titan = {**_fsdp(), "framework": "torchtitan", "train": {**_fsdp()["train"], "attention": "sdpa"}}
+    for doc in (titan, {**_fsdp(), "framework": "plain"}):
+        lay = train_step(resolve(doc)).layout
+        assert lay is not None and lay.grads_on_side_stream and lay.grad_reduce_ratio == (0, 1), doc["framework"]

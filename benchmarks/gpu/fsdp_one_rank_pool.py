@@ -4,7 +4,7 @@ The analytic engine replays the final gradients of a torch FSDP job as an alloca
 allocator never gives a block of one CUDA stream to another): FSDP2's ``foreach_reduce`` makes ``reduce_output`` under
 the reduce-scatter stream even on one rank, and FSDP1's ``_cast_grad_to_param_dtype`` makes the fp32 ``.grad`` on the
 post-backward stream under mixed precision.  On one GPU this adds the gradients' own segments to the reserved bytes
-(Llama 3.2 1B, bf16-mixed, micro-batch 4 x 2,048: 39.69 -> 44.33 GiB reserved).  No measurement backs it yet: this
+(Llama 3.2 1B, bf16-mixed, micro-batch 4 x 2,048: 39.69 -> 44.59 GiB reserved, the half-precision reduce outputs of accelerate's FSDP included).  No measurement backs it yet: this
 script is the measurement, for a session that holds a GPU.
 
 Each case builds a Llama-architecture model with random weights in fp32 on the GPU (``hidden`` x ``layers``, the

@@ -63,7 +63,7 @@ from vramplan.analytic.terms.cross_attention import cross_sequence
 from vramplan.analytic.terms.encoder_decoder import encoder_sequence
 from vramplan.analytic.terms.gradients import gradients_from_start
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.terms.sharding import grads_on_reduce_stream
+from vramplan.analytic.terms.sharding import grads_on_reduce_stream, reduce_cast_ratio
 from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.analytic.timeline import FORWARD
 from vramplan.spec.defaults import checkpointing
@@ -162,6 +162,9 @@ class StepLayout:
     # torch FSDP (FSDP1 and FSDP2) makes each sharded gradient on its reduce-scatter stream, so the gradients are a
     # pool of their own in the caching allocator (terms/sharding.py ``grads_on_reduce_stream``; ``train_run_pools``)
     grads_on_side_stream: bool = False
+    # on that stream, each unit's gradients first reduced into a block of the reduce dtype, then cast to the
+    # gradient's (its bytes = the gradient's x num / den; (0, 1): no such block; terms/sharding.py reduce_cast_ratio)
+    grad_reduce_ratio: tuple[int, int] = (0, 1)
 
 
 def split_exact(total: int, weights: Sequence[int]) -> list[int]:
@@ -274,12 +277,26 @@ def _forward_layer(st: _Stream, plan: _LayerPlan, record: bool) -> tuple[list[in
     return saved, casts, out
 
 
+def _side_grad(st: _Stream, size: int, ratio: tuple[int, int], side_ids: list[int]) -> int:
+    """A gradient block made on FSDP's side stream; with a reduce dtype below the gradient's (``ratio``), the reduce
+    output first, freed once the cast made the gradient (its id appended to ``side_ids``, marked by the caller)."""
+    if not ratio[0]:
+        return st.alloc(size)
+    reduced = st.alloc(size * ratio[0] // ratio[1])
+    grad = st.alloc(size)
+    st.free(reduced)
+    side_ids.append(reduced)
+    return grad
+
+
 def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list[int], grad_in: int,
-                    grads_exist: bool, grad_ids: list[int]) -> int:
+                    grads_exist: bool, grad_ids: list[int], ratio: tuple[int, int] = (0, 1),
+                    side_ids: list[int] | None = None) -> int:
     """One layer's backward: the MLP's (gradients, frees of its saved tensors), then the attention's.
 
     Returns the id of the gradient flowing to the layer below.  New parameter gradients are
-    appended to ``grad_ids`` (with gradient accumulation they exist already: none is made).
+    appended to ``grad_ids`` (with gradient accumulation they exist already: none is made); a unit's reduce
+    output on FSDP's side stream (``ratio``, ``_side_grad``) to ``side_ids``.
     """
     n_attn = plan.n_attn
     has_mlp = len(saved) > n_attn  # the last tensor made is the layer's output, released after the MLP's backward
@@ -294,7 +311,7 @@ def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list
         for _ in range(min(n, len(grads))):
             size = grads.pop(0)
             if not grads_exist:
-                grad_ids.append(st.alloc(size))
+                grad_ids.append(_side_grad(st, size, ratio, side_ids if side_ids is not None else []))
 
     # MLP: the down projection's input gradient and weight gradient, the elementwise gradients, then
     # the up/gate projections'; saved tensors go from the last made to the first
@@ -505,8 +522,9 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
         st.free(d2)
     st.free(st.alloc(lay.kernel_loss[2]))
     grad_head = lay.grad_outside - lay.embed_grad
+    side: list[int] = []
     if not grads_exist and grad_head > 0:
-        grads.append(st.alloc(grad_head))
+        grads.append(_side_grad(st, grad_head, lay.grad_reduce_ratio, side))
     g = st.alloc(resid)
     if lay.has_head:
         st.free(dl)
@@ -521,7 +539,8 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
     st.free(shared)
     st.free_all(vision)
     if not grads_exist and lay.embed_grad > 0:
-        grads.append(st.alloc(lay.embed_grad))
+        grads.append(_side_grad(st, lay.embed_grad, lay.grad_reduce_ratio, side))
+    st.marked.update(side)
     st.free(gathered)
 
 
@@ -534,30 +553,38 @@ def _backward_layers(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], outs
         plan = plans[order[start] % len(plans)]
         g_in = [g]
 
-        def backward(k: int, plan: _LayerPlan = plan, start: int = start, g_in: list[int] = g_in) -> tuple[int, list[int]]:
+        def backward(k: int, plan: _LayerPlan = plan, start: int = start,
+                     g_in: list[int] = g_in) -> tuple[int, list[int], list[int]]:
             run_out, at = outs[order[start + k]]
             saved, casts = run_out[at]
             new_grads: list[int] = []
+            new_side: list[int] = []
+            ratio = lay.grad_reduce_ratio
             if plan.checkpointed:
                 # the checkpoint recomputes the layer from its input, recording; the recomputed output
                 # replaces the kept one as the tensor the backward releases
                 kept_out = st.alloc(plan.saved[-1] if plan.saved else 0) if lay.offload_inputs else saved[0]
                 redo = replace(plan, saved=plan.recomputed) if plan.recomputed else plan
                 saved, casts, _ = _forward_layer(st, redo, record=True)
-                g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads)
+                g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads, ratio, new_side)
                 st.free(kept_out)
             else:
-                g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads)
+                g_out = _backward_layer(st, plan, saved, casts, g_in[0], grads_exist, new_grads, ratio, new_side)
             g_in[0] = g_out
-            return g_out, new_grads
+            return g_out, new_grads, new_side
         done = _layers(st, count, backward)
         if isinstance(done, _Windows):
             grads += done.head[0][1]
             g1, g2 = done.o1[1], done.o2[1]
             grads += [a + k * (b - a) for k in range(count - 1) for a, b in zip(g1, g2, strict=True)]
+            # the reduce outputs of the windows written as a Repeat: their ids moved as the gradients' are
+            st.marked.update(done.head[0][2])
+            s1, s2 = done.o1[2], done.o2[2]
+            st.marked.update(a + k * (b - a) for k in range(count - 1) for a, b in zip(s1, s2, strict=True))
         else:
-            for _, new_grads in done:
+            for _, new_grads, new_side in done:
                 grads += new_grads
+                st.marked.update(new_side)
         g = done[count - 1][0]
     return g
 
@@ -811,6 +838,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         grads_during_forward=gradients_from_start(c), has_head=c.last,
         input_ids=2 * 8 * c.tokens, extra_static=extra, kernel_loss=_kernel_loss_tensors(terms),
         offload_inputs=c.s.train.activation_offload == "cpu", grads_on_side_stream=grads_on_reduce_stream(c),
+        grad_reduce_ratio=reduce_cast_ratio(c),
         vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c))
         + tuple(n for n, _ in encoder_sequence(c)),
         vision_unused=tuple(u for _, u in tower_sequence(c)) + tuple(u for _, _, u in cross_sequence(c))

@@ -45,8 +45,8 @@ from vramplan.spec.defaults import torchtitan_fsdp2
 from vramplan.spec.scenario import Scenario
 
 __all__ = ["embedding_elements", "fsdp2_root_unit", "gathered", "gathered_bytes", "grads_on_reduce_stream",
-           "one_layer", "root_gathered",
-           "root_resharded", "split_units", "split_units_gathered", "torch_fsdp2"]
+           "one_layer", "reduce_cast_ratio", "root_gathered", "root_resharded", "split_units", "split_units_gathered",
+           "torch_fsdp2"]
 
 
 def one_layer(rp: RankParams, params: int) -> RankParams:
@@ -120,17 +120,37 @@ def grads_on_reduce_stream(c: StepContext) -> bool:
     activations freed late in the backward cannot hold gradients.  Applies while the gradients stay on the GPU
     (no offload); DeepSpeed and Megatron-LM reduce into buffers of their own (not this).  Not modelled: torch
     2.4's FSDP2, which also allocated the reduce-scatter input on that stream (from 2.5 it is allocated before
-    the stream context); a symmetric-memory reduce-scatter's private pool (opt-in); the half-precision block a unit
-    is reduced into before its cast to fp32 parameters (a reduce dtype below the parameter dtype: FSDP1's bf16
-    ``new_sharded_grad``, FSDP2's bf16 ``reduce_output``), and under gradient accumulation each micro-batch's fresh
-    one, which the side pool also caches (about 0.3 GiB for Llama 3.2 1B on one rank); a policy without a cast
-    (Lightning's bf16-true) with adapters, whose few MiB take the pool as well."""
+    the stream context); a symmetric-memory reduce-scatter's private pool (opt-in); under gradient accumulation each
+    micro-batch's fresh reduce output (the first micro-batch's, in a reduce dtype below the gradient's, is counted:
+    ``reduce_cast_ratio``); a policy without a cast (Lightning's bf16-true) with adapters, whose few MiB take the pool
+    as well."""
     par = c.s.parallel
     if par.fsdp == "none" or c.offload_opt or c.s.effective_framework in ("deepspeed", "megatron", "openrlhf"):
         return False
     if par.fsdp in ("full_shard", "shard_grad_op", "hybrid_shard") and c.shards[1] > 1:
         return True
     return torch_fsdp2(c.s) or c.pol.compute_bytes < c.pol.param_bytes
+
+
+def reduce_cast_ratio(c: StepContext) -> tuple[int, int]:
+    """(reduce-dtype bytes, gradient bytes) per element when torch FSDP reduces a unit's gradients in a dtype below the
+    gradient's and casts them on the side stream, else (0, 1): the reduce output is a block of that stream's pool,
+    made and freed around each unit's final gradient.
+
+    FSDP2 ``foreach_reduce`` (torch 2.13 ``_fsdp_collectives.py``): ``reduce_output`` in the reduce dtype under the
+    reduce-scatter stream (:611-612), then ``_to_dtype_if_needed(reduce_output, orig_dtype)`` on the post-reduce stream
+    (the same stream but under HSDP, :685-696) makes the fp32 gradient; FSDP1 (``_runtime_utils.py``):
+    ``new_sharded_grad`` in the reduce dtype (:901), then ``_cast_grad_to_param_dtype`` (:1048), both on the
+    post-backward stream.  The reduce dtype is the mixed-precision dtype under accelerate, for FSDP2 and FSDP1 alike
+    (accelerate 1.15 ``utils/dataclasses.py`` ``FullyShardedDataParallelPlugin.set_mixed_precision``: ``{"param_dtype": dtype,
+    "reduce_dtype": dtype}``): framework ``accelerate`` and the HF Trainer, which wraps through it.  Elsewhere the reduce
+    dtype is the script's or the framework's own (torchtitan's ``mixed_precision_reduce`` fp32, verl's fp32, a
+    Lightning script's ``MixedPrecisionPolicy``, a plain script's): no such block is counted there (torchtitan and verl
+    reduce in the gradient's dtype; the others are not known)."""
+    if not grads_on_reduce_stream(c) or c.s.effective_framework not in ("accelerate", "hf-trainer"):
+        return 0, 1
+    reduce_bytes, grad_bytes = c.pol.compute_bytes, c.pol.grad_bytes
+    return (reduce_bytes, grad_bytes) if reduce_bytes < grad_bytes else (0, 1)
 
 
 def split_units(c: StepContext) -> bool:
