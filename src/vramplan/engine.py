@@ -640,6 +640,22 @@ def _llamacpp(r: Resolved, sr: ServeResult, d: LlamaCppDecision, ctx: int) -> Re
     return rep if d.starts else rep.model_copy(update={"fits": False})
 
 
+def _refuse_unmodelled(r: Resolved) -> None:
+    """Raise what the analytic engine refuses for ``r`` (every problem at once), before any term is computed."""
+    refused = (every_token_expert_problems(r.scenario, r.model) + linear_mixer_analytic_problems(r.scenario, r.model)
+               + analytic_unmodelled_problems(r.scenario, r.model))
+    if refused:
+        raise ScenarioError(refused)
+
+
+def _sizes_beyond(exc: OverflowError | RecursionError) -> ScenarioError:
+    """The package's error for a combination of sizes the arithmetic cannot hold (the input bounds, spec/load.py and
+    spec/hf_config.py MAX_SIZE, keep every byte count in 64 bits; should one still overflow, the caller gets this,
+    not Python's error)."""
+    return ScenarioError([Problem("scenario", f"sizes beyond what can be computed ({type(exc).__name__}: {exc})",
+                                  "check the model's config.json and the scenario's counts")])
+
+
 def train_step_floor_bytes(r: Resolved) -> int | None:
     """A lower bound of a plain training job's ``device_used_bytes`` from its steady step alone (the planner's
     second screen, after ``plan/bound.py``'s static terms); None for a job of another kind.
@@ -652,16 +668,11 @@ def train_step_floor_bytes(r: Resolved) -> int | None:
     s = r.scenario
     if (s.task != "train" or s.effective_framework in ("verl", "openrlhf") or s.train.objective != "sft"):
         return None
-    refused = (every_token_expert_problems(s, r.model) + linear_mixer_analytic_problems(s, r.model)
-               + analytic_unmodelled_problems(s, r.model))
-    if refused:
-        raise ScenarioError(refused)
+    _refuse_unmodelled(r)
     try:
         tr = train_step(r, peak_only=True)
     except (OverflowError, RecursionError) as exc:
-        # as ``estimate`` answers it: the package's error, not Python's
-        raise ScenarioError([Problem("scenario", f"sizes beyond what can be computed ({type(exc).__name__}: {exc})",
-                                     "check the model's config.json and the scenario's counts")]) from None
+        raise _sizes_beyond(exc) from None
     outside = {"cuda_context": cuda_context_for(r.gpu).bytes, "workspaces": 0,
                "communication": nccl_bytes(tr.communicators), "managed": tr.managed_bytes}
     kept, _ = managed_in_capacity(outside, tr.peak.total, r.gpu.total_memory_bytes)
@@ -681,18 +692,12 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
     try:
         return _estimate(source, reserved)
     except (OverflowError, RecursionError) as exc:
-        # the input bounds (spec/load.py, spec/hf_config.py MAX_SIZE) keep every byte count in 64 bits; should a
-        # combination of sizes still overflow, the caller gets the package's error, not Python's
-        raise ScenarioError([Problem("scenario", f"sizes beyond what can be computed ({type(exc).__name__}: {exc})",
-                                     "check the model's config.json and the scenario's counts")]) from None
+        raise _sizes_beyond(exc) from None
 
 
 def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel) -> Report:
     r = source if isinstance(source, Resolved) else resolve(source)
-    refused = (every_token_expert_problems(r.scenario, r.model) + linear_mixer_analytic_problems(r.scenario, r.model)
-               + analytic_unmodelled_problems(r.scenario, r.model))
-    if refused:
-        raise ScenarioError(refused)
+    _refuse_unmodelled(r)
     choice = cuda_context_for(r.gpu)
     ctx = choice.bytes
     task = r.scenario.task

@@ -290,8 +290,7 @@ def _side_grad(st: _Stream, size: int, ratio: tuple[int, int], side_ids: list[in
 
 
 def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list[int], grad_in: int,
-                    grads_exist: bool, grad_ids: list[int], ratio: tuple[int, int] = (0, 1),
-                    side_ids: list[int] | None = None) -> int:
+                    grads_exist: bool, grad_ids: list[int], ratio: tuple[int, int], side_ids: list[int]) -> int:
     """One layer's backward: the MLP's (gradients, frees of its saved tensors), then the attention's.
 
     Returns the id of the gradient flowing to the layer below.  New parameter gradients are
@@ -311,7 +310,7 @@ def _backward_layer(st: _Stream, plan: _LayerPlan, saved: list[int], casts: list
         for _ in range(min(n, len(grads))):
             size = grads.pop(0)
             if not grads_exist:
-                grad_ids.append(_side_grad(st, size, ratio, side_ids if side_ids is not None else []))
+                grad_ids.append(_side_grad(st, size, ratio, side_ids))
 
     # MLP: the down projection's input gradient and weight gradient, the elementwise gradients, then
     # the up/gate projections'; saved tensors go from the last made to the first

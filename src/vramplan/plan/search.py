@@ -125,8 +125,8 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
     families: set[tuple[object, ...]] = set()
     ahead = [] if ahead is None else ahead
     for i, (t, s) in enumerate(timed):
-        if not exhaustive and (len(found) >= top or (
-                found and sum(k < _rank_key(t, s) for k in ahead) >= top)):
+        key = _rank_key(t, s)
+        if not exhaustive and (len(found) >= top or (found and sum(k < key for k in ahead) >= top)):
             st.pruned += len(timed) - i
             break
         fam = s.family()
@@ -168,7 +168,7 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             continue
         families.add(fam)
         found.append(_Found(s, t, rep))
-        ahead.append(_rank_key(t, s))
+        ahead.append(key)
     return found
 
 
@@ -316,7 +316,7 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
                                        top, st)
     merged = [f for fs in per_count.values() for f in fs]
     if task == "train":
-        merged.sort(key=lambda f: (f.time.total_s, -getattr(f.setup, "micro_batch_size", 0)))
+        merged.sort(key=lambda f: (f.time.total_s, -getattr(f.setup, "micro_batch_size", 0)))  # _rank_key
     else:
         merged.sort(key=lambda f: (-f.time.tokens_per_s, f.setup.num_gpus))
     merged = merged[:top]

@@ -51,7 +51,7 @@ from vramplan.spec.scenario import Checkpointing, HalfDtype, RolloutEngine, Scen
 
 __all__ = ["PRE_AMPERE", "TRL_OBJECTIVES", "UNREAD_SERVE_DTYPE", "beta", "checkpointing", "completion_len",
            "expandable_segments", "fsdp_group", "megatron_distributed_optimizer", "num_generations", "ppo_beta_default",
-           "rollout_engine", "served_dtype", "torchtitan_fsdp2", "with_openrlhf_defaults", "with_served_dtype",
+           "rollout_engine", "served_dtype", "torch_fsdp2", "torchtitan_fsdp2", "with_openrlhf_defaults", "with_served_dtype",
            "with_trainer_defaults",
            "with_verl_defaults"]
 
@@ -184,6 +184,17 @@ def megatron_distributed_optimizer(s: Scenario) -> bool:
     is a ``store_true`` flag, arguments.py line 2658 at core_v0.15.0; facts/megatron.py)."""
     given = s.parallel.megatron.use_distributed_optimizer if s.parallel.megatron is not None else None
     return bool(given)
+
+
+def torch_fsdp2(s: Scenario) -> bool:
+    """The job's torch FSDP is FSDP2 (``fully_shard``): framework accelerate as vramplan exports it
+    (``fsdp_version: 2``, export/accelerate.py), torchtitan, and torchtune from v0.3.0 (its distributed recipes
+    wrapped the model in FSDP1 before); the HF Trainer's default, Lightning / Lit-GPT and verl run FSDP1."""
+    fw = s.effective_framework
+    if fw == "torchtune":
+        v = s.software.torchtune_version
+        return v is None or v >= (0, 3)
+    return fw in ("accelerate", "torchtitan")
 
 
 def torchtitan_fsdp2(s: Scenario) -> bool:

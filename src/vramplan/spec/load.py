@@ -48,7 +48,7 @@ from vramplan.facts.torchtune import (
 from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.checks import held_module_notes
-from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing
+from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing, torch_fsdp2
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec
@@ -736,7 +736,7 @@ def fsdp_upcast_for(s: Scenario) -> tuple[Scenario, list[str]]:
         return s, []
     if fw == "hf-trainer" and tv is not None and tv < TRAINER_ACCELERATE_FSDP_SINCE:
         return s, []
-    fsdp2 = fw == "accelerate"  # export/accelerate.py writes fsdp_version 2; the HF Trainer's default is FSDP1
+    fsdp2 = torch_fsdp2(s)  # accelerate as export/accelerate.py writes it (fsdp_version 2); the HF Trainer's FSDP1
     if t.peft is not None:
         if fsdp2 and av is not None and FSDP2_WHOLE_MODEL[0] <= av < FSDP2_WHOLE_MODEL[1]:
             return s, [(f"not modelled: accelerate {s.software.accelerate}'s FSDP2 (fsdp2_prepare_model, "

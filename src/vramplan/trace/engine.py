@@ -110,9 +110,8 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
             # the model's own code under DTensor on meta tensors can fail where the real run does not (transformers
             # 5.24's apply_tensor_parallelism looks a tied head's weight up as a module: KeyError 'lm_head.weight';
             # a quantized base's shards meet unsharded tensors): the trace answers with the reason, never a traceback
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             raise ScenarioError([Problem("parallel.tp", f"tensor parallelism could not be traced for {r.model.name} "
-                                         f"({type(exc).__name__}: {first})",
+                                         f"({_first_line(exc)})",
                                          "use --engine analytic (tensor parallelism is estimated there)")]) from None
     if task != "train":
         return r, trace_inference(r)
@@ -123,11 +122,16 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
         except (RuntimeError, AssertionError, TypeError, NotImplementedError) as exc:
             # a model (or a torch version) fully_shard does not run on meta tensors: derive the rank
             st = trace_train(r)
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-            st.notes.append(f"FSDP2 could not be traced for this model ({type(exc).__name__}: {first}); "
+            st.notes.append(f"FSDP2 could not be traced for this model ({_first_line(exc)}); "
                             "sharding derived from the single-GPU trace instead")
             return r, st
     return r, trace_train(r)
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters of it), for a note or a problem."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved) -> Report:

@@ -41,12 +41,10 @@ from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.timeline import END, FORWARD, STEP, TIED_EMBEDDING, mlp
 from vramplan.analytic.weights import weights_bytes
-from vramplan.spec.defaults import torchtitan_fsdp2
-from vramplan.spec.scenario import Scenario
+from vramplan.spec.defaults import torch_fsdp2, torchtitan_fsdp2
 
 __all__ = ["embedding_elements", "fsdp2_root_unit", "gathered", "gathered_bytes", "grads_on_reduce_stream",
-           "one_layer", "reduce_cast_ratio", "root_gathered", "root_resharded", "split_units", "split_units_gathered",
-           "torch_fsdp2"]
+           "one_layer", "reduce_cast_ratio", "root_gathered", "root_resharded", "split_units", "split_units_gathered"]
 
 
 def one_layer(rp: RankParams, params: int) -> RankParams:
@@ -83,17 +81,6 @@ def fsdp2_root_unit(c: StepContext) -> bool:
     """torchtitan's FSDP2 layout (module docstring): blocks and a root unit, one pipeline stage, no PEFT or
     offload (torchtitan trains neither), parameters sharded (``full_shard`` or ``hybrid_shard``)."""
     return torchtitan_fsdp2(c.s) and bool(c.layer_specs)  # spec/defaults.py, which the report's notes read too
-
-
-def torch_fsdp2(s: Scenario) -> bool:
-    """The job's torch FSDP is FSDP2 (``fully_shard``): framework accelerate as vramplan exports it
-    (``fsdp_version: 2``, export/accelerate.py), torchtitan, and torchtune from v0.3.0 (its distributed recipes
-    wrapped the model in FSDP1 before); the HF Trainer's default, Lightning / Lit-GPT and verl run FSDP1."""
-    fw = s.effective_framework
-    if fw == "torchtune":
-        v = s.software.torchtune_version
-        return v is None or v >= (0, 3)
-    return fw in ("accelerate", "torchtitan")
 
 
 def grads_on_reduce_stream(c: StepContext) -> bool:
