@@ -122,8 +122,10 @@ def test_fsdp_reserved_is_the_sum_of_the_pools_and_allocated_is_unchanged() -> N
     one = replace(lay, grads_on_side_stream=False)
     alloc_two, reserved_two = train_reserved_bytes(lay)
     alloc_one, reserved_one = train_reserved_bytes(one)
-    # the pool's gradients are a block per unit, the single stream's a block per parameter: the same bytes, rounded
-    # to 512 B per block apart (a few hundred KiB on 8B's 291 parameters)
+    # pooling leaves the allocated bytes those of the same stream replayed in one pool, exactly
+    assert alloc_two == replay_compact(train_run_stream(lay)).peak_allocated_bytes
+    # against the single-stream layout, whose gradients are a block per parameter (the pool's a block per unit): the
+    # same bytes, rounded to 512 B per block apart (a few hundred KiB on 8B's 291 parameters)
     assert abs(alloc_two - alloc_one) <= MiB
     main, side = train_run_pools(lay)
     assert reserved_two == replay_compact(main).peak_reserved_bytes + replay_compact(side).peak_reserved_bytes
@@ -265,3 +267,11 @@ def test_reduce_outputs_are_blocks_of_the_pool() -> None:
     for doc in (titan, {**_fsdp(), "framework": "plain"}):
         lay = train_step(resolve(doc)).layout
         assert lay is not None and lay.grads_on_side_stream and lay.grad_reduce_ratio == (0, 1), doc["framework"]
+
+
+def test_an_unread_reduce_dtype_is_stated() -> None:
+    # a plain script's FSDP reduce dtype is its own: its reduce outputs are not counted, and the report says so;
+    # accelerate's is read (set_mixed_precision), so its report does not
+    said = "FSDP reduce dtype is its script's"
+    assert any(said in a for a in estimate(resolve({**_fsdp(), "framework": "plain"})).assumptions)
+    assert not any(said in a for a in estimate(resolve(_fsdp())).assumptions)

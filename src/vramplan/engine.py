@@ -154,6 +154,13 @@ def _step_reserved_by(r: Resolved, tr: TrainResult, outside: dict[str, int], res
                     "caching allocator never hands to the compute stream: the gradients are replayed as a pool of "
                     "their own and the reserved bytes are the two pools' sum (analytic/terms/sharding.py "
                     "grads_on_reduce_stream)")
+            fw, pol = r.scenario.effective_framework, tr.context.pol if tr.context is not None else None
+            if (fw not in ("accelerate", "hf-trainer", "torchtitan", "verl") and pol is not None
+                    and pol.compute_bytes < pol.grad_bytes):
+                # accelerate's reduce dtype (and so the HF Trainer's) is read, torchtitan's and verl's are fp32
+                how += (f"; a {fw} job's FSDP reduce dtype is its script's: if below the gradients' (e.g. bf16), each "
+                        "unit's reduce output is a block of that pool too, not counted here "
+                        "(analytic/terms/sharding.py reduce_cast_ratio)")
         return (max(train_reserved_bytes(tr.layout, expandable_segments=expandable, capacity_bytes=reservable)[1],
                     packed), how)
     return packed, ("reserved bytes: the tensors alive at the peak packed into empty allocator "
