@@ -133,17 +133,20 @@ def load_model(model: str | dict[str, Any], where: str = "model", offline: bool 
     raise UnknownNameError("model", model, list(index), where)
 
 
-def model_config(model: str | dict[str, Any], offline: bool = False, where: str = "model") -> dict[str, Any]:
+def model_config(model: str | dict[str, Any], offline: bool = False, where: str = "model",
+                 copy_: bool = True) -> dict[str, Any]:
     """The config.json mapping behind any spelling ``load_model`` accepts (a copy): the catalog row's, a local
-    file's, an inline mapping, or a Hub id's as the Hugging Face cache holds it (``catalog/hub.py``)."""
+    file's, an inline mapping, or a Hub id's as the Hugging Face cache holds it (``catalog/hub.py``).
+    ``copy_=False``: an inline mapping or a catalog row's config itself, for a caller that only reads it (the
+    serving engine reads a key or two on every estimate; a deep copy cost more than the rest of those reads)."""
     import copy
 
     if isinstance(model, dict):
-        return copy.deepcopy(model)
+        return copy.deepcopy(model) if copy_ else model
     by_id, index = _catalog()
     key = index.get(_norm(model))
     if key is not None:
-        return copy.deepcopy(by_id[key].config)
+        return copy.deepcopy(by_id[key].config) if copy_ else by_id[key].config
     from vramplan.catalog.hub import HubOptions, fetch_hub_model, parse_hub_id
 
     path = Path(model).expanduser()

@@ -47,6 +47,9 @@ class PlanContext:
     _pols: dict[tuple[str, str, str], PrecisionPolicy] = field(default_factory=dict)
     _trainable: dict[tuple[str | None, str], int] = field(default_factory=dict)
     _bounds: dict[tuple[object, ...], int] = field(default_factory=dict)
+    _serve_weights: dict[tuple[object, ...], int] = field(default_factory=dict)
+    _kv_tokens: dict[tuple[object, ...], int] = field(default_factory=dict)
+    _kv_sequence: dict[tuple[object, ...], int | None] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -122,6 +125,50 @@ class PlanContext:
         if got is None:
             got = self._bounds[key] = static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
         return got
+
+    def serve_weights_floor(self, s: ServeSetup) -> int:
+        """The parameters vLLM loads on one rank in their stored format (``serve.vllm.serve_weights_bytes``): the
+        report's ``weights`` holds them and adds only what is kept beside them (MLA's absorbed copies, adapters, a
+        draft model), so this is never above it.  One value per (tp, pp, dtype, weights format)."""
+        key = (s.tp, s.pp, s.dtype, s.quantization)
+        got = self._serve_weights.get(key)
+        if got is None:
+            from vramplan.serve.vllm import serve_weights_bytes
+
+            got = self._serve_weights[key] = serve_weights_bytes(self._resolved(s))[0]
+        return got
+
+    def kv_bytes_per_token(self, s: ServeSetup) -> int:
+        """One token's K and V over every layer on one rank (what a decode step reads per token of context)."""
+        key = (s.tp, s.dtype, s.kv_cache_dtype)
+        got = self._kv_tokens.get(key)
+        if got is None:
+            from vramplan.analytic.kv_cache import kv_elem_bytes, layer_kv_bytes_per_token
+
+            elem = kv_elem_bytes(s.kv_cache_dtype, 2 if s.dtype != "fp32" else 4)
+            got = self._kv_tokens[key] = self.model.num_layers * layer_kv_bytes_per_token(self.model, elem, s.tp,
+                                                                                          s.kv_cache_dtype)
+        return got
+
+    def serve_cannot_fit(self, s: ServeSetup) -> bool:
+        """Whether ``s`` provably holds no KV cache for ``max_num_seqs`` requests of ``max_model_len``, so that its
+        estimate cannot say it fits (``fit.band_fits``), from two bounds: vLLM's KV pool is at most
+        ``gpu_memory_utilization`` x the device's memory less the weights (``serve_weights_floor``; the profile's
+        activations, the graphs and the context come off it too), and a request of ``max_model_len`` tokens needs at
+        least ``max_model_len`` x the bytes per token of every attention layer's cache (whole blocks: never fewer).
+        The second bound is used only for models whose every attention layer caches every token (no sliding
+        window), where it is plain; the first holds for any model."""
+        budget = int(self.gpu.device_total_bytes * s.gpu_memory_utilization) - self.serve_weights_floor(s)
+        if budget <= 0:
+            return True
+        key = (s.tp, s.dtype, s.kv_cache_dtype, s.max_model_len)
+        if key not in self._kv_sequence:
+            from vramplan.analytic.kv_cache import kv_spec
+
+            spec = kv_spec(self.model, s.kv_cache_dtype, 2 if s.dtype != "fp32" else 4, s.tp)
+            self._kv_sequence[key] = None if spec.has_sliding else s.max_model_len * spec.bytes_per_token
+        per_request = self._kv_sequence[key]
+        return per_request is not None and budget < s.max_num_seqs * per_request
 
     def _resolved(self, s: TrainSetup | ServeSetup) -> Resolved:
         """The setup's scenario as ``resolve`` would finish it (without re-validating the whole document)."""

@@ -172,24 +172,48 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
     return found
 
 
-def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats) -> list[_Found]:
-    from vramplan.analytic.kv_cache import kv_elem_bytes, layer_kv_bytes_per_token
+def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats, exhaustive: bool = False,
+                ahead: list[tuple[float, int]] | None = None) -> list[_Found]:
+    """The fitting deployments of one GPU count, most tokens per second first, at most ``top``.
 
+    Branch and bound: a deployment's decode step time grows with the weights it reads (plan/steptime/serve.py), so
+    the weights vLLM loads on one rank before anything else (``PlanContext.serve_weights_floor``, never above the
+    report's) give each candidate an upper bound of its tokens per second, before any estimate.  The walk goes in
+    the order of that bound and stops once this count has its best and ``top`` deployments (of this count, or of
+    every count walked so far: ``ahead``, the merged answer's keys) rank strictly before the next bound; a
+    deployment that provably leaves no KV cache for its requests (``PlanContext.serve_cannot_fit``) is not
+    estimated."""
     st.candidates += len(setups)
-    out: list[_Found] = []
-    for s in setups:
+    ahead = [] if ahead is None else ahead
+    bounded = []
+    for i, s in enumerate(setups):
+        floor, kv_tok = ctx.serve_weights_floor(s), ctx.kv_bytes_per_token(s)
+        best = decode_step_time(s, ctx.facts, ctx.gpu, ctx.assumptions, floor, kv_tok, s.max_num_seqs)
+        bounded.append(((-best.tokens_per_s, s.tp, i), floor, kv_tok, s))
+    bounded.sort(key=lambda b: b[0])
+    found: list[tuple[tuple[float, int, int], _Found]] = []
+    for j, (bound, floor, kv_tok, s) in enumerate(bounded):
+        if not exhaustive and found and min(k for k, _ in found)[:2] < bound[:2]:
+            merged = (bound[0], s.num_gpus)
+            if (sum(k[:2] < bound[:2] for k, _ in found) >= top
+                    or sum(k < merged for k in ahead) >= top):
+                st.pruned += len(bounded) - j
+                break
+        if ctx.serve_cannot_fit(s):
+            st.bound_rejected += 1  # no KV cache for max_num_seqs requests is left beside the weights
+            continue
         rep = ctx.estimate(s)
         st.estimated += 1
         if not band_fits(rep, s.max_num_seqs):
             continue
         st.estimated_fit += 1
-        elem = kv_elem_bytes(s.kv_cache_dtype, 2 if s.dtype != "fp32" else 4)
-        kv_tok = ctx.model.num_layers * layer_kv_bytes_per_token(ctx.model, elem, s.tp, s.kv_cache_dtype)
         t = decode_step_time(s, ctx.facts, ctx.gpu, ctx.assumptions, rep.per_gpu.breakdown.get("weights", 0),
                              kv_tok, s.max_num_seqs)
-        out.append(_Found(s, t, rep))
-    out.sort(key=lambda f: (-f.time.tokens_per_s, f.setup.tp))
-    return out[:top]
+        found.append(((-t.tokens_per_s, s.tp, bound[2]), _Found(s, t, rep)))
+        ahead.append((-t.tokens_per_s, s.num_gpus))
+    # the order of the exhaustive walk: tokens per second, then the smaller tp, then the candidates' order
+    found.sort(key=lambda f: f[0])
+    return [f for _, f in found[:top]]
 
 
 _FIELD_NAMES = {
@@ -311,9 +335,12 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         if job.max_model_len < 1 or job.concurrency < 1:
             raise ScenarioError([Problem("serve job", "max_model_len and concurrency must be at least 1",
                                          "give --max-model-len and --concurrency")])
-        for n in counts:
-            per_count[n] = _walk_serve(ctx, list(serve_candidates(ctx.model, ctx.gpu, n, job, margin, gpus_per_node)),
-                                       top, st)
+        seen: list[tuple[float, int]] = []  # the merged answer's keys found so far, over every count
+        # the most GPUs first: they serve the most tokens per second, so their deployments bound the others' walks
+        # soonest (the answer does not depend on the order: the merged keys differ between counts)
+        walked = {n: _walk_serve(ctx, list(serve_candidates(ctx.model, ctx.gpu, n, job, margin, gpus_per_node)), top,
+                                 st, exhaustive, seen) for n in sorted(counts, reverse=True)}
+        per_count = {n: walked[n] for n in counts}
     merged = [f for fs in per_count.values() for f in fs]
     if task == "train":
         merged.sort(key=lambda f: (f.time.total_s, -getattr(f.setup, "micro_batch_size", 0)))  # _rank_key

@@ -1149,7 +1149,7 @@ def _draft_rotary_bytes(target: ModelSpec, draft: ModelSpec, dtype_bytes: int) -
 def _architectures(r: Resolved) -> tuple[str, ...]:
     """The ``architectures`` of the model's config.json (vLLM's ``ModelConfig.architectures``); () if unreadable."""
     try:
-        cfg = model_config(r.scenario.model, offline=True)
+        cfg = model_config(r.scenario.model, offline=True, copy_=False)
     except (VramplanError, OSError):
         return ()
     return tuple(a for a in cfg.get("architectures") or [] if isinstance(a, str))
@@ -1275,7 +1275,7 @@ def _mtp_draft(r: Resolved, version: str) -> tuple[int, tuple[int, ...], str, Mo
                       "then loads the proposer's embedding separately, EagleProposer._maybe_share_embeddings)",
                       "use parallel.pp 1")
     try:
-        cfg = model_config(r.scenario.model, offline=True)
+        cfg = model_config(r.scenario.model, offline=True, copy_=False)
     except (VramplanError, OSError):
         cfg = {}
     archs = cfg.get("architectures") or []
@@ -1609,12 +1609,13 @@ def _charged(rule: str, context: int, nccl: int, others: int = 0, comm: int = 0,
 
 def _budget(r: Resolved, beh: VllmBehaviour, batched: int, requests: int, subtract_cudagraphs: bool,
             opt: _Options, sampler: str, seqs: int = 0, stage: int = 0,
-            runner: ModelRunnerRule | None = None) -> _Budget:
+            runner: ModelRunnerRule | None = None, weights: tuple[int, int] | None = None) -> _Budget:
     """One GPU's budget; ``stage``: its pipeline rank (pp > 1: ``pp_stage_layers``' layers, the intermediate
-    tensors on every rank but the first, the sampler on the last only: ``_stage_activations``)."""
+    tensors on every rank but the first, the sampler on the last only: ``_stage_activations``); ``weights``: the
+    rank's ``serve_weights_bytes`` where the caller has them."""
     sv, m, gpu, tp, pp = r.scenario.serve, r.model, r.gpu, r.scenario.parallel.tp, r.scenario.parallel.pp
     c = dtype_bits(sv.dtype) // 8
-    params, rotary = serve_weights_bytes(r, stage)
+    params, rotary = weights if weights is not None else serve_weights_bytes(r, stage)
     params += mla_after_load_bytes(r, len(pp_stage_layers(m.num_layers, pp, stage)))
     row = beh.rules
     # one NCCL communicator per group of more than one rank: the tensor-parallel group and the pipeline group
@@ -2194,7 +2195,7 @@ def multimodal_architecture(r: Resolved) -> str:
     vLLM builds such a model with its encoder (``vllm/model_executor/models/qwen2_5_vl.py``: ``self.visual`` and
     a ``language_model`` of architecture Qwen2ForCausalLM), while the spec holds the language model only."""
     try:
-        cfg = model_config(r.scenario.model, offline=True)
+        cfg = model_config(r.scenario.model, offline=True, copy_=False)
     except (VramplanError, OSError):
         return ""
     archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
@@ -2379,7 +2380,9 @@ def _decide(r: Resolved, version: str, usage: str, subtract_cudagraphs: bool) ->
     hybrid = _hybrid_rule(r, version)
     batched, seqs, max_len = _limits(r, usage, beh.rules.batch_defaults)
     requests = min(seqs, batched)
-    opt = _options(r, beh.rules, version, serve_weights_bytes(r)[0])
+    # one rank's weights, read once (at pp = 1 the only rank's, which _budget reads again otherwise)
+    weights = serve_weights_bytes(r)
+    opt = _options(r, beh.rules, version, weights[0])
     _check_sampler(r, beh.rules, version)
     sampler = sampler_class(beh.rules, sampler_path(beh.rules, sv.vllm_sampler))
     if par.pp > 1:
@@ -2390,7 +2393,8 @@ def _decide(r: Resolved, version: str, usage: str, subtract_cudagraphs: bool) ->
     runner, runner_why = model_runner(r, version, opt.draft_model)
     ranks: list[tuple[_Budget, _Blocks]] = []
     for stage in range(par.pp):
-        sb = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs, stage, runner)
+        sb = _budget(r, beh, batched, requests, subtract_cudagraphs, opt, sampler, seqs, stage, runner,
+                     weights if par.pp == 1 else None)
         layers = pp_stage_layers(r.model.num_layers, par.pp, stage) if par.pp > 1 else None
         ranks.append((sb, _blocks(r, sb.available, batched, max_len, opt.draft_layer_bytes_per_token, hybrid,
                                   version, layers)))

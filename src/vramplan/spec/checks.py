@@ -1200,8 +1200,10 @@ def ignored_sections(s: Scenario) -> list[str]:
     """Assumptions for a document that sets keys of another task's section (they are not used)."""
     out = []
     for section in TASK_SECTIONS:
+        if section == s.task:
+            continue
         keys = _section_settings(s, section)
-        if keys and section != s.task:
+        if keys:
             shown = ", ".join(f"{section}.{k}" for k in keys)
             out.append(f"{shown} set but not used: the task is {s.task}")
     rl = _section_settings(s, "rl")
