@@ -72,6 +72,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (19, 13, "2026-11-27", _SCORED, 5, True),
     (20, 25, "2026-11-28", _SCORED, 14, True),
     (21, 25, "2026-11-28", _SCORED, 12, True),
+    (22, 39, "2026-11-28", _SCORED, 13, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
@@ -369,6 +370,18 @@ def test_batch21_figures_converted_to_bytes() -> None:
     oom = next(e for e in _holdout().entries if e.id.startswith("b21k-ulysses") and e.outcome == "oom")
     assert oom.measured.bytes == resolve(oom.scenario).gpu.total_memory_bytes
 
+
+
+def test_batch22_figures_converted_to_bytes() -> None:
+    # GPTQ-for-LLaMa's README, LLaMA-7B 4-bit group 128: "4891" MiB of torch memory: 4,891 x 2^20 = 5,128,585,216
+    assert _by_id("b22o-gptqforllama-llama7b-gptq4-g128-decode2048-3090").measured.bytes == 5_128_585_216
+    # the bitsandbytes nf4 row beside it, 5102 MiB: 5,102 x 2^20 = 5,349,834,752
+    assert _by_id("b22o-gptqforllama-llama7b-bnb-nf4-decode2048-3090").measured.bytes == 5_349_834_752
+    # every OOM entry of the batch carries its GPU's capacity as vramplan computes it
+    ooms = [e for e in _holdout().entries if e.id.startswith("b22") and e.outcome == "oom"]
+    assert len(ooms) == 16  # n: 5 ZeRO + 2 FSDP + 2 DeepSpeed offload; o: 1; p: 6
+    for e in ooms:
+        assert e.measured.bytes == resolve(e.scenario).gpu.total_memory_bytes, e.id
 
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too), for every batch after the first
