@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vramplan.errors import ScenarioError
 from vramplan.plan import ServeJob, plan
 from vramplan.plan.context import make_context
 from vramplan.plan.fit import band_fits
@@ -42,7 +44,8 @@ def test_serving_branch_and_bound_equals_exhaustive(model: str, gpu: str, counts
     assert _answer(fast) == _answer(full)
     assert fast.by_gpu_count == full.by_gpu_count
     assert fast.notes == full.notes
-    assert full.stats.pruned == 0 and full.stats.estimated >= fast.stats.estimated
+    # the exhaustive walk estimates every deployment (no screen), so a deployment the screen drops wrongly shows here
+    assert full.stats.pruned == 0 and full.stats.bound_rejected == 0 and full.stats.estimated >= fast.stats.estimated
     assert fast.stats.candidates == fast.stats.bound_rejected + fast.stats.estimated + fast.stats.pruned
 
 
@@ -95,7 +98,7 @@ def test_the_walk_prunes_the_bench_case() -> None:
     fast = plan("meta-llama/Llama-3.1-8B", "L4", "1-8", job, explain=False)
     full = plan("meta-llama/Llama-3.1-8B", "L4", "1-8", job, explain=False, exhaustive=True)
     assert fast.stats.candidates == full.stats.candidates == 90
-    assert full.stats.estimated + full.stats.bound_rejected == 90
+    assert full.stats.estimated == 90 and full.stats.bound_rejected == 0  # the exhaustive walk estimates them all
     assert 8 <= fast.stats.estimated < 30
     assert _answer(fast) == _answer(full)
 
@@ -114,3 +117,13 @@ def test_a_loose_floor_still_gives_the_exhaustive_answer(monkeypatch) -> None:  
         full = plan(model, "L4", counts, job, top=top, explain=False, exhaustive=True)
         assert _answer(fast) == _answer(full)
         assert fast.by_gpu_count == full.by_gpu_count
+
+
+def test_what_the_estimator_refuses_of_every_deployment_is_raised() -> None:
+    """Yi-34B (4,096 positions) at max_model_len 32,768 on one L4: every deployment is screened out (the weights alone
+    exceed the card), but the plan's first deployment is still estimated, so the estimator's refusal of the length is
+    raised, as the exhaustive walk raises it, rather than answered with "nothing fits"."""
+    job = ServeJob(max_model_len=32768, concurrency=64)
+    for exhaustive in (False, True):
+        with pytest.raises(ScenarioError, match="max_position_embeddings"):
+            plan("01-ai/Yi-34B", "L4", "1", job, explain=False, exhaustive=exhaustive)

@@ -129,7 +129,8 @@ class PlanContext:
     def serve_weights_floor(self, s: ServeSetup) -> int:
         """The parameters vLLM loads on one rank in their stored format (``serve.vllm.serve_weights_bytes``): the
         report's ``weights`` holds them and adds only what is kept beside them (MLA's absorbed copies, adapters, a
-        draft model), so this is never above it.  One value per (tp, pp, dtype, weights format)."""
+        draft model), so this is never above it, while no weights are offloaded to the CPU (``cpu_offload_gb``,
+        which the planner never sets).  One value per (tp, pp, dtype, weights format)."""
         key = (s.tp, s.pp, s.dtype, s.quantization)
         got = self._serve_weights.get(key)
         if got is None:

@@ -182,7 +182,8 @@ def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats
     the order of that bound and stops once this count has its best and ``top`` deployments (of this count, or of
     every count walked so far: ``ahead``, the merged answer's keys) rank strictly before the next bound; a
     deployment that provably leaves no KV cache for its requests (``PlanContext.serve_cannot_fit``) is not
-    estimated."""
+    estimated, except the plan's first (whose estimate raises what the estimator refuses of every deployment).
+    ``exhaustive``: estimate every deployment (no pruning, no screen)."""
     st.candidates += len(setups)
     ahead = [] if ahead is None else ahead
     bounded = []
@@ -199,7 +200,10 @@ def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats
                     or sum(k < merged for k in ahead) >= top):
                 st.pruned += len(bounded) - j
                 break
-        if ctx.serve_cannot_fit(s):
+        # the first deployment of the plan is always estimated, so that what the estimator refuses of every
+        # deployment (a max_model_len beyond the model's positions) is raised as before, not screened into "nothing
+        # fits"; the exhaustive walk estimates every deployment
+        if not exhaustive and st.estimated and ctx.serve_cannot_fit(s):
             st.bound_rejected += 1  # no KV cache for max_num_seqs requests is left beside the weights
             continue
         rep = ctx.estimate(s)
