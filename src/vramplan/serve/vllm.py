@@ -479,6 +479,12 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     ep, expert_tp = moe_split(r)
     local = ceil_div(m.moe.expert_intermediate_size, expert_tp)
     major, _, minor = (r.gpu.compute_capability or "9.0").partition(".")
+    if not (major.isdigit() and (minor or "0").isdigit()):
+        # an AMD GPU (compute capability "gfx942"): vLLM's ROCm MXFP4 backends lay the experts out their own way,
+        # which is not read here
+        raise _refuse("hardware.gpu", f"{m.name}'s MXFP4 experts on {r.gpu.name} ({r.gpu.compute_capability}): the "
+                      "layout of vLLM's ROCm MXFP4 backends is not modelled (the CUDA backends' is: Triton on "
+                      "compute capability 9.x-10.x, Marlin from 8.0)", "estimate it on an NVIDIA GPU")
     # Marlin on a plain install before 0.12.0, which lacks triton_kernels (spec/load.py vllm_mxfp4_triton)
     triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0) and vllm_mxfp4_triton(r.scenario)
     if triton:
