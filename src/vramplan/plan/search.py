@@ -182,13 +182,18 @@ def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats
     the order of that bound and stops once this count has its best and ``top`` deployments (of this count, or of
     every count walked so far: ``ahead``, the merged answer's keys) rank strictly before the next bound; a
     deployment that provably leaves no KV cache for its requests (``PlanContext.serve_cannot_fit``) is not
-    estimated, except the plan's first (whose estimate raises what the estimator refuses of every deployment).
+    estimated, except the plan's first (so that what the estimator refuses of every deployment is the answer, not
+    "nothing fits").  A deployment the estimator refuses is skipped and counted (``_Stats.refuse``), as in training.
     ``exhaustive``: estimate every deployment (no pruning, no screen)."""
     st.candidates += len(setups)
     ahead = [] if ahead is None else ahead
     bounded = []
     for i, s in enumerate(setups):
-        floor, kv_tok = ctx.serve_weights_floor(s), ctx.kv_bytes_per_token(s)
+        try:
+            floor, kv_tok = ctx.serve_weights_floor(s), ctx.kv_bytes_per_token(s)
+        except ScenarioError as e:  # a format the checkpoint does not allow at this tp (block-wise fp8 slices)
+            st.refuse(e)
+            continue
         best = decode_step_time(s, ctx.facts, ctx.gpu, ctx.assumptions, floor, kv_tok, s.max_num_seqs)
         bounded.append(((-best.tokens_per_s, s.tp, i), floor, kv_tok, s))
     bounded.sort(key=lambda b: b[0])
@@ -203,14 +208,25 @@ def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats
         # the first deployment of the plan is always estimated, so that what the estimator refuses of every
         # deployment (a max_model_len beyond the model's positions) is raised as before, not screened into "nothing
         # fits"; the exhaustive walk estimates every deployment
-        if not exhaustive and st.estimated and ctx.serve_cannot_fit(s):
+        if not exhaustive and (st.estimated or st.refused) and ctx.serve_cannot_fit(s):
             st.bound_rejected += 1  # no KV cache for max_num_seqs requests is left beside the weights
             continue
-        rep = ctx.estimate(s)
+        try:
+            rep = ctx.estimate(s)
+        except ScenarioError as e:
+            st.refuse(e)
+            continue
         st.estimated += 1
         if not band_fits(rep, s.max_num_seqs):
             continue
         st.estimated_fit += 1
+        try:
+            # the document a deployment is shown with goes through every check of ``resolve`` (``_ranked``): one it
+            # refuses is not chosen
+            ctx.verify(s, rep)
+        except ScenarioError as e:
+            st.refuse(e)
+            continue
         t = decode_step_time(s, ctx.facts, ctx.gpu, ctx.assumptions, rep.per_gpu.breakdown.get("weights", 0),
                              kv_tok, s.max_num_seqs)
         found.append(((-t.tokens_per_s, s.tp, bound[2]), _Found(s, t, rep)))
@@ -328,13 +344,6 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         for n in counts:
             setups = list(train_candidates(ctx.model, ctx.gpu, n, job, gpus_per_node))
             per_count[n] = _walk_train(ctx, setups, top, st, exhaustive, host_limit, ahead)
-        if st.first_refusal is not None:
-            if not st.estimated:  # every setup refused: the refusal is the answer
-                raise st.first_refusal
-            # counted among the setups the walk reached (those it pruned unseen are not estimated, so not counted)
-            notes.append(f"{st.refused:,} of the setups the search reached were skipped: the estimator refuses them for "
-                         f"{ctx.model.name} ({st.first_refusal.problems[0].where}: "
-                         f"{st.first_refusal.problems[0].message.rsplit(', but ', 1)[-1]})")
     else:
         if job.max_model_len < 1 or job.concurrency < 1:
             raise ScenarioError([Problem("serve job", "max_model_len and concurrency must be at least 1",
@@ -345,6 +354,13 @@ def plan(model: str | dict[str, Any], gpu: str, num_gpus: int | str | Sequence[i
         walked = {n: _walk_serve(ctx, list(serve_candidates(ctx.model, ctx.gpu, n, job, margin, gpus_per_node)), top,
                                  st, exhaustive, seen) for n in sorted(counts, reverse=True)}
         per_count = {n: walked[n] for n in counts}
+    if st.first_refusal is not None:
+        if not st.estimated:  # every setup refused: the refusal is the answer
+            raise st.first_refusal
+        # counted among the setups the walk reached (those it pruned unseen are not estimated, so not counted)
+        notes.append(f"{st.refused:,} of the setups the search reached were skipped: the estimator refuses them for "
+                     f"{ctx.model.name} ({st.first_refusal.problems[0].where}: "
+                     f"{st.first_refusal.problems[0].message.rsplit(', but ', 1)[-1]})")
     merged = [f for fs in per_count.values() for f in fs]
     if task == "train":
         merged.sort(key=lambda f: (f.time.total_s, -getattr(f.setup, "micro_batch_size", 0)))  # _rank_key
