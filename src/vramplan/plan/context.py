@@ -50,6 +50,7 @@ class PlanContext:
     _serve_weights: dict[tuple[object, ...], int] = field(default_factory=dict)
     _kv_tokens: dict[tuple[object, ...], int] = field(default_factory=dict)
     _kv_sequence: dict[tuple[object, ...], int | None] = field(default_factory=dict)
+    _verified: dict[ServeSetup, tuple[Report | None, Report]] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -197,11 +198,17 @@ class PlanContext:
         When the validated scenario equals the one the search estimated (``report``), that estimate
         stands (the engine is a pure function of the scenario, model and GPU); otherwise it is redone.
         """
+        if isinstance(s, ServeSetup) and (done := self._verified.get(s)) is not None and done[0] is report:
+            return done[1]  # the search validated it already (``_walk_serve``), and ``_ranked`` asks again
         r = resolve(self.document(s))
         mine = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
         if report is not None and r.scenario == mine and r.model == self.model and r.gpu == self.gpu:
-            return report
-        return estimate(r)
+            got = report
+        else:
+            got = estimate(r)
+        if isinstance(s, ServeSetup):
+            self._verified[s] = (report, got)
+        return got
 
     def with_gpu(self, gpu: GpuSpec) -> PlanContext:
         hw = self.base.hardware.model_copy(update={"gpu": gpu.name})
