@@ -140,3 +140,29 @@ def test_a_deployment_the_estimator_refuses_is_skipped_not_the_plan() -> None:
     assert res.chosen is not None
     assert all(r.scenario["parallel"]["tp"] < 8 for r in [res.chosen, *res.runners_up])
     assert any("refuses them" in n and "multiple of 128" in n for n in res.notes)
+
+
+def test_ties_in_tokens_per_second_keep_the_exhaustive_order(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Decode rates rounded to whole thousands of tokens per second (a rate that stays an upper bound when its
+    weights are a lower bound): many deployments tie, in their bound and in their rate, so the walk's strict
+    comparisons decide; the answer and each count's best must still be the exhaustive walk's, whose ties go to the
+    smaller tp, then to the candidates' order."""
+    import math
+
+    import vramplan.plan.search as search
+
+    real = search.decode_step_time
+
+    def coarse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        t = real(*args, **kwargs)
+        return dataclasses.replace(t, tokens_per_s=float(math.ceil(t.tokens_per_s / 1000) * 1000))
+
+    monkeypatch.setattr(search, "decode_step_time", coarse)
+    for model, gpu, counts, top, length, concurrency in [("meta-llama/Llama-3.1-8B", "L4", "1-8", 5, 2048, 32),
+                                                         ("Qwen/Qwen2.5-0.5B", "H100-SXM", "1-4", 3, 2048, 256),
+                                                         ("Qwen/Qwen3-30B-A3B", "A100-80GB", "1,2,8", 2, 8192, 8)]:
+        job = ServeJob(max_model_len=length, concurrency=concurrency, allow_quantization=True)
+        fast = plan(model, gpu, counts, job, top=top, explain=False)
+        full = plan(model, gpu, counts, job, top=top, explain=False, exhaustive=True)
+        assert _answer(fast) == _answer(full), (model, gpu)
+        assert fast.by_gpu_count == full.by_gpu_count, (model, gpu)
