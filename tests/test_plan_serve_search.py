@@ -149,7 +149,7 @@ def test_ties_in_tokens_per_second_keep_the_exhaustive_order(monkeypatch) -> Non
     smaller tp, then to the candidates' order."""
     import math
 
-    import vramplan.plan.search as search
+    from vramplan.plan import search
 
     real = search.decode_step_time
 
