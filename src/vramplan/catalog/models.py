@@ -102,6 +102,10 @@ def _text_part_of_multimodal(config: dict[str, Any], spec: ModelSpec) -> str:
             "checkpoint's vision_config, such as google/gemma-3-4b-it, counts them)")
 
 
+# catalog rows' specs by (row id, where), with the row they were built from (``load_model``)
+_CATALOG_SPECS: dict[tuple[str, str], tuple[Any, ModelSpec]] = {}
+
+
 def load_model(model: str | dict[str, Any], where: str = "model", offline: bool = False) -> ModelSpec:
     """Resolve any accepted spelling of a model to a ``ModelSpec``: a catalog id or alias, a local config.json
     (file or folder), an inline mapping, then a Hugging Face Hub id ``owner/name[@revision]`` read through the
@@ -112,10 +116,17 @@ def load_model(model: str | dict[str, Any], where: str = "model", offline: bool 
     key = index.get(_norm(model))
     if key is not None:
         m = by_id[key]
+        # a catalog row's spec is built once per process (a frozen record; the planner resolves each setup it shows,
+        # and compares the spec with its own, which the same object answers at once)
+        held = _CATALOG_SPECS.get((key, where))
+        if held is not None and held[0] is m:
+            return held[1]
         spec = model_from_config(m.config, name=m.id, where=where)
         spec = _with_source(spec, m.source)
         dropped = _text_part_of_multimodal(m.config, spec)
-        return replace(spec, source_notes=(*spec.source_notes, dropped)) if dropped else spec
+        spec = replace(spec, source_notes=(*spec.source_notes, dropped)) if dropped else spec
+        _CATALOG_SPECS[(key, where)] = (m, spec)
+        return spec
     path = Path(model).expanduser()
     try:
         exists = len(model) <= MAX_PATH_CHARS and path.exists()

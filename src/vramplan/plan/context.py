@@ -202,7 +202,8 @@ class PlanContext:
             return done[1]  # the search validated it already (``_walk_serve``), and ``_ranked`` asks again
         r = resolve(self.document(s))
         mine = self.scenario(s) if isinstance(s, TrainSetup) else self.serve_scenario(s)
-        if report is not None and r.scenario == mine and r.model == self.model and r.gpu == self.gpu:
+        if report is not None and r.scenario == mine and (r.model is self.model or r.model == self.model) \
+                and r.gpu == self.gpu:
             got = report
         else:
             got = estimate(r)
