@@ -36,12 +36,7 @@ MEM_EFFICIENT_GQA_TORCH = (2, 14)
 
 
 def _capability(gpu: GpuSpec | None) -> tuple[int, int] | None:
-    text = gpu.compute_capability if gpu is not None else ""
-    try:
-        major, minor = text.split(".")
-        return int(major), int(minor)
-    except ValueError:
-        return None
+    return gpu.cuda_capability if gpu is not None else None
 
 
 def _flash_runs(m: ModelSpec, compute_bytes: int, cap: tuple[int, int] | None) -> bool:

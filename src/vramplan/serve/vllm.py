@@ -133,7 +133,7 @@ from vramplan.serve.vllm_mm import (
     mm_profile_v0,
     mm_v0_modelled,
 )
-from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.gpu import GpuSpec, cuda_capability
 from vramplan.spec.load import Resolved, vllm_mxfp4_triton
 from vramplan.spec.model import ModelSpec
 from vramplan.units import DTYPE_BITS, GiB, MiB, ceil_div, dtype_bits, round_up
@@ -478,15 +478,15 @@ def mxfp4_layout_bytes(r: Resolved, rp: RankParams) -> int:
     counted += rp.expert_bias * DTYPE_BITS[mx.expert_bias_dtype or "fp32"] // 8
     ep, expert_tp = moe_split(r)
     local = ceil_div(m.moe.expert_intermediate_size, expert_tp)
-    major, _, minor = (r.gpu.compute_capability or "9.0").partition(".")
-    if not (major.isdigit() and (minor or "0").isdigit()):
+    cap = cuda_capability(r.gpu.compute_capability or "9.0")
+    if cap is None:
         # an AMD GPU (compute capability "gfx942"): vLLM's ROCm MXFP4 backends lay the experts out their own way,
         # which is not read here
         raise _refuse("hardware.gpu", f"{m.name}'s MXFP4 experts on {r.gpu.name} ({r.gpu.compute_capability}): the "
                       "layout of vLLM's ROCm MXFP4 backends is not modelled (the CUDA backends' is: Triton on "
                       "compute capability 9.x-10.x, Marlin from 8.0)", "estimate it on an NVIDIA GPU")
     # Marlin on a plain install before 0.12.0, which lacks triton_kernels (spec/load.py vllm_mxfp4_triton)
-    triton = (9, 0) <= (int(major), int(minor or 0)) < (11, 0) and vllm_mxfp4_triton(r.scenario)
+    triton = (9, 0) <= cap < (11, 0) and vllm_mxfp4_triton(r.scenario)
     if triton:
         each = _mxfp4_expert_bytes(m.hidden_size, round_up(local, _TRITON_PAD), 4)
     else:
@@ -1133,11 +1133,8 @@ def _checks_capability(row: VllmRelease) -> bool:
 
 
 def _flashinfer_capability(cc: str) -> bool:
-    try:
-        major, minor = (int(x) for x in cc.split(".")[:2])
-    except ValueError:
-        return True  # an unreadable capability is not refused
-    return (7, 5) <= (major, minor) <= (12, 1)
+    cap = cuda_capability(cc)
+    return cap is None or (7, 5) <= cap <= (12, 1)  # an unreadable capability is not refused
 
 
 def _draft_rotary_bytes(target: ModelSpec, draft: ModelSpec, dtype_bytes: int) -> int:

@@ -1296,12 +1296,6 @@ def capability_problems(s: Scenario, gpu: GpuSpec) -> list[Problem]:
     return out
 
 
-def _cuda_capability(text: str) -> tuple[int, int] | None:
-    """``"10.0"`` as (10, 0); None for a ROCm ``gfx`` name or an unknown one."""
-    major, _, minor = text.partition(".")
-    return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else None
-
-
 def _mx_capability_problems(s: Scenario, gpu: GpuSpec) -> list[Problem]:
     """torchao MXFP8 training below compute capability 10.0: torchtitan's ``MXLinearConverter`` asserts
     ``has_cuda_capability(10, 0)`` ("MXFP8 is only supported on SM100 or architectures"); torchao 0.14.1 builds its
@@ -1309,7 +1303,7 @@ def _mx_capability_problems(s: Scenario, gpu: GpuSpec) -> list[Problem]:
     nearest working setting on an fp8 GPU is torchao float8 training."""
     if not (s.task == "train" and s.train.precision == "mxfp8-torchao"):
         return []
-    cap = _cuda_capability(gpu.compute_capability)
+    cap = gpu.cuda_capability
     if cap is not None and cap >= MX_MIN_CAPABILITY:
         return []
     need = ".".join(map(str, MX_MIN_CAPABILITY))

@@ -6,6 +6,15 @@ from dataclasses import dataclass, field
 
 from vramplan.units import GiB
 
+__all__ = ["GpuSpec", "cuda_capability"]
+
+
+def cuda_capability(text: str) -> tuple[int, int] | None:
+    """A CUDA compute capability, ``"10.0"`` as (10, 0); None for an AMD GPU's architecture name (``"gfx942"``) or a
+    capability the catalog does not give."""
+    major, _, minor = text.partition(".")
+    return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else None
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -32,6 +41,11 @@ class GpuSpec:
     # set from the scenario's hardware.memory_in_use_gib: bytes other processes hold on the device, already
     # taken out of total_memory_bytes (which is then this job's capacity)
     in_use_by_others_bytes: int = 0
+
+    @property
+    def cuda_capability(self) -> tuple[int, int] | None:
+        """The compute capability as a pair (``cuda_capability``); None off CUDA or when not given."""
+        return cuda_capability(self.compute_capability)
 
     @classmethod
     def custom(cls, capacity_gib: float) -> GpuSpec:

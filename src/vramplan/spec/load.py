@@ -51,7 +51,7 @@ from vramplan.spec.checks import held_module_notes
 from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing, torch_fsdp2
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
-from vramplan.spec.gpu import GpuSpec
+from vramplan.spec.gpu import GpuSpec, cuda_capability
 from vramplan.spec.megatron import megatron_problems, megatron_schedule_problems, megatron_unmodelled
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import (
@@ -410,12 +410,6 @@ def _expert_format_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                     "use a format for dense linears (fp8, gptq-4bit, awq-4bit, nf4, int8) or none")]
 
 
-def _capability(cc: str) -> tuple[int, int] | None:
-    """A GPU's compute capability ("9.0") as a pair; None when the catalog does not give it."""
-    major, _, minor = cc.partition(".")
-    return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else None
-
-
 # vLLM's Triton MXFP4 backend on Hopper keeps the loaded scales and adds the swizzled copy that triton_kernels'
 # HopperMXScaleLayout makes (rows padded to 256), from 0.12.0, the first release whose plain install takes that path
 # (facts/vllm_releases.py MXFP4_HOPPER_SWIZZLE_FROM, MXFP4_HOPPER_SOURCES): counted in the weights by serve/vllm.py
@@ -475,7 +469,7 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
     if s.task not in ("inference", "serve"):
         return []
     q: str = getattr(s, s.task).quantization
-    cap = _capability(compute_capability)
+    cap = cuda_capability(compute_capability)
     if q == "mxfp4":
         return _mxfp4_assumptions(s.task, cap, vllm_mxfp4_triton(s))
     if s.task == "inference" and q != "none" and (note := quant_format(q).inference_note):

@@ -28,6 +28,7 @@ from vramplan.analytic.attention import MEM_EFFICIENT_GQA_TORCH
 from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.facts.optimizers import runs_as
+from vramplan.spec.gpu import cuda_capability
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.build import Built, build_model, trace_policy
@@ -55,11 +56,7 @@ class StepTrace:
 
 
 def cuda_spec(r: Resolved) -> cuda.CudaSpec:
-    cc = r.gpu.compute_capability or "9.0"
-    try:
-        major, minor = (int(x) for x in cc.split(".")[:2])
-    except ValueError:
-        major, minor = 9, 0
+    major, minor = cuda_capability(r.gpu.compute_capability) or (9, 0)
     torch_v = r.scenario.software.torch_version
     return cuda.CudaSpec(capability=(major, minor), efficient_gqa=torch_v is not None and torch_v >= MEM_EFFICIENT_GQA_TORCH)
 

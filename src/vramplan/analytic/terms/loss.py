@@ -209,9 +209,8 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     if t.loss == "liger-fused-linear-ce":
         # torch.addmm(out_dtype=fp32) accumulates a half gradient into the fp32 one on sm80+ (torch >= 2.8 assumed)
         # (an AMD GPU's capability, "gfx942", is not CUDA's: the mm-then-cast path, the larger of the two, is taken)
-        cap = c.gpu.compute_capability
-        major = cap.split(".")[0]
-        addmm = weight == 4 and cb < 4 and (not cap or (major.isdigit() and int(major) >= 8))
+        cap = c.gpu.cuda_capability
+        addmm = weight == 4 and cb < 4 and (not c.gpu.compute_capability or (cap is not None and cap >= (8, 0)))
         return liger_flce_bytes(c.tokens, vocab, hidden, x, cb, weight if c.peft is None else 0, addmm)
     return cce_bytes(c.tokens, vocab, hidden, x, cb, weight, head_trainable=c.peft is None)
 
