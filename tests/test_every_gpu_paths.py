@@ -51,3 +51,12 @@ def test_liger_on_an_amd_gpu_takes_the_larger_path() -> None:
     extra = {g: kernel_loss_tensors(StepContext(resolve({**doc, "hardware": {"gpu": g}}), 0, "sdpa", False)).forward_extra
              for g in ("MI300X", "H100-SXM")}
     assert extra["MI300X"] - extra["H100-SXM"] >= 3_151_822_848 - 1024 * 4096 * 2
+
+
+def test_the_report_says_which_liger_path_it_counts_off_cuda() -> None:
+    doc = {"model": "meta-llama/Llama-3.1-8B", "task": "train", "train": {"loss": "liger-fused-linear-ce",
+                                                                         "seq_len": 1024}}
+    amd = estimate({**doc, "hardware": {"gpu": "MI300X"}})
+    nv = estimate({**doc, "hardware": {"gpu": "H100-SXM"}})
+    assert any("torch.mm(...).float()" in a and "gfx942" in a for a in amd.assumptions)
+    assert not any("torch.mm(...).float()" in a for a in nv.assumptions)
