@@ -138,9 +138,9 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
     math_note = ([gqa_math_note(s)] if attention == "math" and gqa_math_fallback(s, m, pol.compute_bytes, r.gpu)
                  else [BF16_MATH_NOTE] if attention == "math" and bf16_math_fallback(pol.half, r.gpu) else [])
     cap = r.gpu.cuda_capability
-    liger_mm = ([f"Liger's head gradient on {r.gpu.name} (compute capability {r.gpu.compute_capability}, not CUDA "
-                 "sm80+) counted as torch.mm(...).float(), the larger of its two paths (torch.addmm's fp32 "
-                 "accumulation is read for CUDA sm80+ only)"]
+    liger_mm = ([(f"Liger's head gradient on {r.gpu.name} (compute capability {r.gpu.compute_capability}, not CUDA "
+                  "sm80+) counted as torch.mm(...).float(), the larger of its two paths (torch.addmm's fp32 "
+                  "accumulation is read for CUDA sm80+ only)")]
                 if s.train.loss == "liger-fused-linear-ce" and r.gpu.compute_capability
                 and (cap is None or cap < (8, 0)) else [])
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
