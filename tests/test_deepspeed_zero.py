@@ -19,6 +19,7 @@ from vramplan.analytic.terms import deepspeed as ds
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.gradients import gradients
+from vramplan.analytic.terms.optimizer_state import step_temporary
 from vramplan.analytic.timeline import FORWARD
 from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
@@ -32,9 +33,9 @@ def _scenario(zero: int = 3, gpus: int = 2, **extra: Any) -> Scenario:
     doc: dict[str, Any] = {"model": "meta-llama/Llama-2-7b-hf", "task": "train",
                            "hardware": {"gpu": "H100-SXM", "num_gpus": gpus}, "parallel": {"zero_stage": zero}}
     for k, v in extra.items():
-        if k == "deepspeed":
-            doc["parallel"]["deepspeed"] = v
-        elif k in ("framework",):
+        if k in ("deepspeed", "offload"):
+            doc["parallel"][k] = v
+        elif k in ("framework", "software"):
             doc[k] = v
         else:
             doc.setdefault("train", {})[k] = v
@@ -200,17 +201,19 @@ def test_bucket_terms_monotone_one_at_a_time(key: str) -> None:
 def test_small_model_zero3_keeps_layers_gathered() -> None:
     """TinyLlama 1.1B (22 layers of 44,044,288 parameters, h = 2048, head 32,000 x 2048 = 65,536,000) on 2 GPUs:
     with DeepSpeed's reuse distance 1e9 and no checkpointing, a layer's parameters stay gathered while
-    2 x (later layers + head) + 2 x (its own later tensors) < 1e9, about the last 9 layers, so ZeRO-3's peak exceeds
-    ZeRO-2's; releasing every module (distance 0) brings it under."""
-    def peak(stage: int, distance: int | None = None) -> int:
+    2 x (later layers + head) + 2 x (its own later tensors) < 1e9, about the last 9 layers, so ZeRO-3's backward
+    exceeds ZeRO-2's; releasing every module (distance 0) brings it down.  (The backward, not the job's peak: ZeRO-2's
+    step holds the flat partition beside its fp32 copy, ``test_zero2_step_norm_and_flatten``, and is its peak.)"""
+    def backward(stage: int, distance: int | None = None) -> int:
         par: dict[str, Any] = {"zero_stage": stage}
         if distance is not None:
             par["deepspeed"] = {"stage3_max_reuse_distance": distance}
         sc = {"model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "task": "train", "framework": "deepspeed",
               "hardware": {"gpu": "A100-80GB", "num_gpus": 2},
               "train": {"micro_batch_size": 2, "seq_len": 512}, "parallel": par}
-        return estimate(sc).per_gpu.peak_allocated_bytes
-    assert peak(3) > peak(2) > peak(3, 0)
+        return estimate(sc).per_gpu.phases["backward"]
+    assert backward(3) > backward(2)
+    assert backward(3) > backward(3, 0)
 
 
 def test_zero3_on_one_rank_says_its_buffers_are_not_counted() -> None:
@@ -235,3 +238,72 @@ def test_the_exported_config_carries_the_settings_estimated() -> None:
     zero = cfg["zero_optimization"]
     assert (zero["stage"], zero["reduce_bucket_size"], zero["overlap_comm"]) == (2, 2_000_000_000, True)
     assert "stage3_max_live_parameters" not in zero  # a null setting is DeepSpeed's default: not written
+
+
+def _step_terms(zero: int, gpus: int, **extra: Any) -> dict[str, int]:
+    return {t.name: t.nbytes for t in ds.step_norm_and_flatten(_ctx(_scenario(zero, gpus, **extra)))}
+
+
+def _step_extra(zero: int, gpus: int, **extra: Any) -> int:
+    return _step_terms(zero, gpus, **extra).get("deepspeed.step_norm_and_flatten", 0)
+
+
+def test_zero2_step_norm_and_flatten() -> None:
+    """Llama-2-7B, 6,738,415,616 parameters; its largest tensors the embedding and the untied head, 32,000 x 4,096 =
+    131,072,000 each.  AdamW's step makes no temporaries here (0), so the optimizer's own moment holds the fp32
+    gradient copy, 4 B x the partition; the second term is what the step's earlier copies add to it."""
+    # 2 ranks, bf16: partition 3,369,207,808; flat 2 B + fp32 4 B per element beside the gradients; the norm's fp64
+    # copy 8 x 131,072,000 is smaller; no overflow check for bf16 (from 0.11.2): adds the flat copy, 2 x 3,369,207,808
+    assert _step_terms(2, 2) == {"optimizer.step.fp32_gradients": 4 * 3_369_207_808,
+                                 "deepspeed.step_norm_and_flatten": 6_738_415_616}
+    # the fp32 copy is DeepSpeed's term now, not the generic step's
+    assert _bytes(step_temporary(_ctx(_scenario(2, 2))), "optimizer.step.fp32_gradients") == 0
+    # 64 ranks: partition 105,287,744 < 131,072,000, so the head's piece is the partition: the norm's copy
+    # 8 x 105,287,744 = 842,301,952 beats flat + fp32 6 x 105,287,744 = 631,726,464; less fp32 4 x 105,287,744
+    assert _step_extra(2, 64) == 842_301_952 - 421_150_976
+    # fp16 is checked for overflow: 11 B (fp32 copy, three masks, float of the last) x 105,287,744 = 1,158,165,184
+    assert _step_extra(2, 64, precision="fp16-mixed") == 1_158_165_184 - 421_150_976
+    # ZeRO-1 checks the whole gradients (has_overflow_serial): 11 x 131,072,000 = 1,441,792,000
+    assert _step_extra(1, 64, precision="fp16-mixed") == 1_441_792_000 - 421_150_976
+    # from DeepSpeed 0.19.6 the check allocates nothing: back to the norm's copy
+    assert _step_extra(2, 64, precision="fp16-mixed", software={"deepspeed": "0.19.8"}) == _step_extra(2, 64)
+    # before 0.11.2 bf16 was checked too
+    assert _step_extra(2, 64, software={"deepspeed": "0.10.3"}) == _step_extra(2, 64, precision="fp16-mixed")
+    # fp32: the flat copy is the optimizer's gradient for the step, nothing beside it
+    assert _step_terms(2, 2, precision="fp32") == {"optimizer.step.fp32_gradients": 4 * 3_369_207_808}
+
+
+def test_zero3_steps_one_sub_group_at_a_time() -> None:
+    """ZeRO-3 flattens and converts one sub-group at a time (sub_group_size 1e9; a sub-group closes at the parameter
+    that reaches it, so it holds less than 1e9 + one parameter's partition).  Llama-2-7B on 2 ranks: partition
+    3,369,207,808 > 1e9, the largest parameter's partition 131,072,000 / 2 = 65,536,000: a sub-group of at most
+    1,065,536,000 elements, fp32 4 x = 4,262,144,000 and the flat bf16 copy 2 x = 2,131,072,000.  On 8 ranks the
+    partition, 842,301,952, is one sub-group: 3,369,207,808 and 1,684,603,904.  On one rank ZeRO-3 is estimated
+    unsharded (deepspeed_assumptions), the generic fp32 copy of the whole model: 4 x 6,738,415,616."""
+    assert _step_terms(3, 2) == {"optimizer.step.fp32_gradients": 4_262_144_000,
+                                 "deepspeed.step_norm_and_flatten": 2_131_072_000}
+    assert _step_terms(3, 8) == {"optimizer.step.fp32_gradients": 3_369_207_808,
+                                 "deepspeed.step_norm_and_flatten": 1_684_603_904}
+    assert _step_terms(3, 1) == {}
+    assert _bytes(step_temporary(_ctx(_scenario(3, 1))), "optimizer.step.fp32_gradients") == 26_953_662_464
+
+
+def test_zero2_offload_norm_and_overflow_copies() -> None:
+    """ZeRO-2 with the optimizer offloaded, Llama-2-7B on 2 ranks (partition 3,369,207,808): each gradient's norm
+    copy (8 B x its piece) and, before DeepSpeed 0.19.6, its overflow check's (11 B x the whole bf16 gradient), in
+    the backward: a layer's largest tensor is an MLP weight, 11,008 x 4,096 = 45,088,768 -> 11 x = 495,976,448; the
+    last layer's backward also reduces the untied head, 11 x 131,072,000 = 1,441,792,000; the input embedding's in
+    the epilogue, the same."""
+    c = _ctx(_scenario(2, 2, offload="optimizer"))
+    terms = ds.offload_norm_copies(c)
+    by_layer = {t.layer: t.nbytes for t in terms if t.name == "deepspeed.offload_norm"}
+    assert len(by_layer) == 32 and by_layer[31] == 1_441_792_000
+    assert {by_layer[j] for j in range(31)} == {495_976_448}
+    assert _bytes(terms, "deepspeed.offload_norm.embedding") == 1_441_792_000
+    # 0.19.6 on: the norm's copy only, 8 x 45,088,768 = 360,710,144 and 8 x 131,072,000 = 1,048,576,000
+    terms = ds.offload_norm_copies(_ctx(_scenario(2, 2, offload="optimizer", software={"deepspeed": "0.19.6"})))
+    by_layer = {t.layer: t.nbytes for t in terms if t.name == "deepspeed.offload_norm"}
+    assert by_layer[0] == 360_710_144 and by_layer[31] == 1_048_576_000
+    # not without the offload, and nothing of the step's kind with it
+    assert ds.offload_norm_copies(_ctx(_scenario(2, 2))) == []
+    assert ds.step_norm_and_flatten(c) == []

@@ -24,7 +24,19 @@ from dataclasses import dataclass
 
 from vramplan.spec.scenario import DeepSpeedZero, Scenario
 
-__all__ = ["ZeroSettings", "deepspeed_assumptions", "deepspeed_zero", "zero_settings"]
+__all__ = ["ELEMENTWISE_OVERFLOW_CHECK_UNTIL", "OVERFLOW_CHECK_EVERY_DTYPE_UNTIL", "ZeroSettings",
+           "deepspeed_assumptions", "deepspeed_zero", "overflow_check_bytes", "step_overflow_check", "zero_settings"]
+
+# ZeRO-1/2's ``_has_inf_or_nan`` (runtime/zero/stage_1_and_2.py) up to 0.19.5: ``float_x = x.float()``, ``isnan``,
+# ``isinf``, ``logical_or`` and ``.float()`` of the last, all alive at once: 4 + 1 + 1 + 1 + 4 = 11 B per element of
+# a half gradient (7 of an fp32 one, whose ``.float()`` is itself); from 0.19.6 it calls runtime/utils.py
+# ``has_inf_or_nan`` (``amax``/``amin``: nothing per element).  Read in the v0.9.5-v0.19.5 tags and the 0.19.6,
+# 0.19.7 and 0.19.8 sdists.
+ELEMENTWISE_OVERFLOW_CHECK_UNTIL = (0, 19, 6)
+# ``step()`` checked every dtype's gradients for overflow until PR deepspeedai/DeepSpeed#4512 ("Don't check overflow
+# for bf16 data type", first in v0.11.2); from then on fp16 only (``check_grad_overflow`` from v0.17.1, PR #6976,
+# True for fp16 and bf16's ``check_grad_overflow``, false by default).
+OVERFLOW_CHECK_EVERY_DTYPE_UNTIL = (0, 11, 2)
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,11 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
              f"leaves them null): reduce_bucket_size {z.reduce_bucket_size:,}, contiguous_gradients "
              f"{str(z.contiguous_gradients).lower()}, overlap_comm {str(z.overlap_comm).lower()}")
     out = [first]
+    if s.software.deepspeed is None and s.parallel.zero_stage < 3 and (
+            s.parallel.offload != "none" or step_overflow_check(s)):
+        out.append("DeepSpeed release 0.11.2-0.19.5 assumed (software.deepspeed not given): ZeRO-1/2's overflow check "
+                   "copies each gradient it checks, 11 B per element of a half gradient (an fp32 copy, three masks "
+                   "and a float of the last); 0.19.6 on allocates nothing for it")
     if s.parallel.zero_stage == 3 and s.data_parallel_degree <= 1:
         # terms/deepspeed.py zero3: nothing is partitioned on one data-parallel rank, and the terms are not counted
         return [first + "; not modelled: DeepSpeed ZeRO-3 on one data-parallel rank (its reduce bucket, flat "
@@ -112,3 +129,19 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
                    "(their persistent matrices are counted), the host-to-GPU copies of offloaded parameters "
                    "before their all-gather")
     return out
+
+
+def overflow_check_bytes(s: Scenario, half: bool) -> int:
+    """Bytes per gradient element of ZeRO-1/2's overflow check: 11 (half) or 7 (fp32) up to 0.19.5, else 0.
+    ``software.deepspeed`` None: a release before 0.19.6 (``Software.deepspeed``)."""
+    v = s.software.deepspeed_version
+    if v is not None and v >= ELEMENTWISE_OVERFLOW_CHECK_UNTIL:
+        return 0
+    return 11 if half else 7
+
+
+def step_overflow_check(s: Scenario) -> bool:
+    """Whether ZeRO-1/2's ``step()`` checks the gradients for overflow: fp16 always, other dtypes before 0.11.2
+    (``software.deepspeed`` None: from 0.11.2 on)."""
+    v = s.software.deepspeed_version
+    return s.train.precision.startswith("fp16") or (v is not None and v < OVERFLOW_CHECK_EVERY_DTYPE_UNTIL)

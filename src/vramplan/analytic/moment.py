@@ -160,6 +160,12 @@ class K:
     TIED_EMBEDDING = _k("temporaries", "tied embedding gradient contributions",
                         "the two gradient contributions of a tied embedding, summed at the embedding's backward")
     OPTIMIZER_STEP = _k("temporaries", "optimizer step", "temporaries of optimizer.step()")
+    ZERO_STEP_COPIES = _k("temporaries", "ZeRO gradient norm and flattening",
+                          "DeepSpeed ZeRO's step before the optimizer runs: the fp64 copy of each gradient for "
+                          "the norm, then the flattened gradient partition beside its fp32 copy")
+    ZERO_OFFLOAD_NORM = _k("temporaries", "ZeRO-Offload gradient norm copy",
+                           "DeepSpeed ZeRO-1/2 with the optimizer offloaded: the fp64 copy of a gradient for its norm, "
+                           "made on the GPU when its bucket is reduced in the backward")
     PROMPT_LOGITS = _k("temporaries", "logits of every prompt position",
                        "prefill logits for every prompt position (older transformers, Lit-GPT)")
     PROMPT_LOGITS_FP32 = _k("temporaries", "logits of every prompt position and their fp32 copy",

@@ -86,6 +86,7 @@ RENAMED: dict[str, str] = {
     "software.torchtitan": "torchtitan_version",
     # "--accelerate" alone would read as the framework too
     "software.accelerate": "accelerate_version",
+    "software.deepspeed": "deepspeed_version",
     # verl's hybrid-engine keys (rl.verl) keep verl's names behind one prefix: some share serve's leaves
     "rl.verl.release": "verl_release",
     "rl.verl.param_offload": "verl_param_offload",

@@ -1078,6 +1078,20 @@ class Software(_Strict):
     def torch_version(self) -> tuple[int, ...] | None:
         return _version(self.torch)
 
+    deepspeed: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    """DeepSpeed release of a ZeRO run, e.g. 0.14.4; before 0.19.6 ZeRO-1/2's overflow check copies each gradient.
+
+    ZeRO-1/2's ``_has_inf_or_nan`` (runtime/zero/stage_1_and_2.py) made an fp32 copy and three boolean masks of
+    the gradient and a float copy of the last (11 B per element of a half gradient) up to 0.19.5; 0.19.6 reduces
+    with ``amax``/``amin`` instead (runtime/utils.py ``has_inf_or_nan``: "nothing proportional to x is
+    allocated").  With the optimizer offloaded it runs on every gradient in the backward; without, in the step
+    for fp16 (and for every dtype before 0.11.2, PR deepspeedai/DeepSpeed#4512).  None: a release from 0.11.2 to
+    0.19.5, the ones the published measurements ran (the report says so when it matters)."""
+
+    @property
+    def deepspeed_version(self) -> tuple[int, ...] | None:
+        return _version(self.deepspeed)
+
     @property
     def fused_moe_experts(self) -> bool:
         """True unless the scenario names transformers < 5 (per-expert ``nn.Linear`` MLPs)."""

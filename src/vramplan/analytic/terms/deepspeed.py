@@ -42,6 +42,24 @@ ZeRO-1/2 (runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer``):
   a second with ``overlap_comm`` ("double buffers"); the buffers are kept from micro-step to micro-step.
 * ``deepspeed.offload_staging``: with ``offload_optimizer`` the GPU keeps ``temp_grad_buffer_for_gpu_offload``, a
   buffer of the largest parameter's elements in the bit16 dtype (``__init__``, ``if self.cpu_offload``).
+* ``deepspeed.step_norm_and_flatten``: ``step()`` before the optimizer runs, read at v0.9.5, v0.14.4, v0.16.3
+  and v0.19.8 (the same in each).  First the gradient norm (``scaled_global_norm`` -> ``get_grad_norm_direct``,
+  computed at every step, not only when clipping): ``g.data.double()`` (v0.19.8: ``.to(get_norm_dtype())``, fp64
+  on CUDA) of each gradient piece of this rank's partition, one at a time: 8 B per element of the largest piece.
+  Then per parameter group ``self.flatten(self.averaged_gradients[i]).to(fp32)``: ``_flatten_dense_tensors`` (a
+  ``torch.cat``) copies the partition's gradients in the bit16 dtype and ``.to`` makes the fp32 copy the optimizer
+  reads, beside the gradients themselves; the flat copy dies before ``_optimizer_step`` (v0.19.8 ``del
+  flat_grad_partition``; before, a temporary of the statement), so the step's temporaries come after it.  The
+  moment holds the larger of the three; the term is what it adds to the optimizer's own moment (the fp32 copy and
+  ``optimizer.step()``'s temporaries, terms/optimizer_state.py).  In fp32 ``.to(fp32)`` returns the flat copy,
+  which is then the optimizer's gradient.  (v0.19.8's ``_build_compact_grad_partition_buffer`` replaces the
+  flattening only when the gradient-accumulation dtype is fp32 and differs from the model's, which DeepSpeed
+  chooses under ZeRO only when ``data_types.grad_accum_dtype`` says so: ``engine.get_data_types``.)
+* ``deepspeed.offload_norm``: with ``offload_optimizer`` the norm is taken in the backward instead,
+  ``copy_grads_in_partition`` -> ``set_norm_for_param_grad_in_gpu``: the same fp64 copy of each piece of this
+  rank's partition, on the GPU, when its bucket is reduced: the layer's largest piece during its backward, the
+  untied LM head's when the next gradient's hook reduces it (the last layer's backward), the input embedding's in
+  the epilogue after the backward.
 * ``allgather_bucket_size`` allocates nothing: ``all_gather_dp_groups`` (runtime/utils.py) gathers with
   ``all_gather_into_tensor`` straight into the bit16 groups wherever torch has it.
 
@@ -56,18 +74,25 @@ modelled by the same rules.
 from __future__ import annotations
 
 from vramplan.analytic.checkpointing import checkpointed_layer
-from vramplan.analytic.deepspeed import ZeroSettings, deepspeed_zero, zero_settings
+from vramplan.analytic.deepspeed import (
+    ZeroSettings,
+    deepspeed_zero,
+    overflow_check_bytes,
+    step_overflow_check,
+    zero_settings,
+)
 from vramplan.analytic.layout import split_on_rank
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms, resident
 from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.optimizer_state import optimizer_cost_of, zero_step
 from vramplan.analytic.terms.sharding import one_layer
-from vramplan.analytic.timeline import FORWARD, STEP, layer_done, mlp
+from vramplan.analytic.timeline import END, FORWARD, STEP, layer_done, mlp
 from vramplan.analytic.weights import weights_bytes
 from vramplan.units import ceil_div
 
-__all__ = ["grad_in_flight", "layer_tensors", "persistent", "reduce_buckets", "retained_layers",
-           "reuse_distances", "settings", "zero3", "zero3_gathered"]
+__all__ = ["SUB_GROUP_SIZE", "grad_in_flight", "layer_tensors", "offload_norm_copies", "persistent", "reduce_buckets",
+           "retained_layers", "reuse_distances", "settings", "step_norm_and_flatten", "zero3", "zero3_gathered"]
 
 
 def settings(c: StepContext) -> ZeroSettings:
@@ -272,4 +297,87 @@ def reduce_buckets(c: StepContext) -> list[Term]:
         largest = max((split_on_rank(p, c.tp, c.ep) for p in c.m.params), default=0) if c.peft is None \
             else max(c.rp.lora_per_layer, default=0)
         out.append(resident(K.DS_REDUCE_BUCKETS, largest * half, "deepspeed.offload_staging"))
+    return out
+
+
+def _zero12(c: StepContext) -> bool:
+    """DeepSpeed's ZeRO-1/2 optimizer runs the step (``DeepSpeedZeroOptimizer``, stage_1_and_2.py)."""
+    return (deepspeed_zero(c.s) and c.s.parallel.zero_stage in (1, 2) and c.trainable > 0
+            and not (c.in_backward or c.torchao_offload))
+
+
+def _largest_tensors(c: StepContext) -> tuple[int, int, int]:
+    """Elements of (a layer's largest trainable tensor, the untied LM head, the input embedding) on this rank (the
+    adapters' largest layer total under PEFT)."""
+    if c.peft is not None:
+        return max(c.rp.lora_per_layer, default=0), 0, 0
+    layer = max((t for ts in layer_tensors(c) for t in ts), default=0)
+    head = c.rp.lm_head if c.last else 0
+    emb = max((split_on_rank(p, c.tp, c.ep) for p in c.m.params if p.role == "embedding"), default=0) \
+        if c.rp.has_embedding else 0
+    return layer, head, emb
+
+
+# stage3.py steps one sub-group of the partition at a time: DeepSpeedZeroConfig.sub_group_size's default (1e9
+# elements, runtime/zero/config.py; the Hugging Face example configs write the same), which no scenario key changes.
+# ``_create_fp16_sub_groups`` closes a sub-group at the parameter that takes it to sub_group_size or more, so a
+# sub-group holds less than sub_group_size + one parameter's partition.
+SUB_GROUP_SIZE = 1_000_000_000
+
+
+def step_norm_and_flatten(c: StepContext) -> list[Term]:
+    """ZeRO's step (module docstring): the fp32 gradient the optimizer reads, for the whole step, and before the
+    optimizer runs the largest of the overflow check's copies (fp16, or any dtype before DeepSpeed 0.11.2), the
+    norm's fp64 copy of a gradient piece and the flat partition beside its fp32 copy, less what the optimizer's own
+    moment holds (that fp32 gradient and the step's temporaries).
+
+    A piece: ZeRO-1/2's partition is a contiguous range of the flattened group, so a tensor larger than it is split
+    between ranks (ZeRO-1 checks the whole gradients); ZeRO-3 splits every parameter between the ranks and steps one
+    sub-group at a time (``SUB_GROUP_SIZE``; stage3.py ``_prepare_fp32_grad_for_sub_group`` flattens it with the same
+    ``self.flatten(...).to(fp32)`` and ``_release_sub_group`` frees its fp32 gradient before the next;
+    ``check_overflow`` and ``get_grad_norm_direct`` make the same copies; read at v0.14.4 and 0.19.8)."""
+    if not zero_step(c):
+        return []
+    stage = c.s.parallel.zero_stage
+    shard, half = c.trainable_shard, _half_bytes(c)
+    largest = max(_largest_tensors(c))
+    piece = ceil_div(largest, c.shards[2]) if stage == 3 else min(largest, shard)
+    group = min(shard, SUB_GROUP_SIZE + piece) if stage == 3 else shard
+    # the optimizer's gradient: the .to(fp32) copy of the flat half one, or in fp32 the flat copy itself
+    fp32 = 4 * group
+    flat = half * group if half < 4 else 0
+    check = 0
+    if step_overflow_check(c.s):
+        check = overflow_check_bytes(c.s, half < 4) * (largest if stage == 1 else piece)
+    out = [Term(K.OPTIMIZER_STEP, fp32, STEP, END, "optimizer.step.fp32_gradients")]
+    extra = max(check, 8 * piece, flat + fp32) - fp32 - optimizer_cost_of(c).step_temporary_bytes
+    if extra > 0:
+        out.append(Term(K.ZERO_STEP_COPIES, extra, STEP, END, "deepspeed.step_norm_and_flatten"))
+    return out
+
+
+def offload_norm_copies(c: StepContext) -> list[Term]:
+    """ZeRO-1/2 with the optimizer offloaded (module docstring): per gradient of this rank's partition, when its
+    bucket is reduced, the norm's fp64 copy of its piece, then (before DeepSpeed 0.19.6) the overflow check's
+    copies of the whole gradient: per layer in its backward, the untied head's with the last layer's, the input
+    embedding's in the epilogue after the backward."""
+    if not _zero12(c) or not c.offload_opt:
+        return []
+    shard = c.trainable_shard
+    per = overflow_check_bytes(c.s, _half_bytes(c) < 4)
+
+    def copies(elements: int) -> int:
+        return max(8 * min(elements, shard), per * elements)
+
+    _layer, head, emb = _largest_tensors(c)
+    n = len(c.rp.layers)
+    rows = []
+    for j in range(n - 1, -1, -1):
+        nbytes = copies(_largest_trainable(c, j))
+        if j == n - 1:
+            nbytes = max(nbytes, copies(head))
+        rows.append((nbytes, mlp(j), layer_done(j), "deepspeed.offload_norm", j))
+    out = device_terms(K.ZERO_OFFLOAD_NORM, rows)
+    if emb:
+        out.append(Term(K.ZERO_OFFLOAD_NORM, copies(emb), STEP, END, "deepspeed.offload_norm.embedding"))
     return out

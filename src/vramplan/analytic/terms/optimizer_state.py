@@ -7,6 +7,7 @@ facts/optimizers.py) is computed in one place, :func:`optimizer_cost_of`.
 
 from __future__ import annotations
 
+from vramplan.analytic.deepspeed import deepspeed_zero
 from vramplan.analytic.gradients import master_weight_bytes
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import OptimizerCost, optimizer_cost_for
@@ -16,7 +17,7 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.resident import offload_where
 from vramplan.analytic.timeline import END, STEP
 
-__all__ = ["master", "optimizer_cost_of", "optimizer_states", "step_temporary"]
+__all__ = ["master", "optimizer_cost_of", "optimizer_states", "step_temporary", "zero_step"]
 
 
 def optimizer_cost_of(c: StepContext) -> OptimizerCost:
@@ -69,8 +70,18 @@ def step_temporary(c: StepContext) -> list[Term]:
     if c.offload_opt or c.in_backward or c.torchao_offload:
         return []
     out = [Term(K.OPTIMIZER_STEP, optimizer_cost_of(c).step_temporary_bytes, STEP, END, "optimizer.step")]
-    if c.pol.master_bytes and c.pol.grad_bytes < 4:
+    if c.pol.master_bytes and c.pol.grad_bytes < 4 and not zero_step(c):
         # DeepSpeed builds an fp32 copy of the gradient partition for the optimizer step; Megatron-Core's gradients
         # are fp32 already and its main gradients views of them (distrib_optimizer.py line 2396: .float() of fp32)
         out.append(Term(K.OPTIMIZER_STEP, c.trainable_shard * 4, STEP, END, "optimizer.step.fp32_gradients"))
     return out
+
+
+def zero_step(c: StepContext) -> bool:
+    """DeepSpeed's ZeRO optimizer runs this rank's step on the GPU (stage 1-2, or stage 3 over more than one rank,
+    the optimizer not offloaded): its gradient copies, the fp32 one included, are terms/deepspeed.py
+    ``step_norm_and_flatten``'s."""
+    s = c.s
+    if not deepspeed_zero(s) or c.trainable == 0 or c.offload_opt or c.in_backward or c.torchao_offload:
+        return False
+    return s.parallel.zero_stage in (1, 2) or (s.parallel.zero_stage == 3 and c.shards[2] > 1)
