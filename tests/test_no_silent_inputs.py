@@ -90,6 +90,7 @@ VALUES: dict[str, list[Any]] = {
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
     "software.autoawq": ["0.2.0"], "software.accelerate": ["0.29.0"], "software.torchtune": ["0.2.1"], "software.torchtitan": ["0.2.0"],
+    "software.deepspeed": ["0.10.3"],
     "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
     "rl.value_model": ["meta-llama/Llama-3.2-1B"],
     # null means the trainer's default (spec/defaults.py): a value on each side of GRPOConfig's
@@ -184,6 +185,8 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     "tests/test_accelerate_fsdp_upcast.py)",
     "software.accelerate": "gates accelerate's FSDP upcast of half-precision weights (0.30.0 on), which no base "
     "trains (tests/test_accelerate_fsdp_upcast.py)",
+    "software.deepspeed": "gates ZeRO's overflow-check copies (fp16, ZeRO-Offload, or every dtype before 0.11.2), "
+    "smaller than the step's flat and fp32 gradient copies in the one ZeRO base (tests/test_deepspeed_zero.py)",
     "train.peft.alpha": "scales the adapter update; no tensor depends on it (peft LoraLayer.scaling)",
     "hardware.gpus_per_node": "read by hybrid_shard (shards within a node) and the planner's inter-node links; no base "
     "shards hybrid across nodes",

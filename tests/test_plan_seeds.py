@@ -57,9 +57,11 @@ def test_llama3_70b_naive_and_zero_rungs_do_not_fit(llama70b: PlanResult) -> Non
     assert naive.device_used_bytes > 1 * TB  # the seed's "over 1 TB"
     zero3 = _rung(res, "ZeRO-3")
     assert not zero3.fits  # type: ignore[attr-defined]
-    # ZeRO-3 alone: optimizer states 70.6e9 * 8 B / 8 = 70.6 GB are the largest part, and it misses by > 80 GiB
+    # ZeRO-3 alone: optimizer states 70.6e9 * 8 B / 8 = 70.6 GB (65.7 GiB) are the largest part; with the fp32
+    # masters (32.9 GiB), the bf16 parameter and gradient partitions (16.4 GiB each) the model states alone are
+    # 131.5 GiB, over the 71.3 GiB usable by 60 GiB before any activation or the step's one-sub-group fp32 gradient
     assert zero3.largest_parts[0][0] == "optimizer_states"  # type: ignore[attr-defined]
-    assert zero3.over_bytes > 80 * GiB  # type: ignore[attr-defined]
+    assert zero3.over_bytes > 60 * GiB  # type: ignore[attr-defined]
     assert res.ladder[-1].fits and "offload" in res.ladder[-1].title.lower()
     assert "ZeRO-3" in " ".join(res.explanation)
     # the naive example scenario from examples/ does not fit either
