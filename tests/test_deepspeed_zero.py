@@ -307,3 +307,10 @@ def test_zero2_offload_norm_and_overflow_copies() -> None:
     # not without the offload, and nothing of the step's kind with it
     assert ds.offload_norm_copies(_ctx(_scenario(2, 2))) == []
     assert ds.step_norm_and_flatten(c) == []
+
+
+def test_zero3_overflow_check_never_sets_the_step() -> None:
+    """stage3.py's overflow check up to 0.19.5 is ``float(x.float().sum())``: a 4 B copy of a piece, below the norm's
+    8 B fp64 copy of the same piece, so fp16 and bf16 give the same step (Llama-2-7B on 8 ranks: the flat copy
+    2 x 842,301,952 = 1,684,603,904 either way)."""
+    assert _step_extra(3, 8, precision="fp16-mixed") == _step_extra(3, 8) == 1_684_603_904

@@ -335,7 +335,8 @@ def step_norm_and_flatten(c: StepContext) -> list[Term]:
     between ranks (ZeRO-1 checks the whole gradients); ZeRO-3 splits every parameter between the ranks and steps one
     sub-group at a time (``SUB_GROUP_SIZE``; stage3.py ``_prepare_fp32_grad_for_sub_group`` flattens it with the same
     ``self.flatten(...).to(fp32)`` and ``_release_sub_group`` frees its fp32 gradient before the next;
-    ``check_overflow`` and ``get_grad_norm_direct`` make the same copies; read at v0.14.4 and 0.19.8)."""
+    ``get_grad_norm_direct`` makes the same fp64 copies, its overflow check a smaller one; read at v0.14.4, v0.19.5
+    and 0.19.8)."""
     if not zero_step(c):
         return []
     stage = c.s.parallel.zero_stage
@@ -347,7 +348,9 @@ def step_norm_and_flatten(c: StepContext) -> list[Term]:
     fp32 = 4 * group
     flat = half * group if half < 4 else 0
     check = 0
-    if step_overflow_check(c.s):
+    if step_overflow_check(c.s) and stage < 3:
+        # (stage3.py's own _has_inf_or_nan up to 0.19.5 is float(x.float().sum()): a 4 B copy of the piece, below
+        # the norm's 8 B fp64 copy of the same piece, so it never sets the moment)
         check = overflow_check_bytes(c.s, half < 4) * (largest if stage == 1 else piece)
     out = [Term(K.OPTIMIZER_STEP, fp32, STEP, END, "optimizer.step.fp32_gradients")]
     extra = max(check, 8 * piece, flat + fp32) - fp32 - optimizer_cost_of(c).step_temporary_bytes
