@@ -73,6 +73,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (20, 25, "2026-11-28", _SCORED, 14, True),
     (21, 25, "2026-11-28", _SCORED, 12, True),
     (22, 39, "2026-11-28", _SCORED, 13, True),
+    (23, 4, "2026-11-28", _SCORED, 3, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
@@ -382,6 +383,18 @@ def test_batch22_figures_converted_to_bytes() -> None:
     assert len(ooms) == 16  # n: 5 ZeRO + 2 FSDP + 2 DeepSpeed offload; o: 1; p: 6
     for e in ooms:
         assert e.measured.bytes == resolve(e.scenario).gpu.total_memory_bytes, e.id
+
+def test_batch23_figures_converted_to_bytes() -> None:
+    # LitGPT's tutorial prints torch.cuda.max_memory_allocated() / 1e9: 5.923729408 GB = 5,923,729,408 B
+    assert _by_id("b23s-litgpt-api-benchmark-phi2-bf16-kv500-a10g").measured.bytes == 5_923_729_408
+    # ... and 11.534106624 GB = 11,534,106,624 B at the page's first version (fp32 weights)
+    assert _by_id("b23s-litgpt-api-benchmark-phi2-fp32-kv500-a10g").measured.bytes == 11_534_106_624
+    # "at least 42GB of VRAM": 42 x 10^9
+    assert _by_id("b23r-galore6-llama2-7b-full-adamw8bit-purebf16-b1-s1024").measured.bytes == 42_000_000_000
+    # the one OOM carries the A100 40GB's capacity as vramplan computes it
+    e = _by_id("b23r-tf29822-mistral7b-fromconfig-fp32-galore-b1-s512-oom-a100-40")
+    assert e.outcome == "oom" and e.measured.bytes == resolve(e.scenario).gpu.total_memory_bytes == 42_298_834_944
+
 
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
 # URLs must be new too), for every batch after the first
