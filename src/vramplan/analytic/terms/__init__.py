@@ -74,7 +74,7 @@ TERMS: tuple[TermFn, ...] = (
     loss.layer_forward,               # a head-less stage's last layer forward
     gradients.tied_embedding,         # tied embedding gradient contributions
     optimizer_state.step_temporary,   # optimizer.step() temporaries
-    deepspeed.step_norm_and_flatten,  # ... DeepSpeed ZeRO-1/2's gradient norm and flattening before it
+    deepspeed.step_norm_and_flatten,  # ... DeepSpeed ZeRO's fp32 gradient, and its norm and flattening before it
     deepspeed.offload_norm_copies,    # ... or, with ZeRO-Offload, the norm's fp64 copies in the backward
     in_backward.step_temporaries,     # ... or each parameter's, in the backward
     gradients.embedding_shard_copy,   # the step's copy of a replicated TP embedding gradient's shard

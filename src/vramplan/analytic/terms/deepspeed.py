@@ -85,7 +85,7 @@ from vramplan.analytic.layout import split_on_rank
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms, resident
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.terms.optimizer_state import optimizer_cost_of, zero_step
+from vramplan.analytic.terms.optimizer_state import optimizer_cost_of, zero_stage_stepping, zero_step
 from vramplan.analytic.terms.sharding import one_layer
 from vramplan.analytic.timeline import END, FORWARD, STEP, layer_done, mlp
 from vramplan.analytic.weights import weights_bytes
@@ -300,12 +300,6 @@ def reduce_buckets(c: StepContext) -> list[Term]:
     return out
 
 
-def _zero12(c: StepContext) -> bool:
-    """DeepSpeed's ZeRO-1/2 optimizer runs the step (``DeepSpeedZeroOptimizer``, stage_1_and_2.py)."""
-    return (deepspeed_zero(c.s) and c.s.parallel.zero_stage in (1, 2) and c.trainable > 0
-            and not (c.in_backward or c.torchao_offload))
-
-
 def _largest_tensors(c: StepContext) -> tuple[int, int, int]:
     """Elements of (a layer's largest trainable tensor, the untied LM head, the input embedding) on this rank (the
     adapters' largest layer total under PEFT)."""
@@ -363,8 +357,9 @@ def offload_norm_copies(c: StepContext) -> list[Term]:
     """ZeRO-1/2 with the optimizer offloaded (module docstring): per gradient of this rank's partition, when its
     bucket is reduced, the norm's fp64 copy of its piece, then (before DeepSpeed 0.19.6) the overflow check's
     copies of the whole gradient: per layer in its backward, the untied head's with the last layer's, the input
-    embedding's in the epilogue after the backward."""
-    if not _zero12(c) or not c.offload_opt:
+    embedding's in the epilogue after the backward.  (ZeRO-3's offload path, stage3.py ``partition_grads``, norms in
+    constant-size chunks and checks with ``isinf``/``isnan`` masks of 1 B per element of a piece: not counted.)"""
+    if zero_stage_stepping(c) not in (1, 2) or not c.offload_opt:
         return []
     shard = c.trainable_shard
     per = overflow_check_bytes(c.s, _half_bytes(c) < 4)

@@ -17,7 +17,7 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.resident import offload_where
 from vramplan.analytic.timeline import END, STEP
 
-__all__ = ["master", "optimizer_cost_of", "optimizer_states", "step_temporary", "zero_step"]
+__all__ = ["master", "optimizer_cost_of", "optimizer_states", "step_temporary", "zero_stage_stepping", "zero_step"]
 
 
 def optimizer_cost_of(c: StepContext) -> OptimizerCost:
@@ -77,11 +77,18 @@ def step_temporary(c: StepContext) -> list[Term]:
     return out
 
 
-def zero_step(c: StepContext) -> bool:
-    """DeepSpeed's ZeRO optimizer runs this rank's step on the GPU (stage 1-2, or stage 3 over more than one rank,
-    the optimizer not offloaded): its gradient copies, the fp32 one included, are terms/deepspeed.py
-    ``step_norm_and_flatten``'s."""
+def zero_stage_stepping(c: StepContext) -> int:
+    """The DeepSpeed ZeRO stage whose optimizer runs this rank's step (1-3), 0 when none does: ZeRO with trainable
+    parameters, the step neither in the backward nor torchao's offload optimizer's, ZeRO-3 over more than one rank
+    (on one it is estimated unsharded, analytic/deepspeed.py ``deepspeed_assumptions``)."""
     s = c.s
-    if not deepspeed_zero(s) or c.trainable == 0 or c.offload_opt or c.in_backward or c.torchao_offload:
-        return False
-    return s.parallel.zero_stage in (1, 2) or (s.parallel.zero_stage == 3 and c.shards[2] > 1)
+    if not deepspeed_zero(s) or c.trainable == 0 or c.in_backward or c.torchao_offload:
+        return 0
+    stage = s.parallel.zero_stage
+    return stage if stage in (1, 2) or (stage == 3 and c.shards[2] > 1) else 0
+
+
+def zero_step(c: StepContext) -> bool:
+    """DeepSpeed's ZeRO optimizer runs this rank's step on the GPU (the optimizer not offloaded): its gradient
+    copies, the fp32 one included, are terms/deepspeed.py ``step_norm_and_flatten``'s."""
+    return zero_stage_stepping(c) > 0 and not c.offload_opt
