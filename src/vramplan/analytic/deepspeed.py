@@ -121,7 +121,9 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
     if s.parallel.zero_stage == 3:
         out[0] += (f", stage3_prefetch_bucket_size {z.prefetch_bucket_size:,}, stage3_max_live_parameters "
                    f"{z.max_live_parameters:,}, stage3_max_reuse_distance {z.max_reuse_distance:,}, "
-                   f"stage3_param_persistence_threshold {z.param_persistence_threshold:,}")
+                   f"stage3_param_persistence_threshold {z.param_persistence_threshold:,}; sub_group_size "
+                   f"1,000,000,000 assumed (DeepSpeed's default, no scenario key: the step's fp32 gradient is one "
+                   f"sub-group at a time)")
         out.append("DeepSpeed ZeRO-3 fetching as in a step with a complete module trace (from the third step): "
                    "module by module, with prefetch and the parameters reused within stage3_max_reuse_distance kept "
                    "gathered (partitioned_param_coordinator.py); an invalidated trace releases every module and "
