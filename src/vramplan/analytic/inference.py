@@ -98,6 +98,12 @@ from vramplan.analytic.cross_attention import (
     vision_model_bytes,
 )
 from vramplan.analytic.generate_replay import applies, cached_excess, growth_note
+from vramplan.analytic.hf_buffers import (
+    OWN_MODEL_FRAMEWORKS,
+    causal_mask_buffer_bytes,
+    hf_buffer_notes,
+    rope_cache_bytes,
+)
 from vramplan.analytic.kv_cache import attention_layers, kv_elem_bytes, kv_spec
 from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
@@ -131,6 +137,7 @@ __all__ = [
     "GenerateBehaviour",
     "GenerateCall",
     "InferenceResult",
+    "add_weights",
     "beam_logits_bytes",
     "beam_note",
     "beam_state_bytes",
@@ -144,6 +151,7 @@ __all__ = [
     "decode_moment",
     "dequant_term",
     "generate_behaviour",
+    "hf_buffer_terms",
     "hqq_dequant_bytes",
     "inference_assumptions",
     "inference_step",
@@ -709,6 +717,26 @@ class CallTerms:
     kv_cross: int = 0        # a cross-attention model's image keys and values (``analytic/cross_attention.py``)
     beam_prefill: int = 0    # beam search's buffers before the prefill (``beam_state_bytes``)
     beam_decode: int = 0     # ... and at a decode step's update of the finished beams
+    hf_rope: int = 0         # older transformers' per-layer rotary buffers (analytic/hf_buffers.py)
+    hf_mask: int = 0         # ... and 4.38's causal_mask buffer
+
+
+def hf_buffer_terms(g: GenerateCall) -> tuple[int, int]:
+    """The buffers ``software.transformers`` registers at construction (analytic/hf_buffers.py), in the model's
+    dtype, on this rank (every layer: tensor parallelism leaves buffers whole); none for Lit-GPT's own model."""
+    s = g.r.scenario
+    version = s.software.transformers_version
+    if g.lit or s.effective_framework in OWN_MODEL_FRAMEWORKS or version is None:
+        return 0, 0
+    return (rope_cache_bytes(g.m, version, len(g.rp.layers) or g.m.num_layers, g.c),
+            causal_mask_buffer_bytes(g.m, version))
+
+
+def add_weights(mo: Moment, t: CallTerms) -> None:
+    """The weights on this rank and the buffers the model holds beside them."""
+    mo.add(K.PARAMETERS, t.weights)
+    mo.add(K.HF_ROPE_BUFFERS, t.hf_rope)
+    mo.add(K.HF_CAUSAL_MASK, t.hf_mask)
 
 
 def weights_term(g: GenerateCall) -> tuple[int, int]:
@@ -793,11 +821,12 @@ def call_terms(g: GenerateCall) -> CallTerms:
     kv_prompt, kv_final = kv_terms(g)
     prompt_peak, prompt_kept = prompt_logits_terms(g)
     beam = beam_terms(g, g.prompt + g.new, g.prompt)
+    rope, mask = hf_buffer_terms(g)
     return CallTerms(weights=weights, largest_linear=largest, kv_prompt=kv_prompt, kv_final=kv_final,
                      logits=call_logits_bytes(g), cublas=cublas_workspace_bytes(g.r.gpu, handles=1),
                      prompt_logits_peak=prompt_peak, prompt_logits_kept=prompt_kept,
                      ssm_state=ssm_state_bytes(g.m, g.batch, g.c), kv_cross=cross_kv_bytes(g.m, g.cross(), g.c),
-                     beam_prefill=beam[0], beam_decode=beam[1])
+                     beam_prefill=beam[0], beam_decode=beam[1], hf_rope=rope, hf_mask=mask)
 
 
 def beam_logits_bytes(g: GenerateCall) -> int:
@@ -868,7 +897,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         # then takes ``logits[0, -1]``
         prefill_logits += b * p * ceil_div(m.vocab_size, g.tp) * c
     pre = Moment("prefill")
-    pre.add(K.PARAMETERS, t.weights)
+    add_weights(pre, t)
     pre.add(K.KV_PROMPT, t.kv_prompt)
     # every mixer's state, as after the last mixer layer (an upper bound while an earlier layer runs)
     pre.add(K.SSM_STATE, t.ssm_state)
@@ -986,7 +1015,7 @@ def cache_growth_bytes(g: GenerateCall, tokens: int) -> int:
 def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt_logits: int) -> Moment:
     """The end of the decode step that brings the cache to ``tokens`` tokens."""
     mo = Moment(phase)
-    mo.add(K.PARAMETERS, t.weights)
+    add_weights(mo, t)
     # Lit-GPT's buffers are preallocated for every token and written in place (no growth)
     mo.add(K.KV_ALL, t.kv_final if g.lit else g.cache(tokens, prefill=False))
     if g.gen.legacy_cache:
@@ -1060,7 +1089,7 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
         layer += g.c * seq * seq + (g.c * seq * mem_efficient_mask_row(seq) if seq % 8 else 0)
     pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * g.c
     mo = Moment("prefill")  # the images are encoded in the prefill forward, before its decoder layers
-    mo.add(K.PARAMETERS, t.weights)
+    add_weights(mo, t)
     mo.add(K.INPUTS_EMBEDS, kept_embeddings_bytes(g.m, g.batch, g.prompt, g.c))
     mo.add(K.VISION_TOWER, layer + pixels)
     mo.add(K.DEQUANT, dequant_term(g, t.largest_linear))
@@ -1117,12 +1146,12 @@ def cross_vision_moments(g: GenerateCall, t: CallTerms) -> list[Moment]:
                                      "set inference.dtype: fp16 (the memory-efficient kernel takes it), or "
                                      "inference.attention: eager")])
     tower = Moment("prefill")
-    tower.add(K.PARAMETERS, t.weights)
+    add_weights(tower, t)
     tower.add(K.IMAGE_INPUTS, _image_inputs(ci, g.prompt))
     tower.add(K.VISION_TOWER, vision_model_bytes(ci, g.c, g.attention))
     tower.add(K.CUBLAS, t.cublas)
     mask = Moment("prefill")
-    mask.add(K.PARAMETERS, t.weights)
+    add_weights(mask, t)
     mask.add(K.IMAGE_INPUTS, _image_inputs(ci, g.prompt))
     mask.add(K.VISION_STATES, _vision_states(g, ci))
     mask.add(K.CROSS_MASK, mask_prep_bytes(ci, g.prompt, g.c))
@@ -1145,6 +1174,9 @@ def inference_step(r: Resolved) -> InferenceResult:
     peak = max(moments, key=lambda mo: mo.total)
     excess = cached_excess(g)
     notes = inference_assumptions(g, t.kv_final) + [REPLAY_NOTE if applies(g) else PACKED_NOTE]
+    sw = g.r.scenario.software
+    notes += hf_buffer_notes(g.m, sw.transformers, sw.transformers_version, t.hf_rope, t.hf_mask,
+                             g.attention != "flash")
     ms = g.m.mamba
     if not applies(g) and ms is not None and attention_layers(g.m):
         # a replayed mixer kind (LFM2) outside the replayed settings (eager attention, beams, quantized weights...)

@@ -70,6 +70,12 @@ class K:
     DS_PERSISTENT = _k("weights", "persistent parameters (ZeRO-3)",
                        "DeepSpeed ZeRO-3: parameters under stage3_param_persistence_threshold, gathered for the whole run")
     ROTARY_CACHE = _k("weights", "rotary cos/sin cache", "vLLM's rotary embedding cos/sin cache")
+    HF_ROPE_BUFFERS = _k("weights", "rotary cos/sin buffers (older transformers)",
+                         "transformers' per-attention-layer cos/sin tables of max_position_embeddings positions, "
+                         "registered at construction by the releases of Traits.rope_cache_in (analytic/hf_buffers.py)")
+    HF_CAUSAL_MASK = _k("weights", "causal-mask buffer (transformers 4.38)",
+                        "the max_position_embeddings^2 bool causal_mask buffer of Llama's and Gemma's model in "
+                        "transformers 4.38 (analytic/hf_buffers.py)")
     LORA_SLOTS = _k("weights", "LoRA slots", "vLLM's preallocated LoRA adapter slots (max_loras x max_lora_rank)")
     PROPOSER_WEIGHTS = _k("weights", "speculative proposer",
                           "the draft model's or EAGLE head's weights (and its own rotary cache) beside the target")

@@ -38,6 +38,7 @@ from vramplan.analytic.deepspeed import deepspeed_assumptions
 from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.float8 import float8_assumptions, mx_assumptions
 from vramplan.analytic.grpo import uses_fused_head
+from vramplan.analytic.hf_buffers import hf_buffer_notes
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import TORCHTUNE_LOSS_NOTES, family_loss_release, loss_release_note
 from vramplan.analytic.moe_capacity import expert_capacity, routed_rows
@@ -143,8 +144,13 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
                   "accumulation is read for CUDA sm80+ only)")]
                 if s.train.loss == "liger-fused-linear-ce" and r.gpu.compute_capability
                 and (cap is None or cap < (8, 0)) else [])
+    hf_rope = sum(t.nbytes for t in best.terms if t.key is K.HF_ROPE_BUFFERS)
+    hf_mask = sum(t.nbytes for t in best.terms if t.key is K.HF_CAUSAL_MASK)
+    hf_notes = hf_buffer_notes(m, s.software.transformers, s.software.transformers_version, hf_rope, hf_mask,
+                               attention != "flash")
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
-                                                                   s.effective_framework) + math_note + liger_mm))
+                                                                   s.effective_framework) + math_note + liger_mm
+                                          + hf_notes))
     return best
 
 

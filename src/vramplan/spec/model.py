@@ -260,6 +260,14 @@ class Traits:
     # transformers releases [first, next) whose model registers a max_position_embeddings^2 bool ``causal_mask``
     # buffer at construction (transformers 4.38.2 ``LlamaModel.__init__``; 4.37.2 and 4.39.3 have none)
     causal_mask_buffer_in: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # transformers releases [first, next) whose every attention layer builds a rotary embedding that registers
+    # ``cos_cached`` and ``sin_cached`` buffers of max_position_embeddings x head_dim at construction (in
+    # ``torch.get_default_dtype()``, the dtype ``from_pretrained`` builds the model in), on the GPU with the model
+    # (analytic/hf_buffers.py; read off the release wheels: modeling_llama.py 4.28.1-4.40.2, none in 4.41.2)
+    rope_cache_in: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # releases before this one build those buffers from the fp32 ``inv_freq`` with no cast, fp32 whatever the model's
+    # dtype (modeling_llama.py 4.28.1-4.30.2 ``emb.cos()[None, None, :, :]``; 4.31.0 adds ``.to(dtype)``)
+    rope_cache_fp32_before: tuple[int, ...] | None = None
     # one shared K/V head handed to SDPA without ``enable_gqa`` (FalconAttention with multi_query): the fused
     # kernels need equal head counts (sdp_utils_cpp.h ``check_batch_size_and_num_heads_dense``), so SDPA runs math
     mqa_sdpa_math: bool = False

@@ -25,8 +25,10 @@ from typing import Any
 import torch
 
 from vramplan.analytic.attention import MEM_EFFICIENT_GQA_TORCH
+from vramplan.analytic.inference import GenerateCall, hf_buffer_terms
 from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
+from vramplan.analytic.terms.resident import hf_buffers_of
 from vramplan.facts.optimizers import runs_as
 from vramplan.spec.gpu import cuda_capability
 from vramplan.spec.load import Resolved
@@ -354,6 +356,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 tracker.track(built.quant_tensors, "weights", "quantization state")
                 for n, b in model.named_buffers():
                     tracker.track(b, "other", n)
+                _older_release_buffers(tracker, r, *hf_buffers_of(r))
                 for m in masters:
                     tracker.track(m, "master_weights", "fp32 master")
                 for one in (setup, *per_param):
@@ -476,6 +479,21 @@ def _local_grad(p: torch.nn.Parameter) -> torch.Tensor:
     return local_tensor(g)
 
 
+def _older_release_buffers(tracker: Tracker, r: Resolved, rope: int, mask: int) -> None:
+    """The buffers ``software.transformers`` registers at construction and the installed release does not
+    (analytic/hf_buffers.py): each layer's rotary cos/sin tables, and 4.38's causal-mask buffer, as allocations."""
+    layers, rows = r.model.num_layers, r.model.max_position_embeddings * r.model.head_dim
+    per_layer = rope // layers
+    # the tables' element size: inv_freq (head_dim / 2 elements) is below one table's rows, so the floor is exact
+    table = rows * (per_layer // (2 * rows)) if rope else 0
+    for i in range(layers if rope else 0):
+        # cos and sin, then inv_freq, each a tensor of its own (the allocator rounds each to 512 B)
+        for nbytes in (table, table, per_layer - 2 * table):
+            tracker.synthetic(nbytes, "weights", "rotary cos/sin buffers (older transformers)", f"layers.{i}")
+    if mask:
+        tracker.synthetic(mask, "weights", "causal-mask buffer (transformers 4.38)")
+
+
 def _release_loss(out: Any, labels: torch.Tensor, release: LossRelease) -> torch.Tensor:
     """The loss code of an older transformers release (analytic/logits.py), run on the installed release's
     logits: ``logits.float()`` (in the model's forward for 4.31-4.45 Llama-like families, whose output then
@@ -573,6 +591,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.track(built.quant_tensors, "weights", "quantization state")
             for name, buf in model.named_buffers():
                 tracker.track(buf, "other", name)
+            _older_release_buffers(tracker, r, *hf_buffer_terms(GenerateCall.of(r)))
             tracker.synthetic(ws_bytes, "other", "cuBLAS workspace")
             ids = _inputs(r, built, device, b, p)
             tracker.track(ids, "other", "input ids")

@@ -38,6 +38,7 @@ TermFn = Callable[[StepContext], list[Term]]
 
 TERMS: tuple[TermFn, ...] = (
     resident.parameters,              # weights: this rank's parameters (or their offloaded copy)
+    resident.hf_buffers,              # weights: buffers older transformers releases register (rotary caches)
     sharding.root_gathered,           # weights: the FSDP root unit, unsharded
     deepspeed.persistent,             # weights: DeepSpeed ZeRO-3's persistent (small) parameters, gathered
     sharding.split_units_gathered,    # ... or torchtitan >= 0.2's embedding and head units, while gathered
@@ -90,6 +91,7 @@ def step_terms(c: StepContext, registry: Sequence[TermFn] = TERMS) -> list[Term]
 # starts from them (plus the managed states, outside the allocator)
 STATIC_TERMS: tuple[TermFn, ...] = (
     resident.parameters,
+    resident.hf_buffers,
     sharding.root_gathered,
     deepspeed.persistent,
     optimizer_state.optimizer_states,

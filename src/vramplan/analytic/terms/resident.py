@@ -1,18 +1,22 @@
-"""Terms resident for the whole step: the parameters (or their offloaded copy), the cuBLAS workspaces,
-DDP's buckets."""
+"""Terms resident for the whole step: the parameters (or their offloaded copy), the buffers older transformers
+releases register, the cuBLAS workspaces, DDP's buckets."""
 
 from __future__ import annotations
 
+from vramplan.analytic.deepspeed import deepspeed_zero
 from vramplan.analytic.gradients import ddp_bucket_bytes
+from vramplan.analytic.hf_buffers import OWN_MODEL_FRAMEWORKS, causal_mask_buffer_bytes, rope_cache_bytes
 from vramplan.analytic.moment import K
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import KBIT_PREPARED, StepContext
 from vramplan.analytic.weights import quantized_linear_bytes, tower_quantized_elements, weights_bytes
 from vramplan.facts.torchtune import torchao_nf4_bytes
+from vramplan.spec.load import Resolved
 from vramplan.units import ceil_div
 
-__all__ = ["ddp_buckets", "offload_where", "parameter_bytes", "parameters", "workspaces"]
+__all__ = ["ddp_buckets", "hf_buffer_bytes", "hf_buffers", "hf_buffers_of", "offload_where", "parameter_bytes", "parameters",
+           "workspaces"]
 
 
 def offload_where(c: StepContext) -> str:
@@ -51,6 +55,38 @@ def parameters(c: StepContext) -> list[Term]:
                 resident(K.PARAMETERS, ceil_div(base + adapters, shard_p), "parameters.offloaded",
                          where=offload_where(c))]
     return [resident(K.PARAMETERS, ceil_div(base, shard_p) + ceil_div(adapters, shard_p), "parameters")]
+
+
+def hf_buffer_bytes(c: StepContext) -> tuple[int, int]:
+    """(rotary caches of this stage's layers, causal-mask buffer) that ``software.transformers`` registers at
+    construction (analytic/hf_buffers.py); (0, 0) under a framework that runs its own model code.
+
+    Their dtype: the one the model is built in (the stored parameters', the frozen base's under PEFT), or the half
+    dtype where the whole module is cast to it (DeepSpeed's bit16 module: its policy's parameters; FSDP's
+    MixedPrecision(buffer_dtype) under a mixed precision)."""
+    version = c.s.software.transformers_version
+    if c.framework in OWN_MODEL_FRAMEWORKS or version is None:
+        return 0, 0
+    pol = c.pol
+    elem, inv_freq = (pol.frozen_param_bytes if c.peft is not None else pol.param_bytes), 4
+    if deepspeed_zero(c.s) and pol.compute_bytes < 4:
+        elem = inv_freq = pol.compute_bytes  # DeepSpeed's module.half() / module.bfloat16(): every float buffer
+    elif c.s.parallel.fsdp != "none" and pol.compute_bytes < pol.param_bytes:
+        elem = inv_freq = pol.compute_bytes  # FSDP1's MixedPrecision(buffer_dtype=the half dtype)
+    return (rope_cache_bytes(c.m, version, len(c.layer_specs), elem, inv_freq),
+            causal_mask_buffer_bytes(c.m, version) if c.stage == 0 else 0)
+
+
+def hf_buffers_of(r: Resolved) -> tuple[int, int]:
+    """``hf_buffer_bytes`` of a training job's first stage, for the traced engine (one rank, its model built by the
+    installed transformers, which registers none of them: it adds them as allocations of their own)."""
+    return hf_buffer_bytes(StepContext(r, 0, "flash", False))
+
+
+def hf_buffers(c: StepContext) -> list[Term]:
+    """The buffers older transformers releases register at construction, resident on every rank (not sharded)."""
+    rope, mask = hf_buffer_bytes(c)
+    return [resident(K.HF_ROPE_BUFFERS, rope, "hf.rope_buffers"), resident(K.HF_CAUSAL_MASK, mask, "hf.causal_mask")]
 
 
 def workspaces(c: StepContext) -> list[Term]:

@@ -15,7 +15,10 @@ from vramplan.spec.model import ModelSpec, Traits
 # compute dtype; the fused query_key_value's value is not kept as a view of the fused output; DynamicCache
 # from 4.45
 TRAITS = Traits(loss_function_since=(4, 49), qkv_modules=("query_key_value",), out_proj_module="dense", mqa_sdpa_math=True,
-                eager_softmax_compute_dtype=True, eager_probs_kept_by_loop=True, dynamic_cache_since=(4, 45))
+                eager_softmax_compute_dtype=True, eager_probs_kept_by_loop=True, dynamic_cache_since=(4, 45),
+                # the rotary (non-ALiBi) configs: FalconRotaryEmbedding's buffers at max_position_embeddings from 4.36
+                # (4.33-4.35 cached only the running sequence's length, analytic/hf_buffers.py)
+                rope_cache_in=((4, 36), (4, 45)))
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:

@@ -66,11 +66,17 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {
+    # the rope_cache_in windows: the first release of each family with a registered ``cos_cached`` buffer built at
+    # max_position_embeddings, to the first without (release wheels 4.28.1-4.49.0, analytic/hf_buffers.py)
     "llama": Variant("modeling_llama.py", traits=Traits(upcasts_all_logits=True,
-                                                        causal_mask_buffer_in=((4, 38), (4, 39)))),
+                                                        causal_mask_buffer_in=((4, 38), (4, 39)),
+                                                        rope_cache_in=((4, 28), (4, 41)),
+                                                        rope_cache_fp32_before=(4, 31))),
     "granite": Variant("modeling_granite.py"),
-    "mistral": Variant("modeling_mistral.py", sliding_default=True, traits=Traits(upcasts_all_logits=True)),
-    "qwen2": Variant("modeling_qwen2.py", qkv_bias_only=True, sliding="from_layer", traits=Traits(upcasts_all_logits=True)),
+    "mistral": Variant("modeling_mistral.py", sliding_default=True,
+                       traits=Traits(upcasts_all_logits=True, rope_cache_in=((4, 34), (4, 42)))),
+    "qwen2": Variant("modeling_qwen2.py", qkv_bias_only=True, sliding="from_layer",
+                     traits=Traits(upcasts_all_logits=True, rope_cache_in=((4, 37), (4, 45)))),
     "qwen3": Variant("modeling_qwen3.py", qk_norm="head", sliding="from_layer"),
     # OLMo-2 (modeling_olmo2.py at transformers 5.24): post-norm layers (Olmo2DecoderLayer: ``residual +
     # post_attention_layernorm(self_attn(x))``, then post_feedforward_layernorm after the MLP; no input norm),
@@ -79,7 +85,8 @@ VARIANTS: dict[str, Variant] = {
     "olmo2": Variant("modeling_olmo2.py", qk_norm="full", norm="rms_fp32",
                      norm_names=("post_attention_layernorm", "post_feedforward_layernorm"),
                      traits=Traits(post_norms=True, qk_norm_full_width=True)),
-    "gemma": Variant("modeling_gemma.py", tied_default=True, norm="gemma_rms", traits=Traits(upcasts_all_logits=True)),
+    "gemma": Variant("modeling_gemma.py", tied_default=True, norm="gemma_rms",
+                     traits=Traits(upcasts_all_logits=True, causal_mask_buffer_in=((4, 38), (4, 39)))),
     # Gemma 2 soft-caps attention scores (eager tanh) and the final logits; DynamicCache from 4.44
     "gemma2": Variant("modeling_gemma2.py", tied_default=True, norm="gemma_rms", sandwich_norms=True,
                       sliding="alternate", final_logit_softcap=True,
@@ -95,9 +102,10 @@ VARIANTS: dict[str, Variant] = {
         rotary_cat_copy=True)),
     "mixtral": Variant("modeling_mixtral.py", moe="mixtral", sliding_default=True, traits=Traits(
         upcasts_all_logits=True, peft_converts_experts=True,
-        expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()))),
+        expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()), rope_cache_in=((4, 36), (4, 48)))),
     "qwen2_moe": Variant("modeling_qwen2_moe.py", qkv_bias_only=True, moe="qwen", shared_expert_gate=True, sliding="from_layer",
-                         traits=Traits(upcasts_all_logits=True, peft_converts_experts=True)),
+                         traits=Traits(upcasts_all_logits=True, peft_converts_experts=True,
+                                       rope_cache_in=((4, 40), (4, 45)))),
     "qwen3_moe": Variant("modeling_qwen3_moe.py", qk_norm="head", moe="qwen", sliding="from_layer",
                          traits=Traits(peft_converts_experts=True)),
     "deepseek_v2": Variant("modeling_deepseek_v2.py", mla=True, moe="deepseek",

@@ -15,7 +15,7 @@ from vramplan.spec.model import ModelSpec, Traits
 # residual_dropout, which hidden_dropout holds); bitsandbytes' c_fc returns the hidden states' dtype; the 4.44
 # head upcast all logits
 TRAITS = Traits(fc_modules=("c_fc", "c_proj"), fc_act_in_output_dtype=True, embedding_dropout=True,
-                upcasts_all_logits=True)
+                upcasts_all_logits=True, rope_cache_in=((4, 39), (4, 45)))
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
