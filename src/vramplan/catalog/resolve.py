@@ -29,6 +29,7 @@ from vramplan.spec.load import (
     parse_scenario,
     quant_format_assumptions,
     read_document,
+    release_attention_for,
     unmodelled_inputs,
 )
 from vramplan.spec.model import ModelSpec
@@ -89,6 +90,8 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         notes += target_notes
         scenario, upcast_notes = fsdp_upcast_for(scenario)
         notes += upcast_notes
+        scenario, attention_notes = release_attention_for(scenario, model)
+        notes += attention_notes
         quant_problems += target_problems
         notes += checkpoint_notes(model)
         notes += quant_format_assumptions(scenario, model, gpu.compute_capability if gpu is not None else "")

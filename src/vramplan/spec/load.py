@@ -69,7 +69,8 @@ __all__ = [
     "HOPPER_SWIZZLE_NOTE", "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING",
     "MAX_PATH_CHARS", "MAX_VALUES", "Resolved", "checkpoint_quantization_for", "cross_check", "fsdp_upcast_for",
     "in_backward_problems", "lora_targets_for", "parse_scenario",
-    "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "torchao_offload_problems",
+    "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "release_attention_for",
+    "torchao_offload_problems",
     "unmatched_lora_targets", "unmodelled_inputs",
 ]
 
@@ -712,6 +713,38 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
                      f"(peft {PEFT_RELEASE} TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)")
     peft = peft.model_copy(update={"target_modules": list(mapped)})
     return s.model_copy(update={"train": s.train.model_copy(update={"peft": peft})}), notes, []
+
+
+# the frameworks whose jobs run their own model code, not transformers' (analytic/hf_buffers.py has the same list)
+_OWN_MODEL_CODE = ("torchtitan", "lightning", "litgpt", "torchtune", "megatron", "vllm", "autoawq")
+# transformers' is_torch_sdpa_available (utils/import_utils.py 4.36.2-4.46.3) on CUDA: torch >= 2.1.1
+SDPA_TORCH = (2, 1, 1)
+
+
+def release_attention_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str]]:
+    """The attention a job runs when the scenario leaves it at its default (``sdpa``) and names a transformers
+    release whose default was eager: before ``Traits.sdpa_since`` (4.36 for most families, when
+    ``_check_and_enable_sdpa`` made SDPA the default where the class supports it), or with torch below 2.1.1
+    (``is_torch_sdpa_available``).  An explicit ``attention`` is kept (optimum's BetterTransformer ran SDPA on
+    older releases).  Returns the scenario estimated and its assumption."""
+    section = s.train if s.task == "train" else s.inference if s.task == "inference" else None
+    tv, torch = s.software.transformers_version, s.software.torch_version
+    if (section is None or section.attention != "sdpa" or "attention" in section.model_fields_set
+            or s.effective_framework in _OWN_MODEL_CODE or tv is None):
+        return s, []
+    since = m.traits.sdpa_since
+    if since is not None and tv < since:
+        why = (f"{m.family}'s class has no SDPA path before transformers {'.'.join(map(str, since))} "
+               "(modeling_utils._check_and_enable_sdpa, _supports_sdpa)")
+    elif (since is not None or tv >= (4, 36)) and torch is not None and torch < SDPA_TORCH:
+        why = "transformers enables SDPA only with torch >= 2.1.1 (is_torch_sdpa_available)"
+    else:
+        return s, []
+    part = "train" if s.task == "train" else "inference"
+    s = s.model_copy(update={part: section.model_copy(update={"attention": "eager"})})
+    with_torch = f" with torch {s.software.torch}" if "torch" in why else ""
+    return s, [(f"{part}.attention: eager, the default of transformers {s.software.transformers}{with_torch}: {why}; "
+                f"set {part}.attention to say otherwise")]
 
 
 def fsdp_upcast_for(s: Scenario) -> tuple[Scenario, list[str]]:

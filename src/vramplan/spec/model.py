@@ -257,6 +257,11 @@ class Traits:
     # the first transformers release whose class sets ``_supports_sdpa = False`` (Gemma 2 from 5.21.0, "sdpa does
     # not support softcapping", read off the 5.20.0 and 5.21.0 wheels): from it the default falls back to eager
     sdpa_dropped_in: tuple[int, ...] | None = None
+    # the first transformers release whose class has an SDPA path (``_supports_sdpa = True``): before it the default
+    # attention is eager (transformers 4.36.0 added ``_check_and_enable_sdpa``, which makes SDPA the default where the
+    # class supports it and torch >= 2.1.1; read off the release wheels 4.28.1-4.49.0); None: the family's every
+    # release runs SDPA by default (Falcon called ``F.scaled_dot_product_attention`` itself before 4.36)
+    sdpa_since: tuple[int, ...] | None = (4, 36)
     # transformers releases [first, next) whose model registers a max_position_embeddings^2 bool ``causal_mask``
     # buffer at construction (transformers 4.38.2 ``LlamaModel.__init__``; 4.37.2 and 4.39.3 have none)
     causal_mask_buffer_in: tuple[tuple[int, ...], tuple[int, ...]] | None = None

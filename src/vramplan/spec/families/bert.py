@@ -8,7 +8,7 @@ from vramplan.spec.model import ModelSpec, Traits
 
 # BertEmbeddings drops the embeddings' sum (hidden_dropout_prob).  The activation model counts the attention
 # output projection as o_proj (modeling_bert.py: attention.output.dense), as it always has
-TRAITS = Traits(qkv_modules=("query", "key", "value"), fc_modules=("dense", "dense"), embedding_dropout=True)
+TRAITS = Traits(sdpa_since=(4, 41), qkv_modules=("query", "key", "value"), fc_modules=("dense", "dense"), embedding_dropout=True)
 
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:

@@ -14,7 +14,7 @@ from vramplan.spec.model import ModelSpec, Traits
 # FalconAttention hands SDPA one K/V head without enable_gqa (multi_query), and its eager softmax runs in the
 # compute dtype; the fused query_key_value's value is not kept as a view of the fused output; DynamicCache
 # from 4.45
-TRAITS = Traits(loss_function_since=(4, 49), qkv_modules=("query_key_value",), out_proj_module="dense", mqa_sdpa_math=True,
+TRAITS = Traits(loss_function_since=(4, 49), sdpa_since=None, qkv_modules=("query_key_value",), out_proj_module="dense", mqa_sdpa_math=True,
                 eager_softmax_compute_dtype=True, eager_probs_kept_by_loop=True, dynamic_cache_since=(4, 45),
                 # the rotary (non-ALiBi) configs: FalconRotaryEmbedding's buffers at max_position_embeddings from 4.36
                 # (4.33-4.35 cached only the running sequence's length, analytic/hf_buffers.py)

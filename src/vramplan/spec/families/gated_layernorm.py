@@ -38,7 +38,7 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     # StableLmDecoderLayer keeps five hidden-sized tensors through the MLP (analytic/inference.py)
     "stablelm": Variant("layer", True, True, 6912, 4096, "qk_layernorm", ("q_layernorm", "k_layernorm"), False,
-                        Traits(hidden_kept_through_mlp=5)),
+                        Traits(hidden_kept_through_mlp=5, sdpa_since=(4, 39))),
     "cohere": Variant("layer_fp32", True, False, 22528, 8192, "use_qk_norm", ("q_norm", "k_norm"), True,
                       Traits(shared_norm_output=True, upcasts_all_logits=True)),
     # Cohere2Config defaulted cache_implementation="hybrid" from its first release (4.48) through 4.52, which generate

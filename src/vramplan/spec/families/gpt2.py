@@ -13,7 +13,7 @@ from vramplan.spec.model import ModelSpec, Traits
 # modeling_gpt2.py: fused c_attn and c_proj, c_fc/c_proj MLP, embedding dropout (embd_pdrop); its eager
 # softmax runs in the compute dtype and ``GPT2Block`` keeps the attention output through the MLP; generate
 # uses a DynamicCache from 4.52 (the first modeling_gpt2.py with ``_supports_cache_class``)
-GPT2_TRAITS = Traits(loss_function_since=(4, 49), qkv_modules=("c_attn",), out_proj_module="c_proj", fc_modules=("c_fc", "c_proj"),
+GPT2_TRAITS = Traits(loss_function_since=(4, 49), sdpa_since=(4, 42), qkv_modules=("c_attn",), out_proj_module="c_proj", fc_modules=("c_fc", "c_proj"),
                      embedding_dropout=True, eager_softmax_compute_dtype=True, keeps_attn_output=True,
                      hidden_kept_through_mlp=4, dynamic_cache_since=(4, 52))
 # The activation model counts GPT-BigCode with Llama's module names (three q/k/v casts, o_proj, dense_h_to_4h),

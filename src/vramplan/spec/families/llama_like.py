@@ -74,7 +74,7 @@ VARIANTS: dict[str, Variant] = {
                                                         rope_cache_fp32_before=(4, 31))),
     "granite": Variant("modeling_granite.py"),
     "mistral": Variant("modeling_mistral.py", sliding_default=True,
-                       traits=Traits(upcasts_all_logits=True, rope_cache_in=((4, 34), (4, 42)))),
+                       traits=Traits(upcasts_all_logits=True, rope_cache_in=((4, 34), (4, 42)), sdpa_since=(4, 37))),
     "qwen2": Variant("modeling_qwen2.py", qkv_bias_only=True, sliding="from_layer",
                      traits=Traits(upcasts_all_logits=True, rope_cache_in=((4, 37), (4, 45)))),
     "qwen3": Variant("modeling_qwen3.py", qk_norm="head", sliding="from_layer"),
@@ -99,10 +99,11 @@ VARIANTS: dict[str, Variant] = {
     # the passed-through part, a copy) while v stays a view of qkv_proj's output
     "phi3": Variant("modeling_phi3.py", sliding_default=True, traits=Traits(
         qkv_modules=("qkv_proj",), fused_qkv_view=True, fused_gate_up=True, upcasts_all_logits=True,
-        rotary_cat_copy=True)),
+        rotary_cat_copy=True, sdpa_since=(4, 45))),
     "mixtral": Variant("modeling_mixtral.py", moe="mixtral", sliding_default=True, traits=Traits(
         upcasts_all_logits=True, peft_converts_experts=True,
-        expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()), rope_cache_in=((4, 36), (4, 48)))),
+        expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()), rope_cache_in=((4, 36), (4, 48)),
+        sdpa_since=(4, 37))),
     "qwen2_moe": Variant("modeling_qwen2_moe.py", qkv_bias_only=True, moe="qwen", shared_expert_gate=True, sliding="from_layer",
                          traits=Traits(upcasts_all_logits=True, peft_converts_experts=True,
                                        rope_cache_in=((4, 40), (4, 45)))),

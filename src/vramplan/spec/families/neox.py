@@ -10,7 +10,7 @@ from vramplan.spec.model import ModelSpec, Traits
 
 # q and k are rotated into new tensors while the value handed to the kernel is a view of the fused output;
 # generate uses a DynamicCache from 4.45
-TRAITS = Traits(loss_function_since=(4, 49), qkv_modules=("query_key_value",), out_proj_module="dense", fused_qkv_view=True,
+TRAITS = Traits(loss_function_since=(4, 49), sdpa_since=(4, 42), qkv_modules=("query_key_value",), out_proj_module="dense", fused_qkv_view=True,
                 dynamic_cache_since=(4, 45))
 
 

@@ -10,7 +10,7 @@ from vramplan.spec.families.base import Config, Family, Params, build_spec, prob
 from vramplan.spec.model import ModelSpec, Traits
 
 # OPTDecoder drops the embeddings' sum (``dropout``); DynamicCache from 4.49
-TRAITS = Traits(loss_function_since=(4, 49), out_proj_module="out_proj", fc_modules=("fc1", "fc2"), embedding_dropout=True,
+TRAITS = Traits(loss_function_since=(4, 49), sdpa_since=(4, 46), out_proj_module="out_proj", fc_modules=("fc1", "fc2"), embedding_dropout=True,
                 dynamic_cache_since=(4, 49))
 
 

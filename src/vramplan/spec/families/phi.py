@@ -13,7 +13,7 @@ from vramplan.spec.model import ModelSpec, Traits
 
 # the one norm's output is saved once for attention and MLP; bitsandbytes' fc1 returns the hidden states'
 # dtype; the 4.44 head upcast all logits
-TRAITS = Traits(out_proj_module="dense", fc_modules=("fc1", "fc2"), fc_act_in_output_dtype=True,
+TRAITS = Traits(sdpa_since=(4, 39), out_proj_module="dense", fc_modules=("fc1", "fc2"), fc_act_in_output_dtype=True,
                 shared_norm_output=True, upcasts_all_logits=True)
 
 
