@@ -34,9 +34,10 @@ from vramplan.analytic.lifecycle.evaluation import (
 from vramplan.analytic.lifecycle.load import host_load_bytes, load_mode, load_peaks, load_plan, prepares_kbit
 from vramplan.analytic.lifecycle.save import save_phase, state_dict_type
 from vramplan.analytic.lifecycle.steps import between_steps, device_states_bytes, first_step
-from vramplan.analytic.moment import Moment
+from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.resident import hf_buffer_bytes
 from vramplan.spec.defaults import expandable_segments
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Lifecycle
@@ -83,10 +84,20 @@ def packed_reserved(mo: Moment, expandable: bool = False) -> int:
 
 def _load_phases(c: StepContext) -> list[PhasePeak]:
     load, prep = load_peaks(load_plan(c))
-    out = [PhasePeak("load", load.moment("load"), load.reserved_bytes, True)]
+    # the buffers an older transformers release registers when it builds the model exist before any weight is
+    # loaded (analytic/hf_buffers.py), in blocks of their own
+    rope, mask = hf_buffer_bytes(c)
+    out = [PhasePeak("load", _with_buffers(load.moment("load"), rope, mask), load.reserved_bytes + rope + mask, True)]
     if prep is not None:
-        out.append(PhasePeak("peft preparation", prep.moment("peft preparation"), prep.reserved_bytes, True))
+        out.append(PhasePeak("peft preparation", _with_buffers(prep.moment("peft preparation"), rope, mask),
+                             prep.reserved_bytes + rope + mask, True))
     return out
+
+
+def _with_buffers(mo: Moment, rope: int, mask: int) -> Moment:
+    mo.add(K.HF_ROPE_BUFFERS, rope)
+    mo.add(K.HF_CAUSAL_MASK, mask)
+    return mo
 
 
 def job_lifecycle(c: StepContext, lay: StepLayout, terms: list[Term], moments: list[Moment]) -> JobLifecycle:
