@@ -225,3 +225,28 @@ def test_blackwell_rates_follow_the_published_figures() -> None:
     assert rates["B300"]["bf16"] == 36 * 10**15 // 16
     # MI355X: 256 CUs x 4096 FP16 FLOP per CU per clock x 2.4 GHz = 2,516,582,400,000,000.
     assert rates["MI355X"]["bf16"] == 256 * 4096 * 2_400_000_000
+
+
+@pytest.mark.parametrize(("name", "gib", "mib"), [
+    # PyTorch's out-of-memory message prints the total to 0.01 GiB: the row holds the smallest whole MiB that
+    # rounds to it, ceil((x - 0.005) x 1024) MiB
+    ("L40", 44.40, 45_461),          # QwenLM/Qwen3-VL issue 2097: ceil(44.395 x 1024 = 45,460.48)
+    ("L20", 44.53, 45_594),          # Tencent-Hunyuan/HunyuanCustom issue 36: ceil(45,593.6)
+    ("RTX-A4000", 15.61, 15_980),    # DengKaiCQ/VGGT-Long issue 6: ceil(15,979.52)
+    ("RTX-4070-Ti", 11.70, 11_976),  # Kwai-Kolors/Kolors issue 11: ceil(11,975.68)
+])
+def test_totals_read_off_out_of_memory_messages(name: str, gib: float, mib: int) -> None:
+    g = resolve_gpu(name)
+    assert g.total_memory_bytes == mib * 2**20
+    assert round(g.total_memory_bytes / 2**30, 2) == gib  # prints back as the message did
+    assert (mib - 1) / 1024 < gib - 0.005 <= mib / 1024  # the smallest such MiB
+
+
+def test_48gb_gddr6_ecc_cards_are_below_the_marketed_capacity() -> None:
+    # the marketed 48 x 10^9 B (44.70 GiB) the L40 and L20 rows held before is above what both report (44.40 and
+    # 44.53 GiB): ECC on a GDDR6 card takes 1/16 of it before the driver's reserve
+    for name in ("L40", "L20", "L40S"):
+        g = resolve_gpu(name)
+        assert g.total_memory_bytes < 48 * 10**9 < g.nominal_memory_bytes + 1
+    # the A2 (16 GB GDDR6, ECC on) takes the T4's printed total, not 16 x 10^9
+    assert resolve_gpu("A2").total_memory_bytes == resolve_gpu("T4").total_memory_bytes == 15_655_829_504

@@ -148,3 +148,53 @@ def test_load_phase_holds_them_too() -> None:
     old = estimate(_train("mistralai/Mistral-7B-v0.1", "4.36.2")).per_gpu.lifecycle
     new = estimate(_train("mistralai/Mistral-7B-v0.1", "4.42.4")).per_gpu.lifecycle
     assert old["load"]["allocated_bytes"] - new["load"]["allocated_bytes"] == MISTRAL_BF16
+
+
+def _lora_438(version: str, checkpointing: str = "none") -> dict[str, Any]:
+    doc = _train("meta-llama/Llama-2-7b-hf", version, precision="bf16-mixed", micro_batch_size=4, seq_len=2048,
+                 attention="sdpa", gradient_checkpointing=checkpointing)
+    doc["train"]["peft"] = {"method": "lora", "rank": 16}
+    return doc
+
+
+def test_release_4_38_masks_every_layer() -> None:
+    # 4.38's _update_causal_mask hands each layer a 4-D mask: SDPA runs the memory-efficient kernel and keeps the
+    # layer's [b, 1, s, s] slice in the compute dtype for the backward (Traits.sdpa_mask_always for that release).
+    # Llama-2-7B, 4 x 2048, bf16: 32 layers x 4 x 2048^2 x 2 = 1,073,741,824 B more than 4.37 (flash, no mask) at
+    # the peak, the end of the forward, where the 4-D (4, 1, 4096, 4096) mask is alive as well (4 x 4,096^2 x 2 =
+    # 134,217,728 B), plus the 4,096^2 bool causal_mask buffer (16,777,216 B); the rotary buffers are in both
+    old = estimate(_lora_438("4.37.2"))
+    new = estimate(_lora_438("4.38.2"))
+    assert any("attention kernel: efficient" in a for a in new.assumptions)
+    assert new.per_gpu.peak_allocated_bytes - old.per_gpu.peak_allocated_bytes == (
+        32 * 4 * 2048 ** 2 * 2 + 4 * 4096 ** 2 * 2 + 4096 ** 2)
+    assert estimate(_lora_438("4.39.3")).per_gpu.peak_allocated_bytes == old.per_gpu.peak_allocated_bytes
+
+
+def test_release_4_38_four_d_mask_term() -> None:
+    from vramplan.analytic.terms.context import StepContext
+    from vramplan.analytic.terms.saved import release_causal_mask
+    from vramplan.analytic.timeline import LOSS, TIED_EMBEDDING
+    from vramplan.catalog.resolve import resolve
+
+    # (b, 1, P, P) in the embeddings' dtype: the frozen bf16 base's, 4 x 4,096^2 x 2 = 134,217,728 B, held by the
+    # decoder's forward (to the loss) without checkpointing, by the checkpointed layers to the first layer's backward
+    for ck, dies in (("none", LOSS), ("full", TIED_EMBEDDING)):
+        r = resolve(_lora_438("4.38.2", ck))
+        (term,) = release_causal_mask(StepContext(r, 0, "efficient", False))
+        assert (term.nbytes, term.dies) == (4 * 4096 ** 2 * 2, dies)
+        assert release_causal_mask(StepContext(resolve(_lora_438("4.39.3", ck)), 0, "flash", False)) == []
+
+
+def test_release_4_38_inference_mask() -> None:
+    # Gemma-7B (8,192 positions, no rotary cache in 4.38) generating for 2 rows in bf16: the causal_mask buffer
+    # 8,192^2 = 67,108,864 B, and each forward's (2, 1, 8192, 8192) mask in bf16, 2 x 8,192^2 x 2 = 268,435,456 B
+    doc: dict[str, Any] = {"model": "google/gemma-7b", "task": "inference",
+                           "hardware": {"gpu": "A100-80GB", "num_gpus": 1},
+                           "inference": {"batch_size": 2, "prompt_len": 512, "new_tokens": 16, "dtype": "bf16"},
+                           "software": {"transformers": "4.38.2"}}
+    detail = estimate(doc).per_gpu.breakdown_detail
+    assert detail["weights"]["causal-mask buffer (transformers 4.38)"] == 8192 ** 2
+    assert detail["activations"]["4-D causal mask (transformers 4.38)"] == 2 * 8192 ** 2 * 2
+    doc["software"] = {"transformers": "4.39.3"}
+    assert "4-D causal mask (transformers 4.38)" not in estimate(doc).per_gpu.breakdown_detail.get("activations", {})

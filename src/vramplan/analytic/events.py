@@ -767,16 +767,21 @@ def _expanded(tensors: Sequence[SavedTensor]) -> list[SavedTensor]:
 
 
 def _sharded_blocks(b: Mapping[str, int], table: Mapping[str, Sequence[int]],
-                    terms: Sequence[Term]) -> tuple[tuple[int, ...], int, int]:
+                    terms: Sequence[Term], n_layers: int = 1) -> tuple[tuple[int, ...], int, int]:
     """The sharded job's blocks allocated once (the root unit, DeepSpeed's resident buffers), its gathered units as
     one block, and the part of them gathered after the forward (torchtitan's prefetched second unit)."""
     # torchtitan >= 0.2 (terms/sharding.py split_units_gathered): the head's unit, gathered at the loss, is kept for the
     # whole step, as the root unit it replaces; the embedding's, gathered only from the first block's backward to its
     # own, is left out of the stream (as FSDP2's reduce-scatter buffers are: the closed form's moments count them)
     root = b.get("gathered.root", 0) or b.get("fsdp2.head_gathered", 0)
-    # DeepSpeed's resident buffers (terms/deepspeed.py): allocated once, like the FSDP root unit
+    # DeepSpeed's resident buffers (terms/deepspeed.py): allocated once, like the FSDP root unit; so are the buffers
+    # an older transformers release registers at construction (analytic/hf_buffers.py: each layer's rotary tables,
+    # one block a layer here, and 4.38's causal_mask), and 4.38's 4-D mask, made at each forward's start from the
+    # same sizes (taken as held: its block, freed at the forward's end, stays cached for the next forward's)
+    layers, rope = max(1, n_layers), b.get("hf.rope_buffers", 0)
+    hf = ((rope // layers,) * layers if rope else ()) + (b.get("hf.causal_mask", 0), b.get("saved.release_mask", 0))
     extra = tuple(x for x in (root, b.get("deepspeed.persistent", 0), b.get("deepspeed.reduce_bucket", 0),
-                              b.get("deepspeed.offload_staging", 0)) if x)
+                              b.get("deepspeed.offload_staging", 0), *hf) if x)
     # DeepSpeed ZeRO-3's gathered parameters (head, running module, prefetch, the layers kept for reuse) as one
     # block, as the FSDP-like units are
     gathered = b.get("gathered", 0) + b.get("gathered.head", 0) + b.get("gathered.prefetch", 0) + \
@@ -816,7 +821,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         inter = -(-(ls0.intermediate_size if ls0 else 0) // tp)
     logits, logits_fp32, log_probs = _loss_tensors(terms)
     states = b.get("optimizer.states", 0)
-    extra, gathered, gathered_late = _sharded_blocks(b, table, terms)
+    extra, gathered, gathered_late = _sharded_blocks(b, table, terms, len(c.layer_specs))
     return StepLayout(
         tokens=c.tokens, hidden=m.hidden_size, q_width=heads * m.head_dim,
         kv_width=max(1, -(-m.num_kv_heads // tp)) * m.head_dim, inter=inter, heads=heads, keys=ctx.seq_len,

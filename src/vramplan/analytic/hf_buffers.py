@@ -22,9 +22,11 @@ Qwen2-7B (131,072 positions, 28 layers): 1.88 GB.
 
 **Causal mask** (``Traits.causal_mask_buffer_in``): Llama and Gemma 4.38 register ``causal_mask`` =
 ``torch.triu(torch.full((P, P), True))`` with P = max_position_embeddings, one bool byte each, in ``LlamaModel.__init__``
-/ ``GemmaModel.__init__`` (4.37.2 and 4.39.3 have none).  Not modelled: the per-call ``(batch, 1, P, P)`` mask in
-the compute dtype that 4.38's ``_update_causal_mask`` makes from it for eager and SDPA attention (stated as an
-assumption, ``hf_buffer_notes``).
+/ ``GemmaModel.__init__`` (4.37.2 and 4.39.3 have none).  From it ``_update_causal_mask`` makes, at every forward,
+``(batch, 1, P, P)`` in the embeddings' dtype, and each layer indexes a ``[batch, 1, s, s]`` slice (a copy:
+``cache_position`` is a tensor) for eager and SDPA attention, so SDPA runs the memory-efficient kernel on a mask
+(``spec/model.py`` ``for_release``: ``Traits.sdpa_mask_always`` for that release) and the 4-D mask lives through the
+forward (terms/saved.py ``release_causal_mask``; inference.py ``CallTerms.release_mask``).
 
 What dtype the tables end in: the default dtype at construction, then whatever casts the whole module: DeepSpeed's
 ``module.half()``/``bfloat16()`` (its bit16 module), FSDP1's ``MixedPrecision(buffer_dtype=...)`` as accelerate and
@@ -94,7 +96,8 @@ def hf_buffer_notes(m: ModelSpec, version_text: str | None, version: tuple[int, 
         notes.append(f"transformers {version_text}: {m.family}'s causal_mask buffer of {m.max_position_embeddings:,}^2 "
                      f"bools ({mask:,} B)")
         if eager_or_sdpa:
-            notes.append(f"not modelled: transformers {version_text}'s per-call (batch, 1, {m.max_position_embeddings:,}, "
-                         f"{m.max_position_embeddings:,}) mask in the compute dtype that _update_causal_mask makes for "
-                         "eager and SDPA attention (4.38 only; flash attention takes none)")
+            notes.append(f"transformers {version_text}: _update_causal_mask repeats it over the batch in the embeddings' "
+                         f"dtype at every forward, (batch, 1, {m.max_position_embeddings:,}, "
+                         f"{m.max_position_embeddings:,}), and every layer takes a [batch, 1, s, s] slice of it: SDPA runs "
+                         "the memory-efficient kernel on it (4.38 only; flash attention takes none)")
     return notes

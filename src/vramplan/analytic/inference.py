@@ -719,6 +719,7 @@ class CallTerms:
     beam_decode: int = 0     # ... and at a decode step's update of the finished beams
     hf_rope: int = 0         # older transformers' per-layer rotary buffers (analytic/hf_buffers.py)
     hf_mask: int = 0         # ... and 4.38's causal_mask buffer
+    release_mask: int = 0    # ... and the (batch, 1, P, P) mask 4.38 makes from it at every forward
 
 
 def hf_buffer_terms(g: GenerateCall) -> tuple[int, int]:
@@ -822,11 +823,14 @@ def call_terms(g: GenerateCall) -> CallTerms:
     prompt_peak, prompt_kept = prompt_logits_terms(g)
     beam = beam_terms(g, g.prompt + g.new, g.prompt)
     rope, mask = hf_buffer_terms(g)
+    # 4.38's _update_causal_mask: the buffer repeated over the rows in the model's dtype at every forward (eager and
+    # SDPA; flash-attention-2 returns before it), alive while the forward runs
+    four_d = g.batch * g.m.max_position_embeddings ** 2 * g.c if mask and g.attention != "flash" else 0
     return CallTerms(weights=weights, largest_linear=largest, kv_prompt=kv_prompt, kv_final=kv_final,
                      logits=call_logits_bytes(g), cublas=cublas_workspace_bytes(g.r.gpu, handles=1),
                      prompt_logits_peak=prompt_peak, prompt_logits_kept=prompt_kept,
                      ssm_state=ssm_state_bytes(g.m, g.batch, g.c), kv_cross=cross_kv_bytes(g.m, g.cross(), g.c),
-                     beam_prefill=beam[0], beam_decode=beam[1], hf_rope=rope, hf_mask=mask)
+                     beam_prefill=beam[0], beam_decode=beam[1], hf_rope=rope, hf_mask=mask, release_mask=four_d)
 
 
 def beam_logits_bytes(g: GenerateCall) -> int:
@@ -898,6 +902,7 @@ def prefill_moment(g: GenerateCall, t: CallTerms) -> Moment:
         prefill_logits += b * p * ceil_div(m.vocab_size, g.tp) * c
     pre = Moment("prefill")
     add_weights(pre, t)
+    pre.add(K.RELEASE_MASK, t.release_mask)
     pre.add(K.KV_PROMPT, t.kv_prompt)
     # every mixer's state, as after the last mixer layer (an upper bound while an earlier layer runs)
     pre.add(K.SSM_STATE, t.ssm_state)
@@ -1016,6 +1021,7 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
     """The end of the decode step that brings the cache to ``tokens`` tokens."""
     mo = Moment(phase)
     add_weights(mo, t)
+    mo.add(K.RELEASE_MASK, t.release_mask)
     # Lit-GPT's buffers are preallocated for every token and written in place (no growth)
     mo.add(K.KV_ALL, t.kv_final if g.lit else g.cache(tokens, prefill=False))
     if g.gen.legacy_cache:

@@ -91,6 +91,9 @@ class K:
     INPUTS_EMBEDS = _k("activations", "inputs_embeds (kept by the decoder's forward)",
                        "the embedding output, kept by the decoder's forward during prefill")
     ROPE = _k("activations", "RoPE cos/sin", "the rotary embedding's cos/sin for the prompt")
+    RELEASE_MASK = _k("activations", "4-D causal mask (transformers 4.38)",
+                      "transformers 4.38's (batch, 1, P, P) mask from the causal_mask buffer, P = "
+                      "max_position_embeddings, in the embeddings' dtype (eager and SDPA attention)")
     RUNNING_LAYER = _k("activations", "running layer", "the largest layer's live tensors during prefill")
     PER_LAYER_INPUTS = _k("activations", "per-layer inputs (kept by the decoder's forward)",
                           "Gemma 3n's per-layer inputs [batch, prompt, layers, hidden_size_per_layer_input], kept "

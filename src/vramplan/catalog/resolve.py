@@ -32,7 +32,7 @@ from vramplan.spec.load import (
     release_attention_for,
     unmodelled_inputs,
 )
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import ModelSpec, for_release
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB
 
@@ -61,6 +61,8 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         model = load_model(scenario.model, offline=scenario.offline)
         # a T5 config with tie_word_embeddings: false builds a separate lm_head on transformers 4.x (5.x ties it)
         model = untied_head(model, scenario.software.transformers_version)
+        # the attention's inputs as the named transformers release makes them (4.38's 4-D mask on every forward)
+        model = for_release(model, scenario.software.transformers_version)
     except ScenarioError as exc:
         problems.extend(exc.problems)
     hw = scenario.hardware

@@ -18,7 +18,7 @@ is one GPU's index inside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from vramplan.facts.peft_targets import default_lora_targets
@@ -790,3 +790,15 @@ class ModelSpec:
 
 def _per_layer_count(p: ParamGroup) -> int:
     return p.count // max(1, len(p.layer_span))
+
+
+def for_release(m: ModelSpec, transformers: tuple[int, ...] | None) -> ModelSpec:
+    """``m`` as ``transformers`` runs it where a release changes the attention's inputs: in the releases of
+    ``Traits.causal_mask_buffer_in`` (Llama and Gemma 4.38) ``_update_causal_mask`` hands every layer a 4-D mask
+    whatever the padding (modeling_llama.py 4.38.2: eager and SDPA; flash-attention-2 returns before it), so SDPA
+    runs the memory-efficient kernel on a mask and grouped K/V repeated to every head: ``Traits.sdpa_mask_always``.
+    ``m`` itself otherwise."""
+    window = m.traits.causal_mask_buffer_in
+    if window is None or transformers is None or not window[0] <= transformers < window[1] or m.traits.sdpa_mask_always:
+        return m
+    return replace(m, traits=replace(m.traits, sdpa_mask_always=True))

@@ -356,7 +356,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 tracker.track(built.quant_tensors, "weights", "quantization state")
                 for n, b in model.named_buffers():
                     tracker.track(b, "other", n)
-                _older_release_buffers(tracker, r, *hf_buffers_of(r))
+                _older_release_buffers(tracker, r, *hf_buffers_of(r), notes)
                 for m in masters:
                     tracker.track(m, "master_weights", "fp32 master")
                 for one in (setup, *per_param):
@@ -479,9 +479,12 @@ def _local_grad(p: torch.nn.Parameter) -> torch.Tensor:
     return local_tensor(g)
 
 
-def _older_release_buffers(tracker: Tracker, r: Resolved, rope: int, mask: int) -> None:
+def _older_release_buffers(tracker: Tracker, r: Resolved, rope: int, mask: int, notes: list[str]) -> None:
     """The buffers ``software.transformers`` registers at construction and the installed release does not
     (analytic/hf_buffers.py): each layer's rotary cos/sin tables, and 4.38's causal-mask buffer, as allocations."""
+    if mask:
+        notes.append(f"not modelled: transformers {r.scenario.software.transformers}'s 4-D mask at every forward and "
+                     "its per-layer slices (the installed release's code runs; the analytic engine counts them)")
     layers, rows = r.model.num_layers, r.model.max_position_embeddings * r.model.head_dim
     per_layer = rope // layers
     # the tables' element size: inv_freq (head_dim / 2 elements) is below one table's rows, so the floor is exact
@@ -580,6 +583,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
     devices = (device,)
     tracker = Tracker(devices=devices)
     phase = ["setup"]
+    release_notes: list[str] = []
     scope = Scope(model, tracker, phase)
     ws_bytes = cublas_workspace_bytes(r.gpu, handles=1)
     tp_ctx = tp_labelled(tracker) if tensor is not None else contextlib.nullcontext()
@@ -591,7 +595,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.track(built.quant_tensors, "weights", "quantization state")
             for name, buf in model.named_buffers():
                 tracker.track(buf, "other", name)
-            _older_release_buffers(tracker, r, *hf_buffer_terms(GenerateCall.of(r)))
+            _older_release_buffers(tracker, r, *hf_buffer_terms(GenerateCall.of(r)), release_notes)
             tracker.synthetic(ws_bytes, "other", "cuBLAS workspace")
             ids = _inputs(r, built, device, b, p)
             tracker.track(ids, "other", "input ids")
@@ -652,7 +656,7 @@ def trace_inference(r: Resolved, device: str = "meta", built: Built | None = Non
             tracker.mark("end")
         finally:
             scope.remove()
-    notes = list(built.notes) + (tensor.notes if tensor is not None else [])
+    notes = list(built.notes) + (tensor.notes if tensor is not None else []) + release_notes
     return StepTrace(list(tracker.events), list(tracker.marks), 0, notes, cuda.sdpa_choices(),
                      tracker.peak_bytes, tensor_parallel=tp)
 

@@ -17,14 +17,15 @@ from collections.abc import Sequence
 
 from vramplan.analytic import activations as act
 from vramplan.analytic.checkpointing import checkpoint_policy
+from vramplan.analytic.hf_buffers import OWN_MODEL_FRAMEWORKS, causal_mask_buffer_bytes
 from vramplan.analytic.logits import next_power_of_2
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import FORWARD, TIED_EMBEDDING, Loc, attention, layer_done, mlp
+from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 
-__all__ = ["head_saved", "layer_saved", "shared_saved"]
+__all__ = ["head_saved", "layer_saved", "release_causal_mask", "shared_saved"]
 
 
 def layer_saved(c: StepContext) -> list[Term]:
@@ -83,6 +84,23 @@ def offloaded_inputs(kept: Sequence[int]) -> Term:
 def shared_saved(c: StepContext) -> list[Term]:
     """RoPE cos/sin, the eager mask, the embedding dropout mask: kept until the first layer's backward ends."""
     return [Term(K.SAVED, layer_activations(c).shared, FORWARD, TIED_EMBEDDING, "saved.shared")]
+
+
+def release_causal_mask(c: StepContext) -> list[Term]:
+    """transformers 4.38's 4-D mask (Llama, Gemma; eager and SDPA): ``_update_causal_mask`` repeats the P x P
+    ``causal_mask`` buffer over the batch and converts it to the embeddings' dtype, ``(b, 1, P, P)`` with P =
+    max_position_embeddings (modeling_llama.py 4.38.2 ``self.causal_mask[None, None, :, :].repeat(batch_size, 1, 1,
+    1).to(dtype) * min_dtype``), which every layer indexes.  The decoder's forward holds it until it returns; a
+    checkpointed layer keeps its inputs for the recompute, so with checkpointing it lives to the first layer's
+    backward.  The repeat's bool and the product's first operand are transients of the forward's start, left out."""
+    s = c.s
+    if (c.stage != 0 or c.framework in OWN_MODEL_FRAMEWORKS or c.act.attention == "flash"
+            or not causal_mask_buffer_bytes(c.m, s.software.transformers_version)):
+        return []
+    residual = c.act.residual_bytes
+    nbytes = s.train.micro_batch_size * c.m.max_position_embeddings ** 2 * residual
+    dies = LOSS if s.train.gradient_checkpointing in ("none", None) else TIED_EMBEDDING
+    return [Term(K.RELEASE_MASK, nbytes, FORWARD, dies, "saved.release_mask")]
 
 
 def head_saved(c: StepContext) -> list[Term]:
