@@ -200,5 +200,20 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
         # create_position_bias_mask, transformers 5.24)
         # flash takes no attn_mask (sdp_utils.cpp ``check_for_attn_mask``): a model that always passes one
         # (``Traits.sdpa_mask_always``) runs the memory-efficient kernel
-        return "efficient", False
-    return "flash", False
+        return "efficient", sdpa_repeats_kv(s, m) and not m.traits.sdpa_mask_always and not relative_bias
+    return "flash", sdpa_repeats_kv(s, m)
+
+
+# the frameworks that run their own attention code, not transformers' (analytic/hf_buffers.py OWN_MODEL_FRAMEWORKS)
+_OWN_ATTENTION = frozenset({"torchtitan", "lightning", "litgpt", "torchtune", "megatron", "vllm", "autoawq"})
+
+
+def sdpa_repeats_kv(s: Scenario, m: ModelSpec) -> bool:
+    """transformers before 4.54 repeats grouped K/V to every query head before calling SDPA (``repeat_kv`` in each
+    ``*SdpaAttention.forward`` of 4.36-4.47, in ``integrations/sdpa_attention.py`` ``sdpa_attention_forward`` of
+    4.48-4.53; 4.54 passes ``enable_gqa=True`` instead, ``TRANSFORMERS_ENABLE_GQA``), so the kernel saves the
+    repeated copies for its backward, the query heads' width, not the K/V heads'.  One K/V head is repeated as a
+    stride-0 view (no copy); a scenario without ``software.transformers`` is the current release."""
+    tv = s.software.transformers_version
+    return (tv is not None and tv < TRANSFORMERS_ENABLE_GQA and 1 < m.num_kv_heads < m.num_attention_heads
+            and m.mla is None and s.effective_framework not in _OWN_ATTENTION)

@@ -87,6 +87,7 @@ from vramplan.analytic.attention import (
     gqa_math_note,
     mem_efficient_mask_row,
     mqa_math,
+    sdpa_repeats_kv,
 )
 from vramplan.analytic.cross_attention import (
     CrossImages,
@@ -164,6 +165,7 @@ __all__ = [
     "prefill_moment",
     "prefill_transient_bytes",
     "prompt_logits_terms",
+    "repeated_kv_bytes",
     "rope_bytes",
     "softmax_bytes_per_score",
     "weights_term",
@@ -587,6 +589,9 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
         attn = (3 * h + 3 * q) * t * c
+        if attention == "sdpa" and keys is None and sdpa_repeats_kv(r.scenario, m):
+            # transformers < 4.54: repeat_kv copies K and V to every query head before SDPA (analytic/attention.py)
+            attn += 2 * q * t * c
         if keys is not None and attention == "sdpa":
             # over a HybridCache the model builds one 4-D mask of every slot (Gemma2Model._update_causal_mask,
             # modeling_gemma2.py 4.45.0:939-952: target_length = past_key_values.get_max_length()), kept for all
@@ -731,6 +736,16 @@ def hf_buffer_terms(g: GenerateCall) -> tuple[int, int]:
         return 0, 0
     return (rope_cache_bytes(g.m, version, len(g.rp.layers) or g.m.num_layers, g.c),
             causal_mask_buffer_bytes(g.m, version))
+
+
+def repeated_kv_bytes(g: GenerateCall, tokens: int) -> int:
+    """A decode step's ``repeat_kv`` of one layer's cache under SDPA in transformers before 4.54
+    (``sdpa_repeats_kv``): the keys and the values repeated to every query head over the cached tokens, both alive
+    at the kernel, 2 x batch x tokens x q width x c; 0 otherwise."""
+    if g.attention != "sdpa" or g.lit or not sdpa_repeats_kv(g.r.scenario, g.m):
+        return 0
+    q = ceil_div(g.m.num_attention_heads, g.tp) * g.m.head_dim
+    return 2 * g.batch * tokens * q * g.c
 
 
 def add_weights(mo: Moment, t: CallTerms) -> None:
@@ -1031,10 +1046,14 @@ def decode_moment(g: GenerateCall, t: CallTerms, phase: str, tokens: int, prompt
         # one layer's keys (then values), old and new together, or a hybrid model's mixer updating its state
         # in place, whichever layer holds more at once
         growth, update = cache_growth_bytes(g, tokens), mixer_decode_bytes(g.m, g.batch, g.c)
+        # transformers < 4.54 under SDPA: a layer's cached keys, then values, repeated to every query head
+        repeated = repeated_kv_bytes(g, tokens)
         ci = g.cross()
         cross = 0 if ci is None else cross_layer_bytes(g.m, ci, 1, g.c, g.attention, prefill=False)
-        if cross > max(growth, update):
+        if cross > max(growth, update, repeated):
             mo.add(K.CROSS_LAYER_DECODE, cross)
+        elif repeated > max(growth, update):
+            mo.add(K.KV_REPEATED, repeated)
         else:
             mo.add(K.MIXER_STATE_UPDATE if update > growth else K.CACHE_GROWTH, max(growth, update))
     if (ci := g.cross()) is not None:

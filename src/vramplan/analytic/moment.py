@@ -91,6 +91,9 @@ class K:
     INPUTS_EMBEDS = _k("activations", "inputs_embeds (kept by the decoder's forward)",
                        "the embedding output, kept by the decoder's forward during prefill")
     ROPE = _k("activations", "RoPE cos/sin", "the rotary embedding's cos/sin for the prompt")
+    KV_REPEATED = _k("temporaries", "K/V repeated for SDPA (transformers < 4.54)",
+                     "one layer's keys and values repeated to every query head before SDPA (repeat_kv) over the "
+                     "cache, in the releases before enable_gqa (analytic/attention.py sdpa_repeats_kv)")
     RELEASE_MASK = _k("activations", "4-D causal mask (transformers 4.38)",
                       "transformers 4.38's (batch, 1, P, P) mask from the causal_mask buffer, P = "
                       "max_position_embeddings, in the embeddings' dtype (eager and SDPA attention)")

@@ -32,6 +32,7 @@ from vramplan.analytic.attention import (
     gqa_math_fallback,
     gqa_math_note,
     resolve_attention,
+    sdpa_repeats_kv,
 )
 from vramplan.analytic.checkpointing import policy_assumption
 from vramplan.analytic.deepspeed import deepspeed_assumptions
@@ -402,6 +403,9 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    "no adapter here either (check the name)")
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):
         out.append(eager_fallback_note(m))
+    if attention in ("flash", "efficient") and t.attention == "sdpa" and sdpa_repeats_kv(s, m):
+        out.append(f"transformers {s.software.transformers} repeats the grouped K/V to every query head before SDPA "
+                   "(repeat_kv; enable_gqa from 4.54): the kernel keeps the repeated copies for the backward")
     out += _kbit_input_assumptions(s, fw)
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)

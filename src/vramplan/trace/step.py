@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from vramplan.analytic.attention import MEM_EFFICIENT_GQA_TORCH
+from vramplan.analytic.attention import MEM_EFFICIENT_GQA_TORCH, sdpa_repeats_kv
 from vramplan.analytic.inference import GenerateCall, hf_buffer_terms
 from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
@@ -296,6 +296,9 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     # BartForConditionalGeneration.forward: CrossEntropyLoss on lm_logits), whatever the release
     release = family_loss_release(s.software.transformers_version, r.model.traits, framework,
                                   r.model.encoder_only or r.model.encoder_decoder is not None)
+    if t.attention == "sdpa" and sdpa_repeats_kv(s, r.model):
+        notes.append(f"not modelled: transformers {s.software.transformers}'s repeat_kv before SDPA (grouped K/V saved at "
+                     "the query heads' width; the installed release passes enable_gqa: the analytic engine counts it)")
     if release != "padded":
         notes.append(f"loss as transformers {s.software.transformers} computes it ({release}): its code run on the "
                      "installed transformers' logits (trace/step.py _release_loss, analytic/logits.py)")
