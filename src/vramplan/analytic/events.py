@@ -779,7 +779,9 @@ def _sharded_blocks(b: Mapping[str, int], table: Mapping[str, Sequence[int]],
     # one block a layer here, and 4.38's causal_mask), and 4.38's 4-D mask, made at each forward's start from the
     # same sizes (taken as held: its block, freed at the forward's end, stays cached for the next forward's)
     layers, rope = max(1, n_layers), b.get("hf.rope_buffers", 0)
-    hf = ((rope // layers,) * layers if rope else ()) + (b.get("hf.causal_mask", 0), b.get("saved.release_mask", 0))
+    cache = b.get("saved.train_cache", 0)  # the training forward's cache (use_cache), a block per layer, likewise
+    hf = ((rope // layers,) * layers if rope else ()) + (b.get("hf.causal_mask", 0), b.get("saved.release_mask", 0)) + (
+        (cache // layers,) * layers if cache else ())
     extra = tuple(x for x in (root, b.get("deepspeed.persistent", 0), b.get("deepspeed.reduce_bucket", 0),
                               b.get("deepspeed.offload_staging", 0), *hf) if x)
     # DeepSpeed ZeRO-3's gathered parameters (head, running module, prefetch, the layers kept for reuse) as one

@@ -91,6 +91,9 @@ class K:
     INPUTS_EMBEDS = _k("activations", "inputs_embeds (kept by the decoder's forward)",
                        "the embedding output, kept by the decoder's forward during prefill")
     ROPE = _k("activations", "RoPE cos/sin", "the rotary embedding's cos/sin for the prompt")
+    TRAIN_CACHE = _k("kv_cache", "cache of the training forward (use_cache)",
+                     "the DynamicCache transformers builds in a training forward with use_cache on and no gradient "
+                     "checkpointing: every layer's keys and values, copied from 4.56 (analytic/terms/saved.py)")
     KV_REPEATED = _k("temporaries", "K/V repeated for SDPA (transformers < 4.54)",
                      "one layer's keys and values repeated to every query head before SDPA (repeat_kv) over the "
                      "cache, in the releases before enable_gqa (analytic/attention.py sdpa_repeats_kv)")

@@ -149,6 +149,13 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
     hf_mask = sum(t.nbytes for t in best.terms if t.key is K.HF_CAUSAL_MASK)
     hf_notes = hf_buffer_notes(m, s.software.transformers, s.software.transformers_version, hf_rope, hf_mask,
                                attention != "flash")
+    if cache := sum(t.nbytes for t in best.terms if t.key is K.TRAIN_CACHE):
+        given = "train.use_cache" if s.train.use_cache is not None else "the config's use_cache, which the HF Trainer keeps"
+        release = f"transformers {s.software.transformers}" if s.software.transformers else "the current transformers"
+        hf_notes.append(f"use_cache on in training ({given}) and no gradient checkpointing: {release} builds a "
+                        f"DynamicCache in the forward, {cache:,} B of keys and values held by the model output until "
+                        "the loss is returned; set train.use_cache: false where the script turns it off (LLaMA-Factory, "
+                        "axolotl and Unsloth do)")
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
                                                                    s.effective_framework) + math_note + liger_mm
                                           + hf_notes))

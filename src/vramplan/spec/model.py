@@ -687,6 +687,8 @@ class ModelSpec:
     # ``num_kv_shared_layers``: ``Gemma3nTextConfig.kv_sharing_modes`` "reuse"); analytic/kv_cache.py
     # ``attention_layers`` leaves them out
     kv_reuse_layers: tuple[int, ...] = ()
+    # the config's ``use_cache``, the forward's default (``merge_with_config_defaults``, transformers 5.24)
+    config_use_cache: bool = True
 
     @property
     def family(self) -> str:

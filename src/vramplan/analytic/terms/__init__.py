@@ -53,6 +53,7 @@ TERMS: tuple[TermFn, ...] = (
     saved.layer_saved,                # saved activations per layer (checkpointing, in-flight micro-batches)
     saved.shared_saved,               # RoPE cos/sin, masks
     saved.release_causal_mask,        # ... transformers 4.38's 4-D mask of max_position_embeddings^2
+    saved.training_cache,             # ... the DynamicCache of a training forward with use_cache on
     vision.tower_saved,               # a vision-language model's vision tower, trained on the batch's images
     cross_attention.cross_saved,      # mllama: the projected vision states and masks the cross-attention layers share
     encoder_decoder.encoder_saved,    # an encoder-decoder model's encoder stack, its output and T5's shared biases

@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vramplan.analytic import activations as act
+from vramplan.analytic.attention import sdpa_repeats_kv
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.hf_buffers import OWN_MODEL_FRAMEWORKS, causal_mask_buffer_bytes
+from vramplan.analytic.inference import cache_bytes
 from vramplan.analytic.logits import next_power_of_2
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
@@ -25,7 +27,12 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 
-__all__ = ["head_saved", "layer_saved", "release_causal_mask", "shared_saved"]
+__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "head_saved", "layer_saved", "release_causal_mask", "shared_saved",
+           "training_cache", "training_cache_bytes"]
+
+# transformers 4.56.0 ``DynamicLayer.update`` (PR #40039): ``self.keys = torch.cat([self.keys, key_states])`` onto the
+# empty tensor of ``lazy_initialization``, a copy; 4.55.4's ``DynamicCache.update`` appended the tensor itself
+DYNAMIC_LAYER_COPIES_SINCE = (4, 56)
 
 
 def layer_saved(c: StepContext) -> list[Term]:
@@ -101,6 +108,39 @@ def release_causal_mask(c: StepContext) -> list[Term]:
     nbytes = s.train.micro_batch_size * c.m.max_position_embeddings ** 2 * residual
     dies = LOSS if s.train.gradient_checkpointing in ("none", None) else TIED_EMBEDDING
     return [Term(K.RELEASE_MASK, nbytes, FORWARD, dies, "saved.release_mask")]
+
+
+def training_cache_bytes(c: StepContext) -> int:
+    """The keys and values the training forward's cache holds beyond what the attention keeps (0 where none).
+
+    With ``use_cache`` on (``Train.use_cache``, null: the config's) and no gradient checkpointing (which turns it
+    off), transformers builds a ``DynamicCache`` in the training forward (5.24 ``LlamaModel.forward``: ``if
+    use_cache and cache is None: cache = DynamicCache(config=self.config)``): from 4.56 its layers copy every
+    layer's keys and values, as after a prefill of the micro-batch (inference.py ``cache_bytes``); before, it held
+    the attention's own tensors, which the kernel keeps anyway, except grouped K/V that eager attention or SDPA
+    before 4.54 repeat to every query head (the kernel keeps the repeated ones; the cache the others)."""
+    s, m = c.s, c.m
+    t = s.train
+    if (c.framework in OWN_MODEL_FRAMEWORKS or s.effective_framework in ("verl", "openrlhf") or t.objective != "sft"
+            or m.encoder_decoder is not None or m.encoder_only or c.stage != 0):
+        return 0
+    use = t.use_cache if t.use_cache is not None else m.config_use_cache
+    if not use or t.gradient_checkpointing not in ("none", None):
+        return 0
+    tv = s.software.transformers_version
+    if tv is not None and tv < DYNAMIC_LAYER_COPIES_SINCE:
+        grouped = 1 < m.num_kv_heads < m.num_attention_heads
+        repeated = c.act.attention == "eager" or (t.attention == "sdpa" and sdpa_repeats_kv(s, m))
+        if not (grouped and repeated):
+            return 0
+    return cache_bytes(m, t.micro_batch_size, t.seq_len, c.pol.compute_bytes, c.tp, "auto", True)
+
+
+def training_cache(c: StepContext) -> list[Term]:
+    """The training forward's cache (``training_cache_bytes``), built layer by layer and held by the model output:
+    the HF Trainer's ``compute_loss`` returns the loss alone, so the output goes before the backward."""
+    return [Term(K.TRAIN_CACHE, nbytes, FORWARD, LOSS, "saved.train_cache")] if (
+        nbytes := training_cache_bytes(c)) else []
 
 
 def head_saved(c: StepContext) -> list[Term]:

@@ -388,7 +388,7 @@ def build_spec(cfg: Config, name: str, model_type: str, p: Params, *, windows: l
     return ModelSpec(name=name, model_type=model_type, layers=layers, params=tuple(p.rows),
                      checkpoint_dtype=checkpoint_dtype(cfg), checkpoint_quantization=checkpoint_quantization(cfg),
                      checkpoint_quant=read_quantization_config(cfg),
-                     **spec)
+                     config_use_cache=cfg.get("use_cache", True) is not False, **spec)
 
 
 Builder = Callable[[Config, str, str], ModelSpec]  # (config, model_type, name) -> ModelSpec
