@@ -74,6 +74,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (21, 25, "2026-11-28", _SCORED, 12, True),
     (22, 39, "2026-11-28", _SCORED, 13, True),
     (23, 4, "2026-11-28", _SCORED, 3, True),
+    (24, 19, "2026-11-28", _SCORED, 9, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
@@ -394,6 +395,19 @@ def test_batch23_figures_converted_to_bytes() -> None:
     # the one OOM carries the A100 40GB's capacity as vramplan computes it
     e = _by_id("b23r-tf29822-mistral7b-fromconfig-fp32-galore-b1-s512-oom-a100-40")
     assert e.outcome == "oom" and e.measured.bytes == resolve(e.scenario).gpu.total_memory_bytes == 42_298_834_944
+
+
+def test_batch24_figures_converted_to_bytes() -> None:
+    # Unsloth prints round(torch.cuda.max_memory_reserved() / 1024^3, 3) as "GB": 13.508 x 2^30 = 14,504,104,559 B
+    assert _by_id("unsloth-nb-tinyllama-qlora-r32-s4096-b2-packed-nogc-fp16-t4").measured.bytes == 14_504_104_559
+    # vLLM 0.7.2's "Loading model weights took 19.3952 GB" divides by 2^30: 19.3952 x 2^30 = 20,825,437,425 B
+    assert _by_id("b24q-wz-qwen25-72b-awq-tp2-a40-v072-weights").measured.bytes == 20_825_437_425
+    # nvidia-smi's 36091MiB = 36,091 x 2^20 = 37,844,156,416 B
+    assert _by_id("b24q-wz-qwen25-72b-awq-tp2-a40-v072-smi").measured.bytes == 37_844_156_416
+    # Qwen's "GPU Memory(MB)" taken as MiB: 9,323 x 2^20 = 9,775,874,048 B
+    assert _by_id("b24q-qwen3speed-8b-fp8-in1-gen2048-h20").measured.bytes == 9_775_874_048
+    # llama.cpp's "CUDA0 compute buffer size = 231,06 MiB" (a decimal comma): 231.06 x 2^20 = 242,283,971 B
+    assert _by_id("llamacpp7439-phi3-medium-q4km-ngl15-ctx512-2060-compute").measured.bytes == 242_283_971
 
 
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited

@@ -163,9 +163,12 @@ def test_the_shared_terms_are_computed_once_and_placed_by_the_moments() -> None:
     assert (t.prompt_logits_peak, t.prompt_logits_kept) == (262_144_000 * 6, 262_144_000 * 4)
     # the cache after the prompt (512 tokens) and at the last decode step (1,023), 819,200 B per token
     assert (t.kv_prompt, t.kv_final) == (16 * 512 * 819_200, 16 * 1023 * 819_200)
-    # the last decode step: weights, the cache, the previous step's tuple (1,022 tokens), logits, cuBLAS
+    # 4.32's per-layer rotary buffers (analytic/hf_buffers.py): 40 layers x (2 x 4,096 x 128 x 2 + 64 x 4)
+    assert t.hf_rope == 40 * (2 * 4096 * 128 * 2 + 64 * 4) == 83_896_320
+    # the last decode step: weights and buffers, the cache, the previous step's tuple (1,022 tokens), logits, cuBLAS
     mo = decode_moment(g, t, "decode", 1023, 0)
-    assert mo.total == t.weights + 16 * 1023 * 819_200 + 16 * 1022 * 819_200 + t.logits + t.cublas
+    assert mo.total == (t.weights + t.hf_rope + 16 * 1023 * 819_200 + 16 * 1022 * 819_200 + t.logits
+                        + t.cublas)
     assert mo.parts == next(m for m in inference_step(resolve(doc)).moments if m.phase == "decode").parts
 
 
