@@ -68,3 +68,18 @@ def test_the_forward_end_holds_it_and_the_backward_does_not() -> None:
     on, off = (train_step(resolve(_doc(use_cache=u))).moments for u in (True, False))
     assert on[0].phase == "forward" and on[0].total - off[0].total == LLAMA2_CACHE
     assert on[1].total == off[1].total  # the loss moment: the output, and the cache with it, are gone
+
+
+def test_traced_engine_builds_it_too() -> None:
+    # the installed transformers builds the same DynamicCache when the trace runs the forward with use_cache on: each
+    # layer's K and V copied by torch.cat, 32 layers x 2 tensors of 256 x 4,096 x 2 B = 2,097,152 B (RoPE's
+    # rotate_half makes 64 more cats of that size, on and off alike)
+    pytest.importorskip("torch")
+    from vramplan.catalog.resolve import resolve
+    from vramplan.trace.step import trace_train
+
+    def cats(use_cache: bool) -> int:
+        st = trace_train(resolve(_doc(seq_len=256, micro_batch_size=1, use_cache=use_cache)))
+        return sum(1 for ev in st.events if ev.nbytes == 2_097_152 and ev.op == "aten.cat.default")
+
+    assert cats(True) - cats(False) == 32 * 2

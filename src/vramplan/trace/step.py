@@ -29,6 +29,7 @@ from vramplan.analytic.inference import GenerateCall, hf_buffer_terms
 from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.resident import hf_buffers_of
+from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE
 from vramplan.facts.optimizers import runs_as
 from vramplan.spec.gpu import cuda_capability
 from vramplan.spec.load import Resolved
@@ -389,7 +390,7 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
                 tracker.mark("forward")
                 with tracker.category("activations"):
                     loss = _forward_loss(model, ids, labels, pol.autocast_dtype, framework, tracker, scope, release,
-                                         decoder_ids, source_key)
+                                         decoder_ids, source_key, _train_cache(r))
                 _classify_forward(tracker)
                 phase[0] = "backward"
                 tracker.mark("backward")
@@ -514,16 +515,30 @@ def _release_loss(out: Any, labels: torch.Tensor, release: LossRelease) -> torch
     return torch.nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
 
 
+def _train_cache(r: Resolved) -> bool:
+    """Whether the training forward builds its cache as the analytic engine counts it (terms/saved.py
+    ``training_cache_bytes``): use_cache on (the scenario's, else the config's), no gradient checkpointing, and a
+    release that copies (4.56 on, or none named: the installed one does); an older release's references are not
+    traced (the installed release would copy)."""
+    s, t = r.scenario, r.scenario.train
+    tv = s.software.transformers_version
+    use = t.use_cache if t.use_cache is not None else r.model.config_use_cache
+    return (bool(use) and t.gradient_checkpointing == "none" and t.objective == "sft"
+            and (tv is None or tv >= DYNAMIC_LAYER_COPIES_SINCE))
+
+
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,
                   framework: str, tracker: Tracker, scope: Scope, release: LossRelease = "padded",
-                  decoder_ids: torch.Tensor | None = None, source_key: str = "input_ids") -> torch.Tensor:
+                  decoder_ids: torch.Tensor | None = None, source_key: str = "input_ids",
+                  use_cache: bool = False) -> torch.Tensor:
     ctx = cuda.autocast(autocast) if autocast is not None else contextlib.nullcontext()
     with ctx:
         if decoder_ids is not None:
             # the encoder's input: token ids, or a speech encoder's input_features
             out = model(**{source_key: ids}, decoder_input_ids=decoder_ids, labels=labels, use_cache=False)
         elif release == "padded":
-            out = model(input_ids=ids, labels=labels, use_cache=False)
+            # use_cache: the DynamicCache a training forward builds (analytic/terms/saved.py training_cache_bytes)
+            out = model(input_ids=ids, labels=labels, use_cache=use_cache)
         else:
             # the older release computed its loss inside the forward, so under the same autocast
             out = model(input_ids=ids, use_cache=False)
