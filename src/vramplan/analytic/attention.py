@@ -7,6 +7,7 @@ Shared by the training step and the inference pass.  What a family offers comes 
 from __future__ import annotations
 
 from vramplan.facts.precisions import PrecisionPolicy
+from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
@@ -204,10 +205,6 @@ def resolve_attention(s: Scenario, m: ModelSpec, pol: PrecisionPolicy,
     return "flash", sdpa_repeats_kv(s, m)
 
 
-# the frameworks that run their own attention code, not transformers' (analytic/hf_buffers.py OWN_MODEL_FRAMEWORKS)
-_OWN_ATTENTION = frozenset({"torchtitan", "lightning", "litgpt", "torchtune", "megatron", "vllm", "autoawq"})
-
-
 def sdpa_repeats_kv(s: Scenario, m: ModelSpec) -> bool:
     """transformers before 4.54 repeats grouped K/V to every query head before calling SDPA (``repeat_kv`` in each
     ``*SdpaAttention.forward`` of 4.36-4.47, in ``integrations/sdpa_attention.py`` ``sdpa_attention_forward`` of
@@ -216,4 +213,4 @@ def sdpa_repeats_kv(s: Scenario, m: ModelSpec) -> bool:
     stride-0 view (no copy); a scenario without ``software.transformers`` is the current release."""
     tv = s.software.transformers_version
     return (tv is not None and tv < TRANSFORMERS_ENABLE_GQA and 1 < m.num_kv_heads < m.num_attention_heads
-            and m.mla is None and s.effective_framework not in _OWN_ATTENTION)
+            and m.mla is None and s.effective_framework not in OWN_MODEL_FRAMEWORKS)

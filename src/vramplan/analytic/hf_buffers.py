@@ -39,10 +39,8 @@ from __future__ import annotations
 
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["OWN_MODEL_FRAMEWORKS", "causal_mask_buffer_bytes", "hf_buffer_notes", "rope_cache_bytes"]
+__all__ = ["causal_mask_buffer_bytes", "hf_buffer_notes", "rope_cache_bytes"]
 
-# the frameworks whose training or inference runs their own model code, not transformers' modeling_*.py
-OWN_MODEL_FRAMEWORKS = frozenset({"torchtitan", "lightning", "litgpt", "torchtune", "megatron", "vllm"})
 
 
 def _in(window: tuple[tuple[int, ...], tuple[int, ...]] | None, version: tuple[int, ...] | None) -> bool:

@@ -100,7 +100,6 @@ from vramplan.analytic.cross_attention import (
 )
 from vramplan.analytic.generate_replay import applies, cached_excess, growth_note
 from vramplan.analytic.hf_buffers import (
-    OWN_MODEL_FRAMEWORKS,
     causal_mask_buffer_bytes,
     hf_buffer_notes,
     rope_cache_bytes,
@@ -126,7 +125,7 @@ from vramplan.analytic.ssm_state import (
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
-from vramplan.facts.transformers import mamba2_scan_broadcasts
+from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS, mamba2_scan_broadcasts
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits

@@ -13,7 +13,7 @@ import json
 from functools import cache
 from importlib import resources
 
-__all__ = ["MAMBA2_SCAN_EINSUM_RELEASE", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
+__all__ = ["MAMBA2_SCAN_EINSUM_RELEASE", "OWN_MODEL_FRAMEWORKS", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
 
 
 @cache
@@ -69,3 +69,9 @@ def mamba2_scan_broadcasts(transformers_version: tuple[int, ...] | None) -> bool
         return False
     padded = tuple((list(transformers_version) + [0, 0, 0])[:3])  # "5.18" is (5, 18): the same release as 5.18.0
     return padded < MAMBA2_SCAN_EINSUM_RELEASE
+
+
+# The frameworks whose jobs run their own model code, not transformers' ``modeling_*.py``: what a transformers
+# release does (its buffers, its attention defaults, its cache) does not apply to them.  AutoAWQ runs transformers'
+# model but its own fused attention and cache (analytic/autoawq.py).
+OWN_MODEL_FRAMEWORKS = frozenset({"torchtitan", "lightning", "litgpt", "torchtune", "megatron", "vllm", "autoawq"})

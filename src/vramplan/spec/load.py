@@ -45,6 +45,7 @@ from vramplan.facts.torchtune import (
     TORCHTUNE_PRECISIONS,
     TORCHTUNE_QUANTIZATION,
 )
+from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
 from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.checks import held_module_notes
@@ -715,8 +716,6 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
     return s.model_copy(update={"train": s.train.model_copy(update={"peft": peft})}), notes, []
 
 
-# the frameworks whose jobs run their own model code, not transformers' (analytic/hf_buffers.py has the same list)
-_OWN_MODEL_CODE = ("torchtitan", "lightning", "litgpt", "torchtune", "megatron", "vllm", "autoawq")
 # transformers' is_torch_sdpa_available (utils/import_utils.py 4.36.2-4.46.3) on CUDA: torch >= 2.1.1
 SDPA_TORCH = (2, 1, 1)
 
@@ -730,7 +729,7 @@ def release_attention_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str
     section = s.train if s.task == "train" else s.inference if s.task == "inference" else None
     tv, torch = s.software.transformers_version, s.software.torch_version
     if (section is None or section.attention != "sdpa" or "attention" in section.model_fields_set
-            or s.effective_framework in _OWN_MODEL_CODE or tv is None):
+            or s.effective_framework in OWN_MODEL_FRAMEWORKS or tv is None):
         return s, []
     since = m.traits.sdpa_since
     if since is not None and tv < since:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from vramplan.analytic.deepspeed import deepspeed_zero
 from vramplan.analytic.gradients import ddp_bucket_bytes
-from vramplan.analytic.hf_buffers import OWN_MODEL_FRAMEWORKS, causal_mask_buffer_bytes, rope_cache_bytes
+from vramplan.analytic.hf_buffers import causal_mask_buffer_bytes, rope_cache_bytes
 from vramplan.analytic.moment import K
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.base import Term, resident
 from vramplan.analytic.terms.context import KBIT_PREPARED, StepContext
 from vramplan.analytic.weights import quantized_linear_bytes, tower_quantized_elements, weights_bytes
 from vramplan.facts.torchtune import torchao_nf4_bytes
+from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
 from vramplan.spec.load import Resolved
 from vramplan.units import ceil_div
 

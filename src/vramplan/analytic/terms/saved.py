@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from vramplan.analytic import activations as act
 from vramplan.analytic.attention import sdpa_repeats_kv
 from vramplan.analytic.checkpointing import checkpoint_policy
-from vramplan.analytic.hf_buffers import OWN_MODEL_FRAMEWORKS, causal_mask_buffer_bytes
+from vramplan.analytic.hf_buffers import causal_mask_buffer_bytes
 from vramplan.analytic.inference import cache_bytes
 from vramplan.analytic.logits import next_power_of_2
 from vramplan.analytic.moment import K
@@ -26,6 +26,7 @@ from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, attention, layer_done, mlp
+from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
 
 __all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "head_saved", "layer_saved", "release_causal_mask", "shared_saved",
            "training_cache", "training_cache_bytes"]
