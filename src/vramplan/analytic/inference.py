@@ -125,7 +125,7 @@ from vramplan.analytic.ssm_state import (
 from vramplan.analytic.weights import quantized_linear_bytes, weights_bytes
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
-from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS, mamba2_scan_broadcasts
+from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS, mamba2_scan_broadcasts
 from vramplan.spec.load import Resolved
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
@@ -1201,6 +1201,8 @@ def inference_step(r: Resolved) -> InferenceResult:
     sw = g.r.scenario.software
     notes += hf_buffer_notes(g.m, sw.transformers, sw.transformers_version, t.hf_rope, t.hf_mask,
                              g.attention != "flash")
+    if sw.transformers is None and not g.lit and g.r.scenario.effective_framework not in OWN_MODEL_FRAMEWORKS:
+        notes.append(CURRENT_RELEASE_NOTE)
     ms = g.m.mamba
     if not applies(g) and ms is not None and attention_layers(g.m):
         # a replayed mixer kind (LFM2) outside the replayed settings (eager attention, beams, quantized weights...)

@@ -59,6 +59,7 @@ from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
+from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS
 from vramplan.spec.defaults import torchtitan_fsdp2
 from vramplan.spec.load import Resolved, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
@@ -410,6 +411,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    "no adapter here either (check the name)")
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):
         out.append(eager_fallback_note(m))
+    if s.software.transformers is None and fw not in OWN_MODEL_FRAMEWORKS:
+        out.append(CURRENT_RELEASE_NOTE)
     if attention in ("flash", "efficient") and t.attention == "sdpa" and sdpa_repeats_kv(s, m):
         out.append(f"transformers {s.software.transformers} repeats the grouped K/V to every query head before SDPA "
                    "(repeat_kv; enable_gqa from 4.54): the kernel keeps the repeated copies for the backward")

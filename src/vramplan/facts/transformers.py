@@ -13,7 +13,7 @@ import json
 from functools import cache
 from importlib import resources
 
-__all__ = ["MAMBA2_SCAN_EINSUM_RELEASE", "OWN_MODEL_FRAMEWORKS", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
+__all__ = ["CURRENT_RELEASE_NOTE", "MAMBA2_SCAN_EINSUM_RELEASE", "OWN_MODEL_FRAMEWORKS", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
 
 
 @cache
@@ -75,3 +75,8 @@ def mamba2_scan_broadcasts(transformers_version: tuple[int, ...] | None) -> bool
 # release does (its buffers, its attention defaults, its cache) does not apply to them.  AutoAWQ runs transformers'
 # model but its own fused attention and cache (analytic/autoawq.py).
 OWN_MODEL_FRAMEWORKS = frozenset({"torchtitan", "lightning", "litgpt", "torchtune", "megatron", "vllm", "autoawq"})
+
+# said by a report of a job that runs transformers' model code without ``software.transformers``
+CURRENT_RELEASE_NOTE = ("transformers: the current release's code is assumed (software.transformers not given); an older "
+                        "release differs in its loss, registered buffers, attention default, SDPA's grouped K/V and the "
+                        "training forward's cache (docs/conventions.md): set software.transformers for a run on one")
