@@ -32,6 +32,9 @@ def test_allocated_within_two_percent_and_reserved_in_band(sid: str) -> None:
     res = MEASURED[sid]["result"]
     doc: dict[str, Any] = dict(res["scenario"])
     doc["software"] = {**(doc.get("software") or {}), "transformers": "5.17", "torch": "2.11"}
+    # the harness of these runs built the model with config.use_cache = False for training (measure/build.py then)
+    if doc["task"] == "train":
+        doc["train"] = {**doc["train"], "use_cache": False}
     rep = estimate(doc)
     measured_alloc = res["peak_allocated_bytes"]
     err = (rep.per_gpu.peak_allocated_bytes - measured_alloc) / measured_alloc

@@ -57,7 +57,9 @@ def test_fsdp_full_state_dict_save_allocated() -> None:
     The run still ran out of memory where the estimate says the job fits in 39.59 GiB: the save's clones
     could not reuse the step's cached blocks (reserved 37.22 GiB for 35.54 allocated) and 2.1 GiB lay outside
     PyTorch's allocator, neither of which the phase model counts (docs/lifecycle.md)."""
+    # transformers of that day: the repository pinned a commit of the LLaMA pull request (4.28.0.dev0)
     doc = {"model": "meta-llama/Llama-2-7b-hf", "hardware": {"gpu": "A100-40GB", "num_gpus": 8}, "framework": "hf-trainer",
+           "software": {"transformers": "4.28"},
            "train": {"micro_batch_size": 4, "seq_len": 512, "grad_accum_steps": 8, "precision": "bf16-mixed",
                      "attention": "eager"},
            "parallel": {"fsdp": "full_shard"}, "lifecycle": {"state_dict_type": "full", "save_optimizer": False}}

@@ -1,5 +1,9 @@
 """The cache a training forward builds with use_cache on and no gradient checkpointing (terms/saved.py
-``training_cache_bytes``; transformers 5.24 LlamaModel.forward, DynamicLayer.update copies from 4.56)."""
+``training_cache_bytes``; transformers 5.24 LlamaModel.forward, DynamicLayer.update).
+
+The attention runs on what ``cache.update`` returns, so the kernel keeps the cache's own tensors and the cache adds
+nothing, except where the kernel is handed K/V repeated to every query head (eager attention; SDPA before 4.54):
+then the cache holds the grouped K/V beside the repeated copies the kernel keeps."""
 
 from __future__ import annotations
 
@@ -7,18 +11,22 @@ from typing import Any
 
 import pytest
 
+from vramplan.analytic.attention import resolve_attention
+from vramplan.analytic.terms.context import StepContext, step_policy
+from vramplan.analytic.terms.saved import training_cache_bytes
+from vramplan.analytic.train import train_step
+from vramplan.catalog.resolve import resolve
 from vramplan.engine import estimate
 
-KEY = "cache of the training forward (use_cache)"
-# Llama-2-7B: 32 layers, 32 K/V heads x 128 = 4,096 wide; K and V for 2 x 2,048 tokens in bf16:
-# 32 x 2 x (2 x 2,048) x 4,096 x 2 = 2,147,483,648 B
-LLAMA2_CACHE = 32 * 2 * (2 * 2048) * 4096 * 2
+# Llama-3-8B: 32 layers, 8 K/V heads x 128 = 1,024 wide; K and V of 2 x 2,048 tokens in bf16:
+# 32 x 2 x (2 x 2,048) x 1,024 x 2 = 536,870,912 B
+LLAMA3_GROUPED = 32 * 2 * (2 * 2048) * 1024 * 2
 
 
-def _doc(model: str = "meta-llama/Llama-2-7b-hf", transformers: str | None = None, **train: Any) -> dict[str, Any]:
+def _doc(model: str = "meta-llama/Meta-Llama-3-8B", transformers: str | None = None, **train: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {"model": model, "task": "train", "hardware": {"gpu": "H100-SXM", "num_gpus": 1},
                            "train": {"micro_batch_size": 2, "seq_len": 2048, "precision": "bf16-true",
-                                     "gradient_checkpointing": "none", "attention": "sdpa",
+                                     "gradient_checkpointing": "none", "attention": "eager",
                                      "peft": {"method": "lora", "rank": 16}, **train}}
     if transformers is not None:
         doc["software"] = {"transformers": transformers}
@@ -26,23 +34,27 @@ def _doc(model: str = "meta-llama/Llama-2-7b-hf", transformers: str | None = Non
 
 
 def _cache(doc: dict[str, Any]) -> int:
-    from vramplan.analytic.terms.context import StepContext
-    from vramplan.analytic.terms.saved import training_cache_bytes
-    from vramplan.catalog.resolve import resolve
-
     r = resolve(doc)
-    from vramplan.analytic.attention import resolve_attention
-    from vramplan.analytic.terms.context import step_policy
-
     attention, repeat = resolve_attention(r.scenario, r.model, step_policy(r.scenario), r.gpu)
     return training_cache_bytes(StepContext(r, 0, attention, repeat))
 
 
-def test_current_release_copies_every_layer() -> None:
-    assert _cache(_doc()) == LLAMA2_CACHE
-    assert _cache(_doc(transformers="4.56.0")) == LLAMA2_CACHE
-    rep = estimate(_doc())
-    assert any("builds a DynamicCache in the forward" in a for a in rep.assumptions)
+def test_grouped_kv_repeated_for_the_kernel() -> None:
+    # eager attention repeats the 8 K/V heads to 32: the kernel keeps the repeated copies, the cache the grouped ones
+    assert _cache(_doc()) == LLAMA3_GROUPED
+    assert _cache(_doc(transformers="4.56.0")) == _cache(_doc(transformers="4.40.0")) == LLAMA3_GROUPED
+    # SDPA: repeated before 4.54 (repeat_kv), handed over grouped from 4.54 (enable_gqa): nothing beside it then
+    assert _cache(_doc(transformers="4.53.3", attention="sdpa")) == LLAMA3_GROUPED
+    assert _cache(_doc(transformers="4.54.0", attention="sdpa")) == 0
+    assert any("builds a DynamicCache in the forward" in a for a in estimate(_doc()).assumptions)
+
+
+def test_the_kernel_keeping_the_caches_own_tensors_adds_nothing() -> None:
+    # Llama-2-7B: as many K/V heads as query heads, nothing repeated: the kernel keeps what the cache holds
+    assert _cache(_doc("meta-llama/Llama-2-7b-hf")) == 0
+    assert _cache(_doc("meta-llama/Llama-2-7b-hf", transformers="4.40.0", attention="sdpa")) == 0
+    # the flash-attention package takes grouped K/V itself
+    assert _cache(_doc(attention="flash")) == 0
 
 
 @pytest.mark.parametrize("train", [{"use_cache": False}, {"gradient_checkpointing": "full"}])
@@ -50,36 +62,31 @@ def test_off_or_checkpointed_holds_none(train: dict[str, Any]) -> None:
     assert _cache(_doc(**train)) == 0
 
 
-def test_older_release_holds_references() -> None:
-    # 4.55: the cache appends the attention's own key and value tensors, which the kernel keeps anyway
-    assert _cache(_doc(transformers="4.55.4")) == 0
-    # ... except grouped K/V that SDPA before 4.54 is handed repeated: the unrepeated ones are the cache's alone.
-    # Llama-3-8B: 8 K/V heads x 128 = 1,024 wide: 32 x 2 x 4,096 x 1,024 x 2 = 536,870,912
-    assert _cache(_doc("meta-llama/Meta-Llama-3-8B", transformers="4.53.3")) == 32 * 2 * 4096 * 1024 * 2
-    assert _cache(_doc("meta-llama/Meta-Llama-3-8B", transformers="4.55.4")) == 0  # enable_gqa: nothing repeated
-
-
 def test_the_forward_end_holds_it_and_the_backward_does_not() -> None:
     # the step's moments with and without it: the forward's end (the loss computed inside the model's forward) holds
-    # the whole cache, the backward's start (the HF Trainer's compute_loss has returned the loss alone) none of it
-    from vramplan.analytic.train import train_step
-    from vramplan.catalog.resolve import resolve
-
+    # the grouped K/V too, the backward's start (the HF Trainer's compute_loss has returned the loss alone) none of it
     on, off = (train_step(resolve(_doc(use_cache=u))).moments for u in (True, False))
-    assert on[0].phase == "forward" and on[0].total - off[0].total == LLAMA2_CACHE
-    assert on[1].total == off[1].total  # the loss moment: the output, and the cache with it, are gone
+    assert on[0].phase == "forward" and on[0].total - off[0].total == LLAMA3_GROUPED
+    assert on[1].total == off[1].total
 
 
-def test_traced_engine_builds_it_too() -> None:
-    # the installed transformers builds the same DynamicCache when the trace runs the forward with use_cache on: each
-    # layer's K and V copied by torch.cat, 32 layers x 2 tensors of 256 x 4,096 x 2 B = 2,097,152 B (RoPE's
-    # rotate_half makes 64 more cats of that size, on and off alike)
+def test_traced_engine_agrees() -> None:
+    # the installed transformers run on the meta device: the most the forward holds at once differs by the grouped
+    # K/V with eager attention (Qwen2.5-0.5B: 24 layers, 2 K/V heads x 64 = 128 wide, 256 tokens in bf16:
+    # 24 x 2 x 256 x 128 x 2 = 3,145,728 B) and by nothing under SDPA (grouped K/V handed over with enable_gqa)
     pytest.importorskip("torch")
-    from vramplan.catalog.resolve import resolve
     from vramplan.trace.step import trace_train
 
-    def cats(use_cache: bool) -> int:
-        st = trace_train(resolve(_doc(seq_len=256, micro_batch_size=1, use_cache=use_cache)))
-        return sum(1 for ev in st.events if ev.nbytes == 2_097_152 and ev.op == "aten.cat.default")
+    def forward_high(use_cache: bool, attention: str) -> int:
+        st = trace_train(resolve(_doc("Qwen/Qwen2.5-0.5B", seq_len=256, micro_batch_size=1, use_cache=use_cache,
+                                      attention=attention)))
+        starts = {name: seq for seq, name in st.marks}
+        live = high = 0
+        for ev in st.events:
+            live += ev.nbytes
+            if starts["forward"] <= ev.seq < starts["backward"]:
+                high = max(high, live)
+        return high
 
-    assert cats(True) - cats(False) == 32 * 2
+    assert forward_high(True, "eager") - forward_high(False, "eager") == 24 * 2 * 256 * 128 * 2
+    assert forward_high(True, "sdpa") == forward_high(False, "sdpa")

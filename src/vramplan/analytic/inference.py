@@ -587,10 +587,8 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         # ([p, p]: 1 + 4 bytes per key and query)
         attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
     else:
-        attn = (3 * h + 3 * q) * t * c
-        if attention == "sdpa" and keys is None and sdpa_repeats_kv(r.scenario, m):
-            # transformers < 4.54: repeat_kv copies K and V to every query head before SDPA (analytic/attention.py)
-            attn += 2 * q * t * c
+        # + repeat_kv's copies of K and V before SDPA in transformers < 4.54 (analytic/attention.py)
+        attn = (3 * h + 3 * q) * t * c + (2 * q * t * c if attention == "sdpa" and keys is None and sdpa_repeats_kv(r.scenario, m) else 0)
         if keys is not None and attention == "sdpa":
             # over a HybridCache the model builds one 4-D mask of every slot (Gemma2Model._update_causal_mask,
             # modeling_gemma2.py 4.45.0:939-952: target_length = past_key_values.get_max_length()), kept for all

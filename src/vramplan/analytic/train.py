@@ -23,6 +23,7 @@ steady-state step (they are created on the first ``step()``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vramplan.analytic.attention import (
@@ -43,7 +44,7 @@ from vramplan.analytic.hf_buffers import hf_buffer_notes
 from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
 from vramplan.analytic.logits import TORCHTUNE_LOSS_NOTES, family_loss_release, loss_release_note
 from vramplan.analytic.moe_capacity import expert_capacity, routed_rows
-from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.moment import K, Key, Moment
 from vramplan.analytic.optimizer import optimizer_assumptions
 from vramplan.analytic.precision import PrecisionPolicy, litgpt_fp32_base
 from vramplan.analytic.terms import StepContext, Term, step_terms
@@ -55,6 +56,7 @@ from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.terms.mamba2 import mixer_train_notes
+from vramplan.analytic.terms.saved import attention_only_decoder
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
@@ -146,21 +148,43 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
                   "accumulation is read for CUDA sm80+ only)")]
                 if s.train.loss == "liger-fused-linear-ce" and r.gpu.compute_capability
                 and (cap is None or cap < (8, 0)) else [])
-    hf_rope = sum(t.nbytes for t in best.terms if t.key is K.HF_ROPE_BUFFERS)
-    hf_mask = sum(t.nbytes for t in best.terms if t.key is K.HF_CAUSAL_MASK)
-    hf_notes = hf_buffer_notes(m, s.software.transformers, s.software.transformers_version, hf_rope, hf_mask,
-                               attention != "flash")
-    if cache := sum(t.nbytes for t in best.terms if t.key is K.TRAIN_CACHE):
-        given = "train.use_cache" if s.train.use_cache is not None else "the config's use_cache, which the HF Trainer keeps"
-        release = f"transformers {s.software.transformers}" if s.software.transformers else "the current transformers"
-        hf_notes.append(f"use_cache on in training ({given}) and no gradient checkpointing: {release} builds a "
-                        f"DynamicCache in the forward, {cache:,} B of keys and values held by the model output until "
-                        "the loss is returned; set train.use_cache: false where the script turns it off (LLaMA-Factory, "
-                        "axolotl and Unsloth do)")
+    hf_notes = _release_term_notes(s, m, best.terms, attention)
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
                                                                    s.effective_framework) + math_note + liger_mm
                                           + hf_notes))
     return best
+
+
+def _release_term_notes(s: Scenario, m: ModelSpec, terms: Sequence[Term], attention: str) -> list[str]:
+    """The assumptions naming what the transformers release adds to the step's terms (analytic/hf_buffers.py, the
+    training forward's cache: terms/saved.py ``training_cache``)."""
+    def total(key: Key) -> int:
+        return sum(t.nbytes for t in terms if t.key is key)
+
+    sw = s.software
+    notes = hf_buffer_notes(m, sw.transformers, sw.transformers_version, total(K.HF_ROPE_BUFFERS),
+                            total(K.HF_CAUSAL_MASK), attention != "flash")
+    if cache := total(K.TRAIN_CACHE):
+        given = "train.use_cache" if s.train.use_cache is not None else "the config's use_cache, which the HF Trainer keeps"
+        release = f"transformers {sw.transformers}" if sw.transformers else "the current transformers"
+        notes.append(f"use_cache on in training ({given}) and no gradient checkpointing: {release} builds a "
+                     f"DynamicCache in the forward that holds the grouped keys and values, {cache:,} B, beside the "
+                     "copies repeated for the kernel, until the loss is returned; set train.use_cache: false where the "
+                     "script turns it off (LLaMA-Factory, axolotl and Unsloth do)")
+    elif s.train.use_cache and s.train.objective == "sft" and s.train.gradient_checkpointing == "none" \
+            and not attention_only_decoder(m):
+        notes.append(f"not modelled: train.use_cache: true with {m.family}, whose training forward would update its "
+                     "mixers' cache in place (transformers' hybrid and recurrent models; their backward refuses it)")
+    return notes
+
+
+def _release_assumptions(s: Scenario, m: ModelSpec, attention: str, fw: str) -> list[str]:
+    """What the run's transformers release (or its absence) makes the report assume about the attention."""
+    out = [CURRENT_RELEASE_NOTE] if s.software.transformers is None and fw not in OWN_MODEL_FRAMEWORKS else []
+    if attention in ("flash", "efficient") and s.train.attention == "sdpa" and sdpa_repeats_kv(s, m):
+        out.append(f"transformers {s.software.transformers} repeats the grouped K/V to every query head before SDPA "
+                   "(repeat_kv; enable_gqa from 4.54): the kernel keeps the repeated copies for the backward")
+    return out
 
 
 # train.loss's kernels, as analytic/logits.py models them
@@ -411,11 +435,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    "no adapter here either (check the name)")
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):
         out.append(eager_fallback_note(m))
-    if s.software.transformers is None and fw not in OWN_MODEL_FRAMEWORKS:
-        out.append(CURRENT_RELEASE_NOTE)
-    if attention in ("flash", "efficient") and t.attention == "sdpa" and sdpa_repeats_kv(s, m):
-        out.append(f"transformers {s.software.transformers} repeats the grouped K/V to every query head before SDPA "
-                   "(repeat_kv; enable_gqa from 4.54): the kernel keeps the repeated copies for the backward")
+    out += _release_assumptions(s, m, attention, fw)
     out += _kbit_input_assumptions(s, fw)
     out += optimizer_assumptions(t.optimizer, fw)
     out += float8_assumptions(s)

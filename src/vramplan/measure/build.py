@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.precision import litgpt_fp32_base
+from vramplan.analytic.terms.saved import attention_only_decoder
 from vramplan.errors import MissingExtraError, Problem, ScenarioError
 from vramplan.facts.optimizers import optimizer_facts
 from vramplan.spec.load import Resolved
@@ -362,7 +363,10 @@ def build(r: Resolved, raw: dict[str, Any], device: torch.device, seed: int = 0)
     try:
         config = _hf_config(raw)
         if train:
-            config.use_cache = False
+            # the training forward's cache as the scenario says (analytic/terms/saved.py training_cache_bytes): the
+            # config's own use_cache unless train.use_cache names one, off for a model whose forward cannot keep it
+            config.use_cache = (s.train.use_cache if s.train.use_cache is not None else config.use_cache) \
+                and attention_only_decoder(m)
         with torch.device(device):
             model = auto.from_config(  # type: ignore[no-untyped-call]
                 config, attn_implementation=impl, dtype=_torch_dtype(base))

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from vramplan.errors import Problem
 from vramplan.facts.mx_training import MIN_CAPABILITY as MX_MIN_CAPABILITY
 from vramplan.facts.quantization import bnb_formats
-from vramplan.facts.transformers import first_release, release_tuple
+from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS, first_release, release_tuple
 from vramplan.facts.vllm_releases import (
     AUTO_DTYPE_FALLBACK_FROM,
     MLLAMA_SERVED,
@@ -1196,6 +1196,18 @@ _TRL_ONLY_RL_KEYS = _PPO_ONLY_RL_KEYS | {"precompute_ref_log_probs"}
 _OPENRLHF_RL_KEYS = frozenset({"reward_model"})
 
 
+def _use_cache_unread(s: Scenario) -> str | None:
+    """Why ``train.use_cache`` changes nothing for ``s`` (None: it is read, analytic/terms/saved.py)."""
+    t, fw = s.train, s.effective_framework
+    if fw in OWN_MODEL_FRAMEWORKS or fw in ("verl", "openrlhf"):
+        return f"framework {fw} runs its own forward, not the HF Trainer's"
+    if t.objective != "sft":
+        return f"it is read for train.objective sft; the {t.objective} trainer's forwards are modelled without it"
+    if t.gradient_checkpointing not in ("none", None):
+        return "gradient checkpointing turns it off (transformers' GradientCheckpointingLayer)"
+    return None
+
+
 def ignored_sections(s: Scenario) -> list[str]:
     """Assumptions for a document that sets keys of another task's section (they are not used)."""
     out = []
@@ -1232,6 +1244,8 @@ def ignored_sections(s: Scenario) -> list[str]:
         shown = ", ".join(f"rl.{k}" for k in trl_only)
         out.append(f"{shown} set but not used: TRL's trainer settings, not read under framework verl")
     out += _accelerate_unused(s)
+    if s.task == "train" and s.train.use_cache is not None and (why := _use_cache_unread(s)):
+        out.append(f"train.use_cache set but not used: {why}")
     sft_read = s.train.objective == "sft" and s.effective_framework == "hf-trainer" and s.train.loss == "standard"
     if s.software.trl is not None and not (s.task == "train" and (s.train.objective != "sft" or sft_read)):
         # software.trl picks the post-training trainers' release (facts/trl.py) and SFTTrainer's loss under the HF

@@ -283,11 +283,11 @@ class Train(_Strict):
     use_cache: bool | None = None
     """transformers' ``use_cache`` in the training forward; null: the model config's ``use_cache`` (true in most
     released configs), which the HF Trainer and plain loops leave as it is (LLaMA-Factory, axolotl and Unsloth set
-    it false for training).  Gradient checkpointing turns it off.  With it on, transformers >= 4.56 builds a
-    ``DynamicCache`` in the training forward whose layers copy every layer's keys and values (``DynamicLayer.update``:
-    ``torch.cat`` onto an empty tensor), held by the model output until the loss is returned; older releases keep
-    references to the attention's own keys and values (no copy), except grouped K/V that the kernel repeats
-    (docs/conventions.md, The cache in the training forward)."""
+    it false for training).  Gradient checkpointing turns it off.  With it on, transformers builds a ``DynamicCache``
+    in the training forward, held by the model output until the loss is returned; the attention runs on the tensors
+    it holds, so it adds memory only where the kernel is handed K/V repeated to every query head (eager attention,
+    SDPA before 4.54): the grouped keys and values beside the repeated copies (docs/conventions.md, The cache in the
+    training forward)."""
 
     packing: bool = False
     """Sequences packed into each row without padding, run by flash-attention's variable-length kernel from

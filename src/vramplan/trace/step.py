@@ -29,7 +29,7 @@ from vramplan.analytic.inference import GenerateCall, hf_buffer_terms
 from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.resident import hf_buffers_of
-from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE
+from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE, attention_only_decoder
 from vramplan.facts.optimizers import runs_as
 from vramplan.spec.gpu import cuda_capability
 from vramplan.spec.load import Resolved
@@ -524,7 +524,7 @@ def _train_cache(r: Resolved) -> bool:
     tv = s.software.transformers_version
     use = t.use_cache if t.use_cache is not None else r.model.config_use_cache
     return (bool(use) and t.gradient_checkpointing == "none" and t.objective == "sft"
-            and (tv is None or tv >= DYNAMIC_LAYER_COPIES_SINCE))
+            and attention_only_decoder(r.model) and (tv is None or tv >= DYNAMIC_LAYER_COPIES_SINCE))
 
 
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,

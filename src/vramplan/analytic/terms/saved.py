@@ -20,6 +20,7 @@ from vramplan.analytic.attention import sdpa_repeats_kv
 from vramplan.analytic.checkpointing import checkpoint_policy
 from vramplan.analytic.hf_buffers import causal_mask_buffer_bytes
 from vramplan.analytic.inference import cache_bytes
+from vramplan.analytic.kv_cache import attention_layers
 from vramplan.analytic.logits import next_power_of_2
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms
@@ -27,8 +28,9 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
+from vramplan.spec.model import ModelSpec
 
-__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "head_saved", "layer_saved", "release_causal_mask", "shared_saved",
+__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "attention_only_decoder", "head_saved", "layer_saved", "release_causal_mask", "shared_saved",
            "training_cache", "training_cache_bytes"]
 
 # transformers 4.56.0 ``DynamicLayer.update`` (PR #40039): ``self.keys = torch.cat([self.keys, key_states])`` onto the
@@ -116,25 +118,36 @@ def training_cache_bytes(c: StepContext) -> int:
 
     With ``use_cache`` on (``Train.use_cache``, null: the config's) and no gradient checkpointing (which turns it
     off), transformers builds a ``DynamicCache`` in the training forward (5.24 ``LlamaModel.forward``: ``if
-    use_cache and cache is None: cache = DynamicCache(config=self.config)``): from 4.56 its layers copy every
-    layer's keys and values, as after a prefill of the micro-batch (inference.py ``cache_bytes``); before, it held
-    the attention's own tensors, which the kernel keeps anyway, except grouped K/V that eager attention or SDPA
-    before 4.54 repeat to every query head (the kernel keeps the repeated ones; the cache the others)."""
+    use_cache and cache is None: cache = DynamicCache(config=self.config)``), and each attention runs on what
+    ``cache.update`` returns: from 4.56 a copy (``DynamicLayer.update``: ``torch.cat`` onto an empty tensor), which
+    then replaces the projected keys and values (freed), before 4.56 those tensors themselves.  Either way the
+    kernel keeps the cache's own tensors, so the cache adds nothing, except where the kernel is handed K/V repeated
+    to every query head (eager attention, SDPA before 4.54: ``sdpa_repeats_kv``): the repeated copies are what the
+    kernel keeps, and the cache holds the grouped ones, as after a prefill of the micro-batch (inference.py
+    ``cache_bytes``), until the loss is returned (measured on the traced engine, tests/test_training_cache.py)."""
     s, m = c.s, c.m
     t = s.train
     if (c.framework in OWN_MODEL_FRAMEWORKS or s.effective_framework in ("verl", "openrlhf") or t.objective != "sft"
-            or m.encoder_decoder is not None or m.encoder_only or c.stage != 0):
+            or not attention_only_decoder(m) or c.stage != 0):
         return 0
     use = t.use_cache if t.use_cache is not None else m.config_use_cache
     if not use or t.gradient_checkpointing not in ("none", None):
         return 0
-    tv = s.software.transformers_version
-    if tv is not None and tv < DYNAMIC_LAYER_COPIES_SINCE:
-        grouped = 1 < m.num_kv_heads < m.num_attention_heads
-        repeated = c.act.attention == "eager" or (t.attention == "sdpa" and sdpa_repeats_kv(s, m))
-        if not (grouped and repeated):
-            return 0
+    grouped = 1 < m.num_kv_heads < m.num_attention_heads and m.mla is None
+    repeated = c.act.attention == "eager" or (t.attention == "sdpa" and sdpa_repeats_kv(s, m))
+    if not (grouped and repeated):
+        return 0
     return cache_bytes(m, t.micro_batch_size, t.seq_len, c.pol.compute_bytes, c.tp, "auto", True)
+
+
+def attention_only_decoder(m: ModelSpec) -> bool:
+    """A decoder whose layers all keep keys and values: the models whose training forward builds the cache counted
+    here.  A hybrid or recurrent model's mixers update their cache in place during the forward, which its backward
+    then refuses (``one of the variables needed for gradient computation has been modified by an inplace operation``,
+    transformers 5.24 on Falcon-H1, LFM2, Zamba2, RWKV), so its training runs have none; an encoder or
+    encoder-decoder model builds no such cache."""
+    return (m.mamba is None and not m.traits.state_argument and m.encoder_decoder is None and not m.encoder_only
+            and len(attention_layers(m)) == m.num_layers)
 
 
 def training_cache(c: StepContext) -> list[Term]:
