@@ -105,6 +105,9 @@ BLOCKS: dict[str, dict[str, Any]] = {"train.peft": {}, "serve.speculative": {"me
 # Fields, or (field, value) pairs, whose setting changes nothing, and why.  Each must be silent somewhere
 # (test_every_allowance_is_used).
 ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
+    # Llama-2-7B's attention runs on the cache's own K/V (as many K/V heads as query heads, nothing repeated)
+    "train.use_cache": "with Llama-2-7B the training forward's cache holds the attention's own K/V: it adds nothing "
+                       "whichever way it is set (analytic/terms/saved.py training_cache_bytes)",
     # the value a null resolves to, so nothing is set that the base did not have
     ("framework", "'hf-trainer'"): "null resolves to hf-trainer for a training job without ZeRO",
     ("framework", "'vllm'"): "null resolves to vllm for task serve, whatever serve.engine (spec/scenario.py)",

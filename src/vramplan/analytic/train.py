@@ -56,7 +56,7 @@ from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.terms.mamba2 import mixer_train_notes
-from vramplan.analytic.terms.saved import attention_only_decoder
+from vramplan.analytic.terms.saved import attention_only_decoder, fused_cache_unmodelled
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
@@ -149,6 +149,7 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
                 if s.train.loss == "liger-fused-linear-ce" and r.gpu.compute_capability
                 and (cap is None or cap < (8, 0)) else [])
     hf_notes = _release_term_notes(s, m, best.terms, attention)
+    hf_notes += _fused_cache_note(c0)
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
                                                                    s.effective_framework) + math_note + liger_mm
                                           + hf_notes))
@@ -176,6 +177,16 @@ def _release_term_notes(s: Scenario, m: ModelSpec, terms: Sequence[Term], attent
         notes.append(f"not modelled: train.use_cache: true with {m.family}, whose training forward would update its "
                      "mixers' cache in place (transformers' hybrid and recurrent models; their backward refuses it)")
     return notes
+
+
+def _fused_cache_note(c: StepContext) -> list[str]:
+    """What the report says of a fused-projection model's training-forward cache (terms/saved.py)."""
+    if not fused_cache_unmodelled(c):
+        return []
+    note = (f"not modelled: the training forward's cache (use_cache on, no gradient checkpointing) with "
+            f"{c.m.family}'s fused q/k/v projection: its copies of k and v come on top of the fused buffer a view "
+            "keeps, or release it (set train.use_cache: false if the script does)")
+    return [note]
 
 
 def _release_assumptions(s: Scenario, m: ModelSpec, attention: str, fw: str) -> list[str]:

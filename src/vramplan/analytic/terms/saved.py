@@ -30,7 +30,7 @@ from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, atten
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "attention_only_decoder", "head_saved", "layer_saved", "release_causal_mask", "shared_saved",
+__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "attention_only_decoder", "fused_cache_unmodelled", "head_saved", "layer_saved", "release_causal_mask", "separate_qkv", "shared_saved",
            "training_cache", "training_cache_bytes"]
 
 # transformers 4.56.0 ``DynamicLayer.update`` (PR #40039): ``self.keys = torch.cat([self.keys, key_states])`` onto the
@@ -133,7 +133,7 @@ def training_cache_bytes(c: StepContext) -> int:
     use = t.use_cache if t.use_cache is not None else m.config_use_cache
     if not use or t.gradient_checkpointing not in ("none", None):
         return 0
-    grouped = 1 < m.num_kv_heads < m.num_attention_heads and m.mla is None
+    grouped = 1 < m.num_kv_heads < m.num_attention_heads and m.mla is None and separate_qkv(m)
     repeated = c.act.attention == "eager" or (t.attention == "sdpa" and sdpa_repeats_kv(s, m))
     if not (grouped and repeated):
         return 0
@@ -148,6 +148,25 @@ def attention_only_decoder(m: ModelSpec) -> bool:
     encoder-decoder model builds no such cache."""
     return (m.mamba is None and not m.traits.state_argument and m.encoder_decoder is None and not m.encoder_only
             and len(attention_layers(m)) == m.num_layers)
+
+
+def separate_qkv(m: ModelSpec) -> bool:
+    """Separate q, k and v projections (Llama's): the cache's tensors then stand in for the projected ones.  A fused
+    projection's k and v are views of one buffer that a view of q (GPT-2's ``c_attn`` split) or of v (GPT-NeoX,
+    Phi-3: ``Traits.fused_qkv_view``) keeps alive, so the cache's copies come on top of it or release it: not
+    modelled (the report says so, ``fused_cache_unmodelled``)."""
+    return len(m.traits.qkv_modules) == 3 and not m.traits.fused_qkv_view
+
+
+def fused_cache_unmodelled(c: StepContext) -> bool:
+    """A fused-projection model whose training forward copies K/V into its cache (4.56 on, use_cache on, no
+    checkpointing): what the copies add or release is not modelled (``separate_qkv``)."""
+    s, m, t = c.s, c.m, c.s.train
+    tv = s.software.transformers_version
+    use = t.use_cache if t.use_cache is not None else m.config_use_cache
+    return (bool(use) and not separate_qkv(m) and t.gradient_checkpointing in ("none", None) and t.objective == "sft"
+            and c.framework not in OWN_MODEL_FRAMEWORKS and s.effective_framework not in ("verl", "openrlhf")
+            and attention_only_decoder(m) and (tv is None or tv >= DYNAMIC_LAYER_COPIES_SINCE))
 
 
 def training_cache(c: StepContext) -> list[Term]:
