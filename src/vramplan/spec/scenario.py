@@ -286,8 +286,8 @@ class Train(_Strict):
     it false for training).  Gradient checkpointing turns it off.  With it on, transformers builds a ``DynamicCache``
     in the training forward, held by the model output until the loss is returned; the attention runs on the tensors
     it holds, so it adds memory only where the kernel is handed K/V repeated to every query head (eager attention,
-    SDPA before 4.54): the grouped keys and values beside the repeated copies (docs/conventions.md, The cache in the
-    training forward)."""
+    SDPA before 4.54): the grouped keys and values beside the repeated copies; with a fused q/k/v projection what it
+    adds or releases is not modelled (docs/conventions.md, The cache in the training forward)."""
 
     packing: bool = False
     """Sequences packed into each row without padding, run by flash-attention's variable-length kernel from
