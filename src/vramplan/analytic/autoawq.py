@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramplan.analytic.hf_buffers import causal_mask_buffer_bytes, rotary_tables_bytes
 from vramplan.analytic.inference import (
     DEL_OUTPUTS_SINCE,
     LOGITS_TO_KEEP_SINCE,
@@ -84,7 +85,6 @@ __all__ = [
     "autoawq_assumptions",
     "autoawq_step",
     "fused_qkv_bytes",
-    "hf_causal_mask_bytes",
     "hf_rotary_bytes",
     "rope_table_bytes",
     "window_cache_bytes",
@@ -141,23 +141,9 @@ def hf_rotary_bytes(m: ModelSpec) -> int:
     AutoAWQ builds the model with ``from_config(torch_dtype=torch.float16)``, which makes fp16 the default dtype
     (``PreTrainedModel._from_config``).  Llama-2-7B: 32 x (2 x 4096 x 128 x 2 + 64 x 4) = 67,117,056 B;
     Mistral-7B's 32,768 positions: 32 x (2 x 32768 x 128 x 2 + 64 x 4) = 536,879,104 B.
+    An unset release is a 4.36-era one here (AutoAWQ's pins), so no version window applies.
     """
-    d = m.head_dim
-    return m.num_layers * (2 * m.max_position_embeddings * d * C + d // 2 * 4)
-
-
-def hf_causal_mask_bytes(m: ModelSpec, transformers: tuple[int, ...] | None) -> int:
-    """transformers 4.38's ``LlamaModel.causal_mask`` buffer of the unfused model, on the GPU while it is fused.
-
-    transformers 4.38.2 ``LlamaModel.__init__`` registers ``causal_mask`` = ``torch.triu(torch.full((P, P), True))``,
-    P = max_position_embeddings, one bool byte each (4.37.2 and 4.39.3 have no such buffer; Mistral's model none).
-    Llama-2-7B: 4096 x 4096 = 16,777,216 B.  0 for another release or family (unset: a 4.36-era release); the
-    adapter's ``Traits.causal_mask_buffer_in`` names the releases.
-    """
-    window = m.traits.causal_mask_buffer_in
-    if window is None or transformers is None or not window[0] <= transformers < window[1]:
-        return 0
-    return m.max_position_embeddings ** 2
+    return rotary_tables_bytes(m, m.num_layers, C)
 
 
 @dataclass(frozen=True)
@@ -233,7 +219,8 @@ def load_moment(a: AwqCall) -> Moment:
     mo.add(K.AWQ_QKV_COPIES, layers * qkv)
     if a.row.dispatch_before_fuse:
         mo.add(K.AWQ_HF_ROTARY, hf_rotary_bytes(m))
-        mo.add(K.AWQ_HF_CAUSAL_MASK, hf_causal_mask_bytes(m, a.r.scenario.software.transformers_version))
+        # transformers 4.38's LlamaModel.causal_mask of the unfused model, on the GPU while it is fused
+        mo.add(K.AWQ_HF_CAUSAL_MASK, causal_mask_buffer_bytes(m, a.r.scenario.software.transformers_version))
     if max(at_cache, at_fuse) > 0:
         mo.add(K.AWQ_FUSE_BUILD, max(at_cache, at_fuse))
     return mo

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 from vramplan.spec.model import ModelSpec
 
-__all__ = ["causal_mask_buffer_bytes", "hf_buffer_notes", "rope_cache_bytes"]
-
+__all__ = ["causal_mask_buffer_bytes", "hf_buffer_notes", "rope_cache_bytes", "rotary_tables_bytes"]
 
 
 def _in(window: tuple[tuple[int, ...], tuple[int, ...]] | None, version: tuple[int, ...] | None) -> bool:
@@ -66,6 +65,12 @@ def rope_cache_bytes(m: ModelSpec, version: tuple[int, ...] | None, layers: int,
     assert version is not None
     if t.rope_cache_fp32_before is not None and version < t.rope_cache_fp32_before:
         elem_bytes = 4
+    return rotary_tables_bytes(m, layers, elem_bytes, inv_freq_bytes)
+
+
+def rotary_tables_bytes(m: ModelSpec, layers: int, elem_bytes: int, inv_freq_bytes: int = 4) -> int:
+    """``layers`` rotary embeddings' cos and sin tables (max_position_embeddings x head_dim each, ``elem_bytes``) and
+    their ``inv_freq`` (head_dim / 2, ``inv_freq_bytes``)."""
     d = m.head_dim
     return layers * (2 * m.max_position_embeddings * d * elem_bytes + d // 2 * inv_freq_bytes)
 

@@ -56,7 +56,11 @@ from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.loss import LITGPT_HEAD_NOTE
 from vramplan.analytic.terms.mamba2 import mixer_train_notes
-from vramplan.analytic.terms.saved import attention_only_decoder, fused_cache_unmodelled
+from vramplan.analytic.terms.saved import (
+    attention_only_decoder,
+    cache_in_training_forward,
+    fused_cache_unmodelled,
+)
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
@@ -172,8 +176,7 @@ def _release_term_notes(s: Scenario, m: ModelSpec, terms: Sequence[Term], attent
                      f"DynamicCache in the forward that holds the grouped keys and values, {cache:,} B, beside the "
                      "copies repeated for the kernel, until the loss is returned; set train.use_cache: false where the "
                      "script turns it off (LLaMA-Factory, axolotl and Unsloth do)")
-    elif s.train.use_cache and s.train.objective == "sft" and s.train.gradient_checkpointing == "none" \
-            and not attention_only_decoder(m):
+    elif s.train.use_cache and cache_in_training_forward(s, m) and not attention_only_decoder(m):
         notes.append(f"not modelled: train.use_cache: true with {m.family}, whose training forward would update its "
                      "mixers' cache in place (transformers' hybrid and recurrent models; their backward refuses it)")
     return notes

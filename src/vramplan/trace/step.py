@@ -29,7 +29,7 @@ from vramplan.analytic.inference import GenerateCall, hf_buffer_terms
 from vramplan.analytic.logits import LossRelease, family_loss_release
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.resident import hf_buffers_of
-from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE, attention_only_decoder
+from vramplan.analytic.terms.saved import copying_training_cache
 from vramplan.facts.optimizers import runs_as
 from vramplan.spec.gpu import cuda_capability
 from vramplan.spec.load import Resolved
@@ -520,11 +520,7 @@ def _train_cache(r: Resolved) -> bool:
     ``training_cache_bytes``): use_cache on (the scenario's, else the config's), no gradient checkpointing, and a
     release that copies (4.56 on, or none named: the installed one does); an older release's references are not
     traced (the installed release would copy)."""
-    s, t = r.scenario, r.scenario.train
-    tv = s.software.transformers_version
-    use = t.use_cache if t.use_cache is not None else r.model.config_use_cache
-    return (bool(use) and t.gradient_checkpointing == "none" and t.objective == "sft"
-            and attention_only_decoder(r.model) and (tv is None or tv >= DYNAMIC_LAYER_COPIES_SINCE))
+    return copying_training_cache(r.scenario, r.model)
 
 
 def _forward_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None,

@@ -29,8 +29,10 @@ from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
 from vramplan.spec.model import ModelSpec
+from vramplan.spec.scenario import Scenario
 
-__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "attention_only_decoder", "fused_cache_unmodelled", "head_saved", "layer_saved", "release_causal_mask", "separate_qkv", "shared_saved",
+__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "attention_only_decoder", "cache_in_training_forward", "copying_training_cache",
+           "fused_cache_unmodelled", "head_saved", "layer_saved", "release_causal_mask", "separate_qkv", "shared_saved",
            "training_cache", "training_cache_bytes"]
 
 # transformers 4.56.0 ``DynamicLayer.update`` (PR #40039): ``self.keys = torch.cat([self.keys, key_states])`` onto the
@@ -113,6 +115,16 @@ def release_causal_mask(c: StepContext) -> list[Term]:
     return [Term(K.RELEASE_MASK, nbytes, FORWARD, dies, "saved.release_mask")]
 
 
+def cache_in_training_forward(s: Scenario, m: ModelSpec) -> bool:
+    """Whether the training forward runs with ``use_cache`` on (``Train.use_cache``, null: the config's), through
+    transformers' own model and the HF Trainer's supervised step, without gradient checkpointing (which turns it
+    off); whether it builds a cache then depends on the model too (``attention_only_decoder``)."""
+    t = s.train
+    use = t.use_cache if t.use_cache is not None else m.config_use_cache
+    return (bool(use) and t.gradient_checkpointing in ("none", None) and t.objective == "sft"
+            and s.effective_framework not in OWN_MODEL_FRAMEWORKS and s.effective_framework not in ("verl", "openrlhf"))
+
+
 def training_cache_bytes(c: StepContext) -> int:
     """The keys and values the training forward's cache holds beyond what the attention keeps (0 where none).
 
@@ -127,11 +139,7 @@ def training_cache_bytes(c: StepContext) -> int:
     ``cache_bytes``), until the loss is returned (measured on the traced engine, tests/test_training_cache.py)."""
     s, m = c.s, c.m
     t = s.train
-    if (c.framework in OWN_MODEL_FRAMEWORKS or s.effective_framework in ("verl", "openrlhf") or t.objective != "sft"
-            or not attention_only_decoder(m) or c.stage != 0):
-        return 0
-    use = t.use_cache if t.use_cache is not None else m.config_use_cache
-    if not use or t.gradient_checkpointing not in ("none", None):
+    if not cache_in_training_forward(s, m) or not attention_only_decoder(m) or c.stage != 0:
         return 0
     grouped = 1 < m.num_kv_heads < m.num_attention_heads and m.mla is None and separate_qkv(m)
     repeated = c.act.attention == "eager" or (t.attention == "sdpa" and sdpa_repeats_kv(s, m))
@@ -161,12 +169,14 @@ def separate_qkv(m: ModelSpec) -> bool:
 def fused_cache_unmodelled(c: StepContext) -> bool:
     """A fused-projection model whose training forward copies K/V into its cache (4.56 on, use_cache on, no
     checkpointing): what the copies add or release is not modelled (``separate_qkv``)."""
-    s, m, t = c.s, c.m, c.s.train
+    return copying_training_cache(c.s, c.m) and not separate_qkv(c.m)
+
+
+def copying_training_cache(s: Scenario, m: ModelSpec) -> bool:
+    """A training forward that builds a cache of copies (4.56 on, or the current release; the traced engine runs it)."""
     tv = s.software.transformers_version
-    use = t.use_cache if t.use_cache is not None else m.config_use_cache
-    return (bool(use) and not separate_qkv(m) and t.gradient_checkpointing in ("none", None) and t.objective == "sft"
-            and c.framework not in OWN_MODEL_FRAMEWORKS and s.effective_framework not in ("verl", "openrlhf")
-            and attention_only_decoder(m) and (tv is None or tv >= DYNAMIC_LAYER_COPIES_SINCE))
+    return (cache_in_training_forward(s, m) and attention_only_decoder(m)
+            and (tv is None or tv >= DYNAMIC_LAYER_COPIES_SINCE))
 
 
 def training_cache(c: StepContext) -> list[Term]:
