@@ -102,6 +102,10 @@ def test_buffer_dtype_follows_the_module() -> None:
     w = _weights(_train("meta-llama/Llama-2-7b-hf", "4.36.2", precision="bf16-mixed", fsdp="full_shard",
                         num_gpus=2))
     assert w["rotary cos/sin buffers (older transformers)"] == LLAMA2_BF16_CAST
+    # FSDP2 (framework accelerate as vramplan exports it): MixedPrecisionPolicy casts no buffer, the tables stay fp32
+    w = _weights(_train("meta-llama/Llama-2-7b-hf", "4.36.2", precision="bf16-mixed", fsdp="full_shard",
+                        num_gpus=2, framework="accelerate"))
+    assert w["rotary cos/sin buffers (older transformers)"] == LLAMA2_FP32
     # DeepSpeed's bit16 module (module.bfloat16()) under ZeRO-2
     doc = _train("meta-llama/Llama-2-7b-hf", "4.36.2", precision="bf16-mixed", framework="deepspeed", num_gpus=2)
     doc["parallel"] = {"zero_stage": 2}

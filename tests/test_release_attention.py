@@ -40,6 +40,8 @@ def _attention(doc: dict[str, Any]) -> str:
     ("openai-community/gpt2", {"transformers": "4.41.2"}, "eager"),       # GPT-2's from 4.42
     ("openai-community/gpt2", {"transformers": "4.42.4"}, "sdpa"),
     ("tiiuae/falcon-7b", {"transformers": "4.33.3"}, "sdpa"),             # Falcon called SDPA itself before 4.36
+    ("llava-hf/llava-1.5-7b-hf", {"transformers": "4.36.2"}, "eager"),    # LLaVA's composite class: none in 4.36
+    ("llava-hf/llava-1.5-7b-hf", {"transformers": "4.37.2"}, "sdpa"),     # ... from 4.37 its language model's
     ("meta-llama/Llama-2-7b-hf", {}, "sdpa"),                             # no release named: the current one
 ])
 def test_default_attention_by_release(model: str, software: dict[str, str], expected: str) -> None:

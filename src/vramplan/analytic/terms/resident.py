@@ -13,6 +13,7 @@ from vramplan.analytic.terms.context import KBIT_PREPARED, StepContext
 from vramplan.analytic.weights import quantized_linear_bytes, tower_quantized_elements, weights_bytes
 from vramplan.facts.torchtune import torchao_nf4_bytes
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
+from vramplan.spec.defaults import torch_fsdp2
 from vramplan.spec.load import Resolved
 from vramplan.units import ceil_div
 
@@ -63,7 +64,7 @@ def hf_buffer_bytes(c: StepContext) -> tuple[int, int]:
     construction (analytic/hf_buffers.py); (0, 0) under a framework that runs its own model code.
 
     Their dtype: the one the model is built in (the stored parameters', the frozen base's under PEFT), or the half
-    dtype where the whole module is cast to it (DeepSpeed's bit16 module: its policy's parameters; FSDP's
+    dtype where the whole module is cast to it (DeepSpeed's bit16 module: its policy's parameters; FSDP1's
     MixedPrecision(buffer_dtype) under a mixed precision)."""
     version = c.s.software.transformers_version
     if c.framework in OWN_MODEL_FRAMEWORKS or version is None:
@@ -72,8 +73,10 @@ def hf_buffer_bytes(c: StepContext) -> tuple[int, int]:
     elem, inv_freq = (pol.frozen_param_bytes if c.peft is not None else pol.param_bytes), 4
     if deepspeed_zero(c.s) and pol.compute_bytes < 4:
         elem = inv_freq = pol.compute_bytes  # DeepSpeed's module.half() / module.bfloat16(): every float buffer
-    elif c.s.parallel.fsdp != "none" and pol.compute_bytes < pol.param_bytes:
-        elem = inv_freq = pol.compute_bytes  # FSDP1's MixedPrecision(buffer_dtype=the half dtype)
+    elif c.s.parallel.fsdp != "none" and not torch_fsdp2(c.s) and pol.compute_bytes < pol.param_bytes:
+        # FSDP1's MixedPrecision(buffer_dtype=the half dtype), as accelerate sets it (utils/dataclasses.py
+        # set_mixed_precision: buffer_dtype for fsdp_version 1 only); FSDP2's MixedPrecisionPolicy casts no buffer
+        elem = inv_freq = pol.compute_bytes
     return (rope_cache_bytes(c.m, version, len(c.layer_specs), elem, inv_freq),
             causal_mask_buffer_bytes(c.m, version) if c.stage == 0 else 0)
 

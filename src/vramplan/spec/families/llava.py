@@ -51,7 +51,7 @@ from vramplan.spec.families.gemma3 import siglip_tower, tower_layer_spec, vit_en
 from vramplan.spec.families.llama_like import LLAMA_FAMILIES
 from vramplan.spec.model import ModelSpec, VisionSpec
 
-__all__ = ["LLAVA", "clip_tower", "feature_layers", "llava_spec", "llava_text_config", "selected_layers"]
+__all__ = ["LLAVA", "LLAVA_SDPA_SINCE", "clip_tower", "feature_layers", "llava_spec", "llava_text_config", "selected_layers"]
 
 # LlamaConfig defaults (transformers 5.24 configuration_llama.py), LlavaConfig's default text model, for the keys
 # a sparse text_config leaves out (llava-hf/llava-1.5-7b-hf's names only max_position_embeddings, rms_norm_eps,
@@ -158,6 +158,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     return llava_spec(cfg, model_type, name)
 
 
+LLAVA_SDPA_SINCE = (4, 37)
+
+
 def llava_spec(cfg: Config, model_type: str, name: str, anyres: tuple[tuple[int, int], ...] = ()) -> ModelSpec:
     """LLaVA's ``ModelSpec``; ``anyres``: LLaVA-NeXT's image_grid_pinpoints (spec/families/llava_next.py), which
     adds its ``image_newline`` and cuts each image into tiles of the tower's resolution."""
@@ -206,7 +209,11 @@ def llava_spec(cfg: Config, model_type: str, name: str, anyres: tuple[tuple[int,
                         unused_saved_per_image=(("norm", 1),) if clip else (), linears=tuple(p.vision_linears))
     if anyres:
         vision = _anyres(vision, anyres, t["image"])
-    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision)
+    # the composite class's SDPA path: none in 4.36.2's LlavaForConditionalGeneration, from 4.37 a property that
+    # delegates to the language model's (``_supports_sdpa``, read off the 4.36.2-4.45.2 wheels); before it the language
+    # model is built eager whatever its own class offers
+    traits = replace(text.traits, sdpa_since=max(text.traits.sdpa_since or (0,), LLAVA_SDPA_SINCE))
+    return replace(text, model_type=model_type, params=text.params + tuple(p.rows), vision=vision, traits=traits)
 
 
 def _anyres(v: VisionSpec, pinpoints: tuple[tuple[int, int], ...], tile: int) -> VisionSpec:
