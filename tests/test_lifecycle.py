@@ -292,3 +292,53 @@ def test_the_evaluation_assumption_names_its_length() -> None:
     on = estimate(_doc(lifecycle={"evaluation": True, "eval_seq_len": 512}))
     assert any("sequences of 512 tokens" in a for a in on.assumptions)
     assert not any("sequences of" in a for a in estimate(_doc(lifecycle={"evaluation": True})).assumptions)
+
+
+def _eval_cache(train: dict[str, Any] | None = None, **extra: Any) -> int:
+    lc = {"evaluation": True, "eval_batch_size": 2, **extra.pop("lifecycle", {})}
+    return _phases(_doc(train, lifecycle=lc, **extra))["evaluation"].get(K.EVAL_CACHE)
+
+
+def test_the_evaluation_forward_holds_its_cache() -> None:
+    # the tiny Llama's config leaves use_cache to transformers' default (true): each evaluation forward builds a
+    # DynamicCache of every layer's K and V: 2 layers x 2 (K, V) x 2 KV heads x 64 x 2 B (bf16 compute) = 1,024 B
+    # per token; 2 sequences x 128 tokens: 262,144 B
+    assert _eval_cache() == 262_144
+    # gradient checkpointing turns it off in training only (self.gradient_checkpointing and self.training)
+    assert _eval_cache({"gradient_checkpointing": "full"}) == 262_144
+    # a script that turns it off; TRL's SFTTrainer passes use_cache=False from 0.22 (facts/trl.py)
+    assert _eval_cache({"use_cache": False}) == 0
+    assert _eval_cache(software={"trl": "0.22.0"}) == 0
+    assert _eval_cache(software={"trl": "0.21.0"}) == 262_144
+    # Lit-GPT's own model builds no cache in a forward
+    assert _eval_cache({"precision": "bf16-true"}, framework="lightning") == 0
+
+
+def test_the_evaluation_cache_is_gone_before_the_logits_are_concatenated() -> None:
+    # the phase is the larger of the forward (with its cache) and the concatenation (without it): a cache-heavy
+    # evaluation is the forward's moment, and its bytes are the difference made by use_cache
+    on = _phases(_doc(lifecycle={"evaluation": True, "eval_batch_size": 2}))["evaluation"]
+    off = _phases(_doc({"use_cache": False}, lifecycle={"evaluation": True, "eval_batch_size": 2}))["evaluation"]
+    assert on.total - off.total == 262_144
+
+
+def test_use_cache_is_read_by_an_evaluation_under_checkpointing() -> None:
+    unread = "train.use_cache set but not used"
+    gc = {"gradient_checkpointing": "full", "use_cache": False}
+    assert any(a.startswith(unread) for a in estimate(_doc(gc)).assumptions)
+    assert not any(a.startswith(unread) for a in estimate(_doc(gc, lifecycle={"evaluation": True})).assumptions)
+
+
+def test_the_evaluation_cache_is_what_a_real_no_grad_forward_holds() -> None:
+    # an independent check on the CPU: the tiny Llama built by transformers, in bf16 and eval mode, one no-grad
+    # forward of the evaluation batch with the config's use_cache; the cache's tensors are what the phase counts
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k != "model_type"})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 1000, (2, 128)))
+    cache = out.past_key_values
+    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert held == _eval_cache({"precision": "bf16-true"}) == 262_144

@@ -90,3 +90,15 @@ def test_traced_engine_agrees() -> None:
 
     assert forward_high(True, "eager") - forward_high(False, "eager") == 24 * 2 * 256 * 128 * 2
     assert forward_high(True, "sdpa") == forward_high(False, "sdpa")
+
+
+def test_trl_sft_from_0_22_passes_use_cache_false() -> None:
+    # trl v0.22.0 SFTTrainer.compute_loss: inputs["use_cache"] = False (trl #3891); before it the config's
+    def trl(v: str) -> dict[str, Any]:
+        return {**_doc(), "software": {"trl": v}}
+    assert _cache(trl("0.21.0")) == LLAMA3_GROUPED
+    assert _cache(trl("0.22.0")) == _cache(trl("1.9.0")) == 0
+    # train.use_cache given under such a release is said to be unused, with the reason
+    doc = trl("0.22.0")
+    doc["train"] = {**doc["train"], "use_cache": True}
+    assert any("train.use_cache set but not used: TRL's SFTTrainer from 0.22" in a for a in estimate(doc).assumptions)

@@ -214,6 +214,9 @@ class K:
                       "the largest tensors of one evaluation forward under torch.no_grad (logits, loss, MLP)")
     EVAL_LOGITS = _k("temporaries", "evaluation logits kept",
                      "logits of every evaluation batch kept on the GPU by the evaluation loop")
+    EVAL_CACHE = _k("kv_cache", "evaluation forward cache (use_cache)",
+                    "the DynamicCache a transformers model builds in an evaluation forward with use_cache on: every "
+                    "layer's keys and values of the evaluation batch, until the output is dropped")
     EVAL_GENERATION = _k("kv_cache", "validation generation cache",
                          "the KV cache of the sample generated after validation (Lit-GPT generate_example)")
     SAVE_GATHERED = _k("weights", "gathered for checkpoint save",

@@ -51,6 +51,7 @@ __all__ = [
     "RLOO_NUM_GENERATIONS",
     "SFT_LOSS_ROWS",
     "SFT_READ_AT",
+    "SFT_USE_CACHE_OFF_SINCE",
     "GrpoEarlyRow",
     "LogProbPath",
     "LogProbRow",
@@ -361,6 +362,13 @@ SFT_LOSS_ROWS: tuple[SftLossRow, ...] = (
 # chunked_nll's matmul before this release: ``h.float() @ w.float().t()`` (an fp32 copy of the head per chunk; trl
 # v1.9.0 sft_trainer.py:101, 1.11.0:103); from it ``(h @ w.to(h.dtype).t()).float()`` (1.13.0 sft_trainer.py:105)
 CHUNKED_NLL_CAST_FROM = (1, 13, 0)
+# the first release whose SFTTrainer.compute_loss passes ``inputs["use_cache"] = False`` to every forward it runs, the
+# training step's and the evaluation's (``prediction_step`` calls ``compute_loss`` when the batch has labels): trl
+# commit b08bc7f ("use_cache should be set in the forward pass", #3891, first tagged v0.22.0; v1.16.0
+# sft_trainer.py compute_loss the same).  Before it the forward took the model config's ``use_cache``; 0.15-0.16
+# only set it false at load for a model given by id with gradient_checkpointing (``model_init_kwargs["use_cache"] =
+# False``, v0.15.0 sft_trainer.py:270-272; commented out from 0.17.0)
+SFT_USE_CACHE_OFF_SINCE = (0, 22, 0)
 # where SFT_LOSS_ROWS were read: the git tags v0.9.3-v1.9.0 of huggingface/trl, the PyPI wheels 1.10.0-1.16.0
 SFT_READ_AT = "v0.9.3-v1.9.0 (git tags), 1.10.0-1.16.0 (PyPI wheels)"
 

@@ -19,6 +19,7 @@ from vramplan.errors import Problem
 from vramplan.facts.mx_training import MIN_CAPABILITY as MX_MIN_CAPABILITY
 from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS, first_release, release_tuple
+from vramplan.facts.trl import SFT_USE_CACHE_OFF_SINCE
 from vramplan.facts.vllm_releases import (
     AUTO_DTYPE_FALLBACK_FROM,
     MLLAMA_SERVED,
@@ -1203,8 +1204,12 @@ def _use_cache_unread(s: Scenario) -> str | None:
         return f"framework {fw} runs its own forward, not the HF Trainer's"
     if t.objective != "sft":
         return f"it is read for train.objective sft; the {t.objective} trainer's forwards are modelled without it"
-    if t.gradient_checkpointing not in ("none", None):
-        return "gradient checkpointing turns it off (transformers' GradientCheckpointingLayer)"
+    tv = s.software.trl_version
+    if tv is not None and fw == "hf-trainer" and tv >= SFT_USE_CACHE_OFF_SINCE:
+        return "TRL's SFTTrainer from 0.22 passes use_cache=False to every forward (compute_loss)"
+    if t.gradient_checkpointing not in ("none", None) and not s.lifecycle.evaluation:
+        return ("gradient checkpointing turns it off in training (transformers' GradientCheckpointingLayer) and no "
+                "evaluation runs (lifecycle.evaluation), whose forwards would read it")
     return None
 
 

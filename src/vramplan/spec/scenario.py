@@ -281,9 +281,11 @@ class Train(_Strict):
     traced engine refuses them."""
 
     use_cache: bool | None = None
-    """transformers' ``use_cache`` in the training forward; null: the model config's ``use_cache`` (true in most
-    released configs), which the HF Trainer and plain loops leave as it is (LLaMA-Factory, axolotl and Unsloth set
-    it false for training).  Gradient checkpointing turns it off.  With it on, transformers builds a ``DynamicCache``
+    """transformers' ``use_cache`` in the training and evaluation forwards; null: the model config's ``use_cache``
+    (true in most released configs), which the HF Trainer and plain loops leave as it is (LLaMA-Factory, axolotl and
+    Unsloth set it false for training; TRL's SFTTrainer passes False from 0.22).  Gradient checkpointing turns it
+    off in training, not in evaluation: an evaluation forward (``lifecycle.evaluation``) with it on holds every
+    layer's keys and values of its batch to its end.  With it on, transformers builds a ``DynamicCache``
     in the training forward, held by the model output until the loss is returned; the attention runs on the tensors
     it holds, so it adds memory only where the kernel is handed K/V repeated to every query head (eager attention,
     SDPA before 4.54): the grouped keys and values beside the repeated copies; with a fused q/k/v projection what it

@@ -27,6 +27,8 @@ from vramplan.analytic.allocator import reserved_for
 from vramplan.analytic.events import StepLayout
 from vramplan.analytic.lifecycle.evaluation import (
     eval_batch_size,
+    eval_builds_cache,
+    eval_cache_fused_views,
     eval_generates,
     eval_runs,
     evaluation_phase,
@@ -166,8 +168,14 @@ def _assumptions(c: StepContext) -> list[str]:
                                                           if lc.eval_accumulation_steps else "")
                 if lc.eval_keeps_logits else "no logits kept (no compute_metrics)")
         length = f" of {lc.eval_seq_len:,} tokens" if lc.eval_seq_len is not None else ""
-        out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences{length}, {kept}{gen} "
-                   "(HF Trainer.evaluation_loop / Lit-GPT validate)")
+        cache = (", each forward's KV cache held to its end (use_cache on: train.use_cache, else the config's; set "
+                 "train.use_cache: false where the script turns it off)" if eval_builds_cache(c) else "")
+        out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences{length}{cache}, {kept}"
+                   f"{gen} (HF Trainer.evaluation_loop / Lit-GPT validate)")
+        if eval_cache_fused_views(c):
+            out.append(f"not modelled: the evaluation cache of {c.m.family}'s fused q/k/v projection before "
+                       "transformers 4.56 holds views that keep each layer's whole projection output alive (1.5x the "
+                       "keys and values counted with GPT-2's split, 2x with GPT-NeoX's rotated key beside it)")
     else:
         out.append("lifecycle, evaluation: none (the HF Trainer's default eval_strategy='no'; accelerate, DeepSpeed, "
                    "torchtitan and plain loops evaluate only where the script does; set lifecycle.evaluation)")

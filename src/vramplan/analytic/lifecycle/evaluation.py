@@ -14,6 +14,12 @@
   then one sample generated with a KV cache for the model's whole ``max_seq_length``
   (``model.set_kv_cache(batch_size=1)``, "memory is not a concern here"), ``EvalArgs.max_new_tokens=100``.
 
+A transformers model evaluated with ``use_cache`` on (the config's, which the HF Trainer and plain loops leave as it
+is; ``eval_cache_bytes``) builds its cache in each evaluation forward: under ``model.eval()`` gradient checkpointing
+does not turn it off (``if self.gradient_checkpointing and self.training``), and no backward frees the layers'
+keys and values, so at the forward's end every layer's K/V of the batch is held by the output until
+``prediction_step`` returns.
+
 The no-grad forward's largest tensors are the head's (the logits, their fp32 copy and the loss's
 log-softmax, as the step's loss makes them, scaled to the evaluation batch) or one MLP's (gate, up and
 their product), whichever is larger, plus the residual stream in and out of a layer.
@@ -22,14 +28,17 @@ their product), whichever is larger, plus the residual stream in and out of a la
 from __future__ import annotations
 
 from vramplan.analytic.events import StepLayout
-from vramplan.analytic.inference import litgpt_kv_bytes
+from vramplan.analytic.inference import cache_bytes, litgpt_kv_bytes
 from vramplan.analytic.moment import K, Moment
+from vramplan.analytic.ssm_state import ssm_state_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.loss import litgpt_head_dequant_bytes, standard_loss_tensors
+from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE, forward_use_cache, separate_qkv
 from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
-__all__ = ["eval_batch_size", "eval_batch_size_for", "eval_generates", "eval_generates_for", "eval_runs", "eval_runs_for",
+__all__ = ["eval_batch_size", "eval_batch_size_for", "eval_builds_cache", "eval_cache_bytes", "eval_cache_fused_views",
+           "eval_generates", "eval_generates_for", "eval_runs", "eval_runs_for",
            "eval_seq_len", "evaluation_phase"]
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size
@@ -102,6 +111,43 @@ def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
     return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
 
 
+def eval_builds_cache(c: StepContext) -> bool:
+    """Whether an evaluation forward builds transformers' cache: a decoder (an encoder has none; an encoder-decoder's
+    evaluation is not modelled here) run with ``use_cache`` on (terms/saved.py ``forward_use_cache``: the
+    scenario's, else the config's; off under TRL's SFTTrainer from 0.22).  Lit-GPT's and the other frameworks' own
+    models build none in a forward."""
+    m = c.m
+    return forward_use_cache(c.s, m) and not m.encoder_only and m.encoder_decoder is None
+
+
+def eval_cache_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
+    """The cache one evaluation forward of ``batch`` sequences holds at its end (0 where none: ``eval_builds_cache``).
+
+    Each attention layer's keys and values of every token, as a prefill's (analytic/inference.py ``cache_bytes``
+    with ``prefill``: a sliding-window layer's view keeps the whole prompt's storage), at the query-head-grouped
+    width the cache stores (4.36-4.55 the projected tensors themselves, 4.56 on ``DynamicLayer.update``'s copy,
+    before 4.36 the ``(key, value)`` tuple), plus a hybrid model's mixer states (analytic/ssm_state.py
+    ``ssm_state_bytes``).  The cache goes with the model output when ``prediction_step`` returns, before the logits
+    are concatenated.
+
+    Llama-2-7B (32 layers, 32 KV heads x 128, bf16: 2 x 32 x 4,096 x 2 B = 524,288 B per token), evaluation batch
+    8 x 2,048 tokens: 524,288 x 16,384 = 8,589,934,592 B."""
+    if not eval_builds_cache(c):
+        return 0
+    tokens = ceil_div(eval_seq_len(c), c.s.parallel.cp)
+    return cache_bytes(c.m, batch, tokens, lay.compute_bytes, c.tp, "auto", True) + ssm_state_bytes(
+        c.m, batch, lay.compute_bytes)
+
+
+def eval_cache_fused_views(c: StepContext) -> bool:
+    """A fused q/k/v projection's evaluation cache before 4.56: its keys and values are views of the projection's
+    output, which they keep alive whole: 1.5x the cache counted with GPT-2's ``c_attn(...).split`` (key and value
+    views of the 3-wide output), 2x with GPT-NeoX's (4.28 ``modeling_gpt_neox.py``: the value a view of ``qkv``, the
+    key a new ``torch.cat`` of its rotated part); not modelled (stated)."""
+    tv = c.s.software.transformers_version
+    return eval_builds_cache(c) and not separate_qkv(c.m) and tv is not None and tv < DYNAMIC_LAYER_COPIES_SINCE
+
+
 def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]:
     """(logits kept while the last batch's forward runs, kept logits at the last concatenation)."""
     lc = c.s.lifecycle
@@ -145,11 +191,12 @@ def _generation_bytes(c: StepContext, lay: StepLayout) -> int:
 
 
 def evaluation_phase(c: StepContext, lay: StepLayout, resident: Moment) -> Moment:
-    """The evaluation's highest moment: the forward of its last batch, the last concatenation of kept
-    logits, or the generation, over what stays resident between steps."""
+    """The evaluation's highest moment: the forward of its last batch (with the cache it builds), the last
+    concatenation of kept logits, or the generation, over what stays resident between steps."""
     batch = eval_batch_size(c)
     kept_fwd, kept_cat = _kept_logits(c, lay, batch)
     fwd = resident.copy("evaluation").add(K.EVAL_FORWARD, _forward_bytes(c, lay, batch)).add(K.EVAL_LOGITS, kept_fwd)
+    fwd.add(K.EVAL_CACHE, eval_cache_bytes(c, lay, batch))
     cat = resident.copy("evaluation").add(K.EVAL_LOGITS, kept_cat)
     gen = resident.copy("evaluation").add(K.EVAL_GENERATION, _generation_bytes(c, lay))
     return max((fwd, cat, gen), key=lambda mo: mo.total)

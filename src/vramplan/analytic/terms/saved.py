@@ -28,6 +28,7 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
+from vramplan.facts.trl import SFT_USE_CACHE_OFF_SINCE
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
@@ -115,14 +116,26 @@ def release_causal_mask(c: StepContext) -> list[Term]:
     return [Term(K.RELEASE_MASK, nbytes, FORWARD, dies, "saved.release_mask")]
 
 
-def cache_in_training_forward(s: Scenario, m: ModelSpec) -> bool:
-    """Whether the training forward runs with ``use_cache`` on (``Train.use_cache``, null: the config's), through
-    transformers' own model and the HF Trainer's supervised step, without gradient checkpointing (which turns it
-    off); whether it builds a cache then depends on the model too (``attention_only_decoder``)."""
+def forward_use_cache(s: Scenario, m: ModelSpec) -> bool:
+    """Whether the supervised step's forwards (training and evaluation) run transformers' own model with
+    ``use_cache`` on: ``Train.use_cache``, null: the config's, except under TRL's SFTTrainer from 0.22, whose
+    ``compute_loss`` passes ``use_cache=False`` to every forward (facts/trl.py ``SFT_USE_CACHE_OFF_SINCE``)."""
     t = s.train
-    use = t.use_cache if t.use_cache is not None else m.config_use_cache
-    return (bool(use) and t.gradient_checkpointing in ("none", None) and t.objective == "sft"
-            and s.effective_framework not in OWN_MODEL_FRAMEWORKS and s.effective_framework not in ("verl", "openrlhf"))
+    if t.objective != "sft" or s.effective_framework in OWN_MODEL_FRAMEWORKS or s.effective_framework in (
+            "verl", "openrlhf"):
+        return False
+    tv = s.software.trl_version
+    if tv is not None and s.effective_framework == "hf-trainer" and tv >= SFT_USE_CACHE_OFF_SINCE:
+        return False
+    return bool(t.use_cache if t.use_cache is not None else m.config_use_cache)
+
+
+def cache_in_training_forward(s: Scenario, m: ModelSpec) -> bool:
+    """Whether the training forward runs with ``use_cache`` on (``forward_use_cache``), through transformers' own
+    model and the HF Trainer's supervised step, without gradient checkpointing (which turns it off in training:
+    ``if self.gradient_checkpointing and self.training``); whether it builds a cache then depends on the model too
+    (``attention_only_decoder``)."""
+    return forward_use_cache(s, m) and s.train.gradient_checkpointing in ("none", None)
 
 
 def training_cache_bytes(c: StepContext) -> int:
