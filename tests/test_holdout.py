@@ -75,6 +75,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (22, 39, "2026-11-28", _SCORED, 13, True),
     (23, 4, "2026-11-28", _SCORED, 3, True),
     (24, 19, "2026-11-28", _SCORED, 9, True),
+    (25, 20, "2026-11-28", _SCORED, 16, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
@@ -408,6 +409,18 @@ def test_batch24_figures_converted_to_bytes() -> None:
     assert _by_id("b24q-qwen3speed-8b-fp8-in1-gen2048-h20").measured.bytes == 9_775_874_048
     # llama.cpp's "CUDA0 compute buffer size = 231,06 MiB" (a decimal comma): 231.06 x 2^20 = 242,283,971 B
     assert _by_id("llamacpp7439-phi3-medium-q4km-ngl15-ctx512-2060-compute").measured.bytes == 242_283_971
+
+
+def test_batch25_figures_converted_to_bytes() -> None:
+    # Unsloth's "Peak reserved memory = 9.383 GB" is round(max_memory_reserved / 1024^3, 3): 9.383 x 2^30 =
+    # 10,074,919,534.6, rounded to 10,074,919,535 B
+    assert _by_id("unsloth-nb-gemma2-9b-alpaca-qlora-r16-mb2-fp16-t4").measured.bytes == 10_074_919_535
+    # TRL's notebook divides by 1024^3 too: 38.139 x 2^30 = 40,951,439,425.5 -> 40,951,439,426 B
+    assert _by_id("trlnb-wordle-grpo-qwen3-17b-full-vllmcoloc015-b1-a100-40gb").measured.bytes == 40_951_439_426
+    # SGLang's "memory pool(kv cache) 110GB" in GiB: 110 x 2^30 = 118,111,600,640 B
+    assert _by_id("b25s-sgl7873-llama3-8b-tp2-h200-mf085-kv").measured.bytes == 118_111_600_640
+    # vLLM's "Loading model weights took 3.7418 GB" divides by 2^30: 3.7418 x 2^30 = 4,017,727,157 B
+    assert _by_id("b25s-genlm10-llama3-8b-tp4-v070-weights").measured.bytes == 4_017_727_157
 
 
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
