@@ -64,6 +64,7 @@ from vramplan.analytic.terms.saved import (
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
+from vramplan.analytic.unsloth import unsloth, unsloth_loss_note, unsloth_notes
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS
 from vramplan.spec.defaults import torchtitan_fsdp2
@@ -214,6 +215,11 @@ KERNEL_LOSS_NOTES = {
 OFFLOAD_NOTE = ("activation offloading as torchtune's OffloadActivations does it (pinned memory, side stream, "
                 "forward stash of 5): each checkpointed layer input in host memory from its layer's forward to its "
                 "backward, on the GPU again only during that backward; the final norm's and the loss's tensors stay")
+UNSLOTH_OFFLOAD_NOTE = ("Unsloth's use_gradient_checkpointing='unsloth' (Unsloth_Offloaded_Gradient_Checkpointer, "
+                        "unsloth/models/_utils.py): each layer's input copied to the host in its forward and back in "
+                        "its backward; counted as train.activation_offload's terms, whose forward stash of 5 inputs "
+                        "Unsloth does not keep (an upper bound in the forward, the same at the loss and in the "
+                        "backward); host bytes without the pinned allocator's rounding in 2024 releases")
 IN_BACKWARD_NOTE = ("optimizer in the backward as torchtune's optimizer_in_bwd runs it (one optimizer per parameter, "
                     "stepped by its post-accumulate-grad hook, then the gradient set to None): each layer's largest "
                     "tensor's gradient and step temporaries counted over its whole backward, the head's at the last "
@@ -265,6 +271,8 @@ ENCODER_DECODER_LOSS_NOTE = ("loss as an encoder-decoder model computes it in it
 
 def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
+    if unsloth(s):
+        return unsloth_loss_note(s)
     if s.train.loss != "standard":
         return KERNEL_LOSS_NOTES[s.train.loss]
     if s.train.objective in FUSED_HEAD_LOSS_NOTES and uses_fused_head(s):
@@ -435,7 +443,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         _loss_assumption(s, m, fw),
         *(encoder_decoder_notes(m, attention) if m.encoder_decoder is not None else source_len_note(t.source_len, m)),
         *([PACKING_NOTE] if t.packing else []),
-        *([OFFLOAD_NOTE] if t.activation_offload != "none" else []),
+        *([UNSLOTH_OFFLOAD_NOTE if unsloth(s) else OFFLOAD_NOTE] if t.activation_offload != "none" else []),
+        *(unsloth_notes(s) if unsloth(s) else []),
         *([TORCHAO_OFFLOAD_NOTE] if t.torchao_cpu_offload != "none" else []),
         IN_BACKWARD_NOTE if t.optimizer_in_backward else MEGATRON_STEADY_NOTE if fw == "megatron" else
         "steady-state step: optimizer states exist; gradients are set to None after each step",
@@ -468,7 +477,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                else "peft >= 0.12 upcasts adapters; set software.peft for older versions, which kept the base dtype")
         out.append(f"PEFT: frozen base weights stored in {'fp32' if pol.frozen_param_bytes == 4 else pol.half}, "
                    f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half} ({why})")
-        if t.quantization != "none" and fw not in ("lightning", "torchtune"):  # neither runs peft's preparation
+        # neither Lit-GPT nor torchtune runs peft's preparation; Unsloth runs its own (LoRA weights only)
+        if t.quantization != "none" and fw not in ("lightning", "torchtune") and not unsloth(s):
             out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "
                        "LM head) to fp32")
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:

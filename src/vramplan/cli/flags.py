@@ -87,6 +87,7 @@ RENAMED: dict[str, str] = {
     # "--accelerate" alone would read as the framework too
     "software.accelerate": "accelerate_version",
     "software.deepspeed": "deepspeed_version",
+    "software.unsloth": "unsloth_version",
     # verl's hybrid-engine keys (rl.verl) keep verl's names behind one prefix: some share serve's leaves
     "rl.verl.release": "verl_release",
     "rl.verl.param_offload": "verl_param_offload",

@@ -146,6 +146,10 @@ def unsupported(r: Resolved, device_type: str) -> list[Problem]:
                                "flash-attention's variable-length kernel and a collator's position_ids",
                                "measure inside your packed run with the callbacks (docs/measure.md), or set "
                                "train.packing: false"))
+        if s.software.unsloth is not None:
+            out.append(Problem("software.unsloth", "measure runs transformers' model; Unsloth patches it with triton "
+                               "kernels that need a GPU and the unsloth package", "measure inside the Unsloth run with "
+                               "the callbacks (docs/measure.md), or unset software.unsloth"))
         if t.activation_offload != "none":
             out.append(Problem("train.activation_offload", "measure runs the step without torchtune's / TRL's "
                                "activation offloading context", "measure inside that run with the callbacks "

@@ -1249,6 +1249,10 @@ def ignored_sections(s: Scenario) -> list[str]:
         shown = ", ".join(f"rl.{k}" for k in trl_only)
         out.append(f"{shown} set but not used: TRL's trainer settings, not read under framework verl")
     out += _accelerate_unused(s)
+    if s.software.unsloth is not None and s.task != "train":
+        out.append(f"not modelled: software.unsloth with task {s.task}: Unsloth's inference path "
+                   "(FastLanguageModel.for_inference) is read for training only; the estimate is transformers' / the "
+                   "engine's own")
     if s.task == "train" and s.train.use_cache is not None and (why := _use_cache_unread(s)):
         out.append(f"train.use_cache set but not used: {why}")
     sft_read = s.train.objective == "sft" and s.effective_framework == "hf-trainer" and s.train.loss == "standard"

@@ -46,6 +46,7 @@ from vramplan.facts.torchtune import (
     TORCHTUNE_QUANTIZATION,
 )
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
+from vramplan.facts.unsloth import UNSLOTH_FAMILIES, UNSLOTH_OFFLOADED_CKPT_FIRST, UNSLOTH_ROWS, unsloth_row
 from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.checks import held_module_notes
@@ -952,6 +953,43 @@ def _loss_and_offload_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     return out
 
 
+def _unsloth_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """``software.unsloth`` where Unsloth's patched step is not what is modelled (facts/unsloth.py)."""
+    t, sw = s.train, s.software
+    v = sw.unsloth_version
+    assert v is not None
+    out: list[Problem] = []
+    row = unsloth_row(v)
+    if row.loss == "fused-ce":
+        last = UNSLOTH_ROWS[-1].first
+        out.append(Problem("software.unsloth", f"Unsloth {sw.unsloth}'s loss (unsloth_fused_ce_loss, from "
+                           f"{'.'.join(map(str, last))}) sizes its chunks from the GPU memory free at run time: not "
+                           "modelled", "set software.unsloth: 2025.8.4 (the last release modelled: Cut "
+                           "Cross-Entropy)"))
+    if t.peft is None:
+        out.append(Problem("software.unsloth", "Unsloth is modelled for LoRA and QLoRA (FastLanguageModel."
+                           "get_peft_model); its full fine-tuning is not", "add train.peft, or unset software.unsloth"))
+    if s.effective_framework != "hf-trainer" or t.objective != "sft":
+        out.append(Problem("software.unsloth", f"Unsloth is modelled under the HF Trainer's (TRL SFTTrainer's) "
+                           f"supervised step; this is framework {s.effective_framework}, objective {t.objective}",
+                           "set framework: hf-trainer and train.objective: sft, or unset software.unsloth"))
+    if m.family not in UNSLOTH_FAMILIES:
+        out.append(Problem("software.unsloth", f"Unsloth's patched forward is read for "
+                           f"{', '.join(sorted(UNSLOTH_FAMILIES))}; {m.name} is {m.family}",
+                           "unset software.unsloth (the model then runs transformers' code)"))
+    if s.hardware.num_gpus > 1 or s.parallel.fsdp != "none" or s.parallel.zero_stage:
+        out.append(Problem("software.unsloth", "Unsloth is modelled on one GPU", "set hardware.num_gpus: 1 with no "
+                           "sharding, or unset software.unsloth"))
+    if t.loss != "standard" or t.liger_kernels:
+        out.append(Problem("software.unsloth", "Unsloth computes its own loss and kernels; train.loss and "
+                           "train.liger_kernels describe other libraries'", "set loss: standard and liger_kernels: false"))
+    if t.activation_offload == "cpu" and v < UNSLOTH_OFFLOADED_CKPT_FIRST:
+        out.append(Problem("train.activation_offload", f"use_gradient_checkpointing=\"unsloth\" first shipped in "
+                           f"Unsloth 2024.4; this is {sw.unsloth}", "set activation_offload: none "
+                           "(use_gradient_checkpointing=True)"))
+    return out
+
+
 # Liger-Kernel v0.8.2 monkey_patch.py: apply_liger_kernel_to_llama / _mistral / _qwen2 / _qwen3 swap
 # LlamaRMSNorm-style norms for LigerRMSNorm and the MLP for LigerSwiGLUMLP
 _LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -1076,6 +1114,8 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                                "add train.peft (lora/qlora) or set quantization: none"))
         out += _checkpointing_problems(s, m)
         out += _loss_and_offload_problems(s, m)
+        if s.software.unsloth is not None:
+            out += _unsloth_problems(s, m)
         if s.effective_framework == "torchtune":
             out += _torchtune_problems(s, m)
         if s.effective_framework == "torchtitan" and s.parallel.zero_stage:

@@ -1037,6 +1037,19 @@ class Software(_Strict):
     v1.16.0, the releases each module was read at (the report names it).  PPO: v1.12.0 only (trl.experimental.ppo,
     removed in 1.13.0; facts/trl.py ``PPO_ROWS``), also when None."""
 
+    unsloth: str | None = Field(None, pattern=r"^20\d\d\.\d{1,2}(\.\d+)?$")
+    """Unsloth release of a LoRA/QLoRA run whose model Unsloth's ``FastLanguageModel`` patched, e.g. 2024.5 or
+    2025.4.1 (its ``__version__``), under the HF Trainer (TRL's SFTTrainer); null: no Unsloth.
+
+    Unsloth replaces the causal LM's forward, so the loss is its own (analytic/unsloth.py, facts/unsloth.py
+    ``UNSLOTH_ROWS``): before 2024.11.8 the logits in the model's dtype and its Triton cross-entropy, which keeps
+    them and writes their gradient in place (no fp32 copy); from 2024.11.8 Apple's Cut Cross-Entropy where it runs
+    (torch >= 2.4, compute capability >= 7.5; from 2024.12.4 only above 1,024 tokens per micro-batch); from 2025.8.5
+    a fused loss sized from the free memory at run time (refused: not modelled).  Its own k-bit preparation casts
+    only the LoRA weights to fp32 (PEFT's casts every non-quantized parameter).  ``use_gradient_checkpointing=
+    "unsloth"`` (from 2024.4) is ``gradient_checkpointing: full`` with ``activation_offload: cpu``; ``True`` is
+    ``full`` alone.  Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Cohere and Granite models; PEFT only."""
+
     autoawq: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
     """AutoAWQ release of a framework autoawq run, e.g. 0.1.6; 0.1.6-0.2.3 are modelled, null: 0.2.3.
 
@@ -1084,6 +1097,10 @@ class Software(_Strict):
     @property
     def trl_version(self) -> tuple[int, ...] | None:
         return _version(self.trl)
+
+    @property
+    def unsloth_version(self) -> tuple[int, ...] | None:
+        return _version(self.unsloth)
 
     @property
     def torch_version(self) -> tuple[int, ...] | None:

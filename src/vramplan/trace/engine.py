@@ -100,6 +100,10 @@ def trace(source: str | Path | dict[str, Any] | Scenario | Resolved) -> tuple[Re
                                      "use --engine analytic for pp/cp/ep > 1")])
     if task == "train" and (problems := _untraced_train_options(r.scenario.train)):
         raise ScenarioError(problems)
+    if task == "train" and r.scenario.software.unsloth is not None:
+        raise ScenarioError([Problem("software.unsloth", "Unsloth's patched model is not traced: its forward and "
+                                     "loss are triton kernels, which need a GPU and the unsloth package",
+                                     "use --engine analytic")])
     if tp_traced(r):
         try:
             with tp_world(r) as tensor:

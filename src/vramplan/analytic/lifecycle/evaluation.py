@@ -90,6 +90,9 @@ def _head_tensors(c: StepContext, lay: StepLayout) -> tuple[int, int, int]:
     training step's: outside training Liger's forward materializes the logits (``skip_logits`` is
     ``self.training and labels is not None``, Liger-Kernel v0.8.2 ``transformers/model/llama.py``), so the
     evaluation runs the standard loss (terms/loss.py ``standard_loss_tensors``)."""
+    if c.s.software.unsloth is not None:
+        # Unsloth's forward: the logits in the model's dtype, its kernel's fp32 logsumexp per row (analytic/unsloth.py)
+        return lay.logits, 0, 0
     if c.s.train.loss == "standard":
         return lay.logits, lay.logits_fp32, lay.log_probs
     a, b, d = standard_loss_tensors(c).forward_tensors

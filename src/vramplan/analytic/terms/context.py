@@ -205,9 +205,10 @@ class StepContext:
 
     @cached_property
     def kbit(self) -> bool:
-        """A k-bit base prepared by peft.prepare_model_for_kbit_training."""
+        """A k-bit base prepared by peft.prepare_model_for_kbit_training (Unsloth runs its own, which casts only the
+        LoRA weights: facts/unsloth.py)."""
         return self.peft is not None and self.quant in BNB_FORMATS and \
-            self.framework in KBIT_PREPARED
+            self.framework in KBIT_PREPARED and self.s.software.unsloth is None
 
     @property
     def offload_params(self) -> bool:

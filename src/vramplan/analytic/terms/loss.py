@@ -38,6 +38,7 @@ from vramplan.analytic.trl_sft import (
     sft_row,
     trl_sft,
 )
+from vramplan.analytic.unsloth import unsloth, unsloth_loss_tensors
 from vramplan.facts.trl import grpo_early_row
 from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
@@ -79,7 +80,7 @@ def loss(c: StepContext) -> list[Term]:
     in that order, of ``logits.loss`` ); at the backward's start the loss's gradients (analytic/logits.py)."""
     if not c.last:
         return []
-    if c.s.train.loss != "standard":
+    if c.s.train.loss != "standard" or unsloth(c.s):
         return kernel_loss(c)
     if c.s.train.objective in ("grpo", "rloo", "dpo", "kto", "orpo", "ppo"):
         return kernel_loss(c)
@@ -165,6 +166,12 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     """The bytes of ``train.loss``'s kernel (analytic/logits.py) for this stage's head."""
     m, pol, t = c.m, c.pol, c.s.train
     vocab, hidden, cb = vocab_on_rank(c), m.hidden_size, pol.compute_bytes
+    if unsloth(c.s):
+        # Unsloth's forward and loss (analytic/unsloth.py): the frozen head in the dtype it was loaded in (its own
+        # k-bit preparation casts only the LoRA weights), the hidden states in the final norm's output dtype
+        return unsloth_loss_tensors(c.s, c.tokens, t.micro_batch_size * t.seq_len, vocab, hidden,
+                                    act._norm_out_bytes(m.norm, c.act), cb, pol.frozen_param_bytes,
+                                    c.gpu.cuda_capability)
     if trl_sft(c.s) and (row := sft_row(c.s)).path != "logits":
         x, _, w = fused_head_dtypes(c)
         if row.path == "fused-head":

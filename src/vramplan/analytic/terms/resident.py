@@ -42,8 +42,8 @@ def parameter_bytes(c: StepContext) -> tuple[int, int]:
         # mean and lookup table per matrix (facts/torchtune.py)
         base += torchao_nf4_bytes(rp.linear, sum(n for *_, n in rp.linear_shapes)) \
             - quantized_linear_bytes(rp.linear, rp.linear_out_features, c.quant)
-    if c.quant != "none" and c.framework in KBIT_PREPARED:
-        # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
+    if c.quant != "none" and c.framework in KBIT_PREPARED and c.s.software.unsloth is None:
+        # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (Unsloth's own does not)
         base += (rp.total - rp.linear - tower_quantized_elements(rp, c.quant)) * (4 - dense_bytes)
     return base, c.trainable * c.adapter
 

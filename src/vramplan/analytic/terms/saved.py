@@ -107,7 +107,10 @@ def release_causal_mask(c: StepContext) -> list[Term]:
     checkpointed layer keeps its inputs for the recompute, so with checkpointing it lives to the first layer's
     backward.  The repeat's bool and the product's first operand are transients of the forward's start, left out."""
     s = c.s
+    # Unsloth's patched model drops the attention mask in training (``LlamaModel_fast_forward``: ``elif
+    # self.training: attention_mask = None``, unsloth 2024.5)
     if (c.stage != 0 or c.framework in OWN_MODEL_FRAMEWORKS or c.act.attention == "flash"
+            or s.software.unsloth is not None
             or not causal_mask_buffer_bytes(c.m, s.software.transformers_version)):
         return []
     residual = c.act.residual_bytes
@@ -134,8 +137,10 @@ def cache_in_training_forward(s: Scenario, m: ModelSpec) -> bool:
     """Whether the training forward runs with ``use_cache`` on (``forward_use_cache``), through transformers' own
     model and the HF Trainer's supervised step, without gradient checkpointing (which turns it off in training:
     ``if self.gradient_checkpointing and self.training``); whether it builds a cache then depends on the model too
-    (``attention_only_decoder``)."""
-    return forward_use_cache(s, m) and s.train.gradient_checkpointing in ("none", None)
+    (``attention_only_decoder``).  Unsloth's patched model turns it off in training (``LlamaModel_fast_forward``:
+    ``if past_key_values is None and self.training: use_cache = False``, unsloth 2024.5)."""
+    return (forward_use_cache(s, m) and s.train.gradient_checkpointing in ("none", None)
+            and s.software.unsloth is None)
 
 
 def training_cache_bytes(c: StepContext) -> int:

@@ -1,0 +1,148 @@
+"""Unsloth's patched LoRA/QLoRA step (``software.unsloth``; analytic/unsloth.py, facts/unsloth.py), by hand.
+
+Llama-3-8B: hidden 4,096, vocabulary 128,256 (untied head), 32 layers; a QLoRA micro-batch of 2 x 2,048 tokens in
+fp16 on a T4 (compute capability 7.5), the layout of Unsloth's Colab notebooks."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from vramplan import estimate
+from vramplan.analytic.train import train_step
+from vramplan.analytic.unsloth import fast_ce_bytes, unsloth_cce_runs
+from vramplan.catalog.resolve import resolve
+from vramplan.errors import ScenarioError
+from vramplan.facts.unsloth import UNSLOTH_ROWS, unsloth_row
+from vramplan.spec.load import parse_scenario
+
+BASE: dict[str, Any] = {
+    "model": "meta-llama/Meta-Llama-3-8B", "hardware": {"gpu": "T4"}, "software": {"unsloth": "2024.5"},
+    "train": {"micro_batch_size": 2, "seq_len": 2048, "precision": "fp16-mixed", "gradient_checkpointing": "full",
+              "activation_offload": "cpu", "peft": {"method": "qlora", "rank": 16}, "quantization": "nf4-dq",
+              "optimizer": "adamw-8bit"}}
+
+
+def _doc(**changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    for section, values in changes.items():
+        if isinstance(values, dict):
+            doc[section] = {**doc.get(section, {}), **values}
+        else:
+            doc[section] = values
+    return doc
+
+
+def _terms(doc: dict[str, Any]) -> dict[str, int]:
+    return {t.name: t.nbytes for t in train_step(resolve(doc)).terms}
+
+
+def test_fast_cross_entropy_by_hand() -> None:
+    # 4,096 positions x 128,256 x 2 B (fp16 logits, kept by Fast_CrossEntropyLoss) + the fp32 logsumexp 4 x 4,096:
+    # 1,050,673,152 + 16,384 = 1,050,689,536; forward: the fp32 losses 4 x 4,096 and the per-chunk logsumexp of a
+    # vocabulary above 65,536 (2 chunks) 4 x 4,096 x 2: 49,152; backward: the head's input gradient 4,096 x 4,096 x 2
+    # (the logits' gradient is written into the logits)
+    kt = fast_ce_bytes(4096, 128_256, 4096, 2)
+    assert (kt.saved, kt.forward_extra, kt.backward_extra) == (1_050_689_536, 49_152, 33_554_432)
+    # a vocabulary within one chunk keeps no per-chunk logsumexp: 32,000 entries, 8 x 4 forward bytes
+    assert fast_ce_bytes(8, 32_000, 16, 2).forward_extra == 32
+
+
+def test_the_step_takes_unsloths_loss_not_transformers() -> None:
+    # transformers' loss (4.40-era llama: fp32 logits) against Unsloth's kernel on the same micro-batch
+    hf = _terms(_doc(software={"unsloth": None}, train={"activation_offload": "none"}))
+    uns = _terms(_doc())
+    assert "logits.loss" in hf and "logits.loss" not in uns
+    # forward peak = saved + forward extra (test_fast_cross_entropy_by_hand): 1,050,689,536 + 49,152
+    assert uns["logits.kernel_loss"] == 1_050_738_688
+    assert uns["logits.kernel_loss_gradients"] == 1_050_689_536 + 33_554_432
+
+
+def test_unsloths_own_kbit_preparation_keeps_the_rest_in_fp16() -> None:
+    # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32; Unsloth's casts only the
+    # LoRA weights: embedding and head 2 x 128,256 x 4,096 = 1,050,673,152 elements and 65 norms x 4,096 = 266,240,
+    # 1,050,939,392 elements x (4 - 2) B = 2,101,878,784 B fewer
+    hf = _terms(_doc(software={"unsloth": None}, train={"activation_offload": "none"}))
+    uns = _terms(_doc())
+    assert hf["parameters"] - uns["parameters"] == 2_101_878_784
+
+
+@pytest.mark.parametrize(("release", "loss", "above"), [
+    ("2024.4", "fast-ce", 0), ("2024.11.7", "fast-ce", 0), ("2024.11.8", "cce", 0), ("2024.12.3", "cce", 0),
+    ("2024.12.4", "cce", 1024), ("2025.8.4", "cce", 1024), ("2025.8.5", "fused-ce", 0), ("2026.1", "fused-ce", 0)])
+def test_the_release_rows(release: str, loss: str, above: int) -> None:
+    row = unsloth_row(tuple(int(x) for x in release.split(".")))
+    assert (row.loss, row.cce_above_tokens) == (loss, above)
+    assert row.source  # every row cites where it was read
+    assert [r.first for r in UNSLOTH_ROWS] == sorted(r.first for r in UNSLOTH_ROWS)
+
+
+def test_cut_cross_entropy_runs_where_its_conditions_hold() -> None:
+    s = parse_scenario(_doc(software={"unsloth": "2024.12.4"}))
+    assert unsloth_cce_runs(s, 1025, (7, 5)) and not unsloth_cce_runs(s, 1024, (7, 5))
+    # below compute capability 7.5 (a V100: 7.0) or with torch before 2.4 it is not enabled
+    assert not unsloth_cce_runs(s, 4096, (7, 0))
+    old = parse_scenario(_doc(software={"unsloth": "2024.12.4", "torch": "2.3.1"}))
+    assert not unsloth_cce_runs(old, 4096, (7, 5))
+    # 2024.11.8-2024.12.3 take it at any size
+    assert unsloth_cce_runs(parse_scenario(_doc(software={"unsloth": "2024.11.8"})), 8, (7, 5))
+    # the step's loss follows: Cut Cross-Entropy keeps no logits (2024.12.4, 4,096 tokens on a T4)
+    cce = _terms(_doc(software={"unsloth": "2024.12.4"}))
+    assert cce["logits.kernel_loss"] < 1_050_673_152 // 2
+
+
+def test_use_gradient_checkpointing_unsloth_offloads_the_layer_inputs() -> None:
+    # the layer inputs on the host ("unsloth") against on the GPU (True): 32 layers x 4,096 tokens x 4,096 x 2 B of
+    # inputs less at the loss (the last layer's input is the final norm's, kept by both)
+    on_gpu = estimate(_doc(train={"activation_offload": "none"}))
+    offloaded = estimate(_doc())
+    assert offloaded.per_gpu.peak_allocated_bytes < on_gpu.per_gpu.peak_allocated_bytes
+    assert offloaded.host.offloaded_bytes >= 31 * 4096 * 4096 * 2
+    assert any("use_gradient_checkpointing='unsloth'" in a for a in offloaded.assumptions)
+
+
+def test_no_mask_and_no_training_cache_under_unsloth() -> None:
+    # transformers 4.38's 4-D mask and the training forward's cache: Unsloth's model drops the mask and turns
+    # use_cache off in training
+    doc = _doc(software={"unsloth": "2024.5", "transformers": "4.38.2"},
+               train={"gradient_checkpointing": "none", "activation_offload": "none", "attention": "eager"})
+    names = _terms(doc)
+    assert "saved.release_mask" not in names and "saved.train_cache" not in names
+    plain = copy.deepcopy(doc)
+    plain["software"] = {"transformers": "4.38.2"}
+    assert "saved.release_mask" in _terms(plain) and "saved.train_cache" in _terms(plain)
+    # without checkpointing the per-layer tensors are PEFT's modules': said not modelled (the band widens)
+    assert any(a.startswith("not modelled: Unsloth's fused LoRA kernels") for a in estimate(doc).assumptions)
+
+
+@pytest.mark.parametrize(("changes", "needle"), [
+    ({"model": "microsoft/phi-2"}, "read for cohere"),
+    ({"software": {"unsloth": "2025.9"}}, "set software.unsloth: 2025.8.4"),
+    ({"train": {"peft": None, "quantization": "none", "optimizer": "adamw"}}, "LoRA and QLoRA"),
+    ({"hardware": {"gpu": "T4", "num_gpus": 2}}, "one GPU"),
+    ({"framework": "accelerate"}, "HF Trainer"),
+    ({"software": {"unsloth": "2024.3"}}, "first shipped in Unsloth 2024.4"),
+    ({"train": {"loss": "liger-fused-linear-ce"}}, "computes its own loss"),
+])
+def test_refused_where_not_modelled(changes: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        estimate(_doc(**changes))
+    assert needle in str(e.value)
+
+
+def test_inference_with_unsloth_is_said_not_modelled() -> None:
+    rep = estimate({"model": "meta-llama/Meta-Llama-3-8B", "task": "inference", "hardware": {"gpu": "T4"},
+                    "software": {"unsloth": "2024.5"}, "inference": {"batch_size": 1, "prompt_len": 128,
+                                                                      "new_tokens": 16}})
+    assert any(a.startswith("not modelled: software.unsloth with task inference") for a in rep.assumptions)
+
+
+def test_the_traced_engine_refuses_unsloth() -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as trace_estimate
+
+    with pytest.raises(ScenarioError) as e:
+        trace_estimate(_doc(train={"activation_offload": "none"}))
+    assert "software.unsloth" in str(e.value)
