@@ -124,12 +124,18 @@ def test_no_mask_and_no_training_cache_under_unsloth() -> None:
     ({"hardware": {"gpu": "T4", "num_gpus": 2}}, "one GPU"),
     ({"framework": "accelerate"}, "HF Trainer"),
     ({"software": {"unsloth": "2024.3"}}, "first shipped in Unsloth 2024.4"),
+    ({"software": {"unsloth": "2024.3.9"}}, "first shipped in Unsloth 2024.4"),
     ({"train": {"loss": "liger-fused-linear-ce"}}, "computes its own loss"),
 ])
 def test_refused_where_not_modelled(changes: dict[str, Any], needle: str) -> None:
     with pytest.raises(ScenarioError) as e:
         estimate(_doc(**changes))
     assert needle in str(e.value)
+
+
+def test_the_first_offloading_release_is_accepted() -> None:
+    # "2024.4" is the release 2024.4.0, the first with use_gradient_checkpointing="unsloth"
+    assert estimate(_doc(software={"unsloth": "2024.4"})).per_gpu.peak_allocated_bytes > 0
 
 
 def test_inference_with_unsloth_is_said_not_modelled() -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["UNSLOTH_FAMILIES", "UNSLOTH_FAST_CE_MAX_FUSED", "UNSLOTH_OFFLOADED_CKPT_FIRST", "UNSLOTH_ROWS",
-           "UnslothLoss", "UnslothRow", "unsloth_row"]
+           "UnslothLoss", "UnslothRow", "release3", "unsloth_row"]
 
 UnslothLoss = Literal["fast-ce", "cce", "fused-ce"]
 
@@ -79,8 +79,14 @@ UNSLOTH_FAST_CE_MAX_FUSED = 65536
 UNSLOTH_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "cohere", "granite"})
 
 
+def release3(version: tuple[int, ...]) -> tuple[int, int, int]:
+    """A release as (year, month, patch): "2024.4" is 2024.4.0, so that it compares equal to the rows' firsts."""
+    v = (*version, 0, 0, 0)
+    return v[0], v[1], v[2]
+
+
 def unsloth_row(version: tuple[int, ...]) -> UnslothRow:
     """The row of ``version`` (a release before the first row takes the first)."""
-    v = (*version, 0, 0, 0)[:3]
+    v = release3(version)
     rows = [r for r in UNSLOTH_ROWS if r.first <= v]
     return rows[-1] if rows else UNSLOTH_ROWS[0]

@@ -46,7 +46,13 @@ from vramplan.facts.torchtune import (
     TORCHTUNE_QUANTIZATION,
 )
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
-from vramplan.facts.unsloth import UNSLOTH_FAMILIES, UNSLOTH_OFFLOADED_CKPT_FIRST, UNSLOTH_ROWS, unsloth_row
+from vramplan.facts.unsloth import (
+    UNSLOTH_FAMILIES,
+    UNSLOTH_OFFLOADED_CKPT_FIRST,
+    UNSLOTH_ROWS,
+    release3,
+    unsloth_row,
+)
 from vramplan.facts.vllm_releases import mxfp4_triton_installed
 from vramplan.spec.autoawq import autoawq_problems
 from vramplan.spec.checks import held_module_notes
@@ -983,7 +989,7 @@ def _unsloth_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if t.loss != "standard" or t.liger_kernels:
         out.append(Problem("software.unsloth", "Unsloth computes its own loss and kernels; train.loss and "
                            "train.liger_kernels describe other libraries'", "set loss: standard and liger_kernels: false"))
-    if t.activation_offload == "cpu" and v < UNSLOTH_OFFLOADED_CKPT_FIRST:
+    if t.activation_offload == "cpu" and release3(v) < UNSLOTH_OFFLOADED_CKPT_FIRST:
         out.append(Problem("train.activation_offload", f"use_gradient_checkpointing=\"unsloth\" first shipped in "
                            f"Unsloth 2024.4; this is {sw.unsloth}", "set activation_offload: none "
                            "(use_gradient_checkpointing=True)"))
