@@ -90,7 +90,7 @@ VALUES: dict[str, list[Any]] = {
     "software.bitsandbytes": ["0.41.1"], "software.peft": ["0.10.0"], "software.transformers": ["4.40.0"],
     "software.torch": ["2.14"], "software.trl": ["1.16.0"], "serve.speculative.model": ["meta-llama/Llama-3.2-1B"],
     "software.autoawq": ["0.2.0"], "software.accelerate": ["0.29.0"], "software.torchtune": ["0.2.1"], "software.torchtitan": ["0.2.0"],
-    "software.deepspeed": ["0.10.3"],
+    "software.deepspeed": ["0.10.3"], "software.unsloth": ["2024.5"],
     "rl.reward_model": ["meta-llama/Llama-3.2-1B"],
     "rl.value_model": ["meta-llama/Llama-3.2-1B"],
     # null means the trainer's default (spec/defaults.py): a value on each side of GRPOConfig's
