@@ -133,6 +133,11 @@ def test_refused_where_not_modelled(changes: dict[str, Any], needle: str) -> Non
     assert needle in str(e.value)
 
 
+def test_use_cache_under_unsloth_is_said_unused_in_training() -> None:
+    rep = estimate(_doc(train={"use_cache": True, "gradient_checkpointing": "none", "activation_offload": "none"}))
+    assert any(a.startswith("train.use_cache set but not used: Unsloth's patched model") for a in rep.assumptions)
+
+
 def test_the_first_offloading_release_is_accepted() -> None:
     # "2024.4" is the release 2024.4.0, the first with use_gradient_checkpointing="unsloth"
     assert estimate(_doc(software={"unsloth": "2024.4"})).per_gpu.peak_allocated_bytes > 0

@@ -1207,6 +1207,9 @@ def _use_cache_unread(s: Scenario) -> str | None:
     tv = s.software.trl_version
     if tv is not None and fw == "hf-trainer" and tv >= SFT_USE_CACHE_OFF_SINCE:
         return "TRL's SFTTrainer from 0.22 passes use_cache=False to every forward (compute_loss)"
+    if s.software.unsloth is not None and not s.lifecycle.evaluation:
+        return ("Unsloth's patched model turns it off in training (LlamaModel_fast_forward) and no evaluation runs "
+                "(lifecycle.evaluation)")
     if t.gradient_checkpointing not in ("none", None) and not s.lifecycle.evaluation:
         return ("gradient checkpointing turns it off in training (transformers' GradientCheckpointingLayer) and no "
                 "evaluation runs (lifecycle.evaluation), whose forwards would read it")
