@@ -234,6 +234,7 @@ def test_blackwell_rates_follow_the_published_figures() -> None:
     ("L20", 44.53, 45_594),          # Tencent-Hunyuan/HunyuanCustom issue 36: ceil(45,593.6)
     ("RTX-A4000", 15.61, 15_980),    # DengKaiCQ/VGGT-Long issue 6: ceil(15,979.52)
     ("RTX-4070-Ti", 11.70, 11_976),  # Kwai-Kolors/Kolors issue 11: ceil(11,975.68)
+    ("MI325X", 255.98, 262_119),     # vllm-project/vllm issue 41962 (ROCm: "HIP out of memory"): ceil(262,118.4)
 ])
 def test_totals_read_off_out_of_memory_messages(name: str, gib: float, mib: int) -> None:
     g = resolve_gpu(name)
