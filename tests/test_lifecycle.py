@@ -299,17 +299,28 @@ def _eval_cache(train: dict[str, Any] | None = None, **extra: Any) -> int:
     return _phases(_doc(train, lifecycle=lc, **extra))["evaluation"].get(K.EVAL_CACHE)
 
 
+V4 = {"transformers": "4.57.3"}
+
+
 def test_the_evaluation_forward_holds_its_cache() -> None:
-    # the tiny Llama's config leaves use_cache to transformers' default (true): each evaluation forward builds a
-    # DynamicCache of every layer's K and V: 2 layers x 2 (K, V) x 2 KV heads x 64 x 2 B (bf16 compute) = 1,024 B
-    # per token; 2 sequences x 128 tokens: 262,144 B
-    assert _eval_cache() == 262_144
+    # the tiny Llama's config leaves use_cache to transformers' default (true), which a 4.x HF Trainer keeps: each
+    # evaluation forward builds a DynamicCache of every layer's K and V: 2 layers x 2 (K, V) x 2 KV heads x 64 x 2 B
+    # (bf16 compute) = 1,024 B per token; 2 sequences x 128 tokens: 262,144 B
+    assert _eval_cache(software=V4) == 262_144
     # gradient checkpointing turns it off in training only (self.gradient_checkpointing and self.training)
-    assert _eval_cache({"gradient_checkpointing": "full"}) == 262_144
-    # a script that turns it off; TRL's SFTTrainer passes use_cache=False from 0.22 (facts/trl.py)
-    assert _eval_cache({"use_cache": False}) == 0
-    assert _eval_cache(software={"trl": "0.22.0"}) == 0
-    assert _eval_cache(software={"trl": "0.21.0"}) == 262_144
+    assert _eval_cache({"gradient_checkpointing": "full"}, software=V4) == 262_144
+    # a script that turns it off; TRL's SFTTrainer passes use_cache=False from 0.22 (facts/trl.py), and 0.15-0.16
+    # load a model by name with use_cache=False under gradient checkpointing
+    assert _eval_cache({"use_cache": False}, software=V4) == 0
+    assert _eval_cache(software={**V4, "trl": "0.22.0"}) == 0
+    assert _eval_cache(software={**V4, "trl": "0.21.0"}) == 262_144
+    assert _eval_cache({"gradient_checkpointing": "full"}, software={**V4, "trl": "0.16.1"}) == 0
+    assert _eval_cache({"gradient_checkpointing": "full"}, software={**V4, "trl": "0.17.0"}) == 262_144
+    # the HF Trainer from transformers 5.0 writes TrainingArguments.use_cache (default False) to the config: none on
+    # the current release unless the arguments ask for it; a loop of one's own keeps the config's
+    assert _eval_cache() == _eval_cache(software={"transformers": "5.0.0"}) == 0
+    assert _eval_cache({"use_cache": True}) == 262_144
+    assert _eval_cache(framework="plain") == 262_144
     # Lit-GPT's own model builds no cache in a forward
     assert _eval_cache({"precision": "bf16-true"}, framework="lightning") == 0
 
@@ -317,7 +328,7 @@ def test_the_evaluation_forward_holds_its_cache() -> None:
 def test_the_evaluation_cache_is_gone_before_the_logits_are_concatenated() -> None:
     # the phase is the larger of the forward (with its cache) and the concatenation (without it): a cache-heavy
     # evaluation is the forward's moment, and its bytes are the difference made by use_cache
-    on = _phases(_doc(lifecycle={"evaluation": True, "eval_batch_size": 2}))["evaluation"]
+    on = _phases(_doc({"use_cache": True}, lifecycle={"evaluation": True, "eval_batch_size": 2}))["evaluation"]
     off = _phases(_doc({"use_cache": False}, lifecycle={"evaluation": True, "eval_batch_size": 2}))["evaluation"]
     assert on.total - off.total == 262_144
 
@@ -341,4 +352,21 @@ def test_the_evaluation_cache_is_what_a_real_no_grad_forward_holds() -> None:
         out = model(input_ids=torch.randint(0, 1000, (2, 128)))
     cache = out.past_key_values
     held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
-    assert held == _eval_cache({"precision": "bf16-true"}) == 262_144
+    assert held == _eval_cache({"precision": "bf16-true"}, software=V4) == 262_144
+
+
+def test_the_installed_hf_trainer_turns_use_cache_off(tmp_path: Any) -> None:
+    # the rule the default follows for transformers >= 5.0, checked on the installed release: the Trainer writes
+    # TrainingArguments.use_cache (False) into the model's config, so its evaluation forwards build no cache
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("the 4.x Trainer leaves the config's use_cache")
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **{k: v for k, v in TINY.items() if k != "model_type"})).to(torch.bfloat16)
+    assert model.config.use_cache is True
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    transformers.Trainer(model=model, args=args)
+    assert model.config.use_cache is False
+    assert _eval_cache() == 0

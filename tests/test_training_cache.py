@@ -41,12 +41,22 @@ def _cache(doc: dict[str, Any]) -> int:
 
 def test_grouped_kv_repeated_for_the_kernel() -> None:
     # eager attention repeats the 8 K/V heads to 32: the kernel keeps the repeated copies, the cache the grouped ones
-    assert _cache(_doc()) == LLAMA3_GROUPED
+    # (use_cache true: what a 4.x HF Trainer or a plain loop leaves the config's at; the 5.x Trainer's below)
+    assert _cache(_doc(use_cache=True)) == LLAMA3_GROUPED
     assert _cache(_doc(transformers="4.56.0")) == _cache(_doc(transformers="4.40.0")) == LLAMA3_GROUPED
     # SDPA: repeated before 4.54 (repeat_kv), handed over grouped from 4.54 (enable_gqa): nothing beside it then
     assert _cache(_doc(transformers="4.53.3", attention="sdpa")) == LLAMA3_GROUPED
     assert _cache(_doc(transformers="4.54.0", attention="sdpa")) == 0
-    assert any("builds a DynamicCache in the forward" in a for a in estimate(_doc()).assumptions)
+    assert any("builds a DynamicCache in the forward" in a for a in estimate(_doc(use_cache=True)).assumptions)
+
+
+def test_the_hf_trainer_from_5_0_turns_the_config_off() -> None:
+    # transformers 5.0 Trainer.__init__: model.config.use_cache = self.args.use_cache, TrainingArguments.use_cache
+    # defaulting to False; 4.x leaves the config's (true for Llama-3-8B)
+    assert _cache(_doc()) == _cache(_doc(transformers="5.0.0")) == 0
+    assert _cache(_doc(transformers="4.57.3")) == LLAMA3_GROUPED
+    # a loop of one's own keeps the config's on the current release
+    assert _cache({**_doc(), "framework": "plain"}) == LLAMA3_GROUPED
 
 
 def test_the_kernel_keeping_the_caches_own_tensors_adds_nothing() -> None:
@@ -95,7 +105,7 @@ def test_traced_engine_agrees() -> None:
 def test_trl_sft_from_0_22_passes_use_cache_false() -> None:
     # trl v0.22.0 SFTTrainer.compute_loss: inputs["use_cache"] = False (trl #3891); before it the config's
     def trl(v: str) -> dict[str, Any]:
-        return {**_doc(), "software": {"trl": v}}
+        return {**_doc(), "software": {"trl": v, "transformers": "4.57.3"}}
     assert _cache(trl("0.21.0")) == LLAMA3_GROUPED
     assert _cache(trl("0.22.0")) == _cache(trl("1.9.0")) == 0
     # train.use_cache given under such a release is said to be unused, with the reason

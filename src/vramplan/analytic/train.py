@@ -171,7 +171,8 @@ def _release_term_notes(s: Scenario, m: ModelSpec, terms: Sequence[Term], attent
     notes = hf_buffer_notes(m, sw.transformers, sw.transformers_version, total(K.HF_ROPE_BUFFERS),
                             total(K.HF_CAUSAL_MASK), attention != "flash")
     if cache := total(K.TRAIN_CACHE):
-        given = "train.use_cache" if s.train.use_cache is not None else "the config's use_cache, which the HF Trainer keeps"
+        given = ("train.use_cache" if s.train.use_cache is not None else
+                 "the config's use_cache, which this loop or a 4.x HF Trainer keeps")
         release = f"transformers {sw.transformers}" if sw.transformers else "the current transformers"
         notes.append(f"use_cache on in training ({given}) and no gradient checkpointing: {release} builds a "
                      f"DynamicCache in the forward that holds the grouped keys and values, {cache:,} B, beside the "
@@ -219,7 +220,8 @@ UNSLOTH_OFFLOAD_NOTE = ("Unsloth's use_gradient_checkpointing='unsloth' (Unsloth
                         "unsloth/models/_utils.py): each layer's input copied to the host in its forward and back in "
                         "its backward; counted as train.activation_offload's terms, whose forward stash of 5 inputs "
                         "Unsloth does not keep (an upper bound in the forward, the same at the loss and in the "
-                        "backward); host bytes without the pinned allocator's rounding in 2024 releases")
+                        "backward); a non-blocking copy to the CPU is made in pinned memory (aten _to_copy: pin_out "
+                        "when non_blocking from CUDA), rounded as torchtune's")
 IN_BACKWARD_NOTE = ("optimizer in the backward as torchtune's optimizer_in_bwd runs it (one optimizer per parameter, "
                     "stepped by its post-accumulate-grad hook, then the gradient set to None): each layer's largest "
                     "tensor's gradient and step temporaries counted over its whole backward, the head's at the last "
@@ -272,7 +274,7 @@ ENCODER_DECODER_LOSS_NOTE = ("loss as an encoder-decoder model computes it in it
 def _loss_assumption(s: Scenario, m: ModelSpec, fw: str) -> str:
     """The loss code modelled: the current release's, or the one ``software.transformers`` names."""
     if unsloth(s):
-        return unsloth_loss_note(s)
+        return unsloth_loss_note(s, m.family)
     if s.train.loss != "standard":
         return KERNEL_LOSS_NOTES[s.train.loss]
     if s.train.objective in FUSED_HEAD_LOSS_NOTES and uses_fused_head(s):

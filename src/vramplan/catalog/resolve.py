@@ -31,6 +31,7 @@ from vramplan.spec.load import (
     read_document,
     release_attention_for,
     unmodelled_inputs,
+    unsloth_attention_for,
 )
 from vramplan.spec.model import ModelSpec, for_release
 from vramplan.spec.scenario import Scenario
@@ -93,6 +94,8 @@ def resolve(source: str | Path | dict[str, Any] | Scenario) -> Resolved:
         scenario, upcast_notes = fsdp_upcast_for(scenario)
         notes += upcast_notes
         scenario, attention_notes = release_attention_for(scenario, model)
+        notes += attention_notes
+        scenario, attention_notes = unsloth_attention_for(scenario, model)
         notes += attention_notes
         quant_problems += target_problems
         notes += checkpoint_notes(model)

@@ -52,6 +52,7 @@ __all__ = [
     "SFT_LOSS_ROWS",
     "SFT_READ_AT",
     "SFT_USE_CACHE_OFF_SINCE",
+    "TRL_GC_NO_CACHE",
     "GrpoEarlyRow",
     "LogProbPath",
     "LogProbRow",
@@ -369,6 +370,9 @@ CHUNKED_NLL_CAST_FROM = (1, 13, 0)
 # only set it false at load for a model given by id with gradient_checkpointing (``model_init_kwargs["use_cache"] =
 # False``, v0.15.0 sft_trainer.py:270-272; commented out from 0.17.0)
 SFT_USE_CACHE_OFF_SINCE = (0, 22, 0)
+# [first, end) of the releases whose SFTTrainer loads a model named by id with use_cache=False under gradient
+# checkpointing (v0.15.0 sft_trainer.py:270-272; commented out in v0.17.0)
+TRL_GC_NO_CACHE = ((0, 15, 0), (0, 17, 0))
 # where SFT_LOSS_ROWS were read: the git tags v0.9.3-v1.9.0 of huggingface/trl, the PyPI wheels 1.10.0-1.16.0
 SFT_READ_AT = "v0.9.3-v1.9.0 (git tags), 1.10.0-1.16.0 (PyPI wheels)"
 

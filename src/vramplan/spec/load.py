@@ -50,6 +50,7 @@ from vramplan.facts.unsloth import (
     UNSLOTH_FAMILIES,
     UNSLOTH_OFFLOADED_CKPT_FIRST,
     UNSLOTH_ROWS,
+    forward_of,
     release3,
     unsloth_row,
 )
@@ -74,12 +75,29 @@ from vramplan.spec.vision import image_problems, vision_notes
 from vramplan.spec.vision_quant import tower_quant_problems
 
 __all__ = [
-    "HOPPER_SWIZZLE_NOTE", "IN_BACKWARD_STEPS", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "MAX_NESTING",
-    "MAX_PATH_CHARS", "MAX_VALUES", "Resolved", "checkpoint_quantization_for", "cross_check", "fsdp_upcast_for",
-    "in_backward_problems", "lora_targets_for", "parse_scenario",
-    "parse_text", "quant_format_assumptions", "read_bounded_text", "read_document", "release_attention_for",
+    "HOPPER_SWIZZLE_NOTE",
+    "IN_BACKWARD_STEPS",
+    "MAX_DOCUMENT_BYTES",
+    "MAX_INT_DIGITS",
+    "MAX_NESTING",
+    "MAX_PATH_CHARS",
+    "MAX_VALUES",
+    "Resolved",
+    "checkpoint_quantization_for",
+    "cross_check",
+    "fsdp_upcast_for",
+    "in_backward_problems",
+    "lora_targets_for",
+    "parse_scenario",
+    "parse_text",
+    "quant_format_assumptions",
+    "read_bounded_text",
+    "read_document",
+    "release_attention_for",
     "torchao_offload_problems",
-    "unmatched_lora_targets", "unmodelled_inputs",
+    "unmatched_lora_targets",
+    "unmodelled_inputs",
+    "unsloth_attention_for",
 ]
 
 
@@ -965,35 +983,71 @@ def _unsloth_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     v = sw.unsloth_version
     assert v is not None
     out: list[Problem] = []
-    row = unsloth_row(v)
-    if row.loss == "fused-ce":
-        last = UNSLOTH_ROWS[-1].first
-        out.append(Problem("software.unsloth", f"Unsloth {sw.unsloth}'s loss (unsloth_fused_ce_loss, from "
-                           f"{'.'.join(map(str, last))}) sizes its chunks from the GPU memory free at run time: not "
-                           "modelled", "set software.unsloth: 2025.8.4 (the last release modelled: Cut "
-                           "Cross-Entropy)"))
+    first = UNSLOTH_FAMILIES.get(m.family)
+    if first is None:
+        out.append(Problem("software.unsloth", f"Unsloth's patched forward is read for "
+                           f"{', '.join(sorted(UNSLOTH_FAMILIES))}; {m.name} is {m.family}",
+                           "unset software.unsloth (the model then runs transformers' code)"))
+    elif release3(v) < first:
+        out.append(Problem("software.unsloth", f"Unsloth {sw.unsloth} does not patch {m.family} (its loader dispatches "
+                           f"it from {'.'.join(map(str, first))})", f"set software.unsloth to {'.'.join(map(str, first))} "
+                           "or later, or unset it"))
+    elif unsloth_row(v, m.family).loss == "unmodelled":
+        last = UNSLOTH_ROWS[forward_of(m.family)][-1].first
+        out.append(Problem("software.unsloth", f"Unsloth {sw.unsloth}'s loss from {'.'.join(map(str, last))} is not "
+                           "modelled (llama.py's unsloth_fused_ce_loss sizes its chunks from the GPU memory free at run "
+                           "time)", "set software.unsloth: 2025.8.4 (the last release modelled)"))
     if t.peft is None:
         out.append(Problem("software.unsloth", "Unsloth is modelled for LoRA and QLoRA (FastLanguageModel."
                            "get_peft_model); its full fine-tuning is not", "add train.peft, or unset software.unsloth"))
+    if t.quantization not in ("none", "nf4", "nf4-dq"):
+        out.append(Problem("train.quantization", f"Unsloth's FastLanguageModel loads a bitsandbytes 4-bit NF4 base "
+                           f"(load_in_4bit) or a 16-bit one; {t.quantization} is not modelled with it",
+                           "set quantization: nf4-dq (load_in_4bit) or none"))
     if s.effective_framework != "hf-trainer" or t.objective != "sft":
         out.append(Problem("software.unsloth", f"Unsloth is modelled under the HF Trainer's (TRL SFTTrainer's) "
                            f"supervised step; this is framework {s.effective_framework}, objective {t.objective}",
                            "set framework: hf-trainer and train.objective: sft, or unset software.unsloth"))
-    if m.family not in UNSLOTH_FAMILIES:
-        out.append(Problem("software.unsloth", f"Unsloth's patched forward is read for "
-                           f"{', '.join(sorted(UNSLOTH_FAMILIES))}; {m.name} is {m.family}",
-                           "unset software.unsloth (the model then runs transformers' code)"))
     if s.hardware.num_gpus > 1 or s.parallel.fsdp != "none" or s.parallel.zero_stage:
         out.append(Problem("software.unsloth", "Unsloth is modelled on one GPU", "set hardware.num_gpus: 1 with no "
                            "sharding, or unset software.unsloth"))
     if t.loss != "standard" or t.liger_kernels:
         out.append(Problem("software.unsloth", "Unsloth computes its own loss and kernels; train.loss and "
                            "train.liger_kernels describe other libraries'", "set loss: standard and liger_kernels: false"))
+    if checkpointing(s) not in ("none", "full") or t.checkpoint_every_n_layers > 1 or t.deepspeed_checkpointing != "none":
+        out.append(Problem("train.gradient_checkpointing", "Unsloth's use_gradient_checkpointing is True (full), "
+                           "\"unsloth\" (full with activation_offload: cpu) or False (none)",
+                           "set gradient_checkpointing: full or none"))
     if t.activation_offload == "cpu" and release3(v) < UNSLOTH_OFFLOADED_CKPT_FIRST:
         out.append(Problem("train.activation_offload", f"use_gradient_checkpointing=\"unsloth\" first shipped in "
                            f"Unsloth 2024.4; this is {sw.unsloth}", "set activation_offload: none "
                            "(use_gradient_checkpointing=True)"))
     return out
+
+
+def unsloth_attention_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str]]:
+    """The attention Unsloth's patched layers run in training, whatever ``train.attention`` says (no mask in
+    training): Llama-family attention (``LlamaAttention_fast_forward``, 2024.5-2024.8) is flash-attention's kernel
+    when flash-attn is installed, else xformers' memory-efficient one (K/V expanded to the query heads when gradients
+    are needed), never eager; Gemma 2's (``Gemma2Attention_fast_forward``) is flash-attention's softcapping kernel with
+    flash-attn >= 2.6.3, else ``slow_attention_softcapping``, which makes the whole score matrix (eager's tensors).
+    ``attention: flash`` says flash-attn is installed; anything else is estimated as the fallback, said so."""
+    if s.task != "train" or s.software.unsloth is None:
+        return s, []
+    given = s.train.attention
+    if m.family == "gemma2":
+        runs = "flash" if given == "flash" else "eager"
+        why = ("flash-attn >= 2.6.3 (its softcapping kernel)" if runs == "flash" else
+               "slow_attention_softcapping, the whole softcapped score matrix, without flash-attn >= 2.6.3")
+    else:
+        runs = "flash" if given == "flash" else "sdpa"
+        why = ("flash-attn's kernel" if runs == "flash" else "xformers' memory-efficient kernel without flash-attn "
+               "(estimated as SDPA's memory-efficient one)")
+    if runs == given:
+        return s, [f"train.attention: Unsloth runs {why} ({m.family})"]
+    s = s.model_copy(update={"train": s.train.model_copy(update={"attention": runs})})
+    return s, [(f"train.attention: {runs}, not {given}: Unsloth's patched {m.family} attention runs {why}; "
+               "set attention: flash where flash-attn is installed")]
 
 
 # Liger-Kernel v0.8.2 monkey_patch.py: apply_liger_kernel_to_llama / _mistral / _qwen2 / _qwen3 swap

@@ -282,8 +282,10 @@ class Train(_Strict):
 
     use_cache: bool | None = None
     """transformers' ``use_cache`` in the training and evaluation forwards; null: the model config's ``use_cache``
-    (true in most released configs), which the HF Trainer and plain loops leave as it is (LLaMA-Factory, axolotl and
-    Unsloth set it false for training; TRL's SFTTrainer passes False from 0.22).  Gradient checkpointing turns it
+    (true in most released configs), which plain loops and the HF Trainer before transformers 5.0 leave as it is;
+    the HF Trainer from 5.0 (and the current release) writes ``TrainingArguments.use_cache``, False by default, into
+    the config (true here is ``TrainingArguments(use_cache=True)``); LLaMA-Factory, axolotl and Unsloth set it false
+    for training; TRL's SFTTrainer passes False from 0.22.  Gradient checkpointing turns it
     off in training, not in evaluation: an evaluation forward (``lifecycle.evaluation``) with it on holds every
     layer's keys and values of its batch to its end.  With it on, transformers builds a ``DynamicCache``
     in the training forward, held by the model output until the loss is returned; the attention runs on the tensors
@@ -1042,13 +1044,16 @@ class Software(_Strict):
     2025.4.1 (its ``__version__``), under the HF Trainer (TRL's SFTTrainer); null: no Unsloth.
 
     Unsloth replaces the causal LM's forward, so the loss is its own (analytic/unsloth.py, facts/unsloth.py
-    ``UNSLOTH_ROWS``): before 2024.11.8 the logits in the model's dtype and its Triton cross-entropy, which keeps
-    them and writes their gradient in place (no fp32 copy); from 2024.11.8 Apple's Cut Cross-Entropy where it runs
-    (torch >= 2.4, compute capability >= 7.5; from 2024.12.4 only above 1,024 tokens per micro-batch); from 2025.8.5
-    a fused loss sized from the free memory at run time (refused: not modelled).  Its own k-bit preparation casts
-    only the LoRA weights to fp32 (PEFT's casts every non-quantized parameter).  ``use_gradient_checkpointing=
-    "unsloth"`` (from 2024.4) is ``gradient_checkpointing: full`` with ``activation_offload: cpu``; ``True`` is
-    ``full`` alone.  Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Cohere and Granite models; PEFT only."""
+    ``UNSLOTH_ROWS``, by release and family): the logits in the model's dtype and its Triton cross-entropy, which
+    keeps them and writes their gradient in place (accelerate's fp32 copy of the returned logits under autocast);
+    Apple's Cut Cross-Entropy where it runs (torch >= 2.4, compute capability >= 7.5) from 2024.11.8 (above 1,024
+    tokens per micro-batch from 2024.12.5; Mistral's forward from 2025.3.1); from 2025.8.5 refused (a fused loss
+    sized from the free memory at run time).  Its own k-bit preparation casts only the LoRA weights to fp32 (PEFT's
+    casts every non-quantized parameter).  ``use_gradient_checkpointing="unsloth"`` (from 2024.4) is
+    ``gradient_checkpointing: full`` with ``activation_offload: cpu``; ``True`` is ``full`` alone.  Its attention is
+    its own (flash-attn, else xformers; Gemma 2 without flash-attn the whole score matrix), which replaces
+    ``train.attention`` (said so).  Llama and Mistral, Gemma (2024.2), Qwen2 (2024.5), Gemma 2 (2024.7) and Qwen3
+    (2025.4.2) models, one GPU, LoRA/QLoRA with an NF4 base."""
 
     autoawq: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
     """AutoAWQ release of a framework autoawq run, e.g. 0.1.6; 0.1.6-0.2.3 are modelled, null: 0.2.3.

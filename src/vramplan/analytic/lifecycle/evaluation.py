@@ -14,8 +14,9 @@
   then one sample generated with a KV cache for the model's whole ``max_seq_length``
   (``model.set_kv_cache(batch_size=1)``, "memory is not a concern here"), ``EvalArgs.max_new_tokens=100``.
 
-A transformers model evaluated with ``use_cache`` on (the config's, which the HF Trainer and plain loops leave as it
-is; ``eval_cache_bytes``) builds its cache in each evaluation forward: under ``model.eval()`` gradient checkpointing
+A transformers model evaluated with ``use_cache`` on (terms/saved.py ``forward_use_cache``: the config's, which plain
+loops and the 4.x HF Trainer leave as it is, the 5.x Trainer setting it from ``TrainingArguments.use_cache``, False
+by default; ``eval_cache_bytes``) builds its cache in each evaluation forward: under ``model.eval()`` gradient checkpointing
 does not turn it off (``if self.gradient_checkpointing and self.training``), and no backward frees the layers'
 keys and values, so at the forward's end every layer's K/V of the batch is held by the output until
 ``prediction_step`` returns.
@@ -32,8 +33,9 @@ from vramplan.analytic.inference import cache_bytes, litgpt_kv_bytes
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.ssm_state import ssm_state_bytes
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.terms.loss import litgpt_head_dequant_bytes, standard_loss_tensors
+from vramplan.analytic.terms.loss import litgpt_head_dequant_bytes, standard_loss_tensors, unsloth_head
 from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE, forward_use_cache, separate_qkv
+from vramplan.analytic.unsloth import unsloth_eval_head_bytes
 from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
@@ -90,9 +92,6 @@ def _head_tensors(c: StepContext, lay: StepLayout) -> tuple[int, int, int]:
     training step's: outside training Liger's forward materializes the logits (``skip_logits`` is
     ``self.training and labels is not None``, Liger-Kernel v0.8.2 ``transformers/model/llama.py``), so the
     evaluation runs the standard loss (terms/loss.py ``standard_loss_tensors``)."""
-    if c.s.software.unsloth is not None:
-        # Unsloth's forward: the logits in the model's dtype, its kernel's fp32 logsumexp per row (analytic/unsloth.py)
-        return lay.logits, 0, 0
     if c.s.train.loss == "standard":
         return lay.logits, lay.logits_fp32, lay.log_probs
     a, b, d = standard_loss_tensors(c).forward_tensors
@@ -107,7 +106,12 @@ def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
     # batch x eval_seq_len tokens
     seq, mb, es = c.s.train.seq_len, c.s.train.micro_batch_size, eval_seq_len(c)
     tokens = ceil_div(batch * es, c.s.parallel.cp)
-    head = sum(_head_tensors(c, lay)) * batch * es // (mb * seq) if lay.has_head else 0
+    if c.s.software.unsloth is not None:
+        # Unsloth's forward computes its own loss (analytic/unsloth.py), Cut Cross-Entropy or not by the batch's tokens
+        head = unsloth_eval_head_bytes(c.s, c.m.family, unsloth_head(c, tokens), c.gpu.cuda_capability)[0] \
+            if lay.has_head else 0
+    else:
+        head = sum(_head_tensors(c, lay)) * batch * es // (mb * seq) if lay.has_head else 0
     if c.litgpt_head:
         head = max(head, lay.logits * batch * es // (mb * seq) + litgpt_head_dequant_bytes(c))
     mlp = tokens * lay.inter * lay.compute_bytes * (3 if lay.gated else 2)
@@ -157,7 +161,14 @@ def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]
     if not (lc.eval_keeps_logits and lay.has_head and c.framework == "hf-trainer"):
         return 0, 0
     t = c.s.train
-    per = _head_tensors(c, lay)[0] * batch * eval_seq_len(c) // (t.micro_batch_size * t.seq_len) * c.s.data_parallel_degree
+    if c.s.software.unsloth is not None:
+        # the logits Unsloth's forward returns (none where Cut Cross-Entropy runs), fp32 after accelerate's conversion
+        tokens = ceil_div(batch * eval_seq_len(c), c.s.parallel.cp)
+        per = unsloth_eval_head_bytes(c.s, c.m.family, unsloth_head(c, tokens), c.gpu.cuda_capability)[1] \
+            * c.s.data_parallel_degree
+    else:
+        per = (_head_tensors(c, lay)[0] * batch * eval_seq_len(c) // (t.micro_batch_size * t.seq_len)
+               * c.s.data_parallel_degree)
     n = min(lc.eval_batches, lc.eval_accumulation_steps or lc.eval_batches)
     # the n-th add: n - 1 kept, the new batch, and their torch.cat (n batches) alive together
     return (n - 1) * per, (2 * n if n > 1 else 1) * per

@@ -38,13 +38,14 @@ from vramplan.analytic.trl_sft import (
     sft_row,
     trl_sft,
 )
-from vramplan.analytic.unsloth import unsloth, unsloth_loss_tensors
+from vramplan.analytic.unsloth import UnslothHead, unsloth, unsloth_loss_tensors
 from vramplan.facts.trl import grpo_early_row
 from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
 __all__ = ["LITGPT_HEAD_NOTE", "fused_head_dtypes", "kernel_loss", "layer_forward", "litgpt_head_dequant",
-           "litgpt_head_dequant_bytes", "loss", "shifted_positions", "standard_loss_tensors", "trl_sft_metrics"]
+           "litgpt_head_dequant_bytes", "loss", "shifted_positions", "standard_loss_tensors", "trl_sft_metrics",
+           "unsloth_head"]
 
 LITGPT_HEAD_NOTE = (
     "Lit-GPT: its own LM head (an nn.Linear, held even where the checkpoint ties it) is quantized by Lightning's "
@@ -169,8 +170,7 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     if unsloth(c.s):
         # Unsloth's forward and loss (analytic/unsloth.py): the frozen head in the dtype it was loaded in (its own
         # k-bit preparation casts only the LoRA weights), the hidden states in the final norm's output dtype
-        return unsloth_loss_tensors(c.s, c.tokens, t.micro_batch_size * t.seq_len, vocab, hidden,
-                                    act._norm_out_bytes(m.norm, c.act), cb, pol.frozen_param_bytes,
+        return unsloth_loss_tensors(c.s, m.family, unsloth_head(c, c.tokens), t.micro_batch_size * t.seq_len,
                                     c.gpu.cuda_capability)
     if trl_sft(c.s) and (row := sft_row(c.s)).path != "logits":
         x, _, w = fused_head_dtypes(c)
@@ -220,6 +220,15 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
         addmm = weight == 4 and cb < 4 and (not c.gpu.compute_capability or (cap is not None and cap >= (8, 0)))
         return liger_flce_bytes(c.tokens, vocab, hidden, x, cb, weight if c.peft is None else 0, addmm)
     return cce_bytes(c.tokens, vocab, hidden, x, cb, weight, head_trainable=c.peft is None)
+
+
+def unsloth_head(c: StepContext, tokens: int) -> UnslothHead:
+    """Unsloth's head over ``tokens`` positions on this rank (analytic/unsloth.py ``UnslothHead``): the logits
+    converted to fp32 by accelerate under the HF Trainer's fp16/bf16 autocast."""
+    pol = c.pol
+    converted = pol.autocast and pol.compute_bytes < 4 and c.s.effective_framework in ("hf-trainer", "accelerate")
+    return UnslothHead(tokens, vocab_on_rank(c), c.m.hidden_size, act._norm_out_bytes(c.m.norm, c.act),
+                       pol.compute_bytes, pol.frozen_param_bytes, converted)
 
 
 def fused_head_dtypes(c: StepContext) -> tuple[int, int, int]:

@@ -28,17 +28,33 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING, Loc, attention, layer_done, mlp
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
-from vramplan.facts.trl import SFT_USE_CACHE_OFF_SINCE
+from vramplan.facts.trl import SFT_USE_CACHE_OFF_SINCE, TRL_GC_NO_CACHE
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["DYNAMIC_LAYER_COPIES_SINCE", "attention_only_decoder", "cache_in_training_forward", "copying_training_cache",
-           "fused_cache_unmodelled", "head_saved", "layer_saved", "release_causal_mask", "separate_qkv", "shared_saved",
-           "training_cache", "training_cache_bytes"]
+__all__ = [
+    "DYNAMIC_LAYER_COPIES_SINCE",
+    "HF_TRAINER_USE_CACHE_ARG_SINCE",
+    "attention_only_decoder",
+    "cache_in_training_forward",
+    "copying_training_cache",
+    "default_use_cache",
+    "forward_use_cache",
+    "fused_cache_unmodelled",
+    "head_saved",
+    "layer_saved",
+    "release_causal_mask",
+    "separate_qkv",
+    "shared_saved",
+    "training_cache",
+    "training_cache_bytes",
+]
 
 # transformers 4.56.0 ``DynamicLayer.update`` (PR #40039): ``self.keys = torch.cat([self.keys, key_states])`` onto the
 # empty tensor of ``lazy_initialization``, a copy; 4.55.4's ``DynamicCache.update`` appended the tensor itself
 DYNAMIC_LAYER_COPIES_SINCE = (4, 56)
+# transformers 5.0.0 adds TrainingArguments.use_cache (default False), which the Trainer writes to the model's config
+HF_TRAINER_USE_CACHE_ARG_SINCE = (5, 0)
 
 
 def layer_saved(c: StepContext) -> list[Term]:
@@ -127,10 +143,31 @@ def forward_use_cache(s: Scenario, m: ModelSpec) -> bool:
     if t.objective != "sft" or s.effective_framework in OWN_MODEL_FRAMEWORKS or s.effective_framework in (
             "verl", "openrlhf"):
         return False
-    tv = s.software.trl_version
-    if tv is not None and s.effective_framework == "hf-trainer" and tv >= SFT_USE_CACHE_OFF_SINCE:
+    fw, tv = s.effective_framework, s.software.trl_version
+    if tv is not None and fw == "hf-trainer" and tv >= SFT_USE_CACHE_OFF_SINCE:
         return False
-    return bool(t.use_cache if t.use_cache is not None else m.config_use_cache)
+    if t.use_cache is not None:
+        return t.use_cache
+    return default_use_cache(s, m)
+
+
+def default_use_cache(s: Scenario, m: ModelSpec) -> bool:
+    """``use_cache`` when the scenario leaves it null: the model config's, except where the trainer sets the config.
+
+    * The HF Trainer from transformers 5.0 sets ``model.config.use_cache = self.args.use_cache`` at its
+      ``__init__`` and ``TrainingArguments.use_cache`` defaults to False (5.0.0 trainer.py:755, training_args.py:1418;
+      5.24 trainer.py:646; 4.57.3 has neither): no cache in its forwards, training or evaluation, for a release from
+      5.0 or the current one.
+    * TRL 0.15-0.16's SFTTrainer builds a model it is given by name with ``use_cache=False`` under gradient
+      checkpointing (``model_init_kwargs["use_cache"] = False``, v0.15.0 sft_trainer.py:270-272; commented out from
+      0.17.0), taken here as the way its scripts run it."""
+    fw, tf, trl = s.effective_framework, s.software.transformers_version, s.software.trl_version
+    if fw == "hf-trainer" and (tf is None or tf >= HF_TRAINER_USE_CACHE_ARG_SINCE):
+        return False
+    if (fw == "hf-trainer" and trl is not None and TRL_GC_NO_CACHE[0] <= trl < TRL_GC_NO_CACHE[1]
+            and s.train.gradient_checkpointing not in ("none", None)):
+        return False
+    return m.config_use_cache
 
 
 def cache_in_training_forward(s: Scenario, m: ModelSpec) -> bool:
