@@ -168,15 +168,21 @@ def test_evaluation_keeps_logits_until_accumulation() -> None:
     tr = _step(_doc(lifecycle={"evaluation": True, "eval_keeps_logits": True, "eval_batches": 3,
                                 "eval_batch_size": 2}))
     assert tr.context is not None and tr.layout is not None
-    # a batch's logits: bf16 2 B x vocabulary 1000 x 2 sequences x 128 tokens = 512,000 (one GPU);
-    # the third add: 2 kept while its forward runs (1,024,000), then kept + new + their concatenation
-    # 2 x 3 x 512,000 = 3,072,000
-    assert _kept_logits(tr.context, tr.layout, 2) == (1_024_000, 3_072_000)
+    # a batch's logits: bf16 2 B x vocabulary 1000 x 2 sequences x 128 tokens = 512,000 (one GPU), returned by
+    # accelerate's convert_outputs_to_fp32 as fp32 under bf16-mixed (the default precision): 1,024,000;
+    # the third add: 2 kept while its forward runs (2,048,000), then kept + new + their concatenation
+    # 2 x 3 x 1,024,000 = 6,144,000
+    assert _kept_logits(tr.context, tr.layout, 2) == (2_048_000, 6_144_000)
+    # bf16-true: no autocast, the bf16 logits themselves
+    tr16 = _step(_doc({"precision": "bf16-true"}, lifecycle={"evaluation": True, "eval_keeps_logits": True,
+                                                          "eval_batches": 3}))
+    assert tr16.context is not None and tr16.layout is not None
+    assert _kept_logits(tr16.context, tr16.layout, 2) == (1_024_000, 3_072_000)
     tr1 = _step(_doc(lifecycle={"evaluation": True, "eval_keeps_logits": True, "eval_batches": 3,
                                  "eval_accumulation_steps": 1}))
     assert tr1.context is not None and tr1.layout is not None
-    # moved to the CPU after every batch: only the one batch, 256,000 x 2 = 512,000 at batch size 2
-    assert _kept_logits(tr1.context, tr1.layout, 2) == (0, 512_000)
+    # moved to the CPU after every batch: only the one batch, fp32: 256,000 x 4 = 1,024,000 at batch size 2
+    assert _kept_logits(tr1.context, tr1.layout, 2) == (0, 1_024_000)
 
 
 def test_evaluation_off_by_default_under_the_hf_trainer_on_under_litgpt() -> None:
@@ -271,9 +277,10 @@ def test_evaluation_sequences_longer_than_training_scale_kept_logits_and_the_for
     lc = {"evaluation": True, "eval_keeps_logits": True, "eval_batches": 3, "eval_batch_size": 2}
     tr = _step(_doc(lifecycle={**lc, "eval_seq_len": 512}))
     assert tr.context is not None and tr.layout is not None
-    # a batch's logits at 512 evaluation tokens: bf16 2 B x vocabulary 1000 x 2 sequences x 512 = 2,048,000
-    # (4 x the 128-token batch's 512,000); third add: 2 kept (4,096,000), then 2 x 3 x 2,048,000 = 12,288,000
-    assert _kept_logits(tr.context, tr.layout, 2) == (4_096_000, 12_288_000)
+    # a batch's logits at 512 evaluation tokens, fp32 as accelerate returns them under bf16-mixed: 4 B x vocabulary
+    # 1000 x 2 sequences x 512 = 4,096,000 (4 x the 128-token batch's 1,024,000); third add: 2 kept (8,192,000),
+    # then 2 x 3 x 4,096,000 = 24,576,000
+    assert _kept_logits(tr.context, tr.layout, 2) == (8_192_000, 24_576_000)
     # the no-grad forward of 2 x 512 = 1,024 tokens: the residual stream in and out of a layer, fp32,
     # 2 x 1,024 x 256 x 4 = 2,097,152, plus the larger of the head's tensors (the 128-token micro-batch's
     # logits 256,000 + fp32 copy 512,000 + log-probs 512,000 = 1,280,000, x 2 x 512 / 128 = 10,240,000) and one

@@ -33,7 +33,12 @@ from vramplan.analytic.inference import cache_bytes, litgpt_kv_bytes
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.ssm_state import ssm_state_bytes
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.terms.loss import litgpt_head_dequant_bytes, standard_loss_tensors, unsloth_head
+from vramplan.analytic.terms.loss import (
+    litgpt_head_dequant_bytes,
+    standard_loss_tensors,
+    unsloth_head,
+    vocab_on_rank,
+)
 from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE, forward_use_cache, separate_qkv
 from vramplan.analytic.unsloth import unsloth_eval_head_bytes
 from vramplan.spec.scenario import Lifecycle
@@ -167,8 +172,13 @@ def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]
         per = unsloth_eval_head_bytes(c.s, c.m.family, unsloth_head(c, tokens), c.gpu.cuda_capability)[1] \
             * c.s.data_parallel_degree
     else:
-        per = (_head_tensors(c, lay)[0] * batch * eval_seq_len(c) // (t.micro_batch_size * t.seq_len)
-               * c.s.data_parallel_degree)
+        logits = _head_tensors(c, lay)[0]
+        elements = c.tokens * vocab_on_rank(c)
+        if c.pol.autocast and c.pol.compute_bytes < 4 and elements and logits < 4 * elements:
+            # accelerate's convert_outputs_to_fp32 wraps the prepared model's forward under fp16/bf16 autocast
+            # (Accelerator.prepare_model): the logits the loop keeps are the fp32 copy of half ones
+            logits = 4 * elements
+        per = logits * batch * eval_seq_len(c) // (t.micro_batch_size * t.seq_len) * c.s.data_parallel_degree
     n = min(lc.eval_batches, lc.eval_accumulation_steps or lc.eval_batches)
     # the n-th add: n - 1 kept, the new batch, and their torch.cat (n batches) alive together
     return (n - 1) * per, (2 * n if n > 1 else 1) * per
