@@ -377,3 +377,21 @@ def test_the_installed_hf_trainer_turns_use_cache_off(tmp_path: Any) -> None:
     transformers.Trainer(model=model, args=args)
     assert model.config.use_cache is False
     assert _eval_cache() == 0
+
+
+def test_accelerate_returns_fp32_logits_under_autocast() -> None:
+    # the rule the kept evaluation logits follow, checked on the installed accelerate: a model prepared under bf16
+    # mixed precision returns its bf16 logits as an fp32 copy (convert_outputs_to_fp32), in evaluation too
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    accelerate = pytest.importorskip("accelerate")
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **{k: v for k, v in TINY.items() if k != "model_type"})).to(torch.bfloat16)
+    model = accelerate.Accelerator(cpu=True, mixed_precision="bf16").prepare(model).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.randint(0, 1000, (2, 16))).logits
+    assert logits.dtype == torch.float32
+    # what the evaluation keeps per batch then: 4 B x 1,000 x 2 x 128 (test_evaluation_keeps_logits_until_accumulation)
+    tr = _step(_doc(lifecycle={"evaluation": True, "eval_keeps_logits": True, "eval_accumulation_steps": 1}))
+    assert tr.context is not None and tr.layout is not None
+    assert _kept_logits(tr.context, tr.layout, 2)[1] == logits.element_size() * 1000 * 2 * 128
