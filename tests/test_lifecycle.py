@@ -387,9 +387,18 @@ def test_accelerate_returns_fp32_logits_under_autocast() -> None:
     accelerate = pytest.importorskip("accelerate")
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         **{k: v for k, v in TINY.items() if k != "model_type"})).to(torch.bfloat16)
-    model = accelerate.Accelerator(cpu=True, mixed_precision="bf16").prepare(model).eval()
-    with torch.no_grad():
-        logits = model(input_ids=torch.randint(0, 1000, (2, 16))).logits
+    from accelerate.state import AcceleratorState, GradientState
+
+    # the process-wide state a Trainer made in another test would refuse a second precision: start afresh, end afresh
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        model = accelerate.Accelerator(cpu=True, mixed_precision="bf16").prepare(model).eval()
+        with torch.no_grad():
+            logits = model(input_ids=torch.randint(0, 1000, (2, 16))).logits
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
     assert logits.dtype == torch.float32
     # what the evaluation keeps per batch then: 4 B x 1,000 x 2 x 128 (test_evaluation_keeps_logits_until_accumulation)
     tr = _step(_doc(lifecycle={"evaluation": True, "eval_keeps_logits": True, "eval_accumulation_steps": 1}))
