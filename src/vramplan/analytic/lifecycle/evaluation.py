@@ -34,6 +34,7 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.ssm_state import ssm_state_bytes
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.loss import (
+    accelerate_converts_outputs,
     litgpt_head_dequant_bytes,
     standard_loss_tensors,
     unsloth_head,
@@ -112,9 +113,7 @@ def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
     seq, mb, es = c.s.train.seq_len, c.s.train.micro_batch_size, eval_seq_len(c)
     tokens = ceil_div(batch * es, c.s.parallel.cp)
     if c.s.software.unsloth is not None:
-        # Unsloth's forward computes its own loss (analytic/unsloth.py), Cut Cross-Entropy or not by the batch's tokens
-        head = unsloth_eval_head_bytes(c.s, c.m.family, unsloth_head(c, tokens), c.gpu.cuda_capability)[0] \
-            if lay.has_head else 0
+        head = _unsloth_head(c, batch)[0] if lay.has_head else 0
     else:
         head = sum(_head_tensors(c, lay)) * batch * es // (mb * seq) if lay.has_head else 0
     if c.litgpt_head:
@@ -160,6 +159,14 @@ def eval_cache_fused_views(c: StepContext) -> bool:
     return eval_builds_cache(c) and not separate_qkv(c.m) and tv is not None and tv < DYNAMIC_LAYER_COPIES_SINCE
 
 
+def _unsloth_head(c: StepContext, batch: int) -> tuple[int, int]:
+    """(head and loss bytes, logits returned) of Unsloth's no-grad forward of ``batch`` evaluation sequences
+    (analytic/unsloth.py ``unsloth_eval_head_bytes``: Cut Cross-Entropy or not by the batch's tokens; the logits fp32
+    after accelerate's conversion, none where Cut Cross-Entropy runs)."""
+    tokens = ceil_div(batch * eval_seq_len(c), c.s.parallel.cp)
+    return unsloth_eval_head_bytes(c.s, c.m.family, unsloth_head(c, tokens), c.gpu.cuda_capability)
+
+
 def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]:
     """(logits kept while the last batch's forward runs, kept logits at the last concatenation)."""
     lc = c.s.lifecycle
@@ -167,16 +174,12 @@ def _kept_logits(c: StepContext, lay: StepLayout, batch: int) -> tuple[int, int]
         return 0, 0
     t = c.s.train
     if c.s.software.unsloth is not None:
-        # the logits Unsloth's forward returns (none where Cut Cross-Entropy runs), fp32 after accelerate's conversion
-        tokens = ceil_div(batch * eval_seq_len(c), c.s.parallel.cp)
-        per = unsloth_eval_head_bytes(c.s, c.m.family, unsloth_head(c, tokens), c.gpu.cuda_capability)[1] \
-            * c.s.data_parallel_degree
+        per = _unsloth_head(c, batch)[1] * c.s.data_parallel_degree
     else:
         logits = _head_tensors(c, lay)[0]
         elements = c.tokens * vocab_on_rank(c)
-        if c.pol.autocast and c.pol.compute_bytes < 4 and elements and logits < 4 * elements:
-            # accelerate's convert_outputs_to_fp32 wraps the prepared model's forward under fp16/bf16 autocast
-            # (Accelerator.prepare_model): the logits the loop keeps are the fp32 copy of half ones
+        if accelerate_converts_outputs(c) and logits < 4 * elements:
+            # the logits the loop keeps are accelerate's fp32 copy of half ones (terms/loss.py)
             logits = 4 * elements
         per = logits * batch * eval_seq_len(c) // (t.micro_batch_size * t.seq_len) * c.s.data_parallel_degree
     n = min(lc.eval_batches, lc.eval_accumulation_steps or lc.eval_batches)

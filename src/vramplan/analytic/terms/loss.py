@@ -43,9 +43,20 @@ from vramplan.facts.trl import grpo_early_row
 from vramplan.spec.defaults import completion_len
 from vramplan.units import ceil_div
 
-__all__ = ["LITGPT_HEAD_NOTE", "fused_head_dtypes", "kernel_loss", "layer_forward", "litgpt_head_dequant",
-           "litgpt_head_dequant_bytes", "loss", "shifted_positions", "standard_loss_tensors", "trl_sft_metrics",
-           "unsloth_head"]
+__all__ = [
+    "LITGPT_HEAD_NOTE",
+    "accelerate_converts_outputs",
+    "fused_head_dtypes",
+    "kernel_loss",
+    "layer_forward",
+    "litgpt_head_dequant",
+    "litgpt_head_dequant_bytes",
+    "loss",
+    "shifted_positions",
+    "standard_loss_tensors",
+    "trl_sft_metrics",
+    "unsloth_head",
+]
 
 LITGPT_HEAD_NOTE = (
     "Lit-GPT: its own LM head (an nn.Linear, held even where the checkpoint ties it) is quantized by Lightning's "
@@ -198,8 +209,7 @@ def kernel_loss_tensors(c: StepContext) -> KernelLossTensors:
     if t.objective == "orpo":
         # TRL's ORPO loss (analytic/orpo.py): the HF Trainer's autocast forward returns fp32 logits (accelerate's
         # convert_outputs_to_fp32, as the traced step models it: trace/step.py)
-        converted = pol.autocast and cb < 4 and c.s.effective_framework in ("hf-trainer", "accelerate")
-        return orpo_loss_tensors(t.micro_batch_size // 2, t.seq_len, vocab, cb, converted)
+        return orpo_loss_tensors(t.micro_batch_size // 2, t.seq_len, vocab, cb, accelerate_converts_outputs(c))
     if t.loss == "chunked":
         # torch.chunk over the sequence: chunks of ceil(s / 8) positions of every sequence
         chunk = t.micro_batch_size * ceil_div(ceil_div(t.seq_len, c.s.parallel.cp), TORCHTUNE_OUTPUT_CHUNKS)
@@ -226,9 +236,16 @@ def unsloth_head(c: StepContext, tokens: int) -> UnslothHead:
     """Unsloth's head over ``tokens`` positions on this rank (analytic/unsloth.py ``UnslothHead``): the logits
     converted to fp32 by accelerate under the HF Trainer's fp16/bf16 autocast."""
     pol = c.pol
-    converted = pol.autocast and pol.compute_bytes < 4 and c.s.effective_framework in ("hf-trainer", "accelerate")
     return UnslothHead(tokens, vocab_on_rank(c), c.m.hidden_size, act._norm_out_bytes(c.m.norm, c.act),
-                       pol.compute_bytes, pol.frozen_param_bytes, converted)
+                       pol.compute_bytes, pol.frozen_param_bytes, accelerate_converts_outputs(c))
+
+
+def accelerate_converts_outputs(c: StepContext) -> bool:
+    """accelerate's ``convert_outputs_to_fp32`` wraps the prepared model's forward under fp16/bf16 autocast
+    (``Accelerator.prepare_model``), as the HF Trainer and accelerate loops run it: half outputs (the logits) are
+    returned as an fp32 copy (trace/step.py models the same)."""
+    pol = c.pol
+    return pol.autocast and pol.compute_bytes < 4 and c.s.effective_framework in ("hf-trainer", "accelerate")
 
 
 def fused_head_dtypes(c: StepContext) -> tuple[int, int, int]:
