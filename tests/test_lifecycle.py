@@ -404,3 +404,17 @@ def test_accelerate_returns_fp32_logits_under_autocast() -> None:
     tr = _step(_doc(lifecycle={"evaluation": True, "eval_keeps_logits": True, "eval_accumulation_steps": 1}))
     assert tr.context is not None and tr.layout is not None
     assert _kept_logits(tr.context, tr.layout, 2)[1] == logits.element_size() * 1000 * 2 * 128
+
+
+def test_an_evaluation_without_cache_says_why() -> None:
+    # a default that turns use_cache off is named, with the setting that says otherwise (no silent answer)
+    def said(**extra: Any) -> list[str]:
+        doc = _doc(lifecycle={"evaluation": True}, **extra)
+        return [a for a in estimate(doc).assumptions if a.startswith("lifecycle, evaluation:")]
+    assert any("the HF Trainer from transformers 5.0 writes TrainingArguments.use_cache" in a for a in said())
+    assert any("TRL's SFTTrainer from 0.22" in a for a in said(software={"trl": "0.22.0"}))
+    assert any("TRL 0.15-0.16 load a model named by id" in a
+               for a in said(train={"seq_len": 128, "micro_batch_size": 1, "gradient_checkpointing": "full"},
+                             software={**V4, "trl": "0.16.1"}))
+    # on a 4.x Trainer the config's cache is built and said so
+    assert any("each forward's KV cache held to its end" in a for a in said(software=V4))

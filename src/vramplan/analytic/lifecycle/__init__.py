@@ -40,6 +40,7 @@ from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.resident import hf_buffer_bytes
+from vramplan.analytic.terms.saved import use_cache_off_by
 from vramplan.spec.defaults import expandable_segments
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.scenario import Lifecycle
@@ -168,8 +169,10 @@ def _assumptions(c: StepContext) -> list[str]:
                                                           if lc.eval_accumulation_steps else "")
                 if lc.eval_keeps_logits else "no logits kept (no compute_metrics)")
         length = f" of {lc.eval_seq_len:,} tokens" if lc.eval_seq_len is not None else ""
+        off = use_cache_off_by(c.s) if c.m.encoder_decoder is None and not c.m.encoder_only else None
         cache = (", each forward's KV cache held to its end (use_cache on: train.use_cache, else the config's; set "
-                 "train.use_cache: false where the script turns it off)" if eval_builds_cache(c) else "")
+                 "train.use_cache: false where the script turns it off)" if eval_builds_cache(c) else
+                 f", no KV cache in its forwards ({_CACHE_OFF[off]})" if off else "")
         out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences{length}{cache}, {kept}"
                    f"{gen} (HF Trainer.evaluation_loop / Lit-GPT validate)")
         if eval_cache_fused_views(c):
@@ -192,6 +195,15 @@ def _assumptions(c: StepContext) -> list[str]:
                "allocator, other phases packed); blocks cached by earlier phases are assumed reused")
     return out + _unused_eval(c) + _unused_save(c) + _unused_load(c, mode)
 
+
+# why an evaluation forward builds no cache whatever the model's config (terms/saved.py use_cache_off_by)
+_CACHE_OFF = {
+    "trl": "TRL's SFTTrainer from 0.22 passes use_cache=False to every forward",
+    "trainer": "the HF Trainer from transformers 5.0 writes TrainingArguments.use_cache, False by default, into the "
+               "config; set train.use_cache: true if the arguments set it",
+    "trl-load": "TRL 0.15-0.16 load a model named by id with use_cache=False under gradient checkpointing; set "
+                "train.use_cache: true if the script passed a model object",
+}
 
 _EVAL_KEYS = ("eval_batch_size", "eval_keeps_logits", "eval_batches", "eval_accumulation_steps", "eval_seq_len",
              "eval_generate_tokens")

@@ -48,6 +48,7 @@ __all__ = [
     "shared_saved",
     "training_cache",
     "training_cache_bytes",
+    "use_cache_off_by",
 ]
 
 # transformers 4.56.0 ``DynamicLayer.update`` (PR #40039): ``self.keys = torch.cat([self.keys, key_states])`` onto the
@@ -143,16 +144,36 @@ def forward_use_cache(s: Scenario, m: ModelSpec) -> bool:
     if t.objective != "sft" or s.effective_framework in OWN_MODEL_FRAMEWORKS or s.effective_framework in (
             "verl", "openrlhf"):
         return False
-    fw, tv = s.effective_framework, s.software.trl_version
-    if tv is not None and fw == "hf-trainer" and tv >= SFT_USE_CACHE_OFF_SINCE:
+    if use_cache_off_by(s) == "trl":
         return False
     if t.use_cache is not None:
         return t.use_cache
     return default_use_cache(s, m)
 
 
+def use_cache_off_by(s: Scenario) -> str | None:
+    """What turns ``use_cache`` off for a supervised step whatever the model's config (None: nothing): "trl" (TRL's
+    SFTTrainer from 0.22 passes False to every forward, even against ``train.use_cache``), "trainer" (the HF Trainer
+    from transformers 5.0, a null ``train.use_cache``) or "trl-load" (TRL 0.15-0.16 under gradient checkpointing, a
+    null ``train.use_cache``); ``default_use_cache`` gives the sources."""
+    fw, tf, trl = s.effective_framework, s.software.transformers_version, s.software.trl_version
+    if fw != "hf-trainer":
+        return None
+    if trl is not None and trl >= SFT_USE_CACHE_OFF_SINCE:
+        return "trl"
+    if s.train.use_cache is not None:
+        return None
+    if tf is None or tf >= HF_TRAINER_USE_CACHE_ARG_SINCE:
+        return "trainer"
+    if (trl is not None and TRL_GC_NO_CACHE[0] <= trl < TRL_GC_NO_CACHE[1]
+            and s.train.gradient_checkpointing not in ("none", None)):
+        return "trl-load"
+    return None
+
+
 def default_use_cache(s: Scenario, m: ModelSpec) -> bool:
-    """``use_cache`` when the scenario leaves it null: the model config's, except where the trainer sets the config.
+    """``use_cache`` when the scenario leaves it null: the model config's, except where the trainer sets the config
+    (``use_cache_off_by``).
 
     * The HF Trainer from transformers 5.0 sets ``model.config.use_cache = self.args.use_cache`` at its
       ``__init__`` and ``TrainingArguments.use_cache`` defaults to False (5.0.0 trainer.py:755, training_args.py:1418;
@@ -161,13 +182,7 @@ def default_use_cache(s: Scenario, m: ModelSpec) -> bool:
     * TRL 0.15-0.16's SFTTrainer builds a model it is given by name with ``use_cache=False`` under gradient
       checkpointing (``model_init_kwargs["use_cache"] = False``, v0.15.0 sft_trainer.py:270-272; commented out from
       0.17.0), taken here as the way its scripts run it."""
-    fw, tf, trl = s.effective_framework, s.software.transformers_version, s.software.trl_version
-    if fw == "hf-trainer" and (tf is None or tf >= HF_TRAINER_USE_CACHE_ARG_SINCE):
-        return False
-    if (fw == "hf-trainer" and trl is not None and TRL_GC_NO_CACHE[0] <= trl < TRL_GC_NO_CACHE[1]
-            and s.train.gradient_checkpointing not in ("none", None)):
-        return False
-    return m.config_use_cache
+    return False if use_cache_off_by(s) is not None else m.config_use_cache
 
 
 def cache_in_training_forward(s: Scenario, m: ModelSpec) -> bool:
