@@ -101,11 +101,11 @@ def test_zero3_persistent_lora_matrices() -> None:
     c = _ctx(_scenario(peft={"method": "lora", "target_modules": "all-linear"}))
     assert _bytes(ds.persistent(c), "deepspeed.persistent") == 19_988_480 + 266_240
     # the "auto" threshold 10 h = 40,960 drops gate/up's B and down's A (88,064 each): 262,144 + 3 x 32,768 =
-    # 360,448 per layer, 11,534,336 in all; under hf-trainer the adapters are fp32 (peft >= 0.12 upcasts them,
-    # terms/context.py step_policy): 11,534,336 x 4 B less the shard (5,767,168 x 4 B) = 23,068,672 B; the norms
-    # (4,096 elements) still persist
+    # 360,448 per layer, 11,534,336 in all; under hf-trainer the DeepSpeed engine casts the whole module, peft's fp32
+    # adapters too, to the half dtype (Scenario.deepspeed_engine; terms/context.py step_policy): 11,534,336 x 2 B less
+    # the shard (5,767,168 x 2 B) = 11,534,336 B; the norms (4,096 elements) still persist
     c = _ctx(_scenario(framework="hf-trainer", peft={"method": "lora", "target_modules": "all-linear"}))
-    assert _bytes(ds.persistent(c), "deepspeed.persistent") == 23_068_672 + 266_240
+    assert _bytes(ds.persistent(c), "deepspeed.persistent") == 11_534_336 + 266_240
 
 
 def test_zero3_retained_layers_without_checkpointing() -> None:

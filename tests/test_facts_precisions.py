@@ -91,3 +91,33 @@ def test_model_states_per_parameter_follow_docs_conventions() -> None:
 def test_unknown_precision_is_a_key_error() -> None:
     with pytest.raises(KeyError, match="no precision convention"):
         precision_policy("fp4-mixed", "autocast")
+
+
+@pytest.mark.parametrize("framework", ["hf-trainer", "accelerate", "lightning"])
+def test_deepspeed_zero_under_a_trainer_is_deepspeeds_half_module(framework: str) -> None:
+    # the HF Trainer, accelerate and Lightning hand the model to deepspeed.initialize: no autocast (accelerate's
+    # native_amp is off under DeepSpeed), the engine's half module and fp32 masters
+    doc = {"model": "meta-llama/Llama-2-7b-hf", "framework": framework, "hardware": {"gpu": "A100-80GB", "num_gpus": 8},
+           "parallel": {"zero_stage": 3}, "train": {"precision": "bf16-mixed", "seq_len": 512, "micro_batch_size": 1}}
+    s = parse_scenario(doc)
+    assert s.deepspeed_engine and framework_family(s) == "deepspeed"
+    rep = estimate(doc)
+    # Llama-2-7B, 6,738,415,616 parameters over 8 ranks: 842,301,952 each; fp32 masters 4 B each = 3,369,207,808 B;
+    # no autocast weight cache (the autocast family kept 2 B per trainable linear weight, gathered whole under ZeRO-3)
+    assert rep.per_gpu.breakdown["master_weights"] == 3_369_207_808
+    assert not any(a.startswith("autocast keeps a half-precision copy") for a in rep.assumptions)
+    # without ZeRO the trainer's own autocast runs, and the report says so
+    doc["parallel"] = {"zero_stage": 0}
+    assert framework_family(parse_scenario(doc)) == "autocast"
+    assert any(a.startswith("autocast keeps a half-precision copy") for a in estimate(doc).assumptions)
+
+
+def test_accelerate_turns_autocast_off_under_deepspeed() -> None:
+    # the fact Scenario.deepspeed_engine cites, read off the installed accelerate: native_amp is set only when the
+    # distributed type is not DEEPSPEED (fp16 and bf16 branches of Accelerator.__init__)
+    import inspect
+
+    from accelerate import Accelerator
+
+    src = inspect.getsource(Accelerator.__init__)
+    assert src.count("DistributedType.DEEPSPEED") >= 2 and "self.native_amp = True" in src

@@ -418,3 +418,28 @@ def test_an_evaluation_without_cache_says_why() -> None:
                              software={**V4, "trl": "0.16.1"}))
     # on a 4.x Trainer the config's cache is built and said so
     assert any("each forward's KV cache held to its end" in a for a in said(software=V4))
+
+
+def test_model_without_zero_init_loads_whole_then_partitions() -> None:
+    # lifecycle.zero_init false: deepspeed.initialize casts the host model to bf16 and moves it to the GPU whole,
+    # 1,963,264 x 2 = 3,926,528 B, then partitions it in module order (1/2 here), each partition made before its
+    # whole tensor is freed: the embedding's first, 256,000 x 2 / 2 = 256,000 beside the whole model: 4,182,528, the
+    # peak; each later one frees more than it makes
+    doc = _doc({"precision": "bf16-mixed"}, framework="hf-trainer", parallel={"zero_stage": 3},
+               lifecycle={"zero_init": False})
+    doc["hardware"] = {"gpu": "A100-80GB", "num_gpus": 2}
+    assert _phases(doc)["load"].total == 4_182_528
+    # built under zero.Init (the default): one module's parameters whole at a time, never the whole model
+    doc["lifecycle"] = {}
+    assert _phases(doc)["load"].total < 3_926_528
+
+
+def test_zero_init_is_read_only_under_deepspeed_zero3() -> None:
+    # FSDP shards a model unit by unit whatever zero.Init would do: the setting is said to be unused
+    doc = _doc({"precision": "bf16-mixed"}, framework="hf-trainer", parallel={"fsdp": "full_shard"},
+               lifecycle={"zero_init": False})
+    doc["hardware"] = {"gpu": "A100-80GB", "num_gpus": 2}
+    text = " ".join(estimate(doc).assumptions)
+    assert "lifecycle.zero_init set but not used" in text
+    doc["parallel"] = {"zero_stage": 3}
+    assert "lifecycle.zero_init set but not used" not in " ".join(estimate(doc).assumptions)

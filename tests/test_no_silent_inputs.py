@@ -123,9 +123,10 @@ ALLOWED: dict[str | tuple[str, str] | tuple[str, str, str], str] = {
     ("inference.bnb_compute_dtype", "'fp16'"): "null means inference.dtype, fp16 in that base",
     ("lifecycle.evaluation", "True"): "null resolves to true under Lightning (Lit-GPT's finetune scripts validate)",
     ("lifecycle.quantize_at_init", "True"): "null resolves to true under Lightning with a bitsandbytes 4-bit base",
+    ("zero3", "lifecycle.zero_init", "True"): "null resolves to true: a model built under zero.Init "
+    "(spec/scenario.py Lifecycle.zero_init)",
     ("lightning", "framework", "'litgpt'"): "litgpt names Lit-GPT's conventions, which lightning has always meant "
     "(spec/scenario.py effective_framework)",
-    ("lightning", "parallel.zero_stage", "3"): "shards over the data-parallel degree, one GPU in that base",
     ("parallel.deepspeed.contiguous_gradients", "True"): "null resolves to true (DeepSpeed's default, "
     "runtime/zero/config.py): the value equals it",
     ("zero3", "train.grad_accum_steps", "2"): "DeepSpeed ZeRO-3's gradient partition is one flat buffer made at the "

@@ -85,8 +85,10 @@ def _reserved_for(ordered: tuple[tuple[int, int], ...], expandable_segments: boo
 
 def _pooled_reserved(main: list[int], side: list[int], expandable_segments: bool, capacity_bytes: int | None) -> int:
     """Reserved bytes of a step whose gradients are made on a side stream (torch FSDP's reduce-scatter stream,
-    ``terms/sharding.py grads_on_reduce_stream``): the compute stream's blocks (``main``) and the gradients'
-    (``side``, ``vramplan.alloc.compact.split_pools``) replayed as two allocators, the reserved bytes being their sum.
+    ``terms/sharding.py grads_on_reduce_stream``) or whose parameters are gathered on one (DeepSpeed ZeRO-3's
+    all-gather stream, ``terms/deepspeed.py gathers_on_side_stream``): the compute stream's blocks (``main``) and the
+    side stream's (``side``, ``vramplan.alloc.compact.split_pools``) replayed as two allocators, the reserved bytes
+    being their sum.
 
     The caching allocator never hands a block to another stream, and without a failed ``cudaMalloc`` (or
     ``empty_cache``) it never gives a segment back, so each pool's reserved bytes only grow and the process's peak
@@ -127,7 +129,7 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
     Results are cached per layout (a frozen dataclass), so repeated estimates of one scenario replay
     once.
     """
-    if layout.grads_on_side_stream:
+    if layout.grads_on_side_stream or layout.gathered_on_side_stream:
         # the stream is written once: its parts replay whole (allocated bytes, a failed request), then by pool
         parts, marked = train_run_parts_marked(layout)
         res = replay_parts(parts, expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)

@@ -60,6 +60,7 @@ from vramplan.analytic.stream import AllocStream as _Stream
 from vramplan.analytic.terms.base import Term, tables
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.cross_attention import cross_sequence
+from vramplan.analytic.terms.deepspeed import gathers_on_side_stream, zero3_sub_groups
 from vramplan.analytic.terms.encoder_decoder import encoder_sequence
 from vramplan.analytic.terms.gradients import gradients_from_start
 from vramplan.analytic.terms.layers import layer_activations
@@ -165,6 +166,17 @@ class StepLayout:
     # on that stream, each unit's gradients first reduced into a block of the reduce dtype, then cast to the
     # gradient's (its bytes = the gradient's x num / den; (0, 1): no such block; terms/sharding.py reduce_cast_ratio)
     grad_reduce_ratio: tuple[int, int] = (0, 1)
+    # DeepSpeed ZeRO-3 with overlap_comm gathers parameters on its own all-gather stream (parameter_offload.py
+    # ``__allgather_stream``; partitioned_param_coordinator.py ``__all_gather_params_``: ``all_gather_coalesced``
+    # under ``get_accelerator().stream(self.__allgather_stream)``, whose flat buffer, partition_parameters.py
+    # ``_all_gather_dtype``, is a block of that stream), so the gathered block is a pool of its own
+    gathered_on_side_stream: bool = False
+    # DeepSpeed ZeRO-3 (on the GPU): the elements of each optimizer sub-group of this rank's partition (stage3.py
+    # ``_create_fp16_sub_groups``, sub_group_size 1e9).  Its flat buffers replace the per-tensor ones: the parameter
+    # partitions moved into one contiguous buffer (``defragment``, ``lp_param_buffer``), per sub-group an fp32 master
+    # made as ``fp16_flat.clone().float()`` (``_create_fp32_partitions``), the optimizer's states per sub-group, and
+    # the step one sub-group at a time (``_prepare_sub_group`` ... ``_release_sub_group``)
+    zero3_groups: tuple[int, ...] = ()
 
 
 def split_exact(total: int, weights: Sequence[int]) -> list[int]:
@@ -451,12 +463,32 @@ def _share(total: int, numels: list[int], all_numel: int) -> list[int]:
 def _setup(st: _Stream, lay: StepLayout, states_now: bool, n_layers: int) -> list[int]:
     # parameters (and masters, states) stay literal: small ones fill a small-pool segment one after the
     # other, so these allocations are not periodic in the allocator and a Repeat would not be skipped
-    st.alloc_all(lay.param_tensors)
-    for i in range(n_layers):
-        st.alloc_all(lay.layers[i % len(lay.layers)].params)
+    if lay.zero3_groups:
+        # stage3.py _create_fp16_partitions_with_defragmentation: the partitions copied to the host and freed, the
+        # cache emptied, then one flat buffer back on the GPU (zero/utils.py ``defragment``: ``empty_cache()``)
+        sizes = list(lay.param_tensors)
+        for i in range(n_layers):
+            sizes += lay.layers[i % len(lay.layers)].params
+        st.alloc(sum(sizes))
+    else:
+        st.alloc_all(lay.param_tensors)
+        for i in range(n_layers):
+            st.alloc_all(lay.layers[i % len(lay.layers)].params)
     st.alloc_all(lay.extra_static)
     tr = _trainable(lay, n_layers)
-    st.alloc_all(_share(lay.master, tr, lay.trainable_total))
+    if lay.zero3_groups:
+        # per sub-group: the half flat's clone, its fp32 copy kept as the master, the clone freed
+        masters = split_exact(lay.master, list(lay.zero3_groups))
+        for m in masters:
+            clone = st.alloc(m // 2)
+            st.alloc(m)
+            st.free(clone)
+        # initialize_optimizer_states: a zero fp32 gradient of the largest sub-group, freed at its end (deepspeed
+        # 0.19.8 stage3.py:1306; before, each sub-group's zero gradient for a first _optimizer_step): its block stays
+        # cached for the step's fp32 gradients
+        st.free(st.alloc(max(masters, default=0)))
+    else:
+        st.alloc_all(_share(lay.master, tr, lay.trainable_total))
     states = _make_states(st, lay, tr) if states_now else []
     st.alloc(lay.ddp)
     st.alloc(lay.input_ids)
@@ -468,6 +500,9 @@ def _make_states(st: _Stream, lay: StepLayout, tr: list[int]) -> list[int]:
     n = lay.state_tensors_per_param
     if not n:
         return []
+    if lay.zero3_groups:
+        # the optimizer's states of each sub-group's flat fp32 master
+        return st.alloc_all([x // n for x in split_exact(lay.states, list(lay.zero3_groups)) for _ in range(n)])
     return st.alloc_all([x // n for x in _share(lay.states, tr, lay.trainable_total) for _ in range(n)])
 
 
@@ -531,6 +566,8 @@ def _pass(st: _Stream, lay: StepLayout, plans: list[_LayerPlan], grads: list[int
     st.free(head_cast)
     st.free(head_saved)
     late = st.alloc(lay.gathered_late)  # the block the last layer's pre_backward prefetches (FSDP2, torchtitan)
+    if lay.gathered_on_side_stream:
+        st.marked.update((gathered, late))
     g = _backward_layers(st, lay, plans, outs, g, grads, grads_exist, n_layers)
     st.free(late)
     st.free(g)
@@ -596,8 +633,13 @@ def _optimizer(st: _Stream, lay: StepLayout, grads: list[int], states: list[int]
         st.marked.update(g for g in grads if g >= 0)   # every gradient of the step is freed here
     if states is None:
         states = _make_states(st, lay, tr)
-    temps = st.alloc_all(_share(lay.step_temporary, tr, lay.trainable_total))
-    st.free_all(list(reversed(temps)))
+    if lay.zero3_groups:
+        # one sub-group at a time: its fp32 gradient (and the step's other temporaries) freed before the next
+        for x in split_exact(lay.step_temporary, list(lay.zero3_groups)):
+            st.free(st.alloc(x))
+    else:
+        temps = st.alloc_all(_share(lay.step_temporary, tr, lay.trainable_total))
+        st.free_all(list(reversed(temps)))
     st.free_all(grads)
     grads.clear()
     return states
@@ -673,7 +715,8 @@ def _phases(st: _Stream, lay: StepLayout, n_layers: int | None) -> Iterator[None
 
 def train_run_parts_marked(lay: StepLayout, n_layers: int | None = None) -> tuple[list[list[int] | Repeat], set[int]]:
     """``train_run_parts`` and the ids of the blocks a side CUDA stream allocates (the gradients when
-    ``lay.grads_on_side_stream``: torch FSDP's reduce-scatter stream; none otherwise)."""
+    ``lay.grads_on_side_stream``: torch FSDP's reduce-scatter stream; the gathered parameters when
+    ``lay.gathered_on_side_stream``: DeepSpeed ZeRO-3's all-gather stream; none otherwise)."""
     st = _Stream(runs=True)
     parts: list[list[int] | Repeat] = []
     for _ in _phases(st, lay, n_layers):
@@ -845,6 +888,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
         input_ids=2 * 8 * c.tokens, extra_static=extra, kernel_loss=_kernel_loss_tensors(terms),
         offload_inputs=c.s.train.activation_offload == "cpu", grads_on_side_stream=grads_on_reduce_stream(c),
         grad_reduce_ratio=reduce_cast_ratio(c),
+        gathered_on_side_stream=gathers_on_side_stream(c), zero3_groups=zero3_sub_groups(c),
         vision_saved=tuple(n for n, _ in tower_sequence(c)) + tuple(n for _, n, _ in cross_sequence(c))
         + tuple(n for n, _ in encoder_sequence(c)),
         vision_unused=tuple(u for _, u in tower_sequence(c)) + tuple(u for _, _, u in cross_sequence(c))

@@ -32,7 +32,8 @@ def framework_family(s: Scenario) -> FrameworkFamily:
     half module with fp32 masters; Megatron-Core's bf16 module with an fp32 grad buffer and fp32 masters; FSDP's
     MixedPrecision (any FSDP sharding, torchtitan); else autocast."""
     framework = s.effective_framework
-    if framework == "deepspeed":
+    if s.deepspeed_engine:
+        # framework deepspeed, or a ZeRO stage under the HF Trainer, accelerate or Lightning (Scenario.deepspeed_engine)
         return "deepspeed"
     if framework == "megatron":
         return "megatron"
@@ -90,7 +91,7 @@ def adapter_bytes(s: Scenario, pol: PrecisionPolicy) -> int:
     2 B each (160 MB) instead of 4 (320 MB), and the same saving on their gradients and AdamW moments.
     """
     framework = s.effective_framework
-    if framework == "deepspeed":
+    if s.deepspeed_engine:
         return pol.param_bytes
     if framework == "torchtune":
         # torchtune builds the whole model, LoRALinear's lora_a/lora_b included, under

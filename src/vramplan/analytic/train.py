@@ -470,7 +470,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)
     if t.peft is not None:
-        why = ("DeepSpeed's half module" if fw == "deepspeed" else
+        why = ("DeepSpeed's half module" if s.deepspeed_engine else
                "Lit-GPT under a mixed precision: Lightning Fabric's MixedPrecision leaves the model it builds in fp32; "
                "lit-llama's April-2023 scripts built theirs in bf16 and are precision bf16-true here"
                if litgpt_fp32_base(s) else

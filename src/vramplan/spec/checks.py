@@ -788,7 +788,7 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                         + _PARAMETERS_ONLY)]
     if m.mamba is not None and m.mamba.kind == "lightning" and s.task == "train":
         t = s.train
-        if t.precision in ("bf16-mixed", "fp16-mixed") and s.effective_framework != "deepspeed":
+        if t.precision in ("bf16-mixed", "fp16-mixed") and not s.deepspeed_engine:
             # under autocast the half query and key meet fp32 decay buffers: the products are fp32 and every matmul
             # saves half casts of them, per block; other records, not modelled (analytic/terms/lightning.py)
             return [Problem("train.precision", f"{_lightning_what(m)}; {t.precision} training is not estimated by the "
@@ -803,7 +803,7 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     out = _hybrid_train_problems(s, m, what)
     t = s.train
     if (m.mamba.kind == "gated_deltanet" and t.precision in ("bf16-mixed", "fp16-mixed")
-            and s.effective_framework != "deepspeed"):
+            and not s.deepspeed_engine):
         # under autocast the rule's matmuls run as bf16 bmm on cast copies (saved instead of the fp32 operands), per
         # chunk: other records, not modelled (analytic/terms/gated_deltanet.py)
         out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated by the analytic engine "
@@ -971,7 +971,7 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             "(a KV cache and a mixer state in every layer)")
     if s.task == "train":
         t = s.train
-        mixed = t.precision in ("bf16-mixed", "fp16-mixed") and s.effective_framework != "deepspeed"
+        mixed = t.precision in ("bf16-mixed", "fp16-mixed") and not s.deepspeed_engine
         out = _hybrid_train_problems(s, m, what)
         if mixed:
             out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated for it: under "
@@ -1126,7 +1126,7 @@ def _half_residual_problems(s: Scenario, m: ModelSpec, what: str) -> list[Proble
     if not m.traits.residual_in_fp32:
         return []
     t = s.train
-    autocast = (t.precision in ("bf16-mixed", "fp16-mixed") and s.effective_framework != "deepspeed"
+    autocast = (t.precision in ("bf16-mixed", "fp16-mixed") and not s.deepspeed_engine
                 and s.parallel.fsdp == "none")
     if t.precision == "fp32" or autocast:
         return []

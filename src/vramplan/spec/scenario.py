@@ -956,6 +956,23 @@ class Lifecycle(_Strict):
     Under state_dict_type full the optimizer's full state dict is gathered on the GPU after the model's
     (FSDP ``FullOptimStateDictConfig`` defaults to ``offload_to_cpu=False``; analytic/lifecycle/save.py)."""
 
+    zero_init: bool | None = None
+    """DeepSpeed ZeRO-3 builds the model partitioned (``deepspeed.zero.Init``: each parameter partitioned as it is
+    made, the checkpoint then loaded module by module under ``GatheredParameters``); null: true, as the scripts of the
+    HF Trainer, TRL, LLaMA-Factory and DeepSpeed-Chat do (they make the DeepSpeed config, ``TrainingArguments`` or
+    ``HfDeepSpeedConfig``, before ``from_pretrained``, which then builds under zero.Init: transformers
+    ``is_deepspeed_zero3_enabled``).
+
+    false: the model was built before the DeepSpeed config existed (``from_pretrained`` called before
+    ``TrainingArguments``, or a model built in plain PyTorch and handed to ``deepspeed.initialize``).
+    ``deepspeed.initialize`` then casts it to the half dtype and moves it to the GPU whole
+    (``DeepSpeedEngine._configure_distributed_model``: ``module.to(self.device)`` unless the model is a zero.Init
+    one, deepspeed v0.9-0.19.8) and partitions it there (``DeepSpeedZeRoOffload._convert_to_zero_parameters`` ->
+    ``zero.Init(module=...)``: each parameter's partition made, then its whole tensor freed): the load peaks at the
+    whole half model (analytic/lifecycle/load.py, mode whole-partition).  The freed blocks do not stay: ZeRO-3's
+    optimizer then moves the partitions into one flat buffer through host memory and empties the cache on the way
+    (runtime/zero/utils.py ``defragment``: ``empty_cache()``), so the step starts from an empty cache either way."""
+
     quantize_at_init: bool | None = None
     """The quantized linears are made on the GPU and quantized as they are built, then quantized again from the
     checkpoint one linear at a time; null: on under lightning with a bitsandbytes 4-bit format (Lit-GPT).
@@ -1497,6 +1514,23 @@ class Scenario(_Strict):
         if self.parallel.zero_stage > 0:
             return "deepspeed"
         return "hf-trainer"
+
+    @property
+    def deepspeed_engine(self) -> bool:
+        """DeepSpeed's engine runs the training step and owns its precision: framework deepspeed, or a ZeRO stage
+        without torch FSDP under the HF Trainer, accelerate or Lightning, which hand the model to
+        ``deepspeed.initialize``.
+
+        The engine casts the module's parameters to the half dtype when fp16 or bf16 is on
+        (``DeepSpeedEngine._configure_distributed_model``, deepspeed v0.9-0.19.8) and its optimizer keeps fp32 masters;
+        accelerate turns torch autocast off under DeepSpeed (``Accelerator.__init__``: ``native_amp`` only when the
+        distributed type is not DEEPSPEED, accelerate 0.20-1.15; the HF Trainer prepares through it), and Lightning's
+        ``DeepSpeedPrecision`` converts only ``*-true`` modules and opens no autocast context (lightning 2.0-2.5
+        ``plugins/precision/deepspeed.py``).  So ``*-mixed`` there is DeepSpeed's half module with fp32 masters,
+        with no autocast weight cache (facts/precisions.py, family deepspeed)."""
+        fw = self.effective_framework
+        return fw == "deepspeed" or (fw in ("hf-trainer", "accelerate", "lightning") and self.parallel.zero_stage > 0
+                                     and self.parallel.fsdp == "none")
 
     @property
     def data_parallel_degree(self) -> int:

@@ -91,12 +91,14 @@ def trace_policy(r: Resolved, fsdp2: bool = False) -> Policy:
         # torchao's MXLinear is not installed beside vramplan; its cuBLAS MX gemm and cast kernels are SM100 kernels
         raise ScenarioError([Problem("train.precision", "mxfp8-torchao (torchao MXFP8 training) is not traced",
                                      "use --engine analytic for mxfp8-torchao, or trace bf16-mixed")])
-    if fsdp2 and s.effective_framework != "deepspeed":
+    if fsdp2 and not s.deepspeed_engine:
         # fp32 sharded parameters, half all-gathered copies (MixedPrecisionPolicy.param_dtype); accelerate
         # also wraps the forward in autocast (Accelerator.native_amp is set for FSDP too)
         autocast = half if s.effective_framework in ("hf-trainer", "accelerate") else None
         return Policy(torch.float32, half, autocast, False, half)
-    if s.effective_framework == "deepspeed":
+    if s.deepspeed_engine:
+        # DeepSpeed's half module with fp32 masters and no autocast, under the HF Trainer, accelerate and Lightning
+        # too (Scenario.deepspeed_engine)
         return Policy(half, half, None, True, half)
     if s.parallel.fsdp != "none" or s.effective_framework == "torchtitan":
         # FSDP MixedPrecision(param_dtype=half): the module computes with half (all-gathered) parameters,

@@ -183,7 +183,7 @@ def _mp_policy(r: Resolved) -> Any:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     prec = r.scenario.train.precision
-    if not prec.endswith("-mixed") or r.scenario.effective_framework == "deepspeed":
+    if not prec.endswith("-mixed") or r.scenario.deepspeed_engine:
         # DeepSpeed: a half module (its partitions are half), fp32 masters held by the optimizer
         return MixedPrecisionPolicy()
     half = torch.float16 if prec.startswith("fp16") else torch.bfloat16

@@ -147,6 +147,11 @@ def _assumptions(c: StepContext) -> list[str]:
                               "each rank quantizes the whole model on its GPU (Params4bit._quantize, device_map "
                               "{'': current_device}), and deepspeed.initialize partitions it afterwards "
                               "(zero.Init(module=...)); the freed blocks stay cached",
+        "whole-partition": "a model not built under zero.Init (lifecycle.zero_init false): deepspeed.initialize "
+                           "casts it to the half dtype, moves it to the GPU whole (DeepSpeedEngine."
+                           "_configure_distributed_model: module.to(device)) and partitions it there "
+                           "(zero.Init(module=...)); ZeRO-3's defragment empties the cache afterwards, so the step "
+                           "starts from an empty one",
         "sharded": "unit by unit, full on the GPU only while it is sharded (FSDP flatten + shard; DeepSpeed "
                    "zero.Init with GatheredParameters per module)",
         "offloaded": "parameters offloaded: each unit passes through the GPU while it is partitioned to the host",
@@ -270,10 +275,18 @@ def _unused_load(c: StepContext, mode: str) -> list[str]:
     if lc.load_dtype == "fp32" and mode != "fp32-cast":
         why = {"quantize": "with bitsandbytes, from_pretrained given no torch_dtype loads float16 "
                            "(transformers Bnb4BitHfQuantizer / Bnb8BitHfQuantizer.update_torch_dtype, 4.38-4.57)",
-               "direct": "the step holds its weights in fp32, so an fp32 load is the direct one"}.get(mode)
+               "direct": "the step holds its weights in fp32, so an fp32 load is the direct one",
+               "whole-partition": "deepspeed.initialize casts the host model to the half dtype before it moves it to "
+                                  "the GPU (DeepSpeedEngine._configure_distributed_model), so no fp32 copy reaches "
+                                  "the GPU"}.get(mode)
         out.append(f"lifecycle.load_dtype fp32 set but not used: {why}" if why else
                    f"not modelled: lifecycle.load_dtype fp32 on the {mode} loading path (its tensors are counted in "
                    "the dtype the step holds them)")
+    par = c.s.parallel
+    if lc.zero_init is not None and not (par.zero_stage == 3 and c.s.deepspeed_engine and c.quant == "none"
+                                         and c.shards[2] > 1):
+        out.append("lifecycle.zero_init set but not used: only DeepSpeed ZeRO-3 over more than one data-parallel rank "
+                   "partitions a model at load, and transformers never builds a bitsandbytes one under zero.Init")
     if lc.quantize_at_init and mode not in ("litgpt", "torchtune"):
         # load.py quantizes_at_init: a bitsandbytes 4-bit base, unsharded, parameters on the GPU
         out.append("lifecycle.quantize_at_init set but not used: only a bitsandbytes 4-bit base held whole on the "

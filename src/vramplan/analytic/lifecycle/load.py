@@ -74,6 +74,7 @@ from vramplan.analytic.layout import BNB_4BIT_FORMATS, BNB_FORMATS, count_on_ran
 from vramplan.analytic.lifecycle.stream import PhaseStream, StreamPeak
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.context import StepContext
+from vramplan.analytic.terms.deepspeed import whole_then_partitioned
 from vramplan.analytic.weights import quantized_linear_bytes
 from vramplan.facts.quantization import quant_format
 from vramplan.spec.model import ParamGroup
@@ -174,10 +175,12 @@ def partitions_after_load(c: StepContext) -> bool:
 
 
 def load_mode(c: StepContext) -> str:
-    """direct | fp32-cast | quantize | litgpt | torchtune | quantize-partition | sharded | offloaded: how this
-    rank's parameters reach the GPU."""
+    """direct | fp32-cast | quantize | litgpt | torchtune | quantize-partition | whole-partition | sharded |
+    offloaded: how this rank's parameters reach the GPU."""
     if partitions_after_load(c):
         return "quantize-partition"
+    if whole_then_partitioned(c):
+        return "whole-partition"
     if c.offload_params:
         return "offloaded"
     if c.shards[2] > 1:
@@ -222,7 +225,7 @@ class LoadPlan:
     # dtype) and its float16 copy there (0 where that dtype is float16: ``.to`` returns the tensor itself)
     init: tuple[int, ...] = ()
     init_copy: tuple[int, ...] = ()
-    offloaded: bool = False  # quantize-partition: the partitions live on the host
+    offloaded: bool = False  # quantize-partition, whole-partition: the partitions live on the host
 
 
 def load_plan(c: StepContext) -> LoadPlan:
@@ -354,7 +357,7 @@ def load_peaks(plan: LoadPlan) -> tuple[StreamPeak, StreamPeak | None]:
         _sharded(st, plan, keep=plan.mode == "sharded")
         return st.peak(), None
     ids = _litgpt(st, plan) if plan.mode in ("litgpt", "torchtune") else _per_tensor(st, plan)
-    if plan.mode == "quantize-partition":
+    if plan.mode in ("quantize-partition", "whole-partition"):
         _partition(st, plan, ids)
     load = st.peak()
     if not plan.prepares:

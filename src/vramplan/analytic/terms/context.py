@@ -78,7 +78,7 @@ def layout_style(s: Scenario) -> str:
 def step_policy(s: Scenario) -> PrecisionPolicy:
     """The precision policy of the trainable parameters."""
     pol = policy(s)
-    if s.train.peft is not None and s.effective_framework != "deepspeed":
+    if s.train.peft is not None and not s.deepspeed_engine:
         # the adapters (the trainable parameters) are fp32 with peft >= 0.12 (get_peft_model's
         # autocast_adapter_dtype=True), or the base weight's dtype with older peft (precision.adapter_bytes);
         # their gradients and optimizer states follow

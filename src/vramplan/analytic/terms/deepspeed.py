@@ -91,8 +91,9 @@ from vramplan.analytic.timeline import END, FORWARD, STEP, layer_done, mlp
 from vramplan.analytic.weights import weights_bytes
 from vramplan.units import ceil_div
 
-__all__ = ["SUB_GROUP_SIZE", "grad_in_flight", "layer_tensors", "offload_norm_copies", "persistent", "reduce_buckets",
-           "retained_layers", "reuse_distances", "settings", "step_norm_and_flatten", "zero3", "zero3_gathered"]
+__all__ = ["SUB_GROUP_SIZE", "gathers_on_side_stream", "grad_in_flight", "layer_tensors", "offload_norm_copies",
+           "persistent", "reduce_buckets", "retained_layers", "reuse_distances", "settings", "step_norm_and_flatten",
+           "whole_then_partitioned", "zero3", "zero3_gathered", "zero3_sub_groups"]
 
 
 def settings(c: StepContext) -> ZeroSettings:
@@ -103,6 +104,36 @@ def settings(c: StepContext) -> ZeroSettings:
 def zero3(c: StepContext) -> bool:
     """DeepSpeed's ZeRO-3 partitions the parameters over more than one rank."""
     return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3 and c.shards[2] > 1
+
+
+def gathers_on_side_stream(c: StepContext) -> bool:
+    """ZeRO-3 with ``overlap_comm`` gathers parameters on a stream of its own (deepspeed 0.19.8
+    runtime/zero/parameter_offload.py:195: ``Stream() if overlap_comm else default_stream()``;
+    partitioned_param_coordinator.py:606 calls ``all_gather_coalesced`` under ``stream(self.__allgather_stream)``,
+    and partition_parameters.py ``_all_gather_dtype`` makes the flat gathered buffer there).  The caching allocator
+    never hands that stream's cached blocks to the compute stream nor the other way round, so the gathered
+    parameters are a pool of their own in the step's replay (analytic/events.py ``gathered_on_side_stream``)."""
+    return zero3(c) and settings(c).overlap_comm
+
+
+def zero3_sub_groups(c: StepContext) -> tuple[int, ...]:
+    """The elements of each optimizer sub-group of this rank's trainable partition (ZeRO-3 with its partitions on the
+    GPU; () otherwise): ``SUB_GROUP_SIZE`` elements each and the rest (``_create_fp16_sub_groups`` closes a sub-group
+    at the parameter that reaches it: the cut inside a parameter is not modelled)."""
+    if not zero3(c) or c.offload_params:
+        return ()
+    shard = c.trainable_shard
+    if shard <= 0:
+        return ()
+    full, rest = divmod(shard, SUB_GROUP_SIZE)
+    return (SUB_GROUP_SIZE,) * full + ((rest,) if rest else ())
+
+
+def whole_then_partitioned(c: StepContext) -> bool:
+    """DeepSpeed ZeRO-3 on a model not built under zero.Init (``lifecycle.zero_init`` false, not quantized: a
+    bitsandbytes base is loaded whole anyway, lifecycle/load.py ``partitions_after_load``): ``deepspeed.initialize``
+    moves the whole half model to the GPU, then partitions it (spec/scenario.py ``Lifecycle.zero_init``)."""
+    return c.s.lifecycle.zero_init is False and zero3(c) and c.quant == "none"
 
 
 def _half_bytes(c: StepContext) -> int:
