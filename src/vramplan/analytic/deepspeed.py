@@ -127,9 +127,12 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
         out.append("DeepSpeed ZeRO-3 fetching as in a step with a complete module trace (from the third step): "
                    "module by module, with prefetch and the parameters reused within stage3_max_reuse_distance kept "
                    "gathered (partitioned_param_coordinator.py); an invalidated trace releases every module and "
-                   "prefetches nothing. Not modelled: the LoRA adapters kept gathered for reuse "
-                   "(their persistent matrices are counted), the host-to-GPU copies of offloaded parameters "
-                   "before their all-gather")
+                   "prefetches nothing. The gathered parameters are a pool of their own on the all-gather stream (with "
+                   "overlap_comm), the reserved bytes the pools' sum. Not modelled: the LoRA adapters kept gathered "
+                   "for reuse (their persistent matrices are counted), the host-to-GPU copies of offloaded parameters "
+                   "before their all-gather, and the frees across streams (record_stream: a gathered parameter or a "
+                   "gradient moved to the bucket returns to its pool only once the other stream's work has passed "
+                   "it), which can hold more reserved bytes than the replay's")
     return out
 
 
