@@ -76,6 +76,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (23, 4, "2026-11-28", _SCORED, 3, True),
     (24, 19, "2026-11-28", _SCORED, 9, True),
     (25, 20, "2026-11-28", _SCORED, 16, True),
+    (26, 14, "2026-11-28", _SCORED, 7, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
@@ -421,6 +422,17 @@ def test_batch25_figures_converted_to_bytes() -> None:
     assert _by_id("b25s-sgl7873-llama3-8b-tp2-h200-mf085-kv").measured.bytes == 118_111_600_640
     # vLLM's "Loading model weights took 3.7418 GB" divides by 2^30: 3.7418 x 2^30 = 4,017,727,157 B
     assert _by_id("b25s-genlm10-llama3-8b-tp4-v070-weights").measured.bytes == 4_017_727_157
+
+
+def test_batch26_figures_converted_to_bytes() -> None:
+    # vLLM's "Model loading took 17.6110 GiB" divides by 2^30: 17.6110 x 2^30 = 18,909,667,262.5 -> 18,909,667,262 B
+    assert _by_id("b26v-vllm16199-gemma3-27b-awq-a10-v083-len4096-weights").measured.bytes == 18_909_667_262
+    # llama.cpp's "CUDA0 model buffer size = 1918.35 MiB": 1918.35 x 2^20 = 2,011,535,769.6 -> 2,011,535,770 B
+    assert _by_id("b26l-ollama8310-llama32-3b-q4km-ctx8192-np4-model-buffer").measured.bytes == 2_011_535_770
+    # vLLM's "# GPU blocks: 78897" of 16 tokens of Llama 3 8B's 32 x 8 x 128 x 2 x 2 = 131,072 B: 165,459,001,344 B; the
+    # fp8 KV's 157,794 blocks of half the bytes are the same pool
+    assert _by_id("b26p-rocm-vllm-llama3-8b-mi300x-len8192-kv-auto").measured.bytes == 78_897 * 16 * 131_072
+    assert _by_id("b26p-rocm-vllm-llama3-8b-mi300x-len8192-kv-fp8").measured.bytes == 157_794 * 16 * 65_536
 
 
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
