@@ -463,17 +463,15 @@ def _share(total: int, numels: list[int], all_numel: int) -> list[int]:
 def _setup(st: _Stream, lay: StepLayout, states_now: bool, n_layers: int) -> list[int]:
     # parameters (and masters, states) stay literal: small ones fill a small-pool segment one after the
     # other, so these allocations are not periodic in the allocator and a Repeat would not be skipped
+    params = list(lay.param_tensors)
+    for i in range(n_layers):
+        params += lay.layers[i % len(lay.layers)].params
     if lay.zero3_groups:
         # stage3.py _create_fp16_partitions_with_defragmentation: the partitions copied to the host and freed, the
         # cache emptied, then one flat buffer back on the GPU (zero/utils.py ``defragment``: ``empty_cache()``)
-        sizes = list(lay.param_tensors)
-        for i in range(n_layers):
-            sizes += lay.layers[i % len(lay.layers)].params
-        st.alloc(sum(sizes))
+        st.alloc(sum(params))
     else:
-        st.alloc_all(lay.param_tensors)
-        for i in range(n_layers):
-            st.alloc_all(lay.layers[i % len(lay.layers)].params)
+        st.alloc_all(params)
     st.alloc_all(lay.extra_static)
     tr = _trainable(lay, n_layers)
     if lay.zero3_groups:
