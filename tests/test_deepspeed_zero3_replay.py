@@ -66,3 +66,25 @@ def test_gathered_parameters_are_a_pool_of_their_own() -> None:
     assert replay_compact(main).peak_reserved_bytes + replay_compact(side).peak_reserved_bytes >= one.peak_allocated_bytes
     # overlap_comm false: DeepSpeed gathers on the default stream, one pool
     assert not _layout(_doc(deepspeed={"overlap_comm": False})).layout.gathered_on_side_stream
+
+
+def test_the_optimizer_steps_one_sub_group_at_a_time() -> None:
+    # stage3.py _optimizer_step hands torch's AdamW one sub-group's flat fp32 partition per step(): its foreach
+    # temporaries are the largest sub-group's.  Over 2 ranks the partition is 3,369,207,808 elements in sub-groups of
+    # 1e9: the step's temporaries are 1e9 / 3,369,207,808 of the whole partition's; over 8 ranks (one sub-group of
+    # 842,301,952) all of them
+    from vramplan.analytic.terms.optimizer_state import optimizer_cost_of, step_temporary
+
+    c = _layout({**_doc(), "framework": "hf-trainer"}).context
+    whole = optimizer_cost_of(c).step_temporary_bytes
+    assert whole > 0
+    step = next(t for t in step_temporary(c) if t.name == "optimizer.step")
+    assert step.nbytes == whole * 1_000_000_000 // 3_369_207_808
+    c8 = _layout({**_doc(gpus=8), "framework": "hf-trainer"}).context
+    assert next(t for t in step_temporary(c8) if t.name == "optimizer.step").nbytes == \
+        optimizer_cost_of(c8).step_temporary_bytes
+    # the replay: each sub-group's temporaries in turn, the largest's bytes scaled to each (369,207,808 for the last)
+    lay = _layout({**_doc(), "framework": "hf-trainer"}).layout
+    stream = train_run_stream(lay)
+    assert stream.count(lay.step_temporary) == 2 * 3  # three full sub-groups, in each of the two steps
+    assert lay.step_temporary * 369_207_808 // SUB_GROUP_SIZE in stream

@@ -632,9 +632,11 @@ def _optimizer(st: _Stream, lay: StepLayout, grads: list[int], states: list[int]
     if states is None:
         states = _make_states(st, lay, tr)
     if lay.zero3_groups:
-        # one sub-group at a time: its fp32 gradient (and the step's other temporaries) freed before the next
-        for x in split_exact(lay.step_temporary, list(lay.zero3_groups)):
-            st.free(st.alloc(x))
+        # one sub-group at a time: its fp32 gradient and the optimizer's temporaries, sized by the largest sub-group
+        # (terms/optimizer_state.py step_temporary, terms/deepspeed.py step_norm_and_flatten), freed before the next
+        largest = max(lay.zero3_groups)
+        for g in lay.zero3_groups:
+            st.free(st.alloc(lay.step_temporary * g // largest))
     else:
         temps = st.alloc_all(_share(lay.step_temporary, tr, lay.trainable_total))
         st.free_all(list(reversed(temps)))

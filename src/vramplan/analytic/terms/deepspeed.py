@@ -85,7 +85,13 @@ from vramplan.analytic.layout import split_on_rank
 from vramplan.analytic.moment import K
 from vramplan.analytic.terms.base import Term, device_terms, resident
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.terms.optimizer_state import optimizer_cost_of, zero_stage_stepping, zero_step
+from vramplan.analytic.terms.optimizer_state import (
+    SUB_GROUP_SIZE,
+    optimizer_cost_of,
+    zero3_sub_groups,
+    zero_stage_stepping,
+    zero_step,
+)
 from vramplan.analytic.terms.sharding import one_layer
 from vramplan.analytic.timeline import END, FORWARD, STEP, layer_done, mlp
 from vramplan.analytic.weights import weights_bytes
@@ -114,19 +120,6 @@ def gathers_on_side_stream(c: StepContext) -> bool:
     never hands that stream's cached blocks to the compute stream nor the other way round, so the gathered
     parameters are a pool of their own in the step's replay (analytic/events.py ``gathered_on_side_stream``)."""
     return zero3(c) and settings(c).overlap_comm
-
-
-def zero3_sub_groups(c: StepContext) -> tuple[int, ...]:
-    """The elements of each optimizer sub-group of this rank's trainable partition (ZeRO-3 with its partitions on the
-    GPU; () otherwise): ``SUB_GROUP_SIZE`` elements each and the rest (``_create_fp16_sub_groups`` closes a sub-group
-    at the parameter that reaches it: the cut inside a parameter is not modelled)."""
-    if not zero3(c) or c.offload_params:
-        return ()
-    shard = c.trainable_shard
-    if shard <= 0:
-        return ()
-    full, rest = divmod(shard, SUB_GROUP_SIZE)
-    return (SUB_GROUP_SIZE,) * full + ((rest,) if rest else ())
 
 
 def whole_then_partitioned(c: StepContext) -> bool:
@@ -343,11 +336,6 @@ def _largest_tensors(c: StepContext) -> tuple[int, int, int]:
     return layer, head, emb
 
 
-# stage3.py steps one sub-group of the partition at a time: DeepSpeedZeroConfig.sub_group_size's default (1e9
-# elements, runtime/zero/config.py; the Hugging Face example configs write the same), which no scenario key changes.
-# ``_create_fp16_sub_groups`` closes a sub-group at the parameter that takes it to sub_group_size or more, so a
-# sub-group holds less than sub_group_size + one parameter's partition.
-SUB_GROUP_SIZE = 1_000_000_000
 
 
 def step_norm_and_flatten(c: StepContext) -> list[Term]:

@@ -17,7 +17,14 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.resident import offload_where
 from vramplan.analytic.timeline import END, STEP
 
-__all__ = ["master", "optimizer_cost_of", "optimizer_states", "step_temporary", "zero_stage_stepping", "zero_step"]
+__all__ = ["SUB_GROUP_SIZE", "master", "optimizer_cost_of", "optimizer_states", "step_temporary", "zero3_sub_groups",
+           "zero_stage_stepping", "zero_step"]
+
+# stage3.py steps one sub-group of the partition at a time: DeepSpeedZeroConfig.sub_group_size's default (1e9
+# elements, runtime/zero/config.py; the Hugging Face example configs write the same), which no scenario key changes.
+# ``_create_fp16_sub_groups`` closes a sub-group at the parameter that takes it to sub_group_size or more, so a
+# sub-group holds less than sub_group_size + one parameter's partition.
+SUB_GROUP_SIZE = 1_000_000_000
 
 
 def optimizer_cost_of(c: StepContext) -> OptimizerCost:
@@ -69,12 +76,29 @@ def step_temporary(c: StepContext) -> list[Term]:
     parameter's own when the step runs in the backward, terms/in_backward.py)."""
     if c.offload_opt or c.in_backward or c.torchao_offload:
         return []
-    out = [Term(K.OPTIMIZER_STEP, optimizer_cost_of(c).step_temporary_bytes, STEP, END, "optimizer.step")]
+    nbytes = optimizer_cost_of(c).step_temporary_bytes
+    groups = zero3_sub_groups(c)
+    if groups:
+        # ZeRO-3 hands the optimizer one sub-group's flat fp32 partition per step() (stage3.py _optimizer_step:
+        # ``param_groups[...]['params'] = [fp32_param]``, deepspeed 0.19.8 line 1260): the largest sub-group's
+        # temporaries, not the whole partition's
+        nbytes = nbytes * max(groups) // sum(groups)
+    out = [Term(K.OPTIMIZER_STEP, nbytes, STEP, END, "optimizer.step")]
     if c.pol.master_bytes and c.pol.grad_bytes < 4 and not zero_step(c):
         # DeepSpeed builds an fp32 copy of the gradient partition for the optimizer step; Megatron-Core's gradients
         # are fp32 already and its main gradients views of them (distrib_optimizer.py line 2396: .float() of fp32)
         out.append(Term(K.OPTIMIZER_STEP, c.trainable_shard * 4, STEP, END, "optimizer.step.fp32_gradients"))
     return out
+
+
+def zero3_sub_groups(c: StepContext) -> tuple[int, ...]:
+    """The elements of each optimizer sub-group of this rank's trainable partition when ZeRO-3 steps it with its
+    partitions on the GPU (() otherwise): ``SUB_GROUP_SIZE`` elements each and the rest (``_create_fp16_sub_groups``
+    closes a sub-group at the parameter that reaches it: the cut inside a parameter is not modelled)."""
+    if zero_stage_stepping(c) != 3 or c.offload_params:
+        return ()
+    full, rest = divmod(c.trainable_shard, SUB_GROUP_SIZE)
+    return (SUB_GROUP_SIZE,) * full + ((rest,) if rest else ())
 
 
 def zero_stage_stepping(c: StepContext) -> int:
