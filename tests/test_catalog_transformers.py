@@ -31,7 +31,9 @@ BUFFERS_COUNTED = {"deepseek-ai/DeepSeek-V3": 58 * 256,
                    # GLM-4.7: GLM-4.5's layers (92, the first 3 dense) and experts (160), longer positions only
                    "zai-org/GLM-4.7": 89 * 160,
                    # INTELLECT-3-Base: GLM-4.5-Air's shapes, 45 MoE layers x 128 routed experts
-                   "PrimeIntellect/INTELLECT-3-Base": 45 * 128}
+                   "PrimeIntellect/INTELLECT-3-Base": 45 * 128,
+                   # Nemotron 3 Nano's router keeps it too (NemotronHTopkRouter): 23 "E" blocks x 128 routed experts
+                   "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": 23 * 128}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])

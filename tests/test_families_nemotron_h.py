@@ -66,7 +66,86 @@ def test_8b_shape_matches_transformers_meta_module() -> None:
     assert spec.num_parameters == sum(p.numel() for p in module.parameters()) == 8_100_852_736
 
 
-@pytest.mark.parametrize("config", [{"hybrid_override_pattern": "M-*E"}, {"num_nextn_predict_layers": 1}])
+# Nemotron 3's "E" blocks in a test input: "ME*EM-" (two mixers, two MoE blocks, one attention block, one MLP block),
+# 8 routed plain experts of 48, top 2, a shared expert of 96
+MOE: dict[str, Any] = {**TESTER, "hybrid_override_pattern": "ME*EM-", "n_routed_experts": 8, "num_experts_per_tok": 2,
+                       "moe_intermediate_size": 48, "moe_shared_expert_intermediate_size": 96, "n_group": 1,
+                       "topk_group": 1}
+
+
+def test_moe_blocks_count_by_hand_and_on_the_meta_device() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    # TESTER's 40,272 holds 3 MLP blocks (3 x 4,096) and 3 x 32 block norms; "ME*EM-" keeps one MLP block:
+    #   40,272 - 2 x 4,096 = 32,080 (two mixers, one attention, one MLP, six norms, embeddings, head, norm_f)
+    # each "E" block: router 8 x 32 = 256 (+ its 8-element buffer e_score_correction_bias, counted as DeepSeek-V3's);
+    #   experts up 8 x 48 x 32 = 12,288 and down 12,288; shared expert up 32 x 96 + down 96 x 32 = 6,144
+    #   -> 256 + 8 + 12,288 + 12,288 + 6,144 = 30,984
+    # 32,080 + 2 x 30,984 = 94,048 (transformers' module: 94,048 - 2 x 8 buffer elements = 94,032 parameters)
+    m = model_from_config(MOE)
+    assert m.num_parameters == 94_048
+    assert m.moe is not None and not m.moe.gated
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_intermediate_size, m.moe.shared_intermediate_size) == \
+        (8, 2, 48, 96)
+    assert [ls.moe for ls in m.layers] == [False, True, False, True, False, False]
+    assert m.mamba is not None and m.mamba.ffn_only_layers == (1, 3, 5)  # neither attention nor a mixer there
+    assert kv_bytes_per_token(m, 2) == 64  # the one attention block
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**MOE)
+        with torch.device("meta"):
+            module = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert sum(p.numel() for p in module.parameters()) == 94_032
+
+
+def test_plain_experts_saved_per_routed_token() -> None:
+    from vramplan.analytic.activations import _grouped_experts_tensors
+    from vramplan.analytic.terms.context import StepContext
+
+    m = model_from_config(MOE)
+    for precision, expected in (
+        # bf16 weights: the gathered input 2 x 32, relu's output 2 x 48 (square saves the same tensor), the down
+        # projection's input (the square) 2 x 48, the down output 2 x 32: 64 + 96 + 96 + 64 = 320
+        ("bf16-true", 320),
+        # mixed precision, fp32 experts (grouped_mm runs in the weight's dtype): 4 x 32 + 4 x 48 (pow needs no fp32
+        # copy of an fp32 input) + 4 x 48 + 4 x 32 = 640
+        ("bf16-mixed", 640)):
+        doc = {"task": "train", "model": MOE, "hardware": {"gpu": "A100-80GB"},
+               "train": {"micro_batch_size": 1, "seq_len": 64, "precision": precision, "optimizer": "adamw"}}
+        ctx = StepContext(resolve(doc), 0, "flash", False).act
+        assert sum(t.nbytes for t in _grouped_experts_tensors(m, ctx)) == expected
+
+
+@pytest.mark.parametrize(("precision", "checkpointing"), [("bf16-mixed", "none"), ("bf16-true", "none"),
+                                                          ("bf16-mixed", "full")])
+def test_moe_training_agrees_with_the_traced_engine(precision: str, checkpointing: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from vramplan.trace.engine import estimate as traced
+
+    # a width at which the activations are most of the step (hidden 256, 8 experts of 384, 2 MoE blocks of 6)
+    model = {**MOE, "hidden_size": 256, "head_dim": 64, "intermediate_size": 512, "mamba_head_dim": 32,
+             "chunk_size": 64, "moe_intermediate_size": 384, "moe_shared_expert_intermediate_size": 768,
+             "vocab_size": 1000}
+    doc = {"task": "train", "model": model, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 4, "seq_len": 512, "precision": precision, "optimizer": "adamw",
+                     "gradient_checkpointing": checkpointing}}
+    a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    assert 0.95 < a / t < 1.05
+
+
+def test_vllm_fused_moe_width_of_plain_experts() -> None:
+    from vramplan.serve.vllm import _routed_width
+
+    m = resolve({"model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "task": "serve",
+                 "hardware": {"gpu": "H100"}}).model
+    # per token: top-6 x (max(I 1,856 (no gate half), h 2,688) + I 1,856) + 128 router logits = 6 x 4,544 + 128
+    assert _routed_width(m, 1) == 27_392
+
+
+@pytest.mark.parametrize("config", [{"hybrid_override_pattern": "M-*E", "moe_latent_size": 16},
+                                    {"num_nextn_predict_layers": 1}])
 def test_what_is_not_modelled_is_refused(config: dict[str, Any]) -> None:
     with pytest.raises(VramplanError, match="not modelled"):
         model_from_config({**TESTER, **config})

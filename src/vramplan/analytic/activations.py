@@ -659,8 +659,9 @@ def gated_mlp_tensors(m: ModelSpec, inter: int, ctx: ActContext, mods: tuple[str
     return _gated_tensors(m, ceil_div(inter, ctx.tp), _norm_out_bytes(m.norm, ctx), ctx, "mlp", mods)
 
 
-def _fc_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext) -> list[SavedTensor]:
-    """A non-gated MLP (fc1, activation, fc2), per token."""
+def _fc_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext, name: str = "mlp") -> list[SavedTensor]:
+    """A non-gated MLP (fc1, activation, fc2), per token (``name``: the records' prefix; a plain shared expert's
+    "mlp.shared")."""
     c = ctx.compute_bytes
     act_saved, act_out = _act_saved(m.hidden_act, ctx)
     fc1, fc2 = _fc_names(m)
@@ -669,13 +670,13 @@ def _fc_tensors(m: ModelSpec, inter: int, in_b: int, ctx: ActContext) -> list[Sa
         # bytes (NewGELU's chain then keeps four fp32 tensors: x, tanh, 0.5 x and 1 + tanh)
         ew = ctx.elementwise_bytes
         act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
-    out = _linear_input_tensors("mlp.fc1", m.hidden_size, (fc1,), in_b, ctx)
-    out.append(_T("mlp.activation", act_saved * inter))
+    out = _linear_input_tensors(f"{name}.fc1", m.hidden_size, (fc1,), in_b, ctx)
+    out.append(_T(f"{name}.activation", act_saved * inter))
     # ReLU saves its output, which is also fc2's input: one tensor, counted once
     if ctx.frozen_base:
-        out += _adapter_input_tensors("mlp.fc2", inter, (fc2,), act_out, ctx)
+        out += _adapter_input_tensors(f"{name}.fc2", inter, (fc2,), act_out, ctx)
     elif m.hidden_act != "relu":
-        out.append(_T("mlp.fc2.input", (c if act_out != c or ctx.autocast else act_out) * inter))
+        out.append(_T(f"{name}.fc2.input", (c if act_out != c or ctx.autocast else act_out) * inter))
     return out
 
 
@@ -702,7 +703,9 @@ def _moe_tensors(m: ModelSpec, ctx: ActContext, in_b: int) -> list[SavedTensor]:
         out += _times(_expert_loop_tensors(m, ctx, in_b, act_saved), e.top_k)
     else:
         out += _times(_grouped_experts_tensors(m, ctx), e.top_k)
-    if e.shared_intermediate_size:
+    if e.shared_intermediate_size and not e.gated:
+        out += _fc_tensors(m, ceil_div(e.shared_intermediate_size, ctx.tp), in_b, ctx, "mlp.shared")
+    elif e.shared_intermediate_size:
         out += _gated_tensors(m, ceil_div(e.shared_intermediate_size, ctx.tp), in_b, ctx, "mlp.shared",
                               ("gate_proj", "up_proj"))
     return out
@@ -815,7 +818,16 @@ def _frozen_input_moe(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[
     per, exp_live = _frozen_input_routed(m, ctx, (g, u, d, rw), in_b)
     saved += e.top_k * per
     live = exp_live or rw
-    if e.shared_intermediate_size:
+    if e.shared_intermediate_size and not e.gated:
+        # a plain shared expert (NemotronHMLP: up_proj, the activation, down_proj), as a plain dense MLP
+        si = ceil_div(e.shared_intermediate_size, ctx.tp)
+        act_saved, act_out = _act_saved(m.hidden_act, ctx)
+        su, sd = "up_proj" in ctx.lora_targets, "down_proj" in ctx.lora_targets
+        saved += _adapter_inputs(h, ("up_proj",), in_b, replace(ctx, kbit_saves_input=False))
+        saved += act_saved * si if su else 0
+        saved += _adapter_inputs(si, ("down_proj",), act_out, replace(ctx, kbit_saves_input=ctx.kbit_saves_input and su))
+        live = live or su or sd
+    elif e.shared_intermediate_size:
         si = ceil_div(e.shared_intermediate_size, ctx.tp)
         act_saved, _ = _act_saved(m.hidden_act, ctx)
         ew = ctx.ew
@@ -838,7 +850,11 @@ def _frozen_input_routed(m: ModelSpec, ctx: ActContext, adapted: tuple[bool, boo
     ei = _expert_inter(m, ctx)
     if not ctx.expert_loop:
         w = ctx.expert_bytes or c
-        per = (w * h + w * 2 * ei + w * ei + w * ei * _gate_extra(m)) if g else 0
+        if m.moe is not None and m.moe.gated:
+            inner = w * 2 * ei + w * ei + w * ei * _gate_extra(m)
+        else:  # plain experts: the activation's saved tensor (``_grouped_experts_tensors``)
+            inner = _plain_expert_act_saved(m, ctx, w) * ei
+        per = (w * h + inner) if g else 0
         per += w * ei if d else 0
         per += w * h if rw else 0
         return per, g or d
@@ -892,6 +908,16 @@ def _router_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
     return [_T("mlp.router.logits", c * m.moe.num_experts), _T("mlp.router.softmax", 4 * m.moe.num_experts)]
 
 
+def _plain_expert_act_saved(m: ModelSpec, ctx: ActContext, w: int) -> int:
+    """Bytes per element a plain expert's activation saves when it runs in the experts' dtype ``w`` (the up
+    projection's output dtype: ``_grouped_mm`` computes in the weight's dtype).  ReLU^2 under autocast: ``relu`` saves
+    its output and ``pow`` (autocast's fp32 list) an fp32 copy of it, none when the experts are fp32 already (mixed
+    precision's fp32 weights); otherwise ``_act_saved`` with w in the compute dtype's place."""
+    if m.hidden_act == "relu2" and ctx.autocast:
+        return w + (0 if w == 4 else 4)
+    return _act_saved(m.hidden_act, ctx)[0] - ctx.compute_bytes + w
+
+
 def _gate_extra(m: ModelSpec) -> int:
     """Intermediate-width tensors per routed token that an expert's gating saves beyond SiLU's
     (the gate/up output, the activation output and the product).
@@ -929,6 +955,16 @@ def _grouped_experts_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]
     w = ctx.expert_bytes or ctx.compute_bytes
     gate_up = not ctx.frozen_base or ctx.gate_up_wrapped  # the weight (or its LoRA-adapted copy) needs a gradient
     down = not ctx.frozen_base or ctx.down_wrapped
+    if not m.moe.gated:
+        # plain experts (``has_gate=False``): ``act_fn`` on the up output, then down.  The activation saves what
+        # ``_act_saved`` says with the experts' dtype w in the compute dtype's place (ReLU^2: ``relu`` saves its
+        # output; under autocast ``square`` is ``pow``, on the fp32 list, and saves an fp32 copy of it); the down
+        # projection's ``_grouped_mm`` casts its input to the weight's dtype (``input.to(weight.dtype)``: grouped_mm
+        # is not autocast-enabled), a w-byte tensor saved for the weight's gradient
+        return [_T("mlp.experts.gathered_input", w * h if gate_up else 0),
+                _T("mlp.experts.act_saved", _plain_expert_act_saved(m, ctx, w) * ei),
+                _T("mlp.experts.down_input", w * ei if down else 0),
+                _T("mlp.experts.down_output", w * h)]
     return [
         _T("mlp.experts.gathered_input", w * h if gate_up else 0),  # saved for the weight gradient
         _T("mlp.experts.gate_up_output", w * 2 * ei),  # SiLU saves the gate half, the product the up half

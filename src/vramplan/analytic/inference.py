@@ -338,11 +338,16 @@ def _grouped_experts_width(m: ModelSpec, tp: int) -> int:
 
     Plus the router logits (E).  Example, Mixtral-8x7B (h 4096, I 14336, top-2, 8 experts):
     2 x (4096 + 4 x 14336) + 8 = 122,888 elements per token.
+
+    Plain experts (``has_gate=False``, Nemotron 3): the up output (I) and the activation's (ReLU^2: the ReLU output,
+    then the square while it is bound: 2I) beside the gathered input, h + 3I at most.
     """
     assert m.moe is not None
     e = m.moe
     h, ei = m.hidden_size, ceil_div(e.expert_intermediate_size, tp)
-    if m.traits.clamped_glu_experts:
+    if not e.gated:
+        gate, tail = h + 3 * ei, 4 * h
+    elif m.traits.clamped_glu_experts:
         gate, tail = h + 2 * ei + 2 * ei + 5 * ei, 5 * h
     else:
         gate, tail = h + 2 * ei + 2 * ei, 4 * h
@@ -355,6 +360,8 @@ def _mlp_width(m: ModelSpec, tp: int, grouped: bool = True) -> int:
     per-expert linears)."""
     if m.moe is not None:
         if grouped:
+            # the shared expert: a gated MLP's 3 I, or a plain one's (ReLU^2: the fc output, the ReLU output and its
+            # square, 3 I as the dense branch below says)
             return max(_grouped_experts_width(m, tp), 3 * ceil_div(m.moe.shared_intermediate_size, tp))
         # routed experts run one after another on their tokens; the widest live set is one
         # expert's gated MLP over (at most) all tokens plus the router logits

@@ -571,7 +571,9 @@ def _routed_width(m: ModelSpec, moe_tp: int) -> int:
     """Elements of the fused-MoE caches per token (``_mlp_width_per_token``)."""
     assert m.moe is not None
     ie = ceil_div(m.moe.expert_intermediate_size, moe_tp)
-    return m.moe.top_k * (max(2 * ie, m.hidden_size) + ie) + m.moe.num_experts
+    # plain experts (Nemotron 3: vllm/model_executor/models/nemotron_h.py runs FusedMoE with a non-gated "_no_mul"
+    # activation, fused_moe/utils.py activation_without_mul): the w1 output is I wide, not 2 I
+    return m.moe.top_k * (max((2 if m.moe.gated else 1) * ie, m.hidden_size) + ie) + m.moe.num_experts
 
 
 def _moe_gathered_bytes(m: ModelSpec, tokens: int, dtype_bytes: int, tp: int, moe_tp: int, dp: int) -> int:

@@ -116,6 +116,10 @@ class MoESpec:
     expert_intermediate_size: int
     num_shared_experts: int = 0
     shared_intermediate_size: int = 0  # total width of the shared expert MLP
+    # gated experts (SwiGLU: a fused gate_up projection of 2 x I, then down) or plain ones (one up projection of I,
+    # the activation, then down: NemotronHExperts, ``use_experts_implementation(has_gate=False)``, transformers 5.24
+    # modeling_nemotron_h.py; its shared expert is the plain NemotronHMLP too)
+    gated: bool = True
 
 
 @dataclass(frozen=True)

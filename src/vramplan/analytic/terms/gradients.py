@@ -258,7 +258,7 @@ def _down_grad_bytes(m: ModelSpec, layer: LayerSpec, layer_grad: int, peft: Peft
         return layer_grad
     if layer.moe and m.moe is not None:
         down = h * (m.moe.num_experts * m.moe.expert_intermediate_size + m.moe.shared_intermediate_size)
-        n_mlp = 3 * down + h * m.moe.num_experts
+        n_mlp = (3 if m.moe.gated else 2) * down + h * m.moe.num_experts
     elif layer.intermediate_size:
         down = h * layer.intermediate_size
         n_mlp = (3 if m.mlp_gated else 2) * down

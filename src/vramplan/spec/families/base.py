@@ -104,13 +104,16 @@ class Params:
         self.vision_linears: list[tuple[str, int, int]] = []
 
     def add(self, name: str, numel: int, role: Role, layers: tuple[int, ...] = (), per_layer: int = 1,
-            in_features: int = 0, out_features: int = 0, tp: TPSplit = "replicated") -> None:
+            in_features: int = 0, out_features: int = 0, tp: TPSplit = "replicated", module: str = "") -> None:
+        """``module``: the module that holds the tensor, when it is not the name's last part (a bare 3-D parameter
+        of a module: NemotronHExperts' ``up_proj`` is a tensor of the module ``experts``, which peft's
+        ``target_modules: [up_proj]`` does not match)."""
         if numel <= 0:
             return
         count = per_layer * (len(layers) if layers else 1)
         if count <= 0:
             return
-        module = name.split(".")[-2] if name.endswith((".weight", ".bias")) else name.split(".")[-1]
+        module = module or (name.split(".")[-2] if name.endswith((".weight", ".bias")) else name.split(".")[-1])
         self.rows.append(ParamGroup(name, module, numel, count, role, in_features, out_features, tp, layers))
 
     def linear(self, name: str, fan_in: int, fan_out: int, layers: tuple[int, ...], bias: bool, tp: TPSplit,

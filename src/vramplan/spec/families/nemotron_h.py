@@ -12,13 +12,21 @@ Every block (``NemotronHBlock``) holds one RMSNorm (``norm``) and one ``mixer`` 
   (the attention takes no rotary embedding);
 * "-": ``NemotronHMLP``, ``up_proj`` and ``down_proj`` (``mlp_bias``) around ``mlp_hidden_act`` (relu2: not gated).
 
-Then ``norm_f`` and an ``lm_head`` tied when ``tie_word_embeddings``.  Refused: "E" blocks (Nemotron 3's routed
-experts beside a shared expert, optionally in a latent space) and multi-token-prediction layers.
+* "E": ``NemotronHMoE`` (Nemotron 3): a ``NemotronHTopkRouter`` (``gate.weight``, experts x hidden, kept in fp32 by
+  ``_keep_in_fp32_modules_strict``, and the buffer ``e_score_correction_bias``; sigmoid scores, DeepSeek-V3's grouped
+  top-k), ``NemotronHExperts``: plain (not gated) experts held as two 3-D parameters, ``up_proj`` [E, I, h] and
+  ``down_proj`` [E, h, I] of ``moe_intermediate_size`` I, run by transformers' grouped experts with
+  ``has_gate=False`` (integrations/moe.py ``grouped_mm_experts_forward``: up, the activation, down), and a shared
+  expert ``shared_experts``, a ``NemotronHMLP`` of ``moe_shared_expert_intermediate_size``.
+
+Then ``norm_f`` and an ``lm_head`` tied when ``tie_word_embeddings``.  Refused: MoE blocks in a latent space
+(``moe_latent_size``: ``fc1_latent_proj``/``fc2_latent_proj`` around the experts) and multi-token-prediction layers.
 
 ``configuration_nemotron_h.py`` defaults: vocab 131072, hidden 4096, 32 heads, 8 KV heads, head_dim 128,
 intermediate 21504, mlp_hidden_act relu2, mlp_bias False, ssm_state_size 128, mamba_num_heads 128, mamba_head_dim
 64, n_groups 8, conv_kernel 4, chunk_size 128, use_conv_bias True, use_bias False, tie_word_embeddings False,
-max_position_embeddings 4096.
+max_position_embeddings 4096; MoE: n_routed_experts 8, num_experts_per_tok 2, moe_intermediate_size 7688,
+moe_shared_expert_intermediate_size 7688.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from dataclasses import replace
 
 from vramplan.spec.families.bamba import mixer
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob, required
-from vramplan.spec.model import MambaSpec, ModelSpec
+from vramplan.spec.model import MambaSpec, ModelSpec, MoESpec, Traits
 
 # configuration_nemotron_h.py _pattern_to_list, and the layer types transformers names (remap_legacy_layer_types)
 PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
@@ -47,9 +55,9 @@ def layer_types(cfg: Config) -> list[str]:
 
 def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     types = layer_types(cfg)
-    if "moe" in types:
-        raise ValueError("a nemotron_h model with MoE blocks (\"E\": Nemotron 3's routed experts) is not modelled; "
-                         "the models of Mamba2, attention and MLP blocks are")
+    if "moe" in types and cfg.get("moe_latent_size") is not None:
+        raise ValueError("a nemotron_h model whose MoE blocks run in a latent space (moe_latent_size: fc1_latent_proj "
+                         "and fc2_latent_proj around the experts) is not modelled; MoE blocks without it are")
     if int(cfg.get("num_nextn_predict_layers") or 0):
         raise ValueError("a nemotron_h model with multi-token-prediction layers is not modelled")
     n_layers = len(types)
@@ -63,7 +71,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                    state_size=int(get(cfg, "ssm_state_size", default=128)),
                    conv_kernel=int(get(cfg, "conv_kernel", default=4)), intermediate_size=m_heads * m_hd,
                    chunk_size=int(get(cfg, "chunk_size", default=128)),
-                   ffn_only_layers=tuple(i for i, t in enumerate(types) if t == "mlp"),
+                   ffn_only_layers=tuple(i for i, t in enumerate(types) if t in ("mlp", "moe")),
                    ssm_cache_dtype=cfg.get("mamba_ssm_cache_dtype"))
     attn = tuple(i for i, t in enumerate(types) if t == "full_attention")
     p = Params()
@@ -73,8 +81,12 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     mixer(p, ms, h, bool(get(cfg, "use_conv_bias", default=True)), use_bias, prefix="layers.mixer")
     p.attention("layers.mixer", h, n_heads, n_kv, hd, attn, False, "o_proj")
     mlp_bias = bool(cfg.get("mlp_bias", False))
-    p.linear("layers.mixer.up_proj", h, inter, ms.ffn_only_layers, mlp_bias, "column")
-    p.linear("layers.mixer.down_proj", inter, h, ms.ffn_only_layers, mlp_bias, "row")
+    dense = tuple(i for i, t in enumerate(types) if t == "mlp")
+    if dense:  # (an empty span would mean a tensor outside the blocks)
+        p.linear("layers.mixer.up_proj", h, inter, dense, mlp_bias, "column")
+        p.linear("layers.mixer.down_proj", inter, h, dense, mlp_bias, "row")
+    moe_layers = tuple(i for i, t in enumerate(types) if t == "moe")
+    moe = _moe(p, cfg, h, moe_layers, mlp_bias) if moe_layers else None
     p.norm("norm_f", h, (), False)
     tied = bool(cfg.get("tie_word_embeddings", False))
     if not tied:
@@ -84,12 +96,31 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       hidden_act=str(cfg.get("mlp_hidden_act", "relu2")), mlp_gated=False, norm="rms_fp32",
                       position="none", tie_word_embeddings=tied, attention_dropout=prob(cfg, "attention_dropout"),
                       hidden_dropout=0.0, max_position_embeddings=int(get(cfg, "max_position_embeddings", default=4096)),
-                      mamba=ms)
-    # only the MLP blocks hold an MLP
-    mlp = frozenset(ms.ffn_only_layers)
+                      mamba=ms, moe=moe, moe_layers=frozenset(moe_layers),
+                      # the MLPs' linears are up_proj and down_proj (NemotronHMLP); the experts are 3-D parameters,
+                      # not nn.Linear modules, which bitsandbytes does not convert nor peft's all-linear adapt
+                      traits=Traits(fc_modules=("up_proj", "down_proj"), experts_are_linears=False))
+    # only the MLP blocks hold a dense MLP
+    mlp = frozenset(dense)
     return replace(spec, traits=replace(spec.traits, norm_weight_to_fp32=True),
                    layers=tuple(replace(ls, intermediate_size=ls.intermediate_size if ls.index in mlp else 0)
                                       for ls in spec.layers))
+
+
+def _moe(p: Params, cfg: Config, h: int, on: tuple[int, ...], mlp_bias: bool) -> MoESpec:
+    """The "E" blocks' tensors (``NemotronHMoE``): router, plain routed experts and the shared expert."""
+    e = int(get(cfg, "n_routed_experts", "num_local_experts", default=8))
+    ei = int(get(cfg, "moe_intermediate_size", default=7688))
+    si = int(get(cfg, "moe_shared_expert_intermediate_size", default=7688))
+    p.linear("layers.mixer.gate", h, e, on, False, "replicated", role="router")
+    # a buffer, counted as DeepSeek-V3's is (tests/test_catalog_transformers.py BUFFERS_COUNTED)
+    p.add("layers.mixer.gate.e_score_correction_bias", e, "other", on)
+    p.add("layers.mixer.experts.up_proj", ei * h, "expert", on, e, h, ei, "expert", module="experts")
+    p.add("layers.mixer.experts.down_proj", h * ei, "expert", on, e, ei, h, "expert", module="experts")
+    p.linear("layers.mixer.shared_experts.up_proj", h, si, on, mlp_bias, "column")
+    p.linear("layers.mixer.shared_experts.down_proj", si, h, on, mlp_bias, "row")
+    return MoESpec(e, int(get(cfg, "num_experts_per_tok", default=2)), ei, int(get(cfg, "n_shared_experts", default=1)),
+                   si, gated=False)
 
 
 NEMOTRON_H = Family(build, "modeling_nemotron_h.py",
