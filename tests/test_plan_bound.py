@@ -132,3 +132,32 @@ def test_the_step_floor_answers_only_the_plain_step() -> None:
     assert train_step_floor_bytes(r) is not None
     dpo = r.scenario.model_copy(update={"train": r.scenario.train.model_copy(update={"objective": "dpo"})})
     assert train_step_floor_bytes(Resolved(dpo, r.model, r.gpu)) is None
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(MODELS[:3]), gpu=st.sampled_from(GPUS), n=st.sampled_from([1, 2, 4]),
+       seq=st.sampled_from([512, 2048]), peft=st.sampled_from(["allow", "none"]), data=st.data())
+def test_the_step_floor_never_falls_as_the_micro_batch_grows(model: str, gpu: str, n: int, seq: int, peft: str,
+                                                             data: st.DataObject) -> None:
+    """The planner's split screen (plan/context.py ``micro_batch_key``): among setups that differ only in how the same
+    global batch is split into micro-batches (accumulation on in all or in none), the smallest micro-batch's step floor
+    is at most every other's, so its floor above the memory rejects them all."""
+    ctx = _ctx(model, gpu)
+    from vramplan.errors import VramplanError
+    from vramplan.plan.context import micro_batch_key
+
+    cands = list(train_candidates(ctx.model, ctx.gpu, n, TrainJob(seq_len=seq, global_batch=16 * n, peft=peft)))
+    groups: dict[tuple[object, ...], list[TrainSetup]] = {}
+    for s in cands:
+        groups.setdefault(micro_batch_key(s), []).append(s)
+    split = [g for g in groups.values() if len(g) > 1]
+    assert split  # the candidates hold splits of one strategy (else the screen is never used and this tests nothing)
+    for g in data.draw(st.lists(st.sampled_from(split), min_size=1, max_size=3)):
+        floors = []
+        for s in sorted(g, key=lambda x: x.train.micro_batch_size):
+            try:
+                floors.append((s.train.micro_batch_size, ctx.step_floor(s)))
+            except VramplanError:
+                continue
+        got = [f for _, f in floors if f is not None]
+        assert got == sorted(got), floors

@@ -32,7 +32,7 @@ from vramplan.spec.load import Resolved, checkpoint_quantization_for, fsdp_upcas
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 
-__all__ = ["PlanContext", "make_context"]
+__all__ = ["PlanContext", "make_context", "micro_batch_key"]
 
 
 @dataclass
@@ -51,6 +51,7 @@ class PlanContext:
     _kv_tokens: dict[tuple[object, ...], int] = field(default_factory=dict)
     _kv_sequence: dict[tuple[object, ...], int | None] = field(default_factory=dict)
     _verified: dict[ServeSetup, tuple[Report | None, Report]] = field(default_factory=dict)
+    _floors: dict[TrainSetup, int | None] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -189,8 +190,11 @@ class PlanContext:
 
     def step_floor(self, s: TrainSetup) -> int | None:
         """The steady step's lower bound of the estimate's device-used bytes (``engine.train_step_floor_bytes``;
-        None for a job the plain step does not answer)."""
-        return train_step_floor_bytes(self._resolved(s))
+        None for a job the plain step does not answer), computed once per setup."""
+        if s not in self._floors:
+            self._floors[s] = train_step_floor_bytes(self._resolved(s))
+        return self._floors[s]
+
 
     def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
         """The setup's document through full validation (what ``vramplan estimate`` does).
@@ -260,3 +264,15 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
         raise ScenarioError([Problem("--gpu", f"{g.name} has no speed figures in the GPU catalog",
                                      "planning ranks setups by speed; pick a catalog GPU (see `vramplan gpus`)")])
     return PlanContext(model, r.model, g, model_facts(r.model), assumptions, margin, r.scenario)
+
+
+def micro_batch_key(s: TrainSetup) -> tuple[object, ...]:
+    """Setups that differ only in the micro-batch split of the same global batch, with gradient accumulation on in all
+    of them or in none: along such a set the step floor never falls as the micro-batch grows (every saved tensor
+    and every per-batch temporary grows with the micro-batch's tokens; the micro-batches a pipeline keeps in flight,
+    min(stages, accumulation) of them, hold min(stages x micro-batch, global batch) sequences; what accumulation itself
+    adds is switched by ``grad_accum_steps > 1``, kept in the key).  So the floor of the smallest micro-batch of a key
+    is a lower bound of every other's (``tests/test_plan_bound.py`` checks it over the planner's own candidates)."""
+    t = s.train
+    rest = tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - {"micro_batch_size", "grad_accum_steps"}))
+    return (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, s.peft, s.quantization, t.grad_accum_steps > 1, rest)

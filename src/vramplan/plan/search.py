@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vramplan.errors import Problem, ScenarioError
-from vramplan.plan.context import PlanContext, make_context
+from vramplan.plan.context import PlanContext, make_context, micro_batch_key
 from vramplan.plan.fit import DEFAULT_MARGIN, band_fits
 from vramplan.plan.result import GpuCountBest, PlanResult, RankedSetup, SearchStats, Suggestion
 from vramplan.plan.setup import ServeSetup, TrainSetup
@@ -120,6 +120,14 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
     timed = [(ctx.step_time(s), s) for s in setups]
     st.candidates += len(timed)
     timed.sort(key=lambda x: _rank_key(*x))
+    # the smallest micro-batch of each split of the same strategy (``micro_batch_key``): its step floor bounds the
+    # others' from below, so one floor above the memory rejects the whole split (the walk meets the larger
+    # micro-batches first: they are faster)
+    smallest: dict[tuple[object, ...], TrainSetup] = {}
+    for s in setups:
+        k = micro_batch_key(s)
+        if k not in smallest or s.train.micro_batch_size < smallest[k].train.micro_batch_size:
+            smallest[k] = s
     usable = ctx.usable
     found: list[_Found] = []
     families: set[tuple[object, ...]] = set()
@@ -135,6 +143,9 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             continue
         try:
             if ctx.lower_bound(s) > usable:
+                st.bound_rejected += 1
+                continue
+            if not exhaustive and _split_cannot_fit(ctx, smallest[micro_batch_key(s)], s):
                 st.bound_rejected += 1
                 continue
             floor = ctx.step_floor(s)
@@ -170,6 +181,18 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
         found.append(_Found(s, t, rep))
         ahead.append(key)
     return found
+
+
+def _split_cannot_fit(ctx: PlanContext, least: TrainSetup, s: TrainSetup) -> bool:
+    """Whether the step floor of ``least``, the smallest micro-batch of ``s``'s split, is already above the memory
+    (then so is ``s``'s: ``micro_batch_key``).  A smaller micro-batch the estimator refuses screens nothing."""
+    if least is s:
+        return False
+    try:
+        low = ctx.step_floor(least)
+    except ScenarioError:
+        return False
+    return low is not None and low > ctx.usable
 
 
 def _walk_serve(ctx: PlanContext, setups: list[ServeSetup], top: int, st: _Stats, exhaustive: bool = False,
