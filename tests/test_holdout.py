@@ -77,6 +77,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (24, 19, "2026-11-28", _SCORED, 9, True),
     (25, 20, "2026-11-28", _SCORED, 16, True),
     (26, 14, "2026-11-28", _SCORED, 7, True),
+    (27, 15, "2026-11-28", _SCORED, 13, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
@@ -433,6 +434,16 @@ def test_batch26_figures_converted_to_bytes() -> None:
     # fp8 KV's 157,794 blocks of half the bytes are the same pool
     assert _by_id("b26p-rocm-vllm-llama3-8b-mi300x-len8192-kv-auto").measured.bytes == 78_897 * 16 * 131_072
     assert _by_id("b26p-rocm-vllm-llama3-8b-mi300x-len8192-kv-fp8").measured.bytes == 157_794 * 16 * 65_536
+
+
+def test_batch27_figures_converted_to_bytes() -> None:
+    # torchtitan's logged max reserved "32.8" GiB: 32.8 x 2^30 = 35,218,731,827.2 -> 35,218,731,827 B
+    assert _by_id("tohtana-tp-qwen3-32b-torchtitan-tp8-purebf16-fullac-b1-s2048-8xh100").measured.bytes == 35_218_731_827
+    # the repository's own loop prints max_memory_allocated / 1e9: 34.6 GB = 34,600,000,000 B
+    assert _by_id("tohtana-tp-qwen3-32b-dtensor-tp8-bf16-autocast-fullac-b1-s2048-8xh100").measured.bytes == 34_600_000_000
+    # Unsloth's "Peak reserved memory = 3.342 GB" is max_memory_reserved / 1024^3: 3.342 x 2^30 = 3,588,445,175.8
+    # -> 3,588,445,176 B
+    assert _by_id("unsloth-nb-phi35-mini-conv-qlora-r16-mb2-fp16-t4").measured.bytes == 3_588_445_176
 
 
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
