@@ -452,7 +452,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),
-        *mixer_train_notes(m),
+        *mixer_train_notes(m, peft=t.peft is not None),
     ]
     for target in unmatched_lora_targets(t.peft, m):
         # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)

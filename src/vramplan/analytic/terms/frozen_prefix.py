@@ -29,6 +29,8 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
     attention_idle: set[int] = set()
     if c.peft is None or checkpointing(c.s) != "none" or not c.rp.has_embedding or not full:
         return attention_idle
+    if m.mamba is not None:
+        return _hybrid_prefix(c, full, dora, wx, tensors)
     # T5's attention modules are SelfAttention / EncDecAttention (modeling_t5.py T5LayerSelfAttention)
     attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name.lower())}
     attn_adapted = bool(c.lt.linear & attn_mods)
@@ -55,6 +57,40 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
         if live:
             break
     return attention_idle
+
+
+def _hybrid_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExperts | None,
+                   tensors: list[tuple[act.SavedTensor, ...]]) -> set[int]:
+    """``frozen_prefix`` for a Mamba2 hybrid (``ModelSpec.mamba``): a mixer whose ``in_proj`` carries no adapter,
+    on a frozen input, records nothing (its weights and its input need no gradient), and neither does the norm
+    before it; a layer's MLP (an MLP-only or MoE block, or the MLP after a Bamba mixer) records what its own adapters
+    need (``activations.frozen_input_mlp``); the walk stops at the first layer whose records make the residual
+    stream require grad, and at the first attention (or adapted mixer), which is counted whole (its input norm's
+    records included: an over-estimate of that one norm)."""
+    m, ctx, tokens = c.m, c.act, c.tokens
+    ms = m.mamba
+    assert ms is not None
+    idle: set[int] = set()
+    mixers, ffn_only = frozenset(ms.layers), frozenset(ms.ffn_only_layers)
+    mixer_adapted = "in_proj" in c.lt.linear
+    for j, ls in enumerate(c.layer_specs):
+        i = ls.index
+        if i in mixers and (mixer_adapted or ms.parallel_attention):
+            break
+        if i not in mixers and i not in ffn_only:
+            break  # an attention layer
+        if i in mixers:
+            idle.add(j)  # the mixer (the layer's "attention" part) records nothing and runs no backward
+        if not ls.moe and not ls.intermediate_size:
+            full[j], tensors[j] = 0, ()
+            continue
+        mlp, live = act.frozen_input_mlp(m, ls, ctx)
+        wrapped = wx.prefix_saved if wx is not None and ls.moe else 0
+        full[j] = mlp * tokens + (dora if live else 0) + wrapped
+        tensors[j] = _prefix_tensors(c, j, None, mlp, tensors[j] if live else (), wrapped)
+        if live:
+            break
+    return idle
 
 
 def _first_adapted_tensors(layer: tuple[act.SavedTensor, ...], norm: int,

@@ -26,7 +26,7 @@ from vramplan.analytic.terms import encoder_decoder as encdec
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.analytic.terms.mamba1 import mamba1_scan_backward_per_token
-from vramplan.analytic.terms.mamba2 import mixer_saved_tensors
+from vramplan.analytic.terms.mamba2 import frozen_mixer_dropped, mixer_saved_tensors
 from vramplan.analytic.terms.shared_block import (
     checkpoint_embeddings_per_token,
     shared_block_attention_tensors,
@@ -216,8 +216,17 @@ def _mixer_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
         return ()
     t = c.s.train
     half = t.precision in ("bf16-true", "fp16-true")
-    return c.memo("mixer_tensors", lambda: mixer_saved_tensors(ms, c.m.hidden_size, c.act.compute_bytes,
-                                                                c.act.autocast, t.micro_batch_size, t.seq_len, half))
+
+    def make() -> tuple[act.SavedTensor, ...]:
+        got = mixer_saved_tensors(ms, c.m.hidden_size, c.act.compute_bytes, c.act.autocast, t.micro_batch_size,
+                                  t.seq_len, half)
+        if c.peft is None:
+            return got
+        dropped = frozen_mixer_dropped(ms, c.lt.linear)
+        kept = [x._replace(nbytes=x.nbytes - round(x.nbytes * dropped.get(x.name, 0))) for x in got]
+        return tuple(x for x in kept if x.nbytes)
+
+    return c.memo("mixer_tensors", make)
 
 
 def _cross_vision(c: StepContext) -> tuple[int, tuple[act.SavedTensor, ...], int]:

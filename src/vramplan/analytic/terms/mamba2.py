@@ -73,7 +73,7 @@ from vramplan.analytic.terms.mamba1 import mamba1_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["mixer_saved_tensors", "mixer_train_notes"]
+__all__ = ["frozen_mixer_dropped", "mixer_saved_tensors", "mixer_train_notes"]
 
 FP32 = 4
 
@@ -127,6 +127,27 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows if nbytes)
 
 
+def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str]) -> dict[str, int | float]:
+    """What a Mamba2 mixer whose weights are frozen (PEFT) does not save of ``mixer_saved_tensors``' records, as
+    the share of each record left out (``adapted``: the module names carrying an adapter).
+
+    autograd saves an operand only for the gradient of an input that requires grad (derivatives.yaml): with the
+    weights frozen, ``in_proj`` and ``out_proj`` (``F.linear``) no longer save their inputs (they were kept for the
+    weights' gradients; the input's gradient needs the weight only), unless the module carries a LoRA adapter,
+    whose ``lora_A`` saves that same input; and the gated norm's ``weight * hidden`` no longer saves ``hidden``,
+    one of the norm's three fp32 tensors.  The convolution keeps its input (``convolution_backward`` takes input and
+    weight for any gradient); the scan has no weight.  (peft 0.21 ``_check_lora_target_modules_mamba`` refuses
+    ``out_proj`` and ``conv1d`` as LoRA targets of Nemotron-H, Falcon-H1 and the Mamba models; Bamba's and Granite
+    4.0-H's ``out_proj`` take one, ``all-linear`` included.)"""
+    out: dict[str, int | float] = {}
+    for module, record in (("in_proj", "mixer.in_proj_input"), ("out_proj", "mixer.out_proj_input")):
+        if module not in adapted:
+            out[record] = 1.0
+    if ms.gated_norm:
+        out["norm.gated"] = 1 / 3
+    return out
+
+
 def short_conv_saved_tensors(ms: MambaSpec, c: int, batch: int, seq: int) -> tuple[SavedTensor, ...]:
     """One LFM2 convolution block's saved tensors (``Lfm2ShortConv.forward``, ``modeling_lfm2.py`` 5.24, without a
     cache: transformers' torch ``causal_conv1d_fn``), ``h`` channels, ``k = conv_L_cache``, ``T = b s`` tokens:
@@ -153,11 +174,19 @@ def short_conv_saved_tensors(ms: MambaSpec, c: int, batch: int, seq: int) -> tup
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows)
 
 
-def mixer_train_notes(m: ModelSpec) -> list[str]:
-    """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers)."""
+def mixer_train_notes(m: ModelSpec, peft: bool = False) -> list[str]:
+    """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
+    estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``)."""
     ms = m.mamba
     if ms is None:
         return []
+    if peft and ms.kind == "mamba2":
+        frozen = ("adapters on a Mamba2 hybrid: each frozen mixer saves transformers' torch path's tensors less "
+                  "in_proj's and out_proj's inputs (unless the module carries an adapter) and the gated norm's "
+                  "weight-product input (frozen_mixer_dropped); mixers and MLPs before the first adapter record "
+                  "nothing (analytic/terms/frozen_prefix.py); without checkpointing, within -3% to +4% of the traced "
+                  "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py tries")
+        return [frozen, *mixer_train_notes(m)]
     if ms.kind == "gated_deltanet":
         return [(f"{len(ms.layers)} of {m.num_layers} layers are Gated DeltaNet linear attention, run by transformers "
                  "5.24's torch torch_chunk_gated_delta_rule and causal_conv1d_fn (the fla and causal-conv1d packages "
@@ -196,7 +225,8 @@ def mixer_train_notes(m: ModelSpec) -> list[str]:
             "inputs and weights and recompute the rest: less memory, not modelled)")
     gradients = ("not modelled: the gradients a mixer's backward makes inside the chunked scan (counted: the incoming "
             "and outgoing residual gradients only); with full checkpointing the peak falls in that backward and is "
-            "under the traced engine's by up to 4% on transformers' Bamba test configuration")
+            "under the traced engine's by up to 4% on transformers' Bamba test configuration and by up to 12% with "
+            "longer chunks, more heads or larger states (tests/test_hybrid_peft.py)")
     if ms.shared_attention_layers:
         rank = f"rank-{ms.shared_adapter_rank} adapters on q/k/v and" if ms.shared_attention_adapters else "a rank-" + \
             f"{ms.shared_adapter_rank} adapter on"
