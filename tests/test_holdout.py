@@ -78,6 +78,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (25, 20, "2026-11-28", _SCORED, 16, True),
     (26, 14, "2026-11-28", _SCORED, 7, True),
     (27, 15, "2026-11-28", _SCORED, 13, True),
+    (28, 1, "2026-11-28", _SCORED, 1, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
@@ -444,6 +445,12 @@ def test_batch27_figures_converted_to_bytes() -> None:
     # Unsloth's "Peak reserved memory = 3.342 GB" is max_memory_reserved / 1024^3: 3.342 x 2^30 = 3,588,445,175.8
     # -> 3,588,445,176 B
     assert _by_id("unsloth-nb-phi35-mini-conv-qlora-r16-mb2-fp16-t4").measured.bytes == 3_588_445_176
+
+
+def test_batch28_figures_converted_to_bytes() -> None:
+    # the notebook prints round(torch.cuda.max_memory_reserved() / 1024**3, 3) = 61.922 GiB: 61.922 x 2^30 =
+    # 66,488,241,225.7 -> 66,488,241,226 B
+    assert _by_id("b21k-trlnb-sft-nemotron3-nano-30b-a3b-lora-r8-s128-b1-paged8-a100-80").measured.bytes == 66_488_241_226
 
 
 # (marker, next batch's marker, entries before it, its entries, its least number of publications, whether its cited
