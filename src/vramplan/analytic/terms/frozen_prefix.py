@@ -25,12 +25,18 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
     (activations.frozen_input_mlp); a layer without any adapter leaves the residual stream frozen for
     the next one (DeepSeek's dense first layer under LoRA on the experts alone).
     """
+    if c.peft is None or checkpointing(c.s) != "none" or not c.rp.has_embedding or not full:
+        return set()
+    if c.m.mamba is not None:
+        return _hybrid_prefix(c, full, dora, wx, tensors)
+    return _decoder_prefix(c, full, dora, wx, tensors)
+
+
+def _decoder_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExperts | None,
+                    tensors: list[tuple[act.SavedTensor, ...]]) -> set[int]:
+    """``frozen_prefix`` for a model of attention and MLP layers."""
     m, ctx, tokens = c.m, c.act, c.tokens
     attention_idle: set[int] = set()
-    if c.peft is None or checkpointing(c.s) != "none" or not c.rp.has_embedding or not full:
-        return attention_idle
-    if m.mamba is not None:
-        return _hybrid_prefix(c, full, dora, wx, tensors)
     # T5's attention modules are SelfAttention / EncDecAttention (modeling_t5.py T5LayerSelfAttention)
     attn_mods = {p.module for p in m.params if p.layer_span and ("attn" in p.name or "attention" in p.name.lower())}
     attn_adapted = bool(c.lt.linear & attn_mods)
