@@ -1,0 +1,76 @@
+"""What a Mamba2 mixer's backward holds beyond its saved tensors: transformers' ``NemotronHMamba2Mixer`` (the torch
+path: ``mamba2_chunk_scan``, no mamba-ssm kernels) run on the meta device under ``vramplan.trace.tracker.Tracker``,
+forward then backward; the table gives, per token, the peak of the live bytes during the backward above the live bytes
+at its start (all saved tensors, the output), for frozen weights (PEFT) and trained ones (full fine-tuning), bf16 or
+fp32 weights under bf16 autocast.  The analytic engine counts only the incoming and outgoing residual gradients there
+(analytic/terms/layers.py ``_mixer_per_token``; the report states it), which is why it refuses adapters with
+checkpointing on the Mamba2 hybrids (spec/checks.py ``hybrid_peft_checkpoint_problems``) and is under the traced engine
+with full fine-tuning and checkpointing (tests/test_hybrid_peft.py).
+
+Run: ``PYTHONPATH=src python benchmarks/mixer_backward_transient.py`` (writes ``benchmarks/mixer_backward_transient.txt``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+
+from vramplan.trace.tracker import Tracker
+
+OUT = Path(__file__).resolve().parent / "mixer_backward_transient.txt"
+
+
+def transient_per_token(h: int = 256, heads: int = 8, hd: int = 32, groups: int = 2, state: int = 16, chunk: int = 64,
+                        b: int = 4, s: int = 512, dtype: torch.dtype = torch.bfloat16, trained: bool = False,
+                        autocast: bool = False) -> float:
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+
+    cfg = transformers.AutoConfig.for_model(
+        model_type="nemotron_h", vocab_size=100, hidden_size=h, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, intermediate_size=64, hybrid_override_pattern="M", num_hidden_layers=1, mamba_num_heads=heads,
+        mamba_head_dim=hd, n_groups=groups, ssm_state_size=state, conv_kernel=4, chunk_size=chunk,
+        use_mamba_kernels=False)
+    with torch.device("meta"):
+        mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(dtype)
+        x = torch.empty(b, s, h, dtype=dtype, requires_grad=True)
+    for p in mixer.parameters():
+        p.requires_grad_(trained)
+    tracker = Tracker()
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with tracker:
+        with cast:
+            y = mixer(x)
+        start = tracker.live_bytes
+        tracker.peak_bytes = start
+        y.backward(torch.empty_like(y))
+    return (tracker.peak_bytes - start) / (b * s)
+
+
+def main() -> None:
+    transformers.logging.set_verbosity_error()
+    warnings.simplefilter("ignore")
+    rows = [("frozen, bf16", {}), ("frozen, bf16, h 512", {"h": 512}), ("frozen, bf16, I 512 (16 heads, state 64)",
+            {"heads": 16, "state": 64, "s": 256}), ("frozen, bf16, chunk 128", {"chunk": 128, "s": 1024}),
+            ("frozen, bf16, 4 groups", {"groups": 4}), ("frozen, fp32 weights, autocast", {"dtype": torch.float32,
+            "autocast": True}), ("frozen, fp32 weights, autocast, I 512", {"dtype": torch.float32, "autocast": True,
+            "heads": 16}), ("trained, bf16", {"trained": True}), ("trained, bf16, h 512", {"trained": True, "h": 512}),
+            ("trained, bf16, I 512", {"trained": True, "heads": 16}), ("trained, fp32 weights, autocast",
+            {"dtype": torch.float32, "autocast": True, "trained": True})]
+    lines = ["case (h 256, I = 8 heads x 32 = 256, 2 groups, state 16, chunk 64, 4 x 512 tokens unless said)"
+             "                 backward peak above its start, bytes per token"]
+    for name, kw in rows:
+        lines.append(f"{name:60s} {transient_per_token(**kw):10.1f}")
+    lines.append("")
+    lines.append("frozen weights: 20 I + c h - 4 g bytes per token (five fp32 I-wide gradients, an h-wide gradient in "
+                 "the block input's dtype c, less the fp32 rsqrt per group freed before the peak); trained weights: not yet read")
+    text = "\n".join(lines) + "\n"
+    OUT.write_text(text, encoding="utf-8")
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
