@@ -131,3 +131,34 @@ def test_full_fine_tuning_with_checkpointing_is_under_the_traced_engine_as_state
     a, t = r.per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
     assert 0.87 < a / t <= 1.0
     assert any("up to 12%" in x for x in r.assumptions)
+
+
+@pytest.mark.parametrize(("targets", "said"), [
+    (["experts"], "NemotronHExperts"),  # 3-D expert parameters, not a layer peft adapts
+    (["gate", "q_proj"], "NemotronHTopkRouter"),  # a router holding a bare weight
+    (["out_proj", "q_proj"], "incompatible with Mamba-based models"),  # peft's own refusal on nemotron_h
+    ("all-linear", "all-linear reaches them"),  # all-linear reaches out_proj
+])
+def test_what_peft_refuses_on_nemotron_h_is_refused(targets: list[str] | str, said: str) -> None:
+    model = {**NH, "hybrid_override_pattern": "M-*E"}
+    with pytest.raises(VramplanError, match=said):
+        estimate(_doc(model, targets))  # type: ignore[arg-type]
+
+
+def test_peft_itself_refuses_what_is_refused_on_nemotron_h() -> None:
+    """The independent check of the refusals above: peft's own get_peft_model on transformers' module built on the
+    meta device raises for all-linear (the mixers' out_proj) and for the experts' module."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    import warnings
+
+    transformers.logging.set_verbosity_error()
+    for targets, said in (("all-linear", "incompatible with Mamba-based models"), (["experts"], "not supported")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = transformers.AutoConfig.for_model(**{**NH, "hybrid_override_pattern": "M-*E"})
+            with torch.device("meta"):
+                module = transformers.AutoModelForCausalLM.from_config(cfg)
+        with pytest.raises(ValueError, match=said):
+            peft.get_peft_model(module, peft.LoraConfig(r=8, target_modules=targets))

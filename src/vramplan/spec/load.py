@@ -839,6 +839,23 @@ def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
     the job would not start: refused here, with the model's module names and the close ones."""
     if peft is None or peft.target_modules is None:  # null: lora_targets_for completes or refuses it
         return []
+    linears = {p.module for p in m.params if p.role == "linear"}
+    asked = linears if peft.target_modules == "all-linear" else {t.rsplit(".", 1)[-1] for t in peft.target_modules}
+    refused = sorted(asked & set(m.traits.peft_refused_targets))
+    if refused:
+        return [Problem("train.peft.target_modules",
+                        f"peft refuses {', '.join(repr(t) for t in refused)} as LoRA targets of {m.model_type} ('Module "
+                        f"... is incompatible with Mamba-based models'){' and all-linear reaches them' if peft.target_modules == 'all-linear' else ''}",
+                        "name the targets: the attention and MLP linears and the mixers' in_proj take adapters")]
+    if peft.target_modules != "all-linear":
+        unadaptable = dict(m.traits.unadaptable_modules)
+        named = [t for t in peft.target_modules if t.rsplit(".", 1)[-1] in unadaptable]
+        if named:
+            return [Problem("train.peft.target_modules",
+                            f"{', '.join(repr(t) for t in named)} name{'s' if len(named) == 1 else ''} "
+                            f"{', '.join(unadaptable[t.rsplit('.', 1)[-1]] for t in named)} of {m.name}, not a layer "
+                            "peft can adapt (peft raises 'Target module ... is not supported')",
+                            "drop them; the attention, MLP and shared-expert linears take adapters")]
     missing = unmatched_lora_targets(peft, m)
     if peft.target_modules == "all-linear" or len(missing) < len(peft.target_modules):
         return []

@@ -396,6 +396,15 @@ class Traits:
     peft_converts_experts: bool = False
     # other spellings of the expert linears a scenario may use (Mixtral 4.x: w1/w3/w2), as (alias, name) pairs
     expert_module_aliases: tuple[tuple[str, str], ...] = ()
+    # modules a LoRA target may name that are not layers peft can adapt, as (name, class) pairs: peft 0.21's LoRA
+    # ``_create_new_module`` raises "Target module ... is not supported" for them (Nemotron 3's ``experts``, a
+    # NemotronHExperts of 3-D parameters, and ``gate``, a NemotronHTopkRouter holding a bare weight): refused
+    # (spec/load.py ``_lora_target_problems``)
+    unadaptable_modules: tuple[tuple[str, str], ...] = ()
+    # linear modules peft refuses as LoRA targets of this model type, named or reached by ``all-linear`` (peft 0.21
+    # tuners_utils.py ``_check_lora_target_modules_mamba``: out_proj and conv1d of falcon_h1, mamba, mamba2,
+    # falcon_mamba and nemotron_h raise "Module ... is incompatible with Mamba-based models"): refused
+    peft_refused_targets: tuple[str, ...] = ()
     # ---- dropout sites ----
     embedding_dropout: bool = False  # the embeddings' output is dropped with the hidden dropout probability
     # ---- generate (transformers releases) ----

@@ -99,7 +99,10 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       mamba=ms, moe=moe, moe_layers=frozenset(moe_layers),
                       # the MLPs' linears are up_proj and down_proj (NemotronHMLP); the experts are 3-D parameters,
                       # not nn.Linear modules, which bitsandbytes does not convert nor peft's all-linear adapt
-                      traits=Traits(fc_modules=("up_proj", "down_proj"), experts_are_linears=False))
+                      traits=Traits(fc_modules=("up_proj", "down_proj"), experts_are_linears=False,
+                                    peft_refused_targets=("out_proj", "conv1d"),
+                                    unadaptable_modules=(("experts", "NemotronHExperts"), ("gate", "NemotronHTopkRouter"))
+                                    if moe_layers else ()))
     # only the MLP blocks hold a dense MLP
     mlp = frozenset(dense)
     return replace(spec, traits=replace(spec.traits, norm_weight_to_fp32=True),
