@@ -776,7 +776,7 @@ def frozen_input_mlp(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[i
     in_b = _norm_out_bytes(m.norm, ctx)
     frozen_in = replace(ctx, kbit_saves_input=False)
     g, u, d, _ = _mlp_adapted(m, layer, ctx)
-    act_saved, act_out = _act_saved(m.hidden_act, ctx)
+    act_saved, _ = _act_saved(m.hidden_act, ctx)
     ew = ctx.ew
     saved = 0
     inter = ceil_div(layer.intermediate_size, ctx.tp)
@@ -791,17 +791,26 @@ def frozen_input_mlp(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[i
         saved += _adapter_inputs(inter, ("down_proj",), ew, replace(
             ctx, kbit_saves_input=ctx.kbit_saves_input and (g or u)))
     else:
-        fc1, fc2 = _fc_names(m)
-        if ctx.elementwise_bytes and m.traits.fc_act_in_output_dtype:
-            ew = ctx.elementwise_bytes  # as mlp_saved: bitsandbytes' fc1 returns fp32
-            act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
-        saved += _adapter_inputs(h, (fc1,), in_b, frozen_in)
-        saved += act_saved * inter if g else 0
-        saved += _adapter_inputs(inter, (fc2,), act_out, replace(ctx, kbit_saves_input=ctx.kbit_saves_input and g))
+        saved += _frozen_input_fc(m, inter, in_b, ctx, g)
     live = g or u or d
     if live:
         saved += _dropout(m.hidden_dropout, ctx) * h
     return saved, live
+
+
+def _frozen_input_fc(m: ModelSpec, inter: int, in_b: int, ctx: ActContext, fc1_adapted: bool) -> int:
+    """Per token, what a plain MLP (fc1, activation, fc2: ``Traits.fc_modules``) of ``inter`` intermediate width saves
+    on a frozen input (``frozen_input_mlp``): the adapters' inputs, and the activation's tensors only when fc1's
+    adapter makes its output require grad."""
+    fc1, fc2 = _fc_names(m)
+    act_saved, act_out = _act_saved(m.hidden_act, ctx)
+    if ctx.elementwise_bytes and m.traits.fc_act_in_output_dtype:
+        ew = ctx.elementwise_bytes  # as mlp_saved: bitsandbytes' fc1 returns fp32
+        act_saved, act_out = (4 * ew, ew) if m.hidden_act in ("gelu_new", "gelu_fast") else (ew, ew)
+    saved = _adapter_inputs(m.hidden_size, (fc1,), in_b, replace(ctx, kbit_saves_input=False))
+    saved += act_saved * inter if fc1_adapted else 0
+    return saved + _adapter_inputs(inter, (fc2,), act_out,
+                                   replace(ctx, kbit_saves_input=ctx.kbit_saves_input and fc1_adapted))
 
 
 def _frozen_input_moe(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[int, bool]:
@@ -819,14 +828,11 @@ def _frozen_input_moe(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> tuple[
     saved += e.top_k * per
     live = exp_live or rw
     if e.shared_intermediate_size and not e.gated:
-        # a plain shared expert (NemotronHMLP: up_proj, the activation, down_proj), as a plain dense MLP
-        si = ceil_div(e.shared_intermediate_size, ctx.tp)
-        act_saved, act_out = _act_saved(m.hidden_act, ctx)
-        su, sd = "up_proj" in ctx.lora_targets, "down_proj" in ctx.lora_targets
-        saved += _adapter_inputs(h, ("up_proj",), in_b, replace(ctx, kbit_saves_input=False))
-        saved += act_saved * si if su else 0
-        saved += _adapter_inputs(si, ("down_proj",), act_out, replace(ctx, kbit_saves_input=ctx.kbit_saves_input and su))
-        live = live or su or sd
+        # a plain shared expert (NemotronHMLP: the model's fc_modules up_proj and down_proj), as a plain dense MLP
+        fc1, fc2 = _fc_names(m)
+        su = fc1 in ctx.lora_targets
+        saved += _frozen_input_fc(m, ceil_div(e.shared_intermediate_size, ctx.tp), in_b, ctx, su)
+        live = live or su or fc2 in ctx.lora_targets
     elif e.shared_intermediate_size:
         si = ceil_div(e.shared_intermediate_size, ctx.tp)
         act_saved, _ = _act_saved(m.hidden_act, ctx)

@@ -195,7 +195,6 @@ class PlanContext:
             self._floors[s] = train_step_floor_bytes(self._resolved(s))
         return self._floors[s]
 
-
     def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
         """The setup's document through full validation (what ``vramplan estimate`` does).
 

@@ -45,8 +45,9 @@ __all__ = [
     "analytic_unmodelled_problems", "capability_notes", "capability_problems", "chunked_attention_as_full",
     "chunked_attention_notes", "contradictions", "cross_attention_problems", "encoder_decoder_problems",
     "every_token_expert_problems", "expert_loop_problems", "fp32_router_weight_problems", "held_module_notes",
-    "held_module_problems", "hybrid_peft_checkpoint_problems", "hybrid_problems", "ignored_sections", "linear_mixer_analytic_problems", "litgpt_problems",
-    "number_problems", "section_conflicts", "unmodelled_layer_problems", "unused_settings",
+    "held_module_problems", "hybrid_peft_checkpoint_problems", "hybrid_problems", "ignored_sections",
+    "linear_mixer_analytic_problems", "litgpt_problems", "number_problems", "section_conflicts",
+    "unmodelled_layer_problems", "unused_settings",
 ]
 
 # FP8 matmuls need fp8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell); Transformer

@@ -843,9 +843,10 @@ def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
     asked = linears if peft.target_modules == "all-linear" else {t.rsplit(".", 1)[-1] for t in peft.target_modules}
     refused = sorted(asked & set(m.traits.peft_refused_targets))
     if refused:
+        reach = " and all-linear reaches them" if peft.target_modules == "all-linear" else ""
         return [Problem("train.peft.target_modules",
                         f"peft refuses {', '.join(repr(t) for t in refused)} as LoRA targets of {m.model_type} ('Module "
-                        f"... is incompatible with Mamba-based models'){' and all-linear reaches them' if peft.target_modules == 'all-linear' else ''}",
+                        f"... is incompatible with Mamba-based models'){reach}",
                         "name the targets: the attention and MLP linears and the mixers' in_proj take adapters")]
     if peft.target_modules != "all-linear":
         unadaptable = dict(m.traits.unadaptable_modules)
