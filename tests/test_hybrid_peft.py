@@ -162,3 +162,30 @@ def test_peft_itself_refuses_what_is_refused_on_nemotron_h() -> None:
                 module = transformers.AutoModelForCausalLM.from_config(cfg)
         with pytest.raises(ValueError, match=said):
             peft.get_peft_model(module, peft.LoraConfig(r=8, target_modules=targets))
+
+
+def test_dora_on_a_hybrid_is_refused() -> None:
+    """DoRA's per-layer records assume every layer holds the same adapted linears: on this hybrid the estimate was
+    1.62x the traced engine's peak (445,446,070 B against 275,297,792 B), so it is refused rather than answered."""
+    doc = _doc(NH, ATTN_MLP)
+    doc["train"]["peft"]["method"] = "dora"
+    with pytest.raises(VramplanError, match="DoRA on it is not estimated"):
+        estimate(doc)
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "falcon_mamba", "falcon_h1", "nemotron_h"])
+def test_peft_refused_targets_follow_peft_s_list(model_type: str) -> None:
+    """peft 0.21 ``_check_lora_target_modules_mamba`` refuses out_proj and conv1d for these model types (read on the
+    installed peft when present); every family of them declares it."""
+    from vramplan.catalog.models import list_models
+
+    row = next(r for r in list_models() if r.config.get("model_type") == model_type)
+    assert set(model_from_config(row.config).traits.peft_refused_targets) == {"out_proj", "conv1d"}
+    try:
+        import inspect
+
+        from peft.tuners import tuners_utils
+    except ImportError:
+        return
+    source = inspect.getsource(tuners_utils._check_lora_target_modules_mamba)
+    assert f'"{model_type}"' in source and '"out_proj"' in source and '"conv1d"' in source

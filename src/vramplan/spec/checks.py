@@ -1167,6 +1167,11 @@ def _hybrid_train_problems(s: Scenario, m: ModelSpec, what: str, peft: bool = Fa
         out.append(Problem("train.peft", f"{what}; training it with adapters is not estimated: which of a frozen "
                            "mixer's tensors are still saved below and above the adapters is not modelled",
                            "drop train.peft (full fine-tuning is estimated)"))
+    elif t.peft is not None and t.peft.method == "dora":
+        # DoRA's records are counted per layer as if every layer held the same adapted linears (analytic/terms/layers.py
+        # _dora_saved), which a hybrid's mixer, attention and MLP blocks do not: 1.6-1.7x the traced engine's peak
+        out.append(Problem("train.peft.method", f"{what}; DoRA on it is not estimated (its per-layer records assume "
+                           "every layer holds the same adapted linears)", "use method: lora or qlora, which are estimated"))
     if t.objective != "sft":
         out.append(Problem("train.objective", f"{what}; only supervised fine-tuning is estimated for it (the "
                            f"{t.objective} trainer's extra forwards and generation are not modelled for mixers)",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from vramplan.spec.families.bamba import mixer
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob, required
-from vramplan.spec.model import MambaSpec, ModelSpec
+from vramplan.spec.model import MambaSpec, ModelSpec, Traits
 
 
 def mamba_spec(cfg: Config, h: int, n_layers: int) -> MambaSpec:
@@ -82,7 +82,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       num_kv_heads=n_kv, head_dim=hd, vocab_size=vocab, intermediate_size=inter,
                       hidden_act=str(cfg.get("hidden_act", "silu")), mlp_gated=True, norm="rms", position="rope",
                       tie_word_embeddings=tied, attention_dropout=prob(cfg, "attention_dropout"), hidden_dropout=0.0,
-                      max_position_embeddings=int(get(cfg, "max_position_embeddings", default=8192)), mamba=ms)
+                      max_position_embeddings=int(get(cfg, "max_position_embeddings", default=8192)), mamba=ms,
+                      # peft 0.21 tuners_utils.py _check_lora_target_modules_mamba: out_proj and conv1d of falcon_h1
+                      traits=Traits(peft_refused_targets=("out_proj", "conv1d")))
 
 
 FALCON_H1 = Family(build, "modeling_falcon_h1.py", required=required("hidden_size", "num_hidden_layers",

@@ -58,7 +58,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       hidden_act=str(cfg.get("hidden_act", "silu")), mlp_gated=False, norm="rms", position="none",
                       tie_word_embeddings=tied, attention_dropout=0.0, hidden_dropout=0.0,
                       max_position_embeddings=MAX_POSITIONS, mamba=ms)
-    return replace(spec, traits=replace(spec.traits, residual_in_fp32=bool(get(cfg, "residual_in_fp32", default=True))))
+    # peft 0.21 tuners_utils.py _check_lora_target_modules_mamba: out_proj and conv1d of mamba, mamba2 and falcon_mamba
+    return replace(spec, traits=replace(spec.traits, residual_in_fp32=bool(get(cfg, "residual_in_fp32", default=True)),
+                                        peft_refused_targets=("out_proj", "conv1d")))
 
 
 MAMBA2 = Family(build, "modeling_mamba2.py", required=required("hidden_size", "num_hidden_layers", "vocab_size"))
