@@ -37,7 +37,7 @@ def test_mixtral_all_linear_adapter_count_transformers_5() -> None:
     m = _model(MIXTRAL)
     lt = lora_targets(_peft(), m)
     assert lt == LoraTargets(linear=frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}), gate_up_rank=32,
-                             down_rank=16, router_rank=16)
+                             down_rank=16, router_rank=16, expert_linears=False)
     assert rank_params(m, 1, 1, 1, 0, _peft(), lt).lora == 359_665_664
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats
+from vramplan.spec.lora_match import reached_leaves
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
@@ -178,13 +179,11 @@ def chunk_layers(num_layers: int, pp: int, stage: int, virtual: int = 1,
     return tuple(out)
 
 
-# Families whose routed experts transformers 5 fuses into ``gate_up_proj`` [E, 2I, h] and ``down_proj``
-# [E, h, I] parameters and whose LoRA targets peft converts from the 4.x names carry the trait
-# ``peft_converts_experts``: transformers ``conversion_mapping._MODEL_TO_CONVERSION_PATTERN`` maps them to the
-# "mixtral" or "qwen2_moe" pattern, and peft ``utils/transformers_weight_conversion.py``
-# (``_MOE_TARGET_MODULE_MAPPING``, ``_convert_peft_config_moe``) turns the expert and router names into
-# ``target_parameters``.  Other spellings of the expert linears (Mixtral's 4.x w1/w3/w2) are the trait
-# ``expert_module_aliases``.
+# On transformers 5 the routed experts are 3-D parameters and the router a module holding a weight: peft converts
+# the 4.x names (``gate_proj``, ``up_proj``, ``down_proj``, ``gate``; Mixtral's ``w1``/``w3``/``w2``, which scenarios
+# may spell as the former: the trait ``expert_module_aliases``) into ``target_parameters`` only for the model types of
+# ``facts/peft_targets.py`` ``moe_pattern``; elsewhere those names adapt no expert (peft 0.21.2 with transformers 5.24,
+# checked in tests/test_moe_lora.py).
 _MLP_NAMES = frozenset({"gate_proj", "up_proj", "down_proj"})
 
 
@@ -205,6 +204,9 @@ class LoraTargets:
     gate_up_rank: int = 0
     down_rank: int = 0
     router_rank: int = 0
+    # the routed experts are per-expert ``nn.Linear`` modules that ``linear`` names adapt (transformers 4.x, or
+    # bitsandbytes' per-expert 4-bit linears); False: transformers 5's fused parameters, which no module name reaches
+    expert_linears: bool = True
 
     @property
     def experts_wrapped(self) -> bool:
@@ -232,29 +234,44 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
     """Resolve PEFT's ``target_modules`` on ``model``.
 
     ``all-linear`` is every ``nn.Linear`` but the LM head (peft ``_maybe_include_all_linear_layers``): the
-    experts and the router of 4.x MoE models were linears, gpt-oss's fused experts and router are not.
-    ``fused_experts``: transformers >= 5 (``software.transformers``).  With a bitsandbytes ``quant`` the
-    experts are per-expert 4-bit linears (``quantized_expert_loop``), adapted per expert as in 4.x; the
-    router is transformers 5's module either way.
+    experts and the router of 4.x MoE models were linears, transformers 5's fused experts and most of its routers
+    are not.  ``fused_experts``: transformers >= 5 (``software.transformers``), where peft converts the expert and
+    router names into ``target_parameters`` for the model types of ``moe_pattern`` and nowhere else.  With a
+    bitsandbytes ``quant`` the experts are per-expert 4-bit linears (``quantized_expert_loop``), adapted per
+    expert as in 4.x; the router is transformers 5's module either way.  A dotted target (``self_attn.q_proj``)
+    is matched by its last name (spec/load.py ``partial_lora_targets`` states where that adapts more modules than
+    peft would).
     """
     if peft is None:
         return LoraTargets()
     targets = completed_targets(peft.target_modules, model.peft_default_targets)
+    fused = fused_experts and model.moe is not None
+    pattern = model.peft_moe_pattern if fused else None
+    per_expert = not fused or quantized_expert_loop(model, quant)  # the experts are nn.Linear modules
     if targets == "all-linear":
         names = {p.module for p in model.params if p.role == "linear"}
-        if model.traits.experts_are_linears:
-            names |= {p.module for p in model.params if p.role in ("expert", "router")}
+        if per_expert and model.traits.experts_are_linears:
+            names |= {p.module for p in model.params if p.role == "expert"}
+        # 4.x: the router was an nn.Linear where the experts were (gpt-oss's never was)
+        names |= {p.module for p in model.params if p.role == "router" and (
+            not model.router_kind(p.module) if fused else model.traits.experts_are_linears)}
+        if pattern is not None:
+            names |= _MLP_NAMES | {pattern.router}  # peft _resolve_string_target_modules adds the mapping's keys
     else:
-        aliases = dict(model.traits.expert_module_aliases)
-        names = {aliases.get(n, n) for n in targets}
-    if not (fused_experts and model.moe is not None and model.traits.peft_converts_experts):
+        names = reached_leaves(targets if isinstance(targets, list) else [targets], model, fused and not per_expert)
+    if not fused:
         return LoraTargets(linear=frozenset(names))
-    router = "gate" in names and any(p.role == "router" for p in model.params)
-    if quantized_expert_loop(model, quant):
-        return LoraTargets(linear=frozenset(names - {"gate"}), router_rank=peft.rank if router else 0)
+    # a converted router: peft's ParamWrapper on its weight (the 4-bit per-expert layout keeps that entry too)
+    router_rank = peft.rank if pattern is not None and pattern.router in names and any(
+        p.role == "router" and p.module == pattern.router for p in model.params) else 0
+    if per_expert:
+        return LoraTargets(linear=frozenset(names - {"gate"}), router_rank=router_rank)
+    if pattern is None:
+        return LoraTargets(linear=frozenset(names), expert_linears=False)
     gate_up = len({"gate_proj", "up_proj"} & names)
-    return LoraTargets(linear=frozenset(names - _MLP_NAMES - {"gate"}), gate_up_rank=peft.rank * gate_up,
-                       down_rank=peft.rank if "down_proj" in names else 0, router_rank=peft.rank if router else 0)
+    return LoraTargets(linear=frozenset(names - _MLP_NAMES - {pattern.router}), gate_up_rank=peft.rank * gate_up,
+                       down_rank=peft.rank if "down_proj" in names else 0, router_rank=router_rank,
+                       expert_linears=False)
 
 
 def _on_stage(p: ParamGroup, first: bool, last: bool) -> bool:
@@ -279,10 +296,12 @@ def _adapter_rank(p: ParamGroup, peft: Peft, lt: LoraTargets, tp: int) -> tuple[
         # i.e. rank x (in + out) per expert; the fused gate_up_proj's out is 2I, counted at the gate group
         if p.module == "gate_proj":
             return lt.gate_up_rank, fan_in, 2 * fan_out
+        if p.module == "gate_up_proj":  # a spec that names the fused parameter itself (out: 2I)
+            return lt.gate_up_rank, fan_in, fan_out
         return (lt.down_rank if p.module == "down_proj" else 0), fan_in, fan_out
     if p.role == "router" and lt.router_rank:
         return lt.router_rank, fan_in, fan_out  # ParamWrapper on the router weight [E, h]: one 2-D adapter
-    if p.module in lt.linear and p.role in ("linear", "expert", "router"):
+    if p.module in lt.linear and (p.role in ("linear", "router") or (p.role == "expert" and lt.expert_linears)):
         return peft.rank, fan_in, fan_out
     return 0, fan_in, fan_out
 

@@ -68,7 +68,8 @@ from vramplan.analytic.unsloth import unsloth, unsloth_loss_note, unsloth_notes
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS
 from vramplan.spec.defaults import torchtitan_fsdp2
-from vramplan.spec.load import Resolved, unmatched_lora_targets
+from vramplan.spec.load import Resolved
+from vramplan.spec.lora_match import experts_are_parameters, partial_lora_targets, unmatched_lora_targets
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div
@@ -454,10 +455,16 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         *_pipeline_schedule_notes(s),
         *mixer_train_notes(m, peft=t.peft is not None),
     ]
-    for target in unmatched_lora_targets(t.peft, m):
+    expert_params = experts_are_parameters(m, s.software.fused_moe_experts, t.quantization)
+    for target in unmatched_lora_targets(t.peft, m, expert_params):
         # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)
-        out.append(f"LoRA target {target!r} names no module of {m.name}: PEFT skips it silently, so it gets "
+        fused = (" (on transformers >= 5 the routed experts are parameters, not modules, and peft does not convert "
+                 f"{m.name}'s names)") if expert_params else ""
+        out.append(f"LoRA target {target!r} names no module of {m.name}{fused}: PEFT skips it silently, so it gets "
                    "no adapter here either (check the name)")
+    for target, leaf in partial_lora_targets(t.peft, m, expert_params):
+        out.append(f"LoRA target {target!r} reaches some of {m.name}'s {leaf!r} modules; every {leaf!r} is "
+                   "adapted here (an over-estimate of the adapters, their states and saved inputs)")
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):
         out.append(eager_fallback_note(m))
     out += _release_assumptions(s, m, attention, fw)

@@ -17,8 +17,11 @@ below (spec/load.py ``lora_targets_for``).
 
 from __future__ import annotations
 
-__all__ = ["LITGPT_LORA_DEFAULT", "LITGPT_LORA_SOURCE", "PEFT_RELEASE", "TORCHTUNE_LORA_RECIPE",
-           "TORCHTUNE_LORA_SOURCE", "UNMAPPED_FALLBACK", "completed_targets", "default_lora_targets"]
+from dataclasses import dataclass
+
+__all__ = ["LITGPT_LORA_DEFAULT", "LITGPT_LORA_SOURCE", "MOE_PATTERNS", "MOE_ROUTER_MODULES", "PEFT_RELEASE",
+           "TORCHTUNE_LORA_RECIPE", "TORCHTUNE_LORA_SOURCE", "UNMAPPED_FALLBACK", "MoePattern", "completed_targets",
+           "default_lora_targets", "moe_pattern", "router_kind"]
 
 PEFT_RELEASE = "0.21.2"
 
@@ -64,6 +67,97 @@ _LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "rwkv": ("key", "value", "receptance", "output"),
     "rwkv7": ("r_proj", "k_proj", "v_proj", "o_proj", "key", "value"),
 }
+
+# ---- LoRA targets on transformers 5's fused MoE experts ----
+#
+# transformers 5 holds the routed experts as 3-D parameters of one ``...Experts`` module (``gate_up_proj``
+# [E, 2I, h], ``down_proj`` [E, h, I]) and the router as a ``...TopKRouter`` module that holds a ``weight``
+# parameter: neither is an ``nn.Linear``, so a ``target_modules`` entry naming them adapts nothing (an expert
+# parameter is no module: peft skips the name, or raises ``NoMatchingPeftModuleError`` when no target matches) or
+# is refused (the experts or router module itself: peft 0.21 ``_create_new_module`` raises "Target module ... is not
+# supported").  peft converts the 4.x names into ``target_parameters`` (peft's ``ParamWrapper``) only for the model
+# types transformers' ``conversion_mapping._MODEL_TO_CONVERSION_PATTERN`` maps to a pattern, plus "mixtral", which
+# peft adds itself (peft 0.21.2 utils/transformers_weight_conversion.py lines 44-45, ``_convert_peft_config_moe``
+# line 414: ``_MODEL_TO_CONVERSION_PATTERN.get(model_type)``).  The base pattern "qwen2_moe" is not a key of that
+# table, so Qwen2-MoE's own experts are not converted: its ``gate_proj``/``up_proj``/``down_proj`` targets adapt the
+# shared expert only.  Checked against peft 0.21.2 on transformers 5.24 (tests/test_moe_lora.py builds each family
+# on the meta device and counts peft's adapters).
+
+
+@dataclass(frozen=True)
+class MoePattern:
+    """One row of peft's ``_MOE_TARGET_MODULE_MAPPING`` / ``_MOE_FUSED_TARGETS`` (0.21.2 lines 332-352): the 4.x
+    names that become ``target_parameters`` of the fused experts.  ``gate_up``: the two names fused into
+    ``gate_up_proj`` (both or neither: peft raises "Cannot convert PEFT target(s) ... without also targeting ...");
+    ``down``: the name of ``down_proj``; ``router``: the router module's name (its ``weight`` becomes the target)."""
+
+    gate_up: tuple[str, str]
+    down: str
+    router: str = "gate"
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset((*self.gate_up, self.down, self.router))
+
+
+MOE_PATTERNS: dict[str, MoePattern] = {
+    "mixtral": MoePattern(gate_up=("w1", "w3"), down="w2"),
+    "qwen2_moe": MoePattern(gate_up=("gate_proj", "up_proj"), down="down_proj"),
+}
+
+# transformers 5.24 conversion_mapping.py ``_MODEL_TO_CONVERSION_PATTERN`` (lines 48-78), the MoE rows of the model
+# types vramplan has a family for, plus peft's "mixtral"; every other MoE family's expert targets are not converted
+_MOE_CONVERSION: dict[str, str] = {
+    "mixtral": "mixtral", "minimax": "mixtral",
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "ernie4_5_moe", "glm4_moe", "qwen3_moe", "qwen3_omni_moe",
+                     "qwen3_next", "hunyuan_v1_moe", "olmoe"), "qwen2_moe"),
+}
+
+# the router of each MoE family in transformers 5.24 that is not a plain ``nn.Linear``, as ``model.named_modules()``
+# lists it on the meta device: (leaf name, class, kind).  kind "module": a module holding a ``weight`` parameter,
+# which peft refuses as a target (``_create_new_module``: "Target module ... is not supported") and ``all-linear``
+# (``_maybe_include_all_linear_layers``: ``isinstance(module, nn.Linear)``) leaves out; kind "tuple": an
+# ``nn.Linear`` subclass whose forward returns a tuple (``PhimoeTopKRouter.forward`` returns logits, weights and
+# experts; ``Llama4Router.forward`` scores and logits), which peft wraps in ``lora.Linear`` and whose first forward
+# then fails (lora/layer.py ``Linear.forward``: ``torch_result_dtype = result.dtype``, AttributeError on the tuple;
+# run on the CPU with peft 0.21.2 and transformers 5.24).  DBRX's and HunYuan's routers hold an ``nn.Linear``
+# (``router.layer``, ``gate.wg``) that is adapted like any linear.
+MOE_ROUTER_MODULES: dict[str, tuple[str, str, str]] = {
+    "mixtral": ("gate", "MixtralTopKRouter", "module"), "qwen2_moe": ("gate", "Qwen2MoeTopKRouter", "module"),
+    "qwen3_moe": ("gate", "Qwen3MoeTopKRouter", "module"), "olmoe": ("gate", "OlmoeTopKRouter", "module"),
+    "deepseek_v2": ("gate", "DeepseekV2TopkRouter", "module"), "deepseek_v3": ("gate", "DeepseekV3TopkRouter", "module"),
+    "glm4_moe": ("gate", "Glm4MoeTopkRouter", "module"), "ernie4_5_moe": ("gate", "Ernie4_5_MoeTopKRouter", "module"),
+    "qwen3_next": ("gate", "Qwen3NextTopKRouter", "module"), "minimax": ("gate", "MiniMaxTopKRouter", "module"),
+    "qwen3_omni_moe": ("gate", "Qwen3OmniMoeThinkerTextTopKRouter", "module"),
+    "gpt_oss": ("router", "GptOssTopKRouter", "module"), "jamba": ("router", "JambaTopKRouter", "module"),
+    "granitemoe": ("router", "GraniteMoeTopKRouter", "module"),
+    "granitemoehybrid": ("router", "GraniteMoeHybridTopKRouter", "module"),
+    "nemotron_h": ("gate", "NemotronHTopkRouter", "module"),
+    "phimoe": ("router", "PhimoeTopKRouter", "tuple"), "llama4": ("router", "Llama4Router", "tuple"),
+}
+
+
+def router_kind(model_type: str, module: str) -> str:
+    """"module", "tuple" (``MOE_ROUTER_MODULES``) or "" (a plain ``nn.Linear``) for a router-role module.
+
+    >>> router_kind("qwen3_moe", "gate"), router_kind("phimoe", "router"), router_kind("dbrx", "layer")
+    ('module', 'tuple', '')
+    """
+    held = MOE_ROUTER_MODULES.get(model_type)
+    return held[2] if held is not None and held[0] == module else ""
+
+
+def moe_pattern(model_type: str) -> MoePattern | None:
+    """The conversion peft applies to a MoE model type's LoRA targets on transformers 5, or None.
+
+    >>> moe_pattern("qwen3_moe").down
+    'down_proj'
+    >>> moe_pattern("qwen2_moe") is None
+    True
+    """
+    name = _MOE_CONVERSION.get(model_type)
+    return MOE_PATTERNS[name] if name else None
+
 
 # what a model type without a PEFT default keeps, where the model has these modules (stated as an assumption)
 UNMAPPED_FALLBACK: tuple[str, ...] = ("q_proj", "v_proj")

@@ -34,7 +34,6 @@ from vramplan.facts.peft_targets import (
     TORCHTUNE_LORA_RECIPE,
     TORCHTUNE_LORA_SOURCE,
     UNMAPPED_FALLBACK,
-    completed_targets,
 )
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
 from vramplan.facts.quantization import quant_format
@@ -61,6 +60,12 @@ from vramplan.spec.defaults import UNREAD_SERVE_DTYPE, checkpointing, torch_fsdp
 from vramplan.spec.families.base import PREQUANTIZED_SUPPORTED
 from vramplan.spec.fields import changed_fields
 from vramplan.spec.gpu import GpuSpec, cuda_capability
+from vramplan.spec.lora_match import (
+    experts_are_parameters,
+    module_paths,
+    target_matches,
+    unmatched_lora_targets,
+)
 from vramplan.spec.megatron import megatron_problems, megatron_schedule_problems, megatron_unmodelled
 from vramplan.spec.model import CheckpointQuant, ModelSpec
 from vramplan.spec.scenario import (
@@ -676,28 +681,6 @@ def split_backward_unmodelled_params(m: ModelSpec) -> list[str]:
             if p.role in ("expert", "router", "other") or (p.role == "norm" and p.numel != m.hidden_size)]
 
 
-def _module_paths(m: ModelSpec) -> frozenset[str]:
-    """The model's module paths with the layer index folded (``layers.self_attn.q_proj``)."""
-    return frozenset(p.name.rsplit(".", 1)[0] for p in m.params if "." in p.name)
-
-
-def _target_matches(target: str, paths: frozenset[str]) -> bool:
-    """PEFT's rule for a list of names (peft ``check_target_module_exists``): a module is adapted when its
-    path equals the target or ends with ``"." + target``.  A target naming one layer
-    (``model.layers.0.self_attn.q_proj``) is compared with its index and ``model.`` prefix folded."""
-    key = re.sub(r"\.\d+(?=\.|$)", "", target.removeprefix("model.").removeprefix("base_model.model."))
-    return any(p == key or p.endswith("." + key) or key.endswith("." + p) for p in paths)
-
-
-def unmatched_lora_targets(peft: Peft | None, m: ModelSpec) -> list[str]:
-    """The ``target_modules`` entries that name no module of ``m`` (Mixtral's w1/w2/w3 aliases included)."""
-    targets = completed_targets(peft.target_modules, m.peft_default_targets) if peft is not None else "all-linear"
-    if targets == "all-linear":
-        return []
-    aliases, paths = dict(m.traits.expert_module_aliases), _module_paths(m)
-    return [t for t in targets if not _target_matches(aliases.get(t, t), paths)]
-
-
 def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], list[Problem]]:
     """``train.peft.target_modules: null`` completed as PEFT completes ``LoraConfig(target_modules=None)``: the
     model type's row of ``facts/peft_targets.py`` (peft ``_prepare_adapter_config``).  A model type PEFT has no
@@ -724,7 +707,7 @@ def lora_targets_for(s: Scenario, m: ModelSpec) -> tuple[Scenario, list[str], li
         tower = m.vision.param_prefixes if m.vision is not None else ()
         paths = frozenset(p.name.rsplit(".", 1)[0] for p in m.params
                           if "." in p.name and not (tower and p.name.startswith(tower)))
-        if not all(_target_matches(t, paths) for t in UNMAPPED_FALLBACK):
+        if not all(target_matches(t, paths) for t in UNMAPPED_FALLBACK):
             leaves = sorted({p.module for p in m.params if p.role in ("linear", "expert", "router")})
             return s, [], [Problem("train.peft.target_modules",
                                    f"PEFT {PEFT_RELEASE} has no default LoRA targets for model type {m.model_type!r} "
@@ -813,8 +796,8 @@ def fsdp_upcast_for(s: Scenario) -> tuple[Scenario, list[str]]:
 
 def _present(names: tuple[str, ...], m: ModelSpec) -> tuple[str, ...]:
     """Those of ``names`` that are modules of ``m``."""
-    paths = _module_paths(m)
-    return tuple(n for n in names if _target_matches(n, paths))
+    paths = module_paths(m)
+    return tuple(n for n in names if target_matches(n, paths))
 
 
 def _litgpt_targets(s: Scenario, m: ModelSpec, peft: Peft) -> tuple[Scenario, list[str], list[Problem]]:
@@ -833,10 +816,12 @@ def _litgpt_targets(s: Scenario, m: ModelSpec, peft: Peft) -> tuple[Scenario, li
     return s.model_copy(update={"train": s.train.model_copy(update={"peft": peft})}), [note], []
 
 
-def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
+def _lora_target_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """PEFT raises when no target matches (``NoMatchingPeftModuleError``, peft 0.21 tuners_utils.py
     ``inject_adapter``: "Target modules ... not found in the base model"), so no adapter would exist and
-    the job would not start: refused here, with the model's module names and the close ones."""
+    the job would not start: refused here, with the model's module names and the close ones.  So are the
+    targets peft refuses or cannot run (``_moe_target_problems``)."""
+    peft = s.train.peft
     if peft is None or peft.target_modules is None:  # null: lora_targets_for completes or refuses it
         return []
     linears = {p.module for p in m.params if p.role == "linear"}
@@ -857,16 +842,66 @@ def _lora_target_problems(peft: Peft | None, m: ModelSpec) -> list[Problem]:
                             f"{', '.join(unadaptable[t.rsplit('.', 1)[-1]] for t in named)} of {m.name}, not a layer "
                             "peft can adapt (peft raises 'Target module ... is not supported')",
                             "drop them; the attention, MLP and shared-expert linears take adapters")]
-    missing = unmatched_lora_targets(peft, m)
+    expert_params = experts_are_parameters(m, s.software.fused_moe_experts, s.train.quantization)
+    if moe := _moe_target_problems(peft, m, expert_params):
+        return moe
+    missing = unmatched_lora_targets(peft, m, expert_params)
     if peft.target_modules == "all-linear" or len(missing) < len(peft.target_modules):
         return []
-    leaves = sorted({p.module for p in m.params if p.role in ("linear", "expert", "router")})
+    leaves = sorted({p.module for p in m.params if p.role == "linear" or (
+        p.role in ("expert", "router") and not expert_params)})
     close = sorted({c for t in missing for c in suggest(t.rsplit(".", 1)[-1], leaves)})
     first = f"did you mean {', '.join(repr(c) for c in close)}? Or" if close else "name some of them, or"
+    fused = (" (on transformers >= 5 the routed experts are parameters of one module, which no target name reaches"
+             f"{'' if m.peft_moe_pattern is None else ' but the names peft converts'})") if expert_params else ""
     return [Problem("train.peft.target_modules",
                     f"none of {missing} is a module of {m.name} (PEFT raises 'Target modules ... not found in the "
-                    f"base model'); its linear modules: {', '.join(leaves)}",
+                    f"base model'); its linear modules: {', '.join(leaves)}{fused}",
                     f"{first} use target_modules: all-linear")]
+
+
+_TARGET = "train.peft.target_modules"
+
+
+def _moe_target_problems(peft: Peft, m: ModelSpec, expert_params: bool) -> list[Problem]:
+    """A MoE model's targets that peft 0.21.2 refuses or cannot run (facts/peft_targets.py, checked against peft on
+    transformers 5.24): the experts' module, a router that is not an ``nn.Linear``, a router whose forward returns a
+    tuple (all-linear reaches it), one half of a fused gate/up pair peft converts."""
+    if m.moe is None:
+        return []
+    named = [] if peft.target_modules == "all-linear" else list(peft.target_modules or [])
+    leaves = {t.rsplit(".", 1)[-1]: t for t in named}
+    if "experts" in leaves and "experts" not in dict(m.traits.unadaptable_modules):
+        return [Problem(_TARGET, f"{leaves['experts']!r} names the routed experts' container of {m.name}, which peft "
+                        "cannot adapt (it raises 'Target module ... is not supported': only nn.Linear, nn.Embedding, "
+                        "nn.Conv and Conv1D layers are)", "name the expert projections (gate_proj, up_proj, "
+                        "down_proj), which peft converts where it can, or the attention's linears")]
+    held = m.router_module()
+    if held is not None and expert_params:
+        name, cls, kind = held
+        pattern = m.peft_moe_pattern
+        if kind == "tuple" and (peft.target_modules == "all-linear" or name in leaves):
+            how = "all-linear reaches" if peft.target_modules == "all-linear" else f"{leaves[name]!r} names"
+            return [Problem(_TARGET, f"{how} {m.name}'s router {cls}, an nn.Linear whose forward returns a tuple: peft "
+                            "0.21 wraps it in lora.Linear, whose forward fails on the tuple (AttributeError: 'tuple' "
+                            "object has no attribute 'dtype')", "name the targets without the router, e.g. "
+                            "[q_proj, k_proj, v_proj, o_proj]")]
+        if kind == "module" and name in leaves and (pattern is None or pattern.router != name):
+            return [Problem(_TARGET, f"{leaves[name]!r} names {m.name}'s router {cls}, which is not an nn.Linear on "
+                            "transformers >= 5: peft raises 'Target module ... is not supported'",
+                            f"drop {leaves[name]!r}")]
+    pattern = m.peft_moe_pattern if expert_params else None
+    if pattern is not None:
+        aliases = dict(m.traits.expert_module_aliases)
+        pair = {aliases.get(leaf, leaf) for leaf in leaves} & {"gate_proj", "up_proj"}
+        if len(pair) == 1:
+            have = pair.pop()
+            other = "up_proj" if have == "gate_proj" else "gate_proj"
+            return [Problem(_TARGET, f"peft converts the expert targets of {m.model_type} to transformers 5's fused "
+                            f"parameters and raises 'Cannot convert PEFT target(s) {have} without also targeting "
+                            f"{other} because they are fused into gate_up_proj'",
+                            f"add {other} (its 4.x name for this model) or drop {have}")]
+    return []
 
 
 # frameworks whose training loop is the user's or torchtitan's, where torch's checkpoint APIs are applied per
@@ -1183,7 +1218,7 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     out: list[Problem] = []
     if s.task == "train":
         t = s.train
-        out += _lora_target_problems(t.peft, m)
+        out += _lora_target_problems(s, m)
         if t.peft is not None and t.peft.method == "qlora" and t.quantization == "none":
             out.append(Problem("train.quantization", "peft.method qlora needs 4-bit base weights",
                                "set train.quantization: nf4 (or nf4-dq)"))

@@ -21,7 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from vramplan.facts.peft_targets import default_lora_targets
+from vramplan.facts.peft_targets import (
+    MOE_ROUTER_MODULES,
+    MoePattern,
+    default_lora_targets,
+    moe_pattern,
+    router_kind,
+)
 
 Role = Literal["embedding", "position", "linear", "expert", "router", "norm", "bias", "lm_head", "other"]
 TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
@@ -391,9 +397,6 @@ class Traits:
     # ... but its generate is among the analytic engine's terms (Gemma 3n: analytic/altup.py, ModelSpec.altup and
     # kv_reuse_layers), so only training is refused there
     analytic_generate: bool = False
-    # transformers 5 fuses the experts and peft converts the 4.x LoRA target names to the fused parameters
-    # (``conversion_mapping._MODEL_TO_CONVERSION_PATTERN``, peft ``_MOE_TARGET_MODULE_MAPPING``)
-    peft_converts_experts: bool = False
     # other spellings of the expert linears a scenario may use (Mixtral 4.x: w1/w3/w2), as (alias, name) pairs
     expert_module_aliases: tuple[tuple[str, str], ...] = ()
     # modules a LoRA target may name that are not layers peft can adapt, as (name, class) pairs: peft 0.21's LoRA
@@ -713,6 +716,21 @@ class ModelSpec:
         """The LoRA targets PEFT picks for this model type when none are given (facts/peft_targets.py), or None
         where PEFT has no default and raises."""
         return default_lora_targets(self.model_type)
+
+    @property
+    def peft_moe_pattern(self) -> MoePattern | None:
+        """How peft converts this MoE model's expert and router targets on transformers 5 (facts/peft_targets.py
+        ``moe_pattern``), or None where it does not."""
+        return moe_pattern(self.model_type)
+
+    def router_kind(self, module: str) -> str:
+        """"module" (not an ``nn.Linear`` on transformers 5), "tuple" (an ``nn.Linear`` whose forward returns a
+        tuple) or "" for the router-role module ``module`` (facts/peft_targets.py ``router_kind``)."""
+        return router_kind(self.model_type, module)
+
+    def router_module(self) -> tuple[str, str, str] | None:
+        """(leaf name, class, kind) of the router when it is not a plain ``nn.Linear`` (``MOE_ROUTER_MODULES``)."""
+        return MOE_ROUTER_MODULES.get(self.model_type)
 
     # ---- parameter counts -------------------------------------------------
     @property

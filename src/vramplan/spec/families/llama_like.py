@@ -101,24 +101,24 @@ VARIANTS: dict[str, Variant] = {
         qkv_modules=("qkv_proj",), fused_qkv_view=True, fused_gate_up=True, upcasts_all_logits=True,
         rotary_cat_copy=True, sdpa_since=(4, 45))),
     "mixtral": Variant("modeling_mixtral.py", moe="mixtral", sliding_default=True, traits=Traits(
-        upcasts_all_logits=True, peft_converts_experts=True,
+        upcasts_all_logits=True,
         expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()), rope_cache_in=((4, 36), (4, 48)),
         sdpa_since=(4, 37))),
     "qwen2_moe": Variant("modeling_qwen2_moe.py", qkv_bias_only=True, moe="qwen", shared_expert_gate=True, sliding="from_layer",
-                         traits=Traits(upcasts_all_logits=True, peft_converts_experts=True,
+                         traits=Traits(upcasts_all_logits=True,
                                        rope_cache_in=((4, 40), (4, 45)))),
     "qwen3_moe": Variant("modeling_qwen3_moe.py", qk_norm="head", moe="qwen", sliding="from_layer",
-                         traits=Traits(peft_converts_experts=True)),
+                         traits=Traits()),
     "deepseek_v2": Variant("modeling_deepseek_v2.py", mla=True, moe="deepseek",
-                           traits=Traits(peft_converts_experts=True)),
+                           traits=Traits()),
     "deepseek_v3": Variant("modeling_deepseek_v3.py", mla=True, moe="deepseek", score_correction_bias=True,
-                           traits=Traits(peft_converts_experts=True)),
+                           traits=Traits()),
     # GptOssRMSNorm multiplies in fp32; no SDPA path (attention sinks join the softmax); top-k router, clamped
     # SwiGLU experts kept as fused, biased parameters
     # OLMoE: OLMo-2's full-width q/k RMSNorm on a pre-norm decoder, 64 experts of intermediate_size in every
     # layer (OlmoeSparseMoeBlock: softmax over all experts, then top-k; no shared expert)
     "olmoe": Variant("modeling_olmoe.py", qk_norm="full", moe="every_layer",
-                     traits=Traits(peft_converts_experts=True, qk_norm_full_width=True)),
+                     traits=Traits(qk_norm_full_width=True)),
     # GraniteMoE: Mixtral's layout under block_sparse_moe with a top-k-then-softmax router
     # (GraniteMoeTopKRouter: logits.float().topk, softmax over the k values) and fused experts
     # (4.x GraniteMoeParallelExperts input_linear [E, 2I, h] / output_linear [E, h, I]: parameters, not
@@ -136,7 +136,7 @@ VARIANTS: dict[str, Variant] = {
     # partial rotary; q/k norm only with use_qk_norm.  The MTP layer (num_nextn_predict_layers) is not built:
     # Glm4MoePreTrainedModel ignores its checkpoint keys (_keys_to_ignore_on_load_unexpected)
     "glm4_moe": Variant("modeling_glm4_moe.py", qk_norm="head", qk_norm_key="use_qk_norm", o_bias=False,
-                        moe="deepseek", score_correction_bias=True, traits=Traits(peft_converts_experts=True)),
+                        moe="deepseek", score_correction_bias=True, traits=Traits()),
     # SmolLM3: Llama with NoPE layers (SmolLM3Attention rotates q and k only where no_rope_layers[i] is 1; a
     # NoPE layer hands the projections' own outputs to the kernel, the same bytes as RoPE's rotated copies);
     # tied by default; use_sliding_window puts the window on the NoPE layers
@@ -157,7 +157,7 @@ VARIANTS: dict[str, Variant] = {
     # every linear's bias
     "ernie4_5_moe": Variant("modeling_ernie4_5_moe.py", tied_default=True, moe="ernie", score_correction_bias=True,
                             correction_bias_path="moe_statics.", bias_key="use_bias",
-                            traits=Traits(fp32_router=True, peft_converts_experts=True)),
+                            traits=Traits(fp32_router=True)),
     # HunYuan-MoE (Hunyuan-A13B): q/k RMSNorm per head after RoPE (query_layernorm/key_layernorm, built whatever
     # use_qk_norm says), routed experts and a shared_mlp of intermediate_size in every layer, the gate's nn.Linear
     # named wg (built in fp32: ``nn.Linear(..., dtype=torch.float32)``) with a fp32 softmax, top-k, renormalized
@@ -165,6 +165,7 @@ VARIANTS: dict[str, Variant] = {
                               qk_norm_names=("query_layernorm", "key_layernorm"), moe="hunyuan", router_name="gate.wg",
                               shared_name="shared_mlp", traits=Traits(fp32_router_weight=True, qk_norm_after_rope=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
+                       router_name="router",
                        sliding="alternate", traits=Traits(
                            attention_kernels=frozenset({"eager", "flash"}), router_topk_first=True,
                            clamped_glu_experts=True, experts_are_linears=False)),

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get, prob, required
+from vramplan.spec.families.llama_like import MIXTRAL_EXPERT_NAMES
 from vramplan.spec.model import MambaSpec, ModelSpec, MoESpec
 
 
@@ -84,6 +85,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       intermediate_size=0, chunk_size=int(get(cfg, "block_size", default=256)), kind="lightning")
     return replace(spec, mamba=state if linear else None,
                    traits=replace(spec.traits, experts_are_linears=False, cache_class="MiniMaxCache",
+                                                 # peft converts w1/w3/w2 (the "mixtral" pattern), which
+                                                 # scenarios may spell as the experts' names, as for Mixtral
+                                                 expert_module_aliases=tuple(MIXTRAL_EXPERT_NAMES.items()),
                                                  hidden_kept_through_mlp=2))
 
 
