@@ -53,7 +53,7 @@ from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat, expand, split_pools
 from vramplan.analytic.activations import SavedTensor
 from vramplan.analytic.checkpointing import checkpoint_policy
-from vramplan.analytic.layout import RankParams, rank_tensors
+from vramplan.analytic.layout import RankParams, rank_layer_tensors, rank_tensors
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.stream import AllocStream as _Stream
@@ -68,6 +68,7 @@ from vramplan.analytic.terms.sharding import grads_on_reduce_stream, reduce_cast
 from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.analytic.timeline import FORWARD
 from vramplan.spec.defaults import checkpointing
+from vramplan.spec.lora_match import experts_are_parameters
 from vramplan.spec.model import ModelSpec
 
 __all__ = ["LayerTerms", "StepLayout", "iter_run_parts", "train_run_events", "train_run_parts",
@@ -761,7 +762,7 @@ def _outside_trainable(m: ModelSpec, rp: RankParams, tp: int, frozen: tuple[str,
 
 
 def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ...], other: tuple[int, ...],
-                 params: tuple[int, ...], trainable: tuple[int, ...]) -> tuple[LayerTerms, ...]:
+                 params: Sequence[tuple[int, ...]], trainable: tuple[int, ...]) -> tuple[LayerTerms, ...]:
     """Each layer's terms, read from the step's per-layer term records by name (``table``: analytic/terms/base.py
     ``layer_table``), and its saved tensors from the closed form's records (``LayerActivations.tensors``)."""
     n = len(c.layer_specs)
@@ -784,11 +785,12 @@ def _layer_terms(c: StepContext, table: dict[str, list[int]], lin: tuple[int, ..
         # autocast copies it runs as a checkpointed layer whose recompute records only that rest
         partial = selective and not la.checkpointed[j] and recompute[j] > 0 and not casts[j]
         ckpt = la.checkpointed[j] or partial
-        v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j], id(tensors), ckpt, partial)
+        v = (kept[j], recompute[j], mlp_transient[j], attn_transient[j], casts[j], grads[j], id(tensors), ckpt, partial,
+             id(params[j % len(params)]))
         lt = made.get(v)
         if lt is None:
             lt = made[v] = LayerTerms(kept=v[0], full=v[0] + v[1], mlp_transient=v[2], attn_transient=v[3],
-                                      weight_cast=v[4], grad=v[5], linears=lin, norms=other, params=params,
+                                      weight_cast=v[4], grad=v[5], linears=lin, norms=other, params=params[j % len(params)],
                                       trainable=trainable, saved=plan[0], n_attn=plan[1], rope_at=plan[2],
                                       checkpointed=ckpt, partial=partial)
         out.append(lt)
@@ -839,9 +841,13 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     """The event stream's inputs for one stage: the step's term records and the model's widths."""
     m, rp, ctx, tp = c.m, c.rp, c.act, c.tp
     heads = -(-m.num_attention_heads // tp)
-    inner, outside = rank_tensors(m, rp, tp)
+    fused = experts_are_parameters(m, c.s.software.fused_moe_experts, c.quant)
+    inner, outside = rank_tensors(m, rp, tp, fused)
     b, table, by_key = tables(terms, len(c.layer_specs))
-    all_numel = sum(x for x, _ in inner) * max(1, len(rp.layers)) + sum(outside)
+    # each layer's own parameter tensors: a hybrid's layers differ, and a tensor's size decides its allocator pool
+    # and segment (a 10 MB expert averaged over 52 layers would be a 4.4 MB block of a shared 20 MiB segment)
+    by_layer = rank_layer_tensors(m, rp, tp, fused) if rp.layers else ((x for x, _ in inner),)
+    all_numel = sum(sum(t) for t in by_layer) + sum(outside) if rp.layers else sum(x for x, _ in inner) + sum(outside)
     weights_resident = b.get("parameters", 0)
 
     def wbytes(n: int) -> int:
@@ -858,7 +864,9 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     else:
         layer_trainable = tuple(x for x, _ in inner)
         outside_trainable = tuple(outside) if not c.frozen_prefixes else _outside_trainable(m, rp, tp, c.frozen_prefixes)
-    layers = _layer_terms(c, table, lin, other, tuple(wbytes(x) for x, _ in inner), layer_trainable)
+    held: dict[tuple[int, ...], tuple[int, ...]] = {}
+    params = [held.setdefault(t, tuple(wbytes(x) for x in t)) for t in map(tuple, by_layer)]
+    layers = _layer_terms(c, table, lin, other, params, layer_trainable)
     ls0 = c.layer_specs[0] if c.layer_specs else None
     if ls0 is not None and ls0.moe and m.moe is not None:
         inter = m.moe.expert_intermediate_size * m.moe.top_k

@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vramplan.alloc import replay_compact
-from vramplan.analytic.layout import count_on_rank, rank_tensors, split_on_rank
+from vramplan.analytic.layout import rank_layer_tensors, rank_tensors
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.stream import AllocStream
+from vramplan.spec.lora_match import experts_are_parameters
 
 if TYPE_CHECKING:
     from vramplan.analytic.inference import GenerateCall
@@ -309,20 +310,13 @@ def generate_stream(g: GenerateCall, weights: list[int], steps: int | None = Non
 
 def weight_tensors(g: GenerateCall) -> list[int]:
     """Bytes of each parameter tensor in the order ``from_config``/``from_pretrained`` builds them: the
-    embedding, each layer's tensors, then the rest (final norm, an untied head)."""
-    inner, outside = rank_tensors(g.m, g.rp, g.tp)
-    if g.m.mamba is not None:
-        # a hybrid's layers differ (a mixer layer holds no attention projections): each layer's own tensors
-        lset = set(g.rp.layers)
-        per_layer: list[int] = []
-        for i in g.rp.layers:
-            for prm in g.m.params:
-                if prm.layer_span and i in prm.layer_span:
-                    each = count_on_rank(prm, lset, 1) // max(1, sum(map(lset.__contains__, prm.layer_span)))
-                    per_layer += [split_on_rank(prm, g.tp, 1) * g.c] * each
-        return [n * g.c for n in outside[:1]] + per_layer + [n * g.c for n in outside[1:]]
-    return ([n * g.c for n in outside[:1]] + [n * g.c for n, _ in inner] * len(g.rp.layers)
-            + [n * g.c for n in outside[1:]])
+    embedding, each layer's own tensors (a hybrid's mixer layer holds no attention projections, a dense first layer
+    no experts; transformers 5's experts one tensor per projection), then the rest (final norm, an untied head)."""
+    _, outside = rank_tensors(g.m, g.rp, g.tp)
+    s = g.r.scenario
+    fused = experts_are_parameters(g.m, s.software.fused_moe_experts, s.inference.quantization)
+    per_layer = [n * g.c for t in rank_layer_tensors(g.m, g.rp, g.tp, fused) for n in t]
+    return [n * g.c for n in outside[:1]] + per_layer + [n * g.c for n in outside[1:]]
 
 
 # The replays already made: the stream reads the model, the element size, the rows, the prompt, the steps, the

@@ -411,9 +411,13 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int, peft: P
     )
 
 
-def rank_tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int, bool]], list[int]]:
+def rank_tensors(m: ModelSpec, rp: RankParams, tp: int,
+                 fused_experts: bool = False) -> tuple[list[tuple[int, bool]], list[int]]:
     """This rank's parameter tensors: (elements, is a linear) of one layer's (experts: each expert a
-    tensor), and the elements of each tensor outside the layers."""
+    tensor, or with ``fused_experts`` each projection one tensor of the layer's experts, as transformers 5 holds
+    them: ``[E, 2I, h]``, ``[E, h, I]``), and the elements of each tensor outside the layers.  A group that spans
+    only some layers (a hybrid's mixers, a MoE every other layer) is counted in every layer's list here;
+    ``rank_layer_tensors`` gives each layer its own."""
     lset = set(rp.layers)
     inner: list[tuple[int, bool]] = []
     outside: list[int] = []
@@ -424,9 +428,29 @@ def rank_tensors(m: ModelSpec, rp: RankParams, tp: int) -> tuple[list[tuple[int,
         each = split_on_rank(p, tp, 1)
         if p.layer_span:
             per = n // max(1, sum(map(lset.__contains__, p.layer_span)))
-            inner += [(each, p.role in ("linear", "expert") and bool(p.in_features))] * per
+            is_lin = p.role in ("linear", "expert") and bool(p.in_features)
+            inner += [(each * per, is_lin)] if fused_experts and p.role == "expert" else [(each, is_lin)] * per
         else:
             # a group outside the layers with several instances (a vision tower's encoder layers) is that many
             # tensors; every other such group is one
             outside.extend([each] * n)
     return inner, outside
+
+
+def rank_layer_tensors(m: ModelSpec, rp: RankParams, tp: int, fused_experts: bool = False) -> tuple[tuple[int, ...], ...]:
+    """Each of this rank's layers' parameter tensors (elements), in ``rp.layers`` order: only the groups whose
+    ``layer_span`` holds the layer (a Nemotron-H Mamba layer its mixer, a MoE layer its router and experts), the
+    experts as ``rank_tensors`` holds them."""
+    lset = set(rp.layers)
+    out: dict[int, list[int]] = {j: [] for j in rp.layers}
+    for p in m.params:
+        if not p.layer_span:
+            continue
+        held = [j for j in p.layer_span if j in lset]
+        if not held:
+            continue
+        each, per = split_on_rank(p, tp, 1), count_on_rank(p, lset, 1) // len(held)
+        tensors = [each * per] if fused_experts and p.role == "expert" else [each] * per
+        for j in held:
+            out[j] += tensors
+    return tuple(tuple(out[j]) for j in rp.layers)
