@@ -60,13 +60,28 @@ def main() -> None:
             "heads": 16}), ("trained, bf16", {"trained": True}), ("trained, bf16, h 512", {"trained": True, "h": 512}),
             ("trained, bf16, I 512", {"trained": True, "heads": 16}), ("trained, fp32 weights, autocast",
             {"dtype": torch.float32, "autocast": True, "trained": True})]
-    lines = ["case (h 256, I = 8 heads x 32 = 256, 2 groups, state 16, chunk 64, 4 x 512 tokens unless said)"
-             "                 backward peak above its start, bytes per token"]
+    lines = [("case (h 256, I = 8 heads x 32 = 256, 2 groups, state 16, chunk 64, 4 x 512 tokens unless said)"
+              "                 backward peak above its start, bytes per token")]
     for name, kw in rows:
         lines.append(f"{name:60s} {transient_per_token(**kw):10.1f}")
     lines.append("")
-    lines.append("frozen weights: 20 I + c h - 4 g bytes per token (five fp32 I-wide gradients, an h-wide gradient in "
-                 "the block input's dtype c, less the fp32 rsqrt per group freed before the peak); trained weights: not yet read")
+    lines.append("trained weights, split into a per-token part and a per-layer part by two token counts (2 x 512, 4 x 512):")
+    for name, kw in [("bf16", {}), ("bf16, h 512", {"h": 512}), ("bf16, h 1024", {"h": 1024}),
+                     ("bf16, I 512 (16 heads)", {"heads": 16}), ("bf16, I 512 (head dim 64)", {"hd": 64}),
+                     ("bf16, state 64", {"state": 64}), ("bf16, 4 groups", {"groups": 4}), ("bf16, 1 group", {"groups": 1}),
+                     ("bf16, chunk 128", {"chunk": 128}), ("fp32", {"dtype": torch.float32}),
+                     ("fp32, h 512", {"dtype": torch.float32, "h": 512}),
+                     ("fp32 weights, autocast, I 512", {"dtype": torch.float32, "autocast": True, "heads": 16})]:
+        small = transient_per_token(b=2, trained=True, **kw) * 1024
+        large = transient_per_token(b=4, trained=True, **kw) * 2048
+        slope = (large - small) / 1024
+        lines.append(f"  {name:58s} per token {slope:8.1f}   per layer {large - 2048 * slope:10.0f}")
+    lines.append("")
+    lines.append("frozen weights: r h + 20 I - 4 g bytes per token (the output's gradient in the block input's dtype r, "
+                 "five fp32 I-wide gradients, less the fp32 rsqrt per group freed before the peak)")
+    lines.append("trained weights: r h + (16 - r) I - 4 g bytes per token, and w I (h + 1) per layer (out_proj's and the "
+                 "gated norm's weight gradients in the weights' dtype w: the gradients' term) "
+                 "(analytic/terms/mamba2.py mixer_backward_per_token)")
     text = "\n".join(lines) + "\n"
     OUT.write_text(text, encoding="utf-8")
     print(text, end="")

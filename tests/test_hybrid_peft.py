@@ -121,16 +121,18 @@ def test_adapters_with_checkpointing_are_refused_by_the_analytic_engine_only() -
 ])
 def test_full_fine_tuning_with_checkpointing_is_under_the_traced_engine_as_stated(change: dict[str, Any], seq: int,
                                                                                   precision: str) -> None:
-    """The gradients inside a recomputed mixer's backward are not modelled (the report says so, with this bound):
-    the analytic peak is under the traced engine's by at most 12% on these shapes, never over."""
+    """A recomputed mixer's forward temporaries are not modelled (the report says so, with this bound); its backward's
+    gradients are (mixer_backward_per_token): the analytic peak is under the traced engine's by at most 9% on these
+    shapes (0.971, 0.911, 0.993 measured), never over; without the backward's gradients it had been 0.971, 0.887,
+    0.883."""
     pytest.importorskip("torch")
     from vramplan.trace.engine import estimate as traced
 
     doc = _doc({**NH, **change}, None, checkpointing="full", seq=seq, precision=precision)
     r = estimate(doc)
     a, t = r.per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
-    assert 0.87 < a / t <= 1.0
-    assert any("up to 12%" in x for x in r.assumptions)
+    assert 0.90 < a / t <= 1.0
+    assert any("up to 9%" in x for x in r.assumptions)
 
 
 @pytest.mark.parametrize(("targets", "said"), [
@@ -189,3 +191,38 @@ def test_peft_refused_targets_follow_peft_s_list(model_type: str) -> None:
         return
     source = inspect.getsource(tuners_utils._check_lora_target_modules_mamba)
     assert f'"{model_type}"' in source and '"out_proj"' in source and '"conv1d"' in source
+
+
+@pytest.mark.parametrize(("change", "r", "frozen", "want"), [
+    # h 256, I = 8 x 32 = 256, 2 groups (the NH tester's mixer), bf16 frozen: 2 x 256 + 20 x 256 - 4 x 2 = 5,624
+    ({}, 2, True, 5_624),
+    # trained: 2 x 256 + 14 x 256 - 8 = 4,088; fp32 trained: 4 x 256 + 12 x 256 - 8 = 4,088 (h = I here)
+    ({}, 2, False, 4_088), ({}, 4, False, 4_088),
+    # I = 16 x 32 = 512: frozen bf16 2 x 256 + 20 x 512 - 8 = 10,744; trained fp32 4 x 256 + 12 x 512 - 8 = 7,160
+    ({"mamba_num_heads": 16}, 2, True, 10_744), ({"mamba_num_heads": 16}, 4, False, 7_160),
+])
+def test_mixer_backward_transient_by_hand(change: dict[str, Any], r: int, frozen: bool, want: int) -> None:
+    from vramplan.analytic.terms.mamba2 import mixer_backward_per_token
+
+    ms = model_from_config({**NH, **change}).mamba
+    assert mixer_backward_per_token(ms, 256, r, frozen) == want
+
+
+def test_mixer_backward_transient_matches_the_tracked_mixer() -> None:
+    # the formula against transformers' own NemotronHMamba2Mixer on the meta device, a shape the fit did not use
+    torch = pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from mixer_backward_transient import transient_per_token
+
+    from vramplan.analytic.terms.mamba2 import mixer_backward_per_token
+
+    ms = model_from_config({**NH, "hidden_size": 384, "mamba_num_heads": 12, "mamba_head_dim": 48, "n_groups": 3,
+                            "ssm_state_size": 32}).mamba
+    for trained in (False, True):
+        got = transient_per_token(h=384, heads=12, hd=48, groups=3, state=32, b=2, s=512, dtype=torch.bfloat16,
+                                  trained=trained)
+        per_layer = 0 if not trained else 2 * (12 * 48) * (384 + 1)  # out_proj's and the norm's weight gradients
+        assert got * 1024 == mixer_backward_per_token(ms, 384, 2, not trained) * 1024 + per_layer

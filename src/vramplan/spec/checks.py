@@ -210,9 +210,9 @@ def every_token_expert_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
 def hybrid_peft_checkpoint_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """The analytic engine's refusal of adapters on a Mamba2 hybrid with activation checkpointing: the step's peak then
-    falls in a recomputed mixer's backward, whose gradients inside the chunked scan the terms leave out (counted: the
-    residual gradients only; analytic/terms/mamba2.py), and with the adapters' gradients small the analytic peak is
-    up to 19% under the traced engine's on the shapes tests/test_hybrid_peft.py tries.  Without checkpointing the peak
+    falls in a recomputed mixer, whose backward's gradients are modelled (analytic/terms/mamba2.py
+    ``mixer_backward_per_token``) but not its forward's temporaries, and with the adapters' gradients small the
+    analytic peak is up to 9% under the traced engine's on the shapes tests/test_hybrid_peft.py tries.  Without checkpointing the peak
     is the forward's end, which the terms hold (within -3% to +4% of the traced engine).  The traced engine runs
     transformers' and peft's own modules and is not refused."""
     ms = m.mamba
@@ -220,8 +220,8 @@ def hybrid_peft_checkpoint_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             or ms.shared_attention_layers or checkpointing(s) == "none"):
         return []
     return [Problem("train.gradient_checkpointing", f"{m.name}'s Mamba2 mixers with adapters and {checkpointing(s)} "
-                    "checkpointing: the peak falls in a recomputed mixer's backward, whose gradients inside the chunked "
-                    "scan the analytic engine does not model (it would be up to 19% under)",
+                    "checkpointing: the peak falls in a recomputed mixer, whose forward temporaries (the chunked scan's) "
+                    "the analytic engine does not model (it would be up to 9% under)",
                     "use --engine trace (transformers' and peft's own modules), or gradient_checkpointing: none")]
 
 

@@ -73,7 +73,7 @@ from vramplan.analytic.terms.mamba1 import mamba1_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["frozen_mixer_dropped", "mixer_saved_tensors", "mixer_train_notes"]
+__all__ = ["frozen_mixer_dropped", "mixer_backward_per_token", "mixer_saved_tensors", "mixer_train_notes"]
 
 FP32 = 4
 
@@ -174,6 +174,25 @@ def short_conv_saved_tensors(ms: MambaSpec, c: int, batch: int, seq: int) -> tup
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows)
 
 
+def mixer_backward_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: bool) -> int:
+    """Per token, the most a Mamba2 mixer's backward holds beside its saved tensors: the incoming gradient of its output
+    (``r h``, the residual stream's dtype) and the gradients the chunked scan's backward makes, at the backward's peak;
+    or, past it, the incoming and outgoing residual gradients (``2 r h``).
+
+    Read off transformers 5.24's ``NemotronHMamba2Mixer`` torch path on the meta device, every tensor followed
+    (benchmarks/mixer_backward_transient.py, the peak of the live bytes in the backward above its start, fitted over
+    two token counts and 13 shapes: h 256-1024, I 256-512, groups 1-4, state 16-64, chunk 64-128, bf16, fp32, fp32
+    under bf16 autocast; every fit exact): ``r h + 20 I - 4 g`` bytes with frozen weights (five fp32 I-wide gradients;
+    the fp32 rsqrt of each group freed before the peak), ``r h + (16 - r) I - 4 g`` with trained ones (the peak falls
+    later, where the weight gradients are made: out_proj's and the norm's, ``w I (h + 1)`` per layer, are the
+    gradients' term, not counted here).  The chunk, the state size and the batch shape leave it unchanged."""
+    if ms is None or ms.kind != "mamba2":
+        return 2 * r * hidden
+    inner, g = ms.intermediate_size, max(1, ms.n_groups)
+    scan = 20 * inner if frozen else (16 - r) * inner
+    return max(2 * r * hidden, r * hidden + scan - 4 * g)
+
+
 def mixer_train_notes(m: ModelSpec, peft: bool = False) -> list[str]:
     """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
     estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``)."""
@@ -223,10 +242,13 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False) -> list[str]:
             "(mamba2_chunk_scan: the mamba-ssm and causal-conv1d packages absent, use_kernels off); their saved "
             "tensors are that path's (the fused mamba_split_conv1d_scan_combined kernel would save only its "
             "inputs and weights and recompute the rest: less memory, not modelled)")
-    gradients = ("not modelled: the gradients a mixer's backward makes inside the chunked scan (counted: the incoming "
-            "and outgoing residual gradients only); with full checkpointing the peak falls in that backward and is "
-            "under the traced engine's by up to 4% on transformers' Bamba test configuration and by up to 12% with "
-            "longer chunks, more heads or larger states (tests/test_hybrid_peft.py)")
+    gradients = ("a mixer's backward holds its output's gradient and the chunked scan's gradients beside its saved "
+                 "tensors: r h + 20 I - 4 g bytes a token with frozen weights, r h + (16 - r) I - 4 g with trained ones "
+                 "(read off transformers' own mixer, every tensor followed: benchmarks/mixer_backward_transient.py)")
+    recompute = ("not modelled: a recomputed mixer's forward temporaries (the chunked scan's segment sums and einsum "
+                 "operands, freed within the forward); with full checkpointing they can top its backward, so the "
+                 "estimate is under the traced engine's by up to 4% on transformers' Bamba test configuration and by "
+                 "up to 9% with longer chunks, more heads or larger states (tests/test_hybrid_peft.py)")
     if ms.shared_attention_layers:
         rank = f"rank-{ms.shared_adapter_rank} adapters on q/k/v and" if ms.shared_attention_adapters else "a rank-" + \
             f"{ms.shared_adapter_rank} adapter on"
@@ -234,5 +256,5 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False) -> list[str]:
                              "(transformers 5.24's Zamba2AttentionDecoderLayer, the shared weights' gradients summed "
                              f"over their layers): each saves its 2 x hidden norm and attention input, {rank} the "
                              "MLP's gate_up, the MLP and the per-layer linear's input "
-                             "(analytic/terms/shared_block.py)"), gradients]
-    return [torch_path, gradients]
+                             "(analytic/terms/shared_block.py)"), gradients, recompute]
+    return [torch_path, gradients, recompute]
