@@ -97,9 +97,6 @@ def test_inference_report_holds_the_state_and_the_attention_kv() -> None:
 
 
 @pytest.mark.parametrize(("extra", "where"), [
-    # adapters are estimated without checkpointing (tests/test_hybrid_peft.py); with it the analytic engine refuses them
-    ({"task": "train", "train": {"peft": {"method": "lora", "rank": 8}, "gradient_checkpointing": "full"}},
-     "whose forward temporaries"),
     ({"task": "serve", "serve": {"engine": "sglang"}}, "serving it with sglang is not estimated"),
     ({"task": "inference", "parallel": {"tp": 2}, "hardware": {"gpu": "A100-80GB", "num_gpus": 2}},
      "tensor parallelism is not estimated"),

@@ -1,7 +1,7 @@
 """Adapters on a Mamba2 hybrid (Nemotron-H, Bamba, Granite 4.0-H): the frozen mixers' records (analytic/terms/mamba2.py
 ``frozen_mixer_dropped``), the hybrid's frozen prefix (analytic/terms/frozen_prefix.py ``_hybrid_prefix``), each checked
 against the traced engine, which runs transformers' and peft's own modules on the meta device; and what the analytic
-engine refuses (adapters with checkpointing, whose peak falls in a mixer's backward)."""
+engine leaves out (part of what a recomputed layer holds with checkpointing: stated, the band widened)."""
 
 from __future__ import annotations
 
@@ -103,15 +103,28 @@ def test_adapters_on_bamba_and_granite_agree_with_the_traced_engine(model: str, 
     assert 0.96 < a / t < 1.06
 
 
-def test_adapters_with_checkpointing_are_refused_by_the_analytic_engine_only() -> None:
+@pytest.mark.parametrize(("change", "seq", "precision", "targets"), [
+    ({}, 512, "bf16-mixed", ATTN_MLP),  # measured 0.939 (the MoE block's backward holds more than counted)
+    ({}, 512, "bf16-mixed", ["in_proj"]),  # 0.965
+    ({"mamba_num_heads": 16, "ssm_state_size": 64}, 256, "bf16-mixed", ATTN_MLP),  # 0.976 (0.811 before the mixer's
+    # backward and recomputed forward were modelled)
+    ({"chunk_size": 32, "mamba_head_dim": 64}, 1024, "bf16-true", ATTN_MLP),  # 1.030
+    ({"hybrid_override_pattern": "MM*MMM*MMM"}, 512, "bf16-mixed", ATTN_MLP),  # 0.976
+])
+def test_adapters_with_checkpointing_agree_with_the_traced_engine(change: dict[str, Any], seq: int, precision: str,
+                                                                   targets: list[str]) -> None:
+    """With full checkpointing the peak falls in a recomputed layer: the mixer's recomputed forward and its backward
+    are modelled (mixer_recompute_per_token, mixer_backward_per_token); what else the layer holds is not, and the
+    report says so with the bound this test holds (under by at most 6%, over by at most 3%)."""
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     from vramplan.trace.engine import estimate as traced
 
-    doc = _doc(NH, ATTN_MLP, checkpointing="full")
-    with pytest.raises(VramplanError, match="--engine trace"):
-        estimate(doc)
-    assert traced(doc).per_gpu.peak_allocated_bytes > 0
+    doc = _doc({**NH, **change}, targets, checkpointing="full", seq=seq, precision=precision)
+    r = estimate(doc)
+    a, t = r.per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    assert 0.93 < a / t < 1.04
+    assert any(x.startswith("not modelled: ") and "up to 6% with adapters" in x for x in r.assumptions)
 
 
 @pytest.mark.parametrize(("change", "seq", "precision"), [
@@ -226,3 +239,34 @@ def test_mixer_backward_transient_matches_the_tracked_mixer() -> None:
                                   trained=trained)
         per_layer = 0 if not trained else 2 * (12 * 48) * (384 + 1)  # out_proj's and the norm's weight gradients
         assert got * 1024 == mixer_backward_per_token(ms, 384, 2, not trained) * 1024 + per_layer
+
+
+def test_mixer_recompute_transient_matches_the_tracked_mixer() -> None:
+    # the recomputed forward's peak above its end against transformers' own NemotronHMamba2Mixer on the meta device,
+    # on a shape the fit did not use (h 640, 10 heads of 40 = I 400, 5 groups, state 24, chunk 96, 2 x 768 tokens)
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+
+    from vramplan.analytic.terms.mamba2 import mixer_recompute_per_token
+    from vramplan.trace.tracker import Tracker
+
+    shape = {"hidden_size": 640, "mamba_num_heads": 10, "mamba_head_dim": 40, "n_groups": 5, "ssm_state_size": 24,
+             "chunk_size": 96}
+    ms = model_from_config({**NH, **shape}).mamba
+    cfg = transformers.AutoConfig.for_model(**{**NH, **shape, "hybrid_override_pattern": "M", "num_hidden_layers": 1,
+                                               "use_mamba_kernels": False})
+    for dtype, r, trained in ((torch.bfloat16, 2, False), (torch.bfloat16, 2, True), (torch.float32, 4, True)):
+        with torch.device("meta"):
+            mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(dtype)
+            x = torch.empty(2, 768, 640, dtype=dtype, requires_grad=True)
+        for p in mixer.parameters():
+            p.requires_grad_(trained)
+        tracker = Tracker()
+        with tracker:
+            y = mixer(x)  # held: its graph keeps the saved tensors
+            extra = tracker.peak_bytes - tracker.live_bytes
+        del y
+        # per token, floored: the per-micro-batch terms spread over 1,536 tokens
+        assert extra // 1536 == mixer_recompute_per_token(ms, 640, r, not trained, 2, 768)

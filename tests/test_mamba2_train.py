@@ -118,8 +118,6 @@ def test_train_report_states_the_torch_path() -> None:
 
 
 @pytest.mark.parametrize(("extra", "where"), [
-    # adapters: estimated without checkpointing (tests/test_hybrid_peft.py), refused with it by the analytic engine
-    ({"peft": {"method": "lora", "rank": 8}, "gradient_checkpointing": "full"}, "train.gradient_checkpointing"),
     ({"gradient_checkpointing": "selective"}, "train.gradient_checkpointing"),
     ({"objective": "dpo"}, "train.objective"),
 ])

@@ -49,7 +49,6 @@ from vramplan.spec.checks import (
     analytic_unmodelled_problems,
     capability_notes,
     every_token_expert_problems,
-    hybrid_peft_checkpoint_problems,
     ignored_sections,
     linear_mixer_analytic_problems,
     unused_settings,
@@ -651,7 +650,7 @@ def _llamacpp(r: Resolved, sr: ServeResult, d: LlamaCppDecision, ctx: int) -> Re
 def _refuse_unmodelled(r: Resolved) -> None:
     """Raise what the analytic engine refuses for ``r`` (every problem at once), before any term is computed."""
     refused = (every_token_expert_problems(r.scenario, r.model) + linear_mixer_analytic_problems(r.scenario, r.model)
-               + analytic_unmodelled_problems(r.scenario, r.model) + hybrid_peft_checkpoint_problems(r.scenario, r.model))
+               + analytic_unmodelled_problems(r.scenario, r.model))
     if refused:
         raise ScenarioError(refused)
 

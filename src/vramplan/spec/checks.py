@@ -45,7 +45,7 @@ __all__ = [
     "analytic_unmodelled_problems", "capability_notes", "capability_problems", "chunked_attention_as_full",
     "chunked_attention_notes", "contradictions", "cross_attention_problems", "encoder_decoder_problems",
     "every_token_expert_problems", "expert_loop_problems", "fp32_router_weight_problems", "held_module_notes",
-    "held_module_problems", "hybrid_peft_checkpoint_problems", "hybrid_problems", "ignored_sections",
+    "held_module_problems", "hybrid_problems", "ignored_sections",
     "linear_mixer_analytic_problems", "litgpt_problems", "number_problems", "section_conflicts",
     "unmodelled_layer_problems", "unused_settings",
 ]
@@ -206,23 +206,6 @@ def every_token_expert_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                     f"engine's terms, so task {s.task} is not estimated by it",
                     "use --engine trace (it runs transformers' own forward), or task: serve (vLLM runs the routed "
                     "experts on their top-k tokens, FusedMoE); " + _PARAMETERS_ONLY)]
-
-
-def hybrid_peft_checkpoint_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
-    """The analytic engine's refusal of adapters on a Mamba2 hybrid with activation checkpointing: the step's peak then
-    falls in a recomputed mixer, whose backward's gradients are modelled (analytic/terms/mamba2.py
-    ``mixer_backward_per_token``) but not its forward's temporaries, and with the adapters' gradients small the
-    analytic peak is up to 9% under the traced engine's on the shapes tests/test_hybrid_peft.py tries.  Without checkpointing the peak
-    is the forward's end, which the terms hold (within -3% to +4% of the traced engine).  The traced engine runs
-    transformers' and peft's own modules and is not refused."""
-    ms = m.mamba
-    if (s.task != "train" or s.train.peft is None or ms is None or ms.kind != "mamba2" or ms.parallel_attention
-            or ms.shared_attention_layers or checkpointing(s) == "none"):
-        return []
-    return [Problem("train.gradient_checkpointing", f"{m.name}'s Mamba2 mixers with adapters and {checkpointing(s)} "
-                    "checkpointing: the peak falls in a recomputed mixer, whose forward temporaries (the chunked scan's) "
-                    "the analytic engine does not model (it would be up to 9% under)",
-                    "use --engine trace (transformers' and peft's own modules), or gradient_checkpointing: none")]
 
 
 def analytic_unmodelled_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -679,7 +662,8 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     * Training is estimated for full fine-tuning (SFT) with transformers' Trainer, Accelerate or DeepSpeed, without or with
       full activation checkpointing, on one GPU's shard of the batch (no tensor, context or pipeline parallelism):
       the mixers' saved tensors of transformers' torch path (analytic/terms/mamba2.py); adapters too on the Mamba2
-      hybrids, the analytic engine without checkpointing (``hybrid_peft_checkpoint_problems``); the rest is refused
+      hybrids, with or without full checkpointing (a recomputed mixer's forward and backward temporaries:
+      analytic/terms/mamba2.py ``mixer_recompute_per_token``, ``mixer_backward_per_token``); the rest is refused
       (``_hybrid_train_problems``).
     * Serving with SGLang or llama.cpp: they keep the mixers' state in their own pools (SGLang's
       ``MambaPool`` beside its token pool, llama.cpp's recurrent-state cells), not modelled.  vLLM is modelled

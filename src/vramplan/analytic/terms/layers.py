@@ -26,7 +26,12 @@ from vramplan.analytic.terms import encoder_decoder as encdec
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.analytic.terms.mamba1 import mamba1_scan_backward_per_token
-from vramplan.analytic.terms.mamba2 import frozen_mixer_dropped, mixer_backward_per_token, mixer_saved_tensors
+from vramplan.analytic.terms.mamba2 import (
+    frozen_mixer_dropped,
+    mixer_backward_per_token,
+    mixer_recompute_per_token,
+    mixer_saved_tensors,
+)
 from vramplan.analytic.terms.shared_block import (
     checkpoint_embeddings_per_token,
     shared_block_attention_tensors,
@@ -161,16 +166,27 @@ def _mixer_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
     if not _has_mlp(ls):
         norm = act.norm_saved_per_token(m, ctx)
         return _PerToken(norm, (act.SavedTensor("norm.input", norm),), 0,
-                         (0, mixer_backward_per_token(m.mamba, m.hidden_size, ctx.residual_bytes, ctx.frozen_base)
-                          + mamba1_scan_backward_per_token(m.mamba)), 0, 0)
+                         (0, _mixer_transient(c) + mamba1_scan_backward_per_token(m.mamba)), 0, 0)
     norms = act.norm_tensors(m, ctx)
     tensors = tuple([t for t in norms if t.part == "attention"] + [t for t in norms if t.part == "mlp"]
                     + act.mlp_tensors(m, ls, ctx))
     mlp_part = act.norm_saved_per_token(m, ctx) + act.mlp_saved(m, ls, ctx)
     return _PerToken(act.total_bytes(tensors), tensors, 0,
-                     (act.backward_transients_per_token(m, ls, ctx)[0],
-                      mixer_backward_per_token(m.mamba, m.hidden_size, ctx.residual_bytes, ctx.frozen_base)),
+                     (act.backward_transients_per_token(m, ls, ctx)[0], _mixer_transient(c)),
                      mlp_part, act.freed_before_mlp_backward_per_token(m, ls, ctx))
+
+
+def _mixer_transient(c: StepContext) -> int:
+    """Per token, what a mixer layer holds beside its saved tensors in its backward: the backward's own gradients
+    (``mixer_backward_per_token``), or, when checkpointing recomputes the mixer just before, the recomputed forward's
+    temporaries over its output's incoming gradient (``mixer_recompute_per_token``), whichever is more."""
+    m, ctx, t = c.m, c.act, c.s.train
+    r = ctx.residual_bytes
+    backward = mixer_backward_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base)
+    if checkpoint_policy(c.s) == "none":
+        return backward
+    recompute = mixer_recompute_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base, t.micro_batch_size, ctx.seq_len)
+    return max(backward, r * m.hidden_size + recompute)
 
 
 def _shared_block_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:

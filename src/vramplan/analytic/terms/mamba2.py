@@ -73,7 +73,7 @@ from vramplan.analytic.terms.mamba1 import mamba1_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["frozen_mixer_dropped", "mixer_backward_per_token", "mixer_saved_tensors", "mixer_train_notes"]
+__all__ = ["frozen_mixer_dropped", "mixer_backward_per_token", "mixer_recompute_per_token", "mixer_saved_tensors", "mixer_train_notes"]
 
 FP32 = 4
 
@@ -193,6 +193,41 @@ def mixer_backward_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: 
     return max(2 * r * hidden, r * hidden + scan - 4 * g)
 
 
+def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: bool, batch: int, seq: int) -> int:
+    """Per token, the most a Mamba2 mixer's forward holds above what it keeps at its end: what a recomputed mixer
+    (activation checkpointing) adds on top of its saved tensors and its output's incoming gradient before its
+    backward starts.  0 for other mixers.
+
+    Read off transformers 5.24's ``NemotronHMamba2Mixer`` torch path on the meta device, every tensor followed, and
+    exact on 14 shapes (h 256-1024, I 256-2048, groups 1-8, state 16-128, chunk 32-128, 1-4 sequences of 512-2048
+    tokens) in each of bf16, fp32 and fp32 under bf16 autocast, frozen and trained
+    (benchmarks/mixer_backward_transient.py).  The forward peaks where ``mamba2_chunk_scan`` makes its output
+    contiguous (``(Y_diag + Y_off).contiguous()``): alive then and freed before the forward ends are the discretized
+    x, the padded x, A and B, A's cumulative sum, ``Y_diag``, ``B_decay``, the zero initial state (``4 b I n``), the
+    chunk states' einsum output (``4 b (nc + 1) I n``), ``Y_off``, the sum and its contiguous copy, and in half
+    precision the convolution's SiLU output and dt's clamp (``c conv_dim + c H``); made after it and kept are the
+    output with ``D``'s residual, the gated norm's tensors (three ``4 I`` ones with a half input, two with fp32, where
+    ``gate.float()`` is a view), the norm's rsqrt per group (``4 g``), out_proj's output (``c h``) and a transposed
+    out_proj weight (``c h I``).  Trained weights keep the discretized x and the padded x (``6 I`` fewer with a half
+    input, ``8 I`` with fp32).  Where out_proj's input copy, the SiLU output and the gated product are freed after
+    its matmul, the forward can instead peak there (half input: ``c conv_dim + 4 I``, and ``c I`` with frozen
+    weights; fp32: ``4 I`` frozen).  The tokens are taken as whole chunks (sequences padded to the chunk size add up
+    to a chunk of the padded tensors, not counted)."""
+    if ms is None or ms.kind != "mamba2":
+        return 0
+    inner, heads, g, n = ms.intermediate_size, ms.n_heads, max(1, ms.n_groups), ms.state_size
+    conv, big = inner + 2 * g * n, heads * n
+    half = r < FP32
+    tokens = max(1, batch * seq)
+    chunks = ceil_div(seq, max(1, ms.chunk_size))
+    i_coef = (8 if frozen else 2) if half else (12 if frozen else 4)
+    per_token = ((r * conv + r * heads) if half else 0) + 8 * heads + i_coef * inner + 8 * big - 4 * g - r * hidden
+    per_batch = 4 * batch * (chunks + 1) * inner * n + 4 * batch * inner * n - r * hidden * inner
+    at_scan = per_token + per_batch // tokens
+    at_out_proj = (r * conv + 4 * inner + (r * inner if frozen else 0)) if half else (4 * inner if frozen else 0)
+    return max(0, at_scan, at_out_proj)
+
+
 def mixer_train_notes(m: ModelSpec, peft: bool = False) -> list[str]:
     """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
     estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``)."""
@@ -243,12 +278,14 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False) -> list[str]:
             "tensors are that path's (the fused mamba_split_conv1d_scan_combined kernel would save only its "
             "inputs and weights and recompute the rest: less memory, not modelled)")
     gradients = ("a mixer's backward holds its output's gradient and the chunked scan's gradients beside its saved "
-                 "tensors: r h + 20 I - 4 g bytes a token with frozen weights, r h + (16 - r) I - 4 g with trained ones "
-                 "(read off transformers' own mixer, every tensor followed: benchmarks/mixer_backward_transient.py)")
-    recompute = ("not modelled: a recomputed mixer's forward temporaries (the chunked scan's segment sums and einsum "
-                 "operands, freed within the forward); with full checkpointing they can top its backward, so the "
-                 "estimate is under the traced engine's by up to 4% on transformers' Bamba test configuration and by "
-                 "up to 9% with longer chunks, more heads or larger states (tests/test_hybrid_peft.py)")
+                 "tensors: r h + 20 I - 4 g bytes a token with frozen weights, r h + (16 - r) I - 4 g with trained ones; "
+                 "recomputed under checkpointing, its forward first holds the scan's temporaries above what it keeps "
+                 "(mixer_recompute_per_token); both read off transformers' own mixer, every tensor followed "
+                 "(benchmarks/mixer_backward_transient.py)")
+    recompute = ("not modelled: the rest of what a recomputed hybrid layer holds in its backward with full "
+                 "checkpointing (the traced engine shows more in the MoE and MLP blocks); the estimate is under the "
+                 "traced engine's by up to 4% on transformers' Bamba test configuration, up to 6% with adapters and "
+                 "up to 9% in full fine-tuning on the shapes tests/test_hybrid_peft.py tries")
     if ms.shared_attention_layers:
         rank = f"rank-{ms.shared_adapter_rank} adapters on q/k/v and" if ms.shared_attention_adapters else "a rank-" + \
             f"{ms.shared_adapter_rank} adapter on"
