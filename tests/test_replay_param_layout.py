@@ -79,3 +79,47 @@ def test_nemotron3_lora_reserved_matches_trace() -> None:
     a, t = estimate(doc).per_gpu, trace_estimate(doc).per_gpu
     # measured here: analytic 65.99 GiB, traced 65.78 GiB
     assert abs(a.peak_reserved_bytes - t.peak_reserved_bytes) < 0.01 * t.peak_reserved_bytes
+
+
+OLMOE = "allenai/OLMoE-1B-7B-0924"
+
+
+def test_fused_gate_up_is_one_tensor() -> None:
+    # OLMoE: 64 experts of I = 1024 on h = 2048 in each of 16 layers; transformers 5 holds gate_up_proj [64, 2048, 2048]
+    # = 268,435,456 elements and down_proj [64, 2048, 1024] = 134,217,728
+    m = _model(OLMOE)
+    layer = rank_layer_tensors(m, rank_params(m, 1, 1, 1, 0, None), 1, fused_experts=True)[0]
+    assert 268_435_456 in layer and 134_217_728 in layer
+    assert layer.count(64 * 1024 * 2048) == 1  # down only: gate and up are no longer two tensors of that size
+
+
+def _load_plan(model: str, transformers: str | None = None):  # type: ignore[no-untyped-def]
+    from vramplan.analytic.lifecycle.load import load_plan
+    from vramplan.analytic.train import train_step
+
+    doc: dict[str, object] = {"model": model, "hardware": {"gpu": "H100-80GB"},
+                              "train": {"seq_len": 512, "micro_batch_size": 1, "precision": "bf16-true",
+                                        "peft": {"method": "lora"}}}
+    if transformers:
+        doc["software"] = {"transformers": transformers}
+    c = train_step(resolve(doc)).context
+    assert c is not None
+    return load_plan(c)
+
+
+def test_load_stacks_per_expert_checkpoint_tensors() -> None:
+    # transformers 5 loads OLMoE's per-expert checkpoint tensors on the GPU and stacks them there (MergeModulelist,
+    # then Concatenate for gate and up): each fused tensor's pieces are as large as it and alive while it is made.
+    # bf16: gate_up 268,435,456 x 2 = 536,870,912 B, down 268,435,456 B; 16 layers, two each
+    plan = _load_plan(OLMOE)
+    staged = [(n, s) for n, s in zip(plan.sizes, plan.staging, strict=True) if s]
+    assert len(staged) == 32 and all(n == s for n, s in staged)
+    assert {n for n, _ in staged} == {536_870_912, 268_435_456}
+    # transformers 4.x: 64 x 3 per-expert linears a layer, nothing stacked
+    old = _load_plan(OLMOE, "4.46")
+    assert not any(old.staging) and old.sizes.count(1024 * 2048 * 2) == 16 * 64 * 3
+
+
+def test_fused_checkpoints_are_not_stacked() -> None:
+    # gpt-oss ships its experts fused (no converter in transformers 5.24): loaded as they are
+    assert not any(_load_plan("openai/gpt-oss-20b").staging)

@@ -450,7 +450,16 @@ def rank_layer_tensors(m: ModelSpec, rp: RankParams, tp: int, fused_experts: boo
         if not held:
             continue
         each, per = split_on_rank(p, tp, 1), count_on_rank(p, lset, 1) // len(held)
-        tensors = [each * per] if fused_experts and p.role == "expert" else [each] * per
         for j in held:
-            out[j] += tensors
+            if fused_experts and p.role == "expert" and p.module == "up_proj" and out[j] and _gate_last(m, p):
+                out[j][-1] += each * per  # gate_up_proj [E, 2I, h]: the gate's and up's rows one tensor
+            else:
+                out[j] += [each * per] if fused_experts and p.role == "expert" else [each] * per
     return tuple(tuple(out[j]) for j in rp.layers)
+
+
+def _gate_last(m: ModelSpec, up: ParamGroup) -> bool:
+    """Whether the group before ``up`` (an expert ``up_proj``) is the same experts' ``gate_proj``: transformers 5
+    fuses the two into ``gate_up_proj``."""
+    i = m.params.index(up)
+    return i > 0 and m.params[i - 1].role == "expert" and m.params[i - 1].module == "gate_proj"

@@ -13,7 +13,7 @@ import json
 from functools import cache
 from importlib import resources
 
-__all__ = ["CURRENT_RELEASE_NOTE", "MAMBA2_SCAN_EINSUM_RELEASE", "OWN_MODEL_FRAMEWORKS", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
+__all__ = ["CURRENT_RELEASE_NOTE", "MAMBA2_SCAN_EINSUM_RELEASE", "OWN_MODEL_FRAMEWORKS", "STACKED_EXPERT_CHECKPOINTS", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
 
 
 @cache
@@ -80,3 +80,15 @@ OWN_MODEL_FRAMEWORKS = frozenset({"torchtitan", "lightning", "litgpt", "torchtun
 CURRENT_RELEASE_NOTE = ("transformers: the current release's code is assumed (software.transformers not given); an older "
                         "release differs in its loss, registered buffers, attention default, SDPA's grouped K/V and the "
                         "training forward's cache (docs/conventions.md): set software.transformers for a run on one")
+
+
+# MoE model types whose checkpoints hold each routed expert's projections as their own tensors and whose transformers
+# 5 load stacks them into the fused 3-D parameters (transformers 5.24 conversion_mapping.py: a ``WeightConverter`` with
+# ``MergeModulelist``, and ``Concatenate`` for gate and up, ``force_cpu`` off; core_model_loading.py materializes each
+# checkpoint tensor on the parameter's device, ``spawn_materialize(..., param_device, ...)``, then ``torch.stack`` /
+# ``torch.cat`` there).  Listed with ``get_checkpoint_conversion_mapping`` for every MoE model type of the catalog;
+# gpt-oss, Llama 4, DBRX and GraniteMoE ship fused experts (no converter).
+STACKED_EXPERT_CHECKPOINTS: frozenset[str] = frozenset({
+    "deepseek_v2", "deepseek_v3", "ernie4_5_moe", "glm4_moe", "mixtral", "nemotron_h", "olmoe", "phimoe", "qwen2_moe",
+    "qwen3_moe", "qwen3_next", "qwen3_omni_moe",
+})

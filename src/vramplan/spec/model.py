@@ -28,6 +28,7 @@ from vramplan.facts.peft_targets import (
     moe_pattern,
     router_kind,
 )
+from vramplan.facts.transformers import STACKED_EXPERT_CHECKPOINTS
 
 Role = Literal["embedding", "position", "linear", "expert", "router", "norm", "bias", "lm_head", "other"]
 TPSplit = Literal["column", "row", "replicated", "vocab", "expert"]
@@ -716,6 +717,12 @@ class ModelSpec:
         """The LoRA targets PEFT picks for this model type when none are given (facts/peft_targets.py), or None
         where PEFT has no default and raises."""
         return default_lora_targets(self.model_type)
+
+    @property
+    def stacked_expert_checkpoint(self) -> bool:
+        """Whether the checkpoint holds each routed expert's projections as their own tensors, which transformers 5
+        stacks on the device at load (facts/transformers.py ``STACKED_EXPERT_CHECKPOINTS``)."""
+        return self.moe is not None and self.model_type in STACKED_EXPERT_CHECKPOINTS
 
     @property
     def peft_moe_pattern(self) -> MoePattern | None:

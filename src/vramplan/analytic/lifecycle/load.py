@@ -77,6 +77,7 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.deepspeed import whole_then_partitioned
 from vramplan.analytic.weights import quantized_linear_bytes
 from vramplan.facts.quantization import quant_format
+from vramplan.spec.lora_match import experts_are_parameters
 from vramplan.spec.model import ParamGroup
 from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
@@ -99,6 +100,9 @@ class LoadTensor:
     unit: int
     quantized: bool
     head: bool = False  # transformers' untied LM head
+    # transformers 5's fused experts of a checkpoint that holds them one by one: each expert's tensor is materialized
+    # on the GPU, then stacked (and gate with up concatenated) there, the pieces freed after (``stacked_staging``)
+    stacked: bool = False
 
 
 def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
@@ -109,14 +113,25 @@ def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
     tower: tuple[tuple[str, int, int], ...] = ()
     if v is not None and c.quant != "none" and "linear" in quant_format(c.quant).quantized_roles:
         tower = tuple((name, o, k) for name, _, o, k in v.quantized_linears if k)
-    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none", tower)
+    fused = experts_are_parameters(c.m, c.s.software.fused_moe_experts, c.quant)
+    stacked = fused and c.m.stacked_expert_checkpoint
+    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none", tower, fused, stacked)
+
+
+def gate_before(params: tuple[ParamGroup, ...], up: ParamGroup) -> bool:
+    """Whether the group before an expert ``up_proj`` is the same experts' ``gate_proj`` (fused by transformers 5)."""
+    i = params.index(up)
+    return i > 0 and params[i - 1].role == "expert" and params[i - 1].module == "gate_proj"
 
 
 # the planner estimates one model many times with other batch sizes: the tensors are the same
 @lru_cache(maxsize=64)
 def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: int, ep: int,
-                  quantized: bool, tower: tuple[tuple[str, int, int], ...] = ()) -> tuple[LoadTensor, ...]:
-    """``tower``: the vision tower's quantized linears as (name, out_features, instances quantized)."""
+                  quantized: bool, tower: tuple[tuple[str, int, int], ...] = (), fused: bool = False,
+                  stacked: bool = False) -> tuple[LoadTensor, ...]:
+    """``tower``: the vision tower's quantized linears as (name, out_features, instances quantized); ``fused``: each
+    layer's routed experts one tensor per projection (transformers 5), ``stacked`` from per-expert checkpoint
+    tensors."""
     quantized_tower = {name: (out, k) for name, out, k in tower}
     lset = set(layers)
     first: list[LoadTensor] = []
@@ -141,8 +156,18 @@ def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: i
                 [LoadTensor(each, rows, -1, False, p.role == "lm_head")] * n)
             continue
         held = [j for j in p.layer_span if j in lset]
+        per = n // len(held)
         for j in held:
-            per_layer[j] += [LoadTensor(each, rows, j, quant)] * (n // len(held))
+            prev = per_layer[j][-1] if per_layer[j] else None
+            if fused and p.role == "expert" and p.module == "up_proj" and prev is not None and prev.stacked == stacked \
+                    and gate_before(params, p):
+                # gate_up_proj [E, 2I, h]: gate's and up's per-expert tensors stacked, then concatenated, as one
+                per_layer[j][-1] = LoadTensor(prev.numel + each * per, prev.out_features + rows * per, j, quant,
+                                              stacked=stacked)
+            elif fused and p.role == "expert":
+                per_layer[j].append(LoadTensor(each * per, rows * per, j, quant, stacked=stacked))
+            else:
+                per_layer[j] += [LoadTensor(each, rows, j, quant)] * per
     return (*first, *(t for j in layers for t in per_layer[j]), *last)
 
 
@@ -258,11 +283,13 @@ def _staging(c: StepContext, mode: str, tensors: tuple[LoadTensor, ...],
         init = tuple(t.numel * held if t.quantized else 0 for t in tensors)
         init_copy = (0,) * len(tensors)
     elif mode in ("quantize", "quantize-partition"):
-        staging = tuple(t.numel * HALF if t.quantized else 0 for t in tensors)
+        staging = tuple(t.numel * HALF if t.quantized else t.numel * held if t.stacked else 0 for t in tensors)
     elif mode == "fp32-cast":
         staging = tuple(t.numel * 4 for t in tensors)
     else:
-        staging = (0,) * len(tensors)
+        # a stacked expert tensor: its pieces (the per-expert tensors, then gate's and up's stacks before their
+        # concatenation) are as large as it and alive while it is made
+        staging = tuple(t.numel * held if t.stacked else 0 for t in tensors)
     return staging, init, init_copy
 
 
