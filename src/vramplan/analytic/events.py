@@ -837,6 +837,22 @@ def _sharded_blocks(b: Mapping[str, int], table: Mapping[str, Sequence[int]],
     return extra, gathered, late
 
 
+def _param_bytes(c: StepContext, inner: list[tuple[int, bool]], outside: list[int], fused: bool,
+                 resident: int) -> tuple[list[tuple[int, ...]], Callable[[int], int]]:
+    """Each layer's own parameter tensors in bytes, and the elements-to-bytes scale (the resident weights over the
+    elements): a hybrid's layers differ, and a tensor's size decides its allocator pool and segment (a 10 MB expert
+    averaged over 52 layers would be a 4.4 MB block of a shared 20 MiB segment)."""
+    rp = c.rp
+    by_layer = rank_layer_tensors(c.m, rp, c.tp, fused) if rp.layers else (tuple(x for x, _ in inner),)
+    all_numel = sum(map(sum, by_layer)) + sum(outside)
+
+    def wbytes(n: int) -> int:
+        return n * resident // all_numel if all_numel else 0
+
+    held: dict[tuple[int, ...], tuple[int, ...]] = {}
+    return [held.setdefault(t, tuple(wbytes(x) for x in t)) for t in by_layer], wbytes
+
+
 def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     """The event stream's inputs for one stage: the step's term records and the model's widths."""
     m, rp, ctx, tp = c.m, c.rp, c.act, c.tp
@@ -844,14 +860,7 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     fused = experts_are_parameters(m, c.s.software.fused_moe_experts, c.quant)
     inner, outside = rank_tensors(m, rp, tp, fused)
     b, table, by_key = tables(terms, len(c.layer_specs))
-    # each layer's own parameter tensors: a hybrid's layers differ, and a tensor's size decides its allocator pool
-    # and segment (a 10 MB expert averaged over 52 layers would be a 4.4 MB block of a shared 20 MiB segment)
-    by_layer = rank_layer_tensors(m, rp, tp, fused) if rp.layers else ((x for x, _ in inner),)
-    all_numel = sum(sum(t) for t in by_layer) + sum(outside) if rp.layers else sum(x for x, _ in inner) + sum(outside)
-    weights_resident = b.get("parameters", 0)
-
-    def wbytes(n: int) -> int:
-        return n * weights_resident // all_numel if all_numel else 0
+    params, wbytes = _param_bytes(c, inner, outside, fused, b.get("parameters", 0))
 
     lin = tuple(x for x, is_lin in inner if is_lin)
     other = tuple(x for x, is_lin in inner if not is_lin)
@@ -864,8 +873,6 @@ def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:
     else:
         layer_trainable = tuple(x for x, _ in inner)
         outside_trainable = tuple(outside) if not c.frozen_prefixes else _outside_trainable(m, rp, tp, c.frozen_prefixes)
-    held: dict[tuple[int, ...], tuple[int, ...]] = {}
-    params = [held.setdefault(t, tuple(wbytes(x) for x in t)) for t in map(tuple, by_layer)]
     layers = _layer_terms(c, table, lin, other, params, layer_trainable)
     ls0 = c.layer_specs[0] if c.layer_specs else None
     if ls0 is not None and ls0.moe and m.moe is not None:

@@ -249,14 +249,7 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
     pattern = model.peft_moe_pattern if fused else None
     per_expert = not fused or quantized_expert_loop(model, quant)  # the experts are nn.Linear modules
     if targets == "all-linear":
-        names = {p.module for p in model.params if p.role == "linear"}
-        if per_expert and model.traits.experts_are_linears:
-            names |= {p.module for p in model.params if p.role == "expert"}
-        # 4.x: the router was an nn.Linear where the experts were (gpt-oss's never was)
-        names |= {p.module for p in model.params if p.role == "router" and (
-            not model.router_kind(p.module) if fused else model.traits.experts_are_linears)}
-        if pattern is not None:
-            names |= _MLP_NAMES | {pattern.router}  # peft _resolve_string_target_modules adds the mapping's keys
+        names = _all_linear(model, fused, per_expert)
     else:
         names = reached_leaves(targets if isinstance(targets, list) else [targets], model, fused and not per_expert)
     if not fused:
@@ -272,6 +265,21 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
     return LoraTargets(linear=frozenset(names - _MLP_NAMES - {pattern.router}), gate_up_rank=peft.rank * gate_up,
                        down_rank=peft.rank if "down_proj" in names else 0, router_rank=router_rank,
                        expert_linears=False)
+
+
+def _all_linear(model: ModelSpec, fused: bool, per_expert: bool) -> set[str]:
+    """The module names ``all-linear`` reaches (peft ``_maybe_include_all_linear_layers``: every ``nn.Linear`` but
+    the LM head), with the names peft's conversion adds (``_resolve_string_target_modules``: the mapping's keys)."""
+    names = {p.module for p in model.params if p.role == "linear"}
+    if per_expert and model.traits.experts_are_linears:
+        names |= {p.module for p in model.params if p.role == "expert"}
+    # 4.x: the router was an nn.Linear where the experts were (gpt-oss's never was)
+    names |= {p.module for p in model.params if p.role == "router" and (
+        not model.router_kind(p.module) if fused else model.traits.experts_are_linears)}
+    pattern = model.peft_moe_pattern if fused else None
+    if pattern is not None:
+        names |= _MLP_NAMES | {pattern.router}
+    return names
 
 
 def _on_stage(p: ParamGroup, first: bool, last: bool) -> bool:

@@ -455,16 +455,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         *_pipeline_schedule_notes(s),
         *mixer_train_notes(m, peft=t.peft is not None),
     ]
-    expert_params = experts_are_parameters(m, s.software.fused_moe_experts, t.quantization)
-    for target in unmatched_lora_targets(t.peft, m, expert_params):
-        # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)
-        fused = (" (on transformers >= 5 the routed experts are parameters, not modules, and peft does not convert "
-                 f"{m.name}'s names)") if expert_params else ""
-        out.append(f"LoRA target {target!r} names no module of {m.name}{fused}: PEFT skips it silently, so it gets "
-                   "no adapter here either (check the name)")
-    for target, leaf in partial_lora_targets(t.peft, m, expert_params):
-        out.append(f"LoRA target {target!r} reaches some of {m.name}'s {leaf!r} modules; every {leaf!r} is "
-                   "adapted here (an over-estimate of the adapters, their states and saved inputs)")
+    out += _target_notes(s, m)
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):
         out.append(eager_fallback_note(m))
     out += _release_assumptions(s, m, attention, fw)
@@ -493,6 +484,23 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:
             out.append(LITGPT_HEAD_NOTE)
     out += _moe_assumptions(s, m)
+    return out
+
+
+def _target_notes(s: Scenario, m: ModelSpec) -> list[str]:
+    """The LoRA targets peft skips (they name no module) and those adapted on more modules than peft reaches."""
+    t = s.train
+    expert_params = experts_are_parameters(m, s.software.fused_moe_experts, t.quantization)
+    out = []
+    for target in unmatched_lora_targets(t.peft, m, expert_params):
+        # PEFT adapts the targets that match and skips the others without a word (peft 0.21 inject_adapter)
+        fused = (" (on transformers >= 5 the routed experts are parameters, not modules, and peft does not convert "
+                 f"{m.name}'s names)") if expert_params else ""
+        out.append(f"LoRA target {target!r} names no module of {m.name}{fused}: PEFT skips it silently, so it gets "
+                   "no adapter here either (check the name)")
+    for target, leaf in partial_lora_targets(t.peft, m, expert_params):
+        out.append(f"LoRA target {target!r} reaches some of {m.name}'s {leaf!r} modules; every {leaf!r} is "
+                   "adapted here (an over-estimate of the adapters, their states and saved inputs)")
     return out
 
 

@@ -118,6 +118,17 @@ def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
     return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none", tower, fused, stacked)
 
 
+def _add_fused(layer: list[LoadTensor], params: tuple[ParamGroup, ...], p: ParamGroup, t: LoadTensor) -> None:
+    """A layer's fused expert tensor: an ``up_proj`` after its experts' ``gate_proj`` joins it (transformers 5's
+    ``gate_up_proj`` [E, 2I, h]: gate's and up's per-expert tensors stacked, then concatenated, as one)."""
+    prev = layer[-1] if layer else None
+    if p.module == "up_proj" and prev is not None and prev.stacked == t.stacked and gate_before(params, p):
+        layer[-1] = LoadTensor(prev.numel + t.numel, prev.out_features + t.out_features, t.unit, t.quantized,
+                               stacked=t.stacked)
+    else:
+        layer.append(t)
+
+
 def gate_before(params: tuple[ParamGroup, ...], up: ParamGroup) -> bool:
     """Whether the group before an expert ``up_proj`` is the same experts' ``gate_proj`` (fused by transformers 5)."""
     i = params.index(up)
@@ -158,14 +169,8 @@ def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: i
         held = [j for j in p.layer_span if j in lset]
         per = n // len(held)
         for j in held:
-            prev = per_layer[j][-1] if per_layer[j] else None
-            if fused and p.role == "expert" and p.module == "up_proj" and prev is not None and prev.stacked == stacked \
-                    and gate_before(params, p):
-                # gate_up_proj [E, 2I, h]: gate's and up's per-expert tensors stacked, then concatenated, as one
-                per_layer[j][-1] = LoadTensor(prev.numel + each * per, prev.out_features + rows * per, j, quant,
-                                              stacked=stacked)
-            elif fused and p.role == "expert":
-                per_layer[j].append(LoadTensor(each * per, rows * per, j, quant, stacked=stacked))
+            if fused and p.role == "expert":
+                _add_fused(per_layer[j], params, p, LoadTensor(each * per, rows * per, j, quant, stacked=stacked))
             else:
                 per_layer[j] += [LoadTensor(each, rows, j, quant)] * per
     return (*first, *(t for j in layers for t in per_layer[j]), *last)
