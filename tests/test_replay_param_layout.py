@@ -123,3 +123,23 @@ def test_load_stacks_per_expert_checkpoint_tensors() -> None:
 def test_fused_checkpoints_are_not_stacked() -> None:
     # gpt-oss ships its experts fused (no converter in transformers 5.24): loaded as they are
     assert not any(_load_plan("openai/gpt-oss-20b").staging)
+
+
+def test_quantized_linears_take_their_format_bytes_in_the_replay() -> None:
+    # Llama-2-7B QLoRA (nf4): each q_proj is 4096 x 4096 = 16,777,216 elements, 8,388,608 B of codes and 262,144 fp32
+    # absmax = 9,437,184 B (weights.py quantized_linear_bytes); the embedding, 32,000 x 4096 = 131,072,000 elements,
+    # is not quantized (2 or 4 B an element: prepare_model_for_kbit_training casts it to fp32).  One average over
+    # both had made the q_proj block 0.6 B an element and the embedding's too
+    from vramplan.analytic.train import train_step
+    from vramplan.analytic.weights import quantized_linear_bytes
+
+    r = resolve({"model": "meta-llama/Llama-2-7b-hf", "hardware": {"gpu": "A100-40GB"},
+                 "train": {"micro_batch_size": 1, "seq_len": 512, "quantization": "nf4",
+                           "peft": {"method": "qlora", "rank": 16}}})
+    lay = train_step(r).layout
+    assert lay is not None
+    q = quantized_linear_bytes(4096 * 4096, 4096, "nf4")
+    assert q == 9_437_184
+    # within the rounding of the shared scale (the rank's linears' rows differ: q/k/v/o 4096, gate/up 11008)
+    assert any(abs(x - q) <= q // 100 for x in lay.layers[0].params)
+    assert max(lay.param_tensors) >= 2 * 131_072_000

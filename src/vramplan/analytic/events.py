@@ -53,7 +53,7 @@ from vramplan.alloc import AllocEvent
 from vramplan.alloc.compact import Repeat, expand, split_pools
 from vramplan.analytic.activations import SavedTensor
 from vramplan.analytic.checkpointing import checkpoint_policy
-from vramplan.analytic.layout import RankParams, rank_layer_tensors, rank_tensors
+from vramplan.analytic.layout import RankParams, rank_layer_pairs, rank_tensors
 from vramplan.analytic.moment import K
 from vramplan.analytic.optimizer import state_tensors_per_param
 from vramplan.analytic.stream import AllocStream as _Stream
@@ -67,6 +67,7 @@ from vramplan.analytic.terms.layers import layer_activations
 from vramplan.analytic.terms.sharding import grads_on_reduce_stream, reduce_cast_ratio
 from vramplan.analytic.terms.vision import tower_sequence
 from vramplan.analytic.timeline import FORWARD
+from vramplan.analytic.weights import quantized_linear_bytes
 from vramplan.spec.defaults import checkpointing
 from vramplan.spec.lora_match import experts_are_parameters
 from vramplan.spec.model import ModelSpec
@@ -839,18 +840,27 @@ def _sharded_blocks(b: Mapping[str, int], table: Mapping[str, Sequence[int]],
 
 def _param_bytes(c: StepContext, inner: list[tuple[int, bool]], outside: list[int], fused: bool,
                  resident: int) -> tuple[list[tuple[int, ...]], Callable[[int], int]]:
-    """Each layer's own parameter tensors in bytes, and the elements-to-bytes scale (the resident weights over the
-    elements): a hybrid's layers differ, and a tensor's size decides its allocator pool and segment (a 10 MB expert
-    averaged over 52 layers would be a 4.4 MB block of a shared 20 MiB segment)."""
+    """Each layer's own parameter tensors in bytes, and the elements-to-bytes scale of the rest (the resident weights
+    over the elements): a hybrid's layers differ, and a tensor's size decides its allocator pool and segment (a 10 MB
+    expert averaged over 52 layers would be a 4.4 MB block of a shared 20 MiB segment).  With quantized linears those
+    take their format's bytes (``quantized_linear_bytes`` over the rank's linears) and the rest the remainder: one
+    average over both would make 4-bit experts blocks of bf16's size."""
     rp = c.rp
-    by_layer = rank_layer_tensors(c.m, rp, c.tp, fused) if rp.layers else (tuple(x for x, _ in inner),)
-    all_numel = sum(map(sum, by_layer)) + sum(outside)
+    by_layer = rank_layer_pairs(c.m, rp, c.tp, fused) if rp.layers else (tuple(inner),)
+    all_numel = sum(n for layer in by_layer for n, _ in layer) + sum(outside)
+    lin_numel, lin_bytes = 0, 0
+    if c.quant != "none" and rp.linear and all_numel > rp.linear:
+        lin_numel, lin_bytes = rp.linear, min(resident, quantized_linear_bytes(rp.linear, rp.linear_out_features, c.quant))
 
     def wbytes(n: int) -> int:
-        return n * resident // all_numel if all_numel else 0
+        rest = all_numel - lin_numel
+        return n * (resident - lin_bytes) // rest if rest > 0 else 0
 
-    held: dict[tuple[int, ...], tuple[int, ...]] = {}
-    return [held.setdefault(t, tuple(wbytes(x) for x in t)) for t in by_layer], wbytes
+    def lbytes(n: int) -> int:
+        return n * lin_bytes // lin_numel if lin_numel else wbytes(n)
+
+    held: dict[tuple[tuple[int, bool], ...], tuple[int, ...]] = {}
+    return [held.setdefault(t, tuple(lbytes(x) if lin else wbytes(x) for x, lin in t)) for t in by_layer], wbytes
 
 
 def build_layout(c: StepContext, terms: Sequence[Term]) -> StepLayout:

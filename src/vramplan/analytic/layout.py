@@ -448,9 +448,15 @@ def rank_tensors(m: ModelSpec, rp: RankParams, tp: int,
 def rank_layer_tensors(m: ModelSpec, rp: RankParams, tp: int, fused_experts: bool = False) -> tuple[tuple[int, ...], ...]:
     """Each of this rank's layers' parameter tensors (elements), in ``rp.layers`` order: only the groups whose
     ``layer_span`` holds the layer (a Nemotron-H Mamba layer its mixer, a MoE layer its router and experts), the
-    experts as ``rank_tensors`` holds them."""
+    experts as ``rank_tensors`` holds them, transformers 5's ``gate_up_proj`` one tensor."""
+    return tuple(tuple(n for n, _ in layer) for layer in rank_layer_pairs(m, rp, tp, fused_experts))
+
+
+def rank_layer_pairs(m: ModelSpec, rp: RankParams, tp: int,
+                     fused_experts: bool = False) -> tuple[tuple[tuple[int, bool], ...], ...]:
+    """``rank_layer_tensors`` with each tensor's (elements, is a quantizable linear: ``rank_tensors``' flag)."""
     lset = set(rp.layers)
-    out: dict[int, list[int]] = {j: [] for j in rp.layers}
+    out: dict[int, list[tuple[int, bool]]] = {j: [] for j in rp.layers}
     for p in m.params:
         if not p.layer_span:
             continue
@@ -458,11 +464,12 @@ def rank_layer_tensors(m: ModelSpec, rp: RankParams, tp: int, fused_experts: boo
         if not held:
             continue
         each, per = split_on_rank(p, tp, 1), count_on_rank(p, lset, 1) // len(held)
+        is_lin = p.role in ("linear", "expert") and bool(p.in_features)
         for j in held:
             if fused_experts and p.role == "expert" and p.module == "up_proj" and out[j] and _gate_last(m, p):
-                out[j][-1] += each * per  # gate_up_proj [E, 2I, h]: the gate's and up's rows one tensor
+                out[j][-1] = (out[j][-1][0] + each * per, is_lin)  # gate_up_proj [E, 2I, h]: one tensor
             else:
-                out[j] += [each * per] if fused_experts and p.role == "expert" else [each] * per
+                out[j] += [(each * per, is_lin)] if fused_experts and p.role == "expert" else [(each, is_lin)] * per
     return tuple(tuple(out[j]) for j in rp.layers)
 
 
