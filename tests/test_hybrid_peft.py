@@ -246,7 +246,6 @@ def test_mixer_recompute_transient_matches_the_tracked_mixer() -> None:
     # on a shape the fit did not use (h 640, 10 heads of 40 = I 400, 5 groups, state 24, chunk 96, 2 x 768 tokens)
     torch = pytest.importorskip("torch")
     import transformers
-
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
 
     from vramplan.analytic.terms.mamba2 import mixer_recompute_per_token

@@ -109,7 +109,6 @@ from vramplan.analytic.layout import (
     BNB_4BIT_FORMATS,
     BNB_FORMATS,
     RankParams,
-    quantized_expert_loop,
     rank_params,
 )
 from vramplan.analytic.moment import K, Moment
@@ -127,6 +126,7 @@ from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.quantization import quant_format
 from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS, mamba2_scan_broadcasts
 from vramplan.spec.load import Resolved
+from vramplan.spec.lora_match import quantized_expert_loop
 from vramplan.spec.model import ModelSpec, Traits
 from vramplan.units import ceil_div, dtype_bits
 

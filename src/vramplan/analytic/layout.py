@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats
-from vramplan.spec.lora_match import reached_leaves
+from vramplan.spec.lora_match import gate_before, quantized_expert_loop, reached_leaves
 from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Peft
 from vramplan.units import ceil_div
@@ -183,7 +183,7 @@ def chunk_layers(num_layers: int, pp: int, stage: int, virtual: int = 1,
 # the 4.x names (``gate_proj``, ``up_proj``, ``down_proj``, ``gate``; Mixtral's ``w1``/``w3``/``w2``, which scenarios
 # may spell as the former: the trait ``expert_module_aliases``) into ``target_parameters`` only for the model types of
 # ``facts/peft_targets.py`` ``moe_pattern``; elsewhere those names adapt no expert (peft 0.21.2 with transformers 5.24,
-# checked in tests/test_moe_lora.py).
+# checked in tests/test_moe_lora_targets.py).
 _MLP_NAMES = frozenset({"gate_proj", "up_proj", "down_proj"})
 
 
@@ -217,18 +217,6 @@ BNB_FORMATS = bnb_formats()  # the bitsandbytes rows of facts/quantization.py
 BNB_4BIT_FORMATS = bnb_formats(bits=4)  # bitsandbytes Linear4bit: nf4, nf4-dq, fp4
 
 
-def quantized_expert_loop(m: ModelSpec, quant: str) -> bool:
-    """Whether bitsandbytes holds the routed experts as per-expert quantized linears.
-
-    transformers 4.x held each expert as an MLP of ``nn.Linear`` and ``replace_with_bnb_linear``
-    converted every one of them (integrations/bitsandbytes.py ``_replace_with_bnb_linear``); the
-    traced engine converts transformers 5's fused experts back to that layout (trace/quant.py).
-    gpt-oss keeps its experts as fused, transposed, biased parameters in both versions, which
-    bitsandbytes never converts.
-    """
-    return m.moe is not None and quant in BNB_FORMATS and m.traits.experts_are_linears
-
-
 def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True,
                  quant: str = "none") -> LoraTargets:
     """Resolve PEFT's ``target_modules`` on ``model``.
@@ -239,7 +227,7 @@ def lora_targets(peft: Peft | None, model: ModelSpec, fused_experts: bool = True
     router names into ``target_parameters`` for the model types of ``moe_pattern`` and nowhere else.  With a
     bitsandbytes ``quant`` the experts are per-expert 4-bit linears (``quantized_expert_loop``), adapted per
     expert as in 4.x; the router is transformers 5's module either way.  A dotted target (``self_attn.q_proj``)
-    is matched by its last name (spec/load.py ``partial_lora_targets`` states where that adapts more modules than
+    is matched by its last name (spec/lora_match.py ``partial_lora_targets`` states where that adapts more modules than
     peft would).
     """
     if peft is None:
@@ -465,16 +453,11 @@ def rank_layer_pairs(m: ModelSpec, rp: RankParams, tp: int,
             continue
         each, per = split_on_rank(p, tp, 1), count_on_rank(p, lset, 1) // len(held)
         is_lin = p.role in ("linear", "expert") and bool(p.in_features)
+        fused = fused_experts and p.role == "expert"
+        joins = fused and p.module == "up_proj" and gate_before(m.params, p)  # gate_up_proj [E, 2I, h]: one tensor
         for j in held:
-            if fused_experts and p.role == "expert" and p.module == "up_proj" and out[j] and _gate_last(m, p):
-                out[j][-1] = (out[j][-1][0] + each * per, is_lin)  # gate_up_proj [E, 2I, h]: one tensor
+            if joins and out[j]:
+                out[j][-1] = (out[j][-1][0] + each * per, is_lin)
             else:
-                out[j] += [(each * per, is_lin)] if fused_experts and p.role == "expert" else [(each, is_lin)] * per
+                out[j] += [(each * per, is_lin)] if fused else [(each, is_lin)] * per
     return tuple(tuple(out[j]) for j in rp.layers)
-
-
-def _gate_last(m: ModelSpec, up: ParamGroup) -> bool:
-    """Whether the group before ``up`` (an expert ``up_proj``) is the same experts' ``gate_proj``: transformers 5
-    fuses the two into ``gate_up_proj``."""
-    i = m.params.index(up)
-    return i > 0 and m.params[i - 1].role == "expert" and m.params[i - 1].module == "gate_proj"

@@ -41,7 +41,7 @@ from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.float8 import float8_assumptions, mx_assumptions
 from vramplan.analytic.grpo import uses_fused_head
 from vramplan.analytic.hf_buffers import hf_buffer_notes
-from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets, quantized_expert_loop
+from vramplan.analytic.layout import BNB_4BIT_FORMATS, lora_targets
 from vramplan.analytic.logits import TORCHTUNE_LOSS_NOTES, family_loss_release, loss_release_note
 from vramplan.analytic.moe_capacity import expert_capacity, routed_rows
 from vramplan.analytic.moment import K, Key, Moment
@@ -69,7 +69,12 @@ from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedul
 from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS
 from vramplan.spec.defaults import torchtitan_fsdp2
 from vramplan.spec.load import Resolved
-from vramplan.spec.lora_match import experts_are_parameters, partial_lora_targets, unmatched_lora_targets
+from vramplan.spec.lora_match import (
+    experts_are_parameters,
+    partial_lora_targets,
+    quantized_expert_loop,
+    unmatched_lora_targets,
+)
 from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div

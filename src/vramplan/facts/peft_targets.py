@@ -80,8 +80,8 @@ _LORA_TARGETS: dict[str, tuple[str, ...]] = {
 # peft adds itself (peft 0.21.2 utils/transformers_weight_conversion.py lines 44-45, ``_convert_peft_config_moe``
 # line 414: ``_MODEL_TO_CONVERSION_PATTERN.get(model_type)``).  The base pattern "qwen2_moe" is not a key of that
 # table, so Qwen2-MoE's own experts are not converted: its ``gate_proj``/``up_proj``/``down_proj`` targets adapt the
-# shared expert only.  Checked against peft 0.21.2 on transformers 5.24 (tests/test_moe_lora.py builds each family
-# on the meta device and counts peft's adapters).
+# shared expert only.  Checked against peft 0.21.2 on transformers 5.24 (tests/test_moe_lora_targets.py builds each
+# family on the meta device and counts peft's adapters).
 
 
 @dataclass(frozen=True)

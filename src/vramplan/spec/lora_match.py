@@ -14,20 +14,39 @@ import re
 
 from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats
-from vramplan.spec.model import ModelSpec
+from vramplan.spec.model import ModelSpec, ParamGroup
 from vramplan.spec.scenario import Peft
 
-__all__ = ["experts_are_parameters", "module_paths", "partial_lora_targets", "reached_leaves",
-           "target_matches", "unmatched_lora_targets"]
+__all__ = ["experts_are_parameters", "gate_before", "module_paths", "partial_lora_targets", "quantized_expert_loop",
+           "reached_leaves", "target_matches", "unmatched_lora_targets"]
 
 _BNB = frozenset(bnb_formats())
+
+
+def quantized_expert_loop(m: ModelSpec, quant: str) -> bool:
+    """Whether bitsandbytes holds the routed experts as per-expert quantized linears.
+
+    transformers 4.x held each expert as an MLP of ``nn.Linear`` and ``replace_with_bnb_linear``
+    converted every one of them (integrations/bitsandbytes.py ``_replace_with_bnb_linear``); the
+    traced engine converts transformers 5's fused experts back to that layout (trace/quant.py).
+    gpt-oss keeps its experts as fused, transposed, biased parameters in both versions, which
+    bitsandbytes never converts.
+    """
+    return m.moe is not None and quant in _BNB and m.traits.experts_are_linears
 
 
 def experts_are_parameters(m: ModelSpec, fused_experts: bool, quant: str = "none") -> bool:
     """Whether the routed experts are transformers 5's fused parameters (no module a target can name):
     ``fused_experts`` (transformers >= 5) on a MoE model, unless bitsandbytes converts them to per-expert linears
-    (analytic/layout.py ``quantized_expert_loop``)."""
-    return fused_experts and m.moe is not None and not (quant in _BNB and m.traits.experts_are_linears)
+    (``quantized_expert_loop``)."""
+    return fused_experts and m.moe is not None and not quantized_expert_loop(m, quant)
+
+
+def gate_before(params: tuple[ParamGroup, ...], up: ParamGroup) -> bool:
+    """Whether the group before an expert ``up_proj`` is the same experts' ``gate_proj``: transformers 5 fuses the
+    two into one ``gate_up_proj`` [E, 2I, h]."""
+    i = params.index(up)
+    return i > 0 and params[i - 1].role == "expert" and params[i - 1].module == "gate_proj"
 
 
 def module_paths(m: ModelSpec, expert_params: bool = False) -> frozenset[str]:

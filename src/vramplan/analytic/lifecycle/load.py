@@ -77,7 +77,7 @@ from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.deepspeed import whole_then_partitioned
 from vramplan.analytic.weights import quantized_linear_bytes
 from vramplan.facts.quantization import quant_format
-from vramplan.spec.lora_match import experts_are_parameters
+from vramplan.spec.lora_match import experts_are_parameters, gate_before
 from vramplan.spec.model import ParamGroup
 from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
@@ -118,21 +118,16 @@ def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
     return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none", tower, fused, stacked)
 
 
-def _add_fused(layer: list[LoadTensor], params: tuple[ParamGroup, ...], p: ParamGroup, t: LoadTensor) -> None:
-    """A layer's fused expert tensor: an ``up_proj`` after its experts' ``gate_proj`` joins it (transformers 5's
-    ``gate_up_proj`` [E, 2I, h]: gate's and up's per-expert tensors stacked, then concatenated, as one)."""
+def _add_fused(layer: list[LoadTensor], joins: bool, t: LoadTensor) -> None:
+    """A layer's fused expert tensor: an ``up_proj`` after its experts' ``gate_proj`` (``joins``) joins it
+    (transformers 5's ``gate_up_proj`` [E, 2I, h]: gate's and up's per-expert tensors stacked, then concatenated,
+    as one)."""
     prev = layer[-1] if layer else None
-    if p.module == "up_proj" and prev is not None and prev.stacked == t.stacked and gate_before(params, p):
+    if joins and prev is not None and prev.stacked == t.stacked:
         layer[-1] = LoadTensor(prev.numel + t.numel, prev.out_features + t.out_features, t.unit, t.quantized,
                                stacked=t.stacked)
     else:
         layer.append(t)
-
-
-def gate_before(params: tuple[ParamGroup, ...], up: ParamGroup) -> bool:
-    """Whether the group before an expert ``up_proj`` is the same experts' ``gate_proj`` (fused by transformers 5)."""
-    i = params.index(up)
-    return i > 0 and params[i - 1].role == "expert" and params[i - 1].module == "gate_proj"
 
 
 # the planner estimates one model many times with other batch sizes: the tensors are the same
@@ -168,9 +163,10 @@ def _rank_tensors(params: tuple[ParamGroup, ...], layers: tuple[int, ...], tp: i
             continue
         held = [j for j in p.layer_span if j in lset]
         per = n // len(held)
+        joins = fused and p.role == "expert" and p.module == "up_proj" and gate_before(params, p)
         for j in held:
             if fused and p.role == "expert":
-                _add_fused(per_layer[j], params, p, LoadTensor(each * per, rows * per, j, quant, stacked=stacked))
+                _add_fused(per_layer[j], joins, LoadTensor(each * per, rows * per, j, quant, stacked=stacked))
             else:
                 per_layer[j] += [LoadTensor(each, rows, j, quant)] * per
     return (*first, *(t for j in layers for t in per_layer[j]), *last)

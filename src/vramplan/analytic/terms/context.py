@@ -19,7 +19,6 @@ from vramplan.analytic.layout import (
     chunk_stages,
     head_stage,
     lora_targets,
-    quantized_expert_loop,
     rank_params,
 )
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, litgpt_fp32_base, policy
@@ -28,6 +27,7 @@ from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes
 from vramplan.spec.defaults import fsdp_group, megatron_distributed_optimizer
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
+from vramplan.spec.lora_match import quantized_expert_loop
 from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario
 from vramplan.units import ceil_div
