@@ -113,7 +113,7 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
         out.append("DeepSpeed release 0.11.2-0.19.5 assumed (software.deepspeed not given): ZeRO-1/2's overflow check "
                    "copies each gradient it checks, 11 B per element of a half gradient (an fp32 copy, three masks "
                    "and a float of the last); 0.19.6 on allocates nothing for it")
-    if s.parallel.zero_stage == 3 and s.data_parallel_degree <= 1:
+    if s.parallel.zero_stage == 3 and s.shard_degree <= 1:
         # terms/deepspeed.py zero3: nothing is partitioned on one data-parallel rank, and the terms are not counted
         return [first + "; not modelled: DeepSpeed ZeRO-3 on one data-parallel rank (its reduce bucket, flat "
                 "gradient partition and module fetching, which stage3.py allocates whatever the world size, are not "

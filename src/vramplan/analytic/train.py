@@ -50,7 +50,7 @@ from vramplan.analytic.precision import PrecisionPolicy, litgpt_fp32_base
 from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
-from vramplan.analytic.terms.context import layout_style, shards, stages, step_policy
+from vramplan.analytic.terms.context import communicators, layout_style, shards, stages, step_policy
 from vramplan.analytic.terms.encoder_decoder import encoder_decoder_notes, source_len_note
 from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
@@ -67,7 +67,7 @@ from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
 from vramplan.analytic.unsloth import unsloth, unsloth_loss_note, unsloth_notes
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS
-from vramplan.spec.defaults import torchtitan_fsdp2
+from vramplan.spec.defaults import megatron_distributed_optimizer, torchtitan_fsdp2
 from vramplan.spec.load import Resolved
 from vramplan.spec.lora_match import (
     experts_are_parameters,
@@ -144,8 +144,7 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
             results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
                                        None if peak_only else build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
-    par = s.parallel
-    best.communicators = (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
+    best.communicators = communicators(s)
     if peak_only:
         return best
     c0 = StepContext(r, 0, attention, repeat)
@@ -425,6 +424,33 @@ def _routing_assumptions(s: Scenario, m: ModelSpec) -> list[str]:
             f"against {tokens * k} balanced; the experts' backward temporaries are counted at the balanced rows")]
 
 
+_CP_BUFFERS_NOTE = ("not modelled: context parallelism's exchange buffers (ring attention's key/value blocks in "
+                    "flight, Ulysses' all-to-all copies of q, k, v and the output), transient, of the order of one "
+                    "layer's q, k, v of the local tokens")
+
+
+def _context_parallel_assumptions(s: Scenario) -> list[str]:
+    """What context parallelism splits (the tokens) and what it joins (the sharding group), and the buffers not
+    counted.  The same bytes whatever the method: ring attention (torchtitan, Megatron-LM) keeps s / cp queries of
+    every head with their keys and values passed round the ring, Ulysses (DeepSpeed, ms-swift, accelerate's sp) swaps
+    to all s tokens of heads / cp inside attention; either way a rank saves s x heads / cp of each attention
+    tensor."""
+    par = s.parallel
+    if par.cp == 1 or s.task != "train":
+        return []
+    t = s.train
+    sharded = par.zero_stage > 0 or par.fsdp != "none" or (s.effective_framework == "megatron"
+                                                             and megatron_distributed_optimizer(s))
+    join = (f"; ZeRO / FSDP / the distributed optimizer shard over dp x cp = {s.data_parallel_degree} x {par.cp} = "
+            f"{s.shard_degree} ranks (torchtitan's dp_shard_cp mesh, Megatron-LM's dp-cp group, DeepSpeed's "
+            "seq_data_parallel_group)" if sharded else
+            f"; gradients are reduced over dp x cp = {s.shard_degree} ranks")
+    said = (f"context parallelism (cp {par.cp}): each rank holds {ceil_div(t.seq_len, par.cp)} of every sequence's "
+            f"{t.seq_len} tokens in every layer, attention included (ring attention's s / cp queries of every head, "
+            f"Ulysses' s tokens of heads / cp: the same bytes){join}; one more NCCL communicator (the cp group)")
+    return [said, _CP_BUFFERS_NOTE]
+
+
 def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
     """DeepSpeed's ZeRO settings and buffers, and torchtitan's FSDP2 units."""
     out = deepspeed_assumptions(s, m.hidden_size)
@@ -469,6 +495,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     out += float8_assumptions(s)
     out += mx_assumptions(s)
     out += _sharding_assumptions(s, m, fw)
+    out += _context_parallel_assumptions(s)
     out += _routing_assumptions(s, m)
     if ckpt_note := policy_assumption(s):
         out.append(ckpt_note)

@@ -205,7 +205,7 @@ def torchtitan_fsdp2(s: Scenario) -> bool:
     par = s.parallel
     if s.task != "train" or s.effective_framework != "torchtitan" or par.fsdp not in ("full_shard", "hybrid_shard"):
         return False
-    return fsdp_group(s, s.data_parallel_degree) > 1 and par.pp == 1 and s.train.peft is None and par.offload == "none"
+    return fsdp_group(s, s.shard_degree) > 1 and par.pp == 1 and s.train.peft is None and par.offload == "none"
 
 
 def with_verl_defaults(s: Scenario) -> Scenario:

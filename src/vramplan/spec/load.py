@@ -1318,7 +1318,7 @@ def _float8_problems(s: Scenario) -> list[Problem]:
         out.append(Problem("train.float8.enable_fsdp_float8_all_gather", "float8 all-gather needs recipe_name "
                            f"tensorwise, not {f8.recipe_name} (torchao Float8LinearConfig)",
                            "set train.float8.recipe_name: tensorwise, or turn the all-gather off"))
-    sharded = s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.data_parallel_degree > 1
+    sharded = s.parallel.fsdp in ("full_shard", "hybrid_shard") and s.shard_degree > 1
     if f8.enable_fsdp_float8_all_gather and not sharded:
         # torchtitan Float8Converter: enable_fsdp_float8_all_gather = parallel_dims.dp_shard_enabled and ...
         out.append(Problem("train.float8.enable_fsdp_float8_all_gather", "float8 all-gather acts only on FSDP "

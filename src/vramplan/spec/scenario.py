@@ -834,7 +834,9 @@ class Parallel(_Strict):
     """Pipeline-parallel degree."""
 
     cp: int = Field(1, ge=1, le=1024)
-    """Context-parallel degree: each rank holds seq_len / cp tokens of every sequence."""
+    """Context-parallel degree: each rank holds seq_len / cp tokens of every sequence (ring attention as torchtitan
+    and Megatron-LM run it, or Ulysses sequence parallelism as DeepSpeed, ms-swift and accelerate's ``sp_size`` run
+    it: the same bytes); the cp ranks join the data-parallel ones in ZeRO / FSDP sharding (dp x cp ranks)."""
 
     ep: int = Field(1, ge=1, le=1024)
     """Expert-parallel degree (mixture-of-experts models)."""
@@ -1536,3 +1538,15 @@ class Scenario(_Strict):
     def data_parallel_degree(self) -> int:
         mp = self.parallel.tp * self.parallel.pp * self.parallel.cp
         return max(1, self.hardware.num_gpus // mp)
+
+    @property
+    def shard_degree(self) -> int:
+        """The ranks that hold one copy of the model and reduce its gradients, which ZeRO, FSDP and Megatron-LM's
+        distributed optimizer shard it over: data-parallel x context-parallel.  Context-parallel ranks hold the same
+        parameters and see other tokens of the same sequences, so every framework that runs context parallelism
+        shards and reduces over them too: torchtitan's ``dp_shard_cp`` mesh (``ParallelDims``: "Mesh for param
+        sharding", ``fsdp_enabled = dp_shard_enabled or cp_enabled``; PR 685 "apply fsdp to model when CP is enabled
+        without DP"), Megatron-LM's optimizer on ``get_data_parallel_group(with_context_parallel=True)``
+        (``megatron/core/optimizer/__init__.py`` ``get_megatron_optimizer``) and DeepSpeed's ZeRO on
+        ``seq_data_parallel_group`` (``engine.py`` ``_configure_zero_optimizer``: Ulysses sequence parallelism)."""
+        return self.data_parallel_degree * self.parallel.cp

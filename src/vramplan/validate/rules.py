@@ -63,7 +63,7 @@ def model_state_shards(r: Resolved) -> int:
     mp = par.tp * par.pp
     if s.task != "train":
         return mp
-    dp = s.data_parallel_degree
+    dp = s.shard_degree  # data- x context-parallel ranks: both shard one copy (Scenario.shard_degree)
     if par.zero_stage >= 1 or par.fsdp in ("full_shard", "shard_grad_op"):
         return mp * dp
     if par.fsdp == "hybrid_shard":

@@ -56,10 +56,12 @@ def shards(s: Scenario, dp: int) -> tuple[int, int, int]:
 
 
 def communicators(s: Scenario) -> int:
-    """NCCL communicators a rank holds: one per parallel dimension of more than one rank (data, tensor,
-    pipeline); each one keeps its buffers (analytic/overhead.py ``nccl_bytes``)."""
+    """NCCL communicators a rank holds: one per parallel dimension of more than one rank (data -- with the
+    context-parallel ranks, which reduce gradients with it (``Scenario.shard_degree``) --, context, tensor, pipeline);
+    each one keeps its buffers (analytic/overhead.py ``nccl_bytes``)."""
     par = s.parallel
-    return (1 if s.data_parallel_degree > 1 else 0) + (1 if par.tp > 1 else 0) + (1 if par.pp > 1 else 0)
+    return (1 if s.shard_degree > 1 else 0) + (1 if par.cp > 1 else 0) + (1 if par.tp > 1 else 0) + \
+        (1 if par.pp > 1 else 0)
 
 
 def stages(pp: int, style: str = "loop") -> list[int]:
@@ -197,7 +199,7 @@ class StepContext:
     @cached_property
     def shards(self) -> tuple[int, int, int]:
         """(optimizer/master, gradient, parameter) shards."""
-        return shards(self.s, self.s.data_parallel_degree)
+        return shards(self.s, self.s.shard_degree)
 
     @property
     def quant(self) -> str:

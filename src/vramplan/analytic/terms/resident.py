@@ -103,5 +103,5 @@ def ddp_buckets(c: StepContext) -> list[Term]:
     par = c.s.parallel
     # Megatron-Core reduces from its grad buffer, the gradients themselves (terms/gradients.py megatron_grad_buffer)
     used = c.framework not in ("deepspeed", "megatron") and par.zero_stage == 0 and par.fsdp == "none"
-    nbytes = ddp_bucket_bytes(c.trainable, c.pol.grad_bytes, c.s.data_parallel_degree) if used else 0
+    nbytes = ddp_bucket_bytes(c.trainable, c.pol.grad_bytes, c.s.shard_degree) if used else 0
     return [resident(K.DDP_BUCKETS, nbytes, "ddp")]
