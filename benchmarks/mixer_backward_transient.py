@@ -2,10 +2,9 @@
 path: ``mamba2_chunk_scan``, no mamba-ssm kernels) run on the meta device under ``vramplan.trace.tracker.Tracker``,
 forward then backward; the table gives, per token, the peak of the live bytes during the backward above the live bytes
 at its start (all saved tensors, the output), for frozen weights (PEFT) and trained ones (full fine-tuning), bf16 or
-fp32 weights under bf16 autocast.  The analytic engine counts only the incoming and outgoing residual gradients there
-(analytic/terms/layers.py ``_mixer_per_token``; the report states it), which is why it refuses adapters with
-checkpointing on the Mamba2 hybrids (spec/checks.py ``hybrid_peft_checkpoint_problems``) and is under the traced engine
-with full fine-tuning and checkpointing (tests/test_hybrid_peft.py).
+fp32 weights under bf16 autocast, against the analytic engine's ``mixer_backward_per_token`` and
+``mixer_recompute_per_token`` (analytic/terms/mamba2.py), which were read off these tables; and the same for LFM2's
+gated short-convolution block (``Lfm2ShortConv``).
 
 Run: ``PYTHONPATH=src python benchmarks/mixer_backward_transient.py`` (writes ``benchmarks/mixer_backward_transient.txt``).
 """
@@ -107,6 +106,53 @@ def forward_table() -> list[str]:
     return lines
 
 
+def short_conv_transient(h: int, b: int, s: int, dtype: torch.dtype, trained: bool) -> int:
+    """LFM2's gated short-convolution block (``Lfm2ShortConv``, transformers' torch ``causal_conv1d_fn``): the
+    backward's peak above its start (the incoming gradient included), in bytes."""
+    from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
+
+    cfg = transformers.AutoConfig.for_model(model_type="lfm2", vocab_size=100, hidden_size=h, num_hidden_layers=1,
+                                            num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[],
+                                            conv_L_cache=3)
+    with torch.device("meta"):
+        block = Lfm2ShortConv(cfg, layer_idx=0).to(dtype)
+        x = torch.empty(b, s, h, dtype=dtype, requires_grad=True)
+    for p in block.parameters():
+        p.requires_grad_(trained)
+    tracker = Tracker()
+    with tracker:
+        y = block(x)
+        start = tracker.live_bytes
+        tracker.peak_bytes = start
+        y.backward(torch.empty_like(y))
+    return tracker.peak_bytes - start
+
+
+def short_conv_table() -> list[str]:
+    """Each shape's measured backward peak against ``mixer_backward_per_token`` (frozen: per token; trained: the
+    per-token part of two token counts, out_proj's weight gradient c h^2 being the per-layer part)."""
+    from vramplan.analytic.terms.mamba2 import mixer_backward_per_token
+    from vramplan.spec.model import MambaSpec
+
+    lines = [("LFM2 convolution block: backward peak above its start, bytes per token (measured / "
+             "mixer_backward_per_token)")]
+    worst = 0
+    for h in (256, 512, 1024):
+        ms = MambaSpec(layers=(0,), n_heads=1, head_dim=h, n_groups=1, state_size=0, conv_kernel=3, intermediate_size=h,
+                       chunk_size=1, kind="short_conv")
+        for name, dtype, c in (("bf16", torch.bfloat16, 2), ("fp32", torch.float32, 4)):
+            frozen = short_conv_transient(h, 2, 512, dtype, False) // 1024
+            small, large = (short_conv_transient(h, 2, 512, dtype, True),
+                            short_conv_transient(h, 1, 2048, dtype, True))
+            trained = (large - small) // 1024
+            want_f, want_t = mixer_backward_per_token(ms, h, c, True, c), mixer_backward_per_token(ms, h, c, False, c)
+            worst = max(worst, abs(frozen - want_f), abs(trained - want_t))
+            lines.append(f"  h {h:5d} {name}  frozen {frozen:7d} / {want_f:7d}   trained {trained:7d} / {want_t:7d}"
+                         f"   per layer {small - 1024 * trained:9d} (c h^2 = {c * h * h})")
+    lines.append(f"largest difference: {worst} B per token")
+    return lines
+
+
 def main() -> None:
     transformers.logging.set_verbosity_error()
     warnings.simplefilter("ignore")
@@ -141,6 +187,8 @@ def main() -> None:
                  "(analytic/terms/mamba2.py mixer_backward_per_token)")
     lines.append("")
     lines += forward_table()
+    lines.append("")
+    lines += short_conv_table()
     text = "\n".join(lines) + "\n"
     OUT.write_text(text, encoding="utf-8")
     print(text, end="")

@@ -35,7 +35,7 @@ from vramplan.analytic.attention import (
     resolve_attention,
     sdpa_repeats_kv,
 )
-from vramplan.analytic.checkpointing import policy_assumption
+from vramplan.analytic.checkpointing import checkpoint_policy, policy_assumption
 from vramplan.analytic.deepspeed import deepspeed_assumptions
 from vramplan.analytic.events import StepLayout, build_layout
 from vramplan.analytic.float8 import float8_assumptions, mx_assumptions
@@ -484,7 +484,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),
-        *mixer_train_notes(m, peft=t.peft is not None),
+        *mixer_train_notes(m, peft=t.peft is not None, recomputed=checkpoint_policy(s) != "none"),
     ]
     out += _target_notes(s, m)
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):

@@ -400,6 +400,12 @@ class Traits:
     analytic_generate: bool = False
     # other spellings of the expert linears a scenario may use (Mixtral 4.x: w1/w3/w2), as (alias, name) pairs
     expert_module_aliases: tuple[tuple[str, str], ...] = ()
+    # a dense MLP's linears under the model's own names, as (name, role) pairs, the role being the name the
+    # activation terms read an adapter by (gate_proj, up_proj, down_proj; gate_up_proj when fused): LFM2's
+    # feed_forward w1 / w3 / w2 (Lfm2MLP: w2(silu(w1 x) * w3 x)), Granite 4.0-H's shared_mlp input_linear /
+    # output_linear (GraniteMoeHybridMLP: input_linear's output chunked into gate and up).  Without them an adapter on
+    # those linears was counted (its parameters and states) but not what it saves (analytic/terms/context.py)
+    mlp_module_roles: tuple[tuple[str, str], ...] = ()
     # modules a LoRA target may name that are not layers peft can adapt, as (name, class) pairs: peft 0.21's LoRA
     # ``_create_new_module`` raises "Target module ... is not supported" for them (Nemotron 3's ``experts``, a
     # NemotronHExperts of 3-D parameters, and ``gate``, a NemotronHTopkRouter holding a bare weight): refused

@@ -367,7 +367,9 @@ class StepContext:
             compute_bytes=pol.compute_bytes, residual_bytes=_residual_bytes(pol, peft is not None, self.kbit),
             linear_input_bytes=pol.linear_input_bytes, autocast=pol.autocast, attention=self.attention,
             gqa_repeat=self.gqa_repeat, seq_len=s.train.seq_len, tp=par.tp, ep=par.ep,
-            sequence_parallel=par.sequence_parallel, frozen_base=peft is not None, lora_targets=lt.linear,
+            sequence_parallel=par.sequence_parallel, frozen_base=peft is not None,
+            # the activation terms read a dense MLP's adapters by role (Traits.mlp_module_roles: LFM2's w1/w3/w2)
+            lora_targets=lt.linear | {role for name, role in m.traits.mlp_module_roles if name in lt.linear},
             lora_rank=peft.rank if peft else 0, lora_dropout=bool(peft and peft.dropout > 0),
             dora=bool(peft and peft.method == "dora"),
             elementwise_bytes=4 if (self.kbit and pol.autocast) else 0,

@@ -78,7 +78,11 @@ def _hybrid_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedEx
     assert ms is not None
     idle: set[int] = set()
     mixers, ffn_only = frozenset(ms.layers), frozenset(ms.ffn_only_layers)
-    mixer_adapted = "in_proj" in c.lt.linear
+    # an adapter on either projection makes the mixer record: in_proj's lora_A needs its input, out_proj's its own,
+    # and from there the residual stream requires grad (Bamba's, Granite 4.0-H's and LFM2's out_proj take adapters;
+    # peft refuses Nemotron-H's and Falcon-H1's); the mixer is then counted whole, an over-estimate of what a frozen
+    # in_proj leaves unrecorded before out_proj in that one layer
+    mixer_adapted = bool({"in_proj", "out_proj"} & c.lt.linear)
     for j, ls in enumerate(c.layer_specs):
         i = ls.index
         if i in mixers and (mixer_adapted or ms.parallel_attention):

@@ -182,7 +182,7 @@ def _mixer_transient(c: StepContext) -> int:
     temporaries over its output's incoming gradient (``mixer_recompute_per_token``), whichever is more."""
     m, ctx, t = c.m, c.act, c.s.train
     r = ctx.residual_bytes
-    backward = mixer_backward_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base)
+    backward = mixer_backward_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base, ctx.compute_bytes)
     if checkpoint_policy(c.s) == "none":
         return backward
     recompute = mixer_recompute_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base, t.micro_batch_size, ctx.seq_len)

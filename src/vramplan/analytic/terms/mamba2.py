@@ -140,6 +140,12 @@ def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str]) -> dict[str, in
     ``out_proj`` and ``conv1d`` as LoRA targets of Nemotron-H, Falcon-H1 and the Mamba models; Bamba's and Granite
     4.0-H's ``out_proj`` take one, ``all-linear`` included.)"""
     out: dict[str, int | float] = {}
+    if ms.kind == "short_conv":
+        # LFM2's block (short_conv_saved_tensors): in_proj's and out_proj's inputs go with their frozen weights; the
+        # products B * x and C * conv keep both operands (each needs the other's gradient: the input requires grad),
+        # and the convolution keeps its input (convolution_backward takes input and weight for any gradient)
+        return {record: 1.0 for module, record in (("in_proj", "conv_block.in_proj_input"),
+                                                   ("out_proj", "conv_block.out_proj_input")) if module not in adapted}
     for module, record in (("in_proj", "mixer.in_proj_input"), ("out_proj", "mixer.out_proj_input")):
         if module not in adapted:
             out[record] = 1.0
@@ -174,7 +180,7 @@ def short_conv_saved_tensors(ms: MambaSpec, c: int, batch: int, seq: int) -> tup
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows)
 
 
-def mixer_backward_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: bool) -> int:
+def mixer_backward_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: bool, c: int | None = None) -> int:
     """Per token, the most a Mamba2 mixer's backward holds beside its saved tensors: the incoming gradient of its output
     (``r h``, the residual stream's dtype) and the gradients the chunked scan's backward makes, at the backward's peak;
     or, past it, the incoming and outgoing residual gradients (``2 r h``).
@@ -185,7 +191,15 @@ def mixer_backward_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: 
     under bf16 autocast; every fit exact): ``r h + 20 I - 4 g`` bytes with frozen weights (five fp32 I-wide gradients;
     the fp32 rsqrt of each group freed before the peak), ``r h + (16 - r) I - 4 g`` with trained ones (the peak falls
     later, where the weight gradients are made: out_proj's and the norm's, ``w I (h + 1)`` per layer, are the
-    gradients' term, not counted here).  The chunk, the state size and the batch shape leave it unchanged."""
+    gradients' term, not counted here).  The chunk, the state size and the batch shape leave it unchanged.
+
+    LFM2's gated short-convolution block (``Lfm2ShortConv``, the torch ``causal_conv1d_fn``), read off the same way
+    (benchmarks/mixer_backward_transient.py, h 256-1024, bf16 and fp32, 2 x 512 and 1 x 2,048 tokens, every row exact):
+    ``r h + 3 c w`` per token with frozen weights (the gradients of B, C and x beside the block's output gradient,
+    ``c``: the compute dtype's bytes, ``w``: the block's width), ``r h + 2 c w`` with trained ones (out_proj's weight
+    gradient, ``c w h`` per layer, is the gradients' term)."""
+    if ms is not None and ms.kind == "short_conv":
+        return r * hidden + (3 if frozen else 2) * (r if c is None else c) * ms.intermediate_size
     if ms is None or ms.kind != "mamba2":
         return 2 * r * hidden
     inner, g = ms.intermediate_size, max(1, ms.n_groups)
@@ -228,12 +242,23 @@ def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen:
     return max(0, at_scan, at_out_proj)
 
 
-def mixer_train_notes(m: ModelSpec, peft: bool = False) -> list[str]:
+def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False) -> list[str]:
     """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
-    estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``)."""
+    estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``); ``recomputed``: under activation
+    checkpointing."""
     ms = m.mamba
     if ms is None:
         return []
+    if peft and ms.kind == "short_conv":
+        frozen = ("adapters on LFM2: each frozen convolution block saves its tensors less in_proj's and out_proj's "
+                  "inputs (unless the module carries an adapter: frozen_mixer_dropped), its backward r h + 3 c w a "
+                  "token (mixer_backward_per_token); blocks and MLPs before the first adapter record nothing "
+                  "(analytic/terms/frozen_prefix.py); within -5% to +5% of the traced engine without checkpointing "
+                  "(tests/test_hybrid_peft.py)")
+        late = ("not modelled: the rest of what a recomputed convolution block holds in its backward under "
+                "checkpointing (within 0.1% of the traced engine on LFM2's proportions, MLP 3 x hidden; up to 14% "
+                "under on a convolution-heavy test shape with a 16-wide MLP)")
+        return [frozen, *mixer_train_notes(m), *([late] if recomputed else [])]
     if peft and ms.kind == "mamba2":
         frozen = ("adapters on a Mamba2 hybrid: each frozen mixer saves transformers' torch path's tensors less "
                   "in_proj's and out_proj's inputs (unless the module carries an adapter) and the gated norm's "

@@ -77,8 +77,9 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
     rope = cfg.get("position_embedding_type") == "rope"
     # GraniteMoeHybridMLP: one input_linear output chunked into gate and up; the MoE's router as GraniteMoE's
     # (top-k before the softmax), its experts fused parameters
-    traits = Traits(fused_gate_up=True, router_topk_first=True, experts_are_linears=False) if moe else \
-        Traits(fused_gate_up=True)
+    roles = (("input_linear", "gate_up_proj"), ("output_linear", "down_proj"))
+    traits = Traits(fused_gate_up=True, router_topk_first=True, experts_are_linears=False, mlp_module_roles=roles) \
+        if moe else Traits(fused_gate_up=True, mlp_module_roles=roles)
     return build_spec(cfg, name, model_type, p, moe_layers=frozenset(all_layers) if moe else frozenset(), moe=moe,
                       num_layers=n_layers, num_attention_heads=n_heads, hidden_size=h,
                       num_kv_heads=n_kv, head_dim=hd, vocab_size=vocab,

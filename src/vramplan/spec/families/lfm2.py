@@ -29,7 +29,7 @@ block_ffn_dim_multiplier 1.0, block_auto_adjust_ff_dim True.
 from __future__ import annotations
 
 from vramplan.spec.families.base import Config, Family, Params, build_spec, get
-from vramplan.spec.model import MambaSpec, ModelSpec
+from vramplan.spec.model import MambaSpec, ModelSpec, Traits
 
 
 def layer_types(cfg: Config, n_layers: int) -> list[str]:
@@ -109,7 +109,8 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                       num_kv_heads=n_kv, head_dim=hd, vocab_size=vocab, intermediate_size=ff, hidden_act="silu",
                       mlp_gated=True, norm="rms", position="rope", qk_norm=True, tie_word_embeddings=tied,
                       attention_dropout=0.0, hidden_dropout=0.0,
-                      max_position_embeddings=int(get(cfg, "max_position_embeddings", default=128000)), mamba=ms if ms.layers else None)
+                      max_position_embeddings=int(get(cfg, "max_position_embeddings", default=128000)), mamba=ms if ms.layers else None,
+                      traits=Traits(mlp_module_roles=(("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))))
 
 
 LFM2 = Family(build, "modeling_lfm2.py",
