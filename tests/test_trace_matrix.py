@@ -134,6 +134,10 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     ("qwen3_moe", {"peft": {**LORA, "target_modules": ["down_proj"]}}, (2, 512)),
     ("qwen3_moe", {"peft": {**LORA, "target_modules": ["gate", "down_proj"]}}, (2, 512)),
     ("mixtral", {"peft": {**LORA, "target_modules": ["w2"]}}, (2, 512)),
+    # gate, up and down wrapped in the frozen prefix: gate_up's output makes down's input require grad, so down's
+    # grouped GEMM keeps its adapted stack (WrappedExperts.prefix_saved; -6.3% and -3.0% without it)
+    ("ernie4_5_moe", {"peft": {**LORA, "target_modules": ["gate_proj", "up_proj", "down_proj"]}}, (2, 512)),
+    ("mixtral", {"peft": {**LORA, "target_modules": ["w1", "w3", "w2"]}}, (2, 512)),
     ("deepseek_v3", {"peft": {**LORA, "target_modules": ["down_proj"]}}, (2, 512)),
     ("qwen3_moe", {"peft": {"method": "qlora", "rank": 16, "target_modules": ["down_proj"]}, "quantization": "nf4"},
      (2, 512)),
