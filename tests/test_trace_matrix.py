@@ -86,19 +86,21 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     ("phi3", {"peft": {"method": "lora", "rank": 8, "target_modules": "all-linear"}}, (2, 512)),
     ("qwen3", {"peft": {**LORA, "dropout": 0.05}}, (2, 512)),
     ("mistral", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4"}, (2, 512)),
-    # QLoRA on MoE: per-expert 4-bit linears run by the experts loop (trace/quant.py QuantExperts); the
+    # QLoRA on MoE: per-expert 4-bit linears run by the experts loop (trace/quant.py QuantExperts), the experts said
+    # quantized (train.quantize_moe_experts: stock bitsandbytes leaves transformers 5's fused experts 16-bit); the
     # second row is the published fms-acceleration configuration (validation/published.yaml)
-    ("mixtral", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4"}, (2, 512)),
-    ("mixtral", {"peft": {"method": "qlora", "rank": 16, "alpha": 16,
+    ("mixtral", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16}, "quantization": "nf4"}, (2, 512)),
+    ("mixtral", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16, "alpha": 16,
                           "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
                  "quantization": "nf4-dq", "precision": "fp16-mixed", "gradient_checkpointing": "full",
                  "attention": "flash"}, (2, 512)),
-    ("mixtral", {"peft": {"method": "qlora", "rank": 16, "target_modules": "all-linear"}, "quantization": "nf4"},
-     (2, 512)),
-    ("qwen3_moe", {"peft": {"method": "qlora", "rank": 16}, "quantization": "nf4-dq",
+    ("mixtral", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16, "target_modules": "all-linear"},
+                 "quantization": "nf4"}, (2, 512)),
+    ("qwen3_moe", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16}, "quantization": "nf4-dq",
                    "gradient_checkpointing": "full"}, (2, 512)),
     # DeepSeek QLoRA all-linear: the experts, the shared experts and the dense MLP keep 4.x's per-linear adapters
-    ("deepseek_v3", {"peft": {"method": "qlora", "rank": 16, "target_modules": "all-linear"}, "quantization": "nf4"},
+    ("deepseek_v3", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16,
+                                                             "target_modules": "all-linear"}, "quantization": "nf4"},
      (2, 512)),
     # LoRA on transformers 5's fused experts: peft's ParamWrapper keeps each adapted expert stack (W + s B A) from
     # the forward to the backward (activations.wrapped_experts); on DeepSeek the dense and shared-expert MLPs lose
@@ -139,11 +141,11 @@ ROWS: list[tuple[str, dict[str, Any], tuple[int, int]] | tuple[str, dict[str, An
     ("ernie4_5_moe", {"peft": {**LORA, "target_modules": ["gate_proj", "up_proj", "down_proj"]}}, (2, 512)),
     ("mixtral", {"peft": {**LORA, "target_modules": ["w1", "w3", "w2"]}}, (2, 512)),
     ("deepseek_v3", {"peft": {**LORA, "target_modules": ["down_proj"]}}, (2, 512)),
-    ("qwen3_moe", {"peft": {"method": "qlora", "rank": 16, "target_modules": ["down_proj"]}, "quantization": "nf4"},
+    ("qwen3_moe", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16, "target_modules": ["down_proj"]}, "quantization": "nf4"},
      (2, 512)),
-    ("mixtral", {"peft": {"method": "qlora", "rank": 16, "target_modules": ["down_proj"]}, "quantization": "nf4"},
+    ("mixtral", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16, "target_modules": ["down_proj"]}, "quantization": "nf4"},
      (2, 512)),
-    ("deepseek_v3", {"peft": {"method": "qlora", "rank": 16, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
+    ("deepseek_v3", {"quantize_moe_experts": True, "peft": {"method": "qlora", "rank": 16, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
                      "quantization": "nf4"}, (2, 512)),
     ("gpt_neox", {"peft": {**LORA, "target_modules": ["dense_4h_to_h"]}}, (2, 512)),
     ("phi", {"peft": {**LORA, "target_modules": ["fc2"]}, "attention": "eager"}, (2, 512)),

@@ -41,7 +41,7 @@ EXPERT_NUMEL = 128 * 256
 def _doc(quant: str) -> dict[str, object]:
     return {"model": MIXTRAL, "hardware": {"gpu": "a100"},
             "train": {"micro_batch_size": 2, "seq_len": 64, "peft": {"method": "qlora", "rank": 8},
-                      "quantization": quant}}
+                      "quantization": quant, "quantize_moe_experts": True}}
 
 
 @pytest.mark.parametrize(("quant", "state_bytes"), [

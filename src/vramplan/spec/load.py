@@ -36,7 +36,7 @@ from vramplan.facts.peft_targets import (
     UNMAPPED_FALLBACK,
 )
 from vramplan.facts.pipeline_schedules import interleaved_rounds, pipeline_schedule
-from vramplan.facts.quantization import quant_format
+from vramplan.facts.quantization import bnb_formats, quant_format
 from vramplan.facts.torchtune import (
     FROZEN_NF4_SINCE,
     NF4_BLOCK,
@@ -63,6 +63,7 @@ from vramplan.spec.gpu import GpuSpec, cuda_capability
 from vramplan.spec.lora_match import (
     experts_are_parameters,
     module_paths,
+    quantized_expert_loop,
     target_matches,
     unmatched_lora_targets,
 )
@@ -1213,6 +1214,40 @@ def torchao_offload_problems(s: Scenario) -> list[Problem]:
     return out
 
 
+_BNB_NAMES = frozenset(bnb_formats())
+
+
+def _moe_expert_quant_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
+    """``train.quantize_moe_experts``: QLoRA on a MoE model whose experts stock bitsandbytes leaves unquantized is
+    refused unless the experts are said to be quantized (the field's docstring); the key is refused where it does
+    not apply."""
+    t = s.train
+    where = "train.quantize_moe_experts"
+    applies = m.moe is not None and t.peft is not None and t.quantization in _BNB_NAMES
+    if not applies:
+        if t.quantize_moe_experts is not None:
+            return [Problem(where, "applies to bitsandbytes QLoRA on a mixture-of-experts model only "
+                            f"({m.name}, quantization {t.quantization})", "drop train.quantize_moe_experts")]
+        return []
+    stock = quantized_expert_loop(m, t.quantization) and not s.software.fused_moe_experts
+    held = t.quantize_moe_experts if t.quantize_moe_experts is not None else stock
+    if held:
+        return []
+    experts = sum(p.total for p in m.params if p.role == "expert")
+    extra = experts * 4 - quant_format(t.quantization).linear_bytes(experts, 1)
+    size = f"{extra / 2**30:,.1f} GiB" if extra >= 2**30 else f"{extra / 2**20:,.1f} MiB"
+    why = ("train.quantize_moe_experts is false" if t.quantize_moe_experts is False else
+           f"stock bitsandbytes leaves {m.name}'s experts unquantized under "
+           f"{'transformers ' + s.software.transformers if s.software.transformers else 'transformers >= 5'}: they "
+           "are parameters, not nn.Linear modules (bitsandbytes issue #1849)")
+    return [Problem(where, f"{why}; peft's prepare_model_for_kbit_training then casts them to fp32, about "
+                    f"{size} more than 4-bit over the whole model (before any sharding); experts in "
+                    "16/32-bit under QLoRA are not modelled",
+                    "set train.quantize_moe_experts: true if the framework quantizes them (axolotl's "
+                    "quantize_moe_experts, Unsloth), or software.transformers to the 4.x release the run used "
+                    "(per-expert Linear4bit), or train.quantization: none with peft.method lora")]
+
+
 def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """A training scenario's quantization, attention and adapter targets against its adapter and model."""
     out: list[Problem] = []
@@ -1227,6 +1262,7 @@ def _train_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                                "add train.peft (lora/qlora) or set quantization: none"))
         out += _checkpointing_problems(s, m)
         out += _loss_and_offload_problems(s, m)
+        out += _moe_expert_quant_problems(s, m)
         if s.software.unsloth is not None:
             out += _unsloth_problems(s, m)
         if s.effective_framework == "torchtune":

@@ -302,6 +302,18 @@ class Train(_Strict):
     boundaries from position_ids and calls ``flash_attn_varlen_func``; sdpa and eager would build a 4-D
     block-diagonal mask from them (``masking_utils.find_packed_sequence_indices``), which is not modelled."""
 
+    quantize_moe_experts: bool | None = None
+    """QLoRA on a mixture-of-experts model: whether the routed experts are held in the bitsandbytes format too.
+    Stock bitsandbytes converts ``nn.Linear`` modules only (transformers ``integrations/bitsandbytes.py``
+    ``replace_with_bnb_linear``): transformers 4.x held most families' experts as per-expert ``nn.Linear`` MLPs,
+    converted one by one; transformers >= 5 holds them as fused 3-D parameters, and gpt-oss, GraniteMoE, PhiMoE,
+    DBRX, Jamba and Qwen3-Next experts are parameters in every release, which stay in the load dtype (bitsandbytes
+    issue #1849) and which peft's ``prepare_model_for_kbit_training`` then casts to fp32 with every other
+    non-``Params4bit`` half parameter.  ``true``: the experts are 4-bit (axolotl's ``quantize_moe_experts``,
+    Unsloth's patch, or transformers 4.x's per-expert layout), estimated; ``false``, or null where stock
+    bitsandbytes leaves them unquantized (any transformers >= 5 run): refused, the report naming
+    the extra bytes.  Null with transformers 4.x on a family of per-expert linears: quantized, as stock does."""
+
     liger_kernels: bool = False
     """Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels in place of transformers' (``apply_liger_kernel_to_*``):
     the norms save their input and a per-row rstd only, the SwiGLU saves the gate and up outputs only; RoPE
