@@ -254,8 +254,10 @@ def test_speech_output_is_said_only_with_the_talker() -> None:
 
 
 def test_quantized_held_modules_are_said() -> None:
-    said = " ".join(resolve(_doc("inference", batch_size=1, prompt_len=128, new_tokens=8,
-                                 quantization="int8")).assumptions)
+    # transformers 4.57, where each expert was an MLP of nn.Linear that bitsandbytes converts (on 5.x its fused experts
+    # stay 16-bit, refused: tests/test_moe_bnb_experts.py)
+    said = " ".join(resolve({**_doc("inference", batch_size=1, prompt_len=128, new_tokens=8, quantization="int8"),
+                             "software": {"transformers": "4.57.0"}}).assumptions)
     assert "not modelled: inference.quantization int8 of the held modules' nn.Linear weights" in said
     said = " ".join(resolve(_doc("inference", batch_size=1, prompt_len=128, new_tokens=8)).assumptions)
     assert "held modules' nn.Linear" not in said

@@ -57,3 +57,13 @@ def test_the_key_is_refused_where_it_does_not_apply(doc: dict[str, Any]) -> None
     with pytest.raises(ScenarioError) as exc:
         estimate(doc)
     assert "applies to bitsandbytes QLoRA on a mixture-of-experts model only" in str(exc.value)
+
+
+def test_inference_with_stock_bitsandbytes_on_fused_experts_is_refused() -> None:
+    doc = {"model": "mistralai/Mixtral-8x7B-v0.1", "task": "inference", "hardware": {"gpu": "H100-SXM"},
+           "inference": {"quantization": "nf4", "batch_size": 1, "prompt_len": 512, "new_tokens": 64}}
+    with pytest.raises(ScenarioError) as exc:
+        estimate(doc)
+    assert "inference.quantization" in str(exc.value) and "bitsandbytes issue #1849" in str(exc.value)
+    # transformers 4.x: every expert an MLP of nn.Linear, each converted to Linear4bit
+    assert estimate({**doc, "software": {"transformers": "4.46.0"}}).per_gpu.peak_allocated_bytes > 0

@@ -437,6 +437,15 @@ def _expert_format_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.task not in ("inference", "serve"):
         return []
     q: str = getattr(s, s.task).quantization
+    if s.task == "inference" and q in _BNB_NAMES and m.moe is not None and not (
+            quantized_expert_loop(m, q) and not s.software.fused_moe_experts):
+        # stock bitsandbytes converts nn.Linear only: experts that are parameters stay 16-bit (train:
+        # _moe_expert_quant_problems)
+        return [Problem("inference.quantization", f"stock bitsandbytes leaves {m.name}'s routed experts unquantized "
+                        "(they are parameters, not nn.Linear modules: transformers >= 5's fused experts, bitsandbytes "
+                        "issue #1849), so they stay in the load dtype; experts in 16-bit beside 4-bit linears are not "
+                        "modelled", "set software.transformers to the 4.x release the run used (per-expert Linear4bit), "
+                        "or use a pre-quantized checkpoint (GPTQ, AWQ, fp8, MXFP4) or inference.quantization: none")]
     if q != "mxfp4" or m.moe is not None:
         return []
     return [Problem(f"{s.task}.quantization", f"mxfp4 stores only routed MoE experts; {m.name} has none",
