@@ -43,11 +43,12 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("llama bf16-true sgd accumulation", LLAMA, {"precision": "bf16-true", "optimizer": "sgd-momentum",
                                                  "grad_accum_steps": 2}),
     ("mixtral bf16-mixed", MIXTRAL, {}),
-    # per-expert 4-bit linears (trace/quant.py QuantExperts): the experts loop, dequantization temporaries
+    # per-expert 4-bit linears (trace/quant.py QuantExperts): the experts loop, dequantization temporaries (the experts
+    # said quantized: stock bitsandbytes leaves transformers 5's fused experts 16-bit, train.quantize_moe_experts)
     ("mixtral qlora nf4-dq checkpointing", MIXTRAL, {"peft": {"method": "qlora", "rank": 8}, "quantization": "nf4-dq",
-                                                     "gradient_checkpointing": "full"}),
+                                                     "gradient_checkpointing": "full", "quantize_moe_experts": True}),
     ("mixtral qlora all-linear", MIXTRAL, {"peft": {"method": "qlora", "rank": 8, "target_modules": "all-linear"},
-                                           "quantization": "nf4"}),
+                                           "quantization": "nf4", "quantize_moe_experts": True}),
     # LoRA on the fused 3-D expert parameters (peft ParamWrapper, its autocast-disabled fold)
     ("mixtral lora all-linear", MIXTRAL, {"peft": {"method": "lora", "rank": 8, "target_modules": "all-linear"}}),
 ]
