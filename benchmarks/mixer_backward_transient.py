@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -33,20 +34,27 @@ def transient_per_token(h: int = 256, heads: int = 8, hd: int = 32, groups: int 
         head_dim=64, intermediate_size=64, hybrid_override_pattern="M", num_hidden_layers=1, mamba_num_heads=heads,
         mamba_head_dim=hd, n_groups=groups, ssm_state_size=state, conv_kernel=4, chunk_size=chunk,
         use_mamba_kernels=False)
+    return _backward_peak(lambda: NemotronHMamba2Mixer(cfg, layer_idx=0), (b, s, h), dtype, trained, autocast) / (b * s)
+
+
+def _backward_peak(make: Any, shape: tuple[int, int, int], dtype: torch.dtype, trained: bool,
+                   autocast: bool = False) -> int:
+    """A module built on the meta device, run forward then backward under the tracker: the backward's peak above its
+    start (the incoming gradient included), in bytes."""
     with torch.device("meta"):
-        mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(dtype)
-        x = torch.empty(b, s, h, dtype=dtype, requires_grad=True)
-    for p in mixer.parameters():
+        module = make().to(dtype)
+        x = torch.empty(*shape, dtype=dtype, requires_grad=True)
+    for p in module.parameters():
         p.requires_grad_(trained)
     tracker = Tracker()
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with tracker:
         with cast:
-            y = mixer(x)
+            y = module(x)
         start = tracker.live_bytes
         tracker.peak_bytes = start
         y.backward(torch.empty_like(y))
-    return (tracker.peak_bytes - start) / (b * s)
+    return int(tracker.peak_bytes - start)
 
 
 def forward_extra(h: int, heads: int, hd: int, groups: int, state: int, chunk: int, b: int, s: int,
@@ -114,18 +122,7 @@ def short_conv_transient(h: int, b: int, s: int, dtype: torch.dtype, trained: bo
     cfg = transformers.AutoConfig.for_model(model_type="lfm2", vocab_size=100, hidden_size=h, num_hidden_layers=1,
                                             num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[],
                                             conv_L_cache=3)
-    with torch.device("meta"):
-        block = Lfm2ShortConv(cfg, layer_idx=0).to(dtype)
-        x = torch.empty(b, s, h, dtype=dtype, requires_grad=True)
-    for p in block.parameters():
-        p.requires_grad_(trained)
-    tracker = Tracker()
-    with tracker:
-        y = block(x)
-        start = tracker.live_bytes
-        tracker.peak_bytes = start
-        y.backward(torch.empty_like(y))
-    return tracker.peak_bytes - start
+    return _backward_peak(lambda: Lfm2ShortConv(cfg, layer_idx=0), (b, s, h), dtype, trained)
 
 
 def short_conv_table() -> list[str]:
