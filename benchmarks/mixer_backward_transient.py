@@ -37,17 +37,23 @@ def transient_per_token(h: int = 256, heads: int = 8, hd: int = 32, groups: int 
     return _backward_peak(lambda: NemotronHMamba2Mixer(cfg, layer_idx=0), (b, s, h), dtype, trained, autocast) / (b * s)
 
 
-def _backward_peak(make: Any, shape: tuple[int, int, int], dtype: torch.dtype, trained: bool,
-                   autocast: bool = False) -> int:
-    """A module built on the meta device, run forward then backward under the tracker: the backward's peak above its
-    start (the incoming gradient included), in bytes."""
+def _on_meta(make: Any, shape: tuple[int, int, int], dtype: torch.dtype, trained: bool,
+             autocast: bool) -> tuple[torch.nn.Module, torch.Tensor, Tracker, Any]:
+    """The module and an input that requires grad, on the meta device; a tracker; the autocast context (or none)."""
     with torch.device("meta"):
         module = make().to(dtype)
         x = torch.empty(*shape, dtype=dtype, requires_grad=True)
     for p in module.parameters():
         p.requires_grad_(trained)
-    tracker = Tracker()
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    return module, x, Tracker(), cast
+
+
+def _backward_peak(make: Any, shape: tuple[int, int, int], dtype: torch.dtype, trained: bool,
+                   autocast: bool = False) -> int:
+    """A module built on the meta device, run forward then backward under the tracker: the backward's peak above its
+    start (the incoming gradient included), in bytes."""
+    module, x, tracker, cast = _on_meta(make, shape, dtype, trained, autocast)
     with tracker:
         with cast:
             y = module(x)
@@ -67,13 +73,8 @@ def forward_extra(h: int, heads: int, hd: int, groups: int, state: int, chunk: i
         model_type="nemotron_h", vocab_size=100, hidden_size=h, num_attention_heads=4, num_key_value_heads=2,
         head_dim=64, intermediate_size=64, hybrid_override_pattern="M", num_hidden_layers=1, mamba_num_heads=heads,
         mamba_head_dim=hd, n_groups=groups, ssm_state_size=state, conv_kernel=4, chunk_size=chunk)
-    with torch.device("meta"):
-        mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(dtype)
-        x = torch.empty(b, s, h, dtype=dtype, requires_grad=True)
-    for p in mixer.parameters():
-        p.requires_grad_(trained)
-    tracker = Tracker()
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    mixer, x, tracker, cast = _on_meta(lambda: NemotronHMamba2Mixer(cfg, layer_idx=0), (b, s, h), dtype, trained,
+                                       autocast)
     with tracker:
         with cast:
             y = mixer(x)  # held: its graph keeps the saved tensors
