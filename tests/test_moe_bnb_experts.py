@@ -67,3 +67,17 @@ def test_inference_with_stock_bitsandbytes_on_fused_experts_is_refused() -> None
     assert "inference.quantization" in str(exc.value) and "bitsandbytes issue #1849" in str(exc.value)
     # transformers 4.x: every expert an MLP of nn.Linear, each converted to Linear4bit
     assert estimate({**doc, "software": {"transformers": "4.46.0"}}).per_gpu.peak_allocated_bytes > 0
+
+
+def test_the_traced_engine_refuses_experts_it_would_not_quantize() -> None:
+    # gpt-oss's experts were never nn.Linear: trace/quant.py leaves them 16-bit, so the key is refused there rather than
+    # traced against it
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = {**_doc("openai/gpt-oss-20b", quantize_moe_experts=True)}
+    with pytest.raises(ScenarioError) as exc:
+        traced(doc)
+    assert "train.quantize_moe_experts" in str(exc.value) and "--engine analytic" in str(exc.value)
+    said = estimate(doc).assumptions
+    assert any("run through the grouped GEMMs" in a for a in said)

@@ -542,10 +542,12 @@ def _moe_assumptions(s: Scenario, m: ModelSpec) -> list[str]:
     out: list[str] = []
     if m.moe is not None:
         if t.peft is not None and t.quantize_moe_experts and s.software.fused_moe_experts:
+            run = ("estimated as transformers 4.x's per-expert Linear4bit run one expert at a time"
+                   if quantized_expert_loop(m, t.quantization) else
+                   "held at the format's bytes and run through the grouped GEMMs (its experts were never nn.Linear)")
             out.append("MoE experts 4-bit as train.quantize_moe_experts says (axolotl's quantize_moe_experts, "
                        "Unsloth's patch: stock bitsandbytes would leave transformers 5's fused experts unquantized, "
-                       "bitsandbytes issue #1849), estimated as transformers 4.x's per-expert Linear4bit run one "
-                       "expert at a time")
+                       f"bitsandbytes issue #1849), {run}")
         if t.peft is not None and quantized_expert_loop(m, t.quantization):
             out.append("MoE experts quantized per expert by bitsandbytes and run one expert at a time, as "
                        "transformers 4.x loaded them (transformers 5 with stock bitsandbytes leaves its fused "

@@ -63,7 +63,7 @@ from vramplan.spec.gpu import GpuSpec, cuda_capability
 from vramplan.spec.lora_match import (
     experts_are_parameters,
     module_paths,
-    quantized_expert_loop,
+    stock_bnb_quantizes_experts,
     target_matches,
     unmatched_lora_targets,
 )
@@ -437,8 +437,8 @@ def _expert_format_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.task not in ("inference", "serve"):
         return []
     q: str = getattr(s, s.task).quantization
-    if s.task == "inference" and q in _BNB_NAMES and m.moe is not None and not (
-            quantized_expert_loop(m, q) and not s.software.fused_moe_experts):
+    if s.task == "inference" and q in _BNB_NAMES and m.moe is not None and not stock_bnb_quantizes_experts(
+            m, q, s.software.fused_moe_experts):
         # stock bitsandbytes converts nn.Linear only: experts that are parameters stay 16-bit (train:
         # _moe_expert_quant_problems)
         return [Problem("inference.quantization", f"stock bitsandbytes leaves {m.name}'s routed experts unquantized "
@@ -1223,7 +1223,7 @@ def torchao_offload_problems(s: Scenario) -> list[Problem]:
     return out
 
 
-_BNB_NAMES = frozenset(bnb_formats())
+_BNB_NAMES = frozenset(bnb_formats())  # the formats replace_with_bnb_linear stores
 
 
 def _moe_expert_quant_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
@@ -1238,7 +1238,7 @@ def _moe_expert_quant_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
             return [Problem(where, "applies to bitsandbytes QLoRA on a mixture-of-experts model only "
                             f"({m.name}, quantization {t.quantization})", "drop train.quantize_moe_experts")]
         return []
-    stock = quantized_expert_loop(m, t.quantization) and not s.software.fused_moe_experts
+    stock = stock_bnb_quantizes_experts(m, t.quantization, s.software.fused_moe_experts)
     held = t.quantize_moe_experts if t.quantize_moe_experts is not None else stock
     if held:
         return []

@@ -35,6 +35,14 @@ def quantized_expert_loop(m: ModelSpec, quant: str) -> bool:
     return m.moe is not None and quant in _BNB and m.traits.experts_are_linears
 
 
+def stock_bnb_quantizes_experts(m: ModelSpec, quant: str, fused_experts: bool) -> bool:
+    """Whether stock bitsandbytes quantizes ``m``'s routed experts: only as transformers 4.x's per-expert
+    ``nn.Linear`` MLPs (``quantized_expert_loop`` on a release without fused experts); transformers >= 5's fused
+    parameters, and experts that are parameters in every release, stay in the load dtype (bitsandbytes issue #1849;
+    ``train.quantize_moe_experts``)."""
+    return quantized_expert_loop(m, quant) and not fused_experts
+
+
 def experts_are_parameters(m: ModelSpec, fused_experts: bool, quant: str = "none") -> bool:
     """Whether the routed experts are transformers 5's fused parameters (no module a target can name):
     ``fused_experts`` (transformers >= 5) on a MoE model, unless bitsandbytes converts them to per-expert linears

@@ -293,6 +293,12 @@ def build_model(r: Resolved, device: str = "meta", task: str = "train", fsdp2: b
                                              "check the config.json and the attention")]) from None
     model.config.use_cache = task != "train"
     quant_tensors: list[torch.Tensor] = []
+    if quant != "none" and task == "train" and s.train.quantize_moe_experts and not r.model.traits.experts_are_linears:
+        # trace/quant.py converts transformers' standard fused experts only; these would stay 16-bit here, against
+        # the key (and the analytic engine's 4-bit experts)
+        raise ScenarioError([Problem("train.quantize_moe_experts", f"the traced engine quantizes transformers' "
+                                     f"standard fused experts only; {r.model.name}'s experts (never nn.Linear) would "
+                                     "stay 16-bit here", "use --engine analytic")])
     if quant != "none":
         # inference: the configured bnb_4bit_compute_dtype (default: the model dtype); QuantLinear replaces it
         # with an fp32/bf16 input's dtype as bitsandbytes' set_compute_type does
