@@ -171,10 +171,27 @@ def test_rtx_5060_ti_total_is_the_cited_printout() -> None:
 
 def test_derived_totals_are_the_marketed_decimal_capacity() -> None:
     # a row without a published torch total_memory says so (total_memory_derived) and holds x * 10^9 bytes:
-    # RTX 5080 "16 GB" -> 16,000,000,000, below 16 GiB = 17,179,869,184 less any driver reserve
-    g = resolve_gpu("RTX 5080")
-    assert g.total_memory_bytes == g.nominal_memory_bytes == 16_000_000_000
-    assert resolve_gpu("B300").total_memory_bytes == 288_000_000_000
+    # RTX 5070 "12 GB" -> 12,000,000,000, below 12 GiB = 12,884,901,888 less any driver reserve
+    g = resolve_gpu("RTX 5070")
+    assert g.total_memory_bytes == g.nominal_memory_bytes == 12_000_000_000
+    assert resolve_gpu("RTX 5090 Laptop").total_memory_bytes == 24_000_000_000
+
+
+def test_printed_totals_of_the_new_cards() -> None:
+    # RTX 5080: torch's repr prints total_memory // 2^20 = 16302 "MB"; the lower end 16,302 x 1,048,576 is kept
+    assert resolve_gpu("RTX 5080").total_memory_bytes == 16_302 * 2**20 == 17_093_885_952
+    # GB10: cuDeviceTotalMem_v2 = 130,602,405,888 B = 121.63 GiB, below vLLM's cudaMemGetInfo total 121.69 GiB
+    gb10 = resolve_gpu("DGX Spark").total_memory_bytes
+    assert gb10 == 130_602_405_888 and round(gb10 / 2**30, 2) == 121.63
+    assert gb10 < 121.685 * 2**30  # below the lowest value vLLM's "121.69 GiB" can stand for
+    # B300: the run's own device_total_bytes, 287,428,771,840 = 267.69 GiB, below the marketed 288 x 10^9 (which the
+    # decimal fallback would have taken: optimistic by 571,228,160 B); GB300 takes the B300's figure
+    b300 = resolve_gpu("B300")
+    assert b300.total_memory_bytes == 287_428_771_840 and round(287_428_771_840 / 2**30, 2) == 267.69
+    assert b300.nominal_memory_bytes - b300.total_memory_bytes == 571_228_160
+    assert resolve_gpu("GB300").total_memory_bytes == b300.total_memory_bytes
+    # the RTX PRO 6000 Workstation Edition takes the Server Edition's printed total (same 97,887 MiB in nvidia-smi)
+    assert resolve_gpu("RTX PRO 6000 Blackwell Workstation Edition").total_memory_bytes == 97_245 * 2**20
 
 
 def test_a_card_sold_with_two_memory_sizes_is_refused_by_its_bare_name() -> None:
@@ -235,6 +252,8 @@ def test_blackwell_rates_follow_the_published_figures() -> None:
     ("RTX-A4000", 15.61, 15_980),    # DengKaiCQ/VGGT-Long issue 6: ceil(15,979.52)
     ("RTX-4070-Ti", 11.70, 11_976),  # Kwai-Kolors/Kolors issue 11: ceil(11,975.68)
     ("MI325X", 255.98, 262_119),     # vllm-project/vllm issue 41962 (ROCm: "HIP out of memory"): ceil(262,118.4)
+    ("MI355X", 287.98, 294_887),     # a Kimi-K3 on 8 x MI355X playbook (HIP): ceil(287.975 x 1024 = 294,886.4)
+    ("RTX-PRO-6000-Blackwell-Server", 94.97, 97_245),  # an SM120 set-up note: ceil(94.965 x 1024 = 97,244.16)
 ])
 def test_totals_read_off_out_of_memory_messages(name: str, gib: float, mib: int) -> None:
     g = resolve_gpu(name)
