@@ -468,6 +468,18 @@ def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
     return out
 
 
+# peft's LoRA layers under full checkpointing: the recomputed layer's forward is not a point of the timeline.  With the
+# standard loss the loss moment's logits dominate it (Llama-2-7B, vocabulary 32,000, 2,048 tokens: the traced engine
+# within 0.05% of this one); a fused or chunked loss removes them, and the traced engine, which runs peft's layers on
+# the meta device, peaks inside the recomputed down projection (benchmarks/recompute_moment.py).
+RECOMPUTE_MOMENT_NOTE = (
+    "not modelled: with full checkpointing, a recomputed layer's forward holds at its down projection the layer's "
+    "input, the incoming gradient, what it does not save (the residual, the norm's output, the projection's input and "
+    "output; the dequantized 4-bit weight with QLoRA) and peft's fp32 copy of the adapter's input, beside what it "
+    "saves; with a fused or chunked loss that moment can be the peak, up to 8% (LoRA) and 13% (QLoRA) above this "
+    "estimate at Llama-2-7B's layer dimensions (traced engine)")
+
+
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
     t = s.train
     out = [
@@ -515,6 +527,9 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                        "LM head) to fp32")
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:
             out.append(LITGPT_HEAD_NOTE)
+        if t.loss != "standard" and checkpoint_policy(s) == "full" and fw not in ("lightning", "torchtune") \
+                and not unsloth(s):
+            out.append(RECOMPUTE_MOMENT_NOTE)
     out += _moe_assumptions(s, m)
     return out
 
