@@ -134,6 +134,15 @@ class ActContext:
     kbit_saves_input: bool = False
     # train.liger_kernels: Liger-Kernel's RMSNorm and SwiGLU replace transformers' (``liger_saved`` below)
     liger: bool = False
+    # peft's own LoRA layers (``peft.tuners.lora.layer.Linear``) over plain linears: not bitsandbytes' (QLoRA),
+    # torchtune's, Lit-GPT's or Unsloth's, whose forward holds other tensors (``recompute_forward_per_token``)
+    peft_plain_linears: bool = False
+    # peft's LoRA over bitsandbytes' 4-bit linears (``peft.tuners.lora.bnb.Linear4bit``), and the dtype the weights
+    # were quantized from (``dequantize_4bit`` returns it: the load dtype)
+    bnb4_lora: bool = False
+    kbit_state_bytes: int = 2
+    # peft's LoRA over any bitsandbytes linear (4- or 8-bit): it casts an adapter's input only without autocast
+    bnb_lora: bool = False
     # the norms' weights as the forward sees them (4: fp32; 2: a half model, a frozen half base)
     norm_weight_bytes: int = 4
 
@@ -245,7 +254,7 @@ def _adapter_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: Ac
 
 
 def _adapter_input_tensors(name: str, width: int, modules: tuple[str, ...], in_bytes: int,
-                           ctx: ActContext) -> list[SavedTensor]:
+                           ctx: ActContext, input_saved: bool = False) -> list[SavedTensor]:
     """Frozen base: what the LoRA adapters on ``modules`` save, per token, as records named ``name``.
 
     peft keeps adapters in fp32 (``get_peft_model(autocast_adapter_dtype=True)``) and casts each
@@ -253,6 +262,13 @@ def _adapter_input_tensors(name: str, width: int, modules: tuple[str, ...], in_b
     to the compute dtype, one copy per adapter, saved by lora_A.  Without autocast the fp32 copy is
     saved (and, when the input already is fp32, the input itself, shared).  LoRA dropout adds its
     1-byte mask; lora_A's output is saved by lora_B.
+
+    peft's LoRA over a bitsandbytes linear (``lora/bnb.py``) casts the input only without autocast
+    (``requires_conversion = not torch.is_autocast_enabled()``), and autocast's cast of a tensor already in the
+    compute dtype is that tensor: without dropout every adapter then saves the input itself, one tensor, and
+    nothing more when another op saves it already (``input_saved``: o_proj's input is the attention kernel's
+    saved output, flash or memory-efficient SDPA).  The traced engine, QLoRA on Llama-2-7B's layers: o_proj's
+    adapter adds lora_A's output only.
     """
     c, a = ctx.compute_bytes, ctx.adapter_bytes
     hit = [m for m in modules if m in ctx.lora_targets]
@@ -264,6 +280,9 @@ def _adapter_input_tensors(name: str, width: int, modules: tuple[str, ...], in_b
     n = len(hit)
     if ctx.lora_dropout:
         out += [_T(f"{name}.lora_dropout_mask", width, n), _T(f"{name}.lora_input", per * width, n)]
+    elif ctx.bnb_lora and ctx.autocast and in_bytes == c:
+        if not input_saved:
+            out.append(_T(f"{name}.lora_input", in_bytes * width))  # the input itself, shared by the adapters
     elif not ctx.autocast and in_bytes == a:
         out.append(_T(f"{name}.lora_input", in_bytes * width))  # no cast: every adapter saves the same input
     else:
@@ -367,7 +386,7 @@ def attention_tensors(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> list[S
         out += [_T("attention.q", c * qw), _T("attention.k", c * kv_saved), _T("attention.v", c * kv_saved),
                 _T("attention.output", c * qw), _T("attention.logsumexp", 4 * heads)]
         if ctx.frozen_base:
-            out += _adapter_input_tensors("attention.o_proj", qw, (o_name,), c, ctx)
+            out += _adapter_input_tensors("attention.o_proj", qw, (o_name,), c, ctx, input_saved=True)
         # (transformers' modeling code: Lit-GPT's own attention, ``ctx.gqa_repeat`` under a fused kernel, passes no
         # mask in training and has copied K/V already)
         if ctx.sdpa and ((window and ctx.seq_len >= window) or (m.traits.sdpa_mask_always and not ctx.gqa_repeat)):
@@ -1302,6 +1321,60 @@ def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContex
     if ctx.attention in ("eager", "math"):
         attn += (4 + c) * heads * ctx.seq_len
     return mlp, attn
+
+
+def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext, tokens: int = 1) -> tuple[int, int]:
+    """Full checkpointing, peft's LoRA with an adapter on a dense gated MLP's down projection: what the recomputed
+    layer's forward holds at that projection beside the layer's saved tensors, as (bytes per token, bytes per
+    layer), at its largest for ``tokens`` tokens in the micro-batch; (0, 0) where this is not derived (the caller
+    keeps the MLP backward's transients, the report says so).
+
+    The backward reaches the layer at its output's gradient (``r h``); the first node to need a saved tensor is
+    lora_B's matmul, after the ``* scaling`` product has made its gradient (``c h``), and its unpacking recomputes
+    the layer (torch.utils.checkpoint, non-reentrant).  At the down projection the recomputed forward holds,
+    besides what it saves: the layer's input and the residual when the norms copy them to fp32 (``2 r h``;
+    LlamaDecoderLayer's ``hidden_states`` and ``residual``: a norm saves its fp32 copy; with an fp32 residual it
+    saves the tensor itself), the norm's output (the MLP's ``x``: the frozen gate/up save their adapters' casts,
+    not it) and the product ``act(gate) * up`` (``ew I``: the frozen down_proj saves nothing, its adapter a cast).
+
+    * peft's ``lora.Linear`` over a plain linear: the base projection's output (``c h``) and
+      ``_cast_input_dtype``'s copy of the product in the adapter's dtype (``a I``, bound to ``x`` in
+      ``Linear.forward`` until it returns; with LoRA dropout, dropout's output beside it while lora_A runs:
+      ``2 a I``).  Llama-2-7B's layer in bf16 under autocast, fp32 adapters, no dropout: 2 x 4,096 x 2 +
+      3 x 2 x 4,096 + 2 x 11,008 + 2 x 4,096 + 4 x 11,008 = 115,200 B per token.
+    * peft's ``lora.Linear4bit`` over bitsandbytes' 4-bit linear, inside the base matmul, before the adapter
+      runs (so less the adapter's records, ``mlp_released``): ``MatMul4Bit.forward`` runs
+      ``linear(A, dequantize_4bit(B).to(A.dtype))``, the weight dequantized in its load dtype (``q``) and copied
+      to the input's (``ew``), then cast by autocast to ``c`` with the input (``c I``) and the output (``c h``).
+      Llama-2-7B's layer with fp32 hidden states (prepare_model_for_kbit_training), bf16 weights: per token
+      4 x 4,096 + 2 x 4,096 + 4 x 4,096 + 4 x 11,008 + 2 x 11,008 + 2 x 4,096 - 22,048 = 93,152 B, per layer
+      (4 + 2) x 4,096 x 11,008 = 270,532,608 B.  Then, in the adapter, the base output cast back to the input's
+      dtype and ``result.clone()`` (``2 ew h``), with dropout its output (``ew I``): the larger moment for the
+      micro-batch's tokens (the adapter's at long sequences).
+
+    Both read off the traced engine, which runs peft's and transformers' modules on the meta device
+    (benchmarks/recompute_moment.py: Llama-2-7B's layers, 0.929 and 0.888 of its peak before, 1.002 and 1.001 now).
+    """
+    if not ((ctx.peft_plain_linears or ctx.bnb4_lora) and ctx.autocast and "down_proj" in ctx.lora_targets
+            and not layer.moe and m.mlp_gated and m.norm == "rms" and ctx.tp == 1 and not ctx.liger
+            and not (m.sandwich_norms or m.parallel_residual or m.traits.post_norms or m.traits.fused_gate_up)):
+        return 0, 0
+    h, inter, r, c, a, ew = m.hidden_size, layer.intermediate_size, ctx.residual_bytes, ctx.compute_bytes, \
+        ctx.adapter_bytes, ctx.ew
+    incoming = r * h + c * h
+    copied = 2 * r * h if r != 4 else 0
+    held = copied + _norm_out_bytes(m.norm, ctx) * h + ew * inter
+    if ctx.peft_plain_linears:
+        cast = a * inter * (2 if ctx.lora_dropout else 1) if a != ew else 0
+        return incoming + held + c * h + cast, 0
+    q = ctx.kbit_state_bytes
+    weight = (ew if ew != q else q) * h * inter + (c * h * inter if ew != c else 0)
+    adapter = total_bytes(_adapter_input_tensors("mlp.down", inter, ("down_proj",), ew, ctx))
+    in_base = incoming + held + (c * inter if ew != c else 0) + c * h - adapter
+    # then, in the adapter: the base output cast back to the input's dtype and its clone (``result.clone()``), and
+    # with LoRA dropout dropout's output beside the cast lora_A saves
+    in_adapter = incoming + held + 2 * ew * h + (ew * inter if ctx.lora_dropout else 0)
+    return (in_base, weight) if in_base * tokens + weight >= in_adapter * tokens else (in_adapter, 0)
 
 
 def checkpoint_saved_per_token(m: ModelSpec, ctx: ActContext) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vramplan.analytic.activations import recompute_forward_bytes
 from vramplan.analytic.attention import (
     BF16_MATH_NOTE,
     bf16_math_fallback,
@@ -160,6 +161,7 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
                 and (cap is None or cap < (8, 0)) else [])
     hf_notes = _release_term_notes(s, m, best.terms, attention)
     hf_notes += _fused_cache_note(c0)
+    hf_notes += recompute_moment_note(c0)
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
                                                                    s.effective_framework) + math_note + liger_mm
                                           + hf_notes))
@@ -468,16 +470,28 @@ def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
     return out
 
 
-# peft's LoRA layers under full checkpointing: the recomputed layer's forward is not a point of the timeline.  With the
-# standard loss the loss moment's logits dominate it (Llama-2-7B, vocabulary 32,000, 2,048 tokens: the traced engine
-# within 0.05% of this one); a fused or chunked loss removes them, and the traced engine, which runs peft's layers on
-# the meta device, peaks inside the recomputed down projection (benchmarks/recompute_moment.py).
+# peft's LoRA layers under full checkpointing: a recomputed layer's forward peaks inside it, before its MLP's
+# backward.  Where the adapters include the dense MLP's down projection, that moment is modelled
+# (activations.recompute_forward_bytes); elsewhere it is stated.  With the standard loss the loss moment's logits are
+# larger (Llama-2-7B, vocabulary 32,000, 2,048 tokens: the traced engine within 0.05% of this one); a fused or chunked
+# loss removes them, and the traced engine, which runs peft's layers on the meta device, then peaks in the recomputed
+# layer (benchmarks/recompute_moment.py).
 RECOMPUTE_MOMENT_NOTE = (
-    "not modelled: with full checkpointing, a recomputed layer's forward holds at its down projection the layer's "
-    "input, the incoming gradient, what it does not save (the residual, the norm's output, the projection's input and "
-    "output; the dequantized 4-bit weight with QLoRA) and peft's fp32 copy of the adapter's input, beside what it "
-    "saves; with a fused or chunked loss that moment can be the peak, up to 8% (LoRA) and 13% (QLoRA) above this "
-    "estimate at Llama-2-7B's layer dimensions (traced engine)")
+    "not modelled: with full checkpointing, what a recomputed layer's forward holds beside its saved tensors (the "
+    "layer's input and gradient, its unsaved intermediates, a 4-bit weight dequantized) is derived for adapters on "
+    "a dense MLP's down projection only; with these adapters and a fused or chunked loss that moment can be the peak "
+    "(traced engine, Llama-2-7B's layers, QLoRA on q_proj and v_proj: 5.7% above this estimate)")
+
+
+def recompute_moment_note(c: StepContext) -> list[str]:
+    """``RECOMPUTE_MOMENT_NOTE`` where it applies: peft's adapters, full checkpointing, a fused or chunked loss, and a
+    layer whose recomputed forward is not derived (``activations.recompute_forward_bytes``)."""
+    s, m, ctx = c.s, c.m, c.act
+    if (s.train.peft is None or s.train.loss == "standard" or checkpoint_policy(s) != "full"
+            or not (ctx.peft_plain_linears or ctx.bnb_lora)):
+        return []
+    derived = all(recompute_forward_bytes(m, ls, ctx) != (0, 0) for ls in m.layers)
+    return [] if derived else [RECOMPUTE_MOMENT_NOTE]
 
 
 def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
@@ -527,9 +541,6 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                        "LM head) to fp32")
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:
             out.append(LITGPT_HEAD_NOTE)
-        if t.loss != "standard" and checkpoint_policy(s) == "full" and fw not in ("lightning", "torchtune") \
-                and not unsloth(s):
-            out.append(RECOMPUTE_MOMENT_NOTE)
     out += _moe_assumptions(s, m)
     return out
 

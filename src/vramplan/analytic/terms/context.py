@@ -381,6 +381,13 @@ class StepContext:
             kbit_saves_input=(peft is not None and quant in BNB_4BIT_FORMATS
                               and s.software.bnb_4bit_saves_input and self.framework != "torchtune"),
             liger=s.train.liger_kernels,
+            peft_plain_linears=(peft is not None and quant == "none" and s.software.unsloth is None
+                                and self.framework not in ("torchtune", "lightning")),
+            bnb4_lora=(peft is not None and quant in BNB_4BIT_FORMATS and s.software.unsloth is None
+                       and self.framework not in ("torchtune", "lightning")),
+            kbit_state_bytes=pol.frozen_param_bytes,
+            bnb_lora=(peft is not None and quant in BNB_FORMATS and s.software.unsloth is None
+                      and self.framework not in ("torchtune", "lightning")),
             # prepare_model_for_kbit_training casts the non-quantized parameters, the norms among them, to fp32
             norm_weight_bytes=4 if self.kbit else pol.param_bytes if peft is None else pol.frozen_param_bytes,
         )

@@ -78,6 +78,8 @@ class _PerToken:
     transients: tuple[int, int]
     released: int
     mlp_released: int
+    # full checkpointing: the recomputed forward's moment (act.recompute_forward_bytes), per token and per layer
+    recompute: tuple[int, int] = (0, 0)
 
 
 def _per_token(c: StepContext) -> list[_PerToken]:
@@ -112,7 +114,8 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
                 kept_per_token(m, ls, ctx) if selective else 0,
                 act.backward_transients_per_token(m, ls, ctx),
                 act.freed_before_attention_backward_per_token(m, ls, ctx),
-                act.freed_before_mlp_backward_per_token(m, ls, ctx))
+                act.freed_before_mlp_backward_per_token(m, ls, ctx),
+                act.recompute_forward_bytes(m, ls, ctx, c.tokens) if policy == "full" else (0, 0))
         out.append(v)
     return out
 
@@ -390,6 +393,15 @@ def _compute(c: StepContext) -> LayerActivations:
         kept = list(full)
     transients = [v.transients for v in per_token]
     mlp_transient = [tr[0] * tokens for tr in transients]
+    if ckpt == "full":
+        # a recomputed layer's forward peaks at its down projection, just before the MLP's backward, with the
+        # layer's saved tensors and what it holds there (act.recompute_forward_bytes); the MLP point shows the
+        # larger of that moment and the backward's own (its records released before it given back), as the mixer
+        # layers' do (``_mixer_transient``)
+        for j, v in enumerate(per_token):
+            per, fixed = v.recompute
+            if checkpointed[j] and (per or fixed):
+                mlp_transient[j] = max(mlp_transient[j], (per + v.mlp_released) * tokens + fixed)
     attn_transient = [0 if j in attention_idle else tr[1] * tokens for j, tr in enumerate(transients)]
     vis_transient = _cross_vision(c)[2]
     if vis_transient:
