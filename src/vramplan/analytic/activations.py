@@ -1323,11 +1323,13 @@ def backward_transients_per_token(m: ModelSpec, layer: LayerSpec, ctx: ActContex
     return mlp, attn
 
 
-def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext, tokens: int = 1) -> tuple[int, int]:
-    """Full checkpointing, peft's LoRA with an adapter on a dense gated MLP's down projection: what the recomputed
-    layer's forward holds at that projection beside the layer's saved tensors, as (bytes per token, bytes per
-    layer), at its largest for ``tokens`` tokens in the micro-batch; (0, 0) where this is not derived (the caller
-    keeps the MLP backward's transients, the report says so).
+def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext,
+                            tokens: int = 1) -> tuple[int, int] | None:
+    """Full checkpointing, peft's LoRA on a dense gated MLP's layer: what the recomputed layer's forward holds at its
+    peak beside the layer's saved tensors, as (bytes per token, bytes per layer), at its largest for ``tokens``
+    tokens in the micro-batch; (0, 0) where it is known not to exceed the MLP backward's moment (plain LoRA with no
+    adapter in the MLP); None where it is not derived (the caller keeps the MLP backward's transients, the report
+    says so).
 
     The backward reaches the layer at its output's gradient (``r h``); the first node to need a saved tensor is
     lora_B's matmul, after the ``* scaling`` product has made its gradient (``c h``), and its unpacking recomputes
@@ -1352,23 +1354,39 @@ def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext, tok
       dtype and ``result.clone()`` (``2 ew h``), with dropout its output (``ew I``): the larger moment for the
       micro-batch's tokens (the adapter's at long sequences).
 
-    Both read off the traced engine, which runs peft's and transformers' modules on the meta device
-    (benchmarks/recompute_moment.py: Llama-2-7B's layers, 0.929 and 0.888 of its peak before, 1.002 and 1.001 now).
+    All read off the traced engine, which runs peft's and transformers' modules on the meta device
+    (benchmarks/recompute_moment.py, Llama-2-7B's layers: LoRA and QLoRA on every linear 0.929 and 0.888 of its peak
+    before, 1.002 and 1.001 now; QLoRA on q_proj and v_proj 0.946 before, 0.9995 now).
     """
-    if not ((ctx.peft_plain_linears or ctx.bnb4_lora) and ctx.autocast and "down_proj" in ctx.lora_targets
-            and not layer.moe and m.mlp_gated and m.norm == "rms" and ctx.tp == 1 and not ctx.liger
+    if not ((ctx.peft_plain_linears or ctx.bnb4_lora) and ctx.autocast and not layer.moe and m.mlp_gated
+            and m.norm == "rms" and ctx.tp == 1 and not ctx.liger
             and not (m.sandwich_norms or m.parallel_residual or m.traits.post_norms or m.traits.fused_gate_up)):
-        return 0, 0
+        return None
     h, inter, r, c, a, ew = m.hidden_size, layer.intermediate_size, ctx.residual_bytes, ctx.compute_bytes, \
         ctx.adapter_bytes, ctx.ew
-    incoming = r * h + c * h
     copied = 2 * r * h if r != 4 else 0
-    held = copied + _norm_out_bytes(m.norm, ctx) * h + ew * inter
+    norm_out = _norm_out_bytes(m.norm, ctx)
+    q = ctx.kbit_state_bytes
+    weight = (ew if ew != q else q) * h * inter + (c * h * inter if ew != c else 0)
+    if "down_proj" not in ctx.lora_targets:
+        if {"gate_proj", "up_proj"} & ctx.lora_targets:
+            return None
+        if not ctx.bnb4_lora:
+            return 0, 0  # plain LoRA outside the MLP: the traced engine's peak is the backward's (1.0004)
+        # no adapter in the MLP, 4-bit base: down's MatMul4Bit backward needs no saved tensor (bitsandbytes keeps
+        # the packed weight as a ctx attribute) and makes the product's gradient (cast to the input's dtype, ew I);
+        # the product's backward then unpacks the activation and up outputs, and torch's early stop ends the
+        # recompute at that product: its peak is up_proj's matmul, with the layer's gradient, the norm's output,
+        # the weight dequantized and cast, the input cast (c h) and the output (c I), before up's output (ew I,
+        # saved).  Llama-2-7B, fp32 hidden states: 4 x 4,096 + 4 x 4,096 + 2 x 4,096 + 2 x 11,008 = 62,976 B a
+        # token and 270,532,608 B of weight
+        cast_in = c * h if norm_out != c else 0
+        return r * h + copied + norm_out * h + cast_in + c * inter, weight
+    incoming = r * h + c * h
+    held = copied + norm_out * h + ew * inter
     if ctx.peft_plain_linears:
         cast = a * inter * (2 if ctx.lora_dropout else 1) if a != ew else 0
         return incoming + held + c * h + cast, 0
-    q = ctx.kbit_state_bytes
-    weight = (ew if ew != q else q) * h * inter + (c * h * inter if ew != c else 0)
     adapter = total_bytes(_adapter_input_tensors("mlp.down", inter, ("down_proj",), ew, ctx))
     in_base = incoming + held + (c * inter if ew != c else 0) + c * h - adapter
     # then, in the adapter: the base output cast back to the input's dtype and its clone (``result.clone()``), and

@@ -478,9 +478,10 @@ def _sharding_assumptions(s: Scenario, m: ModelSpec, fw: str) -> list[str]:
 # layer (benchmarks/recompute_moment.py).
 RECOMPUTE_MOMENT_NOTE = (
     "not modelled: with full checkpointing, what a recomputed layer's forward holds beside its saved tensors (the "
-    "layer's input and gradient, its unsaved intermediates, a 4-bit weight dequantized) is derived for adapters on "
-    "a dense MLP's down projection only; with these adapters and a fused or chunked loss that moment can be the peak "
-    "(traced engine, Llama-2-7B's layers, QLoRA on q_proj and v_proj: 5.7% above this estimate)")
+    "layer's input and gradient, its unsaved intermediates, a 4-bit weight dequantized) is derived for peft's "
+    "adapters on a Llama-style dense MLP's down projection or outside the MLP only; with these layers and a fused or "
+    "chunked loss that moment can be the peak (traced engine, Llama-2-7B's layers: QLoRA on q_proj and v_proj was "
+    "5.7% above the estimate before it was derived)")
 
 
 def recompute_moment_note(c: StepContext) -> list[str]:
@@ -490,7 +491,7 @@ def recompute_moment_note(c: StepContext) -> list[str]:
     if (s.train.peft is None or s.train.loss == "standard" or checkpoint_policy(s) != "full"
             or not (ctx.peft_plain_linears or ctx.bnb_lora)):
         return []
-    derived = all(recompute_forward_bytes(m, ls, ctx) != (0, 0) for ls in m.layers)
+    derived = all(recompute_forward_bytes(m, ls, ctx) is not None for ls in m.layers)
     return [] if derived else [RECOMPUTE_MOMENT_NOTE]
 
 

@@ -115,7 +115,7 @@ def _compute_per_token(c: StepContext) -> list[_PerToken]:
                 act.backward_transients_per_token(m, ls, ctx),
                 act.freed_before_attention_backward_per_token(m, ls, ctx),
                 act.freed_before_mlp_backward_per_token(m, ls, ctx),
-                act.recompute_forward_bytes(m, ls, ctx, c.tokens) if policy == "full" else (0, 0))
+                (act.recompute_forward_bytes(m, ls, ctx, c.tokens) or (0, 0)) if policy == "full" else (0, 0))
         out.append(v)
     return out
 
