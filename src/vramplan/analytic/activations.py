@@ -1358,9 +1358,7 @@ def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext,
     (benchmarks/recompute_moment.py, Llama-2-7B's layers: LoRA and QLoRA on every linear 0.929 and 0.888 of its peak
     before, 1.002 and 1.001 now; QLoRA on q_proj and v_proj 0.946 before, 0.9995 now).
     """
-    if not ((ctx.peft_plain_linears or ctx.bnb4_lora) and ctx.autocast and not layer.moe and m.mlp_gated
-            and m.norm == "rms" and ctx.tp == 1 and not ctx.liger
-            and not (m.sandwich_norms or m.parallel_residual or m.traits.post_norms or m.traits.fused_gate_up)):
+    if not _recompute_derived(m, layer, ctx):
         return None
     h, inter, r, c, a, ew = m.hidden_size, layer.intermediate_size, ctx.residual_bytes, ctx.compute_bytes, \
         ctx.adapter_bytes, ctx.ew
@@ -1387,11 +1385,29 @@ def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext,
     if ctx.peft_plain_linears:
         cast = a * inter * (2 if ctx.lora_dropout else 1) if a != ew else 0
         return incoming + held + c * h + cast, 0
+    return _bnb4_down_moment(incoming + held, inter, weight, tokens, m, ctx)
+
+
+def _recompute_derived(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> bool:
+    """Whether ``recompute_forward_bytes`` is derived for ``layer``: peft's LoRA (plain or 4-bit bitsandbytes) under
+    autocast, a Llama-style dense gated MLP after an RMSNorm, no tensor parallelism, no Liger kernels."""
+    peft_layers = (ctx.peft_plain_linears or ctx.bnb4_lora) and ctx.autocast and ctx.tp == 1 and not ctx.liger
+    llama_style = (not layer.moe and m.mlp_gated and m.norm == "rms"
+                   and not (m.sandwich_norms or m.parallel_residual or m.traits.post_norms or m.traits.fused_gate_up))
+    return peft_layers and llama_style
+
+
+def _bnb4_down_moment(alive: int, inter: int, weight: int, tokens: int, m: ModelSpec,
+                      ctx: ActContext) -> tuple[int, int]:
+    """QLoRA with an adapter on down_proj: inside its MatMul4Bit (the input cast ``c I`` if the product is not in the
+    compute dtype, the output ``c h``, the weight, less the adapter's records not made yet), or after it in the
+    adapter (the base output cast back to the input's dtype and its clone, ``result.clone()``, and with LoRA dropout
+    dropout's output beside the cast lora_A saves): the larger for ``tokens`` tokens.  ``alive``: the gradients and
+    the held intermediates, per token."""
+    h, c, ew = m.hidden_size, ctx.compute_bytes, ctx.ew
     adapter = total_bytes(_adapter_input_tensors("mlp.down", inter, ("down_proj",), ew, ctx))
-    in_base = incoming + held + (c * inter if ew != c else 0) + c * h - adapter
-    # then, in the adapter: the base output cast back to the input's dtype and its clone (``result.clone()``), and
-    # with LoRA dropout dropout's output beside the cast lora_A saves
-    in_adapter = incoming + held + 2 * ew * h + (ew * inter if ctx.lora_dropout else 0)
+    in_base = alive + (c * inter if ew != c else 0) + c * h - adapter
+    in_adapter = alive + 2 * ew * h + (ew * inter if ctx.lora_dropout else 0)
     return (in_base, weight) if in_base * tokens + weight >= in_adapter * tokens else (in_adapter, 0)
 
 

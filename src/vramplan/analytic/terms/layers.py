@@ -394,14 +394,7 @@ def _compute(c: StepContext) -> LayerActivations:
     transients = [v.transients for v in per_token]
     mlp_transient = [tr[0] * tokens for tr in transients]
     if ckpt == "full":
-        # a recomputed layer's forward peaks at its down projection, just before the MLP's backward, with the
-        # layer's saved tensors and what it holds there (act.recompute_forward_bytes); the MLP point shows the
-        # larger of that moment and the backward's own (its records released before it given back), as the mixer
-        # layers' do (``_mixer_transient``)
-        for j, v in enumerate(per_token):
-            per, fixed = v.recompute
-            if checkpointed[j] and (per or fixed):
-                mlp_transient[j] = max(mlp_transient[j], (per + v.mlp_released) * tokens + fixed)
+        mlp_transient = _with_recompute(mlp_transient, per_token, checkpointed, tokens)
     attn_transient = [0 if j in attention_idle else tr[1] * tokens for j, tr in enumerate(transients)]
     vis_transient = _cross_vision(c)[2]
     if vis_transient:
@@ -420,6 +413,20 @@ def _compute(c: StepContext) -> LayerActivations:
         shared += checkpoint_embeddings_per_token(m, ctx) * tokens
     return LayerActivations(tuple(full), tuple(kept), tuple(mlp_transient), tuple(attn_transient),
                             tuple(released), tuple(mlp_released), shared, host, tuple(tensors), checkpointed)
+
+
+def _with_recompute(mlp_transient: list[int], per_token: list[_PerToken], checkpointed: tuple[bool, ...],
+                    tokens: int) -> list[int]:
+    """Full checkpointing: a recomputed layer's forward peaks inside it, just before the MLP's backward, with the
+    layer's saved tensors and what it holds there (act.recompute_forward_bytes); the MLP point shows the larger of
+    that moment and the backward's own (its records released before it given back), as the mixer layers' do
+    (``_mixer_transient``)."""
+    out = list(mlp_transient)
+    for j, v in enumerate(per_token):
+        per, fixed = v.recompute
+        if checkpointed[j] and (per or fixed):
+            out[j] = max(out[j], (per + v.mlp_released) * tokens + fixed)
+    return out
 
 
 def _released(c: StepContext, per_token: list[_PerToken]) -> list[int]:
