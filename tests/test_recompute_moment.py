@@ -88,7 +88,8 @@ def test_not_derived_elsewhere(doc: dict[str, Any]) -> None:
 
 def test_the_moment_sets_the_checkpointed_mlp_point() -> None:
     # with the 1,024-token vocabulary the layer's moment is the peak: the step's peak grows by the moment's excess over
-    # the MLP backward's own (115,200 - (82,432 - 22,048)) x 2,048 = 117,964,800 B with the down adapter
+    # the MLP backward's own (115,200 - (82,432 - 22,048)) x 2,048 = 112,263,168 B with the down adapter
+    # (1,435,803,648 -> 1,548,066,816)
     with_down = estimate(_doc(_llama(), loss="standard", seq=2048)).per_gpu.peak_allocated_bytes
     from vramplan.analytic.terms import layers
 

@@ -134,15 +134,12 @@ class ActContext:
     kbit_saves_input: bool = False
     # train.liger_kernels: Liger-Kernel's RMSNorm and SwiGLU replace transformers' (``liger_saved`` below)
     liger: bool = False
-    # peft's own LoRA layers (``peft.tuners.lora.layer.Linear``) over plain linears: not bitsandbytes' (QLoRA),
-    # torchtune's, Lit-GPT's or Unsloth's, whose forward holds other tensors (``recompute_forward_per_token``)
-    peft_plain_linears: bool = False
-    # peft's LoRA over bitsandbytes' 4-bit linears (``peft.tuners.lora.bnb.Linear4bit``), and the dtype the weights
-    # were quantized from (``dequantize_4bit`` returns it: the load dtype)
-    bnb4_lora: bool = False
+    # the peft LoRA layer class that wraps each adapted base linear: "Linear" (``peft.tuners.lora.layer``, a plain
+    # base), "Linear4bit" / "Linear8bitLt" (``peft.tuners.lora.bnb``, a bitsandbytes base); "" for LoRA that peft's
+    # layers do not run (torchtune's, Lit-GPT's, Unsloth's) or a base of another format
+    peft_layer: str = ""
+    # the dtype bitsandbytes' 4-bit weights were quantized from (``dequantize_4bit`` returns it: the load dtype)
     kbit_state_bytes: int = 2
-    # peft's LoRA over any bitsandbytes linear (4- or 8-bit): it casts an adapter's input only without autocast
-    bnb_lora: bool = False
     # the norms' weights as the forward sees them (4: fp32; 2: a half model, a frozen half base)
     norm_weight_bytes: int = 4
 
@@ -280,7 +277,7 @@ def _adapter_input_tensors(name: str, width: int, modules: tuple[str, ...], in_b
     n = len(hit)
     if ctx.lora_dropout:
         out += [_T(f"{name}.lora_dropout_mask", width, n), _T(f"{name}.lora_input", per * width, n)]
-    elif ctx.bnb_lora and ctx.autocast and in_bytes == c:
+    elif ctx.peft_layer in ("Linear4bit", "Linear8bitLt") and ctx.autocast and in_bytes == c:
         if not input_saved:
             out.append(_T(f"{name}.lora_input", in_bytes * width))  # the input itself, shared by the adapters
     elif not ctx.autocast and in_bytes == a:
@@ -1369,8 +1366,12 @@ def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext,
     if "down_proj" not in ctx.lora_targets:
         if {"gate_proj", "up_proj"} & ctx.lora_targets:
             return None
-        if not ctx.bnb4_lora:
-            return 0, 0  # plain LoRA outside the MLP: the traced engine's peak is the backward's (1.0004)
+        if ctx.peft_layer == "Linear":
+            # plain LoRA outside the MLP: at up_proj the recompute holds the gradients (r h + c I), the layer's
+            # input and residual copies (2 r h, when r < 4) and the norm's output (r h), at most 4 r h + c I beside
+            # up's output, which the MLP backward's 2 r h + 3 ew I covers whenever h <= I, as in every gated MLP
+            # (the traced engine at Llama-2-7B's layers: 1.0004)
+            return 0, 0
         # no adapter in the MLP, 4-bit base: down's MatMul4Bit backward needs no saved tensor (bitsandbytes keeps
         # the packed weight as a ctx attribute) and makes the product's gradient (cast to the input's dtype, ew I);
         # the product's backward then unpacks the activation and up outputs, and torch's early stop ends the
@@ -1382,7 +1383,7 @@ def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext,
         return r * h + copied + norm_out * h + cast_in + c * inter, weight
     incoming = r * h + c * h
     held = copied + norm_out * h + ew * inter
-    if ctx.peft_plain_linears:
+    if ctx.peft_layer == "Linear":
         cast = a * inter * (2 if ctx.lora_dropout else 1) if a != ew else 0
         return incoming + held + c * h + cast, 0
     return _bnb4_down_moment(incoming + held, inter, weight, tokens, m, ctx)
@@ -1391,7 +1392,7 @@ def recompute_forward_bytes(m: ModelSpec, layer: LayerSpec, ctx: ActContext,
 def _recompute_derived(m: ModelSpec, layer: LayerSpec, ctx: ActContext) -> bool:
     """Whether ``recompute_forward_bytes`` is derived for ``layer``: peft's LoRA (plain or 4-bit bitsandbytes) under
     autocast, a Llama-style dense gated MLP after an RMSNorm, no tensor parallelism, no Liger kernels."""
-    peft_layers = (ctx.peft_plain_linears or ctx.bnb4_lora) and ctx.autocast and ctx.tp == 1 and not ctx.liger
+    peft_layers = ctx.peft_layer in ("Linear", "Linear4bit") and ctx.autocast and ctx.tp == 1 and not ctx.liger
     llama_style = (not layer.moe and m.mlp_gated and m.norm == "rms"
                    and not (m.sandwich_norms or m.parallel_residual or m.traits.post_norms or m.traits.fused_gate_up))
     return peft_layers and llama_style

@@ -489,7 +489,7 @@ def recompute_moment_note(c: StepContext) -> list[str]:
     layer whose recomputed forward is not derived (``activations.recompute_forward_bytes``)."""
     s, m, ctx = c.s, c.m, c.act
     if (s.train.peft is None or s.train.loss == "standard" or checkpoint_policy(s) != "full"
-            or not (ctx.peft_plain_linears or ctx.bnb_lora)):
+            or not ctx.peft_layer):
         return []
     derived = all(recompute_forward_bytes(m, ls, ctx) is not None for ls in m.layers)
     return [] if derived else [RECOMPUTE_MOMENT_NOTE]

@@ -359,6 +359,19 @@ class StepContext:
             return self.gpipe_later
         return self.s.train.grad_accum_steps > 1 or self.in_flight > 1
 
+    @property
+    def peft_layer(self) -> str:
+        """The peft LoRA layer class over each adapted base linear (``act.ActContext.peft_layer``): "Linear" over a
+        plain base, "Linear4bit" / "Linear8bitLt" over bitsandbytes; "" where peft's layers do not run the adapters
+        (torchtune, Lit-GPT, Unsloth) or the base has another format."""
+        if self.peft is None or self.s.software.unsloth is not None or self.framework in ("torchtune", "lightning"):
+            return ""
+        if self.quant == "none":
+            return "Linear"
+        if self.quant in BNB_FORMATS:
+            return "Linear4bit" if self.quant in BNB_4BIT_FORMATS else "Linear8bitLt"
+        return ""
+
     @cached_property
     def act(self) -> act.ActContext:
         s, m, pol, peft, lt, quant = self.s, self.m, self.pol, self.peft, self.lt, self.quant
@@ -381,13 +394,7 @@ class StepContext:
             kbit_saves_input=(peft is not None and quant in BNB_4BIT_FORMATS
                               and s.software.bnb_4bit_saves_input and self.framework != "torchtune"),
             liger=s.train.liger_kernels,
-            peft_plain_linears=(peft is not None and quant == "none" and s.software.unsloth is None
-                                and self.framework not in ("torchtune", "lightning")),
-            bnb4_lora=(peft is not None and quant in BNB_4BIT_FORMATS and s.software.unsloth is None
-                       and self.framework not in ("torchtune", "lightning")),
-            kbit_state_bytes=pol.frozen_param_bytes,
-            bnb_lora=(peft is not None and quant in BNB_FORMATS and s.software.unsloth is None
-                      and self.framework not in ("torchtune", "lightning")),
+            peft_layer=self.peft_layer, kbit_state_bytes=pol.frozen_param_bytes,
             # prepare_model_for_kbit_training casts the non-quantized parameters, the norms among them, to fp32
             norm_weight_bytes=4 if self.kbit else pol.param_bytes if peft is None else pol.frozen_param_bytes,
         )
