@@ -81,6 +81,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (28, 1, "2026-11-28", _SCORED, 1, True),
     (29, 7, "2026-11-29", _SCORED, 4, True),
     (30, 14, "2026-11-29", _SCORED, 13, True),
+    (31, 12, "2026-11-29", _SCORED, 8, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 

@@ -68,7 +68,7 @@ place them.  The solvers for the largest batch and the longest prompt that fit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from vramplan.analytic.altup import (
@@ -167,6 +167,7 @@ __all__ = [
     "repeated_kv_bytes",
     "rope_bytes",
     "softmax_bytes_per_score",
+    "tower_forward_bytes",
     "weights_term",
 ]
 
@@ -538,7 +539,7 @@ def _mqa_math_prefill(t: int, h: int, q: int, kv: int, batch: int, heads: int, p
 
 
 def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, attention: str,
-                        keys: int | None = None) -> int:
+                        keys: int | None = None, causal: bool = True) -> int:
     """The running layer's own live tensors during prefill (beyond the shared ones, weights, cache, logits).
 
     Per token (h hidden, q the query width, kv the key/value width on this rank):
@@ -558,8 +559,8 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
       (b heads p^2 ``softmax_bytes_per_score``).
 
     ``keys``: the key slots (default the prompt); a HybridCache (< 4.56, ``GenerateBehaviour.sliding_cache``
-    "static") hands the attention its whole buffer (``HybridCache.update`` returns ``k_out`` of ``max_cache_len``).
-    """
+    "static") hands the attention its whole buffer (``HybridCache.update`` returns ``k_out`` of ``max_cache_len``);
+    ``causal``: False when the caller hands the math kernel a mask it counts itself (``tower_forward_bytes``)."""
     m = r.model
     t = batch * prompt
     h = m.hidden_size
@@ -592,7 +593,7 @@ def prefill_layer_bytes(r: Resolved, batch: int, prompt: int, c: int, tp: int, a
         # score, as ``_safe_softmax``'s all -inf row check would hold, though which kernel allocates it was not
         # read in torch's source); and the causal mask it builds for is_causal, bool then the query dtype
         # ([p, p]: 1 + 4 bytes per key and query)
-        attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt
+        attn = (2 * h + q) * t * c + 12 * q * t + 9 * batch * heads * prompt * prompt + 5 * prompt * prompt * causal
     else:
         # + repeat_kv's copies of K and V before SDPA in transformers < 4.54 (analytic/attention.py)
         attn = (3 * h + 3 * q) * t * c + (2 * q * t * c if attention == "sdpa" and keys is None and sdpa_repeats_kv(r.scenario, m) else 0)
@@ -1081,49 +1082,80 @@ def vision_moment(g: GenerateCall, t: CallTerms) -> Moment | None:
     """A vision-language model's image encoding, before the language model's layers (None: no image).
 
     ``Gemma3Model.forward`` / ``Qwen2_5_VLModel.forward`` (transformers 5.24) embed the prompt's text
-    (``inputs_embeds``, kept) and then run the vision tower over the images without grad.  The tower's layers
-    are transformer blocks: its running layer is ``prefill_layer_bytes`` of the tower's layer shape
-    (``VisionSpec.tower``) over batch x images x patches tokens, with the pixel values (compute dtype) alive.
-    Nothing of the prompt's cache exists yet.  The tower's attention runs within each image; with eager
-    attention the running layer's s x s terms are those of one image's patches.  While the tower's last layer runs
-    its forward holds more than that layer's tensors: the encoder's input and any selected hidden state
-    (``VisionSpec.kept_hidden_states``), Qwen3-VL's DeepStack features (``kept_merged_elements``), the rotary tables
-    and interpolated positions (``held_per_patch``).
+    (``inputs_embeds``, kept) and then run the vision tower over the images without grad
+    (``tower_forward_bytes``).  Nothing of the prompt's cache exists yet.
     """
-    from dataclasses import replace as _replace
-
-    from vramplan.spec.vision import image_grid, image_tiles
-
-    v, inf = g.m.vision, g.r.scenario.inference
-    if v is None or v.tower is None or inf.images_per_sample == 0:
+    inf = g.r.scenario.inference
+    if g.m.vision is None or g.m.vision.tower is None or inf.images_per_sample == 0:
         return None
-    patches, _ = image_grid(v, inf.image_size)
-    images = g.batch * inf.images_per_sample
-    tower = _replace(g.r, model=v.tower)
-    # the tower runs once per image (LLaVA-NeXT: per tile, image_tiles) over its patches and any class token
-    # (CLIP's, VisionSpec.extra_tokens)
-    tiles = image_tiles(v, inf.image_size)
-    layer = images * tiles * prefill_layer_bytes(tower, 1, patches // tiles + v.extra_tokens, g.c, 1, g.attention)
-    # hidden states held while the tower's last layer runs (VisionSpec.kept_hidden_states: the encoder's input, a
-    # selected state) and Qwen3-VL's DeepStack features (VisionSpec.kept_merged_elements)
-    layer += v.kept_hidden_states * images * (patches + tiles * v.extra_tokens) * v.hidden_size * g.c
-    layer += v.kept_merged_elements * images * (patches // v.merge_size ** 2) * g.c
-    # the rotary tables and interpolated positions bound through the blocks (VisionSpec.held_per_patch)
-    layer += sum(n * {"fp32": 4, "int64": 8}.get(kind, g.c) for kind, n in v.held_per_patch) * images * patches
-    if v.block_mask_unless_flash and inf.attention == "sdpa":
-        # Pixtral packs the batch's images into one sequence under a block-diagonal mask in the model's dtype, kept
-        # through the tower's layers (generate_block_attention_mask), and SDPA's memory-efficient kernel takes a
-        # padded copy of it per call when its rows are unaligned (aten preprocess_mask)
-        seq = images * patches
-        layer += g.c * seq * seq + (g.c * seq * mem_efficient_mask_row(seq) if seq % 8 else 0)
-    pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * g.c
     mo = Moment("prefill")  # the images are encoded in the prefill forward, before its decoder layers
     add_weights(mo, t)
     mo.add(K.INPUTS_EMBEDS, kept_embeddings_bytes(g.m, g.batch, g.prompt, g.c))
-    mo.add(K.VISION_TOWER, layer + pixels)
+    mo.add(K.VISION_TOWER, tower_forward_bytes(g.r, g.batch * inf.images_per_sample, inf.image_size, g.c,
+                                               g.attention))
     mo.add(K.DEQUANT, dequant_term(g, t.largest_linear))
     mo.add(K.CUBLAS, t.cublas)
     return mo
+
+
+def tower_forward_bytes(r: Resolved, images: int, image_size: int | None, c: int, attention: str) -> int:
+    """What a vision tower's forward holds without grad while its last layer runs over ``images`` images: the
+    running layer, the hidden states and tables the vision model binds through its blocks, and the pixel values
+    (compute dtype).
+
+    The tower's layers are transformer blocks: the running layer is ``prefill_layer_bytes`` of the tower's layer
+    shape (``VisionSpec.tower``) over its patches, with ``attention`` (the language model's kernel).  The
+    attention runs within each image (each of LLaVA-NeXT's tiles, with any class token), except in a packing tower:
+    Pixtral under SDPA (``block_mask_unless_flash``) and Qwen2-VL / Qwen2.5-VL before transformers 4.54
+    (``spec/vision.py packed_attention``) attend over all the images' patches at once, ``S`` of them, under a
+    block-diagonal mask: the running layer is then one pass over ``S`` with the release's kernel, and the masks it
+    holds are counted (``_packed_mask_bytes``).  While the last layer runs the forward also holds the encoder's
+    input and any selected hidden state (``VisionSpec.kept_hidden_states``), Qwen3-VL's DeepStack features
+    (``kept_merged_elements``), the rotary tables and interpolated positions (``held_per_patch``)."""
+    from vramplan.spec.vision import image_grid, image_tiles, packed_attention
+
+    v = r.model.vision
+    assert v is not None and v.tower is not None
+    patches, _ = image_grid(v, image_size)
+    tower = replace(r, model=v.tower)
+    # the tower runs once per image (LLaVA-NeXT: per tile, image_tiles) over its patches and any class token
+    # (CLIP's, VisionSpec.extra_tokens)
+    tiles = image_tiles(v, image_size)
+    packed = packed_attention(r.scenario, r.model)
+    seq = images * patches
+    if packed is not None:
+        layer = prefill_layer_bytes(tower, 1, seq, c, 1, packed.kernel, causal=False)
+        layer += _packed_mask_bytes(seq, c, packed.kernel, packed.bool_mask)
+    else:
+        layer = images * tiles * prefill_layer_bytes(tower, 1, patches // tiles + v.extra_tokens, c, 1, attention)
+    # hidden states held while the tower's last layer runs (VisionSpec.kept_hidden_states: the encoder's input, a
+    # selected state) and Qwen3-VL's DeepStack features (VisionSpec.kept_merged_elements)
+    layer += v.kept_hidden_states * images * (patches + tiles * v.extra_tokens) * v.hidden_size * c
+    layer += v.kept_merged_elements * images * (patches // v.merge_size ** 2) * c
+    # the rotary tables and interpolated positions bound through the blocks (VisionSpec.held_per_patch)
+    layer += sum(n * {"fp32": 4, "int64": 8}.get(kind, c) for kind, n in v.held_per_patch) * images * patches
+    if v.block_mask_unless_flash and attention == "sdpa":
+        # Pixtral packs the batch's images into one sequence under a block-diagonal mask in the model's dtype, kept
+        # through the tower's layers (generate_block_attention_mask), and SDPA's memory-efficient kernel takes a
+        # padded copy of it per call when its rows are unaligned (aten preprocess_mask)
+        layer += c * seq * seq + (c * seq * mem_efficient_mask_row(seq) if seq % 8 else 0)
+    pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * c
+    return layer + pixels
+
+
+def _packed_mask_bytes(seq: int, c: int, kernel: str, bool_mask: bool) -> int:
+    """The masks alive while a packing Qwen-VL tower's layer attends over ``seq`` patches (transformers < 4.54,
+    facts/transformers.py ``QWEN_VL_PACKED_ATTENTION``), beside what ``prefill_layer_bytes`` counts: the layer's
+    ``[1, S, S]`` mask, one byte per score when built as bool (SDPA's dispatcher then converts it to the query's
+    dtype, aten ``convert_boolean_attn_mask``: c more), else c; the memory-efficient kernel's padded copy when
+    the rows are not a multiple of 8 (aten ``preprocess_mask``, ``mem_efficient_mask_row``).  Eager's mask is in
+    ``prefill_layer_bytes``' eager terms already (the 4-D additive mask)."""
+    if kernel == "eager":
+        return 0
+    mask = (1 + c) * seq * seq if bool_mask else c * seq * seq
+    if kernel == "efficient" and seq % 8:
+        mask += c * seq * mem_efficient_mask_row(seq)
+    return mask
 
 
 def _image_inputs(ci: CrossImages, tokens: int) -> int:

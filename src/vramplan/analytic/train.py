@@ -63,6 +63,7 @@ from vramplan.analytic.terms.saved import (
     fused_cache_unmodelled,
 )
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
+from vramplan.analytic.terms.vision import tower_forward_moment
 from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
 from vramplan.analytic.unsloth import unsloth, unsloth_loss_note, unsloth_notes
@@ -140,6 +141,9 @@ def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
         for c in _walks(r, stage, attention, repeat):
             terms = step_terms(c)
             moments, totals = sweep_totals(terms, stage_timeline(c))
+            tower = tower_forward_moment(c, terms)
+            if tower is not None:  # a frozen vision tower's forward, before the language model's first layer
+                moments, totals = [tower, *moments], [tower.total, *totals]
             peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
             off = _elsewhere(terms)
             results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],

@@ -10,10 +10,13 @@ the loss code of that release would otherwise be applied to a family it never ra
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-__all__ = ["CURRENT_RELEASE_NOTE", "MAMBA2_SCAN_EINSUM_RELEASE", "OWN_MODEL_FRAMEWORKS", "STACKED_EXPERT_CHECKPOINTS", "first_release", "mamba2_scan_broadcasts", "release_tuple"]
+__all__ = ["CURRENT_RELEASE_NOTE", "MAMBA2_SCAN_EINSUM_RELEASE", "OWN_MODEL_FRAMEWORKS", "QWEN_VL_PACKED_ATTENTION",
+           "STACKED_EXPERT_CHECKPOINTS", "PackedAttention", "first_release", "mamba2_scan_broadcasts",
+           "qwen_vl_packed_attention", "release_tuple"]
 
 
 @cache
@@ -92,3 +95,69 @@ STACKED_EXPERT_CHECKPOINTS: frozenset[str] = frozenset({
     "deepseek_v2", "deepseek_v3", "ernie4_5_moe", "glm4_moe", "mixtral", "nemotron_h", "olmoe", "phimoe", "qwen2_moe",
     "qwen3_moe", "qwen3_next", "qwen3_omni_moe",
 })
+
+
+@dataclass(frozen=True)
+class PackedAttention:
+    """How a Qwen2-VL / Qwen2.5-VL vision tower of one transformers release runs a non-flash attention over the
+    micro-batch's images, packed into one sequence of ``S`` patches (``cu_seqlens`` marks each image's; the window
+    blocks of Qwen2.5-VL mark its windows): every layer builds a block-diagonal ``[1, S, S]`` mask and attends over
+    all ``S`` patches at once, so the scores are ``heads x S^2`` however many images the pack holds.
+
+    ``kernel``: what runs, ``"math"`` (SDPA on 3-D q/k/v: aten ``check_tensor_shapes`` admits only 4-D inputs to the
+    fused kernels, so ``select_sdp_backend`` falls through to ``_scaled_dot_product_attention_math``),
+    ``"efficient"`` (SDPA on 4-D q/k/v with the mask: the memory-efficient kernel, which takes a mask and keeps it
+    for the backward) or ``"eager"`` (``matmul`` -> ``softmax(dtype=float32)`` -> ``matmul`` over the scores);
+    ``bool_mask``: the model builds the mask as ``torch.bool`` (SDPA converts it to the query's dtype,
+    aten ``convert_boolean_attn_mask``: one byte and one copy more per score), else in the query's dtype."""
+
+    first: tuple[int, int, int]
+    last: tuple[int, int, int]
+    attention: str  # train.attention / inference.attention this row is for ("sdpa" or "eager")
+    kernel: str
+    bool_mask: bool
+    source: str
+
+
+# Read in the release wheels on PyPI (models/qwen2_vl/modeling_qwen2_vl.py, models/qwen2_5_vl/modeling_qwen2_5_vl.py;
+# Qwen2-VL from 4.45.0, Qwen2.5-VL from 4.49.0):
+# * 4.45.0-4.51.x: ``VisionSdpaAttention.forward`` builds ``torch.zeros([1, seq_length, seq_length],
+#   dtype=torch.bool)``, sets each cu_seqlens block True and calls ``F.scaled_dot_product_attention(q, k, v,
+#   attention_mask)`` on q/k/v of shape [heads, S, head_dim] (3-D: 4.49.0 modeling_qwen2_5_vl.py lines 314-320);
+#   ``VisionAttention`` (eager) builds ``torch.full([1, S, S], finfo.min, dtype=q.dtype)`` and runs
+#   ``matmul(q, k^T) / sqrt(d)`` + mask -> ``softmax(dtype=torch.float32).to(q.dtype)`` -> ``matmul`` (lines 265-277);
+# * 4.52.x: the same masks, SDPA now on ``q.unsqueeze(0)`` (4-D: 4.52.4 modeling_qwen2_5_vl.py lines 302-312);
+# * 4.53.x: one ``VisionAttention`` through ``ALL_ATTENTION_FUNCTIONS`` with ``torch.full([1, 1, S, S], finfo.min,
+#   dtype=value.dtype)`` for every implementation but flash (4.53.0 lines 236-268);
+# * 4.54.0 on: non-flash implementations split q/k/v at cu_seqlens and attend within each chunk ("Other
+#   implementations: Process each chunk separately", 4.54.0 modeling_qwen2_5_vl.py line 265): the per-image
+#   attention the engines model for the current release.
+# flash_attention_2 runs varlen over cu_seqlens in every release (no mask).
+QWEN_VL_PACKED_ATTENTION: tuple[PackedAttention, ...] = (
+    PackedAttention((4, 45, 0), (4, 51, 99), "sdpa", "math", True,
+                    "transformers 4.45.0-4.51 VisionSdpaAttention: 3-D q/k/v, bool [1, S, S] mask"),
+    PackedAttention((4, 52, 0), (4, 52, 99), "sdpa", "efficient", True,
+                    "transformers 4.52 VisionSdpaAttention: 4-D q/k/v, bool [1, S, S] mask"),
+    PackedAttention((4, 53, 0), (4, 53, 99), "sdpa", "efficient", False,
+                    "transformers 4.53 VisionAttention via sdpa_attention_forward: [1, 1, S, S] mask in value's dtype"),
+    PackedAttention((4, 45, 0), (4, 53, 99), "eager", "eager", False,
+                    "transformers 4.45.0-4.53 VisionAttention (eager): [1, S, S] mask in the query's dtype"),
+)
+
+
+def qwen_vl_packed_attention(transformers_version: tuple[int, ...] | None, attention: str) -> PackedAttention | None:
+    """The row of ``QWEN_VL_PACKED_ATTENTION`` for a release and the run's attention setting; None for the current
+    release (unset), 4.54 and later (per-image chunks), and flash attention (varlen).
+
+    >>> qwen_vl_packed_attention((4, 49), "sdpa").kernel, qwen_vl_packed_attention((4, 53, 1), "sdpa").kernel
+    ('math', 'efficient')
+    >>> qwen_vl_packed_attention((4, 54), "sdpa"), qwen_vl_packed_attention(None, "eager")
+    (None, None)
+    """
+    if transformers_version is None:
+        return None
+    v = tuple((list(transformers_version) + [0, 0, 0])[:3])
+    for row in QWEN_VL_PACKED_ATTENTION:
+        if row.attention == attention and row.first <= v <= row.last:
+            return row
+    return None

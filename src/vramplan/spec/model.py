@@ -545,6 +545,10 @@ class VisionSpec:
     # attention runs (varlen segments): SDPA's memory-efficient kernel keeps the mask (analytic/terms/vision.py);
     # eager over the pack is not modelled
     block_mask_unless_flash: bool = False
+    # Qwen2-VL / Qwen2.5-VL: the vision model packs a forward's images into one sequence (cu_seqlens); before
+    # transformers 4.54 its non-flash attention runs over the whole pack under a block-diagonal [1, S, S] mask, from
+    # 4.54 within each image (facts/transformers.py QWEN_VL_PACKED_ATTENTION, spec/vision.py packed_attention)
+    packs_images: bool = False
     # Idefics3 / SmolVLM: tower passes per image (its tiles and the whole image), the same for every square image
     # (the processor rescales it to a fixed longest edge); 0: one pass, or grid_pinpoints' tiles
     fixed_tiles: int = 0

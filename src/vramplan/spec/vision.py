@@ -15,6 +15,7 @@ import math
 
 from vramplan.errors import Problem
 from vramplan.facts.quantization import quant_format
+from vramplan.facts.transformers import PackedAttention, qwen_vl_packed_attention
 from vramplan.facts.vllm_multimodal import mm_profile_read, mm_v0_read
 from vramplan.facts.vllm_releases import parse_release
 from vramplan.spec.model import ModelSpec, VisionSpec
@@ -197,6 +198,18 @@ def images_per_sample(s: Scenario) -> int:
     if s.task == "inference":
         return s.inference.images_per_sample
     return 0
+
+
+def packed_attention(s: Scenario, m: ModelSpec) -> PackedAttention | None:
+    """How the run's transformers release attends over a packing tower's images (``VisionSpec.packs_images``:
+    Qwen2-VL, Qwen2.5-VL), for a training or generate job with images: before 4.54 a non-flash attention runs
+    over all the forward's patches at once (facts/transformers.py ``QWEN_VL_PACKED_ATTENTION``); None when each
+    image attends alone (4.54 on, the release unset: the current one assumed) or flash's varlen kernel runs."""
+    v = m.vision
+    if v is None or not v.packs_images or s.task not in ("train", "inference") or images_per_sample(s) == 0:
+        return None
+    attention = s.train.attention if s.task == "train" else s.inference.attention
+    return qwen_vl_packed_attention(s.software.transformers_version, attention)
 
 
 def image_tokens(s: Scenario, m: ModelSpec) -> int:
@@ -414,15 +427,43 @@ def vision_notes(s: Scenario, m: ModelSpec) -> list[str]:
                        "shape from the forward to the embedding's backward (analytic/terms/vision.py); "
                        f"{projector}; the {n * tokens:,} image tokens are counted in seq_len")
         elif n:
-            out.append(f"the frozen vision tower runs {n} image(s) per sequence without autograd recording (its "
-                       "forward's transient tensors, made before the language model's, are not counted); the "
-                       f"{n * tokens:,} image tokens are counted in seq_len")
+            out.append(f"the frozen vision tower runs {n} image(s) per sequence without autograd recording, before the "
+                       "language model's first layer: a moment of the step holds the resident terms, the text "
+                       "embeddings and the tower's running layer, as generate's prefill counts it (analytic/terms/"
+                       f"vision.py tower_forward_moment); the {n * tokens:,} image tokens are counted in seq_len")
+        out.extend(_packed_notes(s, m, n, patches, frozen))
     elif n:
         out.extend(v.notes)
+        out.extend(_packed_notes(s, m, n, patches, True))
         out.append(f"vision tower in the prefill: {n} image(s) per prompt of {patches:,} patches, its running "
                    "layer as a decoder layer's of the tower's shape, with the pixel values and the text embeddings "
                    "alive, before the prompt's cache exists (analytic/inference.py vision_moment); the "
                    f"{n * tokens:,} image tokens are counted in prompt_len and the KV cache")
+    return out
+
+
+def _packed_notes(s: Scenario, m: ModelSpec, images: int, patches: int, frozen: bool) -> list[str]:
+    """What the report says of a packing tower's attention in a release before transformers 4.54
+    (``packed_attention``); nothing otherwise."""
+    packed = packed_attention(s, m)
+    if packed is None:
+        return []
+    batch = s.train.micro_batch_size if s.task == "train" else s.inference.batch_size
+    seq = batch * images * patches
+    kernel = {"math": "SDPA's math kernel (q/k/v handed over 3-D, which the fused kernels refuse): fp32 scores and "
+                      "softmax", "efficient": "SDPA's memory-efficient kernel with the mask",
+              "eager": "eager attention: scores and their fp32 softmax"}[packed.kernel]
+    note = (f"transformers {s.software.transformers} ({packed.source}; facts/transformers.py "
+            f"QWEN_VL_PACKED_ATTENTION): the tower attends over the micro-batch's {seq:,} patches at once under a "
+            f"block-diagonal mask, with {kernel}, not within each image as from 4.54")
+    out = [note]
+    if packed.kernel in ("math", "eager") and not frozen:
+        # a trained tower's layer backward over the pack makes the scores' gradients (two heads x S^2 tensors beyond
+        # its saved ones) and, under checkpointing, its recomputed forward the scores again: not in the terms
+        heads = m.vision.num_attention_heads if m.vision is not None else 0
+        out.append(f"not modelled: the trained tower's backward over the pack, whose layer holds the scores' "
+                   f"gradients beside its saved tensors (about 8 x {heads} x {seq:,}^2 B = "
+                   f"{8 * heads * seq * seq / GiB:,.2f} GiB), or, with checkpointing, its recomputed scores")
     return out
 
 

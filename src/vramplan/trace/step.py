@@ -33,6 +33,7 @@ from vramplan.analytic.terms.saved import copying_training_cache
 from vramplan.facts.optimizers import runs_as
 from vramplan.spec.gpu import cuda_capability
 from vramplan.spec.load import Resolved
+from vramplan.spec.vision import packed_attention
 from vramplan.trace import cuda
 from vramplan.trace.build import Built, build_model, trace_policy
 from vramplan.trace.fsdp import FsdpWorld, module_getter
@@ -300,6 +301,10 @@ def trace_train(r: Resolved, device: str = "meta", built: Built | None = None,
     if t.attention == "sdpa" and sdpa_repeats_kv(s, r.model):
         notes.append(f"not modelled: transformers {s.software.transformers}'s repeat_kv before SDPA (grouped K/V saved at "
                      "the query heads' width; the installed release passes enable_gqa: the analytic engine counts it)")
+    if packed_attention(s, r.model) is not None:
+        notes.append(f"not modelled: transformers {s.software.transformers}'s vision attention over all the "
+                     "micro-batch's patches at once (facts/transformers.py QWEN_VL_PACKED_ATTENTION); the installed "
+                     "release attends within each image: the analytic engine counts it")
     if release != "padded":
         notes.append(f"loss as transformers {s.software.transformers} computes it ({release}): its code run on the "
                      "installed transformers' logits (trace/step.py _release_loss, analytic/logits.py)")

@@ -39,14 +39,15 @@ from dataclasses import replace
 from vramplan.analytic import activations as act
 from vramplan.analytic.attention import mem_efficient_mask_row
 from vramplan.analytic.checkpointing import checkpoint_policy
-from vramplan.analytic.moment import K
+from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.terms.base import Term
 from vramplan.analytic.terms.context import StepContext
-from vramplan.analytic.timeline import FORWARD, LOSS, TIED_EMBEDDING
+from vramplan.analytic.timeline import END, FORWARD, LOSS, TIED_EMBEDDING
 from vramplan.spec.model import ModelSpec, VisionSpec
-from vramplan.spec.vision import image_grid, image_tiles
+from vramplan.spec.vision import image_grid, image_tiles, packed_attention
 
-__all__ = ["tower_saved", "tower_sequence", "tower_tensors", "tower_unused"]
+__all__ = ["frozen_tower_forward_bytes", "tower_forward_moment", "tower_saved", "tower_sequence", "tower_tensors",
+           "tower_unused"]
 
 
 def tower_sequence(c: StepContext) -> tuple[tuple[int, bool], ...]:
@@ -112,10 +113,17 @@ def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
     # attention runs within a pass
     passes = c.s.train.micro_batch_size * images * image_tiles(v, c.s.train.image_size)
     per_pass = per_image // image_tiles(v, c.s.train.image_size) + v.extra_tokens
-    if v.block_mask_unless_flash:
-        # Pixtral runs the micro-batch's images as one packed sequence (PixtralVisionModel.forward's torch.cat)
+    packed = packed_attention(c.s, c.m)
+    if v.block_mask_unless_flash or packed is not None:
+        # Pixtral runs the micro-batch's images as one packed sequence (PixtralVisionModel.forward's torch.cat);
+        # Qwen2-VL / Qwen2.5-VL before transformers 4.54 attend over theirs at once under a block-diagonal mask
         passes, per_pass = 1, passes * per_pass
     ctx = replace(ctx, seq_len=per_pass)
+    if packed is not None:
+        # the release's kernel over the pack (facts/transformers.py QWEN_VL_PACKED_ATTENTION): SDPA's math kernel
+        # on 3-D q/k/v (fp32 scaled q, k, v and the fp32 softmax saved: activations.py _sdpa_math_gqa_tensors),
+        # the memory-efficient kernel with the mask, or eager's fp32 softmax and its cast
+        ctx = replace(ctx, attention=packed.kernel)
     mb_images = c.s.train.micro_batch_size * images
     patches = mb_images * per_image
     seq = passes * per_pass
@@ -124,6 +132,10 @@ def _compute(c: StepContext) -> tuple[tuple[int, bool], ...]:
     out = [(ctx.compute_bytes * v.num_channels * v.temporal_patch_size * v.patch_size**2 * patches, False)]
     out += [(n, False) for n in _saved(v.stem_saved_per_token, tower, ctx, seq)]
     shared, per_layer = _block_mask(v, ctx, c.s.train.attention == "sdpa", seq, checkpoint_policy(c.s) == "full")
+    if packed is not None and packed.kernel == "efficient" and checkpoint_policy(c.s) != "full":
+        # each layer builds its [1, S, S] mask (bool, converted by SDPA to the query's dtype, or in the value's
+        # dtype) and the memory-efficient kernel keeps it, or its padded copy, for the backward
+        per_layer = [ctx.compute_bytes * seq * mem_efficient_mask_row(seq)]
     out += [(n, False) for n in shared]
     if checkpoint_policy(c.s) == "full":
         layer = [resid * seq]  # each checkpointed layer keeps its input
@@ -151,3 +163,50 @@ def tower_saved(c: StepContext) -> list[Term]:
     if unused:
         out.append(Term(K.SAVED, sum(unused), FORWARD, LOSS, "saved.vision_tower_unused", tensors=unused))
     return out
+
+
+def frozen_tower_forward_bytes(c: StepContext) -> int:
+    """What a frozen tower's forward holds (PEFT, or ``train.freeze_vision_tower``) while its last layer runs over the
+    micro-batch's images without autograd recording (analytic/inference.py ``tower_forward_bytes``, the generate
+    prefill's rule), on the stage with the embeddings; 0 for a trained tower (its forward's records are
+    ``tower_sequence``'s saved tensors), no image, or another stage.
+
+    The frozen tower runs before the language model's first layer (``Qwen2_5_VLModel.forward``: the text embeddings,
+    then ``get_image_features``), so nothing of the step's activations exists yet: the moment is the step's resident
+    terms with this (``tower_forward_moment``).  A packing tower of a release before transformers 4.54 attends over
+    all the micro-batch's patches at once (spec/vision.py ``packed_attention``): its running layer is quadratic in
+    them."""
+    from vramplan.analytic.inference import tower_forward_bytes
+
+    v, t = c.m.vision, c.s.train
+    if v is None or v.tower is None or t.images_per_sample == 0 or not c.rp.has_embedding:
+        return 0
+    if c.peft is None and not c.frozen_prefixes:
+        return 0
+    r = c.r
+    half = c.pol.half
+    if c.act.compute_bytes == 2 and r.scenario.inference.dtype != half:
+        # eager's bytes per score read the forward's dtype from the inference section (softmax_bytes_per_score)
+        r = replace(r, scenario=r.scenario.model_copy(update={
+            "inference": r.scenario.inference.model_copy(update={"dtype": half})}))
+    return tower_forward_bytes(r, t.micro_batch_size * t.images_per_sample, t.image_size, c.act.compute_bytes,
+                               c.act.attention)
+
+
+def tower_forward_moment(c: StepContext, terms: list[Term]) -> Moment | None:
+    """The frozen tower's forward as a moment of the step (None without one, ``frozen_tower_forward_bytes``): the
+    device terms resident through the step (born at its start and alive to its end: weights, optimizer states,
+    master weights, workspaces and buckets, and gradients where they live through the forward, accumulated or
+    preallocated), the sharded units gathered for the forward (``K.GATHERED`` born at it), the text embeddings the
+    forward keeps ([b, s, h] in the residual dtype), and the tower's running tensors (``K.VISION_TOWER``)."""
+    tower = frozen_tower_forward_bytes(c)
+    if not tower:
+        return None
+    mo = Moment("forward")
+    for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
+        if where == "device" and born is FORWARD and (dies is END or key is K.GATHERED):
+            mo.add(key, nbytes, **dict(fields))
+    t = c.s.train
+    mo.add(K.INPUTS_EMBEDS, c.act.residual_bytes * t.micro_batch_size * t.seq_len * c.m.hidden_size)
+    mo.add(K.VISION_TOWER, tower)
+    return mo

@@ -129,7 +129,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # the forward binds the window-ordered rotary cos and sin, fp32 [patches, head_dim] each
                         # (Qwen2_5_VLVisionRotaryEmbedding), through the blocks
                         held_per_patch=(("fp32", 2 * t["d"] // t["heads"]), ("int64", 2)),
-                        linears=tuple(p.vision_linears))
+                        linears=tuple(p.vision_linears), packs_images=True)
     # generate's prefill ran the head on every prompt position before the forward took logits_to_keep
     # (modeling_qwen2_5_vl.py: none in 4.49-4.53, 4.54 takes it); bf16, the fp32 cast only with labels
     traits = replace(text.traits, logits_to_keep_since=(4, 54))

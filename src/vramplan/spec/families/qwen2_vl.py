@@ -87,7 +87,7 @@ def build(cfg: Config, model_type: str, name: str) -> ModelSpec:
                         # Qwen2VisionTransformerPretrainedModel.forward binds the rotary cos and sin, fp32 [patches,
                         # head_dim] each (Qwen2VLVisionRotaryEmbedding: .float() frequencies), through the blocks
                         held_per_patch=(("fp32", 2 * t["d"] // t["heads"]), ("int64", 2)),
-                        linears=tuple(p.vision_linears))
+                        linears=tuple(p.vision_linears), packs_images=True)
     # generate's prefill ran the head on every prompt position before the forward took logits_to_keep
     # (modeling_qwen2_vl.py: none in 4.45-4.57, 5.0 takes it), in fp32 at 4.45 (:1720, ``logits.float()``; 4.46
     # casts only with labels)
