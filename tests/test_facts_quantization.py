@@ -41,6 +41,10 @@ EXPECTED = {
     # int8 / fp8 weights + one bf16 scale per output row ([out, 1])
     "ct-w8a8-int8": 16_777_216 + 2 * 4_096,
     "ct-fp8": 16_777_216 + 2 * 4_096,
+    # NVFP4: e2m1 two per byte + one e4m3 scale per 16 inputs of each row (16,777,216 / 16 = 1,048,576 B) + an fp32
+    # weight_global_scale per matrix, and an fp32 input_global_scale with fp4 activations (W4A4)
+    "ct-nvfp4": 8_388_608 + 1_048_576 + 4 + 4,
+    "ct-nvfp4a16": 8_388_608 + 1_048_576 + 4,
     "awq-4bit": 8_388_608 + 262_144 + 65_536,
     # MXFP4: 4-bit payload + one uint8 E8M0 scale per 32 inputs of each row: 4,096 x 128 = 524,288 B
     "mxfp4": 8_388_608 + 524_288,

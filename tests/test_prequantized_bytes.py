@@ -105,13 +105,23 @@ _FP8 = {**_W4A16, "format": "float-quantized",
                                       "input_activations": {"num_bits": 8, "type": "float", **_TOKEN}}}}
 
 
+# llm-compressor's NVFP4 scheme (compressed-tensors quantization/quant_scheme.py NVFP4): fp4 weights and activations,
+# tensor_group of 16, the activations' local scales dynamic; NVFP4A16 drops the activations
+_FP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+_NVFP4 = {**_W4A16, "format": "nvfp4-pack-quantized",
+          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {**_FP4, "dynamic": False},
+                                        "input_activations": {**_FP4, "dynamic": "local"}}}}
+_NVFP4A16 = {**_NVFP4, "config_groups": {"group_0": {"targets": ["Linear"], "weights": {**_FP4, "dynamic": False},
+                                                     "input_activations": None}}}
+
+
 def _doc(qc: dict[str, Any] | None, **section: Any) -> dict[str, Any]:
     cfg = dict(LLAMA2_7B) if qc is None else {**LLAMA2_7B, "quantization_config": qc}
     return {"model": cfg, "task": "inference", "hardware": {"gpu": "H100"}, "inference": section}
 
 
 @pytest.mark.parametrize(("qc", "fmt"), [
-    (_W4A16, "ct-w4a16"), (_W8A8, "ct-w8a8-int8"), (_FP8, "ct-fp8"),
+    (_W4A16, "ct-w4a16"), (_W8A8, "ct-w8a8-int8"), (_FP8, "ct-fp8"), (_NVFP4, "ct-nvfp4"), (_NVFP4A16, "ct-nvfp4a16"),
     ({**_FP8, "config_groups": {"g": {**_FP8["config_groups"]["group_0"], "input_activations": None}}}, "ct-fp8"),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128, "desc_act": True, "sym": True}, "gptq-3bit"),
     ({"quant_method": "gptq", "bits": 8, "group_size": 128, "desc_act": False, "sym": True}, "gptq-8bit"),
@@ -135,6 +145,24 @@ def test_compressed_tensors_bytes_by_hand() -> None:
     # W8A8 int8 / FP8: 1 B per weight + a bf16 scale per output row
     assert weights_bytes(rp, 2, "ct-w8a8-int8") == w + 2 * out_rows + dense
     assert weights_bytes(rp, 2, "ct-fp8") == w + 2 * out_rows + dense
+    # NVFP4: W/2 e2m1 + an e4m3 scale per 16 + fp32 global scales per matrix (weight; input too for W4A4)
+    assert weights_bytes(rp, 2, "ct-nvfp4") == w // 2 + w // 16 + 8 * matrices + dense
+    assert weights_bytes(rp, 2, "ct-nvfp4a16") == w // 2 + w // 16 + 4 * matrices + dense
+
+
+def test_nvfp4_against_a_published_checkpoint() -> None:
+    # weiweiz1/llama3.1-8b-nvfp (compressed-tensors NVFP4 of Llama 3.1 8B, commit ef1b0a1): the Hub's file listing
+    # (https://huggingface.co/weiweiz1/llama3.1-8b-nvfp/tree/main) shows model-00001-of-00002.safetensors 4.98 GB and
+    # model-00002-of-00002.safetensors 1.05 GB: 6.03 GB, each rounded to 10 MB.  Llama 3.1 8B: 32 layers of 4096 x
+    # (4096 + 1024 + 1024 + 4096) + 3 x 4096 x 14336 = 218,103,808 linear weights, 6,979,321,856 in all, 224
+    # matrices; the embeddings and the untied head 2 x 128,256 x 4096 x 2 = 2,101,346,304 and 65 norms x 4096 x 2 =
+    # 532,480 stay bf16.  NVFP4: 3,489,660,928 + 436,207,616 + 224 x 8 = 3,925,870,336, in all 6,027,749,120 B
+    # (weight-only: 1,792 B fewer), within the listing's rounding plus the shards' JSON headers; an NVFP4 head
+    # (llm-compressor's recipes ignore it) would be 5.57 GB
+    rp = rank_params(load_model("meta-llama/Llama-3.1-8B"), 1, 1, 1, 0, None)
+    got = weights_bytes(rp, 2, "ct-nvfp4")
+    assert got == 3_489_660_928 + 436_207_616 + 224 * 8 + 2_101_346_304 + 532_480 == 6_027_749_120
+    assert 4.975e9 + 1.045e9 <= got <= 4.985e9 + 1.055e9
 
 
 @pytest.mark.parametrize(("change", "says"), [

@@ -32,6 +32,10 @@ Worked bytes (``weights.quantized_linear_bytes``):
 * ``ct-w8a8-int8``/``ct-fp8`` (``int-quantized``/``float-quantized``, channel-wise, symmetric, dynamic
   activations: no ``input_scale``): 1 B per weight + a 16-bit ``weight_scale`` [out, 1]: 4096 x 4096 =
   16,777,216 + 8,192 = 16,785,408 B.  The compressed-tensors reader is ``spec/families/compressed_tensors.py``.
+* ``ct-nvfp4``/``ct-nvfp4a16`` (``nvfp4-pack-quantized``, tensor_group, group 16, symmetric: llm-compressor's
+  NVFP4 and NVFP4A16): ``weight_packed`` uint8 [out, in/2] + an e4m3 ``weight_scale`` per 16 inputs of each row +
+  an fp32 ``weight_global_scale`` per matrix, and with NVFP4's fp4 activations an fp32 ``input_global_scale``:
+  4096 x 4096 = 8,388,608 + 1,048,576 + 8 (W4A4) or + 4 (A16) B, 4.5 bits per weight.
 * ``fp8`` (per-channel scaled e4m3, as vLLM and transformers' FbgemmFp8/FineGrained loaders store
   it): 1 byte per weight plus one fp32 scale per output row.
 * ``mxfp4`` (OCP Microscaling Formats (MX) Specification v1.0, sec. 5: MXFP4 = FP4 e2m1 elements with one
@@ -90,7 +94,7 @@ from vramplan.units import DTYPE_BITS, ceil_div
 
 __all__ = [
     "AO_INT4_GROUP", "CT_WEIGHT_SHAPE_BYTES", "DEFAULT_ROLES", "DQ_BLOCK", "FP8_TILE", "GPTQ_BIAS_BITS", "GPTQ_GROUP", "GPTQ_G_IDX_BITS",
-    "HQQ_GROUP", "MX_BLOCK", "NF4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format", "quant_names",
+    "HQQ_GROUP", "MX_BLOCK", "NF4_BLOCK", "NVFP4_BLOCK", "QUANT_FORMATS", "QuantFormat", "Scales", "bnb_formats", "quant_format", "quant_names",
 ]
 
 NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit weights (functional.quantize_4bit)
@@ -236,6 +240,7 @@ _BNB4_SRC = ("bitsandbytes functional.quantize_4bit / nn.Linear4bit", "QLoRA arX
 GPTQ_G_IDX_BITS = 32  # AutoGPTQ QuantLinear.g_idx: one int32 group index per input feature
 GPTQ_BIAS_BITS = 16  # AutoGPTQ make_quant builds every QuantLinear with bias=True: an fp16 bias per output feature
 CT_WEIGHT_SHAPE_BYTES = 16  # compressed-tensors pack-quantized ``weight_shape``: int64[2] per matrix
+NVFP4_BLOCK = 16  # NVFP4: one e4m3 scale per 16 values of a row
 _GPTQ_SRC = ("GPTQ arXiv 2210.17323",
              ("AutoGPTQ v0.7.1 nn_modules/qlinear/qlinear_cuda_old.py QuantLinear.__init__ (qweight int32 "
               "[in/32 x bits, out], qzeros int32 [ceil(in/group), out/32 x bits], scales fp16 [ceil(in/group), out], "
@@ -336,6 +341,22 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         vllm_quantization="compressed-tensors", prequantized_checkpoint=True,
         sources=(*_CT_SRC, "compressed-tensors naive_quantized.py FloatQuantizationCompressor (weight e4m3 [out, in])"),
     ),
+    # NVFP4 (compressed-tensors ``nvfp4-pack-quantized``, llm-compressor's NVFP4 and NVFP4A16 schemes): e2m1 values
+    # two per uint8 (``weight_packed`` [out, in/2], pack_fp4_to_uint8), one e4m3 scale per 16 inputs of each row
+    # (``weight_scale`` [out, in/16], scale_dtype float8_e4m3fn by default) and one fp32 ``weight_global_scale`` per
+    # matrix; W4A4 (tensor_group activations) also stores an fp32 ``input_global_scale`` per matrix
+    *(QuantFormat(
+        name=name, bits=4, scales=Scales(per="row_block", size=NVFP4_BLOCK, dtype="fp8"),
+        library="compressed-tensors", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule=rule, vllm_quantization="compressed-tensors", prequantized_checkpoint=True,
+        per_matrix_extra_bytes=extra,
+        sources=(("compressed-tensors compressors/nvfp4 NVFP4PackedCompressor (weight_packed uint8 [out, in/2] by "
+                  "pack_fp4_to_uint8; weight_scale cast to scale_dtype, float8_e4m3fn by default; "
+                  "weight_global_scale; input_global_scale with tensor_group input activations)"),
+                 "NVIDIA NVFP4: e2m1 elements, one e4m3 scale per 16 elements, one fp32 per-tensor scale"),
+    ) for name, extra, rule in (
+        ("ct-nvfp4", 8, "fp4 matmul with per-16 e4m3 scales on weights and activations (W4A4)"),
+        ("ct-nvfp4a16", 4, "16-bit activations (weight-only NVFP4)"))),
     # vLLM dropped its ``hqq`` method (HQQMarlinConfig: 4-bit, group 64) from quantization/__init__.py
     # QUANTIZATION_METHODS (absent at commit 05d9095): no ``--quantization`` value, serving is refused
     *(QuantFormat(

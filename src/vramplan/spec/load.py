@@ -516,6 +516,11 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
         return _mxfp4_assumptions(s.task, cap, vllm_mxfp4_triton(s))
     if s.task == "inference" and q != "none" and (note := quant_format(q).inference_note):
         return [note.format(name=q)]
+    if q in ("ct-nvfp4", "ct-nvfp4a16") and s.task == "serve":
+        # vLLM's compressed-tensors NVFP4 schemes were not read at a release: the checkpoint's tensors are counted
+        return [(f"{q}: vLLM assumed to hold the checkpoint's tensors as stored (uint8 e2m1 pairs, e4m3 scales per "
+                 "16 inputs, fp32 global scales); its re-layout of the scales after loading for its FP4 kernels "
+                 "(compute capability 10.0 and later; Marlin's weight-only path below) was not read")]
     if q.startswith("ct-") and s.task == "inference":
         # compressed-tensors linear/compressed_linear.py CompressedLinear.forward: a COMPRESSED layer decompresses
         # its weight at its first forward and registers it as a dense parameter beside the compressed tensors

@@ -16,11 +16,16 @@ optionally ``kv_cache_scheme`` and ``sparsity_config``.  What each format stores
   only for static (``dynamic: false``) activations; zero points dropped when symmetric
   (``BaseQuantizationCompressor.compress`` ``_skip_zp``).
 
+* ``nvfp4-pack-quantized`` (``NVFP4PackedCompressor``): ``weight_packed`` uint8 ``[out, in / 2]`` (two e2m1 values
+  a byte), ``weight_scale`` ``[out, in / 16]`` in ``scale_dtype`` (float8_e4m3fn by default), ``weight_global_scale``
+  fp32 ``[1]``, and ``input_global_scale`` fp32 ``[1]`` with tensor_group input activations (W4A4).
+
 Scales are computed in the dtype of the observed weight (``quantization/utils/helpers.py``
-``calculate_qparams``), so 16 bits in a bf16 or fp16 checkpoint.  Three schemes have a row
-(``facts/quantization.py``): W4A16 group 128 symmetric (``ct-w4a16``), W8A8 int8 channel-wise with dynamic
-per-token activations (``ct-w8a8-int8``), FP8 channel-wise with dynamic activations or none (``ct-fp8``,
-llm-compressor's ``FP8_DYNAMIC``); any other is refused naming what it declares.
+``calculate_qparams``), so 16 bits in a bf16 or fp16 checkpoint (NVFP4's per-16 scales are cast to e4m3).  Five
+schemes have a row (``facts/quantization.py``): W4A16 group 128 symmetric (``ct-w4a16``), W8A8 int8 channel-wise
+with dynamic per-token activations (``ct-w8a8-int8``), FP8 channel-wise with dynamic activations or none
+(``ct-fp8``, llm-compressor's ``FP8_DYNAMIC``), NVFP4 with fp4 activations (``ct-nvfp4``) and weight-only
+(``ct-nvfp4a16``); any other is refused naming what it declares.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramplan.facts.quantization import GPTQ_GROUP
+from vramplan.facts.quantization import GPTQ_GROUP, NVFP4_BLOCK
 from vramplan.spec.model import CheckpointQuant
 
 __all__ = ["read_compressed_tensors"]
@@ -42,10 +47,28 @@ def _args_words(w: Mapping[str, Any]) -> str:
     return f"{w.get('type', 'int')}{w.get('num_bits')} {w.get('strategy')}{group} {sym}"
 
 
+def _nvfp4_row(w: Mapping[str, Any], a: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """NVFP4 (``nvfp4-pack-quantized``): the weight-only row without activations, the W4A4 row with fp4 tensor_group
+    activations (their local scales dynamic, the stored ``input_global_scale`` calibrated: either way one per
+    matrix)."""
+    if (str(w.get("type", "int")), int(w.get("num_bits", 0))) != ("float", 4) or \
+            str(w.get("strategy")) not in ("tensor_group", "group") or int(w.get("group_size") or 0) != NVFP4_BLOCK:
+        return None, f"nvfp4-pack-quantized with weights {_args_words(w)} (the rows hold float4 in groups of 16)"
+    if str(w.get("scale_dtype") or "float8_e4m3fn").removeprefix("torch.") != "float8_e4m3fn":
+        return None, f"NVFP4 scales in {w.get('scale_dtype')} (the rows hold float8_e4m3fn scales)"
+    if a is None:
+        return "ct-nvfp4a16", ""
+    if (str(a.get("type", "int")), int(a.get("num_bits", 0)), str(a.get("strategy"))) == ("float", 4, "tensor_group"):
+        return "ct-nvfp4", ""
+    return None, "NVFP4 weights with activations other than fp4 tensor_group are not modelled"
+
+
 def _row(fmt: str, w: Mapping[str, Any], a: Mapping[str, Any] | None) -> tuple[str | None, str]:
     """The row storing weights ``w`` with activations ``a`` in checkpoint format ``fmt``, or the reason none does."""
     if not w.get("symmetric", True):
         return None, "asymmetric weights store zero points, not modelled"
+    if fmt == "nvfp4-pack-quantized":
+        return _nvfp4_row(w, a)
     if a is not None and not a.get("dynamic", False):
         return None, "static activation scales (input_scale) are not modelled"
     kind = (str(w.get("type", "int")), int(w.get("num_bits", 0)), str(w.get("strategy")))
@@ -60,7 +83,8 @@ def _row(fmt: str, w: Mapping[str, Any], a: Mapping[str, Any] | None) -> tuple[s
         return "ct-w8a8-int8", ""
     if kind == ("float", 8, "channel") and fmt in ("float-quantized", "naive-quantized") and act in (None, ("float", 8)):
         return "ct-fp8", ""
-    return None, "rows exist for W4A16 pack-quantized group 128, W8A8 int8 channel-wise and FP8 channel-wise"
+    return None, ("rows exist for W4A16 pack-quantized group 128, W8A8 int8 channel-wise, FP8 channel-wise and NVFP4 "
+                  "(nvfp4-pack-quantized)")
 
 
 def read_compressed_tensors(q: Mapping[str, Any], torch_dtype: str) -> CheckpointQuant:
@@ -82,5 +106,6 @@ def read_compressed_tensors(q: Mapping[str, Any], torch_dtype: str) -> Checkpoin
     elif q.get("kv_cache_scheme") or q.get("sparsity_config"):
         row, why = None, "a kv_cache_scheme or sparsity_config is not modelled"
     elif torch_dtype not in _SIXTEEN_BIT:
-        row, why = None, f"scales in {torch_dtype} (the rows hold 16-bit scales)"
+        # NVFP4's scales are e4m3 whatever the checkpoint's dtype, but its unquantized tensors would not be 16-bit
+        row, why = None, f"scales and unquantized tensors in {torch_dtype} (the rows hold 16-bit ones)"
     return CheckpointQuant("compressed-tensors", words, row, "" if row else why, skip_modules=skip)
