@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from vramplan import estimate
@@ -45,6 +47,8 @@ EXPECTED = {
     # weight_global_scale per matrix, and an fp32 input_global_scale with fp4 activations (W4A4)
     "ct-nvfp4": 8_388_608 + 1_048_576 + 4 + 4,
     "ct-nvfp4a16": 8_388_608 + 1_048_576 + 4,
+    # Model Optimizer's NVFP4: the same tensors (weight_scale_2 and input_scale fp32 [1] per linear)
+    "modelopt-nvfp4": 8_388_608 + 1_048_576 + 4 + 4,
     "awq-4bit": 8_388_608 + 262_144 + 65_536,
     # MXFP4: 4-bit payload + one uint8 E8M0 scale per 32 inputs of each row: 4,096 x 128 = 524,288 B
     "mxfp4": 8_388_608 + 524_288,
@@ -84,10 +88,13 @@ def test_every_consumer_knows_every_format(fmt: QuantFormat) -> None:
     assert quantized_linear_bytes(N, 4096, fmt.name) == EXPECTED[fmt.name]
     # a format that stores only routed experts is estimated on an MoE model (a dense one is refused for it)
     model = "meta-llama/Llama-3.2-1B" if "linear" in fmt.quantized_roles else "Qwen/Qwen1.5-MoE-A2.7B-Chat"
-    doc = {"model": model, "task": "inference", "hardware": {"gpu": "H100-SXM"},
-           "inference": {"batch_size": 1, "prompt_len": 64, "new_tokens": 8, "quantization": fmt.name,
-                         "dtype": "fp16"}}
-    dense = estimate({**doc, "inference": {**doc["inference"], "quantization": "none"}})  # type: ignore[dict-item]
+    # (Model Optimizer's export has no transformers quantizer: it is estimated served by vLLM)
+    task = "serve" if fmt.library == "modelopt" else "inference"
+    section: dict[str, Any] = ({"max_model_len": 64, "quantization": fmt.name, "dtype": "fp16"} if task == "serve" else
+                               {"batch_size": 1, "prompt_len": 64, "new_tokens": 8, "quantization": fmt.name,
+                                "dtype": "fp16"})
+    doc = {"model": model, "task": task, "hardware": {"gpu": "H100-SXM"}, task: section}
+    dense = estimate({**doc, task: {**section, "quantization": "none"}})
     assert estimate(doc).per_gpu.breakdown["weights"] < dense.per_gpu.breakdown["weights"]
     # validate/rules.py: the payload bits
     from vramplan.catalog.resolve import resolve

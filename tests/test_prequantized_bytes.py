@@ -235,3 +235,34 @@ def test_a_gptqmodel_checkpoint_says_the_bias_is_counted() -> None:
     cq = read_quantization_config({**LLAMA2_7B, "quantization_config": qc})
     assert cq is not None and cq.format == "gptq-4bit" and "written by GPTQModel" in cq.description
     assert any("written by GPTQModel" in a for a in estimate(_doc(qc)).assumptions)
+
+
+_MODELOPT = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"],
+             "kv_cache_quant_algo": None, "producer": {"name": "modelopt", "version": "0.35.0"}}
+
+
+@pytest.mark.parametrize("qc", [_MODELOPT, {"quantization": _MODELOPT}])  # config.json's, hf_quant_config.json's
+def test_modelopt_nvfp4_is_read(qc: dict[str, Any]) -> None:
+    cq = read_quantization_config({**LLAMA2_7B, "quantization_config": {"quant_method": "modelopt", **qc}})
+    assert cq is not None and (cq.format, cq.skip_modules) == ("modelopt-nvfp4", ("lm_head",))
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"group_size": 32}, "groups of 32"), ({"quant_algo": "FP8"}, "FP8 algorithm has no row"),
+    ({"quant_algo": "MIXED_PRECISION"}, "MIXED_PRECISION"),
+])
+def test_modelopt_other_algorithms_are_refused_by_name(change: dict[str, Any], says: str) -> None:
+    cq = read_quantization_config({**LLAMA2_7B, "quantization_config": {**_MODELOPT, **change}})
+    assert cq is not None and cq.format is None and says in cq.why_not
+
+
+def test_modelopt_nvfp4_bytes_and_engines() -> None:
+    # the bytes of ct-nvfp4 (test_nvfp4_against_a_published_checkpoint): Llama 3.1 8B 6,027,749,120 B
+    rp = rank_params(load_model("meta-llama/Llama-3.1-8B"), 1, 1, 1, 0, None)
+    assert weights_bytes(rp, 2, "modelopt-nvfp4") == weights_bytes(rp, 2, "ct-nvfp4") == 6_027_749_120
+    cfg = {**LLAMA2_7B, "quantization_config": _MODELOPT}
+    served = estimate({"model": cfg, "task": "serve", "hardware": {"gpu": "B200"}, "serve": {"max_model_len": 4096}})
+    assert served.scenario["serve"]["quantization"] == "modelopt-nvfp4"
+    # transformers has no Model Optimizer quantizer: generate is refused, naming vLLM's method
+    with pytest.raises(ScenarioError, match="modelopt_fp4"):
+        estimate(_doc(_MODELOPT))

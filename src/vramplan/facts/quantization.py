@@ -36,6 +36,9 @@ Worked bytes (``weights.quantized_linear_bytes``):
   NVFP4 and NVFP4A16): ``weight_packed`` uint8 [out, in/2] + an e4m3 ``weight_scale`` per 16 inputs of each row +
   an fp32 ``weight_global_scale`` per matrix, and with NVFP4's fp4 activations an fp32 ``input_global_scale``:
   4096 x 4096 = 8,388,608 + 1,048,576 + 8 (W4A4) or + 4 (A16) B, 4.5 bits per weight.
+* ``modelopt-nvfp4`` (NVIDIA Model Optimizer's NVFP4 export, ``quant_method: modelopt``, ``quant_algo: NVFP4``):
+  ``weight`` uint8 [out, in/2], ``weight_scale`` e4m3 [out, in/16], ``weight_scale_2`` and ``input_scale`` fp32 [1]:
+  the bytes of ``ct-nvfp4``.
 * ``fp8`` (per-channel scaled e4m3, as vLLM and transformers' FbgemmFp8/FineGrained loaders store
   it): 1 byte per weight plus one fp32 scale per output row.
 * ``mxfp4`` (OCP Microscaling Formats (MX) Specification v1.0, sec. 5: MXFP4 = FP4 e2m1 elements with one
@@ -166,7 +169,7 @@ class QuantFormat:
     name: str
     bits: int  # payload bits per weight
     scales: Scales
-    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4", "compressed-tensors", "hqq", "torchao"]
+    library: Literal["bitsandbytes", "gptq", "awq", "fp8", "mxfp4", "compressed-tensors", "modelopt", "hqq", "torchao"]
     trainable_base: bool  # usable as a frozen base under PEFT training (TrainQuant)
     dequant: Dequant
     compute_dtype_rule: str
@@ -357,6 +360,19 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
     ) for name, extra, rule in (
         ("ct-nvfp4", 8, "fp4 matmul with per-16 e4m3 scales on weights and activations (W4A4)"),
         ("ct-nvfp4a16", 4, "16-bit activations (weight-only NVFP4)"))),
+    # NVFP4 as NVIDIA's Model Optimizer exports it (``quant_method: modelopt``, ``quant_algo: NVFP4``, the nvidia/*-FP4
+    # checkpoints): ``weight`` uint8 [out, in/2] (e2m1 pairs), ``weight_scale`` float8_e4m3fn [out, in/16],
+    # ``weight_scale_2`` fp32 [1] and ``input_scale`` fp32 [1] per linear: the bytes of ``ct-nvfp4``
+    QuantFormat(
+        name="modelopt-nvfp4", bits=4, scales=Scales(per="row_block", size=NVFP4_BLOCK, dtype="fp8"),
+        library="modelopt", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="fp4 matmul with per-16 e4m3 scales on weights and activations (W4A4)",
+        vllm_quantization="modelopt_fp4", prequantized_checkpoint=True, per_matrix_extra_bytes=8,
+        sources=(("Model Optimizer's Hugging Face export of NVFP4 (nvidia/*-FP4 checkpoints): weight U8 [N, K/2], "
+                  "weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32 [1], input_scale F32 [1] per linear; "
+                  "quantization_config quant_method modelopt, quant_algo NVFP4, group_size 16, exclude_modules"),
+                 "vLLM quantization/modelopt.py ModelOptNvFp4Config (--quantization modelopt_fp4)"),
+    ),
     # vLLM dropped its ``hqq`` method (HQQMarlinConfig: 4-bit, group 64) from quantization/__init__.py
     # QUANTIZATION_METHODS (absent at commit 05d9095): no ``--quantization`` value, serving is refused
     *(QuantFormat(

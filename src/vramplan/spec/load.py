@@ -362,7 +362,13 @@ def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
 def _serve_format_problems(s: Scenario) -> list[Problem]:
     """A format without a vLLM path here (the row's ``vllm_quantization`` is empty): HQQ, whose ``hqq`` method
     (``HQQMarlinConfig``) is absent from vLLM's ``quantization/__init__.py`` ``QUANTIZATION_METHODS`` (commit
-    05d9095); torchao, whose vLLM method is not modelled."""
+    05d9095); torchao, whose vLLM method is not modelled.  Model Optimizer's export has no transformers quantizer
+    (``AutoHfQuantizer`` knows no ``modelopt`` method): generate is refused for it."""
+    if s.task == "inference" and s.inference.quantization != "none" and \
+            quant_format(s.inference.quantization).library == "modelopt":
+        return [Problem("inference.quantization", f"transformers cannot load {s.inference.quantization} weights: its "
+                        "AutoHfQuantizer has no Model Optimizer method (quant_method modelopt)",
+                        "serve the checkpoint with vLLM (task: serve, --quantization modelopt_fp4)")]
     if s.task != "serve" or s.serve.quantization == "none" or quant_format(s.serve.quantization).vllm_quantization:
         return []
     q = s.serve.quantization
@@ -516,7 +522,7 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
         return _mxfp4_assumptions(s.task, cap, vllm_mxfp4_triton(s))
     if s.task == "inference" and q != "none" and (note := quant_format(q).inference_note):
         return [note.format(name=q)]
-    if q in ("ct-nvfp4", "ct-nvfp4a16") and s.task == "serve":
+    if q in ("ct-nvfp4", "ct-nvfp4a16", "modelopt-nvfp4") and s.task == "serve":
         # vLLM's compressed-tensors NVFP4 schemes were not read at a release: the checkpoint's tensors are counted
         return [(f"{q}: vLLM assumed to hold the checkpoint's tensors as stored (uint8 e2m1 pairs, e4m3 scales per "
                  "16 inputs, fp32 global scales); its re-layout of the scales after loading for its FP4 kernels "

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramplan.facts.quantization import AO_INT4_GROUP, FP8_TILE, GPTQ_GROUP, HQQ_GROUP
+from vramplan.facts.quantization import AO_INT4_GROUP, FP8_TILE, GPTQ_GROUP, HQQ_GROUP, NVFP4_BLOCK
 from vramplan.spec.families.compressed_tensors import read_compressed_tensors
 from vramplan.spec.model import CheckpointQuant, LayerSpec, ModelSpec, ParamGroup, Role, TPSplit
 
@@ -171,7 +171,8 @@ PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with do
                           "fp8 e4m3 with 128 x 128 block scales (fp8-block)", "MXFP4 MoE experts (mxfp4)",
                           "GPTQ 3-bit and 8-bit with group size 128",
                           ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
-                           "(channel-wise weights, dynamic activations)"),
+                           "(channel-wise weights, dynamic activations), NVFP4 and NVFP4A16 (nvfp4-pack-quantized)"),
+                          "Model Optimizer NVFP4 (modelopt-nvfp4)",
                           "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)",
                           "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)",
                           "torchao Float8DynamicActivationFloat8WeightConfig, version 2, e4m3, PerRow (ao-fp8)",
@@ -336,6 +337,24 @@ def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
                            trained_dequantized=True, skip_modules=skip)
 
 
+def _modelopt(q: Mapping[str, Any]) -> CheckpointQuant:
+    """NVIDIA Model Optimizer's export (``quant_method: modelopt``; hf_quant_config.json nests the same keys under
+    ``quantization``): NVFP4 with groups of 16 is the row ``modelopt-nvfp4``; its ``exclude_modules`` are the skipped
+    modules.  Other algorithms (FP8 per tensor, W4A8, MIXED_PRECISION's per-layer choices) are refused naming
+    them."""
+    nested = q.get("quantization")
+    inner: Mapping[str, Any] = nested if isinstance(nested, Mapping) else q
+    algo = str(inner.get("quant_algo") or "").upper()
+    skip = tuple(str(x) for x in (inner.get("exclude_modules") or ()))
+    group = int(inner.get("group_size") or NVFP4_BLOCK)
+    words = f"Model Optimizer {algo or '(no quant_algo)'}" + (f" group {group}" if algo == "NVFP4" else "")
+    if algo == "NVFP4" and group == NVFP4_BLOCK:
+        return CheckpointQuant("modelopt", words, "modelopt-nvfp4", skip_modules=skip)
+    why = (f"NVFP4 in groups of {group} (the row holds groups of {NVFP4_BLOCK})" if algo == "NVFP4" else
+           f"Model Optimizer's {algo or 'unnamed'} algorithm has no row (NVFP4 in groups of {NVFP4_BLOCK} has)")
+    return CheckpointQuant("modelopt", words, why_not=why, skip_modules=skip)
+
+
 def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
     """The checkpoint's ``quantization_config`` as a declared fact (None when the config has none).
 
@@ -370,6 +389,8 @@ def read_quantization_config(cfg: Config) -> CheckpointQuant | None:
     if method == "mxfp4":
         return CheckpointQuant(method, "MXFP4 (4-bit e2m1 in blocks of 32 with an E8M0 scale) on the MoE experts",
                                "mxfp4", trained_dequantized=True, skip_modules=skip)
+    if method in ("modelopt", "modelopt_fp4"):
+        return _modelopt(q)
     return CheckpointQuant(method or "unnamed", f"quant_method {method or '(missing)'}",
                            why_not=f"{method or 'a quantization_config without quant_method'} is not a known format")
 
