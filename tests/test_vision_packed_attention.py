@@ -161,3 +161,15 @@ def test_generate_prefill_counts_the_packed_tower() -> None:
                                                            "vision tower": 651_165_696 + 12_582_912 + EXTRAS}
     new = estimate(_doc("4.54", task="inference"))
     assert "vision tower" not in new.per_gpu.breakdown_detail["activations"]
+
+
+def test_the_traced_engine_says_it_runs_the_installed_release() -> None:
+    # the traced engine runs the installed transformers (per image): with an older release named it says what it does
+    # not model, and the analytic engine counts
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as traced
+
+    doc = _doc("4.49")
+    rep = traced(doc)
+    assert any(a.startswith("not modelled: transformers 4.49's vision attention over all the micro-batch's patches")
+               for a in rep.assumptions)
