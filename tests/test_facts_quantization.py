@@ -49,6 +49,8 @@ EXPECTED = {
     "ct-nvfp4a16": 8_388_608 + 1_048_576 + 4,
     # Model Optimizer's NVFP4: the same tensors (weight_scale_2 and input_scale fp32 [1] per linear)
     "modelopt-nvfp4": 8_388_608 + 1_048_576 + 4 + 4,
+    # Model Optimizer's per-tensor FP8: 1 B per weight + an fp32 weight_scale and an fp32 input_scale
+    "modelopt-fp8": 16_777_216 + 4 + 4,
     "awq-4bit": 8_388_608 + 262_144 + 65_536,
     # MXFP4: 4-bit payload + one uint8 E8M0 scale per 32 inputs of each row: 4,096 x 128 = 524,288 B
     "mxfp4": 8_388_608 + 524_288,

@@ -248,7 +248,7 @@ def test_modelopt_nvfp4_is_read(qc: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("change", "says"), [
-    ({"group_size": 32}, "groups of 32"), ({"quant_algo": "FP8"}, "FP8 algorithm has no row"),
+    ({"group_size": 32}, "groups of 32"), ({"quant_algo": "W4A8_AWQ"}, "W4A8_AWQ algorithm has no row"),
     ({"quant_algo": "MIXED_PRECISION"}, "MIXED_PRECISION"),
 ])
 def test_modelopt_other_algorithms_are_refused_by_name(change: dict[str, Any], says: str) -> None:
@@ -266,3 +266,12 @@ def test_modelopt_nvfp4_bytes_and_engines() -> None:
     # transformers has no Model Optimizer quantizer: generate is refused, naming vLLM's method
     with pytest.raises(ScenarioError, match="modelopt_fp4"):
         estimate(_doc(_MODELOPT))
+
+
+def test_modelopt_fp8_is_read_per_tensor() -> None:
+    # nvidia/*-FP8 (Model Optimizer quant_algo FP8): an e4m3 weight, an fp32 weight_scale and an fp32 input_scale per
+    # linear.  Llama-2-7B: 6,476,005,376 linear weights in 224 matrices + the dense 524,820,480 B
+    cq = read_quantization_config({**LLAMA2_7B, "quantization_config": {**_MODELOPT, "quant_algo": "FP8"}})
+    assert cq is not None and cq.format == "modelopt-fp8"
+    rp = rank_params(load_model("meta-llama/Llama-2-7b-hf"), 1, 1, 1, 0, None)
+    assert weights_bytes(rp, 2, "modelopt-fp8") == 6_476_005_376 + 8 * 224 + 524_820_480

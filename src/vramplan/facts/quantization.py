@@ -39,6 +39,8 @@ Worked bytes (``weights.quantized_linear_bytes``):
 * ``modelopt-nvfp4`` (NVIDIA Model Optimizer's NVFP4 export, ``quant_method: modelopt``, ``quant_algo: NVFP4``):
   ``weight`` uint8 [out, in/2], ``weight_scale`` e4m3 [out, in/16], ``weight_scale_2`` and ``input_scale`` fp32 [1]:
   the bytes of ``ct-nvfp4``.
+* ``modelopt-fp8`` (Model Optimizer's per-tensor FP8, ``quant_algo: FP8``): 1 B per weight + an fp32
+  ``weight_scale`` and an fp32 static ``input_scale`` per matrix: 4096 x 4096 = 16,777,216 + 8 B.
 * ``fp8`` (per-channel scaled e4m3, as vLLM and transformers' FbgemmFp8/FineGrained loaders store
   it): 1 byte per weight plus one fp32 scale per output row.
 * ``mxfp4`` (OCP Microscaling Formats (MX) Specification v1.0, sec. 5: MXFP4 = FP4 e2m1 elements with one
@@ -122,8 +124,8 @@ class Scales:
     """Scales stored beside a quantized payload."""
 
     # of the flattened weight / per output row / per input group / per ``size`` inputs of each output row
-    # (MXFP4) / per ``size`` x ``size`` tile of each matrix (block-wise fp8)
-    per: Literal["block", "row", "group", "row_block", "tile"]
+    # (MXFP4) / per ``size`` x ``size`` tile of each matrix (block-wise fp8) / one per matrix (per-tensor fp8)
+    per: Literal["block", "row", "group", "row_block", "tile", "tensor"]
     size: int = 0  # values per block or group (0 for ``row``); the tile's side for ``tile``
     dtype: str = "fp32"  # a DTYPE_BITS name
     zero_point_bits: int = 0  # packed zero point per scale (GPTQ/AWQ)
@@ -132,7 +134,7 @@ class Scales:
     @property
     def per_matrix(self) -> bool:
         """Whether the count depends on each matrix's shape (not only on its number of values)."""
-        return self.per in ("row_block", "tile")
+        return self.per in ("row_block", "tile", "tensor")
 
     def count(self, numel: int, out_features: int) -> int:
         """How many scales a weight of ``numel`` values with ``out_features`` rows has (one matrix where
@@ -149,6 +151,8 @@ class Scales:
             return out_features * ceil_div(in_features, self.size)
         if self.per == "tile":
             return ceil_div(out_features, self.size) * ceil_div(in_features, self.size)
+        if self.per == "tensor":
+            return 1
         if self.per == "group":  # AutoGPTQ/compressed-tensors: ceil(in / group_size) groups per output column
             return out_features * ceil_div(in_features, self.size)
         return self.count(in_features * out_features, out_features)
@@ -372,6 +376,18 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                   "weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32 [1], input_scale F32 [1] per linear; "
                   "quantization_config quant_method modelopt, quant_algo NVFP4, group_size 16, exclude_modules"),
                  "vLLM quantization/modelopt.py ModelOptNvFp4Config (--quantization modelopt_fp4)"),
+    ),
+    # per-tensor fp8 as Model Optimizer exports it (``quant_algo: FP8``, the nvidia/*-FP8 checkpoints): ``weight``
+    # float8_e4m3fn [out, in], ``weight_scale`` fp32 [] and a static ``input_scale`` fp32 [] per linear
+    QuantFormat(
+        name="modelopt-fp8", bits=8, scales=Scales(per="tensor", dtype="fp32"),
+        library="modelopt", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule="fp8 matmul with a per-tensor weight scale and a static per-tensor activation scale",
+        vllm_quantization="modelopt", prequantized_checkpoint=True, per_matrix_extra_bytes=4,
+        sources=(("Model Optimizer's Hugging Face export of FP8 (nvidia/*-FP8 checkpoints): weight F8_E4M3 [N, K], "
+                  "weight_scale F32 [], input_scale F32 [] per linear; quantization_config quant_method modelopt, "
+                  "quant_algo FP8"),
+                 "vLLM quantization/modelopt.py ModelOptFp8Config (--quantization modelopt)"),
     ),
     # vLLM dropped its ``hqq`` method (HQQMarlinConfig: 4-bit, group 64) from quantization/__init__.py
     # QUANTIZATION_METHODS (absent at commit 05d9095): no ``--quantization`` value, serving is refused

@@ -533,6 +533,10 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
         return [(f"not modelled: {q} under transformers: compressed-tensors' CompressedLinear decompresses each "
                  "weight at its first forward and keeps the dense copy (compressed_linear.py); the weights are "
                  "estimated as the checkpoint stores them")]
+    if q == "modelopt-fp8" and s.task == "serve":
+        # vLLM's ModelOptFp8LinearMethod needs fp8 tensor cores; below 8.9 its fp8 weights take Marlin's path
+        return [] if cap is None or cap >= (8, 9) else [
+            "not modelled: below compute capability 8.9 vLLM runs fp8 weights through Marlin (weight-only)"]
     if q != "fp8-block":
         return []
     engine = ("vLLM Fp8LinearMethod / Fp8MoEMethod with block_quant (quantization/fp8.py)" if s.task == "serve"

@@ -172,7 +172,7 @@ PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with do
                           "GPTQ 3-bit and 8-bit with group size 128",
                           ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
                            "(channel-wise weights, dynamic activations), NVFP4 and NVFP4A16 (nvfp4-pack-quantized)"),
-                          "Model Optimizer NVFP4 (modelopt-nvfp4)",
+                          "Model Optimizer NVFP4 (modelopt-nvfp4) and per-tensor FP8 (modelopt-fp8)",
                           "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)",
                           "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)",
                           "torchao Float8DynamicActivationFloat8WeightConfig, version 2, e4m3, PerRow (ao-fp8)",
@@ -340,8 +340,8 @@ def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
 def _modelopt(q: Mapping[str, Any]) -> CheckpointQuant:
     """NVIDIA Model Optimizer's export (``quant_method: modelopt``; hf_quant_config.json nests the same keys under
     ``quantization``): NVFP4 with groups of 16 is the row ``modelopt-nvfp4``; its ``exclude_modules`` are the skipped
-    modules.  Other algorithms (FP8 per tensor, W4A8, MIXED_PRECISION's per-layer choices) are refused naming
-    them."""
+    modules; per-tensor FP8 is ``modelopt-fp8``.  Other algorithms (W4A8, MIXED_PRECISION's per-layer choices) are
+    refused naming them."""
     nested = q.get("quantization")
     inner: Mapping[str, Any] = nested if isinstance(nested, Mapping) else q
     algo = str(inner.get("quant_algo") or "").upper()
@@ -350,8 +350,11 @@ def _modelopt(q: Mapping[str, Any]) -> CheckpointQuant:
     words = f"Model Optimizer {algo or '(no quant_algo)'}" + (f" group {group}" if algo == "NVFP4" else "")
     if algo == "NVFP4" and group == NVFP4_BLOCK:
         return CheckpointQuant("modelopt", words, "modelopt-nvfp4", skip_modules=skip)
+    if algo == "FP8":
+        return CheckpointQuant("modelopt", f"{words} (per-tensor e4m3)", "modelopt-fp8", skip_modules=skip)
     why = (f"NVFP4 in groups of {group} (the row holds groups of {NVFP4_BLOCK})" if algo == "NVFP4" else
-           f"Model Optimizer's {algo or 'unnamed'} algorithm has no row (NVFP4 in groups of {NVFP4_BLOCK} has)")
+           f"Model Optimizer's {algo or 'unnamed'} algorithm has no row (NVFP4 in groups of {NVFP4_BLOCK} and FP8 "
+           "have)")
     return CheckpointQuant("modelopt", words, why_not=why, skip_modules=skip)
 
 
