@@ -364,31 +364,23 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
     ) for name, extra, rule in (
         ("ct-nvfp4", 8, "fp4 matmul with per-16 e4m3 scales on weights and activations (W4A4)"),
         ("ct-nvfp4a16", 4, "16-bit activations (weight-only NVFP4)"))),
-    # NVFP4 as NVIDIA's Model Optimizer exports it (``quant_method: modelopt``, ``quant_algo: NVFP4``, the nvidia/*-FP4
-    # checkpoints): ``weight`` uint8 [out, in/2] (e2m1 pairs), ``weight_scale`` float8_e4m3fn [out, in/16],
-    # ``weight_scale_2`` fp32 [1] and ``input_scale`` fp32 [1] per linear: the bytes of ``ct-nvfp4``
-    QuantFormat(
-        name="modelopt-nvfp4", bits=4, scales=Scales(per="row_block", size=NVFP4_BLOCK, dtype="fp8"),
-        library="modelopt", trainable_base=False, dequant="fused_kernel",
-        compute_dtype_rule="fp4 matmul with per-16 e4m3 scales on weights and activations (W4A4)",
-        vllm_quantization="modelopt_fp4", prequantized_checkpoint=True, per_matrix_extra_bytes=8,
-        sources=(("Model Optimizer's Hugging Face export of NVFP4 (nvidia/*-FP4 checkpoints): weight U8 [N, K/2], "
-                  "weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32 [1], input_scale F32 [1] per linear; "
-                  "quantization_config quant_method modelopt, quant_algo NVFP4, group_size 16, exclude_modules"),
-                 "vLLM quantization/modelopt.py ModelOptNvFp4Config (--quantization modelopt_fp4)"),
-    ),
-    # per-tensor fp8 as Model Optimizer exports it (``quant_algo: FP8``, the nvidia/*-FP8 checkpoints): ``weight``
-    # float8_e4m3fn [out, in], ``weight_scale`` fp32 [] and a static ``input_scale`` fp32 [] per linear
-    QuantFormat(
-        name="modelopt-fp8", bits=8, scales=Scales(per="tensor", dtype="fp32"),
-        library="modelopt", trainable_base=False, dequant="fused_kernel",
-        compute_dtype_rule="fp8 matmul with a per-tensor weight scale and a static per-tensor activation scale",
-        vllm_quantization="modelopt", prequantized_checkpoint=True, per_matrix_extra_bytes=4,
-        sources=(("Model Optimizer's Hugging Face export of FP8 (nvidia/*-FP8 checkpoints): weight F8_E4M3 [N, K], "
-                  "weight_scale F32 [], input_scale F32 [] per linear; quantization_config quant_method modelopt, "
-                  "quant_algo FP8"),
-                 "vLLM quantization/modelopt.py ModelOptFp8Config (--quantization modelopt)"),
-    ),
+    # NVIDIA's Model Optimizer exports (``quant_method: modelopt``, the nvidia/*-FP4 and nvidia/*-FP8 checkpoints), per
+    # linear: NVFP4 (``quant_algo: NVFP4``) ``weight`` uint8 [out, in/2] (e2m1 pairs), ``weight_scale`` float8_e4m3fn
+    # [out, in/16], ``weight_scale_2`` and ``input_scale`` fp32 (the bytes of ``ct-nvfp4``); per-tensor FP8
+    # (``quant_algo: FP8``) ``weight`` float8_e4m3fn [out, in], ``weight_scale`` and a static ``input_scale`` fp32
+    *(QuantFormat(
+        name=name, bits=bits, scales=scales, library="modelopt", trainable_base=False, dequant="fused_kernel",
+        compute_dtype_rule=rule, vllm_quantization=method, prequantized_checkpoint=True, per_matrix_extra_bytes=extra,
+        sources=((f"Model Optimizer's Hugging Face export of {algo} (nvidia/*-{algo[-3:]} checkpoints): {tensors} per "
+                  f"linear; quantization_config quant_method modelopt, quant_algo {algo}"),
+                 f"vLLM quantization/modelopt.py {cls} (--quantization {method})"),
+    ) for name, bits, scales, extra, method, algo, tensors, cls, rule in (
+        ("modelopt-nvfp4", 4, Scales(per="row_block", size=NVFP4_BLOCK, dtype="fp8"), 8, "modelopt_fp4", "NVFP4",
+         "weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32 [1], input_scale F32 [1]",
+         "ModelOptNvFp4Config", "fp4 matmul with per-16 e4m3 scales on weights and activations (W4A4)"),
+        ("modelopt-fp8", 8, Scales(per="tensor", dtype="fp32"), 4, "modelopt", "FP8",
+         "weight F8_E4M3 [N, K], weight_scale F32 [], input_scale F32 []", "ModelOptFp8Config",
+         "fp8 matmul with a per-tensor weight scale and a static per-tensor activation scale"))),
     # vLLM dropped its ``hqq`` method (HQQMarlinConfig: 4-bit, group 64) from quantization/__init__.py
     # QUANTIZATION_METHODS (absent at commit 05d9095): no ``--quantization`` value, serving is refused
     *(QuantFormat(
