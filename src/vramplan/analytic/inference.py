@@ -1138,15 +1138,15 @@ def tower_forward_bytes(r: Resolved, images: int, image_size: int | None, c: int
         # Pixtral packs the batch's images into one sequence under a block-diagonal mask in the model's dtype, kept
         # through the tower's layers (generate_block_attention_mask), and SDPA's memory-efficient kernel takes a
         # padded copy of it per call when its rows are unaligned (aten preprocess_mask)
-        layer += c * seq * seq + (c * seq * mem_efficient_mask_row(seq) if seq % 8 else 0)
+        layer += _packed_mask_bytes(seq, c, "efficient", bool_mask=False)
     pixels = images * patches * v.num_channels * v.temporal_patch_size * v.patch_size ** 2 * c
     return layer + pixels
 
 
 def _packed_mask_bytes(seq: int, c: int, kernel: str, bool_mask: bool) -> int:
-    """The masks alive while a packing Qwen-VL tower's layer attends over ``seq`` patches (transformers < 4.54,
-    facts/transformers.py ``QWEN_VL_PACKED_ATTENTION``), beside what ``prefill_layer_bytes`` counts: the layer's
-    ``[1, S, S]`` mask, one byte per score when built as bool (SDPA's dispatcher then converts it to the query's
+    """The masks alive while a packing tower's layer attends over ``seq`` patches (Pixtral under SDPA; Qwen-VL before
+    transformers 4.54, facts/transformers.py ``QWEN_VL_PACKED_ATTENTION``), beside what ``prefill_layer_bytes``
+    counts: the ``[1, S, S]`` mask, one byte per score when built as bool (SDPA's dispatcher then converts it to the query's
     dtype, aten ``convert_boolean_attn_mask``: c more), else c; the memory-efficient kernel's padded copy when
     the rows are not a multiple of 8 (aten ``preprocess_mask``, ``mem_efficient_mask_row``).  Eager's mask is in
     ``prefill_layer_bytes``' eager terms already (the 4-D additive mask)."""

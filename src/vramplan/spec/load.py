@@ -356,19 +356,14 @@ def cross_check(s: Scenario, m: ModelSpec) -> list[Problem]:
     """Checks that need both the scenario and the model (parallel degrees, lengths), in this order."""
     return [*_parallel_problems(s, m), *_schedule_problems(s, m), *_train_problems(s, m), *_expert_format_problems(s, m),
             *_block_fp8_problems(s, m), *_engine_problems(s), *image_problems(s, m), *_serve_format_problems(s),
+            *_generate_format_problems(s),
             *autoawq_problems(s, m), *tower_quant_problems(s, m), *megatron_problems(s, m)]
 
 
 def _serve_format_problems(s: Scenario) -> list[Problem]:
     """A format without a vLLM path here (the row's ``vllm_quantization`` is empty): HQQ, whose ``hqq`` method
     (``HQQMarlinConfig``) is absent from vLLM's ``quantization/__init__.py`` ``QUANTIZATION_METHODS`` (commit
-    05d9095); torchao, whose vLLM method is not modelled.  Model Optimizer's export has no transformers quantizer
-    (``AutoHfQuantizer`` knows no ``modelopt`` method): generate is refused for it."""
-    if s.task == "inference" and s.inference.quantization != "none" and \
-            quant_format(s.inference.quantization).library == "modelopt":
-        return [Problem("inference.quantization", f"transformers cannot load {s.inference.quantization} weights: its "
-                        "AutoHfQuantizer has no Model Optimizer method (quant_method modelopt)",
-                        "serve the checkpoint with vLLM (task: serve, --quantization modelopt_fp4)")]
+    05d9095); torchao, whose vLLM method is not modelled."""
     if s.task != "serve" or s.serve.quantization == "none" or quant_format(s.serve.quantization).vllm_quantization:
         return []
     q = s.serve.quantization
@@ -376,6 +371,17 @@ def _serve_format_problems(s: Scenario) -> list[Problem]:
            "torchao": "how its torchao method (quantization/torchao.py TorchAOConfig) holds them is not modelled"}
     return [Problem("serve.quantization", f"vLLM cannot serve {q} weights here: {why[quant_format(q).library]}",
                     "serve a GPTQ, AWQ, fp8 or compressed-tensors checkpoint, or estimate task: inference")]
+
+
+def _generate_format_problems(s: Scenario) -> list[Problem]:
+    """A format transformers cannot load for generate: Model Optimizer's export (``AutoHfQuantizer`` knows no
+    ``modelopt`` method)."""
+    q = s.inference.quantization if s.task == "inference" else "none"
+    if q == "none" or quant_format(q).library != "modelopt":
+        return []
+    return [Problem("inference.quantization", f"transformers cannot load {q} weights: its AutoHfQuantizer has no "
+                    "Model Optimizer method (quant_method modelopt)",
+                    f"serve the checkpoint with vLLM (task: serve, --quantization {quant_format(q).vllm_quantization})")]
 
 
 def _engine_problems(s: Scenario) -> list[Problem]:
