@@ -173,3 +173,14 @@ def test_the_traced_engine_says_it_runs_the_installed_release() -> None:
     rep = traced(doc)
     assert any(a.startswith("not modelled: transformers 4.49's vision attention over all the micro-batch's patches")
                for a in rep.assumptions)
+
+
+def test_frozen_tower_eager_in_fp32_reads_fp32_scores() -> None:
+    # fp32 training, eager, 4.49: the packed eager layer over S = 2,048 in fp32 (c = 4): (2 h + q) t c = 3,840 x 2,048
+    # x 4 = 31,457,280, the scores and their softmax at 8 B per score (fp32 scores and fp32 output, no upcast copy)
+    # 16 x 2,048^2 x 8 = 536,870,912, the fp32 mask 2,048^2 x 4 = 16,777,216; the rotary tables 1,343,488 and the fp32
+    # pixels 2,048 x 1,176 x 4 = 9,633,792
+    doc = _doc("4.49", attention="eager")
+    doc["train"]["precision"] = "fp32"
+    c = StepContext(resolve(doc), 0, "eager", False)
+    assert frozen_tower_forward_bytes(c) == 31_457_280 + 536_870_912 + 16_777_216 + 1_343_488 + 9_633_792

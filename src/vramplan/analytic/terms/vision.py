@@ -184,11 +184,12 @@ def frozen_tower_forward_bytes(c: StepContext) -> int:
     if c.peft is None and not c.frozen_prefixes:
         return 0
     r = c.r
-    half = c.pol.half
-    if c.act.compute_bytes == 2 and r.scenario.inference.dtype != half:
-        # eager's bytes per score read the forward's dtype from the inference section (softmax_bytes_per_score)
+    # eager's bytes per score read the forward's dtype from the inference section (softmax_bytes_per_score): the
+    # step's compute dtype, fp32 when the step computes in fp32
+    dtype = c.pol.half if c.act.compute_bytes == 2 else "fp32"
+    if r.scenario.inference.dtype != dtype:
         r = replace(r, scenario=r.scenario.model_copy(update={
-            "inference": r.scenario.inference.model_copy(update={"dtype": half})}))
+            "inference": r.scenario.inference.model_copy(update={"dtype": dtype})}))
     return tower_forward_bytes(r, t.micro_batch_size * t.images_per_sample, t.image_size, c.act.compute_bytes,
                                c.act.attention)
 
