@@ -154,7 +154,7 @@ def test_help_shows_the_description_and_choices() -> None:
     # a field shared by the task sections lists each section's text and the union of the choices
     assert ("Choices: none | int8 | nf4 | nf4-dq | fp4 | gptq-4bit | awq-4bit | fp8 | mxfp4 | fp8-block | gptq-3bit | "
             "gptq-8bit | ct-w4a16 | ct-w8a8-int8 | ct-fp8 | ct-nvfp4 | ct-nvfp4a16 | modelopt-nvfp4 | modelopt-fp8 | "
-            "hqq-4bit | hqq-8bit | ao-int4 | ao-fp8 | ao-int8.") in text
+            "fp8-tensor | fp8-tensor-static | ct-fp8-tensor | ct-fp8-tensor-static | hqq-4bit | hqq-8bit | ao-int4 | ao-fp8 | ao-int8.") in text
     assert "train: Base-weight quantization under training" in text and "inference/serve: Weight quantization" in text
     assert "Choices: 0 | 1 | 2 | 3." in text  # zero_stage: a Literal of ints
     trace = _help("trace")

@@ -51,6 +51,12 @@ EXPECTED = {
     "modelopt-nvfp4": 8_388_608 + 1_048_576 + 4 + 4,
     # Model Optimizer's per-tensor FP8: 1 B per weight + an fp32 weight_scale and an fp32 input_scale
     "modelopt-fp8": 16_777_216 + 4 + 4,
+    # per-tensor fp8 (AutoFP8 / transformers weight_block_size null): an fp32 weight_scale, + an fp32 input_scale when
+    # static; compressed-tensors' strategy tensor: the same with bf16 scales
+    "fp8-tensor": 16_777_216 + 4,
+    "fp8-tensor-static": 16_777_216 + 4 + 4,
+    "ct-fp8-tensor": 16_777_216 + 2,
+    "ct-fp8-tensor-static": 16_777_216 + 2 + 2,
     "awq-4bit": 8_388_608 + 262_144 + 65_536,
     # MXFP4: 4-bit payload + one uint8 E8M0 scale per 32 inputs of each row: 4,096 x 128 = 524,288 B
     "mxfp4": 8_388_608 + 524_288,

@@ -41,6 +41,11 @@ Worked bytes (``weights.quantized_linear_bytes``):
   the bytes of ``ct-nvfp4``.
 * ``modelopt-fp8`` (Model Optimizer's per-tensor FP8, ``quant_algo: FP8``): 1 B per weight + an fp32
   ``weight_scale`` and an fp32 static ``input_scale`` per matrix: 4096 x 4096 = 16,777,216 + 8 B.
+* ``fp8-tensor``/``fp8-tensor-static`` (per-tensor e4m3: AutoFP8's checkpoints, quant_method fp8 without
+  ``weight_block_size``; transformers' FineGrainedFP8 with ``weight_block_size: null``): 1 B per weight + an fp32
+  ``weight_scale`` per matrix, + an fp32 ``input_scale`` with static activations: 4096 x 4096 = 16,777,216 + 4
+  (+ 4) B.  ``ct-fp8-tensor``/``ct-fp8-tensor-static`` (compressed-tensors strategy tensor): the same with 16-bit
+  scales, 16,777,216 + 2 (+ 2) B.
 * ``fp8`` (per-channel scaled e4m3, as vLLM and transformers' FbgemmFp8/FineGrained loaders store
   it): 1 byte per weight plus one fp32 scale per output row.
 * ``mxfp4`` (OCP Microscaling Formats (MX) Specification v1.0, sec. 5: MXFP4 = FP4 e2m1 elements with one
@@ -260,6 +265,27 @@ _CT_SRC = (("compressed-tensors compressors/quantized_compressors/base.py BaseQu
             "(weight_scale kept; weight_zero_point dropped when symmetric)"),
            "scales in the dtype of the weights they were computed from (the checkpoint's torch_dtype)")
 
+_FP8_TENSOR_SRC = (("AutoFP8 README.md (commit 505a7ed), Checkpoint structure: weight F8_E4M3, weight_scale F32, "
+                    "input_scale F32 with activation_scheme static"),
+                   "vLLM quantization/fp8.py Fp8Config.from_config (weight_block_size None: per-tensor)",
+                   "transformers 5.24 integrations/finegrained_fp8.py FP8Linear (block_size None: scalar scales)")
+_CT_FLOAT_SRC = "compressed-tensors naive_quantized.py FloatQuantizationCompressor (weight e4m3 [out, in])"
+
+_PerTensorRow = tuple[str, Literal["fp8", "compressed-tensors"], str, int, str, tuple[str, ...]]
+# name, library (also vLLM's --quantization), scale dtype, input_scale bytes per matrix, compute rule, sources
+_PER_TENSOR_FP8_ROWS: tuple[_PerTensorRow, ...] = (
+    ("fp8-tensor", "fp8", "fp32", 0, "fp8 matmul with a per-tensor weight scale and dynamic activation scales",
+     _FP8_TENSOR_SRC),
+    ("fp8-tensor-static", "fp8", "fp32", 4,
+     "fp8 matmul with a per-tensor weight scale and a static per-tensor activation scale", _FP8_TENSOR_SRC),
+    ("ct-fp8-tensor", "compressed-tensors", "bf16", 0,
+     "fp8 matmul with a per-tensor weight scale and dynamic activation scales (or weight-only)",
+     (*_CT_SRC, _CT_FLOAT_SRC)),
+    ("ct-fp8-tensor-static", "compressed-tensors", "bf16", 2,
+     "fp8 matmul with a per-tensor weight scale and a static per-tensor activation scale",
+     (*_CT_SRC, _CT_FLOAT_SRC)),
+)
+
 QUANT_FORMATS: tuple[QuantFormat, ...] = (
     QuantFormat(
         name="int8", bits=8, scales=Scales(per="row", dtype="fp32"), library="bitsandbytes", trainable_base=True,
@@ -325,6 +351,18 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
                  "transformers integrations/finegrained_fp8.py FP8Linear (weight, weight_scale_inv)",
                  "vLLM quantization/fp8.py Fp8LinearMethod.create_weights (block_quant)"),
     ),
+    # per-tensor FP8: e4m3 ``weight`` [out, in] with one ``weight_scale`` per matrix, and with static activations one
+    # ``input_scale`` per matrix.  ``fp8-tensor*``: quant_method fp8 without block scales, as AutoFP8 writes it
+    # (``{"quant_method": "fp8", "activation_scheme": ...}``, fp32 scales: its README's checkpoint structure) and as
+    # transformers' FineGrainedFP8Config writes ``weight_block_size: null`` (scalar fp32 ``weight_scale_inv`` and
+    # ``activation_scale``, integrations/finegrained_fp8.py FP8Linear); vLLM's Fp8Config reads a missing
+    # weight_block_size as None, per tensor.  ``ct-fp8-tensor*``: compressed-tensors' ``float-quantized`` FP8 with
+    # strategy tensor (llm-compressor's FP8 scheme: static per-tensor activations), scales in the weights' dtype
+    *(QuantFormat(
+        name=name, bits=8, scales=Scales(per="tensor", dtype=dtype), library=lib, trainable_base=False,
+        dequant="fused_kernel", compute_dtype_rule=rule, vllm_quantization=lib, prequantized_checkpoint=True,
+        per_matrix_extra_bytes=extra, sources=src,
+    ) for name, lib, dtype, extra, rule, src in _PER_TENSOR_FP8_ROWS),
     QuantFormat(
         name="ct-w4a16", bits=4, scales=Scales(per="group", size=GPTQ_GROUP, dtype="bf16"),
         library="compressed-tensors", trainable_base=False, dequant="fused_kernel",
@@ -346,7 +384,7 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (
         library="compressed-tensors", trainable_base=False, dequant="fused_kernel",
         compute_dtype_rule="fp8 matmul with per-channel weight scales and dynamic per-token activation scales",
         vllm_quantization="compressed-tensors", prequantized_checkpoint=True,
-        sources=(*_CT_SRC, "compressed-tensors naive_quantized.py FloatQuantizationCompressor (weight e4m3 [out, in])"),
+        sources=(*_CT_SRC, _CT_FLOAT_SRC),
     ),
     # NVFP4 (compressed-tensors ``nvfp4-pack-quantized``, llm-compressor's NVFP4 and NVFP4A16 schemes): e2m1 values
     # two per uint8 (``weight_packed`` [out, in/2], pack_fp4_to_uint8), one e4m3 scale per 16 inputs of each row

@@ -517,6 +517,28 @@ def _mxfp4_assumptions(task: str, cap: tuple[int, int] | None, triton: bool = Tr
              "(prepare_moe_fp4_layer_for_marlin), keeps one byte per scale and casts the biases to the model dtype")]
 
 
+_PER_TENSOR_FP8 = ("modelopt-fp8", "fp8-tensor", "fp8-tensor-static", "ct-fp8-tensor", "ct-fp8-tensor-static")
+
+
+def _per_tensor_fp8_assumptions(task: str, q: str, cap: tuple[int, int] | None) -> list[str]:
+    """Per-tensor fp8 weights: vLLM (Fp8LinearMethod, CompressedTensorsW8A8Fp8, ModelOptFp8LinearMethod) keeps one
+    scale per fused layer (``requantize_with_max_scale`` rewrites a fused layer's shards in place to their largest
+    scale, quantization/utils/w8a8_utils.py) and needs fp8 tensor cores; below compute capability 8.9 its fp8 weights
+    take Marlin's weight-only path.  (compressed-tensors under transformers: the CompressedLinear note.)
+    transformers' FP8Linear holds a scalar ``weight_scale_inv`` (and ``activation_scale``) and dequantizes below 8.9
+    (``FineGrainedFP8HfQuantizer.validate_environment``)."""
+    if task == "serve":
+        return [] if cap is None or cap >= (8, 9) else [
+            "not modelled: below compute capability 8.9 vLLM runs fp8 weights through Marlin (weight-only)"]
+    out = [(f"{q}: e4m3 weights with one fp32 scale per matrix kept as stored by transformers' FineGrainedFP8 "
+            "FP8Linear with weight_block_size null (integrations/finegrained_fp8.py), which needs compute capability "
+            ">= 8.9")]
+    if cap is not None and cap < (8, 9):
+        out.append("not modelled: below compute capability 8.9 FineGrainedFP8HfQuantizer.validate_environment "
+                   "dequantizes the weights")
+    return out
+
+
 def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str = "") -> list[str]:
     """How each engine holds MXFP4, block-wise fp8 and compressed-tensors weights, as assumptions the report states;
     ``compute_capability``: the GPU's, where the engines change path with it."""
@@ -539,10 +561,8 @@ def quant_format_assumptions(s: Scenario, m: ModelSpec, compute_capability: str 
         return [(f"not modelled: {q} under transformers: compressed-tensors' CompressedLinear decompresses each "
                  "weight at its first forward and keeps the dense copy (compressed_linear.py); the weights are "
                  "estimated as the checkpoint stores them")]
-    if q == "modelopt-fp8" and s.task == "serve":
-        # vLLM's ModelOptFp8LinearMethod needs fp8 tensor cores; below 8.9 its fp8 weights take Marlin's path
-        return [] if cap is None or cap >= (8, 9) else [
-            "not modelled: below compute capability 8.9 vLLM runs fp8 weights through Marlin (weight-only)"]
+    if q in _PER_TENSOR_FP8:
+        return _per_tensor_fp8_assumptions(s.task, q, cap)
     if q != "fp8-block":
         return []
     engine = ("vLLM Fp8LinearMethod / Fp8MoEMethod with block_quant (quantization/fp8.py)" if s.task == "serve"

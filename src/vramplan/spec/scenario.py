@@ -28,7 +28,8 @@ Checkpointing = Literal["none", "full", "selective", "attention-core", "op-sac"]
 Attention = Literal["eager", "sdpa", "flash"]
 TrainQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4"]
 InferQuant = Literal["none", "int8", "nf4", "nf4-dq", "fp4", "gptq-4bit", "awq-4bit", "fp8", "mxfp4", "fp8-block",
-                     "gptq-3bit", "gptq-8bit", "ct-w4a16", "ct-w8a8-int8", "ct-fp8", "ct-nvfp4", "ct-nvfp4a16", "modelopt-nvfp4", "modelopt-fp8", "hqq-4bit", "hqq-8bit", "ao-int4", "ao-fp8", "ao-int8"]
+                     "gptq-3bit", "gptq-8bit", "ct-w4a16", "ct-w8a8-int8", "ct-fp8", "ct-nvfp4", "ct-nvfp4a16", "modelopt-nvfp4", "modelopt-fp8", "fp8-tensor",
+                     "fp8-tensor-static", "ct-fp8-tensor", "ct-fp8-tensor-static", "hqq-4bit", "hqq-8bit", "ao-int4", "ao-fp8", "ao-int8"]
 HalfDtype = Literal["fp32", "fp16", "bf16"]
 # vLLM's --dtype: auto (its default) or a dtype
 ServeDtype = Literal["auto", "fp32", "fp16", "bf16"]
@@ -485,8 +486,9 @@ class Inference(_Strict):
     fp8 (per-channel); fp8-block (e4m3, 128 x 128 tile scales) and mxfp4 (MoE experts), as pre-quantized
     checkpoints store them; gptq-3bit, gptq-8bit (group 128); compressed-tensors ct-w4a16, ct-w8a8-int8, ct-fp8,
     ct-nvfp4, ct-nvfp4a16 (NVFP4 W4A4 and weight-only); Model Optimizer's modelopt-nvfp4 and modelopt-fp8
-    (per-tensor); HQQ hqq-4bit, hqq-8bit (group 64); torchao ao-int4 (Int4WeightOnlyConfig, group 128), ao-fp8
-    (Float8DynamicActivationFloat8WeightConfig, per row), ao-int8 (Int8WeightOnlyConfig, per row)."""
+    (per-tensor); per-tensor fp8: fp8-tensor, fp8-tensor-static (AutoFP8's layout), ct-fp8-tensor,
+    ct-fp8-tensor-static; HQQ hqq-4bit, hqq-8bit (group 64); torchao ao-int4 (Int4WeightOnlyConfig, group 128),
+    ao-fp8 (Float8DynamicActivationFloat8WeightConfig, per row), ao-int8 (Int8WeightOnlyConfig, per row)."""
 
     kv_cache_dtype: KVDtype = "auto"
     """Dtype of the KV cache; auto means the model's dtype."""
@@ -677,8 +679,9 @@ class Serve(_Strict):
     fp8 (per-channel); fp8-block (e4m3, 128 x 128 tile scales) and mxfp4 (MoE experts), as pre-quantized
     checkpoints store them; gptq-3bit, gptq-8bit (group 128); compressed-tensors ct-w4a16, ct-w8a8-int8, ct-fp8,
     ct-nvfp4, ct-nvfp4a16 (NVFP4 W4A4 and weight-only); Model Optimizer's modelopt-nvfp4 and modelopt-fp8
-    (per-tensor); HQQ hqq-4bit, hqq-8bit (group 64); torchao ao-int4 (Int4WeightOnlyConfig, group 128), ao-fp8
-    (Float8DynamicActivationFloat8WeightConfig, per row), ao-int8 (Int8WeightOnlyConfig, per row)."""
+    (per-tensor); per-tensor fp8: fp8-tensor, fp8-tensor-static (AutoFP8's layout), ct-fp8-tensor,
+    ct-fp8-tensor-static; HQQ hqq-4bit, hqq-8bit (group 64); torchao ao-int4 (Int4WeightOnlyConfig, group 128),
+    ao-fp8 (Float8DynamicActivationFloat8WeightConfig, per row), ao-int8 (Int8WeightOnlyConfig, per row)."""
 
     cuda_graphs: bool = True
     """vLLM captures CUDA graphs; false is --enforce-eager (no graph memory)."""

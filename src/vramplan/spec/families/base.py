@@ -169,9 +169,12 @@ _DTYPE_WORDS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 PREQUANTIZED_SUPPORTED = ("bitsandbytes 8-bit (int8) and 4-bit (nf4, nf4 with double quantization, fp4)",
                           "GPTQ and AWQ 4-bit with group size 128", "fbgemm_fp8 (per-channel fp8)",
                           "fp8 e4m3 with 128 x 128 block scales (fp8-block)", "MXFP4 MoE experts (mxfp4)",
+                          ("per-tensor fp8 e4m3 (fp8-tensor, fp8-tensor-static: AutoFP8's checkpoints and "
+                           "weight_block_size null)"),
                           "GPTQ 3-bit and 8-bit with group size 128",
                           ("compressed-tensors W4A16 (pack-quantized, group 128, symmetric), W8A8 int8 and FP8 "
-                           "(channel-wise weights, dynamic activations), NVFP4 and NVFP4A16 (nvfp4-pack-quantized)"),
+                           "(channel-wise weights, dynamic activations), per-tensor FP8 (static or dynamic "
+                           "activations), NVFP4 and NVFP4A16 (nvfp4-pack-quantized)"),
                           "Model Optimizer NVFP4 (modelopt-nvfp4) and per-tensor FP8 (modelopt-fp8)",
                           "HQQ 4-bit and 8-bit with group size 64 (hqq-4bit, hqq-8bit)",
                           "torchao Int4WeightOnlyConfig, version 2, plain packing, group size 128 (ao-int4)",
@@ -323,13 +326,25 @@ def _ao_granularities(data: Any) -> list[str]:
 
 
 def _block_fp8(q: Mapping[str, Any], skip: tuple[str, ...]) -> CheckpointQuant:
-    """transformers' ``FineGrainedFP8Config`` (``fmt`` e4m3, ``weight_block_size`` [128, 128] by default; a null
-    block size means one scale per tensor, vLLM's per-tensor path): the row holds e4m3 with 128 x 128 tiles."""
-    block = q.get("weight_block_size", [128, 128])
+    """``quant_method: fp8``.  transformers' ``FineGrainedFP8Config`` (``fmt`` e4m3, ``weight_block_size`` [128, 128]
+    by default) writes the block size, or null for one scale per tensor; the row ``fp8-block`` holds e4m3 with
+    128 x 128 tiles.  A config without the key is AutoFP8's (``{"quant_method": "fp8", "activation_scheme": ...}``,
+    per-tensor fp32 ``weight_scale`` and, static, ``input_scale``: its README's checkpoint structure), which vLLM's
+    ``Fp8Config.from_config`` reads as per-tensor (``weight_block_size`` None); transformers would read it with its
+    128 x 128 default.  Per tensor: ``fp8-tensor``, or ``fp8-tensor-static`` with static activations."""
     fmt = str(q.get("fmt", "e4m3"))
-    if block is None:
-        return CheckpointQuant("fp8", f"fp8 {fmt} with one scale per tensor", why_not="per-tensor fp8 has no row",
+    static = str(q.get("activation_scheme", "dynamic")).lower() == "static"
+    if q.get("weight_block_size") is None:
+        autofp8 = "weight_block_size" not in q
+        words = (f"fp8 {fmt} with one fp32 scale per tensor, {'static' if static else 'dynamic'} activations"
+                 + (" (AutoFP8's layout: no weight_block_size, read per tensor as vLLM's Fp8Config reads it; "
+                    "transformers' FineGrainedFP8Config would assume 128 x 128 blocks)" if autofp8 else ""))
+        if fmt != "e4m3":
+            return CheckpointQuant("fp8", words, why_not="only e4m3 has a per-tensor row", trained_dequantized=True,
+                                   skip_modules=skip)
+        return CheckpointQuant("fp8", words, "fp8-tensor-static" if static else "fp8-tensor",
                                trained_dequantized=True, skip_modules=skip)
+    block = q["weight_block_size"]
     words = f"fp8 {fmt} with block-wise scales ({block[0]} x {block[1]})"
     if fmt == "e4m3" and [int(b) for b in block] == [FP8_TILE, FP8_TILE]:
         return CheckpointQuant("fp8", words, "fp8-block", trained_dequantized=True, skip_modules=skip)

@@ -21,11 +21,12 @@ optionally ``kv_cache_scheme`` and ``sparsity_config``.  What each format stores
   fp32 ``[1]``, and ``input_global_scale`` fp32 ``[1]`` with tensor_group input activations (W4A4).
 
 Scales are computed in the dtype of the observed weight (``quantization/utils/helpers.py``
-``calculate_qparams``), so 16 bits in a bf16 or fp16 checkpoint (NVFP4's per-16 scales are cast to e4m3).  Five
+``calculate_qparams``), so 16 bits in a bf16 or fp16 checkpoint (NVFP4's per-16 scales are cast to e4m3).  Seven
 schemes have a row (``facts/quantization.py``): W4A16 group 128 symmetric (``ct-w4a16``), W8A8 int8 channel-wise
 with dynamic per-token activations (``ct-w8a8-int8``), FP8 channel-wise with dynamic activations or none
-(``ct-fp8``, llm-compressor's ``FP8_DYNAMIC``), NVFP4 with fp4 activations (``ct-nvfp4``) and weight-only
-(``ct-nvfp4a16``); any other is refused naming what it declares.
+(``ct-fp8``, llm-compressor's ``FP8_DYNAMIC``), FP8 per tensor with static per-tensor activations (llm-compressor's
+``FP8``: ``ct-fp8-tensor-static``, one ``input_scale`` per matrix) or dynamic ones (``ct-fp8-tensor``), NVFP4 with
+fp4 activations (``ct-nvfp4``) and weight-only (``ct-nvfp4a16``); any other is refused naming what it declares.
 """
 
 from __future__ import annotations
@@ -69,9 +70,17 @@ def _row(fmt: str, w: Mapping[str, Any], a: Mapping[str, Any] | None) -> tuple[s
         return None, "asymmetric weights store zero points, not modelled"
     if fmt == "nvfp4-pack-quantized":
         return _nvfp4_row(w, a)
-    if a is not None and not a.get("dynamic", False):
-        return None, "static activation scales (input_scale) are not modelled"
     kind = (str(w.get("type", "int")), int(w.get("num_bits", 0)), str(w.get("strategy")))
+    static = a is not None and not a.get("dynamic", False)
+    if kind == ("float", 8, "tensor") and fmt in ("float-quantized", "naive-quantized") and (
+            a is None or (str(a.get("type", "int")), int(a.get("num_bits", 0))) == ("float", 8)):
+        a_strategy = "" if a is None else str(a.get("strategy"))
+        if static and a_strategy != "tensor":
+            return None, f"static {a_strategy} activation scales are not modelled (per tensor are)"
+        # llm-compressor's FP8 scheme: per-tensor weights, static per-tensor activations (one input_scale)
+        return ("ct-fp8-tensor-static" if static else "ct-fp8-tensor"), ""
+    if static:
+        return None, "static activation scales (input_scale) are modelled for per-tensor FP8 weights only"
     if kind == ("int", 4, "group") and fmt == "pack-quantized" and a is None:
         if int(w.get("group_size") or 0) != GPTQ_GROUP:
             return None, f"only group size {GPTQ_GROUP} has a row"
@@ -83,8 +92,8 @@ def _row(fmt: str, w: Mapping[str, Any], a: Mapping[str, Any] | None) -> tuple[s
         return "ct-w8a8-int8", ""
     if kind == ("float", 8, "channel") and fmt in ("float-quantized", "naive-quantized") and act in (None, ("float", 8)):
         return "ct-fp8", ""
-    return None, ("rows exist for W4A16 pack-quantized group 128, W8A8 int8 channel-wise, FP8 channel-wise and NVFP4 "
-                  "(nvfp4-pack-quantized)")
+    return None, ("rows exist for W4A16 pack-quantized group 128, W8A8 int8 channel-wise, FP8 channel-wise or per "
+                  "tensor, and NVFP4 (nvfp4-pack-quantized)")
 
 
 def read_compressed_tensors(q: Mapping[str, Any], torch_dtype: str) -> CheckpointQuant:
