@@ -113,9 +113,75 @@ def test_falcon_mamba_mixer_saved_equals_the_autograd_graph(mode: str, batch: in
     assert _graph_saved(FALCON, mode, batch, seq, "falcon_mamba") == analytic + casts
 
 
-def test_falcon_mamba_7b_trains_and_jamba_stays_refused() -> None:
+def test_falcon_mamba_7b_and_jamba_9b_train() -> None:
     doc = {"task": "train", "model": "tiiuae/falcon-mamba-7b", "hardware": {"gpu": "H100-80GB"},
            "train": {"micro_batch_size": 1, "seq_len": 256, "precision": "bf16-mixed"}}
     assert estimate(doc).per_gpu.peak_allocated_bytes > 0
-    with pytest.raises(ScenarioError, match="Jamba's Mamba mixers"):
-        estimate({**doc, "model": "FreedomIntelligence/Jamba-9B-Instruct"})
+    rep = estimate({**doc, "model": "FreedomIntelligence/Jamba-9B-Instruct"})
+    assert any("Jamba's weighted ones" in a for a in rep.assumptions)
+
+
+# a small JambaConfig with the same mixer shapes as CONFIG (h 32, I 64, n 8, k 4, r 2): layer 1 attention, 0 a mixer
+JAMBA: dict[str, Any] = {"model_type": "jamba", "hidden_size": 32, "mamba_d_state": 8, "mamba_expand": 2,
+                         "mamba_d_conv": 4, "mamba_dt_rank": 2, "num_hidden_layers": 2, "vocab_size": 100,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+                         "num_experts": 1, "use_mamba_kernels": False, "attn_layer_period": 2, "attn_layer_offset": 1}
+
+
+def test_jamba_mixer_by_hand() -> None:
+    # Jamba's mixer is FalconMamba's with weighted norms (JambaRMSNorm: weight * x.to(input_dtype)): the product's
+    # backward to the trained weight saves the normalized tensor, T (r + 2n) c more.  bf16 weights (c 2), b 2, s 12
+    # (T 24): 24 x (2 + 16) x 2 = 864 B above FalconMamba's mixer of the same shapes
+    jamba, falcon = model_from_config(JAMBA).mamba, model_from_config(FALCON).mamba
+    assert jamba is not None and falcon is not None and jamba.bc_dt_norm_params and not falcon.bc_dt_norm_params
+    j = total_bytes(mamba1_saved_tensors(jamba, 32, 2, False, 2, 12, True))
+    f = total_bytes(mamba1_saved_tensors(falcon, 32, 2, False, 2, 12, True))
+    assert j - f == 24 * (2 + 2 * 8) * 2 == 864
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp32", "mixed"])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 8), (2, 12)])
+def test_jamba_mixer_saved_equals_the_autograd_graph(mode: str, batch: int, seq: int) -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.jamba.modeling_jamba import JambaMambaMixer
+
+    from meta_build import mixer_graph_saved
+
+    ms = model_from_config(JAMBA).mamba
+    assert ms is not None
+    c = 4 if mode == "fp32" else 2
+    analytic = total_bytes(mamba1_saved_tensors(ms, 32, c, mode == "mixed", batch, seq, mode == "bf16"))
+    # autocast's bf16 copies of in_proj, x_proj, dt_proj, out_proj and conv1d (the weight-cast terms'); the norms'
+    # weights multiply outside autocast's ops
+    casts = 2 * (32 * 2 * 64 + 64 * (2 + 16) + 2 * 64 + 64 * 32 + 64 * 4) if mode == "mixed" else 0
+    assert mixer_graph_saved(JambaMambaMixer, JAMBA, mode, batch, seq) == analytic + casts
+
+
+@pytest.mark.parametrize(("precision", "checkpointing"), [("fp32", "none"), ("bf16-mixed", "none"),
+                                                          ("bf16-true", "full"), ("bf16-mixed", "full")])
+@pytest.mark.parametrize(("experts", "batch", "seq"), [(1, 2, 128), (4, 1, 200)])
+def test_jamba_step_against_the_traced_engine(precision: str, checkpointing: str, experts: int, batch: int,
+                                              seq: int) -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as traced
+
+    # four layers: mixers 0 and 2, attention 1 and 3; the feed-forward of layers 1 and 3 an MoE when experts > 1
+    model = {**JAMBA, "hidden_size": 128, "mamba_d_state": 16, "mamba_dt_rank": 8, "num_hidden_layers": 4,
+             "intermediate_size": 256, "num_experts": experts, "num_experts_per_tok": min(2, experts),
+             "expert_layer_period": 2, "expert_layer_offset": 1, "tie_word_embeddings": False}
+    doc = {"task": "train", "model": model, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": batch, "seq_len": seq, "precision": precision, "optimizer": "adamw",
+                     "gradient_checkpointing": checkpointing}}
+    a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    # the peak is in a mixer layer's backward (saved tensors, the loop's gradient buffers, the MLP's records);
+    # without the buffers in a mixer layer that has an MLP the analytic peak was 11-22% under the traced one;
+    # measured 0.5-1.8% above with them
+    assert 1.0 <= a / t <= 1.03
+
+
+def test_jamba_adapters_stay_refused() -> None:
+    doc = {"task": "train", "model": "FreedomIntelligence/Jamba-9B-Instruct", "hardware": {"gpu": "H100-80GB"},
+           "train": {"micro_batch_size": 1, "seq_len": 256, "precision": "bf16-mixed",
+                     "peft": {"method": "lora", "rank": 8, "target_modules": ["q_proj", "v_proj"]}}}
+    with pytest.raises(ScenarioError, match="training it with adapters is not estimated"):
+        estimate(doc)

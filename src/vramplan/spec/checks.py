@@ -694,7 +694,7 @@ def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     what = (f"{m.name} is a hybrid of {len(m.mamba.layers)} {kind} mixer layers and "
             f"{m.num_layers - len(m.mamba.layers) - len(m.mamba.ffn_only_layers)} attention layers")
     if m.mamba.kind == "mamba1":
-        return _mamba1_hybrid_problems(s, what)
+        return _mamba1_hybrid_problems(s, m, what)
     if s.task == "train":
         return _hybrid_train_problems(s, m, what, peft=m.mamba.kind == "mamba2")
     if s.task == "serve":
@@ -927,13 +927,16 @@ def _lightning_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                             "the model's forward takes no cache but its own MiniMaxCache")
 
 
-def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
+def _mamba1_hybrid_problems(s: Scenario, m: ModelSpec, what: str) -> list[Problem]:
     """What vramplan does not estimate for a hybrid of Mamba-1 mixers and attention (``MambaSpec.kind`` "mamba1",
     ``jamba``): inference with transformers' ``generate`` is estimated (the attention layers' KV cache,
     ``analytic/kv_cache.py``, and the mixers' state and torch scan, ``analytic/ssm_state.py``'s Mamba-1 terms); the
     rest is refused.
 
-    * Training: the saved tensors of ``mamba_selective_scan``'s recurrent loop are not modelled (as for ``mamba``).
+    * Training: full fine-tuning is estimated, the mixers as ``mamba`` and ``falcon_mamba``'s are
+      (analytic/terms/mamba1.py, plus what the weighted dt, B and C norms save for their weights' gradients); the
+      limits of ``_hybrid_train_problems`` hold (adapters, tensor/context/pipeline parallelism, other checkpointing
+      policies and objectives are refused).
     * Serving with vLLM is modelled (``serve/mamba_pages.py``: the Mamba-1 state page, ``mamba1_state_shape``, in the
       hybrid layout; ``serve/vllm.py`` ``_hybrid_rule`` refuses the releases and options it does not model); SGLang's
       and llama.cpp's state pools are not modelled.
@@ -943,8 +946,10 @@ def _mamba1_hybrid_problems(s: Scenario, what: str) -> list[Problem]:
       at commit 008f5c8c) preallocates every mixer's convolution and SSM state in the model dtype, where 5.24's
       ``LinearAttentionLayer`` keeps the SSM state in fp32, and its mixer's ``slow_forward`` is other code.
     """
-    if s.task in ("train", "serve"):
-        return _mamba1_train_serve_problems(s, what)
+    if s.task == "train":
+        return _hybrid_train_problems(s, m, what)
+    if s.task == "serve":
+        return _mamba1_serve_problems(s, what)
     version = s.software.transformers_version
     if version is not None and version < (5, 0):
         return [Problem("software.transformers", f"{what}; its generate is modelled on transformers 5.24's "
@@ -1054,16 +1059,9 @@ def _shared_block_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
                             "(these are 'hybrid' and 'linear_attention')")
 
 
-def _mamba1_train_serve_problems(s: Scenario, what: str) -> list[Problem]:
-    """Training a model with Mamba-1 mixers (the torch scan's per-token states are not modelled) and serving it with
-    an engine other than vLLM (whose state pages are modelled: serve/mamba_pages.py), refused alike for the pure
-    models and for Jamba."""
-    if s.task == "train":
-        return [Problem("task", f"{what}; training it is not estimated: the saved tensors of Jamba's Mamba mixers "
-                        "(their RMS norms on dt, B and C hold weights) inside its attention and MoE layers are not "
-                        "modelled", "estimate inference (task: inference) for this model, or train a pure Mamba model "
-                        "(mamba, falcon_mamba) or a Mamba2 hybrid (bamba, granitemoehybrid, nemotron_h), which are "
-                        "estimated")]
+def _mamba1_serve_problems(s: Scenario, what: str) -> list[Problem]:
+    """Serving a model with Mamba-1 mixers with an engine other than vLLM (whose state pages are modelled:
+    serve/mamba_pages.py), refused alike for the pure models and for Jamba."""
     if s.serve.engine == "vllm":
         return []
     return [Problem("serve.engine", f"{what}; serving it with {s.serve.engine} is not estimated: the engine's state "
@@ -1078,8 +1076,8 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     * Training of Mamba2 (``mamba2``) is estimated as a hybrid's mixer blocks are (``_hybrid_train_problems``: the
       Mamba2 mixer's saved tensors of transformers' torch path, ``analytic/terms/mamba2.py``; one norm per block, no
       MLP), where the residual stream is fp32 anyway or ``residual_in_fp32`` is off (``_half_residual_problems``).
-    * Training of Mamba-1 (``mamba``, ``falcon_mamba``): the saved tensors of ``mamba_selective_scan``'s recurrent
-      loop (one ``intermediate x state`` fp32 state kept per token for the backward) are not modelled.
+    * Training of Mamba-1 (``mamba``, ``falcon_mamba``): transformers' torch scan, ``mamba_selective_scan``'s
+      recurrent loop (analytic/terms/mamba1.py), within the same limits.
     * Serving with vLLM is modelled (``serve/mamba_pages.py`` ``state_space_layout``: one group of every layer, the
       state page, one block per request); SGLang's and llama.cpp's state pools are not modelled.
     * Inference: tensor parallelism (no ``base_model_tp_plan`` for these classes), a quantized cache
@@ -1088,12 +1086,12 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     """
     kind = "Mamba2" if m.mamba is not None and m.mamba.kind == "mamba2" else "Mamba"
     what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
-    if s.task == "train" and (kind == "Mamba2" or (m.mamba is not None and not m.mamba.bc_dt_norm_params)):
+    if s.task == "train":
         # Mamba-1 (``mamba``, ``falcon_mamba`` with its weightless norms on dt, B and C): transformers' torch scan,
         # analytic/terms/mamba1.py
         return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
-    if s.task in ("train", "serve"):
-        return _mamba1_train_serve_problems(s, what)
+    if s.task == "serve":
+        return _mamba1_serve_problems(s, what)
     version = s.software.transformers_version
     if kind == "Mamba" and version is not None and version < (5, 0):
         # transformers 4.x (cache_utils.py / modeling_mamba.py MambaCache): conv_states [batch, intermediate,

@@ -175,7 +175,8 @@ def _mixer_per_token(c: StepContext, ls: LayerSpec) -> _PerToken:
                     + act.mlp_tensors(m, ls, ctx))
     mlp_part = act.norm_saved_per_token(m, ctx) + act.mlp_saved(m, ls, ctx)
     return _PerToken(act.total_bytes(tensors), tensors, 0,
-                     (act.backward_transients_per_token(m, ls, ctx)[0], _mixer_transient(c)),
+                     (act.backward_transients_per_token(m, ls, ctx)[0],
+                      _mixer_transient(c) + mamba1_scan_backward_per_token(m.mamba)),
                      mlp_part, act.freed_before_mlp_backward_per_token(m, ls, ctx))
 
 

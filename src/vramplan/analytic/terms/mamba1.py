@@ -76,6 +76,10 @@ def mamba1_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, bat
         proj = ("mixer.bc_dt_norms", split + 3 * FP32 * t + (t * (r + n) * c if half else t * (r + 2 * n) * FP32))
     else:
         proj = ("mixer.x_proj_output", t * (r + 2 * n) * c)
+    # Jamba's RMS norms on dt, B and C hold weights (JambaRMSNorm: ``self.weight * hidden_states.to(input_dtype)``):
+    # the product's backward to a trained weight saves the normalized tensor it multiplies, [T, r + 2n] in the
+    # compute dtype; the product takes the normalized copy's place as what the scan reads (the rows above)
+    weights = ("mixer.bc_dt_norm_weights", t * (r + 2 * n) * c if ms.bc_dt_norm_params else 0)
     states = batch * inter * n * ((c * (seq + 1) + FP32 * (seq - 1)) if half else FP32 * (seq + 1))
     rows = [
         ("mixer.in_proj_input", t * hidden * c),
@@ -85,6 +89,7 @@ def mamba1_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, bat
         ("mixer.x_proj_input", t * inter * c if batch > 1 else 0),
         ("mixer.silu_output", t * inter * c),
         proj,
+        weights,
         ("scan.dt", 2 * t * inter * dt),
         ("scan.A", 2 * inter * n * FP32),
         ("scan.discrete_A", FP32 * t * inter * n),
@@ -109,6 +114,6 @@ def mamba1_scan_backward_per_token(ms: MambaSpec | None) -> int:
     (the first kept, the next ones added into it).  So through the loop's backward the two buffers (the gradients of
     ``discrete_A`` and of ``deltaB_u``) and one step's select output are alive: ``3 x 4 I n`` bytes per token.
     Checked against the traced engine's step (tests/test_mamba1_train.py)."""
-    if ms is None or ms.kind != "mamba1" or ms.bc_dt_norm_params:
+    if ms is None or ms.kind != "mamba1":
         return 0
     return 3 * FP32 * ms.intermediate_size * ms.state_size

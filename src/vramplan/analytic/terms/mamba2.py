@@ -83,7 +83,7 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
     """One Mamba2 mixer layer's saved tensors for ``batch`` sequences of ``seq`` tokens (module docstring), in
     bytes; ``c``: bytes of the compute dtype; ``autocast``: mixed precision (fp32 weights under autocast);
     ``half_weights``: half parameters (Mamba-1's ``D.float()`` copies them, analytic/terms/mamba1.py)."""
-    if ms.kind == "mamba1" and not ms.bc_dt_norm_params:
+    if ms.kind == "mamba1":
         return mamba1_saved_tensors(ms, hidden, c, autocast, batch, seq, half_weights)
     if ms.kind == "short_conv":
         return short_conv_saved_tensors(ms, c, batch, seq)
@@ -293,7 +293,7 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False
                  "off); each saves its projections' inputs, the convolution's output, the discretized A and B "
                  "(b s inner state fp32 each) and every token's fp32 state with its copy in the compute dtype "
                  "(FalconMamba's weightless norms on dt, B and C: their fp32 inputs, rsqrt and normalized copies; "
-                 "analytic/terms/mamba1.py); mamba-ssm's MambaInnerFn would save its inputs only and recompute the "
+                 "Jamba's weighted ones also the normalized tensor each weight multiplies; analytic/terms/mamba1.py); mamba-ssm's MambaInnerFn would save its inputs only and recompute the "
                  "rest (far less memory, not modelled); the loop's backward holds the gradients of the discretized A "
                  "and of deltaB_u (each b s inner state fp32, the autograd engine's sums of every step's "
                  "select_backward) and one step's select output (analytic/terms/mamba1.py)")]

@@ -23,7 +23,8 @@ without bias, ``dt_proj [I, r]`` with bias, ``A_log [I, n]``, ``D [I]``, and ``d
 and ``c_layernorm`` (n): ``JambaRMSNorm``s whose weights are parameters (FalconMamba's are non-persistent buffers).
 The mixer's inference forward is FalconMamba's (the same ``mamba_selective_scan`` and
 ``mamba_selective_state_update``, the norms rebinding dt, B and C), so ``analytic/ssm_state.py``'s Mamba-1 terms with
-``MambaSpec.bc_dt_norms`` are Jamba's.
+``MambaSpec.bc_dt_norms`` are Jamba's; in training the weighted norms also save, for their weights' gradients, the
+normalized tensors they multiply (``analytic/terms/mamba1.py``, ``MambaSpec.bc_dt_norm_params``).
 
 ``configuration_jamba.py`` defaults: vocab 65536, hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads
 (null: one per head), num_experts 16, num_experts_per_tok 2, expert_layer_period 2, expert_layer_offset 1,
