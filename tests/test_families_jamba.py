@@ -117,9 +117,9 @@ def test_traced_generate_agrees_with_the_analytic_engine(prompt: int) -> None:
 
 
 @pytest.mark.parametrize(("doc", "path"), [
-    # full fine-tuning is estimated (tests/test_mamba1_train.py); adapters on the frozen mixers are not
+    # training is estimated, full and LoRA (tests/test_mamba1_train.py); DoRA and tensor parallelism are not
     ({"task": "train", "train": {"micro_batch_size": 1, "seq_len": 128,
-                                 "peft": {"method": "lora", "target_modules": ["q_proj"]}}}, "train.peft"),
+                                 "peft": {"method": "dora", "target_modules": ["q_proj"]}}}, "train.peft.method"),
     # vLLM is modelled from 0.11.0 (tests/test_serve_state_space.py); SGLang's state pool is not
     ({"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
     ({"task": "inference", "parallel": {"tp": 2}}, "parallel.tp"),

@@ -172,10 +172,13 @@ def test_residual_in_fp32_keeps_the_final_hidden_states_in_fp32() -> None:
 
 
 @pytest.mark.parametrize(("model", "doc", "path"), [
-    # Mamba-1 training is estimated, FalconMamba's too (tests/test_mamba1_train.py); with adapters it is not
-    (FALCON_TESTER, {"task": "train", "train": {"seq_len": 64, "peft": {"method": "lora", "rank": 8}}}, "train.peft"),
+    # Mamba-1 training is estimated, FalconMamba's too, with LoRA (tests/test_mamba1_train.py); with DoRA it is not
+    (FALCON_TESTER, {"task": "train", "train": {"seq_len": 64, "peft": {"method": "dora", "rank": 8,
+                                                                        "target_modules": ["in_proj"]}}},
+     "train.peft.method"),
     # what a hybrid's training refuses, refused for Mamba-1 too
-    (MAMBA_TESTER, {"task": "train", "train": {"seq_len": 64, "peft": {"method": "lora", "rank": 8}}}, "train.peft"),
+    (MAMBA_TESTER, {"task": "train", "train": {"seq_len": 64, "gradient_checkpointing": "selective"}},
+     "train.gradient_checkpointing"),
     # vLLM is modelled (tests/test_serve_state_space.py); SGLang's and llama.cpp's state pools are not
     (MAMBA2_TESTER, {"task": "serve", "serve": {"engine": "sglang"}}, "serve.engine"),
     (MAMBA_TESTER, {"task": "serve", "serve": {"engine": "llamacpp"}}, "serve.engine"),

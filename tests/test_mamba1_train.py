@@ -14,7 +14,6 @@ from vramplan import estimate
 from vramplan.analytic.activations import total_bytes
 from vramplan.analytic.terms.mamba1 import mamba1_saved_tensors
 from vramplan.catalog.models import load_model
-from vramplan.errors import ScenarioError
 from vramplan.spec.hf_config import model_from_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -179,9 +178,104 @@ def test_jamba_step_against_the_traced_engine(precision: str, checkpointing: str
     assert 1.0 <= a / t <= 1.03
 
 
-def test_jamba_adapters_stay_refused() -> None:
-    doc = {"task": "train", "model": "FreedomIntelligence/Jamba-9B-Instruct", "hardware": {"gpu": "H100-80GB"},
-           "train": {"micro_batch_size": 1, "seq_len": 256, "precision": "bf16-mixed",
-                     "peft": {"method": "lora", "rank": 8, "target_modules": ["q_proj", "v_proj"]}}}
-    with pytest.raises(ScenarioError, match="training it with adapters is not estimated"):
-        estimate(doc)
+def _frozen_graph_saved(make: Any, config: dict[str, Any], mode: str, batch: int, seq: int,
+                        targets: tuple[str, ...]) -> int:
+    """Bytes of the storages autograd saves after one forward of a frozen mixer (every parameter without gradient)
+    carrying peft's LoRA (rank 4, no dropout) on ``targets``, built on the meta device."""
+    import contextlib
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from meta_build import graph_saved_storages
+    from vramplan.trace import cuda
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.AutoConfig.for_model(**config)
+    w = torch.bfloat16 if mode == "bf16" else torch.float32
+    with torch.device("meta"):
+        mixer = make(cfg, 0).to(w)
+        for p in mixer.parameters():
+            p.requires_grad_(False)
+        if targets:
+            mixer = peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=list(targets), lora_dropout=0.0),
+                                                 mixer).to(w)
+    mixer.train()
+    held = {id(t.untyped_storage()) for t in [*mixer.parameters(), *mixer.buffers()]}
+    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=w, requires_grad=True)
+    with cuda.cuda_behaviour(cuda.CudaSpec()):
+        region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
+        with region, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = mixer(x)
+    return sum(graph_saved_storages(out, held).values())
+
+
+_LINEAR_SHAPES = {"in_proj": (32, 128), "x_proj": (64, 18), "out_proj": (64, 32)}  # (in, out) at h 32, I 64
+
+
+@pytest.mark.parametrize("family", ["mamba", "falcon_mamba", "jamba"])
+@pytest.mark.parametrize("targets", [(), ("in_proj",), ("x_proj",), ("in_proj", "x_proj", "dt_proj"),
+                                     ("in_proj", "x_proj", "out_proj")])
+@pytest.mark.parametrize("mode", ["bf16", "fp32", "mixed"])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 8), (2, 12)])
+def test_frozen_mixer_records_equal_the_autograd_graph(family: str, targets: tuple[str, ...], mode: str, batch: int,
+                                                       seq: int) -> None:
+    if family != "jamba" and "out_proj" in targets:
+        pytest.skip("peft refuses out_proj as a LoRA target of mamba and falcon_mamba")
+    from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
+    from transformers.models.jamba.modeling_jamba import JambaMambaMixer
+    from transformers.models.mamba.modeling_mamba import MambaMixer
+
+    from vramplan.analytic.terms.mamba2 import frozen_mixer_dropped
+
+    config, make = {"mamba": (CONFIG, MambaMixer), "falcon_mamba": (FALCON, FalconMambaMixer),
+                    "jamba": (JAMBA, JambaMambaMixer)}[family]
+    ms = model_from_config(config).mamba
+    assert ms is not None
+    c = 4 if mode == "fp32" else 2
+    dropped = frozen_mixer_dropped(ms, frozenset(targets), c < 4, batch)
+    records = mamba1_saved_tensors(ms, 32, c, mode == "mixed", batch, seq, mode == "bf16")
+    analytic = sum(x.nbytes - round(x.nbytes * dropped.get(x.name, 0)) for x in records)
+    run = [t for t in targets if t != "dt_proj"]  # the torch path multiplies dt_proj.weight: its adapter never runs
+    # each adapter's lora_B keeps lora_A's output, T x 4 in the compute dtype, and ``* scaling`` keeps the wrapped
+    # Python number, a 0-d float64 (8 B; a CPU scalar beside a GPU tensor: no device memory, not counted)
+    adapters = sum(batch * seq * 4 * c + 8 for _ in run)
+    casts = 0
+    if mode == "mixed":  # autocast's bf16 copies of the frozen weights and of the adapters' (the weight-cast terms')
+        casts = 2 * (32 * 2 * 64 + 64 * (2 + 16) + 2 * 64 + 64 * 32 + 64 * 4)
+        casts += sum(2 * 4 * (_LINEAR_SHAPES[t][0] + _LINEAR_SHAPES[t][1]) for t in run)
+    assert _frozen_graph_saved(make, config, mode, batch, seq, targets) == analytic + adapters + casts
+
+
+@pytest.mark.parametrize(("family", "targets", "precision"), [
+    ("jamba", ["q_proj", "v_proj"], "bf16-true"), ("jamba", ["in_proj", "x_proj", "out_proj"], "bf16-mixed"),
+    ("jamba", "all-linear", "fp32"), ("jamba", ["in_proj", "q_proj", "gate_proj"], "bf16-true"),
+    ("falcon_mamba", ["in_proj", "x_proj"], "bf16-mixed"), ("falcon_mamba", ["in_proj"], "fp32"),
+    ("mamba", ["in_proj", "x_proj"], "fp32"),
+    # QLoRA: bitsandbytes' nf4 base (transformers sets config._is_quantized: dt_proj runs as a module)
+    ("jamba", "all-linear", "nf4"), ("jamba", ["in_proj", "x_proj", "out_proj", "dt_proj"], "nf4"),
+])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_lora_step_against_the_traced_engine(family: str, targets: Any, precision: str, checkpointing: str) -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace.engine import estimate as traced
+
+    model = ({**JAMBA, "hidden_size": 128, "mamba_d_state": 16, "mamba_dt_rank": 8, "num_hidden_layers": 4,
+              "intermediate_size": 256, "num_experts": 4, "num_experts_per_tok": 2, "expert_layer_period": 2,
+              "expert_layer_offset": 1, "tie_word_embeddings": False} if family == "jamba" else
+             {**CONFIG, "model_type": family, "hidden_size": 128, "state_size": 16, "time_step_rank": 8,
+              "residual_in_fp32": True})
+    quant = {"quantization": "nf4", "precision": "bf16-mixed"} if precision == "nf4" else {"precision": precision}
+    if precision == "nf4":  # stock bitsandbytes leaves 3-D experts unquantized under transformers 5 (refused): dense
+        model = {**model, "num_experts": 1, "num_experts_per_tok": 1}
+    doc = {"task": "train", "model": model, "hardware": {"gpu": "A100-80GB"},
+           "train": {"micro_batch_size": 2, "seq_len": 128, "optimizer": "adamw", **quant,
+                     "gradient_checkpointing": checkpointing,
+                     "peft": {"method": "qlora" if precision == "nf4" else "lora", "rank": 8,
+                              "target_modules": targets}}}
+    a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
+    # measured -0.3% to +0.8% on these shapes (an x_proj-only adapter without checkpointing counts the first mixer
+    # whole, up to 9% over on a two-layer model: stated)
+    assert 0.99 <= a / t <= 1.01

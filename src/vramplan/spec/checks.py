@@ -947,7 +947,7 @@ def _mamba1_hybrid_problems(s: Scenario, m: ModelSpec, what: str) -> list[Proble
       ``LinearAttentionLayer`` keeps the SSM state in fp32, and its mixer's ``slow_forward`` is other code.
     """
     if s.task == "train":
-        return _hybrid_train_problems(s, m, what)
+        return _hybrid_train_problems(s, m, what, peft=True)
     if s.task == "serve":
         return _mamba1_serve_problems(s, what)
     version = s.software.transformers_version
@@ -1088,8 +1088,9 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
     if s.task == "train":
         # Mamba-1 (``mamba``, ``falcon_mamba`` with its weightless norms on dt, B and C): transformers' torch scan,
-        # analytic/terms/mamba1.py
-        return _hybrid_train_problems(s, m, what) + _half_residual_problems(s, m, what)
+        # analytic/terms/mamba1.py, adapters included (the frozen mixers' records: mamba2.py frozen_mixer_dropped)
+        return (_hybrid_train_problems(s, m, what, peft=kind == "Mamba")
+                + _half_residual_problems(s, m, what))
     if s.task == "serve":
         return _mamba1_serve_problems(s, what)
     version = s.software.transformers_version

@@ -341,4 +341,16 @@ def quantize_linears(model: torch.nn.Module, fmt: str, compute_dtype: torch.dtyp
             q.saves_input = saves_input and not q.int8
             setattr(parent, child_name, q)
             keep(q.state)
+    _assign_is_quantized(model)
     return state
+
+
+def _assign_is_quantized(model: torch.nn.Module) -> None:
+    """What transformers' quantizers do after loading (5.24 ``quantizers/base.py`` ``_assign_is_quantized``): every
+    ``PreTrainedModel``'s config gets ``_is_quantized``, which Jamba's and FalconMamba's mixers read to run
+    ``dt_proj`` as a module (``dt_proj(time_step) - dt_proj.bias``) instead of multiplying its (packed) weight."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.config._is_quantized = True

@@ -82,7 +82,8 @@ def _hybrid_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedEx
     # and from there the residual stream requires grad (Bamba's, Granite 4.0-H's and LFM2's out_proj take adapters;
     # peft refuses Nemotron-H's and Falcon-H1's); the mixer is then counted whole, an over-estimate of what a frozen
     # in_proj leaves unrecorded before out_proj in that one layer
-    mixer_adapted = bool({"in_proj", "out_proj"} & c.lt.linear)
+    # (a Mamba-1 mixer's x_proj too: its lora_A keeps the SiLU output)
+    mixer_adapted = bool({"in_proj", "out_proj"} & c.lt.linear) or (ms.kind == "mamba1" and "x_proj" in c.lt.linear)
     for j, ls in enumerate(c.layer_specs):
         i = ls.index
         if i in mixers and (mixer_adapted or ms.parallel_attention):

@@ -244,7 +244,7 @@ def _mixer_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
                                   t.seq_len, half)
         if c.peft is None:
             return got
-        dropped = frozen_mixer_dropped(ms, c.lt.linear)
+        dropped = frozen_mixer_dropped(ms, c.lt.linear, c.act.compute_bytes < 4, t.micro_batch_size)
         kept = [x._replace(nbytes=x.nbytes - round(x.nbytes * dropped.get(x.name, 0))) for x in got]
         return tuple(x for x in kept if x.nbytes)
 

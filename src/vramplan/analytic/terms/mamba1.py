@@ -73,9 +73,12 @@ def mamba1_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, bat
         # ``type_as`` makes the normalized copy the scan reads (in fp32 the product itself); in half, the normalized
         # B is not saved (the scan saves its fp32 copy, ``scan.B_fp32``)
         split = t * (r + 2 * n) * (FP32 if half else c)
-        proj = ("mixer.bc_dt_norms", split + 3 * FP32 * t + (t * (r + n) * c if half else t * (r + 2 * n) * FP32))
+        proj = ("mixer.bc_dt_norms", split + 3 * FP32 * t + (t * n * c if half else t * 2 * n * FP32))
+        # the normalized time step, which ``dt_proj.weight @ time_step^T`` saves for the weight's gradient only
+        dt_norm = ("mixer.dt_norm_output", t * r * c)
     else:
         proj = ("mixer.x_proj_output", t * (r + 2 * n) * c)
+        dt_norm = ("mixer.dt_norm_output", 0)
     # Jamba's RMS norms on dt, B and C hold weights (JambaRMSNorm: ``self.weight * hidden_states.to(input_dtype)``):
     # the product's backward to a trained weight saves the normalized tensor it multiplies, [T, r + 2n] in the
     # compute dtype; the product takes the normalized copy's place as what the scan reads (the rows above)
@@ -89,6 +92,7 @@ def mamba1_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, bat
         ("mixer.x_proj_input", t * inter * c if batch > 1 else 0),
         ("mixer.silu_output", t * inter * c),
         proj,
+        dt_norm,
         weights,
         ("scan.dt", 2 * t * inter * dt),
         ("scan.A", 2 * inter * n * FP32),

@@ -127,7 +127,8 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows if nbytes)
 
 
-def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str]) -> dict[str, int | float]:
+def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool = True,
+                         batch: int = 1) -> dict[str, int | float]:
     """What a Mamba2 mixer whose weights are frozen (PEFT) does not save of ``mixer_saved_tensors``' records, as
     the share of each record left out (``adapted``: the module names carrying an adapter).
 
@@ -140,6 +141,8 @@ def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str]) -> dict[str, in
     ``out_proj`` and ``conv1d`` as LoRA targets of Nemotron-H, Falcon-H1 and the Mamba models; Bamba's and Granite
     4.0-H's ``out_proj`` take one, ``all-linear`` included.)"""
     out: dict[str, int | float] = {}
+    if ms.kind == "mamba1":
+        return _frozen_mamba1_dropped(ms, adapted, half, batch)
     if ms.kind == "short_conv":
         # LFM2's block (short_conv_saved_tensors): in_proj's and out_proj's inputs go with their frozen weights; the
         # products B * x and C * conv keep both operands (each needs the other's gradient: the input requires grad),
@@ -151,6 +154,30 @@ def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str]) -> dict[str, in
             out[record] = 1.0
     if ms.gated_norm:
         out["norm.gated"] = 1 / 3
+    return out
+
+
+def _frozen_mamba1_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool, batch: int) -> dict[str, int | float]:
+    """``frozen_mixer_dropped`` for a Mamba-1 mixer (analytic/terms/mamba1.py's records; ``half``: a half compute
+    dtype).  Frozen, ``in_proj``, ``x_proj`` and ``out_proj`` (``F.linear``) keep no input unless the module carries an
+    adapter (whose ``lora_A`` saves it); ``A = -exp(A_log.float())`` records nothing (A_log needs no gradient) and
+    ``A * dt`` keeps A only, half of "scan.A"; ``dt_proj.weight @ time_step^T`` (the torch path multiplies the weight,
+    so an adapter on ``dt_proj`` is never run, unless the base is quantized: ``config._is_quantized`` runs
+    ``dt_proj`` as a module, whose adapter keeps the normalized time step, ``T r c``, not counted) keeps no normalized
+    time step (FalconMamba, Jamba); Jamba's frozen norm
+    weights keep no normalized tensors; and in a half dtype the SiLU output, which only ``x * D`` (D frozen) and
+    ``x_proj`` kept (the scan keeps its fp32 copy), goes too, unless ``x_proj`` carries an adapter and the batch is one
+    sequence (for more, matmul's reshape of the transposed input is a copy, which the adapter's ``lora_A`` keeps as
+    "mixer.x_proj_input" in the SiLU output's place).  Equal to
+    autograd's graph of transformers' frozen mixers with peft's LoRA on the meta device (tests/test_mamba1_train.py).
+    (peft 0.21 ``_check_lora_target_modules_mamba`` refuses ``out_proj`` and ``conv1d`` on ``mamba`` and
+    ``falcon_mamba``, not on ``jamba``.)"""
+    out: dict[str, int | float] = {record: 1.0 for module, record in (
+        ("in_proj", "mixer.in_proj_input"), ("x_proj", "mixer.x_proj_input"), ("out_proj", "mixer.out_proj_input"))
+        if module not in adapted}
+    out.update({"scan.A": 1 / 2, "mixer.dt_norm_output": 1.0, "mixer.bc_dt_norm_weights": 1.0})
+    if half and ("x_proj" not in adapted or batch > 1):
+        out["mixer.silu_output"] = 1.0
     return out
 
 
@@ -242,14 +269,9 @@ def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen:
     return max(0, at_scan, at_out_proj)
 
 
-def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False) -> list[str]:
-    """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
-    estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``); ``recomputed``: under activation
-    checkpointing."""
-    ms = m.mamba
-    if ms is None:
-        return []
-    if peft and ms.kind == "short_conv":
+def _peft_mixer_notes(m: ModelSpec, ms: MambaSpec, recomputed: bool) -> list[str]:
+    """``mixer_train_notes`` under adapters, for the mixer kinds whose frozen records are modelled."""
+    if ms.kind == "short_conv":
         frozen = ("adapters on LFM2: each frozen convolution block saves its tensors less in_proj's and out_proj's "
                   "inputs (unless the module carries an adapter: frozen_mixer_dropped), its backward r h + 3 c w a "
                   "token (mixer_backward_per_token); blocks and MLPs before the first adapter record nothing "
@@ -259,13 +281,36 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False
                 "checkpointing (within 0.1% of the traced engine on LFM2's proportions, MLP 3 x hidden; up to 14% "
                 "under on a convolution-heavy test shape with a 16-wide MLP)")
         return [frozen, *mixer_train_notes(m), *([late] if recomputed else [])]
-    if peft and ms.kind == "mamba2":
+    if ms.kind == "mamba2":
         frozen = ("adapters on a Mamba2 hybrid: each frozen mixer saves transformers' torch path's tensors less "
                   "in_proj's and out_proj's inputs (unless the module carries an adapter) and the gated norm's "
                   "weight-product input (frozen_mixer_dropped); mixers and MLPs before the first adapter record "
                   "nothing (analytic/terms/frozen_prefix.py); without checkpointing, within -3% to +4% of the traced "
                   "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py tries")
         return [frozen, *mixer_train_notes(m)]
+    if ms.kind == "mamba1":
+        frozen = ("adapters on Mamba-1 mixers: each frozen mixer saves transformers' torch path's tensors less "
+                  "in_proj's, x_proj's and out_proj's inputs (unless the module carries an adapter), exp(A_log)'s "
+                  "result, the normalized time step and the norms' weight products, and in a half dtype the SiLU "
+                  "output (frozen_mixer_dropped, equal to autograd's graph with peft's LoRA on the meta device); an "
+                  "adapter on dt_proj never runs (the torch path multiplies dt_proj.weight itself) but over a "
+                  "quantized base (config._is_quantized: dt_proj runs as a module), where its lora_A keeps the "
+                  "normalized time step (b s dt_rank, not counted); mixers before the "
+                  "first adapter record nothing (analytic/terms/frozen_prefix.py), the first adapted one counted "
+                  "whole; within -0.3% to +0.9% of the traced engine (tests/test_mamba1_train.py)")
+        return [frozen, *mixer_train_notes(m)]
+    return []
+
+
+def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False) -> list[str]:
+    """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
+    estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``); ``recomputed``: under activation
+    checkpointing."""
+    ms = m.mamba
+    if ms is None:
+        return []
+    if peft and ms.kind in ("short_conv", "mamba2", "mamba1"):
+        return _peft_mixer_notes(m, ms, recomputed)
     if ms.kind == "gated_deltanet":
         return [(f"{len(ms.layers)} of {m.num_layers} layers are Gated DeltaNet linear attention, run by transformers "
                  "5.24's torch torch_chunk_gated_delta_rule and causal_conv1d_fn (the fla and causal-conv1d packages "
