@@ -34,6 +34,8 @@ def _doc(qc: dict[str, Any] | None, task: str = "inference", gpu: str = "A100-80
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}, "gptq-4bit"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "awq-4bit"),
     ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}, "fp8"),
+    ({"quant_method": "fp8", "activation_scheme": "static"}, "fp8-tensor-static"),  # AutoFP8's layout
+    ({"quant_method": "fp8", "weight_block_size": None}, "fp8-tensor"),  # transformers' per-tensor FineGrainedFP8
     # HqqConfig(nbits=8).to_dict(): hqq BaseQuantizeConfig under quant_config, skip_modules lm_head
     ({"quant_method": "hqq", "skip_modules": ["lm_head"],
       "quant_config": {"weight_quant_params": {"nbits": 8, "group_size": 64, "axis": 1}, "scale_quant_params": None,
@@ -67,7 +69,8 @@ def test_the_bnb_compute_dtype_and_double_quant_are_read() -> None:
     # block-wise fp8 has a row for e4m3 with 128 x 128 tiles only; MXFP4 has a row (tests/test_mx_fp8_block.py)
     ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "block-wise scales (64 x 64)"),
     ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fp8 e5m2 with block-wise"),
-    ({"quant_method": "fp8", "weight_block_size": None}, "one scale per tensor"),
+    # per tensor has rows for e4m3 (fp8-tensor, fp8-tensor-static: tests/test_prequantized_bytes.py)
+    ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": None}, "only e4m3 has a per-tensor row"),
     ({"quant_method": "torchao", "quant_type": {"default": {"_type": "Float8WeightOnlyConfig", "_version": 2,
                                                             "_data": {}}}}, "torchao Float8WeightOnlyConfig"),
     # HqqConfig.from_dict reads config["quant_config"]: without it no HQQ setting is known (rows: tests/test_hqq.py)
