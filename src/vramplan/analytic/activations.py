@@ -288,6 +288,14 @@ def _adapter_input_tensors(name: str, width: int, modules: tuple[str, ...], in_b
     return out
 
 
+def mixer_adapter_tensors(name: str, width: int, modules: tuple[str, ...], in_bytes: int,
+                          ctx: ActContext) -> list[SavedTensor]:
+    """Frozen base: what the LoRA adapters on a mixer's ``modules`` (which read one input of ``width`` features in
+    ``in_bytes``) save, per token, as the attention's and the MLP's adapters do (``_adapter_input_tensors``: fp32
+    adapters' input copies, or the input itself where no cast runs; dropout; lora_A's output)."""
+    return _adapter_input_tensors(name, width, modules, in_bytes, ctx)
+
+
 def _kbit_inputs(width: int, modules: tuple[str, ...], in_bytes: int, ctx: ActContext, shared: bool) -> int:
     """What old bitsandbytes' 4-bit linears on ``modules`` keep of their input, per token.
 

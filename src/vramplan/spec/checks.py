@@ -803,9 +803,10 @@ def linear_mixer_analytic_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if m.mamba is None or m.mamba.kind not in LINEAR_MIXER_KINDS or s.task != "train":
         return []
     what = _linear_mixer_what(m)
-    # adapters on LFM2's gated short-convolution blocks: the frozen blocks' records (analytic/terms/mamba2.py
-    # frozen_mixer_dropped), checked against the traced engine (tests/test_hybrid_peft.py)
-    out = _hybrid_train_problems(s, m, what, peft=m.mamba.kind == "short_conv")
+    # adapters on LFM2's gated short-convolution blocks and Qwen3-Next's Gated DeltaNet layers: the frozen blocks'
+    # records (analytic/terms/mamba2.py frozen_mixer_dropped), checked against the traced engine
+    # (tests/test_hybrid_peft.py, tests/test_families_qwen3_next.py)
+    out = _hybrid_train_problems(s, m, what, peft=True)
     t = s.train
     if (m.mamba.kind == "gated_deltanet" and t.precision in ("bf16-mixed", "fp16-mixed")
             and not s.deepspeed_engine):

@@ -83,7 +83,9 @@ def _hybrid_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedEx
     # peft refuses Nemotron-H's and Falcon-H1's); the mixer is then counted whole, an over-estimate of what a frozen
     # in_proj leaves unrecorded before out_proj in that one layer
     # (a Mamba-1 mixer's x_proj too: its lora_A keeps the SiLU output)
-    mixer_adapted = bool({"in_proj", "out_proj"} & c.lt.linear) or (ms.kind == "mamba1" and "x_proj" in c.lt.linear)
+    # (Qwen3-Next's Gated DeltaNet: in_proj_qkvz, in_proj_ba, out_proj)
+    mixer_adapted = (bool({"in_proj", "out_proj", "in_proj_qkvz", "in_proj_ba"} & c.lt.linear)
+                     or (ms.kind == "mamba1" and "x_proj" in c.lt.linear))
     for j, ls in enumerate(c.layer_specs):
         i = ls.index
         if i in mixers and (mixer_adapted or ms.parallel_attention):

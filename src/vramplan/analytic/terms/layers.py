@@ -28,6 +28,7 @@ from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.analytic.terms.mamba1 import mamba1_scan_backward_per_token
 from vramplan.analytic.terms.mamba2 import (
     frozen_mixer_dropped,
+    mixer_adapter_inputs,
     mixer_backward_per_token,
     mixer_recompute_per_token,
     mixer_saved_tensors,
@@ -244,8 +245,14 @@ def _mixer_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
                                   t.seq_len, half)
         if c.peft is None:
             return got
-        dropped = frozen_mixer_dropped(ms, c.lt.linear, c.act.compute_bytes < 4, t.micro_batch_size)
+        # the frozen base keeps no projection input; each adapted projection's adapters keep theirs (peft's fp32
+        # adapters: a cast copy each, or the input itself where no cast runs) and lora_A's output
+        dropped = frozen_mixer_dropped(ms, frozenset(), c.act.compute_bytes < 4, t.micro_batch_size)
         kept = [x._replace(nbytes=x.nbytes - round(x.nbytes * dropped.get(x.name, 0))) for x in got]
+        for name, modules, width in mixer_adapter_inputs(ms, c.m.hidden_size):
+            if set(modules) & c.lt.linear:
+                kept += act.scaled(act.mixer_adapter_tensors(name, width, modules, c.act.compute_bytes, c.act),
+                                   t.micro_batch_size * t.seq_len)
         return tuple(x for x in kept if x.nbytes)
 
     return c.memo("mixer_tensors", make)

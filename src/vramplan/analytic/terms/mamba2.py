@@ -73,7 +73,8 @@ from vramplan.analytic.terms.mamba1 import mamba1_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["frozen_mixer_dropped", "mixer_backward_per_token", "mixer_recompute_per_token", "mixer_saved_tensors", "mixer_train_notes"]
+__all__ = ["frozen_mixer_dropped", "mixer_adapter_inputs", "mixer_backward_per_token", "mixer_recompute_per_token",
+           "mixer_saved_tensors", "mixer_train_notes"]
 
 FP32 = 4
 
@@ -143,6 +144,18 @@ def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool = Tr
     out: dict[str, int | float] = {}
     if ms.kind == "mamba1":
         return _frozen_mamba1_dropped(ms, adapted, half, batch)
+    if ms.kind == "gated_deltanet":
+        # Qwen3-Next's Gated DeltaNet (gated_deltanet_saved_tensors): in_proj_qkvz and in_proj_ba read one input, which
+        # either's lora_A keeps; ``-A_log.float().exp() * softplus(...)`` keeps -exp (for the softplus's gradient) but
+        # neither exp's result nor the softplus output (A_log's gradient only); the gated norm's ``weight * hidden``
+        # keeps no ``hidden``: half of each record.  Equal to autograd's graph with peft's LoRA on the meta device
+        # (tests/test_families_qwen3_next.py)
+        out = {"gdn.A": 1 / 2, "gdn.softplus": 1 / 2, "norm.weighted": 1 / 2}
+        if not {"in_proj_qkvz", "in_proj_ba"} & adapted:
+            out["gdn.in_proj_input"] = 1.0
+        if "out_proj" not in adapted:
+            out["gdn.out_proj_input"] = 1.0
+        return out
     if ms.kind == "short_conv":
         # LFM2's block (short_conv_saved_tensors): in_proj's and out_proj's inputs go with their frozen weights; the
         # products B * x and C * conv keep both operands (each needs the other's gradient: the input requires grad),
@@ -155,6 +168,20 @@ def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool = Tr
     if ms.gated_norm:
         out["norm.gated"] = 1 / 3
     return out
+
+
+def mixer_adapter_inputs(ms: MambaSpec, hidden: int) -> tuple[tuple[str, tuple[str, ...], int], ...]:
+    """The linears of a mixer that take LoRA adapters, as (record name, modules reading one input, its width): the
+    adapters' own records (``activations.mixer_adapter_tensors``) replace the frozen base's input records
+    (``frozen_mixer_dropped`` with no module adapted).  Mamba-1's ``dt_proj`` is left out: the torch path multiplies
+    its weight (its adapter runs only over a quantized base, a ``b s dt_rank`` input: not counted)."""
+    if ms.kind == "gated_deltanet":
+        return (("gdn.in_proj", ("in_proj_qkvz", "in_proj_ba"), hidden),
+                ("gdn.out_proj", ("out_proj",), ms.n_heads * ms.head_dim))
+    if ms.kind == "short_conv":
+        return (("conv_block.in_proj", ("in_proj",), hidden), ("conv_block.out_proj", ("out_proj",), hidden))
+    x_proj = (("mixer.x_proj", ("x_proj",), ms.intermediate_size),) if ms.kind == "mamba1" else ()
+    return (("mixer.in_proj", ("in_proj",), hidden), *x_proj, ("mixer.out_proj", ("out_proj",), ms.intermediate_size))
 
 
 def _frozen_mamba1_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool, batch: int) -> dict[str, int | float]:
@@ -288,6 +315,13 @@ def _peft_mixer_notes(m: ModelSpec, ms: MambaSpec, recomputed: bool) -> list[str
                   "nothing (analytic/terms/frozen_prefix.py); without checkpointing, within -3% to +4% of the traced "
                   "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py tries")
         return [frozen, *mixer_train_notes(m)]
+    if ms.kind == "gated_deltanet":
+        frozen = ("adapters on Qwen3-Next: each frozen Gated DeltaNet layer saves transformers' torch path's tensors "
+                  "less the input of in_proj_qkvz and in_proj_ba (unless either carries an adapter) and of out_proj "
+                  "(unless it does), exp(A_log)'s result, the softplus output and the gated norm's weight-product "
+                  "input (frozen_mixer_dropped, equal to autograd's graph with peft's LoRA on the meta device); layers "
+                  "before the first adapter record nothing (analytic/terms/frozen_prefix.py)")
+        return [frozen, *mixer_train_notes(m)]
     if ms.kind == "mamba1":
         frozen = ("adapters on Mamba-1 mixers: each frozen mixer saves transformers' torch path's tensors less "
                   "in_proj's, x_proj's and out_proj's inputs (unless the module carries an adapter), exp(A_log)'s "
@@ -309,7 +343,7 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False
     ms = m.mamba
     if ms is None:
         return []
-    if peft and ms.kind in ("short_conv", "mamba2", "mamba1"):
+    if peft and ms.kind in ("short_conv", "mamba2", "mamba1", "gated_deltanet"):
         return _peft_mixer_notes(m, ms, recomputed)
     if ms.kind == "gated_deltanet":
         return [(f"{len(ms.layers)} of {m.num_layers} layers are Gated DeltaNet linear attention, run by transformers "
