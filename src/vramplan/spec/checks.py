@@ -983,7 +983,7 @@ def _parallel_hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     if s.task == "train":
         t = s.train
         mixed = t.precision in ("bf16-mixed", "fp16-mixed") and not s.deepspeed_engine
-        out = _hybrid_train_problems(s, m, what)
+        out = _hybrid_train_problems(s, m, what, peft=True)
         if mixed:
             out.append(Problem("train.precision", f"{what}; {t.precision} training is not estimated for it: under "
                                "autocast (or FSDP's MixedPrecision) each mixer multiplies its half in_proj output by "

@@ -66,6 +66,7 @@ TERMS: tuple[TermFn, ...] = (
     transients.layer_backward,        # each layer's backward temporaries
     transients.nf4_dequant,           # ... torchtune's NF4 weight dequantized in each layer's backward
     transients.mixer_scan_products,   # ... a Mamba2 scan's broadcast products before transformers 5.18
+    transients.mixer_forward,         # the last Mamba2 mixer's forward temporaries (without checkpointing)
     sharding.gathered,                # ZeRO-3/FSDP all-gathered units
     deepspeed.zero3_gathered,         # ... DeepSpeed ZeRO-3's: running module, prefetch, kept for reuse
     gradients.unsharded_gradients,    # a layer's full gradients before reduce-scatter

@@ -14,7 +14,7 @@ _INPUT_NORM_WEIGHT = "norm.input.weight_fp32"
 
 
 def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExperts | None,
-                  tensors: list[tuple[act.SavedTensor, ...]]) -> set[int]:
+                  tensors: list[tuple[act.SavedTensor, ...]], mixer: tuple[act.SavedTensor, ...] = ()) -> set[int]:
     """Lower ``full`` (in place) for the frozen prefix, and each such layer's records in ``tensors`` with it;
     returns the layers whose attention records nothing.
 
@@ -28,7 +28,7 @@ def frozen_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExp
     if c.peft is None or checkpointing(c.s) != "none" or not c.rp.has_embedding or not full:
         return set()
     if c.m.mamba is not None:
-        return _hybrid_prefix(c, full, dora, wx, tensors)
+        return _hybrid_prefix(c, full, dora, wx, tensors, mixer)
     return _decoder_prefix(c, full, dora, wx, tensors)
 
 
@@ -66,13 +66,15 @@ def _decoder_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedE
 
 
 def _hybrid_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedExperts | None,
-                   tensors: list[tuple[act.SavedTensor, ...]]) -> set[int]:
+                   tensors: list[tuple[act.SavedTensor, ...]], mixer: tuple[act.SavedTensor, ...]) -> set[int]:
     """``frozen_prefix`` for a Mamba2 hybrid (``ModelSpec.mamba``): a mixer whose ``in_proj`` carries no adapter,
     on a frozen input, records nothing (its weights and its input need no gradient), and neither does the norm
     before it; a layer's MLP (an MLP-only or MoE block, or the MLP after a Bamba mixer) records what its own adapters
     need (``activations.frozen_input_mlp``); the walk stops at the first layer whose records make the residual
     stream require grad, and at the first attention (or adapted mixer), which is counted whole (its input norm's
-    records included: an over-estimate of that one norm)."""
+    records included: an over-estimate of that one norm).  A layer that runs its attention beside its mixer
+    (Falcon-H1) with no adapter on the mixer: that first layer's mixer, on the frozen input, records nothing (its
+    records, ``mixer``, are taken out of the layer), its attention is counted whole."""
     m, ctx, tokens = c.m, c.act, c.tokens
     ms = m.mamba
     assert ms is not None
@@ -88,6 +90,10 @@ def _hybrid_prefix(c: StepContext, full: list[int], dora: int, wx: act.WrappedEx
                      or (ms.kind == "mamba1" and "x_proj" in c.lt.linear))
     for j, ls in enumerate(c.layer_specs):
         i = ls.index
+        if i in mixers and ms.parallel_attention and not mixer_adapted and mixer:
+            names = {t.name for t in mixer}
+            full[j] -= min(full[j], act.total_bytes(mixer))
+            tensors[j] = tuple(t for t in tensors[j] if t.name not in names)
         if i in mixers and (mixer_adapted or ms.parallel_attention):
             break
         if i not in mixers and i not in ffn_only:

@@ -247,7 +247,7 @@ def _mixer_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
             return got
         # the frozen base keeps no projection input; each adapted projection's adapters keep theirs (peft's fp32
         # adapters: a cast copy each, or the input itself where no cast runs) and lora_A's output
-        dropped = frozen_mixer_dropped(ms, frozenset(), c.act.compute_bytes < 4, t.micro_batch_size)
+        dropped = frozen_mixer_dropped(ms, frozenset(), c.act.compute_bytes < 4, t.micro_batch_size, c.act.autocast)
         kept = [x._replace(nbytes=x.nbytes - round(x.nbytes * dropped.get(x.name, 0))) for x in got]
         for name, modules, width in mixer_adapter_inputs(ms, c.m.hidden_size):
             if set(modules) & c.lt.linear:
@@ -380,7 +380,7 @@ def _compute(c: StepContext) -> LayerActivations:
     # what _full_saved adds beyond the per-token records (DoRA's outputs, LoRA on fused experts, a hybrid's mixer,
     # cross-attention, the norms' fp32 weight copies, capacity rows): none of it is the attention core
     extras = [f - v.saved * tokens for f, v in zip(full, per_token, strict=True)]
-    attention_idle = frozen_prefix(c, full, dora, wx, tensors)  # layers whose attention records nothing
+    attention_idle = frozen_prefix(c, full, dora, wx, tensors, _mixer_tensors(c))  # attention records nothing
     host = 0
     checkpointed = (False,) * len(specs)
     if ckpt == "full":

@@ -129,7 +129,7 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
 
 
 def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool = True,
-                         batch: int = 1) -> dict[str, int | float]:
+                         batch: int = 1, autocast: bool = False) -> dict[str, int | float]:
     """What a Mamba2 mixer whose weights are frozen (PEFT) does not save of ``mixer_saved_tensors``' records, as
     the share of each record left out (``adapted``: the module names carrying an adapter).
 
@@ -137,7 +137,8 @@ def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool = Tr
     weights frozen, ``in_proj`` and ``out_proj`` (``F.linear``) no longer save their inputs (they were kept for the
     weights' gradients; the input's gradient needs the weight only), unless the module carries a LoRA adapter,
     whose ``lora_A`` saves that same input; and the gated norm's ``weight * hidden`` no longer saves ``hidden``,
-    one of the norm's three fp32 tensors.  The convolution keeps its input (``convolution_backward`` takes input and
+    one of the norm's three fp32 tensors; ``D * pad(x)`` keeps no padded x, ``exp(A_log)`` no result, and in a half
+    dtype ``A * dt`` no dt.  The convolution keeps its input (``convolution_backward`` takes input and
     weight for any gradient); the scan has no weight.  (peft 0.21 ``_check_lora_target_modules_mamba`` refuses
     ``out_proj`` and ``conv1d`` as LoRA targets of Nemotron-H, Falcon-H1 and the Mamba models; Bamba's and Granite
     4.0-H's ``out_proj`` take one, ``all-linear`` included.)"""
@@ -167,6 +168,14 @@ def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool = Tr
             out[record] = 1.0
     if ms.gated_norm:
         out["norm.gated"] = 1 / 3
+    # D frozen: ``D * pad(x)`` keeps no padded x (D's gradient only); A_log frozen: ``exp(A_log)``'s result goes, and in
+    # a half dtype without autocast so does the fp32 dt that ``A * dt`` kept for A's gradient (in fp32 and under
+    # autocast another op keeps that tensor).
+    # Read off BambaMixer's, NemotronHMamba2Mixer's and FalconH1Mixer's frozen graphs on the meta device
+    # (tests/test_hybrid_peft.py)
+    out.update({"scan.x_padded_D_residual": 1.0, "mixer.A": 1 / 2})
+    if half and not autocast:
+        out["mixer.dt"] = 1 / 3
     return out
 
 
@@ -388,7 +397,7 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False
                  "(benchmarks/mixer_backward_transient.py)")
     recompute = ("not modelled: the rest of what a recomputed hybrid layer holds in its backward with full "
                  "checkpointing (the traced engine shows more in the MoE and MLP blocks); the estimate is under the "
-                 "traced engine's by up to 4% on transformers' Bamba test configuration, up to 6% with adapters and "
+                 "traced engine's by up to 4% on transformers' Bamba test configuration, up to 9% with adapters and "
                  "up to 9% in full fine-tuning on the shapes tests/test_hybrid_peft.py tries")
     if ms.shared_attention_layers:
         rank = f"rank-{ms.shared_adapter_rank} adapters on q/k/v and" if ms.shared_attention_adapters else "a rank-" + \

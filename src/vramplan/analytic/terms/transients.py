@@ -18,11 +18,14 @@ from vramplan.analytic.ssm_state import broadcast_product_bytes
 from vramplan.analytic.terms.base import Term, device_terms
 from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.terms.layers import layer_activations
-from vramplan.analytic.timeline import Loc, attention, layer_done, mlp
+from vramplan.analytic.terms.loss import loss
+from vramplan.analytic.terms.mamba2 import mixer_recompute_per_token
+from vramplan.analytic.timeline import FORWARD, LOSS, Loc, attention, layer_done, mlp
 from vramplan.facts.torchtune import torchao_nf4_dequant_peak_bytes
 from vramplan.facts.transformers import mamba2_scan_broadcasts
+from vramplan.spec.defaults import checkpointing
 
-__all__ = ["TORCHTUNE_NF4_NOTE", "layer_backward", "mixer_scan_products", "nf4_dequant"]
+__all__ = ["TORCHTUNE_NF4_NOTE", "layer_backward", "mixer_forward", "mixer_scan_products", "nf4_dequant"]
 
 TORCHTUNE_NF4_NOTE = (
     "torchtune QLoRA: base linears in torchao's NF4Tensor (4-bit codes, an int8 scaler per 64 weights, a bf16 factor "
@@ -79,3 +82,25 @@ def mixer_scan_products(c: StepContext) -> list[Term]:
     rows = [(nbytes, attention(j), layer_done(j), "transient.mamba2_scan_products", j)
             for j in range(len(c.layer_specs) - 1, -1, -1) if j in layers]
     return device_terms(K.LAYER_BACKWARD, rows)
+
+
+def mixer_forward(c: StepContext) -> list[Term]:
+    """A Mamba2 mixer's forward holds its chunked scan's temporaries above what it keeps (``mixer_recompute_per_token``,
+    read off ``NemotronHMamba2Mixer`` on the meta device, frozen or trained).  The last mixer's forward meets every
+    earlier layer's saved tensors, not those of the layers after it, nor the loss's forward tensors, which come after
+    its temporaries are freed.  So the forward's end, which holds every layer's records and the loss's, stands for
+    that moment too: its excess over the loss's forward bytes and the later layers' records, alive at that point only
+    (a bound of the moment, not an allocation: the event stream does not read it).  Without checkpointing (with it, the
+    recomputed mixer's forward is its backward's: ``layers._mixer_transient``)."""
+    ms = c.m.mamba
+    if ms is None or ms.kind != "mamba2" or checkpointing(c.s) != "none":
+        return []
+    t = c.s.train
+    ws = mixer_recompute_per_token(ms, c.m.hidden_size, c.act.residual_bytes, c.act.frozen_base, t.micro_batch_size,
+                                   c.act.seq_len) * c.tokens
+    head = sum(term.nbytes for term in loss(c) if term.key is K.LOSS_FORWARD)
+    # the layers after the last mixer have not run yet at its forward: their records are not alive then
+    mixers = [j for j, ls in enumerate(c.layer_specs) if ls.index in ms.layers]
+    after = sum(layer_activations(c).full[mixers[-1] + 1:]) if mixers else 0
+    extra = ws - head - after
+    return [Term(K.LAYER_FORWARD, extra, FORWARD, LOSS, "transient.mixer_forward")] if extra > 0 else []
