@@ -194,10 +194,13 @@ def graph_saved_storages(out: Any, skip: set[int], drop: tuple[str, ...] = (), n
     return saved
 
 
-def mixer_graph_saved(make: Any, config: dict[str, Any], mode: str, batch: int, seq: int) -> int:
+def mixer_graph_saved(make: Any, config: dict[str, Any], mode: str, batch: int, seq: int, frozen: bool = False,
+                      targets: tuple[str, ...] = (), nonscalar: bool = False) -> int:
     """Bytes of the storages autograd's graph saves after one forward of the mixer ``make(cfg, 0)`` built on the meta
     device from ``config`` (parameters and buffers excluded): ``mode`` "bf16" (bf16 weights), "fp32", or "mixed"
-    (fp32 weights under bf16 autocast, as the traced engine emulates it); skips without torch."""
+    (fp32 weights under bf16 autocast, as the traced engine emulates it); ``frozen``: no parameter requires grad
+    (LoRA's base), with peft's LoRA (rank 4, no dropout, in the mixer's dtype) on ``targets``; ``nonscalar``: 0-d
+    tensors left out (wrapped Python numbers, host memory on a GPU); skips without torch."""
     import contextlib
 
     torch = pytest.importorskip("torch")
@@ -211,6 +214,12 @@ def mixer_graph_saved(make: Any, config: dict[str, Any], mode: str, batch: int, 
     weights = torch.bfloat16 if mode == "bf16" else torch.float32
     with torch.device("meta"):
         mixer = make(cfg, 0).to(weights)
+        for p in mixer.parameters() if frozen else ():
+            p.requires_grad_(False)
+        if targets:
+            peft = pytest.importorskip("peft")
+            config_ = peft.LoraConfig(r=4, target_modules=list(targets), lora_dropout=0.0)
+            mixer = peft.inject_adapter_in_model(config_, mixer).to(weights)
     mixer.train()
     held = {id(t.untyped_storage()) for t in [*mixer.parameters(), *mixer.buffers()]}
     x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
@@ -219,4 +228,4 @@ def mixer_graph_saved(make: Any, config: dict[str, Any], mode: str, batch: int, 
         with region, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = mixer(x)
-    return sum(graph_saved_storages(out, held).values())
+    return sum(graph_saved_storages(out, held, nonscalar=nonscalar).values())

@@ -294,28 +294,6 @@ def test_traced_decode_cache_holds_both_states_in_every_layer() -> None:
         assert tuple(layer.recurrent_states[0].shape) == (3, 4, 24, 8)
 
 
-def _frozen_mixer_graph_saved(config: dict[str, object], mode: str, batch: int, seq: int) -> int:
-    """``_mixer_graph_saved`` with every parameter of the mixer frozen (LoRA's base)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer, compute_mup_vector
-
-    transformers.logging.set_verbosity_error()
-    cfg = transformers.AutoConfig.for_model(**config)
-    weights = torch.bfloat16 if mode == "bf16" else torch.float32
-    with torch.device("meta"):
-        mixer = FalconH1Mixer(cfg, 0)
-        mixer.register_buffer("mup_vector", compute_mup_vector(cfg).to("meta"), persistent=False)
-        mixer = mixer.to(weights)
-        for p in mixer.parameters():
-            p.requires_grad_(False)
-    mixer.train()
-    held = {id(p.untyped_storage()) for p in (*mixer.parameters(), *mixer.buffers())}
-    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=weights, requires_grad=True)
-    out = mixer(x)
-    return sum(graph_saved_storages(out, held, nonscalar=True).values())
-
-
 @pytest.mark.parametrize(("mode", "norm"), [("bf16", True), ("bf16", False), ("fp32", True), ("fp32", False)])
 @pytest.mark.parametrize(("batch", "seq"), [(2, 40), (1, 64)])
 def test_frozen_mixer_records_equal_the_autograd_graph(mode: str, norm: bool, batch: int, seq: int) -> None:
@@ -331,7 +309,18 @@ def test_frozen_mixer_records_equal_the_autograd_graph(mode: str, norm: bool, ba
     dropped = frozen_mixer_dropped(ms, frozenset(), c < 4, batch)
     analytic = sum(x.nbytes - round(x.nbytes * dropped.get(x.name, 0))
                    for x in mixer_saved_tensors(ms, 64, c, False, batch, seq))
-    assert _frozen_mixer_graph_saved(config, mode, batch, seq) == analytic
+    pytest.importorskip("transformers")
+    from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer, compute_mup_vector
+
+    from meta_build import mixer_graph_saved
+
+    def make(cfg: Any, layer: int) -> Any:
+        mixer = FalconH1Mixer(cfg, layer)
+        # FalconH1Model.__init__ registers the buffer in every mixer
+        mixer.register_buffer("mup_vector", compute_mup_vector(cfg).to("meta"), persistent=False)
+        return mixer
+
+    assert mixer_graph_saved(make, config, mode, batch, seq, frozen=True, nonscalar=True) == analytic
 
 
 def test_frozen_mixer_dropped_by_hand() -> None:

@@ -316,33 +316,6 @@ def test_unmodelled_configs_are_refused(changes: dict[str, Any], needle: str) ->
     assert needle in str(exc.value)
 
 
-def _frozen_gdn_saved(shape: dict[str, Any], mode: str, batch: int, seq: int, targets: tuple[str, ...]) -> int:
-    """``_graph_saved`` of a frozen ``Qwen3NextGatedDeltaNet`` (no parameter requires grad) with peft's LoRA (rank
-    4, no dropout, in the layer's dtype) on ``targets``."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
-    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
-
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**shape)
-        w = torch.bfloat16 if mode == "bf16" else torch.float32
-        with torch.device("meta"):
-            layer = Qwen3NextGatedDeltaNet(cfg, 0).to(w)
-            for p in layer.parameters():
-                p.requires_grad_(False)
-            if targets:
-                layer = peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=list(targets),
-                                                                     lora_dropout=0.0), layer).to(w)
-        layer.train()
-        held = {id(t.untyped_storage()) for t in [*layer.parameters(), *layer.buffers()]}
-        x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=w, requires_grad=True)
-        out = layer(x)
-    return sum(graph_saved_storages(out, held).values())
-
-
 @pytest.mark.parametrize("shape", [TESTER, UNEVEN, EQUAL_HEADS])
 @pytest.mark.parametrize("targets", [(), ("in_proj_qkvz",), ("in_proj_ba",), ("out_proj",),
                                      ("in_proj_qkvz", "in_proj_ba", "out_proj")])
@@ -362,7 +335,12 @@ def test_frozen_gated_deltanet_records_equal_the_autograd_graph(shape: dict[str,
     # each adapter: lora_A's output (T x 4 in the layer's dtype) and the 0-d float64 ``* scaling`` keeps (8 B, a CPU
     # scalar beside a GPU tensor)
     adapters = sum(batch * seq * 4 * c + 8 for _ in targets)
-    assert _frozen_gdn_saved(shape, mode, batch, seq, targets) == analytic + adapters
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    from meta_build import mixer_graph_saved
+
+    assert mixer_graph_saved(Qwen3NextGatedDeltaNet, shape, mode, batch, seq, frozen=True, targets=targets) == \
+        analytic + adapters
 
 
 @pytest.mark.parametrize(("shape", "targets", "precision", "checkpointing", "low", "high"), [

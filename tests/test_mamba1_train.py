@@ -178,40 +178,6 @@ def test_jamba_step_against_the_traced_engine(precision: str, checkpointing: str
     assert 1.0 <= a / t <= 1.03
 
 
-def _frozen_graph_saved(make: Any, config: dict[str, Any], mode: str, batch: int, seq: int,
-                        targets: tuple[str, ...]) -> int:
-    """Bytes of the storages autograd saves after one forward of a frozen mixer (every parameter without gradient)
-    carrying peft's LoRA (rank 4, no dropout) on ``targets``, built on the meta device."""
-    import contextlib
-    import warnings
-
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
-    from meta_build import graph_saved_storages
-    from vramplan.trace import cuda
-
-    transformers.logging.set_verbosity_error()
-    cfg = transformers.AutoConfig.for_model(**config)
-    w = torch.bfloat16 if mode == "bf16" else torch.float32
-    with torch.device("meta"):
-        mixer = make(cfg, 0).to(w)
-        for p in mixer.parameters():
-            p.requires_grad_(False)
-        if targets:
-            mixer = peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=list(targets), lora_dropout=0.0),
-                                                 mixer).to(w)
-    mixer.train()
-    held = {id(t.untyped_storage()) for t in [*mixer.parameters(), *mixer.buffers()]}
-    x = torch.empty(batch, seq, cfg.hidden_size, device="meta", dtype=w, requires_grad=True)
-    with cuda.cuda_behaviour(cuda.CudaSpec()):
-        region = cuda.autocast(torch.bfloat16) if mode == "mixed" else contextlib.nullcontext()
-        with region, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = mixer(x)
-    return sum(graph_saved_storages(out, held).values())
-
-
 _LINEAR_SHAPES = {"in_proj": (32, 128), "x_proj": (64, 18), "out_proj": (64, 32)}  # (in, out) at h 32, I 64
 
 
@@ -246,7 +212,10 @@ def test_frozen_mixer_records_equal_the_autograd_graph(family: str, targets: tup
     if mode == "mixed":  # autocast's bf16 copies of the frozen weights and of the adapters' (the weight-cast terms')
         casts = 2 * (32 * 2 * 64 + 64 * (2 + 16) + 2 * 64 + 64 * 32 + 64 * 4)
         casts += sum(2 * 4 * (_LINEAR_SHAPES[t][0] + _LINEAR_SHAPES[t][1]) for t in run)
-    assert _frozen_graph_saved(make, config, mode, batch, seq, targets) == analytic + adapters + casts
+    from meta_build import mixer_graph_saved
+
+    assert mixer_graph_saved(make, config, mode, batch, seq, frozen=True, targets=targets) == \
+        analytic + adapters + casts
 
 
 @pytest.mark.parametrize(("family", "targets", "precision"), [

@@ -317,32 +317,36 @@ def _peft_mixer_notes(m: ModelSpec, ms: MambaSpec, recomputed: bool) -> list[str
                 "checkpointing (within 0.1% of the traced engine on LFM2's proportions, MLP 3 x hidden; up to 14% "
                 "under on a convolution-heavy test shape with a 16-wide MLP)")
         return [frozen, *mixer_train_notes(m), *([late] if recomputed else [])]
-    if ms.kind == "mamba2":
-        frozen = ("adapters on a Mamba2 hybrid: each frozen mixer saves transformers' torch path's tensors less "
-                  "in_proj's and out_proj's inputs (unless the module carries an adapter) and the gated norm's "
-                  "weight-product input (frozen_mixer_dropped); mixers and MLPs before the first adapter record "
-                  "nothing (analytic/terms/frozen_prefix.py); without checkpointing, within -3% to +4% of the traced "
-                  "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py tries")
-        return [frozen, *mixer_train_notes(m)]
-    if ms.kind == "gated_deltanet":
-        frozen = ("adapters on Qwen3-Next: each frozen Gated DeltaNet layer saves transformers' torch path's tensors "
-                  "less the input of in_proj_qkvz and in_proj_ba (unless either carries an adapter) and of out_proj "
-                  "(unless it does), exp(A_log)'s result, the softplus output and the gated norm's weight-product "
-                  "input (frozen_mixer_dropped, equal to autograd's graph with peft's LoRA on the meta device); layers "
-                  "before the first adapter record nothing (analytic/terms/frozen_prefix.py)")
-        return [frozen, *mixer_train_notes(m)]
-    if ms.kind == "mamba1":
-        frozen = ("adapters on Mamba-1 mixers: each frozen mixer saves transformers' torch path's tensors less "
-                  "in_proj's, x_proj's and out_proj's inputs (unless the module carries an adapter), exp(A_log)'s "
-                  "result, the normalized time step and the norms' weight products, and in a half dtype the SiLU "
-                  "output (frozen_mixer_dropped, equal to autograd's graph with peft's LoRA on the meta device); an "
-                  "adapter on dt_proj never runs (the torch path multiplies dt_proj.weight itself) but over a "
-                  "quantized base (config._is_quantized: dt_proj runs as a module), where its lora_A keeps the "
-                  "normalized time step (b s dt_rank, not counted); mixers before the "
-                  "first adapter record nothing (analytic/terms/frozen_prefix.py), the first adapted one counted "
-                  "whole; within -0.3% to +0.9% of the traced engine (tests/test_mamba1_train.py)")
-        return [frozen, *mixer_train_notes(m)]
+    if ms.kind in _FROZEN_MIXER_NOTES:
+        return [_FROZEN_MIXER_NOTES[ms.kind], *mixer_train_notes(m)]
     return []
+
+
+# what a training estimate with adapters states of each kind's frozen mixers (``_peft_mixer_notes``)
+_FROZEN_MIXER_NOTES = {
+    "mamba2": ("adapters on a Mamba2 hybrid: each frozen mixer saves transformers' torch path's tensors less in_proj's "
+               "and out_proj's inputs (unless the module carries an adapter), the gated norm's weight-product input, "
+               "D's padded x and exp(A_log)'s result (and in a half dtype without autocast A * dt's dt) "
+               "(frozen_mixer_dropped, equal to the frozen mixers' graphs on the meta device); mixers and MLPs before "
+               "the first adapter record nothing (analytic/terms/frozen_prefix.py); the last mixer's forward holds its "
+               "scan's temporaries (transients.mixer_forward); without checkpointing, within -3% to +1% of the traced "
+               "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py and "
+               "tests/test_families_falcon_h1.py try"),
+    "gated_deltanet": ("adapters on Qwen3-Next: each frozen Gated DeltaNet layer saves transformers' torch path's "
+                       "tensors less the input of in_proj_qkvz and in_proj_ba (unless either carries an adapter) and of "
+                       "out_proj (unless it does), exp(A_log)'s result, the softplus output and the gated norm's "
+                       "weight-product input (frozen_mixer_dropped, equal to autograd's graph with peft's LoRA on the "
+                       "meta device); layers before the first adapter record nothing (analytic/terms/frozen_prefix.py)"),
+    "mamba1": ("adapters on Mamba-1 mixers: each frozen mixer saves transformers' torch path's tensors less in_proj's, "
+               "x_proj's and out_proj's inputs (unless the module carries an adapter), exp(A_log)'s result, the "
+               "normalized time step and the norms' weight products, and in a half dtype the SiLU output "
+               "(frozen_mixer_dropped, equal to autograd's graph with peft's LoRA on the meta device); an adapter on "
+               "dt_proj never runs (the torch path multiplies dt_proj.weight itself) but over a quantized base "
+               "(config._is_quantized: dt_proj runs as a module), where its lora_A keeps the normalized time step "
+               "(b s dt_rank, not counted); mixers before the first adapter record nothing "
+               "(analytic/terms/frozen_prefix.py), the first adapted one counted whole; within -0.3% to +0.9% of the "
+               "traced engine (tests/test_mamba1_train.py)"),
+}
 
 
 def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False) -> list[str]:
