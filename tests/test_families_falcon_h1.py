@@ -4,6 +4,8 @@ state, the prefill's running layer, the traced engine's generate, and the refusa
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from meta_build import graph_saved_storages, meta_module
