@@ -934,10 +934,10 @@ def _mamba1_hybrid_problems(s: Scenario, m: ModelSpec, what: str) -> list[Proble
     ``analytic/kv_cache.py``, and the mixers' state and torch scan, ``analytic/ssm_state.py``'s Mamba-1 terms); the
     rest is refused.
 
-    * Training: full fine-tuning is estimated, the mixers as ``mamba`` and ``falcon_mamba``'s are
-      (analytic/terms/mamba1.py, plus what the weighted dt, B and C norms save for their weights' gradients); the
-      limits of ``_hybrid_train_problems`` hold (adapters, tensor/context/pipeline parallelism, other checkpointing
-      policies and objectives are refused).
+    * Training: full fine-tuning and LoRA are estimated, the mixers as ``mamba`` and ``falcon_mamba``'s are
+      (analytic/terms/mamba1.py, plus what the weighted dt, B and C norms save for their weights' gradients; frozen
+      mixers: analytic/terms/mamba2.py ``frozen_mixer_dropped``); the limits of ``_hybrid_train_problems`` hold
+      (DoRA, tensor/context/pipeline parallelism, other checkpointing policies and objectives are refused).
     * Serving with vLLM is modelled (``serve/mamba_pages.py``: the Mamba-1 state page, ``mamba1_state_shape``, in the
       hybrid layout; ``serve/vllm.py`` ``_hybrid_rule`` refuses the releases and options it does not model); SGLang's
       and llama.cpp's state pools are not modelled.

@@ -89,7 +89,12 @@ def loss_release_of(c: StepContext) -> LossRelease:
 
 def loss(c: StepContext) -> list[Term]:
     """At the forward's log_softmax: the logits, their fp32 copy and the log-probabilities (the tensors,
-    in that order, of ``logits.loss`` ); at the backward's start the loss's gradients (analytic/logits.py)."""
+    in that order, of ``logits.loss`` ); at the backward's start the loss's gradients (analytic/logits.py).
+    Made once per stage (the step's registry and ``transients.mixer_forward`` both read them)."""
+    return list(c.memo("loss_terms", lambda: _loss(c)))
+
+
+def _loss(c: StepContext) -> list[Term]:
     if not c.last:
         return []
     if c.s.train.loss != "standard" or unsloth(c.s):
