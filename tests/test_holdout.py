@@ -83,6 +83,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (30, 14, "2026-11-29", _SCORED, 13, True),
     (31, 12, "2026-11-29", _SCORED, 8, True),
     (32, 8, "2026-11-29", _SCORED, 5, True),
+    (33, 3, "2026-11-29", _SCORED, 2, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
