@@ -194,6 +194,16 @@ def test_printed_totals_of_the_new_cards() -> None:
     assert resolve_gpu("RTX PRO 6000 Blackwell Workstation Edition").total_memory_bytes == 97_245 * 2**20
 
 
+def test_rtx_5080_laptop_total_is_the_printed_banner() -> None:
+    # Unsloth prints round(total_memory / 1024**3, 3) = 15.471 on native Linux: [15.4705, 15.4715) GiB =
+    # [16,611,322,888, 16,612,396,630) B holds one whole MiB count, 15,842 (15,842 / 1,024 = 15.47070; 15,841 gives
+    # 15.46973 -> 15.470): 15,842 x 1,048,576 = 16,611,540,992 = 16 GiB - 542 MiB, above the 16 x 10^9 fallback
+    g = resolve_gpu("RTX 5080 Laptop")
+    assert g.total_memory_bytes == 15_842 * 2**20 == 16_611_540_992 == 2**34 - 542 * 2**20
+    assert round(g.total_memory_bytes / 2**30, 3) == 15.471 and round((15_841 * 2**20) / 2**30, 3) != 15.471
+    assert g.total_memory_bytes > g.nominal_memory_bytes
+
+
 def test_a_card_sold_with_two_memory_sizes_is_refused_by_its_bare_name() -> None:
     # torch prints "NVIDIA GeForce RTX 5060 Ti" for the 8 GB and the 16 GB card alike
     with pytest.raises(ScenarioError, match="two cards"):
