@@ -20,7 +20,7 @@ from typing import Any
 from vramplan.analytic.layout import LoraTargets, lora_targets, rank_params
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.catalog.resolve import resolve
-from vramplan.engine import ReservedModel, estimate, train_step_floor_bytes
+from vramplan.engine import ReservedModel, StepWalks, estimate, train_step_floor_bytes, train_step_walks
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.bound import PER_BATCH, static_lower_bound_bytes
 from vramplan.plan.fit import usable_bytes
@@ -52,6 +52,8 @@ class PlanContext:
     _kv_sequence: dict[tuple[object, ...], int | None] = field(default_factory=dict)
     _verified: dict[ServeSetup, tuple[Report | None, Report]] = field(default_factory=dict)
     _floors: dict[TrainSetup, int | None] = field(default_factory=dict)
+    # the step term records of the setups whose step floor fits (the walk estimates them next)
+    _walks: dict[TrainSetup, StepWalks] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -185,14 +187,23 @@ class PlanContext:
         return Resolved(scn, self.model, self.gpu, tuple(notes))
 
     def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
-        """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""
-        return estimate(self._resolved(s), reserved=reserved)
+        """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's).
+        A training setup whose step floor was computed (and fits) reuses that floor's step term records
+        (``engine.train_step_walks``: the engine would make the same from the same scenario)."""
+        walks = self._walks.get(s) if isinstance(s, TrainSetup) else None
+        return estimate(self._resolved(s), reserved=reserved, walks=walks)
 
     def step_floor(self, s: TrainSetup) -> int | None:
         """The steady step's lower bound of the estimate's device-used bytes (``engine.train_step_floor_bytes``;
-        None for a job the plain step does not answer), computed once per setup."""
+        None for a job the plain step does not answer), computed once per setup.  The step's term records of a
+        floor within the usable memory are kept for the setup's estimates (those above it are not estimated)."""
         if s not in self._floors:
-            self._floors[s] = train_step_floor_bytes(self._resolved(s))
+            r = self._resolved(s)
+            walks = train_step_walks(r)
+            floor = None if walks is None else train_step_floor_bytes(r, walks)
+            if walks is not None and floor is not None and floor <= self.usable:
+                self._walks[s] = walks
+            self._floors[s] = floor
         return self._floors[s]
 
     def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
