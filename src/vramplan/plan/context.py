@@ -30,7 +30,7 @@ from vramplan.report import Report
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, checkpoint_quantization_for, fsdp_upcast_for
 from vramplan.spec.model import ModelSpec
-from vramplan.spec.scenario import Scenario
+from vramplan.spec.scenario import Scenario, Train
 
 __all__ = ["PlanContext", "make_context", "micro_batch_key"]
 
@@ -54,6 +54,10 @@ class PlanContext:
     _floors: dict[TrainSetup, int | None] = field(default_factory=dict)
     # the step term records of the setups whose step floor fits (the walk estimates them next)
     _walks: dict[TrainSetup, StepWalks] = field(default_factory=dict)
+    _compute: dict[tuple[object, ...], tuple[float, float, float, float, int]] = field(default_factory=dict)
+    # a ``Train`` record's fields outside ``PER_BATCH``, by the record's identity (the record is kept beside them):
+    # the setups share their records (plan/setup.py ``_train``)
+    _static_fields: dict[int, tuple[Train, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -112,7 +116,8 @@ class PlanContext:
     # ---- evaluation ---------------------------------------------------------
     def step_time(self, s: TrainSetup) -> StepTime:
         lora = self.trainable(s) if s.peft else 0
-        return train_step_time(s, self.facts, self.gpu, self.assumptions, self.policy(s), self.trainable(s), lora)
+        return train_step_time(s, self.facts, self.gpu, self.assumptions, self.policy(s), self.trainable(s), lora,
+                               self._compute)
 
     def lower_bound(self, s: TrainSetup) -> int:
         """The engine's static terms on the setup's scenario, with the CUDA context and NCCL buffers
@@ -122,9 +127,12 @@ class PlanContext:
         differ only in the fields of ``PER_BATCH`` share one bound, computed once
         (``tests/test_plan_bound.py`` checks that those fields leave the static terms unchanged)."""
         t = s.train
-        # the other training fields by value (repr: the adapter settings hold a list, which has no hash)
-        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel,
-               tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - PER_BATCH)))
+        held = self._static_fields.get(id(t))
+        if held is None or held[0] is not t:
+            # the other training fields by value (repr: the adapter settings hold a list, which has no hash)
+            held = self._static_fields[id(t)] = (
+                t, tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - PER_BATCH)))
+        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, held[1])
         got = self._bounds.get(key)
         if got is None:
             got = self._bounds[key] = static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
@@ -276,13 +284,22 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
     return PlanContext(model, r.model, g, model_facts(r.model), assumptions, margin, r.scenario)
 
 
-def micro_batch_key(s: TrainSetup) -> tuple[object, ...]:
+def micro_batch_key(s: TrainSetup, memo: dict[int, tuple[Train, tuple[tuple[str, str], ...]]] | None = None
+                    ) -> tuple[object, ...]:
     """Setups that differ only in the micro-batch split of the same global batch, with gradient accumulation on in all
     of them or in none: along such a set the step floor never falls as the micro-batch grows (every saved tensor
     and every per-batch temporary grows with the micro-batch's tokens; the micro-batches a pipeline keeps in flight,
     min(stages, accumulation) of them, hold min(stages x micro-batch, global batch) sequences; what accumulation itself
     adds is switched by ``grad_accum_steps > 1``, kept in the key).  So the floor of the smallest micro-batch of a key
-    is a lower bound of every other's (``tests/test_plan_bound.py`` checks it over the planner's own candidates)."""
+    is a lower bound of every other's (``tests/test_plan_bound.py`` checks it over the planner's own candidates).
+    ``memo``: the ``Train`` records' other fields by the record's identity (the record kept beside them), for a
+    search's setups, which share their records (plan/setup.py ``_train``)."""
     t = s.train
-    rest = tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - {"micro_batch_size", "grad_accum_steps"}))
+    held = None if memo is None else memo.get(id(t))
+    if held is None or held[0] is not t:
+        held = (t, tuple(sorted((k, repr(getattr(t, k)))
+                                for k in t.model_fields_set - {"micro_batch_size", "grad_accum_steps"})))
+        if memo is not None:
+            memo[id(t)] = held
+    rest = held[1]
     return (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, s.peft, s.quantization, t.grad_accum_steps > 1, rest)
