@@ -36,7 +36,8 @@ from vramplan.analytic.lifecycle.steps import between_steps, first_step
 from vramplan.analytic.moment import K, Moment
 from vramplan.analytic.overhead import cuda_context_for, nccl_bytes
 from vramplan.analytic.ssm_state import split_product_excess_bytes
-from vramplan.analytic.train import TrainResult, train_step
+from vramplan.analytic.terms.context import communicators
+from vramplan.analytic.train import StepWalks, TrainResult, step_peak, step_walks, train_step
 from vramplan.catalog.gpus import bare_name_note
 from vramplan.catalog.resolve import resolve
 from vramplan.errors import Problem, ScenarioError
@@ -58,7 +59,7 @@ from vramplan.spec.load import Resolved
 from vramplan.spec.scenario import Scenario
 from vramplan.units import GiB
 
-__all__ = ["ReservedModel", "estimate", "train_step_floor_bytes"]
+__all__ = ["ReservedModel", "StepWalks", "estimate", "train_step_floor_bytes", "train_step_walks"]
 
 
 def context_at_start(r: Resolved) -> bool:
@@ -167,10 +168,10 @@ def _step_reserved_by(r: Resolved, tr: TrainResult, outside: dict[str, int], res
                     "segments (fragmentation left by earlier phases not counted)")
 
 
-def _train(r: Resolved, reserved: ReservedModel, ctx: int) -> Report:
+def _train(r: Resolved, reserved: ReservedModel, ctx: int, walks: StepWalks | None = None) -> Report:
     """The training report: the steady step and the job's other phases (analytic/lifecycle), the peaks
-    being the maxima over all of them."""
-    tr = train_step(r)
+    being the maxima over all of them.  ``walks``: the step's term records made before (``train_step_walks``)."""
+    tr = train_step(r, walks=walks)
     outside = {"cuda_context": ctx, "workspaces": 0, "communication": nccl_bytes(tr.communicators),
                "managed": tr.managed_bytes}
     res_bytes, how = _step_reserved(r, tr, outside, reserved)
@@ -663,30 +664,46 @@ def _sizes_beyond(exc: OverflowError | RecursionError) -> ScenarioError:
                                   "check the model's config.json and the scenario's counts")])
 
 
-def train_step_floor_bytes(r: Resolved) -> int | None:
+def train_step_walks(r: Resolved) -> StepWalks | None:
+    """The steady step's term records of a plain training job (``analytic.train.step_walks``), which
+    ``train_step_floor_bytes`` and ``estimate`` take so that a setup's floor and estimates make them once; None for
+    a job of another kind.  Refuses what ``estimate`` refuses, with the same problems."""
+    s = r.scenario
+    if (s.task != "train" or s.effective_framework in ("verl", "openrlhf") or s.train.objective != "sft"):
+        return None
+    _refuse_unmodelled(r)
+    try:
+        return step_walks(r)
+    except (OverflowError, RecursionError) as exc:
+        raise _sizes_beyond(exc) from None
+
+
+def train_step_floor_bytes(r: Resolved, walks: StepWalks | None = None) -> int | None:
     """A lower bound of a plain training job's ``device_used_bytes`` from its steady step alone (the planner's
     second screen, after ``plan/bound.py``'s static terms); None for a job of another kind.
 
     ``_train`` reports the maximum over the steady step and the job's other phases, with reserved bytes at least
     the steady step's peak moment, and device-used bytes = reserved + what ``managed_in_capacity`` keeps of the
     bytes outside the allocator, which grows with the reserved bytes; so the steady peak moment plus that is
-    never above the estimate's figure.  It skips the allocator model, the lifecycle phases, the report and the
-    band (about a third of an estimate's time).  Refuses what ``estimate`` refuses, with the same problems."""
-    s = r.scenario
-    if (s.task != "train" or s.effective_framework in ("verl", "openrlhf") or s.train.objective != "sft"):
-        return None
-    _refuse_unmodelled(r)
+    never above the estimate's figure.  It skips the moments' parts (``analytic.train.step_peak``: the totals
+    only), the allocator model, the lifecycle phases, the report and the band.  Refuses what ``estimate``
+    refuses, with the same problems.  ``walks``: ``train_step_walks(r)``, when made before."""
+    if walks is None:
+        walks = train_step_walks(r)
+        if walks is None:
+            return None
     try:
-        tr = train_step(r, peak_only=True)
+        peak, managed = step_peak(walks)
     except (OverflowError, RecursionError) as exc:
         raise _sizes_beyond(exc) from None
     outside = {"cuda_context": cuda_context_for(r.gpu).bytes, "workspaces": 0,
-               "communication": nccl_bytes(tr.communicators), "managed": tr.managed_bytes}
-    kept, _ = managed_in_capacity(outside, tr.peak.total, r.gpu.total_memory_bytes)
-    return tr.peak.total + sum(kept.values())
+               "communication": nccl_bytes(communicators(r.scenario)), "managed": managed}
+    kept, _ = managed_in_capacity(outside, peak, r.gpu.total_memory_bytes)
+    return peak + sum(kept.values())
 
 
-def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel = "replay") -> Report:
+def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel = "replay",
+             walks: StepWalks | None = None) -> Report:
     """Estimate per-GPU memory for a scenario (file path, mapping, Scenario or Resolved).
 
     ``reserved`` picks how a training step's reserved bytes are found: ``"replay"`` (default) runs
@@ -694,15 +711,18 @@ def estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved
     model (``analytic/events.py``), so fragmentation left by earlier phases counts (4-13 ms for
     a new 7B-70B scenario: layer windows proven to repeat earlier ones are built, not replayed); ``"packed"`` packs only the tensors alive at the peak into empty segments (about
     1 ms, never above the replay's figure), which the planner uses to screen candidates before it
-    confirms them with the replay.  Inference and serving always use the packing.
+    confirms them with the replay.  Inference and serving always use the packing.  ``walks``: a plain training
+    job's step term records from ``train_step_walks`` on the same ``Resolved`` (the planner's, made for its step
+    floor), used instead of making them again.
     """
     try:
-        return _estimate(source, reserved)
+        return _estimate(source, reserved, walks)
     except (OverflowError, RecursionError) as exc:
         raise _sizes_beyond(exc) from None
 
 
-def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel) -> Report:
+def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserved: ReservedModel,
+              walks: StepWalks | None = None) -> Report:
     r = source if isinstance(source, Resolved) else resolve(source)
     _refuse_unmodelled(r)
     choice = cuda_context_for(r.gpu)
@@ -721,7 +741,7 @@ def _estimate(source: str | Path | dict[str, Any] | Scenario | Resolved, reserve
             return with_band(_ppo_train(r, reserved, ctx))
         if r.scenario.train.objective != "sft":
             return with_band(_rl_train(r, reserved, ctx))
-        return with_band(_train(r, reserved, ctx))
+        return with_band(_train(r, reserved, ctx, walks))
     if task == "inference":
         # AutoAWQ's fused modules run their own attention and window cache (analytic/autoawq.py)
         ir = autoawq_step(r) if r.scenario.effective_framework == "autoawq" else generate_step(r)

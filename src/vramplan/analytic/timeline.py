@@ -47,6 +47,7 @@ __all__ = [
     "mlp",
     "step_timeline",
     "sweep",
+    "sweep_peak",
     "sweep_totals",
 ]
 
@@ -218,6 +219,34 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
     # each moment's total: the rows' bytes at its point, summed column by column
     totals = list(map(sum, zip(*[row[2] for row in rows])))[:n] if rows else [0] * n
     return [_SweptMoment(pt.phase, rows, i, totals[i]) for i, pt in enumerate(points)], totals
+
+
+def sweep_peak(terms: Sequence[Term], timeline: Timeline) -> int:
+    """``max(sweep_totals(terms, timeline)[1])`` without the moments: one running sum over every key.
+
+    Each total of ``sweep_totals`` is the sum over its rows of a row's running sum at the point, and each row's
+    running sum adds a term's bytes from the point of its birth up to the point of its death (the same bisected
+    indices as here); so one running sum of every device term's bytes, kept per point, gives the same integers
+    (the rows a point only shows are 0).  The planner's step floor (``engine.train_step_floor_bytes``) reads only
+    this, not the moments' parts."""
+    orders = timeline.orders
+    n = len(orders)
+    at = dict(timeline.index)
+    at_get = at.get
+    d = [0] * (n + 1)
+    for _key, nbytes, born, dies, _name, _layer, where, _fields, _tensors in terms:
+        if not nbytes or where != "device":
+            continue
+        i0 = at_get(id(born))
+        if i0 is None:
+            i0 = at[id(born)] = bisect_left(orders, born.order)
+        i1 = at_get(id(dies))
+        if i1 is None:
+            i1 = at[id(dies)] = bisect_left(orders, dies.order)
+        if i0 < i1:
+            d[i0] += nbytes
+            d[i1] -= nbytes
+    return max(list(accumulate(d))[:n])
 
 
 _NONE: frozenset[int] = frozenset()

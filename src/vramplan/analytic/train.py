@@ -64,7 +64,7 @@ from vramplan.analytic.terms.saved import (
 )
 from vramplan.analytic.terms.transients import TORCHTUNE_NF4_NOTE
 from vramplan.analytic.terms.vision import tower_forward_moment
-from vramplan.analytic.timeline import Timeline, step_timeline, sweep_totals
+from vramplan.analytic.timeline import Timeline, step_timeline, sweep_peak, sweep_totals
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
 from vramplan.analytic.unsloth import unsloth, unsloth_loss_note, unsloth_notes
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
@@ -81,7 +81,7 @@ from vramplan.spec.model import ModelSpec
 from vramplan.spec.scenario import Scenario
 from vramplan.units import ceil_div
 
-__all__ = ["TrainResult", "shards", "stage_timeline", "train_step"]
+__all__ = ["StepWalks", "TrainResult", "shards", "stage_timeline", "step_peak", "step_walks", "train_step"]
 
 
 @dataclass
@@ -128,26 +128,64 @@ def _walks(r: Resolved, stage: int, attention: str, repeat: bool) -> list[StepCo
     return [first, StepContext(r, stage, attention, repeat, gpipe_later=True)]
 
 
-def train_step(r: Resolved, peak_only: bool = False) -> TrainResult:
+@dataclass(frozen=True)
+class StepWalks:
+    """The term records of a step's walks (``_walks``: one per pipeline stage worth estimating, two under GPipe
+    with accumulation), each with its stage's context, and the attention kernel they were made for: what
+    ``train_step`` sweeps.  Term records are immutable and a context's derived values are computed once from
+    its scenario, so one ``StepWalks`` answers the step floor and the estimates of the same scenario alike
+    (the planner makes it once per setup: ``engine.train_step_walks``)."""
+
+    attention: str
+    repeat: bool
+    walks: tuple[tuple[StepContext, list[Term]], ...]
+
+
+def step_walks(r: Resolved) -> StepWalks:
+    """The step's contexts and their term records (analytic/terms ``step_terms``), in ``train_step``'s order."""
+    s, m = r.scenario, r.model
+    attention, repeat = resolve_attention(s, m, step_policy(s), r.gpu)
+    walks = tuple((c, step_terms(c)) for stage in stages(s.parallel.pp, layout_style(s))
+                  for c in _walks(r, stage, attention, repeat))
+    return StepWalks(attention, repeat, walks)
+
+
+def step_peak(w: StepWalks) -> tuple[int, int]:
+    """``train_step(r, peak_only=True)``'s ``peak.total`` and ``managed_bytes`` from the walks' totals alone
+    (timeline.py ``sweep_peak``): the highest walk's peak, the first of equal ones, as ``train_step``'s ``max``
+    picks it; its managed bytes are that walk's."""
+    best_total: int | None = None
+    best_managed = 0
+    for c, terms in w.walks:
+        total = sweep_peak(terms, stage_timeline(c))
+        tower = tower_forward_moment(c, terms)
+        if tower is not None:
+            total = max(tower.total, total)
+        if best_total is None or total > best_total:
+            best_total, best_managed = total, _elsewhere(terms)["managed"]
+    assert best_total is not None  # a step has at least one walk (``stages``: at least rank 0)
+    return best_total, best_managed
+
+
+def train_step(r: Resolved, peak_only: bool = False, walks: StepWalks | None = None) -> TrainResult:
     """One steady-state step on the GPU of each pipeline stage worth estimating; the stage with the
     highest peak is the answer.  Each stage's terms (analytic/terms) are swept over its timeline.
 
     ``peak_only``: the moments, the peak and the bytes by place only -- no event layout for the allocator
-    replay and no assumptions (the planner's screen, ``engine.train_step_floor_bytes``)."""
+    replay and no assumptions.  ``walks``: ``step_walks(r)`` made before (the planner's, for its step floor)."""
     s, m = r.scenario, r.model
-    attention, repeat = resolve_attention(s, m, step_policy(s), r.gpu)
+    w = step_walks(r) if walks is None else walks
+    attention, repeat = w.attention, w.repeat
     results: list[TrainResult] = []
-    for stage in stages(s.parallel.pp, layout_style(s)):
-        for c in _walks(r, stage, attention, repeat):
-            terms = step_terms(c)
-            moments, totals = sweep_totals(terms, stage_timeline(c))
-            tower = tower_forward_moment(c, terms)
-            if tower is not None:  # a frozen vision tower's forward, before the language model's first layer
-                moments, totals = [tower, *moments], [tower.total, *totals]
-            peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
-            off = _elsewhere(terms)
-            results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
-                                       None if peak_only else build_layout(c, terms), terms, c))
+    for c, terms in w.walks:
+        moments, totals = sweep_totals(terms, stage_timeline(c))
+        tower = tower_forward_moment(c, terms)
+        if tower is not None:  # a frozen vision tower's forward, before the language model's first layer
+            moments, totals = [tower, *moments], [tower.total, *totals]
+        peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
+        off = _elsewhere(terms)
+        results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
+                                   None if peak_only else build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
     best.communicators = communicators(s)
     if peak_only:

@@ -20,7 +20,7 @@ from typing import Any
 from vramplan.analytic.layout import LoraTargets, lora_targets, rank_params
 from vramplan.analytic.precision import PrecisionPolicy, policy
 from vramplan.catalog.resolve import resolve
-from vramplan.engine import ReservedModel, estimate, train_step_floor_bytes
+from vramplan.engine import ReservedModel, StepWalks, estimate, train_step_floor_bytes, train_step_walks
 from vramplan.errors import Problem, ScenarioError
 from vramplan.plan.bound import PER_BATCH, static_lower_bound_bytes
 from vramplan.plan.fit import usable_bytes
@@ -30,7 +30,7 @@ from vramplan.report import Report
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved, checkpoint_quantization_for, fsdp_upcast_for
 from vramplan.spec.model import ModelSpec
-from vramplan.spec.scenario import Scenario
+from vramplan.spec.scenario import Scenario, Train
 
 __all__ = ["PlanContext", "make_context", "micro_batch_key"]
 
@@ -52,6 +52,12 @@ class PlanContext:
     _kv_sequence: dict[tuple[object, ...], int | None] = field(default_factory=dict)
     _verified: dict[ServeSetup, tuple[Report | None, Report]] = field(default_factory=dict)
     _floors: dict[TrainSetup, int | None] = field(default_factory=dict)
+    # the step term records of the setups whose step floor fits (the walk estimates them next)
+    _walks: dict[TrainSetup, StepWalks] = field(default_factory=dict)
+    _compute: dict[tuple[object, ...], tuple[float, float, float, float, int]] = field(default_factory=dict)
+    # a ``Train`` record's fields outside ``PER_BATCH``, by the record's identity (the record is kept beside them):
+    # the setups share their records (plan/setup.py ``_train``)
+    _static_fields: dict[int, tuple[Train, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
 
     @property
     def usable(self) -> int:
@@ -110,7 +116,8 @@ class PlanContext:
     # ---- evaluation ---------------------------------------------------------
     def step_time(self, s: TrainSetup) -> StepTime:
         lora = self.trainable(s) if s.peft else 0
-        return train_step_time(s, self.facts, self.gpu, self.assumptions, self.policy(s), self.trainable(s), lora)
+        return train_step_time(s, self.facts, self.gpu, self.assumptions, self.policy(s), self.trainable(s), lora,
+                               self._compute)
 
     def lower_bound(self, s: TrainSetup) -> int:
         """The engine's static terms on the setup's scenario, with the CUDA context and NCCL buffers
@@ -120,9 +127,12 @@ class PlanContext:
         differ only in the fields of ``PER_BATCH`` share one bound, computed once
         (``tests/test_plan_bound.py`` checks that those fields leave the static terms unchanged)."""
         t = s.train
-        # the other training fields by value (repr: the adapter settings hold a list, which has no hash)
-        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel,
-               tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - PER_BATCH)))
+        held = self._static_fields.get(id(t))
+        if held is None or held[0] is not t:
+            # the other training fields by value (repr: the adapter settings hold a list, which has no hash)
+            held = self._static_fields[id(t)] = (
+                t, tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - PER_BATCH)))
+        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, held[1])
         got = self._bounds.get(key)
         if got is None:
             got = self._bounds[key] = static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
@@ -185,14 +195,23 @@ class PlanContext:
         return Resolved(scn, self.model, self.gpu, tuple(notes))
 
     def estimate(self, s: TrainSetup | ServeSetup, reserved: ReservedModel = "replay") -> Report:
-        """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's)."""
-        return estimate(self._resolved(s), reserved=reserved)
+        """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's).
+        A training setup whose step floor was computed (and fits) reuses that floor's step term records
+        (``engine.train_step_walks``: the engine would make the same from the same scenario)."""
+        walks = self._walks.get(s) if isinstance(s, TrainSetup) else None
+        return estimate(self._resolved(s), reserved=reserved, walks=walks)
 
     def step_floor(self, s: TrainSetup) -> int | None:
         """The steady step's lower bound of the estimate's device-used bytes (``engine.train_step_floor_bytes``;
-        None for a job the plain step does not answer), computed once per setup."""
+        None for a job the plain step does not answer), computed once per setup.  The step's term records of a
+        floor within the usable memory are kept for the setup's estimates (those above it are not estimated)."""
         if s not in self._floors:
-            self._floors[s] = train_step_floor_bytes(self._resolved(s))
+            r = self._resolved(s)
+            walks = train_step_walks(r)
+            floor = None if walks is None else train_step_floor_bytes(r, walks)
+            if walks is not None and floor is not None and floor <= self.usable:
+                self._walks[s] = walks
+            self._floors[s] = floor
         return self._floors[s]
 
     def verify(self, s: TrainSetup | ServeSetup, report: Report | None = None) -> Report:
@@ -265,13 +284,22 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
     return PlanContext(model, r.model, g, model_facts(r.model), assumptions, margin, r.scenario)
 
 
-def micro_batch_key(s: TrainSetup) -> tuple[object, ...]:
+def micro_batch_key(s: TrainSetup, memo: dict[int, tuple[Train, tuple[tuple[str, str], ...]]] | None = None
+                    ) -> tuple[object, ...]:
     """Setups that differ only in the micro-batch split of the same global batch, with gradient accumulation on in all
     of them or in none: along such a set the step floor never falls as the micro-batch grows (every saved tensor
     and every per-batch temporary grows with the micro-batch's tokens; the micro-batches a pipeline keeps in flight,
     min(stages, accumulation) of them, hold min(stages x micro-batch, global batch) sequences; what accumulation itself
     adds is switched by ``grad_accum_steps > 1``, kept in the key).  So the floor of the smallest micro-batch of a key
-    is a lower bound of every other's (``tests/test_plan_bound.py`` checks it over the planner's own candidates)."""
+    is a lower bound of every other's (``tests/test_plan_bound.py`` checks it over the planner's own candidates).
+    ``memo``: the ``Train`` records' other fields by the record's identity (the record kept beside them), for a
+    search's setups, which share their records (plan/setup.py ``_train``)."""
     t = s.train
-    rest = tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - {"micro_batch_size", "grad_accum_steps"}))
+    held = None if memo is None else memo.get(id(t))
+    if held is None or held[0] is not t:
+        held = (t, tuple(sorted((k, repr(getattr(t, k)))
+                                for k in t.model_fields_set - {"micro_batch_size", "grad_accum_steps"})))
+        if memo is not None:
+            memo[id(t)] = held
+    rest = held[1]
     return (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, s.peft, s.quantization, t.grad_accum_steps > 1, rest)

@@ -124,8 +124,10 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
     # others' from below, so one floor above the memory rejects the whole split (the walk meets the larger
     # micro-batches first: they are faster)
     smallest: dict[tuple[object, ...], TrainSetup] = {}
+    split: dict[int, tuple[object, ...]] = {}  # each setup's key, by the setup's identity (``setups`` holds them)
+    fields: dict[int, tuple[Any, tuple[tuple[str, str], ...]]] = {}
     for s in setups:
-        k = micro_batch_key(s)
+        k = split[id(s)] = micro_batch_key(s, fields)
         if k not in smallest or s.train.micro_batch_size < smallest[k].train.micro_batch_size:
             smallest[k] = s
     usable = ctx.usable
@@ -145,7 +147,7 @@ def _walk_train(ctx: PlanContext, setups: list[TrainSetup], top: int, st: _Stats
             if ctx.lower_bound(s) > usable:
                 st.bound_rejected += 1
                 continue
-            if not exhaustive and _split_cannot_fit(ctx, smallest[micro_batch_key(s)], s):
+            if not exhaustive and _split_cannot_fit(ctx, smallest[split[id(s)]], s):
                 st.bound_rejected += 1
                 continue
             floor = ctx.step_floor(s)

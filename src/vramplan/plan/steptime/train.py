@@ -100,16 +100,15 @@ def _gathered_bytes_per_param(s: TrainSetup, pol: PrecisionPolicy) -> int:
     return 2 if pol.compute_bytes <= 2 else 4
 
 
-def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptions, pol: PrecisionPolicy,
-                    trainable: int, lora_params: int = 0) -> StepTime:
-    """Step time of ``s``; ``trainable`` = parameters the optimizer updates (adapters under PEFT)."""
-    tp, pp, dp, g = s.tp, s.pp, s.dp, s.grad_accum_steps
-    # model chunks per rank of an interleaved schedule (facts/pipeline_schedules.py; pipeline.py)
-    row = pipeline_schedule(s.parallel.pp_schedule)
-    v = s.parallel.pp_virtual_stages if pp > 1 and row.multi_stage else 1
-    # a V schedule (zbv-zero-bubble, dualpipev) puts rank r's chunks at r and 2 pp - 1 - r, the head on rank 0; the
-    # split-backward schedules' bubble is the walk of their actions (pipeline.py split_bubble_slots)
-    style = row.style if pp > 1 else "loop"
+# the slowest stage's (first pass, recomputation, forward share, weight-gradient share) seconds and its layer count
+_Compute = tuple[float, float, float, float, int]
+
+
+def _compute(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptions, pol: PrecisionPolicy, lora_params: int,
+             v: int, style: str) -> _Compute:
+    """Compute per micro-step on the slowest stage: it reads of ``s`` only the fields of ``train_step_time``'s memo
+    key (tp, pp, the micro-batch, the sequence, the attention, PEFT, checkpointing, the quantization)."""
+    tp, pp = s.tp, s.pp
     tokens = s.micro_batch_size * s.seq_len
     kernel = "eager" if s.attention == "eager" else "flash"
     skips = kernel != "eager" and not f.encoder_only
@@ -117,8 +116,6 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
     frozen = s.peft is not None
     full_ckpt = s.checkpointing == "full"
     hbm = float(gpu.hbm_bytes_per_s)
-
-    # ---- compute per micro-step, slowest stage ----
     t_first = t_re = 0.0
     t_fwd = t_wgrad = 0.0  # the slowest stage's forward and weight-gradient shares (split schedules' walk)
     slowest = -1.0
@@ -149,8 +146,35 @@ def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptio
             # gradient's (with any recomputation, which runs before it)
             t_fwd = (fl.matmul_forward_flops(mm + head, tokens) + attn + 2.0 * lora * tokens) / tp / rate
             t_wgrad = ((0.0 if frozen else 2.0 * (mm + head) * tokens) + 2.0 * lora * tokens) / tp / rate
-    t_c = t_first + t_re
+    return t_first, t_re, t_fwd, t_wgrad, stage_layer_count
 
+
+def train_step_time(s: TrainSetup, f: ModelFacts, gpu: GpuSpec, a: PerfAssumptions, pol: PrecisionPolicy,
+                    trainable: int, lora_params: int = 0, memo: dict[tuple[object, ...], _Compute] | None = None
+                    ) -> StepTime:
+    """Step time of ``s``; ``trainable`` = parameters the optimizer updates (adapters under PEFT).
+
+    ``memo``: the slowest stage's compute (``_compute``) by its inputs, for calls with the same ``f``, ``gpu``
+    and ``a`` (the planner's, one per search: its candidates share it across frameworks, offloads, optimizers)."""
+    tp, pp, dp, g = s.tp, s.pp, s.dp, s.grad_accum_steps
+    # model chunks per rank of an interleaved schedule (facts/pipeline_schedules.py; pipeline.py)
+    row = pipeline_schedule(s.parallel.pp_schedule)
+    v = s.parallel.pp_virtual_stages if pp > 1 and row.multi_stage else 1
+    # a V schedule (zbv-zero-bubble, dualpipev) puts rank r's chunks at r and 2 pp - 1 - r, the head on rank 0; the
+    # split-backward schedules' bubble is the walk of their actions (pipeline.py split_bubble_slots)
+    style = row.style if pp > 1 else "loop"
+    tokens = s.micro_batch_size * s.seq_len
+    full_ckpt = s.checkpointing == "full"
+    hbm = float(gpu.hbm_bytes_per_s)
+    key = (tp, pp, v, style, s.micro_batch_size, s.seq_len, s.attention, s.peft is not None, full_ckpt,
+           s.quantization, pol.half, pol.compute_bytes, lora_params)
+    got = None if memo is None else memo.get(key)
+    if got is None:
+        got = _compute(s, f, gpu, a, pol, lora_params, v, style)
+        if memo is not None:
+            memo[key] = got
+    t_first, t_re, t_fwd, t_wgrad, stage_layer_count = got
+    t_c = t_first + t_re
     # ---- tensor and pipeline parallel, per micro-step ----
     act_bytes = tokens * f.hidden_size * pol.compute_bytes
     intra = col.link_bytes_per_s(gpu, False, a)
