@@ -2,7 +2,9 @@
 path: ``mamba2_chunk_scan``, no mamba-ssm kernels) run on the meta device under ``vramplan.trace.tracker.Tracker``,
 forward then backward; the table gives, per token, the peak of the live bytes during the backward above the live bytes
 at its start (all saved tensors, the output), for frozen weights (PEFT) and trained ones (full fine-tuning), bf16 or
-fp32 weights under bf16 autocast, against the analytic engine's ``mixer_backward_per_token`` and
+fp32 weights under bf16 autocast (the traced engine's emulation of CUDA autocast: torch's own ``torch.autocast`` casts
+no meta tensor, so a ``torch.autocast("cpu")`` region here would leave the step in fp32), against the analytic engine's
+``mixer_backward_per_token`` and
 ``mixer_recompute_per_token`` (analytic/terms/mamba2.py), which were read off these tables; and the same for LFM2's
 gated short-convolution block (``Lfm2ShortConv``).
 
@@ -45,8 +47,19 @@ def _on_meta(make: Any, shape: tuple[int, int, int], dtype: torch.dtype, trained
         x = torch.empty(*shape, dtype=dtype, requires_grad=True)
     for p in module.parameters():
         p.requires_grad_(trained)
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    # torch's own autocast does nothing to meta tensors (only CUDA autocast casts, and only CUDA tensors): the traced
+    # engine's emulation of CUDA autocast (vramplan.trace.cuda) casts them as a GPU step would
+    cast = _cuda_autocast() if autocast else contextlib.nullcontext()
     return module, x, Tracker(), cast
+
+
+@contextlib.contextmanager
+def _cuda_autocast() -> Any:
+    """bf16 CUDA autocast over meta tensors, as ``torch.autocast("cuda", torch.bfloat16)`` is on a GPU."""
+    from vramplan.trace import cuda
+
+    with cuda.cuda_behaviour(cuda.CudaSpec(capability=(9, 0))), cuda.autocast(torch.bfloat16):
+        yield
 
 
 def _backward_peak(make: Any, shape: tuple[int, int, int], dtype: torch.dtype, trained: bool,
@@ -107,7 +120,7 @@ def forward_table() -> list[str]:
             ms = MambaSpec(layers=(0,), n_heads=heads, head_dim=hd, n_groups=g, state_size=n, conv_kernel=4,
                            intermediate_size=heads * hd, chunk_size=chunk)
             got = forward_extra(h, heads, hd, g, n, chunk, b, s, dtype, trained, autocast) // (b * s)
-            want = mixer_recompute_per_token(ms, h, r, not trained, b, s)
+            want = mixer_recompute_per_token(ms, h, r, not trained, b, s, autocast)
             worst = max(worst, abs(got - want))
             lines.append(f"  {name:24s} h {h:5d} I {heads * hd:5d} g {g} n {n:3d} l {chunk:3d} {b} x {s:5d}"
                          f"  {got:8d} / {want:8d}")

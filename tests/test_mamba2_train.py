@@ -94,7 +94,7 @@ def test_mixer_saved_equals_the_autograd_graph(mode: str, changes: dict[str, int
 
 
 @pytest.mark.parametrize(("precision", "checkpointing", "low"), [
-    ("bf16-true", "none", 0.99), ("bf16-mixed", "none", 0.99), ("bf16-mixed", "full", 0.96)])
+    ("bf16-true", "none", 0.99), ("bf16-mixed", "none", 0.99), ("bf16-mixed", "full", 0.99)])
 def test_train_step_agrees_with_the_traced_engine(precision: str, checkpointing: str, low: float) -> None:
     pytest.importorskip("torch")
     from vramplan.trace.engine import estimate as traced
@@ -106,9 +106,9 @@ def test_train_step_agrees_with_the_traced_engine(precision: str, checkpointing:
     # stated tolerance: the mixer's backward gradients inside the scan are not modelled (an assumption the report
     # states), so the analytic peak is within 1% without checkpointing (the peak is at the loss, all saved tensors
     # alive; the last mixer's forward working set, transients.mixer_forward, counted over the records of the layers
-    # after it: 0.14% over on the bf16-true tester) or 4% under with full checkpointing (the peak is in a recomputed
-    # mixer's backward)
-    assert low < a / t <= 1.002
+    # after it and of its own layer's MLP: 0.998, 0.997 measured) or 1% under with full checkpointing (the peak is in a
+    # recomputed mixer's backward: 0.994; 0.982 while the fp32 figure stood for the recomputed forward under autocast)
+    assert low < a / t <= 1.0
 
 
 def test_train_report_states_the_torch_path() -> None:
@@ -141,7 +141,7 @@ def _hybrid_testers() -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize(("model", "precision", "checkpointing", "low"), [
     ("granitemoehybrid", "bf16-mixed", "none", 0.99), ("granitemoehybrid-moe", "bf16-true", "none", 0.99),
     ("nemotron_h", "bf16-true", "none", 0.99), ("nemotron_h", "bf16-mixed", "none", 0.99),
-    ("nemotron_h", "bf16-mixed", "full", 0.96)])
+    ("nemotron_h", "bf16-mixed", "full", 0.99)])
 def test_other_hybrids_agree_with_the_traced_engine(model: str, precision: str, checkpointing: str,
                                                      low: float) -> None:
     pytest.importorskip("torch")

@@ -68,6 +68,7 @@ from vramplan.analytic.timeline import Timeline, step_timeline, sweep_peak, swee
 from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
 from vramplan.analytic.unsloth import unsloth, unsloth_loss_note, unsloth_notes
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
+from vramplan.facts.quantization import bnb_formats
 from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS
 from vramplan.spec.defaults import megatron_distributed_optimizer, torchtitan_fsdp2
 from vramplan.spec.load import Resolved
@@ -553,7 +554,8 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "steady-state step: optimizer states exist; gradients are set to None after each step",
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),
-        *mixer_train_notes(m, peft=t.peft is not None, recomputed=checkpoint_policy(s) != "none"),
+        *mixer_train_notes(m, peft=t.peft is not None, recomputed=checkpoint_policy(s) != "none",
+                           kbit_autocast=t.quantization in bnb_formats() and step_policy(s).autocast),
     ]
     out += _target_notes(s, m)
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):

@@ -1076,7 +1076,8 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
 
     * Training of Mamba2 (``mamba2``) is estimated as a hybrid's mixer blocks are (``_hybrid_train_problems``: the
       Mamba2 mixer's saved tensors of transformers' torch path, ``analytic/terms/mamba2.py``; one norm per block, no
-      MLP), where the residual stream is fp32 anyway or ``residual_in_fp32`` is off (``_half_residual_problems``).
+      MLP; LoRA and QLoRA on ``in_proj`` through the frozen mixers' records, ``frozen_mixer_dropped``), where the
+      residual stream is fp32 anyway or ``residual_in_fp32`` is off (``_half_residual_problems``).
     * Training of Mamba-1 (``mamba``, ``falcon_mamba``): transformers' torch scan, ``mamba_selective_scan``'s
       recurrent loop (analytic/terms/mamba1.py), within the same limits.
     * Serving with vLLM is modelled (``serve/mamba_pages.py`` ``state_space_layout``: one group of every layer, the
@@ -1089,8 +1090,9 @@ def _state_space_problems(s: Scenario, m: ModelSpec) -> list[Problem]:
     what = f"{m.name} is a state-space model ({m.num_layers} {kind} mixer layers, no attention)"
     if s.task == "train":
         # Mamba-1 (``mamba``, ``falcon_mamba`` with its weightless norms on dt, B and C): transformers' torch scan,
-        # analytic/terms/mamba1.py, adapters included (the frozen mixers' records: mamba2.py frozen_mixer_dropped)
-        return (_hybrid_train_problems(s, m, what, peft=kind == "Mamba")
+        # analytic/terms/mamba1.py; Mamba2 as the hybrids' mixers; adapters included on both (the frozen mixers'
+        # records: mamba2.py frozen_mixer_dropped)
+        return (_hybrid_train_problems(s, m, what, peft=True)
                 + _half_residual_problems(s, m, what))
     if s.task == "serve":
         return _mamba1_serve_problems(s, what)

@@ -190,7 +190,8 @@ def _mixer_transient(c: StepContext) -> int:
     backward = mixer_backward_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base, ctx.compute_bytes)
     if checkpoint_policy(c.s) == "none":
         return backward
-    recompute = mixer_recompute_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base, t.micro_batch_size, ctx.seq_len)
+    recompute = mixer_recompute_per_token(m.mamba, m.hidden_size, r, ctx.frozen_base, t.micro_batch_size, ctx.seq_len,
+                                          ctx.autocast)
     return max(backward, r * m.hidden_size + recompute)
 
 

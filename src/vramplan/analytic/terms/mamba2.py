@@ -250,11 +250,16 @@ def mixer_backward_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: 
 
     Read off transformers 5.24's ``NemotronHMamba2Mixer`` torch path on the meta device, every tensor followed
     (benchmarks/mixer_backward_transient.py, the peak of the live bytes in the backward above its start, fitted over
-    two token counts and 13 shapes: h 256-1024, I 256-512, groups 1-4, state 16-64, chunk 64-128, bf16, fp32, fp32
-    under bf16 autocast; every fit exact): ``r h + 20 I - 4 g`` bytes with frozen weights (five fp32 I-wide gradients;
-    the fp32 rsqrt of each group freed before the peak), ``r h + (16 - r) I - 4 g`` with trained ones (the peak falls
-    later, where the weight gradients are made: out_proj's and the norm's, ``w I (h + 1)`` per layer, are the
-    gradients' term, not counted here).  The chunk, the state size and the batch shape leave it unchanged.
+    two token counts and 13 shapes: h 256-1024, I 256-512, groups 1-4, state 16-64, chunk 64-128, bf16 and fp32; every
+    fit exact): ``r h + 20 I - 4 g`` bytes with frozen weights (five fp32 I-wide gradients; the fp32 rsqrt of each
+    group freed before the peak), ``r h + (16 - c) I - 4 g`` with trained ones (``c``: the compute dtype's bytes, ``r``
+    without it; the peak falls later, where the weight gradients are made: out_proj's and the norm's, ``w I (h + 1)``
+    per layer, are the gradients' term, not counted here).  The chunk, the state size and the batch shape leave it
+    unchanged.  Under half autocast over fp32 weights (the traced engine's emulation of CUDA autocast) the scan's part
+    is the half-precision one (``20 I`` frozen, ``14 I`` trained, exact); the mixer's output is half there and its
+    isolated backward starts from a half gradient (``2 h``), while in the model the residual stream's fp32 gradient
+    (``r h``, counted) is what arrives: at most ``2 h`` over, and out_proj's half weight cast, freed before the peak
+    (``2 h I`` a layer), is not taken off.
 
     LFM2's gated short-convolution block (``Lfm2ShortConv``, the torch ``causal_conv1d_fn``), read off the same way
     (benchmarks/mixer_backward_transient.py, h 256-1024, bf16 and fp32, 2 x 512 and 1 x 2,048 tokens, every row exact):
@@ -266,19 +271,21 @@ def mixer_backward_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: 
     if ms is None or ms.kind != "mamba2":
         return 2 * r * hidden
     inner, g = ms.intermediate_size, max(1, ms.n_groups)
-    scan = 20 * inner if frozen else (16 - r) * inner
+    scan = 20 * inner if frozen else (16 - (r if c is None else c)) * inner
     return max(2 * r * hidden, r * hidden + scan - 4 * g)
 
 
-def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: bool, batch: int, seq: int) -> int:
+def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen: bool, batch: int, seq: int,
+                              autocast: bool = False) -> int:
     """Per token, the most a Mamba2 mixer's forward holds above what it keeps at its end: what a recomputed mixer
     (activation checkpointing) adds on top of its saved tensors and its output's incoming gradient before its
     backward starts.  0 for other mixers.
 
     Read off transformers 5.24's ``NemotronHMamba2Mixer`` torch path on the meta device, every tensor followed, and
     exact on 14 shapes (h 256-1024, I 256-2048, groups 1-8, state 16-128, chunk 32-128, 1-4 sequences of 512-2048
-    tokens) in each of bf16, fp32 and fp32 under bf16 autocast, frozen and trained
-    (benchmarks/mixer_backward_transient.py).  The forward peaks where ``mamba2_chunk_scan`` makes its output
+    tokens) in each of bf16, fp32 and fp32 under bf16 autocast (``autocast``), frozen and trained
+    (benchmarks/mixer_backward_transient.py; under autocast with trained weights within 8 B a token, a convolution
+    bias's half cast).  The forward peaks where ``mamba2_chunk_scan`` makes its output
     contiguous (``(Y_diag + Y_off).contiguous()``): alive then and freed before the forward ends are the discretized
     x, the padded x, A and B, A's cumulative sum, ``Y_diag``, ``B_decay``, the zero initial state (``4 b I n``), the
     chunk states' einsum output (``4 b (nc + 1) I n``), ``Y_off``, the sum and its contiguous copy, and in half
@@ -289,7 +296,12 @@ def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen:
     input, ``8 I`` with fp32).  Where out_proj's input copy, the SiLU output and the gated product are freed after
     its matmul, the forward can instead peak there (half input: ``c conv_dim + 4 I``, and ``c I`` with frozen
     weights; fp32: ``4 I`` frozen).  The tokens are taken as whole chunks (sequences padded to the chunk size add up
-    to a chunk of the padded tensors, not counted)."""
+    to a chunk of the padded tensors, not counted).
+
+    ``autocast``: fp32 weights and input under half (bf16/fp16) CUDA autocast, the mixed-precision Trainer's forward,
+    read off the traced engine's emulation of CUDA autocast (vramplan.trace.cuda: torch's own autocast casts no meta
+    tensor), on the same shapes (``_autocast_recompute_per_token``): 1.2-2x the fp32 figure, which stood for it
+    before (its table had been measured under a CPU autocast region, which casts no meta tensor)."""
     if ms is None or ms.kind != "mamba2":
         return 0
     inner, heads, g, n = ms.intermediate_size, ms.n_heads, max(1, ms.n_groups), ms.state_size
@@ -297,6 +309,8 @@ def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen:
     half = r < FP32
     tokens = max(1, batch * seq)
     chunks = ceil_div(seq, max(1, ms.chunk_size))
+    if autocast:
+        return _autocast_recompute_per_token(ms, hidden, frozen, batch, tokens, chunks)
     i_coef = (8 if frozen else 2) if half else (12 if frozen else 4)
     per_token = ((r * conv + r * heads) if half else 0) + 8 * heads + i_coef * inner + 8 * big - 4 * g - r * hidden
     per_batch = 4 * batch * (chunks + 1) * inner * n + 4 * batch * inner * n - r * hidden * inner
@@ -305,8 +319,47 @@ def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen:
     return max(0, at_scan, at_out_proj)
 
 
-def _peft_mixer_notes(m: ModelSpec, ms: MambaSpec, recomputed: bool) -> list[str]:
-    """``mixer_train_notes`` under adapters, for the mixer kinds whose frozen records are modelled."""
+def _autocast_recompute_per_token(ms: MambaSpec, hidden: int, frozen: bool, batch: int, tokens: int,
+                                  chunks: int) -> int:
+    """``mixer_recompute_per_token`` under half autocast over fp32 weights and an fp32 input (2-byte compute dtype).
+
+    In ``mamba2_chunk_scan`` the einsums run as autocast's bmm on half copies of their fp32 operands and return half
+    tensors, while the elementwise ops promote to fp32.  At the contiguous copy of ``Y_diag + Y_off`` (the peak), alive
+    and freed before the forward ends: in_proj's half output ``2 (2 I + 2 g n + H)``, the convolution's half SiLU output
+    ``2 (I + 2 g n)``, the discretized and padded x, Y_off, the sum and its copy (``4 I`` each), the padded dt and A's
+    cumulative sum (``4 H`` each), the padded B and B_decay (``4 H n`` each), ``M = G * L`` in fp32 (``4 H l`` a
+    token, ``l`` the chunk: G is half, L fp32), the half Y_diag (``2 I``), the half zero initial state and chunk
+    states (``2 b I n``, ``2 b (nc + 1) I n``), and with frozen weights the half cast of the input that in_proj used
+    (``2 h``); made after it and kept: the output with D's residual, the gate's fp32 copy, its SiLU and the gated
+    product (``4 I`` each), the rsqrt per group (``4 g``), out_proj's half output (``2 h``) and its half weight cast
+    (``2 h I``, a layer's), and with trained weights the normalized product and out_proj's half input (``4 I + 2 I``).
+    So ``12 I + 8 g n + 10 H + 8 H n + 4 H l - 4 g`` a token frozen, ``6 I + 8 g n + 10 H + 8 H n + 4 H l - 4 g - 2 h``
+    trained, plus ``2 b I n + 2 b (nc + 1) I n - 2 h I`` over the tokens.  Where out_proj's output is made, the
+    forward can instead peak above its end by in_proj's output, the SiLU output, the gated product (``4 I``) and,
+    frozen, out_proj's half input and the input's cast: ``12 I + 8 g n + 2 H + 2 h`` frozen, ``10 I + 8 g n + 2 H``
+    trained.  A trained convolution bias's half cast (``2 (I + 2 g n)`` a layer) is left out."""
+    inner, heads, g, n = ms.intermediate_size, ms.n_heads, max(1, ms.n_groups), ms.state_size
+    gn, big, hl = g * n, heads * n, heads * max(1, ms.chunk_size)
+    scan = 8 * gn + 10 * heads + 8 * big + 4 * hl - 4 * g + (12 * inner if frozen else 6 * inner - 2 * hidden)
+    per_batch = 2 * batch * inner * n + 2 * batch * (chunks + 1) * inner * n - 2 * hidden * inner
+    at_out_proj = 8 * gn + 2 * heads + (12 * inner + 2 * hidden if frozen else 10 * inner)
+    return max(0, scan + per_batch // tokens, at_out_proj)
+
+
+# bitsandbytes' Linear4bit / Linear8bitLt return their input's dtype (``out.to(inp_dtype)``), so over a quantized base
+# prepared by peft (fp32 norms, an fp32 residual stream) a Mamba2 mixer's in_proj hands the scan fp32 projections
+# where autocast's matmul would give half ones; measured on mixer-only testers against the traced engine
+# (tests/test_families_state_space.py)
+KBIT_MIXER_NOTE = ("not modelled: over a bitsandbytes base under mixed precision each Mamba2 mixer's in_proj returns "
+                   "its fp32 input's dtype (Linear4bit and Linear8bitLt cast their output back), so the projections, "
+                   "the gate and the scan's inputs are fp32 where the estimate counts half ones: up to 7% (4-bit) and "
+                   "11% (8-bit) under the traced engine on mixer-only stacks, less where attention and MLP layers "
+                   "share the step")
+
+
+def _peft_mixer_notes(m: ModelSpec, ms: MambaSpec, recomputed: bool, kbit_autocast: bool = False) -> list[str]:
+    """``mixer_train_notes`` under adapters, for the mixer kinds whose frozen records are modelled; ``kbit_autocast``:
+    a bitsandbytes base under autocast (``KBIT_MIXER_NOTE`` for Mamba2 mixers)."""
     if ms.kind == "short_conv":
         frozen = ("adapters on LFM2: each frozen convolution block saves its tensors less in_proj's and out_proj's "
                   "inputs (unless the module carries an adapter: frozen_mixer_dropped), its backward r h + 3 c w a "
@@ -318,20 +371,21 @@ def _peft_mixer_notes(m: ModelSpec, ms: MambaSpec, recomputed: bool) -> list[str
                 "under on a convolution-heavy test shape with a 16-wide MLP)")
         return [frozen, *mixer_train_notes(m), *([late] if recomputed else [])]
     if ms.kind in _FROZEN_MIXER_NOTES:
-        return [_FROZEN_MIXER_NOTES[ms.kind], *mixer_train_notes(m)]
+        kbit = [KBIT_MIXER_NOTE] if kbit_autocast and ms.kind == "mamba2" else []
+        return [_FROZEN_MIXER_NOTES[ms.kind], *mixer_train_notes(m), *kbit]
     return []
 
 
 # what a training estimate with adapters states of each kind's frozen mixers (``_peft_mixer_notes``)
 _FROZEN_MIXER_NOTES = {
-    "mamba2": ("adapters on a Mamba2 hybrid: each frozen mixer saves transformers' torch path's tensors less in_proj's "
+    "mamba2": ("adapters on Mamba2 mixers: each frozen mixer saves transformers' torch path's tensors less in_proj's "
                "and out_proj's inputs (unless the module carries an adapter), the gated norm's weight-product input, "
                "D's padded x and exp(A_log)'s result (and in a half dtype without autocast A * dt's dt) "
                "(frozen_mixer_dropped, equal to the frozen mixers' graphs on the meta device); mixers and MLPs before "
                "the first adapter record nothing (analytic/terms/frozen_prefix.py); the last mixer's forward holds its "
-               "scan's temporaries (transients.mixer_forward); without checkpointing, within -3% to +1% of the traced "
-               "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py and "
-               "tests/test_families_falcon_h1.py try"),
+               "scan's temporaries (transients.mixer_forward); without checkpointing, within -2% to +1% of the traced "
+               "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py, "
+               "tests/test_families_falcon_h1.py and tests/test_families_state_space.py try"),
     "gated_deltanet": ("adapters on Qwen3-Next: each frozen Gated DeltaNet layer saves transformers' torch path's "
                        "tensors less the input of in_proj_qkvz and in_proj_ba (unless either carries an adapter) and of "
                        "out_proj (unless it does), exp(A_log)'s result, the softplus output and the gated norm's "
@@ -349,15 +403,16 @@ _FROZEN_MIXER_NOTES = {
 }
 
 
-def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False) -> list[str]:
+def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False,
+                      kbit_autocast: bool = False) -> list[str]:
     """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
     estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``); ``recomputed``: under activation
-    checkpointing."""
+    checkpointing; ``kbit_autocast``: over a bitsandbytes base under autocast."""
     ms = m.mamba
     if ms is None:
         return []
     if peft and ms.kind in ("short_conv", "mamba2", "mamba1", "gated_deltanet"):
-        return _peft_mixer_notes(m, ms, recomputed)
+        return _peft_mixer_notes(m, ms, recomputed, kbit_autocast)
     if ms.kind == "gated_deltanet":
         return [(f"{len(ms.layers)} of {m.num_layers} layers are Gated DeltaNet linear attention, run by transformers "
                  "5.24's torch torch_chunk_gated_delta_rule and causal_conv1d_fn (the fla and causal-conv1d packages "
@@ -401,8 +456,8 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False
                  "(benchmarks/mixer_backward_transient.py)")
     recompute = ("not modelled: the rest of what a recomputed hybrid layer holds in its backward with full "
                  "checkpointing (the traced engine shows more in the MoE and MLP blocks); the estimate is under the "
-                 "traced engine's by up to 4% on transformers' Bamba test configuration, up to 9% with adapters and "
-                 "up to 9% in full fine-tuning on the shapes tests/test_hybrid_peft.py tries")
+                 "traced engine's by up to 1% on transformers' Bamba test configuration, up to 6% with adapters and "
+                 "up to 4% in full fine-tuning on the shapes tests/test_hybrid_peft.py tries")
     if ms.shared_attention_layers:
         rank = f"rank-{ms.shared_adapter_rank} adapters on q/k/v and" if ms.shared_attention_adapters else "a rank-" + \
             f"{ms.shared_adapter_rank} adapter on"

@@ -97,10 +97,16 @@ def mixer_forward(c: StepContext) -> list[Term]:
         return []
     t = c.s.train
     ws = mixer_recompute_per_token(ms, c.m.hidden_size, c.act.residual_bytes, c.act.frozen_base, t.micro_batch_size,
-                                   c.act.seq_len) * c.tokens
+                                   c.act.seq_len, c.act.autocast) * c.tokens
     head = sum(term.nbytes for term in loss(c) if term.key is K.LOSS_FORWARD)
-    # the layers after the last mixer have not run yet at its forward: their records are not alive then
+    # the layers after the last mixer have not run yet at its forward: their records are not alive then, nor those of
+    # its own layer's post-mixer norm and MLP (the records of part "mlp": Bamba's and Granite 4.0-H's blocks)
     mixers = [j for j, ls in enumerate(c.layer_specs) if ls.index in ms.layers]
-    after = sum(layer_activations(c).full[mixers[-1] + 1:]) if mixers else 0
+    la = layer_activations(c)
+    after = 0
+    if mixers:
+        last = mixers[-1]
+        after = sum(la.full[last + 1:]) + (sum(t.total for t in la.tensors[last] if t.part == "mlp")
+                                           if la.tensors else 0)
     extra = ws - head - after
     return [Term(K.LAYER_FORWARD, extra, FORWARD, LOSS, "transient.mixer_forward")] if extra > 0 else []
