@@ -555,7 +555,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),
         *mixer_train_notes(m, peft=t.peft is not None, recomputed=checkpoint_policy(s) != "none",
-                           kbit_autocast=t.quantization in bnb_formats() and step_policy(s).autocast),
+                           kbit_autocast=t.quantization in bnb_formats(bits=8) and step_policy(s).autocast),
     ]
     out += _target_notes(s, m)
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):

@@ -28,6 +28,7 @@ from vramplan.analytic.terms.frozen_prefix import frozen_prefix
 from vramplan.analytic.terms.mamba1 import mamba1_scan_backward_per_token
 from vramplan.analytic.terms.mamba2 import (
     frozen_mixer_dropped,
+    kbit_fp32_path_tensor,
     mixer_adapter_inputs,
     mixer_backward_per_token,
     mixer_recompute_per_token,
@@ -254,6 +255,9 @@ def _mixer_tensors(c: StepContext) -> tuple[act.SavedTensor, ...]:
             if set(modules) & c.lt.linear:
                 kept += act.scaled(act.mixer_adapter_tensors(name, width, modules, c.act.compute_bytes, c.act),
                                    t.micro_batch_size * t.seq_len)
+        if ms.kind == "mamba2" and c.kbit and c.act.autocast:
+            # bitsandbytes' linears return the fp32 input's dtype: the mixer runs from fp32 projections
+            kept.append(kbit_fp32_path_tensor(ms, t.micro_batch_size, t.seq_len))
         return tuple(x for x in kept if x.nbytes)
 
     return c.memo("mixer_tensors", make)

@@ -73,8 +73,8 @@ from vramplan.analytic.terms.mamba1 import mamba1_saved_tensors
 from vramplan.spec.model import MambaSpec, ModelSpec
 from vramplan.units import ceil_div
 
-__all__ = ["frozen_mixer_dropped", "mixer_adapter_inputs", "mixer_backward_per_token", "mixer_recompute_per_token",
-           "mixer_saved_tensors", "mixer_train_notes"]
+__all__ = ["frozen_mixer_dropped", "kbit_fp32_path_tensor", "mixer_adapter_inputs", "mixer_backward_per_token",
+           "mixer_recompute_per_token", "mixer_saved_tensors", "mixer_train_notes"]
 
 FP32 = 4
 
@@ -126,6 +126,24 @@ def mixer_saved_tensors(ms: MambaSpec, hidden: int, c: int, autocast: bool, batc
         ("mixer.out_proj_input", t * inter * c),
     ]
     return tuple(SavedTensor(name, nbytes) for name, nbytes in rows if nbytes)
+
+
+def kbit_fp32_path_tensor(ms: MambaSpec, batch: int, seq: int) -> SavedTensor:
+    """What a frozen Mamba2 mixer keeps over a bitsandbytes base prepared by peft (fp32 norms and residual stream)
+    under half autocast, beyond the autocast records (``mixer_saved_tensors``), ``T = b s`` tokens.
+
+    bitsandbytes' ``Linear4bit`` and ``Linear8bitLt`` return their input's dtype (``out.to(inp_dtype)``; the traced
+    engine's ``QuantLinear`` does the same), so in_proj's output is fp32, kept whole by the gate's view that the
+    gated norm's SiLU saves: ``4 (2 I + 2 g n + H)`` a token where autocast's matmul gives a half one (``2`` of the
+    same).  transformers' torch convolution path (``causal_conv1d_fn``'s reference) then works on the fp32 xBC: the
+    half copy autocast's conv1d makes of it, kept by the convolution (``2 (I + 2 g n)``), the fp32 output it casts back
+    to its input's dtype (``4 (I + 2 g n)``), whose views x, B and C the scan takes without its ``.float()`` copies,
+    and the gate needs no fp32 copy either (``8 I`` fewer); and the convolution weight's half cast (``2 conv k`` a
+    layer).  Net: ``T (2 I + 16 g n + 2 H) + 2 (I + 2 g n) k``, equal to the traced engine's graphs of a frozen Mamba2
+    stack over a 4-bit base with LoRA on in_proj on five shapes (tests/test_families_state_space.py)."""
+    inner, gn, conv = ms.intermediate_size, max(1, ms.n_groups) * ms.state_size, ms.conv_dim
+    return SavedTensor("mixer.kbit_fp32_path", batch * seq * (2 * inner + 16 * gn + 2 * ms.n_heads)
+                       + 2 * conv * ms.conv_kernel)
 
 
 def frozen_mixer_dropped(ms: MambaSpec, adapted: frozenset[str], half: bool = True,
@@ -346,20 +364,18 @@ def _autocast_recompute_per_token(ms: MambaSpec, hidden: int, frozen: bool, batc
     return max(0, scan + per_batch // tokens, at_out_proj)
 
 
-# bitsandbytes' Linear4bit / Linear8bitLt return their input's dtype (``out.to(inp_dtype)``), so over a quantized base
-# prepared by peft (fp32 norms, an fp32 residual stream) a Mamba2 mixer's in_proj hands the scan fp32 projections
-# where autocast's matmul would give half ones; measured on mixer-only testers against the traced engine
-# (tests/test_families_state_space.py)
-KBIT_MIXER_NOTE = ("not modelled: over a bitsandbytes base under mixed precision each Mamba2 mixer's in_proj returns "
-                   "its fp32 input's dtype (Linear4bit and Linear8bitLt cast their output back), so the projections, "
-                   "the gate and the scan's inputs are fp32 where the estimate counts half ones: up to 7% (4-bit) and "
-                   "11% (8-bit) under the traced engine on mixer-only stacks, less where attention and MLP layers "
-                   "share the step")
+# over a bitsandbytes 8-bit base the traced engine's Linear8bitLt keeps each linear's input for its backward (trace/
+# quant.py), in_proj's and out_proj's fp32 ones (4 h + 4 I a token a mixer layer), which the frozen mixer's records
+# leave out; measured on mixer-only testers against the traced engine (tests/test_families_state_space.py)
+KBIT_MIXER_NOTE = ("not modelled: over a bitsandbytes 8-bit base under mixed precision, the inputs the traced engine's "
+                   "Linear8bitLt keeps for its backward in each Mamba2 mixer (in_proj's and out_proj's fp32 ones, "
+                   "4 h + 4 I bytes a token): up to 11% under the traced engine on mixer-only stacks, less where "
+                   "attention and MLP layers share the step")
 
 
 def _peft_mixer_notes(m: ModelSpec, ms: MambaSpec, recomputed: bool, kbit_autocast: bool = False) -> list[str]:
     """``mixer_train_notes`` under adapters, for the mixer kinds whose frozen records are modelled; ``kbit_autocast``:
-    a bitsandbytes base under autocast (``KBIT_MIXER_NOTE`` for Mamba2 mixers)."""
+    a bitsandbytes 8-bit base under autocast (``KBIT_MIXER_NOTE`` for Mamba2 mixers)."""
     if ms.kind == "short_conv":
         frozen = ("adapters on LFM2: each frozen convolution block saves its tensors less in_proj's and out_proj's "
                   "inputs (unless the module carries an adapter: frozen_mixer_dropped), its backward r h + 3 c w a "
@@ -383,7 +399,8 @@ _FROZEN_MIXER_NOTES = {
                "D's padded x and exp(A_log)'s result (and in a half dtype without autocast A * dt's dt) "
                "(frozen_mixer_dropped, equal to the frozen mixers' graphs on the meta device); mixers and MLPs before "
                "the first adapter record nothing (analytic/terms/frozen_prefix.py); the last mixer's forward holds its "
-               "scan's temporaries (transients.mixer_forward); without checkpointing, within -2% to +1% of the traced "
+               "scan's temporaries (transients.mixer_forward); over a bitsandbytes base under autocast the mixer runs "
+               "from fp32 projections (kbit_fp32_path_tensor); without checkpointing, within -3% to +2% of the traced "
                "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py, "
                "tests/test_families_falcon_h1.py and tests/test_families_state_space.py try"),
     "gated_deltanet": ("adapters on Qwen3-Next: each frozen Gated DeltaNet layer saves transformers' torch path's "
@@ -407,7 +424,7 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False
                       kbit_autocast: bool = False) -> list[str]:
     """What a hybrid model's training estimate assumes of its Mamba2 mixers (none without mixers); ``peft``: the
     estimate trains adapters (the frozen mixers' records, ``frozen_mixer_dropped``); ``recomputed``: under activation
-    checkpointing; ``kbit_autocast``: over a bitsandbytes base under autocast."""
+    checkpointing; ``kbit_autocast``: over a bitsandbytes 8-bit base under autocast."""
     ms = m.mamba
     if ms is None:
         return []
