@@ -113,7 +113,9 @@ def forward_table() -> list[str]:
     variants = [("bf16 frozen", torch.bfloat16, False, False, 2), ("bf16 trained", torch.bfloat16, True, False, 2),
                 ("fp32 frozen", torch.float32, False, False, 4), ("fp32 trained", torch.float32, True, False, 4),
                 ("fp32, autocast, frozen", torch.float32, False, True, 4),
-                ("fp32, autocast, trained", torch.float32, True, True, 4)]
+                ("fp32, autocast, trained", torch.float32, True, True, 4),
+                ("bf16, autocast, frozen", torch.bfloat16, False, True, 2),
+                ("bf16, autocast, trained", torch.bfloat16, True, True, 2)]
     worst = 0
     for name, dtype, trained, autocast, r in variants:
         for h, heads, hd, g, n, chunk, b, s in FORWARD_SHAPES:

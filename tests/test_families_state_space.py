@@ -308,12 +308,13 @@ def _mamba2_adapters(changes: dict[str, Any], precision: str, checkpointing: str
 
 
 @pytest.mark.parametrize(("changes", "precision", "checkpointing", "low", "high"), [
-    # measured 0.987, 0.990, 1.005, 0.962, 1.002, 0.984: the mixers' frozen records as the hybrids' (exact), the last
-    # mixer's forward under autocast as mixer_recompute_per_token's autocast figure; with checkpointing what else a
-    # recomputed mixer holds is not modelled (stated), as on the hybrids
-    ({}, "bf16-mixed", "none", 0.98, 1.01), ({"residual_in_fp32": False}, "bf16-mixed", "none", 0.98, 1.01),
-    ({}, "fp32", "none", 0.99, 1.01), ({}, "bf16-mixed", "full", 0.95, 1.0),
-    ({"residual_in_fp32": False}, "bf16-mixed", "full", 0.95, 1.005), ({}, "fp32", "full", 0.95, 1.0)])
+    # measured 0.970, 0.973, 1.005, 0.917, 0.956, 0.984: the mixers' frozen records as the hybrids' (exact), the last
+    # mixer's forward under autocast as mixer_recompute_per_token's half-weights autocast figure (exact on the isolated
+    # mixer; the stack's last mixer holds a little more, and the estimate's peak falls in the backward there); with
+    # checkpointing what else a recomputed mixer holds is not modelled (stated, up to 9%), as on the hybrids
+    ({}, "bf16-mixed", "none", 0.96, 1.0), ({"residual_in_fp32": False}, "bf16-mixed", "none", 0.96, 1.0),
+    ({}, "fp32", "none", 0.99, 1.01), ({}, "bf16-mixed", "full", 0.91, 1.0),
+    ({"residual_in_fp32": False}, "bf16-mixed", "full", 0.91, 1.0), ({}, "fp32", "full", 0.95, 1.0)])
 def test_mamba2_adapters_agree_with_the_traced_engine(changes: dict[str, Any], precision: str, checkpointing: str,
                                                       low: float, high: float) -> None:
     # LoRA on a pure Mamba2 model's in_proj (peft refuses out_proj and conv1d on mamba2), through the hybrids'
@@ -371,17 +372,20 @@ def test_kbit_fp32_path_is_the_traced_difference() -> None:
     assert middle_layer("nf4") - middle_layer("none") == kbit_fp32_path_tensor(ms, 1, 256).nbytes == 367_872
 
 
-@pytest.mark.parametrize(("quantization", "low"), [("nf4", 0.96), ("int8", 0.88)])
-def test_a_bitsandbytes_base_under_autocast_agrees_or_is_stated(quantization: str, low: float) -> None:
+@pytest.mark.parametrize(("quantization", "checkpointing", "low"), [("nf4", "none", 0.96), ("int8", "none", 0.88),
+                                                                     ("nf4", "full", 0.91)])
+def test_a_bitsandbytes_base_under_autocast_agrees_or_is_stated(quantization: str, checkpointing: str,
+                                                                 low: float) -> None:
     # bitsandbytes' linears return their input's dtype, so in_proj hands the scan fp32 projections over an fp32
-    # residual stream (kbit_fp32_path_tensor: 0.936 before it was counted, 0.985 now); the inputs the traced engine's
-    # 8-bit linears keep are not modelled, stated with the bound measured here (0.939), the band widened; in fp32
-    # there is no half copy to miss (1.005)
+    # residual stream (kbit_fp32_path_tensor: 0.936 before it was counted, 0.985 now; 0.960 with checkpointing, within
+    # the recomputed layer's stated gap); the inputs the traced engine's 8-bit linears keep are not modelled, stated
+    # with the bound measured here (0.939; 0.892 to 0.912 on two other shapes), the band widened; in fp32 there is no
+    # half copy to miss (1.005)
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     from vramplan.trace.engine import estimate as traced
 
-    doc = _mamba2_adapters({}, "bf16-mixed", "none", quantization)
+    doc = _mamba2_adapters({}, "bf16-mixed", checkpointing, quantization)
     r = estimate(doc)
     a, t = r.per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
     assert low < a / t < 1.0

@@ -108,12 +108,12 @@ def test_adapters_on_bamba_and_granite_agree_with_the_traced_engine(model: str, 
 
 
 @pytest.mark.parametrize(("change", "seq", "precision", "targets"), [
-    ({}, 512, "bf16-mixed", ATTN_MLP),  # measured 0.949 (the MoE block's backward holds more than counted)
-    ({}, 512, "bf16-mixed", ["in_proj"]),  # 0.976
-    ({"mamba_num_heads": 16, "ssm_state_size": 64}, 256, "bf16-mixed", ATTN_MLP),  # 1.002 (0.811 before the mixer's
-    # backward and recomputed forward were modelled, 0.954 before their autocast figures)
+    ({}, 512, "bf16-mixed", ATTN_MLP),  # measured 0.915 (the MoE block's backward holds more than counted)
+    ({}, 512, "bf16-mixed", ["in_proj"]),  # 0.941
+    ({"mamba_num_heads": 16, "ssm_state_size": 64}, 256, "bf16-mixed", ATTN_MLP),  # 0.970 (0.811 before the mixer's
+    # backward and recomputed forward were modelled)
     ({"chunk_size": 32, "mamba_head_dim": 64}, 1024, "bf16-true", ATTN_MLP),  # 0.990
-    ({"hybrid_override_pattern": "MM*MMM*MMM"}, 512, "bf16-mixed", ATTN_MLP),  # 0.988
+    ({"hybrid_override_pattern": "MM*MMM*MMM"}, 512, "bf16-mixed", ATTN_MLP),  # 0.950
 ])
 def test_adapters_with_checkpointing_agree_with_the_traced_engine(change: dict[str, Any], seq: int, precision: str,
                                                                    targets: list[str]) -> None:
@@ -122,8 +122,8 @@ def test_adapters_with_checkpointing_agree_with_the_traced_engine(change: dict[s
     report says so with the bound this test holds (under by at most 6%).  Before the frozen mixer's records were
     made exact (D's padded residual, exp(A_log)'s result and, without autocast, A * dt's dt are not kept: read off
     the frozen mixers' graphs) the over-count of those records hid part of this gap: 0.939-1.030 then, 0.915-0.990
-    after; with the recomputed forward's temporaries under autocast read off the emulated CUDA autocast (the fp32
-    figure had stood for them: 1.2-2x smaller) 0.949-1.002 (upper bound 1.005: the third case is 0.2% over)."""
+    now.  The recomputed forward's temporaries are the half-weights-under-autocast figure, exact on the isolated mixer
+    (benchmarks/mixer_backward_transient.py); what the layer holds beyond them is the stated gap."""
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     from vramplan.trace.engine import estimate as traced
@@ -131,8 +131,8 @@ def test_adapters_with_checkpointing_agree_with_the_traced_engine(change: dict[s
     doc = _doc({**NH, **change}, targets, checkpointing="full", seq=seq, precision=precision)
     r = estimate(doc)
     a, t = r.per_gpu.peak_allocated_bytes, traced(doc).per_gpu.peak_allocated_bytes
-    assert 0.94 < a / t < 1.005
-    assert any(x.startswith("not modelled: ") and "up to 6% with adapters" in x for x in r.assumptions)
+    assert 0.90 < a / t < 1.0
+    assert any(x.startswith("not modelled: ") and "up to 9% with adapters" in x for x in r.assumptions)
 
 
 @pytest.mark.parametrize(("change", "seq", "precision"), [
@@ -318,6 +318,20 @@ def test_mixer_recompute_transient_under_autocast_matches_the_tracked_mixer() ->
     assert 0 <= got[True] - mixer_recompute_per_token(ms, 640, 4, False, 2, 768, autocast=True) <= 1
     # the fp32 figure, which had stood for autocast, is far smaller
     assert mixer_recompute_per_token(ms, 640, 4, True, 2, 768) < 0.9 * got[False]
+    # half weights and input under autocast (adapters on a bf16 base under the mixed-precision Trainer): in_proj makes
+    # no cast and keeps its half output; by hand, frozen, per token 8 I + 4 g n + 8 H + 8 H n + 4 H l - 4 g - 2 h =
+    # 3,200 + 480 + 80 + 1,920 + 3,840 - 20 - 1,280 = 8,220, and the same -83.3 per token over the micro-batch: 8,136
+    with torch.device("meta"):
+        mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(torch.bfloat16)
+        x = torch.empty(2, 768, 640, dtype=torch.bfloat16, requires_grad=True)
+    mixer.requires_grad_(False)
+    tracker = Tracker()
+    with tracker:
+        with cuda.cuda_behaviour(cuda.CudaSpec()), cuda.autocast(torch.bfloat16):
+            y = mixer(x)
+        half = (tracker.peak_bytes - tracker.live_bytes) // 1536
+    del y
+    assert half == mixer_recompute_per_token(ms, 640, 2, True, 2, 768, autocast=True) == 8_136
 
 
 # LFM2 (gated short-convolution blocks and attention, every layer with an MLP named w1 / w3 / w2) at its released

@@ -51,7 +51,14 @@ from vramplan.analytic.precision import PrecisionPolicy, litgpt_fp32_base
 from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
-from vramplan.analytic.terms.context import communicators, layout_style, shards, stages, step_policy
+from vramplan.analytic.terms.context import (
+    KBIT_PREPARED,
+    communicators,
+    layout_style,
+    shards,
+    stages,
+    step_policy,
+)
 from vramplan.analytic.terms.encoder_decoder import encoder_decoder_notes, source_len_note
 from vramplan.analytic.terms.gradients import has_root_reduce_point
 from vramplan.analytic.terms.layers import layer_activations
@@ -209,6 +216,13 @@ def train_step(r: Resolved, peak_only: bool = False, walks: StepWalks | None = N
                                                                    s.effective_framework) + math_note + liger_mm
                                           + hf_notes))
     return best
+
+
+def _kbit8_autocast(s: Scenario) -> bool:
+    """A bitsandbytes 8-bit base that peft prepares (``StepContext.kbit``'s test) under autocast: the mixers' note."""
+    t = s.train
+    return (t.peft is not None and t.quantization in bnb_formats(bits=8) and step_policy(s).autocast
+            and s.effective_framework in KBIT_PREPARED and s.software.unsloth is None)
 
 
 def _release_term_notes(s: Scenario, m: ModelSpec, terms: Sequence[Term], attention: str) -> list[str]:
@@ -555,7 +569,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),
         *mixer_train_notes(m, peft=t.peft is not None, recomputed=checkpoint_policy(s) != "none",
-                           kbit_autocast=t.quantization in bnb_formats(bits=8) and step_policy(s).autocast),
+                           kbit_autocast=_kbit8_autocast(s)),
     ]
     out += _target_notes(s, m)
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):

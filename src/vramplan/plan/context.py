@@ -203,13 +203,16 @@ class PlanContext:
 
     def step_floor(self, s: TrainSetup) -> int | None:
         """The steady step's lower bound of the estimate's device-used bytes (``engine.train_step_floor_bytes``;
-        None for a job the plain step does not answer), computed once per setup.  The step's term records of a
-        floor within the usable memory are kept for the setup's estimates (those above it are not estimated)."""
+        None for a job the plain step does not answer), computed once per setup.  The step's term records of the
+        last floor computed within the usable memory are kept for that setup's estimates, which the walk makes next
+        (those above it are not estimated); one setup's only, so the search holds one step's records at a time (a
+        setup whose records were replaced is estimated from its scenario, with the same result)."""
         if s not in self._floors:
             r = self._resolved(s)
             walks = train_step_walks(r)
             floor = None if walks is None else train_step_floor_bytes(r, walks)
             if walks is not None and floor is not None and floor <= self.usable:
+                self._walks.clear()
                 self._walks[s] = walks
             self._floors[s] = floor
         return self._floors[s]

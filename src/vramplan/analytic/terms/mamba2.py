@@ -328,7 +328,7 @@ def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen:
     tokens = max(1, batch * seq)
     chunks = ceil_div(seq, max(1, ms.chunk_size))
     if autocast:
-        return _autocast_recompute_per_token(ms, hidden, frozen, batch, tokens, chunks)
+        return _autocast_recompute_per_token(ms, hidden, frozen, batch, tokens, chunks, half)
     i_coef = (8 if frozen else 2) if half else (12 if frozen else 4)
     per_token = ((r * conv + r * heads) if half else 0) + 8 * heads + i_coef * inner + 8 * big - 4 * g - r * hidden
     per_batch = 4 * batch * (chunks + 1) * inner * n + 4 * batch * inner * n - r * hidden * inner
@@ -338,8 +338,10 @@ def mixer_recompute_per_token(ms: MambaSpec | None, hidden: int, r: int, frozen:
 
 
 def _autocast_recompute_per_token(ms: MambaSpec, hidden: int, frozen: bool, batch: int, tokens: int,
-                                  chunks: int) -> int:
-    """``mixer_recompute_per_token`` under half autocast over fp32 weights and an fp32 input (2-byte compute dtype).
+                                  chunks: int, half_input: bool = False) -> int:
+    """``mixer_recompute_per_token`` under half autocast over fp32 weights and an fp32 input (2-byte compute dtype);
+    ``half_input``: over half weights and a half input (adapters on a bf16 base under the mixed-precision Trainer),
+    below.
 
     In ``mamba2_chunk_scan`` the einsums run as autocast's bmm on half copies of their fp32 operands and return half
     tensors, while the elementwise ops promote to fp32.  At the contiguous copy of ``Y_diag + Y_off`` (the peak), alive
@@ -355,11 +357,21 @@ def _autocast_recompute_per_token(ms: MambaSpec, hidden: int, frozen: bool, batc
     trained, plus ``2 b I n + 2 b (nc + 1) I n - 2 h I`` over the tokens.  Where out_proj's output is made, the
     forward can instead peak above its end by in_proj's output, the SiLU output, the gated product (``4 I``) and,
     frozen, out_proj's half input and the input's cast: ``12 I + 8 g n + 2 H + 2 h`` frozen, ``10 I + 8 g n + 2 H``
-    trained.  A trained convolution bias's half cast (``2 (I + 2 g n)`` a layer) is left out."""
+    trained.  A trained convolution bias's half cast (``2 (I + 2 g n)`` a layer) is left out.
+
+    Over half weights and a half input, in_proj makes no cast and its half output stays (the convolution keeps its
+    xBC view): ``8 I + 4 g n + 8 H + 8 H n + 4 H l - 4 g - 2 h`` a token frozen, ``2 I + ...`` trained (out_proj's
+    half input and the normalized product kept, ``6 I``), the same per-batch part (out_proj's transposed half weight
+    in place of the cast, ``2 h I``); where out_proj's output is made, the SiLU output, out_proj's half input and the
+    gated product (``8 I + 4 g n``, trained ``6 I + 4 g n``).  Exact on the 14 shapes
+    (benchmarks/mixer_backward_transient.py)."""
     inner, heads, g, n = ms.intermediate_size, ms.n_heads, max(1, ms.n_groups), ms.state_size
     gn, big, hl = g * n, heads * n, heads * max(1, ms.chunk_size)
-    scan = 8 * gn + 10 * heads + 8 * big + 4 * hl - 4 * g + (12 * inner if frozen else 6 * inner - 2 * hidden)
     per_batch = 2 * batch * inner * n + 2 * batch * (chunks + 1) * inner * n - 2 * hidden * inner
+    if half_input:
+        scan = 4 * gn + 8 * heads + 8 * big + 4 * hl - 4 * g - 2 * hidden + (8 * inner if frozen else 2 * inner)
+        return max(0, scan + per_batch // tokens, (8 if frozen else 6) * inner + 4 * gn)
+    scan = 8 * gn + 10 * heads + 8 * big + 4 * hl - 4 * g + (12 * inner if frozen else 6 * inner - 2 * hidden)
     at_out_proj = 8 * gn + 2 * heads + (12 * inner + 2 * hidden if frozen else 10 * inner)
     return max(0, scan + per_batch // tokens, at_out_proj)
 
@@ -400,7 +412,7 @@ _FROZEN_MIXER_NOTES = {
                "(frozen_mixer_dropped, equal to the frozen mixers' graphs on the meta device); mixers and MLPs before "
                "the first adapter record nothing (analytic/terms/frozen_prefix.py); the last mixer's forward holds its "
                "scan's temporaries (transients.mixer_forward); over a bitsandbytes base under autocast the mixer runs "
-               "from fp32 projections (kbit_fp32_path_tensor); without checkpointing, within -3% to +2% of the traced "
+               "from fp32 projections (kbit_fp32_path_tensor); without checkpointing, within -4% to +2% of the traced "
                "engine (transformers' and peft's own modules) on the shapes tests/test_hybrid_peft.py, "
                "tests/test_families_falcon_h1.py and tests/test_families_state_space.py try"),
     "gated_deltanet": ("adapters on Qwen3-Next: each frozen Gated DeltaNet layer saves transformers' torch path's "
@@ -473,7 +485,7 @@ def mixer_train_notes(m: ModelSpec, peft: bool = False, recomputed: bool = False
                  "(benchmarks/mixer_backward_transient.py)")
     recompute = ("not modelled: the rest of what a recomputed hybrid layer holds in its backward with full "
                  "checkpointing (the traced engine shows more in the MoE and MLP blocks); the estimate is under the "
-                 "traced engine's by up to 1% on transformers' Bamba test configuration, up to 6% with adapters and "
+                 "traced engine's by up to 1% on transformers' Bamba test configuration, up to 9% with adapters and "
                  "up to 4% in full fine-tuning on the shapes tests/test_hybrid_peft.py tries")
     if ms.shared_attention_layers:
         rank = f"rank-{ms.shared_adapter_rank} adapters on q/k/v and" if ms.shared_attention_adapters else "a rank-" + \

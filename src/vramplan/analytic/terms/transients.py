@@ -106,7 +106,8 @@ def mixer_forward(c: StepContext) -> list[Term]:
     after = 0
     if mixers:
         last = mixers[-1]
-        after = sum(la.full[last + 1:]) + (sum(t.total for t in la.tensors[last] if t.part == "mlp")
+        # without per-record lists (none here: layer_activations always gives them) nothing is taken off: over
+        after = sum(la.full[last + 1:]) + (sum(x.total for x in la.tensors[last] if x.part == "mlp")
                                            if la.tensors else 0)
     extra = ws - head - after
     return [Term(K.LAYER_FORWARD, extra, FORWARD, LOSS, "transient.mixer_forward")] if extra > 0 else []
