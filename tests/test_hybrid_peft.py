@@ -250,88 +250,74 @@ def test_mixer_backward_transient_matches_the_tracked_mixer() -> None:
         assert got * 1024 == mixer_backward_per_token(ms, 384, 2, not trained) * 1024 + per_layer
 
 
-def test_mixer_recompute_transient_matches_the_tracked_mixer() -> None:
-    # the recomputed forward's peak above its end against transformers' own NemotronHMamba2Mixer on the meta device,
-    # on a shape the fit did not use (h 640, 10 heads of 40 = I 400, 5 groups, state 24, chunk 96, 2 x 768 tokens)
-    torch = pytest.importorskip("torch")
+# an NemotronHMamba2Mixer shape the fit did not use: h 640, 10 heads of 40 = I 400, 5 groups, state 24, chunk 96
+UNFITTED = {"hidden_size": 640, "mamba_num_heads": 10, "mamba_head_dim": 40, "n_groups": 5, "ssm_state_size": 24,
+            "chunk_size": 96}
+
+
+def _tracked_recompute(dtype_name: str, trained: bool, autocast: bool) -> int:
+    """The forward peak above its end, per token (floored), of transformers' own NemotronHMamba2Mixer of ``UNFITTED``
+    on the meta device over 2 x 768 tokens, its weights and input in ``dtype_name``; ``autocast``: under bf16 CUDA
+    autocast as the traced engine emulates it (torch's own autocast casts no meta tensor)."""
+    import contextlib
+
+    import torch
     import transformers
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
 
-    from vramplan.analytic.terms.mamba2 import mixer_recompute_per_token
-    from vramplan.trace.tracker import Tracker
-
-    shape = {"hidden_size": 640, "mamba_num_heads": 10, "mamba_head_dim": 40, "n_groups": 5, "ssm_state_size": 24,
-             "chunk_size": 96}
-    ms = model_from_config({**NH, **shape}).mamba
-    cfg = transformers.AutoConfig.for_model(**{**NH, **shape, "hybrid_override_pattern": "M", "num_hidden_layers": 1,
-                                               "use_mamba_kernels": False})
-    for dtype, r, trained in ((torch.bfloat16, 2, False), (torch.bfloat16, 2, True), (torch.float32, 4, True)):
-        with torch.device("meta"):
-            mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(dtype)
-            x = torch.empty(2, 768, 640, dtype=dtype, requires_grad=True)
-        for p in mixer.parameters():
-            p.requires_grad_(trained)
-        tracker = Tracker()
-        with tracker:
-            y = mixer(x)  # held: its graph keeps the saved tensors
-            extra = tracker.peak_bytes - tracker.live_bytes
-        del y
-        # per token, floored: the per-micro-batch terms spread over 1,536 tokens
-        assert extra // 1536 == mixer_recompute_per_token(ms, 640, r, not trained, 2, 768)
-
-
-def test_mixer_recompute_transient_under_autocast_matches_the_tracked_mixer() -> None:
-    # fp32 weights and input under bf16 CUDA autocast (the mixed-precision Trainer), emulated on the meta device as the
-    # traced engine does (torch's own autocast casts no meta tensor): the einsums' half copies and outputs, on the
-    # unfitted shape above.  Frozen: exact; trained: within a convolution bias's half cast, 2 x 600 B a layer (< 1 B
-    # a token).  By hand, frozen, per token: 12 I + 8 g n + 10 H + 8 H n + 4 H l - 4 g = 4,800 + 960 + 100 + 1,920
-    # + 3,840 - 20 = 11,600, and per micro-batch 2 b I n + 2 b (nc + 1) I n - 2 h I = 38,400 + 345,600 - 512,000 =
-    # -128,000 over 1,536 tokens: -83.3 -> 11,516 (floored)
-    torch = pytest.importorskip("torch")
-    import transformers
-    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
-
-    from vramplan.analytic.terms.mamba2 import mixer_recompute_per_token
     from vramplan.trace import cuda
     from vramplan.trace.tracker import Tracker
 
-    shape = {"hidden_size": 640, "mamba_num_heads": 10, "mamba_head_dim": 40, "n_groups": 5, "ssm_state_size": 24,
-             "chunk_size": 96}
-    ms = model_from_config({**NH, **shape}).mamba
-    cfg = transformers.AutoConfig.for_model(**{**NH, **shape, "hybrid_override_pattern": "M", "num_hidden_layers": 1,
-                                               "use_mamba_kernels": False})
-    got = {}
-    for trained in (False, True):
-        with torch.device("meta"):
-            mixer = NemotronHMamba2Mixer(cfg, layer_idx=0)
-            x = torch.empty(2, 768, 640, requires_grad=True)
-        for p in mixer.parameters():
-            p.requires_grad_(trained)
-        tracker = Tracker()
-        with tracker:
-            with cuda.cuda_behaviour(cuda.CudaSpec()), cuda.autocast(torch.bfloat16):
-                y = mixer(x)
-            extra = tracker.peak_bytes - tracker.live_bytes
-        del y
-        got[trained] = extra // 1536
-    assert got[False] == mixer_recompute_per_token(ms, 640, 4, True, 2, 768, autocast=True) == 11_516
-    assert 0 <= got[True] - mixer_recompute_per_token(ms, 640, 4, False, 2, 768, autocast=True) <= 1
+    dtype = getattr(torch, dtype_name)
+    cfg = transformers.AutoConfig.for_model(**{**NH, **UNFITTED, "hybrid_override_pattern": "M",
+                                               "num_hidden_layers": 1, "use_mamba_kernels": False})
+    with torch.device("meta"):
+        mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(dtype)
+        x = torch.empty(2, 768, 640, dtype=dtype, requires_grad=True)
+    mixer.requires_grad_(trained)
+    tracker = Tracker()
+    with tracker:
+        with contextlib.ExitStack() as region:
+            if autocast:
+                region.enter_context(cuda.cuda_behaviour(cuda.CudaSpec()))
+                region.enter_context(cuda.autocast(torch.bfloat16))
+            y = mixer(x)  # held: its graph keeps the saved tensors
+        extra = tracker.peak_bytes - tracker.live_bytes
+    del y
+    return extra // 1536  # per token: the per-micro-batch terms spread over 1,536 tokens
+
+
+def test_mixer_recompute_transient_matches_the_tracked_mixer() -> None:
+    # the recomputed forward's peak above its end against transformers' own mixer, on the unfitted shape
+    pytest.importorskip("torch")
+    from vramplan.analytic.terms.mamba2 import mixer_recompute_per_token
+
+    ms = model_from_config({**NH, **UNFITTED}).mamba
+    for dtype, r, trained in (("bfloat16", 2, False), ("bfloat16", 2, True), ("float32", 4, True)):
+        assert _tracked_recompute(dtype, trained, False) == mixer_recompute_per_token(ms, 640, r, not trained, 2, 768)
+
+
+def test_mixer_recompute_transient_under_autocast_matches_the_tracked_mixer() -> None:
+    # fp32 weights and input under bf16 CUDA autocast (the mixed-precision Trainer): the einsums' half copies and
+    # outputs, on the unfitted shape.  Frozen: exact; trained: within a convolution bias's half cast, 2 x 600 B a layer
+    # (< 1 B a token).  By hand, frozen, per token: 12 I + 8 g n + 10 H + 8 H n + 4 H l - 4 g = 4,800 + 960 + 100 +
+    # 1,920 + 3,840 - 20 = 11,600, and per micro-batch 2 b I n + 2 b (nc + 1) I n - 2 h I = 38,400 + 345,600 -
+    # 512,000 = -128,000 over 1,536 tokens: -83.3 -> 11,516 (floored)
+    pytest.importorskip("torch")
+    from vramplan.analytic.terms.mamba2 import mixer_recompute_per_token
+
+    ms = model_from_config({**NH, **UNFITTED}).mamba
+    frozen = _tracked_recompute("float32", False, True)
+    assert frozen == mixer_recompute_per_token(ms, 640, 4, True, 2, 768, autocast=True) == 11_516
+    assert 0 <= _tracked_recompute("float32", True, True) - mixer_recompute_per_token(ms, 640, 4, False, 2, 768,
+                                                                                       autocast=True) <= 1
     # the fp32 figure, which had stood for autocast, is far smaller
-    assert mixer_recompute_per_token(ms, 640, 4, True, 2, 768) < 0.9 * got[False]
+    assert mixer_recompute_per_token(ms, 640, 4, True, 2, 768) < 0.9 * frozen
     # half weights and input under autocast (adapters on a bf16 base under the mixed-precision Trainer): in_proj makes
     # no cast and keeps its half output; by hand, frozen, per token 8 I + 4 g n + 8 H + 8 H n + 4 H l - 4 g - 2 h =
     # 3,200 + 480 + 80 + 1,920 + 3,840 - 20 - 1,280 = 8,220, and the same -83.3 per token over the micro-batch: 8,136
-    with torch.device("meta"):
-        mixer = NemotronHMamba2Mixer(cfg, layer_idx=0).to(torch.bfloat16)
-        x = torch.empty(2, 768, 640, dtype=torch.bfloat16, requires_grad=True)
-    mixer.requires_grad_(False)
-    tracker = Tracker()
-    with tracker:
-        with cuda.cuda_behaviour(cuda.CudaSpec()), cuda.autocast(torch.bfloat16):
-            y = mixer(x)
-        half = (tracker.peak_bytes - tracker.live_bytes) // 1536
-    del y
-    assert half == mixer_recompute_per_token(ms, 640, 2, True, 2, 768, autocast=True) == 8_136
+    assert _tracked_recompute("bfloat16", False, True) == mixer_recompute_per_token(ms, 640, 2, True, 2, 768,
+                                                                                     autocast=True) == 8_136
 
 
 # LFM2 (gated short-convolution blocks and attention, every layer with an MLP named w1 / w3 / w2) at its released

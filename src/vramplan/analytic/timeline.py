@@ -22,7 +22,7 @@ there by declared key, so the moments come from the terms alone.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import accumulate
@@ -171,24 +171,38 @@ def sweep(terms: Sequence[Term], timeline: Timeline) -> list[Moment]:
     return sweep_totals(terms, timeline)[0]
 
 
+def _spans(terms: Sequence[Term], timeline: Timeline) -> Iterator[tuple[Key, tuple[tuple[str, str], ...], int, int, int]]:
+    """Each device term that is alive at some point: (key, label fields, bytes, the point index of its birth, of its
+    death).  A term adds its bytes at the first point at or after its birth and takes them back at the first point at
+    or after its death; the point index of each location is found by its identity (the terms hold their locations
+    while this runs), bisected once per location: the per-layer locations are singletons (``mlp(j)``)."""
+    orders = timeline.orders
+    at = dict(timeline.index)
+    at_get = at.get
+    for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
+        if not nbytes or where != "device":
+            continue
+        i0 = at_get(id(born))
+        if i0 is None:
+            i0 = at[id(born)] = bisect_left(orders, born.order)
+        i1 = at_get(id(dies))
+        if i1 is None:
+            i1 = at[id(dies)] = bisect_left(orders, dies.order)
+        if i0 < i1:
+            yield key, fields, nbytes, i0, i1
+
+
 def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment], list[int]]:
     """``sweep`` and each moment's ``total``, from the same running sums (no second pass)."""
     points = timeline.points
-    orders = timeline.orders
-    n = len(orders)
-    # the point index of each location, by its identity (the terms hold their locations while this
-    # runs), bisected once per location: the per-layer locations are singletons (``mlp(j)``)
-    at = dict(timeline.index)
+    n = len(timeline.orders)
     # keyed by the key's identity (declared keys are singletons) and its label fields
     change: dict[tuple[int, tuple[tuple[str, str], ...]], list[int]] = {}
     keys: dict[int, Key] = {}
     last_key: Key | None = None
     last_fields: tuple[tuple[str, str], ...] = ()
     d: list[int] = []
-    at_get = at.get
-    for key, nbytes, born, dies, _name, _layer, where, fields, _tensors in terms:
-        if not nbytes or where != "device":
-            continue
+    for key, fields, nbytes, i0, i1 in _spans(terms, timeline):
         if key is not last_key or fields != last_fields:  # a family's terms come together: one look-up
             last_key, last_fields = key, fields
             kf = (id(key), fields)
@@ -197,15 +211,8 @@ def sweep_totals(terms: Sequence[Term], timeline: Timeline) -> tuple[list[Moment
                 keys[kf[0]] = key
                 got = change[kf] = [0] * (n + 1)
             d = got
-        i0 = at_get(id(born))
-        if i0 is None:
-            i0 = at[id(born)] = bisect_left(orders, born.order)
-        i1 = at_get(id(dies))
-        if i1 is None:
-            i1 = at[id(dies)] = bisect_left(orders, dies.order)
-        if i0 < i1:
-            d[i0] += nbytes
-            d[i1] -= nbytes
+        d[i0] += nbytes
+        d[i1] -= nbytes
     shown_at: dict[int, set[int]] = {}  # key -> the points that show it
     for i, pt in enumerate(points):
         for key in pt.shown:
@@ -225,27 +232,15 @@ def sweep_peak(terms: Sequence[Term], timeline: Timeline) -> int:
     """``max(sweep_totals(terms, timeline)[1])`` without the moments: one running sum over every key.
 
     Each total of ``sweep_totals`` is the sum over its rows of a row's running sum at the point, and each row's
-    running sum adds a term's bytes from the point of its birth up to the point of its death (the same bisected
-    indices as here); so one running sum of every device term's bytes, kept per point, gives the same integers
-    (the rows a point only shows are 0).  The planner's step floor (``engine.train_step_floor_bytes``) reads only
-    this, not the moments' parts."""
-    orders = timeline.orders
-    n = len(orders)
-    at = dict(timeline.index)
-    at_get = at.get
+    running sum adds a term's bytes from the point of its birth up to the point of its death (``_spans``, as here);
+    so one running sum of every device term's bytes, kept per point, gives the same integers (the rows a point only
+    shows are 0).  The planner's step floor (``engine.train_step_floor_bytes``) reads only this, not the moments'
+    parts."""
+    n = len(timeline.orders)
     d = [0] * (n + 1)
-    for _key, nbytes, born, dies, _name, _layer, where, _fields, _tensors in terms:
-        if not nbytes or where != "device":
-            continue
-        i0 = at_get(id(born))
-        if i0 is None:
-            i0 = at[id(born)] = bisect_left(orders, born.order)
-        i1 = at_get(id(dies))
-        if i1 is None:
-            i1 = at[id(dies)] = bisect_left(orders, dies.order)
-        if i0 < i1:
-            d[i0] += nbytes
-            d[i1] -= nbytes
+    for _key, _fields, nbytes, i0, i1 in _spans(terms, timeline):
+        d[i0] += nbytes
+        d[i1] -= nbytes
     return max(list(accumulate(d))[:n])
 
 
