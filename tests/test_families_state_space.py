@@ -346,6 +346,7 @@ def test_kbit_fp32_path_is_the_traced_difference() -> None:
     # 320, 2 groups of 24, chunk 32, one sequence of 256: 256 x (640 + 768 + 16) + 2 x 416 x 4 = 364,544 + 3,328
     pytest.importorskip("torch")
     pytest.importorskip("peft")
+    from meta_build import live_at_backward
     from vramplan.analytic.terms.mamba2 import kbit_fp32_path_tensor
     from vramplan.trace.engine import trace
 
@@ -356,16 +357,7 @@ def test_kbit_fp32_path_is_the_traced_difference() -> None:
         doc = _mamba2_adapters({}, "bf16-mixed", "none", quantization)
         doc["model"], doc["train"]["micro_batch_size"], doc["train"]["seq_len"] = model, 1, 256
         _, st = trace(doc)
-        start = next(seq for seq, phase in st.marks if phase == "backward")
-        live: dict[int, Any] = {}
-        for e in st.events:
-            if e.seq >= start:
-                break
-            if e.nbytes > 0:
-                live[e.storage_id] = e
-            else:
-                live.pop(e.storage_id, None)
-        return sum(e.nbytes for e in live.values() if ".layers.1." in e.module + ".")
+        return sum(e.nbytes for e in live_at_backward(st) if ".layers.1." in e.module + ".")
 
     ms = model_from_config(model).mamba
     assert ms is not None
