@@ -52,7 +52,6 @@ from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
 from vramplan.analytic.terms.context import (
-    KBIT_PREPARED,
     communicators,
     layout_style,
     shards,
@@ -159,7 +158,7 @@ def step_walks(r: Resolved) -> StepWalks:
 
 
 def step_peak(w: StepWalks) -> tuple[int, int]:
-    """``train_step(r, peak_only=True)``'s ``peak.total`` and ``managed_bytes`` from the walks' totals alone
+    """``train_step(r)``'s ``peak.total`` and ``managed_bytes`` from the walks' totals alone
     (timeline.py ``sweep_peak``): the highest walk's peak, the first of equal ones, as ``train_step``'s ``max``
     picks it; its managed bytes are that walk's."""
     best_total: int | None = None
@@ -175,12 +174,11 @@ def step_peak(w: StepWalks) -> tuple[int, int]:
     return best_total, best_managed
 
 
-def train_step(r: Resolved, peak_only: bool = False, walks: StepWalks | None = None) -> TrainResult:
+def train_step(r: Resolved, walks: StepWalks | None = None) -> TrainResult:
     """One steady-state step on the GPU of each pipeline stage worth estimating; the stage with the
     highest peak is the answer.  Each stage's terms (analytic/terms) are swept over its timeline.
 
-    ``peak_only``: the moments, the peak and the bytes by place only -- no event layout for the allocator
-    replay and no assumptions.  ``walks``: ``step_walks(r)`` made before (the planner's, for its step floor)."""
+    ``walks``: ``step_walks(r)`` made before (the planner's, for its step floor: ``step_peak``)."""
     s, m = r.scenario, r.model
     w = step_walks(r) if walks is None else walks
     attention, repeat = w.attention, w.repeat
@@ -193,11 +191,9 @@ def train_step(r: Resolved, peak_only: bool = False, walks: StepWalks | None = N
         peak = moments[totals.index(max(totals))]  # the first highest, as max(moments, key=total)
         off = _elsewhere(terms)
         results.append(TrainResult(moments, peak, off["host"], off["nvme"], off["managed"], 0, [],
-                                   None if peak_only else build_layout(c, terms), terms, c))
+                                   build_layout(c, terms), terms, c))
     best = max(results, key=lambda x: x.peak.total)
     best.communicators = communicators(s)
-    if peak_only:
-        return best
     c0 = StepContext(r, 0, attention, repeat)
     casts = [CAST_ASSUMPTION] if casts_apply(c0) else [FROZEN_CAST_NOTE] if frozen_casts_apply(c0) else []
     pol = step_policy(s)
@@ -213,16 +209,10 @@ def train_step(r: Resolved, peak_only: bool = False, walks: StepWalks | None = N
     hf_notes += _fused_cache_note(c0)
     hf_notes += recompute_moment_note(c0)
     best.assumptions = list(dict.fromkeys(casts + _train_assumptions(s, m, attention, step_policy(s),
-                                                                   s.effective_framework) + math_note + liger_mm
+                                                                   s.effective_framework, c0.kbit)
+                                          + math_note + liger_mm
                                           + hf_notes))
     return best
-
-
-def _kbit8_autocast(s: Scenario) -> bool:
-    """A bitsandbytes 8-bit base that peft prepares (``StepContext.kbit``'s test) under autocast: the mixers' note."""
-    t = s.train
-    return (t.peft is not None and t.quantization in bnb_formats(bits=8) and step_policy(s).autocast
-            and s.effective_framework in KBIT_PREPARED and s.software.unsloth is None)
 
 
 def _release_term_notes(s: Scenario, m: ModelSpec, terms: Sequence[Term], attention: str) -> list[str]:
@@ -552,7 +542,9 @@ def recompute_moment_note(c: StepContext) -> list[str]:
     return [] if derived else [RECOMPUTE_MOMENT_NOTE]
 
 
-def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str) -> list[str]:
+def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: PrecisionPolicy, fw: str,
+                       kbit: bool = False) -> list[str]:
+    """The step's assumptions; ``kbit``: a k-bit base peft prepares (``StepContext.kbit``)."""
     t = s.train
     out = [
         f"framework behaviour: {fw}",
@@ -569,7 +561,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
         "NCCL 128 MiB per communicator",
         *_pipeline_schedule_notes(s),
         *mixer_train_notes(m, peft=t.peft is not None, recomputed=checkpoint_policy(s) != "none",
-                           kbit_autocast=_kbit8_autocast(s)),
+                           kbit_autocast=kbit and pol.autocast and t.quantization in bnb_formats(bits=8)),
     ]
     out += _target_notes(s, m)
     if falls_back_to_eager(t.attention, m, s.software.transformers_version):

@@ -52,8 +52,8 @@ class PlanContext:
     _kv_sequence: dict[tuple[object, ...], int | None] = field(default_factory=dict)
     _verified: dict[ServeSetup, tuple[Report | None, Report]] = field(default_factory=dict)
     _floors: dict[TrainSetup, int | None] = field(default_factory=dict)
-    # the step term records of the setups whose step floor fits (the walk estimates them next)
-    _walks: dict[TrainSetup, StepWalks] = field(default_factory=dict)
+    # the step term records of the last setup whose step floor fits (the walk estimates it next)
+    _walks: tuple[TrainSetup, StepWalks] | None = None
     _compute: dict[tuple[object, ...], tuple[float, float, float, float, int]] = field(default_factory=dict)
     # a ``Train`` record's fields outside ``PER_BATCH``, by the record's identity (the record is kept beside them):
     # the setups share their records (plan/setup.py ``_train``)
@@ -126,13 +126,8 @@ class PlanContext:
         Static terms are resident whatever the batch (``analytic.terms.STATIC_TERMS``), so setups that
         differ only in the fields of ``PER_BATCH`` share one bound, computed once
         (``tests/test_plan_bound.py`` checks that those fields leave the static terms unchanged)."""
-        t = s.train
-        held = self._static_fields.get(id(t))
-        if held is None or held[0] is not t:
-            # the other training fields by value (repr: the adapter settings hold a list, which has no hash)
-            held = self._static_fields[id(t)] = (
-                t, tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - PER_BATCH)))
-        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, held[1])
+        key = (s.framework, s.num_gpus, s.gpus_per_node, s.parallel,
+               other_train_fields(s.train, PER_BATCH, self._static_fields))
         got = self._bounds.get(key)
         if got is None:
             got = self._bounds[key] = static_lower_bound_bytes(Resolved(self.scenario(s), self.model, self.gpu))
@@ -198,7 +193,7 @@ class PlanContext:
         """The analytic estimate; ``reserved="packed"`` is the fast screen (reserved never above the replay's).
         A training setup whose step floor was computed (and fits) reuses that floor's step term records
         (``engine.train_step_walks``: the engine would make the same from the same scenario)."""
-        walks = self._walks.get(s) if isinstance(s, TrainSetup) else None
+        walks = self._walks[1] if self._walks is not None and self._walks[0] == s else None
         return estimate(self._resolved(s), reserved=reserved, walks=walks)
 
     def step_floor(self, s: TrainSetup) -> int | None:
@@ -212,8 +207,7 @@ class PlanContext:
             walks = train_step_walks(r)
             floor = None if walks is None else train_step_floor_bytes(r, walks)
             if walks is not None and floor is not None and floor <= self.usable:
-                self._walks.clear()
-                self._walks[s] = walks
+                self._walks = (s, walks)
             self._floors[s] = floor
         return self._floors[s]
 
@@ -287,8 +281,7 @@ def make_context(model: str | dict[str, Any], gpu: str, margin: float, assumptio
     return PlanContext(model, r.model, g, model_facts(r.model), assumptions, margin, r.scenario)
 
 
-def micro_batch_key(s: TrainSetup, memo: dict[int, tuple[Train, tuple[tuple[str, str], ...]]] | None = None
-                    ) -> tuple[object, ...]:
+def micro_batch_key(s: TrainSetup, memo: _FieldsMemo | None = None) -> tuple[object, ...]:
     """Setups that differ only in the micro-batch split of the same global batch, with gradient accumulation on in all
     of them or in none: along such a set the step floor never falls as the micro-batch grows (every saved tensor
     and every per-batch temporary grows with the micro-batch's tokens; the micro-batches a pipeline keeps in flight,
@@ -298,11 +291,22 @@ def micro_batch_key(s: TrainSetup, memo: dict[int, tuple[Train, tuple[tuple[str,
     ``memo``: the ``Train`` records' other fields by the record's identity (the record kept beside them), for a
     search's setups, which share their records (plan/setup.py ``_train``)."""
     t = s.train
+    rest = other_train_fields(t, _SPLIT_FIELDS, memo)
+    return (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, s.peft, s.quantization, t.grad_accum_steps > 1, rest)
+
+
+_SPLIT_FIELDS = frozenset({"micro_batch_size", "grad_accum_steps"})
+_FieldsMemo = dict[int, tuple[Train, tuple[tuple[str, str], ...]]]
+
+
+def other_train_fields(t: Train, excluded: frozenset[str], memo: _FieldsMemo | None = None
+                       ) -> tuple[tuple[str, str], ...]:
+    """``t``'s set fields outside ``excluded``, by value (repr: the adapter settings hold a list, which has no hash);
+    ``memo``: by the record's identity, the record kept beside its fields (a search's setups share their records,
+    plan/setup.py ``_train``), one memo per ``excluded``."""
     held = None if memo is None else memo.get(id(t))
     if held is None or held[0] is not t:
-        held = (t, tuple(sorted((k, repr(getattr(t, k)))
-                                for k in t.model_fields_set - {"micro_batch_size", "grad_accum_steps"})))
+        held = (t, tuple(sorted((k, repr(getattr(t, k))) for k in t.model_fields_set - excluded)))
         if memo is not None:
             memo[id(t)] = held
-    rest = held[1]
-    return (s.framework, s.num_gpus, s.gpus_per_node, s.parallel, s.peft, s.quantization, t.grad_accum_steps > 1, rest)
+    return held[1]
