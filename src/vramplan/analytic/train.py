@@ -75,6 +75,7 @@ from vramplan.analytic.trl_sft import sft_loss_note, sft_row, trl_sft
 from vramplan.analytic.unsloth import unsloth, unsloth_loss_note, unsloth_notes
 from vramplan.facts.pipeline_schedules import in_flight_chunks, pipeline_schedule
 from vramplan.facts.quantization import bnb_formats
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.facts.transformers import CURRENT_RELEASE_NOTE, OWN_MODEL_FRAMEWORKS
 from vramplan.spec.defaults import megatron_distributed_optimizer, torchtitan_fsdp2
 from vramplan.spec.load import Resolved
@@ -437,6 +438,24 @@ _TORCHTITAN_SPLIT_NOTE = (
     "embedding unit, the reduce-scatter buffers and unsharded gradients")
 
 
+def _kbit_cast_note(s: Scenario, kbit: bool) -> str:
+    """What the step holds the k-bit base's non-quantized parameters in (``StepContext.kbit``)."""
+    row = trainer_framework(s.framework)
+    if row is not None and not row.kbit_prepares:
+        return (f"{row.name} runs no prepare_model_for_kbit_training: embeddings, norms and LM head stay in the "
+                f"model's dtype (as {row.name} >= {row.since}: {row.source})")
+    if row is not None and row.casts_back:
+        return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32, then the norms "
+                f"and embeddings are converted back to the model's dtype, as the step holds them (as {row.name} >= "
+                f"{row.since}: {row.source})")
+    if not kbit and s.effective_framework == "deepspeed":
+        return ("non-quantized parameters in the half dtype: DeepSpeed's engine casts the whole module to it "
+                "(DeepSpeedEngine._configure_distributed_model), undoing prepare_model_for_kbit_training's fp32 casts")
+    if not kbit:
+        return f"non-quantized parameters in the model's dtype under {s.effective_framework} (no fp32 casts held)"
+    return "prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, LM head) to fp32"
+
+
 def _kbit_input_assumptions(s: Scenario, fw: str) -> list[str]:
     """Whether a 4-bit base linear keeps its input: bitsandbytes' release, or torchtune's torchao NF4."""
     t = s.train
@@ -588,8 +607,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half} ({why})")
         # neither Lit-GPT nor torchtune runs peft's preparation; Unsloth runs its own (LoRA weights only)
         if t.quantization != "none" and fw not in ("lightning", "torchtune") and not unsloth(s):
-            out.append("prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, "
-                       "LM head) to fp32")
+            out.append(_kbit_cast_note(s, kbit))
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:
             out.append(LITGPT_HEAD_NOTE)
     out += _moe_assumptions(s, m)

@@ -42,7 +42,7 @@ from vramplan.spec.scenario import Scenario
 
 __all__ = [
     "FP8_COMPUTE_ARCHITECTURES", "PRE_AMPERE", "TASK_SECTIONS", "VLLM_FP8_WEIGHT_ARCHITECTURES",
-    "analytic_unmodelled_problems", "capability_notes", "capability_problems", "chunked_attention_as_full",
+    "analytic_unmodelled_problems", "axolotl_problems", "capability_notes", "capability_problems", "chunked_attention_as_full",
     "chunked_attention_notes", "contradictions", "cross_attention_problems", "encoder_decoder_problems",
     "every_token_expert_problems", "expert_loop_problems", "fp32_router_weight_problems", "held_module_notes",
     "held_module_problems", "hybrid_problems", "ignored_sections",
@@ -92,7 +92,7 @@ def contradictions(s: Scenario, m: ModelSpec) -> list[Problem]:
         out.append(Problem("parallel.ep", f"ep={s.parallel.ep}, but {m.name} is a dense model (no experts to split)",
                            "drop ep (expert parallelism needs a mixture-of-experts model)"))
     return out + hybrid_problems(s, m) + cross_attention_problems(s, m) + encoder_decoder_problems(s, m) \
-        + expert_loop_problems(s, m) + fp32_router_weight_problems(s, m) + litgpt_problems(s) \
+        + expert_loop_problems(s, m) + fp32_router_weight_problems(s, m) + litgpt_problems(s) + axolotl_problems(s) \
         + unmodelled_layer_problems(s, m) + held_module_problems(s, m)
 
 
@@ -653,6 +653,18 @@ def litgpt_problems(s: Scenario) -> list[Problem]:
                         "scripts raise 'Quantization and mixed precision is not supported.' (finetune/lora.py setup)",
                         "set train.precision: bf16-true (or fp16-true)")]
     return []
+
+
+def axolotl_problems(s: Scenario) -> list[Problem]:
+    """Full fine-tuning under axolotl: its loader upcasts the embeddings, the LM head and the norms to fp32 and casts
+    them back only under FSDP, for an attention implementation that needs it or with Cut Cross-Entropy
+    (``src/axolotl/loaders/model.py`` ``_configure_embedding_dtypes``, facts/trainer_frameworks.py): a model of mixed
+    dtypes the step does not model."""
+    if s.task != "train" or s.framework != "axolotl" or s.train.peft is not None:
+        return []
+    return [Problem("framework", "is axolotl with full fine-tuning: axolotl's fp32 embeddings, LM head and norms "
+                    "beside half-precision layers are not modelled (only its LoRA/QLoRA handling is)",
+                    "set framework: hf-trainer to estimate the HF Trainer's own handling, or train.peft for LoRA")]
 
 
 def hybrid_problems(s: Scenario, m: ModelSpec) -> list[Problem]:

@@ -7,19 +7,20 @@ errors (with a suggestion), so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from vramplan.facts import Choices, OneOf
 from vramplan.facts.optimizers import optimizer_names
 from vramplan.facts.pipeline_schedules import pipeline_schedule_names
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.facts.vllm_releases import parse_release
 from vramplan.spec.fields import changed_fields
 
 Task = Literal["train", "inference", "serve"]
 Framework = Literal["hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed", "vllm", "plain", "autoawq",
-                    "torchtune", "litgpt", "verl", "megatron", "openrlhf"]
+                    "torchtune", "litgpt", "verl", "megatron", "openrlhf", "axolotl", "llamafactory"]
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true", "fp16-true", "fp8-mixed", "fp8-torchao",
                     "mxfp8-torchao"]
 # the rows of facts/optimizers.py: validated against the table at run time, listed in the JSON schema
@@ -1484,7 +1485,12 @@ class Scenario(_Strict):
     torchtune is torchtune's recipes (its own model, torchao NF4 for QLoRA, adapters in the model's dtype); verl is
     verl's FSDP + vLLM hybrid engine for train.objective grpo (``rl.verl``, docs/rl.md); megatron is Megatron-LM
     training its own GPT model with Megatron-Core (``parallel.megatron``, docs/conventions.md); openrlhf is OpenRLHF's
-    DeepSpeed + vLLM Ray layout for train.objective grpo or ppo (``rl.openrlhf``, docs/rl.md)."""
+    DeepSpeed + vLLM Ray layout for train.objective grpo or ppo (``rl.openrlhf``, docs/rl.md); axolotl and llamafactory
+    (LLaMA-Factory) run the HF Trainer, so hf-trainer's conventions apply, with their own handling of a bitsandbytes
+    base under LoRA/QLoRA (facts/trainer_frameworks.py): axolotl casts the norms and embeddings back to the model's
+    dtype after peft's k-bit preparation, LLaMA-Factory never runs that preparation; full fine-tuning under axolotl
+    (embeddings and norms upcast to fp32 unless its attention or Cut Cross-Entropy needs them cast back) is
+    refused."""
 
     train: Train = Field(default_factory=Train)
     """The training step (task train)."""
@@ -1526,6 +1532,9 @@ class Scenario(_Strict):
         if self.framework == "litgpt":
             # the same conventions: vramplan's lightning has always meant Lit-GPT's finetune and generate scripts
             return "lightning"
+        if (row := trainer_framework(self.framework)) is not None:
+            # axolotl and LLaMA-Factory train with the HF Trainer; their own k-bit handling is read from the row
+            return cast(Framework, row.runs_as)
         if self.framework is not None:
             return self.framework
         if self.task == "serve":

@@ -25,6 +25,7 @@ from vramplan.analytic.trl_sft import sft_row, trl_sft
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats, quant_format
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.quant import EXPERTS_NOTE, QuantExperts, QuantLinear, quantize_linears
@@ -342,8 +343,11 @@ def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[
     if t.peft is not None:
         for p in model.parameters():
             p.requires_grad_(False)
-        if quant != "none" and framework in ("hf-trainer", "accelerate", "plain"):
-            # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter becomes fp32
+        row = trainer_framework(s.framework)
+        if quant != "none" and framework in ("hf-trainer", "accelerate", "plain") \
+                and (row is None or (row.kbit_prepares and not row.casts_back)):
+            # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter becomes fp32 (LLaMA-Factory runs none;
+            # axolotl casts the norms and embeddings back: the step holds them in the model's dtype either way)
             for p in model.parameters():
                 if p.dtype in (torch.float16, torch.bfloat16):
                     p.data = p.data.to(torch.float32)

@@ -252,6 +252,9 @@ class LoadPlan:
     init: tuple[int, ...] = ()
     init_copy: tuple[int, ...] = ()
     offloaded: bool = False  # quantize-partition, whole-partition: the partitions live on the host
+    # axolotl: after the preparation each fp32-cast tensor is converted back to its held dtype
+    # (facts/trainer_frameworks.py), in the module order (embeddings, norms, head)
+    casts_back: bool = False
 
 
 def load_plan(c: StepContext) -> LoadPlan:
@@ -261,7 +264,8 @@ def load_plan(c: StepContext) -> LoadPlan:
     staging, init, init_copy = _staging(c, mode, tensors, held)
     return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
                     tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
-                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy, c.offload_params)
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy,
+                    c.offload_params, prepares_kbit(c) and not c.kbit)
 
 
 def _staging(c: StepContext, mode: str, tensors: tuple[LoadTensor, ...],
@@ -367,14 +371,25 @@ def _partition(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
 
 
 def _prepare(st: PhaseStream, plan: LoadPlan, ids: list[int]) -> None:
-    """k-bit preparation's fp32 casts, after the load wrote ``ids``."""
+    """k-bit preparation's fp32 casts, after the load wrote ``ids`` (replaced by the casts' blocks); then, where the
+    framework converts them back (axolotl), each half copy made beside its fp32 one, which is then freed."""
     st.mark()
-    for fp32, bid in zip(plan.fp32, ids, strict=True):
+    for i, (fp32, bid) in enumerate(zip(plan.fp32, ids, strict=True)):
         if not fp32:
             continue
         new = st.alloc(K.PREPARE_CAST, fp32)
         st.free(bid)
         st.retag(new, K.PARAMETERS)
+        ids[i] = new
+    if not plan.casts_back:
+        return
+    for i, (fp32, bid) in enumerate(zip(plan.fp32, ids, strict=True)):
+        if not fp32:
+            continue
+        new = st.alloc(K.PREPARE_CAST, plan.sizes[i])
+        st.free(bid)
+        st.retag(new, K.PARAMETERS)
+        ids[i] = new
 
 
 @lru_cache(maxsize=256)
@@ -397,7 +412,7 @@ def load_peaks(plan: LoadPlan) -> tuple[StreamPeak, StreamPeak | None]:
 def prepares_kbit(c: StepContext) -> bool:
     """peft's k-bit preparation runs (a bitsandbytes base under the HF Trainer, accelerate or plain PyTorch) on
     an unsharded model with half-precision parameters to cast."""
-    return c.kbit and load_mode(c) == "quantize" and c.pol.frozen_param_bytes < 4
+    return c.kbit_prepares and load_mode(c) == "quantize" and c.pol.frozen_param_bytes < 4
 
 
 def device_map_for(lc: Lifecycle, quantization: str) -> str:

@@ -24,6 +24,7 @@ from vramplan.analytic.layout import (
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, litgpt_fp32_base, policy
 from vramplan.analytic.zero_bubble import held_until_weight_pass
 from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.spec.defaults import fsdp_group, megatron_distributed_optimizer
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
@@ -206,11 +207,19 @@ class StepContext:
         return self.s.train.quantization if self.peft is not None else "none"
 
     @cached_property
+    def kbit_prepares(self) -> bool:
+        """peft.prepare_model_for_kbit_training runs on the k-bit base (Unsloth runs its own, which casts only the
+        LoRA weights: facts/unsloth.py; LLaMA-Factory runs none: facts/trainer_frameworks.py)."""
+        row = trainer_framework(self.s.framework)
+        return self.peft is not None and self.quant in BNB_FORMATS and self.framework in KBIT_PREPARED \
+            and self.s.software.unsloth is None and (row is None or row.kbit_prepares)
+
+    @cached_property
     def kbit(self) -> bool:
-        """A k-bit base prepared by peft.prepare_model_for_kbit_training (Unsloth runs its own, which casts only the
-        LoRA weights: facts/unsloth.py)."""
-        return self.peft is not None and self.quant in BNB_FORMATS and \
-            self.framework in KBIT_PREPARED and self.s.software.unsloth is None
+        """The step holds the k-bit base's non-quantized parameters in fp32, as peft's k-bit preparation leaves
+        them (axolotl casts the norms and embeddings back to the model's dtype: facts/trainer_frameworks.py)."""
+        row = trainer_framework(self.s.framework)
+        return self.kbit_prepares and (row is None or not row.casts_back)
 
     @property
     def offload_params(self) -> bool:

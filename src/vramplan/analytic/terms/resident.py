@@ -9,7 +9,7 @@ from vramplan.analytic.hf_buffers import causal_mask_buffer_bytes, rope_cache_by
 from vramplan.analytic.moment import K
 from vramplan.analytic.overhead import cublas_workspace_bytes
 from vramplan.analytic.terms.base import Term, resident
-from vramplan.analytic.terms.context import KBIT_PREPARED, StepContext
+from vramplan.analytic.terms.context import StepContext
 from vramplan.analytic.weights import quantized_linear_bytes, tower_quantized_elements, weights_bytes
 from vramplan.facts.torchtune import torchao_nf4_bytes
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS
@@ -42,8 +42,9 @@ def parameter_bytes(c: StepContext) -> tuple[int, int]:
         # mean and lookup table per matrix (facts/torchtune.py)
         base += torchao_nf4_bytes(rp.linear, sum(n for *_, n in rp.linear_shapes)) \
             - quantized_linear_bytes(rp.linear, rp.linear_out_features, c.quant)
-    if c.quant != "none" and c.framework in KBIT_PREPARED and c.s.software.unsloth is None:
-        # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (Unsloth's own does not)
+    if c.kbit:
+        # peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (Unsloth's own does not;
+        # axolotl casts the norms and embeddings back, LLaMA-Factory runs none)
         base += (rp.total - rp.linear - tower_quantized_elements(rp, c.quant)) * (4 - dense_bytes)
     return base, c.trainable * c.adapter
 

@@ -1,0 +1,139 @@
+"""axolotl and LLaMA-Factory: the HF Trainer with their own handling of a k-bit base (facts/trainer_frameworks.py).
+
+Llama-3-8B: hidden 4,096, vocabulary 128,256 (untied head), 32 layers, 65 RMSNorm weights of 4,096; a QLoRA
+micro-batch of 2 x 2,048 tokens in bf16 on an A100."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, get_args
+
+import pytest
+
+from vramplan import estimate
+from vramplan.analytic.lifecycle import job_lifecycle
+from vramplan.analytic.train import train_step
+from vramplan.catalog.resolve import resolve
+from vramplan.errors import ScenarioError
+from vramplan.facts.trainer_frameworks import TRAINER_FRAMEWORKS, trainer_framework
+from vramplan.spec.scenario import Framework, Scenario
+
+BASE: dict[str, Any] = {
+    "model": "meta-llama/Meta-Llama-3-8B", "hardware": {"gpu": "A100-80GB"}, "framework": "hf-trainer",
+    "train": {"micro_batch_size": 2, "seq_len": 2048, "precision": "bf16-mixed", "gradient_checkpointing": "full",
+              "attention": "flash", "peft": {"method": "qlora", "rank": 16}, "quantization": "nf4-dq",
+              "optimizer": "adamw-8bit"}}
+
+# embedding and head 2 x 128,256 x 4,096 = 1,050,673,152 elements and 65 norms x 4,096 = 266,240:
+# 1,050,939,392 elements that peft's k-bit preparation holds in fp32 (4 B) instead of bf16 (2 B)
+NON_QUANTIZED = 1_050_939_392
+
+
+def _doc(framework: str, **train: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc["framework"] = framework
+    doc["train"].update(train)
+    return doc
+
+
+def _terms(doc: dict[str, Any]) -> dict[str, int]:
+    return {t.name: t.nbytes for t in train_step(resolve(doc)).terms}
+
+
+def _phases(doc: dict[str, Any]) -> dict[str, int]:
+    tr = train_step(resolve(doc))
+    assert tr.context is not None and tr.layout is not None
+    job = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments)
+    return {p.name: p.moment.total for p in job.phases}
+
+
+@pytest.mark.parametrize("row", TRAINER_FRAMEWORKS, ids=lambda r: r.name)
+def test_each_row_is_a_framework_that_runs_as_another(row: Any) -> None:
+    assert row.name in get_args(Framework)
+    assert row.runs_as in get_args(Framework) and trainer_framework(row.runs_as) is None
+    assert Scenario(model="gpt2", framework=row.name).effective_framework == row.runs_as
+    assert row.source and row.since.count(".") == 2
+    # casting back needs a preparation to undo
+    assert row.kbit_prepares or not row.casts_back
+
+
+def test_the_step_holds_the_non_quantized_parameters_in_bf16() -> None:
+    hf = _terms(_doc("hf-trainer"))
+    for fw in ("axolotl", "llamafactory"):
+        got = _terms(_doc(fw))
+        # 1,050,939,392 elements x (4 - 2) B fewer
+        assert hf["parameters"] - got["parameters"] == NON_QUANTIZED * 2, fw
+
+
+def test_no_autocast_copy_of_a_half_head() -> None:
+    # the HF Trainer's fp32 head (after the preparation) gets a bf16 autocast copy, 128,256 x 4,096 x 2 B
+    # = 1,050,673,152 B; axolotl's and LLaMA-Factory's head is bf16 already
+    hf = estimate(_doc("hf-trainer"))
+    for fw in ("axolotl", "llamafactory"):
+        got = estimate(_doc(fw))
+        assert got.per_gpu.peak_allocated_bytes < hf.per_gpu.peak_allocated_bytes - NON_QUANTIZED * 2, fw
+
+
+def test_preparation_phase_by_framework() -> None:
+    hf, ax, lf = (_phases(_doc(fw)) for fw in ("hf-trainer", "axolotl", "llamafactory"))
+    # LLaMA-Factory runs no k-bit preparation
+    assert "peft preparation" in hf and "peft preparation" not in lf
+    # axolotl's casts back: the first (the embedding, 1,050,673,152 B in bf16) made beside every fp32 parameter;
+    # peft's last cast (the head's fp32 copy beside its bf16 original) peaks at the same bytes, the two being equal
+    assert ax["peft preparation"] == hf["peft preparation"]
+    # the load itself is the same everywhere
+    assert hf["load"] == ax["load"] == lf["load"]
+
+
+def test_the_assumptions_name_the_framework() -> None:
+    ax = estimate(_doc("axolotl"))
+    assert any(a.startswith("axolotl: prepare_model_for_kbit_training") for a in ax.assumptions)
+    lf = estimate(_doc("llamafactory"))
+    assert any(a.startswith("llamafactory runs no prepare_model_for_kbit_training") for a in lf.assumptions)
+
+
+def test_lora_on_a_half_base_is_the_hf_trainers() -> None:
+    # no k-bit base: nothing to prepare, the frameworks' steps are the HF Trainer's
+    doc = {"peft": {"method": "lora", "rank": 16}, "quantization": "none"}
+    hf = estimate(_doc("hf-trainer", **doc)).per_gpu.peak_allocated_bytes
+    assert estimate(_doc("axolotl", **doc)).per_gpu.peak_allocated_bytes == hf
+    assert estimate(_doc("llamafactory", **doc)).per_gpu.peak_allocated_bytes == hf
+
+
+def test_axolotl_full_fine_tuning_is_refused() -> None:
+    with pytest.raises(ScenarioError, match="axolotl with full fine-tuning"):
+        estimate(_doc("axolotl", peft=None, quantization="none"))
+    # LLaMA-Factory's full fine-tuning is the HF Trainer's
+    lf = estimate(_doc("llamafactory", peft=None, quantization="none", optimizer="adamw"))
+    hf = estimate(_doc("hf-trainer", peft=None, quantization="none", optimizer="adamw"))
+    assert lf.per_gpu.peak_allocated_bytes == hf.per_gpu.peak_allocated_bytes
+
+
+TINY: dict[str, Any] = {
+    "model": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000,
+              "max_position_embeddings": 512},
+    "hardware": {"gpu": "A100-80GB"},
+    "train": {"micro_batch_size": 2, "seq_len": 128, "precision": "bf16-mixed", "optimizer": "adamw",
+              "attention": "sdpa", "peft": {"method": "qlora", "rank": 8, "target_modules": ["q_proj", "v_proj"]},
+              "quantization": "nf4"},
+}
+
+
+@pytest.mark.parametrize("framework", ["axolotl", "llamafactory"])
+def test_trace_agrees(framework: str) -> None:
+    pytest.importorskip("torch")
+    from vramplan.trace import estimate as trace_estimate
+
+    doc = {**TINY, "framework": framework}
+    hf = {**TINY, "framework": "hf-trainer"}
+    traced, traced_hf = trace_estimate(doc).per_gpu, trace_estimate(hf).per_gpu
+    analytic, analytic_hf = estimate(doc).per_gpu, estimate(hf).per_gpu
+    # the traced model holds the embedding, head and 5 norms in bf16: (2 x 1,000 x 256 + 5 x 256) x 2 B fewer
+    assert traced_hf.breakdown["weights"] - traced.breakdown["weights"] == (2 * 1000 * 256 + 5 * 256) * 2
+    # and the analytic engine by the same bytes (both engines' weights differ by the 4-bit linears' quantization
+    # state alone, as under the HF Trainer)
+    assert (analytic.breakdown["weights"] - traced.breakdown["weights"]
+            == analytic_hf.breakdown["weights"] - traced_hf.breakdown["weights"])
+    # the step's peak: 26,790,912 analytic vs 26,797,568 traced on this shape
+    assert abs(analytic.peak_allocated_bytes / traced.peak_allocated_bytes - 1) < 0.001
