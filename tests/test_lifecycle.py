@@ -332,6 +332,22 @@ def test_the_evaluation_forward_holds_its_cache() -> None:
     assert _eval_cache({"precision": "bf16-true"}, framework="lightning") == 0
 
 
+def test_the_evaluation_cache_of_a_prepared_kbit_base_is_fp32() -> None:
+    # QLoRA under the HF Trainer: peft's k-bit preparation leaves the norms fp32, so under bf16 autocast each
+    # bitsandbytes linear returns its fp32 input's dtype (Linear4bit.forward: out.to(inp_dtype)) and the keys and
+    # values go into the cache before any cast: 2 layers x 2 (K, V) x 2 KV heads x 64 x 4 B = 2,048 B per token,
+    # x 2 x 128 tokens = 524,288 B, twice the bf16 figure
+    qlora = {"peft": {"method": "qlora", "rank": 8}, "quantization": "nf4"}
+    assert _eval_cache(qlora, software=V4) == 524_288
+    # LLaMA-Factory runs no k-bit preparation and axolotl casts the norms and embeddings back: half hidden states
+    assert _eval_cache(qlora, software=V4, framework="llamafactory") == 262_144
+    assert _eval_cache(qlora, software=V4, framework="axolotl") == 262_144
+    # LoRA on a half base: the compute dtype
+    assert _eval_cache({"peft": {"method": "lora", "rank": 8}}, software=V4) == 262_144
+    said = estimate(_doc(qlora, lifecycle={"evaluation": True}, software=V4)).assumptions
+    assert any("KV cache held to its end in fp32" in a for a in said)
+
+
 def test_the_evaluation_cache_is_gone_before_the_logits_are_concatenated() -> None:
     # the phase is the larger of the forward (with its cache) and the concatenation (without it): a cache-heavy
     # evaluation is the forward's moment, and its bytes are the difference made by use_cache

@@ -175,8 +175,10 @@ def _assumptions(c: StepContext) -> list[str]:
                 if lc.eval_keeps_logits else "no logits kept (no compute_metrics)")
         length = f" of {lc.eval_seq_len:,} tokens" if lc.eval_seq_len is not None else ""
         off = use_cache_off_by(c.s) if c.m.encoder_decoder is None and not c.m.encoder_only else None
-        cache = (", each forward's KV cache held to its end (use_cache on: train.use_cache, else the config's; set "
-                 "train.use_cache: false where the script turns it off)" if eval_builds_cache(c) else
+        fp32 = (" in fp32, as bitsandbytes' linears return the prepared model's fp32 hidden states"
+                if c.act.elementwise_bytes == 4 else "")
+        cache = (f", each forward's KV cache held to its end{fp32} (use_cache on: train.use_cache, else the config's; "
+                 "set train.use_cache: false where the script turns it off)" if eval_builds_cache(c) else
                  f", no KV cache in its forwards ({_CACHE_OFF[off]})" if off else "")
         out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences{length}{cache}, {kept}"
                    f"{gen} (HF Trainer.evaluation_loop / Lit-GPT validate)")

@@ -118,7 +118,7 @@ def _forward_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
         head = sum(_head_tensors(c, lay)) * batch * es // (mb * seq) if lay.has_head else 0
     if c.litgpt_head:
         head = max(head, lay.logits * batch * es // (mb * seq) + litgpt_head_dequant_bytes(c))
-    mlp = tokens * lay.inter * lay.compute_bytes * (3 if lay.gated else 2)
+    mlp = tokens * lay.inter * _linear_out_bytes(c, lay) * (3 if lay.gated else 2)
     return 2 * tokens * lay.hidden * lay.residual_bytes + max(head, mlp)
 
 
@@ -142,12 +142,24 @@ def eval_cache_bytes(c: StepContext, lay: StepLayout, batch: int) -> int:
     are concatenated.
 
     Llama-2-7B (32 layers, 32 KV heads x 128, bf16: 2 x 32 x 4,096 x 2 B = 524,288 B per token), evaluation batch
-    8 x 2,048 tokens: 524,288 x 16,384 = 8,589,934,592 B."""
+    8 x 2,048 tokens: 524,288 x 16,384 = 8,589,934,592 B.
+
+    The keys and values are in the projections' output dtype: over a k-bit base that peft's preparation left fp32
+    under autocast, bitsandbytes' linears return their fp32 input's dtype (``Linear4bit.forward``:
+    ``out.to(inp_dtype)``; the step's fp32 linear outputs, ``ActContext.elementwise_bytes``) and the attention
+    updates the cache before any cast to the kernel's dtype (transformers 4.36-4.57 ``LlamaFlashAttention2`` and
+    SDPA paths: ``past_key_value.update`` precedes the fp32 check), so the cache is fp32: twice the half figure."""
     if not eval_builds_cache(c):
         return 0
     tokens = ceil_div(eval_seq_len(c), c.s.parallel.cp)
-    return cache_bytes(c.m, batch, tokens, lay.compute_bytes, c.tp, "auto", True) + ssm_state_bytes(
+    return cache_bytes(c.m, batch, tokens, _linear_out_bytes(c, lay), c.tp, "auto", True) + ssm_state_bytes(
         c.m, batch, lay.compute_bytes)
+
+
+def _linear_out_bytes(c: StepContext, lay: StepLayout) -> int:
+    """Bytes per element of a linear's output in an evaluation forward: fp32 over a prepared k-bit base under
+    autocast (``eval_cache_bytes``), else the compute dtype."""
+    return c.act.elementwise_bytes or lay.compute_bytes
 
 
 def eval_cache_fused_views(c: StepContext) -> bool:
