@@ -448,7 +448,7 @@ def _kbit_cast_note(s: Scenario, kbit: bool) -> str:
         return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32, then the norms "
                 f"and embeddings are converted back to the model's dtype, as the step holds them (as {row.name} >= "
                 f"{row.since}: {row.source})")
-    if not kbit and s.effective_framework == "deepspeed":
+    if not kbit and s.deepspeed_engine:
         return ("non-quantized parameters in the half dtype: DeepSpeed's engine casts the whole module to it "
                 "(DeepSpeedEngine._configure_distributed_model), undoing prepare_model_for_kbit_training's fp32 casts")
     if not kbit:

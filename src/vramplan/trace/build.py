@@ -345,9 +345,11 @@ def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[
             p.requires_grad_(False)
         row = trainer_framework(s.framework)
         if quant != "none" and framework in ("hf-trainer", "accelerate", "plain") \
-                and (row is None or (row.kbit_prepares and not row.casts_back)):
+                and (row is None or (row.kbit_prepares and not row.casts_back)) \
+                and not (s.deepspeed_engine and t.precision != "fp32"):
             # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter becomes fp32 (LLaMA-Factory runs none;
-            # axolotl casts the norms and embeddings back: the step holds them in the model's dtype either way)
+            # axolotl casts the norms and embeddings back, DeepSpeed's engine casts the module to its half dtype:
+            # the step holds them in the model's dtype either way)
             for p in model.parameters():
                 if p.dtype in (torch.float16, torch.bfloat16):
                     p.data = p.data.to(torch.float32)

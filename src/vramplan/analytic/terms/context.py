@@ -217,9 +217,14 @@ class StepContext:
     @cached_property
     def kbit(self) -> bool:
         """The step holds the k-bit base's non-quantized parameters in fp32, as peft's k-bit preparation leaves
-        them (axolotl casts the norms and embeddings back to the model's dtype: facts/trainer_frameworks.py)."""
+        them.  Not where axolotl casts the norms and embeddings back to the model's dtype
+        (facts/trainer_frameworks.py), nor where DeepSpeed's engine runs the step in a half dtype: it casts every
+        floating parameter to it (``DeepSpeedEngine._configure_distributed_model``, deepspeed 0.19.8
+        ``_cast_module_mixed_precision``; ``module.half()`` / ``bfloat16()`` before), the 4-bit weights' uint8
+        storage aside."""
         row = trainer_framework(self.s.framework)
-        return self.kbit_prepares and (row is None or not row.casts_back)
+        return self.kbit_prepares and (row is None or not row.casts_back) \
+            and not (self.s.deepspeed_engine and self.pol.frozen_param_bytes < 4)
 
     @property
     def offload_params(self) -> bool:
