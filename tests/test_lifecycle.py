@@ -459,3 +459,52 @@ def test_zero_init_is_read_only_under_deepspeed_zero3() -> None:
     assert "lifecycle.zero_init set but not used" in text
     doc["parallel"] = {"zero_stage": 3}
     assert "lifecycle.zero_init set but not used" not in " ".join(estimate(doc).assumptions)
+
+
+def test_a_tail_after_the_step_reuses_its_cached_blocks_or_opens_segments() -> None:
+    from vramplan.analytic.allocator import reserved_after_parts
+
+    mib = 1 << 20
+    # a step that allocates and frees a 20 MiB activation leaves its 20 MiB segment cached (rules.py: a request
+    # above 10 MiB gets a segment of its own size, 2 MiB-rounded): a 10 MiB evaluation tensor takes it, split
+    # (20 MiB reserved); a 40 MiB one finds no block that large and opens a second segment (20 + 40 = 60 MiB)
+    step = [[20 * mib, -1]]
+    assert reserved_after_parts(step, [10 * mib]) == 20 * mib
+    assert reserved_after_parts(step, [40 * mib]) == 60 * mib
+    # the tail's ids count from 0 in the tail: its own frees let a later tensor reuse its block
+    assert reserved_after_parts(step, [40 * mib, -1, 40 * mib]) == 60 * mib
+    # with empty_cache the segment would go: the capacity's retry (release_cached_blocks) frees it when needed
+    assert reserved_after_parts(step, [40 * mib], capacity_bytes=50 * mib) == 40 * mib
+
+
+def test_the_evaluation_forward_stream_peaks_at_the_forward_moment() -> None:
+    from vramplan.alloc import replay_compact
+    from vramplan.analytic.lifecycle.evaluation import eval_cache_bytes, eval_forward_stream
+
+    # the tiny Llama evaluated in batches of 8 x 128 tokens with its cache: the stream's highest live bytes (as
+    # requested, before rounding) are the forward's (two residual tensors and the larger of the MLP's and the head's,
+    # _forward_bytes) plus every layer's keys and values (eval_cache_bytes)
+    tr = _step(_doc({"use_cache": True}, lifecycle={"evaluation": True, "eval_batch_size": 8},
+                    software={"transformers": "4.57.3"}))
+    assert tr.context is not None and tr.layout is not None
+    tail = eval_forward_stream(tr.context, tr.layout)
+    cache = eval_cache_bytes(tr.context, tr.layout, 8)
+    # 2 layers x 2 (K, V) x 2 KV heads x 64 x 2 B (bf16 compute) x 1,024 tokens = 1,048,576
+    assert cache == 1_048_576
+    assert replay_compact(list(tail)).peak_requested_bytes == _forward_bytes(tr.context, tr.layout, 8) + cache
+
+
+def test_an_evaluation_larger_than_the_micro_batch_adds_segments_to_the_steps() -> None:
+    # evaluation batches of 8 after micro-batches of 1: the forward's tensors are 8x the step's, so none fits a block
+    # the step cached and the evaluation's reserved bytes are the step's cached segments plus its own
+    doc = _doc({"use_cache": True}, lifecycle={"evaluation": True, "eval_batch_size": 8},
+               software={"transformers": "4.57.3"})
+    rep = estimate(doc)
+    packed = estimate(doc, reserved="packed")
+    ev, step = rep.per_gpu.lifecycle["evaluation"], rep.per_gpu.lifecycle["training step"]
+    assert ev["reserved_bytes"] > packed.per_gpu.lifecycle["evaluation"]["reserved_bytes"]
+    assert ev["reserved_bytes"] > step["reserved_bytes"]
+    # an evaluation of one sequence fits in what the step cached: no segment beyond the step's
+    one = estimate(_doc({"use_cache": True}, lifecycle={"evaluation": True, "eval_batch_size": 1},
+                        software={"transformers": "4.57.3"}))
+    assert one.per_gpu.lifecycle["evaluation"]["reserved_bytes"] <= one.per_gpu.lifecycle["training step"]["reserved_bytes"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vramplan.analytic import dpo, kto, openrlhf, orpo, ppo, rloo, verl
-from vramplan.analytic.allocator import reserved_for, train_reserved_bytes
+from vramplan.analytic.allocator import reserved_after_step, reserved_for, train_reserved_bytes
 from vramplan.analytic.autoawq import autoawq_step
 from vramplan.analytic.generate import generate_step
 from vramplan.analytic.grpo import grpo_assumptions, grpo_problems, policy_scenario, reference_kind
@@ -28,6 +28,7 @@ from vramplan.analytic.lifecycle import (
     job_lifecycle,
     packed_reserved,
 )
+from vramplan.analytic.lifecycle.evaluation import eval_forward_stream
 from vramplan.analytic.lifecycle.hf_rollout import hf_generate_notes, hf_generate_parts, hf_generate_problems
 from vramplan.analytic.lifecycle.openrlhf import CriticStep, critic_step
 from vramplan.analytic.lifecycle.ppo import ppo_job
@@ -140,8 +141,7 @@ def _step_reserved(r: Resolved, tr: TrainResult, outside: dict[str, int], reserv
 def _step_reserved_by(r: Resolved, tr: TrainResult, outside: dict[str, int], reserved: ReservedModel,
                       expandable: bool) -> tuple[int, str]:
     packed = _reserved(tr.peak, expandable)
-    t = r.scenario.train
-    if t.optimizer_in_backward or t.torchao_cpu_offload == "optimizer+gradients":
+    if _replay_unbuilt(r):
         # the event stream (analytic/events.py) frees no gradient inside the backward
         return packed, ("reserved bytes: the tensors alive at the peak packed into empty allocator segments (the "
                         "allocator replay is not built for gradients freed in the backward)")
@@ -180,7 +180,8 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int, walks: StepWalks | No
     if tr.context is None or tr.layout is None:
         return _report(r, tr.peak, tr.moments, outside, host, ServeBlock(), [*tr.assumptions, how], reserved=res_bytes)
     job = job_lifecycle(tr.context, tr.layout, tr.terms, tr.moments)
-    phases = sorted([steady, *job.phases], key=lambda p: LIFECYCLE_ORDER.index(p.name))
+    phases = sorted([steady, *_evaluation_after_step(r, tr, job.phases, outside, reserved)],
+                    key=lambda p: LIFECYCLE_ORDER.index(p.name))
     table = {p.name: _phase_row(p, outside, r.gpu.total_memory_bytes) for p in phases}
     # the first highest in the job's order wins a tie, the steady step over the phases after it
     top = max(phases, key=lambda p: (p.moment.total, p is steady))
@@ -189,6 +190,30 @@ def _train(r: Resolved, reserved: ReservedModel, ctx: int, walks: StepWalks | No
     host = host.model_copy(update={"load_peak_bytes": job.host_load_bytes})
     return _report(r, top.moment, tr.moments, outside, host, ServeBlock(), [*tr.assumptions, how, *job.assumptions],
                    reserved=max(job_reserved, top.moment.total), lifecycle=(table, used.name))
+
+
+def _evaluation_after_step(r: Resolved, tr: TrainResult, phases: list[PhasePeak], outside: dict[str, int],
+                           reserved: ReservedModel) -> list[PhasePeak]:
+    """The job's phases with the evaluation's reserved bytes replayed after the training steps (allocator replay
+    only): its forward's tensors are allocated where the steps' cached blocks are large enough, in new segments
+    otherwise (``analytic/allocator.py`` ``reserved_after_step``), never below its own packing."""
+    if reserved != "replay" or tr.context is None or tr.layout is None or _replay_unbuilt(r):
+        return phases
+    out = []
+    for p in phases:
+        if p.name == "evaluation":
+            tail = eval_forward_stream(tr.context, tr.layout)
+            reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
+            after = reserved_after_step(tr.layout, tail, expandable_segments(r.scenario), reservable)
+            p = PhasePeak(p.name, p.moment, max(p.reserved_bytes, after), p.before_step)
+        out.append(p)
+    return out
+
+
+def _replay_unbuilt(r: Resolved) -> bool:
+    """The step's event stream is not built for gradients freed in the backward (``_step_reserved_by``)."""
+    t = r.scenario.train
+    return t.optimizer_in_backward or t.torchao_cpu_offload == "optimizer+gradients"
 
 
 def _rl_job(r: Resolved) -> tuple[Resolved, str, list[str]]:

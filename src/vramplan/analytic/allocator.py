@@ -18,10 +18,11 @@ reserved for 40 MiB allocated.  With ``expandable_segments`` the same tensors ma
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 from vramplan.alloc import replay_compact, replay_parts
-from vramplan.alloc.compact import expand, split_pools
+from vramplan.alloc.compact import Repeat, expand, split_pools
 from vramplan.alloc.rules import (
     K_LARGE_BUFFER as LARGE_SEGMENT,
 )
@@ -45,7 +46,8 @@ from vramplan.analytic.events import StepLayout, iter_run_parts, train_run_parts
 
 __all__ = [
     "LARGE_SEGMENT", "MIN_LARGE_ALLOC", "ROUND_BYTES", "ROUND_LARGE", "SMALL_SEGMENT", "SMALL_SIZE",
-    "allocated_bytes_for", "reserved_for", "rounded_request", "segment_bytes", "train_reserved_bytes",
+    "allocated_bytes_for", "reserved_after_parts", "reserved_after_step", "reserved_for", "rounded_request", "segment_bytes",
+    "train_reserved_bytes",
 ]
 
 
@@ -145,3 +147,35 @@ def train_reserved_bytes(layout: StepLayout, expandable_segments: bool = False,
         return (max(res.peak_allocated_bytes, res.oom.allocated_bytes + res.oom.rounded_bytes),
                 max(res.peak_reserved_bytes, res.oom.reserved_bytes + res.oom.device_request_bytes))
     return res.peak_allocated_bytes, res.peak_reserved_bytes
+
+
+@lru_cache(maxsize=256)
+def reserved_after_step(layout: StepLayout, tail: tuple[int, ...], expandable_segments: bool = False,
+                        capacity_bytes: int | None = None) -> int:
+    """Peak reserved bytes of the two training steps (``train_reserved_bytes``'s stream) followed by ``tail``, a
+    compact stream of its own (ids from 0) that runs after them on the same allocator: an evaluation between steps
+    (``analytic/lifecycle/evaluation.py`` ``eval_forward_stream``), with nothing but the resident tensors alive and
+    every block the steps freed still cached, as the caching allocator keeps them while no ``empty_cache`` runs.
+    A tail tensor reuses a cached block at least as large (best fit, split) and opens a segment otherwise, so an
+    evaluation at a larger batch than the step's micro-batch adds segments beside the step's cached ones.
+
+    Worked example (``tests/test_lifecycle.py``): a step that frees a 20 MiB activation leaves its 20 MiB segment
+    cached; a 10 MiB evaluation tensor takes it (20 MiB reserved), a 40 MiB one opens a second segment (60 MiB).
+
+    A side-stream step (FSDP's gradients, ZeRO-3's gathers) is replayed on one stream here: its pools' cached
+    blocks are all offered to the tail, a lower figure than two pools would give, and never below the step's own
+    peak, which the caller keeps."""
+    return reserved_after_parts(list(iter_run_parts(layout)), tail, expandable_segments, capacity_bytes)
+
+
+def reserved_after_parts(parts: list[list[int] | Repeat], tail: Sequence[int], expandable_segments: bool = False,
+                         capacity_bytes: int | None = None) -> int:
+    """``reserved_after_step`` on a stream given as parts (``vramplan.alloc.replay_parts``): the peak reserved bytes
+    of ``parts`` then ``tail``, whose ids count from 0 in the tail."""
+    made = sum(sum(1 for x in p.events if x > 0) * p.count if isinstance(p, Repeat) else sum(1 for x in p if x > 0)
+               for p in parts)
+    shifted = [x if x > 0 else x - made for x in tail]
+    res = replay_parts([*parts, shifted], expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
+    if res.oom is not None:
+        return max(res.peak_reserved_bytes, res.oom.reserved_bytes + res.oom.device_request_bytes)
+    return res.peak_reserved_bytes

@@ -16,7 +16,10 @@ a published peak can come from a phase other than the steady step (docs/lifecycl
 Each phase is its live terms plus its transients, as a ``Moment`` with the same declared keys as the
 step's.  A phase's reserved bytes are the load's replay, or its tensors packed into empty segments (the
 caching allocator reuses cached blocks of earlier phases first, so the job's reserved bytes are at least
-the largest phase's; never released: nothing calls ``torch.cuda.empty_cache``).
+the largest phase's; never released: nothing calls ``torch.cuda.empty_cache``).  The evaluation's, under the
+allocator replay, are its forward replayed after the two steps (engine.py ``_evaluation_after_step``,
+analytic/allocator.py ``reserved_after_step``): an evaluation batch larger than the micro-batch opens segments
+beside the ones the steps cached.
 """
 
 from __future__ import annotations
@@ -199,7 +202,10 @@ def _assumptions(c: StepContext) -> list[str]:
                        "its full state dict gathered on the GPU (FullOptimStateDictConfig defaults to "
                        "offload_to_cpu=False; FSDP _allgather_orig_param_states); the save peaks at the larger gather")
     out.append("lifecycle: the job's reserved bytes are the largest phase's (the load replayed through the "
-               "allocator, other phases packed); blocks cached by earlier phases are assumed reused")
+               "allocator, other phases packed); blocks cached by earlier phases are assumed reused"
+               + ("; the evaluation's forward is replayed after the two steps' stream (reserved-bytes model replay): "
+                  "its tensors take blocks the steps cached where large enough and open segments beside them "
+                  "otherwise, as nothing calls torch.cuda.empty_cache between" if eval_runs(c) else ""))
     return out + _unused_eval(c) + _unused_save(c) + _unused_load(c, mode)
 
 

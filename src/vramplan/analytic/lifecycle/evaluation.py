@@ -46,6 +46,7 @@ from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
 __all__ = ["eval_batch_size", "eval_batch_size_for", "eval_builds_cache", "eval_cache_bytes", "eval_cache_fused_views",
+           "eval_forward_stream",
            "eval_generates", "eval_generates_for", "eval_runs", "eval_runs_for",
            "eval_seq_len", "evaluation_phase"]
 
@@ -227,6 +228,53 @@ def _generation_bytes(c: StepContext, lay: StepLayout) -> int:
         return cache + c.m.vocab_size * cb + litgpt_head_dequant_bytes(c)
     cache = 2 * len(lay.layers) * lay.kv_width * seq * cb
     return cache + c.m.vocab_size * cb
+
+
+def eval_forward_stream(c: StepContext, lay: StepLayout) -> tuple[int, ...]:
+    """One evaluation forward's allocations in order, as a compact stream (``vramplan.alloc.compact``: ``n > 0``
+    allocates, ``-i - 1`` frees this stream's ``i``-th allocation), for the allocator replay that follows the
+    training steps (``analytic/allocator.py`` ``reserved_after_step``): the embedding's output; per layer its keys
+    and values kept in the cache (``eval_cache_bytes`` split evenly over the layers' K and V), the MLP's
+    intermediates, the layer's output beside its input, then the intermediates and the input freed; then the kept
+    logits, the final norm's output and the head's tensors (``_forward_bytes``: two residual tensors and the larger
+    of the MLP's and the head's).  Its highest point is the forward moment of ``evaluation_phase`` less what is
+    resident: ``_forward_bytes`` plus the cache and the kept logits (Unsloth's and Lit-GPT's heads, computed
+    otherwise, are left out here: the phase's packing still counts them)."""
+    batch = eval_batch_size(c)
+    tokens = ceil_div(batch * eval_seq_len(c), c.s.parallel.cp)
+    seq, mb, es = c.s.train.seq_len, c.s.train.micro_batch_size, eval_seq_len(c)
+    out: list[int] = []
+    made = [0]
+
+    def alloc(nbytes: int) -> int:
+        out.append(max(nbytes, 1))
+        made[0] += 1
+        return made[0] - 1
+
+    resid = tokens * lay.hidden * lay.residual_bytes
+    layers = max(1, len(lay.layers))
+    cache = eval_cache_bytes(c, lay, batch)
+    kv = cache // (2 * layers)
+    mlp = tokens * lay.inter * _linear_out_bytes(c, lay)
+    cur = alloc(resid)
+    for i in range(layers):
+        if cache:
+            alloc(kv)
+            alloc(kv if i < layers - 1 else cache - kv * (2 * layers - 1))
+        inter = [alloc(mlp) for _ in range(3 if lay.gated else 2)]
+        nxt = alloc(resid)
+        out.extend(-j - 1 for j in inter)
+        out.append(-cur - 1)
+        cur = nxt
+    kept = _kept_logits(c, lay, batch)[0]
+    if kept:
+        alloc(kept)
+    if lay.has_head and c.s.software.unsloth is None and not c.litgpt_head:
+        alloc(resid)  # the final norm's output beside the last layer's
+        for t in _head_tensors(c, lay):
+            if t:
+                alloc(t * batch * es // (mb * seq))
+    return tuple(out)
 
 
 def evaluation_phase(c: StepContext, lay: StepLayout, resident: Moment) -> Moment:
