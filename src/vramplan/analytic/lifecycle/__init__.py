@@ -170,28 +170,7 @@ def _assumptions(c: StepContext) -> list[str]:
     else:
         out.append("lifecycle, first step: optimizer states are created at its optimizer.step() (torch "
                    "AdamW._init_group), so it peaks no higher than the steady step")
-    if eval_runs(c):
-        gen = f", then {eval_generates(c)} tokens generated with a full-length KV cache (Lit-GPT generate_example)" \
-            if eval_generates(c) else ""
-        kept = ("every batch's logits kept on the GPU" + (f", moved to the CPU every {lc.eval_accumulation_steps}"
-                                                          if lc.eval_accumulation_steps else "")
-                if lc.eval_keeps_logits else "no logits kept (no compute_metrics)")
-        length = f" of {lc.eval_seq_len:,} tokens" if lc.eval_seq_len is not None else ""
-        off = use_cache_off_by(c.s) if c.m.encoder_decoder is None and not c.m.encoder_only else None
-        fp32 = (" in fp32, as bitsandbytes' linears return the prepared model's fp32 hidden states"
-                if c.act.elementwise_bytes == 4 else "")
-        cache = (f", each forward's KV cache held to its end{fp32} (use_cache on: train.use_cache, else the config's; "
-                 "set train.use_cache: false where the script turns it off)" if eval_builds_cache(c) else
-                 f", no KV cache in its forwards ({_CACHE_OFF[off]})" if off else "")
-        out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences{length}{cache}, {kept}"
-                   f"{gen} (HF Trainer.evaluation_loop / Lit-GPT validate)")
-        if eval_cache_fused_views(c):
-            out.append(f"not modelled: the evaluation cache of {c.m.family}'s fused q/k/v projection before "
-                       "transformers 4.56 holds views that keep each layer's whole projection output alive (1.5x the "
-                       "keys and values counted with GPT-2's split, 2x with GPT-NeoX's rotated key beside it)")
-    else:
-        out.append("lifecycle, evaluation: none (the HF Trainer's default eval_strategy='no'; accelerate, DeepSpeed, "
-                   "torchtitan and plain loops evaluate only where the script does; set lifecycle.evaluation)")
+    out += _evaluation_assumptions(c)
     if lc.checkpoint_save:
         out.append(f"lifecycle, checkpoint save: state dict {state_dict_type(c)} for a sharded model (FSDP "
                    "_full_post_state_dict_hook clones without offload_to_cpu; accelerate's and Lightning's "
@@ -207,6 +186,33 @@ def _assumptions(c: StepContext) -> list[str]:
                   "its tensors take blocks the steps cached where large enough and open segments beside them "
                   "otherwise, as nothing calls torch.cuda.empty_cache between" if eval_runs(c) else ""))
     return out + _unused_eval(c) + _unused_save(c) + _unused_load(c, mode)
+
+
+def _evaluation_assumptions(c: StepContext) -> list[str]:
+    """What the evaluation phase assumes (none: said so, with the key that turns it on)."""
+    lc, out = c.s.lifecycle, []
+    if not eval_runs(c):
+        return [("lifecycle, evaluation: none (the HF Trainer's default eval_strategy='no'; accelerate, DeepSpeed, "
+                 "torchtitan and plain loops evaluate only where the script does; set lifecycle.evaluation)")]
+    gen = f", then {eval_generates(c)} tokens generated with a full-length KV cache (Lit-GPT generate_example)" \
+        if eval_generates(c) else ""
+    kept = ("every batch's logits kept on the GPU" + (f", moved to the CPU every {lc.eval_accumulation_steps}"
+                                                      if lc.eval_accumulation_steps else "")
+            if lc.eval_keeps_logits else "no logits kept (no compute_metrics)")
+    length = f" of {lc.eval_seq_len:,} tokens" if lc.eval_seq_len is not None else ""
+    off = use_cache_off_by(c.s) if c.m.encoder_decoder is None and not c.m.encoder_only else None
+    fp32 = (" in fp32, as bitsandbytes' linears return the prepared model's fp32 hidden states"
+            if c.act.elementwise_bytes == 4 else "")
+    cache = (f", each forward's KV cache held to its end{fp32} (use_cache on: train.use_cache, else the config's; "
+             "set train.use_cache: false where the script turns it off)" if eval_builds_cache(c) else
+             f", no KV cache in its forwards ({_CACHE_OFF[off]})" if off else "")
+    out.append(f"lifecycle, evaluation: no-grad forwards of {eval_batch_size(c)} sequences{length}{cache}, {kept}"
+               f"{gen} (HF Trainer.evaluation_loop / Lit-GPT validate)")
+    if eval_cache_fused_views(c):
+        out.append(f"not modelled: the evaluation cache of {c.m.family}'s fused q/k/v projection before "
+                   "transformers 4.56 holds views that keep each layer's whole projection output alive (1.5x the "
+                   "keys and values counted with GPT-2's split, 2x with GPT-NeoX's rotated key beside it)")
+    return out
 
 
 # why an evaluation forward builds no cache whatever the model's config (terms/saved.py use_cache_off_by)
