@@ -438,21 +438,28 @@ _TORCHTITAN_SPLIT_NOTE = (
     "embedding unit, the reduce-scatter buffers and unsharded gradients")
 
 
-def _kbit_cast_note(s: Scenario, kbit: bool) -> str:
+def _kbit_cast_note(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, kbit: bool) -> str:
     """What the step holds the k-bit base's non-quantized parameters in (``StepContext.kbit``)."""
     row = trainer_framework(s.framework)
     if row is not None and not row.kbit_prepares:
         return (f"{row.name} runs no prepare_model_for_kbit_training: embeddings, norms and LM head stay in the "
-                f"model's dtype (as {row.name} >= {row.since}: {row.source})")
-    if row is not None and row.casts_back:
+                f"model's dtype (as {row.name} >= {row.since}: {row.source}); its upcast_layernorm: true (fp32 norms, "
+                "so fp32 linear outputs) is not modelled: framework hf-trainer counts fp32 norms and embeddings, more")
+    if row is not None and row.casts_back and kbit and not (s.deepspeed_engine and pol.frozen_param_bytes < 4):
+        return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32; its conversion "
+                "back reaches only modules named *norm* and its embedding names, which do not cover every "
+                f"non-quantized parameter of {m.model_type}: counted fp32, as peft leaves them (an upper bound; "
+                "facts/trainer_frameworks.py AXOLOTL_CAST_BACK_TYPES)")
+    if row is not None and row.casts_back and not kbit and not s.deepspeed_engine:
         return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32, then the norms "
                 f"and embeddings are converted back to the model's dtype, as the step holds them (as {row.name} >= "
                 f"{row.since}: {row.source})")
-    if not kbit and s.deepspeed_engine:
-        return ("non-quantized parameters in the half dtype: DeepSpeed's engine casts the whole module to it "
-                "(DeepSpeedEngine._configure_distributed_model), undoing prepare_model_for_kbit_training's fp32 casts")
+    if not kbit and s.deepspeed_engine and pol.frozen_param_bytes < 4:
+        return ("non-quantized parameters in the half dtype: DeepSpeed's engine casts every floating parameter to it "
+                "(DeepSpeedEngine._configure_distributed_model), whatever fp32 casts a k-bit preparation made")
     if not kbit:
-        return f"non-quantized parameters in the model's dtype under {s.effective_framework} (no fp32 casts held)"
+        held = "fp32" if pol.frozen_param_bytes == 4 else pol.half
+        return f"non-quantized parameters held in {held} under {s.effective_framework}, as the frozen base weights"
     return "prepare_model_for_kbit_training casts non-quantized parameters (embeddings, norms, LM head) to fp32"
 
 
@@ -607,7 +614,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
                    f"adapters in {'fp32' if pol.param_bytes == 4 else pol.half} ({why})")
         # neither Lit-GPT nor torchtune runs peft's preparation; Unsloth runs its own (LoRA weights only)
         if t.quantization != "none" and fw not in ("lightning", "torchtune") and not unsloth(s):
-            out.append(_kbit_cast_note(s, kbit))
+            out.append(_kbit_cast_note(s, m, pol, kbit))
         if fw == "lightning" and t.quantization in BNB_4BIT_FORMATS:
             out.append(LITGPT_HEAD_NOTE)
     out += _moe_assumptions(s, m)

@@ -23,15 +23,28 @@ a bitsandbytes (k-bit) base before the adapters are added, which decides the dty
   ``hparams/model_args.py``), embeddings and head stay in the load dtype.  Its other defaults (gradient
   checkpointing on unless ``disable_gradient_checkpointing``) are the scenario's own keys: set them as the run did.
 
-What is left fp32 by axolotl outside its two name patterns (the biases of quantized linears) is cast to the input's
-dtype by bitsandbytes' ``Linear4bit.forward`` on the first call, so nothing else stays fp32.
+axolotl converts back only modules whose name holds ``norm`` and its embedding names (``get_linear_embedding_layers``:
+``embed_tokens`` and ``lm_head`` but for GPT-NeoX, Falcon and Nemotron-H), so the step holds everything in the half
+dtype only for the model types in ``AXOLOTL_CAST_BACK_TYPES``, whose every parameter bitsandbytes leaves unquantized
+is an embedding, the head, a norm or a quantized linear's bias (which ``Linear4bit.forward`` casts to its input's
+dtype on the first call): checked on transformers' modules built on the meta device
+(``tests/test_trainer_frameworks.py``).  Other types keep peft's fp32 casts in the estimate (GPT-J's ``wte``,
+GPT-2's ``ln_1``, OPT's ``embed_positions`` stay fp32; MoE experts that bitsandbytes does not quantize would be
+cast to fp32 whole), said so.  Without a k-bit base axolotl still upcasts the embeddings, the head and the norms
+to fp32 after loading, then casts them back for the adapter (``needs_fa2_dtype``): a load-time copy of them, the
+preparation phase of a LoRA run on a half base.  axolotl's evaluation batch defaults to its micro-batch
+(``src/axolotl/utils/config/__init__.py``: ``cfg.eval_batch_size = cfg.micro_batch_size``), not the HF Trainer's 8.
+
+LLaMA-Factory's ``upcast_layernorm: true`` (which its parser recommends for quantized training) leaves fp32 norm
+weights whose outputs, and so every linear's output, are fp32: not modelled; ``framework: hf-trainer`` counts fp32
+norms and embeddings, an upper bound of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TRAINER_FRAMEWORKS", "TrainerFramework", "trainer_framework"]
+__all__ = ["AXOLOTL_CAST_BACK_TYPES", "TRAINER_FRAMEWORKS", "TrainerFramework", "axolotl_casts_back", "trainer_framework"]
 
 
 @dataclass(frozen=True)
@@ -49,16 +62,31 @@ class TrainerFramework:
     since: str
     """The first release with this behaviour (earlier ones are estimated as it, said so)."""
     source: str
+    eval_batch_is_micro_batch: bool = False
+    """Its evaluation batch defaults to the training micro-batch (else the HF Trainer's 8)."""
 
 
 TRAINER_FRAMEWORKS: tuple[TrainerFramework, ...] = (
     TrainerFramework("axolotl", "hf-trainer", kbit_prepares=True, casts_back=True, since="0.3.0",
                      source="axolotl-ai-cloud/axolotl src/axolotl/loaders/model.py _configure_embedding_dtypes "
-                            "(067b021); src/axolotl/utils/models.py load_model at v0.3.0"),
+                            "(067b021); src/axolotl/utils/models.py load_model at v0.3.0",
+                     eval_batch_is_micro_batch=True),
     TrainerFramework("llamafactory", "hf-trainer", kbit_prepares=False, casts_back=False, since="0.2.0",
                      source="hiyouga/LLaMA-Factory src/llamafactory/model/model_utils/checkpointing.py "
                             "prepare_model_for_training (ff6d4d1); upcast_layernorm default false from v0.2.0"),
 )
+
+
+# model types whose every parameter bitsandbytes leaves unquantized carries one of axolotl's cast-back names (a
+# module name holding "norm", embed_tokens, lm_head) or is a quantized linear's bias: dense decoders with
+# transformers' Llama-style names (tests/test_trainer_frameworks.py builds each on the meta device)
+AXOLOTL_CAST_BACK_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite",
+                                            "olmo2", "smollm3")
+
+
+def axolotl_casts_back(model_type: str) -> bool:
+    """Whether axolotl's cast back reaches every non-quantized parameter of ``model_type``."""
+    return model_type in AXOLOTL_CAST_BACK_TYPES
 
 
 def trainer_framework(name: str | None) -> TrainerFramework | None:

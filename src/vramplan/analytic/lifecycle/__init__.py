@@ -36,7 +36,14 @@ from vramplan.analytic.lifecycle.evaluation import (
     eval_runs,
     evaluation_phase,
 )
-from vramplan.analytic.lifecycle.load import host_load_bytes, load_mode, load_peaks, load_plan, prepares_kbit
+from vramplan.analytic.lifecycle.load import (
+    host_load_bytes,
+    load_mode,
+    load_peaks,
+    load_plan,
+    prepares_kbit,
+    upcasts_half_base,
+)
 from vramplan.analytic.lifecycle.save import save_phase, state_dict_type
 from vramplan.analytic.lifecycle.steps import between_steps, device_states_bytes, first_step
 from vramplan.analytic.moment import K, Moment
@@ -161,9 +168,17 @@ def _assumptions(c: StepContext) -> list[str]:
     }[mode]
     out = [(f"lifecycle, load: {load}; host RAM per process at the load's peak counted "
            f"(device_map {lc.device_map or 'framework default'})")]
-    if prepares_kbit(c):
+    if upcasts_half_base(c):
+        out.append("lifecycle, peft preparation: axolotl upcasts the embeddings, LM head and norms to fp32 after "
+                   "loading, then casts them back to the model's dtype for the adapter, each new copy beside the old "
+                   "(loaders/model.py _configure_embedding_dtypes)")
+    elif prepares_kbit(c):
+        back = ("; then axolotl converts the norms and embeddings back to the model's dtype, each half copy beside "
+                "its fp32 one" if c.casts_back else
+                "; then DeepSpeed's engine casts them back to its half dtype at initialize, each half copy beside its "
+                "fp32 one" if not c.kbit else "")
         out.append("lifecycle, peft preparation: prepare_model_for_kbit_training casts each non-quantized "
-                   "parameter to fp32 beside its half original (peft utils/other.py)")
+                   f"parameter to fp32 beside its half original (peft utils/other.py){back}")
     if c.in_backward:
         out.append("lifecycle, first step: each parameter's optimizer creates its states at its first step() in "
                    "the first backward, so the first step is bounded by the steady step (counted as it)")

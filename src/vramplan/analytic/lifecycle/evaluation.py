@@ -42,6 +42,7 @@ from vramplan.analytic.terms.loss import (
 )
 from vramplan.analytic.terms.saved import DYNAMIC_LAYER_COPIES_SINCE, forward_use_cache, separate_qkv
 from vramplan.analytic.unsloth import unsloth_eval_head_bytes
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
@@ -60,11 +61,14 @@ def eval_runs_for(lc: Lifecycle, framework: str) -> bool:
     return lc.evaluation if lc.evaluation is not None else framework == "lightning"
 
 
-def eval_batch_size_for(lc: Lifecycle, framework: str, micro_batch_size: int) -> int:
+def eval_batch_size_for(lc: Lifecycle, framework: str, micro_batch_size: int, raw_framework: str | None = None) -> int:
     """The evaluation batch: the scenario's, else the HF Trainer's ``per_device_eval_batch_size`` (8) or the
-    other loops' training micro-batch."""
+    other loops' training micro-batch (axolotl's too: ``raw_framework``, facts/trainer_frameworks.py)."""
     if lc.eval_batch_size is not None:
         return lc.eval_batch_size
+    row = trainer_framework(raw_framework)
+    if row is not None and row.eval_batch_is_micro_batch:
+        return micro_batch_size
     return HF_EVAL_BATCH if framework == "hf-trainer" else micro_batch_size
 
 
@@ -81,7 +85,7 @@ def eval_runs(c: StepContext) -> bool:
 
 
 def eval_batch_size(c: StepContext) -> int:
-    return eval_batch_size_for(c.s.lifecycle, c.framework, c.s.train.micro_batch_size)
+    return eval_batch_size_for(c.s.lifecycle, c.framework, c.s.train.micro_batch_size, c.s.framework)
 
 
 def eval_generates(c: StepContext) -> int:

@@ -83,7 +83,7 @@ from vramplan.spec.scenario import Lifecycle
 from vramplan.units import ceil_div
 
 __all__ = ["LoadPlan", "LoadTensor", "device_map_for", "host_load_bytes", "litgpt_tensors", "load_mode", "load_peaks", "load_plan",
-           "partitions_after_load", "prepares_kbit", "quantizes_at_init", "rank_tensors"]
+           "partitions_after_load", "prepares_kbit", "quantizes_at_init", "rank_tensors", "upcasts_half_base"]
 
 # transformers' save_pretrained(max_shard_size="5GB") default: a checkpoint is read one shard at a time
 CHECKPOINT_SHARD_BYTES = 5 * 10**9
@@ -252,8 +252,9 @@ class LoadPlan:
     init: tuple[int, ...] = ()
     init_copy: tuple[int, ...] = ()
     offloaded: bool = False  # quantize-partition, whole-partition: the partitions live on the host
-    # axolotl: after the preparation each fp32-cast tensor is converted back to its held dtype
-    # (facts/trainer_frameworks.py), in the module order (embeddings, norms, head)
+    # after the preparation each fp32-cast tensor is converted back to its held dtype, in the module order: axolotl's
+    # conversion of the norms and embeddings (facts/trainer_frameworks.py), or DeepSpeed's engine casting the module
+    # to its half dtype at initialize (terms/context.py StepContext.kbit)
     casts_back: bool = False
 
 
@@ -262,10 +263,32 @@ def load_plan(c: StepContext) -> LoadPlan:
     tensors = litgpt_tensors(c) if mode == "litgpt" else rank_tensors(c)
     sizes = tuple(_tensor_bytes(c, t, held) for t in tensors)
     staging, init, init_copy = _staging(c, mode, tensors, held)
-    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors),
-                    tuple(0 if t.quantized else t.numel * 4 for t in tensors), c.shards[2],
-                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares_kbit(c), init, init_copy,
-                    c.offload_params, prepares_kbit(c) and not c.kbit)
+    if upcasts_half_base(c):
+        # axolotl's fp32 upcast of what bitsandbytes would not quantize (embeddings, head, norms), then cast back
+        fp32 = tuple(0 if t.quantized else t.numel * 4 for t in _linears_flagged(c))
+        prepares, back = True, True
+    else:
+        fp32 = tuple(0 if t.quantized else t.numel * 4 for t in tensors)
+        prepares = prepares_kbit(c)
+        back = prepares and not c.kbit
+    return LoadPlan(mode, sizes, staging, tuple(t.unit for t in tensors), fp32, c.shards[2],
+                    c.framework == "deepspeed" or c.s.parallel.zero_stage == 3, prepares, init, init_copy,
+                    c.offload_params, back)
+
+
+def upcasts_half_base(c: StepContext) -> bool:
+    """axolotl with LoRA on a half-precision base loaded whole onto the GPU: it upcasts the embeddings, the head and
+    the norms to fp32 after loading and casts them back for the adapter (facts/trainer_frameworks.py), a preparation
+    phase of its own."""
+    return c.casts_back and c.peft is not None and c.quant == "none" and load_mode(c) == "direct" \
+        and c.pol.frozen_param_bytes < 4
+
+
+def _linears_flagged(c: StepContext) -> tuple[LoadTensor, ...]:
+    """``rank_tensors`` of a half base with the linears bitsandbytes would quantize flagged (the order and sizes are
+    the unflagged call's)."""
+    fused = experts_are_parameters(c.m, c.s.software.fused_moe_experts, c.quant)
+    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, True, (), fused, fused and c.m.stacked_expert_checkpoint)
 
 
 def _staging(c: StepContext, mode: str, tensors: tuple[LoadTensor, ...],

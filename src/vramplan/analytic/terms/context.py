@@ -24,7 +24,7 @@ from vramplan.analytic.layout import (
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, litgpt_fp32_base, policy
 from vramplan.analytic.zero_bubble import held_until_weight_pass
 from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
-from vramplan.facts.trainer_frameworks import trainer_framework
+from vramplan.facts.trainer_frameworks import axolotl_casts_back, trainer_framework
 from vramplan.spec.defaults import fsdp_group, megatron_distributed_optimizer
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
@@ -222,9 +222,16 @@ class StepContext:
         floating parameter to it (``DeepSpeedEngine._configure_distributed_model``, deepspeed 0.19.8
         ``_cast_module_mixed_precision``; ``module.half()`` / ``bfloat16()`` before), the 4-bit weights' uint8
         storage aside."""
-        row = trainer_framework(self.s.framework)
-        return self.kbit_prepares and (row is None or not row.casts_back) \
+        return self.kbit_prepares and not self.casts_back \
             and not (self.s.deepspeed_engine and self.pol.frozen_param_bytes < 4)
+
+    @cached_property
+    def casts_back(self) -> bool:
+        """The framework converts the norms and embeddings back to the model's dtype after its fp32 upcast, and
+        that reaches every non-quantized parameter of this model type (axolotl: facts/trainer_frameworks.py
+        ``AXOLOTL_CAST_BACK_TYPES``)."""
+        row = trainer_framework(self.s.framework)
+        return row is not None and row.casts_back and axolotl_casts_back(self.m.model_type)
 
     @property
     def offload_params(self) -> bool:
