@@ -67,7 +67,8 @@ def test_traits_are_set_by_the_adapters() -> None:
     assert load_model("meta-llama/Llama-3.1-8B").traits == Traits(upcasts_all_logits=True,
                                                                   causal_mask_buffer_in=((4, 38), (4, 39)),
                                                                   rope_cache_in=((4, 28), (4, 41)),
-                                                                  rope_cache_fp32_before=(4, 31))
+                                                                  rope_cache_fp32_before=(4, 31),
+                                                                  norm_embed_names=True)
     assert load_model("mistralai/Mistral-7B-v0.1").traits.causal_mask_buffer_in is None
 
 

@@ -438,6 +438,15 @@ _TORCHTITAN_SPLIT_NOTE = (
     "embedding unit, the reduce-scatter buffers and unsharded gradients")
 
 
+def _framework_note(s: Scenario, fw: str) -> str:
+    """Whose conventions the step follows; a framework that runs the HF Trainer named beside it."""
+    row = trainer_framework(s.framework)
+    if row is None:
+        return f"framework behaviour: {fw}"
+    return (f"framework behaviour: {fw} ({row.name} trains with the HF Trainer; its own handling of a k-bit base and "
+            "its defaults read from facts/trainer_frameworks.py)")
+
+
 def _kbit_cast_note(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, kbit: bool) -> str:
     """What the step holds the k-bit base's non-quantized parameters in (``StepContext.kbit``)."""
     row = trainer_framework(s.framework)
@@ -448,8 +457,8 @@ def _kbit_cast_note(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, kbit: bool)
     if row is not None and row.casts_back and kbit and not (s.deepspeed_engine and pol.frozen_param_bytes < 4):
         return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32; its conversion "
                 "back reaches only modules named *norm* and its embedding names, which do not cover every "
-                f"non-quantized parameter of {m.model_type}: counted fp32, as peft leaves them (an upper bound; "
-                "facts/trainer_frameworks.py AXOLOTL_CAST_BACK_TYPES)")
+                f"non-quantized parameter of {m.family}: counted fp32, as peft leaves them (an upper bound; "
+                "facts/trainer_frameworks.py)")
     if row is not None and row.casts_back and not kbit and not s.deepspeed_engine:
         return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32, then the norms "
                 f"and embeddings are converted back to the model's dtype, as the step holds them (as {row.name} >= "
@@ -573,7 +582,7 @@ def _train_assumptions(s: Scenario, m: ModelSpec, attention: str, pol: Precision
     """The step's assumptions; ``kbit``: a k-bit base peft prepares (``StepContext.kbit``)."""
     t = s.train
     out = [
-        f"framework behaviour: {fw}",
+        _framework_note(s, fw),
         f"attention kernel: {attention} (as PyTorch SDPA would dispatch on the GPU)",
         "sequences are full length (no padding), so SDPA runs without an explicit mask",
         _loss_assumption(s, m, fw),

@@ -25,10 +25,10 @@ a bitsandbytes (k-bit) base before the adapters are added, which decides the dty
 
 axolotl converts back only modules whose name holds ``norm`` and its embedding names (``get_linear_embedding_layers``:
 ``embed_tokens`` and ``lm_head`` but for GPT-NeoX, Falcon and Nemotron-H), so the step holds everything in the half
-dtype only for the model types in ``AXOLOTL_CAST_BACK_TYPES``, whose every parameter bitsandbytes leaves unquantized
-is an embedding, the head, a norm or a quantized linear's bias (which ``Linear4bit.forward`` casts to its input's
-dtype on the first call): checked on transformers' modules built on the meta device
-(``tests/test_trainer_frameworks.py``).  Other types keep peft's fp32 casts in the estimate (GPT-J's ``wte``,
+dtype only for models whose adapter sets ``Traits.norm_embed_names`` (the dense Llama-style families: every parameter
+bitsandbytes leaves unquantized is an embedding, the head, a norm or a quantized linear's bias, which
+``Linear4bit.forward`` casts to its input's dtype on the first call; checked on transformers' modules built on the
+meta device, ``tests/test_trainer_frameworks.py``).  Other types keep peft's fp32 casts in the estimate (GPT-J's ``wte``,
 GPT-2's ``ln_1``, OPT's ``embed_positions`` stay fp32; MoE experts that bitsandbytes does not quantize would be
 cast to fp32 whole), said so.  Without a k-bit base axolotl still upcasts the embeddings, the head and the norms
 to fp32 after loading, then casts them back for the adapter (``needs_fa2_dtype``): a load-time copy of them, the
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AXOLOTL_CAST_BACK_TYPES", "TRAINER_FRAMEWORKS", "TrainerFramework", "axolotl_casts_back", "trainer_framework"]
+__all__ = ["TRAINER_FRAMEWORKS", "TrainerFramework", "trainer_framework"]
 
 
 @dataclass(frozen=True)
@@ -75,18 +75,6 @@ TRAINER_FRAMEWORKS: tuple[TrainerFramework, ...] = (
                      source="hiyouga/LLaMA-Factory src/llamafactory/model/model_utils/checkpointing.py "
                             "prepare_model_for_training (ff6d4d1); upcast_layernorm default false from v0.2.0"),
 )
-
-
-# model types whose every parameter bitsandbytes leaves unquantized carries one of axolotl's cast-back names (a
-# module name holding "norm", embed_tokens, lm_head) or is a quantized linear's bias: dense decoders with
-# transformers' Llama-style names (tests/test_trainer_frameworks.py builds each on the meta device)
-AXOLOTL_CAST_BACK_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite",
-                                            "olmo2", "smollm3")
-
-
-def axolotl_casts_back(model_type: str) -> bool:
-    """Whether axolotl's cast back reaches every non-quantized parameter of ``model_type``."""
-    return model_type in AXOLOTL_CAST_BACK_TYPES
 
 
 def trainer_framework(name: str | None) -> TrainerFramework | None:

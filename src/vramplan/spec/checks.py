@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from vramplan.errors import Problem
 from vramplan.facts.mx_training import MIN_CAPABILITY as MX_MIN_CAPABILITY
 from vramplan.facts.quantization import bnb_formats
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.facts.transformers import OWN_MODEL_FRAMEWORKS, first_release, release_tuple
 from vramplan.facts.trl import SFT_USE_CACHE_OFF_SINCE
 from vramplan.facts.vllm_releases import (
@@ -1518,6 +1519,9 @@ def _unused_task_keys(s: Scenario) -> list[str]:
     if s.task != "train":
         out += _noted("lifecycle", _changed(s.lifecycle, tuple(type(s.lifecycle).model_fields)),
                       "the lifecycle phases (load, evaluation, checkpoint save) are modelled for task train")
+        if trainer_framework(s.framework) is not None:
+            out.append(f"framework {s.framework} set but not used: it is read for training only (its own handling "
+                       f"of a k-bit base); the {s.task} is estimated as under hf-trainer")
     return out + _unused_serve(s)
 
 

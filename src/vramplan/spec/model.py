@@ -299,6 +299,13 @@ class Traits:
     keeps_attn_output: bool = False
     # inference: hidden-sized tensors alive through the MLP (Llama: layer input, residual, normalised MLP input)
     hidden_kept_through_mlp: int = 3
+    # ---- parameter names ----
+    # every parameter bitsandbytes leaves unquantized (all but the decoder layers' linear weights) lives in a module
+    # whose name holds "norm", embed_tokens or lm_head, or is a linear's bias: transformers' Llama-style names, which
+    # axolotl's cast back after k-bit preparation reaches whole (facts/trainer_frameworks.py; checked on transformers'
+    # meta modules in tests/test_trainer_frameworks.py)
+    norm_embed_names: bool = False
+
     # ---- MLP ----
     # the layer's norms follow its sublayers (``residual + norm(sublayer(x))``: OLMo-2, EXAONE 4), so each
     # normalizes a compute-dtype tensor rather than the residual stream (analytic/activations.py layer_norm_saved)

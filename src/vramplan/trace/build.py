@@ -25,7 +25,7 @@ from vramplan.analytic.trl_sft import sft_row, trl_sft
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats, quant_format
-from vramplan.facts.trainer_frameworks import axolotl_casts_back, trainer_framework
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.quant import EXPERTS_NOTE, QuantExperts, QuantLinear, quantize_linears
@@ -344,7 +344,7 @@ def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[
         for p in model.parameters():
             p.requires_grad_(False)
         row = trainer_framework(s.framework)
-        casts_back = row is not None and row.casts_back and axolotl_casts_back(r.model.model_type)
+        casts_back = row is not None and row.casts_back and r.model.traits.norm_embed_names
         if quant != "none" and framework in ("hf-trainer", "accelerate", "plain") \
                 and (row is None or (row.kbit_prepares and not casts_back)) \
                 and not (s.deepspeed_engine and t.precision != "fp32"):

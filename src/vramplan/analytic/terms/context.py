@@ -24,7 +24,7 @@ from vramplan.analytic.layout import (
 from vramplan.analytic.precision import PrecisionPolicy, adapter_bytes, litgpt_fp32_base, policy
 from vramplan.analytic.zero_bubble import held_until_weight_pass
 from vramplan.facts.pipeline_schedules import in_flight_chunks, peak_saved_bytes, pipeline_schedule
-from vramplan.facts.trainer_frameworks import axolotl_casts_back, trainer_framework
+from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.spec.defaults import fsdp_group, megatron_distributed_optimizer
 from vramplan.spec.gpu import GpuSpec
 from vramplan.spec.load import Resolved
@@ -228,10 +228,10 @@ class StepContext:
     @cached_property
     def casts_back(self) -> bool:
         """The framework converts the norms and embeddings back to the model's dtype after its fp32 upcast, and
-        that reaches every non-quantized parameter of this model type (axolotl: facts/trainer_frameworks.py
-        ``AXOLOTL_CAST_BACK_TYPES``)."""
+        that reaches every non-quantized parameter of this model (axolotl over a model whose adapter sets
+        ``Traits.norm_embed_names``: facts/trainer_frameworks.py)."""
         row = trainer_framework(self.s.framework)
-        return row is not None and row.casts_back and axolotl_casts_back(self.m.model_type)
+        return row is not None and row.casts_back and self.m.traits.norm_embed_names
 
     @property
     def offload_params(self) -> bool:

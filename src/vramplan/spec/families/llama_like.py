@@ -65,6 +65,13 @@ class Variant:
     traits: Traits = field(default_factory=Traits)
 
 
+# the dense families whose every parameter bitsandbytes leaves unquantized is an embedding (embed_tokens), the head
+# (lm_head), a module named *norm* or a linear's bias (``Traits.norm_embed_names``; tests/test_trainer_frameworks.py
+# checks each on transformers' meta module).  Left out: MoE families (experts bitsandbytes may not quantize, routers
+# named gate), MLA (kv_a_layernorm is covered but DeepSeek's experts are not), gpt-oss (sinks, fused experts).
+_NORM_EMBED_NAMES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite", "olmo2",
+                               "smollm3"})
+
 VARIANTS: dict[str, Variant] = {
     # the rope_cache_in windows: the first release of each family with a registered ``cos_cached`` buffer built at
     # max_position_embeddings, to the first without (release wheels 4.28.1-4.49.0, analytic/hf_buffers.py)
@@ -441,6 +448,8 @@ class LlamaLike:
             p.lm_head("lm_head", vocab, h, bool(cfg.get(v.bias_key or "lm_head_bias", False)))
         head_dim, n_kv = (mla.qk_nope_head_dim + mla.qk_rope_head_dim, n_heads) if mla else (d.head_dim, d.n_kv)
         traits = v.traits
+        if model_type in _NORM_EMBED_NAMES:
+            traits = replace(traits, norm_embed_names=True)
         if cfg.get("input_jitter_noise") and v.traits.sparsemixer_router:
             # PhimoeSparseMoeBlock and PhimoeTopKRouter jitter their input only when input_jitter_noise > 0
             traits = replace(traits, moe_input_jitter=True)
