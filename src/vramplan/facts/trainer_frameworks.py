@@ -49,21 +49,22 @@ __all__ = ["TRAINER_FRAMEWORKS", "TrainerFramework", "trainer_framework"]
 
 @dataclass(frozen=True)
 class TrainerFramework:
-    """A framework that runs the HF Trainer with its own preparation of a k-bit base."""
+    """A framework that runs the HF Trainer with its own preparation of a k-bit base.
+
+    ``runs_as`` is the framework whose conventions apply otherwise (``Scenario.effective_framework``);
+    ``kbit_prepares`` says it calls ``peft.prepare_model_for_kbit_training`` on a bitsandbytes base (the fp32 casts
+    of the preparation phase), ``casts_back`` that it then converts the norms and embeddings back to the model's
+    dtype, so the step holds them in it; ``since`` is the first release with this behaviour (earlier ones are
+    estimated as it, said so) and ``source`` where it was read; ``eval_batch_is_micro_batch``: its evaluation batch
+    defaults to the training micro-batch (else the HF Trainer's 8)."""
 
     name: str
     runs_as: str
-    """The framework whose conventions apply otherwise (``Scenario.effective_framework``)."""
     kbit_prepares: bool
-    """Calls ``peft.prepare_model_for_kbit_training`` on a bitsandbytes base (the fp32 casts of the preparation
-    phase)."""
     casts_back: bool
-    """Then converts the norms and embedding modules back to the model's dtype, so the step holds them in it."""
     since: str
-    """The first release with this behaviour (earlier ones are estimated as it, said so)."""
     source: str
     eval_batch_is_micro_batch: bool = False
-    """Its evaluation batch defaults to the training micro-batch (else the HF Trainer's 8)."""
 
 
 TRAINER_FRAMEWORKS: tuple[TrainerFramework, ...] = (
