@@ -147,7 +147,7 @@ def _step_reserved_by(r: Resolved, tr: TrainResult, outside: dict[str, int], res
                         "allocator replay is not built for gradients freed in the backward)")
     if reserved == "replay" and tr.layout is not None:
         # the packing is a floor: the tensors alive at the peak must fit in some segments
-        reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
+        reservable = _reservable(r, outside)
         how = ("reserved bytes: the step's tensors replayed in order over two steps through "
                "PyTorch's caching-allocator rules (fragmentation between phases counted)")
         if tr.layout.grads_on_side_stream:
@@ -203,11 +203,15 @@ def _evaluation_after_step(r: Resolved, tr: TrainResult, phases: list[PhasePeak]
     for p in phases:
         if p.name == "evaluation":
             tail = eval_forward_stream(tr.context, tr.layout)
-            reservable = max(0, r.gpu.total_memory_bytes - sum(outside.values()))
-            after = reserved_after_step(tr.layout, tail, expandable_segments(r.scenario), reservable)
+            after = reserved_after_step(tr.layout, tail, expandable_segments(r.scenario), _reservable(r, outside))
             p = PhasePeak(p.name, p.moment, max(p.reserved_bytes, after), p.before_step)
         out.append(p)
     return out
+
+
+def _reservable(r: Resolved, outside: dict[str, int]) -> int:
+    """The device memory PyTorch may reserve: the total less what lives outside its allocator."""
+    return max(0, r.gpu.total_memory_bytes - sum(outside.values()))
 
 
 def _replay_unbuilt(r: Resolved) -> bool:

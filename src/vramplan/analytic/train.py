@@ -52,6 +52,7 @@ from vramplan.analytic.terms import StepContext, Term, step_terms
 from vramplan.analytic.terms.base import WHERE
 from vramplan.analytic.terms.casts import CAST_ASSUMPTION, FROZEN_CAST_NOTE, casts_apply, frozen_casts_apply
 from vramplan.analytic.terms.context import (
+    casts_back_for,
     communicators,
     layout_style,
     shards,
@@ -454,12 +455,12 @@ def _kbit_cast_note(s: Scenario, m: ModelSpec, pol: PrecisionPolicy, kbit: bool)
         return (f"{row.name} runs no prepare_model_for_kbit_training: embeddings, norms and LM head stay in the "
                 f"model's dtype (as {row.name} >= {row.since}: {row.source}); its upcast_layernorm: true (fp32 norms, "
                 "so fp32 linear outputs) is not modelled: framework hf-trainer counts fp32 norms and embeddings, more")
-    if row is not None and row.casts_back and kbit and not (s.deepspeed_engine and pol.frozen_param_bytes < 4):
+    if row is not None and row.casts_back and kbit:  # held fp32 although it casts back: its names do not reach
         return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32; its conversion "
                 "back reaches only modules named *norm* and its embedding names, which do not cover every "
                 f"non-quantized parameter of {m.family}: counted fp32, as peft leaves them (an upper bound; "
                 "facts/trainer_frameworks.py)")
-    if row is not None and row.casts_back and not kbit and not s.deepspeed_engine:
+    if row is not None and casts_back_for(s, m) and not s.deepspeed_engine:
         return (f"{row.name}: prepare_model_for_kbit_training casts non-quantized parameters to fp32, then the norms "
                 f"and embeddings are converted back to the model's dtype, as the step holds them (as {row.name} >= "
                 f"{row.since}: {row.source})")

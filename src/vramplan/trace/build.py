@@ -21,11 +21,11 @@ from typing import Any, cast
 import torch
 
 from vramplan.analytic.checkpointing import checkpoint_policy
+from vramplan.analytic.terms.context import kbit_held_fp32
 from vramplan.analytic.trl_sft import sft_row, trl_sft
 from vramplan.errors import Problem, ScenarioError
 from vramplan.facts.peft_targets import completed_targets
 from vramplan.facts.quantization import bnb_formats, quant_format
-from vramplan.facts.trainer_frameworks import trainer_framework
 from vramplan.spec.load import Resolved
 from vramplan.trace import cuda
 from vramplan.trace.quant import EXPERTS_NOTE, QuantExperts, QuantLinear, quantize_linears
@@ -339,15 +339,10 @@ def _prepare_train(r: Resolved, model: torch.nn.Module, quant: str, notes: list[
     s = r.scenario
     t = s.train
     model.train()
-    framework = s.effective_framework
     if t.peft is not None:
         for p in model.parameters():
             p.requires_grad_(False)
-        row = trainer_framework(s.framework)
-        casts_back = row is not None and row.casts_back and r.model.traits.norm_embed_names
-        if quant != "none" and framework in ("hf-trainer", "accelerate", "plain") \
-                and (row is None or (row.kbit_prepares and not casts_back)) \
-                and not (s.deepspeed_engine and t.precision != "fp32"):
+        if quant != "none" and kbit_held_fp32(s, r.model):
             # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter becomes fp32 (LLaMA-Factory runs none;
             # axolotl casts the norms and embeddings back, DeepSpeed's engine casts the module to its half dtype:
             # the step holds them in the model's dtype either way)

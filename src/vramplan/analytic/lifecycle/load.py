@@ -105,17 +105,19 @@ class LoadTensor:
     stacked: bool = False
 
 
-def rank_tensors(c: StepContext) -> tuple[LoadTensor, ...]:
+def rank_tensors(c: StepContext, flag_linears: bool = False) -> tuple[LoadTensor, ...]:
     """This rank's base parameter tensors in module order: the embedding(s), each layer, the rest (a vision
     tower's layers one tensor per instance, its linears quantized as ``weights_bytes`` counts them:
-    ``VisionSpec.quantized_linears`` where the format quantizes dense linears)."""
+    ``VisionSpec.quantized_linears`` where the format quantizes dense linears).  ``flag_linears``: a half base's
+    decoder linears flagged as bitsandbytes would quantize them (the same tensors, in the same order)."""
     v = c.m.vision
     tower: tuple[tuple[str, int, int], ...] = ()
     if v is not None and c.quant != "none" and "linear" in quant_format(c.quant).quantized_roles:
         tower = tuple((name, o, k) for name, _, o, k in v.quantized_linears if k)
     fused = experts_are_parameters(c.m, c.s.software.fused_moe_experts, c.quant)
     stacked = fused and c.m.stacked_expert_checkpoint
-    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none", tower, fused, stacked)
+    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, c.quant != "none" or flag_linears, tower, fused,
+                         stacked)
 
 
 def _add_fused(layer: list[LoadTensor], joins: bool, t: LoadTensor) -> None:
@@ -265,7 +267,7 @@ def load_plan(c: StepContext) -> LoadPlan:
     staging, init, init_copy = _staging(c, mode, tensors, held)
     if upcasts_half_base(c):
         # axolotl's fp32 upcast of what bitsandbytes would not quantize (embeddings, head, norms), then cast back
-        fp32 = tuple(0 if t.quantized else t.numel * 4 for t in _linears_flagged(c))
+        fp32 = tuple(0 if t.quantized else t.numel * 4 for t in rank_tensors(c, flag_linears=True))
         prepares, back = True, True
     else:
         fp32 = tuple(0 if t.quantized else t.numel * 4 for t in tensors)
@@ -282,13 +284,6 @@ def upcasts_half_base(c: StepContext) -> bool:
     phase of its own."""
     return c.casts_back and c.peft is not None and c.quant == "none" and load_mode(c) == "direct" \
         and c.pol.frozen_param_bytes < 4
-
-
-def _linears_flagged(c: StepContext) -> tuple[LoadTensor, ...]:
-    """``rank_tensors`` of a half base with the linears bitsandbytes would quantize flagged (the order and sizes are
-    the unflagged call's)."""
-    fused = experts_are_parameters(c.m, c.s.software.fused_moe_experts, c.quant)
-    return _rank_tensors(c.m.params, c.rp.layers, c.tp, c.ep, True, (), fused, fused and c.m.stacked_expert_checkpoint)
 
 
 def _staging(c: StepContext, mode: str, tensors: tuple[LoadTensor, ...],

@@ -33,7 +33,8 @@ from vramplan.spec.model import LayerSpec, ModelSpec
 from vramplan.spec.scenario import Peft, Scenario
 from vramplan.units import ceil_div
 
-__all__ = ["StepContext", "communicators", "layout_style", "shards", "stages", "step_policy"]
+__all__ = ["StepContext", "casts_back_for", "communicators", "kbit_held_fp32", "kbit_prepares_for", "layout_style", "shards",
+           "stages", "step_policy"]
 
 # the frameworks that load a k-bit base through peft.prepare_model_for_kbit_training
 KBIT_PREPARED = ("hf-trainer", "accelerate", "plain")
@@ -76,6 +77,34 @@ def stages(pp: int, style: str = "loop") -> list[int]:
 def layout_style(s: Scenario) -> str:
     """The chunk layout of ``s``'s pipeline schedule (facts/pipeline_schedules.py ``style``): "loop" or "v"."""
     return pipeline_schedule(s.parallel.pp_schedule).style if s.parallel.pp > 1 else "loop"
+
+
+def kbit_prepares_for(s: Scenario) -> bool:
+    """peft.prepare_model_for_kbit_training runs on the scenario's bitsandbytes base: under the HF Trainer, accelerate
+    or a plain loop, not with Unsloth (its own casts only the LoRA weights: facts/unsloth.py) nor LLaMA-Factory (none:
+    facts/trainer_frameworks.py)."""
+    t, row = s.train, trainer_framework(s.framework)
+    return t.peft is not None and t.quantization in BNB_FORMATS and s.effective_framework in KBIT_PREPARED \
+        and s.software.unsloth is None and (row is None or row.kbit_prepares)
+
+
+def casts_back_for(s: Scenario, m: ModelSpec) -> bool:
+    """The framework converts the norms and embeddings back to the model's dtype after its fp32 upcast, and that
+    reaches every non-quantized parameter of ``m`` (axolotl over a model whose adapter sets
+    ``Traits.norm_embed_names``: facts/trainer_frameworks.py)."""
+    row = trainer_framework(s.framework)
+    return row is not None and row.casts_back and m.traits.norm_embed_names
+
+
+def kbit_held_fp32(s: Scenario, m: ModelSpec) -> bool:
+    """The step holds the k-bit base's non-quantized parameters in fp32, as peft's k-bit preparation leaves them
+    (``kbit_prepares_for``).  Not where axolotl casts the norms and embeddings back (``casts_back_for``), nor where
+    DeepSpeed's engine runs the step in a half dtype: it casts every floating parameter to it
+    (``DeepSpeedEngine._configure_distributed_model``, deepspeed 0.19.8 ``_cast_module_mixed_precision``;
+    ``module.half()`` / ``bfloat16()`` before), the 4-bit weights' uint8 storage aside.  The analytic step
+    (``StepContext.kbit``) and the traced model (trace/build.py) read this one decision."""
+    return kbit_prepares_for(s) and not casts_back_for(s, m) \
+        and not (s.deepspeed_engine and step_policy(s).frozen_param_bytes < 4)
 
 
 def step_policy(s: Scenario) -> PrecisionPolicy:
@@ -208,30 +237,18 @@ class StepContext:
 
     @cached_property
     def kbit_prepares(self) -> bool:
-        """peft.prepare_model_for_kbit_training runs on the k-bit base (Unsloth runs its own, which casts only the
-        LoRA weights: facts/unsloth.py; LLaMA-Factory runs none: facts/trainer_frameworks.py)."""
-        row = trainer_framework(self.s.framework)
-        return self.peft is not None and self.quant in BNB_FORMATS and self.framework in KBIT_PREPARED \
-            and self.s.software.unsloth is None and (row is None or row.kbit_prepares)
+        """peft.prepare_model_for_kbit_training runs on the k-bit base (``kbit_prepares_for``)."""
+        return kbit_prepares_for(self.s)
 
     @cached_property
     def kbit(self) -> bool:
-        """The step holds the k-bit base's non-quantized parameters in fp32, as peft's k-bit preparation leaves
-        them.  Not where axolotl casts the norms and embeddings back to the model's dtype
-        (facts/trainer_frameworks.py), nor where DeepSpeed's engine runs the step in a half dtype: it casts every
-        floating parameter to it (``DeepSpeedEngine._configure_distributed_model``, deepspeed 0.19.8
-        ``_cast_module_mixed_precision``; ``module.half()`` / ``bfloat16()`` before), the 4-bit weights' uint8
-        storage aside."""
-        return self.kbit_prepares and not self.casts_back \
-            and not (self.s.deepspeed_engine and self.pol.frozen_param_bytes < 4)
+        """The step holds the k-bit base's non-quantized parameters in fp32 (``kbit_held_fp32``)."""
+        return kbit_held_fp32(self.s, self.m)
 
     @cached_property
     def casts_back(self) -> bool:
-        """The framework converts the norms and embeddings back to the model's dtype after its fp32 upcast, and
-        that reaches every non-quantized parameter of this model (axolotl over a model whose adapter sets
-        ``Traits.norm_embed_names``: facts/trainer_frameworks.py)."""
-        row = trainer_framework(self.s.framework)
-        return row is not None and row.casts_back and self.m.traits.norm_embed_names
+        """The framework converts them back to the model's dtype after its fp32 upcast (``casts_back_for``)."""
+        return casts_back_for(self.s, self.m)
 
     @property
     def offload_params(self) -> bool:
