@@ -232,6 +232,7 @@ def test_matrix_analytic_matches_trace() -> None:
 # experts (all routed rows in one grouped GEMM per projection) and gpt-oss's eager attention with sinks
 INFERENCE_ROWS: list[tuple[str, dict[str, Any]]] = [
     ("llama", {}), ("mixtral", {}), ("qwen3_moe", {}), ("gpt_oss", {}), ("gpt_oss", {"attention": "flash"}),
+    ("phi3", {}),  # the fused gate_up_proj: its 2 I output beside act(gate) and the product
     ("mixtral", {"batch_size": 1, "prompt_len": 2048}), ("gpt_oss", {"batch_size": 1, "prompt_len": 2048}),
 ]
 

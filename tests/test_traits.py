@@ -40,10 +40,10 @@ def test_no_engine_file_branches_on_the_family_name() -> None:
 
 
 def test_every_registered_family_names_its_modeling_file() -> None:
-    assert len(FAMILIES) == 78  # 41 + llava, qwen2_vl, llava_next, mllama, paligemma, mistral3, idefics3, smolvlm,
+    assert len(FAMILIES) == 80  # 41 + llava, qwen2_vl, llava_next, mllama, paligemma, mistral3, idefics3, smolvlm,
     # qwen3_vl, qwen3_vl_moe, internvl, granitemoehybrid, nemotron_h; + t5, mt5, umt5, bart; + whisper; + mamba2,
     # mamba, falcon_mamba; + falcon_h1; + dbrx, hunyuan_v1_moe; + llama4_text, llama4; + jamba; + qwen3_next, lfm2;
-    # + zamba2, recurrent_gemma, minimax; + rwkv; + qwen3_omni_moe; + gemma3n_text, gemma3n; + phi4_multimodal
+    # + zamba2, recurrent_gemma, minimax; + rwkv; + qwen3_omni_moe; + gemma3n_text, gemma3n; + phi4_multimodal; + glm, glm4
     for model_type, fam in FAMILIES.items():
         assert re.fullmatch(r"modeling_\w+\.py", fam.modeling), model_type
 

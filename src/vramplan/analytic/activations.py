@@ -197,8 +197,14 @@ def layer_norm_saved(m: ModelSpec, ctx: ActContext) -> int:
     (4 + 2) x 2048 = 12,288 B per token per norm (a pre-norm on the fp32 residual saves 8 x 2048).
     """
     if m.traits.post_norms and m.norm == "rms":
-        return 4 if ctx.frozen_base else 4 + ctx.compute_bytes
+        return _post_rms_saved(ctx)
     return _norm_saved(m.norm, ctx)
+
+
+def _post_rms_saved(ctx: ActContext) -> int:
+    """Bytes per element Llama's RMSNorm saves on a sublayer's output (compute dtype): the fp32 copy, and the
+    normalized tensor in the compute dtype for the weight's gradient (none for a frozen weight)."""
+    return 4 if ctx.frozen_base else 4 + ctx.compute_bytes
 def _norm_stats(kind: str) -> int:
     """Bytes per token a norm saves besides its per-element tensors: its per-row statistics, in fp32.
 
@@ -1134,8 +1140,13 @@ def norm_tensors(m: ModelSpec, ctx: ActContext) -> list[SavedTensor]:
     sandwich norms two in each part; a parallel block's norm(s) in the attention part."""
     per = norm_saved_per_token(m, ctx)
     if m.sandwich_norms:
-        return [_T("norm.input", per), _T("norm.post_attention", per),
-                SavedTensor("norm.pre_feedforward", per, 1, "mlp"), SavedTensor("norm.post_feedforward", per, 1, "mlp")]
+        # the post-sublayer norms normalize the sublayer's output: Gemma's multiply in fp32 (as the pre-norms), GLM-4's
+        # are Llama's RMSNorm (``Traits.sandwich_post_rms``: GLM-4-9B h = 4096 under bf16 mixed precision saves
+        # (4 + 2) x 4096 + 4 = 24,580 B per token in each, against 8 x 4096 + 4 in a norm of the fp32 residual)
+        post = (_post_rms_saved(ctx) * m.hidden_size + _norm_stats(m.norm) if m.traits.sandwich_post_rms
+                and m.norm == "rms" else per)
+        return [_T("norm.input", per), _T("norm.post_attention", post),
+                SavedTensor("norm.pre_feedforward", per, 1, "mlp"), SavedTensor("norm.post_feedforward", post, 1, "mlp")]
     if m.parallel_residual:
         # GPT-NeoX / Falcon: attention and MLP read the same layer input; its norm(s) save
         # that one input (LayerNorm saves only its input, mean and rstd).  Under autocast a half

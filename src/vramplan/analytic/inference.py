@@ -369,6 +369,10 @@ def _mlp_width(m: ModelSpec, tp: int, grouped: bool = True) -> int:
         per = 3 * ceil_div(m.moe.expert_intermediate_size, tp) + m.moe.num_experts
         return max(per, 3 * ceil_div(m.moe.shared_intermediate_size, tp))
     inter = ceil_div(max(ls.intermediate_size for ls in m.layers), tp)
+    if m.mlp_gated and m.traits.fused_gate_up:
+        # Phi3MLP / GlmMLP (transformers 5.24 modeling_phi3.py lines 59-64): gate_up_proj's output (2 I, gate and up
+        # its views, bound until the return), act(gate) and the product
+        return 4 * inter
     if m.mlp_gated:
         return 3 * inter  # act(gate), up and their product (LlamaMLP)
     if m.hidden_act in ("quick_gelu", "relu2"):
@@ -405,9 +409,10 @@ def rope_bytes(m: ModelSpec, prompt: int, c: int) -> int:
     ``LlamaRotaryEmbedding.forward`` computes them in fp32 for ``position_ids`` (batch 1 in
     ``generate``: ``cache_position.unsqueeze(0)``) and returns ``cos.to(x.dtype)``,
     ``sin.to(x.dtype)``; the fp32 intermediates are freed.  1024 tokens, head_dim 128, bf16:
-    2 x 1024 x 128 x 2 = 524,288 B.
+    2 x 1024 x 128 x 2 = 524,288 B.  A partial rotary (``partial_rotary_factor``: GLM's 0.5) makes them over the
+    rotated dims only (``Glm4RotaryEmbedding``: ``dim = int(head_dim * partial_rotary_factor)``).
     """
-    return 2 * prompt * m.head_dim * c if m.position == "rope" else 0
+    return 2 * prompt * int(m.head_dim * m.partial_rotary_factor) * c if m.position == "rope" else 0
 
 
 def softmax_bytes_per_score(m: ModelSpec, dtype: str) -> int:

@@ -310,6 +310,10 @@ class Traits:
     # the layer's norms follow its sublayers (``residual + norm(sublayer(x))``: OLMo-2, EXAONE 4), so each
     # normalizes a compute-dtype tensor rather than the residual stream (analytic/activations.py layer_norm_saved)
     post_norms: bool = False
+    # the sandwich's two post-sublayer norms (on the attention's and the MLP's output) are Llama's RMSNorm, whose
+    # weight multiplies the normalized tensor cast back to the input dtype, so each saves what a post-norm saves
+    # (GLM-4-0414's post_self_attn_layernorm and post_mlp_layernorm); Gemma's multiply in fp32 (8 B, as a pre-norm)
+    sandwich_post_rms: bool = False
     # the q/k norms normalize the whole projection (OLMo-2, OLMoE: ``RMSNorm(num_heads * head_dim)`` on
     # ``q_proj``'s output) rather than each head (Qwen3, Gemma 3: ``RMSNorm(head_dim)``), so they keep one
     # row statistic per token instead of one per head (analytic/activations.py ``qk_norm_tensors``)

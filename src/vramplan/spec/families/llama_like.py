@@ -35,6 +35,14 @@ class Variant:
     o_bias_key: str = ""  # o_proj's bias has its own key (Seed-OSS attention_out_bias, default False)
     attention_bias_default: bool = False  # configuration default of attention_bias (Seed-OSS: True)
     sandwich_norms: bool = False  # pre/post-feedforward norms as well (Gemma 2/3)
+    # the sandwich norms' module names: Gemma's, or GLM-4's post_self_attn_layernorm / post_mlp_layernorm (there
+    # post_attention_layernorm is the norm before the MLP); the same four norms in the same places
+    sandwich_names: tuple[str, str] = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+    # the configuration class's defaults where they differ from what this builder assumes for an absent key (GLM's
+    # two KV heads and head_dim 128): applied under the config's own keys
+    config_defaults: tuple[tuple[str, Any], ...] = ()
+    # the share of each head RoPE rotates when the config does not say (``partial_rotary_factor``; GLM: 0.5)
+    partial_rotary_default: float = 1.0
     norm: Norm = "rms"
     norm_bias: bool = False  # LayerNorm with a bias (PhiMoE's nn.LayerNorm)
     mla: bool = False  # DeepSeek multi-head latent attention
@@ -71,6 +79,10 @@ class Variant:
 # named gate), MLA (kv_a_layernorm is covered but DeepSeek's experts are not), gpt-oss (sinks, fused experts).
 _NORM_EMBED_NAMES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite", "olmo2",
                                "smollm3"})
+
+# GlmConfig / Glm4Config (transformers 5.24): the defaults an absent key takes
+_GLM_DEFAULTS: tuple[tuple[str, Any], ...] = (("num_key_value_heads", 2), ("head_dim", 128),
+                                              ("intermediate_size", 13696))
 
 VARIANTS: dict[str, Variant] = {
     # the rope_cache_in windows: the first release of each family with a registered ``cos_cached`` buffer built at
@@ -171,6 +183,19 @@ VARIANTS: dict[str, Variant] = {
     "hunyuan_v1_moe": Variant("modeling_hunyuan_v1_moe.py", qk_norm="head",
                               qk_norm_names=("query_layernorm", "key_layernorm"), moe="hunyuan", router_name="gate.wg",
                               shared_name="shared_mlp", traits=Traits(fp32_router_weight=True, qk_norm_after_rope=True)),
+    # GLM-4-9B (transformers' modeling_glm.py, 4.46+) and GLM-4-0414 (modeling_glm4.py, 4.52+): Llama's layer with
+    # q/k/v biases only (attention_bias, default True; o_proj has none), one fused gate_up_proj whose output is
+    # chunked (Phi-3's MLP), and RoPE over half of each head (partial_rotary_factor 0.5, GlmConfig/Glm4Config's
+    # default) concatenated with the passed-through half (``torch.cat([q_embed, q_pass], dim=-1)``: Phi-3's copy).
+    # GLM-4-0414 adds sandwich norms: post_self_attn_layernorm on the attention output and post_mlp_layernorm on the
+    # MLP's (Glm4DecoderLayer.forward).  The configuration defaults (configuration_glm.py / configuration_glm4.py
+    # 5.24) are the 9B model's shapes
+    "glm": Variant("modeling_glm.py", o_bias=False, attention_bias_default=True, config_defaults=_GLM_DEFAULTS,
+                   partial_rotary_default=0.5, traits=Traits(fused_gate_up=True, rotary_cat_copy=True)),
+    "glm4": Variant("modeling_glm4.py", o_bias=False, attention_bias_default=True, config_defaults=_GLM_DEFAULTS,
+                    partial_rotary_default=0.5, sandwich_norms=True,
+                    sandwich_names=("post_self_attn_layernorm", "post_mlp_layernorm"),
+                    traits=Traits(fused_gate_up=True, rotary_cat_copy=True, sandwich_post_rms=True)),
     "gpt_oss": Variant("modeling_gpt_oss.py", norm="rms_fp32", sinks=True, moe="gpt_oss", expert_bias=True,
                        router_name="router",
                        sliding="alternate", traits=Traits(
@@ -428,6 +453,8 @@ class LlamaLike:
 
     def __call__(self, cfg: Config, model_type: str, name: str) -> ModelSpec:
         v = self.variant
+        if v.config_defaults:
+            cfg = {**dict(v.config_defaults), **cfg}
         h, n_layers, n_heads = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
         d = _Dims(h, n_heads, int(get(cfg, "num_key_value_heads", default=n_heads)),
                   int(get(cfg, "head_dim", default=h // n_heads)), int(get(cfg, "intermediate_size", default=4 * h)),
@@ -440,8 +467,8 @@ class LlamaLike:
         p.norm(f"layers.{v.norm_names[0]}", h, d.layers, v.norm_bias)
         p.norm(f"layers.{v.norm_names[1]}", h, d.layers, v.norm_bias)
         if v.sandwich_norms:
-            p.norm("layers.pre_feedforward_layernorm", h, d.layers, False)
-            p.norm("layers.post_feedforward_layernorm", h, d.layers, False)
+            p.norm(f"layers.{v.sandwich_names[0]}", h, d.layers, False)
+            p.norm(f"layers.{v.sandwich_names[1]}", h, d.layers, False)
         moe, sparse = _mlp(p, cfg, v, d)
         p.norm("norm", h, (), v.norm_bias)
         if not tied:
@@ -464,8 +491,22 @@ class LlamaLike:
             sandwich_norms=v.sandwich_norms, attention_dropout=prob(cfg, "attention_dropout", v.attention_dropout_default),
             hidden_dropout=prob(cfg, v.residual_dropout[0], v.residual_dropout[1]) if v.residual_dropout[0] else 0.0,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)), moe=moe, mla=mla,
-            attention_sinks=v.sinks, traits=traits,
+            attention_sinks=v.sinks, traits=traits, **_partial_rotary(cfg, v),
             final_logit_softcapping=cfg.get("final_logit_softcapping") if v.final_logit_softcap else None)
+
+
+def _partial_rotary(cfg: Config, v: Variant) -> dict[str, float]:
+    """``partial_rotary_factor`` for the spec of a family that rotates part of each head by default (GLM): the
+    config's (transformers 5 moves it into ``rope_parameters``), else the family's default.  Only vLLM's rotary
+    cache reads it (serve/vllm.py); the other Llama-like families keep the whole head (vLLM's GlmForCausalLM sets
+    0.5 before building its Llama layers, vllm/model_executor/models/glm.py; releases before the fix of vLLM issue
+    16904 halved ``rotary_dim`` after building a whole-head cache, 2 B x max positions x head_dim / 2 more)."""
+    if v.partial_rotary_default == 1.0:
+        return {}
+    rope = cfg.get("rope_parameters")
+    given = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    return {"partial_rotary_factor": float(given if given is not None
+                                           else cfg.get("partial_rotary_factor", v.partial_rotary_default))}
 
 
 def family(variant: Variant, **fields: Any) -> Family:
