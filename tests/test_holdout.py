@@ -87,6 +87,7 @@ BATCH_ROWS: list[tuple[int, int, str, str, int, bool]] = [
     (34, 17, "2026-11-29", _SCORED, 4, True),
     (35, 6, "2026-11-29", _SCORED, 5, True),
     (36, 1, "2026-11-29", _SCORED, 1, True),
+    (37, 20, "2026-11-29", _SCORED, 7, True),
 ]
 ALL_ENTRIES = sum(row[1] for row in BATCH_ROWS)
 
