@@ -216,16 +216,28 @@ def test_small_model_zero3_keeps_layers_gathered() -> None:
     assert backward(3) > backward(3, 0)
 
 
-def test_zero3_on_one_rank_says_its_buffers_are_not_counted() -> None:
+def test_zero3_on_one_rank_counts_its_buffers_and_no_gathered_copy() -> None:
     from vramplan import estimate
 
-    # terms/deepspeed.py zero3 needs more than one data-parallel rank: on one GPU nothing of ZeRO-3 is counted, and
-    # the report says so instead of listing the fetching it does not model
+    # stage3.py makes its reduce bucket and flat gradient partition whatever the world size: DeepSpeed's default
+    # reduce_bucket_size 500,000,000 x 2 B (bf16) = 1,000,000,000 B, and the gradient partition of the whole model,
+    # 6,738,415,616 x 2 B = 13,476,831,232; a partition world size of 1 gathers through NoGatherHandle (the partition
+    # itself): nothing gathered, and the report says so instead of listing the fetching
     rep = estimate(_scenario(zero=3, gpus=1, framework="deepspeed"))
-    notes = [a for a in rep.assumptions if a.startswith("DeepSpeed ZeRO-3 settings")]
-    assert len(notes) == 1 and "not modelled: DeepSpeed ZeRO-3 on one data-parallel rank" in notes[0]
+    assert any(a.startswith("DeepSpeed ZeRO-3 on one data-parallel rank") and "fetching copies nothing" in a
+               for a in rep.assumptions)
     assert not any(a.startswith("DeepSpeed ZeRO-3 fetching") for a in rep.assumptions)
-    assert "DeepSpeed reduce buckets" not in rep.per_gpu.breakdown_detail.get("gradients", {})
+    grads = rep.per_gpu.breakdown_detail.get("gradients", {})
+    assert grads.get("DeepSpeed reduce buckets") == 1_000_000_000
+    assert grads.get("parameter gradients") == 13_476_831_232
+    assert not rep.per_gpu.breakdown_detail.get("weights", {}).get("ZeRO-3 gathered parameters")
+    c = _ctx(_scenario(zero=3, gpus=1, framework="deepspeed"))
+    assert ds.zero3(c) and not ds.fetches_copies(c) and ds.zero3_gathered(c) == [] and ds.persistent(c) == []
+    # offloaded parameters are copied to the GPU when fetched (NoGatherHandle's ``.to(device)`` of a host partition)
+    off = _ctx(_scenario(zero=3, gpus=1, framework="deepspeed", offload="optimizer+params"))
+    assert ds.fetches_copies(off) and ds.zero3_gathered(off)
+    rep = estimate(_scenario(zero=3, gpus=1, framework="deepspeed", offload="optimizer+params"))
+    assert any(a.startswith("DeepSpeed ZeRO-3 fetching") for a in rep.assumptions)
 
 
 def test_the_exported_config_carries_the_settings_estimated() -> None:
@@ -278,14 +290,15 @@ def test_zero3_steps_one_sub_group_at_a_time() -> None:
     that reaches it, so it holds less than 1e9 + one parameter's partition).  Llama-2-7B on 2 ranks: partition
     3,369,207,808 > 1e9, the largest parameter's partition 131,072,000 / 2 = 65,536,000: a sub-group of at most
     1,065,536,000 elements, fp32 4 x = 4,262,144,000 and the flat bf16 copy 2 x = 2,131,072,000.  On 8 ranks the
-    partition, 842,301,952, is one sub-group: 3,369,207,808 and 1,684,603,904.  On one rank ZeRO-3 is estimated
-    unsharded (deepspeed_assumptions), the generic fp32 copy of the whole model: 4 x 6,738,415,616."""
+    partition, 842,301,952, is one sub-group: 3,369,207,808 and 1,684,603,904.  On one rank the partition is the
+    whole model, 6,738,415,616, stepped the same way (stage3.py does not look at the world size): at most 1e9 + the
+    largest parameter, 131,072,000, = 1,131,072,000 elements: 4,524,288,000 and 2,262,144,000."""
     assert _step_terms(3, 2) == {"optimizer.step.fp32_gradients": 4_262_144_000,
                                  "deepspeed.step_norm_and_flatten": 2_131_072_000}
     assert _step_terms(3, 8) == {"optimizer.step.fp32_gradients": 3_369_207_808,
                                  "deepspeed.step_norm_and_flatten": 1_684_603_904}
-    assert _step_terms(3, 1) == {}
-    assert _bytes(step_temporary(_ctx(_scenario(3, 1))), "optimizer.step.fp32_gradients") == 26_953_662_464
+    assert _step_terms(3, 1) == {"optimizer.step.fp32_gradients": 4_524_288_000,
+                                 "deepspeed.step_norm_and_flatten": 2_262_144_000}
 
 
 def test_zero2_offload_norm_and_overflow_copies() -> None:

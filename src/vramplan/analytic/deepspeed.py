@@ -113,17 +113,23 @@ def deepspeed_assumptions(s: Scenario, hidden: int) -> list[str]:
         out.append("DeepSpeed release 0.11.2-0.19.5 assumed (software.deepspeed not given): ZeRO-1/2's overflow check "
                    "copies each gradient it checks, 11 B per element of a half gradient (an fp32 copy, three masks "
                    "and a float of the last); 0.19.6 on allocates nothing for it")
-    if s.parallel.zero_stage == 3 and s.shard_degree <= 1:
-        # terms/deepspeed.py zero3: nothing is partitioned on one data-parallel rank, and the terms are not counted
-        return [first + "; not modelled: DeepSpeed ZeRO-3 on one data-parallel rank (its reduce bucket, flat "
-                "gradient partition and module fetching, which stage3.py allocates whatever the world size, are not "
-                "counted: the step is estimated unsharded)"]
+    one_rank = s.parallel.zero_stage == 3 and s.shard_degree <= 1
+    if one_rank:
+        # terms/deepspeed.py zero3 and fetches_copies: stage3.py's buffers whatever the world size, no gathered copy
+        out.append("DeepSpeed ZeRO-3 on one data-parallel rank: the optimizer's reduce bucket, flat gradient "
+                   "partition and sub-groups' fp32 gradients as on more ranks (stage3.py does not look at the world "
+                   "size), and fetching copies nothing" + (" but the parameters offloaded to the host"
+                                                           if s.parallel.offload == "optimizer+params" else "")
+                   + " (a partition world size of 1 gathers through NoGatherHandle: the partition itself, "
+                   "partition_parameters.py)")
     if s.parallel.zero_stage == 3:
         out[0] += (f", stage3_prefetch_bucket_size {z.prefetch_bucket_size:,}, stage3_max_live_parameters "
                    f"{z.max_live_parameters:,}, stage3_max_reuse_distance {z.max_reuse_distance:,}, "
                    f"stage3_param_persistence_threshold {z.param_persistence_threshold:,}; sub_group_size "
                    f"1,000,000,000 assumed (DeepSpeed's default, no scenario key: the step's fp32 gradient is one "
                    f"sub-group at a time)")
+        if one_rank and s.parallel.offload != "optimizer+params":
+            return out
         out.append("DeepSpeed ZeRO-3 fetching as in a step with a complete module trace (from the third step): "
                    "module by module, with prefetch and the parameters reused within stage3_max_reuse_distance kept "
                    "gathered (partitioned_param_coordinator.py); an invalidated trace releases every module and "

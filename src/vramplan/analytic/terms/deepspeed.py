@@ -97,7 +97,7 @@ from vramplan.analytic.timeline import END, FORWARD, STEP, layer_done, mlp
 from vramplan.analytic.weights import weights_bytes
 from vramplan.units import ceil_div
 
-__all__ = ["SUB_GROUP_SIZE", "gathers_on_side_stream", "grad_in_flight", "layer_tensors", "offload_norm_copies",
+__all__ = ["SUB_GROUP_SIZE", "fetches_copies", "gathers_on_side_stream", "grad_in_flight", "layer_tensors", "offload_norm_copies",
            "persistent", "reduce_buckets", "retained_layers", "reuse_distances", "settings", "step_norm_and_flatten",
            "whole_then_partitioned", "zero3", "zero3_gathered", "zero3_sub_groups"]
 
@@ -108,8 +108,19 @@ def settings(c: StepContext) -> ZeroSettings:
 
 
 def zero3(c: StepContext) -> bool:
-    """DeepSpeed's ZeRO-3 partitions the parameters over more than one rank."""
-    return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3 and c.shards[2] > 1
+    """DeepSpeed's ZeRO-3 runs the step, on any number of data-parallel ranks: on one, ``stage3.py`` still makes its
+    reduce bucket, its flat gradient partition and its sub-groups' fp32 gradients (nothing in ``__init__`` or
+    ``step`` looks at the world size), while fetching copies nothing (``fetches_copies``)."""
+    return deepspeed_zero(c.s) and c.s.parallel.zero_stage == 3
+
+
+def fetches_copies(c: StepContext) -> bool:
+    """ZeRO-3's fetching allocates gathered parameters: over more than one rank (``all_gather_coalesced`` into a new
+    flat buffer), or from host partitions (``offload_param``).  On one rank with the partition on the GPU,
+    ``all_gather_coalesced`` returns ``_no_gather_coalesced`` (every parameter's partition world size is 1), whose
+    ``NoGatherHandle`` sets ``param.data = param.ds_tensor.data.to(device).view(ds_shape)``: the partition itself,
+    no copy (deepspeed 0.19.8 runtime/zero/partition_parameters.py lines 61-76 and 1559-1560)."""
+    return zero3(c) and (c.shards[2] > 1 or c.offload_params)
 
 
 def gathers_on_side_stream(c: StepContext) -> bool:
@@ -119,7 +130,7 @@ def gathers_on_side_stream(c: StepContext) -> bool:
     and partition_parameters.py ``_all_gather_dtype`` makes the flat gathered buffer there).  The caching allocator
     never hands that stream's cached blocks to the compute stream nor the other way round, so the gathered
     parameters are a pool of their own in the step's replay (analytic/events.py ``gathered_on_side_stream``)."""
-    return zero3(c) and settings(c).overlap_comm
+    return fetches_copies(c) and settings(c).overlap_comm
 
 
 def whole_then_partitioned(c: StepContext) -> bool:
@@ -247,7 +258,7 @@ def persistent(c: StepContext) -> list[Term]:
     """ZeRO-3's persistent parameters (the base's and the LoRA matrices'): gathered once, kept on the GPU
     (offloaded parameters too); their shard is already among the parameters (not when the parameters are
     offloaded)."""
-    if not zero3(c):
+    if not fetches_copies(c):
         return []
     nbytes = 0
     for elems, per in ((_persistent_elements(c), _half_bytes(c)), (_adapter_persistent_elements(c), c.adapter)):
@@ -258,7 +269,7 @@ def persistent(c: StepContext) -> list[Term]:
 def zero3_gathered(c: StepContext) -> list[Term]:
     """ZeRO-3's gathered parameters: the running module (the head at the loss, then a layer's largest tensor),
     the prefetched ones and the layers kept for their reuse."""
-    if not zero3(c):
+    if not fetches_copies(c):
         return []
     st = settings(c)
     tensors = layer_tensors(c)

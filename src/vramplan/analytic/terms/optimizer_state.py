@@ -103,13 +103,13 @@ def zero3_sub_groups(c: StepContext) -> tuple[int, ...]:
 
 def zero_stage_stepping(c: StepContext) -> int:
     """The DeepSpeed ZeRO stage whose optimizer runs this rank's step (1-3), 0 when none does: ZeRO with trainable
-    parameters, the step neither in the backward nor torchao's offload optimizer's, ZeRO-3 over more than one rank
-    (on one it is estimated unsharded, analytic/deepspeed.py ``deepspeed_assumptions``)."""
+    parameters, the step neither in the backward nor torchao's offload optimizer's (ZeRO-3 on one rank too: stage3.py
+    steps its sub-groups whatever the world size)."""
     s = c.s
     if not deepspeed_zero(s) or c.trainable == 0 or c.in_backward or c.torchao_offload:
         return 0
     stage = s.parallel.zero_stage
-    return stage if stage in (1, 2) or (stage == 3 and c.shards[2] > 1) else 0
+    return stage
 
 
 def zero_step(c: StepContext) -> bool:
